@@ -1,0 +1,26 @@
+# One command each: `make test` (set up + run the tests), `make demo` (set up + train on generated data).
+PY ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+
+.PHONY: venv test lint demo clean
+
+$(VPY):
+	$(PY) -m venv $(VENV)
+
+venv: $(VPY)
+	@$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q -e '.[test]'
+
+lint: venv
+	$(VPY) -m ruff check hashrec tests benchmarks
+
+test: venv
+	$(VPY) -m ruff check hashrec tests benchmarks
+	$(VPY) -m pytest -q -x -n 2 --dist loadfile
+
+demo: venv
+	$(VPY) -m hashrec.tools.demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info

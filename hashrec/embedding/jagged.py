@@ -1,0 +1,205 @@
+"""Jagged sparse inputs in TorchRec's layout.
+
+A ``KeyedJaggedTensor`` holds, for ``F`` keys (features) and a batch of ``B``
+rows, one flat ``values`` tensor ordered key-major: all values of key 0 for
+rows 0..B-1, then key 1, and so on. ``lengths`` has ``F * B`` entries (bag
+sizes) and ``offsets`` is its exclusive cumulative sum with ``F * B + 1``
+entries. ``weights``, when present, is parallel to ``values``.
+
+Example::
+
+    # keys ["a", "b"], batch of 2:  a = [[1, 2], []],  b = [[3], [4, 5]]
+    kjt = KeyedJaggedTensor.from_lengths(
+        keys=["a", "b"],
+        values=torch.tensor([1, 2, 3, 4, 5]),
+        lengths=torch.tensor([2, 0, 1, 2]),
+    )
+    kjt["b"].values   # tensor([3, 4, 5])
+    kjt["b"].lengths  # tensor([1, 2])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class JaggedError(ValueError):
+    """Inconsistent jagged layout (lengths, offsets, values or weights)."""
+
+
+@dataclass(frozen=True)
+class JaggedTensor:
+    """The bags of one key: ``values`` (n,), ``lengths`` (B,), ``offsets`` (B + 1,)."""
+
+    values: torch.Tensor
+    lengths: torch.Tensor
+    offsets: torch.Tensor
+    weights: torch.Tensor | None = None
+
+    def to_padded(self, max_length: int, pad_value: int = 0) -> torch.Tensor:
+        """Dense (B, max_length) view with bags truncated to ``max_length``."""
+        batch = self.lengths.numel()
+        out = torch.full((batch, max_length), pad_value, dtype=self.values.dtype,
+                         device=self.values.device)
+        pos = torch.arange(self.values.numel(), device=self.values.device)
+        row = torch.repeat_interleave(torch.arange(batch, device=pos.device), self.lengths)
+        col = pos - self.offsets[:-1].repeat_interleave(self.lengths)
+        keep = col < max_length
+        out[row[keep], col[keep]] = self.values[keep]
+        return out
+
+
+def _offsets_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return offsets
+
+
+class KeyedJaggedTensor:
+    """Variable-length sparse features for a batch, one jagged bag per (key, row).
+
+    Args:
+        keys: feature names, in order.
+        values: (n,) ids (int64) of every bag, key-major.
+        lengths: (len(keys) * B,) int bag sizes.
+        weights: optional (n,) float weights parallel to ``values``.
+        offsets: optional precomputed (len(keys) * B + 1,) offsets.
+    """
+
+    def __init__(
+        self,
+        keys: list[str],
+        values: torch.Tensor,
+        lengths: torch.Tensor,
+        weights: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+    ) -> None:
+        self._keys = list(keys)
+        self._values = values
+        self._lengths = lengths.to(torch.int64)
+        self._weights = weights
+        self._offsets = offsets if offsets is not None else _offsets_from_lengths(self._lengths)
+        self._index = {k: i for i, k in enumerate(self._keys)}
+        self._validate()
+
+    # -- construction ---------------------------------------------------------------
+    @classmethod
+    def from_lengths(cls, keys, values, lengths, weights=None) -> KeyedJaggedTensor:
+        """Build from bag sizes ``lengths`` (len(keys) * B,)."""
+        return cls(keys, values, lengths, weights)
+
+    @classmethod
+    def from_offsets(cls, keys, values, offsets, weights=None) -> KeyedJaggedTensor:
+        """Build from offsets (len(keys) * B + 1,), starting at 0 and ending at len(values)."""
+        offsets = offsets.to(torch.int64)
+        if offsets.dim() != 1 or offsets.numel() == 0:
+            raise JaggedError("offsets must be a non-empty 1-D tensor")
+        return cls(keys, values, offsets[1:] - offsets[:-1], weights, offsets)
+
+    @classmethod
+    def concat(cls, parts: list[KeyedJaggedTensor]) -> KeyedJaggedTensor:
+        """Join KJTs over disjoint keys with the same batch size."""
+        if not parts:
+            raise JaggedError("concat needs at least one KeyedJaggedTensor")
+        strides = {p.stride() for p in parts if p.keys()}
+        if len(strides) > 1:
+            raise JaggedError(f"concat of different batch sizes {sorted(strides)}")
+        keys = [k for p in parts for k in p.keys()]
+        weighted = any(p.weights_or_none() is not None for p in parts)
+        weights = None
+        if weighted:
+            weights = torch.cat([p.weights_or_none() if p.weights_or_none() is not None
+                                 else torch.ones_like(p.values(), dtype=torch.float32)
+                                 for p in parts])
+        return cls(keys, torch.cat([p.values() for p in parts]),
+                   torch.cat([p.lengths() for p in parts]), weights)
+
+    def _validate(self) -> None:
+        if self._values.dim() != 1:
+            raise JaggedError(f"values must be 1-D, got shape {tuple(self._values.shape)}")
+        if self._lengths.dim() != 1:
+            raise JaggedError(f"lengths must be 1-D, got shape {tuple(self._lengths.shape)}")
+        if len(set(self._keys)) != len(self._keys):
+            raise JaggedError(f"duplicate keys in {self._keys}")
+        n_keys = len(self._keys)
+        if n_keys == 0:
+            if self._lengths.numel() or self._values.numel():
+                raise JaggedError("no keys but non-empty lengths or values")
+            return
+        if self._lengths.numel() % n_keys:
+            raise JaggedError(
+                f"lengths has {self._lengths.numel()} entries, not a multiple of "
+                f"{n_keys} keys")
+        if self._offsets.numel() != self._lengths.numel() + 1:
+            raise JaggedError("offsets must have len(lengths) + 1 entries")
+        if self._lengths.numel() and bool((self._lengths < 0).any()):
+            raise JaggedError("lengths must be non-negative")
+        total = int(self._offsets[-1])
+        if total != self._values.numel():
+            raise JaggedError(
+                f"lengths sum to {total} but there are {self._values.numel()} values")
+        if self._weights is not None and self._weights.shape != self._values.shape:
+            raise JaggedError(
+                f"weights shape {tuple(self._weights.shape)} != values shape "
+                f"{tuple(self._values.shape)}")
+
+    # -- accessors ------------------------------------------------------------------
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def values(self) -> torch.Tensor:
+        return self._values
+
+    def lengths(self) -> torch.Tensor:
+        return self._lengths
+
+    def offsets(self) -> torch.Tensor:
+        return self._offsets
+
+    def weights(self) -> torch.Tensor:
+        if self._weights is None:
+            raise JaggedError("this KeyedJaggedTensor has no weights")
+        return self._weights
+
+    def weights_or_none(self) -> torch.Tensor | None:
+        return self._weights
+
+    def stride(self) -> int:
+        """Batch size B."""
+        return self._lengths.numel() // len(self._keys) if self._keys else 0
+
+    @property
+    def device(self) -> torch.device:
+        return self._values.device
+
+    def length_per_key(self) -> list[int]:
+        b = self.stride()
+        return self._lengths.view(len(self._keys), b).sum(1).tolist() if self._keys else []
+
+    def __getitem__(self, key: str) -> JaggedTensor:
+        if key not in self._index:
+            raise KeyError(f"feature {key!r} not in KeyedJaggedTensor keys {self._keys}")
+        i, b = self._index[key], self.stride()
+        start, end = int(self._offsets[i * b]), int(self._offsets[(i + 1) * b])
+        lengths = self._lengths[i * b:(i + 1) * b]
+        w = self._weights[start:end] if self._weights is not None else None
+        return JaggedTensor(self._values[start:end], lengths, _offsets_from_lengths(lengths), w)
+
+    def to_dict(self) -> dict[str, JaggedTensor]:
+        return {k: self[k] for k in self._keys}
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> KeyedJaggedTensor:
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return KeyedJaggedTensor(self._keys, move(self._values), move(self._lengths),
+                                 move(self._weights), move(self._offsets))
+
+    def pin_memory(self) -> KeyedJaggedTensor:
+        pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
+        return KeyedJaggedTensor(self._keys, pin(self._values), pin(self._lengths),
+                                 pin(self._weights), pin(self._offsets))
+
+    def __repr__(self) -> str:
+        return (f"KeyedJaggedTensor(keys={self._keys}, batch={self.stride()}, "
+                f"values={self._values.numel()}, weighted={self._weights is not None})")

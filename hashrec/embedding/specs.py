@@ -1,0 +1,72 @@
+"""What an embedding collection is built from: tables and the features that read them.
+
+The feature layer turns a pipeline config into these specs (resolving
+``embedding_name`` sharing and sequence sub-features); the embedding layer
+builds storage from them. Neither side looks at the other's internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hashrec.table import TableOptions
+
+
+@dataclass(frozen=True)
+class EmbeddingFeatureSpec:
+    """One sparse input (a KeyedJaggedTensor key) and how its bags become embeddings.
+
+    Attributes:
+        name: KeyedJaggedTensor key, e.g. ``user_id`` or ``click_50_seq__brand``.
+        table: name of the table it reads.
+        pooling: ``sum`` or ``mean`` over the bag (pooled features).
+        is_sequence: True -> padded (B, max_length, dim) output plus lengths.
+        max_length: sequence length (sequence features only).
+        weighted: bags carry per-id weights (weighted pooling).
+    """
+
+    name: str
+    table: str
+    pooling: Literal["sum", "mean"] = "sum"
+    is_sequence: bool = False
+    max_length: int = 0
+    weighted: bool = False
+
+
+@dataclass(frozen=True)
+class EmbeddingTableSpec:
+    """One embedding table: dense (``num_rows`` known) or dynamic (``dynamic`` options).
+
+    Attributes:
+        name: table name (the feature name or its ``embedding_name``).
+        dim: embedding dimension.
+        num_rows: rows of a dense table; None for dynamic tables.
+        dynamic: TableOptions of a dynamic table; None for dense tables.
+        features: names of the features that read this table.
+        fusion_group: dynamic tables with the same non-None fusion_group, dim,
+            optimizer and dtype may share one storage (with separate key spaces).
+        trainable: False freezes the table (no sparse updates).
+    """
+
+    name: str
+    dim: int
+    num_rows: int | None = None
+    dynamic: TableOptions | None = None
+    features: tuple[str, ...] = field(default_factory=tuple)
+    fusion_group: str | None = None
+    trainable: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.num_rows is None) == (self.dynamic is None):
+            raise ValueError(
+                f"table {self.name!r}: exactly one of num_rows (dense) and dynamic "
+                f"(TableOptions) must be set")
+        if self.num_rows is not None and self.num_rows <= 0:
+            raise ValueError(f"table {self.name!r}: num_rows must be > 0, got {self.num_rows}")
+        if self.dim <= 0:
+            raise ValueError(f"table {self.name!r}: dim must be > 0, got {self.dim}")
+
+    @property
+    def is_dynamic(self) -> bool:
+        return self.dynamic is not None

@@ -1,0 +1,44 @@
+"""One training/eval batch as the model sees it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hashrec.embedding.jagged import KeyedJaggedTensor
+
+
+@dataclass
+class Batch:
+    """Tensors parsed from one block of input rows.
+
+    Attributes:
+        sparse: ids of every embedded feature (id, bucketized raw, combo and
+            sequence id features), keyed by feature name. Sequence features'
+            bags are the (truncated) sequences.
+        dense: raw features without boundaries: name -> (B, value_dim) float32.
+        sequence_dense: raw sequence sub-features without boundaries:
+            name -> (B, L, value_dim) float32, zero padded.
+        labels: label field -> (B,) float32.
+        batch_size: B.
+        reserved: untouched input columns kept for prediction output
+            (pyarrow arrays by column name), empty during training.
+    """
+
+    sparse: KeyedJaggedTensor
+    dense: dict[str, torch.Tensor] = field(default_factory=dict)
+    sequence_dense: dict[str, torch.Tensor] = field(default_factory=dict)
+    labels: dict[str, torch.Tensor] = field(default_factory=dict)
+    batch_size: int = 0
+    reserved: dict = field(default_factory=dict)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        mv = lambda d: {k: v.to(device, non_blocking=non_blocking) for k, v in d.items()}  # noqa: E731
+        return Batch(self.sparse.to(device, non_blocking), mv(self.dense),
+                     mv(self.sequence_dense), mv(self.labels), self.batch_size, self.reserved)
+
+    def pin_memory(self) -> Batch:
+        pin = lambda d: {k: v.pin_memory() for k, v in d.items()}  # noqa: E731
+        return Batch(self.sparse.pin_memory(), pin(self.dense), pin(self.sequence_dense),
+                     pin(self.labels), self.batch_size, self.reserved)
