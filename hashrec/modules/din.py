@@ -1,0 +1,88 @@
+"""DIN target attention over a behaviour sequence.
+
+For each position ``t`` of the sequence ``k_t`` and the target ``q`` (the
+candidate item's features), an attention MLP reads ``[q, k_t, q - k_t, q * k_t]``
+and a final linear layer gives a score ``s_t``. Positions at or beyond the
+row's sequence length are masked out. The weights are then
+
+* ``softmax`` (default, as in TorchEasyRec): ``w = softmax(s)`` over the valid
+  positions, so the output is a convex combination of the behaviours;
+* ``none`` (the DIN paper): ``w = s`` on valid positions, unnormalized, which
+  keeps the intensity of the user's interest in the output's magnitude.
+
+A row with an empty sequence gets a zero vector.
+
+The query is zero-padded up to the sequence width when it is narrower (a group
+may list fewer query features than sequence features); a wider query is an error.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hashrec.modules.mlp import MLP, MLPOptions
+
+NORMALIZERS = ("softmax", "none")
+
+
+def sequence_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
+    """lengths (B,) -> (B, max_length) bool, True where the position holds an element."""
+    positions = torch.arange(max_length, device=lengths.device)
+    return positions.unsqueeze(0) < lengths.unsqueeze(1)
+
+
+class DINAttention(nn.Module):
+    """Target attention pooling of a sequence.
+
+    Args:
+        query_dim: width of the query (B, query_dim).
+        sequence_dim: width of each sequence element (B, L, sequence_dim).
+        attn_mlp: options of the attention MLP (its input is 4 * sequence_dim).
+        normalizer: ``softmax`` or ``none`` (see the module docstring).
+
+    Shapes: query (B, Dq), sequence (B, L, Ds), lengths (B,) -> (B, Ds).
+    """
+
+    def __init__(self, query_dim: int, sequence_dim: int, attn_mlp: MLPOptions,
+                 normalizer: str = "softmax") -> None:
+        super().__init__()
+        if sequence_dim <= 0:
+            raise ValueError(f"DINAttention sequence_dim must be > 0, got {sequence_dim}")
+        if not 0 < query_dim <= sequence_dim:
+            raise ValueError(
+                f"DINAttention query_dim={query_dim} must be in [1, sequence_dim="
+                f"{sequence_dim}]: the query is compared element-wise with each sequence item")
+        if normalizer not in NORMALIZERS:
+            raise ValueError(
+                f"DINAttention normalizer={normalizer!r}; allowed: {', '.join(NORMALIZERS)}")
+        self.query_dim = query_dim
+        self.sequence_dim = sequence_dim
+        self.normalizer = normalizer
+        self.mlp = MLP(4 * sequence_dim, attn_mlp)
+        self.score = nn.Linear(self.mlp.output_dim(), 1)
+
+    def output_dim(self) -> int:
+        return self.sequence_dim
+
+    def attention_weights(self, query: torch.Tensor, sequence: torch.Tensor,
+                          lengths: torch.Tensor) -> torch.Tensor:
+        """Masked attention weights (B, L); zero on padded positions."""
+        if self.query_dim < self.sequence_dim:
+            query = nn.functional.pad(query, (0, self.sequence_dim - self.query_dim))
+        max_length = sequence.shape[1]
+        queries = query.unsqueeze(1).expand(-1, max_length, -1)
+        features = torch.cat([queries, sequence, queries - sequence, queries * sequence], -1)
+        scores = self.score(self.mlp(features)).squeeze(-1)
+        mask = sequence_mask(lengths, max_length)
+        if self.normalizer == "softmax":
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            weights = torch.softmax(scores, dim=-1)
+        else:
+            weights = scores
+        return weights * mask.to(weights.dtype)
+
+    def forward(self, query: torch.Tensor, sequence: torch.Tensor,
+                lengths: torch.Tensor) -> torch.Tensor:
+        weights = self.attention_weights(query, sequence, lengths)
+        return torch.bmm(weights.unsqueeze(1).to(sequence.dtype), sequence).squeeze(1)

@@ -1,0 +1,73 @@
+import pytest
+import torch
+
+from hashrec.modules import MLP, MLPOptions, create_activation
+
+
+@pytest.mark.parametrize("options", [
+    MLPOptions(hidden_units=(8, 4)),
+    MLPOptions(hidden_units=(8, 4), use_bn=True, dropout_ratio=(0.1,)),
+    MLPOptions(hidden_units=(8, 4, 2), use_ln=True, dropout_ratio=(0.1, 0.2, 0.0)),
+    MLPOptions(hidden_units=(5,), activation="nn.Dice", bias=False),
+    MLPOptions(hidden_units=(5,), activation=""),
+], ids=["plain", "bn-dropout", "ln-per-layer-dropout", "dice-nobias", "no-activation"])
+def test_mlp_shapes_and_backward(options):
+    torch.manual_seed(0)
+    mlp = MLP(6, options)
+    x = torch.randn(7, 6, requires_grad=True)
+    y = mlp(x)
+    assert y.shape == (7, options.hidden_units[-1])
+    y.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    y3 = mlp(torch.randn(3, 5, 6))
+    assert y3.shape == (3, 5, options.hidden_units[-1])
+
+
+def test_mlp_layer_structure():
+    mlp = MLP(4, MLPOptions(hidden_units=(3, 2), use_bn=True, bias=False,
+                            dropout_ratio=(0.5,)))
+    kinds = [type(m).__name__ for m in mlp.layers[0].layers]
+    assert kinds == ["Linear", "_FlatNorm", "ReLU", "Dropout"]
+    assert mlp.layers[0].layers[0].bias is None
+
+
+def test_mlp_bn_flattens_leading_dims():
+    mlp = MLP(4, MLPOptions(hidden_units=(3,), use_bn=True, activation=""))
+    mlp.train()
+    y = mlp(torch.randn(6, 5, 4) * 3 + 2)
+    flat = y.reshape(-1, 3)
+    assert torch.allclose(flat.mean(0), torch.zeros(3), atol=1e-5)
+
+
+def test_dropout_only_in_training():
+    mlp = MLP(4, MLPOptions(hidden_units=(16,), dropout_ratio=(0.5,)))
+    x = torch.randn(32, 4)
+    mlp.eval()
+    assert torch.equal(mlp(x), mlp(x))
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"hidden_units": ()}, "hidden_units"),
+    ({"hidden_units": (4, 0)}, "hidden_units"),
+    ({"hidden_units": (4, 2), "dropout_ratio": (0.1, 0.2, 0.3)}, "dropout_ratio"),
+    ({"dropout_ratio": (1.5,)}, "dropout_ratio"),
+    ({"use_bn": True, "use_ln": True}, "use_bn"),
+    ({"activation": "nn.Swoosh"}, "nn.Swoosh"),
+], ids=["empty", "zero-unit", "dropout-count", "dropout-range", "bn-and-ln", "activation"])
+def test_options_validation_names_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        MLPOptions(**kwargs)
+
+
+def test_dropout_scalar_is_accepted():
+    assert MLPOptions(hidden_units=(3, 2), dropout_ratio=0.25).dropout_of(1) == 0.25
+
+
+def test_dice_gates_between_identity_and_alpha():
+    dice = create_activation("Dice", 3)
+    dice.eval()
+    with torch.no_grad():
+        dice.alpha.fill_(0.0)
+    x = torch.tensor([[100.0, -100.0, 0.0]])
+    y = dice(x)
+    assert y[0, 0] > 0 and y[0, 1] <= 0
