@@ -51,3 +51,17 @@ def owner_of(keys: torch.Tensor, world_size: int) -> torch.Tensor:
     if world_size == 1:
         return torch.zeros_like(keys, dtype=torch.int64)
     return (_shr(mix64(keys), 32) & _LOW31) % world_size
+
+
+# Golden-ratio constant that separates the key spaces of fused tables (signed int64).
+_TAG_MULT = 0x9E3779B97F4A7C15 - (1 << 64)
+
+
+def mix_tagged(keys: torch.Tensor, tags: torch.Tensor | None = None) -> torch.Tensor:
+    """Hash of an entry's identity (key, tag): (n,) int64 [+ (n,) int32] -> (n,) int64.
+
+    ``h = mix64(key ^ (tag * 0x9E3779B97F4A7C15))``; tag 0 (or None) gives ``mix64(key)``.
+    """
+    if tags is None:
+        return mix64(keys)
+    return mix64(keys ^ (tags.to(torch.int64) * _TAG_MULT))

@@ -1,0 +1,159 @@
+"""Triton insert: deterministic per-bucket slot assignment and eviction.
+
+The incoming keys (unique, absent) are hashed and sorted by bucket with one torch
+sort; then one program per touched bucket applies the pinned rule, independent of
+thread timing:
+
+1. rank the bucket's incoming keys by (score desc, key asc) with pairwise counts;
+2. rank r < n_empty takes the r-th empty slot (lowest slot index first);
+3. rank n_empty + j is paired with the j-th lowest pre-existing entry by
+   (score asc, slot asc) and evicts it iff its score is >= the entry's score;
+   since incoming scores fall and existing scores rise along the pairing, a refusal
+   implies refusal of every later key. Keys inserted by this call are never paired.
+
+Only the index columns (keys, tags, digests, scores) are written.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hashrec.table._triton_hash import check_keys, hash_keys
+from hashrec.table.storage import InsertResult, TableStorage
+
+
+@triton.jit
+def _incoming_rank(in_keys, in_scores, i, key, score, start, end, BI: tl.constexpr):
+    """Rank of each incoming key of the chunk among the bucket's by (score desc, key asc)."""
+    rank = tl.zeros([BI], dtype=tl.int32)
+    for c in range(start, end, BI):
+        j = c + tl.arange(0, BI)
+        mj = j < end
+        kj = tl.load(in_keys + j, mask=mj, other=0)
+        sj = tl.load(in_scores + j, mask=mj, other=0)
+        before = (sj[None, :] > score[:, None]) | (
+            (sj[None, :] == score[:, None]) & (kj[None, :] < key[:, None]))
+        rank += tl.sum((before & mj[None, :]).to(tl.int32), axis=1)
+    return rank
+
+
+@triton.jit
+def _victim_order(t_scores, base, occupied, n_pairs, CAP_P2: tl.constexpr):
+    """Order (0, 1, ...) of the ``n_pairs`` lowest occupied entries by (score asc, slot asc).
+
+    Returns a (CAP_P2,) int32 vector: the pairing position of each slot, -1 for the rest.
+    """
+    col = tl.arange(0, CAP_P2)
+    scores = tl.load(t_scores + base + col, mask=occupied, other=0)
+    order = tl.full([CAP_P2], -1, dtype=tl.int32)
+    free = occupied
+    for p in range(0, n_pairs):
+        low = tl.min(tl.where(free, scores, 0x7FFFFFFFFFFFFFFF), axis=0)
+        pick = tl.min(tl.where(free & (scores == low), col, CAP_P2), axis=0)
+        order = tl.where(col == pick, p, order)
+        free = free & (col != pick)
+    return order
+
+
+@triton.jit
+def _insert_kernel(in_keys, in_tags, in_scores, in_digests, in_pos, seg_start, seg_bucket,
+                   t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
+                   ev_keys, ev_tags, ev_scores, allow_evict,
+                   CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr):
+    pid = tl.program_id(0)
+    start = tl.load(seg_start + pid)
+    end = tl.load(seg_start + pid + 1)
+    base = tl.load(seg_bucket + pid) * CAP
+    col = tl.arange(0, CAP_P2)
+    in_bucket = col < CAP
+    empty = in_bucket & (tl.load(t_digests + base + col, mask=in_bucket, other=1) == 0)
+    occupied = in_bucket & ~empty
+    n_empty = tl.sum(empty.to(tl.int32), axis=0)
+    empty_rank = tl.cumsum(empty.to(tl.int32), axis=0) - 1
+    n_pairs = 0
+    if allow_evict:
+        n_pairs = tl.minimum(tl.maximum(end - start - n_empty, 0),
+                             tl.sum(occupied.to(tl.int32), axis=0))
+    order = _victim_order(t_scores, base, occupied, n_pairs, CAP_P2)
+    old_scores = tl.load(t_scores + base + col, mask=occupied, other=0)
+    for c in range(start, end, BI):
+        i = c + tl.arange(0, BI)
+        mi = i < end
+        key = tl.load(in_keys + i, mask=mi, other=0)
+        score = tl.load(in_scores + i, mask=mi, other=0)
+        rank = _incoming_rank(in_keys, in_scores, i, key, score, start, end, BI)
+        to_empty = (empty[None, :] & (empty_rank[None, :] == rank[:, None]))
+        victim = order[None, :] == (rank - n_empty)[:, None]
+        victim = victim & (score[:, None] >= old_scores[None, :]) & (rank >= n_empty)[:, None]
+        take = (to_empty | victim) & mi[:, None]
+        slot_col = tl.min(tl.where(take, col[None, :], CAP_P2), axis=1)
+        evicts = tl.max(victim.to(tl.int32), axis=1) > 0
+        ok = mi & (slot_col < CAP_P2)
+        slot = base + slot_col
+        pos = tl.load(in_pos + i, mask=mi, other=0)
+        if allow_evict:
+            ev = ok & evicts
+            tl.store(ev_keys + i, tl.load(t_keys + slot, mask=ev, other=0), mask=ev)
+            tl.store(ev_tags + i, tl.load(t_tags + slot, mask=ev, other=0), mask=ev)
+            tl.store(ev_scores + i, tl.load(t_scores + slot, mask=ev, other=0), mask=ev)
+            tl.store(out_evicted + i, ev.to(tl.int8), mask=mi)
+        tl.store(t_keys + slot, key, mask=ok)
+        tl.store(t_tags + slot, tl.load(in_tags + i, mask=ok, other=0), mask=ok)
+        tl.store(t_scores + slot, score, mask=ok)
+        tl.store(t_digests + slot, tl.load(in_digests + i, mask=ok, other=1), mask=ok)
+        tl.store(out_slots + pos, tl.where(ok, slot, -1), mask=mi)
+
+
+def _validate(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
+              scores: torch.Tensor) -> None:
+    check_keys(keys, tags, storage.device)
+    if scores.dtype != torch.int64 or scores.shape != keys.shape:
+        raise ValueError(f"scores must be int64 of shape {tuple(keys.shape)}, "
+                         f"got {scores.dtype} {tuple(scores.shape)}")
+
+
+def _empty_result(m: int, device: torch.device) -> InsertResult:
+    return InsertResult(
+        slots=torch.full((m,), -1, dtype=torch.int64, device=device),
+        evicted_keys=torch.empty(0, dtype=torch.int64, device=device),
+        evicted_tags=torch.empty(0, dtype=torch.int32, device=device),
+        evicted_scores=torch.empty(0, dtype=torch.int64, device=device))
+
+
+def insert_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
+                scores: torch.Tensor, allow_evict: bool) -> InsertResult:
+    """Inserts unique absent keys: (m,) int64 [+ tags], (m,) int64 scores -> InsertResult.
+
+    ``slots`` is -1 for refused keys; evicted entries come back in the order of
+    their replacing keys sorted by (bucket, position in the call).
+    """
+    _validate(storage, keys, tags, scores)
+    m = keys.numel()
+    device = storage.device
+    result = _empty_result(m, device)
+    if m == 0:
+        return result
+    tags = tags if tags is not None else torch.zeros(m, dtype=torch.int32, device=device)
+    buckets, digests = hash_keys(keys, tags, storage.num_buckets)
+    sorted_buckets, perm = torch.sort(buckets, stable=True)
+    uniq, counts = torch.unique_consecutive(sorted_buckets, return_counts=True)
+    seg_start = torch.zeros(uniq.numel() + 1, dtype=torch.int64, device=device)
+    torch.cumsum(counts, 0, out=seg_start[1:])
+    evicted = torch.zeros(m, dtype=torch.int8, device=device)
+    ev_keys = torch.empty(m, dtype=torch.int64, device=device)
+    ev_tags = torch.empty(m, dtype=torch.int32, device=device)
+    ev_scores = torch.empty(m, dtype=torch.int64, device=device)
+    cap = storage.bucket_capacity
+    _insert_kernel[(uniq.numel(),)](
+        keys[perm], tags[perm], scores[perm], digests[perm], perm, seg_start, uniq,
+        storage.keys, storage.tags, storage.digests, storage.scores, result.slots,
+        evicted, ev_keys, ev_tags, ev_scores, bool(allow_evict),
+        CAP=cap, CAP_P2=triton.next_power_of_2(cap), BI=16, num_warps=4)
+    if allow_evict:
+        hit = evicted.bool()
+        result.evicted_keys = ev_keys[hit]
+        result.evicted_tags = ev_tags[hit]
+        result.evicted_scores = ev_scores[hit]
+    return result

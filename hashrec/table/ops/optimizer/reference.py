@@ -1,0 +1,66 @@
+"""Reference sparse optimizer math on rows ``[embedding (dim) | state]``.
+
+Computed in float32 and written back in the storage dtype. Matches torch.optim:
+SGD; Adagrad with sparse gradients; SparseAdam (global step bias correction);
+row-wise Adagrad feeds the accumulator the mean of the squared gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hashrec.table.optim import (
+    OptimizerSpec,
+    SparseAdagrad,
+    SparseAdam,
+    SparseRowWiseAdagrad,
+    SparseSGD,
+)
+
+
+def _adam(rows: torch.Tensor, g: torch.Tensor, spec: SparseAdam, lr: float, step: int) -> None:
+    dim = g.shape[1]
+    w, m, v = rows[:, :dim], rows[:, dim:2 * dim], rows[:, 2 * dim:3 * dim]
+    if spec.weight_decay:
+        g = g + spec.weight_decay * w
+    m.mul_(spec.beta1).add_(g, alpha=1.0 - spec.beta1)
+    v.mul_(spec.beta2).addcmul_(g, g, value=1.0 - spec.beta2)
+    bias1 = 1.0 - spec.beta1 ** step
+    bias2 = 1.0 - spec.beta2 ** step
+    step_size = lr * bias2 ** 0.5 / bias1
+    w.addcdiv_(m, v.sqrt().add_(spec.eps), value=-step_size)
+
+
+def apply_sparse_update(values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor,
+                        spec: OptimizerSpec, lr: float, step: int) -> None:
+    """values (R, row_dim), slots (u,) unique int64, grads (u, dim) float32 -> None (in place).
+
+    Args:
+        values: the storage's rows; updated in place at ``slots``.
+        slots: unique row indices.
+        grads: gradient of each row's embedding.
+        spec: optimizer spec (decides the state layout).
+        lr: learning rate of this step.
+        step: 1-based global step (Adam bias correction).
+    """
+    if slots.numel() == 0:
+        return
+    dim = grads.shape[1]
+    rows = values[slots].to(torch.float32)
+    g = grads.to(torch.float32)
+    w = rows[:, :dim]
+    if isinstance(spec, SparseSGD):
+        w.add_(g, alpha=-lr)
+    elif isinstance(spec, SparseAdagrad):
+        acc = rows[:, dim:2 * dim]
+        acc.addcmul_(g, g)
+        w.addcdiv_(g, acc.sqrt().add_(spec.eps), value=-lr)
+    elif isinstance(spec, SparseRowWiseAdagrad):
+        acc = rows[:, dim:dim + 1]
+        acc.add_(g.pow(2).mean(dim=1, keepdim=True))
+        w.addcdiv_(g, acc.sqrt().add_(spec.eps), value=-lr)
+    elif isinstance(spec, SparseAdam):
+        _adam(rows, g, spec, lr, step)
+    else:
+        raise TypeError(f"unknown optimizer spec {spec!r}")
+    values[slots] = rows.to(values.dtype)

@@ -1,0 +1,119 @@
+"""Sparse optimizer specs: the state columns they add to each row and how they start.
+
+A stored row is ``[embedding (dim) | optimizer state (state_dim(dim))]``, so one row
+read serves one update. The update math lives in ``hashrec.table.ops.optimizer``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def _check_positive(name: str, value: float, allow_zero: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name}={value!r} is not valid; allowed: a finite number {bound}")
+
+
+@dataclass(frozen=True)
+class SparseSGD:
+    """Plain SGD: ``w -= lr * g``. No state."""
+
+    lr: float = 0.01
+
+    def __post_init__(self) -> None:
+        _check_positive("lr", self.lr, allow_zero=True)
+
+    def state_dim(self, dim: int) -> int:
+        return 0
+
+    def initial_state(self, dim: int) -> torch.Tensor:
+        return torch.zeros(0)
+
+
+@dataclass(frozen=True)
+class SparseAdagrad:
+    """Adagrad as ``torch.optim.Adagrad`` with sparse gradients (lr_decay 0, no weight decay).
+
+    ``s += g * g; w -= lr * g / (sqrt(s) + eps)``; state = one accumulator per column.
+    """
+
+    lr: float = 0.01
+    initial_accumulator_value: float = 0.0
+    eps: float = 1e-10
+
+    def __post_init__(self) -> None:
+        _check_positive("lr", self.lr, allow_zero=True)
+        _check_positive("initial_accumulator_value", self.initial_accumulator_value, True)
+        _check_positive("eps", self.eps, allow_zero=True)
+
+    def state_dim(self, dim: int) -> int:
+        return dim
+
+    def initial_state(self, dim: int) -> torch.Tensor:
+        return torch.full((dim,), float(self.initial_accumulator_value))
+
+
+@dataclass(frozen=True)
+class SparseRowWiseAdagrad:
+    """Row-wise Adagrad: one accumulator per row, fed the mean of the squared gradient.
+
+    ``s += mean(g * g); w -= lr * g / (sqrt(s) + eps)``.
+    """
+
+    lr: float = 0.01
+    initial_accumulator_value: float = 0.0
+    eps: float = 1e-10
+
+    def __post_init__(self) -> None:
+        _check_positive("lr", self.lr, allow_zero=True)
+        _check_positive("initial_accumulator_value", self.initial_accumulator_value, True)
+        _check_positive("eps", self.eps, allow_zero=True)
+
+    def state_dim(self, dim: int) -> int:
+        return 1
+
+    def initial_state(self, dim: int) -> torch.Tensor:
+        return torch.full((1,), float(self.initial_accumulator_value))
+
+
+@dataclass(frozen=True)
+class SparseAdam:
+    """Adam on touched rows, as ``torch.optim.SparseAdam``; state = [m (dim) | v (dim)].
+
+    Bias correction uses the global step passed to the update (1-based), which equals
+    ``torch.optim.SparseAdam`` when every row is touched each step; rows touched less
+    often are corrected as if the step counter ran for them too (as SparseAdam does,
+    whose step counter is per parameter, not per row). ``weight_decay`` adds
+    ``weight_decay * w`` to the gradient of touched rows (L2, as in ``torch.optim.Adam``).
+    """
+
+    lr: float = 0.001
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_positive("lr", self.lr, allow_zero=True)
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            _check_positive(name, value, allow_zero=True)
+            if value >= 1.0:
+                raise ValueError(f"{name}={value!r} is not valid; allowed: [0, 1)")
+        _check_positive("eps", self.eps, allow_zero=True)
+        _check_positive("weight_decay", self.weight_decay, allow_zero=True)
+
+    def state_dim(self, dim: int) -> int:
+        return 2 * dim
+
+    def initial_state(self, dim: int) -> torch.Tensor:
+        return torch.zeros(2 * dim)
+
+
+OptimizerSpec = SparseSGD | SparseAdagrad | SparseRowWiseAdagrad | SparseAdam
+OPTIMIZER_SPECS = (SparseSGD, SparseAdagrad, SparseRowWiseAdagrad, SparseAdam)

@@ -1,0 +1,274 @@
+"""Options of a dynamic table: frozen dataclasses validated on construction.
+
+Every enum field also accepts its name as a string (``"LFU"``, ``"normal"``);
+a bad value raises ``ValueError`` naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from hashrec.table.optim import OPTIMIZER_SPECS, OptimizerSpec
+
+
+class ScoreStrategy(enum.Enum):
+    """How an entry's score (larger = more important) is kept."""
+
+    STEP = "STEP"  # training step of the last access (the caller advances the step)
+    TIMESTAMP = "TIMESTAMP"  # wall-clock microseconds of the last access
+    LFU = "LFU"  # access count, duplicates in a batch counted by multiplicity
+    CUSTOMIZED = "CUSTOMIZED"  # scores given by the caller
+    NO_EVICTION = "NO_EVICTION"  # score as STEP, but full buckets refuse instead of evicting
+
+
+class InitializerMode(enum.Enum):
+    """Distribution of a new row's embedding."""
+
+    NORMAL = "NORMAL"
+    TRUNCATED_NORMAL = "TRUNCATED_NORMAL"
+    UNIFORM = "UNIFORM"
+    CONSTANT = "CONSTANT"
+
+
+class CheckMode(enum.Enum):
+    """What a refused insert does: raise, log a warning with counts, or nothing."""
+
+    ERROR = "ERROR"
+    WARNING = "WARNING"
+    IGNORE = "IGNORE"
+
+
+class StorageMode(enum.Enum):
+    """Where values live, derived from ``cache_load_factor`` and ``caching``."""
+
+    HBM_ONLY = "HBM_ONLY"
+    HYBRID = "HYBRID"
+    CACHING = "CACHING"
+
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def coerce_enum(enum_cls: type[enum.Enum], value: Any, field_name: str) -> enum.Enum:
+    """Returns ``value`` as a member of ``enum_cls``; accepts members and names (any case).
+
+    Raises:
+        ValueError: naming ``field_name``, the value and the allowed names.
+    """
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, str) and value.upper() in enum_cls.__members__:
+        return enum_cls[value.upper()]
+    allowed = ", ".join(enum_cls.__members__)
+    raise ValueError(f"{field_name}={value!r} is not valid; allowed: {allowed}")
+
+
+def _check_int(field_name: str, value: Any, minimum: int, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{field_name}={value!r} is not valid; allowed: an int >= {minimum}")
+
+
+def _check_float(field_name: str, value: Any, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{field_name}={value!r} is not valid; allowed: a finite number")
+
+
+@dataclass(frozen=True)
+class InitializerArgs:
+    """How new rows' embeddings are drawn (seed 003 ``initializer_args``).
+
+    Attributes:
+        mode: NORMAL | TRUNCATED_NORMAL | UNIFORM | CONSTANT.
+        mean: mean of NORMAL and TRUNCATED_NORMAL.
+        std_dev: standard deviation of NORMAL / TRUNCATED_NORMAL; None -> sqrt(1 / dim).
+            TRUNCATED_NORMAL cuts at mean +- 2 * std_dev.
+        lower: UNIFORM lower bound; None -> -sqrt(1 / max_capacity).
+        upper: UNIFORM upper bound; None -> +sqrt(1 / max_capacity).
+        value: CONSTANT value.
+        key_seed: None draws from a random generator (depends on batch order). An int
+            makes initialization per-key deterministic: the vector is a hash of
+            (key_seed, key, tag, column), identical whatever the batch order or rank.
+    """
+
+    mode: InitializerMode | str = InitializerMode.UNIFORM
+    mean: float = 0.0
+    std_dev: float | None = None
+    lower: float | None = None
+    upper: float | None = None
+    value: float = 0.0
+    key_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", coerce_enum(InitializerMode, self.mode, "mode"))
+        _check_float("mean", self.mean)
+        _check_float("std_dev", self.std_dev, optional=True)
+        _check_float("lower", self.lower, optional=True)
+        _check_float("upper", self.upper, optional=True)
+        _check_float("value", self.value)
+        if self.std_dev is not None and self.std_dev < 0:
+            raise ValueError(f"std_dev={self.std_dev!r} is not valid; allowed: >= 0")
+        if self.lower is not None and self.upper is not None and self.lower > self.upper:
+            raise ValueError(
+                f"lower={self.lower!r} is not valid; allowed: lower <= upper ({self.upper!r})")
+        _check_int("key_seed", self.key_seed, minimum=0, optional=True)
+
+    def resolved(self, dim: int, max_capacity: int) -> InitializerArgs:
+        """Returns a copy with the seed 003 defaults filled in for this table."""
+        bound = math.sqrt(1.0 / max_capacity)
+        return replace(
+            self,
+            std_dev=math.sqrt(1.0 / dim) if self.std_dev is None else self.std_dev,
+            lower=-bound if self.lower is None else self.lower,
+            upper=bound if self.upper is None else self.upper,
+        )
+
+
+def _constant_zero() -> InitializerArgs:
+    return InitializerArgs(mode=InitializerMode.CONSTANT, value=0.0)
+
+
+@dataclass(frozen=True)
+class AdmissionOptions:
+    """Frequency admission: a key is stored once its counted frequency reaches ``threshold``.
+
+    Attributes:
+        threshold: occurrences (duplicates in one batch count) needed to admit a key.
+        counter_capacity: slots of the bounded counter table; None -> max_capacity.
+        counter_bucket_capacity: slots per counter bucket; a full bucket evicts its
+            lowest counts.
+        initializer: what a key not (yet) admitted reads as; CONSTANT 0 by default.
+    """
+
+    threshold: int = 1
+    counter_capacity: int | None = None
+    counter_bucket_capacity: int = 1024
+    initializer: InitializerArgs = field(default_factory=_constant_zero)
+
+    def __post_init__(self) -> None:
+        _check_int("threshold", self.threshold, minimum=1)
+        _check_int("counter_capacity", self.counter_capacity, minimum=1, optional=True)
+        _check_int("counter_bucket_capacity", self.counter_bucket_capacity, minimum=1)
+        if not isinstance(self.initializer, InitializerArgs):
+            raise ValueError(
+                f"initializer={self.initializer!r} is not valid; allowed: InitializerArgs")
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """Options of one dynamic table (per rank).
+
+    Attributes:
+        dim: embedding dimension.
+        max_capacity: most entries the table holds; rounded up to whole buckets.
+        init_capacity: entries allocated at start (None -> max_capacity). Rounded up
+            so that doubling reaches the bucket count of max_capacity exactly.
+        bucket_capacity: slots per bucket; a key lives only in its bucket.
+        score_strategy: STEP | TIMESTAMP | LFU | CUSTOMIZED | NO_EVICTION.
+        initializer: how admitted keys' embeddings start (training).
+        eval_initializer: what missing keys read as in evaluation (CONSTANT 0).
+        admission: None admits every key; AdmissionOptions counts first.
+        optimizer: None (no state columns) or a sparse optimizer spec from
+            ``hashrec.table.optim``; decides the state columns of each row.
+        cache_load_factor: share of values kept on the GPU (1.0 -> HBM_ONLY).
+        caching: with cache_load_factor < 1: False -> HYBRID, True -> CACHING.
+            HYBRID and CACHING are accepted and accounted for in memory estimates,
+            but this version keeps every value in one storage on ``device``.
+        check_mode: what a refused insert does: ERROR | WARNING | IGNORE.
+        dtype: dtype of embeddings and optimizer state.
+        device: device of the storage (None -> CPU).
+        max_load_factor: load factor past which the table doubles (until max_capacity).
+        seed: seed of the table's random generator for initializers; None uses
+            torch's global generator.
+        name: table name used in error messages.
+    """
+
+    dim: int
+    max_capacity: int
+    init_capacity: int | None = None
+    bucket_capacity: int = 128
+    score_strategy: ScoreStrategy | str = ScoreStrategy.STEP
+    initializer: InitializerArgs = field(default_factory=InitializerArgs)
+    eval_initializer: InitializerArgs = field(default_factory=_constant_zero)
+    admission: AdmissionOptions | None = None
+    optimizer: OptimizerSpec | None = None
+    cache_load_factor: float = 1.0
+    caching: bool = False
+    check_mode: CheckMode | str = CheckMode.WARNING
+    dtype: torch.dtype = torch.float32
+    device: torch.device | str | None = None
+    max_load_factor: float = 0.75
+    seed: int | None = None
+    name: str = "table"
+
+    def __post_init__(self) -> None:
+        _check_int("dim", self.dim, minimum=1)
+        _check_int("max_capacity", self.max_capacity, minimum=1)
+        _check_int("init_capacity", self.init_capacity, minimum=1, optional=True)
+        _check_int("bucket_capacity", self.bucket_capacity, minimum=1)
+        if self.init_capacity is not None and self.init_capacity > self.max_capacity:
+            raise ValueError(
+                f"init_capacity={self.init_capacity!r} is not valid; allowed: "
+                f"<= max_capacity ({self.max_capacity})")
+        object.__setattr__(
+            self, "score_strategy", coerce_enum(ScoreStrategy, self.score_strategy,
+                                                "score_strategy"))
+        object.__setattr__(self, "check_mode", coerce_enum(CheckMode, self.check_mode,
+                                                           "check_mode"))
+        for name in ("initializer", "eval_initializer"):
+            if not isinstance(getattr(self, name), InitializerArgs):
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not valid; allowed: InitializerArgs")
+        if self.admission is not None and not isinstance(self.admission, AdmissionOptions):
+            raise ValueError(
+                f"admission={self.admission!r} is not valid; allowed: None or AdmissionOptions")
+        if self.optimizer is not None and not isinstance(self.optimizer, OPTIMIZER_SPECS):
+            allowed = ", ".join(spec.__name__ for spec in OPTIMIZER_SPECS)
+            raise ValueError(f"optimizer={self.optimizer!r} is not valid; allowed: None, {allowed}")
+        self._check_floats_and_device()
+
+    def _check_floats_and_device(self) -> None:
+        _check_float("cache_load_factor", self.cache_load_factor)
+        if not 0.0 < self.cache_load_factor <= 1.0:
+            raise ValueError(
+                f"cache_load_factor={self.cache_load_factor!r} is not valid; allowed: (0, 1]")
+        _check_float("max_load_factor", self.max_load_factor)
+        if not 0.0 < self.max_load_factor <= 1.0:
+            raise ValueError(
+                f"max_load_factor={self.max_load_factor!r} is not valid; allowed: (0, 1]")
+        if not isinstance(self.caching, bool):
+            raise ValueError(f"caching={self.caching!r} is not valid; allowed: True, False")
+        if self.dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not valid; allowed: {_FLOAT_DTYPES}")
+        _check_int("seed", self.seed, minimum=0, optional=True)
+        try:
+            device = torch.device("cpu" if self.device is None else self.device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device={self.device!r} is not valid; allowed: a torch "
+                             f"device") from exc
+        object.__setattr__(self, "device", device)
+
+    @property
+    def storage_mode(self) -> StorageMode:
+        """HBM_ONLY when cache_load_factor is 1.0, else HYBRID or CACHING by ``caching``."""
+        if self.cache_load_factor >= 1.0:
+            return StorageMode.HBM_ONLY
+        return StorageMode.CACHING if self.caching else StorageMode.HYBRID
+
+    @property
+    def state_dim(self) -> int:
+        """Optimizer state columns per row."""
+        return 0 if self.optimizer is None else self.optimizer.state_dim(self.dim)
+
+    @property
+    def row_dim(self) -> int:
+        """Columns of a stored row: embedding then optimizer state."""
+        return self.dim + self.state_dim
