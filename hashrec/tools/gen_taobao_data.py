@@ -1,0 +1,183 @@
+"""Write synthetic Taobao-like display-ad parquet files.
+
+Usage::
+
+    python -m hashrec.tools.gen_taobao_data --output_dir data/taobao \\
+        --num_rows 1000000 --eval_rows 100000 --num_files 4 --seed 0 --scale 0.1
+
+Without ``--eval_rows`` the files go straight into ``--output_dir``. With it,
+``--num_rows`` training rows go to ``<output_dir>/train`` and the
+``--eval_rows`` rows that follow them in time (same users, items and click
+model) go to ``<output_dir>/eval``.
+
+Columns (exactly those of the Taobao example config): user_id, cms_segid,
+cms_group_id, final_gender_code, age_level, pvalue_level, shopping_level,
+occupation, new_user_class_level, adgroup_id, cate_id, campaign_id, customer,
+brand (int64), price (float64), pid (string), click_50_seq__adgroup_id,
+click_50_seq__cate_id, click_50_seq__brand (strings of IDs joined by ``|``,
+most recent click first, at most 50, empty string when the user has no
+clicks yet) and clk (int64 0/1). Rows are in time order. See
+:mod:`hashrec.tools.taobao_world` for the ID spaces and the click model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from hashrec.tools.taobao_world import (
+    PIDS,
+    Catalog,
+    Impressions,
+    Users,
+    build_catalog,
+    build_users,
+    simulate,
+    space_sizes,
+)
+
+USER_COLUMNS = ("cms_segid", "cms_group_id", "final_gender_code", "age_level",
+                "pvalue_level", "shopping_level", "occupation", "new_user_class_level")
+ITEM_COLUMNS = ("adgroup_id", "cate_id", "campaign_id", "customer", "brand")
+SEQUENCE_FIELDS = ("adgroup_id", "cate_id", "brand")
+COLUMNS = ("user_id", *USER_COLUMNS, *ITEM_COLUMNS, "price", "pid",
+           *(f"click_50_seq__{f}" for f in SEQUENCE_FIELDS), "clk")
+
+
+class _Progress:
+    """Timestamped progress lines on stderr."""
+
+    def __init__(self, quiet: bool) -> None:
+        self._quiet = quiet
+        self._start = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if not self._quiet:
+            elapsed = time.perf_counter() - self._start
+            print(f"[gen_taobao_data {elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def _joined(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
+    """Rows of int IDs -> strings joined by '|' ('' for an empty row)."""
+    list_type = pa.list_ if offsets[-1] < 2**31 - 1 else pa.large_list
+    offset_type = pa.int32() if list_type is pa.list_ else pa.int64()
+    lists = pa.ListArray.from_arrays if list_type is pa.list_ else pa.LargeListArray.from_arrays
+    arr = lists(pa.array(offsets, type=offset_type), pa.array(values, type=pa.int64()))
+    return pc.binary_join(arr.cast(list_type(pa.string())), "|")
+
+
+def impressions_table(users: Users, catalog: Catalog, imp: Impressions,
+                      lo: int, hi: int) -> pa.Table:
+    """The parquet table of impressions [lo, hi)."""
+    user, rank = imp.user[lo:hi], imp.rank[lo:hi]
+    cols: dict[str, pa.Array] = {"user_id": pa.array(user, pa.int64())}
+    for name in USER_COLUMNS:
+        cols[name] = pa.array(users.profile[name][user], pa.int64())
+    for name in ITEM_COLUMNS:
+        cols[name] = pa.array(getattr(catalog, name)[rank], pa.int64())
+    cols["price"] = pa.array(catalog.price[rank], pa.float64())
+    cols["pid"] = pa.DictionaryArray.from_arrays(
+        pa.array(imp.pid[lo:hi], pa.int32()), pa.array(PIDS)).cast(pa.string())
+    offsets = imp.seq_offsets[lo:hi + 1]
+    seq = imp.seq_rank[offsets[0]:offsets[-1]]
+    offsets = offsets - offsets[0]
+    for name in SEQUENCE_FIELDS:
+        cols[f"click_50_seq__{name}"] = _joined(offsets, getattr(catalog, name)[seq])
+    cols["clk"] = pa.array(imp.clk[lo:hi], pa.int64())
+    return pa.table([cols[c] for c in COLUMNS], names=list(COLUMNS))
+
+
+def write_split(out_dir: str, users: Users, catalog: Catalog, imp: Impressions,
+                lo: int, hi: int, num_files: int, row_group_size: int, log) -> list[str]:
+    """Write impressions [lo, hi) as ``num_files`` parquet files; return their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    stale = sorted(glob.glob(os.path.join(out_dir, "part-*.parquet")))
+    for path in stale:
+        os.remove(path)
+    if stale:
+        log(f"removed {len(stale)} old part files in {out_dir}")
+    bounds = np.linspace(lo, hi, num_files + 1).round().astype(np.int64)
+    paths = []
+    for i in range(num_files):
+        path = os.path.join(out_dir, f"part-{i:05d}.parquet")
+        table = impressions_table(users, catalog, imp, int(bounds[i]), int(bounds[i + 1]))
+        pq.write_table(table, path, row_group_size=row_group_size)
+        paths.append(path)
+        log(f"wrote {path} ({table.num_rows} rows)")
+    return paths
+
+
+def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
+             scale: float = 1.0, eval_rows: int = 0, row_group_size: int = 65536,
+             quiet: bool = False) -> dict[str, list[str]]:
+    """Generate the data set; return {"train"|"eval"|"data": [paths]}."""
+    log = _Progress(quiet)
+    world_seed, rows_seed = np.random.SeedSequence(seed).spawn(2)
+    world_rng = np.random.default_rng(world_seed)
+    spaces = space_sizes(scale)
+    log(f"ID spaces {spaces}")
+    catalog = build_catalog(world_rng, spaces)
+    users = build_users(world_rng, spaces)
+    log("built catalog and users")
+    imp = simulate(np.random.default_rng(rows_seed), users, catalog, num_rows + eval_rows)
+    log(f"simulated {num_rows + eval_rows} impressions, CTR {imp.clk.mean():.4f}, "
+        f"mean history length {imp.seq_offsets[-1] / max(imp.clk.size, 1):.1f}")
+    if not eval_rows:
+        return {"data": write_split(output_dir, users, catalog, imp, 0, num_rows, num_files,
+                                    row_group_size, log)}
+    eval_files = max(1, min(num_files, round(num_files * eval_rows / num_rows)))
+    return {
+        "train": write_split(os.path.join(output_dir, "train"), users, catalog, imp, 0,
+                             num_rows, num_files, row_group_size, log),
+        "eval": write_split(os.path.join(output_dir, "eval"), users, catalog, imp, num_rows,
+                            num_rows + eval_rows, eval_files, row_group_size, log),
+    }
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--output_dir", required=True, help="where the parquet files go")
+    p.add_argument("--num_rows", type=_positive(int), required=True,
+                   help="rows to write (training rows when --eval_rows is given)")
+    p.add_argument("--num_files", type=_positive(int), default=1,
+                   help="parquet files per split (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--scale", type=_positive(float), default=1.0,
+                   help="multiplies the large ID spaces (default 1: Taobao sizes)")
+    p.add_argument("--eval_rows", type=int, default=0,
+                   help="also write this many later rows to OUTPUT_DIR/eval (and the "
+                        "training rows to OUTPUT_DIR/train)")
+    p.add_argument("--row_group_size", type=_positive(int), default=65536,
+                   help="parquet row group size (default 65536)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.eval_rows < 0:
+        _parser().error(f"--eval_rows must be >= 0, got {args.eval_rows}")
+    generate(args.output_dir, args.num_rows, args.num_files, args.seed, args.scale,
+             args.eval_rows, args.row_group_size, args.quiet)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
