@@ -1,0 +1,8 @@
+"""Ranking models built from a pipeline config (MultiTowerDIN, ...)."""
+
+from hashrec.models.errors import ModelError
+from hashrec.models.multi_tower_din import MultiTowerDIN
+from hashrec.models.rank_model import RankModel
+from hashrec.models.registry import MODELS, create_model
+
+__all__ = ["ModelError", "MultiTowerDIN", "RankModel", "MODELS", "create_model"]

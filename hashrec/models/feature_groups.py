@@ -1,0 +1,157 @@
+"""Assemble a model's feature groups from embedding outputs and dense inputs.
+
+A DEEP group concatenates, in ``feature_names`` order, each feature's pooled
+embedding (B, dim) or raw dense values (B, value_dim) into (B, D).
+
+A SEQUENCE group splits its ``feature_names`` into query features (pooled or
+dense, e.g. the candidate item's ``adgroup_id``) and sequence features (padded
+sequences, e.g. ``click_50_seq__adgroup_id``). The query is the query features
+concatenated (B, Dq); the sequence is the sequence features concatenated along
+the last axis (B, L, Ds); lengths (B,) come from the group's first sparse
+sequence feature (all features of one sequence share its lengths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from hashrec.models.errors import ModelError
+
+DEEP = "DEEP"
+SEQUENCE = "SEQUENCE"
+
+
+@dataclass(frozen=True)
+class FeatureInfo:
+    """What the group assembler needs to know about one feature.
+
+    Attributes:
+        name: feature name (KeyedJaggedTensor key or dense input name).
+        dim: width of its contribution (embedding dim or value_dim).
+        embedded: read from the embedding output (else from the batch's dense inputs).
+        is_sequence: a padded (B, L, dim) sequence (else a (B, dim) vector).
+    """
+
+    name: str
+    dim: int
+    embedded: bool
+    is_sequence: bool
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One feature group: ``features`` for DEEP; ``query`` and ``sequence`` for SEQUENCE."""
+
+    name: str
+    group_type: str
+    features: tuple[FeatureInfo, ...] = ()
+    query: tuple[FeatureInfo, ...] = ()
+    sequence: tuple[FeatureInfo, ...] = ()
+
+    @property
+    def dim(self) -> int:
+        """DEEP width D."""
+        return sum(f.dim for f in self.features)
+
+    @property
+    def query_dim(self) -> int:
+        return sum(f.dim for f in self.query)
+
+    @property
+    def sequence_dim(self) -> int:
+        return sum(f.dim for f in self.sequence)
+
+
+def feature_infos(feature_set) -> dict[str, FeatureInfo]:
+    """Index the features a FeatureSet produces by name."""
+    infos: dict[str, FeatureInfo] = {}
+    for spec in feature_set.embedding_features():
+        infos[spec.name] = FeatureInfo(spec.name, int(feature_set.output_dim(spec.name)),
+                                       True, bool(spec.is_sequence))
+    sequence_dense = set(getattr(feature_set, "sequence_dense_features", lambda: {})())
+    for name, value_dim in feature_set.dense_features().items():
+        infos[name] = FeatureInfo(name, int(value_dim), False, name in sequence_dense)
+    return infos
+
+
+def build_group_spec(group_config, infos: Mapping[str, FeatureInfo]) -> GroupSpec:
+    """Resolve one ``feature_groups`` entry against the known features.
+
+    Raises:
+        ModelError: unknown feature, empty group, a sequence in a DEEP group, a
+            SEQUENCE group without query or sequence features, or an unsupported type.
+    """
+    name = group_config.group_name
+    group_type = _group_type_name(group_config)
+    if not group_config.feature_names:
+        raise ModelError(f"feature group {name!r} lists no feature_names")
+    resolved = []
+    for feature in group_config.feature_names:
+        if feature not in infos:
+            raise ModelError(
+                f"feature group {name!r}: feature {feature!r} is not defined in "
+                f"feature_configs (known: {', '.join(sorted(infos))})")
+        resolved.append(infos[feature])
+    if group_type == DEEP:
+        sequences = [f.name for f in resolved if f.is_sequence]
+        if sequences:
+            raise ModelError(
+                f"DEEP feature group {name!r} holds sequence features {sequences}; "
+                f"put them in a SEQUENCE group")
+        return GroupSpec(name, DEEP, features=tuple(resolved))
+    if group_type == SEQUENCE:
+        query = tuple(f for f in resolved if not f.is_sequence)
+        sequence = tuple(f for f in resolved if f.is_sequence)
+        if not query or not sequence:
+            raise ModelError(
+                f"SEQUENCE feature group {name!r} needs query (non-sequence) and sequence "
+                f"features; got query={[f.name for f in query]} "
+                f"sequence={[f.name for f in sequence]}")
+        if not any(f.embedded for f in sequence):
+            raise ModelError(
+                f"SEQUENCE feature group {name!r} needs at least one id sequence feature "
+                f"to give the sequence lengths")
+        return GroupSpec(name, SEQUENCE, query=query, sequence=sequence)
+    raise ModelError(
+        f"feature group {name!r}: group_type {group_type} is not supported; allowed: DEEP, "
+        f"SEQUENCE")
+
+
+def _group_type_name(group_config) -> str:
+    value = group_config.group_type
+    if isinstance(value, str):
+        return value
+    return group_config.DESCRIPTOR.fields_by_name["group_type"].enum_type.values_by_number[
+        value].name
+
+
+def _vector(info: FeatureInfo, embedded, batch) -> torch.Tensor:
+    if info.embedded:
+        return embedded.pooled[info.name]
+    return batch.dense[info.name]
+
+
+def deep_input(group: GroupSpec, embedded, batch) -> torch.Tensor:
+    """(B, group.dim) concatenation of a DEEP group's features."""
+    return torch.cat([_vector(f, embedded, batch) for f in group.features], dim=-1)
+
+
+def sequence_input(group: GroupSpec, embedded,
+                   batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A SEQUENCE group's (query (B, Dq), sequence (B, L, Ds), lengths (B,))."""
+    query = torch.cat([_vector(f, embedded, batch) for f in group.query], dim=-1)
+    parts, lengths = [], None
+    for info in group.sequence:
+        if info.embedded:
+            values, feature_lengths = embedded.sequences[info.name]
+            lengths = feature_lengths if lengths is None else lengths
+        else:
+            values = batch.sequence_dense[info.name]
+        parts.append(values)
+    max_length = max(p.shape[1] for p in parts)
+    parts = [torch.nn.functional.pad(p, (0, 0, 0, max_length - p.shape[1])) for p in parts]
+    sequence = torch.cat(parts, dim=-1)
+    return query, sequence, lengths.clamp(max=max_length)

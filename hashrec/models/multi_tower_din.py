@@ -1,0 +1,72 @@
+"""MultiTowerDIN: an MLP tower per DEEP group, a DIN tower per SEQUENCE group.
+
+The towers' outputs are concatenated, passed through the optional ``final``
+MLP and a linear layer to one logit per row; the prediction is its sigmoid.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hashrec.models.errors import ModelError
+from hashrec.models.feature_groups import DEEP, SEQUENCE, deep_input, sequence_input
+from hashrec.models.rank_model import RankModel, mlp_options
+from hashrec.modules import MLP, DINAttention
+
+
+class MultiTowerDIN(RankModel):
+    """See the module docstring; arguments as ``RankModel``.
+
+    Args:
+        din_normalizer: DIN attention weighting, ``softmax`` (default) or ``none``.
+    """
+
+    def __init__(self, model_config, feature_set, sparse_optimizer, device=None,
+                 embedding: nn.Module | None = None, din_normalizer: str = "softmax") -> None:
+        super().__init__(model_config, feature_set, sparse_optimizer, device, embedding)
+        config = model_config.multi_tower_din
+        if not config.towers and not config.din_towers:
+            raise ModelError("multi_tower_din has no towers and no din_towers")
+        self.towers = nn.ModuleDict()
+        self.din_towers = nn.ModuleDict()
+        width = 0
+        for tower in config.towers:
+            where = f"multi_tower_din.towers[{tower.input!r}]"
+            group = self.group(tower.input, DEEP, where)
+            self._check_unique(tower.input)
+            self.towers[tower.input] = MLP(group.dim, mlp_options(tower.mlp, where + ".mlp"))
+            width += self.towers[tower.input].output_dim()
+        for tower in config.din_towers:
+            where = f"multi_tower_din.din_towers[{tower.input!r}]"
+            group = self.group(tower.input, SEQUENCE, where)
+            self._check_unique(tower.input)
+            try:
+                attention = DINAttention(group.query_dim, group.sequence_dim,
+                                         mlp_options(tower.attn_mlp, where + ".attn_mlp"),
+                                         din_normalizer)
+            except ValueError as err:
+                raise ModelError(f"{where}: {err}") from err
+            self.din_towers[tower.input] = attention
+            width += attention.output_dim()
+        self.final = None
+        if config.HasField("final"):
+            self.final = MLP(width, mlp_options(config.final, "multi_tower_din.final"))
+            width = self.final.output_dim()
+        self.output = nn.Linear(width, 1)
+
+    def _check_unique(self, name: str) -> None:
+        if name in self.towers or name in self.din_towers:
+            raise ModelError(f"multi_tower_din: feature group {name!r} feeds two towers")
+
+    def dense_forward(self, embedded, batch) -> torch.Tensor:
+        """Tower outputs -> final MLP -> logits (B,)."""
+        outputs = [tower(deep_input(self.groups[name], embedded, batch))
+                   for name, tower in self.towers.items()]
+        for name, attention in self.din_towers.items():
+            query, sequence, lengths = sequence_input(self.groups[name], embedded, batch)
+            outputs.append(attention(query, sequence, lengths))
+        hidden = torch.cat(outputs, dim=-1)
+        if self.final is not None:
+            hidden = self.final(hidden)
+        return self.output(hidden).squeeze(-1)

@@ -1,0 +1,132 @@
+"""Shared plumbing of ranking models: embeddings, feature groups, loss.
+
+A ranking model owns an ``EmbeddingCollection`` (dense and dynamic tables with
+a fused sparse optimizer) and a dense network. Embedding lookups always run in
+float32, outside any autocast region the trainer opens; only the dense network
+runs in reduced precision under mixed precision training.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hashrec.models.errors import ModelError
+from hashrec.models.feature_groups import GroupSpec, build_group_spec, feature_infos
+from hashrec.modules import MLPOptions
+
+SUPPORTED_LOSSES = ("binary_cross_entropy",)
+
+
+def mlp_options(mlp_config, where: str) -> MLPOptions:
+    """Convert an ``MLP`` config message into MLPOptions.
+
+    Raises:
+        ModelError: the options are invalid; the message names ``where``.
+    """
+    try:
+        return MLPOptions(
+            hidden_units=tuple(mlp_config.hidden_units),
+            dropout_ratio=tuple(mlp_config.dropout_ratio),
+            activation=mlp_config.activation,
+            use_bn=mlp_config.use_bn,
+            use_ln=mlp_config.use_ln,
+            bias=mlp_config.bias,
+        )
+    except ValueError as err:
+        raise ModelError(f"{where}: {err}") from err
+
+
+class RankModel(nn.Module):
+    """Base of binary ranking models (one logit per row).
+
+    Args:
+        model_config: the pipeline's ``ModelConfig`` message.
+        feature_set: the ``FeatureSet`` built from the pipeline config.
+        sparse_optimizer: optimizer spec of the embedding tables (hashrec.table).
+        device: where the embedding tables live (the trainer moves the dense part).
+        embedding: a prebuilt embedding module (``EmbeddingCollection`` interface);
+            None builds an ``EmbeddingCollection`` from ``feature_set``.
+
+    Subclasses implement ``dense_forward(embedded, batch) -> logits (B,)``.
+    """
+
+    def __init__(self, model_config, feature_set, sparse_optimizer, device=None,
+                 embedding: nn.Module | None = None) -> None:
+        super().__init__()
+        if model_config.num_class != 1:
+            raise ModelError(
+                f"model_config.num_class={model_config.num_class}; only 1 (binary ranking) "
+                f"is supported")
+        if not feature_set.label_fields:
+            raise ModelError("data_config.label_fields is empty; a ranking model needs a label")
+        self.label_name = feature_set.label_fields[0]
+        self.losses = self._loss_names(model_config)
+        self.groups = self._build_groups(model_config, feature_set)
+        if embedding is None:
+            from hashrec.embedding import EmbeddingCollection
+
+            embedding = EmbeddingCollection(
+                feature_set.embedding_tables(), feature_set.embedding_features(),
+                sparse_optimizer, device)
+        self.embedding = embedding
+
+    @staticmethod
+    def _loss_names(model_config) -> tuple[str, ...]:
+        names = tuple(loss.WhichOneof("loss") for loss in model_config.losses)
+        for name in names:
+            if name not in SUPPORTED_LOSSES:
+                raise ModelError(
+                    f"model_config.losses: {name!r} is not supported; allowed: "
+                    f"{', '.join(SUPPORTED_LOSSES)}")
+        return names or ("binary_cross_entropy",)
+
+    @staticmethod
+    def _build_groups(model_config, feature_set) -> dict[str, GroupSpec]:
+        infos = feature_infos(feature_set)
+        groups: dict[str, GroupSpec] = {}
+        for group_config in model_config.feature_groups:
+            if group_config.group_name in groups:
+                raise ModelError(f"feature group {group_config.group_name!r} is defined twice")
+            groups[group_config.group_name] = build_group_spec(group_config, infos)
+        return groups
+
+    def group(self, name: str, expected_type: str, where: str) -> GroupSpec:
+        """The group ``name`` checked to be of ``expected_type``.
+
+        Raises:
+            ModelError: no such group or wrong type; names ``where`` (the tower).
+        """
+        if name not in self.groups:
+            raise ModelError(
+                f"{where}: input {name!r} is not a feature group (groups: "
+                f"{', '.join(self.groups) or 'none'})")
+        group = self.groups[name]
+        if group.group_type != expected_type:
+            raise ModelError(
+                f"{where}: feature group {name!r} is {group.group_type}, expected "
+                f"{expected_type}")
+        return group
+
+    def embed(self, batch):
+        """Embedding lookups in float32 (autocast is switched off here)."""
+        device_type = batch.sparse.device.type
+        with torch.autocast(device_type=device_type, enabled=False):
+            return self.embedding(batch.sparse)
+
+    def dense_forward(self, embedded, batch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, batch) -> dict[str, torch.Tensor]:
+        """Batch -> {"logits": (B,) float32, "probs": (B,) float32}."""
+        logits = self.dense_forward(self.embed(batch), batch).float()
+        return {"logits": logits, "probs": torch.sigmoid(logits)}
+
+    def loss(self, predictions: dict[str, torch.Tensor], batch) -> dict[str, torch.Tensor]:
+        """Per-loss scalar tensors (float32), averaged over the batch."""
+        if self.label_name not in batch.labels:
+            raise ModelError(
+                f"batch has no label {self.label_name!r} (labels: {list(batch.labels)})")
+        labels = batch.labels[self.label_name].float()
+        return {name: nn.functional.binary_cross_entropy_with_logits(
+            predictions["logits"], labels) for name in self.losses}

@@ -1,0 +1,29 @@
+"""Model registry: the ``model_config`` oneof name -> model class."""
+
+from __future__ import annotations
+
+from hashrec.models.errors import ModelError
+from hashrec.models.multi_tower_din import MultiTowerDIN
+from hashrec.models.rank_model import RankModel
+
+MODELS: dict[str, type[RankModel]] = {
+    "multi_tower_din": MultiTowerDIN,
+}
+
+
+def create_model(model_config, feature_set, sparse_optimizer, device=None,
+                 embedding=None) -> RankModel:
+    """Build the model the config's ``model`` oneof names.
+
+    Args as ``RankModel`` (``embedding``: optional prebuilt embedding module).
+
+    Raises:
+        ModelError: no model set, or a model kind HashRec does not implement.
+    """
+    kind = model_config.WhichOneof("model")
+    if kind is None:
+        raise ModelError(f"model_config sets no model; allowed: {', '.join(MODELS)}")
+    if kind not in MODELS:
+        raise ModelError(
+            f"model_config.{kind} is not supported yet; allowed: {', '.join(MODELS)}")
+    return MODELS[kind](model_config, feature_set, sparse_optimizer, device, embedding)

@@ -1,0 +1,105 @@
+"""Synthetic stand-ins for a FeatureSet and an embedding collection (model unit tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from google.protobuf import text_format
+from torch import nn
+
+from hashrec.config import model_pb2
+from hashrec.embedding.jagged import KeyedJaggedTensor
+from hashrec.embedding.specs import EmbeddingFeatureSpec
+from hashrec.features.batch import Batch
+
+DIM = 4
+SEQ_LEN = 5
+POOLED = ("user_id", "item_id", "cate_id")
+SEQUENCES = ("click_seq__item_id", "click_seq__cate_id")
+
+MODEL_CONFIG = """
+feature_groups { group_name: "deep" feature_names: ["user_id", "item_id", "cate_id", "price"]
+                 group_type: DEEP }
+feature_groups { group_name: "seq" feature_names: ["item_id", "cate_id",
+                 "click_seq__item_id", "click_seq__cate_id"] group_type: SEQUENCE }
+multi_tower_din {
+  towers { input: "deep" mlp { hidden_units: [8, 4] } }
+  din_towers { input: "seq" attn_mlp { hidden_units: [8] } }
+  final { hidden_units: [4] }
+}
+losses { binary_cross_entropy {} }
+metrics { auc {} }
+"""
+
+
+def model_config(text: str = MODEL_CONFIG) -> model_pb2.ModelConfig:
+    return text_format.Parse(text, model_pb2.ModelConfig())
+
+
+@dataclass
+class FakeFeatureSet:
+    label_fields: list[str] = field(default_factory=lambda: ["clk"])
+
+    def embedding_features(self):
+        return ([EmbeddingFeatureSpec(n, n) for n in POOLED]
+                + [EmbeddingFeatureSpec(n, n, is_sequence=True, max_length=SEQ_LEN)
+                   for n in SEQUENCES])
+
+    def embedding_tables(self):
+        return []
+
+    def dense_features(self):
+        return {"price": 1}
+
+    def output_dim(self, name):
+        return 1 if name == "price" else DIM
+
+
+@dataclass
+class FakeOutput:
+    pooled: dict
+    sequences: dict
+
+
+class FakeEmbedding(nn.Module):
+    """One trainable nn.Embedding per feature, sum pooling, padded sequences."""
+
+    def __init__(self, num_rows: int = 50, pad_noise: float = 0.0) -> None:
+        super().__init__()
+        self.pad_noise = pad_noise
+        self.tables = nn.ModuleDict({n: nn.Embedding(num_rows, DIM) for n in POOLED + SEQUENCES})
+
+    def forward(self, kjt: KeyedJaggedTensor) -> FakeOutput:
+        pooled, sequences = {}, {}
+        for name in POOLED:
+            bags = kjt[name]
+            rows = torch.repeat_interleave(torch.arange(bags.lengths.numel()), bags.lengths)
+            out = torch.zeros(bags.lengths.numel(), DIM)
+            pooled[name] = out.index_add(0, rows, self.tables[name](bags.values))
+        for name in SEQUENCES:
+            bags = kjt[name]
+            ids = bags.to_padded(SEQ_LEN)
+            mask = torch.arange(SEQ_LEN) < bags.lengths.unsqueeze(1)
+            padded = self.tables[name](ids) * mask.unsqueeze(-1)
+            noise = torch.randn(padded.shape) * self.pad_noise * (~mask).unsqueeze(-1)
+            sequences[name] = (padded + noise, bags.lengths)
+        return FakeOutput(pooled, sequences)
+
+
+def make_batch(batch_size: int = 6, seed: int = 0, lengths=None) -> Batch:
+    gen = torch.Generator().manual_seed(seed)
+    values, all_lengths = [], []
+    for _ in POOLED:
+        values.append(torch.randint(0, 50, (batch_size,), generator=gen))
+        all_lengths.append(torch.ones(batch_size, dtype=torch.int64))
+    seq_lengths = (torch.tensor(lengths) if lengths is not None
+                   else torch.randint(0, SEQ_LEN + 1, (batch_size,), generator=gen))
+    for _ in SEQUENCES:
+        values.append(torch.randint(0, 50, (int(seq_lengths.sum()),), generator=gen))
+        all_lengths.append(seq_lengths)
+    kjt = KeyedJaggedTensor.from_lengths(list(POOLED + SEQUENCES), torch.cat(values),
+                                         torch.cat(all_lengths))
+    labels = {"clk": torch.randint(0, 2, (batch_size,), generator=gen).float()}
+    dense = {"price": torch.rand(batch_size, 1, generator=gen)}
+    return Batch(kjt, dense=dense, labels=labels, batch_size=batch_size)

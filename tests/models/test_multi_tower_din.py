@@ -1,0 +1,89 @@
+import pytest
+import torch
+from model_fakes import MODEL_CONFIG, FakeEmbedding, FakeFeatureSet, make_batch, model_config
+
+from hashrec.models import ModelError, MultiTowerDIN, create_model
+
+
+def _model(text=MODEL_CONFIG):
+    torch.manual_seed(0)
+    return create_model(model_config(text), FakeFeatureSet(), None, embedding=FakeEmbedding())
+
+
+def test_registry_builds_multi_tower_din():
+    model = _model()
+    assert isinstance(model, MultiTowerDIN)
+    assert list(model.towers) == ["deep"] and list(model.din_towers) == ["seq"]
+    assert model.groups["deep"].dim == 3 * 4 + 1
+    assert model.groups["seq"].query_dim == 8 and model.groups["seq"].sequence_dim == 8
+
+
+def test_forward_backward_shapes():
+    model = _model()
+    batch = make_batch(6)
+    predictions = model(batch)
+    assert predictions["logits"].shape == (6,)
+    assert ((predictions["probs"] > 0) & (predictions["probs"] < 1)).all()
+    losses = model.loss(predictions, batch)
+    assert set(losses) == {"binary_cross_entropy"}
+    losses["binary_cross_entropy"].backward()
+    dense_grads = [p.grad for n, p in model.named_parameters() if not n.startswith("embedding")]
+    assert all(g is not None for g in dense_grads)
+    assert model.embedding.tables["click_seq__item_id"].weight.grad.abs().sum() > 0
+
+
+def test_loss_is_binary_cross_entropy_of_sigmoid():
+    model = _model()
+    batch = make_batch(5)
+    predictions = model(batch)
+    p, y = predictions["probs"], batch.labels["clk"]
+    expected = -(y * p.log() + (1 - y) * (1 - p).log()).mean()
+    assert torch.allclose(model.loss(predictions, batch)["binary_cross_entropy"], expected,
+                          atol=1e-5)
+
+
+@pytest.mark.parametrize("normalizer", ["softmax", "none"])
+def test_sequence_padding_is_masked(normalizer):
+    torch.manual_seed(0)
+    clean = MultiTowerDIN(model_config(), FakeFeatureSet(), None, embedding=FakeEmbedding(),
+                          din_normalizer=normalizer)
+    noisy = MultiTowerDIN(model_config(), FakeFeatureSet(), None,
+                          embedding=FakeEmbedding(pad_noise=100.0), din_normalizer=normalizer)
+    noisy.load_state_dict(clean.state_dict())
+    clean.eval()
+    noisy.eval()
+    batch = make_batch(4, lengths=[2, 0, 5, 3])
+    assert torch.allclose(clean(batch)["logits"], noisy(batch)["logits"], atol=1e-5)
+
+
+def test_bf16_autocast_runs_dense_part():
+    model = _model()
+    batch = make_batch(4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        predictions = model(batch)
+    assert predictions["logits"].dtype == torch.float32
+    assert torch.isfinite(predictions["logits"]).all()
+
+
+@pytest.mark.parametrize("text,match", [
+    (MODEL_CONFIG.replace('input: "deep"', 'input: "nope"'), "nope"),
+    (MODEL_CONFIG.replace('input: "deep" mlp', 'input: "seq" mlp'), "SEQUENCE"),
+    (MODEL_CONFIG.replace('"price"]', '"price", "click_seq__item_id"]'), "sequence features"),
+    (MODEL_CONFIG.replace('"cate_id", "price"', '"cate_id", "ghost"'), "ghost"),
+    (MODEL_CONFIG.replace('"item_id", "cate_id",\n                 "click_seq', '"click_seq'),
+     "query"),
+    (MODEL_CONFIG.replace("binary_cross_entropy {}", "l2_loss {}"), "l2_loss"),
+    (MODEL_CONFIG + "num_class: 3", "num_class"),
+    (MODEL_CONFIG.replace("hidden_units: [8, 4]", "hidden_units: []"), "towers"),
+], ids=["unknown-group", "wrong-group-type", "sequence-in-deep", "unknown-feature",
+        "no-query", "loss", "num-class", "empty-mlp"])
+def test_config_errors_name_the_problem(text, match):
+    with pytest.raises(ModelError, match=match):
+        _model(text)
+
+
+def test_unsupported_model_kind():
+    text = MODEL_CONFIG.split("multi_tower_din")[0] + (
+        'multi_tower { towers { input: "deep" mlp { hidden_units: [4] } } }')
+    with pytest.raises(ModelError, match="multi_tower"):
+        _model(text)
