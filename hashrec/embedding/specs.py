@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hashrec.table import TableOptions
+from hashrec.table import InitializerArgs, TableOptions
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,9 @@ class EmbeddingTableSpec:
         fusion_group: dynamic tables with the same non-None fusion_group, dim,
             optimizer and dtype may share one storage (with separate key spaces).
         trainable: False freezes the table (no sparse updates).
+        initializer: dense tables only: how rows start; None -> uniform in
+            +-sqrt(1 / num_rows) (TorchRec's default). Dynamic tables use
+            ``dynamic.initializer``.
     """
 
     name: str
@@ -56,6 +59,7 @@ class EmbeddingTableSpec:
     features: tuple[str, ...] = field(default_factory=tuple)
     fusion_group: str | None = None
     trainable: bool = True
+    initializer: InitializerArgs | None = None
 
     def __post_init__(self) -> None:
         if (self.num_rows is None) == (self.dynamic is None):
@@ -64,6 +68,10 @@ class EmbeddingTableSpec:
                 f"(TableOptions) must be set")
         if self.num_rows is not None and self.num_rows <= 0:
             raise ValueError(f"table {self.name!r}: num_rows must be > 0, got {self.num_rows}")
+        if self.initializer is not None and self.dynamic is not None:
+            raise ValueError(
+                f"table {self.name!r}: initializer is for dense tables; set "
+                f"dynamic.initializer instead")
         if self.dim <= 0:
             raise ValueError(f"table {self.name!r}: dim must be > 0, got {self.dim}")
 

@@ -1,0 +1,29 @@
+"""Bag pooling op: ``pool_forward`` / ``pool_backward`` dispatched by device.
+
+See ``reference.py`` for shapes and semantics; ``triton.py`` (CUDA) has the same
+signatures.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hashrec.embedding.ops.pooling import reference
+from hashrec.table.ops.dispatch import backend
+
+
+def pool_forward(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+                 weights: torch.Tensor | None, mean: bool) -> torch.Tensor:
+    """Pools bags of rows: -> (B, D) float32."""
+    impl = backend(__name__, reference, rows.device)
+    return impl.pool_forward(rows, inverse, offsets, weights, mean)
+
+
+def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+                  weights: torch.Tensor | None, mean: bool, num_rows: int) -> torch.Tensor:
+    """Gradient per unique row: (B, D) -> (num_rows, D) float32."""
+    impl = backend(__name__, reference, grad_out.device)
+    return impl.pool_backward(grad_out, inverse, offsets, weights, mean, num_rows)
+
+
+__all__ = ["pool_backward", "pool_forward"]

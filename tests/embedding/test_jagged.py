@@ -1,0 +1,93 @@
+import pytest
+import torch
+
+from hashrec.embedding.jagged import JaggedError, KeyedJaggedTensor
+
+
+def _kjt(weights=False):
+    # a = [[1, 2], []], b = [[3], [4, 5]]
+    w = torch.tensor([0.5, 1.0, 2.0, 3.0, 4.0]) if weights else None
+    return KeyedJaggedTensor.from_lengths(["a", "b"], torch.tensor([1, 2, 3, 4, 5]),
+                                          torch.tensor([2, 0, 1, 2]), w)
+
+
+def test_from_lengths_slices_per_key():
+    kjt = _kjt()
+    assert kjt.keys() == ["a", "b"]
+    assert kjt.stride() == 2
+    assert kjt.offsets().tolist() == [0, 2, 2, 3, 5]
+    assert kjt.length_per_key() == [2, 3]
+    b = kjt["b"]
+    assert b.values.tolist() == [3, 4, 5]
+    assert b.lengths.tolist() == [1, 2]
+    assert b.offsets.tolist() == [0, 1, 3]
+    a = kjt["a"]
+    assert a.values.tolist() == [1, 2] and a.lengths.tolist() == [2, 0]
+
+
+def test_from_offsets_equals_from_lengths():
+    by_offsets = KeyedJaggedTensor.from_offsets(
+        ["a", "b"], torch.tensor([1, 2, 3, 4, 5]), torch.tensor([0, 2, 2, 3, 5]))
+    assert by_offsets.lengths().tolist() == [2, 0, 1, 2]
+    for key in ("a", "b"):
+        assert torch.equal(by_offsets[key].values, _kjt()[key].values)
+        assert torch.equal(by_offsets[key].lengths, _kjt()[key].lengths)
+
+
+def test_to_dict_keeps_weights_per_key():
+    parts = _kjt(weights=True).to_dict()
+    assert list(parts) == ["a", "b"]
+    assert parts["a"].weights.tolist() == [0.5, 1.0]
+    assert parts["b"].weights.tolist() == [2.0, 3.0, 4.0]
+
+
+def test_to_device_round_trip():
+    kjt = _kjt(weights=True).to("cpu")
+    assert kjt.device == torch.device("cpu")
+    assert kjt.values().tolist() == [1, 2, 3, 4, 5]
+    assert kjt.weights().tolist() == [0.5, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_to_padded_truncates_and_pads():
+    padded = _kjt()["b"].to_padded(max_length=1, pad_value=-1)
+    assert padded.tolist() == [[3], [4]]
+    padded = _kjt()["a"].to_padded(max_length=3, pad_value=-1)
+    assert padded.tolist() == [[1, 2, -1], [-1, -1, -1]]
+
+
+def test_concat_joins_keys_and_fills_missing_weights():
+    left = KeyedJaggedTensor.from_lengths(["x"], torch.tensor([7]), torch.tensor([1, 0]))
+    joined = KeyedJaggedTensor.concat([left, _kjt(weights=True)])
+    assert joined.keys() == ["x", "a", "b"]
+    assert joined["x"].weights.tolist() == [1.0]
+    assert joined["b"].values.tolist() == [3, 4, 5]
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: KeyedJaggedTensor.from_lengths(["a"], torch.tensor([1, 2]), torch.tensor([1])),
+     "lengths sum to 1"),
+    (lambda: KeyedJaggedTensor.from_lengths(["a", "b"], torch.tensor([1]), torch.tensor([1])),
+     "not a multiple"),
+    (lambda: KeyedJaggedTensor.from_lengths(["a", "a"], torch.tensor([1]),
+                                            torch.tensor([1, 0])), "duplicate keys"),
+    (lambda: KeyedJaggedTensor.from_lengths(["a"], torch.tensor([1]), torch.tensor([2, -1])),
+     "non-negative"),
+    (lambda: KeyedJaggedTensor.from_lengths(["a"], torch.tensor([[1]]), torch.tensor([1])),
+     "values must be 1-D"),
+    (lambda: KeyedJaggedTensor.from_lengths(["a"], torch.tensor([1]), torch.tensor([1]),
+                                            torch.tensor([1.0, 2.0])), "weights shape"),
+    (lambda: KeyedJaggedTensor.from_offsets(["a"], torch.tensor([1]), torch.tensor([])),
+     "non-empty"),
+], ids=["sum-mismatch", "ragged-keys", "duplicate-keys", "negative-length", "values-2d",
+        "weights-shape", "empty-offsets"])
+def test_validation_errors(build, message):
+    with pytest.raises(JaggedError, match=message):
+        build()
+
+
+def test_missing_key_and_missing_weights_raise():
+    kjt = _kjt()
+    with pytest.raises(KeyError, match="'c'"):
+        kjt["c"]
+    with pytest.raises(JaggedError, match="no weights"):
+        kjt.weights()
