@@ -28,7 +28,8 @@ from hashrec.table.storage import InsertResult, TableStorage
 def _incoming_rank(in_keys, in_scores, i, key, score, start, end, BI: tl.constexpr):
     """Rank of each incoming key of the chunk among the bucket's by (score desc, key asc)."""
     rank = tl.zeros([BI], dtype=tl.int32)
-    for c in range(start, end, BI):
+    c = start
+    while c < end:  # while, not range: loop bounds are run-time values
         j = c + tl.arange(0, BI)
         mj = j < end
         kj = tl.load(in_keys + j, mask=mj, other=0)
@@ -36,6 +37,7 @@ def _incoming_rank(in_keys, in_scores, i, key, score, start, end, BI: tl.constex
         before = (sj[None, :] > score[:, None]) | (
             (sj[None, :] == score[:, None]) & (kj[None, :] < key[:, None]))
         rank += tl.sum((before & mj[None, :]).to(tl.int32), axis=1)
+        c += BI
     return rank
 
 
@@ -49,19 +51,21 @@ def _victim_order(t_scores, base, occupied, n_pairs, CAP_P2: tl.constexpr):
     scores = tl.load(t_scores + base + col, mask=occupied, other=0)
     order = tl.full([CAP_P2], -1, dtype=tl.int32)
     free = occupied
-    for p in range(0, n_pairs):
+    p = 0
+    while p < n_pairs:
         low = tl.min(tl.where(free, scores, 0x7FFFFFFFFFFFFFFF), axis=0)
         pick = tl.min(tl.where(free & (scores == low), col, CAP_P2), axis=0)
         order = tl.where(col == pick, p, order)
         free = free & (col != pick)
+        p += 1
     return order
 
 
 @triton.jit
 def _insert_kernel(in_keys, in_tags, in_scores, in_digests, in_pos, seg_start, seg_bucket,
                    t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
-                   ev_keys, ev_tags, ev_scores, allow_evict,
-                   CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr):
+                   ev_keys, ev_tags, ev_scores,
+                   ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr):
     pid = tl.program_id(0)
     start = tl.load(seg_start + pid)
     end = tl.load(seg_start + pid + 1)
@@ -72,13 +76,14 @@ def _insert_kernel(in_keys, in_tags, in_scores, in_digests, in_pos, seg_start, s
     occupied = in_bucket & ~empty
     n_empty = tl.sum(empty.to(tl.int32), axis=0)
     empty_rank = tl.cumsum(empty.to(tl.int32), axis=0) - 1
-    n_pairs = 0
-    if allow_evict:
-        n_pairs = tl.minimum(tl.maximum(end - start - n_empty, 0),
-                             tl.sum(occupied.to(tl.int32), axis=0))
+    n_pairs = tl.minimum(tl.maximum((end - start).to(tl.int32) - n_empty, 0),
+                         tl.sum(occupied.to(tl.int32), axis=0))
+    if not ALLOW_EVICT:
+        n_pairs = n_pairs * 0
     order = _victim_order(t_scores, base, occupied, n_pairs, CAP_P2)
     old_scores = tl.load(t_scores + base + col, mask=occupied, other=0)
-    for c in range(start, end, BI):
+    c = start
+    while c < end:
         i = c + tl.arange(0, BI)
         mi = i < end
         key = tl.load(in_keys + i, mask=mi, other=0)
@@ -93,7 +98,7 @@ def _insert_kernel(in_keys, in_tags, in_scores, in_digests, in_pos, seg_start, s
         ok = mi & (slot_col < CAP_P2)
         slot = base + slot_col
         pos = tl.load(in_pos + i, mask=mi, other=0)
-        if allow_evict:
+        if ALLOW_EVICT:
             ev = ok & evicts
             tl.store(ev_keys + i, tl.load(t_keys + slot, mask=ev, other=0), mask=ev)
             tl.store(ev_tags + i, tl.load(t_tags + slot, mask=ev, other=0), mask=ev)
@@ -104,6 +109,7 @@ def _insert_kernel(in_keys, in_tags, in_scores, in_digests, in_pos, seg_start, s
         tl.store(t_scores + slot, score, mask=ok)
         tl.store(t_digests + slot, tl.load(in_digests + i, mask=ok, other=1), mask=ok)
         tl.store(out_slots + pos, tl.where(ok, slot, -1), mask=mi)
+        c += BI
 
 
 def _validate(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
@@ -149,7 +155,7 @@ def insert_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     _insert_kernel[(uniq.numel(),)](
         keys[perm], tags[perm], scores[perm], digests[perm], perm, seg_start, uniq,
         storage.keys, storage.tags, storage.digests, storage.scores, result.slots,
-        evicted, ev_keys, ev_tags, ev_scores, bool(allow_evict),
+        evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT=bool(allow_evict),
         CAP=cap, CAP_P2=triton.next_power_of_2(cap), BI=16, num_warps=4)
     if allow_evict:
         hit = evicted.bool()
