@@ -4,6 +4,8 @@ Knows nothing of features, configs or models.
 """
 
 from hashrec.table.errors import TableError, TableFullError
+from hashrec.table.hash_table import HashTable, LookupResult
+from hashrec.table.memory import estimate_table_bytes
 from hashrec.table.optim import SparseAdagrad, SparseAdam, SparseRowWiseAdagrad, SparseSGD
 from hashrec.table.options import (
     AdmissionOptions,
@@ -19,9 +21,11 @@ from hashrec.table.storage import InsertResult, TableStorage
 __all__ = [
     "AdmissionOptions",
     "CheckMode",
+    "HashTable",
     "InitializerArgs",
     "InitializerMode",
     "InsertResult",
+    "LookupResult",
     "ScoreStrategy",
     "SparseAdagrad",
     "SparseAdam",
@@ -32,4 +36,5 @@ __all__ = [
     "TableFullError",
     "TableOptions",
     "TableStorage",
+    "estimate_table_bytes",
 ]

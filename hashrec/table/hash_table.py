@@ -1,0 +1,486 @@
+"""HashTable: a dynamic embedding table over a bucketed, scored hash index.
+
+Scores: larger is more important; a full bucket evicts its smallest score unless
+the incoming key's score is smaller still (then the insert is refused). STEP
+scores are the table's step at the last access, TIMESTAMP the wall clock in
+microseconds, LFU the access count, CUSTOMIZED the caller's score; NO_EVICTION
+scores like STEP but refuses instead of evicting.
+
+Capacity starts at ``init_capacity`` and doubles (rehashing, losing nothing) when
+the load factor would pass ``max_load_factor`` or a bucket overflows, up to
+``max_capacity``; only then do inserts evict. Rows are ``[embedding | optimizer
+state]``. HYBRID and CACHING storage modes are accepted, but this version keeps
+all values in one storage on ``options.device``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+
+from hashrec.table.admission import AdmissionCounter
+from hashrec.table.errors import TableError, TableFullError
+from hashrec.table.initializers import initial_values
+from hashrec.table.ops.erase import erase_slots
+from hashrec.table.ops.export import occupied_slots
+from hashrec.table.ops.find import find_slots
+from hashrec.table.ops.insert import insert_keys
+from hashrec.table.ops.optimizer import apply_sparse_update
+from hashrec.table.ops.rehash import rehash
+from hashrec.table.options import CheckMode, InitializerArgs, ScoreStrategy, TableOptions
+from hashrec.table.storage import TableStorage
+from hashrec.table.validation import check_matrix, check_optional_vector, check_vector
+
+logger = logging.getLogger(__name__)
+
+_PROTECTED = torch.iinfo(torch.int64).max
+
+
+class LookupResult(NamedTuple):
+    """slots (u,) int64 (-1 = not stored) and values (u, dim) float32."""
+
+    slots: torch.Tensor
+    values: torch.Tensor
+
+
+def _initial_buckets(options: TableOptions) -> tuple[int, int]:
+    """(initial, max) bucket counts; initial * 2**k == max so growth is exact doubling."""
+    bc = options.bucket_capacity
+    max_buckets = math.ceil(options.max_capacity / bc)
+    wanted = math.ceil((options.init_capacity or options.max_capacity) / bc)
+    shift = int(math.floor(math.log2(max_buckets / wanted))) if wanted < max_buckets else 0
+    while shift > 0 and max_buckets % (1 << shift):
+        shift -= 1
+    return max_buckets >> shift, max_buckets
+
+
+class HashTable:
+    """Dynamic embedding table (see the module docstring for scores and growth).
+
+    Args:
+        options: TableOptions of this table.
+    """
+
+    def __init__(self, options: TableOptions) -> None:
+        if not isinstance(options, TableOptions):
+            raise ValueError(f"options={options!r} is not valid; allowed: TableOptions")
+        self.options = options
+        self.dim = options.dim
+        self.row_dim = options.row_dim
+        self.device = options.device
+        self.step = 0
+        initial, self._max_buckets = _initial_buckets(options)
+        self.storage = TableStorage.empty(initial, options.bucket_capacity, self.row_dim,
+                                          options.dtype, self.device)
+        self._initializer = options.initializer.resolved(options.dim, options.max_capacity)
+        self._eval_initializer = options.eval_initializer.resolved(options.dim,
+                                                                   options.max_capacity)
+        self._counter = None
+        self._admission_initializer = None
+        if options.admission is not None:
+            adm = options.admission
+            self._counter = AdmissionCounter(adm.threshold,
+                                             adm.counter_capacity or options.max_capacity,
+                                             adm.counter_bucket_capacity, self.device)
+            self._admission_initializer = adm.initializer.resolved(options.dim,
+                                                                   options.max_capacity)
+        self._generator = None
+        if options.seed is not None:
+            self._generator = torch.Generator(self.device).manual_seed(options.seed)
+        self._state_row = None
+        if options.optimizer is not None:
+            self._state_row = options.optimizer.initial_state(options.dim).to(
+                device=self.device, dtype=options.dtype)
+        self._stats: Counter[str] = Counter()
+
+    # ----------------------------------------------------------------- sizes
+    def size(self) -> int:
+        """Stored entries."""
+        return self.storage.size()
+
+    def capacity(self) -> int:
+        """Slots currently allocated."""
+        return self.storage.capacity
+
+    def load_factor(self) -> float:
+        return self.size() / self.capacity()
+
+    def advance_step(self) -> int:
+        """Advances the STEP clock (call once per train step); returns the new step."""
+        self.step += 1
+        return self.step
+
+    def stats(self) -> dict[str, int]:
+        """Counters: lookups, hits, inserts, evictions, refused, admission_rejected,
+        counter_evictions, growths, plus size and capacity."""
+        out = {name: int(self._stats[name]) for name in (
+            "lookups", "hits", "inserts", "evictions", "refused", "admission_rejected",
+            "growths")}
+        out["counter_evictions"] = self._counter.evictions if self._counter else 0
+        out["size"] = self.size()
+        out["capacity"] = self.capacity()
+        return out
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes allocated now, by where they live: {"gpu": ..., "host": ...}."""
+        total = self.storage.nbytes() + (self._counter.nbytes() if self._counter else 0)
+        on_gpu = self.device.type == "cuda"
+        return {"gpu": total if on_gpu else 0, "host": 0 if on_gpu else total}
+
+    # ------------------------------------------------------------ validation
+    def _keys(self, keys: object, tags: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+        name = self.options.name
+        keys = check_vector(name, "keys", keys, torch.int64, self.device)
+        tags = check_optional_vector(name, "tags", tags, torch.int32, self.device, keys.numel())
+        return keys, tags
+
+    def _scores(self, scores: object, n: int) -> torch.Tensor | None:
+        strategy = self.options.score_strategy
+        if scores is None:
+            if strategy is ScoreStrategy.CUSTOMIZED:
+                raise ValueError(f"table {self.options.name!r}: scores=None is not valid with "
+                                 f"score_strategy=CUSTOMIZED; pass (n,) int64 scores")
+            return None
+        if strategy is not ScoreStrategy.CUSTOMIZED:
+            raise ValueError(f"table {self.options.name!r}: scores are only accepted with "
+                             f"score_strategy=CUSTOMIZED, got {strategy.value}")
+        scores = check_vector(self.options.name, "scores", scores, torch.int64, self.device, n)
+        return scores.clamp(max=_PROTECTED - 1)
+
+    # ---------------------------------------------------------------- scores
+    def _now(self, n: int) -> torch.Tensor:
+        if self.options.score_strategy is ScoreStrategy.TIMESTAMP:
+            clock = time.time_ns() // 1000
+        else:
+            clock = self.step
+        return torch.full((n,), clock, dtype=torch.int64, device=self.device)
+
+    def _hit_scores(self, slots: torch.Tensor, counts: torch.Tensor,
+                    given: torch.Tensor | None) -> torch.Tensor:
+        strategy = self.options.score_strategy
+        if given is not None:
+            return given
+        if strategy is ScoreStrategy.LFU:
+            return self.storage.scores[slots] + counts
+        return self._now(slots.numel())
+
+    def _new_scores(self, counts: torch.Tensor, given: torch.Tensor | None) -> torch.Tensor:
+        if given is not None:
+            return given
+        if self.options.score_strategy is ScoreStrategy.LFU:
+            return counts.clone()
+        return self._now(counts.numel())
+
+    # ---------------------------------------------------------------- growth
+    def _rehash(self, num_buckets: int) -> None:
+        self.storage = rehash(self.storage, num_buckets)
+        self._stats["growths"] += 1
+
+    def _grow_for(self, incoming: int) -> bool:
+        grown = False
+        limit = self.options.max_load_factor
+        num_buckets = self.storage.num_buckets
+        while (num_buckets < self._max_buckets
+               and self.size() + incoming > limit * num_buckets * self.storage.bucket_capacity):
+            num_buckets *= 2
+            grown = True
+        if grown:
+            self._rehash(num_buckets)
+        return grown
+
+    def _insert(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                scores: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Inserts absent unique keys, growing before evicting; returns (slots, rehashed)."""
+        rehashed = self._grow_for(keys.numel())
+        slots = torch.full_like(keys, -1)
+        pending = torch.arange(keys.numel(), device=self.device)
+        while True:
+            at_max = self.storage.num_buckets >= self._max_buckets
+            allow = at_max and self.options.score_strategy is not ScoreStrategy.NO_EVICTION
+            result = insert_keys(self.storage, keys[pending], _take(tags, pending),
+                                 scores[pending], allow)
+            slots[pending] = result.slots
+            self._stats["evictions"] += int(result.evicted_keys.numel())
+            pending = pending[result.slots < 0]
+            if at_max or pending.numel() == 0:
+                break
+            self._rehash(self.storage.num_buckets * 2)
+            rehashed = True
+            placed = torch.nonzero(slots >= 0).flatten()
+            slots[placed] = find_slots(self.storage, keys[placed], _take(tags, placed))
+        return slots, rehashed
+
+    def _report_refused(self, refused: int) -> None:
+        if refused == 0:
+            return
+        self._stats["refused"] += refused
+        mode = self.options.check_mode
+        message = (f"table {self.options.name!r}: {refused} inserts refused (their buckets are "
+                   f"full at max_capacity={self.options.max_capacity} and hold no entry from "
+                   f"before this call with a lower score, "
+                   f"score_strategy={self.options.score_strategy.value}); refused keys read as "
+                   f"the initializer value. Raise max_capacity or bucket_capacity.")
+        if mode is CheckMode.ERROR:
+            raise TableFullError(message)
+        if mode is CheckMode.WARNING:
+            logger.warning(message)
+
+    # ------------------------------------------------------------ core write
+    def _upsert(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
+                given: torch.Tensor | None, admit: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Touches unique keys: updates hits' scores, admits and inserts misses.
+
+        With ``admit`` (the training path) misses go through admission and new rows
+        get the initializer's embedding; otherwise the caller writes them. New rows
+        always get the optimizer's initial state.
+
+        Returns (slots (u,) int64 with -1 for not stored, found (u,) bool: stored before).
+        """
+        slots = find_slots(self.storage, keys, tags)
+        found = slots >= 0
+        if admit:
+            self._count_lookups(slots)
+        hit = torch.nonzero(slots >= 0).flatten()
+        hit_slots = slots[hit]
+        hit_scores = self._hit_scores(hit_slots, counts[hit], _take(given, hit))
+        miss = torch.nonzero(slots < 0).flatten()
+        if admit and self._counter is not None and miss.numel():
+            admitted = self._counter.count(keys[miss], _take(tags, miss), counts[miss])
+            self._stats["admission_rejected"] += int(miss.numel() - admitted.sum())
+            miss = miss[admitted]
+        stored = 0
+        if miss.numel():
+            self.storage.scores[hit_slots] = _PROTECTED  # same-call hits are never evicted
+            new_slots, rehashed = self._insert(keys[miss], _take(tags, miss),
+                                               self._new_scores(counts[miss], _take(given, miss)))
+            if rehashed:
+                hit_slots = find_slots(self.storage, keys[hit], _take(tags, hit))
+                slots[hit] = hit_slots
+            slots[miss] = new_slots
+            placed = torch.nonzero(new_slots >= 0).flatten()
+            self._init_rows(new_slots[placed], keys[miss[placed]],
+                            _take(tags, miss[placed]), admit)
+            stored = placed.numel()
+            self._stats["inserts"] += stored
+        self.storage.scores[hit_slots] = hit_scores
+        self._report_refused(int(miss.numel()) - stored)
+        return slots, found
+
+    def _init_rows(self, slots: torch.Tensor, keys: torch.Tensor, tags: torch.Tensor | None,
+                   embeddings: bool) -> None:
+        if embeddings:
+            self.storage.values[slots, :self.dim] = initial_values(
+                self._initializer, keys, tags, self.dim, self.options.dtype, self._generator)
+        if self._state_row is not None:
+            self.storage.values[slots, self.dim:] = self._state_row
+
+    def _read(self, slots: torch.Tensor, keys: torch.Tensor, tags: torch.Tensor | None,
+              missing_args: InitializerArgs) -> torch.Tensor:
+        """Embeddings (n, dim) float32 of slots; -1 reads as ``missing_args``."""
+        found = slots >= 0
+        values = torch.empty(slots.numel(), self.dim, dtype=torch.float32, device=self.device)
+        values[found] = self.storage.values[slots[found], :self.dim].to(torch.float32)
+        missing = torch.nonzero(~found).flatten()
+        if missing.numel():
+            values[missing] = initial_values(missing_args, keys[missing], _take(tags, missing),
+                                             self.dim, torch.float32, self._generator)
+        return values
+
+    def _train_missing_args(self) -> InitializerArgs:
+        return self._admission_initializer or self._eval_initializer
+
+    # ------------------------------------------------------------ public API
+    def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None = None, train: bool = True,
+               counts: torch.Tensor | None = None,
+               scores: torch.Tensor | None = None) -> LookupResult:
+        """Looks up unique keys for a forward pass.
+
+        Args:
+            keys: (u,) int64 unique keys.
+            tags: (u,) int32 namespaces or None.
+            train: True counts admission, inserts admitted keys (initialized rows),
+                updates scores, grows and evicts; False is read-only and missing keys
+                read as eval_initializer.
+            counts: (u,) int64 occurrences of each key in the batch (LFU and admission
+                count by multiplicity); None = 1 each.
+            scores: (u,) int64 caller scores (CUSTOMIZED only).
+
+        Returns:
+            LookupResult(slots (u,) int64, -1 = not stored; values (u, dim) float32).
+        """
+        keys, tags = self._keys(keys, tags)
+        n = keys.numel()
+        if counts is None:
+            counts = torch.ones(n, dtype=torch.int64, device=self.device)
+        counts = check_vector(self.options.name, "counts", counts, torch.int64, self.device, n)
+        if not train:
+            slots = find_slots(self.storage, keys, tags)
+            self._count_lookups(slots)
+            return LookupResult(slots, self._read(slots, keys, tags, self._eval_initializer))
+        slots, _ = self._upsert(keys, tags, counts, self._scores(scores, n), admit=True)
+        return LookupResult(slots, self._read(slots, keys, tags, self._train_missing_args()))
+
+    def _count_lookups(self, slots: torch.Tensor) -> None:
+        self._stats["lookups"] += slots.numel()
+        self._stats["hits"] += int((slots >= 0).sum())
+
+    def find(self, keys: torch.Tensor,
+             tags: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """keys (n,) int64 -> (values (n, dim) float32, founds (n,) bool). Read-only;
+        missing keys read as eval_initializer."""
+        keys, tags = self._keys(keys, tags)
+        slots = find_slots(self.storage, keys, tags)
+        self._count_lookups(slots)
+        return self._read(slots, keys, tags, self._eval_initializer), slots >= 0
+
+    def find_or_insert(self, keys: torch.Tensor, scores: torch.Tensor | None = None,
+                       tags: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """keys (n,) int64 (duplicates allowed) -> (values (n, dim) float32, founds (n,) bool).
+
+        Missing keys are admitted (when admission is on), inserted and initialized;
+        ``founds`` tells which keys were stored before the call. Duplicates count
+        by multiplicity for LFU and admission; with CUSTOMIZED a key takes the
+        largest of its scores.
+        """
+        keys, tags = self._keys(keys, tags)
+        scores = self._scores(scores, keys.numel())
+        unique, utags, inverse, counts = _unique(keys, tags)
+        uscores = None
+        if scores is not None:
+            uscores = torch.full_like(unique, torch.iinfo(torch.int64).min).scatter_reduce_(
+                0, inverse, scores, "amax")
+        slots, found = self._upsert(unique, utags, counts, uscores, admit=True)
+        values = self._read(slots, unique, utags, self._train_missing_args())
+        return values[inverse], found[inverse]
+
+    def insert_or_assign(self, keys: torch.Tensor, values: torch.Tensor,
+                         scores: torch.Tensor | None = None,
+                         tags: torch.Tensor | None = None) -> None:
+        """Stores ``values`` (n, dim) for keys (n,) int64; the last duplicate wins.
+
+        No admission; refused inserts are reported by check_mode.
+        """
+        keys, tags = self._keys(keys, tags)
+        values = check_matrix(self.options.name, "values", values, keys.numel(), self.dim,
+                              self.device)
+        self._assign(keys, tags, values, self._scores(scores, keys.numel()), exact=False)
+
+    def _assign(self, keys: torch.Tensor, tags: torch.Tensor | None, rows: torch.Tensor,
+                scores: torch.Tensor | None, exact: bool) -> None:
+        unique, utags, inverse, counts = _unique(keys, tags)
+        last = torch.zeros_like(unique).scatter_reduce_(
+            0, inverse, torch.arange(keys.numel(), device=self.device), "amax")
+        slots, _ = self._upsert(unique, utags, counts, _take(scores, last), admit=False)
+        stored = slots >= 0
+        width = rows.shape[1]
+        self.storage.values[slots[stored], :width] = rows[last[stored]].to(self.options.dtype)
+        if exact:
+            self.storage.scores[slots[stored]] = scores[last[stored]]
+
+    def erase(self, keys: torch.Tensor, tags: torch.Tensor | None = None) -> None:
+        """Removes keys (absent keys are ignored)."""
+        keys, tags = self._keys(keys, tags)
+        slots = find_slots(self.storage, keys, tags)
+        erase_slots(self.storage, slots[slots >= 0])
+
+    def contains(self, keys: torch.Tensor, tags: torch.Tensor | None = None) -> torch.Tensor:
+        """keys (n,) int64 -> (n,) bool."""
+        keys, tags = self._keys(keys, tags)
+        return find_slots(self.storage, keys, tags) >= 0
+
+    def _export_slots(self, batch_size: int) -> Iterator[torch.Tensor]:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} is not valid; allowed: an int >= 1")
+        for start in range(0, self.storage.capacity, batch_size):
+            slots = occupied_slots(self.storage, start,
+                                   min(start + batch_size, self.storage.capacity))
+            if slots.numel():
+                yield slots
+
+    def export_batch(self, batch_size: int, tag: int | None = None
+                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yields (keys (k,), values (k, dim) float32, scores (k,)) with k <= batch_size.
+
+        ``tag`` keeps only that namespace. The table must not change while iterating.
+        """
+        for slots in self._export_slots(batch_size):
+            if tag is not None:
+                slots = slots[self.storage.tags[slots] == tag]
+            yield (self.storage.keys[slots],
+                   self.storage.values[slots, :self.dim].to(torch.float32),
+                   self.storage.scores[slots])
+
+    def export_state(self, batch_size: int
+                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yields (keys, tags, rows (k, row_dim), scores): full rows for checkpoints."""
+        for slots in self._export_slots(batch_size):
+            yield (self.storage.keys[slots], self.storage.tags[slots],
+                   self.storage.values[slots], self.storage.scores[slots])
+
+    def load_state(self, keys: torch.Tensor, tags: torch.Tensor | None, rows: torch.Tensor,
+                   scores: torch.Tensor) -> None:
+        """insert_or_assign of full rows (embedding + optimizer state) with their scores."""
+        keys, tags = self._keys(keys, tags)
+        rows = check_matrix(self.options.name, "rows", rows, keys.numel(), self.row_dim,
+                            self.device)
+        scores = check_vector(self.options.name, "scores", scores, torch.int64, self.device,
+                              keys.numel())
+        self._assign(keys, tags, rows, scores.clamp(max=_PROTECTED - 1), exact=True)
+
+    def admission_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(keys, tags, counts) of the admission counters (empty without admission)."""
+        if self._counter is None:
+            empty = torch.empty(0, dtype=torch.int64, device=self.device)
+            return empty, empty.to(torch.int32), empty
+        return self._counter.state()
+
+    def load_admission_state(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                             counts: torch.Tensor) -> None:
+        """Restores admission counters of unique keys."""
+        keys, tags = self._keys(keys, tags)
+        counts = check_vector(self.options.name, "counts", counts, torch.int64, self.device,
+                              keys.numel())
+        if self._counter is None:
+            if keys.numel():
+                raise TableError(f"table {self.options.name!r} has no admission; cannot load "
+                                 f"{keys.numel()} admission counters")
+            return
+        self._counter.load_state(keys, tags, counts)
+
+    def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor,
+                        lr: float | None = None, step: int | None = None) -> None:
+        """In-place optimizer update of rows ``slots`` (u,) unique >= 0 with grads (u, dim).
+
+        ``lr`` overrides the optimizer's lr; ``step`` (1-based, for Adam bias
+        correction) defaults to the table's step (at least 1).
+        """
+        spec = self.options.optimizer
+        if spec is None:
+            raise TableError(f"table {self.options.name!r} has no optimizer; set "
+                             f"TableOptions.optimizer to update rows")
+        slots = check_vector(self.options.name, "slots", slots, torch.int64, self.device)
+        grads = check_matrix(self.options.name, "grads", grads, slots.numel(), self.dim,
+                             self.device)
+        apply_sparse_update(self.storage.values, slots, grads, spec,
+                            spec.lr if lr is None else lr,
+                            max(self.step, 1) if step is None else step)
+
+
+def _take(tensor: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
+    return None if tensor is None else tensor[index]
+
+
+def _unique(keys: torch.Tensor, tags: torch.Tensor | None):
+    """(unique keys, their tags | None, inverse (n,), counts) over (key, tag) identities."""
+    if tags is None:
+        unique, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
+        return unique, None, inverse, counts
+    pairs, inverse, counts = torch.unique(torch.stack([keys, tags.to(torch.int64)], 1), dim=0,
+                                          return_inverse=True, return_counts=True)
+    return pairs[:, 0].contiguous(), pairs[:, 1].to(torch.int32), inverse, counts
