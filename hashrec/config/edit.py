@@ -1,0 +1,223 @@
+"""``--edit_config_json``: dotted overrides applied to a loaded pipeline config.
+
+Example::
+
+    apply_edit_config_json(config, '{"feature_configs[0].id_feature.embedding_dim": "8",'
+                                   ' "train_config.num_steps": 5,'
+                                   ' "model_config.feature_groups[group_name=deep].group_type": "DEEP"}')
+
+A path is dot-separated field names; a repeated field takes ``[i]`` (index,
+negative allowed), ``[:]`` (every element) or ``[name=value]`` (elements whose
+``name`` field, or the ``name`` field of their set oneof member, equals
+``value``). Values are converted to the field's type: numbers from JSON
+numbers or strings, booleans from ``true``/``false``, enums by name or
+number, repeated scalars from a JSON list or a comma-separated string, and
+messages from a JSON object or a text-format string.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from hashrec.config.errors import ConfigError
+from hashrec.config.pipeline_pb2 import EasyRecConfig
+
+_STEP = re.compile(r"^(\w+)(?:\[([^\]]*)\])?$")
+_INTS = {FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
+         FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SINT64,
+         FieldDescriptor.TYPE_FIXED32, FieldDescriptor.TYPE_FIXED64,
+         FieldDescriptor.TYPE_SFIXED32, FieldDescriptor.TYPE_SFIXED64}
+_FLOATS = {FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE}
+
+
+def apply_edit_config_json(config: EasyRecConfig, edit_json: str | dict) -> EasyRecConfig:
+    """Return a copy of ``config`` with the overrides in ``edit_json`` applied.
+
+    Raises:
+        ConfigError: bad JSON, an unknown field, an index out of range, a
+            selector that matches nothing, or a value of the wrong type.
+    """
+    if isinstance(edit_json, str):
+        try:
+            edits = json.loads(edit_json)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"edit_config_json is not valid JSON: {err}") from None
+    else:
+        edits = edit_json
+    if not isinstance(edits, dict):
+        raise ConfigError("edit_config_json must be a JSON object of {\"dotted.path\": value}")
+    result = EasyRecConfig()
+    result.CopyFrom(config)
+    for path, value in edits.items():
+        _apply(result, path, value)
+    return result
+
+
+def _apply(config: Message, path: str, value) -> None:
+    steps = path.split(".")
+    targets = [config]
+    for i, step in enumerate(steps):
+        match = _STEP.match(step)
+        if not match:
+            raise ConfigError(f"edit_config_json path {path!r}: cannot read step {step!r}")
+        name, selector = match.groups()
+        last = i == len(steps) - 1
+        next_targets = []
+        for msg in targets:
+            field = _field(msg, name, path)
+            if last and selector is None:
+                _assign(msg, field, value, path)
+                continue
+            if field.type != FieldDescriptor.TYPE_MESSAGE and not (last and selector is not None):
+                raise ConfigError(f"edit_config_json path {path!r}: {name!r} is not a message")
+            if selector is None:
+                if _repeated(field):
+                    raise ConfigError(f"edit_config_json path {path!r}: {name!r} is repeated; "
+                                      f"use {name}[i], {name}[:] or {name}[field=value]")
+                next_targets.append(getattr(msg, name))
+            elif last:
+                _assign_elements(msg, field, selector, value, path)
+            else:
+                next_targets += _select(msg, field, selector, path)
+        targets = next_targets
+
+
+def _repeated(field: FieldDescriptor) -> bool:
+    # FieldDescriptor.label is gone in protobuf 7; is_repeated is missing before 5.
+    flag = getattr(field, "is_repeated", None)
+    return flag if flag is not None else field.label == FieldDescriptor.LABEL_REPEATED
+
+
+def _field(msg: Message, name: str, path: str) -> FieldDescriptor:
+    field = msg.DESCRIPTOR.fields_by_name.get(name)
+    if field is None:
+        known = ", ".join(sorted(msg.DESCRIPTOR.fields_by_name))
+        raise ConfigError(f"edit_config_json path {path!r}: {msg.DESCRIPTOR.name} has no field "
+                          f"{name!r} (fields: {known})")
+    return field
+
+
+def _indices(container, selector: str, name: str, path: str) -> list[int]:
+    n = len(container)
+    if selector == ":":
+        return list(range(n))
+    if "=" in selector:
+        key, want = (s.strip().strip("'\"") for s in selector.split("=", 1))
+        hits = [i for i, el in enumerate(container) if _matches(el, key, want)]
+        if not hits:
+            raise ConfigError(f"edit_config_json path {path!r}: no element of {name!r} "
+                              f"has {key} = {want!r}")
+        return hits
+    try:
+        index = int(selector)
+    except ValueError:
+        raise ConfigError(f"edit_config_json path {path!r}: bad index [{selector}]") from None
+    if not -n <= index < n:
+        raise ConfigError(f"edit_config_json path {path!r}: index {index} out of range for "
+                          f"{name!r} with {n} elements")
+    return [index % n]
+
+
+def _matches(element, key: str, want: str) -> bool:
+    if not isinstance(element, Message):
+        return str(element) == want
+    candidates = [element]
+    for oneof in element.DESCRIPTOR.oneofs:
+        member = element.WhichOneof(oneof.name)
+        if member and isinstance(getattr(element, member), Message):
+            candidates.append(getattr(element, member))
+    for msg in candidates:
+        if key in msg.DESCRIPTOR.fields_by_name and str(getattr(msg, key)) == want:
+            return True
+    return False
+
+
+def _select(msg: Message, field: FieldDescriptor, selector: str, path: str) -> list[Message]:
+    if not _repeated(field):
+        raise ConfigError(f"edit_config_json path {path!r}: {field.name!r} is not repeated")
+    container = getattr(msg, field.name)
+    return [container[i] for i in _indices(container, selector, field.name, path)]
+
+
+def _assign_elements(msg: Message, field: FieldDescriptor, selector: str, value, path: str) -> None:
+    if not _repeated(field):
+        raise ConfigError(f"edit_config_json path {path!r}: {field.name!r} is not repeated")
+    container = getattr(msg, field.name)
+    for i in _indices(container, selector, field.name, path):
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            container[i].CopyFrom(_message_value(field, value, path))
+        else:
+            container[i] = _scalar(field, value, path)
+
+
+def _assign(msg: Message, field: FieldDescriptor, value, path: str) -> None:
+    if _repeated(field):
+        items = value if isinstance(value, list) else (
+            [v for v in str(value).split(",") if v.strip()] if field.type != FieldDescriptor.TYPE_MESSAGE
+            else [value])
+        container = getattr(msg, field.name)
+        del container[:]
+        for item in items:
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                container.add().CopyFrom(_message_value(field, item, path))
+            else:
+                container.append(_scalar(field, item, path))
+    elif field.type == FieldDescriptor.TYPE_MESSAGE:
+        getattr(msg, field.name).CopyFrom(_message_value(field, value, path))
+    else:
+        setattr(msg, field.name, _scalar(field, value, path))
+
+
+def _message_value(field: FieldDescriptor, value, path: str) -> Message:
+    msg = field.message_type._concrete_class()
+    try:
+        if isinstance(value, dict):
+            json_format.ParseDict(value, msg)
+        else:
+            text_format.Parse(str(value), msg)
+    except (json_format.ParseError, text_format.ParseError) as err:
+        raise ConfigError(f"edit_config_json path {path!r}: bad {field.message_type.name} "
+                          f"value: {err}") from None
+    return msg
+
+
+def _scalar(field: FieldDescriptor, value, path: str):
+    try:
+        if field.type in _INTS:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(str(value).strip()) if not isinstance(value, (int, float)) else int(value)
+        if field.type in _FLOATS:
+            return float(value)
+        if field.type == FieldDescriptor.TYPE_BOOL:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text not in ("true", "false", "1", "0"):
+                raise ValueError(value)
+            return text in ("true", "1")
+        if field.type == FieldDescriptor.TYPE_ENUM:
+            return _enum(field, value)
+        if field.type == FieldDescriptor.TYPE_STRING:
+            return str(value)
+    except ValueError:
+        pass
+    allowed = (f" (one of {sorted(field.enum_type.values_by_name)})"
+               if field.type == FieldDescriptor.TYPE_ENUM else "")
+    raise ConfigError(f"edit_config_json path {path!r}: cannot set {field.name!r} "
+                      f"to {value!r}{allowed}")
+
+
+def _enum(field: FieldDescriptor, value) -> int:
+    by_name = field.enum_type.values_by_name
+    if str(value) in by_name:
+        return by_name[str(value)].number
+    number = int(value)
+    if number not in field.enum_type.values_by_number:
+        raise ValueError(value)
+    return number

@@ -1,0 +1,110 @@
+"""Load and save pipeline configs (protobuf text format), strictly."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from hashrec.config.errors import ConfigError
+from hashrec.config.pipeline_pb2 import EasyRecConfig
+
+logger = logging.getLogger(__name__)
+
+
+def parse_pipeline_config(text: str, source: str = "<string>") -> EasyRecConfig:
+    """Parse text-format ``text`` into an EasyRecConfig.
+
+    Unknown fields, bad values and missing required fields raise
+    :class:`ConfigError` naming ``source``, the line and the field.
+    """
+    config = EasyRecConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as err:
+        where = f"{source}:{err.GetLine()}" if err.GetLine() else source
+        raise ConfigError(f"{where}: {_strip_position(str(err))}") from None
+    missing = config.FindInitializationErrors()
+    if missing:
+        raise ConfigError(f"{source}: required fields are not set: {', '.join(missing)}")
+    _split_concatenated_feature_names(config, source)
+    return config
+
+
+def load_pipeline_config(path: str | Path) -> EasyRecConfig:
+    """Read a pipeline config file (strict; see :func:`parse_pipeline_config`)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read pipeline config {path}: {err.strerror}") from None
+    return parse_pipeline_config(text, str(path))
+
+
+def save_pipeline_config(config: EasyRecConfig, path: str | Path) -> None:
+    """Write ``config`` as text format (UTF-8) to ``path``, creating parent folders."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text_format.MessageToString(config, as_utf8=True), encoding="utf-8")
+
+
+def _strip_position(message: str) -> str:
+    # ParseError messages start with "line:column : "; the caller prints the line itself.
+    head, sep, rest = message.partition(" : ")
+    return rest if sep and head.replace(":", "").isdigit() else message
+
+
+def _known_feature_names(config: EasyRecConfig) -> set[str]:
+    names = set()
+    for fc in config.feature_configs:
+        kind = fc.WhichOneof("feature")
+        if kind is None:
+            continue
+        sub = getattr(fc, kind)
+        if kind == "sequence_feature":
+            names.update(f"{sub.sequence_name}__{getattr(f, f.WhichOneof('feature')).feature_name}"
+                         for f in sub.features if f.WhichOneof("feature"))
+        else:
+            names.add(sub.feature_name)
+    return names
+
+
+def _segment(name: str, known: set[str]) -> list[list[str]]:
+    """All ways to write ``name`` as a concatenation of known names (at most two kept)."""
+    ways: dict[int, list[list[str]]] = {0: [[]]}
+    for end in range(1, len(name) + 1):
+        found = []
+        for start in range(end):
+            if start in ways and name[start:end] in known:
+                found += [w + [name[start:end]] for w in ways[start]]
+        if found:
+            ways[end] = found[:2]
+    return ways.get(len(name), [])
+
+
+def _split_concatenated_feature_names(config: EasyRecConfig, source: str) -> None:
+    """Undo text-format string concatenation in ``feature_names``.
+
+    Text format joins adjacent literals (``feature_names: "a" "b"`` is the one
+    string ``"ab"``), which is never a feature. An entry that is not a feature
+    but splits in exactly one way into known feature names is replaced by
+    those names, with a warning.
+    """
+    known = _known_feature_names(config)
+    for group in config.model_config.feature_groups:
+        names = list(group.feature_names)
+        fixed: list[str] = []
+        for name in names:
+            ways = _segment(name, known) if name not in known else []
+            if len(ways) == 1 and len(ways[0]) > 1:
+                logger.warning(
+                    "%s: feature group %r: feature_names %r is adjacent strings joined by the "
+                    "text format; reading it as %s (write one name per string, e.g. "
+                    "feature_names: [\"a\", \"b\"])", source, group.group_name, name, ways[0])
+                fixed += ways[0]
+            else:
+                fixed.append(name)
+        if fixed != names:
+            del group.feature_names[:]
+            group.feature_names.extend(fixed)

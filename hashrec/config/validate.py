@@ -1,0 +1,114 @@
+"""Reject configs that parse but ask for something HashRec does not run.
+
+TorchEasyRec configs may name feature kinds, datasets, optimizers and models
+that HashRec does not implement. They load (so tools can read them), and
+:func:`validate_pipeline_config` turns them into one :class:`ConfigError`
+naming every offending feature or field.
+"""
+
+from __future__ import annotations
+
+from hashrec.config.errors import ConfigError
+from hashrec.config.pipeline_pb2 import EasyRecConfig
+
+SUPPORTED_FEATURE_KINDS = ("id_feature", "raw_feature", "combo_feature", "sequence_feature",
+                           "sequence_id_feature", "sequence_raw_feature")
+SUPPORTED_SEQUENCE_SUB_KINDS = ("id_feature", "raw_feature")
+SUPPORTED_DATASETS = ("ParquetDataset", "CsvDataset")
+SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optimizer",
+                               "rowwise_adagrad_optimizer")
+SUPPORTED_MODELS = ("multi_tower_din", "multi_tower")
+SUPPORTED_LOSSES = ("binary_cross_entropy",)
+SUPPORTED_METRICS = ("auc",)
+
+
+def feature_problems(config: EasyRecConfig) -> list[str]:
+    """One message per feature config whose kind (or an option of it) is not supported."""
+    problems = []
+    for i, fc in enumerate(config.feature_configs):
+        kind = fc.WhichOneof("feature")
+        if kind is None:
+            problems.append(f"feature_configs[{i}] sets no feature kind")
+            continue
+        sub = getattr(fc, kind)
+        if kind not in SUPPORTED_FEATURE_KINDS:
+            problems.append(f"feature {sub.feature_name!r} (feature_configs[{i}]): {kind} is not "
+                            f"supported; supported kinds: {', '.join(SUPPORTED_FEATURE_KINDS)}")
+            continue
+        if kind == "sequence_feature":
+            for j, seq_fc in enumerate(sub.features):
+                seq_kind = seq_fc.WhichOneof("feature")
+                name = getattr(seq_fc, seq_kind).feature_name if seq_kind else f"features[{j}]"
+                if seq_kind not in SUPPORTED_SEQUENCE_SUB_KINDS:
+                    problems.append(
+                        f"feature {sub.sequence_name}__{name} (feature_configs[{i}]): sequence "
+                        f"sub-feature kind {seq_kind} is not supported; supported: "
+                        f"{', '.join(SUPPORTED_SEQUENCE_SUB_KINDS)}")
+                else:
+                    problems += _option_problems(f"{sub.sequence_name}__{name}",
+                                                 getattr(seq_fc, seq_kind))
+        else:
+            problems += _option_problems(sub.feature_name, sub)
+    return problems
+
+
+def _option_problems(name: str, sub) -> list[str]:
+    fields = sub.DESCRIPTOR.fields_by_name
+    problems = []
+    if "zch" in fields and sub.HasField("zch"):
+        problems.append(f"feature {name!r}: zch is not supported for training (it is read by "
+                        f"zch_to_dynamicemb_convert); use dynamicemb or num_buckets")
+    if "vocab_file" in fields and sub.HasField("vocab_file"):
+        problems.append(f"feature {name!r}: vocab_file is not supported; use vocab_list or "
+                        f"vocab_dict")
+    for dense_emb in ("autodis", "mlp"):
+        if dense_emb in fields and sub.HasField(dense_emb):
+            problems.append(f"feature {name!r}: {dense_emb} dense embedding is not supported")
+    return problems
+
+
+def pipeline_problems(config: EasyRecConfig) -> list[str]:
+    """Everything :func:`validate_pipeline_config` would report, as messages."""
+    problems = []
+    if config.HasField("data_config"):
+        dataset = config.data_config.DESCRIPTOR.fields_by_name["dataset_type"].enum_type \
+            .values_by_number[config.data_config.dataset_type].name
+        if dataset not in SUPPORTED_DATASETS:
+            problems.append(f"data_config.dataset_type {dataset} is not supported; use "
+                            f"{' or '.join(SUPPORTED_DATASETS)} (and local paths)")
+    if config.HasField("train_config"):
+        sparse = config.train_config.sparse_optimizer.WhichOneof("optimizer")
+        if sparse is not None and sparse not in SUPPORTED_SPARSE_OPTIMIZERS:
+            problems.append(f"train_config.sparse_optimizer.{sparse} is not supported; "
+                            f"supported: {', '.join(SUPPORTED_SPARSE_OPTIMIZERS)}")
+    problems += feature_problems(config)
+    if config.HasField("model_config"):
+        problems += _model_problems(config.model_config)
+    return problems
+
+
+def _model_problems(model_config) -> list[str]:
+    problems = []
+    model = model_config.WhichOneof("model")
+    if model not in SUPPORTED_MODELS:
+        problems.append(f"model_config.{model} is not supported; supported models: "
+                        f"{', '.join(SUPPORTED_MODELS)}")
+    for i, loss in enumerate(model_config.losses):
+        kind = loss.WhichOneof("loss")
+        if kind not in SUPPORTED_LOSSES:
+            problems.append(f"model_config.losses[{i}].{kind} is not supported; supported: "
+                            f"{', '.join(SUPPORTED_LOSSES)}")
+    for i, metric in enumerate(model_config.metrics):
+        kind = metric.WhichOneof("metric")
+        if kind not in SUPPORTED_METRICS:
+            problems.append(f"model_config.metrics[{i}].{kind} is not supported; supported: "
+                            f"{', '.join(SUPPORTED_METRICS)}")
+    return problems
+
+
+def validate_pipeline_config(config: EasyRecConfig) -> None:
+    """Raise :class:`ConfigError` listing every unsupported kind or option in ``config``."""
+    problems = pipeline_problems(config)
+    if problems:
+        raise ConfigError("pipeline config uses what HashRec does not support:\n  "
+                          + "\n  ".join(problems))

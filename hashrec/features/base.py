@@ -1,0 +1,97 @@
+"""What every feature kind shares: its parsed output and the table it reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from hashrec.config.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SparseIds:
+    """Parsed ids of one sparse feature: ``values`` (n,) int64, ``lengths`` (B,) int64,
+    ``weights`` (n,) float32 or None."""
+
+    values: np.ndarray
+    lengths: np.ndarray
+    weights: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class TableRequest:
+    """What a sparse feature asks of its embedding table (resolved by ``tables.py``).
+
+    Attributes:
+        name: table name: ``embedding_name`` or the feature name.
+        dim: embedding dimension.
+        num_rows: rows of a dense table; None for a dynamic table.
+        dynamicemb: the feature's DynamicEmbedding message (dynamic tables).
+        trainable: whether the table is updated.
+    """
+
+    name: str
+    dim: int
+    num_rows: int | None
+    dynamicemb: object | None = None
+    trainable: bool = True
+
+
+class Feature:
+    """One configured feature. Subclasses set the attributes below and implement ``parse``.
+
+    Attributes:
+        name: feature name (the KeyedJaggedTensor key of sparse features).
+        columns: input columns it reads.
+        table: TableRequest of a sparse feature; None for dense raw features.
+        pooling: ``sum`` or ``mean`` (sparse features).
+        is_sequence: bags are sequences (padded, not pooled).
+        sequence_length: maximum sequence length (sequence features).
+        weighted: sparse bags carry weights.
+        value_dim: width of a dense raw feature (per item for sequences).
+    """
+
+    name: str
+    columns: tuple[str, ...]
+    table: TableRequest | None = None
+    pooling: str = "sum"
+    is_sequence: bool = False
+    sequence_length: int = 0
+    weighted: bool = False
+    value_dim: int = 0
+
+    @property
+    def is_sparse(self) -> bool:
+        return self.table is not None
+
+    @property
+    def output_dim(self) -> int:
+        """Width of this feature's contribution to a feature group."""
+        return self.table.dim if self.table is not None else self.value_dim
+
+    def parse(self, table: pa.Table | pa.RecordBatch) -> SparseIds | np.ndarray:
+        """Sparse features -> SparseIds; dense -> (B, value_dim) or (B, L, value_dim) float32."""
+        raise NotImplementedError(f"{type(self).__name__}.parse")
+
+
+def column_of(expression: str, feature: str) -> str:
+    """Input column named by an expression ``side:field`` (or a bare field)."""
+    field = expression.split(":", 1)[1] if ":" in expression else expression
+    if not field:
+        raise ConfigError(f"feature {feature!r}: expression {expression!r} names no input field")
+    return field
+
+
+def check_pooling(pooling: str, feature: str) -> str:
+    if pooling not in ("sum", "mean"):
+        raise ConfigError(f"feature {feature!r}: pooling {pooling!r} is not supported; "
+                          f"use sum or mean")
+    return pooling
+
+
+def check_dim(dim: int, feature: str) -> int:
+    if dim <= 0:
+        raise ConfigError(f"feature {feature!r}: embedding_dim must be > 0, got {dim}")
+    return int(dim)

@@ -1,0 +1,199 @@
+"""Tokens -> int64 ids: num_buckets, hash_bucket_size, vocabularies, dynamic (raw) ids.
+
+Hashing is xxhash64 of the token's UTF-8 text (an integer token is hashed by
+its decimal text, so ``123`` and ``"123"`` agree), stable across processes
+and runs. Dynamic-embedding features keep integer ids as they are; a string
+token that is a decimal integer is read as that integer and any other string
+is replaced by its 64-bit hash, so a sequence column of ``"12|7"`` strings
+and an int64 column name the same keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
+
+from hashrec.config.errors import ConfigError
+from hashrec.features.errors import FeatureError
+from hashrec.features.tokens import Bags
+
+_INT_TEXT = r"^[+-]?[0-9]{1,18}$"
+
+
+def hash_tokens(values: pa.Array) -> np.ndarray:
+    """xxhash64 of every token's text: (n,) arrow array -> (n,) int64 (two's complement)."""
+    if len(values) == 0:
+        return np.zeros(0, dtype=np.int64)
+    text = values if pa.types.is_string(values.type) else values.cast(pa.string())
+    encoded = pc.dictionary_encode(text)
+    uniques = encoded.dictionary.to_pylist()
+    digests = np.fromiter((xxhash.xxh64_intdigest(s.encode("utf-8")) for s in uniques),
+                          dtype=np.uint64, count=len(uniques)).view(np.int64)
+    return digests[encoded.indices.to_numpy(zero_copy_only=False)]
+
+
+def _error_at(bags: Bags, position: int, feature: str, column: str, what: str) -> FeatureError:
+    value = bags.values[position].as_py()
+    return FeatureError(f"feature {feature!r}: column {column!r} row {bags.row_of(position)}: "
+                        f"{what} (value {value!r})")
+
+
+def strict_int_ids(bags: Bags, feature: str, column: str) -> np.ndarray:
+    """Integer tokens as int64; floats or non-integer strings are errors naming the row."""
+    values = bags.values
+    if pa.types.is_integer(values.type):
+        return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        try:
+            return pc.cast(values, pa.int64()).to_numpy(zero_copy_only=False)
+        except pa.ArrowInvalid:
+            bad = pc.invert(pc.match_substring_regex(values, _INT_TEXT))
+            pos = int(np.flatnonzero(bad.to_numpy(zero_copy_only=False))[0])
+            raise _error_at(bags, pos, feature, column, "expected an integer id") from None
+    raise FeatureError(f"feature {feature!r}: column {column!r} holds {values.type}; "
+                       f"expected integer ids (or strings of them)")
+
+
+def raw_int64_ids(bags: Bags) -> np.ndarray:
+    """Dynamic ids: integers kept, integer strings parsed, other strings hashed."""
+    values = bags.values
+    if pa.types.is_integer(values.type):
+        return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    if pa.types.is_floating(values.type):
+        raise FeatureError("float ids are not supported; cast the column to int64 or string")
+    try:
+        return pc.cast(values, pa.int64()).to_numpy(zero_copy_only=False)
+    except pa.ArrowInvalid:
+        pass
+    is_int = pc.match_substring_regex(values, _INT_TEXT).to_numpy(zero_copy_only=False)
+    ids = hash_tokens(values)
+    if is_int.any():
+        ints = pc.cast(values.filter(pa.array(is_int)), pa.int64()).to_numpy(zero_copy_only=False)
+        ids[is_int] = ints
+    return ids
+
+
+@dataclass(frozen=True)
+class NumBuckets:
+    """Ids are given: every id must lie in [0, num_buckets)."""
+
+    num_buckets: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.num_buckets
+
+    def ids(self, bags: Bags, feature: str, column: str) -> np.ndarray:
+        ids = strict_int_ids(bags, feature, column)
+        bad = (ids < 0) | (ids >= self.num_buckets)
+        if bad.any():
+            pos = int(np.flatnonzero(bad)[0])
+            raise _error_at(bags, pos, feature, column,
+                            f"id outside [0, num_buckets={self.num_buckets})")
+        return ids
+
+
+@dataclass(frozen=True)
+class HashBuckets:
+    """Ids are ``xxhash64(token) mod hash_bucket_size``."""
+
+    hash_bucket_size: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.hash_bucket_size
+
+    def ids(self, bags: Bags, feature: str, column: str) -> np.ndarray:
+        hashed = hash_tokens(bags.values).view(np.uint64)
+        return (hashed % np.uint64(self.hash_bucket_size)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """Ids from a vocabulary; out-of-vocabulary tokens get ``oov_id``.
+
+    Without ``default_bucketize_value`` (TorchEasyRec's convention) vocab_list
+    entry i gets id i + 2, id 0 is kept for the default value and 1 for
+    out-of-vocabulary tokens; with it, entry i gets id i and unknown tokens
+    get default_bucketize_value. vocab_dict maps tokens to the ids it names.
+    """
+
+    tokens: tuple[str, ...]
+    token_ids: tuple[int, ...]
+    oov_id: int
+    num_rows: int = field(default=0)
+
+    def ids(self, bags: Bags, feature: str, column: str) -> np.ndarray:
+        text = bags.values if pa.types.is_string(bags.values.type) else \
+            bags.values.cast(pa.string())
+        index = pc.index_in(text, value_set=pa.array(self.tokens, pa.string()))
+        table = np.append(np.asarray(self.token_ids, dtype=np.int64), self.oov_id)
+        return table[pc.fill_null(index, len(self.tokens)).to_numpy(zero_copy_only=False)]
+
+
+@dataclass(frozen=True)
+class DynamicIds:
+    """Ids are the raw keys of a dynamic table (see :func:`raw_int64_ids`)."""
+
+    @property
+    def num_rows(self) -> None:
+        return None
+
+    def ids(self, bags: Bags, feature: str, column: str) -> np.ndarray:
+        try:
+            return raw_int64_ids(bags)
+        except FeatureError as err:
+            raise FeatureError(f"feature {feature!r}: column {column!r}: {err}") from None
+
+
+Bucketizer = NumBuckets | HashBuckets | Vocab | DynamicIds
+
+
+def _vocab(cfg, feature: str) -> Vocab:
+    has_default = cfg.HasField("default_bucketize_value")
+    if len(cfg.vocab_list):
+        tokens = tuple(cfg.vocab_list)
+        first = 0 if has_default else 2
+        token_ids = tuple(range(first, first + len(tokens)))
+    else:
+        tokens = tuple(cfg.vocab_dict.keys())
+        token_ids = tuple(int(cfg.vocab_dict[t]) for t in tokens)
+    if len(set(tokens)) != len(tokens):
+        raise ConfigError(f"feature {feature!r}: vocabulary has duplicate entries")
+    oov = int(cfg.default_bucketize_value) if has_default else 1
+    num_rows = max([oov, *token_ids, 1]) + 1
+    return Vocab(tokens, token_ids, oov, num_rows)
+
+
+def bucketizer_from_config(cfg, feature: str, required: bool = True) -> Bucketizer | None:
+    """The bucketizer an id/combo feature config asks for.
+
+    Exactly one of hash_bucket_size, num_buckets, vocab_list, vocab_dict and
+    dynamicemb must be set; with ``required=False`` none may be set (returns
+    None: the caller inherits one).
+    """
+    fields = cfg.DESCRIPTOR.fields_by_name
+    chosen = [name for name in ("hash_bucket_size", "num_buckets", "dynamicemb")
+              if name in fields and cfg.HasField(name)]
+    chosen += [name for name in ("vocab_list", "vocab_dict") if len(getattr(cfg, name))]
+    if len(chosen) > 1:
+        raise ConfigError(f"feature {feature!r}: set only one of {', '.join(chosen)}")
+    if not chosen:
+        if required:
+            raise ConfigError(f"feature {feature!r}: set one of hash_bucket_size, num_buckets, "
+                              f"vocab_list, vocab_dict or dynamicemb")
+        return None
+    kind = chosen[0]
+    if kind in ("hash_bucket_size", "num_buckets") and getattr(cfg, kind) <= 0:
+        raise ConfigError(f"feature {feature!r}: {kind} must be > 0, got {getattr(cfg, kind)}")
+    if kind == "hash_bucket_size":
+        return HashBuckets(int(cfg.hash_bucket_size))
+    if kind == "num_buckets":
+        return NumBuckets(int(cfg.num_buckets))
+    if kind == "dynamicemb":
+        return DynamicIds()
+    return _vocab(cfg, feature)

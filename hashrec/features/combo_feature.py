@@ -1,0 +1,71 @@
+"""combo_feature: the cross product of several inputs' tokens, hashed to ids."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hashrec.config.errors import ConfigError
+from hashrec.features.base import Feature, SparseIds, check_pooling, column_of
+from hashrec.features.bucketize import NumBuckets, bucketizer_from_config
+from hashrec.features.id_feature import table_request
+from hashrec.features.tokens import Bags, column_bags, get_column
+
+# Joins crossed tokens; a control character that does not occur in ids.
+CROSS_JOINER = "\x1f"
+
+
+def cross(left: Bags, right: Bags) -> Bags:
+    """Per row, every (left, right) token pair joined by CROSS_JOINER; left-major order."""
+    lengths = left.lengths * right.lengths
+    total = int(lengths.sum())
+    left_off = np.concatenate([[0], np.cumsum(left.lengths)[:-1]])
+    right_off = np.concatenate([[0], np.cumsum(right.lengths)[:-1]])
+    out_off = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    local = np.arange(total) - np.repeat(out_off, lengths)
+    width = np.repeat(right.lengths, lengths)
+    li = np.repeat(left_off, lengths) + local // np.maximum(width, 1)
+    ri = np.repeat(right_off, lengths) + local % np.maximum(width, 1)
+    text = [b.values if pa.types.is_string(b.values.type) else b.values.cast(pa.string())
+            for b in (left, right)]
+    joined = pc.binary_join_element_wise(text[0].take(pa.array(li)), text[1].take(pa.array(ri)),
+                                         CROSS_JOINER)
+    return Bags(joined, lengths.astype(np.int64))
+
+
+class ComboFeature(Feature):
+    """Crossed tokens of two or more columns, bucketized like an id feature."""
+
+    def __init__(self, name: str, columns: tuple[str, ...], bucketizer, table, pooling: str,
+                 separator: str | None, default: str) -> None:
+        self.name = name
+        self.columns = columns
+        self.bucketizer = bucketizer
+        self.table = table
+        self.pooling = check_pooling(pooling, name)
+        self.separator = separator
+        self.default = default
+
+    def parse(self, table: pa.Table | pa.RecordBatch) -> SparseIds:
+        bags = None
+        for column in self.columns:
+            part = column_bags(get_column(table, column, self.name), self.name, column,
+                               self.separator, self.default)
+            bags = part if bags is None else cross(bags, part)
+        ids = self.bucketizer.ids(bags, self.name, ",".join(self.columns))
+        return SparseIds(ids, bags.lengths)
+
+
+def build_combo_feature(cfg) -> ComboFeature:
+    """ComboFeature from a ``combo_feature`` config."""
+    name = cfg.feature_name
+    if len(cfg.expression) < 2:
+        raise ConfigError(f"feature {name!r}: combo_feature needs at least two expressions")
+    bucketizer = bucketizer_from_config(cfg, name)
+    if isinstance(bucketizer, NumBuckets):
+        raise ConfigError(f"feature {name!r}: combo_feature takes hash_bucket_size, vocab or "
+                          f"dynamicemb, not num_buckets")
+    columns = tuple(column_of(e, name) for e in cfg.expression)
+    return ComboFeature(name, columns, bucketizer, table_request(cfg, name, bucketizer.num_rows),
+                        cfg.pooling, cfg.separator, cfg.default_value)

@@ -1,0 +1,150 @@
+"""FeatureSet: every configured feature, its tables, and parsing of input blocks into Batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from hashrec.config.errors import ConfigError
+from hashrec.config.validate import feature_problems
+from hashrec.embedding.jagged import KeyedJaggedTensor
+from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
+from hashrec.features.base import Feature, SparseIds
+from hashrec.features.batch import Batch
+from hashrec.features.combo_feature import build_combo_feature
+from hashrec.features.errors import FeatureError
+from hashrec.features.id_feature import IdFeature, build_id_feature
+from hashrec.features.raw_feature import build_raw_feature
+from hashrec.features.sequence_feature import build_sequence_group, build_top_level_sequence
+from hashrec.features.tables import build_tables
+from hashrec.features.tokens import get_column
+
+
+class FeatureSet:
+    """The features of a pipeline config and how input rows become a Batch.
+
+    Args:
+        features: features in config order (sequence sub-features in place).
+        tables: the embedding tables they read.
+        label_fields: label columns.
+    """
+
+    def __init__(self, features: list[Feature], tables: list[EmbeddingTableSpec],
+                 label_fields: list[str]) -> None:
+        self.features = {f.name: f for f in features}
+        self._tables = list(tables)
+        self.label_fields = list(label_fields)
+        self._sparse = [f for f in features if f.is_sparse]
+        columns = [c for f in features for c in f.columns]
+        self.feature_columns = list(dict.fromkeys(columns))
+        self.input_columns = list(dict.fromkeys(self.feature_columns + self.label_fields))
+
+    def embedding_tables(self) -> list[EmbeddingTableSpec]:
+        return list(self._tables)
+
+    def embedding_features(self) -> list[EmbeddingFeatureSpec]:
+        """One spec per KeyedJaggedTensor key, in key order."""
+        return [EmbeddingFeatureSpec(f.name, f.table.name, f.pooling, f.is_sequence,
+                                     f.sequence_length, f.weighted) for f in self._sparse]
+
+    def dense_features(self) -> dict[str, int]:
+        """Raw features without boundaries (not sequences): name -> value_dim."""
+        return {f.name: f.value_dim for f in self.features.values()
+                if not f.is_sparse and not f.is_sequence}
+
+    def sequence_dense_features(self) -> dict[str, int]:
+        """Sequence raw features without boundaries: name -> value_dim (per item)."""
+        return {f.name: f.value_dim for f in self.features.values()
+                if not f.is_sparse and f.is_sequence}
+
+    def output_dim(self, feature_name: str) -> int:
+        """Width of a feature's contribution to a feature group."""
+        if feature_name not in self.features:
+            raise ConfigError(f"feature {feature_name!r} is not configured (features: "
+                              f"{', '.join(self.features)})")
+        return self.features[feature_name].output_dim
+
+    def parse(self, table: pa.Table | pa.RecordBatch, with_labels: bool = True) -> Batch:
+        """Turn one block of rows into a Batch (sparse ids, dense values, labels)."""
+        batch_size = table.num_rows
+        values, lengths, weights = [], [], []
+        dense, sequence_dense = {}, {}
+        weighted = any(f.weighted for f in self._sparse)
+        for feature in self.features.values():
+            out = feature.parse(table)
+            if isinstance(out, SparseIds):
+                values.append(out.values)
+                lengths.append(out.lengths)
+                if weighted:
+                    weights.append(out.weights if out.weights is not None
+                                   else np.ones(len(out.values), dtype=np.float32))
+            elif feature.is_sequence:
+                sequence_dense[feature.name] = torch.from_numpy(out)
+            else:
+                dense[feature.name] = torch.from_numpy(out)
+        sparse = KeyedJaggedTensor(
+            [f.name for f in self._sparse],
+            torch.from_numpy(np.concatenate(values) if values else np.zeros(0, np.int64)),
+            torch.from_numpy(np.concatenate(lengths) if lengths else np.zeros(0, np.int64)),
+            torch.from_numpy(np.concatenate(weights)) if weighted else None)
+        labels = self._labels(table) if with_labels else {}
+        return Batch(sparse, dense, sequence_dense, labels, batch_size)
+
+    def _labels(self, table) -> dict[str, torch.Tensor]:
+        labels = {}
+        for name in self.label_fields:
+            array = get_column(table, name, f"label {name}")
+            if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
+                    or pa.types.is_boolean(array.type)):
+                raise FeatureError(f"label column {name!r} has type {array.type}; expected "
+                                   f"numbers")
+            if array.null_count:
+                row = int(np.flatnonzero(pc.is_null(array).to_numpy(zero_copy_only=False))[0])
+                raise FeatureError(f"label column {name!r} row {row} is null")
+            labels[name] = torch.from_numpy(
+                pc.cast(array, pa.float32()).to_numpy(zero_copy_only=False).copy())
+        return labels
+
+
+def _build(kind: str, cfg, top_level: dict[str, IdFeature]) -> list[Feature]:
+    if kind == "id_feature":
+        return [top_level[cfg.feature_name]]
+    if kind == "raw_feature":
+        return [build_raw_feature(cfg)]
+    if kind == "combo_feature":
+        return [build_combo_feature(cfg)]
+    if kind == "sequence_feature":
+        return build_sequence_group(cfg, top_level)
+    return [build_top_level_sequence(kind, cfg, top_level)]
+
+
+def build_feature_set(pipeline_config) -> FeatureSet:
+    """Build the FeatureSet of a pipeline config (EasyRecConfig).
+
+    Raises:
+        ConfigError: an unsupported feature kind or option, a feature without
+            bucketization, duplicate names, or tables that features share
+            inconsistently.
+    """
+    problems = feature_problems(pipeline_config)
+    if problems:
+        raise ConfigError("feature configs use what HashRec does not support:\n  "
+                          + "\n  ".join(problems))
+    configs = [(fc.WhichOneof("feature"), getattr(fc, fc.WhichOneof("feature")))
+               for fc in pipeline_config.feature_configs]
+    top_level = {cfg.feature_name: build_id_feature(cfg)
+                 for kind, cfg in configs if kind == "id_feature"}
+    features: list[Feature] = []
+    for kind, cfg in configs:
+        features += _build(kind, cfg, top_level)
+    seen: set[str] = set()
+    for feature in features:
+        if feature.name in seen:
+            raise ConfigError(f"feature name {feature.name!r} is used twice")
+        seen.add(feature.name)
+    model_config = pipeline_config.model_config if pipeline_config.HasField("model_config") \
+        else None
+    tables = build_tables(features, model_config)
+    return FeatureSet(features, tables, list(pipeline_config.data_config.label_fields))

@@ -1,0 +1,107 @@
+"""id_feature and sequence_id_feature: tokens -> ids of an embedding table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hashrec.config.errors import ConfigError
+from hashrec.features.base import (
+    Feature,
+    SparseIds,
+    TableRequest,
+    check_dim,
+    check_pooling,
+    column_of,
+)
+from hashrec.features.bucketize import Bucketizer, bucketizer_from_config
+from hashrec.features.errors import FeatureError
+from hashrec.features.tokens import Bags, column_bags, get_column, truncate
+
+_WEIGHTED = r"^(?P<id>.*):(?P<weight>[^:]*)$"
+
+
+def split_weighted(bags: Bags, feature: str, column: str) -> tuple[Bags, np.ndarray]:
+    """``id:weight`` tokens -> (bags of ids, (n,) float32 weights)."""
+    text = bags.values if pa.types.is_string(bags.values.type) else bags.values.cast(pa.string())
+    parts = pc.extract_regex(text, _WEIGHTED)
+    if parts.null_count:
+        pos = int(np.flatnonzero(pc.is_null(parts).to_numpy(zero_copy_only=False))[0])
+        raise FeatureError(f"feature {feature!r}: column {column!r} row {bags.row_of(pos)}: "
+                           f"weighted value {text[pos].as_py()!r} is not id:weight")
+    try:
+        weights = pc.cast(parts.field("weight"), pa.float32()).to_numpy(zero_copy_only=False)
+    except pa.ArrowInvalid:
+        raise FeatureError(f"feature {feature!r}: column {column!r}: a weight is not a "
+                           f"number") from None
+    return Bags(parts.field("id"), bags.lengths), weights
+
+
+class IdFeature(Feature):
+    """Categorical ids (one or many per row) looked up in one table.
+
+    Args:
+        name: feature name.
+        column: input column.
+        bucketizer: how tokens become ids.
+        table: the TableRequest of this feature.
+        pooling: sum | mean.
+        separator: multi-value separator inside string cells.
+        default: token for missing cells ("" -> empty bag).
+        weighted: cells hold ``id:weight`` tokens.
+        sequence_length: > 0 makes it a sequence (split on ``separator``,
+            truncated to the first ``sequence_length`` items: the most recent).
+    """
+
+    def __init__(self, name: str, column: str, bucketizer: Bucketizer, table: TableRequest,
+                 pooling: str = "sum", separator: str | None = None, default: str = "",
+                 weighted: bool = False, sequence_length: int = 0) -> None:
+        self.name = name
+        self.columns = (column,)
+        self.bucketizer = bucketizer
+        self.table = table
+        self.pooling = check_pooling(pooling, name)
+        self.separator = separator
+        self.default = default
+        self.weighted = weighted
+        self.is_sequence = sequence_length > 0
+        self.sequence_length = sequence_length
+
+    def parse(self, table: pa.Table | pa.RecordBatch) -> SparseIds:
+        column = self.columns[0]
+        bags = column_bags(get_column(table, column, self.name), self.name, column,
+                           self.separator, self.default)
+        if self.is_sequence:
+            bags = truncate(bags, self.sequence_length)
+        weights = None
+        if self.weighted:
+            bags, weights = split_weighted(bags, self.name, column)
+        ids = self.bucketizer.ids(bags, self.name, column)
+        return SparseIds(ids, bags.lengths, weights)
+
+
+def table_request(cfg, name: str, num_rows: int | None) -> TableRequest:
+    """TableRequest of an id-like config (embedding_name or the feature name)."""
+    table = cfg.embedding_name if cfg.embedding_name else name
+    dynamicemb = cfg.dynamicemb if cfg.HasField("dynamicemb") else None
+    return TableRequest(table, check_dim(cfg.embedding_dim, name), num_rows, dynamicemb,
+                        cfg.trainable)
+
+
+def build_id_feature(cfg) -> IdFeature:
+    """IdFeature from an ``id_feature`` config."""
+    bucketizer = bucketizer_from_config(cfg, cfg.feature_name)
+    return IdFeature(cfg.feature_name, column_of(cfg.expression, cfg.feature_name), bucketizer,
+                     table_request(cfg, cfg.feature_name, bucketizer.num_rows), cfg.pooling,
+                     cfg.separator, cfg.default_value, cfg.weighted)
+
+
+def build_sequence_id_feature(cfg, name: str, column: str, sequence_length: int,
+                              sequence_delim: str, bucketizer: Bucketizer,
+                              table: TableRequest) -> IdFeature:
+    """IdFeature read as a sequence: items split on ``sequence_delim``."""
+    if sequence_length <= 0:
+        raise ConfigError(f"feature {name!r}: sequence_length must be > 0")
+    return IdFeature(name, column, bucketizer, table, cfg.pooling, sequence_delim,
+                     cfg.default_value, False, sequence_length)

@@ -1,0 +1,157 @@
+"""raw_feature and sequence_raw_feature: numbers -> dense values or bucket ids."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hashrec.config.errors import ConfigError
+from hashrec.features.base import (
+    Feature,
+    SparseIds,
+    TableRequest,
+    check_dim,
+    check_pooling,
+    column_of,
+)
+from hashrec.features.errors import FeatureError
+from hashrec.features.tokens import Bags, column_bags, get_column, truncate
+
+
+@dataclass(frozen=True)
+class Normalizer:
+    """fg normalizer: ``method=log10,threshold=..,default=..`` | ``method=zscore,mean=..,
+    standard_deviation=..`` | ``method=minmax,min=..,max=..``."""
+
+    method: str
+    params: tuple[tuple[str, float], ...]
+
+    @classmethod
+    def parse(cls, text: str, feature: str) -> Normalizer:
+        items = dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+        method = items.pop("method", "")
+        needed = {"log10": (), "zscore": ("mean", "standard_deviation"), "minmax": ("min", "max")}
+        if method not in needed:
+            raise ConfigError(f"feature {feature!r}: normalizer {text!r}: method must be one of "
+                              f"{', '.join(needed)}")
+        try:
+            params = {k: float(v) for k, v in items.items()}
+        except ValueError:
+            raise ConfigError(f"feature {feature!r}: normalizer {text!r} has a non-numeric "
+                              f"parameter") from None
+        missing = [k for k in needed[method] if k not in params]
+        if missing:
+            raise ConfigError(f"feature {feature!r}: normalizer {text!r} needs {missing}")
+        return cls(method, tuple(sorted(params.items())))
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        p = dict(self.params)
+        if self.method == "log10":
+            threshold, default = p.get("threshold", 1e-10), p.get("default", -10.0)
+            return np.where(x > threshold, np.log10(np.maximum(x, threshold)), default)
+        if self.method == "zscore":
+            return (x - p["mean"]) / p["standard_deviation"]
+        return (x - p["min"]) / (p["max"] - p["min"])
+
+
+def float_values(bags: Bags, feature: str, column: str) -> np.ndarray:
+    """Tokens as float64; non-numbers, NaN and inf are errors naming the row."""
+    try:
+        values = pc.cast(bags.values, pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise FeatureError(f"feature {feature!r}: column {column!r} holds values that are not "
+                           f"numbers ({bags.values.type})") from None
+    bad = ~np.isfinite(values)
+    if bad.any():
+        pos = int(np.flatnonzero(bad)[0])
+        raise FeatureError(f"feature {feature!r}: column {column!r} row {bags.row_of(pos)}: "
+                           f"value {values[pos]} is not finite (NaN/inf are not allowed)")
+    return values
+
+
+class RawFeature(Feature):
+    """Numeric values: dense (B, value_dim), or bucket ids when ``boundaries`` are set.
+
+    Bucket ids: value v -> the number of boundaries <= v, in [0, len(boundaries)].
+    """
+
+    def __init__(self, name: str, column: str, value_dim: int, default: str,
+                 separator: str | None, normalizer: Normalizer | None = None,
+                 boundaries: tuple[float, ...] = (), table: TableRequest | None = None,
+                 pooling: str = "sum", sequence_length: int = 0) -> None:
+        self.name = name
+        self.columns = (column,)
+        self.value_dim = value_dim
+        self.default = default
+        self.separator = separator
+        self.normalizer = normalizer
+        self.boundaries = np.asarray(boundaries, dtype=np.float64)
+        self.table = table
+        self.pooling = check_pooling(pooling, name)
+        self.is_sequence = sequence_length > 0
+        self.sequence_length = sequence_length
+
+    def _values(self, table) -> tuple[Bags, np.ndarray]:
+        column = self.columns[0]
+        bags = column_bags(get_column(table, column, self.name), self.name, column,
+                           self.separator, self.default)
+        if self.is_sequence:
+            bags = truncate(bags, self.sequence_length)
+        values = float_values(bags, self.name, column)
+        if self.normalizer is not None:
+            values = self.normalizer(values)
+        return bags, values
+
+    def parse(self, table) -> SparseIds | np.ndarray:
+        bags, values = self._values(table)
+        if self.table is not None:
+            ids = np.searchsorted(self.boundaries, values, side="right").astype(np.int64)
+            return SparseIds(ids, bags.lengths)
+        if self.is_sequence:
+            return self._padded(bags, values)
+        wrong = bags.lengths != self.value_dim
+        if wrong.any():
+            row = int(np.flatnonzero(wrong)[0])
+            raise FeatureError(f"feature {self.name!r}: column {self.columns[0]!r} row {row}: "
+                               f"has {bags.lengths[row]} values, expected value_dim="
+                               f"{self.value_dim} (set default_value for missing cells)")
+        return values.astype(np.float32).reshape(bags.batch_size, self.value_dim)
+
+    def _padded(self, bags: Bags, values: np.ndarray) -> np.ndarray:
+        out = np.zeros((bags.batch_size, self.sequence_length, 1), dtype=np.float32)
+        offsets = np.concatenate([[0], np.cumsum(bags.lengths)[:-1]])
+        rows = np.repeat(np.arange(bags.batch_size), bags.lengths)
+        cols = np.arange(len(values)) - np.repeat(offsets, bags.lengths)
+        out[rows, cols, 0] = values
+        return out
+
+
+def build_raw_feature(cfg, name: str | None = None, column: str | None = None,
+                      sequence_length: int = 0, sequence_delim: str | None = None) -> RawFeature:
+    """RawFeature from a ``raw_feature`` config (or a sequence's raw sub-feature)."""
+    name = name or cfg.feature_name
+    column = column or column_of(cfg.expression, name)
+    for value in cfg.boundaries:
+        if not math.isfinite(value):
+            raise ConfigError(f"feature {name!r}: boundaries must be finite, got {value}")
+    boundaries = tuple(cfg.boundaries)
+    if list(boundaries) != sorted(boundaries):
+        raise ConfigError(f"feature {name!r}: boundaries must be ascending")
+    if cfg.value_dim < 1:
+        raise ConfigError(f"feature {name!r}: value_dim must be >= 1, got {cfg.value_dim}")
+    if sequence_length and cfg.value_dim != 1:
+        raise ConfigError(f"feature {name!r}: sequence raw features with value_dim > 1 are not "
+                          f"supported")
+    table = None
+    if boundaries:
+        table = TableRequest(cfg.embedding_name or name, check_dim(cfg.embedding_dim, name),
+                             len(boundaries) + 1, None, cfg.trainable)
+    normalizer = Normalizer.parse(cfg.normalizer, name) if cfg.normalizer else None
+    separator = sequence_delim if sequence_length else cfg.separator
+    default = "" if sequence_length else cfg.default_value
+    return RawFeature(name, column, int(cfg.value_dim), default, separator,
+                      normalizer, boundaries, table, cfg.pooling, sequence_length)

@@ -1,0 +1,86 @@
+"""Sequence features: sequence_feature groups and top-level sequence_id/raw features.
+
+Sub-feature ``f`` of ``sequence_feature`` ``s`` is named ``s__f`` and reads
+column ``s__<field>`` (``<field>`` from its expression). Cells are split on
+``sequence_delim`` (or are ``list<>`` columns) and truncated to the first
+``sequence_length`` items; sequences are stored most recent first, so the
+most recent items are kept.
+
+A sub-feature without its own bucketization (no hash_bucket_size,
+num_buckets, vocab or dynamicemb) and without embedding_name shares the
+table and the bucketization of the top-level id feature reading the same
+field (or, failing that, of the same name): ``click_50_seq__adgroup_id``
+reads ``adgroup_id``'s table.
+"""
+
+from __future__ import annotations
+
+from hashrec.config.errors import ConfigError
+from hashrec.features.base import TableRequest, check_dim, column_of
+from hashrec.features.bucketize import bucketizer_from_config
+from hashrec.features.id_feature import IdFeature, build_sequence_id_feature, table_request
+from hashrec.features.raw_feature import RawFeature, build_raw_feature
+
+
+def _shared_top_level(cfg, top_level: dict[str, IdFeature], name: str) -> IdFeature:
+    field = column_of(cfg.expression, name)
+    by_field = [f for f in top_level.values() if f.columns[0] == field]
+    owner = by_field[0] if len(by_field) == 1 else top_level.get(cfg.feature_name)
+    if owner is None:
+        raise ConfigError(
+            f"feature {name!r}: set one of hash_bucket_size, num_buckets, vocab_list, "
+            f"vocab_dict or dynamicemb, or add a top-level id_feature reading {field!r} whose "
+            f"table it can share")
+    if check_dim(cfg.embedding_dim, name) != owner.table.dim:
+        raise ConfigError(f"feature {name!r}: embedding_dim {cfg.embedding_dim} differs from "
+                          f"the shared table {owner.table.name!r} (dim {owner.table.dim})")
+    return owner
+
+
+def _sequence_id(cfg, name: str, column: str, length: int, delim: str,
+                 top_level: dict[str, IdFeature]) -> IdFeature:
+    bucketizer = bucketizer_from_config(cfg, name, required=False)
+    if bucketizer is None:
+        owner = _shared_top_level(cfg, top_level, name)
+        table = owner.table if not cfg.embedding_name else TableRequest(
+            cfg.embedding_name, owner.table.dim, owner.table.num_rows, owner.table.dynamicemb,
+            cfg.trainable)
+        return build_sequence_id_feature(cfg, name, column, length, delim, owner.bucketizer,
+                                         table)
+    return build_sequence_id_feature(cfg, name, column, length, delim, bucketizer,
+                                     table_request(cfg, name, bucketizer.num_rows))
+
+
+def build_sequence_group(cfg, top_level: dict[str, IdFeature]) -> list[IdFeature | RawFeature]:
+    """The sub-features of one ``sequence_feature`` config."""
+    seq = cfg.sequence_name
+    if cfg.sequence_length <= 0:
+        raise ConfigError(f"sequence_feature {seq!r}: sequence_length must be > 0")
+    features = []
+    for sub_cfg in cfg.features:
+        kind = sub_cfg.WhichOneof("feature")
+        sub = getattr(sub_cfg, kind)
+        name = f"{seq}__{sub.feature_name}"
+        column = f"{seq}__{column_of(sub.expression, name)}"
+        if kind == "id_feature":
+            features.append(_sequence_id(sub, name, column, cfg.sequence_length,
+                                         cfg.sequence_delim, top_level))
+        elif kind == "raw_feature":
+            features.append(build_raw_feature(sub, name, column, cfg.sequence_length,
+                                              cfg.sequence_delim))
+        else:
+            raise ConfigError(f"feature {name!r}: sequence sub-feature kind {kind} is not "
+                              f"supported")
+    return features
+
+
+def build_top_level_sequence(kind: str, cfg, top_level: dict[str, IdFeature]):
+    """A ``sequence_id_feature`` or ``sequence_raw_feature`` config's feature."""
+    name = cfg.feature_name
+    column = column_of(cfg.expression, name)
+    length = cfg.sequence_length
+    if length <= 0:
+        raise ConfigError(f"feature {name!r}: {kind} needs sequence_length > 0")
+    if kind == "sequence_id_feature":
+        return _sequence_id(cfg, name, column, length, cfg.sequence_delim, top_level)
+    return build_raw_feature(cfg, name, column, length, cfg.sequence_delim)

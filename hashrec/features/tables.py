@@ -1,0 +1,114 @@
+"""Features -> embedding tables: ``embedding_name`` sharing, dynamic options, fusion groups."""
+
+from __future__ import annotations
+
+from hashrec.config.errors import ConfigError
+from hashrec.embedding.specs import EmbeddingTableSpec
+from hashrec.features.base import Feature, TableRequest
+from hashrec.table.options import AdmissionOptions, InitializerArgs, TableOptions
+
+
+def initializer_args(cfg, default_mode: str) -> InitializerArgs:
+    """InitializerArgs from a DynamicEmbInitializerArgs message (unset mode -> ``default_mode``)."""
+    return InitializerArgs(
+        mode=cfg.mode.upper() if cfg.mode else default_mode,
+        mean=cfg.mean,
+        std_dev=cfg.std_dev if cfg.HasField("std_dev") else None,
+        lower=cfg.lower if cfg.HasField("lower") else None,
+        upper=cfg.upper if cfg.HasField("upper") else None,
+        value=cfg.value,
+    )
+
+
+def table_options(dynamicemb, dim: int, table: str) -> TableOptions:
+    """TableOptions of a dynamic table from its DynamicEmbedding message.
+
+    The sparse optimizer is left unset: the embedding layer fills it from
+    ``train_config.sparse_optimizer``. ``evict_strategy`` and ``init_table``
+    do not enter the options (eviction follows ``score_strategy``; the init
+    table is read by ``create_dynamicemb_init_ckpt``).
+    """
+    try:
+        admission = None
+        if dynamicemb.HasField("frequency_admission_strategy"):
+            fa = dynamicemb.frequency_admission_strategy
+            admission = AdmissionOptions(
+                threshold=int(fa.threshold),
+                counter_capacity=int(fa.counter_capacity) if fa.HasField("counter_capacity")
+                else None,
+                counter_bucket_capacity=int(fa.counter_bucket_capacity),
+                initializer=initializer_args(fa.initializer_args, "CONSTANT"))
+        return TableOptions(
+            dim=dim,
+            max_capacity=int(dynamicemb.max_capacity),
+            init_capacity=int(dynamicemb.init_capacity_per_rank)
+            if dynamicemb.HasField("init_capacity_per_rank") else None,
+            bucket_capacity=int(dynamicemb.bucket_capacity),
+            score_strategy=dynamicemb.score_strategy,
+            initializer=initializer_args(dynamicemb.initializer_args, "UNIFORM"),
+            eval_initializer=initializer_args(dynamicemb.eval_initializer_args, "CONSTANT"),
+            admission=admission,
+            cache_load_factor=dynamicemb.cache_load_factor
+            if dynamicemb.HasField("cache_load_factor") else 1.0,
+            caching=dynamicemb.caching,
+            name=table,
+        )
+    except ValueError as err:
+        raise ConfigError(f"table {table!r}: dynamicemb: {err}") from None
+
+
+def _merge(requests: list[tuple[str, TableRequest]]) -> TableRequest:
+    """One request per table; features sharing a table must agree on it."""
+    first_feature, first = requests[0]
+    dynamic = [(f, r) for f, r in requests if r.dynamicemb is not None]
+    for feature, req in requests[1:]:
+        if req.dim != first.dim:
+            raise ConfigError(f"features {first_feature!r} and {feature!r} share table "
+                              f"{first.name!r} but have embedding_dim {first.dim} and {req.dim}")
+        if req.num_rows != first.num_rows and None not in (req.num_rows, first.num_rows):
+            raise ConfigError(f"features {first_feature!r} and {feature!r} share table "
+                              f"{first.name!r} but have {first.num_rows} and {req.num_rows} rows")
+    if dynamic and any(r.num_rows is not None for _, r in requests):
+        dense = next(f for f, r in requests if r.num_rows is not None)
+        raise ConfigError(f"table {first.name!r}: feature {dynamic[0][0]!r} sets dynamicemb but "
+                          f"{dense!r} reads it as a dense table; use one kind per table")
+    for feature, req in dynamic[1:]:
+        if req.dynamicemb != dynamic[0][1].dynamicemb:
+            raise ConfigError(f"features {dynamic[0][0]!r} and {feature!r} share table "
+                              f"{first.name!r} with different dynamicemb settings")
+    trainable = all(r.trainable for _, r in requests)
+    return TableRequest(first.name, first.dim, first.num_rows,
+                        dynamic[0][1].dynamicemb if dynamic else None, trainable)
+
+
+def fusion_groups(model_config) -> dict[str, str]:
+    """feature name -> name of the single DEEP group holding it (features in 2+ DEEP groups
+    are left out)."""
+    owners: dict[str, set[str]] = {}
+    for group in model_config.feature_groups:
+        if group.group_type == 0:  # DEEP
+            for name in group.feature_names:
+                owners.setdefault(name, set()).add(group.group_name)
+    return {name: next(iter(groups)) for name, groups in owners.items() if len(groups) == 1}
+
+
+def build_tables(features: list[Feature], model_config=None) -> list[EmbeddingTableSpec]:
+    """Resolve every sparse feature's TableRequest into EmbeddingTableSpecs (first-use order)."""
+    by_table: dict[str, list[tuple[str, TableRequest]]] = {}
+    for feature in features:
+        if feature.table is not None:
+            by_table.setdefault(feature.table.name, []).append((feature.name, feature.table))
+    groups = fusion_groups(model_config) if model_config is not None else {}
+    specs = []
+    for name, requests in by_table.items():
+        req = _merge(requests)
+        names = tuple(f for f, _ in requests)
+        if req.dynamicemb is None:
+            specs.append(EmbeddingTableSpec(name, req.dim, num_rows=req.num_rows, features=names,
+                                            trainable=req.trainable))
+            continue
+        fused = {groups[f] for f in names if f in groups}
+        specs.append(EmbeddingTableSpec(
+            name, req.dim, dynamic=table_options(req.dynamicemb, req.dim, name), features=names,
+            fusion_group=fused.pop() if len(fused) == 1 else None, trainable=req.trainable))
+    return specs

@@ -1,0 +1,131 @@
+"""Columns -> jagged tokens: the step every feature kind shares.
+
+A column becomes *bags*: ``values`` (a flat pyarrow array of tokens, strings
+or int64) and ``lengths`` (B,) int64. Nulls and empty strings are missing
+values; a missing value becomes ``default`` when one is given, otherwise an
+empty bag. String cells are split on the separator (multi-value features) or
+on the sequence delimiter (sequences); ``list<>`` columns are used as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hashrec.features.errors import FeatureError
+
+
+@dataclass(frozen=True)
+class Bags:
+    """Jagged tokens of one column: ``values`` (n,) arrow array, ``lengths`` (B,) int64."""
+
+    values: pa.Array
+    lengths: np.ndarray
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def row_of(self, position: int) -> int:
+        """Row (0-based) holding flat value ``position``."""
+        return int(np.searchsorted(np.cumsum(self.lengths), position, side="right"))
+
+
+def get_column(table: pa.Table | pa.RecordBatch, column: str, feature: str) -> pa.Array:
+    """One column as a single arrow array; a missing column is a FeatureError."""
+    if column not in table.schema.names:
+        raise FeatureError(f"feature {feature!r}: input column {column!r} is missing "
+                           f"(columns: {', '.join(table.schema.names)})")
+    array = table.column(column)
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+    return array
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _drop_empty(values: pa.Array, lengths: np.ndarray) -> Bags:
+    """Remove null and empty-string tokens, keeping bag membership."""
+    keep = pc.is_valid(values)
+    if _is_string(values.type):
+        keep = pc.and_(keep, pc.not_equal(pc.utf8_length(values), 0))
+    if keep.null_count == 0 and pc.all(keep).as_py() in (True, None):
+        return Bags(values, lengths)
+    keep_np = keep.to_numpy(zero_copy_only=False)
+    rows = np.repeat(np.arange(lengths.shape[0]), lengths)
+    new_lengths = np.bincount(rows[keep_np], minlength=lengths.shape[0]).astype(np.int64)
+    return Bags(values.filter(keep), new_lengths)
+
+
+def _fill_missing(array: pa.Array, default: str, feature: str, column: str) -> pa.Array:
+    if _is_string(array.type):
+        array = pc.if_else(pc.equal(array, ""), pa.scalar(None, array.type), array)
+    if not default or array.null_count == 0:
+        return array
+    if _is_list(array.type):
+        fill = pa.scalar([default], pa.list_(pa.string())).cast(array.type)
+        return pc.fill_null(array, fill)
+    try:
+        fill = pa.scalar(default).cast(array.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise FeatureError(f"feature {feature!r}: default_value {default!r} does not fit "
+                           f"column {column!r} of type {array.type}") from None
+    return pc.fill_null(array, fill)
+
+
+def column_bags(array: pa.Array, feature: str, column: str, separator: str | None,
+                default: str = "") -> Bags:
+    """Split one column into bags of tokens.
+
+    Args:
+        array: the column.
+        feature: feature name (for errors).
+        column: column name (for errors).
+        separator: split string cells on it (None: one token per cell).
+        default: token for missing cells ("" -> empty bag).
+    """
+    array = _fill_missing(array, default, feature, column)
+    t = array.type
+    if _is_list(t):
+        if pa.types.is_fixed_size_list(t):
+            array = array.cast(pa.list_(t.value_type))
+        lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy().astype(np.int64)
+        return _drop_empty(pc.list_flatten(array), lengths)
+    if _is_string(t) and separator:
+        if pc.any(pc.match_substring(array, separator)).as_py():
+            split = pc.split_pattern(array, separator)
+            lengths = pc.fill_null(pc.list_value_length(split), 0).to_numpy().astype(np.int64)
+            return _drop_empty(pc.list_flatten(split), lengths)
+    if not (_is_string(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
+            or pa.types.is_dictionary(t)):
+        raise FeatureError(f"feature {feature!r}: column {column!r} has type {t}; expected "
+                           f"integers, floats, strings or lists of them")
+    if pa.types.is_dictionary(t):
+        array = array.cast(t.value_type)
+    valid = pc.is_valid(array).to_numpy(zero_copy_only=False)
+    lengths = valid.astype(np.int64)
+    values = array if array.null_count == 0 else array.filter(pc.is_valid(array))
+    return _drop_empty(values, lengths)
+
+
+def truncate(bags: Bags, max_length: int) -> Bags:
+    """Keep the first ``max_length`` tokens of every bag.
+
+    Sequences are stored most recent first (as behaviour logs list them), so
+    this keeps the ``max_length`` most recent items.
+    """
+    if max_length <= 0 or bags.lengths.size == 0 or int(bags.lengths.max()) <= max_length:
+        return bags
+    offsets = np.concatenate([[0], np.cumsum(bags.lengths)[:-1]])
+    pos = np.arange(len(bags.values)) - np.repeat(offsets, bags.lengths)
+    keep = pos < max_length
+    return Bags(bags.values.filter(pa.array(keep)), np.minimum(bags.lengths, max_length))
