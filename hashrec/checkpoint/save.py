@@ -1,0 +1,201 @@
+"""Atomic checkpoint saves, single-process or under torch.distributed.
+
+Order of a save (no complete checkpoint is ever modified in place):
+
+1. rank 0 creates ``model.ckpt-<step>.tmp`` (a stale one from a crash is removed);
+2. every rank streams its shard of each dynamic table into it and fsyncs;
+   rank 0 also writes the dense model and optimizer state;
+3. once every rank succeeded, rank 0 writes ``meta.json``, fsyncs the
+   directories, renames the temporary directory to ``model.ckpt-<step>``, writes
+   the completion marker last, then prunes the oldest complete checkpoints
+   beyond ``keep_checkpoint_max``.
+
+A crash at any point leaves the previous complete checkpoint as the latest. All
+ranks must see the same ``model_dir`` (one host, or a shared file system).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from typing import Any
+
+import torch
+
+from hashrec.checkpoint import layout
+from hashrec.checkpoint.dense import save_state
+from hashrec.checkpoint.dist_util import gather_counts, rank_and_world, run_on_all_ranks
+from hashrec.checkpoint.errors import CheckpointError
+from hashrec.checkpoint.shard_file import fsync_dir
+from hashrec.checkpoint.table_io import (
+    ADMISSION,
+    DEFAULT_CHUNK_ROWS,
+    ROWS,
+    dump_table,
+    table_description,
+)
+
+# Test hook: when set to a path, a rank that has written its shards creates that
+# file and then waits, so a test can kill the process in the middle of a save.
+PAUSE_ENV = "HASHREC_CHECKPOINT_TEST_PAUSE_FILE"
+_PAUSE_SECONDS = 600
+_TABLE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def check_table_names(names: list[str]) -> None:
+    """Table names become directory names: letters, digits, ``_ . -`` only."""
+    for name in names:
+        if not _TABLE_NAME_RE.match(name) or name in (".", ".."):
+            raise CheckpointError(
+                f"table name {name!r} cannot be a checkpoint directory; allowed: letters, "
+                f"digits, '_', '.', '-'")
+
+
+def _check_extra(extra: dict[str, Any] | None) -> dict[str, Any]:
+    extra = {} if extra is None else extra
+    try:
+        json.dumps(extra)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"extra={extra!r} is not JSON-serializable ({e})") from None
+    return extra
+
+
+def prepare_temp_dir(tmp: str, names: list[str]) -> None:
+    """Creates an empty temporary checkpoint directory with one folder per table."""
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)  # an interrupted save of this step; never complete
+    for name in names:
+        os.makedirs(os.path.join(tmp, layout.TABLES_DIR, name))
+
+
+def _pause_for_tests() -> None:
+    pause_file = os.environ.get(PAUSE_ENV)
+    if not pause_file:
+        return
+    with open(pause_file, "w", encoding="utf-8") as f:
+        f.write(str(os.getpid()))
+    time.sleep(_PAUSE_SECONDS)
+
+
+def _write_rank_files(tmp: str, tables: dict[str, Any], model: torch.nn.Module | None,
+                      dense_optimizer: Any, rank: int, world_size: int,
+                      chunk_rows: int) -> tuple[list[int], dict[str, Any]]:
+    counts: list[int] = []
+    for name in sorted(tables):
+        stem = layout.shard_stem(tmp, name, rank, world_size)
+        attrs = {"table": name, "rank": rank, "world_size": world_size}
+        header = dump_table(tables[name], stem, attrs, chunk_rows)
+        sections = header["sections"]
+        counts += [sections[ROWS]["count"], sections.get(ADMISSION, {}).get("count", 0)]
+    dense: dict[str, Any] = {"model": None, "optimizer": None}
+    if rank == 0 and model is not None:
+        dense["model"] = save_state(model.state_dict(), os.path.join(tmp, layout.MODEL_FILE))
+    if rank == 0 and dense_optimizer is not None:
+        dense["optimizer"] = save_state(
+            dense_optimizer.state_dict(), os.path.join(tmp, layout.OPTIMIZER_FILE))
+    _pause_for_tests()
+    return counts, dense
+
+
+def _meta(step: int, world_size: int, tables: dict[str, Any], counts: list[list[int]],
+          dense: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    described = {}
+    for i, name in enumerate(sorted(tables)):
+        shards = []
+        for rank in range(world_size):
+            stem = layout.shard_stem("", name, rank, world_size).lstrip(os.sep)
+            shards.append({"stem": stem, "rows": counts[rank][2 * i],
+                           "admission": counts[rank][2 * i + 1]})
+        described[name] = {**table_description(tables[name]), "shards": shards,
+                           "num_rows": sum(s["rows"] for s in shards),
+                           "table_step": getattr(tables[name], "step", None)}
+    return {
+        "format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION, "step": step,
+        "world_size": world_size, "created_unix": time.time(), "tables": described,
+        "dense": dense, "extra": extra,
+    }
+
+
+def commit_directory(model_dir: str, tmp: str, final: str, meta: dict[str, Any]) -> None:
+    """Writes meta.json into ``tmp``, renames it to ``final``, writes the marker last."""
+    layout.write_json(os.path.join(tmp, layout.META_NAME), meta)
+    for name in meta["tables"]:
+        fsync_dir(os.path.join(tmp, layout.TABLES_DIR, name))
+    fsync_dir(os.path.join(tmp, layout.TABLES_DIR))
+    fsync_dir(tmp)
+    aside = None
+    if os.path.exists(final):
+        if layout.is_complete(final):
+            # Same step saved again: keep the old copy until the new one is complete.
+            aside = final + ".replaced"
+            if os.path.exists(aside):
+                shutil.rmtree(aside)
+            os.rename(final, aside)
+        else:
+            shutil.rmtree(final)
+    os.rename(tmp, final)
+    fsync_dir(model_dir)
+    layout.write_marker(final, {"step": meta["step"], "world_size": meta["world_size"]})
+    if aside is not None:
+        shutil.rmtree(aside)
+
+
+def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
+                    dense_optimizer: Any, dynamic_tables: dict[str, Any],
+                    keep_checkpoint_max: int = 0, extra: dict[str, Any] | None = None,
+                    chunk_rows: int = DEFAULT_CHUNK_ROWS) -> str:
+    """Saves dense state and every rank's dynamic-table shards as ``model.ckpt-<step>``.
+
+    Call it on every rank (a collective under torch.distributed). Rank 0 writes
+    the dense state and ``meta.json``; each rank writes its own table shards.
+
+    Args:
+        model_dir: directory holding the checkpoints.
+        step: global training step; names the checkpoint.
+        model: module whose ``state_dict`` is saved (None: no dense state).
+        dense_optimizer: torch optimizer whose state is saved, or None.
+        dynamic_tables: {table name: HashTable} of this rank, same names on every rank.
+        keep_checkpoint_max: keep at most this many complete checkpoints (0: all).
+        extra: JSON-serializable data stored in meta.json (and returned by restore).
+        chunk_rows: rows per streamed chunk (bounds the memory a save needs).
+
+    Returns:
+        Path of the complete checkpoint.
+
+    Raises:
+        CheckpointError: on any rank's failure (on every rank); nothing complete is touched.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"step={step!r} is not valid; allowed: an int >= 0")
+    if chunk_rows < 1:
+        raise CheckpointError(f"chunk_rows={chunk_rows!r} is not valid; allowed: >= 1")
+    names = sorted(dynamic_tables)
+    check_table_names(names)
+    extra = _check_extra(extra)
+    rank, world_size = rank_and_world()
+    final = layout.checkpoint_path(model_dir, step)
+    tmp = final + layout.TEMP_SUFFIX
+
+    def prepare() -> None:
+        if rank == 0:
+            os.makedirs(model_dir, exist_ok=True)
+            prepare_temp_dir(tmp, names)
+
+    run_on_all_ranks(prepare, f"preparing {tmp}", CheckpointError)
+    counts, dense = run_on_all_ranks(
+        lambda: _write_rank_files(tmp, dynamic_tables, model, dense_optimizer, rank,
+                                  world_size, chunk_rows),
+        f"writing shards into {tmp}", CheckpointError)
+    all_counts = gather_counts(counts)
+
+    def commit() -> None:
+        if rank == 0:
+            commit_directory(model_dir, tmp, final, _meta(step, world_size, dynamic_tables,
+                                                 all_counts, dense, extra))
+            layout.prune_checkpoints(model_dir, keep_checkpoint_max, final)
+
+    run_on_all_ranks(commit, f"committing {final}", CheckpointError)
+    return final

@@ -1,0 +1,188 @@
+"""Streaming dump of one dynamic table into a shard, and resharding load back.
+
+A shard holds a ``rows`` section (keys int64, tags int32, full rows
+``[embedding | optimizer state]``, scores int64) and, for tables with frequency
+admission, an ``admission`` section (keys, tags, counts). Both go chunk by chunk
+through ``HashTable.export_state`` / ``load_state``, so memory stays at one chunk.
+
+Loading reads every shard of a table (saved on any number of ranks) and keeps
+the entries this rank owns under the current world size
+(``owner_of(keys, world_size) == rank``), so N saving ranks load on M ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from hashrec.checkpoint.errors import CheckpointError
+from hashrec.checkpoint.shard_file import ShardReader, ShardWriter, dtype_name
+from hashrec.table.hashing import owner_of
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_ROWS = 1 << 20
+ROWS = "rows"
+ADMISSION = "admission"
+
+
+def optimizer_description(spec: Any) -> dict[str, Any] | None:
+    """JSON description of an optimizer spec: {"type": class name, "args": fields}."""
+    if spec is None:
+        return None
+    return {"type": type(spec).__name__, "args": dataclasses.asdict(spec)}
+
+
+def table_description(table: Any) -> dict[str, Any]:
+    """What a reader needs to check a shard against a table: dims, dtype, optimizer."""
+    options = table.options
+    return {
+        "dim": int(table.dim),
+        "row_dim": int(table.row_dim),
+        "dtype": dtype_name(options.dtype),
+        "optimizer": optimizer_description(options.optimizer),
+        "admission": options.admission is not None,
+    }
+
+
+def _tags_or_zeros(tags: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:
+    if tags is None:
+        return torch.zeros(keys.shape[0], dtype=torch.int32)
+    return tags.to(torch.int32)
+
+
+def dump_table(table: Any, stem: str, attrs: dict[str, Any],
+               chunk_rows: int = DEFAULT_CHUNK_ROWS) -> dict[str, Any]:
+    """Writes ``table``'s rows and admission counters to the shard ``stem``.
+
+    Returns:
+        The shard header (counts per section).
+    """
+    writer = ShardWriter(stem, {**attrs, **table_description(table)})
+    try:
+        writer.ensure_section(ROWS)
+        for keys, tags, rows, scores in table.export_state(chunk_rows):
+            writer.write_chunk(ROWS, {
+                "keys": keys, "tags": _tags_or_zeros(tags, keys), "rows": rows,
+                "scores": scores.to(torch.int64)})
+        if table.options.admission is not None:
+            writer.ensure_section(ADMISSION)
+            keys, tags, counts = table.admission_state()
+            tags = _tags_or_zeros(tags, keys)
+            for start in range(0, int(keys.shape[0]), chunk_rows):
+                end = start + chunk_rows
+                writer.write_chunk(ADMISSION, {
+                    "keys": keys[start:end], "tags": tags[start:end],
+                    "counts": counts[start:end].to(torch.int64)})
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.close()
+
+
+def check_compatible(reader: ShardReader, name: str, table: Any,
+                     restore_optimizer: bool) -> None:
+    """Raises CheckpointError if the shard cannot be loaded into ``table``."""
+    saved = reader.attrs
+    where = f"{reader.stem}.json (table {name!r})"
+    if saved.get("dim") != table.dim:
+        raise CheckpointError(
+            f"{where}: embedding dim {saved.get('dim')} in the checkpoint, {table.dim} in the "
+            f"model; use a checkpoint of the same embedding_dim")
+    if not restore_optimizer:
+        return
+    wanted = optimizer_description(table.options.optimizer)
+    saved_type = (saved.get("optimizer") or {}).get("type")
+    wanted_type = (wanted or {}).get("type")
+    if saved_type != wanted_type or saved.get("row_dim") != table.row_dim:
+        raise CheckpointError(
+            f"{where}: sparse optimizer {saved_type} (row_dim {saved.get('row_dim')}) in the "
+            f"checkpoint, {wanted_type} (row_dim {table.row_dim}) in the model; restore "
+            f"without optimizer state (ignore_restore_optimizer) to reset it")
+
+
+def _initial_state_columns(table: Any) -> torch.Tensor:
+    spec = table.options.optimizer
+    if spec is None:
+        return torch.zeros(0)
+    return spec.initial_state(table.dim).reshape(-1)
+
+
+def _adapt_rows(rows: torch.Tensor, table: Any, restore_optimizer: bool) -> torch.Tensor:
+    """Saved full rows -> rows for ``table``; state columns reset unless restored."""
+    if not restore_optimizer:
+        state = _initial_state_columns(table).to(rows.dtype)
+        embeddings = rows[:, :table.dim]
+        rows = torch.cat([embeddings, state.expand(rows.shape[0], state.shape[0])], dim=1)
+    return rows.to(dtype=table.options.dtype, device=table.device)
+
+
+def _owned(keys: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    return owner_of(keys, world_size) == rank
+
+
+def iter_owned_rows(readers: list[ShardReader], rank: int, world_size: int
+                    ) -> Iterator[dict[str, torch.Tensor]]:
+    """Yields chunks of the ``rows`` sections of ``readers`` reduced to owned keys."""
+    for reader in readers:
+        for chunk in reader.iter_chunks(ROWS):
+            mask = _owned(chunk["keys"], rank, world_size)
+            if bool(mask.all()):
+                yield chunk
+            elif bool(mask.any()):
+                yield {k: v[mask] for k, v in chunk.items()}
+
+
+def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
+               world_size: int, restore_optimizer: bool = True) -> dict[str, int]:
+    """Loads the owned entries of every shard in ``readers`` into ``table``.
+
+    Returns:
+        {"rows": rows loaded, "admission": counters loaded}.
+
+    Raises:
+        CheckpointError: incompatible dims/optimizer, corrupt data, or a table too
+            small to hold the rows (checked when the table started empty).
+    """
+    for reader in readers:
+        check_compatible(reader, name, table, restore_optimizer)
+    size_before = int(table.size())
+    loaded = 0
+    for chunk in iter_owned_rows(readers, rank, world_size):
+        rows = _adapt_rows(chunk["rows"], table, restore_optimizer)
+        device = table.device
+        table.load_state(chunk["keys"].to(device), chunk["tags"].to(device), rows,
+                         chunk["scores"].to(device))
+        loaded += int(chunk["keys"].shape[0])
+    if size_before == 0 and int(table.size()) != loaded:
+        raise CheckpointError(
+            f"table {name!r}: loaded {loaded} rows from {readers[0].stem if readers else '?'} "
+            f"and its siblings but the table holds {int(table.size())}; raise its "
+            f"max_capacity (or use more ranks)")
+    counters = _load_admission(readers, name, table, rank, world_size)
+    return {"rows": loaded, "admission": counters}
+
+
+def _load_admission(readers: list[ShardReader], name: str, table: Any, rank: int,
+                    world_size: int) -> int:
+    if not any(r.count(ADMISSION) for r in readers):
+        return 0
+    if table.options.admission is None:
+        logger.warning("table %r: checkpoint has admission counters but the table has no "
+                       "admission; counters ignored", name)
+        return 0
+    loaded = 0
+    device = table.device
+    for reader in readers:
+        for chunk in reader.iter_chunks(ADMISSION):
+            mask = _owned(chunk["keys"], rank, world_size)
+            if bool(mask.any()):
+                table.load_admission_state(chunk["keys"][mask].to(device),
+                                           chunk["tags"][mask].to(device),
+                                           chunk["counts"][mask].to(device))
+                loaded += int(mask.sum())
+    return loaded

@@ -1,0 +1,49 @@
+"""Apply incremental dumps onto a full dump or checkpoint.
+
+Usage::
+
+    python -m hashrec.tools.apply_delta --base DIR --delta D1 [--delta D2 ...] --output OUT
+
+``DIR`` is a full dump (``dump-<step>`` of the first incremental dump, or an
+earlier output of this tool) or a ``model.ckpt-<step>`` checkpoint; the deltas
+are ``dump-<step>`` directories in step order. ``OUT`` must not exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hashrec.checkpoint import CheckpointError, apply_deltas
+from hashrec.checkpoint.table_io import DEFAULT_CHUNK_ROWS
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hashrec.tools.apply_delta",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--base", required=True, help="full dump or checkpoint directory")
+    parser.add_argument("--delta", action="append", default=[], required=True,
+                        help="delta directory; repeat in step order")
+    parser.add_argument("--output", required=True, help="directory to create")
+    parser.add_argument("--chunk_rows", type=int, default=DEFAULT_CHUNK_ROWS,
+                        help="rows per streamed chunk")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = _parser().parse_args(argv)
+    if args.chunk_rows < 1:
+        print(f"--chunk_rows={args.chunk_rows} is not valid; allowed: >= 1", file=sys.stderr)
+        return 2
+    try:
+        out = apply_deltas(args.base, args.delta, args.output, chunk_rows=args.chunk_rows)
+    except CheckpointError as e:
+        print(f"apply_delta: {e}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
