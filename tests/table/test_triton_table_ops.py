@@ -176,3 +176,24 @@ def test_optimizer_matches_reference(spec, dim):
     optim_ref.apply_sparse_update(expected, slots, grads, spec, lr=0.05, step=3)
     optim_tt.apply_sparse_update(values, slots, grads, spec, lr=0.05, step=3)
     torch.testing.assert_close(values, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_large_find_insert_match_reference_on_gpu():
+    base, keys, tags = _filled(4096, 128, 400_000, seed=11, tagged=True, row_dim=8)
+    gen = torch.Generator().manual_seed(12)
+    new = _random_keys(300_000, gen).to(DEVICE)
+    new = new[find_ref.find_slots(base, new) < 0]
+    scores = torch.randint(0, 100, new.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+    probe = torch.cat([keys, new])
+    probe_tags = torch.cat([tags, torch.zeros_like(new, dtype=torch.int32)])
+    assert torch.equal(find_tt.find_slots(base, probe, probe_tags),
+                       find_ref.find_slots(base, probe, probe_tags))
+    ref_storage, tt_storage = _clone(base), _clone(base)
+    ref = insert_ref.insert_keys(ref_storage, new, None, scores, True)
+    got = insert_tt.insert_keys(tt_storage, new, None, scores, True)
+    assert torch.equal(got.slots, ref.slots)
+    _assert_same_index(tt_storage, ref_storage)
+    assert torch.equal(export_tt.occupied_slots(tt_storage, 0, tt_storage.capacity),
+                       export_ref.occupied_slots(ref_storage, 0, ref_storage.capacity))

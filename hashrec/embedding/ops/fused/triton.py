@@ -1,0 +1,191 @@
+"""Triton kernels of the embedding training step.
+
+* ``pool_rows``: pools bags (sum / mean, optional per-id weights) reading each id's
+  row either from deduplicated rows (U, D) or straight from table rows by slot
+  (a missing slot reads a fallback row), in one pass into the (B, D) output.
+* ``reduce_rows``: for every unique id, sums the gradient rows of its positions
+  in a fixed order (the CSR grouping from ``dedup``, no atomics, so the result is
+  independent of thread timing), then either writes the (U, D) sum or applies the
+  sparse optimizer to the table row [embedding | state] in the same program.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hashrec.table.ops.optimizer.triton import (
+    KernelHyper,
+    kernel_hyper,
+    rows_per_program,
+    update_rows,
+)
+
+
+@triton.jit
+def _pool_kernel(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_ptr, weights_ptr,
+                 out_ptr, num_bags, dim, FROM_TABLE: tl.constexpr, HAS_W: tl.constexpr,
+                 MEAN: tl.constexpr, DIM_P2: tl.constexpr, BB: tl.constexpr):
+    bags = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
+    bmask = bags < num_bags
+    start = tl.load(offsets_ptr + bags, mask=bmask, other=0)
+    length = tl.load(offsets_ptr + bags + 1, mask=bmask, other=0) - start
+    col = tl.arange(0, DIM_P2)
+    cmask = col[None, :] < dim
+    acc = tl.zeros([BB, DIM_P2], dtype=tl.float32)
+    longest = tl.max(length, axis=0)
+    j = longest * 0
+    while j < longest:
+        live = bmask & (j < length)
+        row = tl.load(inverse_ptr + start + j, mask=live, other=0)
+        m2 = live[:, None] & cmask
+        if FROM_TABLE:
+            slot = tl.load(slots_ptr + row, mask=live, other=-1)
+            stored = m2 & (slot >= 0)[:, None]
+            x = tl.load(src + slot[:, None] * src_stride + col[None, :], mask=stored, other=0.0)
+            x = x.to(tl.float32) + tl.load(fallback_ptr + row[:, None] * dim + col[None, :],
+                                           mask=m2 & (slot < 0)[:, None], other=0.0)
+        else:
+            x = tl.load(src + row[:, None] * src_stride + col[None, :], mask=m2, other=0.0)
+        x = x.to(tl.float32)
+        if HAS_W:
+            x = x * tl.load(weights_ptr + start + j, mask=live, other=0.0)[:, None]
+        acc += x
+        j += 1
+    if MEAN:
+        acc = acc / tl.maximum(length, 1).to(tl.float32)[:, None]
+    tl.store(out_ptr + bags[:, None] * dim + col[None, :], acc, mask=bmask[:, None] & cmask)
+
+
+def pool_rows(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+              weights: torch.Tensor | None, mean: bool, slots: torch.Tensor | None = None,
+              dim: int | None = None) -> torch.Tensor:
+    """Pools bags into (B, dim) float32.
+
+    Without ``slots``, ``rows`` (U, D) are the unique rows and ``inverse`` indexes
+    them. With ``slots`` (U,) int64, ``rows`` is the table's value matrix
+    (R, row_dim): id ``i`` reads ``rows[slots[inverse[i]], :dim]``; unique ids whose
+    slot is -1 read zeros (a missing row; pass ``fallback`` rows via
+    ``pool_rows_with_fallback``).
+    """
+    return pool_rows_with_fallback(rows, inverse, offsets, weights, mean, slots, None, dim)
+
+
+def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+                            weights: torch.Tensor | None, mean: bool,
+                            slots: torch.Tensor | None, fallback: torch.Tensor | None,
+                            dim: int | None = None) -> torch.Tensor:
+    """``pool_rows`` where unique ids with slot -1 read ``fallback`` (U, dim) float32 rows."""
+    rows = rows if rows.stride(1) == 1 else rows.contiguous()
+    dim = rows.shape[1] if dim is None else dim
+    num_bags = offsets.numel() - 1
+    out = torch.empty(num_bags, dim, dtype=torch.float32, device=rows.device)
+    if num_bags == 0:
+        return out
+    if slots is not None and fallback is None:
+        fallback = torch.zeros(slots.numel(), dim, dtype=torch.float32, device=rows.device)
+    dim_p2 = triton.next_power_of_2(dim)
+    bb = rows_per_program(dim_p2)
+    _pool_kernel[(triton.cdiv(num_bags, bb),)](
+        rows, rows.stride(0), slots if slots is not None else inverse,
+        fallback.contiguous() if fallback is not None else rows, inverse.contiguous(),
+        offsets.contiguous(), weights.contiguous() if weights is not None else rows, out,
+        num_bags, dim, FROM_TABLE=slots is not None, HAS_W=weights is not None, MEAN=mean,
+        DIM_P2=dim_p2, BB=bb)
+    return out
+
+
+@triton.jit
+def _reduce_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, row_start_ptr,
+                   out_ptr, slots_ptr, t_values, u, dim, row_dim, lr, eps, beta1, beta2, wd,
+                   adam_step, HAS_W: tl.constexpr, MEAN: tl.constexpr, APPLY: tl.constexpr,
+                   OPT: tl.constexpr, DIM_P2: tl.constexpr, BR: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    rmask = rows < u
+    first = tl.load(row_start_ptr + rows, mask=rmask, other=0)
+    count = tl.load(row_start_ptr + rows + 1, mask=rmask, other=0) - first
+    col = tl.arange(0, DIM_P2)
+    cmask = col[None, :] < dim
+    acc = tl.zeros([BR, DIM_P2], dtype=tl.float32)
+    most = tl.max(count, axis=0)
+    k = most * 0
+    while k < most:  # positions of each unique id, in a fixed order
+        live = rmask & (k < count)
+        pos = tl.load(order_ptr + first + k, mask=live, other=0)
+        g_row = tl.load(gidx_ptr + pos, mask=live, other=0)
+        g = tl.load(grad_ptr + g_row[:, None] * dim + col[None, :],
+                    mask=live[:, None] & cmask, other=0.0).to(tl.float32)
+        if HAS_W:
+            g = g * tl.load(weights_ptr + pos, mask=live, other=0.0)[:, None]
+        if MEAN:
+            length = (tl.load(offsets_ptr + g_row + 1, mask=live, other=1)
+                      - tl.load(offsets_ptr + g_row, mask=live, other=0))
+            g = g / tl.maximum(length, 1).to(tl.float32)[:, None]
+        acc += g
+        k += 1
+    if APPLY:
+        slot = tl.load(slots_ptr + rows, mask=rmask, other=-1)
+        update_rows(t_values, slot, rmask & (slot >= 0), acc, row_dim, dim, lr, eps, beta1,
+                    beta2, wd, adam_step, OPT, DIM_P2)
+    else:
+        tl.store(out_ptr + rows[:, None] * dim + col[None, :], acc,
+                 mask=rmask[:, None] & cmask)
+
+
+def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tensor | None,
+                   offsets: torch.Tensor | None, order: torch.Tensor, row_start: torch.Tensor,
+                   out: torch.Tensor | None, slots: torch.Tensor | None,
+                   table_values: torch.Tensor | None, spec, lr: float | None, step: int) -> None:
+    u = row_start.numel() - 1
+    dim = grads.shape[1]
+    if u == 0:
+        return
+    apply = table_values is not None
+    hp = kernel_hyper(spec, lr, step) if apply else KernelHyper(kind=0, lr=0.0)
+    dim_p2 = triton.next_power_of_2(dim)
+    br = rows_per_program(dim_p2)
+    dummy = grads
+    _reduce_kernel[(triton.cdiv(u, br),)](
+        grads.contiguous(), gidx.contiguous(), weights if weights is not None else dummy,
+        offsets if offsets is not None else gidx, order.contiguous(), row_start.contiguous(),
+        out if out is not None else dummy, slots if slots is not None else gidx,
+        table_values if apply else dummy, u, dim,
+        table_values.shape[1] if apply else dim, hp.lr, hp.eps, hp.beta1, hp.beta2,
+        hp.weight_decay, hp.adam_step, HAS_W=weights is not None, MEAN=offsets is not None,
+        APPLY=apply, OPT=hp.kind, DIM_P2=dim_p2, BR=br)
+
+
+def reduce_rows(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,
+                row_start: torch.Tensor, weights: torch.Tensor | None = None,
+                mean_offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """Sums gradient rows per unique id: -> (U, D) float32.
+
+    Position ``p`` of the batch contributes ``grads[gidx[p]] * weights[p]`` (divided
+    by its bag's length when ``mean_offsets`` (B + 1,) is given; then ``gidx`` is
+    the bag index). ``order`` / ``row_start`` group the positions by unique id.
+    """
+    out = torch.empty(row_start.numel() - 1, grads.shape[1], dtype=torch.float32,
+                      device=grads.device)
+    _launch_reduce(grads, gidx, weights, mean_offsets, order, row_start, out, None, None,
+                   None, None, 1)
+    return out
+
+
+def reduce_and_apply(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,
+                     row_start: torch.Tensor, slots: torch.Tensor, table_values: torch.Tensor,
+                     spec, lr: float | None, step: int, weights: torch.Tensor | None = None,
+                     mean_offsets: torch.Tensor | None = None) -> None:
+    """``reduce_rows`` fused with the sparse optimizer on table rows ``slots`` (U,).
+
+    Unique ids whose slot is -1 (not stored) get no update. ``spec`` is a
+    ``hashrec.table.optim`` spec; ``lr`` overrides its rate; ``step`` is 1-based.
+    """
+    if slots.numel() != row_start.numel() - 1:
+        raise ValueError(f"slots has {slots.numel()} entries for {row_start.numel() - 1} ids")
+    dim = grads.shape[1]
+    if dim + spec.state_dim(dim) != table_values.shape[1]:
+        raise ValueError(f"table rows of width {table_values.shape[1]} do not hold dim {dim} "
+                         f"+ the state of {type(spec).__name__}")
+    _launch_reduce(grads, gidx, weights, mean_offsets, order, row_start, None,
+                   slots.contiguous(), table_values, spec, lr, step)

@@ -1,0 +1,26 @@
+"""Triton bag pooling with the reference's signatures (see ``reference.py``).
+
+The backward groups positions by row once (stable sort of ``inverse``) and sums
+each row's gradients in that fixed order: deterministic, no atomics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hashrec.embedding.ops.fused.dedup import bag_of_positions, group_positions
+from hashrec.embedding.ops.fused.triton import pool_rows, reduce_rows
+
+
+def pool_forward(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+                 weights: torch.Tensor | None, mean: bool) -> torch.Tensor:
+    """Pools bags: -> (B, D) float32 sums (or means) of their rows."""
+    return pool_rows(rows, inverse, offsets, weights, mean)
+
+
+def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+                  weights: torch.Tensor | None, mean: bool, num_rows: int) -> torch.Tensor:
+    """Gradient of ``pool_forward`` w.r.t. ``rows``: (B, D) -> (U, D) float32, summed per row."""
+    order, row_start = group_positions(inverse, num_rows)
+    bags = bag_of_positions(offsets, inverse.numel())
+    return reduce_rows(grad_out, bags, order, row_start, weights, offsets if mean else None)

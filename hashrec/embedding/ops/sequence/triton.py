@@ -1,0 +1,57 @@
+"""Triton padded sequence gather with the reference's signatures (see ``reference.py``)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hashrec.embedding.ops.fused.dedup import bag_of_positions, group_positions
+from hashrec.embedding.ops.fused.triton import reduce_rows
+from hashrec.table.ops.optimizer.triton import rows_per_program
+
+
+@triton.jit
+def _gather_kernel(rows_ptr, inverse_ptr, offsets_ptr, out_ptr, total, max_length, dim,
+                   DIM_P2: tl.constexpr, BR: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    rmask = r < total
+    seq = r // max_length
+    pos = r % max_length
+    start = tl.load(offsets_ptr + seq, mask=rmask, other=0)
+    live = rmask & (pos < tl.load(offsets_ptr + seq + 1, mask=rmask, other=0) - start)
+    row = tl.load(inverse_ptr + start + pos, mask=live, other=0)
+    col = tl.arange(0, DIM_P2)
+    cmask = col[None, :] < dim
+    x = tl.load(rows_ptr + row[:, None] * dim + col[None, :], mask=live[:, None] & cmask,
+                other=0.0)
+    tl.store(out_ptr + r[:, None] * dim + col[None, :], x.to(tl.float32),
+             mask=rmask[:, None] & cmask)
+
+
+def gather_padded(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+                  max_length: int) -> torch.Tensor:
+    """Gathers sequences: -> (B, max_length, D) float32, zero padded."""
+    batch, dim = offsets.numel() - 1, rows.shape[1]
+    out = torch.empty(batch, max_length, dim, dtype=torch.float32, device=rows.device)
+    total = batch * max_length
+    if total == 0:
+        return out
+    dim_p2 = triton.next_power_of_2(dim)
+    br = rows_per_program(dim_p2)
+    _gather_kernel[(triton.cdiv(total, br),)](
+        rows.contiguous(), inverse.contiguous(), offsets.contiguous(), out, total, max_length,
+        dim, DIM_P2=dim_p2, BR=br)
+    return out
+
+
+def gather_padded_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+                           num_rows: int) -> torch.Tensor:
+    """Gradient of ``gather_padded`` w.r.t. ``rows``: (B, L, D) -> (U, D), summed per row."""
+    batch, max_length, dim = grad_out.shape
+    n = inverse.numel()
+    seq = bag_of_positions(offsets, n)
+    col = torch.arange(n, device=inverse.device) - offsets[:-1].index_select(0, seq)
+    order, row_start = group_positions(inverse, num_rows)
+    return reduce_rows(grad_out.reshape(batch * max_length, dim), seq * max_length + col,
+                       order, row_start)

@@ -1,0 +1,138 @@
+"""Triton embedding kernels against the PyTorch references.
+
+Without CUDA they run under ``TRITON_INTERPRET=1`` on CPU tensors at tiny sizes;
+``gpu``-marked tests repeat them at large sizes on a CUDA device.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton", reason="triton is not installed")
+
+from hashrec.embedding.ops.fused import bag_of_positions, dedup, group_positions  # noqa: E402
+from hashrec.embedding.ops.fused import triton as fused_tt  # noqa: E402
+from hashrec.embedding.ops.pooling import reference as pool_ref  # noqa: E402
+from hashrec.embedding.ops.pooling import triton as pool_tt  # noqa: E402
+from hashrec.embedding.ops.sequence import reference as seq_ref  # noqa: E402
+from hashrec.embedding.ops.sequence import triton as seq_tt  # noqa: E402
+from hashrec.table.ops.optimizer import reference as optim_ref  # noqa: E402
+from hashrec.table.optim import SparseAdagrad, SparseAdam, SparseRowWiseAdagrad, SparseSGD  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _bags(batch: int, max_len: int, num_rows: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, max_len + 1, (batch,), generator=gen)
+    offsets = torch.zeros(batch + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    n = int(offsets[-1])
+    inverse = torch.randint(0, num_rows, (n,), generator=gen)
+    weights = torch.rand(n, generator=gen)
+    return inverse.to(DEVICE), offsets.to(DEVICE), weights.to(DEVICE), gen
+
+
+CASES = [(1, 1, 3, 4), (7, 3, 5, 5), (13, 4, 9, 16), (6, 2, 4, 33)]
+IDS = ["b1-d4", "b7-d5", "b13-d16", "b6-d33"]
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
+@pytest.mark.parametrize("mean", [False, True], ids=["sum", "mean"])
+@pytest.mark.parametrize("batch,max_len,num_rows,dim", CASES, ids=IDS)
+def test_pool_forward_backward_match_reference(batch, max_len, num_rows, dim, mean, weighted):
+    inverse, offsets, weights, gen = _bags(batch, max_len, num_rows, seed=batch * dim)
+    weights = weights if weighted else None
+    rows = torch.randn(num_rows, dim, generator=gen).to(DEVICE)
+    torch.testing.assert_close(pool_tt.pool_forward(rows, inverse, offsets, weights, mean),
+                               pool_ref.pool_forward(rows, inverse, offsets, weights, mean))
+    grad = torch.randn(batch, dim, generator=gen).to(DEVICE)
+    torch.testing.assert_close(
+        pool_tt.pool_backward(grad, inverse, offsets, weights, mean, num_rows),
+        pool_ref.pool_backward(grad, inverse, offsets, weights, mean, num_rows))
+
+
+@pytest.mark.parametrize("batch,max_len,num_rows,dim", CASES, ids=IDS)
+def test_sequence_gather_matches_reference(batch, max_len, num_rows, dim):
+    inverse, offsets, _, gen = _bags(batch, max_len, num_rows, seed=batch + dim)
+    rows = torch.randn(num_rows, dim, generator=gen).to(DEVICE)
+    torch.testing.assert_close(seq_tt.gather_padded(rows, inverse, offsets, max_len),
+                               seq_ref.gather_padded(rows, inverse, offsets, max_len))
+    grad = torch.randn(batch, max_len, dim, generator=gen).to(DEVICE)
+    torch.testing.assert_close(seq_tt.gather_padded_backward(grad, inverse, offsets, num_rows),
+                               seq_ref.gather_padded_backward(grad, inverse, offsets, num_rows))
+
+
+def test_dedup_groups_positions_by_unique_id():
+    ids = torch.tensor([5, -1, 5, 2 ** 63 - 1, -1, 5, 0], device=DEVICE)
+    d = dedup(ids)
+    assert torch.equal(d.unique[d.inverse], ids)
+    for r in range(d.unique.numel()):
+        pos = d.order[d.row_start[r]:d.row_start[r + 1]]
+        assert bool((ids[pos] == d.unique[r]).all())
+        assert torch.equal(pos, torch.sort(pos).values)
+
+
+def test_pool_from_table_reads_slots_and_fallback():
+    inverse, offsets, weights, gen = _bags(9, 3, 6, seed=3)
+    table = torch.randn(20, 7, generator=gen).to(DEVICE)  # dim 4 + 3 state columns
+    slots = torch.tensor([4, -1, 0, 19, -1, 7], device=DEVICE)
+    fallback = torch.randn(6, 4, generator=gen).to(DEVICE)
+    rows = torch.where((slots >= 0)[:, None], table[slots.clamp(min=0), :4], fallback)
+    got = fused_tt.pool_rows_with_fallback(table, inverse, offsets, weights, True, slots,
+                                           fallback, dim=4)
+    torch.testing.assert_close(got, pool_ref.pool_forward(rows, inverse, offsets, weights, True))
+
+
+SPECS = [SparseSGD(lr=0.1), SparseAdagrad(lr=0.1), SparseRowWiseAdagrad(lr=0.1),
+         SparseAdam(lr=0.01, weight_decay=0.01)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["sgd", "adagrad", "rowwise", "adam"])
+@pytest.mark.parametrize("mean", [False, True], ids=["sum", "mean"])
+def test_reduce_and_apply_matches_reference_update(spec, mean):
+    dim, num_rows = 6, 8
+    inverse, offsets, weights, gen = _bags(11, 3, num_rows, seed=7)
+    table = torch.rand(30, dim + spec.state_dim(dim), generator=gen).to(DEVICE)
+    slots = torch.randperm(30, generator=gen)[:num_rows].to(DEVICE)
+    slots[2] = -1  # a unique id that is not stored gets no update
+    grad = torch.randn(11, dim, generator=gen).to(DEVICE)
+    row_grads = pool_ref.pool_backward(grad, inverse, offsets, weights, mean, num_rows)
+    expected = table.clone()
+    keep = slots >= 0
+    optim_ref.apply_sparse_update(expected, slots[keep], row_grads[keep], spec, lr=0.05, step=2)
+    order, row_start = group_positions(inverse, num_rows)
+    bags = bag_of_positions(offsets, inverse.numel())
+    fused_tt.reduce_and_apply(grad, bags, order, row_start, slots, table, spec, 0.05, 2,
+                              weights, offsets if mean else None)
+    torch.testing.assert_close(table, expected, rtol=1e-5, atol=1e-6)
+
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("spec", SPECS, ids=["sgd", "adagrad", "rowwise", "adam"])
+def test_large_pool_and_fused_update_on_gpu(spec):
+    dim, num_rows, batch = 128, 200_000, 100_000
+    inverse, offsets, weights, gen = _bags(batch, 4, num_rows, seed=5)
+    rows = torch.randn(num_rows, dim, generator=gen).to(DEVICE)
+    grad = torch.randn(batch, dim, generator=gen).to(DEVICE)
+    torch.testing.assert_close(pool_tt.pool_forward(rows, inverse, offsets, weights, True),
+                               pool_ref.pool_forward(rows, inverse, offsets, weights, True))
+    row_grads = pool_ref.pool_backward(grad, inverse, offsets, weights, True, num_rows)
+    torch.testing.assert_close(
+        pool_tt.pool_backward(grad, inverse, offsets, weights, True, num_rows), row_grads,
+        rtol=1e-4, atol=1e-5)
+    table = torch.rand(num_rows + 7, dim + spec.state_dim(dim), generator=gen).to(DEVICE)
+    slots = torch.randperm(num_rows + 7, generator=gen)[:num_rows].to(DEVICE)
+    expected = table.clone()
+    optim_ref.apply_sparse_update(expected, slots, row_grads, spec, lr=0.05, step=2)
+    order, row_start = group_positions(inverse, num_rows)
+    fused_tt.reduce_and_apply(grad, bag_of_positions(offsets, inverse.numel()), order,
+                              row_start, slots, table, spec, 0.05, 2, weights, offsets)
+    torch.testing.assert_close(table, expected, rtol=1e-4, atol=1e-5)
