@@ -1,0 +1,159 @@
+"""Iterable datasets that read parquet or CSV files into :class:`Batch` objects.
+
+Each DataLoader worker of each rank reads its own slice of the rows (see
+:mod:`hashrec.data.sharding`), cuts it into batches, parses every batch with
+the feature set and yields the parsed :class:`Batch`; the DataLoader runs with
+``batch_size=None`` so batches pass through unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from torch.utils.data import IterableDataset, get_worker_info
+
+from hashrec.data.batching import rebatch, shuffle_rebatch
+from hashrec.data.errors import DataError
+from hashrec.data.sharding import epoch_order, slot_ranges
+from hashrec.data.sources import CsvFormat, CsvSource, ParquetSource, Piece, conform
+
+# Hidden column telling which file each buffered row came from (for error messages).
+_FILE_COLUMN = "__hashrec_file__"
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a dataset walks its rows.
+
+    Attributes:
+        batch_size: rows per batch (the last batch of each reader may be smaller).
+        shuffle: permute the piece order per epoch and shuffle rows through a buffer.
+        shuffle_buffer_size: shuffle buffer size in batches.
+        drop_remainder: drop each reader's last, partial batch.
+        num_epochs: passes over the data in one iteration.
+        seed: seed of the shuffles (same seed and layout -> same batches).
+        rank: this process's rank.
+        world_size: number of ranks that split the rows.
+        with_labels: parse label fields (False for prediction).
+        reserved_columns: columns passed through untouched in ``Batch.reserved``.
+    """
+
+    batch_size: int = 1024
+    shuffle: bool = False
+    shuffle_buffer_size: int = 32
+    drop_remainder: bool = False
+    num_epochs: int = 1
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+    with_labels: bool = True
+    reserved_columns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "shuffle_buffer_size", "num_epochs", "world_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size={self.world_size}), "
+                             f"got {self.rank}")
+
+
+class FileDataset(IterableDataset):
+    """Rows of ``files`` parsed into Batch objects by ``feature_set``.
+
+    Args:
+        files: data files (see :func:`hashrec.data.paths.expand_input_path`).
+        feature_set: has ``input_columns``, ``label_fields`` and
+            ``parse(table, with_labels) -> Batch``.
+        options: how to walk the rows.
+        source: the file format.
+
+    Raises:
+        DataError: a file is unreadable or empty, or lacks a needed column.
+    """
+
+    def __init__(self, files: Sequence[str], feature_set, options: ReadOptions, source) -> None:
+        super().__init__()
+        self.feature_set = feature_set
+        self.options = options
+        self.source = source
+        self.pieces: list[Piece] = []
+        self.schema: pa.Schema | None = None
+        for path in files:
+            pieces, schema = source.pieces(path)
+            self.pieces.extend(pieces)
+            self.schema = self.schema or schema
+        self.num_rows = sum(p.num_rows for p in self.pieces)
+
+    @staticmethod
+    def needed_columns(feature_set, options: ReadOptions) -> list[str]:
+        """Columns to read: the features' inputs (labels only when parsed) and reserved ones."""
+        labels = set(feature_set.label_fields)
+        columns = [c for c in feature_set.input_columns
+                   if options.with_labels or c not in labels]
+        return list(dict.fromkeys([*columns, *options.reserved_columns]))
+
+    def _chunks(self, ranges, use_threads: bool) -> Iterator[pa.Table]:
+        paths = {p.path: i for i, p in enumerate(self.pieces)}
+        for piece, start, stop in ranges:
+            table = conform(self.source.read(piece, start, stop, use_threads),
+                            self.schema, piece.path)
+            tag = pa.array(np.full(table.num_rows, paths[piece.path], dtype=np.int32))
+            yield table.append_column(_FILE_COLUMN, tag)
+
+    def _parse(self, table: pa.Table):
+        files = table.column(_FILE_COLUMN)
+        table = table.drop_columns([_FILE_COLUMN]).combine_chunks()
+        try:
+            batch = self.feature_set.parse(table, with_labels=self.options.with_labels)
+        except Exception as e:
+            names = sorted({self.pieces[i].path for i in pc.unique(files).to_pylist()})
+            raise DataError(f"parsing a batch with rows from {', '.join(names)} failed: "
+                            f"{type(e).__name__}: {e}") from e
+        if self.options.reserved_columns:
+            batch.reserved = {c: table.column(c) for c in self.options.reserved_columns}
+        return batch
+
+    def _slot(self) -> tuple[int, int, bool]:
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        return self.options.rank * workers + worker, self.options.world_size * workers, \
+            info is None
+
+    def __iter__(self):
+        opts = self.options
+        slot, num_slots, main_process = self._slot()
+        # Workers read single-threaded: the DataLoader already runs one per core.
+        for epoch in range(opts.num_epochs):
+            order = epoch_order(self.pieces, opts.shuffle, opts.seed, epoch)
+            chunks = self._chunks(slot_ranges(order, slot, num_slots), main_process)
+            if opts.shuffle:
+                rng = np.random.default_rng([opts.seed, epoch, slot])
+                tables = shuffle_rebatch(chunks, opts.batch_size, opts.drop_remainder,
+                                         opts.batch_size * opts.shuffle_buffer_size, rng)
+            else:
+                tables = rebatch(chunks, opts.batch_size, opts.drop_remainder)
+            for table in tables:
+                yield self._parse(table)
+
+
+class ParquetDataset(FileDataset):
+    """Parquet files; row groups are the unit of reading."""
+
+    def __init__(self, files: Sequence[str], feature_set, options: ReadOptions) -> None:
+        source = ParquetSource(self.needed_columns(feature_set, options))
+        super().__init__(files, feature_set, options, source)
+
+
+class CsvDataset(FileDataset):
+    """Delimited text files laid out as ``fmt`` says."""
+
+    def __init__(self, files: Sequence[str], feature_set, options: ReadOptions,
+                 fmt: CsvFormat) -> None:
+        source = CsvSource(self.needed_columns(feature_set, options), fmt)
+        super().__init__(files, feature_set, options, source)
+

@@ -1,0 +1,111 @@
+"""Build a DataLoader of :class:`Batch` objects from a DataConfig."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.utils.data import DataLoader
+
+from hashrec.data.dataset import CsvDataset, FileDataset, ParquetDataset, ReadOptions
+from hashrec.data.errors import DataError
+from hashrec.data.paths import expand_input_path
+from hashrec.data.sources import CsvFormat
+
+MODES = ("train", "eval", "predict")
+DATASET_TYPES = ("ParquetDataset", "CsvDataset")
+
+
+def _enum_name(message, field: str) -> str:
+    """Name of an enum field of a protobuf message (or the value itself if it is a str)."""
+    value = getattr(message, field)
+    if isinstance(value, str):
+        return value
+    descriptor = getattr(message, "DESCRIPTOR", None)
+    if descriptor is None:
+        return str(value)
+    return descriptor.fields_by_name[field].enum_type.values_by_number[value].name
+
+
+def _has(message, field: str) -> bool:
+    has_field = getattr(message, "HasField", None)
+    if has_field is None:
+        return getattr(message, field, None) is not None
+    return has_field(field)
+
+
+def csv_format(data_config) -> CsvFormat:
+    """The CSV layout a DataConfig describes (input_fields, delimiter, with_header)."""
+    fields = tuple(
+        (f.input_name, _enum_name(f, "input_type") if _has(f, "input_type") else None)
+        for f in data_config.input_fields)
+    return CsvFormat(fields, data_config.delimiter, bool(data_config.with_header))
+
+
+def read_options(data_config, mode: str, rank: int = 0, world_size: int = 1,
+                 batch_size: int | None = None, reserved_columns: Sequence[str] = (),
+                 num_epochs: int = 1, seed: int = 0) -> ReadOptions:
+    """ReadOptions for ``mode``: train shuffles and drops remainders as configured;
+    eval and predict read every row once, in file order."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode != "train" and num_epochs != 1:
+        raise ValueError(f"num_epochs must be 1 in {mode} mode, got {num_epochs}")
+    train = mode == "train"
+    size = batch_size or (None if train else getattr(data_config, "eval_batch_size", None))
+    return ReadOptions(
+        batch_size=size or data_config.batch_size,
+        shuffle=train and bool(getattr(data_config, "shuffle", False)),
+        shuffle_buffer_size=getattr(data_config, "shuffle_buffer_size", 32) or 32,
+        drop_remainder=train and bool(data_config.drop_remainder),
+        num_epochs=num_epochs, seed=seed, rank=rank, world_size=world_size,
+        with_labels=mode != "predict", reserved_columns=tuple(reserved_columns))
+
+
+def build_dataset(data_config, feature_set, input_path: str, options: ReadOptions
+                  ) -> FileDataset:
+    """The dataset ``data_config.dataset_type`` names, over the files of ``input_path``."""
+    kind = _enum_name(data_config, "dataset_type")
+    if kind not in DATASET_TYPES:
+        raise DataError(f"data_config.dataset_type {kind} is not supported; use one of "
+                        f"{DATASET_TYPES}")
+    files = expand_input_path(input_path)
+    if kind == "CsvDataset":
+        return CsvDataset(files, feature_set, options, csv_format(data_config))
+    return ParquetDataset(files, feature_set, options)
+
+
+def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank: int = 0,
+                      world_size: int = 1, batch_size: int | None = None,
+                      reserved_columns: Sequence[str] = (), num_epochs: int = 1,
+                      seed: int = 0, num_workers: int | None = None) -> DataLoader:
+    """An iterable of parsed :class:`Batch` objects for one rank.
+
+    Args:
+        data_config: DataConfig (batch_size, eval_batch_size, dataset_type,
+            num_workers, pin_memory, shuffle, shuffle_buffer_size,
+            drop_remainder, input_fields, delimiter, with_header).
+        feature_set: FeatureSet that parses pyarrow tables into batches.
+        input_path: comma-separated files, directories and glob patterns.
+        mode: ``train`` (configured shuffle and drop_remainder, ``num_epochs``
+            passes), ``eval`` (every row once, labels parsed) or ``predict``
+            (every row once, no labels, ``reserved_columns`` passed through).
+        rank, world_size: this process's share of the rows.
+        batch_size: overrides the configured (eval) batch size.
+        reserved_columns: columns copied into ``Batch.reserved``.
+        num_epochs: passes over the data per iteration (train only).
+        seed: shuffle seed.
+        num_workers: overrides ``data_config.num_workers``.
+
+    Raises:
+        DataError: unreadable, empty or missing files, missing columns,
+            unsupported types or dataset types. Errors raised while reading in
+            a worker surface when iterating, naming the file.
+    """
+    options = read_options(data_config, mode, rank, world_size, batch_size,
+                           reserved_columns, num_epochs, seed)
+    dataset = build_dataset(data_config, feature_set, input_path, options)
+    workers = data_config.num_workers if num_workers is None else num_workers
+    pin = bool(getattr(data_config, "pin_memory", False)) and torch.cuda.is_available()
+    return DataLoader(dataset, batch_size=None, num_workers=int(workers), pin_memory=pin,
+                      prefetch_factor=4 if workers else None)

@@ -1,0 +1,210 @@
+"""File formats: list a file's independently readable pieces and read row ranges of them.
+
+A *piece* is a parquet row group or a whole CSV file. Sources check, when the
+pieces are listed, that every file has the needed columns with supported
+types and at least one row; later reads cast every piece to the first file's
+schema so that batches spanning files concatenate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from hashrec.data.errors import DataError
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows of one file that can be read on their own.
+
+    Attributes:
+        path: the file.
+        index: row group (parquet) or 0 (CSV).
+        num_rows: rows in the piece.
+    """
+
+    path: str
+    index: int
+    num_rows: int
+
+
+def _supported(t: pa.DataType) -> bool:
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _supported(t.value_type) and not pa.types.is_list(t.value_type)
+    if pa.types.is_dictionary(t):
+        return _supported(t.value_type)
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t) or pa.types.is_boolean(t) or pa.types.is_null(t))
+
+
+SUPPORTED_TYPES = "integers, floats, booleans, strings and list<> of those"
+
+
+def check_columns(path: str, schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
+    """The schema of ``columns`` in ``schema``; DataError on a missing or unsupported column."""
+    fields = []
+    for name in columns:
+        index = schema.get_field_index(name)
+        if index < 0:
+            raise DataError(f"{path}: column {name!r} is missing (the file has "
+                            f"{schema.names})")
+        field = schema.field(index)
+        if not _supported(field.type):
+            raise DataError(f"{path}: column {name!r} has type {field.type}; supported are "
+                            f"{SUPPORTED_TYPES}")
+        fields.append(field)
+    return pa.schema(fields)
+
+
+def conform(table: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
+    """Cast ``table`` to ``schema`` (column order and types); DataError naming file and column."""
+    if table.schema.equals(schema):
+        return table
+    arrays = []
+    for field in schema:
+        column = table.column(field.name)
+        if column.type != field.type:
+            try:
+                column = column.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise DataError(
+                    f"{path}: column {field.name!r} has type {column.type}, other files have "
+                    f"{field.type}, and it does not convert: {e}") from e
+        arrays.append(column)
+    return pa.table(arrays, schema=schema)
+
+
+class ParquetSource:
+    """Parquet files; pieces are row groups.
+
+    Args:
+        columns: columns to read.
+    """
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        self.columns = list(columns)
+
+    def pieces(self, path: str) -> tuple[list[Piece], pa.Schema]:
+        """Row groups of ``path`` and the schema of the needed columns."""
+        try:
+            meta = pq.read_metadata(path)
+            schema = meta.schema.to_arrow_schema()
+        except (OSError, pa.ArrowException) as e:
+            raise DataError(f"{path}: not a readable parquet file: {e}") from e
+        schema = check_columns(path, schema, self.columns)
+        if meta.num_rows == 0:
+            raise DataError(f"{path}: the file has no rows")
+        return [Piece(path, i, meta.row_group(i).num_rows)
+                for i in range(meta.num_row_groups) if meta.row_group(i).num_rows], schema
+
+    def read(self, piece: Piece, start: int, stop: int, use_threads: bool) -> pa.Table:
+        """Rows [start, stop) of ``piece``."""
+        try:
+            table = pq.ParquetFile(piece.path).read_row_group(
+                piece.index, columns=self.columns, use_threads=use_threads)
+        except (OSError, pa.ArrowException) as e:
+            raise DataError(f"{piece.path}: reading row group {piece.index} failed: {e}") from e
+        return table.slice(start, stop - start)
+
+
+_CSV_TYPES = {
+    "INT32": pa.int32(), "INT64": pa.int64(), "STRING": pa.string(), "FLOAT": pa.float32(),
+    "DOUBLE": pa.float64(),
+    # Array fields are separator-joined strings in CSV; the features split them.
+    "ARRAY_INT32": pa.string(), "ARRAY_INT64": pa.string(), "ARRAY_STRING": pa.string(),
+    "ARRAY_FLOAT": pa.string(), "ARRAY_DOUBLE": pa.string(),
+}
+
+
+@dataclass(frozen=True)
+class CsvFormat:
+    """How CSV files are laid out.
+
+    Attributes:
+        input_fields: (name, type name) per column in file order; type names are
+            the DataConfig FieldType names (INT64, STRING, ...) or None to infer.
+            Empty: names come from the header row and types are inferred.
+        delimiter: one-character field delimiter.
+        with_header: the first line holds column names.
+    """
+
+    input_fields: tuple[tuple[str, str | None], ...] = ()
+    delimiter: str = ","
+    with_header: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.delimiter) != 1:
+            raise ValueError(f"delimiter must be one character, got {self.delimiter!r}")
+        if not self.input_fields and not self.with_header:
+            raise ValueError("CSV input needs input_fields or with_header=true to name columns")
+        for name, kind in self.input_fields:
+            if kind is not None and kind not in _CSV_TYPES:
+                raise ValueError(f"input_fields {name!r}: input_type {kind!r} is not one of "
+                                 f"{sorted(_CSV_TYPES)}")
+
+
+class CsvSource:
+    """CSV files; each file is one piece (its rows are counted when listed).
+
+    Args:
+        columns: columns to read.
+        fmt: the CSV layout.
+    """
+
+    def __init__(self, columns: Sequence[str], fmt: CsvFormat) -> None:
+        self.columns = list(columns)
+        self.fmt = fmt
+
+    def _open(self, path: str, columns: Sequence[str], use_threads: bool = True):
+        names = [n for n, _ in self.fmt.input_fields]
+        types = {n: _CSV_TYPES[k] for n, k in self.fmt.input_fields if k is not None}
+        read = pacsv.ReadOptions(column_names=names or None, use_threads=use_threads,
+                                 skip_rows=1 if self.fmt.with_header and names else 0)
+        convert = pacsv.ConvertOptions(column_types=types, include_columns=list(columns),
+                                       strings_can_be_null=False)
+        parse = pacsv.ParseOptions(delimiter=self.fmt.delimiter)
+        try:
+            return pacsv.open_csv(path, read_options=read, parse_options=parse,
+                                  convert_options=convert)
+        except (OSError, pa.ArrowException) as e:
+            raise DataError(f"{path}: cannot read as CSV: {e}") from e
+
+    def _batches(self, path: str, columns: Sequence[str], use_threads: bool = True
+                 ) -> Iterator[pa.RecordBatch]:
+        reader = self._open(path, columns, use_threads)
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return
+            except pa.ArrowException as e:
+                raise DataError(f"{path}: CSV parse error (columns {self.columns}): {e}") from e
+            yield batch
+
+    def pieces(self, path: str) -> tuple[list[Piece], pa.Schema]:
+        """The file as one piece (rows counted by parsing its first needed column)."""
+        schema = check_columns(path, self._open(path, []).schema, self.columns)
+        rows = sum(b.num_rows for b in self._batches(path, self.columns[:1]))
+        if rows == 0:
+            raise DataError(f"{path}: the file has no rows")
+        return [Piece(path, 0, rows)], schema
+
+    def read(self, piece: Piece, start: int, stop: int, use_threads: bool) -> pa.Table:
+        """Rows [start, stop) of the file (earlier rows are parsed and skipped)."""
+        parts, seen = [], 0
+        for batch in self._batches(piece.path, self.columns, use_threads):
+            lo, hi = max(start - seen, 0), min(stop - seen, batch.num_rows)
+            if lo < hi:
+                parts.append(batch.slice(lo, hi - lo))
+            seen += batch.num_rows
+            if seen >= stop:
+                break
+        if seen < stop:
+            raise DataError(f"{piece.path}: the file has {seen} rows, expected {piece.num_rows}"
+                            f" (it changed while being read?)")
+        return pa.Table.from_batches(parts, schema=parts[0].schema if parts else None)

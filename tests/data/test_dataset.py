@@ -1,0 +1,119 @@
+import collections
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from data_fakes import FakeFeatureSet, data_config, row_ids, write_parquet
+
+from hashrec.data import DataError, create_dataloader
+
+SIZES = (23, 5, 41, 1)  # rows per file; row groups of 7
+
+
+@pytest.fixture
+def files(tmp_path):
+    paths, first = [], 0
+    for i, n in enumerate(SIZES):
+        paths.append(write_parquet(str(tmp_path / "in" / f"part-{i}.parquet"), first, n))
+        first += n
+    return str(tmp_path / "in")
+
+
+def _read(files, mode="train", world_size=1, workers=0, **kwargs):
+    cfg_keys = {"shuffle", "drop_remainder", "batch_size", "eval_batch_size"}
+    cfg = data_config(num_workers=workers, **{k: v for k, v in kwargs.items() if k in cfg_keys})
+    rest = {k: v for k, v in kwargs.items() if k not in cfg_keys}
+    features = rest.pop("features", FakeFeatureSet(bags=["tags"]))
+    return [list(create_dataloader(cfg, features, files, mode, rank=r, world_size=world_size,
+                                   **rest))
+            for r in range(world_size)]
+
+
+@pytest.mark.parametrize("world_size,workers", [(1, 0), (2, 0), (3, 2), (1, 2)],
+                         ids=lambda v: str(v))
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_ranks_and_workers_read_every_row_exactly_once(files, world_size, workers, shuffle):
+    per_rank = _read(files, world_size=world_size, workers=workers, shuffle=shuffle)
+    ids = [i for batches in per_rank for i in row_ids(batches)]
+    assert sorted(ids) == list(range(sum(SIZES)))
+    counts = [len(row_ids(b)) for b in per_rank]
+    assert max(counts) - min(counts) <= max(workers, 1)
+
+
+def test_ordered_single_reader_follows_file_order(files):
+    (batches,) = _read(files)
+    assert row_ids(batches) == list(range(sum(SIZES)))
+    assert [b.batch_size for b in batches] == [4] * 17 + [2]
+
+
+def test_batches_carry_labels_and_list_columns(files):
+    (batches,) = _read(files, batch_size=5)
+    b = batches[1]
+    ids = b.sparse["row_id"].values.tolist()
+    assert b.labels["clk"].tolist() == [float(i % 2) for i in ids]
+    assert b.sparse["tags"].lengths.tolist() == [i % 3 for i in ids]
+
+
+def test_shuffle_is_deterministic_per_seed_and_varies_by_epoch(files):
+    run = lambda seed: row_ids(_read(files, shuffle=True, seed=seed, num_epochs=2)[0])  # noqa
+    first = run(3)
+    total = sum(SIZES)
+    epoch0, epoch1 = first[:total], first[total:]
+    assert sorted(epoch0) == sorted(epoch1) == list(range(total))
+    assert epoch0 != list(range(total)) and epoch0 != epoch1
+    assert first == run(3)
+    assert first != run(4)
+
+
+def test_shuffle_with_workers_is_deterministic(files):
+    run = lambda: row_ids(_read(files, workers=2, shuffle=True, seed=5)[0])  # noqa: E731
+    assert run() == run()
+
+
+@pytest.mark.parametrize("world_size,workers", [(1, 0), (2, 2)], ids=str)
+def test_drop_remainder_yields_only_full_batches(files, world_size, workers):
+    per_rank = _read(files, world_size=world_size, workers=workers, drop_remainder=True)
+    sizes = [b.batch_size for batches in per_rank for b in batches]
+    assert sizes and set(sizes) == {4}
+    ids = [i for batches in per_rank for i in row_ids(batches)]
+    assert len(ids) == len(set(ids))
+    # Each reader drops fewer than one batch.
+    assert sum(SIZES) - len(ids) < 4 * world_size * max(workers, 1)
+
+
+def test_eval_reads_everything_once_in_order_despite_train_settings(files):
+    (batches,) = _read(files, mode="eval", shuffle=True, drop_remainder=True, batch_size=4,
+                       eval_batch_size=10)
+    assert row_ids(batches) == list(range(sum(SIZES)))
+    assert [b.batch_size for b in batches] == [10] * 7
+
+
+def test_eval_rejects_several_epochs(files):
+    with pytest.raises(ValueError, match="num_epochs"):
+        _read(files, mode="eval", num_epochs=2)
+
+
+def test_num_epochs_repeats_every_row(files):
+    (batches,) = _read(files, num_epochs=3)
+    counts = collections.Counter(row_ids(batches))
+    assert set(counts.values()) == {3} and len(counts) == sum(SIZES)
+
+
+def test_predict_passes_reserved_columns_through_without_labels(tmp_path):
+    table = pa.table({"row_id": [1, 2, 3], "request": ["a", "b", "c"]})
+    pq.write_table(table, tmp_path / "p.parquet")
+    (batches,) = _read(str(tmp_path / "p.parquet"), mode="predict", batch_size=2,
+                       reserved_columns=("request", "row_id"), features=FakeFeatureSet())
+    assert [b.labels for b in batches] == [{}, {}]
+    assert [v for b in batches for v in b.reserved["request"].to_pylist()] == ["a", "b", "c"]
+    assert batches[0].reserved["row_id"].to_pylist() == [1, 2]
+
+
+def test_parse_error_in_worker_names_the_file(files):
+    with pytest.raises(DataError, match="part-2.parquet"):
+        _read(files, workers=2, features=FakeFeatureSet(poison=40))
+
+
+def test_parse_error_in_main_process_names_the_file(files):
+    with pytest.raises(DataError, match=r"part-2\.parquet.*poisoned"):
+        _read(files, features=FakeFeatureSet(poison=40))

@@ -1,0 +1,50 @@
+import os
+
+import pytest
+
+from hashrec.data import DataError, expand_input_path
+
+
+def _touch(path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "w").close()
+    return os.path.abspath(path)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "d"
+    files = [_touch(str(root / n)) for n in ("b.parquet", "a.parquet", "sub/c.parquet")]
+    _touch(str(root / "_SUCCESS"))
+    _touch(str(root / ".a.parquet.crc"))
+    return root, files
+
+
+def test_directory_expands_recursively_in_sorted_order_skipping_markers(tree):
+    root, (b, a, c) = tree
+    assert expand_input_path(str(root)) == [a, b, c]
+
+
+def test_comma_list_of_file_glob_and_directory_keeps_each_file_once(tree):
+    root, (b, a, c) = tree
+    got = expand_input_path(f"{b}, {root}/*.parquet ,{root}/sub")
+    assert got == [b, a, c]
+
+
+def test_recursive_glob(tree):
+    root, (b, a, c) = tree
+    assert expand_input_path(f"{root}/**/c.parquet") == [c]
+
+
+@pytest.mark.parametrize("entry", ["missing.parquet", "nothing-*.parquet", "", " , "],
+                         ids=["missing-file", "unmatched-glob", "empty", "only-commas"])
+def test_paths_that_name_nothing_raise(tmp_path, entry):
+    path = str(tmp_path / entry) if entry.strip(" ,") else entry
+    with pytest.raises(DataError):
+        expand_input_path(path)
+
+
+def test_empty_directory_raises(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="empty directories"):
+        expand_input_path(str(tmp_path / "empty"))

@@ -1,0 +1,43 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hashrec.data.sharding import epoch_order, slot_ranges
+from hashrec.data.sources import Piece
+
+
+def _pieces(sizes):
+    return [Piece(f"f{i // 3}", i % 3, n) for i, n in enumerate(sizes)]
+
+
+def _rows(pieces, ranges):
+    base, pos = {}, 0
+    for p in pieces:
+        base[p], pos = pos, pos + p.num_rows
+    return [base[p] + r for p, start, stop in ranges for r in range(start, stop)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=12), st.integers(1, 17))
+def test_slots_tile_every_row_exactly_once_and_balance(sizes, num_slots):
+    pieces = _pieces(sizes)
+    per_slot = [_rows(pieces, slot_ranges(pieces, s, num_slots)) for s in range(num_slots)]
+    flat = [r for rows in per_slot for r in rows]
+    assert flat == list(range(sum(sizes)))
+    counts = [len(rows) for rows in per_slot]
+    assert max(counts) - min(counts) <= 1
+
+
+def test_slot_out_of_range_is_rejected():
+    with pytest.raises(ValueError, match="slot"):
+        slot_ranges(_pieces([3]), 2, 2)
+
+
+def test_epoch_order_is_a_seeded_permutation():
+    pieces = _pieces(range(1, 30))
+    assert epoch_order(pieces, False, 0, 5) == pieces
+    first = epoch_order(pieces, True, 7, 0)
+    assert sorted(first, key=pieces.index) == pieces
+    assert first == epoch_order(pieces, True, 7, 0)
+    assert first != epoch_order(pieces, True, 7, 1)
+    assert first != epoch_order(pieces, True, 8, 0)
