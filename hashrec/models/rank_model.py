@@ -117,9 +117,18 @@ class RankModel(nn.Module):
     def dense_forward(self, embedded, batch) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, batch) -> dict[str, torch.Tensor]:
-        """Batch -> {"logits": (B,) float32, "probs": (B,) float32}."""
-        logits = self.dense_forward(self.embed(batch), batch).float()
+    def forward(self, batch, embedding_hook=None) -> dict[str, torch.Tensor]:
+        """Batch -> {"logits": (B,) float32, "probs": (B,) float32}.
+
+        Args:
+            batch: a ``Batch`` on the model's device.
+            embedding_hook: optional map applied to the embedding output before the
+                dense network (the trainer's FP16 gradient unscaling).
+        """
+        embedded = self.embed(batch)
+        if embedding_hook is not None:
+            embedded = embedding_hook(embedded)
+        logits = self.dense_forward(embedded, batch).float()
         return {"logits": logits, "probs": torch.sigmoid(logits)}
 
     def loss(self, predictions: dict[str, torch.Tensor], batch) -> dict[str, torch.Tensor]:

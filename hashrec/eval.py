@@ -1,0 +1,56 @@
+"""Evaluate a checkpoint of a pipeline config's model.
+
+Usage::
+
+    python -m hashrec.eval --pipeline_config_path <model_dir>/pipeline.config \\
+        [--checkpoint_path <model_dir>/model.ckpt-<step>] [--eval_input_path P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hashrec.train.cli import (
+    add_config_arguments,
+    distributed_rank,
+    load_effective_config,
+    run_main,
+    setup_logging,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hashrec.eval",
+        description="Evaluate a checkpoint on eval_input_path. The metrics (at least auc and "
+                    "step) are logged and appended as one JSON line to "
+                    "<model_dir>/eval_result.txt.")
+    add_config_arguments(parser)
+    parser.add_argument("--checkpoint_path", default=None,
+                        help="a model.ckpt-<step> directory or a model_dir; default: the latest "
+                             "complete checkpoint of the config's model_dir")
+    parser.add_argument("--eval_input_path", default=None,
+                        help="overrides eval_input_path (comma-separated files, dirs, globs)")
+    parser.add_argument("--model_dir", default=None,
+                        help="overrides the config's model_dir (where eval_result.txt goes)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def run() -> None:
+        from hashrec.train import evaluate_checkpoint
+
+        rank, world_size = distributed_rank()
+        setup_logging(rank)
+        config = load_effective_config(args, {"eval_input_path": args.eval_input_path,
+                                              "model_dir": args.model_dir})
+        evaluate_checkpoint(config, args.checkpoint_path, rank, world_size)
+
+    return run_main(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

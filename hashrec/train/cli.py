@@ -1,0 +1,77 @@
+"""Command-line plumbing shared by ``hashrec.train_eval`` and ``hashrec.eval``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from hashrec.config import (
+    ConfigError,
+    apply_edit_config_json,
+    load_pipeline_config,
+    validate_pipeline_config,
+)
+from hashrec.train.errors import TrainError
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pipeline_config_path", required=True,
+                        help="pipeline config (protobuf text format)")
+    parser.add_argument("--edit_config_json", default=None,
+                        help='JSON object of dotted config overrides, e.g. '
+                             '\'{"train_config.num_steps": 100, "data_config.batch_size": 256}\'')
+
+
+def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | None]):
+    """Load the config, apply ``--edit_config_json``, then non-empty path overrides.
+
+    Raises:
+        ConfigError: unreadable config, a bad edit, or an unsupported setting.
+    """
+    config = load_pipeline_config(args.pipeline_config_path)
+    if args.edit_config_json:
+        config = apply_edit_config_json(config, args.edit_config_json)
+    for field, value in overrides.items():
+        if value:
+            setattr(config, field, value)
+    validate_pipeline_config(config)
+    return config
+
+
+def distributed_rank() -> tuple[int, int]:
+    """(rank, world_size) from the torchrun environment; (0, 1) when absent.
+
+    Raises:
+        TrainError: a multi-process launch (not supported by these commands yet).
+    """
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        raise TrainError(f"WORLD_SIZE={world_size}: multi-process training and evaluation are "
+                         f"not implemented in this command yet; run a single process")
+    return rank, world_size
+
+
+def setup_logging(rank: int) -> None:
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+
+
+def run_main(main: Callable[[], object]) -> int:
+    """Run ``main``; user errors (config, data, model, checkpoint) exit 1 with one message."""
+    from hashrec.checkpoint import CheckpointError
+    from hashrec.data import DataError
+    from hashrec.features import FeatureError
+    from hashrec.models import ModelError
+
+    try:
+        main()
+    except (ConfigError, TrainError, ModelError, FeatureError, DataError,
+            CheckpointError) as err:
+        logging.getLogger("hashrec").error("%s: %s", type(err).__name__, err)
+        return 1
+    return 0

@@ -1,0 +1,79 @@
+"""Evaluation: stream an input through the model, reduce metrics, record the result.
+
+The model runs in eval mode (dynamic tables read-only: unseen ids read as the
+eval initializer) under ``torch.no_grad``. Metrics keep fixed-size state (see
+``hashrec.train.metrics``), so evaluation memory does not grow with the input.
+Each evaluation appends one JSON object, at least ``{"step", "auc"}``, to
+``<model_dir>/eval_result.txt`` (rank 0).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import torch
+
+from hashrec.train.metrics import MeanLoss, build_metrics
+
+logger = logging.getLogger("hashrec.train")
+
+EVAL_RESULT_FILE = "eval_result.txt"
+
+
+def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
+    """Metrics of ``session.model`` on ``input_path``.
+
+    Args:
+        session: a ``hashrec.train.session.Session``.
+        input_path: comma-separated files, directories or globs.
+        step: the global step being evaluated (recorded in the result).
+        max_steps: evaluate at most this many batches (0 = the whole input).
+
+    Returns:
+        ``{"step": step, "<metric>": value, ..., "loss": mean loss, "num_examples": n}``.
+    """
+    model = session.model
+    metrics = build_metrics(session.config.model_config.metrics, session.device)
+    mean_loss = MeanLoss(session.device)
+    was_training = model.training
+    model.eval()
+    start, examples, batches = time.perf_counter(), 0, 0
+    try:
+        with torch.no_grad():
+            for batch in session.loader(input_path, "eval"):
+                if max_steps and batches >= max_steps:
+                    break
+                batch = batch.to(session.device)
+                with session.precision.autocast():
+                    predictions = model(batch)
+                labels = batch.labels[model.label_name]
+                for metric in metrics.values():
+                    metric.update(predictions["probs"], labels)
+                loss = sum(model.loss(predictions, batch).values())
+                mean_loss.add(float(loss), batch.batch_size)
+                examples += batch.batch_size
+                batches += 1
+    finally:
+        model.train(was_training)
+    result: dict = {"step": int(step)}
+    for name, metric in [*metrics.items(), ("loss", mean_loss)]:
+        metric.sync()
+        result[name] = metric.compute()
+    result["num_examples"] = int(mean_loss.total[1])
+    logger.info("eval at step %d on %d examples (%.1fs): %s", step, result["num_examples"],
+                time.perf_counter() - start,
+                ", ".join(f"{k} {v:.5f}" for k, v in result.items()
+                          if k not in ("step", "num_examples")))
+    return result
+
+
+def write_eval_result(model_dir: str, result: dict, rank: int = 0) -> None:
+    """Append ``result`` as one JSON line to ``<model_dir>/eval_result.txt`` (rank 0)."""
+    if rank != 0:
+        return
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, EVAL_RESULT_FILE), "a", encoding="utf-8") as f:
+        f.write(json.dumps(result, sort_keys=True) + "\n")

@@ -1,0 +1,172 @@
+"""The training loop: steps, epochs, checkpoints, evaluation and progress.
+
+One step: set both learning rates from the schedules, forward (dense network
+under autocast, embeddings in float32), backward (the embedding collection
+applies the fused sparse update for the batch's rows here), clip dense
+gradients, dense optimizer step.
+
+Stopping: ``num_steps`` (total steps, including those of a resumed run) when
+set, else ``num_epochs`` (default 1) passes over the training input. With both
+set, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from hashrec.train import checkpoints
+from hashrec.train.errors import TrainError
+from hashrec.train.evaluation import evaluate, write_eval_result
+from hashrec.train.progress import ProgressLog, table_counters
+from hashrec.train.summaries import Summaries
+
+logger = logging.getLogger("hashrec.train")
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """What the loop needs from ``train_config`` / ``eval_config`` and the command line."""
+
+    num_steps: int = 0
+    num_epochs: int = 0
+    save_checkpoints_steps: int = 0
+    save_checkpoints_epochs: int = 0
+    keep_checkpoint_max: int = 0
+    log_step_count_steps: int = 100
+    use_tensorboard: bool = False
+    eval_input_path: str = ""
+    eval_num_steps: int = 0
+
+    @classmethod
+    def from_config(cls, config) -> LoopOptions:
+        t, e = config.train_config, config.eval_config
+        return cls(t.num_steps, t.num_epochs, t.save_checkpoints_steps,
+                   t.save_checkpoints_epochs, t.keep_checkpoint_max, t.log_step_count_steps,
+                   t.use_tensorboard, config.eval_input_path, e.num_steps)
+
+    @property
+    def max_epochs(self) -> int | None:
+        if self.num_epochs:
+            return self.num_epochs
+        return None if self.num_steps else 1
+
+
+def clip_gradients(parameters, grad_clipping) -> None:
+    """Apply ``train_config.grad_clipping`` (norm | value | none) to dense gradients."""
+    if grad_clipping is None:
+        return
+    kind = grad_clipping.clipping_type.lower()
+    if kind in ("", "none"):
+        return
+    if kind == "norm":
+        torch.nn.utils.clip_grad_norm_(parameters, grad_clipping.max_gradient,
+                                       norm_type=grad_clipping.norm_type)
+    elif kind == "value":
+        torch.nn.utils.clip_grad_value_(parameters, grad_clipping.max_gradient)
+    else:
+        raise TrainError(f"train_config.grad_clipping.clipping_type={kind!r}; allowed: norm, "
+                         f"value, none")
+
+
+class TrainLoop:
+    """Runs training for a ``Session`` from a ``checkpoints.Resume`` point."""
+
+    def __init__(self, session, options: LoopOptions, resume: checkpoints.Resume) -> None:
+        self.session = session
+        self.options = options
+        self.step = resume.step
+        self.epoch = resume.epoch
+        self.last_saved = resume.step if resume.path and resume.step else -1
+        self.progress = ProgressLog(options.log_step_count_steps, session.rank)
+        self.summaries = Summaries(session.model_dir,
+                                   options.use_tensorboard and session.is_chief)
+        config = session.config.train_config
+        self.grad_clipping = config.grad_clipping if config.HasField("grad_clipping") else None
+        self.embedding_hook = session.precision.embedding_hook()
+        self.parameters = [p for g in session.dense.optimizer.param_groups for p in g["params"]]
+
+    def done(self) -> bool:
+        o = self.options
+        if o.num_steps and self.step >= o.num_steps:
+            return True
+        return o.max_epochs is not None and self.epoch >= o.max_epochs
+
+    def run(self, train_input_path: str) -> dict | None:
+        """Train to the end, checkpoint and evaluate; returns the last eval result."""
+        self.session.model.train()
+        result = None
+        try:
+            while not self.done():
+                result = self.run_epoch(train_input_path) or result
+            if self.last_saved != self.step:
+                result = self.checkpoint_and_evaluate() or result
+        finally:
+            self.summaries.close()
+        return result
+
+    def run_epoch(self, train_input_path: str) -> dict | None:
+        """One pass over the input, or up to ``num_steps``; returns the last eval result."""
+        result, batches = None, 0
+        for batch in self.session.loader(train_input_path, "train", self.epoch):
+            self.train_step(batch)
+            batches += 1
+            if self._due_steps():
+                result = self.checkpoint_and_evaluate() or result
+            if self.options.num_steps and self.step >= self.options.num_steps:
+                return result
+        if batches == 0:
+            raise TrainError(f"train input {train_input_path!r} gave no batches in epoch "
+                             f"{self.epoch}; check the path and data_config.batch_size")
+        self.epoch += 1
+        if self._due_epochs():
+            result = self.checkpoint_and_evaluate() or result
+        return result
+
+    def _due_steps(self) -> bool:
+        every = self.options.save_checkpoints_steps
+        return bool(every) and self.step % every == 0
+
+    def _due_epochs(self) -> bool:
+        every = self.options.save_checkpoints_epochs
+        return bool(every) and self.epoch % every == 0
+
+    def train_step(self, batch) -> None:
+        s = self.session
+        batch = batch.to(s.device)
+        lrs = s.set_learning_rates(self.step, self.epoch)
+        s.dense.optimizer.zero_grad(set_to_none=True)
+        with s.precision.autocast():
+            predictions = s.model(batch, embedding_hook=self.embedding_hook)
+        losses = s.model.loss(predictions, batch)
+        loss = sum(losses.values())
+        s.precision.backward(loss)
+        s.precision.unscale(s.dense.optimizer)
+        clip_gradients(self.parameters, self.grad_clipping)
+        s.precision.step(s.dense.optimizer)
+        self.step += 1
+        self.progress.record(batch.batch_size, loss.detach())
+        if self.progress.due(self.step):
+            counters = table_counters(s.model.embedding.dynamic_tables())
+            window = self.progress.report(self.step, lrs, counters)
+            self.summaries.scalars(self.step, {**window, **{f"lr/{k}": v for k, v in
+                                                            lrs.items()}})
+            self.summaries.tables(self.step, counters)
+
+    def checkpoint_and_evaluate(self) -> dict | None:
+        """Save a checkpoint at the current step, then evaluate when an eval input is set."""
+        s = self.session
+        checkpoints.save(s.model_dir, self.step, self.epoch, s.model, s.dense,
+                         self.options.keep_checkpoint_max)
+        self.last_saved = self.step
+        if not self.options.eval_input_path:
+            return None
+        result = evaluate(s, self.options.eval_input_path, self.step,
+                          self.options.eval_num_steps)
+        write_eval_result(s.model_dir, result, s.rank)
+        self.summaries.scalars(self.step, {k: v for k, v in result.items() if k != "step"},
+                               prefix="eval/")
+        self.summaries.flush()
+        return result

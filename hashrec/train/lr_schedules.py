@@ -1,0 +1,133 @@
+"""Learning-rate schedules as pure functions of (step, epoch).
+
+A schedule is stateless: ``schedule(step, epoch) -> lr``. The trainer asks it
+before every step and sets the dense optimizer's param groups and the sparse
+optimizer (``EmbeddingCollection.set_learning_rate``), so a resumed run gets
+the same learning rate as an uninterrupted one from the step alone.
+
+``step`` is the number of training steps already taken (0 for the first) and
+``epoch`` the number of completed epochs; ``by_epoch`` schedules count epochs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hashrec.train.errors import TrainError
+
+
+@dataclass(frozen=True)
+class ConstantSchedule:
+    """Always ``base_lr``."""
+
+    base_lr: float
+
+    def __call__(self, step: int, epoch: int = 0) -> float:
+        return self.base_lr
+
+
+@dataclass(frozen=True)
+class ExponentialDecaySchedule:
+    """Linear warmup, then ``base_lr * decay_factor ** (t / decay_size)``, floored.
+
+    During the first ``warmup_size`` units the rate goes linearly from
+    ``warmup_learning_rate`` to ``base_lr``; after it, ``t`` counts from the end of
+    the warmup; ``staircase`` floors ``t / decay_size``; the rate never drops below
+    ``min_learning_rate``.
+    """
+
+    base_lr: float
+    decay_size: int
+    decay_factor: float = 0.95
+    staircase: bool = True
+    warmup_learning_rate: float = 0.0
+    warmup_size: int = 0
+    min_learning_rate: float = 0.0
+    by_epoch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.decay_size <= 0:
+            raise ValueError(
+                f"exponential_decay_learning_rate.decay_size={self.decay_size}; allowed: > 0")
+        if not 0 < self.decay_factor <= 1:
+            raise ValueError(
+                f"exponential_decay_learning_rate.decay_factor={self.decay_factor}; "
+                f"allowed: (0, 1]")
+
+    def __call__(self, step: int, epoch: int = 0) -> float:
+        t = epoch if self.by_epoch else step
+        if t < self.warmup_size:
+            frac = t / self.warmup_size
+            return self.warmup_learning_rate + (self.base_lr - self.warmup_learning_rate) * frac
+        exponent = (t - self.warmup_size) / self.decay_size
+        if self.staircase:
+            exponent = math.floor(exponent)
+        return max(self.base_lr * self.decay_factor ** exponent, self.min_learning_rate)
+
+
+@dataclass(frozen=True)
+class ManualStepSchedule:
+    """``learning_rates[i]`` from ``schedule_sizes[i]`` on; ``base_lr`` before the first.
+
+    With ``warmup`` the rate before the first boundary ramps linearly from 0 to
+    ``base_lr`` instead of staying at ``base_lr``.
+    """
+
+    base_lr: float
+    schedule_sizes: tuple[int, ...]
+    learning_rates: tuple[float, ...]
+    warmup: bool = False
+    by_epoch: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.schedule_sizes) != len(self.learning_rates):
+            raise ValueError(
+                f"manual_step_learning_rate: {len(self.schedule_sizes)} schedule_sizes but "
+                f"{len(self.learning_rates)} learning_rates; they must pair up")
+        if list(self.schedule_sizes) != sorted(set(self.schedule_sizes)):
+            raise ValueError(
+                f"manual_step_learning_rate.schedule_sizes={list(self.schedule_sizes)} must be "
+                f"strictly increasing")
+        if self.warmup and (not self.schedule_sizes or self.schedule_sizes[0] <= 0):
+            raise ValueError("manual_step_learning_rate.warmup needs schedule_sizes[0] > 0")
+
+    def __call__(self, step: int, epoch: int = 0) -> float:
+        t = epoch if self.by_epoch else step
+        lr = self.base_lr
+        for boundary, value in zip(self.schedule_sizes, self.learning_rates):
+            if t >= boundary:
+                lr = value
+        if self.warmup and t < self.schedule_sizes[0]:
+            lr = self.base_lr * t / self.schedule_sizes[0]
+        return lr
+
+
+def build_schedule(optimizer_config, base_lr: float, where: str):
+    """The schedule an optimizer config's ``learning_rate`` oneof names.
+
+    Args:
+        optimizer_config: a ``SparseOptimizer`` or ``DenseOptimizer`` message.
+        base_lr: the optimizer's ``lr``.
+        where: config path for error messages (``train_config.dense_optimizer``).
+
+    Raises:
+        TrainError: invalid schedule settings.
+    """
+    kind = optimizer_config.WhichOneof("learning_rate")
+    try:
+        if kind in (None, "constant_learning_rate"):
+            return ConstantSchedule(base_lr)
+        if kind == "exponential_decay_learning_rate":
+            c = optimizer_config.exponential_decay_learning_rate
+            return ExponentialDecaySchedule(
+                base_lr, c.decay_size, c.decay_factor, c.staircase, c.warmup_learning_rate,
+                c.warmup_size, c.min_learning_rate, c.by_epoch)
+        if kind == "manual_step_learning_rate":
+            c = optimizer_config.manual_step_learning_rate
+            return ManualStepSchedule(base_lr, tuple(c.schedule_sizes),
+                                      tuple(c.learning_rates), c.warmup, c.by_epoch)
+    except ValueError as err:
+        raise TrainError(f"{where}: {err}") from err
+    raise TrainError(f"{where}.{kind} is not supported; allowed: constant_learning_rate, "
+                     f"exponential_decay_learning_rate, manual_step_learning_rate")

@@ -1,0 +1,137 @@
+"""Streaming evaluation metrics whose memory does not grow with the data.
+
+``BinnedAUC`` keeps two histograms (positives and negatives) of the predicted
+probability over ``num_bins`` equal-width bins of [0, 1] and computes the
+Mann-Whitney statistic on them: a negative in a lower bin than a positive counts
+1, one in the same bin counts 1/2 (the ROC curve at ``num_bins`` thresholds
+with the trapezoid rule). It equals the exact AUC when no bin holds both a
+positive and a negative; otherwise the error is at most half the share of
+positive-negative pairs that fall in one bin. Every metric's state is a few tensors that ``sync`` sums across
+ranks, so distributed evaluation needs one all-reduce per metric.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from hashrec.train.errors import TrainError
+
+
+def _all_reduce(tensors: list[torch.Tensor]) -> None:
+    if dist.is_available() and dist.is_initialized():
+        for t in tensors:
+            dist.all_reduce(t)
+
+
+class BinnedAUC:
+    """Area under the ROC curve from score histograms.
+
+    Args:
+        num_bins: histogram resolution over [0, 1].
+        device: where the histograms live (the predictions' device).
+    """
+
+    def __init__(self, num_bins: int = 200, device=None) -> None:
+        if num_bins < 2:
+            raise TrainError(f"auc thresholds={num_bins}; allowed: >= 2")
+        self.num_bins = num_bins
+        self.positives = torch.zeros(num_bins, dtype=torch.float64, device=device)
+        self.negatives = torch.zeros(num_bins, dtype=torch.float64, device=device)
+
+    def update(self, probs: torch.Tensor, labels: torch.Tensor) -> None:
+        """Add probabilities (n,) in [0, 1] and binary labels (n,)."""
+        probs = probs.detach().float().reshape(-1).to(self.positives.device)
+        labels = labels.detach().reshape(-1).to(self.positives.device)
+        bins = (probs * self.num_bins).long().clamp_(0, self.num_bins - 1)
+        positive = labels > 0.5
+        self.positives += torch.bincount(bins[positive], minlength=self.num_bins)
+        self.negatives += torch.bincount(bins[~positive], minlength=self.num_bins)
+
+    def sync(self) -> None:
+        _all_reduce([self.positives, self.negatives])
+
+    def compute(self) -> float:
+        """AUC in [0, 1]; NaN when one class is absent."""
+        total_pos, total_neg = self.positives.sum(), self.negatives.sum()
+        if total_pos == 0 or total_neg == 0:
+            return float("nan")
+        negatives_below = torch.cumsum(self.negatives, 0) - self.negatives
+        wins = (self.positives * (negatives_below + 0.5 * self.negatives)).sum()
+        return float(wins / (total_pos * total_neg))
+
+
+class _MeanOf:
+    """Mean of a per-example quantity."""
+
+    def __init__(self, device=None) -> None:
+        self.total = torch.zeros(2, dtype=torch.float64, device=device)
+
+    def values(self, probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def update(self, probs: torch.Tensor, labels: torch.Tensor) -> None:
+        v = self.values(probs.detach().float().reshape(-1), labels.detach().float().reshape(-1))
+        self.total += torch.stack([v.double().sum(), torch.tensor(
+            float(v.numel()), dtype=torch.float64, device=v.device)]).to(self.total.device)
+
+    def sync(self) -> None:
+        _all_reduce([self.total])
+
+    def compute(self) -> float:
+        return float(self.total[0] / self.total[1]) if self.total[1] > 0 else float("nan")
+
+
+class Accuracy(_MeanOf):
+    """Share of rows whose thresholded probability equals the label."""
+
+    def __init__(self, threshold: float = 0.5, device=None) -> None:
+        super().__init__(device)
+        self.threshold = threshold
+
+    def values(self, probs, labels):
+        return ((probs > self.threshold).float() == (labels > 0.5).float()).float()
+
+
+class MeanSquaredError(_MeanOf):
+    def values(self, probs, labels):
+        return (probs - labels) ** 2
+
+
+class MeanAbsoluteError(_MeanOf):
+    def values(self, probs, labels):
+        return (probs - labels).abs()
+
+
+class MeanLoss(_MeanOf):
+    """Mean of per-batch loss values weighted by batch size (see ``add``)."""
+
+    def add(self, loss: float, count: int) -> None:
+        self.total += torch.tensor([loss * count, count], dtype=torch.float64,
+                                   device=self.total.device)
+
+
+SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_error")
+
+
+def build_metrics(metric_configs, device=None) -> dict:
+    """Metric name -> metric object from ``model_config.metrics`` (default: auc).
+
+    Raises:
+        TrainError: a metric kind that is not supported (e.g. grouped_auc).
+    """
+    metrics: dict = {}
+    for config in metric_configs:
+        kind = config.WhichOneof("metric")
+        if kind == "auc":
+            metrics["auc"] = BinnedAUC(int(config.auc.thresholds), device)
+        elif kind == "accuracy":
+            metrics["accuracy"] = Accuracy(config.accuracy.threshold, device)
+        elif kind == "mean_squared_error":
+            metrics["mean_squared_error"] = MeanSquaredError(device)
+        elif kind == "mean_absolute_error":
+            metrics["mean_absolute_error"] = MeanAbsoluteError(device)
+        else:
+            raise TrainError(f"model_config.metrics: {kind!r} is not supported; allowed: "
+                             f"{', '.join(SUPPORTED_METRICS)}")
+    return metrics or {"auc": BinnedAUC(200, device)}

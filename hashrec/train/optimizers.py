@@ -1,0 +1,113 @@
+"""Optimizers from ``train_config``: the fused sparse spec and the torch dense optimizer.
+
+Embedding tables (dense and dynamic) are updated by the sparse optimizer inside
+the backward pass of the embedding collection; every other parameter of the
+model is updated by the dense optimizer after backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hashrec.table import SparseAdagrad, SparseAdam, SparseRowWiseAdagrad, SparseSGD
+from hashrec.train.errors import TrainError
+from hashrec.train.lr_schedules import build_schedule
+
+SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optimizer",
+                     "rowwise_adagrad_optimizer")
+DENSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optimizer", "adamw_optimizer")
+SPARSE_WHERE = "train_config.sparse_optimizer"
+DENSE_WHERE = "train_config.dense_optimizer"
+
+
+def _kind(optimizer_config, allowed: tuple[str, ...], where: str) -> str:
+    kind = optimizer_config.WhichOneof("optimizer")
+    if kind not in allowed:
+        raise TrainError(f"{where}: {kind or 'no optimizer'} is not supported; allowed: "
+                         f"{', '.join(allowed)}")
+    return kind
+
+
+def sparse_optimizer_spec(sparse_config):
+    """The hashrec.table optimizer spec of ``train_config.sparse_optimizer``.
+
+    Raises:
+        TrainError: an unsupported optimizer or option (the fused optimizers'
+            ``gradient_clipping`` and row-wise Adagrad ``weight_decay`` are not
+            implemented; ``train_config.grad_clipping`` clips dense gradients).
+    """
+    kind = _kind(sparse_config, SPARSE_OPTIMIZERS, SPARSE_WHERE)
+    c = getattr(sparse_config, kind)
+    where = f"{SPARSE_WHERE}.{kind}"
+    if c.gradient_clipping:
+        raise TrainError(f"{where}.gradient_clipping is not supported for fused sparse "
+                         f"updates; remove it (train_config.grad_clipping clips dense grads)")
+    try:
+        if kind == "sgd_optimizer":
+            return SparseSGD(lr=c.lr)
+        if kind == "adagrad_optimizer":
+            return SparseAdagrad(lr=c.lr, initial_accumulator_value=c.initial_accumulator_value,
+                                 eps=c.eps)
+        if kind == "adam_optimizer":
+            return SparseAdam(lr=c.lr, beta1=c.beta1, beta2=c.beta2, eps=c.eps,
+                              weight_decay=c.weight_decay)
+        if c.weight_decay:
+            raise ValueError(f"weight_decay={c.weight_decay} is not supported; allowed: 0")
+        return SparseRowWiseAdagrad(lr=c.lr, initial_accumulator_value=c.initial_accumulator_value,
+                                    eps=c.eps)
+    except ValueError as err:
+        raise TrainError(f"{where}: {err}") from err
+
+
+def sparse_schedule(sparse_config):
+    """Learning-rate schedule of the sparse optimizer."""
+    kind = _kind(sparse_config, SPARSE_OPTIMIZERS, SPARSE_WHERE)
+    return build_schedule(sparse_config, getattr(sparse_config, kind).lr, SPARSE_WHERE)
+
+
+def dense_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Trainable parameters outside the embedding collection (``model.embedding``)."""
+    return [p for name, p in model.named_parameters()
+            if p.requires_grad and not name.startswith("embedding.")]
+
+
+@dataclass
+class DenseOptimizer:
+    """A torch optimizer over the dense parameters and its learning-rate schedule."""
+
+    optimizer: torch.optim.Optimizer
+    schedule: object
+
+    def set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+
+def build_dense_optimizer(dense_config, parameters: list[nn.Parameter]) -> DenseOptimizer:
+    """Torch optimizer of ``train_config.dense_optimizer`` over ``parameters``.
+
+    Raises:
+        TrainError: an unsupported optimizer or invalid hyper-parameters.
+    """
+    kind = _kind(dense_config, DENSE_OPTIMIZERS, DENSE_WHERE)
+    c = getattr(dense_config, kind)
+    if not parameters:
+        raise TrainError("the model has no dense parameters for train_config.dense_optimizer")
+    try:
+        if kind == "sgd_optimizer":
+            optimizer = torch.optim.SGD(parameters, lr=c.lr, momentum=c.momentum,
+                                        weight_decay=c.weight_decay)
+        elif kind == "adagrad_optimizer":
+            optimizer = torch.optim.Adagrad(parameters, lr=c.lr, weight_decay=c.weight_decay)
+        elif kind == "adam_optimizer":
+            optimizer = torch.optim.Adam(parameters, lr=c.lr, betas=(c.beta1, c.beta2),
+                                         weight_decay=c.weight_decay)
+        else:
+            optimizer = torch.optim.AdamW(parameters, lr=c.lr, betas=(c.beta1, c.beta2),
+                                          weight_decay=c.weight_decay)
+    except ValueError as err:
+        raise TrainError(f"{DENSE_WHERE}.{kind}: {err}") from err
+    return DenseOptimizer(optimizer, build_schedule(dense_config, c.lr, DENSE_WHERE))

@@ -1,0 +1,74 @@
+"""The two top-level runs: train (with evaluation) and evaluate a checkpoint."""
+
+from __future__ import annotations
+
+import logging
+
+from hashrec.checkpoint import restore_checkpoint
+from hashrec.train import checkpoints
+from hashrec.train.evaluation import evaluate, write_eval_result
+from hashrec.train.loop import LoopOptions, TrainLoop
+from hashrec.train.session import build_session, write_pipeline_config
+
+logger = logging.getLogger("hashrec.train")
+
+
+def train_and_evaluate(config, continue_train: bool = False,
+                       fine_tune_checkpoint: str | None = None,
+                       ignore_restore_optimizer: bool = False, rank: int = 0,
+                       world_size: int = 1) -> dict | None:
+    """Train ``config``'s model, checkpointing and evaluating on the way.
+
+    Args:
+        config: the effective EasyRecConfig (edits and path overrides applied).
+        continue_train: resume from the latest checkpoint in ``config.model_dir``.
+        fine_tune_checkpoint: initialize from this checkpoint (or model_dir) when not
+            resuming; defaults to ``train_config.fine_tune_checkpoint``.
+        ignore_restore_optimizer: resume model and tables but not optimizer state.
+        rank, world_size: this process's place in a distributed run.
+
+    Returns:
+        The last evaluation result (None without an eval input).
+
+    Raises:
+        TrainError: model_dir holds checkpoints and ``continue_train`` is False,
+            or an invalid training setting.
+    """
+    model_dir = config.model_dir
+    checkpoints.check_model_dir(model_dir, continue_train)
+    session = build_session(config, rank, world_size)
+    write_pipeline_config(config, model_dir, rank)
+    resume = checkpoints.restore_for_training(
+        model_dir, session.model, session.dense, continue_train,
+        fine_tune_checkpoint or config.train_config.fine_tune_checkpoint or None,
+        restore_optimizer=not ignore_restore_optimizer)
+    options = LoopOptions.from_config(config)
+    if session.is_chief:
+        logger.info("training on %s from step %d (model_dir %s)", session.device, resume.step,
+                    model_dir)
+    result = TrainLoop(session, options, resume).run(config.train_input_path)
+    return result
+
+
+def evaluate_checkpoint(config, checkpoint_path: str | None = None, rank: int = 0,
+                        world_size: int = 1) -> dict:
+    """Evaluate a checkpoint on ``config.eval_input_path`` and record the result.
+
+    Args:
+        config: the effective EasyRecConfig.
+        checkpoint_path: a ``model.ckpt-<step>`` directory or a model_dir; default
+            the latest complete checkpoint of ``config.model_dir``.
+
+    Returns:
+        The result also appended to ``<model_dir>/eval_result.txt``.
+    """
+    path = checkpoints.resolve_checkpoint(checkpoint_path or config.model_dir)
+    session = build_session(config, rank, world_size)
+    meta = restore_checkpoint(path, session.model, None,
+                              session.model.embedding.dynamic_tables(),
+                              restore_optimizer=False)
+    logger.info("evaluating %s", path)
+    result = evaluate(session, config.eval_input_path, int(meta["step"]),
+                      config.eval_config.num_steps)
+    write_eval_result(config.model_dir, result, rank)
+    return result

@@ -1,0 +1,112 @@
+"""Everything one training or evaluation run is built from a pipeline config.
+
+A ``Session`` holds the feature set, the model (embedding collection on the
+run's device), the dense optimizer and both learning-rate schedules, the mixed
+precision settings and the data loaders' factory. ``rank`` / ``world_size``
+select this process's share of the data; only rank 0 logs and writes files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from hashrec.config import save_pipeline_config
+from hashrec.data import create_dataloader
+from hashrec.features import build_feature_set
+from hashrec.models import create_model
+from hashrec.train.errors import TrainError
+from hashrec.train.optimizers import (
+    DenseOptimizer,
+    build_dense_optimizer,
+    dense_parameters,
+    sparse_optimizer_spec,
+    sparse_schedule,
+)
+from hashrec.train.precision import MixedPrecision
+
+logger = logging.getLogger("hashrec.train")
+
+PIPELINE_CONFIG_FILE = "pipeline.config"
+
+
+def default_device(rank: int = 0) -> torch.device:
+    """The GPU of this rank when CUDA is available, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+@dataclass
+class Session:
+    """The built pieces of one run (see the module docstring)."""
+
+    config: object
+    feature_set: object
+    model: torch.nn.Module
+    dense: DenseOptimizer
+    sparse_schedule: object
+    precision: MixedPrecision
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def model_dir(self) -> str:
+        return self.config.model_dir
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+    def loader(self, input_path: str, mode: str, epoch: int = 0):
+        """Batches of ``input_path`` for this rank (``mode`` train or eval)."""
+        if not input_path:
+            field = "train_input_path" if mode == "train" else "eval_input_path"
+            raise TrainError(f"{field} is empty; set it in the config or on the command line")
+        return create_dataloader(self.config.data_config, self.feature_set, input_path, mode,
+                                 rank=self.rank, world_size=self.world_size, seed=epoch)
+
+    def set_learning_rates(self, step: int, epoch: int) -> dict[str, float]:
+        """Apply both schedules for ``step``; returns {"dense": lr, "sparse": lr}."""
+        dense_lr = self.dense.schedule(step, epoch)
+        sparse_lr = self.sparse_schedule(step, epoch)
+        self.dense.set_learning_rate(dense_lr)
+        self.model.embedding.set_learning_rate(sparse_lr)
+        return {"dense": dense_lr, "sparse": sparse_lr}
+
+
+def build_session(config, rank: int = 0, world_size: int = 1,
+                  device: torch.device | None = None) -> Session:
+    """Build the feature set, model, optimizers and precision of ``config``.
+
+    Raises:
+        TrainError: train_config missing or invalid (ModelError, FeatureError and
+            ConfigError from lower layers pass through unchanged).
+    """
+    if not config.HasField("train_config"):
+        raise TrainError("the pipeline config has no train_config (optimizers are required)")
+    device = device or default_device(rank)
+    train_config = config.train_config
+    feature_set = build_feature_set(config)
+    sparse_spec = sparse_optimizer_spec(train_config.sparse_optimizer)
+    model = create_model(config.model_config, feature_set, sparse_spec, device)
+    model.to(device)
+    dense = build_dense_optimizer(train_config.dense_optimizer, dense_parameters(model))
+    precision = MixedPrecision.create(
+        train_config.mixed_precision, device,
+        train_config.grad_scaler if train_config.HasField("grad_scaler") else None)
+    return Session(config, feature_set, model, dense, sparse_schedule(train_config.sparse_optimizer),
+                   precision, device, rank, world_size)
+
+
+def write_pipeline_config(config, model_dir: str, rank: int = 0) -> str | None:
+    """Write the effective config (after edits and overrides) to ``model_dir`` (rank 0)."""
+    if rank != 0:
+        return None
+    path = os.path.join(model_dir, PIPELINE_CONFIG_FILE)
+    save_pipeline_config(config, path)
+    return path

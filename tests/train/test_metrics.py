@@ -1,0 +1,89 @@
+import pytest
+import torch
+
+from hashrec.train.metrics import (
+    Accuracy,
+    BinnedAUC,
+    MeanAbsoluteError,
+    MeanSquaredError,
+    build_metrics,
+)
+
+
+def exact_auc(probs, labels):
+    """Mann-Whitney over all pairs (ties count 1/2)."""
+    pos = [p for p, y in zip(probs, labels) if y == 1]
+    neg = [p for p, y in zip(probs, labels) if y == 0]
+    wins = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_binned_auc_matches_exact_when_bins_separate_scores(seed):
+    gen = torch.Generator().manual_seed(seed)
+    n = 300
+    # Distinct scores at bin centres: with 1000 bins every score has its own bin.
+    probs = (torch.randperm(1000, generator=gen)[:n].double() + 0.5) / 1000
+    labels = (torch.rand(n, generator=gen, dtype=torch.float64) < probs).double()
+    auc = BinnedAUC(1000)
+    for chunk in range(0, n, 64):
+        auc.update(probs[chunk:chunk + 64], labels[chunk:chunk + 64])
+    assert auc.compute() == pytest.approx(exact_auc(probs.tolist(), labels.tolist()), abs=1e-12)
+
+
+def test_binned_auc_ties_in_a_bin_count_half():
+    auc = BinnedAUC(10)
+    auc.update(torch.tensor([0.51, 0.55, 0.9, 0.1]), torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    # pos {0.51, 0.9} vs neg {0.55, 0.1}: 0.51 shares a bin with 0.55 -> 1/2.
+    assert auc.compute() == pytest.approx((0.5 + 1 + 1 + 1) / 4)
+
+
+def test_binned_auc_close_to_exact_on_continuous_scores():
+    gen = torch.Generator().manual_seed(7)
+    probs = torch.rand(2000, generator=gen)
+    labels = (torch.rand(2000, generator=gen) < probs).float()
+    auc = BinnedAUC(200)
+    auc.update(probs, labels)
+    assert auc.compute() == pytest.approx(exact_auc(probs.tolist(), labels.tolist()), abs=2e-3)
+
+
+def test_binned_auc_perfect_inverse_and_degenerate():
+    auc = BinnedAUC(100)
+    auc.update(torch.tensor([0.9, 0.8, 0.2, 0.1]), torch.tensor([1, 1, 0, 0]))
+    assert auc.compute() == 1.0
+    inverse = BinnedAUC(100)
+    inverse.update(torch.tensor([0.9, 0.1]), torch.tensor([0, 1]))
+    assert inverse.compute() == 0.0
+    one_class = BinnedAUC(100)
+    one_class.update(torch.tensor([0.3, 0.4]), torch.tensor([1, 1]))
+    assert one_class.compute() != one_class.compute()  # NaN
+
+
+def test_binned_auc_memory_is_fixed():
+    auc = BinnedAUC(50)
+    for _ in range(5):
+        auc.update(torch.rand(1000), torch.randint(0, 2, (1000,)))
+    assert auc.positives.numel() == 50 and float(auc.positives.sum() + auc.negatives.sum()) == 5000
+
+
+def test_mean_metrics():
+    probs, labels = torch.tensor([0.9, 0.2, 0.6]), torch.tensor([1.0, 1.0, 0.0])
+    acc, mse, mae = Accuracy(), MeanSquaredError(), MeanAbsoluteError()
+    for m in (acc, mse, mae):
+        m.update(probs[:2], labels[:2])
+        m.update(probs[2:], labels[2:])
+    assert acc.compute() == pytest.approx(1 / 3)
+    assert mse.compute() == pytest.approx((0.01 + 0.64 + 0.36) / 3)
+    assert mae.compute() == pytest.approx((0.1 + 0.8 + 0.6) / 3)
+
+
+def test_build_metrics_default_and_thresholds():
+    from google.protobuf import text_format
+
+    from hashrec.config import model_pb2
+
+    config = text_format.Parse("metrics { auc { thresholds: 64 } } metrics { accuracy {} }",
+                               model_pb2.ModelConfig())
+    metrics = build_metrics(config.metrics)
+    assert set(metrics) == {"auc", "accuracy"} and metrics["auc"].num_bins == 64
+    assert set(build_metrics([])) == {"auc"}

@@ -1,0 +1,77 @@
+import pytest
+import torch
+from google.protobuf import text_format
+
+from hashrec.config import optimizer_pb2
+from hashrec.table import SparseAdagrad, SparseAdam, SparseRowWiseAdagrad, SparseSGD
+from hashrec.train.errors import TrainError
+from hashrec.train.optimizers import (
+    build_dense_optimizer,
+    dense_parameters,
+    sparse_optimizer_spec,
+    sparse_schedule,
+)
+
+
+def _sparse(text):
+    return text_format.Parse(text, optimizer_pb2.SparseOptimizer())
+
+
+def _dense(text):
+    return text_format.Parse(text, optimizer_pb2.DenseOptimizer())
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("sgd_optimizer { lr: 0.5 }", SparseSGD(lr=0.5)),
+    ("adagrad_optimizer { lr: 0.1 initial_accumulator_value: 0.2 }",
+     SparseAdagrad(lr=0.1, initial_accumulator_value=0.2)),
+    ("rowwise_adagrad_optimizer { lr: 0.1 }", SparseRowWiseAdagrad(lr=0.1)),
+    ("adam_optimizer { lr: 0.01 beta1: 0.8 }", SparseAdam(lr=0.01, beta1=0.8)),
+], ids=["sgd", "adagrad", "rowwise-adagrad", "adam"])
+def test_sparse_spec(text, expected):
+    spec = sparse_optimizer_spec(_sparse(text))
+    assert type(spec) is type(expected)
+    assert spec.lr == pytest.approx(expected.lr)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("lamb_optimizer { lr: 0.1 }", "lamb_optimizer"),
+    ("sgd_optimizer { lr: 0.1 gradient_clipping: true }", "gradient_clipping"),
+    ("rowwise_adagrad_optimizer { lr: 0.1 weight_decay: 0.1 }", "weight_decay"),
+    ("sgd_optimizer { lr: -1 }", "lr"),
+], ids=["unsupported", "clipping", "rowwise-decay", "negative-lr"])
+def test_sparse_spec_errors(text, match):
+    with pytest.raises(TrainError, match=match):
+        sparse_optimizer_spec(_sparse(text))
+
+
+def test_sparse_schedule_uses_sparse_lr():
+    sched = sparse_schedule(_sparse("adagrad_optimizer { lr: 0.2 } manual_step_learning_rate "
+                                    "{ schedule_sizes: [5] learning_rates: [0.02] }"))
+    assert sched(0) == pytest.approx(0.2) and sched(5) == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("text,cls", [
+    ("sgd_optimizer { lr: 0.1 }", torch.optim.SGD),
+    ("adagrad_optimizer { lr: 0.1 }", torch.optim.Adagrad),
+    ("adam_optimizer { lr: 0.1 }", torch.optim.Adam),
+    ("adamw_optimizer { lr: 0.1 weight_decay: 0.01 }", torch.optim.AdamW),
+], ids=["sgd", "adagrad", "adam", "adamw"])
+def test_dense_optimizer(text, cls):
+    layer = torch.nn.Linear(2, 1)
+    dense = build_dense_optimizer(_dense(text), list(layer.parameters()))
+    assert isinstance(dense.optimizer, cls)
+    dense.set_learning_rate(0.05)
+    assert all(g["lr"] == 0.05 for g in dense.optimizer.param_groups)
+
+
+def test_dense_parameters_skip_embedding():
+    model = torch.nn.Module()
+    model.embedding = torch.nn.Linear(2, 2)
+    model.tower = torch.nn.Linear(2, 1)
+    assert {id(p) for p in dense_parameters(model)} == {id(p) for p in model.tower.parameters()}
+
+
+def test_dense_optimizer_needs_parameters():
+    with pytest.raises(TrainError, match="no dense parameters"):
+        build_dense_optimizer(_dense("adam_optimizer { lr: 0.1 }"), [])

@@ -1,0 +1,47 @@
+import pytest
+import torch
+
+from hashrec.train.errors import TrainError
+from hashrec.train.precision import MixedPrecision, unscale_in_backward
+
+
+class _Scale:
+    def __init__(self, scale):
+        self.scale = scale
+
+    def get_scale(self):
+        return self.scale
+
+
+def test_unscale_in_backward_divides_gradient():
+    x = torch.randn(3, 2, requires_grad=True)
+    y = unscale_in_backward(x, _Scale(8.0))
+    assert torch.equal(y, x)
+    (y * 16.0).sum().backward()
+    assert torch.allclose(x.grad, torch.full((3, 2), 2.0))
+
+
+def test_unscale_in_backward_zeroes_overflow():
+    x = torch.randn(2, requires_grad=True)
+    y = unscale_in_backward(x, _Scale(4.0))
+    (y * torch.tensor([float("inf"), 1.0])).sum().backward()
+    assert torch.equal(x.grad, torch.zeros(2))
+
+
+def test_modes():
+    cpu = torch.device("cpu")
+    assert MixedPrecision.create("", cpu).dtype is None
+    assert MixedPrecision.create("bf16", cpu).dtype is torch.bfloat16
+    fp16 = MixedPrecision.create("FP16", cpu)
+    assert fp16.scaler is not None and fp16.embedding_hook() is not None
+    assert MixedPrecision.create("BF16", cpu).embedding_hook() is None
+    with pytest.raises(TrainError, match="mixed_precision"):
+        MixedPrecision.create("INT8", cpu)
+
+
+def test_bf16_autocast_context():
+    mp = MixedPrecision.create("BF16", torch.device("cpu"))
+    layer = torch.nn.Linear(4, 4)
+    with mp.autocast():
+        out = layer(torch.randn(2, 4))
+    assert out.dtype == torch.bfloat16
