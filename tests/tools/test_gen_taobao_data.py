@@ -1,0 +1,160 @@
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hashrec.tools import taobao_world
+from hashrec.tools.gen_taobao_data import COLUMNS, generate, main
+
+SCALE = 0.002
+SMALL_BUCKETS = {"cms_segid": 98, "cms_group_id": 14, "final_gender_code": 3, "age_level": 8,
+                 "pvalue_level": 5, "shopping_level": 5, "occupation": 3,
+                 "new_user_class_level": 6}
+SEQ = ("click_50_seq__adgroup_id", "click_50_seq__cate_id", "click_50_seq__brand")
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    out = tmp_path_factory.mktemp("taobao")
+    paths = generate(str(out), num_rows=60_000, num_files=3, seed=1, scale=SCALE,
+                     eval_rows=20_000, row_group_size=8192, quiet=True)
+    return {k: pq.read_table(v) for k, v in paths.items()}, paths
+
+
+def _ids(strings: pa.ChunkedArray) -> list[list[int]]:
+    return [[int(x) for x in s.split("|")] if s else [] for s in strings.to_pylist()]
+
+
+def _auc(score: np.ndarray, label: np.ndarray) -> float:
+    rank = np.argsort(np.argsort(score, kind="stable")) + 1
+    pos = label.sum()
+    return float((rank[label == 1].sum() - pos * (pos + 1) / 2) / (pos * (label.size - pos)))
+
+
+def test_schema_is_exactly_the_taobao_columns(splits):
+    tables, paths = splits
+    assert [len(paths["train"]), len(paths["eval"])] == [3, 1]
+    assert tables["train"].num_rows == 60_000 and tables["eval"].num_rows == 20_000
+    schema = tables["train"].schema
+    assert schema.names == list(COLUMNS)
+    for name in COLUMNS:
+        want = {"price": pa.float64()}.get(name, pa.string() if name == "pid"
+                                           or name in SEQ else pa.int64())
+        assert schema.field(name).type == want, name
+
+
+def test_ids_fit_their_spaces(splits):
+    table = pa.concat_tables(splits[0].values())
+    spaces = taobao_world.space_sizes(SCALE)
+    for name, size in spaces.items():
+        col = table.column(name).to_numpy()
+        assert col.min() >= 1 and col.max() < size, name
+    for name, buckets in SMALL_BUCKETS.items():
+        col = table.column(name).to_numpy()
+        assert col.min() >= 0 and col.max() < buckets, name
+    assert set(table.column("final_gender_code").to_pylist()) == {1, 2}
+    assert set(table.column("pid").to_pylist()) == set(taobao_world.PIDS)
+    assert set(table.column("clk").to_pylist()) == {0, 1}
+    assert table.column("price").to_numpy().min() > 0
+
+
+def test_each_adgroup_has_one_cate_campaign_customer_brand_and_price(splits):
+    table = splits[0]["train"]
+    ad = table.column("adgroup_id").to_numpy()
+    for name in ("cate_id", "campaign_id", "customer", "brand", "price"):
+        col = table.column(name).to_numpy()
+        pairs = np.unique(np.stack([ad, col.view(np.int64)]), axis=1)
+        assert pairs.shape[1] == np.unique(ad).size, name
+
+
+def test_item_popularity_is_heavy_tailed(splits):
+    counts = np.sort(np.bincount(splits[0]["train"].column("adgroup_id").to_numpy()))[::-1]
+    top = counts[: counts.size // 100].sum()
+    assert top > 0.2 * counts.sum()
+
+
+def test_sequences_are_each_users_own_click_history(splits):
+    table = pa.concat_tables([splits[0]["train"], splits[0]["eval"]])
+    seqs = {name: _ids(table.column(name)) for name in SEQ}
+    lengths = np.array([len(s) for s in seqs[SEQ[0]]])
+    assert lengths.max() <= 50 and (lengths == 0).any() and (lengths > 5).any()
+    ad = table.column("adgroup_id").to_numpy()
+    item_of = {}
+    for name in ("cate_id", "brand"):
+        item_of[name] = dict(zip(ad.tolist(), table.column(name).to_pylist()))
+    for row in range(0, table.num_rows, 97):  # history items map to their cate and brand
+        for i, a in enumerate(seqs[SEQ[0]][row]):
+            if a in item_of["cate_id"]:
+                assert seqs[SEQ[1]][row][i] == item_of["cate_id"][a]
+                assert seqs[SEQ[2]][row][i] == item_of["brand"][a]
+    users, clk = table.column("user_id").to_pylist(), table.column("clk").to_pylist()
+    latest_click, first_row, checked = {}, {}, 0
+    for row, (user, click) in enumerate(zip(users, clk)):
+        seq = seqs[SEQ[0]][row]
+        if user in latest_click:  # the newest entry is the user's latest earlier click
+            assert seq[0] == latest_click[user]
+            checked += 1
+        elif user in first_row:  # no click yet in the window: only the earlier history
+            assert seq == seqs[SEQ[0]][first_row[user]]
+        first_row.setdefault(user, row)
+        if click:
+            latest_click[user] = int(ad[row])
+    assert checked > 100
+
+
+def test_labels_carry_item_signal_that_hash_collisions_destroy(splits):
+    train, evaluation = splits[0]["train"], splits[0]["eval"]
+    y_train, y_eval = train.column("clk").to_numpy(), evaluation.column("clk").to_numpy()
+    assert 0.02 < y_train.mean() < 0.2
+    prior = y_train.mean()
+
+    def item_ctr_auc(buckets: int) -> float:
+        key = train.column("adgroup_id").to_numpy() % buckets
+        clicks = np.bincount(key, y_train, buckets)
+        shows = np.bincount(key, minlength=buckets)
+        ctr = (clicks + 20 * prior) / (shows + 20)
+        return _auc(ctr[evaluation.column("adgroup_id").to_numpy() % buckets], y_eval)
+
+    full = item_ctr_auc(taobao_world.space_sizes(SCALE)["adgroup_id"])
+    assert full > 0.6
+    assert item_ctr_auc(16) < full - 0.05
+
+
+def test_planted_model_separates_clicks():
+    rng = np.random.default_rng(0)
+    spaces = taobao_world.space_sizes(SCALE)
+    catalog = taobao_world.build_catalog(rng, spaces)
+    users = taobao_world.build_users(rng, spaces)
+    imp = taobao_world.simulate(rng, users, catalog, 30_000)
+    score = (catalog.bias[imp.rank] + users.bias[imp.user]
+             + taobao_world.affinity(users, catalog, imp.user, imp.rank))
+    assert _auc(score, imp.clk) > 0.75
+
+
+def test_same_seed_same_files_other_seed_other_rows(tmp_path):
+    def run(name, seed):
+        generate(str(tmp_path / name), 3000, seed=seed, scale=SCALE, quiet=True)
+        return pq.read_table(tmp_path / name)
+
+    first = run("a", 5)
+    assert first.equals(run("b", 5))
+    assert not first.equals(run("c", 6))
+
+
+def test_command_line_writes_files_and_replaces_old_parts(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["--output_dir", str(out), "--num_rows", "500", "--num_files", "3",
+                 "--scale", "0.001"]) == 0
+    assert "wrote" in capsys.readouterr().err
+    assert main(["--output_dir", str(out), "--num_rows", "500", "--scale", "0.001",
+                 "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["part-00000.parquet"]
+    assert pq.read_table(out).num_rows == 500
+
+
+@pytest.mark.parametrize("args", [["--num_rows", "0"], ["--num_rows", "5", "--scale", "-1"],
+                                  ["--num_rows", "5", "--eval_rows", "-2"]],
+                         ids=["zero-rows", "negative-scale", "negative-eval-rows"])
+def test_command_line_rejects_bad_arguments(tmp_path, args):
+    with pytest.raises(SystemExit):
+        main(["--output_dir", str(tmp_path), *args])
