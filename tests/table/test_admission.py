@@ -1,0 +1,51 @@
+import pytest
+import torch
+
+from hashrec.table.admission import AdmissionCounter
+
+
+@pytest.mark.parametrize("threshold", [1, 2, 5])
+def test_admitted_on_the_lookup_where_count_reaches_threshold(threshold):
+    counter = AdmissionCounter(threshold, capacity=1024, bucket_capacity=64,
+                               device=torch.device("cpu"))
+    keys = torch.tensor([10, -3, 2**63 - 1])
+    counts = torch.tensor([1, 2, 3])  # duplicates in one batch count
+    admitted_at = {}
+    for lookup in range(1, 8):
+        admitted = counter.count(keys, None, counts)
+        for key, ok, per_batch in zip(keys.tolist(), admitted.tolist(), counts.tolist()):
+            if ok:
+                assert key not in admitted_at
+                admitted_at[key] = lookup
+                expected = -(-threshold // per_batch)  # ceil(threshold / per_batch)
+                assert lookup == expected
+        keys, counts = keys[~admitted], counts[~admitted]
+        if keys.numel() == 0:
+            break
+    assert len(admitted_at) == 3
+
+
+def test_counter_table_evicts_lowest_counts_when_full():
+    counter = AdmissionCounter(100, capacity=8, bucket_capacity=8, device=torch.device("cpu"))
+    high = torch.arange(8)
+    counter.count(high, None, torch.full((8,), 5))
+    counter.count(torch.tensor([100]), None, torch.tensor([1]))  # lower than all -> refused
+    keys, _, counts = counter.state()
+    assert sorted(keys.tolist()) == list(range(8))
+    counter.count(torch.tensor([0]), None, torch.tensor([1]))
+    counter.count(torch.tensor([200, 201]), None, torch.tensor([5, 9]))
+    keys, _, counts = counter.state()
+    state = dict(zip(keys.tolist(), counts.tolist()))
+    assert counter.evictions == 2
+    assert state[0] == 6 and state[201] == 9 and state[200] == 5
+    assert len(state) == 8
+
+
+def test_counter_keeps_tags_apart():
+    counter = AdmissionCounter(2, capacity=64, bucket_capacity=16, device=torch.device("cpu"))
+    keys = torch.tensor([5, 5])
+    tags = torch.tensor([0, 1], dtype=torch.int32)
+    assert counter.count(keys, tags, torch.tensor([1, 1])).tolist() == [False, False]
+    assert counter.count(keys[:1], tags[:1], torch.tensor([1])).tolist() == [True]
+    remaining, remaining_tags, _ = counter.state()
+    assert remaining.tolist() == [5] and remaining_tags.tolist() == [1]

@@ -1,0 +1,277 @@
+import logging
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hashrec.table import (
+    AdmissionOptions,
+    HashTable,
+    InitializerArgs,
+    SparseAdagrad,
+    TableError,
+    TableFullError,
+    TableOptions,
+)
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+KEYS = st.one_of(st.sampled_from([0, -1, 1, INT64_MIN, INT64_MAX, INT64_MIN + 1]),
+                 st.integers(INT64_MIN, INT64_MAX), st.integers(-40, 40))
+BATCH = st.lists(st.tuples(KEYS, st.integers(0, 1)), min_size=0, max_size=24)
+OPS = st.lists(st.tuples(st.sampled_from(["find", "find_or_insert", "insert_or_assign",
+                                          "erase", "export"]), BATCH), max_size=12)
+
+
+def _tensors(batch, fused):
+    keys = torch.tensor([k for k, _ in batch], dtype=torch.int64)
+    tags = torch.tensor([t for _, t in batch], dtype=torch.int32) if fused else None
+    return keys, tags
+
+
+def _ident(batch, fused):
+    return [(k, t if fused else 0) for k, t in batch]
+
+
+def _apply(table, model, op, batch, fused, seed):
+    keys, tags = _tensors(batch, fused)
+    idents = _ident(batch, fused)
+    if op == "find":
+        values, founds = table.find(keys, tags=tags)
+        for i, ident in enumerate(idents):
+            assert bool(founds[i]) == (ident in model)
+            expected = model.get(ident, torch.zeros(4))
+            assert torch.equal(values[i], expected)
+    elif op == "find_or_insert":
+        values, founds = table.find_or_insert(keys, tags=tags)
+        for i, ident in enumerate(idents):
+            assert bool(founds[i]) == (ident in model)
+        for i, ident in enumerate(idents):
+            model.setdefault(ident, values[i].clone())
+            assert torch.equal(values[i], model[ident])
+    elif op == "insert_or_assign":
+        values = torch.randn(len(batch), 4, generator=torch.Generator().manual_seed(seed))
+        table.insert_or_assign(keys, values, tags=tags)
+        for i, ident in enumerate(idents):
+            model[ident] = values[i].clone()
+    elif op == "erase":
+        table.erase(keys, tags=tags)
+        for ident in idents:
+            model.pop(ident, None)
+    else:
+        exported = {}
+        for slot_keys, slot_values, _ in table.export_batch(37):
+            for k, v in zip(slot_keys.tolist(), slot_values):
+                exported[k] = v
+        assert len(exported) <= len(model)
+        if not fused:
+            assert set(exported) == {k for k, _ in model}
+            for (k, _), v in model.items():
+                assert torch.equal(exported[k], v)
+    assert table.size() == len(model)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused-tags"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS)
+def test_matches_dict_model(fused, ops):
+    table = HashTable(TableOptions(dim=4, max_capacity=1024, init_capacity=32,
+                                   bucket_capacity=16, check_mode="ERROR"))
+    model = {}
+    for seed, (op, batch) in enumerate(ops):
+        _apply(table, model, op, batch, fused, seed)
+
+
+def test_tags_separate_key_spaces():
+    table = HashTable(TableOptions(dim=2, max_capacity=64))
+    keys = torch.tensor([7, 7])
+    table.insert_or_assign(keys, torch.tensor([[1.0, 1.0], [2.0, 2.0]]),
+                           tags=torch.tensor([0, 3], dtype=torch.int32))
+    values, founds = table.find(torch.tensor([7, 7, 7]),
+                                tags=torch.tensor([3, 0, 1], dtype=torch.int32))
+    assert founds.tolist() == [True, True, False]
+    assert values[:, 0].tolist() == [2.0, 1.0, 0.0]
+    assert [batch[0].tolist() for batch in table.export_batch(64, tag=3)] == [[7]]
+
+
+def test_growth_doubles_and_loses_nothing():
+    table = HashTable(TableOptions(dim=3, max_capacity=8192, init_capacity=256,
+                                   bucket_capacity=32, score_strategy="LFU"))
+    assert table.capacity() == 256
+    keys = torch.randint(INT64_MIN, INT64_MAX, (3000,), generator=torch.Generator().manual_seed(1))
+    values = torch.randn(3000, 3)
+    capacities = []
+    for start in range(0, 3000, 500):
+        table.insert_or_assign(keys[start:start + 500], values[start:start + 500])
+        capacities.append(table.capacity())
+        assert table.load_factor() <= 0.75
+    assert capacities == sorted(capacities) and capacities[-1] >= 4096
+    assert all(c in (256, 512, 1024, 2048, 4096, 8192) for c in capacities)
+    assert table.stats()["growths"] >= 3
+    assert table.stats()["evictions"] == 0 and table.stats()["refused"] == 0
+    found_values, founds = table.find(keys)
+    assert bool(founds.all())
+    assert torch.equal(found_values, values)
+
+
+def test_growth_keeps_scores_and_optimizer_state():
+    opts = TableOptions(dim=2, max_capacity=1024, init_capacity=64, bucket_capacity=16,
+                        score_strategy="CUSTOMIZED", optimizer=SparseAdagrad(lr=0.1))
+    table = HashTable(opts)
+    keys = torch.arange(40)
+    rows = torch.randn(40, opts.row_dim)
+    table.load_state(keys, None, rows, torch.arange(40) * 3)
+    table.insert_or_assign(torch.arange(100, 700), torch.zeros(600, 2),
+                           scores=torch.zeros(600, dtype=torch.int64))
+    assert table.capacity() == 1024
+    state = {k: (r, s) for batch in table.export_state(128)
+             for k, r, s in zip(batch[0].tolist(), batch[2], batch[3].tolist())}
+    for i in range(40):
+        assert torch.equal(state[i][0], rows[i]) and state[i][1] == 3 * i
+
+
+def test_no_eviction_refuses_exactly_past_capacity(caplog):
+    table = HashTable(TableOptions(dim=2, max_capacity=64, bucket_capacity=64,
+                                   score_strategy="NO_EVICTION", check_mode="WARNING"))
+    keys = torch.arange(100, dtype=torch.int64) * 7919
+    with caplog.at_level(logging.WARNING):
+        values, founds = table.find_or_insert(keys)
+    assert "36 inserts refused" in caplog.text
+    assert table.size() == 64 and table.stats()["refused"] == 36
+    assert table.stats()["evictions"] == 0
+    stored = table.contains(keys)
+    assert int(stored.sum()) == 64
+    assert bool((values[~stored] == 0).all())  # refused keys read as the initializer (0)
+    table.advance_step()
+    table.find_or_insert(keys[~stored])
+    assert table.stats()["refused"] == 72 and table.size() == 64
+
+
+def test_check_mode_error_raises_table_full():
+    table = HashTable(TableOptions(dim=2, max_capacity=4, bucket_capacity=4,
+                                   score_strategy="NO_EVICTION", check_mode="ERROR"))
+    with pytest.raises(TableFullError, match="1 inserts refused"):
+        table.find_or_insert(torch.arange(5))
+    assert issubclass(TableFullError, TableError)
+
+
+@pytest.mark.parametrize("strategy", ["LFU", "STEP", "CUSTOMIZED"])
+def test_eviction_conserves_and_keeps_top_scores(strategy):
+    """Hot keys are accessed every round (LFU, STEP) or scored high (CUSTOMIZED)."""
+    table = HashTable(TableOptions(dim=2, max_capacity=512, bucket_capacity=16,
+                                   score_strategy=strategy, check_mode="IGNORE"))
+    gen = torch.Generator().manual_seed(7)
+    hot = torch.randint(0, 2**40, (200,), generator=gen)
+    inserted = set()
+    for round_ in range(20):
+        table.advance_step()
+        cold = torch.randint(2**41, 2**50, (300,), generator=gen)
+        batch = torch.cat([hot, cold])
+        scores = None
+        if strategy == "CUSTOMIZED":
+            scores = torch.cat([torch.full((200,), 1000 + round_), torch.full((300,), round_)])
+        before = set(batch[~table.contains(batch)].tolist())
+        table.find_or_insert(batch, scores=scores)
+        inserted |= before & set(batch[table.contains(batch)].tolist())
+    stats = table.stats()
+    assert stats["inserts"] - stats["evictions"] == table.size()
+    kept = {k for batch in table.export_batch(512) for k in batch[0].tolist()}
+    assert kept <= inserted
+    survived = float(table.contains(hot).float().mean())
+    assert survived > 0.95
+    assert table.size() <= 512
+
+
+def test_same_call_hits_are_not_evicted():
+    table = HashTable(TableOptions(dim=1, max_capacity=4, bucket_capacity=4,
+                                   score_strategy="STEP"))
+    table.find_or_insert(torch.arange(4))
+    table.advance_step()
+    table.find_or_insert(torch.tensor([0, 1, 2, 3, 10, 11]))
+    assert table.contains(torch.arange(4)).all()
+    assert table.stats()["refused"] == 2
+
+
+def test_lfu_counts_duplicates():
+    table = HashTable(TableOptions(dim=1, max_capacity=64, score_strategy="LFU"))
+    table.find_or_insert(torch.tensor([5, 5, 5, 9]))
+    table.find_or_insert(torch.tensor([5, 9]))
+    scores = dict(zip(*(t.tolist() for t in next(table.export_batch(64))[::2])))
+    assert scores == {5: 4, 9: 2}
+
+
+def test_eval_lookup_is_read_only():
+    table = HashTable(TableOptions(dim=2, max_capacity=64,
+                                   eval_initializer=InitializerArgs(mode="CONSTANT", value=0.5)))
+    result = table.lookup(torch.tensor([1, 2]), train=False)
+    assert result.slots.tolist() == [-1, -1]
+    assert bool((result.values == 0.5).all()) and table.size() == 0
+
+
+def test_admission_through_lookup():
+    opts = TableOptions(dim=2, max_capacity=64, admission=AdmissionOptions(
+        threshold=3, initializer=InitializerArgs(mode="CONSTANT", value=-1.0)))
+    table = HashTable(opts)
+    first = table.lookup(torch.tensor([4, 8]), counts=torch.tensor([2, 1]))
+    assert first.slots.tolist() == [-1, -1] and bool((first.values == -1).all())
+    second = table.lookup(torch.tensor([4, 8]))
+    assert second.slots[0] >= 0 and second.slots[1] == -1
+    assert table.stats()["admission_rejected"] == 3
+    keys, _, counts = table.admission_state()
+    assert keys.tolist() == [8] and counts.tolist() == [2]
+
+
+def test_apply_gradients_updates_rows():
+    table = HashTable(TableOptions(dim=2, max_capacity=64, optimizer=SparseAdagrad(lr=0.5),
+                                   initializer=InitializerArgs(mode="CONSTANT", value=1.0)))
+    result = table.lookup(torch.tensor([3]))
+    table.apply_gradients(result.slots, torch.tensor([[1.0, -2.0]]))
+    values, _ = table.find(torch.tensor([3]))
+    assert torch.allclose(values, torch.tensor([[0.5, 1.5]]))
+    with pytest.raises(TableError, match="no optimizer"):
+        HashTable(TableOptions(dim=2, max_capacity=8)).apply_gradients(
+            result.slots, torch.zeros(1, 2))
+
+
+def test_admission_state_roundtrip_and_memory():
+    opts = TableOptions(dim=2, max_capacity=64, admission=AdmissionOptions(threshold=5))
+    table = HashTable(opts)
+    table.lookup(torch.tensor([1, 2, 3]), counts=torch.tensor([1, 2, 3]))
+    other = HashTable(opts)
+    other.load_admission_state(*table.admission_state())
+    assert other.lookup(torch.tensor([3]), counts=torch.tensor([2])).slots[0] >= 0
+    assert other.memory_bytes()["host"] > 0 and other.memory_bytes()["gpu"] == 0
+
+
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda t: t.find(torch.tensor([1, 2], dtype=torch.int32)), "keys"),
+        (lambda t: t.find(torch.tensor([[1, 2]])), "keys"),
+        (lambda t: t.find([1, 2]), "keys"),
+        (lambda t: t.insert_or_assign(torch.tensor([1]), torch.zeros(1, 5)), "values"),
+        (lambda t: t.insert_or_assign(torch.tensor([1]), torch.zeros(2, 4)), "values"),
+        (lambda t: t.insert_or_assign(torch.tensor([1]), torch.zeros(4)), "values"),
+        (lambda t: t.find(torch.tensor([1]), tags=torch.tensor([1])), "tags"),
+        (lambda t: t.find_or_insert(torch.tensor([1]), scores=torch.tensor([1])), "scores"),
+        (lambda t: t.lookup(torch.tensor([1]), counts=torch.tensor([1, 1])), "counts"),
+        (lambda t: t.load_state(torch.tensor([1]), None, torch.zeros(1, 4),
+                                torch.tensor([0])), "rows"),
+        (lambda t: list(t.export_batch(0)), "batch_size"),
+    ],
+    ids=["int32-keys", "2d-keys", "list-keys", "dim-mismatch", "rows-mismatch", "1d-values",
+         "tag-dtype", "scores-not-customized", "counts-length", "row-dim", "batch-size"],
+)
+def test_bad_input_names_the_field(call, field):
+    table = HashTable(TableOptions(dim=4, max_capacity=64, optimizer=SparseAdagrad(),
+                                   name="user_id"))
+    with pytest.raises(ValueError, match=field) as info:
+        call(table)
+    if field != "batch_size":
+        assert "user_id" in str(info.value)
+
+
+def test_customized_requires_scores():
+    table = HashTable(TableOptions(dim=1, max_capacity=8, score_strategy="CUSTOMIZED"))
+    with pytest.raises(ValueError, match="scores=None"):
+        table.find_or_insert(torch.tensor([1]))

@@ -1,0 +1,96 @@
+import math
+
+import pytest
+import torch
+
+from hashrec.table import (
+    AdmissionOptions,
+    CheckMode,
+    InitializerArgs,
+    InitializerMode,
+    ScoreStrategy,
+    SparseAdam,
+    SparseRowWiseAdagrad,
+    StorageMode,
+    TableOptions,
+)
+
+
+def test_enums_accept_strings_any_case():
+    opts = TableOptions(dim=8, max_capacity=100, score_strategy="lfu", check_mode="Error",
+                        initializer=InitializerArgs(mode="truncated_normal"))
+    assert opts.score_strategy is ScoreStrategy.LFU
+    assert opts.check_mode is CheckMode.ERROR
+    assert opts.initializer.mode is InitializerMode.TRUNCATED_NORMAL
+
+
+@pytest.mark.parametrize(
+    "kwargs, field, value",
+    [
+        ({"bucket_capacity": 0}, "bucket_capacity", "0"),
+        ({"init_capacity": 200}, "init_capacity", "200"),
+        ({"score_strategy": "MRU"}, "score_strategy", "'MRU'"),
+        ({"dim": 0}, "dim", "0"),
+        ({"dim": 2.5}, "dim", "2.5"),
+        ({"max_capacity": -1}, "max_capacity", "-1"),
+        ({"cache_load_factor": 0.0}, "cache_load_factor", "0.0"),
+        ({"check_mode": "LOUD"}, "check_mode", "'LOUD'"),
+        ({"dtype": torch.int32}, "dtype", "torch.int32"),
+        ({"max_load_factor": 1.5}, "max_load_factor", "1.5"),
+        ({"optimizer": "adam"}, "optimizer", "'adam'"),
+        ({"admission": 3}, "admission", "3"),
+    ],
+    ids=lambda v: str(v) if not isinstance(v, dict) else "-".join(v),
+)
+def test_invalid_table_options_name_field_and_value(kwargs, field, value):
+    base = {"dim": 8, "max_capacity": 100}
+    base.update(kwargs)
+    with pytest.raises(ValueError) as info:
+        TableOptions(**base)
+    assert f"{field}={value}" in str(info.value)
+    assert "allowed" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "build, field",
+    [
+        (lambda: InitializerArgs(mode="GAUSS"), "mode"),
+        (lambda: InitializerArgs(std_dev=-1.0), "std_dev"),
+        (lambda: InitializerArgs(lower=1.0, upper=0.0), "lower"),
+        (lambda: InitializerArgs(mean=float("nan")), "mean"),
+        (lambda: AdmissionOptions(threshold=0), "threshold"),
+        (lambda: AdmissionOptions(threshold=2, counter_bucket_capacity=0),
+         "counter_bucket_capacity"),
+        (lambda: SparseAdam(beta1=1.0), "beta1"),
+        (lambda: SparseRowWiseAdagrad(lr=-0.1), "lr"),
+    ],
+    ids=["mode", "std_dev", "lower-upper", "mean-nan", "threshold", "counter-bucket", "beta1",
+         "lr"],
+)
+def test_invalid_sub_options(build, field):
+    with pytest.raises(ValueError, match=f"{field}="):
+        build()
+
+
+def test_storage_mode_derivation():
+    assert TableOptions(dim=4, max_capacity=8).storage_mode is StorageMode.HBM_ONLY
+    assert TableOptions(dim=4, max_capacity=8,
+                        cache_load_factor=0.5).storage_mode is StorageMode.HYBRID
+    assert TableOptions(dim=4, max_capacity=8, cache_load_factor=0.5,
+                        caching=True).storage_mode is StorageMode.CACHING
+
+
+def test_initializer_defaults_follow_seed():
+    args = InitializerArgs().resolved(dim=16, max_capacity=10000)
+    assert args.mode is InitializerMode.UNIFORM
+    assert args.std_dev == pytest.approx(math.sqrt(1 / 16))
+    assert args.lower == pytest.approx(-0.01) and args.upper == pytest.approx(0.01)
+    opts = TableOptions(dim=4, max_capacity=8)
+    assert opts.eval_initializer.mode is InitializerMode.CONSTANT
+    assert opts.eval_initializer.value == 0.0
+
+
+def test_row_dim_includes_optimizer_state():
+    assert TableOptions(dim=8, max_capacity=8).row_dim == 8
+    assert TableOptions(dim=8, max_capacity=8, optimizer=SparseAdam()).row_dim == 24
+    assert TableOptions(dim=8, max_capacity=8, optimizer=SparseRowWiseAdagrad()).row_dim == 9
