@@ -1,0 +1,54 @@
+"""Timing and environment helpers shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import statistics
+import time
+
+import torch
+
+
+def time_ms(fn, reps: int, warmup: int = 2, setup=None) -> float:
+    """Median milliseconds of ``fn()`` over ``reps`` runs (device events on CUDA).
+
+    ``setup(i)``, when given, runs untimed before run ``i`` and its result is passed
+    to ``fn``.
+    """
+    cuda = torch.cuda.is_available()
+    times = []
+    for i in range(warmup + reps):
+        arg = setup(i) if setup is not None else None
+        if cuda:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn() if setup is None else fn(arg)
+            end.record()
+            torch.cuda.synchronize()
+            elapsed = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            fn() if setup is None else fn(arg)
+            elapsed = (time.perf_counter() - t0) * 1e3
+        if i >= warmup:
+            times.append(elapsed)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus written."""
+    src = torch.randn(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), reps=10)
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def environment() -> dict:
+    """Date, GPU, torch and triton versions for the results file."""
+    import triton
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (cpu)"
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version()}

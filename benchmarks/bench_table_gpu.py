@@ -1,0 +1,169 @@
+"""Benchmark A: dynamic-table ops in HierarchicalKV's setup, through the Triton kernels.
+
+Per load factor the index is filled once (random int64 keys, equal scores); per
+dim a value matrix is attached and three ops are timed on batches of ``--batch``
+keys, 60% present and 40% new:
+
+* find: ``find_values`` (digest probe + key compare + value gather, one launch);
+* insert_or_assign: find, insert the misses (evicting at a full bucket), write
+  the batch's values to every placed slot;
+* find_or_insert: find, insert and initialize the misses, gather the values.
+
+The index is restored between dims so every dim sees the same load factor.
+Output: a JSON file and a markdown table (B-KV/s = 1e9 keys per second).
+
+    python benchmarks/bench_table_gpu.py --out benchmarks/results/table_gpu
+    python benchmarks/bench_table_gpu.py --smoke   # tiny, CPU, TRITON_INTERPRET
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--slots", type=int, default=64 * 2 ** 20)
+    p.add_argument("--batch", type=int, default=1_048_576)
+    p.add_argument("--load-factors", type=float, nargs="+", default=[0.5, 0.75, 1.0])
+    p.add_argument("--dims", type=int, nargs="+", default=[8, 32, 64, 128])
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--out", default=None, help="path prefix for .json and .md")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (interpreter)")
+    args = p.parse_args()
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        args.slots, args.batch, args.dims, args.reps = 1024, 200, [8], 1
+    return args
+
+
+ARGS = _args()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from _timing import environment, time_ms  # noqa: E402
+
+from hashrec.table.ops.export.triton import occupied_slots  # noqa: E402
+from hashrec.table.ops.find.triton import find_slots, find_values  # noqa: E402
+from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
+from hashrec.table.storage import TableStorage  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+I64 = torch.iinfo(torch.int64)
+
+
+def _random_keys(n: int) -> torch.Tensor:
+    return torch.randint(I64.min, I64.max, (n,), dtype=torch.int64, device=DEVICE)
+
+
+def _fill(storage: TableStorage, load_factor: float) -> int:
+    """Inserts random keys until the load factor is reached; returns keys offered."""
+    target, offered = int(load_factor * storage.capacity), 0
+    chunk = max(1, storage.capacity // 16)
+    while storage.size() < target and offered < 2 * storage.capacity:
+        n = min(chunk, max(target - storage.size(), chunk // 8))
+        keys = torch.unique(_random_keys(n))
+        keys = keys[find_slots(storage, keys) < 0]
+        insert_keys(storage, keys, None, torch.zeros_like(keys), allow_evict=True)
+        offered += keys.numel()
+    return offered
+
+
+def _batch(stored: torch.Tensor, n: int) -> torch.Tensor:
+    hits = int(0.6 * n)
+    pick = stored[torch.randint(0, stored.numel(), (hits,), device=DEVICE)]
+    return torch.cat([pick, _random_keys(n - hits)])
+
+
+def _upsert(storage: TableStorage, keys: torch.Tensor, step: int) -> tuple[torch.Tensor, ...]:
+    """find + insert of the misses; returns (slots, new_slots_mask)."""
+    slots = find_slots(storage, keys)
+    miss = torch.nonzero(slots < 0).flatten()
+    # duplicate new keys in a batch are inserted once
+    fresh, inverse = torch.unique(keys[miss], return_inverse=True)
+    res = insert_keys(storage, fresh, None, torch.full_like(fresh, step), allow_evict=True)
+    placed = res.slots >= 0
+    slots[miss] = res.slots[inverse]
+    return slots, res.slots[placed]
+
+
+def _insert_or_assign(storage: TableStorage, keys: torch.Tensor, values: torch.Tensor) -> None:
+    slots, _ = _upsert(storage, keys, 1)
+    ok = slots >= 0
+    storage.values[slots[ok]] = values[ok]
+
+
+def _find_or_insert(storage: TableStorage, keys: torch.Tensor) -> torch.Tensor:
+    slots, new = _upsert(storage, keys, 1)
+    storage.values[new] = torch.rand(new.numel(), storage.row_dim, device=DEVICE) * 0.01
+    return storage.values[slots.clamp(min=0)]
+
+
+def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int) -> dict:
+    for dst, src in zip((index.keys, index.tags, index.digests, index.scores), saved):
+        dst.copy_(src)
+    storage = TableStorage(index.num_buckets, index.bucket_capacity, index.keys, index.tags,
+                           index.digests, index.scores,
+                           torch.randn(index.capacity, dim, device=DEVICE))
+    n, reps = ARGS.batch, ARGS.reps
+    probe = _batch(stored, n)
+    hit_rate = float((find_slots(storage, probe) >= 0).float().mean())
+    find_ms = time_ms(lambda: find_values(storage, probe, None, dim), reps)
+    batches = [_batch(stored, n) for _ in range(reps + 2)]
+    vals = torch.randn(n, dim, device=DEVICE)
+    ioa_ms = time_ms(lambda k: _insert_or_assign(storage, k, vals), reps,
+                     setup=lambda i: batches[i])
+    batches = [_batch(stored, n) for _ in range(reps + 2)]
+    foi_ms = time_ms(lambda k: _find_or_insert(storage, k), reps, setup=lambda i: batches[i])
+    del storage
+    return {"dim": dim, "find_hit_rate": hit_rate, "find_ms": find_ms,
+            "insert_or_assign_ms": ioa_ms, "find_or_insert_ms": foi_ms,
+            "find_bkvs": n / find_ms / 1e6, "insert_or_assign_bkvs": n / ioa_ms / 1e6,
+            "find_or_insert_bkvs": n / foi_ms / 1e6}
+
+
+def main() -> None:
+    results = {"env": environment(), "slots": ARGS.slots, "batch": ARGS.batch,
+               "bucket_capacity": 128, "rows": []}
+    for lf in ARGS.load_factors:
+        index = TableStorage.empty(ARGS.slots // 128, 128, 1, device=DEVICE)
+        offered = _fill(index, lf)
+        real_lf = index.size() / index.capacity
+        stored = index.keys[occupied_slots(index, 0, index.capacity)]
+        saved = [t.clone() for t in (index.keys, index.tags, index.digests, index.scores)]
+        for dim in ARGS.dims:
+            row = {"load_factor": lf, "measured_load_factor": real_lf, "keys_offered": offered}
+            row.update(_bench_dim(index, saved, stored, dim))
+            results["rows"].append(row)
+            print(json.dumps(row), flush=True)
+        del index, saved, stored
+        torch.cuda.empty_cache() if DEVICE.type == "cuda" else None
+    _write(results)
+
+
+def _write(results: dict) -> None:
+    lines = ["| load factor | dim | find B-KV/s | insert_or_assign B-KV/s | find_or_insert B-KV/s |",
+             "| --- | --- | --- | --- | --- |"]
+    for r in results["rows"]:
+        lines.append(f"| {r['measured_load_factor']:.3f} | {r['dim']} | {r['find_bkvs']:.2f} | "
+                     f"{r['insert_or_assign_bkvs']:.2f} | {r['find_or_insert_bkvs']:.2f} |")
+    table = "\n".join(lines)
+    print(table)
+    if ARGS.out:
+        with open(ARGS.out + ".json", "w") as f:
+            json.dump(results, f, indent=1)
+        env = results["env"]
+        with open(ARGS.out + ".md", "w") as f:
+            f.write(f"# Table ops on GPU (benchmark A)\n\nCommand: `python benchmarks/"
+                    f"bench_table_gpu.py --out benchmarks/results/table_gpu`\n\n"
+                    f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
+                    f"{env['triton']}; {results['slots']} slots (bucket 128), "
+                    f"{results['batch']} keys per call, find batches 60% present.\n\n"
+                    f"{table}\n")
+
+
+if __name__ == "__main__":
+    main()
