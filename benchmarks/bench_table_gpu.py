@@ -118,7 +118,6 @@ def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int)
                      setup=lambda i: batches[i])
     batches = [_batch(stored, n) for _ in range(reps + 2)]
     foi_ms = time_ms(lambda k: _find_or_insert(storage, k), reps, setup=lambda i: batches[i])
-    del storage
     return {"dim": dim, "find_hit_rate": hit_rate, "find_ms": find_ms,
             "insert_or_assign_ms": ioa_ms, "find_or_insert_ms": foi_ms,
             "find_bkvs": n / find_ms / 1e6, "insert_or_assign_bkvs": n / ioa_ms / 1e6,
