@@ -93,6 +93,8 @@ def column_bags(array: pa.Array, feature: str, column: str, separator: str | Non
         separator: split string cells on it (None: one token per cell).
         default: token for missing cells ("" -> empty bag).
     """
+    if pa.types.is_null(array.type):  # an all-null column without a type
+        array = array.cast(pa.string())
     array = _fill_missing(array, default, feature, column)
     t = array.type
     if _is_list(t):

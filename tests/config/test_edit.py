@@ -1,0 +1,80 @@
+"""--edit_config_json overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hashrec.config import ConfigError, apply_edit_config_json, data_pb2, load_pipeline_config
+
+SEED_CONFIG = Path(__file__).parent / "testdata" / "seed001_section7.config"
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_pipeline_config(SEED_CONFIG)
+
+
+def test_brief_example(config):
+    edited = apply_edit_config_json(config, '{"feature_configs[0].id_feature.embedding_dim": "8",'
+                                            ' "train_config.num_steps": 5,'
+                                            ' "data_config.batch_size": 64}')
+    assert edited.feature_configs[0].id_feature.embedding_dim == 8
+    assert edited.train_config.num_steps == 5
+    assert edited.data_config.batch_size == 64
+    assert config.data_config.batch_size == 8192  # the input is not mutated
+
+
+def test_enum_float_bool_string(config):
+    edited = apply_edit_config_json(config, {
+        "data_config.dataset_type": "ParquetDataset",
+        "feature_configs[-1].sequence_feature.sequence_length": 10,
+        "train_config.sparse_optimizer.adagrad_optimizer.lr": "0.5",
+        "data_config.shuffle": "true",
+        "model_dir": "elsewhere",
+    })
+    assert edited.data_config.dataset_type == data_pb2.ParquetDataset
+    assert edited.feature_configs[-1].sequence_feature.sequence_length == 10
+    assert edited.train_config.sparse_optimizer.adagrad_optimizer.lr == pytest.approx(0.5)
+    assert edited.data_config.shuffle is True
+    assert edited.model_dir == "elsewhere"
+
+
+def test_selectors(config):
+    edited = apply_edit_config_json(config, {
+        "feature_configs[feature_name=cms_segid].id_feature.num_buckets": 200,
+        "feature_configs[:].id_feature.embedding_dim": 4,
+        "model_config.feature_groups[group_name=seq].feature_names": "a,b",
+    })
+    dims = {fc.id_feature.embedding_dim for fc in edited.feature_configs if fc.HasField("id_feature")}
+    assert dims == {4}
+    assert edited.feature_configs[6].id_feature.num_buckets == 200
+    assert list(edited.model_config.feature_groups[1].feature_names) == ["a", "b"]
+
+
+def test_message_and_list_values(config):
+    edited = apply_edit_config_json(config, {
+        "model_config.multi_tower_din.final": {"hidden_units": [8, 4]},
+        "feature_configs[-2].raw_feature.boundaries": [1, 2, 3],
+    })
+    assert list(edited.model_config.multi_tower_din.final.hidden_units) == [8, 4]
+    assert list(edited.feature_configs[-2].raw_feature.boundaries) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("edit, message", [
+    ('{"data_config.bach_size": 1}', "has no field 'bach_size'"),
+    ('{"feature_configs[99].id_feature.embedding_dim": 1}', "out of range"),
+    ('{"feature_configs.id_feature.embedding_dim": 1}', "is repeated"),
+    ('{"data_config.batch_size": "lots"}', "cannot set 'batch_size'"),
+    ('{"data_config.batch_size": 1.5}', "cannot set 'batch_size'"),
+    ('{"data_config.dataset_type": "HiveDataset"}', "one of"),
+    ('{"data_config.shuffle": "maybe"}', "cannot set 'shuffle'"),
+    ('{"feature_configs[feature_name=nope].id_feature.embedding_dim": 1}', "no element"),
+    ("not json", "not valid JSON"),
+    ("[1, 2]", "JSON object"),
+], ids=["unknown-field", "index-range", "repeated-no-index", "int-text", "int-fraction",
+        "enum-name", "bool-text", "selector-miss", "bad-json", "not-object"])
+def test_errors(config, edit, message):
+    with pytest.raises(ConfigError, match=message):
+        apply_edit_config_json(config, edit)

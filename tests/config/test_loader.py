@@ -1,0 +1,86 @@
+"""Loading, strict parsing and saving of pipeline configs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from hashrec.config import (
+    ConfigError,
+    data_pb2,
+    load_pipeline_config,
+    parse_pipeline_config,
+    save_pipeline_config,
+)
+
+SEED_CONFIG = Path(__file__).parent / "testdata" / "seed001_section7.config"
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def test_seed_config_parses_verbatim(caplog):
+    with caplog.at_level(logging.WARNING):
+        config = load_pipeline_config(SEED_CONFIG)
+    user_id = config.feature_configs[0].id_feature
+    assert user_id.dynamicemb.score_strategy == "LFU"
+    assert user_id.dynamicemb.initializer_args.mode == "NORMAL"
+    assert user_id.dynamicemb.initializer_args.std_dev == pytest.approx(0.05)
+    assert user_id.dynamicemb.frequency_admission_strategy.threshold == 3
+    assert user_id.dynamicemb.init_capacity_per_rank == 1024
+    assert len(config.feature_configs) == 17
+    seq = config.feature_configs[-1].sequence_feature
+    assert (seq.sequence_name, seq.sequence_length, seq.sequence_delim) == ("click_50_seq", 100, "|")
+    assert config.model_config.multi_tower_din.din_towers[0].attn_mlp.hidden_units == [256, 64]
+    # adjacent string literals are joined by the text format, then split back into names
+    deep = config.model_config.feature_groups[0].feature_names
+    assert list(deep[:3]) == ["user_id", "cms_segid", "cms_group_id"]
+    assert len(deep) == 16
+    assert "adjacent strings" in caplog.text
+
+
+@pytest.mark.parametrize("name", ["multi_tower_din_taobao.config",
+                                  "multi_tower_din_taobao_dynamicemb.config"])
+def test_examples_parse(name):
+    config = load_pipeline_config(EXAMPLES / name)
+    assert config.data_config.dataset_type == data_pb2.ParquetDataset
+    assert len(config.model_config.feature_groups[0].feature_names) == 16
+
+
+def test_unknown_field_names_line_and_field(tmp_path):
+    path = tmp_path / "bad.config"
+    path.write_text('model_dir: "m"\ndata_config {\n  batch_size: 4\n  bach_size: 5\n}\n')
+    with pytest.raises(ConfigError, match=r"bad.config:4: .*bach_size"):
+        load_pipeline_config(path)
+
+
+def test_bad_value_names_line():
+    with pytest.raises(ConfigError, match=r"<string>:2: .*batch_size"):
+        parse_pipeline_config('model_dir: "m"\ndata_config { batch_size: "many" }')
+
+
+def test_missing_required_field():
+    with pytest.raises(ConfigError, match="model_dir"):
+        parse_pipeline_config("data_config { batch_size: 4 }")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_pipeline_config(tmp_path / "nope.config")
+
+
+def test_save_round_trip(tmp_path):
+    config = load_pipeline_config(SEED_CONFIG)
+    save_pipeline_config(config, tmp_path / "sub" / "saved.config")
+    assert load_pipeline_config(tmp_path / "sub" / "saved.config") == config
+
+
+def test_real_concatenation_is_kept_when_it_is_no_split():
+    config = parse_pipeline_config(
+        'model_dir: "m"\n'
+        'feature_configs { raw_feature { feature_name: "ab" expression: "user:ab" } }\n'
+        'feature_configs { raw_feature { feature_name: "a" expression: "user:a" } }\n'
+        'feature_configs { raw_feature { feature_name: "b" expression: "user:b" } }\n'
+        'model_config { feature_groups { group_name: "g" feature_names: "a" "b" '
+        'group_type: DEEP } }')
+    assert list(config.model_config.feature_groups[0].feature_names) == ["ab"]

@@ -1,0 +1,57 @@
+"""Known-but-unsupported kinds are rejected with names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hashrec.config import (
+    ConfigError,
+    apply_edit_config_json,
+    load_pipeline_config,
+    parse_pipeline_config,
+    validate_pipeline_config,
+)
+
+SEED_CONFIG = Path(__file__).parent / "testdata" / "seed001_section7.config"
+
+
+def test_seed_config_needs_a_supported_dataset():
+    config = load_pipeline_config(SEED_CONFIG)
+    with pytest.raises(ConfigError, match="OdpsDataset is not supported"):
+        validate_pipeline_config(config)
+    validate_pipeline_config(
+        apply_edit_config_json(config, {"data_config.dataset_type": "ParquetDataset"}))
+
+
+@pytest.mark.parametrize("feature, message", [
+    ('lookup_feature { feature_name: "lk" map: "item:m" key: "user:k" }', "'lk'.*lookup_feature"),
+    ('match_feature { feature_name: "mt" nested_map: "a" pkey: "b" skey: "c" }',
+     "'mt'.*match_feature"),
+    ('expr_feature { feature_name: "ex" expression: "a+b" }', "'ex'.*expr_feature"),
+    ('custom_feature { feature_name: "cu" operator_name: "op" }', "'cu'.*custom_feature"),
+    ('id_feature { feature_name: "z" expression: "user:z" embedding_dim: 4 zch { zch_size: 10 '
+     'lru { decay_exponent: 2 } } }', "'z'.*zch is not supported"),
+    ('sequence_feature { sequence_name: "s" sequence_length: 3 sequence_delim: ";" features { '
+     'combo_feature { feature_name: "c" expression: ["a", "b"] } } }',
+     "s__c.*combo_feature is not supported"),
+], ids=["lookup", "match", "expr", "custom", "zch", "sequence-combo"])
+def test_unsupported_features(feature, message):
+    config = parse_pipeline_config(f'model_dir: "m"\nfeature_configs {{ {feature} }}')
+    with pytest.raises(ConfigError, match=message + ".*"):
+        validate_pipeline_config(config)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model_config { deepfm { deep { hidden_units: 4 } } }", "deepfm is not supported"),
+    ("model_config { multi_tower {} losses { l2_loss {} } }", "l2_loss is not supported"),
+    ("model_config { multi_tower {} metrics { accuracy {} } }", "accuracy is not supported"),
+    ("train_config { sparse_optimizer { lamb_optimizer { lr: 1 } } dense_optimizer { "
+     "adam_optimizer { lr: 1 } } }", "lamb_optimizer is not supported"),
+    ("data_config { dataset_type: KafkaDataset }", "KafkaDataset is not supported"),
+], ids=["deepfm", "loss", "metric", "sparse-optimizer", "dataset"])
+def test_unsupported_fields(text, message):
+    config = parse_pipeline_config(f'model_dir: "m"\n{text}')
+    with pytest.raises(ConfigError, match=message):
+        validate_pipeline_config(config)

@@ -1,0 +1,50 @@
+"""combo_feature: crossed tokens."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+import xxhash
+
+from hashrec.config import ConfigError
+from hashrec.features.combo_feature import CROSS_JOINER
+
+
+def _combo(options: str) -> str:
+    return ('feature_configs { combo_feature { feature_name: "x" expression: ["user:a", "item:b"] '
+            f'embedding_dim: 4 separator: "," {options} }} }}')
+
+
+def _h(a, b, size):
+    return xxhash.xxh64_intdigest(f"{a}{CROSS_JOINER}{b}".encode()) % size
+
+
+def test_cross_single_and_multi_value(feature_set):
+    fs = feature_set(_combo("hash_bucket_size: 97"))
+    batch = fs.parse(pa.table({"a": ["u1", "u2,u3", None], "b": ["i1", "i2,i3", "i4"]}))
+    jt = batch.sparse["x"]
+    assert jt.lengths.tolist() == [1, 4, 0]
+    want = [_h("u1", "i1", 97), _h("u2", "i2", 97), _h("u2", "i3", 97), _h("u3", "i2", 97),
+            _h("u3", "i3", 97)]
+    assert jt.values.tolist() == want
+    assert fs.input_columns == ["a", "b"]
+
+
+def test_cross_is_ordered(feature_set):
+    fs = feature_set(_combo("hash_bucket_size: 1000003"))
+    ab = fs.parse(pa.table({"a": ["p"], "b": ["q"]})).sparse["x"].values.tolist()
+    ba = fs.parse(pa.table({"a": ["q"], "b": ["p"]})).sparse["x"].values.tolist()
+    assert ab != ba
+
+
+def test_int_columns_cross_like_their_text(feature_set):
+    fs = feature_set(_combo("hash_bucket_size: 50"))
+    ints = fs.parse(pa.table({"a": [1], "b": [2]})).sparse["x"].values.tolist()
+    text = fs.parse(pa.table({"a": ["1"], "b": ["2"]})).sparse["x"].values.tolist()
+    assert ints == text == [_h(1, 2, 50)]
+
+
+def test_needs_two_inputs(feature_set):
+    with pytest.raises(ConfigError, match="at least two"):
+        feature_set('feature_configs { combo_feature { feature_name: "x" expression: "user:a" '
+                    'hash_bucket_size: 3 embedding_dim: 4 } }')

@@ -1,0 +1,129 @@
+"""id_feature: num_buckets, hashing, vocabularies, dynamic ids, multi-value, weights, nulls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import xxhash
+
+from hashrec.config import ConfigError
+from hashrec.features import FeatureError
+
+
+def _id(options: str, name: str = "f", column: str = "c") -> str:
+    return (f'feature_configs {{ id_feature {{ feature_name: "{name}" expression: "user:{column}"'
+            f' embedding_dim: 4 {options} }} }}')
+
+
+def _bags(batch, name):
+    jt = batch.sparse[name]
+    return jt.values.tolist(), jt.lengths.tolist()
+
+
+def test_num_buckets_in_range(feature_set):
+    fs = feature_set(_id("num_buckets: 10"))
+    batch = fs.parse(pa.table({"c": [3, 0, 9]}))
+    assert _bags(batch, "f") == ([3, 0, 9], [1, 1, 1])
+    assert fs.embedding_tables()[0].num_rows == 10
+
+
+@pytest.mark.parametrize("values, bad_row", [([1, 10, 2], 1), ([1, 2, -1], 2)],
+                         ids=["too-large", "negative"])
+def test_num_buckets_out_of_range_names_feature_column_row(feature_set, values, bad_row):
+    fs = feature_set(_id("num_buckets: 10"))
+    with pytest.raises(FeatureError, match=rf"'f'.*'c' row {bad_row}.*num_buckets=10"):
+        fs.parse(pa.table({"c": values}))
+
+
+def test_num_buckets_string_ids_and_non_integer(feature_set):
+    fs = feature_set(_id('num_buckets: 10 separator: ","'))
+    assert _bags(fs.parse(pa.table({"c": ["1,2", "7"]})), "f") == ([1, 2, 7], [2, 1])
+    with pytest.raises(FeatureError, match="'c' row 1: expected an integer id"):
+        fs.parse(pa.table({"c": ["1", "x"]}))
+
+
+def test_hash_bucket_size_is_stable_xxhash(feature_set):
+    fs = feature_set(_id("hash_bucket_size: 1000"))
+    batch = fs.parse(pa.table({"c": ["apple", "pear", "apple"]}))
+    want = [xxhash.xxh64_intdigest(b"apple") % 1000, xxhash.xxh64_intdigest(b"pear") % 1000]
+    assert _bags(batch, "f") == ([want[0], want[1], want[0]], [1, 1, 1])
+    # an integer id hashes like its decimal text
+    ints = fs.parse(pa.table({"c": pa.array([42], pa.int64())}))
+    assert ints.sparse["f"].values.tolist() == [xxhash.xxh64_intdigest(b"42") % 1000]
+
+
+def test_vocab_list_default_convention(feature_set):
+    fs = feature_set(_id('vocab_list: ["a", "b", "c"]'))
+    assert _bags(fs.parse(pa.table({"c": ["b", "zz", "a"]})), "f") == ([3, 1, 2], [1, 1, 1])
+    assert fs.embedding_tables()[0].num_rows == 5
+
+
+def test_vocab_list_with_default_bucketize_value(feature_set):
+    fs = feature_set(_id('vocab_list: ["a", "b"] default_bucketize_value: 2'))
+    assert _bags(fs.parse(pa.table({"c": ["b", "zz", "a"]})), "f") == ([1, 2, 0], [1, 1, 1])
+    assert fs.embedding_tables()[0].num_rows == 3
+
+
+def test_vocab_dict(feature_set):
+    fs = feature_set(_id('vocab_dict { key: "x" value: 5 } vocab_dict { key: "y" value: 2 } '
+                         'default_bucketize_value: 0'))
+    assert _bags(fs.parse(pa.table({"c": ["y", "x", "q"]})), "f") == ([2, 5, 0], [1, 1, 1])
+    assert fs.embedding_tables()[0].num_rows == 6
+
+
+def test_dynamicemb_keeps_raw_ids_and_hashes_strings(feature_set):
+    fs = feature_set(_id("dynamicemb { max_capacity: 100 }"))
+    big = 2**40 + 3
+    assert _bags(fs.parse(pa.table({"c": [big, -5]})), "f") == ([big, -5], [1, 1])
+    batch = fs.parse(pa.table({"c": ["17", "abc"]}))
+    want = np.array([xxhash.xxh64_intdigest(b"abc")], dtype=np.uint64).view(np.int64)[0]
+    assert batch.sparse["f"].values.tolist() == [17, int(want)]
+
+
+def test_multi_value_nulls_and_empty_bags(feature_set):
+    fs = feature_set(_id('num_buckets: 100 separator: "|"'))
+    batch = fs.parse(pa.table({"c": ["1|2|3", None, "", "4||5"]}))
+    assert _bags(batch, "f") == ([1, 2, 3, 4, 5], [3, 0, 0, 2])
+
+
+def test_default_value_fills_nulls(feature_set):
+    fs = feature_set(_id('num_buckets: 100 default_value: "7"'))
+    assert _bags(fs.parse(pa.table({"c": pa.array([1, None], pa.int64())})), "f") == ([1, 7], [1, 1])
+
+
+def test_list_column(feature_set):
+    fs = feature_set(_id("num_buckets: 100"))
+    batch = fs.parse(pa.table({"c": pa.array([[1, 2], [], None, [3]], pa.list_(pa.int64()))}))
+    assert _bags(batch, "f") == ([1, 2, 3], [2, 0, 0, 1])
+
+
+def test_weighted(feature_set):
+    fs = feature_set(_id('num_buckets: 100 separator: "," weighted: true'))
+    batch = fs.parse(pa.table({"c": ["1:0.5,2:2", "3:1"]}))
+    assert _bags(batch, "f") == ([1, 2, 3], [2, 1])
+    assert batch.sparse.weights().tolist() == [0.5, 2.0, 1.0]
+    assert fs.embedding_features()[0].weighted
+    with pytest.raises(FeatureError, match="row 1.*not id:weight"):
+        fs.parse(pa.table({"c": ["1:1", "2"]}))
+
+
+def test_missing_column_and_wrong_dtype(feature_set):
+    fs = feature_set(_id("num_buckets: 10"))
+    with pytest.raises(FeatureError, match="'f'.*column 'c' is missing"):
+        fs.parse(pa.table({"other": [1]}))
+    with pytest.raises(FeatureError, match="'f'.*'c'.*expected integer ids"):
+        fs.parse(pa.table({"c": [1.5]}))
+    with pytest.raises(FeatureError, match="'f'.*'c' has type bool"):
+        fs.parse(pa.table({"c": [True]}))
+
+
+@pytest.mark.parametrize("options, message", [
+    ("", "set one of"),
+    ("num_buckets: 3 hash_bucket_size: 4", "only one of"),
+    ("num_buckets: 0", "num_buckets must be > 0"),
+    ('num_buckets: 3 pooling: "max"', "pooling 'max'"),
+], ids=["no-bucketing", "two-bucketings", "zero-buckets", "bad-pooling"])
+def test_config_errors(feature_set, options, message):
+    with pytest.raises(ConfigError, match=message):
+        feature_set(_id(options))

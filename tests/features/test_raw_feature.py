@@ -1,0 +1,78 @@
+"""raw_feature: dense values, value_dim, normalizers, boundaries, bad numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from hashrec.config import ConfigError
+from hashrec.features import FeatureError
+
+
+def _raw(options: str = "") -> str:
+    return f'feature_configs {{ raw_feature {{ feature_name: "r" expression: "item:c" {options} }} }}'
+
+
+def test_dense_values_and_null_default(feature_set):
+    fs = feature_set(_raw('default_value: "-1"'))
+    batch = fs.parse(pa.table({"c": pa.array([1.5, None, 3.0])}))
+    assert batch.dense["r"].tolist() == [[1.5], [-1.0], [3.0]]
+    assert batch.dense["r"].dtype.is_floating_point
+    assert fs.dense_features() == {"r": 1}
+    assert fs.output_dim("r") == 1
+
+
+def test_value_dim_from_strings_and_lists(feature_set):
+    fs = feature_set(_raw('value_dim: 2 separator: ","'))
+    assert fs.parse(pa.table({"c": ["1,2", "3,4"]})).dense["r"].tolist() == [[1, 2], [3, 4]]
+    lists = pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float64()))
+    assert fs.parse(pa.table({"c": lists})).dense["r"].tolist() == [[1, 2], [3, 4]]
+    with pytest.raises(FeatureError, match="row 1: has 1 values, expected value_dim=2"):
+        fs.parse(pa.table({"c": ["1,2", "3"]}))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_non_finite_values_name_feature_and_row(feature_set, bad):
+    fs = feature_set(_raw())
+    with pytest.raises(FeatureError, match=r"'r'.*'c' row 2.*not finite"):
+        fs.parse(pa.table({"c": [1.0, 2.0, bad]}))
+
+
+def test_non_numeric_strings(feature_set):
+    with pytest.raises(FeatureError, match="not numbers"):
+        feature_set(_raw()).parse(pa.table({"c": ["1", "x"]}))
+
+
+@pytest.mark.parametrize("normalizer, values, want", [
+    ("method=log10,threshold=1e-10,default=-10", [100.0, 0.0], [2.0, -10.0]),
+    ("method=zscore,mean=1,standard_deviation=2", [5.0, 1.0], [2.0, 0.0]),
+    ("method=minmax,min=2,max=4", [3.0, 4.0], [0.5, 1.0]),
+], ids=["log10", "zscore", "minmax"])
+def test_normalizers(feature_set, normalizer, values, want):
+    fs = feature_set(_raw(f'normalizer: "{normalizer}"'))
+    got = fs.parse(pa.table({"c": values})).dense["r"][:, 0].tolist()
+    assert np.allclose(got, want)
+
+
+def test_boundaries_bucketize(feature_set):
+    fs = feature_set(_raw("boundaries: [1, 2, 5] embedding_dim: 8"))
+    batch = fs.parse(pa.table({"c": [0.5, 1.0, 4.9, 5.0, 100.0]}))
+    assert batch.sparse["r"].values.tolist() == [0, 1, 2, 3, 3]
+    assert fs.embedding_tables()[0].num_rows == 4
+    assert fs.output_dim("r") == 8
+    assert fs.dense_features() == {}
+
+
+@pytest.mark.parametrize("options, message", [
+    ("boundaries: [3, 1] embedding_dim: 4", "ascending"),
+    ("boundaries: [1, 2]", "embedding_dim must be > 0"),
+    ('normalizer: "method=expression,expr=x"', "method must be one of"),
+    ('normalizer: "method=zscore,mean=1"', "needs"),
+    ("value_dim: 0", "value_dim must be >= 1"),
+], ids=["unsorted", "no-dim", "expression", "zscore-missing", "zero-dim"])
+def test_config_errors(feature_set, options, message):
+    with pytest.raises(ConfigError, match=message):
+        feature_set(_raw(options))

@@ -1,0 +1,88 @@
+"""Sequence features: splitting, truncation, shared tables, raw sub-features."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from hashrec.config import ConfigError
+
+TOP = ('feature_configs { id_feature { feature_name: "item" expression: "item:item" '
+       'embedding_dim: 4 dynamicemb { max_capacity: 100 } } }\n')
+SEQ = ('feature_configs { sequence_feature { sequence_name: "s" sequence_length: 3 '
+       'sequence_delim: "|" features { id_feature { feature_name: "item" '
+       'expression: "item:item" embedding_dim: 4 } } features { raw_feature { '
+       'feature_name: "price" expression: "item:price" } } } }\n')
+
+
+def test_sub_features_split_truncate_and_share(feature_set):
+    fs = feature_set(TOP + SEQ)
+    batch = fs.parse(pa.table({
+        "item": [1, 2],
+        "s__item": ["5|6|7|8", ""],
+        "s__price": ["1.5|2|3|4", None],
+    }))
+    jt = batch.sparse["s__item"]
+    # most recent first: the first sequence_length items are kept
+    assert jt.values.tolist() == [5, 6, 7]
+    assert jt.lengths.tolist() == [3, 0]
+    assert batch.sequence_dense["s__price"].shape == (2, 3, 1)
+    assert batch.sequence_dense["s__price"][:, :, 0].tolist() == [[1.5, 2, 3], [0, 0, 0]]
+    (table,) = fs.embedding_tables()
+    assert table.name == "item" and table.features == ("item", "s__item") and table.is_dynamic
+    spec = {f.name: f for f in fs.embedding_features()}["s__item"]
+    assert (spec.table, spec.is_sequence, spec.max_length) == ("item", True, 3)
+    assert fs.sequence_dense_features() == {"s__price": 1}
+
+
+def test_list_columns(feature_set):
+    fs = feature_set(TOP + SEQ)
+    batch = fs.parse(pa.table({
+        "item": [1],
+        "s__item": pa.array([[9, 8, 7, 6]], pa.list_(pa.int64())),
+        "s__price": pa.array([[1.0]], pa.list_(pa.float64())),
+    }))
+    assert batch.sparse["s__item"].values.tolist() == [9, 8, 7]
+
+
+def test_shared_num_buckets_are_checked(feature_set):
+    top = ('feature_configs { id_feature { feature_name: "item" expression: "item:item" '
+           'embedding_dim: 4 num_buckets: 10 } }\n')
+    fs = feature_set(top + SEQ)
+    with pytest.raises(Exception, match=r"'s__item'.*'s__item' row 0.*num_buckets=10"):
+        fs.parse(pa.table({"item": [1], "s__item": ["3|12"], "s__price": ["1|2"]}))
+
+
+def test_sub_feature_without_owner_or_bucketing(feature_set):
+    with pytest.raises(ConfigError, match="s__item.*set one of"):
+        feature_set(SEQ)
+
+
+def test_sub_feature_dim_must_match_shared_table(feature_set):
+    with pytest.raises(ConfigError, match="embedding_dim 4 differs"):
+        feature_set(TOP.replace("embedding_dim: 4", "embedding_dim: 8") + SEQ)
+
+
+def test_sub_feature_with_own_bucketing_gets_own_table(feature_set):
+    seq = SEQ.replace('expression: "item:item" embedding_dim: 4 }',
+                      'expression: "item:item" embedding_dim: 4 hash_bucket_size: 7 }')
+    fs = feature_set(TOP + seq)
+    assert [t.name for t in fs.embedding_tables()] == ["item", "s__item"]
+
+
+def test_top_level_sequence_id_and_raw(feature_set):
+    fs = feature_set(
+        'feature_configs { sequence_id_feature { feature_name: "hist" expression: "user:hist" '
+        'embedding_dim: 4 num_buckets: 50 sequence_length: 2 sequence_delim: ";" } }\n'
+        'feature_configs { sequence_raw_feature { feature_name: "hp" expression: "user:hp" '
+        'sequence_length: 2 sequence_delim: ";" } }')
+    batch = fs.parse(pa.table({"hist": ["1;2;3", "4"], "hp": ["0.5;1;2", None]}))
+    assert batch.sparse["hist"].values.tolist() == [1, 2, 4]
+    assert batch.sparse["hist"].lengths.tolist() == [2, 1]
+    assert batch.sequence_dense["hp"][:, :, 0].tolist() == [[0.5, 1.0], [0.0, 0.0]]
+
+
+def test_sequence_length_required(feature_set):
+    with pytest.raises(ConfigError, match="sequence_length > 0"):
+        feature_set('feature_configs { sequence_id_feature { feature_name: "h" expression: '
+                    '"user:h" embedding_dim: 4 num_buckets: 5 } }')

@@ -1,0 +1,80 @@
+"""Tables: embedding_name sharing, dynamic options from DynamicEmbedding, fusion groups."""
+
+from __future__ import annotations
+
+import pytest
+
+from hashrec.config import ConfigError
+from hashrec.table.options import InitializerMode, ScoreStrategy
+
+
+def _id(name: str, options: str) -> str:
+    return (f'feature_configs {{ id_feature {{ feature_name: "{name}" expression: "user:{name}" '
+            f'{options} }} }}\n')
+
+
+def test_embedding_name_shares_a_dense_table(feature_set):
+    fs = feature_set(_id("a", 'embedding_dim: 4 num_buckets: 9 embedding_name: "t"')
+                     + _id("b", 'embedding_dim: 4 num_buckets: 9 embedding_name: "t"'))
+    (table,) = fs.embedding_tables()
+    assert (table.name, table.num_rows, table.features) == ("t", 9, ("a", "b"))
+    assert [f.table for f in fs.embedding_features()] == ["t", "t"]
+
+
+@pytest.mark.parametrize("b_options, message", [
+    ('embedding_dim: 8 num_buckets: 9 embedding_name: "t"', "embedding_dim 4 and 8"),
+    ('embedding_dim: 4 num_buckets: 3 embedding_name: "t"', "9 and 3 rows"),
+    ('embedding_dim: 4 dynamicemb { max_capacity: 5 } embedding_name: "t"', "dense table"),
+], ids=["dim", "rows", "dense-vs-dynamic"])
+def test_inconsistent_sharing(feature_set, b_options, message):
+    with pytest.raises(ConfigError, match=message):
+        feature_set(_id("a", 'embedding_dim: 4 num_buckets: 9 embedding_name: "t"')
+                    + _id("b", b_options))
+
+
+def test_dynamic_options_from_dynamicemb(feature_set):
+    fs = feature_set(_id("u", """embedding_dim: 8 dynamicemb {
+        max_capacity: 4096 init_capacity_per_rank: 1024 bucket_capacity: 64
+        cache_load_factor: 0.5 caching: true score_strategy: "LFU"
+        initializer_args { mode: "NORMAL"; std_dev: 0.05 }
+        eval_initializer_args { mode: "CONSTANT" value: 0.25 }
+        frequency_admission_strategy { threshold: 3 counter_capacity: 512
+            initializer_args { mode: "UNIFORM" lower: -0.1 upper: 0.1 } } }"""))
+    opts = fs.embedding_tables()[0].dynamic
+    assert (opts.dim, opts.max_capacity, opts.init_capacity, opts.bucket_capacity) == (8, 4096,
+                                                                                     1024, 64)
+    assert opts.score_strategy == ScoreStrategy.LFU
+    assert (opts.cache_load_factor, opts.caching) == (0.5, True)
+    assert opts.initializer.mode == InitializerMode.NORMAL
+    assert opts.initializer.std_dev == pytest.approx(0.05)
+    assert opts.eval_initializer.value == pytest.approx(0.25)
+    assert opts.admission.threshold == 3 and opts.admission.counter_capacity == 512
+    assert opts.admission.initializer.mode == InitializerMode.UNIFORM
+    assert opts.optimizer is None
+
+
+def test_dynamic_defaults(feature_set):
+    fs = feature_set(_id("u", "embedding_dim: 8 dynamicemb { max_capacity: 100 }"))
+    opts = fs.embedding_tables()[0].dynamic
+    assert opts.initializer.mode == InitializerMode.UNIFORM
+    assert opts.eval_initializer.mode == InitializerMode.CONSTANT
+    assert opts.score_strategy == ScoreStrategy.STEP
+    assert opts.admission is None and opts.init_capacity is None and opts.cache_load_factor == 1.0
+
+
+def test_bad_dynamic_option_names_table(feature_set):
+    with pytest.raises(ConfigError, match="table 'u'.*score_strategy"):
+        feature_set(_id("u", 'embedding_dim: 8 dynamicemb { max_capacity: 10 '
+                             'score_strategy: "OLDEST" }'))
+
+
+def test_fusion_group_is_the_single_deep_group(feature_set):
+    dyn = "embedding_dim: 4 dynamicemb { max_capacity: 10 }"
+    model = ('model_config { feature_groups { group_name: "deep" feature_names: ["a", "b", "c"] '
+             'group_type: DEEP } feature_groups { group_name: "deep2" feature_names: ["c"] '
+             'group_type: DEEP } feature_groups { group_name: "seq" feature_names: ["a"] '
+             'group_type: SEQUENCE } }')
+    fs = feature_set(_id("a", dyn) + _id("b", dyn) + _id("c", dyn) + _id("d", dyn)
+                     + _id("n", "embedding_dim: 4 num_buckets: 3"), model)
+    groups = {t.name: t.fusion_group for t in fs.embedding_tables()}
+    assert groups == {"a": "deep", "b": "deep", "c": None, "d": None, "n": None}
