@@ -71,9 +71,10 @@ def feature_infos(feature_set) -> dict[str, FeatureInfo]:
     for spec in feature_set.embedding_features():
         infos[spec.name] = FeatureInfo(spec.name, int(feature_set.output_dim(spec.name)),
                                        True, bool(spec.is_sequence))
-    sequence_dense = set(getattr(feature_set, "sequence_dense_features", lambda: {})())
     for name, value_dim in feature_set.dense_features().items():
-        infos[name] = FeatureInfo(name, int(value_dim), False, name in sequence_dense)
+        infos[name] = FeatureInfo(name, int(value_dim), False, False)
+    for name, value_dim in feature_set.sequence_dense_features().items():
+        infos[name] = FeatureInfo(name, int(value_dim), False, True)
     return infos
 
 

@@ -52,6 +52,9 @@ class FakeFeatureSet:
     def dense_features(self):
         return {"price": 1}
 
+    def sequence_dense_features(self):
+        return {}
+
     def output_dim(self, name):
         return 1 if name == "price" else DIM
 

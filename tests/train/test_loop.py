@@ -1,0 +1,89 @@
+import logging
+
+import pytest
+import torch
+from google.protobuf import text_format
+
+from hashrec.config import train_pb2
+from hashrec.train.checkpoints import check_model_dir, resolve_checkpoint
+from hashrec.train.errors import TrainError
+from hashrec.train.loop import LoopOptions, clip_gradients
+from hashrec.train.progress import ProgressLog, format_tables
+
+
+def _clipping(text):
+    return text_format.Parse(text, train_pb2.GradClipping())
+
+
+def _params_with_grad(values):
+    p = torch.nn.Parameter(torch.zeros(len(values)))
+    p.grad = torch.tensor(values)
+    return [p]
+
+
+def test_clip_by_norm():
+    params = _params_with_grad([3.0, 4.0])
+    clip_gradients(params, _clipping('clipping_type: "norm" max_gradient: 1.0'))
+    assert torch.allclose(params[0].grad.norm(), torch.tensor(1.0), atol=1e-5)
+
+
+def test_clip_by_value_and_none():
+    params = _params_with_grad([3.0, -4.0, 0.5])
+    clip_gradients(params, _clipping('clipping_type: "value" max_gradient: 1.0'))
+    assert params[0].grad.tolist() == [1.0, -1.0, 0.5]
+    params = _params_with_grad([3.0])
+    clip_gradients(params, _clipping('clipping_type: "none"'))
+    clip_gradients(params, None)
+    assert params[0].grad.tolist() == [3.0]
+
+
+def test_clip_unknown_type():
+    with pytest.raises(TrainError, match="clipping_type"):
+        clip_gradients(_params_with_grad([1.0]), _clipping('clipping_type: "l3"'))
+
+
+@pytest.mark.parametrize("steps,epochs,expected", [(0, 0, 1), (100, 0, None), (100, 3, 3),
+                                                   (0, 2, 2)],
+                         ids=["default-one-epoch", "steps-only", "both", "epochs"])
+def test_max_epochs(steps, epochs, expected):
+    assert LoopOptions(num_steps=steps, num_epochs=epochs).max_epochs == expected
+
+
+def test_check_model_dir(tmp_path):
+    check_model_dir(str(tmp_path), continue_train=False)
+    (tmp_path / "model.ckpt-10").mkdir()
+    with pytest.raises(TrainError, match="--continue_train"):
+        check_model_dir(str(tmp_path), continue_train=False)
+    check_model_dir(str(tmp_path), continue_train=True)
+
+
+def test_resolve_checkpoint_errors(tmp_path):
+    with pytest.raises(TrainError, match="does not exist"):
+        resolve_checkpoint(str(tmp_path / "nope"))
+    with pytest.raises(TrainError, match="no complete checkpoint"):
+        resolve_checkpoint(str(tmp_path))
+    (tmp_path / "model.ckpt-5").mkdir()
+    assert resolve_checkpoint(str(tmp_path / "model.ckpt-5")).endswith("model.ckpt-5")
+
+
+def test_progress_throttle_and_line(caplog):
+    progress = ProgressLog(every=2)
+    assert not progress.due(1) and progress.due(2) and not ProgressLog(0).due(2)
+    progress.record(10, torch.tensor(0.5))
+    progress.record(10, 0.7)
+    counters = {"user_id": {"size": 5, "capacity": 8, "load_factor": 0.625, "evictions": 1,
+                            "refused": 0, "admission_rejected": 3}}
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        window = progress.report(2, {"dense": 0.1}, counters)
+    assert window["loss"] == pytest.approx(0.6)
+    assert "step 2 | loss 0.60000" in caplog.text
+    assert "user_id size 5 load 0.62 evict 1 reject 3" in caplog.text
+
+
+def test_progress_silent_off_rank_zero(caplog):
+    progress = ProgressLog(every=1, rank=1)
+    progress.record(1, 0.1)
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        progress.report(1, {}, {})
+    assert caplog.text == ""
+    assert format_tables({}) == ""
