@@ -1,0 +1,56 @@
+import os
+
+import pytest
+
+from hashrec.config import load_pipeline_config
+from hashrec.data import DataError, create_dataloader, read_options
+from hashrec.features import build_feature_set
+from hashrec.tools.gen_taobao_data import generate
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+
+
+@pytest.fixture(scope="module")
+def taobao(tmp_path_factory):
+    out = tmp_path_factory.mktemp("taobao")
+    generate(str(out), num_rows=3000, num_files=2, seed=0, scale=0.01, eval_rows=1000,
+             row_group_size=700, quiet=True)
+    return str(out)
+
+
+@pytest.mark.parametrize("config", ["multi_tower_din_taobao.config",
+                                    "multi_tower_din_taobao_dynamicemb.config"],
+                         ids=["num_buckets", "dynamicemb"])
+@pytest.mark.parametrize("workers", [0, 2], ids=["main", "workers2"])
+def test_example_configs_read_generated_taobao_data(taobao, config, workers):
+    pipeline = load_pipeline_config(os.path.join(EXAMPLES, config))
+    features = build_feature_set(pipeline)
+    loader = create_dataloader(pipeline.data_config, features, f"{taobao}/train", "train",
+                               batch_size=512, num_workers=workers)
+    batches = list(loader)
+    assert sum(b.batch_size for b in batches) == 3000
+    keys = set(batches[0].sparse.keys())
+    assert {"user_id", "adgroup_id", "click_50_seq__brand"} <= keys
+    assert set(batches[0].labels) == {"clk"}
+    evaluation = create_dataloader(pipeline.data_config, features, f"{taobao}/eval", "eval",
+                                   batch_size=512, num_workers=workers)
+    assert sum(b.batch_size for b in evaluation) == 1000
+
+
+def test_proto_data_config_enums_are_read(taobao):
+    pipeline = load_pipeline_config(os.path.join(EXAMPLES, "multi_tower_din_taobao.config"))
+    cfg = pipeline.data_config
+    opts = read_options(cfg, "eval")
+    assert opts.batch_size == cfg.batch_size and not opts.shuffle
+    cfg.dataset_type = cfg.DESCRIPTOR.fields_by_name["dataset_type"].enum_type.values_by_name[
+        "KafkaDataset"].number
+    with pytest.raises(DataError, match="KafkaDataset is not supported"):
+        create_dataloader(cfg, build_feature_set(pipeline), f"{taobao}/eval", "eval")
+
+
+def test_read_options_reject_bad_values():
+    pipeline = load_pipeline_config(os.path.join(EXAMPLES, "multi_tower_din_taobao.config"))
+    with pytest.raises(ValueError, match="mode"):
+        read_options(pipeline.data_config, "serve")
+    with pytest.raises(ValueError, match="rank"):
+        read_options(pipeline.data_config, "train", rank=2, world_size=2)
