@@ -85,7 +85,7 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
         return out
     if slots is not None and fallback is None:
         fallback = torch.zeros(slots.numel(), dim, dtype=torch.float32, device=rows.device)
-    dim_p2 = triton.next_power_of_2(dim)
+    dim_p2 = max(32, triton.next_power_of_2(dim))  # [64, 16] tiles hit a compiler bug (triton 3.6)
     bb = rows_per_program(dim_p2)
     _pool_kernel[(triton.cdiv(num_bags, bb),)](
         rows, rows.stride(0), slots if slots is not None else inverse,
@@ -143,7 +143,7 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
         return
     apply = table_values is not None
     hp = kernel_hyper(spec, lr, step) if apply else KernelHyper(kind=0, lr=0.0)
-    dim_p2 = triton.next_power_of_2(dim)
+    dim_p2 = max(32, triton.next_power_of_2(dim))  # [64, 16] tiles hit a compiler bug (triton 3.6)
     br = rows_per_program(dim_p2)
     dummy = grads
     _reduce_kernel[(triton.cdiv(u, br),)](

@@ -37,7 +37,7 @@ def gather_padded(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tens
     total = batch * max_length
     if total == 0:
         return out
-    dim_p2 = triton.next_power_of_2(dim)
+    dim_p2 = max(32, triton.next_power_of_2(dim))  # [64, 16] tiles hit a compiler bug (triton 3.6)
     br = rows_per_program(dim_p2)
     _gather_kernel[(triton.cdiv(total, br),)](
         rows.contiguous(), inverse.contiguous(), offsets.contiguous(), out, total, max_length,

@@ -1,0 +1,207 @@
+"""EmbeddingCollection: features in, pooled and sequence embeddings out.
+
+Tables are dense (``num_rows`` known, rows in a buffer) or dynamic (a
+``HashTable`` per storage, possibly fused across tables; see ``plan``). Per
+forward and per storage, the ids of every feature reading it are deduplicated
+and looked up once; backward applies the sparse optimizer to the looked-up rows
+in place (see ``lookup``). The collection has no ``nn.Parameter``: the dense
+optimizer never sees embeddings, and dense tables' rows and optimizer state
+travel in ``state_dict`` as buffers. Dynamic tables are reached through
+``dynamic_tables()`` and ``table_locations()`` (checkpoints, exports).
+
+Step clock: every training-mode forward advances the step of every storage once
+before its lookups (STEP scores, Adam bias correction); eval-mode forwards do
+not. Train mode admits, inserts and updates scores; eval mode is read-only and
+missing keys read as the table's ``eval_initializer``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hashrec.embedding.batching import FeatureIds, dedup_storage, feature_ids
+from hashrec.embedding.dense_table import DenseTable
+from hashrec.embedding.errors import EmbeddingError
+from hashrec.embedding.jagged import KeyedJaggedTensor
+from hashrec.embedding.lookup import Storage, lookup_rows
+from hashrec.embedding.output import EmbeddingOutput
+from hashrec.embedding.plan import plan_storages
+from hashrec.embedding.pooling import gather_sequences, pool_bags
+from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
+from hashrec.embedding.stats import collection_stats
+from hashrec.table import HashTable
+from hashrec.table.optim import OPTIMIZER_SPECS, OptimizerSpec
+
+
+def _check_specs(tables: list[EmbeddingTableSpec], features: list[EmbeddingFeatureSpec],
+                 optimizer: OptimizerSpec) -> None:
+    if not isinstance(optimizer, OPTIMIZER_SPECS):
+        allowed = ", ".join(spec.__name__ for spec in OPTIMIZER_SPECS)
+        raise EmbeddingError(f"sparse_optimizer={optimizer!r} is not valid; allowed: {allowed}")
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        raise EmbeddingError(f"duplicate table names in {names}")
+    feature_names = [f.name for f in features]
+    if len(set(feature_names)) != len(feature_names):
+        raise EmbeddingError(f"duplicate feature names in {feature_names}")
+    for f in features:
+        if f.table not in names:
+            raise EmbeddingError(f"feature {f.name!r} reads unknown table {f.table!r}; "
+                                 f"tables: {names}")
+        if f.is_sequence and f.max_length <= 0:
+            raise EmbeddingError(f"sequence feature {f.name!r}: max_length must be > 0, "
+                                 f"got {f.max_length}")
+        if f.pooling not in ("sum", "mean"):
+            raise EmbeddingError(f"feature {f.name!r}: pooling={f.pooling!r} is not valid; "
+                                 f"allowed: sum, mean")
+
+
+class EmbeddingCollection(nn.Module):
+    """Dense and dynamic embedding tables read by named sparse features.
+
+    Args:
+        tables: the tables (dense: ``num_rows``; dynamic: ``dynamic`` TableOptions).
+        features: the KeyedJaggedTensor keys and the table each reads.
+        sparse_optimizer: ``SparseSGD`` | ``SparseAdagrad`` | ``SparseRowWiseAdagrad`` |
+            ``SparseAdam``; fills ``TableOptions.optimizer`` where it is None and
+            updates dense tables.
+        device: device of every table (None -> CPU); dynamic tables' options are
+            placed there. Dynamic tables do not follow ``.to()``: build the
+            collection on the device it runs on.
+    """
+
+    def __init__(self, tables: list[EmbeddingTableSpec], features: list[EmbeddingFeatureSpec],
+                 sparse_optimizer: OptimizerSpec,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        _check_specs(tables, features, sparse_optimizer)
+        self._device = torch.device("cpu" if device is None else device)
+        self._features = {f.name: f for f in features}
+        self.dense_tables = nn.ModuleDict()
+        self._storages: list[Storage] = []
+        self._locations: dict[str, tuple[str, int]] = {}
+        for plan in plan_storages(tables, sparse_optimizer, self._device):
+            if plan.is_dynamic:
+                table = HashTable(plan.options)
+            else:
+                spec = plan.tables[0]
+                table = DenseTable(spec.name, spec.num_rows, spec.dim, sparse_optimizer,
+                                   spec.initializer, self._device)
+                self.dense_tables[spec.name] = table
+            self._storages.append(Storage(plan, table))
+            for tag, spec in enumerate(plan.tables):
+                self._locations[spec.name] = (plan.name, tag)
+        self._readers = self._group_features(features)
+
+    def _group_features(self, features) -> dict[str, list[list[EmbeddingFeatureSpec]]]:
+        readers = {s.name: [[] for _ in s.plan.tables] for s in self._storages}
+        for f in features:
+            storage, tag = self._locations[f.table]
+            readers[storage][tag].append(f)
+        return readers
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def feature_names(self) -> list[str]:
+        return list(self._features)
+
+    def forward(self, kjt: KeyedJaggedTensor) -> EmbeddingOutput:
+        """Embeds every feature: kjt holding all feature keys (extra keys are ignored).
+
+        Returns:
+            EmbeddingOutput with ``pooled[name]`` (B, dim) and
+            ``sequences[name]`` ((B, max_length, dim), lengths (B,)).
+        """
+        bags = self._check_input(kjt)
+        if self.training:
+            for storage in self._storages:
+                storage.table.advance_step()
+        out = EmbeddingOutput()
+        for storage in self._storages:
+            readers = self._readers[storage.name]
+            if not any(readers):
+                continue
+            ids = [[feature_ids(f, bags[f.name]) for f in fs] for fs in readers]
+            if not storage.plan.is_dynamic:
+                self._check_dense_ids(storage, ids[0])
+            batch = dedup_storage(ids, storage.plan.fused)
+            rows, slots = lookup_rows(storage, batch.keys, batch.tags, batch.counts,
+                                      self.training)
+            self._count(storage, batch.unique_per_table, ids, slots)
+            for f in batch.features:
+                self._emit(out, f, rows)
+        return out
+
+    def _check_input(self, kjt: KeyedJaggedTensor) -> dict:
+        missing = [name for name in self._features if name not in kjt.keys()]
+        if missing:
+            raise EmbeddingError(f"KeyedJaggedTensor lacks features {missing}; "
+                                 f"it has {kjt.keys()}")
+        if kjt.device.type != self._device.type or (
+                self._device.index is not None and kjt.device != self._device):
+            raise EmbeddingError(f"KeyedJaggedTensor is on {kjt.device} but the embedding "
+                                 f"collection is on {self._device}; move the batch first")
+        return {name: kjt[name] for name in self._features}
+
+    def _check_dense_ids(self, storage: Storage, ids: list[FeatureIds]) -> None:
+        num_rows = storage.table.num_rows
+        for f in ids:
+            if f.values.numel() and bool(((f.values < 0) | (f.values >= num_rows)).any()):
+                bad = f.values[(f.values < 0) | (f.values >= num_rows)][:5].tolist()
+                raise EmbeddingError(
+                    f"feature {f.spec.name!r}: ids {bad} are outside [0, {num_rows}) of "
+                    f"table {storage.name!r}; check num_buckets / hash_bucket_size")
+
+    def _emit(self, out: EmbeddingOutput, f: FeatureIds, rows: torch.Tensor) -> None:
+        if f.spec.is_sequence:
+            padded = gather_sequences(rows, f.inverse, f.offsets, f.spec.max_length)
+            out.sequences[f.spec.name] = (padded, f.lengths)
+        else:
+            out.pooled[f.spec.name] = pool_bags(rows, f.inverse, f.offsets, f.weights,
+                                                f.spec.pooling == "mean")
+
+    def _count(self, storage: Storage, unique_per_table: list[int],
+               ids: list[list[FeatureIds]], slots: torch.Tensor) -> None:
+        start = 0
+        for counters, unique, features in zip(storage.counters, unique_per_table, ids):
+            if features:
+                counters.record(sum(f.values.numel() for f in features),
+                                slots[start:start + unique])
+            start += unique
+
+    # -- learning rate, tables, statistics ---------------------------------------------
+    def set_learning_rate(self, lr: float) -> None:
+        """Sets the sparse optimizer's learning rate of every table (LR schedules)."""
+        for storage in self._storages:
+            storage.lr = float(lr)
+
+    def dynamic_tables(self) -> dict[str, HashTable]:
+        """Dynamic storages by storage name (a fused storage serves several tables)."""
+        return {s.name: s.table for s in self._storages if s.plan.is_dynamic}
+
+    def table_locations(self) -> dict[str, tuple[str, int]]:
+        """Logical table -> (storage name, tag); dense tables map to (their name, 0)."""
+        return dict(self._locations)
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes held by all storages: {"gpu": ..., "host": ...}."""
+        total = {"gpu": 0, "host": 0}
+        for storage in self._storages:
+            for where, size in storage.table.memory_bytes().items():
+                total[where] = total.get(where, 0) + size
+        return total
+
+    def stats(self) -> dict[str, dict[str, dict]]:
+        """Counters to log: {"tables": {table: {...}}, "storages": {storage: {...}}}.
+
+        Per logical table: storage, tag, size, lookups (forwards that read it), ids,
+        unique_ids, stored, stored_rate. Per storage: the table's counters (lookups
+        and hits of unique keys, inserts, evictions, refused, admission_rejected,
+        growths, size, capacity) plus load_factor, hit_rate, tables and memory_bytes;
+        fused tables share their storage's. See ``hashrec.embedding.stats``.
+        """
+        return collection_stats(self._storages)

@@ -1,0 +1,118 @@
+"""Dense embedding table: a fixed row matrix updated by the sparse optimizer.
+
+A dense table (``num_buckets``, ``hash_bucket_size``, vocab or boundaries
+features) stores its rows in one registered buffer ``rows`` of shape
+(num_rows, dim + state_dim): the embedding followed by the optimizer state, the
+same row layout as a dynamic table. Being a buffer, it travels in the model's
+``state_dict`` together with its optimizer state, and the dense optimizer never
+sees it: backward updates it in place with
+``hashrec.table.ops.optimizer.apply_sparse_update``, exactly like dynamic rows.
+
+Initialization follows TorchRec's default for embedding tables, which
+TorchEasyRec inherits: uniform in +-sqrt(1 / num_rows) (``InitializerArgs()``
+resolved against ``num_rows``); an explicit ``InitializerArgs`` may choose
+NORMAL, TRUNCATED_NORMAL, UNIFORM or CONSTANT instead.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from hashrec.table.initializers import initial_values
+from hashrec.table.ops.optimizer import apply_sparse_update
+from hashrec.table.optim import OptimizerSpec
+from hashrec.table.options import InitializerArgs
+
+
+class DenseLookup(NamedTuple):
+    """Result of ``DenseTable.lookup``: slots (u,) int64 (the ids) and values (u, dim) float32."""
+
+    slots: torch.Tensor
+    values: torch.Tensor
+
+
+class DenseTable(nn.Module):
+    """Rows known in advance; ids index rows directly.
+
+    Args:
+        name: table name (error messages).
+        num_rows: rows of the table; ids must lie in [0, num_rows).
+        dim: embedding dimension.
+        optimizer: sparse optimizer spec; decides the state columns.
+        initializer: None -> uniform +-sqrt(1 / num_rows) (TorchRec's default).
+        device: where ``rows`` lives.
+    """
+
+    def __init__(self, name: str, num_rows: int, dim: int, optimizer: OptimizerSpec,
+                 initializer: InitializerArgs | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.name, self.num_rows, self.dim, self.optimizer = name, num_rows, dim, optimizer
+        state_dim = optimizer.state_dim(dim)
+        rows = torch.empty(num_rows, dim + state_dim, dtype=torch.float32, device=device)
+        args = (initializer or InitializerArgs()).resolved(dim, num_rows)
+        ids = torch.arange(num_rows, dtype=torch.int64, device=device)
+        rows[:, :dim] = initial_values(args, ids, None, dim, torch.float32)
+        if state_dim:
+            rows[:, dim:] = optimizer.initial_state(dim).to(rows.device)
+        self.register_buffer("rows", rows)
+        # The step of Adam's bias correction; a buffer so that checkpoints carry it.
+        self.register_buffer("step_count", torch.zeros((), dtype=torch.int64, device=device))
+        self._step = 0
+
+    @property
+    def step(self) -> int:
+        """Training steps taken (advanced once per training forward)."""
+        return self._step
+
+    @property
+    def device(self) -> torch.device:
+        return self.rows.device
+
+    @property
+    def row_dim(self) -> int:
+        return self.rows.shape[1]
+
+    def advance_step(self) -> None:
+        """Advances the step clock by one (the collection calls it once per training forward)."""
+        self._step += 1
+        self.step_count.fill_(self._step)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._step = int(self.step_count)
+
+    def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None = None,
+               train: bool = False, counts: torch.Tensor | None = None) -> DenseLookup:
+        """keys (u,) int64 ids in [0, num_rows) -> DenseLookup(slots=keys, values (u, dim)).
+
+        ``tags``, ``train`` and ``counts`` are accepted for symmetry with
+        ``HashTable.lookup``; a dense table has no namespaces, never inserts and has no
+        admission. The caller validates ids.
+        """
+        return DenseLookup(keys, self.rows.index_select(0, keys)[:, :self.dim].float())
+
+    def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor,
+                        lr: float | None = None) -> None:
+        """In-place optimizer update of rows ``slots`` (u,) unique with grads (u, dim)."""
+        if slots.numel() == 0:
+            return
+        rate = self.optimizer.lr if lr is None else lr
+        apply_sparse_update(self.rows, slots, grads.float(), self.optimizer, rate,
+                            max(self._step, 1))
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes of ``rows``: {"gpu": ..., "host": ...}."""
+        size = self.rows.numel() * self.rows.element_size()
+        on_gpu = self.rows.device.type == "cuda"
+        return {"gpu": size if on_gpu else 0, "host": 0 if on_gpu else size}
+
+    def stats(self) -> dict[str, float]:
+        """Size counters in the shape of a dynamic table's (a dense table is always full)."""
+        return {"size": self.num_rows, "capacity": self.num_rows, "load_factor": 1.0}
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, num_rows={self.num_rows}, dim={self.dim}"

@@ -1,0 +1,86 @@
+"""One lookup per storage per step, and the sparse update in backward.
+
+``lookup_rows`` returns the unique rows (U, dim) of a storage as the output of
+an autograd Function. Pooling and padding index these rows; their backward
+reduces gradients per unique row (``index_add`` over the inverse index), so this
+Function's backward receives exactly one gradient row per unique key and applies
+the sparse optimizer in place: ``apply_gradients`` on the rows that are stored
+(slot >= 0; keys awaiting admission, refused or missing in eval get no update).
+No gradient flows to any parameter.
+
+Because the update happens inside backward, running backward twice over the
+same graph (``retain_graph=True``) applies the update twice.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hashrec.embedding.plan import StoragePlan
+from hashrec.embedding.stats import TableCounters
+
+
+class Storage:
+    """A built storage: the table object, its plan and the learning rate in use.
+
+    Attributes:
+        plan: which logical tables the storage serves.
+        table: ``HashTable`` (dynamic) or ``DenseTable``; both offer ``lookup``,
+            ``apply_gradients``, ``advance_step``, ``memory_bytes`` and ``stats``.
+        lr: learning-rate override for the sparse optimizer (None: the spec's lr).
+        counters: per logical table (index = tag), what the collection looked up.
+    """
+
+    def __init__(self, plan: StoragePlan, table: nn.Module | object) -> None:
+        self.plan, self.table, self.lr = plan, table, None
+        self.counters = [TableCounters() for _ in plan.tables]
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
+        """Updates stored rows ``slots`` (U,) with per-unique-key grads (U, dim)."""
+        if not self.plan.trainable:
+            return
+        if self.plan.is_dynamic:
+            stored = slots >= 0
+            slots, grads = slots[stored], grads[stored]
+        if slots.numel():
+            self.table.apply_gradients(slots, grads.float().contiguous(), lr=self.lr)
+
+
+class _StorageLookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, anchor, storage, keys, tags, counts, train):  # noqa: D102
+        result = storage.table.lookup(keys, tags=tags, train=train, counts=counts)
+        ctx.storage = storage
+        ctx.save_for_backward(result.slots)
+        ctx.mark_non_differentiable(result.slots)
+        return result.values.float(), result.slots
+
+    @staticmethod
+    def backward(ctx, grad_rows, grad_slots):  # noqa: D102
+        (slots,) = ctx.saved_tensors
+        ctx.storage.apply_gradients(slots, grad_rows)
+        return None, None, None, None, None, None
+
+
+def lookup_rows(storage: Storage, keys: torch.Tensor, tags: torch.Tensor | None,
+                counts: torch.Tensor, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Looks up unique ``keys`` (U,) once: -> (rows (U, dim) float32, slots (U,) int64).
+
+    ``counts`` (U,) int64 are the keys' occurrences in the batch (admission and LFU
+    count by multiplicity).
+
+    ``rows`` requires grad when grad mode is on and the storage is trainable; its
+    backward applies the sparse optimizer to the storage.
+    """
+    anchor = None
+    if torch.is_grad_enabled() and storage.plan.trainable:
+        anchor = torch.empty(0, device=keys.device, requires_grad=True)
+    if anchor is None:
+        result = storage.table.lookup(keys, tags=tags, train=train, counts=counts)
+        return result.values.float(), result.slots
+    return _StorageLookup.apply(anchor, storage, keys, tags, counts, train)

@@ -1,0 +1,129 @@
+"""Which storage serves which logical table: dense tables, dynamic tables, fusion.
+
+Every dense table is its own storage. A dynamic table is its own storage unless
+table fusion applies: dynamic tables with the same non-None ``fusion_group``,
+the same ``trainable`` flag and the same options apart from capacities and name
+(dim, optimizer, dtype, score strategy, initializers, admission threshold, ...)
+share one ``HashTable``: one storage, one admission counter, with independent
+key spaces through tags (tag = position of the logical table in the storage).
+The fused storage's ``max_capacity`` (and ``init_capacity``, admission
+``counter_capacity``) is the sum of its tables'. Initializers whose defaults
+depend on capacity are resolved per logical table before comparing, so tables
+whose effective initializers differ stay in separate storages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from hashrec.embedding.errors import EmbeddingError
+from hashrec.embedding.specs import EmbeddingTableSpec
+from hashrec.table.optim import OptimizerSpec
+from hashrec.table.options import TableOptions
+
+
+@dataclass(frozen=True)
+class StoragePlan:
+    """One storage and the logical tables it serves.
+
+    Attributes:
+        name: storage name (the table name when unfused; ``<fusion_group>`` or
+            ``<fusion_group>_<k>`` when fused).
+        tables: logical tables served; the index of a table is its tag.
+        options: TableOptions of a dynamic storage; None for a dense table.
+        fused: True when several logical tables share the storage (tags are passed).
+    """
+
+    name: str
+    tables: tuple[EmbeddingTableSpec, ...]
+    options: TableOptions | None
+    fused: bool
+
+    @property
+    def is_dynamic(self) -> bool:
+        return self.options is not None
+
+    @property
+    def trainable(self) -> bool:
+        return self.tables[0].trainable
+
+
+def _dynamic_options(spec: EmbeddingTableSpec, optimizer: OptimizerSpec,
+                     device: torch.device) -> TableOptions:
+    """The table's options with optimizer, device, name and capacity-dependent defaults set."""
+    options = spec.dynamic
+    if options.dim != spec.dim:
+        raise EmbeddingError(
+            f"table {spec.name!r}: dim={spec.dim} but its TableOptions.dim={options.dim}")
+    resolve = lambda args: args.resolved(options.dim, options.max_capacity)  # noqa: E731
+    admission = options.admission
+    if admission is not None:
+        admission = dataclasses.replace(admission, initializer=resolve(admission.initializer))
+    return dataclasses.replace(
+        options, optimizer=options.optimizer or optimizer, device=device, name=spec.name,
+        initializer=resolve(options.initializer),
+        eval_initializer=resolve(options.eval_initializer), admission=admission)
+
+
+def _fusion_key(options: TableOptions) -> TableOptions:
+    """Options with the fields that may differ between fused tables blanked out."""
+    admission = options.admission
+    if admission is not None:
+        admission = dataclasses.replace(admission, counter_capacity=None)
+    return dataclasses.replace(options, max_capacity=1, init_capacity=None, name="",
+                               admission=admission)
+
+
+def _fused_options(name: str, members: list[TableOptions]) -> TableOptions:
+    first = members[0]
+    admission = first.admission
+    if admission is not None:
+        counters = sum(o.admission.counter_capacity or o.max_capacity for o in members)
+        admission = dataclasses.replace(admission, counter_capacity=counters)
+    init = None
+    if any(o.init_capacity is not None for o in members):
+        init = sum(o.init_capacity or o.max_capacity for o in members)
+    return dataclasses.replace(first, max_capacity=sum(o.max_capacity for o in members),
+                               init_capacity=init, name=name, admission=admission)
+
+
+def plan_storages(tables: list[EmbeddingTableSpec], optimizer: OptimizerSpec,
+                  device: torch.device) -> list[StoragePlan]:
+    """Groups tables into storages, in the order tables are given.
+
+    Raises:
+        EmbeddingError: a fused storage's name collides with a table name.
+    """
+    plans: list[StoragePlan] = []
+    groups: dict[tuple, list[tuple[EmbeddingTableSpec, TableOptions]]] = {}
+    for spec in tables:
+        if not spec.is_dynamic:
+            plans.append(StoragePlan(spec.name, (spec,), None, False))
+            continue
+        options = _dynamic_options(spec, optimizer, device)
+        group = spec.fusion_group if spec.fusion_group is not None else ("", spec.name)
+        groups.setdefault((group, spec.trainable, _fusion_key(options)), []).append(
+            (spec, options))
+    per_group: dict[object, int] = {}
+    for (group, _, _), members in groups.items():
+        if len(members) > 1:
+            per_group[group] = per_group.get(group, 0) + 1
+    seen: dict[object, int] = {}
+    table_names = {spec.name for spec in tables}
+    for (group, _, _), members in groups.items():
+        specs = tuple(spec for spec, _ in members)
+        if len(members) == 1:
+            plans.append(StoragePlan(specs[0].name, specs, members[0][1], False))
+            continue
+        name = group if per_group[group] == 1 else f"{group}_{seen.get(group, 0)}"
+        seen[group] = seen.get(group, 0) + 1
+        if name in table_names:
+            raise EmbeddingError(
+                f"fused storage name {name!r} (fusion_group {group!r}) equals a table "
+                f"name; rename the fusion_group or the table")
+        options = _fused_options(name, [o for _, o in members])
+        plans.append(StoragePlan(name, specs, options, True))
+    return plans
