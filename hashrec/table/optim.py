@@ -36,12 +36,7 @@ class SparseSGD:
 
 
 @dataclass(frozen=True)
-class SparseAdagrad:
-    """Adagrad as ``torch.optim.Adagrad`` with sparse gradients (lr_decay 0, no weight decay).
-
-    ``s += g * g; w -= lr * g / (sqrt(s) + eps)``; state = one accumulator per column.
-    """
-
+class _AdagradFields:
     lr: float = 0.01
     initial_accumulator_value: float = 0.0
     eps: float = 1e-10
@@ -50,6 +45,14 @@ class SparseAdagrad:
         _check_positive("lr", self.lr, allow_zero=True)
         _check_positive("initial_accumulator_value", self.initial_accumulator_value, True)
         _check_positive("eps", self.eps, allow_zero=True)
+
+
+@dataclass(frozen=True)
+class SparseAdagrad(_AdagradFields):
+    """Adagrad as ``torch.optim.Adagrad`` with sparse gradients (lr_decay 0, no weight decay).
+
+    ``s += g * g; w -= lr * g / (sqrt(s) + eps)``; state = one accumulator per column.
+    """
 
     def state_dim(self, dim: int) -> int:
         return dim
@@ -59,20 +62,11 @@ class SparseAdagrad:
 
 
 @dataclass(frozen=True)
-class SparseRowWiseAdagrad:
+class SparseRowWiseAdagrad(_AdagradFields):
     """Row-wise Adagrad: one accumulator per row, fed the mean of the squared gradient.
 
     ``s += mean(g * g); w -= lr * g / (sqrt(s) + eps)``.
     """
-
-    lr: float = 0.01
-    initial_accumulator_value: float = 0.0
-    eps: float = 1e-10
-
-    def __post_init__(self) -> None:
-        _check_positive("lr", self.lr, allow_zero=True)
-        _check_positive("initial_accumulator_value", self.initial_accumulator_value, True)
-        _check_positive("eps", self.eps, allow_zero=True)
 
     def state_dim(self, dim: int) -> int:
         return 1

@@ -275,3 +275,23 @@ def test_customized_requires_scores():
     table = HashTable(TableOptions(dim=1, max_capacity=8, score_strategy="CUSTOMIZED"))
     with pytest.raises(ValueError, match="scores=None"):
         table.find_or_insert(torch.tensor([1]))
+
+
+def test_timestamp_scores_follow_the_wall_clock():
+    table = HashTable(TableOptions(dim=1, max_capacity=64, score_strategy="TIMESTAMP"))
+    table.find_or_insert(torch.tensor([1, 2]))
+    first = dict(zip(*(t.tolist() for t in next(table.export_batch(64))[::2])))
+    table.find_or_insert(torch.tensor([2]))
+    second = dict(zip(*(t.tolist() for t in next(table.export_batch(64))[::2])))
+    assert second[1] == first[1] and second[2] >= first[2] > 1_600_000_000_000_000
+
+
+def test_step_scores_follow_the_step_clock():
+    table = HashTable(TableOptions(dim=1, max_capacity=64, score_strategy="STEP"))
+    table.advance_step()
+    table.find_or_insert(torch.tensor([1, 2]))
+    table.advance_step()
+    table.lookup(torch.tensor([2]))
+    table.find(torch.tensor([1]))  # find is read-only: no score change
+    scores = dict(zip(*(t.tolist() for t in next(table.export_batch(64))[::2])))
+    assert scores == {1: 1, 2: 2}
