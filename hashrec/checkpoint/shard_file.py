@@ -105,7 +105,8 @@ class ShardWriter:
         entry: dict[str, Any] = {"count": count, "arrays": {}}
         for name, tensor in arrays.items():
             array = _as_numpy(tensor)
-            self._file.write(memoryview(array).cast("B"))
+            if array.nbytes:
+                self._file.write(memoryview(array.reshape(-1)).cast("B"))
             entry["arrays"][name] = {
                 "dtype": dtype_name(tensor.dtype),
                 "shape": list(tensor.shape),

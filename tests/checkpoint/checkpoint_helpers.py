@@ -47,13 +47,17 @@ def gradients(keys: torch.Tensor, step: int, dim: int) -> torch.Tensor:
 
 
 def train_steps(table: HashTable, first: int, last: int, seed: int = 0,
-                rank: int = 0, world_size: int = 1) -> None:
-    """Runs steps ``first..last``: lookup, update, advance; keeps only owned keys."""
+                rank: int = 0, world_size: int = 1, tagged: bool = False) -> None:
+    """Runs steps ``first..last``: lookup, update, advance; keeps only owned keys.
+
+    ``tagged`` spreads keys over three namespaces (tags 0..2), as in table fusion.
+    """
     for step in range(first, last + 1):
         keys = batch_keys(step, seed)
         keys = keys[owner_of(keys, world_size) == rank]
+        tags = (keys.abs() % 3).to(torch.int32) if tagged else None
         table.advance_step()
-        result = table.lookup(keys, train=True)
+        result = table.lookup(keys, tags, train=True)
         stored = result.slots >= 0
         if bool(stored.any()):
             table.apply_gradients(result.slots[stored],
@@ -61,9 +65,9 @@ def train_steps(table: HashTable, first: int, last: int, seed: int = 0,
 
 
 def trained_table(steps: int = 8, seed: int = 0, rank: int = 0, world_size: int = 1,
-                  options: TableOptions | None = None) -> HashTable:
+                  options: TableOptions | None = None, tagged: bool = False) -> HashTable:
     table = HashTable(options or table_options())
-    train_steps(table, 1, steps, seed, rank, world_size)
+    train_steps(table, 1, steps, seed, rank, world_size, tagged)
     return table
 
 

@@ -1,0 +1,155 @@
+"""restore_checkpoint: exact round trips, fine-tuning, mismatches and damaged files."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import torch
+from checkpoint_helpers import (
+    adam_options,
+    assert_same,
+    snapshot,
+    table_options,
+    train_steps,
+    trained_table,
+)
+
+from hashrec.checkpoint import CheckpointError, restore_checkpoint, save_checkpoint
+from hashrec.table import HashTable, SparseSGD
+
+
+def _dense(seed: int):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    return model, optimizer
+
+
+def _train_dense(model, optimizer, steps: int = 3) -> None:
+    for i in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(8, 3, generator=torch.Generator().manual_seed(i))).pow(2).sum().backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("options", [table_options(), adam_options(),
+                                     table_options(dtype=torch.bfloat16)],
+                         ids=["adagrad-admission", "adam-admission", "adagrad-bf16"])
+def test_full_round_trip(tmp_path, options):
+    model, optimizer = _dense(0)
+    _train_dense(model, optimizer)
+    table = trained_table(options=options)
+    path = save_checkpoint(str(tmp_path), 8, model, optimizer, {"t": table}, chunk_rows=7)
+    model2, optimizer2 = _dense(1)
+    restored = HashTable(options)
+    meta = restore_checkpoint(path, model2, optimizer2, {"t": restored})
+    assert meta["step"] == 8 and meta["loaded"]["t"]["rows"] == table.size()
+    assert_same(snapshot(restored), snapshot(table))
+    assert restored.step == table.step
+    for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
+        assert torch.equal(a, b)
+    _train_dense(model, optimizer, 1)
+    _train_dense(model2, optimizer2, 1)
+    for a, b in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_fine_tune_resets_optimizer_state(tmp_path):
+    model, optimizer = _dense(0)
+    _train_dense(model, optimizer)
+    table = trained_table(options=adam_options())
+    path = save_checkpoint(str(tmp_path), 8, model, optimizer, {"t": table})
+    options = table_options()  # Adagrad, initial accumulator 0
+    restored = HashTable(options)
+    fresh_model, fresh_opt = _dense(1)
+    restore_checkpoint(path, fresh_model, fresh_opt, {"t": restored}, restore_optimizer=False)
+    assert fresh_opt.state_dict()["state"] == {}
+    got, want = snapshot(restored), snapshot(table)
+    assert torch.equal(got["keys"], want["keys"]) and torch.equal(got["scores"], want["scores"])
+    assert torch.equal(got["rows"][:, :options.dim], want["rows"][:, :options.dim])
+    assert torch.equal(got["rows"][:, options.dim:], torch.zeros(len(got["keys"]), options.dim))
+    assert torch.equal(got["counts"], want["counts"])
+
+
+def test_optimizer_mismatch_names_file_and_table(tmp_path):
+    path = save_checkpoint(str(tmp_path), 1, None, None, {"user": trained_table(steps=2)})
+    other = HashTable(table_options(optimizer=SparseSGD(lr=0.1)))
+    with pytest.raises(CheckpointError, match=r"rank-00000-of-00001\.json \(table 'user'\).*"
+                                              r"SparseAdagrad.*SparseSGD"):
+        restore_checkpoint(path, None, None, {"user": other})
+
+
+def test_dim_mismatch_names_file_and_table(tmp_path):
+    path = save_checkpoint(str(tmp_path), 1, None, None, {"user": trained_table(steps=2)})
+    wider = HashTable(table_options(dim=8))
+    with pytest.raises(CheckpointError, match=r"\(table 'user'\): embedding dim 4 .* 8"):
+        restore_checkpoint(path, None, None, {"user": wider}, restore_optimizer=False)
+
+
+def test_unknown_table_and_missing_dense_state(tmp_path):
+    path = save_checkpoint(str(tmp_path), 1, None, None, {"user": trained_table(steps=2)})
+    with pytest.raises(CheckpointError, match=r"no dynamic table 'item'.*\['user'\]"):
+        restore_checkpoint(path, None, None, {"item": HashTable(table_options())})
+    with pytest.raises(CheckpointError, match="no dense model state"):
+        restore_checkpoint(path, torch.nn.Linear(2, 2), None, {})
+
+
+def test_table_too_small_is_an_error(tmp_path):
+    table = trained_table()
+    path = save_checkpoint(str(tmp_path), 1, None, None, {"t": table})
+    small = HashTable(table_options(max_capacity=32))
+    with pytest.raises(CheckpointError, match=r"table 't': loaded \d+ rows .* max_capacity"):
+        restore_checkpoint(path, None, None, {"t": small})
+
+
+def _damage(path: str, target: str) -> str:
+    shard = glob.glob(os.path.join(path, "dynamicemb", "t", "*.bin"))[0]
+    if target == "truncated-shard":
+        with open(shard, "r+b") as f:
+            f.truncate(10)
+        return r"rank-00000-of-00001\.bin.*truncated"
+    if target == "corrupt-shard":
+        with open(shard, "r+b") as f:
+            f.seek(40)
+            f.write(b"\xff\xff\xff\xff")
+        return r"rank-00000-of-00001\.bin: checksum mismatch"
+    if target == "missing-shard":
+        os.remove(shard[:-4] + ".json")
+        return r"rank-00000-of-00001\.json: missing"
+    if target == "corrupt-model":
+        with open(os.path.join(path, "model.pt"), "r+b") as f:
+            f.seek(60)
+            f.write(b"\x00\x01\x02")
+        return r"model\.pt: checksum mismatch"
+    if target == "truncated-meta":
+        with open(os.path.join(path, "meta.json"), "r+b") as f:
+            f.truncate(20)
+        return r"meta\.json: unreadable or truncated"
+    raise ValueError(target)
+
+
+@pytest.mark.parametrize("target", ["truncated-shard", "corrupt-shard", "missing-shard",
+                                    "corrupt-model", "truncated-meta"])
+def test_damaged_checkpoint_names_the_file(tmp_path, target):
+    model, optimizer = _dense(0)
+    path = save_checkpoint(str(tmp_path), 1, model, optimizer, {"t": trained_table()})
+    pattern = _damage(path, target)
+    before = {p: os.path.getsize(p) for p in glob.glob(os.path.join(path, "**"), recursive=True)
+              if os.path.isfile(p)}
+    with pytest.raises(CheckpointError, match=pattern):
+        restore_checkpoint(path, *_dense(1), {"t": HashTable(table_options())})
+    after = {p: os.path.getsize(p) for p in before}
+    assert after == before  # nothing rewritten by the failed restore
+
+
+@pytest.mark.parametrize("options", [table_options(), adam_options()], ids=["adagrad", "adam"])
+def test_continued_updates_equal_uninterrupted(tmp_path, options):
+    uninterrupted = trained_table(steps=6, options=options)
+    path = save_checkpoint(str(tmp_path), 6, None, None, {"t": uninterrupted})
+    resumed = HashTable(options)
+    restore_checkpoint(path, None, None, {"t": resumed})
+    train_steps(uninterrupted, 7, 14)
+    train_steps(resumed, 7, 14)
+    assert_same(snapshot(resumed), snapshot(uninterrupted))
