@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -77,8 +78,6 @@ def row_ids(batches) -> list[int]:
 
 def data_config(**overrides):
     """A DataConfig look-alike with TorchEasyRec's defaults."""
-    from types import SimpleNamespace
-
     fields = dict(batch_size=4, eval_batch_size=0, dataset_type="ParquetDataset",
                   label_fields=["clk"], num_workers=0, pin_memory=False, input_fields=[],
                   delimiter=",", with_header=False, drop_remainder=False, shuffle=False,
@@ -88,6 +87,4 @@ def data_config(**overrides):
 
 
 def input_field(name: str, kind: str | None):
-    from types import SimpleNamespace
-
     return SimpleNamespace(input_name=name, input_type=kind)
