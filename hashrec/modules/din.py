@@ -26,6 +26,17 @@ from hashrec.modules.mlp import MLP, MLPOptions
 NORMALIZERS = ("softmax", "none")
 
 
+def lowest_value(dtype: torch.dtype) -> float:
+    """``torch.finfo(dtype).min`` of a floating dtype, written so that TorchScript compiles it."""
+    if dtype == torch.float16:
+        return -65504.0
+    if dtype == torch.bfloat16:
+        return -3.3895313892515355e38
+    if dtype == torch.float64:
+        return -1.7976931348623157e308
+    return -3.4028234663852886e38
+
+
 def sequence_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
     """lengths (B,) -> (B, max_length) bool, True where the position holds an element."""
     positions = torch.arange(max_length, device=lengths.device)
@@ -76,7 +87,7 @@ class DINAttention(nn.Module):
         scores = self.score(self.mlp(features)).squeeze(-1)
         mask = sequence_mask(lengths, max_length)
         if self.normalizer == "softmax":
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            scores = scores.masked_fill(~mask, lowest_value(scores.dtype))
             weights = torch.softmax(scores, dim=-1)
         else:
             weights = scores
