@@ -1,0 +1,207 @@
+"""Row-wise sharded lookup and sparse update of one dynamic table.
+
+Every rank holds the rows of the keys it owns (``owner_of(key, world_size)``) in a
+local :class:`~hashrec.table.HashTable`. One training step of one storage runs:
+
+forward (:meth:`ShardedTable.lookup`)
+    the rank's unique keys go to their owners (sizes first, then keys and tags);
+    each owner deduplicates across senders and calls ``table.lookup`` once; the
+    rows travel back and are put in the caller's key order.
+backward (:meth:`ShardedTable.apply_gradients`)
+    the gradient of each unique key travels to its owner with the same splits;
+    the owner sums the contributions per key and calls ``table.apply_gradients``.
+
+A world of N ranks therefore gives every key exactly the update a single table
+would give it if fed the union of the N batches: one lookup per step, the sum of
+all ranks' gradients, one optimizer step. Both calls are collectives: every rank
+calls them for every storage in the same order, with possibly zero keys. Between
+a lookup and its gradient step the owner's table must not be looked up again
+(the slots of the first lookup are reused), so callers merge all features that
+share a storage into one lookup per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from hashrec.distributed.all_to_all import Splits, all_to_all, exchange_splits, route_by_owner
+from hashrec.distributed.errors import DistributedError
+from hashrec.distributed.process_group import DistContext
+
+
+@dataclass(frozen=True)
+class ExchangeState:
+    """What one lookup leaves for its gradient step.
+
+    Attributes:
+        order: (n,) int64 permutation that sorted the caller's keys by owner.
+        splits: sizes of the key exchange (gradients reuse them).
+        inverse: (m,) int64 position of each received key among the owner's unique keys.
+        slots: (u,) int64 owner-side slots of the unique keys (-1 = not stored).
+        lr: learning rate for the gradient step (None: the optimizer spec's).
+    """
+
+    order: torch.Tensor
+    splits: Splits
+    inverse: torch.Tensor
+    slots: torch.Tensor
+    lr: float | None = None
+
+
+@dataclass(frozen=True)
+class ShardedLookupResult:
+    """Rows of the caller's keys.
+
+    Attributes:
+        values: (n, dim) float32 rows, in the order of the keys passed in.
+        state: exchange state for :meth:`ShardedTable.apply_gradients` (training only).
+    """
+
+    values: torch.Tensor
+    state: ExchangeState | None
+
+
+def unique_pairs(keys: torch.Tensor,
+                 tags: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Deduplicate (key, tag) identities.
+
+    Args:
+        keys: (m,) int64.
+        tags: (m,) int32 or None (all tags 0).
+
+    Returns:
+        unique keys (u,), their tags (u,) or None, inverse (m,) int64 such that
+        ``keys == unique_keys[inverse]``.
+    """
+    if tags is None:
+        unique_keys, inverse = torch.unique(keys, return_inverse=True)
+        return unique_keys, None, inverse
+    by_tag = torch.sort(tags, stable=True).indices
+    order = by_tag[torch.sort(keys[by_tag], stable=True).indices]
+    sorted_keys, sorted_tags = keys[order], tags[order]
+    starts = torch.ones_like(sorted_keys, dtype=torch.bool)
+    starts[1:] = (sorted_keys[1:] != sorted_keys[:-1]) | (sorted_tags[1:] != sorted_tags[:-1])
+    group = torch.cumsum(starts.to(torch.int64), 0) - 1
+    inverse = torch.empty_like(group)
+    inverse[order] = group
+    return sorted_keys[starts], sorted_tags[starts], inverse
+
+
+class ShardedTable:
+    """One rank's shard of a row-wise sharded dynamic table.
+
+    Args:
+        table: the local HashTable holding the keys this rank owns.
+        ctx: the worker's :class:`DistContext`.
+        group: process group of the shards (default group when None).
+    """
+
+    def __init__(self, table, ctx: DistContext, group: dist.ProcessGroup | None = None) -> None:
+        self.table = table
+        self.ctx = ctx
+        self.group = group
+        self.world_size = ctx.world_size if ctx.is_distributed else 1
+
+    def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None = None, train: bool = True,
+               lr: float | None = None) -> ShardedLookupResult:
+        """Rows of this rank's unique keys, wherever they are stored.
+
+        Args:
+            keys: (n,) int64, unique per (key, tag) on this rank.
+            tags: (n,) int32 namespaces (table fusion) or None.
+            train: True counts admission, inserts and updates scores on the owners;
+                False is read-only (missing keys read as the eval initializer).
+            lr: learning rate the gradient step will use (None: the spec's).
+
+        Returns:
+            values (n, dim) in key order, and the exchange state when training.
+        """
+        self._check_input(keys, tags)
+        if self.world_size == 1:
+            return self._lookup_local(keys, tags, train, lr)
+        route = route_by_owner(keys, self.world_size)
+        splits = exchange_splits(route.send_counts, self.group, self.world_size)[0]
+        recv_keys = all_to_all(keys[route.order], splits, self.group)
+        recv_tags = None if tags is None else all_to_all(tags[route.order], splits, self.group)
+        unique_keys, unique_tags, inverse = unique_pairs(recv_keys, recv_tags)
+        result = self.table.lookup(unique_keys, unique_tags, train=train)
+        rows = all_to_all(result.values[inverse], splits.reversed(), self.group)
+        values = torch.empty_like(rows)
+        values[route.order] = rows
+        state = None
+        if train:
+            state = ExchangeState(order=route.order, splits=splits, inverse=inverse,
+                                  slots=result.slots, lr=lr)
+        return ShardedLookupResult(values=values, state=state)
+
+    def _lookup_local(self, keys: torch.Tensor, tags: torch.Tensor | None, train: bool,
+                      lr: float | None) -> ShardedLookupResult:
+        """World size 1: the caller's unique keys go straight to the table."""
+        result = self.table.lookup(keys, tags, train=train)
+        state = None
+        if train:
+            identity = torch.arange(keys.shape[0], device=keys.device)
+            n = (keys.shape[0],)
+            state = ExchangeState(order=identity, splits=Splits(send=n, recv=n),
+                                  inverse=identity, slots=result.slots, lr=lr)
+        return ShardedLookupResult(values=result.values, state=state)
+
+    def apply_gradients(self, state: ExchangeState, grads: torch.Tensor) -> None:
+        """Send each key's gradient to its owner and apply the optimizer there.
+
+        Args:
+            state: the exchange state of this step's :meth:`lookup`.
+            grads: (n, dim) float32 gradient per key, in the order the keys were passed.
+        """
+        if grads.shape[0] != state.order.shape[0]:
+            raise DistributedError(
+                f"got gradients for {grads.shape[0]} keys but the lookup had "
+                f"{state.order.shape[0]}")
+        recv = all_to_all(grads[state.order].to(torch.float32), state.splits, self.group)
+        summed = recv.new_zeros((state.slots.shape[0], recv.shape[1]))
+        summed.index_add_(0, state.inverse, recv)
+        stored = state.slots >= 0
+        self.table.apply_gradients(state.slots[stored], summed[stored], lr=state.lr)
+
+    def embed(self, keys: torch.Tensor, tags: torch.Tensor | None = None,
+              lr: float | None = None) -> torch.Tensor:
+        """Training lookup whose backward applies the sparse update (autograd-aware).
+
+        Args:
+            keys: (n,) int64 unique per rank; tags: (n,) int32 or None.
+            lr: learning rate of the fused update (None: the optimizer spec's).
+
+        Returns:
+            (n, dim) float32 rows that require grad; backpropagating through them
+            runs :meth:`apply_gradients` (a collective: every rank must backprop).
+        """
+        anchor = torch.empty(0, device=keys.device, requires_grad=True)
+        return _ShardedEmbed.apply(anchor, self, keys, tags, lr)
+
+    def _check_input(self, keys: torch.Tensor, tags: torch.Tensor | None) -> None:
+        if keys.dim() != 1 or keys.dtype != torch.int64:
+            raise DistributedError(
+                f"keys must be a 1-D int64 tensor, got {keys.dim()}-D {keys.dtype}")
+        if tags is not None and (tags.shape != keys.shape or tags.dtype != torch.int32):
+            raise DistributedError(
+                f"tags must be int32 with the keys' shape {tuple(keys.shape)}, got "
+                f"{tags.dtype} {tuple(tags.shape)}")
+
+
+class _ShardedEmbed(torch.autograd.Function):
+    """Lookup in forward, exchange + fused optimizer step in backward."""
+
+    @staticmethod
+    def forward(ctx, anchor, sharded, keys, tags, lr):
+        result = sharded.lookup(keys, tags, train=True, lr=lr)
+        ctx.sharded = sharded
+        ctx.state = result.state
+        return result.values
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.sharded.apply_gradients(ctx.state, grad)
+        return None, None, None, None, None

@@ -1,0 +1,240 @@
+import itertools
+
+import pytest
+
+from hashrec.distributed.cost_model import CostModel
+from hashrec.distributed.errors import PlannerError
+from hashrec.distributed.planner import (
+    LOAD_FACTORS,
+    enumerate_variants,
+    plan_tables,
+    plan_to_table,
+)
+from hashrec.distributed.storage_estimate import PlannerTable, variant_bytes
+from hashrec.distributed.topology import Topology
+from hashrec.table import (
+    AdmissionOptions,
+    SparseAdam,
+    SparseRowWiseAdagrad,
+    StorageMode,
+    TableOptions,
+)
+from hashrec.table.memory import estimate_table_bytes
+
+MiB = 1 << 20
+_OPTIMIZERS = {0: None, 1: SparseRowWiseAdagrad(lr=0.1), 2: SparseAdam(lr=0.01)}
+
+
+def _table(name="t", rows=1 << 20, dim=16, optimizer=2, cache_load_factor=None, caching=None,
+           **options):
+    fixed = {}
+    if cache_load_factor is not None:
+        fixed.update(cache_load_factor=cache_load_factor)
+    if caching is not None:
+        fixed.update(caching=caching)
+    table_options = TableOptions(dim=dim, max_capacity=rows, optimizer=_OPTIMIZERS[optimizer],
+                                 **fixed, **options)
+    return PlannerTable(name=name, options=table_options,
+                        fixed_cache_load_factor=cache_load_factor is not None,
+                        fixed_caching=caching is not None)
+
+
+def _tables(n):
+    return [_table(f"t{i}", rows=(1 + i % 5) << 18, dim=8 * (1 + i % 4), optimizer=i % 3)
+            for i in range(n)]
+
+
+def _sizes(tables):
+    """(index bytes, value bytes) of all tables together."""
+    full = [t.full_estimate() for t in tables]
+    return sum(f["index"] for f in full), sum(f["values"] for f in full)
+
+
+def _budgets(tables, gpu_share, host_share):
+    """GPU budget = index + gpu_share of the values; host budget = host_share of the values."""
+    index, values = _sizes(tables)
+    return Topology(gpu_bytes=int(index + gpu_share * values), host_bytes=int(host_share * values))
+
+
+def _smallest(table):
+    return min(enumerate_variants(table, 1024), key=lambda v: (v.gpu_bytes, v.host_bytes))
+
+
+def test_variants_unfixed_cover_both_modes_and_every_factor():
+    variants = enumerate_variants(_table(), batch_size=1024)
+    keys = {(v.mode, v.cache_load_factor) for v in variants}
+    expected = {(m, f) for m in (StorageMode.HYBRID, StorageMode.CACHING) for f in LOAD_FACTORS[:-1]}
+    assert keys == expected | {(StorageMode.HBM_ONLY, 1.0)}
+    assert len(variants) == 19  # 2 modes x 10 factors, the two at 1.0 are one HBM_ONLY
+
+
+@pytest.mark.parametrize("clf,caching,expected", [
+    (0.3, None, {(StorageMode.HYBRID, 0.3), (StorageMode.CACHING, 0.3)}),
+    (0.3, True, {(StorageMode.CACHING, 0.3)}),
+    (1.0, None, {(StorageMode.HBM_ONLY, 1.0)}),
+    (None, False, {(StorageMode.HYBRID, f) for f in LOAD_FACTORS[:-1]}
+     | {(StorageMode.HBM_ONLY, 1.0)}),
+], ids=["clf0.3", "clf0.3-caching", "clf1.0", "hybrid-only"])
+def test_variants_fixed_choices(clf, caching, expected):
+    table = _table(cache_load_factor=clf, caching=caching)
+    assert {(v.mode, v.cache_load_factor) for v in enumerate_variants(table, 1024)} == expected
+
+
+@pytest.mark.parametrize("mode,clf", [(StorageMode.HBM_ONLY, 1.0), (StorageMode.HYBRID, 0.3),
+                                      (StorageMode.CACHING, 0.3)], ids=["hbm", "hybrid", "caching"])
+def test_variant_bytes_are_the_tables_own_estimate(mode, clf):
+    admission = AdmissionOptions(threshold=2, counter_capacity=512)
+    table = _table(rows=1000, dim=4, admission=admission)
+    options = TableOptions(dim=4, max_capacity=1000, optimizer=SparseAdam(lr=0.01),
+                           admission=admission, cache_load_factor=clf,
+                           caching=mode is StorageMode.CACHING)
+    expected = estimate_table_bytes(options)
+    assert variant_bytes(table, mode, clf) == (expected["gpu"], expected["host"])
+    variants = {(v.mode, v.cache_load_factor): v for v in enumerate_variants(table, 64)}
+    chosen = variants[(mode, clf)]
+    assert (chosen.gpu_bytes, chosen.host_bytes) == (expected["gpu"], expected["host"])
+
+
+def test_hybrid_and_caching_split_values():
+    table = _table(rows=4096, dim=8)
+    full = table.full_estimate()
+    hbm_gpu, hbm_host = variant_bytes(table, StorageMode.HBM_ONLY, 1.0)
+    hyb_gpu, hyb_host = variant_bytes(table, StorageMode.HYBRID, 0.5)
+    cac_gpu, cac_host = variant_bytes(table, StorageMode.CACHING, 0.5)
+    assert hbm_host == 0 and hbm_gpu == full["values"] + full["index"]
+    assert hyb_gpu == cac_gpu < hbm_gpu
+    assert hyb_gpu + hyb_host == hbm_gpu
+    assert cac_host == full["values"]
+
+
+def test_costs_order_modes():
+    variants = {(v.mode, v.cache_load_factor): v.cost for v in enumerate_variants(_table(), 8192)}
+    hbm = variants[(StorageMode.HBM_ONLY, 1.0)]
+    hybrid = [variants[(StorageMode.HYBRID, f)] for f in LOAD_FACTORS[:-1]]
+    caching = [variants[(StorageMode.CACHING, f)] for f in LOAD_FACTORS[:-1]]
+    assert all(a > b for a, b in zip(hybrid, hybrid[1:]))  # more on GPU -> cheaper
+    assert all(a > b for a, b in zip(caching, caching[1:]))
+    assert all(c < h for c, h in zip(caching, hybrid))  # hot rows cached beat a hash split
+    assert hbm < min(caching)
+
+
+def test_generous_budgets_give_hbm_only():
+    plan = plan_tables(_tables(10), Topology(gpu_bytes=1 << 40, host_bytes=1 << 40), 4096)
+    assert {t.variant.mode for t in plan.tables} == {StorageMode.HBM_ONLY}
+
+
+@pytest.mark.parametrize("gpu_share,host_share", [(0.3, 1.0), (0.5, 0.6), (0.2, 0.85), (0.7, 0.35)],
+                         ids=["gpu30-host100", "gpu50-host60", "gpu20-host85", "gpu70-host35"])
+def test_budgets_respected(gpu_share, host_share):
+    tables = _tables(30)
+    topology = _budgets(tables, gpu_share, host_share)
+    plan = plan_tables(tables, topology, 4096)
+    assert plan.gpu_bytes <= topology.gpu_bytes
+    assert plan.host_bytes <= topology.host_bytes
+    assert [t.name for t in plan.tables] == [t.name for t in tables]
+    for table, entry in zip(tables, plan.tables):
+        v = entry.variant
+        assert (v.gpu_bytes, v.host_bytes) == variant_bytes(table, v.mode, v.cache_load_factor)
+
+
+def test_more_budget_never_costs_more():
+    tables = _tables(20)
+    costs = [plan_tables(tables, _budgets(tables, share, 1.0), 4096).cost
+             for share in (0.2, 0.5, 1.0)]
+    assert costs[0] >= costs[1] >= costs[2]
+
+
+def test_search_close_to_exhaustive_on_a_small_instance():
+    tables = [_table("a", rows=1 << 16, dim=8), _table("b", rows=1 << 18, dim=32, optimizer=1),
+              _table("c", rows=1 << 17, dim=16, cache_load_factor=0.5)]
+    variants = [enumerate_variants(t, 2048) for t in tables]
+    topology = _budgets(tables, 0.45, 0.7)
+    best = min(
+        sum(v.cost for v in combo) for combo in itertools.product(*variants)
+        if sum(v.gpu_bytes for v in combo) <= topology.gpu_bytes
+        and sum(v.host_bytes for v in combo) <= topology.host_bytes)
+    plan = plan_tables(tables, topology, 2048)
+    # The search is heuristic; on this instance it must land within 5% of the optimum.
+    assert best <= plan.cost <= 1.05 * best
+
+
+def test_fixed_cache_load_factor_honoured():
+    tables = [_table("fixed", cache_load_factor=0.3), _table("free")]
+    plan = plan_tables(tables, Topology(gpu_bytes=1 << 40, host_bytes=1 << 40), 4096)
+    assert plan.for_table("fixed").cache_load_factor == 0.3
+    assert plan.for_table("fixed").mode in (StorageMode.HYBRID, StorageMode.CACHING)
+    assert plan.for_table("free").mode is StorageMode.HBM_ONLY
+
+
+def test_fixed_caching_honoured_under_pressure():
+    tables = [_table("cached", caching=True), _table("other")]
+    plan = plan_tables(tables, _budgets(tables, 0.4, 2.0), 4096)
+    assert plan.for_table("cached").mode in (StorageMode.CACHING, StorageMode.HBM_ONLY)
+    assert plan.gpu_bytes <= plan.topology.gpu_bytes
+
+
+def test_gpu_error_names_the_tables_and_bytes():
+    tables = [_table("small", rows=1 << 10), _table("huge_a", rows=1 << 22),
+              _table("huge_b", rows=1 << 22)]
+    budget = _smallest(tables[0]).gpu_bytes + 1000
+    with pytest.raises(PlannerError) as info:
+        plan_tables(tables, Topology(gpu_bytes=budget, host_bytes=1 << 40), 1024)
+    message = str(info.value)
+    assert "GPU budget" in message and "huge_a" in message and "huge_b" in message
+    assert "small (" not in message
+    short = sum(_smallest(t).gpu_bytes for t in tables) - budget
+    assert f"short by {short} bytes" in message or f"({short} bytes)" in message
+
+
+def test_host_error_when_nothing_fits_host():
+    tables = [_table("a", cache_load_factor=0.2, caching=True),
+              _table("b", cache_load_factor=0.2, caching=True)]
+    with pytest.raises(PlannerError, match=r"host budget.*\ba \(") as info:
+        plan_tables(tables, Topology(gpu_bytes=1 << 40, host_bytes=MiB), 1024)
+    assert "b (" in str(info.value)
+
+
+def test_joint_error_when_budgets_conflict():
+    tables = [_table("a"), _table("b")]
+    # Each budget alone can be met, but values need GPU + host >= all values.
+    with pytest.raises(PlannerError, match="cannot both be met.*short by"):
+        plan_tables(tables, _budgets(tables, 0.5, 0.3), 1024)
+
+
+def test_empty_and_invalid_input():
+    topology = Topology(gpu_bytes=MiB, host_bytes=MiB)
+    assert plan_tables([], topology, 8).tables == ()
+    with pytest.raises(ValueError, match="repeated: t"):
+        plan_tables([_table("t"), _table("t")], topology, 8)
+    with pytest.raises(ValueError, match="batch_size"):
+        plan_tables([_table("t")], topology, 0)
+    with pytest.raises(ValueError, match="ids_per_sample"):
+        PlannerTable(name="t", options=TableOptions(dim=4, max_capacity=8), ids_per_sample=-1)
+    with pytest.raises(ValueError, match="host_bandwidth"):
+        CostModel(host_bandwidth=0)
+    with pytest.raises(ValueError, match="gpu_bytes"):
+        Topology(gpu_bytes=-1, host_bytes=0)
+
+
+def test_sharded_divides_capacities_and_keeps_fixed_choices():
+    options = TableOptions(dim=16, max_capacity=1 << 20, init_capacity=1 << 16,
+                           optimizer=SparseAdam(lr=0.01),
+                           admission=AdmissionOptions(threshold=2, counter_capacity=1 << 16),
+                           cache_load_factor=0.4, caching=True)
+    table = PlannerTable.sharded("ids", options, world_size=4, fixed_cache_load_factor=True)
+    assert (table.rows, table.options.init_capacity) == (1 << 18, 1 << 14)
+    assert table.options.admission.counter_capacity == 1 << 14
+    assert table.cache_load_factor == 0.4 and table.caching is None
+    assert PlannerTable.sharded("ids", options, world_size=4).cache_load_factor is None
+    with pytest.raises(ValueError, match="world_size"):
+        PlannerTable.sharded("ids", options, world_size=0)
+
+
+def test_plan_to_table_lists_every_table():
+    plan = plan_tables(_tables(3), Topology(gpu_bytes=1 << 40, host_bytes=1 << 40), 512)
+    lines = plan_to_table(plan).splitlines()
+    assert lines[0].split()[:3] == ["table", "mode", "load"]
+    for entry in plan.tables:
+        row = next(line for line in lines if line.startswith(entry.name + " "))
+        assert entry.variant.mode.value in row and str(entry.variant.gpu_bytes) in row
+    assert any(line.startswith("total") for line in lines)
