@@ -23,7 +23,15 @@ from hashrec.table.ops.optimizer.triton import (
 )
 
 
-@triton.jit
+def _dim_block(dim: int) -> int:
+    """Column block: at least 64 wide (a [64, 16] tile of these kernels failed to compile
+    with triton 3.6 on sm_90; [32, 64] tiles compile, and with ``dim`` unspecialized
+    every dim <= 64 runs that same binary)."""
+    return max(64, triton.next_power_of_2(dim))
+
+
+# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+@triton.jit(do_not_specialize=["dim"])
 def _pool_kernel(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_ptr, weights_ptr,
                  out_ptr, num_bags, dim, FROM_TABLE: tl.constexpr, HAS_W: tl.constexpr,
                  MEAN: tl.constexpr, DIM_P2: tl.constexpr, BB: tl.constexpr):
@@ -85,7 +93,7 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
         return out
     if slots is not None and fallback is None:
         fallback = torch.zeros(slots.numel(), dim, dtype=torch.float32, device=rows.device)
-    dim_p2 = max(32, triton.next_power_of_2(dim))  # [64, 16] tiles hit a compiler bug (triton 3.6)
+    dim_p2 = _dim_block(dim)
     bb = rows_per_program(dim_p2)
     _pool_kernel[(triton.cdiv(num_bags, bb),)](
         rows, rows.stride(0), slots if slots is not None else inverse,
@@ -96,7 +104,8 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
     return out
 
 
-@triton.jit
+# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+@triton.jit(do_not_specialize=["dim"])
 def _reduce_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, row_start_ptr,
                    out_ptr, slots_ptr, t_values, u, dim, row_dim, lr, eps, beta1, beta2, wd,
                    adam_step, HAS_W: tl.constexpr, MEAN: tl.constexpr, APPLY: tl.constexpr,
@@ -143,7 +152,7 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
         return
     apply = table_values is not None
     hp = kernel_hyper(spec, lr, step) if apply else KernelHyper(kind=0, lr=0.0)
-    dim_p2 = max(32, triton.next_power_of_2(dim))  # [64, 16] tiles hit a compiler bug (triton 3.6)
+    dim_p2 = _dim_block(dim)
     br = rows_per_program(dim_p2)
     dummy = grads
     _reduce_kernel[(triton.cdiv(u, br),)](

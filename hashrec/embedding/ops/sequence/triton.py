@@ -11,7 +11,8 @@ from hashrec.embedding.ops.fused.triton import reduce_rows
 from hashrec.table.ops.optimizer.triton import rows_per_program
 
 
-@triton.jit
+# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+@triton.jit(do_not_specialize=["dim"])
 def _gather_kernel(rows_ptr, inverse_ptr, offsets_ptr, out_ptr, total, max_length, dim,
                    DIM_P2: tl.constexpr, BR: tl.constexpr):
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
@@ -37,7 +38,7 @@ def gather_padded(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tens
     total = batch * max_length
     if total == 0:
         return out
-    dim_p2 = max(32, triton.next_power_of_2(dim))  # [64, 16] tiles hit a compiler bug (triton 3.6)
+    dim_p2 = triton.next_power_of_2(dim)
     br = rows_per_program(dim_p2)
     _gather_kernel[(triton.cdiv(total, br),)](
         rows.contiguous(), inverse.contiguous(), offsets.contiguous(), out, total, max_length,
