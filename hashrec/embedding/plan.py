@@ -22,7 +22,7 @@ import torch
 from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.specs import EmbeddingTableSpec
 from hashrec.table.optim import OptimizerSpec
-from hashrec.table.options import TableOptions
+from hashrec.table.options import InitializerArgs, InitializerMode, TableOptions
 
 
 @dataclass(frozen=True)
@@ -68,13 +68,27 @@ def _dynamic_options(spec: EmbeddingTableSpec, optimizer: OptimizerSpec,
         eval_initializer=resolve(options.eval_initializer), admission=admission)
 
 
+def _effective(args: InitializerArgs) -> InitializerArgs:
+    """Only the fields the initializer's mode reads (resolved bounds of other modes vary
+    with capacity and do not matter)."""
+    if args.mode is InitializerMode.CONSTANT:
+        return InitializerArgs(mode=args.mode, value=args.value, key_seed=args.key_seed)
+    if args.mode is InitializerMode.UNIFORM:
+        return InitializerArgs(mode=args.mode, lower=args.lower, upper=args.upper,
+                               key_seed=args.key_seed)
+    return InitializerArgs(mode=args.mode, mean=args.mean, std_dev=args.std_dev,
+                           key_seed=args.key_seed)
+
+
 def _fusion_key(options: TableOptions) -> TableOptions:
     """Options with the fields that may differ between fused tables blanked out."""
     admission = options.admission
     if admission is not None:
-        admission = dataclasses.replace(admission, counter_capacity=None)
+        admission = dataclasses.replace(admission, counter_capacity=None,
+                                        initializer=_effective(admission.initializer))
     return dataclasses.replace(options, max_capacity=1, init_capacity=None, name="",
-                               admission=admission)
+                               admission=admission, initializer=_effective(options.initializer),
+                               eval_initializer=_effective(options.eval_initializer))
 
 
 def _fused_options(name: str, members: list[TableOptions]) -> TableOptions:

@@ -1,0 +1,149 @@
+"""EmbeddingCollection: modes, admission, sequences, sharing, statistics and errors."""
+
+import pytest
+import torch
+
+from hashrec.embedding import (
+    EmbeddingCollection,
+    EmbeddingError,
+    EmbeddingFeatureSpec,
+    EmbeddingTableSpec,
+    KeyedJaggedTensor,
+)
+from hashrec.table import AdmissionOptions, InitializerArgs, SparseSGD, TableOptions
+
+DIM = 4
+
+
+def _dynamic(name="t", fusion_group=None, **kwargs):
+    options = TableOptions(dim=DIM, max_capacity=64, bucket_capacity=16,
+                           initializer=InitializerArgs(mode="NORMAL", std_dev=0.1, key_seed=1),
+                           eval_initializer=InitializerArgs(mode="CONSTANT", value=0.5),
+                           **kwargs)
+    return EmbeddingTableSpec(name, DIM, dynamic=options, fusion_group=fusion_group)
+
+
+def _kjt(bags_by_key):
+    keys = list(bags_by_key)
+    values = [v for bags in bags_by_key.values() for bag in bags for v in bag]
+    lengths = [len(bag) for bags in bags_by_key.values() for bag in bags]
+    return KeyedJaggedTensor.from_lengths(keys, torch.tensor(values, dtype=torch.int64),
+                                          torch.tensor(lengths))
+
+
+def test_eval_never_inserts_and_reads_eval_initializer():
+    collection = EmbeddingCollection([_dynamic()], [EmbeddingFeatureSpec("f", "t")],
+                                     SparseSGD(lr=0.1))
+    table = collection.dynamic_tables()["t"]
+    trained = collection(_kjt({"f": [[1, 2], [2]]})).pooled["f"]
+    step, size = table.step, table.size()
+    collection.eval()
+    out = collection(_kjt({"f": [[1, 2], [2], [8, 9], []]})).pooled["f"]
+    assert (table.step, table.size()) == (step, size) == (1, 2)
+    torch.testing.assert_close(out[:2], trained.detach())
+    torch.testing.assert_close(out[2], torch.full((DIM,), 1.0))  # two misses read as 0.5
+    assert not out[3].any()
+    assert collection.stats()["storages"]["t"]["inserts"] == 2
+
+
+def test_admission_gates_rows_through_the_layer():
+    collection = EmbeddingCollection(
+        [_dynamic(admission=AdmissionOptions(threshold=3))],
+        [EmbeddingFeatureSpec("f", "t")], SparseSGD(lr=1.0))
+    table = collection.dynamic_tables()["t"]
+    out = collection(_kjt({"f": [[5, 5], [6]]})).pooled["f"]
+    assert table.size() == 0
+    assert not out.any()  # not admitted: the admission initializer (0)
+    out.sum().backward()  # pending keys receive no update
+    assert table.size() == 0
+    out = collection(_kjt({"f": [[5], [6]]})).pooled["f"]  # 5 reaches 3 occurrences
+    assert table.contains(torch.tensor([5, 6])).tolist() == [True, False]
+    assert out[0].abs().sum() > 0 and not out[1].any()
+    stats = collection.stats()
+    assert stats["storages"]["t"]["admission_rejected"] == 3
+    assert stats["tables"]["t"]["stored"] == 1 and stats["tables"]["t"]["unique_ids"] == 4
+
+
+def test_sequence_outputs_padded_masked_and_truncated():
+    features = [EmbeddingFeatureSpec("hist", "t", is_sequence=True, max_length=3),
+                EmbeddingFeatureSpec("q", "t")]
+    collection = EmbeddingCollection([_dynamic()], features, SparseSGD(lr=1.0))
+    out = collection(_kjt({"hist": [[1, 2, 3, 4, 5], [], [2]], "q": [[1], [], [2]]}))
+    padded, lengths = out.sequences["hist"]
+    assert padded.shape == (3, 3, DIM) and lengths.tolist() == [3, 0, 1]
+    table = collection.dynamic_tables()["t"]
+    assert table.contains(torch.tensor([1, 2, 3, 4, 5])).tolist() == [True] * 3 + [False] * 2
+    values, _ = table.find(torch.tensor([1, 2, 3]))
+    torch.testing.assert_close(padded[0], values)
+    torch.testing.assert_close(padded[2, 0], values[1])
+    assert not padded[1].any() and not padded[2, 1:].any()
+    torch.testing.assert_close(out.pooled["q"][0], values[0])
+    before = values.clone()
+    padded.sum().backward()
+    after, _ = table.find(torch.tensor([1, 2, 3]))
+    # SGD lr 1 with gradient 1 per occurrence: id 2 appears twice in the sequences.
+    torch.testing.assert_close(before - after, torch.tensor([[1.0], [2.0], [1.0]]).expand(3, DIM))
+
+
+def test_shared_table_is_looked_up_once_per_step(monkeypatch):
+    features = [EmbeddingFeatureSpec("user_a", "shared"), EmbeddingFeatureSpec("user_b", "shared"),
+                EmbeddingFeatureSpec("seq__user", "shared", is_sequence=True, max_length=2)]
+    collection = EmbeddingCollection([_dynamic("shared")], features, SparseSGD(lr=0.1))
+    table = collection.dynamic_tables()["shared"]
+    calls = []
+    original = table.lookup
+    monkeypatch.setattr(table, "lookup", lambda *a, **k: calls.append(a[0]) or original(*a, **k))
+    collection(_kjt({"user_a": [[1, 2]], "user_b": [[2, 3]], "seq__user": [[3, 4]]}))
+    assert len(calls) == 1 and calls[0].tolist() == [1, 2, 3, 4]
+    stats = collection.stats()
+    assert stats["tables"]["shared"]["lookups"] == 1
+    assert stats["tables"]["shared"]["ids"] == 6
+    assert stats["storages"]["shared"]["lookups"] == 4  # unique keys, counted by the table
+
+
+def test_mixed_dense_and_dynamic_with_mean_and_weighted_pooling():
+    tables = [EmbeddingTableSpec("d", DIM, num_rows=5,
+                                 initializer=InitializerArgs(mode="CONSTANT", value=1.0)),
+              _dynamic()]
+    features = [EmbeddingFeatureSpec("dm", "d", pooling="mean"),
+                EmbeddingFeatureSpec("dw", "d", weighted=True), EmbeddingFeatureSpec("f", "t")]
+    collection = EmbeddingCollection(tables, features, SparseSGD(lr=0.1))
+    kjt = KeyedJaggedTensor.from_lengths(
+        ["dm", "dw", "f"], torch.tensor([0, 4, 1, 2, 3, 7]), torch.tensor([2, 0, 1, 2, 0, 1]),
+        torch.tensor([9.0, 9.0, 2.0, 0.5, 0.25, 9.0]))
+    out = collection(kjt)
+    torch.testing.assert_close(out.pooled["dm"], torch.tensor([[1.0] * DIM, [0.0] * DIM]))
+    torch.testing.assert_close(out.pooled["dw"], torch.tensor([[2.0] * DIM, [0.75] * DIM]))
+    assert out.pooled["f"].shape == (2, DIM) and not out.pooled["f"][0].any()
+    assert list(collection.dynamic_tables()) == ["t"]
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: EmbeddingCollection([_dynamic()], [EmbeddingFeatureSpec("f", "nope")],
+                                 SparseSGD()), "unknown table 'nope'"),
+    (lambda: EmbeddingCollection([_dynamic(), _dynamic()], [], SparseSGD()),
+     "duplicate table names"),
+    (lambda: EmbeddingCollection([_dynamic()], [EmbeddingFeatureSpec("f", "t",
+                                                                     is_sequence=True)],
+                                 SparseSGD()), "max_length must be > 0"),
+    (lambda: EmbeddingCollection([_dynamic()], [], "adagrad"), "sparse_optimizer"),
+    (lambda: EmbeddingCollection([_dynamic("a", "g"), _dynamic("b", "g"), _dynamic("g")], [],
+                                 SparseSGD()), "equals a table name"),
+], ids=["unknown-table", "duplicate-table", "sequence-length", "bad-optimizer",
+        "fused-name-collision"])
+def test_bad_configuration_raises(build, message):
+    with pytest.raises(EmbeddingError, match=message):
+        build()
+
+
+def test_bad_batches_name_the_feature():
+    tables = [EmbeddingTableSpec("d", DIM, num_rows=5), _dynamic()]
+    features = [EmbeddingFeatureSpec("gender", "d"), EmbeddingFeatureSpec("w", "t",
+                                                                          weighted=True)]
+    collection = EmbeddingCollection(tables, features, SparseSGD())
+    with pytest.raises(EmbeddingError, match=r"lacks features \['w'\]"):
+        collection(_kjt({"gender": [[1]]}))
+    with pytest.raises(EmbeddingError, match=r"feature 'gender': ids \[5, -1\] are outside"):
+        collection(_kjt({"gender": [[5, -1]], "w": [[1]]}))
+    with pytest.raises(EmbeddingError, match="'w' is weighted"):
+        collection(_kjt({"gender": [[1]], "w": [[1]]}))

@@ -1,0 +1,128 @@
+"""A dynamic table without admission or eviction trains like a dense table."""
+
+import pytest
+import torch
+
+from hashrec.embedding import EmbeddingCollection, EmbeddingFeatureSpec, EmbeddingTableSpec
+from hashrec.table import (
+    SparseAdagrad,
+    SparseAdam,
+    SparseRowWiseAdagrad,
+    SparseSGD,
+    TableOptions,
+)
+
+NUM_IDS, DIM, BATCH = 23, 6, 5
+FEATURES = [
+    EmbeddingFeatureSpec("f_sum", "t"),
+    EmbeddingFeatureSpec("f_mean", "t", pooling="mean"),
+    EmbeddingFeatureSpec("f_weighted", "t", weighted=True),
+    EmbeddingFeatureSpec("f_seq", "t", is_sequence=True, max_length=3),
+]
+KEYS = [f.name for f in FEATURES]
+OPTIMIZERS = {
+    "sgd": SparseSGD(lr=0.3),
+    "adagrad": SparseAdagrad(lr=0.2, initial_accumulator_value=0.1),
+    "rowwise_adagrad": SparseRowWiseAdagrad(lr=0.2),
+    "adam": SparseAdam(lr=0.05),
+}
+
+
+def _pair(optimizer):
+    torch.manual_seed(0)
+    dense = EmbeddingCollection([EmbeddingTableSpec("t", DIM, num_rows=NUM_IDS)], FEATURES,
+                                optimizer)
+    options = TableOptions(dim=DIM, max_capacity=256, bucket_capacity=32,
+                           score_strategy="NO_EVICTION", check_mode="ERROR")
+    dynamic = EmbeddingCollection([EmbeddingTableSpec("t", DIM, dynamic=options)], FEATURES,
+                                  optimizer)
+    rows = dense.dense_tables["t"].rows
+    dynamic.dynamic_tables()["t"].load_state(torch.arange(NUM_IDS), None, rows.clone(),
+                                             torch.zeros(NUM_IDS, dtype=torch.int64))
+    return dense, dynamic
+
+
+def _loss(out, step):
+    g = torch.Generator().manual_seed(100 + step)
+    loss = 0.0
+    for name in sorted(out.pooled):
+        t = out.pooled[name]
+        loss = loss + (t * torch.randn(t.shape, generator=g)).sum() + 0.5 * (t ** 2).sum()
+    for name in sorted(out.sequences):
+        t = out.sequences[name][0]
+        loss = loss + (t * torch.randn(t.shape, generator=g)).sum() + 0.5 * (t ** 2).sum()
+    return loss
+
+
+def _dynamic_rows(collection):
+    keys, _, rows, _ = next(collection.dynamic_tables()["t"].export_state(1 << 20))
+    return rows[torch.argsort(keys)]
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
+def test_dynamic_trains_like_dense(optimizer, make_kjt):
+    dense, dynamic = _pair(optimizer)
+    for step in range(5):
+        kjt = make_kjt(KEYS, BATCH, NUM_IDS, seed=step, weighted=True)
+        outs = [c(kjt) for c in (dense, dynamic)]
+        for name in outs[0].pooled:
+            torch.testing.assert_close(outs[1].pooled[name], outs[0].pooled[name])
+            assert not torch.isnan(outs[0].pooled[name]).any()
+        for name in outs[0].sequences:
+            torch.testing.assert_close(outs[1].sequences[name][0], outs[0].sequences[name][0])
+        for out in outs:
+            _loss(out, step).backward()
+    dense_rows = dense.dense_tables["t"].rows
+    assert not torch.allclose(dense_rows, _pair(optimizer)[0].dense_tables["t"].rows)
+    torch.testing.assert_close(_dynamic_rows(dynamic), dense_rows, rtol=1e-5, atol=1e-6)
+    storage = dynamic.stats()["storages"]["t"]
+    assert (storage["size"], storage["evictions"], storage["refused"]) == (NUM_IDS, 0, 0)
+
+
+def test_learning_rate_override_applies_to_every_table(make_kjt):
+    dense, dynamic = _pair(SparseSGD(lr=0.5))
+    before = dense.dense_tables["t"].rows.clone()
+    for collection in (dense, dynamic):
+        collection.set_learning_rate(0.0)
+        _loss(collection(make_kjt(KEYS, BATCH, NUM_IDS, seed=1, weighted=True)), 0).backward()
+    torch.testing.assert_close(dense.dense_tables["t"].rows, before)
+    torch.testing.assert_close(_dynamic_rows(dynamic), before)
+
+
+def test_backward_twice_applies_the_update_twice(make_kjt):
+    dense, _ = _pair(SparseSGD(lr=0.1))
+    table = dense.dense_tables["t"]
+    before = table.rows.clone()
+    out = dense(make_kjt(KEYS, BATCH, NUM_IDS, seed=3, weighted=True))
+    loss = out.pooled["f_sum"].sum()
+    loss.backward(retain_graph=True)
+    once = table.rows - before
+    loss.backward()
+    torch.testing.assert_close(table.rows - before, 2 * once)
+    assert once.abs().sum() > 0
+
+
+def test_frozen_table_is_not_updated(make_kjt):
+    table = EmbeddingTableSpec("t", DIM, num_rows=NUM_IDS, trainable=False)
+    collection = EmbeddingCollection([table], FEATURES[:1], SparseSGD(lr=1.0))
+    before = collection.dense_tables["t"].rows.clone()
+    out = collection(make_kjt(KEYS[:1], BATCH, NUM_IDS, seed=0, weighted=True))
+    assert not out.pooled["f_sum"].requires_grad
+    torch.testing.assert_close(collection.dense_tables["t"].rows, before)
+
+
+def test_collection_has_no_parameters_and_dense_state_round_trips(make_kjt):
+    dense, _ = _pair(SparseAdam(lr=0.05))
+    assert list(dense.parameters()) == []
+    for step in range(2):
+        _loss(dense(make_kjt(KEYS, BATCH, NUM_IDS, seed=step, weighted=True)), step).backward()
+    state = dense.state_dict()
+    assert set(state) == {"dense_tables.t.rows", "dense_tables.t.step_count"}
+    assert state["dense_tables.t.rows"].shape == (NUM_IDS, DIM + 2 * DIM)
+    restored, _ = _pair(SparseAdam(lr=0.05))
+    restored.load_state_dict(state)
+    assert restored.dense_tables["t"].step == 2
+    kjt = make_kjt(KEYS, BATCH, NUM_IDS, seed=9, weighted=True)
+    for collection in (dense, restored):
+        _loss(collection(kjt), 9).backward()
+    torch.testing.assert_close(restored.dense_tables["t"].rows, dense.dense_tables["t"].rows)

@@ -1,0 +1,71 @@
+import pytest
+import torch
+
+from hashrec.embedding.plan import plan_storages
+from hashrec.embedding.specs import EmbeddingTableSpec
+from hashrec.table import (
+    AdmissionOptions,
+    InitializerArgs,
+    SparseAdagrad,
+    SparseAdam,
+    SparseSGD,
+    TableOptions,
+)
+
+NORMAL = InitializerArgs(mode="NORMAL", std_dev=0.05)
+
+
+def _table(name, group="g", dim=8, capacity=128, **kwargs):
+    options = TableOptions(dim=dim, max_capacity=capacity, initializer=NORMAL, **kwargs)
+    return EmbeddingTableSpec(name, dim, dynamic=options, fusion_group=group)
+
+
+def _layout(tables):
+    plans = plan_storages(tables, SparseAdagrad(lr=0.1), torch.device("cpu"))
+    return {p.name: [t.name for t in p.tables] for p in plans}
+
+
+def test_same_group_dim_and_options_fuse_with_summed_capacity():
+    adm = AdmissionOptions(threshold=2, counter_capacity=100)
+    plans = plan_storages([_table("a", capacity=100, admission=adm),
+                           _table("b", capacity=300, admission=adm),
+                           EmbeddingTableSpec("dense", 8, num_rows=10)],
+                          SparseSGD(), torch.device("cpu"))
+    fused = plans[1]
+    assert [p.name for p in plans] == ["dense", "g"]
+    assert fused.fused and fused.options.max_capacity == 400
+    assert fused.options.admission.counter_capacity == 200
+    assert isinstance(fused.options.optimizer, SparseSGD)
+    assert not plans[0].is_dynamic
+
+
+@pytest.mark.parametrize("second, reason", [
+    (_table("b", dim=16), "dim"),
+    (_table("b", group=None), "no-group"),
+    (_table("b", group="other"), "other-group"),
+    (_table("b", optimizer=SparseAdam()), "optimizer"),
+    (_table("b", dtype=torch.float16), "dtype"),
+    (_table("b", score_strategy="LFU"), "score-strategy"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_tables_that_differ_keep_their_own_storage(second, reason):
+    assert _layout([_table("a"), second]) == {"a": ["a"], "b": ["b"]}
+
+
+def test_several_fusable_subgroups_get_numbered_names():
+    tables = [_table("a"), _table("b"), _table("c", dim=4), _table("d", dim=4)]
+    assert _layout(tables) == {"g_0": ["a", "b"], "g_1": ["c", "d"]}
+
+
+def test_frozen_and_trainable_tables_do_not_fuse():
+    frozen = EmbeddingTableSpec("b", 8, dynamic=_table("x").dynamic, fusion_group="g",
+                                trainable=False)
+    assert _layout([_table("a"), frozen]) == {"a": ["a"], "b": ["b"]}
+
+
+def test_default_uniform_bounds_follow_each_tables_capacity():
+    def uniform(name, capacity):
+        return EmbeddingTableSpec(name, 8, dynamic=TableOptions(dim=8, max_capacity=capacity),
+                                  fusion_group="g")
+
+    assert _layout([uniform("a", 64), uniform("b", 128)]) == {"a": ["a"], "b": ["b"]}
+    assert _layout([uniform("a", 64), uniform("b", 64)]) == {"g": ["a", "b"]}
