@@ -76,25 +76,34 @@ def _raw_read(path: str) -> int:
     return total
 
 
-def run(args: argparse.Namespace) -> dict:
-    load_before = os.getloadavg()[0]
+def _dump(table: HashTable, work: str, args: argparse.Namespace) -> tuple[str, float]:
+    paths: list[str] = []
+    seconds = _timed(lambda: paths.append(save_checkpoint(
+        work, 1, None, None, {"bench": table}, chunk_rows=args.chunk_rows)), args.device)
+    return paths[0], seconds
+
+
+def _filled_table(args: argparse.Namespace) -> tuple[HashTable, float]:
     probe = HashTable(_options(args, 1024))
     rows = int(args.gb * 1e9) // _row_bytes(probe)
     table = HashTable(_options(args, rows))
-    fill_s = _timed(lambda: _fill(table, rows, args.chunk_rows), args.device)
+    return table, _timed(lambda: _fill(table, rows, args.chunk_rows), args.device)
+
+
+def run(args: argparse.Namespace) -> dict:
+    load_before = os.getloadavg()[0]
+    table, fill_s = _filled_table(args)
     rows = table.size()
     nbytes = rows * _row_bytes(table)
     work = tempfile.mkdtemp(prefix="bench_ckpt_", dir=args.dir)
     try:
-        paths: list[str] = []
-        save_s = _timed(lambda: paths.append(save_checkpoint(
-            work, 1, None, None, {"bench": table}, chunk_rows=args.chunk_rows)), args.device)
+        path, save_s = _dump(table, work, args)
         file_bytes = sum(os.path.getsize(os.path.join(root, f))
-                         for root, _, files in os.walk(paths[0]) for f in files)
-        read_s = _timed(lambda: _raw_read(paths[0]), args.device)
-        del table
+                         for root, _, files in os.walk(path) for f in files)
+        read_s = _timed(lambda: _raw_read(path), args.device)
+        del table  # free it before the restore allocates a second table
         fresh = HashTable(_options(args, rows))
-        load_s = _timed(lambda: restore_checkpoint(paths[0], None, None, {"bench": fresh}),
+        load_s = _timed(lambda: restore_checkpoint(path, None, None, {"bench": fresh}),
                         args.device)
         if fresh.size() != rows:
             raise RuntimeError(f"restored {fresh.size()} rows, saved {rows}")
