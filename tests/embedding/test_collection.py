@@ -147,3 +147,17 @@ def test_bad_batches_name_the_feature():
         collection(_kjt({"gender": [[5, -1]], "w": [[1]]}))
     with pytest.raises(EmbeddingError, match="'w' is weighted"):
         collection(_kjt({"gender": [[1]], "w": [[1]]}))
+
+
+def test_empty_batches_give_empty_or_zero_outputs():
+    features = [EmbeddingFeatureSpec("f", "t", pooling="mean"),
+                EmbeddingFeatureSpec("s", "t", is_sequence=True, max_length=2)]
+    collection = EmbeddingCollection([_dynamic()], features, SparseSGD(lr=0.1))
+    for lengths, batch in (([0, 0, 0, 0], 2), ([], 0)):
+        kjt = KeyedJaggedTensor.from_lengths(["f", "s"], torch.tensor([], dtype=torch.int64),
+                                             torch.tensor(lengths, dtype=torch.int64))
+        out = collection(kjt)
+        assert out.pooled["f"].shape == (batch, DIM) and not out.pooled["f"].any()
+        assert out.sequences["s"][0].shape == (batch, 2, DIM)
+        (out.pooled["f"].sum() + out.sequences["s"][0].sum()).backward()
+    assert collection.dynamic_tables()["t"].size() == 0
