@@ -1,0 +1,122 @@
+"""Export a checkpoint: safetensors parts with meta JSON, the pipeline config, a scripted model.
+
+Under ``torchrun`` every rank restores the checkpoint (keeping the dynamic keys
+it owns) and writes its own part; after a barrier rank 0 writes the pipeline
+config and builds the scripted model from all parts.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from hashrec.checkpoint import restore_checkpoint
+from hashrec.checkpoint.dist_util import barrier, rank_and_world, run_on_all_ranks
+from hashrec.config import save_pipeline_config
+from hashrec.export import meta
+from hashrec.export.errors import ExportError
+from hashrec.export.part_writer import PartContents, write_part
+from hashrec.export.scripted import build_inference_model, load_hashmaps, save_scripted
+from hashrec.export.tables import (
+    DEFAULT_CHUNK_ROWS,
+    dense_network_tensors,
+    dense_table_weights,
+    dynamic_table_views,
+)
+
+logger = logging.getLogger("hashrec.export")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote.
+
+    Attributes:
+        export_dir: the export directory.
+        checkpoint: the checkpoint exported.
+        step: its training step.
+        files: paths written by this rank (rank 0 also lists config and scripted model).
+    """
+
+    export_dir: str
+    checkpoint: str
+    step: int
+    files: tuple[str, ...]
+
+
+def _check_export_dir(export_dir: str) -> None:
+    if glob.glob(os.path.join(export_dir, "model-*-of-*.safetensors")):
+        raise ExportError(f"export_dir {export_dir!r} already holds an export; choose an "
+                          f"empty or new directory")
+    os.makedirs(export_dir, exist_ok=True)
+
+
+def _restored_session(config, checkpoint_path: str | None, rank: int, world_size: int):
+    from hashrec.train.checkpoints import resolve_checkpoint
+    from hashrec.train.session import build_session
+
+    path = resolve_checkpoint(checkpoint_path or config.model_dir)
+    session = build_session(config, rank, world_size)
+    meta_json = restore_checkpoint(path, session.model, None,
+                                   session.model.embedding.dynamic_tables(),
+                                   restore_optimizer=False)
+    session.model.eval()
+    return session, path, int(meta_json["step"])
+
+
+def _write_chief_files(session, export_dir: str, world_size: int) -> list[str]:
+    """Rank 0: pipeline config and the scripted model built from every part."""
+    config_path = os.path.join(export_dir, meta.PIPELINE_CONFIG_FILE)
+    save_pipeline_config(session.config, config_path)
+    views = dynamic_table_views(session.model.embedding)
+    hashmaps = load_hashmaps(export_dir, world_size, [v.name for v in views])
+    missing = {v.name: v.missing_value() for v in views}
+    module = build_inference_model(session.model, session.feature_set, hashmaps, missing)
+    scripted_path = os.path.join(export_dir, meta.SCRIPTED_MODEL_FILE)
+    save_scripted(module, scripted_path)
+    return [config_path, scripted_path]
+
+
+def export_model(config, export_dir: str, checkpoint_path: str | None = None,
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS) -> ExportResult:
+    """Export ``config``'s model from a checkpoint into ``export_dir``.
+
+    Args:
+        config: the pipeline config (EasyRecConfig).
+        export_dir: where the files go (created; must not hold an export already).
+        checkpoint_path: a ``model.ckpt-<step>`` directory or a model_dir; default the
+            latest complete checkpoint of ``config.model_dir``.
+        chunk_rows: rows of a dynamic table read and written at a time.
+
+    Raises:
+        ExportError: export_dir already holds an export, a table cannot be exported,
+            or the model has no scripted form. (TrainError, CheckpointError and
+            ConfigError from the layers below pass through.)
+    """
+    rank, world_size = rank_and_world()
+    start = time.perf_counter()
+    run_on_all_ranks(lambda: _check_export_dir(export_dir) if rank == 0 else None,
+                     "preparing export_dir", ExportError)
+    barrier()
+    session, path, step = _restored_session(config, checkpoint_path, rank, world_size)
+    views = dynamic_table_views(session.model.embedding)
+    contents = PartContents(
+        dense_network_tensors(session.model) if rank == 0 else {},
+        dense_table_weights(session.model.embedding) if rank == 0 else {},
+        views)
+    for view in views:
+        view.missing_value()
+    run_on_all_ranks(lambda: write_part(export_dir, contents, rank, world_size, chunk_rows),
+                     "writing the export part", ExportError)
+    files = [os.path.join(export_dir, meta.weights_file(rank, world_size)),
+             os.path.join(export_dir, meta.meta_file(rank, world_size))]
+    barrier()
+    if rank == 0:
+        files += _write_chief_files(session, export_dir, world_size)
+        logger.info("exported %s (step %d) to %s in %.1fs", path, step, export_dir,
+                    time.perf_counter() - start)
+    barrier()
+    return ExportResult(export_dir, path, step, tuple(files))

@@ -1,0 +1,110 @@
+"""Assemble, compile and save the inference model of a trained model.
+
+The hash map tables come from the export's safetensors parts (every rank's
+part of every dynamic table), so the same code serves single- and multi-rank
+exports; dense tables and the dense network come from the model in memory.
+"""
+
+
+import copy
+import json
+import os
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from hashrec.export import meta
+from hashrec.export.errors import ExportError
+from hashrec.export.scripted.heads import dense_head
+from hashrec.export.scripted.lookup import EmbeddingLookup, FeatureLayout, TableLookup
+
+
+class InferenceModel(nn.Module):
+    """Parsed inputs -> {"logits": (B,), "probs": (B,)}.
+
+    Inputs (name -> tensor): ``values`` (n,) int64 ids and ``lengths`` (B,) bag
+    sizes of every sparse feature; ``weights`` (n,) of weighted features;
+    ``dense`` (B, value_dim) float32 raw features; ``sequence_dense``
+    (B, L, value_dim) float32 raw sequence features.
+    """
+
+    def __init__(self, embedding: EmbeddingLookup, head: nn.Module) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.head = head
+
+    def forward(self, values: dict[str, torch.Tensor], lengths: dict[str, torch.Tensor],
+                weights: dict[str, torch.Tensor], dense: dict[str, torch.Tensor],
+                sequence_dense: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        pooled, sequences, sequence_lengths = self.embedding(values, lengths, weights)
+        logits = self.head(pooled, sequences, sequence_lengths, dense, sequence_dense).float()
+        return {"logits": logits, "probs": torch.sigmoid(logits)}
+
+
+def load_hashmaps(export_dir: str, world_size: int, tables: list[str]
+                  ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Every part of the dynamic tables ``tables``: name -> (keys sorted, values).
+
+    Raises:
+        ExportError: a part or a table's entry is missing.
+    """
+    keys: dict[str, list[torch.Tensor]] = {t: [] for t in tables}
+    values: dict[str, list[torch.Tensor]] = {t: [] for t in tables}
+    for rank in range(world_size):
+        meta_path = os.path.join(export_dir, meta.meta_file(rank, world_size))
+        weights_path = os.path.join(export_dir, meta.weights_file(rank, world_size))
+        if not (os.path.isfile(meta_path) and os.path.isfile(weights_path)):
+            raise ExportError(f"{weights_path} or its meta {meta_path} is missing")
+        with open(meta_path, encoding="utf-8") as f:
+            entries = json.load(f)
+        with safe_open(weights_path, framework="pt") as part:
+            for table in tables:
+                entry = entries.get(table)
+                if entry is None or not entry.get("is_hashmap"):
+                    raise ExportError(f"{meta_path}: no is_hashmap entry for table {table!r}")
+                keys[table].append(part.get_tensor(entry["hashmap_key"]))
+                values[table].append(part.get_tensor(entry["hashmap_value"]))
+    out = {}
+    for table in tables:
+        all_keys = torch.cat(keys[table])
+        order = torch.argsort(all_keys)
+        out[table] = (all_keys[order], torch.cat(values[table])[order])
+    return out
+
+
+def build_inference_model(model: nn.Module, feature_set,
+                          hashmaps: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                          missing: dict[str, float]) -> InferenceModel:
+    """The (not yet compiled) inference model of a trained ``model``.
+
+    Args:
+        model: the trained RankModel (its dense tables and dense network are used).
+        feature_set: the model's FeatureSet (features and tables).
+        hashmaps: dynamic table -> (keys sorted (n,), values (n, dim)).
+        missing: dynamic table -> value of ids it does not hold.
+    """
+    dense_tables = getattr(model.embedding, "dense_tables", {})
+    lookups = []
+    for spec in feature_set.embedding_tables():
+        if spec.is_dynamic:
+            keys, values = hashmaps[spec.name]
+            lookups.append(TableLookup(spec.name, values, keys, missing[spec.name]))
+        else:
+            table = dense_tables[spec.name]
+            lookups.append(TableLookup(spec.name, table.rows[:, :table.dim].detach().cpu()))
+    features = [FeatureLayout(f.name, f.table, f.pooling == "mean", f.is_sequence,
+                              f.max_length, f.weighted)
+                for f in feature_set.embedding_features()]
+    head = copy.deepcopy(dense_head(model)).cpu().eval()
+    return InferenceModel(EmbeddingLookup(lookups, features), head).eval()
+
+
+def save_scripted(module: InferenceModel, path: str) -> torch.jit.ScriptModule:
+    """Compiles ``module`` with TorchScript and saves it to ``path``."""
+    try:
+        scripted = torch.jit.script(module)
+    except Exception as err:  # noqa: BLE001 - any compiler failure becomes one clear error
+        raise ExportError(f"TorchScript could not compile the inference model: {err}") from err
+    scripted.save(path)
+    return scripted

@@ -1,0 +1,155 @@
+"""Scriptable dense networks: feature-group assembly and the models' towers.
+
+The towers are the trained model's own modules (MLP, DINAttention, Linear);
+only the glue that assembles feature groups from the embedding outputs and the
+dense inputs is written here in TorchScript's typed subset, following
+``hashrec.models.feature_groups``: a DEEP group concatenates its features in
+order; a SEQUENCE group concatenates its query features, pads and
+concatenates its sequence features and takes the lengths of its first id
+sequence.
+
+Every tower module takes the same five dictionaries (pooled, sequences,
+sequence lengths, dense, sequence dense) so that towers of different kinds
+iterate in one ``ModuleList``.
+"""
+
+import torch
+from torch import nn
+
+from hashrec.export.errors import ExportError
+from hashrec.models import MultiTowerDIN
+from hashrec.models.feature_groups import GroupSpec
+
+Tensors = dict[str, torch.Tensor]
+
+
+def _pick(name: str, embedded: bool, pooled: Tensors, dense: Tensors) -> torch.Tensor:
+    if embedded:
+        return pooled[name]
+    return dense[name]
+
+
+class DeepGroup(nn.Module):
+    """A DEEP group: (B, sum of feature widths)."""
+
+    names: list[str]
+    embedded: list[bool]
+
+    def __init__(self, group: GroupSpec) -> None:
+        super().__init__()
+        self.names = [f.name for f in group.features]
+        self.embedded = [f.embedded for f in group.features]
+
+    def forward(self, pooled: Tensors, dense: Tensors) -> torch.Tensor:
+        parts = [_pick(name, self.embedded[i], pooled, dense)
+                 for i, name in enumerate(self.names)]
+        return torch.cat(parts, dim=-1)
+
+
+class SequenceGroup(nn.Module):
+    """A SEQUENCE group: (query (B, Dq), sequence (B, L, Ds), lengths (B,))."""
+
+    query_names: list[str]
+    query_embedded: list[bool]
+    sequence_names: list[str]
+    sequence_embedded: list[bool]
+
+    def __init__(self, group: GroupSpec) -> None:
+        super().__init__()
+        self.query_names = [f.name for f in group.query]
+        self.query_embedded = [f.embedded for f in group.query]
+        self.sequence_names = [f.name for f in group.sequence]
+        self.sequence_embedded = [f.embedded for f in group.sequence]
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        query = torch.cat([_pick(name, self.query_embedded[i], pooled, dense)
+                           for i, name in enumerate(self.query_names)], dim=-1)
+        parts: list[torch.Tensor] = []
+        lengths = torch.empty(0)
+        found = False
+        for i, name in enumerate(self.sequence_names):
+            if self.sequence_embedded[i]:
+                parts.append(sequences[name])
+                if not found:
+                    lengths, found = sequence_lengths[name], True
+            else:
+                parts.append(sequence_dense[name])
+        max_length = 0
+        for part in parts:
+            max_length = max(max_length, part.shape[1])
+        padded = [nn.functional.pad(p, [0, 0, 0, max_length - p.shape[1]]) for p in parts]
+        return query, torch.cat(padded, dim=-1), lengths.clamp(max=max_length)
+
+
+class MLPTower(nn.Module):
+    """A DEEP group through an MLP."""
+
+    def __init__(self, group: GroupSpec, mlp: nn.Module) -> None:
+        super().__init__()
+        self.group = DeepGroup(group)
+        self.mlp = mlp
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
+        return self.mlp(self.group(pooled, dense))
+
+
+class DINTower(nn.Module):
+    """A SEQUENCE group through DIN target attention."""
+
+    def __init__(self, group: GroupSpec, attention: nn.Module) -> None:
+        super().__init__()
+        self.group = SequenceGroup(group)
+        self.attention = attention
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
+        query, sequence, lengths = self.group(pooled, sequences, sequence_lengths, dense,
+                                              sequence_dense)
+        return self.attention(query, sequence, lengths)
+
+
+class TowersHead(nn.Module):
+    """Towers' outputs concatenated -> final MLP (or identity) -> linear -> logits (B,)."""
+
+    def __init__(self, towers: list[nn.Module], final: nn.Module | None,
+                 output: nn.Module) -> None:
+        super().__init__()
+        self.towers = nn.ModuleList(towers)
+        self.final = final if final is not None else nn.Identity()
+        self.output = output
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
+        outputs: list[torch.Tensor] = []
+        for tower in self.towers:
+            outputs.append(tower(pooled, sequences, sequence_lengths, dense, sequence_dense))
+        hidden = self.final(torch.cat(outputs, dim=-1))
+        return self.output(hidden).squeeze(-1)
+
+
+def multi_tower_din_head(model: MultiTowerDIN) -> TowersHead:
+    """MultiTowerDIN's dense network (towers, then DIN towers, as the model orders them)."""
+    towers: list[nn.Module] = [MLPTower(model.groups[name], mlp)
+                               for name, mlp in model.towers.items()]
+    towers += [DINTower(model.groups[name], attention)
+               for name, attention in model.din_towers.items()]
+    return TowersHead(towers, model.final, model.output)
+
+
+HEADS = {MultiTowerDIN: multi_tower_din_head}
+
+
+def dense_head(model: nn.Module) -> nn.Module:
+    """The scriptable dense network of ``model``.
+
+    Raises:
+        ExportError: the model kind has no scripted export yet.
+    """
+    for kind, build in HEADS.items():
+        if type(model) is kind:
+            return build(model)
+    raise ExportError(f"scripted export of {type(model).__name__} is not implemented; "
+                      f"supported: {', '.join(k.__name__ for k in HEADS)}")

@@ -1,0 +1,95 @@
+"""The logical tables of an embedding collection, as export reads them.
+
+A dynamic storage may serve several logical tables (table fusion, one tag per
+table); export splits it back into one (keys, values) pair per logical table,
+so that a serving platform builds one hash map per table. Dense tables are
+exported as their embedding columns (``rows[:, :dim]``, no optimizer state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from hashrec.export.errors import ExportError
+from hashrec.table import HashTable
+from hashrec.table.options import InitializerMode
+
+DEFAULT_CHUNK_ROWS = 1 << 20
+
+
+@dataclass(frozen=True)
+class DynamicTableView:
+    """One logical dynamic table inside its storage.
+
+    Attributes:
+        name: logical table name.
+        table: the storage's HashTable.
+        tag: the table's namespace in a fused storage; None when it has the storage alone.
+    """
+
+    name: str
+    table: HashTable
+    tag: int | None
+
+    @property
+    def dim(self) -> int:
+        return self.table.dim
+
+    def chunks(self, chunk_rows: int = DEFAULT_CHUNK_ROWS
+               ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yields (keys (k,) int64, embeddings (k, dim)) in slot order, k <= chunk_rows."""
+        for keys, tags, rows, _ in self.table.export_state(chunk_rows):
+            if self.tag is not None:
+                mine = tags == self.tag
+                keys, rows = keys[mine], rows[mine]
+            yield keys, rows[:, :self.dim]
+
+    def count(self, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> int:
+        """Number of stored keys of this logical table."""
+        if self.tag is None:
+            return int(self.table.size())
+        return sum(int(keys.numel()) for keys, _ in self.chunks(chunk_rows))
+
+    def missing_value(self) -> float:
+        """What an id absent from the table reads as at inference (the eval initializer).
+
+        Raises:
+            ExportError: the eval initializer is not CONSTANT; its values are drawn at
+                lookup time and cannot be reproduced by a static lookup structure.
+        """
+        args = self.table.options.eval_initializer
+        if args.mode is not InitializerMode.CONSTANT:
+            raise ExportError(
+                f"table {self.name!r}: eval_initializer mode {args.mode.name} cannot be "
+                f"exported; only CONSTANT (default 0) is supported for inference")
+        return float(args.value)
+
+
+def dynamic_table_views(embedding) -> list[DynamicTableView]:
+    """Logical dynamic tables of an ``EmbeddingCollection``, in table order."""
+    storages = embedding.dynamic_tables()
+    locations = embedding.table_locations()
+    sharing: dict[str, int] = {}
+    for storage, _ in locations.values():
+        sharing[storage] = sharing.get(storage, 0) + 1
+    views = []
+    for name, (storage, tag) in locations.items():
+        if storage in storages:
+            views.append(DynamicTableView(name, storages[storage],
+                                          tag if sharing[storage] > 1 else None))
+    return views
+
+
+def dense_table_weights(embedding) -> dict[str, torch.Tensor]:
+    """Dense tables' embedding columns: table name -> (num_rows, dim) float32."""
+    tables = getattr(embedding, "dense_tables", {})
+    return {name: table.rows[:, :table.dim].detach().float() for name, table in tables.items()}
+
+
+def dense_network_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers of the dense network (everything outside ``model.embedding``)."""
+    return {name: tensor.detach() for name, tensor in model.state_dict().items()
+            if not name.startswith("embedding.")}
