@@ -1,0 +1,200 @@
+"""Integration: train_eval -> export -> predict command lines on small generated data."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from export_helpers import eval_predictions, run, write_config
+from safetensors import safe_open
+
+from hashrec.checkpoint import latest_checkpoint
+from hashrec.config import load_pipeline_config
+from hashrec.data import create_dataloader
+from hashrec.features import build_feature_set
+from hashrec.predict import model_inputs
+from hashrec.tools.gen_taobao_data import generate
+
+pytestmark = pytest.mark.slow
+
+DYNAMIC_TABLES = ("user_id", "adgroup_id", "cate_id")
+DENSE_TABLES = ("cms_segid", "pid")
+
+
+@pytest.fixture(scope="module")
+def flow(tmp_path_factory):
+    """Generated data, a trained model, its export and predictions."""
+    root = tmp_path_factory.mktemp("export_flow")
+    generate(str(root / "data"), 2000, seed=5, scale=0.01, eval_rows=500, quiet=True)
+    config = write_config(root, root / "data", root / "model")
+    proc = run("hashrec.train_eval", "--pipeline_config_path", config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    export_dir = root / "export"
+    proc = run("hashrec.export", "--pipeline_config_path", config, "--export_dir",
+               str(export_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = root / "pred.parquet"
+    proc = run("hashrec.predict", "--scripted_model_path", str(export_dir),
+               "--predict_input_path", str(root / "data" / "eval"),
+               "--predict_output_path", str(output), "--reserved_columns", "user_id,clk",
+               "--batch_size", "128")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"root": root, "config": config, "export": export_dir, "output": output,
+            "predict_log": proc.stderr,
+            "checkpoint": latest_checkpoint(str(root / "model"))}
+
+
+@pytest.fixture(scope="module")
+def expected(flow) -> torch.Tensor:
+    """The restored model's eval-mode probs on the eval rows, in file order."""
+    return eval_predictions(flow["config"], flow["checkpoint"],
+                            str(flow["root"] / "data" / "eval")).float()
+
+
+def read_meta(export_dir, rank: int = 0, world_size: int = 1) -> dict:
+    with open(export_dir / f"model-{rank:06d}-of-{world_size:06d}.json",
+              encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_export_writes_part_meta_config_and_scripted_model(flow):
+    names = sorted(os.listdir(flow["export"]))
+    assert names == ["model-000000-of-000001.json", "model-000000-of-000001.safetensors",
+                     "pipeline.config", "scripted_model.pt"]
+    assert load_pipeline_config(str(flow["export"] / "pipeline.config")).model_config \
+        == load_pipeline_config(flow["config"]).model_config
+
+
+def test_meta_has_an_is_hashmap_entry_per_dynamic_table(flow):
+    entries = read_meta(flow["export"])
+    with safe_open(str(flow["export"] / "model-000000-of-000001.safetensors"), "pt") as part:
+        stored = set(part.keys())
+        for table in DYNAMIC_TABLES:
+            entry = entries[table]
+            assert entry["is_hashmap"] is True and entry["dense"] is False
+            assert entry["hashmap_key_dtype"] == "int64" and entry["dtype"] == "float32"
+            assert entry["name"] == entry["hashmap_value"] == f"{table}.values/part_0_1"
+            keys = part.get_tensor(entry["hashmap_key"])
+            values = part.get_tensor(entry["hashmap_value"])
+            assert keys.dtype == torch.int64 and values.dtype == torch.float32
+            assert list(values.shape) == entry["shape"] and entry["dimension"] == 8
+            assert keys.shape == (entry["shape"][0],) and entry["shape"][0] > 0
+            assert keys.unique().numel() == keys.numel()
+        for table in DENSE_TABLES:
+            entry = entries[table]
+            assert (entry["is_hashmap"], entry["dense"]) == (False, False)
+            assert list(part.get_tensor(entry["name"]).shape) == entry["shape"]
+        dense = [e for e in entries.values() if e["dense"]]
+        assert dense and all(e["is_hashmap"] is False for e in dense)
+        referenced = {e["name"] for e in entries.values()} | {
+            e["hashmap_key"] for e in entries.values() if e["is_hashmap"]}
+        assert referenced == stored
+
+
+def test_hashmap_parts_hold_the_trained_tables(flow):
+    from hashrec.checkpoint import restore_checkpoint
+    from hashrec.export.tables import dynamic_table_views
+    from hashrec.train.session import build_session
+
+    session = build_session(load_pipeline_config(flow["config"]), device=torch.device("cpu"))
+    restore_checkpoint(flow["checkpoint"], session.model, None,
+                       session.model.embedding.dynamic_tables(), restore_optimizer=False)
+    entries = read_meta(flow["export"])
+    with safe_open(str(flow["export"] / "model-000000-of-000001.safetensors"), "pt") as part:
+        for view in dynamic_table_views(session.model.embedding):
+            keys = torch.cat([k for k, _ in view.chunks(64)])
+            values = torch.cat([v for _, v in view.chunks(64)])
+            exported = part.get_tensor(entries[view.name]["hashmap_key"])
+            order, exported_order = keys.argsort(), exported.argsort()
+            assert torch.equal(keys[order], exported[exported_order])
+            assert torch.equal(values[order],
+                               part.get_tensor(entries[view.name]["hashmap_value"])[
+                                   exported_order])
+
+
+def test_predict_equals_eval_predictions(flow, expected):
+    table = pq.read_table(flow["output"])
+    assert table.column_names == ["user_id", "clk", "probs", "logits"]
+    probs = torch.from_numpy(table["probs"].to_numpy())
+    assert probs.shape == expected.shape == (500,)
+    torch.testing.assert_close(probs, expected, atol=1e-5, rtol=0)
+    logits = torch.from_numpy(table["logits"].to_numpy())
+    torch.testing.assert_close(torch.sigmoid(logits), probs, atol=1e-6, rtol=0)
+    source = pq.read_table(flow["root"] / "data" / "eval")
+    assert table["user_id"].to_pylist() == source["user_id"].to_pylist()
+    assert "predicted 500 rows" in flow["predict_log"]
+
+
+def saved_inputs(flow, path) -> None:
+    """The first 64 eval rows parsed by HashRec, saved as plain tensors."""
+    config = load_pipeline_config(flow["config"])
+    features = build_feature_set(config)
+    batch = next(iter(create_dataloader(config.data_config, features,
+                                        str(flow["root"] / "data" / "eval"), "predict",
+                                        batch_size=64)))
+    torch.save(model_inputs(batch, set()), path)
+
+
+FRESH_PROCESS = """
+import json, sys, torch
+model = torch.jit.load(sys.argv[1])
+out = model(*torch.load(sys.argv[2]))
+print(json.dumps({"hashrec": [m for m in sys.modules if m.split(".")[0] == "hashrec"],
+                  "probs": out["probs"].tolist()}))
+"""
+
+
+def test_scripted_model_runs_in_a_fresh_process_without_hashrec(flow, expected, tmp_path):
+    saved_inputs(flow, tmp_path / "inputs.pt")
+    env = {**os.environ, "PYTHONPATH": ""}
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, str(flow["export"] / "scripted_model.pt"),
+         str(tmp_path / "inputs.pt")], cwd=str(tmp_path), capture_output=True, text=True,
+        timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["hashrec"] == []
+    torch.testing.assert_close(torch.tensor(result["probs"]), expected[:64], atol=1e-5,
+                               rtol=0)
+
+
+def test_torchrun_export_splits_tables_and_predicts_the_same(flow, tmp_path):
+    export_dir = tmp_path / "export2"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(29000 + os.getpid() % 1000), "-m", "hashrec.export",
+         "--pipeline_config_path", flow["config"], "--export_dir", str(export_dir)],
+        capture_output=True, text=True, timeout=300, cwd=str(flow["root"]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    single = read_meta(flow["export"])
+    for table in DYNAMIC_TABLES:
+        keys = []
+        for rank in range(2):
+            entry = read_meta(export_dir, rank, 2)[table]
+            assert entry["hashmap_key"] == f"{table}.keys/part_{rank}_2"
+            path = export_dir / f"model-{rank:06d}-of-000002.safetensors"
+            with safe_open(str(path), "pt") as part:
+                keys.append(part.get_tensor(entry["hashmap_key"]))
+        assert min(k.numel() for k in keys) > 0
+        with safe_open(str(flow["export"] / "model-000000-of-000001.safetensors"), "pt") as p:
+            whole = p.get_tensor(single[table]["hashmap_key"])
+        assert torch.equal(torch.cat(keys).sort().values, whole.sort().values)
+    saved_inputs(flow, tmp_path / "inputs.pt")
+    inputs = torch.load(tmp_path / "inputs.pt")
+    one = torch.jit.load(str(flow["export"] / "scripted_model.pt"))(*inputs)
+    two = torch.jit.load(str(export_dir / "scripted_model.pt"))(*inputs)
+    torch.testing.assert_close(two["probs"], one["probs"], atol=0, rtol=0)
+
+
+def test_export_refuses_a_directory_holding_an_export(flow):
+    before = sorted(os.listdir(flow["export"]))
+    proc = run("hashrec.export", "--pipeline_config_path", flow["config"], "--export_dir",
+               str(flow["export"]))
+    assert proc.returncode == 1
+    assert "already holds an export" in proc.stderr
+    assert sorted(os.listdir(flow["export"])) == before
