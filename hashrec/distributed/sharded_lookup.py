@@ -106,6 +106,7 @@ class ShardedTable:
         self.world_size = ctx.world_size if ctx.is_distributed else 1
 
     def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None = None, train: bool = True,
+               counts: torch.Tensor | None = None, scores: torch.Tensor | None = None,
                lr: float | None = None) -> ShardedLookupResult:
         """Rows of this rank's unique keys, wherever they are stored.
 
@@ -114,20 +115,35 @@ class ShardedTable:
             tags: (n,) int32 namespaces (table fusion) or None.
             train: True counts admission, inserts and updates scores on the owners;
                 False is read-only (missing keys read as the eval initializer).
+            counts: (n,) int64 occurrences of each key in this rank's batch; owners
+                add them up over ranks (admission and LFU count by multiplicity).
+            scores: (n,) int64 caller scores (CUSTOMIZED); owners keep the largest.
             lr: learning rate the gradient step will use (None: the spec's).
 
         Returns:
             values (n, dim) in key order, and the exchange state when training.
         """
-        self._check_input(keys, tags)
+        self._check_input(keys, tags, counts, scores)
         if self.world_size == 1:
-            return self._lookup_local(keys, tags, train, lr)
+            return self._lookup_local(keys, tags, train, counts, scores, lr)
         route = route_by_owner(keys, self.world_size)
         splits = exchange_splits(route.send_counts, self.group, self.world_size)[0]
-        recv_keys = all_to_all(keys[route.order], splits, self.group)
-        recv_tags = None if tags is None else all_to_all(tags[route.order], splits, self.group)
-        unique_keys, unique_tags, inverse = unique_pairs(recv_keys, recv_tags)
-        result = self.table.lookup(unique_keys, unique_tags, train=train)
+        # Keys and their per-key integers travel together as columns of one int64 matrix.
+        columns = [keys] + [c.to(torch.int64) for c in (tags, counts, scores) if c is not None]
+        received = all_to_all(torch.stack(columns, 1)[route.order], splits, self.group)
+        fields = iter(received.unbind(1)[1:])
+        recv_tags = None if tags is None else next(fields).to(torch.int32)
+        recv_counts = None if counts is None else next(fields)
+        recv_scores = None if scores is None else next(fields)
+        unique_keys, unique_tags, inverse = unique_pairs(received[:, 0].contiguous(), recv_tags)
+        u = unique_keys.shape[0]
+        if recv_counts is not None:
+            recv_counts = recv_counts.new_zeros(u).index_add_(0, inverse, recv_counts)
+        if recv_scores is not None:
+            recv_scores = recv_scores.new_full((u,), torch.iinfo(torch.int64).min).scatter_reduce_(
+                0, inverse, recv_scores, reduce="amax")
+        result = self.table.lookup(unique_keys, unique_tags, train=train,
+                                   **_optional(counts=recv_counts, scores=recv_scores))
         rows = all_to_all(result.values[inverse], splits.reversed(), self.group)
         values = torch.empty_like(rows)
         values[route.order] = rows
@@ -138,9 +154,11 @@ class ShardedTable:
         return ShardedLookupResult(values=values, state=state)
 
     def _lookup_local(self, keys: torch.Tensor, tags: torch.Tensor | None, train: bool,
+                      counts: torch.Tensor | None, scores: torch.Tensor | None,
                       lr: float | None) -> ShardedLookupResult:
         """World size 1: the caller's unique keys go straight to the table."""
-        result = self.table.lookup(keys, tags, train=train)
+        result = self.table.lookup(keys, tags, train=train,
+                                   **_optional(counts=counts, scores=scores))
         state = None
         if train:
             identity = torch.arange(keys.shape[0], device=keys.device)
@@ -167,11 +185,12 @@ class ShardedTable:
         self.table.apply_gradients(state.slots[stored], summed[stored], lr=state.lr)
 
     def embed(self, keys: torch.Tensor, tags: torch.Tensor | None = None,
-              lr: float | None = None) -> torch.Tensor:
+              counts: torch.Tensor | None = None, lr: float | None = None) -> torch.Tensor:
         """Training lookup whose backward applies the sparse update (autograd-aware).
 
         Args:
             keys: (n,) int64 unique per rank; tags: (n,) int32 or None.
+            counts: (n,) int64 occurrences per key (admission, LFU) or None.
             lr: learning rate of the fused update (None: the optimizer spec's).
 
         Returns:
@@ -179,24 +198,32 @@ class ShardedTable:
             runs :meth:`apply_gradients` (a collective: every rank must backprop).
         """
         anchor = torch.empty(0, device=keys.device, requires_grad=True)
-        return _ShardedEmbed.apply(anchor, self, keys, tags, lr)
+        return _ShardedEmbed.apply(anchor, self, keys, tags, counts, lr)
 
-    def _check_input(self, keys: torch.Tensor, tags: torch.Tensor | None) -> None:
+    def _check_input(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                     counts: torch.Tensor | None, scores: torch.Tensor | None) -> None:
         if keys.dim() != 1 or keys.dtype != torch.int64:
             raise DistributedError(
                 f"keys must be a 1-D int64 tensor, got {keys.dim()}-D {keys.dtype}")
-        if tags is not None and (tags.shape != keys.shape or tags.dtype != torch.int32):
-            raise DistributedError(
-                f"tags must be int32 with the keys' shape {tuple(keys.shape)}, got "
-                f"{tags.dtype} {tuple(tags.shape)}")
+        for name, value, dtype in (("tags", tags, torch.int32), ("counts", counts, torch.int64),
+                                   ("scores", scores, torch.int64)):
+            if value is not None and (value.shape != keys.shape or value.dtype != dtype):
+                raise DistributedError(
+                    f"{name} must be {dtype} with the keys' shape {tuple(keys.shape)}, got "
+                    f"{value.dtype} {tuple(value.shape)}")
+
+
+def _optional(**kwargs) -> dict:
+    """Only the keyword arguments that were given (the table's defaults stand otherwise)."""
+    return {name: value for name, value in kwargs.items() if value is not None}
 
 
 class _ShardedEmbed(torch.autograd.Function):
     """Lookup in forward, exchange + fused optimizer step in backward."""
 
     @staticmethod
-    def forward(ctx, anchor, sharded, keys, tags, lr):
-        result = sharded.lookup(keys, tags, train=True, lr=lr)
+    def forward(ctx, anchor, sharded, keys, tags, counts, lr):
+        result = sharded.lookup(keys, tags, train=True, counts=counts, lr=lr)
         ctx.sharded = sharded
         ctx.state = result.state
         return result.values
@@ -204,4 +231,4 @@ class _ShardedEmbed(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         ctx.sharded.apply_gradients(ctx.state, grad)
-        return None, None, None, None, None
+        return None, None, None, None, None, None

@@ -1,0 +1,52 @@
+"""Spawn a small gloo world on CPU and run named scenarios on every rank.
+
+Scenario functions run inside the workers; they receive the rank's DistContext
+and return picklable results, gathered per scenario and rank by the parent.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.multiprocessing as mp
+
+from hashrec.distributed.process_group import init_distributed, teardown
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, scenarios: dict[str, Callable],
+            out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    ctx = init_distributed(use_cuda=False, timeout_s=60)
+    results = {}
+    try:
+        for name, scenario in scenarios.items():
+            try:
+                results[name] = scenario(ctx)
+            except Exception:  # noqa: BLE001 - reported to the parent test
+                results[name] = RuntimeError(traceback.format_exc())
+                break  # the peers may now be stuck in a collective: stop here
+    finally:
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        teardown(ctx)
+
+
+def run_world(scenarios: dict[str, Callable], world_size: int, out_dir: str) -> dict[str, list]:
+    """Run every scenario on ``world_size`` gloo ranks; returns name -> per-rank results."""
+    mp.spawn(_worker, args=(world_size, free_port(), scenarios, str(out_dir)),
+             nprocs=world_size, join=True)
+    per_rank = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
+                for r in range(world_size)]
+    return {name: [results.get(name) for results in per_rank] for name in scenarios}

@@ -1,0 +1,54 @@
+import logging
+
+import pytest
+import torch
+
+from hashrec.distributed.metrics import (
+    RankZeroLogger,
+    all_reduce_scalars,
+    auc_from_histograms,
+    global_auc,
+    mean_over_ranks,
+    score_histograms,
+)
+from hashrec.distributed.process_group import DistContext, single_process_context
+
+
+def _exact_auc(scores, labels):
+    pos, neg = scores[labels > 0.5], scores[labels <= 0.5]
+    wins = (pos[:, None] > neg[None, :]).double() + 0.5 * (pos[:, None] == neg[None, :]).double()
+    return float(wins.mean())
+
+
+@pytest.mark.parametrize("n", [2, 17, 1000], ids=["n2", "n17", "n1000"])
+def test_histogram_auc_matches_pairwise_auc(n):
+    gen = torch.Generator().manual_seed(n)
+    labels = torch.arange(n) % 2
+    scores = (torch.rand(n, generator=gen) * 0.5 + 0.5 * labels * torch.rand(n, generator=gen))
+    scores = (scores * 1000).round() / 1000  # on bin edges: histogram AUC is exact
+    ctx = single_process_context("cpu")
+    assert global_auc(scores, labels, ctx, num_bins=1000) == pytest.approx(
+        _exact_auc(scores * 1000 // 1, labels), abs=1e-12)
+
+
+def test_auc_degenerate_classes():
+    pos, neg = score_histograms(torch.tensor([0.2, 0.9]), torch.tensor([1, 1]), num_bins=10)
+    assert auc_from_histograms(pos, neg) == 0.5
+
+
+def test_scalar_sums_without_process_group():
+    ctx = single_process_context("cpu")
+    assert all_reduce_scalars({"loss": 3.0, "n": 4}, ctx) == {"loss": 3.0, "n": 4.0}
+    assert mean_over_ranks(3.0, 4, ctx) == 0.75
+    assert mean_over_ranks(0.0, 0, ctx) == 0.0
+
+
+def test_rank_zero_logger_is_silent_elsewhere(caplog):
+    logger = logging.getLogger("hashrec.test.rank_zero")
+    main, other = DistContext(), DistContext(rank=1, world_size=2, is_main=False)
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        RankZeroLogger(logger, main).info("from main %d", 0)
+        RankZeroLogger(logger, other).info("from rank %d", 1)
+        RankZeroLogger(logger, other).error("failure on rank %d", 1)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["from main 0", "failure on rank 1"]
