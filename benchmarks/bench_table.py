@@ -25,6 +25,7 @@ import datetime
 import json
 import os
 import platform
+import sys
 import time
 
 import torch
@@ -116,6 +117,26 @@ def _versions() -> dict:
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
+def markdown(report: dict, command: str) -> str:
+    """A markdown summary of a report: command, versions, one row per measurement."""
+    meta = report["meta"]
+    lines = [
+        "# HashTable throughput", "",
+        f"Command: `{command}`", "",
+        f"Date: {meta['date']}; devices: {', '.join(meta['devices'])}; torch {meta['torch']}; "
+        f"triton {meta['triton']}; Python {meta['python']}; {meta['cpu_threads']} CPU threads; "
+        f"load average at start: {meta['load_average']}.", "",
+        "Keys/s is the fastest of the timed repetitions (the median is in the JSON).", "",
+        "| device | dim | load factor (measured) | op | M keys/s |",
+        "|---|---|---|---|---|",
+    ]
+    for r in report["results"]:
+        lines.append(f"| {r['device']} | {r['dim']} | {r['load_factor']} "
+                     f"({r['measured_load_factor']:.3f}) | {r['op']} | "
+                     f"{r['keys_per_s'] / 1e6:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", default="auto", help="cpu, cuda, or auto (cpu + cuda)")
@@ -125,6 +146,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1 << 18)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", default=None, help="JSON output path")
+    parser.add_argument("--md", default=None, help="markdown summary path")
     args = parser.parse_args()
     devices = ["cpu", "cuda"] if args.devices == "auto" else args.devices.split(",")
     devices = [torch.device(d) for d in devices
@@ -141,6 +163,9 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(report, handle, indent=1)
+    if args.md:
+        with open(args.md, "w") as handle:
+            handle.write(markdown(report, "python " + " ".join(sys.argv)))
 
 
 if __name__ == "__main__":
