@@ -65,7 +65,16 @@ class KeyedJaggedTensor:
         values: (n,) ids (int64) of every bag, key-major.
         lengths: (len(keys) * B,) int bag sizes.
         weights: optional (n,) float weights parallel to ``values``.
-        offsets: optional precomputed (len(keys) * B + 1,) offsets.
+        offsets: optional precomputed (len(keys) * B + 1,) offsets; computed from
+            ``lengths`` when first asked for otherwise.
+        validate: check the layout (1-D tensors, unique keys, lengths a multiple of
+            the keys, non-negative, summing to the number of values, weights
+            parallel to values). Producers that build the layout themselves
+            (the feature parser, device moves) pass False to skip the checks and
+            their host syncs.
+
+    Raises:
+        JaggedError: ``validate`` is True and the layout is inconsistent.
     """
 
     def __init__(
@@ -75,14 +84,16 @@ class KeyedJaggedTensor:
         lengths: torch.Tensor,
         weights: torch.Tensor | None = None,
         offsets: torch.Tensor | None = None,
+        validate: bool = True,
     ) -> None:
         self._keys = list(keys)
         self._values = values
         self._lengths = lengths.to(torch.int64)
         self._weights = weights
-        self._offsets = offsets if offsets is not None else _offsets_from_lengths(self._lengths)
+        self._offsets = offsets
         self._index = {k: i for i, k in enumerate(self._keys)}
-        self._validate()
+        if validate:
+            self._validate()
 
     # -- construction ---------------------------------------------------------------
     @classmethod
@@ -132,11 +143,11 @@ class KeyedJaggedTensor:
             raise JaggedError(
                 f"lengths has {self._lengths.numel()} entries, not a multiple of "
                 f"{n_keys} keys")
-        if self._offsets.numel() != self._lengths.numel() + 1:
+        if self._offsets is not None and self._offsets.numel() != self._lengths.numel() + 1:
             raise JaggedError("offsets must have len(lengths) + 1 entries")
         if self._lengths.numel() and bool((self._lengths < 0).any()):
             raise JaggedError("lengths must be non-negative")
-        total = int(self._offsets[-1])
+        total = int(self.offsets()[-1])
         if total != self._values.numel():
             raise JaggedError(
                 f"lengths sum to {total} but there are {self._values.numel()} values")
@@ -156,6 +167,8 @@ class KeyedJaggedTensor:
         return self._lengths
 
     def offsets(self) -> torch.Tensor:
+        if self._offsets is None:
+            self._offsets = _offsets_from_lengths(self._lengths)
         return self._offsets
 
     def weights(self) -> torch.Tensor:
@@ -182,7 +195,8 @@ class KeyedJaggedTensor:
         if key not in self._index:
             raise KeyError(f"feature {key!r} not in KeyedJaggedTensor keys {self._keys}")
         i, b = self._index[key], self.stride()
-        start, end = int(self._offsets[i * b]), int(self._offsets[(i + 1) * b])
+        offsets = self.offsets()
+        start, end = int(offsets[i * b]), int(offsets[(i + 1) * b])
         lengths = self._lengths[i * b:(i + 1) * b]
         w = self._weights[start:end] if self._weights is not None else None
         return JaggedTensor(self._values[start:end], lengths, _offsets_from_lengths(lengths), w)
@@ -193,12 +207,12 @@ class KeyedJaggedTensor:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> KeyedJaggedTensor:
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return KeyedJaggedTensor(self._keys, move(self._values), move(self._lengths),
-                                 move(self._weights), move(self._offsets))
+                                 move(self._weights), move(self._offsets), validate=False)
 
     def pin_memory(self) -> KeyedJaggedTensor:
         pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
         return KeyedJaggedTensor(self._keys, pin(self._values), pin(self._lengths),
-                                 pin(self._weights), pin(self._offsets))
+                                 pin(self._weights), pin(self._offsets), validate=False)
 
     def __repr__(self) -> str:
         return (f"KeyedJaggedTensor(keys={self._keys}, batch={self.stride()}, "

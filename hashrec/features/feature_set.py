@@ -37,6 +37,7 @@ class FeatureSet:
         self._tables = list(tables)
         self.label_fields = list(label_fields)
         self._sparse = [f for f in features if f.is_sparse]
+        self._sparse_keys = [f.name for f in self._sparse]
         columns = [c for f in features for c in f.columns]
         self.feature_columns = list(dict.fromkeys(columns))
         self.input_columns = list(dict.fromkeys(self.feature_columns + self.label_fields))
@@ -84,11 +85,13 @@ class FeatureSet:
                 sequence_dense[feature.name] = torch.from_numpy(out)
             else:
                 dense[feature.name] = torch.from_numpy(out)
+        # Every feature returns int64 ids and non-negative lengths summing to its id
+        # count, so the layout is consistent by construction: no validation pass.
         sparse = KeyedJaggedTensor(
-            [f.name for f in self._sparse],
+            self._sparse_keys,
             torch.from_numpy(np.concatenate(values) if values else np.zeros(0, np.int64)),
             torch.from_numpy(np.concatenate(lengths) if lengths else np.zeros(0, np.int64)),
-            torch.from_numpy(np.concatenate(weights)) if weighted else None)
+            torch.from_numpy(np.concatenate(weights)) if weighted else None, validate=False)
         labels = self._labels(table) if with_labels else {}
         return Batch(sparse, dense, sequence_dense, labels, batch_size)
 

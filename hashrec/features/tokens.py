@@ -53,23 +53,46 @@ def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
+def string_offsets(values: pa.Array) -> np.ndarray:
+    """(n + 1,) offsets of a string array's cells in its data buffer (slices respected)."""
+    width = np.dtype(np.int64 if pa.types.is_large_string(values.type) else np.int32)
+    if len(values) == 0:
+        return np.zeros(1, dtype=width)
+    return np.frombuffer(values.buffers()[1], dtype=width, count=len(values) + 1,
+                         offset=values.offset * width.itemsize)
+
+
+def list_lengths(array: pa.Array) -> np.ndarray:
+    """(B,) int64 sizes of a list array's cells; null cells have size 0."""
+    if array.null_count:
+        return pc.fill_null(pc.list_value_length(array), 0).to_numpy().astype(np.int64)
+    return np.diff(array.offsets.to_numpy()).astype(np.int64, copy=False)
+
+
 def _drop_empty(values: pa.Array, lengths: np.ndarray) -> Bags:
     """Remove null and empty-string tokens, keeping bag membership."""
-    keep = pc.is_valid(values)
+    keep = None
+    if values.null_count:
+        keep = pc.is_valid(values).to_numpy(zero_copy_only=False)
     if _is_string(values.type):
-        keep = pc.and_(keep, pc.not_equal(pc.utf8_length(values), 0))
-    if keep.null_count == 0 and pc.all(keep).as_py() in (True, None):
+        filled = np.diff(string_offsets(values)) != 0
+        keep = filled if keep is None else keep & filled
+    if keep is None or keep.all():
         return Bags(values, lengths)
-    keep_np = keep.to_numpy(zero_copy_only=False)
-    rows = np.repeat(np.arange(lengths.shape[0]), lengths)
-    new_lengths = np.bincount(rows[keep_np], minlength=lengths.shape[0]).astype(np.int64)
-    return Bags(values.filter(keep), new_lengths)
+    kept_before = np.concatenate([[0], np.cumsum(keep)])
+    bag_ends = np.concatenate([[0], np.cumsum(lengths)])
+    new_lengths = np.diff(kept_before[bag_ends]).astype(np.int64)
+    return Bags(values.filter(pa.array(keep)), new_lengths)
 
 
 def _fill_missing(array: pa.Array, default: str, feature: str, column: str) -> pa.Array:
+    """Missing cells (null or empty string) -> ``default``; without one, cells are kept
+    (empty strings and nulls become empty bags later, when tokens are dropped)."""
+    if not default:
+        return array
     if _is_string(array.type):
         array = pc.if_else(pc.equal(array, ""), pa.scalar(None, array.type), array)
-    if not default or array.null_count == 0:
+    if array.null_count == 0:
         return array
     if _is_list(array.type):
         fill = pa.scalar([default], pa.list_(pa.string())).cast(array.type)
@@ -100,23 +123,22 @@ def column_bags(array: pa.Array, feature: str, column: str, separator: str | Non
     if _is_list(t):
         if pa.types.is_fixed_size_list(t):
             array = array.cast(pa.list_(t.value_type))
-        lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy().astype(np.int64)
-        return _drop_empty(pc.list_flatten(array), lengths)
+        return _drop_empty(pc.list_flatten(array), list_lengths(array))
     if _is_string(t) and separator:
         if pc.any(pc.match_substring(array, separator)).as_py():
             split = pc.split_pattern(array, separator)
-            lengths = pc.fill_null(pc.list_value_length(split), 0).to_numpy().astype(np.int64)
-            return _drop_empty(pc.list_flatten(split), lengths)
+            return _drop_empty(pc.list_flatten(split), list_lengths(split))
     if not (_is_string(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
             or pa.types.is_dictionary(t)):
         raise FeatureError(f"feature {feature!r}: column {column!r} has type {t}; expected "
                            f"integers, floats, strings or lists of them")
     if pa.types.is_dictionary(t):
         array = array.cast(t.value_type)
-    valid = pc.is_valid(array).to_numpy(zero_copy_only=False)
-    lengths = valid.astype(np.int64)
-    values = array if array.null_count == 0 else array.filter(pc.is_valid(array))
-    return _drop_empty(values, lengths)
+    if array.null_count == 0:
+        return _drop_empty(array, np.ones(len(array), dtype=np.int64))
+    valid = pc.is_valid(array)
+    return _drop_empty(array.filter(valid),
+                       valid.to_numpy(zero_copy_only=False).astype(np.int64))
 
 
 def truncate(bags: Bags, max_length: int) -> Bags:

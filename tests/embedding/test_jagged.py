@@ -91,3 +91,19 @@ def test_missing_key_and_missing_weights_raise():
         kjt["c"]
     with pytest.raises(JaggedError, match="no weights"):
         kjt.weights()
+
+
+def test_unvalidated_layout_is_accepted_and_offsets_follow_lengths():
+    # Trusted producers skip the checks: an inconsistent layout is not rejected ...
+    KeyedJaggedTensor(["a"], torch.tensor([1, 2, 3]), torch.tensor([1, 1]), validate=False)
+    # ... and a consistent one behaves like a validated one, offsets computed on demand.
+    kjt = KeyedJaggedTensor(["a", "b"], torch.tensor([1, 2, 3, 4, 5]),
+                            torch.tensor([2, 0, 1, 2]), validate=False)
+    assert kjt.offsets().tolist() == [0, 2, 2, 3, 5]
+    assert kjt["b"].values.tolist() == [3, 4, 5]
+
+
+def test_validation_still_checks_given_offsets():
+    with pytest.raises(JaggedError, match="len\\(lengths\\) \\+ 1"):
+        KeyedJaggedTensor(["a"], torch.tensor([1, 2]), torch.tensor([1, 1]),
+                          offsets=torch.tensor([0, 2]))

@@ -1,0 +1,76 @@
+"""Columns -> bags: separators, missing cells, empty tokens, slices and list columns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from hashrec.features.tokens import column_bags, list_lengths, string_offsets, truncate
+
+
+def reference_bags(cells: list, separator: str | None, default: str = "") -> list[list]:
+    """Plain-Python statement of the rules: missing cells take ``default`` (or are
+    empty bags), string cells split on the separator, empty tokens are dropped."""
+    bags = []
+    for cell in cells:
+        if cell is None or cell == "":
+            cell = default or None
+        if cell is None:
+            bags.append([])
+        elif isinstance(cell, list):
+            bags.append([t for t in cell if t not in (None, "")])
+        elif isinstance(cell, str) and separator:
+            bags.append([t for t in cell.split(separator) if t])
+        else:
+            bags.append([cell])
+    return bags
+
+
+def as_lists(bags) -> list[list]:
+    values, out, start = bags.values.to_pylist(), [], 0
+    for n in bags.lengths.tolist():
+        out.append(values[start:start + n])
+        start += n
+    return out
+
+
+CELLS = ["12|7", "", None, "3", "4||5", "|6|", "8|"]
+
+
+@pytest.mark.parametrize("default", ["", "0"], ids=["no-default", "default"])
+@pytest.mark.parametrize("string_type", [pa.string(), pa.large_string()],
+                         ids=["string", "large-string"])
+def test_split_cells_match_the_reference(string_type, default):
+    bags = column_bags(pa.array(CELLS, string_type), "f", "c", "|", default)
+    assert as_lists(bags) == reference_bags(CELLS, "|", default)
+    assert bags.lengths.dtype.name == "int64"
+
+
+@pytest.mark.parametrize("start,stop", [(1, 7), (2, 5), (4, 4)], ids=["tail", "middle", "empty"])
+def test_sliced_columns_read_only_their_rows(start, stop):
+    array = pa.array(CELLS).slice(start, stop - start)
+    bags = column_bags(array, "f", "c", "|")
+    assert as_lists(bags) == reference_bags(CELLS[start:stop], "|")
+    # offsets point into the shared data buffer; the cell sizes are the slice's own
+    sizes = np.diff(string_offsets(array)).tolist()
+    assert sizes == [len(c or "") for c in CELLS[start:stop]]
+
+
+def test_cells_without_separator_are_single_tokens():
+    cells = ["a", "", None, "b"]
+    assert as_lists(column_bags(pa.array(cells), "f", "c", "|")) == [["a"], [], [], ["b"]]
+    assert as_lists(column_bags(pa.array([5, None, 6]), "f", "c", None)) == [[5], [], [6]]
+
+
+def test_list_columns_drop_nulls_and_empty_tokens():
+    cells = [["1", "", "2"], None, [], ["3", None]]
+    array = pa.array(cells, pa.list_(pa.string()))
+    assert list_lengths(array).tolist() == [3, 0, 0, 2]
+    assert as_lists(column_bags(array, "f", "c", None)) == reference_bags(cells, None)
+    assert as_lists(column_bags(array.slice(2), "f", "c", None)) == [[], ["3"]]
+
+
+def test_truncate_keeps_the_first_items_of_each_bag():
+    bags = truncate(column_bags(pa.array(["1|2|3", "4", "5|6|7|8"]), "f", "c", "|"), 2)
+    assert as_lists(bags) == [["1", "2"], ["4"], ["5", "6"]]
