@@ -67,6 +67,7 @@ def prepare_temp_dir(tmp: str, names: list[str]) -> None:
     """Creates an empty temporary checkpoint directory with one folder per table."""
     if os.path.exists(tmp):
         shutil.rmtree(tmp)  # an interrupted save of this step; never complete
+    os.makedirs(os.path.join(tmp, layout.TABLES_DIR))  # also without dynamic tables
     for name in names:
         os.makedirs(os.path.join(tmp, layout.TABLES_DIR, name))
 
