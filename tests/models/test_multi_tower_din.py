@@ -87,3 +87,23 @@ def test_unsupported_model_kind():
         'multi_tower { towers { input: "deep" mlp { hidden_units: [4] } } }')
     with pytest.raises(ModelError, match="multi_tower"):
         _model(text)
+
+
+def test_fp16_embedding_hook_unscales_sparse_gradients():
+    from hashrec.train.precision import MixedPrecision
+
+    torch.manual_seed(0)
+    model = create_model(model_config(), FakeFeatureSet(), None, embedding=FakeEmbedding())
+    batch = make_batch(8, seed=1)
+    model.loss(model(batch), batch)["binary_cross_entropy"].backward()
+    reference = model.embedding.tables["user_id"].weight.grad.clone()
+    model.zero_grad()
+    mp = MixedPrecision.create("FP16", torch.device("cpu"))
+    with mp.autocast():
+        predictions = model(batch, embedding_hook=mp.embedding_hook())
+    mp.backward(model.loss(predictions, batch)["binary_cross_entropy"])
+    got = model.embedding.tables["user_id"].weight.grad
+    assert reference.abs().sum() > 0
+    assert torch.allclose(got, reference, rtol=0.05, atol=1e-4)
+    dense_grad = model.output.weight.grad
+    assert dense_grad.abs().max() > 100 * reference.abs().max()  # still scaled for the scaler

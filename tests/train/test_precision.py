@@ -45,3 +45,4 @@ def test_bf16_autocast_context():
     with mp.autocast():
         out = layer(torch.randn(2, 4))
     assert out.dtype == torch.bfloat16
+
