@@ -1,0 +1,82 @@
+"""python -m hashrec.predict: output layout, batch sizes, reserved columns, clear errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "export"))
+
+from export_helpers import write_config  # noqa: E402
+
+from hashrec.checkpoint import save_checkpoint  # noqa: E402
+from hashrec.config import load_pipeline_config  # noqa: E402
+from hashrec.export import export_model  # noqa: E402
+from hashrec.predict import main, predict  # noqa: E402
+from hashrec.tools.gen_taobao_data import generate  # noqa: E402
+from hashrec.train.session import build_session  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """An untrained model (dense tables only) exported in-process, and input rows."""
+    root = tmp_path_factory.mktemp("predict")
+    generate(str(root / "data"), 200, seed=4, scale=0.01, eval_rows=130, quiet=True)
+    config_path = write_config(root, root / "data", root / "model", dynamic=False)
+    config = load_pipeline_config(config_path)
+    session = build_session(config, device=torch.device("cpu"))
+    (root / "model").mkdir()
+    save_checkpoint(str(root / "model"), 0, session.model, session.dense.optimizer, {})
+    export_model(config, str(root / "export"))
+    return root
+
+
+@pytest.mark.parametrize("batch_size", [1000, 7], ids=["one-batch", "batch7"])
+def test_predictions_do_not_depend_on_batch_size(exported, tmp_path, batch_size):
+    out = predict(str(exported / "export"), str(exported / "data" / "eval"),
+                  str(tmp_path / "out"), ("clk", "user_id"), batch_size)
+    assert out["rows"] == 130 and out["output"] == str(tmp_path / "out" / "part-00000.parquet")
+    table = pq.read_table(out["output"])
+    assert table.column_names == ["clk", "user_id", "probs", "logits"]
+    reference = predict(str(exported / "export"), str(exported / "data" / "eval"),
+                        str(tmp_path / "ref.parquet"), (), 64)
+    assert pq.read_table(reference["output"]).column_names == ["probs", "logits"]
+    torch.testing.assert_close(torch.from_numpy(table["probs"].to_numpy()),
+                               torch.from_numpy(pq.read_table(reference["output"])[
+                                   "probs"].to_numpy()), atol=1e-6, rtol=0)
+
+
+def run_main(caplog, *args: str) -> tuple[int, str]:
+    with caplog.at_level(logging.INFO):
+        code = main(list(args))
+    return code, caplog.text
+
+
+def test_missing_export_directory_is_a_clear_error(caplog, tmp_path):
+    code, log = run_main(caplog, "--scripted_model_path", str(tmp_path / "nope"),
+                         "--predict_input_path", str(tmp_path), "--predict_output_path",
+                         str(tmp_path / "o.parquet"))
+    assert code == 1
+    assert "scripted_model.pt does not exist" in log and "python -m hashrec.export" in log
+
+
+def test_reserved_column_named_like_a_prediction_is_refused(caplog, exported, tmp_path):
+    code, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
+                         "--predict_input_path", str(exported / "data" / "eval"),
+                         "--predict_output_path", str(tmp_path / "o.parquet"),
+                         "--reserved_columns", "user_id,probs")
+    assert code == 1 and "collide with the prediction columns" in log
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_missing_input_column_names_the_column(caplog, exported, tmp_path):
+    code, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
+                         "--predict_input_path", str(exported / "data" / "eval"),
+                         "--predict_output_path", str(tmp_path / "o.parquet"),
+                         "--reserved_columns", "no_such_column")
+    assert code == 1 and "no_such_column" in log
