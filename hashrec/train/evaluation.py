@@ -40,7 +40,7 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
     mean_loss = MeanLoss(session.device)
     was_training = model.training
     model.eval()
-    start, examples, batches = time.perf_counter(), 0, 0
+    start, batches = time.perf_counter(), 0
     try:
         with torch.no_grad():
             for batch in session.loader(input_path, "eval"):
@@ -54,7 +54,6 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
                     metric.update(predictions["probs"], labels)
                 loss = sum(model.loss(predictions, batch).values())
                 mean_loss.add(float(loss), batch.batch_size)
-                examples += batch.batch_size
                 batches += 1
     finally:
         model.train(was_training)

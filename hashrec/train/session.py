@@ -31,6 +31,7 @@ from hashrec.train.precision import MixedPrecision
 logger = logging.getLogger("hashrec.train")
 
 PIPELINE_CONFIG_FILE = "pipeline.config"
+SEED = 0
 
 
 def default_device(rank: int = 0) -> torch.device:
@@ -90,6 +91,8 @@ def build_session(config, rank: int = 0, world_size: int = 1,
     if not config.HasField("train_config"):
         raise TrainError("the pipeline config has no train_config (optimizers are required)")
     device = device or default_device(rank)
+    # One fixed seed: runs of the same config and data start from the same weights.
+    torch.manual_seed(SEED)
     train_config = config.train_config
     feature_set = build_feature_set(config)
     sparse_spec = sparse_optimizer_spec(train_config.sparse_optimizer)
