@@ -108,15 +108,16 @@ def export_model(config, export_dir: str, checkpoint_path: str | None = None,
         dense_table_weights(session.model.embedding) if rank == 0 else {},
         views)
     for view in views:
-        view.missing_value()
+        view.missing_value()  # an unexportable eval initializer fails before any file is written
     run_on_all_ranks(lambda: write_part(export_dir, contents, rank, world_size, chunk_rows),
                      "writing the export part", ExportError)
     files = [os.path.join(export_dir, meta.weights_file(rank, world_size)),
              os.path.join(export_dir, meta.meta_file(rank, world_size))]
     barrier()
+    files += run_on_all_ranks(
+        lambda: _write_chief_files(session, export_dir, world_size) if rank == 0 else [],
+        "writing the config and the scripted model", ExportError)
     if rank == 0:
-        files += _write_chief_files(session, export_dir, world_size)
         logger.info("exported %s (step %d) to %s in %.1fs", path, step, export_dir,
                     time.perf_counter() - start)
-    barrier()
     return ExportResult(export_dir, path, step, tuple(files))
