@@ -2,7 +2,9 @@
 
 For each worker count, iterates one full pass of ``create_dataloader`` (train
 mode, no shuffle) over generated data and reports rows per second, counting
-from the first ``iter()`` (worker start-up included) to the last batch.
+from the first ``iter()`` (worker start-up included) to the last batch, and
+rows per CPU second (the loop's process plus its workers), which is steadier
+than wall time when other jobs share the machine.
 
     python benchmarks/bench_data.py --num_rows 1000000 \\
         --json benchmarks/results/data_cpu.json --markdown benchmarks/results/data_cpu.md
@@ -15,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import sys
 import tempfile
 import time
@@ -25,6 +28,7 @@ import torch
 
 from hashrec.config import load_pipeline_config
 from hashrec.data import create_dataloader
+from hashrec.data.paths import expand_input_path
 from hashrec.features import build_feature_set
 from hashrec.tools.gen_taobao_data import generate
 
@@ -37,6 +41,7 @@ def measure(config, feature_set, path: str, workers: int, batch_size: int) -> di
     loader = create_dataloader(config.data_config, feature_set, path, "train",
                                batch_size=batch_size, num_workers=workers)
     start = time.perf_counter()
+    cpu_start = time.process_time(), _children_cpu()
     rows = batches = 0
     first = None
     for batch in loader:
@@ -45,8 +50,16 @@ def measure(config, feature_set, path: str, workers: int, batch_size: int) -> di
         rows += batch.batch_size
         batches += 1
     seconds = time.perf_counter() - start
+    del loader  # workers are joined when the pass ends; their CPU time is then counted
+    cpu = time.process_time() - cpu_start[0] + _children_cpu() - cpu_start[1]
     return {"workers": workers, "rows": rows, "batches": batches, "seconds": round(seconds, 3),
-            "first_batch_seconds": round(first or 0.0, 3), "rows_per_second": round(rows / seconds)}
+            "first_batch_seconds": round(first or 0.0, 3), "rows_per_second": round(rows / seconds),
+            "cpu_seconds": round(cpu, 3), "rows_per_cpu_second": round(rows / cpu)}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def environment() -> dict:
@@ -68,12 +81,14 @@ def markdown(report: dict) -> str:
         f"{setup['rows']} rows in {setup['num_files']} parquet files (scale {setup['scale']}), "
         f"batch size {setup['batch_size']}, config `{setup['config']}`; one pass per row "
         "below, worker start-up included.", "",
-        "| workers | rows/s | seconds | first batch (s) | batches |",
-        "|---:|---:|---:|---:|---:|",
+        f"Command: `{report['command']}`", "",
+        "| workers | rows/s | seconds | first batch (s) | batches | CPU s | rows per CPU s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
         lines.append(f"| {r['workers']} | {r['rows_per_second']:,} | {r['seconds']} | "
-                     f"{r['first_batch_seconds']} | {r['batches']} |")
+                     f"{r['first_batch_seconds']} | {r['batches']} | {r['cpu_seconds']} | "
+                     f"{r['rows_per_cpu_second']:,} |")
     return "\n".join(lines) + "\n"
 
 
@@ -102,14 +117,17 @@ def main(argv: list[str] | None = None) -> int:
         if path is None:
             path = os.path.join(tmp, "taobao")
             generate(path, args.num_rows, args.num_files, seed=0, scale=args.scale, quiet=True)
+        files = expand_input_path(path)
         results = []
         for workers in counts:
             results.append(measure(config, feature_set, path, workers, args.batch_size))
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     report = {
         "benchmark": "bench_data", "environment": environment(),
+        "command": " ".join(["python", os.path.relpath(__file__), *sys.argv[1:]]),
         "setup": {"config": os.path.relpath(args.config), "data": args.data or "generated",
-                  "rows": results[0]["rows"] if results else 0, "num_files": args.num_files,
+                  "rows": results[0]["rows"] if results else 0,
+                  "num_files": args.num_files if args.data is None else len(files),
                   "scale": args.scale, "batch_size": args.batch_size},
         "results": results,
     }
