@@ -55,9 +55,6 @@ def feature_problems(config: EasyRecConfig) -> list[str]:
 def _option_problems(name: str, sub) -> list[str]:
     fields = sub.DESCRIPTOR.fields_by_name
     problems = []
-    if "zch" in fields and sub.HasField("zch"):
-        problems.append(f"feature {name!r}: zch is not supported for training (it is read by "
-                        f"zch_to_dynamicemb_convert); use dynamicemb or num_buckets")
     if "vocab_file" in fields and sub.HasField("vocab_file"):
         problems.append(f"feature {name!r}: vocab_file is not supported; use vocab_list or "
                         f"vocab_dict")

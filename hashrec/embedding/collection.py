@@ -9,6 +9,13 @@ optimizer never sees embeddings, and dense tables' rows and optimizer state
 travel in ``state_dict`` as buffers. Dynamic tables are reached through
 ``dynamic_tables()`` and ``table_locations()`` (checkpoints, exports).
 
+Several ranks: given a ``DistContext`` with world size > 1, every dynamic storage
+is a row-wise shard of the rank (capacities divided by the world size) reached
+through all-to-all exchanges, and dense tables are replicated with their sparse
+gradients summed over ranks; see ``hashrec.embedding.sharded`` for the update
+scaling and the collective rule (every rank runs every forward, in step; a rank
+without an eval batch calls ``idle_lookups``). World size 1 takes the local path.
+
 Step clock: every training-mode forward advances the step of every storage once
 before its lookups (STEP scores, Adam bias correction); eval-mode forwards do
 not. Train mode admits, inserts and updates scores; eval mode is read-only and
@@ -20,7 +27,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hashrec.embedding.batching import FeatureIds, dedup_storage, feature_ids
+from hashrec.distributed.comm_timer import CommTimer
+from hashrec.distributed.process_group import DistContext
+from hashrec.distributed.sharded_lookup import ShardedTable
+from hashrec.distributed.storage_estimate import per_rank_options
+from hashrec.embedding.batching import FeatureIds, StorageBatch, dedup_storage, feature_ids
 from hashrec.embedding.dense_table import DenseTable
 from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.jagged import KeyedJaggedTensor
@@ -28,8 +39,10 @@ from hashrec.embedding.lookup import Storage, lookup_rows
 from hashrec.embedding.output import EmbeddingOutput
 from hashrec.embedding.plan import plan_storages
 from hashrec.embedding.pooling import gather_sequences, pool_bags
+from hashrec.embedding.sharded import Request, ShardedLookups
 from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
 from hashrec.embedding.stats import collection_stats
+from hashrec.embedding.zch import ZchRemapper
 from hashrec.table import HashTable
 from hashrec.table.optim import OPTIMIZER_SPECS, OptimizerSpec
 
@@ -69,30 +82,46 @@ class EmbeddingCollection(nn.Module):
         device: device of every table (None -> CPU); dynamic tables' options are
             placed there. Dynamic tables do not follow ``.to()``: build the
             collection on the device it runs on.
+        dist: the worker's DistContext; world size > 1 shards dynamic storages
+            row-wise over the ranks (None or world size 1: local tables).
+        group: process group of the exchanges (default group when None).
     """
 
     def __init__(self, tables: list[EmbeddingTableSpec], features: list[EmbeddingFeatureSpec],
                  sparse_optimizer: OptimizerSpec,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, dist: DistContext | None = None,
+                 group=None) -> None:
         super().__init__()
         _check_specs(tables, features, sparse_optimizer)
         self._device = torch.device("cpu" if device is None else device)
         self._features = {f.name: f for f in features}
         self.dense_tables = nn.ModuleDict()
+        # Zero-collision remappers of ZCH tables (buffers: they travel in state_dict).
+        self.zch_remappers = nn.ModuleDict()
         self._storages: list[Storage] = []
         self._locations: dict[str, tuple[str, int]] = {}
+        world = dist.world_size if dist is not None and dist.is_distributed else 1
+        self.comm_timer = CommTimer(self._device, enabled=world > 1)
+        sharded: dict[str, ShardedTable] = {}
         for plan in plan_storages(tables, sparse_optimizer, self._device):
             if plan.is_dynamic:
-                table = HashTable(plan.options)
+                table = HashTable(per_rank_options(plan.options, world))
+                if world > 1:
+                    sharded[plan.name] = ShardedTable(table, dist, group, self.comm_timer)
             else:
                 spec = plan.tables[0]
                 table = DenseTable(spec.name, spec.num_rows, spec.dim, sparse_optimizer,
                                    spec.initializer, self._device)
                 self.dense_tables[spec.name] = table
+                if spec.zch is not None:
+                    self.zch_remappers[spec.name] = ZchRemapper(spec.zch, spec.name,
+                                                                self._device)
             self._storages.append(Storage(plan, table))
             for tag, spec in enumerate(plan.tables):
                 self._locations[spec.name] = (plan.name, tag)
         self._readers = self._group_features(features)
+        self._sharded = ShardedLookups(sharded, dist, group, self.comm_timer) \
+            if world > 1 else None
 
     def _group_features(self, features) -> dict[str, list[list[EmbeddingFeatureSpec]]]:
         readers = {s.name: [[] for _ in s.plan.tables] for s in self._storages}
@@ -120,21 +149,44 @@ class EmbeddingCollection(nn.Module):
         if self.training:
             for storage in self._storages:
                 storage.table.advance_step()
+        prepared = [self._prepare(storage, bags) for storage in self._read_storages()]
+        if self._sharded is not None:
+            looked = self._sharded.lookup(
+                [Request(s, b.keys, b.tags, b.counts) for s, _, b in prepared], self.training)
+        else:
+            looked = [lookup_rows(s, b.keys, b.tags, b.counts, self.training)
+                      for s, _, b in prepared]
         out = EmbeddingOutput()
-        for storage in self._storages:
-            readers = self._readers[storage.name]
-            if not any(readers):
-                continue
-            ids = [[feature_ids(f, bags[f.name]) for f in fs] for fs in readers]
-            if not storage.plan.is_dynamic:
-                self._check_dense_ids(storage, ids[0])
-            batch = dedup_storage(ids, storage.plan.fused)
-            rows, slots = lookup_rows(storage, batch.keys, batch.tags, batch.counts,
-                                      self.training)
+        for (storage, ids, batch), (rows, slots) in zip(prepared, looked):
             self._count(storage, batch.unique_per_table, ids, slots)
             for f in batch.features:
                 self._emit(out, f, rows)
         return out
+
+    def _read_storages(self) -> list[Storage]:
+        """Storages that some feature reads (the same list on every rank)."""
+        return [s for s in self._storages if any(self._readers[s.name])]
+
+    def _prepare(self, storage: Storage, bags: dict
+                 ) -> tuple[Storage, list[list[FeatureIds]], StorageBatch]:
+        """One storage's ids of this batch, checked (dense) or remapped (ZCH), deduplicated."""
+        ids = [[feature_ids(f, bags[f.name]) for f in fs] for fs in self._readers[storage.name]]
+        if storage.name in self.zch_remappers:
+            self._remap_zch(storage, ids[0])
+        elif not storage.plan.is_dynamic:
+            self._check_dense_ids(storage, ids[0])
+        return storage, ids, dedup_storage(ids, storage.plan.fused)
+
+    def idle_lookups(self) -> None:
+        """Serve the peers' eval-mode lookups without a batch of this rank's own.
+
+        Under several ranks every rank must join every forward's exchanges; a rank
+        whose evaluation input ran out calls this once per step its peers still run.
+        A no-op on one rank.
+        """
+        if self._sharded is not None:
+            self._sharded.idle(self._read_storages(),
+                               {s.name: s.plan.fused for s in self._storages})
 
     def _check_input(self, kjt: KeyedJaggedTensor) -> dict:
         missing = [name for name in self._features if name not in kjt.keys()]
@@ -146,6 +198,16 @@ class EmbeddingCollection(nn.Module):
             raise EmbeddingError(f"KeyedJaggedTensor is on {kjt.device} but the embedding "
                                  f"collection is on {self._device}; move the batch first")
         return {name: kjt[name] for name in self._features}
+
+    def _remap_zch(self, storage: Storage, ids: list[FeatureIds]) -> None:
+        """Raw ids of a ZCH table -> its slots (-1 without one), in place."""
+        raw = torch.cat([f.values for f in ids])
+        slots, reset = self.zch_remappers[storage.name].remap(raw, self.training)
+        storage.table.reset_rows(reset)
+        start = 0
+        for f in ids:
+            f.values = slots[start:start + f.values.numel()]
+            start += f.values.numel()
 
     def _check_dense_ids(self, storage: Storage, ids: list[FeatureIds]) -> None:
         num_rows = storage.table.num_rows

@@ -53,12 +53,9 @@ class DenseTable(nn.Module):
         self.name, self.num_rows, self.dim, self.optimizer = name, num_rows, dim, optimizer
         state_dim = optimizer.state_dim(dim)
         rows = torch.empty(num_rows, dim + state_dim, dtype=torch.float32, device=device)
-        args = (initializer or InitializerArgs()).resolved(dim, num_rows)
-        ids = torch.arange(num_rows, dtype=torch.int64, device=device)
-        rows[:, :dim] = initial_values(args, ids, None, dim, torch.float32)
-        if state_dim:
-            rows[:, dim:] = optimizer.initial_state(dim).to(rows.device)
+        self._init_args = (initializer or InitializerArgs()).resolved(dim, num_rows)
         self.register_buffer("rows", rows)
+        self.reset_rows(torch.arange(num_rows, dtype=torch.int64, device=device))
         # The step of Adam's bias correction; a buffer so that checkpoints carry it.
         self.register_buffer("step_count", torch.zeros((), dtype=torch.int64, device=device))
         self._step = 0
@@ -85,14 +82,29 @@ class DenseTable(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._step = int(self.step_count)
 
+    def reset_rows(self, slots: torch.Tensor) -> None:
+        """Re-initializes rows ``slots`` (k,) int64: initial embedding and optimizer state."""
+        if slots.numel() == 0:
+            return
+        state_dim = self.rows.shape[1] - self.dim
+        self.rows[slots, :self.dim] = initial_values(self._init_args, slots, None, self.dim,
+                                                     torch.float32).to(self.rows.dtype)
+        if state_dim:
+            self.rows[slots, self.dim:] = self.optimizer.initial_state(self.dim).to(
+                self.rows.device, self.rows.dtype)
+
     def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None = None,
                train: bool = False, counts: torch.Tensor | None = None) -> DenseLookup:
         """keys (u,) int64 ids in [0, num_rows) -> DenseLookup(slots=keys, values (u, dim)).
 
-        ``tags``, ``train`` and ``counts`` are accepted for symmetry with
-        ``HashTable.lookup``; a dense table has no namespaces, never inserts and has no
-        admission. The caller validates ids.
+        A negative key (an id a zero-collision remapper has no slot for) reads as
+        zeros; its slot stays negative, so it gets no update. ``tags``, ``train`` and
+        ``counts`` are accepted for symmetry with ``HashTable.lookup``; a dense table
+        has no namespaces, never inserts and has no admission. The caller validates ids.
         """
+        if keys.numel() and bool((keys < 0).any()):
+            values = self.rows.index_select(0, keys.clamp(min=0))[:, :self.dim].float()
+            return DenseLookup(keys, values.masked_fill((keys < 0).unsqueeze(1), 0.0))
         return DenseLookup(keys, self.rows.index_select(0, keys)[:, :self.dim].float())
 
     def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor,

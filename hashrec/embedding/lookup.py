@@ -44,8 +44,9 @@ class Storage:
         """Updates stored rows ``slots`` (U,) with per-unique-key grads (U, dim)."""
         if not self.plan.trainable:
             return
-        if self.plan.is_dynamic:
-            stored = slots >= 0
+        # Negative slots: keys not stored (dynamic) or ids without a ZCH slot (dense).
+        stored = slots >= 0
+        if not bool(stored.all()):
             slots, grads = slots[stored], grads[stored]
         if slots.numel():
             self.table.apply_gradients(slots, grads.float().contiguous(), lr=self.lr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from hashrec.embedding.zch import ZchOptions
 from hashrec.table import InitializerArgs, TableOptions
 
 
@@ -50,6 +51,8 @@ class EmbeddingTableSpec:
         initializer: dense tables only: how rows start; None -> uniform in
             +-sqrt(1 / num_rows) (TorchRec's default). Dynamic tables use
             ``dynamic.initializer``.
+        zch: dense tables only: remap raw ids into the ``num_rows`` rows by zero-collision
+            hashing (``num_rows`` must equal ``zch.zch_size``); see ``hashrec.embedding.zch``.
     """
 
     name: str
@@ -60,6 +63,7 @@ class EmbeddingTableSpec:
     fusion_group: str | None = None
     trainable: bool = True
     initializer: InitializerArgs | None = None
+    zch: ZchOptions | None = None
 
     def __post_init__(self) -> None:
         if (self.num_rows is None) == (self.dynamic is None):
@@ -72,6 +76,10 @@ class EmbeddingTableSpec:
             raise ValueError(
                 f"table {self.name!r}: initializer is for dense tables; set "
                 f"dynamic.initializer instead")
+        if self.zch is not None and self.num_rows != self.zch.zch_size:
+            raise ValueError(
+                f"table {self.name!r}: zch needs num_rows == zch.zch_size, got num_rows="
+                f"{self.num_rows} and zch_size={self.zch.zch_size}")
         if self.dim <= 0:
             raise ValueError(f"table {self.name!r}: dim must be > 0, got {self.dim}")
 

@@ -30,6 +30,7 @@ class TableRequest:
         num_rows: rows of a dense table; None for a dynamic table.
         dynamicemb: the feature's DynamicEmbedding message (dynamic tables).
         trainable: whether the table is updated.
+        zch: ZchOptions of a zero-collision-hash table (``num_rows`` = zch_size), else None.
     """
 
     name: str
@@ -37,6 +38,7 @@ class TableRequest:
     num_rows: int | None
     dynamicemb: object | None = None
     trainable: bool = True
+    zch: object | None = None
 
 
 class Feature:

@@ -172,12 +172,12 @@ def _vocab(cfg, feature: str) -> Vocab:
 def bucketizer_from_config(cfg, feature: str, required: bool = True) -> Bucketizer | None:
     """The bucketizer an id/combo feature config asks for.
 
-    Exactly one of hash_bucket_size, num_buckets, vocab_list, vocab_dict and
-    dynamicemb must be set; with ``required=False`` none may be set (returns
+    Exactly one of hash_bucket_size, num_buckets, vocab_list, vocab_dict,
+    dynamicemb and zch must be set; with ``required=False`` none may be set (returns
     None: the caller inherits one).
     """
     fields = cfg.DESCRIPTOR.fields_by_name
-    chosen = [name for name in ("hash_bucket_size", "num_buckets", "dynamicemb")
+    chosen = [name for name in ("hash_bucket_size", "num_buckets", "dynamicemb", "zch")
               if name in fields and cfg.HasField(name)]
     chosen += [name for name in ("vocab_list", "vocab_dict") if len(getattr(cfg, name))]
     if len(chosen) > 1:
@@ -185,7 +185,7 @@ def bucketizer_from_config(cfg, feature: str, required: bool = True) -> Bucketiz
     if not chosen:
         if required:
             raise ConfigError(f"feature {feature!r}: set one of hash_bucket_size, num_buckets, "
-                              f"vocab_list, vocab_dict or dynamicemb")
+                              f"vocab_list, vocab_dict, dynamicemb or zch")
         return None
     kind = chosen[0]
     if kind in ("hash_bucket_size", "num_buckets") and getattr(cfg, kind) <= 0:
@@ -196,4 +196,8 @@ def bucketizer_from_config(cfg, feature: str, required: bool = True) -> Bucketiz
         return NumBuckets(int(cfg.num_buckets))
     if kind == "dynamicemb":
         return DynamicIds()
+    if kind == "zch":
+        from hashrec.features.zch import ZchIds, zch_options  # zch builds on this module
+
+        return ZchIds(zch_options(cfg.zch, feature))
     return _vocab(cfg, feature)

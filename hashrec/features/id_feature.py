@@ -81,19 +81,21 @@ class IdFeature(Feature):
         return SparseIds(ids, bags.lengths, weights)
 
 
-def table_request(cfg, name: str, num_rows: int | None) -> TableRequest:
+def table_request(cfg, name: str, num_rows: int | None,
+                  bucketizer: Bucketizer | None = None) -> TableRequest:
     """TableRequest of an id-like config (embedding_name or the feature name)."""
     table = cfg.embedding_name if cfg.embedding_name else name
     dynamicemb = cfg.dynamicemb if cfg.HasField("dynamicemb") else None
     return TableRequest(table, check_dim(cfg.embedding_dim, name), num_rows, dynamicemb,
-                        cfg.trainable)
+                        cfg.trainable, getattr(bucketizer, "options", None))
 
 
 def build_id_feature(cfg) -> IdFeature:
     """IdFeature from an ``id_feature`` config."""
     bucketizer = bucketizer_from_config(cfg, cfg.feature_name)
     return IdFeature(cfg.feature_name, column_of(cfg.expression, cfg.feature_name), bucketizer,
-                     table_request(cfg, cfg.feature_name, bucketizer.num_rows), cfg.pooling,
+                     table_request(cfg, cfg.feature_name, bucketizer.num_rows, bucketizer),
+                     cfg.pooling,
                      cfg.separator, cfg.default_value, cfg.weighted)
 
 

@@ -44,11 +44,11 @@ def _sequence_id(cfg, name: str, column: str, length: int, delim: str,
         owner = _shared_top_level(cfg, top_level, name)
         table = owner.table if not cfg.embedding_name else TableRequest(
             cfg.embedding_name, owner.table.dim, owner.table.num_rows, owner.table.dynamicemb,
-            cfg.trainable)
+            cfg.trainable, owner.table.zch)
         return build_sequence_id_feature(cfg, name, column, length, delim, owner.bucketizer,
                                          table)
     return build_sequence_id_feature(cfg, name, column, length, delim, bucketizer,
-                                     table_request(cfg, name, bucketizer.num_rows))
+                                     table_request(cfg, name, bucketizer.num_rows, bucketizer))
 
 
 def build_sequence_group(cfg, top_level: dict[str, IdFeature]) -> list[IdFeature | RawFeature]:

@@ -76,9 +76,13 @@ def _merge(requests: list[tuple[str, TableRequest]]) -> TableRequest:
         if req.dynamicemb != dynamic[0][1].dynamicemb:
             raise ConfigError(f"features {dynamic[0][0]!r} and {feature!r} share table "
                               f"{first.name!r} with different dynamicemb settings")
+    for feature, req in requests[1:]:
+        if req.zch != first.zch:
+            raise ConfigError(f"features {first_feature!r} and {feature!r} share table "
+                              f"{first.name!r} with different zch settings")
     trainable = all(r.trainable for _, r in requests)
     return TableRequest(first.name, first.dim, first.num_rows,
-                        dynamic[0][1].dynamicemb if dynamic else None, trainable)
+                        dynamic[0][1].dynamicemb if dynamic else None, trainable, first.zch)
 
 
 def fusion_groups(model_config) -> dict[str, str]:
@@ -105,7 +109,7 @@ def build_tables(features: list[Feature], model_config=None) -> list[EmbeddingTa
         names = tuple(f for f, _ in requests)
         if req.dynamicemb is None:
             specs.append(EmbeddingTableSpec(name, req.dim, num_rows=req.num_rows, features=names,
-                                            trainable=req.trainable))
+                                            trainable=req.trainable, zch=req.zch))
             continue
         fused = {groups[f] for f in names if f in groups}
         specs.append(EmbeddingTableSpec(

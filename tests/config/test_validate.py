@@ -31,12 +31,10 @@ def test_seed_config_needs_a_supported_dataset():
      "'mt'.*match_feature"),
     ('expr_feature { feature_name: "ex" expression: "a+b" }', "'ex'.*expr_feature"),
     ('custom_feature { feature_name: "cu" operator_name: "op" }', "'cu'.*custom_feature"),
-    ('id_feature { feature_name: "z" expression: "user:z" embedding_dim: 4 zch { zch_size: 10 '
-     'lru { decay_exponent: 2 } } }', "'z'.*zch is not supported"),
     ('sequence_feature { sequence_name: "s" sequence_length: 3 sequence_delim: ";" features { '
      'combo_feature { feature_name: "c" expression: ["a", "b"] } } }',
      "s__c.*combo_feature is not supported"),
-], ids=["lookup", "match", "expr", "custom", "zch", "sequence-combo"])
+], ids=["lookup", "match", "expr", "custom", "sequence-combo"])
 def test_unsupported_features(feature, message):
     config = parse_pipeline_config(f'model_dir: "m"\nfeature_configs {{ {feature} }}')
     with pytest.raises(ConfigError, match=message + ".*"):
