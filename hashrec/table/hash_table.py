@@ -9,8 +9,12 @@ scores like STEP but refuses instead of evicting.
 Capacity starts at ``init_capacity`` and doubles (rehashing, losing nothing) when
 the load factor would pass ``max_load_factor`` or a bucket overflows, up to
 ``max_capacity``; only then do inserts evict. Rows are ``[embedding | optimizer
-state]``. HYBRID and CACHING storage modes are accepted, but this version keeps
-all values in one storage on ``options.device``.
+state]``. Where rows live follows ``options.storage_mode`` (see
+``hashrec.table.tiers``): HBM_ONLY keeps them on ``options.device``; HYBRID
+splits them by bucket between the device and pinned host memory; CACHING keeps
+all of them in host memory and the hot ones in a device cache. The index stays
+on the device and decides admission, eviction and growth the same way in every
+mode, so the modes give the same lookups, updates and exports.
 """
 
 from __future__ import annotations
@@ -27,14 +31,15 @@ import torch
 from hashrec.table.admission import AdmissionCounter
 from hashrec.table.errors import TableError, TableFullError
 from hashrec.table.initializers import initial_values
+from hashrec.table.memory import estimate_table_bytes
 from hashrec.table.ops.erase import erase_slots
 from hashrec.table.ops.export import occupied_slots
 from hashrec.table.ops.find import find_slots
 from hashrec.table.ops.insert import insert_keys
-from hashrec.table.ops.optimizer import apply_sparse_update
 from hashrec.table.ops.rehash import rehash
 from hashrec.table.options import CheckMode, InitializerArgs, ScoreStrategy, TableOptions
 from hashrec.table.storage import TableStorage
+from hashrec.table.tiers import index_row_dim, make_row_store
 from hashrec.table.validation import check_matrix, check_optional_vector, check_vector
 
 logger = logging.getLogger(__name__)
@@ -76,8 +81,9 @@ class HashTable:
         self.device = options.device
         self.step = 0
         initial, self._max_buckets = _initial_buckets(options)
-        self.storage = TableStorage.empty(initial, options.bucket_capacity, self.row_dim,
-                                          options.dtype, self.device)
+        self.storage = TableStorage.empty(initial, options.bucket_capacity,
+                                          index_row_dim(options), options.dtype, self.device)
+        self._rows = make_row_store(options, self.storage)
         self._initializer = options.initializer.resolved(options.dim, options.max_capacity)
         self._eval_initializer = options.eval_initializer.resolved(options.dim,
                                                                    options.max_capacity)
@@ -116,22 +122,53 @@ class HashTable:
         self.step += 1
         return self.step
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         """Counters: lookups, hits, inserts, evictions, refused, admission_rejected,
-        counter_evictions, growths, plus size and capacity."""
+        counter_evictions, growths, plus size and capacity; HYBRID adds device_rows and
+        host_rows, CACHING adds cache_rows, cache_lookups, cache_hits, cache_hit_rate,
+        fetched_rows, prefetched_rows, written_back_rows and host_direct_rows."""
         out = {name: int(self._stats[name]) for name in (
             "lookups", "hits", "inserts", "evictions", "refused", "admission_rejected",
             "growths")}
         out["counter_evictions"] = self._counter.evictions if self._counter else 0
         out["size"] = self.size()
         out["capacity"] = self.capacity()
+        out.update(self._rows.stats())
         return out
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes allocated now, by where they live: {"gpu": ..., "host": ...}."""
-        total = self.storage.nbytes() + (self._counter.nbytes() if self._counter else 0)
-        on_gpu = self.device.type == "cuda"
-        return {"gpu": total if on_gpu else 0, "host": 0 if on_gpu else total}
+        report = self.memory_report()
+        return {"gpu": report["gpu"], "host": report["host"]}
+
+    def memory_report(self) -> dict[str, int | str]:
+        """Allocated bytes by location ("gpu", "host": on a CPU-only machine all is host)
+        and by tier ("gpu_tier": index, counters, device rows and cache; "host_tier":
+        host rows), seed 000's estimate at max_capacity ("estimate_gpu",
+        "estimate_host"), the storage "mode" and how kernels reach host rows
+        ("host_access": none | uva | staged | host)."""
+        device_tier, host_tier = self._rows.tier_tensors()
+        device_tier = [*device_tier, self.storage.keys, self.storage.tags, self.storage.digests,
+                       self.storage.scores, self.storage.values]
+        if self._counter is not None:
+            s = self._counter.storage
+            device_tier += [s.keys, s.tags, s.digests, s.scores, s.values]
+        on_gpu = sum(_nbytes(t) for t in device_tier + host_tier if t.is_cuda)
+        total = sum(_nbytes(t) for t in device_tier + host_tier)
+        estimate = estimate_table_bytes(self.options)
+        return {"gpu": on_gpu, "host": total - on_gpu,
+                "gpu_tier": sum(_nbytes(t) for t in device_tier),
+                "host_tier": sum(_nbytes(t) for t in host_tier),
+                "estimate_gpu": estimate["gpu"], "estimate_host": estimate["host"],
+                "mode": self.options.storage_mode.value, "host_access": self._rows.host_access}
+
+    def prefetch(self, keys: torch.Tensor, tags: torch.Tensor | None = None) -> None:
+        """Caches the stored rows of ``keys`` (n,) for the next lookup (CACHING; else a
+        no-op). Read-only for the table: no admission, insert or score change."""
+        keys, tags = self._keys(keys, tags)
+        unique, utags, _, _ = _unique(keys, tags)
+        slots = find_slots(self.storage, unique, utags)
+        self._rows.prefetch(slots[slots >= 0])
 
     # ------------------------------------------------------------ validation
     def _keys(self, keys: object, tags: object) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -179,7 +216,9 @@ class HashTable:
 
     # ---------------------------------------------------------------- growth
     def _rehash(self, num_buckets: int) -> None:
-        self.storage = rehash(self.storage, num_buckets)
+        old = self.storage
+        self.storage = rehash(old, num_buckets)
+        self._rows.regrow(old, self.storage)
         self._stats["growths"] += 1
 
     def _grow_for(self, incoming: int) -> bool:
@@ -274,18 +313,24 @@ class HashTable:
 
     def _init_rows(self, slots: torch.Tensor, keys: torch.Tensor, tags: torch.Tensor | None,
                    embeddings: bool) -> None:
+        rows = torch.empty(slots.numel(), self.row_dim, dtype=self.options.dtype,
+                           device=self.device)
         if embeddings:
-            self.storage.values[slots, :self.dim] = initial_values(
+            rows[:, :self.dim] = initial_values(
                 self._initializer, keys, tags, self.dim, self.options.dtype, self._generator)
         if self._state_row is not None:
-            self.storage.values[slots, self.dim:] = self._state_row
+            rows[:, self.dim:] = self._state_row
+        if embeddings:
+            self._rows.write(slots, rows, 0, admit=True)
+        elif self._state_row is not None:
+            self._rows.write(slots, rows[:, self.dim:], self.dim, admit=False)
 
     def _read(self, slots: torch.Tensor, keys: torch.Tensor, tags: torch.Tensor | None,
               missing_args: InitializerArgs) -> torch.Tensor:
         """Embeddings (n, dim) float32 of slots; -1 reads as ``missing_args``."""
         found = slots >= 0
         values = torch.empty(slots.numel(), self.dim, dtype=torch.float32, device=self.device)
-        values[found] = self.storage.values[slots[found], :self.dim].to(torch.float32)
+        values[found] = self._rows.read(slots[found], 0, self.dim, admit=True).to(torch.float32)
         missing = torch.nonzero(~found).flatten()
         if missing.numel():
             values[missing] = initial_values(missing_args, keys[missing], _take(tags, missing),
@@ -315,6 +360,7 @@ class HashTable:
             LookupResult(slots (u,) int64, -1 = not stored; values (u, dim) float32).
         """
         keys, tags = self._keys(keys, tags)
+        self._rows.begin_batch()
         n = keys.numel()
         if counts is None:
             counts = torch.ones(n, dtype=torch.int64, device=self.device)
@@ -335,6 +381,7 @@ class HashTable:
         """keys (n,) int64 -> (values (n, dim) float32, founds (n,) bool). Read-only;
         missing keys read as eval_initializer."""
         keys, tags = self._keys(keys, tags)
+        self._rows.begin_batch()
         slots = find_slots(self.storage, keys, tags)
         self._count_lookups(slots)
         return self._read(slots, keys, tags, self._eval_initializer), slots >= 0
@@ -350,6 +397,7 @@ class HashTable:
         """
         keys, tags = self._keys(keys, tags)
         scores = self._scores(scores, keys.numel())
+        self._rows.begin_batch()
         unique, utags, inverse, counts = _unique(keys, tags)
         uscores = None
         if scores is not None:
@@ -373,13 +421,14 @@ class HashTable:
 
     def _assign(self, keys: torch.Tensor, tags: torch.Tensor | None, rows: torch.Tensor,
                 scores: torch.Tensor | None, exact: bool) -> None:
+        self._rows.begin_batch()
         unique, utags, inverse, counts = _unique(keys, tags)
         last = torch.zeros_like(unique).scatter_reduce_(
             0, inverse, torch.arange(keys.numel(), device=self.device), "amax")
         slots, _ = self._upsert(unique, utags, counts, _take(scores, last), admit=False)
         stored = slots >= 0
-        width = rows.shape[1]
-        self.storage.values[slots[stored], :width] = rows[last[stored]].to(self.options.dtype)
+        self._rows.write(slots[stored], rows[last[stored]].to(self.options.dtype), 0,
+                         admit=False)
         if exact:
             self.storage.scores[slots[stored]] = scores[last[stored]]
 
@@ -413,7 +462,7 @@ class HashTable:
             if tag is not None:
                 slots = slots[self.storage.tags[slots] == tag]
             yield (self.storage.keys[slots],
-                   self.storage.values[slots, :self.dim].to(torch.float32),
+                   self._rows.read(slots, 0, self.dim, admit=False).to(torch.float32),
                    self.storage.scores[slots])
 
     def export_state(self, batch_size: int
@@ -421,7 +470,8 @@ class HashTable:
         """Yields (keys, tags, rows (k, row_dim), scores): full rows for checkpoints."""
         for slots in self._export_slots(batch_size):
             yield (self.storage.keys[slots], self.storage.tags[slots],
-                   self.storage.values[slots], self.storage.scores[slots])
+                   self._rows.read(slots, 0, self.row_dim, admit=False),
+                   self.storage.scores[slots])
 
     def load_state(self, keys: torch.Tensor, tags: torch.Tensor | None, rows: torch.Tensor,
                    scores: torch.Tensor) -> None:
@@ -467,9 +517,12 @@ class HashTable:
         slots = check_vector(self.options.name, "slots", slots, torch.int64, self.device)
         grads = check_matrix(self.options.name, "grads", grads, slots.numel(), self.dim,
                              self.device)
-        apply_sparse_update(self.storage.values, slots, grads, spec,
-                            spec.lr if lr is None else lr,
-                            max(self.step, 1) if step is None else step)
+        self._rows.update(slots, grads, spec, spec.lr if lr is None else lr,
+                          max(self.step, 1) if step is None else step)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 def _take(tensor: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
