@@ -1,0 +1,155 @@
+"""Build a starting checkpoint from the ``init_table`` of dynamic-embedding features.
+
+Usage::
+
+    python -m hashrec.tools.dynamicemb.create_dynamicemb_init_ckpt \\
+        --pipeline_config_path P --world_size W --save_dir S \\
+        [--reader_worker_num N] [--separator ,]
+
+then train from it with ``train_eval --fine_tune_checkpoint S/model.ckpt-0``.
+
+The tool builds the config's model on the CPU (the same seed as training, so the
+dense state it stores is the model's initial one), reads every dynamic table's
+``init_table`` (see ``init_table.py`` for the accepted files and how bad rows and
+duplicate ids are handled) and writes each id's row to the shard of the rank that
+owns it for ``world_size`` ranks. Tables fused into one storage (table fusion)
+are written into that storage with their tags. Rows start with the sparse
+optimizer's initial state; scores are 1 for LFU tables, the current time for
+TIMESTAMP tables and 0 otherwise. A summary per table (rows read, kept,
+duplicates, bad rows) is logged and stored in ``meta.json`` under
+``extra.init_tables``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import torch
+
+from hashrec.checkpoint import CheckpointError
+from hashrec.config import load_pipeline_config
+from hashrec.tools.dynamicemb.ckpt_writer import (
+    CheckpointBuilder,
+    initial_scores,
+    initial_state_rows,
+)
+from hashrec.tools.dynamicemb.errors import MigrationError
+from hashrec.tools.dynamicemb.init_table import InitTableReport, read_init_table
+
+logger = logging.getLogger("hashrec.tools")
+
+
+def init_tables_of(feature_set) -> dict[str, str]:
+    """Logical table -> init_table path, for dynamic tables that set one."""
+    found: dict[str, str] = {}
+    for feature in feature_set.features.values():
+        request = feature.table
+        if request is not None and request.dynamicemb is not None \
+                and request.dynamicemb.init_table:
+            found.setdefault(request.name, request.dynamicemb.init_table)
+    return found
+
+
+def _load_table(builder: CheckpointBuilder, name: str, path: str, storage: str, tag: int,
+                table, separator: str, workers: int) -> InitTableReport:
+    report = InitTableReport(name)
+    logger.info("table %r: reading init_table %s into storage %r (tag %d)", name, path,
+                storage, tag)
+    last_file = None
+    for ids, embeddings, file in read_init_table(path, report, table.dim, separator, workers):
+        if file != last_file:
+            logger.info("table %r: reading %s", name, file)
+            last_file = file
+        keys = torch.from_numpy(ids)
+        rows = initial_state_rows(table, torch.from_numpy(embeddings))
+        tags = torch.full((keys.numel(),), tag, dtype=torch.int32)
+        builder.write_rows(storage, keys, tags, rows, initial_scores(table, keys.numel()))
+        logger.info("table %r: %d rows read, %d kept so far", name, report.rows_read,
+                    report.rows_kept)
+    level = logging.WARNING if report.duplicates or report.bad_rows else logging.INFO
+    logger.log(level, "table %r: %d rows read, %d written, %d duplicate ids (first kept), "
+               "%d bad rows skipped%s", name, report.rows_read, report.rows_kept,
+               report.duplicates, report.bad_rows,
+               "".join(f"\n  {e}" for e in report.examples))
+    return report
+
+
+def create_init_checkpoint(config, world_size: int, save_dir: str,
+                           reader_worker_num: int | None = None,
+                           separator: str = ",") -> tuple[str, dict[str, InitTableReport]]:
+    """Writes ``save_dir/model.ckpt-0`` from the config's init tables.
+
+    Returns:
+        (checkpoint path, {table: InitTableReport}).
+
+    Raises:
+        MigrationError: no init_table set, unreadable files or invalid rows.
+        CheckpointError: the checkpoint exists, or a rank's share exceeds max_capacity.
+    """
+    from hashrec.train.session import build_session
+
+    session = build_session(config, device=torch.device("cpu"))
+    embedding = session.model.embedding
+    paths = init_tables_of(session.feature_set)
+    if not paths:
+        raise MigrationError("no dynamicemb feature sets init_table; nothing to initialize")
+    storages = embedding.dynamic_tables()
+    locations = embedding.table_locations()
+    workers = reader_worker_num or min(8, os.cpu_count() or 1)
+    builder = CheckpointBuilder(save_dir, world_size, storages)
+    reports = {}
+    try:
+        for name, path in paths.items():
+            storage, tag = locations[name]
+            reports[name] = _load_table(builder, name, path, storage, tag, storages[storage],
+                                        separator, workers)
+        extra = {"init_tables": {name: {"path": paths[name], **r.as_dict()}
+                                 for name, r in reports.items()}}
+        final = builder.commit(session.model.state_dict(), None, extra)
+    except BaseException:
+        builder.abort()
+        raise
+    logger.info("wrote %s for world_size %d", final, world_size)
+    return final, reports
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hashrec.tools.dynamicemb.create_dynamicemb_init_ckpt",
+        description="Write <save_dir>/model.ckpt-0 holding the init_table rows of every "
+                    "dynamicemb feature, sharded for --world_size ranks; train from it with "
+                    "train_eval --fine_tune_checkpoint <save_dir>/model.ckpt-0.")
+    parser.add_argument("--pipeline_config_path", required=True,
+                        help="training config whose dynamicemb features set init_table")
+    parser.add_argument("--world_size", type=int, required=True,
+                        help="number of training processes (nnodes * nproc-per-node)")
+    parser.add_argument("--save_dir", required=True, help="directory of the new checkpoint")
+    parser.add_argument("--reader_worker_num", type=int, default=None,
+                        help="files read in parallel (default: from the CPU count)")
+    parser.add_argument("--separator", default=",",
+                        help="separator of embeddings stored as strings (default ',')")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.world_size < 1:
+        print(f"error: --world_size={args.world_size} is not valid; allowed: >= 1",
+              file=sys.stderr)
+        return 2
+    try:
+        config = load_pipeline_config(args.pipeline_config_path)
+        create_init_checkpoint(config, args.world_size, args.save_dir,
+                               args.reader_worker_num, args.separator)
+    except (MigrationError, CheckpointError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
