@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hashrec.distributed.all_to_all import Splits, all_to_all, exchange_splits, route_by_owner
+from hashrec.distributed.comm_timer import CommTimer
 from hashrec.distributed.errors import DistributedError
 from hashrec.distributed.process_group import DistContext
 
@@ -58,10 +59,13 @@ class ShardedLookupResult:
     Attributes:
         values: (n, dim) float32 rows, in the order of the keys passed in.
         state: exchange state for :meth:`ShardedTable.apply_gradients` (training only).
+        stored: (n,) bool, True where the owner holds the key (False: admission
+            pending, refused, or an eval miss); None when not computed.
     """
 
     values: torch.Tensor
     state: ExchangeState | None
+    stored: torch.Tensor | None = None
 
 
 def unique_pairs(keys: torch.Tensor,
@@ -97,13 +101,17 @@ class ShardedTable:
         table: the local HashTable holding the keys this rank owns.
         ctx: the worker's :class:`DistContext`.
         group: process group of the shards (default group when None).
+        timer: optional :class:`~hashrec.distributed.comm_timer.CommTimer` that
+            times every exchange (forward and backward).
     """
 
-    def __init__(self, table, ctx: DistContext, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, table, ctx: DistContext, group: dist.ProcessGroup | None = None,
+                 timer: CommTimer | None = None) -> None:
         self.table = table
         self.ctx = ctx
         self.group = group
         self.world_size = ctx.world_size if ctx.is_distributed else 1
+        self.timer = timer or CommTimer(enabled=False)
 
     def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None = None, train: bool = True,
                counts: torch.Tensor | None = None, scores: torch.Tensor | None = None,
@@ -127,10 +135,11 @@ class ShardedTable:
         if self.world_size == 1:
             return self._lookup_local(keys, tags, train, counts, scores, lr)
         route = route_by_owner(keys, self.world_size)
-        splits = exchange_splits(route.send_counts, self.group, self.world_size)[0]
         # Keys and their per-key integers travel together as columns of one int64 matrix.
         columns = [keys] + [c.to(torch.int64) for c in (tags, counts, scores) if c is not None]
-        received = all_to_all(torch.stack(columns, 1)[route.order], splits, self.group)
+        with self.timer.region():
+            splits = exchange_splits(route.send_counts, self.group, self.world_size)[0]
+            received = all_to_all(torch.stack(columns, 1)[route.order], splits, self.group)
         fields = iter(received.unbind(1)[1:])
         recv_tags = None if tags is None else next(fields).to(torch.int32)
         recv_counts = None if counts is None else next(fields)
@@ -144,14 +153,19 @@ class ShardedTable:
                 0, inverse, recv_scores, reduce="amax")
         result = self.table.lookup(unique_keys, unique_tags, train=train,
                                    **_optional(counts=recv_counts, scores=recv_scores))
-        rows = all_to_all(result.values[inverse], splits.reversed(), self.group)
-        values = torch.empty_like(rows)
-        values[route.order] = rows
+        # One extra column tells the requester whether the owner stores the key.
+        reply = torch.cat([result.values.float(),
+                           (result.slots >= 0).to(torch.float32).unsqueeze(1)], 1)
+        with self.timer.region():
+            rows = all_to_all(reply[inverse], splits.reversed(), self.group)
+        answered = torch.empty_like(rows)
+        answered[route.order] = rows
         state = None
         if train:
             state = ExchangeState(order=route.order, splits=splits, inverse=inverse,
                                   slots=result.slots, lr=lr)
-        return ShardedLookupResult(values=values, state=state)
+        return ShardedLookupResult(values=answered[:, :-1], state=state,
+                                   stored=answered[:, -1] > 0.5)
 
     def _lookup_local(self, keys: torch.Tensor, tags: torch.Tensor | None, train: bool,
                       counts: torch.Tensor | None, scores: torch.Tensor | None,
@@ -165,7 +179,7 @@ class ShardedTable:
             n = (keys.shape[0],)
             state = ExchangeState(order=identity, splits=Splits(send=n, recv=n),
                                   inverse=identity, slots=result.slots, lr=lr)
-        return ShardedLookupResult(values=result.values, state=state)
+        return ShardedLookupResult(values=result.values, state=state, stored=result.slots >= 0)
 
     def apply_gradients(self, state: ExchangeState, grads: torch.Tensor) -> None:
         """Send each key's gradient to its owner and apply the optimizer there.
@@ -178,7 +192,8 @@ class ShardedTable:
             raise DistributedError(
                 f"got gradients for {grads.shape[0]} keys but the lookup had "
                 f"{state.order.shape[0]}")
-        recv = all_to_all(grads[state.order].to(torch.float32), state.splits, self.group)
+        with self.timer.region():
+            recv = all_to_all(grads[state.order].to(torch.float32), state.splits, self.group)
         summed = recv.new_zeros((state.slots.shape[0], recv.shape[1]))
         summed.index_add_(0, state.inverse, recv)
         stored = state.slots >= 0

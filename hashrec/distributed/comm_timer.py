@@ -1,0 +1,67 @@
+"""Time spent in collective exchanges, measured without stalling the step.
+
+On CUDA each timed region records a pair of CUDA events on the current stream
+(NCCL work joins that stream before the region ends, so the pair spans the
+exchange); the elapsed times are read only when :meth:`CommTimer.drain` is
+called, typically once per logging window. On CPU (gloo) the collectives are
+synchronous and the host clock measures them directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+
+class CommTimer:
+    """Accumulates the duration of timed regions (all-to-all, gradient syncs).
+
+    Args:
+        device: device the collectives run on (CUDA events on ``cuda``).
+        enabled: False makes :meth:`region` a no-op (world size 1).
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", enabled: bool = True) -> None:
+        self.device = torch.device(device)
+        self.enabled = enabled
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._seconds = 0.0
+        self._regions = 0
+
+    @contextlib.contextmanager
+    def region(self):
+        """Context that adds its duration to the running total."""
+        if not self.enabled:
+            yield
+            return
+        self._regions += 1
+        if self.device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self._events.append((start, end))
+            return
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._seconds += time.perf_counter() - begin
+
+    def drain(self) -> tuple[float, int]:
+        """(seconds, regions) timed since the last drain; resets the totals.
+
+        On CUDA this waits for the recorded events (call it when logging, not per step).
+        """
+        seconds = self._seconds
+        if self._events:
+            self._events[-1][1].synchronize()
+            seconds += sum(start.elapsed_time(end) for start, end in self._events) / 1000.0
+        regions = self._regions
+        self._events, self._seconds, self._regions = [], 0.0, 0
+        return seconds, regions

@@ -1,0 +1,110 @@
+"""Data parallelism of everything that is replicated: the dense network and dense tables.
+
+Every rank holds a full copy of the dense network and of each dense embedding
+table (``num_buckets``, ``hash_bucket_size``, vocab and boundary tables). Each
+rank's loss is the mean over its own batch, so with equal per-rank batches the
+world-size-1 gradient of the global batch is the *average* of the ranks'
+gradients:
+
+* dense network: :func:`all_reduce_gradients` averages ``.grad`` after backward,
+  in one flattened all-reduce, before clipping and the optimizer step (all
+  collectives stay in program order, so they never interleave with the
+  embedding exchanges of the backward pass);
+* dense tables are updated in backward by the sparse optimizer from the rows a
+  batch touched: :func:`gather_sparse_gradients` all-gathers every rank's
+  (row, gradient) pairs, already divided by the world size, and sums them per
+  row in rank order, so every replica applies the same update bit for bit;
+* :func:`broadcast_state` copies rank 0's parameters and buffers to every rank
+  (start of training, after a restore).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hashrec.distributed.comm_timer import CommTimer
+from hashrec.distributed.process_group import DistContext
+
+
+def all_reduce_gradients(parameters: list[nn.Parameter], ctx: DistContext,
+                         group: dist.ProcessGroup | None = None) -> None:
+    """Replace every parameter's ``.grad`` by its mean over ranks (missing grads count as 0).
+
+    Args:
+        parameters: the same parameters, in the same order, on every rank.
+        ctx: the worker's context (no-op without a process group).
+    """
+    if not ctx.is_distributed or not parameters:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    flat /= ctx.world_size
+    start = 0
+    for p, g in zip(parameters, grads):
+        n = g.numel()
+        p.grad = flat[start:start + n].view_as(p).to(g.dtype)
+        start += n
+
+
+def broadcast_state(module: nn.Module, ctx: DistContext, src: int = 0,
+                    group: dist.ProcessGroup | None = None) -> None:
+    """Copy rank ``src``'s parameters and buffers (``state_dict`` tensors) to every rank."""
+    if not ctx.is_distributed:
+        return
+    with torch.no_grad():
+        for tensor in module.state_dict().values():
+            if isinstance(tensor, torch.Tensor):
+                dist.broadcast(tensor, src=src, group=group)
+
+
+def _gather_padded(tensor: torch.Tensor, counts: list[int],
+                   group: dist.ProcessGroup | None) -> list[torch.Tensor]:
+    """All-gather rows of unequal counts (gloo and NCCL need equal sizes: pad to the max)."""
+    longest = max(counts)
+    padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+    padded[:tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(parts, padded, group=group)
+    return [part[:n] for part, n in zip(parts, counts)]
+
+
+def gather_sparse_gradients(slots: torch.Tensor, grads: torch.Tensor, ctx: DistContext,
+                            group: dist.ProcessGroup | None = None,
+                            timer: CommTimer | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Union of every rank's row gradients of a replicated table, summed per row.
+
+    Args:
+        slots: (u,) int64 unique rows this rank touched.
+        grads: (u, dim) float32 their gradients (already scaled by the caller).
+        ctx: the worker's context.
+        group: process group (default group when None).
+        timer: optional timer of the exchange.
+
+    Returns:
+        (rows (r,) int64 sorted, grads (r, dim) float32), identical on every rank.
+    """
+    if not ctx.is_distributed:
+        return slots, grads
+    timer = timer or CommTimer(enabled=False)
+    with timer.region():
+        count = torch.tensor([slots.shape[0]], dtype=torch.int64, device=slots.device)
+        counts = [torch.empty_like(count) for _ in range(ctx.world_size)]
+        dist.all_gather(counts, count, group=group)
+        sizes = [int(c) for c in torch.cat(counts).cpu().tolist()]
+        if sum(sizes) == 0:
+            return slots, grads
+        all_slots = _gather_padded(slots, sizes, group)
+        all_grads = _gather_padded(grads.float().contiguous(), sizes, group)
+    rows, inverse = torch.unique(torch.cat(all_slots), return_inverse=True)
+    summed = grads.new_zeros((rows.shape[0], grads.shape[1]), dtype=torch.float32)
+    start = 0
+    # Rank by rank: each part has unique rows, so every add is free of races and the
+    # sum has the same order (and bits) on every rank.
+    for part, n in zip(all_grads, sizes):
+        summed.index_add_(0, inverse[start:start + n], part)
+        start += n
+    return rows, summed

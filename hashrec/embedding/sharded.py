@@ -1,0 +1,135 @@
+"""The collection's lookups when it spans several ranks (world size > 1).
+
+Dynamic storages are sharded row-wise: each rank holds a local ``HashTable``
+with ``1 / world_size`` of the capacities (``per_rank_options``) and reaches
+every key through :class:`~hashrec.distributed.ShardedTable` (deduplicate
+locally, all-to-all to the owners, look up there, rows back). Dense tables are
+replicated; their rows are read locally.
+
+All storages of one forward go through one autograd node, so the backward
+exchanges run in one fixed order (the storages' order) on every rank, whatever
+order the autograd engine would pick for separate nodes. In backward each
+storage's gradient is divided by the world size (every rank's loss is the mean
+of its own batch, so the world-size-1 gradient of the global batch is the mean
+over ranks), then:
+
+* dynamic storage: gradients travel to the owners, which sum them per key and
+  apply the fused optimizer (``ShardedTable.apply_gradients``);
+* dense table: every rank's (row, gradient) pairs are all-gathered and summed
+  per row in rank order, and every replica applies the same update.
+
+Collective rule: every rank must look up every storage that has readers, in the
+same order, on every step - with zero ids if its batch has none. The collection
+does this by construction for each forward; a rank that has no batch while its
+peers still evaluate calls :meth:`ShardedLookups.idle` instead of a forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hashrec.distributed import ShardedTable
+from hashrec.distributed.data_parallel import gather_sparse_gradients
+from hashrec.embedding.lookup import Storage
+
+
+@dataclass
+class Request:
+    """One storage's unique keys of this step (``keys`` (U,), ``tags`` (U,) | None, ``counts``)."""
+
+    storage: Storage
+    keys: torch.Tensor
+    tags: torch.Tensor | None
+    counts: torch.Tensor
+
+
+class ShardedLookups:
+    """Runs the lookups and sparse updates of a collection spread over ranks.
+
+    Args:
+        sharded: storage name -> ShardedTable of each dynamic storage.
+        ctx: the worker's DistContext.
+        group: process group of the exchanges (default group when None).
+        timer: CommTimer of the exchanges.
+    """
+
+    def __init__(self, sharded: dict[str, ShardedTable], ctx, group, timer) -> None:
+        self.sharded, self.ctx, self.group, self.timer = sharded, ctx, group, timer
+        self.grad_scale = 1.0 / ctx.world_size
+
+    def lookup(self, requests: list[Request], train: bool
+               ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(rows (U, dim) float32, slots (U,) int64) per request; -1 slots are not stored.
+
+        For dynamic storages ``slots`` only tells stored (0) from not stored (-1):
+        the real slots live on the owners.
+        """
+        trainable = any(r.storage.plan.trainable for r in requests)
+        if not (torch.is_grad_enabled() and trainable):
+            return [(rows, slots) for rows, slots, _ in self._forward(requests, train)]
+        anchor = torch.empty(0, device=requests[0].keys.device, requires_grad=True)
+        outputs = _LookupAll.apply(anchor, self, requests, train)
+        return [(outputs[2 * i], outputs[2 * i + 1]) for i in range(len(requests))]
+
+    def idle(self, storages: list[Storage], fused: dict[str, bool]) -> None:
+        """Serve the peers' eval lookups with no keys of this rank's own (read-only)."""
+        for storage in storages:
+            if storage.name not in self.sharded:
+                continue
+            keys = torch.empty(0, dtype=torch.int64, device=self.ctx.device)
+            tags = torch.empty(0, dtype=torch.int32, device=keys.device) \
+                if fused[storage.name] else None
+            self.sharded[storage.name].lookup(keys, tags, train=False, counts=keys.clone())
+
+    def _forward(self, requests: list[Request], train: bool) -> list[tuple]:
+        out = []
+        for r in requests:
+            sharded = self.sharded.get(r.storage.name)
+            if sharded is None:  # a replicated dense table
+                result = r.storage.table.lookup(r.keys, tags=r.tags, train=train,
+                                                counts=r.counts)
+                out.append((result.values.float(), result.slots, None))
+                continue
+            result = sharded.lookup(r.keys, r.tags, train=train, counts=r.counts,
+                                    lr=r.storage.lr)
+            slots = torch.where(result.stored, 0, -1).to(torch.int64)
+            out.append((result.values.float(), slots, result.state))
+        return out
+
+    def backward(self, requests: list[Request], states: list, slots: list[torch.Tensor],
+                 grads: list[torch.Tensor]) -> None:
+        """Apply every trainable storage's update, in request order (collective)."""
+        for r, state, local_slots, grad in zip(requests, states, slots, grads):
+            if not r.storage.plan.trainable:
+                continue
+            grad = grad.float() * self.grad_scale
+            sharded = self.sharded.get(r.storage.name)
+            if sharded is not None:
+                sharded.apply_gradients(state, grad)
+                continue
+            rows, summed = gather_sparse_gradients(local_slots, grad, self.ctx, self.group,
+                                                   self.timer)
+            r.storage.apply_gradients(rows, summed)
+
+
+class _LookupAll(torch.autograd.Function):
+    """Every storage's lookup in forward; every storage's update, in order, in backward."""
+
+    @staticmethod
+    def forward(ctx, anchor, runner, requests, train):  # noqa: D102
+        results = runner._forward(requests, train)
+        ctx.runner, ctx.requests = runner, requests
+        ctx.states = [state for _, _, state in results]
+        ctx.slots = [slots for _, slots, _ in results]
+        flat = []
+        for rows, slots, _ in results:
+            flat += [rows, slots]
+        ctx.mark_non_differentiable(*ctx.slots)
+        return tuple(flat)
+
+    @staticmethod
+    def backward(ctx, *grads):  # noqa: D102
+        ctx.runner.backward(ctx.requests, ctx.states, ctx.slots, list(grads[0::2]))
+        return None, None, None, None
