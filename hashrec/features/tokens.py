@@ -125,9 +125,9 @@ def column_bags(array: pa.Array, feature: str, column: str, separator: str | Non
             array = array.cast(pa.list_(t.value_type))
         return _drop_empty(pc.list_flatten(array), list_lengths(array))
     if _is_string(t) and separator:
-        if pc.any(pc.match_substring(array, separator)).as_py():
-            split = pc.split_pattern(array, separator)
-            return _drop_empty(pc.list_flatten(split), list_lengths(split))
+        # Cells without the separator become one-token bags, as in the path below.
+        split = pc.split_pattern(array, separator)
+        return _drop_empty(pc.list_flatten(split), list_lengths(split))
     if not (_is_string(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
             or pa.types.is_dictionary(t)):
         raise FeatureError(f"feature {feature!r}: column {column!r} has type {t}; expected "
