@@ -61,6 +61,7 @@ def apply_edit_config_json(config: EasyRecConfig, edit_json: str | dict) -> Easy
 def _apply(config: Message, path: str, value) -> None:
     steps = path.split(".")
     targets = [config]
+    selected = False  # targets came from [:] or [field=value]: skip other oneof members
     for i, step in enumerate(steps):
         match = _STEP.match(step)
         if not match:
@@ -70,6 +71,8 @@ def _apply(config: Message, path: str, value) -> None:
         next_targets = []
         for msg in targets:
             field = _field(msg, name, path)
+            if selected and _other_oneof_member(msg, field):
+                continue
             if last and selector is None:
                 _assign(msg, field, value, path)
                 continue
@@ -84,7 +87,17 @@ def _apply(config: Message, path: str, value) -> None:
                 _assign_elements(msg, field, selector, value, path)
             else:
                 next_targets += _select(msg, field, selector, path)
+        if not last and not next_targets and targets:
+            raise ConfigError(f"edit_config_json path {path!r}: no selected element has "
+                              f"{name!r} set")
         targets = next_targets
+        selected = selected or (selector is not None and not selector.lstrip("-").isdigit())
+
+
+def _other_oneof_member(msg: Message, field: FieldDescriptor) -> bool:
+    """True when ``field`` is in a oneof of ``msg`` whose set member is another field."""
+    oneof = field.containing_oneof
+    return oneof is not None and msg.WhichOneof(oneof.name) not in (None, field.name)
 
 
 def _repeated(field: FieldDescriptor) -> bool:

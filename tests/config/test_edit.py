@@ -53,6 +53,16 @@ def test_selectors(config):
     assert list(edited.model_config.feature_groups[1].feature_names) == ["a", "b"]
 
 
+def test_wildcard_keeps_each_elements_oneof_member(config):
+    edited = apply_edit_config_json(
+        config, {"feature_configs[:].sequence_feature.sequence_length": 20})
+    kinds = [fc.WhichOneof("feature") for fc in edited.feature_configs]
+    assert kinds == [fc.WhichOneof("feature") for fc in config.feature_configs]
+    assert edited.feature_configs[-1].sequence_feature.sequence_length == 20
+    with pytest.raises(ConfigError, match="no selected element"):
+        apply_edit_config_json(config, {"feature_configs[:].combo_feature.embedding_dim": 4})
+
+
 def test_message_and_list_values(config):
     edited = apply_edit_config_json(config, {
         "model_config.multi_tower_din.final": {"hidden_units": [8, 4]},
