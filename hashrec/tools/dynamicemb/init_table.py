@@ -83,43 +83,45 @@ def _blocks(path: str) -> Iterator[pa.RecordBatch]:
     yield from parquet.iter_batches(batch_size=_BATCH_ROWS)
 
 
-def _string_embeddings(column: pa.Array, separator: str) -> tuple[pa.Array, np.ndarray]:
-    """A string column -> (flat float tokens, lengths); unparseable rows get length -1."""
+def _string_embeddings(column: pa.Array, separator: str
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A string column -> (flat float32 tokens, token counts, parsed (n,) bool)."""
     split = pc.split_pattern(pc.utf8_trim_whitespace(column), separator)
-    lengths = pc.fill_null(pc.list_value_length(split), -1).to_numpy().astype(np.int64)
+    parsed = pc.is_valid(split).to_numpy(zero_copy_only=False).copy()
+    lengths = pc.fill_null(pc.list_value_length(split), 0).to_numpy().astype(np.int64)
     flat = pc.utf8_trim_whitespace(pc.list_flatten(split))
     try:
-        return pc.cast(flat, pa.float32()), lengths
+        return pc.cast(flat, pa.float32()).to_numpy(zero_copy_only=False), lengths, parsed
     except pa.ArrowInvalid:
         pass
     ok = pc.match_substring_regex(
         flat, r"^[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|inf|nan|Infinity|NaN)$")
     ok = ok.to_numpy(zero_copy_only=False)
-    owner = np.repeat(np.arange(len(lengths)), np.maximum(lengths, 0))
-    bad_rows = np.unique(owner[~ok])
-    lengths[bad_rows] = -1
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    parsed[np.unique(owner[~ok])] = False
     values = pc.cast(pc.if_else(pa.array(ok), flat, "0"), pa.float32())
-    return values, lengths
+    return values.to_numpy(zero_copy_only=False), lengths, parsed
 
 
-def _embedding_values(column: pa.Array, separator: str) -> tuple[np.ndarray, np.ndarray]:
-    """-> (flat float32 values, lengths (n,) with -1 for null or unparseable rows)."""
+def _embedding_values(column: pa.Array, separator: str
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """-> (flat float32 values, value counts (n,), parsed (n,) bool: not null, all numbers)."""
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
     t = column.type
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         if pa.types.is_fixed_size_list(t):
             column = column.cast(pa.list_(t.value_type))
-        lengths = pc.fill_null(pc.list_value_length(column), -1).to_numpy().astype(np.int64)
+        parsed = pc.is_valid(column).to_numpy(zero_copy_only=False).copy()
+        lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy().astype(np.int64)
         flat = pc.list_flatten(column)
         if flat.null_count:
-            owner = np.repeat(np.arange(len(lengths)), np.maximum(lengths, 0))
-            lengths[np.unique(owner[pc.is_null(flat).to_numpy(zero_copy_only=False)])] = -1
+            owner = np.repeat(np.arange(len(lengths)), lengths)
+            parsed[np.unique(owner[pc.is_null(flat).to_numpy(zero_copy_only=False)])] = False
             flat = pc.fill_null(flat, 0)
-        return flat.cast(pa.float32()).to_numpy(zero_copy_only=False), lengths
+        return flat.cast(pa.float32()).to_numpy(zero_copy_only=False), lengths, parsed
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        values, lengths = _string_embeddings(column, separator)
-        return values.to_numpy(zero_copy_only=False), lengths
+        return _string_embeddings(column, separator)
     raise MigrationError(f"embedding column has type {t}; expected a list of floats or a "
                          f"string of floats joined by the separator")
 
@@ -147,18 +149,18 @@ def parse_block(batch: pa.RecordBatch, path: str, first_row: int, table: str, di
                              f"embedding), found {batch.schema.names}")
     try:
         ids, valid = _ids(batch.column(0))
-        flat, lengths = _embedding_values(batch.column(1), separator)
+        flat, lengths, parsed = _embedding_values(batch.column(1), separator)
     except (MigrationError, FeatureError) as err:
         raise MigrationError(f"table {table!r}: {path}: {err}") from None
     rows = np.arange(first_row, first_row + batch.num_rows)
-    wrong = (lengths >= 0) & (lengths != dim) & valid
+    wrong = parsed & (lengths != dim) & valid
     if wrong.any():
         i = int(np.flatnonzero(wrong)[0])
         raise MigrationError(f"table {table!r}: {path} row {rows[i]}: embedding has "
                              f"{lengths[i]} values, the table's embedding_dim is {dim}")
-    parsed = lengths == dim
+    parsed &= lengths == dim
     matrix = np.zeros((batch.num_rows, dim), dtype=np.float32)
-    offsets = np.concatenate([[0], np.cumsum(np.maximum(lengths, 0))])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
     take = offsets[:-1][parsed][:, None] + np.arange(dim)[None, :]
     matrix[parsed] = flat[take] if take.size else matrix[parsed]
     finite = np.isfinite(matrix).all(axis=1)

@@ -1,0 +1,164 @@
+"""create_dynamicemb_init_ckpt: init tables -> sharded checkpoint -> fine-tune start."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from migration_helpers import (
+    DIM,
+    batch_of,
+    dynamicemb_block,
+    session_of,
+    write_config,
+    write_data,
+)
+
+from hashrec.checkpoint import CheckpointError, restore_checkpoint
+from hashrec.config import load_pipeline_config
+from hashrec.tools.dynamicemb.create_dynamicemb_init_ckpt import create_init_checkpoint, main
+from hashrec.tools.dynamicemb.errors import MigrationError
+from hashrec.train.checkpoints import restore_for_training
+
+ITEMS = np.arange(5000, 5040, dtype=np.int64)
+
+
+def _embeddings(n: int = len(ITEMS), seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float32)
+
+
+def _write_init(path: str, ids, embeddings, as_string: bool = False, sep: str = ",") -> str:
+    column = [sep.join(f"{v:.9g}" for v in row) for row in embeddings] if as_string \
+        else [list(map(float, row)) for row in embeddings]
+    if path.endswith(".csv"):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("id,emb\n")
+            for key, text in zip(ids, column):
+                f.write(f'{key},"{text}"\n')
+    else:
+        pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "emb": column}), path)
+    return path
+
+
+def _lookup(config: str, checkpoint: str, items, feature: str = "item_id") -> torch.Tensor:
+    session = session_of(config)
+    restore_for_training(str(checkpoint) + "-unused", session.model, session.dense, False,
+                         checkpoint)
+    session.model.eval()
+    batch = batch_of(session, [1000] * len(items), items)
+    with torch.no_grad():
+        return session.model.embedding(batch.sparse).pooled[feature]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("fmt", ["parquet-list", "csv-string"])
+def test_fine_tune_start_reads_init_table_rows(tmp_path, world_size, fmt):
+    ext, as_string = (".csv", True) if fmt == "csv-string" else (".parquet", False)
+    emb = _embeddings()
+    init = _write_init(str(tmp_path / f"init{ext}"), ITEMS, emb, as_string)
+    # user_id and item_id share a DEEP group and options: fused into one storage.
+    config = write_config(str(tmp_path / "c.config"), dynamicemb_block(),
+                          dynamicemb_block(init))
+    path = str(tmp_path / "init")
+    assert main(["--pipeline_config_path", config, "--world_size", str(world_size),
+                 "--save_dir", path]) == 0
+    ckpt = os.path.join(path, "model.ckpt-0")
+    with open(os.path.join(ckpt, "meta.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    assert meta["world_size"] == world_size
+    assert sorted(meta["tables"]) == ["deep"]
+    assert len(meta["tables"]["deep"]["shards"]) == world_size
+    assert meta["tables"]["deep"]["num_rows"] == len(ITEMS)
+    looked_up = _lookup(config, ckpt, ITEMS)
+    np.testing.assert_allclose(looked_up.numpy(), emb, rtol=1e-6)
+
+
+def test_rows_hold_optimizer_initial_state_and_lfu_scores(tmp_path):
+    init = _write_init(str(tmp_path / "init.parquet"), ITEMS, _embeddings())
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",
+                          dynamicemb_block(init))
+    ckpt, _ = create_init_checkpoint(load_pipeline_config(config), 1, str(tmp_path / "s"))
+    session = session_of(config)
+    tables = session.model.embedding.dynamic_tables()
+    restore_checkpoint(ckpt, session.model, None, tables)
+    keys, _, rows, scores = next(tables["item_id"].export_state(1000))
+    assert sorted(keys.tolist()) == ITEMS.tolist()
+    assert torch.all(rows[:, DIM:] == 0)  # Adagrad accumulators start at 0
+    assert torch.all(scores == 1)
+
+
+def test_training_from_the_init_checkpoint_moves_the_rows(tmp_path):
+    emb = _embeddings()
+    init = _write_init(str(tmp_path / "init.parquet"), ITEMS, emb)
+    data = write_data(str(tmp_path / "data" / "train.parquet"), rows=128)
+    config = write_config(str(tmp_path / "c.config"), dynamicemb_block(),
+                          dynamicemb_block(init), str(tmp_path / "m"), os.path.dirname(data))
+    ckpt, _ = create_init_checkpoint(load_pipeline_config(config), 1, str(tmp_path / "s"))
+    from hashrec.train import train_and_evaluate
+
+    train_and_evaluate(load_pipeline_config(config), fine_tune_checkpoint=ckpt)
+    trained = _lookup(config, str(tmp_path / "m"), ITEMS)
+    seen = np.isin(ITEMS, pq.read_table(data).column("item_id").to_numpy())
+    assert seen.any()
+    assert not np.allclose(trained.numpy()[seen], emb[seen])
+    np.testing.assert_allclose(trained.numpy()[~seen], emb[~seen], rtol=1e-6)
+
+
+def test_duplicates_and_bad_rows_are_counted_and_reported(tmp_path, caplog):
+    emb = _embeddings(6)
+    ids = [7, 8, 7, 9, 10, 11]
+    rows = [",".join(str(v) for v in r) for r in emb]
+    rows[3] = "0.1,abc,0.3,0.4"
+    rows[4] = "nan,0,0,0"
+    table = pa.table({"id": pa.array(ids, pa.int64()), "emb": rows})
+    table = table.set_column(0, "id", pa.array([7, 8, 7, 9, 10, None], pa.int64()))
+    pq.write_table(table, tmp_path / "init.parquet")
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",
+                          dynamicemb_block(str(tmp_path / "init.parquet")))
+    _, reports = create_init_checkpoint(load_pipeline_config(config), 1, str(tmp_path / "s"))
+    report = reports["item_id"]
+    assert (report.rows_read, report.rows_kept, report.duplicates, report.bad_rows) == \
+        (6, 2, 1, 3)
+    text = "\n".join(report.examples)
+    assert "row 2: duplicate id 7" in text
+    assert "row 3: null or unparseable embedding" in text
+    assert "row 4: NaN or inf value" in text
+    assert "row 5: null id" in text
+    assert "3 bad rows skipped" in caplog.text
+    with open(tmp_path / "s" / "model.ckpt-0" / "meta.json", encoding="utf-8") as f:
+        assert json.load(f)["extra"]["init_tables"]["item_id"]["duplicates"] == 1
+    looked_up = _lookup(config, str(tmp_path / "s" / "model.ckpt-0"), [7, 8])
+    np.testing.assert_allclose(looked_up.numpy(), emb[:2], rtol=1e-6)
+
+
+def test_wrong_dim_names_table_file_and_row(tmp_path):
+    emb = _embeddings(3)
+    path = _write_init(str(tmp_path / "init.parquet"), [1, 2, 3], emb)
+    bad = pa.table({"id": pa.array([4, 5], pa.int64()), "emb": [[0.0] * DIM, [0.0] * (DIM + 1)]})
+    pq.write_table(bad, tmp_path / "more.parquet")
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",
+                          dynamicemb_block(f"{path},{tmp_path / 'more.parquet'}"))
+    with pytest.raises(MigrationError, match=r"'item_id'.*more.parquet row 1: embedding has "
+                                             r"5 values.*embedding_dim is 4"):
+        create_init_checkpoint(load_pipeline_config(config), 1, str(tmp_path / "s"))
+    assert not os.path.exists(tmp_path / "s" / "model.ckpt-0")
+    assert not os.path.exists(tmp_path / "s" / "model.ckpt-0.tmp")
+
+
+def test_errors_without_init_table_existing_target_and_over_capacity(tmp_path):
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000", dynamicemb_block())
+    with pytest.raises(MigrationError, match="no dynamicemb feature sets init_table"):
+        create_init_checkpoint(load_pipeline_config(config), 1, str(tmp_path / "s"))
+    init = _write_init(str(tmp_path / "init.parquet"), ITEMS, _embeddings())
+    small = dynamicemb_block(init).replace("max_capacity: 1000", "max_capacity: 16")
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000", small)
+    with pytest.raises(CheckpointError, match="max_capacity is 16"):
+        create_init_checkpoint(load_pipeline_config(config), 1, str(tmp_path / "s"))
+    create_init_checkpoint(load_pipeline_config(config), 4, str(tmp_path / "s"))
+    with pytest.raises(CheckpointError, match="already exists"):
+        create_init_checkpoint(load_pipeline_config(config), 4, str(tmp_path / "s"))

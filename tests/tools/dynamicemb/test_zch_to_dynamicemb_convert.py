@@ -1,0 +1,120 @@
+"""zch_to_dynamicemb_convert: a trained ZCH model -> dynamicemb checkpoint, same predictions."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from migration_helpers import (
+    NUM_ITEMS,
+    NUM_USERS,
+    batch_of,
+    dynamicemb_block,
+    session_of,
+    write_config,
+    write_data,
+    zch_block,
+)
+
+from hashrec.checkpoint import latest_checkpoint, restore_checkpoint
+from hashrec.config import load_pipeline_config
+from hashrec.tools.dynamicemb.errors import MigrationError
+from hashrec.tools.dynamicemb.zch_to_dynamicemb_convert import convert, main
+from hashrec.train import train_and_evaluate
+
+USERS = list(range(1000, 1000 + NUM_USERS + 2))
+ITEMS = [5000 + i % (NUM_ITEMS + 1) for i in range(len(USERS))]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A ZCH model (user_id: zch with evictions; item_id: dynamicemb) after training."""
+    root = tmp_path_factory.mktemp("zch")
+    data = write_data(str(root / "data" / "train.parquet"), rows=768)
+    config = write_config(str(root / "zch.config"), zch_block(size=24, interval=3),
+                          dynamicemb_block(), str(root / "m"), os.path.dirname(data))
+    train_and_evaluate(load_pipeline_config(config))
+    return root, config, latest_checkpoint(str(root / "m"))
+
+
+def _predict(config: str, checkpoint: str, restore_optimizer: bool = True) -> torch.Tensor:
+    session = session_of(config)
+    restore_checkpoint(checkpoint, session.model, None, session.model.embedding.dynamic_tables(),
+                       restore_optimizer=restore_optimizer)
+    session.model.eval()
+    with torch.no_grad():
+        return session.model(batch_of(session, USERS, ITEMS, [i % 5 for i in ITEMS]))["probs"]
+
+
+@pytest.mark.parametrize("world_size", [None, 2])
+@pytest.mark.parametrize("strategy", ["LFU", "STEP"])
+def test_converted_checkpoint_predicts_like_the_zch_model(trained, tmp_path, world_size,
+                                                          strategy):
+    root, source_config, source = trained
+    target_config = write_config(str(tmp_path / "dyn.config"), dynamicemb_block(
+        score_strategy=strategy), dynamicemb_block())
+    args = ["--source_checkpoint_path", source, "--source_pipeline_config_path", source_config,
+            "--target_pipeline_config_path", target_config, "--save_dir", str(tmp_path / "c")]
+    if world_size:
+        args += ["--world_size", str(world_size)]
+    assert main(args) == 0
+    converted = str(tmp_path / "c" / "model.ckpt-0")
+    with open(os.path.join(converted, "meta.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    assert meta["world_size"] == (world_size or 1)
+    # Same options as item_id: user_id now fuses with it; otherwise a storage of its own.
+    assert sorted(meta["tables"]) == (["deep"] if strategy == "LFU" else ["item_id", "user_id"])
+    expected = _predict(source_config, source)
+    torch.testing.assert_close(_predict(target_config, converted, False), expected)
+
+    restored = session_of(source_config)
+    restore_checkpoint(source, restored.model, None, restored.model.embedding.dynamic_tables())
+    remapper = restored.model.embedding.zch_remappers["user_id"]
+    keys, _, counts, last = remapper.assigned()
+    target = session_of(target_config)
+    tables = target.model.embedding.dynamic_tables()
+    restore_checkpoint(converted, target.model, None, tables, restore_optimizer=False)
+    storage, tag = target.model.embedding.table_locations()["user_id"]
+    got = {}
+    for k, tags, rows, scores in tables[storage].export_state(1000):
+        for key, key_tag, row, score in zip(k.tolist(), tags.tolist(), rows, scores.tolist()):
+            if key_tag == tag:
+                got[key] = (row, score)
+    assert sorted(got) == sorted(keys.tolist())
+    want = dict(zip(keys.tolist(), (counts if strategy == "LFU" else last).tolist()))
+    assert all(got[key][1] == want[key] for key in got)
+    assert all(torch.all(row[4:] == 0) for row, _ in got.values())  # fresh Adagrad state
+
+
+def test_converter_keeps_dense_and_non_zch_state(trained, tmp_path):
+    _, source_config, source = trained
+    target_config = write_config(str(tmp_path / "dyn.config"), dynamicemb_block(),
+                                 dynamicemb_block())
+    converted = convert(source, load_pipeline_config(source_config),
+                        load_pipeline_config(target_config), str(tmp_path / "c"))
+    src = session_of(source_config)
+    restore_checkpoint(source, src.model, None, src.model.embedding.dynamic_tables())
+    dst = session_of(target_config)
+    restore_checkpoint(converted, dst.model, None, dst.model.embedding.dynamic_tables())
+    src_state, dst_state = src.model.state_dict(), dst.model.state_dict()
+    for key, value in dst_state.items():
+        torch.testing.assert_close(value, src_state[key])
+    src_rows = {int(k): r for k, _, rows, _ in src.model.embedding.dynamic_tables()["item_id"]
+                .export_state(1000) for k, r in zip(k, rows)}
+    dst_rows = {int(k): r for k, t, rows, _ in dst.model.embedding.dynamic_tables()["deep"]
+                .export_state(1000) for k, tag, r in zip(k, t, rows) if tag == 1}
+    assert src_rows.keys() == dst_rows.keys()
+    assert all(torch.equal(src_rows[k], dst_rows[k]) for k in src_rows)  # with Adagrad state
+
+
+def test_target_must_make_zch_tables_dynamic(trained, tmp_path):
+    _, source_config, source = trained
+    target_config = write_config(str(tmp_path / "t.config"), "num_buckets: 2000",
+                                 dynamicemb_block())
+    with pytest.raises(MigrationError, match="'user_id': zch in the source but not a "
+                                             "dynamicemb table"):
+        convert(source, load_pipeline_config(source_config), load_pipeline_config(target_config),
+                str(tmp_path / "c"))
+    assert not os.path.exists(tmp_path / "c" / "model.ckpt-0")
