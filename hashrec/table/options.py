@@ -180,8 +180,9 @@ class TableOptions:
             ``hashrec.table.optim``; decides the state columns of each row.
         cache_load_factor: share of values kept on the GPU (1.0 -> HBM_ONLY).
         caching: with cache_load_factor < 1: False -> HYBRID, True -> CACHING.
-            HYBRID and CACHING are accepted and accounted for in memory estimates,
-            but this version keeps every value in one storage on ``device``.
+            HYBRID splits value rows by bucket between ``device`` and pinned host
+            memory; CACHING keeps every row in host memory and the hot ones in a
+            device cache (see ``hashrec.table.tiers``).
         check_mode: what a refused insert does: ERROR | WARNING | IGNORE.
         dtype: dtype of embeddings and optimizer state.
         device: device of the storage (None -> CPU).
