@@ -68,8 +68,44 @@ class DynamicTableView:
         return float(args.value)
 
 
-def dynamic_table_views(embedding) -> list[DynamicTableView]:
-    """Logical dynamic tables of an ``EmbeddingCollection``, in table order."""
+@dataclass(frozen=True)
+class ZchTableView:
+    """A zero-collision-hash table exported as a hash map: raw id -> its slot's row.
+
+    Ids without a slot read zeros, as in eval.
+    """
+
+    name: str
+    table: object  # DenseTable
+    remapper: object  # ZchRemapper
+
+    @property
+    def dim(self) -> int:
+        return self.table.dim
+
+    def chunks(self, chunk_rows: int = DEFAULT_CHUNK_ROWS
+               ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        keys, slots, _, _ = self.remapper.assigned()
+        for start in range(0, int(keys.numel()), chunk_rows):
+            part = slots[start:start + chunk_rows]
+            yield keys[start:start + chunk_rows], self.table.rows[part, :self.dim].detach()
+
+    def count(self, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> int:
+        return int(self.remapper.slot_used.sum())
+
+    def missing_value(self) -> float:
+        return 0.0
+
+
+def _zch_views(embedding) -> list[ZchTableView]:
+    remappers = getattr(embedding, "zch_remappers", {})
+    return [ZchTableView(name, embedding.dense_tables[name], remapper)
+            for name, remapper in remappers.items()]
+
+
+def dynamic_table_views(embedding) -> list[DynamicTableView | ZchTableView]:
+    """Logical dynamic tables of an ``EmbeddingCollection``, in table order, then its
+    zero-collision-hash tables (exported as hash maps too)."""
     storages = embedding.dynamic_tables()
     locations = embedding.table_locations()
     sharing: dict[str, int] = {}
@@ -80,13 +116,15 @@ def dynamic_table_views(embedding) -> list[DynamicTableView]:
         if storage in storages:
             views.append(DynamicTableView(name, storages[storage],
                                           tag if sharing[storage] > 1 else None))
-    return views
+    return views + _zch_views(embedding)
 
 
 def dense_table_weights(embedding) -> dict[str, torch.Tensor]:
     """Dense tables' embedding columns: table name -> (num_rows, dim) float32."""
     tables = getattr(embedding, "dense_tables", {})
-    return {name: table.rows[:, :table.dim].detach().float() for name, table in tables.items()}
+    zch = getattr(embedding, "zch_remappers", {})
+    return {name: table.rows[:, :table.dim].detach().float() for name, table in tables.items()
+            if name not in zch}
 
 
 def dense_network_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -87,7 +87,7 @@ def build_inference_model(model: nn.Module, feature_set,
     dense_tables = getattr(model.embedding, "dense_tables", {})
     lookups = []
     for spec in feature_set.embedding_tables():
-        if spec.is_dynamic:
+        if spec.is_dynamic or spec.zch is not None:  # ZCH tables: raw id -> row hash maps
             keys, values = hashmaps[spec.name]
             lookups.append(TableLookup(spec.name, values, keys, missing[spec.name]))
         else:

@@ -118,3 +118,27 @@ def test_target_must_make_zch_tables_dynamic(trained, tmp_path):
         convert(source, load_pipeline_config(source_config), load_pipeline_config(target_config),
                 str(tmp_path / "c"))
     assert not os.path.exists(tmp_path / "c" / "model.ckpt-0")
+
+
+def test_zch_model_exports_hash_maps_and_predicts_like_eval(trained, tmp_path):
+    from hashrec.data import create_dataloader
+    from hashrec.export import export_model
+    from hashrec.predict import model_inputs
+
+    root, config, source = trained
+    export_model(load_pipeline_config(config), str(tmp_path / "e"), source)
+    with open(tmp_path / "e" / "model-000000-of-000001.json", encoding="utf-8") as f:
+        entries = json.load(f)
+    assert entries["user_id"]["is_hashmap"]  # raw id -> its slot's row
+    scripted = torch.jit.load(str(tmp_path / "e" / "scripted_model.pt"))
+    session = session_of(config)
+    restore_checkpoint(source, session.model, None, session.model.embedding.dynamic_tables())
+    session.model.eval()
+    batches = create_dataloader(session.config.data_config, session.feature_set,
+                                str(root / "data"), "predict", batch_size=64)
+    probs, expected = [], []
+    with torch.no_grad():
+        for batch in batches:
+            probs.append(scripted(*model_inputs(batch, set()))["probs"])
+            expected.append(session.model(batch)["probs"])
+    torch.testing.assert_close(torch.cat(probs), torch.cat(expected), atol=1e-5, rtol=0)
