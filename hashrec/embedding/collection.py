@@ -241,6 +241,11 @@ class EmbeddingCollection(nn.Module):
         for storage in self._storages:
             storage.lr = float(lr)
 
+    def set_backward_timer(self, timer) -> None:
+        """Times every storage's backward node in ``timer.region()`` (None: untimed)."""
+        for storage in self._storages:
+            storage.backward_timer = timer
+
     def dynamic_tables(self) -> dict[str, HashTable]:
         """Dynamic storages by storage name (a fused storage serves several tables)."""
         return {s.name: s.table for s in self._storages if s.plan.is_dynamic}

@@ -10,9 +10,15 @@ No gradient flows to any parameter.
 
 Because the update happens inside backward, running backward twice over the
 same graph (``retain_graph=True``) applies the update twice.
+
+A storage's ``backward_timer`` (None by default; any object with a
+``region()`` context, e.g. the trainer's step timer) times its backward node:
+the sparse update, and under several ranks the gradient exchange.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
@@ -30,11 +36,18 @@ class Storage:
             ``apply_gradients``, ``advance_step``, ``memory_bytes`` and ``stats``.
         lr: learning-rate override for the sparse optimizer (None: the spec's lr).
         counters: per logical table (index = tag), what the collection looked up.
+        backward_timer: times the storage's backward node when set (see the module).
     """
 
     def __init__(self, plan: StoragePlan, table: nn.Module | object) -> None:
         self.plan, self.table, self.lr = plan, table, None
         self.counters = [TableCounters() for _ in plan.tables]
+        self.backward_timer = None
+
+    def backward_region(self):
+        """Context around this storage's backward work (timed when a timer is set)."""
+        timer = self.backward_timer
+        return contextlib.nullcontext() if timer is None else timer.region()
 
     @property
     def name(self) -> str:
@@ -64,7 +77,8 @@ class _StorageLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_rows, grad_slots):  # noqa: D102
         (slots,) = ctx.saved_tensors
-        ctx.storage.apply_gradients(slots, grad_rows)
+        with ctx.storage.backward_region():
+            ctx.storage.apply_gradients(slots, grad_rows)
         return None, None, None, None, None, None
 
 

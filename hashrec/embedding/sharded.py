@@ -131,5 +131,6 @@ class _LookupAll(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):  # noqa: D102
-        ctx.runner.backward(ctx.requests, ctx.states, ctx.slots, list(grads[0::2]))
+        with ctx.requests[0].storage.backward_region():
+            ctx.runner.backward(ctx.requests, ctx.states, ctx.slots, list(grads[0::2]))
         return None, None, None, None

@@ -5,6 +5,11 @@ under autocast, embeddings in float32), backward (the embedding collection
 applies the fused sparse update for the batch's rows here), clip dense
 gradients, dense optimizer step.
 
+Step timing (``hashrec.train.timing``, off by default; ``HASHREC_STEP_TIMING=1``)
+adds per-phase milliseconds per step to the progress line, keeps the summary
+after warm-up in ``TrainLoop.step_timing`` and writes it to
+``<model_dir>/step_timing.json``.
+
 Stopping: ``num_steps`` (total steps, including those of a resumed run) when
 set, else ``num_epochs`` (default 1) passes over the training input. With both
 set, whichever comes first.
@@ -22,6 +27,7 @@ from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import evaluate, write_eval_result
 from hashrec.train.progress import ProgressLog, table_counters
 from hashrec.train.summaries import Summaries
+from hashrec.train.timing import StepTimer, format_phases
 
 logger = logging.getLogger("hashrec.train")
 
@@ -85,7 +91,9 @@ class TrainLoop:
                                    options.use_tensorboard and session.is_chief)
         config = session.config.train_config
         self.grad_clipping = config.grad_clipping if config.HasField("grad_clipping") else None
-        self.embedding_hook = session.precision.embedding_hook()
+        self.timer = StepTimer.from_env(session.device, session.world_size)
+        self.step_timing: dict = {}
+        self.embedding_hook = self._timed_hook(session.precision.embedding_hook())
         self.parameters = [p for g in session.dense.optimizer.param_groups for p in g["params"]]
 
     def done(self) -> bool:
@@ -101,16 +109,38 @@ class TrainLoop:
         try:
             while not self.done():
                 result = self.run_epoch(train_input_path) or result
+            self._finish_timing()
             if self.last_saved != self.step:
                 result = self.checkpoint_and_evaluate() or result
         finally:
             self.summaries.close()
         return result
 
+    def _finish_timing(self) -> None:
+        """Keep and write the step timing summary (before the final checkpoint)."""
+        if self.timer.enabled:
+            self.step_timing = self.timer.summary()
+            self.timer.write(self.session.model_dir, self.session.rank, self.step_timing)
+
+    def _timed_hook(self, hook):
+        """The model's embedding hook, marking the end of the embedding forward when timed."""
+        if not self.timer.enabled:
+            return hook
+        self.session.model.embedding.set_backward_timer(
+            self.timer.sub_timer("embedding_backward"))
+
+        def timed(embedded):
+            self.timer.mark("embedding_forward")
+            return embedded if hook is None else hook(embedded)
+
+        return timed
+
     def run_epoch(self, train_input_path: str) -> dict | None:
         """One pass over the input, or up to ``num_steps``; returns the last eval result."""
         result, batches = None, 0
+        self.timer.begin()
         for batch in self.session.loader(train_input_path, "train", self.epoch):
+            self.timer.batch_ready()
             self.train_step(batch)
             batches += 1
             if self._due_steps():
@@ -135,17 +165,22 @@ class TrainLoop:
 
     def train_step(self, batch) -> None:
         s = self.session
-        batch = batch.to(s.device)
+        timer = self.timer
+        batch = batch.to(s.device, non_blocking=True)
+        timer.mark("data_wait")
         lrs = s.set_learning_rates(self.step, self.epoch)
         s.dense.optimizer.zero_grad(set_to_none=True)
         with s.precision.autocast():
             predictions = s.model(batch, embedding_hook=self.embedding_hook)
         losses = s.model.loss(predictions, batch)
         loss = sum(losses.values())
+        timer.mark("dense_forward")
         s.precision.backward(loss)
+        timer.mark("backward")
         s.precision.unscale(s.dense.optimizer)
         clip_gradients(self.parameters, self.grad_clipping)
         s.precision.step(s.dense.optimizer)
+        timer.mark("optimizer")
         self.step += 1
         self.progress.record(batch.batch_size, loss.detach())
         if self.progress.due(self.step):
@@ -154,6 +189,12 @@ class TrainLoop:
             self.summaries.scalars(self.step, {**window, **{f"lr/{k}": v for k, v in
                                                             lrs.items()}})
             self.summaries.tables(self.step, counters)
+            if timer.enabled:
+                phases = timer.drain()
+                logger.info("step %d | %s", self.step, format_phases(phases))
+                self.summaries.scalars(self.step, phases, prefix="step_ms/")
+        timer.mark("logging")
+        timer.end_step(batch.batch_size)
 
     def checkpoint_and_evaluate(self) -> dict | None:
         """Save a checkpoint at the current step, then evaluate when an eval input is set."""

@@ -1,0 +1,298 @@
+"""End-to-end training throughput of MultiTowerDIN on Taobao-like data.
+
+Generates Taobao-like parquet at scale 1 (``hashrec.tools.gen_taobao_data``;
+reused when present), then trains the dynamicemb example config and the
+num_buckets example config in the same run through the real trainer
+(``hashrec.train_eval``) with step timing on (``HASHREC_STEP_TIMING``). Each run
+reports samples/s after warm-up (the first ``--warmup_steps`` steps are left
+out), the per-phase milliseconds per step (data wait, embedding forward,
+dense forward, dense and embedding backward, optimizer, logging), and under
+several GPUs the all-to-all time per step from the progress log. Writes
+``train_<device>.json`` and ``.md`` to ``--out_dir`` with the command, date, GPU
+and versions, and the dynamicemb / num_buckets throughput ratio.
+
+Usage::
+
+    python benchmarks/bench_train.py --out_dir benchmarks/results
+    python benchmarks/bench_train.py --nproc 2          # launches torchrun per config
+    torchrun --nproc_per_node 2 benchmarks/bench_train.py   # same, already launched
+    python benchmarks/bench_train.py --smoke            # tiny CPU run (a minute or less)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = {
+    "dynamicemb": os.path.join(ROOT, "examples", "multi_tower_din_taobao_dynamicemb.config"),
+    "num_buckets": os.path.join(ROOT, "examples", "multi_tower_din_taobao.config"),
+}
+TIMING_FILE = "step_timing.json"
+A2A_PATTERN = re.compile(r"step (\d+) \|.*\| a2a ([0-9.]+) ms/step")
+PHASE_ORDER = ("data_wait", "embedding_forward", "dense_forward", "dense_backward",
+               "embedding_backward", "optimizer", "logging", "step")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out_dir", default=os.path.join(ROOT, "benchmarks", "results"))
+    p.add_argument("--data_dir", default=None,
+                   help="parquet folder (default: data/bench_train_<rows> in the repository)")
+    p.add_argument("--num_rows", type=int, default=2_000_000, help="generated training rows")
+    p.add_argument("--num_files", type=int, default=16)
+    p.add_argument("--batch_size", type=int, default=8192, help="per GPU (per rank)")
+    p.add_argument("--num_steps", type=int, default=0,
+                   help="steps per config (default: one pass over the rows)")
+    p.add_argument("--warmup_steps", type=int, default=20)
+    p.add_argument("--log_every", type=int, default=50)
+    p.add_argument("--num_workers", type=int, default=None,
+                   help="data loader workers per rank (default: from the CPU count)")
+    p.add_argument("--mixed_precision", default=None, choices=("BF16", "FP16", "FP32"),
+                   help="default BF16 (FP32 with --smoke: BF16 is slow on CPUs)")
+    p.add_argument("--configs", default="dynamicemb,num_buckets",
+                   help=f"comma-separated subset of {sorted(CONFIGS)}")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="GPUs: > 1 launches torchrun --nproc_per_node for every config")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny CPU run: 20000 rows, batch 256, 8 steps, 0 workers")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.num_rows, args.batch_size = min(args.num_rows, 20_000), min(args.batch_size, 256)
+        args.num_steps = args.num_steps or 8
+        args.warmup_steps, args.log_every, args.num_files = 3, 4, 2
+        args.num_workers = 0 if args.num_workers is None else args.num_workers
+        args.mixed_precision = args.mixed_precision or "FP32"
+    args.mixed_precision = args.mixed_precision or "BF16"
+    for name in args.configs.split(","):
+        if name not in CONFIGS:
+            p.error(f"--configs: {name!r} is not one of {sorted(CONFIGS)}")
+    return args
+
+
+def log(message: str) -> None:
+    print(f"[bench_train {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def world() -> tuple[int, int]:
+    """(rank, world_size) when this script itself runs under torchrun."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def default_workers(nproc: int) -> int:
+    """Loader workers per rank: the CPUs less two per rank for the training processes."""
+    cpus = os.cpu_count() or 2
+    return max(0, min(12, cpus // max(nproc, 1) - 2))
+
+
+def ensure_data(args) -> str:
+    """Training parquet folder, generated unless it already holds parquet files."""
+    folder = args.data_dir or os.path.join(ROOT, "data", f"bench_train_{args.num_rows}")
+    done = os.path.join(folder, "_COMPLETE")
+    rank, _ = world()
+    if rank != 0:
+        while not os.path.exists(done):
+            time.sleep(1.0)
+        return folder
+    if os.path.exists(done) or (args.data_dir and _has_parquet(folder)):
+        log(f"reusing data in {folder}")
+        return folder
+    log(f"generating {args.num_rows} rows (scale 1) into {folder}")
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "hashrec.tools.gen_taobao_data", "--output_dir",
+                    folder, "--num_rows", str(args.num_rows), "--num_files",
+                    str(args.num_files), "--scale", "1"], check=True, cwd=ROOT)
+    with open(done, "w", encoding="utf-8") as f:
+        f.write(f"{args.num_rows}\n")
+    log(f"data generated in {time.perf_counter() - start:.1f}s")
+    return folder
+
+
+def _has_parquet(folder: str) -> bool:
+    return os.path.isdir(folder) and any(n.endswith(".parquet") for n in os.listdir(folder))
+
+
+def edits(args, nproc: int) -> dict:
+    steps = args.num_steps or max(1, args.num_rows // (args.batch_size * nproc))
+    out = {"train_config.num_steps": steps, "train_config.num_epochs": 0,
+           "train_config.log_step_count_steps": args.log_every,
+           "train_config.save_checkpoints_steps": 0,
+           "data_config.batch_size": args.batch_size,
+           "data_config.num_workers": args.num_workers,
+           "data_config.pin_memory": True, "eval_input_path": ""}
+    if args.mixed_precision != "FP32":
+        out["train_config.mixed_precision"] = args.mixed_precision
+    return out
+
+
+def train_argv(args, name: str, data: str, model_dir: str, nproc: int) -> list[str]:
+    return ["--pipeline_config_path", CONFIGS[name], "--model_dir", model_dir,
+            "--train_input_path", data, "--edit_config_json", json.dumps(edits(args, nproc))]
+
+
+def run_config(args, name: str, data: str, nproc: int) -> dict:
+    """Train one config; returns the step timing summary plus a2a and wall time."""
+    model_dir = tempfile.mkdtemp(prefix=f"bench_train_{name}_")
+    env = {**os.environ, "HASHREC_STEP_TIMING": "1",
+           "HASHREC_STEP_TIMING_WARMUP": str(args.warmup_steps), "PYTHONUNBUFFERED": "1"}
+    rank, world_size = world()
+    start = time.perf_counter()
+    a2a: list[float] = []
+    if world_size > 1:
+        # Already under torchrun: every rank trains in this process.
+        os.environ.update({k: env[k] for k in ("HASHREC_STEP_TIMING",
+                                               "HASHREC_STEP_TIMING_WARMUP")})
+        from hashrec.train_eval import main as train_main
+        model_dir = _shared_dir(model_dir)
+        code = train_main(train_argv(args, name, data, model_dir, world_size))
+        if code:
+            raise RuntimeError(f"training {name} failed with exit code {code}")
+    else:
+        cmd = [sys.executable, "-m", "hashrec.train_eval"]
+        if nproc > 1:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc_per_node", str(nproc), "-m", "hashrec.train_eval"]
+        cmd += train_argv(args, name, data, model_dir, nproc)
+        a2a = _run_logged(cmd, env)
+    wall = time.perf_counter() - start
+    if rank != 0:
+        return {}
+    with open(os.path.join(model_dir, TIMING_FILE), encoding="utf-8") as f:
+        result = json.load(f)
+    result["wall_seconds"] = wall
+    result["per_gpu_batch"] = args.batch_size
+    if a2a:
+        result["a2a_ms_per_step"] = sum(a2a) / len(a2a)
+    return result
+
+
+def _shared_dir(model_dir: str) -> str:
+    """Rank 0's model_dir on every rank (broadcast through the process group's store)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if _cuda() else "gloo")
+    box = [model_dir]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _run_logged(cmd: list[str], env: dict) -> list[float]:
+    """Run the trainer, echoing its log; returns a2a ms/step of windows after the first."""
+    log("running: " + " ".join(cmd))
+    a2a = []
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        sys.stdout.write("    " + line)
+        sys.stdout.flush()
+        match = A2A_PATTERN.search(line)
+        if match:
+            a2a.append(float(match.group(2)))
+    if proc.wait():
+        raise RuntimeError(f"training failed with exit code {proc.returncode}")
+    return a2a[1:] or a2a
+
+
+def environment() -> dict:
+    import platform
+
+    import torch
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (cpu)"
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "gpu": gpu,
+            "gpus_visible": torch.cuda.device_count(), "cpus": os.cpu_count(),
+            "torch": torch.__version__, "triton": triton_version,
+            "python": platform.python_version()}
+
+
+def markdown(report: dict) -> str:
+    env, runs = report["environment"], report["runs"]
+    lines = ["# End-to-end training throughput (MultiTowerDIN, Taobao-like data)", "",
+             f"{env['date']}, GPU {env['gpu']} x {report['nproc']}, {env['cpus']} CPUs, "
+             f"torch {env['torch']}, triton {env['triton']}, python {env['python']}.", "",
+             f"Command: `{report['command']}`", "",
+             f"{report['num_rows']} generated rows (scale 1), per-GPU batch "
+             f"{report['batch_size']}, {report['mixed_precision']}, "
+             f"{report['num_workers']} loader workers per rank, sequence length 100; "
+             f"the first {report['warmup_steps']} steps are left out.", "",
+             "| config | steps | global samples/s | step ms | "
+             + " | ".join(p for p in PHASE_ORDER[:-1]) + " | a2a ms |",
+             "|---|---:|---:|---:|" + "---:|" * (len(PHASE_ORDER) - 1) + "---:|"]
+    for name, r in runs.items():
+        phases = r.get("phases_ms", {})
+        cells = " | ".join(f"{phases.get(p, 0.0):.2f}" for p in PHASE_ORDER[:-1])
+        a2a = f"{r['a2a_ms_per_step']:.2f}" if "a2a_ms_per_step" in r else "-"
+        lines.append(f"| {name} | {r.get('steps', 0)} | "
+                     f"{r.get('global_samples_per_second', 0.0):,.0f} | "
+                     f"{phases.get('step', 0.0):.2f} | {cells} | {a2a} |")
+    if "ratio_dynamicemb_over_num_buckets" in report:
+        lines += ["", f"dynamicemb / num_buckets throughput: "
+                      f"{report['ratio_dynamicemb_over_num_buckets']:.3f}"]
+    lines += ["", "Phases are milliseconds per step on the device timeline (CUDA events; "
+              "host clock on CPU); embedding_backward is the storages' backward nodes "
+              "(gradient exchange and fused sparse optimizer), dense_backward the rest of "
+              "backward; data_wait_host (JSON) is the host's wait for the loader.", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rank, world_size = world()
+    nproc = world_size if world_size > 1 else args.nproc
+    if args.num_workers is None:
+        args.num_workers = default_workers(nproc)
+    data = ensure_data(args)
+    runs = {}
+    for name in args.configs.split(","):
+        if rank == 0:
+            log(f"training {name} ({nproc} process(es), batch {args.batch_size} per rank)")
+        runs[name] = run_config(args, name, data, nproc)
+        if rank == 0:
+            r = runs[name]
+            log(f"{name}: {r.get('global_samples_per_second', 0.0):,.0f} samples/s over "
+                f"{r.get('steps', 0)} steps after warm-up, phases ms/step "
+                f"{json.dumps({k: round(v, 2) for k, v in r.get('phases_ms', {}).items()})}")
+    if rank != 0:
+        return 0
+    report = {"command": "python " + " ".join([os.path.relpath(__file__, ROOT),
+                                               *(sys.argv[1:] if argv is None else argv)]),
+              "environment": environment(), "nproc": nproc, "num_rows": args.num_rows,
+              "batch_size": args.batch_size, "mixed_precision": args.mixed_precision,
+              "num_workers": args.num_workers, "warmup_steps": args.warmup_steps,
+              "runs": runs}
+    rates = {k: v.get("global_samples_per_second") for k, v in runs.items()}
+    if rates.get("dynamicemb") and rates.get("num_buckets"):
+        report["ratio_dynamicemb_over_num_buckets"] = rates["dynamicemb"] / rates["num_buckets"]
+    tag = ("smoke_" if args.smoke else "") + ("gpu" if _cuda() else "cpu") + \
+        (f"_x{nproc}" if nproc > 1 else "")
+    os.makedirs(args.out_dir, exist_ok=True)
+    base = os.path.join(args.out_dir, f"train_{tag}")
+    with open(base + ".json", "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2, sort_keys=True)
+    with open(base + ".md", "w", encoding="utf-8") as f:
+        f.write(markdown(report))
+    log(f"wrote {base}.json and {base}.md")
+    print(markdown(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
