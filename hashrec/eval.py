@@ -4,6 +4,10 @@ Usage::
 
     python -m hashrec.eval --pipeline_config_path <model_dir>/pipeline.config \\
         [--checkpoint_path <model_dir>/model.ckpt-<step>] [--eval_input_path P]
+
+Under ``torchrun`` every rank evaluates its share of the input with the
+checkpoint's dynamic tables resharded to the ranks; metrics are summed over the
+ranks and rank 0 appends the one result line.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import sys
 
 from hashrec.train.cli import (
     add_config_arguments,
-    distributed_rank,
+    distributed_context,
     load_effective_config,
     run_main,
     setup_logging,
@@ -41,13 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def run() -> None:
+        from hashrec.distributed import teardown
         from hashrec.train import evaluate_checkpoint
 
-        rank, world_size = distributed_rank()
-        setup_logging(rank)
+        ctx = distributed_context()
+        setup_logging(ctx.rank)
         config = load_effective_config(args, {"eval_input_path": args.eval_input_path,
                                               "model_dir": args.model_dir})
-        evaluate_checkpoint(config, args.checkpoint_path, rank, world_size)
+        try:
+            evaluate_checkpoint(config, args.checkpoint_path, ctx=ctx)
+        finally:
+            teardown(ctx)
 
     return run_main(run)
 

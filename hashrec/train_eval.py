@@ -5,6 +5,12 @@ Usage::
     python -m hashrec.train_eval --pipeline_config_path examples/x.config \\
         [--model_dir D] [--train_input_path P] [--eval_input_path P] [--continue_train] \\
         [--fine_tune_checkpoint C] [--ignore_restore_optimizer] [--edit_config_json J]
+
+Several GPUs or hosts: the same command under torchrun, e.g.
+``torchrun --nproc_per_node 2 -m hashrec.train_eval ...`` (NCCL on GPUs, gloo on
+CPU). Each rank reads its share of the input, dynamic tables are sharded
+row-wise over the ranks, and only rank 0 logs and writes files (checkpoints
+hold one dynamic-table shard per rank).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import sys
 
 from hashrec.train.cli import (
     add_config_arguments,
-    distributed_rank,
+    distributed_context,
     load_effective_config,
     run_main,
     setup_logging,
@@ -50,15 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def run() -> None:
+        from hashrec.distributed import teardown
         from hashrec.train import train_and_evaluate
 
-        rank, world_size = distributed_rank()
-        setup_logging(rank)
+        ctx = distributed_context()
+        setup_logging(ctx.rank)
         config = load_effective_config(args, {
             "model_dir": args.model_dir, "train_input_path": args.train_input_path,
             "eval_input_path": args.eval_input_path})
-        train_and_evaluate(config, args.continue_train, args.fine_tune_checkpoint,
-                           args.ignore_restore_optimizer, rank, world_size)
+        try:
+            train_and_evaluate(config, args.continue_train, args.fine_tune_checkpoint,
+                               args.ignore_restore_optimizer, ctx=ctx)
+        finally:
+            teardown(ctx)
 
     return run_main(run)
 

@@ -14,6 +14,9 @@ import time
 
 import torch
 
+# Pending event pairs are read (one sync) once this many accumulate without a drain.
+_MAX_PENDING = 4096
+
 
 class CommTimer:
     """Accumulates the duration of timed regions (all-to-all, gradient syncs).
@@ -46,6 +49,8 @@ class CommTimer:
             finally:
                 end.record()
                 self._events.append((start, end))
+                if len(self._events) >= _MAX_PENDING:
+                    self._fold_events()
             return
         begin = time.perf_counter()
         try:
@@ -58,10 +63,14 @@ class CommTimer:
 
         On CUDA this waits for the recorded events (call it when logging, not per step).
         """
-        seconds = self._seconds
+        self._fold_events()
+        seconds, regions = self._seconds, self._regions
+        self._seconds, self._regions = 0.0, 0
+        return seconds, regions
+
+    def _fold_events(self) -> None:
+        """Read the pending CUDA events into the running total (waits for the last one)."""
         if self._events:
             self._events[-1][1].synchronize()
-            seconds += sum(start.elapsed_time(end) for start, end in self._events) / 1000.0
-        regions = self._regions
-        self._events, self._seconds, self._regions = [], 0.0, 0
-        return seconds, regions
+            self._seconds += sum(s.elapsed_time(e) for s, e in self._events) / 1000.0
+            self._events = []

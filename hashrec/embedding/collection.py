@@ -24,6 +24,8 @@ missing keys read as the table's ``eval_initializer``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -85,12 +87,15 @@ class EmbeddingCollection(nn.Module):
         dist: the worker's DistContext; world size > 1 shards dynamic storages
             row-wise over the ranks (None or world size 1: local tables).
         group: process group of the exchanges (default group when None).
+        storage_modes: dynamic storage name -> (cache_load_factor, caching) chosen by
+            the storage planner; replaces those two options of the storage.
     """
 
     def __init__(self, tables: list[EmbeddingTableSpec], features: list[EmbeddingFeatureSpec],
                  sparse_optimizer: OptimizerSpec,
                  device: torch.device | str | None = None, dist: DistContext | None = None,
-                 group=None) -> None:
+                 group=None, storage_modes: dict[str, tuple[float, bool]] | None = None
+                 ) -> None:
         super().__init__()
         _check_specs(tables, features, sparse_optimizer)
         self._device = torch.device("cpu" if device is None else device)
@@ -105,7 +110,12 @@ class EmbeddingCollection(nn.Module):
         sharded: dict[str, ShardedTable] = {}
         for plan in plan_storages(tables, sparse_optimizer, self._device):
             if plan.is_dynamic:
-                table = HashTable(per_rank_options(plan.options, world))
+                options = plan.options
+                if storage_modes and plan.name in storage_modes:
+                    factor, caching = storage_modes[plan.name]
+                    options = dataclasses.replace(options, cache_load_factor=float(factor),
+                                                  caching=bool(caching))
+                table = HashTable(per_rank_options(options, world))
                 if world > 1:
                     sharded[plan.name] = ShardedTable(table, dist, group, self.comm_timer)
             else:

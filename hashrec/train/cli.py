@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Callable
 
@@ -41,18 +40,15 @@ def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | N
     return config
 
 
-def distributed_rank() -> tuple[int, int]:
-    """(rank, world_size) from the torchrun environment; (0, 1) when absent.
+def distributed_context():
+    """Join torchrun's process group (NCCL on GPUs, gloo on CPU), or run alone without one.
 
-    Raises:
-        TrainError: a multi-process launch (not supported by these commands yet).
+    Returns:
+        The worker's ``DistContext`` (rank 0 of 1 outside torchrun).
     """
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1:
-        raise TrainError(f"WORLD_SIZE={world_size}: multi-process training and evaluation are "
-                         f"not implemented in this command yet; run a single process")
-    return rank, world_size
+    from hashrec.distributed import init_distributed
+
+    return init_distributed()
 
 
 def setup_logging(rank: int) -> None:
@@ -65,13 +61,14 @@ def run_main(main: Callable[[], object]) -> int:
     """Run ``main``; user errors (config, data, model, checkpoint) exit 1 with one message."""
     from hashrec.checkpoint import CheckpointError
     from hashrec.data import DataError
+    from hashrec.distributed import DistributedError
     from hashrec.features import FeatureError
     from hashrec.models import ModelError
 
     try:
         main()
     except (ConfigError, TrainError, ModelError, FeatureError, DataError,
-            CheckpointError) as err:
+            CheckpointError, DistributedError) as err:
         logging.getLogger("hashrec").error("%s: %s", type(err).__name__, err)
         return 1
     return 0

@@ -4,7 +4,9 @@ The model runs in eval mode (dynamic tables read-only: unseen ids read as the
 eval initializer) under ``torch.no_grad``. Metrics keep fixed-size state (see
 ``hashrec.train.metrics``), so evaluation memory does not grow with the input.
 Each evaluation appends one JSON object, at least ``{"step", "auc"}``, to
-``<model_dir>/eval_result.txt`` (rank 0).
+``<model_dir>/eval_result.txt`` (rank 0). Under several ranks each rank
+evaluates its share of the input; a rank that runs out first keeps serving its
+peers' embedding lookups until all are done, and the metrics are summed over ranks.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 
 import torch
 
+from hashrec.distributed import single_process_context
+from hashrec.train.distributed import eval_batches
 from hashrec.train.metrics import MeanLoss, build_metrics
 
 logger = logging.getLogger("hashrec.train")
@@ -43,9 +47,9 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
     start, batches = time.perf_counter(), 0
     try:
         with torch.no_grad():
-            for batch in session.loader(input_path, "eval"):
-                if max_steps and batches >= max_steps:
-                    break
+            ctx = session.ctx or single_process_context(session.device)
+            for batch in eval_batches(session.loader(input_path, "eval"), ctx,
+                                      model.embedding.idle_lookups, max_steps):
                 batch = batch.to(session.device)
                 with session.precision.autocast():
                     predictions = model(batch)

@@ -5,6 +5,12 @@ under autocast, embeddings in float32), backward (the embedding collection
 applies the fused sparse update for the batch's rows here), clip dense
 gradients, dense optimizer step.
 
+Under torchrun every rank runs the same steps (``lockstep_batches``): dense
+gradients are averaged over ranks after backward, before clipping; sparse
+updates are exchanged inside backward by the embedding collection. The progress
+line then shows global loss, samples/s and table counters, plus the time the
+embedding exchanges took per step (``a2a ... ms/step``).
+
 Step timing (``hashrec.train.timing``, off by default; ``HASHREC_STEP_TIMING=1``)
 adds per-phase milliseconds per step to the progress line, keeps the summary
 after warm-up in ``TrainLoop.step_timing`` and writes it to
@@ -22,7 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
+from hashrec.distributed import all_reduce_scalars, single_process_context
+from hashrec.distributed.data_parallel import all_reduce_gradients
 from hashrec.train import checkpoints
+from hashrec.train.distributed import global_table_counters, lockstep_batches
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import evaluate, write_eval_result
 from hashrec.train.progress import ProgressLog, table_counters
@@ -86,7 +95,9 @@ class TrainLoop:
         self.step = resume.step
         self.epoch = resume.epoch
         self.last_saved = resume.step if resume.path and resume.step else -1
-        self.progress = ProgressLog(options.log_step_count_steps, session.rank)
+        self.ctx = session.ctx or single_process_context(session.device)
+        self.progress = ProgressLog(options.log_step_count_steps, session.rank,
+                                    reduce=lambda values: all_reduce_scalars(values, self.ctx))
         self.summaries = Summaries(session.model_dir,
                                    options.use_tensorboard and session.is_chief)
         config = session.config.train_config
@@ -139,7 +150,8 @@ class TrainLoop:
         """One pass over the input, or up to ``num_steps``; returns the last eval result."""
         result, batches = None, 0
         self.timer.begin()
-        for batch in self.session.loader(train_input_path, "train", self.epoch):
+        for batch in lockstep_batches(
+                self.session.loader(train_input_path, "train", self.epoch), self.ctx):
             self.timer.batch_ready()
             self.train_step(batch)
             batches += 1
@@ -177,6 +189,7 @@ class TrainLoop:
         timer.mark("dense_forward")
         s.precision.backward(loss)
         timer.mark("backward")
+        all_reduce_gradients(self.parameters, self.ctx)
         s.precision.unscale(s.dense.optimizer)
         clip_gradients(self.parameters, self.grad_clipping)
         s.precision.step(s.dense.optimizer)
@@ -184,8 +197,10 @@ class TrainLoop:
         self.step += 1
         self.progress.record(batch.batch_size, loss.detach())
         if self.progress.due(self.step):
-            counters = table_counters(s.model.embedding.dynamic_tables())
-            window = self.progress.report(self.step, lrs, counters)
+            counters = global_table_counters(
+                table_counters(s.model.embedding.dynamic_tables()), self.ctx)
+            window = self.progress.report(self.step, lrs, counters,
+                                          comm=s.model.embedding.comm_timer.drain())
             self.summaries.scalars(self.step, {**window, **{f"lr/{k}": v for k, v in
                                                             lrs.items()}})
             self.summaries.tables(self.step, counters)

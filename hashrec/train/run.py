@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from hashrec.checkpoint import restore_checkpoint
+from hashrec.distributed.data_parallel import broadcast_state
 from hashrec.train import checkpoints
 from hashrec.train.evaluation import evaluate, write_eval_result
 from hashrec.train.loop import LoopOptions, TrainLoop
@@ -16,7 +17,7 @@ logger = logging.getLogger("hashrec.train")
 def train_and_evaluate(config, continue_train: bool = False,
                        fine_tune_checkpoint: str | None = None,
                        ignore_restore_optimizer: bool = False, rank: int = 0,
-                       world_size: int = 1) -> dict | None:
+                       world_size: int = 1, ctx=None) -> dict | None:
     """Train ``config``'s model, checkpointing and evaluating on the way.
 
     Args:
@@ -26,6 +27,8 @@ def train_and_evaluate(config, continue_train: bool = False,
             resuming; defaults to ``train_config.fine_tune_checkpoint``.
         ignore_restore_optimizer: resume model and tables but not optimizer state.
         rank, world_size: this process's place in a distributed run.
+        ctx: the ``DistContext`` of a torchrun worker (overrides rank and world_size;
+            world size > 1 shards the dynamic tables and averages dense gradients).
 
     Returns:
         The last evaluation result (None without an eval input).
@@ -36,12 +39,14 @@ def train_and_evaluate(config, continue_train: bool = False,
     """
     model_dir = config.model_dir
     checkpoints.check_model_dir(model_dir, continue_train)
-    session = build_session(config, rank, world_size)
-    write_pipeline_config(config, model_dir, rank)
+    session = build_session(config, rank, world_size, ctx=ctx)
+    write_pipeline_config(config, model_dir, session.rank)
     resume = checkpoints.restore_for_training(
         model_dir, session.model, session.dense, continue_train,
         fine_tune_checkpoint or config.train_config.fine_tune_checkpoint or None,
         restore_optimizer=not ignore_restore_optimizer)
+    # Replicas start equal: dense network, dense tables and their optimizer rows.
+    broadcast_state(session.model, session.ctx)
     options = LoopOptions.from_config(config)
     if session.is_chief:
         logger.info("training on %s from step %d (model_dir %s)", session.device, resume.step,
@@ -51,24 +56,25 @@ def train_and_evaluate(config, continue_train: bool = False,
 
 
 def evaluate_checkpoint(config, checkpoint_path: str | None = None, rank: int = 0,
-                        world_size: int = 1) -> dict:
+                        world_size: int = 1, ctx=None) -> dict:
     """Evaluate a checkpoint on ``config.eval_input_path`` and record the result.
 
     Args:
         config: the effective EasyRecConfig.
         checkpoint_path: a ``model.ckpt-<step>`` directory or a model_dir; default
             the latest complete checkpoint of ``config.model_dir``.
+        rank, world_size, ctx: as in :func:`train_and_evaluate`.
 
     Returns:
         The result also appended to ``<model_dir>/eval_result.txt``.
     """
     path = checkpoints.resolve_checkpoint(checkpoint_path or config.model_dir)
-    session = build_session(config, rank, world_size)
+    session = build_session(config, rank, world_size, ctx=ctx)
     meta = restore_checkpoint(path, session.model, None,
                               session.model.embedding.dynamic_tables(),
                               restore_optimizer=False)
     logger.info("evaluating %s", path)
     result = evaluate(session, config.eval_input_path, int(meta["step"]),
                       config.eval_config.num_steps)
-    write_eval_result(config.model_dir, result, rank)
+    write_eval_result(config.model_dir, result, session.rank)
     return result

@@ -4,6 +4,9 @@ A ``Session`` holds the feature set, the model (embedding collection on the
 run's device), the dense optimizer and both learning-rate schedules, the mixed
 precision settings and the data loaders' factory. ``rank`` / ``world_size``
 select this process's share of the data; only rank 0 logs and writes files.
+Under torchrun the ``DistContext`` shards the embedding collection's dynamic
+storages over the ranks (see ``hashrec.train.distributed``); the storage
+planner picks every dynamic storage's mode at build time.
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ import torch
 
 from hashrec.config import save_pipeline_config
 from hashrec.data import create_dataloader
+from hashrec.distributed import DistContext, single_process_context
+from hashrec.embedding import EmbeddingCollection
 from hashrec.features import build_feature_set
 from hashrec.models import create_model
+from hashrec.train.distributed import plan_storage_modes
 from hashrec.train.errors import TrainError
 from hashrec.train.optimizers import (
     DenseOptimizer,
@@ -54,6 +60,7 @@ class Session:
     device: torch.device
     rank: int = 0
     world_size: int = 1
+    ctx: DistContext | None = None
 
     @property
     def model_dir(self) -> str:
@@ -81,8 +88,12 @@ class Session:
 
 
 def build_session(config, rank: int = 0, world_size: int = 1,
-                  device: torch.device | None = None) -> Session:
+                  device: torch.device | None = None,
+                  ctx: DistContext | None = None) -> Session:
     """Build the feature set, model, optimizers and precision of ``config``.
+
+    ``ctx`` (from ``init_distributed``) overrides ``rank``, ``world_size`` and
+    ``device``; with world size > 1 the dynamic tables are sharded over the ranks.
 
     Raises:
         TrainError: train_config missing or invalid (ModelError, FeatureError and
@@ -90,20 +101,27 @@ def build_session(config, rank: int = 0, world_size: int = 1,
     """
     if not config.HasField("train_config"):
         raise TrainError("the pipeline config has no train_config (optimizers are required)")
+    if ctx is not None:
+        rank, world_size, device = ctx.rank, ctx.world_size, ctx.device
     device = device or default_device(rank)
+    ctx = ctx or single_process_context(device)
     # One fixed seed: runs of the same config and data start from the same weights.
     torch.manual_seed(SEED)
     train_config = config.train_config
     feature_set = build_feature_set(config)
     sparse_spec = sparse_optimizer_spec(train_config.sparse_optimizer)
-    model = create_model(config.model_config, feature_set, sparse_spec, device)
+    modes = plan_storage_modes(feature_set, sparse_spec, int(config.data_config.batch_size), ctx)
+    embedding = EmbeddingCollection(feature_set.embedding_tables(),
+                                    feature_set.embedding_features(), sparse_spec, device,
+                                    dist=ctx, storage_modes=modes)
+    model = create_model(config.model_config, feature_set, sparse_spec, device, embedding)
     model.to(device)
     dense = build_dense_optimizer(train_config.dense_optimizer, dense_parameters(model))
     precision = MixedPrecision.create(
         train_config.mixed_precision, device,
         train_config.grad_scaler if train_config.HasField("grad_scaler") else None)
     return Session(config, feature_set, model, dense, sparse_schedule(train_config.sparse_optimizer),
-                   precision, device, rank, world_size)
+                   precision, device, rank, world_size, ctx)
 
 
 def write_pipeline_config(config, model_dir: str, rank: int = 0) -> str | None:

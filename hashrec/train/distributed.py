@@ -1,0 +1,151 @@
+"""What the trainer does differently under torchrun: lockstep steps, planning, global counters.
+
+Every rank runs the same steps: embedding lookups and the dense-gradient
+all-reduce are collectives. The data loader gives each rank a contiguous share
+of the rows (shares differ by at most one row), so ranks may still end an epoch
+with different batch counts:
+
+* training stops every rank at the first step where any rank has no batch
+  (:func:`lockstep_batches`, one small all-reduce per step); the at most one
+  extra batch of the other ranks is skipped, as with ``drop_remainder``;
+* evaluation runs until every rank is done; a rank whose input ran out serves
+  its peers' lookups with no batch of its own (:func:`eval_batches`), so no row
+  is left out of the metrics.
+
+The storage planner runs on rank 0 at start; its choice (HBM_ONLY, HYBRID or
+CACHING and the cache_load_factor of each dynamic storage) is broadcast and
+applied to every rank's tables, and the plan is logged as a table.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from hashrec.distributed import (
+    DistContext,
+    PlannerTable,
+    all_reduce_scalars,
+    detect_topology,
+    plan_tables,
+    plan_to_table,
+    single_process_context,
+)
+from hashrec.distributed.errors import DistributedError
+from hashrec.embedding.plan import plan_storages
+
+logger = logging.getLogger("hashrec.train")
+
+
+def _flag_on_all_ranks(flag: bool, ctx: DistContext, op) -> bool:
+    if not ctx.is_distributed:
+        return flag
+    value = torch.tensor([int(flag)], dtype=torch.int64, device=ctx.device)
+    dist.all_reduce(value, op=op)
+    return bool(value.item())
+
+
+def lockstep_batches(batches: Iterable, ctx: DistContext) -> Iterator:
+    """Yield batches while every rank still has one (training)."""
+    iterator = iter(batches)
+    while True:
+        batch = next(iterator, None)
+        if not _flag_on_all_ranks(batch is not None, ctx, dist.ReduceOp.MIN):
+            return
+        yield batch
+
+
+def eval_batches(batches: Iterable, ctx: DistContext, idle: Callable[[], None],
+                 max_steps: int = 0) -> Iterator:
+    """Yield this rank's batches until every rank is done; call ``idle`` when only peers have one.
+
+    Args:
+        batches: this rank's batches.
+        ctx: the worker's context.
+        idle: serves the peers' collectives for one step (``EmbeddingCollection.idle_lookups``).
+        max_steps: stop after this many steps on every rank (0: the whole input).
+    """
+    iterator, steps = iter(batches), 0
+    while not max_steps or steps < max_steps:
+        batch = next(iterator, None)
+        if not _flag_on_all_ranks(batch is not None, ctx, dist.ReduceOp.MAX):
+            return
+        steps += 1
+        if batch is None:
+            idle()
+        else:
+            yield batch
+
+
+def _broadcast_object(value, ctx: DistContext):
+    if not ctx.is_distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, device=ctx.device if ctx.backend == "nccl" else None)
+    return box[0]
+
+
+def _planner_tables(feature_set, sparse_spec, ctx: DistContext) -> list[PlannerTable]:
+    readers: dict[str, int] = {}
+    for feature in feature_set.embedding_features():
+        readers[feature.table] = readers.get(feature.table, 0) + 1
+    out = []
+    for plan in plan_storages(feature_set.embedding_tables(), sparse_spec, ctx.device):
+        if not plan.is_dynamic:
+            continue
+        options = plan.options
+        # The options cannot tell an explicit cache_load_factor 1.0 from the default;
+        # a factor below 1 or caching on is the user's choice and is kept.
+        out.append(PlannerTable.sharded(
+            plan.name, options, ctx.world_size,
+            fixed_cache_load_factor=options.cache_load_factor < 1.0,
+            fixed_caching=options.caching,
+            ids_per_sample=float(sum(readers.get(t.name, 0) for t in plan.tables))))
+    return out
+
+
+def plan_storage_modes(feature_set, sparse_spec, batch_size: int, ctx: DistContext | None
+                       ) -> dict[str, tuple[float, bool]]:
+    """Storage name -> (cache_load_factor, caching) the planner chose (same on every rank).
+
+    Raises:
+        DistributedError: no plan fits (a ``PlannerError`` naming the tables), on every rank.
+    """
+    ctx = ctx or single_process_context("cpu")
+    reply: tuple[dict, str | None] = ({}, None)
+    if ctx.is_main:
+        try:
+            tables = _planner_tables(feature_set, sparse_spec, ctx)
+            if tables:
+                plan = plan_tables(tables, detect_topology(ctx.world_size, ctx.device),
+                                   max(1, batch_size))
+                logger.info("storage plan for %d rank(s), batch %d per rank:\n%s",
+                            ctx.world_size, batch_size, plan_to_table(plan))
+                reply = ({t.name: (t.variant.cache_load_factor, t.variant.caching)
+                          for t in plan.tables}, None)
+        except (DistributedError, ValueError) as err:
+            reply = ({}, f"{type(err).__name__}: {err}")
+    choice, error = _broadcast_object(reply, ctx)
+    if error is not None:
+        raise DistributedError(f"storage planning failed: {error}")
+    return choice
+
+
+def global_table_counters(counters: dict[str, dict[str, float]], ctx: DistContext
+                          ) -> dict[str, dict[str, float]]:
+    """Per-rank table counters summed over the shards (load_factor recomputed)."""
+    if not ctx.is_distributed:
+        return counters
+    flat = {f"{table}\t{name}": value for table, c in counters.items()
+            for name, value in c.items() if name != "load_factor"}
+    summed = all_reduce_scalars(flat, ctx)
+    out: dict[str, dict[str, float]] = {table: {} for table in counters}
+    for key, value in summed.items():
+        table, name = key.split("\t")
+        out[table][name] = value
+    for c in out.values():
+        c["load_factor"] = c["size"] / c["capacity"] if c.get("capacity") else 0.0
+    return out
