@@ -23,6 +23,7 @@ counted over the host rows only, next to the UVA gather of as many host rows.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -119,7 +120,6 @@ def _run_mode(name: str, clf: float, caching: bool, batches, grad) -> dict:
     if not caching and clf < 1.0:
         out.update(_hybrid_read(model.table, batches[-1]))
     _log(f"{name}: {step_ms:.2f} ms/step")
-    del model
     return out
 
 
@@ -160,7 +160,6 @@ def _pinned_baselines(rows: int, row_dim: int, unique: int) -> dict:
     for key in ("pinned_index_select", "pinned_uva_gather"):
         if f"{key}_ms" in out:
             out[f"{key}_Bps"] = row_bytes / (out[f"{key}_ms"] * 1e-3)
-    del host
     return out
 
 
@@ -173,7 +172,12 @@ def main() -> None:
     modes = [("HBM_ONLY", 1.0, False)]
     modes += [(f"HYBRID-{f}", f, False) for f in FACTORS]
     modes += [(f"CACHING-{f}", f, True) for f in FACTORS]
-    rows = [_run_mode(name, clf, caching, batches, grad) for name, clf, caching in modes]
+    rows = []
+    for name, clf, caching in modes:
+        rows.append(_run_mode(name, clf, caching, batches, grad))
+        gc.collect()  # free the mode's table before the next one is built
+        if DEVICE.type == "cuda":
+            torch.cuda.empty_cache()
     hbm = rows[0]["step_ms"]
     for r in rows:
         r["throughput_vs_hbm"] = hbm / r["step_ms"]

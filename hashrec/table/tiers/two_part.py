@@ -82,10 +82,11 @@ class TwoPartRows:
                                           width)
         out = torch.empty(index.numel(), width, dtype=self.first.dtype, device=self.device)
         near, far = _parts(index, self.split)
-        out[near] = self.first[index[near], start:start + width]
+        columns = slice(start, start + width)
+        out.index_copy_(0, near, self.first[:, columns].index_select(0, index[near]))
         if far.numel():
             rows = index[far].to(self.second.device) - self.split
-            out[far] = self.second[rows, start:start + width].to(self.device)
+            out.index_copy_(0, far, self.second[:, columns].index_select(0, rows).to(self.device))
         return out
 
     def scatter(self, index: torch.Tensor, rows: torch.Tensor, start: int = 0) -> None:
@@ -95,12 +96,13 @@ class TwoPartRows:
             from hashrec.table.tiers import two_part_triton
             two_part_triton.scatter(self.first, self.second, self.split, index, rows, start)
             return
-        width = rows.shape[1]
+        columns = slice(start, start + rows.shape[1])
         near, far = _parts(index, self.split)
-        self.first[index[near], start:start + width] = rows[near]
+        self.first[:, columns].index_copy_(0, index[near], rows.index_select(0, near))
         if far.numel():
             where = index[far].to(self.second.device) - self.split
-            self.second[where, start:start + width] = rows[far].to(self.second.device)
+            self.second[:, columns].index_copy_(
+                0, where, rows.index_select(0, far).to(self.second.device))
 
     def copy(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copies whole rows from unique-or-not ``src`` (n,) to unique ``dst`` (n,)."""
