@@ -1,4 +1,28 @@
-"""Distributed training: process groups, row-wise sharded dynamic tables, the storage planner."""
+"""Distributed training: process groups, row-wise sharded dynamic tables, the storage planner.
+
+Commands under ``torchrun`` (one process per GPU; gloo on CPU-only hosts)::
+
+    torchrun --nproc_per_node 2 -m hashrec.train_eval --pipeline_config_path P ...
+    torchrun --nproc_per_node 2 -m hashrec.eval --pipeline_config_path P ...
+    torchrun --nproc_per_node 2 -m hashrec.export --pipeline_config_path P --export_dir E
+
+* ``train_eval``: each rank reads its share of the rows; dynamic tables are
+  sharded row-wise (key owner ``owner_of(key, world_size)``, each rank holds
+  ``1 / world_size`` of every capacity); dense tables and the dense network are
+  replicated with gradients averaged over ranks; every rank runs the same steps
+  (training stops all ranks at the first step where one has no batch). Rank 0
+  logs, writes ``pipeline.config`` and ``eval_result.txt``; every rank writes its
+  dynamic-table shard into each checkpoint. The storage planner runs on rank 0
+  and its plan is printed at start.
+* ``eval``: every rank evaluates its share with the checkpoint resharded to the
+  current world size; metrics are summed over ranks; one result line.
+* ``export``: each rank writes ``model-<rank>-of-<world>.safetensors`` with the
+  keys it owns.
+* ``predict`` and the offline tools (``create_dynamicemb_init_ckpt``,
+  ``zch_to_dynamicemb_convert``, ``gen_taobao_data``) run as one process; the
+  checkpoint tools take ``--world_size`` to write shards for that many ranks
+  (any world size can load them: restore reshards).
+"""
 
 from hashrec.distributed.all_to_all import (
     Routing,
