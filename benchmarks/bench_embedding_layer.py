@@ -39,6 +39,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--out", default=None)
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--reduce-configs", nargs="*", default=[],
+                   help="extra backward stage-1 tiles ELEMENTSxWARPS to time, e.g. 4096x4")
     args = p.parse_args()
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -54,6 +56,7 @@ import torch  # noqa: E402
 from _timing import copy_bandwidth, environment, time_ms  # noqa: E402
 
 from hashrec.embedding.ops.fused import dedup  # noqa: E402
+from hashrec.embedding.ops.fused import triton as fused_tt  # noqa: E402
 from hashrec.embedding.ops.fused.triton import pool_rows, reduce_and_apply  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots  # noqa: E402
 from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
@@ -117,7 +120,36 @@ def _fused(spec, batches, grads) -> dict:
     bwd = time_ms(lambda s: model.backward(grads, s[1], s[2]), len(batches) - 2,
                   setup=lambda i: states[i])
     unique = sum(s[1].unique.numel() for s in states) / len(states)
-    return {"forward_ms": fwd, "backward_ms": bwd, "unique_ids": unique}
+    sweep, default = {}, dict(fused_tt.REDUCE_CONFIG)
+    for cfg in ARGS.reduce_configs:
+        elements, warps = (int(x) for x in cfg.split("x"))
+        fused_tt.REDUCE_CONFIG.update(elements=elements, num_warps=warps)
+        sweep[cfg] = time_ms(lambda s: model.backward(grads, s[1], s[2]), len(batches) - 2,
+                             setup=lambda i: states[i])
+    fused_tt.REDUCE_CONFIG.update(default)
+    return {"forward_ms": fwd, "backward_ms": bwd, "unique_ids": unique,
+            "backward_sweep_ms": sweep,
+            "forward_parts_ms": _forward_parts(model, batches)}
+
+
+def _forward_parts(model: FusedStep, batches) -> dict:
+    """Times the stages of the forward on their own (dedup, find, pooled gather)."""
+    steps = len(batches) - 2
+    flat = [((torch.arange(ARGS.tables, device=DEVICE)[:, None] << TAG_SHIFT) | b).flatten()
+            for b in batches]
+    dd = [dedup(f) for f in flat]
+    keys = [(d.unique & ((1 << TAG_SHIFT) - 1), (d.unique >> TAG_SHIFT).to(torch.int32))
+            for d in dd]
+    slots = [find_slots(model.storage, k, t) for k, t in keys]
+    offsets = torch.arange(flat[0].numel() + 1, device=DEVICE)
+    return {
+        "dedup": time_ms(dedup, steps, setup=lambda i: flat[i]),
+        "find": time_ms(lambda kt: find_slots(model.storage, *kt), steps,
+                        setup=lambda i: keys[i]),
+        "pool": time_ms(lambda i: pool_rows(model.storage.values, dd[i].inverse, offsets, None,
+                                            False, slots=slots[i], dim=ARGS.dim), steps,
+                        setup=lambda i: i),
+    }
 
 
 def _baseline(optim: str, batches, grads) -> dict:
@@ -166,7 +198,10 @@ def main() -> None:
                      "min_bytes": bytes_min[name], "fraction_of_copy_bw": frac,
                      "bandwidth_floor_ms": bytes_min[name] / bw * 1e3})
     results = {"env": environment(), "args": {k: v for k, v in vars(ARGS).items() if k != "out"},
-               "ids_per_step": n, "mean_unique_ids": u, "copy_bandwidth_Bps": bw, "rows": rows,
+               "ids_per_step": n, "mean_unique_ids": u,
+               "forward_parts_ms": sgd["forward_parts_ms"],
+               "backward_sweep_ms": {"sgd": sgd["backward_sweep_ms"],
+                                     "adam": adam["backward_sweep_ms"]}, "copy_bandwidth_Bps": bw, "rows": rows,
                "notes": "HashRec side: hashrec.embedding.ops.fused kernels over one fused "
                         "TableStorage (10 tables as tags), driven directly, not through "
                         "EmbeddingCollection."}

@@ -5,9 +5,11 @@ dim a value matrix is attached and three ops are timed on batches of ``--batch``
 keys, 60% present and 40% new:
 
 * find: ``find_values`` (digest probe + key compare + value gather, one launch);
-* insert_or_assign: find, insert the misses (evicting at a full bucket), write
-  the batch's values to every placed slot;
-* find_or_insert: find, insert and initialize the misses, gather the values.
+* insert_or_assign: ``upsert_slots`` (find, insert the misses, evicting at a full
+  bucket; one host sync) then ``write_rows`` of the batch's values to every placed
+  slot (with a key repeated in the batch, one of its rows lands);
+* find_or_insert: ``upsert_slots``, ``write_rows`` of initial rows (drawn with
+  ``torch.rand`` per call, inside the timing) for the inserted keys, gather.
 
 The index is restored between dims so every dim sees the same load factor.
 Output: a JSON file and a markdown table (B-KV/s = 1e9 keys per second).
@@ -33,6 +35,10 @@ def _args() -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out", default=None, help="path prefix for .json and .md")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (interpreter)")
+    p.add_argument("--profile", action="store_true",
+                   help="print a kernel profile of one insert_or_assign and find_or_insert")
+    p.add_argument("--find-configs", nargs="*", default=[],
+                   help="extra find launch configs BLOCKxWARPS to time, e.g. 64x8")
     args = p.parse_args()
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -47,8 +53,10 @@ import torch  # noqa: E402
 from _timing import environment, time_ms  # noqa: E402
 
 from hashrec.table.ops.export.triton import occupied_slots  # noqa: E402
+from hashrec.table.ops.find import triton as find_tt  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots, find_values  # noqa: E402
 from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
+from hashrec.table.ops.insert.upsert import upsert_slots, write_rows  # noqa: E402
 from hashrec.table.storage import TableStorage  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -78,28 +86,16 @@ def _batch(stored: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([pick, _random_keys(n - hits)])
 
 
-def _upsert(storage: TableStorage, keys: torch.Tensor, step: int) -> tuple[torch.Tensor, ...]:
-    """find + insert of the misses; returns (slots, new_slots_mask)."""
-    slots = find_slots(storage, keys)
-    miss = torch.nonzero(slots < 0).flatten()
-    # duplicate new keys in a batch are inserted once
-    fresh, inverse = torch.unique(keys[miss], return_inverse=True)
-    res = insert_keys(storage, fresh, None, torch.full_like(fresh, step), allow_evict=True)
-    placed = res.slots >= 0
-    slots[miss] = res.slots[inverse]
-    return slots, res.slots[placed]
-
-
 def _insert_or_assign(storage: TableStorage, keys: torch.Tensor, values: torch.Tensor) -> None:
-    slots, _ = _upsert(storage, keys, 1)
-    ok = slots >= 0
-    storage.values[slots[ok]] = values[ok]
+    res = upsert_slots(storage, keys, None, torch.ones_like(keys), allow_evict=True)
+    write_rows(storage.values, res.slots, res.slots >= 0, values)
 
 
 def _find_or_insert(storage: TableStorage, keys: torch.Tensor) -> torch.Tensor:
-    slots, new = _upsert(storage, keys, 1)
-    storage.values[new] = torch.rand(new.numel(), storage.row_dim, device=DEVICE) * 0.01
-    return storage.values[slots.clamp(min=0)]
+    res = upsert_slots(storage, keys, None, torch.ones_like(keys), allow_evict=True)
+    init = torch.rand(keys.numel(), storage.row_dim, device=DEVICE) * 0.01
+    write_rows(storage.values, res.slots, res.inserted, init)
+    return storage.values[res.slots.clamp(min=0)]
 
 
 def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int) -> dict:
@@ -112,16 +108,34 @@ def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int)
     probe = _batch(stored, n)
     hit_rate = float((find_slots(storage, probe) >= 0).float().mean())
     find_ms = time_ms(lambda: find_values(storage, probe, None, dim), reps)
+    sweep = {}
+    default = dict(find_tt.FIND_CONFIG)
+    for cfg in ARGS.find_configs:
+        block, warps = (int(x) for x in cfg.split("x"))
+        find_tt.FIND_CONFIG.update(block=block, num_warps=warps)
+        sweep[cfg] = n / time_ms(lambda: find_values(storage, probe, None, dim), reps) / 1e6
+    find_tt.FIND_CONFIG.update(default)
     batches = [_batch(stored, n) for _ in range(reps + 2)]
     vals = torch.randn(n, dim, device=DEVICE)
     ioa_ms = time_ms(lambda k: _insert_or_assign(storage, k, vals), reps,
                      setup=lambda i: batches[i])
     batches = [_batch(stored, n) for _ in range(reps + 2)]
     foi_ms = time_ms(lambda k: _find_or_insert(storage, k), reps, setup=lambda i: batches[i])
-    return {"dim": dim, "find_hit_rate": hit_rate, "find_ms": find_ms,
+    if ARGS.profile and DEVICE.type == "cuda" and dim == ARGS.dims[-1]:
+        _profile(storage, batches[0], vals)
+    return {"dim": dim, "find_hit_rate": hit_rate, "find_ms": find_ms, "find_sweep_bkvs": sweep,
             "insert_or_assign_ms": ioa_ms, "find_or_insert_ms": foi_ms,
             "find_bkvs": n / find_ms / 1e6, "insert_or_assign_bkvs": n / ioa_ms / 1e6,
             "find_or_insert_bkvs": n / foi_ms / 1e6}
+
+
+def _profile(storage: TableStorage, keys: torch.Tensor, vals: torch.Tensor) -> None:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _insert_or_assign(storage, keys, vals)
+        _find_or_insert(storage, keys)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14), flush=True)
 
 
 def main() -> None:

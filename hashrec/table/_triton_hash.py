@@ -41,6 +41,19 @@ def bucket_of(h, num_buckets):
 
 
 @triton.jit
+def bucket_of_fast(h, num_buckets, POW2: tl.constexpr):
+    """``bucket_of`` with a mask instead of the 64-bit modulo when num_buckets is 2**k."""
+    if POW2:
+        return (h & 0xFFFFFFFF & (num_buckets - 1)).to(tl.int64)
+    return bucket_of(h, num_buckets)
+
+
+def is_pow2(x: int) -> bool:
+    """Whether x is a positive power of two (buckets then come from a bit mask)."""
+    return x > 0 and x & (x - 1) == 0
+
+
+@triton.jit
 def digest_of(h):
     """One-byte digest from bits 56..63 of h, in [1, 255], as int32."""
     return (h >> 56).to(tl.int32) % 255 + 1

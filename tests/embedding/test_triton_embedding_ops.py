@@ -114,6 +114,49 @@ def test_reduce_and_apply_matches_reference_update(spec, mean):
 
 
 
+def _hot_ids(n: int, num_rows: int, seed: int) -> torch.Tensor:
+    """Ids where row 1 takes about 60% and row 4 about 20% of the n positions."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, num_rows, (n,), generator=gen)
+    u = torch.rand(n, generator=gen)
+    return torch.where(u < 0.6, 1, torch.where(u < 0.8, 4, ids))
+
+
+@pytest.mark.parametrize("spec", [None, SparseAdam(lr=0.01)], ids=["sum", "adam"])
+def test_reduce_spreads_hot_ids_over_chunks(spec):
+    n, num_rows, dim = (300, 7, 5) if DEVICE.type == "cpu" else (300_000, 50_000, 128)
+    inverse = _hot_ids(n, num_rows, seed=11).to(DEVICE)
+    offsets = torch.arange(n + 1, device=DEVICE)
+    gen = torch.Generator().manual_seed(12)
+    grad = torch.randn(n, dim, generator=gen).to(DEVICE)
+    # exact sums (float64): a hot id sums ~1e5 rows, so compare with a float64 oracle
+    row_grads = torch.zeros(num_rows, dim, dtype=torch.float64).index_add_(
+        0, inverse.cpu(), grad.cpu().double()).float().to(DEVICE)
+    if spec is None:
+        torch.testing.assert_close(
+            pool_tt.pool_backward(grad, inverse, offsets, None, False, num_rows), row_grads,
+            rtol=1e-4, atol=1e-3)
+        return
+    table = torch.rand(num_rows + 3, dim + spec.state_dim(dim), generator=gen).to(DEVICE)
+    slots = torch.randperm(num_rows + 3, generator=gen)[:num_rows].to(DEVICE)
+    expected = table.clone()
+    optim_ref.apply_sparse_update(expected, slots, row_grads, spec, lr=0.05, step=3)
+    order, row_start = group_positions(inverse, num_rows)
+    fused_tt.reduce_and_apply(grad, torch.arange(n, device=DEVICE), order, row_start, slots,
+                              table, spec, 0.05, 3)
+    torch.testing.assert_close(table, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_reduce_is_bitwise_repeatable():
+    n, num_rows, dim = (280, 6, 3) if DEVICE.type == "cpu" else (500_000, 1000, 64)
+    inverse = _hot_ids(n, num_rows, seed=21).to(DEVICE)
+    offsets = torch.arange(n + 1, device=DEVICE)
+    grad = torch.randn(n, dim, generator=torch.Generator().manual_seed(22)).to(DEVICE)
+    first = pool_tt.pool_backward(grad, inverse, offsets, None, False, num_rows)
+    again = pool_tt.pool_backward(grad, inverse, offsets, None, False, num_rows)
+    assert torch.equal(first, again)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("spec", SPECS, ids=["sgd", "adagrad", "rowwise", "adam"])

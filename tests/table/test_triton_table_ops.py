@@ -27,6 +27,7 @@ from hashrec.table.ops.find import reference as find_ref  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
 from hashrec.table.ops.insert import reference as insert_ref  # noqa: E402
 from hashrec.table.ops.insert import triton as insert_tt  # noqa: E402
+from hashrec.table.ops.insert import upsert as upsert_tt  # noqa: E402
 from hashrec.table.ops.optimizer import reference as optim_ref  # noqa: E402
 from hashrec.table.ops.optimizer import triton as optim_tt  # noqa: E402
 from hashrec.table.optim import (  # noqa: E402
@@ -92,8 +93,9 @@ def test_hash_keys_matches_hashing_bit_for_bit(num_buckets):
 
 
 @pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
-@pytest.mark.parametrize("num_buckets,cap,n", [(1, 8, 12), (5, 16, 60), (3, 128, 200)],
-                         ids=["nb1-cap8", "nb5-cap16", "nb3-cap128"])
+@pytest.mark.parametrize("num_buckets,cap,n", [(1, 8, 12), (5, 16, 60), (4, 16, 60),
+                                               (3, 128, 200)],
+                         ids=["nb1-cap8", "nb5-cap16", "nb4-cap16", "nb3-cap128"])
 def test_find_matches_reference(num_buckets, cap, n, tagged):
     storage, keys, tags = _filled(num_buckets, cap, n, seed=n, tagged=tagged)
     gen = torch.Generator().manual_seed(1)
@@ -197,3 +199,69 @@ def test_large_find_insert_match_reference_on_gpu():
     _assert_same_index(tt_storage, ref_storage)
     assert torch.equal(export_tt.occupied_slots(tt_storage, 0, tt_storage.capacity),
                        export_ref.occupied_slots(ref_storage, 0, ref_storage.capacity))
+
+
+def _reference_upsert(storage: TableStorage, keys, tags, scores, allow_evict):
+    """find, then insert each missing key once (first occurrence's score) via the reference."""
+    slots = find_ref.find_slots(storage, keys, tags)
+    miss = torch.nonzero(slots < 0).flatten().cpu()
+    seen, firsts = set(), []
+    for i in miss.tolist():
+        ident = (int(keys[i]), 0 if tags is None else int(tags[i]))
+        if ident not in seen:
+            seen.add(ident)
+            firsts.append(i)
+    firsts = torch.tensor(firsts, dtype=torch.int64, device=keys.device)
+    res = insert_ref.insert_keys(storage, keys[firsts], None if tags is None else tags[firsts],
+                                 scores[firsts], allow_evict)
+    return find_ref.find_slots(storage, keys, tags), res
+
+
+@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
+@pytest.mark.parametrize("num_buckets,tagged", [(4, False), (3, True)], ids=["nb4", "nb3-tagged"])
+def test_upsert_matches_find_then_reference_insert(num_buckets, tagged, allow_evict):
+    base, keys, tags = _filled(num_buckets, 16, 40, seed=5, tagged=tagged)
+    gen = torch.Generator().manual_seed(6)
+    new = _random_keys(50, gen).to(DEVICE)
+    batch = torch.cat([keys[:10], new, new[:7], keys[3:6]])  # present, new, repeats
+    btags = (torch.randint(0, 3, batch.shape, dtype=torch.int32, generator=gen).to(DEVICE)
+             if tagged else None)
+    if tagged:
+        btags[60:67] = btags[10:17]
+    scores = torch.randint(0, 8, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+    ref_storage, tt_storage = _clone(base), _clone(base)
+    want, ref = _reference_upsert(ref_storage, batch, btags, scores, allow_evict)
+    got = upsert_tt.upsert_slots(tt_storage, batch, btags, scores, allow_evict)
+    assert torch.equal(got.slots, want)
+    _assert_same_index(tt_storage, ref_storage)
+    assert int(got.inserted.sum()) == int((ref.slots >= 0).sum())
+    ev = got.evicted
+    assert sorted(got.evicted_keys[ev].tolist()) == sorted(ref.evicted_keys.tolist())
+
+
+def test_write_rows_writes_only_masked_slots():
+    values = torch.zeros(10, 3, device=DEVICE)
+    slots = torch.tensor([4, -1, 7, 2], device=DEVICE)
+    mask = torch.tensor([True, True, False, True], device=DEVICE)
+    rows = torch.arange(12, dtype=torch.float32, device=DEVICE).view(4, 3) + 1
+    upsert_tt.write_rows(values, slots, mask, rows)
+    expected = torch.zeros(10, 3, device=DEVICE)
+    expected[4], expected[2] = rows[0], rows[3]
+    assert torch.equal(values, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_large_upsert_matches_reference_on_gpu():
+    base, keys, _ = _filled(4096, 128, 400_000, seed=13, row_dim=8)
+    gen = torch.Generator().manual_seed(14)
+    new = _random_keys(300_000, gen).to(DEVICE)
+    new = new[find_ref.find_slots(base, new) < 0]
+    present = keys[find_ref.find_slots(base, keys) >= 0][:100_000]  # some offers were refused
+    batch = torch.cat([present, new])
+    scores = torch.randint(0, 100, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+    ref_storage, tt_storage = _clone(base), _clone(base)
+    insert_ref.insert_keys(ref_storage, new, None, scores[100_000:], True)
+    got = upsert_tt.upsert_slots(tt_storage, batch, None, scores, True)
+    assert torch.equal(got.slots, find_ref.find_slots(ref_storage, batch))
+    _assert_same_index(tt_storage, ref_storage)

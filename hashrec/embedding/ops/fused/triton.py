@@ -6,7 +6,11 @@
 * ``reduce_rows``: for every unique id, sums the gradient rows of its positions
   in a fixed order (the CSR grouping from ``dedup``, no atomics, so the result is
   independent of thread timing), then either writes the (U, D) sum or applies the
-  sparse optimizer to the table row [embedding | state] in the same program.
+  sparse optimizer to the table row [embedding | state] in the same program. The
+  sum is a segmented scan over fixed chunks of the sorted positions, so an id
+  that occurs tens of thousands of times is spread over many programs; ids that
+  cross a chunk boundary are finished by a second, short pass over the chunk
+  partials.
 """
 
 from __future__ import annotations
@@ -30,9 +34,7 @@ def _dim_block(dim: int) -> int:
     return max(64, triton.next_power_of_2(dim))
 
 
-# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
-@triton.jit(do_not_specialize=["dim"])
-def _pool_kernel(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_ptr, weights_ptr,
+def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_ptr, weights_ptr,
                  out_ptr, num_bags, dim, FROM_TABLE: tl.constexpr, HAS_W: tl.constexpr,
                  MEAN: tl.constexpr, DIM_P2: tl.constexpr, BB: tl.constexpr):
     bags = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
@@ -66,6 +68,13 @@ def _pool_kernel(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_
     tl.store(out_ptr + bags[:, None] * dim + col[None, :], acc, mask=bmask[:, None] & cmask)
 
 
+# Narrow rows (stride < 64) compile with dim and stride unspecialized: a [BB, 64] gather
+# with a stride divisible by 16 failed to compile (triton 3.6, sm_90: "mask type matches
+# ptr type"). Wide rows keep the stride specialized, so row loads are 16-byte vectors.
+_pool_kernel_narrow = triton.jit(do_not_specialize=["dim", "src_stride"])(_pool_body)
+_pool_kernel_wide = triton.jit(do_not_specialize=["dim"])(_pool_body)
+
+
 def pool_rows(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
               weights: torch.Tensor | None, mean: bool, slots: torch.Tensor | None = None,
               dim: int | None = None) -> torch.Tensor:
@@ -95,7 +104,8 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
         fallback = torch.zeros(slots.numel(), dim, dtype=torch.float32, device=rows.device)
     dim_p2 = _dim_block(dim)
     bb = rows_per_program(dim_p2)
-    _pool_kernel[(triton.cdiv(num_bags, bb),)](
+    kernel = _pool_kernel_wide if rows.stride(0) >= 64 else _pool_kernel_narrow
+    kernel[(triton.cdiv(num_bags, bb),)](
         rows, rows.stride(0), slots if slots is not None else inverse,
         fallback.contiguous() if fallback is not None else rows, inverse.contiguous(),
         offsets.contiguous(), weights.contiguous() if weights is not None else rows, out,
@@ -104,65 +114,188 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
     return out
 
 
-# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
-@triton.jit(do_not_specialize=["dim"])
-def _reduce_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, row_start_ptr,
-                   out_ptr, slots_ptr, t_values, u, dim, row_dim, lr, eps, beta1, beta2, wd,
-                   adam_step, HAS_W: tl.constexpr, MEAN: tl.constexpr, APPLY: tl.constexpr,
-                   OPT: tl.constexpr, DIM_P2: tl.constexpr, BR: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    rmask = rows < u
-    first = tl.load(row_start_ptr + rows, mask=rmask, other=0)
-    count = tl.load(row_start_ptr + rows + 1, mask=rmask, other=0) - first
-    col = tl.arange(0, DIM_P2)
+@triton.jit
+def _seg_add(a, a_start, b, b_start):
+    """Segmented sum: restart at b when b opens a segment."""
+    return tl.where(b_start != 0, b, a + b), a_start | b_start
+
+
+@triton.jit
+def _position_grads(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, p, live, col,
+                    dim, HAS_W: tl.constexpr, MEAN: tl.constexpr):
+    """Gradient rows (P, DIM_P2) fp32 of sorted positions ``p`` (weights / bag means applied)."""
     cmask = col[None, :] < dim
-    acc = tl.zeros([BR, DIM_P2], dtype=tl.float32)
-    most = tl.max(count, axis=0)
-    k = most * 0
-    while k < most:  # positions of each unique id, in a fixed order
-        live = rmask & (k < count)
-        pos = tl.load(order_ptr + first + k, mask=live, other=0)
-        g_row = tl.load(gidx_ptr + pos, mask=live, other=0)
-        g = tl.load(grad_ptr + g_row[:, None] * dim + col[None, :],
-                    mask=live[:, None] & cmask, other=0.0).to(tl.float32)
-        if HAS_W:
-            g = g * tl.load(weights_ptr + pos, mask=live, other=0.0)[:, None]
-        if MEAN:
-            length = (tl.load(offsets_ptr + g_row + 1, mask=live, other=1)
-                      - tl.load(offsets_ptr + g_row, mask=live, other=0))
-            g = g / tl.maximum(length, 1).to(tl.float32)[:, None]
-        acc += g
-        k += 1
+    pos = tl.load(order_ptr + p, mask=live, other=0)
+    g_row = tl.load(gidx_ptr + pos, mask=live, other=0)
+    g = tl.load(grad_ptr + g_row[:, None] * dim + col[None, :],
+                mask=live[:, None] & cmask, other=0.0).to(tl.float32)
+    if HAS_W:
+        g = g * tl.load(weights_ptr + pos, mask=live, other=0.0)[:, None]
+    if MEAN:
+        length = (tl.load(offsets_ptr + g_row + 1, mask=live, other=1)
+                  - tl.load(offsets_ptr + g_row, mask=live, other=0))
+        g = g / tl.maximum(length, 1).to(tl.float32)[:, None]
+    return g
+
+
+@triton.jit
+def _finish_rows(acc, rows, done, col, out_ptr, slots_ptr, t_values, dim, row_dim, lr, eps,
+                 beta1, beta2, wd, adam_step, APPLY: tl.constexpr, OPT: tl.constexpr,
+                 DIM_P2: tl.constexpr):
+    """Writes the summed gradient of unique rows ``rows`` where ``done``, or applies it."""
     if APPLY:
-        slot = tl.load(slots_ptr + rows, mask=rmask, other=-1)
-        update_rows(t_values, slot, rmask & (slot >= 0), acc, row_dim, dim, lr, eps, beta1,
+        slot = tl.load(slots_ptr + rows, mask=done, other=-1)
+        update_rows(t_values, slot, done & (slot >= 0), acc, row_dim, dim, lr, eps, beta1,
                     beta2, wd, adam_step, OPT, DIM_P2)
     else:
         tl.store(out_ptr + rows[:, None] * dim + col[None, :], acc,
-                 mask=rmask[:, None] & cmask)
+                 mask=done[:, None] & (col[None, :] < dim))
+
+
+# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+@triton.jit(do_not_specialize=["dim"])
+def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_ptr,
+                  row_start_ptr, part_ptr, out_ptr, slots_ptr, t_values, n, dim, row_dim, lr,
+                  eps, beta1, beta2, wd, adam_step, HAS_W: tl.constexpr, MEAN: tl.constexpr,
+                  APPLY: tl.constexpr, OPT: tl.constexpr, DIM_P2: tl.constexpr,
+                  CH: tl.constexpr):
+    """Stage 1: segmented sum over CH consecutive sorted positions.
+
+    Segments (unique ids) that lie inside the chunk are finished here; the sum of
+    the chunk's first segment when it began earlier (head) and of its last one when
+    it goes on past the chunk (tail) go to ``part[chunk, 0 / 1]``.
+    """
+    c = tl.program_id(0).to(tl.int64)
+    lo = c * CH
+    hi = tl.minimum(lo + CH, n)
+    i = tl.arange(0, CH)
+    p = lo + i
+    live = p < hi
+    col = tl.arange(0, DIM_P2)
+    g = _position_grads(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, p, live, col,
+                        dim, HAS_W, MEAN)
+    r = tl.load(seg_ptr + p, mask=live, other=-1)
+    prev = tl.load(seg_ptr + p - 1, mask=live & (i > 0), other=-2)
+    nxt = tl.load(seg_ptr + p + 1, mask=(p + 1) < hi, other=-3)
+    opens = tl.broadcast_to((r != prev).to(tl.int32)[:, None], (CH, DIM_P2))
+    acc, _ = tl.associative_scan((g, opens), 0, _seg_add)
+    ends = live & (r != nxt)
+    first = tl.load(row_start_ptr + r, mask=ends, other=0)
+    last = tl.load(row_start_ptr + r + 1, mask=ends, other=0)
+    inside = ends & (first >= lo) & (last <= hi)
+    _finish_rows(acc, r, inside, col, out_ptr, slots_ptr, t_values, dim, row_dim, lr, eps,
+                 beta1, beta2, wd, adam_step, APPLY, OPT, DIM_P2)
+    which = tl.where(first < lo, 0, 1)
+    tl.store(part_ptr + ((c * 2 + which) * DIM_P2)[:, None] + col[None, :], acc,
+             mask=(ends & ~inside)[:, None])
+
+
+# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+@triton.jit(do_not_specialize=["dim"])
+def _combine_kernel(seg_ptr, row_start_ptr, part_ptr, out_ptr, slots_ptr, t_values, n, dim,
+                    row_dim, lr, eps, beta1, beta2, wd, adam_step, APPLY: tl.constexpr,
+                    OPT: tl.constexpr, DIM_P2: tl.constexpr, CH: tl.constexpr,
+                    BK: tl.constexpr):
+    """Stage 2: the segment that leaves chunk c as its tail sums, in chunk order, its tail
+    partial and the head partials of the chunks it covers, then is finished."""
+    c = tl.program_id(0).to(tl.int64)
+    lo = c * CH
+    hi = tl.minimum(lo + CH, n)
+    two = tl.arange(0, 2)
+    one = two < 1
+    r = tl.load(seg_ptr + hi - 1 + two * 0)
+    first = tl.load(row_start_ptr + r)
+    last = tl.load(row_start_ptr + r + 1)
+    tail = one & (first >= lo) & (last > hi)
+    col = tl.arange(0, DIM_P2)
+    acc = tl.load(part_ptr + ((c * 2 + 1) * DIM_P2)[:, None] + col[None, :],
+                  mask=tail[:, None], other=0.0)
+    end_chunk = tl.max(tl.where(tail, (last - 1) // CH, c), axis=0)
+    k0 = c + 1
+    kk = tl.arange(0, BK)
+    while k0 <= end_chunk:
+        k = k0 + kk
+        heads = tl.load(part_ptr + ((k * 2) * DIM_P2)[:, None] + col[None, :],
+                        mask=(k <= end_chunk)[:, None], other=0.0)
+        acc += tl.sum(heads, axis=0)[None, :]
+        k0 += BK
+    _finish_rows(acc, r, tail, col, out_ptr, slots_ptr, t_values, dim, row_dim, lr, eps,
+                 beta1, beta2, wd, adam_step, APPLY, OPT, DIM_P2)
+
+
+# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+@triton.jit(do_not_specialize=["dim"])
+def _empty_rows_kernel(row_start_ptr, out_ptr, slots_ptr, t_values, u, dim, row_dim, lr, eps,
+                       beta1, beta2, wd, adam_step, APPLY: tl.constexpr, OPT: tl.constexpr,
+                       DIM_P2: tl.constexpr, BR: tl.constexpr):
+    """Unique rows with no position get a zero gradient (written, or applied)."""
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    rmask = rows < u
+    count = (tl.load(row_start_ptr + rows + 1, mask=rmask, other=0)
+             - tl.load(row_start_ptr + rows, mask=rmask, other=0))
+    col = tl.arange(0, DIM_P2)
+    _finish_rows(tl.zeros([BR, DIM_P2], dtype=tl.float32), rows, rmask & (count == 0), col,
+                 out_ptr, slots_ptr, t_values, dim, row_dim, lr, eps, beta1, beta2, wd,
+                 adam_step, APPLY, OPT, DIM_P2)
+
+
+def _sorted_rows(row_start: torch.Tensor, n: int) -> torch.Tensor:
+    """Unique row of each sorted position: (n,) int64 from the CSR starts (U + 1,)."""
+    u = row_start.numel() - 1
+    return torch.repeat_interleave(torch.arange(u, device=row_start.device),
+                                   row_start[1:] - row_start[:-1], output_size=n)
+
+
+# Stage-1 tile: about ``elements`` (sorted positions x columns) per program, on
+# ``num_warps`` warps; benchmarks may override it.
+REDUCE_CONFIG = {"elements": 4096, "num_warps": 8}  # fastest of 3 on the H200 (dim 128)
+
+
+def _chunk_rows(dim_p2: int) -> int:
+    """Sorted positions per stage-1 program."""
+    return max(16, min(128, REDUCE_CONFIG["elements"] // dim_p2))
 
 
 def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tensor | None,
                    offsets: torch.Tensor | None, order: torch.Tensor, row_start: torch.Tensor,
                    out: torch.Tensor | None, slots: torch.Tensor | None,
                    table_values: torch.Tensor | None, spec, lr: float | None, step: int) -> None:
-    u = row_start.numel() - 1
+    """Two-stage fixed-order reduction: chunks of sorted positions, then the segments
+    that cross chunk boundaries. Every addition happens in an order fixed by the
+    data layout alone (no atomics), so results do not depend on thread timing, and
+    a hot id's positions are spread over many programs."""
+    u, n = row_start.numel() - 1, order.numel()
     dim = grads.shape[1]
     if u == 0:
         return
     apply = table_values is not None
     hp = kernel_hyper(spec, lr, step) if apply else KernelHyper(kind=0, lr=0.0)
     dim_p2 = _dim_block(dim)
-    br = rows_per_program(dim_p2)
+    ch = _chunk_rows(dim_p2)
+    chunks = triton.cdiv(n, ch)
+    seg = _sorted_rows(row_start, n)
+    part = torch.empty(chunks * 2, dim_p2, dtype=torch.float32, device=grads.device)
     dummy = grads
-    _reduce_kernel[(triton.cdiv(u, br),)](
+    target = (out if out is not None else dummy, slots if slots is not None else gidx,
+              table_values if apply else dummy)
+    scalars = (table_values.shape[1] if apply else dim, hp.lr, hp.eps, hp.beta1, hp.beta2,
+               hp.weight_decay, hp.adam_step)
+    row_start = row_start.contiguous()
+    br = max(1, 4096 // dim_p2)
+    _empty_rows_kernel[(triton.cdiv(u, br),)](
+        row_start, *target, u, dim, *scalars, APPLY=apply, OPT=hp.kind, DIM_P2=dim_p2,
+        BR=br, num_warps=4)
+    if n == 0:
+        return
+    _chunk_kernel[(chunks,)](
         grads.contiguous(), gidx.contiguous(), weights if weights is not None else dummy,
-        offsets if offsets is not None else gidx, order.contiguous(), row_start.contiguous(),
-        out if out is not None else dummy, slots if slots is not None else gidx,
-        table_values if apply else dummy, u, dim,
-        table_values.shape[1] if apply else dim, hp.lr, hp.eps, hp.beta1, hp.beta2,
-        hp.weight_decay, hp.adam_step, HAS_W=weights is not None, MEAN=offsets is not None,
-        APPLY=apply, OPT=hp.kind, DIM_P2=dim_p2, BR=br)
+        offsets if offsets is not None else gidx, order.contiguous(), seg,
+        row_start, part, *target, n, dim, *scalars,
+        HAS_W=weights is not None, MEAN=offsets is not None, APPLY=apply, OPT=hp.kind,
+        DIM_P2=dim_p2, CH=ch, num_warps=REDUCE_CONFIG["num_warps"])
+    _combine_kernel[(chunks,)](
+        seg, row_start, part, *target, n, dim, *scalars, APPLY=apply, OPT=hp.kind,
+        DIM_P2=dim_p2, CH=ch, BK=16, num_warps=4)
 
 
 def reduce_rows(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,

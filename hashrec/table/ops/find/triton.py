@@ -2,8 +2,9 @@
 
 One program handles ``BLOCK`` keys. For each it loads the bucket's digests as one
 vector (one 128-byte line at the default bucket capacity), compares them with the
-key's digest, and reads stored keys and tags only where the digest matched (masked
-loads fetch nothing elsewhere). ``find_values`` also gathers the embedding columns
+key's digest, and then reads stored keys and tags candidate by candidate, only at
+digest matches. With a power-of-two bucket count (the usual case: tables grow by
+doubling) the bucket is a bit mask of the hash, not a 64-bit modulo. ``find_values`` also gathers the embedding columns
 of found rows in the same program, so a lookup is a single launch.
 """
 
@@ -13,46 +14,71 @@ import torch
 import triton
 import triton.language as tl
 
-from hashrec.table._triton_hash import bucket_of, check_keys, digest_of, load_tags, tagged_hash
+from hashrec.table._triton_hash import (
+    bucket_of_fast,
+    check_keys,
+    digest_of,
+    is_pow2,
+    load_tags,
+    tagged_hash,
+)
 from hashrec.table.storage import TableStorage
 
 
 @triton.jit
 def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets,
-                 CAP: tl.constexpr, CAP_P2: tl.constexpr):
-    """Slot of each (key, tag) in its bucket, -1 when absent: (BLOCK,) int64."""
+                 CAP: tl.constexpr, CAP_P2: tl.constexpr, POW2: tl.constexpr):
+    """Slot of each (key, tag) in its bucket, -1 when absent: (BLOCK,) int64.
+
+    The bucket's digest line is loaded as one vector per key; stored keys are then
+    read only at digest matches, one candidate per key and round, lowest slot first
+    (a key is stored at most once, so the first full match is the answer). A round
+    costs one (BLOCK,) gather; about one false digest match per two full buckets.
+    """
     h = tagged_hash(key, tag)
-    bucket = bucket_of(h, num_buckets)
+    base = bucket_of_fast(h, num_buckets, POW2) * CAP
     dig = digest_of(h)
     col = tl.arange(0, CAP_P2)
-    slot = bucket[:, None] * CAP + col[None, :]
     in_bucket = mask[:, None] & (col[None, :] < CAP)
-    stored = tl.load(t_digests + slot, mask=in_bucket, other=0).to(tl.int32)
-    cand = in_bucket & (stored == dig[:, None])
-    hit = cand & (tl.load(t_keys + slot, mask=cand, other=0) == key[:, None])
-    hit = hit & (tl.load(t_tags + slot, mask=hit, other=0) == tag[:, None])
-    found = tl.min(tl.where(hit, slot, 1 << 62), axis=1)
-    return tl.where(found == 1 << 62, -1, found)
+    stored = tl.load(t_digests + base[:, None] + col[None, :], mask=in_bucket, other=0)
+    cand = in_bucket & (stored.to(tl.int32) == dig[:, None])
+    nxt = tl.min(tl.where(cand, col[None, :], CAP_P2), axis=1)
+    found = tl.full(nxt.shape, -1, dtype=tl.int64)
+    while tl.min(nxt, axis=0) < CAP_P2:
+        live = nxt < CAP_P2
+        slot = base + nxt
+        hit = live & (tl.load(t_keys + slot, mask=live, other=0) == key)
+        hit = hit & (tl.load(t_tags + slot, mask=hit, other=0) == tag)
+        found = tl.where(hit, slot, found)
+        cand = cand & (col[None, :] > nxt[:, None]) & ~hit[:, None]
+        nxt = tl.min(tl.where(cand, col[None, :], CAP_P2), axis=1)
+    return found
 
 
 @triton.jit
 def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_slots,
-                 out_values, n, num_buckets, row_dim, dim,
-                 HAS_TAGS: tl.constexpr, WITH_VALUES: tl.constexpr, CAP: tl.constexpr,
-                 CAP_P2: tl.constexpr, DIM_P2: tl.constexpr, BLOCK: tl.constexpr):
+                 out_values, n, num_buckets, HAS_TAGS: tl.constexpr, WITH_VALUES: tl.constexpr,
+                 CAP: tl.constexpr, CAP_P2: tl.constexpr, POW2: tl.constexpr,
+                 ROW_DIM: tl.constexpr, DIM: tl.constexpr, DIM_P2: tl.constexpr,
+                 BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     key = tl.load(keys_ptr + offs, mask=mask, other=0)
     tag = load_tags(tags_ptr, offs, mask, HAS_TAGS)
-    slot = probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP, CAP_P2)
+    slot = probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP, CAP_P2,
+                        POW2)
     tl.store(out_slots + offs, slot, mask=mask)
     if WITH_VALUES:
         col = tl.arange(0, DIM_P2)
-        cmask = col[None, :] < dim
+        cmask = col[None, :] < DIM
         found = (slot >= 0)[:, None] & cmask
-        row = tl.load(t_values + slot[:, None] * row_dim + col[None, :], mask=found, other=0.0)
-        tl.store(out_values + offs[:, None] * dim + col[None, :], row,
+        row = tl.load(t_values + slot[:, None] * ROW_DIM + col[None, :], mask=found, other=0.0)
+        tl.store(out_values + offs[:, None] * DIM + col[None, :], row,
                  mask=mask[:, None] & cmask)
+
+
+# (keys per program, warps) of the find launch; benchmarks may override it.
+FIND_CONFIG = {"block": 32, "num_warps": 4}
 
 
 def _launch(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
@@ -71,13 +97,13 @@ def _launch(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None
     cap = storage.bucket_capacity
     cap_p2 = triton.next_power_of_2(cap)
     dim_p2 = triton.next_power_of_2(dim or 1)
-    block = max(1, min(64, 4096 // max(cap_p2, dim_p2)))
+    block = max(1, min(FIND_CONFIG["block"], 8192 // max(cap_p2, dim_p2)))
     _find_kernel[(triton.cdiv(n, block),)](
         keys, tags.contiguous() if tags is not None else keys, storage.keys, storage.tags,
         storage.digests, storage.values, slots, values if values is not None else slots,
-        n, storage.num_buckets, storage.row_dim, dim or 1,
-        HAS_TAGS=tags is not None, WITH_VALUES=dim is not None, CAP=cap, CAP_P2=cap_p2,
-        DIM_P2=dim_p2, BLOCK=block, num_warps=4)
+        n, storage.num_buckets, HAS_TAGS=tags is not None, WITH_VALUES=dim is not None,
+        CAP=cap, CAP_P2=cap_p2, POW2=is_pow2(storage.num_buckets), ROW_DIM=storage.row_dim,
+        DIM=dim or 1, DIM_P2=dim_p2, BLOCK=block, num_warps=FIND_CONFIG["num_warps"])
     return slots, values
 
 

@@ -62,6 +62,42 @@ def _victim_order(t_scores, base, occupied, n_pairs, CAP_P2: tl.constexpr):
 
 
 @triton.jit
+def bucket_state(t_digests, t_scores, base, in_bucket, n_incoming, ALLOW_EVICT: tl.constexpr,
+                 CAP_P2: tl.constexpr):
+    """Empty slots, their ranks and count, the victims' pairing order and the scores of
+    the bucket at ``base`` for ``n_incoming`` keys (lanes outside ``in_bucket`` ignored)."""
+    col = tl.arange(0, CAP_P2)
+    empty = in_bucket & (tl.load(t_digests + base + col, mask=in_bucket, other=1) == 0)
+    occupied = in_bucket & ~empty
+    n_empty = tl.sum(empty.to(tl.int32), axis=0)
+    empty_rank = tl.cumsum(empty.to(tl.int32), axis=0) - 1
+    n_pairs = tl.minimum(tl.maximum(n_incoming - n_empty, 0),
+                         tl.sum(occupied.to(tl.int32), axis=0))
+    if not ALLOW_EVICT:
+        n_pairs = n_pairs * 0
+    order = _victim_order(t_scores, base, occupied, n_pairs, CAP_P2)
+    old_scores = tl.load(t_scores + base + col, mask=occupied, other=0)
+    return empty, empty_rank, n_empty, order, old_scores
+
+
+@triton.jit
+def write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
+                  t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores,
+                  ALLOW_EVICT: tl.constexpr):
+    """Saves evicted entries (where ``ev``) at incoming index i, then writes the incoming
+    keys' index fields into ``slot`` where ``ok``."""
+    if ALLOW_EVICT:
+        tl.store(ev_keys + i, tl.load(t_keys + slot, mask=ev, other=0), mask=ev)
+        tl.store(ev_tags + i, tl.load(t_tags + slot, mask=ev, other=0), mask=ev)
+        tl.store(ev_scores + i, tl.load(t_scores + slot, mask=ev, other=0), mask=ev)
+        tl.store(out_evicted + i, ev.to(tl.int8), mask=mi)
+    tl.store(t_keys + slot, key, mask=ok)
+    tl.store(t_tags + slot, tl.load(in_tags + i, mask=ok, other=0), mask=ok)
+    tl.store(t_scores + slot, score, mask=ok)
+    tl.store(t_digests + slot, tl.load(in_digests + i, mask=ok, other=1), mask=ok)
+
+
+@triton.jit
 def _insert_kernel(in_keys, in_tags, in_scores, in_digests, in_pos, seg_start, seg_bucket,
                    t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
                    ev_keys, ev_tags, ev_scores,
@@ -72,16 +108,8 @@ def _insert_kernel(in_keys, in_tags, in_scores, in_digests, in_pos, seg_start, s
     base = tl.load(seg_bucket + pid) * CAP
     col = tl.arange(0, CAP_P2)
     in_bucket = col < CAP
-    empty = in_bucket & (tl.load(t_digests + base + col, mask=in_bucket, other=1) == 0)
-    occupied = in_bucket & ~empty
-    n_empty = tl.sum(empty.to(tl.int32), axis=0)
-    empty_rank = tl.cumsum(empty.to(tl.int32), axis=0) - 1
-    n_pairs = tl.minimum(tl.maximum((end - start).to(tl.int32) - n_empty, 0),
-                         tl.sum(occupied.to(tl.int32), axis=0))
-    if not ALLOW_EVICT:
-        n_pairs = n_pairs * 0
-    order = _victim_order(t_scores, base, occupied, n_pairs, CAP_P2)
-    old_scores = tl.load(t_scores + base + col, mask=occupied, other=0)
+    empty, empty_rank, n_empty, order, old_scores = bucket_state(
+        t_digests, t_scores, base, in_bucket, (end - start).to(tl.int32), ALLOW_EVICT, CAP_P2)
     c = start
     while c < end:
         i = c + tl.arange(0, BI)
@@ -98,16 +126,9 @@ def _insert_kernel(in_keys, in_tags, in_scores, in_digests, in_pos, seg_start, s
         ok = mi & (slot_col < CAP_P2)
         slot = base + slot_col
         pos = tl.load(in_pos + i, mask=mi, other=0)
-        if ALLOW_EVICT:
-            ev = ok & evicts
-            tl.store(ev_keys + i, tl.load(t_keys + slot, mask=ev, other=0), mask=ev)
-            tl.store(ev_tags + i, tl.load(t_tags + slot, mask=ev, other=0), mask=ev)
-            tl.store(ev_scores + i, tl.load(t_scores + slot, mask=ev, other=0), mask=ev)
-            tl.store(out_evicted + i, ev.to(tl.int8), mask=mi)
-        tl.store(t_keys + slot, key, mask=ok)
-        tl.store(t_tags + slot, tl.load(in_tags + i, mask=ok, other=0), mask=ok)
-        tl.store(t_scores + slot, score, mask=ok)
-        tl.store(t_digests + slot, tl.load(in_digests + i, mask=ok, other=1), mask=ok)
+        write_entries(i, mi, ok, ok & evicts, slot, key, score, in_tags, in_digests, t_keys,
+                      t_tags, t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores,
+                      ALLOW_EVICT)
         tl.store(out_slots + pos, tl.where(ok, slot, -1), mask=mi)
         c += BI
 
