@@ -76,10 +76,12 @@ def feature_ids(spec: EmbeddingFeatureSpec, bags: JaggedTensor) -> FeatureIds:
             raise EmbeddingError(
                 f"feature {spec.name!r} is weighted but the KeyedJaggedTensor has no weights")
         weights = bags.weights.to(torch.float32)
-    if spec.is_sequence:
+    # Truncation needs a mask whose size only the device knows; skip it when the
+    # host already knows that no bag is longer than max_length.
+    if spec.is_sequence and (bags.max_bag is None or bags.max_bag > spec.max_length):
         kept = lengths.clamp(max=spec.max_length)
         position = torch.arange(values.numel(), device=values.device) - \
-            offsets[:-1].repeat_interleave(lengths)
+            offsets[:-1].repeat_interleave(lengths, output_size=values.numel())
         values = values[position < spec.max_length]
         lengths = kept
         offsets = torch.zeros_like(offsets)

@@ -159,7 +159,11 @@ class EmbeddingCollection(nn.Module):
         if self.training:
             for storage in self._storages:
                 storage.table.advance_step()
-        prepared = [self._prepare(storage, bags) for storage in self._read_storages()]
+        storages = self._read_storages()
+        # Dense tables first: their ids are checked (one device read) before anything else.
+        dense = {s.name: self._prepare(s, bags) for s in storages if not s.plan.is_dynamic}
+        self._check_dense_ids(list(dense.values()))
+        prepared = [dense.get(s.name) or self._prepare(s, bags) for s in storages]
         if self._sharded is not None:
             looked = self._sharded.lookup(
                 [Request(s, b.keys, b.tags, b.counts) for s, _, b in prepared], self.training)
@@ -179,12 +183,10 @@ class EmbeddingCollection(nn.Module):
 
     def _prepare(self, storage: Storage, bags: dict
                  ) -> tuple[Storage, list[list[FeatureIds]], StorageBatch]:
-        """One storage's ids of this batch, checked (dense) or remapped (ZCH), deduplicated."""
+        """One storage's ids of this batch, remapped (ZCH) and deduplicated."""
         ids = [[feature_ids(f, bags[f.name]) for f in fs] for fs in self._readers[storage.name]]
         if storage.name in self.zch_remappers:
             self._remap_zch(storage, ids[0])
-        elif not storage.plan.is_dynamic:
-            self._check_dense_ids(storage, ids[0])
         return storage, ids, dedup_storage(ids, storage.plan.fused)
 
     def idle_lookups(self) -> None:
@@ -219,7 +221,25 @@ class EmbeddingCollection(nn.Module):
             f.values = slots[start:start + f.values.numel()]
             start += f.values.numel()
 
-    def _check_dense_ids(self, storage: Storage, ids: list[FeatureIds]) -> None:
+    def _check_dense_ids(self, prepared: list) -> None:
+        """Ids of dense (non-ZCH) tables must be rows of the table: one device read per batch.
+
+        A storage's unique keys are sorted, so its first and last key bound all ids.
+        """
+        checked = [(storage, ids[0], batch.keys) for storage, ids, batch in prepared
+                   if not storage.plan.is_dynamic and storage.name not in self.zch_remappers
+                   and batch.keys.numel()]
+        if not checked:
+            return
+        outside = torch.stack([(keys[0] < 0) | (keys[-1] >= storage.table.num_rows)
+                               for storage, _, keys in checked])
+        if not bool(outside.any()):
+            return
+        for storage, ids, _ in checked:
+            self._raise_dense_ids(storage, ids)
+
+    @staticmethod
+    def _raise_dense_ids(storage: Storage, ids: list[FeatureIds]) -> None:
         num_rows = storage.table.num_rows
         for f in ids:
             if f.values.numel() and bool(((f.values < 0) | (f.values >= num_rows)).any()):

@@ -31,12 +31,18 @@ class JaggedError(ValueError):
 
 @dataclass(frozen=True)
 class JaggedTensor:
-    """The bags of one key: ``values`` (n,), ``lengths`` (B,), ``offsets`` (B + 1,)."""
+    """The bags of one key: ``values`` (n,), ``lengths`` (B,), ``offsets`` (B + 1,).
+
+    ``max_bag``: the longest bag when known on the host without reading a device
+    tensor (set by ``KeyedJaggedTensor`` when its layout was summarized on the
+    CPU), else None.
+    """
 
     values: torch.Tensor
     lengths: torch.Tensor
     offsets: torch.Tensor
     weights: torch.Tensor | None = None
+    max_bag: int | None = None
 
     def to_padded(self, max_length: int, pad_value: int = 0) -> torch.Tensor:
         """Dense (B, max_length) view with bags truncated to ``max_length``."""
@@ -92,6 +98,8 @@ class KeyedJaggedTensor:
         self._weights = weights
         self._offsets = offsets
         self._index = {k: i for i, k in enumerate(self._keys)}
+        # Host copy of per-key value boundaries and longest bags (see _host_layout).
+        self._layout: tuple[list[int], list[int]] | None = None
         if validate:
             self._validate()
 
@@ -188,31 +196,58 @@ class KeyedJaggedTensor:
         return self._values.device
 
     def length_per_key(self) -> list[int]:
-        b = self.stride()
-        return self._lengths.view(len(self._keys), b).sum(1).tolist() if self._keys else []
+        bounds = self._host_layout()[0]
+        return [end - start for start, end in zip(bounds, bounds[1:])]
+
+    def _host_layout(self) -> tuple[list[int], list[int]]:
+        """(boundaries of each key's values (F + 1,), longest bag per key (F,)) as ints.
+
+        Computed once (one device read when on a GPU) and carried by ``to`` and
+        ``pin_memory`` from the CPU, so slicing a device KJT by key reads nothing back.
+        """
+        if self._layout is None:
+            n, b = len(self._keys), self.stride()
+            if n == 0 or b == 0:
+                self._layout = ([0] * (n + 1), [0] * n)
+            else:
+                bounds = self.offsets()[::b]
+                longest = self._lengths.view(n, b).amax(1)
+                host = torch.cat([bounds, longest]).tolist()
+                self._layout = (host[:n + 1], host[n + 1:])
+        return self._layout
+
+    def _with_layout(self, other: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """``other`` (same layout elsewhere) with this KJT's host layout, computed on CPU."""
+        if self._layout is None and self._values.device.type == "cpu":
+            self._host_layout()
+        other._layout = self._layout
+        return other
 
     def __getitem__(self, key: str) -> JaggedTensor:
         if key not in self._index:
             raise KeyError(f"feature {key!r} not in KeyedJaggedTensor keys {self._keys}")
         i, b = self._index[key], self.stride()
-        offsets = self.offsets()
-        start, end = int(offsets[i * b]), int(offsets[(i + 1) * b])
+        bounds, longest = self._host_layout()
+        start, end = bounds[i], bounds[i + 1]
         lengths = self._lengths[i * b:(i + 1) * b]
         w = self._weights[start:end] if self._weights is not None else None
-        return JaggedTensor(self._values[start:end], lengths, _offsets_from_lengths(lengths), w)
+        return JaggedTensor(self._values[start:end], lengths, _offsets_from_lengths(lengths), w,
+                            longest[i])
 
     def to_dict(self) -> dict[str, JaggedTensor]:
         return {k: self[k] for k in self._keys}
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> KeyedJaggedTensor:
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return KeyedJaggedTensor(self._keys, move(self._values), move(self._lengths),
-                                 move(self._weights), move(self._offsets), validate=False)
+        return self._with_layout(KeyedJaggedTensor(
+            self._keys, move(self._values), move(self._lengths), move(self._weights),
+            move(self._offsets), validate=False))
 
     def pin_memory(self) -> KeyedJaggedTensor:
         pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
-        return KeyedJaggedTensor(self._keys, pin(self._values), pin(self._lengths),
-                                 pin(self._weights), pin(self._offsets), validate=False)
+        return self._with_layout(KeyedJaggedTensor(
+            self._keys, pin(self._values), pin(self._lengths), pin(self._weights),
+            pin(self._offsets), validate=False))
 
     def __repr__(self) -> str:
         return (f"KeyedJaggedTensor(keys={self._keys}, batch={self.stride()}, "

@@ -57,7 +57,7 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
                 for metric in metrics.values():
                     metric.update(predictions["probs"], labels)
                 loss = sum(model.loss(predictions, batch).values())
-                mean_loss.add(float(loss), batch.batch_size)
+                mean_loss.add(loss, batch.batch_size)
                 batches += 1
     finally:
         model.train(was_training)

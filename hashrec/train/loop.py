@@ -11,6 +11,9 @@ updates are exchanged inside backward by the embedding collection. The progress
 line then shows global loss, samples/s and table counters, plus the time the
 embedding exchanges took per step (``a2a ... ms/step``).
 
+Batches reach the device through ``prefetch_to_device``: on CUDA the next
+batch's copy runs on a side stream while the current step trains.
+
 Step timing (``hashrec.train.timing``, off by default; ``HASHREC_STEP_TIMING=1``)
 adds per-phase milliseconds per step to the progress line, keeps the summary
 after warm-up in ``TrainLoop.step_timing`` and writes it to
@@ -34,6 +37,7 @@ from hashrec.train import checkpoints
 from hashrec.train.distributed import global_table_counters, lockstep_batches
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import evaluate, write_eval_result
+from hashrec.train.prefetch import prefetch_to_device
 from hashrec.train.progress import ProgressLog, table_counters
 from hashrec.train.summaries import Summaries
 from hashrec.train.timing import StepTimer, format_phases
@@ -150,8 +154,9 @@ class TrainLoop:
         """One pass over the input, or up to ``num_steps``; returns the last eval result."""
         result, batches = None, 0
         self.timer.begin()
-        for batch in lockstep_batches(
-                self.session.loader(train_input_path, "train", self.epoch), self.ctx):
+        batches_in = lockstep_batches(
+            self.session.loader(train_input_path, "train", self.epoch), self.ctx)
+        for batch in prefetch_to_device(batches_in, self.session.device):
             self.timer.batch_ready()
             self.train_step(batch)
             batches += 1

@@ -44,9 +44,10 @@ class BinnedAUC:
         probs = probs.detach().float().reshape(-1).to(self.positives.device)
         labels = labels.detach().reshape(-1).to(self.positives.device)
         bins = (probs * self.num_bins).long().clamp_(0, self.num_bins - 1)
-        positive = labels > 0.5
-        self.positives += torch.bincount(bins[positive], minlength=self.num_bins)
-        self.negatives += torch.bincount(bins[~positive], minlength=self.num_bins)
+        positive = (labels > 0.5).to(torch.float64)
+        # index_add_ reads nothing back (bincount and boolean masks wait for the device).
+        self.positives.index_add_(0, bins, positive)
+        self.negatives.index_add_(0, bins, 1.0 - positive)
 
     def sync(self) -> None:
         _all_reduce([self.positives, self.negatives])
@@ -106,9 +107,10 @@ class MeanAbsoluteError(_MeanOf):
 class MeanLoss(_MeanOf):
     """Mean of per-batch loss values weighted by batch size (see ``add``)."""
 
-    def add(self, loss: float, count: int) -> None:
-        self.total += torch.tensor([loss * count, count], dtype=torch.float64,
-                                   device=self.total.device)
+    def add(self, loss: float | torch.Tensor, count: int) -> None:
+        """Add a batch's mean ``loss`` (a float or a device scalar, not read back)."""
+        loss = torch.as_tensor(loss, device=self.total.device).detach().to(torch.float64)
+        self.total += torch.stack([loss * count, torch.ones_like(loss) * count])
 
 
 SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_error")
