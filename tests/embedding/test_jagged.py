@@ -107,3 +107,27 @@ def test_validation_still_checks_given_offsets():
     with pytest.raises(JaggedError, match="len\\(lengths\\) \\+ 1"):
         KeyedJaggedTensor(["a"], torch.tensor([1, 2]), torch.tensor([1, 1]),
                           offsets=torch.tensor([0, 2]))
+
+
+def test_host_layout_gives_key_bounds_and_longest_bags():
+    kjt = KeyedJaggedTensor.from_lengths(["a", "b"], torch.arange(6), torch.tensor([2, 0, 1, 3]))
+    assert kjt.length_per_key() == [2, 4]
+    assert (kjt["a"].max_bag, kjt["b"].max_bag) == (2, 3)
+    assert kjt["b"].values.tolist() == [2, 3, 4, 5]
+
+
+def test_host_layout_travels_with_to_and_matches_a_fresh_kjt():
+    kjt = KeyedJaggedTensor.from_lengths(["a", "b"], torch.arange(5), torch.tensor([1, 1, 0, 3]))
+    moved = kjt.to("cpu")
+    assert moved._layout is not None and moved._layout == kjt._layout
+    fresh = KeyedJaggedTensor(["a", "b"], moved.values(), moved.lengths())
+    for key in ("a", "b"):
+        assert moved[key].values.tolist() == fresh[key].values.tolist()
+        assert moved[key].max_bag == fresh[key].max_bag
+
+
+def test_empty_batch_layout():
+    kjt = KeyedJaggedTensor.from_lengths(["a"], torch.zeros(0, dtype=torch.int64),
+                                         torch.zeros(0, dtype=torch.int64))
+    assert kjt.length_per_key() == [0]
+    assert kjt["a"].values.numel() == 0
