@@ -18,8 +18,10 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import tempfile
 import time
+from datetime import datetime, timezone
 
 import torch
 
@@ -51,7 +53,7 @@ def _fill(table: HashTable, rows: int, batch: int) -> None:
         values = torch.randn(n, table.row_dim, generator=gen)
         scores = torch.randint(0, 1000, (n,), generator=gen)
         dev = table.device
-        table.load_state(keys.to(dev), None, values.to(dev), scores.to(dev))
+        table.load_state(keys.to(dev), None, values.to(dev), scores.to(dev), assume_unique=True)
 
 
 def _sync(device: str) -> None:
@@ -90,6 +92,15 @@ def _filled_table(args: argparse.Namespace) -> tuple[HashTable, float]:
     return table, _timed(lambda: _fill(table, rows, args.chunk_rows), args.device)
 
 
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def run(args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()[0]
     table, fill_s = _filled_table(args)
@@ -119,7 +130,8 @@ def run(args: argparse.Namespace) -> dict:
         "load_s": round(load_s, 2), "load_gb_per_s": round(gb / load_s, 3),
         "reads_after_write_page_cache": True,
         "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "host": platform.node(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": _commit(), "host": platform.node(),
         "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
     }

@@ -28,6 +28,7 @@ import torch
 import xxhash
 
 from hashrec.checkpoint.errors import CheckpointError
+from hashrec.checkpoint.pipeline import WriteBehind
 
 SHARD_FORMAT = "hashrec-shard"
 SHARD_FORMAT_VERSION = 1
@@ -72,7 +73,12 @@ def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A contiguous little-endian host view of ``tensor``'s bytes."""
     name = dtype_name(tensor.dtype)
     _, np_dtype, view_dtype = _DTYPES[name]
-    host = tensor.detach().to("cpu").contiguous()
+    tensor = tensor.detach()
+    if tensor.device.type == "cpu":
+        host = tensor.contiguous()
+    else:  # one copy into page-locked memory: a faster device-to-host transfer
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor)
     if view_dtype != host.dtype:
         host = host.view(view_dtype)
     array = host.numpy()
@@ -94,30 +100,46 @@ class ShardWriter:
         self._attrs = dict(attrs)
         self._sections: dict[str, dict[str, Any]] = {}
         self._offset = 0
-        self._file = open(stem + ".bin", "wb")  # noqa: SIM115 - closed in close()
+        self._file = open(stem + ".bin", "wb", buffering=0)  # noqa: SIM115 - closed in close()
+        self._behind = WriteBehind(depth=1)
 
     def write_chunk(self, section: str, arrays: dict[str, torch.Tensor]) -> None:
-        """Appends one chunk of ``section``; all arrays share their first dimension."""
+        """Appends one chunk of ``section``; all arrays share their first dimension.
+
+        Checksums and the write run on a background thread while the caller prepares
+        the next chunk: CPU arrays must stay unchanged until the next ``write_chunk``
+        or ``close`` returns (an error of that write is raised there).
+        """
         counts = {int(t.shape[0]) for t in arrays.values()}
         if len(counts) != 1:
             raise CheckpointError(f"{self._stem}.bin: arrays of one chunk differ in length")
         count = counts.pop()
         entry: dict[str, Any] = {"count": count, "arrays": {}}
+        pending = []
         for name, tensor in arrays.items():
-            array = _as_numpy(tensor)
-            if array.nbytes:
-                self._file.write(memoryview(array.reshape(-1)).cast("B"))
+            array = _as_numpy(tensor).reshape(-1)
             entry["arrays"][name] = {
                 "dtype": dtype_name(tensor.dtype),
                 "shape": list(tensor.shape),
                 "offset": self._offset,
                 "nbytes": array.nbytes,
-                "xxh3_64": xxhash.xxh3_64_hexdigest(array),
             }
+            pending.append((entry["arrays"][name], array))
             self._offset += array.nbytes
+        # checksums and the write run behind the caller's next export
+        self._behind.submit(lambda: self._write_arrays(pending))
         section_entry = self._sections.setdefault(section, {"count": 0, "chunks": []})
         section_entry["count"] += count
         section_entry["chunks"].append(entry)
+
+    def _write_arrays(self, pending: list[tuple[dict[str, Any], np.ndarray]]) -> None:
+        for spec, array in pending:
+            spec["xxh3_64"] = xxhash.xxh3_64_hexdigest(array)
+            if not array.nbytes:
+                continue
+            view = memoryview(array).cast("B")
+            while view.nbytes:
+                view = view[self._file.write(view):]
 
     def ensure_section(self, section: str) -> None:
         """Declares ``section`` even if no chunk is written (an empty section)."""
@@ -125,6 +147,11 @@ class ShardWriter:
 
     def close(self) -> dict[str, Any]:
         """Fsyncs the data, writes and fsyncs the header; returns the header."""
+        try:
+            self._behind.finish()
+        except BaseException:
+            self.abort()
+            raise
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
@@ -145,6 +172,7 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Closes the data file without writing a header (the shard stays incomplete)."""
+        self._behind.finish(raise_error=False)
         if not self._file.closed:
             self._file.close()
 
@@ -210,23 +238,35 @@ class ShardReader:
         """Whether the header declares ``section``."""
         return section in self.header["sections"]
 
-    def iter_chunks(self, section: str) -> Iterator[dict[str, torch.Tensor]]:
-        """Yields the chunks of ``section`` as dicts of CPU tensors, one chunk in memory."""
-        chunks = self.header["sections"].get(section, {}).get("chunks", [])
-        with open(self.data_path, "rb") as f:
-            for chunk in chunks:
-                yield self._read_chunk(f, chunk)
+    def iter_chunks(self, section: str,
+                    pin_memory: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+        """Yields the chunks of ``section`` as dicts of CPU tensors, one chunk in memory.
 
-    def _read_chunk(self, f: Any, chunk: dict[str, Any]) -> dict[str, torch.Tensor]:
+        ``pin_memory`` reads into page-locked memory (for fast copies to a GPU).
+        """
+        chunks = self.header["sections"].get(section, {}).get("chunks", [])
+        with open(self.data_path, "rb", buffering=0) as f:
+            for chunk in chunks:
+                yield self._read_chunk(f, chunk, pin_memory)
+
+    def _read_chunk(self, f: Any, chunk: dict[str, Any],
+                    pin_memory: bool) -> dict[str, torch.Tensor]:
         arrays = chunk["arrays"]
         if not arrays:
             return {}
         start = min(a["offset"] for a in arrays.values())
         end = max(a["offset"] + a["nbytes"] for a in arrays.values())
-        buffer = np.empty(end - start, dtype=np.uint8)
+        if pin_memory:
+            buffer = torch.empty(end - start, dtype=torch.uint8, pin_memory=True).numpy()
+        else:
+            buffer = np.empty(end - start, dtype=np.uint8)
         f.seek(start)
-        if f.readinto(memoryview(buffer)) != buffer.nbytes:
-            raise CheckpointError(f"{self.data_path}: unexpected end of data (truncated)")
+        view = memoryview(buffer)
+        while view.nbytes:  # a raw read may return fewer bytes than asked
+            got = f.readinto(view)
+            if not got:
+                raise CheckpointError(f"{self.data_path}: unexpected end of data (truncated)")
+            view = view[got:]
         out = {}
         for name, spec in arrays.items():
             out[name] = self._decode(buffer, start, name, spec)

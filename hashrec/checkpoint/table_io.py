@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from hashrec.checkpoint.errors import CheckpointError
+from hashrec.checkpoint.pipeline import read_ahead
 from hashrec.checkpoint.shard_file import ShardReader, ShardWriter, dtype_name
 from hashrec.table.hashing import owner_of
 
@@ -125,11 +126,14 @@ def _owned(keys: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     return owner_of(keys, world_size) == rank
 
 
-def iter_owned_rows(readers: list[ShardReader], rank: int, world_size: int
-                    ) -> Iterator[dict[str, torch.Tensor]]:
+def iter_owned_rows(readers: list[ShardReader], rank: int, world_size: int,
+                    pin_memory: bool = False) -> Iterator[dict[str, torch.Tensor]]:
     """Yields chunks of the ``rows`` sections of ``readers`` reduced to owned keys."""
     for reader in readers:
-        for chunk in reader.iter_chunks(ROWS):
+        for chunk in reader.iter_chunks(ROWS, pin_memory=pin_memory):
+            if world_size == 1:
+                yield chunk
+                continue
             mask = _owned(chunk["keys"], rank, world_size)
             if bool(mask.all()):
                 yield chunk
@@ -140,6 +144,11 @@ def iter_owned_rows(readers: list[ShardReader], rank: int, world_size: int
 def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
                world_size: int, restore_optimizer: bool = True) -> dict[str, int]:
     """Loads the owned entries of every shard in ``readers`` into ``table``.
+
+    The next chunk is read and verified on a background thread while the table
+    inserts the current one (read into page-locked memory for a CUDA table). A
+    ``rows`` section holds each (key, tag) once (an export of one table), so the
+    table skips deduplication.
 
     Returns:
         {"rows": rows loaded, "admission": counters loaded}.
@@ -152,11 +161,13 @@ def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
         check_compatible(reader, name, table, restore_optimizer)
     size_before = int(table.size())
     loaded = 0
-    for chunk in iter_owned_rows(readers, rank, world_size):
+    device = torch.device(table.device)
+    pinned = device.type == "cuda"
+    for chunk in read_ahead(iter_owned_rows(readers, rank, world_size, pinned)):
         rows = _adapt_rows(chunk["rows"], table, restore_optimizer)
-        device = table.device
+        # synchronous copies: the page-locked chunk is freed (and reused) right after
         table.load_state(chunk["keys"].to(device), chunk["tags"].to(device), rows,
-                         chunk["scores"].to(device))
+                         chunk["scores"].to(device), assume_unique=True)
         loaded += int(chunk["keys"].shape[0])
     if size_before == 0 and int(table.size()) != loaded:
         raise CheckpointError(

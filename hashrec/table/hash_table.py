@@ -272,12 +272,14 @@ class HashTable:
 
     # ------------------------------------------------------------ core write
     def _upsert(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
-                given: torch.Tensor | None, admit: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                given: torch.Tensor | None, admit: bool,
+                init_rows: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Touches unique keys: updates hits' scores, admits and inserts misses.
 
         With ``admit`` (the training path) misses go through admission and new rows
         get the initializer's embedding; otherwise the caller writes them. New rows
-        always get the optimizer's initial state.
+        get the optimizer's initial state unless ``init_rows`` is False (the caller
+        then writes every column of every stored row).
 
         Returns (slots (u,) int64 with -1 for not stored, found (u,) bool: stored before).
         """
@@ -303,8 +305,9 @@ class HashTable:
                 slots[hit] = hit_slots
             slots[miss] = new_slots
             placed = torch.nonzero(new_slots >= 0).flatten()
-            self._init_rows(new_slots[placed], keys[miss[placed]],
-                            _take(tags, miss[placed]), admit)
+            if init_rows:
+                self._init_rows(new_slots[placed], keys[miss[placed]],
+                                _take(tags, miss[placed]), admit)
             stored = placed.numel()
             self._stats["inserts"] += stored
         self.storage.scores[hit_slots] = hit_scores
@@ -420,17 +423,37 @@ class HashTable:
         self._assign(keys, tags, values, self._scores(scores, keys.numel()), exact=False)
 
     def _assign(self, keys: torch.Tensor, tags: torch.Tensor | None, rows: torch.Tensor,
-                scores: torch.Tensor | None, exact: bool) -> None:
+                scores: torch.Tensor | None, exact: bool, assume_unique: bool = False) -> None:
+        """Writes ``rows`` of keys (n,); the last duplicate wins. ``exact`` (full rows
+        with their scores) stores ``scores`` as given; ``assume_unique`` skips the
+        deduplication for callers whose keys are unique by construction."""
         self._rows.begin_batch()
+        if assume_unique:
+            counts = torch.ones_like(keys)
+            slots, _ = self._upsert(keys, tags, counts, scores, admit=False, init_rows=not exact)
+            stored = torch.nonzero(slots >= 0).flatten()
+            if stored.numel() == keys.numel():
+                self._write_full(slots, rows, scores if exact else None)
+            else:
+                self._write_full(slots[stored], rows.index_select(0, stored),
+                                 _take(scores, stored) if exact else None)
+            return
         unique, utags, inverse, counts = _unique(keys, tags)
         last = torch.zeros_like(unique).scatter_reduce_(
             0, inverse, torch.arange(keys.numel(), device=self.device), "amax")
-        slots, _ = self._upsert(unique, utags, counts, _take(scores, last), admit=False)
-        stored = slots >= 0
-        self._rows.write(slots[stored], rows[last[stored]].to(self.options.dtype), 0,
-                         admit=False)
-        if exact:
-            self.storage.scores[slots[stored]] = scores[last[stored]]
+        slots, _ = self._upsert(unique, utags, counts, _take(scores, last), admit=False,
+                                init_rows=not exact)
+        stored = torch.nonzero(slots >= 0).flatten()
+        source = last[stored]
+        self._write_full(slots[stored], rows.index_select(0, source),
+                         _take(scores, source) if exact else None)
+
+    def _write_full(self, slots: torch.Tensor, rows: torch.Tensor,
+                    scores: torch.Tensor | None) -> None:
+        """Writes rows (n, w) from column 0 of ``slots`` (n,) and, if given, their scores."""
+        self._rows.write(slots, rows.to(self.options.dtype), 0, admit=False)
+        if scores is not None:
+            self.storage.scores.index_copy_(0, slots, scores)
 
     def erase(self, keys: torch.Tensor, tags: torch.Tensor | None = None) -> None:
         """Removes keys (absent keys are ignored)."""
@@ -474,14 +497,25 @@ class HashTable:
                    self.storage.scores[slots])
 
     def load_state(self, keys: torch.Tensor, tags: torch.Tensor | None, rows: torch.Tensor,
-                   scores: torch.Tensor) -> None:
-        """insert_or_assign of full rows (embedding + optimizer state) with their scores."""
+                   scores: torch.Tensor, assume_unique: bool = False) -> None:
+        """insert_or_assign of full rows (embedding + optimizer state) with their scores.
+
+        Args:
+            keys: (n,) int64; with duplicates the last one wins.
+            tags: (n,) int32 namespaces or None.
+            rows: (n, row_dim) full rows.
+            scores: (n,) int64 scores stored as given.
+            assume_unique: the caller guarantees that the (key, tag) pairs of this call
+                are unique (checkpoint shards are, by construction); skips the
+                deduplication. Duplicates passed with True corrupt the index.
+        """
         keys, tags = self._keys(keys, tags)
         rows = check_matrix(self.options.name, "rows", rows, keys.numel(), self.row_dim,
                             self.device)
         scores = check_vector(self.options.name, "scores", scores, torch.int64, self.device,
                               keys.numel())
-        self._assign(keys, tags, rows, scores.clamp(max=_PROTECTED - 1), exact=True)
+        self._assign(keys, tags, rows, scores.clamp(max=_PROTECTED - 1), exact=True,
+                     assume_unique=bool(assume_unique))
 
     def admission_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(keys, tags, counts) of the admission counters (empty without admission)."""
@@ -530,10 +564,25 @@ def _take(tensor: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | No
 
 
 def _unique(keys: torch.Tensor, tags: torch.Tensor | None):
-    """(unique keys, their tags | None, inverse (n,), counts) over (key, tag) identities."""
+    """(unique keys, their tags | None, inverse (n,), counts) over (key, tag) identities.
+
+    The unique pairs come out in (key, tag) order. One namespace (tags None or all
+    equal, the common case) is a 1-D unique of the keys; several sort the pairs with
+    two stable 1-D sorts (tag, then key) instead of a row-wise ``unique(dim=0)``.
+    """
     if tags is None:
         unique, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
         return unique, None, inverse, counts
-    pairs, inverse, counts = torch.unique(torch.stack([keys, tags.to(torch.int64)], 1), dim=0,
-                                          return_inverse=True, return_counts=True)
-    return pairs[:, 0].contiguous(), pairs[:, 1].to(torch.int32), inverse, counts
+    if keys.numel() == 0 or bool((tags == tags[0]).all()):
+        unique, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
+        return unique, tags[:unique.numel()].clone(), inverse, counts
+    order = torch.sort(tags, stable=True).indices
+    order = order.index_select(0, torch.sort(keys.index_select(0, order), stable=True).indices)
+    skeys, stags = keys.index_select(0, order), tags.index_select(0, order)
+    new = torch.ones_like(skeys, dtype=torch.bool)
+    new[1:] = (skeys[1:] != skeys[:-1]) | (stags[1:] != stags[:-1])
+    group = torch.cumsum(new, 0) - 1
+    first = torch.nonzero(new).flatten()
+    counts = torch.diff(first, append=first.new_tensor([keys.numel()]))
+    inverse = torch.empty_like(group).index_copy_(0, order, group)
+    return skeys.index_select(0, first), stags.index_select(0, first), inverse, counts

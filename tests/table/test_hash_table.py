@@ -295,3 +295,60 @@ def test_step_scores_follow_the_step_clock():
     table.find(torch.tensor([1]))  # find is read-only: no score change
     scores = dict(zip(*(t.tolist() for t in next(table.export_batch(64))[::2])))
     assert scores == {1: 1, 2: 2}
+
+
+def _state_of(table):
+    out = {}
+    for keys, tags, rows, scores in table.export_state(256):
+        for k, t, r, s in zip(keys.tolist(), tags.tolist(), rows, scores.tolist()):
+            out[(k, t)] = (r.tolist(), s)
+    return out
+
+
+@pytest.mark.parametrize("tag_kind", ["none", "all_equal", "mixed"])
+def test_unique_pairs_match_row_wise_unique(tag_kind):
+    from hashrec.table.hash_table import _unique
+
+    gen = torch.Generator().manual_seed(3)
+    keys = torch.randint(-5, 5, (300,), generator=gen)
+    keys[:4] = torch.tensor([INT64_MIN, INT64_MAX, INT64_MIN, INT64_MAX])
+    tags = {"none": None, "all_equal": torch.full((300,), 7, dtype=torch.int32),
+            "mixed": torch.randint(0, 3, (300,), generator=gen, dtype=torch.int32)}[tag_kind]
+    unique, utags, inverse, counts = _unique(keys, tags)
+    pairs = torch.stack([keys, torch.zeros_like(keys) if tags is None else tags.long()], 1)
+    want, want_inverse, want_counts = torch.unique(pairs, dim=0, return_inverse=True,
+                                                   return_counts=True)
+    assert torch.equal(unique, want[:, 0])
+    assert (utags is None) == (tags is None)
+    if utags is not None:
+        assert utags.dtype == torch.int32 and torch.equal(utags.long(), want[:, 1])
+    assert torch.equal(inverse, want_inverse) and torch.equal(counts, want_counts)
+
+
+@pytest.mark.parametrize("assume_unique", [False, True], ids=["dedup", "assume_unique"])
+def test_load_state_of_unique_keys_same_with_or_without_dedup(assume_unique):
+    opts = TableOptions(dim=3, max_capacity=256, init_capacity=32, bucket_capacity=16,
+                        score_strategy="CUSTOMIZED", optimizer=SparseAdagrad(lr=0.1))
+    gen = torch.Generator().manual_seed(5)
+    keys = torch.randperm(1000, generator=gen)[:200] - 500
+    tags = torch.randint(0, 2, (200,), generator=gen, dtype=torch.int32)
+    rows = torch.randn(200, opts.row_dim, generator=gen)
+    scores = torch.randint(0, 50, (200,), generator=gen)
+    table = HashTable(opts)
+    table.insert_or_assign(keys[:20], torch.zeros(20, 3), scores=torch.zeros(20).long(),
+                           tags=tags[:20])  # some hits: assigned in place
+    table.load_state(keys, tags, rows, scores, assume_unique=assume_unique)
+    want = {(k, t): (r.tolist(), s) for k, t, r, s in
+            zip(keys.tolist(), tags.tolist(), rows, scores.tolist())}
+    assert _state_of(table) == want
+
+
+def test_load_state_last_duplicate_wins_across_tags():
+    opts = TableOptions(dim=2, max_capacity=64, bucket_capacity=16, score_strategy="CUSTOMIZED")
+    table = HashTable(opts)
+    keys = torch.tensor([4, 4, 4, 9])
+    tags = torch.tensor([1, 2, 1, 1], dtype=torch.int32)
+    rows = torch.arange(8, dtype=torch.float32).view(4, 2)
+    table.load_state(keys, tags, rows, torch.tensor([10, 20, 30, 40]))
+    assert _state_of(table) == {(4, 1): ([4.0, 5.0], 30), (4, 2): ([2.0, 3.0], 20),
+                                (9, 1): ([6.0, 7.0], 40)}

@@ -22,12 +22,18 @@ class DeviceRows:
 
     def read(self, slots: torch.Tensor, start: int, width: int, admit: bool) -> torch.Tensor:
         """Rows (n, width) of columns [start, start + width) of ``slots`` (n,)."""
-        return self.storage.values[slots, start:start + width]
+        values = self.storage.values
+        if start == 0 and width == values.shape[1]:
+            return values.index_select(0, slots)  # whole rows: no column slicing
+        return values[slots, start:start + width]
 
     def write(self, slots: torch.Tensor, rows: torch.Tensor, start: int, admit: bool) -> None:
         """Writes rows (n, w) into columns [start, start + w) of ``slots`` (n,)."""
-        self.storage.values[slots, start:start + rows.shape[1]] = rows.to(
-            self.storage.values.dtype)
+        values = self.storage.values
+        if start == 0 and rows.shape[1] == values.shape[1]:
+            values.index_copy_(0, slots, rows.to(values.dtype))  # whole rows
+            return
+        values[slots, start:start + rows.shape[1]] = rows.to(values.dtype)
 
     def update(self, slots: torch.Tensor, grads: torch.Tensor, spec: OptimizerSpec, lr: float,
                step: int) -> None:
