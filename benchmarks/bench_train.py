@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import subprocess
@@ -97,11 +98,12 @@ def ensure_data(args) -> str:
     folder = args.data_dir or os.path.join(ROOT, "data", f"bench_train_{args.num_rows}")
     done = os.path.join(folder, "_COMPLETE")
     rank, _ = world()
+    present = os.path.exists(done) or bool(args.data_dir and _has_parquet(folder))
     if rank != 0:
-        while not os.path.exists(done):
+        while not present and not os.path.exists(done):
             time.sleep(1.0)
         return folder
-    if os.path.exists(done) or (args.data_dir and _has_parquet(folder)):
+    if present:
         log(f"reusing data in {folder}")
         return folder
     log(f"generating {args.num_rows} rows (scale 1) into {folder}")
@@ -151,9 +153,15 @@ def run_config(args, name: str, data: str, nproc: int) -> dict:
                                                "HASHREC_STEP_TIMING_WARMUP")})
         from hashrec.train_eval import main as train_main
         model_dir = _shared_dir(model_dir)
-        code = train_main(train_argv(args, name, data, model_dir, world_size))
+        lines = _LogLines()
+        logging.getLogger("hashrec.train").addHandler(lines)
+        try:
+            code = train_main(train_argv(args, name, data, model_dir, world_size))
+        finally:
+            logging.getLogger("hashrec.train").removeHandler(lines)
         if code:
             raise RuntimeError(f"training {name} failed with exit code {code}")
+        a2a = _a2a_of(lines.lines)
     else:
         cmd = [sys.executable, "-m", "hashrec.train_eval"]
         if nproc > 1:
@@ -175,9 +183,12 @@ def run_config(args, name: str, data: str, nproc: int) -> dict:
 
 def _shared_dir(model_dir: str) -> str:
     """Rank 0's model_dir on every rank (broadcast through the process group's store)."""
+    import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        if _cuda():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if _cuda() else "gloo")
     box = [model_dir]
     dist.broadcast_object_list(box, src=0)
@@ -190,21 +201,36 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+class _LogLines(logging.Handler):
+    """Keeps the trainer's log messages (in-process runs under torchrun)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _a2a_of(lines: list[str]) -> list[float]:
+    """a2a ms/step of the progress windows after the first (which holds the warm-up)."""
+    a2a = [float(m.group(2)) for m in map(A2A_PATTERN.search, lines) if m]
+    return a2a[1:] or a2a
+
+
 def _run_logged(cmd: list[str], env: dict) -> list[float]:
-    """Run the trainer, echoing its log; returns a2a ms/step of windows after the first."""
+    """Run the trainer, echoing its log; returns a2a ms/step (see ``_a2a_of``)."""
     log("running: " + " ".join(cmd))
-    a2a = []
+    lines = []
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         sys.stdout.write("    " + line)
         sys.stdout.flush()
-        match = A2A_PATTERN.search(line)
-        if match:
-            a2a.append(float(match.group(2)))
+        lines.append(line)
     if proc.wait():
         raise RuntimeError(f"training failed with exit code {proc.returncode}")
-    return a2a[1:] or a2a
+    return _a2a_of(lines)
 
 
 def environment() -> dict:

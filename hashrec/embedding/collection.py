@@ -123,6 +123,8 @@ class EmbeddingCollection(nn.Module):
                 table = DenseTable(spec.name, spec.num_rows, spec.dim, sparse_optimizer,
                                    spec.initializer, self._device)
                 self.dense_tables[spec.name] = table
+                # Without ZCH every id is checked to be a row (_check_dense_ids).
+                table.keys_may_be_negative = spec.zch is not None
                 if spec.zch is not None:
                     self.zch_remappers[spec.name] = ZchRemapper(spec.zch, spec.name,
                                                                 self._device)

@@ -44,6 +44,11 @@ class DenseTable(nn.Module):
         optimizer: sparse optimizer spec; decides the state columns.
         initializer: None -> uniform +-sqrt(1 / num_rows) (TorchRec's default).
         device: where ``rows`` lives.
+
+    Attributes:
+        keys_may_be_negative: True (the default) when lookups may carry negative
+            keys (ids without a ZCH slot); False when the caller guarantees ids in
+            [0, num_rows), which spares the lookup a device read.
     """
 
     def __init__(self, name: str, num_rows: int, dim: int, optimizer: OptimizerSpec,
@@ -51,6 +56,7 @@ class DenseTable(nn.Module):
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         self.name, self.num_rows, self.dim, self.optimizer = name, num_rows, dim, optimizer
+        self.keys_may_be_negative = True
         state_dim = optimizer.state_dim(dim)
         rows = torch.empty(num_rows, dim + state_dim, dtype=torch.float32, device=device)
         self._init_args = (initializer or InitializerArgs()).resolved(dim, num_rows)
@@ -102,7 +108,7 @@ class DenseTable(nn.Module):
         ``counts`` are accepted for symmetry with ``HashTable.lookup``; a dense table
         has no namespaces, never inserts and has no admission. The caller validates ids.
         """
-        if keys.numel() and bool((keys < 0).any()):
+        if self.keys_may_be_negative and keys.numel() and bool((keys < 0).any()):
             values = self.rows.index_select(0, keys.clamp(min=0))[:, :self.dim].float()
             return DenseLookup(keys, values.masked_fill((keys < 0).unsqueeze(1), 0.0))
         return DenseLookup(keys, self.rows.index_select(0, keys)[:, :self.dim].float())

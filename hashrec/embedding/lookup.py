@@ -58,9 +58,10 @@ class Storage:
         if not self.plan.trainable:
             return
         # Negative slots: keys not stored (dynamic) or ids without a ZCH slot (dense).
-        stored = slots >= 0
-        if not bool(stored.all()):
-            slots, grads = slots[stored], grads[stored]
+        if getattr(self.table, "keys_may_be_negative", True):
+            stored = slots >= 0
+            if not bool(stored.all()):
+                slots, grads = slots[stored], grads[stored]
         if slots.numel():
             self.table.apply_gradients(slots, grads.float().contiguous(), lr=self.lr)
 
