@@ -21,23 +21,23 @@ step() {  # step NAME SECONDS COMMAND...
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } > "$out/env.txt" 2>&1
 (
-  CUDA_VISIBLE_DEVICES=1 step gpu_tests 150 python3 -m pytest -m gpu -q -x -p no:cacheprovider \
+  CUDA_VISIBLE_DEVICES=1 step gpu_tests 120 python3 -m pytest -m gpu -q -x -p no:cacheprovider \
       tests/table tests/embedding
-  CUDA_VISIBLE_DEVICES=1 step storage_tiers 170 python3 benchmarks/bench_storage_tiers.py \
+  CUDA_VISIBLE_DEVICES=1 step storage_tiers 150 python3 benchmarks/bench_storage_tiers.py \
       --out "$out/storage_tiers_gpu"
-  CUDA_VISIBLE_DEVICES=1 step checkpoint 150 python3 benchmarks/bench_checkpoint.py --gb 10 \
+  CUDA_VISIBLE_DEVICES=1 step checkpoint 120 python3 benchmarks/bench_checkpoint.py --gb 10 \
       --device cuda --dir /tmp/hashrec_ckpt_bench --out "$out/checkpoint_gpu.json"
 ) > "$out/gpu1.log" 2>&1 &
 gpu1=$!
 {
-  step gen_data 90 python3 -m hashrec.tools.gen_taobao_data --output_dir "$data" \
+  step gen_data 80 python3 -m hashrec.tools.gen_taobao_data --output_dir "$data" \
       --num_rows 1000000 --num_files 16 --quiet
-  step bench_data 80 python3 benchmarks/bench_data.py --data "$data" --workers 0,4,8,16 \
+  step bench_data 70 python3 benchmarks/bench_data.py --data "$data" --workers 0,4,8,16 \
       --json "$out/data_gpu_host.json" --markdown "$out/data_gpu_host.md"
   CUDA_VISIBLE_DEVICES=0 step train_1gpu 200 python3 benchmarks/bench_train.py \
       --data_dir "$data" --out_dir "$out"
   wait $gpu1
-  step train_2gpu 150 python3 benchmarks/bench_train.py --nproc 2 --configs dynamicemb \
+  step train_2gpu 170 python3 benchmarks/bench_train.py --nproc 2 --configs dynamicemb \
       --data_dir "$data" --out_dir "$out"
 } > "$out/main.log" 2>&1
 wait
