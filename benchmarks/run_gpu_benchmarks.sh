@@ -21,7 +21,7 @@ step() {  # step NAME SECONDS COMMAND...
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } > "$out/env.txt" 2>&1
 (
-  CUDA_VISIBLE_DEVICES=1 step gpu_tests 120 python3 -m pytest -m gpu -q -x -p no:cacheprovider \
+  CUDA_VISIBLE_DEVICES=1 step gpu_tests 120 python3 -m pytest -m gpu -q -p no:cacheprovider \
       tests/table tests/embedding
   CUDA_VISIBLE_DEVICES=1 step storage_tiers 150 python3 benchmarks/bench_storage_tiers.py \
       --out "$out/storage_tiers_gpu"
