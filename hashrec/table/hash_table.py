@@ -40,7 +40,12 @@ from hashrec.table.ops.rehash import rehash
 from hashrec.table.options import CheckMode, InitializerArgs, ScoreStrategy, TableOptions
 from hashrec.table.storage import TableStorage
 from hashrec.table.tiers import index_row_dim, make_row_store
-from hashrec.table.validation import check_matrix, check_optional_vector, check_vector
+from hashrec.table.validation import (
+    check_matrix,
+    check_optional_vector,
+    check_vector,
+    concrete_device,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +83,7 @@ class HashTable:
         self.options = options
         self.dim = options.dim
         self.row_dim = options.row_dim
-        self.device = options.device
+        self.device = concrete_device(options.device)
         self.step = 0
         initial, self._max_buckets = _initial_buckets(options)
         self.storage = TableStorage.empty(initial, options.bucket_capacity,
@@ -586,3 +591,4 @@ def _unique(keys: torch.Tensor, tags: torch.Tensor | None):
     counts = torch.diff(first, append=first.new_tensor([keys.numel()]))
     inverse = torch.empty_like(group).index_copy_(0, order, group)
     return skeys.index_select(0, first), stags.index_select(0, first), inverse, counts
+

@@ -11,6 +11,13 @@ def _describe(value: object) -> str:
     return f"{type(value).__name__}"
 
 
+def concrete_device(device: torch.device) -> torch.device:
+    """``cuda`` -> ``cuda:<current>``, so that tensors made on it compare equal to it."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def check_vector(table: str, name: str, value: object, dtype: torch.dtype,
                  device: torch.device, length: int | None = None) -> torch.Tensor:
     """Returns ``value`` if it is a 1-D ``dtype`` tensor on ``device`` (of ``length``)."""

@@ -29,6 +29,7 @@ from hashrec.table.options import TableOptions
 from hashrec.table.storage import TableStorage
 from hashrec.table.tiers.moves import move_rows, rehash_moves
 from hashrec.table.tiers.two_part import TwoPartRows, allocate_host
+from hashrec.table.validation import concrete_device
 
 _NEVER = torch.iinfo(torch.int64).max
 
@@ -55,7 +56,7 @@ class CachedRows:
         self._allocate(capacity)
 
     def _allocate(self, capacity: int) -> None:
-        opts, device = self.options, self.options.device
+        opts, device = self.options, concrete_device(self.options.device)
         self.capacity = capacity
         self.cache_rows = cache_rows(capacity, opts.cache_load_factor)
         cache = torch.zeros(self.cache_rows, opts.row_dim, dtype=opts.dtype, device=device)
