@@ -106,6 +106,8 @@ def run(args: argparse.Namespace) -> dict:
     table, fill_s = _filled_table(args)
     rows = table.size()
     nbytes = rows * _row_bytes(table)
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="bench_ckpt_", dir=args.dir)
     try:
         path, save_s = _dump(table, work, args)

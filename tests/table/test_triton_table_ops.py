@@ -147,6 +147,21 @@ def test_insert_matches_reference(num_buckets, cap, n_old, n_new, allow_evict):
     assert tt_storage.size() == base.size() + placed - got.evicted_keys.numel()
 
 
+@pytest.mark.parametrize("allow_evict", [True, False], ids=["evict", "no-evict"])
+def test_insert_same_key_under_two_tags_takes_two_slots(allow_evict):
+    # Fused tables: one raw id in two tables is two entries with equal score and key.
+    keys = torch.tensor([7, 7, -3, -3, 11], dtype=torch.int64, device=DEVICE)
+    tags = torch.tensor([1, 0, 0, 1, 1], dtype=torch.int32, device=DEVICE)
+    scores = torch.zeros(5, dtype=torch.int64, device=DEVICE)
+    ref_storage = TableStorage.empty(1, 8, 2, device=DEVICE)
+    tt_storage = TableStorage.empty(1, 8, 2, device=DEVICE)
+    ref = insert_ref.insert_keys(ref_storage, keys, tags, scores, allow_evict)
+    got = insert_tt.insert_keys(tt_storage, keys, tags, scores, allow_evict)
+    assert torch.equal(got.slots, ref.slots)
+    assert got.slots.unique().numel() == 5
+    _assert_same_index(tt_storage, ref_storage)
+
+
 @pytest.mark.parametrize("cap", [8, 128])
 def test_erase_and_export_match_reference(cap):
     storage, keys, _ = _filled(3, cap, 3 * cap // 2, seed=cap)

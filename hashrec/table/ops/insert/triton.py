@@ -26,7 +26,8 @@ from hashrec.table.storage import InsertResult, TableStorage
 
 @triton.jit
 def _incoming_rank(in_keys, in_scores, i, key, score, start, end, BI: tl.constexpr):
-    """Rank of each incoming key of the chunk among the bucket's by (score desc, key asc)."""
+    """Rank of each incoming key of the chunk among the bucket's by (score desc, key asc,
+    position asc)."""
     rank = tl.zeros([BI], dtype=tl.int32)
     c = start
     while c < end:  # while, not range: loop bounds are run-time values
@@ -34,8 +35,12 @@ def _incoming_rank(in_keys, in_scores, i, key, score, start, end, BI: tl.constex
         mj = j < end
         kj = tl.load(in_keys + j, mask=mj, other=0)
         sj = tl.load(in_scores + j, mask=mj, other=0)
+        # (score desc, key asc, position asc): the same key under two tags (fused
+        # tables) ties on score and key, and the position keeps their ranks apart.
+        same = (sj[None, :] == score[:, None]) & (kj[None, :] == key[:, None])
         before = (sj[None, :] > score[:, None]) | (
-            (sj[None, :] == score[:, None]) & (kj[None, :] < key[:, None]))
+            (sj[None, :] == score[:, None]) & (kj[None, :] < key[:, None])) | (
+            same & (j[None, :] < i[:, None]))
         rank += tl.sum((before & mj[None, :]).to(tl.int32), axis=1)
         c += BI
     return rank
