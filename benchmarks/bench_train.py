@@ -255,7 +255,9 @@ def markdown(report: dict) -> str:
              f"{env['date']}, GPU {env['gpu']} x {report['nproc']}, {env['cpus']} CPUs, "
              f"torch {env['torch']}, triton {env['triton']}, python {env['python']}.", "",
              f"Command: `{report['command']}`", "",
-             f"{report['num_rows']} generated rows (scale 1), per-GPU batch "
+             f"{report['num_rows']} training samples per config (steps = samples / global "
+             f"batch; the data loops when it holds fewer rows), Taobao-like data at scale 1, "
+             f"per-GPU batch "
              f"{report['batch_size']}, {report['mixed_precision']}, "
              f"{report['num_workers']} loader workers per rank, sequence length 100; "
              f"the first {report['warmup_steps']} steps are left out.", "",
