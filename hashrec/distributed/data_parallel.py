@@ -87,20 +87,75 @@ def gather_sparse_gradients(slots: torch.Tensor, grads: torch.Tensor, ctx: DistC
     Returns:
         (rows (r,) int64 sorted, grads (r, dim) float32), identical on every rank.
     """
-    if not ctx.is_distributed:
-        return slots, grads
+    return gather_sparse_gradients_many([(slots, grads)], ctx, group, timer)[0]
+
+
+def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]],
+                                 ctx: DistContext, group: dist.ProcessGroup | None = None,
+                                 timer: CommTimer | None = None
+                                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`gather_sparse_gradients` of several replicated tables in two collectives.
+
+    One all-gather tells every rank each peer's row count per table (the one host
+    sync), one all-gather moves every table's rows and gradients packed in one
+    float32 buffer (the int64 rows travel bit for bit as pairs of float32 words).
+    Each table is then summed exactly as :func:`gather_sparse_gradients` does.
+
+    Args:
+        tables: per table, (slots (u,) int64 unique rows, grads (u, dim) float32).
+        ctx: the worker's context.
+        group: process group (default group when None).
+        timer: optional timer of the exchange.
+
+    Returns:
+        Per table, (rows (r,) int64 sorted, grads (r, dim) float32), identical on
+        every rank.
+    """
+    if not ctx.is_distributed or not tables:
+        return list(tables)
     timer = timer or CommTimer(enabled=False)
+    slots = [s.contiguous() for s, _ in tables]
+    grads = [g.float().contiguous() for _, g in tables]
+    dims = [g.shape[1] for g in grads]
     with timer.region():
-        count = torch.tensor([slots.shape[0]], dtype=torch.int64, device=slots.device)
+        count = torch.tensor([s.shape[0] for s in slots], dtype=torch.int64,
+                             device=slots[0].device)
         counts = [torch.empty_like(count) for _ in range(ctx.world_size)]
         dist.all_gather(counts, count, group=group)
-        sizes = [int(c) for c in torch.cat(counts).cpu().tolist()]
-        if sum(sizes) == 0:
-            return slots, grads
-        all_slots = _gather_padded(slots, sizes, group)
-        all_grads = _gather_padded(grads.float().contiguous(), sizes, group)
+        sizes = torch.stack(counts).cpu().tolist()  # sizes[rank][table]
+        if not any(any(row) for row in sizes):
+            return list(tables)
+        # Rows first (even float offsets, so int64 views stay aligned), then gradients.
+        packed = torch.cat([s.view(torch.float32) for s in slots] +
+                           [g.reshape(-1) for g in grads])
+        lengths = [sum(n * (2 + d) for n, d in zip(row, dims)) for row in sizes]
+        parts = _gather_padded(packed, lengths, group)
+    out = []
+    for t, (local_slots, local_grads) in enumerate(zip(slots, grads)):
+        per_rank = [row[t] for row in sizes]
+        if sum(per_rank) == 0:
+            out.append((local_slots, local_grads))
+            continue
+        all_slots, all_grads = zip(*(_unpack(part, row, dims, t)
+                                     for part, row in zip(parts, sizes)))
+        out.append(_sum_per_row(list(all_slots), list(all_grads), per_rank, dims[t]))
+    return out
+
+
+def _unpack(part: torch.Tensor, sizes: list[int], dims: list[int], t: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Table ``t``'s (slots, grads) out of one rank's packed buffer."""
+    start = 2 * sum(sizes[:t])
+    slots = part[start:start + 2 * sizes[t]].view(torch.int64)
+    start = 2 * sum(sizes) + sum(n * d for n, d in zip(sizes[:t], dims[:t]))
+    grads = part[start:start + sizes[t] * dims[t]].view(sizes[t], dims[t])
+    return slots, grads
+
+
+def _sum_per_row(all_slots: list[torch.Tensor], all_grads: list[torch.Tensor],
+                 sizes: list[int], dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     rows, inverse = torch.unique(torch.cat(all_slots), return_inverse=True)
-    summed = grads.new_zeros((rows.shape[0], grads.shape[1]), dtype=torch.float32)
+    summed = all_grads[0].new_zeros((rows.shape[0], dim), dtype=torch.float32)
     start = 0
     # Rank by rank: each part has unique rows, so every add is free of races and the
     # sum has the same order (and bits) on every rank.

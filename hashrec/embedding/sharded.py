@@ -15,8 +15,9 @@ over ranks), then:
 
 * dynamic storage: gradients travel to the owners, which sum them per key and
   apply the fused optimizer (``ShardedTable.apply_gradients``);
-* dense table: every rank's (row, gradient) pairs are all-gathered and summed
-  per row in rank order, and every replica applies the same update.
+* dense table: every rank's (row, gradient) pairs are all-gathered (all dense
+  tables in one exchange, before the dynamic storages) and summed per row in
+  rank order, and every replica applies the same update.
 
 Collective rule: every rank must look up every storage that has readers, in the
 same order, on every step - with zero ids if its batch has none. The collection
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from hashrec.distributed import ShardedTable
-from hashrec.distributed.data_parallel import gather_sparse_gradients
+from hashrec.distributed.data_parallel import gather_sparse_gradients_many
 from hashrec.embedding.lookup import Storage
 
 
@@ -100,18 +101,21 @@ class ShardedLookups:
 
     def backward(self, requests: list[Request], states: list, slots: list[torch.Tensor],
                  grads: list[torch.Tensor]) -> None:
-        """Apply every trainable storage's update, in request order (collective)."""
-        for r, state, local_slots, grad in zip(requests, states, slots, grads):
-            if not r.storage.plan.trainable:
-                continue
-            grad = grad.float() * self.grad_scale
-            sharded = self.sharded.get(r.storage.name)
-            if sharded is not None:
-                sharded.apply_gradients(state, grad)
-                continue
-            rows, summed = gather_sparse_gradients(local_slots, grad, self.ctx, self.group,
-                                                   self.timer)
+        """Apply every trainable storage's update, in request order (collective).
+
+        The replicated dense tables' gradients travel first, all in one exchange.
+        """
+        dense = []
+        for r, local_slots, grad in zip(requests, slots, grads):
+            if r.storage.plan.trainable and r.storage.name not in self.sharded:
+                dense.append((r, local_slots, grad.float() * self.grad_scale))
+        gathered = gather_sparse_gradients_many([(s, g) for _, s, g in dense], self.ctx,
+                                                self.group, self.timer)
+        for (r, _, _), (rows, summed) in zip(dense, gathered):
             r.storage.apply_gradients(rows, summed)
+        for r, state, grad in zip(requests, states, grads):
+            if r.storage.plan.trainable and r.storage.name in self.sharded:
+                self.sharded[r.storage.name].apply_gradients(state, grad.float() * self.grad_scale)
 
 
 class _LookupAll(torch.autograd.Function):
