@@ -15,13 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hashrec.train.cli import (
-    add_config_arguments,
-    distributed_context,
-    load_effective_config,
-    run_main,
-    setup_logging,
-)
+from hashrec.train.cli import add_config_arguments, run_distributed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,20 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
-    def run() -> None:
-        from hashrec.distributed import teardown
+    def run(config, ctx) -> None:
         from hashrec.train import evaluate_checkpoint
 
-        ctx = distributed_context()
-        setup_logging(ctx.rank)
-        config = load_effective_config(args, {"eval_input_path": args.eval_input_path,
-                                              "model_dir": args.model_dir})
-        try:
-            evaluate_checkpoint(config, args.checkpoint_path, ctx=ctx)
-        finally:
-            teardown(ctx)
+        evaluate_checkpoint(config, args.checkpoint_path, ctx=ctx)
 
-    return run_main(run)
+    return run_distributed(args, {"eval_input_path": args.eval_input_path,
+                                  "model_dir": args.model_dir}, run)
 
 
 if __name__ == "__main__":

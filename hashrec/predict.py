@@ -152,13 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("--batch_size must be >= 1, got %d", args.batch_size)
         return 1
     reserved = tuple(c.strip() for c in args.reserved_columns.split(",") if c.strip())
-    try:
-        return run_main(lambda: predict(args.scripted_model_path, args.predict_input_path,
-                                        args.predict_output_path, reserved, args.batch_size,
-                                        args.device))
-    except ExportError as err:
-        logger.error("ExportError: %s", err)
-        return 1
+    return run_main(lambda: predict(args.scripted_model_path, args.predict_input_path,
+                                    args.predict_output_path, reserved, args.batch_size,
+                                    args.device))
 
 
 if __name__ == "__main__":

@@ -18,13 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hashrec.train.cli import (
-    add_config_arguments,
-    distributed_context,
-    load_effective_config,
-    run_main,
-    setup_logging,
-)
+from hashrec.train.cli import add_config_arguments, run_distributed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,22 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
-    def run() -> None:
-        from hashrec.distributed import teardown
+    def run(config, ctx) -> None:
         from hashrec.train import train_and_evaluate
 
-        ctx = distributed_context()
-        setup_logging(ctx.rank)
-        config = load_effective_config(args, {
-            "model_dir": args.model_dir, "train_input_path": args.train_input_path,
-            "eval_input_path": args.eval_input_path})
-        try:
-            train_and_evaluate(config, args.continue_train, args.fine_tune_checkpoint,
-                               args.ignore_restore_optimizer, ctx=ctx)
-        finally:
-            teardown(ctx)
+        train_and_evaluate(config, args.continue_train, args.fine_tune_checkpoint,
+                           args.ignore_restore_optimizer, ctx=ctx)
 
-    return run_main(run)
+    return run_distributed(args, {
+        "model_dir": args.model_dir, "train_input_path": args.train_input_path,
+        "eval_input_path": args.eval_input_path}, run)
 
 
 if __name__ == "__main__":

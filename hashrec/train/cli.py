@@ -1,4 +1,5 @@
-"""Command-line plumbing shared by ``hashrec.train_eval`` and ``hashrec.eval``."""
+"""Command-line plumbing shared by ``hashrec.train_eval``, ``hashrec.eval``,
+``hashrec.export`` and ``hashrec.predict``."""
 
 from __future__ import annotations
 
@@ -58,17 +59,44 @@ def setup_logging(rank: int) -> None:
 
 
 def run_main(main: Callable[[], object]) -> int:
-    """Run ``main``; user errors (config, data, model, checkpoint) exit 1 with one message."""
+    """Run ``main``; user errors (config, data, model, checkpoint, export) exit 1 with one
+    message."""
     from hashrec.checkpoint import CheckpointError
     from hashrec.data import DataError
     from hashrec.distributed import DistributedError
+    from hashrec.export.errors import ExportError
     from hashrec.features import FeatureError
     from hashrec.models import ModelError
 
     try:
         main()
     except (ConfigError, TrainError, ModelError, FeatureError, DataError,
-            CheckpointError, DistributedError) as err:
+            CheckpointError, DistributedError, ExportError) as err:
         logging.getLogger("hashrec").error("%s: %s", type(err).__name__, err)
         return 1
     return 0
+
+
+def run_distributed(args: argparse.Namespace, overrides: dict[str, str | None],
+                    body: Callable[[object, object], object]) -> int:
+    """Run ``body(config, ctx)`` as a (possibly torchrun) worker of a config command.
+
+    Joins the process group, logs on rank 0, loads the effective config
+    (``load_effective_config(args, overrides)``) and always leaves the process
+    group again, also when the config is rejected.
+
+    Returns:
+        The exit code of :func:`run_main`: 0, or 1 after a user error.
+    """
+
+    def run() -> None:
+        from hashrec.distributed import teardown
+
+        ctx = distributed_context()
+        setup_logging(ctx.rank)
+        try:
+            body(load_effective_config(args, overrides), ctx)
+        finally:
+            teardown(ctx)
+
+    return run_main(run)
