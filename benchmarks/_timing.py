@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import platform
 import statistics
 import time
@@ -52,3 +53,11 @@ def environment() -> dict:
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version()}
+
+
+def write_results(prefix: str, results: dict, markdown: str) -> None:
+    """Writes ``results`` to ``<prefix>.json`` and ``markdown`` to ``<prefix>.md``."""
+    with open(prefix + ".json", "w") as f:
+        json.dump(results, f, indent=1)
+    with open(prefix + ".md", "w") as f:
+        f.write(markdown)

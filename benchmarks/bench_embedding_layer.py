@@ -53,7 +53,7 @@ ARGS = _args()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _timing import copy_bandwidth, environment, time_ms  # noqa: E402
+from _timing import copy_bandwidth, environment, time_ms, write_results  # noqa: E402
 
 from hashrec.embedding.ops.fused import dedup  # noqa: E402
 from hashrec.embedding.ops.fused import triton as fused_tt  # noqa: E402
@@ -218,17 +218,15 @@ def _write(results: dict) -> None:
     print(json.dumps(results), flush=True)
     print(table)
     if ARGS.out:
-        with open(ARGS.out + ".json", "w") as f:
-            json.dump(results, f, indent=1)
         env = results["env"]
-        with open(ARGS.out + ".md", "w") as f:
-            f.write(f"# Embedding layer step on GPU (benchmark B)\n\nCommand: `python "
-                    f"benchmarks/bench_embedding_layer.py --out benchmarks/results/"
-                    f"embedding_layer_gpu`\n\nDate {env['date']}, GPU {env['gpu']}, torch "
-                    f"{env['torch']}, triton {env['triton']}. {results['ids_per_step']} ids "
-                    f"per step ({results['mean_unique_ids']:.0f} unique on average), copy "
-                    f"bandwidth {results['copy_bandwidth_Bps'] / 1e12:.2f} TB/s.\n\n{table}\n\n"
-                    f"{results['notes']}\n")
+        write_results(ARGS.out, results,
+                      f"# Embedding layer step on GPU (benchmark B)\n\nCommand: `python "
+                      f"benchmarks/bench_embedding_layer.py --out benchmarks/results/"
+                      f"embedding_layer_gpu`\n\nDate {env['date']}, GPU {env['gpu']}, torch "
+                      f"{env['torch']}, triton {env['triton']}. {results['ids_per_step']} ids "
+                      f"per step ({results['mean_unique_ids']:.0f} unique on average), copy "
+                      f"bandwidth {results['copy_bandwidth_Bps'] / 1e12:.2f} TB/s.\n\n"
+                      f"{table}\n\n{results['notes']}\n")
 
 
 if __name__ == "__main__":

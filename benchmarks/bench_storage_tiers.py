@@ -49,7 +49,7 @@ import bench_embedding_layer as layer  # noqa: E402  (workload, dedup, power-law
 sys.argv = _argv
 
 import torch  # noqa: E402
-from _timing import environment, time_ms  # noqa: E402
+from _timing import environment, time_ms, write_results  # noqa: E402
 
 from hashrec.table import HashTable, SparseSGD, TableOptions  # noqa: E402
 from hashrec.table.tiers.two_part import UVA, TwoPartRows, allocate_host  # noqa: E402
@@ -232,17 +232,15 @@ def _write(results: dict) -> None:
     print(text, flush=True)
     if not ARGS.out:
         return
-    with open(ARGS.out + ".json", "w") as f:
-        json.dump(results, f, indent=1)
     env, a = results["env"], results["args"]
-    with open(ARGS.out + ".md", "w") as f:
-        f.write(f"# Storage tiers on GPU\n\nCommand: `{results['command']}`\n\nDate "
-                f"{env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
-                f"{env['triton']}. One table, dim {a['dim']}, SGD, {a['ids']} ids per step "
-                f"({results['mean_unique_ids']:.0f} unique on average) from a power law "
-                f"(alpha {a['alpha']}) over {a['key_range']} keys, capacity {a['capacity']}; "
-                f"median of {a['steps']} steps after 2 filling steps, through "
-                f"HashTable.lookup / apply_gradients.\n\n{text}\n")
+    write_results(ARGS.out, results,
+                  f"# Storage tiers on GPU\n\nCommand: `{results['command']}`\n\nDate "
+                  f"{env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
+                  f"{env['triton']}. One table, dim {a['dim']}, SGD, {a['ids']} ids per step "
+                  f"({results['mean_unique_ids']:.0f} unique on average) from a power law "
+                  f"(alpha {a['alpha']}) over {a['key_range']} keys, capacity "
+                  f"{a['capacity']}; median of {a['steps']} steps after 2 filling steps, "
+                  f"through HashTable.lookup / apply_gradients.\n\n{text}\n")
 
 
 if __name__ == "__main__":

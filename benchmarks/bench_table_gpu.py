@@ -50,7 +50,7 @@ ARGS = _args()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _timing import environment, time_ms  # noqa: E402
+from _timing import environment, time_ms, write_results  # noqa: E402
 
 from hashrec.table.ops.export.triton import occupied_slots  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
@@ -166,16 +166,14 @@ def _write(results: dict) -> None:
     table = "\n".join(lines)
     print(table)
     if ARGS.out:
-        with open(ARGS.out + ".json", "w") as f:
-            json.dump(results, f, indent=1)
         env = results["env"]
-        with open(ARGS.out + ".md", "w") as f:
-            f.write(f"# Table ops on GPU (benchmark A)\n\nCommand: `python benchmarks/"
-                    f"bench_table_gpu.py --out benchmarks/results/table_gpu`\n\n"
-                    f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
-                    f"{env['triton']}; {results['slots']} slots (bucket 128), "
-                    f"{results['batch']} keys per call, find batches 60% present.\n\n"
-                    f"{table}\n")
+        write_results(ARGS.out, results,
+                      f"# Table ops on GPU (benchmark A)\n\nCommand: `python benchmarks/"
+                      f"bench_table_gpu.py --out benchmarks/results/table_gpu`\n\n"
+                      f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
+                      f"{env['triton']}; {results['slots']} slots (bucket 128), "
+                      f"{results['batch']} keys per call, find batches 60% present.\n\n"
+                      f"{table}\n")
 
 
 if __name__ == "__main__":
