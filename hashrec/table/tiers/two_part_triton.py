@@ -18,18 +18,27 @@ from hashrec.table.ops.optimizer.triton import kernel_hyper, rows_per_program, u
 
 
 @triton.jit
-def _gather_kernel(first, second, split, index_ptr, out_ptr, n, row_dim, start, width,
-                   BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _tile(index_ptr, split, n, width, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's (BLOCK_R, BLOCK_C) tile: its rows and columns, their masks, and
+    for each row the row of ``first`` or of ``second`` it addresses (``near``: first)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     col = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     rmask = rows < n
     cmask = col[None, :] < width
     idx = tl.load(index_ptr + rows, mask=rmask, other=0)
     near = idx < split
+    return rows, col, rmask, cmask, near, tl.where(near, idx, 0), tl.where(near, 0, idx - split)
+
+
+@triton.jit
+def _gather_kernel(first, second, split, index_ptr, out_ptr, n, row_dim, start, width,
+                   BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows, col, rmask, cmask, near, row_a, row_b = _tile(index_ptr, split, n, width,
+                                                        BLOCK_R, BLOCK_C)
     src = start + col[None, :]
-    a = tl.load(first + tl.where(near, idx, 0)[:, None] * row_dim + src,
+    a = tl.load(first + row_a[:, None] * row_dim + src,
                 mask=(rmask & near)[:, None] & cmask, other=0.0)
-    b = tl.load(second + tl.where(near, 0, idx - split)[:, None] * row_dim + src,
+    b = tl.load(second + row_b[:, None] * row_dim + src,
                 mask=(rmask & ~near)[:, None] & cmask, other=0.0)
     tl.store(out_ptr + rows[:, None] * width + col[None, :], tl.where(near[:, None], a, b),
              mask=rmask[:, None] & cmask)
@@ -38,18 +47,12 @@ def _gather_kernel(first, second, split, index_ptr, out_ptr, n, row_dim, start, 
 @triton.jit
 def _scatter_kernel(first, second, split, index_ptr, rows_ptr, n, row_dim, start, width,
                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    col = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    rmask = rows < n
-    cmask = col[None, :] < width
-    idx = tl.load(index_ptr + rows, mask=rmask, other=0)
-    near = idx < split
+    rows, col, rmask, cmask, near, row_a, row_b = _tile(index_ptr, split, n, width,
+                                                        BLOCK_R, BLOCK_C)
     x = tl.load(rows_ptr + rows[:, None] * width + col[None, :], mask=rmask[:, None] & cmask)
     dst = start + col[None, :]
-    tl.store(first + tl.where(near, idx, 0)[:, None] * row_dim + dst, x,
-             mask=(rmask & near)[:, None] & cmask)
-    tl.store(second + tl.where(near, 0, idx - split)[:, None] * row_dim + dst, x,
-             mask=(rmask & ~near)[:, None] & cmask)
+    tl.store(first + row_a[:, None] * row_dim + dst, x, mask=(rmask & near)[:, None] & cmask)
+    tl.store(second + row_b[:, None] * row_dim + dst, x, mask=(rmask & ~near)[:, None] & cmask)
 
 
 @triton.jit
@@ -69,9 +72,11 @@ def _update_kernel(first, second, split, index_ptr, grads_ptr, u, row_dim, dim, 
                 beta1, beta2, wd, adam_step, OPT, DIM_P2)
 
 
-def _tiles(width: int) -> tuple[int, int]:
+def _tiles(n: int, width: int) -> tuple[int, int, tuple[int, int]]:
+    """BLOCK_R, BLOCK_C and the grid of an (n, width) gather or scatter."""
     block_c = min(triton.next_power_of_2(max(width, 1)), 128)
-    return max(1, min(64, 2048 // block_c)), block_c
+    block_r = max(1, min(64, 2048 // block_c))
+    return block_r, block_c, (triton.cdiv(n, block_r), triton.cdiv(width, block_c))
 
 
 def gather(first: torch.Tensor, second: torch.Tensor, split: int, index: torch.Tensor,
@@ -81,8 +86,7 @@ def gather(first: torch.Tensor, second: torch.Tensor, split: int, index: torch.T
     out = torch.empty(n, width, dtype=first.dtype, device=index.device)
     if n == 0 or width == 0:
         return out
-    block_r, block_c = _tiles(width)
-    grid = (triton.cdiv(n, block_r), triton.cdiv(width, block_c))
+    block_r, block_c, grid = _tiles(n, width)
     _gather_kernel[grid](first, second, split, index.contiguous(), out, n, first.shape[1],
                          start, width, BLOCK_R=block_r, BLOCK_C=block_c)
     return out
@@ -94,8 +98,7 @@ def scatter(first: torch.Tensor, second: torch.Tensor, split: int, index: torch.
     n, width = rows.shape
     if n == 0 or width == 0:
         return
-    block_r, block_c = _tiles(width)
-    grid = (triton.cdiv(n, block_r), triton.cdiv(width, block_c))
+    block_r, block_c, grid = _tiles(n, width)
     _scatter_kernel[grid](first, second, split, index.contiguous(),
                           rows.to(first.dtype).contiguous(), n, first.shape[1], start, width,
                           BLOCK_R=block_r, BLOCK_C=block_c)
