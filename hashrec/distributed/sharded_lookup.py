@@ -134,16 +134,38 @@ class ShardedTable:
         self._check_input(keys, tags, counts, scores)
         if self.world_size == 1:
             return self._lookup_local(keys, tags, train, counts, scores, lr)
-        route = route_by_owner(keys, self.world_size)
-        # Keys and their per-key integers travel together as columns of one int64 matrix.
-        columns = [keys] + [c.to(torch.int64) for c in (tags, counts, scores) if c is not None]
+        route, columns = self._route(keys, tags, counts, scores)
         with self.timer.region():
             splits = exchange_splits(route.send_counts, self.group, self.world_size)[0]
-            received = all_to_all(torch.stack(columns, 1)[route.order], splits, self.group)
+            received = all_to_all(columns, splits, self.group)
+        reply, inverse, slots = self._serve(received, tags is not None, counts is not None,
+                                            scores is not None, train)
+        with self.timer.region():
+            rows = all_to_all(reply, splits.reversed(), self.group)
+        return self._answer(rows, route, splits, inverse, slots, train, lr)
+
+    def _route(self, keys: torch.Tensor, tags: torch.Tensor | None,
+               counts: torch.Tensor | None, scores: torch.Tensor | None):
+        """(Routing, (n, w) int64 columns sorted by owner): what the key exchange sends.
+
+        Keys and their per-key integers travel together as columns of one int64 matrix.
+        """
+        route = route_by_owner(keys, self.world_size)
+        columns = [keys] + [c.to(torch.int64) for c in (tags, counts, scores) if c is not None]
+        return route, torch.stack(columns, 1)[route.order]
+
+    def _serve(self, received: torch.Tensor, has_tags: bool, has_counts: bool,
+               has_scores: bool, train: bool
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Owner side: received (m, w) columns -> (reply (m, dim + 1), inverse (m,), slots (u,)).
+
+        Received keys are deduplicated across senders and looked up once; the reply's
+        extra column tells the requester whether the owner stores the key.
+        """
         fields = iter(received.unbind(1)[1:])
-        recv_tags = None if tags is None else next(fields).to(torch.int32)
-        recv_counts = None if counts is None else next(fields)
-        recv_scores = None if scores is None else next(fields)
+        recv_tags = next(fields).to(torch.int32) if has_tags else None
+        recv_counts = next(fields) if has_counts else None
+        recv_scores = next(fields) if has_scores else None
         unique_keys, unique_tags, inverse = unique_pairs(received[:, 0].contiguous(), recv_tags)
         u = unique_keys.shape[0]
         if recv_counts is not None:
@@ -153,17 +175,20 @@ class ShardedTable:
                 0, inverse, recv_scores, reduce="amax")
         result = self.table.lookup(unique_keys, unique_tags, train=train,
                                    **_optional(counts=recv_counts, scores=recv_scores))
-        # One extra column tells the requester whether the owner stores the key.
         reply = torch.cat([result.values.float(),
                            (result.slots >= 0).to(torch.float32).unsqueeze(1)], 1)
-        with self.timer.region():
-            rows = all_to_all(reply[inverse], splits.reversed(), self.group)
+        return reply[inverse], inverse, result.slots
+
+    @staticmethod
+    def _answer(rows: torch.Tensor, route, splits: Splits, inverse: torch.Tensor,
+                slots: torch.Tensor, train: bool, lr: float | None) -> ShardedLookupResult:
+        """Requester side: replies sorted by owner -> rows in the caller's key order."""
         answered = torch.empty_like(rows)
         answered[route.order] = rows
         state = None
         if train:
             state = ExchangeState(order=route.order, splits=splits, inverse=inverse,
-                                  slots=result.slots, lr=lr)
+                                  slots=slots, lr=lr)
         return ShardedLookupResult(values=answered[:, :-1], state=state,
                                    stored=answered[:, -1] > 0.5)
 
@@ -194,6 +219,10 @@ class ShardedTable:
                 f"{state.order.shape[0]}")
         with self.timer.region():
             recv = all_to_all(grads[state.order].to(torch.float32), state.splits, self.group)
+        self._apply_received(state, recv)
+
+    def _apply_received(self, state: ExchangeState, recv: torch.Tensor) -> None:
+        """Owner side: sum the received gradients (m, dim) per key and apply them."""
         summed = recv.new_zeros((state.slots.shape[0], recv.shape[1]))
         summed.index_add_(0, state.inverse, recv)
         stored = state.slots >= 0

@@ -6,7 +6,9 @@ every key through :class:`~hashrec.distributed.ShardedTable` (deduplicate
 locally, all-to-all to the owners, look up there, rows back). Dense tables are
 replicated; their rows are read locally.
 
-All storages of one forward go through one autograd node, so the backward
+The dynamic storages of one forward share their exchanges (one size exchange,
+one key and one row exchange; ``hashrec.distributed.multi_lookup``). All
+storages of one forward go through one autograd node, so the backward
 exchanges run in one fixed order (the storages' order) on every rank, whatever
 order the autograd engine would pick for separate nodes. In backward each
 storage's gradient is divided by the world size (every rank's loss is the mean
@@ -33,6 +35,7 @@ import torch
 
 from hashrec.distributed import ShardedTable
 from hashrec.distributed.data_parallel import gather_sparse_gradients_many
+from hashrec.distributed.multi_lookup import TableRequest, apply_gradients_many, lookup_many
 from hashrec.embedding.lookup import Storage
 
 
@@ -76,25 +79,28 @@ class ShardedLookups:
 
     def idle(self, storages: list[Storage], fused: dict[str, bool]) -> None:
         """Serve the peers' eval lookups with no keys of this rank's own (read-only)."""
-        for storage in storages:
-            if storage.name not in self.sharded:
-                continue
+        names = [s.name for s in storages if s.name in self.sharded]
+        requests = []
+        for name in names:
             keys = torch.empty(0, dtype=torch.int64, device=self.ctx.device)
-            tags = torch.empty(0, dtype=torch.int32, device=keys.device) \
-                if fused[storage.name] else None
-            self.sharded[storage.name].lookup(keys, tags, train=False, counts=keys.clone())
+            tags = torch.empty(0, dtype=torch.int32, device=keys.device) if fused[name] else None
+            requests.append(TableRequest(keys, tags, keys.clone()))
+        lookup_many([self.sharded[name] for name in names], requests, False, self.group)
 
     def _forward(self, requests: list[Request], train: bool) -> list[tuple]:
+        dynamic = [r for r in requests if r.storage.name in self.sharded]
+        results = iter(lookup_many(
+            [self.sharded[r.storage.name] for r in dynamic],
+            [TableRequest(r.keys, r.tags, r.counts, r.storage.lr) for r in dynamic],
+            train, self.group))
         out = []
         for r in requests:
-            sharded = self.sharded.get(r.storage.name)
-            if sharded is None:  # a replicated dense table
+            if r.storage.name not in self.sharded:  # a replicated dense table
                 result = r.storage.table.lookup(r.keys, tags=r.tags, train=train,
                                                 counts=r.counts)
                 out.append((result.values.float(), result.slots, None))
                 continue
-            result = sharded.lookup(r.keys, r.tags, train=train, counts=r.counts,
-                                    lr=r.storage.lr)
+            result = next(results)
             slots = torch.where(result.stored, 0, -1).to(torch.int64)
             out.append((result.values.float(), slots, result.state))
         return out
@@ -103,7 +109,8 @@ class ShardedLookups:
                  grads: list[torch.Tensor]) -> None:
         """Apply every trainable storage's update, in request order (collective).
 
-        The replicated dense tables' gradients travel first, all in one exchange.
+        The replicated dense tables' gradients travel first, all in one exchange;
+        then the dynamic storages' gradients, all in one exchange.
         """
         dense = []
         for r, local_slots, grad in zip(requests, slots, grads):
@@ -113,9 +120,12 @@ class ShardedLookups:
                                                 self.group, self.timer)
         for (r, _, _), (rows, summed) in zip(dense, gathered):
             r.storage.apply_gradients(rows, summed)
-        for r, state, grad in zip(requests, states, grads):
-            if r.storage.plan.trainable and r.storage.name in self.sharded:
-                self.sharded[r.storage.name].apply_gradients(state, grad.float() * self.grad_scale)
+        dynamic = [(r, state, grad) for r, state, grad in zip(requests, states, grads)
+                   if r.storage.plan.trainable and r.storage.name in self.sharded]
+        apply_gradients_many([self.sharded[r.storage.name] for r, _, _ in dynamic],
+                             [state for _, state, _ in dynamic],
+                             [grad.float() * self.grad_scale for _, _, grad in dynamic],
+                             self.group)
 
 
 class _LookupAll(torch.autograd.Function):

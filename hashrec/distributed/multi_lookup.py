@@ -1,0 +1,133 @@
+"""Several row-wise sharded tables looked up and updated with shared exchanges.
+
+:meth:`ShardedTable.lookup` exchanges sizes, keys and rows once per table; a
+collection with S dynamic storages would pay 3 S collectives and S host syncs
+per forward and S gradient exchanges per backward. The functions here run the
+same per-table steps (route, serve on the owners, answer; the owners see exactly
+the keys, counts and gradients they would see table by table) but share the
+exchanges of all tables:
+
+* one size exchange for all tables (the one host sync of a forward);
+* one key exchange, one row exchange (forward) and one gradient exchange
+  (backward), each a single all-to-all of a flat buffer that holds, for every
+  peer, each table's rows for that peer in table order.
+
+Collective rule: every rank calls them with the same tables in the same order
+(with possibly zero keys), like :meth:`ShardedTable.lookup`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hashrec.distributed.all_to_all import Splits, all_to_all, exchange_splits
+from hashrec.distributed.errors import DistributedError
+from hashrec.distributed.sharded_lookup import ExchangeState, ShardedLookupResult, ShardedTable
+
+
+@dataclass
+class TableRequest:
+    """One table's keys of a step.
+
+    Attributes:
+        keys: (n,) int64 unique per (key, tag) on this rank.
+        tags: (n,) int32 or None.
+        counts: (n,) int64 occurrences in this rank's batch, or None.
+        lr: learning rate of the gradient step (None: the optimizer spec's).
+    """
+
+    keys: torch.Tensor
+    tags: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
+    lr: float | None = None
+
+
+def exchange_packed(tensors: list[torch.Tensor], splits: list[Splits],
+                    group=None) -> list[torch.Tensor]:
+    """All-to-all of several 2-D tensors of one dtype in one collective.
+
+    Args:
+        tensors: per table, (splits[t].num_send, w_t) rows grouped by destination rank.
+        splits: per table, the host-side sizes of its exchange.
+        group: process group (default group when None).
+
+    Returns:
+        Per table, (splits[t].num_recv, w_t) rows grouped by source rank, exactly
+        what ``all_to_all(tensors[t], splits[t])`` returns.
+    """
+    widths = [t.shape[1] for t in tensors]
+    world = len(splits[0].send)
+    chunks = [torch.split(t, list(s.send)) for t, s in zip(tensors, splits)]
+    send = torch.cat([chunks[t][r].reshape(-1) for r in range(world)
+                      for t in range(len(tensors))])
+    packed = Splits(send=tuple(sum(s.send[r] * w for s, w in zip(splits, widths))
+                               for r in range(world)),
+                    recv=tuple(sum(s.recv[r] * w for s, w in zip(splits, widths))
+                               for r in range(world)))
+    received = all_to_all(send, packed, group)
+    parts = torch.split(received, [s.recv[r] * w for r in range(world)
+                                   for s, w in zip(splits, widths)])
+    count = len(tensors)
+    return [torch.cat([parts[r * count + t] for r in range(world)]).view(-1, widths[t])
+            for t in range(count)]
+
+
+def lookup_many(tables: list[ShardedTable], requests: list[TableRequest], train: bool,
+                group=None) -> list[ShardedLookupResult]:
+    """:meth:`ShardedTable.lookup` of every table, sharing the exchanges (a collective).
+
+    Args:
+        tables: sharded tables of one world size > 1, in the same order on every rank.
+        requests: one per table.
+        train: as in :meth:`ShardedTable.lookup`.
+        group: process group of the exchanges (default group when None).
+
+    Returns:
+        One :class:`ShardedLookupResult` per table, as its own lookup returns it.
+    """
+    if not tables:
+        return []
+    for table, r in zip(tables, requests):
+        table._check_input(r.keys, r.tags, r.counts, None)
+    timer, world = tables[0].timer, tables[0].world_size
+    if world == 1:
+        return [table.lookup(r.keys, r.tags, train=train, counts=r.counts, lr=r.lr)
+                for table, r in zip(tables, requests)]
+    routed = [table._route(r.keys, r.tags, r.counts, None) for table, r in zip(tables, requests)]
+    with timer.region():
+        sends = torch.stack([route.send_counts for route, _ in routed])
+        splits = exchange_splits(sends, group, world)
+        received = exchange_packed([columns for _, columns in routed], splits, group)
+    served = [table._serve(recv, r.tags is not None, r.counts is not None, False, train)
+              for table, r, recv in zip(tables, requests, received)]
+    with timer.region():
+        rows = exchange_packed([reply for reply, _, _ in served],
+                               [s.reversed() for s in splits], group)
+    return [ShardedTable._answer(answer, route, split, inverse, slots, train, r.lr)
+            for answer, (route, _), split, (_, inverse, slots), r
+            in zip(rows, routed, splits, served, requests)]
+
+
+def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState],
+                         grads: list[torch.Tensor], group=None) -> None:
+    """:meth:`ShardedTable.apply_gradients` of every table with one gradient exchange.
+
+    Args:
+        tables: the tables of one :func:`lookup_many`, in the same order.
+        states: their exchange states.
+        grads: per table, (n, dim) float32 gradient per key, in the keys' order.
+    """
+    if not tables:
+        return
+    sends = []
+    for state, grad in zip(states, grads):
+        if grad.shape[0] != state.order.shape[0]:
+            raise DistributedError(f"got gradients for {grad.shape[0]} keys but the lookup had "
+                             f"{state.order.shape[0]}")
+        sends.append(grad[state.order].to(torch.float32))
+    with tables[0].timer.region():
+        received = exchange_packed(sends, [state.splits for state in states], group)
+    for table, state, recv in zip(tables, states, received):
+        table._apply_received(state, recv)
