@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import xxhash
 
+from hashrec.checkpoint.chunk_write import start_writeback, submit, write_chunk_arrays
 from hashrec.checkpoint.errors import CheckpointError
 from hashrec.checkpoint.pipeline import WriteBehind
 
@@ -69,13 +70,25 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A contiguous little-endian host view of ``tensor``'s bytes."""
+def _as_numpy(tensor: torch.Tensor) -> tuple[np.ndarray, Any]:
+    """A contiguous little-endian host view of ``tensor``'s bytes, and the CUDA event
+    after which the view holds them (None when it does already).
+
+    A CUDA tensor is copied into page-locked memory asynchronously on its device's
+    current stream, so later work on that stream is ordered after the copy and the
+    caller does not wait for it; whoever reads the view waits for the event.
+    """
     name = dtype_name(tensor.dtype)
     _, np_dtype, view_dtype = _DTYPES[name]
     tensor = tensor.detach()
+    ready = None
     if tensor.device.type == "cpu":
         host = tensor.contiguous()
+    elif tensor.device.type == "cuda":
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(tensor.device))
     else:  # one copy into page-locked memory: a faster device-to-host transfer
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         host.copy_(tensor)
@@ -83,8 +96,11 @@ def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
         host = host.view(view_dtype)
     array = host.numpy()
     if sys.byteorder != "little":
+        if ready is not None:
+            ready.synchronize()
+            ready = None
         array = array.astype(np_dtype)
-    return array
+    return array, ready
 
 
 class ShardWriter:
@@ -102,22 +118,29 @@ class ShardWriter:
         self._offset = 0
         self._file = open(stem + ".bin", "wb", buffering=0)  # noqa: SIM115 - closed in close()
         self._behind = WriteBehind(depth=1)
+        self._writebacks: list = []  # pending start_writeback calls, done before the fsync
 
     def write_chunk(self, section: str, arrays: dict[str, torch.Tensor]) -> None:
         """Appends one chunk of ``section``; all arrays share their first dimension.
 
-        Checksums and the write run on a background thread while the caller prepares
+        Checksums and the write run on background threads while the caller prepares
         the next chunk: CPU arrays must stay unchanged until the next ``write_chunk``
-        or ``close`` returns (an error of that write is raised there).
+        or ``close`` returns (an error of that write is raised there). CUDA arrays are
+        copied to the host on their device's current stream without waiting.
         """
         counts = {int(t.shape[0]) for t in arrays.values()}
         if len(counts) != 1:
             raise CheckpointError(f"{self._stem}.bin: arrays of one chunk differ in length")
         count = counts.pop()
         entry: dict[str, Any] = {"count": count, "arrays": {}}
+        start = self._offset
         pending = []
+        ready = []
         for name, tensor in arrays.items():
-            array = _as_numpy(tensor).reshape(-1)
+            array, event = _as_numpy(tensor)
+            array = array.reshape(-1)
+            if event is not None:
+                ready.append(event)
             entry["arrays"][name] = {
                 "dtype": dtype_name(tensor.dtype),
                 "shape": list(tensor.shape),
@@ -127,19 +150,26 @@ class ShardWriter:
             pending.append((entry["arrays"][name], array))
             self._offset += array.nbytes
         # checksums and the write run behind the caller's next export
-        self._behind.submit(lambda: self._write_arrays(pending))
+        self._behind.submit(lambda: self._write_arrays(pending, ready, start))
         section_entry = self._sections.setdefault(section, {"count": 0, "chunks": []})
         section_entry["count"] += count
         section_entry["chunks"].append(entry)
 
-    def _write_arrays(self, pending: list[tuple[dict[str, Any], np.ndarray]]) -> None:
-        for spec, array in pending:
-            spec["xxh3_64"] = xxhash.xxh3_64_hexdigest(array)
-            if not array.nbytes:
-                continue
-            view = memoryview(array).cast("B")
-            while view.nbytes:
-                view = view[self._file.write(view):]
+    def _write_arrays(self, pending: list[tuple[dict[str, Any], np.ndarray]],
+                      ready: list[Any], start: int) -> None:
+        for event in ready:  # device-to-host copies of this chunk
+            event.synchronize()
+        digests = write_chunk_arrays(self._file, [array for _, array in pending])
+        for (spec, _), digest in zip(pending, digests):
+            spec["xxh3_64"] = digest
+        nbytes = sum(array.nbytes for _, array in pending)
+        self._writebacks = [f for f in self._writebacks if not f.done()]
+        self._writebacks.append(submit(start_writeback, self._file.fileno(), start, nbytes))
+
+    def _wait_writebacks(self) -> None:
+        writebacks, self._writebacks = self._writebacks, []
+        for future in writebacks:
+            future.result()
 
     def ensure_section(self, section: str) -> None:
         """Declares ``section`` even if no chunk is written (an empty section)."""
@@ -149,6 +179,7 @@ class ShardWriter:
         """Fsyncs the data, writes and fsyncs the header; returns the header."""
         try:
             self._behind.finish()
+            self._wait_writebacks()
         except BaseException:
             self.abort()
             raise
@@ -173,6 +204,9 @@ class ShardWriter:
     def abort(self) -> None:
         """Closes the data file without writing a header (the shard stays incomplete)."""
         self._behind.finish(raise_error=False)
+        for future in self._writebacks:
+            future.exception()  # waits; a hint that failed needs no report here
+        self._writebacks = []
         if not self._file.closed:
             self._file.close()
 
