@@ -298,7 +298,8 @@ class HashTable:
         miss = torch.nonzero(slots < 0).flatten()
         if admit and self._counter is not None and miss.numel():
             admitted = self._counter.count(keys[miss], _take(tags, miss), counts[miss])
-            self._stats["admission_rejected"] += int(miss.numel() - admitted.sum())
+            # Device-side sum: read on the host only by stats().
+            self._stats["admission_rejected"] += miss.numel() - admitted.sum()
             miss = miss[admitted]
         stored = 0
         if miss.numel():
@@ -382,7 +383,7 @@ class HashTable:
 
     def _count_lookups(self, slots: torch.Tensor) -> None:
         self._stats["lookups"] += slots.numel()
-        self._stats["hits"] += int((slots >= 0).sum())
+        self._stats["hits"] += (slots >= 0).sum()  # device-side: read by stats() only
 
     def find(self, keys: torch.Tensor,
              tags: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
