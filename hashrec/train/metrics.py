@@ -6,8 +6,10 @@ Mann-Whitney statistic on them: a negative in a lower bin than a positive counts
 1, one in the same bin counts 1/2 (the ROC curve at ``num_bins`` thresholds
 with the trapezoid rule). It equals the exact AUC when no bin holds both a
 positive and a negative; otherwise the error is at most half the share of
-positive-negative pairs that fall in one bin. Every metric's state is a few tensors that ``sync`` sums across
-ranks, so distributed evaluation needs one all-reduce per metric.
+positive-negative pairs that fall in one bin (the statistic is
+``hashrec.distributed.metrics.auc_from_histograms``). Every metric's state is a
+few tensors that ``sync`` sums across ranks, so distributed evaluation needs one
+all-reduce per metric.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from hashrec.distributed.metrics import auc_from_histograms
 from hashrec.train.errors import TrainError
 
 
@@ -54,12 +57,9 @@ class BinnedAUC:
 
     def compute(self) -> float:
         """AUC in [0, 1]; NaN when one class is absent."""
-        total_pos, total_neg = self.positives.sum(), self.negatives.sum()
-        if total_pos == 0 or total_neg == 0:
+        if self.positives.sum() == 0 or self.negatives.sum() == 0:
             return float("nan")
-        negatives_below = torch.cumsum(self.negatives, 0) - self.negatives
-        wins = (self.positives * (negatives_below + 0.5 * self.negatives)).sum()
-        return float(wins / (total_pos * total_neg))
+        return auc_from_histograms(self.positives, self.negatives)
 
 
 class _MeanOf:
