@@ -35,11 +35,18 @@ def _has(message, field: str) -> bool:
 
 
 def csv_format(data_config) -> CsvFormat:
-    """The CSV layout a DataConfig describes (input_fields, delimiter, with_header)."""
+    """The CSV layout a DataConfig describes (input_fields, delimiter, with_header).
+
+    Raises:
+        DataError: the layout is invalid (the message names the data_config field).
+    """
     fields = tuple(
         (f.input_name, _enum_name(f, "input_type") if _has(f, "input_type") else None)
         for f in data_config.input_fields)
-    return CsvFormat(fields, data_config.delimiter, bool(data_config.with_header))
+    try:
+        return CsvFormat(fields, data_config.delimiter, bool(data_config.with_header))
+    except ValueError as err:
+        raise DataError(f"data_config (CsvDataset): {err}") from None
 
 
 def read_options(data_config, mode: str, rank: int = 0, world_size: int = 1,

@@ -3,7 +3,7 @@ import os
 import pytest
 
 from hashrec.config import load_pipeline_config
-from hashrec.data import DataError, create_dataloader, read_options
+from hashrec.data import DataError, create_dataloader, csv_format, read_options
 from hashrec.features import build_feature_set
 from hashrec.tools.gen_taobao_data import generate
 
@@ -54,3 +54,11 @@ def test_read_options_reject_bad_values():
         read_options(pipeline.data_config, "serve")
     with pytest.raises(ValueError, match="rank"):
         read_options(pipeline.data_config, "train", rank=2, world_size=2)
+
+
+def test_bad_csv_layout_in_the_config_is_a_data_error():
+    pipeline = load_pipeline_config(os.path.join(EXAMPLES, "multi_tower_din_taobao.config"))
+    cfg = pipeline.data_config
+    cfg.delimiter, cfg.with_header = "||", True
+    with pytest.raises(DataError, match="data_config.*delimiter must be one character"):
+        csv_format(cfg)
