@@ -29,13 +29,13 @@ import sys
 
 import torch
 
-from hashrec.checkpoint import CheckpointError
 from hashrec.config import load_pipeline_config
 from hashrec.tools.dynamicemb.ckpt_writer import (
     CheckpointBuilder,
     initial_scores,
     initial_state_rows,
 )
+from hashrec.tools.dynamicemb.cli import run_tool
 from hashrec.tools.dynamicemb.errors import MigrationError
 from hashrec.tools.dynamicemb.init_table import InitTableReport, read_init_table
 
@@ -136,19 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    if args.world_size < 1:
-        print(f"error: --world_size={args.world_size} is not valid; allowed: >= 1",
-              file=sys.stderr)
-        return 2
-    try:
-        config = load_pipeline_config(args.pipeline_config_path)
-        create_init_checkpoint(config, args.world_size, args.save_dir,
-                               args.reader_worker_num, args.separator)
-    except (MigrationError, CheckpointError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run_tool(args.world_size, lambda: create_init_checkpoint(
+        load_pipeline_config(args.pipeline_config_path), args.world_size, args.save_dir,
+        args.reader_worker_num, args.separator))
 
 
 if __name__ == "__main__":

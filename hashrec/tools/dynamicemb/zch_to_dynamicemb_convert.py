@@ -37,7 +37,7 @@ import sys
 
 import torch
 
-from hashrec.checkpoint import CheckpointError, restore_checkpoint
+from hashrec.checkpoint import restore_checkpoint
 from hashrec.checkpoint.dense import load_state
 from hashrec.checkpoint.restore import read_complete_meta
 from hashrec.config import load_pipeline_config
@@ -47,6 +47,7 @@ from hashrec.tools.dynamicemb.ckpt_writer import (
     initial_scores,
     initial_state_rows,
 )
+from hashrec.tools.dynamicemb.cli import run_tool
 from hashrec.tools.dynamicemb.errors import MigrationError
 
 logger = logging.getLogger("hashrec.tools")
@@ -137,6 +138,20 @@ def _dense_optimizer_state(path: str, meta: dict, source_model, target_model):
     return load_state(path, entry)
 
 
+def _migrate_zch(builder: CheckpointBuilder, name: str, source_embedding, storage: str,
+                 tag: int, table) -> int:
+    """Writes ZCH table ``name``'s slot rows as the target storage's keys; -> ids migrated."""
+    part = _zch_rows(name, source_embedding, table)
+    builder.write_rows(storage, part["keys"],
+                       torch.full((part["keys"].numel(),), tag, dtype=torch.int32),
+                       part["rows"], part["scores"])
+    if table.options.score_strategy is ScoreStrategy.STEP:
+        builder.table_steps[storage] = max(builder.table_steps[storage], part["step"])
+    count = int(part["keys"].numel())
+    logger.info("table %r: %d ZCH ids migrated", name, count)
+    return count
+
+
 def convert(source_checkpoint: str, source_config, target_config, save_dir: str,
             world_size: int | None = None) -> str:
     """Writes ``save_dir/model.ckpt-0`` for the target config (see the module docstring).
@@ -176,15 +191,8 @@ def convert(source_checkpoint: str, source_config, target_config, save_dir: str,
                 continue
             table = storages[storage]
             if name in zch_tables:
-                part = _zch_rows(name, source.embedding, table)
-                builder.write_rows(storage, part["keys"],
-                                   torch.full((part["keys"].numel(),), tag, dtype=torch.int32),
-                                   part["rows"], part["scores"])
-                if table.options.score_strategy is ScoreStrategy.STEP:
-                    builder.table_steps[storage] = max(builder.table_steps[storage],
-                                                       part["step"])
-                migrated[name] = int(part["keys"].numel())
-                logger.info("table %r: %d ZCH ids migrated", name, migrated[name])
+                migrated[name] = _migrate_zch(builder, name, source.embedding, storage, tag,
+                                              table)
                 continue
             source_storage, source_tag = source_locations.get(name, (None, 0))
             if source_storage not in source_storages:
@@ -227,20 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    if args.world_size is not None and args.world_size < 1:
-        print(f"error: --world_size={args.world_size} is not valid; allowed: >= 1",
-              file=sys.stderr)
-        return 2
-    try:
-        convert(args.source_checkpoint_path,
-                load_pipeline_config(args.source_pipeline_config_path),
-                load_pipeline_config(args.target_pipeline_config_path),
-                args.save_dir, args.world_size)
-    except (MigrationError, CheckpointError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run_tool(args.world_size, lambda: convert(
+        args.source_checkpoint_path, load_pipeline_config(args.source_pipeline_config_path),
+        load_pipeline_config(args.target_pipeline_config_path), args.save_dir,
+        args.world_size))
 
 
 if __name__ == "__main__":

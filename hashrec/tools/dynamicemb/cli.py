@@ -1,0 +1,33 @@
+"""Command-line plumbing shared by the dynamic-embedding migration tools."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+
+from hashrec.checkpoint import CheckpointError
+from hashrec.tools.dynamicemb.errors import MigrationError
+
+
+def run_tool(world_size: int | None, main: Callable[[], object]) -> int:
+    """Run a tool's ``main`` with INFO logging and return its exit code.
+
+    Args:
+        world_size: the tool's ``--world_size`` (None: not given); below 1 exits 2.
+        main: the tool's work.
+
+    Returns:
+        0; 2 for an invalid ``--world_size``; 1 after a migration, checkpoint or
+        value error, printed as one ``error:`` line on stderr.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if world_size is not None and world_size < 1:
+        print(f"error: --world_size={world_size} is not valid; allowed: >= 1", file=sys.stderr)
+        return 2
+    try:
+        main()
+    except (MigrationError, CheckpointError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
