@@ -1,9 +1,10 @@
 """What the planner knows of one dynamic table, and its per-rank bytes in each storage mode.
 
 Bytes come from the table's own accounting,
-:func:`hashrec.table.memory.estimate_table_bytes` (seed 000's estimate: the hash
-index and admission counters on the GPU; values split by mode), applied to the
-table's per-rank options with the variant's ``cache_load_factor`` and ``caching``.
+:func:`hashrec.table.memory.estimate_table_bytes` (TorchEasyRec's DynamicEmb
+estimate: the hash index and admission counters on the GPU; values split by
+mode), applied to the table's per-rank options with the variant's
+``cache_load_factor`` and ``caching``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Memory accounting of a dynamic table (seed 000's storage estimate).
+"""Memory accounting of a dynamic table (the storage estimate of TorchEasyRec's DynamicEmb
+integration).
 
 Per table, with ``rows`` = max_capacity rounded up to whole buckets::
 
@@ -11,7 +12,7 @@ Per table, with ``rows`` = max_capacity rounded up to whole buckets::
     admission counters (key 8 + tag 4 + digest 1 + count 8 per counter slot) are on the gpu.
 
 The 4-byte tag is this layout's namespace column (table fusion); the bucket header
-is kept from the seed estimate so plans stay comparable. On a CPU-only machine the
+is kept from that estimate so plans stay comparable. On a CPU-only machine the
 "gpu" share is host memory standing in for it.
 """
 

@@ -84,7 +84,7 @@ def _check_float(field_name: str, value: Any, optional: bool = False) -> None:
 
 @dataclass(frozen=True)
 class InitializerArgs:
-    """How new rows' embeddings are drawn (seed 003 ``initializer_args``).
+    """How new rows' embeddings are drawn (dynamicemb's ``initializer_args``).
 
     Attributes:
         mode: NORMAL | TRUNCATED_NORMAL | UNIFORM | CONSTANT.
@@ -122,7 +122,7 @@ class InitializerArgs:
         _check_int("key_seed", self.key_seed, minimum=0, optional=True)
 
     def resolved(self, dim: int, max_capacity: int) -> InitializerArgs:
-        """Returns a copy with the seed 003 defaults filled in for this table."""
+        """Returns a copy with dynamicemb's defaults filled in for this table."""
         bound = math.sqrt(1.0 / max_capacity)
         return replace(
             self,

@@ -1,4 +1,4 @@
-"""Storage tiers: where a dynamic table's value rows live (seed 000's storage modes).
+"""Storage tiers: where a dynamic table's value rows live (DynamicEmb's storage modes).
 
 The index (keys, tags, digests, scores) always sits on the table's device; a row
 store holds the value rows ``[embedding | optimizer state]`` by logical slot:
