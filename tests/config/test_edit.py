@@ -8,12 +8,12 @@ import pytest
 
 from hashrec.config import ConfigError, apply_edit_config_json, data_pb2, load_pipeline_config
 
-SEED_CONFIG = Path(__file__).parent / "testdata" / "seed001_section7.config"
+TAOBAO_CONFIG = Path(__file__).parent / "testdata" / "torcheasyrec_dynamicemb_taobao.config"
 
 
 @pytest.fixture(scope="module")
 def config():
-    return load_pipeline_config(SEED_CONFIG)
+    return load_pipeline_config(TAOBAO_CONFIG)
 
 
 def test_brief_example(config):

@@ -15,13 +15,13 @@ from hashrec.config import (
     save_pipeline_config,
 )
 
-SEED_CONFIG = Path(__file__).parent / "testdata" / "seed001_section7.config"
+TAOBAO_CONFIG = Path(__file__).parent / "testdata" / "torcheasyrec_dynamicemb_taobao.config"
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
-def test_seed_config_parses_verbatim(caplog):
+def test_taobao_config_parses_verbatim(caplog):
     with caplog.at_level(logging.WARNING):
-        config = load_pipeline_config(SEED_CONFIG)
+        config = load_pipeline_config(TAOBAO_CONFIG)
     user_id = config.feature_configs[0].id_feature
     assert user_id.dynamicemb.score_strategy == "LFU"
     assert user_id.dynamicemb.initializer_args.mode == "NORMAL"
@@ -70,7 +70,7 @@ def test_missing_file(tmp_path):
 
 
 def test_save_round_trip(tmp_path):
-    config = load_pipeline_config(SEED_CONFIG)
+    config = load_pipeline_config(TAOBAO_CONFIG)
     save_pipeline_config(config, tmp_path / "sub" / "saved.config")
     assert load_pipeline_config(tmp_path / "sub" / "saved.config") == config
 

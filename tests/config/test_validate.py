@@ -14,11 +14,11 @@ from hashrec.config import (
     validate_pipeline_config,
 )
 
-SEED_CONFIG = Path(__file__).parent / "testdata" / "seed001_section7.config"
+TAOBAO_CONFIG = Path(__file__).parent / "testdata" / "torcheasyrec_dynamicemb_taobao.config"
 
 
-def test_seed_config_needs_a_supported_dataset():
-    config = load_pipeline_config(SEED_CONFIG)
+def test_taobao_config_needs_a_supported_dataset():
+    config = load_pipeline_config(TAOBAO_CONFIG)
     with pytest.raises(ConfigError, match="OdpsDataset is not supported"):
         validate_pipeline_config(config)
     validate_pipeline_config(

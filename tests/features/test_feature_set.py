@@ -1,4 +1,4 @@
-"""FeatureSet on the seed Taobao config: columns, specs, batches, labels, errors."""
+"""FeatureSet on the TorchEasyRec DynamicEmb Taobao config: columns, specs, batches, labels, errors."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hashrec.config import ConfigError, apply_edit_config_json, load_pipeline_co
 from hashrec.features import FeatureError, build_feature_set
 
 ROOT = Path(__file__).parents[2]
-SEED_CONFIG = ROOT / "tests" / "config" / "testdata" / "seed001_section7.config"
+TAOBAO_CONFIG = ROOT / "tests" / "config" / "testdata" / "torcheasyrec_dynamicemb_taobao.config"
 SIZES = {"user_id": 1000, "cms_segid": 98, "cms_group_id": 14, "final_gender_code": 3,
          "age_level": 8, "pvalue_level": 5, "shopping_level": 5, "occupation": 3,
          "new_user_class_level": 6, "adgroup_id": 500, "cate_id": 40, "campaign_id": 300,
@@ -35,29 +35,29 @@ def taobao_table(rows: int, seed: int = 0) -> pa.Table:
 
 
 @pytest.fixture(scope="module")
-def seed_set():
-    return build_feature_set(load_pipeline_config(SEED_CONFIG))
+def taobao_set():
+    return build_feature_set(load_pipeline_config(TAOBAO_CONFIG))
 
 
-def test_seed_config_columns_and_specs(seed_set):
-    assert set(seed_set.input_columns) == set(taobao_table(1).column_names)
-    assert seed_set.label_fields == ["clk"]
-    tables = {t.name: t for t in seed_set.embedding_tables()}
+def test_taobao_config_columns_and_specs(taobao_set):
+    assert set(taobao_set.input_columns) == set(taobao_table(1).column_names)
+    assert taobao_set.label_fields == ["clk"]
+    tables = {t.name: t for t in taobao_set.embedding_tables()}
     dynamic = {n for n, t in tables.items() if t.is_dynamic}
     assert dynamic == {"user_id", "adgroup_id", "brand", "campaign_id", "customer", "cate_id"}
     assert {t.fusion_group for n, t in tables.items() if n in dynamic} == {"deep"}
     assert tables["adgroup_id"].features == ("adgroup_id", "click_50_seq__adgroup_id")
     assert tables["price"].num_rows == 99
-    assert len(seed_set.embedding_features()) == 19
-    assert seed_set.dense_features() == {}
-    assert seed_set.output_dim("price") == 16
+    assert len(taobao_set.embedding_features()) == 19
+    assert taobao_set.dense_features() == {}
+    assert taobao_set.output_dim("price") == 16
 
 
-def test_seed_config_parses_a_block(seed_set):
+def test_taobao_config_parses_a_block(taobao_set):
     table = taobao_table(64)
-    batch = seed_set.parse(table)
+    batch = taobao_set.parse(table)
     assert batch.batch_size == 64
-    assert batch.sparse.keys() == [f.name for f in seed_set.embedding_features()]
+    assert batch.sparse.keys() == [f.name for f in taobao_set.embedding_features()]
     assert batch.sparse["user_id"].values.tolist() == table["user_id"].to_pylist()
     seq = batch.sparse["click_50_seq__brand"]
     assert int(seq.lengths.max()) <= 100
@@ -66,36 +66,36 @@ def test_seed_config_parses_a_block(seed_set):
     assert seq.values[: seq.lengths[0]].tolist() == want
     assert batch.labels["clk"].tolist() == table["clk"].to_pylist()
     # record batches and chunked tables give the same result
-    again = seed_set.parse(pa.concat_tables([table.slice(0, 10), table.slice(10)]))
+    again = taobao_set.parse(pa.concat_tables([table.slice(0, 10), table.slice(10)]))
     assert again.sparse.values().equal(batch.sparse.values())
-    assert seed_set.parse(table.to_batches()[0]).sparse.lengths().equal(batch.sparse.lengths())
+    assert taobao_set.parse(table.to_batches()[0]).sparse.lengths().equal(batch.sparse.lengths())
 
 
-def test_empty_block(seed_set):
-    batch = seed_set.parse(taobao_table(0))
+def test_empty_block(taobao_set):
+    batch = taobao_set.parse(taobao_table(0))
     assert batch.batch_size == 0 and batch.sparse.values().numel() == 0
 
 
-def test_without_labels(seed_set):
-    batch = seed_set.parse(taobao_table(4).drop_columns(["clk"]), with_labels=False)
+def test_without_labels(taobao_set):
+    batch = taobao_set.parse(taobao_table(4).drop_columns(["clk"]), with_labels=False)
     assert batch.labels == {}
 
 
-def test_label_errors(seed_set):
+def test_label_errors(taobao_set):
     with pytest.raises(FeatureError, match="clk"):
-        seed_set.parse(taobao_table(4).drop_columns(["clk"]))
+        taobao_set.parse(taobao_table(4).drop_columns(["clk"]))
     bad = taobao_table(3).set_column(19, "clk", pa.array([1, None, 0], pa.int64()))
     with pytest.raises(FeatureError, match="label column 'clk' row 1 is null"):
-        seed_set.parse(bad)
+        taobao_set.parse(bad)
 
 
-def test_unknown_feature_name(seed_set):
+def test_unknown_feature_name(taobao_set):
     with pytest.raises(ConfigError, match="'nope' is not configured"):
-        seed_set.output_dim("nope")
+        taobao_set.output_dim("nope")
 
 
 def test_unsupported_feature_kind_is_named():
-    config = load_pipeline_config(SEED_CONFIG)
+    config = load_pipeline_config(TAOBAO_CONFIG)
     config = apply_edit_config_json(config, {
         "feature_configs[0]": 'lookup_feature { feature_name: "kv" map: "a" key: "b" }'})
     with pytest.raises(ConfigError, match="'kv'.*lookup_feature is not supported"):
@@ -103,7 +103,7 @@ def test_unsupported_feature_kind_is_named():
 
 
 def test_duplicate_feature_names():
-    config = load_pipeline_config(SEED_CONFIG)
+    config = load_pipeline_config(TAOBAO_CONFIG)
     config = apply_edit_config_json(config, {
         "feature_configs[6].id_feature.feature_name": "cms_group_id"})
     with pytest.raises(ConfigError, match="'cms_group_id' is used twice"):
