@@ -1,4 +1,4 @@
-"""Benchmark B: embedding training step in dynamicemb's published setup.
+"""Embedding training step in dynamicemb's published setup.
 
 10 tables of dim 128 (fp32), one id per sample per table, ``--ids`` ids per step
 drawn from a power law (alpha 1.05), 1,677,721 rows of capacity per table, all
@@ -220,7 +220,7 @@ def _write(results: dict) -> None:
     if ARGS.out:
         env = results["env"]
         write_results(ARGS.out, results,
-                      f"# Embedding layer step on GPU (benchmark B)\n\nCommand: `python "
+                      f"# Embedding layer step on GPU\n\nCommand: `python "
                       f"benchmarks/bench_embedding_layer.py --out benchmarks/results/"
                       f"embedding_layer_gpu`\n\nDate {env['date']}, GPU {env['gpu']}, torch "
                       f"{env['torch']}, triton {env['triton']}. {results['ids_per_step']} ids "

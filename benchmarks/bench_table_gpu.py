@@ -1,4 +1,4 @@
-"""Benchmark A: dynamic-table ops in HierarchicalKV's setup, through the Triton kernels.
+"""Dynamic-table ops in HierarchicalKV's setup, through the Triton kernels.
 
 Per load factor the index is filled once (random int64 keys, equal scores); per
 dim a value matrix is attached and three ops are timed on batches of ``--batch``
@@ -168,7 +168,7 @@ def _write(results: dict) -> None:
     if ARGS.out:
         env = results["env"]
         write_results(ARGS.out, results,
-                      f"# Table ops on GPU (benchmark A)\n\nCommand: `python benchmarks/"
+                      f"# Table ops on GPU\n\nCommand: `python benchmarks/"
                       f"bench_table_gpu.py --out benchmarks/results/table_gpu`\n\n"
                       f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
                       f"{env['triton']}; {results['slots']} slots (bucket 128), "
