@@ -16,6 +16,7 @@ import ctypes
 import functools
 import os
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -26,11 +27,17 @@ import xxhash
 _SYNC_FILE_RANGE_WRITE = 2  # start writeback of dirty pages in the range, do not wait
 
 
-@functools.cache
+_POOL: list[ThreadPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
+
+
 def _pool() -> ThreadPoolExecutor:
     """Threads shared by every open shard writer (created on first use)."""
-    return ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 1)),
-                              thread_name_prefix="checkpoint-checksum")
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 1)),
+                                            thread_name_prefix="checkpoint-checksum"))
+        return _POOL[0]
 
 
 def submit(job: Callable[..., Any], *args: Any) -> Future:
