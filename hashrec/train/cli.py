@@ -59,19 +59,21 @@ def setup_logging(rank: int) -> None:
 
 
 def run_main(main: Callable[[], object]) -> int:
-    """Run ``main``; user errors (config, data, model, checkpoint, export) exit 1 with one
-    message."""
+    """Run ``main``; user errors (config, data, features, embeddings, tables, model,
+    checkpoint, export) exit 1 with one message."""
     from hashrec.checkpoint import CheckpointError
     from hashrec.data import DataError
     from hashrec.distributed import DistributedError
+    from hashrec.embedding import EmbeddingError
     from hashrec.export.errors import ExportError
     from hashrec.features import FeatureError
     from hashrec.models import ModelError
+    from hashrec.table import TableError
 
     try:
         main()
-    except (ConfigError, TrainError, ModelError, FeatureError, DataError,
-            CheckpointError, DistributedError, ExportError) as err:
+    except (ConfigError, TrainError, ModelError, FeatureError, DataError, EmbeddingError,
+            TableError, CheckpointError, DistributedError, ExportError) as err:
         logging.getLogger("hashrec").error("%s: %s", type(err).__name__, err)
         return 1
     return 0

@@ -1,0 +1,44 @@
+"""Command-line plumbing: user errors exit 1 with one line, other errors propagate."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import pytest
+
+from hashrec.embedding import EmbeddingError
+from hashrec.export.errors import ExportError
+from hashrec.table import TableFullError
+from hashrec.train.cli import run_distributed, run_main
+
+
+def _raises(err: Exception):
+    def main() -> None:
+        raise err
+    return main
+
+
+@pytest.mark.parametrize("err", [EmbeddingError("feature 'f': ids [7] are outside [0, 4)"),
+                                 TableFullError("table 't': bucket full"),
+                                 ExportError("scripted_model.pt does not exist")],
+                         ids=["embedding", "table", "export"])
+def test_user_errors_exit_1_with_one_message(caplog, err):
+    with caplog.at_level(logging.ERROR):
+        assert run_main(_raises(err)) == 1
+    assert caplog.records[-1].getMessage() == f"{type(err).__name__}: {err}"
+
+
+def test_other_errors_propagate():
+    with pytest.raises(ZeroDivisionError):
+        run_main(lambda: 1 / 0)
+
+
+def test_unreadable_config_names_the_file_and_skips_the_body(caplog, tmp_path):
+    path = str(tmp_path / "missing.config")
+    args = argparse.Namespace(pipeline_config_path=path, edit_config_json=None)
+    calls = []
+    with caplog.at_level(logging.ERROR):
+        code = run_distributed(args, {}, lambda config, ctx: calls.append(config))
+    assert code == 1 and not calls
+    assert "missing.config" in caplog.text
