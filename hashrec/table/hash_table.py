@@ -497,10 +497,11 @@ class HashTable:
     def export_state(self, batch_size: int
                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Yields (keys, tags, rows (k, row_dim), scores): full rows for checkpoints."""
-        for slots in self._export_slots(batch_size):
-            yield (self.storage.keys[slots], self.storage.tags[slots],
+        for slots in self._export_slots(batch_size):  # one compaction, four gathers
+            storage = self.storage
+            yield (storage.keys.index_select(0, slots), storage.tags.index_select(0, slots),
                    self._rows.read(slots, 0, self.row_dim, admit=False),
-                   self.storage.scores[slots])
+                   storage.scores.index_select(0, slots))
 
     def load_state(self, keys: torch.Tensor, tags: torch.Tensor | None, rows: torch.Tensor,
                    scores: torch.Tensor, assume_unique: bool = False) -> None:
