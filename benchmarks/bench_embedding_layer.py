@@ -201,7 +201,8 @@ def main() -> None:
                "ids_per_step": n, "mean_unique_ids": u,
                "forward_parts_ms": sgd["forward_parts_ms"],
                "backward_sweep_ms": {"sgd": sgd["backward_sweep_ms"],
-                                     "adam": adam["backward_sweep_ms"]}, "copy_bandwidth_Bps": bw, "rows": rows,
+                                     "adam": adam["backward_sweep_ms"]},
+               "copy_bandwidth_Bps": bw, "rows": rows,
                "notes": "HashRec side: hashrec.embedding.ops.fused kernels over one fused "
                         "TableStorage (10 tables as tags), driven directly, not through "
                         "EmbeddingCollection."}

@@ -67,5 +67,6 @@ def build_combo_feature(cfg) -> ComboFeature:
         raise ConfigError(f"feature {name!r}: combo_feature takes hash_bucket_size, vocab or "
                           f"dynamicemb, not num_buckets")
     columns = tuple(column_of(e, name) for e in cfg.expression)
-    return ComboFeature(name, columns, bucketizer, table_request(cfg, name, bucketizer.num_rows, bucketizer),
-                        cfg.pooling, cfg.separator, cfg.default_value)
+    table = table_request(cfg, name, bucketizer.num_rows, bucketizer)
+    return ComboFeature(name, columns, bucketizer, table, cfg.pooling, cfg.separator,
+                        cfg.default_value)

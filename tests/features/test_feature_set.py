@@ -1,4 +1,5 @@
-"""FeatureSet on the TorchEasyRec DynamicEmb Taobao config: columns, specs, batches, labels, errors."""
+"""FeatureSet on the TorchEasyRec DynamicEmb Taobao config: columns, specs, batches, labels,
+errors."""
 
 from __future__ import annotations
 
