@@ -1,0 +1,35 @@
+"""build_session: the checks it makes before building anything."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hashrec.config import load_pipeline_config
+from hashrec.train.errors import TrainError
+from hashrec.train.session import build_session
+
+CONFIG = """
+model_dir: "unused"
+train_config {
+  sparse_optimizer { adagrad_optimizer { lr: 0.1 } constant_learning_rate {} }
+  dense_optimizer { adam_optimizer { lr: 0.01 } constant_learning_rate {} }
+  num_epochs: 1
+}
+data_config { batch_size: 8 dataset_type: ParquetDataset label_fields: "clk" }
+feature_configs { id_feature { feature_name: "user_id" expression: "user:user_id"
+  embedding_dim: 4 zch { zch_size: 16 eviction_interval: 2 lfu {} } } }
+model_config {
+  feature_groups { group_name: "deep" feature_names: ["user_id"] group_type: DEEP }
+  multi_tower_din { towers { input: "deep" mlp { hidden_units: [4] } } final { hidden_units: [2] } }
+}
+"""
+
+
+def test_zch_tables_refuse_more_than_one_rank(tmp_path):
+    path = tmp_path / "zch.config"
+    path.write_text(CONFIG)
+    config = load_pipeline_config(str(path))
+    assert build_session(config, device=torch.device("cpu")).world_size == 1
+    with pytest.raises(TrainError, match="zch tables"):
+        build_session(config, rank=0, world_size=2, device=torch.device("cpu"))
