@@ -27,17 +27,19 @@ import xxhash
 _SYNC_FILE_RANGE_WRITE = 2  # start writeback of dirty pages in the range, do not wait
 
 
-_POOL: list[ThreadPoolExecutor] = []
+_POOL: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked child makes its own
 _POOL_LOCK = threading.Lock()
 
 
 def _pool() -> ThreadPoolExecutor:
-    """Threads shared by every open shard writer (created on first use)."""
+    """Threads shared by every open shard writer of this process (created on first use)."""
+    pid = os.getpid()
     with _POOL_LOCK:
-        if not _POOL:
-            _POOL.append(ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 1)),
-                                            thread_name_prefix="checkpoint-checksum"))
-        return _POOL[0]
+        if pid not in _POOL:  # the parent's threads do not exist in a forked child
+            _POOL.clear()
+            _POOL[pid] = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 1)),
+                                            thread_name_prefix="checkpoint-checksum")
+        return _POOL[pid]
 
 
 def submit(job: Callable[..., Any], *args: Any) -> Future:

@@ -1,4 +1,6 @@
 import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -70,3 +72,28 @@ def test_start_writeback_leaves_the_data_unchanged(tmp_path, monkeypatch, availa
         start_writeback(f.fileno(), 10000, 0)
         os.fsync(f.fileno())
     assert path.read_bytes() == b"x" * 10000
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_writes_with_its_own_threads(tmp_path):
+    arrays = _arrays()
+    _write(tmp_path / "parent.bin", arrays)  # the parent's threads exist now
+    child_path = tmp_path / "child.bin"
+    pid = os.fork()
+    if pid == 0:  # child: exit 0 only if the write finished with the right bytes
+        try:
+            _, data = _write(child_path, arrays)
+            os._exit(0 if data == b"".join(a.tobytes() for a in arrays) else 1)
+        except BaseException:  # noqa: BLE001 - reported through the exit status
+            os._exit(2)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's write hung")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0
