@@ -19,6 +19,11 @@ adds per-phase milliseconds per step to the progress line, keeps the summary
 after warm-up in ``TrainLoop.step_timing`` and writes it to
 ``<model_dir>/step_timing.json``.
 
+Incremental dumps (``train_config.incremental_dump_steps``): every N steps the
+dynamic tables' changed rows and evicted keys since the previous dump go to
+``<model_dir>/incremental/dump-<step>`` (``hashrec.checkpoint.IncrementalDumper``;
+the first dump of a run is full).
+
 Stopping: ``num_steps`` (total steps, including those of a resumed run) when
 set, else ``num_epochs`` (default 1) passes over the training input. With both
 set, whichever comes first.
@@ -27,10 +32,12 @@ set, whichever comes first.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
 
+from hashrec.checkpoint import IncrementalDumper
 from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import all_reduce_gradients
 from hashrec.train import checkpoints
@@ -43,6 +50,7 @@ from hashrec.train.summaries import Summaries
 from hashrec.train.timing import StepTimer, format_phases
 
 logger = logging.getLogger("hashrec.train")
+INCREMENTAL_DIR = "incremental"
 
 
 @dataclass(frozen=True)
@@ -58,13 +66,15 @@ class LoopOptions:
     use_tensorboard: bool = False
     eval_input_path: str = ""
     eval_num_steps: int = 0
+    incremental_dump_steps: int = 0
 
     @classmethod
     def from_config(cls, config) -> LoopOptions:
         t, e = config.train_config, config.eval_config
         return cls(t.num_steps, t.num_epochs, t.save_checkpoints_steps,
                    t.save_checkpoints_epochs, t.keep_checkpoint_max, t.log_step_count_steps,
-                   t.use_tensorboard, config.eval_input_path, e.num_steps)
+                   t.use_tensorboard, config.eval_input_path, e.num_steps,
+                   t.incremental_dump_steps)
 
     @property
     def max_epochs(self) -> int | None:
@@ -110,6 +120,11 @@ class TrainLoop:
         self.step_timing: dict = {}
         self.embedding_hook = self._timed_hook(session.precision.embedding_hook())
         self.parameters = [p for g in session.dense.optimizer.param_groups for p in g["params"]]
+        self.dumper = None
+        if options.incremental_dump_steps:
+            self.dumper = IncrementalDumper(
+                os.path.join(session.model_dir, INCREMENTAL_DIR),
+                session.model.embedding.dynamic_tables(), options.incremental_dump_steps)
 
     def done(self) -> bool:
         o = self.options
@@ -160,6 +175,8 @@ class TrainLoop:
             self.timer.batch_ready()
             self.train_step(batch)
             batches += 1
+            if self.dumper is not None and self.step % self.dumper.interval_steps == 0:
+                logger.info("incremental dump %s", self.dumper.dump(self.step))
             if self._due_steps():
                 result = self.checkpoint_and_evaluate() or result
             if self.options.num_steps and self.step >= self.options.num_steps:
