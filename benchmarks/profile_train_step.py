@@ -1,0 +1,121 @@
+"""Kernel-level profile of MultiTowerDIN training steps (where the step time goes).
+
+Builds the example config's session (``hashrec.train.session.build_session``),
+reads batches with the real data loader and runs ``TrainLoop.train_step`` under
+``torch.profiler`` for ``--steps`` steps after ``--warmup`` steps. Prints and writes
+the operators and kernels that take the most device time (self time), as a
+markdown table with the command, date, device and versions.
+
+Usage::
+
+    python benchmarks/profile_train_step.py --data DIR --out benchmarks/results/profile_train_gpu
+    python benchmarks/profile_train_step.py --data DIR --config num_buckets --batch_size 8192
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from hashrec.config import apply_edit_config_json, load_pipeline_config
+from hashrec.train import checkpoints
+from hashrec.train.loop import LoopOptions, TrainLoop
+from hashrec.train.session import build_session
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = {
+    "dynamicemb": os.path.join(ROOT, "examples", "multi_tower_din_taobao_dynamicemb.config"),
+    "num_buckets": os.path.join(ROOT, "examples", "multi_tower_din_taobao.config"),
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="training parquet (files, dirs, globs)")
+    p.add_argument("--config", default="dynamicemb", choices=sorted(CONFIGS))
+    p.add_argument("--batch_size", type=int, default=8192)
+    p.add_argument("--warmup", type=int, default=15)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--top", type=int, default=30, help="rows of the table")
+    p.add_argument("--mixed_precision", default="BF16", choices=("BF16", "FP16", "FP32"))
+    p.add_argument("--out", default=None, help="path prefix of the .md and .json results")
+    return p.parse_args(argv)
+
+
+def _session(args):
+    edits = {"data_config.batch_size": args.batch_size, "data_config.num_workers": 8,
+             "train_config.num_steps": args.warmup + args.steps, "eval_input_path": "",
+             "model_dir": "/tmp/hashrec_profile_model"}
+    if args.mixed_precision != "FP32":
+        edits["train_config.mixed_precision"] = args.mixed_precision
+    config = apply_edit_config_json(load_pipeline_config(CONFIGS[args.config]), edits)
+    session = build_session(config)
+    loop = TrainLoop(session, LoopOptions.from_config(config), checkpoints.Resume())
+    session.model.train()
+    return session, loop
+
+
+def run(args) -> dict:
+    session, loop = _session(args)
+    batches = session.loader(args.data, "train")
+    it = iter(batches)
+    for _ in range(args.warmup):
+        loop.train_step(next(it))
+    cuda = session.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for _ in range(args.steps):
+            loop.train_step(next(it))
+        if cuda:
+            torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / args.steps
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0), reverse=True)
+    rows = [{"name": e.key[:90], "calls": e.count,
+             "ms_per_step": getattr(e, key, 0) / 1000.0 / args.steps} for e in events[:args.top]]
+    total = sum(getattr(e, key, 0) for e in events) / 1000.0 / args.steps
+    return {"config": args.config, "batch_size": args.batch_size, "steps": args.steps,
+            "wall_ms_per_step": wall * 1000.0, "profiled_ms_per_step": total,
+            "time_kind": "device self time" if cuda else "CPU self time", "top": rows,
+            "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": "python " + " ".join(sys.argv)}
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# Training-step profile: {r['config']} (batch {r['batch_size']})", "",
+             f"{r['date']}, {r['device']}, torch {r['torch']}.", "",
+             f"Command: `{r['command']}`", "",
+             f"{r['steps']} profiled steps: {r['wall_ms_per_step']:.2f} ms/step wall; "
+             f"{r['time_kind']} summed over operators and kernels "
+             f"{r['profiled_ms_per_step']:.2f} ms/step.", "",
+             "| operator / kernel | calls | ms/step |", "|---|---:|---:|"]
+    lines += [f"| `{row['name']}` | {row['calls']} | {row['ms_per_step']:.3f} |"
+              for row in r["top"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    text = markdown(result)
+    print(text)
+    if args.out:
+        with open(args.out + ".json", "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+        with open(args.out + ".md", "w", encoding="utf-8") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
