@@ -54,8 +54,8 @@ class PlannerTable:
                 **kwargs) -> PlannerTable:
         """Describe a table whose ``options`` hold global capacities, split over ``world_size``.
 
-        ``max_capacity``, ``init_capacity`` and the admission ``counter_capacity``
-        are divided among the ranks (rounded up); ``kwargs`` go to the constructor.
+        ``max_capacity`` and the admission ``counter_capacity`` are divided among the
+        ranks (rounded up), ``init_capacity`` is per rank; ``kwargs`` go to the constructor.
         """
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size={world_size!r} is not valid; allowed: an int >= 1")
@@ -86,16 +86,20 @@ class PlannerTable:
 
 
 def per_rank_options(options: TableOptions, world_size: int) -> TableOptions:
-    """Options of one rank's shard: capacities divided by ``world_size`` (rounded up)."""
+    """Options of one rank's shard: ``max_capacity`` and the admission counter capacity
+    divided by ``world_size`` (rounded up); ``init_capacity`` is per rank and kept."""
     if world_size == 1:
         return options
     admission = options.admission
     if admission is not None and admission.counter_capacity is not None:
         admission = replace(admission,
                             counter_capacity=math.ceil(admission.counter_capacity / world_size))
+    # init_capacity is already per rank (the config's init_capacity_per_rank): keep it,
+    # bounded by the shard's capacity.
+    max_capacity = math.ceil(options.max_capacity / world_size)
     init = options.init_capacity
-    return replace(options, max_capacity=math.ceil(options.max_capacity / world_size),
-                   init_capacity=None if init is None else math.ceil(init / world_size),
+    return replace(options, max_capacity=max_capacity,
+                   init_capacity=None if init is None else min(init, max_capacity),
                    admission=admission)
 
 

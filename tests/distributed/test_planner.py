@@ -1,3 +1,4 @@
+import dataclasses
 import itertools
 
 import pytest
@@ -222,12 +223,14 @@ def test_sharded_divides_capacities_and_keeps_fixed_choices():
                            admission=AdmissionOptions(threshold=2, counter_capacity=1 << 16),
                            cache_load_factor=0.4, caching=True)
     table = PlannerTable.sharded("ids", options, world_size=4, fixed_cache_load_factor=True)
-    assert (table.rows, table.options.init_capacity) == (1 << 18, 1 << 14)
+    assert (table.rows, table.options.init_capacity) == (1 << 18, 1 << 16)  # init is per rank
     assert table.options.admission.counter_capacity == 1 << 14
     assert table.cache_load_factor == 0.4 and table.caching is None
     assert PlannerTable.sharded("ids", options, world_size=4).cache_load_factor is None
     with pytest.raises(ValueError, match="world_size"):
         PlannerTable.sharded("ids", options, world_size=0)
+    large_init = dataclasses.replace(options, init_capacity=1 << 20)
+    assert PlannerTable.sharded("ids", large_init, world_size=4).options.init_capacity == 1 << 18
 
 
 def test_plan_to_table_lists_every_table():
