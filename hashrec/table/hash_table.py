@@ -149,7 +149,7 @@ class HashTable:
     def memory_report(self) -> dict[str, int | str]:
         """Allocated bytes by location ("gpu", "host": on a CPU-only machine all is host)
         and by tier ("gpu_tier": index, counters, device rows and cache; "host_tier":
-        host rows), seed 000's estimate at max_capacity ("estimate_gpu",
+        host rows), the DynamicEmb storage estimate at max_capacity ("estimate_gpu",
         "estimate_host"), the storage "mode" and how kernels reach host rows
         ("host_access": none | uva | staged | host)."""
         device_tier, host_tier = self._rows.tier_tensors()

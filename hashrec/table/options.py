@@ -169,7 +169,7 @@ class TableOptions:
     Attributes:
         dim: embedding dimension.
         max_capacity: most entries the table holds; rounded up to whole buckets.
-        init_capacity: entries allocated at start (None -> max_capacity). Rounded up
+        init_capacity: entries allocated at start, per rank (None -> max_capacity). Rounded up
             so that doubling reaches the bucket count of max_capacity exactly.
         bucket_capacity: slots per bucket; a key lives only in its bucket.
         score_strategy: STEP | TIMESTAMP | LFU | CUSTOMIZED | NO_EVICTION.
