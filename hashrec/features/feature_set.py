@@ -142,12 +142,25 @@ def build_feature_set(pipeline_config) -> FeatureSet:
     features: list[Feature] = []
     for kind, cfg in configs:
         features += _build(kind, cfg, top_level)
-    seen: set[str] = set()
-    for feature in features:
-        if feature.name in seen:
-            raise ConfigError(f"feature name {feature.name!r} is used twice")
-        seen.add(feature.name)
+    _check_names(features, list(pipeline_config.data_config.label_fields))
     model_config = pipeline_config.model_config if pipeline_config.HasField("model_config") \
         else None
     tables = build_tables(features, model_config)
     return FeatureSet(features, tables, list(pipeline_config.data_config.label_fields))
+
+
+def _check_names(features: list[Feature], label_fields: list[str]) -> None:
+    """Feature names are unique, and neither a feature name nor an input is a label."""
+    seen: set[str] = set()
+    labels = set(label_fields)
+    for feature in features:
+        if feature.name in seen:
+            raise ConfigError(f"feature name {feature.name!r} is used twice")
+        seen.add(feature.name)
+        if feature.name in labels:
+            raise ConfigError(f"feature name {feature.name!r} is a label field of data_config; "
+                              f"rename the feature")
+        leaked = labels.intersection(feature.columns)
+        if leaked:
+            raise ConfigError(f"feature {feature.name!r} reads label column "
+                              f"{sorted(leaked)[0]!r}; a label cannot be a model input")

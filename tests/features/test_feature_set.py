@@ -109,3 +109,13 @@ def test_duplicate_feature_names():
         "feature_configs[6].id_feature.feature_name": "cms_group_id"})
     with pytest.raises(ConfigError, match="'cms_group_id' is used twice"):
         build_feature_set(config)
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"feature_configs[6].id_feature.feature_name": "clk"}, "'clk' is a label field"),
+    ({"feature_configs[6].id_feature.expression": "user:clk"}, "reads label column 'clk'"),
+], ids=["name-is-label", "input-is-label"])
+def test_label_names_are_reserved(edit, message):
+    config = apply_edit_config_json(load_pipeline_config(TAOBAO_CONFIG), edit)
+    with pytest.raises(ConfigError, match=message):
+        build_feature_set(config)
