@@ -68,6 +68,28 @@ def _load(export_dir: str, device: torch.device):
     return config, build_feature_set(config), torch.jit.load(model_path, map_location=device)
 
 
+def _input_data_config(data_config, input_path: str):
+    """The exported data_config, switched to the input's format when every input file
+    says otherwise by its extension (.csv with a header row, or .parquet)."""
+    from hashrec.data.paths import expand_input_path
+
+    suffixes = {os.path.splitext(f)[1].lower() for f in expand_input_path(input_path)}
+    kind = {frozenset({".csv"}): "CsvDataset", frozenset({".parquet"}): "ParquetDataset"}.get(
+        frozenset(suffixes))
+    current = data_config.DESCRIPTOR.fields_by_name["dataset_type"].enum_type.values_by_number[
+        data_config.dataset_type].name
+    if kind is None or kind == current:
+        return data_config
+    switched = type(data_config)()
+    switched.CopyFrom(data_config)
+    switched.dataset_type = switched.DESCRIPTOR.fields_by_name[
+        "dataset_type"].enum_type.values_by_name[kind].number
+    if kind == "CsvDataset":
+        del switched.input_fields[:]  # column names and types come from the header row
+        switched.with_header = True
+    return switched
+
+
 def _check_reserved(reserved: tuple[str, ...]) -> None:
     clash = [c for c in reserved if c in PREDICTION_COLUMNS]
     if clash:
@@ -92,8 +114,9 @@ def predict(export_dir: str, input_path: str, output_path: str,
     run_on = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     config, feature_set, model = _load(export_dir, run_on)
     weighted = {f.name for f in feature_set.embedding_features() if f.weighted}
-    loader = create_dataloader(config.data_config, feature_set, input_path, "predict",
-                               batch_size=batch_size, reserved_columns=reserved_columns)
+    loader = create_dataloader(_input_data_config(config.data_config, input_path), feature_set,
+                               input_path, "predict", batch_size=batch_size,
+                               reserved_columns=reserved_columns)
     output = _output_file(output_path)
     writer, rows, start, last_log = None, 0, time.perf_counter(), time.perf_counter()
     try:
@@ -131,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scripted_model_path", required=True,
                         help="export directory (scripted_model.pt and pipeline.config)")
     parser.add_argument("--predict_input_path", required=True,
-                        help="comma-separated parquet/csv files, directories and globs")
+                        help="comma-separated parquet/csv files, directories and globs; .csv files "
+                             "of a parquet-trained model need a header row")
     parser.add_argument("--predict_output_path", required=True,
                         help="output .parquet file, or a directory for part-00000.parquet")
     parser.add_argument("--reserved_columns", default="",

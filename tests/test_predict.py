@@ -51,6 +51,25 @@ def test_predictions_do_not_depend_on_batch_size(exported, tmp_path, batch_size)
                                    "probs"].to_numpy()), atol=1e-6, rtol=0)
 
 
+def test_csv_input_predicts_like_parquet(exported, tmp_path):
+    import pyarrow.csv as pacsv
+
+    parquet_dir = exported / "data" / "eval"
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for i, part in enumerate(sorted(parquet_dir.glob("*.parquet"))):
+        pacsv.write_csv(pq.read_table(part), csv_dir / f"part-{i}.csv")
+    from_csv = predict(str(exported / "export"), str(csv_dir), str(tmp_path / "csv.parquet"),
+                       ("user_id",), 64)
+    from_parquet = predict(str(exported / "export"), str(parquet_dir),
+                           str(tmp_path / "pq.parquet"), ("user_id",), 64)
+    assert from_csv["rows"] == from_parquet["rows"] == 130
+    a, b = pq.read_table(from_csv["output"]), pq.read_table(from_parquet["output"])
+    assert a["user_id"].to_pylist() == b["user_id"].to_pylist()
+    torch.testing.assert_close(torch.from_numpy(a["probs"].to_numpy()),
+                               torch.from_numpy(b["probs"].to_numpy()), atol=1e-6, rtol=0)
+
+
 def run_main(caplog, *args: str) -> tuple[int, str]:
     with caplog.at_level(logging.INFO):
         code = main(list(args))
