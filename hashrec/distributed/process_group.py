@@ -172,4 +172,8 @@ def barrier(ctx: DistContext) -> None:
 def teardown(ctx: DistContext) -> None:
     """Destroy the process group if :func:`init_distributed` created it."""
     if ctx.owns_group and dist.is_initialized():
+        # Every rank finishes its collectives before any tears its connections down:
+        # gloo aborts a rank whose peer closed the group under a pending operation.
+        if ctx.world_size > 1:
+            dist.barrier()
         dist.destroy_process_group()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -91,14 +92,28 @@ def run_distributed(args: argparse.Namespace, overrides: dict[str, str | None],
         The exit code of :func:`run_main`: 0, or 1 after a user error.
     """
 
+    world_size = 1
+
     def run() -> None:
+        nonlocal world_size
         from hashrec.distributed import teardown
 
         ctx = distributed_context()
+        world_size = ctx.world_size
         setup_logging(ctx.rank)
         try:
             body(load_effective_config(args, overrides), ctx)
         finally:
             teardown(ctx)
 
-    return run_main(run)
+    code = run_main(run)
+    if world_size > 1:
+        # A torchrun worker's work is complete and its process group is gone; some
+        # native library threads still abort now and then during interpreter teardown
+        # ("terminate called without an active exception"), which would turn a finished
+        # run into a failed one. Flush what is buffered and leave without that teardown.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
