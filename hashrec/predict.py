@@ -71,20 +71,18 @@ def _load(export_dir: str, device: torch.device):
 def _input_data_config(data_config, input_path: str):
     """The exported data_config, switched to the input's format when every input file
     says otherwise by its extension (.csv with a header row, or .parquet)."""
+    from hashrec.config import data_pb2
     from hashrec.data.paths import expand_input_path
 
-    suffixes = {os.path.splitext(f)[1].lower() for f in expand_input_path(input_path)}
-    kind = {frozenset({".csv"}): "CsvDataset", frozenset({".parquet"}): "ParquetDataset"}.get(
-        frozenset(suffixes))
-    current = data_config.DESCRIPTOR.fields_by_name["dataset_type"].enum_type.values_by_number[
-        data_config.dataset_type].name
-    if kind is None or kind == current:
+    suffixes = frozenset(os.path.splitext(f)[1].lower() for f in expand_input_path(input_path))
+    kind = {frozenset({".csv"}): data_pb2.CsvDataset,
+            frozenset({".parquet"}): data_pb2.ParquetDataset}.get(suffixes)
+    if kind is None or kind == data_config.dataset_type:
         return data_config
     switched = type(data_config)()
     switched.CopyFrom(data_config)
-    switched.dataset_type = switched.DESCRIPTOR.fields_by_name[
-        "dataset_type"].enum_type.values_by_name[kind].number
-    if kind == "CsvDataset":
+    switched.dataset_type = kind
+    if kind == data_pb2.CsvDataset:
         del switched.input_fields[:]  # column names and types come from the header row
         switched.with_header = True
     return switched
