@@ -123,6 +123,51 @@ def test_find_empty_and_untagged_probe_misses_tagged_entry():
     assert find_tt.find_slots(storage, empty).numel() == 0
 
 
+def _colliding_bucket(cap: int, seed: int) -> tuple[TableStorage, torch.Tensor, torch.Tensor]:
+    """One-bucket storage where most slots share the probe keys' digest.
+
+    Slots hold, in random order: filler keys stamped with the probes' digest (false
+    digest matches), stale copies of probe keys in empty slots (digest 0), probe
+    keys under another tag, and some probe keys themselves.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    storage = TableStorage.empty(1, cap, 2, device=DEVICE)
+    probes = _random_keys(64, gen)
+    digests = hashing.digest_of(hashing.mix64(probes))
+    dig = int(torch.mode(digests).values)
+    probes = probes[digests == dig][:4]
+    if probes.numel() < 2:  # rare: draw keys until two share a digest
+        pool = _random_keys(4096, gen)
+        pool_digests = hashing.digest_of(hashing.mix64(pool))
+        probes = pool[pool_digests == int(pool_digests[0])][:4]
+        dig = int(pool_digests[0])
+    keys = _random_keys(cap + 16, gen)
+    keys = keys[~torch.isin(keys, probes)][:cap]  # fillers: never a probe key
+    tags = torch.zeros(cap, dtype=torch.int32)
+    stamp = torch.full((cap,), dig, dtype=torch.uint8)
+    kinds = torch.randint(0, 4, (cap,), generator=gen)
+    stamp[kinds == 1] = 0  # empty slot with a stale probe key
+    keys[kinds == 1] = probes[0]
+    tags[kinds == 2] = 1  # probe key under another tag
+    keys[kinds == 2] = probes[1 % probes.numel()]
+    stored = torch.randperm(cap, generator=gen)[:probes.numel() - 1]
+    keys[stored], tags[stored], stamp[stored] = probes[1:], 0, dig
+    storage.keys.copy_(keys)
+    storage.tags.copy_(tags)
+    storage.digests.copy_(stamp)
+    return storage, probes.to(DEVICE), tags.to(DEVICE)
+
+
+@pytest.mark.parametrize("cap", [6, 8, 40, 128])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_find_with_colliding_digests_matches_reference(cap, seed):
+    storage, probes, _ = _colliding_bucket(cap, seed)
+    for tags in (None, torch.ones_like(probes, dtype=torch.int32)):
+        expected = find_ref.find_slots(storage, probes, tags)
+        assert torch.equal(find_tt.find_slots(storage, probes, tags), expected)
+    assert bool((find_ref.find_slots(storage, probes[1:]) >= 0).all())
+
+
 @pytest.mark.parametrize("allow_evict", [True, False], ids=["evict", "no-evict"])
 @pytest.mark.parametrize("num_buckets,cap,n_old,n_new", [
     (1, 8, 6, 9), (4, 8, 30, 25), (3, 16, 20, 70), (2, 128, 250, 40), (9, 4, 0, 50)],
