@@ -6,11 +6,16 @@ the ids of each logical table are deduplicated together, the unique keys of all
 logical tables of a storage are concatenated with their tags, and each feature
 keeps the ``inverse`` index from its ids to the unique rows. One lookup per
 storage then serves all of them.
+
+Deduplication sorts each storage's ids once (by key, then stably by logical
+table) and reads the sizes of every storage's result from the device in a
+single transfer per step, however many storages and tables there are.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -51,6 +56,12 @@ class StorageBatch:
         features: the features' ids, each with its ``inverse`` set.
         counts: (U,) int64 occurrences of each unique key in the batch.
         unique_per_table: number of unique keys of each logical table, by tag.
+        inverse: (n,) int64 row in ``keys`` of every id of ``features``, concatenated
+            in that order (each feature's ``inverse`` is its slice).
+        order: (n,) int64 those positions grouped by unique key (stable).
+        row_start: (U + 1,) int64; ``order[row_start[r]:row_start[r + 1]]`` are the
+            positions of unique key ``r``.
+        key_range: smallest and largest id of the batch (None without ids).
     """
 
     keys: torch.Tensor
@@ -58,6 +69,10 @@ class StorageBatch:
     counts: torch.Tensor
     features: list[FeatureIds]
     unique_per_table: list[int]
+    inverse: torch.Tensor
+    order: torch.Tensor
+    row_start: torch.Tensor
+    key_range: tuple[int, int] | None = None
 
 
 def feature_ids(spec: EmbeddingFeatureSpec, bags: JaggedTensor) -> FeatureIds:
@@ -89,34 +104,98 @@ def feature_ids(spec: EmbeddingFeatureSpec, bags: JaggedTensor) -> FeatureIds:
     return FeatureIds(spec, values, offsets, lengths, weights)
 
 
-def dedup_storage(features_by_tag: list[list[FeatureIds]], fused: bool) -> StorageBatch:
-    """Deduplicates ids per logical table and sets each feature's ``inverse``.
+class _Sorted(NamedTuple):
+    """Device-side first half of a storage's dedup (sizes not yet on the host)."""
+
+    features: list[FeatureIds]
+    fused: bool
+    sorted_ids: torch.Tensor
+    sorted_tags: torch.Tensor | None
+    order: torch.Tensor
+    group: torch.Tensor
+    summary: torch.Tensor  # (T + 2,): unique keys per tag, smallest id, largest id
+
+
+def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool) -> _Sorted:
+    every = [f for fs in features_by_tag for f in fs]
+    device = every[0].values.device
+    ids = torch.cat([f.values for f in every]) if len(every) > 1 else every[0].values
+    n, num_tags = ids.numel(), len(features_by_tag)
+    used = [tag for tag, fs in enumerate(features_by_tag) if fs]
+    if n == 0:
+        zeros = torch.zeros(num_tags + 2, dtype=torch.int64, device=device)
+        return _Sorted(every, fused, ids, None, ids, ids, zeros)
+    sorted_ids, order = torch.sort(ids, stable=True)
+    key_range = torch.cat([sorted_ids[:1], sorted_ids[-1:]])
+    sorted_tags = None
+    new = torch.ones(n, dtype=torch.bool, device=device)
+    torch.ne(sorted_ids[1:], sorted_ids[:-1], out=new[1:])
+    if len(used) > 1:
+        tag_of = torch.cat([torch.full((f.values.numel(),), tag, dtype=torch.int32, device=device)
+                            for tag, fs in enumerate(features_by_tag) for f in fs])
+        sorted_tags, by_tag = torch.sort(tag_of[order], stable=True)
+        order, sorted_ids = order[by_tag], sorted_ids[by_tag]
+        new[1:] = (sorted_ids[1:] != sorted_ids[:-1]) | (sorted_tags[1:] != sorted_tags[:-1])
+    group = torch.cumsum(new, 0) - 1
+    total = group[-1:] + 1
+    if sorted_tags is None:
+        per_tag = torch.zeros(num_tags, dtype=torch.int64, device=device)
+        per_tag[used[0]:used[0] + 1] = total
+    else:
+        bounds = torch.arange(num_tags + 1, dtype=torch.int32, device=device)
+        first = torch.searchsorted(sorted_tags, bounds)
+        before = torch.where(first < n, group[first.clamp(max=n - 1)], total)
+        per_tag = before[1:] - before[:-1]
+    summary = torch.cat([per_tag, key_range])
+    return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary)
+
+
+def _finish_storage(s: _Sorted, summary: list[int]) -> StorageBatch:
+    unique_per_table, num_tags = summary[:-2], len(summary) - 2
+    u, n = sum(unique_per_table), s.sorted_ids.numel()
+    device = s.sorted_ids.device
+    keys = torch.empty(u, dtype=torch.int64, device=device).scatter_(0, s.group, s.sorted_ids)
+    tags = None
+    if s.fused and s.sorted_tags is not None:
+        tags = torch.empty(u, dtype=torch.int32, device=device).scatter_(0, s.group,
+                                                                          s.sorted_tags)
+    elif s.fused:
+        tag = next((t for t in range(num_tags) if unique_per_table[t]), 0)
+        tags = torch.full((u,), tag, dtype=torch.int32, device=device)
+    row_start = torch.searchsorted(s.group, torch.arange(u + 1, device=device))
+    inverse = torch.empty(n, dtype=torch.int64, device=device).scatter_(0, s.order, s.group)
+    start = 0
+    for f in s.features:
+        f.inverse = inverse[start:start + f.values.numel()]
+        start += f.values.numel()
+    return StorageBatch(keys, tags, row_start[1:] - row_start[:-1], s.features,
+                        unique_per_table, inverse, s.order, row_start,
+                        (summary[-2], summary[-1]) if n else None)
+
+
+def dedup_storages(storages: list[tuple[list[list[FeatureIds]], bool]]) -> list[StorageBatch]:
+    """Deduplicates each storage's ids per logical table; sets each feature's ``inverse``.
 
     Args:
-        features_by_tag: for each logical table of the storage (index = tag), the
-            features reading it this batch.
-        fused: pass tags to the storage (True) or not (one logical table, tag 0).
+        storages: per storage, ``(features_by_tag, fused)``: for each logical table
+            of the storage (index = tag) the features reading it this batch, and
+            whether tags are passed to the storage (False: one logical table, tag 0).
+
+    Unique keys come tag by tag, ascending within a tag. All storages' sizes reach
+    the host in one device read.
     """
-    keys, tags, counts, unique_per_table, base = [], [], [], [], 0
-    for tag, features in enumerate(features_by_tag):
-        if not features:
-            unique_per_table.append(0)
-            continue
-        ids = torch.cat([f.values for f in features])
-        unique, inverse, count = torch.unique(ids, sorted=True, return_inverse=True,
-                                              return_counts=True)
-        start = 0
-        for f in features:
-            f.inverse = inverse[start:start + f.values.numel()] + base
-            start += f.values.numel()
-        keys.append(unique)
-        counts.append(count)
-        if fused:
-            tags.append(torch.full_like(unique, tag, dtype=torch.int32))
-        unique_per_table.append(unique.numel())
-        base += unique.numel()
-    every = [f for fs in features_by_tag for f in fs]
-    empty = torch.empty(0, dtype=torch.int64, device=every[0].values.device)
-    return StorageBatch(torch.cat(keys) if keys else empty,
-                        torch.cat(tags) if fused and tags else None,
-                        torch.cat(counts) if counts else empty, every, unique_per_table)
+    firsts = [_sort_storage(features_by_tag, fused) for features_by_tag, fused in storages]
+    if not firsts:
+        return []
+    flat = torch.cat([s.summary for s in firsts]).tolist()
+    out, at = [], 0
+    for s in firsts:
+        width = s.summary.numel()
+        out.append(_finish_storage(s, flat[at:at + width]))
+        at += width
+    return out
+
+
+def dedup_storage(features_by_tag: list[list[FeatureIds]], fused: bool) -> StorageBatch:
+    """``dedup_storages`` of one storage."""
+    return dedup_storages([(features_by_tag, fused)])[0]

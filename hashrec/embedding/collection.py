@@ -33,14 +33,14 @@ from hashrec.distributed.comm_timer import CommTimer
 from hashrec.distributed.process_group import DistContext
 from hashrec.distributed.sharded_lookup import ShardedTable
 from hashrec.distributed.storage_estimate import per_rank_options
-from hashrec.embedding.batching import FeatureIds, StorageBatch, dedup_storage, feature_ids
+from hashrec.embedding.batching import FeatureIds, StorageBatch, dedup_storages, feature_ids
 from hashrec.embedding.dense_table import DenseTable
+from hashrec.embedding.emit import emit_storage
 from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.jagged import KeyedJaggedTensor
 from hashrec.embedding.lookup import Storage, lookup_rows
 from hashrec.embedding.output import EmbeddingOutput
 from hashrec.embedding.plan import plan_storages
-from hashrec.embedding.pooling import gather_sequences, pool_bags
 from hashrec.embedding.sharded import Request, ShardedLookups
 from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
 from hashrec.embedding.stats import collection_stats
@@ -162,34 +162,53 @@ class EmbeddingCollection(nn.Module):
             for storage in self._storages:
                 storage.table.advance_step()
         storages = self._read_storages()
-        # Dense tables first: their ids are checked (one device read) before anything else.
-        dense = {s.name: self._prepare(s, bags) for s in storages if not s.plan.is_dynamic}
-        self._check_dense_ids(list(dense.values()))
-        prepared = [dense.get(s.name) or self._prepare(s, bags) for s in storages]
+        ids = [[[feature_ids(f, bags[f.name]) for f in fs] for fs in self._readers[s.name]]
+               for s in storages]
+        batches = self._dedup(storages, ids)
         if self._sharded is not None:
             looked = self._sharded.lookup(
-                [Request(s, b.keys, b.tags, b.counts) for s, _, b in prepared], self.training)
+                [Request(s, b.keys, b.tags, b.counts) for s, b in zip(storages, batches)],
+                self.training)
         else:
             looked = [lookup_rows(s, b.keys, b.tags, b.counts, self.training)
-                      for s, _, b in prepared]
+                      for s, b in zip(storages, batches)]
         out = EmbeddingOutput()
-        for (storage, ids, batch), (rows, slots) in zip(prepared, looked):
-            self._count(storage, batch.unique_per_table, ids, slots)
-            for f in batch.features:
-                self._emit(out, f, rows)
+        for storage, fs, batch, (rows, slots) in zip(storages, ids, batches, looked):
+            self._count(storage, batch.unique_per_table, fs, slots)
+            for f, value in zip(batch.features, emit_storage(rows, batch)):
+                if f.spec.is_sequence:
+                    out.sequences[f.spec.name] = (value, f.lengths)
+                else:
+                    out.pooled[f.spec.name] = value
         return out
 
     def _read_storages(self) -> list[Storage]:
         """Storages that some feature reads (the same list on every rank)."""
         return [s for s in self._storages if any(self._readers[s.name])]
 
-    def _prepare(self, storage: Storage, bags: dict
-                 ) -> tuple[Storage, list[list[FeatureIds]], StorageBatch]:
-        """One storage's ids of this batch, remapped (ZCH) and deduplicated."""
-        ids = [[feature_ids(f, bags[f.name]) for f in fs] for fs in self._readers[storage.name]]
-        if storage.name in self.zch_remappers:
-            self._remap_zch(storage, ids[0])
-        return storage, ids, dedup_storage(ids, storage.plan.fused)
+    def _dedup(self, storages: list[Storage], ids: list[list[list[FeatureIds]]]
+               ) -> list[StorageBatch]:
+        """Deduplicated ids of every storage, dense ids checked before anything changes.
+
+        ZCH storages are remapped (which may claim slots) only after every other
+        dense table's ids passed the range check.
+        """
+        batches: list[StorageBatch | None] = [None] * len(storages)
+        for group in (False, True):
+            picked = [i for i, s in enumerate(storages)
+                      if (s.name in self.zch_remappers) == group]
+            if not picked:
+                continue
+            if group:
+                for i in picked:
+                    self._remap_zch(storages[i], ids[i][0])
+            done = dedup_storages([(ids[i], storages[i].plan.fused) for i in picked])
+            for i, batch in zip(picked, done):
+                batches[i] = batch
+            if not group:
+                self._check_dense_ids([storages[i] for i in picked], [ids[i] for i in picked],
+                                      done)
+        return batches
 
     def idle_lookups(self) -> None:
         """Serve the peers' eval-mode lookups without a batch of this rank's own.
@@ -223,22 +242,20 @@ class EmbeddingCollection(nn.Module):
             f.values = slots[start:start + f.values.numel()]
             start += f.values.numel()
 
-    def _check_dense_ids(self, prepared: list) -> None:
-        """Ids of dense (non-ZCH) tables must be rows of the table: one device read per batch.
+    def _check_dense_ids(self, storages: list[Storage], ids: list[list[list[FeatureIds]]],
+                         batches: list[StorageBatch]) -> None:
+        """Ids of dense (non-ZCH) tables must be rows of the table.
 
-        A storage's unique keys are sorted, so its first and last key bound all ids.
+        The dedup brought every storage's smallest and largest id to the host, so
+        the check reads nothing more from the device unless an id is out of range.
         """
-        checked = [(storage, ids[0], batch.keys) for storage, ids, batch in prepared
-                   if not storage.plan.is_dynamic and storage.name not in self.zch_remappers
-                   and batch.keys.numel()]
-        if not checked:
-            return
-        outside = torch.stack([(keys[0] < 0) | (keys[-1] >= storage.table.num_rows)
-                               for storage, _, keys in checked])
-        if not bool(outside.any()):
-            return
-        for storage, ids, _ in checked:
-            self._raise_dense_ids(storage, ids)
+        for storage, fs, batch in zip(storages, ids, batches):
+            if storage.plan.is_dynamic or storage.name in self.zch_remappers \
+                    or batch.key_range is None:
+                continue
+            low, high = batch.key_range
+            if low < 0 or high >= storage.table.num_rows:
+                self._raise_dense_ids(storage, fs[0])
 
     @staticmethod
     def _raise_dense_ids(storage: Storage, ids: list[FeatureIds]) -> None:
@@ -249,14 +266,6 @@ class EmbeddingCollection(nn.Module):
                 raise EmbeddingError(
                     f"feature {f.spec.name!r}: ids {bad} are outside [0, {num_rows}) of "
                     f"table {storage.name!r}; check num_buckets / hash_bucket_size")
-
-    def _emit(self, out: EmbeddingOutput, f: FeatureIds, rows: torch.Tensor) -> None:
-        if f.spec.is_sequence:
-            padded = gather_sequences(rows, f.inverse, f.offsets, f.spec.max_length)
-            out.sequences[f.spec.name] = (padded, f.lengths)
-        else:
-            out.pooled[f.spec.name] = pool_bags(rows, f.inverse, f.offsets, f.weights,
-                                                f.spec.pooling == "mean")
 
     def _count(self, storage: Storage, unique_per_table: list[int],
                ids: list[list[FeatureIds]], slots: torch.Tensor) -> None:

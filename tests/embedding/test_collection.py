@@ -143,10 +143,13 @@ def test_bad_batches_name_the_feature():
     collection = EmbeddingCollection(tables, features, SparseSGD())
     with pytest.raises(EmbeddingError, match=r"lacks features \['w'\]"):
         collection(_kjt({"gender": [[1]]}))
-    with pytest.raises(EmbeddingError, match=r"feature 'gender': ids \[5, -1\] are outside"):
-        collection(_kjt({"gender": [[5, -1]], "w": [[1]]}))
     with pytest.raises(EmbeddingError, match="'w' is weighted"):
         collection(_kjt({"gender": [[1]], "w": [[1]]}))
+    plain = EmbeddingCollection(tables, [EmbeddingFeatureSpec("gender", "d"),
+                                         EmbeddingFeatureSpec("w", "t")], SparseSGD())
+    with pytest.raises(EmbeddingError, match=r"feature 'gender': ids \[5, -1\] are outside"):
+        plain(_kjt({"gender": [[5, -1]], "w": [[1]]}))
+    assert plain.dynamic_tables()["t"].size() == 0  # nothing was inserted before the error
 
 
 def test_empty_batches_give_empty_or_zero_outputs():

@@ -26,4 +26,16 @@ def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.
     return impl.pool_backward(grad_out, inverse, offsets, weights, mean, num_rows)
 
 
-__all__ = ["pool_backward", "pool_forward"]
+def reduce_positions(grads: torch.Tensor, gidx: torch.Tensor, inverse: torch.Tensor,
+                     order: torch.Tensor, row_start: torch.Tensor,
+                     weights: torch.Tensor | None) -> torch.Tensor:
+    """Gradient per unique row from position gradients: -> (U, D) float32.
+
+    Position ``p`` adds ``grads[gidx[p]]`` (times ``weights[p]``) to row
+    ``inverse[p]``; ``order`` / ``row_start`` group the positions by row.
+    """
+    impl = backend(__name__, reference, grads.device)
+    return impl.reduce_positions(grads, gidx, inverse, order, row_start, weights)
+
+
+__all__ = ["pool_backward", "pool_forward", "reduce_positions"]

@@ -45,3 +45,21 @@ def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.
     out = torch.zeros(num_rows, grad.shape[1], dtype=torch.float32, device=grad.device)
     out.index_add_(0, inverse, per_id)
     return out
+
+
+def reduce_positions(grads: torch.Tensor, gidx: torch.Tensor, inverse: torch.Tensor,
+                     order: torch.Tensor, row_start: torch.Tensor,
+                     weights: torch.Tensor | None) -> torch.Tensor:
+    """Sums position gradients per unique row: -> (U, D) float32.
+
+    Position ``p`` contributes ``grads[gidx[p]] * weights[p]`` to row ``inverse[p]``;
+    ``order`` / ``row_start`` (the CSR grouping of positions by row, which the
+    Triton version walks) only size the output here.
+    """
+    del order
+    picked = grads.float().index_select(0, gidx)
+    if weights is not None:
+        picked = picked * weights.to(picked.dtype).unsqueeze(1)
+    out = torch.zeros(row_start.numel() - 1, grads.shape[1], dtype=torch.float32,
+                      device=grads.device)
+    return out.index_add_(0, inverse, picked)

@@ -24,3 +24,11 @@ def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.
     order, row_start = group_positions(inverse, num_rows)
     bags = bag_of_positions(offsets, inverse.numel())
     return reduce_rows(grad_out, bags, order, row_start, weights, offsets if mean else None)
+
+
+def reduce_positions(grads: torch.Tensor, gidx: torch.Tensor, inverse: torch.Tensor,
+                     order: torch.Tensor, row_start: torch.Tensor,
+                     weights: torch.Tensor | None) -> torch.Tensor:
+    """Sums position gradients per unique row in a fixed order: -> (U, D) float32."""
+    del inverse
+    return reduce_rows(grads.float(), gidx, order, row_start, weights)

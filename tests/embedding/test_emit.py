@@ -1,0 +1,77 @@
+"""dedup_storages + emit_storage against per-feature pooling with autograd."""
+
+import pytest
+import torch
+
+from hashrec.embedding import EmbeddingFeatureSpec
+from hashrec.embedding.batching import FeatureIds, dedup_storages
+from hashrec.embedding.emit import emit_storage
+from hashrec.embedding.pooling import gather_sequences, pool_bags
+
+
+def _feature(spec, lengths, high, gen, weighted=False):
+    lengths = torch.tensor(lengths, dtype=torch.int64)
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    values = torch.randint(-high, high, (int(offsets[-1]),), generator=gen)
+    weights = torch.rand(values.numel(), generator=gen) if weighted else None
+    return FeatureIds(spec, values, offsets, lengths, weights)
+
+
+def _storage(gen):
+    """Two logical tables (tags): a mean bag and a sequence on tag 0, a weighted bag on 1."""
+    mean = EmbeddingFeatureSpec("m", "a", pooling="mean")
+    seq = EmbeddingFeatureSpec("s", "a", is_sequence=True, max_length=4)
+    weighted = EmbeddingFeatureSpec("w", "b", weighted=True)
+    return [[_feature(mean, [2, 0, 3, 1], 5, gen), _feature(seq, [4, 1, 0, 3], 5, gen)],
+            [_feature(weighted, [1, 3, 2, 2], 4, gen, weighted=True)]]
+
+
+def test_dedup_keys_are_unique_per_tag_and_inverse_points_at_them():
+    gen = torch.Generator().manual_seed(0)
+    by_tag = _storage(gen)
+    (batch,) = dedup_storages([(by_tag, True)])
+    assert batch.unique_per_table == [len(set(torch.cat([f.values for f in fs]).tolist()))
+                                      for fs in by_tag]
+    pairs = list(zip(batch.tags.tolist(), batch.keys.tolist()))
+    assert pairs == sorted(set(pairs))
+    for tag, fs in enumerate(by_tag):
+        for f in fs:
+            assert (batch.keys[f.inverse] == f.values).all() and (batch.tags[f.inverse] == tag).all()
+    assert batch.counts.tolist() == torch.bincount(batch.inverse).tolist()
+    grouped = batch.inverse[batch.order]
+    assert (grouped[1:] >= grouped[:-1]).all()
+    assert batch.key_range == (min(k for _, k in pairs), max(k for _, k in pairs))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "one-table"])
+def test_emit_matches_per_feature_autograd(fused):
+    gen = torch.Generator().manual_seed(1)
+    by_tag = _storage(gen) if fused else [_storage(gen)[0]]
+    (batch,) = dedup_storages([(by_tag, fused)])
+    rows = torch.randn(batch.keys.numel(), 3, generator=gen, requires_grad=True)
+    outs = emit_storage(rows, batch)
+    grads = [torch.randn(o.shape, generator=gen) for o in outs]
+    torch.autograd.backward(outs, grads)
+    expected_rows = rows.detach().clone().requires_grad_(True)
+    expected = []
+    for f in batch.features:
+        if f.spec.is_sequence:
+            expected.append(gather_sequences(expected_rows, f.inverse, f.offsets, f.spec.max_length))
+        else:
+            expected.append(pool_bags(expected_rows, f.inverse, f.offsets, f.weights,
+                                      f.spec.pooling == "mean"))
+    torch.autograd.backward(expected, grads)
+    for got, want in zip(outs, expected):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(rows.grad, expected_rows.grad)
+
+
+def test_storage_without_ids():
+    spec = EmbeddingFeatureSpec("f", "t")
+    empty = FeatureIds(spec, torch.empty(0, dtype=torch.int64), torch.zeros(3, dtype=torch.int64),
+                       torch.zeros(2, dtype=torch.int64))
+    (batch,) = dedup_storages([([[empty]], False)])
+    assert batch.keys.numel() == 0 and batch.key_range is None and batch.unique_per_table == [0]
+    (out,) = emit_storage(torch.zeros(0, 3, requires_grad=True), batch)
+    assert out.shape == (2, 3) and not out.any()
