@@ -6,10 +6,11 @@ keys, 60% present and 40% new:
 
 * find: ``find_values`` (digest probe + key compare + value gather, one launch);
 * insert_or_assign: ``upsert_slots`` (find, insert the misses, evicting at a full
-  bucket; one host sync) then ``write_rows`` of the batch's values to every placed
+  bucket; no host sync) then ``write_rows`` of the batch's values to every placed
   slot (with a key repeated in the batch, one of its rows lands);
-* find_or_insert: ``upsert_slots``, ``write_rows`` of initial rows (drawn with
-  ``torch.rand`` per call, inside the timing) for the inserted keys, gather.
+* find_or_insert: ``upsert_slots`` then ``read_or_init_rows`` (every key's row,
+  new rows drawn in-kernel from hashed uniforms in [0, 0.01) and written, one
+  launch).
 
 The index is restored between dims so every dim sees the same load factor.
 Output: a JSON file and a markdown table (B-KV/s = 1e9 keys per second).
@@ -56,7 +57,8 @@ from hashrec.table.ops.export.triton import occupied_slots  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots, find_values  # noqa: E402
 from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
-from hashrec.table.ops.insert.upsert import upsert_slots, write_rows  # noqa: E402
+from hashrec.table.ops.insert.rows import read_or_init_rows, write_rows  # noqa: E402
+from hashrec.table.ops.insert.upsert import upsert_slots  # noqa: E402
 from hashrec.table.storage import TableStorage  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -88,14 +90,13 @@ def _batch(stored: torch.Tensor, n: int) -> torch.Tensor:
 
 def _insert_or_assign(storage: TableStorage, keys: torch.Tensor, values: torch.Tensor) -> None:
     res = upsert_slots(storage, keys, None, torch.ones_like(keys), allow_evict=True)
-    write_rows(storage.values, res.slots, res.slots >= 0, values)
+    write_rows(storage.values, res.slots, None, values)
 
 
 def _find_or_insert(storage: TableStorage, keys: torch.Tensor) -> torch.Tensor:
     res = upsert_slots(storage, keys, None, torch.ones_like(keys), allow_evict=True)
-    init = torch.rand(keys.numel(), storage.row_dim, device=DEVICE) * 0.01
-    write_rows(storage.values, res.slots, res.inserted, init)
-    return storage.values[res.slots.clamp(min=0)]
+    return read_or_init_rows(storage.values, keys, None, res.slots, res.created, res.inserted,
+                             storage.row_dim, 0.0, 0.01, seed=0)
 
 
 def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int) -> dict:

@@ -19,6 +19,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed")
 
 from hashrec.table import hashing  # noqa: E402
 from hashrec.table._triton_hash import hash_keys  # noqa: E402
+from hashrec.table.initializers import hashed_uniforms  # noqa: E402
 from hashrec.table.ops.erase import reference as erase_ref  # noqa: E402
 from hashrec.table.ops.erase import triton as erase_tt  # noqa: E402
 from hashrec.table.ops.export import reference as export_ref  # noqa: E402
@@ -26,6 +27,7 @@ from hashrec.table.ops.export import triton as export_tt  # noqa: E402
 from hashrec.table.ops.find import reference as find_ref  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
 from hashrec.table.ops.insert import reference as insert_ref  # noqa: E402
+from hashrec.table.ops.insert import rows as rows_tt  # noqa: E402
 from hashrec.table.ops.insert import triton as insert_tt  # noqa: E402
 from hashrec.table.ops.insert import upsert as upsert_tt  # noqa: E402
 from hashrec.table.ops.optimizer import reference as optim_ref  # noqa: E402
@@ -291,12 +293,62 @@ def test_upsert_matches_find_then_reference_insert(num_buckets, tagged, allow_ev
     scores = torch.randint(0, 8, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
     ref_storage, tt_storage = _clone(base), _clone(base)
     want, ref = _reference_upsert(ref_storage, batch, btags, scores, allow_evict)
+    before = find_ref.find_slots(tt_storage, batch, btags)
     got = upsert_tt.upsert_slots(tt_storage, batch, btags, scores, allow_evict)
     assert torch.equal(got.slots, want)
     _assert_same_index(tt_storage, ref_storage)
     assert int(got.inserted.sum()) == int((ref.slots >= 0).sum())
+    assert torch.equal(got.created, (before < 0) & (got.slots >= 0))
+    assert not bool((got.inserted & ~got.created).any())
+    assert got.slots[got.inserted].unique().numel() == int(got.inserted.sum())
     ev = got.evicted
+    assert ev.shape == batch.shape
     assert sorted(got.evicted_keys[ev].tolist()) == sorted(ref.evicted_keys.tolist())
+
+
+@pytest.mark.parametrize("narrow_max_shift", [29, 0], ids=["sort-32bit", "sort-64bit"])
+def test_upsert_sort_key_widths_agree(monkeypatch, narrow_max_shift):
+    monkeypatch.setattr(upsert_tt, "NARROW_MAX_SHIFT", narrow_max_shift)
+    base, keys, _ = _filled(8, 16, 90, seed=21)
+    gen = torch.Generator().manual_seed(22)
+    new = _random_keys(60, gen).to(DEVICE)
+    batch = torch.cat([keys[:20], new, new[:9]])
+    scores = torch.randint(0, 8, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+    ref_storage, tt_storage = _clone(base), _clone(base)
+    want, _ = _reference_upsert(ref_storage, batch, None, scores, True)
+    assert torch.equal(upsert_tt.upsert_slots(tt_storage, batch, None, scores, True).slots, want)
+    _assert_same_index(tt_storage, ref_storage)
+
+
+def test_read_or_init_rows_reads_stored_and_initializes_new_rows():
+    base, keys, _ = _filled(4, 16, 30, seed=31, row_dim=5)
+    gen = torch.Generator().manual_seed(32)
+    new = _random_keys(12, gen).to(DEVICE)
+    batch = torch.cat([keys[:8], new, new[:4]])
+    scores = torch.ones_like(batch)
+    res = upsert_tt.upsert_slots(base, batch, None, scores, False)
+    before = base.values.clone()
+    got = rows_tt.read_or_init_rows(base.values, batch, None, res.slots, res.created,
+                                    res.inserted, dim=3, lower=-0.5, upper=0.5, seed=7,
+                                    state=0.25)
+    fresh = res.created | (res.slots < 0)
+    init = (hashed_uniforms(batch, None, 3, seed=7) - 0.5).to(torch.float32)
+    torch.testing.assert_close(got[fresh], init[fresh])
+    stored = ~fresh
+    assert torch.equal(got[stored], before[res.slots[stored], :3])
+    new_slots = res.slots[res.inserted]
+    torch.testing.assert_close(base.values[new_slots, :3], init[res.inserted])
+    assert bool((base.values[new_slots, 3:] == 0.25).all())
+
+
+def test_write_rows_without_mask_writes_every_placed_slot():
+    values = torch.zeros(6, 2, device=DEVICE)
+    slots = torch.tensor([5, -1, 0], device=DEVICE)
+    rows = torch.arange(6, dtype=torch.float32, device=DEVICE).view(3, 2) + 1
+    rows_tt.write_rows(values, slots, None, rows)
+    expected = torch.zeros(6, 2, device=DEVICE)
+    expected[5], expected[0] = rows[0], rows[2]
+    assert torch.equal(values, expected)
 
 
 def test_write_rows_writes_only_masked_slots():

@@ -1,21 +1,25 @@
-"""Triton upsert: find every key, insert the misses, with one host sync in all.
+"""Triton upsert: find every key and insert the misses, without a host sync.
 
 ``upsert_slots`` is the write path of ``find_or_insert`` / ``insert_or_assign`` on
 CUDA. Unlike ``insert_keys`` it takes any batch (keys present or absent, repeated
-or not) and needs no deduplication or bucket bookkeeping from the caller:
+or not) and needs no deduplication or bucket bookkeeping from the caller. Every
+launch has a grid fixed by the batch size n, so nothing is read back on the host:
 
-1. ``find_slots`` over the whole batch;
-2. the misses are compacted (the one sync: its count sizes the next launches);
-3. each miss gets a 64-bit sort key ``bucket << (64 - b) | hash >> b`` and one
-   stable sort groups the misses by bucket (equal keys end up in one run of equal
-   sort keys, so a short backward scan names each repeat's first occurrence);
-4. one program per sorted miss; the program that starts a bucket's run applies the
-   pinned insert rule (``insert/triton.py``) to the run's first occurrences;
-5. repeats take their first occurrence's slot.
+1. one kernel probes every key (the find probe) and writes its slot and a sort
+   key: ``bucket << b' | hash bits`` for a miss (31 bits when the bucket fits in
+   29, else 63), the maximum for a hit;
+2. one stable sort of the n sort keys groups the misses by bucket (equal keys end
+   up in one run of equal sort keys) ahead of the hits;
+3. one kernel gathers the sorted misses (key, tag, score, bucket, digest) and one
+   names each repeat's first occurrence (a short backward scan);
+4. one program per sorted position; the program that starts a bucket's run of
+   misses applies the pinned insert rule (``insert/triton.py``) to the run's first
+   occurrences (the others, hits included, exit at once);
+5. one kernel writes every key's final slot and flags back in batch order.
 
 The insert is independent of thread timing: a bucket is written by one program,
-and all orders are fixed by the data. Evicted entries come back as (m,) arrays
-over the sorted misses with a mask, so no further sync is needed.
+and all orders are fixed by the data. Evicted entries come back as (n,) arrays
+over the sorted batch with a mask.
 """
 
 from __future__ import annotations
@@ -34,21 +38,31 @@ from hashrec.table._triton_hash import (
     load_tags,
     tagged_hash,
 )
-from hashrec.table.ops.find.triton import find_slots
+from hashrec.table.ops.find.triton import digest_line, probe_bucket
+from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.triton import bucket_state, write_entries
 from hashrec.table.storage import TableStorage
 
+__all__ = ["UpsertResult", "upsert_slots", "write_rows"]
+
+_WIDE_SENTINEL = 0x7FFFFFFFFFFFFFFF
+_NARROW_SENTINEL = 0x7FFFFFFF
+# Bucket bits up to which sort keys are 32-bit (a faster sort); beyond, 64-bit.
+NARROW_MAX_SHIFT = 29
+
 
 class UpsertResult(NamedTuple):
-    """Outcome of ``upsert_slots`` for a batch of n keys (m of them missing).
+    """Outcome of ``upsert_slots`` for a batch of n keys.
 
     Attributes:
         slots: (n,) int64 slot of every key after the call, -1 when refused (or,
             for a key that was present, when a miss of the same call evicted it).
         inserted: (n,) bool, True at the first occurrence of each key placed by this
             call (its row needs initializing); repeats and present keys are False.
-        evicted: (m,) bool mask over the ``evicted_*`` arrays.
-        evicted_keys: (m,) int64, evicted_tags (m,) int32, evicted_scores (m,) int64.
+        evicted: (n,) bool mask over the ``evicted_*`` arrays (positions in the
+            call's sorted order, not the batch order).
+        evicted_keys: (n,) int64, evicted_tags (n,) int32, evicted_scores (n,) int64.
+        created: (n,) bool, True at every occurrence of a key placed by this call.
     """
 
     slots: torch.Tensor
@@ -57,32 +71,59 @@ class UpsertResult(NamedTuple):
     evicted_keys: torch.Tensor
     evicted_tags: torch.Tensor
     evicted_scores: torch.Tensor
+    created: torch.Tensor
 
 
 @triton.jit
-def _sort_key_kernel(keys_ptr, tags_ptr, miss_ptr, sort_ptr, bucket_ptr, digest_ptr, m,
-                     num_buckets, SHIFT: tl.constexpr, HAS_TAGS: tl.constexpr,
-                     POW2: tl.constexpr, BLOCK: tl.constexpr):
+def _probe_sort_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, slots_ptr, sort_ptr, n,
+                       num_buckets, HAS_TAGS: tl.constexpr, CAP: tl.constexpr,
+                       LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
+                       SHIFT: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < m
-    pos = tl.load(miss_ptr + offs, mask=mask, other=0)
-    key = tl.load(keys_ptr + pos, mask=mask, other=0)
-    tag = load_tags(tags_ptr, pos, mask, HAS_TAGS)
+    mask = offs < n
+    key = tl.load(keys_ptr + offs, mask=mask, other=0)
+    tag = load_tags(tags_ptr, offs, mask, HAS_TAGS)
+    slot = probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP, LINE,
+                        WORDS, POW2)
+    tl.store(slots_ptr + offs, slot, mask=mask)
     h = tagged_hash(key, tag)
-    bucket = bucket_of_fast(h, num_buckets, POW2)
-    s = (bucket.to(tl.uint64) << (64 - SHIFT)) | (h >> SHIFT)
-    s = (s ^ 0x8000000000000000).to(tl.int64, bitcast=True)  # unsigned order as signed
+    bucket = bucket_of_fast(h, num_buckets, POW2).to(tl.uint64)
+    if WIDE:  # < 2**63 - 1: bucket in bits 63-SHIFT.., hash bits below
+        s = ((bucket << (63 - SHIFT)) | (h >> (SHIFT + 2))).to(tl.int64, bitcast=True)
+        s = tl.where(slot >= 0, 0x7FFFFFFFFFFFFFFF, s)
+    else:  # < 2**30
+        s = ((bucket << (30 - SHIFT)) | (h >> (34 + SHIFT))).to(tl.int32)
+        s = tl.where(slot >= 0, 0x7FFFFFFF, s)
     tl.store(sort_ptr + offs, s, mask=mask)
-    tl.store(bucket_ptr + offs, bucket, mask=mask)
-    tl.store(digest_ptr + offs, digest_of(h).to(tl.uint8), mask=mask)
 
 
 @triton.jit
-def _first_kernel(sort_ptr, keys_ptr, tags_ptr, first_ptr, m, BLOCK: tl.constexpr):
+def _gather_kernel(sorted_ptr, perm_ptr, keys_ptr, tags_ptr, scores_ptr, s_keys, s_tags,
+                   s_scores, s_digests, s_bucket, n, num_buckets, HAS_TAGS: tl.constexpr,
+                   POW2: tl.constexpr, SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
+    """Sorted misses' fields; bucket -1 at the hits (after the misses)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    miss = mask & (tl.load(sorted_ptr + i, mask=mask, other=SENTINEL) != SENTINEL)
+    pos = tl.load(perm_ptr + i, mask=miss, other=0)
+    key = tl.load(keys_ptr + pos, mask=miss, other=0)
+    tag = load_tags(tags_ptr, pos, miss, HAS_TAGS)
+    h = tagged_hash(key, tag)
+    tl.store(s_keys + i, key, mask=mask)
+    tl.store(s_tags + i, tag, mask=mask)
+    tl.store(s_scores + i, tl.load(scores_ptr + pos, mask=miss, other=0), mask=mask)
+    tl.store(s_digests + i, digest_of(h).to(tl.uint8), mask=mask)
+    tl.store(s_bucket + i, tl.where(miss, bucket_of_fast(h, num_buckets, POW2), -1), mask=mask)
+
+
+@triton.jit
+def _first_kernel(sort_ptr, keys_ptr, tags_ptr, first_ptr, m, SENTINEL: tl.constexpr,
+                  BLOCK: tl.constexpr):
     """Index of each sorted miss's first occurrence among equal (key, tag)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < m
-    s = tl.load(sort_ptr + i, mask=mask, other=0)
+    s = tl.load(sort_ptr + i, mask=mask, other=SENTINEL)
+    mask = mask & (s != SENTINEL)
     key = tl.load(keys_ptr + i, mask=mask, other=0)
     tag = tl.load(tags_ptr + i, mask=mask, other=0)
     first = i
@@ -96,7 +137,7 @@ def _first_kernel(sort_ptr, keys_ptr, tags_ptr, first_ptr, m, BLOCK: tl.constexp
         q = q - 1
         live = live & (q >= 0)
         live = live & (tl.load(sort_ptr + q, mask=live, other=0) == s)
-    tl.store(first_ptr + i, first, mask=mask)
+    tl.store(first_ptr + i, first, mask=i < m)
 
 
 @triton.jit
@@ -151,15 +192,24 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
                    CAP_P2: tl.constexpr, BI: tl.constexpr):
     start = tl.program_id(0).to(tl.int64)
     bucket = tl.load(in_bucket + start)
-    opens = tl.load(in_bucket + start - 1, mask=start > 0, other=-1) != bucket
-    end = start
-    if opens:
-        end = _run_end(in_bucket, start, bucket, m)
+    opens = (bucket >= 0) & (tl.load(in_bucket + start - 1, mask=start > 0, other=-1) != bucket)
+    if opens:  # the other programs (repeats of a bucket, hits) have nothing to do
+        _insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m, t_keys,
+                    t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
+                    ev_scores, start, bucket, ALLOW_EVICT, CAP, CAP_P2, BI)
+
+
+@triton.jit
+def _insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m, t_keys,
+                t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
+                ev_scores, start, bucket, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
+                CAP_P2: tl.constexpr, BI: tl.constexpr):
+    """Applies the insert rule to the first occurrences of the bucket's run at ``start``."""
+    end = _run_end(in_bucket, start, bucket, m)
     base = bucket * CAP
     col = tl.arange(0, CAP_P2)
-    in_bucket_col = (col < CAP) & opens
     empty, empty_rank, n_empty, order, old_scores = bucket_state(
-        t_digests, t_scores, base, in_bucket_col, _count_firsts(in_first, start, end, BI),
+        t_digests, t_scores, base, col < CAP, _count_firsts(in_first, start, end, BI),
         ALLOW_EVICT, CAP_P2)
     c = start
     while c < end:
@@ -184,36 +234,56 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
         c += BI
 
 
-def _launch_insert(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
-                   scores: torch.Tensor, miss: torch.Tensor, allow_evict: bool):
-    """Sorts the misses by bucket and inserts them; -> (sorted slots, first, perm, ev...)."""
-    m, device, nb = miss.numel(), storage.device, storage.num_buckets
-    sort_key = torch.empty(m, dtype=torch.int64, device=device)
-    buckets = torch.empty(m, dtype=torch.int64, device=device)
-    digests = torch.empty(m, dtype=torch.uint8, device=device)
-    _sort_key_kernel[(triton.cdiv(m, 1024),)](
-        keys, tags if tags is not None else keys, miss, sort_key, buckets, digests, m, nb,
-        SHIFT=max(1, (nb - 1).bit_length()), HAS_TAGS=tags is not None, POW2=is_pow2(nb),
-        BLOCK=1024)
-    sort_key, perm = torch.sort(sort_key, stable=True)
-    pos = miss[perm]
-    s_keys, s_scores = keys[pos], scores[pos]
-    s_tags = (tags[pos] if tags is not None
-              else torch.zeros(m, dtype=torch.int32, device=device))
-    first = torch.empty(m, dtype=torch.int64, device=device)
-    _first_kernel[(triton.cdiv(m, 512),)](sort_key, s_keys, s_tags, first, m, BLOCK=512)
-    out = torch.full((m,), -1, dtype=torch.int64, device=device)
-    evicted = torch.zeros(m, dtype=torch.int8, device=device)
-    ev = (torch.empty(m, dtype=torch.int64, device=device),
-          torch.empty(m, dtype=torch.int32, device=device),
-          torch.empty(m, dtype=torch.int64, device=device))
-    cap = storage.bucket_capacity
-    _upsert_kernel[(m,)](
-        s_keys, s_tags, s_scores, digests[perm], buckets[perm], first, m, storage.keys,
-        storage.tags, storage.digests, storage.scores, out, evicted, *ev,
-        ALLOW_EVICT=bool(allow_evict), CAP=cap, CAP_P2=triton.next_power_of_2(cap), BI=16,
-        num_warps=4)
-    return out, first, pos, evicted.bool(), ev
+@triton.jit
+def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_ptr, t_keys,
+                     t_tags, slots_ptr, inserted_ptr, created_ptr, evicted_ptr, n,
+                     HAS_TAGS: tl.constexpr, ALLOW_EVICT: tl.constexpr,
+                     SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
+    """Final slot and flags of every key, in batch order; clears unused evicted flags."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    miss = mask & (tl.load(sorted_ptr + i, mask=mask, other=SENTINEL) != SENTINEL)
+    hit = mask & ~miss
+    pos = tl.load(perm_ptr + i, mask=mask, other=0)
+    first = tl.load(first_ptr + i, mask=miss, other=-1)
+    new_slot = tl.load(out_ptr + first, mask=miss, other=-1)
+    slot = tl.load(slots_ptr + pos, mask=hit, other=-1)
+    if ALLOW_EVICT:  # a present key of this batch may have been evicted by a miss
+        kept = hit & (slot >= 0)
+        key = tl.load(keys_ptr + pos, mask=kept, other=0)
+        kept = kept & (tl.load(t_keys + slot, mask=kept, other=0) == key)
+        tag = load_tags(tags_ptr, pos, kept, HAS_TAGS)
+        kept = kept & (tl.load(t_tags + slot, mask=kept, other=0) == tag)
+        slot = tl.where(kept, slot, -1)
+        is_first = miss & (first == i)
+        ev = tl.load(evicted_ptr + i, mask=is_first, other=0)
+        tl.store(evicted_ptr + i, tl.where(is_first, ev, 0), mask=mask)
+    else:
+        tl.store(evicted_ptr + i, tl.zeros([BLOCK], dtype=tl.int8), mask=mask)
+    placed = miss & (new_slot >= 0)
+    tl.store(slots_ptr + pos, tl.where(miss, new_slot, slot), mask=mask)
+    tl.store(inserted_ptr + pos, (placed & (first == i)).to(tl.int8), mask=mask)
+    tl.store(created_ptr + pos, placed.to(tl.int8), mask=mask)
+
+
+def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
+               slots: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Probes every key into ``slots`` and returns the sort keys and their sentinel."""
+    n, nb = keys.numel(), storage.num_buckets
+    shift = max(1, (nb - 1).bit_length())
+    wide = shift > NARROW_MAX_SHIFT
+    sort_key = torch.empty(n, dtype=torch.int64 if wide else torch.int32, device=keys.device)
+    line, width, words = digest_line(storage)
+    block = 64
+    _probe_sort_kernel[(triton.cdiv(n, block),)](
+        keys, tags if tags is not None else keys, storage.keys, storage.tags, line, slots,
+        sort_key, n, nb, HAS_TAGS=tags is not None, CAP=storage.bucket_capacity, LINE=width,
+        WORDS=words, POW2=is_pow2(nb), SHIFT=shift, WIDE=wide, BLOCK=block, num_warps=4)
+    return sort_key, _WIDE_SENTINEL if wide else _NARROW_SENTINEL
+
+
+def _empty(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(n, dtype=dtype, device=device)
 
 
 def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
@@ -222,7 +292,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
 
     Repeated keys are inserted once, with the score of their first occurrence.
     Only index fields are written; rows flagged ``inserted`` need initializing
-    (``write_rows``). Returns ``UpsertResult``.
+    (``write_rows`` / ``read_or_init_rows``). No host sync. Returns ``UpsertResult``.
     """
     check_keys(keys, tags, storage.device)
     if scores.dtype != torch.int64 or scores.shape != keys.shape:
@@ -230,55 +300,33 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
                          f"got {scores.dtype} {tuple(scores.shape)}")
     keys, scores = keys.contiguous(), scores.contiguous()
     tags = tags.contiguous() if tags is not None else None
-    slots = find_slots(storage, keys, tags)
-    inserted = torch.zeros(keys.numel(), dtype=torch.bool, device=storage.device)
-    miss = torch.nonzero(slots < 0).flatten()
-    if miss.numel() == 0:
-        empty = torch.empty(0, dtype=torch.int64, device=storage.device)
-        return UpsertResult(slots, inserted, empty.bool(), empty, empty.int(), empty)
-    out, first, pos, evicted, ev = _launch_insert(storage, keys, tags, scores, miss,
-                                                  allow_evict)
-    placed = out >= 0
-    inserted.scatter_(0, pos, placed)
-    slots.scatter_(0, pos, out[first])
-    if allow_evict:  # a present key of this batch may have been evicted by a miss
-        at = slots.clamp(min=0)
-        kept = storage.keys[at] == keys
-        if tags is not None:
-            kept &= storage.tags[at] == tags
-        slots = torch.where(kept, slots, -1)
-    return UpsertResult(slots, inserted, evicted, *ev)
-
-
-@triton.jit
-def _write_rows_kernel(values, slots_ptr, mask_ptr, src_ptr, n, ROW_DIM: tl.constexpr,
-                       ROW_P2: tl.constexpr, BLOCK: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    rmask = rows < n
-    slot = tl.load(slots_ptr + rows, mask=rmask, other=-1)
-    rmask = rmask & (slot >= 0) & (tl.load(mask_ptr + rows, mask=rmask, other=0) != 0)
-    col = tl.arange(0, ROW_P2)
-    m2 = rmask[:, None] & (col[None, :] < ROW_DIM)
-    x = tl.load(src_ptr + rows[:, None] * ROW_DIM + col[None, :], mask=m2, other=0.0)
-    tl.store(values + slot[:, None] * ROW_DIM + col[None, :], x, mask=m2)
-
-
-def write_rows(values: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
-               rows: torch.Tensor) -> None:
-    """values[slots[i]] = rows[i] where mask[i] and slots[i] >= 0, in one launch.
-
-    values (R, row_dim), slots (n,) int64, mask (n,) bool, rows (n, row_dim). With
-    repeated slots among the written ones, which row lands is not specified: pass
-    a mask that selects each slot once (``UpsertResult.inserted`` does).
-    """
-    n, row_dim = slots.numel(), values.shape[1]
-    if rows.shape != (n, row_dim) or not values.is_contiguous():
-        raise ValueError(f"rows must be ({n}, {row_dim}) and values contiguous, got rows "
-                         f"{tuple(rows.shape)}")
+    n, device, nb = keys.numel(), storage.device, storage.num_buckets
+    slots = _empty(n, torch.int64, device)
+    flags = _empty(3 * n, torch.bool, device)
+    ev = (_empty(n, torch.int64, device), _empty(n, torch.int32, device),
+          _empty(n, torch.int64, device))
     if n == 0:
-        return
-    row_p2 = triton.next_power_of_2(row_dim)
-    block = max(1, min(128, 4096 // row_p2))
-    _write_rows_kernel[(triton.cdiv(n, block),)](
-        values, slots.contiguous(), mask.contiguous().view(torch.uint8),
-        rows.to(values.dtype).contiguous(), n, ROW_DIM=row_dim, ROW_P2=row_p2, BLOCK=block)
+        return UpsertResult(slots, flags[:0], flags[:0], *ev, flags[:0])
+    sort_key, sentinel = _sort_keys(storage, keys, tags, slots)
+    sort_key, perm = torch.sort(sort_key, stable=True)
+    s_keys, s_scores, first, out = (_empty(n, torch.int64, device) for _ in range(4))
+    s_tags, s_digests, s_bucket = (_empty(n, torch.int32, device),
+                                   _empty(n, torch.uint8, device), _empty(n, torch.int64, device))
+    tag_arg = tags if tags is not None else keys
+    grid = (triton.cdiv(n, 512),)
+    _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
+                         s_digests, s_bucket, n, nb, HAS_TAGS=tags is not None, POW2=is_pow2(nb),
+                         SENTINEL=sentinel, BLOCK=512)
+    _first_kernel[grid](sort_key, s_keys, s_tags, first, n, SENTINEL=sentinel, BLOCK=512)
+    evicted = flags[2 * n:].view(torch.int8)
+    cap = storage.bucket_capacity
+    _upsert_kernel[(n,)](
+        s_keys, s_tags, s_scores, s_digests, s_bucket, first, n, storage.keys, storage.tags,
+        storage.digests, storage.scores, out, evicted, *ev, ALLOW_EVICT=bool(allow_evict),
+        CAP=cap, CAP_P2=triton.next_power_of_2(cap), BI=16, num_warps=4)
+    _finalize_kernel[grid](
+        sort_key, perm, first, out, keys, tag_arg, storage.keys, storage.tags, slots,
+        flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, n,
+        HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), SENTINEL=sentinel,
+        BLOCK=512)
+    return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n])

@@ -1,0 +1,124 @@
+"""Row kernels of the CUDA write paths: store given rows, or read rows and initialize
+the new ones, each in one launch.
+
+``write_rows`` stores caller rows at slots (insert_or_assign). ``read_or_init_rows``
+serves find_or_insert: every key reads its stored embedding, except keys whose
+slot this call created (and refused keys), which read an initial embedding drawn
+in-kernel from a counter-based hash of (seed, key, tag, column), the same
+uniforms as ``hashrec.table.initializers.hashed_uniforms``; the first occurrence
+of each created key also writes that embedding (plus the optimizer-state value
+in the remaining columns) to its row. Repeats of a key compute the same values,
+so no program waits for another.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hashrec.table._triton_hash import load_tags, mix64, tagged_hash
+from hashrec.table.initializers import _SEED_STRIDE
+
+
+@triton.jit
+def _write_rows_kernel(values, slots_ptr, mask_ptr, src_ptr, n, HAS_MASK: tl.constexpr,
+                       ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    rmask = rows < n
+    slot = tl.load(slots_ptr + rows, mask=rmask, other=-1)
+    rmask = rmask & (slot >= 0)
+    if HAS_MASK:
+        rmask = rmask & (tl.load(mask_ptr + rows, mask=rmask, other=0) != 0)
+    col = tl.arange(0, ROW_P2)
+    m2 = rmask[:, None] & (col[None, :] < ROW_DIM)
+    x = tl.load(src_ptr + rows[:, None] * ROW_DIM + col[None, :], mask=m2, other=0.0)
+    tl.store(values + slot[:, None] * ROW_DIM + col[None, :], x, mask=m2)
+
+
+def write_rows(values: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None,
+               rows: torch.Tensor) -> None:
+    """values[slots[i]] = rows[i] where slots[i] >= 0 (and mask[i], when given), in one launch.
+
+    values (R, row_dim), slots (n,) int64, mask (n,) bool or None, rows (n, row_dim).
+    With repeated slots among the written ones, which row lands is not specified:
+    pass a mask that selects each slot once (``UpsertResult.inserted`` does).
+    """
+    n, row_dim = slots.numel(), values.shape[1]
+    if rows.shape != (n, row_dim) or not values.is_contiguous():
+        raise ValueError(f"rows must be ({n}, {row_dim}) and values contiguous, got rows "
+                         f"{tuple(rows.shape)}")
+    if n == 0:
+        return
+    row_p2 = triton.next_power_of_2(row_dim)
+    block = max(1, min(128, 4096 // row_p2))
+    mask_arg = mask.contiguous().view(torch.uint8) if mask is not None else slots
+    _write_rows_kernel[(triton.cdiv(n, block),)](
+        values, slots.contiguous(), mask_arg, rows.to(values.dtype).contiguous(), n,
+        HAS_MASK=mask is not None, ROW_DIM=row_dim, ROW_P2=row_p2, BLOCK=block)
+
+
+@triton.jit
+def _hashed_uniform(key, tag, col, seed_mix):
+    """Uniforms in (0, 1) of (key, tag) at 0-based columns ``col``: (BLOCK, COLS) float64."""
+    base = mix64(tagged_hash(key, tag) ^ seed_mix)
+    stride = (col + 1).to(tl.uint64) * 0x9E3779B97F4A7C15
+    bits = mix64(base[:, None] + stride[None, :])
+    mantissa = (bits >> 11) & 0x1FFFFFFFFFFFFF
+    return (mantissa.to(tl.float64) + 0.5) / 9007199254740992.0
+
+
+@triton.jit
+def _read_or_init_kernel(keys_ptr, tags_ptr, slots_ptr, created_ptr, inserted_ptr, values, out,
+                         n, seed_mix, lower, upper, state, HAS_TAGS: tl.constexpr,
+                         DIM: tl.constexpr, ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    slot = tl.load(slots_ptr + i, mask=mask, other=-1)
+    fresh = mask & ((slot < 0) | (tl.load(created_ptr + i, mask=mask, other=0) != 0))
+    write = fresh & (slot >= 0) & (tl.load(inserted_ptr + i, mask=mask, other=0) != 0)
+    col = tl.arange(0, ROW_P2)
+    emb = col[None, :] < DIM
+    stored = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
+                     mask=(mask & ~fresh & (slot >= 0))[:, None] & emb, other=0.0)
+    key = tl.load(keys_ptr + i, mask=fresh, other=0)
+    tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
+    u = _hashed_uniform(key, tag, col, seed_mix.to(tl.int64).to(tl.uint64, bitcast=True))
+    init = tl.where(emb, u * (upper - lower) + lower, state).to(values.dtype.element_ty)
+    row = tl.where(fresh[:, None], init, stored)
+    tl.store(out + i[:, None] * DIM + col[None, :], row.to(tl.float32), mask=mask[:, None] & emb)
+    tl.store(values + slot[:, None] * ROW_DIM + col[None, :], init,
+             mask=write[:, None] & (col[None, :] < ROW_DIM))
+
+
+def read_or_init_rows(values: torch.Tensor, keys: torch.Tensor, tags: torch.Tensor | None,
+                      slots: torch.Tensor, created: torch.Tensor, inserted: torch.Tensor,
+                      dim: int, lower: float, upper: float, seed: int,
+                      state: float = 0.0) -> torch.Tensor:
+    """Embeddings (n, dim) float32 of an upserted batch, new rows initialized, one launch.
+
+    Args:
+        values: (R, row_dim) value rows of the table.
+        keys, tags: the batch (n,) int64 and (n,) int32 | None.
+        slots, created, inserted: ``UpsertResult`` fields of the batch.
+        dim: embedding columns; columns [dim, row_dim) of new rows are set to ``state``.
+        lower, upper, seed: new and refused keys read ``lower + (upper - lower) * u``
+            with u the hashed uniforms of (seed, key, tag, column).
+    """
+    n, row_dim = keys.numel(), values.shape[1]
+    if not 0 < dim <= row_dim or not values.is_contiguous():
+        raise ValueError(f"dim={dim} must be in [1, row_dim={row_dim}] and values contiguous")
+    out = torch.empty(n, dim, dtype=torch.float32, device=keys.device)
+    if n == 0:
+        return out
+    row_p2 = triton.next_power_of_2(row_dim)
+    block = max(1, min(64, 4096 // row_p2))
+    seed_mix = seed * _SEED_STRIDE & ((1 << 63) - 1)
+    _read_or_init_kernel[(triton.cdiv(n, block),)](
+        keys, tags if tags is not None else keys, slots, created.view(torch.uint8),
+        inserted.view(torch.uint8), values, out, n, seed_mix, float(lower), float(upper),
+        float(state), HAS_TAGS=tags is not None, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,
+        BLOCK=block)
+    return out
+
