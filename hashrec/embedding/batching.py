@@ -61,7 +61,8 @@ class StorageBatch:
         order: (n,) int64 those positions grouped by unique key (stable).
         row_start: (U + 1,) int64; ``order[row_start[r]:row_start[r + 1]]`` are the
             positions of unique key ``r``.
-        key_range: smallest and largest id of the batch (None without ids).
+        key_ranges: per logical table, its smallest and largest id of the batch
+            (None for a table without ids).
     """
 
     keys: torch.Tensor
@@ -72,7 +73,7 @@ class StorageBatch:
     inverse: torch.Tensor
     order: torch.Tensor
     row_start: torch.Tensor
-    key_range: tuple[int, int] | None = None
+    key_ranges: list[tuple[int, int] | None] | None = None
 
 
 def feature_ids(spec: EmbeddingFeatureSpec, bags: JaggedTensor) -> FeatureIds:
@@ -113,7 +114,7 @@ class _Sorted(NamedTuple):
     sorted_tags: torch.Tensor | None
     order: torch.Tensor
     group: torch.Tensor
-    summary: torch.Tensor  # (T + 2,): unique keys per tag, smallest id, largest id
+    summary: torch.Tensor  # (3 T,): unique keys, smallest id, largest id, per tag
 
 
 def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool) -> _Sorted:
@@ -123,10 +124,10 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool) -> _Sort
     n, num_tags = ids.numel(), len(features_by_tag)
     used = [tag for tag, fs in enumerate(features_by_tag) if fs]
     if n == 0:
-        zeros = torch.zeros(num_tags + 2, dtype=torch.int64, device=device)
+        zeros = torch.zeros(3 * num_tags, dtype=torch.int64, device=device)
         return _Sorted(every, fused, ids, None, ids, ids, zeros)
     sorted_ids, order = torch.sort(ids, stable=True)
-    key_range = torch.cat([sorted_ids[:1], sorted_ids[-1:]])
+    ends = torch.cat([sorted_ids[:1], sorted_ids[-1:]])
     sorted_tags = None
     new = torch.ones(n, dtype=torch.bool, device=device)
     torch.ne(sorted_ids[1:], sorted_ids[:-1], out=new[1:])
@@ -139,19 +140,22 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool) -> _Sort
     group = torch.cumsum(new, 0) - 1
     total = group[-1:] + 1
     if sorted_tags is None:
-        per_tag = torch.zeros(num_tags, dtype=torch.int64, device=device)
-        per_tag[used[0]:used[0] + 1] = total
+        summary = torch.zeros(3, num_tags, dtype=torch.int64, device=device)
+        summary[:, used[0]] = torch.cat([total, ends])
     else:
         bounds = torch.arange(num_tags + 1, dtype=torch.int32, device=device)
         first = torch.searchsorted(sorted_tags, bounds)
         before = torch.where(first < n, group[first.clamp(max=n - 1)], total)
-        per_tag = before[1:] - before[:-1]
-    summary = torch.cat([per_tag, key_range])
+        low = sorted_ids[first[:-1].clamp(max=n - 1)]
+        high = sorted_ids[(first[1:] - 1).clamp(min=0)]
+        summary = torch.stack([before[1:] - before[:-1], low, high])
+    summary = summary.reshape(-1)
     return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary)
 
 
 def _finish_storage(s: _Sorted, summary: list[int]) -> StorageBatch:
-    unique_per_table, num_tags = summary[:-2], len(summary) - 2
+    num_tags = len(summary) // 3
+    unique_per_table, lows, highs = (summary[i * num_tags:(i + 1) * num_tags] for i in range(3))
     u, n = sum(unique_per_table), s.sorted_ids.numel()
     device = s.sorted_ids.device
     keys = torch.empty(u, dtype=torch.int64, device=device).scatter_(0, s.group, s.sorted_ids)
@@ -170,7 +174,8 @@ def _finish_storage(s: _Sorted, summary: list[int]) -> StorageBatch:
         start += f.values.numel()
     return StorageBatch(keys, tags, row_start[1:] - row_start[:-1], s.features,
                         unique_per_table, inverse, s.order, row_start,
-                        (summary[-2], summary[-1]) if n else None)
+                        [(lo, hi) if count else None
+                         for count, lo, hi in zip(unique_per_table, lows, highs)])
 
 
 def dedup_storages(storages: list[tuple[list[list[FeatureIds]], bool]]) -> list[StorageBatch]:

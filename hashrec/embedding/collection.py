@@ -34,6 +34,7 @@ from hashrec.distributed.process_group import DistContext
 from hashrec.distributed.sharded_lookup import ShardedTable
 from hashrec.distributed.storage_estimate import per_rank_options
 from hashrec.embedding.batching import FeatureIds, StorageBatch, dedup_storages, feature_ids
+from hashrec.embedding.dense_group import group_dense_storages
 from hashrec.embedding.dense_table import DenseTable
 from hashrec.embedding.emit import emit_storage
 from hashrec.embedding.errors import EmbeddingError
@@ -132,6 +133,12 @@ class EmbeddingCollection(nn.Module):
             for tag, spec in enumerate(plan.tables):
                 self._locations[spec.name] = (plan.name, tag)
         self._readers = self._group_features(features)
+        # What a forward reads: dense tables of one row layout joined into groups.
+        self._units = group_dense_storages(self._storages, set(self.zch_remappers))
+        for unit in self._units:
+            if unit.name not in self._readers:
+                self._readers[unit.name] = [self._readers[spec.name][0]
+                                            for spec in unit.plan.tables]
         self._sharded = ShardedLookups(sharded, dist, group, self.comm_timer) \
             if world > 1 else None
 
@@ -183,8 +190,8 @@ class EmbeddingCollection(nn.Module):
         return out
 
     def _read_storages(self) -> list[Storage]:
-        """Storages that some feature reads (the same list on every rank)."""
-        return [s for s in self._storages if any(self._readers[s.name])]
+        """Storages (dense groups included) that some feature reads (the same on every rank)."""
+        return [s for s in self._units if any(self._readers[s.name])]
 
     def _dedup(self, storages: list[Storage], ids: list[list[list[FeatureIds]]]
                ) -> list[StorageBatch]:
@@ -219,7 +226,7 @@ class EmbeddingCollection(nn.Module):
         """
         if self._sharded is not None:
             self._sharded.idle(self._read_storages(),
-                               {s.name: s.plan.fused for s in self._storages})
+                               {s.name: s.plan.fused for s in self._units})
 
     def _check_input(self, kjt: KeyedJaggedTensor) -> dict:
         missing = [name for name in self._features if name not in kjt.keys()]
@@ -250,22 +257,20 @@ class EmbeddingCollection(nn.Module):
         the check reads nothing more from the device unless an id is out of range.
         """
         for storage, fs, batch in zip(storages, ids, batches):
-            if storage.plan.is_dynamic or storage.name in self.zch_remappers \
-                    or batch.key_range is None:
+            if storage.plan.is_dynamic or storage.name in self.zch_remappers:
                 continue
-            low, high = batch.key_range
-            if low < 0 or high >= storage.table.num_rows:
-                self._raise_dense_ids(storage, fs[0])
+            for spec, features, key_range in zip(storage.plan.tables, fs, batch.key_ranges):
+                if key_range is not None and (key_range[0] < 0 or key_range[1] >= spec.num_rows):
+                    self._raise_dense_ids(spec.name, spec.num_rows, features)
 
     @staticmethod
-    def _raise_dense_ids(storage: Storage, ids: list[FeatureIds]) -> None:
-        num_rows = storage.table.num_rows
+    def _raise_dense_ids(table: str, num_rows: int, ids: list[FeatureIds]) -> None:
         for f in ids:
             if f.values.numel() and bool(((f.values < 0) | (f.values >= num_rows)).any()):
                 bad = f.values[(f.values < 0) | (f.values >= num_rows)][:5].tolist()
                 raise EmbeddingError(
                     f"feature {f.spec.name!r}: ids {bad} are outside [0, {num_rows}) of "
-                    f"table {storage.name!r}; check num_buckets / hash_bucket_size")
+                    f"table {table!r}; check num_buckets / hash_bucket_size")
 
     def _count(self, storage: Storage, unique_per_table: list[int],
                ids: list[list[FeatureIds]], slots: torch.Tensor) -> None:
@@ -279,12 +284,12 @@ class EmbeddingCollection(nn.Module):
     # -- learning rate, tables, statistics ---------------------------------------------
     def set_learning_rate(self, lr: float) -> None:
         """Sets the sparse optimizer's learning rate of every table (LR schedules)."""
-        for storage in self._storages:
+        for storage in self._storages + self._units:
             storage.lr = float(lr)
 
     def set_backward_timer(self, timer) -> None:
         """Times every storage's backward node in ``timer.region()`` (None: untimed)."""
-        for storage in self._storages:
+        for storage in self._storages + self._units:
             storage.backward_timer = timer
 
     def dynamic_tables(self) -> dict[str, HashTable]:

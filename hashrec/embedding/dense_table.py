@@ -84,6 +84,13 @@ class DenseTable(nn.Module):
         self._step += 1
         self.step_count.fill_(self._step)
 
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        rows = self.rows
+        if not keep_vars and rows.untyped_storage().nbytes() != rows.numel() * rows.element_size():
+            # rows is a view into a DenseGroup's matrix: save this table's block only.
+            destination[prefix + "rows"] = rows.detach().clone()
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._step = int(self.step_count)

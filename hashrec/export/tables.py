@@ -120,11 +120,12 @@ def dynamic_table_views(embedding) -> list[DynamicTableView | ZchTableView]:
 
 
 def dense_table_weights(embedding) -> dict[str, torch.Tensor]:
-    """Dense tables' embedding columns: table name -> (num_rows, dim) float32."""
+    """Dense tables' embedding columns: table name -> (num_rows, dim) float32 (own memory:
+    a table's rows may be a view into a group's matrix)."""
     tables = getattr(embedding, "dense_tables", {})
     zch = getattr(embedding, "zch_remappers", {})
-    return {name: table.rows[:, :table.dim].detach().float() for name, table in tables.items()
-            if name not in zch}
+    return {name: table.rows[:, :table.dim].detach().float().clone()
+            for name, table in tables.items() if name not in zch}
 
 
 def dense_network_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -41,7 +41,8 @@ def test_dedup_keys_are_unique_per_tag_and_inverse_points_at_them():
     assert batch.counts.tolist() == torch.bincount(batch.inverse).tolist()
     grouped = batch.inverse[batch.order]
     assert (grouped[1:] >= grouped[:-1]).all()
-    assert batch.key_range == (min(k for _, k in pairs), max(k for _, k in pairs))
+    assert batch.key_ranges == [(int(v.min()), int(v.max()))
+                                for v in (torch.cat([f.values for f in fs]) for fs in by_tag)]
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "one-table"])
@@ -72,6 +73,6 @@ def test_storage_without_ids():
     empty = FeatureIds(spec, torch.empty(0, dtype=torch.int64), torch.zeros(3, dtype=torch.int64),
                        torch.zeros(2, dtype=torch.int64))
     (batch,) = dedup_storages([([[empty]], False)])
-    assert batch.keys.numel() == 0 and batch.key_range is None and batch.unique_per_table == [0]
+    assert batch.keys.numel() == 0 and batch.key_ranges == [None] and batch.unique_per_table == [0]
     (out,) = emit_storage(torch.zeros(0, 3, requires_grad=True), batch)
     assert out.shape == (2, 3) and not out.any()

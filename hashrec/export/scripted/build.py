@@ -92,7 +92,8 @@ def build_inference_model(model: nn.Module, feature_set,
             lookups.append(TableLookup(spec.name, values, keys, missing[spec.name]))
         else:
             table = dense_tables[spec.name]
-            lookups.append(TableLookup(spec.name, table.rows[:, :table.dim].detach().cpu()))
+            weight = table.rows[:, :table.dim].detach().cpu().clone()  # rows may be a view
+            lookups.append(TableLookup(spec.name, weight))
     features = [FeatureLayout(f.name, f.table, f.pooling == "mean", f.is_sequence,
                               f.max_length, f.weighted)
                 for f in feature_set.embedding_features()]
