@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from hashrec.embedding.dense_table import DenseLookup, DenseTable
+from hashrec.embedding.dense_table import DenseLookup, DenseTable, update_dense_rows
 from hashrec.embedding.lookup import Storage
 from hashrec.embedding.plan import StoragePlan
-from hashrec.table.ops.optimizer import apply_sparse_update
 
 
 class DenseGroup:
@@ -66,11 +65,7 @@ class DenseGroup:
     def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor,
                         lr: float | None = None) -> None:
         """In-place optimizer update of group rows ``slots`` (u,) unique with grads (u, dim)."""
-        if slots.numel() == 0:
-            return
-        rate = self.optimizer.lr if lr is None else lr
-        apply_sparse_update(self.rows, slots, grads.float(), self.optimizer, rate,
-                            max(self.step, 1))
+        update_dense_rows(self.rows, slots, grads, self.optimizer, lr, self.step)
 
 
 def group_dense_storages(storages: list[Storage], zch: set[str]) -> list[Storage]:

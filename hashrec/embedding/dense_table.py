@@ -34,6 +34,18 @@ class DenseLookup(NamedTuple):
     values: torch.Tensor
 
 
+def update_dense_rows(rows: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor,
+                      optimizer: OptimizerSpec, lr: float | None, step: int) -> None:
+    """Sparse optimizer step on ``rows`` at unique ``slots`` (u,) with grads (u, dim).
+
+    ``lr`` overrides the spec's rate; ``step`` is the table's step (Adam uses at least 1).
+    """
+    if slots.numel() == 0:
+        return
+    rate = optimizer.lr if lr is None else lr
+    apply_sparse_update(rows, slots, grads.float(), optimizer, rate, max(step, 1))
+
+
 class DenseTable(nn.Module):
     """Rows known in advance; ids index rows directly.
 
@@ -123,11 +135,7 @@ class DenseTable(nn.Module):
     def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor,
                         lr: float | None = None) -> None:
         """In-place optimizer update of rows ``slots`` (u,) unique with grads (u, dim)."""
-        if slots.numel() == 0:
-            return
-        rate = self.optimizer.lr if lr is None else lr
-        apply_sparse_update(self.rows, slots, grads.float(), self.optimizer, rate,
-                            max(self._step, 1))
+        update_dense_rows(self.rows, slots, grads, self.optimizer, lr, self._step)
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes of ``rows``: {"gpu": ..., "host": ...}."""
