@@ -56,8 +56,8 @@ from _timing import environment, time_ms, write_results  # noqa: E402
 from hashrec.table.ops.export.triton import occupied_slots  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots, find_values  # noqa: E402
-from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
 from hashrec.table.ops.insert.rows import read_or_init_rows, write_rows  # noqa: E402
+from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
 from hashrec.table.ops.insert.upsert import upsert_slots  # noqa: E402
 from hashrec.table.storage import TableStorage  # noqa: E402
 
@@ -110,12 +110,12 @@ def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int)
     hit_rate = float((find_slots(storage, probe) >= 0).float().mean())
     find_ms = time_ms(lambda: find_values(storage, probe, None, dim), reps)
     sweep = {}
-    default = dict(find_tt.FIND_CONFIG)
+    default = find_tt.FIND_CONFIG
     for cfg in ARGS.find_configs:
         block, warps = (int(x) for x in cfg.split("x"))
-        find_tt.FIND_CONFIG.update(block=block, num_warps=warps)
+        find_tt.FIND_CONFIG = {"block": block, "num_warps": warps}
         sweep[cfg] = n / time_ms(lambda: find_values(storage, probe, None, dim), reps) / 1e6
-    find_tt.FIND_CONFIG.update(default)
+    find_tt.FIND_CONFIG = default
     batches = [_batch(stored, n) for _ in range(reps + 2)]
     vals = torch.randn(n, dim, device=DEVICE)
     ioa_ms = time_ms(lambda k: _insert_or_assign(storage, k, vals), reps,

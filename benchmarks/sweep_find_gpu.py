@@ -51,48 +51,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from _table_fill import CAP, filled_index, random_keys  # noqa: E402
 from _timing import environment, time_ms, write_results  # noqa: E402
 
-from hashrec.table.hashing import bucket_of, digest_of, mix64  # noqa: E402
 from hashrec.table.ops.find import reference  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
 from hashrec.table.storage import TableStorage  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-I64 = torch.iinfo(torch.int64)
-CAP = 128
-
-
-def _random_keys(n: int) -> torch.Tensor:
-    return torch.randint(I64.min, I64.max, (n,), dtype=torch.int64, device=DEVICE)
-
-
-def _rank_in_bucket(buckets: torch.Tensor) -> torch.Tensor:
-    """Position of each entry among the equal values of sorted ``buckets``."""
-    first = torch.searchsorted(buckets, buckets, right=False)
-    return torch.arange(buckets.numel(), device=buckets.device) - first
-
-
-def filled_index(slots: int, load_factor: float) -> tuple[TableStorage, torch.Tensor]:
-    """A storage at about ``load_factor`` (random keys, lowest free slots first) and
-    the stored keys."""
-    storage = TableStorage.empty(slots // CAP, CAP, 1, device=DEVICE)
-    keys = torch.unique(_random_keys(int(slots * load_factor * 1.3) + 16))
-    keys = keys[torch.randperm(keys.numel(), device=DEVICE)]
-    h = mix64(keys)
-    buckets = bucket_of(h, storage.num_buckets)
-    buckets, order = torch.sort(buckets, stable=True)
-    keys, h = keys[order], h[order]
-    keep = _rank_in_bucket(buckets) < CAP
-    keys, h, buckets = keys[keep], h[keep], buckets[keep]
-    pick = torch.randperm(keys.numel(), device=DEVICE)[:int(slots * load_factor)]
-    pick = pick.sort().values
-    keys, h, buckets = keys[pick], h[pick], buckets[pick]
-    rank = _rank_in_bucket(buckets)
-    slot = buckets * CAP + rank
-    storage.keys[slot] = keys
-    storage.digests[slot] = digest_of(h)
-    return storage, keys
 
 
 def _bytes_config(storage: TableStorage, keys: torch.Tensor, values: torch.Tensor,
@@ -145,7 +111,7 @@ def sweep_dim(index: TableStorage, stored: torch.Tensor, dim: int) -> dict:
     n = ARGS.batch
     hits = int(0.6 * n)
     probe = torch.cat([stored[torch.randint(0, stored.numel(), (hits,), device=DEVICE)],
-                       _random_keys(n - hits)])
+                       random_keys(n - hits, DEVICE)])
     expected = reference.find_slots(storage, probe)
     slots = torch.empty(n, dtype=torch.int64, device=DEVICE)
     values = torch.empty(n, dim, device=DEVICE)
@@ -172,7 +138,7 @@ def main() -> None:
     results = {"env": environment(), "slots": ARGS.slots, "batch": ARGS.batch,
                "bucket_capacity": CAP, "rows": []}
     for lf in ARGS.load_factors:
-        index, stored = filled_index(ARGS.slots, lf)
+        index, stored = filled_index(ARGS.slots, lf, DEVICE)
         real_lf = index.size() / index.capacity
         for dim in ARGS.dims:
             row = {"load_factor": lf, "measured_load_factor": real_lf}

@@ -19,7 +19,6 @@ triton = pytest.importorskip("triton", reason="triton is not installed")
 
 from hashrec.table import hashing  # noqa: E402
 from hashrec.table._triton_hash import hash_keys  # noqa: E402
-from hashrec.table.initializers import hashed_uniforms  # noqa: E402
 from hashrec.table.ops.erase import reference as erase_ref  # noqa: E402
 from hashrec.table.ops.erase import triton as erase_tt  # noqa: E402
 from hashrec.table.ops.export import reference as export_ref  # noqa: E402
@@ -332,7 +331,7 @@ def test_read_or_init_rows_reads_stored_and_initializes_new_rows():
                                     res.inserted, dim=3, lower=-0.5, upper=0.5, seed=7,
                                     state=0.25)
     fresh = res.created | (res.slots < 0)
-    init = (hashed_uniforms(batch, None, 3, seed=7) - 0.5).to(torch.float32)
+    init = rows_tt.init_uniforms(batch, None, 3, seed=7) - 0.5
     torch.testing.assert_close(got[fresh], init[fresh])
     stored = ~fresh
     assert torch.equal(got[stored], before[res.slots[stored], :3])

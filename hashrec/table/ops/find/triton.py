@@ -138,8 +138,16 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
                  mask=mask[:, None] & cmask)
 
 
-# (keys per program, warps) of the find launch; benchmarks may override it.
-FIND_CONFIG = {"block": 64, "num_warps": 4}
+# (keys per program, warps) of the find launch; None picks by row width (the best
+# of a sweep on an H200: 64 keys and 2 warps for slots or narrow rows, 4 warps for
+# rows wider than 32 columns). Benchmarks may set it.
+FIND_CONFIG: dict | None = None
+
+
+def _config(dim_p2: int) -> dict:
+    if FIND_CONFIG is not None:
+        return FIND_CONFIG
+    return {"block": 64, "num_warps": 2 if dim_p2 <= 32 else 4}
 
 
 def digest_line(storage: TableStorage) -> tuple[torch.Tensor, int, bool]:
@@ -158,10 +166,10 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     n = keys.numel()
     if n == 0:
         return
-    config = config or FIND_CONFIG
     line, width, words = digest_line(storage)
     dim = values.shape[1] if values is not None else 1
     dim_p2 = triton.next_power_of_2(dim)
+    config = config or _config(dim_p2)
     block = max(1, min(config["block"], 16384 // max(width, dim_p2)))
     _find_kernel[(triton.cdiv(n, block),)](
         keys, tags if tags is not None else keys, storage.keys, storage.tags, line,

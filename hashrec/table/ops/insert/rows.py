@@ -4,8 +4,8 @@ the new ones, each in one launch.
 ``write_rows`` stores caller rows at slots (insert_or_assign). ``read_or_init_rows``
 serves find_or_insert: every key reads its stored embedding, except keys whose
 slot this call created (and refused keys), which read an initial embedding drawn
-in-kernel from a counter-based hash of (seed, key, tag, column), the same
-uniforms as ``hashrec.table.initializers.hashed_uniforms``; the first occurrence
+in-kernel from a counter-based hash of (seed, key, tag, column) (``init_uniforms``
+is the same function in PyTorch); the first occurrence
 of each created key also writes that embedding (plus the optimizer-state value
 in the remaining columns) to its row. Repeats of a key compute the same values,
 so no program waits for another.
@@ -18,6 +18,8 @@ import triton
 import triton.language as tl
 
 from hashrec.table._triton_hash import load_tags, mix64, tagged_hash
+from hashrec.table.hashing import mix64 as torch_mix64
+from hashrec.table.hashing import mix_tagged
 from hashrec.table.initializers import _SEED_STRIDE
 
 
@@ -60,12 +62,39 @@ def write_rows(values: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | N
 
 @triton.jit
 def _hashed_uniform(key, tag, col, seed_mix):
-    """Uniforms in (0, 1) of (key, tag) at 0-based columns ``col``: (BLOCK, COLS) float64."""
-    base = mix64(tagged_hash(key, tag) ^ seed_mix)
-    stride = (col + 1).to(tl.uint64) * 0x9E3779B97F4A7C15
-    bits = mix64(base[:, None] + stride[None, :])
-    mantissa = (bits >> 11) & 0x1FFFFFFFFFFFFF
-    return (mantissa.to(tl.float64) + 0.5) / 9007199254740992.0
+    """Uniforms in (0, 1) of (key, tag) at 0-based columns ``col``: (BLOCK, COLS) float32."""
+    base = mix64(tagged_hash(key, tag) ^ seed_mix) & 0xFFFFFFFF
+    x = base.to(tl.uint32)[:, None] ^ ((col + 1).to(tl.uint32) * 0x9E3779B9)[None, :]
+    x = x ^ (x >> 16)
+    x = x * 0x85EBCA6B
+    x = x ^ (x >> 13)
+    x = x * 0xC2B2AE35
+    x = x ^ (x >> 16)
+    return ((x >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+def init_uniforms(keys: torch.Tensor, tags: torch.Tensor | None, dim: int,
+                  seed: int) -> torch.Tensor:
+    """The uniforms ``read_or_init_rows`` draws, in PyTorch: (n,) int64 -> (n, dim) float32.
+
+    A pure function of (seed, key, tag, column): the row hash ``mix64(mix_tagged(key,
+    tag) ^ seed')`` keeps its low 32 bits, each column mixes them with ``(column + 1) *
+    0x9E3779B9`` through the murmur3 32-bit finalizer, and the top 24 bits give u.
+    """
+    low = (1 << 32) - 1
+    base = torch_mix64(mix_tagged(keys, tags) ^ _seed_mix(seed)) & low
+    cols = torch.arange(1, dim + 1, dtype=torch.int64, device=keys.device) * 0x9E3779B9 & low
+    x = base[:, None] ^ cols[None, :]
+    x = x ^ (x >> 16)
+    x = x * 0x85EBCA6B & low
+    x = x ^ (x >> 13)
+    x = x * 0xC2B2AE35 & low
+    x = x ^ (x >> 16)
+    return ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+def _seed_mix(seed: int) -> int:
+    return seed * _SEED_STRIDE & ((1 << 63) - 1)
 
 
 @triton.jit
@@ -104,7 +133,7 @@ def read_or_init_rows(values: torch.Tensor, keys: torch.Tensor, tags: torch.Tens
         slots, created, inserted: ``UpsertResult`` fields of the batch.
         dim: embedding columns; columns [dim, row_dim) of new rows are set to ``state``.
         lower, upper, seed: new and refused keys read ``lower + (upper - lower) * u``
-            with u the hashed uniforms of (seed, key, tag, column).
+            with u = ``init_uniforms(key, tag, seed)``.
     """
     n, row_dim = keys.numel(), values.shape[1]
     if not 0 < dim <= row_dim or not values.is_contiguous():
@@ -114,10 +143,9 @@ def read_or_init_rows(values: torch.Tensor, keys: torch.Tensor, tags: torch.Tens
         return out
     row_p2 = triton.next_power_of_2(row_dim)
     block = max(1, min(64, 4096 // row_p2))
-    seed_mix = seed * _SEED_STRIDE & ((1 << 63) - 1)
     _read_or_init_kernel[(triton.cdiv(n, block),)](
         keys, tags if tags is not None else keys, slots, created.view(torch.uint8),
-        inserted.view(torch.uint8), values, out, n, seed_mix, float(lower), float(upper),
+        inserted.view(torch.uint8), values, out, n, _seed_mix(seed), float(lower), float(upper),
         float(state), HAS_TAGS=tags is not None, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,
         BLOCK=block)
     return out

@@ -47,6 +47,8 @@ __all__ = ["UpsertResult", "upsert_slots", "write_rows"]
 
 _WIDE_SENTINEL = 0x7FFFFFFFFFFFFFFF
 _NARROW_SENTINEL = 0x7FFFFFFF
+# Warps of the per-bucket insert programs (one per sorted key; most exit at once).
+UPSERT_WARPS = 1
 # Bucket bits up to which sort keys are 32-bit (a faster sort); beyond, 64-bit.
 NARROW_MAX_SHIFT = 29
 
@@ -177,9 +179,8 @@ def _rank_firsts(in_keys, in_scores, in_first, i, key, score, start, end, BI: tl
         mj = mj & (tl.load(in_first + j, mask=mj, other=-1) == j)
         kj = tl.load(in_keys + j, mask=mj, other=0)
         sj = tl.load(in_scores + j, mask=mj, other=0)
-        tie = (kj[None, :] < key[:, None]) | ((kj[None, :] == key[:, None])
-                                              & (j[None, :] < i[:, None]))
-        before = (sj[None, :] > score[:, None]) | ((sj[None, :] == score[:, None]) & tie)
+        before = _comes_before(kj[None, :], sj[None, :], j[None, :], key[:, None],
+                               score[:, None], i[:, None])
         rank += tl.sum((before & mj[None, :]).to(tl.int32), axis=1)
         c += BI
     return rank
@@ -194,23 +195,63 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
     bucket = tl.load(in_bucket + start)
     opens = (bucket >= 0) & (tl.load(in_bucket + start - 1, mask=start > 0, other=-1) != bucket)
     if opens:  # the other programs (repeats of a bucket, hits) have nothing to do
-        _insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m, t_keys,
-                    t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
-                    ev_scores, start, bucket, ALLOW_EVICT, CAP, CAP_P2, BI)
+        i = start + tl.arange(0, BI)
+        run = (i < m) & (tl.load(in_bucket + i, mask=i < m, other=-1) == bucket)
+        if tl.sum(run.to(tl.int32), axis=0) < BI:  # the whole run is in registers
+            mi = run & (tl.load(in_first + i, mask=run, other=-1) == i)
+            key = tl.load(in_keys + i, mask=mi, other=0)
+            score = tl.load(in_scores + i, mask=mi, other=0)
+            before = _comes_before(key[None, :], score[None, :], i[None, :], key[:, None],
+                                   score[:, None], i[:, None])
+            rank = tl.sum((before & mi[None, :]).to(tl.int32), axis=1)
+            state = bucket_state(t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
+                                 tl.sum(mi.to(tl.int32), axis=0), ALLOW_EVICT, CAP_P2)
+            _place(i, mi, key, score, rank, bucket * CAP, state, in_tags, in_digests, t_keys,
+                   t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
+                   ev_scores, ALLOW_EVICT, CAP_P2)
+        else:
+            _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m,
+                             t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
+                             ev_keys, ev_tags, ev_scores, start, bucket, ALLOW_EVICT, CAP,
+                             CAP_P2, BI)
 
 
 @triton.jit
-def _insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m, t_keys,
-                t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
-                ev_scores, start, bucket, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
-                CAP_P2: tl.constexpr, BI: tl.constexpr):
-    """Applies the insert rule to the first occurrences of the bucket's run at ``start``."""
-    end = _run_end(in_bucket, start, bucket, m)
-    base = bucket * CAP
+def _comes_before(kj, sj, j, key, score, i):
+    """Whether incoming j precedes i in the order (score desc, key asc, index asc)."""
+    tie = (kj < key) | ((kj == key) & (j < i))
+    return (sj > score) | ((sj == score) & tie)
+
+
+@triton.jit
+def _place(i, mi, key, score, rank, base, state, in_tags, in_digests, t_keys, t_tags,
+           t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags, ev_scores,
+           ALLOW_EVICT: tl.constexpr, CAP_P2: tl.constexpr):
+    """Slots of the incoming keys ``i`` (where ``mi``) from their ranks, per the rule."""
+    empty, empty_rank, n_empty, order, old_scores = state
     col = tl.arange(0, CAP_P2)
-    empty, empty_rank, n_empty, order, old_scores = bucket_state(
-        t_digests, t_scores, base, col < CAP, _count_firsts(in_first, start, end, BI),
-        ALLOW_EVICT, CAP_P2)
+    to_empty = empty[None, :] & (empty_rank[None, :] == rank[:, None])
+    victim = order[None, :] == (rank - n_empty)[:, None]
+    victim = victim & (score[:, None] >= old_scores[None, :]) & (rank >= n_empty)[:, None]
+    take = (to_empty | victim) & mi[:, None]
+    slot_col = tl.min(tl.where(take, col[None, :], CAP_P2), axis=1)
+    ok = mi & (slot_col < CAP_P2)
+    slot = base + slot_col
+    ev = ok & (tl.max(victim.to(tl.int32), axis=1) > 0)
+    write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
+                  t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT)
+    tl.store(out_slots + i, tl.where(ok, slot, -1), mask=mi)
+
+
+@triton.jit
+def _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m, t_keys,
+                     t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
+                     ev_scores, start, bucket, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
+                     CAP_P2: tl.constexpr, BI: tl.constexpr):
+    """The insert rule for a run of >= BI misses, chunk by chunk."""
+    end = _run_end(in_bucket, start, bucket, m)
+    state = bucket_state(t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
+                         _count_firsts(in_first, start, end, BI), ALLOW_EVICT, CAP_P2)
     c = start
     while c < end:
         i = c + tl.arange(0, BI)
@@ -219,18 +260,9 @@ def _insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m,
         key = tl.load(in_keys + i, mask=mi, other=0)
         score = tl.load(in_scores + i, mask=mi, other=0)
         rank = _rank_firsts(in_keys, in_scores, in_first, i, key, score, start, end, BI)
-        to_empty = empty[None, :] & (empty_rank[None, :] == rank[:, None])
-        victim = order[None, :] == (rank - n_empty)[:, None]
-        victim = victim & (score[:, None] >= old_scores[None, :]) & (rank >= n_empty)[:, None]
-        take = (to_empty | victim) & mi[:, None]
-        slot_col = tl.min(tl.where(take, col[None, :], CAP_P2), axis=1)
-        ok = mi & (slot_col < CAP_P2)
-        slot = base + slot_col
-        ev = ok & (tl.max(victim.to(tl.int32), axis=1) > 0)
-        write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
-                      t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores,
-                      ALLOW_EVICT)
-        tl.store(out_slots + i, tl.where(ok, slot, -1), mask=mi)
+        _place(i, mi, key, score, rank, bucket * CAP, state, in_tags, in_digests, t_keys,
+               t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
+               ev_scores, ALLOW_EVICT, CAP_P2)
         c += BI
 
 
@@ -278,7 +310,7 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
     _probe_sort_kernel[(triton.cdiv(n, block),)](
         keys, tags if tags is not None else keys, storage.keys, storage.tags, line, slots,
         sort_key, n, nb, HAS_TAGS=tags is not None, CAP=storage.bucket_capacity, LINE=width,
-        WORDS=words, POW2=is_pow2(nb), SHIFT=shift, WIDE=wide, BLOCK=block, num_warps=4)
+        WORDS=words, POW2=is_pow2(nb), SHIFT=shift, WIDE=wide, BLOCK=block, num_warps=2)
     return sort_key, _WIDE_SENTINEL if wide else _NARROW_SENTINEL
 
 
@@ -323,7 +355,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     _upsert_kernel[(n,)](
         s_keys, s_tags, s_scores, s_digests, s_bucket, first, n, storage.keys, storage.tags,
         storage.digests, storage.scores, out, evicted, *ev, ALLOW_EVICT=bool(allow_evict),
-        CAP=cap, CAP_P2=triton.next_power_of_2(cap), BI=16, num_warps=4)
+        CAP=cap, CAP_P2=triton.next_power_of_2(cap), BI=16, num_warps=UPSERT_WARPS)
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, storage.tags, slots,
         flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, n,
