@@ -204,9 +204,11 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
             before = _comes_before(key[None, :], score[None, :], i[None, :], key[:, None],
                                    score[:, None], i[:, None])
             rank = tl.sum((before & mi[None, :]).to(tl.int32), axis=1)
-            state = bucket_state(t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
-                                 tl.sum(mi.to(tl.int32), axis=0), ALLOW_EVICT, CAP_P2)
-            _place(i, mi, key, score, rank, bucket * CAP, state, in_tags, in_digests, t_keys,
+            empty, empty_rank, n_empty, order, old_scores = bucket_state(
+                t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
+                tl.sum(mi.to(tl.int32), axis=0), ALLOW_EVICT, CAP_P2)
+            _place(i, mi, key, score, rank, bucket * CAP, empty, empty_rank, n_empty, order,
+                   old_scores, in_tags, in_digests, t_keys,
                    t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
                    ev_scores, ALLOW_EVICT, CAP_P2)
         else:
@@ -224,11 +226,10 @@ def _comes_before(kj, sj, j, key, score, i):
 
 
 @triton.jit
-def _place(i, mi, key, score, rank, base, state, in_tags, in_digests, t_keys, t_tags,
-           t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags, ev_scores,
-           ALLOW_EVICT: tl.constexpr, CAP_P2: tl.constexpr):
+def _place(i, mi, key, score, rank, base, empty, empty_rank, n_empty, order, old_scores,
+           in_tags, in_digests, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
+           ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr, CAP_P2: tl.constexpr):
     """Slots of the incoming keys ``i`` (where ``mi``) from their ranks, per the rule."""
-    empty, empty_rank, n_empty, order, old_scores = state
     col = tl.arange(0, CAP_P2)
     to_empty = empty[None, :] & (empty_rank[None, :] == rank[:, None])
     victim = order[None, :] == (rank - n_empty)[:, None]
@@ -250,8 +251,9 @@ def _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_firs
                      CAP_P2: tl.constexpr, BI: tl.constexpr):
     """The insert rule for a run of >= BI misses, chunk by chunk."""
     end = _run_end(in_bucket, start, bucket, m)
-    state = bucket_state(t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
-                         _count_firsts(in_first, start, end, BI), ALLOW_EVICT, CAP_P2)
+    empty, empty_rank, n_empty, order, old_scores = bucket_state(
+        t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
+        _count_firsts(in_first, start, end, BI), ALLOW_EVICT, CAP_P2)
     c = start
     while c < end:
         i = c + tl.arange(0, BI)
@@ -260,9 +262,9 @@ def _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_firs
         key = tl.load(in_keys + i, mask=mi, other=0)
         score = tl.load(in_scores + i, mask=mi, other=0)
         rank = _rank_firsts(in_keys, in_scores, in_first, i, key, score, start, end, BI)
-        _place(i, mi, key, score, rank, bucket * CAP, state, in_tags, in_digests, t_keys,
-               t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
-               ev_scores, ALLOW_EVICT, CAP_P2)
+        _place(i, mi, key, score, rank, bucket * CAP, empty, empty_rank, n_empty, order,
+               old_scores, in_tags, in_digests, t_keys, t_tags, t_digests, t_scores,
+               out_slots, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
         c += BI
 
 
