@@ -38,6 +38,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (interpreter)")
     p.add_argument("--profile", action="store_true",
                    help="print a kernel profile of one insert_or_assign and find_or_insert")
+    p.add_argument("--upsert-config", default=None,
+                   help="insert launch config RUNSxWARPS (default: the module's)")
     p.add_argument("--find-configs", nargs="*", default=[],
                    help="extra find launch configs BLOCKxWARPS to time, e.g. 64x8")
     args = p.parse_args()
@@ -56,6 +58,7 @@ from _timing import environment, time_ms, write_results  # noqa: E402
 from hashrec.table.ops.export.triton import occupied_slots  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots, find_values  # noqa: E402
+from hashrec.table.ops.insert import upsert as upsert_mod  # noqa: E402
 from hashrec.table.ops.insert.rows import read_or_init_rows, write_rows  # noqa: E402
 from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
 from hashrec.table.ops.insert.upsert import upsert_slots  # noqa: E402
@@ -140,8 +143,12 @@ def _profile(storage: TableStorage, keys: torch.Tensor, vals: torch.Tensor) -> N
 
 
 def main() -> None:
+    if ARGS.upsert_config:
+        runs, warps = (int(x) for x in ARGS.upsert_config.split("x"))
+        upsert_mod.UPSERT_CONFIG = {"runs": runs, "num_warps": warps}
     results = {"env": environment(), "slots": ARGS.slots, "batch": ARGS.batch,
-               "bucket_capacity": 128, "rows": []}
+               "bucket_capacity": 128, "upsert_config": upsert_mod.UPSERT_CONFIG,
+               "rows": []}
     for lf in ARGS.load_factors:
         index = TableStorage.empty(ARGS.slots // 128, 128, 1, device=DEVICE)
         offered = _fill(index, lf)

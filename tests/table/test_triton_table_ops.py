@@ -305,9 +305,11 @@ def test_upsert_matches_find_then_reference_insert(num_buckets, tagged, allow_ev
     assert sorted(got.evicted_keys[ev].tolist()) == sorted(ref.evicted_keys.tolist())
 
 
-@pytest.mark.parametrize("narrow_max_shift", [29, 0], ids=["sort-32bit", "sort-64bit"])
-def test_upsert_sort_key_widths_agree(monkeypatch, narrow_max_shift):
+@pytest.mark.parametrize("narrow_max_shift,runs", [(29, 4), (0, 4), (29, 1), (29, 16)],
+                         ids=["sort-32bit", "sort-64bit", "1-per-program", "16-per-program"])
+def test_upsert_sort_widths_and_launch_configs_agree(monkeypatch, narrow_max_shift, runs):
     monkeypatch.setattr(upsert_tt, "NARROW_MAX_SHIFT", narrow_max_shift)
+    monkeypatch.setattr(upsert_tt, "UPSERT_CONFIG", {"runs": runs, "num_warps": 1})
     base, keys, _ = _filled(8, 16, 90, seed=21)
     gen = torch.Generator().manual_seed(22)
     new = _random_keys(60, gen).to(DEVICE)
