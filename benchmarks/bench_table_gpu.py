@@ -40,6 +40,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (interpreter)")
     p.add_argument("--profile", action="store_true",
                    help="print a kernel profile of one insert_or_assign and find_or_insert")
+    p.add_argument("--no-graphed", action="store_true", help="skip the CUDA-graph timings")
     p.add_argument("--upsert-config", default=None,
                    help="insert launch config RUNSxWARPS (default: the module's)")
     p.add_argument("--find-configs", nargs="*", default=[],
@@ -147,6 +148,8 @@ def _bench_graphed(storage: TableStorage, stored: torch.Tensor, vals: torch.Tens
     """The write ops with ``upsert_slots`` replayed from a CUDA graph (GraphedUpsert)."""
     if DEVICE.type != "cuda":
         return {"error": "needs CUDA"}
+    if ARGS.no_graphed:
+        return {"error": "skipped (--no-graphed)"}
     n, reps, out = ARGS.batch, ARGS.reps, {}
     graphed = GraphedUpsert(allow_evict=True)
     try:

@@ -215,22 +215,30 @@ def _insert_at(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m, 
                t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
                ev_scores, start, bucket, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
                CAP_P2: tl.constexpr, BI: tl.constexpr):
-    """Inserts the run of misses of ``bucket`` that starts at sorted position ``start``."""
+    """Inserts the run of misses of ``bucket`` that starts at sorted position ``start``.
+
+    A run shorter than BI (almost all) is read in one round of loads, together with
+    the bucket's digest line, and placed from registers.
+    """
     i = start + tl.arange(0, BI)
-    run = (i < m) & (tl.load(in_bucket + i, mask=i < m, other=-1) == bucket)
-    if tl.sum(run.to(tl.int32), axis=0) < BI:  # the whole run is in registers
-        mi = run & (tl.load(in_first + i, mask=run, other=-1) == i)
-        key = tl.load(in_keys + i, mask=mi, other=0)
-        score = tl.load(in_scores + i, mask=mi, other=0)
+    inb = i < m
+    run = inb & (tl.load(in_bucket + i, mask=inb, other=-1) == bucket)
+    first = tl.load(in_first + i, mask=inb, other=-1)
+    key = tl.load(in_keys + i, mask=inb, other=0)
+    score = tl.load(in_scores + i, mask=inb, other=0)
+    tag = tl.load(in_tags + i, mask=inb, other=0)
+    digest = tl.load(in_digests + i, mask=inb, other=1)
+    if tl.sum(run.to(tl.int32), axis=0) < BI:
+        mi = run & (first == i)
         before = _comes_before(key[None, :], score[None, :], i[None, :], key[:, None],
                                score[:, None], i[:, None])
         rank = tl.sum((before & mi[None, :]).to(tl.int32), axis=1)
         empty, empty_rank, n_empty, order, old_scores = bucket_state(
             t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
             tl.sum(mi.to(tl.int32), axis=0), ALLOW_EVICT, CAP_P2)
-        _place(i, mi, key, score, rank, bucket * CAP, empty, empty_rank, n_empty, order,
-               old_scores, in_tags, in_digests, t_keys, t_tags, t_digests, t_scores,
-               out_slots, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
+        _place(i, mi, key, score, tag, digest, rank, bucket * CAP, empty, empty_rank, n_empty,
+               order, old_scores, t_keys, t_tags, t_digests, t_scores, out_slots,
+               out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
     else:
         _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m,
                          t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
@@ -246,9 +254,9 @@ def _comes_before(kj, sj, j, key, score, i):
 
 
 @triton.jit
-def _place(i, mi, key, score, rank, base, empty, empty_rank, n_empty, order, old_scores,
-           in_tags, in_digests, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
-           ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr, CAP_P2: tl.constexpr):
+def _place(i, mi, key, score, tag, digest, rank, base, empty, empty_rank, n_empty, order,
+           old_scores, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys,
+           ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr, CAP_P2: tl.constexpr):
     """Slots of the incoming keys ``i`` (where ``mi``) from their ranks, per the rule."""
     col = tl.arange(0, CAP_P2)
     to_empty = empty[None, :] & (empty_rank[None, :] == rank[:, None])
@@ -259,8 +267,8 @@ def _place(i, mi, key, score, rank, base, empty, empty_rank, n_empty, order, old
     ok = mi & (slot_col < CAP_P2)
     slot = base + slot_col
     ev = ok & (tl.max(victim.to(tl.int32), axis=1) > 0)
-    write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
-                  t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT)
+    write_entries(i, mi, ok, ev, slot, key, score, tag, digest, t_keys, t_tags, t_digests,
+                  t_scores, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT)
     tl.store(out_slots + i, tl.where(ok, slot, -1), mask=mi)
 
 
@@ -282,9 +290,11 @@ def _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_firs
         key = tl.load(in_keys + i, mask=mi, other=0)
         score = tl.load(in_scores + i, mask=mi, other=0)
         rank = _rank_firsts(in_keys, in_scores, in_first, i, key, score, start, end, BI)
-        _place(i, mi, key, score, rank, bucket * CAP, empty, empty_rank, n_empty, order,
-               old_scores, in_tags, in_digests, t_keys, t_tags, t_digests, t_scores,
-               out_slots, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
+        tag = tl.load(in_tags + i, mask=mi, other=0)
+        digest = tl.load(in_digests + i, mask=mi, other=1)
+        _place(i, mi, key, score, tag, digest, rank, bucket * CAP, empty, empty_rank, n_empty,
+               order, old_scores, t_keys, t_tags, t_digests, t_scores, out_slots,
+               out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
         c += BI
 
 
