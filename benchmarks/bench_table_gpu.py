@@ -10,9 +10,7 @@ keys, 60% present and 40% new:
   slot (with a key repeated in the batch, one of its rows lands);
 * find_or_insert: ``upsert_slots`` then ``read_or_init_rows`` (every key's row,
   new rows drawn in-kernel from hashed uniforms in [0, 0.01) and written, one
-  launch);
-* the two write ops again with ``upsert_slots`` replayed from a CUDA graph
-  (``GraphedUpsert``: copy keys and scores into static buffers, one replay).
+  launch).
 
 The index is restored between dims so every dim sees the same load factor.
 Output: a JSON file and a markdown table (B-KV/s = 1e9 keys per second).
@@ -40,9 +38,6 @@ def _args() -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (interpreter)")
     p.add_argument("--profile", action="store_true",
                    help="print a kernel profile of one insert_or_assign and find_or_insert")
-    p.add_argument("--no-graphed", action="store_true", help="skip the CUDA-graph timings")
-    p.add_argument("--upsert-config", default=None,
-                   help="insert launch config RUNSxWARPS (default: the module's)")
     p.add_argument("--find-configs", nargs="*", default=[],
                    help="extra find launch configs BLOCKxWARPS to time, e.g. 64x8")
     args = p.parse_args()
@@ -61,8 +56,6 @@ from _timing import environment, time_ms, write_results  # noqa: E402
 from hashrec.table.ops.export.triton import occupied_slots  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots, find_values  # noqa: E402
-from hashrec.table.ops.insert import upsert as upsert_mod  # noqa: E402
-from hashrec.table.ops.insert.graphed import GraphedUpsert  # noqa: E402
 from hashrec.table.ops.insert.rows import read_or_init_rows, write_rows  # noqa: E402
 from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
 from hashrec.table.ops.insert.upsert import upsert_slots  # noqa: E402
@@ -95,19 +88,13 @@ def _batch(stored: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([pick, _random_keys(n - hits)])
 
 
-def _eager_upsert(storage: TableStorage, keys: torch.Tensor, tags, scores: torch.Tensor):
-    return upsert_slots(storage, keys, tags, scores, allow_evict=True)
-
-
-def _insert_or_assign(storage: TableStorage, keys: torch.Tensor, values: torch.Tensor,
-                      upsert=_eager_upsert) -> None:
-    res = upsert(storage, keys, None, torch.ones_like(keys))
+def _insert_or_assign(storage: TableStorage, keys: torch.Tensor, values: torch.Tensor) -> None:
+    res = upsert_slots(storage, keys, None, torch.ones_like(keys), allow_evict=True)
     write_rows(storage.values, res.slots, None, values)
 
 
-def _find_or_insert(storage: TableStorage, keys: torch.Tensor,
-                    upsert=_eager_upsert) -> torch.Tensor:
-    res = upsert(storage, keys, None, torch.ones_like(keys))
+def _find_or_insert(storage: TableStorage, keys: torch.Tensor) -> torch.Tensor:
+    res = upsert_slots(storage, keys, None, torch.ones_like(keys), allow_evict=True)
     return read_or_init_rows(storage.values, keys, None, res.slots, res.created, res.inserted,
                              storage.row_dim, 0.0, 0.01, seed=0)
 
@@ -140,30 +127,7 @@ def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int)
     return {"dim": dim, "find_hit_rate": hit_rate, "find_ms": find_ms, "find_sweep_bkvs": sweep,
             "insert_or_assign_ms": ioa_ms, "find_or_insert_ms": foi_ms,
             "find_bkvs": n / find_ms / 1e6, "insert_or_assign_bkvs": n / ioa_ms / 1e6,
-            "find_or_insert_bkvs": n / foi_ms / 1e6,
-            "graphed": _bench_graphed(storage, stored, vals)}
-
-
-def _bench_graphed(storage: TableStorage, stored: torch.Tensor, vals: torch.Tensor) -> dict:
-    """The write ops with ``upsert_slots`` replayed from a CUDA graph (GraphedUpsert)."""
-    if DEVICE.type != "cuda":
-        return {"error": "needs CUDA"}
-    if ARGS.no_graphed:
-        return {"error": "skipped (--no-graphed)"}
-    n, reps, out = ARGS.batch, ARGS.reps, {}
-    graphed = GraphedUpsert(allow_evict=True)
-    try:
-        batches = [_batch(stored, n) for _ in range(reps + 2)]
-        ms = time_ms(lambda k: _insert_or_assign(storage, k, vals, graphed), reps,
-                     setup=lambda i: batches[i])
-        out["insert_or_assign_bkvs"] = n / ms / 1e6
-        batches = [_batch(stored, n) for _ in range(reps + 2)]
-        ms = time_ms(lambda k: _find_or_insert(storage, k, graphed), reps,
-                     setup=lambda i: batches[i])
-        out["find_or_insert_bkvs"] = n / ms / 1e6
-    except RuntimeError as exc:  # capture unsupported here: recorded, not fatal
-        out["error"] = repr(exc)[:400]
-    return out
+            "find_or_insert_bkvs": n / foi_ms / 1e6}
 
 
 def _profile(storage: TableStorage, keys: torch.Tensor, vals: torch.Tensor) -> None:
@@ -176,12 +140,8 @@ def _profile(storage: TableStorage, keys: torch.Tensor, vals: torch.Tensor) -> N
 
 
 def main() -> None:
-    if ARGS.upsert_config:
-        runs, warps = (int(x) for x in ARGS.upsert_config.split("x"))
-        upsert_mod.UPSERT_CONFIG = {"runs": runs, "num_warps": warps}
     results = {"env": environment(), "slots": ARGS.slots, "batch": ARGS.batch,
-               "bucket_capacity": 128, "upsert_config": upsert_mod.UPSERT_CONFIG,
-               "rows": []}
+               "bucket_capacity": 128, "rows": []}
     for lf in ARGS.load_factors:
         index = TableStorage.empty(ARGS.slots // 128, 128, 1, device=DEVICE)
         offered = _fill(index, lf)
@@ -199,17 +159,11 @@ def main() -> None:
 
 
 def _write(results: dict) -> None:
-    lines = ["| load factor | dim | find B-KV/s | insert_or_assign B-KV/s | find_or_insert B-KV/s "
-             "| insert_or_assign, graphed | find_or_insert, graphed |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| load factor | dim | find B-KV/s | insert_or_assign B-KV/s | find_or_insert B-KV/s |",
+             "| --- | --- | --- | --- | --- |"]
     for r in results["rows"]:
-        g = r["graphed"]
-        missing = "n/a" if g.get("error") == "needs CUDA" else "failed"
-        cells = [f"{g[k]:.2f}" if k in g else missing for k in ("insert_or_assign_bkvs",
-                                                                 "find_or_insert_bkvs")]
         lines.append(f"| {r['measured_load_factor']:.3f} | {r['dim']} | {r['find_bkvs']:.2f} | "
-                     f"{r['insert_or_assign_bkvs']:.2f} | {r['find_or_insert_bkvs']:.2f} | "
-                     f"{cells[0]} | {cells[1]} |")
+                     f"{r['insert_or_assign_bkvs']:.2f} | {r['find_or_insert_bkvs']:.2f} |")
     table = "\n".join(lines)
     print(table)
     if ARGS.out:

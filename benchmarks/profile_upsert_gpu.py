@@ -6,8 +6,7 @@ of bench_table_gpu.py (insert_or_assign, find_or_insert) on fresh 1M-key batches
 
 * ``elapsed_ms``: median device time of one call between syncs (what the
   benchmark reports), ``issue_ms``: median host time to issue the call (no sync);
-* ``configs``: elapsed_ms of insert_or_assign per ``UPSERT_CONFIG`` (sorted
-  positions per insert program x warps);
+* ``warps``: elapsed_ms of insert_or_assign per ``UPSERT_WARPS`` value;
 * a kernel table (torch.profiler) and a Python profile (cProfile, top functions
   by own time) of a few calls, printed.
 
@@ -35,14 +34,13 @@ def _args() -> argparse.Namespace:
     p.add_argument("--load-factors", type=float, nargs="+", default=[0.5, 1.0])
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--configs", nargs="+", default=["1x1", "4x1", "16x1", "4x2"],
-                   help="UPSERT_CONFIG values RUNSxWARPS to time")
+    p.add_argument("--warps", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--out", default=None, help="path prefix for .json and .md")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (interpreter)")
     args = p.parse_args()
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        args.slots, args.batch, args.dim, args.reps, args.configs = 4096, 300, 8, 1, ["4x1"]
+        args.slots, args.batch, args.dim, args.reps, args.warps = 4096, 300, 8, 1, [1]
     return args
 
 
@@ -135,13 +133,12 @@ def run_load_factor(lf: float) -> dict:
     row = {"load_factor": lf, "measured_load_factor": storage.size() / storage.capacity}
     for name, fn in ops.items():
         row[name] = dict(zip(("elapsed_ms", "issue_ms"), _timed(fn, batches())))
-    default = upsert_tt.UPSERT_CONFIG
-    row["configs"] = {}
-    for cfg in ARGS.configs:
-        runs, warps = (int(x) for x in cfg.split("x"))
-        upsert_tt.UPSERT_CONFIG = {"runs": runs, "num_warps": warps}
-        row["configs"][cfg] = _timed(ops["insert_or_assign"], batches())[0]
-    upsert_tt.UPSERT_CONFIG = default
+    default = upsert_tt.UPSERT_WARPS
+    row["warps"] = {}
+    for warps in ARGS.warps:
+        upsert_tt.UPSERT_WARPS = warps
+        row["warps"][warps] = _timed(ops["insert_or_assign"], batches())[0]
+    upsert_tt.UPSERT_WARPS = default
     _profiles(ops, batches())
     return row
 

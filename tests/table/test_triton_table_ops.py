@@ -19,7 +19,6 @@ triton = pytest.importorskip("triton", reason="triton is not installed")
 
 from hashrec.table import hashing  # noqa: E402
 from hashrec.table._triton_hash import hash_keys  # noqa: E402
-from hashrec.table.errors import TableError  # noqa: E402
 from hashrec.table.ops.erase import reference as erase_ref  # noqa: E402
 from hashrec.table.ops.erase import triton as erase_tt  # noqa: E402
 from hashrec.table.ops.export import reference as export_ref  # noqa: E402
@@ -30,7 +29,6 @@ from hashrec.table.ops.insert import reference as insert_ref  # noqa: E402
 from hashrec.table.ops.insert import rows as rows_tt  # noqa: E402
 from hashrec.table.ops.insert import triton as insert_tt  # noqa: E402
 from hashrec.table.ops.insert import upsert as upsert_tt  # noqa: E402
-from hashrec.table.ops.insert.graphed import GraphedUpsert  # noqa: E402
 from hashrec.table.ops.optimizer import reference as optim_ref  # noqa: E402
 from hashrec.table.ops.optimizer import triton as optim_tt  # noqa: E402
 from hashrec.table.optim import (  # noqa: E402
@@ -307,11 +305,9 @@ def test_upsert_matches_find_then_reference_insert(num_buckets, tagged, allow_ev
     assert sorted(got.evicted_keys[ev].tolist()) == sorted(ref.evicted_keys.tolist())
 
 
-@pytest.mark.parametrize("narrow_max_shift,runs", [(29, 4), (0, 4), (29, 1), (29, 16)],
-                         ids=["sort-32bit", "sort-64bit", "1-per-program", "16-per-program"])
-def test_upsert_sort_widths_and_launch_configs_agree(monkeypatch, narrow_max_shift, runs):
+@pytest.mark.parametrize("narrow_max_shift", [29, 0], ids=["sort-32bit", "sort-64bit"])
+def test_upsert_sort_key_widths_agree(monkeypatch, narrow_max_shift):
     monkeypatch.setattr(upsert_tt, "NARROW_MAX_SHIFT", narrow_max_shift)
-    monkeypatch.setattr(upsert_tt, "UPSERT_CONFIG", {"runs": runs, "num_warps": 1})
     base, keys, _ = _filled(8, 16, 90, seed=21)
     gen = torch.Generator().manual_seed(22)
     new = _random_keys(60, gen).to(DEVICE)
@@ -380,28 +376,3 @@ def test_large_upsert_matches_reference_on_gpu():
     got = upsert_tt.upsert_slots(tt_storage, batch, None, scores, True)
     assert torch.equal(got.slots, find_ref.find_slots(ref_storage, batch))
     _assert_same_index(tt_storage, ref_storage)
-
-
-def test_graphed_upsert_refuses_a_cpu_storage():
-    storage = TableStorage.empty(2, 8, 2, device="cpu")
-    keys = torch.arange(4, dtype=torch.int64)
-    with pytest.raises(TableError, match="CUDA"):
-        GraphedUpsert(allow_evict=True)(storage, keys, None, torch.ones_like(keys))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graphed_upsert_matches_eager_upsert_on_gpu():
-    base, keys, _ = _filled(256, 16, 3000, seed=41, row_dim=2)
-    eager_storage, graph_storage = _clone(base), _clone(base)
-    graphed = GraphedUpsert(allow_evict=True)
-    gen = torch.Generator().manual_seed(42)
-    for step in range(4):  # eager + capture, then three replays
-        new = _random_keys(1000, gen)[:1000].to(DEVICE)
-        batch = torch.cat([keys[step * 200:(step + 1) * 200], new, new[:100]])[:1300]
-        scores = torch.randint(0, 9, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-        want = upsert_tt.upsert_slots(eager_storage, batch, None, scores, True)
-        got = graphed(graph_storage, batch, None, scores)
-        assert torch.equal(got.slots, want.slots), step
-        assert torch.equal(got.inserted, want.inserted), step
-        _assert_same_index(graph_storage, eager_storage)

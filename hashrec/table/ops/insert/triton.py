@@ -47,12 +47,13 @@ def _incoming_rank(in_keys, in_scores, i, key, score, start, end, BI: tl.constex
 
 
 @triton.jit
-def _victim_order(scores, occupied, n_pairs, CAP_P2: tl.constexpr):
+def _victim_order(t_scores, base, occupied, n_pairs, CAP_P2: tl.constexpr):
     """Order (0, 1, ...) of the ``n_pairs`` lowest occupied entries by (score asc, slot asc).
 
     Returns a (CAP_P2,) int32 vector: the pairing position of each slot, -1 for the rest.
     """
     col = tl.arange(0, CAP_P2)
+    scores = tl.load(t_scores + base + col, mask=occupied, other=0)
     order = tl.full([CAP_P2], -1, dtype=tl.int32)
     free = occupied
     p = 0
@@ -79,27 +80,26 @@ def bucket_state(t_digests, t_scores, base, in_bucket, n_incoming, ALLOW_EVICT: 
                          tl.sum(occupied.to(tl.int32), axis=0))
     if not ALLOW_EVICT:
         n_pairs = n_pairs * 0
-    # Scores are read only where an incoming key may evict (the bucket overflows).
-    old_scores = tl.load(t_scores + base + col, mask=occupied & (n_pairs > 0), other=0)
-    order = _victim_order(old_scores, occupied, n_pairs, CAP_P2)
+    order = _victim_order(t_scores, base, occupied, n_pairs, CAP_P2)
+    old_scores = tl.load(t_scores + base + col, mask=occupied, other=0)
     return empty, empty_rank, n_empty, order, old_scores
 
 
 @triton.jit
-def write_entries(i, mi, ok, ev, slot, key, score, tag, digest, t_keys, t_tags,
+def write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
                   t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores,
                   ALLOW_EVICT: tl.constexpr):
     """Saves evicted entries (where ``ev``) at incoming index i, then writes the incoming
-    keys' index fields (key, tag, score, digest) into ``slot`` where ``ok``."""
+    keys' index fields into ``slot`` where ``ok``."""
     if ALLOW_EVICT:
         tl.store(ev_keys + i, tl.load(t_keys + slot, mask=ev, other=0), mask=ev)
         tl.store(ev_tags + i, tl.load(t_tags + slot, mask=ev, other=0), mask=ev)
         tl.store(ev_scores + i, tl.load(t_scores + slot, mask=ev, other=0), mask=ev)
         tl.store(out_evicted + i, ev.to(tl.int8), mask=mi)
     tl.store(t_keys + slot, key, mask=ok)
-    tl.store(t_tags + slot, tag, mask=ok)
+    tl.store(t_tags + slot, tl.load(in_tags + i, mask=ok, other=0), mask=ok)
     tl.store(t_scores + slot, score, mask=ok)
-    tl.store(t_digests + slot, digest, mask=ok)
+    tl.store(t_digests + slot, tl.load(in_digests + i, mask=ok, other=1), mask=ok)
 
 
 @triton.jit
@@ -131,10 +131,9 @@ def _insert_kernel(in_keys, in_tags, in_scores, in_digests, in_pos, seg_start, s
         ok = mi & (slot_col < CAP_P2)
         slot = base + slot_col
         pos = tl.load(in_pos + i, mask=mi, other=0)
-        write_entries(i, mi, ok, ok & evicts, slot, key, score,
-                      tl.load(in_tags + i, mask=ok, other=0),
-                      tl.load(in_digests + i, mask=ok, other=1), t_keys, t_tags, t_digests,
-                      t_scores, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT)
+        write_entries(i, mi, ok, ok & evicts, slot, key, score, in_tags, in_digests, t_keys,
+                      t_tags, t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores,
+                      ALLOW_EVICT)
         tl.store(out_slots + pos, tl.where(ok, slot, -1), mask=mi)
         c += BI
 

@@ -47,9 +47,8 @@ __all__ = ["UpsertResult", "upsert_slots", "write_rows"]
 
 _WIDE_SENTINEL = 0x7FFFFFFFFFFFFFFF
 _NARROW_SENTINEL = 0x7FFFFFFF
-# Sorted positions per insert program (a power of two) and its warps; benchmarks may
-# set it.
-UPSERT_CONFIG = {"runs": 4, "num_warps": 1}
+# Warps of the per-bucket insert programs (one per sorted key; most exit at once).
+UPSERT_WARPS = 1
 # Bucket bits up to which sort keys are 32-bit (a faster sort); beyond, 64-bit.
 NARROW_MAX_SHIFT = 29
 
@@ -191,59 +190,32 @@ def _rank_firsts(in_keys, in_scores, in_first, i, key, score, start, end, BI: tl
 def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m,
                    t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
                    ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
-                   CAP_P2: tl.constexpr, BI: tl.constexpr, RUNS: tl.constexpr):
-    """Program p serves sorted positions [p * RUNS, (p + 1) * RUNS): each position that
-    opens a bucket's run of misses inserts that run; the others have nothing to do."""
-    pos = tl.program_id(0).to(tl.int64) * RUNS + tl.arange(0, RUNS)
-    bucket = tl.load(in_bucket + pos, mask=pos < m, other=-1)
-    prev = tl.load(in_bucket + pos - 1, mask=(pos > 0) & (pos < m), other=-1)
-    opens = (bucket >= 0) & (prev != bucket)
-    if tl.max(opens.to(tl.int32), axis=0) > 0:  # hits (sorted last) skip the loop
-        lane = tl.arange(0, RUNS)
-        for r in range(RUNS):
-            this = lane == r
-            if tl.max((opens & this).to(tl.int32), axis=0) > 0:
-                _insert_at(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m,
-                           t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
-                           ev_keys, ev_tags, ev_scores, tl.sum(tl.where(this, pos, 0), axis=0),
-                           tl.sum(tl.where(this, bucket, 0), axis=0), ALLOW_EVICT, CAP,
-                           CAP_P2, BI)
-
-
-@triton.jit
-def _insert_at(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m, t_keys,
-               t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
-               ev_scores, start, bucket, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
-               CAP_P2: tl.constexpr, BI: tl.constexpr):
-    """Inserts the run of misses of ``bucket`` that starts at sorted position ``start``.
-
-    A run shorter than BI (almost all) is read in one round of loads, together with
-    the bucket's digest line, and placed from registers.
-    """
-    i = start + tl.arange(0, BI)
-    inb = i < m
-    run = inb & (tl.load(in_bucket + i, mask=inb, other=-1) == bucket)
-    first = tl.load(in_first + i, mask=inb, other=-1)
-    key = tl.load(in_keys + i, mask=inb, other=0)
-    score = tl.load(in_scores + i, mask=inb, other=0)
-    tag = tl.load(in_tags + i, mask=inb, other=0)
-    digest = tl.load(in_digests + i, mask=inb, other=1)
-    if tl.sum(run.to(tl.int32), axis=0) < BI:
-        mi = run & (first == i)
-        before = _comes_before(key[None, :], score[None, :], i[None, :], key[:, None],
-                               score[:, None], i[:, None])
-        rank = tl.sum((before & mi[None, :]).to(tl.int32), axis=1)
-        empty, empty_rank, n_empty, order, old_scores = bucket_state(
-            t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
-            tl.sum(mi.to(tl.int32), axis=0), ALLOW_EVICT, CAP_P2)
-        _place(i, mi, key, score, tag, digest, rank, bucket * CAP, empty, empty_rank, n_empty,
-               order, old_scores, t_keys, t_tags, t_digests, t_scores, out_slots,
-               out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
-    else:
-        _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m,
-                         t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
-                         ev_keys, ev_tags, ev_scores, start, bucket, ALLOW_EVICT, CAP,
-                         CAP_P2, BI)
+                   CAP_P2: tl.constexpr, BI: tl.constexpr):
+    start = tl.program_id(0).to(tl.int64)
+    bucket = tl.load(in_bucket + start)
+    opens = (bucket >= 0) & (tl.load(in_bucket + start - 1, mask=start > 0, other=-1) != bucket)
+    if opens:  # the other programs (repeats of a bucket, hits) have nothing to do
+        i = start + tl.arange(0, BI)
+        run = (i < m) & (tl.load(in_bucket + i, mask=i < m, other=-1) == bucket)
+        if tl.sum(run.to(tl.int32), axis=0) < BI:  # the whole run is in registers
+            mi = run & (tl.load(in_first + i, mask=run, other=-1) == i)
+            key = tl.load(in_keys + i, mask=mi, other=0)
+            score = tl.load(in_scores + i, mask=mi, other=0)
+            before = _comes_before(key[None, :], score[None, :], i[None, :], key[:, None],
+                                   score[:, None], i[:, None])
+            rank = tl.sum((before & mi[None, :]).to(tl.int32), axis=1)
+            empty, empty_rank, n_empty, order, old_scores = bucket_state(
+                t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
+                tl.sum(mi.to(tl.int32), axis=0), ALLOW_EVICT, CAP_P2)
+            _place(i, mi, key, score, rank, bucket * CAP, empty, empty_rank, n_empty, order,
+                   old_scores, in_tags, in_digests, t_keys,
+                   t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
+                   ev_scores, ALLOW_EVICT, CAP_P2)
+        else:
+            _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m,
+                             t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
+                             ev_keys, ev_tags, ev_scores, start, bucket, ALLOW_EVICT, CAP,
+                             CAP_P2, BI)
 
 
 @triton.jit
@@ -254,9 +226,9 @@ def _comes_before(kj, sj, j, key, score, i):
 
 
 @triton.jit
-def _place(i, mi, key, score, tag, digest, rank, base, empty, empty_rank, n_empty, order,
-           old_scores, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys,
-           ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr, CAP_P2: tl.constexpr):
+def _place(i, mi, key, score, rank, base, empty, empty_rank, n_empty, order, old_scores,
+           in_tags, in_digests, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
+           ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr, CAP_P2: tl.constexpr):
     """Slots of the incoming keys ``i`` (where ``mi``) from their ranks, per the rule."""
     col = tl.arange(0, CAP_P2)
     to_empty = empty[None, :] & (empty_rank[None, :] == rank[:, None])
@@ -267,8 +239,8 @@ def _place(i, mi, key, score, tag, digest, rank, base, empty, empty_rank, n_empt
     ok = mi & (slot_col < CAP_P2)
     slot = base + slot_col
     ev = ok & (tl.max(victim.to(tl.int32), axis=1) > 0)
-    write_entries(i, mi, ok, ev, slot, key, score, tag, digest, t_keys, t_tags, t_digests,
-                  t_scores, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT)
+    write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
+                  t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT)
     tl.store(out_slots + i, tl.where(ok, slot, -1), mask=mi)
 
 
@@ -290,11 +262,9 @@ def _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_firs
         key = tl.load(in_keys + i, mask=mi, other=0)
         score = tl.load(in_scores + i, mask=mi, other=0)
         rank = _rank_firsts(in_keys, in_scores, in_first, i, key, score, start, end, BI)
-        tag = tl.load(in_tags + i, mask=mi, other=0)
-        digest = tl.load(in_digests + i, mask=mi, other=1)
-        _place(i, mi, key, score, tag, digest, rank, bucket * CAP, empty, empty_rank, n_empty,
-               order, old_scores, t_keys, t_tags, t_digests, t_scores, out_slots,
-               out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
+        _place(i, mi, key, score, rank, bucket * CAP, empty, empty_rank, n_empty, order,
+               old_scores, in_tags, in_digests, t_keys, t_tags, t_digests, t_scores,
+               out_slots, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
         c += BI
 
 
@@ -384,12 +354,10 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     _first_kernel[grid](sort_key, s_keys, s_tags, first, n, SENTINEL=sentinel, BLOCK=512)
     evicted = flags[2 * n:].view(torch.int8)
     cap = storage.bucket_capacity
-    runs = UPSERT_CONFIG["runs"]
-    _upsert_kernel[(triton.cdiv(n, runs),)](
+    _upsert_kernel[(n,)](
         s_keys, s_tags, s_scores, s_digests, s_bucket, first, n, storage.keys, storage.tags,
         storage.digests, storage.scores, out, evicted, *ev, ALLOW_EVICT=bool(allow_evict),
-        CAP=cap, CAP_P2=triton.next_power_of_2(cap), BI=16, RUNS=runs,
-        num_warps=UPSERT_CONFIG["num_warps"])
+        CAP=cap, CAP_P2=triton.next_power_of_2(cap), BI=16, num_warps=UPSERT_WARPS)
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, storage.tags, slots,
         flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, n,
