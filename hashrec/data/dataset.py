@@ -3,7 +3,8 @@
 Each DataLoader worker of each rank reads its own slice of the rows (see
 :mod:`hashrec.data.sharding`), cuts it into batches, parses every batch with
 the feature set and yields the parsed :class:`Batch`; the DataLoader runs with
-``batch_size=None`` so batches pass through unchanged.
+``batch_size=None`` so batches pass through unchanged. Workers hand batches to
+the main process through reused shared buffers (:mod:`hashrec.data.transfer`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from hashrec.data.batching import rebatch, shuffle_rebatch
 from hashrec.data.errors import DataError
 from hashrec.data.sharding import epoch_order, slot_ranges
 from hashrec.data.sources import CsvFormat, CsvSource, ParquetSource, Piece, conform
+from hashrec.data.transfer import BatchSender
 
 # Hidden column telling which file each buffered row came from (for error messages).
 _FILE_COLUMN = "__hashrec_file__"
@@ -71,16 +73,20 @@ class FileDataset(IterableDataset):
             ``parse(table, with_labels) -> Batch``.
         options: how to walk the rows.
         source: the file format.
+        pin_memory: the loader pins batches (workers then hand them over in
+            pinned memory directly).
 
     Raises:
         DataError: a file is unreadable or empty, or lacks a needed column.
     """
 
-    def __init__(self, files: Sequence[str], feature_set, options: ReadOptions, source) -> None:
+    def __init__(self, files: Sequence[str], feature_set, options: ReadOptions, source,
+                 pin_memory: bool = False) -> None:
         super().__init__()
         self.feature_set = feature_set
         self.options = options
         self.source = source
+        self.pin_memory = pin_memory
         self.pieces: list[Piece] = []
         self.schema: pa.Schema | None = None
         for path in files:
@@ -125,8 +131,16 @@ class FileDataset(IterableDataset):
             info is None
 
     def __iter__(self):
-        opts = self.options
         slot, num_slots, main_process = self._slot()
+        sender = None if main_process else BatchSender(self.pin_memory)
+        try:
+            yield from self._batches(slot, num_slots, main_process, sender)
+        finally:
+            if sender is not None:
+                sender.close()
+
+    def _batches(self, slot: int, num_slots: int, main_process: bool, sender):
+        opts = self.options
         # Workers read single-threaded: the DataLoader already runs one per core.
         for epoch in range(opts.num_epochs):
             order = epoch_order(self.pieces, opts.shuffle, opts.seed, epoch)
@@ -138,22 +152,24 @@ class FileDataset(IterableDataset):
             else:
                 tables = rebatch(chunks, opts.batch_size, opts.drop_remainder)
             for table in tables:
-                yield self._parse(table)
+                batch = self._parse(table)
+                yield batch if sender is None else sender.pack(batch)
 
 
 class ParquetDataset(FileDataset):
     """Parquet files; row groups are the unit of reading."""
 
-    def __init__(self, files: Sequence[str], feature_set, options: ReadOptions) -> None:
+    def __init__(self, files: Sequence[str], feature_set, options: ReadOptions,
+                 pin_memory: bool = False) -> None:
         source = ParquetSource(self.needed_columns(feature_set, options))
-        super().__init__(files, feature_set, options, source)
+        super().__init__(files, feature_set, options, source, pin_memory)
 
 
 class CsvDataset(FileDataset):
     """Delimited text files laid out as ``fmt`` says."""
 
     def __init__(self, files: Sequence[str], feature_set, options: ReadOptions,
-                 fmt: CsvFormat) -> None:
+                 fmt: CsvFormat, pin_memory: bool = False) -> None:
         source = CsvSource(self.needed_columns(feature_set, options), fmt)
-        super().__init__(files, feature_set, options, source)
+        super().__init__(files, feature_set, options, source, pin_memory)
 

@@ -69,17 +69,18 @@ def read_options(data_config, mode: str, rank: int = 0, world_size: int = 1,
         with_labels=mode != "predict", reserved_columns=tuple(reserved_columns))
 
 
-def build_dataset(data_config, feature_set, input_path: str, options: ReadOptions
-                  ) -> FileDataset:
-    """The dataset ``data_config.dataset_type`` names, over the files of ``input_path``."""
+def build_dataset(data_config, feature_set, input_path: str, options: ReadOptions,
+                  pin_memory: bool = False) -> FileDataset:
+    """The dataset ``data_config.dataset_type`` names, over the files of ``input_path``
+    (``pin_memory``: the loader pins its batches)."""
     kind = _enum_name(data_config, "dataset_type")
     if kind not in DATASET_TYPES:
         raise DataError(f"data_config.dataset_type {kind} is not supported; use one of "
                         f"{DATASET_TYPES}")
     files = expand_input_path(input_path)
     if kind == "CsvDataset":
-        return CsvDataset(files, feature_set, options, csv_format(data_config))
-    return ParquetDataset(files, feature_set, options)
+        return CsvDataset(files, feature_set, options, csv_format(data_config), pin_memory)
+    return ParquetDataset(files, feature_set, options, pin_memory)
 
 
 def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank: int = 0,
@@ -111,8 +112,8 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
     """
     options = read_options(data_config, mode, rank, world_size, batch_size,
                            reserved_columns, num_epochs, seed)
-    dataset = build_dataset(data_config, feature_set, input_path, options)
     workers = data_config.num_workers if num_workers is None else num_workers
     pin = bool(getattr(data_config, "pin_memory", False)) and torch.cuda.is_available()
+    dataset = build_dataset(data_config, feature_set, input_path, options, pin)
     return DataLoader(dataset, batch_size=None, num_workers=int(workers), pin_memory=pin,
                       prefetch_factor=4 if workers else None)
