@@ -54,14 +54,11 @@ class Storage:
         return self.plan.name
 
     def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
-        """Updates stored rows ``slots`` (U,) with per-unique-key grads (U, dim)."""
+        """Updates rows ``slots`` (U,) with per-unique-key grads (U, dim); -1 slots are skipped."""
         if not self.plan.trainable:
             return
-        # Negative slots: keys not stored (dynamic) or ids without a ZCH slot (dense).
-        if getattr(self.table, "keys_may_be_negative", True):
-            stored = slots >= 0
-            if not bool(stored.all()):
-                slots, grads = slots[stored], grads[stored]
+        # Negative slots (keys not stored, ids without a ZCH slot) are the tables' to
+        # skip: on the device they do so without a host read.
         if slots.numel():
             self.table.apply_gradients(slots, grads.float().contiguous(), lr=self.lr)
 

@@ -546,7 +546,9 @@ class HashTable:
 
     def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor,
                         lr: float | None = None, step: int | None = None) -> None:
-        """In-place optimizer update of rows ``slots`` (u,) unique >= 0 with grads (u, dim).
+        """In-place optimizer update of rows ``slots`` (u,) unique with grads (u, dim).
+
+        Negative slots (keys the lookup did not store) get no update.
 
         ``lr`` overrides the optimizer's lr; ``step`` (1-based, for Adam bias
         correction) defaults to the table's step (at least 1).

@@ -222,3 +222,22 @@ def test_collection_trains_identically_in_every_mode():
     assert stats["evictions"] > 0 and stats["growths"] > 0
     for name in ("hybrid", "caching"):
         _assert_same(exports[name], exports["hbm"])
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODES.keys())
+def test_unstored_slots_get_no_update_in_every_mode(mode):
+    """apply_gradients skips -1 slots: same table as passing the stored slots only."""
+    tables = [HashTable(_options(*MODES[mode], SparseAdam(lr=0.01))) for _ in range(2)]
+    for step, batch in enumerate(_stream(6, 64, 200)):
+        keys, counts = torch.unique(batch, return_counts=True)
+        grads = torch.randn(keys.numel(), 4, generator=torch.Generator().manual_seed(step))
+        for i, table in enumerate(tables):
+            table.advance_step()
+            slots = table.lookup(keys, train=True, counts=counts).slots
+            stored = slots >= 0
+            assert not stored.all() or step  # admission leaves keys unstored early on
+            if i == 0:
+                table.apply_gradients(slots, grads)
+            else:
+                table.apply_gradients(slots[stored], grads[stored])
+    _assert_same(_export(tables[0]), _export(tables[1]))

@@ -233,10 +233,16 @@ def test_optimizer_matches_reference(spec, dim):
     gen = torch.Generator().manual_seed(dim)
     rows = 40
     values = torch.rand(rows, dim + spec.state_dim(dim), generator=gen).to(DEVICE)
-    slots = torch.randperm(rows, generator=gen)[:23].to(DEVICE)
+    slots = torch.randperm(rows, generator=gen)[:23]
+    slots[::4] = -1  # keys without a stored row: skipped by both
+    slots = slots.to(DEVICE)
     grads = torch.randn(23, dim, generator=gen).to(DEVICE)
     expected = values.clone()
-    optim_ref.apply_sparse_update(expected, slots, grads, spec, lr=0.05, step=3)
+    stored = slots >= 0
+    optim_ref.apply_sparse_update(expected, slots[stored], grads[stored], spec, lr=0.05, step=3)
+    untouched = values.clone()
+    optim_ref.apply_sparse_update(untouched, slots, grads, spec, lr=0.05, step=3)
+    torch.testing.assert_close(untouched, expected, rtol=0, atol=0)
     optim_tt.apply_sparse_update(values, slots, grads, spec, lr=0.05, step=3)
     torch.testing.assert_close(values, expected, rtol=1e-5, atol=1e-6)
 

@@ -27,7 +27,7 @@ import torch
 from hashrec.table.optim import OptimizerSpec
 from hashrec.table.options import TableOptions
 from hashrec.table.storage import TableStorage
-from hashrec.table.tiers.moves import move_rows, rehash_moves
+from hashrec.table.tiers.moves import move_rows, rehash_moves, stored_only
 from hashrec.table.tiers.two_part import TwoPartRows, allocate_host
 from hashrec.table.validation import concrete_device
 
@@ -152,6 +152,7 @@ class CachedRows:
     def update(self, slots: torch.Tensor, grads: torch.Tensor, spec: OptimizerSpec, lr: float,
                step: int) -> None:
         """Optimizer step where each row is now (cache: marked dirty; else host)."""
+        slots, grads = stored_only(slots, grads)
         index = self._locate(slots)
         self.rows.update(index, grads, spec, lr, step)
         self._mark_dirty(index)

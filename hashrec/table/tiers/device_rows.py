@@ -12,7 +12,8 @@ from hashrec.table.storage import TableStorage
 class DeviceRows:
     """Value rows kept in the index storage's own ``values`` tensor (rehash moves them).
 
-    Every row store offers the same methods; ``slots`` are unique logical slots >= 0.
+    Every row store offers the same methods; ``slots`` are unique logical slots >= 0,
+    except in ``update``, which skips negative slots (keys without a stored row).
     """
 
     keeps_values_in_index = True

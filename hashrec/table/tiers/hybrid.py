@@ -13,7 +13,7 @@ import torch
 from hashrec.table.optim import OptimizerSpec
 from hashrec.table.options import TableOptions
 from hashrec.table.storage import TableStorage
-from hashrec.table.tiers.moves import move_rows, rehash_moves
+from hashrec.table.tiers.moves import move_rows, rehash_moves, stored_only
 from hashrec.table.tiers.two_part import TwoPartRows, allocate_host
 
 
@@ -62,6 +62,7 @@ class HybridRows:
 
     def update(self, slots: torch.Tensor, grads: torch.Tensor, spec: OptimizerSpec, lr: float,
                step: int) -> None:
+        slots, grads = stored_only(slots, grads)
         self.rows.update(slots, grads, spec, lr, step)
 
     def regrow(self, old: TableStorage, new: TableStorage) -> None:

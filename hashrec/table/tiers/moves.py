@@ -23,3 +23,11 @@ def move_rows(read, write, old_slots: torch.Tensor, new_slots: torch.Tensor) -> 
     for begin in range(0, old_slots.numel(), MOVE_CHUNK):
         end = begin + MOVE_CHUNK
         write(new_slots[begin:end], read(old_slots[begin:end]))
+
+
+def stored_only(slots: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``slots`` (u,) and ``grads`` (u, dim) without the negative slots (keys not stored)."""
+    stored = slots >= 0
+    if bool(stored.all()):
+        return slots, grads
+    return slots[stored], grads[stored]

@@ -14,7 +14,7 @@ def apply_sparse_update(values: torch.Tensor, slots: torch.Tensor, grads: torch.
     """values (R, row_dim), slots (u,) unique int64, grads (u, dim) float32 -> None.
 
     ``lr`` overrides the spec's learning rate; ``step`` is the 1-based global step
-    (Adam bias correction).
+    (Adam bias correction). Negative slots (keys without a stored row) are skipped.
     """
     module = backend(__name__, reference, values.device)
     module.apply_sparse_update(values, slots, grads, spec, lr, step)

@@ -37,12 +37,16 @@ def apply_sparse_update(values: torch.Tensor, slots: torch.Tensor, grads: torch.
 
     Args:
         values: the storage's rows; updated in place at ``slots``.
-        slots: unique row indices.
+        slots: unique row indices; negative entries (keys without a stored row) are
+            skipped with their gradient rows.
         grads: gradient of each row's embedding.
         spec: optimizer spec (decides the state layout).
         lr: learning rate of this step.
         step: 1-based global step (Adam bias correction).
     """
+    stored = slots >= 0
+    if not bool(stored.all()):
+        slots, grads = slots[stored], grads[stored]
     if slots.numel() == 0:
         return
     dim = grads.shape[1]

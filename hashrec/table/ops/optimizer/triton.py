@@ -95,8 +95,8 @@ def update_rows(t_values, slot, rmask, g, row_dim, dim, lr, eps, beta1, beta2, w
 def _apply_kernel(t_values, slots_ptr, grads_ptr, u, row_dim, dim, lr, eps, beta1, beta2, wd,
                   adam_step, OPT: tl.constexpr, DIM_P2: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    rmask = rows < u
-    slot = tl.load(slots_ptr + rows, mask=rmask, other=0)
+    slot = tl.load(slots_ptr + rows, mask=rows < u, other=-1)
+    rmask = (rows < u) & (slot >= 0)  # a negative slot has no stored row: no update
     col = tl.arange(0, DIM_P2)
     g = tl.load(grads_ptr + rows[:, None] * dim + col[None, :],
                 mask=rmask[:, None] & (col[None, :] < dim), other=0.0).to(tl.float32)
@@ -111,7 +111,11 @@ def rows_per_program(dim_p2: int) -> int:
 
 def apply_sparse_update(values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor, spec,
                         lr: float | None, step: int) -> None:
-    """In-place update of rows ``slots`` (u,) unique with grads (u, dim) float32."""
+    """In-place update of rows ``slots`` (u,) unique with grads (u, dim) float32.
+
+    Negative slots (keys without a stored row) are skipped in the kernel, so the
+    caller need not filter them (no host read).
+    """
     if slots.dtype != torch.int64 or slots.dim() != 1:
         raise ValueError(f"slots must be a 1-D int64 tensor, got {slots.dtype}")
     if grads.dim() != 2 or grads.shape[0] != slots.numel() or grads.device != values.device:

@@ -1,0 +1,111 @@
+"""Host-device synchronizations of MultiTowerDIN training steps, by call site (CUDA only).
+
+Every synchronizing CUDA call (``.item()``, ``.tolist()``, ``nonzero``, boolean
+indexing, ...) stalls the host until the device drains its queue, so a step with
+many of them is bound by the host. This script builds the example config's
+session like ``profile_train_step.py``, runs ``--warmup`` steps, then runs
+``--steps`` steps under ``torch.cuda.set_sync_debug_mode("warn")`` and counts
+the warnings by the innermost ``hashrec`` frame that triggered them.
+
+Usage::
+
+    python benchmarks/audit_syncs.py --data DIR --config dynamicemb --out results/syncs
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import traceback
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profile_train_step import CONFIGS, _session  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="training parquet (files, dirs, globs)")
+    p.add_argument("--config", default="dynamicemb", choices=sorted(CONFIGS))
+    p.add_argument("--batch_size", type=int, default=8192)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--mixed_precision", default="BF16", choices=("BF16", "FP16", "FP32"))
+    p.add_argument("--out", default=None, help="path prefix of the .json and .md results")
+    return p.parse_args(argv)
+
+
+def _site() -> str:
+    frames = [f for f in traceback.extract_stack()[:-2] if f"{os.sep}hashrec{os.sep}" in
+              f.filename]
+    if not frames:
+        return "(outside hashrec)"
+    f = frames[-1]
+    return f"{f.filename.split(os.sep + 'hashrec' + os.sep)[-1]}:{f.lineno} {f.name}"
+
+
+def run(args) -> dict:
+    if not torch.cuda.is_available():
+        raise SystemExit("audit_syncs.py needs a CUDA device")
+    session, loop = _session(args)
+    it = iter(session.loader(args.data, "train"))
+    for _ in range(args.warmup):
+        loop.train_step(next(it))
+    batches = [next(it) for _ in range(args.steps)]
+    torch.cuda.synchronize()
+    sites: collections.Counter = collections.Counter()
+    original = warnings.showwarning
+
+    def record(message, category, *rest, **kwargs):
+        if "synchronizing" in str(message):
+            sites[_site()] += 1
+        else:
+            original(message, category, *rest, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for batch in batches:
+                loop.train_step(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = original
+    rows = [{"site": site, "per_step": count / args.steps} for site, count in
+            sites.most_common()]
+    return {"config": args.config, "steps": args.steps, "syncs_per_step":
+            sum(sites.values()) / args.steps, "sites": rows,
+            "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "command": "python " + " ".join(sys.argv)}
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# Host syncs per training step: {r['config']}", "",
+             f"{r['device']}, torch {r['torch']}. Command: `{r['command']}`", "",
+             f"{r['syncs_per_step']:.1f} synchronizing calls per step over {r['steps']} steps.",
+             "", "| call site | per step |", "|---|---:|"]
+    lines += [f"| `{row['site']}` | {row['per_step']:.1f} |" for row in r["sites"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    text = markdown(result)
+    print(text)
+    if args.out:
+        with open(args.out + ".json", "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+        with open(args.out + ".md", "w", encoding="utf-8") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
