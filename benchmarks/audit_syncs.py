@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import sys
 import traceback
@@ -25,7 +24,7 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profile_train_step import CONFIGS, _session  # noqa: E402
+from profile_train_step import CONFIGS, _session, report  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -97,13 +96,7 @@ def markdown(r: dict) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     result = run(args)
-    text = markdown(result)
-    print(text)
-    if args.out:
-        with open(args.out + ".json", "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-        with open(args.out + ".md", "w", encoding="utf-8") as f:
-            f.write(text)
+    report(result, markdown(result), args.out)
     return 0
 
 

@@ -104,16 +104,20 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def report(result: dict, text: str, prefix: str | None) -> None:
+    """Prints the markdown and writes ``<prefix>.json`` and ``<prefix>.md`` when given."""
+    print(text)
+    if prefix:
+        with open(prefix + ".json", "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+        with open(prefix + ".md", "w", encoding="utf-8") as f:
+            f.write(text)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     result = run(args)
-    text = markdown(result)
-    print(text)
-    if args.out:
-        with open(args.out + ".json", "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-        with open(args.out + ".md", "w", encoding="utf-8") as f:
-            f.write(text)
+    report(result, markdown(result), args.out)
     return 0
 
 
