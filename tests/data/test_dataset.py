@@ -99,11 +99,13 @@ def test_num_epochs_repeats_every_row(files):
     assert set(counts.values()) == {3} and len(counts) == sum(SIZES)
 
 
-def test_predict_passes_reserved_columns_through_without_labels(tmp_path):
+@pytest.mark.parametrize("workers", [0, 1], ids=["main", "worker"])
+def test_predict_passes_reserved_columns_through_without_labels(tmp_path, workers):
     table = pa.table({"row_id": [1, 2, 3], "request": ["a", "b", "c"]})
     pq.write_table(table, tmp_path / "p.parquet")
     (batches,) = _read(str(tmp_path / "p.parquet"), mode="predict", batch_size=2,
-                       reserved_columns=("request", "row_id"), features=FakeFeatureSet())
+                       reserved_columns=("request", "row_id"), features=FakeFeatureSet(),
+                       workers=workers)
     assert [b.labels for b in batches] == [{}, {}]
     assert [v for b in batches for v in b.reserved["request"].to_pylist()] == ["a", "b", "c"]
     assert batches[0].reserved["row_id"].to_pylist() == [1, 2]

@@ -33,6 +33,7 @@ def _batch(seed: int, rows: int = 5, weighted: bool = False, bag: int | None = N
 def _same(a: Batch, b: Batch) -> None:
     ka, kb = a.sparse, b.sparse
     assert ka.keys() == kb.keys() and a.batch_size == b.batch_size
+    assert a.reserved == b.reserved
     for x, y in [(ka.values(), kb.values()), (ka.lengths(), kb.lengths()),
                  (ka.offsets(), kb.offsets())]:
         assert x.dtype == y.dtype and torch.equal(x, y)
