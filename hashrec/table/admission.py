@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from hashrec.table.masked import gather_or, masked_assign_
 from hashrec.table.ops.erase import erase_slots
 from hashrec.table.ops.export import occupied_slots
 from hashrec.table.ops.find import find_slots
@@ -28,7 +29,8 @@ class AdmissionCounter:
         self.threshold = threshold
         num_buckets = math.ceil(capacity / bucket_capacity)
         self.storage = TableStorage.empty(num_buckets, bucket_capacity, 0, device=device)
-        self.evictions = 0
+        # An int, or a 0-d device tensor once the fixed-size path counted (read by stats).
+        self.evictions: int | torch.Tensor = 0
 
     def count(self, keys: torch.Tensor, tags: torch.Tensor | None,
               counts: torch.Tensor) -> torch.Tensor:
@@ -52,6 +54,33 @@ class AdmissionCounter:
             result = insert_keys(self.storage, keys[new], None if tags is None else tags[new],
                                  totals[new], allow_evict=True)
             self.evictions += int(result.evicted_keys.numel())
+        return admitted
+
+    def count_masked(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
+                     active: torch.Tensor) -> torch.Tensor:
+        """``count`` over ``keys[active]`` with every tensor kept at size u: no host sync.
+
+        Same outcome as ``count(keys[active], ...)`` scattered back to (u,) (False
+        where not active). Needs the Triton upsert (CUDA, or the interpreter).
+
+        Args:
+            keys: (u,) int64 unique keys; the active ones are absent from the table.
+            tags: (u,) int32 or None.
+            counts: (u,) int64 occurrences in this batch (>= 1).
+            active: (u,) bool keys to count.
+        """
+        from hashrec.table.ops.insert.upsert import upsert_slots  # Triton only
+
+        storage = self.storage
+        slots = torch.where(active, find_slots(storage, keys, tags), -1)
+        hit = slots >= 0
+        totals = counts + gather_or(storage.scores, slots, 0)
+        admitted = active & (totals >= self.threshold)
+        erase_slots(storage, torch.where(hit & admitted, slots, -1))
+        masked_assign_(storage.scores, slots, hit & ~admitted, totals)
+        result = upsert_slots(storage, keys, tags, totals, allow_evict=True,
+                              active=active & ~hit & ~admitted)
+        self.evictions = self.evictions + result.evicted.sum()
         return admitted
 
     def state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

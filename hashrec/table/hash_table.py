@@ -30,6 +30,8 @@ import torch
 
 from hashrec.table.admission import AdmissionCounter
 from hashrec.table.errors import TableError, TableFullError
+from hashrec.table.fixed_lookup import PROTECTED as _PROTECTED
+from hashrec.table.fixed_lookup import FixedSizeLookup
 from hashrec.table.initializers import initial_values
 from hashrec.table.memory import estimate_table_bytes
 from hashrec.table.ops.erase import erase_slots
@@ -40,6 +42,7 @@ from hashrec.table.ops.rehash import rehash
 from hashrec.table.options import CheckMode, InitializerArgs, ScoreStrategy, TableOptions
 from hashrec.table.storage import TableStorage
 from hashrec.table.tiers import index_row_dim, make_row_store
+from hashrec.table.unique import unique_pairs
 from hashrec.table.validation import (
     check_matrix,
     check_optional_vector,
@@ -48,8 +51,6 @@ from hashrec.table.validation import (
 )
 
 logger = logging.getLogger(__name__)
-
-_PROTECTED = torch.iinfo(torch.int64).max
 
 
 class LookupResult(NamedTuple):
@@ -70,7 +71,7 @@ def _initial_buckets(options: TableOptions) -> tuple[int, int]:
     return max_buckets >> shift, max_buckets
 
 
-class HashTable:
+class HashTable(FixedSizeLookup):
     """Dynamic embedding table (see the module docstring for scores and growth).
 
     Args:
@@ -108,7 +109,8 @@ class HashTable:
         if options.optimizer is not None:
             self._state_row = options.optimizer.initial_state(options.dim).to(
                 device=self.device, dtype=options.dtype)
-        self._stats: Counter[str] = Counter()
+        self._stats: Counter[str] = Counter()  # ints, or 0-d device tensors (no host read)
+        self._size_hint: int | None = None  # exact size kept by the fixed-size path
 
     # ----------------------------------------------------------------- sizes
     def size(self) -> int:
@@ -135,7 +137,7 @@ class HashTable:
         out = {name: int(self._stats[name]) for name in (
             "lookups", "hits", "inserts", "evictions", "refused", "admission_rejected",
             "growths")}
-        out["counter_evictions"] = self._counter.evictions if self._counter else 0
+        out["counter_evictions"] = int(self._counter.evictions) if self._counter else 0
         out["size"] = self.size()
         out["capacity"] = self.capacity()
         out.update(self._rows.stats())
@@ -171,7 +173,7 @@ class HashTable:
         """Caches the stored rows of ``keys`` (n,) for the next lookup (CACHING; else a
         no-op). Read-only for the table: no admission, insert or score change."""
         keys, tags = self._keys(keys, tags)
-        unique, utags, _, _ = _unique(keys, tags)
+        unique, utags, _, _ = unique_pairs(keys, tags)
         slots = find_slots(self.storage, unique, utags)
         self._rows.prefetch(slots[slots >= 0])
 
@@ -226,12 +228,13 @@ class HashTable:
         self._rows.regrow(old, self.storage)
         self._stats["growths"] += 1
 
-    def _grow_for(self, incoming: int) -> bool:
+    def _grow_for(self, incoming: int, size: int | None = None) -> bool:
         grown = False
         limit = self.options.max_load_factor
         num_buckets = self.storage.num_buckets
+        size = self.size() if size is None and num_buckets < self._max_buckets else size
         while (num_buckets < self._max_buckets
-               and self.size() + incoming > limit * num_buckets * self.storage.bucket_capacity):
+               and size + incoming > limit * num_buckets * self.storage.bucket_capacity):
             num_buckets *= 2
             grown = True
         if grown:
@@ -288,6 +291,7 @@ class HashTable:
 
         Returns (slots (u,) int64 with -1 for not stored, found (u,) bool: stored before).
         """
+        self._size_hint = None
         slots = find_slots(self.storage, keys, tags)
         found = slots >= 0
         if admit:
@@ -374,12 +378,16 @@ class HashTable:
         if counts is None:
             counts = torch.ones(n, dtype=torch.int64, device=self.device)
         counts = check_vector(self.options.name, "counts", counts, torch.int64, self.device, n)
+        read = self._read_fixed if self._fixed_path() else self._read
         if not train:
             slots = find_slots(self.storage, keys, tags)
             self._count_lookups(slots)
-            return LookupResult(slots, self._read(slots, keys, tags, self._eval_initializer))
-        slots, _ = self._upsert(keys, tags, counts, self._scores(scores, n), admit=True)
-        return LookupResult(slots, self._read(slots, keys, tags, self._train_missing_args()))
+            return LookupResult(slots, read(slots, keys, tags, self._eval_initializer))
+        if self._fixed_path():
+            slots = self._upsert_fixed(keys, tags, counts, self._scores(scores, n))
+        else:
+            slots, _ = self._upsert(keys, tags, counts, self._scores(scores, n), admit=True)
+        return LookupResult(slots, read(slots, keys, tags, self._train_missing_args()))
 
     def _count_lookups(self, slots: torch.Tensor) -> None:
         self._stats["lookups"] += slots.numel()
@@ -407,7 +415,7 @@ class HashTable:
         keys, tags = self._keys(keys, tags)
         scores = self._scores(scores, keys.numel())
         self._rows.begin_batch()
-        unique, utags, inverse, counts = _unique(keys, tags)
+        unique, utags, inverse, counts = unique_pairs(keys, tags)
         uscores = None
         if scores is not None:
             uscores = torch.full_like(unique, torch.iinfo(torch.int64).min).scatter_reduce_(
@@ -444,7 +452,7 @@ class HashTable:
                 self._write_full(slots[stored], rows.index_select(0, stored),
                                  _take(scores, stored) if exact else None)
             return
-        unique, utags, inverse, counts = _unique(keys, tags)
+        unique, utags, inverse, counts = unique_pairs(keys, tags)
         last = torch.zeros_like(unique).scatter_reduce_(
             0, inverse, torch.arange(keys.numel(), device=self.device), "amax")
         slots, _ = self._upsert(unique, utags, counts, _take(scores, last), admit=False,
@@ -464,6 +472,7 @@ class HashTable:
     def erase(self, keys: torch.Tensor, tags: torch.Tensor | None = None) -> None:
         """Removes keys (absent keys are ignored)."""
         keys, tags = self._keys(keys, tags)
+        self._size_hint = None
         slots = find_slots(self.storage, keys, tags)
         erase_slots(self.storage, slots[slots >= 0])
 
@@ -570,29 +579,3 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 def _take(tensor: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
     return None if tensor is None else tensor[index]
-
-
-def _unique(keys: torch.Tensor, tags: torch.Tensor | None):
-    """(unique keys, their tags | None, inverse (n,), counts) over (key, tag) identities.
-
-    The unique pairs come out in (key, tag) order. One namespace (tags None or all
-    equal, the common case) is a 1-D unique of the keys; several sort the pairs with
-    two stable 1-D sorts (tag, then key) instead of a row-wise ``unique(dim=0)``.
-    """
-    if tags is None:
-        unique, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
-        return unique, None, inverse, counts
-    if keys.numel() == 0 or bool((tags == tags[0]).all()):
-        unique, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
-        return unique, tags[:unique.numel()].clone(), inverse, counts
-    order = torch.sort(tags, stable=True).indices
-    order = order.index_select(0, torch.sort(keys.index_select(0, order), stable=True).indices)
-    skeys, stags = keys.index_select(0, order), tags.index_select(0, order)
-    new = torch.ones_like(skeys, dtype=torch.bool)
-    new[1:] = (skeys[1:] != skeys[:-1]) | (stags[1:] != stags[:-1])
-    group = torch.cumsum(new, 0) - 1
-    first = torch.nonzero(new).flatten()
-    counts = torch.diff(first, append=first.new_tensor([keys.numel()]))
-    inverse = torch.empty_like(group).index_copy_(0, order, group)
-    return skeys.index_select(0, first), stags.index_select(0, first), inverse, counts
-

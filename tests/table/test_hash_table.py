@@ -305,26 +305,6 @@ def _state_of(table):
     return out
 
 
-@pytest.mark.parametrize("tag_kind", ["none", "all_equal", "mixed"])
-def test_unique_pairs_match_row_wise_unique(tag_kind):
-    from hashrec.table.hash_table import _unique
-
-    gen = torch.Generator().manual_seed(3)
-    keys = torch.randint(-5, 5, (300,), generator=gen)
-    keys[:4] = torch.tensor([INT64_MIN, INT64_MAX, INT64_MIN, INT64_MAX])
-    tags = {"none": None, "all_equal": torch.full((300,), 7, dtype=torch.int32),
-            "mixed": torch.randint(0, 3, (300,), generator=gen, dtype=torch.int32)}[tag_kind]
-    unique, utags, inverse, counts = _unique(keys, tags)
-    pairs = torch.stack([keys, torch.zeros_like(keys) if tags is None else tags.long()], 1)
-    want, want_inverse, want_counts = torch.unique(pairs, dim=0, return_inverse=True,
-                                                   return_counts=True)
-    assert torch.equal(unique, want[:, 0])
-    assert (utags is None) == (tags is None)
-    if utags is not None:
-        assert utags.dtype == torch.int32 and torch.equal(utags.long(), want[:, 1])
-    assert torch.equal(inverse, want_inverse) and torch.equal(counts, want_counts)
-
-
 @pytest.mark.parametrize("assume_unique", [False, True], ids=["dedup", "assume_unique"])
 def test_load_state_of_unique_keys_same_with_or_without_dedup(assume_unique):
     opts = TableOptions(dim=3, max_capacity=256, init_capacity=32, bucket_capacity=16,

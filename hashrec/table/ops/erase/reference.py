@@ -8,5 +8,5 @@ from hashrec.table.storage import TableStorage
 
 
 def erase_slots(storage: TableStorage, slots: torch.Tensor) -> None:
-    """slots (k,) int64 -> None (digests := 0)."""
-    storage.digests[slots] = 0
+    """slots (k,) int64 -> None (digests := 0); negative entries are skipped."""
+    storage.digests[slots[slots >= 0]] = 0

@@ -77,25 +77,31 @@ class UpsertResult(NamedTuple):
 
 
 @triton.jit
-def _probe_sort_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, slots_ptr, sort_ptr, n,
-                       num_buckets, HAS_TAGS: tl.constexpr, CAP: tl.constexpr,
+def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, t_keys, t_tags, t_digests, slots_ptr,
+                       sort_ptr, n, num_buckets, HAS_TAGS: tl.constexpr,
+                       HAS_ACTIVE: tl.constexpr, CAP: tl.constexpr,
                        LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
                        SHIFT: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
+    live = mask
+    if HAS_ACTIVE:  # inactive keys read as hits without a slot: never probed nor inserted
+        live = mask & (tl.load(active_ptr + offs, mask=mask, other=0) != 0)
     key = tl.load(keys_ptr + offs, mask=mask, other=0)
     tag = load_tags(tags_ptr, offs, mask, HAS_TAGS)
-    slot = probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP, LINE,
+    slot = probe_bucket(key, tag, live, t_keys, t_tags, t_digests, num_buckets, CAP, LINE,
                         WORDS, POW2)
+    slot = tl.where(live, slot, -1)
     tl.store(slots_ptr + offs, slot, mask=mask)
     h = tagged_hash(key, tag)
     bucket = bucket_of_fast(h, num_buckets, POW2).to(tl.uint64)
+    skip = (slot >= 0) | ~live
     if WIDE:  # < 2**63 - 1: bucket in bits 63-SHIFT.., hash bits below
         s = ((bucket << (63 - SHIFT)) | (h >> (SHIFT + 2))).to(tl.int64, bitcast=True)
-        s = tl.where(slot >= 0, 0x7FFFFFFFFFFFFFFF, s)
+        s = tl.where(skip, 0x7FFFFFFFFFFFFFFF, s)
     else:  # < 2**30
         s = ((bucket << (30 - SHIFT)) | (h >> (34 + SHIFT))).to(tl.int32)
-        s = tl.where(slot >= 0, 0x7FFFFFFF, s)
+        s = tl.where(skip, 0x7FFFFFFF, s)
     tl.store(sort_ptr + offs, s, mask=mask)
 
 
@@ -301,8 +307,8 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
 
 
 def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
-               slots: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Probes every key into ``slots`` and returns the sort keys and their sentinel."""
+               active: torch.Tensor | None, slots: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Probes every active key into ``slots`` and returns the sort keys and their sentinel."""
     n, nb = keys.numel(), storage.num_buckets
     shift = max(1, (nb - 1).bit_length())
     wide = shift > NARROW_MAX_SHIFT
@@ -310,8 +316,10 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
     line, width, words = digest_line(storage)
     block = 64
     _probe_sort_kernel[(triton.cdiv(n, block),)](
-        keys, tags if tags is not None else keys, storage.keys, storage.tags, line, slots,
-        sort_key, n, nb, HAS_TAGS=tags is not None, CAP=storage.bucket_capacity, LINE=width,
+        keys, tags if tags is not None else keys,
+        active.view(torch.uint8) if active is not None else keys, storage.keys, storage.tags,
+        line, slots, sort_key, n, nb, HAS_TAGS=tags is not None,
+        HAS_ACTIVE=active is not None, CAP=storage.bucket_capacity, LINE=width,
         WORDS=words, POW2=is_pow2(nb), SHIFT=shift, WIDE=wide, BLOCK=block, num_warps=2)
     return sort_key, _WIDE_SENTINEL if wide else _NARROW_SENTINEL
 
@@ -321,17 +329,26 @@ def _empty(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 
 def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
-                 scores: torch.Tensor, allow_evict: bool) -> UpsertResult:
+                 scores: torch.Tensor, allow_evict: bool,
+                 active: torch.Tensor | None = None) -> UpsertResult:
     """Finds keys (n,) int64 [+ tags] and inserts the missing ones with ``scores`` (n,).
 
     Repeated keys are inserted once, with the score of their first occurrence.
     Only index fields are written; rows flagged ``inserted`` need initializing
     (``write_rows`` / ``read_or_init_rows``). No host sync. Returns ``UpsertResult``.
+
+    ``active`` (n,) bool, when given, limits the call to those keys: an inactive key
+    is neither looked up nor inserted and reads as slot -1 with no flags (a fixed-size
+    stand-in for passing ``keys[active]``, which would need a host sync).
     """
     check_keys(keys, tags, storage.device)
     if scores.dtype != torch.int64 or scores.shape != keys.shape:
         raise ValueError(f"scores must be int64 of shape {tuple(keys.shape)}, "
                          f"got {scores.dtype} {tuple(scores.shape)}")
+    if active is not None and (active.dtype != torch.bool or active.shape != keys.shape):
+        raise ValueError(f"active must be bool of shape {tuple(keys.shape)}, "
+                         f"got {active.dtype} {tuple(active.shape)}")
+    active = active.contiguous() if active is not None else None
     keys, scores = keys.contiguous(), scores.contiguous()
     tags = tags.contiguous() if tags is not None else None
     n, device, nb = keys.numel(), storage.device, storage.num_buckets
@@ -341,7 +358,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
           _empty(n, torch.int64, device))
     if n == 0:
         return UpsertResult(slots, flags[:0], flags[:0], *ev, flags[:0])
-    sort_key, sentinel = _sort_keys(storage, keys, tags, slots)
+    sort_key, sentinel = _sort_keys(storage, keys, tags, active, slots)
     sort_key, perm = torch.sort(sort_key, stable=True)
     s_keys, s_scores, first, out = (_empty(n, torch.int64, device) for _ in range(4))
     s_tags, s_digests, s_bucket = (_empty(n, torch.int32, device),

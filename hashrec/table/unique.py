@@ -1,0 +1,32 @@
+"""Deduplication of (key, tag) identities for the table's batch entry points."""
+
+from __future__ import annotations
+
+import torch
+
+
+def unique_pairs(keys: torch.Tensor, tags: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """(unique keys, their tags | None, inverse (n,), counts) over (key, tag) identities.
+
+    The unique pairs come out in (key, tag) order. One namespace (tags None or all
+    equal, the common case) is a 1-D unique of the keys; several sort the pairs with
+    two stable 1-D sorts (tag, then key) instead of a row-wise ``unique(dim=0)``.
+    """
+    if tags is None:
+        unique, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
+        return unique, None, inverse, counts
+    if keys.numel() == 0 or bool((tags == tags[0]).all()):
+        unique, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
+        return unique, tags[:unique.numel()].clone(), inverse, counts
+    order = torch.sort(tags, stable=True).indices
+    order = order.index_select(0, torch.sort(keys.index_select(0, order), stable=True).indices)
+    skeys, stags = keys.index_select(0, order), tags.index_select(0, order)
+    new = torch.ones_like(skeys, dtype=torch.bool)
+    new[1:] = (skeys[1:] != skeys[:-1]) | (stags[1:] != stags[:-1])
+    group = torch.cumsum(new, 0) - 1
+    first = torch.nonzero(new).flatten()
+    counts = torch.diff(first, append=first.new_tensor([keys.numel()]))
+    inverse = torch.empty_like(group).index_copy_(0, order, group)
+    return skeys.index_select(0, first), stags.index_select(0, first), inverse, counts
+
