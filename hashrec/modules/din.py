@@ -76,15 +76,29 @@ class DINAttention(nn.Module):
     def output_dim(self) -> int:
         return self.sequence_dim
 
+    def _first_layer(self, query: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
+        """The attention MLP's first linear layer on [q, k, q - k, q * k], factored.
+
+        With W = [W1 W2 W3 W4] over the four blocks, W [q, k, q - k, q * k] equals
+        (W1 + W3) q + (W2 - W3) k + W4 (q * k): the query term is computed once per
+        row instead of once per position, and the (B, L, 4 D) input is never built.
+        """
+        d = self.sequence_dim
+        w = self.mlp.first_weight()
+        w_query = w[:, :d] + w[:, 2 * d:3 * d]
+        w_item = torch.cat([w[:, d:2 * d] - w[:, 2 * d:3 * d], w[:, 3 * d:]], 1)
+        per_row = nn.functional.linear(query, w_query, self.mlp.first_bias())
+        items = torch.cat([sequence, query.unsqueeze(1) * sequence], -1)
+        return nn.functional.linear(items, w_item) + per_row.unsqueeze(1)
+
     def attention_weights(self, query: torch.Tensor, sequence: torch.Tensor,
                           lengths: torch.Tensor) -> torch.Tensor:
         """Masked attention weights (B, L); zero on padded positions."""
         if self.query_dim < self.sequence_dim:
             query = nn.functional.pad(query, (0, self.sequence_dim - self.query_dim))
         max_length = sequence.shape[1]
-        queries = query.unsqueeze(1).expand(-1, max_length, -1)
-        features = torch.cat([queries, sequence, queries - sequence, queries * sequence], -1)
-        scores = self.score(self.mlp(features)).squeeze(-1)
+        scores = self.score(self.mlp.after_first_linear(
+            self._first_layer(query, sequence))).squeeze(-1)
         mask = sequence_mask(lengths, max_length)
         if self.normalizer == "softmax":
             scores = scores.masked_fill(~mask, lowest_value(scores.dtype))

@@ -97,6 +97,19 @@ class Perceptron(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
 
+    def linear_weight(self) -> torch.Tensor:
+        return self.layers[0].weight
+
+    def linear_bias(self) -> torch.Tensor | None:
+        return self.layers[0].bias
+
+    def after_linear(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer applied to an already computed linear output (norm, activation, ...)."""
+        for i, part in enumerate(self.layers):
+            if i > 0:
+                x = part(x)
+        return x
+
 
 class MLP(nn.Module):
     """Stack of perceptrons.
@@ -124,3 +137,17 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
+
+    def first_weight(self) -> torch.Tensor:
+        """Weight of the first linear layer (callers may compute its output their own way)."""
+        return self.layers[0].linear_weight()
+
+    def first_bias(self) -> torch.Tensor | None:
+        """Bias of the first linear layer (None without bias)."""
+        return self.layers[0].linear_bias()
+
+    def after_first_linear(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP applied to the first linear layer's output ``x`` (..., hidden_units[0])."""
+        for i, layer in enumerate(self.layers):
+            x = layer.after_linear(x) if i == 0 else layer(x)
+        return x

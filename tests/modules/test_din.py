@@ -63,3 +63,19 @@ def test_narrow_query_is_padded_and_gradients_flow():
 def test_invalid_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DINAttention(attn_mlp=MLPOptions(hidden_units=(4,)), **kwargs)
+
+
+@pytest.mark.parametrize("use_bn", [False, True], ids=["plain", "batch-norm"])
+def test_factored_first_layer_equals_the_concatenated_input(use_bn):
+    torch.manual_seed(0)
+    att = DINAttention(5, 5, MLPOptions(hidden_units=(8, 4), use_bn=use_bn)).double().eval()
+    query, seq = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 7, 5, dtype=torch.float64)
+    q = query.unsqueeze(1).expand(-1, 7, -1)
+    features = torch.cat([q, seq, q - seq, q * seq], -1)
+    first = torch.nn.functional.linear(features, att.mlp.first_weight(), att.mlp.first_bias())
+    torch.testing.assert_close(att._first_layer(query, seq), first)
+    scores = att.score(att.mlp(features)).squeeze(-1)
+    expected = torch.softmax(scores.masked_fill(~sequence_mask(torch.tensor([7, 2, 0]), 7),
+                                                float("-inf")), -1).nan_to_num(0.0)
+    torch.testing.assert_close(att.attention_weights(query, seq, torch.tensor([7, 2, 0])),
+                               expected)
