@@ -54,9 +54,10 @@ class FixedSizeLookup:
             admitted = self._counter.count_masked(keys, tags, counts, pending)
             self._stats["admission_rejected"] += (pending & ~admitted).sum()
             pending = admitted
+        # This call's hits are never evicted, and a growth re-inserts them first.
+        masked_assign_(self.storage.scores, slots, hit, PROTECTED)
         if self._grow_fixed(pending, keys.numel()):
             slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
-        masked_assign_(self.storage.scores, slots, hit, PROTECTED)  # hits are never evicted
         slots, placed, refused = self._insert_fixed(
             keys, tags, self._new_scores(counts, given), pending, slots, hit)
         masked_assign_(self.storage.scores, slots, hit, hit_scores)

@@ -382,3 +382,22 @@ def test_large_upsert_matches_reference_on_gpu():
     got = upsert_tt.upsert_slots(tt_storage, batch, None, scores, True)
     assert torch.equal(got.slots, find_ref.find_slots(ref_storage, batch))
     _assert_same_index(tt_storage, ref_storage)
+
+
+@pytest.mark.parametrize("allow_evict", [False, True], ids=["no_evict", "evict"])
+def test_upsert_active_mask_equals_upsert_of_the_active_keys(allow_evict):
+    base, keys, _ = _filled(4, 16, 50, seed=31)
+    gen = torch.Generator().manual_seed(32)
+    batch = torch.cat([keys[:12], _random_keys(40, gen).to(DEVICE)])
+    scores = torch.randint(0, 8, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+    active = torch.rand(batch.shape, generator=gen).to(DEVICE) < 0.6
+    masked_storage, subset_storage = _clone(base), _clone(base)
+    got = upsert_tt.upsert_slots(masked_storage, batch, None, scores, allow_evict, active=active)
+    want = upsert_tt.upsert_slots(subset_storage, batch[active], None, scores[active],
+                                  allow_evict)
+    _assert_same_index(masked_storage, subset_storage)
+    assert torch.equal(got.slots[active], want.slots)
+    assert bool((got.slots[~active] == -1).all())
+    assert not bool((got.created[~active] | got.inserted[~active]).any())
+    assert torch.equal(got.created[active], want.created)
+    assert int(got.evicted.sum()) == int(want.evicted.sum())

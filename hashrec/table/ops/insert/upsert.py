@@ -175,8 +175,10 @@ def _count_firsts(in_first, start, end, BI: tl.constexpr):
 
 
 @triton.jit
-def _rank_firsts(in_keys, in_scores, in_first, i, key, score, start, end, BI: tl.constexpr):
-    """Rank of first occurrences i among the run's by (score desc, key asc, index asc)."""
+def _rank_firsts(in_keys, in_scores, in_first, in_pos, pos, key, score, start, end,
+                 BI: tl.constexpr):
+    """Rank of first occurrences (at batch positions ``pos``) among the run's by
+    (score desc, key asc, batch position asc)."""
     rank = tl.zeros([BI], dtype=tl.int32)
     c = start
     while c < end:
@@ -185,15 +187,16 @@ def _rank_firsts(in_keys, in_scores, in_first, i, key, score, start, end, BI: tl
         mj = mj & (tl.load(in_first + j, mask=mj, other=-1) == j)
         kj = tl.load(in_keys + j, mask=mj, other=0)
         sj = tl.load(in_scores + j, mask=mj, other=0)
-        before = _comes_before(kj[None, :], sj[None, :], j[None, :], key[:, None],
-                               score[:, None], i[:, None])
+        pj = tl.load(in_pos + j, mask=mj, other=0)
+        before = _comes_before(kj[None, :], sj[None, :], pj[None, :], key[:, None],
+                               score[:, None], pos[:, None])
         rank += tl.sum((before & mj[None, :]).to(tl.int32), axis=1)
         c += BI
     return rank
 
 
 @triton.jit
-def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m,
+def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
                    t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
                    ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
                    CAP_P2: tl.constexpr, BI: tl.constexpr):
@@ -207,8 +210,9 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
             mi = run & (tl.load(in_first + i, mask=run, other=-1) == i)
             key = tl.load(in_keys + i, mask=mi, other=0)
             score = tl.load(in_scores + i, mask=mi, other=0)
-            before = _comes_before(key[None, :], score[None, :], i[None, :], key[:, None],
-                                   score[:, None], i[:, None])
+            pos = tl.load(in_pos + i, mask=mi, other=0)
+            before = _comes_before(key[None, :], score[None, :], pos[None, :], key[:, None],
+                                   score[:, None], pos[:, None])
             rank = tl.sum((before & mi[None, :]).to(tl.int32), axis=1)
             empty, empty_rank, n_empty, order, old_scores = bucket_state(
                 t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
@@ -218,7 +222,8 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
                    t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
                    ev_scores, ALLOW_EVICT, CAP_P2)
         else:
-            _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m,
+            _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
+                             in_pos, m,
                              t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
                              ev_keys, ev_tags, ev_scores, start, bucket, ALLOW_EVICT, CAP,
                              CAP_P2, BI)
@@ -226,7 +231,9 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
 
 @triton.jit
 def _comes_before(kj, sj, j, key, score, i):
-    """Whether incoming j precedes i in the order (score desc, key asc, index asc)."""
+    """Whether incoming j precedes i in the order (score desc, key asc, position asc):
+    the same key under two tags ties on score and key, and the batch position orders
+    them as the reference insert does."""
     tie = (kj < key) | ((kj == key) & (j < i))
     return (sj > score) | ((sj == score) & tie)
 
@@ -251,7 +258,8 @@ def _place(i, mi, key, score, rank, base, empty, empty_rank, n_empty, order, old
 
 
 @triton.jit
-def _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, m, t_keys,
+def _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
+                     m, t_keys,
                      t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
                      ev_scores, start, bucket, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
                      CAP_P2: tl.constexpr, BI: tl.constexpr):
@@ -267,7 +275,9 @@ def _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_firs
         mi = mi & (tl.load(in_first + i, mask=mi, other=-1) == i)
         key = tl.load(in_keys + i, mask=mi, other=0)
         score = tl.load(in_scores + i, mask=mi, other=0)
-        rank = _rank_firsts(in_keys, in_scores, in_first, i, key, score, start, end, BI)
+        pos = tl.load(in_pos + i, mask=mi, other=0)
+        rank = _rank_firsts(in_keys, in_scores, in_first, in_pos, pos, key, score, start, end,
+                            BI)
         _place(i, mi, key, score, rank, bucket * CAP, empty, empty_rank, n_empty, order,
                old_scores, in_tags, in_digests, t_keys, t_tags, t_digests, t_scores,
                out_slots, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
@@ -372,7 +382,8 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     evicted = flags[2 * n:].view(torch.int8)
     cap = storage.bucket_capacity
     _upsert_kernel[(n,)](
-        s_keys, s_tags, s_scores, s_digests, s_bucket, first, n, storage.keys, storage.tags,
+        s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, storage.keys,
+        storage.tags,
         storage.digests, storage.scores, out, evicted, *ev, ALLOW_EVICT=bool(allow_evict),
         CAP=cap, CAP_P2=triton.next_power_of_2(cap), BI=16, num_warps=UPSERT_WARPS)
     _finalize_kernel[grid](

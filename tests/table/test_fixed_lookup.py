@@ -1,0 +1,210 @@
+"""The fixed-size training lookup (Triton backend) against the reference path.
+
+Without CUDA the Triton kernels run under ``TRITON_INTERPRET=1`` on CPU tensors,
+selected by ``HASHREC_FORCE_TRITON=1``; the same table options then run through
+the reference ops, and both must give the same slots, values, stats, stored
+entries and admission counters, step after step (admission, growth, eviction,
+refusal, every score strategy but the wall clock). A dispatch mode counts the
+operations that read the device on the host.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import os
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="triton is not installed")
+
+from hashrec.table import HashTable, TableOptions  # noqa: E402
+from hashrec.table.masked import gather_or, masked_assign_  # noqa: E402
+from hashrec.table.ops import dispatch  # noqa: E402
+from hashrec.table.options import AdmissionOptions, InitializerArgs  # noqa: E402
+
+aten = torch.ops.aten
+_SYNCING = {aten.nonzero, aten._local_scalar_dense, aten.masked_select, aten.is_nonzero,
+            aten._unique2, aten.unique_dim, aten.unique_consecutive}
+
+
+class SyncCounter(TorchDispatchMode):
+    """Counts aten calls whose output size or value is read on the host, plus tolist()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        packet = func._overloadpacket
+        if packet in _SYNCING:
+            self.counts[str(packet)] += 1
+        elif packet in (aten.index, aten.index_put, aten.index_put_):
+            if any(i is not None and i.dtype == torch.bool for i in args[1]):
+                self.counts[f"{packet}(bool mask)"] += 1
+        elif packet is aten.repeat_interleave and kwargs.get("output_size") is None:
+            self.counts[str(packet)] += 1
+        return func(*args, **kwargs)
+
+    def __enter__(self):
+        self._tolist = torch.Tensor.tolist
+        counts, tolist = self.counts, self._tolist
+
+        def counted(tensor):
+            counts["tolist"] += 1
+            return tolist(tensor)
+
+        torch.Tensor.tolist = counted
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
+
+
+@contextlib.contextmanager
+def _backend(triton: bool):
+    dispatch._forced.cache_clear()
+    os.environ["HASHREC_FORCE_TRITON"] = "1" if triton else "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("HASHREC_FORCE_TRITON", None)
+        dispatch._forced.cache_clear()
+
+
+def _options(strategy: str, admission: bool, full: bool, check_mode: str = "IGNORE"):
+    return TableOptions(
+        dim=3, max_capacity=64 if full else 256, init_capacity=32, bucket_capacity=8,
+        score_strategy=strategy, check_mode=check_mode, seed=1,
+        initializer=InitializerArgs(mode="UNIFORM", key_seed=3),
+        admission=AdmissionOptions(threshold=2, counter_capacity=48,
+                                   counter_bucket_capacity=8) if admission else None)
+
+
+def _batches(tagged: bool, steps: int = 4):
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(steps):
+        keys = torch.randint(0, 160, (60,), generator=gen)
+        tags = torch.randint(0, 2, (60,), generator=gen, dtype=torch.int32) if tagged else None
+        pairs = torch.unique(keys * 2 + (tags if tagged else 0))
+        keys = pairs // 2
+        tags = (pairs % 2).to(torch.int32) if tagged else None
+        counts = torch.randint(1, 3, keys.shape, generator=gen)
+        yield keys, tags, counts, torch.randint(0, 9, keys.shape, generator=gen)
+
+
+def _run(options: TableOptions, triton: bool, tagged: bool) -> list:
+    out = []
+    with _backend(triton):
+        table = HashTable(options)
+        assert table._fixed_path() is triton
+        for keys, tags, counts, scores in _batches(tagged):
+            table.advance_step()
+            custom = scores if options.score_strategy.value == "CUSTOMIZED" else None
+            res = table.lookup(keys, tags, train=True, counts=counts, scores=custom)
+            out.append((res.slots, res.values))
+        state = {(k, t): (r.tolist(), s) for keys, tags, rows, scores in table.export_state(512)
+                 for k, t, r, s in zip(keys.tolist(), tags.tolist(), rows, scores.tolist())}
+        counters = table.admission_state()
+        out.append((table.stats(), state, sorted(zip(*(c.tolist() for c in counters)))))
+    return out
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+@pytest.mark.parametrize("full", [False, True], ids=["growing", "evicting"])
+@pytest.mark.parametrize("admission", [False, True], ids=["no_admission", "admission"])
+@pytest.mark.parametrize("strategy", ["STEP", "LFU", "CUSTOMIZED", "NO_EVICTION"])
+def test_fixed_lookup_matches_reference(strategy, admission, full, tagged):
+    options = _options(strategy, admission, full)
+    want, got = _run(options, False, tagged), _run(options, True, tagged)
+    for step, ((w_slots, w_values), (g_slots, g_values)) in enumerate(zip(want[:-1], got[:-1])):
+        assert torch.equal(g_slots, w_slots), f"step {step}"
+        torch.testing.assert_close(g_values, w_values, msg=f"step {step}")
+    (w_stats, w_state, w_counters), (g_stats, g_state, g_counters) = want[-1], got[-1]
+    assert g_stats == w_stats
+    assert g_state == w_state
+    assert g_counters == w_counters
+    if full and strategy != "NO_EVICTION":
+        assert w_stats["evictions"] > 0
+    if full and strategy == "NO_EVICTION":
+        assert w_stats["refused"] > 0
+    if not full:
+        assert w_stats["growths"] > 0
+
+
+def test_refused_inserts_raise_with_check_mode_error():
+    options = _options("NO_EVICTION", False, True, check_mode="ERROR")
+    with _backend(True):
+        table = HashTable(options)
+        with pytest.raises(Exception, match="inserts refused"):
+            for keys, tags, counts, _ in _batches(False, steps=8):
+                table.lookup(keys, tags, train=True, counts=counts)
+
+
+def _syncs(options: TableOptions, train: bool, at_max: bool = True) -> collections.Counter:
+    with _backend(True):
+        table = HashTable(options)
+        batches = list(_batches(False, steps=4))
+        for keys, _, counts, _ in batches[:-1]:
+            table.advance_step()
+            table.lookup(keys, train=True, counts=counts)
+        keys, _, counts, _ = batches[-1]
+        with SyncCounter() as mode:
+            table.lookup(keys, train=train, counts=counts)
+        assert (table.capacity() >= options.max_capacity) is at_max
+        return mode.counts
+
+
+@pytest.mark.parametrize("check_mode,want", [("IGNORE", 0), ("WARNING", 1)])
+def test_lookup_at_max_capacity_reads_at_most_the_refused_count(check_mode, want):
+    counts = _syncs(_options("STEP", True, True, check_mode), train=True)
+    assert sum(counts.values()) == want, dict(counts)
+
+
+def test_lookup_below_max_capacity_reads_one_pair_of_counts():
+    options = dataclasses.replace(_options("LFU", True, False, "IGNORE"), max_capacity=4096)
+    counts = _syncs(options, train=True, at_max=False)
+    assert sum(counts.values()) <= 2, dict(counts)
+    assert counts["tolist"] == 1, dict(counts)
+
+
+def test_eval_lookup_reads_nothing_back():
+    counts = _syncs(_options("STEP", True, True), train=False)
+    assert sum(counts.values()) == 0, dict(counts)
+
+
+def test_sync_counter_sees_boolean_indexing():
+    x = torch.arange(5)
+    with SyncCounter() as mode:
+        x[x > 2].tolist()
+    assert mode.counts["aten.index(bool mask)"] == 1 and mode.counts["tolist"] == 1
+
+
+@pytest.mark.parametrize("n", [0, 1, 7], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("kind", ["none", "some", "all"])
+def test_masked_assign_matches_boolean_indexing(n, kind):
+    gen = torch.Generator().manual_seed(n)
+    dst = torch.randint(0, 100, (12,), generator=gen)
+    index = torch.randperm(12, generator=gen)[:n]
+    index[::3] = -1
+    mask = {"none": torch.zeros(n, dtype=torch.bool),
+            "some": torch.arange(n) % 2 == 1,
+            "all": torch.ones(n, dtype=torch.bool)}[kind] & (index >= 0)
+    values = torch.randint(100, 200, (n,), generator=gen)
+    want = dst.clone()
+    want[index[mask]] = values[mask]
+    masked_assign_(dst, index, mask, values)
+    assert torch.equal(dst, want)
+
+
+def test_gather_or_reads_fallback_at_negative_index():
+    src = torch.arange(10).view(5, 2)
+    got = gather_or(src, torch.tensor([3, -1, 0]), 7)
+    assert got.tolist() == [[6, 7], [7, 7], [0, 1]]
