@@ -121,12 +121,27 @@ def build_session(config, rank: int = 0, world_size: int = 1,
                                     dist=ctx, storage_modes=modes)
     model = create_model(config.model_config, feature_set, sparse_spec, device, embedding)
     model.to(device)
+    _limit_host_threads(device, int(config.data_config.num_workers))
     dense = build_dense_optimizer(train_config.dense_optimizer, dense_parameters(model))
     precision = MixedPrecision.create(
         train_config.mixed_precision, device,
         train_config.grad_scaler if train_config.HasField("grad_scaler") else None)
     return Session(config, feature_set, model, dense, sparse_schedule(train_config.sparse_optimizer),
                    precision, device, rank, world_size, ctx)
+
+
+def _limit_host_threads(device: torch.device, loader_workers: int) -> None:
+    """On a GPU the training process does little CPU work of its own; its default
+    intra-op threads (one per core) would spin on the cores its loader workers need.
+    Keep at most 4, and no more than the cores left over per local rank."""
+    if device.type != "cuda":
+        return
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    spare = (os.cpu_count() or 1) // max(local_ranks, 1) - loader_workers
+    threads = max(1, min(4, spare, torch.get_num_threads()))
+    if threads < torch.get_num_threads():
+        logger.info("intra-op CPU threads of the training process: %d", threads)
+        torch.set_num_threads(threads)
 
 
 def write_pipeline_config(config, model_dir: str, rank: int = 0) -> str | None:
