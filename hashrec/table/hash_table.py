@@ -71,12 +71,20 @@ def _initial_buckets(options: TableOptions) -> tuple[int, int]:
     return max_buckets >> shift, max_buckets
 
 
+# Seconds between two "inserts refused" warnings of one table (refusals in between
+# are summed into the next warning).
+REFUSED_WARNING_INTERVAL_S = 60.0
+
+
 class HashTable(FixedSizeLookup):
     """Dynamic embedding table (see the module docstring for scores and growth).
 
     Args:
         options: TableOptions of this table.
     """
+
+    _refused_pending = 0  # refused inserts not yet reported by a warning
+    _refused_warned_at = -math.inf
 
     def __init__(self, options: TableOptions) -> None:
         if not isinstance(options, TableOptions):
@@ -268,6 +276,12 @@ class HashTable(FixedSizeLookup):
             return
         self._stats["refused"] += refused
         mode = self.options.check_mode
+        if mode is CheckMode.WARNING:  # at most one warning a minute, with the running count
+            self._refused_pending += refused
+            if time.monotonic() - self._refused_warned_at < REFUSED_WARNING_INTERVAL_S:
+                return
+            refused, self._refused_pending = self._refused_pending, 0
+            self._refused_warned_at = time.monotonic()
         message = (f"table {self.options.name!r}: {refused} inserts refused (their buckets are "
                    f"full at max_capacity={self.options.max_capacity} and hold no entry from "
                    f"before this call with a lower score, "

@@ -147,6 +147,24 @@ def test_no_eviction_refuses_exactly_past_capacity(caplog):
     assert table.stats()["refused"] == 72 and table.size() == 64
 
 
+def test_refusal_warnings_are_rate_limited_and_keep_the_count(caplog, monkeypatch):
+    import hashrec.table.hash_table as module
+    clock = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    table = HashTable(TableOptions(dim=2, max_capacity=64, bucket_capacity=64,
+                                   score_strategy="NO_EVICTION", check_mode="WARNING"))
+    keys = torch.arange(100, dtype=torch.int64) * 7919
+    with caplog.at_level(logging.WARNING):
+        table.find_or_insert(keys)  # 36 refused: warned
+        clock[0] += 10.0
+        table.find_or_insert(keys + 1)  # 100 refused, within the minute: not yet
+        assert caplog.text.count("inserts refused") == 1
+        clock[0] += 60.0
+        table.find_or_insert(keys[:1] + 2)  # 1 more: the warning carries all 101
+    assert caplog.text.count("inserts refused") == 2 and "101 inserts refused" in caplog.text
+    assert table.stats()["refused"] == 137
+
+
 def test_check_mode_error_raises_table_full():
     table = HashTable(TableOptions(dim=2, max_capacity=4, bucket_capacity=4,
                                    score_strategy="NO_EVICTION", check_mode="ERROR"))

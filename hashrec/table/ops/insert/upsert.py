@@ -76,12 +76,14 @@ class UpsertResult(NamedTuple):
     created: torch.Tensor
 
 
-@triton.jit
+# The bucket bits are a runtime argument: a growing table changes them at every
+# doubling, and a compile-time constant would compile the kernel anew each time.
+@triton.jit(do_not_specialize=["shift"])
 def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, t_keys, t_tags, t_digests, slots_ptr,
-                       sort_ptr, n, num_buckets, HAS_TAGS: tl.constexpr,
+                       sort_ptr, n, num_buckets, shift, HAS_TAGS: tl.constexpr,
                        HAS_ACTIVE: tl.constexpr, CAP: tl.constexpr,
                        LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
-                       SHIFT: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+                       WIDE: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     live = mask
@@ -96,11 +98,12 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, t_keys, t_tags, t_digests
     h = tagged_hash(key, tag)
     bucket = bucket_of_fast(h, num_buckets, POW2).to(tl.uint64)
     skip = (slot >= 0) | ~live
-    if WIDE:  # < 2**63 - 1: bucket in bits 63-SHIFT.., hash bits below
-        s = ((bucket << (63 - SHIFT)) | (h >> (SHIFT + 2))).to(tl.int64, bitcast=True)
+    sh = shift.to(tl.uint64)
+    if WIDE:  # < 2**63 - 1: bucket in bits 63-shift.., hash bits below
+        s = ((bucket << (63 - sh)) | (h >> (sh + 2))).to(tl.int64, bitcast=True)
         s = tl.where(skip, 0x7FFFFFFFFFFFFFFF, s)
     else:  # < 2**30
-        s = ((bucket << (30 - SHIFT)) | (h >> (34 + SHIFT))).to(tl.int32)
+        s = ((bucket << (30 - sh)) | (h >> (34 + sh))).to(tl.int32)
         s = tl.where(skip, 0x7FFFFFFF, s)
     tl.store(sort_ptr + offs, s, mask=mask)
 
@@ -328,9 +331,9 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
     _probe_sort_kernel[(triton.cdiv(n, block),)](
         keys, tags if tags is not None else keys,
         active.view(torch.uint8) if active is not None else keys, storage.keys, storage.tags,
-        line, slots, sort_key, n, nb, HAS_TAGS=tags is not None,
+        line, slots, sort_key, n, nb, shift, HAS_TAGS=tags is not None,
         HAS_ACTIVE=active is not None, CAP=storage.bucket_capacity, LINE=width,
-        WORDS=words, POW2=is_pow2(nb), SHIFT=shift, WIDE=wide, BLOCK=block, num_warps=2)
+        WORDS=words, POW2=is_pow2(nb), WIDE=wide, BLOCK=block, num_warps=2)
     return sort_key, _WIDE_SENTINEL if wide else _NARROW_SENTINEL
 
 
