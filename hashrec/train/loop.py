@@ -44,7 +44,7 @@ from hashrec.train import checkpoints
 from hashrec.train.distributed import global_table_counters, lockstep_batches
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import evaluate, write_eval_result
-from hashrec.train.prefetch import prefetch_to_device
+from hashrec.train.prefetch import EpochInputs, prefetch_to_device
 from hashrec.train.progress import ProgressLog, table_counters
 from hashrec.train.summaries import Summaries
 from hashrec.train.timing import StepTimer, format_phases
@@ -108,6 +108,9 @@ class TrainLoop:
         self.options = options
         self.step = resume.step
         self.epoch = resume.epoch
+        # Training input per epoch, the next epoch's loader started ahead (run_epoch).
+        self._inputs: EpochInputs | None = None
+        self._inputs_path: str | None = None
         self.last_saved = resume.step if resume.path and resume.step else -1
         self.ctx = session.ctx or single_process_context(session.device)
         self.progress = ProgressLog(options.log_step_count_steps, session.rank,
@@ -143,6 +146,8 @@ class TrainLoop:
             if self.last_saved != self.step:
                 result = self.checkpoint_and_evaluate() or result
         finally:
+            if self._inputs is not None:
+                self._inputs.close()
             self.summaries.close()
         return result
 
@@ -169,8 +174,14 @@ class TrainLoop:
         """One pass over the input, or up to ``num_steps``; returns the last eval result."""
         result, batches = None, 0
         self.timer.begin()
-        batches_in = lockstep_batches(
-            self.session.loader(train_input_path, "train", self.epoch), self.ctx)
+        if self._inputs is None or self._inputs_path != train_input_path:
+            workers = int(self.session.config.data_config.num_workers)
+            self._inputs_path = train_input_path
+            self._inputs = EpochInputs(
+                lambda epoch: self.session.loader(train_input_path, "train", epoch), workers > 0)
+        max_epochs = self.options.max_epochs
+        batches_in = lockstep_batches(self._inputs.epoch(
+            self.epoch, max_epochs is None or self.epoch + 1 < max_epochs), self.ctx)
         for batch in prefetch_to_device(batches_in, self.session.device):
             self.timer.batch_ready()
             self.train_step(batch)

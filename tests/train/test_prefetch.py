@@ -4,7 +4,7 @@ import torch
 
 from hashrec.embedding import KeyedJaggedTensor
 from hashrec.features.batch import Batch
-from hashrec.train.prefetch import _batch_tensors, prefetch_to_device
+from hashrec.train.prefetch import EpochInputs, _batch_tensors, prefetch_to_device
 
 
 def _batch(i):
@@ -27,3 +27,53 @@ def test_batch_tensors_cover_every_tensor_of_the_batch():
     tensors = _batch(0)
     found = _batch_tensors(tensors)
     assert len(found) == 5  # values, lengths, offsets, one dense, one label
+
+
+class _Loaders:
+    """Fake per-epoch loaders that log when each epoch's iterator starts."""
+
+    def __init__(self):
+        self.events = []
+
+    def __call__(self, epoch):
+        events = self.events
+
+        def batches():
+            for i in range(3):
+                events.append(("batch", epoch, i))
+                yield (epoch, i)
+
+        class Loader:  # like a DataLoader: iter() starts the workers at once
+            def __iter__(self):
+                events.append(("start", epoch))
+                return batches()
+
+        return Loader()
+
+
+def test_next_epoch_starts_while_the_current_one_trains():
+    loaders = _Loaders()
+    inputs = EpochInputs(loaders, ahead=True)
+    first = inputs.epoch(0, more=True)
+    assert next(first) == (0, 0)
+    assert ("start", 1) in loaders.events  # started before epoch 0 is consumed
+    assert list(first) == [(0, 1), (0, 2)]
+    assert list(inputs.epoch(1, more=False)) == [(1, 0), (1, 1), (1, 2)]
+    assert [e for e in loaders.events if e[0] == "start"] == [("start", 0), ("start", 1)]
+    inputs.close()
+
+
+def test_epochs_give_the_same_batches_with_or_without_running_ahead():
+    got = {}
+    for ahead in (True, False):
+        inputs = EpochInputs(_Loaders(), ahead=ahead)
+        got[ahead] = [b for e in range(3) for b in inputs.epoch(e, more=e < 2)]
+        inputs.close()
+    assert got[True] == got[False]
+
+
+def test_an_unused_epoch_is_replaced_when_the_loop_jumps():
+    loaders = _Loaders()
+    inputs = EpochInputs(loaders, ahead=True)
+    list(inputs.epoch(0, more=True))
+    assert list(inputs.epoch(5, more=False))[0] == (5, 0)  # not epoch 1's loader
