@@ -4,8 +4,9 @@
 (HBM_ONLY) takes this path. Every tensor keeps the batch size u and subsets are
 masks, so nothing is read back on the host except what decides growth:
 
-* at ``max_capacity`` the lookup reads nothing back unless ``check_mode`` must
-  report refused inserts (WARNING, ERROR: one count read per lookup);
+* at ``max_capacity`` the lookup reads nothing back, except the refused count:
+  every lookup under ``check_mode`` ERROR, at most once a minute under WARNING
+  (whose warnings come at most once a minute anyway);
 * below it, one read of two counts per insert round tells whether a bucket
   overflowed (then the table grows and the refused keys retry, as in the
   reference path), plus one read of the admitted count when the load factor may
@@ -20,8 +21,13 @@ differ from the reference path's; counter-seeded initializers (``key_seed``) agr
 
 from __future__ import annotations
 
+import logging
+import math
+import time
+
 import torch
 
+from hashrec.table.errors import TableFullError
 from hashrec.table.initializers import initial_values
 from hashrec.table.masked import gather_or, masked_assign_
 from hashrec.table.ops.dispatch import backend
@@ -30,10 +36,39 @@ from hashrec.table.ops.insert import reference as insert_reference
 from hashrec.table.options import CheckMode, InitializerArgs, ScoreStrategy, StorageMode
 
 PROTECTED = torch.iinfo(torch.int64).max
+# Seconds between two "inserts refused" warnings of one table (refusals in between
+# are summed into the next warning).
+REFUSED_WARNING_INTERVAL_S = 60.0
+logger = logging.getLogger("hashrec.table.hash_table")
 
 
 class FixedSizeLookup:
     """Mixin of ``HashTable``: the sync-free training lookup (see the module docstring)."""
+
+    _refused_pending = 0  # refused inserts not yet reported by a warning
+    _refused_warned_at = -math.inf
+    _refused_unread: torch.Tensor | None = None  # device-side count not yet read (WARNING)
+    _refused_read_at = -math.inf
+
+    def _announce_refused(self, refused: int) -> None:
+        """Raises (ERROR) or warns (WARNING: at most once a minute, with the count since
+        the last warning) about ``refused`` inserts."""
+        mode = self.options.check_mode
+        if mode is CheckMode.WARNING:
+            self._refused_pending += refused
+            if time.monotonic() - self._refused_warned_at < REFUSED_WARNING_INTERVAL_S:
+                return
+            refused, self._refused_pending = self._refused_pending, 0
+            self._refused_warned_at = time.monotonic()
+        message = (f"table {self.options.name!r}: {refused} inserts refused (their buckets are "
+                   f"full at max_capacity={self.options.max_capacity} and hold no entry from "
+                   f"before this call with a lower score, "
+                   f"score_strategy={self.options.score_strategy.value}); refused keys read as "
+                   f"the initializer value. Raise max_capacity or bucket_capacity.")
+        if mode is CheckMode.ERROR:
+            raise TableFullError(message)
+        if mode is CheckMode.WARNING:
+            logger.warning(message)
 
     def _fixed_path(self) -> bool:
         """Whether lookups take the fixed-size path: Triton ops and rows in the index."""
@@ -117,11 +152,23 @@ class FixedSizeLookup:
             slots = torch.where(hit | placed, find_slots(self.storage, keys, tags), slots)
 
     def _report_refused_fixed(self, refused: torch.Tensor | int) -> None:
-        """Counts refused inserts; reads the count only when check_mode reports it."""
-        if isinstance(refused, torch.Tensor) and self.options.check_mode is CheckMode.IGNORE:
-            self._stats["refused"] += refused
+        """Counts refused inserts on the device; reads the count for every lookup under
+        ERROR, at most once a minute under WARNING, never under IGNORE."""
+        mode = self.options.check_mode
+        if not isinstance(refused, torch.Tensor) or mode is CheckMode.ERROR:
+            self._report_refused(int(refused))
             return
-        self._report_refused(int(refused))
+        self._stats["refused"] += refused
+        if mode is CheckMode.IGNORE:
+            return
+        unread = self._refused_unread
+        self._refused_unread = refused if unread is None else unread + refused
+        if time.monotonic() - self._refused_read_at < REFUSED_WARNING_INTERVAL_S:
+            return
+        self._refused_read_at = time.monotonic()
+        unread, self._refused_unread = int(self._refused_unread), None
+        if unread:
+            self._announce_refused(unread)
 
     def _init_rows_fixed(self, slots: torch.Tensor, placed: torch.Tensor, keys: torch.Tensor,
                          tags: torch.Tensor | None) -> None:

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from hashrec.table.admission import AdmissionCounter
-from hashrec.table.errors import TableError, TableFullError
+from hashrec.table.errors import TableError
 from hashrec.table.fixed_lookup import PROTECTED as _PROTECTED
 from hashrec.table.fixed_lookup import FixedSizeLookup
 from hashrec.table.initializers import initial_values
@@ -39,7 +39,7 @@ from hashrec.table.ops.export import occupied_slots
 from hashrec.table.ops.find import find_slots
 from hashrec.table.ops.insert import insert_keys
 from hashrec.table.ops.rehash import rehash
-from hashrec.table.options import CheckMode, InitializerArgs, ScoreStrategy, TableOptions
+from hashrec.table.options import InitializerArgs, ScoreStrategy, TableOptions
 from hashrec.table.storage import TableStorage
 from hashrec.table.tiers import index_row_dim, make_row_store
 from hashrec.table.unique import unique_pairs
@@ -71,20 +71,12 @@ def _initial_buckets(options: TableOptions) -> tuple[int, int]:
     return max_buckets >> shift, max_buckets
 
 
-# Seconds between two "inserts refused" warnings of one table (refusals in between
-# are summed into the next warning).
-REFUSED_WARNING_INTERVAL_S = 60.0
-
-
 class HashTable(FixedSizeLookup):
     """Dynamic embedding table (see the module docstring for scores and growth).
 
     Args:
         options: TableOptions of this table.
     """
-
-    _refused_pending = 0  # refused inserts not yet reported by a warning
-    _refused_warned_at = -math.inf
 
     def __init__(self, options: TableOptions) -> None:
         if not isinstance(options, TableOptions):
@@ -275,22 +267,7 @@ class HashTable(FixedSizeLookup):
         if refused == 0:
             return
         self._stats["refused"] += refused
-        mode = self.options.check_mode
-        if mode is CheckMode.WARNING:  # at most one warning a minute, with the running count
-            self._refused_pending += refused
-            if time.monotonic() - self._refused_warned_at < REFUSED_WARNING_INTERVAL_S:
-                return
-            refused, self._refused_pending = self._refused_pending, 0
-            self._refused_warned_at = time.monotonic()
-        message = (f"table {self.options.name!r}: {refused} inserts refused (their buckets are "
-                   f"full at max_capacity={self.options.max_capacity} and hold no entry from "
-                   f"before this call with a lower score, "
-                   f"score_strategy={self.options.score_strategy.value}); refused keys read as "
-                   f"the initializer value. Raise max_capacity or bucket_capacity.")
-        if mode is CheckMode.ERROR:
-            raise TableFullError(message)
-        if mode is CheckMode.WARNING:
-            logger.warning(message)
+        self._announce_refused(refused)
 
     # ------------------------------------------------------------ core write
     def _upsert(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,

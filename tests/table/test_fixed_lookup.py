@@ -162,7 +162,8 @@ def _syncs(options: TableOptions, train: bool, at_max: bool = True) -> collectio
         return mode.counts
 
 
-@pytest.mark.parametrize("check_mode,want", [("IGNORE", 0), ("WARNING", 1)])
+# WARNING reads the refused count at most once a minute (here: on an earlier lookup).
+@pytest.mark.parametrize("check_mode,want", [("IGNORE", 0), ("WARNING", 0)])
 def test_lookup_at_max_capacity_reads_at_most_the_refused_count(check_mode, want):
     counts = _syncs(_options("STEP", True, True, check_mode), train=True)
     assert sum(counts.values()) == want, dict(counts)
@@ -208,3 +209,26 @@ def test_gather_or_reads_fallback_at_negative_index():
     src = torch.arange(10).view(5, 2)
     got = gather_or(src, torch.tensor([3, -1, 0]), 7)
     assert got.tolist() == [[6, 7], [7, 7], [0, 1]]
+
+
+def test_warning_mode_reads_and_reports_refusals_once_a_minute(caplog, monkeypatch):
+    import logging
+    import time
+
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    options = _options("NO_EVICTION", False, True, check_mode="WARNING")
+    with _backend(True), caplog.at_level(logging.WARNING):
+        table = HashTable(options)
+        batches = list(_batches(False, steps=6))
+        for i, (keys, _, counts, _) in enumerate(batches):
+            table.advance_step()
+            table.lookup(keys, train=True, counts=counts)
+            clock[0] += 1.0 if i < 4 else 61.0
+    refused = table.stats()["refused"]
+    reported = [int(r.getMessage().split(": ")[1].split()[0]) for r in caplog.records
+                if "inserts refused" in r.getMessage()]
+    assert refused > 0 and 1 <= len(reported) <= 2
+    # Every refusal is in stats and in a warning, or still waiting to be read.
+    unread = table._refused_unread
+    assert sum(reported) + (0 if unread is None else int(unread)) == refused
