@@ -40,13 +40,24 @@ class DenseGroup:
                                  f"optimizer, dtype or device differ from {first.name!r}'s")
         self.name, self.members = name, members
         self.dim, self.optimizer = first.dim, first.optimizer
-        self.rows = torch.cat([t.rows for t in members])
+        self._link()
+
+    def _link(self) -> None:
+        """Copies the members' rows into one matrix and makes each member's rows a view."""
+        self.rows = torch.cat([t.rows for t in self.members])
         bases, start = [], 0
-        for t in members:
+        for t in self.members:
             t.rows = self.rows[start:start + t.num_rows]
             bases.append(start)
             start += t.num_rows
         self.bases = torch.tensor(bases, dtype=torch.int64, device=self.rows.device)
+        self._views = [t.rows for t in self.members]
+
+    def _relink_if_replaced(self) -> None:
+        """A member whose ``rows`` tensor was replaced (``load_state_dict(assign=True)``,
+        ``.to()`` to another dtype) is joined again, so updates keep reaching it."""
+        if any(t.rows is not view for t, view in zip(self.members, self._views)):
+            self._link()
 
     @property
     def step(self) -> int:
@@ -59,12 +70,14 @@ class DenseGroup:
         ``slots`` are rows of the group's matrix. ``train`` and ``counts`` are
         accepted for symmetry with ``HashTable.lookup``.
         """
+        self._relink_if_replaced()
         slots = keys if tags is None else keys + self.bases.index_select(0, tags)
         return DenseLookup(slots, self.rows.index_select(0, slots)[:, :self.dim].float())
 
     def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor,
                         lr: float | None = None) -> None:
         """In-place optimizer update of group rows ``slots`` (u,) unique with grads (u, dim)."""
+        self._relink_if_replaced()
         update_dense_rows(self.rows, slots, grads, self.optimizer, lr, self.step)
 
 

@@ -84,3 +84,15 @@ def test_bad_id_in_a_grouped_table_names_it():
         collection(_kjt({"f0": [[4]], "f1": [[5]], "f2": [[7]]}))
     for name, rows in before.items():
         assert torch.equal(collection.dense_tables[name].rows, rows)
+
+
+def test_a_replaced_member_is_joined_again():
+    collection = _collection(SparseSGD(lr=0.1))
+    state = {k: v.clone() for k, v in collection.state_dict().items()}
+    state["dense_tables.t1.rows"].fill_(2.0)
+    collection.load_state_dict(state, assign=True)  # new tensors, not views any more
+    out = collection(_kjt({"f0": [[0]], "f1": [[2]], "f2": [[0]]}))
+    assert (out.pooled["f1"] == 2.0).all()
+    out.pooled["f1"].sum().backward()
+    rows = collection.dense_tables["t1"].rows
+    assert rows[2, 0] < 2.0 and rows[3, 0] == 2.0  # the update reached the member
