@@ -109,7 +109,7 @@ def _jagged_layout(kjt: KeyedJaggedTensor) -> tuple[list[int], list[int]]:
     # The KeyedJaggedTensor computes and caches its host layout on first use
     # (pin_memory and to() carry it along); computing it here keeps that work
     # in the worker.
-    return kjt._host_layout()
+    return kjt.host_layout()
 
 
 def _view(buffer: torch.Tensor, spec: TensorSpec | None) -> torch.Tensor | None:
@@ -122,7 +122,7 @@ def unpack(buffer: torch.Tensor, layout: BatchLayout, reserved: dict | None = No
     """The Batch whose tensors are views of ``buffer`` (a uint8 payload laid out as ``layout``)."""
     values, lengths, weights = (_view(buffer, s) for s in layout.sparse)
     kjt = KeyedJaggedTensor(list(layout.keys), values, lengths, weights, validate=False)
-    kjt._layout = layout.jagged_layout  # the sender's, from the same tensors
+    kjt.set_host_layout(layout.jagged_layout)  # the sender's, from the same tensors
     group = lambda pairs: {name: _view(buffer, spec) for name, spec in pairs}  # noqa: E731
     return Batch(kjt, group(layout.dense), group(layout.sequence_dense), group(layout.labels),
                  layout.batch_size, reserved or {})

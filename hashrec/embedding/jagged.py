@@ -216,6 +216,21 @@ class KeyedJaggedTensor:
                 self._layout = (host[:n + 1], host[n + 1:])
         return self._layout
 
+    def host_layout(self) -> tuple[list[int], list[int]]:
+        """(boundaries of each key's values (F + 1,), longest bag per key (F,)) as ints
+        (one device read on a GPU unless carried from the CPU)."""
+        return self._host_layout()
+
+    def set_host_layout(self, layout: tuple[list[int], list[int]]) -> None:
+        """Adopts a host layout computed elsewhere for the same tensors (a loader worker):
+        ``(bounds (F + 1,), longest (F,))``. Raises ValueError on the wrong sizes."""
+        bounds, longest = layout
+        n = len(self._keys)
+        if len(bounds) != n + 1 or len(longest) != n:
+            raise ValueError(f"host layout for {n} keys needs {n + 1} bounds and {n} longest "
+                             f"bags, got {len(bounds)} and {len(longest)}")
+        self._layout = (list(bounds), list(longest))
+
     def _with_layout(self, other: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """``other`` (same layout elsewhere) with this KJT's host layout, computed on CPU."""
         if self._layout is None and self._values.device.type == "cpu":

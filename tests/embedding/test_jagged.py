@@ -131,3 +131,14 @@ def test_empty_batch_layout():
                                          torch.zeros(0, dtype=torch.int64))
     assert kjt.length_per_key() == [0]
     assert kjt["a"].values.numel() == 0
+
+
+def test_host_layout_can_be_carried_to_an_equal_kjt():
+    kjt = KeyedJaggedTensor.from_lengths(["a", "b"], torch.arange(6), torch.tensor([1, 2, 0, 3]))
+    layout = kjt.host_layout()
+    assert layout == ([0, 3, 6], [2, 3])
+    other = KeyedJaggedTensor(["a", "b"], kjt.values(), kjt.lengths())
+    other.set_host_layout(layout)
+    assert other["b"].values.tolist() == [3, 4, 5] and other.length_per_key() == [3, 3]
+    with pytest.raises(ValueError, match="needs 3 bounds and 2 longest"):
+        other.set_host_layout(([0, 6], [3]))
