@@ -44,7 +44,7 @@ from hashrec.embedding.output import EmbeddingOutput
 from hashrec.embedding.plan import plan_storages
 from hashrec.embedding.sharded import Request, ShardedLookups
 from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
-from hashrec.embedding.stats import collection_stats
+from hashrec.embedding.stats import collection_stats, record_lookups
 from hashrec.embedding.zch import ZchRemapper
 from hashrec.table import HashTable
 from hashrec.table.optim import OPTIMIZER_SPECS, OptimizerSpec
@@ -181,7 +181,7 @@ class EmbeddingCollection(nn.Module):
                       for s, b in zip(storages, batches)]
         out = EmbeddingOutput()
         for storage, fs, batch, (rows, slots) in zip(storages, ids, batches, looked):
-            self._count(storage, batch.unique_per_table, fs, slots)
+            self._count(storage, batch, fs, slots)
             for f, value in zip(batch.features, emit_storage(rows, batch)):
                 if f.spec.is_sequence:
                     out.sequences[f.spec.name] = (value, f.lengths)
@@ -272,14 +272,14 @@ class EmbeddingCollection(nn.Module):
                     f"feature {f.spec.name!r}: ids {bad} are outside [0, {num_rows}) of "
                     f"table {table!r}; check num_buckets / hash_bucket_size")
 
-    def _count(self, storage: Storage, unique_per_table: list[int],
-               ids: list[list[FeatureIds]], slots: torch.Tensor) -> None:
-        start = 0
-        for counters, unique, features in zip(storage.counters, unique_per_table, ids):
-            if features:
-                counters.record(sum(f.values.numel() for f in features),
-                                slots[start:start + unique])
-            start += unique
+    @staticmethod
+    def _count(storage: Storage, batch: StorageBatch, ids: list[list[FeatureIds]],
+               slots: torch.Tensor) -> None:
+        if not any(ids):
+            return
+        record_lookups([c if features else None for c, features in zip(storage.counters, ids)],
+                       [sum(f.values.numel() for f in features) for features in ids],
+                       batch.unique_per_table, slots, batch.tags)
 
     # -- learning rate, tables, statistics ---------------------------------------------
     def set_learning_rate(self, lr: float) -> None:

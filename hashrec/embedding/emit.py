@@ -12,10 +12,11 @@ on thread timing.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from hashrec.embedding.batching import FeatureIds, StorageBatch
-from hashrec.embedding.ops.fused.dedup import bag_of_positions
 from hashrec.embedding.ops.pooling import pool_forward, reduce_positions
 from hashrec.embedding.ops.sequence import gather_padded
 
@@ -26,12 +27,56 @@ def _forward_one(rows: torch.Tensor, f: FeatureIds) -> torch.Tensor:
     return pool_forward(rows, f.inverse, f.offsets, f.weights, f.spec.pooling == "mean")
 
 
-def _position_weights(f: FeatureIds, bags: torch.Tensor) -> torch.Tensor:
-    """Per-id factor of a bag feature's gradient: its weight, over the bag length for mean."""
-    w = f.weights.float() if f.weights is not None else \
-        torch.ones(bags.numel(), dtype=torch.float32, device=bags.device)
-    if f.spec.pooling == "mean" and not f.spec.is_sequence:
-        w = w / f.lengths.index_select(0, bags).clamp(min=1).float()
+@functools.lru_cache(maxsize=16)
+def _bag_rows(shapes: tuple[tuple[int, int], ...], device: torch.device
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per bag of the concatenated features: its first gradient row and whether its ids
+    are positions of a sequence. ``shapes`` holds (bags, rows per bag) per feature:
+    (B, 1) for a pooled feature, (B, max_length) for a sequence."""
+    first, sequence, base = [], [], 0
+    for bags, per_bag in shapes:
+        first.append(torch.arange(bags, dtype=torch.int64) * per_bag + base)
+        sequence.append(torch.full((bags,), int(per_bag > 1), dtype=torch.int64))
+        base += bags * per_bag
+    return torch.cat(first).to(device), torch.cat(sequence).to(device)
+
+
+def _gradient_rows(features: list[FeatureIds], device: torch.device
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For every id of the concatenated features: its row in the concatenated output
+    gradients, and per bag its index (ids -> bags) and length."""
+    shapes = tuple((f.lengths.numel(), f.spec.max_length if f.spec.is_sequence else 1)
+                   for f in features)
+    first, sequence = _bag_rows(shapes, device)
+    lengths = torch.cat([f.lengths for f in features]) if len(features) > 1 \
+        else features[0].lengths
+    n = sum(f.values.numel() for f in features)
+    bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths,
+                                   output_size=n)
+    starts = torch.cumsum(lengths, 0) - lengths
+    col = torch.arange(n, device=device) - starts.index_select(0, bags)
+    rows = first.index_select(0, bags) + col * sequence.index_select(0, bags)
+    return rows, bags, lengths
+
+
+def _position_weights(features: list[FeatureIds], bags: torch.Tensor,
+                      lengths: torch.Tensor) -> torch.Tensor:
+    """Per id, the factor of its gradient: its weight, over its bag's length for mean."""
+    w = torch.ones(bags.numel(), dtype=torch.float32, device=bags.device)
+    divisor, start, first_bag = [], 0, 0
+    for f in features:
+        n, b = f.values.numel(), f.lengths.numel()
+        if f.weights is not None and not f.spec.is_sequence:
+            w[start:start + n] = f.weights.float()
+        mean = f.spec.pooling == "mean" and not f.spec.is_sequence
+        divisor.append((first_bag, first_bag + b) if mean else None)
+        start, first_bag = start + n, first_bag + b
+    if any(d is not None for d in divisor):
+        scale = torch.ones(lengths.numel(), dtype=torch.float32, device=bags.device)
+        for span in divisor:
+            if span is not None:
+                scale[span[0]:span[1]] = lengths[span[0]:span[1]].clamp(min=1).float()
+        w = w / scale.index_select(0, bags)
     return w
 
 
@@ -42,26 +87,13 @@ def _weighted(f: FeatureIds) -> bool:
 def reduce_feature_grads(grads: tuple[torch.Tensor, ...], batch: StorageBatch,
                          num_rows: int) -> torch.Tensor:
     """Gradient per unique row (U, D) float32 from every feature's output gradient."""
-    flat, gidx, weights, base = [], [], [], 0
-    any_weights = any(_weighted(f) for f in batch.features)
-    for f, grad in zip(batch.features, grads):
-        n = f.values.numel()
-        bags = bag_of_positions(f.offsets, n)
-        if f.spec.is_sequence:
-            length = f.spec.max_length
-            col = torch.arange(n, device=bags.device) - f.offsets[:-1].index_select(0, bags)
-            gidx.append(bags * length + col + base)
-            grad = grad.reshape(-1, grad.shape[-1])
-        else:
-            gidx.append(bags + base)
-        if any_weights:
-            weights.append(_position_weights(f, bags))
-        flat.append(grad)
-        base += grad.shape[0]
-    return reduce_positions(
-        torch.cat(flat) if len(flat) > 1 else flat[0],
-        torch.cat(gidx) if len(gidx) > 1 else gidx[0], batch.inverse, batch.order,
-        batch.row_start, torch.cat(weights) if any_weights else None)
+    features = batch.features
+    flat = [g.reshape(-1, g.shape[-1]) for g in grads]
+    rows, bags, lengths = _gradient_rows(features, batch.inverse.device)
+    weights = _position_weights(features, bags, lengths) \
+        if any(_weighted(f) for f in features) else None
+    return reduce_positions(torch.cat(flat) if len(flat) > 1 else flat[0], rows,
+                            batch.inverse, batch.order, batch.row_start, weights)
 
 
 class _EmitStorage(torch.autograd.Function):

@@ -25,15 +25,37 @@ class TableCounters:
 
     def record(self, ids: int, slots: torch.Tensor) -> None:
         """Adds one lookup of ``ids`` ids whose unique keys got ``slots`` (-1 = not stored)."""
-        self.lookups += 1
-        self.ids += ids
-        self.unique_ids += slots.numel()
-        stored = (slots >= 0).sum()
-        self._stored = stored if self._stored is None else self._stored + stored
+        record_lookups([self], [ids], [slots.numel()], slots, None)
 
     @property
     def stored(self) -> int:
         return 0 if self._stored is None else int(self._stored)
+
+
+def record_lookups(counters: list[TableCounters], ids: list[int], unique: list[int],
+                   slots: torch.Tensor, tags: torch.Tensor | None) -> None:
+    """Adds one lookup of a storage to its tables' counters, in a few device ops in all.
+
+    Args:
+        counters: the counters of the tables read (by tag; None for an unread one).
+        ids, unique: per table, ids and unique ids looked up (host ints).
+        slots: (U,) slots of the unique keys, table by table (-1 = not stored).
+        tags: (U,) int32 table of each unique key, or None with one table.
+    """
+    read = [i for i, c in enumerate(counters) if c is not None]
+    for i in read:
+        c = counters[i]
+        c.lookups, c.ids, c.unique_ids = c.lookups + 1, c.ids + ids[i], c.unique_ids + unique[i]
+        if c._stored is None:
+            c._stored = torch.zeros((), dtype=torch.int64, device=slots.device)
+    stored = slots >= 0
+    if tags is None or len(counters) == 1:
+        counters[read[0]]._stored.add_(stored.sum())
+        return
+    per_table = torch.zeros(len(counters), dtype=torch.int64, device=slots.device)
+    per_table.index_add_(0, tags.to(torch.int64), stored.to(torch.int64))
+    sums = per_table.unbind()
+    torch._foreach_add_([counters[i]._stored for i in read], [sums[i] for i in read])
 
 
 def _per_tag_sizes(storage) -> list[int]:
