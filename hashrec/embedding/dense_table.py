@@ -93,10 +93,10 @@ class DenseTable(nn.Module):
 
     def advance_step(self) -> None:
         """Advances the step clock by one (the collection calls it once per training forward)."""
-        self._step += 1
-        self.step_count.fill_(self._step)
+        self._step += 1  # step_count (the buffer checkpoints carry) follows when saved
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        self.step_count.fill_(self._step)
         super()._save_to_state_dict(destination, prefix, keep_vars)
         rows = self.rows
         if not keep_vars and rows.untyped_storage().nbytes() != rows.numel() * rows.element_size():

@@ -33,4 +33,4 @@ def test_apply_gradients_updates_only_given_rows():
     assert table.rows.tolist() == [[1.0, 1.0], [1.0, 1.0], [0.0, 2.0], [1.0, 1.0]]
     table.apply_gradients(torch.tensor([1]), torch.tensor([[1.0, 1.0]]), lr=0.0)
     assert table.rows[1].tolist() == [1.0, 1.0]
-    assert table.step == 1 and int(table.step_count) == 1
+    assert table.step == 1 and int(table.state_dict()["step_count"]) == 1
