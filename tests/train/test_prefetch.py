@@ -77,3 +77,29 @@ def test_an_unused_epoch_is_replaced_when_the_loop_jumps():
     inputs = EpochInputs(loaders, ahead=True)
     list(inputs.epoch(0, more=True))
     assert list(inputs.epoch(5, more=False))[0] == (5, 0)  # not epoch 1's loader
+
+
+def test_epoch_ahead_with_real_loader_workers(tmp_path):
+    import os
+
+    from hashrec.config import load_pipeline_config
+    from hashrec.data import create_dataloader
+    from hashrec.features import build_feature_set
+    from hashrec.tools.gen_taobao_data import generate
+
+    generate(str(tmp_path), num_rows=1500, num_files=2, seed=0, scale=0.01, quiet=True)
+    examples = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+    pipeline = load_pipeline_config(os.path.join(examples, "multi_tower_din_taobao.config"))
+    features = build_feature_set(pipeline)
+
+    def make(epoch):
+        return create_dataloader(pipeline.data_config, features, str(tmp_path), "train",
+                                 batch_size=512, num_workers=2, seed=epoch)
+
+    got = {}
+    for ahead in (True, False):
+        inputs = EpochInputs(make, ahead=ahead)
+        got[ahead] = [b.sparse["user_id"].values.tolist()
+                      for e in range(2) for b in inputs.epoch(e, more=e < 1)]
+        inputs.close()
+    assert got[True] == got[False] and sum(len(v) for v in got[True]) == 3000
