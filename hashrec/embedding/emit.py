@@ -84,8 +84,8 @@ def _weighted(f: FeatureIds) -> bool:
     return not f.spec.is_sequence and (f.weights is not None or f.spec.pooling == "mean")
 
 
-def reduce_feature_grads(grads: tuple[torch.Tensor, ...], batch: StorageBatch,
-                         num_rows: int) -> torch.Tensor:
+def reduce_feature_grads(grads: tuple[torch.Tensor, ...], batch: StorageBatch
+                         ) -> torch.Tensor:
     """Gradient per unique row (U, D) float32 from every feature's output gradient."""
     features = batch.features
     flat = [g.reshape(-1, g.shape[-1]) for g in grads]
@@ -99,12 +99,12 @@ def reduce_feature_grads(grads: tuple[torch.Tensor, ...], batch: StorageBatch,
 class _EmitStorage(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, batch):  # noqa: D102
-        ctx.batch, ctx.num_rows = batch, rows.shape[0]
+        ctx.batch = batch
         return tuple(_forward_one(rows, f) for f in batch.features)
 
     @staticmethod
     def backward(ctx, *grads):  # noqa: D102
-        return reduce_feature_grads(grads, ctx.batch, ctx.num_rows), None
+        return reduce_feature_grads(grads, ctx.batch), None
 
 
 def emit_storage(rows: torch.Tensor, batch: StorageBatch) -> list[torch.Tensor]:
