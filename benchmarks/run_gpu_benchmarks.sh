@@ -7,7 +7,8 @@
 # Steps: the GPU tests of the table and embedding kernels; generated data; both
 # example configs on 1 GPU, then on 2 GPUs (steady state: the table growth and
 # admission warm-up of the first WARMUP steps is left out); the host syncs per
-# step; the embedding-layer benchmark; the input pipeline.
+# step; the embedding-layer benchmark; the input pipeline. On a fresh host the first
+# training run also compiles the Triton kernels (about two minutes; cached after).
 set -u
 out=${1:?usage: run_gpu_benchmarks.sh OUT_DIR}
 mkdir -p "$out"
@@ -26,10 +27,10 @@ step() {  # step NAME SECONDS COMMAND...
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } > "$out/env.txt" 2>&1
 {
-  step gpu_tests 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/table tests/embedding
+  step gpu_tests 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/table tests/embedding
   step gen_data 80 python3 -m hashrec.tools.gen_taobao_data --output_dir "$data" \
       --num_rows 1000000 --num_files 16 --quiet
-  CUDA_VISIBLE_DEVICES=0 step train_1gpu 150 python3 benchmarks/bench_train.py \
+  CUDA_VISIBLE_DEVICES=0 step train_1gpu 240 python3 benchmarks/bench_train.py \
       --data_dir "$data" --num_rows 1000000 --num_steps "$steps" --warmup_steps "$warmup" \
       --out_dir "$out"
   step train_2gpu 170 python3 benchmarks/bench_train.py --nproc 2 --data_dir "$data" \
