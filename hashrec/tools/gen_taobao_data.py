@@ -14,7 +14,8 @@ Columns (exactly those of the Taobao example config): user_id, cms_segid,
 cms_group_id, final_gender_code, age_level, pvalue_level, shopping_level,
 occupation, new_user_class_level, adgroup_id, cate_id, campaign_id, customer,
 brand (int64), price (float64), pid (string), click_50_seq__adgroup_id,
-click_50_seq__cate_id, click_50_seq__brand (strings of IDs joined by ``|``,
+click_50_seq__cate_id, click_50_seq__brand (strings of IDs joined by ``|``, or
+list<int64> with ``--sequence_format list``,
 most recent click first, at most 50, empty string when the user has no
 clicks yet) and clk (int64 0/1). Rows are in time order. See
 :mod:`hashrec.tools.taobao_world` for the ID spaces and the click model.
@@ -65,18 +66,23 @@ class _Progress:
             print(f"[gen_taobao_data {elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
-def _joined(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
-    """Rows of int IDs -> strings joined by '|' ('' for an empty row)."""
+SEQUENCE_FORMATS = ("string", "list")
+
+
+def _sequence_column(offsets: np.ndarray, values: np.ndarray, fmt: str) -> pa.Array:
+    """Rows of int IDs -> strings joined by '|' ('' for an empty row), or list<int64>."""
     list_type = pa.list_ if offsets[-1] < 2**31 - 1 else pa.large_list
     offset_type = pa.int32() if list_type is pa.list_ else pa.int64()
     lists = pa.ListArray.from_arrays if list_type is pa.list_ else pa.LargeListArray.from_arrays
     arr = lists(pa.array(offsets, type=offset_type), pa.array(values, type=pa.int64()))
+    if fmt == "list":
+        return arr
     return pc.binary_join(arr.cast(list_type(pa.string())), "|")
 
 
 def impressions_table(users: Users, catalog: Catalog, imp: Impressions,
-                      lo: int, hi: int) -> pa.Table:
-    """The parquet table of impressions [lo, hi)."""
+                      lo: int, hi: int, sequence_format: str = "string") -> pa.Table:
+    """The parquet table of impressions [lo, hi) (sequences as ``sequence_format``)."""
     user, rank = imp.user[lo:hi], imp.rank[lo:hi]
     cols: dict[str, pa.Array] = {"user_id": pa.array(user, pa.int64())}
     for name in USER_COLUMNS:
@@ -90,13 +96,15 @@ def impressions_table(users: Users, catalog: Catalog, imp: Impressions,
     seq = imp.seq_rank[offsets[0]:offsets[-1]]
     offsets = offsets - offsets[0]
     for name in SEQUENCE_FIELDS:
-        cols[f"click_50_seq__{name}"] = _joined(offsets, getattr(catalog, name)[seq])
+        cols[f"click_50_seq__{name}"] = _sequence_column(offsets, getattr(catalog, name)[seq],
+                                                         sequence_format)
     cols["clk"] = pa.array(imp.clk[lo:hi], pa.int64())
     return pa.table([cols[c] for c in COLUMNS], names=list(COLUMNS))
 
 
 def write_split(out_dir: str, users: Users, catalog: Catalog, imp: Impressions,
-                lo: int, hi: int, num_files: int, row_group_size: int, log) -> list[str]:
+                lo: int, hi: int, num_files: int, row_group_size: int, log,
+                sequence_format: str = "string") -> list[str]:
     """Write impressions [lo, hi) as ``num_files`` parquet files; return their paths."""
     os.makedirs(out_dir, exist_ok=True)
     stale = sorted(glob.glob(os.path.join(out_dir, "part-*.parquet")))
@@ -108,7 +116,8 @@ def write_split(out_dir: str, users: Users, catalog: Catalog, imp: Impressions,
     paths = []
     for i in range(num_files):
         path = os.path.join(out_dir, f"part-{i:05d}.parquet")
-        table = impressions_table(users, catalog, imp, int(bounds[i]), int(bounds[i + 1]))
+        table = impressions_table(users, catalog, imp, int(bounds[i]), int(bounds[i + 1]),
+                                  sequence_format)
         pq.write_table(table, path, row_group_size=row_group_size)
         paths.append(path)
         log(f"wrote {path} ({table.num_rows} rows)")
@@ -117,8 +126,15 @@ def write_split(out_dir: str, users: Users, catalog: Catalog, imp: Impressions,
 
 def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
              scale: float = 1.0, eval_rows: int = 0, row_group_size: int = 65536,
-             quiet: bool = False) -> dict[str, list[str]]:
-    """Generate the data set; return {"train"|"eval"|"data": [paths]}."""
+             quiet: bool = False, sequence_format: str = "string") -> dict[str, list[str]]:
+    """Generate the data set; return {"train"|"eval"|"data": [paths]}.
+
+    ``sequence_format``: ``string`` (IDs joined by ``|``, as in the Taobao data) or
+    ``list`` (parquet list<int64>, which the reader parses in about half the CPU time).
+    """
+    if sequence_format not in SEQUENCE_FORMATS:
+        raise ValueError(f"sequence_format={sequence_format!r}; allowed: "
+                         f"{', '.join(SEQUENCE_FORMATS)}")
     log = _Progress(quiet)
     world_seed, rows_seed = np.random.SeedSequence(seed).spawn(2)
     world_rng = np.random.default_rng(world_seed)
@@ -132,13 +148,14 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
         f"mean history length {imp.seq_offsets[-1] / max(imp.clk.size, 1):.1f}")
     if not eval_rows:
         return {"data": write_split(output_dir, users, catalog, imp, 0, num_rows, num_files,
-                                    row_group_size, log)}
+                                    row_group_size, log, sequence_format)}
     eval_files = max(1, min(num_files, round(num_files * eval_rows / num_rows)))
     return {
         "train": write_split(os.path.join(output_dir, "train"), users, catalog, imp, 0,
-                             num_rows, num_files, row_group_size, log),
+                             num_rows, num_files, row_group_size, log, sequence_format),
         "eval": write_split(os.path.join(output_dir, "eval"), users, catalog, imp, num_rows,
-                            num_rows + eval_rows, eval_files, row_group_size, log),
+                            num_rows + eval_rows, eval_files, row_group_size, log,
+                            sequence_format),
     }
 
 
@@ -166,6 +183,10 @@ def _parser() -> argparse.ArgumentParser:
                         "training rows to OUTPUT_DIR/train)")
     p.add_argument("--row_group_size", type=_positive(int), default=65536,
                    help="parquet row group size (default 65536)")
+    p.add_argument("--sequence_format", choices=SEQUENCE_FORMATS, default="string",
+                   help="behaviour sequences as IDs joined by '|' (string, default, as in "
+                        "the Taobao data) or as parquet list<int64> (list: parsed in about "
+                        "half the CPU time)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     return p
 
@@ -175,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.eval_rows < 0:
         _parser().error(f"--eval_rows must be >= 0, got {args.eval_rows}")
     generate(args.output_dir, args.num_rows, args.num_files, args.seed, args.scale,
-             args.eval_rows, args.row_group_size, args.quiet)
+             args.eval_rows, args.row_group_size, args.quiet, args.sequence_format)
     return 0
 
 

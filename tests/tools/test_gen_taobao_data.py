@@ -158,3 +158,28 @@ def test_command_line_writes_files_and_replaces_old_parts(tmp_path, capsys):
 def test_command_line_rejects_bad_arguments(tmp_path, args):
     with pytest.raises(SystemExit):
         main(["--output_dir", str(tmp_path), *args])
+
+
+def test_list_sequences_give_the_same_batches_as_joined_strings(tmp_path):
+    import os
+
+    from hashrec.config import load_pipeline_config
+    from hashrec.data import create_dataloader
+    from hashrec.features import build_feature_set
+
+    examples = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+    pipeline = load_pipeline_config(os.path.join(examples, "multi_tower_din_taobao.config"))
+    features = build_feature_set(pipeline)
+    batches = {}
+    for fmt in ("string", "list"):
+        generate(str(tmp_path / fmt), num_rows=700, seed=3, scale=0.01, quiet=True,
+                 sequence_format=fmt)
+        schema = pq.read_schema(next((tmp_path / fmt).glob("*.parquet")))
+        assert pa.types.is_list(schema.field("click_50_seq__brand").type) == (fmt == "list")
+        loader = create_dataloader(pipeline.data_config, features, str(tmp_path / fmt),
+                                   "train", batch_size=256, num_workers=0)
+        batches[fmt] = [(b.sparse.values().tolist(), b.sparse.lengths().tolist())
+                        for b in loader]
+    assert batches["list"] == batches["string"]
+    with pytest.raises(ValueError, match="sequence_format='csv'"):
+        generate(str(tmp_path / "bad"), num_rows=10, quiet=True, sequence_format="csv")
