@@ -129,14 +129,16 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool) -> _Sort
     sorted_ids, order = torch.sort(ids, stable=True)
     ends = torch.cat([sorted_ids[:1], sorted_ids[-1:]])
     sorted_tags = None
-    new = torch.ones(n, dtype=torch.bool, device=device)
-    torch.ne(sorted_ids[1:], sorted_ids[:-1], out=new[1:])
     if len(used) > 1:
         tag_of = torch.cat([torch.full((f.values.numel(),), tag, dtype=torch.int32, device=device)
                             for tag, fs in enumerate(features_by_tag) for f in fs])
         sorted_tags, by_tag = torch.sort(tag_of[order], stable=True)
         order, sorted_ids = order[by_tag], sorted_ids[by_tag]
-        new[1:] = (sorted_ids[1:] != sorted_ids[:-1]) | (sorted_tags[1:] != sorted_tags[:-1])
+    # A position starts a new unique key where its (tag, key) differs from the previous one.
+    new = torch.ones(n, dtype=torch.bool, device=device)
+    torch.ne(sorted_ids[1:], sorted_ids[:-1], out=new[1:])
+    if sorted_tags is not None:
+        new[1:] |= sorted_tags[1:] != sorted_tags[:-1]
     group = torch.cumsum(new, 0) - 1
     total = group[-1:] + 1
     if sorted_tags is None:

@@ -2,7 +2,7 @@
 
 ``lookup_rows`` returns the unique rows (U, dim) of a storage as the output of
 an autograd Function. Pooling and padding index these rows; their backward
-reduces gradients per unique row (``index_add`` over the inverse index), so this
+(``hashrec.embedding.emit``) reduces gradients per unique row, so this
 Function's backward receives exactly one gradient row per unique key and applies
 the sparse optimizer in place: ``apply_gradients`` on the rows that are stored
 (slot >= 0; keys awaiting admission, refused or missing in eval get no update).

@@ -43,6 +43,6 @@ def gather_or(src: torch.Tensor, index: torch.Tensor, fallback: torch.Tensor | i
     taken = src.index_select(0, index.clamp(min=0))
     if taken.dim() > 1:
         found = found.view(-1, *([1] * (taken.dim() - 1)))
-    if not isinstance(fallback, torch.Tensor):
-        fallback = torch.tensor(fallback, dtype=src.dtype, device=src.device)
+    # A Python scalar goes to torch.where as is: a tensor made from it on the device
+    # would be a host-to-device copy (and a host sync) per call.
     return torch.where(found, taken, fallback)

@@ -73,8 +73,8 @@ class _MeanOf:
 
     def update(self, probs: torch.Tensor, labels: torch.Tensor) -> None:
         v = self.values(probs.detach().float().reshape(-1), labels.detach().float().reshape(-1))
-        self.total += torch.stack([v.double().sum(), torch.tensor(
-            float(v.numel()), dtype=torch.float64, device=v.device)]).to(self.total.device)
+        count = torch.full((), float(v.numel()), dtype=torch.float64, device=v.device)
+        self.total += torch.stack([v.double().sum(), count]).to(self.total.device)
 
     def sync(self) -> None:
         _all_reduce([self.total])
