@@ -2,7 +2,8 @@
 
 Builds the example config's session (``hashrec.train.session.build_session``),
 reads batches with the real data loader and runs ``TrainLoop.train_step`` under
-``torch.profiler`` for ``--steps`` steps after ``--warmup`` steps. Prints and writes
+``torch.profiler`` for ``--steps`` steps after ``--warmup`` steps (and ``--steps``
+unprofiled steps, timed on their own). Prints and writes
 the operators and kernels that take the most device time (self time), as a
 markdown table with the command, date, device and versions.
 
@@ -15,12 +16,14 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
 import time
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from hashrec.config import apply_edit_config_json, load_pipeline_config
@@ -45,12 +48,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=30, help="rows of the table")
     p.add_argument("--mixed_precision", default="BF16", choices=("BF16", "FP16", "FP32"))
     p.add_argument("--out", default=None, help="path prefix of the .md and .json results")
+    p.add_argument("--trace", action="store_true",
+                   help="also write the profiled steps' timeline as <out>.trace.json.gz")
     return p.parse_args(argv)
 
 
 def _session(args):
     edits = {"data_config.batch_size": args.batch_size, "data_config.num_workers": 8,
-             "train_config.num_steps": args.warmup + args.steps, "eval_input_path": "",
+             "train_config.num_steps": args.warmup + 2 * args.steps, "eval_input_path": "",
              "model_dir": "/tmp/hashrec_profile_model"}
     if args.mixed_precision != "FP32":
         edits["train_config.mixed_precision"] = args.mixed_precision
@@ -61,43 +66,83 @@ def _session(args):
     return session, loop
 
 
+def _endless(session, data):
+    """Batches of ``data``, pass after pass."""
+    epoch = 0
+    while True:
+        yield from session.loader(data, "train", epoch)
+        epoch += 1
+
+
 def run(args) -> dict:
     session, loop = _session(args)
-    batches = session.loader(args.data, "train")
-    it = iter(batches)
+    it = _endless(session, args.data)
     for _ in range(args.warmup):
         loop.train_step(next(it))
     cuda = session.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        loop.train_step(next(it))
+    sync()
+    plain = (time.perf_counter() - start) / args.steps
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    if cuda:
-        torch.cuda.synchronize()
     start = time.perf_counter()
     with profile(activities=activities) as prof:
         for _ in range(args.steps):
             loop.train_step(next(it))
-        if cuda:
-            torch.cuda.synchronize()
+        sync()
     wall = (time.perf_counter() - start) / args.steps
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     events = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0), reverse=True)
     rows = [{"name": e.key[:90], "calls": e.count,
              "ms_per_step": getattr(e, key, 0) / 1000.0 / args.steps} for e in events[:args.top]]
     total = sum(getattr(e, key, 0) for e in events) / 1000.0 / args.steps
-    return {"config": args.config, "batch_size": args.batch_size, "steps": args.steps,
-            "wall_ms_per_step": wall * 1000.0, "profiled_ms_per_step": total,
-            "time_kind": "device self time" if cuda else "CPU self time", "top": rows,
-            "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-            "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": "python " + " ".join(sys.argv)}
+    result = {"config": args.config, "batch_size": args.batch_size, "steps": args.steps,
+              "wall_ms_per_step_unprofiled": plain * 1000.0,
+              "wall_ms_per_step": wall * 1000.0, "profiled_ms_per_step": total,
+              "time_kind": "device self time" if cuda else "CPU self time", "top": rows,
+              "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "command": "python " + " ".join(sys.argv)}
+    if cuda:
+        result.update(_kernel_summary(prof, args.steps))
+    if args.trace and args.out:
+        prof.export_chrome_trace(args.out + ".trace.json")
+        with open(args.out + ".trace.json", "rb") as f, \
+                gzip.open(args.out + ".trace.json.gz", "wb") as g:
+            g.write(f.read())
+        os.remove(args.out + ".trace.json")
+    return result
+
+
+def _kernel_summary(prof, steps: int) -> dict:
+    """Kernel launches per step and the device's busy time per step (the union of the
+    kernels' and copies' intervals on the timeline)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA)
+    busy, end = 0.0, -1.0
+    for s, e in spans:
+        if e <= end:
+            continue
+        busy += e - max(s, end)
+        end = e
+    return {"kernels_per_step": len(spans) / steps, "device_busy_ms_per_step": busy / 1000 / steps}
 
 
 def markdown(r: dict) -> str:
     lines = [f"# Training-step profile: {r['config']} (batch {r['batch_size']})", "",
              f"{r['date']}, {r['device']}, torch {r['torch']}.", "",
              f"Command: `{r['command']}`", "",
+             f"{r['steps']} steps without the profiler: "
+             f"{r['wall_ms_per_step_unprofiled']:.2f} ms/step wall.", "",
              f"{r['steps']} profiled steps: {r['wall_ms_per_step']:.2f} ms/step wall; "
              f"{r['time_kind']} summed over operators and kernels "
-             f"{r['profiled_ms_per_step']:.2f} ms/step.", "",
+             f"{r['profiled_ms_per_step']:.2f} ms/step"
+             + (f"; {r['kernels_per_step']:.0f} device activities (kernels, copies, "
+                f"memsets) per step, device busy {r['device_busy_ms_per_step']:.2f} ms/step."
+                if "kernels_per_step" in r else "."), "",
              "| operator / kernel | calls | ms/step |", "|---|---:|---:|"]
     lines += [f"| `{row['name']}` | {row['calls']} | {row['ms_per_step']:.3f} |"
               for row in r["top"]]

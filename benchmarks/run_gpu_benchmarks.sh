@@ -7,8 +7,9 @@
 # Steps: the GPU tests of the table and embedding kernels; generated data; both
 # example configs on 1 GPU, then on 2 GPUs (steady state: the table growth and
 # admission warm-up of the first WARMUP steps is left out); the host syncs per
-# step; the embedding-layer benchmark; the input pipeline. On a fresh host the first
-# training run also compiles the Triton kernels (about two minutes; cached after).
+# step; kernel-level profiles of both configs' steps; the embedding-layer benchmark;
+# the input pipeline. On a fresh host the first training run also compiles the
+# Triton kernels (about two minutes; cached after). SKIP="name ..." leaves steps out.
 set -u
 out=${1:?usage: run_gpu_benchmarks.sh OUT_DIR}
 mkdir -p "$out"
@@ -19,6 +20,7 @@ steps=${STEPS:-400}
 warmup=${WARMUP:-150}
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
+  case " ${SKIP:-} " in *" $name "*) echo "=== $name skipped"; return;; esac
   echo "=== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
   timeout "$limit" "$@"; echo "=== $name exit $? $(date -u +%H:%M:%S)"
 }
@@ -37,6 +39,11 @@ step() {  # step NAME SECONDS COMMAND...
       --num_rows 1000000 --num_steps "$steps" --warmup_steps "$warmup" --out_dir "$out"
   CUDA_VISIBLE_DEVICES=0 step audit_syncs 60 python3 benchmarks/audit_syncs.py --data "$data" \
       --config dynamicemb --warmup 120 --out "$out/syncs_gpu_dynamicemb"
+  for config in dynamicemb num_buckets; do
+    CUDA_VISIBLE_DEVICES=0 step "profile_$config" 90 python3 benchmarks/profile_train_step.py \
+        --data "$data" --config "$config" --warmup "$warmup" --steps 10 --trace \
+        --out "$out/profile_train_gpu_$config"
+  done
   CUDA_VISIBLE_DEVICES=0 step embedding_layer 90 python3 benchmarks/bench_embedding_layer.py \
       --out "$out/embedding_layer_gpu"
   step bench_data 60 python3 benchmarks/bench_data.py --data "$data" --workers 0,8,12 \
