@@ -56,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log_every", type=int, default=50)
     p.add_argument("--num_workers", type=int, default=None,
                    help="data loader workers per rank (default: from the CPU count)")
+    p.add_argument("--sequence_format", default="list", choices=("list", "string"),
+                   help="how generated data stores the behaviour sequences (parquet "
+                        "list<int64>, or ';'-joined strings); existing data is reused as is")
     p.add_argument("--mixed_precision", default=None, choices=("BF16", "FP16", "FP32"),
                    help="default BF16 (FP32 with --smoke: BF16 is slow on CPUs)")
     p.add_argument("--configs", default="dynamicemb,num_buckets",
@@ -110,7 +113,8 @@ def ensure_data(args) -> str:
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "hashrec.tools.gen_taobao_data", "--output_dir",
                     folder, "--num_rows", str(args.num_rows), "--num_files",
-                    str(args.num_files), "--scale", "1"], check=True, cwd=ROOT)
+                    str(args.num_files), "--scale", "1", "--sequence_format",
+                    args.sequence_format], check=True, cwd=ROOT)
     with open(done, "w", encoding="utf-8") as f:
         f.write(f"{args.num_rows}\n")
     log(f"data generated in {time.perf_counter() - start:.1f}s")
@@ -119,6 +123,17 @@ def ensure_data(args) -> str:
 
 def _has_parquet(folder: str) -> bool:
     return os.path.isdir(folder) and any(n.endswith(".parquet") for n in os.listdir(folder))
+
+
+def sequence_format(folder: str) -> str:
+    """``list`` when the data's behaviour sequences are parquet lists, else ``string``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    name = sorted(n for n in os.listdir(folder) if n.endswith(".parquet"))[0]
+    schema = pq.read_schema(os.path.join(folder, name))
+    return "list" if any(pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
+                         for f in schema) else "string"
 
 
 def edits(args, nproc: int) -> dict:
@@ -256,7 +271,8 @@ def markdown(report: dict) -> str:
              f"torch {env['torch']}, triton {env['triton']}, python {env['python']}.", "",
              f"Command: `{report['command']}`", "",
              f"{report['num_rows']} training samples per config (steps = samples / global "
-             f"batch; the data loops when it holds fewer rows), Taobao-like data at scale 1, "
+             f"batch; the data loops when it holds fewer rows), Taobao-like data at scale 1 "
+             f"(behaviour sequences stored as {report.get('sequence_format', 'string')}s), "
              f"per-GPU batch "
              f"{report['batch_size']}, {report['mixed_precision']}, "
              f"{report['num_workers']} loader workers per rank, sequence length 100; "
@@ -305,7 +321,7 @@ def main(argv=None) -> int:
               "environment": environment(), "nproc": nproc, "num_rows": args.num_rows,
               "batch_size": args.batch_size, "mixed_precision": args.mixed_precision,
               "num_workers": args.num_workers, "warmup_steps": args.warmup_steps,
-              "runs": runs}
+              "sequence_format": sequence_format(data), "runs": runs}
     rates = {k: v.get("global_samples_per_second") for k, v in runs.items()}
     if rates.get("dynamicemb") and rates.get("num_buckets"):
         report["ratio_dynamicemb_over_num_buckets"] = rates["dynamicemb"] / rates["num_buckets"]

@@ -29,9 +29,10 @@ step() {  # step NAME SECONDS COMMAND...
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } > "$out/env.txt" 2>&1
 {
-  step gpu_tests 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/table tests/embedding
+  step gpu_tests 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/table tests/embedding \
+      tests/train
   step gen_data 80 python3 -m hashrec.tools.gen_taobao_data --output_dir "$data" \
-      --num_rows 1000000 --num_files 16 --quiet
+      --num_rows 1000000 --num_files 16 --sequence_format "${SEQUENCE_FORMAT:-list}" --quiet
   CUDA_VISIBLE_DEVICES=0 step train_1gpu 240 python3 benchmarks/bench_train.py \
       --data_dir "$data" --num_rows 1000000 --num_steps "$steps" --warmup_steps "$warmup" \
       --out_dir "$out"

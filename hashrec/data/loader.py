@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Sequence
 
 import torch
@@ -86,7 +87,8 @@ def build_dataset(data_config, feature_set, input_path: str, options: ReadOption
 def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank: int = 0,
                       world_size: int = 1, batch_size: int | None = None,
                       reserved_columns: Sequence[str] = (), num_epochs: int = 1,
-                      seed: int = 0, num_workers: int | None = None) -> DataLoader:
+                      seed: int = 0, num_workers: int | None = None,
+                      start_method: str | None = None) -> DataLoader:
     """An iterable of parsed :class:`Batch` objects for one rank.
 
     Args:
@@ -104,6 +106,13 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
         num_epochs: passes over the data per iteration (train only).
         seed: shuffle seed.
         num_workers: overrides ``data_config.num_workers``.
+        start_method: how worker processes start (``fork``, ``forkserver``,
+            ``spawn``); default ``forkserver`` once this process uses CUDA, else the
+            platform's default. Forking a process that holds a CUDA context and a
+            large heap blocks it for tens of milliseconds per worker, at every epoch;
+            the fork server (hashrec's data modules preloaded) starts workers without
+            stopping the training process. Scripts that build loaders then need the
+            ``if __name__ == "__main__":`` guard, as with ``spawn``.
 
     Raises:
         DataError: unreadable, empty or missing files, missing columns,
@@ -115,5 +124,24 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
     workers = data_config.num_workers if num_workers is None else num_workers
     pin = bool(getattr(data_config, "pin_memory", False)) and torch.cuda.is_available()
     dataset = build_dataset(data_config, feature_set, input_path, options, pin)
+    context = _worker_context(start_method) if workers else None
     return DataLoader(dataset, batch_size=None, num_workers=int(workers), pin_memory=pin,
-                      prefetch_factor=4 if workers else None)
+                      prefetch_factor=4 if workers else None, multiprocessing_context=context)
+
+
+_PRELOAD = ["hashrec.data.dataset", "hashrec.data.transfer", "hashrec.features"]
+
+
+def _worker_context(start_method: str | None):
+    """The multiprocessing context of loader workers (see ``create_dataloader``)."""
+    if start_method is None:
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return None
+        start_method = "forkserver"
+    if start_method not in multiprocessing.get_all_start_methods():
+        raise DataError(f"worker start method {start_method!r} is not available here; "
+                        f"allowed: {', '.join(multiprocessing.get_all_start_methods())}")
+    context = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        context.set_forkserver_preload(_PRELOAD)  # used when the server first starts
+    return context

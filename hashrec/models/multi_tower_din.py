@@ -59,12 +59,19 @@ class MultiTowerDIN(RankModel):
         if name in self.towers or name in self.din_towers:
             raise ModelError(f"multi_tower_din: feature group {name!r} feeds two towers")
 
-    def dense_forward(self, embedded, batch) -> torch.Tensor:
+    def dense_inputs(self, embedded, batch) -> tuple[torch.Tensor, ...]:
+        """Each tower's input, then each DIN tower's (query, sequence, lengths)."""
+        inputs = [deep_input(self.groups[name], embedded, batch) for name in self.towers]
+        for name in self.din_towers:
+            inputs.extend(sequence_input(self.groups[name], embedded, batch))
+        return tuple(inputs)
+
+    def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
         """Tower outputs -> final MLP -> logits (B,)."""
-        outputs = [tower(deep_input(self.groups[name], embedded, batch))
-                   for name, tower in self.towers.items()]
-        for name, attention in self.din_towers.items():
-            query, sequence, lengths = sequence_input(self.groups[name], embedded, batch)
+        count = len(self.towers)
+        outputs = [tower(x) for tower, x in zip(self.towers.values(), inputs[:count])]
+        for i, attention in enumerate(self.din_towers.values()):
+            query, sequence, lengths = inputs[count + 3 * i:count + 3 * i + 3]
             outputs.append(attention(query, sequence, lengths))
         hidden = torch.cat(outputs, dim=-1)
         if self.final is not None:

@@ -115,7 +115,22 @@ class RankModel(nn.Module):
             return self.embedding(batch.sparse)
 
     def dense_forward(self, embedded, batch) -> torch.Tensor:
+        """The dense network: embedding output -> logits (B,)."""
+        return self.dense_from_inputs(*self.dense_inputs(embedded, batch))
+
+    def dense_inputs(self, embedded, batch) -> tuple[torch.Tensor, ...]:
+        """The dense network's inputs as a flat tuple of tensors (group inputs built from
+        the embedding output and the batch): what a CUDA graph of the dense network
+        takes (``hashrec.train.graphs``)."""
         raise NotImplementedError
+
+    def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """``dense_inputs`` -> logits (B,); only tensor ops of fixed shapes, no host reads."""
+        raise NotImplementedError
+
+    def dense_modules(self) -> list[nn.Module]:
+        """The submodules holding the dense network's parameters (all but the embedding)."""
+        return [m for name, m in self.named_children() if name != "embedding"]
 
     def forward(self, batch, embedding_hook=None) -> dict[str, torch.Tensor]:
         """Batch -> {"logits": (B,) float32, "probs": (B,) float32}.
@@ -131,11 +146,19 @@ class RankModel(nn.Module):
         logits = self.dense_forward(embedded, batch).float()
         return {"logits": logits, "probs": torch.sigmoid(logits)}
 
-    def loss(self, predictions: dict[str, torch.Tensor], batch) -> dict[str, torch.Tensor]:
-        """Per-loss scalar tensors (float32), averaged over the batch."""
+    def labels(self, batch) -> torch.Tensor:
+        """The batch's (B,) float32 labels of ``label_fields[0]``."""
         if self.label_name not in batch.labels:
             raise ModelError(
                 f"batch has no label {self.label_name!r} (labels: {list(batch.labels)})")
-        labels = batch.labels[self.label_name].float()
-        return {name: nn.functional.binary_cross_entropy_with_logits(
-            predictions["logits"], labels) for name in self.losses}
+        return batch.labels[self.label_name].float()
+
+    def losses_from_logits(self, logits: torch.Tensor,
+                           labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-loss scalar tensors (float32), averaged over the batch."""
+        return {name: nn.functional.binary_cross_entropy_with_logits(logits, labels)
+                for name in self.losses}
+
+    def loss(self, predictions: dict[str, torch.Tensor], batch) -> dict[str, torch.Tensor]:
+        """Per-loss scalar tensors (float32), averaged over the batch."""
+        return self.losses_from_logits(predictions["logits"], self.labels(batch))

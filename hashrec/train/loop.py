@@ -44,6 +44,7 @@ from hashrec.train import checkpoints
 from hashrec.train.distributed import global_table_counters, lockstep_batches
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import evaluate, write_eval_result
+from hashrec.train.graphs import DenseGraphs
 from hashrec.train.prefetch import EpochInputs, prefetch_to_device
 from hashrec.train.progress import ProgressLog, table_counters
 from hashrec.train.summaries import Summaries
@@ -123,6 +124,8 @@ class TrainLoop:
         self.step_timing: dict = {}
         self.embedding_hook = self._timed_hook(session.precision.embedding_hook())
         self.parameters = [p for g in session.dense.optimizer.param_groups for p in g["params"]]
+        self.dense_graphs = DenseGraphs(session.model, session.precision.autocast,
+                                        config.dense_cuda_graph)
         self.dumper = None
         if options.incremental_dump_steps:
             self.dumper = IncrementalDumper(
@@ -215,9 +218,10 @@ class TrainLoop:
         timer.mark("data_wait")
         lrs = s.set_learning_rates(self.step, self.epoch)
         s.dense.optimizer.zero_grad(set_to_none=True)
-        with s.precision.autocast():
-            predictions = s.model(batch, embedding_hook=self.embedding_hook)
-        losses = s.model.loss(predictions, batch)
+        embedded = s.model.embed(batch)
+        if self.embedding_hook is not None:
+            embedded = self.embedding_hook(embedded)
+        losses = self.dense_graphs(embedded, batch)
         loss = sum(losses.values())
         timer.mark("dense_forward")
         s.precision.backward(loss)

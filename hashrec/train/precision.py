@@ -82,7 +82,10 @@ class MixedPrecision:
         """Context for the forward pass (a no-op in float32 mode)."""
         if self.dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+        # No weight-cast cache: each weight is used once per forward, and CUDA graph
+        # captures of the dense network (hashrec.train.graphs) need it off.
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype,
+                              cache_enabled=False)
 
     def embedding_hook(self):
         """Map applied to embedding outputs before the dense network (FP16 only)."""

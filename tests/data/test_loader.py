@@ -37,6 +37,21 @@ def test_example_configs_read_generated_taobao_data(taobao, config, workers):
     assert sum(b.batch_size for b in evaluation) == 1000
 
 
+def test_forkserver_workers_give_the_same_batches(taobao):
+    pipeline = load_pipeline_config(os.path.join(EXAMPLES, "multi_tower_din_taobao.config"))
+    features = build_feature_set(pipeline)
+
+    def read(start_method):
+        loader = create_dataloader(pipeline.data_config, features, f"{taobao}/train", "train",
+                                   batch_size=512, num_workers=2, start_method=start_method)
+        return [(b.sparse.values().tolist(), b.labels["clk"].tolist()) for b in loader]
+
+    assert read("forkserver") == read("fork")
+    with pytest.raises(DataError, match="start method"):
+        create_dataloader(pipeline.data_config, features, f"{taobao}/train", "train",
+                          num_workers=2, start_method="teleport")
+
+
 def test_proto_data_config_enums_are_read(taobao):
     pipeline = load_pipeline_config(os.path.join(EXAMPLES, "multi_tower_din_taobao.config"))
     cfg = pipeline.data_config

@@ -1,0 +1,133 @@
+"""The dense network's forward and backward as CUDA graphs.
+
+A training step on one GPU is bound by the host: the dense network alone is a few
+hundred small kernels per step (towers, DIN attention, loss and their backward),
+each launched from Python. ``DenseGraphs`` captures the dense network plus the loss
+(``RankModel.dense_from_inputs`` and ``losses_from_logits``) once per input shape
+with ``torch.cuda.make_graphed_callables`` and replays it, forward and backward, as
+two graph launches. The embedding lookups, whose shapes change every step, stay
+eager around it; gradients reach the embedding outputs through the graph as usual.
+
+When a shape is captured: on its second occurrence (the first batch of a run and
+a shorter last batch of an epoch run eagerly), for at most ``MAX_GRAPHS`` shapes;
+other shapes run eagerly. Capturing runs the dense network a few times without
+updating anything (gradients go nowhere) except BatchNorm running statistics, if
+the model has any.
+
+When a capture fails (an op that cannot be captured, such as a host read in a
+custom module), the failure is logged once and every later step runs eagerly.
+``train_config.dense_cuda_graph: false`` switches graphs off; on the CPU they are
+never used.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+logger = logging.getLogger("hashrec.train")
+
+MAX_GRAPHS = 4
+CAPTURE_AFTER = 2  # occurrences of an input shape before it is captured
+WARMUP_ITERS = 3   # eager runs on a side stream before a capture (torch's requirement)
+
+
+class _DenseLoss(nn.Module):
+    """The dense network and the loss as one module of tensors: (*inputs, labels) ->
+    (logits (B,) detached, losses (n,))."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(model.dense_modules())
+        self._model = (model,)  # not a submodule: the embedding stays out
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        model = self._model[0]
+        *inputs, labels = args
+        logits = model.dense_from_inputs(*inputs).float()
+        losses = model.losses_from_logits(logits, labels)
+        return logits.detach(), torch.stack(list(losses.values()))
+
+
+def _signature(tensors) -> tuple:
+    return tuple((tuple(t.shape), t.dtype, t.requires_grad) for t in tensors)
+
+
+class DenseGraphs:
+    """Runs the dense network and the loss of a training step, replaying CUDA graphs
+    where it can (see the module docstring).
+
+    Args:
+        model: a ``RankModel`` that implements ``dense_inputs``/``dense_from_inputs``.
+        autocast: a callable returning the forward's autocast context (captures run in
+            it, so the graph holds the mixed-precision kernels).
+        enabled: False (or a model without the split, or a CPU model) runs eagerly.
+    """
+
+    def __init__(self, model, autocast, enabled: bool = True) -> None:
+        self.model = model
+        self.autocast = autocast
+        self.enabled = enabled and self._supported(model)
+        self._graphs: dict[tuple, nn.Module] = {}
+        self._seen: dict[tuple, int] = {}
+
+    @staticmethod
+    def _supported(model) -> bool:
+        if not torch.cuda.is_available():
+            return False
+        try:
+            device = next(p.device for m in model.dense_modules() for p in m.parameters())
+        except StopIteration:
+            return False
+        from hashrec.models.rank_model import RankModel
+
+        return device.type == "cuda" and type(model).dense_inputs is not RankModel.dense_inputs
+
+    @property
+    def captured(self) -> int:
+        """How many input shapes have a graph."""
+        return len(self._graphs)
+
+    def __call__(self, embedded, batch) -> dict[str, torch.Tensor]:
+        """Per-loss scalar tensors of the step (the dense forward run or replayed)."""
+        model = self.model
+        if not self.enabled:
+            with self.autocast():
+                logits = model.dense_forward(embedded, batch).float()
+            return model.losses_from_logits(logits, model.labels(batch))
+        with self.autocast():
+            inputs = (*model.dense_inputs(embedded, batch), model.labels(batch))
+        graph = self._graph_for(inputs)
+        if graph is None:
+            with self.autocast():
+                _, losses = _DenseLoss(model)(*inputs)
+        else:
+            _, losses = graph(*inputs)
+        return dict(zip(model.losses, losses.unbind(0)))
+
+    def _graph_for(self, inputs) -> nn.Module | None:
+        key = _signature(inputs)
+        graph = self._graphs.get(key)
+        if graph is not None or len(self._graphs) >= MAX_GRAPHS:
+            return graph
+        self._seen[key] = self._seen.get(key, 0) + 1
+        if self._seen[key] < CAPTURE_AFTER:
+            return None
+        samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
+        try:
+            with self.autocast():
+                graph = torch.cuda.make_graphed_callables(
+                    _DenseLoss(self.model), samples, num_warmup_iters=WARMUP_ITERS,
+                    allow_unused_input=True)
+        except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager
+            self.enabled = False
+            logger.warning("dense network CUDA graph capture failed, running eagerly from "
+                           "here on (train_config.dense_cuda_graph: false silences this): "
+                           "%s: %s", type(err).__name__, err)
+            return None
+        self._graphs[key] = graph
+        logger.info("captured the dense network as a CUDA graph for inputs %s",
+                    ", ".join("x".join(map(str, shape)) for shape, _, _ in key))
+        return graph
