@@ -183,9 +183,12 @@ class TrainLoop:
             self._inputs = EpochInputs(
                 lambda epoch: self.session.loader(train_input_path, "train", epoch), workers > 0)
         max_epochs = self.options.max_epochs
-        batches_in = lockstep_batches(self._inputs.epoch(
-            self.epoch, max_epochs is None or self.epoch + 1 < max_epochs), self.ctx)
-        for batch in prefetch_to_device(batches_in, self.session.device):
+        embedding = self.session.model.embedding
+        # The lockstep test (a collective) stays on this thread, after the prefetch.
+        batches_in = prefetch_to_device(
+            self._inputs.epoch(self.epoch, max_epochs is None or self.epoch + 1 < max_epochs),
+            self.session.device, lambda b: embedding.prepare(b.sparse))
+        for batch in lockstep_batches(batches_in, self.ctx):
             self.timer.batch_ready()
             self.train_step(batch)
             batches += 1

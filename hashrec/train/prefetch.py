@@ -7,29 +7,106 @@ instead of sitting at the head of the next step. The training stream waits for
 the copy before it uses the batch, and every tensor is recorded on the
 training stream so the caching allocator does not hand its memory back to the
 side stream while the step still reads it. On the CPU batches pass through.
+
+With ``prepare`` (the trainer passes the embedding collection's id dedup,
+``EmbeddingCollection.prepare``), a background thread takes batches from the
+loader, copies them and runs ``prepare`` on the side stream, one batch ahead: the
+dedup's kernels, its host read of the sizes and its Python work then overlap the
+current step (mostly its backward, during which the training thread waits)
+instead of opening the next one. Errors in the thread are raised in the caller.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
+_END = object()
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Producer(threading.Thread):
+    """Loader -> device copy -> ``prepare``, on a side stream, into a one-slot queue."""
+
+    def __init__(self, batches: Iterable, device: torch.device, prepare: Callable) -> None:
+        super().__init__(name="hashrec-prefetch", daemon=True)
+        self.batches, self.device, self.prepare = batches, device, prepare
+        self.queue: queue.Queue = queue.Queue(maxsize=1)
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        try:
+            if self.device.index is not None:
+                torch.cuda.set_device(self.device)
+            side = torch.cuda.Stream(self.device)
+            for batch in self.batches:
+                with torch.cuda.stream(side):
+                    batch = batch.to(self.device, non_blocking=True)
+                    self.prepare(batch)
+                    ready = torch.cuda.Event()
+                    ready.record(side)
+                if not self._put((batch, ready)):
+                    return
+            self._put(_END)
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer
+            self._put(_Failure(err))
+
+    def _put(self, item) -> bool:
+        while not self.stopped.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+
+def _prepared_ahead(batches: Iterable, device: torch.device, prepare: Callable) -> Iterator:
+    producer = _Producer(batches, device, prepare)
+    producer.start()
+    try:
+        while True:
+            item = producer.queue.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failure):
+                raise item.error
+            batch, ready = item
+            main = torch.cuda.current_stream(device)
+            main.wait_event(ready)
+            for tensor in _batch_tensors(batch):
+                tensor.record_stream(main)
+            yield batch
+    finally:
+        producer.stopped.set()
+        producer.join(timeout=10.0)
+
 
 def _batch_tensors(batch) -> list[torch.Tensor]:
-    kjt = batch.sparse
-    out = [kjt.values(), kjt.lengths(), kjt.offsets(), kjt.weights_or_none()]
+    out = batch.sparse.tensors()
     for group in (batch.dense, batch.sequence_dense, batch.labels):
         out.extend(group.values())
     return [t for t in out if t is not None]
 
 
-def prefetch_to_device(batches: Iterable, device: torch.device) -> Iterator:
-    """Yield ``batches`` on ``device``; on CUDA the next batch is copied one step ahead."""
+def prefetch_to_device(batches: Iterable, device: torch.device,
+                       prepare: Callable | None = None) -> Iterator:
+    """Yield ``batches`` on ``device``; on CUDA the next batch is copied one step ahead
+    (and ``prepare(batch)`` run on it in a background thread when given)."""
     device = torch.device(device)
     if device.type != "cuda":
         for batch in batches:
             yield batch.to(device)
+        return
+    if prepare is not None:
+        yield from _prepared_ahead(batches, device, prepare)
         return
     side = torch.cuda.Stream(device)
     iterator = iter(batches)
