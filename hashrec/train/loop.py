@@ -124,6 +124,7 @@ class TrainLoop:
         self.step_timing: dict = {}
         self.embedding_hook = self._timed_hook(session.precision.embedding_hook())
         self.parameters = [p for g in session.dense.optimizer.param_groups for p in g["params"]]
+        self._forward_done = lambda: None  # the input's "next batch may be prepared"
         self.dense_graphs = DenseGraphs(session.model, session.precision.autocast,
                                         config.dense_cuda_graph)
         self.dumper = None
@@ -188,16 +189,21 @@ class TrainLoop:
         batches_in = prefetch_to_device(
             self._inputs.epoch(self.epoch, max_epochs is None or self.epoch + 1 < max_epochs),
             self.session.device, lambda b: embedding.prepare(b.sparse))
-        for batch in lockstep_batches(batches_in, self.ctx):
-            self.timer.batch_ready()
-            self.train_step(batch)
-            batches += 1
-            if self.dumper is not None and self.step % self.dumper.interval_steps == 0:
-                logger.info("incremental dump %s", self.dumper.dump(self.step))
-            if self._due_steps():
-                result = self.checkpoint_and_evaluate() or result
-            if self.options.num_steps and self.step >= self.options.num_steps:
-                return result
+        self._forward_done = batches_in.forward_done
+        try:
+            for batch in lockstep_batches(batches_in, self.ctx):
+                self.timer.batch_ready()
+                self.train_step(batch)
+                batches += 1
+                if self.dumper is not None and self.step % self.dumper.interval_steps == 0:
+                    logger.info("incremental dump %s", self.dumper.dump(self.step))
+                if self._due_steps():
+                    result = self.checkpoint_and_evaluate() or result
+                if self.options.num_steps and self.step >= self.options.num_steps:
+                    return result
+        finally:
+            batches_in.close()
+            self._forward_done = lambda: None
         if batches == 0:
             raise TrainError(f"train input {train_input_path!r} gave no batches in epoch "
                              f"{self.epoch}; check the path and data_config.batch_size")
@@ -226,6 +232,7 @@ class TrainLoop:
             embedded = self.embedding_hook(embedded)
         losses = self.dense_graphs(embedded, batch)
         loss = sum(losses.values())
+        self._forward_done()
         timer.mark("dense_forward")
         s.precision.backward(loss)
         timer.mark("backward")
