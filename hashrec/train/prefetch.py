@@ -167,3 +167,39 @@ def _copied_ahead(batches: Iterable, device: torch.device) -> Iterator:
         current = pending
         pending = start(next(iterator, None))
         yield current
+
+
+class EpochInputs:
+    """The training input epoch by epoch, the next epoch's loader started one epoch ahead.
+
+    A data loader with worker processes needs a second or so to start its workers
+    and fill their queues; at every epoch boundary the step would wait for it.
+    ``epoch(e, more)`` returns epoch ``e``'s batches and, when ``more`` epochs may
+    follow, starts epoch ``e + 1``'s loader right away: its workers fill their
+    queues (then block) while epoch ``e`` trains. The batches of every epoch are
+    the same as without the head start; an epoch started but never used is shut
+    down by ``close``.
+
+    Args:
+        make: epoch -> iterable of batches (a fresh loader for that epoch).
+        ahead: start the next epoch early (worth it only with loader workers).
+    """
+
+    def __init__(self, make, ahead: bool) -> None:
+        self._make, self._ahead = make, ahead
+        self._next: tuple[int, Iterator] | None = None
+
+    def epoch(self, epoch: int, more: bool) -> Iterator:
+        """Batches of ``epoch``; starts ``epoch + 1`` when ``more`` and running ahead."""
+        if self._next is not None and self._next[0] == epoch:
+            current = self._next[1]
+        else:
+            current = iter(self._make(epoch))
+        self._next = None
+        if self._ahead and more:
+            self._next = (epoch + 1, iter(self._make(epoch + 1)))
+        return current
+
+    def close(self) -> None:
+        """Drops an epoch started ahead and not used (its workers shut down)."""
+        self._next = None
