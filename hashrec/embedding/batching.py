@@ -76,29 +76,6 @@ class StorageBatch:
     key_ranges: list[tuple[int, int] | None] | None = None
 
 
-@dataclass
-class PreparedIds:
-    """A batch's ids deduplicated ahead of its forward (``EmbeddingCollection.prepare``).
-
-    Attributes:
-        owner: the collection that prepared them (only it uses them).
-        ids: storage name -> per logical table, the features' ids.
-        batches: storage name -> its deduplicated ids.
-    """
-
-    owner: object
-    ids: dict[str, list[list[FeatureIds]]]
-    batches: dict[str, StorageBatch]
-
-    def tensors(self) -> list[torch.Tensor]:
-        """Every tensor held (to mark them used by another CUDA stream)."""
-        out = [t for fs in self.ids.values() for tag in fs for f in tag
-               for t in (f.values, f.offsets, f.lengths, f.weights, f.inverse)]
-        out += [t for b in self.batches.values()
-                for t in (b.keys, b.tags, b.counts, b.inverse, b.order, b.row_start)]
-        return [t for t in out if isinstance(t, torch.Tensor)]
-
-
 def feature_ids(spec: EmbeddingFeatureSpec, bags: JaggedTensor) -> FeatureIds:
     """Collects one feature's ids; sequence features keep their first ``max_length`` ids.
 

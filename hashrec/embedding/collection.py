@@ -33,13 +33,7 @@ from hashrec.distributed.comm_timer import CommTimer
 from hashrec.distributed.process_group import DistContext
 from hashrec.distributed.sharded_lookup import ShardedTable
 from hashrec.distributed.storage_estimate import per_rank_options
-from hashrec.embedding.batching import (
-    FeatureIds,
-    PreparedIds,
-    StorageBatch,
-    dedup_storages,
-    feature_ids,
-)
+from hashrec.embedding.batching import FeatureIds, StorageBatch, dedup_storages, feature_ids
 from hashrec.embedding.dense_group import group_dense_storages
 from hashrec.embedding.dense_table import DenseTable
 from hashrec.embedding.emit import emit_storage
@@ -163,23 +157,6 @@ class EmbeddingCollection(nn.Module):
     def feature_names(self) -> list[str]:
         return list(self._features)
 
-    def prepare(self, kjt: KeyedJaggedTensor) -> None:
-        """Deduplicates ``kjt``'s ids ahead of its forward (``kjt.prepared``).
-
-        What the forward would do first, and which depends on nothing but the batch:
-        each feature's ids and every storage's dedup, with its host read of the
-        sizes. A trainer calls it for the next batch on a side stream while the
-        current step runs (``hashrec.train.prefetch``), so that host read and those
-        kernel launches leave the step. ZCH storages (whose remapping changes
-        state) are left to the forward. The forward uses and drops the result.
-        """
-        bags = self._check_input(kjt)
-        storages = [s for s in self._read_storages() if s.name not in self.zch_remappers]
-        ids = {s.name: [[feature_ids(f, bags[f.name]) for f in fs]
-                        for fs in self._readers[s.name]] for s in storages}
-        done = dedup_storages([(ids[s.name], s.plan.fused) for s in storages])
-        kjt.prepared = PreparedIds(self, ids, {s.name: b for s, b in zip(storages, done)})
-
     def forward(self, kjt: KeyedJaggedTensor) -> EmbeddingOutput:
         """Embeds every feature: kjt holding all feature keys (extra keys are ignored).
 
@@ -188,17 +165,13 @@ class EmbeddingCollection(nn.Module):
             ``sequences[name]`` ((B, max_length, dim), lengths (B,)).
         """
         bags = self._check_input(kjt)
-        prepared = kjt.prepared if isinstance(kjt.prepared, PreparedIds) and \
-            kjt.prepared.owner is self else None
-        kjt.prepared = None
         if self.training:
             for storage in self._storages:
                 storage.table.advance_step()
         storages = self._read_storages()
-        ids = [prepared.ids[s.name] if prepared is not None and s.name in prepared.ids else
-               [[feature_ids(f, bags[f.name]) for f in fs] for fs in self._readers[s.name]]
+        ids = [[[feature_ids(f, bags[f.name]) for f in fs] for fs in self._readers[s.name]]
                for s in storages]
-        batches = self._dedup(storages, ids, prepared)
+        batches = self._dedup(storages, ids)
         if self._sharded is not None:
             looked = self._sharded.lookup(
                 [Request(s, b.keys, b.tags, b.counts) for s, b in zip(storages, batches)],
@@ -220,8 +193,8 @@ class EmbeddingCollection(nn.Module):
         """Storages (dense groups included) that some feature reads (the same on every rank)."""
         return [s for s in self._units if any(self._readers[s.name])]
 
-    def _dedup(self, storages: list[Storage], ids: list[list[list[FeatureIds]]],
-               prepared: PreparedIds | None = None) -> list[StorageBatch]:
+    def _dedup(self, storages: list[Storage], ids: list[list[list[FeatureIds]]]
+               ) -> list[StorageBatch]:
         """Deduplicated ids of every storage, dense ids checked before anything changes.
 
         ZCH storages are remapped (which may claim slots) only after every other
@@ -236,11 +209,7 @@ class EmbeddingCollection(nn.Module):
             if group:
                 for i in picked:
                     self._remap_zch(storages[i], ids[i][0])
-            if prepared is not None and all(storages[i].name in prepared.batches
-                                            for i in picked):
-                done = [prepared.batches[storages[i].name] for i in picked]
-            else:
-                done = dedup_storages([(ids[i], storages[i].plan.fused) for i in picked])
+            done = dedup_storages([(ids[i], storages[i].plan.fused) for i in picked])
             for i, batch in zip(picked, done):
                 batches[i] = batch
             if not group:

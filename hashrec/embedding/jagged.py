@@ -101,8 +101,6 @@ class KeyedJaggedTensor:
         # Host copy of per-key value boundaries and longest bags (see _host_layout).
         self._layout: tuple[list[int], list[int]] | None = None
         self._key_offsets: torch.Tensor | None = None  # (F, B + 1), see _offsets_per_key
-        # Work on these ids done ahead of their use (EmbeddingCollection.prepare), or None.
-        self.prepared = None
         if validate:
             self._validate()
 
@@ -189,13 +187,6 @@ class KeyedJaggedTensor:
 
     def weights_or_none(self) -> torch.Tensor | None:
         return self._weights
-
-    def tensors(self) -> list[torch.Tensor]:
-        """Every tensor this KJT holds, computed caches and ``prepared`` work included."""
-        out = [self._values, self._lengths, self._offsets, self._weights, self._key_offsets]
-        if self.prepared is not None:
-            out += self.prepared.tensors()
-        return [t for t in out if t is not None]
 
     def stride(self) -> int:
         """Batch size B."""

@@ -124,7 +124,6 @@ class TrainLoop:
         self.step_timing: dict = {}
         self.embedding_hook = self._timed_hook(session.precision.embedding_hook())
         self.parameters = [p for g in session.dense.optimizer.param_groups for p in g["params"]]
-        self._forward_done = lambda: None  # the input's "next batch may be prepared"
         self.dense_graphs = DenseGraphs(session.model, session.precision.autocast,
                                         config.dense_cuda_graph)
         self.dumper = None
@@ -184,26 +183,18 @@ class TrainLoop:
             self._inputs = EpochInputs(
                 lambda epoch: self.session.loader(train_input_path, "train", epoch), workers > 0)
         max_epochs = self.options.max_epochs
-        embedding = self.session.model.embedding
-        # The lockstep test (a collective) stays on this thread, after the prefetch.
-        batches_in = prefetch_to_device(
-            self._inputs.epoch(self.epoch, max_epochs is None or self.epoch + 1 < max_epochs),
-            self.session.device, lambda b: embedding.prepare(b.sparse))
-        self._forward_done = batches_in.forward_done
-        try:
-            for batch in lockstep_batches(batches_in, self.ctx):
-                self.timer.batch_ready()
-                self.train_step(batch)
-                batches += 1
-                if self.dumper is not None and self.step % self.dumper.interval_steps == 0:
-                    logger.info("incremental dump %s", self.dumper.dump(self.step))
-                if self._due_steps():
-                    result = self.checkpoint_and_evaluate() or result
-                if self.options.num_steps and self.step >= self.options.num_steps:
-                    return result
-        finally:
-            batches_in.close()
-            self._forward_done = lambda: None
+        batches_in = lockstep_batches(self._inputs.epoch(
+            self.epoch, max_epochs is None or self.epoch + 1 < max_epochs), self.ctx)
+        for batch in prefetch_to_device(batches_in, self.session.device):
+            self.timer.batch_ready()
+            self.train_step(batch)
+            batches += 1
+            if self.dumper is not None and self.step % self.dumper.interval_steps == 0:
+                logger.info("incremental dump %s", self.dumper.dump(self.step))
+            if self._due_steps():
+                result = self.checkpoint_and_evaluate() or result
+            if self.options.num_steps and self.step >= self.options.num_steps:
+                return result
         if batches == 0:
             raise TrainError(f"train input {train_input_path!r} gave no batches in epoch "
                              f"{self.epoch}; check the path and data_config.batch_size")
@@ -232,7 +223,6 @@ class TrainLoop:
             embedded = self.embedding_hook(embedded)
         losses = self.dense_graphs(embedded, batch)
         loss = sum(losses.values())
-        self._forward_done()
         timer.mark("dense_forward")
         s.precision.backward(loss)
         timer.mark("backward")

@@ -1,5 +1,4 @@
-"""CUDA graphs of the dense network and the loader thread that prepares the next batch's
-ids train like plain eager steps (GPU only)."""
+"""CUDA graphs of the dense network train like the eager dense network (GPU only)."""
 
 from __future__ import annotations
 
@@ -53,47 +52,3 @@ def test_graphed_dense_network_trains_like_eager(tmp_path, precision):
     tolerance = 1e-4 if precision == "" else 2e-2
     assert graphed == pytest.approx(eager, rel=tolerance)
     assert eager[-1] != eager[0]
-
-
-def test_run_with_prefetch_thread_trains_like_plain_steps(tmp_path):
-    """TrainLoop.run (loader thread preparing the next batch's ids, dense graphs) gives
-    the losses of plain eager steps over the same batches."""
-    data = str(tmp_path / "data")
-    generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])
-    eager, _ = _losses(data, tmp_path, False, "")
-    edits = {"data_config.batch_size": 256, "data_config.num_workers": 0,
-             "train_config.num_steps": STEPS, "eval_input_path": "",
-             "train_config.mixed_precision": "", "train_config.save_checkpoints_steps": 0,
-             "model_dir": str(tmp_path / "model_run")}
-    config = apply_edit_config_json(load_pipeline_config(CONFIG), edits)
-    torch.manual_seed(0)
-    session = build_session(config)
-    loop = TrainLoop(session, LoopOptions.from_config(config), checkpoints.Resume())
-    losses = []
-    record = loop.progress.record
-    loop.progress.record = lambda n, loss: (losses.append(float(loss)), record(n, loss))
-    loop.run(data)
-    assert loop.step == STEPS and loop.dense_graphs.captured == 1
-    assert losses == pytest.approx(eager, rel=1e-4)
-
-
-def test_prefetch_thread_raises_in_the_caller():
-    from hashrec.train.prefetch import prefetch_to_device
-
-    class Boom(RuntimeError):
-        pass
-
-    def prepare(batch):
-        raise Boom("prepare failed")
-
-    def batches():
-        yield from ()
-
-    assert list(prefetch_to_device(batches(), torch.device("cuda"), prepare)) == []
-    with pytest.raises(Boom):
-        list(prefetch_to_device(iter([_TinyBatch()]), torch.device("cuda"), prepare))
-
-
-class _TinyBatch:
-    def to(self, device, non_blocking=False):
-        return self
