@@ -108,11 +108,13 @@ class RankModel(nn.Module):
                 f"{expected_type}")
         return group
 
-    def embed(self, batch):
-        """Embedding lookups in float32 (autocast is switched off here)."""
+    def embed(self, batch, embedding_hook=None):
+        """Embedding lookups in float32 (autocast is switched off here), then
+        ``embedding_hook`` (see :meth:`forward`) when given."""
         device_type = batch.sparse.device.type
         with torch.autocast(device_type=device_type, enabled=False):
-            return self.embedding(batch.sparse)
+            embedded = self.embedding(batch.sparse)
+        return embedded if embedding_hook is None else embedding_hook(embedded)
 
     def dense_forward(self, embedded, batch) -> torch.Tensor:
         """The dense network: embedding output -> logits (B,)."""
@@ -140,10 +142,7 @@ class RankModel(nn.Module):
             embedding_hook: optional map applied to the embedding output before the
                 dense network (the trainer's FP16 gradient unscaling).
         """
-        embedded = self.embed(batch)
-        if embedding_hook is not None:
-            embedded = embedding_hook(embedded)
-        logits = self.dense_forward(embedded, batch).float()
+        logits = self.dense_forward(self.embed(batch, embedding_hook), batch).float()
         return {"logits": logits, "probs": torch.sigmoid(logits)}
 
     def labels(self, batch) -> torch.Tensor:

@@ -70,6 +70,7 @@ class DenseGraphs:
         self.model = model
         self.autocast = autocast
         self.enabled = enabled and self._supported(model)
+        self._eager = _DenseLoss(model)  # uncaptured shapes (captures take fresh copies)
         self._graphs: dict[tuple, nn.Module] = {}
         self._seen: dict[tuple, int] = {}
 
@@ -102,7 +103,7 @@ class DenseGraphs:
         graph = self._graph_for(inputs)
         if graph is None:
             with self.autocast():
-                _, losses = _DenseLoss(model)(*inputs)
+                _, losses = self._eager(*inputs)
         else:
             _, losses = graph(*inputs)
         return dict(zip(model.losses, losses.unbind(0)))

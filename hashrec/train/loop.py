@@ -218,10 +218,7 @@ class TrainLoop:
         timer.mark("data_wait")
         lrs = s.set_learning_rates(self.step, self.epoch)
         s.dense.optimizer.zero_grad(set_to_none=True)
-        embedded = s.model.embed(batch)
-        if self.embedding_hook is not None:
-            embedded = self.embedding_hook(embedded)
-        losses = self.dense_graphs(embedded, batch)
+        losses = self.dense_graphs(s.model.embed(batch, self.embedding_hook), batch)
         loss = sum(losses.values())
         timer.mark("dense_forward")
         s.precision.backward(loss)
