@@ -26,6 +26,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profile_train_step import CONFIGS, _session, report  # noqa: E402
 
+from hashrec.train.prefetch import DevicePrefetcher  # noqa: E402
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -52,10 +54,13 @@ def run(args) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("audit_syncs.py needs a CUDA device")
     session, loop = _session(args)
-    it = iter(session.loader(args.data, "train"))
+    loader = iter(session.loader(args.data, "train"))
+    batches = [next(loader) for _ in range(args.warmup + args.steps)]
+    # As in the training loop: copied ahead, the next batch's dedup started by the step.
+    prefetcher = DevicePrefetcher(batches, session.device)
+    it = iter(prefetcher)
     for _ in range(args.warmup):
-        loop.train_step(next(it))
-    batches = [next(it) for _ in range(args.steps)]
+        loop.train_step(next(it), prefetcher.upcoming)
     torch.cuda.synchronize()
     sites: collections.Counter = collections.Counter()
     original = warnings.showwarning
@@ -71,8 +76,8 @@ def run(args) -> dict:
         warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            for batch in batches:
-                loop.train_step(batch)
+            for _ in range(args.steps):
+                loop.train_step(next(it), prefetcher.upcoming)
         finally:
             torch.cuda.set_sync_debug_mode("default")
             warnings.showwarning = original

@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from hashrec.config import apply_edit_config_json, load_pipeline_config
 from hashrec.train import checkpoints
 from hashrec.train.loop import LoopOptions, TrainLoop
+from hashrec.train.prefetch import DevicePrefetcher
 from hashrec.train.session import build_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,22 +77,29 @@ def _endless(session, data):
 
 def run(args) -> dict:
     session, loop = _session(args)
-    it = _endless(session, args.data)
+    # Batches reach the step as in the training loop: copied ahead, the next one's
+    # id deduplication started by the step.
+    prefetcher = DevicePrefetcher(_endless(session, args.data), session.device)
+    it = iter(prefetcher)
+
+    def step():
+        loop.train_step(next(it), prefetcher.upcoming)
+
     for _ in range(args.warmup):
-        loop.train_step(next(it))
+        step()
     cuda = session.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
     start = time.perf_counter()
     for _ in range(args.steps):
-        loop.train_step(next(it))
+        step()
     sync()
     plain = (time.perf_counter() - start) / args.steps
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     start = time.perf_counter()
     with profile(activities=activities) as prof:
         for _ in range(args.steps):
-            loop.train_step(next(it))
+            step()
         sync()
     wall = (time.perf_counter() - start) / args.steps
     key = "self_device_time_total" if cuda else "self_cpu_time_total"

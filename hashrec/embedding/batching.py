@@ -9,7 +9,8 @@ storage then serves all of them.
 
 Deduplication sorts each storage's ids once (by key, then stably by logical
 table) and reads the sizes of every storage's result from the device in a
-single transfer per step, however many storages and tables there are.
+single transfer per step, however many storages and tables there are; the
+transfer can be started ahead and read later (``start_dedup``).
 """
 
 from __future__ import annotations
@@ -180,6 +181,49 @@ def _finish_storage(s: _Sorted, summary: list[int]) -> StorageBatch:
                          for count, lo, hi in zip(unique_per_table, lows, highs)])
 
 
+class PendingDedup:
+    """Deduplication of several storages whose device work is queued and whose sizes
+    are on their way to the host (``start_dedup``); ``result()`` finishes it.
+
+    On CUDA the sizes travel by an asynchronous copy into pinned memory followed by
+    an event, so ``result()`` waits for the sorts only, not for whatever the stream
+    queued after them (a training step starts the next batch's dedup before its
+    own dense network and backward, and reads the sizes at the next step).
+    """
+
+    def __init__(self, firsts: list[_Sorted]) -> None:
+        self._firsts = firsts
+        self._event = None
+        summary = torch.cat([s.summary for s in firsts]) if firsts else None
+        if summary is not None and summary.is_cuda:
+            self._host = torch.empty(summary.shape, dtype=summary.dtype, pin_memory=True)
+            self._host.copy_(summary, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = summary
+
+    def result(self) -> list[StorageBatch]:
+        """The storages' batches (sets each feature's ``inverse``)."""
+        if not self._firsts:
+            return []
+        if self._event is not None:
+            self._event.synchronize()
+        flat = self._host.tolist()
+        out, at = [], 0
+        for s in self._firsts:
+            width = s.summary.numel()
+            out.append(_finish_storage(s, flat[at:at + width]))
+            at += width
+        return out
+
+
+def start_dedup(storages: list[tuple[list[list[FeatureIds]], bool]]) -> PendingDedup:
+    """Queues the device half of ``dedup_storages`` and sends the sizes to the host."""
+    return PendingDedup([_sort_storage(features_by_tag, fused)
+                         for features_by_tag, fused in storages])
+
+
 def dedup_storages(storages: list[tuple[list[list[FeatureIds]], bool]]) -> list[StorageBatch]:
     """Deduplicates each storage's ids per logical table; sets each feature's ``inverse``.
 
@@ -191,16 +235,7 @@ def dedup_storages(storages: list[tuple[list[list[FeatureIds]], bool]]) -> list[
     Unique keys come tag by tag, ascending within a tag. All storages' sizes reach
     the host in one device read.
     """
-    firsts = [_sort_storage(features_by_tag, fused) for features_by_tag, fused in storages]
-    if not firsts:
-        return []
-    flat = torch.cat([s.summary for s in firsts]).tolist()
-    out, at = [], 0
-    for s in firsts:
-        width = s.summary.numel()
-        out.append(_finish_storage(s, flat[at:at + width]))
-        at += width
-    return out
+    return start_dedup(storages).result()
 
 
 def dedup_storage(features_by_tag: list[list[FeatureIds]], fused: bool) -> StorageBatch:

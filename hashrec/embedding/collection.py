@@ -33,7 +33,14 @@ from hashrec.distributed.comm_timer import CommTimer
 from hashrec.distributed.process_group import DistContext
 from hashrec.distributed.sharded_lookup import ShardedTable
 from hashrec.distributed.storage_estimate import per_rank_options
-from hashrec.embedding.batching import FeatureIds, StorageBatch, dedup_storages, feature_ids
+from hashrec.embedding.batching import (
+    FeatureIds,
+    PendingDedup,
+    StorageBatch,
+    dedup_storages,
+    feature_ids,
+    start_dedup,
+)
 from hashrec.embedding.dense_group import group_dense_storages
 from hashrec.embedding.dense_table import DenseTable
 from hashrec.embedding.emit import emit_storage
@@ -141,6 +148,8 @@ class EmbeddingCollection(nn.Module):
                                             for spec in unit.plan.tables]
         self._sharded = ShardedLookups(sharded, dist, group, self.comm_timer) \
             if world > 1 else None
+        # A coming batch's ids and dedup started by ``prepare``: (kjt, ids, pending).
+        self._ahead: tuple | None = None
 
     def _group_features(self, features) -> dict[str, list[list[EmbeddingFeatureSpec]]]:
         readers = {s.name: [[] for _ in s.plan.tables] for s in self._storages}
@@ -169,9 +178,12 @@ class EmbeddingCollection(nn.Module):
             for storage in self._storages:
                 storage.table.advance_step()
         storages = self._read_storages()
-        ids = [[[feature_ids(f, bags[f.name]) for f in fs] for fs in self._readers[s.name]]
-               for s in storages]
-        batches = self._dedup(storages, ids)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] is kjt:
+            _, ids, pending = ahead
+        else:
+            ids, pending = self._feature_ids(storages, bags), None
+        batches = self._dedup(storages, ids, pending)
         if self._sharded is not None:
             looked = self._sharded.lookup(
                 [Request(s, b.keys, b.tags, b.counts) for s, b in zip(storages, batches)],
@@ -189,16 +201,39 @@ class EmbeddingCollection(nn.Module):
                     out.pooled[f.spec.name] = value
         return out
 
+    def prepare(self, kjt: KeyedJaggedTensor) -> None:
+        """Starts deduplicating the ids of a coming batch ``kjt``.
+
+        The sorts are queued on the current stream and their sizes sent to the host
+        without waiting, so the forward of ``kjt`` (the next call with that very
+        object) reads them without draining the stream. A training step calls this
+        for the next batch before its own dense network and backward: the host then
+        never waits for the previous step's kernels. Any other forward drops what was
+        prepared. ZCH storages are deduplicated in the forward (their remapping
+        depends on the remapper's state).
+        """
+        bags = self._check_input(kjt)
+        storages = self._read_storages()
+        ids = self._feature_ids(storages, bags)
+        picked = [i for i, s in enumerate(storages) if s.name not in self.zch_remappers]
+        self._ahead = (kjt, ids, start_dedup([(ids[i], storages[i].plan.fused)
+                                              for i in picked]))
+
+    def _feature_ids(self, storages: list[Storage], bags: dict) -> list[list[list[FeatureIds]]]:
+        return [[[feature_ids(f, bags[f.name]) for f in fs] for fs in self._readers[s.name]]
+                for s in storages]
+
     def _read_storages(self) -> list[Storage]:
         """Storages (dense groups included) that some feature reads (the same on every rank)."""
         return [s for s in self._units if any(self._readers[s.name])]
 
-    def _dedup(self, storages: list[Storage], ids: list[list[list[FeatureIds]]]
-               ) -> list[StorageBatch]:
+    def _dedup(self, storages: list[Storage], ids: list[list[list[FeatureIds]]],
+               pending: PendingDedup | None = None) -> list[StorageBatch]:
         """Deduplicated ids of every storage, dense ids checked before anything changes.
 
-        ZCH storages are remapped (which may claim slots) only after every other
-        dense table's ids passed the range check.
+        ``pending``: the non-ZCH storages' dedup started by ``prepare``. ZCH storages
+        are remapped (which may claim slots) only after every other dense table's ids
+        passed the range check.
         """
         batches: list[StorageBatch | None] = [None] * len(storages)
         for group in (False, True):
@@ -209,7 +244,10 @@ class EmbeddingCollection(nn.Module):
             if group:
                 for i in picked:
                     self._remap_zch(storages[i], ids[i][0])
-            done = dedup_storages([(ids[i], storages[i].plan.fused) for i in picked])
+            if pending is not None and not group:
+                done = pending.result()
+            else:
+                done = dedup_storages([(ids[i], storages[i].plan.fused) for i in picked])
             for i, batch in zip(picked, done):
                 batches[i] = batch
             if not group:

@@ -11,8 +11,11 @@ updates are exchanged inside backward by the embedding collection. The progress
 line then shows global loss, samples/s and table counters, plus the time the
 embedding exchanges took per step (``a2a ... ms/step``).
 
-Batches reach the device through ``prefetch_to_device``: on CUDA the next
-batch's copy runs on a side stream while the current step trains.
+Batches reach the device through ``DevicePrefetcher``: on CUDA the next
+batch's copy runs on a side stream while the current step trains. Each step
+first starts the next batch's id deduplication (``EmbeddingCollection.prepare``)
+so that its sizes reach the host without draining the stream: the host never
+waits for the previous step's kernels and runs ahead of the device.
 
 Step timing (``hashrec.train.timing``, off by default; ``HASHREC_STEP_TIMING=1``)
 adds per-phase milliseconds per step to the progress line, keeps the summary
@@ -45,7 +48,7 @@ from hashrec.train.distributed import global_table_counters, lockstep_batches
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import evaluate, write_eval_result
 from hashrec.train.graphs import DenseGraphs
-from hashrec.train.prefetch import EpochInputs, prefetch_to_device
+from hashrec.train.prefetch import DevicePrefetcher, EpochInputs
 from hashrec.train.progress import ProgressLog, table_counters
 from hashrec.train.summaries import Summaries
 from hashrec.train.timing import StepTimer, format_phases
@@ -185,9 +188,10 @@ class TrainLoop:
         max_epochs = self.options.max_epochs
         batches_in = lockstep_batches(self._inputs.epoch(
             self.epoch, max_epochs is None or self.epoch + 1 < max_epochs), self.ctx)
-        for batch in prefetch_to_device(batches_in, self.session.device):
+        prefetcher = DevicePrefetcher(batches_in, self.session.device)
+        for batch in prefetcher:
             self.timer.batch_ready()
-            self.train_step(batch)
+            self.train_step(batch, prefetcher.upcoming)
             batches += 1
             if self.dumper is not None and self.step % self.dumper.interval_steps == 0:
                 logger.info("incremental dump %s", self.dumper.dump(self.step))
@@ -211,11 +215,16 @@ class TrainLoop:
         every = self.options.save_checkpoints_epochs
         return bool(every) and self.epoch % every == 0
 
-    def train_step(self, batch) -> None:
+    def train_step(self, batch, upcoming=None) -> None:
+        """One step on ``batch``; ``upcoming()`` gives the next batch (or None), whose
+        id deduplication the step starts ahead."""
         s = self.session
         timer = self.timer
         batch = batch.to(s.device, non_blocking=True)
         timer.mark("data_wait")
+        following = upcoming() if upcoming is not None else None
+        if following is not None:
+            s.model.embedding.prepare(following.sparse)
         lrs = s.set_learning_rates(self.step, self.epoch)
         s.dense.optimizer.zero_grad(set_to_none=True)
         losses = self.dense_graphs(s.model.embed(batch, self.embedding_hook), batch)

@@ -1,12 +1,14 @@
 """Copy the next batch to the GPU while the current one trains.
 
 The data loader hands out batches in pinned host memory (``pin_memory``);
-:func:`prefetch_to_device` issues each batch's host-to-device copy on a side
+:class:`DevicePrefetcher` issues each batch's host-to-device copy on a side
 CUDA stream one step ahead, so the copy overlaps the previous step's kernels
 instead of sitting at the head of the next step. The training stream waits for
 the copy before it uses the batch, and every tensor is recorded on the
 training stream so the caching allocator does not hand its memory back to the
 side stream while the step still reads it. On the CPU batches pass through.
+:meth:`DevicePrefetcher.upcoming` shows the next batch early (a training step starts
+its id deduplication ahead).
 """
 
 from __future__ import annotations
@@ -24,31 +26,51 @@ def _batch_tensors(batch) -> list[torch.Tensor]:
     return [t for t in out if t is not None]
 
 
-def prefetch_to_device(batches: Iterable, device: torch.device) -> Iterator:
-    """Yield ``batches`` on ``device``; on CUDA the next batch is copied one step ahead."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        for batch in batches:
-            yield batch.to(device)
-        return
-    side = torch.cuda.Stream(device)
-    iterator = iter(batches)
+class DevicePrefetcher:
+    """Iterates ``batches`` on ``device``, each batch's copy started one step ahead.
 
-    def start(batch):
+    On CUDA the copy runs on a side stream; a batch is handed out (or shown by
+    :meth:`upcoming`) only after the current stream was told to wait for its
+    copy. On the CPU batches pass through, still one ahead so that
+    :meth:`upcoming` works the same.
+    """
+
+    def __init__(self, batches: Iterable, device: torch.device) -> None:
+        self._batches = batches
+        self._device = torch.device(device)
+        self._cuda = self._device.type == "cuda"
+        self._side = torch.cuda.Stream(self._device) if self._cuda else None
+        self._next: list | None = None  # [batch, ready on the current stream]
+
+    def _start(self, batch) -> list | None:
         if batch is None:
             return None
-        with torch.cuda.stream(side):
-            return batch.to(device, non_blocking=True)
+        if not self._cuda:
+            return [batch.to(self._device), True]
+        with torch.cuda.stream(self._side):
+            return [batch.to(self._device, non_blocking=True), False]
 
-    pending = start(next(iterator, None))
-    while pending is not None:
-        main = torch.cuda.current_stream(device)
-        main.wait_stream(side)
-        for tensor in _batch_tensors(pending):
-            tensor.record_stream(main)
-        current = pending
-        pending = start(next(iterator, None))
-        yield current
+    def _ready(self, entry: list):
+        if not entry[1]:
+            main = torch.cuda.current_stream(self._device)
+            main.wait_stream(self._side)
+            for tensor in _batch_tensors(entry[0]):
+                tensor.record_stream(main)
+            entry[1] = True
+        return entry[0]
+
+    def __iter__(self) -> Iterator:
+        iterator = iter(self._batches)
+        self._next = self._start(next(iterator, None))
+        while self._next is not None:
+            current = self._ready(self._next)
+            self._next = self._start(next(iterator, None))
+            yield current
+
+    def upcoming(self):
+        """The batch after the one last handed out, usable on the current stream from
+        here on (its copy may still be running), or None at the end."""
+        return None if self._next is None else self._ready(self._next)
 
 
 class EpochInputs:

@@ -24,11 +24,16 @@ def _collection(device):
     return EmbeddingCollection([dense, *dynamic], FEATURES, SparseAdam(lr=0.05), device)
 
 
-def test_cuda_matches_cpu(make_kjt):
+@pytest.mark.parametrize("ahead", [False, True], ids=["dedup_in_forward", "dedup_ahead"])
+def test_cuda_matches_cpu(make_kjt, ahead):
     collections = {device: _collection(device) for device in ("cpu", "cuda")}
-    for step in range(3):
-        kjt = make_kjt([f.name for f in FEATURES], 16, NUM_IDS, seed=step, weighted=True)
-        outs = {d: c(kjt.to(d)) for d, c in collections.items()}
+    kjts = [make_kjt([f.name for f in FEATURES], 16, NUM_IDS, seed=step, weighted=True)
+            for step in range(3)]
+    on_cuda = [kjt.to("cuda") for kjt in kjts]
+    for step, kjt in enumerate(kjts):
+        outs = {"cpu": collections["cpu"](kjt), "cuda": collections["cuda"](on_cuda[step])}
+        if ahead and step + 1 < len(kjts):  # as a training step does for the next batch
+            collections["cuda"].prepare(on_cuda[step + 1])
         for name in outs["cpu"].pooled:
             torch.testing.assert_close(outs["cuda"].pooled[name].cpu(), outs["cpu"].pooled[name],
                                        rtol=1e-4, atol=1e-5)

@@ -126,3 +126,25 @@ def test_collection_has_no_parameters_and_dense_state_round_trips(make_kjt):
     for collection in (dense, restored):
         _loss(collection(kjt), 9).backward()
     torch.testing.assert_close(restored.dense_tables["t"].rows, dense.dense_tables["t"].rows)
+
+
+def test_prepared_dedup_gives_the_same_training(make_kjt):
+    """prepare(next batch) before each forward changes nothing; a forward of another
+    batch than the prepared one ignores what was prepared."""
+    _, plain = _pair(SparseAdam(lr=0.05))
+    _, ahead = _pair(SparseAdam(lr=0.05))
+    kjts = [make_kjt(KEYS, BATCH, NUM_IDS, seed=step, weighted=True) for step in range(5)]
+    fed = list(kjts)
+    fed[2] = make_kjt(KEYS, BATCH, NUM_IDS, seed=99, weighted=True)  # kjts[2] is prepared
+    ahead.prepare(kjts[0])
+    for step, kjt in enumerate(fed):
+        out_plain, out_ahead = plain(kjt), ahead(kjt)
+        if step + 1 < len(kjts):
+            ahead.prepare(kjts[step + 1])
+        for name in out_plain.pooled:
+            torch.testing.assert_close(out_ahead.pooled[name], out_plain.pooled[name])
+        for name in out_plain.sequences:
+            torch.testing.assert_close(out_ahead.sequences[name][0], out_plain.sequences[name][0])
+        for out in (out_plain, out_ahead):
+            _loss(out, step).backward()
+    torch.testing.assert_close(_dynamic_rows(ahead), _dynamic_rows(plain))

@@ -1,10 +1,10 @@
-"""prefetch_to_device: batches pass through in order on the CPU."""
+"""DevicePrefetcher: batches pass through in order on the CPU; upcoming shows the next."""
 
 import torch
 
 from hashrec.embedding import KeyedJaggedTensor
 from hashrec.features.batch import Batch
-from hashrec.train.prefetch import EpochInputs, _batch_tensors, prefetch_to_device
+from hashrec.train.prefetch import DevicePrefetcher, EpochInputs, _batch_tensors
 
 
 def _batch(i):
@@ -14,13 +14,25 @@ def _batch(i):
 
 
 def test_cpu_batches_pass_through_in_order():
-    out = list(prefetch_to_device([_batch(i) for i in range(3)], torch.device("cpu")))
+    out = list(DevicePrefetcher([_batch(i) for i in range(3)], torch.device("cpu")))
     assert [b.sparse.values().tolist() for b in out] == [[0, 1], [1, 2], [2, 3]]
     assert [b.dense["d"][0, 0].item() for b in out] == [0.0, 1.0, 2.0]
 
 
 def test_empty_input_gives_no_batch():
-    assert list(prefetch_to_device([], torch.device("cpu"))) == []
+    prefetcher = DevicePrefetcher([], torch.device("cpu"))
+    assert list(prefetcher) == []
+    assert prefetcher.upcoming() is None
+
+
+def test_upcoming_is_the_batch_handed_out_next():
+    prefetcher = DevicePrefetcher([_batch(i) for i in range(3)], torch.device("cpu"))
+    seen = []
+    for batch in prefetcher:
+        following = prefetcher.upcoming()
+        seen.append((batch.sparse.values()[0].item(),
+                     None if following is None else following.sparse.values()[0].item()))
+    assert seen == [(0, 1), (1, 2), (2, None)]
 
 
 def test_batch_tensors_cover_every_tensor_of_the_batch():
