@@ -56,6 +56,9 @@ from hashrec.embedding.zch import ZchRemapper
 from hashrec.table import HashTable
 from hashrec.table.optim import OPTIMIZER_SPECS, OptimizerSpec
 
+# Batches whose dedup ``EmbeddingCollection.prepare`` keeps at most.
+_MAX_AHEAD = 2
+
 
 def _check_specs(tables: list[EmbeddingTableSpec], features: list[EmbeddingFeatureSpec],
                  optimizer: OptimizerSpec) -> None:
@@ -148,8 +151,9 @@ class EmbeddingCollection(nn.Module):
                                             for spec in unit.plan.tables]
         self._sharded = ShardedLookups(sharded, dist, group, self.comm_timer) \
             if world > 1 else None
-        # A coming batch's ids and dedup started by ``prepare``: (kjt, ids, pending).
-        self._ahead: tuple | None = None
+        # Coming batches' ids and dedup started by ``prepare``: (kjt, ids, pending),
+        # oldest first, at most ``_MAX_AHEAD``.
+        self._ahead: list[tuple] = []
 
     def _group_features(self, features) -> dict[str, list[list[EmbeddingFeatureSpec]]]:
         readers = {s.name: [[] for _ in s.plan.tables] for s in self._storages}
@@ -178,9 +182,10 @@ class EmbeddingCollection(nn.Module):
             for storage in self._storages:
                 storage.table.advance_step()
         storages = self._read_storages()
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] is kjt:
-            _, ids, pending = ahead
+        ready = [i for i, entry in enumerate(self._ahead) if entry[0] is kjt]
+        if ready:
+            _, ids, pending = self._ahead[ready[0]]
+            del self._ahead[:ready[0] + 1]
         else:
             ids, pending = self._feature_ids(storages, bags), None
         batches = self._dedup(storages, ids, pending)
@@ -205,19 +210,23 @@ class EmbeddingCollection(nn.Module):
         """Starts deduplicating the ids of a coming batch ``kjt``.
 
         The sorts are queued on the current stream and their sizes sent to the host
-        without waiting, so the forward of ``kjt`` (the next call with that very
+        without waiting, so the forward of ``kjt`` (a later call with that very
         object) reads them without draining the stream. A training step calls this
-        for the next batch before its own dense network and backward: the host then
-        never waits for the previous step's kernels. Any other forward drops what was
-        prepared. ZCH storages are deduplicated in the forward (their remapping
+        for the next batch at its start: the host then never waits for the previous
+        step's kernels. ZCH storages are deduplicated in the forward (their remapping
         depends on the remapper's state).
+
+        Up to ``_MAX_AHEAD`` batches are kept (a step may prepare the next batch
+        before its own forward); the forward of a prepared batch drops it and any
+        prepared before it, the forward of another batch leaves them.
         """
         bags = self._check_input(kjt)
         storages = self._read_storages()
         ids = self._feature_ids(storages, bags)
         picked = [i for i, s in enumerate(storages) if s.name not in self.zch_remappers]
-        self._ahead = (kjt, ids, start_dedup([(ids[i], storages[i].plan.fused)
-                                              for i in picked]))
+        self._ahead.append((kjt, ids, start_dedup([(ids[i], storages[i].plan.fused)
+                                                   for i in picked])))
+        del self._ahead[:-_MAX_AHEAD]
 
     def _feature_ids(self, storages: list[Storage], bags: dict) -> list[list[list[FeatureIds]]]:
         return [[[feature_ids(f, bags[f.name]) for f in fs] for fs in self._readers[s.name]]

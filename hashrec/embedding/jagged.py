@@ -265,10 +265,13 @@ class KeyedJaggedTensor:
         return {k: self[k] for k in self._keys}
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> KeyedJaggedTensor:
+        """This KJT on ``device``: itself when every tensor is already there."""
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return self._with_layout(KeyedJaggedTensor(
-            self._keys, move(self._values), move(self._lengths), move(self._weights),
-            move(self._offsets), validate=False))
+        own = (self._values, self._lengths, self._weights, self._offsets)
+        moved = [move(t) for t in own]
+        if all(m is t for m, t in zip(moved, own)):
+            return self._with_layout(self)
+        return self._with_layout(KeyedJaggedTensor(self._keys, *moved, validate=False))
 
     def pin_memory(self) -> KeyedJaggedTensor:
         pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731

@@ -34,9 +34,14 @@ class Batch:
     reserved: dict = field(default_factory=dict)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """This batch on ``device``: itself when every tensor is already there (so a
+        batch prepared ahead, ``EmbeddingCollection.prepare``, stays the same object)."""
         mv = lambda d: {k: v.to(device, non_blocking=non_blocking) for k, v in d.items()}  # noqa: E731
-        return Batch(self.sparse.to(device, non_blocking), mv(self.dense),
-                     mv(self.sequence_dense), mv(self.labels), self.batch_size, self.reserved)
+        groups = (self.dense, self.sequence_dense, self.labels)
+        sparse, moved = self.sparse.to(device, non_blocking), [mv(d) for d in groups]
+        if sparse is self.sparse and all(m[k] is d[k] for m, d in zip(moved, groups) for k in d):
+            return self
+        return Batch(sparse, *moved, self.batch_size, self.reserved)
 
     def pin_memory(self) -> Batch:
         pin = lambda d: {k: v.pin_memory() for k, v in d.items()}  # noqa: E731
