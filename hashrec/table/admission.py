@@ -12,7 +12,6 @@ import math
 
 import torch
 
-from hashrec.table.masked import gather_or, masked_assign_
 from hashrec.table.ops.erase import erase_slots
 from hashrec.table.ops.export import occupied_slots
 from hashrec.table.ops.find import find_slots
@@ -61,7 +60,7 @@ class AdmissionCounter:
         """``count`` over ``keys[active]`` with every tensor kept at size u: no host sync.
 
         Same outcome as ``count(keys[active], ...)`` scattered back to (u,) (False
-        where not active). Needs the Triton upsert (CUDA, or the interpreter).
+        where not active). Needs the Triton kernels (CUDA, or the interpreter).
 
         Args:
             keys: (u,) int64 unique keys; the active ones are absent from the table.
@@ -69,19 +68,14 @@ class AdmissionCounter:
             counts: (u,) int64 occurrences in this batch (>= 1).
             active: (u,) bool keys to count.
         """
-        from hashrec.table.ops.insert.upsert import upsert_slots  # Triton only
+        from hashrec.table.ops.insert.train import count_admission  # Triton only
+        from hashrec.table.ops.insert.upsert import upsert_slots
 
-        storage = self.storage
-        slots = torch.where(active, find_slots(storage, keys, tags), -1)
-        hit = slots >= 0
-        totals = counts + gather_or(storage.scores, slots, 0)
-        admitted = active & (totals >= self.threshold)
-        erase_slots(storage, torch.where(hit & admitted, slots, -1))
-        masked_assign_(storage.scores, slots, hit & ~admitted, totals)
-        result = upsert_slots(storage, keys, tags, totals, allow_evict=True,
-                              active=active & ~hit & ~admitted)
+        counted = count_admission(self.storage, keys, tags, counts, active, self.threshold)
+        result = upsert_slots(self.storage, keys, tags, counted.totals, allow_evict=True,
+                              active=counted.new)
         self.evictions = self.evictions + result.evicted.sum()
-        return admitted
+        return counted.admitted
 
     def state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(keys (c,) int64, tags (c,) int32, counts (c,) int64) of every live counter."""

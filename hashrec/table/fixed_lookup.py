@@ -12,24 +12,28 @@ masks, so nothing is read back on the host except what decides growth:
   reference path), plus one read of the admitted count when the load factor may
   pass ``max_load_factor`` in this lookup.
 
+Besides find and upsert, a lookup is three kernels (``ops/insert/train.py``):
+the hits' scores and protection, the admission count, and one pass that restores
+the hits' scores, initializes the new rows and reads every key's embedding.
+
 The outcome equals the reference path's (``HashTable._upsert``): same admission,
 insert rule, protection of this call's hits, eviction and refusal counts, score
-updates and growth. Initializers drawing from a random generator draw u rows
-instead of one per new or missing key, so their values (not their distribution)
-differ from the reference path's; counter-seeded initializers (``key_seed``) agree.
+updates and growth. UNIFORM and NORMAL initializers without ``key_seed`` draw in
+the kernel (Philox, a seed per call from ``options.seed``), so their values (not
+their distribution) differ from the reference path's; counter-seeded
+initializers (``key_seed``) agree.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 
 import torch
 
 from hashrec.table.errors import TableFullError
-from hashrec.table.initializers import initial_values
-from hashrec.table.masked import gather_or, masked_assign_
 from hashrec.table.ops.dispatch import backend
 from hashrec.table.ops.find import find_slots
 from hashrec.table.ops.insert import reference as insert_reference
@@ -49,6 +53,7 @@ class FixedSizeLookup:
     _refused_warned_at = -math.inf
     _refused_unread: torch.Tensor | None = None  # device-side count not yet read (WARNING)
     _refused_read_at = -math.inf
+    _seed_sequence: random.Random | None = None  # seeds of in-kernel random initializers
 
     def _announce_refused(self, refused: int) -> None:
         """Raises (ERROR) or warns (WARNING: at most once a minute, with the count since
@@ -77,38 +82,65 @@ class FixedSizeLookup:
         module = backend("hashrec.table.ops.insert", insert_reference, self.device)
         return module is not insert_reference
 
-    def _upsert_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
-                      counts: torch.Tensor, given: torch.Tensor | None) -> torch.Tensor:
-        """``_upsert(admit=True)`` of unique keys (u,) in fixed sizes; returns slots (u,)."""
+    def _lookup_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                      counts: torch.Tensor, given: torch.Tensor | None,
+                      train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``lookup`` of unique keys (u,) in fixed sizes: (slots (u,), values (u, dim))."""
+        from hashrec.table.ops.insert.train import finish_rows, protect_hits  # Triton only
+
         slots = find_slots(self.storage, keys, tags)
-        hit = slots >= 0
         self._count_lookups(slots)
-        hit_scores = self._hit_scores_fixed(slots, counts, given)
+        if not train:
+            return slots, finish_rows(self.storage, keys, tags, slots, self.dim,
+                                      self._row_init(self._eval_initializer, keys, tags))
+        hit = slots >= 0
+        mode, clock = self._hit_score_mode(given)
+        # This call's hits are never evicted; they get their new scores at the end.
+        hit_scores = protect_hits(self.storage, slots, counts, given, mode, clock)
         pending = ~hit
         if self._counter is not None:
             admitted = self._counter.count_masked(keys, tags, counts, pending)
             self._stats["admission_rejected"] += (pending & ~admitted).sum()
             pending = admitted
-        # This call's hits are never evicted, and a growth re-inserts them first.
-        masked_assign_(self.storage.scores, slots, hit, PROTECTED)
+        # A growth re-inserts the (protected) hits first.
         if self._grow_fixed(pending, keys.numel()):
             slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
         slots, placed, refused = self._insert_fixed(
             keys, tags, self._new_scores(counts, given), pending, slots, hit)
-        masked_assign_(self.storage.scores, slots, hit, hit_scores)
-        self._init_rows_fixed(slots, placed, keys, tags)
+        values = finish_rows(
+            self.storage, keys, tags, slots, self.dim,
+            self._row_init(self._train_missing_args(), keys, tags),
+            new=self._row_init(self._initializer, keys, tags), placed=placed, hit=hit,
+            hit_scores=hit_scores, state=self._state_row)
         self._stats["inserts"] += placed.sum()
         self._report_refused_fixed(refused)
-        return slots
+        return slots, values
 
-    def _hit_scores_fixed(self, slots: torch.Tensor, counts: torch.Tensor,
-                          given: torch.Tensor | None) -> torch.Tensor:
-        """Scores (u,) the hits get (entries of misses are unused)."""
+    def _hit_score_mode(self, given: torch.Tensor | None) -> tuple[int, int]:
+        """(protect_hits mode, clock) of this table's score strategy."""
+        from hashrec.table.ops.insert.train import SCORE_CLOCK, SCORE_GIVEN, SCORE_LFU
+
         if given is not None:
-            return given
+            return SCORE_GIVEN, 0
         if self.options.score_strategy is ScoreStrategy.LFU:
-            return gather_or(self.storage.scores, slots, 0) + counts
-        return self._now(slots.numel())
+            return SCORE_LFU, 0
+        return SCORE_CLOCK, self._clock()
+
+    def _row_init(self, args: InitializerArgs, keys: torch.Tensor, tags: torch.Tensor | None):
+        """``finish_rows``' form of an initializer for this batch (random modes draw a
+        fresh kernel seed from the table's seed sequence)."""
+        from hashrec.table.ops.insert.train import init_spec
+
+        return init_spec(args, keys, tags, self.dim, self._kernel_seed, self._generator)
+
+    def _kernel_seed(self) -> int:
+        """Next seed of the in-kernel random initializers: a host-side sequence from
+        ``options.seed`` (no device read), or torch's global CPU generator without one."""
+        if self.options.seed is None:
+            return int(torch.randint(0, 2 ** 31 - 1, (1,)).item())
+        if self._seed_sequence is None:
+            self._seed_sequence = random.Random(self.options.seed)
+        return self._seed_sequence.randrange(2 ** 31 - 1)
 
     def _grow_fixed(self, pending: torch.Tensor, bound: int) -> bool:
         """Grows for the ``pending`` (u,) inserts like ``_grow_for``; reads the pending
@@ -169,25 +201,3 @@ class FixedSizeLookup:
         unread, self._refused_unread = int(self._refused_unread), None
         if unread:
             self._announce_refused(unread)
-
-    def _init_rows_fixed(self, slots: torch.Tensor, placed: torch.Tensor, keys: torch.Tensor,
-                         tags: torch.Tensor | None) -> None:
-        """Initializes the rows of ``placed`` (u,) keys: embedding and optimizer state."""
-        from hashrec.table.ops.insert.rows import write_rows  # Triton only
-
-        rows = torch.empty(keys.numel(), self.row_dim, dtype=self.options.dtype,
-                           device=self.device)
-        rows[:, :self.dim] = initial_values(self._initializer, keys, tags, self.dim,
-                                            self.options.dtype, self._generator)
-        if self._state_row is not None:
-            rows[:, self.dim:] = self._state_row
-        write_rows(self.storage.values, slots, placed, rows)
-
-    def _read_fixed(self, slots: torch.Tensor, keys: torch.Tensor, tags: torch.Tensor | None,
-                    missing_args: InitializerArgs) -> torch.Tensor:
-        """Embeddings (u, dim) float32 of slots; -1 reads as ``missing_args``."""
-        stored = self.storage.values[:, :self.dim]
-        missing = initial_values(missing_args, keys, tags, self.dim, torch.float32,
-                                 self._generator)
-        return gather_or(stored, slots, 0).to(torch.float32).where(
-            (slots >= 0)[:, None], missing)

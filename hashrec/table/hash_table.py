@@ -198,12 +198,14 @@ class HashTable(FixedSizeLookup):
         return scores.clamp(max=_PROTECTED - 1)
 
     # ---------------------------------------------------------------- scores
-    def _now(self, n: int) -> torch.Tensor:
+    def _clock(self) -> int:
+        """The score clock: microseconds (TIMESTAMP) or the step."""
         if self.options.score_strategy is ScoreStrategy.TIMESTAMP:
-            clock = time.time_ns() // 1000
-        else:
-            clock = self.step
-        return torch.full((n,), clock, dtype=torch.int64, device=self.device)
+            return time.time_ns() // 1000
+        return self.step
+
+    def _now(self, n: int) -> torch.Tensor:
+        return torch.full((n,), self._clock(), dtype=torch.int64, device=self.device)
 
     def _hit_scores(self, slots: torch.Tensor, counts: torch.Tensor,
                     given: torch.Tensor | None) -> torch.Tensor:
@@ -369,16 +371,15 @@ class HashTable(FixedSizeLookup):
         if counts is None:
             counts = torch.ones(n, dtype=torch.int64, device=self.device)
         counts = check_vector(self.options.name, "counts", counts, torch.int64, self.device, n)
-        read = self._read_fixed if self._fixed_path() else self._read
+        if self._fixed_path():
+            given = self._scores(scores, n) if train else None
+            return LookupResult(*self._lookup_fixed(keys, tags, counts, given, train))
         if not train:
             slots = find_slots(self.storage, keys, tags)
             self._count_lookups(slots)
-            return LookupResult(slots, read(slots, keys, tags, self._eval_initializer))
-        if self._fixed_path():
-            slots = self._upsert_fixed(keys, tags, counts, self._scores(scores, n))
-        else:
-            slots, _ = self._upsert(keys, tags, counts, self._scores(scores, n), admit=True)
-        return LookupResult(slots, read(slots, keys, tags, self._train_missing_args()))
+            return LookupResult(slots, self._read(slots, keys, tags, self._eval_initializer))
+        slots, _ = self._upsert(keys, tags, counts, self._scores(scores, n), admit=True)
+        return LookupResult(slots, self._read(slots, keys, tags, self._train_missing_args()))
 
     def _count_lookups(self, slots: torch.Tensor) -> None:
         self._stats["lookups"] += slots.numel()

@@ -23,8 +23,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed")
 
-from hashrec.table import HashTable, TableOptions  # noqa: E402
-from hashrec.table.masked import gather_or, masked_assign_  # noqa: E402
+from hashrec.table import HashTable, SparseAdagrad, TableOptions  # noqa: E402
 from hashrec.table.ops import dispatch  # noqa: E402
 from hashrec.table.options import AdmissionOptions, InitializerArgs  # noqa: E402
 
@@ -139,6 +138,55 @@ def test_fixed_lookup_matches_reference(strategy, admission, full, tagged):
         assert w_stats["growths"] > 0
 
 
+def test_computed_and_hashed_initializers_and_optimizer_state_match_reference():
+    """TRUNCATED_NORMAL (values computed outside the kernel) for new rows, a hashed
+    UNIFORM admission initializer for keys not admitted, optimizer state columns."""
+    options = dataclasses.replace(
+        _options("LFU", True, True),
+        initializer=InitializerArgs(mode="TRUNCATED_NORMAL", std_dev=0.3, key_seed=5),
+        optimizer=SparseAdagrad(lr=0.1, initial_accumulator_value=0.25),
+        admission=AdmissionOptions(threshold=2, counter_capacity=48, counter_bucket_capacity=8,
+                                   initializer=InitializerArgs(mode="UNIFORM", lower=-1.0,
+                                                               upper=1.0, key_seed=9)))
+    want, got = _run(options, False, True), _run(options, True, True)
+    for step, ((w_slots, w_values), (g_slots, g_values)) in enumerate(zip(want[:-1], got[:-1])):
+        assert torch.equal(g_slots, w_slots), f"step {step}"
+        assert torch.equal(g_values, w_values), f"step {step}"
+        assert (w_slots < 0).any() and (w_values[w_slots < 0] != 0).all()
+    assert got[-1] == want[-1]
+
+
+@pytest.mark.parametrize("mode", ["NORMAL", "UNIFORM"])
+def test_random_initializers_draw_in_the_kernel(mode):
+    """Seeded, reproducible, stored as read, with the configured distribution."""
+    init = InitializerArgs(mode=mode, mean=0.5, std_dev=0.2, lower=-0.3, upper=0.1)
+    options = TableOptions(dim=16, max_capacity=8192, init_capacity=8192, bucket_capacity=32,
+                           score_strategy="LFU", seed=3, initializer=init,
+                           optimizer=SparseAdagrad(lr=0.1, initial_accumulator_value=0.25))
+    keys = torch.arange(2000)
+    drawn = []
+    for _ in range(2):
+        with _backend(True):
+            table = HashTable(options)
+            table.advance_step()
+            first = table.lookup(keys, train=True).values
+            table.advance_step()
+            again = table.lookup(keys, train=True).values
+            stored = {k: r for ks, _, rows, _ in table.export_state(4096)
+                      for k, r in zip(ks.tolist(), rows)}
+        assert torch.equal(again, first)
+        assert torch.equal(torch.stack([stored[k] for k in keys.tolist()])[:, :16], first)
+        drawn.append(first)
+    assert torch.equal(drawn[0], drawn[1])
+    values = drawn[0]
+    assert values.unique().numel() > 0.99 * values.numel()
+    if mode == "NORMAL":
+        assert abs(values.mean().item() - 0.5) < 0.01 and abs(values.std().item() - 0.2) < 0.01
+    else:
+        assert values.min() >= -0.3 and values.max() <= 0.1
+        assert abs(values.mean().item() + 0.1) < 0.01
+
+
 def test_refused_inserts_raise_with_check_mode_error():
     options = _options("NO_EVICTION", False, True, check_mode="ERROR")
     with _backend(True):
@@ -186,29 +234,6 @@ def test_sync_counter_sees_boolean_indexing():
     with SyncCounter() as mode:
         x[x > 2].tolist()
     assert mode.counts["aten.index(bool mask)"] == 1 and mode.counts["tolist"] == 1
-
-
-@pytest.mark.parametrize("n", [0, 1, 7], ids=lambda n: f"n{n}")
-@pytest.mark.parametrize("kind", ["none", "some", "all"])
-def test_masked_assign_matches_boolean_indexing(n, kind):
-    gen = torch.Generator().manual_seed(n)
-    dst = torch.randint(0, 100, (12,), generator=gen)
-    index = torch.randperm(12, generator=gen)[:n]
-    index[::3] = -1
-    mask = {"none": torch.zeros(n, dtype=torch.bool),
-            "some": torch.arange(n) % 2 == 1,
-            "all": torch.ones(n, dtype=torch.bool)}[kind] & (index >= 0)
-    values = torch.randint(100, 200, (n,), generator=gen)
-    want = dst.clone()
-    want[index[mask]] = values[mask]
-    masked_assign_(dst, index, mask, values)
-    assert torch.equal(dst, want)
-
-
-def test_gather_or_reads_fallback_at_negative_index():
-    src = torch.arange(10).view(5, 2)
-    got = gather_or(src, torch.tensor([3, -1, 0]), 7)
-    assert got.tolist() == [[6, 7], [7, 7], [0, 1]]
 
 
 def test_warning_mode_reads_and_reports_refusals_once_a_minute(caplog, monkeypatch):

@@ -1,0 +1,265 @@
+"""Kernels of the fixed-size training lookup (``hashrec.table.fixed_lookup``).
+
+Each replaces a chain of small PyTorch ops (a dozen launches or more) with one
+launch over the batch's u unique keys; none reads anything back on the host:
+
+* ``protect_hits``: the score every hit gets after the call (LFU: stored score
+  plus the batch count; STEP / TIMESTAMP: the clock; CUSTOMIZED: the caller's),
+  and the hits' stored scores set to the maximum so that no insert of the call
+  evicts them;
+* ``count_admission``: the admission counter's find, count, admit-and-erase and
+  count update, returning which keys were admitted, their totals and which
+  need a new counter;
+* ``finish_rows``: the hits' scores restored to their new values, the rows of
+  keys placed by the call initialized (embedding and optimizer state), and the
+  (u, dim) float32 embeddings read: stored rows, the new rows, and the missing
+  keys' initializer value.
+
+Initial values are computed in the kernel for CONSTANT, UNIFORM with ``key_seed``
+(the reference's float64 hash, bit for bit) and UNIFORM / NORMAL from a random
+generator (Philox, seeded per call by the table); other initializers come in as a
+(u, dim) tensor computed by ``initial_values``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from hashrec.table._triton_hash import is_pow2, load_tags, mix64, tagged_hash
+from hashrec.table.initializers import _SEED_STRIDE, initial_values
+from hashrec.table.ops.find.triton import digest_line, probe_bucket
+from hashrec.table.options import InitializerArgs, InitializerMode
+from hashrec.table.storage import TableStorage
+
+# Hit-score modes of protect_hits.
+SCORE_GIVEN, SCORE_LFU, SCORE_CLOCK = 0, 1, 2
+# Initial-value modes of finish_rows.
+_GIVEN, _CONSTANT, _HASHED_UNIFORM, _RANDOM_UNIFORM, _RANDOM_NORMAL = range(5)
+_BLOCK = 256
+
+
+@triton.jit
+def _protect_kernel(slots_ptr, counts_ptr, given_ptr, t_scores, out_ptr, n, clock,
+                    MODE: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    slot = tl.load(slots_ptr + i, mask=mask, other=-1)
+    hit = mask & (slot >= 0)
+    if MODE == 0:
+        score = tl.load(given_ptr + i, mask=mask, other=0)
+    elif MODE == 1:
+        score = tl.load(t_scores + slot, mask=hit, other=0) + tl.load(counts_ptr + i, mask=mask,
+                                                                      other=0)
+    else:
+        score = tl.zeros([BLOCK], dtype=tl.int64) + clock
+    tl.store(out_ptr + i, score, mask=mask)
+    tl.store(t_scores + slot, tl.zeros([BLOCK], dtype=tl.int64) + 0x7FFFFFFFFFFFFFFF, mask=hit)
+
+
+def protect_hits(storage: TableStorage, slots: torch.Tensor, counts: torch.Tensor,
+                 given: torch.Tensor | None, mode: int, clock: int = 0) -> torch.Tensor:
+    """Scores (u,) int64 the keys at ``slots`` (-1: miss) get after the call, by ``mode``
+    (SCORE_GIVEN: ``given``; SCORE_LFU: stored score + ``counts``; SCORE_CLOCK:
+    ``clock``); the hits' stored scores become the int64 maximum. One launch."""
+    n = slots.numel()
+    out = torch.empty(n, dtype=torch.int64, device=slots.device)
+    if n:
+        _protect_kernel[(triton.cdiv(n, _BLOCK),)](
+            slots, counts, given if given is not None else counts, storage.scores, out, n,
+            int(clock), MODE=mode, BLOCK=_BLOCK)
+    return out
+
+
+@triton.jit
+def _count_kernel(keys_ptr, tags_ptr, counts_ptr, active_ptr, t_keys, t_tags, t_line,
+                  t_digests, t_scores, admitted_ptr, totals_ptr, insert_ptr, n, num_buckets,
+                  threshold, HAS_TAGS: tl.constexpr, CAP: tl.constexpr, LINE: tl.constexpr,
+                  WORDS: tl.constexpr, POW2: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    active = mask & (tl.load(active_ptr + i, mask=mask, other=0) != 0)
+    key = tl.load(keys_ptr + i, mask=active, other=0)
+    tag = load_tags(tags_ptr, i, active, HAS_TAGS)
+    slot = probe_bucket(key, tag, active, t_keys, t_tags, t_line, num_buckets, CAP, LINE, WORDS,
+                        POW2)
+    hit = active & (slot >= 0)
+    total = tl.load(counts_ptr + i, mask=mask, other=0) + tl.load(t_scores + slot, mask=hit,
+                                                                  other=0)
+    admitted = active & (total >= threshold)
+    # A key is stored at most once and keys are unique, so no two programs touch one slot.
+    tl.store(t_digests + slot, tl.zeros([BLOCK], dtype=tl.uint8), mask=hit & admitted)
+    tl.store(t_scores + slot, total, mask=hit & ~admitted)
+    tl.store(admitted_ptr + i, admitted.to(tl.int8), mask=mask)
+    tl.store(totals_ptr + i, total, mask=mask)
+    tl.store(insert_ptr + i, (active & ~hit & ~admitted).to(tl.int8), mask=mask)
+
+
+class Counted(NamedTuple):
+    """``count_admission`` of a batch: admitted (u,) bool, totals (u,) int64 (the counts
+    after this batch), new (u,) bool: active keys without a counter, not admitted."""
+
+    admitted: torch.Tensor
+    totals: torch.Tensor
+    new: torch.Tensor
+
+
+def count_admission(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
+                    counts: torch.Tensor, active: torch.Tensor, threshold: int) -> Counted:
+    """Adds ``counts`` to the counters (``storage``: the counter table) of the ``active``
+    unique keys: a key whose total reaches ``threshold`` is admitted and its counter
+    erased; an existing counter below it takes the total. One launch; the new
+    counters are the caller's to insert."""
+    n = keys.numel()
+    flags = torch.empty(2 * n, dtype=torch.bool, device=keys.device)
+    totals = torch.empty(n, dtype=torch.int64, device=keys.device)
+    if n:
+        line, width, words = digest_line(storage)
+        block = max(1, min(64, 16384 // width))
+        _count_kernel[(triton.cdiv(n, block),)](
+            keys, tags if tags is not None else keys, counts, active.view(torch.int8),
+            storage.keys, storage.tags, line, storage.digests, storage.scores,
+            flags[:n].view(torch.int8), totals, flags[n:].view(torch.int8), n,
+            storage.num_buckets, int(threshold), HAS_TAGS=tags is not None,
+            CAP=storage.bucket_capacity, LINE=width, WORDS=words,
+            POW2=is_pow2(storage.num_buckets), BLOCK=block,
+            num_warps=2)
+    return Counted(flags[:n], totals, flags[n:])
+
+
+class RowInit(NamedTuple):
+    """How ``finish_rows`` computes initial values (see ``init_spec``)."""
+
+    mode: int
+    a: float = 0.0
+    b: float = 0.0
+    seed: int = 0
+    given: torch.Tensor | None = None
+
+
+def init_spec(args: InitializerArgs, keys: torch.Tensor, tags: torch.Tensor | None, dim: int,
+              seed: Callable[[], int], generator: torch.Generator | None) -> RowInit:
+    """The kernel form of ``args`` for a batch of u keys; ``seed()`` gives the random
+    modes their seed; ``generator`` serves ``initial_values`` for the other modes."""
+    n = keys.numel()
+    mode = args.mode
+    if mode is InitializerMode.CONSTANT:
+        return RowInit(_CONSTANT, float(args.value))
+    random_ok = args.key_seed is None and n * dim < 2 ** 31  # Philox offsets are 32-bit
+    if mode is InitializerMode.UNIFORM and args.key_seed is not None:
+        return RowInit(_HASHED_UNIFORM, args.upper - args.lower, args.lower,
+                       args.key_seed * _SEED_STRIDE & ((1 << 63) - 1))
+    if mode is InitializerMode.UNIFORM and random_ok:
+        return RowInit(_RANDOM_UNIFORM, args.upper - args.lower, args.lower, seed())
+    if mode is InitializerMode.NORMAL and random_ok:
+        return RowInit(_RANDOM_NORMAL, args.std_dev, args.mean, seed())
+    return RowInit(_GIVEN, given=initial_values(args, keys, tags, dim, torch.float32, generator))
+
+
+@triton.jit
+def _initial(MODE: tl.constexpr, given_ptr, i, col, valid, key, tag, a, b, seed,
+             DIM: tl.constexpr, BLOCK: tl.constexpr, ROW_P2: tl.constexpr):
+    """Initial values (BLOCK, P2) float32 of the keys at batch rows ``i`` (see RowInit)."""
+    emb = valid[:, None] & (col[None, :] < DIM)
+    if MODE == 0:
+        out = tl.load(given_ptr + i[:, None] * DIM + col[None, :], mask=emb, other=0.0)
+    elif MODE == 1:
+        out = tl.zeros([BLOCK, ROW_P2], dtype=tl.float32) + a
+    elif MODE == 2:
+        base = mix64(tagged_hash(key, tag) ^ seed.to(tl.uint64))
+        # Column c mixes in (c + 1) * 0x9E3779B97F4A7C15, as ``hashed_uniforms``.
+        step = (col + 1).to(tl.uint64) * 0x9E3779B97F4A7C15
+        bits = mix64(base[:, None] + step[None, :])
+        u = ((bits >> 11).to(tl.int64).to(tl.float64) + 0.5) * (1.0 / 9007199254740992.0)
+        out = (u * a + b).to(tl.float32)
+    else:
+        offset = (i[:, None] * DIM + col[None, :]).to(tl.int32)
+        if MODE == 3:
+            out = tl.rand(seed, offset) * a + b
+        else:
+            out = tl.randn(seed, offset) * a + b
+    return out
+
+
+@triton.jit
+def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_scores_ptr, values,
+                   t_scores, state_ptr, out_ptr, new_given, miss_given, n, new_a, new_b,
+                   new_seed, miss_a, miss_b, miss_seed, HAS_TAGS: tl.constexpr,
+                   WRITES: tl.constexpr, HAS_STATE: tl.constexpr, NEW_MODE: tl.constexpr,
+                   MISS_MODE: tl.constexpr, DIM: tl.constexpr, ROW_DIM: tl.constexpr,
+                   ROW_P2: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    slot = tl.load(slots_ptr + i, mask=mask, other=-1)
+    missing = mask & (slot < 0)
+    if WRITES:
+        placed = mask & (slot >= 0) & (tl.load(placed_ptr + i, mask=mask, other=0) != 0)
+        hit = mask & (slot >= 0) & (tl.load(hit_ptr + i, mask=mask, other=0) != 0)
+        tl.store(t_scores + slot, tl.load(hit_scores_ptr + i, mask=hit, other=0), mask=hit)
+    else:
+        placed = mask & (slot < -1)  # no key: nothing is written
+    stored = mask & (slot >= 0) & ~placed
+    fresh = placed | missing
+    key = tl.load(keys_ptr + i, mask=fresh, other=0)
+    tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
+    col = tl.arange(0, ROW_P2)
+    emb = col[None, :] < DIM
+    row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :], mask=stored[:, None] & emb,
+                  other=0.0).to(tl.float32)
+    if WRITES:
+        new = _initial(NEW_MODE, new_given, i, col, placed, key, tag, new_a, new_b, new_seed,
+                       DIM, BLOCK, ROW_P2).to(values.dtype.element_ty)
+        tl.store(values + slot[:, None] * ROW_DIM + col[None, :], new,
+                 mask=placed[:, None] & emb)
+        if HAS_STATE:
+            state = tl.load(state_ptr + col - DIM, mask=(col >= DIM) & (col < ROW_DIM), other=0)
+            tl.store(values + slot[:, None] * ROW_DIM + col[None, :],
+                     tl.zeros([BLOCK, ROW_P2], dtype=values.dtype.element_ty) + state[None, :],
+                     mask=placed[:, None] & (col[None, :] >= DIM) & (col[None, :] < ROW_DIM))
+        row = tl.where(placed[:, None], new.to(tl.float32), row)
+    miss = _initial(MISS_MODE, miss_given, i, col, missing, key, tag, miss_a, miss_b, miss_seed,
+                    DIM, BLOCK, ROW_P2)
+    row = tl.where(missing[:, None], miss, row)
+    tl.store(out_ptr + i[:, None] * DIM + col[None, :], row, mask=mask[:, None] & emb)
+
+
+def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
+                slots: torch.Tensor, dim: int, missing: RowInit, new: RowInit | None = None,
+                placed: torch.Tensor | None = None, hit: torch.Tensor | None = None,
+                hit_scores: torch.Tensor | None = None,
+                state: torch.Tensor | None = None) -> torch.Tensor:
+    """Embeddings (u, dim) float32 of the keys at ``slots`` (-1: read ``missing``).
+
+    With ``new`` (a training lookup), also in the same launch: the rows of ``placed``
+    (u,) bool keys get ``new`` initial values (stored in the table's dtype, and read
+    back as stored) and ``state`` (row_dim - dim,) in the optimizer columns; the
+    scores of ``hit`` (u,) bool keys become ``hit_scores``.
+    """
+    n, row_dim = keys.numel(), storage.row_dim
+    out = torch.empty(n, dim, dtype=torch.float32, device=keys.device)
+    if n == 0:
+        return out
+    writes = new is not None
+    new = new or RowInit(_CONSTANT)
+    row_p2 = triton.next_power_of_2(row_dim)
+    block = max(1, min(64, 4096 // row_p2))
+    flags = (placed.view(torch.int8), hit.view(torch.int8), hit_scores) if writes else (
+        slots, slots, slots)
+    _finish_kernel[(triton.cdiv(n, block),)](
+        keys, tags if tags is not None else keys, slots, *flags, storage.values, storage.scores,
+        state if state is not None else out, out,
+        new.given if new.given is not None else out,
+        missing.given if missing.given is not None else out, n, float(new.a), float(new.b),
+        int(new.seed), float(missing.a), float(missing.b), int(missing.seed),
+        HAS_TAGS=tags is not None, WRITES=writes, HAS_STATE=state is not None,
+        NEW_MODE=new.mode, MISS_MODE=missing.mode, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,
+        BLOCK=block)
+    return out
+
+
+__all__ = ["SCORE_CLOCK", "SCORE_GIVEN", "SCORE_LFU", "Counted", "RowInit",
+           "count_admission", "finish_rows", "init_spec", "protect_hits"]
