@@ -13,6 +13,7 @@ its id deduplication ahead).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -73,13 +74,40 @@ class DevicePrefetcher:
         return None if self._next is None else self._ready(self._next)
 
 
+class _Started:
+    """``iter(loader)`` run on a background thread (starting loader workers takes the
+    caller tens of milliseconds per worker; the training thread should not wait)."""
+
+    def __init__(self, make, epoch: int) -> None:
+        self.epoch = epoch
+        self._iterator: Iterator | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(make,),
+                                         name=f"hashrec-epoch-{epoch}-start", daemon=True)
+        self._thread.start()
+
+    def _run(self, make) -> None:
+        try:
+            self._iterator = iter(make(self.epoch))
+        except BaseException as err:  # re-raised in the training thread by result()
+            self._error = err
+
+    def result(self) -> Iterator:
+        """The started iterator (waits for the start); the start's exception if it failed."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._iterator
+
+
 class EpochInputs:
     """The training input epoch by epoch, the next epoch's loader started one epoch ahead.
 
     A data loader with worker processes needs a second or so to start its workers
     and fill their queues; at every epoch boundary the step would wait for it.
     ``epoch(e, more)`` returns epoch ``e``'s batches and, when ``more`` epochs may
-    follow, starts epoch ``e + 1``'s loader right away: its workers fill their
+    follow, starts epoch ``e + 1``'s loader right away, on a background thread (the
+    worker start itself would stall the training thread): its workers fill their
     queues (then block) while epoch ``e`` trains. The batches of every epoch are
     the same as without the head start; an epoch started but never used is shut
     down by ``close``.
@@ -91,19 +119,26 @@ class EpochInputs:
 
     def __init__(self, make, ahead: bool) -> None:
         self._make, self._ahead = make, ahead
-        self._next: tuple[int, Iterator] | None = None
+        self._next: _Started | None = None
 
     def epoch(self, epoch: int, more: bool) -> Iterator:
         """Batches of ``epoch``; starts ``epoch + 1`` when ``more`` and running ahead."""
-        if self._next is not None and self._next[0] == epoch:
-            current = self._next[1]
+        started, self._next = self._next, None
+        if started is not None and started.epoch == epoch:
+            current = started.result()
         else:
+            if started is not None:
+                started.result()  # let an unused start finish before dropping it
             current = iter(self._make(epoch))
-        self._next = None
         if self._ahead and more:
-            self._next = (epoch + 1, iter(self._make(epoch + 1)))
+            self._next = _Started(self._make, epoch + 1)
         return current
 
     def close(self) -> None:
         """Drops an epoch started ahead and not used (its workers shut down)."""
-        self._next = None
+        started, self._next = self._next, None
+        if started is not None:
+            try:
+                started.result()
+            except Exception:  # noqa: BLE001 - an epoch never used; its error does not matter
+                pass

@@ -1,5 +1,9 @@
 """DevicePrefetcher: batches pass through in order on the CPU; upcoming shows the next."""
 
+import threading
+import time
+
+import pytest
 import torch
 
 from hashrec.embedding import KeyedJaggedTensor
@@ -44,11 +48,16 @@ def test_batch_tensors_cover_every_tensor_of_the_batch():
 class _Loaders:
     """Fake per-epoch loaders that log when each epoch's iterator starts."""
 
-    def __init__(self):
+    def __init__(self, fail_at=None):
         self.events = []
+        self.threads = {}
+        self.fail_at = fail_at
 
     def __call__(self, epoch):
         events = self.events
+        self.threads[epoch] = threading.current_thread().name
+        if epoch == self.fail_at:
+            raise OSError(f"cannot start epoch {epoch}")
 
         def batches():
             for i in range(3):
@@ -67,8 +76,12 @@ def test_next_epoch_starts_while_the_current_one_trains():
     loaders = _Loaders()
     inputs = EpochInputs(loaders, ahead=True)
     first = inputs.epoch(0, more=True)
-    assert next(first) == (0, 0)
+    deadline = time.monotonic() + 10
+    while ("start", 1) not in loaders.events and time.monotonic() < deadline:
+        time.sleep(0.001)
     assert ("start", 1) in loaders.events  # started before epoch 0 is consumed
+    assert threading.current_thread().name not in loaders.threads[1]
+    assert next(first) == (0, 0)
     assert list(first) == [(0, 1), (0, 2)]
     assert list(inputs.epoch(1, more=False)) == [(1, 0), (1, 1), (1, 2)]
     assert [e for e in loaders.events if e[0] == "start"] == [("start", 0), ("start", 1)]
@@ -82,6 +95,13 @@ def test_epochs_give_the_same_batches_with_or_without_running_ahead():
         got[ahead] = [b for e in range(3) for b in inputs.epoch(e, more=e < 2)]
         inputs.close()
     assert got[True] == got[False]
+
+
+def test_a_failed_start_ahead_raises_when_that_epoch_is_needed():
+    inputs = EpochInputs(_Loaders(fail_at=1), ahead=True)
+    assert list(inputs.epoch(0, more=True)) == [(0, 0), (0, 1), (0, 2)]
+    with pytest.raises(OSError, match="cannot start epoch 1"):
+        inputs.epoch(1, more=False)
 
 
 def test_an_unused_epoch_is_replaced_when_the_loop_jumps():
