@@ -33,10 +33,10 @@ step() {  # step NAME SECONDS COMMAND...
       tests/train
   step gen_data 80 python3 -m hashrec.tools.gen_taobao_data --output_dir "$data" \
       --num_rows 1000000 --num_files 16 --sequence_format "${SEQUENCE_FORMAT:-list}" --quiet
-  CUDA_VISIBLE_DEVICES=0 step train_1gpu 240 python3 benchmarks/bench_train.py \
+  CUDA_VISIBLE_DEVICES=0 step train_1gpu 300 python3 benchmarks/bench_train.py \
       --data_dir "$data" --num_rows 1000000 --num_steps "$steps" --warmup_steps "$warmup" \
       --out_dir "$out"
-  step train_2gpu 170 python3 benchmarks/bench_train.py --nproc 2 --data_dir "$data" \
+  step train_2gpu 200 python3 benchmarks/bench_train.py --nproc 2 --data_dir "$data" \
       --num_rows 1000000 --num_steps "$steps" --warmup_steps "$warmup" --out_dir "$out"
   CUDA_VISIBLE_DEVICES=0 step audit_syncs 60 python3 benchmarks/audit_syncs.py --data "$data" \
       --config dynamicemb --warmup 120 --out "$out/syncs_gpu_dynamicemb"
