@@ -144,7 +144,8 @@ class FileDataset(IterableDataset):
         # Workers read single-threaded: the DataLoader already runs one per core.
         for epoch in range(opts.num_epochs):
             order = epoch_order(self.pieces, opts.shuffle, opts.seed, epoch)
-            chunks = self._chunks(slot_ranges(order, slot, num_slots), main_process)
+            chunks = self._chunks(slot_ranges(order, slot, num_slots, opts.batch_size),
+                                  main_process)
             if opts.shuffle:
                 rng = np.random.default_rng([opts.seed, epoch, slot])
                 tables = shuffle_rebatch(chunks, opts.batch_size, opts.drop_remainder,

@@ -1,10 +1,14 @@
 """Split the rows of a list of pieces among ranks and workers.
 
 Every reader (one DataLoader worker of one rank) is a *slot*; slot
-``rank * num_workers + worker`` of ``world_size * num_workers`` reads the
-contiguous row range ``[slot * T // S, (slot + 1) * T // S)`` of the pieces laid
-end to end (T rows, S slots). Ranges tile the rows exactly, so no row is lost
-or read twice, and slots differ by at most one row.
+``rank * num_workers + worker`` of ``world_size * num_workers`` reads one
+contiguous row range of the pieces laid end to end (T rows, S slots). The ranges
+are cut at whole batches (B rows): of the F = T // B full batches, slot s reads
+batches ``[s * F // S, (s + 1) * F // S)``, and slot 0 (which has the fewest) also
+reads the R = T - F * B rows left over, at its end (so all ranges after it start R
+rows later). Ranges tile the rows exactly, so no row is lost or read twice; slots,
+and ranks, differ by at most one batch, and only slot 0 ends with a partial batch
+(rather than every slot: with 12 workers, 12 ragged steps per epoch).
 """
 
 from __future__ import annotations
@@ -27,13 +31,19 @@ def epoch_order(pieces: Sequence[Piece], shuffle: bool, seed: int, epoch: int) -
     return [pieces[i] for i in perm]
 
 
-def slot_ranges(pieces: Sequence[Piece], slot: int, num_slots: int
+def slot_ranges(pieces: Sequence[Piece], slot: int, num_slots: int, batch_size: int = 1
                 ) -> list[tuple[Piece, int, int]]:
-    """The (piece, start, stop) row ranges that slot ``slot`` of ``num_slots`` reads."""
+    """The (piece, start, stop) row ranges that slot ``slot`` of ``num_slots`` reads,
+    cut at multiples of ``batch_size`` rows (see the module docstring)."""
     if not 0 <= slot < num_slots:
         raise ValueError(f"slot must be in [0, {num_slots}), got {slot}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     total = sum(p.num_rows for p in pieces)
-    lo, hi = slot * total // num_slots, (slot + 1) * total // num_slots
+    full = total // batch_size
+    rest = total - full * batch_size
+    lo = 0 if slot == 0 else slot * full // num_slots * batch_size + rest
+    hi = (slot + 1) * full // num_slots * batch_size + rest
     ranges, pos = [], 0
     for piece in pieces:
         start, stop = max(lo, pos), min(hi, pos + piece.num_rows)

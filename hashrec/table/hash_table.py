@@ -220,7 +220,7 @@ class HashTable(FixedSizeLookup):
         if given is not None:
             return given
         if self.options.score_strategy is ScoreStrategy.LFU:
-            return counts.clone()
+            return counts  # read only: the insert copies scores into the table
         return self._now(counts.numel())
 
     # ---------------------------------------------------------------- growth

@@ -17,15 +17,28 @@ def _rows(pieces, ranges):
     return [base[p] + r for p, start, stop in ranges for r in range(start, stop)]
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 20), min_size=1, max_size=12), st.integers(1, 17))
-def test_slots_tile_every_row_exactly_once_and_balance(sizes, num_slots):
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=12), st.integers(1, 17),
+       st.integers(1, 9))
+def test_slots_tile_every_row_exactly_once_in_whole_batches(sizes, num_slots, batch):
     pieces = _pieces(sizes)
-    per_slot = [_rows(pieces, slot_ranges(pieces, s, num_slots)) for s in range(num_slots)]
+    per_slot = [_rows(pieces, slot_ranges(pieces, s, num_slots, batch))
+                for s in range(num_slots)]
     flat = [r for rows in per_slot for r in rows]
     assert flat == list(range(sum(sizes)))
     counts = [len(rows) for rows in per_slot]
-    assert max(counts) - min(counts) <= 1
+    # Only slot 0 holds a partial batch; slots differ by at most one batch, partial
+    # batches included.
+    assert all(c % batch == 0 for c in counts[1:])
+    assert (counts[0] - sum(sizes) % batch) % batch == 0
+    batches = [-(-c // batch) for c in counts]
+    assert max(batches) - min(batches) <= 1
+
+
+def test_one_row_batches_split_rows_evenly():
+    pieces = _pieces([7, 5, 9])
+    counts = [len(_rows(pieces, slot_ranges(pieces, s, 4))) for s in range(4)]
+    assert counts == [5, 5, 5, 6]  # as T * s // S splits them
 
 
 def test_slot_out_of_range_is_rejected():

@@ -150,6 +150,14 @@ def _config(dim_p2: int) -> dict:
     return {"block": 64, "num_warps": 2 if dim_p2 <= 32 else 4}
 
 
+def probe_block(width: int, num_warps: int = 2, limit: int = 64) -> int:
+    """Keys per program of a probe over digest lines ``width`` elements wide: at most
+    ``limit``, and few enough that the (keys, width) digest tile stays near 32 values
+    per thread (wide buckets, such as the admission counters' 1,024 slots, would
+    otherwise spill registers)."""
+    return max(1, min(limit, 32 * 32 * num_warps // width))
+
+
 def digest_line(storage: TableStorage) -> tuple[torch.Tensor, int, bool]:
     """The digest array as the probe reads it: (tensor, line width, as 32-bit words)."""
     digests, cap = storage.digests, storage.bucket_capacity
@@ -170,7 +178,8 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     dim = values.shape[1] if values is not None else 1
     dim_p2 = triton.next_power_of_2(dim)
     config = config or _config(dim_p2)
-    block = max(1, min(config["block"], 16384 // max(width, dim_p2)))
+    block = min(probe_block(width, config["num_warps"], config["block"]),
+                max(1, 16384 // dim_p2))
     _find_kernel[(triton.cdiv(n, block),)](
         keys, tags if tags is not None else keys, storage.keys, storage.tags, line,
         storage.values, slots, values if values is not None else slots, n,

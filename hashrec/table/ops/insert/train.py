@@ -32,7 +32,7 @@ import triton.language as tl
 
 from hashrec.table._triton_hash import is_pow2, load_tags, mix64, tagged_hash
 from hashrec.table.initializers import _SEED_STRIDE, initial_values
-from hashrec.table.ops.find.triton import digest_line, probe_bucket
+from hashrec.table.ops.find.triton import digest_line, probe_block, probe_bucket
 from hashrec.table.options import InitializerArgs, InitializerMode
 from hashrec.table.storage import TableStorage
 
@@ -119,7 +119,7 @@ def count_admission(storage: TableStorage, keys: torch.Tensor, tags: torch.Tenso
     totals = torch.empty(n, dtype=torch.int64, device=keys.device)
     if n:
         line, width, words = digest_line(storage)
-        block = max(1, min(64, 16384 // width))
+        block = probe_block(width)
         _count_kernel[(triton.cdiv(n, block),)](
             keys, tags if tags is not None else keys, counts, active.view(torch.int8),
             storage.keys, storage.tags, line, storage.digests, storage.scores,

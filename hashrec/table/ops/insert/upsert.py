@@ -38,7 +38,7 @@ from hashrec.table._triton_hash import (
     load_tags,
     tagged_hash,
 )
-from hashrec.table.ops.find.triton import digest_line, probe_bucket
+from hashrec.table.ops.find.triton import digest_line, probe_block, probe_bucket
 from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.triton import bucket_state, write_entries
 from hashrec.table.storage import TableStorage
@@ -327,7 +327,7 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
     wide = shift > NARROW_MAX_SHIFT
     sort_key = torch.empty(n, dtype=torch.int64 if wide else torch.int32, device=keys.device)
     line, width, words = digest_line(storage)
-    block = 64
+    block = probe_block(width)
     _probe_sort_kernel[(triton.cdiv(n, block),)](
         keys, tags if tags is not None else keys,
         active.view(torch.uint8) if active is not None else keys, storage.keys, storage.tags,
