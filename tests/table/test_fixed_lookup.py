@@ -156,6 +156,19 @@ def test_computed_and_hashed_initializers_and_optimizer_state_match_reference():
     assert got[-1] == want[-1]
 
 
+def test_wide_counter_buckets_match_reference():
+    """512-slot counter buckets: the probes run fewer keys per program (probe_block)."""
+    options = dataclasses.replace(
+        _options("LFU", True, True),
+        admission=AdmissionOptions(threshold=2, counter_capacity=1024,
+                                   counter_bucket_capacity=512))
+    want, got = _run(options, False, True), _run(options, True, True)
+    for (w_slots, w_values), (g_slots, g_values) in zip(want[:-1], got[:-1]):
+        assert torch.equal(g_slots, w_slots)
+        torch.testing.assert_close(g_values, w_values)
+    assert got[-1] == want[-1]
+
+
 @pytest.mark.parametrize("mode", ["NORMAL", "UNIFORM"])
 def test_random_initializers_draw_in_the_kernel(mode):
     """Seeded, reproducible, stored as read, with the configured distribution."""
