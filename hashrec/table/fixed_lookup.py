@@ -54,6 +54,8 @@ class FixedSizeLookup:
     _refused_unread: torch.Tensor | None = None  # device-side count not yet read (WARNING)
     _refused_read_at = -math.inf
     _seed_sequence: random.Random | None = None  # seeds of in-kernel random initializers
+    # Counter sums not yet in _stats, by the tuple of counter names (_count_masks).
+    _device_counts: dict[tuple[str, ...], torch.Tensor] | None = None
 
     def _announce_refused(self, refused: int) -> None:
         """Raises (ERROR) or warns (WARNING: at most once a minute, with the count since
@@ -89,32 +91,55 @@ class FixedSizeLookup:
         from hashrec.table.ops.insert.train import finish_rows, protect_hits  # Triton only
 
         slots = find_slots(self.storage, keys, tags)
-        self._count_lookups(slots)
+        hit = slots >= 0
+        self._stats["lookups"] += slots.numel()
+        counted = {"hits": hit}  # counters added from masks, all in one reduction
         if not train:
+            self._count_masks(counted)
             return slots, finish_rows(self.storage, keys, tags, slots, self.dim,
                                       self._row_init(self._eval_initializer, keys, tags))
-        hit = slots >= 0
         mode, clock = self._hit_score_mode(given)
         # This call's hits are never evicted; they get their new scores at the end.
         hit_scores = protect_hits(self.storage, slots, counts, given, mode, clock)
         pending = ~hit
         if self._counter is not None:
             admitted = self._counter.count_masked(keys, tags, counts, pending)
-            self._stats["admission_rejected"] += (pending & ~admitted).sum()
+            counted["admission_rejected"] = pending & ~admitted
             pending = admitted
         # A growth re-inserts the (protected) hits first.
         if self._grow_fixed(pending, keys.numel()):
             slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
-        slots, placed, refused = self._insert_fixed(
+        slots, placed, refused, evicted = self._insert_fixed(
             keys, tags, self._new_scores(counts, given), pending, slots, hit)
         values = finish_rows(
             self.storage, keys, tags, slots, self.dim,
             self._row_init(self._train_missing_args(), keys, tags),
             new=self._row_init(self._initializer, keys, tags), placed=placed, hit=hit,
             hit_scores=hit_scores, state=self._state_row)
-        self._stats["inserts"] += placed.sum()
+        counted["inserts"] = placed
+        if evicted is not None:
+            counted["evictions"] = evicted
+        self._count_masks(counted)
         self._report_refused_fixed(refused)
         return slots, values
+
+    def _count_masks(self, masks: dict[str, torch.Tensor]) -> None:
+        """Adds each (u,) bool mask's True count to the counter it names: one stack and
+        one sum for all of them, kept on the device until ``stats()`` reads them."""
+        names = tuple(masks)
+        sums = torch.stack(list(masks.values())).sum(1)
+        if self._device_counts is None:
+            self._device_counts = {}
+        before = self._device_counts.get(names)
+        self._device_counts[names] = sums if before is None else before + sums
+
+    def _fold_device_counts(self) -> None:
+        """Moves the device-side counts of ``_count_masks`` into ``_stats`` (one read
+        per set of counter names)."""
+        for names, sums in (self._device_counts or {}).items():
+            for name, value in zip(names, sums.tolist()):
+                self._stats[name] += value
+        self._device_counts = None
 
     def _hit_score_mode(self, given: torch.Tensor | None) -> tuple[int, int]:
         """(protect_hits mode, clock) of this table's score strategy."""
@@ -157,10 +182,12 @@ class FixedSizeLookup:
     def _insert_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
                       scores: torch.Tensor, pending: torch.Tensor, slots: torch.Tensor,
                       hit: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int,
+                                 torch.Tensor | None]:
         """Inserts ``pending`` (u,) keys, doubling on a bucket overflow below max_capacity
         like ``_insert``. Returns (slots, placed (u,) bool, refused: a 0-d count, or 0
-        when the last round was below max_capacity and placed every key)."""
+        when the last round was below max_capacity and placed every key, evicted: (u,)
+        bool over the insert's sorted order, or None when nothing could be evicted)."""
         from hashrec.table.ops.insert.upsert import upsert_slots  # Triton only
 
         placed = torch.zeros_like(pending)
@@ -171,15 +198,13 @@ class FixedSizeLookup:
             slots = torch.where(pending, result.slots, slots)
             placed = placed | result.created
             pending = pending & ~result.created
-            if allow:
-                self._stats["evictions"] += result.evicted.sum()
             if at_max:
                 self._size_hint = None  # no growth from here on: the size is not needed
-                return slots, placed, pending.sum()
+                return slots, placed, pending.sum(), result.evicted if allow else None
             left, stored = torch.stack([pending.sum(), result.created.sum()]).tolist()
             self._size_hint += stored
             if left == 0:
-                return slots, placed, 0
+                return slots, placed, 0, None
             self._rehash(self.storage.num_buckets * 2)
             slots = torch.where(hit | placed, find_slots(self.storage, keys, tags), slots)
 

@@ -134,6 +134,7 @@ class HashTable(FixedSizeLookup):
         counter_evictions, growths, plus size and capacity; HYBRID adds device_rows and
         host_rows, CACHING adds cache_rows, cache_lookups, cache_hits, cache_hit_rate,
         fetched_rows, prefetched_rows, written_back_rows and host_direct_rows."""
+        self._fold_device_counts()
         out = {name: int(self._stats[name]) for name in (
             "lookups", "hits", "inserts", "evictions", "refused", "admission_rejected",
             "growths")}
