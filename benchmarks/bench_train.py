@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -264,6 +265,14 @@ def environment() -> dict:
             "python": platform.python_version()}
 
 
+def _window_range(windows: list[dict]) -> str:
+    """``min / median / max`` of the windows' global samples/s, or ``-`` without any."""
+    rates = sorted(w["global_samples_per_second"] for w in windows)
+    if not rates:
+        return "-"
+    return " / ".join(f"{v:,.0f}" for v in (rates[0], statistics.median(rates), rates[-1]))
+
+
 def markdown(report: dict) -> str:
     env, runs = report["environment"], report["runs"]
     lines = ["# End-to-end training throughput (MultiTowerDIN, Taobao-like data)", "",
@@ -277,19 +286,22 @@ def markdown(report: dict) -> str:
              f"{report['batch_size']}, {report['mixed_precision']}, "
              f"{report['num_workers']} loader workers per rank, sequence length 100; "
              f"the first {report['warmup_steps']} steps are left out.", "",
-             "| config | steps | global samples/s | step ms | "
+             "| config | steps | global samples/s | windows min / median / max | step ms | "
              + " | ".join(p for p in PHASE_ORDER[:-1]) + " | a2a ms |",
-             "|---|---:|---:|---:|" + "---:|" * (len(PHASE_ORDER) - 1) + "---:|"]
+             "|---|---:|---:|---:|---:|" + "---:|" * (len(PHASE_ORDER) - 1) + "---:|"]
     for name, r in runs.items():
         phases = r.get("phases_ms", {})
         cells = " | ".join(f"{phases.get(p, 0.0):.2f}" for p in PHASE_ORDER[:-1])
         a2a = f"{r['a2a_ms_per_step']:.2f}" if "a2a_ms_per_step" in r else "-"
         lines.append(f"| {name} | {r.get('steps', 0)} | "
                      f"{r.get('global_samples_per_second', 0.0):,.0f} | "
+                     f"{_window_range(r.get('windows', []))} | "
                      f"{phases.get('step', 0.0):.2f} | {cells} | {a2a} |")
     if "ratio_dynamicemb_over_num_buckets" in report:
         lines += ["", f"dynamicemb / num_buckets throughput: "
                       f"{report['ratio_dynamicemb_over_num_buckets']:.3f}"]
+    lines += ["", "Windows: global samples/s of each progress-log window after warm-up "
+              "(host clock), as min / median / max."]
     lines += ["", "Phases are milliseconds per step on the device timeline (CUDA events; "
               "host clock on CPU); embedding_backward is the storages' backward nodes "
               "(gradient exchange and fused sparse optimizer), dense_backward the rest of "

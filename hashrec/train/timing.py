@@ -17,6 +17,11 @@ phases of one step, in order:
 * ``optimizer``: dense-gradient all-reduce, unscaling, clipping, dense step;
 * ``logging``: progress line, summaries (mostly zero outside logging steps).
 
+After warm-up, every :meth:`StepTimer.drain` (the progress line's window) also
+closes a window whose global samples/s on the host clock the summary lists
+(``windows``): the average alone hides whether a run is slow throughout or
+stalls now and then.
+
 On CUDA every mark records a CUDA event on the current stream, so a phase is
 its length on the device's timeline (a phase the host runs ahead of costs what
 the device spends on it; host waits show up as device idle time in the phase
@@ -76,6 +81,10 @@ class StepTimer:
         self._total = self._empty()
         self._measured_samples = 0
         self._measured_start: float | None = None
+        # Windows between drains after warm-up: [steps, samples, seconds] each.
+        self._windows: list[list] = []
+        self._window_samples = 0
+        self._window_start: float | None = None
 
     @classmethod
     def from_env(cls, device, world_size: int = 1) -> StepTimer:
@@ -102,7 +111,7 @@ class StepTimer:
             self._last = self._now()
             self._wait_started = time.perf_counter()
             if self.warmup_steps == 0 and self._measured_start is None:
-                self._measured_start = self._wait_started
+                self._measured_start = self._window_start = self._wait_started
 
     def batch_ready(self) -> None:
         """The host got the next batch (ends the host-side data wait)."""
@@ -150,6 +159,9 @@ class StepTimer:
             self._measured_start = time.perf_counter()
             self._total = self._empty()
             self._measured_samples = 0
+            self._window = self._empty()
+            self._window_samples = 0
+            self._window_start = self._measured_start
         elif len(self._pending) >= _MAX_PENDING_STEPS:
             self._fold()
 
@@ -163,6 +175,7 @@ class StepTimer:
             for phase, start, end in step:
                 if phase == "samples":
                     self._measured_samples += start
+                    self._window_samples += start
                     continue
                 seconds = start if end is None else self._elapsed(start, end)
                 self._window[phase] += seconds
@@ -182,6 +195,12 @@ class StepTimer:
             return {}
         self._fold()
         window, self._window = self._window, self._empty()
+        now = time.perf_counter()
+        if self._window_start is not None and window["steps"]:
+            self._windows.append([int(window["steps"]), self._window_samples,
+                                  now - self._window_start])
+        self._window_samples, self._window_start = 0, (
+            now if self._measured_start is not None else None)
         return _per_step_ms(window)
 
     def summary(self) -> dict:
@@ -203,6 +222,10 @@ class StepTimer:
         if seconds > 0:
             out["samples_per_second"] = self._measured_samples / seconds
             out["global_samples_per_second"] = out["samples_per_second"] * self.world_size
+        if self._windows:
+            out["windows"] = [{"steps": steps, "global_samples_per_second":
+                               samples * self.world_size / max(secs, 1e-9)}
+                              for steps, samples, secs in self._windows]
         return out
 
     def write(self, model_dir: str, rank: int = 0, extra: dict | None = None) -> str | None:

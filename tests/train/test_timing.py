@@ -64,6 +64,19 @@ def test_zero_warmup_measures_every_step():
     assert (timer.summary()["steps"], timer.summary()["samples"]) == (4, 8)
 
 
+def test_summary_lists_the_drained_windows_after_warmup():
+    timer = StepTimer(enabled=True, warmup_steps=2, world_size=2)
+    _run_steps(timer, 5, batch_size=8)  # 2 warm-up steps, then a window of 3
+    timer.drain()
+    _run_steps(timer, 4, batch_size=8)
+    timer.drain()
+    _run_steps(timer, 1, batch_size=8)  # not drained: no window
+    windows = timer.summary()["windows"]
+    assert [w["steps"] for w in windows] == [3, 4]
+    assert all(w["global_samples_per_second"] > 0 for w in windows)
+    assert "windows" not in StepTimer(enabled=True, warmup_steps=50).summary()
+
+
 def test_summary_without_enough_steps_says_so():
     timer = StepTimer(enabled=True, warmup_steps=5)
     _run_steps(timer, 2)
