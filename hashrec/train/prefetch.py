@@ -82,12 +82,17 @@ class _Started:
         self.epoch = epoch
         self._iterator: Iterator | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(make,),
+        # The CUDA device is per thread, and a loader pins batches for the device that
+        # is current where it starts: the caller's (a rank's own GPU), not device 0.
+        device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+        self._thread = threading.Thread(target=self._run, args=(make, device),
                                          name=f"hashrec-epoch-{epoch}-start", daemon=True)
         self._thread.start()
 
-    def _run(self, make) -> None:
+    def _run(self, make, device: int | None) -> None:
         try:
+            if device is not None:
+                torch.cuda.set_device(device)
             self._iterator = iter(make(self.epoch))
         except BaseException as err:  # re-raised in the training thread by result()
             self._error = err

@@ -135,3 +135,24 @@ def test_epoch_ahead_with_real_loader_workers(tmp_path):
                       for e in range(2) for b in inputs.epoch(e, more=e < 1)]
         inputs.close()
     assert got[True] == got[False] and sum(len(v) for v in got[True]) == 3000
+
+
+def test_epoch_started_ahead_uses_the_callers_cuda_device(monkeypatch):
+    """A loader pins for the device current in the thread that starts it: the thread
+    starting the next epoch takes the training thread's device (a rank's own GPU)."""
+    current = threading.local()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: getattr(current, "device", 0))
+    monkeypatch.setattr(torch.cuda, "set_device",
+                        lambda device: setattr(current, "device", device))
+    torch.cuda.set_device(1)
+    seen = {}
+
+    def make(epoch):
+        seen[epoch] = torch.cuda.current_device()
+        return [epoch]
+
+    inputs = EpochInputs(make, ahead=True)
+    assert list(inputs.epoch(0, more=True)) == [0]
+    assert list(inputs.epoch(1, more=False)) == [1]
+    assert seen == {0: 1, 1: 1}
