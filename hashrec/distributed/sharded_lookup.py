@@ -225,8 +225,9 @@ class ShardedTable:
         """Owner side: sum the received gradients (m, dim) per key and apply them."""
         summed = recv.new_zeros((state.slots.shape[0], recv.shape[1]))
         summed.index_add_(0, state.inverse, recv)
-        stored = state.slots >= 0
-        self.table.apply_gradients(state.slots[stored], summed[stored], lr=state.lr)
+        # Keys the owner does not store (slot -1) are the table's to skip: selecting the
+        # stored ones here would size a tensor by a mask, a host read per step.
+        self.table.apply_gradients(state.slots, summed, lr=state.lr)
 
     def embed(self, keys: torch.Tensor, tags: torch.Tensor | None = None,
               counts: torch.Tensor | None = None, lr: float | None = None) -> torch.Tensor:
