@@ -9,16 +9,17 @@ def unique_pairs(keys: torch.Tensor, tags: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """(unique keys, their tags | None, inverse (n,), counts) over (key, tag) identities.
 
-    The unique pairs come out in (key, tag) order. One namespace (tags None or all
-    equal, the common case) is a 1-D unique of the keys; several sort the pairs with
-    two stable 1-D sorts (tag, then key) instead of a row-wise ``unique(dim=0)``.
+    The unique pairs come out in (key, tag) order. Without tags this is a 1-D unique
+    of the keys; with tags the pairs are sorted with two stable 1-D sorts (tag, then
+    key) instead of a row-wise ``unique(dim=0)``. Either way the output size is read
+    on the host once (testing first whether all tags are equal would be a second read).
     """
     if tags is None:
         unique, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
         return unique, None, inverse, counts
-    if keys.numel() == 0 or bool((tags == tags[0]).all()):
-        unique, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
-        return unique, tags[:unique.numel()].clone(), inverse, counts
+    if keys.numel() == 0:
+        empty = keys.new_empty(0)
+        return keys.clone(), tags.clone(), empty, empty
     order = torch.sort(tags, stable=True).indices
     order = order.index_select(0, torch.sort(keys.index_select(0, order), stable=True).indices)
     skeys, stags = keys.index_select(0, order), tags.index_select(0, order)

@@ -26,3 +26,12 @@ def test_unique_pairs_match_row_wise_unique(tag_kind):
     if utags is not None:
         assert utags.dtype == torch.int32 and torch.equal(utags.long(), want[:, 1])
     assert torch.equal(inverse, want_inverse) and torch.equal(counts, want_counts)
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+def test_unique_pairs_of_nothing(tagged):
+    keys = torch.empty(0, dtype=torch.int64)
+    tags = torch.empty(0, dtype=torch.int32) if tagged else None
+    unique, utags, inverse, counts = unique_pairs(keys, tags)
+    assert unique.numel() == inverse.numel() == counts.numel() == 0
+    assert (utags is None) != tagged and inverse.dtype == counts.dtype == torch.int64
