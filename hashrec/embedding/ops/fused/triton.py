@@ -259,7 +259,8 @@ def _chunk_rows(dim_p2: int) -> int:
 def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tensor | None,
                    offsets: torch.Tensor | None, order: torch.Tensor, row_start: torch.Tensor,
                    out: torch.Tensor | None, slots: torch.Tensor | None,
-                   table_values: torch.Tensor | None, spec, lr: float | None, step: int) -> None:
+                   table_values: torch.Tensor | None, spec, lr: float | None, step: int,
+                   sorted_rows: torch.Tensor | None = None) -> None:
     """Two-stage fixed-order reduction: chunks of sorted positions, then the segments
     that cross chunk boundaries. Every addition happens in an order fixed by the
     data layout alone (no atomics), so results do not depend on thread timing, and
@@ -273,7 +274,7 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
     dim_p2 = _dim_block(dim)
     ch = _chunk_rows(dim_p2)
     chunks = triton.cdiv(n, ch)
-    seg = _sorted_rows(row_start, n)
+    seg = _sorted_rows(row_start, n) if sorted_rows is None else sorted_rows.contiguous()
     part = torch.empty(chunks * 2, dim_p2, dtype=torch.float32, device=grads.device)
     dummy = grads
     target = (out if out is not None else dummy, slots if slots is not None else gidx,
@@ -300,17 +301,20 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
 
 def reduce_rows(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,
                 row_start: torch.Tensor, weights: torch.Tensor | None = None,
-                mean_offsets: torch.Tensor | None = None) -> torch.Tensor:
+                mean_offsets: torch.Tensor | None = None,
+                sorted_rows: torch.Tensor | None = None) -> torch.Tensor:
     """Sums gradient rows per unique id: -> (U, D) float32.
 
     Position ``p`` of the batch contributes ``grads[gidx[p]] * weights[p]`` (divided
     by its bag's length when ``mean_offsets`` (B + 1,) is given; then ``gidx`` is
-    the bag index). ``order`` / ``row_start`` group the positions by unique id.
+    the bag index). ``order`` / ``row_start`` group the positions by unique id;
+    ``sorted_rows`` (n,), the unique id of each position in ``order``, saves
+    deriving it from ``row_start`` when the caller has it.
     """
     out = torch.empty(row_start.numel() - 1, grads.shape[1], dtype=torch.float32,
                       device=grads.device)
     _launch_reduce(grads, gidx, weights, mean_offsets, order, row_start, out, None, None,
-                   None, None, 1)
+                   None, None, 1, sorted_rows)
     return out
 
 
