@@ -1,9 +1,10 @@
 """What the trainer does differently under torchrun: lockstep steps, planning, global counters.
 
 Every rank runs the same steps: embedding lookups and the dense-gradient
-all-reduce are collectives. The data loader gives each rank a contiguous share
-of the rows (shares differ by at most one row), so ranks may still end an epoch
-with different batch counts:
+all-reduce are collectives. The data loader gives each rank's workers contiguous
+shares of the rows cut at whole batches (``hashrec.data.sharding``: ranks differ
+by at most one batch), so ranks may still end an epoch with different batch
+counts:
 
 * training stops every rank at the first step where any rank has no batch
   (:func:`lockstep_batches`, one small all-reduce per step); the at most one
