@@ -270,3 +270,17 @@ def test_warning_mode_reads_and_reports_refusals_once_a_minute(caplog, monkeypat
     # Every refusal is in stats and in a warning, or still waiting to be read.
     unread = table._refused_unread
     assert sum(reported) + (0 if unread is None else int(unread)) == refused
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_empty_lookup_matches_reference(train):
+    options = _options("LFU", True, False)
+    out = []
+    for triton in (False, True):
+        with _backend(triton):
+            table = HashTable(options)
+            table.advance_step()
+            result = table.lookup(torch.empty(0, dtype=torch.int64), train=train)
+            out.append((result.slots.shape, result.values.shape, table.stats()))
+    assert out[0] == out[1] == ((0,), (0, 3), out[0][2])
+    assert out[0][2]["lookups"] == 0
