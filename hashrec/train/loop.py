@@ -27,6 +27,10 @@ dynamic tables' changed rows and evicted keys since the previous dump go to
 ``<model_dir>/incremental/dump-<step>`` (``hashrec.checkpoint.IncrementalDumper``;
 the first dump of a run is full).
 
+Python's cyclic garbage collector runs on a step schedule while training
+(``hashrec.train.collection_schedule``): a full collection at an arbitrary step
+stalls one rank and, under torchrun, every rank waiting for it.
+
 Stopping: ``num_steps`` (total steps, including those of a resumed run) when
 set, else ``num_epochs`` (default 1) passes over the training input. With both
 set, whichever comes first.
@@ -44,6 +48,7 @@ from hashrec.checkpoint import IncrementalDumper
 from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import all_reduce_gradients
 from hashrec.train import checkpoints
+from hashrec.train.collection_schedule import CollectionSchedule
 from hashrec.train.distributed import global_table_counters, lockstep_batches
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import evaluate, write_eval_result
@@ -129,6 +134,8 @@ class TrainLoop:
         self.parameters = [p for g in session.dense.optimizer.param_groups for p in g["params"]]
         self.dense_graphs = DenseGraphs(session.model, session.precision.autocast,
                                         config.dense_cuda_graph)
+        # Python's garbage collection at fixed steps while training (same on every rank).
+        self.collections = CollectionSchedule()
         self.dumper = None
         if options.incremental_dump_steps:
             self.dumper = IncrementalDumper(
@@ -146,8 +153,10 @@ class TrainLoop:
         self.session.model.train()
         result = None
         try:
-            while not self.done():
-                result = self.run_epoch(train_input_path) or result
+            with self.collections:
+                while not self.done():
+                    result = self.run_epoch(train_input_path) or result
+                    self.collections.full()
             self._finish_timing()
             if self.last_saved != self.step:
                 result = self.checkpoint_and_evaluate() or result
@@ -193,10 +202,13 @@ class TrainLoop:
             self.timer.batch_ready()
             self.train_step(batch, prefetcher.upcoming)
             batches += 1
+            self.collections.step(self.step)
             if self.dumper is not None and self.step % self.dumper.interval_steps == 0:
-                logger.info("incremental dump %s", self.dumper.dump(self.step))
+                with self.collections.automatic():
+                    logger.info("incremental dump %s", self.dumper.dump(self.step))
             if self._due_steps():
-                result = self.checkpoint_and_evaluate() or result
+                with self.collections.automatic():
+                    result = self.checkpoint_and_evaluate() or result
             if self.options.num_steps and self.step >= self.options.num_steps:
                 return result
         if batches == 0:
@@ -204,7 +216,8 @@ class TrainLoop:
                              f"{self.epoch}; check the path and data_config.batch_size")
         self.epoch += 1
         if self._due_epochs():
-            result = self.checkpoint_and_evaluate() or result
+            with self.collections.automatic():
+                result = self.checkpoint_and_evaluate() or result
         return result
 
     def _due_steps(self) -> bool:

@@ -56,3 +56,20 @@ def test_each_batch_is_deduplicated_once(data_dir, tmp_path, monkeypatch):
     # Only the first batch is deduplicated in its forward; every step starts the next's.
     assert len(in_forward) == 1
     assert len(prepared) == STEPS
+
+
+def test_training_collects_garbage_on_its_schedule(data_dir, tmp_path, monkeypatch):
+    import gc
+
+    from hashrec.train.collection_schedule import CollectionSchedule
+
+    young = []
+    real = gc.collect
+    monkeypatch.setattr(gc, "collect",
+                        lambda *args: young.append(args) if args == (1,) else real(*args))
+    loop = _loop(data_dir, tmp_path)
+    loop.collections = CollectionSchedule(every=2)
+    assert gc.isenabled()
+    loop.run(str(data_dir))
+    assert loop.step == STEPS and len(young) == STEPS // 2
+    assert gc.isenabled() and gc.get_freeze_count() == 0
