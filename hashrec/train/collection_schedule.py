@@ -9,7 +9,9 @@ collective. While training runs, :class:`CollectionSchedule`:
 * freezes the objects built before training (``gc.freeze``: never scanned again);
 * switches automatic collection off;
 * collects the young generations every ``every`` steps, at the same step on
-  every rank (short: only objects allocated since the last collection);
+  every rank (short: only objects allocated since the last collection), and
+  everything every ``FULL_EVERY`` such collections (objects frozen at the start are
+  not scanned, so this stays short too);
 * collects everything at the end of each epoch, and leaves collection automatic
   during checkpoints and evaluation (then collects everything).
 
@@ -24,6 +26,7 @@ import contextlib
 import gc
 
 DEFAULT_EVERY = 50
+FULL_EVERY = 20
 
 
 class CollectionSchedule:
@@ -57,9 +60,13 @@ class CollectionSchedule:
         return self._was_enabled is not None
 
     def step(self, step: int) -> None:
-        """After training step ``step`` (1-based): the young generations when due."""
+        """After training step ``step`` (1-based): the young generations when due, and
+        every ``FULL_EVERY``-th time everything."""
         if self.active and step % self.every == 0:
-            gc.collect(1)
+            if step % (self.every * FULL_EVERY) == 0:
+                gc.collect()
+            else:
+                gc.collect(1)
 
     def full(self) -> None:
         """Everything not frozen (epoch ends)."""

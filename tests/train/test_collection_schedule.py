@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from hashrec.train.collection_schedule import CollectionSchedule
+from hashrec.train.collection_schedule import FULL_EVERY, CollectionSchedule
 
 
 @pytest.fixture
@@ -30,6 +30,8 @@ def test_schedule_switches_collection_and_restores_it(collects, enabled_before):
             for step in range(1, 8):
                 schedule.step(step)
             assert collects == [(), (1,), (1,)]  # entry, then steps 3 and 6
+            schedule.step(3 * FULL_EVERY)
+            assert collects[-1] == ()  # every FULL_EVERY-th collection is full
             with schedule.automatic():
                 assert gc.isenabled() is enabled_before
             assert not gc.isenabled() and collects[-1] == ()
