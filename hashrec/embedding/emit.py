@@ -18,6 +18,7 @@ import torch
 
 from hashrec.embedding.batching import FeatureIds, StorageBatch
 from hashrec.embedding.ops.pooling import pool_forward, reduce_positions
+from hashrec.embedding.ops.positions import gradient_rows
 from hashrec.embedding.ops.sequence import gather_padded
 
 
@@ -50,12 +51,7 @@ def _gradient_rows(features: list[FeatureIds], device: torch.device
     first, sequence = _bag_rows(shapes, device)
     lengths = torch.cat([f.lengths for f in features]) if len(features) > 1 \
         else features[0].lengths
-    n = sum(f.values.numel() for f in features)
-    bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths,
-                                   output_size=n)
-    starts = torch.cumsum(lengths, 0) - lengths
-    col = torch.arange(n, device=device) - starts.index_select(0, bags)
-    rows = first.index_select(0, bags) + col * sequence.index_select(0, bags)
+    rows, bags = gradient_rows(lengths, first, sequence, sum(f.values.numel() for f in features))
     return rows, bags, lengths
 
 

@@ -1,0 +1,27 @@
+"""Gradient rows of bag positions in PyTorch (the CPU path and the kernel's oracle)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def gradient_rows(lengths: torch.Tensor, first: torch.Tensor, sequence: torch.Tensor,
+                  n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row of each id's output gradient, and its bag, for bags laid end to end.
+
+    Args:
+        lengths: (L,) int64 ids per bag; the n = sum(lengths) ids follow bag by bag.
+        first: (L,) int64 output-gradient row of each bag's first id.
+        sequence: (L,) int64, 1 where a bag's ids have a row each (a sequence:
+            ``first + position in the bag``), 0 where they share ``first`` (pooled).
+        n: number of ids (the host knows it).
+
+    Returns:
+        (rows (n,) int64, bags (n,) int64).
+    """
+    bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device),
+                                   lengths, output_size=n)
+    starts = torch.cumsum(lengths, 0) - lengths
+    col = torch.arange(n, device=lengths.device) - starts.index_select(0, bags)
+    rows = first.index_select(0, bags) + col * sequence.index_select(0, bags)
+    return rows, bags
