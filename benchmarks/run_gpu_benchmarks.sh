@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs the training-side GPU benchmarks on one host with 2 GPUs in under ten
-# minutes, one step after the other (so that the loader's CPUs and the GPUs are
+# Runs the training-side GPU benchmarks on one host with 2 GPUs (about ten minutes
+# for all of them; SKIP some to fit a shorter call), one step after the other (so that the loader's CPUs and the GPUs are
 # not shared between measurements), each under its own time limit so that one
 # failure does not stop the rest.
 # Usage: benchmarks/run_gpu_benchmarks.sh OUT_DIR
 # Steps: the GPU tests of the table and embedding kernels; generated data; both
-# example configs on 1 GPU, then on 2 GPUs (steady state: the table growth and
-# admission warm-up of the first WARMUP steps is left out); the host syncs per
+# example configs on 1 GPU, then on 2 GPUs (STEPS steps, default 1000; steady
+# state: the table growth and admission warm-up of the first WARMUP, default 400,
+# are left out); the host syncs per
 # step; kernel-level profiles of both configs' steps; the embedding-layer benchmark;
 # the input pipeline. On a fresh host the first training run also compiles the
 # Triton kernels (about two minutes; cached after). SKIP="name ..." leaves steps out.
@@ -16,8 +17,8 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 data=/tmp/hashrec_bench_data
-steps=${STEPS:-400}
-warmup=${WARMUP:-150}
+steps=${STEPS:-1000}
+warmup=${WARMUP:-400}
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
   case " ${SKIP:-} " in *" $name "*) echo "=== $name skipped"; return;; esac
