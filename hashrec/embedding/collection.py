@@ -177,7 +177,7 @@ class EmbeddingCollection(nn.Module):
             EmbeddingOutput with ``pooled[name]`` (B, dim) and
             ``sequences[name]`` ((B, max_length, dim), lengths (B,)).
         """
-        bags = self._check_input(kjt)
+        self._check_input(kjt)
         if self.training:
             for storage in self._storages:
                 storage.table.advance_step()
@@ -187,7 +187,7 @@ class EmbeddingCollection(nn.Module):
             _, ids, pending = self._ahead[ready[0]]
             del self._ahead[:ready[0] + 1]
         else:
-            ids, pending = self._feature_ids(storages, bags), None
+            ids, pending = self._feature_ids(storages, kjt), None
         batches = self._dedup(storages, ids, pending)
         if self._sharded is not None:
             looked = self._sharded.lookup(
@@ -220,16 +220,17 @@ class EmbeddingCollection(nn.Module):
         before its own forward); the forward of a prepared batch drops it and any
         prepared before it, the forward of another batch leaves them.
         """
-        bags = self._check_input(kjt)
+        self._check_input(kjt)
         storages = self._read_storages()
-        ids = self._feature_ids(storages, bags)
+        ids = self._feature_ids(storages, kjt)
         picked = [i for i, s in enumerate(storages) if s.name not in self.zch_remappers]
         self._ahead.append((kjt, ids, start_dedup([(ids[i], storages[i].plan.fused)
                                                    for i in picked])))
         del self._ahead[:-_MAX_AHEAD]
 
-    def _feature_ids(self, storages: list[Storage], bags: dict) -> list[list[list[FeatureIds]]]:
-        return [[[feature_ids(f, bags[f.name]) for f in fs] for fs in self._readers[s.name]]
+    def _feature_ids(self, storages: list[Storage], kjt: KeyedJaggedTensor
+                     ) -> list[list[list[FeatureIds]]]:
+        return [[[feature_ids(f, kjt[f.name]) for f in fs] for fs in self._readers[s.name]]
                 for s in storages]
 
     def _read_storages(self) -> list[Storage]:
@@ -275,7 +276,7 @@ class EmbeddingCollection(nn.Module):
             self._sharded.idle(self._read_storages(),
                                {s.name: s.plan.fused for s in self._units})
 
-    def _check_input(self, kjt: KeyedJaggedTensor) -> dict:
+    def _check_input(self, kjt: KeyedJaggedTensor) -> None:
         missing = [name for name in self._features if name not in kjt.keys()]
         if missing:
             raise EmbeddingError(f"KeyedJaggedTensor lacks features {missing}; "
@@ -284,7 +285,6 @@ class EmbeddingCollection(nn.Module):
                 self._device.index is not None and kjt.device != self._device):
             raise EmbeddingError(f"KeyedJaggedTensor is on {kjt.device} but the embedding "
                                  f"collection is on {self._device}; move the batch first")
-        return {name: kjt[name] for name in self._features}
 
     def _remap_zch(self, storage: Storage, ids: list[FeatureIds]) -> None:
         """Raw ids of a ZCH table -> its slots (-1 without one), in place."""

@@ -159,12 +159,14 @@ class FixedSizeLookup:
         return init_spec(args, keys, tags, self.dim, self._kernel_seed, self._generator)
 
     def _kernel_seed(self) -> int:
-        """Next seed of the in-kernel random initializers: a host-side sequence from
-        ``options.seed`` (no device read), or torch's global CPU generator without one."""
-        if self.options.seed is None:
-            return int(torch.randint(0, 2 ** 31 - 1, (1,)).item())
+        """Next seed of the in-kernel random initializers: a host-side sequence (no device
+        read) started from ``options.seed``, or without one from a single draw of torch's
+        global CPU generator."""
         if self._seed_sequence is None:
-            self._seed_sequence = random.Random(self.options.seed)
+            start = self.options.seed
+            if start is None:
+                start = int(torch.randint(0, 2 ** 62, (1,)).item())
+            self._seed_sequence = random.Random(start)
         return self._seed_sequence.randrange(2 ** 31 - 1)
 
     def _grow_fixed(self, pending: torch.Tensor, bound: int) -> bool:
