@@ -26,11 +26,14 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from hashrec.config import apply_edit_config_json, load_pipeline_config
-from hashrec.train import checkpoints
-from hashrec.train.loop import LoopOptions, TrainLoop
-from hashrec.train.prefetch import DevicePrefetcher
-from hashrec.train.session import build_session
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _host_sampler import HostSampler  # noqa: E402
+
+from hashrec.config import apply_edit_config_json, load_pipeline_config  # noqa: E402
+from hashrec.train import checkpoints  # noqa: E402
+from hashrec.train.loop import LoopOptions, TrainLoop  # noqa: E402
+from hashrec.train.prefetch import DevicePrefetcher  # noqa: E402
+from hashrec.train.session import build_session  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
@@ -49,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=30, help="rows of the table")
     p.add_argument("--mixed_precision", default="BF16", choices=("BF16", "FP16", "FP32"))
     p.add_argument("--out", default=None, help="path prefix of the .md and .json results")
+    p.add_argument("--sample_steps", type=int, default=0,
+                   help="also run this many steps under a sampling profiler of the host's "
+                        "Python stacks (where an unprofiled step's host time goes)")
     p.add_argument("--trace", action="store_true",
                    help="also write the profiled steps' timeline as <out>.trace.json.gz")
     return p.parse_args(argv)
@@ -95,6 +101,16 @@ def run(args) -> dict:
         step()
     sync()
     plain = (time.perf_counter() - start) / args.steps
+    sampled = None
+    if args.sample_steps:
+        with HostSampler() as sampler:
+            start = time.perf_counter()
+            for _ in range(args.sample_steps):
+                step()
+            sync()
+            seconds = time.perf_counter() - start
+        sampled = sampler.report(seconds, args.sample_steps)
+        sampled["ms_per_step"] = seconds * 1000.0 / args.sample_steps
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     start = time.perf_counter()
     with profile(activities=activities) as prof:
@@ -115,6 +131,8 @@ def run(args) -> dict:
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "command": "python " + " ".join(sys.argv)}
     result["host_regions"] = _host_regions(prof, args.steps)
+    if sampled is not None:
+        result["host_samples"] = sampled
     if cuda:
         result.update(_kernel_summary(prof, args.steps))
     if args.trace and args.out:
@@ -178,6 +196,15 @@ def markdown(r: dict) -> str:
                   "| region | calls | host ms/step |", "|---|---:|---:|"]
         lines += [f"| `{row['name']}` | {row['calls']} | {row['host_ms_per_step']:.3f} |"
                   for row in r["host_regions"]]
+    if r.get("host_samples"):
+        h = r["host_samples"]
+        lines += ["", f"Sampled host stacks ({h['rounds']} rounds over steps at "
+                  f"{h['ms_per_step']:.2f} ms/step; ms/step a thread spent at a line or "
+                  f"inside a function of the project, calls it made included):", ""]
+        for kind in ("self", "inclusive", "outside"):
+            lines += [f"| {kind} | ms/step |", "|---|---:|"]
+            lines += [f"| `{row['where']}` | {row['ms_per_step']:.3f} |" for row in h[kind]]
+            lines.append("")
     return "\n".join(lines) + "\n"
 
 
