@@ -77,10 +77,10 @@ def run(launches: int, repeats: int) -> dict:
         "torch x.add_(1)": lambda: x.add_(1),
         "torch torch.add(x, y, out=z)": lambda: torch.add(x, y, out=ptrs[0]),
         "triton 4 args kernel[grid]": lambda: _small[grid](x, y, 1024, BLOCK=1024),
-        "triton 4 args compiled[grid]": lambda: small[grid](x, y, 1024, 1024),
+        "triton 4 args compiled[grid]": lambda: small[(1, 1, 1)](x, y, 1024, 1024),
         "triton 4 args launcher": direct(small, (x, y, 1024, 1024)),
         "triton 24 args kernel[grid]": lambda: _wide[grid](*wide_args),
-        "triton 24 args compiled[grid]": lambda: wide[grid](*wide_args),
+        "triton 24 args compiled[grid]": lambda: wide[(1, 1, 1)](*wide_args),
         "triton 24 args launcher": direct(wide, wide_args),
     }
     for fn in cases.values():  # warm every path
