@@ -118,7 +118,29 @@ class _Sorted(NamedTuple):
     summary: torch.Tensor  # (3 T,): unique keys, smallest id, largest id, per tag
 
 
-def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool) -> _Sorted:
+# Row ids of dense tables (below 2 ** _ROW_BITS) sort with their tag above them.
+_ROW_BITS = 40
+
+
+def _tag_of(features_by_tag: list[list[FeatureIds]], n: int, device) -> torch.Tensor:
+    """(n,) int64 tag of every id, features in tag order: one small copy to the device
+    and one repeat, not a fill per feature."""
+    pairs = [(tag, f.values.numel()) for tag, fs in enumerate(features_by_tag) for f in fs]
+    host = torch.tensor([p for pair in zip(*pairs) for p in pair], dtype=torch.int64,
+                        pin_memory=device.type == "cuda")
+    host = host.to(device, non_blocking=True)
+    return torch.repeat_interleave(host[:len(pairs)], host[len(pairs):], output_size=n)
+
+
+def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
+                  row_ids: bool = False) -> _Sorted:
+    """Sorts a storage's ids by (tag, id) and marks the unique ones.
+
+    ``row_ids``: every id is a row of a dense table, in [0, 2 ** 40) when valid; one
+    sort of ``tag << 40 | id`` then replaces sorting by id and stably by tag. With an
+    id outside that range the smallest id of every tag reads as -1, so that the
+    collection's range check finds it.
+    """
     every = [f for fs in features_by_tag for f in fs]
     device = every[0].values.device
     ids = torch.cat([f.values for f in every]) if len(every) > 1 else every[0].values
@@ -127,19 +149,29 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool) -> _Sort
     if n == 0:
         zeros = torch.zeros(3 * num_tags, dtype=torch.int64, device=device)
         return _Sorted(every, fused, ids, None, ids, ids, zeros)
-    sorted_ids, order = torch.sort(ids, stable=True)
-    ends = torch.cat([sorted_ids[:1], sorted_ids[-1:]])
-    sorted_tags = None
-    if len(used) > 1:
-        tag_of = torch.cat([torch.full((f.values.numel(),), tag, dtype=torch.int32, device=device)
-                            for tag, fs in enumerate(features_by_tag) for f in fs])
-        sorted_tags, by_tag = torch.sort(tag_of[order], stable=True)
-        order, sorted_ids = order[by_tag], sorted_ids[by_tag]
-    # A position starts a new unique key where its (tag, key) differs from the previous one.
+    bad = None
     new = torch.ones(n, dtype=torch.bool, device=device)
-    torch.ne(sorted_ids[1:], sorted_ids[:-1], out=new[1:])
-    if sorted_tags is not None:
-        new[1:] |= sorted_tags[1:] != sorted_tags[:-1]
+    if row_ids and len(used) > 1:
+        # A position starts a new unique key where its (tag, key) differs from the previous.
+        # An id out of range is clamped into it (the batch stays consistent) and flagged.
+        bad = (ids >> _ROW_BITS).any()
+        tagged = ids.clamp(0, (1 << _ROW_BITS) - 1) + \
+            (_tag_of(features_by_tag, n, device) << _ROW_BITS)
+        combined, order = torch.sort(tagged, stable=True)
+        torch.ne(combined[1:], combined[:-1], out=new[1:])
+        sorted_tags = (combined >> _ROW_BITS).to(torch.int32)
+        sorted_ids = combined & ((1 << _ROW_BITS) - 1)
+    else:
+        sorted_ids, order = torch.sort(ids, stable=True)
+        ends = torch.cat([sorted_ids[:1], sorted_ids[-1:]])
+        sorted_tags = None
+        if len(used) > 1:
+            tag_of = _tag_of(features_by_tag, n, device).to(torch.int32)
+            sorted_tags, by_tag = torch.sort(tag_of[order], stable=True)
+            order, sorted_ids = order[by_tag], sorted_ids[by_tag]
+        torch.ne(sorted_ids[1:], sorted_ids[:-1], out=new[1:])
+        if sorted_tags is not None:
+            new[1:] |= sorted_tags[1:] != sorted_tags[:-1]
     group = torch.cumsum(new, 0) - 1
     total = group[-1:] + 1
     if sorted_tags is None:
@@ -150,6 +182,8 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool) -> _Sort
         first = torch.searchsorted(sorted_tags, bounds)
         before = torch.where(first < n, group[first.clamp(max=n - 1)], total)
         low = sorted_ids[first[:-1].clamp(max=n - 1)]
+        if bad is not None:
+            low = torch.where(bad, -1, low)
         high = sorted_ids[(first[1:] - 1).clamp(min=0)]
         summary = torch.stack([before[1:] - before[:-1], low, high])
     summary = summary.reshape(-1)
@@ -218,19 +252,20 @@ class PendingDedup:
         return out
 
 
-def start_dedup(storages: list[tuple[list[list[FeatureIds]], bool]]) -> PendingDedup:
+def start_dedup(storages: list[tuple]) -> PendingDedup:
     """Queues the device half of ``dedup_storages`` and sends the sizes to the host."""
-    return PendingDedup([_sort_storage(features_by_tag, fused)
-                         for features_by_tag, fused in storages])
+    return PendingDedup([_sort_storage(*storage) for storage in storages])
 
 
-def dedup_storages(storages: list[tuple[list[list[FeatureIds]], bool]]) -> list[StorageBatch]:
+def dedup_storages(storages: list[tuple]) -> list[StorageBatch]:
     """Deduplicates each storage's ids per logical table; sets each feature's ``inverse``.
 
     Args:
-        storages: per storage, ``(features_by_tag, fused)``: for each logical table
-            of the storage (index = tag) the features reading it this batch, and
-            whether tags are passed to the storage (False: one logical table, tag 0).
+        storages: per storage, ``(features_by_tag, fused)`` or ``(features_by_tag,
+            fused, row_ids)``: for each logical table of the storage (index = tag) the
+            features reading it this batch, whether tags are passed to the storage
+            (False: one logical table, tag 0), and whether the ids are rows of dense
+            tables (a faster sort; see ``_sort_storage``).
 
     Unique keys come tag by tag, ascending within a tag. All storages' sizes reach
     the host in one device read.

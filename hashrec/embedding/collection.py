@@ -224,7 +224,7 @@ class EmbeddingCollection(nn.Module):
         storages = self._read_storages()
         ids = self._feature_ids(storages, kjt)
         picked = [i for i, s in enumerate(storages) if s.name not in self.zch_remappers]
-        self._ahead.append((kjt, ids, start_dedup([(ids[i], storages[i].plan.fused)
+        self._ahead.append((kjt, ids, start_dedup([self._dedup_entry(storages[i], ids[i])
                                                    for i in picked])))
         del self._ahead[:-_MAX_AHEAD]
 
@@ -232,6 +232,12 @@ class EmbeddingCollection(nn.Module):
                      ) -> list[list[list[FeatureIds]]]:
         return [[[feature_ids(f, kjt[f.name]) for f in fs] for fs in self._readers[s.name]]
                 for s in storages]
+
+    def _dedup_entry(self, storage: Storage, ids: list[list[FeatureIds]]) -> tuple:
+        """``dedup_storages``' entry of a storage: ids of dense tables without ZCH are
+        rows (checked against the tables' sizes before any lookup)."""
+        rows = not storage.plan.is_dynamic and storage.name not in self.zch_remappers
+        return ids, storage.plan.fused, rows
 
     def _read_storages(self) -> list[Storage]:
         """Storages (dense groups included) that some feature reads (the same on every rank)."""
@@ -257,7 +263,8 @@ class EmbeddingCollection(nn.Module):
             if pending is not None and not group:
                 done = pending.result()
             else:
-                done = dedup_storages([(ids[i], storages[i].plan.fused) for i in picked])
+                done = dedup_storages([self._dedup_entry(storages[i], ids[i])
+                                       for i in picked])
             for i, batch in zip(picked, done):
                 batches[i] = batch
             if not group:
@@ -319,14 +326,15 @@ class EmbeddingCollection(nn.Module):
                     f"feature {f.spec.name!r}: ids {bad} are outside [0, {num_rows}) of "
                     f"table {table!r}; check num_buckets / hash_bucket_size")
 
-    @staticmethod
-    def _count(storage: Storage, batch: StorageBatch, ids: list[list[FeatureIds]],
+    def _count(self, storage: Storage, batch: StorageBatch, ids: list[list[FeatureIds]],
                slots: torch.Tensor) -> None:
         if not any(ids):
             return
+        # Every id of a dense table without ZCH has its row: stored = unique, no device op.
+        every_stored = not storage.plan.is_dynamic and storage.name not in self.zch_remappers
         record_lookups([c if features else None for c, features in zip(storage.counters, ids)],
                        [sum(f.values.numel() for f in features) for features in ids],
-                       batch.unique_per_table, slots, batch.tags)
+                       batch.unique_per_table, None if every_stored else slots, batch.tags)
 
     # -- learning rate, tables, statistics ---------------------------------------------
     def set_learning_rate(self, lr: float) -> None:

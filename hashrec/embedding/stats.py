@@ -15,13 +15,20 @@ import torch
 
 
 class TableCounters:
-    """Running counts of one logical table; device-side sums avoid a sync per step."""
+    """Running counts of one logical table; device-side sums avoid a sync per step.
+
+    ``stored`` of a table whose lookups may leave keys unstored is summed on the
+    device, into a (T,) tensor shared by the tables of its storage (index = tag),
+    and read only when asked for.
+    """
 
     def __init__(self) -> None:
         self.lookups = 0
         self.ids = 0
         self.unique_ids = 0
-        self._stored: torch.Tensor | None = None
+        self._stored_host = 0
+        self._stored: torch.Tensor | None = None  # the storage's (T,) device sums
+        self._tag = 0
 
     def record(self, ids: int, slots: torch.Tensor) -> None:
         """Adds one lookup of ``ids`` ids whose unique keys got ``slots`` (-1 = not stored)."""
@@ -29,33 +36,41 @@ class TableCounters:
 
     @property
     def stored(self) -> int:
-        return 0 if self._stored is None else int(self._stored)
+        device = 0 if self._stored is None else int(self._stored[self._tag])
+        return self._stored_host + device
 
 
 def record_lookups(counters: list[TableCounters], ids: list[int], unique: list[int],
-                   slots: torch.Tensor, tags: torch.Tensor | None) -> None:
-    """Adds one lookup of a storage to its tables' counters, in a few device ops in all.
+                   slots: torch.Tensor | None, tags: torch.Tensor | None) -> None:
+    """Adds one lookup of a storage to its tables' counters, in at most three device ops.
 
     Args:
         counters: the counters of the tables read (by tag; None for an unread one).
         ids, unique: per table, ids and unique ids looked up (host ints).
-        slots: (U,) slots of the unique keys, table by table (-1 = not stored).
+        slots: (U,) slots of the unique keys, table by table (-1 = not stored), or
+            None when every unique key is stored (dense tables without ZCH).
         tags: (U,) int32 table of each unique key, or None with one table.
     """
     read = [i for i, c in enumerate(counters) if c is not None]
     for i in read:
         c = counters[i]
         c.lookups, c.ids, c.unique_ids = c.lookups + 1, c.ids + ids[i], c.unique_ids + unique[i]
-        if c._stored is None:
-            c._stored = torch.zeros((), dtype=torch.int64, device=slots.device)
-    stored = slots >= 0
-    if tags is None or len(counters) == 1:
-        counters[read[0]]._stored.add_(stored.sum())
+        if slots is None:
+            c._stored_host += unique[i]
+    if slots is None or not read:
         return
-    per_table = torch.zeros(len(counters), dtype=torch.int64, device=slots.device)
-    per_table.index_add_(0, tags.to(torch.int64), stored.to(torch.int64))
-    sums = per_table.unbind()
-    torch._foreach_add_([counters[i]._stored for i in read], [sums[i] for i in read])
+    sums = counters[read[0]]._stored
+    if sums is None or sums.device != slots.device or sums.numel() != len(counters):
+        sums = torch.zeros(len(counters), dtype=torch.int64, device=slots.device)
+    for i in read:
+        c = counters[i]
+        if c._stored is not sums or c._tag != i:  # first lookup: the storage's sums
+            c._stored_host, c._stored, c._tag = c.stored, sums, i
+    stored = (slots >= 0).to(torch.int64)
+    if tags is None or len(counters) == 1:
+        sums[read[0]:read[0] + 1].add_(stored.sum())
+    else:
+        sums.index_add_(0, tags.to(torch.int64), stored)
 
 
 def _per_tag_sizes(storage) -> list[int]:

@@ -164,3 +164,24 @@ def test_empty_batches_give_empty_or_zero_outputs():
         assert out.sequences["s"][0].shape == (batch, 2, DIM)
         (out.pooled["f"].sum() + out.sequences["s"][0].sum()).backward()
     assert collection.dynamic_tables()["t"].size() == 0
+
+
+def test_stored_counts_of_fused_and_dense_tables_over_steps():
+    # Fused dynamic tables a and b (admission: a key is stored from its third
+    # occurrence), a dense pair grouped into one storage; b has no ids in step 1.
+    admit = AdmissionOptions(threshold=3)
+    tables = [_dynamic("a", fusion_group="g", admission=admit),
+              _dynamic("b", fusion_group="g", admission=admit),
+              EmbeddingTableSpec("d1", DIM, num_rows=10), EmbeddingTableSpec("d2", DIM, num_rows=5)]
+    features = [EmbeddingFeatureSpec("fa", "a"), EmbeddingFeatureSpec("fb", "b"),
+                EmbeddingFeatureSpec("f1", "d1"), EmbeddingFeatureSpec("f2", "d2")]
+    collection = EmbeddingCollection(tables, features, SparseSGD(lr=0.1))
+    dense = {"f1": [[1, 2], [2]], "f2": [[4], [0, 4]]}
+    collection(_kjt({"fa": [[7, 7, 7], [8]], "fb": [[], []], **dense}))
+    collection(_kjt({"fa": [[7], [8, 8]], "fb": [[3, 3, 3], [9]], **dense}))
+    stats = collection.stats()["tables"]
+    # a: step 1 stores 7 (3 occurrences), step 2 stores 7 (hit) and 8 (third occurrence).
+    assert (stats["a"]["stored"], stats["a"]["unique_ids"], stats["a"]["lookups"]) == (3, 4, 2)
+    assert (stats["b"]["stored"], stats["b"]["unique_ids"], stats["b"]["lookups"]) == (1, 2, 2)
+    assert (stats["d1"]["stored"], stats["d1"]["unique_ids"]) == (4, 4)
+    assert (stats["d2"]["stored"], stats["d2"]["unique_ids"]) == (4, 4)

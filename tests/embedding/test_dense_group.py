@@ -86,6 +86,13 @@ def test_bad_id_in_a_grouped_table_names_it():
         assert torch.equal(collection.dense_tables[name].rows, rows)
 
 
+@pytest.mark.parametrize("bad", [1 << 41, -3])
+def test_huge_or_negative_id_in_a_grouped_table_names_it(bad):
+    collection = _collection(SparseSGD(lr=0.1))
+    with pytest.raises(EmbeddingError, match=rf"feature 'f1': ids \[{bad}\] are outside"):
+        collection(_kjt({"f0": [[4]], "f1": [[bad]], "f2": [[1]]}))
+
+
 def test_a_replaced_member_is_joined_again():
     collection = _collection(SparseSGD(lr=0.1))
     state = {k: v.clone() for k, v in collection.state_dict().items()}

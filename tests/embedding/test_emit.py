@@ -45,6 +45,31 @@ def test_dedup_keys_are_unique_per_tag_and_inverse_points_at_them():
                                 for v in (torch.cat([f.values for f in fs]) for fs in by_tag)]
 
 
+def test_row_id_sort_equals_the_general_sort():
+    # Ids of dense tables sort as tag << 40 | id in one pass; the batch is the same.
+    gen = torch.Generator().manual_seed(3)
+    by_tag = _storage(gen)
+    for fs in by_tag:
+        for f in fs:
+            f.values = f.values.abs()
+    general, rows = (dedup_storages([(by_tag, True, flag)])[0] for flag in (False, True))
+    for name in ("keys", "tags", "counts", "inverse", "order", "row_start"):
+        assert torch.equal(getattr(general, name), getattr(rows, name)), name
+    assert (general.unique_per_table, general.key_ranges) == (rows.unique_per_table,
+                                                              rows.key_ranges)
+
+
+def test_row_ids_out_of_range_read_as_negative_lows():
+    gen = torch.Generator().manual_seed(4)
+    by_tag = _storage(gen)
+    for fs in by_tag:
+        for f in fs:
+            f.values = f.values.abs()
+    by_tag[1][0].values[0] = 1 << 45
+    (batch,) = dedup_storages([(by_tag, True, True)])
+    assert all(low == -1 for low, _ in batch.key_ranges)
+
+
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "one-table"])
 def test_emit_matches_per_feature_autograd(fused):
     gen = torch.Generator().manual_seed(1)
