@@ -45,13 +45,18 @@ def test_dedup_keys_are_unique_per_tag_and_inverse_points_at_them():
                                 for v in (torch.cat([f.values for f in fs]) for fs in by_tag)]
 
 
-def test_row_id_sort_equals_the_general_sort():
-    # Ids of dense tables sort as tag << 40 | id in one pass; the batch is the same.
-    gen = torch.Generator().manual_seed(3)
-    by_tag = _storage(gen)
+def _row_storage(seed):
+    """``_storage`` with non-negative ids (rows of dense tables)."""
+    by_tag = _storage(torch.Generator().manual_seed(seed))
     for fs in by_tag:
         for f in fs:
             f.values = f.values.abs()
+    return by_tag
+
+
+def test_row_id_sort_equals_the_general_sort():
+    # Ids of dense tables sort as tag << 40 | id in one pass; the batch is the same.
+    by_tag = _row_storage(3)
     general, rows = (dedup_storages([(by_tag, True, flag)])[0] for flag in (False, True))
     for name in ("keys", "tags", "counts", "inverse", "order", "row_start"):
         assert torch.equal(getattr(general, name), getattr(rows, name)), name
@@ -60,11 +65,7 @@ def test_row_id_sort_equals_the_general_sort():
 
 
 def test_row_ids_out_of_range_read_as_negative_lows():
-    gen = torch.Generator().manual_seed(4)
-    by_tag = _storage(gen)
-    for fs in by_tag:
-        for f in fs:
-            f.values = f.values.abs()
+    by_tag = _row_storage(4)
     by_tag[1][0].values[0] = 1 << 45
     (batch,) = dedup_storages([(by_tag, True, True)])
     assert all(low == -1 for low, _ in batch.key_ranges)
