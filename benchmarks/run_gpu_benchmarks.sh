@@ -43,7 +43,7 @@ step() {  # step NAME SECONDS COMMAND...
       --config dynamicemb --warmup 120 --out "$out/syncs_gpu_dynamicemb"
   for config in dynamicemb num_buckets; do
     CUDA_VISIBLE_DEVICES=0 step "profile_$config" 90 python3 benchmarks/profile_train_step.py \
-        --data "$data" --config "$config" --warmup "$warmup" --steps 10 --trace \
+        --data "$data" --config "$config" --warmup "$warmup" --steps 10 --sample_steps 100 --trace \
         --out "$out/profile_train_gpu_$config"
   done
   CUDA_VISIBLE_DEVICES=0 step embedding_layer 90 python3 benchmarks/bench_embedding_layer.py \
