@@ -94,7 +94,9 @@ def world() -> tuple[int, int]:
 def default_workers(nproc: int) -> int:
     """Loader workers per rank: the CPUs less two per rank for the training processes, at
     most 8 (enough for the target rate; on a 32-core host more workers slowed the
-    training process: 8 / 12 / 16 workers gave 679k / 623k / 570k samples/s)."""
+    training process: the num_buckets config on sequences stored as strings ran at
+    679k / 623k / 570k samples/s with 8 / 12 / 16 workers,
+    ``results/train_gpu_num_buckets_workers*.md``)."""
     cpus = os.cpu_count() or 2
     return max(0, min(8, cpus // max(nproc, 1) - 2))
 
