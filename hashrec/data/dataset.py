@@ -9,6 +9,7 @@ the main process through reused shared buffers (:mod:`hashrec.data.transfer`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from hashrec.data.batching import rebatch, shuffle_rebatch
 from hashrec.data.errors import DataError
-from hashrec.data.sharding import epoch_order, slot_ranges
+from hashrec.data.sharding import epoch_order, slot_batches, slot_ranges
 from hashrec.data.sources import CsvFormat, CsvSource, ParquetSource, Piece, conform
 from hashrec.data.transfer import BatchSender
 
@@ -36,8 +37,15 @@ class ReadOptions:
         shuffle: permute the piece order per epoch and shuffle rows through a buffer.
         shuffle_buffer_size: shuffle buffer size in batches.
         drop_remainder: drop each reader's last, partial batch.
-        num_epochs: passes over the data in one iteration.
+        num_epochs: passes over the data in one iteration (None: without end, with
+            ``tag_epochs`` only).
         seed: seed of the shuffles (same seed and layout -> same batches).
+        tag_epochs: yield ``(epoch, batch)`` pairs for a training stream that runs
+            from one epoch into the next without restarting its readers. Pass ``p`` is
+            epoch ``seed + p`` and reads exactly as a one-pass reader with that seed;
+            every reader of a rank yields the same number of items per pass (its
+            batches, then ``None`` fillers), so a DataLoader's round robin over its
+            workers never mixes two epochs.
         rank: this process's rank.
         world_size: number of ranks that split the rows.
         with_labels: parse label fields (False for prediction).
@@ -48,17 +56,21 @@ class ReadOptions:
     shuffle: bool = False
     shuffle_buffer_size: int = 32
     drop_remainder: bool = False
-    num_epochs: int = 1
+    num_epochs: int | None = 1
     seed: int = 0
     rank: int = 0
     world_size: int = 1
     with_labels: bool = True
     reserved_columns: tuple[str, ...] = ()
+    tag_epochs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "shuffle_buffer_size", "num_epochs", "world_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if name == "num_epochs" and value is None and self.tag_epochs:
+                continue
+            if value is None or value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), "
                              f"got {self.rank}")
@@ -139,22 +151,46 @@ class FileDataset(IterableDataset):
             if sender is not None:
                 sender.close()
 
+    def reader_batches(self, rank: int, num_workers: int) -> list[int]:
+        """Batches each reader (DataLoader worker; one without workers) of ``rank``
+        yields per pass, from the row count alone."""
+        workers = max(num_workers, 1)
+        slots = self.options.world_size * workers
+        return [slot_batches(self.num_rows, rank * workers + w, slots,
+                             self.options.batch_size, self.options.drop_remainder)
+                for w in range(workers)]
+
     def _batches(self, slot: int, num_slots: int, main_process: bool, sender):
         opts = self.options
+        passes = itertools.count() if opts.num_epochs is None else range(opts.num_epochs)
+        items = 0
+        if opts.tag_epochs:  # every reader of the rank: the most batches of any of them
+            workers = num_slots // opts.world_size
+            items = max(self.reader_batches(opts.rank, workers))
         # Workers read single-threaded: the DataLoader already runs one per core.
-        for epoch in range(opts.num_epochs):
-            order = epoch_order(self.pieces, opts.shuffle, opts.seed, epoch)
+        for p in passes:
+            seed, epoch = (opts.seed + p, 0) if opts.tag_epochs else (opts.seed, p)
+            order = epoch_order(self.pieces, opts.shuffle, seed, epoch)
             chunks = self._chunks(slot_ranges(order, slot, num_slots, opts.batch_size),
                                   main_process)
             if opts.shuffle:
-                rng = np.random.default_rng([opts.seed, epoch, slot])
+                rng = np.random.default_rng([seed, epoch, slot])
                 tables = shuffle_rebatch(chunks, opts.batch_size, opts.drop_remainder,
                                          opts.batch_size * opts.shuffle_buffer_size, rng)
             else:
                 tables = rebatch(chunks, opts.batch_size, opts.drop_remainder)
+            count = 0
             for table in tables:
                 batch = self._parse(table)
-                yield batch if sender is None else sender.pack(batch)
+                item = batch if sender is None else sender.pack(batch)
+                yield (seed, item) if opts.tag_epochs else item
+                count += 1
+            if opts.tag_epochs:
+                if count > items:
+                    raise DataError(f"a reader yielded {count} batches in epoch {seed}, more "
+                                    f"than the {items} its row count allows")
+                for _ in range(items - count):
+                    yield seed, None
 
 
 class ParquetDataset(FileDataset):

@@ -52,13 +52,15 @@ def csv_format(data_config) -> CsvFormat:
 
 def read_options(data_config, mode: str, rank: int = 0, world_size: int = 1,
                  batch_size: int | None = None, reserved_columns: Sequence[str] = (),
-                 num_epochs: int = 1, seed: int = 0) -> ReadOptions:
+                 num_epochs: int | None = 1, seed: int = 0,
+                 tag_epochs: bool = False) -> ReadOptions:
     """ReadOptions for ``mode``: train shuffles and drops remainders as configured;
     eval and predict read every row once, in file order."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode != "train" and num_epochs != 1:
-        raise ValueError(f"num_epochs must be 1 in {mode} mode, got {num_epochs}")
+    if mode != "train" and (num_epochs != 1 or tag_epochs):
+        raise ValueError(f"{mode} mode reads one untagged pass, got num_epochs={num_epochs}, "
+                         f"tag_epochs={tag_epochs}")
     train = mode == "train"
     size = batch_size or (None if train else getattr(data_config, "eval_batch_size", None))
     return ReadOptions(
@@ -67,7 +69,8 @@ def read_options(data_config, mode: str, rank: int = 0, world_size: int = 1,
         shuffle_buffer_size=getattr(data_config, "shuffle_buffer_size", 32) or 32,
         drop_remainder=train and bool(data_config.drop_remainder),
         num_epochs=num_epochs, seed=seed, rank=rank, world_size=world_size,
-        with_labels=mode != "predict", reserved_columns=tuple(reserved_columns))
+        with_labels=mode != "predict", reserved_columns=tuple(reserved_columns),
+        tag_epochs=tag_epochs)
 
 
 def build_dataset(data_config, feature_set, input_path: str, options: ReadOptions,
@@ -86,9 +89,10 @@ def build_dataset(data_config, feature_set, input_path: str, options: ReadOption
 
 def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank: int = 0,
                       world_size: int = 1, batch_size: int | None = None,
-                      reserved_columns: Sequence[str] = (), num_epochs: int = 1,
+                      reserved_columns: Sequence[str] = (), num_epochs: int | None = 1,
                       seed: int = 0, num_workers: int | None = None,
-                      start_method: str | None = None) -> DataLoader:
+                      start_method: str | None = None, tag_epochs: bool = False
+                      ) -> DataLoader:
     """An iterable of parsed :class:`Batch` objects for one rank.
 
     Args:
@@ -103,8 +107,12 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
         rank, world_size: this process's share of the rows.
         batch_size: overrides the configured (eval) batch size.
         reserved_columns: columns copied into ``Batch.reserved``.
-        num_epochs: passes over the data per iteration (train only).
+        num_epochs: passes over the data per iteration (train only; None: without
+            end, with ``tag_epochs``).
         seed: shuffle seed.
+        tag_epochs: train only: yield ``(epoch, batch or None)`` pairs, epochs ``seed``,
+            ``seed + 1``, ...; each reads as a one-pass loader with that seed (see
+            ``ReadOptions.tag_epochs``; ``None`` items fill readers up to equal counts).
         num_workers: overrides ``data_config.num_workers``.
         start_method: how worker processes start (``fork``, ``forkserver``,
             ``spawn``); default ``forkserver`` once this process uses CUDA, else the
@@ -120,7 +128,7 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
             a worker surface when iterating, naming the file.
     """
     options = read_options(data_config, mode, rank, world_size, batch_size,
-                           reserved_columns, num_epochs, seed)
+                           reserved_columns, num_epochs, seed, tag_epochs)
     workers = data_config.num_workers if num_workers is None else num_workers
     pin = bool(getattr(data_config, "pin_memory", False)) and torch.cuda.is_available()
     dataset = build_dataset(data_config, feature_set, input_path, options, pin)

@@ -9,6 +9,8 @@ reads the R = T - F * B rows left over, at its end (so all ranges after it start
 rows later). Ranges tile the rows exactly, so no row is lost or read twice; slots,
 and ranks, differ by at most one batch, and only slot 0 ends with a partial batch
 (rather than every slot: with 12 workers, 12 ragged steps per epoch).
+How many batches each slot yields follows from the row count alone
+(``slot_batches``), so a reader knows its peers' counts without reading.
 """
 
 from __future__ import annotations
@@ -53,3 +55,15 @@ def slot_ranges(pieces: Sequence[Piece], slot: int, num_slots: int, batch_size: 
         if pos >= hi:
             break
     return ranges
+
+
+def slot_batches(total_rows: int, slot: int, num_slots: int, batch_size: int,
+                 drop_remainder: bool) -> int:
+    """Batches slot ``slot`` of ``num_slots`` yields from ``total_rows`` rows cut as
+    ``slot_ranges`` cuts them (``drop_remainder``: without slot 0's partial batch)."""
+    if not 0 <= slot < num_slots:
+        raise ValueError(f"slot must be in [0, {num_slots}), got {slot}")
+    full = total_rows // batch_size
+    count = (slot + 1) * full // num_slots - slot * full // num_slots
+    partial = slot == 0 and total_rows > full * batch_size and not drop_remainder
+    return count + int(partial)

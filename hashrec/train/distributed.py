@@ -6,9 +6,12 @@ shares of the rows cut at whole batches (``hashrec.data.sharding``: ranks differ
 by at most one batch), so ranks may still end an epoch with different batch
 counts:
 
-* training stops every rank at the first step where any rank has no batch
-  (:func:`lockstep_batches`, one small all-reduce per step); the at most one
-  extra batch of the other ranks is skipped, as with ``drop_remainder``;
+* training runs, every epoch, as many steps as the rank with the fewest batches
+  has: the counts follow from the row count (``hashrec.data.sharding.slot_batches``),
+  so every rank knows them without a per-step exchange (one :func:`min_over_ranks`
+  when the training input starts guards against ranks that see different files);
+  the at most one extra batch of the other ranks is skipped, as with
+  ``drop_remainder``;
 * evaluation runs until every rank is done; a rank whose input ran out serves
   its peers' lookups with no batch of its own (:func:`eval_batches`), so no row
   is left out of the metrics.
@@ -73,14 +76,15 @@ def _flag_on_all_ranks(flag: bool, ctx: DistContext, op) -> bool:
     return bool(value.item())
 
 
-def lockstep_batches(batches: Iterable, ctx: DistContext) -> Iterator:
-    """Yield batches while every rank still has one (training)."""
-    iterator = iter(batches)
-    while True:
-        batch = next(iterator, None)
-        if not _flag_on_all_ranks(batch is not None, ctx, dist.ReduceOp.MIN):
-            return
-        yield batch
+def min_over_ranks(value: int, ctx: DistContext) -> int:
+    """The smallest of every rank's ``value`` (``value`` itself on one rank)."""
+    if not ctx.is_distributed:
+        return value
+    group = _host_group(ctx)
+    device = ctx.device if group is None else torch.device("cpu")
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group)
+    return int(tensor.item())
 
 
 def eval_batches(batches: Iterable, ctx: DistContext, idle: Callable[[], None],

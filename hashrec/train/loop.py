@@ -5,7 +5,8 @@ under autocast, embeddings in float32), backward (the embedding collection
 applies the fused sparse update for the batch's rows here), clip dense
 gradients, dense optimizer step.
 
-Under torchrun every rank runs the same steps (``lockstep_batches``): dense
+Under torchrun every rank runs the same steps (``EpochStream``: each epoch the
+number of batches the rank with the fewest has, known from the row count): dense
 gradients are averaged over ranks after backward, before clipping; sparse
 updates are exchanged inside backward by the embedding collection. The progress
 line then shows global loss, samples/s and table counters, plus the time the
@@ -49,11 +50,11 @@ from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import all_reduce_gradients
 from hashrec.train import checkpoints
 from hashrec.train.collection_schedule import CollectionSchedule
-from hashrec.train.distributed import global_table_counters, lockstep_batches
+from hashrec.train.distributed import global_table_counters, min_over_ranks
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import evaluate, write_eval_result
 from hashrec.train.graphs import DenseGraphs
-from hashrec.train.prefetch import DevicePrefetcher, EpochInputs
+from hashrec.train.prefetch import DevicePrefetcher, EpochStream
 from hashrec.train.progress import ProgressLog, table_counters
 from hashrec.train.summaries import Summaries
 from hashrec.train.timing import StepTimer, format_phases
@@ -118,7 +119,7 @@ class TrainLoop:
         self.step = resume.step
         self.epoch = resume.epoch
         # Training input per epoch, the next epoch's loader started ahead (run_epoch).
-        self._inputs: EpochInputs | None = None
+        self._inputs: EpochStream | None = None
         self._inputs_path: str | None = None
         self.last_saved = resume.step if resume.path and resume.step else -1
         self.ctx = session.ctx or single_process_context(session.device)
@@ -190,13 +191,12 @@ class TrainLoop:
         result, batches = None, 0
         self.timer.begin()
         if self._inputs is None or self._inputs_path != train_input_path:
-            workers = int(self.session.config.data_config.num_workers)
+            if self._inputs is not None:
+                self._inputs.close()
             self._inputs_path = train_input_path
-            self._inputs = EpochInputs(
-                lambda epoch: self.session.loader(train_input_path, "train", epoch), workers > 0)
-        max_epochs = self.options.max_epochs
-        batches_in = lockstep_batches(self._inputs.epoch(
-            self.epoch, max_epochs is None or self.epoch + 1 < max_epochs), self.ctx)
+            self._inputs = EpochStream(
+                lambda first, count: self._train_stream(train_input_path, first, count))
+        batches_in = self._inputs.epoch(self.epoch, self.options.max_epochs)
         prefetcher = DevicePrefetcher(batches_in, self.session.device)
         for batch in prefetcher:
             self.timer.batch_ready()
@@ -219,6 +219,16 @@ class TrainLoop:
             with self.collections.automatic():
                 result = self.checkpoint_and_evaluate() or result
         return result
+
+    def _train_stream(self, path: str, first: int, count: int | None):
+        """``EpochStream``'s loader from epoch ``first`` on, its items per epoch and the
+        batches per epoch of every rank (the fewest any rank has)."""
+        loader = self.session.train_stream(path, first, count)
+        s, workers = self.session, loader.num_workers
+        readers = loader.dataset.reader_batches(s.rank, workers)
+        steps = min(sum(loader.dataset.reader_batches(rank, workers))
+                    for rank in range(s.world_size))
+        return loader, max(readers) * max(workers, 1), min_over_ranks(steps, self.ctx)
 
     def _due_steps(self) -> bool:
         every = self.options.save_checkpoints_steps

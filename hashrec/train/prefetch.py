@@ -8,12 +8,12 @@ the copy before it uses the batch, and every tensor is recorded on the
 training stream so the caching allocator does not hand its memory back to the
 side stream while the step still reads it. On the CPU batches pass through.
 :meth:`DevicePrefetcher.upcoming` shows the next batch early (a training step starts
-its id deduplication ahead).
+its id deduplication ahead). :class:`EpochStream` hands out the training input
+epoch by epoch from one loader that runs through all epochs.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -74,76 +74,65 @@ class DevicePrefetcher:
         return None if self._next is None else self._ready(self._next)
 
 
-class _Started:
-    """``iter(loader)`` run on a background thread (starting loader workers takes the
-    caller tens of milliseconds per worker; the training thread should not wait)."""
+class EpochStream:
+    """The training input epoch by epoch, read by one loader that runs through them all.
 
-    def __init__(self, make, epoch: int) -> None:
-        self.epoch = epoch
-        self._iterator: Iterator | None = None
-        self._error: BaseException | None = None
-        # The CUDA device is per thread, and a loader pins batches for the device that
-        # is current where it starts: the caller's (a rank's own GPU), not device 0.
-        device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
-        self._thread = threading.Thread(target=self._run, args=(make, device),
-                                         name=f"hashrec-epoch-{epoch}-start", daemon=True)
-        self._thread.start()
-
-    def _run(self, make, device: int | None) -> None:
-        try:
-            if device is not None:
-                torch.cuda.set_device(device)
-            self._iterator = iter(make(self.epoch))
-        except BaseException as err:  # re-raised in the training thread by result()
-            self._error = err
-
-    def result(self) -> Iterator:
-        """The started iterator (waits for the start); the start's exception if it failed."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._iterator
-
-
-class EpochInputs:
-    """The training input epoch by epoch, the next epoch's loader started one epoch ahead.
-
-    A data loader with worker processes needs a second or so to start its workers
-    and fill their queues; at every epoch boundary the step would wait for it.
-    ``epoch(e, more)`` returns epoch ``e``'s batches and, when ``more`` epochs may
-    follow, starts epoch ``e + 1``'s loader right away, on a background thread (the
-    worker start itself would stall the training thread): its workers fill their
-    queues (then block) while epoch ``e`` trains. The batches of every epoch are
-    the same as without the head start; an epoch started but never used is shut
-    down by ``close``.
+    Restarting the loader at every epoch costs the training process each time: its
+    workers start and fill their queues in a burst while the step runs (about a tenth
+    of the throughput, measured on the GPU host). Here one loader made with
+    ``tag_epochs`` (``hashrec.data.create_dataloader``) yields ``(epoch, batch or
+    None)`` items, a fixed number per epoch, and its workers go from one epoch to the
+    next without stopping. ``epoch(e)`` hands out epoch ``e``'s batches, at most
+    ``steps`` of them (the ranks' common count: no per-step agreement is needed), and
+    drops the fillers and any batch beyond that count. Epoch ``e`` reads the same
+    batches as a one-epoch loader seeded ``e``.
 
     Args:
-        make: epoch -> iterable of batches (a fresh loader for that epoch).
-        ahead: start the next epoch early (worth it only with loader workers).
+        make: ``(first_epoch, num_epochs or None) -> (loader, items, steps)``: the
+            loader from ``first_epoch`` on, its items per epoch, and the batches per
+            epoch every rank trains on.
     """
 
-    def __init__(self, make, ahead: bool) -> None:
-        self._make, self._ahead = make, ahead
-        self._next: _Started | None = None
+    def __init__(self, make) -> None:
+        self._make = make
+        self._iterator: Iterator | None = None
+        self._items = self._steps = 0
+        self._next_epoch: int | None = None  # the epoch the stream is at, between epochs
 
-    def epoch(self, epoch: int, more: bool) -> Iterator:
-        """Batches of ``epoch``; starts ``epoch + 1`` when ``more`` and running ahead."""
-        started, self._next = self._next, None
-        if started is not None and started.epoch == epoch:
-            current = started.result()
-        else:
-            if started is not None:
-                started.result()  # let an unused start finish before dropping it
-            current = iter(self._make(epoch))
-        if self._ahead and more:
-            self._next = _Started(self._make, epoch + 1)
-        return current
+    @property
+    def steps(self) -> int:
+        """Batches per epoch handed out (after the first ``epoch`` call)."""
+        return self._steps
+
+    def epoch(self, epoch: int, last: int | None = None) -> Iterator:
+        """Batches of ``epoch``; ``last``: the epoch after the final one (None: no end).
+
+        Reuses the running loader when it stands at ``epoch``; otherwise (the first
+        call, a jump, an epoch left unfinished) starts a new one."""
+        if self._iterator is None or self._next_epoch != epoch:
+            self.close()
+            loader, self._items, self._steps = self._make(
+                epoch, None if last is None else max(last - epoch, 1))
+            self._iterator = iter(loader)
+        self._next_epoch = None
+        return self._take(epoch)
+
+    def _take(self, epoch: int) -> Iterator:
+        handed = 0
+        for _ in range(self._items):
+            tag, batch = next(self._iterator)
+            if tag != epoch:
+                raise RuntimeError(f"the training input gave a batch of epoch {tag} while "
+                                   f"epoch {epoch} was read; the loader's readers are out of "
+                                   f"step")
+            if batch is not None and handed < self._steps:
+                handed += 1
+                yield batch
+        self._next_epoch = epoch + 1
 
     def close(self) -> None:
-        """Drops an epoch started ahead and not used (its workers shut down)."""
-        started, self._next = self._next, None
-        if started is not None:
-            try:
-                started.result()
-            except Exception:  # noqa: BLE001 - an epoch never used; its error does not matter
-                pass
+        """Stops the loader (its workers shut down)."""
+        iterator, self._iterator, self._next_epoch = self._iterator, None, None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()

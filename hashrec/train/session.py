@@ -78,6 +78,18 @@ class Session:
         return create_dataloader(self.config.data_config, self.feature_set, input_path, mode,
                                  rank=self.rank, world_size=self.world_size, seed=epoch)
 
+    def train_stream(self, input_path: str, first_epoch: int, num_epochs: int | None):
+        """One loader of this rank's training batches over epochs ``first_epoch`` on
+        (``num_epochs`` of them, None: without end), as ``(epoch, batch or None)`` items
+        (``create_dataloader``'s ``tag_epochs``); epoch ``e`` reads as ``loader(...,
+        "train", e)``."""
+        if not input_path:
+            raise TrainError("train_input_path is empty; set it in the config or on the "
+                             "command line")
+        return create_dataloader(self.config.data_config, self.feature_set, input_path,
+                                 "train", rank=self.rank, world_size=self.world_size,
+                                 seed=first_epoch, num_epochs=num_epochs, tag_epochs=True)
+
     def set_learning_rates(self, step: int, epoch: int) -> dict[str, float]:
         """Apply both schedules for ``step``; returns {"dense": lr, "sparse": lr}."""
         dense_lr = self.dense.schedule(step, epoch)

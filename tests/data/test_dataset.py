@@ -103,6 +103,40 @@ def test_num_epochs_repeats_every_row(files):
     assert set(counts.values()) == {3} and len(counts) == sum(SIZES)
 
 
+@pytest.mark.parametrize("world_size,workers", [(1, 0), (1, 3), (2, 2)], ids=lambda v: str(v))
+@pytest.mark.parametrize("drop_remainder", [False, True], ids=["keep", "drop"])
+def test_tagged_epochs_read_as_one_epoch_loaders(files, world_size, workers, drop_remainder):
+    opts = dict(world_size=world_size, workers=workers, shuffle=True, batch_size=4,
+                drop_remainder=drop_remainder)
+    streams = _read(files, num_epochs=3, seed=5, tag_epochs=True, **opts)
+    for rank, items in enumerate(streams):
+        cfg = data_config(num_workers=workers, shuffle=True, batch_size=4,
+                          drop_remainder=drop_remainder)
+        loader = create_dataloader(cfg, FakeFeatureSet(bags=["tags"]), files, "train",
+                                   rank=rank, world_size=world_size, seed=5, tag_epochs=True)
+        readers = loader.dataset.reader_batches(rank, workers)
+        per_epoch = max(readers) * max(workers, 1)
+        assert [e for e, _ in items] == [e for e in (5, 6, 7) for _ in range(per_epoch)]
+        for epoch in (5, 6, 7):
+            got = [b for e, b in items if e == epoch and b is not None]
+            want = _read(files, seed=epoch, **opts)[rank]
+            assert row_ids(got) == row_ids(want) and len(got) == sum(readers)
+
+
+def test_tagged_epochs_without_end(files):
+    cfg = data_config(num_workers=0, batch_size=8)
+    loader = create_dataloader(cfg, FakeFeatureSet(bags=["tags"]), files, "train",
+                               num_epochs=None, tag_epochs=True)
+    items = iter(loader)
+    tags = [next(items)[0] for _ in range(40)]  # 9 batches per epoch
+    assert tags == sorted(tags) and tags[-1] == 4
+
+
+def test_untagged_reading_needs_a_number_of_epochs(files):
+    with pytest.raises(ValueError, match="num_epochs"):
+        _read(files, num_epochs=None)
+
+
 @pytest.mark.parametrize("workers", [0, 1], ids=["main", "worker"])
 def test_predict_passes_reserved_columns_through_without_labels(tmp_path, workers):
     table = pa.table({"row_id": [1, 2, 3], "request": ["a", "b", "c"]})

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hashrec.data.sharding import epoch_order, slot_ranges
+from hashrec.data.sharding import epoch_order, slot_batches, slot_ranges
 from hashrec.data.sources import Piece
 
 
@@ -33,6 +33,10 @@ def test_slots_tile_every_row_exactly_once_in_whole_batches(sizes, num_slots, ba
     assert (counts[0] - sum(sizes) % batch) % batch == 0
     batches = [-(-c // batch) for c in counts]
     assert max(batches) - min(batches) <= 1
+    for drop in (False, True):
+        assert [slot_batches(sum(sizes), s, num_slots, batch, drop)
+                for s in range(num_slots)] == [c // batch if drop else -(-c // batch)
+                                               for c in counts]
 
 
 def test_one_row_batches_split_rows_evenly():

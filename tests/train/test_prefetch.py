@@ -1,14 +1,11 @@
 """DevicePrefetcher: batches pass through in order on the CPU; upcoming shows the next."""
 
-import threading
-import time
-
 import pytest
 import torch
 
 from hashrec.embedding import KeyedJaggedTensor
 from hashrec.features.batch import Batch
-from hashrec.train.prefetch import DevicePrefetcher, EpochInputs, _batch_tensors
+from hashrec.train.prefetch import DevicePrefetcher, EpochStream, _batch_tensors
 
 
 def _batch(i):
@@ -45,73 +42,58 @@ def test_batch_tensors_cover_every_tensor_of_the_batch():
     assert len(found) == 5  # values, lengths, offsets, one dense, one label
 
 
-class _Loaders:
-    """Fake per-epoch loaders that log when each epoch's iterator starts."""
+class _Streams:
+    """Fake ``EpochStream`` makers: epoch e holds batches (e, 0..2) and a filler; every
+    rank trains ``steps`` batches per epoch."""
 
-    def __init__(self, fail_at=None):
-        self.events = []
-        self.threads = {}
-        self.fail_at = fail_at
+    def __init__(self, steps=3):
+        self.made = []
+        self.steps = steps
 
-    def __call__(self, epoch):
-        events = self.events
-        self.threads[epoch] = threading.current_thread().name
-        if epoch == self.fail_at:
-            raise OSError(f"cannot start epoch {epoch}")
+    def __call__(self, first, count):
+        self.made.append((first, count))
 
-        def batches():
-            for i in range(3):
-                events.append(("batch", epoch, i))
-                yield (epoch, i)
+        def items():
+            epoch = first
+            while count is None or epoch < first + count:
+                yield from [(epoch, (epoch, 0)), (epoch, None), (epoch, (epoch, 1)),
+                            (epoch, (epoch, 2))]
+                epoch += 1
 
-        class Loader:  # like a DataLoader: iter() starts the workers at once
-            def __iter__(self):
-                events.append(("start", epoch))
-                return batches()
-
-        return Loader()
+        return items(), 4, self.steps
 
 
-def test_next_epoch_starts_while_the_current_one_trains():
-    loaders = _Loaders()
-    inputs = EpochInputs(loaders, ahead=True)
-    first = inputs.epoch(0, more=True)
-    deadline = time.monotonic() + 10
-    while ("start", 1) not in loaders.events and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert ("start", 1) in loaders.events  # started before epoch 0 is consumed
-    assert threading.current_thread().name not in loaders.threads[1]
-    assert next(first) == (0, 0)
-    assert list(first) == [(0, 1), (0, 2)]
-    assert list(inputs.epoch(1, more=False)) == [(1, 0), (1, 1), (1, 2)]
-    assert [e for e in loaders.events if e[0] == "start"] == [("start", 0), ("start", 1)]
-    inputs.close()
+def test_stream_hands_out_epochs_from_one_loader():
+    make = _Streams()
+    stream = EpochStream(make)
+    got = [list(stream.epoch(e, last=3)) for e in range(3)]
+    assert got == [[(e, 0), (e, 1), (e, 2)] for e in range(3)]
+    assert make.made == [(0, 3)] and stream.steps == 3
+    stream.close()
 
 
-def test_epochs_give_the_same_batches_with_or_without_running_ahead():
-    got = {}
-    for ahead in (True, False):
-        inputs = EpochInputs(_Loaders(), ahead=ahead)
-        got[ahead] = [b for e in range(3) for b in inputs.epoch(e, more=e < 2)]
-        inputs.close()
-    assert got[True] == got[False]
+def test_stream_keeps_the_ranks_common_count():
+    stream = EpochStream(_Streams(steps=2))
+    assert list(stream.epoch(0)) == [(0, 0), (0, 1)]  # (0, 2) is beyond every rank's count
+    assert list(stream.epoch(1)) == [(1, 0), (1, 1)]
 
 
-def test_a_failed_start_ahead_raises_when_that_epoch_is_needed():
-    inputs = EpochInputs(_Loaders(fail_at=1), ahead=True)
-    assert list(inputs.epoch(0, more=True)) == [(0, 0), (0, 1), (0, 2)]
-    with pytest.raises(OSError, match="cannot start epoch 1"):
-        inputs.epoch(1, more=False)
+def test_stream_restarts_after_a_jump_or_an_unfinished_epoch():
+    make = _Streams()
+    stream = EpochStream(make)
+    assert list(stream.epoch(0)) == [(0, 0), (0, 1), (0, 2)]
+    assert next(stream.epoch(4)) == (4, 0)  # a jump; epoch 4 left unfinished
+    assert list(stream.epoch(5)) == [(5, 0), (5, 1), (5, 2)]
+    assert make.made == [(0, None), (4, None), (5, None)]
 
 
-def test_an_unused_epoch_is_replaced_when_the_loop_jumps():
-    loaders = _Loaders()
-    inputs = EpochInputs(loaders, ahead=True)
-    list(inputs.epoch(0, more=True))
-    assert list(inputs.epoch(5, more=False))[0] == (5, 0)  # not epoch 1's loader
+def test_stream_out_of_step_readers_raise():
+    stream = EpochStream(lambda first, count: (iter([(first, None), (first + 1, None)]), 2, 1))
+    with pytest.raises(RuntimeError, match="out of step"):
+        list(stream.epoch(0))
 
 
-def test_epoch_ahead_with_real_loader_workers(tmp_path):
+def test_stream_with_real_loader_workers_reads_as_per_epoch_loaders(tmp_path):
     import os
 
     from hashrec.config import load_pipeline_config
@@ -122,37 +104,22 @@ def test_epoch_ahead_with_real_loader_workers(tmp_path):
     generate(str(tmp_path), num_rows=1500, num_files=2, seed=0, scale=0.01, quiet=True)
     examples = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
     pipeline = load_pipeline_config(os.path.join(examples, "multi_tower_din_taobao.config"))
+    pipeline.data_config.shuffle = True
     features = build_feature_set(pipeline)
 
-    def make(epoch):
+    def loader(**kwargs):
         return create_dataloader(pipeline.data_config, features, str(tmp_path), "train",
-                                 batch_size=512, num_workers=2, seed=epoch)
+                                 batch_size=512, num_workers=2, **kwargs)
 
-    got = {}
-    for ahead in (True, False):
-        inputs = EpochInputs(make, ahead=ahead)
-        got[ahead] = [b.sparse["user_id"].values.tolist()
-                      for e in range(2) for b in inputs.epoch(e, more=e < 1)]
-        inputs.close()
-    assert got[True] == got[False] and sum(len(v) for v in got[True]) == 3000
+    def make(first, count):
+        made = loader(seed=first, num_epochs=count, tag_epochs=True)
+        readers = made.dataset.reader_batches(0, 2)
+        assert readers == [2, 1]  # 1500 rows: worker 0 has a full and the partial batch
+        return made, 2 * max(readers), sum(readers)
 
-
-def test_epoch_started_ahead_uses_the_callers_cuda_device(monkeypatch):
-    """A loader pins for the device current in the thread that starts it: the thread
-    starting the next epoch takes the training thread's device (a rank's own GPU)."""
-    current = threading.local()
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: getattr(current, "device", 0))
-    monkeypatch.setattr(torch.cuda, "set_device",
-                        lambda device: setattr(current, "device", device))
-    torch.cuda.set_device(1)
-    seen = {}
-
-    def make(epoch):
-        seen[epoch] = torch.cuda.current_device()
-        return [epoch]
-
-    inputs = EpochInputs(make, ahead=True)
-    assert list(inputs.epoch(0, more=True)) == [0]
-    assert list(inputs.epoch(1, more=False)) == [1]
-    assert seen == {0: 1, 1: 1}
+    stream = EpochStream(make)
+    got = [[b.sparse["user_id"].values.tolist() for b in stream.epoch(e)] for e in range(2)]
+    stream.close()
+    want = [[b.sparse["user_id"].values.tolist() for b in loader(seed=e)] for e in range(2)]
+    assert got == want and got[0] != got[1]
+    assert [sum(map(len, epoch)) for epoch in got] == [1500, 1500]
