@@ -54,7 +54,8 @@ class StorageBatch:
     Attributes:
         keys: (U,) int64 unique keys, logical table by logical table.
         tags: (U,) int32 tag of each key (fused storages), else None.
-        features: the features' ids, each with its ``inverse`` set.
+        features: the features' ids, each with its ``inverse`` set: bag features
+            first, those of one pooling kind together (``pooling_kind``), then sequences.
         counts: (U,) int64 occurrences of each unique key in the batch.
         unique_per_table: number of unique keys of each logical table, by tag.
         inverse: (n,) int64 row in ``keys`` of every id of ``features``, concatenated
@@ -122,10 +123,25 @@ class _Sorted(NamedTuple):
 _ROW_BITS = 40
 
 
-def _tag_of(features_by_tag: list[list[FeatureIds]], n: int, device) -> torch.Tensor:
-    """(n,) int64 tag of every id, features in tag order: one small copy to the device
-    and one repeat, not a fill per feature."""
-    pairs = [(tag, f.values.numel()) for tag, fs in enumerate(features_by_tag) for f in fs]
+def _emit_order(features_by_tag: list[list[FeatureIds]]) -> list[tuple[int, FeatureIds]]:
+    """(tag, feature) pairs in the order a storage lays out its ids: bag features first,
+    those of one pooling kind next to each other (``emit_storage`` pools each such run
+    in one launch), then sequences; otherwise in tag order."""
+    tagged = [(tag, f) for tag, fs in enumerate(features_by_tag) for f in fs]
+    return sorted(tagged, key=lambda pair: pooling_kind(pair[1]))
+
+
+def pooling_kind(f: FeatureIds) -> tuple[bool, bool, bool]:
+    """(sequence, mean, weighted) of a feature: bags of one kind pool together."""
+    sequence = f.spec.is_sequence
+    return sequence, not sequence and f.spec.pooling == "mean", \
+        not sequence and f.weights is not None
+
+
+def _tag_of(tagged: list[tuple[int, FeatureIds]], n: int, device) -> torch.Tensor:
+    """(n,) int64 tag of every id, features in ``tagged`` order: one small copy to the
+    device and one repeat, not a fill per feature."""
+    pairs = [(tag, f.values.numel()) for tag, f in tagged]
     host = torch.tensor([p for pair in zip(*pairs) for p in pair], dtype=torch.int64,
                         pin_memory=device.type == "cuda")
     host = host.to(device, non_blocking=True)
@@ -141,7 +157,8 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
     id outside that range the smallest id of every tag reads as -1, so that the
     collection's range check finds it.
     """
-    every = [f for fs in features_by_tag for f in fs]
+    tagged = _emit_order(features_by_tag)
+    every = [f for _, f in tagged]
     device = every[0].values.device
     ids = torch.cat([f.values for f in every]) if len(every) > 1 else every[0].values
     n, num_tags = ids.numel(), len(features_by_tag)
@@ -156,7 +173,7 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         # An id out of range is clamped into it (the batch stays consistent) and flagged.
         bad = (ids >> _ROW_BITS).any()
         tagged = ids.clamp(0, (1 << _ROW_BITS) - 1) + \
-            (_tag_of(features_by_tag, n, device) << _ROW_BITS)
+            (_tag_of(tagged, n, device) << _ROW_BITS)
         combined, order = torch.sort(tagged, stable=True)
         torch.ne(combined[1:], combined[:-1], out=new[1:])
         sorted_tags = (combined >> _ROW_BITS).to(torch.int32)
@@ -166,7 +183,7 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         ends = torch.cat([sorted_ids[:1], sorted_ids[-1:]])
         sorted_tags = None
         if len(used) > 1:
-            tag_of = _tag_of(features_by_tag, n, device).to(torch.int32)
+            tag_of = _tag_of(tagged, n, device).to(torch.int32)
             sorted_tags, by_tag = torch.sort(tag_of[order], stable=True)
             order, sorted_ids = order[by_tag], sorted_ids[by_tag]
         torch.ne(sorted_ids[1:], sorted_ids[:-1], out=new[1:])

@@ -71,11 +71,29 @@ def test_row_ids_out_of_range_read_as_negative_lows():
     assert all(low == -1 for low, _ in batch.key_ranges)
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "one-table"])
-def test_emit_matches_per_feature_autograd(fused):
+def _many(gen):
+    """Three logical tables read by runs of bag features of each pooling kind, with
+    sequences between them in tag order."""
+    def bag(name, table, **kwargs):
+        return _feature(EmbeddingFeatureSpec(name, table, **kwargs), [1, 2, 0, 3], 6, gen,
+                        weighted=kwargs.get("weighted", False))
+
+    seq = EmbeddingFeatureSpec("s", "b", is_sequence=True, max_length=3)
+    return [[bag("a1", "a"), bag("a2", "a", pooling="mean"), bag("a3", "a", weighted=True)],
+            [_feature(seq, [3, 1, 2, 0], 6, gen), bag("b1", "b"), bag("b2", "b", pooling="mean")],
+            [bag("c1", "c"), bag("c2", "c", weighted=True), bag("c3", "c")]]
+
+
+@pytest.mark.parametrize("layout", ["fused", "one-table", "runs"])
+def test_emit_matches_per_feature_autograd(layout):
     gen = torch.Generator().manual_seed(1)
-    by_tag = _storage(gen) if fused else [_storage(gen)[0]]
+    fused = layout != "one-table"
+    by_tag = {"fused": lambda: _storage(gen), "one-table": lambda: [_storage(gen)[0]],
+              "runs": lambda: _many(gen)}[layout]()
     (batch,) = dedup_storages([(by_tag, fused)])
+    kinds = [(f.spec.is_sequence, f.spec.pooling, f.weights is not None)
+             for f in batch.features]
+    assert kinds == sorted(kinds, key=lambda k: (k[0], k[1] == "mean", k[2]))
     rows = torch.randn(batch.keys.numel(), 3, generator=gen, requires_grad=True)
     outs = emit_storage(rows, batch)
     grads = [torch.randn(o.shape, generator=gen) for o in outs]
