@@ -13,7 +13,8 @@ gradients:
 * dense tables are updated in backward by the sparse optimizer from the rows a
   batch touched: :func:`gather_sparse_gradients` all-gathers every rank's
   (row, gradient) pairs, already divided by the world size, and sums them per
-  row in rank order, so every replica applies the same update bit for bit;
+  row in rank order, so every replica applies the same update bit for bit
+  (without a device read: the sizes are host values);
 * :func:`broadcast_state` copies rank 0's parameters and buffers to every rank
   (start of training, after a restore).
 """
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hashrec.distributed.comm_timer import CommTimer
-from hashrec.distributed.process_group import DistContext
+from hashrec.distributed.process_group import DistContext, host_group
 
 
 def all_reduce_gradients(parameters: list[nn.Parameter], ctx: DistContext,
@@ -85,7 +86,8 @@ def gather_sparse_gradients(slots: torch.Tensor, grads: torch.Tensor, ctx: DistC
         timer: optional timer of the exchange.
 
     Returns:
-        (rows (r,) int64 sorted, grads (r, dim) float32), identical on every rank.
+        (rows (n,) int64: the distinct rows ascending, then -1 fill; grads (n, dim)
+        float32), identical on every rank (see :func:`gather_sparse_gradients_many`).
     """
     return gather_sparse_gradients_many([(slots, grads)], ctx, group, timer)[0]
 
@@ -96,10 +98,13 @@ def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]]
                                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """:func:`gather_sparse_gradients` of several replicated tables in two collectives.
 
-    One all-gather tells every rank each peer's row count per table (the one host
-    sync), one all-gather moves every table's rows and gradients packed in one
-    float32 buffer (the int64 rows travel bit for bit as pairs of float32 words).
-    Each table is then summed exactly as :func:`gather_sparse_gradients` does.
+    One all-gather tells every rank each peer's row count per table; the counts
+    are host values, and under NCCL they travel through the host-side gloo group
+    (``host_group``), so the step does not wait for the device. One all-gather moves
+    every table's rows and gradients packed in one float32 buffer (the int64 rows
+    travel bit for bit as pairs of float32 words). Each table is then summed as
+    :func:`gather_sparse_gradients` does, in sizes known on the host: nothing is
+    read back from the device.
 
     Args:
         tables: per table, (slots (u,) int64 unique rows, grads (u, dim) float32).
@@ -108,8 +113,9 @@ def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]]
         timer: optional timer of the exchange.
 
     Returns:
-        Per table, (rows (r,) int64 sorted, grads (r, dim) float32), identical on
-        every rank.
+        Per table, (rows (n,) int64, grads (n, dim) float32) with n the rows all
+        ranks sent: the distinct rows ascending, then -1 (no row: the optimizer
+        skips it) with zero gradients; identical on every rank.
     """
     if not ctx.is_distributed or not tables:
         return list(tables)
@@ -118,11 +124,8 @@ def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]]
     grads = [g.float().contiguous() for _, g in tables]
     dims = [g.shape[1] for g in grads]
     with timer.region():
-        count = torch.tensor([s.shape[0] for s in slots], dtype=torch.int64,
-                             device=slots[0].device)
-        counts = [torch.empty_like(count) for _ in range(ctx.world_size)]
-        dist.all_gather(counts, count, group=group)
-        sizes = torch.stack(counts).cpu().tolist()  # sizes[rank][table]
+        sizes = _gather_counts([s.shape[0] for s in slots], ctx, group,
+                               slots[0].device)  # sizes[rank][table]
         if not any(any(row) for row in sizes):
             return list(tables)
         # Rows first (even float offsets, so int64 views stay aligned), then gradients.
@@ -152,10 +155,33 @@ def _unpack(part: torch.Tensor, sizes: list[int], dims: list[int], t: int
     return slots, grads
 
 
+def _gather_counts(counts: list[int], ctx: DistContext, group: dist.ProcessGroup | None,
+                   device: torch.device) -> list[list[int]]:
+    """Every rank's ``counts`` (host ints): through the host group under NCCL (no wait
+    for the device) when the exchange runs on the default group."""
+    host = host_group(ctx) if group is None else None
+    where = torch.device("cpu") if host is not None or ctx.backend != "nccl" else device
+    count = torch.tensor(counts, dtype=torch.int64, device=where)
+    gathered = [torch.empty_like(count) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, count, group=host if host is not None else group)
+    return torch.stack(gathered).cpu().tolist()
+
+
 def _sum_per_row(all_slots: list[torch.Tensor], all_grads: list[torch.Tensor],
                  sizes: list[int], dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, inverse = torch.unique(torch.cat(all_slots), return_inverse=True)
-    summed = all_grads[0].new_zeros((rows.shape[0], dim), dtype=torch.float32)
+    """Sums the ranks' gradients per row in n = sum(sizes) slots without reading a
+    size back: slot g holds the g-th distinct row (ascending), the rest -1."""
+    slots = torch.cat(all_slots)
+    n = slots.numel()
+    ordered, order = torch.sort(slots)
+    new = torch.ones(n, dtype=torch.bool, device=slots.device)
+    torch.ne(ordered[1:], ordered[:-1], out=new[1:])
+    group = torch.cumsum(new, 0) - 1
+    inverse = torch.empty_like(group).scatter_(0, order, group)
+    # Every member of a group writes the same row: the result does not depend on order.
+    rows = torch.full((n,), -1, dtype=torch.int64, device=slots.device).scatter_(
+        0, group, ordered)
+    summed = all_grads[0].new_zeros((n, dim), dtype=torch.float32)
     start = 0
     # Rank by rank: each part has unique rows, so every add is free of races and the
     # sum has the same order (and bits) on every rank.

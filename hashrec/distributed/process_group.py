@@ -11,6 +11,7 @@ every command runs unchanged with and without ``torchrun``.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ import torch
 import torch.distributed as dist
 
 from hashrec.distributed.errors import DistributedError
+
+logger = logging.getLogger("hashrec.distributed")
 
 _REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _BACKENDS = ("nccl", "gloo")
@@ -158,6 +161,32 @@ def init_distributed(backend: str | None = None, use_cuda: bool | None = None,
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
                        is_main=rank == 0, backend=chosen, owns_group=True)
+
+
+# Per context: a gloo group over the same ranks for host-side exchanges under NCCL.
+_HOST_GROUPS: dict[int, tuple[DistContext, object]] = {}
+
+
+def host_group(ctx: DistContext):
+    """A gloo group of all ranks, or None when the default group already runs on the
+    host (gloo) or a gloo group cannot be made.
+
+    Small exchanges of host values (batch flags, sizes) go through it under NCCL:
+    an NCCL collective and a read of its result would wait for all the device work
+    queued before it. The group is created on first use, which every rank must reach
+    in the same order of group creations (a collective call).
+    """
+    if ctx.backend != "nccl" or not ctx.is_distributed:
+        return None
+    if id(ctx) not in _HOST_GROUPS:
+        try:
+            group = dist.new_group(backend="gloo")
+        except (RuntimeError, ValueError) as err:
+            logger.warning("no gloo group for host-side exchanges (%s); they go through NCCL "
+                           "and wait for the device", err)
+            group = None
+        _HOST_GROUPS[id(ctx)] = (ctx, group)
+    return _HOST_GROUPS[id(ctx)][1]
 
 
 def barrier(ctx: DistContext) -> None:

@@ -39,29 +39,10 @@ from hashrec.distributed import (
     single_process_context,
 )
 from hashrec.distributed.errors import DistributedError
+from hashrec.distributed.process_group import host_group
 from hashrec.embedding.plan import plan_storages
 
 logger = logging.getLogger("hashrec.train")
-
-
-# Per context: a gloo group over the same ranks for host-side flags under NCCL.
-_HOST_GROUPS: dict[int, tuple[DistContext, object]] = {}
-
-
-def _host_group(ctx: DistContext):
-    """A gloo group of all ranks (created once, collectively), or None when the default
-    group already runs on the host (gloo) or a gloo group cannot be made."""
-    if ctx.backend != "nccl":
-        return None
-    if id(ctx) not in _HOST_GROUPS:
-        try:
-            group = dist.new_group(backend="gloo")
-        except (RuntimeError, ValueError) as err:
-            logger.warning("no gloo group for the per-step batch flags (%s); they go through "
-                           "NCCL and wait for the device", err)
-            group = None
-        _HOST_GROUPS[id(ctx)] = (ctx, group)
-    return _HOST_GROUPS[id(ctx)][1]
 
 
 def _flag_on_all_ranks(flag: bool, ctx: DistContext, op) -> bool:
@@ -69,7 +50,7 @@ def _flag_on_all_ranks(flag: bool, ctx: DistContext, op) -> bool:
     per-step test does not wait for the device's queued work."""
     if not ctx.is_distributed:
         return flag
-    group = _host_group(ctx)
+    group = host_group(ctx)
     device = ctx.device if group is None else torch.device("cpu")
     value = torch.tensor([int(flag)], dtype=torch.int64, device=device)
     dist.all_reduce(value, op=op, group=group)
@@ -80,7 +61,7 @@ def min_over_ranks(value: int, ctx: DistContext) -> int:
     """The smallest of every rank's ``value`` (``value`` itself on one rank)."""
     if not ctx.is_distributed:
         return value
-    group = _host_group(ctx)
+    group = host_group(ctx)
     device = ctx.device if group is None else torch.device("cpu")
     tensor = torch.tensor([value], dtype=torch.int64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group)
