@@ -10,7 +10,11 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 DIM, NUM_IDS = 8, 50
-FEATURES = [EmbeddingFeatureSpec("d", "dense"), EmbeddingFeatureSpec("u", "user", pooling="mean"),
+# Two dense tables (one group: its ids sort as rows), runs of sum features on both
+# storages (pooled in one launch), a mean, a weighted and a sequence feature.
+FEATURES = [EmbeddingFeatureSpec("d", "dense"), EmbeddingFeatureSpec("e", "dense2"),
+            EmbeddingFeatureSpec("u", "user", pooling="mean"),
+            EmbeddingFeatureSpec("u2", "user"), EmbeddingFeatureSpec("i2", "item"),
             EmbeddingFeatureSpec("i", "item", weighted=True),
             EmbeddingFeatureSpec("h", "item", is_sequence=True, max_length=3)]
 
@@ -20,8 +24,9 @@ def _collection(device):
     dynamic = [EmbeddingTableSpec(name, DIM, fusion_group="g", dynamic=TableOptions(
         dim=DIM, max_capacity=512, bucket_capacity=32, initializer=seeded))
         for name in ("user", "item")]
-    dense = EmbeddingTableSpec("dense", DIM, num_rows=NUM_IDS, initializer=seeded)
-    return EmbeddingCollection([dense, *dynamic], FEATURES, SparseAdam(lr=0.05), device)
+    dense = [EmbeddingTableSpec(name, DIM, num_rows=NUM_IDS, initializer=seeded)
+             for name in ("dense", "dense2")]
+    return EmbeddingCollection([*dense, *dynamic], FEATURES, SparseAdam(lr=0.05), device)
 
 
 @pytest.mark.parametrize("ahead", [False, True], ids=["dedup_in_forward", "dedup_ahead"])
