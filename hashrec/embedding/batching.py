@@ -55,7 +55,8 @@ class StorageBatch:
         keys: (U,) int64 unique keys, logical table by logical table.
         tags: (U,) int32 tag of each key (fused storages), else None.
         features: the features' ids, each with its ``inverse`` set: bag features
-            first, those of one pooling kind together (``pooling_kind``), then sequences.
+            first, those of one pooling kind together (``pooling_kind``), then sequences
+            by length.
         counts: (U,) int64 occurrences of each unique key in the batch.
         unique_per_table: number of unique keys of each logical table, by tag.
         inverse: (n,) int64 row in ``keys`` of every id of ``features``, concatenated
@@ -126,16 +127,18 @@ _ROW_BITS = 40
 def _emit_order(features_by_tag: list[list[FeatureIds]]) -> list[tuple[int, FeatureIds]]:
     """(tag, feature) pairs in the order a storage lays out its ids: bag features first,
     those of one pooling kind next to each other (``emit_storage`` pools each such run
-    in one launch), then sequences; otherwise in tag order."""
+    in one launch), then sequences by length (one launch per length); otherwise in
+    tag order."""
     tagged = [(tag, f) for tag, fs in enumerate(features_by_tag) for f in fs]
     return sorted(tagged, key=lambda pair: pooling_kind(pair[1]))
 
 
-def pooling_kind(f: FeatureIds) -> tuple[bool, bool, bool]:
-    """(sequence, mean, weighted) of a feature: bags of one kind pool together."""
+def pooling_kind(f: FeatureIds) -> tuple[bool, bool, bool, int]:
+    """(sequence, mean, weighted, max_length) of a feature: bags of one kind pool (and
+    sequences of one length pad) together."""
     sequence = f.spec.is_sequence
     return sequence, not sequence and f.spec.pooling == "mean", \
-        not sequence and f.weights is not None
+        not sequence and f.weights is not None, f.spec.max_length if sequence else 0
 
 
 def _tag_of(tagged: list[tuple[int, FeatureIds]], n: int, device) -> torch.Tensor:

@@ -3,7 +3,8 @@
 A storage lookup returns its unique rows (U, D) once per step. ``emit_storage``
 pools (bag features) or pads (sequence features) those rows for every feature
 reading the storage, inside one autograd Function; bag features of one pooling
-kind, laid out next to each other by the dedup, are pooled in one launch. Its backward concatenates
+kind (sequences of one length), laid out next to each other by the dedup, take
+one launch. Its backward concatenates
 the features' output gradients and sums them per unique row in one pass over
 the positions, grouped by the storage's dedup (``StorageBatch.order`` /
 ``row_start``): no per-feature sort, no per-feature (U, D) gradient for autograd
@@ -29,33 +30,37 @@ def _forward_one(rows: torch.Tensor, f: FeatureIds) -> torch.Tensor:
     return pool_forward(rows, f.inverse, f.offsets, f.weights, f.spec.pooling == "mean")
 
 
-def _pool_run(rows: torch.Tensor, batch: StorageBatch, features: list[FeatureIds],
-              start: int) -> list[torch.Tensor]:
-    """Outputs of consecutive bag features of one pooling kind, pooled in one launch:
-    their ids are ``batch.inverse[start:]`` back to back, so their bags are one list."""
+def _run(rows: torch.Tensor, batch: StorageBatch, features: list[FeatureIds],
+         start: int) -> list[torch.Tensor]:
+    """Outputs of consecutive features of one kind (bags of one pooling, or sequences of
+    one length) in one launch: their ids are ``batch.inverse[start:]`` back to back, so
+    their bags are one list."""
     n = sum(f.values.numel() for f in features)
     lengths = torch.cat([f.lengths for f in features])
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=offsets[1:])
-    first = features[0]
-    weights = torch.cat([f.weights for f in features]) if first.weights is not None else None
-    pooled = pool_forward(rows, batch.inverse[start:start + n], offsets, weights,
-                          first.spec.pooling == "mean")
-    return list(pooled.split([f.lengths.numel() for f in features]))
+    first, inverse = features[0], batch.inverse[start:start + n]
+    if first.spec.is_sequence:
+        out = gather_padded(rows, inverse, offsets, first.spec.max_length)
+    else:
+        weights = torch.cat([f.weights for f in features]) if first.weights is not None \
+            else None
+        out = pool_forward(rows, inverse, offsets, weights, first.spec.pooling == "mean")
+    return list(out.split([f.lengths.numel() for f in features]))
 
 
 def _forward_all(rows: torch.Tensor, batch: StorageBatch) -> list[torch.Tensor]:
-    """Every feature's output; a run of bag features of one pooling kind (which
-    ``batch.features`` keeps next to each other) is pooled in one launch."""
+    """Every feature's output; a run of features of one kind (which ``batch.features``
+    keeps next to each other) takes one launch."""
     out, start, features = [], 0, batch.features
     i = 0
     while i < len(features):
         kind = pooling_kind(features[i])
         j = i + 1
-        while not kind[0] and j < len(features) and pooling_kind(features[j]) == kind:
+        while j < len(features) and pooling_kind(features[j]) == kind:
             j += 1
         if j - i > 1:
-            out.extend(_pool_run(rows, batch, features[i:j], start))
+            out.extend(_run(rows, batch, features[i:j], start))
         else:
             out.append(_forward_one(rows, features[i]))
         start += sum(f.values.numel() for f in features[i:j])

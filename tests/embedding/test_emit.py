@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hashrec.embedding import EmbeddingFeatureSpec
-from hashrec.embedding.batching import FeatureIds, dedup_storages
+from hashrec.embedding.batching import FeatureIds, dedup_storages, pooling_kind
 from hashrec.embedding.emit import emit_storage
 from hashrec.embedding.pooling import gather_sequences, pool_bags
 
@@ -78,10 +78,14 @@ def _many(gen):
         return _feature(EmbeddingFeatureSpec(name, table, **kwargs), [1, 2, 0, 3], 6, gen,
                         weighted=kwargs.get("weighted", False))
 
-    seq = EmbeddingFeatureSpec("s", "b", is_sequence=True, max_length=3)
-    return [[bag("a1", "a"), bag("a2", "a", pooling="mean"), bag("a3", "a", weighted=True)],
-            [_feature(seq, [3, 1, 2, 0], 6, gen), bag("b1", "b"), bag("b2", "b", pooling="mean")],
-            [bag("c1", "c"), bag("c2", "c", weighted=True), bag("c3", "c")]]
+    def seq(name, table, length):
+        spec = EmbeddingFeatureSpec(name, table, is_sequence=True, max_length=length)
+        return _feature(spec, [3, 1, 2, 0], 6, gen)
+
+    return [[bag("a1", "a"), bag("a2", "a", pooling="mean"), bag("a3", "a", weighted=True),
+             seq("s3", "a", 2)],
+            [seq("s", "b", 3), bag("b1", "b"), bag("b2", "b", pooling="mean")],
+            [bag("c1", "c"), seq("s2", "c", 3), bag("c2", "c", weighted=True), bag("c3", "c")]]
 
 
 @pytest.mark.parametrize("layout", ["fused", "one-table", "runs"])
@@ -91,9 +95,8 @@ def test_emit_matches_per_feature_autograd(layout):
     by_tag = {"fused": lambda: _storage(gen), "one-table": lambda: [_storage(gen)[0]],
               "runs": lambda: _many(gen)}[layout]()
     (batch,) = dedup_storages([(by_tag, fused)])
-    kinds = [(f.spec.is_sequence, f.spec.pooling, f.weights is not None)
-             for f in batch.features]
-    assert kinds == sorted(kinds, key=lambda k: (k[0], k[1] == "mean", k[2]))
+    kinds = [pooling_kind(f) for f in batch.features]
+    assert kinds == sorted(kinds)  # runs of one kind lie next to each other
     rows = torch.randn(batch.keys.numel(), 3, generator=gen, requires_grad=True)
     outs = emit_storage(rows, batch)
     grads = [torch.randn(o.shape, generator=gen) for o in outs]
