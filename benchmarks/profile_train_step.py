@@ -32,7 +32,7 @@ from _host_sampler import HostSampler  # noqa: E402
 from hashrec.config import apply_edit_config_json, load_pipeline_config  # noqa: E402
 from hashrec.train import checkpoints  # noqa: E402
 from hashrec.train.loop import LoopOptions, TrainLoop  # noqa: E402
-from hashrec.train.prefetch import DevicePrefetcher  # noqa: E402
+from hashrec.train.prefetch import DevicePrefetcher, EpochStream  # noqa: E402
 from hashrec.train.session import build_session  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,11 +73,12 @@ def _session(args):
     return session, loop
 
 
-def _endless(session, data):
-    """Batches of ``data``, pass after pass."""
+def _endless(loop, data):
+    """Batches of ``data``, epoch after epoch, from one loader (as the trainer reads)."""
+    stream = EpochStream(lambda first, count: loop.train_stream(data, first, count))
     epoch = 0
     while True:
-        yield from session.loader(data, "train", epoch)
+        yield from stream.epoch(epoch)
         epoch += 1
 
 
@@ -85,7 +86,7 @@ def run(args) -> dict:
     session, loop = _session(args)
     # Batches reach the step as in the training loop: copied ahead, the next one's
     # id deduplication started by the step.
-    prefetcher = DevicePrefetcher(_endless(session, args.data), session.device)
+    prefetcher = DevicePrefetcher(_endless(loop, args.data), session.device)
     it = iter(prefetcher)
 
     def step():

@@ -195,7 +195,7 @@ class TrainLoop:
                 self._inputs.close()
             self._inputs_path = train_input_path
             self._inputs = EpochStream(
-                lambda first, count: self._train_stream(train_input_path, first, count))
+                lambda first, count: self.train_stream(train_input_path, first, count))
         batches_in = self._inputs.epoch(self.epoch, self.options.max_epochs)
         prefetcher = DevicePrefetcher(batches_in, self.session.device)
         for batch in prefetcher:
@@ -220,7 +220,7 @@ class TrainLoop:
                 result = self.checkpoint_and_evaluate() or result
         return result
 
-    def _train_stream(self, path: str, first: int, count: int | None):
+    def train_stream(self, path: str, first: int, count: int | None):
         """``EpochStream``'s loader from epoch ``first`` on, its items per epoch and the
         batches per epoch of every rank (the fewest any rank has)."""
         loader = self.session.train_stream(path, first, count)
