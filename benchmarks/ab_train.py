@@ -1,0 +1,145 @@
+"""Two source trees timed against each other on one host: an A/B of ``bench_train``.
+
+GPU hosts of one kind differ by tens of percent in training throughput (the step
+is host-bound), so a change is judged only against its baseline measured in the
+same call. This runs ``bench_train.py`` of every tree in turn, ``--rounds``
+times (A, B, A, B, ...: a drift of the host hits both), each tree's trainer
+importing its own ``hashrec``, on the same generated data, and reports every
+tree's median samples/s per config and the ratio of each tree to the first.
+
+A tree is a directory holding a ``hashrec`` package, ``examples/`` and
+``benchmarks/``: the working tree itself (``.``) or an exported revision
+(``benchmarks/ab_tree.sh REV`` writes ``.ab/<REV>``).
+
+Usage::
+
+    python benchmarks/ab_train.py --trees .ab/9e8499e,. --configs dynamicemb \\
+        --data_dir DATA --num_steps 700 --warmup_steps 400 --out benchmarks/results/ab_gpu
+    python benchmarks/ab_train.py --trees .,. --smoke      # tiny CPU run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trees", required=True,
+                   help="comma-separated source trees; the first is the baseline")
+    p.add_argument("--configs", default="dynamicemb,num_buckets")
+    p.add_argument("--rounds", type=int, default=2, help="runs of every tree, interleaved")
+    p.add_argument("--data_dir", default=None, help="generated data (made when missing)")
+    p.add_argument("--num_rows", type=int, default=1_000_000)
+    p.add_argument("--num_steps", type=int, default=700)
+    p.add_argument("--warmup_steps", type=int, default=400)
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--smoke", action="store_true", help="tiny CPU runs (bench_train --smoke)")
+    p.add_argument("--out", default=None, help="path prefix of the .json and .md results")
+    args = p.parse_args(argv)
+    args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
+    for tree in args.trees:
+        for part in ("hashrec", "examples", os.path.join("benchmarks", "bench_train.py")):
+            if not os.path.exists(os.path.join(tree, part)):
+                p.error(f"--trees: {tree!r} has no {part}")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
+    return args
+
+
+def run_tree(tree: str, args, data: str, out_dir: str) -> dict:
+    """One ``bench_train`` run of ``tree``; returns its JSON report."""
+    tree = os.path.abspath(tree)
+    cmd = [sys.executable, os.path.join(tree, "benchmarks", "bench_train.py"),
+           "--data_dir", data, "--num_rows", str(args.num_rows), "--configs", args.configs,
+           "--nproc", str(args.nproc), "--out_dir", out_dir]
+    if args.smoke:
+        cmd.append("--smoke")
+    else:
+        cmd += ["--num_steps", str(args.num_steps), "--warmup_steps", str(args.warmup_steps)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [tree] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                  if p and os.path.abspath(p) != ROOT])}
+    print(f"[ab_train {time.strftime('%H:%M:%S')}] {tree}: {' '.join(cmd)}", flush=True)
+    subprocess.run(cmd, cwd=tree, env=env, check=True)
+    reports = [f for f in os.listdir(out_dir) if f.startswith("train_") and f.endswith(".json")]
+    if len(reports) != 1:
+        raise RuntimeError(f"{tree}: expected one bench_train report in {out_dir}, "
+                           f"found {reports}")
+    with open(os.path.join(out_dir, reports[0]), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def summarize(trees: list[str], reports: dict[str, list[dict]]) -> dict:
+    """Per tree and config: every run's samples/s, the median, the ratio to tree 0."""
+    configs = sorted({c for runs in reports.values() for r in runs for c in r["runs"]})
+    out = {}
+    for tree in trees:
+        out[tree] = {}
+        for config in configs:
+            rates = [r["runs"][config]["global_samples_per_second"] for r in reports[tree]
+                     if config in r["runs"]]
+            out[tree][config] = {"runs": rates, "median": statistics.median(rates)}
+    for tree in trees:
+        for config in configs:
+            base = out[trees[0]][config]["median"]
+            out[tree][config]["ratio_to_first"] = out[tree][config]["median"] / base
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = ["# A/B training throughput (bench_train, one host)", "",
+             f"{result['date']}; {result['environment']}.", "",
+             f"Command: `{result['command']}`", "",
+             f"Every tree ran {result['rounds']} time(s), interleaved; samples/s are global, "
+             f"averaged over each run's steps after warm-up.", "",
+             "| tree | config | runs (samples/s) | median | vs first tree |",
+             "|---|---|---|---:|---:|"]
+    for tree, configs in result["trees"].items():
+        for config, r in configs.items():
+            runs = ", ".join(f"{x:,.0f}" for x in r["runs"])
+            lines.append(f"| `{tree}` | {config} | {runs} | {r['median']:,.0f} | "
+                         f"{r['ratio_to_first']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    data = args.data_dir or os.path.join(tempfile.gettempdir(), "hashrec_ab_data")
+    reports: dict[str, list[dict]] = {t: [] for t in args.trees}
+    environment = None
+    with tempfile.TemporaryDirectory(prefix="ab_train_") as scratch:
+        for round_ in range(args.rounds):
+            for i, tree in enumerate(args.trees):
+                out_dir = os.path.join(scratch, f"tree{i}_round{round_}")
+                report = run_tree(tree, args, data, out_dir)
+                reports[tree].append(report)
+                environment = environment or report.get("environment")
+    env = environment or {}
+    result = {"trees": summarize(args.trees, reports), "rounds": args.rounds,
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "environment": ", ".join(f"{k} {v}" for k, v in sorted(env.items())
+                                       if k != "date"),
+              "command": "python " + " ".join([os.path.relpath(__file__, ROOT),
+                                               *(sys.argv[1:] if argv is None else argv)])}
+    text = markdown(result)
+    print(text, flush=True)
+    if args.out:
+        with open(args.out + ".json", "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+        with open(args.out + ".md", "w", encoding="utf-8") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
