@@ -46,6 +46,10 @@ REFUSED_WARNING_INTERVAL_S = 60.0
 logger = logging.getLogger("hashrec.table.hash_table")
 
 
+def _zero_inactive(values: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+    return values if active is None else torch.where(active.unsqueeze(1), values, 0.0)
+
+
 class FixedSizeLookup:
     """Mixin of ``HashTable``: the sync-free training lookup (see the module docstring)."""
 
@@ -86,22 +90,32 @@ class FixedSizeLookup:
 
     def _lookup_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
                       counts: torch.Tensor, given: torch.Tensor | None,
-                      train: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """``lookup`` of unique keys (u,) in fixed sizes: (slots (u,), values (u, dim))."""
+                      train: bool, active: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``lookup`` of keys (u,) in fixed sizes: (slots (u,), values (u, dim)).
+
+        ``active`` (u,) bool: only those keys (unique among themselves) take part; the
+        others, which may repeat active ones, read as slot -1 and zero rows."""
         from hashrec.table.ops.insert.train import finish_rows, protect_hits  # Triton only
 
         slots = find_slots(self.storage, keys, tags)
+        if active is not None:
+            slots = torch.where(active, slots, -1)
         hit = slots >= 0
-        self._stats["lookups"] += slots.numel()
         counted = {"hits": hit}  # counters added from masks, all in one reduction
+        if active is None:
+            self._stats["lookups"] += slots.numel()
+        else:
+            counted["lookups"] = active
         if not train:
             self._count_masks(counted)
-            return slots, finish_rows(self.storage, keys, tags, slots, self.dim,
-                                      self._row_init(self._eval_initializer, keys, tags))
+            values = finish_rows(self.storage, keys, tags, slots, self.dim,
+                                 self._row_init(self._eval_initializer, keys, tags))
+            return slots, _zero_inactive(values, active)
         mode, clock = self._hit_score_mode(given)
         # This call's hits are never evicted; they get their new scores at the end.
         hit_scores = protect_hits(self.storage, slots, counts, given, mode, clock)
-        pending = ~hit
+        pending = ~hit if active is None else active & ~hit
         if self._counter is not None:
             admitted = self._counter.count_masked(keys, tags, counts, pending)
             counted["admission_rejected"] = pending & ~admitted
@@ -121,7 +135,7 @@ class FixedSizeLookup:
             counted["evictions"] = evicted
         self._count_masks(counted)
         self._report_refused_fixed(refused)
-        return slots, values
+        return slots, _zero_inactive(values, active)
 
     def _count_masks(self, masks: dict[str, torch.Tensor]) -> None:
         """Adds each (u,) bool mask's True count to the counter it names: one stack and

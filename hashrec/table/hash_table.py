@@ -349,8 +349,8 @@ class HashTable(FixedSizeLookup):
 
     # ------------------------------------------------------------ public API
     def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None = None, train: bool = True,
-               counts: torch.Tensor | None = None,
-               scores: torch.Tensor | None = None) -> LookupResult:
+               counts: torch.Tensor | None = None, scores: torch.Tensor | None = None,
+               active: torch.Tensor | None = None) -> LookupResult:
         """Looks up unique keys for a forward pass.
 
         Args:
@@ -362,19 +362,35 @@ class HashTable(FixedSizeLookup):
             counts: (u,) int64 occurrences of each key in the batch (LFU and admission
                 count by multiplicity); None = 1 each.
             scores: (u,) int64 caller scores (CUSTOMIZED only).
+            active: (u,) bool or None (all): only the active keys are looked up (they
+                must be unique among themselves); the others may repeat them and read
+                as slot -1 and a zero row. A fixed-size stand-in for ``keys[active]``,
+                which would read the mask's count on the host.
 
         Returns:
             LookupResult(slots (u,) int64, -1 = not stored; values (u, dim) float32).
         """
         keys, tags = self._keys(keys, tags)
-        self._rows.begin_batch()
         n = keys.numel()
         if counts is None:
             counts = torch.ones(n, dtype=torch.int64, device=self.device)
         counts = check_vector(self.options.name, "counts", counts, torch.int64, self.device, n)
-        if self._fixed_path():
+        if active is not None:
+            active = check_vector(self.options.name, "active", active, torch.bool,
+                                  self.device, n)
+        fixed = self._fixed_path()
+        if active is not None and not fixed:  # the reference path: the active keys alone
+            picked = active.nonzero().squeeze(1)
+            part = self.lookup(keys[picked], None if tags is None else tags[picked], train,
+                               counts[picked], None if scores is None else scores[picked])
+            slots = torch.full((n,), -1, dtype=torch.int64, device=self.device)
+            values = torch.zeros(n, self.dim, dtype=part.values.dtype, device=self.device)
+            return LookupResult(slots.index_copy_(0, picked, part.slots),
+                                values.index_copy_(0, picked, part.values))
+        self._rows.begin_batch()
+        if fixed:
             given = self._scores(scores, n) if train else None
-            return LookupResult(*self._lookup_fixed(keys, tags, counts, given, train))
+            return LookupResult(*self._lookup_fixed(keys, tags, counts, given, train, active))
         if not train:
             slots = find_slots(self.storage, keys, tags)
             self._count_lookups(slots)

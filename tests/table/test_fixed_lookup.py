@@ -284,3 +284,49 @@ def test_empty_lookup_matches_reference(train):
             out.append((result.slots.shape, result.values.shape, table.stats()))
     assert out[0] == out[1] == ((0,), (0, 3), out[0][2])
     assert out[0][2]["lookups"] == 0
+
+
+def _with_repeats(keys, tags, counts, gen):
+    """The batch's keys plus repeats of some of them: (keys, tags, counts, active) where
+    only the first occurrence of a key is active (and the inactive ones count 0)."""
+    extra = torch.randint(0, keys.numel(), (keys.numel() // 2,), generator=gen)
+    order = torch.randperm(keys.numel() + extra.numel(), generator=gen)
+    source = torch.cat([torch.arange(keys.numel()), extra])[order]
+    first = torch.zeros(keys.numel(), dtype=torch.bool)
+    active = torch.zeros(source.numel(), dtype=torch.bool)
+    for i, s in enumerate(source.tolist()):
+        if not first[s]:
+            first[s], active[i] = True, True
+    return keys[source], None if tags is None else tags[source], \
+        torch.where(active, counts[source], 0), active, source
+
+
+@pytest.mark.parametrize("triton", [False, True], ids=["reference", "fixed"])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_active_mask_equals_looking_up_the_active_keys(triton, train):
+    """Keys with repeats masked inactive read as the lookup of the active ones alone:
+    slot -1 and zero rows where inactive; the same table contents and counters."""
+    options = dataclasses.replace(_options("LFU", True, True), init_capacity=64)  # no growth
+    gen = torch.Generator().manual_seed(11)
+    with _backend(triton):
+        masked, plain = HashTable(options), HashTable(options)
+        for keys, tags, counts, _ in _batches(True, steps=5):
+            for table in (masked, plain):
+                table.advance_step()
+            want = plain.lookup(keys, tags, train=train, counts=counts)
+            many, many_tags, many_counts, active, source = _with_repeats(keys, tags, counts, gen)
+            with SyncCounter() as syncs:
+                got = masked.lookup(many, many_tags, train=train,
+                                    counts=many_counts, active=active)
+            if triton:  # nothing read back: no compaction by the mask
+                assert not syncs.counts, syncs.counts
+            assert torch.equal(got.slots[~active], torch.full_like(got.slots[~active], -1))
+            assert not got.values[~active].any()
+            position = torch.empty(keys.numel(), dtype=torch.int64).scatter_(
+                0, source[active], active.nonzero()[:, 0])
+            assert torch.equal(got.slots[position], want.slots)
+            torch.testing.assert_close(got.values[position], want.values)
+        assert masked.stats() == plain.stats()
+        export = [{(k, t): r.tolist() for ks, ts, rows, _ in table.export_state(512)
+                   for k, t, r in zip(ks.tolist(), ts.tolist(), rows)} for table in (masked, plain)]
+        assert export[0] == export[1]
