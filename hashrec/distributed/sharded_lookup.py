@@ -94,6 +94,37 @@ def unique_pairs(keys: torch.Tensor,
     return sorted_keys[starts], sorted_tags[starts], inverse
 
 
+def first_occurrences(keys: torch.Tensor, tags: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each (key, tag)'s first position, in sizes known on the host.
+
+    Args:
+        keys: (m,) int64.
+        tags: (m,) int32 or None.
+
+    Returns:
+        rep (m,) int64: the position of the first occurrence of each position's
+        (key, tag); active (m,) bool: ``rep == arange(m)``, one per distinct pair.
+    """
+    m = keys.numel()
+    positions = torch.arange(m, device=keys.device)
+    if m == 0:
+        return positions, positions.bool()
+    order = torch.sort(keys, stable=True).indices
+    if tags is not None:
+        order = order[torch.sort(tags[order], stable=True).indices]
+    sorted_keys = keys[order]
+    new = torch.ones(m, dtype=torch.bool, device=keys.device)
+    torch.ne(sorted_keys[1:], sorted_keys[:-1], out=new[1:])
+    if tags is not None:
+        sorted_tags = tags[order]
+        new[1:] |= sorted_tags[1:] != sorted_tags[:-1]
+    # Stable sorts keep each run in position order: its first element comes first.
+    start = torch.cummax(torch.where(new, positions, 0), 0).values
+    rep = torch.empty_like(order).scatter_(0, order, order[start])
+    return rep, rep == positions
+
+
 class ShardedTable:
     """One rank's shard of a row-wise sharded dynamic table.
 
@@ -166,6 +197,9 @@ class ShardedTable:
         recv_tags = next(fields).to(torch.int32) if has_tags else None
         recv_counts = next(fields) if has_counts else None
         recv_scores = next(fields) if has_scores else None
+        if getattr(self.table, "_fixed_path", lambda: False)():
+            return self._serve_fixed(received[:, 0].contiguous(), recv_tags, recv_counts,
+                                     recv_scores, train)
         unique_keys, unique_tags, inverse = unique_pairs(received[:, 0].contiguous(), recv_tags)
         u = unique_keys.shape[0]
         if recv_counts is not None:
@@ -178,6 +212,25 @@ class ShardedTable:
         reply = torch.cat([result.values.float(),
                            (result.slots >= 0).to(torch.float32).unsqueeze(1)], 1)
         return reply[inverse], inverse, result.slots
+
+    def _serve_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                     counts: torch.Tensor | None, scores: torch.Tensor | None, train: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``_serve`` without reading a size back: the received keys keep their m
+        positions, repeats (the same key from several senders) inactive, their counts
+        summed and their scores maxed into the first occurrence; ``slots`` (m,) is -1
+        where inactive, so the gradient sums land on the first occurrences."""
+        rep, active = first_occurrences(keys, tags)
+        if counts is not None:
+            counts = counts.new_zeros(keys.numel()).index_add_(0, rep, counts)
+        if scores is not None:
+            scores = scores.new_full((keys.numel(),), torch.iinfo(torch.int64).min
+                                     ).scatter_reduce_(0, rep, scores, reduce="amax")
+        result = self.table.lookup(keys, tags, train=train, active=active,
+                                   **_optional(counts=counts, scores=scores))
+        reply = torch.cat([result.values.float(),
+                           (result.slots >= 0).to(torch.float32).unsqueeze(1)], 1)
+        return reply[rep], rep, result.slots
 
     @staticmethod
     def _answer(rows: torch.Tensor, route, splits: Splits, inverse: torch.Tensor,

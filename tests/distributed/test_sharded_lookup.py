@@ -7,6 +7,8 @@ union of both ranks' batches), which every rank can regenerate.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from dist_workers import run_world
@@ -179,9 +181,22 @@ SCENARIOS = {name[len("scenario_"):]: fn for name, fn in sorted(globals().items(
              if name.startswith("scenario_")}
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    results = run_world(SCENARIOS, WORLD, tmp_path_factory.mktemp("world"))
+@pytest.fixture(scope="module", params=["reference", "fixed"])
+def world(request, tmp_path_factory):
+    # "fixed": the ranks run the Triton ops in the interpreter, so the owners serve
+    # through the fixed-size path (repeated keys masked, nothing read back).
+    env = {"HASHREC_FORCE_TRITON": "1", "TRITON_INTERPRET": "1"} \
+        if request.param == "fixed" else {}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        results = run_world(SCENARIOS, WORLD, tmp_path_factory.mktemp("world"))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     for name, per_rank in results.items():
         for rank, value in enumerate(per_rank):
             if isinstance(value, Exception) or value is None:
@@ -272,3 +287,18 @@ def test_unique_pairs_separates_tags():
     unique_keys, unique_tags, inverse = unique_pairs(keys, tags)
     assert list(zip(unique_keys.tolist(), unique_tags.tolist())) == [(5, 0), (5, 1), (7, 0)]
     assert torch.equal(unique_keys[inverse], keys) and torch.equal(unique_tags[inverse], tags)
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+def test_first_occurrences_point_at_each_pairs_first_position(tagged):
+    from hashrec.distributed.sharded_lookup import first_occurrences
+
+    g = torch.Generator().manual_seed(2)
+    keys = torch.randint(-4, 5, (40,), generator=g)
+    tags = torch.randint(0, 2, (40,), generator=g, dtype=torch.int32) if tagged else None
+    rep, active = first_occurrences(keys, tags)
+    pairs = list(zip(keys.tolist(), tags.tolist() if tagged else [0] * 40))
+    assert rep.tolist() == [pairs.index(p) for p in pairs]
+    assert active.tolist() == [pairs.index(p) == i for i, p in enumerate(pairs)]
+    empty = first_occurrences(torch.empty(0, dtype=torch.int64), None)
+    assert empty[0].numel() == empty[1].numel() == 0
