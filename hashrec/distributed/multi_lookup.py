@@ -7,7 +7,10 @@ same per-table steps (route, serve on the owners, answer; the owners see exactly
 the keys, counts and gradients they would see table by table) but share the
 exchanges of all tables:
 
-* one size exchange for all tables (the one host sync of a forward);
+* one size exchange for all tables; when the callers know the sizes on the host
+  (``TableRequest.send_counts``, counted by the collection's dedup one step
+  ahead) it reads nothing from the device, and owners on the fixed-size path
+  serve without a read either: the forward then never waits for the device;
 * one key exchange, one row exchange (forward) and one gradient exchange
   (backward), each a single all-to-all of a flat buffer that holds, for every
   peer, each table's rows for that peer in table order.
@@ -22,7 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
-from hashrec.distributed.all_to_all import Splits, all_to_all, exchange_splits
+from hashrec.distributed.all_to_all import (
+    Splits,
+    all_to_all,
+    exchange_host_splits,
+    exchange_splits,
+)
 from hashrec.distributed.errors import DistributedError
 from hashrec.distributed.sharded_lookup import ExchangeState, ShardedLookupResult, ShardedTable
 
@@ -36,12 +44,16 @@ class TableRequest:
         tags: (n,) int32 or None.
         counts: (n,) int64 occurrences in this rank's batch, or None.
         lr: learning rate of the gradient step (None: the optimizer spec's).
+        send_counts: the keys each rank owns (``owner_of``), when known on the host;
+            if every request of a call has them, the size exchange reads nothing
+            from the device.
     """
 
     keys: torch.Tensor
     tags: torch.Tensor | None = None
     counts: torch.Tensor | None = None
     lr: float | None = None
+    send_counts: list[int] | None = None
 
 
 def exchange_packed(tensors: list[torch.Tensor], splits: list[Splits],
@@ -97,8 +109,12 @@ def lookup_many(tables: list[ShardedTable], requests: list[TableRequest], train:
                 for table, r in zip(tables, requests)]
     routed = [table._route(r.keys, r.tags, r.counts, None) for table, r in zip(tables, requests)]
     with timer.region():
-        sends = torch.stack([route.send_counts for route, _ in routed])
-        splits = exchange_splits(sends, group, world)
+        if all(r.send_counts is not None for r in requests):
+            splits = exchange_host_splits([r.send_counts for r in requests],
+                                          tables[0].ctx, group)
+        else:
+            sends = torch.stack([route.send_counts for route, _ in routed])
+            splits = exchange_splits(sends, group, world)
         received = exchange_packed([columns for _, columns in routed], splits, group)
     served = [table._serve(recv, r.tags is not None, r.counts is not None, False, train)
               for table, r, recv in zip(tables, requests, received)]

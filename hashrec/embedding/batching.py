@@ -23,6 +23,7 @@ import torch
 from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.jagged import JaggedTensor
 from hashrec.embedding.specs import EmbeddingFeatureSpec
+from hashrec.table.hashing import owner_of
 
 
 @dataclass
@@ -66,6 +67,8 @@ class StorageBatch:
             positions of unique key ``r``.
         key_ranges: per logical table, its smallest and largest id of the batch
             (None for a table without ids).
+        owner_counts: sharded storages: unique keys owned by each rank (what the
+            lookup sends it), else None.
     """
 
     keys: torch.Tensor
@@ -77,6 +80,7 @@ class StorageBatch:
     order: torch.Tensor
     row_start: torch.Tensor
     key_ranges: list[tuple[int, int] | None] | None = None
+    owner_counts: list[int] | None = None
 
 
 def feature_ids(spec: EmbeddingFeatureSpec, bags: JaggedTensor) -> FeatureIds:
@@ -117,7 +121,9 @@ class _Sorted(NamedTuple):
     sorted_tags: torch.Tensor | None
     order: torch.Tensor
     group: torch.Tensor
-    summary: torch.Tensor  # (3 T,): unique keys, smallest id, largest id, per tag
+    summary: torch.Tensor  # (3 T + owners,): unique keys, smallest id, largest id per
+    # tag, then the unique keys per owning rank (sharded storages)
+    owners: int = 0
 
 
 # Row ids of dense tables (below 2 ** _ROW_BITS) sort with their tag above them.
@@ -152,8 +158,11 @@ def _tag_of(tagged: list[tuple[int, FeatureIds]], n: int, device) -> torch.Tenso
 
 
 def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
-                  row_ids: bool = False) -> _Sorted:
+                  row_ids: bool = False, owners: int = 0) -> _Sorted:
     """Sorts a storage's ids by (tag, id) and marks the unique ones.
+
+    ``owners`` > 1: the storage is sharded over that many ranks; the summary also
+    counts the unique keys each rank owns (``owner_of``), what the lookup sends it.
 
     ``row_ids``: every id is a row of a dense table, in [0, 2 ** 40) when valid; one
     sort of ``tag << 40 | id`` then replaces sorting by id and stably by tag. With an
@@ -167,8 +176,8 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
     n, num_tags = ids.numel(), len(features_by_tag)
     used = [tag for tag, fs in enumerate(features_by_tag) if fs]
     if n == 0:
-        zeros = torch.zeros(3 * num_tags, dtype=torch.int64, device=device)
-        return _Sorted(every, fused, ids, None, ids, ids, zeros)
+        zeros = torch.zeros(3 * num_tags + owners, dtype=torch.int64, device=device)
+        return _Sorted(every, fused, ids, None, ids, ids, zeros, owners)
     bad = None
     new = torch.ones(n, dtype=torch.bool, device=device)
     if row_ids and len(used) > 1:
@@ -207,10 +216,16 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         high = sorted_ids[(first[1:] - 1).clamp(min=0)]
         summary = torch.stack([before[1:] - before[:-1], low, high])
     summary = summary.reshape(-1)
-    return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary)
+    if owners:
+        per_owner = torch.zeros(owners, dtype=torch.int64, device=device).index_add_(
+            0, owner_of(sorted_ids, owners), new.to(torch.int64))
+        summary = torch.cat([summary, per_owner])
+    return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary, owners)
 
 
 def _finish_storage(s: _Sorted, summary: list[int]) -> StorageBatch:
+    owner_counts = summary[len(summary) - s.owners:] if s.owners else None
+    summary = summary[:len(summary) - s.owners]
     num_tags = len(summary) // 3
     unique_per_table, lows, highs = (summary[i * num_tags:(i + 1) * num_tags] for i in range(3))
     u, n = sum(unique_per_table), s.sorted_ids.numel()
@@ -232,7 +247,8 @@ def _finish_storage(s: _Sorted, summary: list[int]) -> StorageBatch:
     return StorageBatch(keys, tags, row_start[1:] - row_start[:-1], s.features,
                         unique_per_table, inverse, s.order, row_start,
                         [(lo, hi) if count else None
-                         for count, lo, hi in zip(unique_per_table, lows, highs)])
+                         for count, lo, hi in zip(unique_per_table, lows, highs)],
+                        owner_counts)
 
 
 class PendingDedup:
@@ -281,11 +297,11 @@ def dedup_storages(storages: list[tuple]) -> list[StorageBatch]:
     """Deduplicates each storage's ids per logical table; sets each feature's ``inverse``.
 
     Args:
-        storages: per storage, ``(features_by_tag, fused)`` or ``(features_by_tag,
-            fused, row_ids)``: for each logical table of the storage (index = tag) the
-            features reading it this batch, whether tags are passed to the storage
-            (False: one logical table, tag 0), and whether the ids are rows of dense
-            tables (a faster sort; see ``_sort_storage``).
+        storages: per storage, ``(features_by_tag, fused[, row_ids[, owners]])``: for
+            each logical table of the storage (index = tag) the features reading it
+            this batch, whether tags are passed to the storage (False: one logical
+            table, tag 0), whether the ids are rows of dense tables (a faster sort),
+            and the ranks a sharded storage spans (see ``_sort_storage``).
 
     Unique keys come tag by tag, ascending within a tag. All storages' sizes reach
     the host in one device read.

@@ -191,7 +191,8 @@ class EmbeddingCollection(nn.Module):
         batches = self._dedup(storages, ids, pending)
         if self._sharded is not None:
             looked = self._sharded.lookup(
-                [Request(s, b.keys, b.tags, b.counts) for s, b in zip(storages, batches)],
+                [Request(s, b.keys, b.tags, b.counts, b.owner_counts)
+                 for s, b in zip(storages, batches)],
                 self.training)
         else:
             looked = [lookup_rows(s, b.keys, b.tags, b.counts, self.training)
@@ -235,9 +236,11 @@ class EmbeddingCollection(nn.Module):
 
     def _dedup_entry(self, storage: Storage, ids: list[list[FeatureIds]]) -> tuple:
         """``dedup_storages``' entry of a storage: ids of dense tables without ZCH are
-        rows (checked against the tables' sizes before any lookup)."""
+        rows (checked against the tables' sizes before any lookup); a sharded storage
+        also counts the keys each rank owns (the lookup's sizes, known ahead)."""
         rows = not storage.plan.is_dynamic and storage.name not in self.zch_remappers
-        return ids, storage.plan.fused, rows
+        sharded = self._sharded is not None and storage.name in self._sharded.sharded
+        return ids, storage.plan.fused, rows, self._sharded.ctx.world_size if sharded else 0
 
     def _read_storages(self) -> list[Storage]:
         """Storages (dense groups included) that some feature reads (the same on every rank)."""

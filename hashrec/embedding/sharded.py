@@ -41,12 +41,14 @@ from hashrec.embedding.lookup import Storage
 
 @dataclass
 class Request:
-    """One storage's unique keys of this step (``keys`` (U,), ``tags`` (U,) | None, ``counts``)."""
+    """One storage's unique keys of this step (``keys`` (U,), ``tags`` (U,) | None, ``counts``;
+    ``send_counts``: the keys each rank owns, when the dedup counted them)."""
 
     storage: Storage
     keys: torch.Tensor
     tags: torch.Tensor | None
     counts: torch.Tensor
+    send_counts: list[int] | None = None
 
 
 class ShardedLookups:
@@ -84,14 +86,16 @@ class ShardedLookups:
         for name in names:
             keys = torch.empty(0, dtype=torch.int64, device=self.ctx.device)
             tags = torch.empty(0, dtype=torch.int32, device=keys.device) if fused[name] else None
-            requests.append(TableRequest(keys, tags, keys.clone()))
+            requests.append(TableRequest(keys, tags, keys.clone(),
+                                         send_counts=[0] * self.ctx.world_size))
         lookup_many([self.sharded[name] for name in names], requests, False, self.group)
 
     def _forward(self, requests: list[Request], train: bool) -> list[tuple]:
         dynamic = [r for r in requests if r.storage.name in self.sharded]
         results = iter(lookup_many(
             [self.sharded[r.storage.name] for r in dynamic],
-            [TableRequest(r.keys, r.tags, r.counts, r.storage.lr) for r in dynamic],
+            [TableRequest(r.keys, r.tags, r.counts, r.storage.lr, r.send_counts)
+             for r in dynamic],
             train, self.group))
         out = []
         for r in requests:

@@ -71,6 +71,17 @@ def test_row_ids_out_of_range_read_as_negative_lows():
     assert all(low == -1 for low, _ in batch.key_ranges)
 
 
+def test_sharded_dedup_counts_the_keys_each_rank_owns():
+    from hashrec.table.hashing import owner_of
+
+    by_tag = _storage(torch.Generator().manual_seed(5))
+    (batch,) = dedup_storages([(by_tag, True, False, 3)])
+    want = torch.bincount(owner_of(batch.keys, 3), minlength=3).tolist()
+    assert batch.owner_counts == want and sum(want) == batch.keys.numel()
+    (plain,) = dedup_storages([(by_tag, True)])
+    assert plain.owner_counts is None and torch.equal(plain.keys, batch.keys)
+
+
 def _many(gen):
     """Three logical tables read by runs of bag features of each pooling kind, with
     sequences between them in tag order."""
