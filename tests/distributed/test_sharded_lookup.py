@@ -7,11 +7,10 @@ union of both ranks' batches), which every rank can regenerate.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from dist_workers import run_world
+from host_reads import interpreted_triton
 
 from hashrec.distributed.all_to_all import all_to_all, exchange_splits
 from hashrec.distributed.sharded_lookup import ShardedTable, unique_pairs
@@ -185,18 +184,8 @@ SCENARIOS = {name[len("scenario_"):]: fn for name, fn in sorted(globals().items(
 def world(request, tmp_path_factory):
     # "fixed": the ranks run the Triton ops in the interpreter, so the owners serve
     # through the fixed-size path (repeated keys masked, nothing read back).
-    env = {"HASHREC_FORCE_TRITON": "1", "TRITON_INTERPRET": "1"} \
-        if request.param == "fixed" else {}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with interpreted_triton(request.param == "fixed"):
         results = run_world(SCENARIOS, WORLD, tmp_path_factory.mktemp("world"))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     for name, per_rank in results.items():
         for rank, value in enumerate(per_rank):
             if isinstance(value, Exception) or value is None:

@@ -14,10 +14,11 @@ import collections
 import contextlib
 import dataclasses
 import os
+from functools import partial
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from host_reads import HostReads
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -27,44 +28,7 @@ from hashrec.table import HashTable, SparseAdagrad, TableOptions  # noqa: E402
 from hashrec.table.ops import dispatch  # noqa: E402
 from hashrec.table.options import AdmissionOptions, InitializerArgs  # noqa: E402
 
-aten = torch.ops.aten
-_SYNCING = {aten.nonzero, aten._local_scalar_dense, aten.masked_select, aten.is_nonzero,
-            aten._unique2, aten.unique_dim, aten.unique_consecutive}
-
-
-class SyncCounter(TorchDispatchMode):
-    """Counts aten calls whose output size or value is read on the host, plus tolist()."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        packet = func._overloadpacket
-        if packet in _SYNCING:
-            self.counts[str(packet)] += 1
-        elif packet in (aten.index, aten.index_put, aten.index_put_):
-            if any(i is not None and i.dtype == torch.bool for i in args[1]):
-                self.counts[f"{packet}(bool mask)"] += 1
-        elif packet is aten.repeat_interleave and kwargs.get("output_size") is None:
-            self.counts[str(packet)] += 1
-        return func(*args, **kwargs)
-
-    def __enter__(self):
-        self._tolist = torch.Tensor.tolist
-        counts, tolist = self.counts, self._tolist
-
-        def counted(tensor):
-            counts["tolist"] += 1
-            return tolist(tensor)
-
-        torch.Tensor.tolist = counted
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
-        return super().__exit__(*exc)
+SyncCounter = partial(HostReads, tolist=True)
 
 
 @contextlib.contextmanager
