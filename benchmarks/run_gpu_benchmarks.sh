@@ -11,6 +11,8 @@
 # step; kernel-level profiles of both configs' steps; the embedding-layer benchmark;
 # the input pipeline. On a fresh host the first training run also compiles the
 # Triton kernels (about two minutes; cached after). SKIP="name ..." leaves steps out.
+# AB_TREES="TREE_A,TREE_B" adds an interleaved 1-GPU A/B of those source trees
+# (benchmarks/ab_train.py; AB_CONFIGS, default dynamicemb).
 set -u
 out=${1:?usage: run_gpu_benchmarks.sh OUT_DIR}
 mkdir -p "$out"
@@ -39,6 +41,11 @@ step() {  # step NAME SECONDS COMMAND...
       --out_dir "$out"
   step train_2gpu 200 python3 benchmarks/bench_train.py --nproc 2 --data_dir "$data" \
       --num_rows 1000000 --num_steps "$steps" --warmup_steps "$warmup" --out_dir "$out"
+  if [ -n "${AB_TREES:-}" ]; then  # e.g. AB_TREES=.ab/REV,. (benchmarks/ab_tree.sh REV)
+    CUDA_VISIBLE_DEVICES=0 step ab_1gpu 300 python3 benchmarks/ab_train.py --trees "$AB_TREES" \
+        --configs "${AB_CONFIGS:-dynamicemb}" --data_dir "$data" --num_steps 700 \
+        --warmup_steps "$warmup" --out "$out/ab_gpu"
+  fi
   CUDA_VISIBLE_DEVICES=0 step audit_syncs 60 python3 benchmarks/audit_syncs.py --data "$data" \
       --config dynamicemb --warmup 120 --out "$out/syncs_gpu_dynamicemb"
   for config in dynamicemb num_buckets; do
