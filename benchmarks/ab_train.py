@@ -29,6 +29,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import write_results  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -134,10 +137,7 @@ def main(argv=None) -> int:
     text = markdown(result)
     print(text, flush=True)
     if args.out:
-        with open(args.out + ".json", "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-        with open(args.out + ".md", "w", encoding="utf-8") as f:
-            f.write(text)
+        write_results(args.out, result, text)
     return 0
 
 

@@ -16,13 +16,16 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
 
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import write_results  # noqa: E402
 
 
 @triton.jit
@@ -117,10 +120,7 @@ def main(argv=None) -> int:
     text = markdown(result)
     print(text)
     if args.out:
-        with open(args.out + ".json", "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-        with open(args.out + ".md", "w", encoding="utf-8") as f:
-            f.write(text)
+        write_results(args.out, result, text)
     return 0
 
 

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hashrec.distributed.errors import DistributedError
-from hashrec.distributed.process_group import host_group
+from hashrec.distributed.process_group import all_gather_ints
 from hashrec.table.hashing import owner_of
 
 
@@ -81,7 +81,8 @@ def route_by_owner(keys: torch.Tensor, world_size: int) -> Routing:
 def exchange_host_splits(send: list[list[int]], ctx, group: dist.ProcessGroup | None = None
                          ) -> list[Splits]:
     """:func:`exchange_splits` of counts known on the host: one all-gather, through the
-    host-side gloo group under NCCL (``host_group``), so nothing waits for the device.
+    host-side gloo group under NCCL (``all_gather_ints``), so nothing waits for the
+    device.
 
     Args:
         send: per exchange, the rows to send to each rank.
@@ -89,15 +90,8 @@ def exchange_host_splits(send: list[list[int]], ctx, group: dist.ProcessGroup | 
         group: process group of the exchanges (default group when None; a custom
             group exchanges on itself).
     """
-    host = host_group(ctx) if group is None else None
-    on_host = host is not None or ctx.backend != "nccl"
-    mine = torch.tensor(send, dtype=torch.int64,
-                        device=torch.device("cpu") if on_host else ctx.device)
-    world = mine.shape[1]
-    gathered = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(gathered, mine, group=host if host is not None else group)
-    table = torch.stack(gathered).tolist()  # [source][exchange][destination]
-    rank = dist.get_rank(group)
+    table = all_gather_ints(send, ctx, group)  # [source][exchange][destination]
+    world, rank = len(table), dist.get_rank(group)
     return [Splits(send=tuple(row), recv=tuple(table[source][t][rank]
                                               for source in range(world)))
             for t, row in enumerate(send)]

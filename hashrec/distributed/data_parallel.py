@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hashrec.distributed.comm_timer import CommTimer
-from hashrec.distributed.process_group import DistContext, host_group
+from hashrec.distributed.process_group import DistContext, all_gather_ints
 
 
 def all_reduce_gradients(parameters: list[nn.Parameter], ctx: DistContext,
@@ -100,7 +100,7 @@ def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]]
 
     One all-gather tells every rank each peer's row count per table; the counts
     are host values, and under NCCL they travel through the host-side gloo group
-    (``host_group``), so the step does not wait for the device. One all-gather moves
+    (``all_gather_ints``), so the step does not wait for the device. One all-gather moves
     every table's rows and gradients packed in one float32 buffer (the int64 rows
     travel bit for bit as pairs of float32 words). Each table is then summed as
     :func:`gather_sparse_gradients` does, in sizes known on the host: nothing is
@@ -124,8 +124,7 @@ def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]]
     grads = [g.float().contiguous() for _, g in tables]
     dims = [g.shape[1] for g in grads]
     with timer.region():
-        sizes = _gather_counts([s.shape[0] for s in slots], ctx, group,
-                               slots[0].device)  # sizes[rank][table]
+        sizes = all_gather_ints([s.shape[0] for s in slots], ctx, group)  # [rank][table]
         if not any(any(row) for row in sizes):
             return list(tables)
         # Rows first (even float offsets, so int64 views stay aligned), then gradients.
@@ -153,18 +152,6 @@ def _unpack(part: torch.Tensor, sizes: list[int], dims: list[int], t: int
     start = 2 * sum(sizes) + sum(n * d for n, d in zip(sizes[:t], dims[:t]))
     grads = part[start:start + sizes[t] * dims[t]].view(sizes[t], dims[t])
     return slots, grads
-
-
-def _gather_counts(counts: list[int], ctx: DistContext, group: dist.ProcessGroup | None,
-                   device: torch.device) -> list[list[int]]:
-    """Every rank's ``counts`` (host ints): through the host group under NCCL (no wait
-    for the device) when the exchange runs on the default group."""
-    host = host_group(ctx) if group is None else None
-    where = torch.device("cpu") if host is not None or ctx.backend != "nccl" else device
-    count = torch.tensor(counts, dtype=torch.int64, device=where)
-    gathered = [torch.empty_like(count) for _ in range(ctx.world_size)]
-    dist.all_gather(gathered, count, group=host if host is not None else group)
-    return torch.stack(gathered).cpu().tolist()
 
 
 def _sum_per_row(all_slots: list[torch.Tensor], all_grads: list[torch.Tensor],

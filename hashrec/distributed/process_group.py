@@ -189,6 +189,37 @@ def host_group(ctx: DistContext):
     return _HOST_GROUPS[id(ctx)][1]
 
 
+def _host_side(ctx: DistContext, group) -> tuple[object, torch.device]:
+    """(process group, tensor device) of a small exchange of host values: the host
+    group when the exchange runs on the default group under NCCL, else ``group`` on
+    the device its backend needs."""
+    host = host_group(ctx) if group is None else None
+    if host is not None:
+        return host, torch.device("cpu")
+    return group, ctx.device if ctx.backend == "nccl" else torch.device("cpu")
+
+
+def all_gather_ints(values: list, ctx: DistContext, group=None) -> list:
+    """Every rank's ``values`` (ints, or equal-length lists of ints), by rank, without
+    waiting for the device under NCCL (see ``host_group``)."""
+    group, device = _host_side(ctx, group)
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    return torch.stack(gathered).tolist()
+
+
+def all_reduce_int(value: int, ctx: DistContext, op=dist.ReduceOp.SUM) -> int:
+    """``value`` reduced over all ranks with ``op`` (``value`` itself on one rank),
+    without waiting for the device under NCCL (see ``host_group``)."""
+    if not ctx.is_distributed:
+        return value
+    group, device = _host_side(ctx, None)
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=op, group=group)
+    return int(tensor.item())
+
+
 def barrier(ctx: DistContext) -> None:
     """Wait for every rank (no-op without a process group)."""
     if ctx.is_distributed:

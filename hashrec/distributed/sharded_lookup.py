@@ -68,6 +68,24 @@ class ShardedLookupResult:
     stored: torch.Tensor | None = None
 
 
+def _pair_runs(keys: torch.Tensor, tags: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order (m,): positions sorted by (key, tag), stable; starts (m,) bool: where a
+    new (key, tag) begins in that order)."""
+    if tags is None:
+        order = torch.sort(keys, stable=True).indices
+    else:
+        by_tag = torch.sort(tags, stable=True).indices
+        order = by_tag[torch.sort(keys[by_tag], stable=True).indices]
+    sorted_keys = keys[order]
+    starts = torch.ones_like(sorted_keys, dtype=torch.bool)
+    torch.ne(sorted_keys[1:], sorted_keys[:-1], out=starts[1:])
+    if tags is not None:
+        sorted_tags = tags[order]
+        starts[1:] |= sorted_tags[1:] != sorted_tags[:-1]
+    return order, starts
+
+
 def unique_pairs(keys: torch.Tensor,
                  tags: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Deduplicate (key, tag) identities.
@@ -83,15 +101,11 @@ def unique_pairs(keys: torch.Tensor,
     if tags is None:
         unique_keys, inverse = torch.unique(keys, return_inverse=True)
         return unique_keys, None, inverse
-    by_tag = torch.sort(tags, stable=True).indices
-    order = by_tag[torch.sort(keys[by_tag], stable=True).indices]
-    sorted_keys, sorted_tags = keys[order], tags[order]
-    starts = torch.ones_like(sorted_keys, dtype=torch.bool)
-    starts[1:] = (sorted_keys[1:] != sorted_keys[:-1]) | (sorted_tags[1:] != sorted_tags[:-1])
+    order, starts = _pair_runs(keys, tags)
     group = torch.cumsum(starts.to(torch.int64), 0) - 1
     inverse = torch.empty_like(group)
     inverse[order] = group
-    return sorted_keys[starts], sorted_tags[starts], inverse
+    return keys[order][starts], tags[order][starts], inverse
 
 
 def first_occurrences(keys: torch.Tensor, tags: torch.Tensor | None
@@ -110,17 +124,9 @@ def first_occurrences(keys: torch.Tensor, tags: torch.Tensor | None
     positions = torch.arange(m, device=keys.device)
     if m == 0:
         return positions, positions.bool()
-    order = torch.sort(keys, stable=True).indices
-    if tags is not None:
-        order = order[torch.sort(tags[order], stable=True).indices]
-    sorted_keys = keys[order]
-    new = torch.ones(m, dtype=torch.bool, device=keys.device)
-    torch.ne(sorted_keys[1:], sorted_keys[:-1], out=new[1:])
-    if tags is not None:
-        sorted_tags = tags[order]
-        new[1:] |= sorted_tags[1:] != sorted_tags[:-1]
+    order, starts = _pair_runs(keys, tags)
     # Stable sorts keep each run in position order: its first element comes first.
-    start = torch.cummax(torch.where(new, positions, 0), 0).values
+    start = torch.cummax(torch.where(starts, positions, 0), 0).values
     rep = torch.empty_like(order).scatter_(0, order, order[start])
     return rep, rep == positions
 
@@ -197,7 +203,7 @@ class ShardedTable:
         recv_tags = next(fields).to(torch.int32) if has_tags else None
         recv_counts = next(fields) if has_counts else None
         recv_scores = next(fields) if has_scores else None
-        if getattr(self.table, "_fixed_path", lambda: False)():
+        if self.table._fixed_path():
             return self._serve_fixed(received[:, 0].contiguous(), recv_tags, recv_counts,
                                      recv_scores, train)
         unique_keys, unique_tags, inverse = unique_pairs(received[:, 0].contiguous(), recv_tags)

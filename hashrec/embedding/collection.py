@@ -238,9 +238,13 @@ class EmbeddingCollection(nn.Module):
         """``dedup_storages``' entry of a storage: ids of dense tables without ZCH are
         rows (checked against the tables' sizes before any lookup); a sharded storage
         also counts the keys each rank owns (the lookup's sizes, known ahead)."""
-        rows = not storage.plan.is_dynamic and storage.name not in self.zch_remappers
         sharded = self._sharded is not None and storage.name in self._sharded.sharded
-        return ids, storage.plan.fused, rows, self._sharded.ctx.world_size if sharded else 0
+        return ids, storage.plan.fused, self._ids_are_rows(storage), \
+            self._sharded.ctx.world_size if sharded else 0
+
+    def _ids_are_rows(self, storage: Storage) -> bool:
+        """Dense tables without ZCH: every id is a row (range-checked before lookups)."""
+        return not storage.plan.is_dynamic and storage.name not in self.zch_remappers
 
     def _read_storages(self) -> list[Storage]:
         """Storages (dense groups included) that some feature reads (the same on every rank)."""
@@ -334,10 +338,10 @@ class EmbeddingCollection(nn.Module):
         if not any(ids):
             return
         # Every id of a dense table without ZCH has its row: stored = unique, no device op.
-        every_stored = not storage.plan.is_dynamic and storage.name not in self.zch_remappers
         record_lookups([c if features else None for c, features in zip(storage.counters, ids)],
                        [sum(f.values.numel() for f in features) for features in ids],
-                       batch.unique_per_table, None if every_stored else slots, batch.tags)
+                       batch.unique_per_table,
+                       None if self._ids_are_rows(storage) else slots, batch.tags)
 
     # -- learning rate, tables, statistics ---------------------------------------------
     def set_learning_rate(self, lr: float) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 
-import torch
 import torch.distributed as dist
 
 from hashrec.distributed import (
@@ -39,7 +38,7 @@ from hashrec.distributed import (
     single_process_context,
 )
 from hashrec.distributed.errors import DistributedError
-from hashrec.distributed.process_group import host_group
+from hashrec.distributed.process_group import all_reduce_int
 from hashrec.embedding.plan import plan_storages
 
 logger = logging.getLogger("hashrec.train")
@@ -48,24 +47,12 @@ logger = logging.getLogger("hashrec.train")
 def _flag_on_all_ranks(flag: bool, ctx: DistContext, op) -> bool:
     """``flag`` reduced over ranks; under NCCL through a host-side gloo group, so the
     per-step test does not wait for the device's queued work."""
-    if not ctx.is_distributed:
-        return flag
-    group = host_group(ctx)
-    device = ctx.device if group is None else torch.device("cpu")
-    value = torch.tensor([int(flag)], dtype=torch.int64, device=device)
-    dist.all_reduce(value, op=op, group=group)
-    return bool(value.item())
+    return bool(all_reduce_int(int(flag), ctx, op))
 
 
 def min_over_ranks(value: int, ctx: DistContext) -> int:
     """The smallest of every rank's ``value`` (``value`` itself on one rank)."""
-    if not ctx.is_distributed:
-        return value
-    group = host_group(ctx)
-    device = ctx.device if group is None else torch.device("cpu")
-    tensor = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group)
-    return int(tensor.item())
+    return all_reduce_int(value, ctx, dist.ReduceOp.MIN)
 
 
 def eval_batches(batches: Iterable, ctx: DistContext, idle: Callable[[], None],
