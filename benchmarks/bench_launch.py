@@ -6,7 +6,9 @@ over the launches, kernels too small to keep the device busy). Triton kernels
 are launched three ways: ``kernel[grid](...)`` (argument binding, specialization
 and cache lookup every call), the ``CompiledKernel`` that call returns
 (``compiled[grid](...)``) and its launcher called directly with the stream
-known (``compiled.run``). Kernels with 4 and with 24 arguments.
+known (``compiled.run``), and through ``hashrec.table.ops.launch.fast_launch``
+(HashRec's kernels: the launcher called directly after a specialization key built
+on the host). Kernels with 4 and with 24 arguments.
 
 Usage::
 
@@ -26,6 +28,8 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import write_results  # noqa: E402
+
+from hashrec.table.ops.launch import FastKernel  # noqa: E402
 
 
 @triton.jit
@@ -72,6 +76,8 @@ def run(launches: int, repeats: int) -> dict:
     wide = _wide[grid](*wide_args)
     stream = torch.cuda.current_stream().cuda_stream
 
+    fast_small, fast_wide = FastKernel(_small), FastKernel(_wide)
+
     def direct(kernel, args):
         return lambda: kernel.run(1, 1, 1, stream, kernel.function, kernel.packed_metadata,
                                   None, None, None, *args)
@@ -82,9 +88,11 @@ def run(launches: int, repeats: int) -> dict:
         "triton 4 args kernel[grid]": lambda: _small[grid](x, y, 1024, BLOCK=1024),
         "triton 4 args compiled[grid]": lambda: small[(1, 1, 1)](x, y, 1024, 1024),
         "triton 4 args launcher": direct(small, (x, y, 1024, 1024)),
+        "triton 4 args fast_launch": lambda: fast_small[grid](x, y, 1024, BLOCK=1024),
         "triton 24 args kernel[grid]": lambda: _wide[grid](*wide_args),
         "triton 24 args compiled[grid]": lambda: wide[(1, 1, 1)](*wide_args),
         "triton 24 args launcher": direct(wide, wide_args),
+        "triton 24 args fast_launch": lambda: fast_wide[grid](*wide_args),
     }
     for fn in cases.values():  # warm every path
         fn()

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hashrec.table.ops.launch import cdiv, fast_launch
+
 # Fibonacci multiplier that folds a tag into the key (same constant as hashing.py).
 TAG_MULTIPLIER = 0x9E3779B97F4A7C15
 
@@ -67,6 +69,7 @@ def load_tags(tags_ptr, offs, mask, HAS_TAGS: tl.constexpr):
     return tl.zeros(offs.shape, dtype=tl.int32)
 
 
+@fast_launch
 @triton.jit
 def _hash_keys_kernel(keys_ptr, tags_ptr, bucket_ptr, digest_ptr, n, num_buckets,
                       HAS_TAGS: tl.constexpr, BLOCK: tl.constexpr):
@@ -102,7 +105,7 @@ def hash_keys(keys: torch.Tensor, tags: torch.Tensor | None,
     if n:
         block = 1024
         tag_arg = tags.contiguous() if tags is not None else keys
-        _hash_keys_kernel[(triton.cdiv(n, block),)](
+        _hash_keys_kernel[(cdiv(n, block),)](
             keys, tag_arg, buckets, digests, n, num_buckets,
             HAS_TAGS=tags is not None, BLOCK=block)
     return buckets, digests

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 from hashrec.table.ops.optimizer.triton import kernel_hyper, rows_per_program, update_rows
 
 
@@ -30,6 +31,7 @@ def _tile(index_ptr, split, n, width, BLOCK_R: tl.constexpr, BLOCK_C: tl.constex
     return rows, col, rmask, cmask, near, tl.where(near, idx, 0), tl.where(near, 0, idx - split)
 
 
+@fast_launch
 @triton.jit
 def _gather_kernel(first, second, split, index_ptr, out_ptr, n, row_dim, start, width,
                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -44,6 +46,7 @@ def _gather_kernel(first, second, split, index_ptr, out_ptr, n, row_dim, start, 
              mask=rmask[:, None] & cmask)
 
 
+@fast_launch
 @triton.jit
 def _scatter_kernel(first, second, split, index_ptr, rows_ptr, n, row_dim, start, width,
                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -55,6 +58,7 @@ def _scatter_kernel(first, second, split, index_ptr, rows_ptr, n, row_dim, start
     tl.store(second + row_b[:, None] * row_dim + dst, x, mask=(rmask & ~near)[:, None] & cmask)
 
 
+@fast_launch
 @triton.jit
 def _update_kernel(first, second, split, index_ptr, grads_ptr, u, row_dim, dim, lr, eps, beta1,
                    beta2, wd, adam_step, OPT: tl.constexpr, DIM_P2: tl.constexpr,
@@ -74,9 +78,9 @@ def _update_kernel(first, second, split, index_ptr, grads_ptr, u, row_dim, dim, 
 
 def _tiles(n: int, width: int) -> tuple[int, int, tuple[int, int]]:
     """BLOCK_R, BLOCK_C and the grid of an (n, width) gather or scatter."""
-    block_c = min(triton.next_power_of_2(max(width, 1)), 128)
+    block_c = min(next_pow2(max(width, 1)), 128)
     block_r = max(1, min(64, 2048 // block_c))
-    return block_r, block_c, (triton.cdiv(n, block_r), triton.cdiv(width, block_c))
+    return block_r, block_c, (cdiv(n, block_r), cdiv(width, block_c))
 
 
 def gather(first: torch.Tensor, second: torch.Tensor, split: int, index: torch.Tensor,
@@ -114,9 +118,9 @@ def update(first: torch.Tensor, second: torch.Tensor, split: int, index: torch.T
     hp = kernel_hyper(spec, lr, step)
     if u == 0:
         return
-    dim_p2 = triton.next_power_of_2(dim)
+    dim_p2 = next_pow2(dim)
     block = rows_per_program(dim_p2)
-    _update_kernel[(triton.cdiv(u, block),)](
+    _update_kernel[(cdiv(u, block),)](
         first, second, split, index.contiguous(), grads.contiguous().float(), u, first.shape[1],
         dim, hp.lr, hp.eps, hp.beta1, hp.beta2, hp.weight_decay, hp.adam_step,
         OPT=hp.kind, DIM_P2=dim_p2, BLOCK=block)

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 from hashrec.table.ops.optimizer.triton import (
     KernelHyper,
     kernel_hyper,
@@ -31,7 +32,7 @@ def _dim_block(dim: int) -> int:
     """Column block: at least 64 wide (a [64, 16] tile of these kernels failed to compile
     with triton 3.6 on sm_90; [32, 64] tiles compile, and with ``dim`` unspecialized
     every dim <= 64 runs that same binary)."""
-    return max(64, triton.next_power_of_2(dim))
+    return max(64, next_pow2(dim))
 
 
 def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_ptr, weights_ptr,
@@ -71,8 +72,8 @@ def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_pt
 # Narrow rows (stride < 64) compile with dim and stride unspecialized: a [BB, 64] gather
 # with a stride divisible by 16 failed to compile (triton 3.6, sm_90: "mask type matches
 # ptr type"). Wide rows keep the stride specialized, so row loads are 16-byte vectors.
-_pool_kernel_narrow = triton.jit(do_not_specialize=["dim", "src_stride"])(_pool_body)
-_pool_kernel_wide = triton.jit(do_not_specialize=["dim"])(_pool_body)
+_pool_kernel_narrow = fast_launch(triton.jit(do_not_specialize=["dim", "src_stride"])(_pool_body))
+_pool_kernel_wide = fast_launch(triton.jit(do_not_specialize=["dim"])(_pool_body))
 
 
 def pool_rows(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
@@ -105,7 +106,7 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
     dim_p2 = _dim_block(dim)
     bb = rows_per_program(dim_p2)
     kernel = _pool_kernel_wide if rows.stride(0) >= 64 else _pool_kernel_narrow
-    kernel[(triton.cdiv(num_bags, bb),)](
+    kernel[(cdiv(num_bags, bb),)](
         rows, rows.stride(0), slots if slots is not None else inverse,
         fallback.contiguous() if fallback is not None else rows, inverse.contiguous(),
         offsets.contiguous(), weights.contiguous() if weights is not None else rows, out,
@@ -153,6 +154,7 @@ def _finish_rows(acc, rows, done, col, out_ptr, slots_ptr, t_values, dim, row_di
 
 
 # dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+@fast_launch
 @triton.jit(do_not_specialize=["dim"])
 def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_ptr,
                   row_start_ptr, part_ptr, out_ptr, slots_ptr, t_values, n, dim, row_dim, lr,
@@ -191,6 +193,7 @@ def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_p
 
 
 # dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+@fast_launch
 @triton.jit(do_not_specialize=["dim"])
 def _combine_kernel(seg_ptr, row_start_ptr, part_ptr, out_ptr, slots_ptr, t_values, n, dim,
                     row_dim, lr, eps, beta1, beta2, wd, adam_step, APPLY: tl.constexpr,
@@ -224,6 +227,7 @@ def _combine_kernel(seg_ptr, row_start_ptr, part_ptr, out_ptr, slots_ptr, t_valu
 
 
 # dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+@fast_launch
 @triton.jit(do_not_specialize=["dim"])
 def _empty_rows_kernel(row_start_ptr, out_ptr, slots_ptr, t_values, u, dim, row_dim, lr, eps,
                        beta1, beta2, wd, adam_step, APPLY: tl.constexpr, OPT: tl.constexpr,
@@ -273,7 +277,7 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
     hp = kernel_hyper(spec, lr, step) if apply else KernelHyper(kind=0, lr=0.0)
     dim_p2 = _dim_block(dim)
     ch = _chunk_rows(dim_p2)
-    chunks = triton.cdiv(n, ch)
+    chunks = cdiv(n, ch)
     seg = _sorted_rows(row_start, n) if sorted_rows is None else sorted_rows.contiguous()
     part = torch.empty(chunks * 2, dim_p2, dtype=torch.float32, device=grads.device)
     dummy = grads
@@ -283,7 +287,7 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
                hp.weight_decay, hp.adam_step)
     row_start = row_start.contiguous()
     br = max(1, 4096 // dim_p2)
-    _empty_rows_kernel[(triton.cdiv(u, br),)](
+    _empty_rows_kernel[(cdiv(u, br),)](
         row_start, *target, u, dim, *scalars, APPLY=apply, OPT=hp.kind, DIM_P2=dim_p2,
         BR=br, num_warps=4)
     if n == 0:

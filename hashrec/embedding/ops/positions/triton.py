@@ -11,9 +11,12 @@ import torch
 import triton
 import triton.language as tl
 
+from hashrec.table.ops.launch import cdiv, fast_launch
+
 _BLOCK = 1024
 
 
+@fast_launch
 @triton.jit
 def _rows_kernel(ends_ptr, lengths_ptr, first_ptr, sequence_ptr, rows_ptr, bags_ptr, n,
                  num_bags, steps, BLOCK: tl.constexpr):
@@ -50,7 +53,7 @@ def gradient_rows(lengths: torch.Tensor, first: torch.Tensor, sequence: torch.Te
     if n == 0:
         return rows, bags
     ends = torch.cumsum(lengths, 0)
-    _rows_kernel[(triton.cdiv(n, _BLOCK),)](
+    _rows_kernel[(cdiv(n, _BLOCK),)](
         ends, lengths.contiguous(), first.contiguous(), sequence.contiguous(), rows, bags, n,
         num_bags, max(1, num_bags.bit_length()), BLOCK=_BLOCK)
     return rows, bags

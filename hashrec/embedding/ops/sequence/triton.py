@@ -8,10 +8,12 @@ import triton.language as tl
 
 from hashrec.embedding.ops.fused.dedup import bag_of_positions, group_positions
 from hashrec.embedding.ops.fused.triton import reduce_rows
+from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 from hashrec.table.ops.optimizer.triton import rows_per_program
 
 
 # dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+@fast_launch
 @triton.jit(do_not_specialize=["dim"])
 def _gather_kernel(rows_ptr, inverse_ptr, offsets_ptr, out_ptr, total, max_length, dim,
                    DIM_P2: tl.constexpr, BR: tl.constexpr):
@@ -38,9 +40,9 @@ def gather_padded(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tens
     total = batch * max_length
     if total == 0:
         return out
-    dim_p2 = triton.next_power_of_2(dim)
+    dim_p2 = next_pow2(dim)
     br = rows_per_program(dim_p2)
-    _gather_kernel[(triton.cdiv(total, br),)](
+    _gather_kernel[(cdiv(total, br),)](
         rows.contiguous(), inverse.contiguous(), offsets.contiguous(), out, total, max_length,
         dim, DIM_P2=dim_p2, BR=br)
     return out

@@ -6,9 +6,11 @@ import torch
 import triton
 import triton.language as tl
 
+from hashrec.table.ops.launch import cdiv, fast_launch
 from hashrec.table.storage import TableStorage
 
 
+@fast_launch
 @triton.jit
 def _erase_kernel(slots_ptr, t_digests, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -25,5 +27,5 @@ def erase_slots(storage: TableStorage, slots: torch.Tensor) -> None:
     n = slots.numel()
     if n:
         block = 1024
-        _erase_kernel[(triton.cdiv(n, block),)](slots.contiguous(), storage.digests, n,
+        _erase_kernel[(cdiv(n, block),)](slots.contiguous(), storage.digests, n,
                                                 BLOCK=block)

@@ -11,9 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
+from hashrec.table.ops.launch import cdiv, fast_launch
 from hashrec.table.storage import TableStorage
 
 
+@fast_launch
 @triton.jit
 def _count_kernel(t_digests, counts_ptr, start, end, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
@@ -22,6 +24,7 @@ def _count_kernel(t_digests, counts_ptr, start, end, BLOCK: tl.constexpr):
     tl.store(counts_ptr + pid, tl.sum(occ.to(tl.int64), axis=0))
 
 
+@fast_launch
 @triton.jit
 def _write_kernel(t_digests, offsets_ptr, out_ptr, start, end, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
@@ -40,7 +43,7 @@ def occupied_slots(storage: TableStorage, start: int, end: int) -> torch.Tensor:
     if n == 0:
         return torch.empty(0, dtype=torch.int64, device=device)
     block = 1024
-    grid = triton.cdiv(n, block)
+    grid = cdiv(n, block)
     counts = torch.empty(grid, dtype=torch.int64, device=device)
     _count_kernel[(grid,)](storage.digests, counts, start, end, BLOCK=block)
     offsets = torch.cumsum(counts, 0) - counts

@@ -27,6 +27,7 @@ from hashrec.table._triton_hash import (
     load_tags,
     tagged_hash,
 )
+from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 from hashrec.table.storage import TableStorage
 
 
@@ -116,6 +117,7 @@ def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl
     return found
 
 
+@fast_launch
 @triton.jit
 def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_slots,
                  out_values, n, num_buckets, HAS_TAGS: tl.constexpr, WITH_VALUES: tl.constexpr,
@@ -162,8 +164,8 @@ def digest_line(storage: TableStorage) -> tuple[torch.Tensor, int, bool]:
     """The digest array as the probe reads it: (tensor, line width, as 32-bit words)."""
     digests, cap = storage.digests, storage.bucket_capacity
     if cap % 4 == 0 and digests.storage_offset() % 4 == 0 and digests.is_contiguous():
-        return digests.view(torch.int32), triton.next_power_of_2(cap // 4), True
-    return digests, triton.next_power_of_2(cap), False
+        return digests.view(torch.int32), next_pow2(cap // 4), True
+    return digests, next_pow2(cap), False
 
 
 def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
@@ -176,11 +178,11 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         return
     line, width, words = digest_line(storage)
     dim = values.shape[1] if values is not None else 1
-    dim_p2 = triton.next_power_of_2(dim)
+    dim_p2 = next_pow2(dim)
     config = config or _config(dim_p2)
     block = min(probe_block(width, config["num_warps"], config["block"]),
                 max(1, 16384 // dim_p2))
-    _find_kernel[(triton.cdiv(n, block),)](
+    _find_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys, storage.keys, storage.tags, line,
         storage.values, slots, values if values is not None else slots, n,
         storage.num_buckets, HAS_TAGS=tags is not None, WITH_VALUES=values is not None,

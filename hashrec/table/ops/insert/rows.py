@@ -21,8 +21,10 @@ from hashrec.table._triton_hash import load_tags, mix64, tagged_hash
 from hashrec.table.hashing import mix64 as torch_mix64
 from hashrec.table.hashing import mix_tagged
 from hashrec.table.initializers import _SEED_STRIDE
+from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 
 
+@fast_launch
 @triton.jit
 def _write_rows_kernel(values, slots_ptr, mask_ptr, src_ptr, n, HAS_MASK: tl.constexpr,
                        ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr, BLOCK: tl.constexpr):
@@ -52,10 +54,10 @@ def write_rows(values: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | N
                          f"{tuple(rows.shape)}")
     if n == 0:
         return
-    row_p2 = triton.next_power_of_2(row_dim)
+    row_p2 = next_pow2(row_dim)
     block = max(1, min(128, 4096 // row_p2))
     mask_arg = mask.contiguous().view(torch.uint8) if mask is not None else slots
-    _write_rows_kernel[(triton.cdiv(n, block),)](
+    _write_rows_kernel[(cdiv(n, block),)](
         values, slots.contiguous(), mask_arg, rows.to(values.dtype).contiguous(), n,
         HAS_MASK=mask is not None, ROW_DIM=row_dim, ROW_P2=row_p2, BLOCK=block)
 
@@ -97,6 +99,7 @@ def _seed_mix(seed: int) -> int:
     return seed * _SEED_STRIDE & ((1 << 63) - 1)
 
 
+@fast_launch
 @triton.jit
 def _read_or_init_kernel(keys_ptr, tags_ptr, slots_ptr, created_ptr, inserted_ptr, values, out,
                          n, seed_mix, lower, upper, state, HAS_TAGS: tl.constexpr,
@@ -141,9 +144,9 @@ def read_or_init_rows(values: torch.Tensor, keys: torch.Tensor, tags: torch.Tens
     out = torch.empty(n, dim, dtype=torch.float32, device=keys.device)
     if n == 0:
         return out
-    row_p2 = triton.next_power_of_2(row_dim)
+    row_p2 = next_pow2(row_dim)
     block = max(1, min(64, 4096 // row_p2))
-    _read_or_init_kernel[(triton.cdiv(n, block),)](
+    _read_or_init_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys, slots, created.view(torch.uint8),
         inserted.view(torch.uint8), values, out, n, _seed_mix(seed), float(lower), float(upper),
         float(state), HAS_TAGS=tags is not None, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,

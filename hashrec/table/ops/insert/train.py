@@ -33,6 +33,7 @@ import triton.language as tl
 from hashrec.table._triton_hash import is_pow2, load_tags, mix64, tagged_hash
 from hashrec.table.initializers import _SEED_STRIDE, initial_values
 from hashrec.table.ops.find.triton import digest_line, probe_block, probe_bucket
+from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 from hashrec.table.options import InitializerArgs, InitializerMode
 from hashrec.table.storage import TableStorage
 
@@ -43,6 +44,7 @@ _GIVEN, _CONSTANT, _HASHED_UNIFORM, _RANDOM_UNIFORM, _RANDOM_NORMAL = range(5)
 _BLOCK = 256
 
 
+@fast_launch
 @triton.jit
 def _protect_kernel(slots_ptr, counts_ptr, given_ptr, t_scores, out_ptr, n, clock,
                     MODE: tl.constexpr, BLOCK: tl.constexpr):
@@ -69,12 +71,13 @@ def protect_hits(storage: TableStorage, slots: torch.Tensor, counts: torch.Tenso
     n = slots.numel()
     out = torch.empty(n, dtype=torch.int64, device=slots.device)
     if n:
-        _protect_kernel[(triton.cdiv(n, _BLOCK),)](
+        _protect_kernel[(cdiv(n, _BLOCK),)](
             slots, counts, given if given is not None else counts, storage.scores, out, n,
             int(clock), MODE=mode, BLOCK=_BLOCK)
     return out
 
 
+@fast_launch
 @triton.jit
 def _count_kernel(keys_ptr, tags_ptr, counts_ptr, active_ptr, t_keys, t_tags, t_line,
                   t_digests, t_scores, admitted_ptr, totals_ptr, insert_ptr, n, num_buckets,
@@ -120,7 +123,7 @@ def count_admission(storage: TableStorage, keys: torch.Tensor, tags: torch.Tenso
     if n:
         line, width, words = digest_line(storage)
         block = probe_block(width)
-        _count_kernel[(triton.cdiv(n, block),)](
+        _count_kernel[(cdiv(n, block),)](
             keys, tags if tags is not None else keys, counts, active.view(torch.int8),
             storage.keys, storage.tags, line, storage.digests, storage.scores,
             flags[:n].view(torch.int8), totals, flags[n:].view(torch.int8), n,
@@ -185,6 +188,7 @@ def _initial(MODE: tl.constexpr, given_ptr, i, col, valid, key, tag, a, b, seed,
     return out
 
 
+@fast_launch
 @triton.jit
 def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_scores_ptr, values,
                    t_scores, state_ptr, out_ptr, new_given, miss_given, n, new_a, new_b,
@@ -245,11 +249,11 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         return out
     writes = new is not None
     new = new or RowInit(_CONSTANT)
-    row_p2 = triton.next_power_of_2(row_dim)
+    row_p2 = next_pow2(row_dim)
     block = max(1, min(64, 4096 // row_p2))
     flags = (placed.view(torch.int8), hit.view(torch.int8), hit_scores) if writes else (
         slots, slots, slots)
-    _finish_kernel[(triton.cdiv(n, block),)](
+    _finish_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys, slots, *flags, storage.values, storage.scores,
         state if state is not None else out, out,
         new.given if new.given is not None else out,

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from hashrec.table._triton_hash import check_keys, hash_keys
+from hashrec.table.ops.launch import fast_launch, next_pow2
 from hashrec.table.storage import InsertResult, TableStorage
 
 
@@ -102,6 +103,7 @@ def write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, 
     tl.store(t_digests + slot, tl.load(in_digests + i, mask=ok, other=1), mask=ok)
 
 
+@fast_launch
 @triton.jit
 def _insert_kernel(in_keys, in_tags, in_scores, in_digests, in_pos, seg_start, seg_bucket,
                    t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
@@ -182,7 +184,7 @@ def insert_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         keys[perm], tags[perm], scores[perm], digests[perm], perm, seg_start, uniq,
         storage.keys, storage.tags, storage.digests, storage.scores, result.slots,
         evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT=bool(allow_evict),
-        CAP=cap, CAP_P2=triton.next_power_of_2(cap), BI=16, num_warps=4)
+        CAP=cap, CAP_P2=next_pow2(cap), BI=16, num_warps=4)
     if allow_evict:
         hit = evicted.bool()
         result.evicted_keys = ev_keys[hit]

@@ -41,6 +41,7 @@ from hashrec.table._triton_hash import (
 from hashrec.table.ops.find.triton import digest_line, probe_block, probe_bucket
 from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.triton import bucket_state, write_entries
+from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 from hashrec.table.storage import TableStorage
 
 __all__ = ["UpsertResult", "upsert_slots", "write_rows"]
@@ -78,6 +79,7 @@ class UpsertResult(NamedTuple):
 
 # The bucket bits are a runtime argument: a growing table changes them at every
 # doubling, and a compile-time constant would compile the kernel anew each time.
+@fast_launch
 @triton.jit(do_not_specialize=["shift"])
 def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, t_keys, t_tags, t_digests, slots_ptr,
                        sort_ptr, n, num_buckets, shift, HAS_TAGS: tl.constexpr,
@@ -108,6 +110,7 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, t_keys, t_tags, t_digests
     tl.store(sort_ptr + offs, s, mask=mask)
 
 
+@fast_launch
 @triton.jit
 def _gather_kernel(sorted_ptr, perm_ptr, keys_ptr, tags_ptr, scores_ptr, s_keys, s_tags,
                    s_scores, s_digests, s_bucket, n, num_buckets, HAS_TAGS: tl.constexpr,
@@ -127,6 +130,7 @@ def _gather_kernel(sorted_ptr, perm_ptr, keys_ptr, tags_ptr, scores_ptr, s_keys,
     tl.store(s_bucket + i, tl.where(miss, bucket_of_fast(h, num_buckets, POW2), -1), mask=mask)
 
 
+@fast_launch
 @triton.jit
 def _first_kernel(sort_ptr, keys_ptr, tags_ptr, first_ptr, m, SENTINEL: tl.constexpr,
                   BLOCK: tl.constexpr):
@@ -198,6 +202,7 @@ def _rank_firsts(in_keys, in_scores, in_first, in_pos, pos, key, score, start, e
     return rank
 
 
+@fast_launch
 @triton.jit
 def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
                    t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
@@ -287,6 +292,7 @@ def _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_firs
         c += BI
 
 
+@fast_launch
 @triton.jit
 def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_ptr, t_keys,
                      t_tags, slots_ptr, inserted_ptr, created_ptr, evicted_ptr, n,
@@ -328,7 +334,7 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
     sort_key = torch.empty(n, dtype=torch.int64 if wide else torch.int32, device=keys.device)
     line, width, words = digest_line(storage)
     block = probe_block(width)
-    _probe_sort_kernel[(triton.cdiv(n, block),)](
+    _probe_sort_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys,
         active.view(torch.uint8) if active is not None else keys, storage.keys, storage.tags,
         line, slots, sort_key, n, nb, shift, HAS_TAGS=tags is not None,
@@ -377,7 +383,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     s_tags, s_digests, s_bucket = (_empty(n, torch.int32, device),
                                    _empty(n, torch.uint8, device), _empty(n, torch.int64, device))
     tag_arg = tags if tags is not None else keys
-    grid = (triton.cdiv(n, 512),)
+    grid = (cdiv(n, 512),)
     _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
                          s_digests, s_bucket, n, nb, HAS_TAGS=tags is not None, POW2=is_pow2(nb),
                          SENTINEL=sentinel, BLOCK=512)
@@ -388,7 +394,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
         s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, storage.keys,
         storage.tags,
         storage.digests, storage.scores, out, evicted, *ev, ALLOW_EVICT=bool(allow_evict),
-        CAP=cap, CAP_P2=triton.next_power_of_2(cap), BI=16, num_warps=UPSERT_WARPS)
+        CAP=cap, CAP_P2=next_pow2(cap), BI=16, num_warps=UPSERT_WARPS)
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, storage.tags, slots,
         flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, n,

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 from hashrec.table.optim import SparseAdagrad, SparseAdam, SparseRowWiseAdagrad, SparseSGD
 
 OPT_SGD, OPT_ADAGRAD, OPT_ROWWISE, OPT_ADAM = 0, 1, 2, 3
@@ -91,6 +92,7 @@ def update_rows(t_values, slot, rmask, g, row_dim, dim, lr, eps, beta1, beta2, w
     tl.store(base + col[None, :], w.to(w_raw.dtype), mask=m2)
 
 
+@fast_launch
 @triton.jit
 def _apply_kernel(t_values, slots_ptr, grads_ptr, u, row_dim, dim, lr, eps, beta1, beta2, wd,
                   adam_step, OPT: tl.constexpr, DIM_P2: tl.constexpr, BLOCK: tl.constexpr):
@@ -129,9 +131,9 @@ def apply_sparse_update(values: torch.Tensor, slots: torch.Tensor, grads: torch.
     u = slots.numel()
     if u == 0:
         return
-    dim_p2 = triton.next_power_of_2(dim)
+    dim_p2 = next_pow2(dim)
     block = rows_per_program(dim_p2)
-    _apply_kernel[(triton.cdiv(u, block),)](
+    _apply_kernel[(cdiv(u, block),)](
         values, slots.contiguous(), grads.contiguous().float(), u, values.shape[1], dim,
         hp.lr, hp.eps, hp.beta1, hp.beta2, hp.weight_decay, hp.adam_step,
         OPT=hp.kind, DIM_P2=dim_p2, BLOCK=block)
