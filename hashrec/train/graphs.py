@@ -22,6 +22,7 @@ never used.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -32,6 +33,30 @@ logger = logging.getLogger("hashrec.train")
 MAX_GRAPHS = 4
 CAPTURE_AFTER = 2  # occurrences of an input shape before it is captured
 WARMUP_ITERS = 3   # eager runs on a side stream before a capture (torch's requirement)
+
+
+@contextlib.contextmanager
+def thread_local_capture():
+    """Graph captures inside capture in the ``thread_local`` error mode.
+
+    ``make_graphed_callables`` captures in the ``global`` mode, where a CUDA call
+    that is unsafe during a capture fails on any thread, and fails the capture with
+    it: the loader's pin-memory thread allocating pinned memory for a batch of a
+    new size (a shorter last batch) killed training. ``thread_local`` still checks
+    the capturing thread, which is the one whose work the graph records.
+    """
+    graph_init = torch.cuda.graph.__init__
+
+    def init(self, cuda_graph, pool=None, stream=None, capture_error_mode="thread_local",
+             **kwargs):
+        graph_init(self, cuda_graph, pool=pool, stream=stream,
+                   capture_error_mode=capture_error_mode, **kwargs)
+
+    torch.cuda.graph.__init__ = init
+    try:
+        yield
+    finally:
+        torch.cuda.graph.__init__ = graph_init
 
 
 class _DenseLoss(nn.Module):
@@ -118,7 +143,7 @@ class DenseGraphs:
             return None
         samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
         try:
-            with self.autocast():
+            with self.autocast(), thread_local_capture():
                 graph = torch.cuda.make_graphed_callables(
                     _DenseLoss(self.model), samples, num_warmup_iters=WARMUP_ITERS,
                     allow_unused_input=True)

@@ -52,3 +52,33 @@ def test_graphed_dense_network_trains_like_eager(tmp_path, precision):
     tolerance = 1e-4 if precision == "" else 2e-2
     assert graphed == pytest.approx(eager, rel=tolerance)
     assert eager[-1] != eager[0]
+
+
+def test_capture_survives_pinned_allocations_on_another_thread():
+    # The loader's pin-memory thread allocates pinned memory while the dense network
+    # is captured; in the default ("global") capture mode that failed the capture
+    # and killed the thread.
+    import threading
+
+    from hashrec.train.graphs import thread_local_capture
+
+    stop = threading.Event()
+
+    def pin():
+        size = 1 << 20
+        while not stop.is_set():
+            size += 4096  # a new size every time: a fresh host allocation
+            torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+    layer = torch.nn.Linear(64, 64).cuda()
+    sample = (torch.randn(32, 64, device="cuda", requires_grad=True),)
+    thread = threading.Thread(target=pin)
+    thread.start()
+    try:
+        with thread_local_capture():
+            graphed = torch.cuda.make_graphed_callables(layer, sample, num_warmup_iters=3)
+    finally:
+        stop.set()
+        thread.join()
+    x = torch.randn(32, 64, device="cuda")
+    torch.testing.assert_close(graphed(x), layer(x))

@@ -10,15 +10,15 @@ the compiled kernel of each specialization and calls its launcher directly.
 
 The specialization key is computed here, at least as finely as Triton's: each
 tensor argument's dtype and 16-byte alignment, each integer's value class
-(equal to 1, divisible by 16, 32-bit / 64-bit / unsigned range), each other
-positional argument's type (a bool's value too), and every keyword argument's
+(equal to 1, divisible by 16, 32-bit / 64-bit / unsigned range), a float's type,
+any other positional argument's value (None, bools), and every keyword argument's
 value (constexprs and launch options), and the value of a constexpr passed by
-position. Equal keys therefore mean the same
-compiled kernel. The first launch of a key goes through ``kernel[grid]``, which
-compiles and returns the kernel; so do launches this path does not cover: the
-interpreter (``TRITON_INTERPRET=1``), a callable grid, unhashable or
-tensor keyword arguments, and launch hooks (profilers) being set.
-The fast path passes no launch metadata and no hooks to the launcher.
+position. Equal keys therefore mean the same compiled kernel. The first launch of
+a key goes through ``kernel[grid]``, which compiles and returns the kernel; so do
+launches this path does not cover: the interpreter (``TRITON_INTERPRET=1``), a
+callable grid, unhashable or tensor keyword arguments, and launch hooks
+(profilers) being set. The fast path passes no launch metadata and no hooks to
+the launcher.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from __future__ import annotations
 import inspect
 
 import torch
+from torch import Tensor
 from triton import knobs
 
 _INT32 = 1 << 31
 _INT64 = 1 << 63
+_RUNTIME = knobs.runtime
 
 
 def cdiv(a: int, b: int) -> int:
@@ -50,21 +52,9 @@ def _current_stream(device: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device)
 
 
-def _arg_key(a) -> object:
-    """What Triton specializes a positional argument on (or finer)."""
-    if isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() & 15 == 0
-    if type(a) is int:
-        size = 0 if -_INT32 <= a < _INT32 else 1 if -_INT64 <= a < _INT64 else 2
-        return a == 1, a & 15 == 0, size
-    if type(a) is bool or a is None:
-        return a
-    return type(a)
-
-
 def _hooked(hook) -> bool:
     """Whether a launch hook is set (Triton keeps an empty chain of them when none is)."""
-    return hook is not None and bool(getattr(hook, "calls", True))
+    return bool(getattr(hook, "calls", hook))
 
 
 class _Compiled:
@@ -105,27 +95,33 @@ class FastKernel:
 
     def launch(self, grid, args: tuple, kwargs: dict):
         """``kernel[grid](*args, **kwargs)``."""
-        runtime = knobs.runtime
-        if not self._enabled or callable(grid) or _hooked(runtime.launch_enter_hook) \
-                or _hooked(runtime.launch_exit_hook):
+        if not self._enabled or _hooked(_RUNTIME.launch_enter_hook) \
+                or _hooked(_RUNTIME.launch_exit_hook) or callable(grid):
             return self.kernel[grid](*args, **kwargs)
         device = _current_device()
+        # Tensors: dtype and 16-byte alignment; ints: == 1, divisible by 16, 32-bit, below
+        # 2 ** 63; floats: the type (Triton passes them unspecialized); anything else
+        # (None, bools): the value.
+        key = [(a.dtype, a.data_ptr() & 15 == 0) if isinstance(a, Tensor) else
+               (a == 1, a & 15 == 0, -_INT32 <= a < _INT32, a < _INT64) if a.__class__ is int
+               else float if a.__class__ is float else a for a in args]
+        if self._constexpr_at:
+            key += [args[i] for i in self._constexpr_at if i < len(args)]
         try:
-            key = (device, len(args), tuple(kwargs.items()), *map(_arg_key, args),
-                   *[args[i] for i in self._constexpr_at if i < len(args)])
-            entry = self._compiled.get(key)
+            entry = self._compiled.get((device, *kwargs.items(), *key))
         except TypeError:  # an unhashable keyword argument
             return self.kernel[grid](*args, **kwargs)
         if entry is None:
-            return self._compile(key, grid, args, kwargs)
-        g0 = grid[0]
-        g1 = grid[1] if len(grid) > 1 else 1
-        g2 = grid[2] if len(grid) > 2 else 1
-        if g0 * g1 * g2 == 0:
+            return self._compile((device, *kwargs.items(), *key), grid, args, kwargs)
+        g1 = g2 = 1
+        if len(grid) > 1:
+            g1 = grid[1]
+            if len(grid) > 2:
+                g2 = grid[2]
+        if not grid[0] * g1 * g2:
             return None
-        stream = _current_stream(device)
-        entry.run(g0, g1, g2, stream, entry.function, entry.metadata, None, None, None,
-                  *args, *entry.tail)
+        entry.run(grid[0], g1, g2, _current_stream(device), entry.function, entry.metadata,
+                  None, None, None, *args, *entry.tail)
         return None
 
     def _compile(self, key: tuple, grid, args: tuple, kwargs: dict):
