@@ -7,10 +7,13 @@ logical tables of a storage are concatenated with their tags, and each feature
 keeps the ``inverse`` index from its ids to the unique rows. One lookup per
 storage then serves all of them.
 
-Deduplication sorts each storage's ids once (by key, then stably by logical
-table) and reads the sizes of every storage's result from the device in a
-single transfer per step, however many storages and tables there are; the
-transfer can be started ahead and read later (``start_dedup``).
+Deduplication sorts each storage's ids by (logical table, key) and reads the
+sizes of every storage's result from the device in a single transfer per step,
+however many storages and tables there are; the transfer can be started ahead
+and read later (``start_dedup``). With several logical tables the sort is one
+pass over ``tag << bits | id`` when the ids fit (always for rows of dense
+tables; for other keys while every id seen was in [0, 2 ** bits)), else a sort
+by key followed by a stable sort by tag.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ class StorageBatch:
             (None for a table without ids).
         owner_counts: sharded storages: unique keys owned by each rank (what the
             lookup sends it), else None.
+        wide_ids: the batch was to sort in one pass (``narrow``) but an id did not
+            fit; it was sorted again in two. Later batches should not try.
     """
 
     keys: torch.Tensor
@@ -81,6 +86,7 @@ class StorageBatch:
     row_start: torch.Tensor
     key_ranges: list[tuple[int, int] | None] | None = None
     owner_counts: list[int] | None = None
+    wide_ids: bool = False
 
 
 def feature_ids(spec: EmbeddingFeatureSpec, bags: JaggedTensor) -> FeatureIds:
@@ -124,10 +130,16 @@ class _Sorted(NamedTuple):
     summary: torch.Tensor  # (3 T + owners,): unique keys, smallest id, largest id per
     # tag, then the unique keys per owning rank (sharded storages)
     owners: int = 0
+    source: tuple = ()  # _sort_storage's arguments when a narrow sort may need a redo
 
 
 # Row ids of dense tables (below 2 ** _ROW_BITS) sort with their tag above them.
 _ROW_BITS = 40
+
+
+def _narrow_bits(num_tags: int) -> int:
+    """Bits left to an id below its tag in a non-negative int64 sort key."""
+    return 63 - max(1, (num_tags - 1).bit_length())
 
 
 def _emit_order(features_by_tag: list[list[FeatureIds]]) -> list[tuple[int, FeatureIds]]:
@@ -158,7 +170,7 @@ def _tag_of(tagged: list[tuple[int, FeatureIds]], n: int, device) -> torch.Tenso
 
 
 def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
-                  row_ids: bool = False, owners: int = 0) -> _Sorted:
+                  row_ids: bool = False, owners: int = 0, narrow: bool = False) -> _Sorted:
     """Sorts a storage's ids by (tag, id) and marks the unique ones.
 
     ``owners`` > 1: the storage is sharded over that many ranks; the summary also
@@ -168,6 +180,11 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
     sort of ``tag << 40 | id`` then replaces sorting by id and stably by tag. With an
     id outside that range the smallest id of every tag reads as -1, so that the
     collection's range check finds it.
+
+    ``narrow`` (other keys): the same one sort, of ``tag << bits | id`` with the
+    bits an int64 leaves (``_narrow_bits``); with an id outside [0, 2 ** bits) the
+    lows read -1 and ``PendingDedup.result`` sorts the storage again in two passes
+    (the result is the same either way).
     """
     tagged = _emit_order(features_by_tag)
     every = [f for _, f in tagged]
@@ -180,16 +197,17 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         return _Sorted(every, fused, ids, None, ids, ids, zeros, owners)
     bad = None
     new = torch.ones(n, dtype=torch.bool, device=device)
-    if row_ids and len(used) > 1:
+    narrow = narrow and not row_ids and len(used) > 1
+    if (row_ids or narrow) and len(used) > 1:
         # A position starts a new unique key where its (tag, key) differs from the previous.
         # An id out of range is clamped into it (the batch stays consistent) and flagged.
-        bad = (ids >> _ROW_BITS).any()
-        tagged = ids.clamp(0, (1 << _ROW_BITS) - 1) + \
-            (_tag_of(tagged, n, device) << _ROW_BITS)
+        bits = _ROW_BITS if row_ids else _narrow_bits(num_tags)
+        bad = (ids >> bits).any()
+        tagged = ids.clamp(0, (1 << bits) - 1) + (_tag_of(tagged, n, device) << bits)
         combined, order = torch.sort(tagged, stable=True)
         torch.ne(combined[1:], combined[:-1], out=new[1:])
-        sorted_tags = (combined >> _ROW_BITS).to(torch.int32)
-        sorted_ids = combined & ((1 << _ROW_BITS) - 1)
+        sorted_tags = (combined >> bits).to(torch.int32)
+        sorted_ids = combined & ((1 << bits) - 1)
     else:
         sorted_ids, order = torch.sort(ids, stable=True)
         ends = torch.cat([sorted_ids[:1], sorted_ids[-1:]])
@@ -220,7 +238,17 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         per_owner = torch.zeros(owners, dtype=torch.int64, device=device).index_add_(
             0, owner_of(sorted_ids, owners), new.to(torch.int64))
         summary = torch.cat([summary, per_owner])
-    return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary, owners)
+    source = (features_by_tag, fused, row_ids, owners) if narrow else ()
+    return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary, owners,
+                   source)
+
+
+def _too_wide(s: _Sorted, summary: list[int]) -> bool:
+    """Whether a narrow sort met an id outside its range (its lows read -1)."""
+    if not s.source:
+        return False
+    num_tags = (len(summary) - s.owners) // 3
+    return -1 in summary[num_tags:2 * num_tags]
 
 
 def _finish_storage(s: _Sorted, summary: list[int]) -> StorageBatch:
@@ -283,8 +311,14 @@ class PendingDedup:
         out, at = [], 0
         for s in self._firsts:
             width = s.summary.numel()
-            out.append(_finish_storage(s, flat[at:at + width]))
-            at += width
+            summary, at = flat[at:at + width], at + width
+            if _too_wide(s, summary):  # sort again by key, then by tag (reads the sizes)
+                s = _sort_storage(*s.source)
+                batch = _finish_storage(s, s.summary.tolist())
+                batch.wide_ids = True
+            else:
+                batch = _finish_storage(s, summary)
+            out.append(batch)
         return out
 
 
@@ -297,11 +331,12 @@ def dedup_storages(storages: list[tuple]) -> list[StorageBatch]:
     """Deduplicates each storage's ids per logical table; sets each feature's ``inverse``.
 
     Args:
-        storages: per storage, ``(features_by_tag, fused[, row_ids[, owners]])``: for
-            each logical table of the storage (index = tag) the features reading it
-            this batch, whether tags are passed to the storage (False: one logical
-            table, tag 0), whether the ids are rows of dense tables (a faster sort),
-            and the ranks a sharded storage spans (see ``_sort_storage``).
+        storages: per storage, ``(features_by_tag, fused[, row_ids[, owners[,
+            narrow]]])``: for each logical table of the storage (index = tag) the
+            features reading it this batch, whether tags are passed to the storage
+            (False: one logical table, tag 0), whether the ids are rows of dense
+            tables (a faster sort), the ranks a sharded storage spans, and whether
+            to try the one-pass sort of other keys (see ``_sort_storage``).
 
     Unique keys come tag by tag, ascending within a tag. All storages' sizes reach
     the host in one device read.

@@ -154,6 +154,8 @@ class EmbeddingCollection(nn.Module):
         # Coming batches' ids and dedup started by ``prepare``: (kjt, ids, pending),
         # oldest first, at most ``_MAX_AHEAD``.
         self._ahead: list[tuple] = []
+        # Storages whose ids did not fit the one-pass sort of keys (``dedup_storages``).
+        self._wide_ids: set[str] = set()
 
     def _group_features(self, features) -> dict[str, list[list[EmbeddingFeatureSpec]]]:
         readers = {s.name: [[] for _ in s.plan.tables] for s in self._storages}
@@ -240,7 +242,7 @@ class EmbeddingCollection(nn.Module):
         also counts the keys each rank owns (the lookup's sizes, known ahead)."""
         sharded = self._sharded is not None and storage.name in self._sharded.sharded
         return ids, storage.plan.fused, self._ids_are_rows(storage), \
-            self._sharded.ctx.world_size if sharded else 0
+            self._sharded.ctx.world_size if sharded else 0, storage.name not in self._wide_ids
 
     def _ids_are_rows(self, storage: Storage) -> bool:
         """Dense tables without ZCH: every id is a row (range-checked before lookups)."""
@@ -274,6 +276,8 @@ class EmbeddingCollection(nn.Module):
                                        for i in picked])
             for i, batch in zip(picked, done):
                 batches[i] = batch
+                if batch.wide_ids:  # ids past the one-pass sort's range: two passes from now
+                    self._wide_ids.add(storages[i].name)
             if not group:
                 self._check_dense_ids([storages[i] for i in picked], [ids[i] for i in picked],
                                       done)

@@ -94,3 +94,32 @@ def test_fused_results_equal_unfused(optimizer, make_kjt):
     fused_tables, unfused_tables = pair[0].stats()["tables"], pair[1].stats()["tables"]
     for name in ("user_t", "item_t"):
         assert fused_tables[name]["size"] == unfused_tables[name]["size"]
+
+
+def test_ids_past_the_one_pass_sort_fall_back_for_good(make_kjt, monkeypatch):
+    # Fused storages sort (tag, key) in one pass while the keys fit below the tag
+    # bits; a batch with a key that does not (here negative) is sorted again in two
+    # passes, and so is every later batch. Results equal the unfused collection's.
+    from hashrec.embedding import batching
+
+    tried = []
+    sort_storage = batching._sort_storage
+
+    def spy(*args):
+        if len(args[0]) == 2:  # the fused storage (two logical tables)
+            tried.append(len(args) > 4 and args[4])
+        return sort_storage(*args)
+
+    monkeypatch.setattr(batching, "_sort_storage", spy)
+    constant = InitializerArgs(mode="CONSTANT", value=0.01)
+    pair = [_collection(fused, SparseSGD(lr=0.1), initializer=constant) for fused in (True, False)]
+    for step in range(3):
+        kjt = make_kjt(KEYS, BATCH, NUM_IDS, seed=step)
+        if step == 1:
+            kjt = type(kjt).from_lengths(KEYS, torch.cat([kjt.values()[:1] - 100,
+                                                          kjt.values()[1:]]), kjt.lengths())
+        outs = [c(kjt) for c in pair]
+        for name in outs[0].pooled:
+            torch.testing.assert_close(outs[0].pooled[name], outs[1].pooled[name])
+        torch.testing.assert_close(outs[0].sequences["hist"][0], outs[1].sequences["hist"][0])
+    assert tried == [True, True, False, False]  # step 1 tries, sorts again; step 2 does not try
