@@ -136,21 +136,12 @@ def test_storage_without_ids():
     assert out.shape == (2, 3) and not out.any()
 
 
-def _positive_storage(seed):
-    """``_storage`` with ids in [0, 10)."""
-    by_tag = _storage(torch.Generator().manual_seed(seed))
-    for fs in by_tag:
-        for f in fs:
-            f.values = f.values.abs()
-    return by_tag
-
-
 _FIELDS = ("keys", "tags", "counts", "inverse", "order", "row_start")
 
 
 @pytest.mark.parametrize("owners", [0, 3])
 def test_narrow_key_sort_equals_the_two_pass_sort(owners):
-    by_tag = _positive_storage(6)
+    by_tag = _row_storage(6)
     two, one = (dedup_storages([(by_tag, True, False, owners, narrow)])[0]
                 for narrow in (False, True))
     for name in _FIELDS:
@@ -162,7 +153,7 @@ def test_narrow_key_sort_equals_the_two_pass_sort(owners):
 
 @pytest.mark.parametrize("wide", [-3, 1 << 62])
 def test_ids_outside_the_narrow_range_sort_again_in_two_passes(wide):
-    by_tag = _positive_storage(7)
+    by_tag = _row_storage(7)
     by_tag[1][0].values[2] = wide
     two, one = (dedup_storages([(by_tag, True, False, 0, narrow)])[0]
                 for narrow in (False, True))
