@@ -25,6 +25,7 @@ import torch
 
 from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.jagged import JaggedTensor
+from hashrec.embedding.ops.summary import tag_summary
 from hashrec.embedding.specs import EmbeddingFeatureSpec
 from hashrec.table.hashing import owner_of
 
@@ -220,19 +221,11 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         if sorted_tags is not None:
             new[1:] |= sorted_tags[1:] != sorted_tags[:-1]
     group = torch.cumsum(new, 0) - 1
-    total = group[-1:] + 1
     if sorted_tags is None:
         summary = torch.zeros(3, num_tags, dtype=torch.int64, device=device)
-        summary[:, used[0]] = torch.cat([total, ends])
+        summary[:, used[0]] = torch.cat([group[-1:] + 1, ends])
     else:
-        bounds = torch.arange(num_tags + 1, dtype=torch.int32, device=device)
-        first = torch.searchsorted(sorted_tags, bounds)
-        before = torch.where(first < n, group[first.clamp(max=n - 1)], total)
-        low = sorted_ids[first[:-1].clamp(max=n - 1)]
-        if bad is not None:
-            low = torch.where(bad, -1, low)
-        high = sorted_ids[(first[1:] - 1).clamp(min=0)]
-        summary = torch.stack([before[1:] - before[:-1], low, high])
+        summary = tag_summary(sorted_tags, sorted_ids, group, num_tags, bad)
     summary = summary.reshape(-1)
     if owners:
         per_owner = torch.zeros(owners, dtype=torch.int64, device=device).index_add_(

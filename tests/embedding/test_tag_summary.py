@@ -1,0 +1,46 @@
+"""tag_summary: the Triton kernel (interpreted on CPU) equals the torch reference."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="triton is not installed")
+
+from hashrec.embedding.ops.summary import reference  # noqa: E402
+from hashrec.embedding.ops.summary import triton as kernel  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _sorted_batch(n, num_tags, seed, empty_tags=()):
+    g = torch.Generator().manual_seed(seed)
+    tags = torch.randint(0, num_tags, (n,), generator=g, dtype=torch.int32)
+    for t in empty_tags:
+        tags[tags == t] = (t + 1) % num_tags
+    ids = torch.randint(-5, 9, (n,), generator=g)
+    key = tags.to(torch.int64) * 100 + ids
+    order = torch.sort(key, stable=True).indices
+    tags, ids = tags[order], ids[order]
+    new = torch.ones(n, dtype=torch.bool)
+    new[1:] = (tags[1:] != tags[:-1]) | (ids[1:] != ids[:-1])
+    return tags, ids, torch.cumsum(new, 0) - 1
+
+
+@pytest.mark.parametrize("n,num_tags,empty", [(1, 1, ()), (37, 3, ()), (200, 6, (0, 4)),
+                                              (64, 5, (4,)), (300, 17, (2, 16))])
+@pytest.mark.parametrize("bad", [None, False, True])
+def test_kernel_equals_reference(n, num_tags, empty, bad):
+    tags, ids, group = (t.to(DEVICE) for t in _sorted_batch(n, num_tags, seed=n + num_tags,
+                                                            empty_tags=empty))
+    flag = None if bad is None else torch.tensor(bad, device=DEVICE)
+    want = reference.tag_summary(tags, ids, group, num_tags, flag)
+    got = kernel.tag_summary(tags, ids, group, num_tags, flag)
+    assert got.shape == (3, num_tags)
+    assert torch.equal(got, want)
+    firsts = torch.ones(n, dtype=torch.bool, device=DEVICE)
+    firsts[1:] = group[1:] != group[:-1]
+    counts = torch.bincount(tags.to(torch.int64)[firsts], minlength=num_tags)
+    assert got[0].tolist() == counts.tolist()
