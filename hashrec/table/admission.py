@@ -28,8 +28,8 @@ class AdmissionCounter:
         self.threshold = threshold
         num_buckets = math.ceil(capacity / bucket_capacity)
         self.storage = TableStorage.empty(num_buckets, bucket_capacity, 0, device=device)
-        # An int, or a 0-d device tensor once the fixed-size path counted (read by stats).
-        self.evictions: int | torch.Tensor = 0
+        # Counters evicted by ``count`` (``count_masked`` leaves the count to its caller).
+        self.evictions = 0
 
     def count(self, keys: torch.Tensor, tags: torch.Tensor | None,
               counts: torch.Tensor) -> torch.Tensor:
@@ -56,11 +56,13 @@ class AdmissionCounter:
         return admitted
 
     def count_masked(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
-                     active: torch.Tensor) -> torch.Tensor:
+                     active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``count`` over ``keys[active]`` with every tensor kept at size u: no host sync.
 
         Same outcome as ``count(keys[active], ...)`` scattered back to (u,) (False
-        where not active). Needs the Triton kernels (CUDA, or the interpreter).
+        where not active), and a (u,) bool mask with one True per counter evicted
+        (the caller adds it to ``evictions``' count, with its other counters). Needs
+        the Triton kernels (CUDA, or the interpreter).
 
         Args:
             keys: (u,) int64 unique keys; the active ones are absent from the table.
@@ -74,8 +76,7 @@ class AdmissionCounter:
         counted = count_admission(self.storage, keys, tags, counts, active, self.threshold)
         result = upsert_slots(self.storage, keys, tags, counted.totals, allow_evict=True,
                               active=counted.new)
-        self.evictions = self.evictions + result.evicted.sum()
-        return counted.admitted
+        return counted.admitted, result.evicted
 
     def state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(keys (c,) int64, tags (c,) int32, counts (c,) int64) of every live counter."""

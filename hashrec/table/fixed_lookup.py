@@ -117,8 +117,9 @@ class FixedSizeLookup:
         hit_scores = protect_hits(self.storage, slots, counts, given, mode, clock)
         pending = ~hit if active is None else active & ~hit
         if self._counter is not None:
-            admitted = self._counter.count_masked(keys, tags, counts, pending)
-            counted["admission_rejected"] = pending & ~admitted
+            admitted, counter_evicted = self._counter.count_masked(keys, tags, counts, pending)
+            counted["admission_rejected"] = pending > admitted  # pending and not admitted
+            counted["counter_evictions"] = counter_evicted
             pending = admitted
         # A growth re-inserts the (protected) hits first.
         if self._grow_fixed(pending, keys.numel()):
@@ -206,14 +207,14 @@ class FixedSizeLookup:
         bool over the insert's sorted order, or None when nothing could be evicted)."""
         from hashrec.table.ops.insert.upsert import upsert_slots  # Triton only
 
-        placed = torch.zeros_like(pending)
+        placed = None
         while True:
             at_max = self.storage.num_buckets >= self._max_buckets
             allow = at_max and self.options.score_strategy is not ScoreStrategy.NO_EVICTION
             result = upsert_slots(self.storage, keys, tags, scores, allow, active=pending)
             slots = torch.where(pending, result.slots, slots)
-            placed = placed | result.created
-            pending = pending & ~result.created
+            placed = result.created if placed is None else placed | result.created
+            pending = pending > result.created  # pending and not created
             if at_max:
                 self._size_hint = None  # no growth from here on: the size is not needed
                 return slots, placed, pending.sum(), result.evicted if allow else None

@@ -138,7 +138,8 @@ class HashTable(FixedSizeLookup):
         out = {name: int(self._stats[name]) for name in (
             "lookups", "hits", "inserts", "evictions", "refused", "admission_rejected",
             "growths")}
-        out["counter_evictions"] = int(self._counter.evictions) if self._counter else 0
+        out["counter_evictions"] = self._counter.evictions + int(
+            self._stats["counter_evictions"]) if self._counter else 0
         out["size"] = self.size()
         out["capacity"] = self.capacity()
         out.update(self._rows.stats())
