@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
+import os
 from collections.abc import Sequence
 
 import torch
@@ -91,8 +93,8 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
                       world_size: int = 1, batch_size: int | None = None,
                       reserved_columns: Sequence[str] = (), num_epochs: int | None = 1,
                       seed: int = 0, num_workers: int | None = None,
-                      start_method: str | None = None, tag_epochs: bool = False
-                      ) -> DataLoader:
+                      start_method: str | None = None, tag_epochs: bool = False,
+                      worker_cores: tuple[int, ...] | None = None) -> DataLoader:
     """An iterable of parsed :class:`Batch` objects for one rank.
 
     Args:
@@ -121,6 +123,8 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
             the fork server (hashrec's data modules preloaded) starts workers without
             stopping the training process. Scripts that build loaders then need the
             ``if __name__ == "__main__":`` guard, as with ``spawn``.
+        worker_cores: CPU cores the workers run on (Linux; None: those of this
+            process).
 
     Raises:
         DataError: unreadable, empty or missing files, missing columns,
@@ -133,8 +137,17 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
     pin = bool(getattr(data_config, "pin_memory", False)) and torch.cuda.is_available()
     dataset = build_dataset(data_config, feature_set, input_path, options, pin)
     context = _worker_context(start_method) if workers else None
+    init = functools.partial(_run_on_cores, tuple(worker_cores)) \
+        if workers and worker_cores else None
     return DataLoader(dataset, batch_size=None, num_workers=int(workers), pin_memory=pin,
-                      prefetch_factor=4 if workers else None, multiprocessing_context=context)
+                      prefetch_factor=4 if workers else None, multiprocessing_context=context,
+                      worker_init_fn=init)
+
+
+def _run_on_cores(cores: tuple[int, ...], worker_id: int) -> None:
+    """Loader ``worker_init_fn``: the worker runs on ``cores``."""
+    del worker_id
+    os.sched_setaffinity(0, cores)
 
 
 _PRELOAD = ["hashrec.data.dataset", "hashrec.data.transfer", "hashrec.features"]

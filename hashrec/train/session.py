@@ -32,6 +32,7 @@ from hashrec.train.optimizers import (
     sparse_optimizer_spec,
     sparse_schedule,
 )
+from hashrec.train.placement import CpuPlacement, place_training_process
 from hashrec.train.precision import MixedPrecision
 
 logger = logging.getLogger("hashrec.train")
@@ -61,6 +62,7 @@ class Session:
     rank: int = 0
     world_size: int = 1
     ctx: DistContext | None = None
+    cpu_placement: CpuPlacement | None = None
 
     @property
     def model_dir(self) -> str:
@@ -76,7 +78,8 @@ class Session:
             field = "train_input_path" if mode == "train" else "eval_input_path"
             raise TrainError(f"{field} is empty; set it in the config or on the command line")
         return create_dataloader(self.config.data_config, self.feature_set, input_path, mode,
-                                 rank=self.rank, world_size=self.world_size, seed=epoch)
+                                 rank=self.rank, world_size=self.world_size, seed=epoch,
+                                 worker_cores=self._worker_cores())
 
     def train_stream(self, input_path: str, first_epoch: int, num_epochs: int | None):
         """One loader of this rank's training batches over epochs ``first_epoch`` on
@@ -88,7 +91,11 @@ class Session:
                              "command line")
         return create_dataloader(self.config.data_config, self.feature_set, input_path,
                                  "train", rank=self.rank, world_size=self.world_size,
-                                 seed=first_epoch, num_epochs=num_epochs, tag_epochs=True)
+                                 seed=first_epoch, num_epochs=num_epochs, tag_epochs=True,
+                                 worker_cores=self._worker_cores())
+
+    def _worker_cores(self) -> tuple[int, ...] | None:
+        return self.cpu_placement.workers if self.cpu_placement is not None else None
 
     def set_learning_rates(self, step: int, epoch: int) -> dict[str, float]:
         """Apply both schedules for ``step``; returns {"dense": lr, "sparse": lr}."""
@@ -134,12 +141,14 @@ def build_session(config, rank: int = 0, world_size: int = 1,
     model = create_model(config.model_config, feature_set, sparse_spec, device, embedding)
     model.to(device)
     _limit_host_threads(device, int(config.data_config.num_workers))
+    placement = place_training_process(int(config.data_config.num_workers)) \
+        if device.type == "cuda" else None
     dense = build_dense_optimizer(train_config.dense_optimizer, dense_parameters(model))
     precision = MixedPrecision.create(
         train_config.mixed_precision, device,
         train_config.grad_scaler if train_config.HasField("grad_scaler") else None)
     return Session(config, feature_set, model, dense, sparse_schedule(train_config.sparse_optimizer),
-                   precision, device, rank, world_size, ctx)
+                   precision, device, rank, world_size, ctx, placement)
 
 
 def _limit_host_threads(device: torch.device, loader_workers: int) -> None:

@@ -77,3 +77,26 @@ def test_bad_csv_layout_in_the_config_is_a_data_error():
     cfg.delimiter, cfg.with_header = "||", True
     with pytest.raises(DataError, match="data_config.*delimiter must be one character"):
         csv_format(cfg)
+
+
+def _record_affinity(init, out_dir, worker_id):
+    init(worker_id)
+    with open(os.path.join(out_dir, f"worker{worker_id}"), "w") as f:
+        f.write(",".join(str(c) for c in sorted(os.sched_getaffinity(0))))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux CPU affinity")
+def test_workers_run_on_the_given_cores(taobao, tmp_path):
+    import functools
+
+    pipeline = load_pipeline_config(os.path.join(EXAMPLES, "multi_tower_din_taobao.config"))
+    cores = (min(os.sched_getaffinity(0)),)
+    loader = create_dataloader(pipeline.data_config, build_feature_set(pipeline),
+                               f"{taobao}/train", "train", batch_size=512, num_workers=2,
+                               start_method="fork", worker_cores=cores)
+    loader.worker_init_fn = functools.partial(_record_affinity, loader.worker_init_fn,
+                                              str(tmp_path))
+    assert sum(b.batch_size for b in loader) == 3000
+    assert sorted(os.listdir(tmp_path)) == ["worker0", "worker1"]
+    for name in os.listdir(tmp_path):
+        assert (tmp_path / name).read_text() == str(cores[0])

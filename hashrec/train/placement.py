@@ -1,0 +1,76 @@
+"""CPU cores of a GPU training process and of its loader workers, kept apart.
+
+On a GPU the training step is bound by the host thread that launches its
+kernels. Loader workers parse parquet on every core they may use and preempt
+that thread at random: on a 16-core H200 host the same training run varied by
+a third from one run to the next, and more workers made it slower. So, on Linux
+with enough cores, the training process (its main, autograd and pin-memory
+threads, which inherit the main thread's cores) keeps a few cores of its local
+rank's share, and its loader workers run on the rest of that share.
+
+``HASHREC_CPU_AFFINITY=0`` leaves the cores as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+logger = logging.getLogger("hashrec.train")
+
+MIN_CORES = 6  # a local rank's share below this is left alone
+
+
+@dataclass(frozen=True)
+class CpuPlacement:
+    """Cores of the training process (``main``) and of its loader workers."""
+
+    main: tuple[int, ...]
+    workers: tuple[int, ...]
+
+
+def plan_cpu_placement(cores: list[int], local_rank: int, local_world: int,
+                       workers: int) -> CpuPlacement | None:
+    """Splits ``cores`` into equal contiguous shares per local rank; in this rank's
+    share the training process gets a quarter (2 to 4 cores), the workers the rest.
+    None when there are no workers or the share has fewer than ``MIN_CORES``."""
+    cores = sorted(cores)
+    per_rank = len(cores) // max(local_world, 1)
+    share = cores[local_rank * per_rank:(local_rank + 1) * per_rank]
+    if workers < 1 or len(share) < MIN_CORES:
+        return None
+    keep = max(2, min(4, len(share) // 4))
+    return CpuPlacement(tuple(share[:keep]), tuple(share[keep:]))
+
+
+def place_training_process(workers: int) -> CpuPlacement | None:
+    """Pins this process's threads (and those it starts later) to its cores; returns
+    the placement, whose ``workers`` the loaders give their workers
+    (``create_dataloader``'s ``worker_cores``). None (nothing
+    changed) off Linux, with ``HASHREC_CPU_AFFINITY=0`` or too few cores."""
+    if os.environ.get("HASHREC_CPU_AFFINITY", "1") == "0" or \
+            not hasattr(os, "sched_setaffinity"):
+        return None
+    placement = plan_cpu_placement(list(os.sched_getaffinity(0)),
+                                   int(os.environ.get("LOCAL_RANK", "0") or 0),
+                                   int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), workers)
+    if placement is None:
+        return None
+    os.sched_setaffinity(0, placement.main)
+    logger.info("CPU placement: training process on cores %s, %d loader workers on cores %s "
+                "(HASHREC_CPU_AFFINITY=0 turns this off)", _ranges(placement.main), workers,
+                _ranges(placement.workers))
+    return placement
+
+
+def _ranges(cores: tuple[int, ...]) -> str:
+    """``0-3,8`` for (0, 1, 2, 3, 8)."""
+    spans, start = [], None
+    for i, core in enumerate(cores):
+        if start is None:
+            start = core
+        if i + 1 == len(cores) or cores[i + 1] != core + 1:
+            spans.append(str(start) if start == core else f"{start}-{core}")
+            start = None
+    return ",".join(spans)

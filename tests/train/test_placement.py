@@ -1,0 +1,44 @@
+"""CPU placement of a GPU training process and its loader workers."""
+
+import os
+
+import pytest
+
+from hashrec.train import placement
+from hashrec.train.placement import CpuPlacement, plan_cpu_placement
+
+
+def test_one_rank_keeps_a_quarter_of_the_cores_for_itself():
+    assert plan_cpu_placement(list(range(16)), 0, 1, 8) == CpuPlacement(
+        (0, 1, 2, 3), tuple(range(4, 16)))
+    assert plan_cpu_placement(list(range(8)), 0, 1, 4) == CpuPlacement(
+        (0, 1), tuple(range(2, 8)))
+
+
+def test_local_ranks_get_disjoint_shares():
+    cores = list(range(32))
+    first, second = (plan_cpu_placement(cores, r, 2, 8) for r in (0, 1))
+    assert first == CpuPlacement((0, 1, 2, 3), tuple(range(4, 16)))
+    assert second == CpuPlacement((16, 17, 18, 19), tuple(range(20, 32)))
+
+
+def test_nothing_is_placed_without_workers_or_with_few_cores():
+    assert plan_cpu_placement(list(range(16)), 0, 1, 0) is None
+    assert plan_cpu_placement(list(range(5)), 0, 1, 2) is None
+    assert plan_cpu_placement(list(range(8)), 1, 2, 2) is None  # 4 cores per rank
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux CPU affinity")
+def test_placing_the_process_sets_its_cores_and_can_be_turned_off(monkeypatch):
+    calls = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: calls.append(tuple(cores)))
+    monkeypatch.setenv("HASHREC_CPU_AFFINITY", "0")
+    assert placement.place_training_process(8) is None and calls == []
+    monkeypatch.delenv("HASHREC_CPU_AFFINITY")
+    placed = placement.place_training_process(8)
+    assert calls == [(0, 1, 2, 3)] and placed.workers == tuple(range(4, 16))
+
+
+def test_core_ranges_read_compactly():
+    assert placement._ranges((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11"
