@@ -25,7 +25,7 @@ import torch
 
 from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.jagged import JaggedTensor
-from hashrec.embedding.ops.summary import tag_summary
+from hashrec.embedding.ops.dedup import tag_summary, unique_layout
 from hashrec.embedding.specs import EmbeddingFeatureSpec
 from hashrec.table.hashing import owner_of
 
@@ -160,10 +160,11 @@ def pooling_kind(f: FeatureIds) -> tuple[bool, bool, bool, int]:
         not sequence and f.weights is not None, f.spec.max_length if sequence else 0
 
 
-def _tag_of(tagged: list[tuple[int, FeatureIds]], n: int, device) -> torch.Tensor:
-    """(n,) int64 tag of every id, features in ``tagged`` order: one small copy to the
-    device and one repeat, not a fill per feature."""
-    pairs = [(tag, f.values.numel()) for tag, f in tagged]
+def _tag_of(tagged: list[tuple[int, FeatureIds]], n: int, device, shift: int = 0
+            ) -> torch.Tensor:
+    """(n,) int64 tag (``<< shift``) of every id, features in ``tagged`` order: one small
+    copy to the device and one repeat, not a fill per feature."""
+    pairs = [(tag << shift, f.values.numel()) for tag, f in tagged]
     host = torch.tensor([p for pair in zip(*pairs) for p in pair], dtype=torch.int64,
                         pin_memory=device.type == "cuda")
     host = host.to(device, non_blocking=True)
@@ -204,7 +205,9 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         # An id out of range is clamped into it (the batch stays consistent) and flagged.
         bits = _ROW_BITS if row_ids else _narrow_bits(num_tags)
         bad = (ids >> bits).any()
-        tagged = ids.clamp(0, (1 << bits) - 1) + (_tag_of(tagged, n, device) << bits)
+        # Narrow keys out of range are sorted again, so need no clamp.
+        tagged = (ids.clamp(0, (1 << bits) - 1) if row_ids else ids) + \
+            _tag_of(tagged, n, device, bits)
         combined, order = torch.sort(tagged, stable=True)
         torch.ne(combined[1:], combined[:-1], out=new[1:])
         sorted_tags = (combined >> bits).to(torch.int32)
@@ -249,18 +252,12 @@ def _finish_storage(s: _Sorted, summary: list[int]) -> StorageBatch:
     summary = summary[:len(summary) - s.owners]
     num_tags = len(summary) // 3
     unique_per_table, lows, highs = (summary[i * num_tags:(i + 1) * num_tags] for i in range(3))
-    u, n = sum(unique_per_table), s.sorted_ids.numel()
-    device = s.sorted_ids.device
-    keys = torch.empty(u, dtype=torch.int64, device=device).scatter_(0, s.group, s.sorted_ids)
-    tags = None
-    if s.fused and s.sorted_tags is not None:
-        tags = torch.empty(u, dtype=torch.int32, device=device).scatter_(0, s.group,
-                                                                          s.sorted_tags)
-    elif s.fused:
+    u = sum(unique_per_table)
+    keys, tags, inverse, row_start = unique_layout(
+        s.group, s.order, s.sorted_ids, s.sorted_tags if s.fused else None, u)
+    if s.fused and tags is None:
         tag = next((t for t in range(num_tags) if unique_per_table[t]), 0)
-        tags = torch.full((u,), tag, dtype=torch.int32, device=device)
-    row_start = torch.searchsorted(s.group, torch.arange(u + 1, device=device))
-    inverse = torch.empty(n, dtype=torch.int64, device=device).scatter_(0, s.order, s.group)
+        tags = torch.full((u,), tag, dtype=torch.int32, device=keys.device)
     start = 0
     for f in s.features:
         f.inverse = inverse[start:start + f.values.numel()]

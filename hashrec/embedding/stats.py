@@ -70,7 +70,7 @@ def record_lookups(counters: list[TableCounters], ids: list[int], unique: list[i
     if tags is None or len(counters) == 1:
         sums[read[0]:read[0] + 1].add_(stored.sum())
     else:
-        sums.index_add_(0, tags.to(torch.int64), stored)
+        sums.index_add_(0, tags, stored)  # int32 tags index directly
 
 
 def _per_tag_sizes(storage) -> list[int]:

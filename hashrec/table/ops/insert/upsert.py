@@ -347,6 +347,13 @@ def _empty(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.empty(n, dtype=dtype, device=device)
 
 
+def _rows(count: int, n: int, dtype: torch.dtype, device: torch.device
+          ) -> tuple[torch.Tensor, ...]:
+    """``count`` uninitialized (n,) arrays from one allocation, each 16-byte aligned."""
+    per = 16 // dtype.itemsize
+    return torch.empty(count, -(-n // per) * per, dtype=dtype, device=device)[:, :n].unbind(0)
+
+
 def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
                  scores: torch.Tensor, allow_evict: bool,
                  active: torch.Tensor | None = None) -> UpsertResult:
@@ -373,15 +380,16 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     n, device, nb = keys.numel(), storage.device, storage.num_buckets
     slots = _empty(n, torch.int64, device)
     flags = _empty(3 * n, torch.bool, device)
-    ev = (_empty(n, torch.int64, device), _empty(n, torch.int32, device),
-          _empty(n, torch.int64, device))
+    # Work arrays in two allocations, one row each (rows start 16-byte aligned).
+    ev_keys, ev_scores, s_keys, s_scores, first, out, s_bucket = _rows(7, n, torch.int64,
+                                                                       device)
+    ev_tags, s_tags = _rows(2, n, torch.int32, device)
+    ev = (ev_keys, ev_tags, ev_scores)
     if n == 0:
         return UpsertResult(slots, flags[:0], flags[:0], *ev, flags[:0])
     sort_key, sentinel = _sort_keys(storage, keys, tags, active, slots)
     sort_key, perm = torch.sort(sort_key, stable=True)
-    s_keys, s_scores, first, out = (_empty(n, torch.int64, device) for _ in range(4))
-    s_tags, s_digests, s_bucket = (_empty(n, torch.int32, device),
-                                   _empty(n, torch.uint8, device), _empty(n, torch.int64, device))
+    s_digests = _empty(n, torch.uint8, device)
     tag_arg = tags if tags is not None else keys
     grid = (cdiv(n, 512),)
     _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,

@@ -9,8 +9,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed")
 
-from hashrec.embedding.ops.summary import reference  # noqa: E402
-from hashrec.embedding.ops.summary import triton as kernel  # noqa: E402
+from hashrec.embedding.ops.dedup import reference  # noqa: E402
+from hashrec.embedding.ops.dedup import triton as kernel  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -44,3 +44,24 @@ def test_kernel_equals_reference(n, num_tags, empty, bad):
     firsts[1:] = group[1:] != group[:-1]
     counts = torch.bincount(tags.to(torch.int64)[firsts], minlength=num_tags)
     assert got[0].tolist() == counts.tolist()
+
+
+@pytest.mark.parametrize("n,num_tags", [(1, 1), (50, 3), (300, 7)])
+@pytest.mark.parametrize("with_tags", [True, False])
+def test_layout_kernel_equals_reference(n, num_tags, with_tags):
+    tags, ids, group = (t.to(DEVICE) for t in _sorted_batch(n, num_tags, seed=3 * n))
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(n)).to(DEVICE)
+    u = int(group[-1]) + 1
+    sorted_tags = tags if with_tags else None
+    want = reference.unique_layout(group, order, ids, sorted_tags, u)
+    got = kernel.unique_layout(group, order, ids, sorted_tags, u)
+    for w, g in zip(want, got):
+        assert (w is None and g is None) or torch.equal(w, g)
+    keys, _, inverse, row_start = got
+    assert row_start[-1] == n and torch.equal(keys[inverse[order]], ids)
+
+
+def test_layout_of_nothing():
+    empty = torch.empty(0, dtype=torch.int64, device=DEVICE)
+    keys, tags, inverse, row_start = kernel.unique_layout(empty, empty, empty, None, 0)
+    assert keys.numel() == inverse.numel() == 0 and tags is None and row_start.tolist() == [0]

@@ -1,0 +1,32 @@
+"""The device half of a storage's dedup after its sort, dispatched by device:
+``tag_summary`` (per logical table: unique keys, smallest and largest id) and
+``unique_layout`` (the unique keys and the index maps between them and the ids).
+
+See ``reference.py`` for shapes and semantics; ``triton.py`` (CUDA) has the same
+signature.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hashrec.embedding.ops.dedup import reference
+from hashrec.table.ops.dispatch import backend
+
+
+def tag_summary(sorted_tags: torch.Tensor, sorted_ids: torch.Tensor, group: torch.Tensor,
+                num_tags: int, bad: torch.Tensor | None = None) -> torch.Tensor:
+    """(3, num_tags) int64: unique keys, smallest id, largest id of every tag."""
+    impl = backend(__name__, reference, sorted_tags.device)
+    return impl.tag_summary(sorted_tags, sorted_ids, group, num_tags, bad)
+
+
+def unique_layout(group: torch.Tensor, order: torch.Tensor, sorted_ids: torch.Tensor,
+                  sorted_tags: torch.Tensor | None, u: int
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """(keys (u,), tags (u,) or None, inverse (n,), row_start (u + 1,))."""
+    impl = backend(__name__, reference, group.device)
+    return impl.unique_layout(group, order, sorted_ids, sorted_tags, u)
+
+
+__all__ = ["tag_summary", "unique_layout"]
