@@ -18,6 +18,7 @@ by key followed by a stable sort by tag.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -162,9 +163,26 @@ def pooling_kind(f: FeatureIds) -> tuple[bool, bool, bool, int]:
 
 def _tag_of(tagged: list[tuple[int, FeatureIds]], n: int, device, shift: int = 0
             ) -> torch.Tensor:
-    """(n,) int64 tag (``<< shift``) of every id, features in ``tagged`` order: one small
-    copy to the device and one repeat, not a fill per feature."""
-    pairs = [(tag << shift, f.values.numel()) for tag, f in tagged]
+    """(n,) int64 tag (``<< shift``) of every id, features in ``tagged`` order (read
+    only: batches of the same layout up to ``_SHARED_TAGS`` ids, such as those of
+    single-valued features, share one)."""
+    pairs = tuple((tag << shift, f.values.numel()) for tag, f in tagged)
+    if n <= _SHARED_TAGS:
+        return _shared_tags(pairs, n, device)
+    return _tags_for(pairs, n, device)
+
+
+_SHARED_TAGS = 1 << 20
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_tags(pairs: tuple[tuple[int, int], ...], n: int, device) -> torch.Tensor:
+    return _tags_for(pairs, n, device)
+
+
+def _tags_for(pairs: tuple[tuple[int, int], ...], n: int, device) -> torch.Tensor:
+    """``_tag_of`` of (tag, ids) pairs: one small copy to the device and one repeat, not a
+    fill per feature."""
     host = torch.tensor([p for pair in zip(*pairs) for p in pair], dtype=torch.int64,
                         pin_memory=device.type == "cuda")
     host = host.to(device, non_blocking=True)

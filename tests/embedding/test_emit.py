@@ -161,3 +161,15 @@ def test_ids_outside_the_narrow_range_sort_again_in_two_passes(wide):
     for name in _FIELDS:
         assert torch.equal(getattr(two, name), getattr(one, name)), name
     assert two.key_ranges == one.key_ranges and wide in one.keys.tolist()
+
+
+def test_batches_of_one_layout_share_their_tag_array():
+    from hashrec.embedding import batching
+
+    by_tag = _row_storage(8)
+    tagged = batching._emit_order(by_tag)
+    n = sum(f.values.numel() for _, f in tagged)
+    first, again = (batching._tag_of(tagged, n, torch.device("cpu"), 40) for _ in range(2))
+    assert first is again
+    want = torch.cat([torch.full((f.values.numel(),), tag << 40) for tag, f in tagged])
+    assert torch.equal(first, want)
