@@ -276,10 +276,8 @@ def _finish_storage(s: _Sorted, summary: list[int]) -> StorageBatch:
     if s.fused and tags is None:
         tag = next((t for t in range(num_tags) if unique_per_table[t]), 0)
         tags = torch.full((u,), tag, dtype=torch.int32, device=keys.device)
-    start = 0
-    for f in s.features:
-        f.inverse = inverse[start:start + f.values.numel()]
-        start += f.values.numel()
+    for f, part in zip(s.features, inverse.split([f.values.numel() for f in s.features])):
+        f.inverse = part
     return StorageBatch(keys, tags, row_start[1:] - row_start[:-1], s.features,
                         unique_per_table, inverse, s.order, row_start,
                         [(lo, hi) if count else None

@@ -233,7 +233,8 @@ class EmbeddingCollection(nn.Module):
 
     def _feature_ids(self, storages: list[Storage], kjt: KeyedJaggedTensor
                      ) -> list[list[list[FeatureIds]]]:
-        return [[[feature_ids(f, kjt[f.name]) for f in fs] for fs in self._readers[s.name]]
+        bags = kjt.to_dict()
+        return [[[feature_ids(f, bags[f.name]) for f in fs] for fs in self._readers[s.name]]
                 for s in storages]
 
     def _dedup_entry(self, storage: Storage, ids: list[list[FeatureIds]]) -> tuple:

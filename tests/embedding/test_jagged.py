@@ -142,3 +142,21 @@ def test_host_layout_can_be_carried_to_an_equal_kjt():
     assert other["b"].values.tolist() == [3, 4, 5] and other.length_per_key() == [3, 3]
     with pytest.raises(ValueError, match="needs 3 bounds and 2 longest"):
         other.set_host_layout(([0, 6], [3]))
+
+
+@pytest.mark.parametrize("weights", [False, True])
+@pytest.mark.parametrize("lengths", [[2, 0, 1, 2, 0, 0], [0, 0, 0, 0, 0, 0], []])
+def test_to_dict_equals_slicing_key_by_key(weights, lengths):
+    keys = ["a", "b", "c"]
+    n = sum(lengths)
+    kjt = KeyedJaggedTensor.from_lengths(
+        keys, torch.arange(n), torch.tensor(lengths, dtype=torch.int64),
+        torch.rand(n) if weights else None)
+    parts = kjt.to_dict()
+    assert list(parts) == keys
+    for key in keys:
+        one, bulk = kjt[key], parts[key]
+        for field in ("values", "lengths", "offsets", "weights"):
+            a, b = getattr(one, field), getattr(bulk, field)
+            assert (a is None and b is None) or torch.equal(a, b), (key, field)
+        assert one.max_bag == bulk.max_bag
