@@ -217,16 +217,17 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         return _Sorted(every, fused, ids, None, ids, ids, zeros, owners)
     bad = None
     new = torch.ones(n, dtype=torch.bool, device=device)
-    narrow = narrow and not row_ids and len(used) > 1
-    if (row_ids or narrow) and len(used) > 1:
+    one_pass = (row_ids or narrow) and len(used) > 1
+    narrow = one_pass and not row_ids
+    if one_pass:
         # A position starts a new unique key where its (tag, key) differs from the previous.
-        # An id out of range is clamped into it (the batch stays consistent) and flagged.
+        # A row id out of range is clamped into it (the batch stays consistent) and
+        # flagged; narrow keys out of range are sorted again, so need no clamp.
         bits = _ROW_BITS if row_ids else _narrow_bits(num_tags)
         bad = (ids >> bits).any()
-        # Narrow keys out of range are sorted again, so need no clamp.
-        tagged = (ids.clamp(0, (1 << bits) - 1) if row_ids else ids) + \
+        keyed = (ids.clamp(0, (1 << bits) - 1) if row_ids else ids) + \
             _tag_of(tagged, n, device, bits)
-        combined, order = torch.sort(tagged, stable=True)
+        combined, order = torch.sort(keyed, stable=True)
         torch.ne(combined[1:], combined[:-1], out=new[1:])
         sorted_tags = (combined >> bits).to(torch.int32)
         sorted_ids = combined & ((1 << bits) - 1)

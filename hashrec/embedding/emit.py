@@ -15,6 +15,7 @@ on thread timing.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 
@@ -31,11 +32,10 @@ def _forward_one(rows: torch.Tensor, f: FeatureIds) -> torch.Tensor:
 
 
 def _run(rows: torch.Tensor, batch: StorageBatch, features: list[FeatureIds],
-         start: int) -> list[torch.Tensor]:
+         start: int, n: int) -> list[torch.Tensor]:
     """Outputs of consecutive features of one kind (bags of one pooling, or sequences of
-    one length) in one launch: their ids are ``batch.inverse[start:]`` back to back, so
+    one length) in one launch: their n ids are ``batch.inverse[start:start + n]``, so
     their bags are one list."""
-    n = sum(f.values.numel() for f in features)
     lengths = torch.cat([f.lengths for f in features])
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=offsets[1:])
@@ -52,19 +52,15 @@ def _run(rows: torch.Tensor, batch: StorageBatch, features: list[FeatureIds],
 def _forward_all(rows: torch.Tensor, batch: StorageBatch) -> list[torch.Tensor]:
     """Every feature's output; a run of features of one kind (which ``batch.features``
     keeps next to each other) takes one launch."""
-    out, start, features = [], 0, batch.features
-    i = 0
-    while i < len(features):
-        kind = pooling_kind(features[i])
-        j = i + 1
-        while j < len(features) and pooling_kind(features[j]) == kind:
-            j += 1
-        if j - i > 1:
-            out.extend(_run(rows, batch, features[i:j], start))
+    out, start = [], 0
+    for _, run in itertools.groupby(batch.features, key=pooling_kind):
+        run = list(run)
+        n = sum(f.values.numel() for f in run)
+        if len(run) > 1:
+            out.extend(_run(rows, batch, run, start, n))
         else:
-            out.append(_forward_one(rows, features[i]))
-        start += sum(f.values.numel() for f in features[i:j])
-        i = j
+            out.append(_forward_one(rows, run[0]))
+        start += n
     return out
 
 

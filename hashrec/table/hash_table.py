@@ -138,8 +138,9 @@ class HashTable(FixedSizeLookup):
         out = {name: int(self._stats[name]) for name in (
             "lookups", "hits", "inserts", "evictions", "refused", "admission_rejected",
             "growths")}
-        out["counter_evictions"] = self._counter.evictions + int(
-            self._stats["counter_evictions"]) if self._counter else 0
+        # ``count`` counts in the counter, the fixed-size path with this table's masks.
+        out["counter_evictions"] = (self._counter.evictions + int(
+            self._stats["counter_evictions"])) if self._counter else 0
         out["size"] = self.size()
         out["capacity"] = self.capacity()
         out.update(self._rows.stats())
