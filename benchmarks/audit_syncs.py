@@ -7,6 +7,9 @@ session like ``profile_train_step.py``, runs ``--warmup`` steps, then runs
 ``--steps`` steps under ``torch.cuda.set_sync_debug_mode("warn")`` and counts
 the warnings by the innermost ``hashrec`` frame that triggered them.
 
+Under ``torchrun --nproc_per_node N`` every rank audits its share of the sharded
+step and writes ``<out>.rankR.*``.
+
 Usage::
 
     python benchmarks/audit_syncs.py --data DIR --config dynamicemb --out results/syncs
@@ -102,6 +105,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     result = run(args)
     report(result, markdown(result), args.out)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return 0
 
 

@@ -7,6 +7,9 @@ unprofiled steps, timed on their own). Prints and writes
 the operators and kernels that take the most device time (self time), as a
 markdown table with the command, date, device and versions.
 
+Under ``torchrun --nproc_per_node N`` every rank profiles its share of the sharded
+step and writes ``<out>.rankR.*``.
+
 Usage::
 
     python benchmarks/profile_train_step.py --data DIR --out benchmarks/results/profile_train_gpu
@@ -30,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _host_sampler import HostSampler  # noqa: E402
 
 from hashrec.config import apply_edit_config_json, load_pipeline_config  # noqa: E402
+from hashrec.distributed import init_distributed  # noqa: E402
 from hashrec.train import checkpoints  # noqa: E402
 from hashrec.train.loop import LoopOptions, TrainLoop  # noqa: E402
 from hashrec.train.prefetch import DevicePrefetcher, EpochStream  # noqa: E402
@@ -67,7 +71,8 @@ def _session(args):
     if args.mixed_precision != "FP32":
         edits["train_config.mixed_precision"] = args.mixed_precision
     config = apply_edit_config_json(load_pipeline_config(CONFIGS[args.config]), edits)
-    session = build_session(config)
+    # Under torchrun every rank profiles its own share of a sharded step.
+    session = build_session(config, ctx=init_distributed())
     loop = TrainLoop(session, LoopOptions.from_config(config), checkpoints.Resume())
     session.model.train()
     return session, loop
@@ -136,20 +141,21 @@ def run(args) -> dict:
         result["host_samples"] = sampled
     if cuda:
         result.update(_kernel_summary(prof, args.steps))
-    if args.trace and args.out:
-        prof.export_chrome_trace(args.out + ".trace.json")
-        with open(args.out + ".trace.json", "rb") as f, \
-                gzip.open(args.out + ".trace.json.gz", "wb") as g:
+    trace = rank_prefix(args.out)
+    if args.trace and trace:
+        prof.export_chrome_trace(trace + ".trace.json")
+        with open(trace + ".trace.json", "rb") as f, gzip.open(trace + ".trace.json.gz", "wb") as g:
             g.write(f.read())
-        os.remove(args.out + ".trace.json")
+        os.remove(trace + ".trace.json")
     return result
 
 
 # Operators and autograd nodes that mark the regions of a training step on the host.
-HOST_REGIONS = ("_StorageLookup", "_EmitStorage", "Graphed", "aten::sort",
+HOST_REGIONS = ("_StorageLookup", "_LookupAll", "_EmitStorage", "Graphed", "aten::sort",
                 "Optimizer.step", "enumerate(DataLoader)",
                 "autograd::engine::evaluate_function: _EmitStorageBackward",
                 "autograd::engine::evaluate_function: _StorageLookupBackward",
+                "autograd::engine::evaluate_function: _LookupAllBackward",
                 "autograd::engine::evaluate_function: GraphedBackward")
 
 
@@ -209,9 +215,19 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rank_prefix(prefix: str | None) -> str | None:
+    """``prefix`` in one process; ``<prefix>.rankN`` for rank N under torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if prefix is None or world == 1:
+        return prefix
+    return f"{prefix}.rank{os.environ.get('RANK', '0')}"
+
+
 def report(result: dict, text: str, prefix: str | None) -> None:
-    """Prints the markdown and writes ``<prefix>.json`` and ``<prefix>.md`` when given."""
+    """Prints the markdown and writes ``<prefix>.json`` and ``<prefix>.md`` when given
+    (``<prefix>.rankN.*`` for rank N under torchrun)."""
     print(text)
+    prefix = rank_prefix(prefix)
     if prefix:
         with open(prefix + ".json", "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
@@ -223,6 +239,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     result = run(args)
     report(result, markdown(result), args.out)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return 0
 
 

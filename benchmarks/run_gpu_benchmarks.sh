@@ -32,7 +32,7 @@ step() {  # step NAME SECONDS COMMAND...
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } > "$out/env.txt" 2>&1
 {
-  step gpu_tests 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/table tests/embedding \
+  step gpu_tests 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/table tests/embedding tests/distributed \
       tests/train
   step gen_data 80 python3 -m hashrec.tools.gen_taobao_data --output_dir "$data" \
       --num_rows 1000000 --num_files 16 --sequence_format "${SEQUENCE_FORMAT:-list}" --quiet

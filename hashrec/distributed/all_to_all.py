@@ -38,11 +38,12 @@ class Routing:
 
     Attributes:
         order: (n,) int64 permutation that sorts the keys by owner (stable).
-        send_counts: (world_size,) int64 keys sent to each rank, on the keys' device.
+        send_counts: (world_size,) int64 keys sent to each rank, on the keys' device
+            (None where the caller counted them on the host).
     """
 
     order: torch.Tensor
-    send_counts: torch.Tensor
+    send_counts: torch.Tensor | None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hashrec.distributed.comm_timer import CommTimer
+from hashrec.distributed.errors import DistributedError
 from hashrec.distributed.process_group import DistContext, all_gather_ints
 
 
@@ -94,7 +95,8 @@ def gather_sparse_gradients(slots: torch.Tensor, grads: torch.Tensor, ctx: DistC
 
 def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]],
                                  ctx: DistContext, group: dist.ProcessGroup | None = None,
-                                 timer: CommTimer | None = None
+                                 timer: CommTimer | None = None,
+                                 sizes: list[list[int]] | None = None
                                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """:func:`gather_sparse_gradients` of several replicated tables in two collectives.
 
@@ -111,6 +113,8 @@ def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]]
         ctx: the worker's context.
         group: process group (default group when None).
         timer: optional timer of the exchange.
+        sizes: ``sizes[rank][table]``, every rank's row count per table when the
+            caller knows them (shared ahead): the count exchange is skipped.
 
     Returns:
         Per table, (rows (n,) int64, grads (n, dim) float32) with n the rows all
@@ -123,8 +127,13 @@ def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]]
     slots = [s.contiguous() for s, _ in tables]
     grads = [g.float().contiguous() for _, g in tables]
     dims = [g.shape[1] for g in grads]
+    local = [s.shape[0] for s in slots]
+    if sizes is not None and list(sizes[dist.get_rank(group)]) != local:
+        raise DistributedError(f"dense-table gradient rows {local} differ from the sizes "
+                               f"shared ahead {list(sizes[dist.get_rank(group)])}")
     with timer.region():
-        sizes = all_gather_ints([s.shape[0] for s in slots], ctx, group)  # [rank][table]
+        if sizes is None:
+            sizes = all_gather_ints(local, ctx, group)  # [rank][table]
         if not any(any(row) for row in sizes):
             return list(tables)
         # Rows first (even float offsets, so int64 views stay aligned), then gradients.

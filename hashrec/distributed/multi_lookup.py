@@ -47,6 +47,9 @@ class TableRequest:
         send_counts: the keys each rank owns (``owner_of``), when known on the host;
             if every request of a call has them, the size exchange reads nothing
             from the device.
+        recv_counts: the keys each rank sends this one, when known on the host
+            (shared ahead by every rank); if every request of a call has both, there
+            is no size exchange at all.
     """
 
     keys: torch.Tensor
@@ -54,6 +57,7 @@ class TableRequest:
     counts: torch.Tensor | None = None
     lr: float | None = None
     send_counts: list[int] | None = None
+    recv_counts: list[int] | None = None
 
 
 def exchange_packed(tensors: list[torch.Tensor], splits: list[Splits],
@@ -107,9 +111,14 @@ def lookup_many(tables: list[ShardedTable], requests: list[TableRequest], train:
     if world == 1:
         return [table.lookup(r.keys, r.tags, train=train, counts=r.counts, lr=r.lr)
                 for table, r in zip(tables, requests)]
-    routed = [table._route(r.keys, r.tags, r.counts, None) for table, r in zip(tables, requests)]
+    known = all(r.send_counts is not None for r in requests)
+    routed = [table._route(r.keys, r.tags, r.counts, None, send_counts=not known)
+              for table, r in zip(tables, requests)]
     with timer.region():
-        if all(r.send_counts is not None for r in requests):
+        if all(r.send_counts is not None and r.recv_counts is not None for r in requests):
+            splits = [Splits(send=tuple(r.send_counts), recv=tuple(r.recv_counts))
+                      for r in requests]
+        elif known:
             splits = exchange_host_splits([r.send_counts for r in requests],
                                           tables[0].ctx, group)
         else:

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hashrec.distributed.all_to_all import Splits, all_to_all, exchange_splits, route_by_owner
+from hashrec.distributed.all_to_all import Routing, Splits, all_to_all, exchange_splits
 from hashrec.distributed.comm_timer import CommTimer
 from hashrec.distributed.errors import DistributedError
+from hashrec.distributed.ops.route import route_columns
 from hashrec.distributed.process_group import DistContext
 
 
@@ -182,14 +183,16 @@ class ShardedTable:
         return self._answer(rows, route, splits, inverse, slots, train, lr)
 
     def _route(self, keys: torch.Tensor, tags: torch.Tensor | None,
-               counts: torch.Tensor | None, scores: torch.Tensor | None):
+               counts: torch.Tensor | None, scores: torch.Tensor | None,
+               send_counts: bool = True):
         """(Routing, (n, w) int64 columns sorted by owner): what the key exchange sends.
 
         Keys and their per-key integers travel together as columns of one int64 matrix.
+        ``send_counts`` False: the caller knows them on the host (the Routing's are None).
         """
-        route = route_by_owner(keys, self.world_size)
-        columns = [keys] + [c.to(torch.int64) for c in (tags, counts, scores) if c is not None]
-        return route, torch.stack(columns, 1)[route.order]
+        extras = [c for c in (tags, counts, scores) if c is not None]
+        order, columns, sends = route_columns(keys, extras, self.world_size, send_counts)
+        return Routing(order=order, send_counts=sends), columns
 
     def _serve(self, received: torch.Tensor, has_tags: bool, has_counts: bool,
                has_scores: bool, train: bool

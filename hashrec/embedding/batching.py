@@ -19,6 +19,7 @@ by key followed by a stable sort by tag.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -74,6 +75,10 @@ class StorageBatch:
             (None for a table without ids).
         owner_counts: sharded storages: unique keys owned by each rank (what the
             lookup sends it), else None.
+        recv_counts: sharded storages whose dedup every rank shared (``SummaryGather``):
+            the keys each rank sends this one, else None.
+        unique_per_rank: storages whose dedup every rank shared: every rank's number of
+            unique keys (a replicated dense table's gradient rows), else None.
         wide_ids: the batch was to sort in one pass (``narrow``) but an id did not
             fit; it was sorted again in two. Later batches should not try.
     """
@@ -88,6 +93,8 @@ class StorageBatch:
     row_start: torch.Tensor
     key_ranges: list[tuple[int, int] | None] | None = None
     owner_counts: list[int] | None = None
+    recv_counts: list[int] | None = None
+    unique_per_rank: list[int] | None = None
     wide_ids: bool = False
 
 
@@ -258,9 +265,12 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
                    source)
 
 
-def _too_wide(s: _Sorted, summary: list[int]) -> bool:
-    """Whether a narrow sort met an id outside its range (its lows read -1)."""
-    if not s.source:
+def _too_wide(s: _Sorted, summary: list[int], narrow: bool | None = None) -> bool:
+    """Whether a narrow sort met an id outside its range (its lows read -1).
+
+    ``narrow``: whether the sort that made ``summary`` was narrow (default: ``s``'s;
+    a peer's summary comes with its own flag)."""
+    if not (bool(s.source) if narrow is None else narrow):
         return False
     num_tags = (len(summary) - s.owners) // 3
     return -1 in summary[num_tags:2 * num_tags]
@@ -286,6 +296,17 @@ def _finish_storage(s: _Sorted, summary: list[int]) -> StorageBatch:
                         owner_counts)
 
 
+class SummaryGather(NamedTuple):
+    """How the ranks of a sharded collection share their dedup sizes.
+
+    ``gather`` is a collective, ``(L,) int64 -> (world, L)``: every rank's summary of
+    the same storages; ``rank`` is this rank's row.
+    """
+
+    rank: int
+    gather: Callable[[torch.Tensor], torch.Tensor]
+
+
 class PendingDedup:
     """Deduplication of several storages whose device work is queued and whose sizes
     are on their way to the host (``start_dedup``); ``result()`` finishes it.
@@ -294,12 +315,26 @@ class PendingDedup:
     an event, so ``result()`` waits for the sorts only, not for whatever the stream
     queued after them (a training step starts the next batch's dedup before its
     own dense network and backward, and reads the sizes at the next step).
+
+    With a ``SummaryGather`` the ranks exchange their sizes on the device before the
+    copy, so every rank learns ahead what each peer will send it and how many rows
+    each peer's dense-table gradients hold: the step's exchanges then need no size
+    exchange of their own. If a peer's sizes are not final (an id too wide for the
+    one-pass sort), every rank drops the shared sizes of that batch alike.
     """
 
-    def __init__(self, firsts: list[_Sorted]) -> None:
+    def __init__(self, firsts: list[_Sorted], share: SummaryGather | None = None) -> None:
         self._firsts = firsts
         self._event = None
-        summary = torch.cat([s.summary for s in firsts]) if firsts else None
+        self._rank = None
+        if firsts and share is not None:
+            # Each storage's narrow flag travels too: a peer's -1 lows mean "sort again"
+            # only after a narrow sort.
+            flags = _flags(tuple(bool(s.source) for s in firsts), firsts[0].summary.device)
+            summary = share.gather(torch.cat([s.summary for s in firsts] + [flags]))
+            self._rank = share.rank
+        else:
+            summary = torch.cat([s.summary for s in firsts]) if firsts else None
         if summary is not None and summary.is_cuda:
             self._host = torch.empty(summary.shape, dtype=summary.dtype, pin_memory=True)
             self._host.copy_(summary, non_blocking=True)
@@ -315,23 +350,55 @@ class PendingDedup:
         if self._event is not None:
             self._event.synchronize()
         flat = self._host.tolist()
-        out, at = [], 0
-        for s in self._firsts:
-            width = s.summary.numel()
-            summary, at = flat[at:at + width], at + width
+        ranks = flat if self._rank is not None else [flat]
+        widths = [s.summary.numel() for s in self._firsts]
+        starts = [sum(widths[:i]) for i in range(len(widths))]
+        # rows[i][r]: storage i's summary on rank r; every rank judges every rank's alike.
+        rows = [[r[at:at + w] for r in ranks] for at, w in zip(starts, widths)]
+        count = len(self._firsts)
+        shared = self._rank is not None and not any(
+            _too_wide(s, per_rank[r], bool(ranks[r][len(ranks[r]) - count + i]))
+            for i, (s, per_rank) in enumerate(zip(self._firsts, rows))
+            for r in range(len(ranks)))
+        out = []
+        for s, per_rank in zip(self._firsts, rows):
+            summary = per_rank[self._rank or 0]
             if _too_wide(s, summary):  # sort again by key, then by tag (reads the sizes)
                 s = _sort_storage(*s.source)
                 batch = _finish_storage(s, s.summary.tolist())
                 batch.wide_ids = True
             else:
                 batch = _finish_storage(s, summary)
+            if shared:
+                _add_peer_sizes(batch, s, per_rank, self._rank)
+            elif self._rank is not None:
+                # Some rank's sizes are not final: every rank exchanges sizes in the lookup.
+                batch.owner_counts = None
             out.append(batch)
         return out
 
 
-def start_dedup(storages: list[tuple]) -> PendingDedup:
-    """Queues the device half of ``dedup_storages`` and sends the sizes to the host."""
-    return PendingDedup([_sort_storage(*storage) for storage in storages])
+def _add_peer_sizes(batch: StorageBatch, s: _Sorted, per_rank: list[list[int]],
+                    rank: int) -> None:
+    """What the peers' summaries tell ``batch``: keys each sends this rank (sharded
+    storages) and each one's number of unique keys."""
+    num_tags = (len(per_rank[0]) - s.owners) // 3
+    batch.unique_per_rank = [sum(summary[:num_tags]) for summary in per_rank]
+    if s.owners:
+        batch.recv_counts = [summary[3 * num_tags + rank] for summary in per_rank]
+
+
+@functools.lru_cache(maxsize=8)
+def _flags(flags: tuple[bool, ...], device) -> torch.Tensor:
+    """(len(flags),) int64 on ``device`` (read only; copied once per distinct tuple)."""
+    host = torch.tensor(flags, dtype=torch.int64, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
+
+
+def start_dedup(storages: list[tuple], share: SummaryGather | None = None) -> PendingDedup:
+    """Queues the device half of ``dedup_storages`` and sends the sizes to the host
+    (shared by every rank first when ``share`` is given: a collective)."""
+    return PendingDedup([_sort_storage(*storage) for storage in storages], share)
 
 
 def dedup_storages(storages: list[tuple]) -> list[StorageBatch]:

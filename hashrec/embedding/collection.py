@@ -37,6 +37,7 @@ from hashrec.embedding.batching import (
     FeatureIds,
     PendingDedup,
     StorageBatch,
+    SummaryGather,
     dedup_storages,
     feature_ids,
     start_dedup,
@@ -55,6 +56,10 @@ from hashrec.embedding.stats import collection_stats, record_lookups
 from hashrec.embedding.zch import ZchRemapper
 from hashrec.table import HashTable
 from hashrec.table.optim import OPTIMIZER_SPECS, OptimizerSpec
+
+# All-gather into one flat tensor (newer torch names it all_gather_single).
+_all_gather_flat = getattr(torch.distributed, "all_gather_single", None) or \
+    torch.distributed.all_gather_into_tensor
 
 # Batches whose dedup ``EmbeddingCollection.prepare`` keeps at most.
 _MAX_AHEAD = 2
@@ -193,8 +198,8 @@ class EmbeddingCollection(nn.Module):
         batches = self._dedup(storages, ids, pending)
         if self._sharded is not None:
             looked = self._sharded.lookup(
-                [Request(s, b.keys, b.tags, b.counts, b.owner_counts)
-                 for s, b in zip(storages, batches)],
+                [Request(s, b.keys, b.tags, b.counts, b.owner_counts, b.recv_counts,
+                         b.unique_per_rank) for s, b in zip(storages, batches)],
                 self.training)
         else:
             looked = [lookup_rows(s, b.keys, b.tags, b.counts, self.training)
@@ -222,14 +227,34 @@ class EmbeddingCollection(nn.Module):
         Up to ``_MAX_AHEAD`` batches are kept (a step may prepare the next batch
         before its own forward); the forward of a prepared batch drops it and any
         prepared before it, the forward of another batch leaves them.
+
+        Under several ranks this is a collective (``_share_sizes``): every rank
+        prepares the same number of batches in the same order.
         """
         self._check_input(kjt)
         storages = self._read_storages()
         ids = self._feature_ids(storages, kjt)
         picked = [i for i, s in enumerate(storages) if s.name not in self.zch_remappers]
         self._ahead.append((kjt, ids, start_dedup([self._dedup_entry(storages[i], ids[i])
-                                                   for i in picked])))
+                                                   for i in picked],
+                                                  self._share_sizes())))
         del self._ahead[:-_MAX_AHEAD]
+
+    def _share_sizes(self) -> SummaryGather | None:
+        """Several ranks: the dedup's sizes are all-gathered on the device before they
+        travel to the host, so the lookups and dense-table gradients of a prepared
+        batch exchange no sizes (``prepare`` is then a collective, which the training
+        loop calls on every rank at the same point of every step)."""
+        if self._sharded is None:
+            return None
+        ctx, group = self._sharded.ctx, self._sharded.group
+
+        def gather(summary: torch.Tensor) -> torch.Tensor:
+            out = summary.new_empty(ctx.world_size * summary.numel())
+            _all_gather_flat(out, summary.contiguous(), group=group)
+            return out.view(ctx.world_size, -1)
+
+        return SummaryGather(torch.distributed.get_rank(group), gather)
 
     def _feature_ids(self, storages: list[Storage], kjt: KeyedJaggedTensor
                      ) -> list[list[list[FeatureIds]]]:

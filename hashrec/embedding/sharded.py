@@ -41,14 +41,21 @@ from hashrec.embedding.lookup import Storage
 
 @dataclass
 class Request:
-    """One storage's unique keys of this step (``keys`` (U,), ``tags`` (U,) | None, ``counts``;
-    ``send_counts``: the keys each rank owns, when the dedup counted them)."""
+    """One storage's unique keys of this step (``keys`` (U,), ``tags`` (U,) | None, ``counts``).
+
+    Sizes the dedup knew on the host: ``send_counts``, the keys each rank owns;
+    ``recv_counts``, the keys each rank sends this one; ``unique_per_rank``, every
+    rank's U (the rows of a replicated dense table's gradient exchange). None where
+    not known: the exchanges then share their sizes themselves.
+    """
 
     storage: Storage
     keys: torch.Tensor
     tags: torch.Tensor | None
     counts: torch.Tensor
     send_counts: list[int] | None = None
+    recv_counts: list[int] | None = None
+    unique_per_rank: list[int] | None = None
 
 
 class ShardedLookups:
@@ -94,8 +101,8 @@ class ShardedLookups:
         dynamic = [r for r in requests if r.storage.name in self.sharded]
         results = iter(lookup_many(
             [self.sharded[r.storage.name] for r in dynamic],
-            [TableRequest(r.keys, r.tags, r.counts, r.storage.lr, r.send_counts)
-             for r in dynamic],
+            [TableRequest(r.keys, r.tags, r.counts, r.storage.lr, r.send_counts,
+                          r.recv_counts) for r in dynamic],
             train, self.group))
         out = []
         for r in requests:
@@ -120,8 +127,11 @@ class ShardedLookups:
         for r, local_slots, grad in zip(requests, slots, grads):
             if r.storage.plan.trainable and r.storage.name not in self.sharded:
                 dense.append((r, local_slots, grad.float() * self.grad_scale))
+        known = [r.unique_per_rank for r, _, _ in dense]
+        sizes = [list(row) for row in zip(*known)] \
+            if dense and all(k is not None for k in known) else None
         gathered = gather_sparse_gradients_many([(s, g) for _, s, g in dense], self.ctx,
-                                                self.group, self.timer)
+                                                self.group, self.timer, sizes)
         for (r, _, _), (rows, summed) in zip(dense, gathered):
             r.storage.apply_gradients(rows, summed)
         dynamic = [(r, state, grad) for r, state, grad in zip(requests, states, grads)

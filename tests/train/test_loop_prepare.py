@@ -48,7 +48,7 @@ def test_each_batch_is_deduplicated_once(data_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(collection_module, "dedup_storages",
                         lambda storages: in_forward.append(1) or real_dedup(storages))
     monkeypatch.setattr(collection_module, "start_dedup",
-                        lambda storages: prepared.append(1) or real_start(storages))
+                        lambda storages, share=None: prepared.append(1) or real_start(storages, share))
     loop = _loop(data_dir, tmp_path)
     loop.session.model.train()
     loop.run_epoch(str(data_dir))

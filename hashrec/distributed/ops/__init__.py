@@ -1,0 +1,1 @@
+"""Device ops of the sharded lookups (reference in PyTorch, Triton on CUDA)."""
