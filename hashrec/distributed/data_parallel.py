@@ -14,12 +14,16 @@ gradients:
   batch touched: :func:`gather_sparse_gradients` all-gathers every rank's
   (row, gradient) pairs, already divided by the world size, and sums them per
   row in rank order, so every replica applies the same update bit for bit
-  (without a device read: the sizes are host values);
+  (without a device read: the sizes are host values); small tables instead
+  scatter their rows' gradients into a dense buffer that one all-reduce sums
+  (:func:`all_reduce_row_gradients_many`: no sizes, no sort);
 * :func:`broadcast_state` copies rank 0's parameters and buffers to every rank
   (start of training, after a restore).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.distributed as dist
@@ -151,6 +155,57 @@ def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]]
                                      for part, row in zip(parts, sizes)))
         out.append(_sum_per_row(list(all_slots), list(all_grads), per_rank, dims[t]))
     return out
+
+
+# Replicated tables of at most this many rows x (dim + 1) gradient elements (4 MiB of
+# float32) sum their gradients with a dense all-reduce instead of a sparse gather.
+DENSE_REDUCE_MAX_ELEMENTS = 1 << 20
+
+
+def all_reduce_row_gradients_many(tables: list[tuple[int, torch.Tensor, torch.Tensor]],
+                                  ctx: DistContext, group: dist.ProcessGroup | None = None,
+                                  timer: CommTimer | None = None
+                                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every rank's row gradients of several small replicated tables, summed, in one
+    all-reduce.
+
+    Each rank writes its rows' gradients, and a 1 in an extra column, into a zero
+    buffer of every row of every table; one all-reduce sums the buffers. A row whose
+    extra column is positive was touched by some rank. Nothing depends on sizes known
+    per rank, and every rank gets the same bits.
+
+    Args:
+        tables: per table, (num_rows, slots (u,) int64 unique rows, grads (u, dim)
+            float32, already scaled by the caller).
+
+    Returns:
+        Per table, (rows (num_rows,) int64: r where some rank touched row r, else -1
+        (the optimizer skips it); grads (num_rows, dim) float32 summed over ranks).
+    """
+    if not ctx.is_distributed or not tables:
+        return [(slots, grads) for _, slots, grads in tables]
+    timer = timer or CommTimer(enabled=False)
+    widths = [grads.shape[1] + 1 for _, _, grads in tables]
+    sizes = [num_rows * w for (num_rows, _, _), w in zip(tables, widths)]
+    flat = tables[0][2].new_zeros(sum(sizes), dtype=torch.float32)
+    buffers = [part.view(-1, w) for part, w in zip(flat.split(sizes), widths)]
+    for buffer, (_, slots, grads) in zip(buffers, tables):
+        marked = torch.cat([grads.float(), grads.new_ones((grads.shape[0], 1),
+                                                          dtype=torch.float32)], 1)
+        buffer.index_copy_(0, slots, marked)
+    with timer.region():
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    out = []
+    for buffer, (num_rows, _, _) in zip(buffers, tables):
+        rows = torch.where(buffer[:, -1] > 0, _row_ids(num_rows, flat.device), -1)
+        out.append((rows, buffer[:, :-1]))
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _row_ids(num_rows: int, device: torch.device) -> torch.Tensor:
+    """arange(num_rows) int64 on ``device`` (read only, shared)."""
+    return torch.arange(num_rows, dtype=torch.int64, device=device)
 
 
 def _unpack(part: torch.Tensor, sizes: list[int], dims: list[int], t: int

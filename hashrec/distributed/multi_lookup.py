@@ -50,6 +50,9 @@ class TableRequest:
         recv_counts: the keys each rank sends this one, when known on the host
             (shared ahead by every rank); if every request of a call has both, there
             is no size exchange at all.
+        sorted_pairs: every rank's keys of this table are sorted by (tag, key) (as
+            the collection's dedup leaves them); the owners then find repeats across
+            senders without a sort.
     """
 
     keys: torch.Tensor
@@ -58,6 +61,7 @@ class TableRequest:
     lr: float | None = None
     send_counts: list[int] | None = None
     recv_counts: list[int] | None = None
+    sorted_pairs: bool = False
 
 
 def exchange_packed(tensors: list[torch.Tensor], splits: list[Splits],
@@ -125,8 +129,9 @@ def lookup_many(tables: list[ShardedTable], requests: list[TableRequest], train:
             sends = torch.stack([route.send_counts for route, _ in routed])
             splits = exchange_splits(sends, group, world)
         received = exchange_packed([columns for _, columns in routed], splits, group)
-    served = [table._serve(recv, r.tags is not None, r.counts is not None, False, train)
-              for table, r, recv in zip(tables, requests, received)]
+    served = [table._serve(recv, r.tags is not None, r.counts is not None, False, train,
+                           list(split.recv) if r.sorted_pairs else None)
+              for table, r, recv, split in zip(tables, requests, received, splits)]
     with timer.region():
         rows = exchange_packed([reply for reply, _, _ in served],
                                [s.reversed() for s in splits], group)

@@ -30,6 +30,8 @@ import torch.distributed as dist
 from hashrec.distributed.all_to_all import Routing, Splits, all_to_all, exchange_splits
 from hashrec.distributed.comm_timer import CommTimer
 from hashrec.distributed.errors import DistributedError
+from hashrec.distributed.ops.merge import first_in_runs
+from hashrec.distributed.ops.merge.reference import first_occurrences, pair_runs
 from hashrec.distributed.ops.route import route_columns
 from hashrec.distributed.process_group import DistContext
 
@@ -69,24 +71,6 @@ class ShardedLookupResult:
     stored: torch.Tensor | None = None
 
 
-def _pair_runs(keys: torch.Tensor, tags: torch.Tensor | None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(order (m,): positions sorted by (key, tag), stable; starts (m,) bool: where a
-    new (key, tag) begins in that order)."""
-    if tags is None:
-        order = torch.sort(keys, stable=True).indices
-    else:
-        by_tag = torch.sort(tags, stable=True).indices
-        order = by_tag[torch.sort(keys[by_tag], stable=True).indices]
-    sorted_keys = keys[order]
-    starts = torch.ones_like(sorted_keys, dtype=torch.bool)
-    torch.ne(sorted_keys[1:], sorted_keys[:-1], out=starts[1:])
-    if tags is not None:
-        sorted_tags = tags[order]
-        starts[1:] |= sorted_tags[1:] != sorted_tags[:-1]
-    return order, starts
-
-
 def unique_pairs(keys: torch.Tensor,
                  tags: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Deduplicate (key, tag) identities.
@@ -102,34 +86,11 @@ def unique_pairs(keys: torch.Tensor,
     if tags is None:
         unique_keys, inverse = torch.unique(keys, return_inverse=True)
         return unique_keys, None, inverse
-    order, starts = _pair_runs(keys, tags)
+    order, starts = pair_runs(keys, tags)
     group = torch.cumsum(starts.to(torch.int64), 0) - 1
     inverse = torch.empty_like(group)
     inverse[order] = group
     return keys[order][starts], tags[order][starts], inverse
-
-
-def first_occurrences(keys: torch.Tensor, tags: torch.Tensor | None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each (key, tag)'s first position, in sizes known on the host.
-
-    Args:
-        keys: (m,) int64.
-        tags: (m,) int32 or None.
-
-    Returns:
-        rep (m,) int64: the position of the first occurrence of each position's
-        (key, tag); active (m,) bool: ``rep == arange(m)``, one per distinct pair.
-    """
-    m = keys.numel()
-    positions = torch.arange(m, device=keys.device)
-    if m == 0:
-        return positions, positions.bool()
-    order, starts = _pair_runs(keys, tags)
-    # Stable sorts keep each run in position order: its first element comes first.
-    start = torch.cummax(torch.where(starts, positions, 0), 0).values
-    rep = torch.empty_like(order).scatter_(0, order, order[start])
-    return rep, rep == positions
 
 
 class ShardedTable:
@@ -195,12 +156,14 @@ class ShardedTable:
         return Routing(order=order, send_counts=sends), columns
 
     def _serve(self, received: torch.Tensor, has_tags: bool, has_counts: bool,
-               has_scores: bool, train: bool
+               has_scores: bool, train: bool, runs: list[int] | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Owner side: received (m, w) columns -> (reply (m, dim + 1), inverse (m,), slots (u,)).
 
         Received keys are deduplicated across senders and looked up once; the reply's
-        extra column tells the requester whether the owner stores the key.
+        extra column tells the requester whether the owner stores the key. ``runs``:
+        the keys per sender when every sender's keys are sorted by (tag, key) (the
+        collection's dedup sorts them): repeats are then found without a sort.
         """
         fields = iter(received.unbind(1)[1:])
         recv_tags = next(fields).to(torch.int32) if has_tags else None
@@ -208,7 +171,7 @@ class ShardedTable:
         recv_scores = next(fields) if has_scores else None
         if self.table._fixed_path():
             return self._serve_fixed(received[:, 0].contiguous(), recv_tags, recv_counts,
-                                     recv_scores, train)
+                                     recv_scores, train, runs)
         unique_keys, unique_tags, inverse = unique_pairs(received[:, 0].contiguous(), recv_tags)
         u = unique_keys.shape[0]
         if recv_counts is not None:
@@ -223,13 +186,15 @@ class ShardedTable:
         return reply[inverse], inverse, result.slots
 
     def _serve_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
-                     counts: torch.Tensor | None, scores: torch.Tensor | None, train: bool
+                     counts: torch.Tensor | None, scores: torch.Tensor | None, train: bool,
+                     runs: list[int] | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``_serve`` without reading a size back: the received keys keep their m
         positions, repeats (the same key from several senders) inactive, their counts
         summed and their scores maxed into the first occurrence; ``slots`` (m,) is -1
         where inactive, so the gradient sums land on the first occurrences."""
-        rep, active = first_occurrences(keys, tags)
+        rep, active = first_occurrences(keys, tags) if runs is None else \
+            first_in_runs(keys, tags, runs)
         if counts is not None:
             counts = counts.new_zeros(keys.numel()).index_add_(0, rep, counts)
         if scores is not None:

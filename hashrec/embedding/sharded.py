@@ -17,9 +17,10 @@ over ranks), then:
 
 * dynamic storage: gradients travel to the owners, which sum them per key and
   apply the fused optimizer (``ShardedTable.apply_gradients``);
-* dense table: every rank's (row, gradient) pairs are all-gathered (all dense
-  tables in one exchange, before the dynamic storages) and summed per row in
-  rank order, and every replica applies the same update.
+* dense table: every rank's (row, gradient) pairs are summed over ranks - small
+  tables in one dense all-reduce, the others all-gathered in one exchange and
+  summed per row in rank order (both before the dynamic storages) - and every
+  replica applies the same update.
 
 Collective rule: every rank must look up every storage that has readers, in the
 same order, on every step - with zero ids if its batch has none. The collection
@@ -34,14 +35,19 @@ from dataclasses import dataclass
 import torch
 
 from hashrec.distributed import ShardedTable
-from hashrec.distributed.data_parallel import gather_sparse_gradients_many
+from hashrec.distributed.data_parallel import (
+    DENSE_REDUCE_MAX_ELEMENTS,
+    all_reduce_row_gradients_many,
+    gather_sparse_gradients_many,
+)
 from hashrec.distributed.multi_lookup import TableRequest, apply_gradients_many, lookup_many
 from hashrec.embedding.lookup import Storage
 
 
 @dataclass
 class Request:
-    """One storage's unique keys of this step (``keys`` (U,), ``tags`` (U,) | None, ``counts``).
+    """One storage's unique keys of this step (``keys`` (U,), ``tags`` (U,) | None, ``counts``),
+    sorted by (tag, key) as the dedup leaves them.
 
     Sizes the dedup knew on the host: ``send_counts``, the keys each rank owns;
     ``recv_counts``, the keys each rank sends this one; ``unique_per_rank``, every
@@ -102,7 +108,7 @@ class ShardedLookups:
         results = iter(lookup_many(
             [self.sharded[r.storage.name] for r in dynamic],
             [TableRequest(r.keys, r.tags, r.counts, r.storage.lr, r.send_counts,
-                          r.recv_counts) for r in dynamic],
+                          r.recv_counts, sorted_pairs=True) for r in dynamic],
             train, self.group))
         out = []
         for r in requests:
@@ -123,16 +129,22 @@ class ShardedLookups:
         The replicated dense tables' gradients travel first, all in one exchange;
         then the dynamic storages' gradients, all in one exchange.
         """
-        dense = []
+        small, dense = [], []
         for r, local_slots, grad in zip(requests, slots, grads):
             if r.storage.plan.trainable and r.storage.name not in self.sharded:
-                dense.append((r, local_slots, grad.float() * self.grad_scale))
+                entry = (r, local_slots, grad.float() * self.grad_scale)
+                num_rows = r.storage.table.rows.shape[0]
+                fits = num_rows * (grad.shape[1] + 1) <= DENSE_REDUCE_MAX_ELEMENTS
+                (small if fits else dense).append(entry)
+        reduced = all_reduce_row_gradients_many(
+            [(r.storage.table.rows.shape[0], s, g) for r, s, g in small], self.ctx,
+            self.group, self.timer)
         known = [r.unique_per_rank for r, _, _ in dense]
         sizes = [list(row) for row in zip(*known)] \
             if dense and all(k is not None for k in known) else None
         gathered = gather_sparse_gradients_many([(s, g) for _, s, g in dense], self.ctx,
                                                 self.group, self.timer, sizes)
-        for (r, _, _), (rows, summed) in zip(dense, gathered):
+        for (r, _, _), (rows, summed) in zip(small + dense, reduced + gathered):
             r.storage.apply_gradients(rows, summed)
         dynamic = [(r, state, grad) for r, state, grad in zip(requests, states, grads)
                    if r.storage.plan.trainable and r.storage.name in self.sharded]

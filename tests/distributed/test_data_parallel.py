@@ -1,11 +1,15 @@
-"""The replicated tables' gradient exchange on 2 gloo ranks: sums per row, sizes on the host."""
+"""The replicated tables' gradient exchanges on 2 gloo ranks: sums per row, sizes on the
+host (sparse gather, with the sizes exchanged or given) or none (dense all-reduce)."""
 
 from __future__ import annotations
 
 import torch
 from dist_workers import run_world
 
-from hashrec.distributed.data_parallel import gather_sparse_gradients_many
+from hashrec.distributed.data_parallel import (
+    all_reduce_row_gradients_many,
+    gather_sparse_gradients_many,
+)
 
 WORLD = 2
 
@@ -19,17 +23,23 @@ def _local(rank: int, table: int) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, torch.randn(count, 2 + table, generator=g)
 
 
-def scenario_gather(ctx):
+def _want(t: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Table t's distinct rows, its gradients summed over ranks (all 12 rows) and the
+    pairs all ranks sent."""
+    parts = [_local(r, t) for r in range(WORLD)]
+    want = torch.zeros(12, 2 + t)
+    for part_rows, part_grads in parts:  # rank order, as the exchange sums
+        want.index_add_(0, part_rows, part_grads)
+    return torch.unique(torch.cat([p[0] for p in parts])), want, \
+        sum(p[0].numel() for p in parts)
+
+
+def scenario_gather(ctx, sizes=None):
     tables = [_local(ctx.rank, t) for t in range(2)]
-    out = gather_sparse_gradients_many(tables, ctx)
+    out = gather_sparse_gradients_many(tables, ctx, sizes=sizes)
     checks = []
     for t, (rows, grads) in enumerate(out):
-        parts = [_local(r, t) for r in range(WORLD)]
-        sent = sum(p[0].numel() for p in parts)
-        want_rows = torch.unique(torch.cat([p[0] for p in parts]))
-        want = torch.zeros(12, 2 + t)
-        for part_rows, part_grads in parts:  # rank order, as the exchange sums
-            want.index_add_(0, part_rows, part_grads)
+        want_rows, want, sent = _want(t)
         kept = rows >= 0
         checks.append(rows.numel() == sent and bool((rows[~kept] == -1).all())
                       and torch.equal(rows[kept], want_rows)
@@ -43,3 +53,43 @@ def test_gathered_gradients_are_summed_per_row_with_a_fill(tmp_path):
     for result in results:
         assert not isinstance(result, Exception), result
         assert result == [True, True]
+
+
+def scenario_gather_given_sizes(ctx):
+    sizes = [[_local(r, t)[0].numel() for t in range(2)] for r in range(WORLD)]
+    return scenario_gather(ctx, sizes)
+
+
+def scenario_wrong_sizes(ctx):
+    sizes = [[_local(r, t)[0].numel() + 1 for t in range(2)] for r in range(WORLD)]
+    try:
+        gather_sparse_gradients_many([_local(ctx.rank, t) for t in range(2)], ctx, sizes=sizes)
+    except Exception as exc:  # noqa: BLE001 - the message is the result
+        return str(exc)
+    return None
+
+
+def scenario_all_reduce(ctx):
+    out = all_reduce_row_gradients_many([(12,) + _local(ctx.rank, t) for t in range(2)], ctx)
+    checks = []
+    for t, (rows, grads) in enumerate(out):
+        want_rows, want, _ = _want(t)
+        touched = torch.zeros(12, dtype=torch.bool)
+        touched[want_rows] = True
+        checks.append(rows.shape == (12,) and torch.equal(rows[touched], want_rows)
+                      and bool((rows[~touched] == -1).all())
+                      and torch.allclose(grads, want) and not grads[~touched].any())
+    return checks
+
+
+def test_given_sizes_skip_their_exchange_and_are_checked(tmp_path):
+    results = run_world({"given": scenario_gather_given_sizes, "wrong": scenario_wrong_sizes},
+                        WORLD, tmp_path)
+    assert results["given"] == [[True, True]] * WORLD, results["given"]
+    for message in results["wrong"]:
+        assert "differ from the sizes shared ahead" in message, message
+
+
+def test_small_tables_sum_their_gradients_in_one_all_reduce(tmp_path):
+    results = run_world({"all_reduce": scenario_all_reduce}, WORLD, tmp_path)["all_reduce"]
+    assert results == [[True, True]] * WORLD, results

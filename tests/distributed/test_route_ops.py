@@ -1,4 +1,5 @@
-"""route_columns: the Triton kernels (interpreted on CPU) equal the torch reference."""
+"""route_columns and first_in_runs: the Triton kernels (interpreted on CPU) equal the
+torch references."""
 
 import os
 
@@ -9,6 +10,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed")
 
+from hashrec.distributed.ops.merge import reference as merge_reference  # noqa: E402
+from hashrec.distributed.ops.merge import triton as merge_kernel  # noqa: E402
 from hashrec.distributed.ops.route import reference  # noqa: E402
 from hashrec.distributed.ops.route import triton as kernel  # noqa: E402
 from hashrec.table.hashing import owner_of  # noqa: E402
@@ -71,3 +74,54 @@ def test_kernel_equals_reference_at_batch_size(world):
     got = kernel.route_columns(keys, given, world)
     for w, g in zip(want, got):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def _sorted_runs(runs: list[int], tagged: bool, seed: int):
+    """Runs of distinct (tag, key) pairs from a small pool (so runs share pairs), each
+    sorted by (tag, key)."""
+    g = torch.Generator().manual_seed(seed)
+    pool_keys = torch.tensor([INT64.min, -7, -1, 0, 3, 5, 9, 40, INT64.max] * 4)
+    pool_tags = torch.arange(4, dtype=torch.int32).repeat_interleave(9)
+    if not tagged:
+        pool_keys, pool_tags = pool_keys[:9], pool_tags[:9]
+    keys, tags = [], []
+    for length in runs:
+        pick = torch.randperm(pool_keys.numel(), generator=g)[:length]
+        k, t = pool_keys[pick], pool_tags[pick]
+        order = torch.sort(k, stable=True).indices
+        k, t = k[order], t[order]
+        order = torch.sort(t, stable=True).indices
+        keys.append(k[order])
+        tags.append(t[order])
+    return torch.cat(keys), torch.cat(tags) if tagged else None
+
+
+@pytest.mark.parametrize("runs", [[5], [4, 6], [0, 7, 3], [9, 0, 9, 2], [1, 1, 1, 1, 1]])
+@pytest.mark.parametrize("tagged", [False, True])
+def test_first_in_runs_equals_reference(runs, tagged):
+    keys, tags = _sorted_runs(runs, tagged, seed=sum(runs) + len(runs))
+    keys = keys.to(DEVICE)
+    tags = None if tags is None else tags.to(DEVICE)
+    want_rep, want_active = merge_reference.first_in_runs(keys, tags, runs)
+    rep, active = merge_kernel.first_in_runs(keys, tags, runs)
+    assert torch.equal(rep, want_rep) and torch.equal(active, want_active)
+    if not tagged and sum(runs) > 9:  # more keys than the pool holds: runs share pairs
+        assert int(active.sum()) < keys.numel()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_first_in_runs_at_batch_size():
+    g = torch.Generator().manual_seed(5)
+    runs, keys, tags = [], [], []
+    for _ in range(2):
+        k = torch.unique(torch.randint(0, 400_000, (300_000,), generator=g))
+        t = torch.randint(0, 3, (k.numel(),), generator=g, dtype=torch.int32)
+        order = torch.sort(t, stable=True).indices  # keys ascending within each tag
+        runs.append(k.numel())
+        keys.append(k[order])
+        tags.append(t[order])
+    keys, tags = torch.cat(keys).cuda(), torch.cat(tags).cuda()
+    want = merge_reference.first_in_runs(keys, tags, runs)
+    got = merge_kernel.first_in_runs(keys, tags, runs)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
