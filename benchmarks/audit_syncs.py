@@ -27,7 +27,7 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profile_train_step import CONFIGS, _session, report  # noqa: E402
+from profile_train_step import CONFIGS, _launcher, _session, report  # noqa: E402
 
 from hashrec.train.prefetch import DevicePrefetcher  # noqa: E402
 
@@ -89,7 +89,7 @@ def run(args) -> dict:
     return {"config": args.config, "steps": args.steps, "syncs_per_step":
             sum(sites.values()) / args.steps, "sites": rows,
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-            "command": "python " + " ".join(sys.argv)}
+            "command": _launcher() + " ".join(sys.argv)}
 
 
 def markdown(r: dict) -> str:

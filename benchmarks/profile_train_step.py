@@ -135,7 +135,7 @@ def run(args) -> dict:
               "time_kind": "device self time" if cuda else "CPU self time", "top": rows,
               "device": torch.cuda.get_device_name(0) if cuda else "cpu",
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "command": "python " + " ".join(sys.argv)}
+              "command": _launcher() + " ".join(sys.argv)}
     result["host_regions"] = _host_regions(prof, args.steps)
     if sampled is not None:
         result["host_samples"] = sampled
@@ -157,6 +157,12 @@ HOST_REGIONS = ("_StorageLookup", "_LookupAll", "_EmitStorage", "Graphed", "aten
                 "autograd::engine::evaluate_function: _StorageLookupBackward",
                 "autograd::engine::evaluate_function: _LookupAllBackward",
                 "autograd::engine::evaluate_function: GraphedBackward")
+
+
+def _launcher() -> str:
+    """How this run was started, for the record: plain python or torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return f"torchrun --nproc_per_node {world} " if world > 1 else "python "
 
 
 def _host_regions(prof, steps: int) -> list[dict]:
