@@ -65,13 +65,14 @@ class TableRequest:
 
 
 def exchange_packed(tensors: list[torch.Tensor], splits: list[Splits],
-                    group=None) -> list[torch.Tensor]:
+                    group=None, scale: float = 1.0) -> list[torch.Tensor]:
     """All-to-all of several 2-D tensors of one dtype in one collective.
 
     Args:
         tensors: per table, (splits[t].num_send, w_t) rows grouped by destination rank.
         splits: per table, the host-side sizes of its exchange.
         group: process group (default group when None).
+        scale: factor applied to everything received (floating tensors; 1: none).
 
     Returns:
         Per table, (splits[t].num_recv, w_t) rows grouped by source rank, exactly
@@ -87,6 +88,8 @@ def exchange_packed(tensors: list[torch.Tensor], splits: list[Splits],
                     recv=tuple(sum(s.recv[r] * w for s, w in zip(splits, widths))
                                for r in range(world)))
     received = all_to_all(send, packed, group)
+    if scale != 1.0:
+        received.mul_(scale)
     parts = torch.split(received, [s.recv[r] * w for r in range(world)
                                    for s, w in zip(splits, widths)])
     count = len(tensors)
@@ -141,13 +144,14 @@ def lookup_many(tables: list[ShardedTable], requests: list[TableRequest], train:
 
 
 def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState],
-                         grads: list[torch.Tensor], group=None) -> None:
+                         grads: list[torch.Tensor], group=None, scale: float = 1.0) -> None:
     """:meth:`ShardedTable.apply_gradients` of every table with one gradient exchange.
 
     Args:
         tables: the tables of one :func:`lookup_many`, in the same order.
         states: their exchange states.
-        grads: per table, (n, dim) float32 gradient per key, in the keys' order.
+        grads: per table, (n, dim) gradient per key, in the keys' order.
+        scale: factor of every gradient (applied once, to all tables' received rows).
     """
     if not tables:
         return
@@ -158,6 +162,6 @@ def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState]
                              f"{state.order.shape[0]}")
         sends.append(grad[state.order].to(torch.float32))
     with tables[0].timer.region():
-        received = exchange_packed(sends, [state.splits for state in states], group)
+        received = exchange_packed(sends, [state.splits for state in states], group, scale)
     for table, state, recv in zip(tables, states, received):
         table._apply_received(state, recv)

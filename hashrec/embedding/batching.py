@@ -25,11 +25,11 @@ from typing import NamedTuple
 
 import torch
 
+from hashrec.distributed.ops.route import owner_counts
 from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.jagged import JaggedTensor
 from hashrec.embedding.ops.dedup import tag_summary, unique_layout
 from hashrec.embedding.specs import EmbeddingFeatureSpec
-from hashrec.table.hashing import owner_of
 
 
 @dataclass
@@ -257,9 +257,7 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         summary = tag_summary(sorted_tags, sorted_ids, group, num_tags, bad)
     summary = summary.reshape(-1)
     if owners:
-        per_owner = torch.zeros(owners, dtype=torch.int64, device=device).index_add_(
-            0, owner_of(sorted_ids, owners), new.to(torch.int64))
-        summary = torch.cat([summary, per_owner])
+        summary = torch.cat([summary, owner_counts(sorted_ids, new, owners)])
     source = (features_by_tag, fused, row_ids, owners) if narrow else ()
     return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary, owners,
                    source)

@@ -150,8 +150,8 @@ class ShardedLookups:
                    if r.storage.plan.trainable and r.storage.name in self.sharded]
         apply_gradients_many([self.sharded[r.storage.name] for r, _, _ in dynamic],
                              [state for _, state, _ in dynamic],
-                             [grad.float() * self.grad_scale for _, _, grad in dynamic],
-                             self.group)
+                             [grad for _, _, grad in dynamic], self.group,
+                             scale=self.grad_scale)
 
 
 class _LookupAll(torch.autograd.Function):

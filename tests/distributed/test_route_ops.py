@@ -74,6 +74,9 @@ def test_kernel_equals_reference_at_batch_size(world):
     got = kernel.route_columns(keys, given, world)
     for w, g in zip(want, got):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+    mask = keys % 3 != 1
+    assert torch.equal(kernel.owner_counts(keys, mask, world),
+                       reference.owner_counts(keys, mask, world))
 
 
 def _sorted_runs(runs: list[int], tagged: bool, seed: int):
@@ -125,3 +128,13 @@ def test_first_in_runs_at_batch_size():
     want = merge_reference.first_in_runs(keys, tags, runs)
     got = merge_kernel.first_in_runs(keys, tags, runs)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("n", [0, 1, 1023, 2500])
+@pytest.mark.parametrize("world", [1, 2, 5])
+def test_owner_counts_equal_reference(n, world):
+    keys = _keys(n, seed=7 * n + world).to(DEVICE)
+    mask = (torch.arange(n) % 3 != 1).to(DEVICE)
+    want = reference.owner_counts(keys, mask, world)
+    got = kernel.owner_counts(keys, mask, world)
+    assert torch.equal(got, want) and int(got.sum()) == int(mask.sum())

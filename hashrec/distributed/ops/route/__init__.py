@@ -2,7 +2,8 @@
 
 ``route_columns`` finds each key's owner (``hashrec.table.hashing.owner_of``) and
 lays the keys and their per-key integers out as the rows of one int64 matrix,
-grouped by owner (stable): what the key exchange sends. See ``reference.py`` for
+grouped by owner (stable): what the key exchange sends; ``owner_counts`` counts the
+keys each rank owns (the dedup's sizes of a sharded storage). See ``reference.py`` for
 shapes and semantics; ``triton.py`` (CUDA) has the same signature.
 """
 
@@ -23,4 +24,10 @@ def route_columns(keys: torch.Tensor, extras: list[torch.Tensor], world_size: in
     return impl.route_columns(keys, extras, world_size, send_counts)
 
 
-__all__ = ["route_columns"]
+def owner_counts(keys: torch.Tensor, mask: torch.Tensor, world_size: int) -> torch.Tensor:
+    """(world_size,) int64 keys where ``mask`` (n,) bool, per owning rank."""
+    impl = backend(__name__, reference, keys.device)
+    return impl.owner_counts(keys, mask, world_size)
+
+
+__all__ = ["owner_counts", "route_columns"]

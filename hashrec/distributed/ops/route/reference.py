@@ -29,3 +29,10 @@ def route_columns(keys: torch.Tensor, extras: list[torch.Tensor], world_size: in
     order = torch.sort(owners, stable=True).indices
     columns = torch.stack([keys] + [c.to(torch.int64) for c in extras], 1)[order]
     return order, columns, torch.bincount(owners, minlength=world_size) if send_counts else None
+
+
+def owner_counts(keys: torch.Tensor, mask: torch.Tensor, world_size: int) -> torch.Tensor:
+    """(world_size,) int64: how many of the keys where ``mask`` (n,) bool holds each rank
+    owns."""
+    return torch.zeros(world_size, dtype=torch.int64, device=keys.device).index_add_(
+        0, owner_of(keys, world_size), mask.to(torch.int64))

@@ -6,6 +6,7 @@ block's keys per owner, owner-major, so that one cumulative sum gives every
 block plus its rank among the block's keys of that owner, and writes the key, its
 integers and its position there. Two launches and a sum, where the reference
 takes a hash of about ten operators, a sort, a count, a stack and a gather.
+``owner_counts`` is the first pass with a mask, its block sums added up atomically.
 """
 
 from __future__ import annotations
@@ -95,3 +96,29 @@ def route_columns(keys: torch.Tensor, extras: list[torch.Tensor], world_size: in
         return order, columns, None
     totals = ends.view(world_size, blocks)[:, -1]
     return order, columns, torch.cat([totals[:1], totals[1:] - totals[:-1]])
+
+
+@fast_launch
+@triton.jit
+def _masked_count_kernel(keys_ptr, mask_ptr, out_ptr, n, world,
+                         BLOCK: tl.constexpr, WORLD: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    owner, _ = _owners(keys_ptr, offs, mask, world)
+    counted = mask & (tl.load(mask_ptr + offs, mask=mask, other=0) != 0)
+    ranks = tl.arange(0, WORLD)
+    hits = (owner[:, None] == ranks[None, :]) & counted[:, None]
+    # Integer adds: the total does not depend on the order the blocks arrive in.
+    tl.atomic_add(out_ptr + ranks, tl.sum(hits.to(tl.int64), axis=0), mask=ranks < world)
+
+
+def owner_counts(keys: torch.Tensor, mask: torch.Tensor, world_size: int) -> torch.Tensor:
+    """See ``reference.owner_counts``."""
+    n = keys.numel()
+    if n == 0 or world_size > _MAX_WORLD:
+        return reference.owner_counts(keys, mask, world_size)
+    out = torch.zeros(world_size, dtype=torch.int64, device=keys.device)
+    _masked_count_kernel[(cdiv(n, _BLOCK),)](keys.contiguous(), mask.contiguous(), out, n,
+                                             world_size, BLOCK=_BLOCK,
+                                             WORLD=max(2, next_pow2(world_size)))
+    return out
