@@ -32,6 +32,7 @@ from hashrec.distributed.comm_timer import CommTimer
 from hashrec.distributed.errors import DistributedError
 from hashrec.distributed.ops.merge import first_in_runs
 from hashrec.distributed.ops.merge.reference import first_occurrences, pair_runs
+from hashrec.distributed.ops.reply import pack_reply, unpack_reply
 from hashrec.distributed.ops.route import route_columns
 from hashrec.distributed.process_group import DistContext
 
@@ -181,9 +182,7 @@ class ShardedTable:
                 0, inverse, recv_scores, reduce="amax")
         result = self.table.lookup(unique_keys, unique_tags, train=train,
                                    **_optional(counts=recv_counts, scores=recv_scores))
-        reply = torch.cat([result.values.float(),
-                           (result.slots >= 0).to(torch.float32).unsqueeze(1)], 1)
-        return reply[inverse], inverse, result.slots
+        return pack_reply(result.values, result.slots, inverse), inverse, result.slots
 
     def _serve_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
                      counts: torch.Tensor | None, scores: torch.Tensor | None, train: bool,
@@ -202,22 +201,18 @@ class ShardedTable:
                                      ).scatter_reduce_(0, rep, scores, reduce="amax")
         result = self.table.lookup(keys, tags, train=train, active=active,
                                    **_optional(counts=counts, scores=scores))
-        reply = torch.cat([result.values.float(),
-                           (result.slots >= 0).to(torch.float32).unsqueeze(1)], 1)
-        return reply[rep], rep, result.slots
+        return pack_reply(result.values, result.slots, rep), rep, result.slots
 
     @staticmethod
     def _answer(rows: torch.Tensor, route, splits: Splits, inverse: torch.Tensor,
                 slots: torch.Tensor, train: bool, lr: float | None) -> ShardedLookupResult:
         """Requester side: replies sorted by owner -> rows in the caller's key order."""
-        answered = torch.empty_like(rows)
-        answered[route.order] = rows
+        values, stored = unpack_reply(rows, route.order)
         state = None
         if train:
             state = ExchangeState(order=route.order, splits=splits, inverse=inverse,
                                   slots=slots, lr=lr)
-        return ShardedLookupResult(values=answered[:, :-1], state=state,
-                                   stored=answered[:, -1] > 0.5)
+        return ShardedLookupResult(values=values, state=state, stored=stored)
 
     def _lookup_local(self, keys: torch.Tensor, tags: torch.Tensor | None, train: bool,
                       counts: torch.Tensor | None, scores: torch.Tensor | None,

@@ -1,5 +1,6 @@
-"""route_columns and first_in_runs: the Triton kernels (interpreted on CPU) equal the
-torch references."""
+"""The sharded lookup's device ops (route_columns, owner_counts, first_in_runs,
+pack_reply, unpack_reply): the Triton kernels (interpreted on CPU) equal the torch
+references."""
 
 import os
 
@@ -12,6 +13,8 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 from hashrec.distributed.ops.merge import reference as merge_reference  # noqa: E402
 from hashrec.distributed.ops.merge import triton as merge_kernel  # noqa: E402
+from hashrec.distributed.ops.reply import reference as reply_reference  # noqa: E402
+from hashrec.distributed.ops.reply import triton as reply_kernel  # noqa: E402
 from hashrec.distributed.ops.route import reference  # noqa: E402
 from hashrec.distributed.ops.route import triton as kernel  # noqa: E402
 from hashrec.table.hashing import owner_of  # noqa: E402
@@ -138,3 +141,18 @@ def test_owner_counts_equal_reference(n, world):
     want = reference.owner_counts(keys, mask, world)
     got = kernel.owner_counts(keys, mask, world)
     assert torch.equal(got, want) and int(got.sum()) == int(mask.sum())
+
+
+@pytest.mark.parametrize("m,u,dim", [(0, 3, 4), (1, 1, 1), (150, 40, 16), (70, 70, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reply_ops_equal_reference(m, u, dim, dtype):
+    g = torch.Generator().manual_seed(m + u + dim)
+    values = torch.randn(u, dim + 3, generator=g).to(dtype)[:, :dim].to(DEVICE)  # a view
+    slots = torch.randint(-1, 5, (u,), generator=g).to(DEVICE)
+    index = torch.randint(0, u, (m,), generator=g).to(DEVICE)
+    packed = reply_kernel.pack_reply(values, slots, index)
+    assert torch.equal(packed, reply_reference.pack_reply(values, slots, index))
+    order = torch.randperm(m, generator=g).to(DEVICE)
+    for got, want in zip(reply_kernel.unpack_reply(packed, order),
+                         reply_reference.unpack_reply(packed, order)):
+        assert torch.equal(got, want)
