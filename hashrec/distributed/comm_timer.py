@@ -3,7 +3,8 @@
 On CUDA each timed region records a pair of CUDA events on the current stream
 (NCCL work joins that stream before the region ends, so the pair spans the
 exchange); the elapsed times are read only when :meth:`CommTimer.drain` is
-called, typically once per logging window. On CPU (gloo) the collectives are
+called, typically once per logging window, and the pairs read are reused (creating
+events costs the host more than recording them). On CPU (gloo) the collectives are
 synchronous and the host clock measures them directly.
 """
 
@@ -30,6 +31,7 @@ class CommTimer:
         self.device = torch.device(device)
         self.enabled = enabled
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._spare: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # read, reusable
         self._seconds = 0.0
         self._regions = 0
 
@@ -41,8 +43,8 @@ class CommTimer:
             return
         self._regions += 1
         if self.device.type == "cuda":
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
+            start, end = self._spare.pop() if self._spare else (
+                torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             start.record()
             try:
                 yield
@@ -73,4 +75,5 @@ class CommTimer:
         if self._events:
             self._events[-1][1].synchronize()
             self._seconds += sum(s.elapsed_time(e) for s, e in self._events) / 1000.0
+            self._spare += self._events
             self._events = []

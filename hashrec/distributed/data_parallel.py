@@ -48,11 +48,10 @@ def all_reduce_gradients(parameters: list[nn.Parameter], ctx: DistContext,
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
     flat /= ctx.world_size
-    start = 0
-    for p, g in zip(parameters, grads):
-        n = g.numel()
-        p.grad = flat[start:start + n].view_as(p).to(g.dtype)
-        start += n
+    # One split makes every parameter's view; a cast only where the dtypes differ.
+    for p, g, part in zip(parameters, grads, flat.split([g.numel() for g in grads])):
+        part = part.view_as(p)
+        p.grad = part if part.dtype == g.dtype else part.to(g.dtype)
 
 
 def broadcast_state(module: nn.Module, ctx: DistContext, src: int = 0,
