@@ -184,20 +184,42 @@ def all_reduce_row_gradients_many(tables: list[tuple[int, torch.Tensor, torch.Te
     if not ctx.is_distributed or not tables:
         return [(slots, grads) for _, slots, grads in tables]
     timer = timer or CommTimer(enabled=False)
-    widths = [grads.shape[1] + 1 for _, _, grads in tables]
-    sizes = [num_rows * w for (num_rows, _, _), w in zip(tables, widths)]
-    flat = tables[0][2].new_zeros(sum(sizes), dtype=torch.float32)
-    buffers = [part.view(-1, w) for part, w in zip(flat.split(sizes), widths)]
-    for buffer, (_, slots, grads) in zip(buffers, tables):
-        marked = torch.cat([grads.float(), grads.new_ones((grads.shape[0], 1),
-                                                          dtype=torch.float32)], 1)
-        buffer.index_copy_(0, slots, marked)
+    flat = pack_row_gradients(tables)
     with timer.region():
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    return unpack_row_gradients(flat, [num_rows for num_rows, _, _ in tables],
+                                [grads.shape[1] for _, _, grads in tables])
+
+
+def _blocks(flat: torch.Tensor, num_rows: list[int], dims: list[int]) -> list[torch.Tensor]:
+    """The (num_rows, dim + 1) block of every table in a packed buffer."""
+    sizes = [n * (d + 1) for n, d in zip(num_rows, dims)]
+    return [part.view(n, d + 1) for part, n, d in zip(flat.split(sizes), num_rows, dims)]
+
+
+def pack_row_gradients(tables: list[tuple[int, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """One rank's part of :func:`all_reduce_row_gradients_many`: a flat float32 buffer
+    holding, for every table, all its rows x (dim + 1): the rank's gradient and a 1
+    in the last column at the rows it touched, zeros elsewhere."""
+    num_rows = [n for n, _, _ in tables]
+    dims = [grads.shape[1] for _, _, grads in tables]
+    flat = tables[0][2].new_zeros(sum(n * (d + 1) for n, d in zip(num_rows, dims)),
+                                  dtype=torch.float32)
+    for block, (_, slots, grads) in zip(_blocks(flat, num_rows, dims), tables):
+        marked = torch.cat([grads.float(), grads.new_ones((grads.shape[0], 1),
+                                                          dtype=torch.float32)], 1)
+        block.index_copy_(0, slots, marked)
+    return flat
+
+
+def unpack_row_gradients(flat: torch.Tensor, num_rows: list[int], dims: list[int]
+                         ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per table, (rows, grads) of a packed buffer summed over ranks (see
+    :func:`all_reduce_row_gradients_many`'s result)."""
     out = []
-    for buffer, (num_rows, _, _) in zip(buffers, tables):
-        rows = torch.where(buffer[:, -1] > 0, _row_ids(num_rows, flat.device), -1)
-        out.append((rows, buffer[:, :-1]))
+    for block, n in zip(_blocks(flat, num_rows, dims), num_rows):
+        rows = torch.where(block[:, -1] > 0, _row_ids(n, flat.device), -1)
+        out.append((rows, block[:, :-1]))
     return out
 
 

@@ -144,7 +144,8 @@ def lookup_many(tables: list[ShardedTable], requests: list[TableRequest], train:
 
 
 def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState],
-                         grads: list[torch.Tensor], group=None, scale: float = 1.0) -> None:
+                         grads: list[torch.Tensor], group=None, scale: float = 1.0,
+                         shared: torch.Tensor | None = None) -> torch.Tensor | None:
     """:meth:`ShardedTable.apply_gradients` of every table with one gradient exchange.
 
     Args:
@@ -152,16 +153,29 @@ def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState]
         states: their exchange states.
         grads: per table, (n, dim) gradient per key, in the keys' order.
         scale: factor of every gradient (applied once, to all tables' received rows).
+        shared: (L,) float32 that every rank sends a copy of to every rank in the same
+            exchange (``tables`` must not be empty), such as the small replicated
+            tables' packed gradients: it saves them a collective of their own.
+
+    Returns:
+        The sum over ranks of ``shared`` times ``scale``, in rank order (the same bits
+        on every rank), or None without ``shared``.
     """
     if not tables:
-        return
+        return None
     sends = []
     for state, grad in zip(states, grads):
         if grad.shape[0] != state.order.shape[0]:
             raise DistributedError(f"got gradients for {grad.shape[0]} keys but the lookup had "
                              f"{state.order.shape[0]}")
         sends.append(grad[state.order].to(torch.float32))
+    splits = [state.splits for state in states]
+    if shared is not None:
+        world = len(splits[0].send)
+        sends.append(shared.view(1, -1).expand(world, -1))
+        splits.append(Splits(send=(1,) * world, recv=(1,) * world))
     with tables[0].timer.region():
-        received = exchange_packed(sends, [state.splits for state in states], group, scale)
+        received = exchange_packed(sends, splits, group, scale)
     for table, state, recv in zip(tables, states, received):
         table._apply_received(state, recv)
+    return received[-1].sum(0) if shared is not None else None

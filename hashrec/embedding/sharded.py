@@ -18,9 +18,10 @@ over ranks), then:
 * dynamic storage: gradients travel to the owners, which sum them per key and
   apply the fused optimizer (``ShardedTable.apply_gradients``);
 * dense table: every rank's (row, gradient) pairs are summed over ranks - small
-  tables in one dense all-reduce, the others all-gathered in one exchange and
-  summed per row in rank order (both before the dynamic storages) - and every
-  replica applies the same update.
+  tables packed into one dense buffer that travels with the dynamic storages'
+  gradient exchange (every rank sums every rank's copy; one all-reduce when there is
+  no dynamic storage), the others all-gathered in one exchange and summed per row in
+  rank order - and every replica applies the same update.
 
 Collective rule: every rank must look up every storage that has readers, in the
 same order, on every step - with zero ids if its batch has none. The collection
@@ -39,6 +40,8 @@ from hashrec.distributed.data_parallel import (
     DENSE_REDUCE_MAX_ELEMENTS,
     all_reduce_row_gradients_many,
     gather_sparse_gradients_many,
+    pack_row_gradients,
+    unpack_row_gradients,
 )
 from hashrec.distributed.multi_lookup import TableRequest, apply_gradients_many, lookup_many
 from hashrec.embedding.lookup import Storage
@@ -126,32 +129,47 @@ class ShardedLookups:
                  grads: list[torch.Tensor]) -> None:
         """Apply every trainable storage's update, in request order (collective).
 
-        The replicated dense tables' gradients travel first, all in one exchange;
-        then the dynamic storages' gradients, all in one exchange.
+        The large replicated dense tables' gradients travel first, all in one
+        exchange; then the dynamic storages' gradients, all in one exchange, with the
+        small dense tables' packed gradients riding along.
         """
         small, dense = [], []
         for r, local_slots, grad in zip(requests, slots, grads):
             if r.storage.plan.trainable and r.storage.name not in self.sharded:
-                entry = (r, local_slots, grad.float() * self.grad_scale)
                 num_rows = r.storage.table.rows.shape[0]
                 fits = num_rows * (grad.shape[1] + 1) <= DENSE_REDUCE_MAX_ELEMENTS
-                (small if fits else dense).append(entry)
-        reduced = all_reduce_row_gradients_many(
-            [(r.storage.table.rows.shape[0], s, g) for r, s, g in small], self.ctx,
-            self.group, self.timer)
+                (small if fits else dense).append((r, local_slots, grad.float()))
+        dynamic = [(r, state, grad) for r, state, grad in zip(requests, states, grads)
+                   if r.storage.plan.trainable and r.storage.name in self.sharded]
+        # Small dense tables ride along in the dynamic storages' gradient exchange when
+        # there is one (every rank gets every rank's packed buffer and sums them), else
+        # they take one all-reduce.
+        ride = bool(small and dynamic)
+        if small and not ride:
+            reduced = all_reduce_row_gradients_many(
+                [(r.storage.table.rows.shape[0], s, g * self.grad_scale) for r, s, g in small],
+                self.ctx, self.group, self.timer)
+            for (r, _, _), (rows, summed) in zip(small, reduced):
+                r.storage.apply_gradients(rows, summed)
         known = [r.unique_per_rank for r, _, _ in dense]
         sizes = [list(row) for row in zip(*known)] \
             if dense and all(k is not None for k in known) else None
-        gathered = gather_sparse_gradients_many([(s, g) for _, s, g in dense], self.ctx,
-                                                self.group, self.timer, sizes)
-        for (r, _, _), (rows, summed) in zip(small + dense, reduced + gathered):
+        gathered = gather_sparse_gradients_many([(s, g * self.grad_scale) for _, s, g in dense],
+                                                self.ctx, self.group, self.timer, sizes)
+        for (r, _, _), (rows, summed) in zip(dense, gathered):
             r.storage.apply_gradients(rows, summed)
-        dynamic = [(r, state, grad) for r, state, grad in zip(requests, states, grads)
-                   if r.storage.plan.trainable and r.storage.name in self.sharded]
-        apply_gradients_many([self.sharded[r.storage.name] for r, _, _ in dynamic],
-                             [state for _, state, _ in dynamic],
-                             [grad for _, _, grad in dynamic], self.group,
-                             scale=self.grad_scale)
+        shared = pack_row_gradients([(r.storage.table.rows.shape[0], s, g)
+                                     for r, s, g in small]) if ride else None
+        summed = apply_gradients_many([self.sharded[r.storage.name] for r, _, _ in dynamic],
+                                      [state for _, state, _ in dynamic],
+                                      [grad for _, _, grad in dynamic], self.group,
+                                      scale=self.grad_scale, shared=shared)
+        if ride:
+            reduced = unpack_row_gradients(summed, [r.storage.table.rows.shape[0]
+                                                    for r, _, _ in small],
+                                           [g.shape[1] for _, _, g in small])
+            for (r, _, _), (rows, grad) in zip(small, reduced):
+                r.storage.apply_gradients(rows, grad)
 
 
 class _LookupAll(torch.autograd.Function):
