@@ -133,12 +133,11 @@ class ShardedLookups:
         exchange; then the dynamic storages' gradients, all in one exchange, with the
         small dense tables' packed gradients riding along.
         """
-        small, dense = [], []
+        small, large = [], []
         for r, local_slots, grad in zip(requests, slots, grads):
             if r.storage.plan.trainable and r.storage.name not in self.sharded:
-                num_rows = r.storage.table.rows.shape[0]
-                fits = num_rows * (grad.shape[1] + 1) <= DENSE_REDUCE_MAX_ELEMENTS
-                (small if fits else dense).append((r, local_slots, grad.float()))
+                fits = _num_rows(r) * (grad.shape[1] + 1) <= DENSE_REDUCE_MAX_ELEMENTS
+                (small if fits else large).append((r, local_slots, grad.float()))
         dynamic = [(r, state, grad) for r, state, grad in zip(requests, states, grads)
                    if r.storage.plan.trainable and r.storage.name in self.sharded]
         # Small dense tables ride along in the dynamic storages' gradient exchange when
@@ -146,30 +145,36 @@ class ShardedLookups:
         # they take one all-reduce.
         ride = bool(small and dynamic)
         if small and not ride:
-            reduced = all_reduce_row_gradients_many(
-                [(r.storage.table.rows.shape[0], s, g * self.grad_scale) for r, s, g in small],
-                self.ctx, self.group, self.timer)
-            for (r, _, _), (rows, summed) in zip(small, reduced):
-                r.storage.apply_gradients(rows, summed)
-        known = [r.unique_per_rank for r, _, _ in dense]
+            _apply_dense(small, all_reduce_row_gradients_many(
+                [(_num_rows(r), s, g * self.grad_scale) for r, s, g in small],
+                self.ctx, self.group, self.timer))
+        known = [r.unique_per_rank for r, _, _ in large]
         sizes = [list(row) for row in zip(*known)] \
-            if dense and all(k is not None for k in known) else None
-        gathered = gather_sparse_gradients_many([(s, g * self.grad_scale) for _, s, g in dense],
-                                                self.ctx, self.group, self.timer, sizes)
-        for (r, _, _), (rows, summed) in zip(dense, gathered):
-            r.storage.apply_gradients(rows, summed)
-        shared = pack_row_gradients([(r.storage.table.rows.shape[0], s, g)
-                                     for r, s, g in small]) if ride else None
+            if large and all(k is not None for k in known) else None
+        _apply_dense(large, gather_sparse_gradients_many(
+            [(s, g * self.grad_scale) for _, s, g in large], self.ctx, self.group,
+            self.timer, sizes))
+        shared = pack_row_gradients([(_num_rows(r), s, g) for r, s, g in small]) \
+            if ride else None
         summed = apply_gradients_many([self.sharded[r.storage.name] for r, _, _ in dynamic],
                                       [state for _, state, _ in dynamic],
                                       [grad for _, _, grad in dynamic], self.group,
                                       scale=self.grad_scale, shared=shared)
         if ride:
-            reduced = unpack_row_gradients(summed, [r.storage.table.rows.shape[0]
-                                                    for r, _, _ in small],
-                                           [g.shape[1] for _, _, g in small])
-            for (r, _, _), (rows, grad) in zip(small, reduced):
-                r.storage.apply_gradients(rows, grad)
+            _apply_dense(small, unpack_row_gradients(
+                summed, [_num_rows(r) for r, _, _ in small], [g.shape[1] for _, _, g in small]))
+
+
+def _num_rows(r: Request) -> int:
+    """Rows of a replicated dense storage (a table or a group of them)."""
+    return r.storage.table.rows.shape[0]
+
+
+def _apply_dense(entries: list[tuple], updates: list[tuple[torch.Tensor, torch.Tensor]]
+                 ) -> None:
+    """Each dense storage's optimizer step from its (rows, summed gradients)."""
+    for (r, _, _), (rows, summed) in zip(entries, updates):
+        r.storage.apply_gradients(rows, summed)
 
 
 class _LookupAll(torch.autograd.Function):
