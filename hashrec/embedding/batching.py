@@ -353,11 +353,7 @@ class PendingDedup:
         starts = [sum(widths[:i]) for i in range(len(widths))]
         # rows[i][r]: storage i's summary on rank r; every rank judges every rank's alike.
         rows = [[r[at:at + w] for r in ranks] for at, w in zip(starts, widths)]
-        count = len(self._firsts)
-        shared = self._rank is not None and not any(
-            _too_wide(s, per_rank[r], bool(ranks[r][len(ranks[r]) - count + i]))
-            for i, (s, per_rank) in enumerate(zip(self._firsts, rows))
-            for r in range(len(ranks)))
+        shared = self._rank is not None and self._all_final(rows, ranks)
         out = []
         for s, per_rank in zip(self._firsts, rows):
             summary = per_rank[self._rank or 0]
@@ -374,6 +370,15 @@ class PendingDedup:
                 batch.owner_counts = None
             out.append(batch)
         return out
+
+    def _all_final(self, rows: list[list[list[int]]], ranks: list[list[int]]) -> bool:
+        """Whether every rank's sizes of every storage are final (no narrow sort of any
+        rank met a too wide id); each rank's narrow flags end its gathered row."""
+        count = len(self._firsts)
+        narrow = [row[len(row) - count:] for row in ranks]
+        return not any(_too_wide(s, per_rank[r], bool(narrow[r][i]))
+                       for i, (s, per_rank) in enumerate(zip(self._firsts, rows))
+                       for r in range(len(ranks)))
 
 
 def _add_peer_sizes(batch: StorageBatch, s: _Sorted, per_rank: list[list[int]],
