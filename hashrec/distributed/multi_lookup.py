@@ -7,13 +7,17 @@ same per-table steps (route, serve on the owners, answer; the owners see exactly
 the keys, counts and gradients they would see table by table) but share the
 exchanges of all tables:
 
-* one size exchange for all tables; when the callers know the sizes on the host
-  (``TableRequest.send_counts``, counted by the collection's dedup one step
-  ahead) it reads nothing from the device, and owners on the fixed-size path
-  serve without a read either: the forward then never waits for the device;
+* at most one size exchange for all tables; when the callers know the sizes on
+  the host (``TableRequest.send_counts``, counted by the collection's dedup one
+  step ahead) it reads nothing from the device, and owners on the fixed-size path
+  serve without a read either: the forward then never waits for the device; when
+  they also know what each peer sends (``recv_counts``, which the collection's
+  ranks share on the device with the dedup), there is no size exchange at all;
 * one key exchange, one row exchange (forward) and one gradient exchange
   (backward), each a single all-to-all of a flat buffer that holds, for every
-  peer, each table's rows for that peer in table order.
+  peer, each table's rows for that peer in table order; the gradient exchange can
+  carry one more buffer that every rank sends to every rank and that comes back
+  summed (``apply_gradients_many(shared=...)``).
 
 Collective rule: every rank calls them with the same tables in the same order
 (with possibly zero keys), like :meth:`ShardedTable.lookup`.
