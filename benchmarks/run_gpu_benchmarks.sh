@@ -4,7 +4,7 @@
 # not shared between measurements), each under its own time limit so that one
 # failure does not stop the rest.
 # Usage: benchmarks/run_gpu_benchmarks.sh OUT_DIR
-# Steps: the GPU tests of the table and embedding kernels; generated data; both
+# Steps: the GPU tests (tables, embedding, distributed, training); generated data; both
 # example configs on 1 GPU, then on 2 GPUs (STEPS steps, default 1000; steady
 # state: the table growth and admission warm-up of the first WARMUP, default 400,
 # are left out); the host syncs per
