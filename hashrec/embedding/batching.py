@@ -19,6 +19,7 @@ by key followed by a stable sort by tag.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -350,7 +351,7 @@ class PendingDedup:
         flat = self._host.tolist()
         ranks = flat if self._rank is not None else [flat]
         widths = [s.summary.numel() for s in self._firsts]
-        starts = [sum(widths[:i]) for i in range(len(widths))]
+        starts = [0, *itertools.accumulate(widths)][:-1]
         # rows[i][r]: storage i's summary on rank r; every rank judges every rank's alike.
         rows = [[r[at:at + w] for r in ranks] for at, w in zip(starts, widths)]
         shared = self._rank is not None and self._all_final(rows, ranks)

@@ -156,6 +156,7 @@ class EmbeddingCollection(nn.Module):
                                             for spec in unit.plan.tables]
         self._sharded = ShardedLookups(sharded, dist, group, self.comm_timer) \
             if world > 1 else None
+        self._sharing = self._share_sizes()
         # Coming batches' ids and dedup started by ``prepare``: (kjt, ids, pending),
         # oldest first, at most ``_MAX_AHEAD``.
         self._ahead: list[tuple] = []
@@ -228,7 +229,7 @@ class EmbeddingCollection(nn.Module):
         before its own forward); the forward of a prepared batch drops it and any
         prepared before it, the forward of another batch leaves them.
 
-        Under several ranks this is a collective (``_share_sizes``): every rank
+        Under several ranks this is a collective (``_sharing``): every rank
         prepares the same number of batches in the same order.
         """
         self._check_input(kjt)
@@ -237,14 +238,14 @@ class EmbeddingCollection(nn.Module):
         picked = [i for i, s in enumerate(storages) if s.name not in self.zch_remappers]
         self._ahead.append((kjt, ids, start_dedup([self._dedup_entry(storages[i], ids[i])
                                                    for i in picked],
-                                                  self._share_sizes())))
+                                                  self._sharing)))
         del self._ahead[:-_MAX_AHEAD]
 
     def _share_sizes(self) -> SummaryGather | None:
         """Several ranks: the dedup's sizes are all-gathered on the device before they
         travel to the host, so the lookups and dense-table gradients of a prepared
         batch exchange no sizes (``prepare`` is then a collective, which the training
-        loop calls on every rank at the same point of every step)."""
+        loop calls on every rank at the same point of every step). Made once, at init."""
         if self._sharded is None:
             return None
         ctx, group = self._sharded.ctx, self._sharded.group

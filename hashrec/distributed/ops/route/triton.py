@@ -6,7 +6,7 @@ block's keys per owner, owner-major, so that one cumulative sum gives every
 block plus its rank among the block's keys of that owner, and writes the key, its
 integers and its position there. Two launches and a sum, where the reference
 takes a hash of about ten operators, a sort, a count, a stack and a gather.
-``owner_counts`` is the first pass with a mask, its block sums added up atomically.
+``owner_counts`` is the first pass over marked keys, its block sums added up atomically.
 """
 
 from __future__ import annotations
@@ -34,16 +34,24 @@ def _owners(keys_ptr, offs, mask, world):
 
 @fast_launch
 @triton.jit
-def _count_kernel(keys_ptr, counts_ptr, n, world, blocks,
+def _count_kernel(keys_ptr, marks_ptr, counts_ptr, n, world, blocks,
+                  MARKED: tl.constexpr, TOTAL: tl.constexpr,
                   BLOCK: tl.constexpr, WORLD: tl.constexpr):
+    """Keys per owner of each block (``MARKED``: only where ``marks`` is set): stored
+    owner-major, one cell per (owner, block), or with ``TOTAL`` added up in
+    ``counts[owner]`` (integer adds: the total does not depend on the blocks' order)."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     owner, _ = _owners(keys_ptr, offs, mask, world)
+    if MARKED:
+        mask = mask & (tl.load(marks_ptr + offs, mask=mask, other=0) != 0)
     ranks = tl.arange(0, WORLD)
-    hits = (owner[:, None] == ranks[None, :]) & mask[:, None]
-    tl.store(counts_ptr + ranks * blocks + pid, tl.sum(hits.to(tl.int64), axis=0),
-             mask=ranks < world)
+    per_owner = tl.sum(((owner[:, None] == ranks[None, :]) & mask[:, None]).to(tl.int64), axis=0)
+    if TOTAL:
+        tl.atomic_add(counts_ptr + ranks, per_owner, mask=ranks < world)
+    else:
+        tl.store(counts_ptr + ranks * blocks + pid, per_owner, mask=ranks < world)
 
 
 @fast_launch
@@ -84,8 +92,8 @@ def route_columns(keys: torch.Tensor, extras: list[torch.Tensor], world_size: in
     blocks, world = cdiv(n, _BLOCK), max(2, next_pow2(world_size))
     keys = keys.contiguous()
     block_counts = torch.empty(world_size * blocks, dtype=torch.int64, device=keys.device)
-    _count_kernel[(blocks,)](keys, block_counts, n, world_size, blocks,
-                             BLOCK=_BLOCK, WORLD=world)
+    _count_kernel[(blocks,)](keys, keys, block_counts, n, world_size, blocks, MARKED=False,
+                             TOTAL=False, BLOCK=_BLOCK, WORLD=world)
     ends = torch.cumsum(block_counts, 0)  # owner-major: (owner, block) ends its place
     order = torch.empty(n, dtype=torch.int64, device=keys.device)
     columns = torch.empty((n, 1 + len(extras)), dtype=torch.int64, device=keys.device)
@@ -98,27 +106,14 @@ def route_columns(keys: torch.Tensor, extras: list[torch.Tensor], world_size: in
     return order, columns, torch.cat([totals[:1], totals[1:] - totals[:-1]])
 
 
-@fast_launch
-@triton.jit
-def _masked_count_kernel(keys_ptr, mask_ptr, out_ptr, n, world,
-                         BLOCK: tl.constexpr, WORLD: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    owner, _ = _owners(keys_ptr, offs, mask, world)
-    counted = mask & (tl.load(mask_ptr + offs, mask=mask, other=0) != 0)
-    ranks = tl.arange(0, WORLD)
-    hits = (owner[:, None] == ranks[None, :]) & counted[:, None]
-    # Integer adds: the total does not depend on the order the blocks arrive in.
-    tl.atomic_add(out_ptr + ranks, tl.sum(hits.to(tl.int64), axis=0), mask=ranks < world)
-
-
 def owner_counts(keys: torch.Tensor, mask: torch.Tensor, world_size: int) -> torch.Tensor:
     """See ``reference.owner_counts``."""
     n = keys.numel()
     if n == 0 or world_size > _MAX_WORLD:
         return reference.owner_counts(keys, mask, world_size)
+    blocks = cdiv(n, _BLOCK)
     out = torch.zeros(world_size, dtype=torch.int64, device=keys.device)
-    _masked_count_kernel[(cdiv(n, _BLOCK),)](keys.contiguous(), mask.contiguous(), out, n,
-                                             world_size, BLOCK=_BLOCK,
-                                             WORLD=max(2, next_pow2(world_size)))
+    _count_kernel[(blocks,)](keys.contiguous(), mask.contiguous(), out, n, world_size, blocks,
+                             MARKED=True, TOTAL=True, BLOCK=_BLOCK,
+                             WORLD=max(2, next_pow2(world_size)))
     return out
