@@ -53,12 +53,25 @@ def _site() -> str:
     return f"{f.filename.split(os.sep + 'hashrec' + os.sep)[-1]}:{f.lineno} {f.name}"
 
 
+def _take(session, data: str, count: int) -> list:
+    """The first ``count`` training batches, over more than one epoch if need be."""
+    batches: list = []
+    while len(batches) < count:
+        before = len(batches)
+        for batch in session.loader(data, "train"):
+            batches.append(batch)
+            if len(batches) == count:
+                break
+        if len(batches) == before:
+            raise SystemExit(f"no training batches in {data}")
+    return batches
+
+
 def run(args) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("audit_syncs.py needs a CUDA device")
     session, loop = _session(args)
-    loader = iter(session.loader(args.data, "train"))
-    batches = [next(loader) for _ in range(args.warmup + args.steps)]
+    batches = _take(session, args.data, args.warmup + args.steps)
     # As in the training loop: copied ahead, the next batch's dedup started by the step.
     prefetcher = DevicePrefetcher(batches, session.device)
     it = iter(prefetcher)

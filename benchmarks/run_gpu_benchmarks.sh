@@ -48,7 +48,7 @@ step() {  # step NAME SECONDS COMMAND...
         --warmup_steps "$warmup" --out "$out/ab_gpu"
   fi
   CUDA_VISIBLE_DEVICES=0 step audit_syncs 60 python3 benchmarks/audit_syncs.py --data "$data" \
-      --config dynamicemb --warmup 120 --out "$out/syncs_gpu_dynamicemb"
+      --config dynamicemb --warmup 200 --out "$out/syncs_gpu_dynamicemb"
   for config in dynamicemb num_buckets; do
     CUDA_VISIBLE_DEVICES=0 step "profile_$config" 90 python3 benchmarks/profile_train_step.py \
         --data "$data" --config "$config" --warmup "$warmup" --steps 10 --sample_steps 100 --trace \

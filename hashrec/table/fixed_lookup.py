@@ -46,6 +46,11 @@ REFUSED_WARNING_INTERVAL_S = 60.0
 logger = logging.getLogger("hashrec.table.hash_table")
 
 
+def _no_seed() -> int:
+    """The seed of a captured lookup's random initializers: read on the device instead."""
+    return 0
+
+
 def _zero_inactive(values: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
     return values if active is None else torch.where(active.unsqueeze(1), values, 0.0)
 
@@ -58,8 +63,10 @@ class FixedSizeLookup:
     _refused_unread: torch.Tensor | None = None  # device-side count not yet read (WARNING)
     _refused_read_at = -math.inf
     _seed_sequence: random.Random | None = None  # seeds of in-kernel random initializers
-    # Counter sums not yet in _stats, by the tuple of counter names (_count_masks).
+    # Counter sums not yet in _stats, by the tuple of counter names (_add_device_counts).
     _device_counts: dict[tuple[str, ...], torch.Tensor] | None = None
+    # Captured training lookups (LookupGraphs); False where they are not used.
+    _lookup_graphs = None
 
     def _announce_refused(self, refused: int) -> None:
         """Raises (ERROR) or warns (WARNING: at most once a minute, with the count since
@@ -96,6 +103,38 @@ class FixedSizeLookup:
 
         ``active`` (u,) bool: only those keys (unique among themselves) take part; the
         others, which may repeat active ones, read as slot -1 and zero rows."""
+        from hashrec.table.ops.insert.train import finish_rows  # Triton only
+
+        if not train:
+            slots = find_slots(self.storage, keys, tags)
+            if active is not None:
+                slots = torch.where(active, slots, -1)
+            counted = {"hits": slots >= 0}
+            if active is None:
+                self._stats["lookups"] += slots.numel()
+            else:
+                counted["lookups"] = active
+            self._add_device_counts(*self._mask_sums(counted))
+            values = finish_rows(self.storage, keys, tags, slots, self.dim,
+                                 self._row_init(self._eval_initializer, keys, tags))
+            return slots, _zero_inactive(values, active)
+        graphs = self._graphs_for(keys)
+        replayed = graphs.lookup(keys, tags, counts, given, active) if graphs else None
+        if replayed is not None:
+            return replayed
+        slots, values, counted, refused = self._train_fixed(keys, tags, counts, given, active)
+        self._add_device_counts(*self._mask_sums(counted))
+        self._report_refused_fixed(refused)
+        return slots, values
+
+    def _train_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                     counts: torch.Tensor, given: torch.Tensor | None,
+                     active: torch.Tensor | None, seeds: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor],
+                                torch.Tensor | int]:
+        """The training lookup's device work: (slots, values, the counters' (u,) masks by
+        name, refused count). ``seeds`` (2,) int64 on the device: the random
+        initializers' seeds are read there (a captured lookup) instead of drawn."""
         from hashrec.table.ops.insert.train import finish_rows, protect_hits  # Triton only
 
         slots = find_slots(self.storage, keys, tags)
@@ -107,11 +146,6 @@ class FixedSizeLookup:
             self._stats["lookups"] += slots.numel()
         else:
             counted["lookups"] = active
-        if not train:
-            self._count_masks(counted)
-            values = finish_rows(self.storage, keys, tags, slots, self.dim,
-                                 self._row_init(self._eval_initializer, keys, tags))
-            return slots, _zero_inactive(values, active)
         mode, clock = self._hit_score_mode(given)
         # This call's hits are never evicted; they get their new scores at the end.
         hit_scores = protect_hits(self.storage, slots, counts, given, mode, clock)
@@ -126,30 +160,52 @@ class FixedSizeLookup:
             slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
         slots, placed, refused, evicted = self._insert_fixed(
             keys, tags, self._new_scores(counts, given), pending, slots, hit)
+        seed = self._kernel_seed if seeds is None else _no_seed
         values = finish_rows(
             self.storage, keys, tags, slots, self.dim,
-            self._row_init(self._train_missing_args(), keys, tags),
-            new=self._row_init(self._initializer, keys, tags), placed=placed, hit=hit,
-            hit_scores=hit_scores, state=self._state_row)
+            self._row_init(self._train_missing_args(), keys, tags, seed),
+            new=self._row_init(self._initializer, keys, tags, seed), placed=placed, hit=hit,
+            hit_scores=hit_scores, state=self._state_row, seeds=seeds)
         counted["inserts"] = placed
         if evicted is not None:
             counted["evictions"] = evicted
-        self._count_masks(counted)
-        self._report_refused_fixed(refused)
-        return slots, _zero_inactive(values, active)
+        return slots, _zero_inactive(values, active), counted, refused
 
-    def _count_masks(self, masks: dict[str, torch.Tensor]) -> None:
-        """Adds each (u,) bool mask's True count to the counter it names: one stack and
-        one sum for all of them, kept on the device until ``stats()`` reads them."""
-        names = tuple(masks)
-        sums = torch.stack(list(masks.values())).sum(1)
+    def _graphs_for(self, keys: torch.Tensor):
+        """The captured lookups (``LookupGraphs``) when this training lookup may replay
+        one: CUDA, at max_capacity, initial values computed in the kernel."""
+        from hashrec.table.lookup_graphs import LookupGraphs, graphs_enabled, padded_size
+        from hashrec.table.ops.insert.train import in_kernel
+
+        graphs = self._lookup_graphs
+        if graphs is None:
+            if not graphs_enabled(self.device):
+                self._lookup_graphs = False
+                return None
+            graphs = self._lookup_graphs = LookupGraphs(self)
+        if graphs is False or self.storage.num_buckets < self._max_buckets:
+            return None
+        n = padded_size(keys.numel())
+        if not all(in_kernel(args, n, self.dim)
+                   for args in (self._train_missing_args(), self._initializer)):
+            return None
+        return graphs if keys.numel() else None
+
+    @staticmethod
+    def _mask_sums(masks: dict[str, torch.Tensor]) -> tuple[tuple[str, ...], torch.Tensor]:
+        """(counter names, the (u,) bool masks' True counts): one stack and one sum."""
+        return tuple(masks), torch.stack(list(masks.values())).sum(1)
+
+    def _add_device_counts(self, names: tuple[str, ...], sums: torch.Tensor) -> None:
+        """Adds ``sums`` to the counters ``names``, kept on the device until ``stats()``
+        reads them."""
         if self._device_counts is None:
             self._device_counts = {}
         before = self._device_counts.get(names)
         self._device_counts[names] = sums if before is None else before + sums
 
     def _fold_device_counts(self) -> None:
-        """Moves the device-side counts of ``_count_masks`` into ``_stats`` (one read
+        """Moves the device-side counts of ``_add_device_counts`` into ``_stats`` (one read
         per set of counter names)."""
         for names, sums in (self._device_counts or {}).items():
             for name, value in zip(names, sums.tolist()):
@@ -166,12 +222,14 @@ class FixedSizeLookup:
             return SCORE_LFU, 0
         return SCORE_CLOCK, self._clock()
 
-    def _row_init(self, args: InitializerArgs, keys: torch.Tensor, tags: torch.Tensor | None):
+    def _row_init(self, args: InitializerArgs, keys: torch.Tensor, tags: torch.Tensor | None,
+                  seed=None):
         """``finish_rows``' form of an initializer for this batch (random modes draw a
-        fresh kernel seed from the table's seed sequence)."""
+        fresh kernel seed from ``seed``, by default the table's seed sequence)."""
         from hashrec.table.ops.insert.train import init_spec
 
-        return init_spec(args, keys, tags, self.dim, self._kernel_seed, self._generator)
+        return init_spec(args, keys, tags, self.dim, seed or self._kernel_seed,
+                         self._generator)
 
     def _kernel_seed(self) -> int:
         """Next seed of the in-kernel random initializers: a host-side sequence (no device

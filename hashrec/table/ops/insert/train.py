@@ -144,21 +144,33 @@ class RowInit(NamedTuple):
     given: torch.Tensor | None = None
 
 
+def draws_seed(args: InitializerArgs, n: int, dim: int) -> bool:
+    """Whether ``init_spec`` of ``args`` for n keys draws a seed: UNIFORM and NORMAL
+    without ``key_seed`` (Philox in the kernel; its offsets are 32-bit)."""
+    return (args.mode in (InitializerMode.UNIFORM, InitializerMode.NORMAL)
+            and args.key_seed is None and n * dim < 2 ** 31)
+
+
+def in_kernel(args: InitializerArgs, n: int, dim: int) -> bool:
+    """Whether ``finish_rows`` computes ``args``' values for n keys itself (no
+    ``initial_values`` tensor computed ahead)."""
+    return (args.mode is InitializerMode.CONSTANT or draws_seed(args, n, dim)
+            or (args.mode is InitializerMode.UNIFORM and args.key_seed is not None))
+
+
 def init_spec(args: InitializerArgs, keys: torch.Tensor, tags: torch.Tensor | None, dim: int,
               seed: Callable[[], int], generator: torch.Generator | None) -> RowInit:
     """The kernel form of ``args`` for a batch of u keys; ``seed()`` gives the random
     modes their seed; ``generator`` serves ``initial_values`` for the other modes."""
-    n = keys.numel()
     mode = args.mode
     if mode is InitializerMode.CONSTANT:
         return RowInit(_CONSTANT, float(args.value))
-    random_ok = args.key_seed is None and n * dim < 2 ** 31  # Philox offsets are 32-bit
     if mode is InitializerMode.UNIFORM and args.key_seed is not None:
         return RowInit(_HASHED_UNIFORM, args.upper - args.lower, args.lower,
                        args.key_seed * _SEED_STRIDE & ((1 << 63) - 1))
-    if mode is InitializerMode.UNIFORM and random_ok:
-        return RowInit(_RANDOM_UNIFORM, args.upper - args.lower, args.lower, seed())
-    if mode is InitializerMode.NORMAL and random_ok:
+    if draws_seed(args, keys.numel(), dim):
+        if mode is InitializerMode.UNIFORM:
+            return RowInit(_RANDOM_UNIFORM, args.upper - args.lower, args.lower, seed())
         return RowInit(_RANDOM_NORMAL, args.std_dev, args.mean, seed())
     return RowInit(_GIVEN, given=initial_values(args, keys, tags, dim, torch.float32, generator))
 
@@ -192,12 +204,17 @@ def _initial(MODE: tl.constexpr, given_ptr, i, col, valid, key, tag, a, b, seed,
 @triton.jit
 def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_scores_ptr, values,
                    t_scores, state_ptr, out_ptr, new_given, miss_given, n, new_a, new_b,
-                   new_seed, miss_a, miss_b, miss_seed, HAS_TAGS: tl.constexpr,
-                   WRITES: tl.constexpr, HAS_STATE: tl.constexpr, NEW_MODE: tl.constexpr,
+                   new_seed, miss_a, miss_b, miss_seed, seeds_ptr, HAS_TAGS: tl.constexpr,
+                   SEEDS_IN_MEMORY: tl.constexpr, WRITES: tl.constexpr, HAS_STATE: tl.constexpr, NEW_MODE: tl.constexpr,
                    MISS_MODE: tl.constexpr, DIM: tl.constexpr, ROW_DIM: tl.constexpr,
                    ROW_P2: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
+    if SEEDS_IN_MEMORY:  # random modes' seeds (missing, new), written before a graph replay
+        if MISS_MODE >= 3:
+            miss_seed = tl.load(seeds_ptr)
+        if NEW_MODE >= 3:
+            new_seed = tl.load(seeds_ptr + 1)
     slot = tl.load(slots_ptr + i, mask=mask, other=-1)
     missing = mask & (slot < 0)
     if WRITES:
@@ -235,13 +252,18 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
                 slots: torch.Tensor, dim: int, missing: RowInit, new: RowInit | None = None,
                 placed: torch.Tensor | None = None, hit: torch.Tensor | None = None,
                 hit_scores: torch.Tensor | None = None,
-                state: torch.Tensor | None = None) -> torch.Tensor:
+                state: torch.Tensor | None = None,
+                seeds: torch.Tensor | None = None) -> torch.Tensor:
     """Embeddings (u, dim) float32 of the keys at ``slots`` (-1: read ``missing``).
 
     With ``new`` (a training lookup), also in the same launch: the rows of ``placed``
     (u,) bool keys get ``new`` initial values (stored in the table's dtype, and read
     back as stored) and ``state`` (row_dim - dim,) in the optimizer columns; the
     scores of ``hit`` (u,) bool keys become ``hit_scores``.
+
+    ``seeds`` (2,) int64 on the device, when given, replaces the seeds of ``missing``
+    and ``new`` (in that order) where their mode is random: the kernel reads them
+    when it runs, so a captured launch takes new seeds at every replay.
     """
     n, row_dim = keys.numel(), storage.row_dim
     out = torch.empty(n, dim, dtype=torch.float32, device=keys.device)
@@ -259,11 +281,13 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         new.given if new.given is not None else out,
         missing.given if missing.given is not None else out, n, float(new.a), float(new.b),
         int(new.seed), float(missing.a), float(missing.b), int(missing.seed),
-        HAS_TAGS=tags is not None, WRITES=writes, HAS_STATE=state is not None,
+        seeds if seeds is not None else out, HAS_TAGS=tags is not None,
+        SEEDS_IN_MEMORY=seeds is not None, WRITES=writes, HAS_STATE=state is not None,
         NEW_MODE=new.mode, MISS_MODE=missing.mode, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,
         BLOCK=block)
     return out
 
 
 __all__ = ["SCORE_CLOCK", "SCORE_GIVEN", "SCORE_LFU", "Counted", "RowInit",
-           "count_admission", "finish_rows", "init_spec", "protect_hits"]
+           "count_admission", "draws_seed", "finish_rows", "in_kernel", "init_spec",
+           "protect_hits"]

@@ -1,0 +1,205 @@
+"""Captured training lookups: the fixed-size lookup at max_capacity as CUDA graphs.
+
+A training lookup of a dynamic table is some fifty launches (find, protection of
+the hits, the admission count and the counter's upsert, the table's upsert with
+its sort, the rows), each issued from Python; a training step on one GPU is bound
+by that host time. Once the table is at max_capacity it no longer grows, and the
+lookup's work depends on its key count u alone. ``LookupGraphs`` pads u to a size
+class, captures the lookup of that size once as a CUDA graph and replays it: the
+keys, counts and a few scalars are copied into the graph's input buffers, one
+replay, and the outputs copied out.
+
+The results equal the eager lookup's, bit for bit: a replay runs the same kernels
+on the padded batch, whose extra keys are inactive (never found, counted nor
+inserted, like ``lookup(active=...)``); the random initializers' seeds are drawn
+on the host in the eager order and read by the kernel from the device; the clock
+of STEP / TIMESTAMP scores is a device value; and a key's Philox offset depends on
+its position, which padding keeps.
+
+When: on CUDA (not under the interpreter), at max_capacity, with initial values
+the kernel computes itself (CONSTANT, UNIFORM, NORMAL), from the second lookup of
+a size class on; at most ``MAX_GRAPHS`` size classes, the least recently used
+dropped. A new storage (a growth, a restore) drops every graph. A failed capture
+is logged once and later lookups stay eager. ``HASHREC_LOOKUP_GRAPHS=0`` turns
+graphs off.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+
+import torch
+
+from hashrec.table.ops.insert.train import draws_seed
+from hashrec.table.ops.launch import cdiv, next_pow2
+from hashrec.table.options import ScoreStrategy
+
+logger = logging.getLogger("hashrec.table.hash_table")
+
+MAX_GRAPHS = 4
+CAPTURE_AFTER = 2  # lookups of a size class before it is captured
+# Size classes: u rounded up to a multiple of max(MIN_STEP, u's power of two / 16).
+MIN_STEP = 1024
+
+
+def graphs_enabled(device: torch.device) -> bool:
+    """Whether training lookups on ``device`` may be captured (see the module docstring)."""
+    return (device.type == "cuda" and os.environ.get("HASHREC_LOOKUP_GRAPHS", "1") != "0"
+            and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+
+
+def padded_size(n: int) -> int:
+    """The size class of a lookup of n keys: at most 1/16 (or MIN_STEP keys) more."""
+    step = max(MIN_STEP, next_pow2(n) >> 4)
+    return cdiv(n, step) * step
+
+
+def _identity(part) -> tuple | None:
+    """What tells a storage (or tensor) from its successor: its id and device addresses."""
+    if part is None:
+        return None
+    if isinstance(part, torch.Tensor):
+        return id(part), part.data_ptr()
+    return id(part), part.keys.data_ptr(), part.values.data_ptr()
+
+
+class _Lookup:
+    """One size class's input buffers, graph and outputs."""
+
+    __slots__ = ("size", "keys", "tags", "counts", "given", "active", "clocked", "scalars",
+                 "graph", "out", "names")
+
+    def __init__(self, size: int, device: torch.device, tagged: bool, given: bool,
+                 active: bool, clocked: bool) -> None:
+        self.size = size
+        self.keys = torch.zeros(size, dtype=torch.int64, device=device)
+        self.tags = torch.zeros(size, dtype=torch.int32, device=device) if tagged else None
+        self.counts = torch.ones(size, dtype=torch.int64, device=device)
+        self.given = torch.zeros(size, dtype=torch.int64, device=device) if given else None
+        self.active = torch.zeros(size, dtype=torch.bool, device=device) if active else None
+        self.clocked = clocked
+        # u, the missing and new rows' seeds, the clock; u = 0 (all inactive) until fed.
+        self.scalars = torch.zeros(4, dtype=torch.int64, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: tuple | None = None
+        self.names: tuple[str, ...] = ()
+
+
+class LookupGraphs:
+    """The captured training lookups of one ``HashTable`` (module docstring).
+
+    ``capture=False`` runs the padded lookup eagerly instead of replaying a graph
+    (the same buffers and kernels; what the CPU tests check)."""
+
+    def __init__(self, table, capture: bool = True, after: int = CAPTURE_AFTER) -> None:
+        self._table = table
+        self._capture = capture
+        self._after = after
+        self._lookups: collections.OrderedDict[tuple, _Lookup] = collections.OrderedDict()
+        self._seen: collections.Counter[tuple] = collections.Counter()
+        self._owner: tuple | None = None
+        self._failed = False
+        self.replays = 0  # lookups served by this object (replayed, or padded when not capturing)
+
+    def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
+               given: torch.Tensor | None, active: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``_lookup_fixed``'s training lookup replayed, or None: look up eagerly."""
+        if self._failed or (self._capture and torch.cuda.is_current_stream_capturing()):
+            return None
+        self._check_owner()
+        clocked = given is None and self._table.options.score_strategy not in (
+            ScoreStrategy.LFU, ScoreStrategy.CUSTOMIZED)
+        key = (padded_size(keys.numel()), tags is not None, given is not None,
+               active is not None, clocked)
+        entry = self._lookups.get(key)
+        if entry is None:
+            self._seen[key] += 1
+            if self._seen[key] < self._after:
+                return None
+            entry = self._build(key)
+            if entry is None:
+                return None
+        self._lookups.move_to_end(key)
+        return self._replay(entry, keys, tags, counts, given, active)
+
+    def _check_owner(self) -> None:
+        """Drops every graph when the table's storage (or counter, or state row) is new."""
+        table = self._table
+        counter = table._counter
+        owner = (_identity(table.storage), _identity(table._state_row),
+                 _identity(counter.storage if counter is not None else None))
+        if owner != self._owner:
+            self._lookups.clear()
+            self._seen.clear()
+            self._owner = owner
+
+    def _core(self, entry: _Lookup) -> tuple:
+        """The lookup of a size class on its buffers: what a graph captures."""
+        table = self._table
+        active = torch.arange(entry.size, device=entry.keys.device) < entry.scalars[0]
+        if entry.active is not None:
+            active = active & entry.active
+        given = entry.given
+        if entry.clocked:  # every key's score is the clock (given scores of one value)
+            given = entry.scalars[3:].expand(entry.size).contiguous()
+        slots, values, counted, refused = table._train_fixed(
+            entry.keys, entry.tags, entry.counts, given, active, seeds=entry.scalars[1:3])
+        entry.names, sums = table._mask_sums(counted)
+        return slots, values, sums, refused
+
+    def _build(self, key: tuple) -> _Lookup | None:
+        """A size class's buffers and, with ``capture``, its graph (None: the capture
+        failed; logged once, later lookups stay eager)."""
+        size, tagged, given, active, clocked = key
+        device = self._table.device
+        entry = _Lookup(size, device, tagged, given, active, clocked)
+        if self._capture:
+            try:
+                current = torch.cuda.current_stream(device)
+                side = torch.cuda.Stream(device)
+                side.wait_stream(current)
+                with torch.cuda.stream(side):  # compiles the kernels; u = 0 writes nothing
+                    self._core(entry)
+                current.wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    entry.out = self._core(entry)
+                entry.graph = graph
+            except Exception as error:  # noqa: BLE001 - any failure: stay eager
+                self._failed = True
+                logger.warning("table %r: capturing its training lookup as a CUDA graph "
+                               "failed (%s); its lookups run eagerly",
+                               self._table.options.name, error)
+                return None
+        self._lookups[key] = entry
+        while len(self._lookups) > MAX_GRAPHS:
+            self._lookups.popitem(last=False)
+        return entry
+
+    def _replay(self, entry: _Lookup, keys: torch.Tensor, tags: torch.Tensor | None,
+                counts: torch.Tensor, given: torch.Tensor | None,
+                active: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        table, n = self._table, keys.numel()
+        self.replays += 1
+        for buffer, value in ((entry.keys, keys), (entry.tags, tags), (entry.counts, counts),
+                              (entry.given, given), (entry.active, active)):
+            if buffer is not None:
+                buffer[:n].copy_(value)
+        # Seeds drawn as the eager lookup draws them: the missing rows', then the new.
+        seeds = [table._kernel_seed() if draws_seed(args, n, table.dim) else 0
+                 for args in (table._train_missing_args(), table._initializer)]
+        clock = table._clock() if entry.clocked else 0
+        entry.scalars.copy_(torch.tensor([n, *seeds, clock]), non_blocking=True)
+        if self._capture:
+            entry.graph.replay()
+            slots, values, sums, refused = entry.out
+        else:
+            slots, values, sums, refused = self._core(entry)
+        # The outputs are the graph's own buffers, rewritten by the next replay.
+        table._add_device_counts(entry.names, sums.clone())
+        table._report_refused_fixed(refused.clone() if isinstance(refused, torch.Tensor)
+                                    else refused)
+        return slots[:n].clone(), values[:n].clone()

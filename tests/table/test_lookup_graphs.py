@@ -1,0 +1,174 @@
+"""Captured training lookups (``hashrec.table.lookup_graphs``) against the eager lookup.
+
+On CPU the padded lookup runs without capture (``capture=False``) under the
+interpreter: the same input buffers, padding, device-side seeds and clock as a
+replay. On the GPU (``gpu`` marker) the lookups are captured and replayed. Either
+way a table must give what its eager twin gives, bit for bit: slots, values,
+stats, stored entries, admission counters, seed sequence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="triton is not installed")
+
+from hashrec.table import HashTable, SparseAdagrad, TableOptions  # noqa: E402
+from hashrec.table.lookup_graphs import (  # noqa: E402
+    MIN_STEP,
+    LookupGraphs,
+    graphs_enabled,
+    padded_size,
+)
+from hashrec.table.ops import dispatch  # noqa: E402
+from hashrec.table.options import AdmissionOptions, InitializerArgs  # noqa: E402
+
+HASHED = InitializerArgs(mode="UNIFORM", key_seed=3)
+RANDOM = InitializerArgs(mode="NORMAL", std_dev=0.2)
+
+
+@contextlib.contextmanager
+def _forced_triton():
+    dispatch._forced.cache_clear()
+    os.environ["HASHREC_FORCE_TRITON"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("HASHREC_FORCE_TRITON", None)
+        dispatch._forced.cache_clear()
+
+
+def _options(strategy: str, initializer: InitializerArgs, scale: int = 1,
+             device: str = "cpu") -> TableOptions:
+    """A table that reaches max_capacity in its first lookups, then evicts."""
+    admission_init = InitializerArgs(mode="UNIFORM", lower=-1.0, upper=1.0,
+                                     key_seed=None if initializer is RANDOM else 9)
+    return TableOptions(
+        dim=4, max_capacity=64 * scale, init_capacity=32 * scale, bucket_capacity=8,
+        score_strategy=strategy, check_mode="IGNORE", seed=1, initializer=initializer,
+        optimizer=SparseAdagrad(lr=0.1, initial_accumulator_value=0.25), device=device,
+        admission=AdmissionOptions(threshold=2, counter_capacity=48 * scale,
+                                   counter_bucket_capacity=8, initializer=admission_init))
+
+
+def _batches(steps: int, keys_per_batch: int, key_range: int, tagged: bool, masked: bool,
+             device: str):
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(steps):
+        keys = torch.randint(0, key_range, (keys_per_batch,), generator=gen)
+        tags = torch.randint(0, 2, keys.shape, generator=gen, dtype=torch.int32)
+        pairs = torch.unique(keys * 2 + (tags if tagged else 0))
+        keys = pairs // 2
+        tags = (pairs % 2).to(torch.int32) if tagged else None
+        counts = torch.randint(1, 3, keys.shape, generator=gen)
+        scores = torch.randint(0, 9, keys.shape, generator=gen)
+        active = torch.rand(keys.shape, generator=gen) < 0.8 if masked else None
+        to = lambda t: None if t is None else t.to(device)  # noqa: E731
+        yield to(keys), to(tags), to(counts), to(scores), to(active)
+
+
+def _state(table: HashTable) -> tuple:
+    stored = {(k, t): (r.tolist(), s) for keys, tags, rows, scores in table.export_state(4096)
+              for k, t, r, s in zip(keys.tolist(), tags.tolist(), rows, scores.tolist())}
+    counters = sorted(zip(*(c.tolist() for c in table.admission_state())))
+    return table.stats(), stored, counters, table._kernel_seed()
+
+
+def _compare(options: TableOptions, capture: bool, tagged: bool = False, masked: bool = False,
+             steps: int = 8, keys_per_batch: int = 60, key_range: int = 160) -> LookupGraphs:
+    """Runs a table with LookupGraphs and its eager twin on the same batches; asserts
+    they agree at every step and at the end."""
+    context = contextlib.nullcontext() if capture else _forced_triton()
+    with context:
+        eager, padded = HashTable(options), HashTable(options)
+        eager._lookup_graphs = False
+        padded._lookup_graphs = graphs = LookupGraphs(padded, capture=capture)
+        custom = options.score_strategy.value == "CUSTOMIZED"
+        for step, (keys, tags, counts, scores, active) in enumerate(
+                _batches(steps, keys_per_batch, key_range, tagged, masked, str(options.device))):
+            looked = []
+            for table in (eager, padded):
+                table.advance_step()
+                looked.append(table.lookup(keys, tags, train=True, counts=counts,
+                                           scores=scores if custom else None, active=active))
+            (want, got) = looked
+            assert torch.equal(got.slots, want.slots), f"step {step}"
+            assert torch.equal(got.values, want.values), f"step {step}"
+        assert _state(padded) == _state(eager)
+    return graphs
+
+
+@pytest.fixture
+def small_classes(monkeypatch):
+    """Size classes of 16 keys: the interpreter runs a program per padded key."""
+    monkeypatch.setattr("hashrec.table.lookup_graphs.MIN_STEP", 16)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "active_mask"])
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+@pytest.mark.parametrize("initializer", [HASHED, RANDOM], ids=["hashed", "random"])
+@pytest.mark.parametrize("strategy", ["STEP", "LFU", "CUSTOMIZED", "NO_EVICTION"])
+def test_padded_lookup_equals_eager(small_classes, strategy, initializer, tagged, masked):
+    graphs = _compare(_options(strategy, initializer), capture=False, tagged=tagged,
+                      masked=masked)
+    # The table is at max_capacity from the second lookup on; each size class is
+    # padded from its second lookup on.
+    assert graphs.replays >= 3
+
+
+def test_no_padded_lookup_below_max_capacity_or_for_computed_initializers(small_classes):
+    options = dataclasses.replace(_options("LFU", HASHED), max_capacity=4096)
+    assert _compare(options, capture=False).replays == 0
+    options = _options("LFU", InitializerArgs(mode="TRUNCATED_NORMAL", std_dev=0.3))
+    assert _compare(options, capture=False).replays == 0
+
+
+def test_size_classes():
+    for n in [1, 5, 1023, 1024, 1025, 30_000, 65_536, 65_537, 400_001, 3_000_000]:
+        size = padded_size(n)
+        assert n <= size <= n + max(MIN_STEP, n // 8)
+        assert padded_size(size) == size
+    sizes = {padded_size(n) for n in range(300_000, 320_000)}
+    assert len(sizes) <= 2
+
+
+def test_graphs_only_on_cuda(monkeypatch):
+    assert not graphs_enabled(torch.device("cpu"))
+    monkeypatch.setenv("HASHREC_LOOKUP_GRAPHS", "0")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not graphs_enabled(torch.device("cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("initializer", [HASHED, RANDOM], ids=["hashed", "random"])
+@pytest.mark.parametrize("strategy", ["STEP", "LFU", "CUSTOMIZED", "NO_EVICTION"])
+def test_replayed_lookup_equals_eager_on_gpu(strategy, initializer):
+    graphs = _compare(_options(strategy, initializer, scale=512, device="cuda"), capture=True,
+                      tagged=True, masked=strategy == "LFU", steps=12, keys_per_batch=20_000,
+                      key_range=120_000)
+    assert graphs.replays >= 6
+    assert all(entry.graph is not None for entry in graphs._lookups.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_new_storage_drops_the_graphs_on_gpu():
+    table = HashTable(_options("LFU", HASHED, scale=512, device="cuda"))
+    batches = list(_batches(5, 20_000, 120_000, False, False, "cuda"))
+    for keys, _, counts, _, _ in batches[:4]:
+        table.lookup(keys, train=True, counts=counts)
+    graphs = table._lookup_graphs
+    assert isinstance(graphs, LookupGraphs) and graphs.replays > 0 and graphs._lookups
+    replays = graphs.replays
+    table._rehash(table.storage.num_buckets)  # a new storage of the same size
+    keys, _, counts, _, _ = batches[4]
+    table.lookup(keys, train=True, counts=counts)
+    assert graphs.replays == replays and not graphs._lookups
