@@ -174,7 +174,12 @@ class FixedSizeLookup:
     def _graphs_for(self, keys: torch.Tensor):
         """The captured lookups (``LookupGraphs``) when this training lookup may replay
         one: CUDA, at max_capacity, initial values computed in the kernel."""
-        from hashrec.table.lookup_graphs import LookupGraphs, graphs_enabled, padded_size
+        from hashrec.table.lookup_graphs import (
+            MAX_KEYS,
+            LookupGraphs,
+            graphs_enabled,
+            padded_size,
+        )
         from hashrec.table.ops.insert.train import in_kernel
 
         graphs = self._lookup_graphs
@@ -186,7 +191,7 @@ class FixedSizeLookup:
         if graphs is False or self.storage.num_buckets < self._max_buckets:
             return None
         n = padded_size(keys.numel())
-        if not all(in_kernel(args, n, self.dim)
+        if n > MAX_KEYS or not all(in_kernel(args, n, self.dim)
                    for args in (self._train_missing_args(), self._initializer)):
             return None
         return graphs if keys.numel() else None

@@ -18,10 +18,10 @@ its position, which padding keeps.
 
 When: on CUDA (not under the interpreter), at max_capacity, with initial values
 the kernel computes itself (CONSTANT, UNIFORM, NORMAL), from the second lookup of
-a size class on; at most ``MAX_GRAPHS`` size classes, the least recently used
-dropped. A new storage (a growth, a restore) drops every graph. A failed capture
-is logged once and later lookups stay eager. ``HASHREC_LOOKUP_GRAPHS=0`` turns
-graphs off.
+a size class on, up to ``MAX_KEYS`` keys; at most ``MAX_GRAPHS`` size classes, the
+least recently used dropped. A new storage (a growth, a restore) drops every
+graph. A failed capture is logged once and later lookups stay eager.
+``HASHREC_LOOKUP_GRAPHS=0`` turns graphs off.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ from hashrec.table.options import ScoreStrategy
 logger = logging.getLogger("hashrec.table.hash_table")
 
 MAX_GRAPHS = 4
+# Larger lookups stay eager: their launches are a small part of their time, and a
+# graph's buffers grow with the size (a few hundred bytes a key).
+MAX_KEYS = 1 << 22
 CAPTURE_AFTER = 2  # lookups of a size class before it is captured
 # Size classes: u rounded up to a multiple of max(MIN_STEP, u's power of two / 16).
 MIN_STEP = 1024

@@ -130,6 +130,11 @@ def test_no_padded_lookup_below_max_capacity_or_for_computed_initializers(small_
     assert _compare(options, capture=False).replays == 0
 
 
+def test_no_padded_lookup_above_max_keys(small_classes, monkeypatch):
+    monkeypatch.setattr("hashrec.table.lookup_graphs.MAX_KEYS", 32)
+    assert _compare(_options("LFU", HASHED), capture=False).replays == 0
+
+
 def test_size_classes():
     for n in [1, 5, 1023, 1024, 1025, 30_000, 65_536, 65_537, 400_001, 3_000_000]:
         size = padded_size(n)
