@@ -54,6 +54,7 @@ from hashrec.train.distributed import global_table_counters, min_over_ranks
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import evaluate, write_eval_result
 from hashrec.train.graphs import DenseGraphs
+from hashrec.train.placement import gil_switch_interval
 from hashrec.train.prefetch import DevicePrefetcher, EpochStream
 from hashrec.train.progress import ProgressLog, table_counters
 from hashrec.train.summaries import Summaries
@@ -154,7 +155,7 @@ class TrainLoop:
         self.session.model.train()
         result = None
         try:
-            with self.collections:
+            with self.collections, gil_switch_interval(self.session.device.type):
                 while not self.done():
                     result = self.run_epoch(train_input_path) or result
                     self.collections.full()

@@ -13,8 +13,10 @@ rank's share, and its loader workers run on the rest of that share.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 from dataclasses import dataclass
 
 logger = logging.getLogger("hashrec.train")
@@ -74,3 +76,39 @@ def _ranges(cores: tuple[int, ...]) -> str:
             spans.append(str(start) if start == core else f"{start}-{core}")
             start = None
     return ",".join(spans)
+
+
+# The training thread's longest wait for the GIL on a GPU, in milliseconds
+# (``benchmarks/results/gil_switch_interval_gpu.md``); Python's own is 5.
+GPU_SWITCH_INTERVAL_MS = 0.5
+
+
+@contextlib.contextmanager
+def gil_switch_interval(device_type: str):
+    """While training: ``sys.setswitchinterval`` to ``HASHREC_SWITCH_INTERVAL_MS``
+    milliseconds, by default ``GPU_SWITCH_INTERVAL_MS`` on a GPU and Python's own
+    elsewhere; restored after.
+
+    The training thread releases the GIL in every PyTorch op; when the pin-memory
+    thread takes it meanwhile, the training thread waits to get it back until that
+    thread blocks or its switch interval passes. On a GPU, where the step is bound
+    by the training thread's launches, a shorter interval trims those waits."""
+    value = os.environ.get("HASHREC_SWITCH_INTERVAL_MS", "")
+    if not value:
+        value = str(GPU_SWITCH_INTERVAL_MS) if device_type == "cuda" else ""
+    if not value:
+        yield
+        return
+    try:
+        interval = float(value) / 1000
+        if not interval > 0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"HASHREC_SWITCH_INTERVAL_MS={value!r}: expected milliseconds > 0")\
+            from None
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)

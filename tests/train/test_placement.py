@@ -1,11 +1,17 @@
-"""CPU placement of a GPU training process and its loader workers."""
+"""CPU placement of a GPU training process and its loader workers; the GIL switch interval."""
 
 import os
+import sys
 
 import pytest
 
 from hashrec.train import placement
-from hashrec.train.placement import CpuPlacement, plan_cpu_placement
+from hashrec.train.placement import (
+    GPU_SWITCH_INTERVAL_MS,
+    CpuPlacement,
+    gil_switch_interval,
+    plan_cpu_placement,
+)
 
 
 def test_one_rank_keeps_a_quarter_of_the_cores_for_itself():
@@ -42,3 +48,27 @@ def test_placing_the_process_sets_its_cores_and_can_be_turned_off(monkeypatch):
 
 def test_core_ranges_read_compactly():
     assert placement._ranges((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11"
+
+
+def test_switch_interval_is_shorter_on_a_gpu_and_restored(monkeypatch):
+    monkeypatch.delenv("HASHREC_SWITCH_INTERVAL_MS", raising=False)
+    before = sys.getswitchinterval()
+    with gil_switch_interval("cuda"):
+        assert sys.getswitchinterval() == pytest.approx(GPU_SWITCH_INTERVAL_MS / 1000)
+    assert sys.getswitchinterval() == before
+    with gil_switch_interval("cpu"):
+        assert sys.getswitchinterval() == before
+    monkeypatch.setenv("HASHREC_SWITCH_INTERVAL_MS", "2")
+    with pytest.raises(RuntimeError, match="inside"):
+        with gil_switch_interval("cpu"):
+            assert sys.getswitchinterval() == pytest.approx(0.002)
+            raise RuntimeError("inside")
+    assert sys.getswitchinterval() == before
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "fast"])
+def test_bad_switch_interval_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv("HASHREC_SWITCH_INTERVAL_MS", value)
+    with pytest.raises(ValueError, match="HASHREC_SWITCH_INTERVAL_MS"):
+        with gil_switch_interval("cuda"):
+            pass
