@@ -161,15 +161,16 @@ class LookupGraphs:
         entry = _Lookup(size, device, tagged, given, active, clocked)
         if self._capture:
             try:
-                current = torch.cuda.current_stream(device)
-                side = torch.cuda.Stream(device)
-                side.wait_stream(current)
-                with torch.cuda.stream(side):  # compiles the kernels; u = 0 writes nothing
-                    self._core(entry)
-                current.wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                    entry.out = self._core(entry)
+                with torch.cuda.device(device):  # the capture's streams on the table's GPU
+                    current = torch.cuda.current_stream()
+                    side = torch.cuda.Stream()
+                    side.wait_stream(current)
+                    with torch.cuda.stream(side):  # compiles the kernels; u = 0 writes nothing
+                        self._core(entry)
+                    current.wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                        entry.out = self._core(entry)
                 entry.graph = graph
             except Exception as error:  # noqa: BLE001 - any failure: stay eager
                 self._failed = True
