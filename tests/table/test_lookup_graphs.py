@@ -111,8 +111,8 @@ def small_classes(monkeypatch):
     monkeypatch.setattr("hashrec.table.lookup_graphs.MIN_STEP", 16)
 
 
-@pytest.mark.parametrize("masked", [False, True], ids=["all", "active_mask"])
-@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+@pytest.mark.parametrize("tagged,masked", [(False, False), (True, True)],
+                         ids=["untagged", "tagged_active_mask"])
 @pytest.mark.parametrize("initializer", [HASHED, RANDOM], ids=["hashed", "random"])
 @pytest.mark.parametrize("strategy", ["STEP", "LFU", "CUSTOMIZED", "NO_EVICTION"])
 def test_padded_lookup_equals_eager(small_classes, strategy, initializer, tagged, masked):
