@@ -9,13 +9,17 @@ tree's median samples/s per config and the ratio of each tree to the first.
 
 A tree is a directory holding a ``hashrec`` package, ``examples/`` and
 ``benchmarks/``: the working tree itself (``.``) or an exported revision
-(``benchmarks/ab_tree.sh REV`` writes ``.ab/<REV>``).
+(``benchmarks/ab_tree.sh REV`` writes ``.ab/<REV>``). A tree may carry environment
+variables for its runs after ``+`` signs (``.+HASHREC_LOOKUP_GRAPHS=0``), so one
+tree can run against itself with a setting changed.
 
 Usage::
 
     python benchmarks/ab_train.py --trees .ab/9e8499e,. --configs dynamicemb \\
         --data_dir DATA --num_steps 700 --warmup_steps 400 --out benchmarks/results/ab_gpu
-    python benchmarks/ab_train.py --trees .,. --smoke      # tiny CPU run
+    python benchmarks/ab_train.py --trees .+HASHREC_SWITCH_INTERVAL_MS=5,. \\
+        --configs dynamicemb --data_dir DATA --out benchmarks/results/ab_gpu_switch
+    python benchmarks/ab_train.py --trees .,.+HASHREC_LOOKUP_GRAPHS=0 --smoke  # tiny CPU run
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trees", required=True,
-                   help="comma-separated source trees; the first is the baseline")
+                   help="comma-separated source trees, each optionally followed by "
+                        "+NAME=VALUE environment settings; the first is the baseline")
     p.add_argument("--configs", default="dynamicemb,num_buckets")
     p.add_argument("--rounds", type=int, default=2, help="runs of every tree, interleaved")
     p.add_argument("--data_dir", default=None, help="generated data (made when missing)")
@@ -50,17 +55,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="path prefix of the .json and .md results")
     args = p.parse_args(argv)
     args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
-    for tree in args.trees:
+    if len(set(args.trees)) != len(args.trees):
+        p.error("--trees: each entry (tree and settings) must differ from the others")
+    for entry in args.trees:
+        tree, settings = split_tree(entry)
         for part in ("hashrec", "examples", os.path.join("benchmarks", "bench_train.py")):
             if not os.path.exists(os.path.join(tree, part)):
                 p.error(f"--trees: {tree!r} has no {part}")
+        for setting in settings:
+            if "=" not in setting or not setting.split("=", 1)[0]:
+                p.error(f"--trees: {entry!r}: settings are +NAME=VALUE, got {setting!r}")
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
     return args
 
 
-def run_tree(tree: str, args, data: str, out_dir: str) -> dict:
-    """One ``bench_train`` run of ``tree``; returns its JSON report."""
+def split_tree(entry: str) -> tuple[str, list[str]]:
+    """``TREE+NAME=VALUE+...`` -> (TREE, ["NAME=VALUE", ...])."""
+    tree, *settings = entry.split("+")
+    return tree, settings
+
+
+def run_tree(entry: str, args, data: str, out_dir: str) -> dict:
+    """One ``bench_train`` run of a ``--trees`` entry; returns its JSON report."""
+    tree, settings = split_tree(entry)
     tree = os.path.abspath(tree)
     cmd = [sys.executable, os.path.join(tree, "benchmarks", "bench_train.py"),
            "--data_dir", data, "--num_rows", str(args.num_rows), "--configs", args.configs,
@@ -72,7 +90,9 @@ def run_tree(tree: str, args, data: str, out_dir: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [tree] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                   if p and os.path.abspath(p) != ROOT])}
-    print(f"[ab_train {time.strftime('%H:%M:%S')}] {tree}: {' '.join(cmd)}", flush=True)
+    env.update(setting.split("=", 1) for setting in settings)
+    print(f"[ab_train {time.strftime('%H:%M:%S')}] {entry}: {' '.join(settings + cmd)}",
+          flush=True)
     subprocess.run(cmd, cwd=tree, env=env, check=True)
     reports = [f for f in os.listdir(out_dir) if f.startswith("train_") and f.endswith(".json")]
     if len(reports) != 1:

@@ -12,7 +12,8 @@
 # embedding-layer benchmark;
 # the input pipeline. On a fresh host the first training run also compiles the
 # Triton kernels (about two minutes; cached after). SKIP="name ..." leaves steps out.
-# AB_TREES="TREE_A,TREE_B" adds an interleaved 1-GPU A/B of those source trees
+# AB_TREES="TREE_A,TREE_B" adds an interleaved 1-GPU A/B of those source trees (a tree may
+# carry settings: ".+HASHREC_LOOKUP_GRAPHS=0,.")
 # (benchmarks/ab_train.py; AB_CONFIGS, default dynamicemb).
 set -u
 out=${1:?usage: run_gpu_benchmarks.sh OUT_DIR}

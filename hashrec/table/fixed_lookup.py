@@ -16,6 +16,9 @@ Besides find and upsert, a lookup is three kernels (``ops/insert/train.py``):
 the hits' scores and protection, the admission count, and one pass that restores
 the hits' scores, initializes the new rows and reads every key's embedding.
 
+At max_capacity on CUDA the training lookup is replayed from a CUDA graph per size
+class of u (``hashrec.table.lookup_graphs``), with the same outcome.
+
 The outcome equals the reference path's (``HashTable._upsert``): same admission,
 insert rule, protection of this call's hits, eviction and refusal counts, score
 updates and growth. UNIFORM and NORMAL initializers without ``key_seed`` draw in
@@ -188,13 +191,13 @@ class FixedSizeLookup:
                 self._lookup_graphs = False
                 return None
             graphs = self._lookup_graphs = LookupGraphs(self)
-        if graphs is False or self.storage.num_buckets < self._max_buckets:
+        if graphs is False or not keys.numel() or self.storage.num_buckets < self._max_buckets:
             return None
         n = padded_size(keys.numel())
-        if n > MAX_KEYS or not all(in_kernel(args, n, self.dim)
-                   for args in (self._train_missing_args(), self._initializer)):
+        initializers = (self._train_missing_args(), self._initializer)
+        if n > MAX_KEYS or not all(in_kernel(args, n, self.dim) for args in initializers):
             return None
-        return graphs if keys.numel() else None
+        return graphs
 
     @staticmethod
     def _mask_sums(masks: dict[str, torch.Tensor]) -> tuple[tuple[str, ...], torch.Tensor]:

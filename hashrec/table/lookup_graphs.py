@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import weakref
 
 import torch
 
@@ -97,7 +98,7 @@ class LookupGraphs:
     (the same buffers and kernels; what the CPU tests check)."""
 
     def __init__(self, table, capture: bool = True, after: int = CAPTURE_AFTER) -> None:
-        self._table = table
+        self._table = weakref.proxy(table)  # the table holds this object: no cycle
         self._capture = capture
         self._after = after
         self._lookups: collections.OrderedDict[tuple, _Lookup] = collections.OrderedDict()

@@ -177,3 +177,25 @@ def test_new_storage_drops_the_graphs_on_gpu():
     keys, _, counts, _, _ = batches[4]
     table.lookup(keys, train=True, counts=counts)
     assert graphs.replays == replays and not graphs._lookups
+
+
+def test_a_dropped_table_frees_its_lookups_without_the_cycle_collector(small_classes):
+    import gc
+    import weakref
+
+    options = _options("LFU", HASHED)
+    with _forced_triton():
+        table = HashTable(options)
+        table._lookup_graphs = LookupGraphs(table, capture=False)
+        for keys, tags, counts, _, _ in _batches(3, 60, 160, False, False, "cpu"):
+            table.lookup(keys, tags, train=True, counts=counts)
+    graphs = weakref.ref(table._lookup_graphs)
+    assert graphs().replays > 0
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del table
+        assert graphs() is None
+    finally:
+        if enabled:
+            gc.enable()
