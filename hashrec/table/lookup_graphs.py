@@ -19,9 +19,9 @@ its position, which padding keeps.
 When: on CUDA (not under the interpreter), at max_capacity, with initial values
 the kernel computes itself (CONSTANT, UNIFORM, NORMAL), from the second lookup of
 a size class on, up to ``MAX_KEYS`` keys; at most ``MAX_GRAPHS`` size classes, the
-least recently used dropped. A new storage (a growth, a restore) drops every
-graph. A failed capture is logged once and later lookups stay eager.
-``HASHREC_LOOKUP_GRAPHS=0`` turns graphs off.
+least recently used dropped, and at most ``MAX_CAPTURES`` captures per storage. A
+new storage (a growth, a restore) drops every graph. A failed capture is logged
+once and later lookups stay eager. ``HASHREC_LOOKUP_GRAPHS=0`` turns graphs off.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ from hashrec.table.options import ScoreStrategy
 logger = logging.getLogger("hashrec.table.hash_table")
 
 MAX_GRAPHS = 4
+# Captures per storage: a capture synchronizes the device, so size classes that keep
+# displacing each other stop being captured once this many were.
+MAX_CAPTURES = 16
 # Larger lookups stay eager: their launches are a small part of their time, and a
 # graph's buffers grow with the size (a few hundred bytes a key).
 MAX_KEYS = 1 << 22
@@ -105,6 +108,7 @@ class LookupGraphs:
         self._seen: collections.Counter[tuple] = collections.Counter()
         self._owner: tuple | None = None
         self._failed = False
+        self.captures = 0  # size classes built since the storage was new
         self.replays = 0  # lookups served by this object (replayed, or padded when not capturing)
 
     def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
@@ -121,7 +125,7 @@ class LookupGraphs:
         entry = self._lookups.get(key)
         if entry is None:
             self._seen[key] += 1
-            if self._seen[key] < self._after:
+            if self._seen[key] < self._after or self.captures >= MAX_CAPTURES:
                 return None
             entry = self._build(key)
             if entry is None:
@@ -139,6 +143,7 @@ class LookupGraphs:
             self._lookups.clear()
             self._seen.clear()
             self._owner = owner
+            self.captures = 0
 
     def _core(self, entry: _Lookup) -> tuple:
         """The lookup of a size class on its buffers: what a graph captures."""
@@ -179,6 +184,7 @@ class LookupGraphs:
                                "failed (%s); its lookups run eagerly",
                                self._table.options.name, error)
                 return None
+        self.captures += 1
         self._lookups[key] = entry
         while len(self._lookups) > MAX_GRAPHS:
             self._lookups.popitem(last=False)

@@ -199,3 +199,20 @@ def test_a_dropped_table_frees_its_lookups_without_the_cycle_collector(small_cla
     finally:
         if enabled:
             gc.enable()
+
+
+def test_size_classes_that_displace_each_other_stop_being_captured(small_classes, monkeypatch):
+    monkeypatch.setattr("hashrec.table.lookup_graphs.MAX_GRAPHS", 1)
+    monkeypatch.setattr("hashrec.table.lookup_graphs.MAX_CAPTURES", 2)
+    gen = torch.Generator().manual_seed(5)
+    with _forced_triton():
+        eager, padded = HashTable(_options("LFU", HASHED)), HashTable(_options("LFU", HASHED))
+        eager._lookup_graphs = False
+        padded._lookup_graphs = graphs = LookupGraphs(padded, capture=False)
+        for size in [20, 40, 60] * 6:  # classes 32, 48 and 64
+            keys = torch.randperm(160, generator=gen)[:size]
+            want, got = (t.lookup(keys, train=True) for t in (eager, padded))
+            assert torch.equal(got.slots, want.slots) and torch.equal(got.values, want.values)
+        assert _state(padded) == _state(eager)
+    assert graphs.captures == 2 and len(graphs._lookups) == 1
+    assert 0 < graphs.replays < 12
