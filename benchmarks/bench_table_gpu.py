@@ -26,6 +26,8 @@ import json
 import os
 import sys
 
+from _cli import add_out_and_smoke, parse_with_smoke
+
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -34,15 +36,13 @@ def _args() -> argparse.Namespace:
     p.add_argument("--load-factors", type=float, nargs="+", default=[0.5, 0.75, 1.0])
     p.add_argument("--dims", type=int, nargs="+", default=[8, 32, 64, 128])
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--out", default=None, help="path prefix for .json and .md")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (interpreter)")
+    add_out_and_smoke(p)
     p.add_argument("--profile", action="store_true",
                    help="print a kernel profile of one insert_or_assign and find_or_insert")
     p.add_argument("--find-configs", nargs="*", default=[],
                    help="extra find launch configs BLOCKxWARPS to time, e.g. 64x8")
-    args = p.parse_args()
+    args = parse_with_smoke(p)
     if args.smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
         args.slots, args.batch, args.dims, args.reps = 1024, 200, [8], 1
     return args
 

@@ -26,6 +26,8 @@ import statistics
 import sys
 import time
 
+from _cli import add_out_and_smoke, parse_with_smoke
+
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -35,11 +37,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--warps", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--out", default=None, help="path prefix for .json and .md")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (interpreter)")
-    args = p.parse_args()
+    add_out_and_smoke(p)
+    args = parse_with_smoke(p)
     if args.smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
         args.slots, args.batch, args.dim, args.reps, args.warps = 4096, 300, 8, 1, [1]
     return args
 

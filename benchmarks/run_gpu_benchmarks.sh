@@ -8,8 +8,8 @@
 # example configs on 1 GPU, then on 2 GPUs (STEPS steps, default 1000; steady
 # state: the table growth and admission warm-up of the first WARMUP, default 400,
 # are left out); the host syncs per
-# step; kernel-level profiles of both configs' steps (1 GPU, then each rank of 2); the
-# embedding-layer benchmark;
+# step; kernel-level profiles of both configs' steps (1 GPU, then each rank of 2); a
+# dynamic table's training lookup kernel by kernel; the embedding-layer benchmark;
 # the input pipeline. On a fresh host the first training run also compiles the
 # Triton kernels (about two minutes; cached after). SKIP="name ..." leaves steps out.
 # AB_TREES="TREE_A,TREE_B" adds an interleaved 1-GPU A/B of those source trees (a tree may
@@ -60,6 +60,8 @@ step() {  # step NAME SECONDS COMMAND...
         --data "$data" --config "$config" --warmup 300 --steps 10 --sample_steps 100 \
         --out "$out/profile_train_gpu_x2_$config"
   done
+  CUDA_VISIBLE_DEVICES=0 step lookup_kernels 90 python3 benchmarks/profile_lookup_gpu.py \
+      --out "$out/lookup_kernels_gpu"
   CUDA_VISIBLE_DEVICES=0 step embedding_layer 90 python3 benchmarks/bench_embedding_layer.py \
       --out "$out/embedding_layer_gpu"
   step bench_data 60 python3 benchmarks/bench_data.py --data "$data" --workers 0,8,12 \

@@ -26,6 +26,8 @@ import json
 import os
 import sys
 
+from _cli import add_out_and_smoke, parse_with_smoke
+
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -36,11 +38,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--configs", nargs="+",
                    default=["32x2", "32x4", "64x2", "64x4", "64x8", "128x4", "128x8", "256x8"])
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--out", default=None, help="path prefix for .json and .md")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (interpreter)")
-    args = p.parse_args()
+    add_out_and_smoke(p)
+    args = parse_with_smoke(p)
     if args.smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
         args.slots, args.batch, args.dims, args.reps = 4096, 300, [8], 1
         args.configs = ["32x4"]
     return args

@@ -1,0 +1,24 @@
+"""Command-line pieces shared by the table benchmarks.
+
+No torch or Triton import here: a ``--smoke`` run must set ``TRITON_INTERPRET``
+before Triton is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_out_and_smoke(p: argparse.ArgumentParser) -> None:
+    """``--out`` (path prefix of the results) and ``--smoke`` (tiny, CPU)."""
+    p.add_argument("--out", default=None, help="path prefix for .json and .md")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (interpreter)")
+
+
+def parse_with_smoke(p: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parses the command line; with ``--smoke``, Triton runs interpreted on the CPU."""
+    args = p.parse_args()
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return args
