@@ -178,6 +178,8 @@ class LookupGraphs:
                     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                         entry.out = self._core(entry)
                 entry.graph = graph
+                logger.info("table %r: captured its training lookup of up to %d keys as a "
+                            "CUDA graph", self._table.options.name, size)
             except Exception as error:  # noqa: BLE001 - any failure: stay eager
                 self._failed = True
                 logger.warning("table %r: capturing its training lookup as a CUDA graph "
