@@ -109,19 +109,12 @@ class FixedSizeLookup:
         from hashrec.table.ops.insert.train import finish_rows  # Triton only
 
         if not train:
-            slots = find_slots(self.storage, keys, tags)
-            if active is not None:
-                slots = torch.where(active, slots, -1)
-            counted = {"hits": slots >= 0}
-            if active is None:
-                self._stats["lookups"] += slots.numel()
-            else:
-                counted["lookups"] = active
+            slots, counted = self._find_active(keys, tags, active)
             self._add_device_counts(*self._mask_sums(counted))
             values = finish_rows(self.storage, keys, tags, slots, self.dim,
                                  self._row_init(self._eval_initializer, keys, tags))
             return slots, _zero_inactive(values, active)
-        graphs = self._graphs_for(keys)
+        graphs = self._graphs_for()
         replayed = graphs.lookup(keys, tags, counts, given, active) if graphs else None
         if replayed is not None:
             return replayed
@@ -140,15 +133,8 @@ class FixedSizeLookup:
         initializers' seeds are read there (a captured lookup) instead of drawn."""
         from hashrec.table.ops.insert.train import finish_rows, protect_hits  # Triton only
 
-        slots = find_slots(self.storage, keys, tags)
-        if active is not None:
-            slots = torch.where(active, slots, -1)
-        hit = slots >= 0
-        counted = {"hits": hit}  # counters added from masks, all in one reduction
-        if active is None:
-            self._stats["lookups"] += slots.numel()
-        else:
-            counted["lookups"] = active
+        slots, counted = self._find_active(keys, tags, active)
+        hit = counted["hits"]
         mode, clock = self._hit_score_mode(given)
         # This call's hits are never evicted; they get their new scores at the end.
         hit_scores = protect_hits(self.storage, slots, counts, given, mode, clock)
@@ -174,30 +160,31 @@ class FixedSizeLookup:
             counted["evictions"] = evicted
         return slots, _zero_inactive(values, active), counted, refused
 
-    def _graphs_for(self, keys: torch.Tensor):
-        """The captured lookups (``LookupGraphs``) when this training lookup may replay
-        one: CUDA, at max_capacity, initial values computed in the kernel."""
-        from hashrec.table.lookup_graphs import (
-            MAX_KEYS,
-            LookupGraphs,
-            graphs_enabled,
-            padded_size,
-        )
-        from hashrec.table.ops.insert.train import in_kernel
+    def _find_active(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                     active: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+        """(slots (u,), -1 where absent or inactive; the counters' masks so far: hits,
+        and lookups when only the active keys count)."""
+        slots = find_slots(self.storage, keys, tags)
+        if active is not None:
+            slots = torch.where(active, slots, -1)
+        counted = {"hits": slots >= 0}  # counters added from masks, all in one reduction
+        if active is None:
+            self._stats["lookups"] += slots.numel()
+        else:
+            counted["lookups"] = active
+        return slots, counted
 
-        graphs = self._lookup_graphs
-        if graphs is None:
-            if not graphs_enabled(self.device):
-                self._lookup_graphs = False
-                return None
-            graphs = self._lookup_graphs = LookupGraphs(self)
-        if graphs is False or not keys.numel() or self.storage.num_buckets < self._max_buckets:
+    def _graphs_for(self):
+        """This table's captured lookups (``LookupGraphs``, which judge each lookup), or
+        None where they are not used (not CUDA, or switched off) or the table may
+        still grow."""
+        from hashrec.table.lookup_graphs import LookupGraphs, graphs_enabled
+
+        if self._lookup_graphs is None:
+            self._lookup_graphs = LookupGraphs(self) if graphs_enabled(self.device) else False
+        if not self._lookup_graphs or self.storage.num_buckets < self._max_buckets:
             return None
-        n = padded_size(keys.numel())
-        initializers = (self._train_missing_args(), self._initializer)
-        if n > MAX_KEYS or not all(in_kernel(args, n, self.dim) for args in initializers):
-            return None
-        return graphs
+        return self._lookup_graphs
 
     @staticmethod
     def _mask_sums(masks: dict[str, torch.Tensor]) -> tuple[tuple[str, ...], torch.Tensor]:

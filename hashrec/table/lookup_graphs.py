@@ -33,7 +33,7 @@ import weakref
 
 import torch
 
-from hashrec.table.ops.insert.train import draws_seed
+from hashrec.table.ops.insert.train import draws_seed, in_kernel
 from hashrec.table.ops.launch import cdiv, next_pow2
 from hashrec.table.options import ScoreStrategy
 
@@ -114,14 +114,20 @@ class LookupGraphs:
     def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
                given: torch.Tensor | None, active: torch.Tensor | None
                ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``_lookup_fixed``'s training lookup replayed, or None: look up eagerly."""
+        """``_lookup_fixed``'s training lookup (the table at max_capacity) replayed, or
+        None: look up eagerly (no keys, more than ``MAX_KEYS``, initial values computed
+        outside the kernel, not yet captured)."""
         if self._failed or (self._capture and torch.cuda.is_current_stream_capturing()):
             return None
+        table, size = self._table, padded_size(keys.numel())
+        if not keys.numel() or size > MAX_KEYS or not all(
+                in_kernel(args, size, table.dim)
+                for args in (table._train_missing_args(), table._initializer)):
+            return None
         self._check_owner()
-        clocked = given is None and self._table.options.score_strategy not in (
+        clocked = given is None and table.options.score_strategy not in (
             ScoreStrategy.LFU, ScoreStrategy.CUSTOMIZED)
-        key = (padded_size(keys.numel()), tags is not None, given is not None,
-               active is not None, clocked)
+        key = (size, tags is not None, given is not None, active is not None, clocked)
         entry = self._lookups.get(key)
         if entry is None:
             self._seen[key] += 1

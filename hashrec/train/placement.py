@@ -94,18 +94,18 @@ def gil_switch_interval(device_type: str):
     thread blocks or its switch interval passes. On a GPU, where the step is bound
     by the training thread's launches, a shorter interval trims those waits."""
     value = os.environ.get("HASHREC_SWITCH_INTERVAL_MS", "")
-    if not value:
-        value = str(GPU_SWITCH_INTERVAL_MS) if device_type == "cuda" else ""
-    if not value:
+    if value:
+        try:
+            interval = float(value) / 1000
+        except ValueError:
+            interval = 0.0
+        if not interval > 0:
+            raise ValueError(f"HASHREC_SWITCH_INTERVAL_MS={value!r}: expected milliseconds > 0")
+    elif device_type == "cuda":
+        interval = GPU_SWITCH_INTERVAL_MS / 1000
+    else:
         yield
         return
-    try:
-        interval = float(value) / 1000
-        if not interval > 0:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"HASHREC_SWITCH_INTERVAL_MS={value!r}: expected milliseconds > 0")\
-            from None
     before = sys.getswitchinterval()
     sys.setswitchinterval(interval)
     try:
