@@ -37,6 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import write_results  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PHASES = ("data_wait", "embedding_forward", "dense_forward", "dense_backward",
+          "embedding_backward", "optimizer", "step")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -103,15 +105,21 @@ def run_tree(entry: str, args, data: str, out_dir: str) -> dict:
 
 
 def summarize(trees: list[str], reports: dict[str, list[dict]]) -> dict:
-    """Per tree and config: every run's samples/s, the median, the ratio to tree 0."""
+    """Per tree and config: every run's samples/s, the median, the ratio to tree 0, and
+    each step phase's median milliseconds."""
     configs = sorted({c for runs in reports.values() for r in runs for c in r["runs"]})
     out = {}
     for tree in trees:
         out[tree] = {}
         for config in configs:
-            rates = [r["runs"][config]["global_samples_per_second"] for r in reports[tree]
-                     if config in r["runs"]]
-            out[tree][config] = {"runs": rates, "median": statistics.median(rates)}
+            runs = [r["runs"][config] for r in reports[tree] if config in r["runs"]]
+            rates = [run["global_samples_per_second"] for run in runs]
+            phases = {name: statistics.median(run.get("phases_ms", {}).get(name, 0.0)
+                                              for run in runs)
+                      for name in PHASES if any(name in run.get("phases_ms", {})
+                                                for run in runs)}
+            out[tree][config] = {"runs": rates, "median": statistics.median(rates),
+                                 "phases_ms": phases}
     for tree in trees:
         for config in configs:
             base = out[trees[0]][config]["median"]
@@ -132,6 +140,14 @@ def markdown(result: dict) -> str:
             runs = ", ".join(f"{x:,.0f}" for x in r["runs"])
             lines.append(f"| `{tree}` | {config} | {runs} | {r['median']:,.0f} | "
                          f"{r['ratio_to_first']:.3f} |")
+    lines += ["", "Median milliseconds per step of each phase (bench_train's step timing: "
+              "device timeline, or host clock for runs with HASHREC_STEP_TIMING=host):", "",
+              "| tree | config | " + " | ".join(PHASES) + " |",
+              "|---|---|" + "---:|" * len(PHASES)]
+    for tree, configs in result["trees"].items():
+        for config, r in configs.items():
+            cells = " | ".join(f"{r.get('phases_ms', {}).get(p, 0.0):.2f}" for p in PHASES)
+            lines.append(f"| `{tree}` | {config} | {cells} |")
     return "\n".join(lines) + "\n"
 
 

@@ -159,10 +159,15 @@ def train_argv(args, name: str, data: str, model_dir: str, nproc: int) -> list[s
             "--train_input_path", data, "--edit_config_json", json.dumps(edits(args, nproc))]
 
 
+def _timing_mode() -> str:
+    """``host`` when the caller asked for phases on the host clock, else ``1``."""
+    return "host" if os.environ.get("HASHREC_STEP_TIMING") == "host" else "1"
+
+
 def run_config(args, name: str, data: str, nproc: int) -> dict:
     """Train one config; returns the step timing summary plus a2a and wall time."""
     model_dir = tempfile.mkdtemp(prefix=f"bench_train_{name}_")
-    env = {**os.environ, "HASHREC_STEP_TIMING": "1",
+    env = {**os.environ, "HASHREC_STEP_TIMING": _timing_mode(),
            "HASHREC_STEP_TIMING_WARMUP": str(args.warmup_steps), "PYTHONUNBUFFERED": "1"}
     rank, world_size = world()
     start = time.perf_counter()
@@ -306,8 +311,9 @@ def markdown(report: dict) -> str:
                       f"{report['ratio_dynamicemb_over_num_buckets']:.3f}"]
     lines += ["", "Windows: global samples/s of each progress-log window after warm-up "
               "(host clock), as min / median / max."]
-    lines += ["", "Phases are milliseconds per step on the device timeline (CUDA events; "
-              "host clock on CPU); embedding_backward is the storages' backward nodes "
+    clock = "on the host clock (HASHREC_STEP_TIMING=host)" if _timing_mode() == "host" \
+        else "on the device timeline (CUDA events; host clock on CPU)"
+    lines += ["", f"Phases are milliseconds per step {clock}; embedding_backward is the storages' backward nodes "
               "(gradient exchange and fused sparse optimizer), dense_backward the rest of "
               "backward; data_wait_host (JSON) is the host's wait for the loader.", ""]
     return "\n".join(lines)

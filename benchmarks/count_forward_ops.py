@@ -40,15 +40,30 @@ from hashrec.train.session import build_session  # noqa: E402
 
 
 class _Count(TorchDispatchMode):
-    def __init__(self) -> None:
+    def __init__(self, by_caller: bool = False) -> None:
         super().__init__()
         self.ops: collections.Counter = collections.Counter()
+        self.callers: collections.Counter = collections.Counter()
+        self.by_caller = by_caller
         self.paused = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.paused:
             self.ops[str(func.overloadpacket)] += 1
+            if self.by_caller:
+                self.callers[_caller()] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _caller() -> str:
+    """The innermost frame of the project's code on the stack, as ``path:function``."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename.replace(os.sep, "/")
+        if "/hashrec/" in path:
+            return f"{path[path.rindex('/hashrec/') + 1:]}:{frame.f_code.co_name}"
+        frame = frame.f_back
+    return "(outside the project)"
 
 
 def _count_launches(counter: _Count):
@@ -60,6 +75,8 @@ def _count_launches(counter: _Count):
 
     def counted(self, grid, args, kwargs):
         counter.ops["triton " + self.kernel.fn.__name__] += 1
+        if counter.by_caller:
+            counter.callers[_caller()] += 1
         counter.paused = True
         try:
             return launch(self, grid, args, kwargs)
@@ -76,7 +93,7 @@ def _outputs_sum(out):
 
 
 def count(data: str, config: str, batch_size: int, warmup: int, triton: bool = False,
-          backward: bool = False) -> collections.Counter:
+          backward: bool = False, by_caller: bool = False) -> _Count:
     edits = {"data_config.num_workers": 0, "data_config.batch_size": batch_size,
              "model_dir": "/tmp/hashrec_count_ops_model", "eval_input_path": ""}
     session = build_session(apply_edit_config_json(load_pipeline_config(CONFIGS[config]), edits))
@@ -91,14 +108,14 @@ def count(data: str, config: str, batch_size: int, warmup: int, triton: bool = F
 
     for _ in range(warmup):
         step()
-    counter = _Count()
+    counter = _Count(by_caller)
     restore = _count_launches(counter) if triton else (lambda: None)
     try:
         with counter:
             step()
     finally:
         restore()
-    return counter.ops
+    return counter
 
 
 def main(argv=None) -> int:
@@ -111,9 +128,12 @@ def main(argv=None) -> int:
     p.add_argument("--triton", action="store_true",
                    help="the GPU's code path, kernels interpreted (see the module docstring)")
     p.add_argument("--backward", action="store_true", help="count the backward too")
+    p.add_argument("--by_caller", action="store_true",
+                   help="also count by the innermost function of the project that called")
     args = p.parse_args(argv)
-    ops = count(args.data, args.config, args.batch_size, args.warmup, args.triton,
-                args.backward)
+    counter = count(args.data, args.config, args.batch_size, args.warmup, args.triton,
+                    args.backward, args.by_caller)
+    ops = counter.ops
     launches = sum(n for name, n in ops.items() if name.startswith("triton "))
     what = "forward and backward" if args.backward else "forward"
     path = "Triton path, interpreted" if args.triton else "CPU"
@@ -121,6 +141,10 @@ def main(argv=None) -> int:
           f"launches in one embedding {what} (batch {args.batch_size}, {path})")
     for name, n in ops.most_common(args.top):
         print(f"  {n:5d} {name}")
+    if args.by_caller:
+        print("by caller (operators and launches):")
+        for name, n in counter.callers.most_common(args.top):
+            print(f"  {n:5d} {name}")
     return 0
 
 

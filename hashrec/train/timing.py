@@ -30,8 +30,14 @@ where they happen). Events are read only in :meth:`StepTimer.drain` and
 ``time.perf_counter``. The host's own wait for the data loader is also kept
 (``data_wait_host``): it tells whether the host, not the device, waited.
 
-Timing is off unless enabled (``HASHREC_STEP_TIMING=1`` in the environment, or
-a timer passed to the loop); a disabled timer's methods return at once.
+``HASHREC_STEP_TIMING=host`` reads the host clock on CUDA too: each phase is
+then the time the training thread spent issuing it, which on a host-bound step
+shows where the host's time goes (the device timeline shows where the device
+waited).
+
+Timing is off unless enabled (``HASHREC_STEP_TIMING=1`` or ``host`` in the
+environment, or a timer passed to the loop); a disabled timer's methods return at
+once.
 """
 
 from __future__ import annotations
@@ -64,14 +70,15 @@ class StepTimer:
     """
 
     def __init__(self, device: torch.device | str = "cpu", enabled: bool = False,
-                 warmup_steps: int = 0, world_size: int = 1) -> None:
+                 warmup_steps: int = 0, world_size: int = 1, host_clock: bool = False
+                 ) -> None:
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps={warmup_steps}; allowed: >= 0")
         self.device = torch.device(device)
         self.enabled = enabled
         self.warmup_steps = warmup_steps
         self.world_size = world_size
-        self._cuda = self.device.type == "cuda"
+        self._cuda = self.device.type == "cuda" and not host_clock
         self._steps = 0
         self._last = None            # the previous mark (event or host time)
         self._pending: list[list] = []   # per step: [(phase, start, end), ...]
@@ -88,10 +95,13 @@ class StepTimer:
 
     @classmethod
     def from_env(cls, device, world_size: int = 1) -> StepTimer:
-        """A timer enabled by ``HASHREC_STEP_TIMING=1`` (warm-up from ``..._WARMUP``)."""
-        enabled = os.environ.get(ENV_FLAG, "0").strip().lower() in ("1", "true", "yes", "on")
+        """A timer enabled by ``HASHREC_STEP_TIMING=1`` (``host``: on the host clock;
+        warm-up from ``..._WARMUP``)."""
+        value = os.environ.get(ENV_FLAG, "0").strip().lower()
+        host = value == "host"
+        enabled = host or value in ("1", "true", "yes", "on")
         warmup = int(os.environ.get(ENV_WARMUP, "0") or 0)
-        return cls(device, enabled, warmup, world_size)
+        return cls(device, enabled, warmup, world_size, host_clock=host)
 
     @staticmethod
     def _empty() -> dict[str, float]:
@@ -208,7 +218,7 @@ class StepTimer:
         if not self.enabled:
             return {}
         self._fold()
-        if self._cuda:
+        if self.device.type == "cuda":  # the wall clock covers the device's work too
             torch.cuda.synchronize(self.device)
         measured = self._measured_start is not None
         steps = int(self._total["steps"]) if measured else 0

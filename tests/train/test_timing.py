@@ -1,6 +1,7 @@
 """StepTimer: phases per step, warm-up, sub-phase regions, env switch, embedding backward hook."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -126,3 +127,19 @@ def test_collection_backward_runs_inside_the_backward_timer():
     collection.set_backward_timer(None)
     collection(kjt).pooled["f"].sum().backward()
     assert counting.entered == 1
+
+
+def test_host_clock_on_cuda_reads_no_events(monkeypatch):
+    """HASHREC_STEP_TIMING=host: marks on a CUDA timer read the host clock (no CUDA call)."""
+    monkeypatch.setenv("HASHREC_STEP_TIMING", "host")
+    timer = StepTimer.from_env(torch.device("cuda"))
+    assert timer.enabled
+    monkeypatch.setattr(torch.cuda, "Event", None)  # any event would fail
+    timer.begin()
+    timer.batch_ready()
+    for phase in ("data_wait", "embedding_forward", "dense_forward"):
+        time.sleep(0.002)
+        timer.mark(phase)
+    timer.end_step(8)
+    phases = timer.drain()
+    assert all(phases[p] >= 1.5 for p in ("data_wait", "embedding_forward", "dense_forward"))
