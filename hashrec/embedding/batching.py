@@ -342,14 +342,6 @@ class PendingDedup:
         else:
             self._host = summary
 
-    def record_stream(self, stream: torch.cuda.Stream) -> None:
-        """Marks the device tensors of the queued work as used on ``stream`` (the work ran
-        on another stream; see ``torch.Tensor.record_stream``)."""
-        for s in self._firsts:
-            for t in (s.sorted_ids, s.sorted_tags, s.order, s.group, s.summary):
-                if t is not None and t.is_cuda:
-                    t.record_stream(stream)
-
     def result(self) -> list[StorageBatch]:
         """The storages' batches (sets each feature's ``inverse``)."""
         if not self._firsts:

@@ -88,23 +88,6 @@ def _check_specs(tables: list[EmbeddingTableSpec], features: list[EmbeddingFeatu
                                  f"allowed: sum, mean")
 
 
-
-def _adopt(ids: list[list[list[FeatureIds]]], pending: PendingDedup,
-           stream: torch.cuda.Stream | None) -> None:
-    """A batch prepared on another CUDA stream (a helper thread's) is used on the current
-    one from here on: its tensors are recorded there, so that the caching allocator
-    hands none of them back to the preparing stream while the current one reads it."""
-    if stream is None or stream == torch.cuda.current_stream(stream.device):
-        return
-    current = torch.cuda.current_stream(stream.device)
-    for per_tag in ids:
-        for fs in per_tag:
-            for f in fs:
-                for t in (f.values, f.offsets, f.lengths, f.weights):
-                    if t is not None:
-                        t.record_stream(current)
-    pending.record_stream(current)
-
 class EmbeddingCollection(nn.Module):
     """Dense and dynamic embedding tables read by named sparse features.
 
@@ -174,8 +157,8 @@ class EmbeddingCollection(nn.Module):
         self._sharded = ShardedLookups(sharded, dist, group, self.comm_timer) \
             if world > 1 else None
         self._sharing = self._share_sizes()
-        # Coming batches' ids and dedup started by ``prepare``: (kjt, ids, pending,
-        # CUDA stream it ran on), oldest first, at most ``_MAX_AHEAD``.
+        # Coming batches' ids and dedup started by ``prepare``: (kjt, ids, pending),
+        # oldest first, at most ``_MAX_AHEAD``.
         self._ahead: list[tuple] = []
         # Storages whose ids did not fit the one-pass sort of keys (``dedup_storages``).
         self._wide_ids: set[str] = set()
@@ -209,9 +192,8 @@ class EmbeddingCollection(nn.Module):
         storages = self._read_storages()
         ready = [i for i, entry in enumerate(self._ahead) if entry[0] is kjt]
         if ready:
-            _, ids, pending, stream = self._ahead[ready[0]]
+            _, ids, pending = self._ahead[ready[0]]
             del self._ahead[:ready[0] + 1]
-            _adopt(ids, pending, stream)
         else:
             ids, pending = self._feature_ids(storages, kjt), None
         batches = self._dedup(storages, ids, pending)
@@ -254,11 +236,9 @@ class EmbeddingCollection(nn.Module):
         storages = self._read_storages()
         ids = self._feature_ids(storages, kjt)
         picked = [i for i, s in enumerate(storages) if s.name not in self.zch_remappers]
-        stream = torch.cuda.current_stream(self._device) if self._device.type == "cuda" \
-            else None
         self._ahead.append((kjt, ids, start_dedup([self._dedup_entry(storages[i], ids[i])
                                                    for i in picked],
-                                                  self._sharing), stream))
+                                                  self._sharing)))
         del self._ahead[:-_MAX_AHEAD]
 
     def _share_sizes(self) -> SummaryGather | None:

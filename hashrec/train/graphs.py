@@ -89,15 +89,12 @@ class DenseGraphs:
         autocast: a callable returning the forward's autocast context (captures run in
             it, so the graph holds the mixed-precision kernels).
         enabled: False (or a model without the split, or a CPU model) runs eagerly.
-        before_capture: called before each capture (the training loop waits there for
-            work of other threads on the stream, which a capture must not see).
     """
 
-    def __init__(self, model, autocast, enabled: bool = True, before_capture=None) -> None:
+    def __init__(self, model, autocast, enabled: bool = True) -> None:
         self.model = model
         self.autocast = autocast
         self.enabled = enabled and self._supported(model)
-        self.before_capture = before_capture
         self._eager = _DenseLoss(model)  # uncaptured shapes (captures take fresh copies)
         self._graphs: dict[tuple, nn.Module] = {}
         self._seen: dict[tuple, int] = {}
@@ -144,8 +141,6 @@ class DenseGraphs:
         self._seen[key] = self._seen.get(key, 0) + 1
         if self._seen[key] < CAPTURE_AFTER:
             return None
-        if self.before_capture is not None:
-            self.before_capture()
         samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
         try:
             with self.autocast(), thread_local_capture():

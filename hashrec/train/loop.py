@@ -14,12 +14,9 @@ embedding exchanges took per step (``a2a ... ms/step``).
 
 Batches reach the device through ``DevicePrefetcher``: on CUDA the next
 batch's copy runs on a side stream while the current step trains. Each step
-starts the next batch's id deduplication (``EmbeddingCollection.prepare``) so
-that its sizes reach the host without draining the stream: the host never waits
-for the previous step's kernels and runs ahead of the device. On one GPU that
-deduplication runs on a helper thread from the end of the step's embedding
-forward to the end of its update (``hashrec.train.ahead``); otherwise the step
-runs it first.
+first starts the next batch's id deduplication (``EmbeddingCollection.prepare``)
+so that its sizes reach the host without draining the stream: the host never
+waits for the previous step's kernels and runs ahead of the device.
 
 Step timing (``hashrec.train.timing``, off by default; ``HASHREC_STEP_TIMING=1``)
 adds per-phase milliseconds per step to the progress line, keeps the summary
@@ -52,7 +49,6 @@ from hashrec.checkpoint import IncrementalDumper
 from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import all_reduce_gradients
 from hashrec.train import checkpoints
-from hashrec.train.ahead import AheadPrepare, prepare_thread_wanted
 from hashrec.train.collection_schedule import CollectionSchedule
 from hashrec.train.distributed import global_table_counters, min_over_ranks
 from hashrec.train.errors import TrainError
@@ -138,12 +134,8 @@ class TrainLoop:
         self.step_timing: dict = {}
         self.embedding_hook = self._timed_hook(session.precision.embedding_hook())
         self.parameters = [p for g in session.dense.optimizer.param_groups for p in g["params"]]
-        # The next batch's dedup on a helper thread (hashrec.train.ahead).
-        self.ahead = AheadPrepare(prepare_thread_wanted(session.device, session.world_size),
-                                  session.device)
         self.dense_graphs = DenseGraphs(session.model, session.precision.autocast,
-                                        config.dense_cuda_graph,
-                                        before_capture=self.ahead.wait)
+                                        config.dense_cuda_graph)
         # Python's garbage collection at fixed steps while training (same on every rank).
         self.collections = CollectionSchedule()
         self.dumper = None
@@ -171,7 +163,6 @@ class TrainLoop:
             if self.last_saved != self.step:
                 result = self.checkpoint_and_evaluate() or result
         finally:
-            self.ahead.close()
             if self._inputs is not None:
                 self._inputs.close()
             self.summaries.close()
@@ -256,19 +247,20 @@ class TrainLoop:
         batch = batch.to(s.device, non_blocking=True)
         timer.mark("data_wait")
         following = upcoming() if upcoming is not None else None
-        threaded = self.ahead.threaded
-        if following is not None and not threaded:
+        if following is not None:
             s.model.embedding.prepare(following.sparse)
         lrs = s.set_learning_rates(self.step, self.epoch)
         s.dense.optimizer.zero_grad(set_to_none=True)
-        embedded = s.model.embed(batch, self.embedding_hook)
-        if following is not None and threaded:
-            # The next batch's dedup overlaps the dense network, backward and update.
-            self.ahead.start(s.model.embedding.prepare, following.sparse)
-        try:
-            loss = self._dense_and_update(embedded, batch)
-        finally:
-            self.ahead.wait()
+        losses = self.dense_graphs(s.model.embed(batch, self.embedding_hook), batch)
+        loss = sum(losses.values())
+        timer.mark("dense_forward")
+        s.precision.backward(loss)
+        timer.mark("backward")
+        all_reduce_gradients(self.parameters, self.ctx)
+        s.precision.unscale(s.dense.optimizer)
+        clip_gradients(self.parameters, self.grad_clipping)
+        s.precision.step(s.dense.optimizer)
+        timer.mark("optimizer")
         self.step += 1
         self.progress.record(batch.batch_size, loss.detach())
         if self.progress.due(self.step):
@@ -285,21 +277,6 @@ class TrainLoop:
                 self.summaries.scalars(self.step, phases, prefix="step_ms/")
         timer.mark("logging")
         timer.end_step(batch.batch_size)
-
-    def _dense_and_update(self, embedded, batch) -> torch.Tensor:
-        """The dense network, the backward and the dense update of a step; its loss."""
-        s, timer = self.session, self.timer
-        losses = self.dense_graphs(embedded, batch)
-        loss = sum(losses.values())
-        timer.mark("dense_forward")
-        s.precision.backward(loss)
-        timer.mark("backward")
-        all_reduce_gradients(self.parameters, self.ctx)
-        s.precision.unscale(s.dense.optimizer)
-        clip_gradients(self.parameters, self.grad_clipping)
-        s.precision.step(s.dense.optimizer)
-        timer.mark("optimizer")
-        return loss
 
     def checkpoint_and_evaluate(self) -> dict | None:
         """Save a checkpoint at the current step, then evaluate when an eval input is set."""
