@@ -27,21 +27,13 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profile_train_step import CONFIGS, _launcher, _session, report  # noqa: E402
+from profile_train_step import _launcher, _session, report, step_arguments  # noqa: E402
 
 from hashrec.train.prefetch import DevicePrefetcher  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", required=True, help="training parquet (files, dirs, globs)")
-    p.add_argument("--config", default="dynamicemb", choices=sorted(CONFIGS))
-    p.add_argument("--batch_size", type=int, default=8192)
-    p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--mixed_precision", default="BF16", choices=("BF16", "FP16", "FP32"))
-    p.add_argument("--out", default=None, help="path prefix of the .json and .md results")
-    return p.parse_args(argv)
+    return step_arguments(__doc__, warmup=30, steps=5).parse_args(argv)
 
 
 def _site() -> str:

@@ -46,16 +46,23 @@ CONFIGS = {
 }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def step_arguments(doc: str, warmup: int, steps: int) -> argparse.ArgumentParser:
+    """The options of the step benchmarks: data, config, batch size, warm-up and timed
+    steps, precision, results path (``doc``: the module docstring)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--data", required=True, help="training parquet (files, dirs, globs)")
     p.add_argument("--config", default="dynamicemb", choices=sorted(CONFIGS))
     p.add_argument("--batch_size", type=int, default=8192)
-    p.add_argument("--warmup", type=int, default=15)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--top", type=int, default=30, help="rows of the table")
+    p.add_argument("--warmup", type=int, default=warmup)
+    p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--mixed_precision", default="BF16", choices=("BF16", "FP16", "FP32"))
     p.add_argument("--out", default=None, help="path prefix of the .md and .json results")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = step_arguments(__doc__, warmup=15, steps=10)
+    p.add_argument("--top", type=int, default=30, help="rows of the table")
     p.add_argument("--sample_steps", type=int, default=0,
                    help="also run this many steps under a sampling profiler of the host's "
                         "Python stacks (where an unprofiled step's host time goes)")

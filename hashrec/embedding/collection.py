@@ -4,7 +4,8 @@ Tables are dense (``num_rows`` known, rows in a buffer) or dynamic (a
 ``HashTable`` per storage, possibly fused across tables; see ``plan``). Per
 forward and per storage, the ids of every feature reading it are deduplicated
 and looked up once; backward applies the sparse optimizer to the looked-up rows
-in place (see ``lookup``). The collection has no ``nn.Parameter``: the dense
+in place (see ``lookup``). On one process, storages of one row width share the
+dedup and the pooling (``joint``). The collection has no ``nn.Parameter``: the dense
 optimizer never sees embeddings, and dense tables' rows and optimizer state
 travel in ``state_dict`` as buffers. Dynamic tables are reached through
 ``dynamic_tables()`` and ``table_locations()`` (checkpoints, exports).
@@ -47,6 +48,7 @@ from hashrec.embedding.dense_table import DenseTable
 from hashrec.embedding.emit import emit_storage
 from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.jagged import KeyedJaggedTensor
+from hashrec.embedding.joint import joins_enabled, joint_ids, joint_name, make_joins, split_join
 from hashrec.embedding.lookup import Storage, lookup_rows
 from hashrec.embedding.output import EmbeddingOutput
 from hashrec.embedding.plan import plan_storages
@@ -157,6 +159,8 @@ class EmbeddingCollection(nn.Module):
         self._sharded = ShardedLookups(sharded, dist, group, self.comm_timer) \
             if world > 1 else None
         self._sharing = self._share_sizes()
+        # Storages of one row width share their dedup and pooling (one process only).
+        self._joint = self._sharded is None and joins_enabled()
         # Coming batches' ids and dedup started by ``prepare``: (kjt, ids, pending),
         # oldest first, at most ``_MAX_AHEAD``.
         self._ahead: list[tuple] = []
@@ -196,18 +200,8 @@ class EmbeddingCollection(nn.Module):
             del self._ahead[:ready[0] + 1]
         else:
             ids, pending = self._feature_ids(storages, kjt), None
-        batches = self._dedup(storages, ids, pending)
-        if self._sharded is not None:
-            looked = self._sharded.lookup(
-                [Request(s, b.keys, b.tags, b.counts, b.owner_counts, b.recv_counts,
-                         b.unique_per_rank) for s, b in zip(storages, batches)],
-                self.training)
-        else:
-            looked = [lookup_rows(s, b.keys, b.tags, b.counts, self.training)
-                      for s, b in zip(storages, batches)]
         out = EmbeddingOutput()
-        for storage, fs, batch, (rows, slots) in zip(storages, ids, batches, looked):
-            self._count(storage, batch, fs, slots)
+        for batch, rows in self._lookups(storages, ids, self._dedup(storages, ids, pending)):
             for f, value in zip(batch.features, emit_storage(rows, batch)):
                 if f.spec.is_sequence:
                     out.sequences[f.spec.name] = (value, f.lengths)
@@ -235,9 +229,10 @@ class EmbeddingCollection(nn.Module):
         self._check_input(kjt)
         storages = self._read_storages()
         ids = self._feature_ids(storages, kjt)
-        picked = [i for i, s in enumerate(storages) if s.name not in self.zch_remappers]
-        self._ahead.append((kjt, ids, start_dedup([self._dedup_entry(storages[i], ids[i])
-                                                   for i in picked],
+        joins = [join for join in self._joins(storages)
+                 if storages[join[0]].name not in self.zch_remappers]
+        self._ahead.append((kjt, ids, start_dedup([self._dedup_entry(storages, ids, join)
+                                                   for join in joins],
                                                   self._sharing)))
         del self._ahead[:-_MAX_AHEAD]
 
@@ -263,10 +258,22 @@ class EmbeddingCollection(nn.Module):
         return [[[feature_ids(f, bags[f.name]) for f in fs] for fs in self._readers[s.name]]
                 for s in storages]
 
-    def _dedup_entry(self, storage: Storage, ids: list[list[FeatureIds]]) -> tuple:
-        """``dedup_storages``' entry of a storage: ids of dense tables without ZCH are
+    def _joins(self, storages: list[Storage]) -> list[tuple[int, ...]]:
+        """Storages deduplicated and emitted together (``hashrec.embedding.joint``)."""
+        if not self._joint:
+            return [(i,) for i in range(len(storages))]
+        return make_joins(storages, set(self.zch_remappers))
+
+    def _dedup_entry(self, storages: list[Storage], ids: list[list[list[FeatureIds]]],
+                     join: tuple[int, ...]) -> tuple:
+        """``dedup_storages``' entry of a join: ids of dense tables without ZCH are
         rows (checked against the tables' sizes before any lookup); a sharded storage
-        also counts the keys each rank owns (the lookup's sizes, known ahead)."""
+        also counts the keys each rank owns (the lookup's sizes, known ahead). A join
+        of several storages is one fused storage of their logical tables."""
+        if len(join) > 1:
+            name = joint_name([storages[i] for i in join])
+            return joint_ids([ids[i] for i in join]), True, False, 0, name not in self._wide_ids
+        storage, ids = storages[join[0]], ids[join[0]]
         sharded = self._sharded is not None and storage.name in self._sharded.sharded
         return ids, storage.plan.fused, self._ids_are_rows(storage), \
             self._sharded.ctx.world_size if sharded else 0, storage.name not in self._wide_ids
@@ -280,35 +287,68 @@ class EmbeddingCollection(nn.Module):
         return [s for s in self._units if any(self._readers[s.name])]
 
     def _dedup(self, storages: list[Storage], ids: list[list[list[FeatureIds]]],
-               pending: PendingDedup | None = None) -> list[StorageBatch]:
-        """Deduplicated ids of every storage, dense ids checked before anything changes.
+               pending: PendingDedup | None = None
+               ) -> list[tuple[tuple[int, ...], StorageBatch]]:
+        """Deduplicated ids of every join (``_joins``), dense ids checked before anything
+        changes: (join, its batch) pairs.
 
-        ``pending``: the non-ZCH storages' dedup started by ``prepare``. ZCH storages
+        ``pending``: the non-ZCH joins' dedup started by ``prepare``. ZCH storages
         are remapped (which may claim slots) only after every other dense table's ids
         passed the range check.
         """
-        batches: list[StorageBatch | None] = [None] * len(storages)
+        joins = self._joins(storages)
+        batches: list[StorageBatch | None] = [None] * len(joins)
         for group in (False, True):
-            picked = [i for i, s in enumerate(storages)
-                      if (s.name in self.zch_remappers) == group]
+            picked = [k for k, join in enumerate(joins)
+                      if (storages[join[0]].name in self.zch_remappers) == group]
             if not picked:
                 continue
             if group:
-                for i in picked:
-                    self._remap_zch(storages[i], ids[i][0])
+                for k in picked:
+                    self._remap_zch(storages[joins[k][0]], ids[joins[k][0]][0])
             if pending is not None and not group:
                 done = pending.result()
             else:
-                done = dedup_storages([self._dedup_entry(storages[i], ids[i])
-                                       for i in picked])
-            for i, batch in zip(picked, done):
-                batches[i] = batch
+                done = dedup_storages([self._dedup_entry(storages, ids, joins[k])
+                                       for k in picked])
+            checked: list[tuple] = []
+            for k, batch in zip(picked, done):
+                batches[k] = batch
+                members = [storages[i] for i in joins[k]]
                 if batch.wide_ids:  # ids past the one-pass sort's range: two passes from now
-                    self._wide_ids.add(storages[i].name)
+                    self._wide_ids.add(joint_name(members))
+                parts = split_join(batch, members) if len(members) > 1 else [batch]
+                checked += [(storages[i], ids[i], part) for i, part in zip(joins[k], parts)]
             if not group:
-                self._check_dense_ids([storages[i] for i in picked], [ids[i] for i in picked],
-                                      done)
-        return batches
+                self._check_dense_ids(*(list(column) for column in zip(*checked)))
+        return list(zip(joins, batches))
+
+    def _lookups(self, storages: list[Storage], ids: list[list[list[FeatureIds]]],
+                 deduped: list[tuple[tuple[int, ...], StorageBatch]]
+                 ) -> list[tuple[StorageBatch, torch.Tensor]]:
+        """Every join's batch and unique rows (members' rows one after the other), each
+        storage's lookup counted in its statistics."""
+        if self._sharded is not None:  # every join is one storage
+            batches = [batch for _, batch in deduped]
+            looked = self._sharded.lookup(
+                [Request(s, b.keys, b.tags, b.counts, b.owner_counts, b.recv_counts,
+                         b.unique_per_rank) for s, b in zip(storages, batches)],
+                self.training)
+            for storage, fs, batch, (_, slots) in zip(storages, ids, batches, looked):
+                self._count(storage, batch, fs, slots)
+            return [(batch, rows) for batch, (rows, _) in zip(batches, looked)]
+        out = []
+        for join, batch in deduped:
+            members = [storages[i] for i in join]
+            parts = split_join(batch, members) if len(join) > 1 else [batch]
+            rows = []
+            for i, storage, part in zip(join, members, parts):
+                looked, slots = lookup_rows(storage, part.keys, part.tags, part.counts,
+                                            self.training)
+                self._count(storage, part, ids[i], slots)
+                rows.append(looked)
+            out.append((batch, torch.cat(rows) if len(rows) > 1 else rows[0]))
+        return out
 
     def idle_lookups(self) -> None:
         """Serve the peers' eval-mode lookups without a batch of this rank's own.

@@ -106,7 +106,7 @@ def test_ids_past_the_one_pass_sort_fall_back_for_good(make_kjt, monkeypatch):
     sort_storage = batching._sort_storage
 
     def spy(*args):
-        if len(args[0]) == 2:  # the fused storage (two logical tables)
+        if len(args[0]) == 2:  # two logical tables: the fused storage, or the join
             tried.append(len(args) > 4 and args[4])
         return sort_storage(*args)
 
@@ -122,4 +122,7 @@ def test_ids_past_the_one_pass_sort_fall_back_for_good(make_kjt, monkeypatch):
         for name in outs[0].pooled:
             torch.testing.assert_close(outs[0].pooled[name], outs[1].pooled[name])
         torch.testing.assert_close(outs[0].sequences["hist"][0], outs[1].sequences["hist"][0])
-    assert tried == [True, True, False, False]  # step 1 tries, sorts again; step 2 does not try
+    # The unfused collection's two storages share their dedup (one join), which falls
+    # back alike: per step, the fused collection's sorts then the join's. Step 1 tries,
+    # sorts again; step 2 does not try.
+    assert tried == [True, True] + [True, False] * 2 + [False, False]

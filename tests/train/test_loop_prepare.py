@@ -3,42 +3,22 @@ uses it instead of deduplicating again."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
+from small_din import STEPS, generate_data, small_loop
 
-from hashrec.config import apply_edit_config_json, load_pipeline_config
 from hashrec.embedding import collection as collection_module
-from hashrec.tools.gen_taobao_data import generate
-from hashrec.train import checkpoints
-from hashrec.train.loop import LoopOptions, TrainLoop
-from hashrec.train.session import build_session
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIG = os.path.join(ROOT, "examples", "multi_tower_din_taobao_dynamicemb.config")
-STEPS = 4
+from hashrec.train.loop import TrainLoop
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("taobao")
-    generate(str(out), 1500, seed=4, scale=0.001, quiet=True)
+    generate_data(out, seed=4)
     return out
 
 
 def _loop(data_dir, tmp_path) -> TrainLoop:
-    edits = {"data_config.batch_size": 256, "data_config.num_workers": 0,
-             "train_config.num_steps": STEPS, "eval_input_path": "",
-             "model_dir": str(tmp_path / "model"),
-             "feature_configs[sequence_name=click_50_seq].sequence_feature.sequence_length": 8,
-             "model_config.multi_tower_din.towers[0].mlp.hidden_units": [8],
-             "model_config.multi_tower_din.din_towers[0].attn_mlp.hidden_units": [8],
-             "model_config.multi_tower_din.final.hidden_units": [4]}
-    config = apply_edit_config_json(load_pipeline_config(CONFIG), edits)
-    torch.manual_seed(0)
-    session = build_session(config, device=torch.device("cpu"))
-    return TrainLoop(session, LoopOptions.from_config(config), checkpoints.Resume())
+    return small_loop(tmp_path / "model")
 
 
 def test_each_batch_is_deduplicated_once(data_dir, tmp_path, monkeypatch):

@@ -1,0 +1,161 @@
+"""Where the training thread's time goes, function by function, without a profiler.
+
+A training step on one GPU is bound by the host, and a profiler or a stack sampler
+slows exactly that host (the profiled step runs at two to three times the
+unprofiled one, and a sampler's GIL use inflates the lines that release it). This
+runs ``TrainLoop.train_step`` like ``profile_train_step.py`` and wraps a fixed set
+of the step's functions with ``time.perf_counter`` (about a microsecond per call),
+then reports each one's inclusive milliseconds per step, split by storage where
+the function serves one storage (dynamic table or dense rows). Functions of the
+autograd backward run on its thread; their times are that thread's.
+
+Usage::
+
+    python benchmarks/host_split.py --data DIR --config dynamicemb --out OUT/host_split
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import write_results  # noqa: E402
+from profile_train_step import _endless, _session, step_arguments  # noqa: E402
+
+from hashrec.train.prefetch import DevicePrefetcher  # noqa: E402
+
+
+def _label_storage(args) -> str:
+    storage = args[0]
+    return "dynamic" if storage.plan.is_dynamic else "dense"
+
+
+def _label_rows(args) -> str:
+    return "rows" if len(args) > 2 and args[2] else "keys"
+
+
+def _targets():
+    """(owner, attribute, label from the call's arguments or None)."""
+    from hashrec.embedding import batching, collection, emit, lookup
+    from hashrec.table import hash_table, lookup_graphs
+    from hashrec.train import graphs, loop, precision, prefetch
+
+    return [
+        (loop.TrainLoop, "train_step", None),
+        (prefetch.DevicePrefetcher, "_start", None),
+        (prefetch.DevicePrefetcher, "_ready", None),
+        (collection.EmbeddingCollection, "prepare", None),
+        (collection.EmbeddingCollection, "forward", None),
+        (collection.EmbeddingCollection, "_dedup", None),
+        (collection.EmbeddingCollection, "_feature_ids", None),
+        (collection.EmbeddingCollection, "_count", None),
+        (batching, "_sort_storage", _label_rows),
+        (batching.PendingDedup, "__init__", None),
+        (batching.PendingDedup, "result", None),
+        (batching, "_finish_storage", None),
+        (collection, "lookup_rows", _label_storage),
+        (hash_table.HashTable, "lookup", None),
+        (lookup_graphs.LookupGraphs, "_replay", None),
+        (collection, "emit_storage", None),
+        (collection, "record_lookups", None),
+        (emit, "reduce_feature_grads", None),
+        (lookup.Storage, "apply_gradients", _label_storage),  # args[0]: the storage
+        (graphs.DenseGraphs, "__call__", None),
+        (precision.MixedPrecision, "backward", None),
+        (precision.MixedPrecision, "step", None),
+    ]
+
+
+class _Timers:
+    def __init__(self) -> None:
+        self.seconds: collections.Counter = collections.Counter()
+        self.calls: collections.Counter = collections.Counter()
+        self.on = False
+        self._restore = []
+
+    def wrap(self, owner, name: str, label) -> None:
+        real = getattr(owner, name)
+        title = f"{getattr(owner, '__name__', owner)}.{name}"
+
+        @functools.wraps(real)
+        def timed(*args, **kwargs):
+            if not self.on:
+                return real(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                key = title if label is None else f"{title}[{label(args)}]"
+                self.seconds[key] += time.perf_counter() - start
+                self.calls[key] += 1
+
+        setattr(owner, name, timed)
+        self._restore.append((owner, name, real))
+
+    def restore(self) -> None:
+        for owner, name, real in reversed(self._restore):
+            setattr(owner, name, real)
+
+
+def run(args) -> dict:
+    session, loop = _session(args)
+    timers = _Timers()
+    for owner, name, label in _targets():
+        timers.wrap(owner, name, label)
+    try:
+        prefetcher = DevicePrefetcher(_endless(loop, args.data), session.device)
+        it = iter(prefetcher)
+        for _ in range(args.warmup):
+            loop.train_step(next(it), prefetcher.upcoming)
+        sync = torch.cuda.synchronize if session.device.type == "cuda" else (lambda: None)
+        sync()
+        timers.on = True
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            loop.train_step(next(it), prefetcher.upcoming)
+        sync()
+        wall = (time.perf_counter() - start) * 1000.0 / args.steps
+    finally:
+        timers.on = False
+        timers.restore()
+    rows = [{"function": key, "calls_per_step": timers.calls[key] / args.steps,
+             "ms_per_step": seconds * 1000.0 / args.steps}
+            for key, seconds in timers.seconds.most_common()]
+    return {"config": args.config, "steps": args.steps, "warmup": args.warmup,
+            "wall_ms_per_step": wall, "rows": rows,
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": "python " + " ".join(sys.argv)}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Host time per function: {result['config']}", "",
+             f"{result['date']}, {result['device']}, torch {result['torch']}.", "",
+             f"Command: `{result['command']}`", "",
+             f"{result['steps']} steps after {result['warmup']} warm-up steps: "
+             f"{result['wall_ms_per_step']:.2f} ms/step wall. Inclusive host milliseconds "
+             f"per step (nested functions count in their callers too):", "",
+             "| function | calls/step | ms/step |", "|---|---:|---:|"]
+    lines += [f"| `{r['function']}` | {r['calls_per_step']:.1f} | {r['ms_per_step']:.3f} |"
+              for r in result["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = step_arguments(__doc__, warmup=300, steps=200).parse_args(argv)
+    result = run(args)
+    text = markdown(result)
+    print(text, flush=True)
+    if args.out:
+        write_results(args.out, result, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

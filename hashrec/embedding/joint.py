@@ -1,0 +1,105 @@
+"""Storages of one row width deduplicated and emitted together.
+
+Each storage a forward reads costs the host a fixed set of launches whatever its
+size: its ids' sort and layout, its features' pooling, and in backward their
+gradient reduction. On one GPU, where the step is bound by the host, a dense
+group of a few small single-valued features costs about as much as a dynamic
+storage of a million ids. Storages whose rows have the same width therefore
+share one *join*: their ids are deduplicated in one pass, as the logical tables
+of one storage (the tags of the second storage follow those of the first),
+each storage looks up its own slice of the unique keys, the rows are
+concatenated, and one ``emit_storage`` pools every feature and reduces every
+gradient; autograd hands each storage the gradient of its own rows.
+
+Results equal those of storage-by-storage dedup: a storage's unique keys, their
+counts and order are the same, and every feature's output and gradient is the
+same sum in the same order.
+
+Joins are made only for a collection on one process (sharded storages exchange
+their own keys) and never for ZCH storages (remapped after the others' ids are
+checked). ``HASHREC_JOINT_DEDUP=0`` keeps every storage on its own.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+
+from hashrec.embedding.batching import FeatureIds, StorageBatch
+
+ENV = "HASHREC_JOINT_DEDUP"
+
+
+def joins_enabled() -> bool:
+    """Whether storages of one row width share their dedup (``HASHREC_JOINT_DEDUP``).
+
+    Raises:
+        ValueError: the variable is set to neither 0 nor 1.
+    """
+    value = os.environ.get(ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{ENV}={value!r}: expected 0 or 1")
+    return value != "0"
+
+
+def make_joins(storages: list, alone: set[str]) -> list[tuple[int, ...]]:
+    """Indices of ``storages`` grouped by row width, each join in the order of its first
+    member; storages named in ``alone`` form joins of their own."""
+    joins: list[list[int]] = []
+    by_dim: dict[int, list[int]] = {}
+    for i, storage in enumerate(storages):
+        if storage.name in alone:
+            joins.append([i])
+            continue
+        join = by_dim.get(storage.table.dim)
+        if join is None:
+            join = by_dim[storage.table.dim] = []
+            joins.append(join)
+        join.append(i)
+    return [tuple(join) for join in joins]
+
+
+def joint_name(storages: list) -> str:
+    return "+".join(s.name for s in storages)
+
+
+def joint_ids(ids: list[list[list[FeatureIds]]]) -> list[list[FeatureIds]]:
+    """The members' features per tag, as one storage's: member after member."""
+    return [features for member in ids for features in member]
+
+
+class Part(NamedTuple):
+    """One member's share of a join's dedup: what its lookup and statistics read.
+
+    Attributes:
+        keys: (u,) its unique keys. tags: (u,) int32 its own tags (None when the
+            storage is not fused). counts: (u,) occurrences. unique_per_table: per
+            tag of the storage. key_ranges: per tag, smallest and largest id (or None).
+    """
+
+    keys: torch.Tensor
+    tags: torch.Tensor | None
+    counts: torch.Tensor
+    unique_per_table: list[int]
+    key_ranges: list[tuple[int, int] | None]
+
+
+def split_join(batch: StorageBatch, storages: list) -> list[Part]:
+    """Each member's slice of a join's ``batch`` (keys come tag by tag, members in
+    order, so a member's keys are one slice)."""
+    parts, first_tag, first_key = [], 0, 0
+    for storage in storages:
+        num_tags = len(storage.plan.tables)
+        per_table = batch.unique_per_table[first_tag:first_tag + num_tags]
+        end = first_key + sum(per_table)
+        tags = None
+        if storage.plan.fused:
+            tags = batch.tags[first_key:end]
+            if first_tag:
+                tags = tags - first_tag
+        parts.append(Part(batch.keys[first_key:end], tags, batch.counts[first_key:end],
+                          per_table, batch.key_ranges[first_tag:first_tag + num_tags]))
+        first_tag, first_key = first_tag + num_tags, end
+    return parts

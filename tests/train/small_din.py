@@ -1,0 +1,38 @@
+"""A small MultiTowerDIN training loop on the example dynamicemb config (a fused dynamic
+storage and a dense group, both 16 wide), for tests of the training step."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from hashrec.config import apply_edit_config_json, load_pipeline_config
+from hashrec.tools.gen_taobao_data import generate
+from hashrec.train import checkpoints
+from hashrec.train.loop import LoopOptions, TrainLoop
+from hashrec.train.session import build_session
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(ROOT, "examples", "multi_tower_din_taobao_dynamicemb.config")
+STEPS = 4
+
+
+def generate_data(out, seed: int) -> None:
+    """1,500 Taobao-like rows (about six batches of 256)."""
+    generate(str(out), 1500, seed=seed, scale=0.001, quiet=True)
+
+
+def small_loop(model_dir, device: str = "cpu") -> TrainLoop:
+    """A TrainLoop of STEPS steps of 256 samples, sequences of 8, narrow towers."""
+    edits = {"data_config.batch_size": 256, "data_config.num_workers": 0,
+             "train_config.num_steps": STEPS, "eval_input_path": "",
+             "model_dir": str(model_dir),
+             "feature_configs[sequence_name=click_50_seq].sequence_feature.sequence_length": 8,
+             "model_config.multi_tower_din.towers[0].mlp.hidden_units": [8],
+             "model_config.multi_tower_din.din_towers[0].attn_mlp.hidden_units": [8],
+             "model_config.multi_tower_din.final.hidden_units": [4]}
+    config = apply_edit_config_json(load_pipeline_config(CONFIG), edits)
+    torch.manual_seed(0)
+    session = build_session(config, device=torch.device(device))
+    return TrainLoop(session, LoopOptions.from_config(config), checkpoints.Resume())

@@ -1,0 +1,101 @@
+"""Storages of one row width deduplicated and emitted together (``joint``) train
+exactly as storage by storage."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from small_din import STEPS, generate_data, small_loop
+
+from hashrec.embedding import batching, joint
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("taobao")
+    generate_data(out, seed=5)
+    return out
+
+
+def _trained(data_dir, model_dir, monkeypatch, enabled: str, sorts: list,
+             device: str = "cpu") -> dict:
+    """The example dynamicemb config (a dynamic storage and a dense group, both 16 wide)
+    after STEPS steps; ``sorts`` collects the logical tables of each dedup sort."""
+    monkeypatch.setenv(joint.ENV, enabled)
+    loop = small_loop(model_dir, device)
+    session = loop.session
+    real = batching._sort_storage
+    monkeypatch.setattr(batching, "_sort_storage",
+                        lambda *args: sorts.append(len(args[0])) or real(*args))
+    loop.run(str(data_dir))
+    monkeypatch.setattr(batching, "_sort_storage", real)
+    assert loop.step == STEPS
+    state = {k: v.clone() for k, v in session.model.state_dict().items()
+             if isinstance(v, torch.Tensor)}
+    for name, table in session.model.embedding.dynamic_tables().items():
+        keys, tags, rows, scores = (torch.cat(parts) for parts in
+                                    zip(*table.export_state(1 << 20)))
+        order = torch.argsort(keys)
+        state[f"table {name}"] = torch.cat([keys[order, None].double(),
+                                            tags[order, None].double(), rows[order].double(),
+                                            scores[order, None].double()], 1)
+    return state
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_a_join_trains_exactly_as_its_storages_apart(data_dir, tmp_path, monkeypatch, device):
+    apart_sorts, joint_sorts = [], []
+    apart = _trained(data_dir, tmp_path / "apart", monkeypatch, "0", apart_sorts, device)
+    joined = _trained(data_dir, tmp_path / "joint", monkeypatch, "1", joint_sorts, device)
+    # Apart: per batch one sort of the dynamic storage's 6 tables and one of the dense
+    # group's; joined: one sort of all of them.
+    assert len(apart_sorts) == 2 * len(joint_sorts) and len(set(joint_sorts)) == 1
+    assert joint_sorts[0] == sum(set(apart_sorts))
+    assert apart.keys() == joined.keys()
+    assert any(name.startswith("table ") for name in apart)
+    for name, value in apart.items():
+        assert torch.equal(value, joined[name]), name
+
+
+def _storage(name: str, dim: int, tables: int, fused: bool = True):
+    plan = SimpleNamespace(tables=(None,) * tables, fused=fused)
+    return SimpleNamespace(name=name, table=SimpleNamespace(dim=dim), plan=plan)
+
+
+def test_joins_group_storages_by_row_width():
+    storages = [_storage("a", 16, 2), _storage("b", 8, 1), _storage("c", 16, 1),
+                _storage("z", 16, 1), _storage("d", 8, 3)]
+    assert joint.make_joins(storages, alone={"z"}) == [(0, 2), (1, 4), (3,)]
+    assert joint.joint_name([storages[0], storages[2]]) == "a+c"
+
+
+def test_split_join_gives_each_member_its_keys_and_own_tags():
+    members = [_storage("a", 16, 2), _storage("b", 16, 1, fused=False),
+               _storage("c", 16, 2)]
+    keys = torch.tensor([1, 5, 2, 7, 7, 9, 3])
+    batch = SimpleNamespace(keys=keys, tags=torch.tensor([0, 0, 1, 2, 3, 3, 4],
+                                                         dtype=torch.int32),
+                            counts=torch.arange(7), unique_per_table=[2, 1, 1, 2, 1],
+                            key_ranges=[(1, 5), (2, 2), (7, 7), (7, 9), (3, 3)])
+    a, b, c = joint.split_join(batch, members)
+    assert a.keys.tolist() == [1, 5, 2] and a.tags.tolist() == [0, 0, 1]
+    assert a.unique_per_table == [2, 1] and a.key_ranges == [(1, 5), (2, 2)]
+    assert b.keys.tolist() == [7] and b.tags is None and b.counts.tolist() == [3]
+    assert c.keys.tolist() == [7, 9, 3] and c.tags.tolist() == [0, 0, 1]
+    assert c.tags.dtype == torch.int32 and c.key_ranges == [(7, 9), (3, 3)]
+
+
+@pytest.mark.parametrize(("value", "enabled"), [("", True), ("1", True), ("0", False)])
+def test_joins_setting(monkeypatch, value, enabled):
+    monkeypatch.setenv(joint.ENV, value)
+    assert joint.joins_enabled() == enabled
+
+
+def test_joins_setting_is_checked(monkeypatch):
+    monkeypatch.setenv(joint.ENV, "no")
+    with pytest.raises(ValueError, match="expected 0 or 1"):
+        joint.joins_enabled()
