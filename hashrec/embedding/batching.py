@@ -80,6 +80,8 @@ class StorageBatch:
             the keys each rank sends this one, else None.
         unique_per_rank: storages whose dedup every rank shared: every rank's number of
             unique keys (a replicated dense table's gradient rows), else None.
+        unique_per_rank_table: the same per rank and logical table (what a join's
+            members take their share from), else None.
         wide_ids: the batch was to sort in one pass (``narrow``) but an id did not
             fit; it was sorted again in two. Later batches should not try.
     """
@@ -97,6 +99,7 @@ class StorageBatch:
     recv_counts: list[int] | None = None
     unique_per_rank: list[int] | None = None
     wide_ids: bool = False
+    unique_per_rank_table: list[list[int]] | None = None
 
 
 def feature_ids(spec: EmbeddingFeatureSpec, bags: JaggedTensor) -> FeatureIds:
@@ -198,11 +201,14 @@ def _tags_for(pairs: tuple[tuple[int, int], ...], n: int, device) -> torch.Tenso
 
 
 def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
-                  row_ids: bool = False, owners: int = 0, narrow: bool = False) -> _Sorted:
+                  row_ids: bool = False, owners: int = 0, narrow: bool = False,
+                  owned: tuple[int, int] | None = None) -> _Sorted:
     """Sorts a storage's ids by (tag, id) and marks the unique ones.
 
     ``owners`` > 1: the storage is sharded over that many ranks; the summary also
-    counts the unique keys each rank owns (``owner_of``), what the lookup sends it.
+    counts the unique keys each rank owns (``owner_of``), what the lookup sends it:
+    those of the tags in [``owned[0]``, ``owned[1]``) when given (a join whose other
+    storages are not sharded), else of every tag.
 
     ``row_ids``: every id is a row of a dense table, in [0, 2 ** 40) when valid; one
     sort of ``tag << 40 | id`` then replaces sorting by id and stably by tag. With an
@@ -258,8 +264,13 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         summary = tag_summary(sorted_tags, sorted_ids, group, num_tags, bad)
     summary = summary.reshape(-1)
     if owners:
-        summary = torch.cat([summary, owner_counts(sorted_ids, new, owners)])
-    source = (features_by_tag, fused, row_ids, owners) if narrow else ()
+        counted = new
+        if owned is not None and sorted_tags is not None:
+            counted = new & (sorted_tags >= owned[0]) & (sorted_tags < owned[1])
+        elif owned is not None and not owned[0] <= used[0] < owned[1]:
+            counted = torch.zeros_like(new)  # the one tag read is not a sharded one
+        summary = torch.cat([summary, owner_counts(sorted_ids, counted, owners)])
+    source = (features_by_tag, fused, row_ids, owners, False, owned) if narrow else ()
     return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary, owners,
                    source)
 
@@ -387,6 +398,7 @@ def _add_peer_sizes(batch: StorageBatch, s: _Sorted, per_rank: list[list[int]],
     """What the peers' summaries tell ``batch``: keys each sends this rank (sharded
     storages) and each one's number of unique keys."""
     num_tags = (len(per_rank[0]) - s.owners) // 3
+    batch.unique_per_rank_table = [summary[:num_tags] for summary in per_rank]
     batch.unique_per_rank = [sum(summary[:num_tags]) for summary in per_rank]
     if s.owners:
         batch.recv_counts = [summary[3 * num_tags + rank] for summary in per_rank]
@@ -410,11 +422,12 @@ def dedup_storages(storages: list[tuple]) -> list[StorageBatch]:
 
     Args:
         storages: per storage, ``(features_by_tag, fused[, row_ids[, owners[,
-            narrow]]])``: for each logical table of the storage (index = tag) the
-            features reading it this batch, whether tags are passed to the storage
+            narrow[, owned]]]])``: for each logical table of the storage (index = tag)
+            the features reading it this batch, whether tags are passed to the storage
             (False: one logical table, tag 0), whether the ids are rows of dense
-            tables (a faster sort), the ranks a sharded storage spans, and whether
-            to try the one-pass sort of other keys (see ``_sort_storage``).
+            tables (a faster sort), the ranks a sharded storage spans, whether to try
+            the one-pass sort of other keys, and the tags whose keys are sharded (see
+            ``_sort_storage``).
 
     Unique keys come tag by tag, ascending within a tag. All storages' sizes reach
     the host in one device read.

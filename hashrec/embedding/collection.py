@@ -4,8 +4,8 @@ Tables are dense (``num_rows`` known, rows in a buffer) or dynamic (a
 ``HashTable`` per storage, possibly fused across tables; see ``plan``). Per
 forward and per storage, the ids of every feature reading it are deduplicated
 and looked up once; backward applies the sparse optimizer to the looked-up rows
-in place (see ``lookup``). On one process, storages of one row width share the
-dedup and the pooling (``joint``). The collection has no ``nn.Parameter``: the dense
+in place (see ``lookup``). Storages of one row width share the dedup and the
+pooling (``joint``). The collection has no ``nn.Parameter``: the dense
 optimizer never sees embeddings, and dense tables' rows and optimizer state
 travel in ``state_dict`` as buffers. Dynamic tables are reached through
 ``dynamic_tables()`` and ``table_locations()`` (checkpoints, exports).
@@ -48,7 +48,14 @@ from hashrec.embedding.dense_table import DenseTable
 from hashrec.embedding.emit import emit_storage
 from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.jagged import KeyedJaggedTensor
-from hashrec.embedding.joint import joins_enabled, joint_ids, joint_name, make_joins, split_join
+from hashrec.embedding.joint import (
+    joins_enabled,
+    joint_ids,
+    joint_name,
+    make_joins,
+    owned_tags,
+    split_join,
+)
 from hashrec.embedding.lookup import Storage, lookup_rows
 from hashrec.embedding.output import EmbeddingOutput
 from hashrec.embedding.plan import plan_storages
@@ -159,8 +166,9 @@ class EmbeddingCollection(nn.Module):
         self._sharded = ShardedLookups(sharded, dist, group, self.comm_timer) \
             if world > 1 else None
         self._sharing = self._share_sizes()
-        # Storages of one row width share their dedup and pooling (one process only).
-        self._joint = self._sharded is None and joins_enabled()
+        # Storages of one row width share their dedup and pooling (``joint``).
+        self._joint = joins_enabled()
+        self._sharded_names = frozenset(sharded)
         # Coming batches' ids and dedup started by ``prepare``: (kjt, ids, pending),
         # oldest first, at most ``_MAX_AHEAD``.
         self._ahead: list[tuple] = []
@@ -262,7 +270,7 @@ class EmbeddingCollection(nn.Module):
         """Storages deduplicated and emitted together (``hashrec.embedding.joint``)."""
         if not self._joint:
             return [(i,) for i in range(len(storages))]
-        return make_joins(storages, set(self.zch_remappers))
+        return make_joins(storages, set(self.zch_remappers), self._sharded_names)
 
     def _dedup_entry(self, storages: list[Storage], ids: list[list[list[FeatureIds]]],
                      join: tuple[int, ...]) -> tuple:
@@ -271,8 +279,11 @@ class EmbeddingCollection(nn.Module):
         also counts the keys each rank owns (the lookup's sizes, known ahead). A join
         of several storages is one fused storage of their logical tables."""
         if len(join) > 1:
-            name = joint_name([storages[i] for i in join])
-            return joint_ids([ids[i] for i in join]), True, False, 0, name not in self._wide_ids
+            members = [storages[i] for i in join]
+            owned = owned_tags(members, self._sharded_names)
+            owners = self._sharded.ctx.world_size if owned is not None else 0
+            return joint_ids([ids[i] for i in join]), True, False, owners, \
+                joint_name(members) not in self._wide_ids, owned
         storage, ids = storages[join[0]], ids[join[0]]
         sharded = self._sharded is not None and storage.name in self._sharded.sharded
         return ids, storage.plan.fused, self._ids_are_rows(storage), \
@@ -317,7 +328,8 @@ class EmbeddingCollection(nn.Module):
                 members = [storages[i] for i in joins[k]]
                 if batch.wide_ids:  # ids past the one-pass sort's range: two passes from now
                     self._wide_ids.add(joint_name(members))
-                parts = split_join(batch, members) if len(members) > 1 else [batch]
+                parts = split_join(batch, members, self._sharded_names) \
+                    if len(members) > 1 else [batch]
                 checked += [(storages[i], ids[i], part) for i, part in zip(joins[k], parts)]
             if not group:
                 self._check_dense_ids(*(list(column) for column in zip(*checked)))
@@ -327,26 +339,29 @@ class EmbeddingCollection(nn.Module):
                  deduped: list[tuple[tuple[int, ...], StorageBatch]]
                  ) -> list[tuple[StorageBatch, torch.Tensor]]:
         """Every join's batch and unique rows (members' rows one after the other), each
-        storage's lookup counted in its statistics."""
-        if self._sharded is not None:  # every join is one storage
-            batches = [batch for _, batch in deduped]
-            looked = self._sharded.lookup(
-                [Request(s, b.keys, b.tags, b.counts, b.owner_counts, b.recv_counts,
-                         b.unique_per_rank) for s, b in zip(storages, batches)],
-                self.training)
-            for storage, fs, batch, (_, slots) in zip(storages, ids, batches, looked):
-                self._count(storage, batch, fs, slots)
-            return [(batch, rows) for batch, (rows, _) in zip(batches, looked)]
-        out = []
+        storage's lookup counted in its statistics. Under several ranks the storages'
+        requests go to the exchanges in the storages' order (what ``idle_lookups``
+        matches)."""
+        parts: dict[int, object] = {}
         for join, batch in deduped:
             members = [storages[i] for i in join]
-            parts = split_join(batch, members) if len(join) > 1 else [batch]
-            rows = []
-            for i, storage, part in zip(join, members, parts):
-                looked, slots = lookup_rows(storage, part.keys, part.tags, part.counts,
-                                            self.training)
-                self._count(storage, part, ids[i], slots)
-                rows.append(looked)
+            split = split_join(batch, members, self._sharded_names) if len(join) > 1 \
+                else [batch]
+            parts.update(zip(join, split))
+        order = sorted(parts)
+        if self._sharded is not None:
+            looked = dict(zip(order, self._sharded.lookup(
+                [Request(storages[i], p.keys, p.tags, p.counts, p.owner_counts,
+                         p.recv_counts, p.unique_per_rank)
+                 for i, p in ((i, parts[i]) for i in order)], self.training)))
+        else:
+            looked = {i: lookup_rows(storages[i], parts[i].keys, parts[i].tags,
+                                     parts[i].counts, self.training) for i in order}
+        for i in order:
+            self._count(storages[i], parts[i], ids[i], looked[i][1])
+        out = []
+        for join, batch in deduped:
+            rows = [looked[i][0] for i in join]
             out.append((batch, torch.cat(rows) if len(rows) > 1 else rows[0]))
         return out
 

@@ -15,9 +15,12 @@ Results equal those of storage-by-storage dedup: a storage's unique keys, their
 counts and order are the same, and every feature's output and gradient is the
 same sum in the same order.
 
-Joins are made only for a collection on one process (sharded storages exchange
-their own keys) and never for ZCH storages (remapped after the others' ids are
-checked). ``HASHREC_JOINT_DEDUP=0`` keeps every storage on its own.
+Under several ranks a join holds at most one sharded (dynamic) storage: the dedup
+counts the keys each rank owns over that storage's tags only, and the sizes the
+ranks share tell each replicated member its rows per rank. Requests still reach
+the exchanges storage by storage, in the storages' order. ZCH storages never join
+(they are remapped after the others' ids are checked). ``HASHREC_JOINT_DEDUP=0``
+keeps every storage on its own.
 """
 
 from __future__ import annotations
@@ -44,9 +47,11 @@ def joins_enabled() -> bool:
     return value != "0"
 
 
-def make_joins(storages: list, alone: set[str]) -> list[tuple[int, ...]]:
+def make_joins(storages: list, alone: set[str], sharded: frozenset[str] = frozenset()
+               ) -> list[tuple[int, ...]]:
     """Indices of ``storages`` grouped by row width, each join in the order of its first
-    member; storages named in ``alone`` form joins of their own."""
+    member; storages named in ``alone`` form joins of their own, and a join takes at
+    most one of the ``sharded`` storages (a second one starts a join of its own)."""
     joins: list[list[int]] = []
     by_dim: dict[int, list[int]] = {}
     for i, storage in enumerate(storages):
@@ -54,11 +59,26 @@ def make_joins(storages: list, alone: set[str]) -> list[tuple[int, ...]]:
             joins.append([i])
             continue
         join = by_dim.get(storage.table.dim)
+        if join is not None and storage.name in sharded and \
+                any(storages[j].name in sharded for j in join):
+            joins.append([i])
+            continue
         if join is None:
             join = by_dim[storage.table.dim] = []
             joins.append(join)
         join.append(i)
     return [tuple(join) for join in joins]
+
+
+def owned_tags(storages: list, sharded: frozenset[str]) -> tuple[int, int] | None:
+    """The tags [first, end) of a join's sharded member, None without one."""
+    first = 0
+    for storage in storages:
+        end = first + len(storage.plan.tables)
+        if storage.name in sharded:
+            return first, end
+        first = end
+    return None
 
 
 def joint_name(storages: list) -> str:
@@ -77,6 +97,9 @@ class Part(NamedTuple):
         keys: (u,) its unique keys. tags: (u,) int32 its own tags (None when the
             storage is not fused). counts: (u,) occurrences. unique_per_table: per
             tag of the storage. key_ranges: per tag, smallest and largest id (or None).
+        owner_counts, recv_counts: the sharded member's exchange sizes (see
+            ``StorageBatch``), else None. unique_per_rank: every rank's unique keys of
+            this member, when the ranks shared their sizes, else None.
     """
 
     keys: torch.Tensor
@@ -84,22 +107,32 @@ class Part(NamedTuple):
     counts: torch.Tensor
     unique_per_table: list[int]
     key_ranges: list[tuple[int, int] | None]
+    owner_counts: list[int] | None = None
+    recv_counts: list[int] | None = None
+    unique_per_rank: list[int] | None = None
 
 
-def split_join(batch: StorageBatch, storages: list) -> list[Part]:
+def split_join(batch: StorageBatch, storages: list, sharded: frozenset[str] = frozenset()
+               ) -> list[Part]:
     """Each member's slice of a join's ``batch`` (keys come tag by tag, members in
     order, so a member's keys are one slice)."""
     parts, first_tag, first_key = [], 0, 0
+    per_rank = batch.unique_per_rank_table
     for storage in storages:
         num_tags = len(storage.plan.tables)
-        per_table = batch.unique_per_table[first_tag:first_tag + num_tags]
+        tag_end = first_tag + num_tags
+        per_table = batch.unique_per_table[first_tag:tag_end]
         end = first_key + sum(per_table)
         tags = None
         if storage.plan.fused:
             tags = batch.tags[first_key:end]
             if first_tag:
                 tags = tags - first_tag
+        exchange = (batch.owner_counts, batch.recv_counts) if storage.name in sharded \
+            else (None, None)
         parts.append(Part(batch.keys[first_key:end], tags, batch.counts[first_key:end],
-                          per_table, batch.key_ranges[first_tag:first_tag + num_tags]))
-        first_tag, first_key = first_tag + num_tags, end
+                          per_table, batch.key_ranges[first_tag:tag_end], *exchange,
+                          None if per_rank is None else
+                          [sum(row[first_tag:tag_end]) for row in per_rank]))
+        first_tag, first_key = tag_end, end
     return parts

@@ -77,8 +77,9 @@ def _loss(collection, head, kjt, labels) -> torch.Tensor:
     return torch.nn.functional.binary_cross_entropy_with_logits(head(x).squeeze(1), labels)
 
 
-def _train(ctx=None):
-    """STEPS steps; on ranks, each takes its rows. Returns per-step global losses."""
+def _train(ctx=None, prepare: bool = False):
+    """STEPS steps; on ranks, each takes its rows. Returns per-step global losses.
+    ``prepare``: each batch's dedup is started ahead (the ranks share its sizes)."""
     collection, head = _collection(ctx), _head()
     optimizer = torch.optim.SGD(head.parameters(), lr=0.5)
     rank = ctx.rank if ctx is not None else 0
@@ -87,7 +88,10 @@ def _train(ctx=None):
     for step in range(STEPS):
         bags, labels = _global_batch(step)
         optimizer.zero_grad()
-        loss = _loss(collection, head, _kjt(bags, rows), labels[rows])
+        kjt = _kjt(bags, rows)
+        if prepare:
+            collection.prepare(kjt)
+        loss = _loss(collection, head, kjt, labels[rows])
         loss.backward()
         if ctx is not None:
             all_reduce_gradients(list(head.parameters()), ctx)
@@ -117,8 +121,8 @@ def _eval_pooled(collection, ctx=None) -> torch.Tensor | None:
     return torch.cat([out.pooled["hot"], out.pooled["adm"]], 1)
 
 
-def scenario_train(ctx):
-    collection, head, losses = _train(ctx)
+def scenario_train(ctx, prepare: bool = False):
+    collection, head, losses = _train(ctx, prepare)
     tables = collection.dynamic_tables()
     return {"losses": losses, "head": [p.detach() for p in head.parameters()],
             "dense": collection.dense_tables["dense"].rows[:, :DIM].clone(),
@@ -127,16 +131,33 @@ def scenario_train(ctx):
             "eval": _eval_pooled(collection, ctx)}
 
 
+def scenario_train_gathered(ctx):
+    """``scenario_train`` with every batch prepared ahead and the dense table's gradients
+    on the exchange of large dense tables: all-gathered in the sizes the ranks shared at
+    dedup (the dense table joins the 'evict' storage, so its rows per rank are its
+    share of the join's)."""
+    from hashrec.embedding import sharded
+
+    sharded.DENSE_REDUCE_MAX_ELEMENTS = 0
+    return scenario_train(ctx, prepare=True)
+
+
 def _close(a, b) -> bool:
     return torch.allclose(torch.as_tensor(a), torch.as_tensor(b), atol=2e-5, rtol=1e-4)
 
 
 def test_two_ranks_train_like_one_process_on_the_global_batch(tmp_path):
-    ranks = run_world({"train": scenario_train}, WORLD, tmp_path)["train"]
+    worlds = run_world({"train": scenario_train, "gathered": scenario_train_gathered},
+                       WORLD, tmp_path)
+    collection, head, losses = _train()
+    for ranks in worlds.values():
+        _check_like_one_process(ranks, collection, head, losses)
+
+
+def _check_like_one_process(ranks, collection, head, losses) -> None:
     for r in ranks:
         if isinstance(r, Exception):
             raise r
-    collection, head, losses = _train()
     ref_tables = collection.dynamic_tables()
     # The scenario exercises what it claims to.
     assert ref_tables["evict"].stats()["evictions"] > 0

@@ -45,8 +45,13 @@ def _forced_triton():
         dispatch._forced.cache_clear()
 
 
+# Tests without capture run on the GPU where there is one (compiled kernels), else on
+# the CPU with the kernels interpreted.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _options(strategy: str, initializer: InitializerArgs, scale: int = 1,
-             device: str = "cpu") -> TableOptions:
+             device: str = DEVICE) -> TableOptions:
     """A table that reaches max_capacity in its first lookups, then evicts."""
     admission_init = InitializerArgs(mode="UNIFORM", lower=-1.0, upper=1.0,
                                      key_seed=None if initializer is RANDOM else 9)
@@ -85,7 +90,8 @@ def _compare(options: TableOptions, capture: bool, tagged: bool = False, masked:
              steps: int = 8, keys_per_batch: int = 60, key_range: int = 160) -> LookupGraphs:
     """Runs a table with LookupGraphs and its eager twin on the same batches; asserts
     they agree at every step and at the end."""
-    context = contextlib.nullcontext() if capture else _forced_triton()
+    on_gpu = str(options.device).startswith("cuda")
+    context = contextlib.nullcontext() if capture or on_gpu else _forced_triton()
     with context:
         eager, padded = HashTable(options), HashTable(options)
         eager._lookup_graphs = False
@@ -187,7 +193,7 @@ def test_a_dropped_table_frees_its_lookups_without_the_cycle_collector(small_cla
     with _forced_triton():
         table = HashTable(options)
         table._lookup_graphs = LookupGraphs(table, capture=False)
-        for keys, tags, counts, _, _ in _batches(3, 60, 160, False, False, "cpu"):
+        for keys, tags, counts, _, _ in _batches(3, 60, 160, False, False, DEVICE):
             table.lookup(keys, tags, train=True, counts=counts)
     graphs = weakref.ref(table._lookup_graphs)
     assert graphs().replays > 0
@@ -210,7 +216,7 @@ def test_size_classes_that_displace_each_other_stop_being_captured(small_classes
         eager._lookup_graphs = False
         padded._lookup_graphs = graphs = LookupGraphs(padded, capture=False)
         for size in [20, 40, 60] * 6:  # classes 32, 48 and 64
-            keys = torch.randperm(160, generator=gen)[:size]
+            keys = torch.randperm(160, generator=gen)[:size].to(DEVICE)
             want, got = (t.lookup(keys, train=True) for t in (eager, padded))
             assert torch.equal(got.slots, want.slots) and torch.equal(got.values, want.values)
         assert _state(padded) == _state(eager)
