@@ -120,7 +120,7 @@ def reduce_feature_grads(grads: tuple[torch.Tensor, ...], batch: StorageBatch
                          ) -> torch.Tensor:
     """Gradient per unique row (U, D) float32 from every feature's output gradient."""
     features = batch.features
-    flat = [g.reshape(-1, g.shape[-1]) for g in grads]
+    flat = [g if g.dim() == 2 else g.reshape(-1, g.shape[-1]) for g in grads]
     rows, bags, lengths = _gradient_rows(features, batch.inverse.device)
     weights = _position_weights(features, bags, lengths) \
         if any(_weighted(f) for f in features) else None

@@ -116,23 +116,23 @@ def split_join(batch: StorageBatch, storages: list, sharded: frozenset[str] = fr
                ) -> list[Part]:
     """Each member's slice of a join's ``batch`` (keys come tag by tag, members in
     order, so a member's keys are one slice)."""
-    parts, first_tag, first_key = [], 0, 0
+    num_tags = [len(storage.plan.tables) for storage in storages]
+    firsts = [sum(num_tags[:m]) for m in range(len(storages) + 1)]
+    sizes = [sum(batch.unique_per_table[firsts[m]:firsts[m + 1]]) for m in range(len(storages))]
+    # One split per tensor (views), not a slice per member and tensor.
+    keys, counts = batch.keys.split(sizes), batch.counts.split(sizes)
+    tags = batch.tags.split(sizes) if any(s.plan.fused for s in storages) else None
     per_rank = batch.unique_per_rank_table
-    for storage in storages:
-        num_tags = len(storage.plan.tables)
-        tag_end = first_tag + num_tags
-        per_table = batch.unique_per_table[first_tag:tag_end]
-        end = first_key + sum(per_table)
-        tags = None
+    parts = []
+    for m, storage in enumerate(storages):
+        first, end = firsts[m], firsts[m + 1]
+        own_tags = None
         if storage.plan.fused:
-            tags = batch.tags[first_key:end]
-            if first_tag:
-                tags = tags - first_tag
+            own_tags = tags[m] - first if first else tags[m]
         exchange = (batch.owner_counts, batch.recv_counts) if storage.name in sharded \
             else (None, None)
-        parts.append(Part(batch.keys[first_key:end], tags, batch.counts[first_key:end],
-                          per_table, batch.key_ranges[first_tag:tag_end], *exchange,
+        parts.append(Part(keys[m], own_tags, counts[m], batch.unique_per_table[first:end],
+                          batch.key_ranges[first:end], *exchange,
                           None if per_rank is None else
-                          [sum(row[first_tag:tag_end]) for row in per_rank]))
-        first_tag, first_key = tag_end, end
+                          [sum(row[first:end]) for row in per_rank]))
     return parts
