@@ -12,9 +12,11 @@
 # dynamic table's training lookup kernel by kernel; the embedding-layer benchmark;
 # the input pipeline. On a fresh host the first training run also compiles the
 # Triton kernels (about two minutes; cached after). SKIP="name ..." leaves steps out.
-# AB_TREES="TREE_A,TREE_B" adds an interleaved 1-GPU A/B of those source trees (a tree may
+# AB_TREES="TREE_A,TREE_B" adds an interleaved A/B of those source trees (a tree may
 # carry settings: ".+HASHREC_LOOKUP_GRAPHS=0,.")
-# (benchmarks/ab_train.py; AB_CONFIGS, default dynamicemb).
+# (benchmarks/ab_train.py; AB_CONFIGS, default dynamicemb; AB_NPROC GPUs, default 1).
+# The host time per function of both configs' steps on 1 GPU (host_split.py) follows
+# the profiles.
 set -u
 out=${1:?usage: run_gpu_benchmarks.sh OUT_DIR}
 mkdir -p "$out"
@@ -44,9 +46,11 @@ step() {  # step NAME SECONDS COMMAND...
   step train_2gpu 200 python3 benchmarks/bench_train.py --nproc 2 --data_dir "$data" \
       --num_rows 1000000 --num_steps "$steps" --warmup_steps "$warmup" --out_dir "$out"
   if [ -n "${AB_TREES:-}" ]; then  # e.g. AB_TREES=.ab/REV,. (benchmarks/ab_tree.sh REV)
-    CUDA_VISIBLE_DEVICES=0 step ab_1gpu 300 python3 benchmarks/ab_train.py --trees "$AB_TREES" \
-        --configs "${AB_CONFIGS:-dynamicemb}" --data_dir "$data" --num_steps 700 \
-        --warmup_steps "$warmup" --out "$out/ab_gpu"
+    nproc=${AB_NPROC:-1}
+    devices=0; [ "$nproc" -gt 1 ] && devices=$(seq -s, 0 $((nproc - 1)))
+    CUDA_VISIBLE_DEVICES=$devices step ab_${nproc}gpu 300 python3 benchmarks/ab_train.py \
+        --trees "$AB_TREES" --configs "${AB_CONFIGS:-dynamicemb}" --nproc "$nproc" \
+        --data_dir "$data" --num_steps 700 --warmup_steps "$warmup" --out "$out/ab_gpu"
   fi
   CUDA_VISIBLE_DEVICES=0 step audit_syncs 60 python3 benchmarks/audit_syncs.py --data "$data" \
       --config dynamicemb --warmup 200 --out "$out/syncs_gpu_dynamicemb"
@@ -59,6 +63,11 @@ step() {  # step NAME SECONDS COMMAND...
     step "profile_x2_$config" 120 torchrun --nproc_per_node 2 benchmarks/profile_train_step.py \
         --data "$data" --config "$config" --warmup 300 --steps 10 --sample_steps 100 \
         --out "$out/profile_train_gpu_x2_$config"
+  done
+  for config in dynamicemb num_buckets; do
+    CUDA_VISIBLE_DEVICES=0 step "host_split_$config" 90 python3 benchmarks/host_split.py \
+        --data "$data" --config "$config" --warmup "$warmup" --steps 200 \
+        --out "$out/host_split_gpu_$config"
   done
   CUDA_VISIBLE_DEVICES=0 step lookup_kernels 90 python3 benchmarks/profile_lookup_gpu.py \
       --out "$out/lookup_kernels_gpu"
