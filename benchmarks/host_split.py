@@ -7,11 +7,14 @@ runs ``TrainLoop.train_step`` like ``profile_train_step.py`` and wraps a fixed s
 of the step's functions with ``time.perf_counter`` (about a microsecond per call),
 then reports each one's inclusive milliseconds per step, split by storage where
 the function serves one storage (dynamic table or dense rows). Functions of the
-autograd backward run on its thread; their times are that thread's.
+autograd backward run on its thread; their times are that thread's. Under
+``torchrun --nproc_per_node N`` every rank times its share of the sharded step (the
+exchanges, the owners' serving) and writes ``<out>.rankR.*``.
 
 Usage::
 
     python benchmarks/host_split.py --data DIR --config dynamicemb --out OUT/host_split
+    torchrun --nproc_per_node 2 benchmarks/host_split.py --data DIR --out OUT/host_split_x2
 """
 
 from __future__ import annotations
@@ -25,8 +28,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import write_results  # noqa: E402
-from profile_train_step import _endless, _session, step_arguments  # noqa: E402
+from profile_train_step import _endless, _launcher, _session, report, step_arguments  # noqa: E402
 
 from hashrec.train.prefetch import DevicePrefetcher  # noqa: E402
 
@@ -42,7 +44,8 @@ def _label_rows(args) -> str:
 
 def _targets():
     """(owner, attribute, label from the call's arguments or None)."""
-    from hashrec.embedding import batching, collection, emit, lookup
+    from hashrec.distributed import multi_lookup, sharded_lookup
+    from hashrec.embedding import batching, collection, emit, lookup, sharded
     from hashrec.table import hash_table, lookup_graphs
     from hashrec.train import graphs, loop, precision, prefetch
 
@@ -69,6 +72,13 @@ def _targets():
         (graphs.DenseGraphs, "__call__", None),
         (precision.MixedPrecision, "backward", None),
         (precision.MixedPrecision, "step", None),
+        # Several ranks: the sharded lookups, their exchanges and the dense all-reduce.
+        (sharded.ShardedLookups, "lookup", None),
+        (sharded.ShardedLookups, "backward", None),
+        (multi_lookup, "exchange_packed", None),
+        (sharded_lookup.ShardedTable, "_serve", None),
+        (sharded_lookup.ShardedTable, "_route", None),
+        (loop, "all_reduce_gradients", None),
     ]
 
 
@@ -131,7 +141,7 @@ def run(args) -> dict:
             "wall_ms_per_step": wall, "rows": rows,
             "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": "python " + " ".join(sys.argv)}
+            "command": _launcher() + " ".join(sys.argv)}
 
 
 def markdown(result: dict) -> str:
@@ -150,10 +160,9 @@ def markdown(result: dict) -> str:
 def main(argv=None) -> int:
     args = step_arguments(__doc__, warmup=300, steps=200).parse_args(argv)
     result = run(args)
-    text = markdown(result)
-    print(text, flush=True)
-    if args.out:
-        write_results(args.out, result, text)
+    report(result, markdown(result), args.out)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return 0
 
 

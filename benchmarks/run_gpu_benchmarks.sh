@@ -15,8 +15,8 @@
 # AB_TREES="TREE_A,TREE_B" adds an interleaved A/B of those source trees (a tree may
 # carry settings: ".+HASHREC_LOOKUP_GRAPHS=0,.")
 # (benchmarks/ab_train.py; AB_CONFIGS, default dynamicemb; AB_NPROC GPUs, default 1).
-# The host time per function of both configs' steps on 1 GPU (host_split.py) follows
-# the profiles.
+# The host time per function of both configs' steps on 1 GPU, and of dynamicemb's on
+# each rank of 2 (host_split.py), follows the profiles.
 set -u
 out=${1:?usage: run_gpu_benchmarks.sh OUT_DIR}
 mkdir -p "$out"
@@ -69,6 +69,8 @@ step() {  # step NAME SECONDS COMMAND...
         --data "$data" --config "$config" --warmup "$warmup" --steps 200 \
         --out "$out/host_split_gpu_$config"
   done
+  step host_split_x2 120 torchrun --nproc_per_node 2 benchmarks/host_split.py --data "$data" \
+      --config dynamicemb --warmup 300 --steps 200 --out "$out/host_split_gpu_x2_dynamicemb"
   CUDA_VISIBLE_DEVICES=0 step lookup_kernels 90 python3 benchmarks/profile_lookup_gpu.py \
       --out "$out/lookup_kernels_gpu"
   CUDA_VISIBLE_DEVICES=0 step embedding_layer 90 python3 benchmarks/bench_embedding_layer.py \
