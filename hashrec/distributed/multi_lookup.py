@@ -80,8 +80,12 @@ def exchange_packed(tensors: list[torch.Tensor], splits: list[Splits],
 
     Returns:
         Per table, (splits[t].num_recv, w_t) rows grouped by source rank, exactly
-        what ``all_to_all(tensors[t], splits[t])`` returns.
+        what ``all_to_all(tensors[t], splits[t])`` returns (for a single table, that
+        call itself: on one rank its input).
     """
+    if len(tensors) == 1:  # nothing to pack
+        received = all_to_all(tensors[0], splits[0], group)
+        return [received * scale if scale != 1.0 else received]
     widths = [t.shape[1] for t in tensors]
     world = len(splits[0].send)
     chunks = [torch.split(t, list(s.send)) for t, s in zip(tensors, splits)]

@@ -56,10 +56,11 @@ def _contents(tables: list[ShardedTable]) -> list[dict]:
     return out
 
 
-def scenario_shared(ctx):
-    shared, single = _tables(ctx), _tables(ctx)
+def scenario_shared(ctx, count: int = 2):
+    """The first ``count`` tables through the shared exchanges and through their own."""
+    shared, single = _tables(ctx)[:count], _tables(ctx)[:count]
     for step in range(STEPS):
-        requests = _requests(step, ctx.rank)
+        requests = _requests(step, ctx.rank)[:count]
         for t in shared + single:
             t.table.advance_step()
         many = lookup_many(shared, requests, True)
@@ -73,18 +74,25 @@ def scenario_shared(ctx):
             t.apply_gradients(b.state, grad)
     lookup_many(shared, [TableRequest(torch.empty(0, dtype=torch.int64),
                                       torch.empty(0, dtype=torch.int32)),
-                         TableRequest(torch.empty(0, dtype=torch.int64))], False)
+                         TableRequest(torch.empty(0, dtype=torch.int64))][:count], False)
     a, b = _contents(shared), _contents(single)
     return all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
                for x, y in zip(a, b)), sum(len(x) for x in a)
 
 
+def scenario_one_table(ctx):
+    """One table: its exchanges go out unpacked."""
+    return scenario_shared(ctx, count=1)
+
+
 def test_shared_exchanges_equal_table_by_table(tmp_path):
-    results = run_world({"shared": scenario_shared}, WORLD, tmp_path)["shared"]
-    for result in results:
-        assert not isinstance(result, Exception), result
-        same, stored = result
-        assert same and stored > 0
+    worlds = run_world({"shared": scenario_shared, "one": scenario_one_table}, WORLD,
+                       tmp_path)
+    for results in worlds.values():
+        for result in results:
+            assert not isinstance(result, Exception), result
+            same, stored = result
+            assert same and stored > 0
 
 
 def test_exchange_packed_on_one_rank_returns_each_tensor():
