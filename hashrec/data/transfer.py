@@ -22,6 +22,7 @@ is computed by the sender, so the receiver runs no tensor arithmetic.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -119,13 +120,15 @@ def _view(buffer: torch.Tensor, spec: TensorSpec | None) -> torch.Tensor | None:
 
 
 def unpack(buffer: torch.Tensor, layout: BatchLayout, reserved: dict | None = None) -> Batch:
-    """The Batch whose tensors are views of ``buffer`` (a uint8 payload laid out as ``layout``)."""
+    """The Batch whose tensors are views of ``buffer`` (a uint8 payload laid out as
+    ``layout``); it is ``packed``, so moving it to a device copies ``buffer`` once."""
     values, lengths, weights = (_view(buffer, s) for s in layout.sparse)
     kjt = KeyedJaggedTensor(list(layout.keys), values, lengths, weights, validate=False)
     kjt.set_host_layout(layout.jagged_layout)  # the sender's, from the same tensors
     group = lambda pairs: {name: _view(buffer, spec) for name, spec in pairs}  # noqa: E731
     return Batch(kjt, group(layout.dense), group(layout.sequence_dense), group(layout.labels),
-                 layout.batch_size, reserved or {})
+                 layout.batch_size, reserved or {},
+                 packed=(buffer, functools.partial(unpack, layout=layout, reserved=reserved)))
 
 
 class _Slot:

@@ -24,6 +24,11 @@ class Batch:
         batch_size: B.
         reserved: untouched input columns kept for prediction output
             (pyarrow arrays by column name), empty during training.
+        packed: ``(buffer, rebuild)`` when every tensor is a view of the uint8
+            ``buffer`` (batches from the loader's workers are): ``rebuild(copy)``
+            gives this batch over a copy of the buffer, so ``to`` moves one buffer
+            instead of each tensor (so a packed batch's tensors are not to be
+            replaced). None otherwise.
     """
 
     sparse: KeyedJaggedTensor
@@ -32,10 +37,16 @@ class Batch:
     labels: dict[str, torch.Tensor] = field(default_factory=dict)
     batch_size: int = 0
     reserved: dict = field(default_factory=dict)
+    packed: tuple | None = field(default=None, repr=False, compare=False)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """This batch on ``device``: itself when every tensor is already there (so a
-        batch prepared ahead, ``EmbeddingCollection.prepare``, stays the same object)."""
+        batch prepared ahead, ``EmbeddingCollection.prepare``, stays the same object).
+        A packed batch moves in one copy."""
+        if self.packed is not None:
+            buffer, rebuild = self.packed
+            moved = buffer.to(device, non_blocking=non_blocking)
+            return self if moved is buffer else rebuild(moved)
         mv = lambda d: {k: v.to(device, non_blocking=non_blocking) for k, v in d.items()}  # noqa: E731
         groups = (self.dense, self.sequence_dense, self.labels)
         sparse, moved = self.sparse.to(device, non_blocking), [mv(d) for d in groups]

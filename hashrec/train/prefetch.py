@@ -20,6 +20,10 @@ import torch
 
 
 def _batch_tensors(batch) -> list[torch.Tensor]:
+    """The batch's device tensors to record on the training stream (a packed batch's
+    tensors are views of one buffer: recording it covers them all)."""
+    if batch.packed is not None:
+        return [batch.packed[0]]
     kjt = batch.sparse
     out = [kjt.values(), kjt.lengths(), kjt.offsets(), kjt.weights_or_none()]
     for group in (batch.dense, batch.sequence_dense, batch.labels):

@@ -130,3 +130,52 @@ def test_worker_batches_equal_main_process_batches(taobao):
     assert len(main) == len(one_worker) == 5
     for got, want in zip(one_worker, main):
         _same(got, want)
+
+
+def _unpacked(seed: int = 0) -> tuple[Batch, Batch]:
+    """(a random batch, the same batch unpacked from a payload buffer)."""
+    batch = _batch(seed, weighted=True)
+    layout, tensors = plan(batch)
+    buffer = torch.zeros(layout.nbytes, dtype=torch.uint8)
+    for spec, tensor in zip(layout.specs(), tensors):
+        buffer[spec.offset:spec.offset + spec.nbytes] = tensor.reshape(-1).view(torch.uint8)
+    return batch, unpack(buffer, layout, batch.reserved)
+
+
+def _views_of(batch: Batch, buffer: torch.Tensor) -> bool:
+    kjt = batch.sparse
+    tensors = [kjt.values(), kjt.lengths(), kjt.weights()]
+    tensors += [t for group in (batch.dense, batch.sequence_dense, batch.labels)
+                for t in group.values()]
+    return all(t.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+               for t in tensors)
+
+
+def test_an_unpacked_batch_moves_as_one_buffer():
+    batch, unpacked = _unpacked()
+    buffer, rebuild = unpacked.packed
+    assert _views_of(unpacked, buffer)
+    assert unpacked.to("cpu") is unpacked  # already there
+    copy = buffer.clone()
+    rebuilt = rebuild(copy)
+    _same(rebuilt, batch)
+    assert _views_of(rebuilt, copy) and rebuilt.packed[0] is copy
+    moved = unpacked.to("meta")  # a device move: one buffer, the same layout
+    assert moved.packed[0].device.type == "meta" and _views_of(moved, moved.packed[0])
+    assert moved.sparse.values().shape == batch.sparse.values().shape
+    assert moved.dense["price"].dtype == batch.dense["price"].dtype
+    assert moved.sparse.length_per_key() == batch.sparse.length_per_key()
+
+
+def test_a_batch_built_in_place_is_not_packed():
+    assert _batch(0).packed is None
+    assert _batch(0).to("cpu").packed is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_packed_batch_on_the_gpu_equals_the_batch():
+    batch, unpacked = _unpacked(3)
+    on_gpu = unpacked.to("cuda", non_blocking=True)
+    assert on_gpu.packed[0].is_cuda and _views_of(on_gpu, on_gpu.packed[0])
+    _same(on_gpu.to("cpu"), batch)
