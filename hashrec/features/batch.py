@@ -55,6 +55,11 @@ class Batch:
         return Batch(sparse, *moved, self.batch_size, self.reserved)
 
     def pin_memory(self) -> Batch:
+        """This batch in pinned memory: itself when it already is (a packed batch whose
+        buffer is pinned stays packed)."""
+        if self.packed is not None:
+            buffer, rebuild = self.packed
+            return self if buffer.is_pinned() else rebuild(buffer.pin_memory())
         pin = lambda d: {k: v.pin_memory() for k, v in d.items()}  # noqa: E731
         return Batch(self.sparse.pin_memory(), pin(self.dense), pin(self.sequence_dense),
                      pin(self.labels), self.batch_size, self.reserved)

@@ -176,6 +176,20 @@ def test_a_batch_built_in_place_is_not_packed():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_packed_batch_on_the_gpu_equals_the_batch():
     batch, unpacked = _unpacked(3)
-    on_gpu = unpacked.to("cuda", non_blocking=True)
+    pinned = unpacked.pin_memory()  # the DataLoader's pin-memory step keeps it packed
+    assert pinned.packed[0].is_pinned() and pinned.pin_memory() is pinned
+    _same(pinned, batch)
+    on_gpu = pinned.to("cuda", non_blocking=True)
     assert on_gpu.packed[0].is_cuda and _views_of(on_gpu, on_gpu.packed[0])
     _same(on_gpu.to("cpu"), batch)
+
+
+def test_the_loader_hands_out_packed_batches(taobao):
+    """Through the DataLoader (workers, and its pin-memory step where there is a GPU), a
+    batch arrives packed, so the prefetcher moves it in one copy."""
+    pipeline = load_pipeline_config(os.path.join(EXAMPLES, "multi_tower_din_taobao.config"))
+    pipeline.data_config.pin_memory = True  # pins where there is a GPU
+    batches = list(create_dataloader(pipeline.data_config, build_feature_set(pipeline), taobao,
+                                     "train", batch_size=512, num_workers=2))
+    assert batches and all(b.packed is not None for b in batches)
+    assert all(b.pin_memory() is b for b in batches if b.packed[0].is_pinned())
