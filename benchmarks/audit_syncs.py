@@ -27,7 +27,7 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profile_train_step import _launcher, _session, report, step_arguments  # noqa: E402
+from profile_train_step import _launcher, _session, finish, step_arguments  # noqa: E402
 
 from hashrec.train.prefetch import DevicePrefetcher  # noqa: E402
 
@@ -109,10 +109,7 @@ def markdown(r: dict) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     result = run(args)
-    report(result, markdown(result), args.out)
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    return 0
+    return finish(result, markdown(result), args.out)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profile_train_step import _endless, _launcher, _session, report, step_arguments  # noqa: E402
+from profile_train_step import _endless, _launcher, _session, finish, step_arguments  # noqa: E402,E501
 
 from hashrec.train.prefetch import DevicePrefetcher  # noqa: E402
 
@@ -160,10 +160,7 @@ def markdown(result: dict) -> str:
 def main(argv=None) -> int:
     args = step_arguments(__doc__, warmup=300, steps=200).parse_args(argv)
     result = run(args)
-    report(result, markdown(result), args.out)
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    return 0
+    return finish(result, markdown(result), args.out)
 
 
 if __name__ == "__main__":

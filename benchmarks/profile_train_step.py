@@ -248,13 +248,18 @@ def report(result: dict, text: str, prefix: str | None) -> None:
             f.write(text)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    result = run(args)
-    report(result, markdown(result), args.out)
+def finish(result: dict, text: str, prefix: str | None) -> int:
+    """``report`` the result, then leave the process group (under torchrun); exit code 0."""
+    report(result, text, prefix)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    return finish(result, markdown(result), args.out)
 
 
 if __name__ == "__main__":

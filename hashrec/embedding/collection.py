@@ -209,7 +209,7 @@ class EmbeddingCollection(nn.Module):
         else:
             ids, pending = self._feature_ids(storages, kjt), None
         out = EmbeddingOutput()
-        for batch, rows in self._lookups(storages, ids, self._dedup(storages, ids, pending)):
+        for batch, rows in self._lookups(storages, ids, *self._dedup(storages, ids, pending)):
             for f, value in zip(batch.features, emit_storage(rows, batch)):
                 if f.spec.is_sequence:
                     out.sequences[f.spec.name] = (value, f.lengths)
@@ -299,9 +299,10 @@ class EmbeddingCollection(nn.Module):
 
     def _dedup(self, storages: list[Storage], ids: list[list[list[FeatureIds]]],
                pending: PendingDedup | None = None
-               ) -> list[tuple[tuple[int, ...], StorageBatch]]:
+               ) -> tuple[list[tuple[int, ...]], list[StorageBatch], list]:
         """Deduplicated ids of every join (``_joins``), dense ids checked before anything
-        changes: (join, its batch) pairs.
+        changes: the joins, each join's batch, and each storage's part of its join's
+        batch (``split_join``; a storage alone: the batch itself).
 
         ``pending``: the non-ZCH joins' dedup started by ``prepare``. ZCH storages
         are remapped (which may claim slots) only after every other dense table's ids
@@ -309,6 +310,7 @@ class EmbeddingCollection(nn.Module):
         """
         joins = self._joins(storages)
         batches: list[StorageBatch | None] = [None] * len(joins)
+        parts: list = [None] * len(storages)
         for group in (False, True):
             picked = [k for k, join in enumerate(joins)
                       if (storages[join[0]].name in self.zch_remappers) == group]
@@ -322,48 +324,39 @@ class EmbeddingCollection(nn.Module):
             else:
                 done = dedup_storages([self._dedup_entry(storages, ids, joins[k])
                                        for k in picked])
-            checked: list[tuple] = []
             for k, batch in zip(picked, done):
                 batches[k] = batch
                 members = [storages[i] for i in joins[k]]
                 if batch.wide_ids:  # ids past the one-pass sort's range: two passes from now
                     self._wide_ids.add(joint_name(members))
-                parts = split_join(batch, members, self._sharded_names) \
+                split = split_join(batch, members, self._sharded_names) \
                     if len(members) > 1 else [batch]
-                checked += [(storages[i], ids[i], part) for i, part in zip(joins[k], parts)]
+                for i, part in zip(joins[k], split):
+                    parts[i] = part
             if not group:
-                self._check_dense_ids(*(list(column) for column in zip(*checked)))
-        return list(zip(joins, batches))
+                read = [i for k in picked for i in joins[k]]
+                self._check_dense_ids([storages[i] for i in read], [ids[i] for i in read],
+                                      [parts[i] for i in read])
+        return joins, batches, parts
 
     def _lookups(self, storages: list[Storage], ids: list[list[list[FeatureIds]]],
-                 deduped: list[tuple[tuple[int, ...], StorageBatch]]
+                 joins: list[tuple[int, ...]], batches: list[StorageBatch], parts: list
                  ) -> list[tuple[StorageBatch, torch.Tensor]]:
         """Every join's batch and unique rows (members' rows one after the other), each
         storage's lookup counted in its statistics. Under several ranks the storages'
         requests go to the exchanges in the storages' order (what ``idle_lookups``
         matches)."""
-        parts: dict[int, object] = {}
-        for join, batch in deduped:
-            members = [storages[i] for i in join]
-            split = split_join(batch, members, self._sharded_names) if len(join) > 1 \
-                else [batch]
-            parts.update(zip(join, split))
-        order = sorted(parts)
         if self._sharded is not None:
-            looked = dict(zip(order, self._sharded.lookup(
-                [Request(storages[i], p.keys, p.tags, p.counts, p.owner_counts,
-                         p.recv_counts, p.unique_per_rank)
-                 for i, p in ((i, parts[i]) for i in order)], self.training)))
+            looked = self._sharded.lookup(
+                [Request(s, p.keys, p.tags, p.counts, p.owner_counts, p.recv_counts,
+                         p.unique_per_rank) for s, p in zip(storages, parts)], self.training)
         else:
-            looked = {i: lookup_rows(storages[i], parts[i].keys, parts[i].tags,
-                                     parts[i].counts, self.training) for i in order}
-        for i in order:
-            self._count(storages[i], parts[i], ids[i], looked[i][1])
-        out = []
-        for join, batch in deduped:
-            rows = [looked[i][0] for i in join]
-            out.append((batch, torch.cat(rows) if len(rows) > 1 else rows[0]))
-        return out
+            looked = [lookup_rows(s, p.keys, p.tags, p.counts, self.training)
+                      for s, p in zip(storages, parts)]
+        for storage, fs, part, (_, slots) in zip(storages, ids, parts, looked):
+            self._count(storage, part, fs, slots)
+        return [(batch, torch.cat([looked[i][0] for i in join]) if len(join) > 1
+                 else looked[join[0]][0]) for join, batch in zip(joins, batches)]
 
     def idle_lookups(self) -> None:
         """Serve the peers' eval-mode lookups without a batch of this rank's own.

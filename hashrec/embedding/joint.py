@@ -25,6 +25,7 @@ keeps every storage on its own.
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import NamedTuple
 
@@ -116,9 +117,8 @@ def split_join(batch: StorageBatch, storages: list, sharded: frozenset[str] = fr
                ) -> list[Part]:
     """Each member's slice of a join's ``batch`` (keys come tag by tag, members in
     order, so a member's keys are one slice)."""
-    num_tags = [len(storage.plan.tables) for storage in storages]
-    firsts = [sum(num_tags[:m]) for m in range(len(storages) + 1)]
-    sizes = [sum(batch.unique_per_table[firsts[m]:firsts[m + 1]]) for m in range(len(storages))]
+    firsts = [0, *itertools.accumulate(len(storage.plan.tables) for storage in storages)]
+    sizes = [sum(batch.unique_per_table[first:end]) for first, end in zip(firsts, firsts[1:])]
     # One split per tensor (views), not a slice per member and tensor.
     keys, counts = batch.keys.split(sizes), batch.counts.split(sizes)
     tags = batch.tags.split(sizes) if any(s.plan.fused for s in storages) else None
