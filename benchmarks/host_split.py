@@ -44,7 +44,7 @@ def _label_rows(args) -> str:
 
 def _targets():
     """(owner, attribute, label from the call's arguments or None)."""
-    from hashrec.distributed import multi_lookup, sharded_lookup
+    from hashrec.distributed import data_parallel, multi_lookup, sharded_lookup
     from hashrec.embedding import batching, collection, emit, lookup, sharded
     from hashrec.table import hash_table, lookup_graphs
     from hashrec.train import graphs, loop, precision, prefetch
@@ -78,7 +78,24 @@ def _targets():
         (multi_lookup, "exchange_packed", None),
         (sharded_lookup.ShardedTable, "_serve", None),
         (sharded_lookup.ShardedTable, "_route", None),
-        (loop, "all_reduce_gradients", None),
+        (sharded.ShardedLookups, "_forward", None),
+        (sharded, "pack_row_gradients", None),
+        (sharded, "unpack_row_gradients", None),
+        (sharded, "_apply_dense", None),
+        (multi_lookup, "lookup_many", None),
+        (multi_lookup, "apply_gradients_many", None),
+        (multi_lookup, "all_to_all", None),
+        (sharded_lookup.ShardedTable, "_serve_fixed", None),
+        (sharded_lookup.ShardedTable, "_answer", None),
+        (sharded_lookup.ShardedTable, "_apply_received", None),
+        (sharded_lookup, "first_in_runs", None),
+        (sharded_lookup, "pack_reply", None),
+        (sharded_lookup, "unpack_reply", None),
+        (hash_table.HashTable, "apply_gradients", None),
+        (data_parallel.FlatGradients, "zero", None),
+        (data_parallel.FlatGradients, "all_reduce", None),
+        (torch.distributed, "all_to_all_single", None),
+        (torch.distributed, "all_reduce", None),
     ]
 
 
@@ -91,6 +108,7 @@ class _Timers:
 
     def wrap(self, owner, name: str, label) -> None:
         real = getattr(owner, name)
+        static = isinstance(vars(owner).get(name), staticmethod)
         title = f"{getattr(owner, '__name__', owner)}.{name}"
 
         @functools.wraps(real)
@@ -105,8 +123,8 @@ class _Timers:
                 self.seconds[key] += time.perf_counter() - start
                 self.calls[key] += 1
 
-        setattr(owner, name, timed)
-        self._restore.append((owner, name, real))
+        setattr(owner, name, staticmethod(timed) if static else timed)
+        self._restore.append((owner, name, staticmethod(real) if static else real))
 
     def restore(self) -> None:
         for owner, name, real in reversed(self._restore):

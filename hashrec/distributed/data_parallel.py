@@ -6,8 +6,9 @@ rank's loss is the mean over its own batch, so with equal per-rank batches the
 world-size-1 gradient of the global batch is the *average* of the ranks'
 gradients:
 
-* dense network: :func:`all_reduce_gradients` averages ``.grad`` after backward,
-  in one flattened all-reduce, before clipping and the optimizer step (all
+* dense network: :class:`FlatGradients` keeps every ``.grad`` as a view of one
+  buffer and averages it after backward in one all-reduce (:func:`all_reduce_gradients`
+  does the same for gradients held apart), before clipping and the optimizer step (all
   collectives stay in program order, so they never interleave with the
   embedding exchanges of the backward pass);
 * dense tables are updated in backward by the sparse optimizer from the rows a
@@ -52,6 +53,69 @@ def all_reduce_gradients(parameters: list[nn.Parameter], ctx: DistContext,
     for p, g, part in zip(parameters, grads, flat.split([g.numel() for g in grads])):
         part = part.view_as(p)
         p.grad = part if part.dtype == g.dtype else part.to(g.dtype)
+
+
+class FlatGradients:
+    """The replicated parameters' ``.grad`` as views of one flat buffer, averaged in place.
+
+    :func:`all_reduce_gradients` concatenates the gradients, all-reduces the copy and
+    splits it back into new ``.grad`` tensors: a cat over every parameter and a Python
+    loop that rebinds each gradient, on every step. Here every parameter's gradient is
+    a view of one buffer that lives across steps: backward accumulates into the views
+    (autograd adds in place into a gradient that exists), :meth:`zero` clears the
+    buffer in one kernel before backward, and :meth:`all_reduce` averages it in place
+    with one collective: the same values as :func:`all_reduce_gradients`.
+
+    A gradient that something replaced (not a view of the buffer any more) is copied
+    back in before the all-reduce, and its view bound again. Parameters of mixed
+    dtypes or devices are not flattened: :meth:`all_reduce` then falls back to
+    :func:`all_reduce_gradients`.
+
+    Args:
+        parameters: the same parameters, in the same order, on every rank.
+        ctx: the worker's context.
+        group: process group (default group when None).
+    """
+
+    def __init__(self, parameters: list[nn.Parameter], ctx: DistContext,
+                 group: dist.ProcessGroup | None = None) -> None:
+        self.parameters, self.ctx, self.group = list(parameters), ctx, group
+        kinds = {(p.dtype, p.device) for p in self.parameters}
+        self.flat = None
+        self.views: list[torch.Tensor] = []
+        if len(kinds) == 1:
+            dtype, device = kinds.pop()
+            self.flat = torch.zeros(sum(p.numel() for p in self.parameters), dtype=dtype,
+                                    device=device)
+            self.views = [part.view_as(p) for p, part in
+                          zip(self.parameters, self.flat.split([p.numel() for p in
+                                                                self.parameters]))]
+
+    def zero(self) -> None:
+        """Clear every gradient before backward (the views stay bound)."""
+        if self.flat is None:
+            for p in self.parameters:
+                p.grad = None
+            return
+        self.flat.zero_()
+        for p, view in zip(self.parameters, self.views):
+            if p.grad is not view:
+                p.grad = view
+
+    def all_reduce(self) -> None:
+        """Replace every gradient by its mean over ranks (a collective)."""
+        if not self.ctx.is_distributed or not self.parameters:
+            return
+        if self.flat is None:
+            all_reduce_gradients(self.parameters, self.ctx, self.group)
+            return
+        for p, view in zip(self.parameters, self.views):
+            if p.grad is not view:  # replaced after zero(): copy it in, bind the view
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                p.grad = view
+        dist.all_reduce(self.flat, op=dist.ReduceOp.SUM, group=self.group)
+        self.flat /= self.ctx.world_size
 
 
 def broadcast_state(module: nn.Module, ctx: DistContext, src: int = 0,

@@ -47,7 +47,7 @@ import torch
 
 from hashrec.checkpoint import IncrementalDumper
 from hashrec.distributed import all_reduce_scalars, single_process_context
-from hashrec.distributed.data_parallel import all_reduce_gradients
+from hashrec.distributed.data_parallel import FlatGradients
 from hashrec.train import checkpoints
 from hashrec.train.collection_schedule import CollectionSchedule
 from hashrec.train.distributed import global_table_counters, min_over_ranks
@@ -134,6 +134,9 @@ class TrainLoop:
         self.step_timing: dict = {}
         self.embedding_hook = self._timed_hook(session.precision.embedding_hook())
         self.parameters = [p for g in session.dense.optimizer.param_groups for p in g["params"]]
+        # Several ranks: the dense gradients live in one buffer that one all-reduce averages.
+        self.gradients = FlatGradients(self.parameters, self.ctx) \
+            if self.ctx.is_distributed else None
         self.dense_graphs = DenseGraphs(session.model, session.precision.autocast,
                                         config.dense_cuda_graph)
         # Python's garbage collection at fixed steps while training (same on every rank).
@@ -250,13 +253,17 @@ class TrainLoop:
         if following is not None:
             s.model.embedding.prepare(following.sparse)
         lrs = s.set_learning_rates(self.step, self.epoch)
-        s.dense.optimizer.zero_grad(set_to_none=True)
+        if self.gradients is None:
+            s.dense.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.gradients.zero()
         losses = self.dense_graphs(s.model.embed(batch, self.embedding_hook), batch)
         loss = sum(losses.values())
         timer.mark("dense_forward")
         s.precision.backward(loss)
         timer.mark("backward")
-        all_reduce_gradients(self.parameters, self.ctx)
+        if self.gradients is not None:
+            self.gradients.all_reduce()
         s.precision.unscale(s.dense.optimizer)
         clip_gradients(self.parameters, self.grad_clipping)
         s.precision.step(s.dense.optimizer)

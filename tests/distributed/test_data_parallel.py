@@ -1,5 +1,6 @@
-"""The replicated tables' gradient exchanges on 2 gloo ranks: sums per row, sizes on the
-host (sparse gather, with the sizes exchanged or given) or none (dense all-reduce)."""
+"""The replicated gradient exchanges on 2 gloo ranks: the dense network's (flat buffer or
+gradients apart) and the replicated tables' (sums per row, sizes on the host - sparse
+gather, with the sizes exchanged or given - or none: dense all-reduce)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import torch
 from dist_workers import run_world
 
 from hashrec.distributed.data_parallel import (
+    FlatGradients,
+    all_reduce_gradients,
     all_reduce_row_gradients_many,
     gather_sparse_gradients_many,
 )
@@ -93,3 +96,45 @@ def test_given_sizes_skip_their_exchange_and_are_checked(tmp_path):
 def test_small_tables_sum_their_gradients_in_one_all_reduce(tmp_path):
     results = run_world({"all_reduce": scenario_all_reduce}, WORLD, tmp_path)["all_reduce"]
     assert results == [[True, True]] * WORLD, results
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2),
+                               torch.nn.Linear(2, 2))  # the last layer gets no gradient
+
+
+def _backward(net: torch.nn.Module, rank: int, step: int) -> None:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    net[:3](torch.randn(5, 4, generator=g)).square().sum().backward()
+
+
+def scenario_flat_gradients(ctx):
+    """Three steps: FlatGradients against all_reduce_gradients on the same gradients; in
+    step 1 a gradient is replaced after zero() (it must be copied in)."""
+    flat_net, apart_net = _net(), _net()
+    flat = FlatGradients(list(flat_net.parameters()), ctx)
+    checks = []
+    for step in range(3):
+        flat.zero()
+        _backward(flat_net, ctx.rank, step)
+        if step == 1:  # a new tensor, not the buffer's view
+            flat_net[0].weight.grad = flat_net[0].weight.grad * 2.0
+        flat.all_reduce()
+        for p in apart_net.parameters():
+            p.grad = None
+        _backward(apart_net, ctx.rank, step)
+        if step == 1:
+            apart_net[0].weight.grad = apart_net[0].weight.grad * 2.0
+        all_reduce_gradients(list(apart_net.parameters()), ctx)
+        pairs = list(zip(flat_net.parameters(), apart_net.parameters()))
+        checks.append(all(torch.equal(a.grad, b.grad) for a, b in pairs)
+                      and all(p.grad._base is flat.flat for p in flat_net.parameters())
+                      and not flat_net[3].weight.grad.any()
+                      and bool(flat_net[0].weight.grad.any()))
+    return checks
+
+
+def test_flat_gradients_average_like_gradients_apart(tmp_path):
+    results = run_world({"flat": scenario_flat_gradients}, WORLD, tmp_path)["flat"]
+    assert results == [[True, True, True]] * WORLD, results
