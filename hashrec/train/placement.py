@@ -4,9 +4,15 @@ On a GPU the training step is bound by the host thread that launches its
 kernels. Loader workers parse parquet on every core they may use and preempt
 that thread at random: on a 16-core H200 host the same training run varied by
 a third from one run to the next, and more workers made it slower. So, on Linux
-with enough cores, the training process (its main, autograd and pin-memory
-threads, which inherit the main thread's cores) keeps a few cores of its local
-rank's share, and its loader workers run on the rest of that share.
+with enough cores, a single training process (its main, autograd and pin-memory
+threads, which inherit the main thread's cores) keeps a few cores, and its loader
+workers run on the rest.
+
+Under several ranks nothing is pinned: the process also runs the collectives'
+threads (NCCL's proxy and watchdog threads, the host-side gloo group), and on a
+32-core host with 2 H200s, two ranks confined to 4 cores each trained at
+1,603,398 samples/s against 1,916,398 unpinned (``benchmarks/results/
+ab_gpu_x2_settings.md``).
 
 ``HASHREC_CPU_AFFINITY=0`` leaves the cores as they are.
 """
@@ -32,31 +38,27 @@ class CpuPlacement:
     workers: tuple[int, ...]
 
 
-def plan_cpu_placement(cores: list[int], local_rank: int, local_world: int,
-                       workers: int) -> CpuPlacement | None:
-    """Splits ``cores`` into equal contiguous shares per local rank; in this rank's
-    share the training process gets a quarter (2 to 4 cores), the workers the rest.
-    None when there are no workers or the share has fewer than ``MIN_CORES``."""
+def plan_cpu_placement(cores: list[int], workers: int) -> CpuPlacement | None:
+    """The training process gets the lowest quarter of ``cores`` (2 to 4 cores), the
+    workers the rest. None when there are no workers or fewer than ``MIN_CORES``."""
     cores = sorted(cores)
-    per_rank = len(cores) // max(local_world, 1)
-    share = cores[local_rank * per_rank:(local_rank + 1) * per_rank]
-    if workers < 1 or len(share) < MIN_CORES:
+    if workers < 1 or len(cores) < MIN_CORES:
         return None
-    keep = max(2, min(4, len(share) // 4))
-    return CpuPlacement(tuple(share[:keep]), tuple(share[keep:]))
+    keep = max(2, min(4, len(cores) // 4))
+    return CpuPlacement(tuple(cores[:keep]), tuple(cores[keep:]))
 
 
 def place_training_process(workers: int) -> CpuPlacement | None:
     """Pins this process's threads (and those it starts later) to its cores; returns
     the placement, whose ``workers`` the loaders give their workers
     (``create_dataloader``'s ``worker_cores``). None (nothing
-    changed) off Linux, with ``HASHREC_CPU_AFFINITY=0`` or too few cores."""
+    changed) off Linux, under several ranks, with ``HASHREC_CPU_AFFINITY=0`` or too
+    few cores."""
     if os.environ.get("HASHREC_CPU_AFFINITY", "1") == "0" or \
-            not hasattr(os, "sched_setaffinity"):
+            not hasattr(os, "sched_setaffinity") or \
+            int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         return None
-    placement = plan_cpu_placement(list(os.sched_getaffinity(0)),
-                                   int(os.environ.get("LOCAL_RANK", "0") or 0),
-                                   int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), workers)
+    placement = plan_cpu_placement(list(os.sched_getaffinity(0)), workers)
     if placement is None:
         return None
     os.sched_setaffinity(0, placement.main)

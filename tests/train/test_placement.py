@@ -1,4 +1,5 @@
-"""CPU placement of a GPU training process and its loader workers; the GIL switch interval."""
+"""CPU placement of a GPU training process and its loader workers (one rank only); the GIL
+switch interval."""
 
 import os
 import sys
@@ -14,24 +15,18 @@ from hashrec.train.placement import (
 )
 
 
-def test_one_rank_keeps_a_quarter_of_the_cores_for_itself():
-    assert plan_cpu_placement(list(range(16)), 0, 1, 8) == CpuPlacement(
+def test_the_process_keeps_a_quarter_of_the_cores_for_itself():
+    assert plan_cpu_placement(list(range(16)), 8) == CpuPlacement(
         (0, 1, 2, 3), tuple(range(4, 16)))
-    assert plan_cpu_placement(list(range(8)), 0, 1, 4) == CpuPlacement(
+    assert plan_cpu_placement(list(range(8)), 4) == CpuPlacement(
         (0, 1), tuple(range(2, 8)))
-
-
-def test_local_ranks_get_disjoint_shares():
-    cores = list(range(32))
-    first, second = (plan_cpu_placement(cores, r, 2, 8) for r in (0, 1))
-    assert first == CpuPlacement((0, 1, 2, 3), tuple(range(4, 16)))
-    assert second == CpuPlacement((16, 17, 18, 19), tuple(range(20, 32)))
+    assert plan_cpu_placement(list(range(32, 64)), 8) == CpuPlacement(
+        (32, 33, 34, 35), tuple(range(36, 64)))
 
 
 def test_nothing_is_placed_without_workers_or_with_few_cores():
-    assert plan_cpu_placement(list(range(16)), 0, 1, 0) is None
-    assert plan_cpu_placement(list(range(5)), 0, 1, 2) is None
-    assert plan_cpu_placement(list(range(8)), 1, 2, 2) is None  # 4 cores per rank
+    assert plan_cpu_placement(list(range(16)), 0) is None
+    assert plan_cpu_placement(list(range(5)), 2) is None
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux CPU affinity")
@@ -42,6 +37,9 @@ def test_placing_the_process_sets_its_cores_and_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("HASHREC_CPU_AFFINITY", "0")
     assert placement.place_training_process(8) is None and calls == []
     monkeypatch.delenv("HASHREC_CPU_AFFINITY")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # several ranks: nothing is pinned
+    assert placement.place_training_process(8) is None and calls == []
+    monkeypatch.setenv("WORLD_SIZE", "1")
     placed = placement.place_training_process(8)
     assert calls == [(0, 1, 2, 3)] and placed.workers == tuple(range(4, 16))
 
