@@ -66,6 +66,10 @@ class FlatGradients:
     buffer in one kernel before backward, and :meth:`all_reduce` averages it in place
     with one collective: the same values as :func:`all_reduce_gradients`.
 
+    Under sharded dynamic tables the buffer rides along in their gradient exchange of
+    the backward (:meth:`ready`, :meth:`take_averaged`; ``hashrec.embedding.sharded``),
+    and :meth:`all_reduce` has no collective left to run.
+
     A gradient that something replaced (not a view of the buffer any more) is copied
     back in before the all-reduce, and its view bound again. Parameters of mixed
     dtypes or devices are not flattened: :meth:`all_reduce` then falls back to
@@ -83,6 +87,7 @@ class FlatGradients:
         kinds = {(p.dtype, p.device) for p in self.parameters}
         self.flat = None
         self.views: list[torch.Tensor] = []
+        self._averaged = False  # take_averaged() ran since the last all_reduce()
         if len(kinds) == 1:
             dtype, device = kinds.pop()
             self.flat = torch.zeros(sum(p.numel() for p in self.parameters), dtype=dtype,
@@ -98,24 +103,57 @@ class FlatGradients:
                 p.grad = None
             return
         self.flat.zero_()
+        self._averaged = False
         for p, view in zip(self.parameters, self.views):
             if p.grad is not view:
                 p.grad = view
 
     def all_reduce(self) -> None:
-        """Replace every gradient by its mean over ranks (a collective)."""
+        """Replace every gradient by its mean over ranks (a collective, unless another
+        exchange of this step averaged the buffer already: :meth:`take_averaged`)."""
         if not self.ctx.is_distributed or not self.parameters:
             return
         if self.flat is None:
             all_reduce_gradients(self.parameters, self.ctx, self.group)
             return
+        if self._averaged:
+            self._averaged = False
+            if any(p.grad is not view for p, view in zip(self.parameters, self.views)):
+                raise DistributedError("a dense gradient changed after it was averaged in "
+                                       "the embedding backward")
+            return
+        self._bind()
+        dist.all_reduce(self.flat, op=dist.ReduceOp.SUM, group=self.group)
+        self.flat /= self.ctx.world_size
+
+    @property
+    def averaged(self) -> bool:
+        """The buffer holds this step's mean already (:meth:`take_averaged` ran)."""
+        return self._averaged
+
+    def ready(self) -> torch.Tensor | None:
+        """The buffer, every gradient in it, for an exchange of the backward that sums it
+        over ranks (then :meth:`take_averaged`); None when it cannot travel that way
+        (not flattened, not float32)."""
+        if self.flat is None or self.flat.dtype != torch.float32 or not self.ctx.is_distributed:
+            return None
+        self._bind()
+        return self.flat
+
+    def take_averaged(self, averaged: torch.Tensor) -> None:
+        """The buffer's mean over ranks, computed by another exchange: :meth:`all_reduce`
+        then has nothing left to do."""
+        self.flat.copy_(averaged)
+        self._averaged = True
+
+    def _bind(self) -> None:
+        """Copies a gradient that something replaced since :meth:`zero` into the buffer
+        and binds its view again."""
         for p, view in zip(self.parameters, self.views):
-            if p.grad is not view:  # replaced after zero(): copy it in, bind the view
+            if p.grad is not view:
                 if p.grad is not None:
                     view.copy_(p.grad)
                 p.grad = view
-        dist.all_reduce(self.flat, op=dist.ReduceOp.SUM, group=self.group)
-        self.flat /= self.ctx.world_size
 
 
 def broadcast_state(module: nn.Module, ctx: DistContext, src: int = 0,

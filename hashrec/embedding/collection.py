@@ -217,6 +217,12 @@ class EmbeddingCollection(nn.Module):
                     out.pooled[f.spec.name] = value
         return out
 
+    def carry_network_gradients(self, gradients) -> None:
+        """Several ranks: the dense network's gradients (a ``FlatGradients``) are averaged
+        in the dynamic storages' gradient exchange of each backward, when there is one."""
+        if self._sharded is not None:
+            self._sharded.network_gradients = gradients
+
     def prepare(self, kjt: KeyedJaggedTensor) -> None:
         """Starts deduplicating the ids of a coming batch ``kjt``.
 

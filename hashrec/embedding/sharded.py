@@ -80,6 +80,9 @@ class ShardedLookups:
     def __init__(self, sharded: dict[str, ShardedTable], ctx, group, timer) -> None:
         self.sharded, self.ctx, self.group, self.timer = sharded, ctx, group, timer
         self.grad_scale = 1.0 / ctx.world_size
+        # The dense network's FlatGradients when they ride along in the dynamic
+        # storages' gradient exchange (set by the training loop), else None.
+        self.network_gradients = None
 
     def lookup(self, requests: list[Request], train: bool
                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -131,7 +134,10 @@ class ShardedLookups:
 
         The large replicated dense tables' gradients travel first, all in one
         exchange; then the dynamic storages' gradients, all in one exchange, with the
-        small dense tables' packed gradients riding along.
+        small dense tables' packed gradients riding along, and the dense network's
+        gradients when ``network_gradients`` is set: autograd has accumulated them by
+        now (its accumulation nodes run as soon as they are ready, and this node, the
+        first of the forward, runs last), which saves their all-reduce a collective.
         """
         small, large = [], []
         for r, local_slots, grad in zip(requests, slots, grads):
@@ -154,12 +160,20 @@ class ShardedLookups:
         _apply_dense(large, gather_sparse_gradients_many(
             [(s, g * self.grad_scale) for _, s, g in large], self.ctx, self.group,
             self.timer, sizes))
-        shared = pack_row_gradients([(_num_rows(r), s, g) for r, s, g in small]) \
-            if ride else None
+        network = self.network_gradients.ready() \
+            if dynamic and self.network_gradients is not None else None
+        pieces = [pack_row_gradients([(_num_rows(r), s, g) for r, s, g in small])] \
+            if ride else []
+        pieces += [network] if network is not None else []
         summed = apply_gradients_many([self.sharded[r.storage.name] for r, _, _ in dynamic],
                                       [state for _, state, _ in dynamic],
                                       [grad for _, _, grad in dynamic], self.group,
-                                      scale=self.grad_scale, shared=shared)
+                                      scale=self.grad_scale,
+                                      shared=torch.cat(pieces) if pieces else None)
+        if network is not None:
+            end = summed.numel() - network.numel()
+            self.network_gradients.take_averaged(summed[end:])
+            summed = summed[:end]
         if ride:
             _apply_dense(small, unpack_row_gradients(
                 summed, [_num_rows(r) for r, _, _ in small], [g.shape[1] for _, _, g in small]))

@@ -137,6 +137,8 @@ class TrainLoop:
         # Several ranks: the dense gradients live in one buffer that one all-reduce averages.
         self.gradients = FlatGradients(self.parameters, self.ctx) \
             if self.ctx.is_distributed else None
+        if self.gradients is not None:  # averaged in the sparse gradient exchange, if any
+            session.model.embedding.carry_network_gradients(self.gradients)
         self.dense_graphs = DenseGraphs(session.model, session.precision.autocast,
                                         config.dense_cuda_graph)
         # Python's garbage collection at fixed steps while training (same on every rank).

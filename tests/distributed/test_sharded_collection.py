@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from dist_workers import run_world
 
-from hashrec.distributed.data_parallel import all_reduce_gradients
+from hashrec.distributed.data_parallel import FlatGradients, all_reduce_gradients
 from hashrec.distributed.metrics import all_reduce_sum
 from hashrec.embedding import (
     EmbeddingCollection,
@@ -77,28 +77,37 @@ def _loss(collection, head, kjt, labels) -> torch.Tensor:
     return torch.nn.functional.binary_cross_entropy_with_logits(head(x).squeeze(1), labels)
 
 
-def _train(ctx=None, prepare: bool = False):
+def _train(ctx=None, prepare: bool = False, flat: bool = False):
     """STEPS steps; on ranks, each takes its rows. Returns per-step global losses.
-    ``prepare``: each batch's dedup is started ahead (the ranks share its sizes)."""
+    ``prepare``: each batch's dedup is started ahead (the ranks share its sizes).
+    ``flat``: the head's gradients are FlatGradients averaged in the embedding backward's
+    exchange; the steps where they were are counted (the last value returned)."""
     collection, head = _collection(ctx), _head()
     optimizer = torch.optim.SGD(head.parameters(), lr=0.5)
     rank = ctx.rank if ctx is not None else 0
     rows = slice(rank * ROWS, (rank + 1) * ROWS) if ctx is not None else slice(None)
-    losses = []
+    gradients = FlatGradients(list(head.parameters()), ctx) if flat else None
+    if gradients is not None:
+        collection.carry_network_gradients(gradients)
+    losses, carried = [], 0
     for step in range(STEPS):
         bags, labels = _global_batch(step)
-        optimizer.zero_grad()
+        optimizer.zero_grad() if gradients is None else gradients.zero()
         kjt = _kjt(bags, rows)
         if prepare:
             collection.prepare(kjt)
         loss = _loss(collection, head, kjt, labels[rows])
         loss.backward()
-        if ctx is not None:
+        if gradients is not None:
+            carried += gradients.averaged
+            gradients.all_reduce()
+        elif ctx is not None:
             all_reduce_gradients(list(head.parameters()), ctx)
+        if ctx is not None:
             loss = all_reduce_sum(loss, ctx) / ctx.world_size
         optimizer.step()
         losses.append(float(loss.detach()))
-    return collection, head, losses
+    return collection, head, losses, carried
 
 
 def _rows(table) -> dict[int, list[float]]:
@@ -121,10 +130,10 @@ def _eval_pooled(collection, ctx=None) -> torch.Tensor | None:
     return torch.cat([out.pooled["hot"], out.pooled["adm"]], 1)
 
 
-def scenario_train(ctx, prepare: bool = False):
-    collection, head, losses = _train(ctx, prepare)
+def scenario_train(ctx, prepare: bool = False, flat: bool = False):
+    collection, head, losses, carried = _train(ctx, prepare, flat)
     tables = collection.dynamic_tables()
-    return {"losses": losses, "head": [p.detach() for p in head.parameters()],
+    return {"losses": losses, "carried": carried, "head": [p.detach() for p in head.parameters()],
             "dense": collection.dense_tables["dense"].rows[:, :DIM].clone(),
             "tables": {name: _rows(t) for name, t in tables.items()},
             "stats": {name: t.stats() for name, t in tables.items()},
@@ -138,8 +147,16 @@ def scenario_train_gathered(ctx):
     share of the join's)."""
     from hashrec.embedding import sharded
 
-    sharded.DENSE_REDUCE_MAX_ELEMENTS = 0
-    return scenario_train(ctx, prepare=True)
+    limit, sharded.DENSE_REDUCE_MAX_ELEMENTS = sharded.DENSE_REDUCE_MAX_ELEMENTS, 0
+    try:
+        return scenario_train(ctx, prepare=True)
+    finally:  # the next scenario of this worker process sees the real limit
+        sharded.DENSE_REDUCE_MAX_ELEMENTS = limit
+
+
+def scenario_train_flat(ctx):
+    """``scenario_train`` with the head's gradients carried by the sparse gradient exchange."""
+    return scenario_train(ctx, flat=True)
 
 
 def _close(a, b) -> bool:
@@ -147,11 +164,13 @@ def _close(a, b) -> bool:
 
 
 def test_two_ranks_train_like_one_process_on_the_global_batch(tmp_path):
-    worlds = run_world({"train": scenario_train, "gathered": scenario_train_gathered},
-                       WORLD, tmp_path)
-    collection, head, losses = _train()
+    worlds = run_world({"train": scenario_train, "gathered": scenario_train_gathered,
+                        "flat": scenario_train_flat}, WORLD, tmp_path)
+    collection, head, losses, _ = _train()
     for ranks in worlds.values():
         _check_like_one_process(ranks, collection, head, losses)
+    assert [r["carried"] for r in worlds["flat"]] == [STEPS] * WORLD
+    assert [r["carried"] for r in worlds["train"]] == [0] * WORLD
 
 
 def _check_like_one_process(ranks, collection, head, losses) -> None:
