@@ -65,7 +65,7 @@ def run(args) -> dict:
     session, loop = _session(args)
     batches = _take(session, args.data, args.warmup + args.steps)
     # As in the training loop: copied ahead, the next batch's dedup started by the step.
-    prefetcher = DevicePrefetcher(batches, session.device)
+    prefetcher = DevicePrefetcher(batches, session.device, loop.prepare_ahead)
     it = iter(prefetcher)
     for _ in range(args.warmup):
         loop.train_step(next(it), prefetcher.upcoming)

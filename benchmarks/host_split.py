@@ -137,7 +137,8 @@ def run(args) -> dict:
     for owner, name, label in _targets():
         timers.wrap(owner, name, label)
     try:
-        prefetcher = DevicePrefetcher(_endless(loop, args.data), session.device)
+        prefetcher = DevicePrefetcher(_endless(loop, args.data), session.device,
+                                     loop.prepare_ahead)
         it = iter(prefetcher)
         for _ in range(args.warmup):
             loop.train_step(next(it), prefetcher.upcoming)

@@ -98,7 +98,8 @@ def run(args) -> dict:
     session, loop = _session(args)
     # Batches reach the step as in the training loop: copied ahead, the next one's
     # id deduplication started by the step.
-    prefetcher = DevicePrefetcher(_endless(loop, args.data), session.device)
+    prefetcher = DevicePrefetcher(_endless(loop, args.data), session.device,
+                                     loop.prepare_ahead)
     it = iter(prefetcher)
 
     def step():

@@ -223,6 +223,10 @@ class EmbeddingCollection(nn.Module):
         if self._sharded is not None:
             self._sharded.network_gradients = gradients
 
+    def is_prepared(self, kjt: KeyedJaggedTensor) -> bool:
+        """Whether ``prepare(kjt)`` ran for this very batch object and its forward has not."""
+        return any(entry[0] is kjt for entry in self._ahead)
+
     def prepare(self, kjt: KeyedJaggedTensor) -> None:
         """Starts deduplicating the ids of a coming batch ``kjt``.
 

@@ -62,6 +62,7 @@ from hashrec.train.timing import StepTimer, format_phases
 
 logger = logging.getLogger("hashrec.train")
 INCREMENTAL_DIR = "incremental"
+PREPARE_AHEAD_ENV = "HASHREC_PREPARE_AHEAD"
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,17 @@ class LoopOptions:
         if self.num_epochs:
             return self.num_epochs
         return None if self.num_steps else 1
+
+
+def prepare_ahead_from_env() -> int:
+    """Batches ahead whose id deduplication a training step starts: 1 (the next batch,
+    at the step's start) or 2 (the one after it, at the step's end: its sizes, which
+    several ranks share on the device, reach the host a step later than they are
+    needed); ``HASHREC_PREPARE_AHEAD``, default 1."""
+    value = os.environ.get(PREPARE_AHEAD_ENV, "1").strip() or "1"
+    if value not in ("1", "2"):
+        raise TrainError(f"{PREPARE_AHEAD_ENV}={value!r}: expected 1 or 2")
+    return int(value)
 
 
 def clip_gradients(parameters, grad_clipping) -> None:
@@ -134,6 +146,7 @@ class TrainLoop:
         self.step_timing: dict = {}
         self.embedding_hook = self._timed_hook(session.precision.embedding_hook())
         self.parameters = [p for g in session.dense.optimizer.param_groups for p in g["params"]]
+        self.prepare_ahead = prepare_ahead_from_env()
         # Several ranks: the dense gradients live in one buffer that one all-reduce averages.
         self.gradients = FlatGradients(self.parameters, self.ctx) \
             if self.ctx.is_distributed else None
@@ -203,7 +216,7 @@ class TrainLoop:
             self._inputs = EpochStream(
                 lambda first, count: self.train_stream(train_input_path, first, count))
         batches_in = self._inputs.epoch(self.epoch, self.options.max_epochs)
-        prefetcher = DevicePrefetcher(batches_in, self.session.device)
+        prefetcher = DevicePrefetcher(batches_in, self.session.device, self.prepare_ahead)
         for batch in prefetcher:
             self.timer.batch_ready()
             self.train_step(batch, prefetcher.upcoming)
@@ -245,14 +258,16 @@ class TrainLoop:
         return bool(every) and self.epoch % every == 0
 
     def train_step(self, batch, upcoming=None) -> None:
-        """One step on ``batch``; ``upcoming()`` gives the next batch (or None), whose
-        id deduplication the step starts ahead."""
+        """One step on ``batch``; ``upcoming(k)`` gives the k-th batch after it (or None),
+        whose id deduplication the step starts ahead: the next batch's at its start, or
+        with ``prepare_ahead`` 2 the one after the next at its end (the next batch's at
+        the start too when no earlier step prepared it)."""
         s = self.session
         timer = self.timer
         batch = batch.to(s.device, non_blocking=True)
         timer.mark("data_wait")
         following = upcoming() if upcoming is not None else None
-        if following is not None:
+        if following is not None and not s.model.embedding.is_prepared(following.sparse):
             s.model.embedding.prepare(following.sparse)
         lrs = s.set_learning_rates(self.step, self.epoch)
         if self.gradients is None:
@@ -269,6 +284,10 @@ class TrainLoop:
         s.precision.unscale(s.dense.optimizer)
         clip_gradients(self.parameters, self.grad_clipping)
         s.precision.step(s.dense.optimizer)
+        if upcoming is not None and self.prepare_ahead == 2:
+            after = upcoming(2)
+            if after is not None:
+                s.model.embedding.prepare(after.sparse)
         timer.mark("optimizer")
         self.step += 1
         self.progress.record(batch.batch_size, loss.detach())

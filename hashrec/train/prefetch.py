@@ -32,20 +32,23 @@ def _batch_tensors(batch) -> list[torch.Tensor]:
 
 
 class DevicePrefetcher:
-    """Iterates ``batches`` on ``device``, each batch's copy started one step ahead.
+    """Iterates ``batches`` on ``device``, each batch's copy started ``depth`` steps ahead.
 
     On CUDA the copy runs on a side stream; a batch is handed out (or shown by
     :meth:`upcoming`) only after the current stream was told to wait for its
-    copy. On the CPU batches pass through, still one ahead so that
-    :meth:`upcoming` works the same.
+    copy. On the CPU batches pass through, still ahead so that :meth:`upcoming`
+    works the same.
     """
 
-    def __init__(self, batches: Iterable, device: torch.device) -> None:
+    def __init__(self, batches: Iterable, device: torch.device, depth: int = 1) -> None:
+        if depth < 1:
+            raise ValueError(f"prefetch depth must be >= 1, got {depth}")
         self._batches = batches
         self._device = torch.device(device)
         self._cuda = self._device.type == "cuda"
         self._side = torch.cuda.Stream(self._device) if self._cuda else None
-        self._next: list | None = None  # [batch, ready on the current stream]
+        self._depth = depth
+        self._next: list[list] = []  # [batch, ready on the current stream], oldest first
 
     def _start(self, batch) -> list | None:
         if batch is None:
@@ -66,16 +69,29 @@ class DevicePrefetcher:
 
     def __iter__(self) -> Iterator:
         iterator = iter(self._batches)
-        self._next = self._start(next(iterator, None))
-        while self._next is not None:
-            current = self._ready(self._next)
-            self._next = self._start(next(iterator, None))
+        self._next = []
+        self._fill(iterator)
+        while self._next:
+            current = self._ready(self._next.pop(0))
+            self._fill(iterator)
             yield current
 
-    def upcoming(self):
-        """The batch after the one last handed out, usable on the current stream from
-        here on (its copy may still be running), or None at the end."""
-        return None if self._next is None else self._ready(self._next)
+    def _fill(self, iterator) -> None:
+        """Starts copies until ``depth`` batches are in flight (or the input ends)."""
+        while len(self._next) < self._depth:
+            entry = self._start(next(iterator, None))
+            if entry is None:
+                return
+            self._next.append(entry)
+
+    def upcoming(self, ahead: int = 1):
+        """The ``ahead``-th batch after the one last handed out (1: the next), usable on
+        the current stream from here on (its copy may still be running), or None past
+        the end. ``ahead`` is at most the prefetch depth."""
+        if not 1 <= ahead <= self._depth:
+            raise ValueError(f"upcoming({ahead}): this prefetcher sees 1 to {self._depth} "
+                             f"batches ahead")
+        return self._ready(self._next[ahead - 1]) if ahead <= len(self._next) else None
 
 
 class EpochStream:

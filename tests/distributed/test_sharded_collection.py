@@ -77,9 +77,10 @@ def _loss(collection, head, kjt, labels) -> torch.Tensor:
     return torch.nn.functional.binary_cross_entropy_with_logits(head(x).squeeze(1), labels)
 
 
-def _train(ctx=None, prepare: bool = False, flat: bool = False):
+def _train(ctx=None, prepare: bool | int = False, flat: bool = False):
     """STEPS steps; on ranks, each takes its rows. Returns per-step global losses.
-    ``prepare``: each batch's dedup is started ahead (the ranks share its sizes).
+    ``prepare``: each batch's dedup is started ahead (the ranks share its sizes); 2: two
+    batches ahead, the batch after the next prepared at the end of a step.
     ``flat``: the head's gradients are FlatGradients averaged in the embedding backward's
     exchange; the steps where they were are counted (the last value returned)."""
     collection, head = _collection(ctx), _head()
@@ -90,11 +91,14 @@ def _train(ctx=None, prepare: bool = False, flat: bool = False):
     if gradients is not None:
         collection.carry_network_gradients(gradients)
     losses, carried = [], 0
+    kjts = [_kjt(_global_batch(step)[0], rows) for step in range(STEPS)]
+    for kjt in kjts[:2] if prepare == 2 else []:
+        collection.prepare(kjt)
     for step in range(STEPS):
-        bags, labels = _global_batch(step)
+        labels = _global_batch(step)[1]
         optimizer.zero_grad() if gradients is None else gradients.zero()
-        kjt = _kjt(bags, rows)
-        if prepare:
+        kjt = kjts[step]
+        if prepare is True:
             collection.prepare(kjt)
         loss = _loss(collection, head, kjt, labels[rows])
         loss.backward()
@@ -106,6 +110,8 @@ def _train(ctx=None, prepare: bool = False, flat: bool = False):
         if ctx is not None:
             loss = all_reduce_sum(loss, ctx) / ctx.world_size
         optimizer.step()
+        if prepare == 2 and step + 2 < STEPS:
+            collection.prepare(kjts[step + 2])
         losses.append(float(loss.detach()))
     return collection, head, losses, carried
 
@@ -130,7 +136,7 @@ def _eval_pooled(collection, ctx=None) -> torch.Tensor | None:
     return torch.cat([out.pooled["hot"], out.pooled["adm"]], 1)
 
 
-def scenario_train(ctx, prepare: bool = False, flat: bool = False):
+def scenario_train(ctx, prepare: bool | int = False, flat: bool = False):
     collection, head, losses, carried = _train(ctx, prepare, flat)
     tables = collection.dynamic_tables()
     return {"losses": losses, "carried": carried, "head": [p.detach() for p in head.parameters()],
@@ -154,6 +160,19 @@ def scenario_train_gathered(ctx):
         sharded.DENSE_REDUCE_MAX_ELEMENTS = limit
 
 
+def scenario_train_two_ahead(ctx):
+    """``scenario_train`` with the batch after the next prepared at the end of each step;
+    ``inline`` counts the forwards that deduplicated in the forward."""
+    from hashrec.embedding import collection as collection_module
+
+    real, inline = collection_module.dedup_storages, []
+    collection_module.dedup_storages = lambda storages: inline.append(1) or real(storages)
+    try:
+        return {**scenario_train(ctx, prepare=2), "inline": len(inline)}
+    finally:
+        collection_module.dedup_storages = real
+
+
 def scenario_train_flat(ctx):
     """``scenario_train`` with the head's gradients carried by the sparse gradient exchange."""
     return scenario_train(ctx, flat=True)
@@ -165,12 +184,15 @@ def _close(a, b) -> bool:
 
 def test_two_ranks_train_like_one_process_on_the_global_batch(tmp_path):
     worlds = run_world({"train": scenario_train, "gathered": scenario_train_gathered,
-                        "flat": scenario_train_flat}, WORLD, tmp_path)
+                        "flat": scenario_train_flat, "two_ahead": scenario_train_two_ahead},
+                       WORLD, tmp_path)
     collection, head, losses, _ = _train()
     for ranks in worlds.values():
         _check_like_one_process(ranks, collection, head, losses)
     assert [r["carried"] for r in worlds["flat"]] == [STEPS] * WORLD
     assert [r["carried"] for r in worlds["train"]] == [0] * WORLD
+    # Only rank 0's eval forward (a batch nobody prepared) deduplicates in the forward.
+    assert [r["inline"] for r in worlds["two_ahead"]] == [1, 0]
 
 
 def _check_like_one_process(ranks, collection, head, losses) -> None:

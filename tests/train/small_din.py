@@ -36,3 +36,19 @@ def small_loop(model_dir, device: str = "cpu") -> TrainLoop:
     torch.manual_seed(0)
     session = build_session(config, device=torch.device(device))
     return TrainLoop(session, LoopOptions.from_config(config), checkpoints.Resume())
+
+
+def trained_state(loop: TrainLoop) -> dict[str, torch.Tensor]:
+    """The model's tensors and, per dynamic table, its keys, tags, rows (with optimizer
+    state) and scores sorted by key: what two equivalent runs must agree on."""
+    session = loop.session
+    state = {k: v.clone() for k, v in session.model.state_dict().items()
+             if isinstance(v, torch.Tensor)}
+    for name, table in session.model.embedding.dynamic_tables().items():
+        keys, tags, rows, scores = (torch.cat(parts) for parts in
+                                    zip(*table.export_state(1 << 20)))
+        order = torch.argsort(keys)
+        state[f"table {name}"] = torch.cat([keys[order, None].double(),
+                                            tags[order, None].double(), rows[order].double(),
+                                            scores[order, None].double()], 1)
+    return state

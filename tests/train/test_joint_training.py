@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from small_din import STEPS, generate_data, small_loop
+from small_din import STEPS, generate_data, small_loop, trained_state
 
 from hashrec.embedding import batching, joint
 
@@ -23,23 +23,13 @@ def _trained(data_dir, model_dir, monkeypatch, enabled: str, sorts: list,
     after STEPS steps; ``sorts`` collects the logical tables of each dedup sort."""
     monkeypatch.setenv(joint.ENV, enabled)
     loop = small_loop(model_dir, device)
-    session = loop.session
     real = batching._sort_storage
     monkeypatch.setattr(batching, "_sort_storage",
                         lambda *args: sorts.append(len(args[0])) or real(*args))
     loop.run(str(data_dir))
     monkeypatch.setattr(batching, "_sort_storage", real)
     assert loop.step == STEPS
-    state = {k: v.clone() for k, v in session.model.state_dict().items()
-             if isinstance(v, torch.Tensor)}
-    for name, table in session.model.embedding.dynamic_tables().items():
-        keys, tags, rows, scores = (torch.cat(parts) for parts in
-                                    zip(*table.export_state(1 << 20)))
-        order = torch.argsort(keys)
-        state[f"table {name}"] = torch.cat([keys[order, None].double(),
-                                            tags[order, None].double(), rows[order].double(),
-                                            scores[order, None].double()], 1)
-    return state
+    return trained_state(loop)
 
 
 @pytest.mark.parametrize("device", [

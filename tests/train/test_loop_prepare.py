@@ -4,10 +4,12 @@ uses it instead of deduplicating again."""
 from __future__ import annotations
 
 import pytest
-from small_din import STEPS, generate_data, small_loop
+import torch
+from small_din import STEPS, generate_data, small_loop, trained_state
 
 from hashrec.embedding import collection as collection_module
-from hashrec.train.loop import TrainLoop
+from hashrec.train.errors import TrainError
+from hashrec.train.loop import PREPARE_AHEAD_ENV, TrainLoop
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +38,54 @@ def test_each_batch_is_deduplicated_once(data_dir, tmp_path, monkeypatch):
     # Only the first batch is deduplicated in its forward; every step starts the next's.
     assert len(in_forward) == 1
     assert len(prepared) == STEPS
+
+
+def test_preparing_two_batches_ahead_trains_the_same_model(data_dir, tmp_path, monkeypatch):
+    """HASHREC_PREPARE_AHEAD=2: a step starts the dedup of the batch after the next (at
+    its end); every batch but the first is still deduplicated once, ahead, and the model
+    trained is the same, bit for bit."""
+    states, counts, late = [], [], []
+    real_dedup = collection_module.dedup_storages
+    real_prepare = collection_module.EmbeddingCollection.prepare
+    real_forward = collection_module.EmbeddingCollection.forward
+    forwards, loops = [], []
+
+    def forward(self, kjt):
+        forwards.append(1)
+        return real_forward(self, kjt)
+
+    def prepare(self, kjt):  # a prepare after this step's forward: at the step's end
+        late[-1] = max(late[-1], len(forwards) - loops[-1].step)
+        real_prepare(self, kjt)
+
+    monkeypatch.setattr(collection_module.EmbeddingCollection, "prepare", prepare)
+    monkeypatch.setattr(collection_module.EmbeddingCollection, "forward", forward)
+    for ahead in ("1", "2"):
+        in_forward = []
+        forwards.clear()
+        late.append(0)
+        monkeypatch.setenv(PREPARE_AHEAD_ENV, ahead)
+        monkeypatch.setattr(collection_module, "dedup_storages",
+                            lambda storages, seen=in_forward: seen.append(1) or
+                            real_dedup(storages))
+        loops.append(_loop(data_dir, tmp_path / ahead))
+        loop = loops[-1]
+        assert loop.prepare_ahead == int(ahead)
+        loop.run(str(data_dir))
+        assert loop.step == STEPS
+        states.append(trained_state(loop))
+        counts.append(len(in_forward))
+    assert counts == [1, 1]
+    assert late == [0, 1]  # two ahead: prepared at the end of the step, after its forward
+    assert states[0].keys() == states[1].keys()
+    for name, value in states[0].items():
+        assert torch.equal(value, states[1][name]), name
+
+
+def test_prepare_ahead_must_be_one_or_two(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv(PREPARE_AHEAD_ENV, "3")
+    with pytest.raises(TrainError, match="expected 1 or 2"):
+        _loop(data_dir, tmp_path)
 
 
 def test_training_collects_garbage_on_its_schedule(data_dir, tmp_path, monkeypatch):

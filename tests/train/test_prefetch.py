@@ -1,4 +1,5 @@
-"""DevicePrefetcher: batches pass through in order on the CPU; upcoming shows the next."""
+"""DevicePrefetcher: batches pass through in order on the CPU; upcoming shows the next
+(or, deeper, the one after)."""
 
 import pytest
 import torch
@@ -34,6 +35,20 @@ def test_upcoming_is_the_batch_handed_out_next():
         seen.append((batch.sparse.values()[0].item(),
                      None if following is None else following.sparse.values()[0].item()))
     assert seen == [(0, 1), (1, 2), (2, None)]
+
+
+def test_a_deeper_prefetcher_shows_two_batches_ahead_and_keeps_the_order():
+    prefetcher = DevicePrefetcher([_batch(i) for i in range(4)], torch.device("cpu"), depth=2)
+    seen = []
+    for batch in prefetcher:
+        ahead = [prefetcher.upcoming(k) for k in (1, 2)]
+        seen.append((batch.sparse.values()[0].item(),
+                     *(None if b is None else b.sparse.values()[0].item() for b in ahead)))
+    assert seen == [(0, 1, 2), (1, 2, 3), (2, 3, None), (3, None, None)]
+    with pytest.raises(ValueError, match="1 to 2 batches ahead"):
+        prefetcher.upcoming(3)
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        DevicePrefetcher([], torch.device("cpu"), depth=0)
 
 
 def test_batch_tensors_cover_every_tensor_of_the_batch():
