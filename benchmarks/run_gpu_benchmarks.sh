@@ -4,7 +4,7 @@
 # not shared between measurements), each under its own time limit so that one
 # failure does not stop the rest.
 # Usage: benchmarks/run_gpu_benchmarks.sh OUT_DIR
-# Steps: the GPU tests (tables, embedding, distributed, training); generated data; both
+# Steps: the GPU tests (tables, embedding, distributed, training, data); generated data; both
 # example configs on 1 GPU, then on 2 GPUs (STEPS steps, default 1000; steady
 # state: the table growth and admission warm-up of the first WARMUP, default 400,
 # are left out); the host syncs per
@@ -15,8 +15,9 @@
 # AB_TREES="TREE_A,TREE_B" adds an interleaved A/B of those source trees (a tree may
 # carry settings: ".+HASHREC_LOOKUP_GRAPHS=0,.")
 # (benchmarks/ab_train.py; AB_CONFIGS, default dynamicemb; AB_NPROC GPUs, default 1).
-# The host time per function of both configs' steps on 1 GPU, and of dynamicemb's on
-# each rank of 2 (host_split.py), follows the profiles.
+# The 2-GPU profiles are followed by each collective's wait for the last rank
+# (collective_skew.py). The host time per function of both configs' steps on 1 GPU, and
+# of dynamicemb's on each rank of 2 (host_split.py), follows the profiles.
 set -u
 out=${1:?usage: run_gpu_benchmarks.sh OUT_DIR}
 mkdir -p "$out"
@@ -37,7 +38,7 @@ step() {  # step NAME SECONDS COMMAND...
 } > "$out/env.txt" 2>&1
 {
   step gpu_tests 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/table tests/embedding tests/distributed \
-      tests/train
+      tests/train tests/data
   step gen_data 80 python3 -m hashrec.tools.gen_taobao_data --output_dir "$data" \
       --num_rows 1000000 --num_files 16 --sequence_format "${SEQUENCE_FORMAT:-list}" --quiet
   CUDA_VISIBLE_DEVICES=0 step train_1gpu 300 python3 benchmarks/bench_train.py \
@@ -61,8 +62,12 @@ step() {  # step NAME SECONDS COMMAND...
   done
   for config in dynamicemb num_buckets; do  # rank files: profile_train_gpu_x2_CONFIG.rankR.*
     step "profile_x2_$config" 120 torchrun --nproc_per_node 2 benchmarks/profile_train_step.py \
-        --data "$data" --config "$config" --warmup 300 --steps 10 --sample_steps 100 \
+        --data "$data" --config "$config" --warmup 300 --steps 10 --sample_steps 100 --trace \
         --out "$out/profile_train_gpu_x2_$config"
+    step "collective_skew_$config" 60 python3 benchmarks/collective_skew.py \
+        --traces "$out/profile_train_gpu_x2_$config" --steps 10 \
+        --out "$out/collective_skew_gpu_x2_$config"
+    rm -f "$out/profile_train_gpu_x2_$config".rank*.trace.json.gz
   done
   for config in dynamicemb num_buckets; do
     CUDA_VISIBLE_DEVICES=0 step "host_split_$config" 90 python3 benchmarks/host_split.py \
