@@ -76,14 +76,17 @@ class FlatGradients:
     :func:`all_reduce_gradients`.
 
     Args:
-        parameters: the same parameters, in the same order, on every rank.
+        parameters: the same parameters, in the same order, on every rank (those that
+            do not require grad are left alone).
         ctx: the worker's context.
         group: process group (default group when None).
     """
 
     def __init__(self, parameters: list[nn.Parameter], ctx: DistContext,
                  group: dist.ProcessGroup | None = None) -> None:
-        self.parameters, self.ctx, self.group = list(parameters), ctx, group
+        # Frozen parameters keep no gradient (an optimizer skips them, decay included).
+        self.parameters = [p for p in parameters if p.requires_grad]
+        self.ctx, self.group = ctx, group
         kinds = {(p.dtype, p.device) for p in self.parameters}
         self.flat = None
         self.views: list[torch.Tensor] = []

@@ -113,7 +113,8 @@ def scenario_flat_gradients(ctx):
     """Three steps: FlatGradients against all_reduce_gradients on the same gradients; in
     step 1 a gradient is replaced after zero() (it must be copied in)."""
     flat_net, apart_net = _net(), _net()
-    flat = FlatGradients(list(flat_net.parameters()), ctx)
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    flat = FlatGradients(list(flat_net.parameters()) + [frozen], ctx)
     checks = []
     for step in range(3):
         flat.zero()
@@ -131,7 +132,7 @@ def scenario_flat_gradients(ctx):
         checks.append(all(torch.equal(a.grad, b.grad) for a, b in pairs)
                       and all(p.grad._base is flat.flat for p in flat_net.parameters())
                       and not flat_net[3].weight.grad.any()
-                      and bool(flat_net[0].weight.grad.any()))
+                      and bool(flat_net[0].weight.grad.any()) and frozen.grad is None)
     return checks
 
 
