@@ -40,7 +40,11 @@ def test_each_batch_is_deduplicated_once(data_dir, tmp_path, monkeypatch):
     assert len(prepared) == STEPS
 
 
-def test_preparing_two_batches_ahead_trains_the_same_model(data_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_preparing_two_batches_ahead_trains_the_same_model(data_dir, tmp_path, monkeypatch,
+                                                          device):
     """HASHREC_PREPARE_AHEAD=2: a step starts the dedup of the batch after the next (at
     its end); every batch but the first is still deduplicated once, ahead, and the model
     trained is the same, bit for bit."""
@@ -68,7 +72,7 @@ def test_preparing_two_batches_ahead_trains_the_same_model(data_dir, tmp_path, m
         monkeypatch.setattr(collection_module, "dedup_storages",
                             lambda storages, seen=in_forward: seen.append(1) or
                             real_dedup(storages))
-        loops.append(_loop(data_dir, tmp_path / ahead))
+        loops.append(small_loop(tmp_path / ahead / "model", device))
         loop = loops[-1]
         assert loop.prepare_ahead == int(ahead)
         loop.run(str(data_dir))

@@ -51,6 +51,21 @@ def test_a_deeper_prefetcher_shows_two_batches_ahead_and_keeps_the_order():
         DevicePrefetcher([], torch.device("cpu"), depth=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_deeper_prefetcher_on_the_gpu_hands_out_the_batches_copied():
+    batches = [_batch(i).pin_memory() for i in range(5)]
+    prefetcher = DevicePrefetcher(batches, torch.device("cuda"), depth=2)
+    seen = []
+    for batch in prefetcher:
+        after = prefetcher.upcoming(2)
+        assert batch.sparse.values().is_cuda
+        seen.append((batch.sparse.values().tolist(), batch.dense["d"][0, 0].item(),
+                     None if after is None else after.sparse.values().tolist()))
+    assert seen == [([i, i + 1], float(i), [i + 2, i + 3] if i + 2 < 5 else None)
+                    for i in range(5)]
+
+
 def test_batch_tensors_cover_every_tensor_of_the_batch():
     tensors = _batch(0)
     found = _batch_tensors(tensors)
