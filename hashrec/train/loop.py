@@ -98,8 +98,8 @@ class LoopOptions:
 def prepare_ahead_from_env() -> int:
     """Batches ahead whose id deduplication a training step starts: 1 (the next batch,
     at the step's start) or 2 (the one after it, at the step's end: its sizes, which
-    several ranks share on the device, reach the host a step later than they are
-    needed); ``HASHREC_PREPARE_AHEAD``, default 1."""
+    several ranks share on the device, then have a whole step more to reach the host
+    before its forward reads them); ``HASHREC_PREPARE_AHEAD``, default 1."""
     value = os.environ.get(PREPARE_AHEAD_ENV, "1").strip() or "1"
     if value not in ("1", "2"):
         raise TrainError(f"{PREPARE_AHEAD_ENV}={value!r}: expected 1 or 2")

@@ -8,11 +8,10 @@ with enough cores, a single training process (its main, autograd and pin-memory
 threads, which inherit the main thread's cores) keeps a few cores, and its loader
 workers run on the rest.
 
-Under several ranks nothing is pinned: the process also runs the collectives'
-threads (NCCL's proxy and watchdog threads, the host-side gloo group), and on a
-32-core host with 2 H200s, two ranks confined to 4 cores each trained at
-1,603,398 samples/s against 1,916,398 unpinned (``benchmarks/results/
-ab_gpu_x2_settings.md``).
+Under several ranks nothing is pinned: on a 32-core host with 2 H200s, two ranks
+confined to 4 cores each trained at 1,603,398 samples/s against 1,916,398 unpinned
+(``benchmarks/results/ab_gpu_x2_settings.md``); such a process also runs the
+collectives' threads (NCCL's proxy and watchdog threads, the host-side gloo group).
 
 ``HASHREC_CPU_AFFINITY=0`` leaves the cores as they are.
 """
