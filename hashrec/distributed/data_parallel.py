@@ -268,8 +268,8 @@ DENSE_REDUCE_MAX_ELEMENTS = 1 << 20
 
 def all_reduce_row_gradients_many(tables: list[tuple[int, torch.Tensor, torch.Tensor]],
                                   ctx: DistContext, group: dist.ProcessGroup | None = None,
-                                  timer: CommTimer | None = None
-                                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                                  timer: CommTimer | None = None,
+                                  extra: torch.Tensor | None = None) -> list:
     """Every rank's row gradients of several small replicated tables, summed, in one
     all-reduce.
 
@@ -281,19 +281,27 @@ def all_reduce_row_gradients_many(tables: list[tuple[int, torch.Tensor, torch.Te
     Args:
         tables: per table, (num_rows, slots (u,) int64 unique rows, grads (u, dim)
             float32, already scaled by the caller).
+        extra: (L,) float32 summed over ranks in the same all-reduce (the dense
+            network's gradients), or None.
 
     Returns:
         Per table, (rows (num_rows,) int64: r where some rank touched row r, else -1
-        (the optimizer skips it); grads (num_rows, dim) float32 summed over ranks).
+        (the optimizer skips it); grads (num_rows, dim) float32 summed over ranks);
+        then, with ``extra``, its (L,) sum over ranks.
     """
     if not ctx.is_distributed or not tables:
-        return [(slots, grads) for _, slots, grads in tables]
+        return [(slots, grads) for _, slots, grads in tables] + \
+            ([extra] if extra is not None else [])
     timer = timer or CommTimer(enabled=False)
     flat = pack_row_gradients(tables)
+    head = flat.numel()
+    if extra is not None:
+        flat = torch.cat([flat, extra])
     with timer.region():
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-    return unpack_row_gradients(flat, [num_rows for num_rows, _, _ in tables],
-                                [grads.shape[1] for _, _, grads in tables])
+    out = unpack_row_gradients(flat[:head], [num_rows for num_rows, _, _ in tables],
+                               [grads.shape[1] for _, _, grads in tables])
+    return out + [flat[head:]] if extra is not None else out
 
 
 def _blocks(flat: torch.Tensor, num_rows: list[int], dims: list[int]) -> list[torch.Tensor]:

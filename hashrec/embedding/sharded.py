@@ -138,6 +138,8 @@ class ShardedLookups:
         gradients when ``network_gradients`` is set: autograd has accumulated them by
         now (its accumulation nodes run as soon as they are ready, and this node, the
         first of the forward, runs last), which saves their all-reduce a collective.
+        Without dynamic storages the small dense tables take one all-reduce, which the
+        dense network's gradients then join.
         """
         small, large = [], []
         for r, local_slots, grad in zip(requests, slots, grads):
@@ -151,9 +153,7 @@ class ShardedLookups:
         # they take one all-reduce.
         ride = bool(small and dynamic)
         if small and not ride:
-            _apply_dense(small, all_reduce_row_gradients_many(
-                [(_num_rows(r), s, g * self.grad_scale) for r, s, g in small],
-                self.ctx, self.group, self.timer))
+            self._all_reduce_small(small)
         known = [r.unique_per_rank for r, _, _ in large]
         sizes = [list(row) for row in zip(*known)] \
             if large and all(k is not None for k in known) else None
@@ -177,6 +177,20 @@ class ShardedLookups:
         if ride:
             _apply_dense(small, unpack_row_gradients(
                 summed, [_num_rows(r) for r, _, _ in small], [g.shape[1] for _, _, g in small]))
+
+
+    def _all_reduce_small(self, small: list[tuple]) -> None:
+        """The small dense tables' update from one all-reduce of their packed gradients,
+        which the dense network's gradients join when ``network_gradients`` is set."""
+        network = self.network_gradients.ready() \
+            if self.network_gradients is not None else None
+        updates = all_reduce_row_gradients_many(
+            [(_num_rows(r), s, g * self.grad_scale) for r, s, g in small],
+            self.ctx, self.group, self.timer, extra=network)
+        if network is not None:
+            updates, summed = updates[:-1], updates[-1]
+            self.network_gradients.take_averaged(summed / self.ctx.world_size)
+        _apply_dense(small, updates)
 
 
 def _num_rows(r: Request) -> int:

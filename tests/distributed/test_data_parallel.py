@@ -73,7 +73,9 @@ def scenario_wrong_sizes(ctx):
 
 
 def scenario_all_reduce(ctx):
-    out = all_reduce_row_gradients_many([(12,) + _local(ctx.rank, t) for t in range(2)], ctx)
+    out = all_reduce_row_gradients_many([(12,) + _local(ctx.rank, t) for t in range(2)], ctx,
+                                        extra=torch.full((3,), ctx.rank + 1.0))
+    out, extra = out[:-1], out[-1]  # the extra buffer, summed in the same all-reduce
     checks = []
     for t, (rows, grads) in enumerate(out):
         want_rows, want, _ = _want(t)
@@ -81,7 +83,8 @@ def scenario_all_reduce(ctx):
         touched[want_rows] = True
         checks.append(rows.shape == (12,) and torch.equal(rows[touched], want_rows)
                       and bool((rows[~touched] == -1).all())
-                      and torch.allclose(grads, want) and not grads[~touched].any())
+                      and torch.allclose(grads, want) and not grads[~touched].any()
+                      and torch.equal(extra, torch.full((3,), 3.0)))
     return checks
 
 

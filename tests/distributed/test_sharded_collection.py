@@ -28,18 +28,22 @@ WORLD, ROWS, STEPS, DIM, HOT = 2, 8, 14, 4, 8
 FEATURES = ("hot", "adm", "cat")
 
 
-def _collection(ctx=None) -> EmbeddingCollection:
+def _collection(ctx=None, dense_only: bool = False) -> EmbeddingCollection:
+    """The scenario's tables; ``dense_only``: the two dynamic tables are dense ones."""
     init = InitializerArgs(mode="NORMAL", std_dev=0.1, key_seed=7)
     tables = [
+        EmbeddingTableSpec("evict", DIM, num_rows=10_400, initializer=init),
+        EmbeddingTableSpec("admit", DIM, num_rows=40, initializer=init),
+    ] if dense_only else [
         EmbeddingTableSpec("evict", DIM, dynamic=TableOptions(
             dim=DIM, max_capacity=128, bucket_capacity=32, score_strategy="STEP",
             initializer=init, check_mode="IGNORE")),
         EmbeddingTableSpec("admit", DIM, dynamic=TableOptions(
             dim=DIM, max_capacity=1024, bucket_capacity=32, initializer=init,
             admission=AdmissionOptions(threshold=3, counter_capacity=4096))),
-        EmbeddingTableSpec("dense", DIM, num_rows=20,
-                           initializer=InitializerArgs(mode="NORMAL", std_dev=0.1, key_seed=3)),
     ]
+    tables.append(EmbeddingTableSpec("dense", DIM, num_rows=20, initializer=InitializerArgs(
+        mode="NORMAL", std_dev=0.1, key_seed=3)))
     features = [EmbeddingFeatureSpec("hot", "evict"), EmbeddingFeatureSpec("adm", "admit"),
                 EmbeddingFeatureSpec("cat", "dense", pooling="mean")]
     return EmbeddingCollection(tables, features, SparseAdam(lr=0.05), "cpu", dist=ctx)
@@ -77,13 +81,14 @@ def _loss(collection, head, kjt, labels) -> torch.Tensor:
     return torch.nn.functional.binary_cross_entropy_with_logits(head(x).squeeze(1), labels)
 
 
-def _train(ctx=None, prepare: bool | int = False, flat: bool = False):
+def _train(ctx=None, prepare: bool | int = False, flat: bool = False,
+           dense_only: bool = False):
     """STEPS steps; on ranks, each takes its rows. Returns per-step global losses.
     ``prepare``: each batch's dedup is started ahead (the ranks share its sizes); 2: two
     batches ahead, the batch after the next prepared at the end of a step.
     ``flat``: the head's gradients are FlatGradients averaged in the embedding backward's
     exchange; the steps where they were are counted (the last value returned)."""
-    collection, head = _collection(ctx), _head()
+    collection, head = _collection(ctx, dense_only), _head()
     optimizer = torch.optim.SGD(head.parameters(), lr=0.5)
     rank = ctx.rank if ctx is not None else 0
     rows = slice(rank * ROWS, (rank + 1) * ROWS) if ctx is not None else slice(None)
@@ -176,6 +181,29 @@ def scenario_train_two_ahead(ctx):
 def scenario_train_flat(ctx):
     """``scenario_train`` with the head's gradients carried by the sparse gradient exchange."""
     return scenario_train(ctx, flat=True)
+
+
+def scenario_dense_only(ctx):
+    """Dense tables only, the head's gradients carried by their all-reduce."""
+    collection, head, losses, carried = _train(ctx, flat=True, dense_only=True)
+    return {"losses": losses, "carried": carried, "head": [p.detach() for p in head.parameters()],
+            "tables": {name: t.rows[:, :DIM].clone()
+                       for name, t in collection.dense_tables.items()}}
+
+
+def test_two_ranks_of_dense_tables_only_train_like_one_process(tmp_path):
+    ranks = run_world({"dense": scenario_dense_only}, WORLD, tmp_path)["dense"]
+    collection, head, losses, _ = _train(dense_only=True)
+    for r in ranks:
+        if isinstance(r, Exception):
+            raise r
+        assert r["carried"] == STEPS
+        assert _close(r["losses"], losses)
+        for mine, ref in zip(r["head"], head.parameters()):
+            assert _close(mine, ref.detach())
+        assert r["tables"].keys() == collection.dense_tables.keys() and len(r["tables"]) == 3
+        for name, rows in r["tables"].items():
+            assert _close(rows, collection.dense_tables[name].rows[:, :DIM]), name
 
 
 def _close(a, b) -> bool:
