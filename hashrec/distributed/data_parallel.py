@@ -204,8 +204,8 @@ def gather_sparse_gradients(slots: torch.Tensor, grads: torch.Tensor, ctx: DistC
 def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]],
                                  ctx: DistContext, group: dist.ProcessGroup | None = None,
                                  timer: CommTimer | None = None,
-                                 sizes: list[list[int]] | None = None
-                                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                                 sizes: list[list[int]] | None = None,
+                                 extra: torch.Tensor | None = None) -> list:
     """:func:`gather_sparse_gradients` of several replicated tables in two collectives.
 
     One all-gather tells every rank each peer's row count per table; the counts
@@ -223,14 +223,19 @@ def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]]
         timer: optional timer of the exchange.
         sizes: ``sizes[rank][table]``, every rank's row count per table when the
             caller knows them (shared ahead): the count exchange is skipped.
+        extra: (L,) float32 that travels in the same all-gather and comes back summed
+            over ranks in rank order (the dense network's gradients), or None.
 
     Returns:
         Per table, (rows (n,) int64, grads (n, dim) float32) with n the rows all
         ranks sent: the distinct rows ascending, then -1 (no row: the optimizer
-        skips it) with zero gradients; identical on every rank.
+        skips it) with zero gradients; identical on every rank. Then, with ``extra``,
+        its (L,) sum.
     """
-    if not ctx.is_distributed or not tables:
-        return list(tables)
+    tail = [extra] if extra is not None else []
+    if not ctx.is_distributed or not (tables or tail):
+        return list(tables) + tail
+    extra_n = extra.numel() if extra is not None else 0
     timer = timer or CommTimer(enabled=False)
     slots = [s.contiguous() for s, _ in tables]
     grads = [g.float().contiguous() for _, g in tables]
@@ -242,13 +247,22 @@ def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]]
     with timer.region():
         if sizes is None:
             sizes = all_gather_ints(local, ctx, group)  # [rank][table]
-        if not any(any(row) for row in sizes):
+        if not any(any(row) for row in sizes) and extra is None:
             return list(tables)
-        # Rows first (even float offsets, so int64 views stay aligned), then gradients.
+        # Rows first (even float offsets, so int64 views stay aligned), gradients, extra.
         packed = torch.cat([s.view(torch.float32) for s in slots] +
-                           [g.reshape(-1) for g in grads])
-        lengths = [sum(n * (2 + d) for n, d in zip(row, dims)) for row in sizes]
+                           [g.reshape(-1) for g in grads] + tail)
+        lengths = [sum(n * (2 + d) for n, d in zip(row, dims)) + extra_n for row in sizes]
         parts = _gather_padded(packed, lengths, group)
+    if extra is not None:  # each rank's copy ends its part: summed in rank order
+        tail = [sum(part[n - extra_n:n] for part, n in zip(parts, lengths))]
+    return _sum_tables(slots, grads, parts, sizes, dims) + tail
+
+
+def _sum_tables(slots: list[torch.Tensor], grads: list[torch.Tensor], parts: list,
+                sizes: list[list[int]], dims: list[int]) -> list[tuple]:
+    """Every table's gathered (row, gradient) pairs summed per row (``_sum_per_row``); a
+    table no rank sent rows of stays as it is."""
     out = []
     for t, (local_slots, local_grads) in enumerate(zip(slots, grads)):
         per_rank = [row[t] for row in sizes]

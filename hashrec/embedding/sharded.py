@@ -138,8 +138,8 @@ class ShardedLookups:
         gradients when ``network_gradients`` is set: autograd has accumulated them by
         now (its accumulation nodes run as soon as they are ready, and this node, the
         first of the forward, runs last), which saves their all-reduce a collective.
-        Without dynamic storages the small dense tables take one all-reduce, which the
-        dense network's gradients then join.
+        Without dynamic storages the dense network's gradients join the small dense
+        tables' all-reduce, or without those the large ones' all-gather.
         """
         small, large = [], []
         for r, local_slots, grad in zip(requests, slots, grads):
@@ -152,16 +152,14 @@ class ShardedLookups:
         # there is one (every rank gets every rank's packed buffer and sums them), else
         # they take one all-reduce.
         ride = bool(small and dynamic)
-        if small and not ride:
-            self._all_reduce_small(small)
-        known = [r.unique_per_rank for r, _, _ in large]
-        sizes = [list(row) for row in zip(*known)] \
-            if large and all(k is not None for k in known) else None
-        _apply_dense(large, gather_sparse_gradients_many(
-            [(s, g * self.grad_scale) for _, s, g in large], self.ctx, self.group,
-            self.timer, sizes))
+        # The exchange that carries the dense network's gradients, if any.
+        carrier = "dynamic" if dynamic else "small" if small else "large" if large else ""
         network = self.network_gradients.ready() \
-            if dynamic and self.network_gradients is not None else None
+            if carrier and self.network_gradients is not None else None
+        if small and not ride:
+            self._all_reduce_small(small, network if carrier == "small" else None)
+        self._gather_large(large, network if carrier == "large" else None)
+        network = network if carrier == "dynamic" else None
         pieces = [pack_row_gradients([(_num_rows(r), s, g) for r, s, g in small])] \
             if ride else []
         pieces += [network] if network is not None else []
@@ -178,12 +176,9 @@ class ShardedLookups:
             _apply_dense(small, unpack_row_gradients(
                 summed, [_num_rows(r) for r, _, _ in small], [g.shape[1] for _, _, g in small]))
 
-
-    def _all_reduce_small(self, small: list[tuple]) -> None:
+    def _all_reduce_small(self, small: list[tuple], network: torch.Tensor | None) -> None:
         """The small dense tables' update from one all-reduce of their packed gradients,
-        which the dense network's gradients join when ``network_gradients`` is set."""
-        network = self.network_gradients.ready() \
-            if self.network_gradients is not None else None
+        which ``network`` (the dense network's gradients) joins when given."""
         updates = all_reduce_row_gradients_many(
             [(_num_rows(r), s, g * self.grad_scale) for r, s, g in small],
             self.ctx, self.group, self.timer, extra=network)
@@ -191,6 +186,20 @@ class ShardedLookups:
             updates, summed = updates[:-1], updates[-1]
             self.network_gradients.take_averaged(summed / self.ctx.world_size)
         _apply_dense(small, updates)
+
+    def _gather_large(self, large: list[tuple], network: torch.Tensor | None) -> None:
+        """The large dense tables' update from one all-gather of their (row, gradient)
+        pairs (in the sizes the dedup shared, when known), which ``network`` joins."""
+        known = [r.unique_per_rank for r, _, _ in large]
+        sizes = [list(row) for row in zip(*known)] \
+            if large and all(k is not None for k in known) else None
+        updates = gather_sparse_gradients_many(
+            [(s, g * self.grad_scale) for _, s, g in large], self.ctx, self.group,
+            self.timer, sizes, extra=network)
+        if network is not None:
+            updates, summed = updates[:-1], updates[-1]
+            self.network_gradients.take_averaged(summed / self.ctx.world_size)
+        _apply_dense(large, updates)
 
 
 def _num_rows(r: Request) -> int:

@@ -39,8 +39,12 @@ def _want(t: int) -> tuple[torch.Tensor, torch.Tensor, int]:
 
 def scenario_gather(ctx, sizes=None):
     tables = [_local(ctx.rank, t) for t in range(2)]
-    out = gather_sparse_gradients_many(tables, ctx, sizes=sizes)
-    checks = []
+    out = gather_sparse_gradients_many(tables, ctx, sizes=sizes,
+                                       extra=torch.full((3,), ctx.rank + 1.0))
+    out, extra = out[:-1], out[-1]  # the extra buffer, summed over ranks in the gather
+    alone = gather_sparse_gradients_many([], ctx, extra=torch.full((2,), ctx.rank + 0.5))
+    checks = [torch.equal(extra, torch.full((3,), 3.0)) and len(alone) == 1
+              and torch.equal(alone[0], torch.full((2,), 2.0))]
     for t, (rows, grads) in enumerate(out):
         want_rows, want, sent = _want(t)
         kept = rows >= 0
@@ -55,7 +59,7 @@ def test_gathered_gradients_are_summed_per_row_with_a_fill(tmp_path):
     results = run_world({"gather": scenario_gather}, WORLD, tmp_path)["gather"]
     for result in results:
         assert not isinstance(result, Exception), result
-        assert result == [True, True]
+        assert result == [True, True, True]
 
 
 def scenario_gather_given_sizes(ctx):
@@ -91,7 +95,7 @@ def scenario_all_reduce(ctx):
 def test_given_sizes_skip_their_exchange_and_are_checked(tmp_path):
     results = run_world({"given": scenario_gather_given_sizes, "wrong": scenario_wrong_sizes},
                         WORLD, tmp_path)
-    assert results["given"] == [[True, True]] * WORLD, results["given"]
+    assert results["given"] == [[True, True, True]] * WORLD, results["given"]
     for message in results["wrong"]:
         assert "differ from the sizes shared ahead" in message, message
 

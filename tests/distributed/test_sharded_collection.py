@@ -191,10 +191,23 @@ def scenario_dense_only(ctx):
                        for name, t in collection.dense_tables.items()}}
 
 
+def scenario_dense_only_gathered(ctx):
+    """``scenario_dense_only`` with every dense table on the all-gather of large tables,
+    which the head's gradients then join."""
+    from hashrec.embedding import sharded
+
+    limit, sharded.DENSE_REDUCE_MAX_ELEMENTS = sharded.DENSE_REDUCE_MAX_ELEMENTS, 0
+    try:
+        return scenario_dense_only(ctx)
+    finally:
+        sharded.DENSE_REDUCE_MAX_ELEMENTS = limit
+
+
 def test_two_ranks_of_dense_tables_only_train_like_one_process(tmp_path):
-    ranks = run_world({"dense": scenario_dense_only}, WORLD, tmp_path)["dense"]
+    worlds = run_world({"dense": scenario_dense_only, "gathered": scenario_dense_only_gathered},
+                       WORLD, tmp_path)
     collection, head, losses, _ = _train(dense_only=True)
-    for r in ranks:
+    for r in worlds["dense"] + worlds["gathered"]:
         if isinstance(r, Exception):
             raise r
         assert r["carried"] == STEPS
