@@ -82,6 +82,8 @@ def _targets():
         (sharded, "pack_row_gradients", None),
         (sharded, "unpack_row_gradients", None),
         (sharded, "_apply_dense", None),
+        (sharded.ShardedLookups, "_all_reduce_small", None),
+        (sharded.ShardedLookups, "_gather_large", None),
         (multi_lookup, "lookup_many", None),
         (multi_lookup, "apply_gradients_many", None),
         (multi_lookup, "all_to_all", None),
