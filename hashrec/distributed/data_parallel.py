@@ -7,10 +7,9 @@ world-size-1 gradient of the global batch is the *average* of the ranks'
 gradients:
 
 * dense network: :class:`FlatGradients` keeps every ``.grad`` as a view of one
-  buffer and averages it after backward in one all-reduce (:func:`all_reduce_gradients`
-  does the same for gradients held apart), before clipping and the optimizer step (all
-  collectives stay in program order, so they never interleave with the
-  embedding exchanges of the backward pass);
+  buffer and averages it before clipping and the optimizer step: in the embedding
+  backward's last gradient exchange, which it joins, or else in one all-reduce after
+  backward (:func:`all_reduce_gradients` does the same for gradients held apart);
 * dense tables are updated in backward by the sparse optimizer from the rows a
   batch touched: :func:`gather_sparse_gradients` all-gathers every rank's
   (row, gradient) pairs, already divided by the world size, and sums them per
@@ -55,6 +54,11 @@ def all_reduce_gradients(parameters: list[nn.Parameter], ctx: DistContext,
         p.grad = part if part.dtype == g.dtype else part.to(g.dtype)
 
 
+# Dense-network gradients of at most this many float32 elements (4 MiB) join another
+# exchange of the backward instead of an all-reduce of their own (FlatGradients.ready).
+RIDE_MAX_ELEMENTS = 1 << 20
+
+
 class FlatGradients:
     """The replicated parameters' ``.grad`` as views of one flat buffer, averaged in place.
 
@@ -91,6 +95,7 @@ class FlatGradients:
         self.flat = None
         self.views: list[torch.Tensor] = []
         self._averaged = False  # take_averaged() ran since the last all_reduce()
+        self._version = -1  # the buffer's version counter right after take_averaged()
         if len(kinds) == 1:
             dtype, device = kinds.pop()
             self.flat = torch.zeros(sum(p.numel() for p in self.parameters), dtype=dtype,
@@ -121,7 +126,10 @@ class FlatGradients:
             return
         if self._averaged:
             self._averaged = False
-            if any(p.grad is not view for p, view in zip(self.parameters, self.views)):
+            # A gradient replaced, or one accumulated into the buffer after the average (a
+            # parameter used before the embedding lookup), would leave the ranks apart.
+            if self.flat._version != self._version or \
+                    any(p.grad is not view for p, view in zip(self.parameters, self.views)):
                 raise DistributedError("a dense gradient changed after it was averaged in "
                                        "the embedding backward")
             return
@@ -137,8 +145,11 @@ class FlatGradients:
     def ready(self) -> torch.Tensor | None:
         """The buffer, every gradient in it, for an exchange of the backward that sums it
         over ranks (then :meth:`take_averaged`); None when it cannot travel that way
-        (not flattened, not float32)."""
-        if self.flat is None or self.flat.dtype != torch.float32 or not self.ctx.is_distributed:
+        (not flattened, not float32, or larger than ``RIDE_MAX_ELEMENTS``: the exchanges it
+        would join send every rank a copy, more traffic than an all-reduce's beyond a few
+        ranks)."""
+        if self.flat is None or self.flat.dtype != torch.float32 or \
+                not self.ctx.is_distributed or self.flat.numel() > RIDE_MAX_ELEMENTS:
             return None
         self._bind()
         return self.flat
@@ -148,6 +159,7 @@ class FlatGradients:
         then has nothing left to do."""
         self.flat.copy_(averaged)
         self._averaged = True
+        self._version = self.flat._version
 
     def _bind(self) -> None:
         """Copies a gradient that something replaced since :meth:`zero` into the buffer

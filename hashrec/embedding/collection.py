@@ -219,7 +219,8 @@ class EmbeddingCollection(nn.Module):
 
     def carry_network_gradients(self, gradients) -> None:
         """Several ranks: the dense network's gradients (a ``FlatGradients``) are averaged
-        in the dynamic storages' gradient exchange of each backward, when there is one."""
+        in the last gradient exchange of each backward of the storages (the dynamic
+        storages', else the dense tables'), when there is one; None stops it."""
         if self._sharded is not None:
             self._sharded.network_gradients = gradients
 

@@ -132,8 +132,9 @@ class ShardedLookups:
                  grads: list[torch.Tensor]) -> None:
         """Apply every trainable storage's update, in request order (collective).
 
-        The large replicated dense tables' gradients travel first, all in one
-        exchange; then the dynamic storages' gradients, all in one exchange, with the
+        The small replicated dense tables' gradients take one all-reduce when there are
+        no dynamic storages; the large ones' travel next, all in one exchange; then the
+        dynamic storages' gradients, all in one exchange, with the
         small dense tables' packed gradients riding along, and the dense network's
         gradients when ``network_gradients`` is set: autograd has accumulated them by
         now (its accumulation nodes run as soon as they are ready, and this node, the

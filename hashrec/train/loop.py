@@ -147,6 +147,12 @@ class TrainLoop:
         self.embedding_hook = self._timed_hook(session.precision.embedding_hook())
         self.parameters = [p for g in session.dense.optimizer.param_groups for p in g["params"]]
         self.prepare_ahead = prepare_ahead_from_env()
+        if self.ctx.is_distributed:  # preparing is a collective: every rank alike
+            lowest = min_over_ranks(self.prepare_ahead, self.ctx)
+            highest = -min_over_ranks(-self.prepare_ahead, self.ctx)
+            if lowest != highest:
+                raise TrainError(f"{PREPARE_AHEAD_ENV} differs between ranks ({lowest} to "
+                                 f"{highest}); set it alike on every rank")
         # Several ranks: the dense gradients live in one buffer that one all-reduce averages.
         self.gradients = FlatGradients(self.parameters, self.ctx) \
             if self.ctx.is_distributed else None

@@ -47,14 +47,14 @@ def plan_cpu_placement(cores: list[int], workers: int) -> CpuPlacement | None:
     return CpuPlacement(tuple(cores[:keep]), tuple(cores[keep:]))
 
 
-def place_training_process(workers: int) -> CpuPlacement | None:
+def place_training_process(workers: int, world_size: int = 1) -> CpuPlacement | None:
     """Pins this process's threads (and those it starts later) to its cores; returns
     the placement, whose ``workers`` the loaders give their workers
     (``create_dataloader``'s ``worker_cores``). None (nothing
     changed) off Linux, under several ranks, with ``HASHREC_CPU_AFFINITY=0`` or too
     few cores."""
     if os.environ.get("HASHREC_CPU_AFFINITY", "1") == "0" or \
-            not hasattr(os, "sched_setaffinity") or \
+            not hasattr(os, "sched_setaffinity") or world_size > 1 or \
             int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         return None
     placement = plan_cpu_placement(list(os.sched_getaffinity(0)), workers)

@@ -146,3 +146,32 @@ def scenario_flat_gradients(ctx):
 def test_flat_gradients_average_like_gradients_apart(tmp_path):
     results = run_world({"flat": scenario_flat_gradients}, WORLD, tmp_path)["flat"]
     assert results == [[True, True, True]] * WORLD, results
+
+
+def scenario_flat_gradients_changed_after_average(ctx):
+    """A gradient accumulated into the buffer after another exchange averaged it (a
+    parameter used before the embedding lookup) stops the step; none passes."""
+    net = _net()
+    flat = FlatGradients(list(net.parameters()), ctx)
+    outcomes = []
+    for late in (False, True):
+        flat.zero()
+        _backward(net, ctx.rank, 0)
+        averaged = flat.ready().clone()
+        flat.take_averaged(averaged)
+        if late:
+            net[0].bias.grad.add_(1.0)  # autograd adding a late gradient in place
+        try:
+            flat.all_reduce()
+            outcomes.append("ok")
+        except Exception as exc:  # noqa: BLE001 - the message is the result
+            outcomes.append(str(exc))
+    return outcomes
+
+
+def test_a_gradient_changed_after_its_average_is_refused(tmp_path):
+    results = run_world({"late": scenario_flat_gradients_changed_after_average}, WORLD,
+                        tmp_path)["late"]
+    for ok, late in results:
+        assert ok == "ok"
+        assert "changed after it was averaged" in late, late

@@ -7,6 +7,7 @@ import pytest
 import torch
 from small_din import STEPS, generate_data, small_loop, trained_state
 
+from hashrec.distributed.process_group import DistContext
 from hashrec.embedding import collection as collection_module
 from hashrec.train.errors import TrainError
 from hashrec.train.loop import PREPARE_AHEAD_ENV, TrainLoop
@@ -84,6 +85,28 @@ def test_preparing_two_batches_ahead_trains_the_same_model(data_dir, tmp_path, m
     assert states[0].keys() == states[1].keys()
     for name, value in states[0].items():
         assert torch.equal(value, states[1][name]), name
+
+
+def test_ranks_must_agree_on_preparing_ahead(data_dir, tmp_path, monkeypatch):
+    """Preparing is a collective: a rank set to 2 while a peer runs 1 stops at once."""
+    import dataclasses
+
+    from hashrec.train import checkpoints
+    from hashrec.train import loop as loop_module
+
+    session = _loop(data_dir, tmp_path).session
+    session.ctx = dataclasses.replace(session.ctx or DistContext(), world_size=2,
+                                      backend="gloo")
+    # The peer's value is 1: the smallest value is 1, the largest (minus the smallest
+    # negated) 2.
+    monkeypatch.setattr(loop_module, "min_over_ranks",
+                        lambda value, ctx: min(value, 1 if value > 0 else -1))
+    monkeypatch.setenv(PREPARE_AHEAD_ENV, "2")
+    with pytest.raises(TrainError, match="differs between ranks"):
+        TrainLoop(session, loop_module.LoopOptions(num_steps=1), checkpoints.Resume())
+    monkeypatch.setenv(PREPARE_AHEAD_ENV, "1")
+    assert TrainLoop(session, loop_module.LoopOptions(num_steps=1),
+                     checkpoints.Resume()).prepare_ahead == 1
 
 
 def test_prepare_ahead_must_be_one_or_two(data_dir, tmp_path, monkeypatch):

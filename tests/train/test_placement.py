@@ -40,6 +40,7 @@ def test_placing_the_process_sets_its_cores_and_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # several ranks: nothing is pinned
     assert placement.place_training_process(8) is None and calls == []
     monkeypatch.setenv("WORLD_SIZE", "1")
+    assert placement.place_training_process(8, world_size=2) is None and calls == []
     placed = placement.place_training_process(8)
     assert calls == [(0, 1, 2, 3)] and placed.workers == tuple(range(4, 16))
 
