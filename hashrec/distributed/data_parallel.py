@@ -244,9 +244,9 @@ def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]]
         skips it) with zero gradients; identical on every rank. Then, with ``extra``,
         its (L,) sum.
     """
-    tail = [extra] if extra is not None else []
-    if not ctx.is_distributed or not (tables or tail):
-        return list(tables) + tail
+    extras = [extra] if extra is not None else []
+    if not ctx.is_distributed or not (tables or extras):
+        return list(tables) + extras
     extra_n = extra.numel() if extra is not None else 0
     timer = timer or CommTimer(enabled=False)
     slots = [s.contiguous() for s, _ in tables]
@@ -263,12 +263,12 @@ def gather_sparse_gradients_many(tables: list[tuple[torch.Tensor, torch.Tensor]]
             return list(tables)
         # Rows first (even float offsets, so int64 views stay aligned), gradients, extra.
         packed = torch.cat([s.view(torch.float32) for s in slots] +
-                           [g.reshape(-1) for g in grads] + tail)
+                           [g.reshape(-1) for g in grads] + extras)
         lengths = [sum(n * (2 + d) for n, d in zip(row, dims)) + extra_n for row in sizes]
         parts = _gather_padded(packed, lengths, group)
-    if extra is not None:  # each rank's copy ends its part: summed in rank order
-        tail = [sum(part[n - extra_n:n] for part, n in zip(parts, lengths))]
-    return _sum_tables(slots, grads, parts, sizes, dims) + tail
+    # Each rank's copy of ``extra`` ends its part: summed in rank order.
+    summed = [sum(part[n - extra_n:n] for part, n in zip(parts, lengths))] if extras else []
+    return _sum_tables(slots, grads, parts, sizes, dims) + summed
 
 
 def _sum_tables(slots: list[torch.Tensor], grads: list[torch.Tensor], parts: list,

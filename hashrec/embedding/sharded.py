@@ -132,15 +132,16 @@ class ShardedLookups:
                  grads: list[torch.Tensor]) -> None:
         """Apply every trainable storage's update, in request order (collective).
 
-        The small replicated dense tables' gradients take one all-reduce when there are
-        no dynamic storages; the large ones' travel next, all in one exchange; then the
-        dynamic storages' gradients, all in one exchange, with the
-        small dense tables' packed gradients riding along, and the dense network's
-        gradients when ``network_gradients`` is set: autograd has accumulated them by
-        now (its accumulation nodes run as soon as they are ready, and this node, the
-        first of the forward, runs last), which saves their all-reduce a collective.
-        Without dynamic storages the dense network's gradients join the small dense
-        tables' all-reduce, or without those the large ones' all-gather.
+        Without dynamic storages the small replicated dense tables' gradients take one
+        all-reduce first. The large ones' travel next, all in one all-gather. Then the
+        dynamic storages' gradients, all in one exchange, with the small dense tables'
+        packed gradients riding along.
+
+        When ``network_gradients`` is set, the dense network's gradients join the last
+        of these exchanges that runs (the dynamic storages', else the small tables',
+        else the large ones'), which saves their all-reduce a collective: autograd has
+        accumulated them by now (its accumulation nodes run as soon as they are ready,
+        and this node, the first of the forward, runs last).
         """
         small, large = [], []
         for r, local_slots, grad in zip(requests, slots, grads):
@@ -159,7 +160,8 @@ class ShardedLookups:
             if carrier and self.network_gradients is not None else None
         if small and not ride:
             self._all_reduce_small(small, network if carrier == "small" else None)
-        self._gather_large(large, network if carrier == "large" else None)
+        if large:
+            self._gather_large(large, network if carrier == "large" else None)
         network = network if carrier == "dynamic" else None
         pieces = [pack_row_gradients([(_num_rows(r), s, g) for r, s, g in small])] \
             if ride else []
@@ -180,27 +182,27 @@ class ShardedLookups:
     def _all_reduce_small(self, small: list[tuple], network: torch.Tensor | None) -> None:
         """The small dense tables' update from one all-reduce of their packed gradients,
         which ``network`` (the dense network's gradients) joins when given."""
-        updates = all_reduce_row_gradients_many(
+        self._apply_summed(small, all_reduce_row_gradients_many(
             [(_num_rows(r), s, g * self.grad_scale) for r, s, g in small],
-            self.ctx, self.group, self.timer, extra=network)
-        if network is not None:
-            updates, summed = updates[:-1], updates[-1]
-            self.network_gradients.take_averaged(summed / self.ctx.world_size)
-        _apply_dense(small, updates)
+            self.ctx, self.group, self.timer, extra=network), network)
 
     def _gather_large(self, large: list[tuple], network: torch.Tensor | None) -> None:
         """The large dense tables' update from one all-gather of their (row, gradient)
         pairs (in the sizes the dedup shared, when known), which ``network`` joins."""
         known = [r.unique_per_rank for r, _, _ in large]
         sizes = [list(row) for row in zip(*known)] \
-            if large and all(k is not None for k in known) else None
-        updates = gather_sparse_gradients_many(
+            if all(k is not None for k in known) else None
+        self._apply_summed(large, gather_sparse_gradients_many(
             [(s, g * self.grad_scale) for _, s, g in large], self.ctx, self.group,
-            self.timer, sizes, extra=network)
+            self.timer, sizes, extra=network), network)
+
+    def _apply_summed(self, entries: list[tuple], updates: list, network) -> None:
+        """The dense tables' updates from an exchange's results; with ``network``, the
+        last result is its sum over ranks, whose mean the network's gradients take."""
         if network is not None:
             updates, summed = updates[:-1], updates[-1]
             self.network_gradients.take_averaged(summed / self.ctx.world_size)
-        _apply_dense(large, updates)
+        _apply_dense(entries, updates)
 
 
 def _num_rows(r: Request) -> int:
