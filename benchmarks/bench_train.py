@@ -97,6 +97,8 @@ def default_workers(nproc: int) -> int:
     training process: the num_buckets config on sequences stored as strings ran at
     679k / 623k / 570k samples/s with 8 / 12 / 16 workers,
     ``results/train_gpu_num_buckets_workers*.md``)."""
+    if os.environ.get("HASHREC_BENCH_WORKERS"):  # A/B runs of another worker count
+        return int(os.environ["HASHREC_BENCH_WORKERS"])
     cpus = os.cpu_count() or 2
     return max(0, min(8, cpus // max(nproc, 1) - 2))
 

@@ -141,7 +141,8 @@ def build_session(config, rank: int = 0, world_size: int = 1,
     model = create_model(config.model_config, feature_set, sparse_spec, device, embedding)
     model.to(device)
     _limit_host_threads(device, int(config.data_config.num_workers))
-    placement = place_training_process(int(config.data_config.num_workers), world_size) \
+    placement = place_training_process(int(config.data_config.num_workers), world_size,
+                                       device.index or 0) \
         if device.type == "cuda" else None
     dense = build_dense_optimizer(train_config.dense_optimizer, dense_parameters(model))
     precision = MixedPrecision.create(
