@@ -56,7 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup_steps", type=int, default=20)
     p.add_argument("--log_every", type=int, default=50)
     p.add_argument("--num_workers", type=int, default=None,
-                   help="data loader workers per rank (default: from the CPU count)")
+                   help="data loader workers per rank (default: HASHREC_BENCH_WORKERS if set, "
+                        "else from the CPU count)")
     p.add_argument("--sequence_format", default="list", choices=("list", "string"),
                    help="how generated data stores the behaviour sequences (parquet "
                         "list<int64>, or ';'-joined strings); existing data is reused as is")

@@ -47,66 +47,15 @@ def plan_cpu_placement(cores: list[int], workers: int) -> CpuPlacement | None:
     return CpuPlacement(tuple(cores[:keep]), tuple(cores[keep:]))
 
 
-def numa_cores(device_index: int) -> list[int]:
-    """Cores of the NUMA node that GPU ``device_index`` hangs off (Linux sysfs), among
-    this process's allowed cores; empty when unknown."""
-    try:
-        import torch
-        props = torch.cuda.get_device_properties(device_index)
-        bus = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-        with open(f"/sys/bus/pci/devices/{bus}/numa_node") as f:
-            node = int(f.read().strip())
-        if node < 0:
-            return []
-        with open(f"/sys/devices/system/node/node{node}/cpulist") as f:
-            listed = _parse_ranges(f.read().strip())
-    except (OSError, ValueError, AttributeError, RuntimeError):
-        return []
-    allowed = os.sched_getaffinity(0)
-    return [c for c in listed if c in allowed]
-
-
-def _parse_ranges(text: str) -> list[int]:
-    """(0, 1, 2, 3, 8) for ``0-3,8``."""
-    cores = []
-    for part in filter(None, text.split(",")):
-        low, _, high = part.partition("-")
-        cores += range(int(low), int(high or low) + 1)
-    return cores
-
-
-def _place_on_node(mode: str, workers: int, device_index: int) -> CpuPlacement | None:
-    """Under several ranks: this rank on its GPU's NUMA node (``numa``: the process and
-    its workers share the node's cores; ``numa-split``: the process keeps half of them)."""
-    cores = numa_cores(device_index)
-    if len(cores) < MIN_CORES:
-        return None
-    if mode == "numa-split" and workers >= 1:
-        half = len(cores) // 2
-        placement = CpuPlacement(tuple(cores[:half]), tuple(cores[half:]))
-    else:
-        placement = CpuPlacement(tuple(cores), tuple(cores))
-    os.sched_setaffinity(0, placement.main)
-    logger.info("CPU placement: rank on GPU %d's NUMA node, training process on cores %s, "
-                "loader workers on cores %s", device_index, _ranges(placement.main),
-                _ranges(placement.workers))
-    return placement
-
-
-def place_training_process(workers: int, world_size: int = 1,
-                           device_index: int = 0) -> CpuPlacement | None:
+def place_training_process(workers: int, world_size: int = 1) -> CpuPlacement | None:
     """Pins this process's threads (and those it starts later) to its cores; returns
     the placement, whose ``workers`` the loaders give their workers
     (``create_dataloader``'s ``worker_cores``). None (nothing
     changed) off Linux, under several ranks, with ``HASHREC_CPU_AFFINITY=0`` or too
     few cores."""
-    mode = os.environ.get("HASHREC_CPU_AFFINITY", "1")
-    several = world_size > 1 or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
-    if mode == "0" or not hasattr(os, "sched_setaffinity"):
-        return None
-    if mode in ("numa", "numa-split"):
-        return _place_on_node(mode, workers, device_index) if several else None
-    if several:
+    if os.environ.get("HASHREC_CPU_AFFINITY", "1") == "0" or \
+            not hasattr(os, "sched_setaffinity") or world_size > 1 or \
+            int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         return None
     placement = plan_cpu_placement(list(os.sched_getaffinity(0)), workers)
     if placement is None:

@@ -141,8 +141,7 @@ def build_session(config, rank: int = 0, world_size: int = 1,
     model = create_model(config.model_config, feature_set, sparse_spec, device, embedding)
     model.to(device)
     _limit_host_threads(device, int(config.data_config.num_workers))
-    placement = place_training_process(int(config.data_config.num_workers), world_size,
-                                       device.index or 0) \
+    placement = place_training_process(int(config.data_config.num_workers), world_size) \
         if device.type == "cuda" else None
     dense = build_dense_optimizer(train_config.dense_optimizer, dense_parameters(model))
     precision = MixedPrecision.create(

@@ -47,24 +47,6 @@ def test_placing_the_process_sets_its_cores_and_can_be_turned_off(monkeypatch):
 
 def test_core_ranges_read_compactly():
     assert placement._ranges((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11"
-    assert placement._parse_ranges("0-3,8,10-11\n".strip()) == [0, 1, 2, 3, 8, 10, 11]
-
-
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux CPU affinity")
-@pytest.mark.parametrize("mode,main,workers", [
-    ("numa", tuple(range(16, 32)), tuple(range(16, 32))),
-    ("numa-split", tuple(range(16, 24)), tuple(range(24, 32)))])
-def test_a_rank_can_be_placed_on_its_gpus_numa_node(monkeypatch, mode, main, workers):
-    calls = []
-    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: calls.append(tuple(cores)))
-    monkeypatch.setattr(placement, "numa_cores", lambda index: list(range(16 * index, 16 * index + 16)))
-    monkeypatch.setenv("HASHREC_CPU_AFFINITY", mode)
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    assert placement.place_training_process(8, world_size=1) is None and calls == []
-    placed = placement.place_training_process(8, world_size=2, device_index=1)
-    assert calls == [main] and placed == CpuPlacement(main, workers)
-    monkeypatch.setattr(placement, "numa_cores", lambda index: [])  # node unknown
-    assert placement.place_training_process(8, world_size=2, device_index=1) is None
 
 
 def test_switch_interval_is_shorter_on_a_gpu_and_restored(monkeypatch):
