@@ -98,7 +98,7 @@ def main(argv=None) -> int:
                  "", f"Switch interval {args.switch_interval_ms} ms; best of {args.reps}; "
                  "ratio = two threads' calls per second / one thread's (2.0: the second "
                  "thread is free).", "",
-                 "| loop | launches/call | one thread us/call | two threads us/call (each) | ratio |",
+                 "| loop | launches/call | one thread us/call | two threads us/call (calls of both) | ratio |",
                  "|---|---:|---:|---:|---:|"]
         for r in rows:
             lines.append(f"| {r['loop']} | {r['launches_per_call']} | "
