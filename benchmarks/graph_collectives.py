@@ -79,12 +79,13 @@ def main(argv=None) -> int:
             _exchange(send, recv, args.rounds)
         # Check a replay: after it every row of peer r's part came from rank r.
         send.copy_(torch.full_like(send, float(rank)))
-        expected = recv.new_tensor([float(r) for r in range(world)]).repeat_interleave(
-            args.rows)[:, None].expand(shape)
+        # Each round adds 1 after exchanging, and an exchange swaps whose rank a value
+        # names: after an odd number of rounds peer r's part holds r + rounds - 1, after
+        # an even number every part holds this rank's + rounds - 1.
+        names = [float(r) for r in range(world)] if args.rounds % 2 else [float(rank)] * world
+        expected = recv.new_tensor(names).repeat_interleave(args.rows)[:, None].expand(shape)
         graph.replay()
         torch.cuda.synchronize()
-        # Each round adds 1 after exchanging; the last round's recv holds the value
-        # before its add: rank r's start + (rounds - 1).
         ok = bool(torch.equal(recv, expected + (args.rounds - 1)))
         graph_host, graph_wall = _host_ms(graph.replay, args.calls)
         result.update(captured=True, replay_correct=ok, graph_host_ms=graph_host,
