@@ -36,6 +36,7 @@ from hashrec.distributed.all_to_all import (
     exchange_splits,
 )
 from hashrec.distributed.errors import DistributedError
+from hashrec.distributed.sharded_graphs import PaddedState
 from hashrec.distributed.sharded_lookup import ExchangeState, ShardedLookupResult, ShardedTable
 
 
@@ -57,6 +58,9 @@ class TableRequest:
         sorted_pairs: every rank's keys of this table are sorted by (tag, key) (as
             the collection's dedup leaves them); the owners then find repeats across
             senders without a sort.
+        pair_max: the most keys any rank sends any rank, the same on every rank (shared
+            ahead): a training lookup of one such table may then take the padded,
+            captured chain (``hashrec.distributed.sharded_graphs``).
     """
 
     keys: torch.Tensor
@@ -66,6 +70,7 @@ class TableRequest:
     send_counts: list[int] | None = None
     recv_counts: list[int] | None = None
     sorted_pairs: bool = False
+    pair_max: int | None = None
 
 
 def exchange_packed(tensors: list[torch.Tensor], splits: list[Splits],
@@ -126,6 +131,9 @@ def lookup_many(tables: list[ShardedTable], requests: list[TableRequest], train:
     if world == 1:
         return [table.lookup(r.keys, r.tags, train=train, counts=r.counts, lr=r.lr)
                 for table, r in zip(tables, requests)]
+    padded = _padded_lookup(tables, requests, train)
+    if padded is not None:
+        return [padded]
     known = all(r.send_counts is not None for r in requests)
     routed = [table._route(r.keys, r.tags, r.counts, None, send_counts=not known)
               for table, r in zip(tables, requests)]
@@ -171,6 +179,11 @@ def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState]
     """
     if not tables:
         return None
+    if len(states) == 1 and isinstance(states[0], PaddedState):
+        if grads[0].shape[0] != states[0].n:
+            raise DistributedError(f"got gradients for {grads[0].shape[0]} keys but the "
+                                   f"lookup had {states[0].n}")
+        return tables[0].graphs().apply_gradients(states[0], grads[0], scale, shared)
     sends = []
     for state, grad in zip(states, grads):
         if grad.shape[0] != state.order.shape[0]:
@@ -187,3 +200,17 @@ def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState]
     for table, state, recv in zip(tables, states, received):
         table._apply_received(state, recv)
     return received[-1].sum(0) if shared is not None else None
+
+
+def _padded_lookup(tables: list[ShardedTable], requests: list[TableRequest],
+                   train: bool) -> ShardedLookupResult | None:
+    """The padded, captured chain's result for a training lookup of one table whose
+    exchange capacity every rank knows (``HASHREC_SHARDED_GRAPHS=1``), else None. The
+    conditions hold alike on every rank."""
+    if not train or len(tables) != 1:
+        return None
+    r = requests[0]
+    graphs = tables[0].graphs()
+    if graphs is None or r.pair_max is None or r.counts is None:
+        return None
+    return graphs.lookup(r.keys, r.tags, r.counts, r.pair_max, r.lr)

@@ -230,8 +230,12 @@ def barrier(ctx: DistContext) -> None:
 
 
 def teardown(ctx: DistContext) -> None:
-    """Destroy the process group if :func:`init_distributed` created it."""
+    """Destroy the process group if :func:`init_distributed` created it (the captured
+    sharded lookups, whose graphs hold its collectives, are dropped first)."""
     if ctx.owns_group and dist.is_initialized():
+        from hashrec.distributed.sharded_graphs import release_graphs
+
+        release_graphs()
         # Every rank finishes its collectives before any tears its connections down:
         # gloo aborts a rank whose peer closed the group under a pending operation.
         if ctx.world_size > 1:

@@ -112,6 +112,18 @@ class ShardedTable:
         self.group = group
         self.world_size = ctx.world_size if ctx.is_distributed else 1
         self.timer = timer or CommTimer(enabled=False)
+        self._graphs = None  # ShardedGraphs, made on first use when enabled
+
+    def graphs(self):
+        """This table's padded, captured training lookup
+        (:class:`~hashrec.distributed.sharded_graphs.ShardedGraphs`), or None unless
+        ``HASHREC_SHARDED_GRAPHS=1`` and the world size is above 1."""
+        if self._graphs is None:
+            from hashrec.distributed.sharded_graphs import ShardedGraphs, sharded_graphs_enabled
+
+            self._graphs = ShardedGraphs(self) \
+                if self.world_size > 1 and sharded_graphs_enabled() else False
+        return self._graphs or None
 
     def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None = None, train: bool = True,
                counts: torch.Tensor | None = None, scores: torch.Tensor | None = None,

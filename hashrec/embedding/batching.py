@@ -80,6 +80,8 @@ class StorageBatch:
             the keys each rank sends this one, else None.
         unique_per_rank: storages whose dedup every rank shared: every rank's number of
             unique keys (a replicated dense table's gradient rows), else None.
+        pair_max: sharded storages whose dedup every rank shared: the most keys any rank
+            sends any rank (every rank knows the same value), else None.
         unique_per_rank_table: the same per rank and logical table (what a join's
             members take their share from), else None.
         wide_ids: the batch was to sort in one pass (``narrow``) but an id did not
@@ -98,6 +100,7 @@ class StorageBatch:
     owner_counts: list[int] | None = None
     recv_counts: list[int] | None = None
     unique_per_rank: list[int] | None = None
+    pair_max: int | None = None
     wide_ids: bool = False
     unique_per_rank_table: list[list[int]] | None = None
 
@@ -402,6 +405,8 @@ def _add_peer_sizes(batch: StorageBatch, s: _Sorted, per_rank: list[list[int]],
     batch.unique_per_rank = [sum(summary[:num_tags]) for summary in per_rank]
     if s.owners:
         batch.recv_counts = [summary[3 * num_tags + rank] for summary in per_rank]
+        batch.pair_max = max(max(summary[3 * num_tags:3 * num_tags + s.owners])
+                             for summary in per_rank)
 
 
 @functools.lru_cache(maxsize=8)

@@ -360,7 +360,8 @@ class EmbeddingCollection(nn.Module):
         if self._sharded is not None:
             looked = self._sharded.lookup(
                 [Request(s, p.keys, p.tags, p.counts, p.owner_counts, p.recv_counts,
-                         p.unique_per_rank) for s, p in zip(storages, parts)], self.training)
+                         p.unique_per_rank, p.pair_max) for s, p in zip(storages, parts)],
+                self.training)
         else:
             looked = [lookup_rows(s, p.keys, p.tags, p.counts, self.training)
                       for s, p in zip(storages, parts)]

@@ -100,7 +100,8 @@ class Part(NamedTuple):
             tag of the storage. key_ranges: per tag, smallest and largest id (or None).
         owner_counts, recv_counts: the sharded member's exchange sizes (see
             ``StorageBatch``), else None. unique_per_rank: every rank's unique keys of
-            this member, when the ranks shared their sizes, else None.
+            this member, when the ranks shared their sizes, else None. pair_max: the
+            sharded member's ``StorageBatch.pair_max``, else None.
     """
 
     keys: torch.Tensor
@@ -111,6 +112,7 @@ class Part(NamedTuple):
     owner_counts: list[int] | None = None
     recv_counts: list[int] | None = None
     unique_per_rank: list[int] | None = None
+    pair_max: int | None = None
 
 
 def split_join(batch: StorageBatch, storages: list, sharded: frozenset[str] = frozenset()
@@ -131,8 +133,9 @@ def split_join(batch: StorageBatch, storages: list, sharded: frozenset[str] = fr
             own_tags = tags[m] - first if first else tags[m]
         exchange = (batch.owner_counts, batch.recv_counts) if storage.name in sharded \
             else (None, None)
+        pair_max = batch.pair_max if storage.name in sharded else None
         parts.append(Part(keys[m], own_tags, counts[m], batch.unique_per_table[first:end],
                           batch.key_ranges[first:end], *exchange,
                           None if per_rank is None else
-                          [sum(row[first:end]) for row in per_rank]))
+                          [sum(row[first:end]) for row in per_rank], pair_max))
     return parts

@@ -54,7 +54,8 @@ class Request:
 
     Sizes the dedup knew on the host: ``send_counts``, the keys each rank owns;
     ``recv_counts``, the keys each rank sends this one; ``unique_per_rank``, every
-    rank's U (the rows of a replicated dense table's gradient exchange). None where
+    rank's U (the rows of a replicated dense table's gradient exchange); ``pair_max``,
+    the most keys any rank sends any rank (the padded exchange's capacity). None where
     not known: the exchanges then share their sizes themselves.
     """
 
@@ -65,6 +66,7 @@ class Request:
     send_counts: list[int] | None = None
     recv_counts: list[int] | None = None
     unique_per_rank: list[int] | None = None
+    pair_max: int | None = None
 
 
 class ShardedLookups:
@@ -114,7 +116,8 @@ class ShardedLookups:
         results = iter(lookup_many(
             [self.sharded[r.storage.name] for r in dynamic],
             [TableRequest(r.keys, r.tags, r.counts, r.storage.lr, r.send_counts,
-                          r.recv_counts, sorted_pairs=True) for r in dynamic],
+                          r.recv_counts, sorted_pairs=True, pair_max=r.pair_max)
+             for r in dynamic],
             train, self.group))
         out = []
         for r in requests:

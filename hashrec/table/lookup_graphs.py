@@ -72,6 +72,15 @@ def _identity(part) -> tuple | None:
     return id(part), part.keys.data_ptr(), part.values.data_ptr()
 
 
+def table_identity(table) -> tuple:
+    """What a table's captured graphs read and write: its storage, state row and
+    admission counter (a new one of any of them, after a growth or a restore, makes the
+    graphs stale)."""
+    counter = table._counter
+    return (_identity(table.storage), _identity(table._state_row),
+            _identity(counter.storage if counter is not None else None))
+
+
 class _Lookup:
     """One size class's input buffers, graph and outputs."""
 
@@ -141,10 +150,7 @@ class LookupGraphs:
 
     def _check_owner(self) -> None:
         """Drops every graph when the table's storage (or counter, or state row) is new."""
-        table = self._table
-        counter = table._counter
-        owner = (_identity(table.storage), _identity(table._state_row),
-                 _identity(counter.storage if counter is not None else None))
+        owner = table_identity(self._table)
         if owner != self._owner:
             self._lookups.clear()
             self._seen.clear()

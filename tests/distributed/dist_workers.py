@@ -24,7 +24,8 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, scenarios: dict[str, Callable],
-            out_dir: str) -> None:
+            out_dir: str, env: dict[str, str] | None = None) -> None:
+    os.environ.update(env or {})
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -43,9 +44,12 @@ def _worker(rank: int, world_size: int, port: int, scenarios: dict[str, Callable
         teardown(ctx)
 
 
-def run_world(scenarios: dict[str, Callable], world_size: int, out_dir: str) -> dict[str, list]:
-    """Run every scenario on ``world_size`` gloo ranks; returns name -> per-rank results."""
-    mp.spawn(_worker, args=(world_size, free_port(), scenarios, str(out_dir)),
+def run_world(scenarios: dict[str, Callable], world_size: int, out_dir: str,
+              env: dict[str, str] | None = None) -> dict[str, list]:
+    """Run every scenario on ``world_size`` gloo ranks; returns name -> per-rank results.
+    ``env``: environment variables the ranks set before anything else (this process's
+    own environment is left alone)."""
+    mp.spawn(_worker, args=(world_size, free_port(), scenarios, str(out_dir), env),
              nprocs=world_size, join=True)
     per_rank = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
                 for r in range(world_size)]

@@ -28,7 +28,7 @@ def _joint_batch(per_rank=None):
                            tags=torch.tensor([0, 0, 1, 2, 3, 3, 4], dtype=torch.int32),
                            counts=torch.arange(7), unique_per_table=[2, 1, 1, 2, 1],
                            key_ranges=[(1, 5), (2, 2), (7, 7), (7, 9), (3, 3)],
-                           owner_counts=[2, 1], recv_counts=[2, 2],
+                           owner_counts=[2, 1], recv_counts=[2, 2], pair_max=2,
                            unique_per_rank_table=per_rank)
 
 
@@ -50,8 +50,8 @@ def test_split_join_of_a_sharded_member():
                _storage("c", 16, 2)]
     per_rank = [[2, 1, 1, 2, 1], [0, 3, 4, 1, 0]]
     a, b, c = joint.split_join(_joint_batch(per_rank), members, frozenset({"c"}))
-    assert c.owner_counts == [2, 1] and c.recv_counts == [2, 2]
-    assert a.owner_counts is None and b.recv_counts is None
+    assert c.owner_counts == [2, 1] and c.recv_counts == [2, 2] and c.pair_max == 2
+    assert a.owner_counts is None and b.recv_counts is None and a.pair_max is None
     assert (a.unique_per_rank, b.unique_per_rank, c.unique_per_rank) == ([3, 3], [1, 4],
                                                                           [3, 1])
     assert joint.owned_tags(members, frozenset({"c"})) == (3, 5)

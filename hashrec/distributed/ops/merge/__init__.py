@@ -15,11 +15,14 @@ from hashrec.distributed.ops.merge import reference
 from hashrec.table.ops.dispatch import backend
 
 
-def first_in_runs(keys: torch.Tensor, tags: torch.Tensor | None, runs: list[int]
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rep (m,) int64: first position of each position's (key, tag); active (m,) bool)."""
+def first_in_runs(keys: torch.Tensor, tags: torch.Tensor | None, runs: list[int],
+                  bounds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rep (m,) int64: first position of each position's (key, tag); active (m,) bool).
+
+    ``bounds``: the runs' (len(runs) + 1,) int64 starts on the keys' device when the
+    caller keeps them there (a captured graph reads them; nothing is copied)."""
     impl = backend(__name__, reference, keys.device)
-    return impl.first_in_runs(keys, tags, runs)
+    return impl.first_in_runs(keys, tags, runs, bounds)
 
 
 __all__ = ["first_in_runs"]

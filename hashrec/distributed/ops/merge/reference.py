@@ -46,8 +46,8 @@ def first_occurrences(keys: torch.Tensor, tags: torch.Tensor | None
     return rep, rep == positions
 
 
-def first_in_runs(keys: torch.Tensor, tags: torch.Tensor | None, runs: list[int]
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def first_in_runs(keys: torch.Tensor, tags: torch.Tensor | None, runs: list[int],
+                  bounds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`first_occurrences` of keys that arrive as sorted runs.
 
     Args:
@@ -56,6 +56,7 @@ def first_in_runs(keys: torch.Tensor, tags: torch.Tensor | None, runs: list[int]
             relies on it; this reference does not).
         tags: (m,) int32 or None.
         runs: the runs' lengths (host ints).
+        bounds: their starts on the device, or None (unused here).
 
     Returns:
         rep (m,) int64, active (m,) bool, as :func:`first_occurrences` returns them.

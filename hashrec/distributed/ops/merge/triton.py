@@ -56,17 +56,20 @@ def _first_kernel(keys_ptr, tags_ptr, starts_ptr, rep_ptr, active_ptr, m, runs, 
     tl.store(active_ptr + offs, rep == offs, mask=mask)
 
 
-def first_in_runs(keys: torch.Tensor, tags: torch.Tensor | None, runs: list[int]
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """See ``reference.first_in_runs`` (here the runs must be sorted and free of repeats)."""
+def first_in_runs(keys: torch.Tensor, tags: torch.Tensor | None, runs: list[int],
+                  bounds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """See ``reference.first_in_runs`` (here the runs must be sorted, and a key repeated
+    within its run is not linked to its earlier copy: free of repeats, or repeats that
+    the caller leaves inactive, such as padding)."""
     m = keys.numel()
     if m == 0 or sum(runs) != m:
         return reference.first_in_runs(keys, tags, runs)
-    starts = [0]
-    for length in runs:
-        starts.append(starts[-1] + length)
-    bounds = torch.tensor(starts, dtype=torch.int64, pin_memory=keys.is_cuda).to(
-        keys.device, non_blocking=True)
+    if bounds is None:
+        starts = [0]
+        for length in runs:
+            starts.append(starts[-1] + length)
+        bounds = torch.tensor(starts, dtype=torch.int64, pin_memory=keys.is_cuda).to(
+            keys.device, non_blocking=True)
     rep = torch.empty(m, dtype=torch.int64, device=keys.device)
     active = torch.empty(m, dtype=torch.bool, device=keys.device)
     steps = max(runs).bit_length()

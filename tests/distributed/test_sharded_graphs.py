@@ -1,0 +1,162 @@
+"""The padded sharded lookup (``HASHREC_SHARDED_GRAPHS=1``) trains like the eager one.
+
+Two gloo ranks train a collection whose one dynamic storage is looked up through the
+padded chain of ``hashrec.distributed.sharded_graphs`` (every rank sends every peer
+the same number of rows, padding included; on CPU the chain runs uncaptured), and
+again through the eager exchanges; both runs must agree: losses, the head, the dense
+table, every stored row and the tables' counters. The dynamic storage is under
+eviction pressure and frequency admission; it is fused (two tables, tags) or a
+single table read by two features.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+import torch
+from dist_workers import run_world
+from test_sharded_collection import DIM, ROWS, STEPS, WORLD, _global_batch, _head, _kjt, _loss
+
+from hashrec.distributed.data_parallel import all_reduce_gradients
+from hashrec.distributed.metrics import all_reduce_sum
+from hashrec.embedding import EmbeddingCollection, EmbeddingFeatureSpec, EmbeddingTableSpec
+from hashrec.table import AdmissionOptions, InitializerArgs, SparseAdam, TableOptions
+
+
+def _collection(ctx, fused: bool) -> EmbeddingCollection:
+    init = InitializerArgs(mode="NORMAL", std_dev=0.1, key_seed=7)
+
+    def options() -> TableOptions:
+        return TableOptions(dim=DIM, max_capacity=32, bucket_capacity=16, score_strategy="STEP",
+                            initializer=init, check_mode="IGNORE",
+                            admission=AdmissionOptions(threshold=2, counter_capacity=4096))
+
+    group = "dyn" if fused else None
+    tables = [EmbeddingTableSpec("evict", DIM, dynamic=options(), fusion_group=group)]
+    if fused:
+        tables.append(EmbeddingTableSpec("admit", DIM, dynamic=options(), fusion_group=group))
+    tables.append(EmbeddingTableSpec("dense", DIM, num_rows=20, initializer=InitializerArgs(
+        mode="NORMAL", std_dev=0.1, key_seed=3)))
+    features = [EmbeddingFeatureSpec("hot", "evict"),
+                EmbeddingFeatureSpec("adm", "admit" if fused else "evict"),
+                EmbeddingFeatureSpec("cat", "dense", pooling="mean")]
+    return EmbeddingCollection(tables, features, SparseAdam(lr=0.05), "cpu", dist=ctx)
+
+
+def _train(ctx, fused: bool, steps: int) -> dict:
+    """``steps`` steps, each batch prepared ahead (the ranks share its sizes)."""
+    collection, head = _collection(ctx, fused), _head()
+    optimizer = torch.optim.SGD(head.parameters(), lr=0.5)
+    rows = slice(ctx.rank * ROWS, (ctx.rank + 1) * ROWS)
+    losses = []
+    for step in range(steps):
+        bags, labels = _global_batch(step)
+        optimizer.zero_grad()
+        kjt = _kjt(bags, rows)
+        collection.prepare(kjt)
+        loss = _loss(collection, head, kjt, labels[rows])
+        loss.backward()
+        all_reduce_gradients(list(head.parameters()), ctx)
+        optimizer.step()
+        losses.append(float(all_reduce_sum(loss.detach(), ctx) / ctx.world_size))
+    tables = collection.dynamic_tables()
+    graphs = [collection._sharded.sharded[name].graphs()
+              for name in collection._sharded.sharded]
+    return {"losses": losses, "head": [p.detach() for p in head.parameters()],
+            "dense": collection.dense_tables["dense"].rows[:, :DIM].clone(),
+            "tables": {name: _export(t) for name, t in tables.items()},
+            "stats": {name: t.stats() for name, t in tables.items()},
+            "padded": sum(g.lookups for g in graphs if g is not None),
+            "fixed": [g._graph_mode() for g in graphs if g is not None]}
+
+
+def _export(table) -> dict[tuple[int, int], list[float]]:
+    out = {}
+    for keys, tags, rows, _ in table.export_state(1 << 12):
+        tags = tags.tolist() if tags is not None else [0] * keys.numel()
+        out.update(zip(zip(keys.tolist(), tags), rows.tolist()))
+    return out
+
+
+def _scenario(ctx, padded: bool, fused: bool, steps: int = STEPS):
+    """``_train`` with the padded chain on or off. Capacities are exact (no size-class
+    slack: ``MIN_STEP`` 1 and the small sizes here), so a capacity below what some rank
+    sends some rank would show."""
+    from hashrec.table import lookup_graphs
+
+    before = os.environ.get("HASHREC_SHARDED_GRAPHS")
+    os.environ["HASHREC_SHARDED_GRAPHS"] = "1" if padded else "0"
+    step, lookup_graphs.MIN_STEP = lookup_graphs.MIN_STEP, 1
+    try:
+        return _train(ctx, fused, steps)
+    finally:  # the next scenario of this worker sees the settings it had
+        lookup_graphs.MIN_STEP = step
+        if before is None:
+            os.environ.pop("HASHREC_SHARDED_GRAPHS")
+        else:
+            os.environ["HASHREC_SHARDED_GRAPHS"] = before
+
+
+def _close(a, b) -> bool:
+    return torch.allclose(torch.as_tensor(a), torch.as_tensor(b), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_padded_sharded_lookup_trains_like_the_eager_one(tmp_path, fused):
+    assert _check_padded_like_eager(tmp_path, fused, STEPS) == [False]
+
+
+def test_the_padded_chain_on_the_fixed_size_path_trains_like_the_eager_one(tmp_path):
+    """The owners' lookup through the table's fixed-size path (the one a graph holds; its
+    Triton kernels interpreted on the CPU), fused tables, fewer steps (slow)."""
+    env = {"HASHREC_FORCE_TRITON": "1", "TRITON_INTERPRET": "1"}
+    assert _check_padded_like_eager(tmp_path, True, 8, env) == [True]
+
+
+def _check_padded_like_eager(tmp_path, fused: bool, steps: int,
+                             env: dict[str, str] | None = None) -> list[bool]:
+    """Runs both on 2 ranks and compares them; returns whether the padded run's tables
+    took the fixed-size path."""
+    worlds = run_world(
+        {"padded": functools.partial(_scenario, padded=True, fused=fused, steps=steps),
+         "eager": functools.partial(_scenario, padded=False, fused=fused, steps=steps)},
+        WORLD, tmp_path, env)
+    for ranks in worlds.values():
+        for r in ranks:
+            if isinstance(r, Exception):
+                raise r
+    for padded, eager in zip(worlds["padded"], worlds["eager"]):
+        assert padded["padded"] == steps and eager["padded"] == 0
+        assert _close(padded["losses"], eager["losses"])
+        for mine, ref in zip(padded["head"], eager["head"]):
+            assert _close(mine, ref)
+        assert _close(padded["dense"], eager["dense"])
+        assert padded["stats"] == eager["stats"]
+        assert padded["tables"].keys() == eager["tables"].keys()
+        for name, rows in padded["tables"].items():
+            assert rows.keys() == eager["tables"][name].keys(), name
+            for key, row in rows.items():
+                assert _close(row, eager["tables"][name][key]), (name, key)
+    # The scenario exercises what it claims to.
+    stats = [s for r in worlds["eager"] for s in r["stats"].values()]
+    assert sum(s["evictions"] for s in stats) > 0
+    assert sum(s["admission_rejected"] for s in stats) > 0
+    return worlds["padded"][0]["fixed"]
+
+
+def test_releasing_drops_every_captured_chain():
+    from types import SimpleNamespace
+
+    from hashrec.distributed import sharded_graphs
+
+    resets = []
+    graphs = sharded_graphs.ShardedGraphs(
+        SimpleNamespace(table=SimpleNamespace(device=torch.device("cpu")), world_size=2),
+        capture=False)
+    chain = sharded_graphs._Chain(1024, 2, torch.device("cpu"), tagged=False, clocked=True)
+    chain.graph = SimpleNamespace(reset=lambda: resets.append(1))
+    graphs._chains[(1024, False, True)] = chain
+    sharded_graphs.release_graphs()
+    assert resets == [1] and not graphs._chains and chain.graph is None
