@@ -26,10 +26,12 @@ import json
 import logging
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -196,7 +198,7 @@ def run_config(args, name: str, data: str, nproc: int) -> dict:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc_per_node", str(nproc), "-m", "hashrec.train_eval"]
         cmd += train_argv(args, name, data, model_dir, nproc)
-        a2a = _run_logged(cmd, env)
+        a2a = _run_logged(cmd, env, os.path.join(model_dir, TIMING_FILE))
     wall = time.perf_counter() - start
     if rank != 0:
         return {}
@@ -246,19 +248,44 @@ def _a2a_of(lines: list[str]) -> list[float]:
     return a2a[1:] or a2a
 
 
-def _run_logged(cmd: list[str], env: dict) -> list[float]:
-    """Run the trainer, echoing its log; returns a2a ms/step (see ``_a2a_of``)."""
+# Seconds a trainer may take to exit once it has written its step timing (its results).
+EXIT_GRACE_S = 60
+
+
+def _run_logged(cmd: list[str], env: dict, done_file: str | None = None) -> list[float]:
+    """Run the trainer, echoing its log; returns a2a ms/step (see ``_a2a_of``).
+
+    A trainer that has written ``done_file`` (its results) but has not exited
+    ``EXIT_GRACE_S`` seconds later is ended, with a warning, and its results kept: a
+    hang at exit (say, in the process group's destruction) costs one run's grace, not
+    the benchmark's remaining runs."""
     log("running: " + " ".join(cmd))
     lines = []
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    ended: list[bool] = []
+    if done_file is not None:
+        threading.Thread(target=_end_if_hung, args=(proc, done_file, ended), daemon=True).start()
     for line in proc.stdout:
         sys.stdout.write("    " + line)
         sys.stdout.flush()
         lines.append(line)
-    if proc.wait():
+    if proc.wait() and not ended:
         raise RuntimeError(f"training failed with exit code {proc.returncode}")
     return _a2a_of(lines)
+
+
+def _end_if_hung(proc: subprocess.Popen, done_file: str, ended: list[bool]) -> None:
+    """Watches ``proc``: once ``done_file`` exists, it gets ``EXIT_GRACE_S`` to exit."""
+    while proc.poll() is None and not os.path.exists(done_file):
+        time.sleep(1)
+    try:
+        proc.wait(EXIT_GRACE_S)
+    except subprocess.TimeoutExpired:
+        log(f"WARNING: the trainer wrote its results but did not exit within {EXIT_GRACE_S} "
+            f"s; ending it")
+        ended.append(True)
+        os.killpg(proc.pid, signal.SIGTERM)
 
 
 def environment() -> dict:
