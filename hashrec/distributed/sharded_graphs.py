@@ -16,7 +16,8 @@ each real key is active, and the replies come back in the same places. The chain
 of one capacity is captured once as a CUDA graph, NCCL's all-to-alls included
 (``benchmarks/results/graph_collectives_gpu.md``), and replayed: the keys, their
 tags and counts and four scalars are copied in, one replay, the rows copied out.
-The backward sends the gradients in the same padded layout (eagerly).
+The backward sends the gradients in the same padded layout; for a captured lookup
+that exchange is captured too, and the optimizer step runs after its replay.
 
 Whether a rank replays a graph or runs the padded chain uncaptured (its first
 lookups of a capacity, a shard that may still grow, a failed capture) is its own
@@ -83,7 +84,7 @@ class _Chain:
     """One capacity's buffers, graph and outputs."""
 
     __slots__ = ("capacity", "keys", "tags", "counts", "scalars", "bounds", "graph", "out",
-                 "names", "clocked")
+                 "names", "clocked", "backward")
 
     def __init__(self, capacity: int, world: int, device: torch.device, tagged: bool,
                  clocked: bool) -> None:
@@ -99,6 +100,22 @@ class _Chain:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: dict | None = None
         self.names: tuple[str, ...] = ()
+        self.backward: dict[tuple, _Backward] = {}  # gradient exchanges by (dim, L, scale)
+
+
+class _Backward:
+    """One gradient exchange of a chain (a row width, a ``shared`` length): its input
+    buffers, graph and outputs."""
+
+    __slots__ = ("grads", "shared", "graph", "out", "seen")
+
+    def __init__(self, size: int, dim: int, length: int, device: torch.device) -> None:
+        self.grads = torch.zeros(size, dim, dtype=torch.float32, device=device)
+        self.shared = torch.zeros(length, dtype=torch.float32, device=device) \
+            if length else None
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: tuple | None = None
+        self.seen = 0
 
 
 @dataclass(frozen=True)
@@ -142,6 +159,10 @@ class ShardedGraphs:
     def release(self) -> None:
         """Drops the captured chains (later lookups capture again)."""
         for chain in self._chains.values():
+            for entry in chain.backward.values():
+                if entry.graph is not None:
+                    entry.graph.reset()
+            chain.backward.clear()
             if chain.graph is not None:
                 chain.graph.reset()
             chain.graph, chain.out = None, None
@@ -207,18 +228,21 @@ class ShardedGraphs:
         return self.sharded.table._fixed_path()
 
     def _may_capture(self, key: tuple, size: int) -> bool:
-        """Whether to capture this capacity now: seen often enough, captures left, and a
-        table that no longer grows whose initial values the kernel computes itself."""
+        """Whether to capture this capacity now: a table that no longer grows, whose
+        initial values the kernel computes itself, captures left, and this capacity
+        run uncaptured on the full table before (which compiled its kernels: a capture
+        runs nothing, so it warms nothing up)."""
         from hashrec.table.ops.insert.train import in_kernel
 
         if not (self._capture and self._graph_mode()) or self._failed:
             return False
-        self._seen[key] += 1
         table = self.sharded.table
-        return (self._seen[key] >= CAPTURE_AFTER and self.captures < MAX_CAPTURES
-                and table.storage.num_buckets >= table._max_buckets
-                and all(in_kernel(args, size, table.dim)
-                        for args in (table._train_missing_args(), table._initializer)))
+        if table.storage.num_buckets < table._max_buckets or not all(
+                in_kernel(args, size, table.dim)
+                for args in (table._train_missing_args(), table._initializer)):
+            return False
+        self._seen[key] += 1
+        return self._seen[key] >= CAPTURE_AFTER and self.captures < MAX_CAPTURES
 
     def _run(self, chain: _Chain, keys: torch.Tensor, tags: torch.Tensor | None,
              counts: torch.Tensor) -> dict:
@@ -333,20 +357,63 @@ class ShardedGraphs:
                         shared: torch.Tensor | None = None) -> torch.Tensor | None:
         """Sends each key's gradient to its owner in the lookup's padded layout, sums it
         there per key and applies the optimizer (a collective). ``shared`` (L,) travels
-        to every rank too; returns its sum over ranks times ``scale``, or None."""
+        to every rank too; returns its sum over ranks times ``scale``, or None.
+
+        For a captured lookup the exchange and the sums are captured too (from its
+        second backward of one row width and ``shared`` length on); the optimizer step,
+        which reads the learning rate and step on the host, runs after the replay."""
+        chain = state.chain
+        key = (grads.shape[1], 0 if shared is None else shared.numel(), scale)
+        entry = chain.backward.get(key)
+        if entry is None:
+            entry = chain.backward[key] = _Backward(chain.keys.numel(), key[0], key[1],
+                                                    grads.device)
+        entry.grads[:state.n].copy_(grads)
+        if entry.shared is not None:
+            entry.shared.copy_(shared)
+        if entry.graph is None and chain.graph is not None and entry.seen and not self._failed:
+            self._capture_backward(state, entry, scale)
+        entry.seen += 1
+        if entry.graph is not None:
+            entry.graph.replay()
+            summed, total = entry.out
+        else:
+            summed, total = self._exchange_gradients(state, entry, scale)
+        self.sharded.table.apply_gradients(state.slots, summed, lr=state.lr)
+        return total.clone() if total is not None else None
+
+    def _exchange_gradients(self, state: PaddedState, entry: _Backward, scale: float
+                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(gradients summed per received row (P, dim), ``shared`` summed over ranks or
+        None) from the entry's buffers (what a graph captures). Rows past the caller's
+        keys in ``entry.grads`` are never sent: their sorted rows go to the spare row."""
         world, capacity = self.sharded.world_size, state.chain.capacity
-        size, dim = world * capacity, grads.shape[1]
-        full = grads.new_zeros(size, dim, dtype=torch.float32)
-        full[:state.n] = grads
-        send = full.new_zeros(size + 1, dim).index_copy_(0, state.dest, full[state.perm])
+        size, dim = world * capacity, entry.grads.shape[1]
+        send = entry.grads.new_zeros(size + 1, dim).index_copy_(
+            0, state.dest, entry.grads[state.perm])
         payload = send[:size].view(world, capacity * dim)
-        if shared is not None:
-            payload = torch.cat([payload, shared.view(1, -1).expand(world, -1)], 1)
+        if entry.shared is not None:
+            payload = torch.cat([payload, entry.shared.view(1, -1).expand(world, -1)], 1)
         with self.sharded.timer.region():
             received = self._exchange(payload.contiguous())
         if scale != 1.0:
             received.mul_(scale)
-        summed = torch.zeros(size, dim, dtype=torch.float32, device=grads.device).index_add_(
+        summed = torch.zeros(size, dim, dtype=torch.float32, device=send.device).index_add_(
             0, state.rep, received[:, :capacity * dim].reshape(size, dim))
-        self.sharded.table.apply_gradients(state.slots, summed, lr=state.lr)
-        return received[:, capacity * dim:].sum(0) if shared is not None else None
+        total = received[:, capacity * dim:].sum(0) if entry.shared is not None else None
+        return summed, total
+
+    def _capture_backward(self, state: PaddedState, entry: _Backward, scale: float) -> None:
+        """Captures the gradient exchange of a captured lookup (runs nothing)."""
+        table = self.sharded.table
+        try:
+            with torch.cuda.device(table.device):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    entry.out = self._exchange_gradients(state, entry, scale)
+            entry.graph = graph
+        except Exception as error:  # noqa: BLE001 - any failure: run uncaptured
+            self._failed = True
+            entry.graph, entry.out = None, None
+            logger.warning("table %r: capturing its sharded gradient exchange failed (%s); "
+                           "it runs uncaptured", table.options.name, error)

@@ -156,7 +156,11 @@ def test_releasing_drops_every_captured_chain():
         SimpleNamespace(table=SimpleNamespace(device=torch.device("cpu")), world_size=2),
         capture=False)
     chain = sharded_graphs._Chain(1024, 2, torch.device("cpu"), tagged=False, clocked=True)
-    chain.graph = SimpleNamespace(reset=lambda: resets.append(1))
+    chain.graph = SimpleNamespace(reset=lambda: resets.append("forward"))
+    backward = sharded_graphs._Backward(2048, 4, 0, torch.device("cpu"))
+    backward.graph = SimpleNamespace(reset=lambda: resets.append("backward"))
+    chain.backward[(4, 0, 0.5)] = backward
     graphs._chains[(1024, False, True)] = chain
     sharded_graphs.release_graphs()
-    assert resets == [1] and not graphs._chains and chain.graph is None
+    assert resets == ["backward", "forward"] and not graphs._chains and chain.graph is None
+    assert not chain.backward
