@@ -112,6 +112,10 @@ def main(argv=None) -> int:
                 lines += [f"Capture failed: `{result['error']}`; eager host ms per call "
                           f"{eager_host:.4f}."]
             write_results(args.out, result, "\n".join(lines) + "\n")
+    # A live graph holding NCCL's kernels kept the group's destruction waiting (both runs
+    # of the first version of this script hung here): drop it first.
+    if result.get("captured"):
+        graph.reset()
     dist.barrier()
     dist.destroy_process_group()
     return 0
