@@ -59,8 +59,8 @@ class TableRequest:
             the collection's dedup leaves them); the owners then find repeats across
             senders without a sort.
         pair_max: the most keys any rank sends any rank, the same on every rank (shared
-            ahead): a training lookup of one such table may then take the padded,
-            captured chain (``hashrec.distributed.sharded_graphs``).
+            ahead): when every table of a training lookup has it, each may take its
+            padded, captured chain (``hashrec.distributed.sharded_graphs``).
     """
 
     keys: torch.Tensor
@@ -131,9 +131,9 @@ def lookup_many(tables: list[ShardedTable], requests: list[TableRequest], train:
     if world == 1:
         return [table.lookup(r.keys, r.tags, train=train, counts=r.counts, lr=r.lr)
                 for table, r in zip(tables, requests)]
-    padded = _padded_lookup(tables, requests, train)
+    padded = _padded_lookups(tables, requests, train)
     if padded is not None:
-        return [padded]
+        return padded
     known = all(r.send_counts is not None for r in requests)
     routed = [table._route(r.keys, r.tags, r.counts, None, send_counts=not known)
               for table, r in zip(tables, requests)]
@@ -179,11 +179,16 @@ def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState]
     """
     if not tables:
         return None
-    if len(states) == 1 and isinstance(states[0], PaddedState):
-        if grads[0].shape[0] != states[0].n:
-            raise DistributedError(f"got gradients for {grads[0].shape[0]} keys but the "
-                                   f"lookup had {states[0].n}")
-        return tables[0].graphs().apply_gradients(states[0], grads[0], scale, shared)
+    if isinstance(states[0], PaddedState):  # every table's, by construction
+        total = None
+        for i, (table, state, grad) in enumerate(zip(tables, states, grads)):
+            if grad.shape[0] != state.n:
+                raise DistributedError(f"got gradients for {grad.shape[0]} keys but the "
+                                       f"lookup had {state.n}")
+            # ``shared`` travels with the last table's exchange.
+            total = table.graphs().apply_gradients(
+                state, grad, scale, shared if i == len(tables) - 1 else None)
+        return total
     sends = []
     for state, grad in zip(states, grads):
         if grad.shape[0] != state.order.shape[0]:
@@ -202,15 +207,17 @@ def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState]
     return received[-1].sum(0) if shared is not None else None
 
 
-def _padded_lookup(tables: list[ShardedTable], requests: list[TableRequest],
-                   train: bool) -> ShardedLookupResult | None:
-    """The padded, captured chain's result for a training lookup of one table whose
-    exchange capacity every rank knows (``HASHREC_SHARDED_GRAPHS=1``), else None. The
+def _padded_lookups(tables: list[ShardedTable], requests: list[TableRequest],
+                    train: bool) -> list[ShardedLookupResult] | None:
+    """Every table's training lookup through its padded, captured chain, table after
+    table, when ``HASHREC_SHARDED_GRAPHS=1`` and every table's exchange capacity is known
+    to every rank and fits; else None (the shared exchanges then serve them all). The
     conditions hold alike on every rank."""
-    if not train or len(tables) != 1:
+    if not train:
         return None
-    r = requests[0]
-    graphs = tables[0].graphs()
-    if graphs is None or r.pair_max is None or r.counts is None:
+    graphs = [table.graphs() for table in tables]
+    if any(g is None or r.pair_max is None or r.counts is None or not g.fits(r.pair_max)
+           for g, r in zip(graphs, requests)):
         return None
-    return graphs.lookup(r.keys, r.tags, r.counts, r.pair_max, r.lr)
+    return [g.lookup(r.keys, r.tags, r.counts, r.pair_max, r.lr)
+            for g, r in zip(graphs, requests)]

@@ -182,22 +182,26 @@ class ShardedGraphs:
             self.captures = 0
 
     # -- forward -------------------------------------------------------------------
+    def fits(self, pair_max: int) -> bool:
+        """Whether a lookup whose largest pair count is ``pair_max`` takes the padded
+        chain: its W x capacity rows within ``MAX_KEYS`` (the same on every rank)."""
+        from hashrec.table.lookup_graphs import MAX_KEYS, padded_size  # imports kernels
+
+        return padded_size(max(pair_max, 1)) * self.sharded.world_size <= MAX_KEYS
+
     def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
                pair_max: int, lr: float | None):
-        """Rows of this rank's unique keys (a collective), or None when the padded chain
-        would exceed ``MAX_KEYS`` rows (every rank then takes the eager chain alike).
+        """Rows of this rank's unique keys (a collective; the caller checked :meth:`fits`).
         Returns a ``ShardedLookupResult`` whose state is a :class:`PaddedState`.
 
         Whether a rank replays a graph or runs the chain uncaptured is its own choice
         (its shard may still grow, its capture may fail): both issue the same two
         exchanges of the same sizes, so the ranks stay matched."""
         from hashrec.distributed.sharded_lookup import ShardedLookupResult
-        from hashrec.table.lookup_graphs import MAX_KEYS, padded_size  # imports kernels
+        from hashrec.table.lookup_graphs import padded_size
 
         world = self.sharded.world_size
         capacity = padded_size(max(pair_max, 1))
-        if capacity * world > MAX_KEYS:
-            return None
         table = self.sharded.table
         clocked = table.options.score_strategy not in (ScoreStrategy.LFU,
                                                        ScoreStrategy.CUSTOMIZED)

@@ -6,7 +6,8 @@ the same number of rows, padding included; on CPU the chain runs uncaptured), an
 again through the eager exchanges; both runs must agree: losses, the head, the dense
 table, every stored row and the tables' counters. The dynamic storage is under
 eviction pressure and frequency admission; it is fused (two tables, tags) or a
-single table read by two features.
+single table read by two features. With two dynamic storages (``test_sharded_collection``'s
+tables) each takes its own padded chain.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import functools
 import os
 
 import pytest
+import test_sharded_collection
 import torch
 from dist_workers import run_world
 from test_sharded_collection import DIM, ROWS, STEPS, WORLD, _global_batch, _head, _kjt, _loss
@@ -25,7 +27,12 @@ from hashrec.embedding import EmbeddingCollection, EmbeddingFeatureSpec, Embeddi
 from hashrec.table import AdmissionOptions, InitializerArgs, SparseAdam, TableOptions
 
 
-def _collection(ctx, fused: bool) -> EmbeddingCollection:
+def _collection(ctx, kind: str) -> EmbeddingCollection:
+    """``kind``: "fused" (one storage, two tables), "single" (one table, two features),
+    "two" (two dynamic storages and a dense table)."""
+    if kind == "two":
+        return test_sharded_collection._collection(ctx)
+    fused = kind == "fused"
     init = InitializerArgs(mode="NORMAL", std_dev=0.1, key_seed=7)
 
     def options() -> TableOptions:
@@ -45,9 +52,9 @@ def _collection(ctx, fused: bool) -> EmbeddingCollection:
     return EmbeddingCollection(tables, features, SparseAdam(lr=0.05), "cpu", dist=ctx)
 
 
-def _train(ctx, fused: bool, steps: int) -> dict:
+def _train(ctx, kind: str, steps: int) -> dict:
     """``steps`` steps, each batch prepared ahead (the ranks share its sizes)."""
-    collection, head = _collection(ctx, fused), _head()
+    collection, head = _collection(ctx, kind), _head()
     optimizer = torch.optim.SGD(head.parameters(), lr=0.5)
     rows = slice(ctx.rank * ROWS, (ctx.rank + 1) * ROWS)
     losses = []
@@ -80,7 +87,7 @@ def _export(table) -> dict[tuple[int, int], list[float]]:
     return out
 
 
-def _scenario(ctx, padded: bool, fused: bool, steps: int = STEPS):
+def _scenario(ctx, padded: bool, kind: str, steps: int = STEPS):
     """``_train`` with the padded chain on or off. Capacities are exact (no size-class
     slack: ``MIN_STEP`` 1 and the small sizes here), so a capacity below what some rank
     sends some rank would show."""
@@ -90,7 +97,7 @@ def _scenario(ctx, padded: bool, fused: bool, steps: int = STEPS):
     os.environ["HASHREC_SHARDED_GRAPHS"] = "1" if padded else "0"
     step, lookup_graphs.MIN_STEP = lookup_graphs.MIN_STEP, 1
     try:
-        return _train(ctx, fused, steps)
+        return _train(ctx, kind, steps)
     finally:  # the next scenario of this worker sees the settings it had
         lookup_graphs.MIN_STEP = step
         if before is None:
@@ -103,32 +110,34 @@ def _close(a, b) -> bool:
     return torch.allclose(torch.as_tensor(a), torch.as_tensor(b), atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_the_padded_sharded_lookup_trains_like_the_eager_one(tmp_path, fused):
-    assert _check_padded_like_eager(tmp_path, fused, STEPS) == [False]
+@pytest.mark.parametrize("kind", ["fused", "single", "two"])
+def test_the_padded_sharded_lookup_trains_like_the_eager_one(tmp_path, kind):
+    assert set(_check_padded_like_eager(tmp_path, kind, STEPS)) == {False}
 
 
 def test_the_padded_chain_on_the_fixed_size_path_trains_like_the_eager_one(tmp_path):
     """The owners' lookup through the table's fixed-size path (the one a graph holds; its
     Triton kernels interpreted on the CPU), fused tables, fewer steps (slow)."""
     env = {"HASHREC_FORCE_TRITON": "1", "TRITON_INTERPRET": "1"}
-    assert _check_padded_like_eager(tmp_path, True, 8, env) == [True]
+    assert _check_padded_like_eager(tmp_path, "fused", 8, env) == [True]
 
 
-def _check_padded_like_eager(tmp_path, fused: bool, steps: int,
+def _check_padded_like_eager(tmp_path, kind: str, steps: int,
                              env: dict[str, str] | None = None) -> list[bool]:
     """Runs both on 2 ranks and compares them; returns whether the padded run's tables
     took the fixed-size path."""
     worlds = run_world(
-        {"padded": functools.partial(_scenario, padded=True, fused=fused, steps=steps),
-         "eager": functools.partial(_scenario, padded=False, fused=fused, steps=steps)},
+        {"padded": functools.partial(_scenario, padded=True, kind=kind, steps=steps),
+         "eager": functools.partial(_scenario, padded=False, kind=kind, steps=steps)},
         WORLD, tmp_path, env)
     for ranks in worlds.values():
         for r in ranks:
             if isinstance(r, Exception):
                 raise r
     for padded, eager in zip(worlds["padded"], worlds["eager"]):
-        assert padded["padded"] == steps and eager["padded"] == 0
+        storages = len(padded["fixed"])
+        assert storages == (2 if kind == "two" else 1)
+        assert padded["padded"] == steps * storages and eager["padded"] == 0
         assert _close(padded["losses"], eager["losses"])
         for mine, ref in zip(padded["head"], eager["head"]):
             assert _close(mine, ref)
