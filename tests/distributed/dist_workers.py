@@ -24,13 +24,13 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, scenarios: dict[str, Callable],
-            out_dir: str, env: dict[str, str] | None = None) -> None:
+            out_dir: str, env: dict[str, str] | None = None, cuda: bool = False) -> None:
     os.environ.update(env or {})
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    ctx = init_distributed(use_cuda=False, timeout_s=60)
+    ctx = init_distributed(use_cuda=cuda, timeout_s=120 if cuda else 60)
     results = {}
     try:
         for name, scenario in scenarios.items():
@@ -45,11 +45,11 @@ def _worker(rank: int, world_size: int, port: int, scenarios: dict[str, Callable
 
 
 def run_world(scenarios: dict[str, Callable], world_size: int, out_dir: str,
-              env: dict[str, str] | None = None) -> dict[str, list]:
+              env: dict[str, str] | None = None, cuda: bool = False) -> dict[str, list]:
     """Run every scenario on ``world_size`` gloo ranks; returns name -> per-rank results.
     ``env``: environment variables the ranks set before anything else (this process's
-    own environment is left alone)."""
-    mp.spawn(_worker, args=(world_size, free_port(), scenarios, str(out_dir), env),
+    own environment is left alone). ``cuda``: rank r computes on cuda:r over NCCL."""
+    mp.spawn(_worker, args=(world_size, free_port(), scenarios, str(out_dir), env, cuda),
              nprocs=world_size, join=True)
     per_rank = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
                 for r in range(world_size)]

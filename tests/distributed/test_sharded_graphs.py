@@ -49,21 +49,21 @@ def _collection(ctx, kind: str) -> EmbeddingCollection:
     features = [EmbeddingFeatureSpec("hot", "evict"),
                 EmbeddingFeatureSpec("adm", "admit" if fused else "evict"),
                 EmbeddingFeatureSpec("cat", "dense", pooling="mean")]
-    return EmbeddingCollection(tables, features, SparseAdam(lr=0.05), "cpu", dist=ctx)
+    return EmbeddingCollection(tables, features, SparseAdam(lr=0.05), ctx.device, dist=ctx)
 
 
 def _train(ctx, kind: str, steps: int) -> dict:
     """``steps`` steps, each batch prepared ahead (the ranks share its sizes)."""
-    collection, head = _collection(ctx, kind), _head()
+    collection, head = _collection(ctx, kind), _head().to(ctx.device)
     optimizer = torch.optim.SGD(head.parameters(), lr=0.5)
     rows = slice(ctx.rank * ROWS, (ctx.rank + 1) * ROWS)
     losses = []
     for step in range(steps):
         bags, labels = _global_batch(step)
         optimizer.zero_grad()
-        kjt = _kjt(bags, rows)
+        kjt = _kjt(bags, rows).to(ctx.device)
         collection.prepare(kjt)
-        loss = _loss(collection, head, kjt, labels[rows])
+        loss = _loss(collection, head, kjt, labels[rows].to(ctx.device))
         loss.backward()
         all_reduce_gradients(list(head.parameters()), ctx)
         optimizer.step()
@@ -71,12 +71,13 @@ def _train(ctx, kind: str, steps: int) -> dict:
     tables = collection.dynamic_tables()
     graphs = [collection._sharded.sharded[name].graphs()
               for name in collection._sharded.sharded]
-    return {"losses": losses, "head": [p.detach() for p in head.parameters()],
-            "dense": collection.dense_tables["dense"].rows[:, :DIM].clone(),
+    return {"losses": losses, "head": [p.detach().cpu() for p in head.parameters()],
+            "dense": collection.dense_tables["dense"].rows[:, :DIM].cpu(),
             "tables": {name: _export(t) for name, t in tables.items()},
             "stats": {name: t.stats() for name, t in tables.items()},
             "padded": sum(g.lookups for g in graphs if g is not None),
-            "fixed": [g._graph_mode() for g in graphs if g is not None]}
+            "fixed": [g._graph_mode() for g in graphs if g is not None],
+            "replays": sum(g.replays for g in graphs if g is not None)}
 
 
 def _export(table) -> dict[tuple[int, int], list[float]]:
@@ -87,15 +88,16 @@ def _export(table) -> dict[tuple[int, int], list[float]]:
     return out
 
 
-def _scenario(ctx, padded: bool, kind: str, steps: int = STEPS):
-    """``_train`` with the padded chain on or off. Capacities are exact (no size-class
-    slack: ``MIN_STEP`` 1 and the small sizes here), so a capacity below what some rank
-    sends some rank would show."""
+def _scenario(ctx, padded: bool, kind: str, steps: int = STEPS, exact: bool = True):
+    """``_train`` with the padded chain on or off. ``exact``: capacities without size-class
+    slack (``MIN_STEP`` 1 and the small sizes here), so that a capacity below what some
+    rank sends some rank would show; else one capacity for every step (1024)."""
     from hashrec.table import lookup_graphs
 
     before = os.environ.get("HASHREC_SHARDED_GRAPHS")
     os.environ["HASHREC_SHARDED_GRAPHS"] = "1" if padded else "0"
-    step, lookup_graphs.MIN_STEP = lookup_graphs.MIN_STEP, 1
+    step = lookup_graphs.MIN_STEP
+    lookup_graphs.MIN_STEP = 1 if exact else step
     try:
         return _train(ctx, kind, steps)
     finally:  # the next scenario of this worker sees the settings it had
@@ -122,14 +124,24 @@ def test_the_padded_chain_on_the_fixed_size_path_trains_like_the_eager_one(tmp_p
     assert _check_padded_like_eager(tmp_path, "fused", 8, env) == [True]
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_the_captured_sharded_lookup_trains_like_the_eager_one_on_gpus(tmp_path):
+    """Two ranks on two GPUs (NCCL): the padded chain captured and replayed, forward and
+    backward, against the eager exchanges."""
+    worlds = _check_padded_like_eager(tmp_path, "fused", STEPS, cuda=True, exact=False)
+    assert all(r["replays"] > 0 for r in worlds["padded"]), "no replay: nothing was captured"
+
+
 def _check_padded_like_eager(tmp_path, kind: str, steps: int,
-                             env: dict[str, str] | None = None) -> list[bool]:
+                             env: dict[str, str] | None = None, cuda: bool = False,
+                             exact: bool = True):
     """Runs both on 2 ranks and compares them; returns whether the padded run's tables
-    took the fixed-size path."""
-    worlds = run_world(
-        {"padded": functools.partial(_scenario, padded=True, kind=kind, steps=steps),
-         "eager": functools.partial(_scenario, padded=False, kind=kind, steps=steps)},
-        WORLD, tmp_path, env)
+    took the fixed-size path (on GPUs: every run's results)."""
+    run = functools.partial(_scenario, kind=kind, steps=steps, exact=exact)
+    worlds = run_world({"padded": functools.partial(run, padded=True),
+                        "eager": functools.partial(run, padded=False)},
+                       WORLD, tmp_path, env, cuda)
     for ranks in worlds.values():
         for r in ranks:
             if isinstance(r, Exception):
@@ -152,7 +164,7 @@ def _check_padded_like_eager(tmp_path, kind: str, steps: int,
     stats = [s for r in worlds["eager"] for s in r["stats"].values()]
     assert sum(s["evictions"] for s in stats) > 0
     assert sum(s["admission_rejected"] for s in stats) > 0
-    return worlds["padded"][0]["fixed"]
+    return worlds if cuda else worlds["padded"][0]["fixed"]
 
 
 def test_releasing_drops_every_captured_chain():
