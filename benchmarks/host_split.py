@@ -44,7 +44,7 @@ def _label_rows(args) -> str:
 
 def _targets():
     """(owner, attribute, label from the call's arguments or None)."""
-    from hashrec.distributed import data_parallel, multi_lookup, sharded_lookup
+    from hashrec.distributed import data_parallel, multi_lookup, sharded_graphs, sharded_lookup
     from hashrec.embedding import batching, collection, emit, lookup, sharded
     from hashrec.table import hash_table, lookup_graphs
     from hashrec.train import graphs, loop, precision, prefetch
@@ -96,6 +96,11 @@ def _targets():
         (hash_table.HashTable, "apply_gradients", None),
         (data_parallel.FlatGradients, "zero", None),
         (data_parallel.FlatGradients, "all_reduce", None),
+        # The padded, captured sharded lookup (HASHREC_SHARDED_GRAPHS=1).
+        (sharded_graphs.ShardedGraphs, "lookup", None),
+        (sharded_graphs.ShardedGraphs, "_run", None),
+        (sharded_graphs.ShardedGraphs, "apply_gradients", None),
+        (sharded_graphs.ShardedGraphs, "_exchange_gradients", None),
         (torch.distributed, "all_to_all_single", None),
         (torch.distributed, "all_reduce", None),
     ]
