@@ -184,7 +184,11 @@ class ShardedGraphs:
     # -- forward -------------------------------------------------------------------
     def fits(self, pair_max: int) -> bool:
         """Whether a lookup whose largest pair count is ``pair_max`` takes the padded
-        chain: its W x capacity rows within ``MAX_KEYS`` (the same on every rank)."""
+        chain: its W x capacity rows within ``MAX_KEYS``, and scores the table keeps
+        itself (CUSTOMIZED scores come from the caller: the eager chain says so). The
+        same on every rank."""
+        if self.sharded.table.options.score_strategy is ScoreStrategy.CUSTOMIZED:
+            return False
         from hashrec.table.lookup_graphs import MAX_KEYS, padded_size  # imports kernels
 
         return padded_size(max(pair_max, 1)) * self.sharded.world_size <= MAX_KEYS

@@ -185,3 +185,17 @@ def test_releasing_drops_every_captured_chain():
     sharded_graphs.release_graphs()
     assert resets == ["backward", "forward"] and not graphs._chains and chain.graph is None
     assert not chain.backward
+
+
+def test_tables_with_caller_scores_keep_the_eager_exchanges():
+    """CUSTOMIZED scores come from the caller; the eager chain refuses them without."""
+    from types import SimpleNamespace
+
+    from hashrec.distributed import sharded_graphs
+    from hashrec.table.options import ScoreStrategy
+
+    table = SimpleNamespace(device=torch.device("cpu"),
+                            options=SimpleNamespace(score_strategy=ScoreStrategy.CUSTOMIZED))
+    graphs = sharded_graphs.ShardedGraphs(SimpleNamespace(table=table, world_size=2),
+                                          capture=False)
+    assert not graphs.fits(10)
