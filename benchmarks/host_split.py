@@ -96,7 +96,7 @@ def _targets():
         (hash_table.HashTable, "apply_gradients", None),
         (data_parallel.FlatGradients, "zero", None),
         (data_parallel.FlatGradients, "all_reduce", None),
-        # The padded, captured sharded lookup (HASHREC_SHARDED_GRAPHS=1).
+        # The padded, captured sharded lookup (the default on CUDA).
         (sharded_graphs.ShardedGraphs, "lookup", None),
         (sharded_graphs.ShardedGraphs, "_run", None),
         (sharded_graphs.ShardedGraphs, "apply_gradients", None),

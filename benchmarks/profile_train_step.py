@@ -253,6 +253,9 @@ def finish(result: dict, text: str, prefix: str | None) -> int:
     """``report`` the result, then leave the process group (under torchrun); exit code 0."""
     report(result, text, prefix)
     if torch.distributed.is_initialized():
+        from hashrec.distributed.sharded_graphs import release_graphs
+
+        release_graphs()  # captured exchanges hold the group's collectives
         torch.distributed.destroy_process_group()
     return 0
 

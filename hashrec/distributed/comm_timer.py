@@ -38,8 +38,8 @@ class CommTimer:
     @contextlib.contextmanager
     def region(self):
         """Context that adds its duration to the running total."""
-        if not self.enabled:
-            yield
+        if not self.enabled or _capturing(self.device):
+            yield  # a captured exchange is not timed: its events could not be read
             return
         self._regions += 1
         if self.device.type == "cuda":
@@ -77,3 +77,8 @@ class CommTimer:
             self._seconds += sum(s.elapsed_time(e) for s, e in self._events) / 1000.0
             self._spare += self._events
             self._events = []
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether the current CUDA stream is being captured into a graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()

@@ -210,7 +210,7 @@ def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState]
 def _padded_lookups(tables: list[ShardedTable], requests: list[TableRequest],
                     train: bool) -> list[ShardedLookupResult] | None:
     """Every table's training lookup through its padded, captured chain, table after
-    table, when ``HASHREC_SHARDED_GRAPHS=1`` and every table's exchange capacity is known
+    table, when it is enabled (``ShardedTable.graphs``) and every table's exchange capacity is known
     to every rank and fits; else None (the shared exchanges then serve them all). The
     conditions hold alike on every rank."""
     if not train:

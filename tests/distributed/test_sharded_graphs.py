@@ -33,7 +33,9 @@ def _collection(ctx, kind: str) -> EmbeddingCollection:
     if kind == "two":
         return test_sharded_collection._collection(ctx)
     fused = kind == "fused"
-    init = InitializerArgs(mode="NORMAL", std_dev=0.1, key_seed=7)
+    # Hashed per key (the ranks and both chains agree) and computed in the kernel (a
+    # table whose initial rows come from the host is never captured).
+    init = InitializerArgs(mode="UNIFORM", lower=-0.1, upper=0.1, key_seed=7)
 
     def options() -> TableOptions:
         return TableOptions(dim=DIM, max_capacity=32, bucket_capacity=16, score_strategy="STEP",
@@ -199,3 +201,18 @@ def test_tables_with_caller_scores_keep_the_eager_exchanges():
     graphs = sharded_graphs.ShardedGraphs(SimpleNamespace(table=table, world_size=2),
                                           capture=False)
     assert not graphs.fits(10)
+
+
+def test_the_padded_chain_is_the_default_on_cuda_only(monkeypatch):
+    from hashrec.distributed.sharded_graphs import sharded_graphs_enabled
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    monkeypatch.delenv("HASHREC_SHARDED_GRAPHS", raising=False)
+    assert sharded_graphs_enabled(cuda) and not sharded_graphs_enabled(cpu)
+    monkeypatch.setenv("HASHREC_SHARDED_GRAPHS", "0")
+    assert not sharded_graphs_enabled(cuda) and not sharded_graphs_enabled(cpu)
+    monkeypatch.setenv("HASHREC_SHARDED_GRAPHS", "1")
+    assert sharded_graphs_enabled(cuda) and sharded_graphs_enabled(cpu)
+    monkeypatch.setenv("HASHREC_SHARDED_GRAPHS", "yes")
+    with pytest.raises(ValueError, match="expected 0 or 1"):
+        sharded_graphs_enabled(cpu)
