@@ -9,7 +9,10 @@ then reports each one's inclusive milliseconds per step, split by storage where
 the function serves one storage (dynamic table or dense rows). Functions of the
 autograd backward run on its thread; their times are that thread's. Under
 ``torchrun --nproc_per_node N`` every rank times its share of the sharded step (the
-exchanges, the owners' serving) and writes ``<out>.rankR.*``.
+exchanges, the owners' serving) and writes ``<out>.rankR.*``. ``--ops`` also counts
+the operators each function dispatches (host calls, most of them kernel launches;
+what a replayed CUDA graph runs is not counted): it shows launch counts on a CPU
+too, where the times say little about a GPU's host.
 
 Usage::
 
@@ -20,12 +23,14 @@ Usage::
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import sys
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profile_train_step import _endless, _launcher, _session, finish, step_arguments  # noqa: E402,E501
@@ -96,6 +101,8 @@ def _targets():
         (hash_table.HashTable, "apply_gradients", None),
         (data_parallel.FlatGradients, "zero", None),
         (data_parallel.FlatGradients, "all_reduce", None),
+        (data_parallel.FlatGradients, "ready", None),
+        (data_parallel.FlatGradients, "take_averaged", None),
         # The padded, captured sharded lookup (the default on CUDA).
         (sharded_graphs.ShardedGraphs, "lookup", None),
         (sharded_graphs.ShardedGraphs, "_run", None),
@@ -106,10 +113,25 @@ def _targets():
     ]
 
 
+class _OpCounter(TorchDispatchMode):
+    """Counts the operators dispatched while active (each one a host call, most a kernel
+    launch on CUDA; what a replayed graph runs is not counted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 class _Timers:
     def __init__(self) -> None:
         self.seconds: collections.Counter = collections.Counter()
         self.calls: collections.Counter = collections.Counter()
+        self.ops: collections.Counter = collections.Counter()
+        self.counter: _OpCounter | None = None  # set: count operators too
         self.on = False
         self._restore = []
 
@@ -123,12 +145,15 @@ class _Timers:
             if not self.on:
                 return real(*args, **kwargs)
             start = time.perf_counter()
+            ops = self.counter.count if self.counter else 0
             try:
                 return real(*args, **kwargs)
             finally:
                 key = title if label is None else f"{title}[{label(args)}]"
                 self.seconds[key] += time.perf_counter() - start
                 self.calls[key] += 1
+                if self.counter:
+                    self.ops[key] += self.counter.count - ops
 
         setattr(owner, name, staticmethod(timed) if static else timed)
         self._restore.append((owner, name, staticmethod(real) if static else real))
@@ -153,9 +178,12 @@ def run(args) -> dict:
         sync()
         timers.on = True
         start = time.perf_counter()
-        for _ in range(args.steps):
-            loop.train_step(next(it), prefetcher.upcoming)
-        sync()
+        with contextlib.ExitStack() as stack:
+            if args.ops:  # slows the step: its times are not the unprofiled ones
+                timers.counter = stack.enter_context(_OpCounter())
+            for _ in range(args.steps):
+                loop.train_step(next(it), prefetcher.upcoming)
+            sync()
         wall = (time.perf_counter() - start) * 1000.0 / args.steps
     finally:
         timers.on = False
@@ -163,6 +191,9 @@ def run(args) -> dict:
     rows = [{"function": key, "calls_per_step": timers.calls[key] / args.steps,
              "ms_per_step": seconds * 1000.0 / args.steps}
             for key, seconds in timers.seconds.most_common()]
+    if args.ops:
+        for row in rows:
+            row["ops_per_step"] = timers.ops[row["function"]] / args.steps
     return {"config": args.config, "steps": args.steps, "warmup": args.warmup,
             "wall_ms_per_step": wall, "rows": rows,
             "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
@@ -171,20 +202,25 @@ def run(args) -> dict:
 
 
 def markdown(result: dict) -> str:
+    ops = bool(result["rows"]) and "ops_per_step" in result["rows"][0]
     lines = [f"# Host time per function: {result['config']}", "",
              f"{result['date']}, {result['device']}, torch {result['torch']}.", "",
              f"Command: `{result['command']}`", "",
              f"{result['steps']} steps after {result['warmup']} warm-up steps: "
              f"{result['wall_ms_per_step']:.2f} ms/step wall. Inclusive host milliseconds "
              f"per step (nested functions count in their callers too):", "",
-             "| function | calls/step | ms/step |", "|---|---:|---:|"]
+             "| function | calls/step | ms/step |" + (" operators/step |" if ops else ""),
+             "|---|---:|---:|" + ("---:|" if ops else "")]
     lines += [f"| `{r['function']}` | {r['calls_per_step']:.1f} | {r['ms_per_step']:.3f} |"
-              for r in result["rows"]]
+              + (f" {r['ops_per_step']:.1f} |" if ops else "") for r in result["rows"]]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    args = step_arguments(__doc__, warmup=300, steps=200).parse_args(argv)
+    p = step_arguments(__doc__, warmup=300, steps=200)
+    p.add_argument("--ops", action="store_true",
+                   help="also count the operators each function dispatches (slower steps)")
+    args = p.parse_args(argv)
     result = run(args)
     return finish(result, markdown(result), args.out)
 

@@ -30,7 +30,7 @@ depends on its position among the owner's keys: initializers with ``key_seed``,
 or constant ones, give the same values either way). On CPU (or with
 ``capture=False``) the padded chain runs eagerly: what the tests check.
 
-It is on by default on CUDA, where it took 2 ranks on 2 H200s from 1.34 to 1.66 M
+It is on by default where it can be captured (``sharded_graphs_enabled``), where it took 2 ranks on 2 H200s from 1.34 to 1.66 M
 samples/s (``benchmarks/results/ab_gpu_x2_sharded_graphs.md``);
 ``HASHREC_SHARDED_GRAPHS=0`` turns it off, ``=1`` turns it on on CPU too.
 """
@@ -73,14 +73,18 @@ def release_graphs() -> None:
         graphs.release()
 
 
-def sharded_graphs_enabled(device: torch.device) -> bool:
-    """Whether the sharded training lookup takes the padded, captured chain: on CUDA
-    unless ``HASHREC_SHARDED_GRAPHS=0``; on CPU (nothing to capture, only padding to
-    send) when ``HASHREC_SHARDED_GRAPHS=1``."""
+def sharded_graphs_enabled(table) -> bool:
+    """Whether ``table``'s sharded training lookup takes the padded chain: by default
+    where it can be captured (a CUDA table whose rows all live in GPU memory, looked up
+    on the fixed-size path); ``HASHREC_SHARDED_GRAPHS=0`` never, ``=1`` always (on CPU,
+    or a table with rows in host memory, it then runs uncaptured: padding and nothing
+    gained)."""
     setting = os.environ.get("HASHREC_SHARDED_GRAPHS", "")
     if setting not in ("", "0", "1"):
         raise ValueError(f"HASHREC_SHARDED_GRAPHS={setting!r}: expected 0 or 1")
-    return setting == "1" or (setting == "" and device.type == "cuda")
+    if setting:
+        return setting == "1"
+    return _capturable(table.device) and table._fixed_path()
 
 
 def _capturable(device: torch.device) -> bool:

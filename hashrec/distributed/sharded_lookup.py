@@ -117,12 +117,13 @@ class ShardedTable:
     def graphs(self):
         """This table's padded, captured training lookup
         (:class:`~hashrec.distributed.sharded_graphs.ShardedGraphs`) when the world size
-        is above 1 and ``sharded_graphs_enabled`` (CUDA by default), else None."""
+        is above 1 and ``sharded_graphs_enabled`` (where it can be captured, by default),
+        else None."""
         if self._graphs is None:
             from hashrec.distributed.sharded_graphs import ShardedGraphs, sharded_graphs_enabled
 
             self._graphs = ShardedGraphs(self) \
-                if self.world_size > 1 and sharded_graphs_enabled(self.table.device) else False
+                if self.world_size > 1 and sharded_graphs_enabled(self.table) else False
         return self._graphs or None
 
     def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None = None, train: bool = True,

@@ -203,16 +203,23 @@ def test_tables_with_caller_scores_keep_the_eager_exchanges():
     assert not graphs.fits(10)
 
 
-def test_the_padded_chain_is_the_default_on_cuda_only(monkeypatch):
+def test_the_padded_chain_is_the_default_where_it_can_be_captured(monkeypatch):
+    from types import SimpleNamespace
+
     from hashrec.distributed.sharded_graphs import sharded_graphs_enabled
 
-    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    def table(device: str, fixed: bool):
+        return SimpleNamespace(device=torch.device(device), _fixed_path=lambda: fixed)
+
+    cpu, cuda, hybrid = table("cpu", False), table("cuda", True), table("cuda", False)
     monkeypatch.delenv("HASHREC_SHARDED_GRAPHS", raising=False)
-    assert sharded_graphs_enabled(cuda) and not sharded_graphs_enabled(cpu)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert sharded_graphs_enabled(cuda)
+    assert not sharded_graphs_enabled(cpu) and not sharded_graphs_enabled(hybrid)
     monkeypatch.setenv("HASHREC_SHARDED_GRAPHS", "0")
-    assert not sharded_graphs_enabled(cuda) and not sharded_graphs_enabled(cpu)
+    assert not any(sharded_graphs_enabled(t) for t in (cpu, cuda, hybrid))
     monkeypatch.setenv("HASHREC_SHARDED_GRAPHS", "1")
-    assert sharded_graphs_enabled(cuda) and sharded_graphs_enabled(cpu)
+    assert all(sharded_graphs_enabled(t) for t in (cpu, cuda, hybrid))
     monkeypatch.setenv("HASHREC_SHARDED_GRAPHS", "yes")
     with pytest.raises(ValueError, match="expected 0 or 1"):
         sharded_graphs_enabled(cpu)
