@@ -49,7 +49,13 @@ def _label_rows(args) -> str:
 
 def _targets():
     """(owner, attribute, label from the call's arguments or None)."""
-    from hashrec.distributed import data_parallel, multi_lookup, sharded_graphs, sharded_lookup
+    from hashrec.distributed import (
+        data_parallel,
+        multi_lookup,
+        ride,
+        sharded_graphs,
+        sharded_lookup,
+    )
     from hashrec.embedding import batching, collection, emit, lookup, sharded
     from hashrec.table import hash_table, lookup_graphs
     from hashrec.train import graphs, loop, precision, prefetch
@@ -84,8 +90,9 @@ def _targets():
         (sharded_lookup.ShardedTable, "_serve", None),
         (sharded_lookup.ShardedTable, "_route", None),
         (sharded.ShardedLookups, "_forward", None),
-        (sharded, "pack_row_gradients", None),
-        (sharded, "unpack_row_gradients", None),
+        (ride.Ride, "pack", None),
+        (ride.Ride, "unpack", None),
+        (ride.RideBuffers, "load", None),
         (sharded, "_apply_dense", None),
         (sharded.ShardedLookups, "_all_reduce_small", None),
         (sharded.ShardedLookups, "_gather_large", None),

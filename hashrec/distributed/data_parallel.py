@@ -155,9 +155,10 @@ class FlatGradients:
         return self.flat
 
     def take_averaged(self, averaged: torch.Tensor) -> None:
-        """The buffer's mean over ranks, computed by another exchange: :meth:`all_reduce`
-        then has nothing left to do."""
-        self.flat.copy_(averaged)
+        """The buffer's mean over ranks, computed by another exchange (possibly into the
+        buffer itself): :meth:`all_reduce` then has nothing left to do."""
+        if averaged.data_ptr() != self.flat.data_ptr():
+            self.flat.copy_(averaged)
         self._averaged = True
         self._version = self.flat._version
 

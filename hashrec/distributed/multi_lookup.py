@@ -16,8 +16,8 @@ exchanges of all tables:
 * one key exchange, one row exchange (forward) and one gradient exchange
   (backward), each a single all-to-all of a flat buffer that holds, for every
   peer, each table's rows for that peer in table order; the gradient exchange can
-  carry one more buffer that every rank sends to every rank and that comes back
-  summed (``apply_gradients_many(shared=...)``).
+  carry more gradients that every rank sends to every rank and that come back
+  summed (``apply_gradients_many(ride=...)``, ``hashrec.distributed.ride``).
 
 Collective rule: every rank calls them with the same tables in the same order
 (with possibly zero keys), like :meth:`ShardedTable.lookup`.
@@ -36,6 +36,7 @@ from hashrec.distributed.all_to_all import (
     exchange_splits,
 )
 from hashrec.distributed.errors import DistributedError
+from hashrec.distributed.ride import Ride, RideResult
 from hashrec.distributed.sharded_graphs import PaddedState
 from hashrec.distributed.sharded_lookup import ExchangeState, ShardedLookupResult, ShardedTable
 
@@ -161,7 +162,7 @@ def lookup_many(tables: list[ShardedTable], requests: list[TableRequest], train:
 
 def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState],
                          grads: list[torch.Tensor], group=None, scale: float = 1.0,
-                         shared: torch.Tensor | None = None) -> torch.Tensor | None:
+                         ride: Ride | None = None) -> RideResult | None:
     """:meth:`ShardedTable.apply_gradients` of every table with one gradient exchange.
 
     Args:
@@ -169,26 +170,26 @@ def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState]
         states: their exchange states.
         grads: per table, (n, dim) gradient per key, in the keys' order.
         scale: factor of every gradient (applied once, to all tables' received rows).
-        shared: (L,) float32 that every rank sends a copy of to every rank in the same
-            exchange (``tables`` must not be empty), such as the small replicated
-            tables' packed gradients: it saves them a collective of their own.
+        ride: gradients every rank sends a copy of to every rank in the same exchange
+            (``tables`` must not be empty): the small replicated tables' and the dense
+            network's, which it saves collectives of their own.
 
     Returns:
-        The sum over ranks of ``shared`` times ``scale``, in rank order (the same bits
-        on every rank), or None without ``shared``.
+        The ride's sums over ranks times ``scale``, in rank order (the same bits on
+        every rank), or None without ``ride``.
     """
     if not tables:
         return None
     if isinstance(states[0], PaddedState):  # every table's, by construction
-        total = None
+        carried = None
         for i, (table, state, grad) in enumerate(zip(tables, states, grads)):
             if grad.shape[0] != state.n:
                 raise DistributedError(f"got gradients for {grad.shape[0]} keys but the "
                                        f"lookup had {state.n}")
-            # ``shared`` travels with the last table's exchange.
-            total = table.graphs().apply_gradients(
-                state, grad, scale, shared if i == len(tables) - 1 else None)
-        return total
+            # The ride travels with the last table's exchange.
+            carried = table.graphs().apply_gradients(
+                state, grad, scale, ride if i == len(tables) - 1 else None)
+        return carried
     sends = []
     for state, grad in zip(states, grads):
         if grad.shape[0] != state.order.shape[0]:
@@ -196,15 +197,15 @@ def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState]
                              f"{state.order.shape[0]}")
         sends.append(grad[state.order].to(torch.float32))
     splits = [state.splits for state in states]
-    if shared is not None:
+    if ride is not None:
         world = len(splits[0].send)
-        sends.append(shared.view(1, -1).expand(world, -1))
+        sends.append(ride.pack().view(1, -1).expand(world, -1))
         splits.append(Splits(send=(1,) * world, recv=(1,) * world))
     with tables[0].timer.region():
         received = exchange_packed(sends, splits, group, scale)
     for table, state, recv in zip(tables, states, received):
         table._apply_received(state, recv)
-    return received[-1].sum(0) if shared is not None else None
+    return ride.unpack(received[-1].sum(0)) if ride is not None else None
 
 
 def _padded_lookups(tables: list[ShardedTable], requests: list[TableRequest],

@@ -17,7 +17,9 @@ of one capacity is captured once as a CUDA graph, NCCL's all-to-alls included
 (``benchmarks/results/graph_collectives_gpu.md``), and replayed: the keys, their
 tags and counts and four scalars are copied in, one replay, the rows copied out.
 The backward sends the gradients in the same padded layout; for a captured lookup
-that exchange is captured too, and the optimizer step runs after its replay.
+that exchange is captured too, with the gradients riding along it
+(``hashrec.distributed.ride``: the small dense tables' and the dense network's,
+packed and unpacked in the graph), and the optimizer step runs after its replay.
 
 Whether a rank replays a graph or runs the padded chain uncaptured (its first
 lookups of a capacity, a shard that may still grow, a failed capture) is its own
@@ -48,6 +50,7 @@ import torch.distributed as dist
 
 from hashrec.distributed.ops.merge import first_in_runs
 from hashrec.distributed.ops.reply import pack_reply
+from hashrec.distributed.ride import Ride, RideBuffers, RideResult
 from hashrec.table.hashing import owner_of
 from hashrec.table.options import ScoreStrategy
 
@@ -111,19 +114,18 @@ class _Chain:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: dict | None = None
         self.names: tuple[str, ...] = ()
-        self.backward: dict[tuple, _Backward] = {}  # gradient exchanges by (dim, L, scale)
+        self.backward: dict[tuple, _Backward] = {}  # by (dim, ride layout, scale)
 
 
 class _Backward:
-    """One gradient exchange of a chain (a row width, a ``shared`` length): its input
+    """One gradient exchange of a chain (a row width, a ride's layout): its input
     buffers, graph and outputs."""
 
-    __slots__ = ("grads", "shared", "graph", "out", "seen")
+    __slots__ = ("grads", "ride", "graph", "out", "seen")
 
-    def __init__(self, size: int, dim: int, length: int, device: torch.device) -> None:
+    def __init__(self, size: int, dim: int, ride: Ride | None, device: torch.device) -> None:
         self.grads = torch.zeros(size, dim, dtype=torch.float32, device=device)
-        self.shared = torch.zeros(length, dtype=torch.float32, device=device) \
-            if length else None
+        self.ride = RideBuffers(ride, device) if ride is not None else None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple | None = None
         self.seen = 0
@@ -373,37 +375,39 @@ class ShardedGraphs:
 
     # -- backward ------------------------------------------------------------------
     def apply_gradients(self, state: PaddedState, grads: torch.Tensor, scale: float,
-                        shared: torch.Tensor | None = None) -> torch.Tensor | None:
+                        ride: Ride | None = None) -> RideResult | None:
         """Sends each key's gradient to its owner in the lookup's padded layout, sums it
-        there per key and applies the optimizer (a collective). ``shared`` (L,) travels
-        to every rank too; returns its sum over ranks times ``scale``, or None.
+        there per key and applies the optimizer (a collective). ``ride`` travels to
+        every rank too; returns its sums over ranks times ``scale`` (tensors valid until
+        this chain's next backward of the same layout), or None.
 
-        For a captured lookup the exchange and the sums are captured too (from its
-        second backward of one row width and ``shared`` length on); the optimizer step,
-        which reads the learning rate and step on the host, runs after the replay."""
+        For a captured lookup the exchange, the sums and the ride's packing and
+        unpacking are captured too (from its second backward of one row width and ride
+        layout on); the optimizer step, which reads the learning rate and step on the
+        host, runs after the replay."""
         chain = state.chain
-        key = (grads.shape[1], 0 if shared is None else shared.numel(), scale)
+        key = (grads.shape[1], None if ride is None else ride.layout(), scale)
         entry = chain.backward.get(key)
         if entry is None:
-            entry = chain.backward[key] = _Backward(chain.keys.numel(), key[0], key[1],
+            entry = chain.backward[key] = _Backward(chain.keys.numel(), key[0], ride,
                                                     grads.device)
         entry.grads[:state.n].copy_(grads)
-        if entry.shared is not None:
-            entry.shared.copy_(shared)
+        if entry.ride is not None:
+            entry.ride.load(ride)
         if entry.graph is None and chain.graph is not None and entry.seen and not self._failed:
             self._capture_backward(state, entry, scale)
         entry.seen += 1
         if entry.graph is not None:
             entry.graph.replay()
-            summed, total = entry.out
+            summed, carried = entry.out
         else:
-            summed, total = self._exchange_gradients(state, entry, scale)
+            summed, carried = self._exchange_gradients(state, entry, scale)
         self.sharded.table.apply_gradients(state.slots, summed, lr=state.lr)
-        return total.clone() if total is not None else None
+        return carried
 
     def _exchange_gradients(self, state: PaddedState, entry: _Backward, scale: float
-                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(gradients summed per received row (P, dim), ``shared`` summed over ranks or
+                            ) -> tuple[torch.Tensor, RideResult | None]:
+        """(gradients summed per received row (P, dim), the ride's sums over ranks or
         None) from the entry's buffers (what a graph captures). Rows past the caller's
         keys in ``entry.grads`` are never sent: their sorted rows go to the spare row."""
         world, capacity = self.sharded.world_size, state.chain.capacity
@@ -411,16 +415,17 @@ class ShardedGraphs:
         send = entry.grads.new_zeros(size + 1, dim).index_copy_(
             0, state.dest, entry.grads[state.perm])
         payload = send[:size].view(world, capacity * dim)
-        if entry.shared is not None:
-            payload = torch.cat([payload, entry.shared.view(1, -1).expand(world, -1)], 1)
+        if entry.ride is not None:
+            payload = torch.cat([payload, entry.ride.pack().view(1, -1).expand(world, -1)], 1)
         with self.sharded.timer.region():
             received = self._exchange(payload.contiguous())
         if scale != 1.0:
             received.mul_(scale)
         summed = torch.zeros(size, dim, dtype=torch.float32, device=send.device).index_add_(
             0, state.rep, received[:, :capacity * dim].reshape(size, dim))
-        total = received[:, capacity * dim:].sum(0) if entry.shared is not None else None
-        return summed, total
+        if entry.ride is None:
+            return summed, None
+        return summed, entry.ride.unpack(received[:, capacity * dim:].sum(0))
 
     def _capture_backward(self, state: PaddedState, entry: _Backward, scale: float) -> None:
         """Captures the gradient exchange of a captured lookup (runs nothing)."""

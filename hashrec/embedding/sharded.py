@@ -40,10 +40,9 @@ from hashrec.distributed.data_parallel import (
     DENSE_REDUCE_MAX_ELEMENTS,
     all_reduce_row_gradients_many,
     gather_sparse_gradients_many,
-    pack_row_gradients,
-    unpack_row_gradients,
 )
 from hashrec.distributed.multi_lookup import TableRequest, apply_gradients_many, lookup_many
+from hashrec.distributed.ride import Ride
 from hashrec.embedding.lookup import Storage
 
 
@@ -166,21 +165,16 @@ class ShardedLookups:
         if large:
             self._gather_large(large, network if carrier == "large" else None)
         network = network if carrier == "dynamic" else None
-        pieces = [pack_row_gradients([(_num_rows(r), s, g) for r, s, g in small])] \
-            if ride else []
-        pieces += [network] if network is not None else []
-        summed = apply_gradients_many([self.sharded[r.storage.name] for r, _, _ in dynamic],
-                                      [state for _, state, _ in dynamic],
-                                      [grad for _, _, grad in dynamic], self.group,
-                                      scale=self.grad_scale,
-                                      shared=torch.cat(pieces) if pieces else None)
+        cargo = Ride([(_num_rows(r), s, g) for r, s, g in small] if ride else [], network) \
+            if ride or network is not None else None
+        carried = apply_gradients_many([self.sharded[r.storage.name] for r, _, _ in dynamic],
+                                       [state for _, state, _ in dynamic],
+                                       [grad for _, _, grad in dynamic], self.group,
+                                       scale=self.grad_scale, ride=cargo)
         if network is not None:
-            end = summed.numel() - network.numel()
-            self.network_gradients.take_averaged(summed[end:])
-            summed = summed[:end]
+            self.network_gradients.take_averaged(carried.network)
         if ride:
-            _apply_dense(small, unpack_row_gradients(
-                summed, [_num_rows(r) for r, _, _ in small], [g.shape[1] for _, _, g in small]))
+            _apply_dense(small, carried.tables)
 
     def _all_reduce_small(self, small: list[tuple], network: torch.Tensor | None) -> None:
         """The small dense tables' update from one all-reduce of their packed gradients,

@@ -21,7 +21,7 @@ import torch
 from dist_workers import run_world
 from test_sharded_collection import DIM, ROWS, STEPS, WORLD, _global_batch, _head, _kjt, _loss
 
-from hashrec.distributed.data_parallel import all_reduce_gradients
+from hashrec.distributed.data_parallel import FlatGradients
 from hashrec.distributed.metrics import all_reduce_sum
 from hashrec.embedding import EmbeddingCollection, EmbeddingFeatureSpec, EmbeddingTableSpec
 from hashrec.table import AdmissionOptions, InitializerArgs, SparseAdam, TableOptions
@@ -55,19 +55,23 @@ def _collection(ctx, kind: str) -> EmbeddingCollection:
 
 
 def _train(ctx, kind: str, steps: int) -> dict:
-    """``steps`` steps, each batch prepared ahead (the ranks share its sizes)."""
+    """``steps`` steps, each batch prepared ahead (the ranks share its sizes). The head's
+    gradients ride along the sparse gradient exchange, as the trainer's do."""
     collection, head = _collection(ctx, kind), _head().to(ctx.device)
     optimizer = torch.optim.SGD(head.parameters(), lr=0.5)
+    flat = FlatGradients(list(head.parameters()), ctx)
+    collection.carry_network_gradients(flat)
     rows = slice(ctx.rank * ROWS, (ctx.rank + 1) * ROWS)
-    losses = []
+    losses, rode = [], 0
     for step in range(steps):
         bags, labels = _global_batch(step)
-        optimizer.zero_grad()
+        flat.zero()
         kjt = _kjt(bags, rows).to(ctx.device)
         collection.prepare(kjt)
         loss = _loss(collection, head, kjt, labels[rows].to(ctx.device))
         loss.backward()
-        all_reduce_gradients(list(head.parameters()), ctx)
+        rode += flat.averaged
+        flat.all_reduce()
         optimizer.step()
         losses.append(float(all_reduce_sum(loss.detach(), ctx) / ctx.world_size))
     tables = collection.dynamic_tables()
@@ -79,7 +83,7 @@ def _train(ctx, kind: str, steps: int) -> dict:
             "stats": {name: t.stats() for name, t in tables.items()},
             "padded": sum(g.lookups for g in graphs if g is not None),
             "fixed": [g._graph_mode() for g in graphs if g is not None],
-            "replays": sum(g.replays for g in graphs if g is not None)}
+            "replays": sum(g.replays for g in graphs if g is not None), "rode": rode}
 
 
 def _export(table) -> dict[tuple[int, int], list[float]]:
@@ -152,6 +156,7 @@ def _check_padded_like_eager(tmp_path, kind: str, steps: int,
         storages = len(padded["fixed"])
         assert storages == (2 if kind == "two" else 1)
         assert padded["padded"] == steps * storages and eager["padded"] == 0
+        assert padded["rode"] == eager["rode"] == steps
         assert _close(padded["losses"], eager["losses"])
         for mine, ref in zip(padded["head"], eager["head"]):
             assert _close(mine, ref)
@@ -180,7 +185,7 @@ def test_releasing_drops_every_captured_chain():
         capture=False)
     chain = sharded_graphs._Chain(1024, 2, torch.device("cpu"), tagged=False, clocked=True)
     chain.graph = SimpleNamespace(reset=lambda: resets.append("forward"))
-    backward = sharded_graphs._Backward(2048, 4, 0, torch.device("cpu"))
+    backward = sharded_graphs._Backward(2048, 4, None, torch.device("cpu"))
     backward.graph = SimpleNamespace(reset=lambda: resets.append("backward"))
     chain.backward[(4, 0, 0.5)] = backward
     graphs._chains[(1024, False, True)] = chain
