@@ -49,10 +49,12 @@ def _collection(ctx=None, dense_only: bool = False) -> EmbeddingCollection:
     return EmbeddingCollection(tables, features, SparseAdam(lr=0.05), "cpu", dist=ctx)
 
 
-def _global_batch(step: int) -> tuple[dict[str, list[list[int]]], torch.Tensor]:
-    """Per feature, one bag of ids per row of the 2 * ROWS global batch; labels (2 * ROWS,)."""
+def _global_batch(step: int, world: int = WORLD
+                  ) -> tuple[dict[str, list[list[int]]], torch.Tensor]:
+    """Per feature, one bag of ids per row of the world * ROWS global batch; labels
+    (world * ROWS,)."""
     g = torch.Generator().manual_seed(step)
-    n = WORLD * ROWS
+    n = world * ROWS
     hot = [[r % HOT, 10_000 + step * n + r] for r in range(n)]  # fresh ids: read once
     adm = torch.randint(0, 40, (n, 2), generator=g).tolist()
     cat = [torch.randint(0, 20, (1 + r % 3,), generator=g).tolist() for r in range(n)]

@@ -37,8 +37,12 @@ def _collection(ctx, kind: str) -> EmbeddingCollection:
     # table whose initial rows come from the host is never captured).
     init = InitializerArgs(mode="UNIFORM", lower=-0.1, upper=0.1, key_seed=7)
 
+    # Shards small enough to evict: more ranks, smaller shards.
+    capacity = 32 if ctx.world_size <= 2 else 16
+
     def options() -> TableOptions:
-        return TableOptions(dim=DIM, max_capacity=32, bucket_capacity=16, score_strategy="STEP",
+        return TableOptions(dim=DIM, max_capacity=capacity, bucket_capacity=16,
+                            score_strategy="STEP",
                             initializer=init, check_mode="IGNORE",
                             admission=AdmissionOptions(threshold=2, counter_capacity=4096))
 
@@ -64,7 +68,7 @@ def _train(ctx, kind: str, steps: int) -> dict:
     rows = slice(ctx.rank * ROWS, (ctx.rank + 1) * ROWS)
     losses, rode = [], 0
     for step in range(steps):
-        bags, labels = _global_batch(step)
+        bags, labels = _global_batch(step, ctx.world_size)
         flat.zero()
         kjt = _kjt(bags, rows).to(ctx.device)
         collection.prepare(kjt)
@@ -123,6 +127,12 @@ def test_the_padded_sharded_lookup_trains_like_the_eager_one(tmp_path, kind):
     assert set(_check_padded_like_eager(tmp_path, kind, STEPS)) == {False}
 
 
+def test_the_padded_sharded_lookup_on_three_ranks_trains_like_the_eager_one(tmp_path):
+    """Three ranks: every rank pads for two peers, whose capacities differ from its own
+    sends."""
+    assert set(_check_padded_like_eager(tmp_path, "fused", STEPS, world=3)) == {False}
+
+
 def test_the_padded_chain_on_the_fixed_size_path_trains_like_the_eager_one(tmp_path):
     """The owners' lookup through the table's fixed-size path (the one a graph holds; its
     Triton kernels interpreted on the CPU), fused tables, fewer steps (slow)."""
@@ -141,13 +151,13 @@ def test_the_captured_sharded_lookup_trains_like_the_eager_one_on_gpus(tmp_path)
 
 def _check_padded_like_eager(tmp_path, kind: str, steps: int,
                              env: dict[str, str] | None = None, cuda: bool = False,
-                             exact: bool = True):
-    """Runs both on 2 ranks and compares them; returns whether the padded run's tables
-    took the fixed-size path (on GPUs: every run's results)."""
+                             exact: bool = True, world: int = WORLD):
+    """Runs both on ``world`` ranks and compares them; returns whether the padded run's
+    tables took the fixed-size path (on GPUs: every run's results)."""
     run = functools.partial(_scenario, kind=kind, steps=steps, exact=exact)
     worlds = run_world({"padded": functools.partial(run, padded=True),
                         "eager": functools.partial(run, padded=False)},
-                       WORLD, tmp_path, env, cuda)
+                       world, tmp_path, env, cuda)
     for ranks in worlds.values():
         for r in ranks:
             if isinstance(r, Exception):
