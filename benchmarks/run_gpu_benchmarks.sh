@@ -17,7 +17,8 @@
 # (benchmarks/ab_train.py; AB_CONFIGS, default dynamicemb; AB_NPROC GPUs, default 1).
 # The 2-GPU profiles are followed by each collective's wait for the last rank
 # (collective_skew.py). The host time per function of both configs' steps on 1 GPU, and
-# of dynamicemb's on each rank of 2 (host_split.py), follows the profiles.
+# of dynamicemb's on each rank of 2 (host_split.py), follows the profiles, then the 1-GPU
+# and rank 0's side by side (host_split_diff.py).
 set -u
 out=${1:?usage: run_gpu_benchmarks.sh OUT_DIR}
 mkdir -p "$out"
@@ -37,7 +38,7 @@ step() {  # step NAME SECONDS COMMAND...
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } > "$out/env.txt" 2>&1
 {
-  step gpu_tests 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/table tests/embedding tests/distributed \
+  step gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/table tests/embedding tests/distributed \
       tests/train tests/data
   step gen_data 80 python3 -m hashrec.tools.gen_taobao_data --output_dir "$data" \
       --num_rows 1000000 --num_files 16 --sequence_format "${SEQUENCE_FORMAT:-list}" --quiet
@@ -76,6 +77,9 @@ step() {  # step NAME SECONDS COMMAND...
   done
   step host_split_x2 120 torchrun --nproc_per_node 2 benchmarks/host_split.py --data "$data" \
       --config dynamicemb --warmup 300 --steps 200 --out "$out/host_split_gpu_x2_dynamicemb"
+  step host_split_diff 30 python3 benchmarks/host_split_diff.py \
+      "$out/host_split_gpu_dynamicemb.json" "$out/host_split_gpu_x2_dynamicemb.rank0.json" \
+      --out "$out/host_split_gpu_x1_vs_x2_dynamicemb"
   CUDA_VISIBLE_DEVICES=0 step lookup_kernels 90 python3 benchmarks/profile_lookup_gpu.py \
       --out "$out/lookup_kernels_gpu"
   CUDA_VISIBLE_DEVICES=0 step embedding_layer 90 python3 benchmarks/bench_embedding_layer.py \
