@@ -118,8 +118,13 @@ def summarize(trees: list[str], reports: dict[str, list[dict]]) -> dict:
                                               for run in runs)
                       for name in PHASES if any(name in run.get("phases_ms", {})
                                                 for run in runs)}
+            threads = [run.get("host_threads", {}) for run in runs]
             out[tree][config] = {"runs": rates, "median": statistics.median(rates),
-                                 "phases_ms": phases}
+                                 "phases_ms": phases,
+                                 "main_thread_cpu_share": [t.get("main_thread_cpu_share")
+                                                           for t in threads],
+                                 "preemptions_per_step": [t.get("preemptions_per_step")
+                                                          for t in threads]}
     for tree in trees:
         for config in configs:
             base = out[trees[0]][config]["median"]
@@ -148,6 +153,17 @@ def markdown(result: dict) -> str:
         for config, r in configs.items():
             cells = " | ".join(f"{r.get('phases_ms', {}).get(p, 0.0):.2f}" for p in PHASES)
             lines.append(f"| `{tree}` | {config} | {cells} |")
+    lines += ["", "Training threads of rank 0 in each run, in run order (main thread's CPU "
+              "time as a share of the wall clock; preemptions of the main and autograd "
+              "threads per step; - where not recorded):", "",
+              "| tree | config | main thread on the CPU | preemptions/step |", "|---|---|---|---|"]
+    for tree, configs in result["trees"].items():
+        for config, r in configs.items():
+            share = ", ".join("-" if x is None else f"{100 * x:.0f}%"
+                              for x in r.get("main_thread_cpu_share", []))
+            preempted = ", ".join("-" if x is None else f"{x:.1f}"
+                                  for x in r.get("preemptions_per_step", []))
+            lines.append(f"| `{tree}` | {config} | {share} | {preempted} |")
     return "\n".join(lines) + "\n"
 
 

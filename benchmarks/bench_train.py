@@ -304,6 +304,16 @@ def environment() -> dict:
             "python": platform.python_version()}
 
 
+def _threads_text(threads: dict) -> str:
+    """``main thread 83% on the CPU, 2.1 preemptions/step`` of a run's ``host_threads``."""
+    parts = []
+    if "main_thread_cpu_share" in threads:
+        parts.append(f"main thread {100 * threads['main_thread_cpu_share']:.0f}% on the CPU")
+    if "preemptions_per_step" in threads:
+        parts.append(f"{threads['preemptions_per_step']:.1f} preemptions/step")
+    return ", ".join(parts)
+
+
 def _window_range(windows: list[dict]) -> str:
     """``min / median / max`` of the windows' global samples/s, or ``-`` without any."""
     rates = sorted(w["global_samples_per_second"] for w in windows)
@@ -341,6 +351,12 @@ def markdown(report: dict) -> str:
                       f"{report['ratio_dynamicemb_over_num_buckets']:.3f}"]
     lines += ["", "Windows: global samples/s of each progress-log window after warm-up "
               "(host clock), as min / median / max."]
+    threads = [f"{name} {_threads_text(r['host_threads'])}" for name, r in runs.items()
+               if r.get("host_threads")]
+    if threads:
+        lines += ["", "Training threads of rank 0 after warm-up (main thread's CPU time as a "
+                      "share of the wall clock; preemptions of the main and autograd threads "
+                      "per step): " + "; ".join(threads) + "."]
     clock = "on the host clock (HASHREC_STEP_TIMING=host)" if _timing_mode() == "host" \
         else "on the device timeline (CUDA events; host clock on CPU)"
     lines += ["", f"Phases are milliseconds per step {clock}; embedding_backward is the storages' backward nodes "

@@ -30,6 +30,10 @@ where they happen). Events are read only in :meth:`StepTimer.drain` and
 ``time.perf_counter``. The host's own wait for the data loader is also kept
 (``data_wait_host``): it tells whether the host, not the device, waited.
 
+The summary also says how much of the host the training threads got over the
+measured steps (``host_threads``: the main thread's CPU share of the wall clock,
+and the training threads' preemptions per step; ``hashrec.train.host_threads``).
+
 ``HASHREC_STEP_TIMING=host`` reads the host clock on CUDA too: each phase is
 then the time the training thread spent issuing it, which on a host-bound step
 shows where the host's time goes (the device timeline shows where the device
@@ -48,6 +52,8 @@ import os
 import time
 
 import torch
+
+from hashrec.train import host_threads
 
 ENV_FLAG = "HASHREC_STEP_TIMING"
 ENV_WARMUP = "HASHREC_STEP_TIMING_WARMUP"
@@ -92,6 +98,7 @@ class StepTimer:
         self._windows: list[list] = []
         self._window_samples = 0
         self._window_start: float | None = None
+        self._threads_start: host_threads.ThreadSample | None = None  # at warm-up's end
 
     @classmethod
     def from_env(cls, device, world_size: int = 1) -> StepTimer:
@@ -122,6 +129,7 @@ class StepTimer:
             self._wait_started = time.perf_counter()
             if self.warmup_steps == 0 and self._measured_start is None:
                 self._measured_start = self._window_start = self._wait_started
+                self._threads_start = host_threads.sample()
 
     def batch_ready(self) -> None:
         """The host got the next batch (ends the host-side data wait)."""
@@ -167,6 +175,7 @@ class StepTimer:
         if self._steps == self.warmup_steps:
             self._fold()
             self._measured_start = time.perf_counter()
+            self._threads_start = host_threads.sample()
             self._total = self._empty()
             self._measured_samples = 0
             self._window = self._empty()
@@ -236,6 +245,9 @@ class StepTimer:
             out["windows"] = [{"steps": steps, "global_samples_per_second":
                                samples * self.world_size / max(secs, 1e-9)}
                               for steps, samples, secs in self._windows]
+        if measured and self._threads_start is not None:
+            out["host_threads"] = host_threads.usage(self._threads_start, host_threads.sample(),
+                                                     seconds, steps)
         return out
 
     def write(self, model_dir: str, rank: int = 0, extra: dict | None = None) -> str | None:
