@@ -167,6 +167,7 @@ class ShardedGraphs:
         self.captures = 0
         self.replays = 0
         self.lookups = 0  # lookups served by the padded chain, replayed or not
+        self._said = False  # whether a fall-back to the eager exchanges was logged
         _LIVE.add(self)
 
     def release(self) -> None:
@@ -200,11 +201,25 @@ class ShardedGraphs:
         chain: its W x capacity rows within ``MAX_KEYS``, and scores the table keeps
         itself (CUSTOMIZED scores come from the caller: the eager chain says so). The
         same on every rank."""
-        if self.sharded.table.options.score_strategy is ScoreStrategy.CUSTOMIZED:
+        options = self.sharded.table.options
+        if options.score_strategy is ScoreStrategy.CUSTOMIZED:
+            self._say_once("its caller gives the scores (CUSTOMIZED), which the eager "
+                           "exchanges ask for")
             return False
         from hashrec.table.lookup_graphs import MAX_KEYS, padded_size  # imports kernels
 
-        return padded_size(max(pair_max, 1)) * self.sharded.world_size <= MAX_KEYS
+        rows = padded_size(max(pair_max, 1)) * self.sharded.world_size
+        if rows > MAX_KEYS:
+            self._say_once(f"{rows} padded rows ({pair_max} keys to one peer) exceed its "
+                           f"{MAX_KEYS}")
+        return rows <= MAX_KEYS
+
+    def _say_once(self, why: str) -> None:
+        """Logs, once per table, why a lookup took the eager exchanges."""
+        if not self._said:
+            self._said = True
+            logger.info("table %r: a training lookup takes the eager exchanges, not the "
+                        "padded chain: %s (said once)", self.sharded.table.options.name, why)
 
     def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
                pair_max: int, lr: float | None):

@@ -212,10 +212,30 @@ def test_tables_with_caller_scores_keep_the_eager_exchanges():
     from hashrec.table.options import ScoreStrategy
 
     table = SimpleNamespace(device=torch.device("cpu"),
-                            options=SimpleNamespace(score_strategy=ScoreStrategy.CUSTOMIZED))
+                            options=SimpleNamespace(name="scored",
+                                                    score_strategy=ScoreStrategy.CUSTOMIZED))
     graphs = sharded_graphs.ShardedGraphs(SimpleNamespace(table=table, world_size=2),
                                           capture=False)
     assert not graphs.fits(10)
+
+
+def test_a_lookup_too_large_for_the_padded_chain_says_why_once(caplog, monkeypatch):
+    from types import SimpleNamespace
+
+    from hashrec.distributed import sharded_graphs
+    from hashrec.table import lookup_graphs
+    from hashrec.table.options import ScoreStrategy
+
+    monkeypatch.setattr(lookup_graphs, "MAX_KEYS", 4096)
+    table = SimpleNamespace(device=torch.device("cpu"), options=SimpleNamespace(
+        name="deep", score_strategy=ScoreStrategy.STEP))
+    graphs = sharded_graphs.ShardedGraphs(SimpleNamespace(table=table, world_size=2),
+                                          capture=False)
+    with caplog.at_level("INFO", logger="hashrec.distributed"):
+        assert graphs.fits(1000)
+        assert not graphs.fits(3000) and not graphs.fits(5000)
+    said = [r.getMessage() for r in caplog.records if "eager exchanges" in r.getMessage()]
+    assert len(said) == 1 and "'deep'" in said[0] and "3000 keys to one peer" in said[0]
 
 
 def test_the_padded_chain_is_the_default_where_it_can_be_captured(monkeypatch):
