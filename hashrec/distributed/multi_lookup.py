@@ -211,9 +211,9 @@ def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState]
 def _padded_lookups(tables: list[ShardedTable], requests: list[TableRequest],
                     train: bool) -> list[ShardedLookupResult] | None:
     """Every table's training lookup through its padded, captured chain, table after
-    table, when it is enabled (``ShardedTable.graphs``) and every table's exchange capacity is known
-    to every rank and fits; else None (the shared exchanges then serve them all). The
-    conditions hold alike on every rank."""
+    table, when it is enabled (``ShardedTable.graphs``) and every table's exchange
+    capacity is known to every rank and fits; else None (the shared exchanges then
+    serve them all). The conditions hold alike on every rank."""
     if not train:
         return None
     graphs = [table.graphs() for table in tables]

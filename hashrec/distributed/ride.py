@@ -63,15 +63,11 @@ class Ride:
 
     def unpack(self, total: torch.Tensor) -> RideResult:
         """The result of the packed buffers' sum over ranks ``total`` (L,)."""
-        return _unpack(total, [(n, grads.shape[1]) for n, _, grads in self.tables],
-                       self.network is not None)
-
-
-def _unpack(total: torch.Tensor, layout: list[tuple[int, int]], network: bool) -> RideResult:
-    head = sum(n * (d + 1) for n, d in layout)
-    tables = unpack_row_gradients(total[:head], [n for n, _ in layout],
-                                  [d for _, d in layout]) if layout else []
-    return RideResult(tables, total[head:] if network else None)
+        rows = [n for n, _, _ in self.tables]
+        dims = [grads.shape[1] for _, _, grads in self.tables]
+        head = sum(n * (d + 1) for n, d in zip(rows, dims))
+        tables = unpack_row_gradients(total[:head], rows, dims) if self.tables else []
+        return RideResult(tables, total[head:] if self.network is not None else None)
 
 
 class RideBuffers:

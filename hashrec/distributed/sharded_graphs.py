@@ -9,10 +9,10 @@ one GPU's (``benchmarks/results/train_scaling.md``).
 
 ``ShardedGraphs`` pads the chain to one capacity C per peer that every rank
 knows (the largest number of keys any rank sends any rank this step, rounded up
-to a size class: ``hashrec.table.lookup_graphs.padded_size``), so that every size in it is
-fixed by C: each rank sends every peer C rows (its keys first, then rows whose
-count is 0), the owners look up W x C rows of which only the first occurrence of
-each real key is active, and the replies come back in the same places. The chain
+to a size class: ``hashrec.table.lookup_graphs.padded_size``), so that every size
+in it is fixed by C: each rank sends every peer C rows (its keys first, then rows
+whose count is 0), the owners look up W x C rows of which only the first occurrence
+of each real key is active, and the replies come back in the same places. The chain
 of one capacity is captured once as a CUDA graph, NCCL's all-to-alls included
 (``benchmarks/results/graph_collectives_gpu.md``), and replayed: the keys, their
 tags and counts and four scalars are copied in, one replay, the rows copied out.
@@ -32,9 +32,10 @@ depends on its position among the owner's keys: initializers with ``key_seed``,
 or constant ones, give the same values either way). On CPU (or with
 ``capture=False``) the padded chain runs eagerly: what the tests check.
 
-It is on by default where it can be captured (``sharded_graphs_enabled``), where it took 2 ranks on 2 H200s from 1.34 to 1.66 M
-samples/s (``benchmarks/results/ab_gpu_x2_sharded_graphs.md``);
-``HASHREC_SHARDED_GRAPHS=0`` turns it off, ``=1`` turns it on on CPU too.
+It is on by default where it can be captured (``sharded_graphs_enabled``); it took 2
+ranks on 2 H200s from 1.34 to 1.66 M samples/s
+(``benchmarks/results/ab_gpu_x2_sharded_graphs.md``). ``HASHREC_SHARDED_GRAPHS=0``
+turns it off, ``=1`` turns it on everywhere (uncaptured where it cannot be captured).
 """
 
 from __future__ import annotations
