@@ -322,6 +322,35 @@ def _window_range(windows: list[dict]) -> str:
     return " / ".join(f"{v:,.0f}" for v in (rates[0], statistics.median(rates), rates[-1]))
 
 
+RANK_PHASES = ("data_wait_host", "embedding_forward", "embedding_backward", "step")
+
+
+def _rank_lines(runs: dict) -> list[str]:
+    """Several ranks: each rank's phases that differ between ranks (its own waits for
+    the loader and, inside the exchanges, for its peers), its slowest window's, and
+    its main thread's CPU share."""
+    rows = [(name, i, r) for name, run in runs.items()
+            for i, r in enumerate(run.get("ranks") or [])]
+    if not rows:
+        return []
+    lines = ["", "Per rank (ms/step; the phases with collectives include a rank's waits "
+                 "for its peers; worst: the window with the lowest samples/s):", "",
+             "| config | rank | " + " | ".join(RANK_PHASES) + " | "
+             + " | ".join(f"worst {p}" for p in RANK_PHASES) + " | main thread CPU |",
+             "|---|---:|" + "---:|" * (2 * len(RANK_PHASES)) + "---:|"]
+    for name, rank, r in rows:
+        phases = r.get("phases_ms", {})
+        windows = r.get("windows") or [{}]
+        worst = min(windows, key=lambda w: w.get("global_samples_per_second", 0.0))
+        worst = worst.get("phases_ms", {})
+        share = r.get("host_threads", {}).get("main_thread_cpu_share")
+        lines.append(f"| {name} | {rank} | "
+                     + " | ".join(f"{phases.get(p, 0.0):.2f}" for p in RANK_PHASES) + " | "
+                     + " | ".join(f"{worst.get(p, 0.0):.2f}" for p in RANK_PHASES) + " | "
+                     + ("-" if share is None else f"{100 * share:.0f}%") + " |")
+    return lines
+
+
 def markdown(report: dict) -> str:
     env, runs = report["environment"], report["runs"]
     lines = ["# End-to-end training throughput (MultiTowerDIN, Taobao-like data)", "",
@@ -357,6 +386,7 @@ def markdown(report: dict) -> str:
         lines += ["", "Training threads of rank 0 after warm-up (main thread's CPU time as a "
                       "share of the wall clock; preemptions of the main and autograd threads "
                       "per step): " + "; ".join(threads) + "."]
+    lines += _rank_lines(runs)
     clock = "on the host clock (HASHREC_STEP_TIMING=host)" if _timing_mode() == "host" \
         else "on the device timeline (CUDA events; host clock on CPU)"
     lines += ["", f"Phases are milliseconds per step {clock}; embedding_backward is the storages' backward nodes "

@@ -209,6 +209,17 @@ def all_gather_ints(values: list, ctx: DistContext, group=None) -> list:
     return torch.stack(gathered).tolist()
 
 
+def all_gather_objects(value, ctx: DistContext) -> list:
+    """Every rank's picklable ``value``, by rank (``[value]`` on one rank), through the
+    host (see ``host_group``): for small reports at the end of a run, not for steps."""
+    if not ctx.is_distributed:
+        return [value]
+    group, _ = _host_side(ctx, None)
+    gathered = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, value, group=group)
+    return gathered
+
+
 def all_reduce_int(value: int, ctx: DistContext, op=dist.ReduceOp.SUM) -> int:
     """``value`` reduced over all ranks with ``op`` (``value`` itself on one rank),
     without waiting for the device under NCCL (see ``host_group``)."""

@@ -21,7 +21,8 @@ waits for the previous step's kernels and runs ahead of the device.
 Step timing (``hashrec.train.timing``, off by default; ``HASHREC_STEP_TIMING=1``)
 adds per-phase milliseconds per step to the progress line, keeps the summary
 after warm-up in ``TrainLoop.step_timing`` and writes it to
-``<model_dir>/step_timing.json``.
+``<model_dir>/step_timing.json`` (under several ranks with every rank's summary in
+``ranks``).
 
 Incremental dumps (``train_config.incremental_dump_steps``): every N steps the
 dynamic tables' changed rows and evicted keys since the previous dump go to
@@ -48,6 +49,7 @@ import torch
 from hashrec.checkpoint import IncrementalDumper
 from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import FlatGradients
+from hashrec.distributed.process_group import all_gather_objects
 from hashrec.train import checkpoints
 from hashrec.train.collection_schedule import CollectionSchedule
 from hashrec.train.distributed import global_table_counters, min_over_ranks
@@ -196,7 +198,11 @@ class TrainLoop:
         """Keep and write the step timing summary (before the final checkpoint)."""
         if self.timer.enabled:
             self.step_timing = self.timer.summary()
-            self.timer.write(self.session.model_dir, self.session.rank, self.step_timing)
+            extra = None
+            if self.ctx.is_distributed:  # every rank's summary, in rank 0's file
+                extra = {"ranks": all_gather_objects(self.step_timing, self.ctx)}
+            self.timer.write(self.session.model_dir, self.session.rank, extra,
+                             summary=self.step_timing)
 
     def _timed_hook(self, hook):
         """The model's embedding hook, marking the end of the embedding forward when timed."""

@@ -18,9 +18,11 @@ phases of one step, in order:
 * ``logging``: progress line, summaries (mostly zero outside logging steps).
 
 After warm-up, every :meth:`StepTimer.drain` (the progress line's window) also
-closes a window whose global samples/s on the host clock the summary lists
-(``windows``): the average alone hides whether a run is slow throughout or
-stalls now and then.
+closes a window whose global samples/s on the host clock and phases the summary
+lists (``windows``): the average alone hides whether a run is slow throughout or
+stalls now and then. Under several ranks the training loop adds every rank's
+summary (``ranks``) to rank 0's file: a rank's phases that hold collectives include
+its waits for the others, so the slow rank is the one that waits least.
 
 On CUDA every mark records a CUDA event on the current stream, so a phase is
 its length on the device's timeline (a phase the host runs ahead of costs what
@@ -94,7 +96,7 @@ class StepTimer:
         self._total = self._empty()
         self._measured_samples = 0
         self._measured_start: float | None = None
-        # Windows between drains after warm-up: [steps, samples, seconds] each.
+        # Windows between drains after warm-up: [steps, samples, seconds, phases] each.
         self._windows: list[list] = []
         self._window_samples = 0
         self._window_start: float | None = None
@@ -215,12 +217,13 @@ class StepTimer:
         self._fold()
         window, self._window = self._window, self._empty()
         now = time.perf_counter()
+        phases = _per_step_ms(window)
         if self._window_start is not None and window["steps"]:
             self._windows.append([int(window["steps"]), self._window_samples,
-                                  now - self._window_start])
+                                  now - self._window_start, phases])
         self._window_samples, self._window_start = 0, (
             now if self._measured_start is not None else None)
-        return _per_step_ms(window)
+        return phases
 
     def summary(self) -> dict:
         """Steps after warm-up: samples/s (wall clock) and milliseconds per step per phase."""
@@ -243,21 +246,25 @@ class StepTimer:
             out["global_samples_per_second"] = out["samples_per_second"] * self.world_size
         if self._windows:
             out["windows"] = [{"steps": steps, "global_samples_per_second":
-                               samples * self.world_size / max(secs, 1e-9)}
-                              for steps, samples, secs in self._windows]
+                               samples * self.world_size / max(secs, 1e-9),
+                               "phases_ms": phases}
+                              for steps, samples, secs, phases in self._windows]
         if measured and self._threads_start is not None:
             out["host_threads"] = host_threads.usage(self._threads_start, host_threads.sample(),
                                                      seconds, steps)
         return out
 
-    def write(self, model_dir: str, rank: int = 0, extra: dict | None = None) -> str | None:
-        """Write :meth:`summary` (plus ``extra``) to ``<model_dir>/step_timing.json`` (rank 0)."""
+    def write(self, model_dir: str, rank: int = 0, extra: dict | None = None,
+              summary: dict | None = None) -> str | None:
+        """Write ``summary`` (default :meth:`summary`) plus ``extra`` to
+        ``<model_dir>/step_timing.json`` (rank 0)."""
         if not self.enabled or rank != 0:
             return None
         os.makedirs(model_dir, exist_ok=True)
         path = os.path.join(model_dir, TIMING_FILE)
+        summary = self.summary() if summary is None else summary
         with open(path, "w", encoding="utf-8") as f:
-            json.dump({**self.summary(), **(extra or {})}, f, indent=2, sort_keys=True)
+            json.dump({**summary, **(extra or {})}, f, indent=2, sort_keys=True)
         return path
 
 

@@ -42,11 +42,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def torchrun(module: str, *args: str) -> subprocess.CompletedProcess:
+def torchrun(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", module,
            *args, "--edit_config_json", json.dumps(EDITS)]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -56,9 +56,17 @@ def test_torchrun_train_eval_writes_per_rank_shards_and_one_result(tmp_path):
     model_dir = tmp_path / "model"
     run = torchrun("hashrec.train_eval", "--pipeline_config_path", CONFIG,
                    "--model_dir", str(model_dir), "--train_input_path", str(data / "train"),
-                   "--eval_input_path", str(data / "eval"))
+                   "--eval_input_path", str(data / "eval"),
+                   env={"HASHREC_STEP_TIMING": "1", "HASHREC_STEP_TIMING_WARMUP": "1"})
     assert run.returncode == 0, run.stderr[-4000:]
     assert "storage plan for 2 rank(s)" in run.stderr
+    # Step timing: rank 0's file holds every rank's summary, windows with their phases.
+    with open(model_dir / "step_timing.json", encoding="utf-8") as f:
+        timing = json.load(f)
+    assert [r["steps"] for r in timing["ranks"]] == [3, 3]
+    assert timing["ranks"][0]["phases_ms"] == timing["phases_ms"]
+    assert all("embedding_forward" in w["phases_ms"] for r in timing["ranks"]
+               for w in r["windows"])
     assert "a2a" in run.stderr and "ms/step" in run.stderr
     (checkpoint,) = glob.glob(str(model_dir / "model.ckpt-*"))
     tables = glob.glob(os.path.join(checkpoint, "dynamicemb", "*"))

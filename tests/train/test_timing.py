@@ -75,6 +75,8 @@ def test_summary_lists_the_drained_windows_after_warmup():
     windows = timer.summary()["windows"]
     assert [w["steps"] for w in windows] == [3, 4]
     assert all(w["global_samples_per_second"] > 0 for w in windows)
+    assert all(w["phases_ms"]["step"] >= 0.0 and "data_wait_host" in w["phases_ms"]
+               for w in windows)
     assert "windows" not in StepTimer(enabled=True, warmup_steps=50).summary()
 
 
