@@ -172,6 +172,8 @@ def main(argv=None) -> int:
     data = args.data_dir or os.path.join(tempfile.gettempdir(), "hashrec_ab_data")
     reports: dict[str, list[dict]] = {t: [] for t in args.trees}
     environment = None
+    command = "python " + " ".join([os.path.relpath(__file__, ROOT),
+                                    *(sys.argv[1:] if argv is None else argv)])
     with tempfile.TemporaryDirectory(prefix="ab_train_") as scratch:
         for round_ in range(args.rounds):
             for i, tree in enumerate(args.trees):
@@ -179,18 +181,23 @@ def main(argv=None) -> int:
                 report = run_tree(tree, args, data, out_dir)
                 reports[tree].append(report)
                 environment = environment or report.get("environment")
-    env = environment or {}
-    result = {"trees": summarize(args.trees, reports), "rounds": args.rounds,
+            # Every finished round is written: a run cut short keeps the rounds before it.
+            text = _report(args, reports, round_ + 1, environment or {}, command)
+    print(text, flush=True)
+    return 0
+
+
+def _report(args, reports: dict, rounds: int, env: dict, command: str) -> str:
+    """The A/B's markdown after ``rounds`` rounds, written to ``args.out`` when set."""
+    result = {"trees": summarize(args.trees, reports), "rounds": rounds,
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "environment": ", ".join(f"{k} {v}" for k, v in sorted(env.items())
                                        if k != "date"),
-              "command": "python " + " ".join([os.path.relpath(__file__, ROOT),
-                                               *(sys.argv[1:] if argv is None else argv)])}
+              "command": command}
     text = markdown(result)
-    print(text, flush=True)
     if args.out:
         write_results(args.out, result, text)
-    return 0
+    return text
 
 
 if __name__ == "__main__":

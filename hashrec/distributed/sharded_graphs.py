@@ -52,6 +52,7 @@ import torch.distributed as dist
 from hashrec.distributed.ops.merge import first_in_runs
 from hashrec.distributed.ops.reply import pack_reply
 from hashrec.distributed.ride import Ride, RideBuffers, RideResult
+from hashrec.distributed.side_exchange import order_after_side, settle_side
 from hashrec.table.hashing import owner_of
 from hashrec.table.options import ScoreStrategy
 
@@ -304,6 +305,7 @@ class ShardedGraphs:
             out = self._core(chain, eager=not graph_mode)
         else:
             self.replays += 1
+            order_after_side(keys.device)
             chain.graph.replay()
             out = chain.out
         if graph_mode:
@@ -317,6 +319,7 @@ class ShardedGraphs:
         """Captures ``chain``. Nothing runs while capturing (no exchange either): the
         kernels were compiled by the uncaptured runs of this capacity before."""
         table = self.sharded.table
+        settle_side(table.device)  # no collective in flight while capturing
         try:
             with torch.cuda.device(table.device):
                 graph = torch.cuda.CUDAGraph()
@@ -414,6 +417,7 @@ class ShardedGraphs:
             self._capture_backward(state, entry, scale)
         entry.seen += 1
         if entry.graph is not None:
+            order_after_side(grads.device)
             entry.graph.replay()
             summed, carried = entry.out
         else:
@@ -446,6 +450,7 @@ class ShardedGraphs:
     def _capture_backward(self, state: PaddedState, entry: _Backward, scale: float) -> None:
         """Captures the gradient exchange of a captured lookup (runs nothing)."""
         table = self.sharded.table
+        settle_side(table.device)  # no collective in flight while capturing
         try:
             with torch.cuda.device(table.device):
                 graph = torch.cuda.CUDAGraph()

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 
 from hashrec.distributed.ops.route import owner_counts
+from hashrec.distributed.side_exchange import run_aside
 from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.jagged import JaggedTensor
 from hashrec.embedding.ops.dedup import tag_summary, unique_layout
@@ -333,7 +334,10 @@ class PendingDedup:
     copy, so every rank learns ahead what each peer will send it and how many rows
     each peer's dense-table gradients hold: the step's exchanges then need no size
     exchange of their own. If a peer's sizes are not final (an id too wide for the
-    one-pass sort), every rank drops the shared sizes of that batch alike.
+    one-pass sort), every rank drops the shared sizes of that batch alike. On CUDA
+    that exchange and its copy run on a side stream
+    (``hashrec.distributed.side_exchange``): the training stream does not wait for the
+    slowest rank to reach it.
     """
 
     def __init__(self, firsts: list[_Sorted], share: SummaryGather | None = None) -> None:
@@ -344,13 +348,17 @@ class PendingDedup:
             # Each storage's narrow flag travels too: a peer's -1 lows mean "sort again"
             # only after a narrow sort.
             flags = _flags(tuple(bool(s.source) for s in firsts), firsts[0].summary.device)
-            summary = share.gather(torch.cat([s.summary for s in firsts] + [flags]))
+            local = torch.cat([s.summary for s in firsts] + [flags])
             self._rank = share.rank
+            if local.is_cuda:  # gathered and copied on a side stream: the step goes on
+                self._host, self._event = run_aside(
+                    local.device, lambda: _to_host(share.gather(local)), (local,))
+                return
+            summary = share.gather(local)
         else:
             summary = torch.cat([s.summary for s in firsts]) if firsts else None
         if summary is not None and summary.is_cuda:
-            self._host = torch.empty(summary.shape, dtype=summary.dtype, pin_memory=True)
-            self._host.copy_(summary, non_blocking=True)
+            self._host = _to_host(summary)
             self._event = torch.cuda.Event()
             self._event.record()
         else:
@@ -407,6 +415,13 @@ def _add_peer_sizes(batch: StorageBatch, s: _Sorted, per_rank: list[list[int]],
         batch.recv_counts = [summary[3 * num_tags + rank] for summary in per_rank]
         batch.pair_max = max(max(summary[3 * num_tags:3 * num_tags + s.owners])
                              for summary in per_rank)
+
+
+def _to_host(summary: torch.Tensor) -> torch.Tensor:
+    """A pinned host copy of ``summary``, queued on the current stream."""
+    host = torch.empty(summary.shape, dtype=summary.dtype, pin_memory=True)
+    host.copy_(summary, non_blocking=True)
+    return host
 
 
 @functools.lru_cache(maxsize=8)

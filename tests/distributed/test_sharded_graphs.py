@@ -59,20 +59,25 @@ def _collection(ctx, kind: str) -> EmbeddingCollection:
 
 
 def _train(ctx, kind: str, steps: int) -> dict:
-    """``steps`` steps, each batch prepared ahead (the ranks share its sizes). The head's
-    gradients ride along the sparse gradient exchange, as the trainer's do."""
+    """``steps`` steps, each batch prepared a step ahead as the trainer does (the ranks
+    share its sizes: on GPUs beside the training stream, while the step's captured
+    exchanges run). The head's gradients ride along the sparse gradient exchange, as the
+    trainer's do."""
     collection, head = _collection(ctx, kind), _head().to(ctx.device)
     optimizer = torch.optim.SGD(head.parameters(), lr=0.5)
     flat = FlatGradients(list(head.parameters()), ctx)
     collection.carry_network_gradients(flat)
     rows = slice(ctx.rank * ROWS, (ctx.rank + 1) * ROWS)
     losses, rode = [], 0
+    batches = [_global_batch(step, ctx.world_size) for step in range(steps)]
+    kjts = [_kjt(bags, rows).to(ctx.device) for bags, _ in batches]
+    collection.prepare(kjts[0])
     for step in range(steps):
-        bags, labels = _global_batch(step, ctx.world_size)
         flat.zero()
-        kjt = _kjt(bags, rows).to(ctx.device)
-        collection.prepare(kjt)
-        loss = _loss(collection, head, kjt, labels[rows].to(ctx.device))
+        kjt = kjts[step]
+        if step + 1 < steps:
+            collection.prepare(kjts[step + 1])
+        loss = _loss(collection, head, kjt, batches[step][1][rows].to(ctx.device))
         loss.backward()
         rode += flat.averaged
         flat.all_reduce()
