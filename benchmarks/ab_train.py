@@ -196,6 +196,7 @@ def _report(args, reports: dict, rounds: int, env: dict, command: str) -> str:
               "command": command}
     text = markdown(result)
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         write_results(args.out, result, text)
     return text
 
