@@ -28,6 +28,7 @@ import torch
 
 from hashrec.distributed.ops.route import owner_counts
 from hashrec.distributed.side_exchange import run_aside
+from hashrec.embedding import dedup_graphs
 from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.jagged import JaggedTensor
 from hashrec.embedding.ops.dedup import tag_summary, unique_layout
@@ -223,20 +224,32 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
     bits an int64 leaves (``_narrow_bits``); with an id outside [0, 2 ** bits) the
     lows read -1 and ``PendingDedup.result`` sorts the storage again in two passes
     (the result is the same either way).
+
+    On CUDA the one-pass sort runs padded to a size class and replayed from a CUDA
+    graph (``hashrec.embedding.dedup_graphs``; keys then have one id bit fewer).
     """
     tagged = _emit_order(features_by_tag)
     every = [f for _, f in tagged]
     device = every[0].values.device
-    ids = torch.cat([f.values for f in every]) if len(every) > 1 else every[0].values
-    n, num_tags = ids.numel(), len(features_by_tag)
+    n, num_tags = sum(f.values.numel() for f in every), len(features_by_tag)
     used = [tag for tag, fs in enumerate(features_by_tag) if fs]
     if n == 0:
+        ids = every[0].values
         zeros = torch.zeros(3 * num_tags + owners, dtype=torch.int64, device=device)
         return _Sorted(every, fused, ids, None, ids, ids, zeros, owners)
     bad = None
-    new = torch.ones(n, dtype=torch.bool, device=device)
     one_pass = (row_ids or narrow) and len(used) > 1
     narrow = one_pass and not row_ids
+    source = (features_by_tag, fused, row_ids, owners, False, owned) if narrow else ()
+    if one_pass and dedup_graphs.enabled(device):
+        bits = _ROW_BITS if row_ids else dedup_graphs.pad_bits(num_tags)
+        sorted_ids, sorted_tags, order, group, summary = dedup_graphs.graphs_for(device).sort(
+            [f.values for f in every], [tag for tag, _ in tagged], num_tags, bits, row_ids,
+            owners, owned)
+        return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary, owners,
+                       source)
+    ids = torch.cat([f.values for f in every]) if len(every) > 1 else every[0].values
+    new = torch.ones(n, dtype=torch.bool, device=device)
     if one_pass:
         # A position starts a new unique key where its (tag, key) differs from the previous.
         # A row id out of range is clamped into it (the batch stays consistent) and
@@ -274,7 +287,6 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         elif owned is not None and not owned[0] <= used[0] < owned[1]:
             counted = torch.zeros_like(new)  # the one tag read is not a sharded one
         summary = torch.cat([summary, owner_counts(sorted_ids, counted, owners)])
-    source = (features_by_tag, fused, row_ids, owners, False, owned) if narrow else ()
     return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary, owners,
                    source)
 

@@ -1,0 +1,197 @@
+"""A storage's one-pass dedup sort at fixed sizes, captured as a CUDA graph.
+
+The first half of a storage's dedup (``hashrec.embedding.batching._sort_storage``)
+is a chain of some twenty short device operations: concatenate the features' ids,
+tag them, check their range, sort, mark the unique ones, number them, summarise
+them per logical table and per owning rank. Its sizes follow the batch's id count,
+which changes from step to step, so each one is launched from Python: about 1.1 ms
+of host time per step for the example's fused storage on an H200 host
+(``benchmarks/results/host_split_gpu_x2_ride.rank0.md``), on a step the host
+bounds.
+
+Here the one-pass sort (ids of several logical tables, each ``tag << bits | id``)
+runs on a buffer padded to a size class (``hashrec.table.lookup_graphs.padded_size``:
+at most 1/16 more). A padding position gets the key ``num_tags << bits``: it sorts
+after every real key, its tag is past the last table, so the per-table summary
+leaves it out unchanged, and the owner counts are masked to real tags. The real
+positions are the first ``n`` of the sorted arrays. With the size class fixed, the
+whole chain is captured once (after ``CAPTURE_AFTER`` uncaptured runs of that class,
+which compile its kernels) and replayed: the ids and a small table of feature ends
+and tags are copied in, one replay, the outputs copied out (the next replay
+overwrites them while the batch may still be waiting for its forward).
+
+The padded key leaves one bit fewer for ids than the unpadded one-pass sort; an id
+that does not fit is flagged as there (the smallest ids read -1) and the storage is
+sorted again in two passes. On CPU, under ``TRITON_INTERPRET`` or with
+``HASHREC_DEDUP_GRAPHS=0`` the unpadded sort runs as before.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+
+import torch
+
+from hashrec.distributed.ops.route import owner_counts
+from hashrec.embedding.ops.dedup import tag_summary
+
+logger = logging.getLogger("hashrec.embedding")
+
+ENV = "HASHREC_DEDUP_GRAPHS"
+CAPTURE_AFTER = 2  # uncaptured runs of a size class before it is captured
+MAX_GRAPHS = 4     # size classes kept, the least recently used dropped
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether dedup sorts on ``device`` run padded and captured (``HASHREC_DEDUP_GRAPHS``:
+    default on for CUDA, ``0`` off)."""
+    value = os.environ.get(ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{ENV}={value!r}: expected 0 or 1")
+    return value != "0" and device.type == "cuda" and \
+        os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+
+
+def pad_bits(num_tags: int) -> int:
+    """Id bits of a padded one-pass key: the tags 0 .. num_tags (padding) fit above."""
+    return 63 - num_tags.bit_length()
+
+
+def padded_sort(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
+                clamp: bool, owners: int, owned: tuple[int, int] | None
+                ) -> tuple[torch.Tensor, ...]:
+    """The one-pass sort of a padded batch.
+
+    Args:
+        ids: (N,) int64 ids of every feature, in the storage's emit order, then padding
+            (any values).
+        meta: (2 F,) int64: each feature's end in ``ids`` (the last is the real count
+            n), then each feature's ``tag << bits``.
+        num_tags: logical tables of the storage; padding gets tag ``num_tags``.
+        bits: id bits below the tag (``pad_bits``).
+        clamp: row ids of dense tables: out-of-range ids are clamped (and flagged).
+        owners, owned: as ``_sort_storage``'s.
+
+    Returns:
+        sorted_ids (N,) int64, sorted_tags (N,) int32, order (N,) int64, group (N,)
+        int64, summary (3 num_tags + owners,) int64: the real positions first, each
+        array as the unpadded sort's followed by the padding.
+    """
+    size, features = ids.numel(), meta.numel() // 2
+    ends, shifted = meta[:features], meta[features:]
+    position = torch.arange(size, device=ids.device)
+    real = position < ends[-1]
+    feature = torch.searchsorted(ends, position, right=True)
+    pad = torch.full((1,), num_tags << bits, dtype=torch.int64, device=ids.device)
+    mask = (1 << bits) - 1
+    bad = ((ids >> bits) != 0).logical_and_(real).any()
+    lows = ids.clamp(0, mask) if clamp else ids
+    keyed = torch.where(real, lows, 0) + torch.cat([shifted, pad])[feature]
+    combined, order = torch.sort(keyed, stable=True)
+    new = torch.ones(size, dtype=torch.bool, device=ids.device)
+    torch.ne(combined[1:], combined[:-1], out=new[1:])
+    sorted_tags = (combined >> bits).to(torch.int32)
+    sorted_ids = combined & mask
+    group = torch.cumsum(new, 0) - 1
+    summary = tag_summary(sorted_tags, sorted_ids, group, num_tags, bad).reshape(-1)
+    if owners:
+        low, high = owned if owned is not None else (0, num_tags)
+        counted = new & (sorted_tags >= low) & (sorted_tags < high)
+        summary = torch.cat([summary, owner_counts(sorted_ids, counted, owners)])
+    return sorted_ids, sorted_tags, order, group, summary
+
+
+class _Class:
+    """One size class's buffers and, once captured, its graph and outputs."""
+
+    __slots__ = ("ids", "meta", "graph", "out", "runs")
+
+    def __init__(self, size: int, features: int, device: torch.device) -> None:
+        self.ids = torch.zeros(size, dtype=torch.int64, device=device)
+        self.meta = torch.zeros(2 * features, dtype=torch.int64, device=device)
+        self.graph = None
+        self.out = None
+        self.runs = 0
+
+
+class DedupGraphs:
+    """Padded, captured one-pass sorts, one graph per (size class, storage layout)."""
+
+    def __init__(self) -> None:
+        self._classes: collections.OrderedDict = collections.OrderedDict()
+        self.sorts = 0
+        self.replays = 0
+        self.captures = 0
+
+    def sort(self, values: list[torch.Tensor], tags: list[int], num_tags: int, bits: int,
+             clamp: bool, owners: int, owned: tuple[int, int] | None
+             ) -> tuple[torch.Tensor, ...]:
+        """``padded_sort`` of the features' ``values`` (emit order) with tags ``tags``;
+        returns its outputs cut to the real positions (and their summary), valid after
+        later calls. ``bits``: ``pad_bits(num_tags)`` for keys, or fewer."""
+        from hashrec.table.lookup_graphs import padded_size  # imports Triton
+
+        device = values[0].device
+        n = sum(v.numel() for v in values)
+        self.sorts += 1
+        key = (padded_size(n), len(values), num_tags, bits, clamp, owners, owned, device)
+        entry = self._entry(key)
+        torch.cat(values, out=entry.ids[:n])
+        ends, total = [], 0
+        for v in values:
+            total += v.numel()
+            ends.append(total)
+        host = torch.tensor(ends + [t << bits for t in tags], dtype=torch.int64,
+                            pin_memory=device.type == "cuda")
+        entry.meta.copy_(host, non_blocking=True)
+        args = (entry.ids, entry.meta, num_tags, bits, clamp, owners, owned)
+        if entry.graph is None and entry.runs >= CAPTURE_AFTER and device.type == "cuda":
+            self._capture(entry, args)
+        entry.runs += 1
+        if entry.graph is None:
+            out = padded_sort(*args)
+            return (*(t[:n] for t in out[:4]), out[4])
+        entry.graph.replay()
+        self.replays += 1
+        return (*(t[:n].clone() for t in entry.out[:4]), entry.out[4].clone())
+
+    def _entry(self, key: tuple) -> _Class:
+        entry = self._classes.get(key)
+        if entry is None:
+            entry = self._classes[key] = _Class(key[0], key[1], key[-1])
+            while len(self._classes) > MAX_GRAPHS:
+                self._classes.popitem(last=False)
+        else:
+            self._classes.move_to_end(key)
+        return entry
+
+    def _capture(self, entry: _Class, args: tuple) -> None:
+        device = entry.ids.device
+        try:
+            with torch.cuda.device(device):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    out = padded_sort(*args)
+        except RuntimeError as error:  # the uncaptured sort goes on working
+            logger.warning("dedup sort of %d ids not captured (%s); it runs uncaptured",
+                           entry.ids.numel(), error)
+            entry.runs = -(1 << 62)
+            return
+        entry.graph, entry.out = graph, out
+        self.captures += 1
+        logger.info("captured the dedup sort of up to %d ids as a CUDA graph",
+                    entry.ids.numel())
+
+
+_GRAPHS: dict = {}
+
+
+def graphs_for(device: torch.device) -> DedupGraphs:
+    """The process's padded sorts on ``device``."""
+    key = (device.type, device.index)
+    graphs = _GRAPHS.get(key)
+    if graphs is None:
+        graphs = _GRAPHS[key] = DedupGraphs()
+    return graphs

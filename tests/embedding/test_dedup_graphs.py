@@ -1,0 +1,163 @@
+"""The padded one-pass dedup sort (dedup_graphs): the same unique keys, order, groups and
+summary as the unpadded sort, the same training through a collection, and on a GPU the
+same again from captured replays."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hashrec.embedding import (
+    EmbeddingCollection,
+    EmbeddingFeatureSpec,
+    EmbeddingTableSpec,
+    KeyedJaggedTensor,
+    batching,
+    dedup_graphs,
+)
+from hashrec.embedding.batching import FeatureIds, _sort_storage
+from hashrec.table import InitializerArgs, SparseAdam, TableOptions
+
+SPEC = EmbeddingFeatureSpec("f", "t")
+
+
+def _features(sizes, high, seed, device="cpu"):
+    """Per tag, features of random ids (several per tag; a tag may have none)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for tag_sizes in sizes:
+        fs = []
+        for n in tag_sizes:
+            values = torch.randint(0, high, (n,), generator=g).to(device)
+            fs.append(FeatureIds(SPEC, values, torch.zeros(2, dtype=torch.int64),
+                                 torch.tensor([n])))
+        out.append(fs)
+    return out
+
+
+def _padded(features_by_tag, row_ids, owners, owned, pad_to, seed=1):
+    """``padded_sort`` of the storage's ids, padding filled with junk."""
+    tagged = batching._emit_order(features_by_tag)
+    values = [f.values for _, f in tagged]
+    n = sum(v.numel() for v in values)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(-(1 << 62), 1 << 62, (pad_to,), generator=g)
+    ids[:n] = torch.cat(values)
+    num_tags = len(features_by_tag)
+    bits = batching._ROW_BITS if row_ids else dedup_graphs.pad_bits(num_tags)
+    ends = torch.tensor([v.numel() for v in values]).cumsum(0)
+    meta = torch.cat([ends, torch.tensor([tag << bits for tag, _ in tagged])])
+    return n, dedup_graphs.padded_sort(ids, meta, num_tags, bits, row_ids, owners, owned)
+
+
+CASES = [  # (row_ids, owners, owned)
+    (False, 0, None), (True, 0, None), (False, 3, None), (False, 2, (1, 3)), (True, 2, None)]
+
+
+@pytest.mark.parametrize("row_ids, owners, owned", CASES)
+def test_padded_sort_matches_the_unpadded_one_pass_sort(row_ids, owners, owned):
+    features = _features([[40, 7], [], [25], [60, 3, 9]], high=50, seed=3)
+    want = _sort_storage(features, True, row_ids, owners, not row_ids, owned)
+    n, got = _padded(features, row_ids, owners, owned, pad_to=200)
+    for mine, ref in zip(got[:4], (want.sorted_ids, want.sorted_tags, want.order,
+                                   want.group)):
+        assert torch.equal(mine[:n], ref)
+    assert torch.equal(got[4], want.summary)
+    # The padding sorted last, into one group past the real ones, at the padding's tag.
+    assert (got[1][n:] == len(features)).all()
+    assert (got[3][n:] == got[3][n - 1] + 1).all()
+
+
+def test_padded_sort_flags_ids_that_do_not_fit():
+    features = _features([[10], [10]], high=50, seed=4)
+    num_tags = len(features)
+    features[1][0].values[3] = 1 << dedup_graphs.pad_bits(num_tags)  # one bit too wide
+    _, got = _padded(features, False, 0, None, pad_to=64)
+    assert (got[4][num_tags:2 * num_tags] == -1).all()
+    features[1][0].values[3] = -5
+    _, got = _padded(features, True, 0, None, pad_to=64)
+    assert (got[4][num_tags:2 * num_tags] == -1).all()
+
+
+DIM, ROWS = 4, 20
+
+
+def _collection():
+    init = InitializerArgs(mode="UNIFORM", lower=-0.1, upper=0.1, key_seed=7)
+    options = TableOptions(dim=DIM, max_capacity=256, bucket_capacity=32,
+                           score_strategy="NO_EVICTION", initializer=init)
+    tables = [EmbeddingTableSpec("a", DIM, dynamic=options, fusion_group="g"),
+              EmbeddingTableSpec("b", DIM, dynamic=options, fusion_group="g"),
+              EmbeddingTableSpec("c", DIM, num_rows=ROWS, initializer=InitializerArgs(
+                  mode="NORMAL", std_dev=0.1, key_seed=3)),
+              EmbeddingTableSpec("d", DIM, num_rows=ROWS, initializer=InitializerArgs(
+                  mode="NORMAL", std_dev=0.1, key_seed=5))]
+    features = [EmbeddingFeatureSpec("fa", "a"), EmbeddingFeatureSpec("fb", "b"),
+                EmbeddingFeatureSpec("seq", "a", is_sequence=True, max_length=3),
+                EmbeddingFeatureSpec("fc", "c", pooling="mean"),
+                EmbeddingFeatureSpec("fd", "d")]
+    return EmbeddingCollection(tables, features, SparseAdam(lr=0.05)), \
+        [f.name for f in features]
+
+
+def _kjt(keys, step):
+    g = torch.Generator().manual_seed(step)
+    lengths = torch.randint(0, 4, (len(keys) * 6,), generator=g)
+    values = torch.randint(0, ROWS, (int(lengths.sum()),), generator=g)
+    return KeyedJaggedTensor(keys, values, lengths)
+
+
+def _train(padded: bool, monkeypatch, steps: int = 6):
+    graphs = dedup_graphs.DedupGraphs()
+    with monkeypatch.context() as m:
+        if padded:  # the padded sort on the CPU, never captured
+            m.setattr(dedup_graphs, "enabled", lambda device: True)
+            m.setattr(dedup_graphs, "graphs_for", lambda device: graphs)
+        torch.manual_seed(0)
+        collection, keys = _collection()
+        kjts = [_kjt(keys, step) for step in range(steps)]
+        collection.prepare(kjts[0])
+        outputs = []
+        for step, kjt in enumerate(kjts):
+            if step + 1 < steps:
+                collection.prepare(kjts[step + 1])
+            out = collection(kjt)
+            loss = sum((v * (1 + i)).sum() for i, v in enumerate(out.pooled.values())) + \
+                sum((v ** 2).sum() for v, _ in out.sequences.values())
+            loss.backward()
+            outputs.append(loss.detach())
+    rows = {name: sorted(zip(*[t.tolist() for t in next(table.export_state(1 << 12))[:3]
+                                if t is not None]))
+            for name, table in collection.dynamic_tables().items()}
+    return torch.stack(outputs), rows, collection, graphs.sorts
+
+
+def test_a_collection_trains_the_same_through_padded_sorts(monkeypatch):
+    losses, rows, collection, sorts = _train(True, monkeypatch)
+    ref_losses, ref_rows, ref_collection, _ = _train(False, monkeypatch)
+    assert sorts > 0, "the padded sort never ran"
+    torch.testing.assert_close(losses, ref_losses)
+    assert rows.keys() == ref_rows.keys()
+    for name in rows:
+        assert [r[:-1] for r in rows[name]] == [r[:-1] for r in ref_rows[name]]
+        torch.testing.assert_close(torch.tensor([r[-1] for r in rows[name]]),
+                                   torch.tensor([r[-1] for r in ref_rows[name]]))
+    for name, table in collection.dense_tables.items():
+        torch.testing.assert_close(table.rows, ref_collection.dense_tables[name].rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_captured_replays_sort_like_the_unpadded_sort():
+    graphs = dedup_graphs.DedupGraphs()
+    for step in range(6):  # the same size class, another count each time
+        features = _features([[3000 + 17 * step, 500], [2000], [800, 90]], high=5000,
+                             seed=step, device="cuda")
+        tagged = batching._emit_order(features)
+        got = graphs.sort([f.values for _, f in tagged], [t for t, _ in tagged],
+                          len(features), dedup_graphs.pad_bits(len(features)), False, 2, None)
+        want = _sort_storage(features, True, False, 2, True, None)
+        for mine, ref in zip(got, (want.sorted_ids, want.sorted_tags, want.order, want.group,
+                                   want.summary)):
+            assert torch.equal(mine, ref)
+    assert graphs.captures == 1 and graphs.replays == 6 - dedup_graphs.CAPTURE_AFTER
