@@ -7,7 +7,8 @@
 # Steps: the GPU tests (tables, embedding, distributed, training, data); generated data; both
 # example configs on 1 GPU, then on 2 GPUs (STEPS steps, default 1000; steady
 # state: the table growth and admission warm-up of the first WARMUP, default 400,
-# are left out); the host syncs per
+# are left out); dynamicemb on 1 and 2 GPUs in three interleaved rounds
+# (bench_scaling.py, scaling_gpu_x2.md); the host syncs per
 # step; kernel-level profiles of both configs' steps (1 GPU, then each rank of 2); a
 # dynamic table's training lookup kernel by kernel; the embedding-layer benchmark;
 # the input pipeline. On a fresh host the first training run also compiles the
@@ -47,6 +48,9 @@ step() {  # step NAME SECONDS COMMAND...
       --out_dir "$out"
   step train_2gpu 200 python3 benchmarks/bench_train.py --nproc 2 --data_dir "$data" \
       --num_rows 1000000 --num_steps "$steps" --warmup_steps "$warmup" --out_dir "$out"
+  # 1 then 2 GPUs, three rounds interleaved (their bench_train files in scaling/).
+  step scaling 330 python3 benchmarks/bench_scaling.py --nproc 2 --rounds 3 --data_dir "$data" \
+      --num_rows 1000000 --num_steps 600 --warmup_steps 300 --out_dir "$out/scaling"
   if [ -n "${AB_TREES:-}" ]; then  # e.g. AB_TREES=.ab/REV,. (benchmarks/ab_tree.sh REV)
     nproc=${AB_NPROC:-1}
     devices=0; [ "$nproc" -gt 1 ] && devices=$(seq -s, 0 $((nproc - 1)))
