@@ -20,6 +20,9 @@ which compile its kernels) and replayed: the ids and a small table of feature en
 and tags are copied in, one replay, the outputs copied out (the next replay
 overwrites them while the batch may still be waiting for its forward).
 
+Each captured size class keeps its own buffers, outputs and sort workspace in GPU
+memory; at most ``MAX_GRAPHS`` classes are kept (the least recently used dropped).
+
 The padded key leaves one bit fewer for ids than the unpadded one-pass sort; an id
 that does not fit is flagged as there (the smallest ids read -1) and the storage is
 sorted again in two passes. On CPU, under ``TRITON_INTERPRET`` or with
