@@ -120,7 +120,8 @@ def summarize(trees: list[str], reports: dict[str, list[dict]]) -> dict:
                                                 for run in runs)}
             threads = [run.get("host_threads", {}) for run in runs]
             out[tree][config] = {"runs": rates, "median": statistics.median(rates),
-                                 "phases_ms": phases,
+                                 "phases_ms": phases, "ranks_ms": [_rank_phases(run)
+                                                                   for run in runs],
                                  "main_thread_cpu_share": [t.get("main_thread_cpu_share")
                                                            for t in threads],
                                  "preemptions_per_step": [t.get("preemptions_per_step")
@@ -130,6 +131,35 @@ def summarize(trees: list[str], reports: dict[str, list[dict]]) -> dict:
             base = out[trees[0]][config]["median"]
             out[tree][config]["ratio_to_first"] = out[tree][config]["median"] / base
     return out
+
+
+RANK_PHASES = ("embedding_forward", "embedding_backward")
+
+
+def _rank_phases(run: dict) -> list[dict]:
+    """Each rank's embedding phases (ms/step) of a run under several ranks, else []:
+    they hold the exchanges, so the rank that waits for its peers shows there."""
+    return [{name: r.get("phases_ms", {}).get(name) for name in RANK_PHASES}
+            for r in run.get("ranks") or []]
+
+
+def _rank_lines(result: dict) -> list[str]:
+    rows = [(tree, config, r["ranks_ms"]) for tree, configs in result["trees"].items()
+            for config, r in configs.items() if any(r.get("ranks_ms") or [])]
+    if not rows:
+        return []
+    lines = ["", "Embedding forward / backward ms per step of each rank (rank 0, rank 1, "
+                 "...), run by run:", "", "| tree | config | runs |", "|---|---|---|"]
+    for tree, config, runs in rows:
+        text = "; ".join(", ".join(f"{_ms(r['embedding_forward'])} / "
+                                   f"{_ms(r['embedding_backward'])}" for r in ranks) or "-"
+                         for ranks in runs)
+        lines.append(f"| `{tree}` | {config} | {text} |")
+    return lines
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def markdown(result: dict) -> str:
@@ -164,6 +194,7 @@ def markdown(result: dict) -> str:
             preempted = ", ".join("-" if x is None else f"{x:.1f}"
                                   for x in r.get("preemptions_per_step", []))
             lines.append(f"| `{tree}` | {config} | {share} | {preempted} |")
+    lines += _rank_lines(result)
     return "\n".join(lines) + "\n"
 
 
