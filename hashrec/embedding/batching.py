@@ -237,7 +237,6 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         ids = every[0].values
         zeros = torch.zeros(3 * num_tags + owners, dtype=torch.int64, device=device)
         return _Sorted(every, fused, ids, None, ids, ids, zeros, owners)
-    bad = None
     one_pass = (row_ids or narrow) and len(used) > 1
     narrow = one_pass and not row_ids
     source = (features_by_tag, fused, row_ids, owners, False, owned) if narrow else ()
@@ -249,30 +248,8 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary, owners,
                        source)
     ids = torch.cat([f.values for f in every]) if len(every) > 1 else every[0].values
-    new = torch.ones(n, dtype=torch.bool, device=device)
-    if one_pass:
-        # A position starts a new unique key where its (tag, key) differs from the previous.
-        # A row id out of range is clamped into it (the batch stays consistent) and
-        # flagged; narrow keys out of range are sorted again, so need no clamp.
-        bits = _ROW_BITS if row_ids else _narrow_bits(num_tags)
-        bad = (ids >> bits).any()
-        keyed = (ids.clamp(0, (1 << bits) - 1) if row_ids else ids) + \
-            _tag_of(tagged, n, device, bits)
-        combined, order = torch.sort(keyed, stable=True)
-        torch.ne(combined[1:], combined[:-1], out=new[1:])
-        sorted_tags = (combined >> bits).to(torch.int32)
-        sorted_ids = combined & ((1 << bits) - 1)
-    else:
-        sorted_ids, order = torch.sort(ids, stable=True)
-        ends = torch.cat([sorted_ids[:1], sorted_ids[-1:]])
-        sorted_tags = None
-        if len(used) > 1:
-            tag_of = _tag_of(tagged, n, device).to(torch.int32)
-            sorted_tags, by_tag = torch.sort(tag_of[order], stable=True)
-            order, sorted_ids = order[by_tag], sorted_ids[by_tag]
-        torch.ne(sorted_ids[1:], sorted_ids[:-1], out=new[1:])
-        if sorted_tags is not None:
-            new[1:] |= sorted_tags[1:] != sorted_tags[:-1]
+    sorted_ids, sorted_tags, order, new, bad, ends = _sort_ids(
+        ids, tagged, num_tags, one_pass, row_ids, len(used) > 1)
     group = torch.cumsum(new, 0) - 1
     if sorted_tags is None:
         summary = torch.zeros(3, num_tags, dtype=torch.int64, device=device)
@@ -289,6 +266,39 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         summary = torch.cat([summary, owner_counts(sorted_ids, counted, owners)])
     return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary, owners,
                    source)
+
+
+def _sort_ids(ids: torch.Tensor, tagged: list[tuple[int, FeatureIds]], num_tags: int,
+              one_pass: bool, row_ids: bool, tagged_sort: bool) -> tuple:
+    """``_sort_storage``'s sort at exact sizes: (sorted ids, sorted int32 tags or None,
+    order, first-of-its-key flags, the out-of-range flag or None, the smallest and
+    largest id or None). ``tagged_sort``: more than one tag is read."""
+    n, device = ids.numel(), ids.device
+    new = torch.ones(n, dtype=torch.bool, device=device)
+    bad = ends = None
+    if one_pass:
+        # A position starts a new unique key where its (tag, key) differs from the previous.
+        # A row id out of range is clamped into it (the batch stays consistent) and
+        # flagged; narrow keys out of range are sorted again, so need no clamp.
+        bits = _ROW_BITS if row_ids else _narrow_bits(num_tags)
+        bad = (ids >> bits).any()
+        keyed = (ids.clamp(0, (1 << bits) - 1) if row_ids else ids) + \
+            _tag_of(tagged, n, device, bits)
+        combined, order = torch.sort(keyed, stable=True)
+        torch.ne(combined[1:], combined[:-1], out=new[1:])
+        return (combined & ((1 << bits) - 1), (combined >> bits).to(torch.int32), order, new,
+                bad, ends)
+    sorted_ids, order = torch.sort(ids, stable=True)
+    ends = torch.cat([sorted_ids[:1], sorted_ids[-1:]])
+    sorted_tags = None
+    if tagged_sort:
+        tag_of = _tag_of(tagged, n, device).to(torch.int32)
+        sorted_tags, by_tag = torch.sort(tag_of[order], stable=True)
+        order, sorted_ids = order[by_tag], sorted_ids[by_tag]
+    torch.ne(sorted_ids[1:], sorted_ids[:-1], out=new[1:])
+    if sorted_tags is not None:
+        new[1:] |= sorted_tags[1:] != sorted_tags[:-1]
+    return sorted_ids, sorted_tags, order, new, bad, ends
 
 
 def _too_wide(s: _Sorted, summary: list[int], narrow: bool | None = None) -> bool:
