@@ -319,13 +319,8 @@ class ShardedGraphs:
         """Captures ``chain``. Nothing runs while capturing (no exchange either): the
         kernels were compiled by the uncaptured runs of this capacity before."""
         table = self.sharded.table
-        settle_side(table.device)  # no collective in flight while capturing
         try:
-            with torch.cuda.device(table.device):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                    chain.out = self._core(chain, eager=False)
-            chain.graph = graph
+            chain.graph, chain.out = self._captured(lambda: self._core(chain, eager=False))
             self.captures += 1
             logger.info("table %r: captured its sharded training lookup of %d keys per peer "
                         "as a CUDA graph", table.options.name, chain.capacity)
@@ -447,16 +442,21 @@ class ShardedGraphs:
             return summed, None
         return summed, entry.ride.unpack(received[:, capacity * dim:].sum(0))
 
+    def _captured(self, run) -> tuple:
+        """``capture_graph`` of ``run`` on the table's GPU, once no side collective is in
+        flight (two collectives of one communicator never run together)."""
+        from hashrec.table.lookup_graphs import capture_graph
+
+        device = self.sharded.table.device
+        settle_side(device)
+        return capture_graph(device, run)
+
     def _capture_backward(self, state: PaddedState, entry: _Backward, scale: float) -> None:
         """Captures the gradient exchange of a captured lookup (runs nothing)."""
         table = self.sharded.table
-        settle_side(table.device)  # no collective in flight while capturing
         try:
-            with torch.cuda.device(table.device):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                    entry.out = self._exchange_gradients(state, entry, scale)
-            entry.graph = graph
+            entry.graph, entry.out = self._captured(
+                lambda: self._exchange_gradients(state, entry, scale))
         except Exception as error:  # noqa: BLE001 - any failure: run uncaptured
             self._failed = True
             entry.graph, entry.out = None, None

@@ -32,6 +32,7 @@ sorted again in two passes. On CPU, under ``TRITON_INTERPRET`` or with
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
 
@@ -137,15 +138,12 @@ class DedupGraphs:
         from hashrec.table.lookup_graphs import padded_size  # imports Triton
 
         device = values[0].device
-        n = sum(v.numel() for v in values)
+        ends = list(itertools.accumulate(v.numel() for v in values))
+        n = ends[-1]
         self.sorts += 1
         key = (padded_size(n), len(values), num_tags, bits, clamp, owners, owned, device)
         entry = self._entry(key)
         torch.cat(values, out=entry.ids[:n])
-        ends, total = [], 0
-        for v in values:
-            total += v.numel()
-            ends.append(total)
         host = torch.tensor(ends + [t << bits for t in tags], dtype=torch.int64,
                             pin_memory=device.type == "cuda")
         entry.meta.copy_(host, non_blocking=True)
@@ -171,12 +169,10 @@ class DedupGraphs:
         return entry
 
     def _capture(self, entry: _Class, args: tuple) -> None:
-        device = entry.ids.device
+        from hashrec.table.lookup_graphs import capture_graph  # imports Triton
+
         try:
-            with torch.cuda.device(device):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                    out = padded_sort(*args)
+            graph, out = capture_graph(entry.ids.device, lambda: padded_sort(*args))
         except RuntimeError as error:  # the uncaptured sort goes on working
             logger.warning("dedup sort of %d ids not captured (%s); it runs uncaptured",
                            entry.ids.numel(), error)

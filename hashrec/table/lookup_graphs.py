@@ -72,6 +72,17 @@ def _identity(part) -> tuple | None:
     return id(part), part.keys.data_ptr(), part.values.data_ptr()
 
 
+def capture_graph(device: torch.device, run) -> tuple:
+    """(graph, ``run()``'s outputs): ``run`` captured on ``device`` as one CUDA graph, in
+    the ``thread_local`` error mode (other threads, such as the loader's pin-memory
+    thread, may call CUDA meanwhile). Nothing runs."""
+    with torch.cuda.device(device):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            out = run()
+    return graph, out
+
+
 def table_identity(table) -> tuple:
     """What a table's captured graphs read and write: its storage, state row and
     admission counter (a new one of any of them, after a growth or a restore, makes the
@@ -186,10 +197,7 @@ class LookupGraphs:
                     with torch.cuda.stream(side):  # compiles the kernels; u = 0 writes nothing
                         self._core(entry)
                     current.wait_stream(side)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                        entry.out = self._core(entry)
-                entry.graph = graph
+                entry.graph, entry.out = capture_graph(device, lambda: self._core(entry))
                 logger.info("table %r: captured its training lookup of up to %d keys as a "
                             "CUDA graph", self._table.options.name, size)
             except Exception as error:  # noqa: BLE001 - any failure: stay eager
