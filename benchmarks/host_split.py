@@ -56,8 +56,8 @@ def _targets():
         sharded_graphs,
         sharded_lookup,
     )
-    from hashrec.embedding import batching, collection, emit, lookup, sharded
-    from hashrec.table import hash_table, lookup_graphs
+    from hashrec.embedding import batching, collection, dedup_graphs, emit, lookup, sharded
+    from hashrec.table import fixed_lookup, hash_table, lookup_graphs
     from hashrec.train import graphs, loop, precision, prefetch
 
     return [
@@ -76,6 +76,11 @@ def _targets():
         (collection, "lookup_rows", _label_storage),
         (hash_table.HashTable, "lookup", None),
         (lookup_graphs.LookupGraphs, "_replay", None),
+        (lookup_graphs.LookupGraphs, "_check_owner", None),
+        (fixed_lookup.FixedSizeLookup, "_add_device_counts", None),
+        (fixed_lookup.FixedSizeLookup, "_report_refused_fixed", None),
+        (dedup_graphs.DedupGraphs, "sort", None),
+        (torch.cuda.CUDAGraph, "replay", None),
         (collection, "emit_storage", None),
         (collection, "record_lookups", None),
         (emit, "reduce_feature_grads", None),

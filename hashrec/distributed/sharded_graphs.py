@@ -100,7 +100,7 @@ class _Chain:
     """One capacity's buffers, graph and outputs."""
 
     __slots__ = ("capacity", "keys", "tags", "counts", "scalars", "bounds", "graph", "out",
-                 "names", "clocked", "backward")
+                 "clocked", "backward")
 
     def __init__(self, capacity: int, world: int, device: torch.device, tagged: bool,
                  clocked: bool) -> None:
@@ -115,7 +115,6 @@ class _Chain:
         self.clocked = clocked
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: dict | None = None
-        self.names: tuple[str, ...] = ()
         self.backward: dict[tuple, _Backward] = {}  # by (dim, ride layout, scale)
 
 
@@ -308,8 +307,7 @@ class ShardedGraphs:
             order_after_side(keys.device)
             chain.graph.replay()
             out = chain.out
-        if graph_mode:
-            table._add_device_counts(chain.names, out["sums"].clone())
+        if graph_mode:  # the counters went to the table's device totals
             refused = out["refused"]
             table._report_refused_fixed(refused.clone() if isinstance(refused, torch.Tensor)
                                         else refused)
@@ -379,8 +377,8 @@ class ShardedGraphs:
         given = chain.scalars[3:].expand(keys.numel()).contiguous() if chain.clocked else None
         slots, values, counted, refused = table._train_fixed(
             keys, own_tags, summed, given, active, seeds=chain.scalars[1:3])
-        chain.names, sums = table._mask_sums(counted)
-        return pack_reply(values, slots, rep), rep, slots, {"sums": sums, "refused": refused}
+        refused = table._count_in_place(counted, refused)
+        return pack_reply(values, slots, rep), rep, slots, {"refused": refused}
 
     def _exchange(self, tensor: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(tensor)

@@ -55,8 +55,8 @@ def record_lookups(counters: list[TableCounters], ids: list[int], unique: list[i
     for i in read:
         c = counters[i]
         c.lookups, c.ids, c.unique_ids = c.lookups + 1, c.ids + ids[i], c.unique_ids + unique[i]
-        if slots is None:
-            c._stored_host += unique[i]
+        # Every unique key counts as stored here; the device sums take the unstored off.
+        c._stored_host += unique[i]
     if slots is None or not read:
         return
     sums = counters[read[0]]._stored
@@ -66,11 +66,11 @@ def record_lookups(counters: list[TableCounters], ids: list[int], unique: list[i
         c = counters[i]
         if c._stored is not sums or c._tag != i:  # first lookup: the storage's sums
             c._stored_host, c._stored, c._tag = c.stored, sums, i
-    stored = (slots >= 0).to(torch.int64)
+    unstored = slots >> 63  # -1 where a key is not stored, else 0: one op, no cast
     if tags is None or len(counters) == 1:
-        sums[read[0]:read[0] + 1].add_(stored.sum())
+        sums[read[0]:read[0] + 1].add_(unstored.sum())
     else:
-        sums.index_add_(0, tags, stored)  # int32 tags index directly
+        sums.index_add_(0, tags, unstored)  # int32 tags index directly
 
 
 def _per_tag_sizes(storage) -> list[int]:

@@ -68,6 +68,10 @@ class FixedSizeLookup:
     _seed_sequence: random.Random | None = None  # seeds of in-kernel random initializers
     # Counter sums not yet in _stats, by the tuple of counter names (_add_device_counts).
     _device_counts: dict[tuple[str, ...], torch.Tensor] | None = None
+    # Totals that captured lookups add their counters to in place, by counter names
+    # (``_count_in_place``); ``stats()`` reads and zeroes them.
+    _device_totals: dict[tuple[str, ...], torch.Tensor] | None = None
+    _refused_unannounced = 0  # refused inserts read from the totals, not yet warned about
     # Captured training lookups (LookupGraphs); False where they are not used.
     _lookup_graphs = None
 
@@ -199,13 +203,42 @@ class FixedSizeLookup:
         before = self._device_counts.get(names)
         self._device_counts[names] = sums if before is None else before + sums
 
+    def _count_in_place(self, counted: dict[str, torch.Tensor],
+                        refused: torch.Tensor | int) -> torch.Tensor | int | None:
+        """Adds one lookup's counters (``_train_fixed``'s masks) to this table's device
+        totals in place: what a captured lookup does, so that its replay leaves the host
+        nothing to count. The refused count joins them, except under ``check_mode``
+        ERROR, which reads it at every lookup.
+
+        Returns the refused count the caller still reports (``_report_refused_fixed``):
+        None when it is in the totals."""
+        names, sums = self._mask_sums(counted)
+        left = refused
+        if isinstance(refused, torch.Tensor) and self.options.check_mode is not CheckMode.ERROR:
+            names, left = (*names, "refused"), None
+            sums = torch.cat([sums, refused.reshape(1).to(sums.dtype)])
+        totals = self._device_totals = self._device_totals or {}
+        if names not in totals:  # allocated by the uncaptured run before any capture
+            if sums.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("device totals must exist before a lookup is captured")
+            totals[names] = torch.zeros(len(names), dtype=sums.dtype, device=sums.device)
+        totals[names].add_(sums)
+        return left
+
     def _fold_device_counts(self) -> None:
-        """Moves the device-side counts of ``_add_device_counts`` into ``_stats`` (one read
-        per set of counter names)."""
+        """Moves the device-side counts of ``_add_device_counts`` and the device totals
+        into ``_stats`` (one read per set of counter names); zeroes the totals."""
         for names, sums in (self._device_counts or {}).items():
             for name, value in zip(names, sums.tolist()):
                 self._stats[name] += value
         self._device_counts = None
+        for names, totals in (self._device_totals or {}).items():
+            values = totals.tolist()
+            totals.zero_()
+            for name, value in zip(names, values):
+                self._stats[name] += value
+            if names[-1] == "refused":
+                self._refused_unannounced += values[-1]
 
     def _hit_score_mode(self, given: torch.Tensor | None) -> tuple[int, int]:
         """(protect_hits mode, clock) of this table's score strategy."""
@@ -278,21 +311,28 @@ class FixedSizeLookup:
             self._rehash(self.storage.num_buckets * 2)
             slots = torch.where(hit | placed, find_slots(self.storage, keys, tags), slots)
 
-    def _report_refused_fixed(self, refused: torch.Tensor | int) -> None:
+    def _report_refused_fixed(self, refused: torch.Tensor | int | None) -> None:
         """Counts refused inserts on the device; reads the count for every lookup under
-        ERROR, at most once a minute under WARNING, never under IGNORE."""
+        ERROR, at most once a minute under WARNING, never under IGNORE. None: this
+        lookup's count is in the device totals (``_count_in_place``)."""
         mode = self.options.check_mode
-        if not isinstance(refused, torch.Tensor) or mode is CheckMode.ERROR:
+        if refused is None:
+            pass
+        elif not isinstance(refused, torch.Tensor) or mode is CheckMode.ERROR:
             self._report_refused(int(refused))
             return
-        self._stats["refused"] += refused
-        if mode is CheckMode.IGNORE:
-            return
-        unread = self._refused_unread
-        self._refused_unread = refused if unread is None else unread + refused
-        if time.monotonic() - self._refused_read_at < REFUSED_WARNING_INTERVAL_S:
+        else:
+            self._stats["refused"] += refused
+            if mode is not CheckMode.IGNORE:
+                unread = self._refused_unread
+                self._refused_unread = refused if unread is None else unread + refused
+        if mode is not CheckMode.WARNING or (
+                time.monotonic() - self._refused_read_at < REFUSED_WARNING_INTERVAL_S):
             return
         self._refused_read_at = time.monotonic()
-        unread, self._refused_unread = int(self._refused_unread), None
+        self._fold_device_counts()  # the totals' refused count, read once a minute
+        unread = self._refused_unannounced + (
+            int(self._refused_unread) if self._refused_unread is not None else 0)
+        self._refused_unread, self._refused_unannounced = None, 0
         if unread:
             self._announce_refused(unread)

@@ -7,7 +7,9 @@ by that host time. Once the table is at max_capacity it no longer grows, and the
 lookup's work depends on its key count u alone. ``LookupGraphs`` pads u to a size
 class, captures the lookup of that size once as a CUDA graph and replays it: the
 keys, counts and a few scalars are copied into the graph's input buffers, one
-replay, and the outputs copied out.
+replay, and the slots and rows copied out. The replay adds the lookup's counters
+(hits, inserts, refusals, ...) to the table's device totals in place, which
+``stats()`` reads; only ``check_mode`` ERROR reads a count back per lookup.
 
 The results equal the eager lookup's, bit for bit: a replay runs the same kernels
 on the padded batch, whose extra keys are inactive (never found, counted nor
@@ -96,7 +98,7 @@ class _Lookup:
     """One size class's input buffers, graph and outputs."""
 
     __slots__ = ("size", "keys", "tags", "counts", "given", "active", "clocked", "scalars",
-                 "graph", "out", "names")
+                 "graph", "out")
 
     def __init__(self, size: int, device: torch.device, tagged: bool, given: bool,
                  active: bool, clocked: bool) -> None:
@@ -111,7 +113,6 @@ class _Lookup:
         self.scalars = torch.zeros(4, dtype=torch.int64, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple | None = None
-        self.names: tuple[str, ...] = ()
 
 
 class LookupGraphs:
@@ -169,7 +170,9 @@ class LookupGraphs:
             self.captures = 0
 
     def _core(self, entry: _Lookup) -> tuple:
-        """The lookup of a size class on its buffers: what a graph captures."""
+        """The lookup of a size class on its buffers: what a graph captures. Its
+        counters go to the table's device totals in place; returns (slots, values, the
+        refused count left to report or None)."""
         table = self._table
         active = torch.arange(entry.size, device=entry.keys.device) < entry.scalars[0]
         if entry.active is not None:
@@ -179,8 +182,7 @@ class LookupGraphs:
             given = entry.scalars[3:].expand(entry.size).contiguous()
         slots, values, counted, refused = table._train_fixed(
             entry.keys, entry.tags, entry.counts, given, active, seeds=entry.scalars[1:3])
-        entry.names, sums = table._mask_sums(counted)
-        return slots, values, sums, refused
+        return slots, values, table._count_in_place(counted, refused)
 
     def _build(self, key: tuple) -> _Lookup | None:
         """A size class's buffers and, with ``capture``, its graph (None: the capture
@@ -228,11 +230,10 @@ class LookupGraphs:
         entry.scalars.copy_(torch.tensor([n, *seeds, clock]), non_blocking=True)
         if self._capture:
             entry.graph.replay()
-            slots, values, sums, refused = entry.out
+            slots, values, refused = entry.out
         else:
-            slots, values, sums, refused = self._core(entry)
+            slots, values, refused = self._core(entry)
         # The outputs are the graph's own buffers, rewritten by the next replay.
-        table._add_device_counts(entry.names, sums.clone())
         table._report_refused_fixed(refused.clone() if isinstance(refused, torch.Tensor)
                                     else refused)
         return slots[:n].clone(), values[:n].clone()

@@ -222,3 +222,56 @@ def test_size_classes_that_displace_each_other_stop_being_captured(small_classes
         assert _state(padded) == _state(eager)
     assert graphs.captures == 2 and len(graphs._lookups) == 1
     assert 0 < graphs.replays < 12
+
+
+def _refusal_warnings(caplog) -> list[int]:
+    return [int(r.getMessage().split(": ")[1].split()[0]) for r in caplog.records
+            if "inserts refused" in r.getMessage()]
+
+
+def test_padded_lookup_counts_refusals_on_the_device_and_warns_once_a_minute(
+        small_classes, caplog, monkeypatch):
+    import logging
+    import time
+
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    options = dataclasses.replace(_options("NO_EVICTION", HASHED), check_mode="WARNING")
+    with _forced_triton(), caplog.at_level(logging.WARNING):
+        table = HashTable(options)
+        table._lookup_graphs = graphs = LookupGraphs(table, capture=False)
+        for step, (keys, tags, counts, _, _) in enumerate(
+                _batches(10, 60, 400, False, False, DEVICE)):
+            table.advance_step()
+            table.lookup(keys, tags, train=True, counts=counts)
+            clock[0] += 1.0 if step < 6 else 61.0
+        assert graphs.replays >= 3
+        reported = _refusal_warnings(caplog)
+        unannounced = table._refused_unannounced + sum(
+            int(t[-1]) for names, t in table._device_totals.items() if names[-1] == "refused")
+        refused = table.stats()["refused"]
+    # The replays left their refusals in the device totals: read once a minute, each
+    # one in a warning or still waiting for the next.
+    assert refused > 0 and 2 <= len(reported) <= 5
+    assert sum(reported) + unannounced == refused
+    assert all(not t.any() for t in table._device_totals.values())  # stats() zeroed them
+
+
+def test_padded_lookup_raises_on_refusals_under_check_mode_error(small_classes):
+    from hashrec.table.errors import TableFullError
+
+    options = dataclasses.replace(_options("NO_EVICTION", HASHED), check_mode="ERROR")
+    with _forced_triton():
+        table = HashTable(options)
+        table._lookup_graphs = graphs = LookupGraphs(table, capture=False)
+        # At max_capacity from the second lookup on; few keys: nothing refused yet.
+        for keys, tags, counts, _, _ in _batches(8, 30, 40, False, False, DEVICE):
+            table.advance_step()
+            table.lookup(keys, tags, train=True, counts=counts)
+        assert graphs.replays >= 1 and table.stats()["refused"] == 0
+        replays = graphs.replays
+        with pytest.raises(TableFullError, match="inserts refused"):
+            for keys, tags, counts, _, _ in _batches(10, 30, 400, False, False, DEVICE):
+                table.advance_step()
+                table.lookup(keys, tags, train=True, counts=counts)
+    assert graphs.replays > replays  # raised by a padded lookup, not an eager one
