@@ -6,9 +6,16 @@ of bench_table_gpu.py (insert_or_assign, find_or_insert) on fresh 1M-key batches
 
 * ``elapsed_ms``: median device time of one call between syncs (what the
   benchmark reports), ``issue_ms``: median host time to issue the call (no sync);
-* ``warps``: elapsed_ms of insert_or_assign per ``UPSERT_WARPS`` value;
+* ``configs``: elapsed_ms of insert_or_assign per insert-program launch
+  (``UPSERT_CONFIG``: sorted positions per program, warps, keys in registers), every
+  combination of ``--runs``, ``--warps`` and ``--bi``;
+* ``allocator``: the CUDA caching allocator's counters over the timed calls
+  (device mallocs and frees, retries after a failed malloc, syncs of all streams):
+  anything but zeros means calls wait on the allocator;
 * a kernel table (torch.profiler) and a Python profile (cProfile, top functions
-  by own time) of a few calls, printed.
+  by own time) of a few calls, printed; ``--trace DIR`` also writes the profiler's
+  timeline of one call of each op (``upsert_lf<LF>.json.gz``) and prints the
+  longest CUDA runtime calls and the device's idle gaps in it.
 
     python benchmarks/profile_upsert_gpu.py --out benchmarks/results/upsert_profile_gpu
     python benchmarks/profile_upsert_gpu.py --smoke   # tiny, CPU, TRITON_INTERPRET
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import itertools
 import json
 import os
 import pstats
@@ -37,10 +45,16 @@ def _args() -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--warps", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--runs", type=int, nargs="+", default=[1],
+                   help="sorted positions per insert program (powers of two)")
+    p.add_argument("--bi", type=int, nargs="+", default=[16],
+                   help="keys of a run held in registers (powers of two)")
+    p.add_argument("--trace", default=None, help="folder for the profiler timelines")
     add_out_and_smoke(p)
     args = parse_with_smoke(p)
     if args.smoke:
         args.slots, args.batch, args.dim, args.reps, args.warps = 4096, 300, 8, 1, [1]
+        args.runs, args.bi = [1, 4], [16]
     return args
 
 
@@ -75,8 +89,18 @@ def find_or_insert(storage: TableStorage, keys: torch.Tensor) -> torch.Tensor:
                              storage.row_dim, 0.0, 0.01, seed=0)
 
 
-def _timed(fn, batches) -> tuple[float, float]:
-    """(median elapsed ms, median issue ms) of fn(batch) over the batches after 2 warm-ups."""
+ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries",
+                      "num_sync_all_streams")
+
+
+def _allocator() -> dict[str, int]:
+    stats = torch.cuda.memory_stats() if CUDA else {}
+    return {name: int(stats.get(name, 0)) for name in ALLOCATOR_COUNTERS}
+
+
+def _timed(fn, batches, counters: dict | None = None) -> tuple[float, float]:
+    """(median elapsed ms, median issue ms) of fn(batch) over the batches after 2 warm-ups;
+    ``counters`` gets the allocator's counter changes over the timed calls."""
     elapsed, issue = [], []
     for i, keys in enumerate(batches):
         _sync()
@@ -89,19 +113,48 @@ def _timed(fn, batches) -> tuple[float, float]:
         if CUDA:
             end.record()
         _sync()
+        if i == 1:
+            before = _allocator()
         if i >= 2:
             issue.append((t1 - t0) * 1e3)
             elapsed.append(start.elapsed_time(end) if CUDA else issue[-1])
+    if counters is not None:
+        counters.update({k: v - before[k] for k, v in _allocator().items()})
     return statistics.median(elapsed), statistics.median(issue)
 
 
-def _profiles(ops: dict, batches) -> None:
+def _timeline(path: str) -> None:
+    """Prints the longest CUDA runtime calls and the longest device idle gaps of a
+    profiler timeline."""
+    import gzip
+
+    with gzip.open(path, "rt") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    runtime = sorted((e for e in events if e.get("cat") == "cuda_runtime"),
+                     key=lambda e: -e["dur"])[:10]
+    print("longest CUDA runtime calls (us):", [(e["name"], round(e["dur"])) for e in runtime])
+    device = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                    key=lambda e: e["ts"])
+    gaps = sorted(((b["ts"] - (a["ts"] + a["dur"]), a["name"][:40], b["name"][:40])
+                   for a, b in zip(device, device[1:])), reverse=True)[:10]
+    busy = sum(e["dur"] for e in device)
+    span = device[-1]["ts"] + device[-1]["dur"] - device[0]["ts"] if device else 0
+    print(f"device: {len(device)} activities, busy {busy / 1e3:.3f} ms of a "
+          f"{span / 1e3:.3f} ms span; longest idle gaps (us, after, before):",
+          [(round(g), a, b) for g, a, b in gaps], flush=True)
+
+
+def _profiles(ops: dict, batches, trace: str | None = None) -> None:
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
     with profile(activities=activities) as prof:
         for fn in ops.values():
             fn(batches[0])
         _sync()
+    if trace:
+        prof.export_chrome_trace(trace)
+        if CUDA:
+            _timeline(trace)
     print(prof.key_averages().table(sort_by="self_cuda_time_total" if CUDA else
                                     "self_cpu_time_total", row_limit=16), flush=True)
     pr = cProfile.Profile()
@@ -132,14 +185,26 @@ def run_load_factor(lf: float) -> dict:
            "find_or_insert": lambda k: find_or_insert(storage, k)}
     row = {"load_factor": lf, "measured_load_factor": storage.size() / storage.capacity}
     for name, fn in ops.items():
-        row[name] = dict(zip(("elapsed_ms", "issue_ms"), _timed(fn, batches())))
-    default = upsert_tt.UPSERT_WARPS
-    row["warps"] = {}
-    for warps in ARGS.warps:
-        upsert_tt.UPSERT_WARPS = warps
-        row["warps"][warps] = _timed(ops["insert_or_assign"], batches())[0]
-    upsert_tt.UPSERT_WARPS = default
-    _profiles(ops, batches())
+        counters: dict[str, int] = {}
+        row[name] = dict(zip(("elapsed_ms", "issue_ms"), _timed(fn, batches(), counters)))
+        row[name]["allocator"] = counters
+        print(f"load factor {lf}: {name} {json.dumps(row[name])}", flush=True)
+    default = dict(upsert_tt.UPSERT_CONFIG)
+    row["configs"] = {}
+    try:
+        for runs, warps, bi in itertools.product(ARGS.runs, ARGS.warps, ARGS.bi):
+            upsert_tt.UPSERT_CONFIG.update(runs=runs, num_warps=warps, bi=bi)
+            name = f"runs={runs} warps={warps} bi={bi}"
+            row["configs"][name] = _timed(ops["insert_or_assign"], batches())[0]
+            print(f"load factor {lf}: insert_or_assign {row['configs'][name]:.3f} ms with "
+                  f"{name}", flush=True)
+    finally:
+        upsert_tt.UPSERT_CONFIG.update(default)
+    trace = None
+    if ARGS.trace:
+        os.makedirs(ARGS.trace, exist_ok=True)
+        trace = os.path.join(ARGS.trace, f"upsert_lf{lf:g}.json.gz")
+    _profiles(ops, batches(), trace)
     return row
 
 
@@ -156,6 +221,10 @@ def main() -> None:
             for op in ("insert_or_assign", "find_or_insert"):
                 lines.append(f"| {r['measured_load_factor']:.3f} | {op} | "
                              f"{r[op]['elapsed_ms']:.3f} | {r[op]['issue_ms']:.3f} |")
+        lines += ["", "insert_or_assign elapsed ms by insert-program launch:", "",
+                  "| load factor | launch | elapsed ms |", "| --- | --- | --- |"]
+        lines += [f"| {r['measured_load_factor']:.3f} | {name} | {ms:.3f} |"
+                  for r in results["rows"] for name, ms in r["configs"].items()]
         env = results["env"]
         write_results(ARGS.out, results,
                       f"# Upsert time split on GPU\n\nDate {env['date']}, GPU {env['gpu']}, "

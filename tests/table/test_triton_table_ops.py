@@ -284,9 +284,19 @@ def _reference_upsert(storage: TableStorage, keys, tags, scores, allow_evict):
     return find_ref.find_slots(storage, keys, tags), res
 
 
+# Insert-program launches: one sorted position per program; several, each with runs
+# in registers; several, with runs longer than the registers' chunk.
+LAUNCHES = {"runs1": {"runs": 1, "bi": 16}, "runs4": {"runs": 4, "bi": 16},
+            "runs8-chunked": {"runs": 8, "bi": 4}}
+
+
+@pytest.mark.parametrize("launch", list(LAUNCHES))
 @pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
 @pytest.mark.parametrize("num_buckets,tagged", [(4, False), (3, True)], ids=["nb4", "nb3-tagged"])
-def test_upsert_matches_find_then_reference_insert(num_buckets, tagged, allow_evict):
+def test_upsert_matches_find_then_reference_insert(monkeypatch, num_buckets, tagged,
+                                                   allow_evict, launch):
+    monkeypatch.setattr(upsert_tt, "UPSERT_CONFIG",
+                        {**upsert_tt.UPSERT_CONFIG, **LAUNCHES[launch]})
     base, keys, tags = _filled(num_buckets, 16, 40, seed=5, tagged=tagged)
     gen = torch.Generator().manual_seed(6)
     new = _random_keys(50, gen).to(DEVICE)
@@ -369,7 +379,10 @@ def test_write_rows_writes_only_masked_slots():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_large_upsert_matches_reference_on_gpu():
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+def test_large_upsert_matches_reference_on_gpu(monkeypatch, launch):
+    monkeypatch.setattr(upsert_tt, "UPSERT_CONFIG",
+                        {**upsert_tt.UPSERT_CONFIG, **LAUNCHES[launch]})
     base, keys, _ = _filled(4096, 128, 400_000, seed=13, row_dim=8)
     gen = torch.Generator().manual_seed(14)
     new = _random_keys(300_000, gen).to(DEVICE)

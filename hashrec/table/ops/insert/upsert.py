@@ -12,9 +12,10 @@ launch has a grid fixed by the batch size n, so nothing is read back on the host
    up in one run of equal sort keys) ahead of the hits;
 3. one kernel gathers the sorted misses (key, tag, score, bucket, digest) and one
    names each repeat's first occurrence (a short backward scan);
-4. one program per sorted position; the program that starts a bucket's run of
-   misses applies the pinned insert rule (``insert/triton.py``) to the run's first
-   occurrences (the others, hits included, exit at once);
+4. one program per ``UPSERT_CONFIG["runs"]`` sorted positions; a position that
+   starts a bucket's run of misses applies the pinned insert rule
+   (``insert/triton.py``) to the run's first occurrences (the others, hits
+   included, have nothing to do);
 5. one kernel writes every key's final slot and flags back in batch order.
 
 The insert is independent of thread timing: a bucket is written by one program,
@@ -48,8 +49,10 @@ __all__ = ["UpsertResult", "upsert_slots", "write_rows"]
 
 _WIDE_SENTINEL = 0x7FFFFFFFFFFFFFFF
 _NARROW_SENTINEL = 0x7FFFFFFF
-# Warps of the per-bucket insert programs (one per sorted key; most exit at once).
-UPSERT_WARPS = 1
+# The insert programs' launch: sorted positions per program (a power of two; most
+# positions have nothing to do), warps, and incoming keys of a run held in registers
+# (longer runs go chunk by chunk). Benchmarks sweep it.
+UPSERT_CONFIG = {"runs": 1, "num_warps": 1, "bi": 16}
 # Bucket bits up to which sort keys are 32-bit (a faster sort); beyond, 64-bit.
 NARROW_MAX_SHIFT = 29
 
@@ -207,34 +210,51 @@ def _rank_firsts(in_keys, in_scores, in_first, in_pos, pos, key, score, start, e
 def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
                    t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
                    ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
-                   CAP_P2: tl.constexpr, BI: tl.constexpr):
-    start = tl.program_id(0).to(tl.int64)
-    bucket = tl.load(in_bucket + start)
-    opens = (bucket >= 0) & (tl.load(in_bucket + start - 1, mask=start > 0, other=-1) != bucket)
-    if opens:  # the other programs (repeats of a bucket, hits) have nothing to do
-        i = start + tl.arange(0, BI)
-        run = (i < m) & (tl.load(in_bucket + i, mask=i < m, other=-1) == bucket)
-        if tl.sum(run.to(tl.int32), axis=0) < BI:  # the whole run is in registers
-            mi = run & (tl.load(in_first + i, mask=run, other=-1) == i)
-            key = tl.load(in_keys + i, mask=mi, other=0)
-            score = tl.load(in_scores + i, mask=mi, other=0)
-            pos = tl.load(in_pos + i, mask=mi, other=0)
-            before = _comes_before(key[None, :], score[None, :], pos[None, :], key[:, None],
-                                   score[:, None], pos[:, None])
-            rank = tl.sum((before & mi[None, :]).to(tl.int32), axis=1)
-            empty, empty_rank, n_empty, order, old_scores = bucket_state(
-                t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
-                tl.sum(mi.to(tl.int32), axis=0), ALLOW_EVICT, CAP_P2)
-            _place(i, mi, key, score, rank, bucket * CAP, empty, empty_rank, n_empty, order,
-                   old_scores, in_tags, in_digests, t_keys,
-                   t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
-                   ev_scores, ALLOW_EVICT, CAP_P2)
-        else:
-            _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
-                             in_pos, m,
-                             t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
-                             ev_keys, ev_tags, ev_scores, start, bucket, ALLOW_EVICT, CAP,
-                             CAP_P2, BI)
+                   CAP_P2: tl.constexpr, BI: tl.constexpr, RUNS: tl.constexpr):
+    """Program p serves sorted positions [p * RUNS, (p + 1) * RUNS): each position that
+    opens a bucket's run of misses inserts that run; the others have nothing to do."""
+    lane = tl.arange(0, RUNS)
+    at = tl.program_id(0).to(tl.int64) * RUNS + lane
+    buckets = tl.load(in_bucket + at, mask=at < m, other=-1)
+    prev = tl.load(in_bucket + at - 1, mask=(at > 0) & (at < m), other=-1)
+    opens = (buckets >= 0) & (prev != buckets)
+    for r in tl.static_range(RUNS):  # hits, sorted last, open nothing
+        this = opens & (lane == r)
+        if tl.max(this.to(tl.int32), axis=0) > 0:
+            _insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
+                        m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
+                        ev_keys, ev_tags, ev_scores, tl.sum(tl.where(this, at, 0), axis=0),
+                        tl.sum(tl.where(this, buckets, 0), axis=0), ALLOW_EVICT, CAP, CAP_P2,
+                        BI)
+
+
+@triton.jit
+def _insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
+                t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
+                ev_scores, start, bucket, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
+                CAP_P2: tl.constexpr, BI: tl.constexpr):
+    """Inserts the run of misses of ``bucket`` that opens at sorted position ``start``."""
+    i = start + tl.arange(0, BI)
+    run = (i < m) & (tl.load(in_bucket + i, mask=i < m, other=-1) == bucket)
+    if tl.sum(run.to(tl.int32), axis=0) < BI:  # the whole run is in registers
+        mi = run & (tl.load(in_first + i, mask=run, other=-1) == i)
+        key = tl.load(in_keys + i, mask=mi, other=0)
+        score = tl.load(in_scores + i, mask=mi, other=0)
+        pos = tl.load(in_pos + i, mask=mi, other=0)
+        before = _comes_before(key[None, :], score[None, :], pos[None, :], key[:, None],
+                               score[:, None], pos[:, None])
+        rank = tl.sum((before & mi[None, :]).to(tl.int32), axis=1)
+        empty, empty_rank, n_empty, order, old_scores = bucket_state(
+            t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
+            tl.sum(mi.to(tl.int32), axis=0), ALLOW_EVICT, CAP_P2)
+        _place(i, mi, key, score, rank, bucket * CAP, empty, empty_rank, n_empty, order,
+               old_scores, in_tags, in_digests, t_keys, t_tags, t_digests, t_scores,
+               out_slots, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
+    else:
+        _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
+                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
+                         ev_keys, ev_tags, ev_scores, start, bucket, ALLOW_EVICT, CAP, CAP_P2,
+                         BI)
 
 
 @triton.jit
@@ -398,11 +418,12 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     _first_kernel[grid](sort_key, s_keys, s_tags, first, n, SENTINEL=sentinel, BLOCK=512)
     evicted = flags[2 * n:].view(torch.int8)
     cap = storage.bucket_capacity
-    _upsert_kernel[(n,)](
+    config = UPSERT_CONFIG
+    _upsert_kernel[(cdiv(n, config["runs"]),)](
         s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, storage.keys,
-        storage.tags,
-        storage.digests, storage.scores, out, evicted, *ev, ALLOW_EVICT=bool(allow_evict),
-        CAP=cap, CAP_P2=next_pow2(cap), BI=16, num_warps=UPSERT_WARPS)
+        storage.tags, storage.digests, storage.scores, out, evicted, *ev,
+        ALLOW_EVICT=bool(allow_evict), CAP=cap, CAP_P2=next_pow2(cap), BI=config["bi"],
+        RUNS=config["runs"], num_warps=config["num_warps"])
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, storage.tags, slots,
         flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, n,
