@@ -316,14 +316,13 @@ class FixedSizeLookup:
         ERROR, at most once a minute under WARNING, never under IGNORE. None: this
         lookup's count is in the device totals (``_count_in_place``)."""
         mode = self.options.check_mode
-        if refused is None:
-            pass
-        elif not isinstance(refused, torch.Tensor) or mode is CheckMode.ERROR:
+        if refused is not None and (not isinstance(refused, torch.Tensor)
+                                    or mode is CheckMode.ERROR):
             self._report_refused(int(refused))
             return
-        else:
+        if refused is not None:
             self._stats["refused"] += refused
-            if mode is not CheckMode.IGNORE:
+            if mode is CheckMode.WARNING:
                 unread = self._refused_unread
                 self._refused_unread = refused if unread is None else unread + refused
         if mode is not CheckMode.WARNING or (
