@@ -307,10 +307,8 @@ class ShardedGraphs:
             order_after_side(keys.device)
             chain.graph.replay()
             out = chain.out
-        if graph_mode:  # the counters went to the table's device totals
-            refused = out["refused"]
-            table._report_refused_fixed(refused.clone() if isinstance(refused, torch.Tensor)
-                                        else refused)
+        if graph_mode:  # the counters went to the table's device totals; ERROR reads now
+            table._report_refused_fixed(out["refused"])
         return out
 
     def _build(self, chain: _Chain) -> None:

@@ -233,7 +233,7 @@ class LookupGraphs:
             slots, values, refused = entry.out
         else:
             slots, values, refused = self._core(entry)
-        # The outputs are the graph's own buffers, rewritten by the next replay.
-        table._report_refused_fixed(refused.clone() if isinstance(refused, torch.Tensor)
-                                    else refused)
+        # A refused count left here (ERROR) is read at once; the slots and rows are the
+        # graph's own buffers, rewritten by the next replay.
+        table._report_refused_fixed(refused)
         return slots[:n].clone(), values[:n].clone()
