@@ -9,8 +9,8 @@ $(VPY):
 	$(PY) -m venv $(VENV)
 
 venv: $(VPY)
-	@$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q -e '.[test]'
+	@$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q --no-cache-dir torch==2.13.0
+	$(VPY) -m pip install -q --no-cache-dir -e '.[test]'
 
 lint: venv
 	$(VPY) -m ruff check hashrec tests benchmarks

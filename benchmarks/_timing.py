@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import statistics
 import time
@@ -53,6 +54,13 @@ def environment() -> dict:
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version()}
+
+
+def command_line() -> str:
+    """The command that ran this benchmark, as typed from the repository root."""
+    import sys
+    script = "benchmarks/" + os.path.basename(sys.argv[0])
+    return " ".join(["python", script, *sys.argv[1:]])
 
 
 def write_results(prefix: str, results: dict, markdown: str) -> None:

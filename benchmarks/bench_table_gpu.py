@@ -39,6 +39,13 @@ def _args() -> argparse.Namespace:
     add_out_and_smoke(p)
     p.add_argument("--profile", action="store_true",
                    help="print a kernel profile of one insert_or_assign and find_or_insert")
+    p.add_argument("--upsert-block", type=int, default=None,
+                   help="insert programs in block form with this many sorted positions "
+                        "each (0: per-position form; default: the library's setting)")
+    p.add_argument("--upsert-width", type=int, default=None,
+                   help="block form: longest run placed in tiles (default: the library's)")
+    p.add_argument("--find-speculate", action="store_true",
+                   help="find reads the row at the lowest digest match before confirming it")
     p.add_argument("--find-configs", nargs="*", default=[],
                    help="extra find launch configs BLOCKxWARPS to time, e.g. 64x8")
     args = parse_with_smoke(p)
@@ -51,11 +58,12 @@ ARGS = _args()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _timing import environment, time_ms, write_results  # noqa: E402
+from _timing import command_line, environment, time_ms, write_results  # noqa: E402
 
 from hashrec.table.ops.export.triton import occupied_slots  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots, find_values  # noqa: E402
+from hashrec.table.ops.insert import upsert as upsert_tt  # noqa: E402
 from hashrec.table.ops.insert.rows import read_or_init_rows, write_rows  # noqa: E402
 from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
 from hashrec.table.ops.insert.upsert import upsert_slots  # noqa: E402
@@ -140,8 +148,16 @@ def _profile(storage: TableStorage, keys: torch.Tensor, vals: torch.Tensor) -> N
 
 
 def main() -> None:
-    results = {"env": environment(), "slots": ARGS.slots, "batch": ARGS.batch,
-               "bucket_capacity": 128, "rows": []}
+    find_tt.FIND_SPECULATE = ARGS.find_speculate or find_tt.FIND_SPECULATE
+    if ARGS.upsert_block is not None:
+        upsert_tt.UPSERT_BLOCK["block"] = ARGS.upsert_block
+    if ARGS.upsert_width is not None:
+        upsert_tt.UPSERT_BLOCK["width"] = ARGS.upsert_width
+    results = {"env": environment(), "command": command_line(), "slots": ARGS.slots,
+               "batch": ARGS.batch, "bucket_capacity": 128,
+               "upsert_config": dict(upsert_tt.UPSERT_CONFIG),
+               "upsert_block": dict(upsert_tt.UPSERT_BLOCK),
+               "find_speculate": find_tt.FIND_SPECULATE, "rows": []}
     for lf in ARGS.load_factors:
         index = TableStorage.empty(ARGS.slots // 128, 128, 1, device=DEVICE)
         offered = _fill(index, lf)
@@ -169,8 +185,10 @@ def _write(results: dict) -> None:
     if ARGS.out:
         env = results["env"]
         write_results(ARGS.out, results,
-                      f"# Table ops on GPU\n\nCommand: `python benchmarks/"
-                      f"bench_table_gpu.py --out benchmarks/results/table_gpu`\n\n"
+                      f"# Table ops on GPU\n\nCommand: `{results['command']}`\n\n"
+                      f"Insert programs: {results['upsert_block']} (block 0: one program "
+                      f"per sorted position, {results['upsert_config']}); find rows "
+                      f"speculated: {results['find_speculate']}.\n\n"
                       f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
                       f"{env['triton']}; {results['slots']} slots (bucket 128), "
                       f"{results['batch']} keys per call, find batches 60% present.\n\n"

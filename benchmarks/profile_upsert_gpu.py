@@ -6,9 +6,12 @@ of bench_table_gpu.py (insert_or_assign, find_or_insert) on fresh 1M-key batches
 
 * ``elapsed_ms``: median device time of one call between syncs (what the
   benchmark reports), ``issue_ms``: median host time to issue the call (no sync);
-* ``configs``: elapsed_ms of insert_or_assign per insert-program launch
-  (``UPSERT_CONFIG``: sorted positions per program, warps, keys in registers), every
-  combination of ``--runs``, ``--warps`` and ``--bi``;
+* ``configs``: elapsed_ms of insert_or_assign per insert-program launch: the
+  per-position form (``UPSERT_CONFIG``: sorted positions per program, warps, keys in
+  registers) for every combination of ``--runs``, ``--warps`` and ``--bi`` when
+  ``--block`` holds 0, and the block form (``UPSERT_BLOCK``: positions per program,
+  longest run in tiles, warps) for every other ``--block`` with ``--width``,
+  ``--warps`` and ``--bi``;
 * ``allocator``: the CUDA caching allocator's counters over the timed calls
   (device mallocs and frees, retries after a failed malloc, syncs of all streams):
   anything but zeros means calls wait on the allocator;
@@ -49,12 +52,16 @@ def _args() -> argparse.Namespace:
                    help="sorted positions per insert program (powers of two)")
     p.add_argument("--bi", type=int, nargs="+", default=[16],
                    help="keys of a run held in registers (powers of two)")
+    p.add_argument("--block", type=int, nargs="+", default=[0],
+                   help="block form: sorted positions per program (0: per-position form)")
+    p.add_argument("--width", type=int, nargs="+", default=[4],
+                   help="block form: longest run placed in tiles")
     p.add_argument("--trace", default=None, help="folder for the profiler timelines")
     add_out_and_smoke(p)
     args = parse_with_smoke(p)
     if args.smoke:
         args.slots, args.batch, args.dim, args.reps, args.warps = 4096, 300, 8, 1, [1]
-        args.runs, args.bi = [1, 4], [16]
+        args.runs, args.bi, args.block, args.width = [1, 4], [16], [0, 16], [4]
     return args
 
 
@@ -168,6 +175,33 @@ def _profiles(ops: dict, batches, trace: str | None = None) -> None:
     print(text.getvalue(), flush=True)
 
 
+def _launches() -> list[tuple[str, dict, dict]]:
+    """(name, UPSERT_CONFIG, UPSERT_BLOCK) of every launch to time."""
+    out = []
+    for block in ARGS.block:
+        if block == 0:
+            for runs, warps, bi in itertools.product(ARGS.runs, ARGS.warps, ARGS.bi):
+                out.append((f"runs={runs} warps={warps} bi={bi}",
+                            {"runs": runs, "num_warps": warps, "bi": bi}, {"block": 0}))
+            continue
+        for width, warps, bi in itertools.product(ARGS.width, ARGS.warps, ARGS.bi):
+            out.append((f"block={block} width={width} warps={warps} bi={bi}", {"bi": bi},
+                        {"block": block, "width": width, "num_warps": warps}))
+    return out
+
+
+def _timed_launch(fn, batches, config: dict, block: dict) -> float:
+    """Median elapsed ms of ``fn`` under one insert-program launch (restored after)."""
+    saved = dict(upsert_tt.UPSERT_CONFIG), dict(upsert_tt.UPSERT_BLOCK)
+    try:
+        upsert_tt.UPSERT_CONFIG.update(config)
+        upsert_tt.UPSERT_BLOCK.update(block)
+        return _timed(fn, batches)[0]
+    finally:
+        upsert_tt.UPSERT_CONFIG.update(saved[0])
+        upsert_tt.UPSERT_BLOCK.update(saved[1])
+
+
 def run_load_factor(lf: float) -> dict:
     index, stored = filled_index(ARGS.slots, lf, DEVICE)
     storage = TableStorage(index.num_buckets, index.bucket_capacity, index.keys, index.tags,
@@ -189,17 +223,11 @@ def run_load_factor(lf: float) -> dict:
         row[name] = dict(zip(("elapsed_ms", "issue_ms"), _timed(fn, batches(), counters)))
         row[name]["allocator"] = counters
         print(f"load factor {lf}: {name} {json.dumps(row[name])}", flush=True)
-    default = dict(upsert_tt.UPSERT_CONFIG)
     row["configs"] = {}
-    try:
-        for runs, warps, bi in itertools.product(ARGS.runs, ARGS.warps, ARGS.bi):
-            upsert_tt.UPSERT_CONFIG.update(runs=runs, num_warps=warps, bi=bi)
-            name = f"runs={runs} warps={warps} bi={bi}"
-            row["configs"][name] = _timed(ops["insert_or_assign"], batches())[0]
-            print(f"load factor {lf}: insert_or_assign {row['configs'][name]:.3f} ms with "
-                  f"{name}", flush=True)
-    finally:
-        upsert_tt.UPSERT_CONFIG.update(default)
+    for name, config, block in _launches():
+        row["configs"][name] = _timed_launch(ops["insert_or_assign"], batches(), config, block)
+        print(f"load factor {lf}: insert_or_assign {row['configs'][name]:.3f} ms with "
+              f"{name}", flush=True)
     trace = None
     if ARGS.trace:
         os.makedirs(ARGS.trace, exist_ok=True)

@@ -3,14 +3,16 @@
 The table is filled directly (random keys placed by a vectorized bucket sort, no
 insert kernel), then for each load factor and dim every variant runs
 ``find_values`` on the same batch (60% present) and its slots are compared with
-``reference.find_slots``. Variants:
+``reference.find_slots`` and its rows with the table's. Variants:
 
 * ``words``: the shipped probe (digest line as 32-bit words, exact SWAR byte match,
   two candidates per round) at each BLOCKxWARPS config;
 * ``bytes``: the same probe on the digest bytes (the fallback for bucket
   capacities that are not a multiple of 4);
-* ``kernel``: ``words`` at the default config, timed as back-to-back launches into
-  preallocated outputs (GPU throughput without per-call host work).
+* ``spec``: ``words`` reading the row at the lowest digest match together with the
+  keys that confirm it (``FIND_SPECULATE``), one round of memory latency less;
+* ``kernel``: ``words`` (and ``spec``) at the default config, timed as back-to-back
+  launches into preallocated outputs (GPU throughput without per-call host work).
 
 Each timing is the median of ``--reps`` single calls between syncs (as in
 bench_table_gpu.py), in B-KV/s (1e9 keys per second).
@@ -37,6 +39,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--dims", type=int, nargs="+", default=[8, 128])
     p.add_argument("--configs", nargs="+",
                    default=["32x2", "32x4", "64x2", "64x4", "64x8", "128x4", "128x8", "256x8"])
+    p.add_argument("--kinds", nargs="+", default=["words", "bytes", "spec"],
+                   choices=["words", "bytes", "spec"], help="probe variants to time")
     p.add_argument("--reps", type=int, default=10)
     add_out_and_smoke(p)
     args = parse_with_smoke(p)
@@ -52,7 +56,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import triton  # noqa: E402
 from _table_fill import CAP, filled_index, random_keys  # noqa: E402
-from _timing import environment, time_ms, write_results  # noqa: E402
+from _timing import command_line, environment, time_ms, write_results  # noqa: E402
 
 from hashrec.table.ops.find import reference  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
@@ -69,7 +73,8 @@ def _bytes_config(storage: TableStorage, keys: torch.Tensor, values: torch.Tenso
     block = max(1, min(block, 16384 // max(CAP, dim_p2)))
     find_tt._find_kernel[(triton.cdiv(n, block),)](
         keys, keys, storage.keys, storage.tags, storage.digests, storage.values, slots, values,
-        n, storage.num_buckets, HAS_TAGS=False, WITH_VALUES=True, CAP=CAP, LINE=CAP,
+        n, storage.num_buckets, HAS_TAGS=False, WITH_VALUES=True, SPECULATE=False, CAP=CAP,
+        LINE=CAP,
         WORDS=False, POW2=True, ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2, BLOCK=block,
         num_warps=warps)
 
@@ -78,11 +83,14 @@ def _variants() -> dict:
     out = {}
     for cfg in ARGS.configs:
         block, warps = (int(x) for x in cfg.split("x"))
-        config = {"block": block, "num_warps": warps}
-        out[f"words {cfg}"] = (lambda c: lambda s, k, v, o: find_tt.launch_find(
-            s, k, None, o, v, c))(config)
-        out[f"bytes {cfg}"] = (lambda b, w: lambda s, k, v, o: _bytes_config(
-            s, k, v, o, b, w))(block, warps)
+        for kind in ARGS.kinds:
+            if kind == "bytes":
+                out[f"bytes {cfg}"] = (lambda b, w: lambda s, k, v, o: _bytes_config(
+                    s, k, v, o, b, w))(block, warps)
+                continue
+            config = {"block": block, "num_warps": warps, "speculate": kind == "spec"}
+            out[f"{kind} {cfg}"] = (lambda c: lambda s, k, v, o: find_tt.launch_find(
+                s, k, None, o, v, c))(config)
     return out
 
 
@@ -116,10 +124,14 @@ def sweep_dim(index: TableStorage, stored: torch.Tensor, dim: int) -> dict:
     slots = torch.empty(n, dtype=torch.int64, device=DEVICE)
     values = torch.empty(n, dim, device=DEVICE)
     row = {"dim": dim, "hit_rate": float((expected >= 0).float().mean()), "bkvs": {}}
+    hit = expected >= 0
+    want_rows = storage.values[expected[hit]]
     for name, fn in _variants().items():
         slots.fill_(-7)
+        values.fill_(-7.0)
         fn(storage, probe, values, slots)
-        if not torch.equal(slots, expected):
+        if not (torch.equal(slots, expected) and torch.equal(values[hit], want_rows)
+                and bool((values[~hit] == 0).all())):
             row["bkvs"][name] = "MISMATCH"
             continue
         row["bkvs"][name] = n / time_ms(lambda f=fn: f(storage, probe, values, slots),
@@ -131,12 +143,16 @@ def sweep_dim(index: TableStorage, stored: torch.Tensor, dim: int) -> dict:
         n / time_ms(_e2e(storage, probe, dim), ARGS.reps) / 1e6 if ok else "MISMATCH")
     row["bkvs"]["kernel back to back"] = n / _back_to_back_ms(
         lambda: find_tt.launch_find(storage, probe, None, slots, values)) / 1e6
+    if "spec" in ARGS.kinds:
+        default = {**find_tt._config(triton.next_power_of_2(dim)), "speculate": True}
+        row["bkvs"]["spec kernel back to back"] = n / _back_to_back_ms(
+            lambda: find_tt.launch_find(storage, probe, None, slots, values, default)) / 1e6
     return row
 
 
 def main() -> None:
-    results = {"env": environment(), "slots": ARGS.slots, "batch": ARGS.batch,
-               "bucket_capacity": CAP, "rows": []}
+    results = {"env": environment(), "command": command_line(), "slots": ARGS.slots,
+               "batch": ARGS.batch, "bucket_capacity": CAP, "rows": []}
     for lf in ARGS.load_factors:
         index, stored = filled_index(ARGS.slots, lf, DEVICE)
         real_lf = index.size() / index.capacity
@@ -163,12 +179,11 @@ def _write(results: dict) -> None:
     if ARGS.out:
         env = results["env"]
         write_results(ARGS.out, results,
-                      f"# find variants on GPU (B-KV/s)\n\nCommand: `python benchmarks/"
-                      f"sweep_find_gpu.py --out benchmarks/results/find_sweep_gpu`\n\n"
+                      f"# find variants on GPU (B-KV/s)\n\nCommand: `{results['command']}`\n\n"
                       f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
                       f"{env['triton']}; {results['slots']} slots (bucket {CAP}), "
                       f"{results['batch']} keys per call, 60% present; every variant's "
-                      f"slots equal the reference's (else MISMATCH).\n\n{table}\n")
+                      f"slots and rows equal the reference's (else MISMATCH).\n\n{table}\n")
 
 
 if __name__ == "__main__":

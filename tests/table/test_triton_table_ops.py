@@ -97,7 +97,9 @@ def test_hash_keys_matches_hashing_bit_for_bit(num_buckets):
 @pytest.mark.parametrize("num_buckets,cap,n", [(1, 8, 12), (5, 16, 60), (4, 16, 60),
                                                (3, 128, 200)],
                          ids=["nb1-cap8", "nb5-cap16", "nb4-cap16", "nb3-cap128"])
-def test_find_matches_reference(num_buckets, cap, n, tagged):
+@pytest.mark.parametrize("speculate", [False, True], ids=["rows-after", "rows-speculated"])
+def test_find_matches_reference(monkeypatch, num_buckets, cap, n, tagged, speculate):
+    monkeypatch.setattr(find_tt, "FIND_SPECULATE", speculate)
     storage, keys, tags = _filled(num_buckets, cap, n, seed=n, tagged=tagged)
     gen = torch.Generator().manual_seed(1)
     probe = torch.cat([keys, _random_keys(20, gen).to(DEVICE)])
@@ -161,11 +163,22 @@ def _colliding_bucket(cap: int, seed: int) -> tuple[TableStorage, torch.Tensor, 
 
 @pytest.mark.parametrize("cap", [6, 8, 40, 128])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_find_with_colliding_digests_matches_reference(cap, seed):
+@pytest.mark.parametrize("speculate", [False, True], ids=["rows-after", "rows-speculated"])
+def test_find_with_colliding_digests_matches_reference(monkeypatch, cap, seed, speculate):
+    """Slots and rows: most probes' first digest match is not their slot (a speculated
+    row read at it must be replaced)."""
+    monkeypatch.setattr(find_tt, "FIND_SPECULATE", speculate)
     storage, probes, _ = _colliding_bucket(cap, seed)
+    storage.values.copy_(torch.arange(storage.values.numel(), dtype=storage.values.dtype,
+                                      device=DEVICE).view_as(storage.values) + 1)
     for tags in (None, torch.ones_like(probes, dtype=torch.int32)):
         expected = find_ref.find_slots(storage, probes, tags)
         assert torch.equal(find_tt.find_slots(storage, probes, tags), expected)
+        slots, values = find_tt.find_values(storage, probes, tags)
+        assert torch.equal(slots, expected)
+        hit = expected >= 0
+        assert torch.equal(values[hit], storage.values[expected[hit]])
+        assert bool((values[~hit] == 0).all())
     assert bool((find_ref.find_slots(storage, probes[1:]) >= 0).all())
 
 
@@ -272,9 +285,11 @@ def _reference_upsert(storage: TableStorage, keys, tags, scores, allow_evict):
     """find, then insert each missing key once (first occurrence's score) via the reference."""
     slots = find_ref.find_slots(storage, keys, tags)
     miss = torch.nonzero(slots < 0).flatten().cpu()
+    host_keys = keys.cpu().tolist()
+    host_tags = [0] * len(host_keys) if tags is None else tags.cpu().tolist()
     seen, firsts = set(), []
     for i in miss.tolist():
-        ident = (int(keys[i]), 0 if tags is None else int(tags[i]))
+        ident = (host_keys[i], host_tags[i])
         if ident not in seen:
             seen.add(ident)
             firsts.append(i)
@@ -284,28 +299,26 @@ def _reference_upsert(storage: TableStorage, keys, tags, scores, allow_evict):
     return find_ref.find_slots(storage, keys, tags), res
 
 
-# Insert-program launches: one sorted position per program; several, each with runs
-# in registers; several, with runs longer than the registers' chunk.
-LAUNCHES = {"runs1": {"runs": 1, "bi": 16}, "runs4": {"runs": 4, "bi": 16},
-            "runs8-chunked": {"runs": 8, "bi": 4}}
+# Insert-program launches (UPSERT_CONFIG, UPSERT_BLOCK): one sorted position per program;
+# several, each with runs in registers; several, with runs longer than the registers'
+# chunk; and the block form, with runs of up to 4 or 2 misses in tiles (the rest per
+# run, chunked in the last).
+LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}, 0),
+            "runs8-chunked": ({"runs": 8, "bi": 4}, 0),
+            "block8-w4": ({"bi": 16}, {"block": 8, "width": 4}),
+            "block64-w2-chunked": ({"bi": 4}, {"block": 64, "width": 2}),
+            "block1-w1": ({"bi": 16}, {"block": 1, "width": 1})}
 
 
-@pytest.mark.parametrize("launch", list(LAUNCHES))
-@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
-@pytest.mark.parametrize("num_buckets,tagged", [(4, False), (3, True)], ids=["nb4", "nb3-tagged"])
-def test_upsert_matches_find_then_reference_insert(monkeypatch, num_buckets, tagged,
-                                                   allow_evict, launch):
-    monkeypatch.setattr(upsert_tt, "UPSERT_CONFIG",
-                        {**upsert_tt.UPSERT_CONFIG, **LAUNCHES[launch]})
-    base, keys, tags = _filled(num_buckets, 16, 40, seed=5, tagged=tagged)
-    gen = torch.Generator().manual_seed(6)
-    new = _random_keys(50, gen).to(DEVICE)
-    batch = torch.cat([keys[:10], new, new[:7], keys[3:6]])  # present, new, repeats
-    btags = (torch.randint(0, 3, batch.shape, dtype=torch.int32, generator=gen).to(DEVICE)
-             if tagged else None)
-    if tagged:
-        btags[60:67] = btags[10:17]
-    scores = torch.randint(0, 8, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+def _use_launch(monkeypatch, launch: str) -> None:
+    config, block = LAUNCHES[launch]
+    monkeypatch.setattr(upsert_tt, "UPSERT_CONFIG", {**upsert_tt.UPSERT_CONFIG, **config})
+    monkeypatch.setattr(upsert_tt, "UPSERT_BLOCK",
+                        {**upsert_tt.UPSERT_BLOCK, **(block or {"block": 0})})
+
+
+def _check_upsert(base: TableStorage, batch, btags, scores, allow_evict) -> None:
+    """The upsert of ``batch`` equals find + the reference insert of each miss once."""
     ref_storage, tt_storage = _clone(base), _clone(base)
     want, ref = _reference_upsert(ref_storage, batch, btags, scores, allow_evict)
     before = find_ref.find_slots(tt_storage, batch, btags)
@@ -319,6 +332,47 @@ def test_upsert_matches_find_then_reference_insert(monkeypatch, num_buckets, tag
     ev = got.evicted
     assert ev.shape == batch.shape
     assert sorted(got.evicted_keys[ev].tolist()) == sorted(ref.evicted_keys.tolist())
+    assert sorted(got.evicted_scores[ev].tolist()) == sorted(ref.evicted_scores.tolist())
+
+
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
+@pytest.mark.parametrize("num_buckets,tagged", [(4, False), (3, True)], ids=["nb4", "nb3-tagged"])
+def test_upsert_matches_find_then_reference_insert(monkeypatch, num_buckets, tagged,
+                                                   allow_evict, launch):
+    _use_launch(monkeypatch, launch)
+    base, keys, tags = _filled(num_buckets, 16, 40, seed=5, tagged=tagged)
+    gen = torch.Generator().manual_seed(6)
+    new = _random_keys(50, gen).to(DEVICE)
+    batch = torch.cat([keys[:10], new, new[:7], keys[3:6]])  # present, new, repeats
+    btags = (torch.randint(0, 3, batch.shape, dtype=torch.int32, generator=gen).to(DEVICE)
+             if tagged else None)
+    if tagged:
+        btags[60:67] = btags[10:17]
+    scores = torch.randint(0, 8, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+    _check_upsert(base, batch, btags, scores, allow_evict)
+
+
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+def test_upsert_short_runs_into_full_buckets_match_reference(monkeypatch, tagged, allow_evict,
+                                                             launch):
+    """Many buckets, most runs of 1-4 misses, buckets about 80% full: the block form's
+    tiles place most runs (empty slots by rank, victims by score), the rest go per run."""
+    _use_launch(monkeypatch, launch)
+    base, keys, tags = _filled(64, 8, 420, seed=41, tagged=tagged)
+    gen = torch.Generator().manual_seed(42)
+    present = keys[find_ref.find_slots(base, keys, tags) >= 0]
+    new = _random_keys(130, gen).to(DEVICE)
+    batch = torch.cat([present[:40], new, new[5:25], present[40:45]])
+    btags = None
+    if tagged:
+        ptags = tags[find_ref.find_slots(base, keys, tags) >= 0]
+        ntags = torch.randint(0, 3, new.shape, dtype=torch.int32, generator=gen).to(DEVICE)
+        btags = torch.cat([ptags[:40], ntags, ntags[5:25], ptags[40:45]])
+    scores = torch.randint(0, 6, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+    _check_upsert(base, batch, btags, scores, allow_evict)
 
 
 @pytest.mark.parametrize("narrow_max_shift", [29, 0], ids=["sort-32bit", "sort-64bit"])
@@ -381,8 +435,7 @@ def test_write_rows_writes_only_masked_slots():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("launch", list(LAUNCHES))
 def test_large_upsert_matches_reference_on_gpu(monkeypatch, launch):
-    monkeypatch.setattr(upsert_tt, "UPSERT_CONFIG",
-                        {**upsert_tt.UPSERT_CONFIG, **LAUNCHES[launch]})
+    _use_launch(monkeypatch, launch)
     base, keys, _ = _filled(4096, 128, 400_000, seed=13, row_dim=8)
     gen = torch.Generator().manual_seed(14)
     new = _random_keys(300_000, gen).to(DEVICE)
@@ -395,6 +448,26 @@ def test_large_upsert_matches_reference_on_gpu(monkeypatch, launch):
     got = upsert_tt.upsert_slots(tt_storage, batch, None, scores, True)
     assert torch.equal(got.slots, find_ref.find_slots(ref_storage, batch))
     _assert_same_index(tt_storage, ref_storage)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("launch", ["runs1", "block8-w4", "block64-w2-chunked"])
+@pytest.mark.parametrize("num_buckets,cap,n_fill,n_new", [(65536, 128, 7_000_000, 150_000),
+                                                          (2048, 1024, 2_000_000, 6_000)],
+                         ids=["cap128", "cap1024"])
+def test_large_short_runs_upsert_matches_reference_on_gpu(monkeypatch, launch, num_buckets,
+                                                          cap, n_fill, n_new):
+    """Buckets 80-95% full and one or two new keys per bucket: mostly short runs, many
+    of them evicting (the block form's tiles at size, both bucket sizes)."""
+    _use_launch(monkeypatch, launch)
+    base, keys, _ = _filled(num_buckets, cap, n_fill, seed=15, row_dim=1)
+    gen = torch.Generator().manual_seed(16)
+    new = _random_keys(n_new, gen).to(DEVICE)
+    present = keys[find_ref.find_slots(base, keys) >= 0][:n_new]
+    batch = torch.cat([present, new, new[: n_new // 10]])
+    scores = torch.randint(0, 100, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+    _check_upsert(base, batch, None, scores, True)
 
 
 @pytest.mark.parametrize("allow_evict", [False, True], ids=["no_evict", "evict"])
@@ -414,3 +487,24 @@ def test_upsert_active_mask_equals_upsert_of_the_active_keys(allow_evict):
     assert not bool((got.created[~active] | got.inserted[~active]).any())
     assert torch.equal(got.created[active], want.created)
     assert int(got.evicted.sum()) == int(want.evicted.sum())
+
+
+def test_upsert_block_setting_from_environment(monkeypatch):
+    from hashrec.table.ops.insert import upsert_block
+    monkeypatch.setenv("HASHREC_UPSERT_BLOCK", "32")
+    assert upsert_block._block_from_env() == 32
+    monkeypatch.delenv("HASHREC_UPSERT_BLOCK")
+    assert upsert_block._block_from_env() == 0
+    for bad in ("24", "-4", "many"):
+        monkeypatch.setenv("HASHREC_UPSERT_BLOCK", bad)
+        with pytest.raises(ValueError, match="HASHREC_UPSERT_BLOCK"):
+            upsert_block._block_from_env()
+
+
+def test_upsert_block_positions_keep_tiles_near_their_budget():
+    from hashrec.table.ops.insert.upsert_block import block_positions
+    assert block_positions(64, 8192, 128) == 64
+    assert block_positions(64, 8192, 1024) == 8  # the admission counters' buckets
+    assert block_positions(64, 8192, 100) == 64  # padded to 128
+    assert block_positions(4, 8192, 8) == 4
+    assert block_positions(64, 512, 1024) == 1

@@ -88,20 +88,22 @@ def _confirm(t_keys, t_tags, slot, live, key, tag):
 
 
 @triton.jit
-def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl.constexpr,
-                 LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr):
-    """Slot of each (key, tag) in its bucket, -1 when absent: (BLOCK,) int64.
-
-    A key is stored at most once, so any full match is the answer; the two lowest
-    digest matches are confirmed together, later ones one per loop round.
-    """
+def _probe_start(key, tag, mask, t_digests, num_buckets, CAP: tl.constexpr, LINE: tl.constexpr,
+                 WORDS: tl.constexpr, POW2: tl.constexpr):
+    """First half of the probe: (bucket's first slot, candidates, their columns, the lowest
+    candidate's column, CAP when none)."""
     h = tagged_hash(key, tag)
     bucket = bucket_of_fast(h, num_buckets, POW2)
     cand, col = _candidates(t_digests, bucket, digest_of(h), mask, CAP, LINE, WORDS)
-    first = _first_candidate(cand, col, WORDS, CAP)
+    return bucket * CAP, cand, col, _first_candidate(cand, col, WORDS, CAP)
+
+
+@triton.jit
+def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP: tl.constexpr,
+                  WORDS: tl.constexpr):
+    """Second half: the slot holding (key, tag) among the candidates, -1 when none does."""
     cand = _drop_through(cand, col, first, WORDS)
     second = _first_candidate(cand, col, WORDS, CAP)
-    base = bucket * CAP
     hit1 = _confirm(t_keys, t_tags, base + first, first < CAP, key, tag)
     hit2 = _confirm(t_keys, t_tags, base + second, second < CAP, key, tag)
     found = tl.where(hit1, base + first, tl.where(hit2, base + second, -1))
@@ -117,25 +119,54 @@ def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl
     return found
 
 
+@triton.jit
+def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl.constexpr,
+                 LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr):
+    """Slot of each (key, tag) in its bucket, -1 when absent: (BLOCK,) int64.
+
+    A key is stored at most once, so any full match is the answer; the two lowest
+    digest matches are confirmed together, later ones one per loop round.
+    """
+    base, cand, col, first = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE,
+                                          WORDS, POW2)
+    return _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP, WORDS)
+
+
 @fast_launch
 @triton.jit
 def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_slots,
                  out_values, n, num_buckets, HAS_TAGS: tl.constexpr, WITH_VALUES: tl.constexpr,
-                 CAP: tl.constexpr, LINE: tl.constexpr, WORDS: tl.constexpr,
-                 POW2: tl.constexpr, ROW_DIM: tl.constexpr, DIM: tl.constexpr,
-                 DIM_P2: tl.constexpr, BLOCK: tl.constexpr):
+                 SPECULATE: tl.constexpr, CAP: tl.constexpr, LINE: tl.constexpr,
+                 WORDS: tl.constexpr, POW2: tl.constexpr, ROW_DIM: tl.constexpr,
+                 DIM: tl.constexpr, DIM_P2: tl.constexpr, BLOCK: tl.constexpr):
+    """Slots (and rows) of BLOCK keys. With SPECULATE, the row at the lowest digest match
+    is read together with the keys that confirm it: the match is almost always there,
+    and the row no longer waits for the confirmation (one round of memory latency
+    less); a key found at a later match reads its row afterwards."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     key = tl.load(keys_ptr + offs, mask=mask, other=0)
     tag = load_tags(tags_ptr, offs, mask, HAS_TAGS)
-    slot = probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP, LINE,
-                        WORDS, POW2)
+    base, cand, ccol, first = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE,
+                                           WORDS, POW2)
+    col = tl.arange(0, DIM_P2)
+    cmask = col[None, :] < DIM
+    if WITH_VALUES and SPECULATE:
+        guess = base + first
+        row = tl.load(t_values + guess[:, None] * ROW_DIM + col[None, :],
+                      mask=(mask & (first < CAP))[:, None] & cmask, other=0.0)
+    slot = _probe_finish(key, tag, t_keys, t_tags, base, cand, ccol, first, CAP, WORDS)
     tl.store(out_slots + offs, slot, mask=mask)
     if WITH_VALUES:
-        col = tl.arange(0, DIM_P2)
-        cmask = col[None, :] < DIM
         found = (slot >= 0)[:, None] & cmask
-        row = tl.load(t_values + slot[:, None] * ROW_DIM + col[None, :], mask=found, other=0.0)
+        if SPECULATE:
+            late = found & (slot != guess)[:, None]
+            row = tl.where(late, tl.load(t_values + slot[:, None] * ROW_DIM + col[None, :],
+                                         mask=late, other=0.0), row)
+            row = tl.where(found, row, 0.0)
+        else:
+            row = tl.load(t_values + slot[:, None] * ROW_DIM + col[None, :], mask=found,
+                          other=0.0)
         tl.store(out_values + offs[:, None] * DIM + col[None, :], row,
                  mask=mask[:, None] & cmask)
 
@@ -144,6 +175,9 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
 # of a sweep on an H200: 64 keys and 2 warps for slots or narrow rows, 4 warps for
 # rows wider than 32 columns). Benchmarks may set it.
 FIND_CONFIG: dict | None = None
+# Whether find_values reads the row at the lowest digest match before the match is
+# confirmed (``_find_kernel``); off until timed on a GPU (benchmarks/sweep_find_gpu.py).
+FIND_SPECULATE = False
 
 
 def _config(dim_p2: int) -> dict:
@@ -186,6 +220,7 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         keys, tags if tags is not None else keys, storage.keys, storage.tags, line,
         storage.values, slots, values if values is not None else slots, n,
         storage.num_buckets, HAS_TAGS=tags is not None, WITH_VALUES=values is not None,
+        SPECULATE=values is not None and config.get("speculate", FIND_SPECULATE),
         CAP=storage.bucket_capacity, LINE=width, WORDS=words,
         POW2=is_pow2(storage.num_buckets), ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2,
         BLOCK=block, num_warps=config["num_warps"])

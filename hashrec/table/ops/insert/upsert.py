@@ -15,7 +15,9 @@ launch has a grid fixed by the batch size n, so nothing is read back on the host
 4. one program per ``UPSERT_CONFIG["runs"]`` sorted positions; a position that
    starts a bucket's run of misses applies the pinned insert rule
    (``insert/triton.py``) to the run's first occurrences (the others, hits
-   included, have nothing to do);
+   included, have nothing to do). With ``UPSERT_BLOCK["block"]`` set (or the
+   environment's ``HASHREC_UPSERT_BLOCK``), one program per block of positions
+   places its short runs together instead (``upsert_block.py``);
 5. one kernel writes every key's final slot and flags back in batch order.
 
 The insert is independent of thread timing: a bucket is written by one program,
@@ -41,7 +43,12 @@ from hashrec.table._triton_hash import (
 )
 from hashrec.table.ops.find.triton import digest_line, probe_block, probe_bucket
 from hashrec.table.ops.insert.rows import write_rows
-from hashrec.table.ops.insert.triton import bucket_state, write_entries
+from hashrec.table.ops.insert.runs import insert_run
+from hashrec.table.ops.insert.upsert_block import (
+    UPSERT_BLOCK,
+    block_positions,
+    upsert_block_kernel,
+)
 from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 from hashrec.table.storage import TableStorage
 
@@ -158,53 +165,6 @@ def _first_kernel(sort_ptr, keys_ptr, tags_ptr, first_ptr, m, SENTINEL: tl.const
     tl.store(first_ptr + i, first, mask=i < m)
 
 
-@triton.jit
-def _run_end(bucket_ptr, p, bucket, m):
-    """End (exclusive) of the run of equal buckets that starts at p."""
-    end = p + 1
-    go = end < m
-    while go:
-        same = tl.load(bucket_ptr + end) == bucket
-        end = tl.where(same, end + 1, end)
-        go = same & (end < m)
-    return end
-
-
-@triton.jit
-def _count_firsts(in_first, start, end, BI: tl.constexpr):
-    """Number of first occurrences in the run [start, end)."""
-    count = tl.sum(tl.zeros([BI], dtype=tl.int32), axis=0)
-    c = start
-    while c < end:
-        j = c + tl.arange(0, BI)
-        mj = j < end
-        count += tl.sum((mj & (tl.load(in_first + j, mask=mj, other=-1) == j)).to(tl.int32),
-                        axis=0)
-        c += BI
-    return count
-
-
-@triton.jit
-def _rank_firsts(in_keys, in_scores, in_first, in_pos, pos, key, score, start, end,
-                 BI: tl.constexpr):
-    """Rank of first occurrences (at batch positions ``pos``) among the run's by
-    (score desc, key asc, batch position asc)."""
-    rank = tl.zeros([BI], dtype=tl.int32)
-    c = start
-    while c < end:
-        j = c + tl.arange(0, BI)
-        mj = j < end
-        mj = mj & (tl.load(in_first + j, mask=mj, other=-1) == j)
-        kj = tl.load(in_keys + j, mask=mj, other=0)
-        sj = tl.load(in_scores + j, mask=mj, other=0)
-        pj = tl.load(in_pos + j, mask=mj, other=0)
-        before = _comes_before(kj[None, :], sj[None, :], pj[None, :], key[:, None],
-                               score[:, None], pos[:, None])
-        rank += tl.sum((before & mj[None, :]).to(tl.int32), axis=1)
-        c += BI
-    return rank
-
-
 @fast_launch
 @triton.jit
 def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
@@ -221,95 +181,11 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
     for r in tl.static_range(RUNS):  # hits, sorted last, open nothing
         this = opens & (lane == r)
         if tl.max(this.to(tl.int32), axis=0) > 0:
-            _insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
+            insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
                         ev_keys, ev_tags, ev_scores, tl.sum(tl.where(this, at, 0), axis=0),
                         tl.sum(tl.where(this, buckets, 0), axis=0), ALLOW_EVICT, CAP, CAP_P2,
                         BI)
-
-
-@triton.jit
-def _insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
-                t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
-                ev_scores, start, bucket, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
-                CAP_P2: tl.constexpr, BI: tl.constexpr):
-    """Inserts the run of misses of ``bucket`` that opens at sorted position ``start``."""
-    i = start + tl.arange(0, BI)
-    run = (i < m) & (tl.load(in_bucket + i, mask=i < m, other=-1) == bucket)
-    if tl.sum(run.to(tl.int32), axis=0) < BI:  # the whole run is in registers
-        mi = run & (tl.load(in_first + i, mask=run, other=-1) == i)
-        key = tl.load(in_keys + i, mask=mi, other=0)
-        score = tl.load(in_scores + i, mask=mi, other=0)
-        pos = tl.load(in_pos + i, mask=mi, other=0)
-        before = _comes_before(key[None, :], score[None, :], pos[None, :], key[:, None],
-                               score[:, None], pos[:, None])
-        rank = tl.sum((before & mi[None, :]).to(tl.int32), axis=1)
-        empty, empty_rank, n_empty, order, old_scores = bucket_state(
-            t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
-            tl.sum(mi.to(tl.int32), axis=0), ALLOW_EVICT, CAP_P2)
-        _place(i, mi, key, score, rank, bucket * CAP, empty, empty_rank, n_empty, order,
-               old_scores, in_tags, in_digests, t_keys, t_tags, t_digests, t_scores,
-               out_slots, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
-    else:
-        _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
-                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
-                         ev_keys, ev_tags, ev_scores, start, bucket, ALLOW_EVICT, CAP, CAP_P2,
-                         BI)
-
-
-@triton.jit
-def _comes_before(kj, sj, j, key, score, i):
-    """Whether incoming j precedes i in the order (score desc, key asc, position asc):
-    the same key under two tags ties on score and key, and the batch position orders
-    them as the reference insert does."""
-    tie = (kj < key) | ((kj == key) & (j < i))
-    return (sj > score) | ((sj == score) & tie)
-
-
-@triton.jit
-def _place(i, mi, key, score, rank, base, empty, empty_rank, n_empty, order, old_scores,
-           in_tags, in_digests, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
-           ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr, CAP_P2: tl.constexpr):
-    """Slots of the incoming keys ``i`` (where ``mi``) from their ranks, per the rule."""
-    col = tl.arange(0, CAP_P2)
-    to_empty = empty[None, :] & (empty_rank[None, :] == rank[:, None])
-    victim = order[None, :] == (rank - n_empty)[:, None]
-    victim = victim & (score[:, None] >= old_scores[None, :]) & (rank >= n_empty)[:, None]
-    take = (to_empty | victim) & mi[:, None]
-    slot_col = tl.min(tl.where(take, col[None, :], CAP_P2), axis=1)
-    ok = mi & (slot_col < CAP_P2)
-    slot = base + slot_col
-    ev = ok & (tl.max(victim.to(tl.int32), axis=1) > 0)
-    write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
-                  t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT)
-    tl.store(out_slots + i, tl.where(ok, slot, -1), mask=mi)
-
-
-@triton.jit
-def _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
-                     m, t_keys,
-                     t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags,
-                     ev_scores, start, bucket, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
-                     CAP_P2: tl.constexpr, BI: tl.constexpr):
-    """The insert rule for a run of >= BI misses, chunk by chunk."""
-    end = _run_end(in_bucket, start, bucket, m)
-    empty, empty_rank, n_empty, order, old_scores = bucket_state(
-        t_digests, t_scores, bucket * CAP, tl.arange(0, CAP_P2) < CAP,
-        _count_firsts(in_first, start, end, BI), ALLOW_EVICT, CAP_P2)
-    c = start
-    while c < end:
-        i = c + tl.arange(0, BI)
-        mi = i < end
-        mi = mi & (tl.load(in_first + i, mask=mi, other=-1) == i)
-        key = tl.load(in_keys + i, mask=mi, other=0)
-        score = tl.load(in_scores + i, mask=mi, other=0)
-        pos = tl.load(in_pos + i, mask=mi, other=0)
-        rank = _rank_firsts(in_keys, in_scores, in_first, in_pos, pos, key, score, start, end,
-                            BI)
-        _place(i, mi, key, score, rank, bucket * CAP, empty, empty_rank, n_empty, order,
-               old_scores, in_tags, in_digests, t_keys, t_tags, t_digests, t_scores,
-               out_slots, out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
-        c += BI
 
 
 @fast_launch
@@ -418,12 +294,18 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     _first_kernel[grid](sort_key, s_keys, s_tags, first, n, SENTINEL=sentinel, BLOCK=512)
     evicted = flags[2 * n:].view(torch.int8)
     cap = storage.bucket_capacity
-    config = UPSERT_CONFIG
-    _upsert_kernel[(cdiv(n, config["runs"]),)](
-        s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, storage.keys,
-        storage.tags, storage.digests, storage.scores, out, evicted, *ev,
-        ALLOW_EVICT=bool(allow_evict), CAP=cap, CAP_P2=next_pow2(cap), BI=config["bi"],
-        RUNS=config["runs"], num_warps=config["num_warps"])
+    config, block = UPSERT_CONFIG, UPSERT_BLOCK
+    args = (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, storage.keys,
+            storage.tags, storage.digests, storage.scores, out, evicted, *ev)
+    if block["block"]:
+        b = block_positions(block["block"], block["elements"], cap)
+        upsert_block_kernel[(cdiv(n, b),)](
+            *args, ALLOW_EVICT=bool(allow_evict), CAP=cap, CAP_P2=next_pow2(cap),
+            BI=config["bi"], B=b, W=block["width"], num_warps=block["num_warps"])
+    else:
+        _upsert_kernel[(cdiv(n, config["runs"]),)](
+            *args, ALLOW_EVICT=bool(allow_evict), CAP=cap, CAP_P2=next_pow2(cap),
+            BI=config["bi"], RUNS=config["runs"], num_warps=config["num_warps"])
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, storage.tags, slots,
         flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, n,

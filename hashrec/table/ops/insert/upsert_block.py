@@ -1,0 +1,170 @@
+"""The upsert's insert step in block form: one program per block of sorted positions.
+
+The per-position form (``upsert._upsert_kernel``) gives every sorted position a
+program, and a position that opens a run of misses walks its bucket alone: about
+one dependent chain of loads per run. Here one program serves ``B`` consecutive
+sorted positions and places every short run that opens among them at once:
+
+- a run of at most ``W`` misses is read as ``W`` lanes per position, ranked with
+  ``W * W`` vector compares, and placed from (B, bucket) tiles of its bucket:
+  rank r < n_empty takes the r-th empty slot (a row cumsum), and with eviction,
+  rank n_empty + j takes the j-th lowest entry by (score asc, slot asc), found by
+  ``W`` rounds of a row minimum, when its score is at least that entry's;
+- a longer run goes through the per-run path (``runs.insert_run``), one at a time.
+
+The rule and its outcome are those of the per-position form: a run is placed by
+the program where it opens, from its bucket as it was before the call, so results
+do not depend on thread timing. ``B`` is bounded so that a tile holds about
+``UPSERT_BLOCK["elements"]`` values: 1,024-slot buckets get 8 positions a program.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+from hashrec.table.ops.insert.runs import comes_before, insert_run
+from hashrec.table.ops.insert.triton import write_entries
+from hashrec.table.ops.launch import fast_launch, next_pow2
+
+__all__ = ["UPSERT_BLOCK", "block_positions", "upsert_block_kernel"]
+
+
+def _block_from_env() -> int:
+    raw = os.environ.get("HASHREC_UPSERT_BLOCK", "0")
+    try:
+        block = int(raw)
+    except ValueError:
+        raise ValueError(f"HASHREC_UPSERT_BLOCK must be an integer, got {raw!r}") from None
+    if block < 0 or block & (block - 1):
+        raise ValueError(f"HASHREC_UPSERT_BLOCK must be 0 (off) or a power of two, got {block}")
+    return block
+
+
+# block: sorted positions per program (a power of two; 0 keeps the per-position form);
+# width: the longest run placed in tiles; elements: the budget of one (B, bucket) tile.
+UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192}
+
+_MAX_SCORE = 0x7FFFFFFFFFFFFFFF
+
+
+def block_positions(block: int, elements: int, cap: int) -> int:
+    """Sorted positions per program: ``block``, at most ``elements`` // the padded bucket."""
+    return max(1, min(block, elements // next_pow2(cap)))
+
+
+@triton.jit
+def _column(tile, col, j):
+    """tile[:, j] of a (B, W) tile, for a (B,) vector of column indices ``j``."""
+    return tl.sum(tl.where(col[None, :] == j[:, None], tile, 0), axis=1)
+
+
+@triton.jit
+def _victims(t_scores, addr, occupied, B: tl.constexpr, W: tl.constexpr,
+             CAP_P2: tl.constexpr):
+    """Per row of (B, CAP_P2) cells, the W lowest occupied entries by (score asc, slot
+    asc): (B, W) bucket columns (CAP_P2 past the last) and their scores."""
+    col = tl.arange(0, CAP_P2)
+    wcol = tl.arange(0, W)
+    scores = tl.load(t_scores + addr, mask=occupied, other=0)
+    free = occupied
+    v_col = tl.full([B, W], CAP_P2, dtype=tl.int32)
+    v_score = tl.full([B, W], _MAX_SCORE, dtype=tl.int64)
+    for j in tl.static_range(W):
+        low = tl.min(tl.where(free, scores, _MAX_SCORE), axis=1)
+        pick = tl.min(tl.where(free & (scores == low[:, None]), col[None, :], CAP_P2), axis=1)
+        v_col = tl.where(wcol[None, :] == j, pick[:, None], v_col)
+        v_score = tl.where(wcol[None, :] == j, low[:, None], v_score)
+        free = free & (col[None, :] != pick[:, None])
+    return v_col, v_score
+
+
+@triton.jit
+def _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests, in_bucket,
+                      in_first, in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots,
+                      out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr,
+                      CAP: tl.constexpr, CAP_P2: tl.constexpr, B: tl.constexpr,
+                      W: tl.constexpr):
+    """Places the runs of at most W misses that open at positions ``at`` where ``short``."""
+    col = tl.arange(0, CAP_P2)
+    wcol = tl.arange(0, W)
+    # The runs' lanes: (B, W) positions, first occurrences only.
+    i2 = at[:, None] + wcol[None, :]
+    m2 = short[:, None] & (i2 < m)
+    m2 = m2 & (tl.load(in_bucket + i2, mask=m2, other=-1) == bucket[:, None])
+    m2 = m2 & (tl.load(in_first + i2, mask=m2, other=-1) == i2)
+    key2 = tl.load(in_keys + i2, mask=m2, other=0)
+    score2 = tl.load(in_scores + i2, mask=m2, other=0)
+    pos2 = tl.load(in_pos + i2, mask=m2, other=0)
+    n_in = tl.sum(m2.to(tl.int32), axis=1)
+    # The buckets before the call: empty slots, their ranks and count.
+    addr = (bucket * CAP)[:, None] + col[None, :]
+    cell = short[:, None] & (col[None, :] < CAP)
+    empty = cell & (tl.load(t_digests + addr, mask=cell, other=1) == 0)
+    empty_rank = tl.cumsum(empty.to(tl.int32), axis=1) - 1
+    n_empty = tl.sum(empty.to(tl.int32), axis=1)
+    v_col = tl.full([B, W], CAP_P2, dtype=tl.int32)
+    v_score = tl.full([B, W], _MAX_SCORE, dtype=tl.int64)
+    if ALLOW_EVICT:
+        need = short & (n_in > n_empty)
+        if tl.max(need.to(tl.int32), axis=0) > 0:
+            v_col, v_score = _victims(t_scores, addr, cell & ~empty & need[:, None], B, W,
+                                     CAP_P2)
+    for w in tl.static_range(W):
+        i = at + w
+        lane_w = tl.full([B], w, dtype=tl.int32)
+        mi = _column(m2.to(tl.int32), wcol, lane_w) > 0
+        key = _column(key2, wcol, lane_w)
+        score = _column(score2, wcol, lane_w)
+        pos = _column(pos2, wcol, lane_w)
+        before = comes_before(key2, score2, pos2, key[:, None], score[:, None], pos[:, None])
+        rank = tl.sum((before & m2).to(tl.int32), axis=1)
+        to_empty = empty & (empty_rank == rank[:, None])
+        slot_col = tl.min(tl.where(to_empty, col[None, :], CAP_P2), axis=1)
+        ev = mi & (rank < 0)  # no eviction but by the rule below
+        if ALLOW_EVICT:
+            over = mi & (rank >= n_empty)
+            j = tl.where(over, rank - n_empty, 0)
+            pick = _column(v_col, wcol, j)
+            ev = over & (pick < CAP_P2) & (score >= _column(v_score, wcol, j))
+            slot_col = tl.where(ev, pick, slot_col)
+        ok = mi & (slot_col < CAP_P2)
+        slot = bucket * CAP + slot_col
+        write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
+                      t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores,
+                      ALLOW_EVICT)
+        tl.store(out_slots + i, tl.where(ok, slot, -1), mask=mi)
+
+
+@fast_launch
+@triton.jit
+def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
+                        m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
+                        ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr,
+                        CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr,
+                        B: tl.constexpr, W: tl.constexpr):
+    """Program p serves sorted positions [p * B, (p + 1) * B): the runs that open there."""
+    lane = tl.arange(0, B)
+    at = tl.program_id(0).to(tl.int64) * B + lane
+    bucket = tl.load(in_bucket + at, mask=at < m, other=-1)
+    prev = tl.load(in_bucket + at - 1, mask=(at > 0) & (at < m), other=-1)
+    opens = (bucket >= 0) & (prev != bucket)  # hits, sorted last, open nothing
+    if tl.max(opens.to(tl.int32), axis=0) > 0:
+        tail = at + W
+        long = opens & (tl.load(in_bucket + tail, mask=opens & (tail < m), other=-1) == bucket)
+        short = opens & ~long
+        if tl.max(short.to(tl.int32), axis=0) > 0:
+            _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests,
+                              in_bucket, in_first, in_pos, m, t_keys, t_tags, t_digests,
+                              t_scores, out_slots, out_evicted, ev_keys, ev_tags, ev_scores,
+                              ALLOW_EVICT, CAP, CAP_P2, B, W)
+        while tl.max(long.to(tl.int32), axis=0) > 0:
+            r = tl.min(tl.where(long, lane, B), axis=0)
+            insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
+                       t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys,
+                       ev_tags, ev_scores, tl.program_id(0).to(tl.int64) * B + r,
+                       tl.sum(tl.where(lane == r, bucket, 0), axis=0), ALLOW_EVICT, CAP,
+                       CAP_P2, BI)
+            long = long & (lane != r)
