@@ -12,7 +12,8 @@
 # step; kernel-level profiles of both configs' steps (1 GPU, then each rank of 2); a
 # dynamic table's training lookup kernel by kernel; the embedding-layer benchmark;
 # the input pipeline. On a fresh host the first training run also compiles the
-# Triton kernels (about two minutes; cached after). SKIP="name ..." leaves steps out.
+# Triton kernels (about two minutes; cached after). SKIP="name ..." leaves steps out,
+# ONLY="name ..." runs just those (step names: the lines "=== NAME" in main.log).
 # AB_TREES="TREE_A,TREE_B" adds an interleaved A/B of those source trees (a tree may
 # carry settings: ".+HASHREC_LOOKUP_GRAPHS=0,.")
 # (benchmarks/ab_train.py; AB_CONFIGS, default dynamicemb; AB_NPROC GPUs, default 1).
@@ -28,16 +29,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 data=/tmp/hashrec_bench_data
 steps=${STEPS:-1000}
 warmup=${WARMUP:-400}
-step() {  # step NAME SECONDS COMMAND...
-  local name=$1 limit=$2; shift 2
-  case " ${SKIP:-} " in *" $name "*) echo "=== $name skipped"; return;; esac
-  echo "=== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
-  timeout "$limit" "$@"; echo "=== $name exit $? $(date -u +%H:%M:%S)"
-}
-{
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-} > "$out/env.txt" 2>&1
+source "$(dirname "$0")/_steps.sh"
+write_env "$out"
 {
   step gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/table tests/embedding tests/distributed \
       tests/train tests/data

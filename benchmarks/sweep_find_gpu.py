@@ -74,7 +74,7 @@ def _bytes_config(storage: TableStorage, keys: torch.Tensor, values: torch.Tenso
     find_tt._find_kernel[(triton.cdiv(n, block),)](
         keys, keys, storage.keys, storage.tags, storage.digests, storage.values, slots, values,
         n, storage.num_buckets, HAS_TAGS=False, WITH_VALUES=True, SPECULATE=False, CAP=CAP,
-        LINE=CAP,
+        LINE=CAP, ROUND=1,
         WORDS=False, POW2=True, ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2, BLOCK=block,
         num_warps=warps)
 

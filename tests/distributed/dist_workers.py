@@ -30,7 +30,8 @@ def _worker(rank: int, world_size: int, port: int, scenarios: dict[str, Callable
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    ctx = init_distributed(use_cuda=cuda, timeout_s=120 if cuda else 60)
+    # Generous: on CPU the ranks share the cores with the other test workers.
+    ctx = init_distributed(use_cuda=cuda, timeout_s=180)
     results = {}
     try:
         for name, scenario in scenarios.items():

@@ -126,11 +126,13 @@ def test_find_empty_and_untagged_probe_misses_tagged_entry():
     assert find_tt.find_slots(storage, empty).numel() == 0
 
 
-def _colliding_bucket(cap: int, seed: int) -> tuple[TableStorage, torch.Tensor, torch.Tensor]:
-    """One-bucket storage where most slots share the probe keys' digest.
+def _colliding_bucket(cap: int, seed: int, spread: int = 1
+                      ) -> tuple[TableStorage, torch.Tensor, torch.Tensor]:
+    """One-bucket storage where many slots share the probe keys' digest.
 
     Slots hold, in random order: filler keys stamped with the probes' digest (false
-    digest matches), stale copies of probe keys in empty slots (digest 0), probe
+    digest matches; with ``spread`` > 1 only about one in ``spread``, the others
+    another digest), stale copies of probe keys in empty slots (digest 0), probe
     keys under another tag, and some probe keys themselves.
     """
     gen = torch.Generator().manual_seed(seed)
@@ -149,6 +151,8 @@ def _colliding_bucket(cap: int, seed: int) -> tuple[TableStorage, torch.Tensor, 
     tags = torch.zeros(cap, dtype=torch.int32)
     stamp = torch.full((cap,), dig, dtype=torch.uint8)
     kinds = torch.randint(0, 4, (cap,), generator=gen)
+    if spread > 1:
+        stamp[torch.randint(0, spread, (cap,), generator=gen) != 0] = dig % 255 + 1
     stamp[kinds == 1] = 0  # empty slot with a stale probe key
     keys[kinds == 1] = probes[0]
     tags[kinds == 2] = 1  # probe key under another tag
@@ -161,14 +165,19 @@ def _colliding_bucket(cap: int, seed: int) -> tuple[TableStorage, torch.Tensor, 
     return storage, probes.to(DEVICE), tags.to(DEVICE)
 
 
-@pytest.mark.parametrize("cap", [6, 8, 40, 128])
+@pytest.mark.parametrize("cap,spread", [(6, 1), (8, 1), (40, 1), (128, 1), (1024, 32)],
+                         ids=["cap6", "cap8", "cap40", "cap128", "cap1024"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("speculate", [False, True], ids=["rows-after", "rows-speculated"])
-def test_find_with_colliding_digests_matches_reference(monkeypatch, cap, seed, speculate):
+@pytest.mark.parametrize("wide_from", [0, 8], ids=["one-per-round", "four-per-round"])
+def test_find_with_colliding_digests_matches_reference(monkeypatch, cap, spread, seed,
+                                                       speculate, wide_from):
     """Slots and rows: most probes' first digest match is not their slot (a speculated
-    row read at it must be replaced)."""
+    row read at it must be replaced), and most slots are candidates, confirmed one or
+    four per probe round."""
     monkeypatch.setattr(find_tt, "FIND_SPECULATE", speculate)
-    storage, probes, _ = _colliding_bucket(cap, seed)
+    monkeypatch.setattr(find_tt, "WIDE_PROBE_MIN_CAP", wide_from)
+    storage, probes, _ = _colliding_bucket(cap, seed, spread)
     storage.values.copy_(torch.arange(storage.values.numel(), dtype=storage.values.dtype,
                                       device=DEVICE).view_as(storage.values) + 1)
     for tags in (None, torch.ones_like(probes, dtype=torch.int32)):

@@ -15,6 +15,8 @@ same program, so a lookup is a single launch.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -99,9 +101,21 @@ def _probe_start(key, tag, mask, t_digests, num_buckets, CAP: tl.constexpr, LINE
 
 
 @triton.jit
-def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP: tl.constexpr,
+def _confirm_next(key, tag, t_keys, t_tags, base, cand, col, nxt, live, found, CAP: tl.constexpr,
                   WORDS: tl.constexpr):
-    """Second half: the slot holding (key, tag) among the candidates, -1 when none does."""
+    """Confirms candidate ``nxt`` where ``live``: (found, the candidates after it, the next)."""
+    hit = _confirm(t_keys, t_tags, base + nxt, live & (nxt < CAP), key, tag)
+    cand = _drop_through(cand, col, nxt, WORDS)
+    return tl.where(hit, base + nxt, found), cand, _first_candidate(cand, col, WORDS, CAP)
+
+
+@triton.jit
+def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP: tl.constexpr,
+                  WORDS: tl.constexpr, ROUND: tl.constexpr):
+    """Second half: the slot holding (key, tag) among the candidates, -1 when none does.
+
+    The two lowest candidates are confirmed together; later ones ``ROUND`` per loop
+    round (their loads independent of each other: one round of memory latency)."""
     cand = _drop_through(cand, col, first, WORDS)
     second = _first_candidate(cand, col, WORDS, CAP)
     hit1 = _confirm(t_keys, t_tags, base + first, first < CAP, key, tag)
@@ -111,25 +125,26 @@ def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP: tl.cons
     nxt = _first_candidate(cand, col, WORDS, CAP)
     live = (found < 0) & (nxt < CAP)
     while tl.max(live.to(tl.int32), axis=0) > 0:
-        hit = _confirm(t_keys, t_tags, base + nxt, live, key, tag)
-        found = tl.where(hit, base + nxt, found)
-        cand = _drop_through(cand, col, nxt, WORDS)
-        nxt = _first_candidate(cand, col, WORDS, CAP)
-        live = live & ~hit & (nxt < CAP)
+        for _ in tl.static_range(ROUND):
+            found, cand, nxt = _confirm_next(key, tag, t_keys, t_tags, base, cand, col, nxt,
+                                             live, found, CAP, WORDS)
+        live = live & (found < 0) & (nxt < CAP)
     return found
 
 
 @triton.jit
 def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl.constexpr,
-                 LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr):
+                 LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
+                 ROUND: tl.constexpr):
     """Slot of each (key, tag) in its bucket, -1 when absent: (BLOCK,) int64.
 
     A key is stored at most once, so any full match is the answer; the two lowest
-    digest matches are confirmed together, later ones one per loop round.
+    digest matches are confirmed together, later ones ROUND per loop round
+    (``probe_round``).
     """
     base, cand, col, first = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE,
                                           WORDS, POW2)
-    return _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP, WORDS)
+    return _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP, WORDS, ROUND)
 
 
 @fast_launch
@@ -137,8 +152,9 @@ def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl
 def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_slots,
                  out_values, n, num_buckets, HAS_TAGS: tl.constexpr, WITH_VALUES: tl.constexpr,
                  SPECULATE: tl.constexpr, CAP: tl.constexpr, LINE: tl.constexpr,
-                 WORDS: tl.constexpr, POW2: tl.constexpr, ROW_DIM: tl.constexpr,
-                 DIM: tl.constexpr, DIM_P2: tl.constexpr, BLOCK: tl.constexpr):
+                 WORDS: tl.constexpr, POW2: tl.constexpr, ROUND: tl.constexpr,
+                 ROW_DIM: tl.constexpr, DIM: tl.constexpr, DIM_P2: tl.constexpr,
+                 BLOCK: tl.constexpr):
     """Slots (and rows) of BLOCK keys. With SPECULATE, the row at the lowest digest match
     is read together with the keys that confirm it: the match is almost always there,
     and the row no longer waits for the confirmation (one round of memory latency
@@ -155,7 +171,7 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
         guess = base + first
         row = tl.load(t_values + guess[:, None] * ROW_DIM + col[None, :],
                       mask=(mask & (first < CAP))[:, None] & cmask, other=0.0)
-    slot = _probe_finish(key, tag, t_keys, t_tags, base, cand, ccol, first, CAP, WORDS)
+    slot = _probe_finish(key, tag, t_keys, t_tags, base, cand, ccol, first, CAP, WORDS, ROUND)
     tl.store(out_slots + offs, slot, mask=mask)
     if WITH_VALUES:
         found = (slot >= 0)[:, None] & cmask
@@ -178,6 +194,26 @@ FIND_CONFIG: dict | None = None
 # Whether find_values reads the row at the lowest digest match before the match is
 # confirmed (``_find_kernel``); off until timed on a GPU (benchmarks/sweep_find_gpu.py).
 FIND_SPECULATE = False
+
+
+def _wide_probe_from_env() -> int:
+    raw = os.environ.get("HASHREC_WIDE_PROBE_MIN_CAP", "0")
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        raise ValueError(f"HASHREC_WIDE_PROBE_MIN_CAP must be an integer, got {raw!r}") from None
+
+
+# Buckets of at least this many slots confirm their later digest matches four per probe
+# round instead of one (0: never). An 8-bit digest matches about cap / 256 slots of a
+# full bucket at random: some four in the admission counters' 1,024-slot buckets, each
+# a dependent key load when confirmed one at a time. Off until timed on a GPU.
+WIDE_PROBE_MIN_CAP = _wide_probe_from_env()
+
+
+def probe_round(cap: int) -> int:
+    """Later digest matches a probe of a ``cap``-slot bucket confirms per round."""
+    return 4 if WIDE_PROBE_MIN_CAP and cap >= WIDE_PROBE_MIN_CAP else 1
 
 
 def _config(dim_p2: int) -> dict:
@@ -222,7 +258,8 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         storage.num_buckets, HAS_TAGS=tags is not None, WITH_VALUES=values is not None,
         SPECULATE=values is not None and config.get("speculate", FIND_SPECULATE),
         CAP=storage.bucket_capacity, LINE=width, WORDS=words,
-        POW2=is_pow2(storage.num_buckets), ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2,
+        POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
+        ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2,
         BLOCK=block, num_warps=config["num_warps"])
 
 

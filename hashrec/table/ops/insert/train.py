@@ -32,7 +32,7 @@ import triton.language as tl
 
 from hashrec.table._triton_hash import is_pow2, load_tags, mix64, tagged_hash
 from hashrec.table.initializers import _SEED_STRIDE, initial_values
-from hashrec.table.ops.find.triton import digest_line, probe_block, probe_bucket
+from hashrec.table.ops.find.triton import digest_line, probe_block, probe_bucket, probe_round
 from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 from hashrec.table.options import InitializerArgs, InitializerMode
 from hashrec.table.storage import TableStorage
@@ -82,14 +82,15 @@ def protect_hits(storage: TableStorage, slots: torch.Tensor, counts: torch.Tenso
 def _count_kernel(keys_ptr, tags_ptr, counts_ptr, active_ptr, t_keys, t_tags, t_line,
                   t_digests, t_scores, admitted_ptr, totals_ptr, insert_ptr, n, num_buckets,
                   threshold, HAS_TAGS: tl.constexpr, CAP: tl.constexpr, LINE: tl.constexpr,
-                  WORDS: tl.constexpr, POW2: tl.constexpr, BLOCK: tl.constexpr):
+                  WORDS: tl.constexpr, POW2: tl.constexpr, ROUND: tl.constexpr,
+                  BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     active = mask & (tl.load(active_ptr + i, mask=mask, other=0) != 0)
     key = tl.load(keys_ptr + i, mask=active, other=0)
     tag = load_tags(tags_ptr, i, active, HAS_TAGS)
     slot = probe_bucket(key, tag, active, t_keys, t_tags, t_line, num_buckets, CAP, LINE, WORDS,
-                        POW2)
+                        POW2, ROUND)
     hit = active & (slot >= 0)
     total = tl.load(counts_ptr + i, mask=mask, other=0) + tl.load(t_scores + slot, mask=hit,
                                                                   other=0)
@@ -129,8 +130,8 @@ def count_admission(storage: TableStorage, keys: torch.Tensor, tags: torch.Tenso
             flags[:n].view(torch.int8), totals, flags[n:].view(torch.int8), n,
             storage.num_buckets, int(threshold), HAS_TAGS=tags is not None,
             CAP=storage.bucket_capacity, LINE=width, WORDS=words,
-            POW2=is_pow2(storage.num_buckets), BLOCK=block,
-            num_warps=2)
+            POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
+            BLOCK=block, num_warps=2)
     return Counted(flags[:n], totals, flags[n:])
 
 

@@ -47,7 +47,7 @@ def _block_from_env() -> int:
 # width: the longest run placed in tiles; elements: the budget of one (B, bucket) tile.
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192}
 
-_MAX_SCORE = 0x7FFFFFFFFFFFFFFF
+_MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
 
 def block_positions(block: int, elements: int, cap: int) -> int:
