@@ -70,7 +70,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 from _table_fill import filled_index, random_keys  # noqa: E402
-from _timing import environment, write_results  # noqa: E402
+from _timing import command_line, environment, write_results  # noqa: E402
 
 from hashrec.table.ops.insert import upsert as upsert_tt  # noqa: E402
 from hashrec.table.ops.insert.rows import read_or_init_rows, write_rows  # noqa: E402
@@ -237,8 +237,8 @@ def run_load_factor(lf: float) -> dict:
 
 
 def main() -> None:
-    results = {"env": environment(), "slots": ARGS.slots, "batch": ARGS.batch, "dim": ARGS.dim,
-               "rows": []}
+    results = {"env": environment(), "command": command_line(), "slots": ARGS.slots,
+               "batch": ARGS.batch, "dim": ARGS.dim, "rows": []}
     for lf in ARGS.load_factors:
         row = run_load_factor(lf)
         results["rows"].append(row)
@@ -255,7 +255,8 @@ def main() -> None:
                   for r in results["rows"] for name, ms in r["configs"].items()]
         env = results["env"]
         write_results(ARGS.out, results,
-                      f"# Upsert time split on GPU\n\nDate {env['date']}, GPU {env['gpu']}, "
+                      f"# Upsert time split on GPU\n\nCommand: `{results['command']}`\n\n"
+                      f"Date {env['date']}, GPU {env['gpu']}, "
                       f"torch {env['torch']}, triton {env['triton']}; {results['slots']} "
                       f"slots, {results['batch']} keys per call, dim {results['dim']}.\n\n"
                       + "\n".join(lines) + "\n")

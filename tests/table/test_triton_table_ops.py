@@ -502,8 +502,10 @@ def test_upsert_block_setting_from_environment(monkeypatch):
     from hashrec.table.ops.insert import upsert_block
     monkeypatch.setenv("HASHREC_UPSERT_BLOCK", "32")
     assert upsert_block._block_from_env() == 32
-    monkeypatch.delenv("HASHREC_UPSERT_BLOCK")
+    monkeypatch.setenv("HASHREC_UPSERT_BLOCK", "0")
     assert upsert_block._block_from_env() == 0
+    monkeypatch.delenv("HASHREC_UPSERT_BLOCK")
+    assert upsert_block._block_from_env() == upsert_block.DEFAULT_BLOCK == 32
     for bad in ("24", "-4", "many"):
         monkeypatch.setenv("HASHREC_UPSERT_BLOCK", bad)
         with pytest.raises(ValueError, match="HASHREC_UPSERT_BLOCK"):

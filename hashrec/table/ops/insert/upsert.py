@@ -12,12 +12,13 @@ launch has a grid fixed by the batch size n, so nothing is read back on the host
    up in one run of equal sort keys) ahead of the hits;
 3. one kernel gathers the sorted misses (key, tag, score, bucket, digest) and one
    names each repeat's first occurrence (a short backward scan);
-4. one program per ``UPSERT_CONFIG["runs"]`` sorted positions; a position that
-   starts a bucket's run of misses applies the pinned insert rule
+4. by default one program per ``UPSERT_BLOCK["block"]`` sorted positions (32, or
+   the environment's ``HASHREC_UPSERT_BLOCK``) places its short runs of misses
+   together and its long ones run by run (``upsert_block.py``); with the block 0,
+   one program per ``UPSERT_CONFIG["runs"]`` sorted positions, where a position
+   that starts a bucket's run of misses applies the pinned insert rule
    (``insert/triton.py``) to the run's first occurrences (the others, hits
-   included, have nothing to do). With ``UPSERT_BLOCK["block"]`` set (or the
-   environment's ``HASHREC_UPSERT_BLOCK``), one program per block of positions
-   places its short runs together instead (``upsert_block.py``);
+   included, have nothing to do);
 5. one kernel writes every key's final slot and flags back in batch order.
 
 The insert is independent of thread timing: a bucket is written by one program,

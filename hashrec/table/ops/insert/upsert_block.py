@@ -32,8 +32,15 @@ from hashrec.table.ops.launch import fast_launch, next_pow2
 __all__ = ["UPSERT_BLOCK", "block_positions", "upsert_block_kernel"]
 
 
+# Sorted positions per program unless HASHREC_UPSERT_BLOCK says otherwise: on an H200,
+# 32 positions with runs of up to 4 placed from tiles took insert_or_assign of 1M keys
+# into 64M slots from 3.3-4.0 ms (per position) to 1.3-1.8 ms at load factors 0.5-1.0
+# (benchmarks/results/upsert_launch_gpu.md).
+DEFAULT_BLOCK = 32
+
+
 def _block_from_env() -> int:
-    raw = os.environ.get("HASHREC_UPSERT_BLOCK", "0")
+    raw = os.environ.get("HASHREC_UPSERT_BLOCK", str(DEFAULT_BLOCK))
     try:
         block = int(raw)
     except ValueError:
