@@ -87,6 +87,10 @@ def test_pool_from_table_reads_slots_and_fallback():
     got = fused_tt.pool_rows_with_fallback(table, inverse, offsets, weights, True, slots,
                                            fallback, dim=4)
     torch.testing.assert_close(got, pool_ref.pool_forward(rows, inverse, offsets, weights, True))
+    # without fallback rows a missing row reads zeros
+    zeros = torch.where((slots >= 0)[:, None], rows, torch.zeros_like(rows))
+    got = fused_tt.pool_rows(table, inverse, offsets, weights, True, slots=slots, dim=4)
+    torch.testing.assert_close(got, pool_ref.pool_forward(zeros, inverse, offsets, weights, True))
 
 
 SPECS = [SparseSGD(lr=0.1), SparseAdagrad(lr=0.1), SparseRowWiseAdagrad(lr=0.1),

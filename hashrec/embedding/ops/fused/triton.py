@@ -36,8 +36,9 @@ def _dim_block(dim: int) -> int:
 
 
 def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_ptr, weights_ptr,
-                 out_ptr, num_bags, dim, FROM_TABLE: tl.constexpr, HAS_W: tl.constexpr,
-                 MEAN: tl.constexpr, DIM_P2: tl.constexpr, BB: tl.constexpr):
+                 out_ptr, num_bags, dim, FROM_TABLE: tl.constexpr, HAS_FALLBACK: tl.constexpr,
+                 HAS_W: tl.constexpr, MEAN: tl.constexpr, DIM_P2: tl.constexpr,
+                 BB: tl.constexpr):
     bags = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
     bmask = bags < num_bags
     start = tl.load(offsets_ptr + bags, mask=bmask, other=0)
@@ -55,8 +56,10 @@ def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_pt
             slot = tl.load(slots_ptr + row, mask=live, other=-1)
             stored = m2 & (slot >= 0)[:, None]
             x = tl.load(src + slot[:, None] * src_stride + col[None, :], mask=stored, other=0.0)
-            x = x.to(tl.float32) + tl.load(fallback_ptr + row[:, None] * dim + col[None, :],
-                                           mask=m2 & (slot < 0)[:, None], other=0.0)
+            x = x.to(tl.float32)
+            if HAS_FALLBACK:  # else a missing row reads zeros
+                x += tl.load(fallback_ptr + row[:, None] * dim + col[None, :],
+                             mask=m2 & (slot < 0)[:, None], other=0.0)
         else:
             x = tl.load(src + row[:, None] * src_stride + col[None, :], mask=m2, other=0.0)
         x = x.to(tl.float32)
@@ -101,8 +104,6 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
     out = torch.empty(num_bags, dim, dtype=torch.float32, device=rows.device)
     if num_bags == 0:
         return out
-    if slots is not None and fallback is None:
-        fallback = torch.zeros(slots.numel(), dim, dtype=torch.float32, device=rows.device)
     dim_p2 = _dim_block(dim)
     bb = rows_per_program(dim_p2)
     kernel = _pool_kernel_wide if rows.stride(0) >= 64 else _pool_kernel_narrow
@@ -110,7 +111,8 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
         rows, rows.stride(0), slots if slots is not None else inverse,
         fallback.contiguous() if fallback is not None else rows, inverse.contiguous(),
         offsets.contiguous(), weights.contiguous() if weights is not None else rows, out,
-        num_bags, dim, FROM_TABLE=slots is not None, HAS_W=weights is not None, MEAN=mean,
+        num_bags, dim, FROM_TABLE=slots is not None, HAS_FALLBACK=fallback is not None,
+        HAS_W=weights is not None, MEAN=mean,
         DIM_P2=dim_p2, BB=bb)
     return out
 
