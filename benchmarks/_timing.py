@@ -18,25 +18,38 @@ def time_ms(fn, reps: int, warmup: int = 2, setup=None) -> float:
     ``setup(i)``, when given, runs untimed before run ``i`` and its result is passed
     to ``fn``.
     """
+    return time_split_ms(fn, reps, warmup, setup)[0]
+
+
+def time_split_ms(fn, reps: int, warmup: int = 2, setup=None) -> tuple[float, float]:
+    """Medians of (elapsed ms, host issue ms) of ``fn()`` over ``reps`` runs.
+
+    Elapsed is timed by device events on CUDA (host clock elsewhere); the host issue
+    time is the host clock from the call to its return, before the device finishes.
+    When the two are close, ``fn`` run alone is bound by the host. ``setup`` as in
+    ``time_ms``.
+    """
     cuda = torch.cuda.is_available()
-    times = []
+    times, issues = [], []
     for i in range(warmup + reps):
         arg = setup(i) if setup is not None else None
         if cuda:
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn() if setup is None else fn(arg)
+        t0 = time.perf_counter()
+        fn() if setup is None else fn(arg)
+        issued = (time.perf_counter() - t0) * 1e3
+        if cuda:
             end.record()
             torch.cuda.synchronize()
             elapsed = start.elapsed_time(end)
         else:
-            t0 = time.perf_counter()
-            fn() if setup is None else fn(arg)
-            elapsed = (time.perf_counter() - t0) * 1e3
+            elapsed = issued
         if i >= warmup:
             times.append(elapsed)
-    return statistics.median(times)
+            issues.append(issued)
+    return statistics.median(times), statistics.median(issues)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int) -> float:
