@@ -9,13 +9,14 @@
 #   upsert_sweep   insert_or_assign per insert-program launch: one program per sorted
 #                  position against the block form (UPSERT_BLOCK), at three load factors
 #   find_sweep     find_values with and without the speculated row read (FIND_SPECULATE)
-#   table_ops      HierarchicalKV's setup (bench_table_gpu.py) with BLOCK (default 64)
-#                  positions per insert program and FIND_SPEC (default 1) speculated rows
+#   table_ops      HierarchicalKV's setup (bench_table_gpu.py) with BLOCK (default 32, the
+#                  library's) positions per insert program and FIND_SPEC (default 1)
+#                  speculated rows
 #   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection)
 #   ab_train       the training run on 1,000,000 generated rows (made when missing, in
-#                  /tmp/hashrec_bench_data), this tree against itself
-#                  with HASHREC_UPSERT_BLOCK=BLOCK, and with it and
-#                  HASHREC_WIDE_PROBE_MIN_CAP=512 (four digest matches confirmed per
+#                  /tmp/hashrec_bench_data): this tree against itself with
+#                  HASHREC_UPSERT_BLOCK=0 (one insert program per sorted position) and
+#                  with HASHREC_WIDE_PROBE_MIN_CAP=512 (four digest matches confirmed per
 #                  probe round in the admission counters' buckets), ROUNDS (default 2)
 #                  interleaved rounds
 set -u
@@ -23,7 +24,7 @@ out=${1:?usage: run_kernel_benchmarks.sh OUT_DIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-block=${BLOCK:-64}
+block=${BLOCK:-32}
 data=/tmp/hashrec_bench_data
 source "$(dirname "$0")/_steps.sh"
 write_env "$out"
@@ -31,7 +32,7 @@ write_env "$out"
   step gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider \
       tests/table/test_triton_table_ops.py
   step upsert_sweep 330 python3 benchmarks/profile_upsert_gpu.py --load-factors 0.5 0.75 1.0 \
-      --reps 5 --runs 1 --warps 1 4 --block 0 32 "$block" --width 2 4 \
+      --reps 5 --runs 1 --warps 1 4 --block 0 32 64 --width 2 4 \
       --out "$out/upsert_launch_gpu"
   step find_sweep 200 python3 benchmarks/sweep_find_gpu.py --configs 64x2 64x4 \
       --kinds words spec --reps 7 --out "$out/find_speculate_gpu"
@@ -40,7 +41,7 @@ write_env "$out"
       "${spec[@]}" --out "$out/table_gpu"
   step embedding 150 python3 benchmarks/bench_embedding_layer.py --out "$out/embedding_layer_gpu"
   step ab_train 420 python3 benchmarks/ab_train.py \
-      --trees ".,.+HASHREC_UPSERT_BLOCK=$block,.+HASHREC_UPSERT_BLOCK=$block+HASHREC_WIDE_PROBE_MIN_CAP=512" \
+      --trees ".+HASHREC_UPSERT_BLOCK=0,.,.+HASHREC_WIDE_PROBE_MIN_CAP=512" \
       --configs dynamicemb --nproc 1 --rounds "${ROUNDS:-2}" --data_dir "$data" \
       --num_steps 700 --warmup_steps 400 --out "$out/ab_gpu_upsert_block"
 } > "$out/main.log" 2>&1
