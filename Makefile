@@ -1,4 +1,5 @@
-# One command each: `make test` (set up + run the tests), `make demo` (set up + train on generated data).
+# One command each: `make test` (set up + run the tests, then compile every kernel they ran
+# interpreted for sm_90), `make demo` (set up + train on generated data).
 PY ?= python3
 VENV ?= .venv
 VPY := $(VENV)/bin/python
@@ -17,7 +18,9 @@ lint: venv
 
 test: venv
 	$(VPY) -m ruff check hashrec tests benchmarks
-	$(VPY) -m pytest -q -x -n 2 --dist loadfile
+	@mkdir -p build && rm -f build/launches.jsonl
+	HASHREC_LAUNCH_LOG=$(CURDIR)/build/launches.jsonl $(VPY) -m pytest -q -x -n 2 --dist loadfile -p tests.compile_check
+	$(VPY) -m tests.compile_check build/launches.jsonl
 
 demo: venv
 	$(VPY) -m hashrec.tools.demo

@@ -1,0 +1,38 @@
+"""The kernel compile check fails on a launch the compiler refuses and passes the rest."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _launch(block: int) -> dict:
+    tensor = ["tensor", "int64"]
+    return {"module": "hashrec.embedding.ops.positions.triton", "kernel": "_rows_kernel",
+            "args": [tensor] * 6 + [["value", 7], ["value", 5], ["value", 3]],
+            "kwargs": {"BLOCK": ["value", block]}}
+
+
+def test_compile_check_reports_the_launch_that_does_not_compile(tmp_path):
+    log = tmp_path / "launches.jsonl"
+    # tl.arange needs a power-of-two range: BLOCK=1000 cannot compile, 1024 can.
+    log.write_text("".join(json.dumps(_launch(b)) + "\n" for b in (1024, 1000)))
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
+                                                            "HASHREC_FORCE_TRITON")}
+    run = subprocess.run([sys.executable, "-m", "tests.compile_check", str(log), "--jobs", "1"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    failed = [line for line in run.stdout.splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 1 and '"BLOCK": 1000' in failed[0], run.stdout
+    assert "1 of 2 launches compile for sm_90" in run.stdout
+
+
+def test_int_arguments_that_specialize_alike_compile_once():
+    sys.path.insert(0, ROOT)
+    from tests.compile_check import _int_class
+    assert [_int_class(v) for v in (1, 32, 7, -1, 2 ** 40, 2 ** 40 + 3)] == \
+        [1, 16, 3, 3, 2 ** 40, 2 ** 40 + 1]
