@@ -154,6 +154,22 @@ def _entries(path: str) -> tuple[list[dict], list[str]]:
     return entries, sorted(set(errors))
 
 
+def _project_kernels() -> set[tuple[str, str]]:
+    """(module, name) of every ``fast_launch`` kernel of the package."""
+    import importlib
+    import pkgutil
+
+    import hashrec
+    from hashrec.table.ops.launch import FastKernel
+    kernels = set()
+    for info in pkgutil.walk_packages(hashrec.__path__, "hashrec."):
+        module = importlib.import_module(info.name)
+        kernels |= {(module.__name__, name) for name, value in vars(module).items()
+                    if isinstance(value, FastKernel)
+                    and value.kernel.fn.__module__ == module.__name__}
+    return kernels
+
+
 def _summary(message: str) -> str:
     """First and last lines of a compiler error (where, and what)."""
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
@@ -194,6 +210,10 @@ def main(argv=None) -> int:
             if i % 50 == 0 or i == len(entries):
                 print(f"compile check: {i}/{len(entries)} launches, "
                       f"{time.perf_counter() - start:.0f} s", flush=True)
+    unlaunched = sorted(_project_kernels() - {(e["module"], e["kernel"]) for e in entries})
+    if unlaunched:
+        print("compile check: not launched by the tests, so not checked:",
+              ", ".join(f"{m}.{k}" for m, k in unlaunched))
     for failure in failures:
         print("FAILED", failure)
     print(f"compile check: {len(entries) - len(failures)} of {len(entries)} launches compile "
