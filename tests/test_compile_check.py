@@ -7,6 +7,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -36,3 +39,16 @@ def test_int_arguments_that_specialize_alike_compile_once():
     from tests.compile_check import _int_class
     assert [_int_class(v) for v in (1, 32, 7, -1, 2 ** 40, 2 ** 40 + 3)] == \
         [1, 16, 3, 3, 2 ** 40, 2 ** 40 + 1]
+
+
+def test_a_missing_log_is_an_error_without_a_gpu(tmp_path, monkeypatch):
+    """Without a GPU the tests interpret kernels, so an empty log means none was logged;
+    on a GPU they run compiled and log none."""
+    sys.path.insert(0, ROOT)
+    from tests.compile_check import main
+    log = str(tmp_path / "launches.jsonl")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        main([log])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert main([log]) == 0
