@@ -24,6 +24,7 @@ the launcher.
 from __future__ import annotations
 
 import inspect
+import os
 
 import torch
 from torch import Tensor
@@ -42,6 +43,15 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(n: int) -> int:
     """``triton.next_power_of_2`` for host code (0 for 0)."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer kernel setting from the environment variable ``name``."""
+    raw = os.environ.get(name, str(default))
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
 
 
 def _current_device() -> int:

@@ -56,10 +56,9 @@ def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_pt
             slot = tl.load(slots_ptr + row, mask=live, other=-1)
             stored = m2 & (slot >= 0)[:, None]
             x = tl.load(src + slot[:, None] * src_stride + col[None, :], mask=stored, other=0.0)
-            x = x.to(tl.float32)
             if HAS_FALLBACK:  # else a missing row reads zeros
-                x += tl.load(fallback_ptr + row[:, None] * dim + col[None, :],
-                             mask=m2 & (slot < 0)[:, None], other=0.0)
+                x = x.to(tl.float32) + tl.load(fallback_ptr + row[:, None] * dim + col[None, :],
+                                               mask=m2 & (slot < 0)[:, None], other=0.0)
         else:
             x = tl.load(src + row[:, None] * src_stride + col[None, :], mask=m2, other=0.0)
         x = x.to(tl.float32)

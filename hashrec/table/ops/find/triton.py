@@ -15,8 +15,6 @@ same program, so a lookup is a single launch.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -29,7 +27,7 @@ from hashrec.table._triton_hash import (
     load_tags,
     tagged_hash,
 )
-from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
+from hashrec.table.ops.launch import cdiv, env_int, fast_launch, next_pow2
 from hashrec.table.storage import TableStorage
 
 
@@ -196,19 +194,11 @@ FIND_CONFIG: dict | None = None
 FIND_SPECULATE = False
 
 
-def _wide_probe_from_env() -> int:
-    raw = os.environ.get("HASHREC_WIDE_PROBE_MIN_CAP", "0")
-    try:
-        return max(0, int(raw))
-    except ValueError:
-        raise ValueError(f"HASHREC_WIDE_PROBE_MIN_CAP must be an integer, got {raw!r}") from None
-
-
 # Buckets of at least this many slots confirm their later digest matches four per probe
 # round instead of one (0: never). An 8-bit digest matches about cap / 256 slots of a
 # full bucket at random: some four in the admission counters' 1,024-slot buckets, each
 # a dependent key load when confirmed one at a time. Off until timed on a GPU.
-WIDE_PROBE_MIN_CAP = _wide_probe_from_env()
+WIDE_PROBE_MIN_CAP = max(0, env_int("HASHREC_WIDE_PROBE_MIN_CAP", 0))
 
 
 def probe_round(cap: int) -> int:

@@ -20,14 +20,12 @@ do not depend on thread timing. ``B`` is bounded so that a tile holds about
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
 from hashrec.table.ops.insert.runs import comes_before, insert_run
 from hashrec.table.ops.insert.triton import write_entries
-from hashrec.table.ops.launch import fast_launch, next_pow2
+from hashrec.table.ops.launch import env_int, fast_launch, next_pow2
 
 __all__ = ["UPSERT_BLOCK", "block_positions", "upsert_block_kernel"]
 
@@ -40,11 +38,7 @@ DEFAULT_BLOCK = 32
 
 
 def _block_from_env() -> int:
-    raw = os.environ.get("HASHREC_UPSERT_BLOCK", str(DEFAULT_BLOCK))
-    try:
-        block = int(raw)
-    except ValueError:
-        raise ValueError(f"HASHREC_UPSERT_BLOCK must be an integer, got {raw!r}") from None
+    block = env_int("HASHREC_UPSERT_BLOCK", DEFAULT_BLOCK)
     if block < 0 or block & (block - 1):
         raise ValueError(f"HASHREC_UPSERT_BLOCK must be 0 (off) or a power of two, got {block}")
     return block
