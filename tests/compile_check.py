@@ -30,8 +30,8 @@ _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": 
 
 def _describe(value):
     import torch
-    if isinstance(value, torch.Tensor):
-        return ["tensor", str(value.dtype).removeprefix("torch.")]
+    if isinstance(value, torch.Tensor):  # with whether Triton would take it as 16-byte aligned
+        return ["tensor", str(value.dtype).removeprefix("torch."), value.data_ptr() % 16 == 0]
     if value is None or isinstance(value, (bool, int, float, str)):
         return ["value", value]
     raise TypeError(f"unlogged launch argument {type(value).__name__}")
@@ -91,21 +91,29 @@ def _source(entry: dict):
     fn = getattr(importlib.import_module(entry["module"]), entry["kernel"]).kernel
     bound = dict(zip(fn.arg_names, entry["args"]))
     bound.update({k: v for k, v in entry["kwargs"].items() if k not in _OPTIONS})
-    signature, constexprs = {}, {}
+    signature, constexprs, attrs = {}, {}, {}
     for param in fn.params:
-        kind, value = bound.get(param.name, ["value", param.default])
+        kind, value, *aligned = bound.get(param.name, ["value", param.default])
+        specialize = not param.do_not_specialize
+        on_alignment = specialize and not param.do_not_specialize_on_alignment
         if param.is_constexpr or kind == "value" and (value is None or isinstance(value, str)):
             signature[param.name], constexprs[param.name] = "constexpr", value
         elif kind == "tensor":
             signature[param.name] = "*" + _DTYPES[value]
+            if on_alignment and aligned and aligned[0]:
+                attrs[(param.num,)] = [["tt.divisibility", 16]]
         elif isinstance(value, bool):
             signature[param.name] = "i1"
+        elif isinstance(value, int) and value == 1 and specialize:
+            signature[param.name], constexprs[param.name] = "constexpr", 1
         elif isinstance(value, int):
             signature[param.name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
+            if on_alignment and value % 16 == 0:
+                attrs[(param.num,)] = [["tt.divisibility", 16]]
         else:
             signature[param.name] = "fp32"
     options = {k: v[1] for k, v in entry["kwargs"].items() if k in _OPTIONS}
-    return ASTSource(fn=fn, signature=signature, constexprs=constexprs), options
+    return ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs), options
 
 
 def _int_class(value: int) -> int:
@@ -123,8 +131,8 @@ def _normalized(entry: dict) -> dict:
     import importlib
     fn = getattr(importlib.import_module(entry["module"]), entry["kernel"]).kernel
     args = [[kind, _int_class(value)] if kind == "value" and type(value) is int
-            and not param.is_constexpr else [kind, value]
-            for param, (kind, value) in zip(fn.params, entry["args"])]
+            and not param.is_constexpr else [kind, value, *rest]
+            for param, (kind, value, *rest) in zip(fn.params, entry["args"])]
     return {**entry, "args": args}
 
 

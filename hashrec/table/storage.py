@@ -33,6 +33,10 @@ class TableStorage:
     digests: torch.Tensor
     scores: torch.Tensor
     values: torch.Tensor
+    # False promises that every entry has tag 0 (an unfused table): probes of keys
+    # without tags then skip reading ``tags``. True (the default) is always correct;
+    # ``empty`` starts False, and every insert op given tags sets it (``note_tags``).
+    tagged: bool = True
 
     @classmethod
     def empty(cls, num_buckets: int, bucket_capacity: int, row_dim: int,
@@ -48,7 +52,13 @@ class TableStorage:
             digests=torch.zeros(capacity, dtype=torch.uint8, device=device),
             scores=torch.zeros(capacity, dtype=torch.int64, device=device),
             values=torch.zeros(capacity, row_dim, dtype=dtype, device=device),
+            tagged=False,
         )
+
+    def note_tags(self, tags: torch.Tensor | None) -> None:
+        """Called by the insert ops before they write entries with ``tags`` (None: tag 0)."""
+        if tags is not None:
+            self.tagged = True
 
     @property
     def capacity(self) -> int:

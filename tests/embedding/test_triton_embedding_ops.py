@@ -38,9 +38,11 @@ def _bags(batch: int, max_len: int, num_rows: int, seed: int):
     return inverse.to(DEVICE), offsets.to(DEVICE), weights.to(DEVICE), gen
 
 
-# d80: rows at least 64 wide take the pooling kernel with the row stride specialized
-CASES = [(1, 1, 3, 4), (7, 3, 5, 5), (13, 4, 9, 16), (6, 2, 4, 33), (5, 2, 4, 80)]
-IDS = ["b1-d4", "b7-d5", "b13-d16", "b6-d33", "b5-d80"]
+# d80: rows at least 64 wide take the pooling kernel with the row stride specialized;
+# d64: a power-of-two width of at least 64 is a compile-time constant (EVEN)
+CASES = [(1, 1, 3, 4), (7, 3, 5, 5), (13, 4, 9, 16), (6, 2, 4, 33), (5, 2, 4, 80),
+         (4, 2, 3, 64)]
+IDS = ["b1-d4", "b7-d5", "b13-d16", "b6-d33", "b5-d80", "b4-d64"]
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
@@ -79,18 +81,19 @@ def test_dedup_groups_positions_by_unique_id():
         assert torch.equal(pos, torch.sort(pos).values)
 
 
-def test_pool_from_table_reads_slots_and_fallback():
+@pytest.mark.parametrize("dim", [4, 64], ids=["d4", "d64"])
+def test_pool_from_table_reads_slots_and_fallback(dim):
     inverse, offsets, weights, gen = _bags(9, 3, 6, seed=3)
-    table = torch.randn(20, 7, generator=gen).to(DEVICE)  # dim 4 + 3 state columns
+    table = torch.randn(20, dim + 3, generator=gen).to(DEVICE)  # dim + 3 state columns
     slots = torch.tensor([4, -1, 0, 19, -1, 7], device=DEVICE)
-    fallback = torch.randn(6, 4, generator=gen).to(DEVICE)
-    rows = torch.where((slots >= 0)[:, None], table[slots.clamp(min=0), :4], fallback)
+    fallback = torch.randn(6, dim, generator=gen).to(DEVICE)
+    rows = torch.where((slots >= 0)[:, None], table[slots.clamp(min=0), :dim], fallback)
     got = fused_tt.pool_rows_with_fallback(table, inverse, offsets, weights, True, slots,
-                                           fallback, dim=4)
+                                           fallback, dim=dim)
     torch.testing.assert_close(got, pool_ref.pool_forward(rows, inverse, offsets, weights, True))
     # without fallback rows a missing row reads zeros
     zeros = torch.where((slots >= 0)[:, None], rows, torch.zeros_like(rows))
-    got = fused_tt.pool_rows(table, inverse, offsets, weights, True, slots=slots, dim=4)
+    got = fused_tt.pool_rows(table, inverse, offsets, weights, True, slots=slots, dim=dim)
     torch.testing.assert_close(got, pool_ref.pool_forward(zeros, inverse, offsets, weights, True))
 
 
@@ -100,8 +103,9 @@ SPECS = [SparseSGD(lr=0.1), SparseAdagrad(lr=0.1), SparseRowWiseAdagrad(lr=0.1),
 
 @pytest.mark.parametrize("spec", SPECS, ids=["sgd", "adagrad", "rowwise", "adam"])
 @pytest.mark.parametrize("mean", [False, True], ids=["sum", "mean"])
-def test_reduce_and_apply_matches_reference_update(spec, mean):
-    dim, num_rows = 6, 8
+@pytest.mark.parametrize("dim", [6, 64], ids=["d6", "d64"])
+def test_reduce_and_apply_matches_reference_update(spec, mean, dim):
+    num_rows = 8
     inverse, offsets, weights, gen = _bags(11, 3, num_rows, seed=7)
     table = torch.rand(30, dim + spec.state_dim(dim), generator=gen).to(DEVICE)
     slots = torch.randperm(30, generator=gen)[:num_rows].to(DEVICE)

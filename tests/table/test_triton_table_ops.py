@@ -112,6 +112,9 @@ def test_find_matches_reference(monkeypatch, num_buckets, cap, n, tagged, specul
     hit = expected >= 0
     assert torch.equal(values[hit], storage.values[expected[hit], :3])
     assert torch.all(values[~hit] == 0)
+    if not tagged:  # every entry has tag 0: the probe may skip the tag array
+        storage.tagged = False
+        assert torch.equal(find_tt.find_values(storage, probe, None, dim=3)[0], expected)
 
 
 def test_find_empty_and_untagged_probe_misses_tagged_entry():
@@ -161,6 +164,7 @@ def _colliding_bucket(cap: int, seed: int, spread: int = 1
     keys[stored], tags[stored], stamp[stored] = probes[1:], 0, dig
     storage.keys.copy_(keys)
     storage.tags.copy_(tags)
+    storage.tagged = True  # tags written by hand, not through an insert op
     storage.digests.copy_(stamp)
     return storage, probes.to(DEVICE), tags.to(DEVICE)
 
@@ -519,3 +523,27 @@ def test_upsert_block_positions_keep_tiles_near_their_budget():
     assert block_positions(64, 8192, 100) == 64  # padded to 128
     assert block_positions(4, 8192, 8) == 4
     assert block_positions(64, 512, 1024) == 1
+
+
+@pytest.mark.parametrize("op", ["upsert", "insert"])
+def test_probes_read_tags_once_a_tagged_entry_is_written(op):
+    """An empty storage holds no tag but 0, so a probe without tags skips the tag array;
+    the first write with tags turns the comparison on for good."""
+    storage = TableStorage.empty(2, 8, 2, device=DEVICE)
+    assert not storage.tagged
+    key = torch.tensor([7], dtype=torch.int64, device=DEVICE)
+    score = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    upsert_tt.upsert_slots(storage, key, None, score, allow_evict=False)
+    assert not storage.tagged
+    zero = find_tt.find_slots(storage, key)
+    assert int(zero) >= 0
+    tag = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    if op == "upsert":
+        upsert_tt.upsert_slots(storage, key, tag, score, allow_evict=False)
+    else:
+        insert_tt.insert_keys(storage, key, tag, score, allow_evict=False)
+    assert storage.tagged
+    one = find_tt.find_slots(storage, key, tag)
+    assert int(one) >= 0 and int(one) != int(zero)
+    assert torch.equal(find_tt.find_slots(storage, key), zero)
+    assert torch.equal(find_ref.find_slots(storage, key, tag), one)

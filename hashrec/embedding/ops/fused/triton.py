@@ -26,6 +26,7 @@ from hashrec.table.ops.optimizer.triton import (
     rows_per_program,
     update_rows,
 )
+from hashrec.table.ops.tiles import load_rows
 
 
 def _dim_block(dim: int) -> int:
@@ -38,7 +39,9 @@ def _dim_block(dim: int) -> int:
 def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_ptr, weights_ptr,
                  out_ptr, num_bags, dim, FROM_TABLE: tl.constexpr, HAS_FALLBACK: tl.constexpr,
                  HAS_W: tl.constexpr, MEAN: tl.constexpr, DIM_P2: tl.constexpr,
-                 BB: tl.constexpr):
+                 EVEN: tl.constexpr, BB: tl.constexpr):
+    if EVEN:  # dim == DIM_P2: a compile-time width, so rows move as 16-byte vectors
+        dim = DIM_P2
     bags = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
     bmask = bags < num_bags
     start = tl.load(offsets_ptr + bags, mask=bmask, other=0)
@@ -51,16 +54,14 @@ def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_pt
     while j < longest:
         live = bmask & (j < length)
         row = tl.load(inverse_ptr + start + j, mask=live, other=0)
-        m2 = live[:, None] & cmask
         if FROM_TABLE:
             slot = tl.load(slots_ptr + row, mask=live, other=-1)
-            stored = m2 & (slot >= 0)[:, None]
-            x = tl.load(src + slot[:, None] * src_stride + col[None, :], mask=stored, other=0.0)
+            x = load_rows(src, slot, src_stride, col, live & (slot >= 0), cmask, EVEN)
             if HAS_FALLBACK:  # else a missing row reads zeros
-                x = x.to(tl.float32) + tl.load(fallback_ptr + row[:, None] * dim + col[None, :],
-                                               mask=m2 & (slot < 0)[:, None], other=0.0)
+                x = x.to(tl.float32) + load_rows(fallback_ptr, row, dim, col, live & (slot < 0),
+                                                 cmask, EVEN)
         else:
-            x = tl.load(src + row[:, None] * src_stride + col[None, :], mask=m2, other=0.0)
+            x = load_rows(src, row, src_stride, col, live, cmask, EVEN)
         x = x.to(tl.float32)
         if HAS_W:
             x = x * tl.load(weights_ptr + start + j, mask=live, other=0.0)[:, None]
@@ -104,6 +105,7 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
     if num_bags == 0:
         return out
     dim_p2 = _dim_block(dim)
+    even = dim == dim_p2 and rows.shape[0] > 0  # rows that are not live read row 0
     bb = rows_per_program(dim_p2)
     kernel = _pool_kernel_wide if rows.stride(0) >= 64 else _pool_kernel_narrow
     kernel[(cdiv(num_bags, bb),)](
@@ -112,7 +114,7 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
         offsets.contiguous(), weights.contiguous() if weights is not None else rows, out,
         num_bags, dim, FROM_TABLE=slots is not None, HAS_FALLBACK=fallback is not None,
         HAS_W=weights is not None, MEAN=mean,
-        DIM_P2=dim_p2, BB=bb)
+        DIM_P2=dim_p2, EVEN=even, BB=bb)
     return out
 
 
@@ -124,13 +126,11 @@ def _seg_add(a, a_start, b, b_start):
 
 @triton.jit
 def _position_grads(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, p, live, col,
-                    dim, HAS_W: tl.constexpr, MEAN: tl.constexpr):
+                    dim, HAS_W: tl.constexpr, MEAN: tl.constexpr, EVEN: tl.constexpr):
     """Gradient rows (P, DIM_P2) fp32 of sorted positions ``p`` (weights / bag means applied)."""
-    cmask = col[None, :] < dim
     pos = tl.load(order_ptr + p, mask=live, other=0)
     g_row = tl.load(gidx_ptr + pos, mask=live, other=0)
-    g = tl.load(grad_ptr + g_row[:, None] * dim + col[None, :],
-                mask=live[:, None] & cmask, other=0.0).to(tl.float32)
+    g = load_rows(grad_ptr, g_row, dim, col, live, col[None, :] < dim, EVEN).to(tl.float32)
     if HAS_W:
         g = g * tl.load(weights_ptr + pos, mask=live, other=0.0)[:, None]
     if MEAN:
@@ -143,31 +143,34 @@ def _position_grads(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, p, 
 @triton.jit
 def _finish_rows(acc, rows, done, col, out_ptr, slots_ptr, t_values, dim, row_dim, lr, eps,
                  beta1, beta2, wd, adam_step, APPLY: tl.constexpr, OPT: tl.constexpr,
-                 DIM_P2: tl.constexpr):
+                 DIM_P2: tl.constexpr, EVEN: tl.constexpr):
     """Writes the summed gradient of unique rows ``rows`` where ``done``, or applies it."""
     if APPLY:
         slot = tl.load(slots_ptr + rows, mask=done, other=-1)
         update_rows(t_values, slot, done & (slot >= 0), acc, row_dim, dim, lr, eps, beta1,
-                    beta2, wd, adam_step, OPT, DIM_P2)
+                    beta2, wd, adam_step, OPT, DIM_P2, EVEN)
     else:
         tl.store(out_ptr + rows[:, None] * dim + col[None, :], acc,
                  mask=done[:, None] & (col[None, :] < dim))
 
 
-# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90);
+# EVEN (dim == DIM_P2) makes it a compile-time constant instead.
 @fast_launch
 @triton.jit(do_not_specialize=["dim"])
 def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_ptr,
                   row_start_ptr, part_ptr, out_ptr, slots_ptr, t_values, n, dim, row_dim, lr,
                   eps, beta1, beta2, wd, adam_step, HAS_W: tl.constexpr, MEAN: tl.constexpr,
                   APPLY: tl.constexpr, OPT: tl.constexpr, DIM_P2: tl.constexpr,
-                  CH: tl.constexpr):
+                  EVEN: tl.constexpr, CH: tl.constexpr):
     """Stage 1: segmented sum over CH consecutive sorted positions.
 
     Segments (unique ids) that lie inside the chunk are finished here; the sum of
     the chunk's first segment when it began earlier (head) and of its last one when
     it goes on past the chunk (tail) go to ``part[chunk, 0 / 1]``.
     """
+    if EVEN:  # dim == DIM_P2 (see _pool_body)
+        dim = DIM_P2
     c = tl.program_id(0).to(tl.int64)
     lo = c * CH
     hi = tl.minimum(lo + CH, n)
@@ -176,7 +179,7 @@ def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_p
     live = p < hi
     col = tl.arange(0, DIM_P2)
     g = _position_grads(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, p, live, col,
-                        dim, HAS_W, MEAN)
+                        dim, HAS_W, MEAN, EVEN)
     r = tl.load(seg_ptr + p, mask=live, other=-1)
     prev = tl.load(seg_ptr + p - 1, mask=live & (i > 0), other=-2)
     nxt = tl.load(seg_ptr + p + 1, mask=(p + 1) < hi, other=-3)
@@ -187,21 +190,24 @@ def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_p
     last = tl.load(row_start_ptr + r + 1, mask=ends, other=0)
     inside = ends & (first >= lo) & (last <= hi)
     _finish_rows(acc, r, inside, col, out_ptr, slots_ptr, t_values, dim, row_dim, lr, eps,
-                 beta1, beta2, wd, adam_step, APPLY, OPT, DIM_P2)
+                 beta1, beta2, wd, adam_step, APPLY, OPT, DIM_P2, EVEN)
     which = tl.where(first < lo, 0, 1)
     tl.store(part_ptr + ((c * 2 + which) * DIM_P2)[:, None] + col[None, :], acc,
              mask=(ends & ~inside)[:, None])
 
 
-# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90);
+# EVEN (dim == DIM_P2) makes it a compile-time constant instead.
 @fast_launch
 @triton.jit(do_not_specialize=["dim"])
 def _combine_kernel(seg_ptr, row_start_ptr, part_ptr, out_ptr, slots_ptr, t_values, n, dim,
                     row_dim, lr, eps, beta1, beta2, wd, adam_step, APPLY: tl.constexpr,
-                    OPT: tl.constexpr, DIM_P2: tl.constexpr, CH: tl.constexpr,
-                    BK: tl.constexpr):
+                    OPT: tl.constexpr, DIM_P2: tl.constexpr, EVEN: tl.constexpr,
+                    CH: tl.constexpr, BK: tl.constexpr):
     """Stage 2: the segment that leaves chunk c as its tail sums, in chunk order, its tail
     partial and the head partials of the chunks it covers, then is finished."""
+    if EVEN:
+        dim = DIM_P2
     c = tl.program_id(0).to(tl.int64)
     lo = c * CH
     hi = tl.minimum(lo + CH, n)
@@ -224,16 +230,19 @@ def _combine_kernel(seg_ptr, row_start_ptr, part_ptr, out_ptr, slots_ptr, t_valu
         acc += tl.sum(heads, axis=0)[None, :]
         k0 += BK
     _finish_rows(acc, r, tail, col, out_ptr, slots_ptr, t_values, dim, row_dim, lr, eps,
-                 beta1, beta2, wd, adam_step, APPLY, OPT, DIM_P2)
+                 beta1, beta2, wd, adam_step, APPLY, OPT, DIM_P2, EVEN)
 
 
-# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90);
+# EVEN (dim == DIM_P2) makes it a compile-time constant instead.
 @fast_launch
 @triton.jit(do_not_specialize=["dim"])
 def _empty_rows_kernel(row_start_ptr, out_ptr, slots_ptr, t_values, u, dim, row_dim, lr, eps,
                        beta1, beta2, wd, adam_step, APPLY: tl.constexpr, OPT: tl.constexpr,
-                       DIM_P2: tl.constexpr, BR: tl.constexpr):
+                       DIM_P2: tl.constexpr, EVEN: tl.constexpr, BR: tl.constexpr):
     """Unique rows with no position get a zero gradient (written, or applied)."""
+    if EVEN:
+        dim = DIM_P2
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     rmask = rows < u
     count = (tl.load(row_start_ptr + rows + 1, mask=rmask, other=0)
@@ -241,7 +250,7 @@ def _empty_rows_kernel(row_start_ptr, out_ptr, slots_ptr, t_values, u, dim, row_
     col = tl.arange(0, DIM_P2)
     _finish_rows(tl.zeros([BR, DIM_P2], dtype=tl.float32), rows, rmask & (count == 0), col,
                  out_ptr, slots_ptr, t_values, dim, row_dim, lr, eps, beta1, beta2, wd,
-                 adam_step, APPLY, OPT, DIM_P2)
+                 adam_step, APPLY, OPT, DIM_P2, EVEN)
 
 
 def _sorted_rows(row_start: torch.Tensor, n: int) -> torch.Tensor:
@@ -277,6 +286,7 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
     apply = table_values is not None
     hp = kernel_hyper(spec, lr, step) if apply else KernelHyper(kind=0, lr=0.0)
     dim_p2 = _dim_block(dim)
+    even = dim == dim_p2
     ch = _chunk_rows(dim_p2)
     chunks = cdiv(n, ch)
     seg = _sorted_rows(row_start, n) if sorted_rows is None else sorted_rows.contiguous()
@@ -290,7 +300,7 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
     br = max(1, 4096 // dim_p2)
     _empty_rows_kernel[(cdiv(u, br),)](
         row_start, *target, u, dim, *scalars, APPLY=apply, OPT=hp.kind, DIM_P2=dim_p2,
-        BR=br, num_warps=4)
+        EVEN=even, BR=br, num_warps=4)
     if n == 0:
         return
     _chunk_kernel[(chunks,)](
@@ -298,10 +308,10 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
         offsets if offsets is not None else gidx, order.contiguous(), seg,
         row_start, part, *target, n, dim, *scalars,
         HAS_W=weights is not None, MEAN=offsets is not None, APPLY=apply, OPT=hp.kind,
-        DIM_P2=dim_p2, CH=ch, num_warps=REDUCE_CONFIG["num_warps"])
+        DIM_P2=dim_p2, EVEN=even, CH=ch, num_warps=REDUCE_CONFIG["num_warps"])
     _combine_kernel[(chunks,)](
         seg, row_start, part, *target, n, dim, *scalars, APPLY=apply, OPT=hp.kind,
-        DIM_P2=dim_p2, CH=ch, BK=16, num_warps=4)
+        DIM_P2=dim_p2, EVEN=even, CH=ch, BK=16, num_warps=4)
 
 
 def reduce_rows(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,

@@ -10,13 +10,17 @@ from hashrec.embedding.ops.fused.dedup import bag_of_positions, group_positions
 from hashrec.embedding.ops.fused.triton import reduce_rows
 from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 from hashrec.table.ops.optimizer.triton import rows_per_program
+from hashrec.table.ops.tiles import load_rows
 
 
-# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90).
+# dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90);
+# EVEN (dim == DIM_P2) makes it a compile-time constant instead (16-byte row vectors).
 @fast_launch
 @triton.jit(do_not_specialize=["dim"])
 def _gather_kernel(rows_ptr, inverse_ptr, offsets_ptr, out_ptr, total, max_length, dim,
-                   DIM_P2: tl.constexpr, BR: tl.constexpr):
+                   DIM_P2: tl.constexpr, EVEN: tl.constexpr, BR: tl.constexpr):
+    if EVEN:
+        dim = DIM_P2
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     rmask = r < total
     seq = r // max_length
@@ -26,8 +30,7 @@ def _gather_kernel(rows_ptr, inverse_ptr, offsets_ptr, out_ptr, total, max_lengt
     row = tl.load(inverse_ptr + start + pos, mask=live, other=0)
     col = tl.arange(0, DIM_P2)
     cmask = col[None, :] < dim
-    x = tl.load(rows_ptr + row[:, None] * dim + col[None, :], mask=live[:, None] & cmask,
-                other=0.0)
+    x = load_rows(rows_ptr, row, dim, col, live, cmask, EVEN)
     tl.store(out_ptr + r[:, None] * dim + col[None, :], x.to(tl.float32),
              mask=rmask[:, None] & cmask)
 
@@ -44,7 +47,7 @@ def gather_padded(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tens
     br = rows_per_program(dim_p2)
     _gather_kernel[(cdiv(total, br),)](
         rows.contiguous(), inverse.contiguous(), offsets.contiguous(), out, total, max_length,
-        dim, DIM_P2=dim_p2, BR=br)
+        dim, DIM_P2=dim_p2, EVEN=dim == dim_p2 and rows.shape[0] > 0, BR=br)
     return out
 
 

@@ -82,9 +82,12 @@ def _candidates(t_digests, bucket, dig, mask, CAP: tl.constexpr, LINE: tl.conste
 
 @triton.jit
 def _confirm(t_keys, t_tags, slot, live, key, tag):
-    """Whether the entry at ``slot`` is (key, tag), where ``live``."""
+    """Whether the entry at ``slot`` is (key, tag), where ``live``. ``t_tags`` None: the
+    table holds tag 0 alone (``TableStorage.tagged`` False), and the key decides."""
     same = live & (tl.load(t_keys + slot, mask=live, other=0) == key)
-    return same & (tl.load(t_tags + slot, mask=live, other=0) == tag)
+    if t_tags is not None:
+        same = same & (tl.load(t_tags + slot, mask=live, other=0) == tag)
+    return same
 
 
 @triton.jit
@@ -190,7 +193,9 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
 # rows wider than 32 columns). Benchmarks may set it.
 FIND_CONFIG: dict | None = None
 # Whether find_values reads the row at the lowest digest match before the match is
-# confirmed (``_find_kernel``); off until timed on a GPU (benchmarks/sweep_find_gpu.py).
+# confirmed (``_find_kernel``). Off: on an H200 it was 10-30% slower than reading the
+# row after the match at every load factor and dim (benchmarks/results/
+# find_speculate_gpu.md).
 FIND_SPECULATE = False
 
 
@@ -220,6 +225,12 @@ def probe_block(width: int, num_warps: int = 2, limit: int = 64) -> int:
     return max(1, min(limit, 32 * 32 * num_warps // width))
 
 
+def stored_tags(storage: TableStorage, tags: torch.Tensor | None) -> torch.Tensor | None:
+    """The tag array a probe compares, None when it need not: the table holds tag 0
+    alone and the keys come without tags (tag 0)."""
+    return storage.tags if storage.tagged or tags is not None else None
+
+
 def digest_line(storage: TableStorage) -> tuple[torch.Tensor, int, bool]:
     """The digest array as the probe reads it: (tensor, line width, as 32-bit words)."""
     digests, cap = storage.digests, storage.bucket_capacity
@@ -243,8 +254,8 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     block = min(probe_block(width, config["num_warps"], config["block"]),
                 max(1, 16384 // dim_p2))
     _find_kernel[(cdiv(n, block),)](
-        keys, tags if tags is not None else keys, storage.keys, storage.tags, line,
-        storage.values, slots, values if values is not None else slots, n,
+        keys, tags if tags is not None else keys, storage.keys, stored_tags(storage, tags),
+        line, storage.values, slots, values if values is not None else slots, n,
         storage.num_buckets, HAS_TAGS=tags is not None, WITH_VALUES=values is not None,
         SPECULATE=values is not None and config.get("speculate", FIND_SPECULATE),
         CAP=storage.bucket_capacity, LINE=width, WORDS=words,

@@ -36,6 +36,7 @@ def insert_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
                 scores: torch.Tensor, allow_evict: bool) -> InsertResult:
     """keys (m,) unique and absent, tags (m,) int32 | None, scores (m,) int64 -> InsertResult."""
     device = keys.device
+    storage.note_tags(tags)
     m = keys.numel()
     if m == 0:
         empty = torch.empty(0, dtype=torch.int64, device=device)

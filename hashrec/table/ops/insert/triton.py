@@ -164,6 +164,7 @@ def insert_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     their replacing keys sorted by (bucket, position in the call).
     """
     _validate(storage, keys, tags, scores)
+    storage.note_tags(tags)
     m = keys.numel()
     device = storage.device
     result = _empty_result(m, device)

@@ -42,7 +42,13 @@ from hashrec.table._triton_hash import (
     load_tags,
     tagged_hash,
 )
-from hashrec.table.ops.find.triton import digest_line, probe_block, probe_bucket, probe_round
+from hashrec.table.ops.find.triton import (
+    digest_line,
+    probe_block,
+    probe_bucket,
+    probe_round,
+    stored_tags,
+)
 from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.runs import insert_run
 from hashrec.table.ops.insert.upsert_block import (
@@ -233,8 +239,8 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
     block = probe_block(width)
     _probe_sort_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys,
-        active.view(torch.uint8) if active is not None else keys, storage.keys, storage.tags,
-        line, slots, sort_key, n, nb, shift, HAS_TAGS=tags is not None,
+        active.view(torch.uint8) if active is not None else keys, storage.keys,
+        stored_tags(storage, tags), line, slots, sort_key, n, nb, shift, HAS_TAGS=tags is not None,
         HAS_ACTIVE=active is not None, CAP=storage.bucket_capacity, LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
         BLOCK=block, num_warps=2)
@@ -273,6 +279,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
         raise ValueError(f"active must be bool of shape {tuple(keys.shape)}, "
                          f"got {active.dtype} {tuple(active.shape)}")
     active = active.contiguous() if active is not None else None
+    storage.note_tags(tags)
     keys, scores = keys.contiguous(), scores.contiguous()
     tags = tags.contiguous() if tags is not None else None
     n, device, nb = keys.numel(), storage.device, storage.num_buckets

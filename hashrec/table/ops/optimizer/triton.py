@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
+from hashrec.table.ops.tiles import load_rows
 from hashrec.table.optim import SparseAdagrad, SparseAdam, SparseRowWiseAdagrad, SparseSGD
 
 OPT_SGD, OPT_ADAGRAD, OPT_ROWWISE, OPT_ADAM = 0, 1, 2, 3
@@ -61,18 +62,22 @@ def kernel_hyper(spec, lr: float | None, step: int) -> KernelHyper:
 
 @triton.jit
 def update_rows(t_values, slot, rmask, g, row_dim, dim, lr, eps, beta1, beta2, wd,
-                adam_step, OPT: tl.constexpr, DIM_P2: tl.constexpr):
-    """Applies one optimizer step to rows ``slot`` (R,) given fp32 grads g (R, DIM_P2)."""
+                adam_step, OPT: tl.constexpr, DIM_P2: tl.constexpr, EVEN: tl.constexpr = False):
+    """Applies one optimizer step to rows ``slot`` (R,) given fp32 grads g (R, DIM_P2).
+
+    EVEN: ``dim`` is the constexpr DIM_P2, and rows are read as whole vectors
+    (``load_rows``)."""
     col = tl.arange(0, DIM_P2)
     cmask = col[None, :] < dim
     m2 = rmask[:, None] & cmask
     base = t_values + slot[:, None] * row_dim
-    w_raw = tl.load(base + col[None, :], mask=m2, other=0.0)
+    w_raw = load_rows(t_values, slot, row_dim, col, rmask, cmask, EVEN)
     w = w_raw.to(tl.float32)
     if OPT == 0:
         w = w - lr * g
     elif OPT == 1:
-        s = tl.load(base + dim + col[None, :], mask=m2, other=0.0).to(tl.float32) + g * g
+        s = load_rows(t_values + dim, slot, row_dim, col, rmask, cmask, EVEN).to(tl.float32)
+        s = s + g * g
         tl.store(base + dim + col[None, :], s.to(w_raw.dtype), mask=m2)
         w = w - lr * g / (tl.sqrt(s) + eps)
     elif OPT == 2:
@@ -82,8 +87,8 @@ def update_rows(t_values, slot, rmask, g, row_dim, dim, lr, eps, beta1, beta2, w
         w = w - lr * g / (tl.sqrt(s)[:, None] + eps)
     else:
         g = g + wd * w
-        m = tl.load(base + dim + col[None, :], mask=m2, other=0.0).to(tl.float32)
-        v = tl.load(base + 2 * dim + col[None, :], mask=m2, other=0.0).to(tl.float32)
+        m = load_rows(t_values + dim, slot, row_dim, col, rmask, cmask, EVEN).to(tl.float32)
+        v = load_rows(t_values + 2 * dim, slot, row_dim, col, rmask, cmask, EVEN).to(tl.float32)
         m = beta1 * m + (1.0 - beta1) * g
         v = beta2 * v + (1.0 - beta2) * g * g
         tl.store(base + dim + col[None, :], m.to(w_raw.dtype), mask=m2)

@@ -18,7 +18,8 @@ def rehash(storage: TableStorage, num_buckets: int) -> TableStorage:
     occupied = torch.nonzero(storage.digests).flatten()
     grown = TableStorage.empty(num_buckets, storage.bucket_capacity, storage.row_dim,
                                storage.values.dtype, storage.device)
-    result = insert_keys(grown, storage.keys[occupied], storage.tags[occupied],
+    tags = storage.tags[occupied] if storage.tagged else None  # else every tag is 0
+    result = insert_keys(grown, storage.keys[occupied], tags,
                          storage.scores[occupied], allow_evict=False)
     if bool((result.slots < 0).any()):
         raise RuntimeError(
