@@ -138,8 +138,9 @@ def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int)
     batches = [_batch(stored, n) for _ in range(2 * (reps + 2))]
     foi = time_device_ms(lambda k: _find_or_insert(storage, k), reps,
                          setup=lambda i: batches[i])
-    if ARGS.profile and DEVICE.type == "cuda" and dim == ARGS.dims[-1]:
-        _profile(storage, batches[0], vals)
+    if ARGS.profile and DEVICE.type == "cuda" and dim in (ARGS.dims[0], ARGS.dims[-1]):
+        print(f"profile: load factor {ARGS.load_factors}, dim {dim}, a fresh batch", flush=True)
+        _profile(storage, _batch(stored, n), _batch(stored, n), vals)
     row = {"dim": dim, "find_hit_rate": hit_rate, "find_sweep_bkvs": sweep,
            "find_other_tagged_ms": other["device_ms"]}
     for op, t in (("find", find), ("insert_or_assign", ioa), ("find_or_insert", foi)):
@@ -150,11 +151,14 @@ def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int)
     return row
 
 
-def _profile(storage: TableStorage, keys: torch.Tensor, vals: torch.Tensor) -> None:
+def _profile(storage: TableStorage, ioa_keys: torch.Tensor, foi_keys: torch.Tensor,
+             vals: torch.Tensor) -> None:
+    """Kernel times of one insert_or_assign and one find_or_insert, each of a batch the
+    table has not seen (60% present, 40% new)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        _insert_or_assign(storage, keys, vals)
-        _find_or_insert(storage, keys)
+        _insert_or_assign(storage, ioa_keys, vals)
+        _find_or_insert(storage, foi_keys)
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14), flush=True)
 

@@ -547,3 +547,23 @@ def test_probes_read_tags_once_a_tagged_entry_is_written(op):
     assert int(one) >= 0 and int(one) != int(zero)
     assert torch.equal(find_tt.find_slots(storage, key), zero)
     assert torch.equal(find_ref.find_slots(storage, key, tag), one)
+
+
+@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
+@pytest.mark.parametrize("cap,num_buckets", [(6, 40), (8, 32), (40, 6)],
+                         ids=["cap6-bytes", "cap8-words", "cap40-words"])
+def test_upsert_block_places_runs_into_scattered_empty_slots(monkeypatch, cap, num_buckets,
+                                                             allow_evict):
+    """Buckets with holes left by erased entries: a run's r-th miss takes the r-th empty
+    slot in slot order, found from digest words (capacity a multiple of 4) or bytes."""
+    _use_launch(monkeypatch, "block8-w4")
+    base, keys, _ = _filled(num_buckets, cap, int(0.9 * num_buckets * cap), seed=cap)
+    gen = torch.Generator().manual_seed(cap + 1)
+    occupied = torch.nonzero(base.digests).flatten()
+    holes = occupied[torch.rand(occupied.shape, generator=gen).to(DEVICE) < 0.35]
+    erase_ref.erase_slots(base, holes)
+    present = keys[find_ref.find_slots(base, keys) >= 0]
+    new = _random_keys(num_buckets * cap // 3, gen).to(DEVICE)
+    batch = torch.cat([present[:20], new, new[:5]])
+    scores = torch.randint(0, 6, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+    _check_upsert(base, batch, None, scores, allow_evict)

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from hashrec.table._triton_hash import check_keys, hash_keys
+from hashrec.table.ops.find.triton import stored_tags
 from hashrec.table.ops.launch import fast_launch, next_pow2
 from hashrec.table.storage import InsertResult, TableStorage
 
@@ -91,14 +92,19 @@ def write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, 
                   t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores,
                   ALLOW_EVICT: tl.constexpr):
     """Saves evicted entries (where ``ev``) at incoming index i, then writes the incoming
-    keys' index fields into ``slot`` where ``ok``."""
+    keys' index fields into ``slot`` where ``ok``. ``t_tags`` None: the table holds tag 0
+    alone (``stored_tags``), so no tag is read or written."""
     if ALLOW_EVICT:
         tl.store(ev_keys + i, tl.load(t_keys + slot, mask=ev, other=0), mask=ev)
-        tl.store(ev_tags + i, tl.load(t_tags + slot, mask=ev, other=0), mask=ev)
+        if t_tags is not None:
+            tl.store(ev_tags + i, tl.load(t_tags + slot, mask=ev, other=0), mask=ev)
+        else:
+            tl.store(ev_tags + i, tl.zeros_like(slot).to(tl.int32), mask=ev)
         tl.store(ev_scores + i, tl.load(t_scores + slot, mask=ev, other=0), mask=ev)
         tl.store(out_evicted + i, ev.to(tl.int8), mask=mi)
     tl.store(t_keys + slot, key, mask=ok)
-    tl.store(t_tags + slot, tl.load(in_tags + i, mask=ok, other=0), mask=ok)
+    if t_tags is not None:  # None: the table holds tag 0 alone, and keeps it
+        tl.store(t_tags + slot, tl.load(in_tags + i, mask=ok, other=0), mask=ok)
     tl.store(t_scores + slot, score, mask=ok)
     tl.store(t_digests + slot, tl.load(in_digests + i, mask=ok, other=1), mask=ok)
 
@@ -170,6 +176,7 @@ def insert_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     result = _empty_result(m, device)
     if m == 0:
         return result
+    t_tags = stored_tags(storage, tags)
     tags = tags if tags is not None else torch.zeros(m, dtype=torch.int32, device=device)
     buckets, digests = hash_keys(keys, tags, storage.num_buckets)
     sorted_buckets, perm = torch.sort(buckets, stable=True)
@@ -183,7 +190,7 @@ def insert_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     cap = storage.bucket_capacity
     _insert_kernel[(uniq.numel(),)](
         keys[perm], tags[perm], scores[perm], digests[perm], perm, seg_start, uniq,
-        storage.keys, storage.tags, storage.digests, storage.scores, result.slots,
+        storage.keys, t_tags, storage.digests, storage.scores, result.slots,
         evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT=bool(allow_evict),
         CAP=cap, CAP_P2=next_pow2(cap), BI=16, num_warps=4)
     if allow_evict:

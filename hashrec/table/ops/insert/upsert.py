@@ -214,8 +214,9 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
         kept = hit & (slot >= 0)
         key = tl.load(keys_ptr + pos, mask=kept, other=0)
         kept = kept & (tl.load(t_keys + slot, mask=kept, other=0) == key)
-        tag = load_tags(tags_ptr, pos, kept, HAS_TAGS)
-        kept = kept & (tl.load(t_tags + slot, mask=kept, other=0) == tag)
+        if t_tags is not None:  # None: the table holds tag 0 alone (``stored_tags``)
+            tag = load_tags(tags_ptr, pos, kept, HAS_TAGS)
+            kept = kept & (tl.load(t_tags + slot, mask=kept, other=0) == tag)
         slot = tl.where(kept, slot, -1)
         is_first = miss & (first == i)
         ev = tl.load(evicted_ptr + i, mask=is_first, other=0)
@@ -305,7 +306,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     cap = storage.bucket_capacity
     config, block = UPSERT_CONFIG, UPSERT_BLOCK
     args = (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, storage.keys,
-            storage.tags, storage.digests, storage.scores, out, evicted, *ev)
+            stored_tags(storage, tags), storage.digests, storage.scores, out, evicted, *ev)
     if block["block"]:
         b = block_positions(block["block"], block["elements"], cap)
         upsert_block_kernel[(cdiv(n, b),)](
@@ -316,8 +317,8 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
             *args, ALLOW_EVICT=bool(allow_evict), CAP=cap, CAP_P2=next_pow2(cap),
             BI=config["bi"], RUNS=config["runs"], num_warps=config["num_warps"])
     _finalize_kernel[grid](
-        sort_key, perm, first, out, keys, tag_arg, storage.keys, storage.tags, slots,
-        flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, n,
+        sort_key, perm, first, out, keys, tag_arg, storage.keys, stored_tags(storage, tags),
+        slots, flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, n,
         HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), SENTINEL=sentinel,
         BLOCK=512)
     return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n])
