@@ -6,10 +6,16 @@ lower). This closes that gap without a GPU:
 
 1. as a pytest plugin (``-p tests.compile_check`` with ``HASHREC_LAUNCH_LOG=FILE``),
    every interpreted ``fast_launch`` kernel launch is logged once: the kernel, its
-   arguments' types and its constexpr values (``make test`` does this);
+   arguments' types (and whether each tensor is 16-byte aligned) and its constexpr
+   values (``make test`` does this);
 2. ``python -m tests.compile_check FILE`` then, in a process without the interpreter,
    compiles each distinct launch ahead of time to a cubin for sm_90 (the H100/H200),
    and fails naming every launch that does not compile.
+
+Each launch compiles with the specializations Triton's launcher would give it on a
+GPU: aligned tensors and integers divisible by 16 carry ``tt.divisibility``, integers
+equal to 1 become constants (unless the kernel opts out). They matter: a row load
+that vectorizes under them can fail to compile where the unspecialized one compiles.
 """
 
 from __future__ import annotations

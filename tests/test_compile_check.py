@@ -52,3 +52,17 @@ def test_a_missing_log_is_an_error_without_a_gpu(tmp_path, monkeypatch):
         main([log])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert main([log]) == 0
+
+
+def test_launches_compile_with_the_gpu_launchers_specializations():
+    """Aligned tensors and integers divisible by 16 carry tt.divisibility, an integer equal
+    to 1 becomes a constant; an unaligned tensor and other integers carry nothing."""
+    sys.path.insert(0, ROOT)
+    from tests.compile_check import _normalized, _source
+    entry = _launch(1024)
+    entry["args"] = ([["tensor", "int64", True]] * 5 + [["tensor", "int64", False]]
+                     + [["value", 48], ["value", 1], ["value", 7]])
+    source, _ = _source(_normalized(entry))
+    assert source.attrs == {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 6)}
+    assert source.signature["num_bags"] == "constexpr" and source.constants[(7,)] == 1
+    assert source.signature["steps"] == "i32" and (8,) not in source.attrs
