@@ -44,8 +44,6 @@ def _args() -> argparse.Namespace:
                         "each (0: per-position form; default: the library's setting)")
     p.add_argument("--upsert-width", type=int, default=None,
                    help="block form: longest run placed in tiles (default: the library's)")
-    p.add_argument("--find-speculate", action="store_true",
-                   help="find reads the row at the lowest digest match before confirming it")
     p.add_argument("--tagged", action="store_true",
                    help="probes also compare the tag array (a fused table's storage); by "
                         "default the table is an unfused one (every tag 0, not read)")
@@ -164,7 +162,6 @@ def _profile(storage: TableStorage, ioa_keys: torch.Tensor, foi_keys: torch.Tens
 
 
 def main() -> None:
-    find_tt.FIND_SPECULATE = ARGS.find_speculate or find_tt.FIND_SPECULATE
     if ARGS.upsert_block is not None:
         upsert_tt.UPSERT_BLOCK["block"] = ARGS.upsert_block
     if ARGS.upsert_width is not None:
@@ -173,7 +170,7 @@ def main() -> None:
                "batch": ARGS.batch, "bucket_capacity": 128,
                "upsert_config": dict(upsert_tt.UPSERT_CONFIG),
                "upsert_block": dict(upsert_tt.UPSERT_BLOCK),
-               "find_speculate": find_tt.FIND_SPECULATE, "rows": []}
+               "tagged": ARGS.tagged, "rows": []}
     for lf in ARGS.load_factors:
         index = TableStorage.empty(ARGS.slots // 128, 128, 1, device=DEVICE)
         offered = _fill(index, lf)
@@ -206,8 +203,8 @@ def _write(results: dict) -> None:
         write_results(ARGS.out, results,
                       f"# Table ops on GPU\n\nCommand: `{results['command']}`\n\n"
                       f"Insert programs: {results['upsert_block']} (block 0: one program "
-                      f"per sorted position, {results['upsert_config']}); find rows "
-                      f"speculated: {results['find_speculate']}.\n\n"
+                      f"per sorted position, {results['upsert_config']}); tags compared: "
+                      f"{results['tagged']} (False: an unfused table, every tag 0).\n\n"
                       f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
                       f"{env['triton']}; {results['slots']} slots (bucket 128), "
                       f"{results['batch']} keys per call, find batches 60% present.\n\n"

@@ -8,10 +8,9 @@
 #   gpu_tests      the compiled table-op comparisons against the reference (large sizes)
 #   upsert_sweep   insert_or_assign per insert-program launch: one program per sorted
 #                  position against the block form (UPSERT_BLOCK), at three load factors
-#   find_sweep     find_values with and without the speculated row read (FIND_SPECULATE)
+#   find_sweep     find_values at two launch configs (digest words against bytes)
 #   table_ops      HierarchicalKV's setup (bench_table_gpu.py) with BLOCK (default 32, the
-#                  library's) positions per insert program and FIND_SPEC (default 1)
-#                  speculated rows
+#                  library's) positions per insert program
 #   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection)
 #   ab_train       the training run on 1,000,000 generated rows (made when missing, in
 #                  /tmp/hashrec_bench_data): this tree against itself with
@@ -35,10 +34,9 @@ write_env "$out"
       --reps 5 --runs 1 --warps 1 4 --block 0 32 64 --width 2 4 \
       --out "$out/upsert_launch_gpu"
   step find_sweep 200 python3 benchmarks/sweep_find_gpu.py --configs 64x2 64x4 \
-      --kinds words spec --reps 7 --out "$out/find_speculate_gpu"
-  spec=(); [ "${FIND_SPEC:-1}" = 1 ] && spec=(--find-speculate)
+      --kinds words bytes --reps 7 --out "$out/find_sweep_gpu"
   step table_ops 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-block "$block" \
-      "${spec[@]}" --out "$out/table_gpu"
+      --out "$out/table_gpu"
   step embedding 150 python3 benchmarks/bench_embedding_layer.py --out "$out/embedding_layer_gpu"
   step ab_train 420 python3 benchmarks/ab_train.py \
       --trees ".+HASHREC_UPSERT_BLOCK=0,.,.+HASHREC_WIDE_PROBE_MIN_CAP=512" \

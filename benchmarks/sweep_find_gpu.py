@@ -9,9 +9,7 @@ insert kernel), then for each load factor and dim every variant runs
   two candidates per round) at each BLOCKxWARPS config;
 * ``bytes``: the same probe on the digest bytes (the fallback for bucket
   capacities that are not a multiple of 4);
-* ``spec``: ``words`` reading the row at the lowest digest match together with the
-  keys that confirm it (``FIND_SPECULATE``), one round of memory latency less;
-* ``kernel``: ``words`` (and ``spec``) at the default config, timed as back-to-back
+* ``kernel``: ``words`` at the default config, timed as back-to-back
   launches into preallocated outputs (GPU throughput without per-call host work).
 
 Each timing is the median of ``--reps`` single calls between syncs (as in
@@ -39,8 +37,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--dims", type=int, nargs="+", default=[8, 128])
     p.add_argument("--configs", nargs="+",
                    default=["32x2", "32x4", "64x2", "64x4", "64x8", "128x4", "128x8", "256x8"])
-    p.add_argument("--kinds", nargs="+", default=["words", "bytes", "spec"],
-                   choices=["words", "bytes", "spec"], help="probe variants to time")
+    p.add_argument("--kinds", nargs="+", default=["words", "bytes"],
+                   choices=["words", "bytes"], help="probe variants to time")
     p.add_argument("--reps", type=int, default=10)
     add_out_and_smoke(p)
     args = parse_with_smoke(p)
@@ -73,7 +71,7 @@ def _bytes_config(storage: TableStorage, keys: torch.Tensor, values: torch.Tenso
     block = max(1, min(block, 16384 // max(CAP, dim_p2)))
     find_tt._find_kernel[(triton.cdiv(n, block),)](
         keys, keys, storage.keys, storage.tags, storage.digests, storage.values, slots, values,
-        n, storage.num_buckets, HAS_TAGS=False, WITH_VALUES=True, SPECULATE=False, CAP=CAP,
+        n, storage.num_buckets, HAS_TAGS=False, WITH_VALUES=True, CAP=CAP,
         LINE=CAP, ROUND=1,
         WORDS=False, POW2=True, ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2, BLOCK=block,
         num_warps=warps)
@@ -88,7 +86,7 @@ def _variants() -> dict:
                 out[f"bytes {cfg}"] = (lambda b, w: lambda s, k, v, o: _bytes_config(
                     s, k, v, o, b, w))(block, warps)
                 continue
-            config = {"block": block, "num_warps": warps, "speculate": kind == "spec"}
+            config = {"block": block, "num_warps": warps}
             out[f"{kind} {cfg}"] = (lambda c: lambda s, k, v, o: find_tt.launch_find(
                 s, k, None, o, v, c))(config)
     return out
@@ -143,10 +141,6 @@ def sweep_dim(index: TableStorage, stored: torch.Tensor, dim: int) -> dict:
         n / time_ms(_e2e(storage, probe, dim), ARGS.reps) / 1e6 if ok else "MISMATCH")
     row["bkvs"]["kernel back to back"] = n / _back_to_back_ms(
         lambda: find_tt.launch_find(storage, probe, None, slots, values)) / 1e6
-    if "spec" in ARGS.kinds:
-        default = {**find_tt._config(triton.next_power_of_2(dim)), "speculate": True}
-        row["bkvs"]["spec kernel back to back"] = n / _back_to_back_ms(
-            lambda: find_tt.launch_find(storage, probe, None, slots, values, default)) / 1e6
     return row
 
 

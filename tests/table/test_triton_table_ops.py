@@ -97,9 +97,7 @@ def test_hash_keys_matches_hashing_bit_for_bit(num_buckets):
 @pytest.mark.parametrize("num_buckets,cap,n", [(1, 8, 12), (5, 16, 60), (4, 16, 60),
                                                (3, 128, 200)],
                          ids=["nb1-cap8", "nb5-cap16", "nb4-cap16", "nb3-cap128"])
-@pytest.mark.parametrize("speculate", [False, True], ids=["rows-after", "rows-speculated"])
-def test_find_matches_reference(monkeypatch, num_buckets, cap, n, tagged, speculate):
-    monkeypatch.setattr(find_tt, "FIND_SPECULATE", speculate)
+def test_find_matches_reference(num_buckets, cap, n, tagged):
     storage, keys, tags = _filled(num_buckets, cap, n, seed=n, tagged=tagged)
     gen = torch.Generator().manual_seed(1)
     probe = torch.cat([keys, _random_keys(20, gen).to(DEVICE)])
@@ -172,14 +170,11 @@ def _colliding_bucket(cap: int, seed: int, spread: int = 1
 @pytest.mark.parametrize("cap,spread", [(6, 1), (8, 1), (40, 1), (128, 1), (1024, 32)],
                          ids=["cap6", "cap8", "cap40", "cap128", "cap1024"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("speculate", [False, True], ids=["rows-after", "rows-speculated"])
 @pytest.mark.parametrize("wide_from", [0, 8], ids=["one-per-round", "four-per-round"])
 def test_find_with_colliding_digests_matches_reference(monkeypatch, cap, spread, seed,
-                                                       speculate, wide_from):
-    """Slots and rows: most probes' first digest match is not their slot (a speculated
-    row read at it must be replaced), and most slots are candidates, confirmed one or
-    four per probe round."""
-    monkeypatch.setattr(find_tt, "FIND_SPECULATE", speculate)
+                                                       wide_from):
+    """Slots and rows: most probes' first digest match is not their slot, and most slots
+    are candidates, confirmed one or four per probe round."""
     monkeypatch.setattr(find_tt, "WIDE_PROBE_MIN_CAP", wide_from)
     storage, probes, _ = _colliding_bucket(cap, seed, spread)
     storage.values.copy_(torch.arange(storage.values.numel(), dtype=storage.values.dtype,

@@ -152,38 +152,25 @@ def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl
 @triton.jit
 def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_slots,
                  out_values, n, num_buckets, HAS_TAGS: tl.constexpr, WITH_VALUES: tl.constexpr,
-                 SPECULATE: tl.constexpr, CAP: tl.constexpr, LINE: tl.constexpr,
-                 WORDS: tl.constexpr, POW2: tl.constexpr, ROUND: tl.constexpr,
-                 ROW_DIM: tl.constexpr, DIM: tl.constexpr, DIM_P2: tl.constexpr,
-                 BLOCK: tl.constexpr):
-    """Slots (and rows) of BLOCK keys. With SPECULATE, the row at the lowest digest match
-    is read together with the keys that confirm it: the match is almost always there,
-    and the row no longer waits for the confirmation (one round of memory latency
-    less); a key found at a later match reads its row afterwards."""
+                 CAP: tl.constexpr, LINE: tl.constexpr, WORDS: tl.constexpr,
+                 POW2: tl.constexpr, ROUND: tl.constexpr, ROW_DIM: tl.constexpr,
+                 DIM: tl.constexpr, DIM_P2: tl.constexpr, BLOCK: tl.constexpr):
+    """Slots (and rows) of BLOCK keys. Each row is read once its key is confirmed
+    (reading the row at the lowest digest match beside the confirming loads was 10-30%
+    slower on an H200: ``benchmarks/results/find_speculate_gpu.md``)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     key = tl.load(keys_ptr + offs, mask=mask, other=0)
     tag = load_tags(tags_ptr, offs, mask, HAS_TAGS)
     base, cand, ccol, first = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE,
                                            WORDS, POW2)
-    col = tl.arange(0, DIM_P2)
-    cmask = col[None, :] < DIM
-    if WITH_VALUES and SPECULATE:
-        guess = base + first
-        row = tl.load(t_values + guess[:, None] * ROW_DIM + col[None, :],
-                      mask=(mask & (first < CAP))[:, None] & cmask, other=0.0)
     slot = _probe_finish(key, tag, t_keys, t_tags, base, cand, ccol, first, CAP, WORDS, ROUND)
     tl.store(out_slots + offs, slot, mask=mask)
     if WITH_VALUES:
+        col = tl.arange(0, DIM_P2)
+        cmask = col[None, :] < DIM
         found = (slot >= 0)[:, None] & cmask
-        if SPECULATE:
-            late = found & (slot != guess)[:, None]
-            row = tl.where(late, tl.load(t_values + slot[:, None] * ROW_DIM + col[None, :],
-                                         mask=late, other=0.0), row)
-            row = tl.where(found, row, 0.0)
-        else:
-            row = tl.load(t_values + slot[:, None] * ROW_DIM + col[None, :], mask=found,
-                          other=0.0)
+        row = tl.load(t_values + slot[:, None] * ROW_DIM + col[None, :], mask=found, other=0.0)
         tl.store(out_values + offs[:, None] * DIM + col[None, :], row,
                  mask=mask[:, None] & cmask)
 
@@ -192,11 +179,6 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
 # of a sweep on an H200: 64 keys and 2 warps for slots or narrow rows, 4 warps for
 # rows wider than 32 columns). Benchmarks may set it.
 FIND_CONFIG: dict | None = None
-# Whether find_values reads the row at the lowest digest match before the match is
-# confirmed (``_find_kernel``). Off: on an H200 it was 10-30% slower than reading the
-# row after the match at every load factor and dim (benchmarks/results/
-# find_speculate_gpu.md).
-FIND_SPECULATE = False
 
 
 # Buckets of at least this many slots confirm their later digest matches four per probe
@@ -257,7 +239,6 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         keys, tags if tags is not None else keys, storage.keys, stored_tags(storage, tags),
         line, storage.values, slots, values if values is not None else slots, n,
         storage.num_buckets, HAS_TAGS=tags is not None, WITH_VALUES=values is not None,
-        SPECULATE=values is not None and config.get("speculate", FIND_SPECULATE),
         CAP=storage.bucket_capacity, LINE=width, WORDS=words,
         POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
         ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2,
