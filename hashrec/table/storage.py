@@ -13,6 +13,10 @@ An entry's identity is (key, tag) with ``h = mix_tagged(key, tag)``; it lives on
 in bucket ``bucket_of(h, num_buckets)``, i.e. slots ``[b * bucket_capacity,
 (b + 1) * bucket_capacity)``. Occupancy lives in ``digests``, outside the key
 space, so every int64 value is a legal key.
+
+``tagged`` False records that every entry has tag 0 (an unfused table): probes of
+keys without tags then skip the tag array, and inserts without tags neither read nor
+write it. An empty storage starts so; the first insert given tags sets it for good.
 """
 
 from __future__ import annotations
