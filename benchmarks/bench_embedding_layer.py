@@ -58,7 +58,7 @@ ARGS = _args()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _timing import copy_bandwidth, environment, time_device_ms, time_ms, write_results  # noqa: E402
+from _timing import copy_bandwidth, environment, time_device_ms, write_results  # noqa: E402
 
 from hashrec.embedding.ops.fused import dedup  # noqa: E402
 from hashrec.embedding.ops.fused import triton as fused_tt  # noqa: E402
@@ -130,8 +130,9 @@ def _fused(spec, batches, grads) -> dict:
     for cfg in ARGS.reduce_configs:
         elements, warps = (int(x) for x in cfg.split("x"))
         fused_tt.REDUCE_CONFIG.update(elements=elements, num_warps=warps)
-        sweep[cfg] = time_ms(lambda s: model.backward(grads, s[1], s[2]), len(batches) - 2,
-                             setup=lambda i: states[i])
+        t = time_device_ms(lambda s: model.backward(grads, s[1], s[2]), len(batches) - 2,
+                           setup=lambda i: states[i % len(states)])
+        sweep[cfg] = {"device_ms": t["device_ms"], "call_ms": t["call_ms"]}
     fused_tt.REDUCE_CONFIG.update(default)
     return {"forward_ms": fwd["device_ms"], "backward_ms": bwd["device_ms"],
             "forward_call_ms": fwd["call_ms"], "backward_call_ms": bwd["call_ms"],

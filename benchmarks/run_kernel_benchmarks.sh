@@ -11,7 +11,8 @@
 #   find_sweep     find_values at two launch configs (digest words against bytes)
 #   table_ops      HierarchicalKV's setup (bench_table_gpu.py) with BLOCK (default 32, the
 #                  library's) positions per insert program
-#   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection)
+#   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection),
+#                  with the backward's stage-1 tile swept (device time and one call)
 #   ab_train       the training run on 1,000,000 generated rows (made when missing, in
 #                  /tmp/hashrec_bench_data): this tree against itself with
 #                  HASHREC_UPSERT_BLOCK=0 (one insert program per sorted position) and
@@ -37,7 +38,8 @@ write_env "$out"
       --kinds words bytes --reps 7 --out "$out/find_sweep_gpu"
   step table_ops 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-block "$block" \
       --out "$out/table_gpu"
-  step embedding 150 python3 benchmarks/bench_embedding_layer.py --out "$out/embedding_layer_gpu"
+  step embedding 200 python3 benchmarks/bench_embedding_layer.py \
+      --reduce-configs 2048x4 2048x8 4096x4 --out "$out/embedding_layer_gpu"
   step ab_train 420 python3 benchmarks/ab_train.py \
       --trees ".+HASHREC_UPSERT_BLOCK=0,.,.+HASHREC_WIDE_PROBE_MIN_CAP=512" \
       --configs dynamicemb --nproc 1 --rounds "${ROUNDS:-2}" --data_dir "$data" \
