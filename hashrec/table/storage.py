@@ -37,10 +37,7 @@ class TableStorage:
     digests: torch.Tensor
     scores: torch.Tensor
     values: torch.Tensor
-    # False promises that every entry has tag 0 (an unfused table): probes of keys
-    # without tags then skip reading ``tags``. True (the default) is always correct;
-    # ``empty`` starts False, and every insert op given tags sets it (``note_tags``).
-    tagged: bool = True
+    tagged: bool = True  # see the module docstring; True is always correct
 
     @classmethod
     def empty(cls, num_buckets: int, bucket_capacity: int, row_dim: int,
@@ -63,6 +60,11 @@ class TableStorage:
         """Called by the insert ops before they write entries with ``tags`` (None: tag 0)."""
         if tags is not None:
             self.tagged = True
+
+    def probe_tags(self, tags: torch.Tensor | None) -> torch.Tensor | None:
+        """The tag array a kernel given keys with ``tags`` reads and writes; None when it
+        need not (every entry has tag 0 and the keys come without tags)."""
+        return self.tags if self.tagged or tags is not None else None
 
     @property
     def capacity(self) -> int:

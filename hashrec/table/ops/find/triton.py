@@ -207,12 +207,6 @@ def probe_block(width: int, num_warps: int = 2, limit: int = 64) -> int:
     return max(1, min(limit, 32 * 32 * num_warps // width))
 
 
-def stored_tags(storage: TableStorage, tags: torch.Tensor | None) -> torch.Tensor | None:
-    """The tag array a probe compares, None when it need not: the table holds tag 0
-    alone and the keys come without tags (tag 0)."""
-    return storage.tags if storage.tagged or tags is not None else None
-
-
 def digest_line(storage: TableStorage) -> tuple[torch.Tensor, int, bool]:
     """The digest array as the probe reads it: (tensor, line width, as 32-bit words)."""
     digests, cap = storage.digests, storage.bucket_capacity
@@ -236,7 +230,7 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     block = min(probe_block(width, config["num_warps"], config["block"]),
                 max(1, 16384 // dim_p2))
     _find_kernel[(cdiv(n, block),)](
-        keys, tags if tags is not None else keys, storage.keys, stored_tags(storage, tags),
+        keys, tags if tags is not None else keys, storage.keys, storage.probe_tags(tags),
         line, storage.values, slots, values if values is not None else slots, n,
         storage.num_buckets, HAS_TAGS=tags is not None, WITH_VALUES=values is not None,
         CAP=storage.bucket_capacity, LINE=width, WORDS=words,

@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 from hashrec.table._triton_hash import check_keys, hash_keys
-from hashrec.table.ops.find.triton import stored_tags
 from hashrec.table.ops.launch import fast_launch, next_pow2
 from hashrec.table.storage import InsertResult, TableStorage
 
@@ -93,7 +92,7 @@ def write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, 
                   ALLOW_EVICT: tl.constexpr):
     """Saves evicted entries (where ``ev``) at incoming index i, then writes the incoming
     keys' index fields into ``slot`` where ``ok``. ``t_tags`` None: the table holds tag 0
-    alone (``stored_tags``), so no tag is read or written."""
+    alone (``TableStorage.probe_tags``), so no tag is read or written."""
     if ALLOW_EVICT:
         tl.store(ev_keys + i, tl.load(t_keys + slot, mask=ev, other=0), mask=ev)
         if t_tags is not None:
@@ -176,7 +175,7 @@ def insert_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     result = _empty_result(m, device)
     if m == 0:
         return result
-    t_tags = stored_tags(storage, tags)
+    t_tags = storage.probe_tags(tags)
     tags = tags if tags is not None else torch.zeros(m, dtype=torch.int32, device=device)
     buckets, digests = hash_keys(keys, tags, storage.num_buckets)
     sorted_buckets, perm = torch.sort(buckets, stable=True)

@@ -42,13 +42,7 @@ from hashrec.table._triton_hash import (
     load_tags,
     tagged_hash,
 )
-from hashrec.table.ops.find.triton import (
-    digest_line,
-    probe_block,
-    probe_bucket,
-    probe_round,
-    stored_tags,
-)
+from hashrec.table.ops.find.triton import digest_line, probe_block, probe_bucket, probe_round
 from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.runs import insert_run
 from hashrec.table.ops.insert.upsert_block import (
@@ -214,7 +208,7 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
         kept = hit & (slot >= 0)
         key = tl.load(keys_ptr + pos, mask=kept, other=0)
         kept = kept & (tl.load(t_keys + slot, mask=kept, other=0) == key)
-        if t_tags is not None:  # None: the table holds tag 0 alone (``stored_tags``)
+        if t_tags is not None:  # None: the table holds tag 0 alone (``TableStorage.probe_tags``)
             tag = load_tags(tags_ptr, pos, kept, HAS_TAGS)
             kept = kept & (tl.load(t_tags + slot, mask=kept, other=0) == tag)
         slot = tl.where(kept, slot, -1)
@@ -241,7 +235,8 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
     _probe_sort_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys,
         active.view(torch.uint8) if active is not None else keys, storage.keys,
-        stored_tags(storage, tags), line, slots, sort_key, n, nb, shift, HAS_TAGS=tags is not None,
+        storage.probe_tags(tags), line, slots, sort_key, n, nb, shift,
+        HAS_TAGS=tags is not None,
         HAS_ACTIVE=active is not None, CAP=storage.bucket_capacity, LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
         BLOCK=block, num_warps=2)
@@ -281,6 +276,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
                          f"got {active.dtype} {tuple(active.shape)}")
     active = active.contiguous() if active is not None else None
     storage.note_tags(tags)
+    t_tags = storage.probe_tags(tags)
     keys, scores = keys.contiguous(), scores.contiguous()
     tags = tags.contiguous() if tags is not None else None
     n, device, nb = keys.numel(), storage.device, storage.num_buckets
@@ -306,7 +302,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     cap = storage.bucket_capacity
     config, block = UPSERT_CONFIG, UPSERT_BLOCK
     args = (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, storage.keys,
-            stored_tags(storage, tags), storage.digests, storage.scores, out, evicted, *ev)
+            t_tags, storage.digests, storage.scores, out, evicted, *ev)
     if block["block"]:
         b = block_positions(block["block"], block["elements"], cap)
         upsert_block_kernel[(cdiv(n, b),)](
@@ -317,8 +313,8 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
             *args, ALLOW_EVICT=bool(allow_evict), CAP=cap, CAP_P2=next_pow2(cap),
             BI=config["bi"], RUNS=config["runs"], num_warps=config["num_warps"])
     _finalize_kernel[grid](
-        sort_key, perm, first, out, keys, tag_arg, storage.keys, stored_tags(storage, tags),
-        slots, flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, n,
+        sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, slots,
+        flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, n,
         HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), SENTINEL=sentinel,
         BLOCK=512)
     return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n])
