@@ -46,6 +46,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--reduce-configs", nargs="*", default=[],
                    help="extra backward stage-1 tiles ELEMENTSxWARPS to time, e.g. 4096x4")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile the layer's SGD steps (torch.profiler) and write the "
+                        "kernels by device time to OUT_profile.txt")
     args = p.parse_args()
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -201,9 +204,30 @@ def _collection(optimizer, batches, grads) -> dict:
     k = len(inputs)
     fwd = time_device_ms(forward, k - 2, setup=lambda i: inputs[i % k])
     bwd = time_device_ms(backward, k - 2, setup=lambda i: forward(inputs[i % k]))
+    if ARGS.profile and isinstance(optimizer, SparseSGD):
+        _profile(lambda i: backward(forward(inputs[i % k])), k)
     return {f"{part}_{what}": t[f"{what}_ms"] if what != "ms" else t["device_ms"]
             for part, t in (("forward", fwd), ("backward", bwd))
             for what in ("ms", "call", "issue")}
+
+
+def _profile(step, steps: int) -> None:
+    """Kernels and operators of ``steps`` layer steps by device self time (printed, and
+    written to OUT_profile.txt)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            step(i)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40,
+                                      max_name_column_width=70)
+    text = f"Layer steps (forward + backward, SGD), {steps} steps, per-kernel device time\n\n"
+    print(text + table, flush=True)
+    if ARGS.out:
+        with open(f"{ARGS.out}_profile.txt", "w") as f:
+            f.write(text + table + "\n")
 
 
 def _baseline(optim: str, batches, grads) -> dict:

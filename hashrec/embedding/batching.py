@@ -88,6 +88,9 @@ class StorageBatch:
             members take their share from), else None.
         wide_ids: the batch was to sort in one pass (``narrow``) but an id did not
             fit; it was sorted again in two. Later batches should not try.
+        member_rows: a join of several storages: each member's first unique row, then
+            U (the gradient reduction sums each member's rows as it would alone),
+            else None.
     """
 
     keys: torch.Tensor
@@ -105,6 +108,7 @@ class StorageBatch:
     pair_max: int | None = None
     wide_ids: bool = False
     unique_per_rank_table: list[list[int]] | None = None
+    member_rows: list[int] | None = None
 
 
 def feature_ids(spec: EmbeddingFeatureSpec, bags: JaggedTensor) -> FeatureIds:

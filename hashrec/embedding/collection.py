@@ -26,6 +26,7 @@ missing keys read as the table's ``eval_initializer``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import torch
 from torch import nn
@@ -340,8 +341,11 @@ class EmbeddingCollection(nn.Module):
                 members = [storages[i] for i in joins[k]]
                 if batch.wide_ids:  # ids past the one-pass sort's range: two passes from now
                     self._wide_ids.add(joint_name(members))
-                split = split_join(batch, members, self._sharded_names) \
-                    if len(members) > 1 else [batch]
+                split = [batch]
+                if len(members) > 1:
+                    split = split_join(batch, members, self._sharded_names)
+                    batch.member_rows = [0, *itertools.accumulate(p.keys.numel()
+                                                                  for p in split)]
                 for i, part in zip(joins[k], split):
                     parts[i] = part
             if not group:

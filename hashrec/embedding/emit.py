@@ -125,7 +125,8 @@ def reduce_feature_grads(grads: tuple[torch.Tensor, ...], batch: StorageBatch
     weights = _position_weights(features, bags, lengths) \
         if any(_weighted(f) for f in features) else None
     return reduce_positions(torch.cat(flat) if len(flat) > 1 else flat[0], rows,
-                            batch.inverse, batch.order, batch.row_start, weights)
+                            batch.inverse, batch.order, batch.row_start, weights,
+                            batch.member_rows)
 
 
 class _EmitStorage(torch.autograd.Function):

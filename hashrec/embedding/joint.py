@@ -11,13 +11,12 @@ each storage looks up its own slice of the unique keys, the rows are
 concatenated, and one ``emit_storage`` pools every feature and reduces every
 gradient; autograd hands each storage the gradient of its own rows.
 
-Results equal those of storage-by-storage dedup: a storage's unique keys, their
-counts and order are the same, and every feature's output and gradient is a sum of
-the same terms in the same order. The Triton gradient reduction groups those terms
-by fixed chunks of the joint layout, though, where a storage's positions sit after
-those of the storages before it: a row whose positions cross a chunk boundary at
-another place than in its storage alone can differ in the last bits (the tests hold
-bit-equality at their sizes, where no row does).
+Results equal those of storage-by-storage dedup, bit for bit: a storage's unique
+keys, their counts and order are the same, and every feature's output and gradient
+is a sum of the same terms in the same order. The Triton gradient reduction sums
+fixed chunks of sorted positions; it is told the members' unique-row bounds
+(``StorageBatch.member_rows``) and starts each member's positions on a chunk of
+their own, so its terms are grouped as in the member alone.
 
 Under several ranks a join holds at most one sharded (dynamic) storage: the dedup
 counts the keys each rank owns over that storage's tags only, and the sizes the

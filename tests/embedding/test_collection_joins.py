@@ -32,7 +32,7 @@ FEATURES = [
 KEYS = [f.name for f in FEATURES]
 
 
-def _collection() -> EmbeddingCollection:
+def _collection(device: str) -> EmbeddingCollection:
     init = InitializerArgs(mode="NORMAL", std_dev=0.1, key_seed=3)
     dynamic = lambda capacity: TableOptions(dim=DIM, max_capacity=capacity,  # noqa: E731
                                             bucket_capacity=16, initializer=init)
@@ -44,20 +44,20 @@ def _collection() -> EmbeddingCollection:
         EmbeddingTableSpec("wide_t", 2 * DIM, num_rows=9, initializer=init),
     ]
     torch.manual_seed(0)
-    return EmbeddingCollection(tables, FEATURES, SparseAdam(lr=0.05))
+    return EmbeddingCollection(tables, FEATURES, SparseAdam(lr=0.05), device)
 
 
-def _batch(step: int, make_kjt):
+def _batch(step: int, make_kjt, device: str):
     kjt = make_kjt(KEYS, BATCH, 9, seed=step, weighted=True)
-    return type(kjt).from_lengths(KEYS, kjt.values(), kjt.lengths(), kjt.weights())
+    return type(kjt).from_lengths(KEYS, kjt.values(), kjt.lengths(), kjt.weights()).to(device)
 
 
-def _run(make_kjt, monkeypatch, enabled: str, prepare: bool):
+def _run(make_kjt, monkeypatch, enabled: str, prepare: bool, device: str):
     monkeypatch.setenv(joint.ENV, enabled)
-    collection = _collection()
+    collection = _collection(device)
     outputs = []
     for step in range(STEPS):
-        kjt = _batch(step, make_kjt)
+        kjt = _batch(step, make_kjt, device)
         if prepare:
             collection.prepare(kjt)
         out = collection(kjt)
@@ -78,19 +78,24 @@ def _run(make_kjt, monkeypatch, enabled: str, prepare: bool):
 
 @pytest.fixture(params=["reference", "triton"])
 def kernels(request, monkeypatch):
-    """The CPU reference ops, or the Triton kernels (interpreted on a CPU-only host)."""
+    """The device to run on: the CPU with the reference ops, or the Triton kernels (on
+    CUDA when there is a GPU, else interpreted on the CPU)."""
+    device = "cpu"
     if request.param == "triton":
         pytest.importorskip("triton", reason="triton is not installed")
-        monkeypatch.setenv("HASHREC_FORCE_TRITON", "1")
+        if torch.cuda.is_available():
+            device = "cuda"
+        else:
+            monkeypatch.setenv("HASHREC_FORCE_TRITON", "1")
     dispatch._forced.cache_clear()
-    yield request.param
+    yield device
     dispatch._forced.cache_clear()
 
 
 @pytest.mark.parametrize("prepare", [False, True], ids=["in_forward", "prepared"])
 def test_joined_storages_equal_storages_apart(make_kjt, monkeypatch, kernels, prepare):
-    apart = _run(make_kjt, monkeypatch, "0", prepare)
-    joined = _run(make_kjt, monkeypatch, "1", prepare)
+    apart = _run(make_kjt, monkeypatch, "0", prepare, kernels)
+    joined = _run(make_kjt, monkeypatch, "1", prepare, kernels)
     storages = [s.name for s in joined[4]._read_storages()]
     joins = joined[4]._joins(joined[4]._read_storages())
     assert any(len(j) > 1 for j in joins) and any(len(j) == 1 for j in joins), (storages, joins)

@@ -166,6 +166,33 @@ def test_reduce_is_bitwise_repeatable():
     assert torch.equal(first, again)
 
 
+def test_grouped_reduce_sums_each_group_as_alone():
+    """A join reduces its members' positions together; with the members' row bounds
+    every member's rows come out bit-equal to a reduction of that member alone, while
+    chunks laid from the first position on group a hot row's terms differently."""
+    small = DEVICE.type == "cpu"
+    members = [(150, 5), (0, 3), (0, 0), (230, 7)] if small else \
+        [(40_003, 300), (0, 3), (0, 0), (70_001, 1000)]
+    dim = 5 if small else 64
+    gen = torch.Generator().manual_seed(31)
+    alone, inverse, grads, bounds = [], [], [], [0]
+    for m, (n, num_rows) in enumerate(members):
+        ids = _hot_ids(n, max(num_rows, 1), seed=40 + m)
+        grad = torch.randn(n, dim, generator=gen)
+        order, row_start = group_positions(ids, num_rows)
+        alone.append(fused_tt.reduce_rows(grad.to(DEVICE), torch.arange(n, device=DEVICE),
+                                          order.to(DEVICE), row_start.to(DEVICE)))
+        inverse.append(ids + bounds[-1])
+        grads.append(grad)
+        bounds.append(bounds[-1] + num_rows)
+    inverse, grad = torch.cat(inverse).to(DEVICE), torch.cat(grads).to(DEVICE)
+    order, row_start = group_positions(inverse, bounds[-1])
+    gidx = torch.arange(inverse.numel(), device=DEVICE)
+    grouped = fused_tt.reduce_rows(grad, gidx, order, row_start, groups=bounds)
+    assert torch.equal(grouped, torch.cat(alone))
+    assert not torch.equal(fused_tt.reduce_rows(grad, gidx, order, row_start), grouped)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("spec", SPECS, ids=["sgd", "adagrad", "rowwise", "adam"])

@@ -11,6 +11,11 @@
   that occurs tens of thousands of times is spread over many programs; ids that
   cross a chunk boundary are finished by a second, short pass over the chunk
   partials.
+
+  A join of several storages (``hashrec.embedding.joint``) passes each member's
+  unique-row bounds as ``groups``: every member's positions then start a chunk
+  of their own, so its rows are summed in the same grouping as the member's
+  alone, bit for bit.
 """
 
 from __future__ import annotations
@@ -154,16 +159,44 @@ def _finish_rows(acc, rows, done, col, out_ptr, slots_ptr, t_values, dim, row_di
                  mask=done[:, None] & (col[None, :] < dim))
 
 
+@triton.jit
+def _chunk_span(c, n, bounds_ptr, row_start_ptr, groups, GROUPS: tl.constexpr,
+                GROUPS_P2: tl.constexpr, CH: tl.constexpr):
+    """Sorted positions [lo, hi) of chunk ``c``: CH at a time from 0, or with GROUPS, CH at
+    a time from the first position of each group of unique rows (``bounds`` (groups + 1,)),
+    chunk after chunk, group after group. A chunk past the last is empty (lo == hi == n)."""
+    if GROUPS:
+        g = tl.arange(0, GROUPS_P2)
+        gm = g < groups
+        first = tl.load(row_start_ptr + tl.load(bounds_ptr + g, mask=gm, other=0), mask=gm,
+                        other=0)
+        end = tl.load(row_start_ptr + tl.load(bounds_ptr + g + 1, mask=gm, other=0), mask=gm,
+                      other=0)
+        chunks = (end - first + CH - 1) // CH
+        after = tl.cumsum(chunks, 0)
+        mine = (c >= after - chunks) & (c < after)  # at most one group holds chunk c
+        found = tl.sum(mine.to(tl.int32), 0) > 0
+        lo = tl.sum(tl.where(mine, first + (c - after + chunks) * CH, 0), 0)
+        hi = tl.minimum(lo + CH, tl.sum(tl.where(mine, end, 0), 0))
+        lo = tl.where(found, lo, n)
+        hi = tl.where(found, hi, n)
+    else:
+        lo = c * CH
+        hi = tl.minimum(lo + CH, n)
+    return lo, hi
+
+
 # dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90);
 # EVEN (dim == DIM_P2) makes it a compile-time constant instead.
 @fast_launch
-@triton.jit(do_not_specialize=["dim"])
+@triton.jit(do_not_specialize=["dim", "groups"])
 def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_ptr,
-                  row_start_ptr, part_ptr, out_ptr, slots_ptr, t_values, n, dim, row_dim, lr,
-                  eps, beta1, beta2, wd, adam_step, HAS_W: tl.constexpr, MEAN: tl.constexpr,
-                  APPLY: tl.constexpr, OPT: tl.constexpr, DIM_P2: tl.constexpr,
-                  EVEN: tl.constexpr, CH: tl.constexpr):
-    """Stage 1: segmented sum over CH consecutive sorted positions.
+                  row_start_ptr, bounds_ptr, part_ptr, out_ptr, slots_ptr, t_values, n,
+                  groups, dim, row_dim, lr, eps, beta1, beta2, wd, adam_step,
+                  HAS_W: tl.constexpr, MEAN: tl.constexpr, APPLY: tl.constexpr,
+                  OPT: tl.constexpr, DIM_P2: tl.constexpr, EVEN: tl.constexpr,
+                  GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr, CH: tl.constexpr):
+    """Stage 1: segmented sum over the CH (or fewer) sorted positions of chunk c.
 
     Segments (unique ids) that lie inside the chunk are finished here; the sum of
     the chunk's first segment when it began earlier (head) and of its last one when
@@ -172,8 +205,7 @@ def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_p
     if EVEN:  # dim == DIM_P2 (see _pool_body)
         dim = DIM_P2
     c = tl.program_id(0).to(tl.int64)
-    lo = c * CH
-    hi = tl.minimum(lo + CH, n)
+    lo, hi = _chunk_span(c, n, bounds_ptr, row_start_ptr, groups, GROUPS, GROUPS_P2, CH)
     i = tl.arange(0, CH)
     p = lo + i
     live = p < hi
@@ -199,28 +231,29 @@ def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_p
 # dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90);
 # EVEN (dim == DIM_P2) makes it a compile-time constant instead.
 @fast_launch
-@triton.jit(do_not_specialize=["dim"])
-def _combine_kernel(seg_ptr, row_start_ptr, part_ptr, out_ptr, slots_ptr, t_values, n, dim,
-                    row_dim, lr, eps, beta1, beta2, wd, adam_step, APPLY: tl.constexpr,
-                    OPT: tl.constexpr, DIM_P2: tl.constexpr, EVEN: tl.constexpr,
+@triton.jit(do_not_specialize=["dim", "groups"])
+def _combine_kernel(seg_ptr, row_start_ptr, bounds_ptr, part_ptr, out_ptr, slots_ptr, t_values,
+                    n, groups, dim, row_dim, lr, eps, beta1, beta2, wd, adam_step,
+                    APPLY: tl.constexpr, OPT: tl.constexpr, DIM_P2: tl.constexpr,
+                    EVEN: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
                     CH: tl.constexpr, BK: tl.constexpr):
     """Stage 2: the segment that leaves chunk c as its tail sums, in chunk order, its tail
-    partial and the head partials of the chunks it covers, then is finished."""
+    partial and the head partials of the chunks it covers (the next ones: a segment
+    never leaves its group), then is finished."""
     if EVEN:
         dim = DIM_P2
     c = tl.program_id(0).to(tl.int64)
-    lo = c * CH
-    hi = tl.minimum(lo + CH, n)
+    lo, hi = _chunk_span(c, n, bounds_ptr, row_start_ptr, groups, GROUPS, GROUPS_P2, CH)
     two = tl.arange(0, 2)
-    one = two < 1
-    r = tl.load(seg_ptr + hi - 1 + two * 0)
-    first = tl.load(row_start_ptr + r)
-    last = tl.load(row_start_ptr + r + 1)
+    one = (two < 1) & (hi > lo)
+    r = tl.load(seg_ptr + hi - 1 + two * 0, mask=one, other=0)
+    first = tl.load(row_start_ptr + r, mask=one, other=0)
+    last = tl.load(row_start_ptr + r + 1, mask=one, other=0)
     tail = one & (first >= lo) & (last > hi)
     col = tl.arange(0, DIM_P2)
     acc = tl.load(part_ptr + ((c * 2 + 1) * DIM_P2)[:, None] + col[None, :],
                   mask=tail[:, None], other=0.0)
-    end_chunk = tl.max(tl.where(tail, (last - 1) // CH, c), axis=0)
+    end_chunk = tl.max(tl.where(tail, c + (last - 1 - lo) // CH, c), axis=0)
     k0 = c + 1
     kk = tl.arange(0, BK)
     while k0 <= end_chunk:
@@ -262,7 +295,7 @@ def _sorted_rows(row_start: torch.Tensor, n: int) -> torch.Tensor:
 
 # Stage-1 tile: about ``elements`` (sorted positions x columns) per program, on
 # ``num_warps`` warps; benchmarks may override it.
-REDUCE_CONFIG = {"elements": 4096, "num_warps": 8}  # fastest of 3 on the H200 (dim 128)
+REDUCE_CONFIG = {"elements": 2048, "num_warps": 4}  # fastest of 3 on the H200 (dim 128)
 
 
 def _chunk_rows(dim_p2: int) -> int:
@@ -274,11 +307,13 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
                    offsets: torch.Tensor | None, order: torch.Tensor, row_start: torch.Tensor,
                    out: torch.Tensor | None, slots: torch.Tensor | None,
                    table_values: torch.Tensor | None, spec, lr: float | None, step: int,
-                   sorted_rows: torch.Tensor | None = None) -> None:
+                   sorted_rows: torch.Tensor | None = None,
+                   groups: list[int] | None = None) -> None:
     """Two-stage fixed-order reduction: chunks of sorted positions, then the segments
     that cross chunk boundaries. Every addition happens in an order fixed by the
     data layout alone (no atomics), so results do not depend on thread timing, and
-    a hot id's positions are spread over many programs."""
+    a hot id's positions are spread over many programs. ``groups``: unique-row
+    bounds [0, ..., U] of groups whose chunks start afresh (``reduce_rows``)."""
     u, n = row_start.numel() - 1, order.numel()
     dim = grads.shape[1]
     if u == 0:
@@ -288,7 +323,11 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
     dim_p2 = _dim_block(dim)
     even = dim == dim_p2
     ch = _chunk_rows(dim_p2)
-    chunks = cdiv(n, ch)
+    num_groups = len(groups) - 1 if groups is not None and len(groups) > 2 else 0
+    chunks = cdiv(n, ch) + max(0, num_groups - 1)  # a group's last chunk may be short
+    bounds = torch.tensor(groups, dtype=torch.int64).to(grads.device, non_blocking=True) \
+        if num_groups else row_start
+    grouping = dict(GROUPS=num_groups > 0, GROUPS_P2=max(2, next_pow2(num_groups)), CH=ch)
     seg = _sorted_rows(row_start, n) if sorted_rows is None else sorted_rows.contiguous()
     part = torch.empty(chunks * 2, dim_p2, dtype=torch.float32, device=grads.device)
     dummy = grads
@@ -306,30 +345,33 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
     _chunk_kernel[(chunks,)](
         grads.contiguous(), gidx.contiguous(), weights if weights is not None else dummy,
         offsets if offsets is not None else gidx, order.contiguous(), seg,
-        row_start, part, *target, n, dim, *scalars,
+        row_start, bounds, part, *target, n, num_groups, dim, *scalars,
         HAS_W=weights is not None, MEAN=offsets is not None, APPLY=apply, OPT=hp.kind,
-        DIM_P2=dim_p2, EVEN=even, CH=ch, num_warps=REDUCE_CONFIG["num_warps"])
+        DIM_P2=dim_p2, EVEN=even, **grouping, num_warps=REDUCE_CONFIG["num_warps"])
     _combine_kernel[(chunks,)](
-        seg, row_start, part, *target, n, dim, *scalars, APPLY=apply, OPT=hp.kind,
-        DIM_P2=dim_p2, EVEN=even, CH=ch, BK=16, num_warps=4)
+        seg, row_start, bounds, part, *target, n, num_groups, dim, *scalars, APPLY=apply,
+        OPT=hp.kind, DIM_P2=dim_p2, EVEN=even, **grouping, BK=16, num_warps=4)
 
 
 def reduce_rows(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,
                 row_start: torch.Tensor, weights: torch.Tensor | None = None,
                 mean_offsets: torch.Tensor | None = None,
-                sorted_rows: torch.Tensor | None = None) -> torch.Tensor:
+                sorted_rows: torch.Tensor | None = None,
+                groups: list[int] | None = None) -> torch.Tensor:
     """Sums gradient rows per unique id: -> (U, D) float32.
 
     Position ``p`` of the batch contributes ``grads[gidx[p]] * weights[p]`` (divided
     by its bag's length when ``mean_offsets`` (B + 1,) is given; then ``gidx`` is
     the bag index). ``order`` / ``row_start`` group the positions by unique id;
     ``sorted_rows`` (n,), the unique id of each position in ``order``, saves
-    deriving it from ``row_start`` when the caller has it.
+    deriving it from ``row_start`` when the caller has it. ``groups``, unique-row
+    bounds [0, u_1, ..., U]: each group's rows are summed as if they were reduced
+    on their own (its positions start a chunk of their own), bit for bit.
     """
     out = torch.empty(row_start.numel() - 1, grads.shape[1], dtype=torch.float32,
                       device=grads.device)
     _launch_reduce(grads, gidx, weights, mean_offsets, order, row_start, out, None, None,
-                   None, None, 1, sorted_rows)
+                   None, None, 1, sorted_rows, groups)
     return out
 
 

@@ -28,14 +28,17 @@ def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.
 
 def reduce_positions(grads: torch.Tensor, gidx: torch.Tensor, inverse: torch.Tensor,
                      order: torch.Tensor, row_start: torch.Tensor,
-                     weights: torch.Tensor | None) -> torch.Tensor:
+                     weights: torch.Tensor | None, groups: list[int] | None = None
+                     ) -> torch.Tensor:
     """Gradient per unique row from position gradients: -> (U, D) float32.
 
     Position ``p`` adds ``grads[gidx[p]]`` (times ``weights[p]``) to row
     ``inverse[p]``; ``order`` / ``row_start`` group the positions by row.
+    ``groups``: unique-row bounds [0, ..., U] of storages reduced together, each
+    of whose rows must sum exactly as it would alone.
     """
     impl = backend(__name__, reference, grads.device)
-    return impl.reduce_positions(grads, gidx, inverse, order, row_start, weights)
+    return impl.reduce_positions(grads, gidx, inverse, order, row_start, weights, groups)
 
 
 __all__ = ["pool_backward", "pool_forward", "reduce_positions"]

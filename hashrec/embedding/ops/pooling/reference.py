@@ -49,14 +49,16 @@ def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.
 
 def reduce_positions(grads: torch.Tensor, gidx: torch.Tensor, inverse: torch.Tensor,
                      order: torch.Tensor, row_start: torch.Tensor,
-                     weights: torch.Tensor | None) -> torch.Tensor:
+                     weights: torch.Tensor | None, groups: list[int] | None = None
+                     ) -> torch.Tensor:
     """Sums position gradients per unique row: -> (U, D) float32.
 
     Position ``p`` contributes ``grads[gidx[p]] * weights[p]`` to row ``inverse[p]``;
     ``order`` / ``row_start`` (the CSR grouping of positions by row, which the
-    Triton version walks) only size the output here.
+    Triton version walks) only size the output here, and ``groups`` changes
+    nothing: every row sums its positions in batch order.
     """
-    del order
+    del order, groups
     picked = grads.float().index_select(0, gidx)
     if weights is not None:
         picked = picked * weights.to(picked.dtype).unsqueeze(1)
