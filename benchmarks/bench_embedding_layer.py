@@ -217,12 +217,17 @@ def _profile(step, steps: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 record_shapes=True) as prof:
         for i in range(steps):
             step(i)
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40,
-                                      max_name_column_width=70)
+                                      max_name_column_width=70) + \
+        "\n\nBy operator and input shapes:\n" + \
+        prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=40,
+            max_shapes_column_width=120)
     text = f"Layer steps (forward + backward, SGD), {steps} steps, per-kernel device time\n\n"
     print(text + table, flush=True)
     if ARGS.out:

@@ -4,9 +4,10 @@ A storage lookup returns its unique rows (U, D) once per step. ``emit_storage``
 pools (bag features) or pads (sequence features) those rows for every feature
 reading the storage, inside one autograd Function; bag features of one pooling
 kind (sequences of one length), laid out next to each other by the dedup, take
-one launch. Its backward concatenates
-the features' output gradients and sums them per unique row in one pass over
-the positions, grouped by the storage's dedup (``StorageBatch.order`` /
+one launch. Its backward sums the features' output gradients per unique row in
+one pass over the positions (reading them where they lie when they share one
+buffer, as slices of the gradient of the outputs' concatenation do; else from
+their concatenation), grouped by the storage's dedup (``StorageBatch.order`` /
 ``row_start``): no per-feature sort, no per-feature (U, D) gradient for autograd
 to add up. The summation order is fixed by the data, so results do not depend
 on thread timing.
@@ -65,26 +66,56 @@ def _forward_all(rows: torch.Tensor, batch: StorageBatch) -> list[torch.Tensor]:
 
 
 @functools.lru_cache(maxsize=16)
-def _bag_rows(shapes: tuple[tuple[int, int], ...], device: torch.device
+def _bag_rows(layout: tuple[tuple[int, int, int, int], ...], device: torch.device
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per bag of the concatenated features: its first gradient row and whether its ids
-    are positions of a sequence. ``shapes`` holds (bags, rows per bag) per feature:
-    (B, 1) for a pooled feature, (B, max_length) for a sequence."""
-    first, sequence, base = [], [], 0
-    for bags, per_bag in shapes:
-        first.append(torch.arange(bags, dtype=torch.int64) * per_bag + base)
-        sequence.append(torch.full((bags,), int(per_bag > 1), dtype=torch.int64))
-        base += bags * per_bag
-    return torch.cat(first).to(device), torch.cat(sequence).to(device)
+    """Per bag of the features: its first gradient row and the rows between its
+    consecutive ids. ``layout`` holds per feature (bags, first row, rows per bag, rows
+    per id): the last is 0 for a pooled feature (its ids share their bag's row)."""
+    first = [torch.arange(bags, dtype=torch.int64) * per_bag + row
+             for bags, row, per_bag, _ in layout]
+    step = [torch.full((bags,), per_id, dtype=torch.int64) for bags, _, _, per_id in layout]
+    return torch.cat(first).to(device), torch.cat(step).to(device)
 
 
-def _gradient_rows(features: list[FeatureIds], device: torch.device
+def _concatenated_layout(features: list[FeatureIds]) -> tuple[tuple[int, int, int, int], ...]:
+    """``_bag_rows``' layout of the output gradients concatenated feature by feature:
+    (B, D) for a pooled feature, (B * max_length, D) for a sequence."""
+    layout, row = [], 0
+    for f in features:
+        per_bag = f.spec.max_length if f.spec.is_sequence else 1
+        layout.append((f.lengths.numel(), row, per_bag, int(f.spec.is_sequence)))
+        row += f.lengths.numel() * per_bag
+    return tuple(layout)
+
+
+def _shared_rows(grads: tuple[torch.Tensor, ...]
+                 ) -> tuple[torch.Tensor, tuple[tuple[int, int, int, int], ...]] | None:
+    """The float32 output gradients as rows of one (R, D) view of the storage they all lie in,
+    and their ``_bag_rows`` layout in it, when they do (say, slices of the gradient of
+    the features' concatenation); else None. The reduction then reads them in place
+    instead of from a concatenated copy."""
+    first = grads[0]
+    dim = first.shape[-1]
+    storage = first.untyped_storage()
+    layout = []
+    for g in grads:
+        strides = [st if size > 1 else 0 for size, st in zip(g.shape, g.stride())]
+        if g.dtype != torch.float32 or g.shape[-1] != dim or strides[-1] not in (0, 1) or \
+                g.untyped_storage().data_ptr() != storage.data_ptr() or \
+                any(st % dim for st in strides[:-1]) or g.storage_offset() % dim:
+            return None
+        per_id = strides[1] // dim if g.dim() == 3 else 0
+        layout.append((g.shape[0], g.storage_offset() // dim, strides[0] // dim, per_id))
+    rows = storage.nbytes() // first.element_size() // dim
+    return torch.as_strided(first, (rows, dim), (dim, 1), 0), tuple(layout)
+
+
+def _gradient_rows(features: list[FeatureIds], device: torch.device,
+                   layout: tuple[tuple[int, int, int, int], ...]
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For every id of the concatenated features: its row in the concatenated output
-    gradients, and per bag its index (ids -> bags) and length."""
-    shapes = tuple((f.lengths.numel(), f.spec.max_length if f.spec.is_sequence else 1)
-                   for f in features)
-    first, sequence = _bag_rows(shapes, device)
+    """For every id of the features: its output gradient's row (``_bag_rows``' layout),
+    and per bag its index (ids -> bags) and length."""
+    first, sequence = _bag_rows(layout, device)
     lengths = torch.cat([f.lengths for f in features]) if len(features) > 1 \
         else features[0].lengths
     rows, bags = gradient_rows(lengths, first, sequence, sum(f.values.numel() for f in features))
@@ -120,13 +151,16 @@ def reduce_feature_grads(grads: tuple[torch.Tensor, ...], batch: StorageBatch
                          ) -> torch.Tensor:
     """Gradient per unique row (U, D) float32 from every feature's output gradient."""
     features = batch.features
-    flat = [g if g.dim() == 2 else g.reshape(-1, g.shape[-1]) for g in grads]
-    rows, bags, lengths = _gradient_rows(features, batch.inverse.device)
+    shared = _shared_rows(grads) if len(grads) > 1 else None
+    if shared is None:
+        flat = [g if g.dim() == 2 else g.reshape(-1, g.shape[-1]) for g in grads]
+        shared = torch.cat(flat) if len(flat) > 1 else flat[0], _concatenated_layout(features)
+    source, layout = shared
+    rows, bags, lengths = _gradient_rows(features, batch.inverse.device, layout)
     weights = _position_weights(features, bags, lengths) \
         if any(_weighted(f) for f in features) else None
-    return reduce_positions(torch.cat(flat) if len(flat) > 1 else flat[0], rows,
-                            batch.inverse, batch.order, batch.row_start, weights,
-                            batch.member_rows)
+    return reduce_positions(source, rows, batch.inverse, batch.order, batch.row_start,
+                            weights, batch.member_rows)
 
 
 class _EmitStorage(torch.autograd.Function):

@@ -11,6 +11,8 @@ logical table counts the entries carrying its tag.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -42,7 +44,7 @@ class TableCounters:
 
 def record_lookups(counters: list[TableCounters], ids: list[int], unique: list[int],
                    slots: torch.Tensor | None, tags: torch.Tensor | None) -> None:
-    """Adds one lookup of a storage to its tables' counters, in at most three device ops.
+    """Adds one lookup of a storage to its tables' counters, in a few device ops.
 
     Args:
         counters: the counters of the tables read (by tag; None for an unread one).
@@ -70,7 +72,25 @@ def record_lookups(counters: list[TableCounters], ids: list[int], unique: list[i
     if tags is None or len(counters) == 1:
         sums[read[0]:read[0] + 1].add_(unstored.sum())
     else:
-        sums.index_add_(0, tags, unstored)  # int32 tags index directly
+        sums.add_(_sums_by_tag(unstored, tags, len(counters)))
+
+
+def _sums_by_tag(values: torch.Tensor, tags: torch.Tensor, num_tags: int) -> torch.Tensor:
+    """(num_tags,) int64 sums of ``values`` (U,) per tag, the keys' tags (U,) ascending
+    (a storage's keys come table by table): a running sum read at each tag's bounds.
+    Adding into num_tags counters instead (``index_add_``) makes every key's atomic
+    wait on its table's (0.24 ms for 300,000 keys on an H200)."""
+    bounds = torch.searchsorted(tags, _tag_range(num_tags, tags.dtype, tags.device))
+    running = torch.zeros(values.numel() + 1, dtype=torch.int64, device=values.device)
+    torch.cumsum(values, 0, out=running[1:])
+    at = running.index_select(0, bounds)
+    return at[1:] - at[:-1]
+
+
+@functools.lru_cache(maxsize=16)
+def _tag_range(num_tags: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """0, 1, ..., num_tags: the first position of each tag and the end (searchsorted)."""
+    return torch.arange(num_tags + 1, dtype=dtype, device=device)
 
 
 def _per_tag_sizes(storage) -> list[int]:

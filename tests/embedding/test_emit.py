@@ -1,12 +1,17 @@
 """dedup_storages + emit_storage against per-feature pooling with autograd."""
 
+import os
+
 import pytest
 import torch
 
-from hashrec.embedding import EmbeddingFeatureSpec
-from hashrec.embedding.batching import FeatureIds, dedup_storages, pooling_kind
-from hashrec.embedding.emit import emit_storage
-from hashrec.embedding.pooling import gather_sequences, pool_bags
+if not torch.cuda.is_available():  # before any kernel module is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from hashrec.embedding import EmbeddingFeatureSpec  # noqa: E402
+from hashrec.embedding.batching import FeatureIds, dedup_storages, pooling_kind  # noqa: E402
+from hashrec.embedding.emit import emit_storage  # noqa: E402
+from hashrec.embedding.pooling import gather_sequences, pool_bags  # noqa: E402
 
 
 def _feature(spec, lengths, high, gen, weighted=False):
@@ -173,3 +178,52 @@ def test_batches_of_one_layout_share_their_tag_array():
     assert first is again
     want = torch.cat([torch.full((f.values.numel(),), tag << 40) for tag, f in tagged])
     assert torch.equal(first, want)
+
+
+def _views_of_one_buffer(shapes, how, gen):
+    """Output gradients of ``shapes`` as views of one buffer: row blocks one after the
+    other, column slices of one (B, columns) gradient (what a concatenation of the
+    outputs hands back), or blocks starting off the row grid."""
+    sizes = [torch.Size(s).numel() for s in shapes]
+    if how == "columns":
+        batch = shapes[0][0]
+        buffer = torch.randn(batch, sum(sizes) // batch, generator=gen)
+        out, col = [], 0
+        for shape, size in zip(shapes, sizes):
+            out.append(buffer[:, col:col + size // batch].view(shape))
+            col += size // batch
+        return out
+    skew = 1 if how == "skewed" else 0
+    flat = torch.randn(sum(sizes) + skew, generator=gen)[skew:]
+    return [block.view(shape) for block, shape in zip(flat.split(sizes), shapes)]
+
+
+@pytest.mark.parametrize("how", ["rows", "columns", "skewed"])
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+def test_gradients_read_in_place_from_one_buffer(how, kernels, monkeypatch):
+    """Output gradients that are views of one buffer are read where they lie; the rows'
+    gradients equal those from separate tensors bit for bit."""
+    from hashrec.embedding.emit import _shared_rows
+    from hashrec.table.ops import dispatch
+
+    if kernels == "triton":
+        pytest.importorskip("triton", reason="triton is not installed")
+        if torch.cuda.is_available():
+            pytest.skip("the interpreted kernels run on CPU hosts")
+        monkeypatch.setenv("HASHREC_FORCE_TRITON", "1")
+    dispatch._forced.cache_clear()
+    try:
+        gen = torch.Generator().manual_seed(4)
+        (batch,) = dedup_storages([(_storage(gen), True)])
+        rows = torch.randn(batch.keys.numel(), 4, generator=gen, requires_grad=True)
+        outs = emit_storage(rows, batch)
+        shared = _views_of_one_buffer([o.shape for o in outs], how, gen)
+        assert (_shared_rows(tuple(shared)) is None) == (how == "skewed")
+        torch.autograd.backward(outs, shared)
+        in_place = rows.grad.clone()
+        rows.grad = None
+        outs = emit_storage(rows, batch)
+        torch.autograd.backward(outs, [g.clone() for g in shared])
+        assert torch.equal(in_place, rows.grad)
+    finally:
+        dispatch._forced.cache_clear()

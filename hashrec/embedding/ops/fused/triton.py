@@ -160,11 +160,12 @@ def _finish_rows(acc, rows, done, col, out_ptr, slots_ptr, t_values, dim, row_di
 
 
 @triton.jit
-def _chunk_span(c, n, bounds_ptr, row_start_ptr, groups, GROUPS: tl.constexpr,
-                GROUPS_P2: tl.constexpr, CH: tl.constexpr):
-    """Sorted positions [lo, hi) of chunk ``c``: CH at a time from 0, or with GROUPS, CH at
-    a time from the first position of each group of unique rows (``bounds`` (groups + 1,)),
-    chunk after chunk, group after group. A chunk past the last is empty (lo == hi == n)."""
+def _chunk_spans(c, n, bounds_ptr, row_start_ptr, groups, GROUPS: tl.constexpr,
+                 GROUPS_P2: tl.constexpr, CH: tl.constexpr):
+    """Sorted positions [lo, hi) of chunks ``c`` (a vector): CH at a time from 0, or with
+    GROUPS, CH at a time from the first position of each group of unique rows (``bounds``
+    (groups + 1,)), chunk after chunk, group after group. A chunk past the last is empty
+    (hi <= lo)."""
     if GROUPS:
         g = tl.arange(0, GROUPS_P2)
         gm = g < groups
@@ -174,10 +175,12 @@ def _chunk_span(c, n, bounds_ptr, row_start_ptr, groups, GROUPS: tl.constexpr,
                       other=0)
         chunks = (end - first + CH - 1) // CH
         after = tl.cumsum(chunks, 0)
-        mine = (c >= after - chunks) & (c < after)  # at most one group holds chunk c
-        found = tl.sum(mine.to(tl.int32), 0) > 0
-        lo = tl.sum(tl.where(mine, first + (c - after + chunks) * CH, 0), 0)
-        hi = tl.minimum(lo + CH, tl.sum(tl.where(mine, end, 0), 0))
+        # at most one group holds a chunk
+        mine = (c[:, None] >= (after - chunks)[None, :]) & (c[:, None] < after[None, :])
+        found = tl.sum(mine.to(tl.int32), 1) > 0
+        lo = tl.sum(tl.where(mine, first[None, :] + (c[:, None] - (after - chunks)[None, :])
+                             * CH, 0), 1)
+        hi = tl.minimum(lo + CH, tl.sum(tl.where(mine, end[None, :], 0), 1))
         lo = tl.where(found, lo, n)
         hi = tl.where(found, hi, n)
     else:
@@ -205,7 +208,9 @@ def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_p
     if EVEN:  # dim == DIM_P2 (see _pool_body)
         dim = DIM_P2
     c = tl.program_id(0).to(tl.int64)
-    lo, hi = _chunk_span(c, n, bounds_ptr, row_start_ptr, groups, GROUPS, GROUPS_P2, CH)
+    spans = _chunk_spans(c + tl.zeros([2], dtype=tl.int64), n, bounds_ptr, row_start_ptr,
+                         groups, GROUPS, GROUPS_P2, CH)
+    lo, hi = tl.max(spans[0], 0), tl.max(spans[1], 0)
     i = tl.arange(0, CH)
     p = lo + i
     live = p < hi
@@ -231,29 +236,57 @@ def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_p
 # dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90);
 # EVEN (dim == DIM_P2) makes it a compile-time constant instead.
 @fast_launch
-@triton.jit(do_not_specialize=["dim", "groups"])
+@triton.jit(do_not_specialize=["dim", "groups", "chunks"])
 def _combine_kernel(seg_ptr, row_start_ptr, bounds_ptr, part_ptr, out_ptr, slots_ptr, t_values,
-                    n, groups, dim, row_dim, lr, eps, beta1, beta2, wd, adam_step,
+                    n, chunks, groups, dim, row_dim, lr, eps, beta1, beta2, wd, adam_step,
                     APPLY: tl.constexpr, OPT: tl.constexpr, DIM_P2: tl.constexpr,
                     EVEN: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
-                    CH: tl.constexpr, BK: tl.constexpr):
-    """Stage 2: the segment that leaves chunk c as its tail sums, in chunk order, its tail
-    partial and the head partials of the chunks it covers (the next ones: a segment
-    never leaves its group), then is finished."""
+                    CH: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr):
+    """Stage 2 over CB chunks: the segment that leaves a chunk as its tail sums its tail
+    partial and, in chunk order, the head partials of the chunks it covers (the next ones:
+    a segment never leaves its group), then is finished. Segments that end within two
+    more chunks (nearly all) are summed side by side; longer ones, BK heads at a time."""
     if EVEN:
         dim = DIM_P2
-    c = tl.program_id(0).to(tl.int64)
-    lo, hi = _chunk_span(c, n, bounds_ptr, row_start_ptr, groups, GROUPS, GROUPS_P2, CH)
-    two = tl.arange(0, 2)
-    one = (two < 1) & (hi > lo)
-    r = tl.load(seg_ptr + hi - 1 + two * 0, mask=one, other=0)
-    first = tl.load(row_start_ptr + r, mask=one, other=0)
-    last = tl.load(row_start_ptr + r + 1, mask=one, other=0)
-    tail = one & (first >= lo) & (last > hi)
+    lane = tl.arange(0, CB)
+    c = tl.program_id(0).to(tl.int64) * CB + lane
+    lo, hi = _chunk_spans(c, n, bounds_ptr, row_start_ptr, groups, GROUPS, GROUPS_P2, CH)
+    live = (c < chunks) & (hi > lo)
+    r = tl.load(seg_ptr + hi - 1, mask=live, other=0)
+    first = tl.load(row_start_ptr + r, mask=live, other=0)
+    last = tl.load(row_start_ptr + r + 1, mask=live, other=0)
+    tail = live & (first >= lo) & (last > hi)
+    end_chunk = tl.where(tail, c + (last - 1 - lo) // CH, c)
+    near = tail & (end_chunk <= c + 2)
     col = tl.arange(0, DIM_P2)
     acc = tl.load(part_ptr + ((c * 2 + 1) * DIM_P2)[:, None] + col[None, :],
-                  mask=tail[:, None], other=0.0)
-    end_chunk = tl.max(tl.where(tail, c + (last - 1 - lo) // CH, c), axis=0)
+                  mask=near[:, None], other=0.0)
+    heads = tl.load(part_ptr + (((c + 1) * 2) * DIM_P2)[:, None] + col[None, :],
+                    mask=near[:, None], other=0.0)
+    heads += tl.load(part_ptr + (((c + 2) * 2) * DIM_P2)[:, None] + col[None, :],
+                     mask=(near & (end_chunk == c + 2))[:, None], other=0.0)
+    _finish_rows(acc + heads, r, near, col, out_ptr, slots_ptr, t_values, dim, row_dim, lr,
+                 eps, beta1, beta2, wd, adam_step, APPLY, OPT, DIM_P2, EVEN)
+    far = tail & ~near
+    while tl.sum(far.to(tl.int32), 0) > 0:
+        pick = lane == tl.min(tl.where(far, lane, CB), 0)
+        _finish_far(tl.sum(tl.where(pick, c, 0), 0), tl.sum(tl.where(pick, end_chunk, 0), 0),
+                    tl.sum(tl.where(pick, r, 0), 0), col, part_ptr, out_ptr, slots_ptr,
+                    t_values, dim, row_dim, lr, eps, beta1, beta2, wd, adam_step, APPLY, OPT,
+                    DIM_P2, EVEN, BK)
+        far = far & ~pick
+
+
+@triton.jit
+def _finish_far(c, end_chunk, r, col, part_ptr, out_ptr, slots_ptr, t_values, dim, row_dim, lr,
+                eps, beta1, beta2, wd, adam_step, APPLY: tl.constexpr, OPT: tl.constexpr,
+                DIM_P2: tl.constexpr, EVEN: tl.constexpr, BK: tl.constexpr):
+    """Finishes the segment ``r`` that leaves chunk ``c`` and ends in chunk ``end_chunk``:
+    its tail partial plus the head partials of the chunks after, BK at a time."""
+    two = tl.arange(0, 2)
+    one = two < 1
+    acc = tl.load(part_ptr + ((c * 2 + 1) * DIM_P2 + two * 0)[:, None] + col[None, :],
+                  mask=one[:, None], other=0.0)
     k0 = c + 1
     kk = tl.arange(0, BK)
     while k0 <= end_chunk:
@@ -262,8 +295,8 @@ def _combine_kernel(seg_ptr, row_start_ptr, bounds_ptr, part_ptr, out_ptr, slots
                         mask=(k <= end_chunk)[:, None], other=0.0)
         acc += tl.sum(heads, axis=0)[None, :]
         k0 += BK
-    _finish_rows(acc, r, tail, col, out_ptr, slots_ptr, t_values, dim, row_dim, lr, eps,
-                 beta1, beta2, wd, adam_step, APPLY, OPT, DIM_P2, EVEN)
+    _finish_rows(acc, r + two * 0, one, col, out_ptr, slots_ptr, t_values, dim, row_dim, lr,
+                 eps, beta1, beta2, wd, adam_step, APPLY, OPT, DIM_P2, EVEN)
 
 
 # dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90);
@@ -348,9 +381,11 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
         row_start, bounds, part, *target, n, num_groups, dim, *scalars,
         HAS_W=weights is not None, MEAN=offsets is not None, APPLY=apply, OPT=hp.kind,
         DIM_P2=dim_p2, EVEN=even, **grouping, num_warps=REDUCE_CONFIG["num_warps"])
-    _combine_kernel[(chunks,)](
-        seg, row_start, bounds, part, *target, n, num_groups, dim, *scalars, APPLY=apply,
-        OPT=hp.kind, DIM_P2=dim_p2, EVEN=even, **grouping, BK=16, num_warps=4)
+    cb = max(1, 4096 // dim_p2)
+    _combine_kernel[(cdiv(chunks, cb),)](
+        seg, row_start, bounds, part, *target, n, chunks, num_groups, dim, *scalars,
+        APPLY=apply, OPT=hp.kind, DIM_P2=dim_p2, EVEN=even, **grouping, CB=cb, BK=16,
+        num_warps=4)
 
 
 def reduce_rows(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,

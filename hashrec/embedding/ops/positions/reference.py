@@ -12,8 +12,9 @@ def gradient_rows(lengths: torch.Tensor, first: torch.Tensor, sequence: torch.Te
     Args:
         lengths: (L,) int64 ids per bag; the n = sum(lengths) ids follow bag by bag.
         first: (L,) int64 output-gradient row of each bag's first id.
-        sequence: (L,) int64, 1 where a bag's ids have a row each (a sequence:
-            ``first + position in the bag``), 0 where they share ``first`` (pooled).
+        sequence: (L,) int64 rows between a bag's consecutive ids: where they have a row each
+            (a sequence, ``first + position in the bag * sequence``), else 0 (pooled: they
+            share ``first``).
         n: number of ids (the host knows it).
 
     Returns:
