@@ -5,8 +5,9 @@ drawn from a power law (alpha 1.05), 1,677,721 rows of capacity per table, all
 in GPU memory. The 10 dynamic tables share one fused table storage (table index
 as the tag). Timed, each the median over steps with distinct id batches:
 
-* forward: dedup of (id, table) pairs, find (+ insert of misses), pooled gather
-  straight from table rows (``pool_rows`` with slots);
+* forward: dedup of (id, table) pairs (the layer's: one sort of the pairs packed
+  into an int64, replayed from a CUDA graph), find (+ insert of misses), pooled
+  gather straight from table rows (``pool_rows`` with slots);
 * backward + SGD / + Adam: per-unique-id gradient reduction fused with the
   optimizer update of embedding and state (``reduce_and_apply``).
 
@@ -45,7 +46,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--out", default=None)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--reduce-configs", nargs="*", default=[],
-                   help="extra backward stage-1 tiles ELEMENTSxWARPS to time, e.g. 4096x4")
+                   help="extra backward tiles to time: ELEMENTSxWARPS of stage 1, optionally "
+                        "xHEADS of stage 2, e.g. 4096x4 or 2048x4x64")
     p.add_argument("--profile", action="store_true",
                    help="also profile the layer's SGD steps (torch.profiler) and write the "
                         "kernels by device time to OUT_profile.txt")
@@ -63,7 +65,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from _timing import copy_bandwidth, environment, time_device_ms, write_results  # noqa: E402
 
-from hashrec.embedding.ops.fused import dedup  # noqa: E402
+from hashrec.embedding import EmbeddingFeatureSpec  # noqa: E402
+from hashrec.embedding.batching import FeatureIds, StorageBatch, dedup_storages  # noqa: E402
 from hashrec.embedding.ops.fused import triton as fused_tt  # noqa: E402
 from hashrec.embedding.ops.fused.triton import pool_rows, reduce_and_apply  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots  # noqa: E402
@@ -72,7 +75,17 @@ from hashrec.table.optim import SparseAdam, SparseSGD  # noqa: E402
 from hashrec.table.storage import TableStorage  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-TAG_SHIFT = 40  # keys < 2**40 here, so (tag << 40) | key identifies a (key, table) pair
+FEATURES = [EmbeddingFeatureSpec(f"f{t}", f"t{t}") for t in range(ARGS.tables)]
+
+
+def dedup(batch: torch.Tensor) -> StorageBatch:
+    """The layer's dedup of a (tables, ids) batch, one sum-pooled id per bag: unique
+    (key, table) pairs (``keys``, int32 ``tags``), ``inverse``, ``order``, ``row_start``."""
+    n = batch.shape[1]
+    offsets = torch.arange(n + 1, device=DEVICE)
+    lengths = torch.ones(n, dtype=torch.int64, device=DEVICE)
+    by_tag = [[FeatureIds(spec, ids, offsets, lengths)] for spec, ids in zip(FEATURES, batch)]
+    return dedup_storages([(by_tag, True, False, 0, True)])[0]
 
 
 def _power_law_batches(steps: int) -> list[torch.Tensor]:
@@ -97,10 +110,8 @@ class FusedStep:
         self.step = 0
 
     def forward(self, batch: torch.Tensor):
-        tags = torch.arange(ARGS.tables, device=DEVICE)[:, None].expand_as(batch)
-        d = dedup(((tags << TAG_SHIFT) | batch).flatten())
-        keys = d.unique & ((1 << TAG_SHIFT) - 1)
-        utags = (d.unique >> TAG_SHIFT).to(torch.int32)
+        d = dedup(batch)
+        keys, utags = d.keys, d.tags
         slots = find_slots(self.storage, keys, utags)
         miss = torch.nonzero(slots < 0).flatten()
         if miss.numel():
@@ -128,11 +139,12 @@ def _fused(spec, batches, grads) -> dict:
     states = [model.forward(b) for b in batches]
     bwd = time_device_ms(lambda s: model.backward(grads, s[1], s[2]), k - 2,
                          setup=lambda i: states[i % k])
-    unique = sum(s[1].unique.numel() for s in states) / len(states)
+    unique = sum(s[1].keys.numel() for s in states) / len(states)
     sweep, default = {}, dict(fused_tt.REDUCE_CONFIG)
     for cfg in ARGS.reduce_configs:
-        elements, warps = (int(x) for x in cfg.split("x"))
-        fused_tt.REDUCE_CONFIG.update(elements=elements, num_warps=warps)
+        elements, warps, *heads = (int(x) for x in cfg.split("x"))
+        fused_tt.REDUCE_CONFIG.update(elements=elements, num_warps=warps,
+                                      heads=heads[0] if heads else default["heads"])
         t = time_device_ms(lambda s: model.backward(grads, s[1], s[2]), len(batches) - 2,
                            setup=lambda i: states[i % len(states)])
         sweep[cfg] = {"device_ms": t["device_ms"], "call_ms": t["call_ms"]}
@@ -147,16 +159,13 @@ def _fused(spec, batches, grads) -> dict:
 def _forward_parts(model: FusedStep, batches) -> dict:
     """Times the stages of the forward on their own (dedup, find, pooled gather)."""
     steps = len(batches) - 2
-    flat = [((torch.arange(ARGS.tables, device=DEVICE)[:, None] << TAG_SHIFT) | b).flatten()
-            for b in batches]
-    dd = [dedup(f) for f in flat]
-    keys = [(d.unique & ((1 << TAG_SHIFT) - 1), (d.unique >> TAG_SHIFT).to(torch.int32))
-            for d in dd]
+    dd = [dedup(b) for b in batches]
+    keys = [(d.keys, d.tags) for d in dd]
     slots = [find_slots(model.storage, k, t) for k, t in keys]
-    offsets = torch.arange(flat[0].numel() + 1, device=DEVICE)
+    offsets = torch.arange(batches[0].numel() + 1, device=DEVICE)
     k = len(batches)
     times = {
-        "dedup": time_device_ms(dedup, steps, setup=lambda i: flat[i % k]),
+        "dedup": time_device_ms(dedup, steps, setup=lambda i: batches[i % k]),
         "find": time_device_ms(lambda kt: find_slots(model.storage, *kt), steps,
                                setup=lambda i: keys[i % k]),
         "pool": time_device_ms(lambda i: pool_rows(model.storage.values, dd[i].inverse,
@@ -228,11 +237,28 @@ def _profile(step, steps: int) -> None:
         prof.key_averages(group_by_input_shape=True).table(
             sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=40,
             max_shapes_column_width=120)
+    table += "\n\nKernels by the operators that launched them (us per step):\n" + \
+        _kernel_owners(prof, steps)
     text = f"Layer steps (forward + backward, SGD), {steps} steps, per-kernel device time\n\n"
     print(text + table, flush=True)
     if ARGS.out:
         with open(f"{ARGS.out}_profile.txt", "w") as f:
             f.write(text + table + "\n")
+
+
+def _kernel_owners(prof, steps: int, top: int = 30) -> str:
+    """The kernels of a profile summed per (kernel, launching operator and its callers)."""
+    owners: dict[tuple[str, str], float] = {}
+    for event in prof.events():
+        for kernel in getattr(event, "kernels", []):
+            chain, parent = [event.name], event.cpu_parent
+            while parent is not None and len(chain) < 4:
+                chain.append(parent.name)
+                parent = parent.cpu_parent
+            key = (kernel.name[:70], " < ".join(chain))
+            owners[key] = owners.get(key, 0.0) + kernel.duration
+    ranked = sorted(owners.items(), key=lambda item: -item[1])[:top]
+    return "\n".join(f"{us / steps:9.1f}  {name}  <=  {chain}" for (name, chain), us in ranked)
 
 
 def _baseline(optim: str, batches, grads) -> dict:

@@ -54,10 +54,6 @@ def _no_seed() -> int:
     return 0
 
 
-def _zero_inactive(values: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
-    return values if active is None else torch.where(active.unsqueeze(1), values, 0.0)
-
-
 class FixedSizeLookup:
     """Mixin of ``HashTable``: the sync-free training lookup (see the module docstring)."""
 
@@ -116,8 +112,9 @@ class FixedSizeLookup:
             slots, counted = self._find_active(keys, tags, active)
             self._add_device_counts(*self._mask_sums(counted))
             values = finish_rows(self.storage, keys, tags, slots, self.dim,
-                                 self._row_init(self._eval_initializer, keys, tags))
-            return slots, _zero_inactive(values, active)
+                                 self._row_init(self._eval_initializer, keys, tags),
+                                 active=active)
+            return slots, values
         graphs = self._graphs_for()
         replayed = graphs.lookup(keys, tags, counts, given, active) if graphs else None
         if replayed is not None:
@@ -158,11 +155,11 @@ class FixedSizeLookup:
             self.storage, keys, tags, slots, self.dim,
             self._row_init(self._train_missing_args(), keys, tags, seed),
             new=self._row_init(self._initializer, keys, tags, seed), placed=placed, hit=hit,
-            hit_scores=hit_scores, state=self._state_row, seeds=seeds)
+            hit_scores=hit_scores, state=self._state_row, seeds=seeds, active=active)
         counted["inserts"] = placed
         if evicted is not None:
             counted["evictions"] = evicted
-        return slots, _zero_inactive(values, active), counted, refused
+        return slots, values, counted, refused
 
     def _find_active(self, keys: torch.Tensor, tags: torch.Tensor | None,
                      active: torch.Tensor | None) -> tuple[torch.Tensor, dict]:

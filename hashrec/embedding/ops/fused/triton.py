@@ -327,8 +327,9 @@ def _sorted_rows(row_start: torch.Tensor, n: int) -> torch.Tensor:
 
 
 # Stage-1 tile: about ``elements`` (sorted positions x columns) per program, on
-# ``num_warps`` warps; benchmarks may override it.
-REDUCE_CONFIG = {"elements": 2048, "num_warps": 4}  # fastest of 3 on the H200 (dim 128)
+# ``num_warps`` warps; stage 2 sums a long segment's head partials ``heads`` at a time.
+# Benchmarks may override it.
+REDUCE_CONFIG = {"elements": 2048, "num_warps": 4, "heads": 64}  # fastest on the H200 (dim 128)
 
 
 def _chunk_rows(dim_p2: int) -> int:
@@ -384,8 +385,8 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
     cb = max(1, 4096 // dim_p2)
     _combine_kernel[(cdiv(chunks, cb),)](
         seg, row_start, bounds, part, *target, n, chunks, num_groups, dim, *scalars,
-        APPLY=apply, OPT=hp.kind, DIM_P2=dim_p2, EVEN=even, **grouping, CB=cb, BK=16,
-        num_warps=4)
+        APPLY=apply, OPT=hp.kind, DIM_P2=dim_p2, EVEN=even, **grouping, CB=cb,
+        BK=REDUCE_CONFIG["heads"], num_warps=4)
 
 
 def reduce_rows(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,

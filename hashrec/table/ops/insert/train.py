@@ -204,9 +204,10 @@ def _initial(MODE: tl.constexpr, given_ptr, i, col, valid, key, tag, a, b, seed,
 @fast_launch
 @triton.jit
 def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_scores_ptr, values,
-                   t_scores, state_ptr, out_ptr, new_given, miss_given, n, new_a, new_b,
-                   new_seed, miss_a, miss_b, miss_seed, seeds_ptr, HAS_TAGS: tl.constexpr,
-                   SEEDS_IN_MEMORY: tl.constexpr, WRITES: tl.constexpr, HAS_STATE: tl.constexpr, NEW_MODE: tl.constexpr,
+                   t_scores, state_ptr, out_ptr, new_given, miss_given, active_ptr, n, new_a,
+                   new_b, new_seed, miss_a, miss_b, miss_seed, seeds_ptr,
+                   HAS_TAGS: tl.constexpr, SEEDS_IN_MEMORY: tl.constexpr, WRITES: tl.constexpr,
+                   HAS_STATE: tl.constexpr, HAS_ACTIVE: tl.constexpr, NEW_MODE: tl.constexpr,
                    MISS_MODE: tl.constexpr, DIM: tl.constexpr, ROW_DIM: tl.constexpr,
                    ROW_P2: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -218,6 +219,8 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
             new_seed = tl.load(seeds_ptr + 1)
     slot = tl.load(slots_ptr + i, mask=mask, other=-1)
     missing = mask & (slot < 0)
+    if HAS_ACTIVE:  # inactive keys (slot -1) read a zero row
+        missing = missing & (tl.load(active_ptr + i, mask=mask, other=0) != 0)
     if WRITES:
         placed = mask & (slot >= 0) & (tl.load(placed_ptr + i, mask=mask, other=0) != 0)
         hit = mask & (slot >= 0) & (tl.load(hit_ptr + i, mask=mask, other=0) != 0)
@@ -254,7 +257,8 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
                 placed: torch.Tensor | None = None, hit: torch.Tensor | None = None,
                 hit_scores: torch.Tensor | None = None,
                 state: torch.Tensor | None = None,
-                seeds: torch.Tensor | None = None) -> torch.Tensor:
+                seeds: torch.Tensor | None = None,
+                active: torch.Tensor | None = None) -> torch.Tensor:
     """Embeddings (u, dim) float32 of the keys at ``slots`` (-1: read ``missing``).
 
     With ``new`` (a training lookup), also in the same launch: the rows of ``placed``
@@ -265,6 +269,9 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     ``seeds`` (2,) int64 on the device, when given, replaces the seeds of ``missing``
     and ``new`` (in that order) where their mode is random: the kernel reads them
     when it runs, so a captured launch takes new seeds at every replay.
+
+    ``active`` (u,) bool: keys outside it (their slot must be -1) read a zero row
+    instead of ``missing``.
     """
     n, row_dim = keys.numel(), storage.row_dim
     out = torch.empty(n, dim, dtype=torch.float32, device=keys.device)
@@ -280,10 +287,12 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         keys, tags if tags is not None else keys, slots, *flags, storage.values, storage.scores,
         state if state is not None else out, out,
         new.given if new.given is not None else out,
-        missing.given if missing.given is not None else out, n, float(new.a), float(new.b),
-        int(new.seed), float(missing.a), float(missing.b), int(missing.seed),
+        missing.given if missing.given is not None else out,
+        active.view(torch.int8) if active is not None else slots, n, float(new.a),
+        float(new.b), int(new.seed), float(missing.a), float(missing.b), int(missing.seed),
         seeds if seeds is not None else out, HAS_TAGS=tags is not None,
         SEEDS_IN_MEMORY=seeds is not None, WRITES=writes, HAS_STATE=state is not None,
+        HAS_ACTIVE=active is not None,
         NEW_MODE=new.mode, MISS_MODE=missing.mode, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,
         BLOCK=block)
     return out
