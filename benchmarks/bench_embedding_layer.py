@@ -5,9 +5,8 @@ drawn from a power law (alpha 1.05), 1,677,721 rows of capacity per table, all
 in GPU memory. The 10 dynamic tables share one fused table storage (table index
 as the tag). Timed, each the median over steps with distinct id batches:
 
-* forward: dedup of (id, table) pairs (the layer's: one sort of the pairs packed
-  into an int64, replayed from a CUDA graph), find (+ insert of misses), pooled
-  gather straight from table rows (``pool_rows`` with slots);
+* forward: dedup of (id, table) pairs, find (+ insert of misses), pooled gather
+  straight from table rows (``pool_rows`` with slots);
 * backward + SGD / + Adam: per-unique-id gradient reduction fused with the
   optimizer update of embedding and state (``reduce_and_apply``).
 
@@ -65,8 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from _timing import copy_bandwidth, environment, time_device_ms, write_results  # noqa: E402
 
-from hashrec.embedding import EmbeddingFeatureSpec  # noqa: E402
-from hashrec.embedding.batching import FeatureIds, StorageBatch, dedup_storages  # noqa: E402
+from hashrec.embedding.ops.fused import dedup  # noqa: E402
 from hashrec.embedding.ops.fused import triton as fused_tt  # noqa: E402
 from hashrec.embedding.ops.fused.triton import pool_rows, reduce_and_apply  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots  # noqa: E402
@@ -75,17 +73,18 @@ from hashrec.table.optim import SparseAdam, SparseSGD  # noqa: E402
 from hashrec.table.storage import TableStorage  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-FEATURES = [EmbeddingFeatureSpec(f"f{t}", f"t{t}") for t in range(ARGS.tables)]
+TAG_SHIFT = 40  # keys < 2**40 here, so (tag << 40) | key identifies a (key, table) pair
 
 
-def dedup(batch: torch.Tensor) -> StorageBatch:
-    """The layer's dedup of a (tables, ids) batch, one sum-pooled id per bag: unique
-    (key, table) pairs (``keys``, int32 ``tags``), ``inverse``, ``order``, ``row_start``."""
-    n = batch.shape[1]
-    offsets = torch.arange(n + 1, device=DEVICE)
-    lengths = torch.ones(n, dtype=torch.int64, device=DEVICE)
-    by_tag = [[FeatureIds(spec, ids, offsets, lengths)] for spec, ids in zip(FEATURES, batch)]
-    return dedup_storages([(by_tag, True, False, 0, True)])[0]
+def _pairs(batch: torch.Tensor) -> torch.Tensor:
+    """(tables, ids) keys -> (tables * ids,) int64 (table, key) pairs."""
+    tags = torch.arange(ARGS.tables, device=DEVICE)[:, None].expand_as(batch)
+    return ((tags << TAG_SHIFT) | batch).flatten()
+
+
+def _split(unique: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique pairs -> (keys, int32 tags)."""
+    return unique & ((1 << TAG_SHIFT) - 1), (unique >> TAG_SHIFT).to(torch.int32)
 
 
 def _power_law_batches(steps: int) -> list[torch.Tensor]:
@@ -110,8 +109,8 @@ class FusedStep:
         self.step = 0
 
     def forward(self, batch: torch.Tensor):
-        d = dedup(batch)
-        keys, utags = d.keys, d.tags
+        d = dedup(_pairs(batch))
+        keys, utags = _split(d.unique)
         slots = find_slots(self.storage, keys, utags)
         miss = torch.nonzero(slots < 0).flatten()
         if miss.numel():
@@ -139,7 +138,7 @@ def _fused(spec, batches, grads) -> dict:
     states = [model.forward(b) for b in batches]
     bwd = time_device_ms(lambda s: model.backward(grads, s[1], s[2]), k - 2,
                          setup=lambda i: states[i % k])
-    unique = sum(s[1].keys.numel() for s in states) / len(states)
+    unique = sum(s[1].unique.numel() for s in states) / len(states)
     sweep, default = {}, dict(fused_tt.REDUCE_CONFIG)
     for cfg in ARGS.reduce_configs:
         elements, warps, *heads = (int(x) for x in cfg.split("x"))
@@ -159,13 +158,14 @@ def _fused(spec, batches, grads) -> dict:
 def _forward_parts(model: FusedStep, batches) -> dict:
     """Times the stages of the forward on their own (dedup, find, pooled gather)."""
     steps = len(batches) - 2
-    dd = [dedup(b) for b in batches]
-    keys = [(d.keys, d.tags) for d in dd]
+    flat = [_pairs(b) for b in batches]
+    dd = [dedup(f) for f in flat]
+    keys = [_split(d.unique) for d in dd]
     slots = [find_slots(model.storage, k, t) for k, t in keys]
     offsets = torch.arange(batches[0].numel() + 1, device=DEVICE)
     k = len(batches)
     times = {
-        "dedup": time_device_ms(dedup, steps, setup=lambda i: batches[i % k]),
+        "dedup": time_device_ms(dedup, steps, setup=lambda i: flat[i % k]),
         "find": time_device_ms(lambda kt: find_slots(model.storage, *kt), steps,
                                setup=lambda i: keys[i % k]),
         "pool": time_device_ms(lambda i: pool_rows(model.storage.values, dd[i].inverse,
