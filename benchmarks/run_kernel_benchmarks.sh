@@ -6,13 +6,16 @@
 # Usage: benchmarks/run_kernel_benchmarks.sh OUT_DIR
 # Steps:
 #   gpu_tests      the compiled table-op comparisons against the reference (large sizes)
+#   gpu_layer_tests the embedding kernels, joins, emit and captured lookups compiled on the
+#                  GPU (the suites that run interpreted on CPU-only hosts, where they apply)
 #   upsert_sweep   insert_or_assign per insert-program launch: one program per sorted
 #                  position against the block form (UPSERT_BLOCK), at three load factors
 #   find_sweep     find_values at two launch configs (digest words against bytes)
 #   table_ops      HierarchicalKV's setup (bench_table_gpu.py) with BLOCK (default 32, the
 #                  library's) positions per insert program
 #   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection),
-#                  with the backward's stage-1 tile swept (device time and one call)
+#                  with the backward's tiles swept (device time and one call) and the
+#                  layer's kernels profiled by launching operator
 #   ab_train       the training run on 1,000,000 generated rows (made when missing, in
 #                  /tmp/hashrec_bench_data): this tree against itself with
 #                  HASHREC_UPSERT_BLOCK=0 (one insert program per sorted position) and
@@ -31,6 +34,10 @@ write_env "$out"
 {
   step gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider \
       tests/table/test_triton_table_ops.py
+  step gpu_layer_tests 300 python3 -m pytest -q -p no:cacheprovider \
+      tests/embedding/test_triton_embedding_ops.py tests/embedding/test_collection_joins.py \
+      tests/embedding/test_collection_gpu.py tests/embedding/test_emit.py \
+      tests/table/test_lookup_graphs.py
   step upsert_sweep 330 python3 benchmarks/profile_upsert_gpu.py --load-factors 0.5 0.75 1.0 \
       --reps 5 --runs 1 --warps 1 4 --block 0 32 64 --width 2 4 \
       --out "$out/upsert_launch_gpu"
@@ -39,7 +46,7 @@ write_env "$out"
   step table_ops 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-block "$block" \
       --out "$out/table_gpu"
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
-      --reduce-configs 2048x4 2048x8 4096x4 --out "$out/embedding_layer_gpu"
+      --reduce-configs 4096x8x16 2048x4x16 1024x4 --profile --out "$out/embedding_layer_gpu"
   step ab_train 420 python3 benchmarks/ab_train.py \
       --trees ".+HASHREC_UPSERT_BLOCK=0,.,.+HASHREC_WIDE_PROBE_MIN_CAP=512" \
       --configs dynamicemb --nproc 1 --rounds "${ROUNDS:-2}" --data_dir "$data" \

@@ -97,16 +97,24 @@ def _shared_rows(grads: tuple[torch.Tensor, ...]
     first = grads[0]
     dim = first.shape[-1]
     storage = first.untyped_storage()
+    rows = storage.nbytes() // first.element_size() // dim
     layout = []
     for g in grads:
-        strides = [st if size > 1 else 0 for size, st in zip(g.shape, g.stride())]
-        if g.dtype != torch.float32 or g.shape[-1] != dim or strides[-1] not in (0, 1) or \
+        # Unit dims may carry any stride; every other one must step whole rows forward
+        # (an expanded gradient, stride 0, is materialized by the concatenation instead).
+        strides = [st if size > 1 else None for size, st in zip(g.shape, g.stride())]
+        if g.dtype != torch.float32 or g.shape[-1] != dim or strides[-1] not in (None, 1) or \
                 g.untyped_storage().data_ptr() != storage.data_ptr() or \
-                any(st % dim for st in strides[:-1]) or g.storage_offset() % dim:
+                any(st is not None and (st <= 0 or st % dim) for st in strides[:-1]) or \
+                g.storage_offset() % dim:
             return None
-        per_id = strides[1] // dim if g.dim() == 3 else 0
-        layout.append((g.shape[0], g.storage_offset() // dim, strides[0] // dim, per_id))
-    rows = storage.nbytes() // first.element_size() // dim
+        steps = [0 if st is None else st // dim for st in strides[:-1]]
+        last = g.storage_offset() // dim + sum((size - 1) * step
+                                               for size, step in zip(g.shape[:-1], steps))
+        if last >= rows:
+            return None
+        layout.append((g.shape[0], g.storage_offset() // dim, steps[0],
+                       steps[1] if g.dim() == 3 else 0))
     return torch.as_strided(first, (rows, dim), (dim, 1), 0), tuple(layout)
 
 

@@ -183,7 +183,8 @@ def test_batches_of_one_layout_share_their_tag_array():
 def _views_of_one_buffer(shapes, how, gen):
     """Output gradients of ``shapes`` as views of one buffer: row blocks one after the
     other, column slices of one (B, columns) gradient (what a concatenation of the
-    outputs hands back), or blocks starting off the row grid."""
+    outputs hands back), blocks starting off the row grid, or one value expanded (what
+    the gradient of a sum hands back)."""
     sizes = [torch.Size(s).numel() for s in shapes]
     if how == "columns":
         batch = shapes[0][0]
@@ -193,12 +194,15 @@ def _views_of_one_buffer(shapes, how, gen):
             out.append(buffer[:, col:col + size // batch].view(shape))
             col += size // batch
         return out
+    if how == "expanded":
+        value = torch.randn(1, generator=gen)
+        return [value.view([1] * len(shape)).expand(shape) for shape in shapes]
     skew = 1 if how == "skewed" else 0
     flat = torch.randn(sum(sizes) + skew, generator=gen)[skew:]
     return [block.view(shape) for block, shape in zip(flat.split(sizes), shapes)]
 
 
-@pytest.mark.parametrize("how", ["rows", "columns", "skewed"])
+@pytest.mark.parametrize("how", ["rows", "columns", "skewed", "expanded"])
 @pytest.mark.parametrize("kernels", ["reference", "triton"])
 def test_gradients_read_in_place_from_one_buffer(how, kernels, monkeypatch):
     """Output gradients that are views of one buffer are read where they lie; the rows'
@@ -218,7 +222,7 @@ def test_gradients_read_in_place_from_one_buffer(how, kernels, monkeypatch):
         rows = torch.randn(batch.keys.numel(), 4, generator=gen, requires_grad=True)
         outs = emit_storage(rows, batch)
         shared = _views_of_one_buffer([o.shape for o in outs], how, gen)
-        assert (_shared_rows(tuple(shared)) is None) == (how == "skewed")
+        assert (_shared_rows(tuple(shared)) is None) == (how in ("skewed", "expanded"))
         torch.autograd.backward(outs, shared)
         in_place = rows.grad.clone()
         rows.grad = None
