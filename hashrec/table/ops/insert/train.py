@@ -252,7 +252,8 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
     row = tl.where(missing[:, None], miss, row)
     written = mask
     if OUT_AT:  # the rows to write and where, read when the kernel runs (a captured launch)
-        out_ptr = tl.load(out_at_ptr + 1).to(tl.pointer_type(tl.float32))
+        # 16-byte aligned, as every tensor the allocator hands out: stores vectorize
+        out_ptr = tl.multiple_of(tl.load(out_at_ptr + 1).to(tl.pointer_type(tl.float32)), 16)
         written = mask & (i < tl.load(out_at_ptr))
     tl.store(out_ptr + i[:, None] * DIM + col[None, :], row, mask=written[:, None] & emb)
 
