@@ -126,12 +126,14 @@ class FixedSizeLookup:
 
     def _train_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
                      counts: torch.Tensor, given: torch.Tensor | None,
-                     active: torch.Tensor | None, seeds: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor],
+                     active: torch.Tensor | None, seeds: torch.Tensor | None = None,
+                     out_at: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor],
                                 torch.Tensor | int]:
         """The training lookup's device work: (slots, values, the counters' (u,) masks by
         name, refused count). ``seeds`` (2,) int64 on the device: the random
-        initializers' seeds are read there (a captured lookup) instead of drawn."""
+        initializers' seeds are read there (a captured lookup) instead of drawn.
+        ``out_at``: the values go where it says (``finish_rows``); values is None."""
         from hashrec.table.ops.insert.train import finish_rows, protect_hits  # Triton only
 
         slots, counted = self._find_active(keys, tags, active)
@@ -155,7 +157,8 @@ class FixedSizeLookup:
             self.storage, keys, tags, slots, self.dim,
             self._row_init(self._train_missing_args(), keys, tags, seed),
             new=self._row_init(self._initializer, keys, tags, seed), placed=placed, hit=hit,
-            hit_scores=hit_scores, state=self._state_row, seeds=seeds, active=active)
+            hit_scores=hit_scores, state=self._state_row, seeds=seeds, active=active,
+            out_at=out_at)
         counted["inserts"] = placed
         if evicted is not None:
             counted["evictions"] = evicted

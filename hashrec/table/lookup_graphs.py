@@ -7,7 +7,8 @@ by that host time. Once the table is at max_capacity it no longer grows, and the
 lookup's work depends on its key count u alone. ``LookupGraphs`` pads u to a size
 class, captures the lookup of that size once as a CUDA graph and replays it: the
 keys, counts and a few scalars are copied into the graph's input buffers, one
-replay, and the slots and rows copied out. The replay adds the lookup's counters
+replay writes the rows into a new tensor (its address is one of the scalars, read
+by the row kernel when it runs), and the slots are copied out. The replay adds the lookup's counters
 (hits, inserts, refusals, ...) to the table's device totals in place, which
 ``stats()`` reads; only ``check_mode`` ERROR reads a count back per lookup.
 
@@ -109,8 +110,9 @@ class _Lookup:
         self.given = torch.zeros(size, dtype=torch.int64, device=device) if given else None
         self.active = torch.zeros(size, dtype=torch.bool, device=device) if active else None
         self.clocked = clocked
-        # u, the missing and new rows' seeds, the clock; u = 0 (all inactive) until fed.
-        self.scalars = torch.zeros(4, dtype=torch.int64, device=device)
+        # u, the address of the (u, dim) rows out, the missing and new rows' seeds, the
+        # clock; u = 0 (all inactive, nothing written) until fed.
+        self.scalars = torch.zeros(5, dtype=torch.int64, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple | None = None
 
@@ -171,18 +173,20 @@ class LookupGraphs:
 
     def _core(self, entry: _Lookup) -> tuple:
         """The lookup of a size class on its buffers: what a graph captures. Its
-        counters go to the table's device totals in place; returns (slots, values, the
-        refused count left to report or None)."""
+        counters go to the table's device totals in place, its rows to the tensor at the
+        address in ``scalars``; returns (slots, the refused count left to report or
+        None)."""
         table = self._table
         active = torch.arange(entry.size, device=entry.keys.device) < entry.scalars[0]
         if entry.active is not None:
             active = active & entry.active
         given = entry.given
         if entry.clocked:  # every key's score is the clock (given scores of one value)
-            given = entry.scalars[3:].expand(entry.size).contiguous()
-        slots, values, counted, refused = table._train_fixed(
-            entry.keys, entry.tags, entry.counts, given, active, seeds=entry.scalars[1:3])
-        return slots, values, table._count_in_place(counted, refused)
+            given = entry.scalars[4:].expand(entry.size).contiguous()
+        slots, _, counted, refused = table._train_fixed(
+            entry.keys, entry.tags, entry.counts, given, active, seeds=entry.scalars[2:4],
+            out_at=entry.scalars[:2])
+        return slots, table._count_in_place(counted, refused)
 
     def _build(self, key: tuple) -> _Lookup | None:
         """A size class's buffers and, with ``capture``, its graph (None: the capture
@@ -227,13 +231,15 @@ class LookupGraphs:
         seeds = [table._kernel_seed() if draws_seed(args, n, table.dim) else 0
                  for args in (table._train_missing_args(), table._initializer)]
         clock = table._clock() if entry.clocked else 0
-        entry.scalars.copy_(torch.tensor([n, *seeds, clock]), non_blocking=True)
+        values = torch.empty(n, table.dim, dtype=torch.float32, device=keys.device)
+        entry.scalars.copy_(torch.tensor([n, values.data_ptr(), *seeds, clock]),
+                            non_blocking=True)
         if self._capture:
             entry.graph.replay()
-            slots, values, refused = entry.out
+            slots, refused = entry.out
         else:
-            slots, values, refused = self._core(entry)
-        # A refused count left here (ERROR) is read at once; the slots and rows are the
-        # graph's own buffers, rewritten by the next replay.
+            slots, refused = self._core(entry)
+        # A refused count left here (ERROR) is read at once; the slots are the graph's
+        # own buffer, rewritten by the next replay.
         table._report_refused_fixed(refused)
-        return slots[:n].clone(), values[:n].clone()
+        return slots[:n].clone(), values

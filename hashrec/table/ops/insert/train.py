@@ -204,10 +204,11 @@ def _initial(MODE: tl.constexpr, given_ptr, i, col, valid, key, tag, a, b, seed,
 @fast_launch
 @triton.jit
 def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_scores_ptr, values,
-                   t_scores, state_ptr, out_ptr, new_given, miss_given, active_ptr, n, new_a,
-                   new_b, new_seed, miss_a, miss_b, miss_seed, seeds_ptr,
+                   t_scores, state_ptr, out_ptr, new_given, miss_given, active_ptr, out_at_ptr,
+                   n, new_a, new_b, new_seed, miss_a, miss_b, miss_seed, seeds_ptr,
                    HAS_TAGS: tl.constexpr, SEEDS_IN_MEMORY: tl.constexpr, WRITES: tl.constexpr,
-                   HAS_STATE: tl.constexpr, HAS_ACTIVE: tl.constexpr, NEW_MODE: tl.constexpr,
+                   HAS_STATE: tl.constexpr, HAS_ACTIVE: tl.constexpr, OUT_AT: tl.constexpr,
+                   NEW_MODE: tl.constexpr,
                    MISS_MODE: tl.constexpr, DIM: tl.constexpr, ROW_DIM: tl.constexpr,
                    ROW_P2: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -249,7 +250,12 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
     miss = _initial(MISS_MODE, miss_given, i, col, missing, key, tag, miss_a, miss_b, miss_seed,
                     DIM, BLOCK, ROW_P2)
     row = tl.where(missing[:, None], miss, row)
-    tl.store(out_ptr + i[:, None] * DIM + col[None, :], row, mask=mask[:, None] & emb)
+    written = mask
+    if OUT_AT:  # the rows to write and where, read when the kernel runs (a captured launch)
+        # 16-byte aligned, as every tensor the allocator hands out: stores vectorize
+        out_ptr = tl.multiple_of(tl.load(out_at_ptr + 1).to(tl.pointer_type(tl.float32)), 16)
+        written = mask & (i < tl.load(out_at_ptr))
+    tl.store(out_ptr + i[:, None] * DIM + col[None, :], row, mask=written[:, None] & emb)
 
 
 def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
@@ -258,7 +264,8 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
                 hit_scores: torch.Tensor | None = None,
                 state: torch.Tensor | None = None,
                 seeds: torch.Tensor | None = None,
-                active: torch.Tensor | None = None) -> torch.Tensor:
+                active: torch.Tensor | None = None,
+                out_at: torch.Tensor | None = None) -> torch.Tensor | None:
     """Embeddings (u, dim) float32 of the keys at ``slots`` (-1: read ``missing``).
 
     With ``new`` (a training lookup), also in the same launch: the rows of ``placed``
@@ -272,11 +279,17 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
 
     ``active`` (u,) bool: keys outside it (their slot must be -1) read a zero row
     instead of ``missing``.
+
+    ``out_at`` (2,) int64 on the device, when given: [m, address]; the embeddings of
+    the first m keys go to the (m, dim) float32 tensor at that address, read when the
+    kernel runs (a captured launch writes each replay's rows into a new tensor), and
+    None is returned.
     """
     n, row_dim = keys.numel(), storage.row_dim
-    out = torch.empty(n, dim, dtype=torch.float32, device=keys.device)
+    out = torch.empty(0 if out_at is not None else n, dim, dtype=torch.float32,
+                      device=keys.device)
     if n == 0:
-        return out
+        return None if out_at is not None else out
     writes = new is not None
     new = new or RowInit(_CONSTANT)
     row_p2 = next_pow2(row_dim)
@@ -288,14 +301,15 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         state if state is not None else out, out,
         new.given if new.given is not None else out,
         missing.given if missing.given is not None else out,
-        active.view(torch.int8) if active is not None else slots, n, float(new.a),
+        active.view(torch.int8) if active is not None else slots,
+        out_at if out_at is not None else slots, n, float(new.a),
         float(new.b), int(new.seed), float(missing.a), float(missing.b), int(missing.seed),
         seeds if seeds is not None else out, HAS_TAGS=tags is not None,
         SEEDS_IN_MEMORY=seeds is not None, WRITES=writes, HAS_STATE=state is not None,
-        HAS_ACTIVE=active is not None,
+        HAS_ACTIVE=active is not None, OUT_AT=out_at is not None,
         NEW_MODE=new.mode, MISS_MODE=missing.mode, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,
         BLOCK=block)
-    return out
+    return None if out_at is not None else out
 
 
 __all__ = ["SCORE_CLOCK", "SCORE_GIVEN", "SCORE_LFU", "Counted", "RowInit",
