@@ -44,6 +44,9 @@ def _args() -> argparse.Namespace:
                         "each (0: per-position form; default: the library's setting)")
     p.add_argument("--upsert-width", type=int, default=None,
                    help="block form: longest run placed in tiles (default: the library's)")
+    p.add_argument("--upsert-lanes", type=int, default=None,
+                   help="lane form: sorted positions per program, placing short runs into "
+                        "free slots before the block form (0: off; default: the library's)")
     p.add_argument("--tagged", action="store_true",
                    help="probes also compare the tag array (a fused table's storage); by "
                         "default the table is an unfused one (every tag 0, not read)")
@@ -167,6 +170,8 @@ def main() -> None:
         upsert_tt.UPSERT_BLOCK["block"] = ARGS.upsert_block
     if ARGS.upsert_width is not None:
         upsert_tt.UPSERT_BLOCK["width"] = ARGS.upsert_width
+    if ARGS.upsert_lanes is not None:
+        upsert_tt.UPSERT_BLOCK["lanes"] = ARGS.upsert_lanes
     results = {"env": environment(), "command": command_line(), "slots": ARGS.slots,
                "batch": ARGS.batch, "bucket_capacity": 128,
                "upsert_config": dict(upsert_tt.UPSERT_CONFIG),

@@ -32,7 +32,7 @@ from hashrec.table.storage import TableStorage
 
 
 @triton.jit
-def _match_bytes(words, dig):
+def match_bytes(words, dig):
     """0x80 at each byte of ``words`` (uint32) equal to ``dig`` (per row), else 0; exact."""
     x = words ^ (dig.to(tl.uint32) * 0x01010101)[:, None]
     low7 = (x & 0x7F7F7F7F) + 0x7F7F7F7F  # high bit set iff the low 7 bits are nonzero
@@ -71,7 +71,7 @@ def _candidates(t_digests, bucket, dig, mask, CAP: tl.constexpr, LINE: tl.conste
         in_bucket = mask[:, None] & (col[None, :] < CAP // 4)
         ptr = t_digests + bucket[:, None] * (CAP // 4) + col[None, :]
         words = tl.load(ptr, mask=in_bucket, other=0).to(tl.uint32, bitcast=True)
-        cand = tl.where(in_bucket, _match_bytes(words, dig), 0)
+        cand = tl.where(in_bucket, match_bytes(words, dig), 0)
     else:
         in_bucket = mask[:, None] & (col[None, :] < CAP)
         stored = tl.load(t_digests + bucket[:, None] * CAP + col[None, :], mask=in_bucket,

@@ -50,6 +50,7 @@ from hashrec.table.ops.insert.upsert_block import (
     block_positions,
     upsert_block_kernel,
 )
+from hashrec.table.ops.insert.upsert_lanes import LANE_PLACED, upsert_lanes_kernel
 from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 from hashrec.table.storage import TableStorage
 
@@ -192,12 +193,23 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
 @fast_launch
 @triton.jit
 def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_ptr, t_keys,
-                     t_tags, slots_ptr, inserted_ptr, created_ptr, evicted_ptr, n,
-                     HAS_TAGS: tl.constexpr, ALLOW_EVICT: tl.constexpr,
+                     t_tags, t_digests, t_scores, s_keys, s_tags, s_scores, s_digests, state,
+                     slots_ptr, inserted_ptr, created_ptr, evicted_ptr, n,
+                     HAS_TAGS: tl.constexpr, ALLOW_EVICT: tl.constexpr, LANES: tl.constexpr,
                      SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
-    """Final slot and flags of every key, in batch order; clears unused evicted flags."""
+    """Final slot and flags of every key, in batch order; clears unused evicted flags.
+    With LANES, first writes the entries ``upsert_lanes_kernel`` placed (into slots that
+    were empty, so no present key's check below reads them)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
+    if LANES:
+        placed = mask & (tl.load(state + i, mask=mask, other=0) == LANE_PLACED)
+        at = tl.load(out_ptr + i, mask=placed, other=0)
+        tl.store(t_keys + at, tl.load(s_keys + i, mask=placed, other=0), mask=placed)
+        if t_tags is not None:  # None: the table holds tag 0 alone, and keeps it
+            tl.store(t_tags + at, tl.load(s_tags + i, mask=placed, other=0), mask=placed)
+        tl.store(t_scores + at, tl.load(s_scores + i, mask=placed, other=0), mask=placed)
+        tl.store(t_digests + at, tl.load(s_digests + i, mask=placed, other=1), mask=placed)
     miss = mask & (tl.load(sorted_ptr + i, mask=mask, other=SENTINEL) != SENTINEL)
     hit = mask & ~miss
     pos = tl.load(perm_ptr + i, mask=mask, other=0)
@@ -254,6 +266,35 @@ def _rows(count: int, n: int, dtype: torch.dtype, device: torch.device
     return torch.empty(count, -(-n // per) * per, dtype=dtype, device=device)[:, :n].unbind(0)
 
 
+def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
+                   ) -> torch.Tensor | None:
+    """Places the sorted misses (step 4); returns the lanes' outcomes when the lane form
+    ran first (its placed entries are then written by the finalize step), else None."""
+    cap, evict = storage.bucket_capacity, bool(allow_evict)
+    config, block = UPSERT_CONFIG, UPSERT_BLOCK
+    if not block["block"]:
+        _upsert_kernel[(cdiv(args[7], config["runs"]),)](
+            *args, ALLOW_EVICT=evict, CAP=cap, CAP_P2=next_pow2(cap), BI=config["bi"],
+            RUNS=config["runs"], num_warps=config["num_warps"])
+        return None
+    state = None
+    s_keys, _, s_scores, _, s_bucket, first, perm, n = args[:8]
+    line, width, words = digest_line(storage)
+    if block["lanes"] and words:
+        lanes = max(1, min(block["lanes"], 2048 // width))
+        state = _empty(n, torch.int8, storage.device)
+        upsert_lanes_kernel[(cdiv(n, lanes),)](
+            s_keys, s_scores, s_bucket, first, perm, n, line, args[12], args[13], state,
+            ALLOW_EVICT=evict, CAP=cap, LINE=width, W=block["width"],
+            WIN=next_pow2(2 * block["width"] + 1), BLOCK=lanes, num_warps=block["lane_warps"])
+    b = block_positions(block["block"], block["elements"], cap)
+    upsert_block_kernel[(cdiv(n, b),)](
+        *args, state if state is not None else args[3], ALLOW_EVICT=evict, CAP=cap,
+        CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
+        LANES=state is not None, num_warps=block["num_warps"])
+    return state
+
+
 def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
                  scores: torch.Tensor, allow_evict: bool,
                  active: torch.Tensor | None = None) -> UpsertResult:
@@ -299,22 +340,14 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
                          SENTINEL=sentinel, BLOCK=512)
     _first_kernel[grid](sort_key, s_keys, s_tags, first, n, SENTINEL=sentinel, BLOCK=512)
     evicted = flags[2 * n:].view(torch.int8)
-    cap = storage.bucket_capacity
-    config, block = UPSERT_CONFIG, UPSERT_BLOCK
-    args = (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, storage.keys,
-            t_tags, storage.digests, storage.scores, out, evicted, *ev)
-    if block["block"]:
-        b = block_positions(block["block"], block["elements"], cap)
-        upsert_block_kernel[(cdiv(n, b),)](
-            *args, ALLOW_EVICT=bool(allow_evict), CAP=cap, CAP_P2=next_pow2(cap),
-            BI=config["bi"], B=b, W=block["width"], num_warps=block["num_warps"])
-    else:
-        _upsert_kernel[(cdiv(n, config["runs"]),)](
-            *args, ALLOW_EVICT=bool(allow_evict), CAP=cap, CAP_P2=next_pow2(cap),
-            BI=config["bi"], RUNS=config["runs"], num_warps=config["num_warps"])
+    state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
+                                     perm, n, storage.keys, t_tags, storage.digests,
+                                     storage.scores, out, evicted, *ev), allow_evict)
     _finalize_kernel[grid](
-        sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, slots,
+        sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
+        storage.scores, s_keys, s_tags, s_scores, s_digests,
+        state if state is not None else s_digests, slots,
         flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, n,
-        HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), SENTINEL=sentinel,
-        BLOCK=512)
+        HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), LANES=state is not None,
+        SENTINEL=sentinel, BLOCK=512)
     return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n])

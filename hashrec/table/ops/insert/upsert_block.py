@@ -25,6 +25,7 @@ import triton.language as tl
 
 from hashrec.table.ops.insert.runs import comes_before, insert_run
 from hashrec.table.ops.insert.triton import write_entries
+from hashrec.table.ops.insert.upsert_lanes import LANE_DEFERRED
 from hashrec.table.ops.launch import env_int, fast_launch, next_pow2
 
 __all__ = ["UPSERT_BLOCK", "block_positions", "upsert_block_kernel"]
@@ -44,9 +45,22 @@ def _block_from_env() -> int:
     return block
 
 
+def _lanes_from_env() -> int:
+    lanes = env_int("HASHREC_UPSERT_LANES", DEFAULT_LANES)
+    if lanes < 0 or lanes & (lanes - 1):
+        raise ValueError(f"HASHREC_UPSERT_LANES must be 0 (off) or a power of two, got {lanes}")
+    return lanes
+
+
+# Sorted positions per program of the lane form (``upsert_lanes.py``), which places the
+# short runs that fit in free slots before the block form runs; 0 turns it off.
+DEFAULT_LANES = 64
+
 # block: sorted positions per program (a power of two; 0 keeps the per-position form);
-# width: the longest run placed in tiles; elements: the budget of one (B, bucket) tile.
-UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192}
+# width: the longest run placed in tiles (and by the lane form); elements: the budget of
+# one (B, bucket) tile; lanes, lane_warps: the lane form's launch (with the block form).
+UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
+                "lanes": _lanes_from_env(), "lane_warps": 2}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
@@ -143,15 +157,18 @@ def _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests
 @triton.jit
 def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
-                        ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr,
+                        ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT: tl.constexpr,
                         CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr,
-                        B: tl.constexpr, W: tl.constexpr):
-    """Program p serves sorted positions [p * B, (p + 1) * B): the runs that open there."""
+                        B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr):
+    """Program p serves sorted positions [p * B, (p + 1) * B): the runs that open there
+    (with LANES, only those ``upsert_lanes_kernel`` left to it in ``state``)."""
     lane = tl.arange(0, B)
     at = tl.program_id(0).to(tl.int64) * B + lane
     bucket = tl.load(in_bucket + at, mask=at < m, other=-1)
     prev = tl.load(in_bucket + at - 1, mask=(at > 0) & (at < m), other=-1)
     opens = (bucket >= 0) & (prev != bucket)  # hits, sorted last, open nothing
+    if LANES:
+        opens = opens & (tl.load(state + at, mask=opens, other=0) == LANE_DEFERRED)
     if tl.max(opens.to(tl.int32), axis=0) > 0:
         tail = at + W
         long = opens & (tl.load(in_bucket + tail, mask=opens & (tail < m), other=-1) == bucket)
