@@ -51,7 +51,7 @@ from hashrec.table.ops.insert.upsert_block import (
     upsert_block_kernel,
 )
 from hashrec.table.ops.insert.upsert_lanes import LANE_PLACED, upsert_lanes_kernel
-from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
+from hashrec.table.ops.launch import cdiv, device_units, fast_launch, next_pow2
 from hashrec.table.storage import TableStorage
 
 __all__ = ["UpsertResult", "upsert_slots", "write_rows"]
@@ -193,22 +193,17 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
 @fast_launch
 @triton.jit
 def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_ptr, t_keys,
-                     t_tags, t_digests, t_scores, s_keys, s_tags, s_scores, s_digests, state,
-                     slots_ptr, inserted_ptr, created_ptr, evicted_ptr, n,
+                     t_tags, t_digests, s_digests, state, slots_ptr, inserted_ptr, created_ptr, evicted_ptr, n,
                      HAS_TAGS: tl.constexpr, ALLOW_EVICT: tl.constexpr, LANES: tl.constexpr,
                      SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
     """Final slot and flags of every key, in batch order; clears unused evicted flags.
-    With LANES, first writes the entries ``upsert_lanes_kernel`` placed (into slots that
-    were empty, so no present key's check below reads them)."""
+    With LANES, first writes the digests of the entries ``upsert_lanes_kernel`` placed
+    (into slots that were empty, so no present key's check below reads them)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     if LANES:
         placed = mask & (tl.load(state + i, mask=mask, other=0) == LANE_PLACED)
         at = tl.load(out_ptr + i, mask=placed, other=0)
-        tl.store(t_keys + at, tl.load(s_keys + i, mask=placed, other=0), mask=placed)
-        if t_tags is not None:  # None: the table holds tag 0 alone, and keeps it
-            tl.store(t_tags + at, tl.load(s_tags + i, mask=placed, other=0), mask=placed)
-        tl.store(t_scores + at, tl.load(s_scores + i, mask=placed, other=0), mask=placed)
         tl.store(t_digests + at, tl.load(s_digests + i, mask=placed, other=1), mask=placed)
     miss = mask & (tl.load(sorted_ptr + i, mask=mask, other=SENTINEL) != SENTINEL)
     hit = mask & ~miss
@@ -277,19 +272,25 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
             *args, ALLOW_EVICT=evict, CAP=cap, CAP_P2=next_pow2(cap), BI=config["bi"],
             RUNS=config["runs"], num_warps=config["num_warps"])
         return None
-    state = None
-    s_keys, _, s_scores, _, s_bucket, first, perm, n = args[:8]
+    s_keys, s_tags, s_scores, _, s_bucket, first, perm, n = args[:8]
+    b = block_positions(block["block"], block["elements"], cap)
+    programs, state, blocks = cdiv(n, b), None, args[3]
     line, width, words = digest_line(storage)
     if block["lanes"] and words:
-        lanes = max(1, min(block["lanes"], 2048 // width))
+        # The block form then serves only the blocks the lane form lists, over a grid a
+        # few times what the device holds at once (most of its programs find none).
         state = _empty(n, torch.int8, storage.device)
-        upsert_lanes_kernel[(cdiv(n, lanes),)](
-            s_keys, s_scores, s_bucket, first, perm, n, line, args[12], args[13], state,
-            ALLOW_EVICT=evict, CAP=cap, LINE=width, W=block["width"],
-            WIN=next_pow2(2 * block["width"] + 1), BLOCK=lanes, num_warps=block["lane_warps"])
-    b = block_positions(block["block"], block["elements"], cap)
-    upsert_block_kernel[(cdiv(n, b),)](
-        *args, state if state is not None else args[3], ALLOW_EVICT=evict, CAP=cap,
+        blocks = torch.empty(1 + programs, dtype=torch.int32, device=storage.device)
+        blocks[:1].zero_()
+        t_tags, t_scores = args[9], args[11]
+        upsert_lanes_kernel[(programs,)](
+            s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, storage.keys, t_tags,
+            t_scores, args[12], args[13], state, blocks, ALLOW_EVICT=evict, CAP=cap,
+            LINE=width, W=block["width"], WIN=next_pow2(2 * block["width"] + 1), BLOCK=b,
+            num_warps=block["lane_warps"])
+        programs = min(programs, 16 * device_units(storage.device))
+    upsert_block_kernel[(programs,)](
+        *args, state if state is not None else args[3], blocks, ALLOW_EVICT=evict, CAP=cap,
         CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
         LANES=state is not None, num_warps=block["num_warps"])
     return state
@@ -345,8 +346,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
                                      storage.scores, out, evicted, *ev), allow_evict)
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
-        storage.scores, s_keys, s_tags, s_scores, s_digests,
-        state if state is not None else s_digests, slots,
+        s_digests, state if state is not None else s_digests, slots,
         flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, n,
         HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), LANES=state is not None,
         SENTINEL=sentinel, BLOCK=512)

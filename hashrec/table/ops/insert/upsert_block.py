@@ -46,19 +46,16 @@ def _block_from_env() -> int:
 
 
 def _lanes_from_env() -> int:
-    lanes = env_int("HASHREC_UPSERT_LANES", DEFAULT_LANES)
-    if lanes < 0 or lanes & (lanes - 1):
-        raise ValueError(f"HASHREC_UPSERT_LANES must be 0 (off) or a power of two, got {lanes}")
+    lanes = env_int("HASHREC_UPSERT_LANES", 1)
+    if lanes not in (0, 1):
+        raise ValueError(f"HASHREC_UPSERT_LANES must be 0 (off) or 1 (on), got {lanes}")
     return lanes
-
-
-# Sorted positions per program of the lane form (``upsert_lanes.py``), which places the
-# short runs that fit in free slots before the block form runs; 0 turns it off.
-DEFAULT_LANES = 64
 
 # block: sorted positions per program (a power of two; 0 keeps the per-position form);
 # width: the longest run placed in tiles (and by the lane form); elements: the budget of
-# one (B, bucket) tile; lanes, lane_warps: the lane form's launch (with the block form).
+# one (B, bucket) tile; lanes: 1 to run the lane form (``upsert_lanes.py``) first, over
+# the same blocks of positions, on lane_warps warps: it places the short runs that fit
+# in free slots and leaves the rest to the block form.
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lane_warps": 2}
 
@@ -153,17 +150,15 @@ def _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests
         tl.store(out_slots + i, tl.where(ok, slot, -1), mask=mi)
 
 
-@fast_launch
 @triton.jit
-def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
-                        m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
-                        ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT: tl.constexpr,
-                        CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr,
-                        B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr):
-    """Program p serves sorted positions [p * B, (p + 1) * B): the runs that open there
-    (with LANES, only those ``upsert_lanes_kernel`` left to it in ``state``)."""
+def _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m, t_keys,
+           t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags, ev_scores,
+           state, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
+           BI: tl.constexpr, B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr):
+    """Places the runs that open at sorted positions [p * B, (p + 1) * B) (with LANES,
+    only those ``upsert_lanes_kernel`` left to this form)."""
     lane = tl.arange(0, B)
-    at = tl.program_id(0).to(tl.int64) * B + lane
+    at = p.to(tl.int64) * B + lane
     bucket = tl.load(in_bucket + at, mask=at < m, other=-1)
     prev = tl.load(in_bucket + at - 1, mask=(at > 0) & (at < m), other=-1)
     opens = (bucket >= 0) & (prev != bucket)  # hits, sorted last, open nothing
@@ -182,7 +177,32 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
             r = tl.min(tl.where(long, lane, B), axis=0)
             insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
                        t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys,
-                       ev_tags, ev_scores, tl.program_id(0).to(tl.int64) * B + r,
+                       ev_tags, ev_scores, p.to(tl.int64) * B + r,
                        tl.sum(tl.where(lane == r, bucket, 0), axis=0), ALLOW_EVICT, CAP,
                        CAP_P2, BI)
             long = long & (lane != r)
+
+
+@fast_launch
+@triton.jit
+def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
+                        m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
+                        ev_keys, ev_tags, ev_scores, state, blocks, ALLOW_EVICT: tl.constexpr,
+                        CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr,
+                        B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr):
+    """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, the programs
+    instead share out the blocks listed in ``blocks`` ([count, block indices...]), the
+    only ones where ``upsert_lanes_kernel`` left runs to this form."""
+    if LANES:
+        t = tl.program_id(0)
+        count = tl.load(blocks)
+        while t < count:
+            _serve(tl.load(blocks + 1 + t), in_keys, in_tags, in_scores, in_digests, in_bucket,
+                   in_first, in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots,
+                   out_evicted, ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2,
+                   BI, B, W, LANES)
+            t += tl.num_programs(0)
+    else:
+        _serve(tl.program_id(0), in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
+               in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys,
+               ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)

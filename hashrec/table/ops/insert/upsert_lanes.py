@@ -4,20 +4,24 @@ Most buckets get one or two misses in a call, and most have free slots; the bloc
 form (``upsert_block.py``) still spends a (positions, bucket) tile of byte compares
 and scans on each of them. Here each sorted miss places itself:
 
-- it reads the run of its bucket from a window of ``W`` positions either side
-  (a longer run is left to the block form) and ranks itself among the run's
-  first occurrences by (score desc, key asc, batch position asc), as ``runs.py``;
+- it finds the run of its bucket in a window of ``W`` positions either side (a
+  longer run is left to the block form), reads the run's first occurrences and
+  ranks itself among them by (score desc, key asc, batch position asc), as
+  ``runs.py`` does;
 - it reads its bucket's digest line as 32-bit words and finds the empty slots four
   at a time (a zero byte is an empty slot): rank r < n_empty takes the r-th empty
   slot, the lowest first. Without eviction a higher rank is refused; with it, a run
   of more first occurrences than empty slots is left to the block form, which
   picks victims.
 
-The outcome is the pinned rule's, so results do not depend on thread timing: every
-lane reads its bucket as it was before the call, since this kernel writes no table
-entry. It only records each position's outcome in ``state`` (``LANE_PLACED``: the
-slot in ``out_slots`` is to be written; ``LANE_DEFERRED``: its run is the block
-form's) and ``_finalize_kernel`` writes the placed entries after the block form ran.
+The outcome is the pinned rule's and does not depend on thread timing: every lane
+reads its bucket's digests as they were before the call, because this kernel writes
+no digest. It writes the placed entries' keys, tags and scores (into slots whose
+digest still reads empty), records ``LANE_PLACED`` in ``state`` (``LANE_DEFERRED``
+for positions of runs left to the block form), and
+``_finalize_kernel`` writes their digests after the block form ran. A program whose
+positions open a run left to the block form appends its index to ``blocks`` (the
+order of the list does not matter: each run is placed from its own bucket alone).
 """
 
 from __future__ import annotations
@@ -40,38 +44,48 @@ def _nth_empty(empty, rank, col, NONE: tl.constexpr):
     """Column of each row's ``rank``-th empty slot (0-based, lowest slot first), NONE past
     the last, and the row's number of empty slots; ``empty`` is a (rows, words) tile with
     0x80 at each empty byte."""
-    b0 = (empty >> 7) & 1
-    b1 = (empty >> 15) & 1
-    b2 = (empty >> 23) & 1
-    count = (b0 + b1 + b2 + (empty >> 31)).to(tl.int32)
-    before = tl.cumsum(count, axis=1) - count  # empty slots in the words before
-    k = rank[:, None] - before  # the wanted one's rank within this word
-    here = (k >= 0) & (k < count)
+    b0 = ((empty >> 7) & 1).to(tl.int32)
+    b01 = b0 + ((empty >> 15) & 1).to(tl.int32)
+    b012 = b01 + ((empty >> 23) & 1).to(tl.int32)
+    count = b012 + (empty >> 31).to(tl.int32)
+    k = rank[:, None] - (tl.cumsum(count, axis=1) - count)  # rank within this word
     # The k-th empty byte of the word: how many of its inclusive byte prefixes hold <= k.
-    byte = (b0.to(tl.int32) <= k).to(tl.int32) + ((b0 + b1).to(tl.int32) <= k).to(tl.int32) + (
-        (b0 + b1 + b2).to(tl.int32) <= k).to(tl.int32)
-    column = tl.min(tl.where(here, col[None, :] * 4 + byte, NONE), axis=1)
-    return column, tl.sum(count, axis=1)
+    byte = (b0 <= k).to(tl.int32) + (b01 <= k).to(tl.int32) + (b012 <= k).to(tl.int32)
+    column = tl.where((k >= 0) & (k < count), col[None, :] * 4 + byte, NONE)
+    return tl.min(column, axis=1), tl.sum(count, axis=1)
+
+
+@triton.jit
+def _run_of(i, bucket, miss, in_bucket, m, W: tl.constexpr, WIN: tl.constexpr):
+    """Per lane: offset of its run's first position (<= 0) and the run's length, counted
+    within W positions either side (more than W: a long run)."""
+    d = tl.arange(0, WIN) - W
+    j = i[:, None] + d[None, :]
+    near = miss[:, None] & (j >= 0) & (j < m)
+    run = near & (tl.load(in_bucket + j, mask=near, other=-1) == bucket[:, None])
+    start = tl.min(tl.where(run, d[None, :], W), axis=1)
+    return start, tl.sum(run.to(tl.int32), axis=1)
 
 
 @fast_launch
 @triton.jit
-def upsert_lanes_kernel(in_keys, in_scores, in_bucket, in_first, in_pos, m, t_words,
-                        out_slots, out_evicted, state, ALLOW_EVICT: tl.constexpr,
-                        CAP: tl.constexpr, LINE: tl.constexpr, W: tl.constexpr,
-                        WIN: tl.constexpr, BLOCK: tl.constexpr):
-    """Lane i serves sorted position i (``t_words``: the digest array as int32 words)."""
+def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos, m, t_words,
+                        t_keys, t_tags, t_scores, out_slots, out_evicted, state, blocks,
+                        ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, LINE: tl.constexpr,
+                        W: tl.constexpr, WIN: tl.constexpr, BLOCK: tl.constexpr):
+    """Lane i serves sorted position i (``t_words``: the digest array as int32 words);
+    ``blocks``: [count, program indices...] of the programs that leave runs to the block
+    form, whose programs serve the same BLOCK positions."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     bucket = tl.load(in_bucket + i, mask=i < m, other=-1)
     miss = bucket >= 0  # hits are sorted last, with bucket -1
     outcome = tl.zeros([BLOCK], dtype=tl.int8)
     if tl.max(miss.to(tl.int32), axis=0) > 0:
-        # The run: positions of the same bucket in a window of W either side.
-        j = i[:, None] + (tl.arange(0, WIN) - W)[None, :]
-        near = miss[:, None] & (j >= 0) & (j < m)
-        run = near & (tl.load(in_bucket + j, mask=near, other=-1) == bucket[:, None])
-        short = miss & (tl.sum(run.to(tl.int32), axis=1) <= W)
-        firsts = run & short[:, None]
+        start, length = _run_of(i, bucket, miss, in_bucket, m, W, WIN)
+        short = miss & (length <= W)
+        # The run's first occurrences, from its start: (BLOCK, W) positions.
+        j = (i + start)[:, None] + tl.arange(0, W)[None, :]
+        firsts = short[:, None] & (tl.arange(0, W)[None, :] < length[:, None])
         firsts = firsts & (tl.load(in_first + j, mask=firsts, other=-1) == j)
         me = short & (tl.load(in_first + i, mask=short, other=-1) == i)
         key = tl.load(in_keys + i, mask=me, other=0)
@@ -82,7 +96,6 @@ def upsert_lanes_kernel(in_keys, in_scores, in_bucket, in_first, in_pos, m, t_wo
                               tl.load(in_pos + j, mask=firsts, other=0),
                               key[:, None], score[:, None], pos[:, None])
         rank = tl.sum((before & firsts).to(tl.int32), axis=1)
-        n_in = tl.sum(firsts.to(tl.int32), axis=1)
         # The bucket's empty slots, four to a word.
         col = tl.arange(0, LINE)
         cell = short[:, None] & (col[None, :] < CAP // 4)
@@ -92,10 +105,17 @@ def upsert_lanes_kernel(in_keys, in_scores, in_bucket, in_first, in_pos, m, t_wo
         column, n_empty = _nth_empty(empty, rank, col, CAP)
         deferred = miss & ~short
         if ALLOW_EVICT:
-            deferred = deferred | (short & (n_in > n_empty))
+            deferred = deferred | (short & (tl.sum(firsts.to(tl.int32), axis=1) > n_empty))
+        if tl.max((deferred & (start == 0)).to(tl.int32), axis=0) > 0:  # opens such a run
+            tl.store(blocks + 1 + tl.atomic_add(blocks, 1), tl.program_id(0))
         place = me & ~deferred
         ok = place & (column < CAP)
-        tl.store(out_slots + i, tl.where(ok, bucket * CAP + column, -1), mask=place)
+        slot = bucket * CAP + column
+        tl.store(t_keys + slot, key, mask=ok)
+        if t_tags is not None:  # None: the table holds tag 0 alone, and keeps it
+            tl.store(t_tags + slot, tl.load(in_tags + i, mask=ok, other=0), mask=ok)
+        tl.store(t_scores + slot, score, mask=ok)
+        tl.store(out_slots + i, tl.where(ok, slot, -1), mask=place)
         if ALLOW_EVICT:
             tl.store(out_evicted + i, tl.zeros([BLOCK], dtype=tl.int8), mask=place)
         outcome = tl.where(ok, LANE_PLACED, tl.where(deferred, LANE_DEFERRED, 0)).to(tl.int8)

@@ -1,0 +1,31 @@
+"""One insert_or_assign of 1M keys (60% present) into 64M slots at a load factor, for a
+counter profile of its kernels: ``ncu --kernel-name regex:upsert python ncu_upsert.py``.
+The first call compiles and is left out with ``--launch-skip``."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from benchmarks._table_fill import filled_index, random_keys
+from hashrec.table.ops.insert import upsert
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--load-factor", type=float, default=0.5)
+    p.add_argument("--calls", type=int, default=2)
+    args = p.parse_args()
+    device = torch.device("cuda")
+    storage, stored = filled_index(1 << 26, args.load_factor, device)
+    for _ in range(args.calls):
+        n = 1 << 20
+        present = stored[torch.randint(0, stored.numel(), (int(n * 0.6),), device=device)]
+        batch = torch.cat([present, random_keys(n - present.numel(), device)])
+        upsert.upsert_slots(storage, batch, None, torch.ones_like(batch), allow_evict=True)
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
