@@ -387,6 +387,23 @@ def test_upsert_short_runs_into_full_buckets_match_reference(monkeypatch, tagged
     _check_upsert(base, batch, btags, scores, allow_evict)
 
 
+@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block2-w1"])
+@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
+def test_upsert_fills_holes_in_slot_order(monkeypatch, allow_evict, launch):
+    """Buckets with empty slots scattered among occupied ones (erased entries): each run
+    takes the empty slots by rank, lowest first, across the digest words."""
+    _use_launch(monkeypatch, launch)
+    base, keys, _ = _filled(64, 16, 900, seed=51)
+    gen = torch.Generator().manual_seed(52)
+    occupied = torch.nonzero(base.digests != 0).flatten().cpu()
+    holes = occupied[torch.randperm(occupied.numel(), generator=gen)[:occupied.numel() // 3]]
+    erase_ref.erase_slots(base, holes.to(DEVICE))
+    new = _random_keys(150, gen).to(DEVICE)
+    batch = torch.cat([new, new[:20]])
+    scores = torch.randint(0, 4, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+    _check_upsert(base, batch, None, scores, allow_evict)
+
+
 @pytest.mark.parametrize("narrow_max_shift", [29, 0], ids=["sort-32bit", "sort-64bit"])
 def test_upsert_sort_key_widths_agree(monkeypatch, narrow_max_shift):
     monkeypatch.setattr(upsert_tt, "NARROW_MAX_SHIFT", narrow_max_shift)

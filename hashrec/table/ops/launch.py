@@ -23,7 +23,6 @@ the launcher.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 
@@ -53,20 +52,6 @@ def env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
-
-
-@functools.cache
-def _multiprocessors(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def device_units(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; 4 elsewhere (the interpreter), so
-    that grids sized from it still loop in tests."""
-    if device.type != "cuda":
-        return 4
-    return _multiprocessors(device.index if device.index is not None else
-                            torch.cuda.current_device())
 
 
 def _current_device() -> int:

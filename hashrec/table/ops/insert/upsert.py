@@ -51,7 +51,7 @@ from hashrec.table.ops.insert.upsert_block import (
     upsert_block_kernel,
 )
 from hashrec.table.ops.insert.upsert_lanes import LANE_PLACED, upsert_lanes_kernel
-from hashrec.table.ops.launch import cdiv, device_units, fast_launch, next_pow2
+from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 from hashrec.table.storage import TableStorage
 
 __all__ = ["UpsertResult", "upsert_slots", "write_rows"]
@@ -277,18 +277,15 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
     programs, state, blocks = cdiv(n, b), None, args[3]
     line, width, words = digest_line(storage)
     if block["lanes"] and words:
-        # The block form then serves only the blocks the lane form lists, over a grid a
-        # few times what the device holds at once (most of its programs find none).
+        # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
-        blocks = torch.empty(1 + programs, dtype=torch.int32, device=storage.device)
-        blocks[:1].zero_()
+        blocks = _empty(programs, torch.int8, storage.device)
         t_tags, t_scores = args[9], args[11]
         upsert_lanes_kernel[(programs,)](
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, storage.keys, t_tags,
             t_scores, args[12], args[13], state, blocks, ALLOW_EVICT=evict, CAP=cap,
             LINE=width, W=block["width"], WIN=next_pow2(2 * block["width"] + 1), BLOCK=b,
             num_warps=block["lane_warps"])
-        programs = min(programs, 16 * device_units(storage.device))
     upsert_block_kernel[(programs,)](
         *args, state if state is not None else args[3], blocks, ALLOW_EVICT=evict, CAP=cap,
         CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],

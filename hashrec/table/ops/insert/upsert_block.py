@@ -190,19 +190,9 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
                         ev_keys, ev_tags, ev_scores, state, blocks, ALLOW_EVICT: tl.constexpr,
                         CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr,
                         B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr):
-    """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, the programs
-    instead share out the blocks listed in ``blocks`` ([count, block indices...]), the
-    only ones where ``upsert_lanes_kernel`` left runs to this form."""
-    if LANES:
-        t = tl.program_id(0)
-        count = tl.load(blocks)
-        while t < count:
-            _serve(tl.load(blocks + 1 + t), in_keys, in_tags, in_scores, in_digests, in_bucket,
-                   in_first, in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots,
-                   out_evicted, ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2,
-                   BI, B, W, LANES)
-            t += tl.num_programs(0)
-    else:
+    """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, only where
+    ``upsert_lanes_kernel`` flagged the block in ``blocks`` (it left runs to this form)."""
+    if not LANES or tl.load(blocks + tl.program_id(0)) != 0:
         _serve(tl.program_id(0), in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
                in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys,
                ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)

@@ -19,9 +19,9 @@ reads its bucket's digests as they were before the call, because this kernel wri
 no digest. It writes the placed entries' keys, tags and scores (into slots whose
 digest still reads empty), records ``LANE_PLACED`` in ``state`` (``LANE_DEFERRED``
 for positions of runs left to the block form), and
-``_finalize_kernel`` writes their digests after the block form ran. A program whose
-positions open a run left to the block form appends its index to ``blocks`` (the
-order of the list does not matter: each run is placed from its own bucket alone).
+``_finalize_kernel`` writes their digests after the block form ran. Each program
+flags in ``blocks`` whether its positions open a run left to the block form, whose
+programs serve the same blocks of positions and skip the unflagged ones.
 """
 
 from __future__ import annotations
@@ -40,19 +40,18 @@ LANE_DEFERRED = tl.constexpr(2)
 
 
 @triton.jit
-def _nth_empty(empty, rank, col, NONE: tl.constexpr):
+def _nth_empty(prefix, count, rank, col, NONE: tl.constexpr):
     """Column of each row's ``rank``-th empty slot (0-based, lowest slot first), NONE past
-    the last, and the row's number of empty slots; ``empty`` is a (rows, words) tile with
-    0x80 at each empty byte."""
-    b0 = ((empty >> 7) & 1).to(tl.int32)
-    b01 = b0 + ((empty >> 15) & 1).to(tl.int32)
-    b012 = b01 + ((empty >> 23) & 1).to(tl.int32)
-    count = b012 + (empty >> 31).to(tl.int32)
+    the last, from a (rows, words) tile of per-word byte prefix counts (``prefix``: byte j
+    holds the empty slots among bytes 0..j) and the words' counts."""
     k = rank[:, None] - (tl.cumsum(count, axis=1) - count)  # rank within this word
-    # The k-th empty byte of the word: how many of its inclusive byte prefixes hold <= k.
-    byte = (b0 <= k).to(tl.int32) + (b01 <= k).to(tl.int32) + (b012 <= k).to(tl.int32)
-    column = tl.where((k >= 0) & (k < count), col[None, :] * 4 + byte, NONE)
-    return tl.min(column, axis=1), tl.sum(count, axis=1)
+    here = (k >= 0) & (k < count)
+    # The k-th empty byte: how many of bytes 0..2's prefixes hold <= k, four compares in
+    # one subtraction (each byte of kk | 0x80 minus a prefix keeps its high bit iff k >= it).
+    kk = tl.where(here, k, 0).to(tl.uint32) * 0x01010101
+    ge = (((kk | 0x80808080) - prefix) & 0x00808080) >> 7
+    byte = ((ge * 0x01010101) >> 16) & 0xFF
+    return tl.min(tl.where(here, col[None, :] * 4 + byte.to(tl.int32), NONE), axis=1)
 
 
 @triton.jit
@@ -73,13 +72,14 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
                         t_keys, t_tags, t_scores, out_slots, out_evicted, state, blocks,
                         ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, LINE: tl.constexpr,
                         W: tl.constexpr, WIN: tl.constexpr, BLOCK: tl.constexpr):
-    """Lane i serves sorted position i (``t_words``: the digest array as int32 words);
-    ``blocks``: [count, program indices...] of the programs that leave runs to the block
-    form, whose programs serve the same BLOCK positions."""
+    """Lane i serves sorted position i (``t_words``: the digest array as int32 words).
+    ``blocks`` (programs,) int8: 1 where the program's positions open a run left to the
+    block form, whose programs serve the same BLOCK positions."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     bucket = tl.load(in_bucket + i, mask=i < m, other=-1)
     miss = bucket >= 0  # hits are sorted last, with bucket -1
     outcome = tl.zeros([BLOCK], dtype=tl.int8)
+    served = tl.max(outcome, axis=0)  # 0
     if tl.max(miss.to(tl.int32), axis=0) > 0:
         start, length = _run_of(i, bucket, miss, in_bucket, m, W, WIN)
         short = miss & (length <= W)
@@ -102,13 +102,18 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
         words = tl.load(t_words + bucket[:, None] * (CAP // 4) + col[None, :], mask=cell,
                         other=0).to(tl.uint32, bitcast=True)
         empty = tl.where(cell, match_bytes(words, tl.zeros([BLOCK], dtype=tl.int32)), 0)
-        column, n_empty = _nth_empty(empty, rank, col, CAP)
+        prefix = (empty >> 7) * 0x01010101  # byte j: empty slots among bytes 0..j
+        count = (prefix >> 24).to(tl.int32)
+        n_empty = tl.sum(count, axis=1)
         deferred = miss & ~short
         if ALLOW_EVICT:
             deferred = deferred | (short & (tl.sum(firsts.to(tl.int32), axis=1) > n_empty))
-        if tl.max((deferred & (start == 0)).to(tl.int32), axis=0) > 0:  # opens such a run
-            tl.store(blocks + 1 + tl.atomic_add(blocks, 1), tl.program_id(0))
         place = me & ~deferred
+        column = tl.full([BLOCK], CAP, dtype=tl.int32)
+        if tl.max((place & (rank < n_empty)).to(tl.int32), axis=0) > 0:
+            column = _nth_empty(prefix, count, rank, col, CAP)
+        # Whether a run left to the block form opens here (its program serves this block).
+        served = tl.max((deferred & (start == 0)).to(tl.int8), axis=0)
         ok = place & (column < CAP)
         slot = bucket * CAP + column
         tl.store(t_keys + slot, key, mask=ok)
@@ -120,3 +125,4 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
             tl.store(out_evicted + i, tl.zeros([BLOCK], dtype=tl.int8), mask=place)
         outcome = tl.where(ok, LANE_PLACED, tl.where(deferred, LANE_DEFERRED, 0)).to(tl.int8)
     tl.store(state + i, outcome, mask=i < m)
+    tl.store(blocks + tl.program_id(0), served)
