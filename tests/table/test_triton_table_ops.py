@@ -530,6 +530,14 @@ def test_upsert_block_setting_from_environment(monkeypatch):
         monkeypatch.setenv("HASHREC_UPSERT_BLOCK", bad)
         with pytest.raises(ValueError, match="HASHREC_UPSERT_BLOCK"):
             upsert_block._block_from_env()
+    monkeypatch.setenv("HASHREC_UPSERT_LANES", "1")
+    assert upsert_block._lanes_from_env() == 1
+    monkeypatch.delenv("HASHREC_UPSERT_LANES")
+    assert upsert_block._lanes_from_env() == 0  # off unless asked for
+    for bad in ("2", "-1", "yes"):
+        monkeypatch.setenv("HASHREC_UPSERT_LANES", bad)
+        with pytest.raises(ValueError, match="HASHREC_UPSERT_LANES"):
+            upsert_block._lanes_from_env()
 
 
 def test_upsert_block_positions_keep_tiles_near_their_budget():

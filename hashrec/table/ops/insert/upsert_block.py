@@ -46,7 +46,7 @@ def _block_from_env() -> int:
 
 
 def _lanes_from_env() -> int:
-    lanes = env_int("HASHREC_UPSERT_LANES", 1)
+    lanes = env_int("HASHREC_UPSERT_LANES", 0)
     if lanes not in (0, 1):
         raise ValueError(f"HASHREC_UPSERT_LANES must be 0 (off) or 1 (on), got {lanes}")
     return lanes
@@ -55,7 +55,11 @@ def _lanes_from_env() -> int:
 # width: the longest run placed in tiles (and by the lane form); elements: the budget of
 # one (B, bucket) tile; lanes: 1 to run the lane form (``upsert_lanes.py``) first, over
 # the same blocks of positions, on lane_warps warps: it places the short runs that fit
-# in free slots and leaves the rest to the block form.
+# in free slots and leaves the rest to the block form. Off unless HASHREC_UPSERT_LANES=1:
+# on an H200 it took insert_or_assign of 1M keys (40% new) into 64M slots from 0.70 to
+# 0.51 ms at load factor 0.5, but cost 7-8% at 1.0 (every run left to the block form)
+# and 5% of the training run's samples/s (benchmarks/results/table_gpu_upsert_lanes.md,
+# ab_gpu_x1_upsert_lanes.md).
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lane_warps": 2}
 
