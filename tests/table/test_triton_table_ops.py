@@ -190,6 +190,34 @@ def test_find_with_colliding_digests_matches_reference(monkeypatch, cap, spread,
     assert bool((find_ref.find_slots(storage, probes[1:]) >= 0).all())
 
 
+@pytest.mark.parametrize("matches,at", [
+    ((3,), 0), ((2, 9), 1), ((1, 6, 11), 2), ((4, 5, 6), 2), ((4, 5, 6, 7), 3),
+    ((0, 1, 9, 13, 14), 4), ((8, 9, 10, 11, 12), 4), ((0, 5, 10), 1), ((4, 7), 1)],
+    ids=["1st", "2nd", "3rd-of-3", "3rd-one-word", "4th-one-word", "5th", "5th-two-words",
+         "2nd-of-3", "2nd-last-byte"])
+def test_find_confirms_the_kth_digest_match(matches, at):
+    """A key whose slot is the k-th of its bucket's digest matches (the others hold other
+    keys), the matches spread over the digest words or packed in one."""
+    gen = torch.Generator().manual_seed(len(matches) * 16 + at)
+    key = _random_keys(1, gen)[:1]
+    dig = int(hashing.digest_of(hashing.mix64(key))[0])
+    storage = TableStorage.empty(1, 16, 2, device=DEVICE)
+    fillers = _random_keys(40, gen)
+    fillers = fillers[fillers != key[0]][:16]
+    digests = torch.full((16,), dig % 255 + 1, dtype=torch.uint8)
+    digests[list(matches)] = dig
+    keys = fillers.clone()
+    keys[matches[at]] = key[0]
+    storage.keys.copy_(keys)
+    storage.digests.copy_(digests)
+    want = torch.tensor([matches[at]], device=DEVICE)
+    assert torch.equal(find_ref.find_slots(storage, key.to(DEVICE)), want)
+    assert torch.equal(find_tt.find_slots(storage, key.to(DEVICE)), want)
+    keys[matches[at]] = fillers[-1] if fillers[-1] != key[0] else fillers[0]
+    storage.keys.copy_(keys)  # now absent: every match is confirmed and refused
+    assert int(find_tt.find_slots(storage, key.to(DEVICE))[0]) == -1
+
+
 @pytest.mark.parametrize("allow_evict", [True, False], ids=["evict", "no-evict"])
 @pytest.mark.parametrize("num_buckets,cap,n_old,n_new", [
     (1, 8, 6, 9), (4, 8, 30, 25), (3, 16, 20, 70), (2, 128, 250, 40), (9, 4, 0, 50)],
