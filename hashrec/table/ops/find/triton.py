@@ -40,42 +40,16 @@ def match_bytes(words, dig):
 
 
 @triton.jit
-def _lowest_byte(words):
-    """Byte (0-3) of each word's lowest 0x80 flag (0 for a word without one)."""
-    low = words & (words ^ (words - 1))  # lowest set bit
-    return ((low >> 15) != 0).to(tl.int32) + ((low >> 23) != 0).to(tl.int32) + (
-        (low >> 31) != 0).to(tl.int32)
-
-
-@triton.jit
 def _first_candidate(cand, col, WORDS: tl.constexpr, NONE: tl.constexpr):
     """Lowest candidate slot column per row: (BLOCK,) int32, NONE when there is none."""
     if WORDS:
-        pos = tl.where(cand != 0, col[None, :] * 4 + _lowest_byte(cand), NONE)
+        low = cand & (cand ^ (cand - 1))  # lowest set bit
+        byte = ((low >> 15) != 0).to(tl.int32) + ((low >> 23) != 0).to(tl.int32) + (
+            (low >> 31) != 0).to(tl.int32)
+        pos = tl.where(cand != 0, col[None, :] * 4 + byte, NONE)
     else:
         pos = tl.where(cand, col[None, :], NONE)
     return tl.min(pos, axis=1)
-
-
-@triton.jit
-def _two_lowest(cand, col, WORDS: tl.constexpr, NONE: tl.constexpr):
-    """The two lowest candidate slot columns per row (NONE where missing) and whether a
-    third exists. As words, in one pass: each word's lowest and second-lowest flags."""
-    if WORDS:
-        rest = cand & (cand - 1)  # the word without its lowest flag
-        pos1 = tl.where(cand != 0, col[None, :] * 4 + _lowest_byte(cand), NONE)
-        pos2 = tl.where(rest != 0, col[None, :] * 4 + _lowest_byte(rest), NONE)
-        first = tl.min(pos1, axis=1)
-        second = tl.min(tl.where(pos1 == first[:, None], pos2, pos1), axis=1)
-        flags = (cand != 0).to(tl.int32) + (rest != 0).to(tl.int32) + (
-            (rest & (rest - 1)) != 0).to(tl.int32)  # up to 3 a word
-        more = tl.sum(flags, axis=1) > 2
-    else:
-        first = _first_candidate(cand, col, WORDS, NONE)
-        later = cand & (col[None, :] > first[:, None])
-        second = _first_candidate(later, col, WORDS, NONE)
-        more = tl.max((later & (col[None, :] > second[:, None])).to(tl.int32), axis=1) > 0
-    return first, second, more
 
 
 @triton.jit
@@ -119,11 +93,12 @@ def _confirm(t_keys, t_tags, slot, live, key, tag):
 @triton.jit
 def _probe_start(key, tag, mask, t_digests, num_buckets, CAP: tl.constexpr, LINE: tl.constexpr,
                  WORDS: tl.constexpr, POW2: tl.constexpr):
-    """First half of the probe: (bucket's first slot, candidates, their columns)."""
+    """First half of the probe: (bucket's first slot, candidates, their columns, the lowest
+    candidate's column, CAP when none)."""
     h = tagged_hash(key, tag)
     bucket = bucket_of_fast(h, num_buckets, POW2)
     cand, col = _candidates(t_digests, bucket, digest_of(h), mask, CAP, LINE, WORDS)
-    return bucket * CAP, cand, col
+    return bucket * CAP, cand, col, _first_candidate(cand, col, WORDS, CAP)
 
 
 @triton.jit
@@ -136,26 +111,25 @@ def _confirm_next(key, tag, t_keys, t_tags, base, cand, col, nxt, live, found, C
 
 
 @triton.jit
-def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, CAP: tl.constexpr,
+def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP: tl.constexpr,
                   WORDS: tl.constexpr, ROUND: tl.constexpr):
     """Second half: the slot holding (key, tag) among the candidates, -1 when none does.
 
-    The two lowest candidates are found in one pass and confirmed together; later ones
-    (rare: about 1.5% of keys at a full 128-slot bucket) ``ROUND`` per loop round
-    (their loads independent of each other: one round of memory latency)."""
-    first, second, more = _two_lowest(cand, col, WORDS, CAP)
+    The two lowest candidates are confirmed together; later ones ``ROUND`` per loop
+    round (their loads independent of each other: one round of memory latency)."""
+    cand = _drop_through(cand, col, first, WORDS)
+    second = _first_candidate(cand, col, WORDS, CAP)
     hit1 = _confirm(t_keys, t_tags, base + first, first < CAP, key, tag)
     hit2 = _confirm(t_keys, t_tags, base + second, second < CAP, key, tag)
     found = tl.where(hit1, base + first, tl.where(hit2, base + second, -1))
-    live = (found < 0) & more
-    if tl.max(live.to(tl.int32), axis=0) > 0:
-        cand = _drop_through(cand, col, second, WORDS)
-        nxt = _first_candidate(cand, col, WORDS, CAP)
-        while tl.max(live.to(tl.int32), axis=0) > 0:
-            for _ in tl.static_range(ROUND):
-                found, cand, nxt = _confirm_next(key, tag, t_keys, t_tags, base, cand, col,
-                                                 nxt, live, found, CAP, WORDS)
-            live = live & (found < 0) & (nxt < CAP)
+    cand = _drop_through(cand, col, second, WORDS)
+    nxt = _first_candidate(cand, col, WORDS, CAP)
+    live = (found < 0) & (nxt < CAP)
+    while tl.max(live.to(tl.int32), axis=0) > 0:
+        for _ in tl.static_range(ROUND):
+            found, cand, nxt = _confirm_next(key, tag, t_keys, t_tags, base, cand, col, nxt,
+                                             live, found, CAP, WORDS)
+        live = live & (found < 0) & (nxt < CAP)
     return found
 
 
@@ -169,9 +143,9 @@ def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl
     digest matches are confirmed together, later ones ROUND per loop round
     (``probe_round``).
     """
-    base, cand, col = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE, WORDS,
-                                   POW2)
-    return _probe_finish(key, tag, t_keys, t_tags, base, cand, col, CAP, WORDS, ROUND)
+    base, cand, col, first = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE,
+                                          WORDS, POW2)
+    return _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP, WORDS, ROUND)
 
 
 @fast_launch
@@ -188,9 +162,9 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
     mask = offs < n
     key = tl.load(keys_ptr + offs, mask=mask, other=0)
     tag = load_tags(tags_ptr, offs, mask, HAS_TAGS)
-    base, cand, ccol = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE, WORDS,
-                                    POW2)
-    slot = _probe_finish(key, tag, t_keys, t_tags, base, cand, ccol, CAP, WORDS, ROUND)
+    base, cand, ccol, first = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE,
+                                           WORDS, POW2)
+    slot = _probe_finish(key, tag, t_keys, t_tags, base, cand, ccol, first, CAP, WORDS, ROUND)
     tl.store(out_slots + offs, slot, mask=mask)
     if WITH_VALUES:
         col = tl.arange(0, DIM_P2)
