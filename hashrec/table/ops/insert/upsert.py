@@ -18,11 +18,16 @@ launch has a grid fixed by the batch size n, so nothing is read back on the host
    one program per ``UPSERT_CONFIG["runs"]`` sorted positions, where a position
    that starts a bucket's run of misses applies the pinned insert rule
    (``insert/triton.py``) to the run's first occurrences (the others, hits
-   included, have nothing to do);
-5. one kernel writes every key's final slot and flags back in batch order.
+   included, have nothing to do); with ``HASHREC_UPSERT_LANES=1`` a lane form
+   (``upsert_lanes.py``, one lane per sorted position) first places the short runs
+   that fit in their buckets' free slots, and the block form takes the blocks it
+   flags;
+5. one kernel writes every key's final slot and flags back in batch order (and the
+   digests of the entries the lane form placed).
 
-The insert is independent of thread timing: a bucket is written by one program,
-and all orders are fixed by the data. Evicted entries come back as (n,) arrays
+The insert is independent of thread timing: a bucket is written by one program (or,
+in the lane form, by its run's lanes into the empty slots their ranks name), and all
+orders are fixed by the data. Evicted entries come back as (n,) arrays
 over the sorted batch with a mask.
 """
 
