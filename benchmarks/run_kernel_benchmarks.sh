@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the table-kernel GPU benchmarks on one GPU, one step after the other, each under
-# its own time limit so that one failure does not stop the rest. About 15 minutes in
+# its own time limit so that one failure does not stop the rest. About 25 minutes in
 # all on a fresh host (every kernel variant compiles first); ONLY="name ..." runs just
 # those steps, SKIP="name ..." leaves steps out, to fit the calls into shorter ones.
 # Usage: benchmarks/run_kernel_benchmarks.sh OUT_DIR
@@ -16,12 +16,14 @@
 #   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection),
 #                  with the backward's tiles swept (device time and one call) and the
 #                  layer's kernels profiled by launching operator
+#   lanes_table    bench_table_gpu.py with the upsert's lane form on (HASHREC_UPSERT_LANES=1;
+#                  the table_ops step is the default, the block form alone)
 #   ab_train       the training run on 1,000,000 generated rows (made when missing, in
 #                  /tmp/hashrec_bench_data): this tree against itself with
-#                  HASHREC_UPSERT_BLOCK=0 (one insert program per sorted position) and
-#                  with HASHREC_WIDE_PROBE_MIN_CAP=512 (four digest matches confirmed per
-#                  probe round in the admission counters' buckets), ROUNDS (default 2)
+#                  HASHREC_UPSERT_LANES=1 (the upsert's lane form), ROUNDS (default 2)
 #                  interleaved rounds
+#   lanes_profile  the dynamicemb training step's kernels with the lane form on, then off
+#                  (where the training run loses time with it on; needs ab_train's data)
 set -u
 out=${1:?usage: run_kernel_benchmarks.sh OUT_DIR}
 mkdir -p "$out"
@@ -45,10 +47,17 @@ write_env "$out"
       --kinds words bytes --reps 7 --out "$out/find_sweep_gpu"
   step table_ops 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-block "$block" \
       --out "$out/table_gpu"
+  step lanes_table 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-lanes 1 \
+      --profile --out "$out/table_gpu_upsert_lanes"
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
       --reduce-configs 4096x8x16 2048x4x16 1024x4 --profile --out "$out/embedding_layer_gpu"
   step ab_train 420 python3 benchmarks/ab_train.py \
-      --trees ".+HASHREC_UPSERT_BLOCK=0,.,.+HASHREC_WIDE_PROBE_MIN_CAP=512" \
+      --trees ".,.+HASHREC_UPSERT_LANES=1" \
       --configs dynamicemb --nproc 1 --rounds "${ROUNDS:-2}" --data_dir "$data" \
-      --num_steps 700 --warmup_steps 400 --out "$out/ab_gpu_upsert_block"
+      --num_steps 700 --warmup_steps 400 --out "$out/ab_gpu_x1_upsert_lanes"
+  for lanes in 1 0; do  # after ab_train, which makes the data
+    step lanes_profile 150 env HASHREC_UPSERT_LANES=$lanes python3 benchmarks/profile_train_step.py \
+        --data "$data" --config dynamicemb --warmup 300 --steps 10 \
+        --out "$out/profile_train_gpu_dynamicemb_lanes$lanes"
+  done
 } > "$out/main.log" 2>&1
