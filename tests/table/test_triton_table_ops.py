@@ -527,9 +527,14 @@ def test_large_short_runs_upsert_matches_reference_on_gpu(monkeypatch, launch, n
     _check_upsert(base, batch, None, scores, True)
 
 
+@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4"])
+@pytest.mark.parametrize("num_buckets,stored", [(4, 50), (32, 200)],
+                         ids=["long-runs", "short-runs"])
 @pytest.mark.parametrize("allow_evict", [False, True], ids=["no_evict", "evict"])
-def test_upsert_active_mask_equals_upsert_of_the_active_keys(allow_evict):
-    base, keys, _ = _filled(4, 16, 50, seed=31)
+def test_upsert_active_mask_equals_upsert_of_the_active_keys(monkeypatch, allow_evict,
+                                                             num_buckets, stored, launch):
+    _use_launch(monkeypatch, launch)
+    base, keys, _ = _filled(num_buckets, 16, stored, seed=31)
     gen = torch.Generator().manual_seed(32)
     batch = torch.cat([keys[:12], _random_keys(40, gen).to(DEVICE)])
     scores = torch.randint(0, 8, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
