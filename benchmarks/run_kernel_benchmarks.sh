@@ -10,7 +10,8 @@
 #                  GPU (the suites that run interpreted on CPU-only hosts, where they apply)
 #   upsert_sweep   insert_or_assign per insert-program launch: one program per sorted
 #                  position against the block form (UPSERT_BLOCK), at three load factors
-#   find_sweep     find_values at two launch configs (digest words against bytes)
+#   find_sweep     find_values at launch configs with and without a register cap (the
+#                  probe ran at 96 registers a thread, 31% occupancy, in a counter profile)
 #   table_ops      HierarchicalKV's setup (bench_table_gpu.py) with BLOCK (default 32, the
 #                  library's) positions per insert program
 #   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection),
@@ -43,8 +44,9 @@ write_env "$out"
   step upsert_sweep 330 python3 benchmarks/profile_upsert_gpu.py --load-factors 0.5 0.75 1.0 \
       --reps 5 --runs 1 --warps 1 4 --block 0 32 64 --width 2 4 \
       --out "$out/upsert_launch_gpu"
-  step find_sweep 200 python3 benchmarks/sweep_find_gpu.py --configs 64x2 64x4 \
-      --kinds words bytes --reps 7 --out "$out/find_sweep_gpu"
+  step find_sweep 200 python3 benchmarks/sweep_find_gpu.py \
+      --configs 64x2 64x4 64x2r64 64x2r80 64x4r64 32x1r64 \
+      --kinds words --reps 7 --out "$out/find_sweep_gpu"
   step table_ops 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-block "$block" \
       --out "$out/table_gpu"
   step lanes_table 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-lanes 1 \

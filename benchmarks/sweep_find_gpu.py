@@ -36,7 +36,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--load-factors", type=float, nargs="+", default=[0.5, 0.75, 1.0])
     p.add_argument("--dims", type=int, nargs="+", default=[8, 128])
     p.add_argument("--configs", nargs="+",
-                   default=["32x2", "32x4", "64x2", "64x4", "64x8", "128x4", "128x8", "256x8"])
+                   default=["32x2", "32x4", "64x2", "64x4", "64x8", "128x4", "128x8", "256x8"],
+                   help="launches BLOCKxWARPS, optionally rREGS: at most REGS registers a "
+                        "thread (Triton's maxnreg), e.g. 64x2r64")
     p.add_argument("--kinds", nargs="+", default=["words", "bytes"],
                    choices=["words", "bytes"], help="probe variants to time")
     p.add_argument("--reps", type=int, default=10)
@@ -64,7 +66,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _bytes_config(storage: TableStorage, keys: torch.Tensor, values: torch.Tensor,
-                  slots: torch.Tensor, block: int, warps: int) -> None:
+                  slots: torch.Tensor, block: int, warps: int, regs: int) -> None:
     """The probe on digest bytes (WORDS=False) into preallocated outputs."""
     n, dim = keys.numel(), values.shape[1]
     dim_p2 = triton.next_power_of_2(dim)
@@ -74,19 +76,21 @@ def _bytes_config(storage: TableStorage, keys: torch.Tensor, values: torch.Tenso
         n, storage.num_buckets, HAS_TAGS=False, WITH_VALUES=True, CAP=CAP,
         LINE=CAP, ROUND=1,
         WORDS=False, POW2=True, ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2, BLOCK=block,
-        num_warps=warps)
+        num_warps=warps, **({"maxnreg": regs} if regs else {}))
 
 
 def _variants() -> dict:
     out = {}
     for cfg in ARGS.configs:
-        block, warps = (int(x) for x in cfg.split("x"))
+        launch, _, regs = cfg.partition("r")
+        block, warps = (int(x) for x in launch.split("x"))
+        regs = int(regs) if regs else 0
         for kind in ARGS.kinds:
             if kind == "bytes":
-                out[f"bytes {cfg}"] = (lambda b, w: lambda s, k, v, o: _bytes_config(
-                    s, k, v, o, b, w))(block, warps)
+                out[f"bytes {cfg}"] = (lambda b, w, r: lambda s, k, v, o: _bytes_config(
+                    s, k, v, o, b, w, r))(block, warps, regs)
                 continue
-            config = {"block": block, "num_warps": warps}
+            config = {"block": block, "num_warps": warps, "maxnreg": regs}
             out[f"{kind} {cfg}"] = (lambda c: lambda s, k, v, o: find_tt.launch_find(
                 s, k, None, o, v, c))(config)
     return out

@@ -175,9 +175,10 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
                  mask=mask[:, None] & cmask)
 
 
-# (keys per program, warps) of the find launch; None picks by row width (the best
-# of a sweep on an H200: 64 keys and 2 warps for slots or narrow rows, 4 warps for
-# rows wider than 32 columns). Benchmarks may set it.
+# (keys per program, warps, and optionally "maxnreg": registers a thread at most) of the
+# find launch; None picks by row width (the best of a sweep on an H200: 64 keys and 2
+# warps for slots or narrow rows, 4 warps for rows wider than 32 columns). Benchmarks
+# may set it.
 FIND_CONFIG: dict | None = None
 
 
@@ -236,7 +237,8 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         CAP=storage.bucket_capacity, LINE=width, WORDS=words,
         POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
         ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2,
-        BLOCK=block, num_warps=config["num_warps"])
+        BLOCK=block, num_warps=config["num_warps"],
+        **({"maxnreg": config["maxnreg"]} if config.get("maxnreg") else {}))
 
 
 def _launch(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
