@@ -45,8 +45,11 @@ def _args() -> argparse.Namespace:
     p.add_argument("--upsert-width", type=int, default=None,
                    help="block form: longest run placed in tiles (default: the library's)")
     p.add_argument("--upsert-lanes", type=int, default=None,
-                   help="lane form: sorted positions per program, placing short runs into "
-                        "free slots before the block form (0: off; default: the library's)")
+                   help="1: the lane form places short runs into free slots before the "
+                        "block form; 0: the block form alone (default: the library's)")
+    p.add_argument("--upsert-maxnreg", type=int, default=None,
+                   help="block form: at most this many registers a thread (0: the "
+                        "compiler's choice, the default)")
     p.add_argument("--tagged", action="store_true",
                    help="probes also compare the tag array (a fused table's storage); by "
                         "default the table is an unfused one (every tag 0, not read)")
@@ -172,6 +175,8 @@ def main() -> None:
         upsert_tt.UPSERT_BLOCK["width"] = ARGS.upsert_width
     if ARGS.upsert_lanes is not None:
         upsert_tt.UPSERT_BLOCK["lanes"] = ARGS.upsert_lanes
+    if ARGS.upsert_maxnreg is not None:
+        upsert_tt.UPSERT_BLOCK["maxnreg"] = ARGS.upsert_maxnreg
     results = {"env": environment(), "command": command_line(), "slots": ARGS.slots,
                "batch": ARGS.batch, "bucket_capacity": 128,
                "upsert_config": dict(upsert_tt.UPSERT_CONFIG),

@@ -17,6 +17,8 @@
 #   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection),
 #                  with the backward's tiles swept (device time and one call) and the
 #                  layer's kernels profiled by launching operator
+#   upsert_regs    bench_table_gpu.py at dims 8 and 128 with the block form's registers
+#                  capped at 128, then 96 (it takes 168 uncapped: 17-19% occupancy)
 #   lanes_table    bench_table_gpu.py with the upsert's lane form on (HASHREC_UPSERT_LANES=1;
 #                  the table_ops step is the default, the block form alone)
 #   ab_train       the training run on 1,000,000 generated rows (made when missing, in
@@ -49,6 +51,10 @@ write_env "$out"
       --kinds words --reps 7 --out "$out/find_sweep_gpu"
   step table_ops 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-block "$block" \
       --out "$out/table_gpu"
+  for regs in 128 96; do
+    step upsert_regs 150 python3 benchmarks/bench_table_gpu.py --reps 5 --dims 8 128 \
+        --upsert-maxnreg "$regs" --out "$out/table_gpu_upsert_maxnreg$regs"
+  done
   step lanes_table 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-lanes 1 \
       --profile --out "$out/table_gpu_upsert_lanes"
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \

@@ -345,7 +345,8 @@ LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}
             "block8-w4": ({"bi": 16}, {"block": 8, "width": 4, "lanes": 0}),
             "block64-w2-chunked": ({"bi": 4}, {"block": 64, "width": 2, "lanes": 0}),
             "block1-w1": ({"bi": 16}, {"block": 1, "width": 1, "lanes": 0}),
-            "lanes-block4-w4": ({"bi": 16}, {"block": 4, "width": 4, "lanes": 1}),
+            "lanes-block4-w4": ({"bi": 16}, {"block": 4, "width": 4, "lanes": 1,
+                                             "maxnreg": 128}),
             "lanes-block32-w2-chunked": ({"bi": 4}, {"block": 32, "width": 2, "lanes": 1}),
             "lanes-block2-w1": ({"bi": 16}, {"block": 2, "width": 1, "lanes": 1})}
 

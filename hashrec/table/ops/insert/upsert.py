@@ -294,7 +294,8 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
     upsert_block_kernel[(programs,)](
         *args, state if state is not None else args[3], blocks, ALLOW_EVICT=evict, CAP=cap,
         CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
-        LANES=state is not None, num_warps=block["num_warps"])
+        LANES=state is not None, num_warps=block["num_warps"],
+        **({"maxnreg": block["maxnreg"]} if block.get("maxnreg") else {}))
     return state
 
 

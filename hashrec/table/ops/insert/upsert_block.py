@@ -59,9 +59,10 @@ def _lanes_from_env() -> int:
 # on an H200 it took insert_or_assign of 1M keys (40% new) into 64M slots from 0.70 to
 # 0.51 ms at load factor 0.5, but cost 7-8% at 1.0 (every run left to the block form)
 # and 5% of the training run's samples/s (benchmarks/results/table_gpu_upsert_lanes.md,
-# ab_gpu_x1_upsert_lanes.md).
+# ab_gpu_x1_upsert_lanes.md). maxnreg: registers a thread at most in the block form (0:
+# the compiler's choice; it took 168, 17-19% occupancy, in a counter profile).
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
-                "lanes": _lanes_from_env(), "lane_warps": 2}
+                "lanes": _lanes_from_env(), "lane_warps": 2, "maxnreg": 0}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
