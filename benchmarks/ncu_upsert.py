@@ -1,6 +1,7 @@
 """One insert_or_assign of 1M keys (60% present) into 64M slots at a load factor, for a
-counter profile of its kernels: ``ncu --kernel-name regex:upsert python ncu_upsert.py``.
-The first call compiles and is left out with ``--launch-skip``."""
+counter profile of its kernels: ``ncu --kernel-name regex:upsert python ncu_upsert.py``
+(``--lanes 1`` for the lane form). The first call compiles and is left out with
+``--launch-skip``."""
 
 from __future__ import annotations
 
@@ -16,7 +17,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--load-factor", type=float, default=0.5)
     p.add_argument("--calls", type=int, default=2)
+    p.add_argument("--lanes", type=int, default=None,
+                   help="1: the lane form first, 0: the block form alone (default: the "
+                        "library's)")
+    p.add_argument("--maxnreg", type=int, default=None,
+                   help="the block form's register cap (default: the library's)")
     args = p.parse_args()
+    for name, value in (("lanes", args.lanes), ("maxnreg", args.maxnreg)):
+        if value is not None:
+            upsert.UPSERT_BLOCK[name] = value
     device = torch.device("cuda")
     storage, stored = filled_index(1 << 26, args.load_factor, device)
     for _ in range(args.calls):
