@@ -6,11 +6,15 @@ counter profile of its kernels: ``ncu --kernel-name regex:upsert python ncu_upse
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 
-from benchmarks._table_fill import filled_index, random_keys
-from hashrec.table.ops.insert import upsert
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _table_fill import filled_index, random_keys  # noqa: E402
+
+from hashrec.table.ops.insert import upsert  # noqa: E402
 
 
 def main() -> None:
