@@ -3,7 +3,8 @@
 Without CUDA the kernels run under ``TRITON_INTERPRET=1`` on CPU tensors with
 tiny sizes; on a GPU machine the same tests run compiled, and the ``gpu``-marked
 ones repeat them at large sizes (``pytest -m gpu``). The launchers are called
-directly so the choice of backend is explicit.
+directly so the choice of backend is explicit. The upsert's tests are in
+``test_triton_upsert.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton", reason="triton is not installed")
 
+from triton_table_helpers import (  # noqa: E402
+    DEVICE,
+    INT64_MIN,
+    assert_same_index,
+    clone,
+    filled,
+    random_keys,
+)
+
 from hashrec.table import hashing  # noqa: E402
 from hashrec.table._triton_hash import hash_keys  # noqa: E402
 from hashrec.table.ops.erase import reference as erase_ref  # noqa: E402
@@ -26,9 +36,7 @@ from hashrec.table.ops.export import triton as export_tt  # noqa: E402
 from hashrec.table.ops.find import reference as find_ref  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
 from hashrec.table.ops.insert import reference as insert_ref  # noqa: E402
-from hashrec.table.ops.insert import rows as rows_tt  # noqa: E402
 from hashrec.table.ops.insert import triton as insert_tt  # noqa: E402
-from hashrec.table.ops.insert import upsert as upsert_tt  # noqa: E402
 from hashrec.table.ops.optimizer import reference as optim_ref  # noqa: E402
 from hashrec.table.ops.optimizer import triton as optim_tt  # noqa: E402
 from hashrec.table.optim import (  # noqa: E402
@@ -39,52 +47,11 @@ from hashrec.table.optim import (  # noqa: E402
 )
 from hashrec.table.storage import TableStorage  # noqa: E402
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
-
-
-def _edge_keys() -> torch.Tensor:
-    return torch.tensor([0, 1, -1, INT64_MIN, INT64_MAX, INT64_MIN + 1, 12345678901234567],
-                        dtype=torch.int64)
-
-
-def _random_keys(n: int, gen: torch.Generator) -> torch.Tensor:
-    keys = torch.randint(INT64_MIN, INT64_MAX, (n,), dtype=torch.int64, generator=gen)
-    keys = torch.unique(torch.cat([_edge_keys(), keys]))
-    return keys[torch.randperm(keys.numel(), generator=gen)]
-
-
-def _filled(num_buckets: int, cap: int, n: int, seed: int, tagged: bool = False,
-            row_dim: int = 4) -> tuple[TableStorage, torch.Tensor, torch.Tensor | None]:
-    """A storage filled through the reference insert, plus the keys (and tags) offered."""
-    gen = torch.Generator().manual_seed(seed)
-    storage = TableStorage.empty(num_buckets, cap, row_dim, device=DEVICE)
-    keys = _random_keys(n, gen)
-    tags = torch.randint(0, 3, keys.shape, dtype=torch.int32, generator=gen) if tagged else None
-    scores = torch.randint(0, 5, keys.shape, dtype=torch.int64, generator=gen)
-    storage.values.copy_(torch.randn(storage.values.shape, generator=gen))
-    insert_ref.insert_keys(storage, keys.to(DEVICE), None if tags is None else tags.to(DEVICE),
-                           scores.to(DEVICE), allow_evict=True)
-    return storage, keys.to(DEVICE), None if tags is None else tags.to(DEVICE)
-
-
-def _clone(storage: TableStorage) -> TableStorage:
-    return TableStorage(storage.num_buckets, storage.bucket_capacity, storage.keys.clone(),
-                        storage.tags.clone(), storage.digests.clone(), storage.scores.clone(),
-                        storage.values.clone())
-
-
-def _assert_same_index(a: TableStorage, b: TableStorage) -> None:
-    assert torch.equal(a.digests, b.digests)
-    occ = a.digests != 0
-    for name in ("keys", "tags", "scores"):
-        assert torch.equal(getattr(a, name)[occ], getattr(b, name)[occ]), name
-
 
 @pytest.mark.parametrize("num_buckets", [1, 7, 1000003])
 def test_hash_keys_matches_hashing_bit_for_bit(num_buckets):
     gen = torch.Generator().manual_seed(num_buckets)
-    keys = _random_keys(300, gen).to(DEVICE)
+    keys = random_keys(300, gen).to(DEVICE)
     tags = torch.randint(-5, 5, keys.shape, dtype=torch.int32, generator=gen).to(DEVICE)
     for t in (None, tags):
         buckets, digests = hash_keys(keys, t, num_buckets)
@@ -98,9 +65,9 @@ def test_hash_keys_matches_hashing_bit_for_bit(num_buckets):
                                                (3, 128, 200)],
                          ids=["nb1-cap8", "nb5-cap16", "nb4-cap16", "nb3-cap128"])
 def test_find_matches_reference(num_buckets, cap, n, tagged):
-    storage, keys, tags = _filled(num_buckets, cap, n, seed=n, tagged=tagged)
+    storage, keys, tags = filled(num_buckets, cap, n, seed=n, tagged=tagged)
     gen = torch.Generator().manual_seed(1)
-    probe = torch.cat([keys, _random_keys(20, gen).to(DEVICE)])
+    probe = torch.cat([keys, random_keys(20, gen).to(DEVICE)])
     probe_tags = None if tags is None else torch.cat(
         [tags, torch.zeros(probe.numel() - keys.numel(), dtype=torch.int32, device=DEVICE)])
     expected = find_ref.find_slots(storage, probe, probe_tags)
@@ -138,16 +105,16 @@ def _colliding_bucket(cap: int, seed: int, spread: int = 1
     """
     gen = torch.Generator().manual_seed(seed)
     storage = TableStorage.empty(1, cap, 2, device=DEVICE)
-    probes = _random_keys(64, gen)
+    probes = random_keys(64, gen)
     digests = hashing.digest_of(hashing.mix64(probes))
     dig = int(torch.mode(digests).values)
     probes = probes[digests == dig][:4]
     if probes.numel() < 2:  # rare: draw keys until two share a digest
-        pool = _random_keys(4096, gen)
+        pool = random_keys(4096, gen)
         pool_digests = hashing.digest_of(hashing.mix64(pool))
         probes = pool[pool_digests == int(pool_digests[0])][:4]
         dig = int(pool_digests[0])
-    keys = _random_keys(cap + 16, gen)
+    keys = random_keys(cap + 16, gen)
     keys = keys[~torch.isin(keys, probes)][:cap]  # fillers: never a probe key
     tags = torch.zeros(cap, dtype=torch.int32)
     stamp = torch.full((cap,), dig, dtype=torch.uint8)
@@ -199,10 +166,10 @@ def test_find_confirms_the_kth_digest_match(matches, at):
     """A key whose slot is the k-th of its bucket's digest matches (the others hold other
     keys), the matches spread over the digest words or packed in one."""
     gen = torch.Generator().manual_seed(len(matches) * 16 + at)
-    key = _random_keys(1, gen)[:1]
+    key = random_keys(1, gen)[:1]
     dig = int(hashing.digest_of(hashing.mix64(key))[0])
     storage = TableStorage.empty(1, 16, 2, device=DEVICE)
-    fillers = _random_keys(40, gen)
+    fillers = random_keys(40, gen)
     fillers = fillers[fillers != key[0]][:16]
     digests = torch.full((16,), dig % 255 + 1, dtype=torch.uint8)
     digests[list(matches)] = dig
@@ -223,17 +190,17 @@ def test_find_confirms_the_kth_digest_match(matches, at):
     (1, 8, 6, 9), (4, 8, 30, 25), (3, 16, 20, 70), (2, 128, 250, 40), (9, 4, 0, 50)],
     ids=["nb1-cap8", "nb4-cap8", "nb3-cap16", "nb2-cap128", "nb9-cap4-empty"])
 def test_insert_matches_reference(num_buckets, cap, n_old, n_new, allow_evict):
-    base, _, _ = _filled(num_buckets, cap, n_old, seed=n_old + 1, tagged=True)
+    base, _, _ = filled(num_buckets, cap, n_old, seed=n_old + 1, tagged=True)
     gen = torch.Generator().manual_seed(n_new)
-    keys = _random_keys(n_new, gen)
+    keys = random_keys(n_new, gen)
     keys = keys[find_ref.find_slots(base, keys.to(DEVICE)).cpu() < 0].to(DEVICE)
     tags = torch.randint(0, 2, keys.shape, dtype=torch.int32, generator=gen).to(DEVICE)
     scores = torch.randint(0, 6, keys.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    ref_storage, tt_storage = _clone(base), _clone(base)
+    ref_storage, tt_storage = clone(base), clone(base)
     ref = insert_ref.insert_keys(ref_storage, keys, tags, scores, allow_evict)
     got = insert_tt.insert_keys(tt_storage, keys, tags, scores, allow_evict)
     assert torch.equal(got.slots, ref.slots)
-    _assert_same_index(tt_storage, ref_storage)
+    assert_same_index(tt_storage, ref_storage)
     for field in ("evicted_keys", "evicted_tags", "evicted_scores"):
         assert torch.equal(torch.sort(getattr(got, field)).values,
                            torch.sort(getattr(ref, field)).values), field
@@ -254,15 +221,15 @@ def test_insert_same_key_under_two_tags_takes_two_slots(allow_evict):
     got = insert_tt.insert_keys(tt_storage, keys, tags, scores, allow_evict)
     assert torch.equal(got.slots, ref.slots)
     assert got.slots.unique().numel() == 5
-    _assert_same_index(tt_storage, ref_storage)
+    assert_same_index(tt_storage, ref_storage)
 
 
 @pytest.mark.parametrize("cap", [8, 128])
 def test_erase_and_export_match_reference(cap):
-    storage, keys, _ = _filled(3, cap, 3 * cap // 2, seed=cap)
+    storage, keys, _ = filled(3, cap, 3 * cap // 2, seed=cap)
     slots = find_ref.find_slots(storage, keys[::3])
     slots = slots[slots >= 0]
-    ref_storage, tt_storage = _clone(storage), _clone(storage)
+    ref_storage, tt_storage = clone(storage), clone(storage)
     erase_ref.erase_slots(ref_storage, slots)
     erase_tt.erase_slots(tt_storage, slots)
     assert torch.equal(tt_storage.digests, ref_storage.digests)
@@ -299,329 +266,19 @@ def test_optimizer_matches_reference(spec, dim):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_large_find_insert_match_reference_on_gpu():
-    base, keys, tags = _filled(4096, 128, 400_000, seed=11, tagged=True, row_dim=8)
+    base, keys, tags = filled(4096, 128, 400_000, seed=11, tagged=True, row_dim=8)
     gen = torch.Generator().manual_seed(12)
-    new = _random_keys(300_000, gen).to(DEVICE)
+    new = random_keys(300_000, gen).to(DEVICE)
     new = new[find_ref.find_slots(base, new) < 0]
     scores = torch.randint(0, 100, new.shape, dtype=torch.int64, generator=gen).to(DEVICE)
     probe = torch.cat([keys, new])
     probe_tags = torch.cat([tags, torch.zeros_like(new, dtype=torch.int32)])
     assert torch.equal(find_tt.find_slots(base, probe, probe_tags),
                        find_ref.find_slots(base, probe, probe_tags))
-    ref_storage, tt_storage = _clone(base), _clone(base)
+    ref_storage, tt_storage = clone(base), clone(base)
     ref = insert_ref.insert_keys(ref_storage, new, None, scores, True)
     got = insert_tt.insert_keys(tt_storage, new, None, scores, True)
     assert torch.equal(got.slots, ref.slots)
-    _assert_same_index(tt_storage, ref_storage)
+    assert_same_index(tt_storage, ref_storage)
     assert torch.equal(export_tt.occupied_slots(tt_storage, 0, tt_storage.capacity),
                        export_ref.occupied_slots(ref_storage, 0, ref_storage.capacity))
-
-
-def _reference_upsert(storage: TableStorage, keys, tags, scores, allow_evict):
-    """find, then insert each missing key once (first occurrence's score) via the reference."""
-    slots = find_ref.find_slots(storage, keys, tags)
-    miss = torch.nonzero(slots < 0).flatten().cpu()
-    host_keys = keys.cpu().tolist()
-    host_tags = [0] * len(host_keys) if tags is None else tags.cpu().tolist()
-    seen, firsts = set(), []
-    for i in miss.tolist():
-        ident = (host_keys[i], host_tags[i])
-        if ident not in seen:
-            seen.add(ident)
-            firsts.append(i)
-    firsts = torch.tensor(firsts, dtype=torch.int64, device=keys.device)
-    res = insert_ref.insert_keys(storage, keys[firsts], None if tags is None else tags[firsts],
-                                 scores[firsts], allow_evict)
-    return find_ref.find_slots(storage, keys, tags), res
-
-
-# Insert-program launches (UPSERT_CONFIG, UPSERT_BLOCK): one sorted position per program;
-# several, each with runs in registers; several, with runs longer than the registers'
-# chunk; the block form alone, with runs of up to 4 or 2 misses in tiles (the rest per
-# run, chunked in the last); and the lane form first, over blocks of few positions (runs
-# straddle blocks, and the listed blocks outnumber the block form's programs) or many.
-LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}, 0),
-            "runs8-chunked": ({"runs": 8, "bi": 4}, 0),
-            "block8-w4": ({"bi": 16}, {"block": 8, "width": 4, "lanes": 0}),
-            "block64-w2-chunked": ({"bi": 4}, {"block": 64, "width": 2, "lanes": 0}),
-            "block1-w1": ({"bi": 16}, {"block": 1, "width": 1, "lanes": 0}),
-            "lanes-block4-w4": ({"bi": 16}, {"block": 4, "width": 4, "lanes": 1,
-                                             "maxnreg": 128}),
-            "lanes-block32-w2-chunked": ({"bi": 4}, {"block": 32, "width": 2, "lanes": 1}),
-            "lanes-block2-w1": ({"bi": 16}, {"block": 2, "width": 1, "lanes": 1})}
-
-
-def _use_launch(monkeypatch, launch: str) -> None:
-    config, block = LAUNCHES[launch]
-    monkeypatch.setattr(upsert_tt, "UPSERT_CONFIG", {**upsert_tt.UPSERT_CONFIG, **config})
-    monkeypatch.setattr(upsert_tt, "UPSERT_BLOCK",
-                        {**upsert_tt.UPSERT_BLOCK, **(block or {"block": 0})})
-
-
-def _check_upsert(base: TableStorage, batch, btags, scores, allow_evict) -> None:
-    """The upsert of ``batch`` equals find + the reference insert of each miss once."""
-    ref_storage, tt_storage = _clone(base), _clone(base)
-    want, ref = _reference_upsert(ref_storage, batch, btags, scores, allow_evict)
-    before = find_ref.find_slots(tt_storage, batch, btags)
-    got = upsert_tt.upsert_slots(tt_storage, batch, btags, scores, allow_evict)
-    assert torch.equal(got.slots, want)
-    _assert_same_index(tt_storage, ref_storage)
-    assert int(got.inserted.sum()) == int((ref.slots >= 0).sum())
-    assert torch.equal(got.created, (before < 0) & (got.slots >= 0))
-    assert not bool((got.inserted & ~got.created).any())
-    assert got.slots[got.inserted].unique().numel() == int(got.inserted.sum())
-    ev = got.evicted
-    assert ev.shape == batch.shape
-    assert sorted(got.evicted_keys[ev].tolist()) == sorted(ref.evicted_keys.tolist())
-    assert sorted(got.evicted_scores[ev].tolist()) == sorted(ref.evicted_scores.tolist())
-
-
-@pytest.mark.parametrize("launch", list(LAUNCHES))
-@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
-@pytest.mark.parametrize("num_buckets,tagged", [(4, False), (3, True)], ids=["nb4", "nb3-tagged"])
-def test_upsert_matches_find_then_reference_insert(monkeypatch, num_buckets, tagged,
-                                                   allow_evict, launch):
-    _use_launch(monkeypatch, launch)
-    base, keys, tags = _filled(num_buckets, 16, 40, seed=5, tagged=tagged)
-    gen = torch.Generator().manual_seed(6)
-    new = _random_keys(50, gen).to(DEVICE)
-    batch = torch.cat([keys[:10], new, new[:7], keys[3:6]])  # present, new, repeats
-    btags = (torch.randint(0, 3, batch.shape, dtype=torch.int32, generator=gen).to(DEVICE)
-             if tagged else None)
-    if tagged:
-        btags[60:67] = btags[10:17]
-    scores = torch.randint(0, 8, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    _check_upsert(base, batch, btags, scores, allow_evict)
-
-
-@pytest.mark.parametrize("launch", list(LAUNCHES))
-@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
-@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
-def test_upsert_short_runs_into_full_buckets_match_reference(monkeypatch, tagged, allow_evict,
-                                                             launch):
-    """Many buckets, most runs of 1-4 misses, buckets about 80% full: the block form's
-    tiles place most runs (empty slots by rank, victims by score), the rest go per run."""
-    _use_launch(monkeypatch, launch)
-    base, keys, tags = _filled(64, 8, 420, seed=41, tagged=tagged)
-    gen = torch.Generator().manual_seed(42)
-    present = keys[find_ref.find_slots(base, keys, tags) >= 0]
-    new = _random_keys(130, gen).to(DEVICE)
-    batch = torch.cat([present[:40], new, new[5:25], present[40:45]])
-    btags = None
-    if tagged:
-        ptags = tags[find_ref.find_slots(base, keys, tags) >= 0]
-        ntags = torch.randint(0, 3, new.shape, dtype=torch.int32, generator=gen).to(DEVICE)
-        btags = torch.cat([ptags[:40], ntags, ntags[5:25], ptags[40:45]])
-    scores = torch.randint(0, 6, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    _check_upsert(base, batch, btags, scores, allow_evict)
-
-
-@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block2-w1"])
-@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
-def test_upsert_fills_holes_in_slot_order(monkeypatch, allow_evict, launch):
-    """Buckets with empty slots scattered among occupied ones (erased entries): each run
-    takes the empty slots by rank, lowest first, across the digest words."""
-    _use_launch(monkeypatch, launch)
-    base, keys, _ = _filled(64, 16, 900, seed=51)
-    gen = torch.Generator().manual_seed(52)
-    occupied = torch.nonzero(base.digests != 0).flatten().cpu()
-    holes = occupied[torch.randperm(occupied.numel(), generator=gen)[:occupied.numel() // 3]]
-    erase_ref.erase_slots(base, holes.to(DEVICE))
-    new = _random_keys(150, gen).to(DEVICE)
-    batch = torch.cat([new, new[:20]])
-    scores = torch.randint(0, 4, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    _check_upsert(base, batch, None, scores, allow_evict)
-
-
-@pytest.mark.parametrize("narrow_max_shift", [29, 0], ids=["sort-32bit", "sort-64bit"])
-def test_upsert_sort_key_widths_agree(monkeypatch, narrow_max_shift):
-    monkeypatch.setattr(upsert_tt, "NARROW_MAX_SHIFT", narrow_max_shift)
-    base, keys, _ = _filled(8, 16, 90, seed=21)
-    gen = torch.Generator().manual_seed(22)
-    new = _random_keys(60, gen).to(DEVICE)
-    batch = torch.cat([keys[:20], new, new[:9]])
-    scores = torch.randint(0, 8, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    ref_storage, tt_storage = _clone(base), _clone(base)
-    want, _ = _reference_upsert(ref_storage, batch, None, scores, True)
-    assert torch.equal(upsert_tt.upsert_slots(tt_storage, batch, None, scores, True).slots, want)
-    _assert_same_index(tt_storage, ref_storage)
-
-
-def test_read_or_init_rows_reads_stored_and_initializes_new_rows():
-    base, keys, _ = _filled(4, 16, 30, seed=31, row_dim=5)
-    gen = torch.Generator().manual_seed(32)
-    new = _random_keys(12, gen).to(DEVICE)
-    batch = torch.cat([keys[:8], new, new[:4]])
-    scores = torch.ones_like(batch)
-    res = upsert_tt.upsert_slots(base, batch, None, scores, False)
-    before = base.values.clone()
-    got = rows_tt.read_or_init_rows(base.values, batch, None, res.slots, res.created,
-                                    res.inserted, dim=3, lower=-0.5, upper=0.5, seed=7,
-                                    state=0.25)
-    fresh = res.created | (res.slots < 0)
-    init = rows_tt.init_uniforms(batch, None, 3, seed=7) - 0.5
-    torch.testing.assert_close(got[fresh], init[fresh])
-    stored = ~fresh
-    assert torch.equal(got[stored], before[res.slots[stored], :3])
-    new_slots = res.slots[res.inserted]
-    torch.testing.assert_close(base.values[new_slots, :3], init[res.inserted])
-    assert bool((base.values[new_slots, 3:] == 0.25).all())
-
-
-def test_write_rows_without_mask_writes_every_placed_slot():
-    values = torch.zeros(6, 2, device=DEVICE)
-    slots = torch.tensor([5, -1, 0], device=DEVICE)
-    rows = torch.arange(6, dtype=torch.float32, device=DEVICE).view(3, 2) + 1
-    rows_tt.write_rows(values, slots, None, rows)
-    expected = torch.zeros(6, 2, device=DEVICE)
-    expected[5], expected[0] = rows[0], rows[2]
-    assert torch.equal(values, expected)
-
-
-def test_write_rows_writes_only_masked_slots():
-    values = torch.zeros(10, 3, device=DEVICE)
-    slots = torch.tensor([4, -1, 7, 2], device=DEVICE)
-    mask = torch.tensor([True, True, False, True], device=DEVICE)
-    rows = torch.arange(12, dtype=torch.float32, device=DEVICE).view(4, 3) + 1
-    upsert_tt.write_rows(values, slots, mask, rows)
-    expected = torch.zeros(10, 3, device=DEVICE)
-    expected[4], expected[2] = rows[0], rows[3]
-    assert torch.equal(values, expected)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("launch", list(LAUNCHES))
-def test_large_upsert_matches_reference_on_gpu(monkeypatch, launch):
-    _use_launch(monkeypatch, launch)
-    base, keys, _ = _filled(4096, 128, 400_000, seed=13, row_dim=8)
-    gen = torch.Generator().manual_seed(14)
-    new = _random_keys(300_000, gen).to(DEVICE)
-    new = new[find_ref.find_slots(base, new) < 0]
-    present = keys[find_ref.find_slots(base, keys) >= 0][:100_000]  # some offers were refused
-    batch = torch.cat([present, new])
-    scores = torch.randint(0, 100, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    ref_storage, tt_storage = _clone(base), _clone(base)
-    insert_ref.insert_keys(ref_storage, new, None, scores[100_000:], True)
-    got = upsert_tt.upsert_slots(tt_storage, batch, None, scores, True)
-    assert torch.equal(got.slots, find_ref.find_slots(ref_storage, batch))
-    _assert_same_index(tt_storage, ref_storage)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("launch", ["runs1", "block8-w4", "block64-w2-chunked"])
-@pytest.mark.parametrize("num_buckets,cap,n_fill,n_new", [(65536, 128, 7_000_000, 150_000),
-                                                          (2048, 1024, 2_000_000, 6_000)],
-                         ids=["cap128", "cap1024"])
-def test_large_short_runs_upsert_matches_reference_on_gpu(monkeypatch, launch, num_buckets,
-                                                          cap, n_fill, n_new):
-    """Buckets 80-95% full and one or two new keys per bucket: mostly short runs, many
-    of them evicting (the block form's tiles at size, both bucket sizes)."""
-    _use_launch(monkeypatch, launch)
-    base, keys, _ = _filled(num_buckets, cap, n_fill, seed=15, row_dim=1)
-    gen = torch.Generator().manual_seed(16)
-    new = _random_keys(n_new, gen).to(DEVICE)
-    present = keys[find_ref.find_slots(base, keys) >= 0][:n_new]
-    batch = torch.cat([present, new, new[: n_new // 10]])
-    scores = torch.randint(0, 100, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    _check_upsert(base, batch, None, scores, True)
-
-
-@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4"])
-@pytest.mark.parametrize("num_buckets,stored", [(4, 50), (32, 200)],
-                         ids=["long-runs", "short-runs"])
-@pytest.mark.parametrize("allow_evict", [False, True], ids=["no_evict", "evict"])
-def test_upsert_active_mask_equals_upsert_of_the_active_keys(monkeypatch, allow_evict,
-                                                             num_buckets, stored, launch):
-    _use_launch(monkeypatch, launch)
-    base, keys, _ = _filled(num_buckets, 16, stored, seed=31)
-    gen = torch.Generator().manual_seed(32)
-    batch = torch.cat([keys[:12], _random_keys(40, gen).to(DEVICE)])
-    scores = torch.randint(0, 8, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    active = torch.rand(batch.shape, generator=gen).to(DEVICE) < 0.6
-    masked_storage, subset_storage = _clone(base), _clone(base)
-    got = upsert_tt.upsert_slots(masked_storage, batch, None, scores, allow_evict, active=active)
-    want = upsert_tt.upsert_slots(subset_storage, batch[active], None, scores[active],
-                                  allow_evict)
-    _assert_same_index(masked_storage, subset_storage)
-    assert torch.equal(got.slots[active], want.slots)
-    assert bool((got.slots[~active] == -1).all())
-    assert not bool((got.created[~active] | got.inserted[~active]).any())
-    assert torch.equal(got.created[active], want.created)
-    assert int(got.evicted.sum()) == int(want.evicted.sum())
-
-
-def test_upsert_block_setting_from_environment(monkeypatch):
-    from hashrec.table.ops.insert import upsert_block
-    monkeypatch.setenv("HASHREC_UPSERT_BLOCK", "32")
-    assert upsert_block._block_from_env() == 32
-    monkeypatch.setenv("HASHREC_UPSERT_BLOCK", "0")
-    assert upsert_block._block_from_env() == 0
-    monkeypatch.delenv("HASHREC_UPSERT_BLOCK")
-    assert upsert_block._block_from_env() == upsert_block.DEFAULT_BLOCK == 32
-    for bad in ("24", "-4", "many"):
-        monkeypatch.setenv("HASHREC_UPSERT_BLOCK", bad)
-        with pytest.raises(ValueError, match="HASHREC_UPSERT_BLOCK"):
-            upsert_block._block_from_env()
-    monkeypatch.setenv("HASHREC_UPSERT_LANES", "1")
-    assert upsert_block._lanes_from_env() == 1
-    monkeypatch.delenv("HASHREC_UPSERT_LANES")
-    assert upsert_block._lanes_from_env() == 0  # off unless asked for
-    for bad in ("2", "-1", "yes"):
-        monkeypatch.setenv("HASHREC_UPSERT_LANES", bad)
-        with pytest.raises(ValueError, match="HASHREC_UPSERT_LANES"):
-            upsert_block._lanes_from_env()
-
-
-def test_upsert_block_positions_keep_tiles_near_their_budget():
-    from hashrec.table.ops.insert.upsert_block import block_positions
-    assert block_positions(64, 8192, 128) == 64
-    assert block_positions(64, 8192, 1024) == 8  # the admission counters' buckets
-    assert block_positions(64, 8192, 100) == 64  # padded to 128
-    assert block_positions(4, 8192, 8) == 4
-    assert block_positions(64, 512, 1024) == 1
-
-
-@pytest.mark.parametrize("op", ["upsert", "insert"])
-def test_probes_read_tags_once_a_tagged_entry_is_written(op):
-    """An empty storage holds no tag but 0, so a probe without tags skips the tag array;
-    the first write with tags turns the comparison on for good."""
-    storage = TableStorage.empty(2, 8, 2, device=DEVICE)
-    assert not storage.tagged
-    key = torch.tensor([7], dtype=torch.int64, device=DEVICE)
-    score = torch.zeros(1, dtype=torch.int64, device=DEVICE)
-    upsert_tt.upsert_slots(storage, key, None, score, allow_evict=False)
-    assert not storage.tagged
-    zero = find_tt.find_slots(storage, key)
-    assert int(zero) >= 0
-    tag = torch.ones(1, dtype=torch.int32, device=DEVICE)
-    if op == "upsert":
-        upsert_tt.upsert_slots(storage, key, tag, score, allow_evict=False)
-    else:
-        insert_tt.insert_keys(storage, key, tag, score, allow_evict=False)
-    assert storage.tagged
-    one = find_tt.find_slots(storage, key, tag)
-    assert int(one) >= 0 and int(one) != int(zero)
-    assert torch.equal(find_tt.find_slots(storage, key), zero)
-    assert torch.equal(find_ref.find_slots(storage, key, tag), one)
-
-
-@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
-@pytest.mark.parametrize("cap,num_buckets", [(6, 40), (8, 32), (40, 6)],
-                         ids=["cap6-bytes", "cap8-words", "cap40-words"])
-def test_upsert_block_places_runs_into_scattered_empty_slots(monkeypatch, cap, num_buckets,
-                                                             allow_evict):
-    """Buckets with holes left by erased entries: a run's r-th miss takes the r-th empty
-    slot in slot order, found from digest words (capacity a multiple of 4) or bytes."""
-    _use_launch(monkeypatch, "block8-w4")
-    base, keys, _ = _filled(num_buckets, cap, int(0.9 * num_buckets * cap), seed=cap)
-    gen = torch.Generator().manual_seed(cap + 1)
-    occupied = torch.nonzero(base.digests).flatten()
-    holes = occupied[torch.rand(occupied.shape, generator=gen).to(DEVICE) < 0.35]
-    erase_ref.erase_slots(base, holes)
-    present = keys[find_ref.find_slots(base, keys) >= 0]
-    new = _random_keys(num_buckets * cap // 3, gen).to(DEVICE)
-    batch = torch.cat([present[:20], new, new[:5]])
-    scores = torch.randint(0, 6, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    _check_upsert(base, batch, None, scores, allow_evict)

@@ -1,0 +1,50 @@
+"""Shared by the Triton table-op tests: random keys, storages filled through the
+reference insert, and index comparisons."""
+
+from __future__ import annotations
+
+import torch
+
+from hashrec.table.ops.insert import reference as insert_ref
+from hashrec.table.storage import TableStorage
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+def edge_keys() -> torch.Tensor:
+    return torch.tensor([0, 1, -1, INT64_MIN, INT64_MAX, INT64_MIN + 1, 12345678901234567],
+                        dtype=torch.int64)
+
+
+def random_keys(n: int, gen: torch.Generator) -> torch.Tensor:
+    keys = torch.randint(INT64_MIN, INT64_MAX, (n,), dtype=torch.int64, generator=gen)
+    keys = torch.unique(torch.cat([edge_keys(), keys]))
+    return keys[torch.randperm(keys.numel(), generator=gen)]
+
+
+def filled(num_buckets: int, cap: int, n: int, seed: int, tagged: bool = False,
+           row_dim: int = 4) -> tuple[TableStorage, torch.Tensor, torch.Tensor | None]:
+    """A storage filled through the reference insert, plus the keys (and tags) offered."""
+    gen = torch.Generator().manual_seed(seed)
+    storage = TableStorage.empty(num_buckets, cap, row_dim, device=DEVICE)
+    keys = random_keys(n, gen)
+    tags = torch.randint(0, 3, keys.shape, dtype=torch.int32, generator=gen) if tagged else None
+    scores = torch.randint(0, 5, keys.shape, dtype=torch.int64, generator=gen)
+    storage.values.copy_(torch.randn(storage.values.shape, generator=gen))
+    insert_ref.insert_keys(storage, keys.to(DEVICE), None if tags is None else tags.to(DEVICE),
+                           scores.to(DEVICE), allow_evict=True)
+    return storage, keys.to(DEVICE), None if tags is None else tags.to(DEVICE)
+
+
+def clone(storage: TableStorage) -> TableStorage:
+    return TableStorage(storage.num_buckets, storage.bucket_capacity, storage.keys.clone(),
+                        storage.tags.clone(), storage.digests.clone(), storage.scores.clone(),
+                        storage.values.clone())
+
+
+def assert_same_index(a: TableStorage, b: TableStorage) -> None:
+    assert torch.equal(a.digests, b.digests)
+    occ = a.digests != 0
+    for name in ("keys", "tags", "scores"):
+        assert torch.equal(getattr(a, name)[occ], getattr(b, name)[occ]), name
