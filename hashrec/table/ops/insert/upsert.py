@@ -198,7 +198,8 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
 @fast_launch
 @triton.jit
 def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_ptr, t_keys,
-                     t_tags, t_digests, s_digests, state, slots_ptr, inserted_ptr, created_ptr, evicted_ptr, n,
+                     t_tags, t_digests, s_digests, state, slots_ptr, inserted_ptr, created_ptr,
+                     evicted_ptr, n,
                      HAS_TAGS: tl.constexpr, ALLOW_EVICT: tl.constexpr, LANES: tl.constexpr,
                      SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
     """Final slot and flags of every key, in batch order; clears unused evicted flags.
@@ -270,29 +271,30 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
                    ) -> torch.Tensor | None:
     """Places the sorted misses (step 4); returns the lanes' outcomes when the lane form
     ran first (its placed entries are then written by the finalize step), else None."""
+    (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, t_keys, t_tags, _,
+     t_scores, out, evicted, *_) = args
     cap, evict = storage.bucket_capacity, bool(allow_evict)
     config, block = UPSERT_CONFIG, UPSERT_BLOCK
     if not block["block"]:
-        _upsert_kernel[(cdiv(args[7], config["runs"]),)](
+        _upsert_kernel[(cdiv(n, config["runs"]),)](
             *args, ALLOW_EVICT=evict, CAP=cap, CAP_P2=next_pow2(cap), BI=config["bi"],
             RUNS=config["runs"], num_warps=config["num_warps"])
         return None
-    s_keys, s_tags, s_scores, _, s_bucket, first, perm, n = args[:8]
     b = block_positions(block["block"], block["elements"], cap)
-    programs, state, blocks = cdiv(n, b), None, args[3]
+    programs, state, blocks = cdiv(n, b), None, None
     line, width, words = digest_line(storage)
     if block["lanes"] and words:
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
         blocks = _empty(programs, torch.int8, storage.device)
-        t_tags, t_scores = args[9], args[11]
         upsert_lanes_kernel[(programs,)](
-            s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, storage.keys, t_tags,
-            t_scores, args[12], args[13], state, blocks, ALLOW_EVICT=evict, CAP=cap,
-            LINE=width, W=block["width"], WIN=next_pow2(2 * block["width"] + 1), BLOCK=b,
+            s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,
+            out, evicted, state, blocks, ALLOW_EVICT=evict, CAP=cap, LINE=width,
+            W=block["width"], WIN=next_pow2(2 * block["width"] + 1), BLOCK=b,
             num_warps=block["lane_warps"])
     upsert_block_kernel[(programs,)](
-        *args, state if state is not None else args[3], blocks, ALLOW_EVICT=evict, CAP=cap,
+        *args, state if state is not None else s_digests,
+        blocks if blocks is not None else s_digests, ALLOW_EVICT=evict, CAP=cap,
         CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
         LANES=state is not None, num_warps=block["num_warps"],
         **({"maxnreg": block["maxnreg"]} if block.get("maxnreg") else {}))
