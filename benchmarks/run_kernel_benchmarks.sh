@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the table-kernel GPU benchmarks on one GPU, one step after the other, each under
-# its own time limit so that one failure does not stop the rest. About 25 minutes in
+# its own time limit so that one failure does not stop the rest. About 30 minutes in
 # all on a fresh host (every kernel variant compiles first); ONLY="name ..." runs just
 # those steps, SKIP="name ..." leaves steps out, to fit the calls into shorter ones.
 # Usage: benchmarks/run_kernel_benchmarks.sh OUT_DIR
@@ -23,8 +23,8 @@
 #                  the table_ops step is the default, the block form alone)
 #   ab_train       the training run on 1,000,000 generated rows (made when missing, in
 #                  /tmp/hashrec_bench_data): this tree against itself with
-#                  HASHREC_UPSERT_LANES=1 (the upsert's lane form), ROUNDS (default 2)
-#                  interleaved rounds
+#                  HASHREC_UPSERT_LANES=1 (the upsert's lane form), and with it kept to
+#                  calls of 131,072 keys or more, ROUNDS (default 2) interleaved rounds
 #   lanes_profile  the dynamicemb training step's kernels with the lane form on, then off
 #                  (where the training run loses time with it on; needs ab_train's data)
 set -u
@@ -59,8 +59,8 @@ write_env "$out"
       --profile --out "$out/table_gpu_upsert_lanes"
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
       --reduce-configs 4096x8x16 2048x4x16 1024x4 --profile --out "$out/embedding_layer_gpu"
-  step ab_train 420 python3 benchmarks/ab_train.py \
-      --trees ".,.+HASHREC_UPSERT_LANES=1" \
+  step ab_train 570 python3 benchmarks/ab_train.py \
+      --trees ".,.+HASHREC_UPSERT_LANES=1,.+HASHREC_UPSERT_LANES=1+HASHREC_UPSERT_LANES_MIN=131072" \
       --configs dynamicemb --nproc 1 --rounds "${ROUNDS:-2}" --data_dir "$data" \
       --num_steps 700 --warmup_steps 400 --out "$out/ab_gpu_x1_upsert_lanes"
   for lanes in 1 0; do  # after ab_train, which makes the data

@@ -290,6 +290,40 @@ def test_upsert_block_setting_from_environment(monkeypatch):
         monkeypatch.setenv("HASHREC_UPSERT_LANES", bad)
         with pytest.raises(ValueError, match="HASHREC_UPSERT_LANES"):
             upsert_block._lanes_from_env()
+    monkeypatch.setenv("HASHREC_UPSERT_LANES_MIN", "65536")
+    assert upsert_block._lanes_min_from_env() == 65536
+    monkeypatch.delenv("HASHREC_UPSERT_LANES_MIN")
+    assert upsert_block._lanes_min_from_env() == 0
+    monkeypatch.setenv("HASHREC_UPSERT_LANES_MIN", "-1")
+    with pytest.raises(ValueError, match="HASHREC_UPSERT_LANES_MIN"):
+        upsert_block._lanes_min_from_env()
+
+
+class _CountedLaunches:
+    """Stands in for a kernel: records each launch's grid, then launches it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("least,ran", [(0, True), (10_000, False)], ids=["all", "large-only"])
+def test_upsert_lane_form_skips_calls_below_its_minimum(monkeypatch, least, ran):
+    """With ``lanes_min`` above the call's size the block form alone places the misses,
+    with the same outcome."""
+    _use_launch(monkeypatch, "lanes-block4-w4")
+    monkeypatch.setitem(upsert_tt.UPSERT_BLOCK, "lanes_min", least)
+    counted = _CountedLaunches(upsert_tt.upsert_lanes_kernel)
+    monkeypatch.setattr(upsert_tt, "upsert_lanes_kernel", counted)
+    base, keys, _ = filled(32, 16, 200, seed=61)
+    gen = torch.Generator().manual_seed(62)
+    batch = torch.cat([keys[:30], random_keys(40, gen).to(DEVICE)])
+    scores = torch.randint(0, 8, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+    _check_upsert(base, batch, None, scores, True)
+    assert bool(counted.grids) == ran
 
 
 def test_upsert_block_positions_keep_tiles_near_their_budget():

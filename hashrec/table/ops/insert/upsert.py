@@ -283,7 +283,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
     b = block_positions(block["block"], block["elements"], cap)
     programs, state, blocks = cdiv(n, b), None, None
     line, width, words = digest_line(storage)
-    if block["lanes"] and words:
+    if block["lanes"] and words and n >= block.get("lanes_min", 0):
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
         blocks = _empty(programs, torch.int8, storage.device)

@@ -51,6 +51,14 @@ def _lanes_from_env() -> int:
         raise ValueError(f"HASHREC_UPSERT_LANES must be 0 (off) or 1 (on), got {lanes}")
     return lanes
 
+
+def _lanes_min_from_env() -> int:
+    least = env_int("HASHREC_UPSERT_LANES_MIN", 0)
+    if least < 0:
+        raise ValueError(f"HASHREC_UPSERT_LANES_MIN must be >= 0, got {least}")
+    return least
+
+
 # block: sorted positions per program (a power of two; 0 keeps the per-position form);
 # width: the longest run placed in tiles (and by the lane form); elements: the budget of
 # one (B, bucket) tile; lanes: 1 to run the lane form (``upsert_lanes.py``) first, over
@@ -59,10 +67,13 @@ def _lanes_from_env() -> int:
 # on an H200 it took insert_or_assign of 1M keys (40% new) into 64M slots from 0.70 to
 # 0.51 ms at load factor 0.5, but cost 7-8% at 1.0 (every run left to the block form)
 # and 5% of the training run's samples/s (benchmarks/results/table_gpu_upsert_lanes.md,
-# ab_gpu_x1_upsert_lanes.md). maxnreg: registers a thread at most in the block form (0:
-# the compiler's choice; it took 168, 17-19% occupancy, in a counter profile).
+# ab_gpu_x1_upsert_lanes.md). lanes_min: with the lane form on, calls of fewer keys skip
+# it (HASHREC_UPSERT_LANES_MIN; 0: none do), since it adds a launch to every call.
+# maxnreg: registers a thread at most in the block form (0: the compiler's choice; it
+# took 168, 17-19% occupancy, in a counter profile).
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
-                "lanes": _lanes_from_env(), "lane_warps": 2, "maxnreg": 0}
+                "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
+                "lane_warps": 2, "maxnreg": 0}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
