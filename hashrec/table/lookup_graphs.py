@@ -8,9 +8,10 @@ lookup's work depends on its key count u alone. ``LookupGraphs`` pads u to a siz
 class, captures the lookup of that size once as a CUDA graph and replays it: the
 keys, counts and a few scalars are copied into the graph's input buffers, one
 replay writes the rows into a new tensor (its address is one of the scalars, read
-by the row kernel when it runs), and the slots are copied out. The replay adds the lookup's counters
-(hits, inserts, refusals, ...) to the table's device totals in place, which
-``stats()`` reads; only ``check_mode`` ERROR reads a count back per lookup.
+by the row kernel when it runs), and the slots are copied out. The replay adds the
+lookup's counters (hits, inserts, refusals, ...) to the table's device totals in
+place, which ``stats()`` reads; only ``check_mode`` ERROR reads a count back per
+lookup.
 
 The results equal the eager lookup's, bit for bit: a replay runs the same kernels
 on the padded batch, whose extra keys are inactive (never found, counted nor
@@ -232,8 +233,8 @@ class LookupGraphs:
                  for args in (table._train_missing_args(), table._initializer)]
         clock = table._clock() if entry.clocked else 0
         values = torch.empty(n, table.dim, dtype=torch.float32, device=keys.device)
-        entry.scalars.copy_(torch.tensor([n, values.data_ptr(), *seeds, clock]),
-                            non_blocking=True)
+        entry.scalars.copy_(torch.tensor([n, values.data_ptr(), *seeds, clock],
+                                         pin_memory=values.is_cuda), non_blocking=True)
         if self._capture:
             entry.graph.replay()
             slots, refused = entry.out

@@ -359,8 +359,9 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
     ch = _chunk_rows(dim_p2)
     num_groups = len(groups) - 1 if groups is not None and len(groups) > 2 else 0
     chunks = cdiv(n, ch) + max(0, num_groups - 1)  # a group's last chunk may be short
-    bounds = torch.tensor(groups, dtype=torch.int64).to(grads.device, non_blocking=True) \
-        if num_groups else row_start
+    # From pinned memory: a pageable source may make the copy wait for the stream.
+    bounds = torch.tensor(groups, dtype=torch.int64, pin_memory=grads.is_cuda).to(
+        grads.device, non_blocking=True) if num_groups else row_start
     grouping = dict(GROUPS=num_groups > 0, GROUPS_P2=max(2, next_pow2(num_groups)), CH=ch)
     seg = _sorted_rows(row_start, n) if sorted_rows is None else sorted_rows.contiguous()
     part = torch.empty(chunks * 2, dim_p2, dtype=torch.float32, device=grads.device)
