@@ -26,7 +26,7 @@ import json
 import os
 import sys
 
-from _cli import add_out_and_smoke, parse_with_smoke
+from _cli import add_out_and_smoke, launch_config, parse_with_smoke
 
 
 def _args() -> argparse.Namespace:
@@ -49,12 +49,19 @@ def _args() -> argparse.Namespace:
                         "block form; 0: the block form alone (default: the library's)")
     p.add_argument("--upsert-maxnreg", type=int, default=None,
                    help="block form: at most this many registers a thread (0: the "
-                        "compiler's choice, the default)")
+                        "compiler's choice; default: the library's)")
+    p.add_argument("--upsert-group", type=int, default=None,
+                   help="with the lane form: blocks per block-form program (default: the "
+                        "library's)")
+    p.add_argument("--probe-maxnreg", type=int, default=None,
+                   help="the upsert's probe: at most this many registers a thread (0: the "
+                        "compiler's choice; default: the library's)")
     p.add_argument("--tagged", action="store_true",
                    help="probes also compare the tag array (a fused table's storage); by "
                         "default the table is an unfused one (every tag 0, not read)")
     p.add_argument("--find-configs", nargs="*", default=[],
-                   help="extra find launch configs BLOCKxWARPS to time, e.g. 64x8")
+                   help="extra find launch configs BLOCKxWARPS[rREGS] to time, e.g. 64x8 "
+                        "or 64x2r80 (at most 80 registers a thread)")
     args = parse_with_smoke(p)
     if args.smoke:
         args.slots, args.batch, args.dims, args.reps = 1024, 200, [8], 1
@@ -131,8 +138,7 @@ def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int)
     sweep = {}
     default = find_tt.FIND_CONFIG
     for cfg in ARGS.find_configs:
-        block, warps = (int(x) for x in cfg.split("x"))
-        find_tt.FIND_CONFIG = {"block": block, "num_warps": warps}
+        find_tt.FIND_CONFIG = launch_config(cfg)
         t = time_device_ms(lambda: find_values(storage, probe, None, dim), reps)
         sweep[cfg] = {"bkvs": n / t["device_ms"] / 1e6, "call_bkvs": n / t["call_ms"] / 1e6}
     find_tt.FIND_CONFIG = default
@@ -175,8 +181,10 @@ def main() -> None:
         upsert_tt.UPSERT_BLOCK["width"] = ARGS.upsert_width
     if ARGS.upsert_lanes is not None:
         upsert_tt.UPSERT_BLOCK["lanes"] = ARGS.upsert_lanes
-    if ARGS.upsert_maxnreg is not None:
-        upsert_tt.UPSERT_BLOCK["maxnreg"] = ARGS.upsert_maxnreg
+    for name, value in (("maxnreg", ARGS.upsert_maxnreg), ("group", ARGS.upsert_group),
+                        ("probe_maxnreg", ARGS.probe_maxnreg)):
+        if value is not None:
+            upsert_tt.UPSERT_BLOCK[name] = value
     results = {"env": environment(), "command": command_line(), "slots": ARGS.slots,
                "batch": ARGS.batch, "bucket_capacity": 128,
                "upsert_config": dict(upsert_tt.UPSERT_CONFIG),
@@ -207,6 +215,15 @@ def _write(results: dict) -> None:
         device = " | ".join(f"{r[f'{op}_bkvs']:.2f} ({r[f'{op}_ms']:.3f})" for op in ops)
         call = " | ".join(f"{r[f'{op}_call_bkvs']:.2f}" for op in ops)
         lines.append(f"| {r['measured_load_factor']:.3f} | {r['dim']} | {device} | {call} |")
+    if ARGS.find_configs:
+        lines += ["", "find at the extra launch configs, B-KV/s (device time, same run):", "",
+                  "| load factor | dim | default | " + " | ".join(ARGS.find_configs) + " |",
+                  "| --- | --- | --- |" + " --- |" * len(ARGS.find_configs)]
+        for r in results["rows"]:
+            extra = " | ".join(f"{r['find_sweep_bkvs'][c]['bkvs']:.2f}"
+                               for c in ARGS.find_configs)
+            lines.append(f"| {r['measured_load_factor']:.3f} | {r['dim']} | "
+                         f"{r['find_bkvs']:.2f} | {extra} |")
     table = "\n".join(lines)
     print(table)
     if ARGS.out:

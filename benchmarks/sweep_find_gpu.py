@@ -26,7 +26,7 @@ import json
 import os
 import sys
 
-from _cli import add_out_and_smoke, parse_with_smoke
+from _cli import add_out_and_smoke, launch_config, parse_with_smoke
 
 
 def _args() -> argparse.Namespace:
@@ -82,15 +82,13 @@ def _bytes_config(storage: TableStorage, keys: torch.Tensor, values: torch.Tenso
 def _variants() -> dict:
     out = {}
     for cfg in ARGS.configs:
-        launch, _, regs = cfg.partition("r")
-        block, warps = (int(x) for x in launch.split("x"))
-        regs = int(regs) if regs else 0
+        config = launch_config(cfg)
+        block, warps, regs = config["block"], config["num_warps"], config["maxnreg"]
         for kind in ARGS.kinds:
             if kind == "bytes":
                 out[f"bytes {cfg}"] = (lambda b, w, r: lambda s, k, v, o: _bytes_config(
                     s, k, v, o, b, w, r))(block, warps, regs)
                 continue
-            config = {"block": block, "num_warps": warps, "maxnreg": regs}
             out[f"{kind} {cfg}"] = (lambda c: lambda s, k, v, o: find_tt.launch_find(
                 s, k, None, o, v, c))(config)
     return out

@@ -252,8 +252,13 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         HAS_TAGS=tags is not None,
         HAS_ACTIVE=active is not None, CAP=storage.bucket_capacity, LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
-        BLOCK=block, num_warps=2)
+        BLOCK=block, num_warps=2, **_maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
     return sort_key, _WIDE_SENTINEL if wide else _NARROW_SENTINEL
+
+
+def _maxnreg(regs: int) -> dict:
+    """Launch options capping a kernel's registers a thread (none for 0)."""
+    return {"maxnreg": regs} if regs else {}
 
 
 def _empty(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -292,12 +297,13 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
             out, evicted, state, blocks, ALLOW_EVICT=evict, CAP=cap, LINE=width,
             W=block["width"], WIN=next_pow2(2 * block["width"] + 1), BLOCK=b,
             num_warps=block["lane_warps"])
-    upsert_block_kernel[(programs,)](
+    group = block["group"] if state is not None else 1
+    upsert_block_kernel[(cdiv(programs, group),)](
         *args, state if state is not None else s_digests,
-        blocks if blocks is not None else s_digests, ALLOW_EVICT=evict, CAP=cap,
+        blocks if blocks is not None else s_digests, programs, ALLOW_EVICT=evict, CAP=cap,
         CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
-        LANES=state is not None, num_warps=block["num_warps"],
-        **({"maxnreg": block["maxnreg"]} if block.get("maxnreg") else {}))
+        LANES=state is not None, GROUP=group, num_warps=block["num_warps"],
+        **_maxnreg(block["maxnreg"]))
     return state
 
 
