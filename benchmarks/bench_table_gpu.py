@@ -50,9 +50,6 @@ def _args() -> argparse.Namespace:
     p.add_argument("--upsert-maxnreg", type=int, default=None,
                    help="block form: at most this many registers a thread (0: the "
                         "compiler's choice; default: the library's)")
-    p.add_argument("--upsert-group", type=int, default=None,
-                   help="with the lane form: blocks per block-form program (default: the "
-                        "library's)")
     p.add_argument("--probe-maxnreg", type=int, default=None,
                    help="the upsert's probe: at most this many registers a thread (0: the "
                         "compiler's choice; default: the library's)")
@@ -181,8 +178,7 @@ def main() -> None:
         upsert_tt.UPSERT_BLOCK["width"] = ARGS.upsert_width
     if ARGS.upsert_lanes is not None:
         upsert_tt.UPSERT_BLOCK["lanes"] = ARGS.upsert_lanes
-    for name, value in (("maxnreg", ARGS.upsert_maxnreg), ("group", ARGS.upsert_group),
-                        ("probe_maxnreg", ARGS.probe_maxnreg)):
+    for name, value in (("maxnreg", ARGS.upsert_maxnreg), ("probe_maxnreg", ARGS.probe_maxnreg)):
         if value is not None:
             upsert_tt.UPSERT_BLOCK[name] = value
     results = {"env": environment(), "command": command_line(), "slots": ARGS.slots,

@@ -57,9 +57,8 @@ def _reference_upsert(storage: TableStorage, keys, tags, scores, allow_evict):
 # several, each with runs in registers; several, with runs longer than the registers'
 # chunk; the block form alone, with runs of up to 4 or 2 misses in tiles (the rest per
 # run, chunked in the last); and the lane form first, over blocks of few positions (runs
-# straddle blocks, and the flagged blocks are served by programs of 8 blocks, the last
-# one partial; of 1 or 2) or many. Registers: the block form uncapped in one launch,
-# the probe capped in another.
+# straddle blocks, and the listed blocks outnumber the block form's programs) or many.
+# Registers: the block form uncapped in one launch, the probe capped in another.
 LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}, 0),
             "runs8-chunked": ({"runs": 8, "bi": 4}, 0),
             "block8-w4": ({"bi": 16}, {"block": 8, "width": 4, "lanes": 0}),
@@ -67,10 +66,9 @@ LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}
                                                 "maxnreg": 0}),
             "block1-w1": ({"bi": 16}, {"block": 1, "width": 1, "lanes": 0,
                                        "probe_maxnreg": 80}),
-            "lanes-block4-w4": ({"bi": 16}, {"block": 4, "width": 4, "lanes": 1, "group": 8}),
-            "lanes-block32-w2-chunked": ({"bi": 4}, {"block": 32, "width": 2, "lanes": 1,
-                                                     "group": 2}),
-            "lanes-block2-w1": ({"bi": 16}, {"block": 2, "width": 1, "lanes": 1, "group": 1})}
+            "lanes-block4-w4": ({"bi": 16}, {"block": 4, "width": 4, "lanes": 1}),
+            "lanes-block32-w2-chunked": ({"bi": 4}, {"block": 32, "width": 2, "lanes": 1}),
+            "lanes-block2-w1": ({"bi": 16}, {"block": 2, "width": 1, "lanes": 1})}
 
 
 def _use_launch(monkeypatch, launch: str) -> None:

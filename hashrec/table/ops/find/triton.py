@@ -180,6 +180,12 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
 # warps for slots or narrow rows, 4 warps for rows wider than 32 columns). Benchmarks
 # may set it.
 FIND_CONFIG: dict | None = None
+# Registers a thread at most for slots or rows of up to 32 columns from buckets of up to
+# 128 slots (the probe takes 96 uncapped, at 31% occupancy): on an H200, find of 1M keys
+# took 3-5% less time at dim 8 and 7-11% at dim 32, at every load factor; rows of 128
+# columns took twice as long at this cap, so wider rows keep the compiler's choice
+# (benchmarks/results/table_gpu_find_maxnreg.md).
+NARROW_FIND_MAXNREG = 80
 
 
 # Buckets of at least this many slots confirm their later digest matches four per probe
@@ -194,10 +200,12 @@ def probe_round(cap: int) -> int:
     return 4 if WIDE_PROBE_MIN_CAP and cap >= WIDE_PROBE_MIN_CAP else 1
 
 
-def _config(dim_p2: int) -> dict:
+def _config(dim_p2: int, width: int) -> dict:
     if FIND_CONFIG is not None:
         return FIND_CONFIG
-    return {"block": 64, "num_warps": 2 if dim_p2 <= 32 else 4}
+    if dim_p2 > 32:
+        return {"block": 64, "num_warps": 4}
+    return {"block": 64, "num_warps": 2, "maxnreg": NARROW_FIND_MAXNREG if width <= 32 else 0}
 
 
 def probe_block(width: int, num_warps: int = 2, limit: int = 64) -> int:
@@ -227,7 +235,7 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     line, width, words = digest_line(storage)
     dim = values.shape[1] if values is not None else 1
     dim_p2 = next_pow2(dim)
-    config = config or _config(dim_p2)
+    config = config or _config(dim_p2, width)
     block = min(probe_block(width, config["num_warps"], config["block"]),
                 max(1, 16384 // dim_p2))
     _find_kernel[(cdiv(n, block),)](

@@ -297,13 +297,11 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
             out, evicted, state, blocks, ALLOW_EVICT=evict, CAP=cap, LINE=width,
             W=block["width"], WIN=next_pow2(2 * block["width"] + 1), BLOCK=b,
             num_warps=block["lane_warps"])
-    group = block["group"] if state is not None else 1
-    upsert_block_kernel[(cdiv(programs, group),)](
+    upsert_block_kernel[(programs,)](
         *args, state if state is not None else s_digests,
-        blocks if blocks is not None else s_digests, programs, ALLOW_EVICT=evict, CAP=cap,
+        blocks if blocks is not None else s_digests, ALLOW_EVICT=evict, CAP=cap,
         CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
-        LANES=state is not None, GROUP=group, num_warps=block["num_warps"],
-        **_maxnreg(block["maxnreg"]))
+        LANES=state is not None, num_warps=block["num_warps"], **_maxnreg(block["maxnreg"]))
     return state
 
 

@@ -69,15 +69,15 @@ def _lanes_min_from_env() -> int:
 # and 5% of the training run's samples/s (benchmarks/results/table_gpu_upsert_lanes.md,
 # ab_gpu_x1_upsert_lanes.md). lanes_min: with the lane form on, calls of fewer keys skip
 # it (HASHREC_UPSERT_LANES_MIN; 0: none do), since it adds a launch to every call.
-# group: with the lane form, blocks per block-form program (it serves the flagged ones
-# among them in turn). maxnreg: registers a thread at most in the block form (0: the
-# compiler's choice; it took 168, 17-19% occupancy, in a counter profile; capped at 128,
-# insert_or_assign of 1M keys took 3-6% less time at every load factor on an H200:
-# benchmarks/results/table_gpu_upsert_maxnreg128.md). probe_maxnreg: the same for the
-# upsert's probe (``_probe_sort_kernel``, 96 uncapped).
+# maxnreg: registers a thread at most in the block form (0: the compiler's choice; it
+# took 168, 17-19% occupancy, in a counter profile; capped at 128, insert_or_assign and
+# find_or_insert of 1M keys took 2-6% less time at every load factor on an H200:
+# benchmarks/results/table_gpu.md against table_gpu_upsert_maxnreg0.md, same run).
+# probe_maxnreg: the same for the upsert's probe (``_probe_sort_kernel``, 96 uncapped;
+# 80 or 64 changed nothing measurable).
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
-                "lane_warps": 2, "group": 8, "maxnreg": 128, "probe_maxnreg": 0}
+                "lane_warps": 2, "maxnreg": 128, "probe_maxnreg": 0}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
@@ -207,26 +207,12 @@ def _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_p
 @triton.jit
 def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
-                        ev_keys, ev_tags, ev_scores, state, blocks, n_blocks,
-                        ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
-                        BI: tl.constexpr, B: tl.constexpr, W: tl.constexpr,
-                        LANES: tl.constexpr, GROUP: tl.constexpr):
-    """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, program g
-    serves the blocks among [g * GROUP, (g + 1) * GROUP) that ``upsert_lanes_kernel``
-    flagged in ``blocks`` (n_blocks of them: it left runs there to this form), one after
-    the other: a block that is not flagged costs a byte read, not a program."""
-    if not LANES:
+                        ev_keys, ev_tags, ev_scores, state, blocks, ALLOW_EVICT: tl.constexpr,
+                        CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr,
+                        B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr):
+    """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, only where
+    ``upsert_lanes_kernel`` flagged the block in ``blocks`` (it left runs to this form)."""
+    if not LANES or tl.load(blocks + tl.program_id(0)) != 0:
         _serve(tl.program_id(0), in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
                in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys,
                ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)
-    else:
-        g = tl.arange(0, GROUP)
-        at = tl.program_id(0).to(tl.int64) * GROUP + g
-        todo = tl.load(blocks + at, mask=at < n_blocks, other=0) != 0
-        while tl.max(todo.to(tl.int32), axis=0) > 0:
-            k = tl.min(tl.where(todo, g, GROUP), axis=0)
-            _serve(tl.program_id(0).to(tl.int64) * GROUP + k, in_keys, in_tags, in_scores,
-                   in_digests, in_bucket, in_first, in_pos, m, t_keys, t_tags, t_digests,
-                   t_scores, out_slots, out_evicted, ev_keys, ev_tags, ev_scores, state,
-                   ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)
-            todo = todo & (g != k)
