@@ -50,6 +50,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="also profile the layer's SGD steps (torch.profiler) and write the "
                         "kernels by device time to OUT_profile.txt")
+    p.add_argument("--host-profile", action="store_true",
+                   help="also profile the host side of the layer's SGD forward (cProfile, "
+                        "functions by own and by cumulative time) into OUT_host_profile.txt")
     args = p.parse_args()
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -215,6 +218,8 @@ def _collection(optimizer, batches, grads) -> dict:
     bwd = time_device_ms(backward, k - 2, setup=lambda i: forward(inputs[i % k]))
     if ARGS.profile and isinstance(optimizer, SparseSGD):
         _profile(lambda i: backward(forward(inputs[i % k])), k)
+    if ARGS.host_profile and isinstance(optimizer, SparseSGD):
+        _host_profile(forward, inputs)
     return {f"{part}_{what}": t[f"{what}_ms"] if what != "ms" else t["device_ms"]
             for part, t in (("forward", fwd), ("backward", bwd))
             for what in ("ms", "call", "issue")}
@@ -244,6 +249,30 @@ def _profile(step, steps: int) -> None:
     if ARGS.out:
         with open(f"{ARGS.out}_profile.txt", "w") as f:
             f.write(text + table + "\n")
+
+
+def _host_profile(forward, inputs) -> None:
+    """The layer's forward calls under cProfile, the device synced after each (outside
+    the profile): the host's own time per function, and where it waits on the device."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    for kjt in inputs:
+        torch.cuda.synchronize() if DEVICE.type == "cuda" else None
+        prof.enable()
+        forward(kjt)
+        prof.disable()
+    text = f"Host profile of {len(inputs)} layer forward calls (cProfile)\n"
+    for order in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats(order).print_stats(45)
+        text += f"\n== by {order}\n" + out.getvalue()
+    print(text, flush=True)
+    if ARGS.out:
+        with open(f"{ARGS.out}_host_profile.txt", "w") as f:
+            f.write(text)
 
 
 def _kernel_owners(prof, steps: int, top: int = 30) -> str:
