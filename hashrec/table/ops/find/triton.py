@@ -176,16 +176,15 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
 
 
 # (keys per program, warps, and optionally "maxnreg": registers a thread at most) of the
-# find launch; None picks by row width (the best of a sweep on an H200: 64 keys and 2
-# warps for slots or narrow rows, 4 warps for rows wider than 32 columns). Benchmarks
-# may set it.
+# find launch; None picks by row width and bucket (``_config``). Benchmarks may set it.
 FIND_CONFIG: dict | None = None
-# Registers a thread at most for slots or rows of up to 32 columns from buckets of up to
-# 128 slots (the probe takes 96 uncapped, at 31% occupancy): on an H200, find of 1M keys
-# took 3-5% less time at dim 8 and 7-11% at dim 32, at every load factor; rows of 128
-# columns took twice as long at this cap, so wider rows keep the compiler's choice
-# (benchmarks/results/table_gpu_find_maxnreg.md).
-NARROW_FIND_MAXNREG = 80
+# Slots or rows of up to 32 columns from buckets of up to 128 slots: 32 keys a program
+# on one warp, at most 80 registers a thread (uncapped, the probe takes 96, at 31%
+# occupancy). On an H200, find of 1M keys into 64M slots ran 7-11% faster at dim 8 and
+# 11-17% at dim 32 than at 64 keys on 2 warps uncapped, the earlier choice
+# (benchmarks/results/table_gpu_find_configs.md). Rows of 128 columns took twice as
+# long at this cap, so wider rows keep 64 keys on 4 warps, uncapped.
+NARROW_FIND = {"block": 32, "num_warps": 1, "maxnreg": 80}
 
 
 # Buckets of at least this many slots confirm their later digest matches four per probe
@@ -205,7 +204,7 @@ def _config(dim_p2: int, width: int) -> dict:
         return FIND_CONFIG
     if dim_p2 > 32:
         return {"block": 64, "num_warps": 4}
-    return {"block": 64, "num_warps": 2, "maxnreg": NARROW_FIND_MAXNREG if width <= 32 else 0}
+    return NARROW_FIND if width <= 32 else {"block": 64, "num_warps": 2}
 
 
 def probe_block(width: int, num_warps: int = 2, limit: int = 64) -> int:

@@ -66,9 +66,10 @@ def _lanes_min_from_env() -> int:
 # in free slots and leaves the rest to the block form. Off unless HASHREC_UPSERT_LANES=1:
 # on an H200 it took insert_or_assign of 1M keys (40% new) into 64M slots from 0.70 to
 # 0.51 ms at load factor 0.5, but cost 7-8% at 1.0 (every run left to the block form)
-# and 5% of the training run's samples/s (benchmarks/results/table_gpu_upsert_lanes.md,
+# and 8% of the training run's samples/s (benchmarks/results/table_gpu_upsert_lanes.md,
 # ab_gpu_x1_upsert_lanes.md). lanes_min: with the lane form on, calls of fewer keys skip
-# it (HASHREC_UPSERT_LANES_MIN; 0: none do), since it adds a launch to every call.
+# it (HASHREC_UPSERT_LANES_MIN; 0: none do); at 131072 the training run matched the lane
+# form off (1.007 of its samples/s, same A/B), its calls being smaller.
 # maxnreg: registers a thread at most in the block form (0: the compiler's choice; it
 # took 168, 17-19% occupancy, in a counter profile; capped at 128, insert_or_assign and
 # find_or_insert of 1M keys took 2-6% less time at every load factor on an H200:
