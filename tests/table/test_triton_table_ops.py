@@ -82,6 +82,25 @@ def test_find_matches_reference(num_buckets, cap, n, tagged):
         assert torch.equal(find_tt.find_values(storage, probe, None, dim=3)[0], expected)
 
 
+@pytest.mark.parametrize("config", [{"block": 32, "num_warps": 1, "maxnreg": 80},
+                                    {"block": 16, "num_warps": 2, "stream": True}],
+                         ids=["narrow-capped", "cache-hints"])
+def test_find_launches_match_reference(monkeypatch, config):
+    """Launch settings (register cap, the kernel's cache hints) change no result."""
+    monkeypatch.setattr(find_tt, "FIND_CONFIG", config)
+    storage, keys, tags = filled(5, 16, 60, seed=3, tagged=True)
+    gen = torch.Generator().manual_seed(2)
+    probe = torch.cat([keys, random_keys(20, gen).to(DEVICE)])
+    probe_tags = torch.cat([tags, torch.zeros(probe.numel() - tags.numel(), dtype=torch.int32,
+                                              device=DEVICE)])
+    expected = find_ref.find_slots(storage, probe, probe_tags)
+    slots, values = find_tt.find_values(storage, probe, probe_tags, dim=3)
+    assert torch.equal(slots, expected)
+    hit = expected >= 0
+    assert torch.equal(values[hit], storage.values[expected[hit], :3])
+    assert torch.all(values[~hit] == 0)
+
+
 def test_find_empty_and_untagged_probe_misses_tagged_entry():
     storage = TableStorage.empty(2, 8, 2, device=DEVICE)
     keys = torch.tensor([5, INT64_MIN], dtype=torch.int64, device=DEVICE)
