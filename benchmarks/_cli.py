@@ -26,14 +26,11 @@ def parse_with_smoke(p: argparse.ArgumentParser) -> argparse.Namespace:
 
 def launch_config(text: str) -> dict:
     """A find launch written BLOCKxWARPS, optionally rREGS (at most REGS registers a
-    thread), then optionally s (the find kernel's cache hints, STREAM), e.g. ``64x2r80``
-    or ``32x1r80s``, as ``FIND_CONFIG``'s dict."""
-    stream = text.endswith("s")
-    launch, _, regs = text.removesuffix("s").partition("r")
+    thread), e.g. ``64x2r80``, as ``FIND_CONFIG``'s dict."""
+    launch, _, regs = text.partition("r")
     try:
         block, warps = (int(x) for x in launch.split("x"))
-        return {"block": block, "num_warps": warps, "maxnreg": int(regs) if regs else 0,
-                "stream": stream}
+        return {"block": block, "num_warps": warps, "maxnreg": int(regs) if regs else 0}
     except ValueError:
         raise SystemExit(f"launch config {text!r} is not BLOCKxWARPS[rREGS], e.g. 64x2r80"
                          ) from None

@@ -83,10 +83,10 @@ def test_find_matches_reference(num_buckets, cap, n, tagged):
 
 
 @pytest.mark.parametrize("config", [{"block": 32, "num_warps": 1, "maxnreg": 80},
-                                    {"block": 16, "num_warps": 2, "stream": True}],
-                         ids=["narrow-capped", "cache-hints"])
+                                    {"block": 16, "num_warps": 2}],
+                         ids=["narrow-capped", "block16-warps2"])
 def test_find_launches_match_reference(monkeypatch, config):
-    """Launch settings (register cap, the kernel's cache hints) change no result."""
+    """Launch settings (keys a program, warps, register cap) change no result."""
     monkeypatch.setattr(find_tt, "FIND_CONFIG", config)
     storage, keys, tags = filled(5, 16, 60, seed=3, tagged=True)
     gen = torch.Generator().manual_seed(2)

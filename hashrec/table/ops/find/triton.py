@@ -64,18 +64,13 @@ def _drop_through(cand, col, last, WORDS: tl.constexpr):
 
 @triton.jit
 def _candidates(t_digests, bucket, dig, mask, CAP: tl.constexpr, LINE: tl.constexpr,
-                WORDS: tl.constexpr, KEEP: tl.constexpr = False):
-    """Digest matches of each key's bucket: a (BLOCK, LINE) tile and its column index.
-    KEEP: the digest lines are the last the GPU's L2 cache evicts."""
+                WORDS: tl.constexpr):
+    """Digest matches of each key's bucket: a (BLOCK, LINE) tile and its column index."""
     col = tl.arange(0, LINE)
     if WORDS:  # t_digests is the digest array viewed as int32 words
         in_bucket = mask[:, None] & (col[None, :] < CAP // 4)
         ptr = t_digests + bucket[:, None] * (CAP // 4) + col[None, :]
-        if KEEP:
-            words = tl.load(ptr, mask=in_bucket, other=0, eviction_policy="evict_last")
-        else:
-            words = tl.load(ptr, mask=in_bucket, other=0)
-        words = words.to(tl.uint32, bitcast=True)
+        words = tl.load(ptr, mask=in_bucket, other=0).to(tl.uint32, bitcast=True)
         cand = tl.where(in_bucket, match_bytes(words, dig), 0)
     else:
         in_bucket = mask[:, None] & (col[None, :] < CAP)
@@ -97,12 +92,12 @@ def _confirm(t_keys, t_tags, slot, live, key, tag):
 
 @triton.jit
 def _probe_start(key, tag, mask, t_digests, num_buckets, CAP: tl.constexpr, LINE: tl.constexpr,
-                 WORDS: tl.constexpr, POW2: tl.constexpr, KEEP: tl.constexpr = False):
+                 WORDS: tl.constexpr, POW2: tl.constexpr):
     """First half of the probe: (bucket's first slot, candidates, their columns, the lowest
     candidate's column, CAP when none)."""
     h = tagged_hash(key, tag)
     bucket = bucket_of_fast(h, num_buckets, POW2)
-    cand, col = _candidates(t_digests, bucket, digest_of(h), mask, CAP, LINE, WORDS, KEEP)
+    cand, col = _candidates(t_digests, bucket, digest_of(h), mask, CAP, LINE, WORDS)
     return bucket * CAP, cand, col, _first_candidate(cand, col, WORDS, CAP)
 
 
@@ -159,37 +154,29 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
                  out_values, n, num_buckets, HAS_TAGS: tl.constexpr, WITH_VALUES: tl.constexpr,
                  CAP: tl.constexpr, LINE: tl.constexpr, WORDS: tl.constexpr,
                  POW2: tl.constexpr, ROUND: tl.constexpr, ROW_DIM: tl.constexpr,
-                 DIM: tl.constexpr, DIM_P2: tl.constexpr, STREAM: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 DIM: tl.constexpr, DIM_P2: tl.constexpr, BLOCK: tl.constexpr):
     """Slots (and rows) of BLOCK keys. Each row is read once its key is confirmed
     (reading the row at the lowest digest match beside the confirming loads was 10-30%
-    slower on an H200: ``benchmarks/results/find_speculate_gpu.md``). STREAM: rows read
-    and written are the first the L2 cache evicts, digest lines the last."""
+    slower on an H200: ``benchmarks/results/find_speculate_gpu.md``)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     key = tl.load(keys_ptr + offs, mask=mask, other=0)
     tag = load_tags(tags_ptr, offs, mask, HAS_TAGS)
     base, cand, ccol, first = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE,
-                                           WORDS, POW2, STREAM)
+                                           WORDS, POW2)
     slot = _probe_finish(key, tag, t_keys, t_tags, base, cand, ccol, first, CAP, WORDS, ROUND)
     tl.store(out_slots + offs, slot, mask=mask)
     if WITH_VALUES:
         col = tl.arange(0, DIM_P2)
         cmask = col[None, :] < DIM
         found = (slot >= 0)[:, None] & cmask
-        src = t_values + slot[:, None] * ROW_DIM + col[None, :]
-        dst = out_values + offs[:, None] * DIM + col[None, :]
-        if STREAM:
-            row = tl.load(src, mask=found, other=0.0, eviction_policy="evict_first")
-            tl.store(dst, row, mask=mask[:, None] & cmask, eviction_policy="evict_first")
-        else:
-            row = tl.load(src, mask=found, other=0.0)
-            tl.store(dst, row, mask=mask[:, None] & cmask)
+        row = tl.load(t_values + slot[:, None] * ROW_DIM + col[None, :], mask=found, other=0.0)
+        tl.store(out_values + offs[:, None] * DIM + col[None, :], row,
+                 mask=mask[:, None] & cmask)
 
 
-# (keys per program, warps, and optionally "maxnreg": registers a thread at most and
-# "stream": True for the cache hints of ``_find_kernel``'s STREAM) of the find launch;
-# None picks by row width and bucket (``_config``). Benchmarks may set it.
+# (keys per program, warps, and optionally "maxnreg": registers a thread at most) of the
+# find launch; None picks by row width and bucket (``_config``). Benchmarks may set it.
 FIND_CONFIG: dict | None = None
 # Slots or rows of up to 32 columns from buckets of up to 128 slots: 32 keys a program
 # on one warp, at most 80 registers a thread (uncapped, the probe takes 96, at 31%
@@ -256,7 +243,7 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         storage.num_buckets, HAS_TAGS=tags is not None, WITH_VALUES=values is not None,
         CAP=storage.bucket_capacity, LINE=width, WORDS=words,
         POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
-        ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2, STREAM=config.get("stream", False),
+        ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2,
         BLOCK=block, num_warps=config["num_warps"],
         **({"maxnreg": config["maxnreg"]} if config.get("maxnreg") else {}))
 
