@@ -53,6 +53,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--probe-maxnreg", type=int, default=None,
                    help="the upsert's probe: at most this many registers a thread (0: the "
                         "compiler's choice; default: the library's)")
+    p.add_argument("--word-probe", type=int, default=None, choices=[0, 1],
+                   help="1: the probe (find, and the upsert's) finds its two lowest digest "
+                        "matches by word (HASHREC_WORD_PROBE); default: the library's")
     p.add_argument("--tagged", action="store_true",
                    help="probes also compare the tag array (a fused table's storage); by "
                         "default the table is an unfused one (every tag 0, not read)")
@@ -181,11 +184,13 @@ def main() -> None:
     for name, value in (("maxnreg", ARGS.upsert_maxnreg), ("probe_maxnreg", ARGS.probe_maxnreg)):
         if value is not None:
             upsert_tt.UPSERT_BLOCK[name] = value
+    if ARGS.word_probe is not None:
+        find_tt.WORD_PROBE = bool(ARGS.word_probe)
     results = {"env": environment(), "command": command_line(), "slots": ARGS.slots,
                "batch": ARGS.batch, "bucket_capacity": 128,
                "upsert_config": dict(upsert_tt.UPSERT_CONFIG),
                "upsert_block": dict(upsert_tt.UPSERT_BLOCK),
-               "tagged": ARGS.tagged, "rows": []}
+               "tagged": ARGS.tagged, "word_probe": find_tt.WORD_PROBE, "rows": []}
     for lf in ARGS.load_factors:
         index = TableStorage.empty(ARGS.slots // 128, 128, 1, device=DEVICE)
         offered = _fill(index, lf)

@@ -21,6 +21,8 @@
 #                  capped at 128, then 96 (it takes 168 uncapped: 17-19% occupancy)
 #   lanes_table    bench_table_gpu.py with the upsert's lane form on (HASHREC_UPSERT_LANES=1;
 #                  the table_ops step is the default, the block form alone)
+#   word_probe     bench_table_gpu.py with the probe's two lowest digest matches found by
+#                  word (HASHREC_WORD_PROBE=1; the table_ops step is the default)
 #   ab_train       the training run on 1,000,000 generated rows (made when missing, in
 #                  /tmp/hashrec_bench_data): this tree against itself with
 #                  HASHREC_UPSERT_LANES=1 (the upsert's lane form), and with it kept to
@@ -57,6 +59,8 @@ write_env "$out"
   done
   step lanes_table 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-lanes 1 \
       --profile --out "$out/table_gpu_upsert_lanes"
+  step word_probe 300 python3 benchmarks/bench_table_gpu.py --reps 5 --word-probe 1 \
+      --out "$out/table_gpu_word_probe"
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
       --reduce-configs 4096x8x16 2048x4x16 1024x4 --profile --out "$out/embedding_layer_gpu"
   step ab_train 570 python3 benchmarks/ab_train.py \

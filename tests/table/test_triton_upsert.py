@@ -102,6 +102,20 @@ def _check_upsert(base: TableStorage, batch, btags, scores, allow_evict) -> None
 def test_upsert_matches_find_then_reference_insert(monkeypatch, num_buckets, tagged,
                                                    allow_evict, launch):
     _use_launch(monkeypatch, launch)
+    _check_mixed_batch(num_buckets, tagged, allow_evict)
+
+
+@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
+@pytest.mark.parametrize("num_buckets,tagged", [(4, False), (3, True)], ids=["nb4", "nb3-tagged"])
+def test_upsert_with_word_probe_matches_reference(monkeypatch, num_buckets, tagged,
+                                                  allow_evict):
+    """The upsert's probe with its two lowest digest matches found by word (WORD_PROBE)."""
+    monkeypatch.setattr(find_tt, "WORD_PROBE", True)
+    _check_mixed_batch(num_buckets, tagged, allow_evict)
+
+
+def _check_mixed_batch(num_buckets: int, tagged: bool, allow_evict: bool) -> None:
+    """A batch of present keys, new keys and repeats of both."""
     base, keys, tags = filled(num_buckets, 16, 40, seed=5, tagged=tagged)
     gen = torch.Generator().manual_seed(6)
     new = random_keys(50, gen).to(DEVICE)

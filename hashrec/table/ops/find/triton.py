@@ -91,14 +91,51 @@ def _confirm(t_keys, t_tags, slot, live, key, tag):
 
 
 @triton.jit
+def _lowest_byte(word):
+    """Byte (0-3) of the lowest flag (0x80) of each nonzero word."""
+    low = word & (word ^ (word - 1))
+    return ((low >> 15) != 0).to(tl.int32) + ((low >> 23) != 0).to(tl.int32) + (
+        (low >> 31) != 0).to(tl.int32)
+
+
+@triton.jit
+def _word_at(cand, col, w):
+    """Word ``w`` of each row of ``cand`` (0 for a column past the line)."""
+    return tl.max(tl.where(col[None, :] == w[:, None], cand, 0), axis=1)
+
+
+@triton.jit
+def _two_lowest(cand, col, CAP: tl.constexpr, LINE: tl.constexpr):
+    """The two lowest candidate columns of each row (CAP when none) and whether it has more,
+    from reductions over the digest words alone: the lowest nonzero word, the next nonzero
+    one and the flag count; byte positions are found once per row, not per word."""
+    nz = cand != 0
+    w1 = tl.min(tl.where(nz, col[None, :], LINE), axis=1)
+    c1 = _word_at(cand, col, w1)
+    rest = c1 & (c1 - 1)  # the word without its lowest flag
+    w2 = tl.min(tl.where(nz & (col[None, :] > w1[:, None]), col[None, :], LINE), axis=1)
+    c2 = _word_at(cand, col, w2)
+    flags = tl.sum((((cand >> 7) * 0x01010101) >> 24).to(tl.int32), axis=1)
+    first = tl.where(c1 != 0, w1 * 4 + _lowest_byte(c1), CAP)
+    second = tl.where(rest != 0, w1 * 4 + _lowest_byte(rest),
+                      tl.where(c2 != 0, w2 * 4 + _lowest_byte(c2), CAP))
+    return first, second, flags > 2
+
+
+@triton.jit
 def _probe_start(key, tag, mask, t_digests, num_buckets, CAP: tl.constexpr, LINE: tl.constexpr,
-                 WORDS: tl.constexpr, POW2: tl.constexpr):
+                 WORDS: tl.constexpr, POW2: tl.constexpr, BY_WORD: tl.constexpr = False):
     """First half of the probe: (bucket's first slot, candidates, their columns, the lowest
-    candidate's column, CAP when none)."""
+    candidate's column, CAP when none; with BY_WORD over digest words, 0: ``_probe_finish``
+    finds it)."""
     h = tagged_hash(key, tag)
     bucket = bucket_of_fast(h, num_buckets, POW2)
     cand, col = _candidates(t_digests, bucket, digest_of(h), mask, CAP, LINE, WORDS)
-    return bucket * CAP, cand, col, _first_candidate(cand, col, WORDS, CAP)
+    if BY_WORD and WORDS:
+        first = tl.zeros_like(bucket).to(tl.int32)
+    else:
+        first = _first_candidate(cand, col, WORDS, CAP)
+    return bucket * CAP, cand, col, first
 
 
 @triton.jit
@@ -111,20 +148,11 @@ def _confirm_next(key, tag, t_keys, t_tags, base, cand, col, nxt, live, found, C
 
 
 @triton.jit
-def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP: tl.constexpr,
-                  WORDS: tl.constexpr, ROUND: tl.constexpr):
-    """Second half: the slot holding (key, tag) among the candidates, -1 when none does.
-
-    The two lowest candidates are confirmed together; later ones ``ROUND`` per loop
-    round (their loads independent of each other: one round of memory latency)."""
-    cand = _drop_through(cand, col, first, WORDS)
-    second = _first_candidate(cand, col, WORDS, CAP)
-    hit1 = _confirm(t_keys, t_tags, base + first, first < CAP, key, tag)
-    hit2 = _confirm(t_keys, t_tags, base + second, second < CAP, key, tag)
-    found = tl.where(hit1, base + first, tl.where(hit2, base + second, -1))
-    cand = _drop_through(cand, col, second, WORDS)
-    nxt = _first_candidate(cand, col, WORDS, CAP)
-    live = (found < 0) & (nxt < CAP)
+def _confirm_rest(key, tag, t_keys, t_tags, base, cand, col, nxt, live, found,
+                  CAP: tl.constexpr, WORDS: tl.constexpr, ROUND: tl.constexpr):
+    """Confirms the candidates from ``nxt`` on where ``live``, ``ROUND`` per loop round
+    (their loads independent of each other: one round of memory latency)."""
+    live = live & (nxt < CAP)
     while tl.max(live.to(tl.int32), axis=0) > 0:
         for _ in tl.static_range(ROUND):
             found, cand, nxt = _confirm_next(key, tag, t_keys, t_tags, base, cand, col, nxt,
@@ -134,18 +162,50 @@ def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP: tl.cons
 
 
 @triton.jit
+def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP: tl.constexpr,
+                  WORDS: tl.constexpr, ROUND: tl.constexpr, BY_WORD: tl.constexpr = False):
+    """Second half: the slot holding (key, tag) among the candidates, -1 when none does.
+
+    The two lowest candidates are confirmed together; later ones ``ROUND`` per loop
+    round. With BY_WORD (digest words only), the two lowest come from ``_two_lowest``,
+    and the later ones are looked for only in programs where a key still needs them."""
+    if BY_WORD and WORDS:
+        first, second, more = _two_lowest(cand, col, CAP, cand.shape[1])
+    else:
+        cand = _drop_through(cand, col, first, WORDS)
+        second = _first_candidate(cand, col, WORDS, CAP)
+    hit1 = _confirm(t_keys, t_tags, base + first, first < CAP, key, tag)
+    hit2 = _confirm(t_keys, t_tags, base + second, second < CAP, key, tag)
+    found = tl.where(hit1, base + first, tl.where(hit2, base + second, -1))
+    if BY_WORD and WORDS:
+        live = (found < 0) & more
+        if tl.max(live.to(tl.int32), axis=0) > 0:
+            cand = _drop_through(cand, col, second, WORDS)
+            found = _confirm_rest(key, tag, t_keys, t_tags, base, cand, col,
+                                  _first_candidate(cand, col, WORDS, CAP), live, found, CAP,
+                                  WORDS, ROUND)
+    else:
+        cand = _drop_through(cand, col, second, WORDS)
+        found = _confirm_rest(key, tag, t_keys, t_tags, base, cand, col,
+                              _first_candidate(cand, col, WORDS, CAP), found < 0, found, CAP,
+                              WORDS, ROUND)
+    return found
+
+
+@triton.jit
 def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl.constexpr,
                  LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
-                 ROUND: tl.constexpr):
+                 ROUND: tl.constexpr, BY_WORD: tl.constexpr = False):
     """Slot of each (key, tag) in its bucket, -1 when absent: (BLOCK,) int64.
 
     A key is stored at most once, so any full match is the answer; the two lowest
     digest matches are confirmed together, later ones ROUND per loop round
-    (``probe_round``).
+    (``probe_round``). BY_WORD: see ``_probe_finish`` (``WORD_PROBE``).
     """
     base, cand, col, first = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE,
-                                          WORDS, POW2)
-    return _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP, WORDS, ROUND)
+                                          WORDS, POW2, BY_WORD)
+    return _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP, WORDS, ROUND,
+                         BY_WORD)
 
 
 @fast_launch
@@ -154,7 +214,8 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
                  out_values, n, num_buckets, HAS_TAGS: tl.constexpr, WITH_VALUES: tl.constexpr,
                  CAP: tl.constexpr, LINE: tl.constexpr, WORDS: tl.constexpr,
                  POW2: tl.constexpr, ROUND: tl.constexpr, ROW_DIM: tl.constexpr,
-                 DIM: tl.constexpr, DIM_P2: tl.constexpr, BLOCK: tl.constexpr):
+                 DIM: tl.constexpr, DIM_P2: tl.constexpr, BY_WORD: tl.constexpr,
+                 BLOCK: tl.constexpr):
     """Slots (and rows) of BLOCK keys. Each row is read once its key is confirmed
     (reading the row at the lowest digest match beside the confirming loads was 10-30%
     slower on an H200: ``benchmarks/results/find_speculate_gpu.md``)."""
@@ -163,8 +224,9 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
     key = tl.load(keys_ptr + offs, mask=mask, other=0)
     tag = load_tags(tags_ptr, offs, mask, HAS_TAGS)
     base, cand, ccol, first = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE,
-                                           WORDS, POW2)
-    slot = _probe_finish(key, tag, t_keys, t_tags, base, cand, ccol, first, CAP, WORDS, ROUND)
+                                           WORDS, POW2, BY_WORD)
+    slot = _probe_finish(key, tag, t_keys, t_tags, base, cand, ccol, first, CAP, WORDS, ROUND,
+                         BY_WORD)
     tl.store(out_slots + offs, slot, mask=mask)
     if WITH_VALUES:
         col = tl.arange(0, DIM_P2)
@@ -192,6 +254,14 @@ NARROW_FIND = {"block": 32, "num_warps": 1, "maxnreg": 80}
 # full bucket at random: some four in the admission counters' 1,024-slot buckets, each
 # a dependent key load when confirmed one at a time. Off until timed on a GPU.
 WIDE_PROBE_MIN_CAP = max(0, env_int("HASHREC_WIDE_PROBE_MIN_CAP", 0))
+
+
+# The probe's two lowest digest matches from reductions over the digest words (the lowest
+# matching word, the next one and a flag count: ``_two_lowest``) instead of three passes
+# that place every matching digest (HASHREC_WORD_PROBE=1; find and the upsert's probe).
+# Results are the same; about a third of the probe's per-word operations. Off until timed
+# on a GPU.
+WORD_PROBE = env_int("HASHREC_WORD_PROBE", 0) != 0
 
 
 def probe_round(cap: int) -> int:
@@ -243,7 +313,7 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         storage.num_buckets, HAS_TAGS=tags is not None, WITH_VALUES=values is not None,
         CAP=storage.bucket_capacity, LINE=width, WORDS=words,
         POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
-        ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2,
+        ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2, BY_WORD=WORD_PROBE,
         BLOCK=block, num_warps=config["num_warps"],
         **({"maxnreg": config["maxnreg"]} if config.get("maxnreg") else {}))
 

@@ -47,6 +47,7 @@ from hashrec.table._triton_hash import (
     load_tags,
     tagged_hash,
 )
+from hashrec.table.ops.find import triton as find_tt
 from hashrec.table.ops.find.triton import digest_line, probe_block, probe_bucket, probe_round
 from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.runs import insert_run
@@ -102,7 +103,8 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, t_keys, t_tags, t_digests
                        sort_ptr, n, num_buckets, shift, HAS_TAGS: tl.constexpr,
                        HAS_ACTIVE: tl.constexpr, CAP: tl.constexpr,
                        LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
-                       ROUND: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+                       ROUND: tl.constexpr, WIDE: tl.constexpr, BY_WORD: tl.constexpr,
+                       BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     live = mask
@@ -111,7 +113,7 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, t_keys, t_tags, t_digests
     key = tl.load(keys_ptr + offs, mask=mask, other=0)
     tag = load_tags(tags_ptr, offs, mask, HAS_TAGS)
     slot = probe_bucket(key, tag, live, t_keys, t_tags, t_digests, num_buckets, CAP, LINE,
-                        WORDS, POW2, ROUND)
+                        WORDS, POW2, ROUND, BY_WORD)
     slot = tl.where(live, slot, -1)
     tl.store(slots_ptr + offs, slot, mask=mask)
     h = tagged_hash(key, tag)
@@ -252,7 +254,7 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         HAS_TAGS=tags is not None,
         HAS_ACTIVE=active is not None, CAP=storage.bucket_capacity, LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
-        BLOCK=block, num_warps=2, **_maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
+        BY_WORD=find_tt.WORD_PROBE, BLOCK=block, num_warps=2, **_maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
     return sort_key, _WIDE_SENTINEL if wide else _NARROW_SENTINEL
 
 
