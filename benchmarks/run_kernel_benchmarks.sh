@@ -22,7 +22,8 @@
 #   lanes_table    bench_table_gpu.py with the upsert's lane form on (HASHREC_UPSERT_LANES=1;
 #                  the table_ops step is the default, the block form alone)
 #   word_probe     bench_table_gpu.py with the probe's two lowest digest matches found by
-#                  word (HASHREC_WORD_PROBE=1; the table_ops step is the default)
+#                  word (HASHREC_WORD_PROBE=1; the table_ops step is the default), then the
+#                  compiled table-op comparisons (gpu_tests) with it
 #   ab_train       the training run on 1,000,000 generated rows (made when missing, in
 #                  /tmp/hashrec_bench_data): this tree against itself with
 #                  HASHREC_UPSERT_LANES=1 (the upsert's lane form), and with it kept to
@@ -61,6 +62,8 @@ write_env "$out"
       --profile --out "$out/table_gpu_upsert_lanes"
   step word_probe 300 python3 benchmarks/bench_table_gpu.py --reps 5 --word-probe 1 \
       --out "$out/table_gpu_word_probe"
+  step word_probe 300 env HASHREC_WORD_PROBE=1 python3 -m pytest -m gpu -q -p no:cacheprovider \
+      tests/table/test_triton_table_ops.py tests/table/test_triton_upsert.py
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
       --reduce-configs 4096x8x16 2048x4x16 1024x4 --profile --out "$out/embedding_layer_gpu"
   step ab_train 570 python3 benchmarks/ab_train.py \
