@@ -100,8 +100,9 @@ def _lowest_byte(word):
 
 @triton.jit
 def _word_at(cand, col, w):
-    """Word ``w`` of each row of ``cand`` (0 for a column past the line)."""
-    return tl.max(tl.where(col[None, :] == w[:, None], cand, 0), axis=1)
+    """Word ``w`` of each row of ``cand`` (0 for a column past the line): a sum over one
+    nonzero term, which no signedness of the words can change."""
+    return tl.sum(tl.where(col[None, :] == w[:, None], cand, 0), axis=1)
 
 
 @triton.jit
