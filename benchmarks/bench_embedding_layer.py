@@ -45,8 +45,10 @@ def _args() -> argparse.Namespace:
     p.add_argument("--out", default=None)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--reduce-configs", nargs="*", default=[],
-                   help="extra backward tiles to time: ELEMENTSxWARPS of stage 1, optionally "
-                        "xHEADS of stage 2, e.g. 4096x4 or 2048x4x64")
+                   help="extra backward tiles to time: ELEMENTSxWARPS of stage 1 (or rROWSxWARPS: "
+                        "ROWS sorted positions a program), optionally xHEADS of stage 2, e.g. "
+                        "4096x4, 2048x4x64 or r8x1; the kernels' backward and the layer's SGD "
+                        "backward are timed with each")
     p.add_argument("--profile", action="store_true",
                    help="also profile the layer's SGD steps (torch.profiler) and write the "
                         "kernels by device time to OUT_profile.txt")
@@ -144,9 +146,7 @@ def _fused(spec, batches, grads) -> dict:
     unique = sum(s[1].unique.numel() for s in states) / len(states)
     sweep, default = {}, dict(fused_tt.REDUCE_CONFIG)
     for cfg in ARGS.reduce_configs:
-        elements, warps, *heads = (int(x) for x in cfg.split("x"))
-        fused_tt.REDUCE_CONFIG.update(elements=elements, num_warps=warps,
-                                      heads=heads[0] if heads else default["heads"])
+        _use_reduce_config(cfg, default)
         t = time_device_ms(lambda s: model.backward(grads, s[1], s[2]), len(batches) - 2,
                            setup=lambda i: states[i % len(states)])
         sweep[cfg] = {"device_ms": t["device_ms"], "call_ms": t["call_ms"]}
@@ -156,6 +156,21 @@ def _fused(spec, batches, grads) -> dict:
             "unique_ids": unique,
             "backward_sweep_ms": sweep,
             "forward_parts_ms": _forward_parts(model, batches)}
+
+
+def _default_tiles() -> str:
+    c = fused_tt.REDUCE_CONFIG
+    first = f"r{c['rows']}" if c.get("rows") else str(c["elements"])
+    return f"{first}x{c['num_warps']}x{c['heads']}"
+
+
+def _use_reduce_config(cfg: str, default: dict) -> None:
+    """Sets ``REDUCE_CONFIG`` from ELEMENTSxWARPS[xHEADS] or rROWSxWARPS[xHEADS]."""
+    first, warps, *heads = cfg.split("x")
+    rows = int(first[1:]) if first.startswith("r") else 0
+    fused_tt.REDUCE_CONFIG.update(elements=default["elements"] if rows else int(first),
+                                  rows=rows, num_warps=int(warps),
+                                  heads=int(heads[0]) if heads else default["heads"])
 
 
 def _forward_parts(model: FusedStep, batches) -> dict:
@@ -216,13 +231,19 @@ def _collection(optimizer, batches, grads) -> dict:
     k = len(inputs)
     fwd = time_device_ms(forward, k - 2, setup=lambda i: inputs[i % k])
     bwd = time_device_ms(backward, k - 2, setup=lambda i: forward(inputs[i % k]))
+    sweep, default = {}, dict(fused_tt.REDUCE_CONFIG)
+    for cfg in ARGS.reduce_configs if isinstance(optimizer, SparseSGD) else []:
+        _use_reduce_config(cfg, default)
+        t = time_device_ms(backward, k - 2, setup=lambda i: forward(inputs[i % k]))
+        sweep[cfg] = {"device_ms": t["device_ms"], "call_ms": t["call_ms"]}
+    fused_tt.REDUCE_CONFIG.update(default)
     if ARGS.profile and isinstance(optimizer, SparseSGD):
         _profile(lambda i: backward(forward(inputs[i % k])), k)
     if ARGS.host_profile and isinstance(optimizer, SparseSGD):
         _host_profile(forward, inputs)
-    return {f"{part}_{what}": t[f"{what}_ms"] if what != "ms" else t["device_ms"]
-            for part, t in (("forward", fwd), ("backward", bwd))
-            for what in ("ms", "call", "issue")}
+    return {**{f"{part}_{what}": t[f"{what}_ms"] if what != "ms" else t["device_ms"]
+               for part, t in (("forward", fwd), ("backward", bwd))
+               for what in ("ms", "call", "issue")}, "backward_sweep_ms": sweep}
 
 
 def _profile(step, steps: int) -> None:
@@ -350,7 +371,8 @@ def main() -> None:
                "ids_per_step": n, "mean_unique_ids": u,
                "forward_parts_ms": sgd["forward_parts_ms"],
                "backward_sweep_ms": {"sgd": sgd["backward_sweep_ms"],
-                                     "adam": adam["backward_sweep_ms"]},
+                                     "adam": adam["backward_sweep_ms"],
+                                     "layer_sgd": layer_sgd["backward_sweep_ms"]},
                "copy_bandwidth_Bps": bw, "rows": rows,
                "notes": "HashRec kernels: hashrec.embedding.ops.fused kernels over one "
                         f"fused TableStorage ({ARGS.tables} tables as tags), driven "
@@ -376,6 +398,17 @@ def _write(results: dict) -> None:
                      f"({r['embedding_bag_call_ms']:.3f}) | {r['bandwidth_floor_ms']:.3f} | "
                      f"{r['fraction_of_copy_bw']:.2f} / "
                      f"{r['layer_fraction_of_copy_bw']:.2f} |")
+    sweep = results["backward_sweep_ms"]
+    if ARGS.reduce_configs:
+        base = {r["phase"]: r for r in results["rows"]}
+        lines += ["", "Backward at other stage-1 tiles (device ms; the default in the first row):",
+                  "", "| tiles | kernels, SGD | kernels, Adam | layer, SGD |", "| --- | --- | --- | --- |",
+                  f"| default {_default_tiles()} | {base['backward_sgd']['hashrec_ms']:.3f} | "
+                  f"{base['backward_adam']['hashrec_ms']:.3f} | "
+                  f"{base['backward_sgd']['layer_ms']:.3f} |"]
+        for cfg in ARGS.reduce_configs:
+            lines.append(f"| {cfg} | " + " | ".join(
+                f"{sweep[k][cfg]['device_ms']:.3f}" for k in ("sgd", "adam", "layer_sgd")) + " |")
     table = "\n".join(lines)
     print(json.dumps(results), flush=True)
     print(table)

@@ -65,7 +65,7 @@ write_env "$out"
   step word_probe 300 env HASHREC_WORD_PROBE=1 python3 -m pytest -m gpu -q -p no:cacheprovider \
       tests/table/test_triton_table_ops.py tests/table/test_triton_upsert.py
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
-      --reduce-configs 4096x8x16 2048x4x16 1024x4 --profile --out "$out/embedding_layer_gpu"
+      --reduce-configs 4096x8x16 1024x4 r8x1 r8x2 r16x1 r16x2 --profile --out "$out/embedding_layer_gpu"
   step ab_train 570 python3 benchmarks/ab_train.py \
       --trees ".,.+HASHREC_UPSERT_LANES=1,.+HASHREC_UPSERT_LANES=1+HASHREC_UPSERT_LANES_MIN=131072" \
       --configs dynamicemb --nproc 1 --rounds "${ROUNDS:-2}" --data_dir "$data" \

@@ -103,8 +103,9 @@ SPECS = [SparseSGD(lr=0.1), SparseAdagrad(lr=0.1), SparseRowWiseAdagrad(lr=0.1),
 
 @pytest.mark.parametrize("spec", SPECS, ids=["sgd", "adagrad", "rowwise", "adam"])
 @pytest.mark.parametrize("mean", [False, True], ids=["sum", "mean"])
-@pytest.mark.parametrize("dim", [6, 64], ids=["d6", "d64"])
-def test_reduce_and_apply_matches_reference_update(spec, mean, dim):
+@pytest.mark.parametrize("dim,rows", [(6, 0), (64, 0), (64, 2)], ids=["d6", "d64", "d64-rows2"])
+def test_reduce_and_apply_matches_reference_update(monkeypatch, spec, mean, dim, rows):
+    monkeypatch.setitem(fused_tt.REDUCE_CONFIG, "rows", rows)
     num_rows = 8
     inverse, offsets, weights, gen = _bags(11, 3, num_rows, seed=7)
     table = torch.rand(30, dim + spec.state_dim(dim), generator=gen).to(DEVICE)
@@ -131,8 +132,12 @@ def _hot_ids(n: int, num_rows: int, seed: int) -> torch.Tensor:
     return torch.where(u < 0.6, 1, torch.where(u < 0.8, 4, ids))
 
 
+@pytest.mark.parametrize("rows", [0, 8], ids=["rows-default", "rows8"])
 @pytest.mark.parametrize("spec", [None, SparseAdam(lr=0.01)], ids=["sum", "adam"])
-def test_reduce_spreads_hot_ids_over_chunks(spec):
+def test_reduce_spreads_hot_ids_over_chunks(monkeypatch, spec, rows):
+    """A hot id's positions span many chunks (of the default size, or of 8 positions)."""
+    monkeypatch.setitem(fused_tt.REDUCE_CONFIG, "rows", rows)
+    assert fused_tt._chunk_rows(128) == (rows or 16)
     n, num_rows, dim = (300, 7, 5) if DEVICE.type == "cpu" else (300_000, 50_000, 128)
     inverse = _hot_ids(n, num_rows, seed=11).to(DEVICE)
     offsets = torch.arange(n + 1, device=DEVICE)
@@ -166,10 +171,12 @@ def test_reduce_is_bitwise_repeatable():
     assert torch.equal(first, again)
 
 
-def test_grouped_reduce_sums_each_group_as_alone():
+@pytest.mark.parametrize("rows", [0, 8], ids=["rows-default", "rows8"])
+def test_grouped_reduce_sums_each_group_as_alone(monkeypatch, rows):
     """A join reduces its members' positions together; with the members' row bounds
     every member's rows come out bit-equal to a reduction of that member alone, while
     chunks laid from the first position on group a hot row's terms differently."""
+    monkeypatch.setitem(fused_tt.REDUCE_CONFIG, "rows", rows)
     small = DEVICE.type == "cpu"
     members = [(150, 5), (0, 3), (0, 0), (230, 7)] if small else \
         [(40_003, 300), (0, 3), (0, 0), (70_001, 1000)]

@@ -326,15 +326,16 @@ def _sorted_rows(row_start: torch.Tensor, n: int) -> torch.Tensor:
                                    row_start[1:] - row_start[:-1], output_size=n)
 
 
-# Stage-1 tile: about ``elements`` (sorted positions x columns) per program, on
-# ``num_warps`` warps; stage 2 sums a long segment's head partials ``heads`` at a time.
-# Benchmarks may override it.
-REDUCE_CONFIG = {"elements": 2048, "num_warps": 4, "heads": 64}  # fastest on the H200 (dim 128)
+# Stage-1 tile: about ``elements`` (sorted positions x columns) per program, at least 16
+# positions, or ``rows`` positions when set (a power of two), on ``num_warps`` warps;
+# stage 2 sums a long segment's head partials ``heads`` at a time. Benchmarks may override
+# it. The default was the fastest of a sweep on the H200 (dim 128).
+REDUCE_CONFIG = {"elements": 2048, "num_warps": 4, "heads": 64, "rows": 0}
 
 
 def _chunk_rows(dim_p2: int) -> int:
     """Sorted positions per stage-1 program."""
-    return max(16, min(128, REDUCE_CONFIG["elements"] // dim_p2))
+    return REDUCE_CONFIG.get("rows") or max(16, min(128, REDUCE_CONFIG["elements"] // dim_p2))
 
 
 def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tensor | None,
