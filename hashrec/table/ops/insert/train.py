@@ -236,20 +236,26 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
     emb = col[None, :] < DIM
     row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :], mask=stored[:, None] & emb,
                   other=0.0).to(tl.float32)
+    # Initial values only in programs that have such keys: once a table is warm nearly
+    # every key is stored, and a random initializer costs tens of operations a value.
     if WRITES:
-        new = _initial(NEW_MODE, new_given, i, col, placed, key, tag, new_a, new_b, new_seed,
-                       DIM, BLOCK, ROW_P2).to(values.dtype.element_ty)
-        tl.store(values + slot[:, None] * ROW_DIM + col[None, :], new,
-                 mask=placed[:, None] & emb)
-        if HAS_STATE:
-            state = tl.load(state_ptr + col - DIM, mask=(col >= DIM) & (col < ROW_DIM), other=0)
-            tl.store(values + slot[:, None] * ROW_DIM + col[None, :],
-                     tl.zeros([BLOCK, ROW_P2], dtype=values.dtype.element_ty) + state[None, :],
-                     mask=placed[:, None] & (col[None, :] >= DIM) & (col[None, :] < ROW_DIM))
-        row = tl.where(placed[:, None], new.to(tl.float32), row)
-    miss = _initial(MISS_MODE, miss_given, i, col, missing, key, tag, miss_a, miss_b, miss_seed,
-                    DIM, BLOCK, ROW_P2)
-    row = tl.where(missing[:, None], miss, row)
+        if tl.max(placed.to(tl.int32), axis=0) > 0:
+            new = _initial(NEW_MODE, new_given, i, col, placed, key, tag, new_a, new_b,
+                           new_seed, DIM, BLOCK, ROW_P2).to(values.dtype.element_ty)
+            tl.store(values + slot[:, None] * ROW_DIM + col[None, :], new,
+                     mask=placed[:, None] & emb)
+            if HAS_STATE:
+                state = tl.load(state_ptr + col - DIM, mask=(col >= DIM) & (col < ROW_DIM),
+                                other=0)
+                tl.store(values + slot[:, None] * ROW_DIM + col[None, :],
+                         tl.zeros([BLOCK, ROW_P2], dtype=values.dtype.element_ty)
+                         + state[None, :],
+                         mask=placed[:, None] & (col[None, :] >= DIM) & (col[None, :] < ROW_DIM))
+            row = tl.where(placed[:, None], new.to(tl.float32), row)
+    if tl.max(missing.to(tl.int32), axis=0) > 0:
+        miss = _initial(MISS_MODE, miss_given, i, col, missing, key, tag, miss_a, miss_b,
+                        miss_seed, DIM, BLOCK, ROW_P2)
+        row = tl.where(missing[:, None], miss, row)
     written = mask
     if OUT_AT:  # the rows to write and where, read when the kernel runs (a captured launch)
         # 16-byte aligned, as every tensor the allocator hands out: stores vectorize
