@@ -25,9 +25,11 @@
 #                  word (HASHREC_WORD_PROBE=1; the table_ops step is the default), then the
 #                  compiled table-op comparisons (gpu_tests) with it
 #   ab_train       the training run on 1,000,000 generated rows (made when missing, in
-#                  /tmp/hashrec_bench_data): this tree against itself with
-#                  HASHREC_UPSERT_LANES=1 (the upsert's lane form), and with it kept to
-#                  calls of 131,072 keys or more, ROUNDS (default 2) interleaved rounds
+#                  /tmp/hashrec_bench_data), ROUNDS (default 2) interleaved rounds of the
+#                  trees AB_TREES (ab_train.py --trees; make an older tree with
+#                  benchmarks/ab_tree.sh REV and carry .ab), into OUT/AB_NAME; by default
+#                  this tree against itself with HASHREC_UPSERT_LANES=1 (the upsert's lane
+#                  form), and with it kept to calls of 131,072 keys or more
 #   lanes_profile  the dynamicemb training step's kernels with the lane form on, then off
 #                  (where the training run loses time with it on; needs ab_train's data)
 set -u
@@ -66,10 +68,10 @@ write_env "$out"
       tests/table/test_triton_table_ops.py tests/table/test_triton_upsert.py
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
       --reduce-configs 4096x8x16 1024x4 r8x1 r8x2 r16x1 r16x2 --profile --out "$out/embedding_layer_gpu"
-  step ab_train 570 python3 benchmarks/ab_train.py \
-      --trees ".,.+HASHREC_UPSERT_LANES=1,.+HASHREC_UPSERT_LANES=1+HASHREC_UPSERT_LANES_MIN=131072" \
+  lanes=".,.+HASHREC_UPSERT_LANES=1,.+HASHREC_UPSERT_LANES=1+HASHREC_UPSERT_LANES_MIN=131072"
+  step ab_train 570 python3 benchmarks/ab_train.py --trees "${AB_TREES:-$lanes}" \
       --configs dynamicemb --nproc 1 --rounds "${ROUNDS:-2}" --data_dir "$data" \
-      --num_steps 700 --warmup_steps 400 --out "$out/ab_gpu_x1_upsert_lanes"
+      --num_steps 700 --warmup_steps 400 --out "$out/${AB_NAME:-ab_gpu_x1_upsert_lanes}"
   for lanes in 1 0; do  # after ab_train, which makes the data
     step lanes_profile 150 env HASHREC_UPSERT_LANES=$lanes python3 benchmarks/profile_train_step.py \
         --data "$data" --config dynamicemb --warmup 300 --steps 10 \
