@@ -68,8 +68,8 @@ write_env "$out"
       tests/table/test_triton_table_ops.py tests/table/test_triton_upsert.py
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
       --reduce-configs 4096x8x16 1024x4 r8x1 r8x2 r16x1 r16x2 --profile --out "$out/embedding_layer_gpu"
-  lanes=".,.+HASHREC_UPSERT_LANES=1,.+HASHREC_UPSERT_LANES=1+HASHREC_UPSERT_LANES_MIN=131072"
-  step ab_train 570 python3 benchmarks/ab_train.py --trees "${AB_TREES:-$lanes}" \
+  lane_trees=".,.+HASHREC_UPSERT_LANES=1,.+HASHREC_UPSERT_LANES=1+HASHREC_UPSERT_LANES_MIN=131072"
+  step ab_train 570 python3 benchmarks/ab_train.py --trees "${AB_TREES:-$lane_trees}" \
       --configs dynamicemb --nproc 1 --rounds "${ROUNDS:-2}" --data_dir "$data" \
       --num_steps 700 --warmup_steps 400 --out "$out/${AB_NAME:-ab_gpu_x1_upsert_lanes}"
   for lanes in 1 0; do  # after ab_train, which makes the data
