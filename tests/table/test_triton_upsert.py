@@ -202,6 +202,28 @@ def test_read_or_init_rows_reads_stored_and_initializes_new_rows():
     assert bool((base.values[new_slots, 3:] == 0.25).all())
 
 
+def test_read_or_init_rows_of_programs_without_new_keys():
+    """A program (64 rows here) whose keys are all stored reads them and initializes
+    nothing; the next one, with new keys, initializes those."""
+    base, keys, _ = filled(8, 16, 100, seed=33, row_dim=5)
+    keys = keys[find_ref.find_slots(base, keys) >= 0]  # the stored ones
+    assert keys.numel() >= 66
+    gen = torch.Generator().manual_seed(34)
+    new = random_keys(40, gen).to(DEVICE)
+    new = new[find_ref.find_slots(base, new) < 0][:5]
+    batch = torch.cat([keys[:64], new, keys[64:66]])
+    res = upsert_tt.upsert_slots(base, batch, None, torch.ones_like(batch), False)
+    before = base.values.clone()
+    got = rows_tt.read_or_init_rows(base.values, batch, None, res.slots, res.created,
+                                    res.inserted, dim=4, lower=0.0, upper=1.0, seed=3)
+    fresh = res.created | (res.slots < 0)
+    assert not bool(fresh[:64].any()) and bool(fresh[64:69].all())
+    stored = ~fresh
+    assert torch.equal(got[stored], before[res.slots[stored], :4])
+    init = rows_tt.init_uniforms(batch, None, 4, seed=3)
+    torch.testing.assert_close(got[fresh], init[fresh])
+
+
 def test_write_rows_without_mask_writes_every_placed_slot():
     values = torch.zeros(6, 2, device=DEVICE)
     slots = torch.tensor([5, -1, 0], device=DEVICE)

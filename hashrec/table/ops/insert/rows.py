@@ -112,16 +112,17 @@ def _read_or_init_kernel(keys_ptr, tags_ptr, slots_ptr, created_ptr, inserted_pt
     write = fresh & (slot >= 0) & (tl.load(inserted_ptr + i, mask=mask, other=0) != 0)
     col = tl.arange(0, ROW_P2)
     emb = col[None, :] < DIM
-    stored = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
-                     mask=(mask & ~fresh & (slot >= 0))[:, None] & emb, other=0.0)
-    key = tl.load(keys_ptr + i, mask=fresh, other=0)
-    tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
-    u = _hashed_uniform(key, tag, col, seed_mix.to(tl.int64).to(tl.uint64, bitcast=True))
-    init = tl.where(emb, u * (upper - lower) + lower, state).to(values.dtype.element_ty)
-    row = tl.where(fresh[:, None], init, stored)
+    row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
+                  mask=(mask & ~fresh & (slot >= 0))[:, None] & emb, other=0.0)
+    if tl.max(fresh.to(tl.int32), axis=0) > 0:  # initial values only where a key needs them
+        key = tl.load(keys_ptr + i, mask=fresh, other=0)
+        tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
+        u = _hashed_uniform(key, tag, col, seed_mix.to(tl.int64).to(tl.uint64, bitcast=True))
+        init = tl.where(emb, u * (upper - lower) + lower, state).to(values.dtype.element_ty)
+        row = tl.where(fresh[:, None], init, row)
+        tl.store(values + slot[:, None] * ROW_DIM + col[None, :], init,
+                 mask=write[:, None] & (col[None, :] < ROW_DIM))
     tl.store(out + i[:, None] * DIM + col[None, :], row.to(tl.float32), mask=mask[:, None] & emb)
-    tl.store(values + slot[:, None] * ROW_DIM + col[None, :], init,
-             mask=write[:, None] & (col[None, :] < ROW_DIM))
 
 
 def read_or_init_rows(values: torch.Tensor, keys: torch.Tensor, tags: torch.Tensor | None,
