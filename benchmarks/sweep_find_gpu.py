@@ -60,6 +60,7 @@ from _timing import command_line, environment, time_ms, write_results  # noqa: E
 
 from hashrec.table.ops.find import reference  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
+from hashrec.table.ops.launch import maxnreg  # noqa: E402
 from hashrec.table.storage import TableStorage  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -77,7 +78,7 @@ def _bytes_config(storage: TableStorage, keys: torch.Tensor, values: torch.Tenso
         LINE=CAP, ROUND=1,
         WORDS=False, POW2=True, ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2, BY_WORD=False,
         BLOCK=block,
-        num_warps=warps, **({"maxnreg": regs} if regs else {}))
+        num_warps=warps, **maxnreg(regs))
 
 
 def _variants() -> dict:

@@ -45,6 +45,11 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
+def maxnreg(regs: int) -> dict:
+    """Launch options capping a kernel's registers a thread at ``regs`` (none for 0)."""
+    return {"maxnreg": regs} if regs else {}
+
+
 def env_int(name: str, default: int) -> int:
     """An integer kernel setting from the environment variable ``name``."""
     raw = os.environ.get(name, str(default))

@@ -335,7 +335,7 @@ REDUCE_CONFIG = {"elements": 2048, "num_warps": 4, "heads": 64, "rows": 0}
 
 def _chunk_rows(dim_p2: int) -> int:
     """Sorted positions per stage-1 program."""
-    return REDUCE_CONFIG.get("rows") or max(16, min(128, REDUCE_CONFIG["elements"] // dim_p2))
+    return REDUCE_CONFIG["rows"] or max(16, min(128, REDUCE_CONFIG["elements"] // dim_p2))
 
 
 def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tensor | None,

@@ -27,7 +27,7 @@ from hashrec.table._triton_hash import (
     load_tags,
     tagged_hash,
 )
-from hashrec.table.ops.launch import cdiv, env_int, fast_launch, next_pow2
+from hashrec.table.ops.launch import cdiv, env_int, fast_launch, maxnreg, next_pow2
 from hashrec.table.storage import TableStorage
 
 
@@ -125,18 +125,12 @@ def _two_lowest(cand, col, CAP: tl.constexpr, LINE: tl.constexpr):
 
 @triton.jit
 def _probe_start(key, tag, mask, t_digests, num_buckets, CAP: tl.constexpr, LINE: tl.constexpr,
-                 WORDS: tl.constexpr, POW2: tl.constexpr, BY_WORD: tl.constexpr = False):
-    """First half of the probe: (bucket's first slot, candidates, their columns, the lowest
-    candidate's column, CAP when none; with BY_WORD over digest words, 0: ``_probe_finish``
-    finds it)."""
+                 WORDS: tl.constexpr, POW2: tl.constexpr):
+    """First half of the probe: (bucket's first slot, candidates, their columns)."""
     h = tagged_hash(key, tag)
     bucket = bucket_of_fast(h, num_buckets, POW2)
     cand, col = _candidates(t_digests, bucket, digest_of(h), mask, CAP, LINE, WORDS)
-    if BY_WORD and WORDS:
-        first = tl.zeros_like(bucket).to(tl.int32)
-    else:
-        first = _first_candidate(cand, col, WORDS, CAP)
-    return bucket * CAP, cand, col, first
+    return bucket * CAP, cand, col
 
 
 @triton.jit
@@ -163,7 +157,7 @@ def _confirm_rest(key, tag, t_keys, t_tags, base, cand, col, nxt, live, found,
 
 
 @triton.jit
-def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP: tl.constexpr,
+def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, CAP: tl.constexpr,
                   WORDS: tl.constexpr, ROUND: tl.constexpr, BY_WORD: tl.constexpr = False):
     """Second half: the slot holding (key, tag) among the candidates, -1 when none does.
 
@@ -173,6 +167,7 @@ def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP: tl.cons
     if BY_WORD and WORDS:
         first, second, more = _two_lowest(cand, col, CAP, cand.shape[1])
     else:
+        first = _first_candidate(cand, col, WORDS, CAP)
         cand = _drop_through(cand, col, first, WORDS)
         second = _first_candidate(cand, col, WORDS, CAP)
     hit1 = _confirm(t_keys, t_tags, base + first, first < CAP, key, tag)
@@ -203,10 +198,9 @@ def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl
     digest matches are confirmed together, later ones ROUND per loop round
     (``probe_round``). BY_WORD: see ``_probe_finish`` (``WORD_PROBE``).
     """
-    base, cand, col, first = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE,
-                                          WORDS, POW2, BY_WORD)
-    return _probe_finish(key, tag, t_keys, t_tags, base, cand, col, first, CAP, WORDS, ROUND,
-                         BY_WORD)
+    base, cand, col = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE, WORDS,
+                                   POW2)
+    return _probe_finish(key, tag, t_keys, t_tags, base, cand, col, CAP, WORDS, ROUND, BY_WORD)
 
 
 @fast_launch
@@ -224,10 +218,8 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
     mask = offs < n
     key = tl.load(keys_ptr + offs, mask=mask, other=0)
     tag = load_tags(tags_ptr, offs, mask, HAS_TAGS)
-    base, cand, ccol, first = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE,
-                                           WORDS, POW2, BY_WORD)
-    slot = _probe_finish(key, tag, t_keys, t_tags, base, cand, ccol, first, CAP, WORDS, ROUND,
-                         BY_WORD)
+    slot = probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP, LINE,
+                        WORDS, POW2, ROUND, BY_WORD)
     tl.store(out_slots + offs, slot, mask=mask)
     if WITH_VALUES:
         col = tl.arange(0, DIM_P2)
@@ -318,7 +310,7 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
         ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2, BY_WORD=WORD_PROBE,
         BLOCK=block, num_warps=config["num_warps"],
-        **({"maxnreg": config["maxnreg"]} if config.get("maxnreg") else {}))
+        **maxnreg(config.get("maxnreg", 0)))
 
 
 def _launch(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,

@@ -57,7 +57,7 @@ from hashrec.table.ops.insert.upsert_block import (
     upsert_block_kernel,
 )
 from hashrec.table.ops.insert.upsert_lanes import LANE_PLACED, upsert_lanes_kernel
-from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
+from hashrec.table.ops.launch import cdiv, fast_launch, maxnreg, next_pow2
 from hashrec.table.storage import TableStorage
 
 __all__ = ["UpsertResult", "upsert_slots", "write_rows"]
@@ -254,13 +254,8 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         HAS_TAGS=tags is not None,
         HAS_ACTIVE=active is not None, CAP=storage.bucket_capacity, LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
-        BY_WORD=find_tt.WORD_PROBE, BLOCK=block, num_warps=2, **_maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
+        BY_WORD=find_tt.WORD_PROBE, BLOCK=block, num_warps=2, **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
     return sort_key, _WIDE_SENTINEL if wide else _NARROW_SENTINEL
-
-
-def _maxnreg(regs: int) -> dict:
-    """Launch options capping a kernel's registers a thread (none for 0)."""
-    return {"maxnreg": regs} if regs else {}
 
 
 def _empty(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -290,7 +285,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
     b = block_positions(block["block"], block["elements"], cap)
     programs, state, blocks = cdiv(n, b), None, None
     line, width, words = digest_line(storage)
-    if block["lanes"] and words and n >= block.get("lanes_min", 0):
+    if block["lanes"] and words and n >= block["lanes_min"]:
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
         blocks = _empty(programs, torch.int8, storage.device)
@@ -303,7 +298,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
         *args, state if state is not None else s_digests,
         blocks if blocks is not None else s_digests, ALLOW_EVICT=evict, CAP=cap,
         CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
-        LANES=state is not None, num_warps=block["num_warps"], **_maxnreg(block["maxnreg"]))
+        LANES=state is not None, num_warps=block["num_warps"], **maxnreg(block["maxnreg"]))
     return state
 
 
