@@ -26,11 +26,13 @@ def parse_with_smoke(p: argparse.ArgumentParser) -> argparse.Namespace:
 
 def launch_config(text: str) -> dict:
     """A find launch written BLOCKxWARPS, optionally rREGS (at most REGS registers a
-    thread), e.g. ``64x2r80``, as ``FIND_CONFIG``'s dict."""
-    launch, _, regs = text.partition("r")
+    thread), then optionally w (the probe by word, ``WORD_PROBE``), e.g. ``64x2r80w``, as
+    ``FIND_CONFIG``'s dict."""
+    launch, _, regs = text.removesuffix("w").partition("r")
     try:
         block, warps = (int(x) for x in launch.split("x"))
-        return {"block": block, "num_warps": warps, "maxnreg": int(regs) if regs else 0}
+        return {"block": block, "num_warps": warps, "maxnreg": int(regs) if regs else 0,
+                "by_word": text.endswith("w")}
     except ValueError:
-        raise SystemExit(f"launch config {text!r} is not BLOCKxWARPS[rREGS], e.g. 64x2r80"
-                         ) from None
+        raise SystemExit(f"launch config {text!r} is not BLOCKxWARPS[rREGS][w], e.g. "
+                         "64x2r80w") from None

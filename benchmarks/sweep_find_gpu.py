@@ -9,11 +9,11 @@ insert kernel), then for each load factor and dim every variant runs
   two candidates per round) at each BLOCKxWARPS config;
 * ``bytes``: the same probe on the digest bytes (the fallback for bucket
   capacities that are not a multiple of 4);
-* ``kernel``: ``words`` at the default config, timed as back-to-back
-  launches into preallocated outputs (GPU throughput without per-call host work).
+* ``kernel``: ``words`` at the default config (the last row).
 
-Each timing is the median of ``--reps`` single calls between syncs (as in
-bench_table_gpu.py), in B-KV/s (1e9 keys per second).
+Each variant is timed as 20 launches issued back to back (the device's throughput,
+as bench_table_gpu.py's main figure), ``find_values`` end to end as the median of
+``--reps`` single calls between syncs; in B-KV/s (1e9 keys per second).
 
     python benchmarks/sweep_find_gpu.py --out benchmarks/results/find_sweep_gpu
     python benchmarks/sweep_find_gpu.py --smoke   # tiny, CPU, TRITON_INTERPRET
@@ -38,7 +38,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--configs", nargs="+",
                    default=["32x2", "32x4", "64x2", "64x4", "64x8", "128x4", "128x8", "256x8"],
                    help="launches BLOCKxWARPS, optionally rREGS: at most REGS registers a "
-                        "thread (Triton's maxnreg), e.g. 64x2r64")
+                        "thread (Triton's maxnreg), then w: the probe by word, e.g. 64x2r64w")
     p.add_argument("--kinds", nargs="+", default=["words", "bytes"],
                    choices=["words", "bytes"], help="probe variants to time")
     p.add_argument("--reps", type=int, default=10)
@@ -136,8 +136,8 @@ def sweep_dim(index: TableStorage, stored: torch.Tensor, dim: int) -> dict:
                 and bool((values[~hit] == 0).all())):
             row["bkvs"][name] = "MISMATCH"
             continue
-        row["bkvs"][name] = n / time_ms(lambda f=fn: f(storage, probe, values, slots),
-                                        ARGS.reps) / 1e6
+        row["bkvs"][name] = n / _back_to_back_ms(
+            lambda f=fn: f(storage, probe, values, slots)) / 1e6
     got, vals = find_tt.find_values(storage, probe, None, dim)
     ok = torch.equal(got, expected) and torch.equal(vals[expected >= 0],
                                                     storage.values[expected[expected >= 0]])

@@ -104,6 +104,27 @@ def test_find_launches_match_reference(monkeypatch, config, by_word):
     assert torch.all(values[~hit] == 0)
 
 
+@pytest.mark.parametrize("forced,dim,expected", [
+    (None, 3, True), (None, 128, False), (False, 3, False), (True, 128, True)],
+    ids=["narrow", "wide", "narrow-forced-off", "wide-forced-on"])
+def test_find_launch_picks_the_probe_form(monkeypatch, forced, dim, expected):
+    """Narrow rows probe by word and wide ones by position, unless WORD_PROBE (the
+    environment's HASHREC_WORD_PROBE) sets one form for every launch."""
+    monkeypatch.setattr(find_tt, "WORD_PROBE", forced)
+    seen = {}
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.update(kwargs)
+
+    monkeypatch.setattr(find_tt, "_find_kernel", Kernel())
+    storage = TableStorage.empty(4, 16, dim, device=DEVICE)
+    keys = torch.arange(5, device=DEVICE)
+    find_tt.launch_find(storage, keys, None, torch.empty_like(keys),
+                        torch.empty(5, dim, device=DEVICE))
+    assert seen["BY_WORD"] is expected
+
+
 def test_find_empty_and_untagged_probe_misses_tagged_entry():
     storage = TableStorage.empty(2, 8, 2, device=DEVICE)
     keys = torch.tensor([5, INT64_MIN], dtype=torch.int64, device=DEVICE)

@@ -107,10 +107,11 @@ def test_upsert_matches_find_then_reference_insert(monkeypatch, num_buckets, tag
 
 @pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
 @pytest.mark.parametrize("num_buckets,tagged", [(4, False), (3, True)], ids=["nb4", "nb3-tagged"])
-def test_upsert_with_word_probe_matches_reference(monkeypatch, num_buckets, tagged,
-                                                  allow_evict):
-    """The upsert's probe with its two lowest digest matches found by word (WORD_PROBE)."""
-    monkeypatch.setattr(find_tt, "WORD_PROBE", True)
+def test_upsert_with_position_probe_matches_reference(monkeypatch, num_buckets, tagged,
+                                                      allow_evict):
+    """The upsert's probe with every digest match placed by position (WORD_PROBE off; by
+    default it finds the two lowest by word)."""
+    monkeypatch.setattr(find_tt, "WORD_PROBE", False)
     _check_mixed_batch(num_buckets, tagged, allow_evict)
 
 

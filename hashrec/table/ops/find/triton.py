@@ -15,6 +15,8 @@ same program, so a lookup is a single launch.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -238,8 +240,9 @@ FIND_CONFIG: dict | None = None
 # occupancy). On an H200, find of 1M keys into 64M slots ran 7-11% faster at dim 8 and
 # 11-17% at dim 32 than at 64 keys on 2 warps uncapped, the earlier choice
 # (benchmarks/results/table_gpu_find_configs.md). Rows of 128 columns took twice as
-# long at this cap, so wider rows keep 64 keys on 4 warps, uncapped.
-NARROW_FIND = {"block": 32, "num_warps": 1, "maxnreg": 80}
+# long at this cap, so wider rows keep 64 keys on 4 warps, uncapped. It probes by word
+# (``WORD_PROBE``).
+NARROW_FIND = {"block": 32, "num_warps": 1, "maxnreg": 80, "by_word": True}
 
 
 # Buckets of at least this many slots confirm their later digest matches four per probe
@@ -251,12 +254,19 @@ WIDE_PROBE_MIN_CAP = max(0, env_int("HASHREC_WIDE_PROBE_MIN_CAP", 0))
 
 # The probe's two lowest digest matches from reductions over the digest words (the lowest
 # matching word, the next one and a flag count: ``_two_lowest``) instead of three passes
-# that place every matching digest (HASHREC_WORD_PROBE=1; find and the upsert's probe).
-# Results are the same. Compiled for sm_90 at 128-slot buckets, the find kernel's path
-# without the rare third-match loop has 1,512 instructions instead of 2,504 at dim 8 and
-# 1,184 instead of 1,672 at dim 128 (a static count, not a timing). Off until timed on a
-# GPU.
-WORD_PROBE = env_int("HASHREC_WORD_PROBE", 0) != 0
+# that place every matching digest. Results are the same. On an H200, 1M keys into 64M
+# slots (benchmarks/results/table_gpu_word_probe.md against table_gpu_by_position.md,
+# one run), find ran 1.10-1.26x faster at dim 8 and 1.15-1.28x at dim 32, the same at
+# dim 128 and 4-7% slower at dim 64 (64 keys on 4 warps); the upsert's probe 1.00-1.03x.
+# So the narrow find launch (NARROW_FIND) and the upsert's probe take it, wider rows do
+# not. HASHREC_WORD_PROBE=1 or 0 sets it for every probe; None keeps each launch's choice.
+WORD_PROBE: bool | None = (None if os.environ.get("HASHREC_WORD_PROBE", "") == ""
+                           else env_int("HASHREC_WORD_PROBE", 0) != 0)
+
+
+def by_word(default: bool) -> bool:
+    """Whether a probe whose launch picks ``default`` finds its matches by word."""
+    return default if WORD_PROBE is None else WORD_PROBE
 
 
 def probe_round(cap: int) -> int:
@@ -308,7 +318,7 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         storage.num_buckets, HAS_TAGS=tags is not None, WITH_VALUES=values is not None,
         CAP=storage.bucket_capacity, LINE=width, WORDS=words,
         POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
-        ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2, BY_WORD=WORD_PROBE,
+        ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2, BY_WORD=by_word(config.get("by_word", False)),
         BLOCK=block, num_warps=config["num_warps"],
         **maxnreg(config.get("maxnreg", 0)))
 
