@@ -82,7 +82,13 @@ def test_find_matches_reference(num_buckets, cap, n, tagged):
         assert torch.equal(find_tt.find_values(storage, probe, None, dim=3)[0], expected)
 
 
-@pytest.mark.parametrize("by_word", [False, True], ids=["by-position", "by-word"])
+def _probe_form(monkeypatch, by_word: int) -> None:
+    """Every probe by position (0), or by word finding its ``by_word`` lowest matches."""
+    monkeypatch.setattr(find_tt, "WORD_PROBE", by_word != 0)
+    monkeypatch.setattr(find_tt, "WORD_PROBE_LOWEST", by_word or 2)
+
+
+@pytest.mark.parametrize("by_word", [0, 2, 3], ids=["by-position", "by-word", "three-by-word"])
 @pytest.mark.parametrize("config", [{"block": 32, "num_warps": 1, "maxnreg": 80},
                                     {"block": 16, "num_warps": 2}],
                          ids=["narrow-capped", "block16-warps2"])
@@ -90,7 +96,7 @@ def test_find_launches_match_reference(monkeypatch, config, by_word):
     """Launch settings (keys a program, warps, register cap) and the probe's form change
     no result."""
     monkeypatch.setattr(find_tt, "FIND_CONFIG", config)
-    monkeypatch.setattr(find_tt, "WORD_PROBE", by_word)
+    _probe_form(monkeypatch, by_word)
     storage, keys, tags = filled(5, 16, 60, seed=3, tagged=True)
     gen = torch.Generator().manual_seed(2)
     probe = torch.cat([keys, random_keys(20, gen).to(DEVICE)])
@@ -122,7 +128,7 @@ def test_find_launch_picks_the_probe_form(monkeypatch, forced, dim, expected):
     keys = torch.arange(5, device=DEVICE)
     find_tt.launch_find(storage, keys, None, torch.empty_like(keys),
                         torch.empty(5, dim, device=DEVICE))
-    assert seen["BY_WORD"] is expected
+    assert seen["BY_WORD"] == (find_tt.WORD_PROBE_LOWEST if expected else 0)
 
 
 def test_find_empty_and_untagged_probe_misses_tagged_entry():
@@ -181,14 +187,14 @@ def _colliding_bucket(cap: int, seed: int, spread: int = 1
                          ids=["cap6", "cap8", "cap40", "cap128", "cap1024"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("wide_from", [0, 8], ids=["one-per-round", "four-per-round"])
-@pytest.mark.parametrize("by_word", [False, True], ids=["by-position", "by-word"])
+@pytest.mark.parametrize("by_word", [0, 2, 3], ids=["by-position", "by-word", "three-by-word"])
 def test_find_with_colliding_digests_matches_reference(monkeypatch, cap, spread, seed,
                                                        wide_from, by_word):
     """Slots and rows: most probes' first digest match is not their slot, and most slots
     are candidates, confirmed one or four per probe round; the two lowest found by
     position or by word (``WORD_PROBE``)."""
     monkeypatch.setattr(find_tt, "WIDE_PROBE_MIN_CAP", wide_from)
-    monkeypatch.setattr(find_tt, "WORD_PROBE", by_word)
+    _probe_form(monkeypatch, by_word)
     storage, probes, _ = _colliding_bucket(cap, seed, spread)
     storage.values.copy_(torch.arange(storage.values.numel(), dtype=storage.values.dtype,
                                       device=DEVICE).view_as(storage.values) + 1)
@@ -208,11 +214,11 @@ def test_find_with_colliding_digests_matches_reference(monkeypatch, cap, spread,
     ((0, 1, 9, 13, 14), 4), ((8, 9, 10, 11, 12), 4), ((0, 5, 10), 1), ((4, 7), 1)],
     ids=["1st", "2nd", "3rd-of-3", "3rd-one-word", "4th-one-word", "5th", "5th-two-words",
          "2nd-of-3", "2nd-last-byte"])
-@pytest.mark.parametrize("by_word", [False, True], ids=["by-position", "by-word"])
+@pytest.mark.parametrize("by_word", [0, 2, 3], ids=["by-position", "by-word", "three-by-word"])
 def test_find_confirms_the_kth_digest_match(monkeypatch, matches, at, by_word):
     """A key whose slot is the k-th of its bucket's digest matches (the others hold other
     keys), the matches spread over the digest words or packed in one."""
-    monkeypatch.setattr(find_tt, "WORD_PROBE", by_word)
+    _probe_form(monkeypatch, by_word)
     gen = torch.Generator().manual_seed(len(matches) * 16 + at)
     key = random_keys(1, gen)[:1]
     dig = int(hashing.digest_of(hashing.mix64(key))[0])

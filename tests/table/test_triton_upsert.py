@@ -107,11 +107,13 @@ def test_upsert_matches_find_then_reference_insert(monkeypatch, num_buckets, tag
 
 @pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
 @pytest.mark.parametrize("num_buckets,tagged", [(4, False), (3, True)], ids=["nb4", "nb3-tagged"])
-def test_upsert_with_position_probe_matches_reference(monkeypatch, num_buckets, tagged,
-                                                      allow_evict):
-    """The upsert's probe with every digest match placed by position (WORD_PROBE off; by
-    default it finds the two lowest by word)."""
-    monkeypatch.setattr(find_tt, "WORD_PROBE", False)
+@pytest.mark.parametrize("lowest", [0, 3], ids=["by-position", "three-by-word"])
+def test_upsert_with_other_probe_forms_matches_reference(monkeypatch, num_buckets, tagged,
+                                                         allow_evict, lowest):
+    """The upsert's probe with every digest match placed by position (WORD_PROBE off), or
+    its three lowest found by word (by default it finds the two lowest by word)."""
+    monkeypatch.setattr(find_tt, "WORD_PROBE", lowest != 0)
+    monkeypatch.setattr(find_tt, "WORD_PROBE_LOWEST", lowest or 2)
     _check_mixed_batch(num_buckets, tagged, allow_evict)
 
 

@@ -108,21 +108,38 @@ def _word_at(cand, col, w):
 
 
 @triton.jit
-def _two_lowest(cand, col, CAP: tl.constexpr, LINE: tl.constexpr):
-    """The two lowest candidate columns of each row (CAP when none) and whether it has more,
-    from reductions over the digest words alone: the lowest nonzero word, the next nonzero
-    one and the flag count; byte positions are found once per row, not per word."""
+def _byte_at(word, w):
+    """Slot column of the lowest flag of ``word`` (word ``w`` of the line)."""
+    return w * 4 + _lowest_byte(word)
+
+
+@triton.jit
+def _lowest(cand, col, CAP: tl.constexpr, LINE: tl.constexpr, THREE: tl.constexpr):
+    """The two (THREE: three) lowest candidate columns of each row (CAP when none; the
+    third is the second without THREE) and whether it has more, from reductions over the digest words alone: the lowest nonzero
+    words and the flag count; byte positions are found once per row, not per word."""
     nz = cand != 0
     w1 = tl.min(tl.where(nz, col[None, :], LINE), axis=1)
     c1 = _word_at(cand, col, w1)
-    rest = c1 & (c1 - 1)  # the word without its lowest flag
+    r1 = c1 & (c1 - 1)  # the word without its lowest flag
     w2 = tl.min(tl.where(nz & (col[None, :] > w1[:, None]), col[None, :], LINE), axis=1)
     c2 = _word_at(cand, col, w2)
     flags = tl.sum((((cand >> 7) * 0x01010101) >> 24).to(tl.int32), axis=1)
-    first = tl.where(c1 != 0, w1 * 4 + _lowest_byte(c1), CAP)
-    second = tl.where(rest != 0, w1 * 4 + _lowest_byte(rest),
-                      tl.where(c2 != 0, w2 * 4 + _lowest_byte(c2), CAP))
-    return first, second, flags > 2
+    first = tl.where(c1 != 0, _byte_at(c1, w1), CAP)
+    from_c2 = tl.where(c2 != 0, _byte_at(c2, w2), CAP)
+    second = tl.where(r1 != 0, _byte_at(r1, w1), from_c2)
+    third, more = second, flags > 2  # without THREE, the last column looked at
+    if THREE:
+        r1b = r1 & (r1 - 1)
+        r2 = c2 & (c2 - 1)
+        w3 = tl.min(tl.where(nz & (col[None, :] > w2[:, None]), col[None, :], LINE), axis=1)
+        c3 = _word_at(cand, col, w3)
+        after_c2 = tl.where(r2 != 0, _byte_at(r2, w2),
+                            tl.where(c3 != 0, _byte_at(c3, w3), CAP))
+        third = tl.where(r1b != 0, _byte_at(r1b, w1),
+                         tl.where(r1 != 0, from_c2, after_c2))
+        more = flags > 3
+    return first, second, third, more
 
 
 @triton.jit
@@ -160,14 +177,15 @@ def _confirm_rest(key, tag, t_keys, t_tags, base, cand, col, nxt, live, found,
 
 @triton.jit
 def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, CAP: tl.constexpr,
-                  WORDS: tl.constexpr, ROUND: tl.constexpr, BY_WORD: tl.constexpr = False):
+                  WORDS: tl.constexpr, ROUND: tl.constexpr, BY_WORD: tl.constexpr = 0):
     """Second half: the slot holding (key, tag) among the candidates, -1 when none does.
 
     The two lowest candidates are confirmed together; later ones ``ROUND`` per loop
-    round. With BY_WORD (digest words only), the two lowest come from ``_two_lowest``,
-    and the later ones are looked for only in programs where a key still needs them."""
+    round. With BY_WORD (2 or 3; digest words only), the BY_WORD lowest come from
+    ``_lowest`` and are confirmed together, and the later ones are looked for only in
+    programs where a key still needs them."""
     if BY_WORD and WORDS:
-        first, second, more = _two_lowest(cand, col, CAP, cand.shape[1])
+        first, second, last, more = _lowest(cand, col, CAP, cand.shape[1], BY_WORD == 3)
     else:
         first = _first_candidate(cand, col, WORDS, CAP)
         cand = _drop_through(cand, col, first, WORDS)
@@ -175,10 +193,13 @@ def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, CAP: tl.constexpr,
     hit1 = _confirm(t_keys, t_tags, base + first, first < CAP, key, tag)
     hit2 = _confirm(t_keys, t_tags, base + second, second < CAP, key, tag)
     found = tl.where(hit1, base + first, tl.where(hit2, base + second, -1))
+    if BY_WORD == 3 and WORDS:  # the third lowest confirmed beside the first two
+        hit3 = _confirm(t_keys, t_tags, base + last, last < CAP, key, tag)
+        found = tl.where(hit3, base + last, found)  # a key is stored at most once
     if BY_WORD and WORDS:
         live = (found < 0) & more
         if tl.max(live.to(tl.int32), axis=0) > 0:
-            cand = _drop_through(cand, col, second, WORDS)
+            cand = _drop_through(cand, col, last, WORDS)
             found = _confirm_rest(key, tag, t_keys, t_tags, base, cand, col,
                                   _first_candidate(cand, col, WORDS, CAP), live, found, CAP,
                                   WORDS, ROUND)
@@ -193,7 +214,7 @@ def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, CAP: tl.constexpr,
 @triton.jit
 def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl.constexpr,
                  LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
-                 ROUND: tl.constexpr, BY_WORD: tl.constexpr = False):
+                 ROUND: tl.constexpr, BY_WORD: tl.constexpr = 0):
     """Slot of each (key, tag) in its bucket, -1 when absent: (BLOCK,) int64.
 
     A key is stored at most once, so any full match is the answer; the two lowest
@@ -235,13 +256,14 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
 # (keys per program, warps, and optionally "maxnreg": registers a thread at most) of the
 # find launch; None picks by row width and bucket (``_config``). Benchmarks may set it.
 FIND_CONFIG: dict | None = None
-# Slots or rows of up to 32 columns from buckets of up to 128 slots: 32 keys a program
+# Slots or rows of up to 64 columns from buckets of up to 128 slots: 32 keys a program
 # on one warp, at most 80 registers a thread (uncapped, the probe takes 96, at 31%
-# occupancy). On an H200, find of 1M keys into 64M slots ran 7-11% faster at dim 8 and
-# 11-17% at dim 32 than at 64 keys on 2 warps uncapped, the earlier choice
-# (benchmarks/results/table_gpu_find_configs.md). Rows of 128 columns took twice as
-# long at this cap, so wider rows keep 64 keys on 4 warps, uncapped. It probes by word
-# (``WORD_PROBE``).
+# occupancy), probing by word (``WORD_PROBE``). On an H200, find of 1M keys into 64M
+# slots ran 7-11% faster at dim 8 and 11-17% at dim 32 than at 64 keys on 2 warps
+# uncapped, the earlier choice (benchmarks/results/table_gpu_find_configs.md); with the
+# probe by word, 11-12% faster at dim 64 than 64 keys on 4 warps by position
+# (find_sweep_word_gpu.md). Rows of 128 columns took twice as long at this cap, so wider
+# rows keep 64 keys on 4 warps, uncapped, by position.
 NARROW_FIND = {"block": 32, "num_warps": 1, "maxnreg": 80, "by_word": True}
 
 
@@ -253,20 +275,29 @@ WIDE_PROBE_MIN_CAP = max(0, env_int("HASHREC_WIDE_PROBE_MIN_CAP", 0))
 
 
 # The probe's two lowest digest matches from reductions over the digest words (the lowest
-# matching word, the next one and a flag count: ``_two_lowest``) instead of three passes
+# matching word, the next one and a flag count: ``_lowest``) instead of three passes
 # that place every matching digest. Results are the same. On an H200, 1M keys into 64M
 # slots (benchmarks/results/table_gpu_word_probe.md against table_gpu_by_position.md,
 # one run), find ran 1.10-1.26x faster at dim 8 and 1.15-1.28x at dim 32, the same at
 # dim 128 and 4-7% slower at dim 64 (64 keys on 4 warps); the upsert's probe 1.00-1.03x.
-# So the narrow find launch (NARROW_FIND) and the upsert's probe take it, wider rows do
-# not. HASHREC_WORD_PROBE=1 or 0 sets it for every probe; None keeps each launch's choice.
+# So the narrow find launch (NARROW_FIND, now also dim 64) and the upsert's probe take
+# it, rows of 128 columns do not. HASHREC_WORD_PROBE=1 or 0 sets it for every probe; None keeps each launch's choice.
 WORD_PROBE: bool | None = (None if os.environ.get("HASHREC_WORD_PROBE", "") == ""
                            else env_int("HASHREC_WORD_PROBE", 0) != 0)
+# How many of the lowest digest matches a probe by word finds and confirms together, 2 or
+# 3 (HASHREC_WORD_PROBE_LOWEST). With 8-bit digests a key of a full 128-slot bucket has
+# about half a false match on average, so some 2% of keys need a third, and at 32 keys a
+# program about half the programs wait on one more dependent load for them; the third
+# costs two more reductions over the line in every program. Two until timed on a GPU.
+WORD_PROBE_LOWEST = env_int("HASHREC_WORD_PROBE_LOWEST", 2)
+if WORD_PROBE_LOWEST not in (2, 3):
+    raise ValueError(f"HASHREC_WORD_PROBE_LOWEST must be 2 or 3, got {WORD_PROBE_LOWEST}")
 
 
-def by_word(default: bool) -> bool:
-    """Whether a probe whose launch picks ``default`` finds its matches by word."""
-    return default if WORD_PROBE is None else WORD_PROBE
+def by_word(default: bool) -> int:
+    """The BY_WORD of a probe whose launch picks ``default``: 0 (by position) or how many
+    lowest matches it finds by word."""
+    return WORD_PROBE_LOWEST if (default if WORD_PROBE is None else WORD_PROBE) else 0
 
 
 def probe_round(cap: int) -> int:
@@ -277,7 +308,7 @@ def probe_round(cap: int) -> int:
 def _config(dim_p2: int, width: int) -> dict:
     if FIND_CONFIG is not None:
         return FIND_CONFIG
-    if dim_p2 > 32:
+    if dim_p2 > 64:
         return {"block": 64, "num_warps": 4}
     return NARROW_FIND if width <= 32 else {"block": 64, "num_warps": 2}
 
