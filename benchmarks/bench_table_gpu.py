@@ -56,6 +56,10 @@ def _args() -> argparse.Namespace:
     p.add_argument("--word-probe", type=int, default=None, choices=[0, 1],
                    help="1: the probe (find, and the upsert's) finds its two lowest digest "
                         "matches by word (HASHREC_WORD_PROBE); default: the library's")
+    p.add_argument("--word-probe-lowest", type=int, default=None, choices=[2, 3],
+                   help="the probe by word finds and confirms its 2 or 3 lowest digest "
+                        "matches together (HASHREC_WORD_PROBE_LOWEST); default: the "
+                        "library's")
     p.add_argument("--tagged", action="store_true",
                    help="probes also compare the tag array (a fused table's storage); by "
                         "default the table is an unfused one (every tag 0, not read)")
@@ -186,11 +190,14 @@ def main() -> None:
             upsert_tt.UPSERT_BLOCK[name] = value
     if ARGS.word_probe is not None:
         find_tt.WORD_PROBE = bool(ARGS.word_probe)
+    if ARGS.word_probe_lowest is not None:
+        find_tt.WORD_PROBE_LOWEST = ARGS.word_probe_lowest
     results = {"env": environment(), "command": command_line(), "slots": ARGS.slots,
                "batch": ARGS.batch, "bucket_capacity": 128,
                "upsert_config": dict(upsert_tt.UPSERT_CONFIG),
                "upsert_block": dict(upsert_tt.UPSERT_BLOCK),
-               "tagged": ARGS.tagged, "word_probe": find_tt.WORD_PROBE, "rows": []}
+               "tagged": ARGS.tagged, "word_probe": find_tt.WORD_PROBE,
+               "word_probe_lowest": find_tt.WORD_PROBE_LOWEST, "rows": []}
     for lf in ARGS.load_factors:
         index = TableStorage.empty(ARGS.slots // 128, 128, 1, device=DEVICE)
         offered = _fill(index, lf)

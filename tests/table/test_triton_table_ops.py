@@ -83,7 +83,8 @@ def test_find_matches_reference(num_buckets, cap, n, tagged):
 
 
 def _probe_form(monkeypatch, by_word: int) -> None:
-    """Every probe by position (0), or by word finding its ``by_word`` lowest matches."""
+    """Every probe by position (0), or by word finding its two (2) or three (3) lowest
+    matches."""
     monkeypatch.setattr(find_tt, "WORD_PROBE", by_word != 0)
     monkeypatch.setattr(find_tt, "WORD_PROBE_LOWEST", by_word or 2)
 

@@ -114,10 +114,24 @@ def _byte_at(word, w):
 
 
 @triton.jit
+def _third(cand, col, w1, r1, w2, c2, from_c2, CAP: tl.constexpr, LINE: tl.constexpr):
+    """The third lowest candidate column of each row (CAP when none), from ``_lowest``'s
+    first two words: within the first word, else the second, else the next nonzero one."""
+    r1b = r1 & (r1 - 1)
+    r2 = c2 & (c2 - 1)
+    w3 = tl.min(tl.where((cand != 0) & (col[None, :] > w2[:, None]), col[None, :], LINE),
+                axis=1)
+    c3 = _word_at(cand, col, w3)
+    after_c2 = tl.where(r2 != 0, _byte_at(r2, w2), tl.where(c3 != 0, _byte_at(c3, w3), CAP))
+    return tl.where(r1b != 0, _byte_at(r1b, w1), tl.where(r1 != 0, from_c2, after_c2))
+
+
+@triton.jit
 def _lowest(cand, col, CAP: tl.constexpr, LINE: tl.constexpr, THREE: tl.constexpr):
-    """The two (THREE: three) lowest candidate columns of each row (CAP when none; the
-    third is the second without THREE) and whether it has more, from reductions over the digest words alone: the lowest nonzero
-    words and the flag count; byte positions are found once per row, not per word."""
+    """The lowest candidate columns of each row (CAP when none) and whether it has more,
+    from reductions over the digest words alone (the lowest nonzero words and the flag
+    count; byte positions are found once per row, not per word): (first, second, last,
+    more). ``last`` is the third with THREE, else the second."""
     nz = cand != 0
     w1 = tl.min(tl.where(nz, col[None, :], LINE), axis=1)
     c1 = _word_at(cand, col, w1)
@@ -128,18 +142,10 @@ def _lowest(cand, col, CAP: tl.constexpr, LINE: tl.constexpr, THREE: tl.constexp
     first = tl.where(c1 != 0, _byte_at(c1, w1), CAP)
     from_c2 = tl.where(c2 != 0, _byte_at(c2, w2), CAP)
     second = tl.where(r1 != 0, _byte_at(r1, w1), from_c2)
-    third, more = second, flags > 2  # without THREE, the last column looked at
+    last, more = second, flags > 2
     if THREE:
-        r1b = r1 & (r1 - 1)
-        r2 = c2 & (c2 - 1)
-        w3 = tl.min(tl.where(nz & (col[None, :] > w2[:, None]), col[None, :], LINE), axis=1)
-        c3 = _word_at(cand, col, w3)
-        after_c2 = tl.where(r2 != 0, _byte_at(r2, w2),
-                            tl.where(c3 != 0, _byte_at(c3, w3), CAP))
-        third = tl.where(r1b != 0, _byte_at(r1b, w1),
-                         tl.where(r1 != 0, from_c2, after_c2))
-        more = flags > 3
-    return first, second, third, more
+        last, more = _third(cand, col, w1, r1, w2, c2, from_c2, CAP, LINE), flags > 3
+    return first, second, last, more
 
 
 @triton.jit
@@ -181,9 +187,9 @@ def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, CAP: tl.constexpr,
     """Second half: the slot holding (key, tag) among the candidates, -1 when none does.
 
     The two lowest candidates are confirmed together; later ones ``ROUND`` per loop
-    round. With BY_WORD (2 or 3; digest words only), the BY_WORD lowest come from
-    ``_lowest`` and are confirmed together, and the later ones are looked for only in
-    programs where a key still needs them."""
+    round. With BY_WORD (digest words only), the lowest come from ``_lowest`` and are
+    confirmed together, two or three (BY_WORD 2 or 3); the later ones are looked for only
+    in programs where a key still needs them."""
     if BY_WORD and WORDS:
         first, second, last, more = _lowest(cand, col, CAP, cand.shape[1], BY_WORD == 3)
     else:
@@ -281,14 +287,19 @@ WIDE_PROBE_MIN_CAP = max(0, env_int("HASHREC_WIDE_PROBE_MIN_CAP", 0))
 # one run), find ran 1.10-1.26x faster at dim 8 and 1.15-1.28x at dim 32, the same at
 # dim 128 and 4-7% slower at dim 64 (64 keys on 4 warps); the upsert's probe 1.00-1.03x.
 # So the narrow find launch (NARROW_FIND, now also dim 64) and the upsert's probe take
-# it, rows of 128 columns do not. HASHREC_WORD_PROBE=1 or 0 sets it for every probe; None keeps each launch's choice.
+# it, rows of 128 columns do not. HASHREC_WORD_PROBE=1 or 0 sets it for every probe;
+# None keeps each launch's choice.
 WORD_PROBE: bool | None = (None if os.environ.get("HASHREC_WORD_PROBE", "") == ""
                            else env_int("HASHREC_WORD_PROBE", 0) != 0)
 # How many of the lowest digest matches a probe by word finds and confirms together, 2 or
 # 3 (HASHREC_WORD_PROBE_LOWEST). With 8-bit digests a key of a full 128-slot bucket has
 # about half a false match on average, so some 2% of keys need a third, and at 32 keys a
 # program about half the programs wait on one more dependent load for them; the third
-# costs two more reductions over the line in every program. Two until timed on a GPU.
+# costs two more reductions over the line. On an H200 (table_gpu_probe_lowest3.md against
+# _lowest2.md, one run), three made find 1.02-1.06x faster at load factor 1.0 (tables of
+# fixed capacity, full and evicting, run there) and 4-9% slower at 0.5, so two is the
+# default. Three only in programs where a key has three matches or more (a branch on a
+# reduction) made find 1.8x slower (_lowest4.md), and was dropped.
 WORD_PROBE_LOWEST = env_int("HASHREC_WORD_PROBE_LOWEST", 2)
 if WORD_PROBE_LOWEST not in (2, 3):
     raise ValueError(f"HASHREC_WORD_PROBE_LOWEST must be 2 or 3, got {WORD_PROBE_LOWEST}")
