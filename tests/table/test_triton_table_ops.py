@@ -111,12 +111,15 @@ def test_find_launches_match_reference(monkeypatch, config, by_word):
     assert torch.all(values[~hit] == 0)
 
 
-@pytest.mark.parametrize("forced,dim,expected", [
-    (None, 3, True), (None, 128, False), (False, 3, False), (True, 128, True)],
-    ids=["narrow", "wide", "narrow-forced-off", "wide-forced-on"])
-def test_find_launch_picks_the_probe_form(monkeypatch, forced, dim, expected):
-    """Narrow rows probe by word and wide ones by position, unless WORD_PROBE (the
-    environment's HASHREC_WORD_PROBE) sets one form for every launch."""
+@pytest.mark.parametrize("forced,cap,dim,expected", [
+    (None, 16, 3, True), (None, 16, 128, True), (None, 16, 256, False), (None, 256, 3, False),
+    (False, 16, 3, False), (True, 256, 3, True)],
+    ids=["narrow", "rows128", "rows256", "wide-bucket", "narrow-forced-off",
+         "wide-bucket-forced-on"])
+def test_find_launch_picks_the_probe_form(monkeypatch, forced, cap, dim, expected):
+    """Rows up to 128 columns from buckets of up to 128 slots probe by word, wider rows or
+    buckets by position, unless WORD_PROBE (the environment's HASHREC_WORD_PROBE) sets one
+    form for every launch."""
     monkeypatch.setattr(find_tt, "WORD_PROBE", forced)
     seen = {}
 
@@ -125,11 +128,24 @@ def test_find_launch_picks_the_probe_form(monkeypatch, forced, dim, expected):
             return lambda *args, **kwargs: seen.update(kwargs)
 
     monkeypatch.setattr(find_tt, "_find_kernel", Kernel())
-    storage = TableStorage.empty(4, 16, dim, device=DEVICE)
+    storage = TableStorage.empty(4, cap, dim, device=DEVICE)
     keys = torch.arange(5, device=DEVICE)
     find_tt.launch_find(storage, keys, None, torch.empty_like(keys),
                         torch.empty(5, dim, device=DEVICE))
     assert seen["BY_WORD"] == (find_tt.WORD_PROBE_LOWEST if expected else 0)
+
+
+@pytest.mark.parametrize("dim", [64, 100, 128])
+def test_find_wide_rows_at_their_own_launch_match_reference(dim):
+    """Rows of 64 and 128 columns at the launches chosen for them (``_config``)."""
+    storage, keys, _ = filled(4, 16, 40, seed=9, row_dim=dim)
+    probe = torch.cat([keys, random_keys(12, torch.Generator().manual_seed(4)).to(DEVICE)])
+    expected = find_ref.find_slots(storage, probe)
+    slots, values = find_tt.find_values(storage, probe, None, dim=dim)
+    assert torch.equal(slots, expected)
+    hit = expected >= 0
+    assert torch.equal(values[hit], storage.values[expected[hit]])
+    assert bool((values[~hit] == 0).all())
 
 
 def test_find_empty_and_untagged_probe_misses_tagged_entry():

@@ -268,9 +268,15 @@ FIND_CONFIG: dict | None = None
 # slots ran 7-11% faster at dim 8 and 11-17% at dim 32 than at 64 keys on 2 warps
 # uncapped, the earlier choice (benchmarks/results/table_gpu_find_configs.md); with the
 # probe by word, 11-12% faster at dim 64 than 64 keys on 4 warps by position
-# (find_sweep_word_gpu.md). Rows of 128 columns took twice as long at this cap, so wider
-# rows keep 64 keys on 4 warps, uncapped, by position.
+# (find_sweep_word_gpu.md). Rows of 128 columns took twice as long at this cap.
 NARROW_FIND = {"block": 32, "num_warps": 1, "maxnreg": 80, "by_word": True}
+# Rows of 128 columns from buckets of up to 128 slots: 16 keys a program on one warp, at
+# most 80 registers a thread, by word. On an H200 it ran 1.00 / 1.03 / 1.03x as fast as
+# 64 keys on 4 warps by position, the earlier choice, at load factors 0.5 / 0.75 / 1.0
+# (find_sweep_block16_gpu.md; the same sweep's figures of the earlier choice were within
+# 1% of an earlier run's). Other rows keep 64 keys on 4 warps (2 up to 32 columns),
+# uncapped, by position.
+ROWS128_FIND = {"block": 16, "num_warps": 1, "maxnreg": 80, "by_word": True}
 
 
 # Buckets of at least this many slots confirm their later digest matches four per probe
@@ -287,8 +293,9 @@ WIDE_PROBE_MIN_CAP = max(0, env_int("HASHREC_WIDE_PROBE_MIN_CAP", 0))
 # one run), find ran 1.10-1.26x faster at dim 8 and 1.15-1.28x at dim 32, the same at
 # dim 128 and 4-7% slower at dim 64 (64 keys on 4 warps); the upsert's probe 1.00-1.03x.
 # So the narrow find launch (NARROW_FIND, now also dim 64) and the upsert's probe take
-# it, rows of 128 columns do not. HASHREC_WORD_PROBE=1 or 0 sets it for every probe;
-# None keeps each launch's choice.
+# it; rows of 128 columns take it at 16 keys a program (ROWS128_FIND), where it is
+# faster, and wider buckets and rows do not. HASHREC_WORD_PROBE=1 or 0 sets it for every
+# probe; None keeps each launch's choice.
 WORD_PROBE: bool | None = (None if os.environ.get("HASHREC_WORD_PROBE", "") == ""
                            else env_int("HASHREC_WORD_PROBE", 0) != 0)
 # How many of the lowest digest matches a probe by word finds and confirms together, 2 or
@@ -319,9 +326,11 @@ def probe_round(cap: int) -> int:
 def _config(dim_p2: int, width: int) -> dict:
     if FIND_CONFIG is not None:
         return FIND_CONFIG
-    if dim_p2 > 64:
-        return {"block": 64, "num_warps": 4}
-    return NARROW_FIND if width <= 32 else {"block": 64, "num_warps": 2}
+    if width <= 32 and dim_p2 <= 64:
+        return NARROW_FIND
+    if width <= 32 and dim_p2 == 128:
+        return ROWS128_FIND
+    return {"block": 64, "num_warps": 4 if dim_p2 > 32 else 2}
 
 
 def probe_block(width: int, num_warps: int = 2, limit: int = 64) -> int:
