@@ -10,8 +10,8 @@
 #                  GPU (the suites that run interpreted on CPU-only hosts, where they apply)
 #   upsert_sweep   insert_or_assign per insert-program launch: one program per sorted
 #                  position against the block form (UPSERT_BLOCK), at three load factors
-#   find_sweep     find_values at launch configs with and without a register cap (the
-#                  probe ran at 96 registers a thread, 31% occupancy, in a counter profile)
+#   find_sweep     find_values at launch configs (keys a program, warps, register cap, the
+#                  probe by word), each launch timed back to back, at dims 8 to 128
 #   table_ops      HierarchicalKV's setup (bench_table_gpu.py) with BLOCK (default 32, the
 #                  library's) positions per insert program
 #   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection),
@@ -21,9 +21,10 @@
 #                  capped at 128, then 96 (it takes 168 uncapped: 17-19% occupancy)
 #   lanes_table    bench_table_gpu.py with the upsert's lane form on (HASHREC_UPSERT_LANES=1;
 #                  the table_ops step is the default, the block form alone)
-#   word_probe     bench_table_gpu.py with the probe's two lowest digest matches found by
-#                  word (HASHREC_WORD_PROBE=1; the table_ops step is the default), then the
-#                  compiled table-op comparisons (gpu_tests) with it
+#   word_probe     bench_table_gpu.py with every probe by position (HASHREC_WORD_PROBE=0),
+#                  then with three lowest digest matches by word (HASHREC_WORD_PROBE_LOWEST=3;
+#                  the table_ops step is the default: two, by word up to 128 columns), then
+#                  the compiled table-op comparisons (gpu_tests) with three
 #   ab_train       the training run on 1,000,000 generated rows (made when missing, in
 #                  /tmp/hashrec_bench_data), ROUNDS (default 2) interleaved rounds of the
 #                  trees AB_TREES (ab_train.py --trees; make an older tree with
@@ -51,9 +52,9 @@ write_env "$out"
   step upsert_sweep 330 python3 benchmarks/profile_upsert_gpu.py --load-factors 0.5 0.75 1.0 \
       --reps 5 --runs 1 --warps 1 4 --block 0 32 64 --width 2 4 \
       --out "$out/upsert_launch_gpu"
-  step find_sweep 200 python3 benchmarks/sweep_find_gpu.py \
-      --configs 64x2 64x4 64x2r64 64x2r80 64x4r64 32x1r64 \
-      --kinds words --reps 7 --out "$out/find_sweep_gpu"
+  step find_sweep 200 python3 benchmarks/sweep_find_gpu.py --dims 8 32 64 128 \
+      --configs 32x1r80w 32x1r72w 16x1r80w 16x1w 32x1w 64x4 \
+      --kinds words --reps 5 --out "$out/find_sweep_gpu"
   step table_ops 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-block "$block" \
       --out "$out/table_gpu"
   for regs in 128 96; do
@@ -62,10 +63,12 @@ write_env "$out"
   done
   step lanes_table 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-lanes 1 \
       --profile --out "$out/table_gpu_upsert_lanes"
-  step word_probe 300 python3 benchmarks/bench_table_gpu.py --reps 5 --word-probe 1 \
-      --out "$out/table_gpu_word_probe"
-  step word_probe 300 env HASHREC_WORD_PROBE=1 python3 -m pytest -m gpu -q -p no:cacheprovider \
-      tests/table/test_triton_table_ops.py tests/table/test_triton_upsert.py
+  step word_probe 300 python3 benchmarks/bench_table_gpu.py --reps 5 --word-probe 0 \
+      --out "$out/table_gpu_by_position"
+  step word_probe 300 python3 benchmarks/bench_table_gpu.py --reps 5 --word-probe-lowest 3 \
+      --out "$out/table_gpu_probe_lowest3"
+  step word_probe 300 env HASHREC_WORD_PROBE_LOWEST=3 python3 -m pytest -m gpu -q \
+      -p no:cacheprovider tests/table/test_triton_table_ops.py tests/table/test_triton_upsert.py
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
       --reduce-configs 4096x8x16 1024x4 r8x1 r8x2 r16x1 r16x2 --profile --out "$out/embedding_layer_gpu"
   lane_trees=".,.+HASHREC_UPSERT_LANES=1,.+HASHREC_UPSERT_LANES=1+HASHREC_UPSERT_LANES_MIN=131072"
