@@ -393,7 +393,8 @@ def main() -> None:
                "copy_bandwidth_Bps": bw, "rows": rows,
                "notes": "HashRec kernels: hashrec.embedding.ops.fused kernels over one "
                         f"fused TableStorage ({ARGS.tables} tables as tags), driven "
-                        "directly. HashRec layer: the same steps through EmbeddingCollection, as the trainer "
+                        "directly. HashRec layer: the same steps through "
+                        "EmbeddingCollection, as the trainer "
                         "runs them; its host issue time is the host clock from the call to "
                         "its return. Each ms is the device's time with the host's issue "
                         "hidden behind a spin queued ahead (a step that reads the device on "
@@ -424,7 +425,8 @@ def _write(results: dict) -> None:
     if ARGS.reduce_configs:
         base = {r["phase"]: r for r in results["rows"]}
         lines += ["", "Backward at other stage-1 tiles (device ms; the default in the first row):",
-                  "", "| tiles | kernels, SGD | kernels, Adam | layer, SGD |", "| --- | --- | --- | --- |",
+                  "", "| tiles | kernels, SGD | kernels, Adam | layer, SGD |",
+                  "| --- | --- | --- | --- |",
                   f"| default {_default_tiles()} | {base['backward_sgd']['hashrec_ms']:.3f} | "
                   f"{base['backward_adam']['hashrec_ms']:.3f} | "
                   f"{base['backward_sgd']['layer_ms']:.3f} |"]
@@ -438,7 +440,8 @@ def _write(results: dict) -> None:
         env = results["env"]
         write_results(ARGS.out, results,
                       f"# Embedding layer step on GPU\n\nCommand: `python "
-                      f"benchmarks/bench_embedding_layer.py {' '.join(sys.argv[1:])}`\n\nDate {env['date']}, GPU {env['gpu']}, torch "
+                      f"benchmarks/bench_embedding_layer.py {' '.join(sys.argv[1:])}`\n\n"
+                      f"Date {env['date']}, GPU {env['gpu']}, torch "
                       f"{env['torch']}, triton {env['triton']}. {results['ids_per_step']} ids "
                       f"per step ({results['mean_unique_ids']:.0f} unique on average), copy "
                       f"bandwidth {results['copy_bandwidth_Bps'] / 1e12:.2f} TB/s.\n\n"

@@ -369,8 +369,8 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         storage.num_buckets, HAS_TAGS=tags is not None, WITH_VALUES=values is not None,
         CAP=storage.bucket_capacity, LINE=width, WORDS=words,
         POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
-        ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2, BY_WORD=by_word(config.get("by_word", False)),
-        BLOCK=block, num_warps=config["num_warps"],
+        ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2,
+        BY_WORD=by_word(config.get("by_word", False)), BLOCK=block, num_warps=config["num_warps"],
         **maxnreg(config.get("maxnreg", 0)))
 
 

@@ -254,7 +254,8 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         HAS_TAGS=tags is not None,
         HAS_ACTIVE=active is not None, CAP=storage.bucket_capacity, LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
-        BY_WORD=find_tt.by_word(True), BLOCK=block, num_warps=2, **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
+        BY_WORD=find_tt.by_word(width <= 32), BLOCK=block, num_warps=2,
+        **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
     return sort_key, _WIDE_SENTINEL if wide else _NARROW_SENTINEL
 
 
