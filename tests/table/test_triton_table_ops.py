@@ -10,6 +10,8 @@ directly so the choice of backend is explicit. The upsert's tests are in
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -146,6 +148,18 @@ def test_find_wide_rows_at_their_own_launch_match_reference(dim):
     hit = expected >= 0
     assert torch.equal(values[hit], storage.values[expected[hit]])
     assert bool((values[~hit] == 0).all())
+
+
+@pytest.mark.parametrize("name,value", [("HASHREC_WORD_PROBE", "2"),
+                                        ("HASHREC_WORD_PROBE", "yes"),
+                                        ("HASHREC_WORD_PROBE_LOWEST", "4")])
+def test_probe_settings_are_checked(name, value):
+    """A probe setting out of its range stops the import with a message naming it."""
+    env = {**os.environ, name: value}
+    done = subprocess.run([sys.executable, "-c", "import hashrec.table.ops.find.triton"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert f"{name} must be" in done.stderr
 
 
 def test_find_empty_and_untagged_probe_misses_tagged_entry():

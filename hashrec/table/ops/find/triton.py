@@ -296,8 +296,11 @@ WIDE_PROBE_MIN_CAP = max(0, env_int("HASHREC_WIDE_PROBE_MIN_CAP", 0))
 # it; rows of 128 columns take it at 16 keys a program (ROWS128_FIND), where it is
 # faster, and wider buckets and rows do not. HASHREC_WORD_PROBE=1 or 0 sets it for every
 # probe; None keeps each launch's choice.
-WORD_PROBE: bool | None = (None if os.environ.get("HASHREC_WORD_PROBE", "") == ""
-                           else env_int("HASHREC_WORD_PROBE", 0) != 0)
+_WORD_PROBE_ENV = os.environ.get("HASHREC_WORD_PROBE", "").strip()
+if _WORD_PROBE_ENV not in ("", "0", "1"):
+    raise ValueError("HASHREC_WORD_PROBE must be 0 (by position) or 1 (by word), got "
+                     f"{_WORD_PROBE_ENV!r}")
+WORD_PROBE: bool | None = None if _WORD_PROBE_ENV == "" else _WORD_PROBE_ENV == "1"
 # How many of the lowest digest matches a probe by word finds and confirms together, 2 or
 # 3 (HASHREC_WORD_PROBE_LOWEST). With 8-bit digests a key of a full 128-slot bucket has
 # about half a false match on average, so some 2% of keys need a third, and at 32 keys a
