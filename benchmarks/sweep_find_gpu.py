@@ -9,7 +9,7 @@ insert kernel), then for each load factor and dim every variant runs
   two candidates per round) at each BLOCKxWARPS config;
 * ``bytes``: the same probe on the digest bytes (the fallback for bucket
   capacities that are not a multiple of 4);
-* ``kernel``: ``words`` at the default config (the last row).
+* ``default launch``: ``words`` at the launch the library picks (the last row).
 
 Each variant is timed as 20 launches issued back to back (the device's throughput,
 as bench_table_gpu.py's main figure), ``find_values`` end to end as the median of
@@ -143,7 +143,7 @@ def sweep_dim(index: TableStorage, stored: torch.Tensor, dim: int) -> dict:
                                                     storage.values[expected[expected >= 0]])
     row["bkvs"]["find_values (end to end)"] = (
         n / time_ms(_e2e(storage, probe, dim), ARGS.reps) / 1e6 if ok else "MISMATCH")
-    row["bkvs"]["kernel back to back"] = n / _back_to_back_ms(
+    row["bkvs"]["default launch"] = n / _back_to_back_ms(
         lambda: find_tt.launch_find(storage, probe, None, slots, values)) / 1e6
     return row
 
