@@ -4,9 +4,10 @@ One program handles ``BLOCK`` keys. Each key's bucket digest line (128 bytes at
 the default bucket capacity) is read as 32-bit words and compared four digests
 at a time with an exact byte-match test (SWAR, no false positives), so the whole
 line costs a few integer operations per word. Candidates are then taken in slot
-order: the two lowest digest matches are read together (one round of memory
-latency for almost every key), and only keys with a third match (about 1.5% at
-a full bucket) go through a loop. With a power-of-two bucket count (the usual
+order: the two lowest digest matches, found by reductions over the line's words
+(``WORD_PROBE``), are read together (one round of memory latency for almost every
+key), and only keys with a third match (about 1.5% at a full bucket) go through a
+loop. With a power-of-two bucket count (the usual
 case: tables grow by doubling) the bucket is a bit mask of the hash, not a 64-bit
 modulo. Bucket capacities that are not a multiple of 4 fall back to comparing
 bytes. ``find_values`` also gathers the embedding columns of found rows in the
