@@ -54,8 +54,9 @@ def _args() -> argparse.Namespace:
                    help="the upsert's probe: at most this many registers a thread (0: the "
                         "compiler's choice; default: the library's)")
     p.add_argument("--word-probe", type=int, default=None, choices=[0, 1],
-                   help="1: the probe (find, and the upsert's) finds its two lowest digest "
-                        "matches by word (HASHREC_WORD_PROBE); default: the library's")
+                   help="every probe (find, and the upsert's) places its digest matches by "
+                        "position (0) or finds the lowest by word (1) (HASHREC_WORD_PROBE); "
+                        "default: each launch's choice")
     p.add_argument("--word-probe-lowest", type=int, default=None, choices=[2, 3],
                    help="the probe by word finds and confirms its 2 or 3 lowest digest "
                         "matches together (HASHREC_WORD_PROBE_LOWEST); default: the "

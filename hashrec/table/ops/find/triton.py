@@ -7,9 +7,8 @@ line costs a few integer operations per word. Candidates are then taken in slot
 order: the two lowest digest matches, found by reductions over the line's words
 (``WORD_PROBE``), are read together (one round of memory latency for almost every
 key), and only keys with a third match (about 1.5% at a full bucket) go through a
-loop. With a power-of-two bucket count (the usual
-case: tables grow by doubling) the bucket is a bit mask of the hash, not a 64-bit
-modulo. Bucket capacities that are not a multiple of 4 fall back to comparing
+loop. With a power-of-two bucket count (the usual case: tables grow by doubling) the
+bucket is a bit mask of the hash, not a 64-bit modulo. Bucket capacities that are not a multiple of 4 fall back to comparing
 bytes. ``find_values`` also gathers the embedding columns of found rows in the
 same program, so a lookup is a single launch.
 """
@@ -43,13 +42,24 @@ def match_bytes(words, dig):
 
 
 @triton.jit
+def _lowest_byte(word):
+    """Byte (0-3) of the lowest flag (0x80) of each nonzero word."""
+    low = word & (word ^ (word - 1))
+    return ((low >> 15) != 0).to(tl.int32) + ((low >> 23) != 0).to(tl.int32) + (
+        (low >> 31) != 0).to(tl.int32)
+
+
+@triton.jit
+def _byte_at(word, w):
+    """Slot column of the lowest flag of ``word`` (word ``w`` of the line)."""
+    return w * 4 + _lowest_byte(word)
+
+
+@triton.jit
 def _first_candidate(cand, col, WORDS: tl.constexpr, NONE: tl.constexpr):
     """Lowest candidate slot column per row: (BLOCK,) int32, NONE when there is none."""
     if WORDS:
-        low = cand & (cand ^ (cand - 1))  # lowest set bit
-        byte = ((low >> 15) != 0).to(tl.int32) + ((low >> 23) != 0).to(tl.int32) + (
-            (low >> 31) != 0).to(tl.int32)
-        pos = tl.where(cand != 0, col[None, :] * 4 + byte, NONE)
+        pos = tl.where(cand != 0, _byte_at(cand, col[None, :]), NONE)
     else:
         pos = tl.where(cand, col[None, :], NONE)
     return tl.min(pos, axis=1)
@@ -94,24 +104,10 @@ def _confirm(t_keys, t_tags, slot, live, key, tag):
 
 
 @triton.jit
-def _lowest_byte(word):
-    """Byte (0-3) of the lowest flag (0x80) of each nonzero word."""
-    low = word & (word ^ (word - 1))
-    return ((low >> 15) != 0).to(tl.int32) + ((low >> 23) != 0).to(tl.int32) + (
-        (low >> 31) != 0).to(tl.int32)
-
-
-@triton.jit
 def _word_at(cand, col, w):
     """Word ``w`` of each row of ``cand`` (0 for a column past the line): a sum over one
     nonzero term, which no signedness of the words can change."""
     return tl.sum(tl.where(col[None, :] == w[:, None], cand, 0), axis=1)
-
-
-@triton.jit
-def _byte_at(word, w):
-    """Slot column of the lowest flag of ``word`` (word ``w`` of the line)."""
-    return w * 4 + _lowest_byte(word)
 
 
 @triton.jit

@@ -47,8 +47,13 @@ from hashrec.table._triton_hash import (
     load_tags,
     tagged_hash,
 )
-from hashrec.table.ops.find import triton as find_tt
-from hashrec.table.ops.find.triton import digest_line, probe_block, probe_bucket, probe_round
+from hashrec.table.ops.find.triton import (
+    by_word,
+    digest_line,
+    probe_block,
+    probe_bucket,
+    probe_round,
+)
 from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.runs import insert_run
 from hashrec.table.ops.insert.upsert_block import (
@@ -254,7 +259,7 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         HAS_TAGS=tags is not None,
         HAS_ACTIVE=active is not None, CAP=storage.bucket_capacity, LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
-        BY_WORD=find_tt.by_word(width <= 32), BLOCK=block, num_warps=2,
+        BY_WORD=by_word(width <= 32), BLOCK=block, num_warps=2,
         **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
     return sort_key, _WIDE_SENTINEL if wide else _NARROW_SENTINEL
 
