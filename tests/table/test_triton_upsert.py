@@ -58,14 +58,16 @@ def _reference_upsert(storage: TableStorage, keys, tags, scores, allow_evict):
 # chunk; the block form alone, with runs of up to 4 or 2 misses in tiles (the rest per
 # run, chunked in the last); and the lane form first, over blocks of few positions (runs
 # straddle blocks, and the listed blocks outnumber the block form's programs) or many.
-# Registers: the block form uncapped in one launch, the probe capped in another.
+# Registers: the block form uncapped in one launch, the probe capped (16 keys, one warp)
+# in another.
 LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}, 0),
             "runs8-chunked": ({"runs": 8, "bi": 4}, 0),
             "block8-w4": ({"bi": 16}, {"block": 8, "width": 4, "lanes": 0}),
             "block64-w2-chunked": ({"bi": 4}, {"block": 64, "width": 2, "lanes": 0,
                                                 "maxnreg": 0}),
             "block1-w1": ({"bi": 16}, {"block": 1, "width": 1, "lanes": 0,
-                                       "probe_maxnreg": 80}),
+                                       "probe_maxnreg": 80, "probe_keys": 16,
+                                       "probe_warps": 1}),
             "lanes-block4-w4": ({"bi": 16}, {"block": 4, "width": 4, "lanes": 1}),
             "lanes-block32-w2-chunked": ({"bi": 4}, {"block": 32, "width": 2, "lanes": 1}),
             "lanes-block2-w1": ({"bi": 16}, {"block": 2, "width": 1, "lanes": 1})}

@@ -251,7 +251,8 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
     wide = shift > NARROW_MAX_SHIFT
     sort_key = torch.empty(n, dtype=torch.int64 if wide else torch.int32, device=keys.device)
     line, width, words = digest_line(storage)
-    block = probe_block(width)
+    warps, most = UPSERT_BLOCK["probe_warps"], UPSERT_BLOCK["probe_keys"]
+    block = probe_block(width, warps, most) if most else probe_block(width, warps)
     _probe_sort_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys,
         active.view(torch.uint8) if active is not None else keys, storage.keys,
@@ -259,7 +260,7 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         HAS_TAGS=tags is not None,
         HAS_ACTIVE=active is not None, CAP=storage.bucket_capacity, LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
-        BY_WORD=by_word(width <= 32), BLOCK=block, num_warps=2,
+        BY_WORD=by_word(width <= 32), BLOCK=block, num_warps=warps,
         **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
     return sort_key, _WIDE_SENTINEL if wide else _NARROW_SENTINEL
 

@@ -75,10 +75,12 @@ def _lanes_min_from_env() -> int:
 # find_or_insert of 1M keys took 2-6% less time at every load factor on an H200:
 # benchmarks/results/table_gpu.md against table_gpu_upsert_maxnreg0.md, same run).
 # probe_maxnreg: the same for the upsert's probe (``_probe_sort_kernel``, 96 uncapped;
-# 80 or 64 changed nothing measurable).
+# 80 or 64 changed nothing measurable); probe_keys: its keys a program (0: 32 a warp, fewer
+# for wide buckets, ``find.triton.probe_block``), on probe_warps warps.
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
-                "lane_warps": 2, "maxnreg": 128, "probe_maxnreg": 0}
+                "lane_warps": 2, "maxnreg": 128, "probe_maxnreg": 0, "probe_keys": 0,
+                "probe_warps": 2}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
