@@ -54,6 +54,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--upsert-lanes", type=int, default=None,
                    help="1: the lane form places short runs into free slots before the "
                         "block form; 0: the block form alone (default: the library's)")
+    p.add_argument("--upsert-lane-width", type=int, default=None,
+                   help="lane form: longest run it places (0: the block form's width; "
+                        "default: the library's)")
     p.add_argument("--upsert-maxnreg", type=int, default=None,
                    help="block form: at most this many registers a thread (0: the "
                         "compiler's choice; default: the library's)")
@@ -203,6 +206,8 @@ def main() -> None:
         upsert_tt.UPSERT_BLOCK["block"] = ARGS.upsert_block
     if ARGS.upsert_width is not None:
         upsert_tt.UPSERT_BLOCK["width"] = ARGS.upsert_width
+    if ARGS.upsert_lane_width is not None:
+        upsert_tt.UPSERT_BLOCK["lane_width"] = ARGS.upsert_lane_width
     if ARGS.upsert_lanes is not None:
         upsert_tt.UPSERT_BLOCK["lanes"] = ARGS.upsert_lanes
     for name, value in (("maxnreg", ARGS.upsert_maxnreg), ("probe_maxnreg", ARGS.probe_maxnreg)):

@@ -57,7 +57,8 @@ def _reference_upsert(storage: TableStorage, keys, tags, scores, allow_evict):
 # several, each with runs in registers; several, with runs longer than the registers'
 # chunk; the block form alone, with runs of up to 4 or 2 misses in tiles (the rest per
 # run, chunked in the last); and the lane form first, over blocks of few positions (runs
-# straddle blocks, and the listed blocks outnumber the block form's programs) or many.
+# straddle blocks, and the listed blocks outnumber the block form's programs) or many, and
+# placing longer runs than the block form's tiles.
 # Registers: the block form uncapped in one launch, the probe capped (16 keys, one warp)
 # in another.
 LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}, 0),
@@ -70,7 +71,9 @@ LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}
                                        "probe_warps": 1}),
             "lanes-block4-w4": ({"bi": 16}, {"block": 4, "width": 4, "lanes": 1}),
             "lanes-block32-w2-chunked": ({"bi": 4}, {"block": 32, "width": 2, "lanes": 1}),
-            "lanes-block2-w1": ({"bi": 16}, {"block": 2, "width": 1, "lanes": 1})}
+            "lanes-block2-w1": ({"bi": 16}, {"block": 2, "width": 1, "lanes": 1}),
+            "lanes8-block16-w2": ({"bi": 16}, {"block": 16, "width": 2, "lanes": 1,
+                                               "lane_width": 8})}
 
 
 def _use_launch(monkeypatch, launch: str) -> None:

@@ -296,10 +296,11 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
         blocks = _empty(programs, torch.int8, storage.device)
+        lane_width = block["lane_width"] or block["width"]
         upsert_lanes_kernel[(programs,)](
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,
             out, evicted, state, blocks, ALLOW_EVICT=evict, CAP=cap, LINE=width,
-            W=block["width"], WIN=next_pow2(2 * block["width"] + 1), BLOCK=b,
+            W=lane_width, WIN=next_pow2(2 * lane_width + 1), BLOCK=b,
             num_warps=block["lane_warps"])
     upsert_block_kernel[(programs,)](
         *args, state if state is not None else s_digests,

@@ -9,7 +9,9 @@ sorted positions and places every short run that opens among them at once:
   ``W * W`` vector compares, and placed from (B, bucket) tiles of its bucket:
   rank r < n_empty takes the r-th empty slot (a row cumsum), and with eviction,
   rank n_empty + j takes the j-th lowest entry by (score asc, slot asc), found by
-  ``W`` rounds of a row minimum, when its score is at least that entry's;
+  rounds of a row minimum (as many as the row of the block that lacks the most empty
+  slots needs), when its score is at least that entry's; lanes past the longest run's
+  last first occurrence are skipped;
 - a longer run goes through the per-run path (``runs.insert_run``), one at a time.
 
 The rule and its outcome are those of the per-position form: a run is placed by
@@ -63,7 +65,8 @@ def _lanes_min_from_env() -> int:
 # width: the longest run placed in tiles (and by the lane form); elements: the budget of
 # one (B, bucket) tile; lanes: 1 to run the lane form (``upsert_lanes.py``) first, over
 # the same blocks of positions, on lane_warps warps: it places the short runs that fit
-# in free slots and leaves the rest to the block form. Off unless HASHREC_UPSERT_LANES=1:
+# in free slots and leaves the rest to the block form; lane_width: the longest run it
+# places (0: width). Off unless HASHREC_UPSERT_LANES=1:
 # on an H200 it took insert_or_assign of 1M keys (40% new) into 64M slots from 0.70 to
 # 0.51 ms at load factor 0.5, but cost 7-8% at 1.0 (every run left to the block form)
 # and 8% of the training run's samples/s (benchmarks/results/table_gpu_upsert_lanes.md,
@@ -79,7 +82,7 @@ def _lanes_min_from_env() -> int:
 # for wide buckets, ``find.triton.probe_block``), on probe_warps warps.
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
-                "lane_warps": 2, "maxnreg": 128, "probe_maxnreg": 0, "probe_keys": 0,
+                "lane_warps": 2, "lane_width": 0, "maxnreg": 128, "probe_maxnreg": 0, "probe_keys": 0,
                 "probe_warps": 2}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
@@ -97,10 +100,11 @@ def _column(tile, col, j):
 
 
 @triton.jit
-def _victims(t_scores, addr, occupied, B: tl.constexpr, W: tl.constexpr,
+def _victims(t_scores, addr, occupied, rounds, B: tl.constexpr, W: tl.constexpr,
              CAP_P2: tl.constexpr):
-    """Per row of (B, CAP_P2) cells, the W lowest occupied entries by (score asc, slot
-    asc): (B, W) bucket columns (CAP_P2 past the last) and their scores."""
+    """Per row of (B, CAP_P2) cells, the ``rounds`` (at most W) lowest occupied entries by
+    (score asc, slot asc): (B, W) bucket columns (CAP_P2 past the last) and their
+    scores."""
     col = tl.arange(0, CAP_P2)
     wcol = tl.arange(0, W)
     scores = tl.load(t_scores + addr, mask=occupied, other=0)
@@ -108,11 +112,13 @@ def _victims(t_scores, addr, occupied, B: tl.constexpr, W: tl.constexpr,
     v_col = tl.full([B, W], CAP_P2, dtype=tl.int32)
     v_score = tl.full([B, W], _MAX_SCORE, dtype=tl.int64)
     for j in tl.static_range(W):
-        low = tl.min(tl.where(free, scores, _MAX_SCORE), axis=1)
-        pick = tl.min(tl.where(free & (scores == low[:, None]), col[None, :], CAP_P2), axis=1)
-        v_col = tl.where(wcol[None, :] == j, pick[:, None], v_col)
-        v_score = tl.where(wcol[None, :] == j, low[:, None], v_score)
-        free = free & (col[None, :] != pick[:, None])
+        if j < rounds:  # no row pairs more of its keys than it lacks empty slots for
+            low = tl.min(tl.where(free, scores, _MAX_SCORE), axis=1)
+            pick = tl.min(tl.where(free & (scores == low[:, None]), col[None, :], CAP_P2),
+                          axis=1)
+            v_col = tl.where(wcol[None, :] == j, pick[:, None], v_col)
+            v_score = tl.where(wcol[None, :] == j, low[:, None], v_score)
+            free = free & (col[None, :] != pick[:, None])
     return v_col, v_score
 
 
@@ -144,33 +150,53 @@ def _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests
     v_score = tl.full([B, W], _MAX_SCORE, dtype=tl.int64)
     if ALLOW_EVICT:
         need = short & (n_in > n_empty)
-        if tl.max(need.to(tl.int32), axis=0) > 0:
-            v_col, v_score = _victims(t_scores, addr, cell & ~empty & need[:, None], B, W,
-                                     CAP_P2)
+        rounds = tl.max(tl.where(need, n_in - n_empty, 0), axis=0)
+        if rounds > 0:
+            v_col, v_score = _victims(t_scores, addr, cell & ~empty & need[:, None], rounds,
+                                      B, W, CAP_P2)
+    # Lanes past every run's last first occurrence have nothing to place.
+    lanes = tl.max(tl.max(tl.where(m2, wcol[None, :] + 1, 0), axis=1), axis=0)
     for w in tl.static_range(W):
-        i = at + w
-        lane_w = tl.full([B], w, dtype=tl.int32)
-        mi = _column(m2.to(tl.int32), wcol, lane_w) > 0
-        key = _column(key2, wcol, lane_w)
-        score = _column(score2, wcol, lane_w)
-        pos = _column(pos2, wcol, lane_w)
-        before = comes_before(key2, score2, pos2, key[:, None], score[:, None], pos[:, None])
-        rank = tl.sum((before & m2).to(tl.int32), axis=1)
-        to_empty = empty & (empty_rank == rank[:, None])
-        slot_col = tl.min(tl.where(to_empty, col[None, :], CAP_P2), axis=1)
-        ev = mi & (rank < 0)  # no eviction but by the rule below
-        if ALLOW_EVICT:
-            over = mi & (rank >= n_empty)
-            j = tl.where(over, rank - n_empty, 0)
-            pick = _column(v_col, wcol, j)
-            ev = over & (pick < CAP_P2) & (score >= _column(v_score, wcol, j))
-            slot_col = tl.where(ev, pick, slot_col)
-        ok = mi & (slot_col < CAP_P2)
-        slot = bucket * CAP + slot_col
-        write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
-                      t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores,
-                      ALLOW_EVICT)
-        tl.store(out_slots + i, tl.where(ok, slot, -1), mask=mi)
+        if w < lanes:
+            _place_lane(w, at, bucket, m2, key2, score2, pos2, n_empty, empty, empty_rank,
+                        v_col, v_score, in_tags, in_digests, t_keys, t_tags, t_digests,
+                        t_scores, out_slots, out_evicted, ev_keys, ev_tags, ev_scores,
+                        ALLOW_EVICT, CAP, CAP_P2, B, W)
+
+
+@triton.jit
+def _place_lane(w: tl.constexpr, at, bucket, m2, key2, score2, pos2, n_empty, empty,
+                empty_rank, v_col, v_score, in_tags, in_digests, t_keys, t_tags, t_digests,
+                t_scores, out_slots, out_evicted, ev_keys, ev_tags, ev_scores,
+                ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
+                B: tl.constexpr, W: tl.constexpr):
+    """Places lane w of the runs in (B, W) tiles ``m2`` / ``key2`` / ...: the run's
+    first occurrence there (if any) takes its rank's empty slot or victim."""
+    col = tl.arange(0, CAP_P2)
+    wcol = tl.arange(0, W)
+    i = at + w
+    lane_w = tl.full([B], w, dtype=tl.int32)
+    mi = _column(m2.to(tl.int32), wcol, lane_w) > 0
+    key = _column(key2, wcol, lane_w)
+    score = _column(score2, wcol, lane_w)
+    pos = _column(pos2, wcol, lane_w)
+    before = comes_before(key2, score2, pos2, key[:, None], score[:, None], pos[:, None])
+    rank = tl.sum((before & m2).to(tl.int32), axis=1)
+    to_empty = empty & (empty_rank == rank[:, None])
+    slot_col = tl.min(tl.where(to_empty, col[None, :], CAP_P2), axis=1)
+    ev = mi & (rank < 0)  # no eviction but by the rule below
+    if ALLOW_EVICT:
+        over = mi & (rank >= n_empty)
+        j = tl.where(over, rank - n_empty, 0)
+        pick = _column(v_col, wcol, j)
+        ev = over & (pick < CAP_P2) & (score >= _column(v_score, wcol, j))
+        slot_col = tl.where(ev, pick, slot_col)
+    ok = mi & (slot_col < CAP_P2)
+    slot = bucket * CAP + slot_col
+    write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
+                  t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores,
+                  ALLOW_EVICT)
+    tl.store(out_slots + i, tl.where(ok, slot, -1), mask=mi)
 
 
 @triton.jit
