@@ -58,9 +58,12 @@ def _reference_upsert(storage: TableStorage, keys, tags, scores, allow_evict):
 # chunk; the block form alone, with runs of up to 4 or 2 misses in tiles (the rest per
 # run, chunked in the last); and the lane form first, over blocks of few positions (runs
 # straddle blocks, and the listed blocks outnumber the block form's programs) or many, and
-# placing longer runs than the block form's tiles.
+# placing longer runs than the block form's tiles; its block-form programs serving 1, 4 or 8
+# blocks each.
 # Registers: the block form uncapped in one launch, the probe capped (16 keys, one warp)
 # in another.
+# The lane form on for calls of any size (by default only for large ones).
+LANES_ON = {"lanes": 1, "lanes_min": 0}
 LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}, 0),
             "runs8-chunked": ({"runs": 8, "bi": 4}, 0),
             "block8-w4": ({"bi": 16}, {"block": 8, "width": 4, "lanes": 0}),
@@ -69,10 +72,13 @@ LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}
             "block1-w1": ({"bi": 16}, {"block": 1, "width": 1, "lanes": 0,
                                        "probe_maxnreg": 80, "probe_keys": 16,
                                        "probe_warps": 1}),
-            "lanes-block4-w4": ({"bi": 16}, {"block": 4, "width": 4, "lanes": 1}),
-            "lanes-block32-w2-chunked": ({"bi": 4}, {"block": 32, "width": 2, "lanes": 1}),
-            "lanes-block2-w1": ({"bi": 16}, {"block": 2, "width": 1, "lanes": 1}),
-            "lanes8-block16-w2": ({"bi": 16}, {"block": 16, "width": 2, "lanes": 1,
+            "lanes-block4-w4": ({"bi": 16}, {**LANES_ON, "block": 4, "width": 4,
+                                              "lane_group": 4}),
+            "lanes-block32-w2-chunked": ({"bi": 4}, {**LANES_ON, "block": 32, "width": 2,
+                                                      "lane_group": 1}),
+            "lanes-block2-w1": ({"bi": 16}, {**LANES_ON, "block": 2, "width": 1,
+                                             "lane_group": 8}),
+            "lanes8-block16-w2": ({"bi": 16}, {**LANES_ON, "block": 16, "width": 2,
                                                "lane_width": 8})}
 
 
@@ -156,6 +162,22 @@ def test_upsert_short_runs_into_full_buckets_match_reference(monkeypatch, tagged
         btags = torch.cat([ptags[:40], ntags, ntags[5:25], ptags[40:45]])
     scores = torch.randint(0, 6, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
     _check_upsert(base, batch, btags, scores, allow_evict)
+
+
+@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block2-w1",
+                                    "lanes-block32-w2-chunked"])
+def test_upsert_of_new_keys_into_full_buckets_matches_reference(monkeypatch, launch):
+    """Every key new, every bucket full: the lane form leaves every run to the block form
+    (victims by score), up to the last block of sorted positions, however many blocks a
+    block-form program serves."""
+    _use_launch(monkeypatch, launch)
+    base, _, _ = filled(16, 8, 600, seed=61)
+    assert bool((base.digests != 0).all())
+    gen = torch.Generator().manual_seed(62)
+    new = random_keys(90, gen).to(DEVICE)
+    batch = torch.cat([new, new[:11]])
+    scores = torch.randint(0, 10, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+    _check_upsert(base, batch, None, scores, True)
 
 
 @pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block2-w1"])
@@ -328,10 +350,10 @@ def test_upsert_block_setting_from_environment(monkeypatch):
         monkeypatch.setenv("HASHREC_UPSERT_BLOCK", bad)
         with pytest.raises(ValueError, match="HASHREC_UPSERT_BLOCK"):
             upsert_block._block_from_env()
-    monkeypatch.setenv("HASHREC_UPSERT_LANES", "1")
-    assert upsert_block._lanes_from_env() == 1
+    monkeypatch.setenv("HASHREC_UPSERT_LANES", "0")
+    assert upsert_block._lanes_from_env() == 0
     monkeypatch.delenv("HASHREC_UPSERT_LANES")
-    assert upsert_block._lanes_from_env() == 0  # off unless asked for
+    assert upsert_block._lanes_from_env() == 1  # on unless turned off
     for bad in ("2", "-1", "yes"):
         monkeypatch.setenv("HASHREC_UPSERT_LANES", bad)
         with pytest.raises(ValueError, match="HASHREC_UPSERT_LANES"):
@@ -339,7 +361,7 @@ def test_upsert_block_setting_from_environment(monkeypatch):
     monkeypatch.setenv("HASHREC_UPSERT_LANES_MIN", "65536")
     assert upsert_block._lanes_min_from_env() == 65536
     monkeypatch.delenv("HASHREC_UPSERT_LANES_MIN")
-    assert upsert_block._lanes_min_from_env() == 0
+    assert upsert_block._lanes_min_from_env() == upsert_block.LANES_MIN == 131072
     monkeypatch.setenv("HASHREC_UPSERT_LANES_MIN", "-1")
     with pytest.raises(ValueError, match="HASHREC_UPSERT_LANES_MIN"):
         upsert_block._lanes_min_from_env()

@@ -38,6 +38,9 @@ __all__ = ["UPSERT_BLOCK", "block_positions", "upsert_block_kernel"]
 # into 64M slots from 3.3-4.0 ms (per position) to 1.3-1.8 ms at load factors 0.5-1.0
 # (benchmarks/results/upsert_launch_gpu.md).
 DEFAULT_BLOCK = 32
+# Calls of fewer keys skip the lane form unless HASHREC_UPSERT_LANES_MIN says otherwise
+# (see UPSERT_BLOCK below).
+LANES_MIN = 131072
 
 
 def _block_from_env() -> int:
@@ -48,14 +51,14 @@ def _block_from_env() -> int:
 
 
 def _lanes_from_env() -> int:
-    lanes = env_int("HASHREC_UPSERT_LANES", 0)
+    lanes = env_int("HASHREC_UPSERT_LANES", 1)
     if lanes not in (0, 1):
         raise ValueError(f"HASHREC_UPSERT_LANES must be 0 (off) or 1 (on), got {lanes}")
     return lanes
 
 
 def _lanes_min_from_env() -> int:
-    least = env_int("HASHREC_UPSERT_LANES_MIN", 0)
+    least = env_int("HASHREC_UPSERT_LANES_MIN", LANES_MIN)
     if least < 0:
         raise ValueError(f"HASHREC_UPSERT_LANES_MIN must be >= 0, got {least}")
     return least
@@ -66,13 +69,15 @@ def _lanes_min_from_env() -> int:
 # one (B, bucket) tile; lanes: 1 to run the lane form (``upsert_lanes.py``) first, over
 # the same blocks of positions, on lane_warps warps: it places the short runs that fit
 # in free slots and leaves the rest to the block form; lane_width: the longest run it
-# places (0: width). Off unless HASHREC_UPSERT_LANES=1:
-# on an H200 it took insert_or_assign of 1M keys (40% new) into 64M slots from 0.70 to
-# 0.51 ms at load factor 0.5, but cost 7-8% at 1.0 (every run left to the block form)
-# and 8% of the training run's samples/s (benchmarks/results/table_gpu_upsert_lanes.md,
-# ab_gpu_x1_upsert_lanes.md). lanes_min: with the lane form on, calls of fewer keys skip
-# it (HASHREC_UPSERT_LANES_MIN; 0: none do); at 131072 the training run matched the lane
-# form off (1.007 of its samples/s, same A/B), its calls being smaller.
+# places (0: width); lane_group: blocks a block-form program then serves (it serves the
+# flagged ones, one after the other). On unless HASHREC_UPSERT_LANES=0, for calls of at
+# least lanes_min keys (HASHREC_UPSERT_LANES_MIN; 0: every call). On an H200, with every
+# insert call starting at its load factor, it took insert_or_assign of 1M keys (40% new)
+# into 64M slots 1.30x / 1.25x as fast at load factors 0.5 / 0.75 (dim 8: 0.479 against
+# 0.620 ms), and cost 7% at 1.0, where every run is left to the block form
+# (benchmarks/results/table_gpu_lanes_ab.md). The training run lost 8% of its samples/s
+# with it on for every call, and matched it off (1.007) at a lanes_min of 131072, its
+# calls being smaller (ab_gpu_x1_upsert_lanes.md).
 # maxnreg: registers a thread at most in the block form (0: the compiler's choice; it
 # took 168, 17-19% occupancy, in a counter profile; capped at 128, insert_or_assign and
 # find_or_insert of 1M keys took 2-6% less time at every load factor on an H200:
@@ -82,7 +87,7 @@ def _lanes_min_from_env() -> int:
 # for wide buckets, ``find.triton.probe_block``), on probe_warps warps.
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
-                "lane_warps": 2, "lane_width": 0, "maxnreg": 128, "probe_maxnreg": 0, "probe_keys": 0,
+                "lane_warps": 2, "lane_width": 0, "lane_group": 8, "maxnreg": 128, "probe_maxnreg": 0, "probe_keys": 0,
                 "probe_warps": 2}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
@@ -238,10 +243,25 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
                         ev_keys, ev_tags, ev_scores, state, blocks, ALLOW_EVICT: tl.constexpr,
                         CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr,
-                        B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr):
-    """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, only where
-    ``upsert_lanes_kernel`` flagged the block in ``blocks`` (it left runs to this form)."""
-    if not LANES or tl.load(blocks + tl.program_id(0)) != 0:
+                        B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr,
+                        GROUP: tl.constexpr):
+    """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, program p
+    serves the blocks p * GROUP ... p * GROUP + GROUP - 1 that ``upsert_lanes_kernel``
+    flagged in ``blocks`` (it left runs to this form), one after the other: where few
+    are flagged, most programs would otherwise start only to read their flag."""
+    if LANES:
+        g = tl.arange(0, GROUP)
+        first = tl.program_id(0) * GROUP
+        todo = (first + g) < tl.cdiv(m, B)
+        todo = todo & (tl.load(blocks + first + g, mask=todo, other=0) != 0)
+        while tl.max(todo.to(tl.int32), axis=0) > 0:
+            k = tl.min(tl.where(todo, g, GROUP), axis=0)
+            _serve(first + k, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
+                   in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
+                   ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W,
+                   LANES)
+            todo = todo & (g != k)
+    else:
         _serve(tl.program_id(0), in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
                in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys,
                ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)
