@@ -57,9 +57,6 @@ def _args() -> argparse.Namespace:
     p.add_argument("--upsert-lane-width", type=int, default=None,
                    help="lane form: longest run it places (0: the block form's width; "
                         "default: the library's)")
-    p.add_argument("--upsert-lane-group", type=int, default=None,
-                   help="lane form: blocks a block-form program serves (default: the "
-                        "library's)")
     p.add_argument("--upsert-maxnreg", type=int, default=None,
                    help="block form: at most this many registers a thread (0: the "
                         "compiler's choice; default: the library's)")
@@ -211,8 +208,6 @@ def main() -> None:
         upsert_tt.UPSERT_BLOCK["width"] = ARGS.upsert_width
     if ARGS.upsert_lane_width is not None:
         upsert_tt.UPSERT_BLOCK["lane_width"] = ARGS.upsert_lane_width
-    if ARGS.upsert_lane_group is not None:
-        upsert_tt.UPSERT_BLOCK["lane_group"] = ARGS.upsert_lane_group
     if ARGS.upsert_lanes is not None:
         upsert_tt.UPSERT_BLOCK["lanes"] = ARGS.upsert_lanes
     for name, value in (("maxnreg", ARGS.upsert_maxnreg), ("probe_maxnreg", ARGS.probe_maxnreg)):

@@ -58,8 +58,7 @@ def _reference_upsert(storage: TableStorage, keys, tags, scores, allow_evict):
 # chunk; the block form alone, with runs of up to 4 or 2 misses in tiles (the rest per
 # run, chunked in the last); and the lane form first, over blocks of few positions (runs
 # straddle blocks, and the listed blocks outnumber the block form's programs) or many, and
-# placing longer runs than the block form's tiles; its block-form programs serving 1, 4 or 8
-# blocks each.
+# placing longer runs than the block form's tiles.
 # Registers: the block form uncapped in one launch, the probe capped (16 keys, one warp)
 # in another.
 # The lane form on for calls of any size (by default only for large ones).
@@ -72,12 +71,9 @@ LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}
             "block1-w1": ({"bi": 16}, {"block": 1, "width": 1, "lanes": 0,
                                        "probe_maxnreg": 80, "probe_keys": 16,
                                        "probe_warps": 1}),
-            "lanes-block4-w4": ({"bi": 16}, {**LANES_ON, "block": 4, "width": 4,
-                                              "lane_group": 4}),
-            "lanes-block32-w2-chunked": ({"bi": 4}, {**LANES_ON, "block": 32, "width": 2,
-                                                      "lane_group": 1}),
-            "lanes-block2-w1": ({"bi": 16}, {**LANES_ON, "block": 2, "width": 1,
-                                             "lane_group": 8}),
+            "lanes-block4-w4": ({"bi": 16}, {**LANES_ON, "block": 4, "width": 4}),
+            "lanes-block32-w2-chunked": ({"bi": 4}, {**LANES_ON, "block": 32, "width": 2}),
+            "lanes-block2-w1": ({"bi": 16}, {**LANES_ON, "block": 2, "width": 1}),
             "lanes8-block16-w2": ({"bi": 16}, {**LANES_ON, "block": 16, "width": 2,
                                                "lane_width": 8})}
 
@@ -168,8 +164,7 @@ def test_upsert_short_runs_into_full_buckets_match_reference(monkeypatch, tagged
                                     "lanes-block32-w2-chunked"])
 def test_upsert_of_new_keys_into_full_buckets_matches_reference(monkeypatch, launch):
     """Every key new, every bucket full: the lane form leaves every run to the block form
-    (victims by score), up to the last block of sorted positions, however many blocks a
-    block-form program serves."""
+    (victims by score), up to the last block of sorted positions."""
     _use_launch(monkeypatch, launch)
     base, _, _ = filled(16, 8, 600, seed=61)
     assert bool((base.digests != 0).all())

@@ -22,7 +22,7 @@ launch has a grid fixed by the batch size n, so nothing is read back on the host
    ``UPSERT_BLOCK["lanes_min"]`` keys (131,072) a lane form (``upsert_lanes.py``,
    one lane per sorted position; ``HASHREC_UPSERT_LANES=0`` turns it off) first
    places the short runs that fit in their buckets' free slots, and the block form
-   takes the blocks it flags, several a program;
+   takes the blocks it flags;
 5. one kernel writes every key's final slot and flags back in batch order (and the
    digests of the entries the lane form placed).
 
@@ -303,13 +303,11 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
             out, evicted, state, blocks, ALLOW_EVICT=evict, CAP=cap, LINE=width,
             W=lane_width, WIN=next_pow2(2 * lane_width + 1), BLOCK=b,
             num_warps=block["lane_warps"])
-    group = block["lane_group"] if state is not None else 1
-    upsert_block_kernel[(cdiv(programs, group),)](
+    upsert_block_kernel[(programs,)](
         *args, state if state is not None else s_digests,
         blocks if blocks is not None else s_digests, ALLOW_EVICT=evict, CAP=cap,
         CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
-        LANES=state is not None, GROUP=group, num_warps=block["num_warps"],
-        **maxnreg(block["maxnreg"]))
+        LANES=state is not None, num_warps=block["num_warps"], **maxnreg(block["maxnreg"]))
     return state
 
 

@@ -69,13 +69,13 @@ def _lanes_min_from_env() -> int:
 # one (B, bucket) tile; lanes: 1 to run the lane form (``upsert_lanes.py``) first, over
 # the same blocks of positions, on lane_warps warps: it places the short runs that fit
 # in free slots and leaves the rest to the block form; lane_width: the longest run it
-# places (0: width); lane_group: blocks a block-form program then serves (it serves the
-# flagged ones, one after the other). On unless HASHREC_UPSERT_LANES=0, for calls of at
+# places (0: width). On unless HASHREC_UPSERT_LANES=0, for calls of at
 # least lanes_min keys (HASHREC_UPSERT_LANES_MIN; 0: every call). On an H200, with every
 # insert call starting at its load factor, it took insert_or_assign of 1M keys (40% new)
-# into 64M slots 1.30x / 1.25x as fast at load factors 0.5 / 0.75 (dim 8: 0.479 against
-# 0.620 ms), and cost 7% at 1.0, where every run is left to the block form
-# (benchmarks/results/table_gpu_lanes_ab.md). The training run lost 8% of its samples/s
+# into 64M slots 1.27x / 1.24x as fast at load factors 0.5 / 0.75 (dim 8: 0.484 against
+# 0.618 ms), 1.19x / 1.17x at dim 128, and cost 7-9% at 1.0, where every run is left to
+# the block form (benchmarks/results/table_gpu_lane_group1.md against
+# table_gpu_lanes_off.md, same run). The training run lost 8% of its samples/s
 # with it on for every call, and matched it off (1.007) at a lanes_min of 131072, its
 # calls being smaller (ab_gpu_x1_upsert_lanes.md).
 # maxnreg: registers a thread at most in the block form (0: the compiler's choice; it
@@ -87,7 +87,7 @@ def _lanes_min_from_env() -> int:
 # for wide buckets, ``find.triton.probe_block``), on probe_warps warps.
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
-                "lane_warps": 2, "lane_width": 0, "lane_group": 8, "maxnreg": 128, "probe_maxnreg": 0, "probe_keys": 0,
+                "lane_warps": 2, "lane_width": 0, "maxnreg": 128, "probe_maxnreg": 0, "probe_keys": 0,
                 "probe_warps": 2}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
@@ -243,25 +243,14 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
                         ev_keys, ev_tags, ev_scores, state, blocks, ALLOW_EVICT: tl.constexpr,
                         CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr,
-                        B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr,
-                        GROUP: tl.constexpr):
-    """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, program p
-    serves the blocks p * GROUP ... p * GROUP + GROUP - 1 that ``upsert_lanes_kernel``
-    flagged in ``blocks`` (it left runs to this form), one after the other: where few
-    are flagged, most programs would otherwise start only to read their flag."""
-    if LANES:
-        g = tl.arange(0, GROUP)
-        first = tl.program_id(0) * GROUP
-        todo = (first + g) < tl.cdiv(m, B)
-        todo = todo & (tl.load(blocks + first + g, mask=todo, other=0) != 0)
-        while tl.max(todo.to(tl.int32), axis=0) > 0:
-            k = tl.min(tl.where(todo, g, GROUP), axis=0)
-            _serve(first + k, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
-                   in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
-                   ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W,
-                   LANES)
-            todo = todo & (g != k)
-    else:
+                        B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr):
+    """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, only where
+    ``upsert_lanes_kernel`` flagged the block in ``blocks`` (it left runs to this form).
+    Serving several flagged blocks a program, one after the other, so that fewer
+    programs start only to read a flag, was slower on an H200: 8 a program took
+    insert_or_assign of 1M keys 13% longer at load factor 1.0 and 3% at 0.75
+    (benchmarks/results/table_gpu_lane_group8.md against table_gpu.md, same run)."""
+    if not LANES or tl.load(blocks + tl.program_id(0)) != 0:
         _serve(tl.program_id(0), in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
                in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys,
                ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)
