@@ -13,14 +13,16 @@
 #   find_sweep     find_values at launch configs (keys a program, warps, register cap, the
 #                  probe by word), each launch timed back to back, at dims 8 to 128
 #   table_ops      HierarchicalKV's setup (bench_table_gpu.py) with BLOCK (default 32, the
-#                  library's) positions per insert program
+#                  library's) positions per insert program, every insert call from the filled
+#                  index; then profile_upsert_evict.py (runs needing eviction, the block
+#                  kernel alone with eviction on and off)
 #   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection),
 #                  with the backward's tiles swept (device time and one call) and the
 #                  layer's kernels profiled by launching operator
 #   upsert_regs    bench_table_gpu.py at dims 8 and 128 with the block form's registers
 #                  capped at 128, then 96 (it takes 168 uncapped: 17-19% occupancy)
-#   lanes_table    bench_table_gpu.py with the upsert's lane form on (HASHREC_UPSERT_LANES=1;
-#                  the table_ops step is the default, the block form alone)
+#   lanes_table    bench_table_gpu.py with the upsert's lane form off (HASHREC_UPSERT_LANES=0;
+#                  the table_ops step is the default: on for calls of 131,072 keys or more)
 #   word_probe     bench_table_gpu.py with every probe by position (HASHREC_WORD_PROBE=0),
 #                  then with three lowest digest matches by word (HASHREC_WORD_PROBE_LOWEST=3;
 #                  the table_ops step is the default: two, by word up to 128 columns), then
@@ -29,10 +31,10 @@
 #                  /tmp/hashrec_bench_data), ROUNDS (default 2) interleaved rounds of the
 #                  trees AB_TREES (ab_train.py --trees; make an older tree with
 #                  benchmarks/ab_tree.sh REV and carry .ab), into OUT/AB_NAME; by default
-#                  this tree against itself with HASHREC_UPSERT_LANES=1 (the upsert's lane
-#                  form), and with it kept to calls of 131,072 keys or more
-#   lanes_profile  the dynamicemb training step's kernels with the lane form on, then off
-#                  (where the training run loses time with it on; needs ab_train's data)
+#                  this tree against itself with the upsert's lane form off
+#                  (HASHREC_UPSERT_LANES=0), and on for calls of every size
+#   lanes_profile  the dynamicemb training step's kernels with the lane form on for calls of
+#                  every size, then off (needs ab_train's data)
 set -u
 out=${1:?usage: run_kernel_benchmarks.sh OUT_DIR}
 mkdir -p "$out"
@@ -57,12 +59,13 @@ write_env "$out"
       --kinds words --reps 5 --out "$out/find_sweep_gpu"
   step table_ops 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-block "$block" \
       --out "$out/table_gpu"
+  step table_ops 200 python3 benchmarks/profile_upsert_evict.py --out "$out/upsert_evict_gpu"
   for regs in 128 96; do
     step upsert_regs 150 python3 benchmarks/bench_table_gpu.py --reps 5 --dims 8 128 \
         --upsert-maxnreg "$regs" --out "$out/table_gpu_upsert_maxnreg$regs"
   done
-  step lanes_table 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-lanes 1 \
-      --profile --out "$out/table_gpu_upsert_lanes"
+  step lanes_table 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-lanes 0 \
+      --profile --out "$out/table_gpu_lanes_off"
   step word_probe 300 python3 benchmarks/bench_table_gpu.py --reps 5 --word-probe 0 \
       --out "$out/table_gpu_by_position"
   step word_probe 300 python3 benchmarks/bench_table_gpu.py --reps 5 --word-probe-lowest 3 \
@@ -71,13 +74,13 @@ write_env "$out"
       -p no:cacheprovider tests/table/test_triton_table_ops.py tests/table/test_triton_upsert.py
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
       --reduce-configs 4096x8x16 1024x4 r8x1 r8x2 r16x1 r16x2 --profile --out "$out/embedding_layer_gpu"
-  lane_trees=".,.+HASHREC_UPSERT_LANES=1,.+HASHREC_UPSERT_LANES=1+HASHREC_UPSERT_LANES_MIN=131072"
+  lane_trees=".,.+HASHREC_UPSERT_LANES=0,.+HASHREC_UPSERT_LANES_MIN=0"
   step ab_train 570 python3 benchmarks/ab_train.py --trees "${AB_TREES:-$lane_trees}" \
       --configs dynamicemb --nproc 1 --rounds "${ROUNDS:-2}" --data_dir "$data" \
-      --num_steps 700 --warmup_steps 400 --out "$out/${AB_NAME:-ab_gpu_x1_upsert_lanes}"
+      --num_steps 700 --warmup_steps 400 --out "$out/${AB_NAME:-ab_gpu_x1_upsert_lanes_min}"
   for lanes in 1 0; do  # after ab_train, which makes the data
-    step lanes_profile 150 env HASHREC_UPSERT_LANES=$lanes python3 benchmarks/profile_train_step.py \
-        --data "$data" --config dynamicemb --warmup 300 --steps 10 \
-        --out "$out/profile_train_gpu_dynamicemb_lanes$lanes"
+    step lanes_profile 150 env HASHREC_UPSERT_LANES=$lanes HASHREC_UPSERT_LANES_MIN=0 \
+        python3 benchmarks/profile_train_step.py --data "$data" --config dynamicemb \
+        --warmup 300 --steps 10 --out "$out/profile_train_gpu_dynamicemb_lanes$lanes"
   done
 } > "$out/main.log" 2>&1

@@ -268,10 +268,10 @@ FIND_CONFIG: dict | None = None
 # (find_sweep_word_gpu.md). Rows of 128 columns took twice as long at this cap.
 NARROW_FIND = {"block": 32, "num_warps": 1, "maxnreg": 80, "by_word": True}
 # Rows of 128 columns from buckets of up to 128 slots: 16 keys a program on one warp, at
-# most 80 registers a thread, by word. On an H200 it ran 1.00 / 1.03 / 1.03x as fast as
+# most 80 registers a thread, by word. On an H200 it ran 1.05 / 1.07 / 1.08x as fast as
 # 64 keys on 4 warps by position, the earlier choice, at load factors 0.5 / 0.75 / 1.0
-# (find_sweep_block16_gpu.md; the same sweep's figures of the earlier choice were within
-# 1% of an earlier run's). Other rows keep 64 keys on 4 warps (2 up to 32 columns),
+# (3.84 / 3.78 / 3.71 B-KV/s: table_gpu_dim128.md, same run; 1.00-1.03x in the sweep
+# find_sweep_block16_gpu.md). Other rows keep 64 keys on 4 warps (2 up to 32 columns),
 # uncapped, by position.
 ROWS128_FIND = {"block": 16, "num_warps": 1, "maxnreg": 80, "by_word": True}
 
