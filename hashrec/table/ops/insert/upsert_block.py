@@ -248,8 +248,8 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
     ``upsert_lanes_kernel`` flagged the block in ``blocks`` (it left runs to this form).
     Serving several flagged blocks a program, one after the other, so that fewer
     programs start only to read a flag, was slower on an H200: 8 a program took
-    insert_or_assign of 1M keys 13% longer at load factor 1.0 and 3% at 0.75
-    (benchmarks/results/table_gpu_lane_group8.md against table_gpu.md, same run)."""
+    insert_or_assign of 1M keys 13-15% longer at load factor 1.0 and 1-4% at 0.75
+    (benchmarks/results/table_gpu_lane_group8.md against _lane_group1.md, same run)."""
     if not LANES or tl.load(blocks + tl.program_id(0)) != 0:
         _serve(tl.program_id(0), in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
                in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys,
