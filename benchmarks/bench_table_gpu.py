@@ -144,7 +144,8 @@ def _restore(index: TableStorage, saved: list) -> None:
         dst.copy_(src)
 
 
-def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int) -> dict:
+def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int,
+               lf: float) -> dict:
     _restore(index, saved)
     storage = TableStorage(index.num_buckets, index.bucket_capacity, index.keys, index.tags,
                            index.digests, index.scores,
@@ -177,7 +178,9 @@ def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int)
     batches = [_batch(stored, n) for _ in range(2 * (reps + 2))]
     foi = time_device_ms(lambda k: _find_or_insert(storage, k), reps, setup=fresh)
     if ARGS.profile and DEVICE.type == "cuda" and dim in (ARGS.dims[0], ARGS.dims[-1]):
-        print(f"profile: load factor {ARGS.load_factors}, dim {dim}, a fresh batch", flush=True)
+        print(f"profile: load factor {lf}, dim {dim}, a fresh batch from the filled index",
+              flush=True)
+        _restore(index, saved)
         _profile(storage, _batch(stored, n), _batch(stored, n), vals)
     row = {"dim": dim, "find_hit_rate": hit_rate, "find_sweep_bkvs": sweep,
            "find_other_tagged_ms": other["device_ms"]}
@@ -191,8 +194,8 @@ def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int)
 
 def _profile(storage: TableStorage, ioa_keys: torch.Tensor, foi_keys: torch.Tensor,
              vals: torch.Tensor) -> None:
-    """Kernel times of one insert_or_assign and one find_or_insert, each of a batch the
-    table has not seen (60% present, 40% new)."""
+    """Kernel times of one insert_or_assign and then one find_or_insert, each of a batch
+    the table has not seen (60% present, 40% new)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         _insert_or_assign(storage, ioa_keys, vals)
@@ -235,7 +238,7 @@ def main() -> None:
         saved = [t.clone() for t in (index.keys, index.tags, index.digests, index.scores)]
         for dim in ARGS.dims:
             row = {"load_factor": lf, "measured_load_factor": real_lf, "keys_offered": offered}
-            row.update(_bench_dim(index, saved, stored, dim))
+            row.update(_bench_dim(index, saved, stored, dim, lf))
             results["rows"].append(row)
             print(json.dumps(row), flush=True)
         del index, saved, stored
