@@ -81,6 +81,12 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
     outcome = tl.zeros([BLOCK], dtype=tl.int8)
     served = tl.max(outcome, axis=0)  # 0
     if tl.max(miss.to(tl.int32), axis=0) > 0:
+        # The bucket's digest line as 32-bit words, read first: it waits on the bucket alone
+        # (a lane of a long run reads it for nothing).
+        col = tl.arange(0, LINE)
+        line = miss[:, None] & (col[None, :] < CAP // 4)
+        words = tl.load(t_words + bucket[:, None] * (CAP // 4) + col[None, :], mask=line,
+                        other=0).to(tl.uint32, bitcast=True)
         start, length = _run_of(i, bucket, miss, in_bucket, m, W, WIN)
         short = miss & (length <= W)
         # The run's first occurrences, from its start: (BLOCK, W) positions.
@@ -97,10 +103,7 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
                               key[:, None], score[:, None], pos[:, None])
         rank = tl.sum((before & firsts).to(tl.int32), axis=1)
         # The bucket's empty slots, four to a word.
-        col = tl.arange(0, LINE)
-        cell = short[:, None] & (col[None, :] < CAP // 4)
-        words = tl.load(t_words + bucket[:, None] * (CAP // 4) + col[None, :], mask=cell,
-                        other=0).to(tl.uint32, bitcast=True)
+        cell = short[:, None] & line
         empty = tl.where(cell, match_bytes(words, tl.zeros([BLOCK], dtype=tl.int32)), 0)
         prefix = (empty >> 7) * 0x01010101  # byte j: empty slots among bytes 0..j
         count = (prefix >> 24).to(tl.int32)
