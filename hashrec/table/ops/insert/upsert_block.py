@@ -87,8 +87,8 @@ def _lanes_min_from_env() -> int:
 # for wide buckets, ``find.triton.probe_block``), on probe_warps warps.
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
-                "lane_warps": 2, "lane_width": 0, "maxnreg": 128, "probe_maxnreg": 0, "probe_keys": 0,
-                "probe_warps": 2}
+                "lane_warps": 2, "lane_width": 0, "maxnreg": 128, "probe_maxnreg": 0,
+                "probe_keys": 0, "probe_warps": 2}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
