@@ -27,6 +27,7 @@ from triton_table_helpers import (  # noqa: E402
     clone,
     filled,
     random_keys,
+    use_probe_form,
 )
 
 from hashrec.table import hashing  # noqa: E402
@@ -84,13 +85,6 @@ def test_find_matches_reference(num_buckets, cap, n, tagged):
         assert torch.equal(find_tt.find_values(storage, probe, None, dim=3)[0], expected)
 
 
-def _probe_form(monkeypatch, by_word: int) -> None:
-    """Every probe by position (0), or by word finding its two (2) or three (3) lowest
-    matches."""
-    monkeypatch.setattr(find_tt, "WORD_PROBE", by_word != 0)
-    monkeypatch.setattr(find_tt, "WORD_PROBE_LOWEST", by_word or 2)
-
-
 @pytest.mark.parametrize("by_word", [0, 2, 3], ids=["by-position", "by-word", "three-by-word"])
 @pytest.mark.parametrize("config", [{"block": 32, "num_warps": 1, "maxnreg": 80},
                                     {"block": 16, "num_warps": 2}],
@@ -99,7 +93,7 @@ def test_find_launches_match_reference(monkeypatch, config, by_word):
     """Launch settings (keys a program, warps, register cap) and the probe's form change
     no result."""
     monkeypatch.setattr(find_tt, "FIND_CONFIG", config)
-    _probe_form(monkeypatch, by_word)
+    use_probe_form(monkeypatch, by_word)
     storage, keys, tags = filled(5, 16, 60, seed=3, tagged=True)
     gen = torch.Generator().manual_seed(2)
     probe = torch.cat([keys, random_keys(20, gen).to(DEVICE)])
@@ -225,7 +219,7 @@ def test_find_with_colliding_digests_matches_reference(monkeypatch, cap, spread,
     are candidates, confirmed one or four per probe round; the two lowest found by
     position or by word (``WORD_PROBE``)."""
     monkeypatch.setattr(find_tt, "WIDE_PROBE_MIN_CAP", wide_from)
-    _probe_form(monkeypatch, by_word)
+    use_probe_form(monkeypatch, by_word)
     storage, probes, _ = _colliding_bucket(cap, seed, spread)
     storage.values.copy_(torch.arange(storage.values.numel(), dtype=storage.values.dtype,
                                       device=DEVICE).view_as(storage.values) + 1)
@@ -249,7 +243,7 @@ def test_find_with_colliding_digests_matches_reference(monkeypatch, cap, spread,
 def test_find_confirms_the_kth_digest_match(monkeypatch, matches, at, by_word):
     """A key whose slot is the k-th of its bucket's digest matches (the others hold other
     keys), the matches spread over the digest words or packed in one."""
-    _probe_form(monkeypatch, by_word)
+    use_probe_form(monkeypatch, by_word)
     gen = torch.Generator().manual_seed(len(matches) * 16 + at)
     key = random_keys(1, gen)[:1]
     dig = int(hashing.digest_of(hashing.mix64(key))[0])

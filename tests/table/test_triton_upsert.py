@@ -23,6 +23,7 @@ from triton_table_helpers import (  # noqa: E402
     clone,
     filled,
     random_keys,
+    use_probe_form,
 )
 
 from hashrec.table.ops.erase import reference as erase_ref  # noqa: E402
@@ -124,8 +125,7 @@ def test_upsert_with_other_probe_forms_matches_reference(monkeypatch, num_bucket
                                                          allow_evict, lowest):
     """The upsert's probe with every digest match placed by position (WORD_PROBE off), or
     its three lowest found by word (by default it finds the two lowest by word)."""
-    monkeypatch.setattr(find_tt, "WORD_PROBE", lowest != 0)
-    monkeypatch.setattr(find_tt, "WORD_PROBE_LOWEST", lowest or 2)
+    use_probe_form(monkeypatch, lowest)
     _check_mixed_batch(num_buckets, tagged, allow_evict)
 
 

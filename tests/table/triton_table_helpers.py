@@ -48,3 +48,11 @@ def assert_same_index(a: TableStorage, b: TableStorage) -> None:
     occ = a.digests != 0
     for name in ("keys", "tags", "scores"):
         assert torch.equal(getattr(a, name)[occ], getattr(b, name)[occ]), name
+
+
+def use_probe_form(monkeypatch, by_word: int) -> None:
+    """Every probe by position (0), or by word finding its two (2) or three (3) lowest
+    matches."""
+    from hashrec.table.ops.find import triton as find_tt
+    monkeypatch.setattr(find_tt, "WORD_PROBE", by_word != 0)
+    monkeypatch.setattr(find_tt, "WORD_PROBE_LOWEST", by_word or 2)

@@ -8,9 +8,9 @@ order: the two lowest digest matches, found by reductions over the line's words
 (``WORD_PROBE``), are read together (one round of memory latency for almost every
 key), and only keys with a third match (about 1.5% at a full bucket) go through a
 loop. With a power-of-two bucket count (the usual case: tables grow by doubling) the
-bucket is a bit mask of the hash, not a 64-bit modulo. Bucket capacities that are not a multiple of 4 fall back to comparing
-bytes. ``find_values`` also gathers the embedding columns of found rows in the
-same program, so a lookup is a single launch.
+bucket is a bit mask of the hash, not a 64-bit modulo. Bucket capacities that are not
+a multiple of 4 fall back to comparing bytes. ``find_values`` also gathers the
+embedding columns of found rows in the same program, so a lookup is a single launch.
 """
 
 from __future__ import annotations

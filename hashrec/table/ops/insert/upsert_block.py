@@ -71,15 +71,15 @@ def _lanes_min_from_env() -> int:
 # in free slots and leaves the rest to the block form; lane_width: the longest run it
 # places (0: width); lane_grid: 0 gives the block form after it one program a block of
 # positions; N > 0, N programs a multiprocessor (N in all off CUDA), each serving the
-# flagged blocks of a stride (not yet timed). On unless HASHREC_UPSERT_LANES=0, for calls of at
-# least lanes_min keys (HASHREC_UPSERT_LANES_MIN; 0: every call). On an H200, with every
-# insert call starting at its load factor, it took insert_or_assign of 1M keys (40% new)
-# into 64M slots 1.27x / 1.24x as fast at load factors 0.5 / 0.75 (dim 8: 0.484 against
-# 0.618 ms), 1.19x / 1.17x at dim 128, and cost 7-9% at 1.0, where every run is left to
-# the block form (benchmarks/results/table_gpu_lane_group1.md against
-# table_gpu_lanes_off.md, same run). The training run lost 8% of its samples/s
-# with it on for every call, and matched it off (1.007) at a lanes_min of 131072, its
-# calls being smaller (ab_gpu_x1_upsert_lanes.md).
+# flagged blocks of a stride (not yet timed). On unless HASHREC_UPSERT_LANES=0, for calls
+# of at least lanes_min keys (HASHREC_UPSERT_LANES_MIN; 0: every call). On an H200, with
+# every insert call starting at its load factor, it took insert_or_assign of 1M keys (40%
+# new) into 64M slots 1.27x / 1.24x as fast at load factors 0.5 / 0.75 (dim 8: 0.484
+# against 0.618 ms), 1.19x / 1.17x at dim 128, and cost 7-9% at 1.0, where every run is
+# left to the block form (benchmarks/results/table_gpu_lane_group1.md against
+# table_gpu_lanes_off.md, same run). The training run lost 8% of its samples/s with it on
+# for every call, and matched it off (1.007) at a lanes_min of 131072, its calls being
+# smaller (ab_gpu_x1_upsert_lanes.md).
 # maxnreg: registers a thread at most in the block form (0: the compiler's choice; it
 # took 168, 17-19% occupancy, in a counter profile; capped at 128, insert_or_assign and
 # find_or_insert of 1M keys took 2-6% less time at every load factor on an H200:
