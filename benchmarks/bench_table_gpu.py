@@ -57,10 +57,6 @@ def _args() -> argparse.Namespace:
     p.add_argument("--upsert-lane-width", type=int, default=None,
                    help="lane form: longest run it places (0: the block form's width; "
                         "default: the library's)")
-    p.add_argument("--upsert-lane-grid", type=int, default=None,
-                   help="lane form: the block form after it on N programs a multiprocessor, "
-                        "each serving the flagged blocks of a stride (0: one program a "
-                        "block; default: the library's)")
     p.add_argument("--upsert-maxnreg", type=int, default=None,
                    help="block form: at most this many registers a thread (0: the "
                         "compiler's choice; default: the library's)")
@@ -215,8 +211,6 @@ def main() -> None:
         upsert_tt.UPSERT_BLOCK["width"] = ARGS.upsert_width
     if ARGS.upsert_lane_width is not None:
         upsert_tt.UPSERT_BLOCK["lane_width"] = ARGS.upsert_lane_width
-    if ARGS.upsert_lane_grid is not None:
-        upsert_tt.UPSERT_BLOCK["lane_grid"] = ARGS.upsert_lane_grid
     if ARGS.upsert_lanes is not None:
         upsert_tt.UPSERT_BLOCK["lanes"] = ARGS.upsert_lanes
     for name, value in (("maxnreg", ARGS.upsert_maxnreg), ("probe_maxnreg", ARGS.probe_maxnreg)):

@@ -59,8 +59,7 @@ def _reference_upsert(storage: TableStorage, keys, tags, scores, allow_evict):
 # chunk; the block form alone, with runs of up to 4 or 2 misses in tiles (the rest per
 # run, chunked in the last); and the lane form first, over blocks of few positions (runs
 # straddle blocks, and the listed blocks outnumber the block form's programs) or many, and
-# placing longer runs than the block form's tiles, and with the block form after it on a
-# grid of 1 or 3 programs striding over the blocks (off CUDA, lane_grid programs in all).
+# placing longer runs than the block form's tiles.
 # Registers: the block form uncapped in one launch, the probe capped (16 keys, one warp)
 # in another.
 # The lane form on for calls of any size (by default only for large ones).
@@ -77,11 +76,7 @@ LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}
             "lanes-block32-w2-chunked": ({"bi": 4}, {**LANES_ON, "block": 32, "width": 2}),
             "lanes-block2-w1": ({"bi": 16}, {**LANES_ON, "block": 2, "width": 1}),
             "lanes8-block16-w2": ({"bi": 16}, {**LANES_ON, "block": 16, "width": 2,
-                                               "lane_width": 8}),
-            "lanes-block2-w1-grid1": ({"bi": 16}, {**LANES_ON, "block": 2, "width": 1,
-                                                   "lane_grid": 1}),
-            "lanes-block4-w4-grid3": ({"bi": 16}, {**LANES_ON, "block": 4, "width": 4,
-                                                   "lane_grid": 3})}
+                                               "lane_width": 8})}
 
 
 def _use_launch(monkeypatch, launch: str) -> None:
@@ -166,8 +161,7 @@ def test_upsert_short_runs_into_full_buckets_match_reference(monkeypatch, tagged
 
 
 @pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block2-w1",
-                                    "lanes-block32-w2-chunked", "lanes-block2-w1-grid1",
-                                    "lanes-block4-w4-grid3"])
+                                    "lanes-block32-w2-chunked"])
 def test_upsert_of_new_keys_into_full_buckets_matches_reference(monkeypatch, launch):
     """Every key new, every bucket full: the lane form leaves every run to the block form
     (victims by score), up to the last block of sorted positions."""

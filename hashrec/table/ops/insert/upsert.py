@@ -34,7 +34,6 @@ over the sorted batch with a mask.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -280,14 +279,6 @@ def _rows(count: int, n: int, dtype: torch.dtype, device: torch.device
     return torch.empty(count, -(-n // per) * per, dtype=dtype, device=device)[:, :n].unbind(0)
 
 
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; 1 elsewhere."""
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
                    ) -> torch.Tensor | None:
     """Places the sorted misses (step 4); returns the lanes' outcomes when the lane form
@@ -314,16 +305,11 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
             out, evicted, state, blocks, ALLOW_EVICT=evict, CAP=cap, LINE=width,
             W=lane_width, WIN=next_pow2(2 * lane_width + 1), BLOCK=b,
             num_warps=block["lane_warps"])
-    grid, strided = programs, 0
-    if state is not None and block["lane_grid"]:
-        grid = min(programs, block["lane_grid"] * _multiprocessors(storage.device))
-        strided = min(64, next_pow2(cdiv(programs, grid)))
-    upsert_block_kernel[(grid,)](
+    upsert_block_kernel[(programs,)](
         *args, state if state is not None else s_digests,
         blocks if blocks is not None else s_digests, ALLOW_EVICT=evict, CAP=cap,
         CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
-        LANES=state is not None, STRIDED=strided, num_warps=block["num_warps"],
-        **maxnreg(block["maxnreg"]))
+        LANES=state is not None, num_warps=block["num_warps"], **maxnreg(block["maxnreg"]))
     return state
 
 

@@ -69,17 +69,15 @@ def _lanes_min_from_env() -> int:
 # one (B, bucket) tile; lanes: 1 to run the lane form (``upsert_lanes.py``) first, over
 # the same blocks of positions, on lane_warps warps: it places the short runs that fit
 # in free slots and leaves the rest to the block form; lane_width: the longest run it
-# places (0: width); lane_grid: 0 gives the block form after it one program a block of
-# positions; N > 0, N programs a multiprocessor (N in all off CUDA), each serving the
-# flagged blocks of a stride (not yet timed). On unless HASHREC_UPSERT_LANES=0, for calls
-# of at least lanes_min keys (HASHREC_UPSERT_LANES_MIN; 0: every call). On an H200, with
-# every insert call starting at its load factor, it took insert_or_assign of 1M keys (40%
-# new) into 64M slots 1.27x / 1.24x as fast at load factors 0.5 / 0.75 (dim 8: 0.484
-# against 0.618 ms), 1.19x / 1.17x at dim 128, and cost 7-9% at 1.0, where every run is
-# left to the block form (benchmarks/results/table_gpu_lane_group1.md against
-# table_gpu_lanes_off.md, same run). The training run lost 8% of its samples/s with it on
-# for every call, and matched it off (1.007) at a lanes_min of 131072, its calls being
-# smaller (ab_gpu_x1_upsert_lanes.md).
+# places (0: width). On unless HASHREC_UPSERT_LANES=0, for calls of at least lanes_min
+# keys (HASHREC_UPSERT_LANES_MIN; 0: every call). On an H200, with every insert call
+# starting at its load factor, it took insert_or_assign of 1M keys (40% new) into 64M
+# slots 1.27x / 1.24x as fast at load factors 0.5 / 0.75 (dim 8: 0.484 against 0.618 ms),
+# 1.19x / 1.17x at dim 128, and cost 7-9% at 1.0, where every run is left to the block
+# form (benchmarks/results/table_gpu_lane_group1.md against table_gpu_lanes_off.md, same
+# run). The training run lost 8% of its samples/s with it on for every call, and matched
+# it off (1.007) at a lanes_min of 131072, its calls being smaller
+# (ab_gpu_x1_upsert_lanes.md).
 # maxnreg: registers a thread at most in the block form (0: the compiler's choice; it
 # took 168, 17-19% occupancy, in a counter profile; capped at 128, insert_or_assign and
 # find_or_insert of 1M keys took 2-6% less time at every load factor on an H200:
@@ -89,8 +87,7 @@ def _lanes_min_from_env() -> int:
 # for wide buckets, ``find.triton.probe_block``), on probe_warps warps.
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
-                "lane_warps": 2, "lane_width": 0, "lane_grid": 0, "maxnreg": 128,
-                "probe_maxnreg": 0,
+                "lane_warps": 2, "lane_width": 0, "maxnreg": 128, "probe_maxnreg": 0,
                 "probe_keys": 0, "probe_warps": 2}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
@@ -246,37 +243,17 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
                         ev_keys, ev_tags, ev_scores, state, blocks, ALLOW_EVICT: tl.constexpr,
                         CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr,
-                        B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr,
-                        STRIDED: tl.constexpr):
+                        B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr):
     """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, only where
     ``upsert_lanes_kernel`` flagged the block in ``blocks`` (it left runs to this form).
     Serving several flagged blocks a program, one after the other, so that fewer
     programs start only to read a flag, was slower on an H200: 8 a program took
     insert_or_assign of 1M keys 13-15% longer at load factor 1.0 and 1-4% at 0.75
     (benchmarks/results/table_gpu_lane_group8.md against _lane_group1.md, same run).
-    With LANES and STRIDED, a grid of fewer programs than blocks (``lane_grid``)
-    serves them all: program q reads the flags of blocks q, q + P, q + 2P, ... (P
-    programs) STRIDED at a time and serves the flagged ones; a grid that fits on the
-    device at once leaves no last partial wave of long programs."""
-    if LANES and STRIDED > 0:
-        q = tl.program_id(0)
-        step = tl.num_programs(0)
-        j = tl.arange(0, STRIDED)
-        n_blocks = tl.cdiv(m, B)
-        start = q
-        while start < n_blocks:
-            ids = start + j * step
-            todo = ids < n_blocks
-            todo = todo & (tl.load(blocks + ids, mask=todo, other=0) != 0)
-            while tl.max(todo.to(tl.int32), axis=0) > 0:
-                k = tl.min(tl.where(todo, j, STRIDED), axis=0)
-                _serve(start + k * step, in_keys, in_tags, in_scores, in_digests, in_bucket,
-                       in_first, in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots,
-                       out_evicted, ev_any, ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT,
-                       CAP, CAP_P2, BI, B, W, LANES)
-                todo = todo & (j != k)
-            start += STRIDED * step
-    elif not LANES or tl.load(blocks + tl.program_id(0)) != 0:
+    So was a grid of 2 or 4 programs a multiprocessor, each reading the flags of a
+    stride of blocks: 0.499 / 0.474 ms against 0.462 at load factor 0.5, 1.41 / 1.24
+    against 1.08 at 1.0 (table_gpu_lane_grid2.md, _lane_grid4.md against table_gpu.md)."""
+    if not LANES or tl.load(blocks + tl.program_id(0)) != 0:
         _serve(tl.program_id(0), in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
                in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
                ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)
