@@ -183,7 +183,7 @@ def _first_kernel(sort_ptr, keys_ptr, tags_ptr, first_ptr, m, SENTINEL: tl.const
 @fast_launch
 @triton.jit
 def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
-                   t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
+                   t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
                    ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
                    CAP_P2: tl.constexpr, BI: tl.constexpr, RUNS: tl.constexpr):
     """Program p serves sorted positions [p * RUNS, (p + 1) * RUNS): each position that
@@ -198,7 +198,8 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
         if tl.max(this.to(tl.int32), axis=0) > 0:
             insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
-                        ev_keys, ev_tags, ev_scores, tl.sum(tl.where(this, at, 0), axis=0),
+                        ev_any, ev_keys, ev_tags, ev_scores,
+                        tl.sum(tl.where(this, at, 0), axis=0),
                         tl.sum(tl.where(this, buckets, 0), axis=0), ALLOW_EVICT, CAP, CAP_P2,
                         BI)
 
@@ -207,7 +208,7 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
 @triton.jit
 def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_ptr, t_keys,
                      t_tags, t_digests, s_digests, state, slots_ptr, inserted_ptr, created_ptr,
-                     evicted_ptr, n,
+                     evicted_ptr, ev_any, n,
                      HAS_TAGS: tl.constexpr, ALLOW_EVICT: tl.constexpr, LANES: tl.constexpr,
                      SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
     """Final slot and flags of every key, in batch order; clears unused evicted flags.
@@ -227,12 +228,13 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
     slot = tl.load(slots_ptr + pos, mask=hit, other=-1)
     if ALLOW_EVICT:  # a present key of this batch may have been evicted by a miss
         kept = hit & (slot >= 0)
-        key = tl.load(keys_ptr + pos, mask=kept, other=0)
-        kept = kept & (tl.load(t_keys + slot, mask=kept, other=0) == key)
+        check = kept & (tl.load(ev_any) != 0)  # only if this call evicted anything
+        key = tl.load(keys_ptr + pos, mask=check, other=0)
+        gone = check & (tl.load(t_keys + slot, mask=check, other=0) != key)
         if t_tags is not None:  # None: the table holds tag 0 alone (``TableStorage.probe_tags``)
-            tag = load_tags(tags_ptr, pos, kept, HAS_TAGS)
-            kept = kept & (tl.load(t_tags + slot, mask=kept, other=0) == tag)
-        slot = tl.where(kept, slot, -1)
+            tag = load_tags(tags_ptr, pos, check, HAS_TAGS)
+            gone = gone | (check & (tl.load(t_tags + slot, mask=check, other=0) != tag))
+        slot = tl.where(kept & ~gone, slot, -1)
         is_first = miss & (first == i)
         ev = tl.load(evicted_ptr + i, mask=is_first, other=0)
         tl.store(evicted_ptr + i, tl.where(is_first, ev, 0), mask=mask)
@@ -356,13 +358,14 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
                          SENTINEL=sentinel, BLOCK=512)
     _first_kernel[grid](sort_key, s_keys, s_tags, first, n, SENTINEL=sentinel, BLOCK=512)
     evicted = flags[2 * n:].view(torch.int8)
+    ev_any = torch.zeros(1, dtype=torch.int32, device=device)  # set where a miss evicts
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
                                      perm, n, storage.keys, t_tags, storage.digests,
-                                     storage.scores, out, evicted, *ev), allow_evict)
+                                     storage.scores, out, evicted, ev_any, *ev), allow_evict)
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
         s_digests, state if state is not None else s_digests, slots,
-        flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, n,
+        flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, ev_any, n,
         HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), LANES=state is not None,
         SENTINEL=sentinel, BLOCK=512)
     return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n])

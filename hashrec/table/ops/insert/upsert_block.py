@@ -130,7 +130,7 @@ def _victims(t_scores, addr, occupied, rounds, B: tl.constexpr, W: tl.constexpr,
 @triton.jit
 def _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests, in_bucket,
                       in_first, in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots,
-                      out_evicted, ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr,
+                      out_evicted, ev_any, ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr,
                       CAP: tl.constexpr, CAP_P2: tl.constexpr, B: tl.constexpr,
                       W: tl.constexpr):
     """Places the runs of at most W misses that open at positions ``at`` where ``short``."""
@@ -165,14 +165,14 @@ def _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests
         if w < lanes:
             _place_lane(w, at, bucket, m2, key2, score2, pos2, n_empty, empty, empty_rank,
                         v_col, v_score, in_tags, in_digests, t_keys, t_tags, t_digests,
-                        t_scores, out_slots, out_evicted, ev_keys, ev_tags, ev_scores,
+                        t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
                         ALLOW_EVICT, CAP, CAP_P2, B, W)
 
 
 @triton.jit
 def _place_lane(w: tl.constexpr, at, bucket, m2, key2, score2, pos2, n_empty, empty,
                 empty_rank, v_col, v_score, in_tags, in_digests, t_keys, t_tags, t_digests,
-                t_scores, out_slots, out_evicted, ev_keys, ev_tags, ev_scores,
+                t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
                 ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
                 B: tl.constexpr, W: tl.constexpr):
     """Places lane w of the runs in (B, W) tiles ``m2`` / ``key2`` / ...: the run's
@@ -199,14 +199,14 @@ def _place_lane(w: tl.constexpr, at, bucket, m2, key2, score2, pos2, n_empty, em
     ok = mi & (slot_col < CAP_P2)
     slot = bucket * CAP + slot_col
     write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
-                  t_digests, t_scores, out_evicted, ev_keys, ev_tags, ev_scores,
+                  t_digests, t_scores, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
                   ALLOW_EVICT)
     tl.store(out_slots + i, tl.where(ok, slot, -1), mask=mi)
 
 
 @triton.jit
 def _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m, t_keys,
-           t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys, ev_tags, ev_scores,
+           t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
            state, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
            BI: tl.constexpr, B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr):
     """Places the runs that open at sorted positions [p * B, (p + 1) * B) (with LANES,
@@ -225,12 +225,12 @@ def _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_p
         if tl.max(short.to(tl.int32), axis=0) > 0:
             _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests,
                               in_bucket, in_first, in_pos, m, t_keys, t_tags, t_digests,
-                              t_scores, out_slots, out_evicted, ev_keys, ev_tags, ev_scores,
+                              t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
                               ALLOW_EVICT, CAP, CAP_P2, B, W)
         while tl.max(long.to(tl.int32), axis=0) > 0:
             r = tl.min(tl.where(long, lane, B), axis=0)
             insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
-                       t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys,
+                       t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any, ev_keys,
                        ev_tags, ev_scores, p.to(tl.int64) * B + r,
                        tl.sum(tl.where(lane == r, bucket, 0), axis=0), ALLOW_EVICT, CAP,
                        CAP_P2, BI)
@@ -240,7 +240,7 @@ def _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_p
 @fast_launch
 @triton.jit
 def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
-                        m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
+                        m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
                         ev_keys, ev_tags, ev_scores, state, blocks, ALLOW_EVICT: tl.constexpr,
                         CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr,
                         B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr):
@@ -249,8 +249,11 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
     Serving several flagged blocks a program, one after the other, so that fewer
     programs start only to read a flag, was slower on an H200: 8 a program took
     insert_or_assign of 1M keys 13-15% longer at load factor 1.0 and 1-4% at 0.75
-    (benchmarks/results/table_gpu_lane_group8.md against _lane_group1.md, same run)."""
+    (benchmarks/results/table_gpu_lane_group8.md against _lane_group1.md, same run).
+    So was a grid of 2 or 4 programs a multiprocessor, each reading the flags of a
+    stride of blocks: 0.499 / 0.474 ms against 0.462 at load factor 0.5, 1.41 / 1.24
+    against 1.08 at 1.0 (table_gpu_lane_grid2.md, _lane_grid4.md against table_gpu.md)."""
     if not LANES or tl.load(blocks + tl.program_id(0)) != 0:
         _serve(tl.program_id(0), in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
-               in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_keys,
-               ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)
+               in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
+               ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)

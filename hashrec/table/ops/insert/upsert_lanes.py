@@ -12,7 +12,8 @@ and scans on each of them. Here each sorted miss places itself:
   at a time (a zero byte is an empty slot): rank r < n_empty takes the r-th empty
   slot, the lowest first. Without eviction a higher rank is refused; with it, a run
   of more first occurrences than empty slots is left to the block form, which
-  picks victims.
+  picks victims (a program whose every bucket is full, as in a full table, leaves
+  all its runs to it without ranking them).
 
 The outcome is the pinned rule's and does not depend on thread timing: every lane
 reads its bucket's digests as they were before the call, because this kernel writes
@@ -81,48 +82,57 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
     outcome = tl.zeros([BLOCK], dtype=tl.int8)
     served = tl.max(outcome, axis=0)  # 0
     if tl.max(miss.to(tl.int32), axis=0) > 0:
-        start, length = _run_of(i, bucket, miss, in_bucket, m, W, WIN)
-        short = miss & (length <= W)
-        # The run's first occurrences, from its start: (BLOCK, W) positions.
-        j = (i + start)[:, None] + tl.arange(0, W)[None, :]
-        firsts = short[:, None] & (tl.arange(0, W)[None, :] < length[:, None])
-        firsts = firsts & (tl.load(in_first + j, mask=firsts, other=-1) == j)
-        me = short & (tl.load(in_first + i, mask=short, other=-1) == i)
-        key = tl.load(in_keys + i, mask=me, other=0)
-        score = tl.load(in_scores + i, mask=me, other=0)
-        pos = tl.load(in_pos + i, mask=me, other=0)
-        before = comes_before(tl.load(in_keys + j, mask=firsts, other=0),
-                              tl.load(in_scores + j, mask=firsts, other=0),
-                              tl.load(in_pos + j, mask=firsts, other=0),
-                              key[:, None], score[:, None], pos[:, None])
-        rank = tl.sum((before & firsts).to(tl.int32), axis=1)
-        # The bucket's empty slots, four to a word.
+        # The bucket's digest line as 32-bit words, read first: it waits on the bucket alone
+        # (a lane of a long run reads it for nothing).
         col = tl.arange(0, LINE)
-        cell = short[:, None] & (col[None, :] < CAP // 4)
-        words = tl.load(t_words + bucket[:, None] * (CAP // 4) + col[None, :], mask=cell,
+        line = miss[:, None] & (col[None, :] < CAP // 4)
+        words = tl.load(t_words + bucket[:, None] * (CAP // 4) + col[None, :], mask=line,
                         other=0).to(tl.uint32, bitcast=True)
-        empty = tl.where(cell, match_bytes(words, tl.zeros([BLOCK], dtype=tl.int32)), 0)
+        start, length = _run_of(i, bucket, miss, in_bucket, m, W, WIN)
+        # The bucket's empty slots, four to a word.
+        empty = tl.where(line, match_bytes(words, tl.zeros([BLOCK], dtype=tl.int32)), 0)
         prefix = (empty >> 7) * 0x01010101  # byte j: empty slots among bytes 0..j
         count = (prefix >> 24).to(tl.int32)
         n_empty = tl.sum(count, axis=1)
-        deferred = miss & ~short
-        if ALLOW_EVICT:
-            deferred = deferred | (short & (tl.sum(firsts.to(tl.int32), axis=1) > n_empty))
-        place = me & ~deferred
-        column = tl.full([BLOCK], CAP, dtype=tl.int32)
-        if tl.max((place & (rank < n_empty)).to(tl.int32), axis=0) > 0:
-            column = _nth_empty(prefix, count, rank, col, CAP)
-        # Whether a run left to the block form opens here (its program serves this block).
-        served = tl.max((deferred & (start == 0)).to(tl.int8), axis=0)
-        ok = place & (column < CAP)
-        slot = bucket * CAP + column
-        tl.store(t_keys + slot, key, mask=ok)
-        if t_tags is not None:  # None: the table holds tag 0 alone, and keeps it
-            tl.store(t_tags + slot, tl.load(in_tags + i, mask=ok, other=0), mask=ok)
-        tl.store(t_scores + slot, score, mask=ok)
-        tl.store(out_slots + i, tl.where(ok, slot, -1), mask=place)
-        if ALLOW_EVICT:
-            tl.store(out_evicted + i, tl.zeros([BLOCK], dtype=tl.int8), mask=place)
-        outcome = tl.where(ok, LANE_PLACED, tl.where(deferred, LANE_DEFERRED, 0)).to(tl.int8)
+        room = miss & (n_empty > 0)
+        if not ALLOW_EVICT:  # a full bucket refuses its run here
+            room = miss
+        if tl.max(room.to(tl.int32), axis=0) > 0:
+            short = miss & (length <= W)
+            # The run's first occurrences, from its start: (BLOCK, W) positions.
+            j = (i + start)[:, None] + tl.arange(0, W)[None, :]
+            firsts = short[:, None] & (tl.arange(0, W)[None, :] < length[:, None])
+            firsts = firsts & (tl.load(in_first + j, mask=firsts, other=-1) == j)
+            me = short & (tl.load(in_first + i, mask=short, other=-1) == i)
+            key = tl.load(in_keys + i, mask=me, other=0)
+            score = tl.load(in_scores + i, mask=me, other=0)
+            pos = tl.load(in_pos + i, mask=me, other=0)
+            before = comes_before(tl.load(in_keys + j, mask=firsts, other=0),
+                                  tl.load(in_scores + j, mask=firsts, other=0),
+                                  tl.load(in_pos + j, mask=firsts, other=0),
+                                  key[:, None], score[:, None], pos[:, None])
+            rank = tl.sum((before & firsts).to(tl.int32), axis=1)
+            deferred = miss & ~short
+            if ALLOW_EVICT:
+                deferred = deferred | (short & (tl.sum(firsts.to(tl.int32), axis=1) > n_empty))
+            place = me & ~deferred
+            column = tl.full([BLOCK], CAP, dtype=tl.int32)
+            if tl.max((place & (rank < n_empty)).to(tl.int32), axis=0) > 0:
+                column = _nth_empty(prefix, count, rank, col, CAP)
+            # Whether a run left to the block form opens here (its program serves this block).
+            served = tl.max((deferred & (start == 0)).to(tl.int8), axis=0)
+            ok = place & (column < CAP)
+            slot = bucket * CAP + column
+            tl.store(t_keys + slot, key, mask=ok)
+            if t_tags is not None:  # None: the table holds tag 0 alone, and keeps it
+                tl.store(t_tags + slot, tl.load(in_tags + i, mask=ok, other=0), mask=ok)
+            tl.store(t_scores + slot, score, mask=ok)
+            tl.store(out_slots + i, tl.where(ok, slot, -1), mask=place)
+            if ALLOW_EVICT:
+                tl.store(out_evicted + i, tl.zeros([BLOCK], dtype=tl.int8), mask=place)
+            outcome = tl.where(ok, LANE_PLACED, tl.where(deferred, LANE_DEFERRED, 0)).to(tl.int8)
+        else:  # every bucket here is full: each run goes to the block form, to evict
+            outcome = tl.where(miss, LANE_DEFERRED, 0).to(tl.int8)
+            served = tl.max((miss & (start == 0)).to(tl.int8), axis=0)
     tl.store(state + i, outcome, mask=i < m)
     tl.store(blocks + tl.program_id(0), served)
