@@ -6,12 +6,11 @@ keys, 60% present and 40% new:
 
 * find: ``find_values`` (digest probe + key compare + value gather, one launch);
 * insert_or_assign: ``upsert_slots`` (find, insert the misses, evicting at a full
-  bucket; no host sync) given the batch's values, which its last kernel stores at
-  every placed slot (with a key repeated in the batch, one of its rows lands;
-  ``--separate-rows``: ``write_rows`` after the call instead, one launch more);
-* find_or_insert: ``upsert_slots`` with a read (every key's row, new rows drawn
-  in-kernel from hashed uniforms in [0, 0.01) and written, in its last kernel;
-  ``--separate-rows``: ``read_or_init_rows`` after the call, one launch more).
+  bucket; no host sync) then ``write_rows`` of the batch's values to every placed
+  slot (with a key repeated in the batch, one of its rows lands);
+* find_or_insert: ``upsert_slots`` then ``read_or_init_rows`` (every key's row,
+  new rows drawn in-kernel from hashed uniforms in [0, 0.01) and written, one
+  launch).
 
 The index is restored between dims so every dim sees the same load factor, and
 before every timed insert call (untimed), so each call inserts its 40% new keys at
@@ -41,10 +40,6 @@ def _args() -> argparse.Namespace:
     p.add_argument("--dims", type=int, nargs="+", default=[8, 32, 64, 128])
     p.add_argument("--reps", type=int, default=10)
     add_out_and_smoke(p)
-    p.add_argument("--separate-rows", action="store_true",
-                   help="insert_or_assign / find_or_insert store / read the rows with "
-                        "write_rows / read_or_init_rows after the upsert instead of in its "
-                        "last kernel")
     p.add_argument("--no-restore", action="store_true",
                    help="time the insert calls one after the other into the same index, "
                         "which fills past the row's load factor (each call adds some 40%% "
@@ -103,7 +98,7 @@ from hashrec.table.ops.find.triton import find_slots, find_values  # noqa: E402
 from hashrec.table.ops.insert import upsert as upsert_tt  # noqa: E402
 from hashrec.table.ops.insert.rows import read_or_init_rows, write_rows  # noqa: E402
 from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
-from hashrec.table.ops.insert.upsert import RowInit, upsert_slots  # noqa: E402
+from hashrec.table.ops.insert.upsert import upsert_slots  # noqa: E402
 from hashrec.table.storage import TableStorage  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -134,17 +129,11 @@ def _batch(stored: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _insert_or_assign(storage: TableStorage, keys: torch.Tensor, values: torch.Tensor) -> None:
-    if not ARGS.separate_rows:
-        upsert_slots(storage, keys, None, torch.ones_like(keys), allow_evict=True, rows=values)
-        return
     res = upsert_slots(storage, keys, None, torch.ones_like(keys), allow_evict=True)
     write_rows(storage.values, res.slots, None, values)
 
 
 def _find_or_insert(storage: TableStorage, keys: torch.Tensor) -> torch.Tensor:
-    if not ARGS.separate_rows:
-        return upsert_slots(storage, keys, None, torch.ones_like(keys), allow_evict=True,
-                            read=RowInit(storage.row_dim, 0.0, 0.01, seed=0)).rows
     res = upsert_slots(storage, keys, None, torch.ones_like(keys), allow_evict=True)
     return read_or_init_rows(storage.values, keys, None, res.slots, res.created, res.inserted,
                              storage.row_dim, 0.0, 0.01, seed=0)
@@ -236,8 +225,7 @@ def main() -> None:
     if ARGS.word_probe_lowest is not None:
         find_tt.WORD_PROBE_LOWEST = ARGS.word_probe_lowest
     results = {"env": environment(), "command": command_line(), "slots": ARGS.slots,
-               "batch": ARGS.batch, "restored": not ARGS.no_restore,
-               "separate_rows": ARGS.separate_rows, "bucket_capacity": 128,
+               "batch": ARGS.batch, "restored": not ARGS.no_restore, "bucket_capacity": 128,
                "upsert_config": dict(upsert_tt.UPSERT_CONFIG),
                "upsert_block": dict(upsert_tt.UPSERT_BLOCK),
                "tagged": ARGS.tagged, "word_probe": find_tt.WORD_PROBE,
@@ -291,13 +279,7 @@ def _write(results: dict) -> None:
                       + ("The insert calls ran one after the other into the same index, so "
                          "their load factor grew past the row's (`--no-restore`)."
                          if ARGS.no_restore else "Every insert call started from the "
-                         "filled index (restored between calls, untimed).")
-                      + (" insert_or_assign and find_or_insert stored / read their rows with "
-                         "`write_rows` / `read_or_init_rows` after the upsert "
-                         "(`--separate-rows`)." if ARGS.separate_rows else
-                         " insert_or_assign and find_or_insert stored / read their rows in "
-                         "the upsert's last kernel.")
-                      + "\n\n"
+                         "filled index (restored between calls, untimed).") + "\n\n"
                       "B-KV/s (ms): the device's time for the op, with the host's issue "
                       "hidden behind a spin queued ahead (`_timing.time_device_ms`). One "
                       "call: the op between device syncs, host issue (Python, checks, "

@@ -206,58 +206,6 @@ def test_upsert_sort_key_widths_agree(monkeypatch, narrow_max_shift):
     assert_same_index(tt_storage, ref_storage)
 
 
-@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4"])
-@pytest.mark.parametrize("row_dim", [5, 40])
-def test_upsert_with_rows_stores_them_as_write_rows_after_it(monkeypatch, launch, row_dim):
-    """Rows given to the upsert land where ``write_rows`` after it puts them: at every
-    key's final slot; nowhere for a key refused, or present but evicted by a miss."""
-    _use_launch(monkeypatch, launch)
-    base, keys, _ = filled(16, 8, 140, seed=71, row_dim=row_dim)
-    gen = torch.Generator().manual_seed(72)
-    present = keys[find_ref.find_slots(base, keys) >= 0]
-    batch = torch.cat([present[:60], random_keys(50, gen).to(DEVICE)])
-    rows = torch.randn(batch.numel(), row_dim, generator=gen).to(DEVICE)
-    scores = torch.randint(0, 6, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    fused, after = clone(base), clone(base)
-    got = upsert_tt.upsert_slots(fused, batch, None, scores, True, rows=rows)
-    want = upsert_tt.upsert_slots(after, batch, None, scores, True)
-    rows_tt.write_rows(after.values, want.slots, None, rows)
-    assert torch.equal(got.slots, want.slots)
-    assert bool((got.slots[:60] < 0).any()) and bool(got.evicted.any())  # the case in view
-    assert torch.equal(fused.values, after.values)
-    with pytest.raises(ValueError, match="rows must be"):
-        upsert_tt.upsert_slots(fused, batch, None, scores, True, rows=rows[:, :-1])
-
-
-@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4"])
-@pytest.mark.parametrize("allow_evict", [False, True], ids=["refusing", "evicting"])
-@pytest.mark.parametrize("row_dim,dim", [(5, 3), (40, 40)])
-def test_upsert_read_returns_what_read_or_init_rows_after_it_does(monkeypatch, launch,
-                                                                   allow_evict, row_dim, dim):
-    """Every key's row read in the upsert's pass equals ``read_or_init_rows`` after it,
-    and the new rows it stores are the same: stored keys read their rows; placed,
-    refused and evicted-present keys read initial rows (repeats included)."""
-    _use_launch(monkeypatch, launch)
-    base, keys, _ = filled(16, 8, 140, seed=73, row_dim=row_dim)
-    gen = torch.Generator().manual_seed(74)
-    present = keys[find_ref.find_slots(base, keys) >= 0]
-    new = random_keys(50, gen).to(DEVICE)
-    batch = torch.cat([present[:60], new, new[:6], present[:4]])
-    scores = torch.randint(0, 6, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    init = upsert_tt.RowInit(dim, -0.5, 0.5, seed=9, state=0.25)
-    fused, after = clone(base), clone(base)
-    got = upsert_tt.upsert_slots(fused, batch, None, scores, allow_evict, read=init)
-    want = upsert_tt.upsert_slots(after, batch, None, scores, allow_evict)
-    rows = rows_tt.read_or_init_rows(after.values, batch, None, want.slots, want.created,
-                                     want.inserted, *init)
-    assert torch.equal(got.slots, want.slots)
-    assert bool((got.slots < 0).any()) and bool(got.created.any())  # the cases in view
-    assert torch.equal(got.rows, rows)
-    assert torch.equal(fused.values, after.values)
-    with pytest.raises(ValueError, match="read.dim"):
-        upsert_tt.upsert_slots(fused, batch, None, scores, True, read=init._replace(dim=0))
-
-
 def test_read_or_init_rows_reads_stored_and_initializes_new_rows():
     base, keys, _ = filled(4, 16, 30, seed=31, row_dim=5)
     gen = torch.Generator().manual_seed(32)

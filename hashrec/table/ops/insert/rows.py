@@ -13,8 +13,6 @@ so no program waits for another.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -65,7 +63,7 @@ def write_rows(values: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | N
 
 
 @triton.jit
-def hashed_uniform(key, tag, col, seed_mix):
+def _hashed_uniform(key, tag, col, seed_mix):
     """Uniforms in (0, 1) of (key, tag) at 0-based columns ``col``: (BLOCK, COLS) float32."""
     base = mix64(tagged_hash(key, tag) ^ seed_mix) & 0xFFFFFFFF
     x = base.to(tl.uint32)[:, None] ^ ((col + 1).to(tl.uint32) * 0x9E3779B9)[None, :]
@@ -86,7 +84,7 @@ def init_uniforms(keys: torch.Tensor, tags: torch.Tensor | None, dim: int,
     0x9E3779B9`` through the murmur3 32-bit finalizer, and the top 24 bits give u.
     """
     low = (1 << 32) - 1
-    base = torch_mix64(mix_tagged(keys, tags) ^ mixed_seed(seed)) & low
+    base = torch_mix64(mix_tagged(keys, tags) ^ _seed_mix(seed)) & low
     cols = torch.arange(1, dim + 1, dtype=torch.int64, device=keys.device) * 0x9E3779B9 & low
     x = base[:, None] ^ cols[None, :]
     x = x ^ (x >> 16)
@@ -97,20 +95,7 @@ def init_uniforms(keys: torch.Tensor, tags: torch.Tensor | None, dim: int,
     return ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
 
 
-class RowInit(NamedTuple):
-    """How ``read_or_init_rows`` (or ``upsert_slots(read=...)``) reads an upserted batch:
-    the first ``dim`` columns of every key's row, where a key the call placed (or
-    refused) reads ``lower + (upper - lower) * u`` (u: ``init_uniforms(key, tag, dim,
-    seed)``), and a placed key's new row gets those columns and ``state`` past them."""
-
-    dim: int
-    lower: float
-    upper: float
-    seed: int
-    state: float = 0.0
-
-
-def mixed_seed(seed: int) -> int:
+def _seed_mix(seed: int) -> int:
     return seed * _SEED_STRIDE & ((1 << 63) - 1)
 
 
@@ -132,7 +117,7 @@ def _read_or_init_kernel(keys_ptr, tags_ptr, slots_ptr, created_ptr, inserted_pt
     if tl.max(fresh.to(tl.int32), axis=0) > 0:  # initial values only where a key needs them
         key = tl.load(keys_ptr + i, mask=fresh, other=0)
         tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
-        u = hashed_uniform(key, tag, col, seed_mix.to(tl.int64).to(tl.uint64, bitcast=True))
+        u = _hashed_uniform(key, tag, col, seed_mix.to(tl.int64).to(tl.uint64, bitcast=True))
         init = tl.where(emb, u * (upper - lower) + lower, state).to(values.dtype.element_ty)
         row = tl.where(fresh[:, None], init, row)
         tl.store(values + slot[:, None] * ROW_DIM + col[None, :], init,
@@ -164,7 +149,7 @@ def read_or_init_rows(values: torch.Tensor, keys: torch.Tensor, tags: torch.Tens
     block = max(1, min(64, 4096 // row_p2))
     _read_or_init_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys, slots, created.view(torch.uint8),
-        inserted.view(torch.uint8), values, out, n, mixed_seed(seed), float(lower), float(upper),
+        inserted.view(torch.uint8), values, out, n, _seed_mix(seed), float(lower), float(upper),
         float(state), HAS_TAGS=tags is not None, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,
         BLOCK=block)
     return out

@@ -24,7 +24,7 @@ launch has a grid fixed by the batch size n, so nothing is read back on the host
    places the short runs that fit in their buckets' free slots, and the block form
    takes the blocks it flags;
 5. one kernel writes every key's final slot and flags back in batch order (and the
-   digests of the entries the lane form placed; and, given ``rows``, every key's row).
+   digests of the entries the lane form placed).
 
 The insert is independent of thread timing: a bucket is written by one program (or,
 in the lane form, by its run's lanes into the empty slots their ranks name), and all
@@ -55,7 +55,7 @@ from hashrec.table.ops.find.triton import (
     probe_bucket,
     probe_round,
 )
-from hashrec.table.ops.insert.rows import RowInit, hashed_uniform, mixed_seed, write_rows
+from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.runs import insert_run
 from hashrec.table.ops.insert.upsert_block import (
     UPSERT_BLOCK,
@@ -66,7 +66,7 @@ from hashrec.table.ops.insert.upsert_lanes import LANE_PLACED, upsert_lanes_kern
 from hashrec.table.ops.launch import cdiv, fast_launch, maxnreg, next_pow2
 from hashrec.table.storage import TableStorage
 
-__all__ = ["RowInit", "UpsertResult", "upsert_slots", "write_rows"]
+__all__ = ["UpsertResult", "upsert_slots", "write_rows"]
 
 _WIDE_SENTINEL = 0x7FFFFFFFFFFFFFFF
 _NARROW_SENTINEL = 0x7FFFFFFF
@@ -76,9 +76,6 @@ _NARROW_SENTINEL = 0x7FFFFFFF
 UPSERT_CONFIG = {"runs": 1, "num_warps": 1, "bi": 16}
 # Bucket bits up to which sort keys are 32-bit (a faster sort); beyond, 64-bit.
 NARROW_MAX_SHIFT = 29
-# The finalize kernel's row work: none, store given rows, read (and initialize) rows.
-_ASSIGN = tl.constexpr(1)
-_READ = tl.constexpr(2)
 
 
 class UpsertResult(NamedTuple):
@@ -93,7 +90,6 @@ class UpsertResult(NamedTuple):
             call's sorted order, not the batch order).
         evicted_keys: (n,) int64, evicted_tags (n,) int32, evicted_scores (n,) int64.
         created: (n,) bool, True at every occurrence of a key placed by this call.
-        rows: (n, dim) float32 read with ``read`` (``upsert_slots``), else None.
     """
 
     slots: torch.Tensor
@@ -103,7 +99,6 @@ class UpsertResult(NamedTuple):
     evicted_tags: torch.Tensor
     evicted_scores: torch.Tensor
     created: torch.Tensor
-    rows: torch.Tensor | None = None
 
 
 # The bucket bits are a runtime argument: a growing table changes them at every
@@ -206,18 +201,18 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
 @triton.jit
 def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_ptr, t_keys,
                      t_tags, t_digests, s_digests, state, slots_ptr, inserted_ptr, created_ptr,
-                     evicted_ptr, ev_any, rows_ptr, t_values, n, seed_mix, lower, upper, state0,
+                     evicted_ptr, ev_any, n,
                      HAS_TAGS: tl.constexpr, ALLOW_EVICT: tl.constexpr, LANES: tl.constexpr,
-                     SENTINEL: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr,
-                     ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr, BLOCK: tl.constexpr):
+                     SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
     """Final slot and flags of every key, in batch order; clears unused evicted flags.
     With LANES, first writes the digests of the entries ``upsert_lanes_kernel`` placed
-    (into slots that were empty, so no present key's check below reads them). ROWS
-    ``_ASSIGN`` stores each key's row of ``rows_ptr`` at its final slot; ``_READ`` writes
-    each key's first DIM columns to ``rows_ptr`` (``read_or_init_rows``: a key this call
-    placed, or refused, reads its hashed initial row, which its first occurrence also
-    stores, ``state0`` past DIM); no key reads a slot another program writes, since a
-    present key whose slot a miss took reads as refused."""
+    (into slots that were empty, so no present key's check below reads them).
+    Storing the batch's rows here (insert_or_assign), or reading every key's row with
+    initial rows for new keys (find_or_insert), instead of in a kernel after the call,
+    was no faster on an H200 at dim 8 (0.457 against 0.456 ms, 0.459 against 0.449) and
+    slower at dims 64 and 128 (0.773 against 0.683 ms insert_or_assign at dim 128,
+    load factor 0.5: benchmarks/results/table_gpu_rows_fused.md against
+    table_gpu_rows_after.md, one run), so the rows stay a kernel of their own."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     if LANES:
@@ -245,31 +240,7 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
     else:
         tl.store(evicted_ptr + i, tl.zeros([BLOCK], dtype=tl.int8), mask=mask)
     placed = miss & (new_slot >= 0)
-    final = tl.where(miss, new_slot, slot)
-    tl.store(slots_ptr + pos, final, mask=mask)
-    if ROWS == _ASSIGN:
-        col = tl.arange(0, ROW_P2)
-        put = (mask & (final >= 0))[:, None] & (col[None, :] < ROW_DIM)
-        row = tl.load(rows_ptr + pos[:, None] * ROW_DIM + col[None, :], mask=put, other=0.0)
-        tl.store(t_values + final[:, None] * ROW_DIM + col[None, :], row, mask=put)
-    if ROWS == _READ:
-        col = tl.arange(0, ROW_P2)
-        emb = col[None, :] < DIM
-        fresh = mask & ((final < 0) | placed)
-        row = tl.load(t_values + final[:, None] * ROW_DIM + col[None, :],
-                      mask=(mask & ~fresh)[:, None] & emb, other=0.0)
-        if tl.max(fresh.to(tl.int32), axis=0) > 0:  # initial rows only where a key needs them
-            key = tl.load(keys_ptr + pos, mask=fresh, other=0)
-            tag = load_tags(tags_ptr, pos, fresh, HAS_TAGS)
-            u = hashed_uniform(key, tag, col, seed_mix.to(tl.int64).to(tl.uint64, bitcast=True))
-            init = tl.where(emb, u * (upper - lower) + lower, state0)
-            init = init.to(t_values.dtype.element_ty)
-            row = tl.where(fresh[:, None], init, row)
-            store = placed & (first == i)
-            tl.store(t_values + final[:, None] * ROW_DIM + col[None, :], init,
-                     mask=store[:, None] & (col[None, :] < ROW_DIM))
-        tl.store(rows_ptr + pos[:, None] * DIM + col[None, :], row.to(tl.float32),
-                 mask=mask[:, None] & emb)
+    tl.store(slots_ptr + pos, tl.where(miss, new_slot, slot), mask=mask)
     tl.store(inserted_ptr + pos, (placed & (first == i)).to(tl.int8), mask=mask)
     tl.store(created_ptr + pos, placed.to(tl.int8), mask=mask)
 
@@ -343,9 +314,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
 
 def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
                  scores: torch.Tensor, allow_evict: bool,
-                 active: torch.Tensor | None = None,
-                 rows: torch.Tensor | None = None,
-                 read: RowInit | None = None) -> UpsertResult:
+                 active: torch.Tensor | None = None) -> UpsertResult:
     """Finds keys (n,) int64 [+ tags] and inserts the missing ones with ``scores`` (n,).
 
     Repeated keys are inserted once, with the score of their first occurrence.
@@ -355,13 +324,6 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     ``active`` (n,) bool, when given, limits the call to those keys: an inactive key
     is neither looked up nor inserted and reads as slot -1 with no flags (a fixed-size
     stand-in for passing ``keys[active]``, which would need a host sync).
-
-    ``rows`` (n, row_dim), when given, are stored at every key's final slot in the same
-    pass as the slots (insert_or_assign; as ``write_rows(storage.values, slots, None,
-    rows)`` after the call, one launch fewer): with a key repeated in the batch, which
-    of its rows lands is not specified. ``read`` instead returns every key's row as
-    ``read_or_init_rows(..., *read)`` after the call would (``UpsertResult.rows``,
-    find_or_insert), from the same pass.
     """
     check_keys(keys, tags, storage.device)
     if scores.dtype != torch.int64 or scores.shape != keys.shape:
@@ -371,7 +333,6 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
         raise ValueError(f"active must be bool of shape {tuple(keys.shape)}, "
                          f"got {active.dtype} {tuple(active.shape)}")
     active = active.contiguous() if active is not None else None
-    rows, mode, dim = _row_work(storage, keys.numel(), rows, read)
     storage.note_tags(tags)
     t_tags = storage.probe_tags(tags)
     keys, scores = keys.contiguous(), scores.contiguous()
@@ -385,8 +346,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     ev_tags, s_tags = _rows(2, n, torch.int32, device)
     ev = (ev_keys, ev_tags, ev_scores)
     if n == 0:
-        return UpsertResult(slots, flags[:0], flags[:0], *ev, flags[:0],
-                            rows if read is not None else None)
+        return UpsertResult(slots, flags[:0], flags[:0], *ev, flags[:0])
     sort_key, sentinel = _sort_keys(storage, keys, tags, active, slots)
     sort_key, perm = torch.sort(sort_key, stable=True)
     s_digests = _empty(n, torch.uint8, device)
@@ -400,37 +360,10 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
                                      perm, n, storage.keys, t_tags, storage.digests,
                                      storage.scores, out, evicted, ev_any, *ev), allow_evict)
-    row_p2 = next_pow2(storage.row_dim)
-    block = max(32, min(512, 4096 // row_p2)) if mode else 512
-    init = read or RowInit(0, 0.0, 0.0, 0)
-    _finalize_kernel[(cdiv(n, block),)](
+    _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
         s_digests, state if state is not None else s_digests, slots,
-        flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, ev_any,
-        rows if rows is not None else storage.values, storage.values, n,
-        mixed_seed(init.seed), float(init.lower), float(init.upper), float(init.state),
+        flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, ev_any, n,
         HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), LANES=state is not None,
-        SENTINEL=sentinel, ROWS=mode, DIM=dim, ROW_DIM=storage.row_dim, ROW_P2=row_p2,
-        BLOCK=block)
-    return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n],
-                        rows if read is not None else None)
-
-
-def _row_work(storage: TableStorage, n: int, rows: torch.Tensor | None,
-              read: RowInit | None) -> tuple[torch.Tensor | None, int, int]:
-    """(rows to store, or the (n, dim) output to read into; the finalize's ROWS; DIM)."""
-    row_dim = storage.row_dim
-    if rows is not None and read is not None:
-        raise ValueError("upsert_slots takes rows to store or a read, not both")
-    if (rows is not None or read is not None) and not storage.values.is_contiguous():
-        raise ValueError("the table's values must be contiguous")
-    if rows is not None:
-        if rows.shape != (n, row_dim):
-            raise ValueError(f"rows must be ({n}, {row_dim}), got {tuple(rows.shape)}")
-        return rows.to(storage.values.dtype).contiguous(), _ASSIGN.value, 0
-    if read is not None:
-        if not 0 < read.dim <= row_dim:
-            raise ValueError(f"read.dim={read.dim} must be in [1, row_dim={row_dim}]")
-        out = torch.empty(n, read.dim, dtype=torch.float32, device=storage.device)
-        return out, _READ.value, read.dim
-    return None, 0, 0
+        SENTINEL=sentinel, BLOCK=512)
+    return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n])
