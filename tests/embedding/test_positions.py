@@ -44,6 +44,31 @@ def test_gradient_rows_match_reference(shapes, seed):
         assert torch.equal(g.cpu(), w.cpu())
 
 
+@pytest.mark.parametrize("case", ["ones", "one-long-bag", "empty-runs", "power-law"])
+def test_gradient_rows_far_from_an_even_spread_match_reference(case):
+    """Bags whose ids are spread nothing like evenly: the search gallops far from its
+    guess, either way; bags of one id each are found at the guess."""
+    g = torch.Generator().manual_seed(3)
+    if case == "ones":
+        lengths = torch.ones(37, dtype=torch.int64)
+    elif case == "one-long-bag":
+        lengths = torch.cat([torch.ones(20, dtype=torch.int64), torch.tensor([300]),
+                             torch.ones(25, dtype=torch.int64)])
+    elif case == "empty-runs":
+        lengths = torch.zeros(90, dtype=torch.int64)
+        lengths[[3, 4, 60, 89]] = torch.tensor([5, 1, 40, 2])
+    else:
+        lengths = (1.0 / torch.rand(70, generator=g)).floor().clamp(max=500).to(torch.int64)
+    first = torch.arange(lengths.numel())
+    lengths, first = lengths.to(DEVICE), first.to(DEVICE)
+    sequence = torch.zeros_like(first)
+    n = int(lengths.sum())
+    want = reference.gradient_rows(lengths, first, sequence, n)
+    got = kernel.gradient_rows(lengths, first, sequence, n)
+    for w, r in zip(want, got):
+        assert torch.equal(r.cpu(), w.cpu())
+
+
 def test_no_ids_give_empty_rows():
     lengths = torch.zeros(4, dtype=torch.int64, device=DEVICE)
     first = torch.arange(4, device=DEVICE)
