@@ -5,8 +5,12 @@ zero-length bags need no special case and the host reads nothing. The search sta
 the bag an even spread would give (id p of n among B bags: bag p * B // n) and gallops
 out from it to a bracket, then bisects it: with bags of one id each (a pooled feature,
 one id a sample) the guess is the answer, confirmed in two loads, where a bisection of
-all bags takes log2(B) dependent loads (20 for a step of 1M samples). Three launches in
-all, where the reference takes about a dozen.
+all bags takes log2(B) dependent loads (20 for a step of 1M samples). On an H200 the
+layer's backward of 10 pooled tables, 1M ids, took 0.526 ms against 0.543 with SGD and
+0.689 against 0.705 with Adam (benchmarks/results/embedding_layer_gpu.md against
+_before_bag_search.md, one call). Bags of random lengths take about as many loads as
+the bisection (gallop and bisect each cover the guess's distance). Three launches in all,
+where the reference takes about a dozen.
 """
 
 from __future__ import annotations
