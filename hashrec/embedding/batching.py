@@ -87,7 +87,8 @@ class StorageBatch:
         unique_per_rank_table: the same per rank and logical table (what a join's
             members take their share from), else None.
         wide_ids: the batch was to sort in one pass (``narrow``) but an id did not
-            fit; it was sorted again in two. Later batches should not try.
+            fit; it was sorted again in two: the level of the failed sort (``COMPACT``:
+            later batches should try ``NARROW`` keys; ``NARROW``: not try), else 0.
         member_rows: a join of several storages: each member's first unique row, then
             U (the gradient reduction sums each member's rows as it would alone),
             else None.
@@ -106,7 +107,7 @@ class StorageBatch:
     recv_counts: list[int] | None = None
     unique_per_rank: list[int] | None = None
     pair_max: int | None = None
-    wide_ids: bool = False
+    wide_ids: int = 0
     unique_per_rank_table: list[list[int]] | None = None
     member_rows: list[int] | None = None
 
@@ -153,15 +154,21 @@ class _Sorted(NamedTuple):
     # tag, then the unique keys per owning rank (sharded storages)
     owners: int = 0
     source: tuple = ()  # _sort_storage's arguments when a narrow sort may need a redo
+    narrow: int = 0  # the one-pass level of other keys tried (NARROW, COMPACT), else 0
 
 
 # Row ids of dense tables (below 2 ** _ROW_BITS) sort with their tag above them.
 _ROW_BITS = 40
+# One-pass levels of other keys (``_sort_storage``'s ``narrow``): ``tag << bits | id`` in
+# an int64, or in an int32 (COMPACT), which sorts in half the radix passes: on an H200 a
+# stable sort of 1M keys took 0.108 ms as int32 and 0.208 as int64
+# (benchmarks/results/sort_bits_gpu.md).
+NARROW, COMPACT = 1, 2
 
 
-def _narrow_bits(num_tags: int) -> int:
-    """Bits left to an id below its tag in a non-negative int64 sort key."""
-    return 63 - max(1, (num_tags - 1).bit_length())
+def _narrow_bits(num_tags: int, level: int = NARROW) -> int:
+    """Bits left to an id below its tag in a non-negative int64 (int32: COMPACT) sort key."""
+    return (31 if level == COMPACT else 63) - max(1, (num_tags - 1).bit_length())
 
 
 def _emit_order(features_by_tag: list[list[FeatureIds]]) -> list[tuple[int, FeatureIds]]:
@@ -225,9 +232,10 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
     collection's range check finds it.
 
     ``narrow`` (other keys): the same one sort, of ``tag << bits | id`` with the
-    bits an int64 leaves (``_narrow_bits``); with an id outside [0, 2 ** bits) the
-    lows read -1 and ``PendingDedup.result`` sorts the storage again in two passes
-    (the result is the same either way).
+    bits an int64 leaves (``_narrow_bits``; ``COMPACT``: an int32, 27 id bits for up to
+    16 tables); with an id outside [0, 2 ** bits) the lows read -1 and
+    ``PendingDedup.result`` sorts the storage again in two passes (the result is the same
+    either way).
 
     On CUDA the one-pass sort runs padded to a size class and replayed from a CUDA
     graph (``hashrec.embedding.dedup_graphs``; keys then have one id bit fewer).
@@ -241,19 +249,19 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
         ids = every[0].values
         zeros = torch.zeros(3 * num_tags + owners, dtype=torch.int64, device=device)
         return _Sorted(every, fused, ids, None, ids, ids, zeros, owners)
-    one_pass = (row_ids or narrow) and len(used) > 1
-    narrow = one_pass and not row_ids
-    source = (features_by_tag, fused, row_ids, owners, False, owned) if narrow else ()
+    one_pass = bool(row_ids or narrow) and len(used) > 1
+    level = int(narrow) if one_pass and not row_ids else 0
+    source = (features_by_tag, fused, row_ids, owners, False, owned) if level else ()
     if one_pass and dedup_graphs.enabled(device):
-        bits = _ROW_BITS if row_ids else dedup_graphs.pad_bits(num_tags)
+        bits = _ROW_BITS if row_ids else dedup_graphs.pad_bits(num_tags, level == COMPACT)
         sorted_ids, sorted_tags, order, group, summary = dedup_graphs.graphs_for(device).sort(
             [f.values for f in every], [tag for tag, _ in tagged], num_tags, bits, row_ids,
             owners, owned)
         return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary, owners,
-                       source)
+                       source, level)
     ids = torch.cat([f.values for f in every]) if len(every) > 1 else every[0].values
     sorted_ids, sorted_tags, order, new, bad, ends = _sort_ids(
-        ids, tagged, num_tags, one_pass, row_ids, len(used) > 1)
+        ids, tagged, num_tags, one_pass, row_ids, len(used) > 1, level)
     group = torch.cumsum(new, 0) - 1
     if sorted_tags is None:
         summary = torch.zeros(3, num_tags, dtype=torch.int64, device=device)
@@ -269,14 +277,15 @@ def _sort_storage(features_by_tag: list[list[FeatureIds]], fused: bool,
             counted = torch.zeros_like(new)  # the one tag read is not a sharded one
         summary = torch.cat([summary, owner_counts(sorted_ids, counted, owners)])
     return _Sorted(every, fused, sorted_ids, sorted_tags, order, group, summary, owners,
-                   source)
+                   source, level)
 
 
 def _sort_ids(ids: torch.Tensor, tagged: list[tuple[int, FeatureIds]], num_tags: int,
-              one_pass: bool, row_ids: bool, tagged_sort: bool) -> tuple:
+              one_pass: bool, row_ids: bool, tagged_sort: bool, level: int = NARROW) -> tuple:
     """``_sort_storage``'s sort at exact sizes: (sorted ids, sorted int32 tags or None,
     order, first-of-its-key flags, the out-of-range flag or None, the smallest and
-    largest id or None). ``tagged_sort``: more than one tag is read."""
+    largest id or None). ``tagged_sort``: more than one tag is read; ``level``: the
+    one-pass key of other keys (``NARROW`` or ``COMPACT``)."""
     n, device = ids.numel(), ids.device
     new = torch.ones(n, dtype=torch.bool, device=device)
     bad = ends = None
@@ -284,11 +293,15 @@ def _sort_ids(ids: torch.Tensor, tagged: list[tuple[int, FeatureIds]], num_tags:
         # A position starts a new unique key where its (tag, key) differs from the previous.
         # A row id out of range is clamped into it (the batch stays consistent) and
         # flagged; narrow keys out of range are sorted again, so need no clamp.
-        bits = _ROW_BITS if row_ids else _narrow_bits(num_tags)
+        bits = _ROW_BITS if row_ids else _narrow_bits(num_tags, level)
         bad = (ids >> bits).any()
         keyed = (ids.clamp(0, (1 << bits) - 1) if row_ids else ids) + \
             _tag_of(tagged, n, device, bits)
-        combined, order = torch.sort(keyed, stable=True)
+        if not row_ids and level == COMPACT:  # out-of-range ids sort wrongly, and are flagged
+            combined, order = torch.sort(keyed.to(torch.int32), stable=True)
+            combined = combined.to(torch.int64)
+        else:
+            combined, order = torch.sort(keyed, stable=True)
         torch.ne(combined[1:], combined[:-1], out=new[1:])
         return (combined & ((1 << bits) - 1), (combined >> bits).to(torch.int32), order, new,
                 bad, ends)
@@ -407,9 +420,10 @@ class PendingDedup:
         for s, per_rank in zip(self._firsts, rows):
             summary = per_rank[self._rank or 0]
             if _too_wide(s, summary):  # sort again by key, then by tag (reads the sizes)
+                level = s.narrow
                 s = _sort_storage(*s.source)
                 batch = _finish_storage(s, s.summary.tolist())
-                batch.wide_ids = True
+                batch.wide_ids = level
             else:
                 batch = _finish_storage(s, summary)
             if shared:
@@ -471,8 +485,9 @@ def dedup_storages(storages: list[tuple]) -> list[StorageBatch]:
             narrow[, owned]]]])``: for each logical table of the storage (index = tag)
             the features reading it this batch, whether tags are passed to the storage
             (False: one logical table, tag 0), whether the ids are rows of dense
-            tables (a faster sort), the ranks a sharded storage spans, whether to try
-            the one-pass sort of other keys, and the tags whose keys are sharded (see
+            tables (a faster sort), the ranks a sharded storage spans, the one-pass
+            sort of other keys to try (0 / False: none, ``NARROW`` / True: int64 keys,
+            ``COMPACT``: int32 keys), and the tags whose keys are sharded (see
             ``_sort_storage``).
 
     Unique keys come tag by tag, ascending within a tag. All storages' sizes reach

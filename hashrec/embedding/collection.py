@@ -36,6 +36,8 @@ from hashrec.distributed.process_group import DistContext
 from hashrec.distributed.sharded_lookup import ShardedTable
 from hashrec.distributed.storage_estimate import per_rank_options
 from hashrec.embedding.batching import (
+    COMPACT,
+    NARROW,
     FeatureIds,
     PendingDedup,
     StorageBatch,
@@ -173,8 +175,10 @@ class EmbeddingCollection(nn.Module):
         # Coming batches' ids and dedup started by ``prepare``: (kjt, ids, pending),
         # oldest first, at most ``_MAX_AHEAD``.
         self._ahead: list[tuple] = []
-        # Storages whose ids did not fit the one-pass sort of keys (``dedup_storages``).
+        # Storages whose ids did not fit the one-pass sort of keys (``dedup_storages``),
+        # and those whose ids did not fit its int32 form (int64 keys from then on).
         self._wide_ids: set[str] = set()
+        self._long_ids: set[str] = set()
 
     def _group_features(self, features) -> dict[str, list[list[EmbeddingFeatureSpec]]]:
         readers = {s.name: [[] for _ in s.plan.tables] for s in self._storages}
@@ -295,11 +299,18 @@ class EmbeddingCollection(nn.Module):
             owned = owned_tags(members, self._sharded_names)
             owners = self._sharded.ctx.world_size if owned is not None else 0
             return joint_ids([ids[i] for i in join]), True, False, owners, \
-                joint_name(members) not in self._wide_ids, owned
+                self._one_pass(joint_name(members)), owned
         storage, ids = storages[join[0]], ids[join[0]]
         sharded = self._sharded is not None and storage.name in self._sharded.sharded
         return ids, storage.plan.fused, self._ids_are_rows(storage), \
-            self._sharded.ctx.world_size if sharded else 0, storage.name not in self._wide_ids
+            self._sharded.ctx.world_size if sharded else 0, self._one_pass(storage.name)
+
+    def _one_pass(self, name: str) -> int:
+        """The one-pass dedup sort a storage's keys try: int32 keys until an id does not
+        fit them, then int64 keys until an id does not fit those, then none."""
+        if name in self._wide_ids:
+            return 0
+        return NARROW if name in self._long_ids else COMPACT
 
     def _ids_are_rows(self, storage: Storage) -> bool:
         """Dense tables without ZCH: every id is a row (range-checked before lookups)."""
@@ -339,8 +350,9 @@ class EmbeddingCollection(nn.Module):
             for k, batch in zip(picked, done):
                 batches[k] = batch
                 members = [storages[i] for i in joins[k]]
-                if batch.wide_ids:  # ids past the one-pass sort's range: two passes from now
-                    self._wide_ids.add(joint_name(members))
+                if batch.wide_ids:  # ids past the one-pass sort's range: a wider one from now
+                    wider = self._long_ids if batch.wide_ids == COMPACT else self._wide_ids
+                    wider.add(joint_name(members))
                 split = [batch]
                 if len(members) > 1:
                     split = split_join(batch, members, self._sharded_names)

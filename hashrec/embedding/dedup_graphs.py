@@ -58,9 +58,10 @@ def enabled(device: torch.device) -> bool:
         os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
 
-def pad_bits(num_tags: int) -> int:
-    """Id bits of a padded one-pass key: the tags 0 .. num_tags (padding) fit above."""
-    return 63 - num_tags.bit_length()
+def pad_bits(num_tags: int, compact: bool = False) -> int:
+    """Id bits of a padded one-pass key: the tags 0 .. num_tags (padding) fit above, in
+    an int64 (an int32 when ``compact``)."""
+    return (31 if compact else 63) - num_tags.bit_length()
 
 
 def padded_sort(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
@@ -74,7 +75,8 @@ def padded_sort(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
         meta: (2 F,) int64: each feature's end in ``ids`` (the last is the real count
             n), then each feature's ``tag << bits``.
         num_tags: logical tables of the storage; padding gets tag ``num_tags``.
-        bits: id bits below the tag (``pad_bits``).
+        bits: id bits below the tag (``pad_bits``); keys of at most 31 bits sort as
+            int32 (half the radix passes).
         clamp: row ids of dense tables: out-of-range ids are clamped (and flagged).
         owners, owned: as ``_sort_storage``'s.
 
@@ -93,7 +95,11 @@ def padded_sort(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
     bad = ((ids >> bits) != 0).logical_and_(real).any()
     lows = ids.clamp(0, mask) if clamp else ids
     keyed = torch.where(real, lows, 0) + torch.cat([shifted, pad])[feature]
-    combined, order = torch.sort(keyed, stable=True)
+    if bits + num_tags.bit_length() <= 31:  # out-of-range ids sort wrongly, and are flagged
+        combined, order = torch.sort(keyed.to(torch.int32), stable=True)
+        combined = combined.to(torch.int64)
+    else:
+        combined, order = torch.sort(keyed, stable=True)
     new = torch.ones(size, dtype=torch.bool, device=ids.device)
     torch.ne(combined[1:], combined[:-1], out=new[1:])
     sorted_tags = (combined >> bits).to(torch.int32)

@@ -35,7 +35,7 @@ def _features(sizes, high, seed, device="cpu"):
     return out
 
 
-def _padded(features_by_tag, row_ids, owners, owned, pad_to, seed=1):
+def _padded(features_by_tag, row_ids, owners, owned, pad_to, seed=1, compact=False):
     """``padded_sort`` of the storage's ids, padding filled with junk."""
     tagged = batching._emit_order(features_by_tag)
     values = [f.values for _, f in tagged]
@@ -44,21 +44,24 @@ def _padded(features_by_tag, row_ids, owners, owned, pad_to, seed=1):
     ids = torch.randint(-(1 << 62), 1 << 62, (pad_to,), generator=g)
     ids[:n] = torch.cat(values)
     num_tags = len(features_by_tag)
-    bits = batching._ROW_BITS if row_ids else dedup_graphs.pad_bits(num_tags)
+    bits = batching._ROW_BITS if row_ids else dedup_graphs.pad_bits(num_tags, compact)
     ends = torch.tensor([v.numel() for v in values]).cumsum(0)
     meta = torch.cat([ends, torch.tensor([tag << bits for tag, _ in tagged])])
     return n, dedup_graphs.padded_sort(ids, meta, num_tags, bits, row_ids, owners, owned)
 
 
-CASES = [  # (row_ids, owners, owned)
-    (False, 0, None), (True, 0, None), (False, 3, None), (False, 2, (1, 3)), (True, 2, None)]
+CASES = [  # (row_ids, owners, owned, compact: int32 keys)
+    (False, 0, None, False), (True, 0, None, False), (False, 3, None, False),
+    (False, 2, (1, 3), False), (True, 2, None, False), (False, 0, None, True),
+    (False, 2, (1, 3), True)]
 
 
-@pytest.mark.parametrize("row_ids, owners, owned", CASES)
-def test_padded_sort_matches_the_unpadded_one_pass_sort(row_ids, owners, owned):
+@pytest.mark.parametrize("row_ids, owners, owned, compact", CASES)
+def test_padded_sort_matches_the_unpadded_one_pass_sort(row_ids, owners, owned, compact):
     features = _features([[40, 7], [], [25], [60, 3, 9]], high=50, seed=3)
-    want = _sort_storage(features, True, row_ids, owners, not row_ids, owned)
-    n, got = _padded(features, row_ids, owners, owned, pad_to=200)
+    level = 0 if row_ids else (batching.COMPACT if compact else batching.NARROW)
+    want = _sort_storage(features, True, row_ids, owners, level, owned)
+    n, got = _padded(features, row_ids, owners, owned, pad_to=200, compact=compact)
     for mine, ref in zip(got[:4], (want.sorted_ids, want.sorted_tags, want.order,
                                    want.group)):
         assert torch.equal(mine[:n], ref)
@@ -68,11 +71,13 @@ def test_padded_sort_matches_the_unpadded_one_pass_sort(row_ids, owners, owned):
     assert (got[3][n:] == got[3][n - 1] + 1).all()
 
 
-def test_padded_sort_flags_ids_that_do_not_fit():
+@pytest.mark.parametrize("compact", [False, True], ids=["int64", "int32"])
+def test_padded_sort_flags_ids_that_do_not_fit(compact):
     features = _features([[10], [10]], high=50, seed=4)
     num_tags = len(features)
-    features[1][0].values[3] = 1 << dedup_graphs.pad_bits(num_tags)  # one bit too wide
-    _, got = _padded(features, False, 0, None, pad_to=64)
+    wide = 1 << dedup_graphs.pad_bits(num_tags, compact)  # one bit too wide
+    features[1][0].values[3] = wide
+    _, got = _padded(features, False, 0, None, pad_to=64, compact=compact)
     assert (got[4][num_tags:2 * num_tags] == -1).all()
     features[1][0].values[3] = -5
     _, got = _padded(features, True, 0, None, pad_to=64)
@@ -161,3 +166,38 @@ def test_captured_replays_sort_like_the_unpadded_sort():
                                    want.summary)):
             assert torch.equal(mine, ref)
     assert graphs.captures == 1 and graphs.replays == 6 - dedup_graphs.CAPTURE_AFTER
+
+
+def _wide_kjt(keys, step, big):
+    """``_kjt`` with ``big`` among the first dynamic feature's ids."""
+    kjt = _kjt(keys, step)
+    values = kjt.values().clone()
+    lengths = kjt.lengths()
+    if int(lengths[0]):
+        values[0] = big
+    return KeyedJaggedTensor(keys, values, lengths)
+
+
+def test_ids_past_the_int32_keys_move_a_storage_to_int64_keys_then_two_passes(monkeypatch):
+    """A fused storage's dedup tries int32 one-pass keys, then int64 ones once an id did
+    not fit, then two passes once one did not fit those; training is the same as with
+    two passes all along."""
+    def run(one_pass=None):
+        torch.manual_seed(0)
+        collection, keys = _collection()
+        if one_pass is not None:
+            monkeypatch.setattr(collection, "_one_pass", one_pass)
+        bigs = [5, 1 << 40, 7, 1 << 62, 9]
+        losses, levels = [], []
+        for step, big in enumerate(bigs):
+            out = collection(_wide_kjt(keys, step, big))
+            loss = sum((v * (1 + i)).sum() for i, v in enumerate(out.pooled.values()))
+            loss.backward()
+            losses.append(loss.detach())
+            levels.append((len(collection._long_ids), len(collection._wide_ids)))
+        return torch.stack(losses), levels
+
+    losses, levels = run()
+    assert levels == [(0, 0), (1, 0), (1, 0), (1, 1), (1, 1)]
+    two_pass, _ = run(lambda name: 0)
+    torch.testing.assert_close(losses, two_pass)

@@ -9,7 +9,13 @@ if not torch.cuda.is_available():  # before any kernel module is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from hashrec.embedding import EmbeddingFeatureSpec  # noqa: E402
-from hashrec.embedding.batching import FeatureIds, dedup_storages, pooling_kind  # noqa: E402
+from hashrec.embedding.batching import (  # noqa: E402
+    COMPACT,
+    NARROW,
+    FeatureIds,
+    dedup_storages,
+    pooling_kind,
+)
 from hashrec.embedding.emit import emit_storage  # noqa: E402
 from hashrec.embedding.pooling import gather_sequences, pool_bags  # noqa: E402
 
@@ -144,11 +150,12 @@ def test_storage_without_ids():
 _FIELDS = ("keys", "tags", "counts", "inverse", "order", "row_start")
 
 
+@pytest.mark.parametrize("level", [NARROW, COMPACT], ids=["int64", "int32"])
 @pytest.mark.parametrize("owners", [0, 3])
-def test_narrow_key_sort_equals_the_two_pass_sort(owners):
+def test_narrow_key_sort_equals_the_two_pass_sort(owners, level):
     by_tag = _row_storage(6)
     two, one = (dedup_storages([(by_tag, True, False, owners, narrow)])[0]
-                for narrow in (False, True))
+                for narrow in (0, level))
     for name in _FIELDS:
         assert torch.equal(getattr(two, name), getattr(one, name)), name
     assert (two.unique_per_table, two.key_ranges, two.owner_counts) == \
@@ -156,13 +163,16 @@ def test_narrow_key_sort_equals_the_two_pass_sort(owners):
     assert not one.wide_ids
 
 
-@pytest.mark.parametrize("wide", [-3, 1 << 62])
-def test_ids_outside_the_narrow_range_sort_again_in_two_passes(wide):
+@pytest.mark.parametrize("level,wide", [(NARROW, -3), (NARROW, 1 << 62), (COMPACT, -3),
+                                        (COMPACT, 1 << 30), (COMPACT, 1 << 40)])
+def test_ids_outside_the_narrow_range_sort_again_in_two_passes(level, wide):
+    """An id past the one-pass key's range (30 bits for two tables in an int32, 62 in an
+    int64) is sorted again in two passes, and the batch names the level that failed."""
     by_tag = _row_storage(7)
     by_tag[1][0].values[2] = wide
     two, one = (dedup_storages([(by_tag, True, False, 0, narrow)])[0]
-                for narrow in (False, True))
-    assert one.wide_ids and not two.wide_ids
+                for narrow in (0, level))
+    assert one.wide_ids == level and not two.wide_ids
     for name in _FIELDS:
         assert torch.equal(getattr(two, name), getattr(one, name)), name
     assert two.key_ranges == one.key_ranges and wide in one.keys.tolist()
