@@ -153,15 +153,18 @@ def test_a_collection_trains_the_same_through_padded_sorts(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_captured_replays_sort_like_the_unpadded_sort():
+@pytest.mark.parametrize("compact", [False, True], ids=["int64", "int32"])
+def test_captured_replays_sort_like_the_unpadded_sort(compact):
     graphs = dedup_graphs.DedupGraphs()
+    level = batching.COMPACT if compact else batching.NARROW
     for step in range(6):  # the same size class, another count each time
         features = _features([[3000 + 17 * step, 500], [2000], [800, 90]], high=5000,
                              seed=step, device="cuda")
         tagged = batching._emit_order(features)
         got = graphs.sort([f.values for _, f in tagged], [t for t, _ in tagged],
-                          len(features), dedup_graphs.pad_bits(len(features)), False, 2, None)
-        want = _sort_storage(features, True, False, 2, True, None)
+                          len(features), dedup_graphs.pad_bits(len(features), compact), False,
+                          2, None)
+        want = _sort_storage(features, True, False, 2, level, None)
         for mine, ref in zip(got, (want.sorted_ids, want.sorted_tags, want.order, want.group,
                                    want.summary)):
             assert torch.equal(mine, ref)
