@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _launch(block: int) -> dict:
     tensor = ["tensor", "int64"]
     return {"module": "hashrec.embedding.ops.positions.triton", "kernel": "_rows_kernel",
-            "args": [tensor] * 6 + [["value", 7], ["value", 5], ["value", 3]],
+            "args": [tensor] * 6 + [["value", 7], ["value", 5]],
             "kwargs": {"BLOCK": ["value", block]}}
 
 
@@ -59,23 +59,27 @@ def test_launches_compile_with_the_gpu_launchers_specializations():
     to 1 becomes a constant; an unaligned tensor and other integers carry nothing. (In a
     process without the interpreter, as the check runs: this one may have imported the
     kernels interpreted.)"""
-    entry = _launch(1024)
+    entry, other = _launch(1024), _launch(1024)
     entry["args"] = ([["tensor", "int64", True]] * 5 + [["tensor", "int64", False]]
-                     + [["value", 48], ["value", 1], ["value", 7]])
+                     + [["value", 48], ["value", 1]])
+    other["args"] = [["tensor", "int64", True]] * 6 + [["value", 7], ["value", 3]]
     script = (
         "import json, sys\n"
         "from tests.compile_check import _normalized, _source\n"
         "source, _ = _source(_normalized(json.loads(sys.argv[1])))\n"
+        "other, _ = _source(_normalized(json.loads(sys.argv[2])))\n"
         "print(json.dumps({'attrs': sorted(k[0] for k in source.attrs),\n"
         "                  'kinds': sorted({v[0][0] for v in source.attrs.values()}),\n"
         "                  'num_bags': source.signature['num_bags'],\n"
         "                  'constant': source.constants.get((7,)),\n"
-        "                  'steps': source.signature['steps']}))\n")
+        "                  'n': other.signature['n'],\n"
+        "                  'other_attrs': sorted(k[0] for k in other.attrs)}))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
                                                             "HASHREC_FORCE_TRITON")}
-    run = subprocess.run([sys.executable, "-c", script, json.dumps(entry)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-c", script, json.dumps(entry), json.dumps(other)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
     assert got == {"attrs": [0, 1, 2, 3, 4, 6], "kinds": ["tt.divisibility"],
-                   "num_bags": "constexpr", "constant": 1, "steps": "i32"}
+                   "num_bags": "constexpr", "constant": 1, "n": "i32",
+                   "other_attrs": [0, 1, 2, 3, 4, 5]}
