@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 
 import torch
 from torch import nn
@@ -75,6 +76,8 @@ _all_gather_flat = getattr(torch.distributed, "all_gather_single", None) or \
 
 # Batches whose dedup ``EmbeddingCollection.prepare`` keeps at most.
 _MAX_AHEAD = 2
+
+logger = logging.getLogger("hashrec.embedding")
 
 
 def _check_specs(tables: list[EmbeddingTableSpec], features: list[EmbeddingFeatureSpec],
@@ -353,6 +356,10 @@ class EmbeddingCollection(nn.Module):
                 if batch.wide_ids:  # ids past the one-pass sort's range: a wider one from now
                     wider = self._long_ids if batch.wide_ids == COMPACT else self._wide_ids
                     wider.add(joint_name(members))
+                    logger.info("storage %r: an id past the dedup sort's %s keys; sorting %s "
+                                "from now", joint_name(members),
+                                "int32" if batch.wide_ids == COMPACT else "int64",
+                                "int64 keys" if batch.wide_ids == COMPACT else "in two passes")
                 split = [batch]
                 if len(members) > 1:
                     split = split_join(batch, members, self._sharded_names)

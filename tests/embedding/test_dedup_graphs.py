@@ -181,7 +181,8 @@ def _wide_kjt(keys, step, big):
     return KeyedJaggedTensor(keys, values, lengths)
 
 
-def test_ids_past_the_int32_keys_move_a_storage_to_int64_keys_then_two_passes(monkeypatch):
+def test_ids_past_the_int32_keys_move_a_storage_to_int64_keys_then_two_passes(monkeypatch,
+                                                                            caplog):
     """A fused storage's dedup tries int32 one-pass keys, then int64 ones once an id did
     not fit, then two passes once one did not fit those; training is the same as with
     two passes all along."""
@@ -200,7 +201,10 @@ def test_ids_past_the_int32_keys_move_a_storage_to_int64_keys_then_two_passes(mo
             levels.append((len(collection._long_ids), len(collection._wide_ids)))
         return torch.stack(losses), levels
 
-    losses, levels = run()
+    with caplog.at_level("INFO", logger="hashrec.embedding"):
+        losses, levels = run()
     assert levels == [(0, 0), (1, 0), (1, 0), (1, 1), (1, 1)]
+    moves = [r.getMessage() for r in caplog.records if "dedup sort's" in r.getMessage()]
+    assert len(moves) == 2 and "sorting int64 keys" in moves[0] and "two passes" in moves[1]
     two_pass, _ = run(lambda name: 0)
     torch.testing.assert_close(losses, two_pass)
