@@ -98,9 +98,12 @@ def test_fused_results_equal_unfused(optimizer, make_kjt):
 
 def test_ids_past_the_one_pass_sort_fall_back_for_good(make_kjt, monkeypatch):
     # Fused storages sort (tag, key) in one pass while the keys fit below the tag
-    # bits; a batch with a key that does not (here negative) is sorted again in two
-    # passes, and so is every later batch. Results equal the unfused collection's.
+    # bits, in int32 keys first; a batch with a key that does not (here negative) is
+    # sorted again in two passes, and later batches try int64 keys; after a batch that
+    # does not fit those either, every batch sorts in two passes. Results equal the
+    # unfused collection's.
     from hashrec.embedding import batching
+    from hashrec.embedding.batching import COMPACT, NARROW
 
     tried = []
     sort_storage = batching._sort_storage
@@ -113,9 +116,9 @@ def test_ids_past_the_one_pass_sort_fall_back_for_good(make_kjt, monkeypatch):
     monkeypatch.setattr(batching, "_sort_storage", spy)
     constant = InitializerArgs(mode="CONSTANT", value=0.01)
     pair = [_collection(fused, SparseSGD(lr=0.1), initializer=constant) for fused in (True, False)]
-    for step in range(3):
+    for step in range(5):
         kjt = make_kjt(KEYS, BATCH, NUM_IDS, seed=step)
-        if step == 1:
+        if step in (1, 3):
             kjt = type(kjt).from_lengths(KEYS, torch.cat([kjt.values()[:1] - 100,
                                                           kjt.values()[1:]]), kjt.lengths())
         outs = [c(kjt) for c in pair]
@@ -123,6 +126,7 @@ def test_ids_past_the_one_pass_sort_fall_back_for_good(make_kjt, monkeypatch):
             torch.testing.assert_close(outs[0].pooled[name], outs[1].pooled[name])
         torch.testing.assert_close(outs[0].sequences["hist"][0], outs[1].sequences["hist"][0])
     # The unfused collection's two storages share their dedup (one join), which falls
-    # back alike: per step, the fused collection's sorts then the join's. Step 1 tries,
-    # sorts again; step 2 does not try.
-    assert tried == [True, True] + [True, False] * 2 + [False, False]
+    # back alike: per step, the fused collection's sorts then the join's. Steps 1 and 3
+    # try, sort again; step 2 tries int64 keys; step 4 does not try.
+    assert tried == [COMPACT, COMPACT] + [COMPACT, False] * 2 + [NARROW, NARROW] \
+        + [NARROW, False] * 2 + [False, False]
