@@ -47,6 +47,7 @@ from hashrec.embedding.batching import (
     feature_ids,
     start_dedup,
 )
+from hashrec.embedding.dedup_graphs import pad_bits
 from hashrec.embedding.dense_group import group_dense_storages
 from hashrec.embedding.dense_table import DenseTable
 from hashrec.embedding.emit import emit_storage
@@ -308,6 +309,20 @@ class EmbeddingCollection(nn.Module):
         return ids, storage.plan.fused, self._ids_are_rows(storage), \
             self._sharded.ctx.world_size if sharded else 0, self._one_pass(storage.name)
 
+    def _widen(self, name: str, batch: StorageBatch) -> None:
+        """After a batch whose ids did not fit the one-pass keys it tried: int64 keys
+        from now if its ids fit them (a narrower id range), else two passes."""
+        ranges = [r for r in batch.key_ranges or [] if r is not None]
+        limit = 1 << pad_bits(len(batch.key_ranges or []))  # the stricter, padded form
+        if batch.wide_ids == COMPACT and all(0 <= lo and hi < limit for lo, hi in ranges):
+            self._long_ids.add(name)
+            logger.info("storage %r: an id past the dedup sort's int32 keys; sorting int64 "
+                        "keys from now", name)
+        else:
+            self._wide_ids.add(name)
+            logger.info("storage %r: an id past the dedup sort's one-pass keys; sorting in "
+                        "two passes from now", name)
+
     def _one_pass(self, name: str) -> int:
         """The one-pass dedup sort a storage's keys try: int32 keys until an id does not
         fit them, then int64 keys until an id does not fit those, then none."""
@@ -354,12 +369,7 @@ class EmbeddingCollection(nn.Module):
                 batches[k] = batch
                 members = [storages[i] for i in joins[k]]
                 if batch.wide_ids:  # ids past the one-pass sort's range: a wider one from now
-                    wider = self._long_ids if batch.wide_ids == COMPACT else self._wide_ids
-                    wider.add(joint_name(members))
-                    logger.info("storage %r: an id past the dedup sort's %s keys; sorting %s "
-                                "from now", joint_name(members),
-                                "int32" if batch.wide_ids == COMPACT else "int64",
-                                "int64 keys" if batch.wide_ids == COMPACT else "in two passes")
+                    self._widen(joint_name(members), batch)
                 split = [batch]
                 if len(members) > 1:
                     split = split_join(batch, members, self._sharded_names)

@@ -98,10 +98,10 @@ def test_fused_results_equal_unfused(optimizer, make_kjt):
 
 def test_ids_past_the_one_pass_sort_fall_back_for_good(make_kjt, monkeypatch):
     # Fused storages sort (tag, key) in one pass while the keys fit below the tag
-    # bits, in int32 keys first; a batch with a key that does not (here negative) is
+    # bits, in int32 keys first; a batch with a key that does not (here 2 ** 40) is
     # sorted again in two passes, and later batches try int64 keys; after a batch that
-    # does not fit those either, every batch sorts in two passes. Results equal the
-    # unfused collection's.
+    # does not fit those either (here a negative key), every batch sorts in two passes.
+    # Results equal the unfused collection's.
     from hashrec.embedding import batching
     from hashrec.embedding.batching import COMPACT, NARROW
 
@@ -119,8 +119,9 @@ def test_ids_past_the_one_pass_sort_fall_back_for_good(make_kjt, monkeypatch):
     for step in range(5):
         kjt = make_kjt(KEYS, BATCH, NUM_IDS, seed=step)
         if step in (1, 3):
-            kjt = type(kjt).from_lengths(KEYS, torch.cat([kjt.values()[:1] - 100,
-                                                          kjt.values()[1:]]), kjt.lengths())
+            wide = kjt.values()[:1] + (1 << 40) if step == 1 else kjt.values()[:1] - 100
+            kjt = type(kjt).from_lengths(KEYS, torch.cat([wide, kjt.values()[1:]]),
+                                         kjt.lengths())
         outs = [c(kjt) for c in pair]
         for name in outs[0].pooled:
             torch.testing.assert_close(outs[0].pooled[name], outs[1].pooled[name])

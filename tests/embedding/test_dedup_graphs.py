@@ -181,17 +181,21 @@ def _wide_kjt(keys, step, big):
     return KeyedJaggedTensor(keys, values, lengths)
 
 
+@pytest.mark.parametrize("bigs,want", [
+    ([5, 1 << 40, 7, 1 << 62, 9], [(0, 0), (1, 0), (1, 0), (1, 1), (1, 1)]),
+    ([5, -2, 7, 8], [(0, 0), (0, 1), (0, 1), (0, 1)])], ids=["int64-then-two", "negative"])
 def test_ids_past_the_int32_keys_move_a_storage_to_int64_keys_then_two_passes(monkeypatch,
-                                                                            caplog):
+                                                                            caplog, bigs,
+                                                                            want):
     """A fused storage's dedup tries int32 one-pass keys, then int64 ones once an id did
-    not fit, then two passes once one did not fit those; training is the same as with
-    two passes all along."""
+    not fit (when the batch's ids fit those), then two passes once one did not fit those;
+    a negative id goes to two passes at once. Training is the same as with two passes
+    all along."""
     def run(one_pass=None):
         torch.manual_seed(0)
         collection, keys = _collection()
         if one_pass is not None:
             monkeypatch.setattr(collection, "_one_pass", one_pass)
-        bigs = [5, 1 << 40, 7, 1 << 62, 9]
         losses, levels = [], []
         for step, big in enumerate(bigs):
             out = collection(_wide_kjt(keys, step, big))
@@ -203,8 +207,9 @@ def test_ids_past_the_int32_keys_move_a_storage_to_int64_keys_then_two_passes(mo
 
     with caplog.at_level("INFO", logger="hashrec.embedding"):
         losses, levels = run()
-    assert levels == [(0, 0), (1, 0), (1, 0), (1, 1), (1, 1)]
+    assert levels == want
     moves = [r.getMessage() for r in caplog.records if "dedup sort's" in r.getMessage()]
-    assert len(moves) == 2 and "sorting int64 keys" in moves[0] and "two passes" in moves[1]
+    assert len(moves) == sum(want[-1]) and "two passes" in moves[-1]
+    assert ("sorting int64 keys" in moves[0]) == (want[-1][0] == 1)
     two_pass, _ = run(lambda name: 0)
     torch.testing.assert_close(losses, two_pass)
