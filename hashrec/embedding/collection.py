@@ -311,7 +311,7 @@ class EmbeddingCollection(nn.Module):
 
     def _widen(self, name: str, batch: StorageBatch) -> None:
         """After a batch whose ids did not fit the one-pass keys it tried: int64 keys
-        from now if its ids fit them (a narrower id range), else two passes."""
+        from now if it tried int32 keys and its ids fit int64 ones, else two passes."""
         ranges = [r for r in batch.key_ranges or [] if r is not None]
         limit = 1 << pad_bits(len(batch.key_ranges or []))  # the stricter, padded form
         if batch.wide_ids == COMPACT and all(0 <= lo and hi < limit for lo, hi in ranges):
