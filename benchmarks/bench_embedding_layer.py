@@ -387,6 +387,10 @@ def main() -> None:
                "forward_parts_ms": sgd["forward_parts_ms"],
                "layer_forward_ahead": {what: layer_sgd[f"forward_ahead_{what}"]
                                        for what in ("ms", "call", "issue")},
+               "layer_forward_adam": {what: layer_adam[f"forward_{what}"]
+                                      for what in ("ms", "call", "issue")},
+               "layer_forward_ahead_adam": {what: layer_adam[f"forward_ahead_{what}"]
+                                            for what in ("ms", "call", "issue")},
                "backward_sweep_ms": {"sgd": sgd["backward_sweep_ms"],
                                      "adam": adam["backward_sweep_ms"],
                                      "layer_sgd": layer_sgd["backward_sweep_ms"]},
@@ -421,6 +425,11 @@ def _write(results: dict) -> None:
               "training step runs it (`prepare`; its time counts one deduplication and one "
               f"lookup): {ahead['ms']:.3f} ms ({ahead['call']:.3f} one call, host issue "
               f"{ahead['issue']:.3f} ms)."]
+    adam, adam_ahead = results["layer_forward_adam"], results["layer_forward_ahead_adam"]
+    lines += ["", "Layer forward of tables with Adam rows (the embedding, then its two state "
+              f"vectors): {adam['ms']:.3f} ms ({adam['call']:.3f} one call); with the "
+              f"next deduplication ahead {adam_ahead['ms']:.3f} ms ({adam_ahead['call']:.3f} "
+              "one call)."]
     sweep = results["backward_sweep_ms"]
     if ARGS.reduce_configs:
         base = {r["phase"]: r for r in results["rows"]}
