@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed")
 
-from hashrec.table import HashTable, SparseAdagrad, TableOptions  # noqa: E402
+from hashrec.table import HashTable, SparseAdagrad, SparseAdam, TableOptions  # noqa: E402
 from hashrec.table.ops import dispatch  # noqa: E402
 from hashrec.table.options import AdmissionOptions, InitializerArgs  # noqa: E402
 
@@ -65,16 +65,22 @@ def _batches(tagged: bool, steps: int = 4):
         yield keys, tags, counts, torch.randint(0, 9, keys.shape, generator=gen)
 
 
-def _run(options: TableOptions, triton: bool, tagged: bool) -> list:
+def _run(options: TableOptions, triton: bool, tagged: bool, mark_state: bool = False) -> list:
+    """Lookups of ``_batches``; ``mark_state`` sets the looked-up rows' optimizer state to
+    7 after each but the last, as training would change it (a slot the last insert takes
+    must get its initial state back, which the export then shows)."""
     out = []
     with _backend(triton):
         table = HashTable(options)
         assert table._fixed_path() is triton
-        for keys, tags, counts, scores in _batches(tagged):
+        batches = list(_batches(tagged))
+        for step, (keys, tags, counts, scores) in enumerate(batches):
             table.advance_step()
             custom = scores if options.score_strategy.value == "CUSTOMIZED" else None
             res = table.lookup(keys, tags, train=True, counts=counts, scores=custom)
             out.append((res.slots, res.values))
+            if mark_state and step < len(batches) - 1:
+                table.storage.values[res.slots[res.slots >= 0], options.dim:] = 7.0
         state = {(k, t): (r.tolist(), s) for keys, tags, rows, scores in table.export_state(512)
                  for k, t, r, s in zip(keys.tolist(), tags.tolist(), rows, scores.tolist())}
         counters = table.admission_state()
@@ -104,22 +110,26 @@ def test_fixed_lookup_matches_reference(strategy, admission, full, tagged):
         assert w_stats["growths"] > 0
 
 
-def test_computed_and_hashed_initializers_and_optimizer_state_match_reference():
+@pytest.mark.parametrize("optimizer", [SparseAdagrad(lr=0.1, initial_accumulator_value=0.25),
+                                       SparseAdam(lr=0.1)], ids=["adagrad", "adam"])
+def test_computed_and_hashed_initializers_and_optimizer_state_match_reference(optimizer):
     """TRUNCATED_NORMAL (values computed outside the kernel) for new rows, a hashed
-    UNIFORM admission initializer for keys not admitted, optimizer state columns."""
+    UNIFORM admission initializer for keys not admitted, optimizer state columns (one
+    state vector, or Adam's two, which the kernel writes in two tiles)."""
     options = dataclasses.replace(
         _options("LFU", True, True),
         initializer=InitializerArgs(mode="TRUNCATED_NORMAL", std_dev=0.3, key_seed=5),
-        optimizer=SparseAdagrad(lr=0.1, initial_accumulator_value=0.25),
+        optimizer=optimizer,
         admission=AdmissionOptions(threshold=2, counter_capacity=48, counter_bucket_capacity=8,
                                    initializer=InitializerArgs(mode="UNIFORM", lower=-1.0,
                                                                upper=1.0, key_seed=9)))
-    want, got = _run(options, False, True), _run(options, True, True)
+    want, got = _run(options, False, True, True), _run(options, True, True, True)
     for step, ((w_slots, w_values), (g_slots, g_values)) in enumerate(zip(want[:-1], got[:-1])):
         assert torch.equal(g_slots, w_slots), f"step {step}"
         assert torch.equal(g_values, w_values), f"step {step}"
         assert (w_slots < 0).any() and (w_values[w_slots < 0] != 0).all()
     assert got[-1] == want[-1]
+    assert got[-1][0]["evictions"] > 0  # slots of marked rows were taken again
 
 
 def test_wide_counter_buckets_match_reference():
