@@ -299,11 +299,7 @@ def _sort_ids(ids: torch.Tensor, tagged: list[tuple[int, FeatureIds]], num_tags:
         bad = (ids >> bits).any()
         keyed = (ids.clamp(0, (1 << bits) - 1) if row_ids else ids) + \
             _tag_of(tagged, n, device, bits)
-        if not row_ids and level == COMPACT:  # out-of-range ids sort wrongly, and are flagged
-            combined, order = torch.sort(keyed.to(torch.int32), stable=True)
-            combined = combined.to(torch.int64)
-        else:
-            combined, order = torch.sort(keyed, stable=True)
+        combined, order = dedup_graphs.sort_keys(keyed, not row_ids and level == COMPACT)
         torch.ne(combined[1:], combined[:-1], out=new[1:])
         return (combined & ((1 << bits) - 1), (combined >> bits).to(torch.int32), order, new,
                 bad, ends)

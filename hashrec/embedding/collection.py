@@ -312,9 +312,10 @@ class EmbeddingCollection(nn.Module):
     def _widen(self, name: str, batch: StorageBatch) -> None:
         """After a batch whose ids did not fit the one-pass keys it tried: int64 keys
         from now if it tried int32 keys and its ids fit int64 ones, else two passes."""
-        ranges = [r for r in batch.key_ranges or [] if r is not None]
-        limit = 1 << pad_bits(len(batch.key_ranges or []))  # the stricter, padded form
-        if batch.wide_ids == COMPACT and all(0 <= lo and hi < limit for lo, hi in ranges):
+        ranges = batch.key_ranges or []
+        limit = 1 << pad_bits(len(ranges))  # the stricter, padded form
+        if batch.wide_ids == COMPACT and all(0 <= r[0] and r[1] < limit
+                                             for r in ranges if r is not None):
             self._long_ids.add(name)
             logger.info("storage %r: an id past the dedup sort's int32 keys; sorting int64 "
                         "keys from now", name)

@@ -64,6 +64,16 @@ def pad_bits(num_tags: int, compact: bool = False) -> int:
     return (31 if compact else 63) - num_tags.bit_length()
 
 
+def sort_keys(keyed: torch.Tensor, compact: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stable sort of one-pass keys (n,) int64: (sorted keys int64, order). ``compact``:
+    every valid key fits 31 bits, so they sort as int32 (half the radix passes); keys
+    of out-of-range ids then sort wrongly, and their batch is flagged for a resort."""
+    if not compact:
+        return torch.sort(keyed, stable=True)
+    combined, order = torch.sort(keyed.to(torch.int32), stable=True)
+    return combined.to(torch.int64), order
+
+
 def padded_sort(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
                 clamp: bool, owners: int, owned: tuple[int, int] | None
                 ) -> tuple[torch.Tensor, ...]:
@@ -95,11 +105,7 @@ def padded_sort(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
     bad = ((ids >> bits) != 0).logical_and_(real).any()
     lows = ids.clamp(0, mask) if clamp else ids
     keyed = torch.where(real, lows, 0) + torch.cat([shifted, pad])[feature]
-    if bits + num_tags.bit_length() <= 31:  # out-of-range ids sort wrongly, and are flagged
-        combined, order = torch.sort(keyed.to(torch.int32), stable=True)
-        combined = combined.to(torch.int64)
-    else:
-        combined, order = torch.sort(keyed, stable=True)
+    combined, order = sort_keys(keyed, bits + num_tags.bit_length() <= 31)
     new = torch.ones(size, dtype=torch.bool, device=ids.device)
     torch.ne(combined[1:], combined[:-1], out=new[1:])
     sorted_tags = (combined >> bits).to(torch.int32)

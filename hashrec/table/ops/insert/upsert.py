@@ -142,13 +142,16 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, t_keys, t_tags, t_digests
 @fast_launch
 @triton.jit
 def _gather_kernel(sorted_ptr, perm_ptr, keys_ptr, tags_ptr, scores_ptr, s_keys, s_tags,
-                   s_scores, s_digests, s_bucket, first_ptr, n, num_buckets,
+                   s_scores, s_digests, s_bucket, first_ptr, ev_any, n, num_buckets,
                    HAS_TAGS: tl.constexpr, POW2: tl.constexpr, SENTINEL: tl.constexpr,
                    BLOCK: tl.constexpr):
     """Sorted misses' fields, bucket -1 at the hits (after the misses), and the index of
     each sorted miss's first occurrence among equal (key, tag): a backward scan over the
     run of equal sort keys before it, reading the batch through the permutation (such
-    a run holds repeats of one key, or rarely keys of equal hash bits)."""
+    a run holds repeats of one key, or rarely keys of equal hash bits). Program 0 also
+    clears ``ev_any``, which the insert kernels after it set when they evict."""
+    if tl.program_id(0) == 0:
+        tl.store(ev_any, 0)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     s = tl.load(sorted_ptr + i, mask=mask, other=SENTINEL)
@@ -356,11 +359,11 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     s_digests = _empty(n, torch.uint8, device)
     tag_arg = tags if tags is not None else keys
     grid = (cdiv(n, 512),)
+    ev_any = _empty(1, torch.int32, device)  # cleared by the gather, set where a miss evicts
     _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
-                         s_digests, s_bucket, first, n, nb, HAS_TAGS=tags is not None,
+                         s_digests, s_bucket, first, ev_any, n, nb, HAS_TAGS=tags is not None,
                          POW2=is_pow2(nb), SENTINEL=sentinel, BLOCK=512)
     evicted = flags[2 * n:].view(torch.int8)
-    ev_any = torch.zeros(1, dtype=torch.int32, device=device)  # set where a miss evicts
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
                                      perm, n, storage.keys, t_tags, storage.digests,
                                      storage.scores, out, evicted, ev_any, *ev), allow_evict)
