@@ -178,13 +178,13 @@ def init_spec(args: InitializerArgs, keys: torch.Tensor, tags: torch.Tensor | No
 
 @triton.jit
 def _initial(MODE: tl.constexpr, given_ptr, i, col, valid, key, tag, a, b, seed,
-             DIM: tl.constexpr, BLOCK: tl.constexpr, ROW_P2: tl.constexpr):
-    """Initial values (BLOCK, P2) float32 of the keys at batch rows ``i`` (see RowInit)."""
+             DIM: tl.constexpr, BLOCK: tl.constexpr, COLS: tl.constexpr):
+    """Initial values (BLOCK, COLS) float32 of the keys at batch rows ``i`` (see RowInit)."""
     emb = valid[:, None] & (col[None, :] < DIM)
     if MODE == 0:
         out = tl.load(given_ptr + i[:, None] * DIM + col[None, :], mask=emb, other=0.0)
     elif MODE == 1:
-        out = tl.zeros([BLOCK, ROW_P2], dtype=tl.float32) + a
+        out = tl.zeros([BLOCK, COLS], dtype=tl.float32) + a
     elif MODE == 2:
         base = mix64(tagged_hash(key, tag) ^ seed.to(tl.uint64))
         # Column c mixes in (c + 1) * 0x9E3779B97F4A7C15, as ``hashed_uniforms``.
@@ -210,7 +210,11 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
                    HAS_STATE: tl.constexpr, HAS_ACTIVE: tl.constexpr, OUT_AT: tl.constexpr,
                    NEW_MODE: tl.constexpr,
                    MISS_MODE: tl.constexpr, DIM: tl.constexpr, ROW_DIM: tl.constexpr,
-                   ROW_P2: tl.constexpr, BLOCK: tl.constexpr):
+                   COLS: tl.constexpr, BLOCK: tl.constexpr):
+    """Rows of BLOCK keys in (BLOCK, COLS) tiles, COLS the embedding's width rounded up to
+    a power of two: the state columns past it (an optimizer's) are written, COLS at a
+    time, only for rows this call placed, so a row of Adam state (three times the
+    embedding) does not widen the tile every key reads its embedding through."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     if SEEDS_IN_MEMORY:  # random modes' seeds (missing, new), written before a graph replay
@@ -232,7 +236,7 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
     fresh = placed | missing
     key = tl.load(keys_ptr + i, mask=fresh, other=0)
     tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
-    col = tl.arange(0, ROW_P2)
+    col = tl.arange(0, COLS)
     emb = col[None, :] < DIM
     row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :], mask=stored[:, None] & emb,
                   other=0.0).to(tl.float32)
@@ -241,20 +245,21 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
     if WRITES:
         if tl.max(placed.to(tl.int32), axis=0) > 0:
             new = _initial(NEW_MODE, new_given, i, col, placed, key, tag, new_a, new_b,
-                           new_seed, DIM, BLOCK, ROW_P2).to(values.dtype.element_ty)
+                           new_seed, DIM, BLOCK, COLS).to(values.dtype.element_ty)
             tl.store(values + slot[:, None] * ROW_DIM + col[None, :], new,
                      mask=placed[:, None] & emb)
-            if HAS_STATE:
-                state = tl.load(state_ptr + col - DIM, mask=(col >= DIM) & (col < ROW_DIM),
-                                other=0)
-                tl.store(values + slot[:, None] * ROW_DIM + col[None, :],
-                         tl.zeros([BLOCK, ROW_P2], dtype=values.dtype.element_ty)
-                         + state[None, :],
-                         mask=placed[:, None] & (col[None, :] >= DIM) & (col[None, :] < ROW_DIM))
+            if HAS_STATE:  # the state columns [DIM, ROW_DIM), COLS at a time
+                for start in tl.static_range(DIM, ROW_DIM, COLS):
+                    at = start + col
+                    state = tl.load(state_ptr + at - DIM, mask=at < ROW_DIM, other=0)
+                    tl.store(values + slot[:, None] * ROW_DIM + at[None, :],
+                             tl.zeros([BLOCK, COLS], dtype=values.dtype.element_ty)
+                             + state[None, :],
+                             mask=placed[:, None] & (at[None, :] < ROW_DIM))
             row = tl.where(placed[:, None], new.to(tl.float32), row)
     if tl.max(missing.to(tl.int32), axis=0) > 0:
         miss = _initial(MISS_MODE, miss_given, i, col, missing, key, tag, miss_a, miss_b,
-                        miss_seed, DIM, BLOCK, ROW_P2)
+                        miss_seed, DIM, BLOCK, COLS)
         row = tl.where(missing[:, None], miss, row)
     written = mask
     if OUT_AT:  # the rows to write and where, read when the kernel runs (a captured launch)
@@ -298,8 +303,8 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         return None if out_at is not None else out
     writes = new is not None
     new = new or RowInit(_CONSTANT)
-    row_p2 = next_pow2(row_dim)
-    block = max(1, min(64, 4096 // row_p2))
+    cols = next_pow2(dim)
+    block = max(1, min(64, 4096 // cols))
     flags = (placed.view(torch.int8), hit.view(torch.int8), hit_scores) if writes else (
         slots, slots, slots)
     _finish_kernel[(cdiv(n, block),)](
@@ -313,7 +318,7 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         seeds if seeds is not None else out, HAS_TAGS=tags is not None,
         SEEDS_IN_MEMORY=seeds is not None, WRITES=writes, HAS_STATE=state is not None,
         HAS_ACTIVE=active is not None, OUT_AT=out_at is not None,
-        NEW_MODE=new.mode, MISS_MODE=missing.mode, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,
+        NEW_MODE=new.mode, MISS_MODE=missing.mode, DIM=dim, ROW_DIM=row_dim, COLS=cols,
         BLOCK=block)
     return None if out_at is not None else out
 
