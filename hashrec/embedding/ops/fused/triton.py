@@ -28,7 +28,6 @@ from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 from hashrec.table.ops.optimizer.triton import (
     KernelHyper,
     kernel_hyper,
-    rows_per_program,
     update_rows,
 )
 from hashrec.table.ops.tiles import load_rows
@@ -84,6 +83,19 @@ _pool_kernel_narrow = fast_launch(triton.jit(do_not_specialize=["dim", "src_stri
 _pool_kernel_wide = fast_launch(triton.jit(do_not_specialize=["dim"])(_pool_body))
 
 
+# The pooling launch: {"rows": bags a program (a power of two), "num_warps"}; None
+# keeps the default, ``_pool_config``. Benchmarks may set it.
+POOL_CONFIG: dict | None = None
+
+
+def _pool_config(dim_p2: int) -> dict:
+    """About 512 elements a program on one warp. On an H200, pooling 1M one-id bags of
+    dim 128 from unique rows took 0.195 ms against 0.261 at 2048 elements on 4 warps, the
+    earlier choice (1.34x); 1.27x at dim 64, 1.21x at dim 256; from table rows by slot,
+    1.28-1.43x (benchmarks/results/sweep_rows_gpu*.md)."""
+    return {"rows": max(1, 512 // dim_p2), "num_warps": 1}
+
+
 def pool_rows(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
               weights: torch.Tensor | None, mean: bool, slots: torch.Tensor | None = None,
               dim: int | None = None) -> torch.Tensor:
@@ -111,7 +123,8 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
         return out
     dim_p2 = _dim_block(dim)
     even = dim == dim_p2 and rows.shape[0] > 0  # rows that are not live read row 0
-    bb = rows_per_program(dim_p2)
+    config = POOL_CONFIG or _pool_config(dim_p2)
+    bb = config["rows"]
     kernel = _pool_kernel_wide if rows.stride(0) >= 64 else _pool_kernel_narrow
     kernel[(cdiv(num_bags, bb),)](
         rows, rows.stride(0), slots if slots is not None else inverse,
@@ -119,7 +132,7 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
         offsets.contiguous(), weights.contiguous() if weights is not None else rows, out,
         num_bags, dim, FROM_TABLE=slots is not None, HAS_FALLBACK=fallback is not None,
         HAS_W=weights is not None, MEAN=mean,
-        DIM_P2=dim_p2, EVEN=even, BB=bb)
+        DIM_P2=dim_p2, EVEN=even, BB=bb, num_warps=config["num_warps"])
     return out
 
 

@@ -271,6 +271,11 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
     tl.store(out_ptr + i[:, None] * DIM + col[None, :], row, mask=written[:, None] & emb)
 
 
+# The finish launch: about ``elements`` (keys x embedding columns) a program, on
+# ``num_warps`` warps; None keeps the default (4096 on 4). Benchmarks may set it.
+FINISH_CONFIG: dict | None = None
+
+
 def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
                 slots: torch.Tensor, dim: int, missing: RowInit, new: RowInit | None = None,
                 placed: torch.Tensor | None = None, hit: torch.Tensor | None = None,
@@ -306,7 +311,8 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     writes = new is not None
     new = new or RowInit(_CONSTANT)
     cols = next_pow2(dim)
-    block = max(1, min(64, 4096 // cols))
+    config = FINISH_CONFIG or {"elements": 4096, "num_warps": 4}
+    block = max(1, min(64, config["elements"] // cols))
     flags = (placed.view(torch.int8), hit.view(torch.int8), hit_scores) if writes else (
         slots, slots, slots)
     _finish_kernel[(cdiv(n, block),)](
@@ -321,7 +327,7 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         SEEDS_IN_MEMORY=seeds is not None, WRITES=writes, HAS_STATE=state is not None,
         HAS_ACTIVE=active is not None, OUT_AT=out_at is not None,
         NEW_MODE=new.mode, MISS_MODE=missing.mode, DIM=dim, ROW_DIM=row_dim, COLS=cols,
-        BLOCK=block)
+        BLOCK=block, num_warps=config["num_warps"])
     return None if out_at is not None else out
 
 

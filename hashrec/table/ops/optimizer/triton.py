@@ -116,6 +116,11 @@ def rows_per_program(dim_p2: int) -> int:
     return max(1, min(64, 2048 // dim_p2))
 
 
+# The update launch: {"rows": rows a program (a power of two), "num_warps"}; None keeps
+# the default (about 2048 elements a program, 4 warps). Benchmarks may set it.
+APPLY_CONFIG: dict | None = None
+
+
 def apply_sparse_update(values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor, spec,
                         lr: float | None, step: int) -> None:
     """In-place update of rows ``slots`` (u,) unique with grads (u, dim) float32.
@@ -137,8 +142,9 @@ def apply_sparse_update(values: torch.Tensor, slots: torch.Tensor, grads: torch.
     if u == 0:
         return
     dim_p2 = next_pow2(dim)
-    block = rows_per_program(dim_p2)
+    config = APPLY_CONFIG or {"rows": rows_per_program(dim_p2), "num_warps": 4}
+    block = config["rows"]
     _apply_kernel[(cdiv(u, block),)](
         values, slots.contiguous(), grads.contiguous().float(), u, values.shape[1], dim,
         hp.lr, hp.eps, hp.beta1, hp.beta2, hp.weight_decay, hp.adam_step,
-        OPT=hp.kind, DIM_P2=dim_p2, BLOCK=block)
+        OPT=hp.kind, DIM_P2=dim_p2, BLOCK=block, num_warps=config["num_warps"])

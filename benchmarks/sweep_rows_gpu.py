@@ -1,0 +1,200 @@
+"""Launch configurations of the embedding layer's row kernels, in its published setup.
+
+The layer's forward moves each unique id's row twice: the training lookup's finish
+kernel (``finish_rows``) reads it from the table into the (U, dim) unique rows, and
+the pooling kernel (``pool_rows``) gathers those rows into the (B, dim) output. This
+script times both kernels alone on the setup of ``bench_embedding_layer.py`` (10
+tables as tags of one storage, dim 128, 1,048,570 power-law ids a step, every key
+stored), under each launch configuration asked for, the default first:
+
+* ``--finish-configs ELEMENTSxWARPS ...``: keys x columns a program, and warps;
+* ``--pool-configs ROWSxWARPS ...``: bags a program, and warps. Pooling is timed from
+  the unique rows (as the layer pools) and straight from table rows by slot, over bags
+  of ``--bag-length`` ids (1 in the setup).
+
+* ``--apply-configs ROWSxWARPS ...``: rows a program, and warps, of the sparse
+  optimizer's update of the unique rows (``apply_sparse_update``), as the layer's
+  backward runs it after the gradient reduction.
+
+``--optimizer`` (sgd, adagrad, rowwise_adagrad, adam) sets the rows' state columns.
+
+    python benchmarks/sweep_rows_gpu.py --out benchmarks/results/sweep_rows_gpu
+    python benchmarks/sweep_rows_gpu.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cli import add_out_and_smoke, parse_with_smoke  # noqa: E402
+
+OPTIMIZERS = {"sgd": "SparseSGD", "adagrad": "SparseAdagrad",
+              "rowwise_adagrad": "SparseRowWiseAdagrad", "adam": "SparseAdam"}
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tables", type=int, default=10)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
+    p.add_argument("--ids", type=int, default=1_048_570)
+    p.add_argument("--capacity", type=int, default=1_677_721)
+    p.add_argument("--key-range", type=int, default=1_000_000)
+    p.add_argument("--alpha", type=float, default=1.05)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--finish-configs", nargs="*", default=[])
+    p.add_argument("--pool-configs", nargs="*", default=[])
+    p.add_argument("--apply-configs", nargs="*", default=[])
+    p.add_argument("--bag-length", type=int, default=1,
+                   help="ids a pooled bag (the setup has one id a sample per table)")
+    add_out_and_smoke(p)
+    args = parse_with_smoke(p)
+    if args.smoke:
+        args.tables, args.dim, args.ids, args.capacity, args.key_range, args.steps = (
+            2, 8, 60, 512, 100, 2)
+    return args
+
+
+ARGS = _args()
+
+import torch  # noqa: E402
+from _timing import command_line, environment, time_device_ms, write_results  # noqa: E402
+
+from hashrec.embedding.ops.fused import dedup  # noqa: E402
+from hashrec.embedding.ops.fused import triton as fused_tt  # noqa: E402
+from hashrec.table import optim  # noqa: E402
+from hashrec.table.ops.find.triton import find_slots  # noqa: E402
+from hashrec.table.ops.insert import train  # noqa: E402
+from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
+from hashrec.table.ops.optimizer import triton as optimizer_tt  # noqa: E402
+from hashrec.table.storage import TableStorage  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TAG_SHIFT = 40
+
+
+def _pair_batches() -> list[torch.Tensor]:
+    """Per step (tables * ids // tables,) int64 (table << 40 | key) pairs, power law."""
+    ranks = torch.arange(1, ARGS.key_range + 1, device=DEVICE, dtype=torch.float64)
+    probs = (ranks ** -ARGS.alpha).float()
+    per_table = ARGS.ids // ARGS.tables
+    perm = torch.randperm(ARGS.key_range, device=DEVICE)
+    tags = torch.arange(ARGS.tables, device=DEVICE)[:, None]
+    return [((tags << TAG_SHIFT) | perm[torch.multinomial(probs, per_table * ARGS.tables,
+                                                          replacement=True)]
+             .view(ARGS.tables, per_table)).flatten() for _ in range(ARGS.steps)]
+
+
+class Step:
+    """One batch, deduplicated, every key stored: what the two kernels read."""
+
+    def __init__(self, storage: TableStorage, pairs: torch.Tensor) -> None:
+        d = dedup(pairs)
+        self.inverse = d.inverse
+        self.keys = d.unique & ((1 << TAG_SHIFT) - 1)
+        self.tags = (d.unique >> TAG_SHIFT).to(torch.int32)
+        self.slots = find_slots(storage, self.keys, self.tags)
+        miss = torch.nonzero(self.slots < 0).flatten()
+        if miss.numel():
+            res = insert_keys(storage, self.keys[miss], self.tags[miss],
+                              torch.zeros_like(miss), allow_evict=False)
+            self.slots[miss] = res.slots
+        if bool((self.slots < 0).any()):
+            raise SystemExit("the table refused keys: raise --capacity")
+        u = self.keys.numel()
+        self.hit = torch.ones(u, dtype=torch.bool, device=DEVICE)
+        self.placed = torch.zeros(u, dtype=torch.bool, device=DEVICE)
+        self.hit_scores = storage.scores[self.slots].clone()
+        n = pairs.numel()
+        self.offsets = torch.cat([torch.arange(0, n, ARGS.bag_length, device=DEVICE),
+                                  torch.tensor([n], device=DEVICE)])
+
+
+def _finish(storage: TableStorage, s: Step, state: torch.Tensor | None) -> torch.Tensor:
+    init = train.RowInit(1)  # CONSTANT 0.0: no key here is placed or missing
+    return train.finish_rows(storage, s.keys, s.tags, s.slots, ARGS.dim, init, new=init,
+                             placed=s.placed, hit=s.hit, hit_scores=s.hit_scores, state=state)
+
+
+def _parse(text: str) -> tuple[int, int]:
+    try:
+        first, warps = (int(x) for x in text.split("x"))
+    except ValueError:
+        raise SystemExit(f"config {text!r} is not AxWARPS, e.g. 4096x4") from None
+    return first, warps
+
+
+def main() -> None:
+    spec = getattr(optim, OPTIMIZERS[ARGS.optimizer])()
+    state_dim = spec.state_dim(ARGS.dim)
+    row_dim = ARGS.dim + state_dim
+    num_buckets = -(-ARGS.tables * ARGS.capacity // 128)
+    storage = TableStorage.empty(num_buckets, 128, row_dim, device=DEVICE)
+    storage.values[:, :ARGS.dim].uniform_(-0.05, 0.05)
+    steps = [Step(storage, b) for b in _pair_batches()]
+    state = torch.zeros(state_dim, dtype=storage.values.dtype, device=DEVICE) \
+        if state_dim else None
+    rows = [_finish(storage, s, state) for s in steps]
+    k, reps = len(steps), max(1, len(steps) - 2)
+    unique = sum(s.keys.numel() for s in steps) / k
+
+    results = {"finish": {}, "pool_rows": {}, "pool_table": {}, "apply": {}}
+    for cfg in ["default", *ARGS.finish_configs]:
+        if cfg != "default":
+            elements, warps = _parse(cfg)
+            train.FINISH_CONFIG = {"elements": elements, "num_warps": warps}
+        t = time_device_ms(lambda s: _finish(storage, s, state), reps,
+                           setup=lambda i: steps[i % k])
+        results["finish"][cfg] = t["device_ms"]
+        train.FINISH_CONFIG = None
+    for cfg in ["default", *ARGS.pool_configs]:
+        if cfg != "default":
+            bags, warps = _parse(cfg)
+            fused_tt.POOL_CONFIG = {"rows": bags, "num_warps": warps}
+        t = time_device_ms(lambda i: fused_tt.pool_rows(rows[i], steps[i].inverse,
+                                                        steps[i].offsets, None, False),
+                           reps, setup=lambda i: i % k)
+        results["pool_rows"][cfg] = t["device_ms"]
+        t = time_device_ms(lambda i: fused_tt.pool_rows(storage.values, steps[i].inverse,
+                                                        steps[i].offsets, None, False,
+                                                        slots=steps[i].slots, dim=ARGS.dim),
+                           reps, setup=lambda i: i % k)
+        results["pool_table"][cfg] = t["device_ms"]
+        fused_tt.POOL_CONFIG = None
+    grads = [torch.randn_like(r) * 1e-3 for r in rows]
+    for cfg in ["default", *ARGS.apply_configs]:
+        if cfg != "default":
+            count, warps = _parse(cfg)
+            optimizer_tt.APPLY_CONFIG = {"rows": count, "num_warps": warps}
+        t = time_device_ms(lambda i: optimizer_tt.apply_sparse_update(
+            storage.values, steps[i].slots, grads[i], spec, None, 1), reps,
+            setup=lambda i: i % k)
+        results["apply"][cfg] = t["device_ms"]
+        optimizer_tt.APPLY_CONFIG = None
+    _write(results, unique, row_dim)
+
+
+def _write(results: dict, unique: float, row_dim: int) -> None:
+    env = environment()
+    lines = ["# Row kernels of the embedding layer: launch configurations", "",
+             f"Command: `{command_line()}`", "",
+             f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
+             f"{env['triton']}. {ARGS.ids} ids a step ({unique:.0f} unique on average), dim "
+             f"{ARGS.dim}, rows of {row_dim} columns ({ARGS.optimizer}), bags of "
+             f"{ARGS.bag_length}; device ms, median over {max(1, ARGS.steps - 2)} steps.", "",
+             "| kernel | config | ms |", "| --- | --- | --- |"]
+    for kernel, by_cfg in results.items():
+        for cfg, ms in by_cfg.items():
+            lines.append(f"| {kernel} | {cfg} | {ms:.4f} |")
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    if ARGS.out:
+        write_results(ARGS.out, {"env": env, "command": command_line(), "args": vars(ARGS),
+                                 "unique_ids": unique, "ms": results}, text)
+
+
+if __name__ == "__main__":
+    main()
