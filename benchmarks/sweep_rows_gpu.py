@@ -12,6 +12,9 @@ stored), under each launch configuration asked for, the default first:
   the unique rows (as the layer pools) and straight from table rows by slot, over bags
   of ``--bag-length`` ids (1 in the setup).
 
+* ``--gather-configs ROWSxWARPS ...``: output rows a program, and warps, of the
+  padded sequence gather (``gather_padded``) from the unique rows, each bag a sequence
+  of ``--bag-length``;
 * ``--apply-configs ROWSxWARPS ...``: rows a program, and warps, of the sparse
   optimizer's update of the unique rows (``apply_sparse_update``), as the layer's
   backward runs it after the gradient reduction.
@@ -48,6 +51,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--finish-configs", nargs="*", default=[])
     p.add_argument("--pool-configs", nargs="*", default=[])
     p.add_argument("--apply-configs", nargs="*", default=[])
+    p.add_argument("--gather-configs", nargs="*", default=[])
     p.add_argument("--bag-length", type=int, default=1,
                    help="ids a pooled bag (the setup has one id a sample per table)")
     add_out_and_smoke(p)
@@ -65,6 +69,7 @@ from _timing import command_line, environment, time_device_ms, write_results  # 
 
 from hashrec.embedding.ops.fused import dedup  # noqa: E402
 from hashrec.embedding.ops.fused import triton as fused_tt  # noqa: E402
+from hashrec.embedding.ops.sequence import triton as sequence_tt  # noqa: E402
 from hashrec.table import optim  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots  # noqa: E402
 from hashrec.table.ops.insert import train  # noqa: E402
@@ -141,7 +146,7 @@ def main() -> None:
     k, reps = len(steps), max(1, len(steps) - 2)
     unique = sum(s.keys.numel() for s in steps) / k
 
-    results = {"finish": {}, "pool_rows": {}, "pool_table": {}, "apply": {}}
+    results = {"finish": {}, "pool_rows": {}, "pool_table": {}, "gather": {}, "apply": {}}
     for cfg in ["default", *ARGS.finish_configs]:
         if cfg != "default":
             elements, warps = _parse(cfg)
@@ -164,6 +169,15 @@ def main() -> None:
                            reps, setup=lambda i: i % k)
         results["pool_table"][cfg] = t["device_ms"]
         fused_tt.POOL_CONFIG = None
+    for cfg in ["default", *ARGS.gather_configs]:
+        if cfg != "default":
+            count, warps = _parse(cfg)
+            sequence_tt.GATHER_CONFIG = {"rows": count, "num_warps": warps}
+        t = time_device_ms(lambda i: sequence_tt.gather_padded(
+            rows[i], steps[i].inverse, steps[i].offsets, ARGS.bag_length), reps,
+            setup=lambda i: i % k)
+        results["gather"][cfg] = t["device_ms"]
+        sequence_tt.GATHER_CONFIG = None
     grads = [torch.randn_like(r) * 1e-3 for r in rows]
     for cfg in ["default", *ARGS.apply_configs]:
         if cfg != "default":

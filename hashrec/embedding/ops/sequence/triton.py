@@ -9,7 +9,6 @@ import triton.language as tl
 from hashrec.embedding.ops.fused.dedup import bag_of_positions, group_positions
 from hashrec.embedding.ops.fused.triton import reduce_rows
 from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
-from hashrec.table.ops.optimizer.triton import rows_per_program
 from hashrec.table.ops.tiles import load_rows
 
 
@@ -35,6 +34,20 @@ def _gather_kernel(rows_ptr, inverse_ptr, offsets_ptr, out_ptr, total, max_lengt
              mask=rmask[:, None] & cmask)
 
 
+# The gather launch: {"rows": output rows a program (a power of two), "num_warps"}; None
+# keeps the default, ``_gather_config``. Benchmarks may set it.
+GATHER_CONFIG: dict | None = None
+
+
+def _gather_config(dim_p2: int) -> dict:
+    """About 512 elements a program on two warps. On an H200, gathering 1M ids from
+    unique rows as sequences of 8 took 0.190 ms at dim 128 against 0.222 at 2048
+    elements on 4 warps, the earlier choice (1.17x), and 0.098 against 0.115 at dim 64;
+    sequences of 32, 0.193 against 0.196; of one id, 0.192 against 0.186
+    (benchmarks/results/sweep_rows_gpu_seq*.md)."""
+    return {"rows": max(1, 512 // dim_p2), "num_warps": 2}
+
+
 def gather_padded(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
                   max_length: int) -> torch.Tensor:
     """Gathers sequences: -> (B, max_length, D) float32, zero padded."""
@@ -44,10 +57,12 @@ def gather_padded(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tens
     if total == 0:
         return out
     dim_p2 = next_pow2(dim)
-    br = rows_per_program(dim_p2)
+    config = GATHER_CONFIG or _gather_config(dim_p2)
+    br = config["rows"]
     _gather_kernel[(cdiv(total, br),)](
         rows.contiguous(), inverse.contiguous(), offsets.contiguous(), out, total, max_length,
-        dim, DIM_P2=dim_p2, EVEN=dim == dim_p2 and rows.shape[0] > 0, BR=br)
+        dim, DIM_P2=dim_p2, EVEN=dim == dim_p2 and rows.shape[0] > 0, BR=br,
+        num_warps=config["num_warps"])
     return out
 
 
