@@ -50,7 +50,7 @@ from hashrec.embedding.batching import (
 from hashrec.embedding.dedup_graphs import pad_bits
 from hashrec.embedding.dense_group import group_dense_storages
 from hashrec.embedding.dense_table import DenseTable
-from hashrec.embedding.emit import emit_storage
+from hashrec.embedding.emit import TableRows, emit_storage
 from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.jagged import KeyedJaggedTensor
 from hashrec.embedding.joint import (
@@ -218,8 +218,9 @@ class EmbeddingCollection(nn.Module):
         else:
             ids, pending = self._feature_ids(storages, kjt), None
         out = EmbeddingOutput()
-        for batch, rows in self._lookups(storages, ids, *self._dedup(storages, ids, pending)):
-            for f, value in zip(batch.features, emit_storage(rows, batch)):
+        for batch, rows, table in self._lookups(storages, ids,
+                                                *self._dedup(storages, ids, pending)):
+            for f, value in zip(batch.features, emit_storage(rows, batch, table)):
                 if f.spec.is_sequence:
                     out.sequences[f.spec.name] = (value, f.lengths)
                 else:
@@ -386,23 +387,36 @@ class EmbeddingCollection(nn.Module):
 
     def _lookups(self, storages: list[Storage], ids: list[list[list[FeatureIds]]],
                  joins: list[tuple[int, ...]], batches: list[StorageBatch], parts: list
-                 ) -> list[tuple[StorageBatch, torch.Tensor]]:
+                 ) -> list[tuple[StorageBatch, torch.Tensor, TableRows | None]]:
         """Every join's batch and unique rows (members' rows one after the other), each
         storage's lookup counted in its statistics. Under several ranks the storages'
         requests go to the exchanges in the storages' order (what ``idle_lookups``
-        matches)."""
+        matches). A storage alone in its join whose features are all bags and whose
+        table ``skips_stored_rows`` returns only the rows of ids without a slot, and
+        where its features read the others (``TableRows``)."""
+        by_slot = [False] * len(storages)
         if self._sharded is not None:
             looked = self._sharded.lookup(
                 [Request(s, p.keys, p.tags, p.counts, p.owner_counts, p.recv_counts,
                          p.unique_per_rank, p.pair_max) for s, p in zip(storages, parts)],
                 self.training)
         else:
-            looked = [lookup_rows(s, p.keys, p.tags, p.counts, self.training)
-                      for s, p in zip(storages, parts)]
+            for join, batch in zip(joins, batches):  # bags of a lone storage: by slot
+                by_slot[join[0]] = len(join) == 1 and storages[join[0]].skips_stored_rows() \
+                    and not any(f.spec.is_sequence for f in batch.features)
+            looked = [lookup_rows(s, p.keys, p.tags, p.counts, self.training, not slotted)
+                      for s, p, slotted in zip(storages, parts, by_slot)]
         for storage, fs, part, (_, slots) in zip(storages, ids, parts, looked):
             self._count(storage, part, fs, slots)
-        return [(batch, torch.cat([looked[i][0] for i in join]) if len(join) > 1
-                 else looked[join[0]][0]) for join, batch in zip(joins, batches)]
+        out = []
+        for join, batch in zip(joins, batches):
+            if len(join) > 1:
+                out.append((batch, torch.cat([looked[i][0] for i in join]), None))
+                continue
+            (rows, slots), storage = looked[join[0]], storages[join[0]]
+            out.append((batch, rows, TableRows(storage.table.storage.values, slots)
+                        if by_slot[join[0]] else None))
+        return out
 
     def idle_lookups(self) -> None:
         """Serve the peers' eval-mode lookups without a batch of this rank's own.

@@ -11,12 +11,17 @@ their concatenation), grouped by the storage's dedup (``StorageBatch.order`` /
 ``row_start``): no per-feature sort, no per-feature (U, D) gradient for autograd
 to add up. The summation order is fixed by the data, so results do not depend
 on thread timing.
+
+With ``TableRows`` (a lookup that left stored rows out: ``lookup_rows``), bag
+features read each id's row from the table by slot, and from the lookup's rows only
+where the slot is -1: one pass over the rows instead of a copy and a pass.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+from typing import NamedTuple
 
 import torch
 
@@ -26,14 +31,32 @@ from hashrec.embedding.ops.positions import gradient_rows
 from hashrec.embedding.ops.sequence import gather_padded
 
 
-def _forward_one(rows: torch.Tensor, f: FeatureIds) -> torch.Tensor:
+class TableRows(NamedTuple):
+    """Where bag features read stored rows: the table's ``values`` (R, row_dim), its
+    first ``dim`` columns the embedding, at each unique id's ``slots`` (U,) entry."""
+
+    values: torch.Tensor
+    slots: torch.Tensor
+
+
+def _pool(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+          weights: torch.Tensor | None, mean: bool, table: TableRows | None) -> torch.Tensor:
+    if table is None:
+        return pool_forward(rows, inverse, offsets, weights, mean)
+    from hashrec.embedding.ops.fused.triton import pool_rows_with_fallback  # Triton only
+
+    return pool_rows_with_fallback(table.values, inverse, offsets, weights, mean, table.slots,
+                                   rows, dim=rows.shape[1])
+
+
+def _forward_one(rows: torch.Tensor, f: FeatureIds, table: TableRows | None) -> torch.Tensor:
     if f.spec.is_sequence:
         return gather_padded(rows, f.inverse, f.offsets, f.spec.max_length)
-    return pool_forward(rows, f.inverse, f.offsets, f.weights, f.spec.pooling == "mean")
+    return _pool(rows, f.inverse, f.offsets, f.weights, f.spec.pooling == "mean", table)
 
 
 def _run(rows: torch.Tensor, batch: StorageBatch, features: list[FeatureIds],
-         start: int, n: int) -> list[torch.Tensor]:
+         start: int, n: int, table: TableRows | None) -> list[torch.Tensor]:
     """Outputs of consecutive features of one kind (bags of one pooling, or sequences of
     one length) in one launch: their n ids are ``batch.inverse[start:start + n]``, so
     their bags are one list."""
@@ -46,11 +69,12 @@ def _run(rows: torch.Tensor, batch: StorageBatch, features: list[FeatureIds],
     else:
         weights = torch.cat([f.weights for f in features]) if first.weights is not None \
             else None
-        out = pool_forward(rows, inverse, offsets, weights, first.spec.pooling == "mean")
+        out = _pool(rows, inverse, offsets, weights, first.spec.pooling == "mean", table)
     return list(out.split([f.lengths.numel() for f in features]))
 
 
-def _forward_all(rows: torch.Tensor, batch: StorageBatch) -> list[torch.Tensor]:
+def _forward_all(rows: torch.Tensor, batch: StorageBatch, table: TableRows | None
+                 ) -> list[torch.Tensor]:
     """Every feature's output; a run of features of one kind (which ``batch.features``
     keeps next to each other) takes one launch."""
     out, start = [], 0
@@ -58,9 +82,9 @@ def _forward_all(rows: torch.Tensor, batch: StorageBatch) -> list[torch.Tensor]:
         run = list(run)
         n = sum(f.values.numel() for f in run)
         if len(run) > 1:
-            out.extend(_run(rows, batch, run, start, n))
+            out.extend(_run(rows, batch, run, start, n, table))
         else:
-            out.append(_forward_one(rows, run[0]))
+            out.append(_forward_one(rows, run[0], table))
         start += n
     return out
 
@@ -173,23 +197,26 @@ def reduce_feature_grads(grads: tuple[torch.Tensor, ...], batch: StorageBatch
 
 class _EmitStorage(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, rows, batch):  # noqa: D102
+    def forward(ctx, rows, batch, table):  # noqa: D102
         ctx.batch = batch
-        return tuple(_forward_all(rows, batch))
+        return tuple(_forward_all(rows, batch, table))
 
     @staticmethod
     def backward(ctx, *grads):  # noqa: D102
-        return reduce_feature_grads(grads, ctx.batch), None
+        return reduce_feature_grads(grads, ctx.batch), None, None
 
 
-def emit_storage(rows: torch.Tensor, batch: StorageBatch) -> list[torch.Tensor]:
+def emit_storage(rows: torch.Tensor, batch: StorageBatch, table: TableRows | None = None
+                 ) -> list[torch.Tensor]:
     """Outputs of ``batch.features`` from the storage's unique rows (U, D), in that order.
 
     A bag feature gives (B, D) float32 (sum or mean, weighted when it has
     weights); a sequence feature gives (B, max_length, D) float32, zero padded.
+    ``table``: bag features read the rows of ids with a slot there (Triton only;
+    ``rows`` then need only hold those of slot -1).
     """
     if not batch.features:
         return []
     if rows.requires_grad and torch.is_grad_enabled():
-        return list(_EmitStorage.apply(rows, batch))
-    return _forward_all(rows, batch)
+        return list(_EmitStorage.apply(rows, batch, table))
+    return _forward_all(rows, batch, table)

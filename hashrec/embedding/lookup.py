@@ -11,6 +11,10 @@ No gradient flows to any parameter.
 Because the update happens inside backward, running backward twice over the
 same graph (``retain_graph=True``) applies the update twice.
 
+A dynamic table on the Triton path can leave the rows of keys it stored before the
+call out of the lookup (``stored_rows=False``): the caller then reads them from the
+table by slot (``Storage.table_rows``), and the lookup's rows hold the others only.
+
 A storage's ``backward_timer`` (None by default; any object with a
 ``region()`` context, e.g. the trainer's step timer) times its backward node:
 the sparse update, and under several ranks the gradient exchange.
@@ -25,6 +29,7 @@ from torch import nn
 
 from hashrec.embedding.plan import StoragePlan
 from hashrec.embedding.stats import TableCounters
+from hashrec.table import HashTable
 
 
 class Storage:
@@ -53,6 +58,13 @@ class Storage:
     def name(self) -> str:
         return self.plan.name
 
+    def skips_stored_rows(self) -> bool:
+        """Whether a lookup may leave stored rows out for reading by slot: a dynamic
+        table whose rows all lie in ``storage.values`` and whose lookups run the Triton
+        kernels."""
+        table = self.table
+        return isinstance(table, HashTable) and table._fixed_path()
+
     def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
         """Updates rows ``slots`` (U,) with per-unique-key grads (U, dim); -1 slots are skipped."""
         if not self.plan.trainable:
@@ -65,8 +77,8 @@ class Storage:
 
 class _StorageLookup(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, anchor, storage, keys, tags, counts, train):  # noqa: D102
-        result = storage.table.lookup(keys, tags=tags, train=train, counts=counts)
+    def forward(ctx, anchor, storage, keys, tags, counts, train, extra):  # noqa: D102
+        result = storage.table.lookup(keys, tags=tags, train=train, counts=counts, **extra)
         ctx.storage = storage
         ctx.save_for_backward(result.slots)
         ctx.mark_non_differentiable(result.slots)
@@ -77,23 +89,27 @@ class _StorageLookup(torch.autograd.Function):
         (slots,) = ctx.saved_tensors
         with ctx.storage.backward_region():
             ctx.storage.apply_gradients(slots, grad_rows)
-        return None, None, None, None, None, None
+        return None, None, None, None, None, None, None
 
 
 def lookup_rows(storage: Storage, keys: torch.Tensor, tags: torch.Tensor | None,
-                counts: torch.Tensor, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                counts: torch.Tensor, train: bool, stored_rows: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Looks up unique ``keys`` (U,) once: -> (rows (U, dim) float32, slots (U,) int64).
 
     ``counts`` (U,) int64 are the keys' occurrences in the batch (admission and LFU
-    count by multiplicity).
+    count by multiplicity). ``stored_rows`` False (only where ``skips_stored_rows``):
+    the rows of keys stored before the call are undefined; read them from the table by
+    slot.
 
     ``rows`` requires grad when grad mode is on and the storage is trainable; its
     backward applies the sparse optimizer to the storage.
     """
+    extra = {} if stored_rows else {"stored_rows": False}
     anchor = None
     if torch.is_grad_enabled() and storage.plan.trainable:
         anchor = torch.empty(0, device=keys.device, requires_grad=True)
     if anchor is None:
-        result = storage.table.lookup(keys, tags=tags, train=train, counts=counts)
+        result = storage.table.lookup(keys, tags=tags, train=train, counts=counts, **extra)
         return result.values.float(), result.slots
-    return _StorageLookup.apply(anchor, storage, keys, tags, counts, train)
+    return _StorageLookup.apply(anchor, storage, keys, tags, counts, train, extra)

@@ -100,12 +100,14 @@ class FixedSizeLookup:
 
     def _lookup_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
                       counts: torch.Tensor, given: torch.Tensor | None,
-                      train: bool, active: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      train: bool, active: torch.Tensor | None = None,
+                      stored_rows: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """``lookup`` of keys (u,) in fixed sizes: (slots (u,), values (u, dim)).
 
         ``active`` (u,) bool: only those keys (unique among themselves) take part; the
-        others, which may repeat active ones, read as slot -1 and zero rows."""
+        others, which may repeat active ones, read as slot -1 and zero rows.
+        ``stored_rows`` False leaves the rows of keys stored before the call out of
+        ``values`` (``finish_rows``)."""
         from hashrec.table.ops.insert.train import finish_rows  # Triton only
 
         if not train:
@@ -113,13 +115,15 @@ class FixedSizeLookup:
             self._add_device_counts(*self._mask_sums(counted))
             values = finish_rows(self.storage, keys, tags, slots, self.dim,
                                  self._row_init(self._eval_initializer, keys, tags),
-                                 active=active)
+                                 active=active, stored_rows=stored_rows)
             return slots, values
         graphs = self._graphs_for()
-        replayed = graphs.lookup(keys, tags, counts, given, active) if graphs else None
+        replayed = graphs.lookup(keys, tags, counts, given, active, stored_rows) \
+            if graphs else None
         if replayed is not None:
             return replayed
-        slots, values, counted, refused = self._train_fixed(keys, tags, counts, given, active)
+        slots, values, counted, refused = self._train_fixed(keys, tags, counts, given, active,
+                                                            stored_rows=stored_rows)
         self._add_device_counts(*self._mask_sums(counted))
         self._report_refused_fixed(refused)
         return slots, values
@@ -127,7 +131,7 @@ class FixedSizeLookup:
     def _train_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
                      counts: torch.Tensor, given: torch.Tensor | None,
                      active: torch.Tensor | None, seeds: torch.Tensor | None = None,
-                     out_at: torch.Tensor | None = None
+                     out_at: torch.Tensor | None = None, stored_rows: bool = True
                      ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor],
                                 torch.Tensor | int]:
         """The training lookup's device work: (slots, values, the counters' (u,) masks by
@@ -158,7 +162,7 @@ class FixedSizeLookup:
             self._row_init(self._train_missing_args(), keys, tags, seed),
             new=self._row_init(self._initializer, keys, tags, seed), placed=placed, hit=hit,
             hit_scores=hit_scores, state=self._state_row, seeds=seeds, active=active,
-            out_at=out_at)
+            out_at=out_at, stored_rows=stored_rows)
         counted["inserts"] = placed
         if evicted is not None:
             counted["evictions"] = evicted

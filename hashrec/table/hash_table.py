@@ -352,7 +352,7 @@ class HashTable(FixedSizeLookup):
     # ------------------------------------------------------------ public API
     def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None = None, train: bool = True,
                counts: torch.Tensor | None = None, scores: torch.Tensor | None = None,
-               active: torch.Tensor | None = None) -> LookupResult:
+               active: torch.Tensor | None = None, stored_rows: bool = True) -> LookupResult:
         """Looks up unique keys for a forward pass.
 
         Args:
@@ -368,6 +368,11 @@ class HashTable(FixedSizeLookup):
                 must be unique among themselves); the others may repeat them and read
                 as slot -1 and a zero row. A fixed-size stand-in for ``keys[active]``,
                 which would read the mask's count on the host.
+            stored_rows: False (a caller that reads stored rows from ``storage.values``
+                by slot itself): on the Triton path the values of keys stored before the
+                call are left undefined instead of read, saving a copy of every row;
+                the other rows (new, missing, inactive) are as always. Elsewhere it
+                makes no difference.
 
         Returns:
             LookupResult(slots (u,) int64, -1 = not stored; values (u, dim) float32).
@@ -392,7 +397,8 @@ class HashTable(FixedSizeLookup):
         self._rows.begin_batch()
         if fixed:
             given = self._scores(scores, n) if train else None
-            return LookupResult(*self._lookup_fixed(keys, tags, counts, given, train, active))
+            return LookupResult(*self._lookup_fixed(keys, tags, counts, given, train, active,
+                                                    stored_rows))
         if not train:
             slots = find_slots(self.storage, keys, tags)
             self._count_lookups(slots)

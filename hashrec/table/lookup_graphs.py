@@ -99,12 +99,13 @@ def table_identity(table) -> tuple:
 class _Lookup:
     """One size class's input buffers, graph and outputs."""
 
-    __slots__ = ("size", "keys", "tags", "counts", "given", "active", "clocked", "scalars",
-                 "graph", "out")
+    __slots__ = ("size", "keys", "tags", "counts", "given", "active", "clocked",
+                 "stored_rows", "scalars", "graph", "out")
 
     def __init__(self, size: int, device: torch.device, tagged: bool, given: bool,
-                 active: bool, clocked: bool) -> None:
+                 active: bool, clocked: bool, stored_rows: bool) -> None:
         self.size = size
+        self.stored_rows = stored_rows
         self.keys = torch.zeros(size, dtype=torch.int64, device=device)
         self.tags = torch.zeros(size, dtype=torch.int32, device=device) if tagged else None
         self.counts = torch.ones(size, dtype=torch.int64, device=device)
@@ -136,8 +137,8 @@ class LookupGraphs:
         self.replays = 0  # lookups served by this object (replayed, or padded when not capturing)
 
     def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
-               given: torch.Tensor | None, active: torch.Tensor | None
-               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+               given: torch.Tensor | None, active: torch.Tensor | None,
+               stored_rows: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``_lookup_fixed``'s training lookup (the table at max_capacity) replayed, or
         None: look up eagerly (no keys, more than ``MAX_KEYS``, initial values computed
         outside the kernel, not yet captured)."""
@@ -151,7 +152,8 @@ class LookupGraphs:
         self._check_owner()
         clocked = given is None and table.options.score_strategy not in (
             ScoreStrategy.LFU, ScoreStrategy.CUSTOMIZED)
-        key = (size, tags is not None, given is not None, active is not None, clocked)
+        key = (size, tags is not None, given is not None, active is not None, clocked,
+               stored_rows)
         entry = self._lookups.get(key)
         if entry is None:
             self._seen[key] += 1
@@ -186,15 +188,14 @@ class LookupGraphs:
             given = entry.scalars[4:].expand(entry.size).contiguous()
         slots, _, counted, refused = table._train_fixed(
             entry.keys, entry.tags, entry.counts, given, active, seeds=entry.scalars[2:4],
-            out_at=entry.scalars[:2])
+            out_at=entry.scalars[:2], stored_rows=entry.stored_rows)
         return slots, table._count_in_place(counted, refused)
 
     def _build(self, key: tuple) -> _Lookup | None:
         """A size class's buffers and, with ``capture``, its graph (None: the capture
         failed; logged once, later lookups stay eager)."""
-        size, tagged, given, active, clocked = key
-        device = self._table.device
-        entry = _Lookup(size, device, tagged, given, active, clocked)
+        size, device = key[0], self._table.device
+        entry = _Lookup(size, device, *key[1:])
         if self._capture:
             try:
                 with torch.cuda.device(device):  # the capture's streams on the table's GPU

@@ -208,7 +208,7 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
                    n, new_a, new_b, new_seed, miss_a, miss_b, miss_seed, seeds_ptr,
                    HAS_TAGS: tl.constexpr, SEEDS_IN_MEMORY: tl.constexpr, WRITES: tl.constexpr,
                    HAS_STATE: tl.constexpr, HAS_ACTIVE: tl.constexpr, OUT_AT: tl.constexpr,
-                   NEW_MODE: tl.constexpr,
+                   STORED: tl.constexpr, NEW_MODE: tl.constexpr,
                    MISS_MODE: tl.constexpr, DIM: tl.constexpr, ROW_DIM: tl.constexpr,
                    COLS: tl.constexpr, BLOCK: tl.constexpr):
     """Rows of BLOCK keys in (BLOCK, COLS) tiles, COLS the embedding's width rounded up to
@@ -240,8 +240,11 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
     tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
     col = tl.arange(0, COLS)
     emb = col[None, :] < DIM
-    row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :], mask=stored[:, None] & emb,
-                  other=0.0).to(tl.float32)
+    if STORED:
+        row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
+                      mask=stored[:, None] & emb, other=0.0).to(tl.float32)
+    else:  # the caller reads stored rows from the table itself
+        row = tl.zeros([BLOCK, COLS], dtype=tl.float32)
     # Initial values only in programs that have such keys: once a table is warm nearly
     # every key is stored, and a random initializer costs tens of operations a value.
     if WRITES:
@@ -264,10 +267,12 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
                         miss_seed, DIM, BLOCK, COLS)
         row = tl.where(missing[:, None], miss, row)
     written = mask
+    if not STORED:
+        written = mask & ~stored
     if OUT_AT:  # the rows to write and where, read when the kernel runs (a captured launch)
         # 16-byte aligned, as every tensor the allocator hands out: stores vectorize
         out_ptr = tl.multiple_of(tl.load(out_at_ptr + 1).to(tl.pointer_type(tl.float32)), 16)
-        written = mask & (i < tl.load(out_at_ptr))
+        written = written & (i < tl.load(out_at_ptr))
     tl.store(out_ptr + i[:, None] * DIM + col[None, :], row, mask=written[:, None] & emb)
 
 
@@ -283,7 +288,8 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
                 state: torch.Tensor | None = None,
                 seeds: torch.Tensor | None = None,
                 active: torch.Tensor | None = None,
-                out_at: torch.Tensor | None = None) -> torch.Tensor | None:
+                out_at: torch.Tensor | None = None,
+                stored_rows: bool = True) -> torch.Tensor | None:
     """Embeddings (u, dim) float32 of the keys at ``slots`` (-1: read ``missing``).
 
     With ``new`` (a training lookup), also in the same launch: the rows of ``placed``
@@ -302,6 +308,10 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     the first m keys go to the (m, dim) float32 tensor at that address, read when the
     kernel runs (a captured launch writes each replay's rows into a new tensor), and
     None is returned.
+
+    ``stored_rows`` False: the rows of keys stored before the call (slot >= 0, not
+    placed by it) are neither read nor written, so theirs in the result are undefined;
+    a caller that reads them from the table by slot saves moving each row twice.
     """
     n, row_dim = keys.numel(), storage.row_dim
     out = torch.empty(0 if out_at is not None else n, dim, dtype=torch.float32,
@@ -325,7 +335,7 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         float(new.b), int(new.seed), float(missing.a), float(missing.b), int(missing.seed),
         seeds if seeds is not None else out, HAS_TAGS=tags is not None,
         SEEDS_IN_MEMORY=seeds is not None, WRITES=writes, HAS_STATE=state is not None,
-        HAS_ACTIVE=active is not None, OUT_AT=out_at is not None,
+        HAS_ACTIVE=active is not None, OUT_AT=out_at is not None, STORED=stored_rows,
         NEW_MODE=new.mode, MISS_MODE=missing.mode, DIM=dim, ROW_DIM=row_dim, COLS=cols,
         BLOCK=block, num_warps=config["num_warps"])
     return None if out_at is not None else out
