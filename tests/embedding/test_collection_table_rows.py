@@ -39,29 +39,32 @@ FEATURES = [EmbeddingFeatureSpec("u", "user", pooling="mean"),
             EmbeddingFeatureSpec("s", "solo")]
 
 
-def _options(dim: int = DIM, **extra) -> TableOptions:
-    return TableOptions(dim=dim, max_capacity=64, bucket_capacity=16, device=DEVICE,
+def _options(dim: int = DIM, device: str = DEVICE, **extra) -> TableOptions:
+    return TableOptions(dim=dim, max_capacity=64, bucket_capacity=16, device=device,
                         initializer=InitializerArgs(mode="NORMAL", std_dev=0.1, key_seed=3),
                         **extra)
 
 
-def _collection() -> EmbeddingCollection:
+def _collection(device: str) -> EmbeddingCollection:
     admitted = AdmissionOptions(threshold=2, initializer=InitializerArgs(
         mode="CONSTANT", value=0.25))
-    tables = [EmbeddingTableSpec(name, DIM, fusion_group="g", dynamic=_options())
+    tables = [EmbeddingTableSpec(name, DIM, fusion_group="g", dynamic=_options(device=device))
               for name in ("user", "item")]
     # another width: storages of one width are deduplicated and emitted together
     # (``hashrec.embedding.joint``), and those read every row from their lookups
     tables.append(EmbeddingTableSpec("solo", 4, dynamic=_options(
-        4, admission=admitted, eval_initializer=InitializerArgs(mode="CONSTANT", value=-0.5))))
-    return EmbeddingCollection(tables, FEATURES, SparseAdam(lr=0.05), DEVICE)
+        4, device, admission=admitted,
+        eval_initializer=InitializerArgs(mode="CONSTANT", value=-0.5))))
+    return EmbeddingCollection(tables, FEATURES, SparseAdam(lr=0.05), device)
 
 
-def _run(make_kjt, monkeypatch, force: bool) -> tuple[list[dict], int]:
-    """Pooled outputs of 4 training steps and one evaluation; how many lookups left
-    stored rows out (their rows NaN before pooling)."""
+def _run(make_kjt, monkeypatch, device: str, force: bool) -> tuple[list[dict], int]:
+    """Pooled outputs of 4 training steps and one evaluation on ``device`` (the CPU:
+    Triton ops with ``force``, else the reference); how many lookups left stored rows
+    out (their rows NaN before pooling)."""
     dispatch._forced.cache_clear()
-    monkeypatch.setenv("HASHREC_FORCE_TRITON", "1" if force else "0")
+    if device == "cpu":
+        monkeypatch.setenv("HASHREC_FORCE_TRITON", "1" if force else "0")
     real, slotted = collection.lookup_rows, []
 
     def lookup_rows(storage, keys, tags, counts, train, stored_rows=True):
@@ -73,24 +76,26 @@ def _run(make_kjt, monkeypatch, force: bool) -> tuple[list[dict], int]:
 
     monkeypatch.setattr(collection, "lookup_rows", lookup_rows)
     try:
-        ec, outputs = _collection(), []
+        ec, outputs = _collection(device), []
         for step in range(5):
             if step == 4:
                 ec.eval()
             kjt = make_kjt([f.name for f in FEATURES], 24, NUM_IDS, seed=step, weighted=True)
-            out = ec(kjt.to(DEVICE))
+            out = ec(kjt.to(device))
             outputs.append({k: v.detach().cpu() for k, v in out.pooled.items()})
             if ec.training:
                 sum((t ** 2).sum() for t in out.pooled.values()).backward()
         return outputs, len(slotted)
     finally:
+        monkeypatch.delenv("HASHREC_FORCE_TRITON", raising=False)
         dispatch._forced.cache_clear()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the reference path runs on the CPU")
 def test_bags_read_stored_rows_by_slot_like_the_reference(make_kjt, monkeypatch):
-    reference, unslotted = _run(make_kjt, monkeypatch, force=False)
-    triton_path, slotted = _run(make_kjt, monkeypatch, force=True)
+    """The Triton path (CUDA, or the interpreter on a CPU-only host) against the
+    reference on the CPU."""
+    reference, unslotted = _run(make_kjt, monkeypatch, "cpu", force=False)
+    triton_path, slotted = _run(make_kjt, monkeypatch, DEVICE, force=True)
     assert unslotted == 0
     assert slotted == 2 * 5  # both storages, every step
     for step, (want, got) in enumerate(zip(reference, triton_path)):
