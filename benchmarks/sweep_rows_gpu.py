@@ -70,7 +70,7 @@ from _timing import command_line, environment, time_device_ms, write_results  # 
 from hashrec.embedding.ops.fused import dedup  # noqa: E402
 from hashrec.embedding.ops.fused import triton as fused_tt  # noqa: E402
 from hashrec.embedding.ops.sequence import triton as sequence_tt  # noqa: E402
-from hashrec.table import optim  # noqa: E402
+from hashrec.table import InitializerArgs, optim  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots  # noqa: E402
 from hashrec.table.ops.insert import train  # noqa: E402
 from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
@@ -119,7 +119,9 @@ class Step:
 
 
 def _finish(storage: TableStorage, s: Step, state: torch.Tensor | None) -> torch.Tensor:
-    init = train.RowInit(1)  # CONSTANT 0.0: no key here is placed or missing
+    # CONSTANT 0.0: no key here is placed or missing
+    init = train.init_spec(InitializerArgs(mode="CONSTANT", value=0.0), s.keys, s.tags,
+                           ARGS.dim, seed=lambda: 0, generator=None)
     return train.finish_rows(storage, s.keys, s.tags, s.slots, ARGS.dim, init, new=init,
                              placed=s.placed, hit=s.hit, hit_scores=s.hit_scores, state=state)
 
