@@ -1,0 +1,40 @@
+"""The quick GPU benchmark scripts run end to end at ``--smoke`` sizes (the Triton kernels
+interpreted on the CPU), so a change of the library's API does not leave them broken until
+the next GPU run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="smoke sizes are for CPU-only hosts")
+
+
+def _smoke(script: str, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, f"benchmarks/{script}", "--smoke", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_sweep_rows_runs_every_kernel_under_each_config():
+    out = _smoke("sweep_rows_gpu.py", "--optimizer", "adam", "--bag-length", "3",
+                 "--finish-configs", "1024x2", "--pool-configs", "4x1",
+                 "--gather-configs", "4x2", "--apply-configs", "2x1")
+    for row in ("| finish | 1024x2 |", "| pool_rows | 4x1 |", "| pool_table | 4x1 |",
+                "| gather | 4x2 |", "| apply | 2x1 |", "| apply | default |"):
+        assert row in out, row
+
+
+def test_embedding_layer_benchmark_runs():
+    out = _smoke("bench_embedding_layer.py")
+    assert "Layer forward with the next batch's deduplication started ahead" in out
