@@ -97,6 +97,17 @@ def test_pool_from_table_reads_slots_and_fallback(dim):
     torch.testing.assert_close(got, pool_ref.pool_forward(zeros, inverse, offsets, weights, True))
 
 
+def test_pool_from_table_of_bags_without_ids():
+    """No unique ids (every bag empty): no fallback row exists to read, not even for the
+    lanes a 16-byte load reads unmasked (on CUDA an empty tensor has no address)."""
+    table = torch.randn(4, 64 + 3).to(DEVICE)
+    none = torch.zeros(0, dtype=torch.int64, device=DEVICE)
+    offsets = torch.zeros(3, dtype=torch.int64, device=DEVICE)
+    got = fused_tt.pool_rows_with_fallback(table, none, offsets, None, False, none,
+                                           torch.zeros(0, 64, device=DEVICE), dim=64)
+    assert torch.equal(got, torch.zeros(2, 64, device=DEVICE))
+
+
 SPECS = [SparseSGD(lr=0.1), SparseAdagrad(lr=0.1), SparseRowWiseAdagrad(lr=0.1),
          SparseAdam(lr=0.01, weight_decay=0.01)]
 

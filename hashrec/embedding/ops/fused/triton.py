@@ -122,7 +122,8 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
     if num_bags == 0:
         return out
     dim_p2 = _dim_block(dim)
-    even = dim == dim_p2 and rows.shape[0] > 0  # rows that are not live read row 0
+    # rows that are not live read row 0 of the table and of the fallback rows
+    even = dim == dim_p2 and rows.shape[0] > 0 and (fallback is None or fallback.shape[0] > 0)
     config = POOL_CONFIG or _pool_config(dim_p2)
     bb = config["rows"]
     kernel = _pool_kernel_wide if rows.stride(0) >= 64 else _pool_kernel_narrow
