@@ -13,7 +13,8 @@ same graph (``retain_graph=True``) applies the update twice.
 
 A dynamic table on the Triton path can leave the rows of keys it stored before the
 call out of the lookup (``stored_rows=False``): the caller then reads them from the
-table by slot (``Storage.table_rows``), and the lookup's rows hold the others only.
+table by slot (``hashrec.embedding.emit.TableRows``), and the lookup's rows hold the
+others only.
 
 A storage's ``backward_timer`` (None by default; any object with a
 ``region()`` context, e.g. the trainer's step timer) times its backward node:
