@@ -19,6 +19,9 @@
 #   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection),
 #                  with the backward's tiles swept (device time and one call) and the
 #                  layer's kernels profiled by launching operator
+#   rows_sweep     the layer's row kernels alone (sweep_rows_gpu.py: the lookup's finish,
+#                  pooling from unique rows and from the table, the sequence gather, the
+#                  optimizer update) at launch configs, bags and sequences of 8 ids
 #   upsert_regs    bench_table_gpu.py at dims 8 and 128 with the block form's registers
 #                  capped at 128, then 96 (it takes 168 uncapped: 17-19% occupancy)
 #   lanes_table    bench_table_gpu.py with the upsert's lane form off (HASHREC_UPSERT_LANES=0;
@@ -74,6 +77,8 @@ write_env "$out"
       -p no:cacheprovider tests/table/test_triton_table_ops.py tests/table/test_triton_upsert.py
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
       --reduce-configs 4096x8x16 1024x4 r8x1 r8x2 r16x1 r16x2 --profile --out "$out/embedding_layer_gpu"
+  step rows_sweep 120 python3 benchmarks/sweep_rows_gpu.py --pool-configs 4x1 8x2 16x4 \
+      --gather-configs 4x2 16x4 --bag-length 8 --out "$out/sweep_rows_gpu_bag8"
   lane_trees=".,.+HASHREC_UPSERT_LANES=0,.+HASHREC_UPSERT_LANES_MIN=0"
   step ab_train 570 python3 benchmarks/ab_train.py --trees "${AB_TREES:-$lane_trees}" \
       --configs dynamicemb --nproc 1 --rounds "${ROUNDS:-2}" --data_dir "$data" \
