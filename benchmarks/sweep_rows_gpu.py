@@ -148,48 +148,39 @@ def main() -> None:
     k, reps = len(steps), max(1, len(steps) - 2)
     unique = sum(s.keys.numel() for s in steps) / k
 
-    results = {"finish": {}, "pool_rows": {}, "pool_table": {}, "gather": {}, "apply": {}}
-    for cfg in ["default", *ARGS.finish_configs]:
-        if cfg != "default":
-            elements, warps = _parse(cfg)
-            train.FINISH_CONFIG = {"elements": elements, "num_warps": warps}
-        t = time_device_ms(lambda s: _finish(storage, s, state), reps,
-                           setup=lambda i: steps[i % k])
-        results["finish"][cfg] = t["device_ms"]
-        train.FINISH_CONFIG = None
-    for cfg in ["default", *ARGS.pool_configs]:
-        if cfg != "default":
-            bags, warps = _parse(cfg)
-            fused_tt.POOL_CONFIG = {"rows": bags, "num_warps": warps}
-        t = time_device_ms(lambda i: fused_tt.pool_rows(rows[i], steps[i].inverse,
-                                                        steps[i].offsets, None, False),
-                           reps, setup=lambda i: i % k)
-        results["pool_rows"][cfg] = t["device_ms"]
-        t = time_device_ms(lambda i: fused_tt.pool_rows(storage.values, steps[i].inverse,
-                                                        steps[i].offsets, None, False,
-                                                        slots=steps[i].slots, dim=ARGS.dim),
-                           reps, setup=lambda i: i % k)
-        results["pool_table"][cfg] = t["device_ms"]
-        fused_tt.POOL_CONFIG = None
-    for cfg in ["default", *ARGS.gather_configs]:
-        if cfg != "default":
-            count, warps = _parse(cfg)
-            sequence_tt.GATHER_CONFIG = {"rows": count, "num_warps": warps}
-        t = time_device_ms(lambda i: sequence_tt.gather_padded(
-            rows[i], steps[i].inverse, steps[i].offsets, ARGS.bag_length), reps,
-            setup=lambda i: i % k)
-        results["gather"][cfg] = t["device_ms"]
-        sequence_tt.GATHER_CONFIG = None
+    def pool(i, **table):
+        source = storage.values if table else rows[i]
+        return fused_tt.pool_rows(source, steps[i].inverse, steps[i].offsets, None, False,
+                                  **table)
+
     grads = [torch.randn_like(r) * 1e-3 for r in rows]
-    for cfg in ["default", *ARGS.apply_configs]:
-        if cfg != "default":
-            count, warps = _parse(cfg)
-            optimizer_tt.APPLY_CONFIG = {"rows": count, "num_warps": warps}
-        t = time_device_ms(lambda i: optimizer_tt.apply_sparse_update(
-            storage.values, steps[i].slots, grads[i], spec, None, 1), reps,
-            setup=lambda i: i % k)
-        results["apply"][cfg] = t["device_ms"]
-        optimizer_tt.APPLY_CONFIG = None
+    kernels = [  # (module, its launch knob, the knob's first field, configs, timed kernels)
+        (train, "FINISH_CONFIG", "elements", ARGS.finish_configs,
+         {"finish": lambda i: _finish(storage, steps[i], state)}),
+        (fused_tt, "POOL_CONFIG", "rows", ARGS.pool_configs,
+         {"pool_rows": pool,
+          "pool_table": lambda i: pool(i, slots=steps[i].slots, dim=ARGS.dim)}),
+        (sequence_tt, "GATHER_CONFIG", "rows", ARGS.gather_configs,
+         {"gather": lambda i: sequence_tt.gather_padded(
+             rows[i], steps[i].inverse, steps[i].offsets, ARGS.bag_length)}),
+        (optimizer_tt, "APPLY_CONFIG", "rows", ARGS.apply_configs,
+         {"apply": lambda i: optimizer_tt.apply_sparse_update(
+             storage.values, steps[i].slots, grads[i], spec, None, 1)}),
+    ]
+    results = {}
+    for module, knob, first, configs, timed in kernels:
+        for name in timed:
+            results[name] = {}
+        for cfg in ["default", *configs]:
+            if cfg != "default":
+                count, warps = _parse(cfg)
+                setattr(module, knob, {first: count, "num_warps": warps})
+            try:
+                for name, fn in timed.items():
+                    results[name][cfg] = time_device_ms(fn, reps,
+                                                        setup=lambda i: i % k)["device_ms"]
+            finally:
+                setattr(module, knob, None)
     _write(results, unique, row_dim)
 
 

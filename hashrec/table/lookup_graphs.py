@@ -194,8 +194,9 @@ class LookupGraphs:
     def _build(self, key: tuple) -> _Lookup | None:
         """A size class's buffers and, with ``capture``, its graph (None: the capture
         failed; logged once, later lookups stay eager)."""
-        size, device = key[0], self._table.device
-        entry = _Lookup(size, device, *key[1:])
+        size, tagged, given, active, clocked, stored_rows = key
+        device = self._table.device
+        entry = _Lookup(size, device, tagged, given, active, clocked, stored_rows)
         if self._capture:
             try:
                 with torch.cuda.device(device):  # the capture's streams on the table's GPU
