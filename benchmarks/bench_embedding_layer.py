@@ -52,6 +52,10 @@ def _args() -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="also profile the layer's SGD steps (torch.profiler) and write the "
                         "kernels by device time to OUT_profile.txt")
+    p.add_argument("--trace", action="store_true",
+                   help="also profile the layer's SGD forward with the next deduplication "
+                        "ahead and write every kernel per step, and the device's busy time "
+                        "against its span, to OUT_trace.txt")
     p.add_argument("--host-profile", action="store_true",
                    help="also profile the host side of the layer's SGD forward (cProfile, "
                         "functions by own and by cumulative time) into OUT_host_profile.txt")
@@ -243,6 +247,8 @@ def _collection(optimizer, batches, grads) -> dict:
         _host_profile(forward, inputs)
     ahead = time_device_ms(lambda i: _forward_prepared(layer, forward, inputs, i), k - 2,
                            setup=lambda i: i)
+    if ARGS.trace and isinstance(optimizer, SparseSGD):
+        _trace(lambda i: _forward_prepared(layer, forward, inputs, i), k)
     return {**{f"{part}_{what}": t[f"{what}_ms"] if what != "ms" else t["device_ms"]
                for part, t in (("forward", fwd), ("backward", bwd), ("forward_ahead", ahead))
                for what in ("ms", "call", "issue")}, "backward_sweep_ms": sweep}
@@ -285,6 +291,41 @@ def _profile(step, steps: int) -> None:
     if ARGS.out:
         with open(f"{ARGS.out}_profile.txt", "w") as f:
             f.write(text + table + "\n")
+
+
+def _trace(step, steps: int) -> None:
+    """Every kernel of ``steps`` calls of ``step`` (us and launches per call), and the
+    device's busy time (the union of kernel spans) against the span from the first
+    kernel to the last, per call: what the device waits for between kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            step(i)
+        torch.cuda.synchronize()
+    spans = sorted((k.time_range.start, k.time_range.end, k.name)
+                   for e in prof.events() for k in getattr(e, "kernels", []))
+    kernels: dict[str, list[float]] = {}
+    busy, reach = 0.0, None
+    for start, end, name in spans:
+        kernels.setdefault(name[:90], []).append(end - start)
+        if reach is None or start >= reach:
+            busy += end - start
+        elif end > reach:
+            busy += end - reach
+        reach = end if reach is None else max(reach, end)
+    span = spans[-1][1] - spans[0][0] if spans else 0.0
+    text = (f"Layer forward with the next deduplication ahead, {steps} calls: per call "
+            f"{busy / steps:.1f} us of kernels over a span of {span / steps:.1f} us "
+            f"(profiled, so the host's issue is slower than unprofiled)\n\n"
+            f"{'us/call':>9} {'launches':>9}  kernel\n")
+    for name, times in sorted(kernels.items(), key=lambda kv: -sum(kv[1])):
+        text += f"{sum(times) / steps:9.1f} {len(times) / steps:9.1f}  {name}\n"
+    print(text, flush=True)
+    if ARGS.out:
+        with open(f"{ARGS.out}_trace.txt", "w") as f:
+            f.write(text)
 
 
 def _host_profile(forward, inputs) -> None:

@@ -19,6 +19,12 @@ stored), under each launch configuration asked for, the default first:
   optimizer's update of the unique rows (``apply_sparse_update``), as the layer's
   backward runs it after the gradient reduction.
 
+The backward's gradient reduction is timed too, at its default tiles: alone
+(``reduce_rows``, writing the (U, dim) sums the update then reads) and fused with the
+update (``reduce_and_apply``), each reading every position's gradient row through
+``order`` (``*_by_position``) or from rows given in sorted order (``*_sorted``), the
+output gradients those of the step's (B, dim) pooled outputs.
+
 ``--optimizer`` (sgd, adagrad, rowwise_adagrad, adam) sets the rows' state columns.
 
     python benchmarks/sweep_rows_gpu.py --out benchmarks/results/sweep_rows_gpu
@@ -28,6 +34,7 @@ stored), under each launch configuration asked for, the default first:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -98,7 +105,8 @@ class Step:
 
     def __init__(self, storage: TableStorage, pairs: torch.Tensor) -> None:
         d = dedup(pairs)
-        self.inverse = d.inverse
+        self.inverse, self.order, self.row_start = d.inverse, d.order, d.row_start
+        self.sorted_rows = d.inverse[d.order]
         self.keys = d.unique & ((1 << TAG_SHIFT) - 1)
         self.tags = (d.unique >> TAG_SHIFT).to(torch.int32)
         self.slots = find_slots(storage, self.keys, self.tags)
@@ -154,6 +162,20 @@ def main() -> None:
                                   **table)
 
     grads = [torch.randn_like(r) * 1e-3 for r in rows]
+    out_grad = torch.randn(ARGS.ids // ARGS.tables * ARGS.tables // ARGS.bag_length, ARGS.dim,
+                           device=DEVICE) * 1e-3
+    positions = torch.arange(out_grad.shape[0], device=DEVICE).repeat_interleave(
+        ARGS.bag_length)  # every id's gradient row: its bag's
+
+    def reduce(i, fused, by_order):
+        s = steps[i]
+        gidx = positions[s.order] if by_order else positions
+        common = dict(sorted_rows=s.sorted_rows, sorted_gidx=by_order)
+        if fused:
+            return fused_tt.reduce_and_apply(out_grad, gidx, s.order, s.row_start, s.slots,
+                                             storage.values, spec, None, 1, **common)
+        return fused_tt.reduce_rows(out_grad, gidx, s.order, s.row_start, **common)
+
     kernels = [  # (module, its launch knob, the knob's first field, configs, timed kernels)
         (train, "FINISH_CONFIG", "elements", ARGS.finish_configs,
          {"finish": lambda i: _finish(storage, steps[i], state)}),
@@ -166,6 +188,10 @@ def main() -> None:
         (optimizer_tt, "APPLY_CONFIG", "rows", ARGS.apply_configs,
          {"apply": lambda i: optimizer_tt.apply_sparse_update(
              storage.values, steps[i].slots, grads[i], spec, None, 1)}),
+        (None, None, None, [],
+         {f"{what}_{how}": functools.partial(reduce, fused=what == "reduce_apply",
+                                             by_order=how == "sorted")
+          for what in ("reduce", "reduce_apply") for how in ("by_position", "sorted")}),
     ]
     results = {}
     for module, knob, first, configs, timed in kernels:
@@ -180,7 +206,8 @@ def main() -> None:
                     results[name][cfg] = time_device_ms(fn, reps,
                                                         setup=lambda i: i % k)["device_ms"]
             finally:
-                setattr(module, knob, None)
+                if knob is not None:
+                    setattr(module, knob, None)
     _write(results, unique, row_dim)
 
 

@@ -92,6 +92,8 @@ class StorageBatch:
         member_rows: a join of several storages: each member's first unique row, then
             U (the gradient reduction sums each member's rows as it would alone),
             else None.
+        sorted_rows: (n,) int64 row in ``keys`` of each position of ``order``
+            (``inverse[order]``, which the dedup's sort yields), or None.
     """
 
     keys: torch.Tensor
@@ -110,6 +112,7 @@ class StorageBatch:
     wide_ids: int = 0
     unique_per_rank_table: list[list[int]] | None = None
     member_rows: list[int] | None = None
+    sorted_rows: torch.Tensor | None = None
 
 
 def feature_ids(spec: EmbeddingFeatureSpec, bags: JaggedTensor) -> FeatureIds:
@@ -344,7 +347,7 @@ def _finish_storage(s: _Sorted, summary: list[int]) -> StorageBatch:
                         unique_per_table, inverse, s.order, row_start,
                         [(lo, hi) if count else None
                          for count, lo, hi in zip(unique_per_table, lows, highs)],
-                        owner_counts)
+                        owner_counts, sorted_rows=s.group)
 
 
 class SummaryGather(NamedTuple):

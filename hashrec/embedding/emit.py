@@ -143,14 +143,17 @@ def _shared_rows(grads: tuple[torch.Tensor, ...]
 
 
 def _gradient_rows(features: list[FeatureIds], device: torch.device,
-                   layout: tuple[tuple[int, int, int, int], ...]
+                   layout: tuple[tuple[int, int, int, int], ...],
+                   order: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For every id of the features: its output gradient's row (``_bag_rows``' layout),
-    and per bag its index (ids -> bags) and length."""
+    """For every id of the features (of ``order``'s entries, when given): its output
+    gradient's row (``_bag_rows``' layout), and per bag its index (ids -> bags) and
+    length."""
     first, sequence = _bag_rows(layout, device)
     lengths = torch.cat([f.lengths for f in features]) if len(features) > 1 \
         else features[0].lengths
-    rows, bags = gradient_rows(lengths, first, sequence, sum(f.values.numel() for f in features))
+    rows, bags = gradient_rows(lengths, first, sequence, sum(f.values.numel() for f in features),
+                               order)
     return rows, bags, lengths
 
 
@@ -188,11 +191,15 @@ def reduce_feature_grads(grads: tuple[torch.Tensor, ...], batch: StorageBatch
         flat = [g if g.dim() == 2 else g.reshape(-1, g.shape[-1]) for g in grads]
         shared = torch.cat(flat) if len(flat) > 1 else flat[0], _concatenated_layout(features)
     source, layout = shared
-    rows, bags, lengths = _gradient_rows(features, batch.inverse.device, layout)
-    weights = _position_weights(features, bags, lengths) \
-        if any(_weighted(f) for f in features) else None
-    return reduce_positions(source, rows, batch.inverse, batch.order, batch.row_start,
-                            weights, batch.member_rows)
+    if any(_weighted(f) for f in features):
+        rows, bags, lengths = _gradient_rows(features, batch.inverse.device, layout)
+        return reduce_positions(source, rows, batch.inverse, batch.order, batch.row_start,
+                                _position_weights(features, bags, lengths), batch.member_rows,
+                                batch.sorted_rows)
+    # Unweighted: every position's gradient row in the order the reduction reads them.
+    rows, _, _ = _gradient_rows(features, batch.inverse.device, layout, batch.order)
+    return reduce_positions(source, rows, batch.inverse, batch.order, batch.row_start, None,
+                            batch.member_rows, batch.sorted_rows, sorted_gidx=True)
 
 
 class _EmitStorage(torch.autograd.Function):

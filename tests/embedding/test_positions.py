@@ -44,6 +44,22 @@ def test_gradient_rows_match_reference(shapes, seed):
         assert torch.equal(g.cpu(), w.cpu())
 
 
+@pytest.mark.parametrize("shapes", [[(7, 1)], [(9, 1), (9, 6), (9, 1)]], ids=["pooled", "mixed"])
+def test_gradient_rows_in_a_given_order(shapes):
+    """With ``order``, entry q is id order[q]'s: the kernel and the reference both give
+    the plain result permuted."""
+    lengths, first, sequence = _features(shapes, 5)
+    n = int(lengths.sum())
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    plain = reference.gradient_rows(lengths, first, sequence, n)
+    for impl in (reference, kernel):
+        got = impl.gradient_rows(lengths, first, sequence, n, order)
+        for w, g in zip(plain, got):
+            assert torch.equal(g.cpu(), w[order].cpu())
+    with pytest.raises(ValueError, match="order must be"):
+        kernel.gradient_rows(lengths, first, sequence, n, order[1:])
+
+
 @pytest.mark.parametrize("case", ["ones", "one-long-bag", "empty-runs", "power-law"])
 def test_gradient_rows_far_from_an_even_spread_match_reference(case):
     """Bags whose ids are spread nothing like evenly: the search gallops far from its

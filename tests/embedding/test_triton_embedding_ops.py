@@ -182,6 +182,31 @@ def test_reduce_is_bitwise_repeatable():
     assert torch.equal(first, again)
 
 
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
+def test_reduce_of_sorted_gradient_rows_is_bit_equal(weighted):
+    """gidx and weights given per sorted position (``sorted_gidx``) sum the same terms in
+    the same order as per batch position, bit for bit, in both the kernel and the
+    reference, whose rows then come from ``sorted_rows``."""
+    n, num_rows, dim, bags = (260, 6, 5, 40) if DEVICE.type == "cpu" else \
+        (400_000, 3000, 64, 50_000)
+    gen = torch.Generator().manual_seed(51)
+    inverse = _hot_ids(n, num_rows, seed=52).to(DEVICE)
+    gidx = torch.randint(0, bags, (n,), generator=gen).to(DEVICE)
+    weights = torch.rand(n, generator=gen).to(DEVICE) if weighted else None
+    grad = torch.randn(bags, dim, generator=gen).to(DEVICE)
+    order, row_start = group_positions(inverse, num_rows)
+    sorted_weights = weights[order] if weighted else None
+    for impl in (pool_tt, pool_ref):
+        by_position = impl.reduce_positions(grad, gidx, inverse, order, row_start, weights)
+        by_order = impl.reduce_positions(grad, gidx[order], inverse, order, row_start,
+                                         sorted_weights, sorted_rows=inverse[order],
+                                         sorted_gidx=True)
+        assert torch.equal(by_order, by_position)
+        assert not torch.equal(  # the flag is read: per position they sum other rows
+            impl.reduce_positions(grad, gidx[order], inverse, order, row_start,
+                                  sorted_weights), by_position)
+
+
 @pytest.mark.parametrize("rows", [0, 8], ids=["rows-default", "rows8"])
 def test_grouped_reduce_sums_each_group_as_alone(monkeypatch, rows):
     """A join reduces its members' positions together; with the members' row bounds

@@ -145,9 +145,11 @@ def _seg_add(a, a_start, b, b_start):
 
 @triton.jit
 def _position_grads(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, p, live, col,
-                    dim, HAS_W: tl.constexpr, MEAN: tl.constexpr, EVEN: tl.constexpr):
-    """Gradient rows (P, DIM_P2) fp32 of sorted positions ``p`` (weights / bag means applied)."""
-    pos = tl.load(order_ptr + p, mask=live, other=0)
+                    dim, HAS_W: tl.constexpr, MEAN: tl.constexpr, EVEN: tl.constexpr,
+                    SORTED: tl.constexpr):
+    """Gradient rows (P, DIM_P2) fp32 of sorted positions ``p`` (weights / bag means applied).
+    SORTED: ``gidx`` and ``weights`` are per sorted position, so no load of ``order``."""
+    pos = p if SORTED else tl.load(order_ptr + p, mask=live, other=0)
     g_row = tl.load(gidx_ptr + pos, mask=live, other=0)
     g = load_rows(grad_ptr, g_row, dim, col, live, col[None, :] < dim, EVEN).to(tl.float32)
     if HAS_W:
@@ -210,9 +212,10 @@ def _chunk_spans(c, n, bounds_ptr, row_start_ptr, groups, GROUPS: tl.constexpr,
 def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_ptr,
                   row_start_ptr, bounds_ptr, part_ptr, out_ptr, slots_ptr, t_values, n,
                   groups, dim, row_dim, lr, eps, beta1, beta2, wd, adam_step,
-                  HAS_W: tl.constexpr, MEAN: tl.constexpr, APPLY: tl.constexpr,
-                  OPT: tl.constexpr, DIM_P2: tl.constexpr, EVEN: tl.constexpr,
-                  GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr, CH: tl.constexpr):
+                  HAS_W: tl.constexpr, MEAN: tl.constexpr, SORTED: tl.constexpr,
+                  APPLY: tl.constexpr, OPT: tl.constexpr, DIM_P2: tl.constexpr,
+                  EVEN: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
+                  CH: tl.constexpr):
     """Stage 1: segmented sum over the CH (or fewer) sorted positions of chunk c.
 
     Segments (unique ids) that lie inside the chunk are finished here; the sum of
@@ -230,7 +233,7 @@ def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_p
     live = p < hi
     col = tl.arange(0, DIM_P2)
     g = _position_grads(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, p, live, col,
-                        dim, HAS_W, MEAN, EVEN)
+                        dim, HAS_W, MEAN, EVEN, SORTED)
     r = tl.load(seg_ptr + p, mask=live, other=-1)
     prev = tl.load(seg_ptr + p - 1, mask=live & (i > 0), other=-2)
     nxt = tl.load(seg_ptr + p + 1, mask=(p + 1) < hi, other=-3)
@@ -357,12 +360,13 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
                    out: torch.Tensor | None, slots: torch.Tensor | None,
                    table_values: torch.Tensor | None, spec, lr: float | None, step: int,
                    sorted_rows: torch.Tensor | None = None,
-                   groups: list[int] | None = None) -> None:
+                   groups: list[int] | None = None, sorted_gidx: bool = False) -> None:
     """Two-stage fixed-order reduction: chunks of sorted positions, then the segments
     that cross chunk boundaries. Every addition happens in an order fixed by the
     data layout alone (no atomics), so results do not depend on thread timing, and
     a hot id's positions are spread over many programs. ``groups``: unique-row
-    bounds [0, ..., U] of groups whose chunks start afresh (``reduce_rows``)."""
+    bounds [0, ..., U] of groups whose chunks start afresh; ``sorted_gidx``: ``gidx``
+    and ``weights`` are per sorted position (``reduce_rows``)."""
     u, n = row_start.numel() - 1, order.numel()
     dim = grads.shape[1]
     if u == 0:
@@ -396,7 +400,8 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
         grads.contiguous(), gidx.contiguous(), weights if weights is not None else dummy,
         offsets if offsets is not None else gidx, order.contiguous(), seg,
         row_start, bounds, part, *target, n, num_groups, dim, *scalars,
-        HAS_W=weights is not None, MEAN=offsets is not None, APPLY=apply, OPT=hp.kind,
+        HAS_W=weights is not None, MEAN=offsets is not None, SORTED=sorted_gidx,
+        APPLY=apply, OPT=hp.kind,
         DIM_P2=dim_p2, EVEN=even, **grouping, num_warps=REDUCE_CONFIG["num_warps"])
     cb = max(1, 4096 // dim_p2)
     _combine_kernel[(cdiv(chunks, cb),)](
@@ -409,7 +414,7 @@ def reduce_rows(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,
                 row_start: torch.Tensor, weights: torch.Tensor | None = None,
                 mean_offsets: torch.Tensor | None = None,
                 sorted_rows: torch.Tensor | None = None,
-                groups: list[int] | None = None) -> torch.Tensor:
+                groups: list[int] | None = None, sorted_gidx: bool = False) -> torch.Tensor:
     """Sums gradient rows per unique id: -> (U, D) float32.
 
     Position ``p`` of the batch contributes ``grads[gidx[p]] * weights[p]`` (divided
@@ -419,22 +424,26 @@ def reduce_rows(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,
     deriving it from ``row_start`` when the caller has it. ``groups``, unique-row
     bounds [0, u_1, ..., U]: each group's rows are summed as if they were reduced
     on their own (its positions start a chunk of their own), bit for bit.
+    ``sorted_gidx``: ``gidx`` and ``weights`` are given per position of ``order``
+    (entry q for position ``order[q]``): the kernel then reads them in sequence.
     """
     out = torch.empty(row_start.numel() - 1, grads.shape[1], dtype=torch.float32,
                       device=grads.device)
     _launch_reduce(grads, gidx, weights, mean_offsets, order, row_start, out, None, None,
-                   None, None, 1, sorted_rows, groups)
+                   None, None, 1, sorted_rows, groups, sorted_gidx)
     return out
 
 
 def reduce_and_apply(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,
                      row_start: torch.Tensor, slots: torch.Tensor, table_values: torch.Tensor,
                      spec, lr: float | None, step: int, weights: torch.Tensor | None = None,
-                     mean_offsets: torch.Tensor | None = None) -> None:
+                     mean_offsets: torch.Tensor | None = None,
+                     sorted_rows: torch.Tensor | None = None, sorted_gidx: bool = False) -> None:
     """``reduce_rows`` fused with the sparse optimizer on table rows ``slots`` (U,).
 
     Unique ids whose slot is -1 (not stored) get no update. ``spec`` is a
     ``hashrec.table.optim`` spec; ``lr`` overrides its rate; ``step`` is 1-based.
+    ``sorted_rows`` and ``sorted_gidx`` as in ``reduce_rows``.
     """
     if slots.numel() != row_start.numel() - 1:
         raise ValueError(f"slots has {slots.numel()} entries for {row_start.numel() - 1} ids")
@@ -443,4 +452,5 @@ def reduce_and_apply(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tenso
         raise ValueError(f"table rows of width {table_values.shape[1]} do not hold dim {dim} "
                          f"+ the state of {type(spec).__name__}")
     _launch_reduce(grads, gidx, weights, mean_offsets, order, row_start, None,
-                   slots.contiguous(), table_values, spec, lr, step)
+                   slots.contiguous(), table_values, spec, lr, step, sorted_rows,
+                   sorted_gidx=sorted_gidx)

@@ -28,17 +28,21 @@ def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.
 
 def reduce_positions(grads: torch.Tensor, gidx: torch.Tensor, inverse: torch.Tensor,
                      order: torch.Tensor, row_start: torch.Tensor,
-                     weights: torch.Tensor | None, groups: list[int] | None = None
+                     weights: torch.Tensor | None, groups: list[int] | None = None,
+                     sorted_rows: torch.Tensor | None = None, sorted_gidx: bool = False
                      ) -> torch.Tensor:
     """Gradient per unique row from position gradients: -> (U, D) float32.
 
     Position ``p`` adds ``grads[gidx[p]]`` (times ``weights[p]``) to row
     ``inverse[p]``; ``order`` / ``row_start`` group the positions by row.
     ``groups``: unique-row bounds [0, ..., U] of storages reduced together, each
-    of whose rows must sum exactly as it would alone.
+    of whose rows must sum exactly as it would alone. ``sorted_rows`` (n,), when
+    the caller has it: ``inverse[order]``. ``sorted_gidx``: ``gidx`` and ``weights``
+    are given per position of ``order`` (entry q for position ``order[q]``).
     """
     impl = backend(__name__, reference, grads.device)
-    return impl.reduce_positions(grads, gidx, inverse, order, row_start, weights, groups)
+    return impl.reduce_positions(grads, gidx, inverse, order, row_start, weights, groups,
+                                 sorted_rows, sorted_gidx)
 
 
 __all__ = ["pool_backward", "pool_forward", "reduce_positions"]

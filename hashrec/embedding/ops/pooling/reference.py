@@ -49,19 +49,25 @@ def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.
 
 def reduce_positions(grads: torch.Tensor, gidx: torch.Tensor, inverse: torch.Tensor,
                      order: torch.Tensor, row_start: torch.Tensor,
-                     weights: torch.Tensor | None, groups: list[int] | None = None
+                     weights: torch.Tensor | None, groups: list[int] | None = None,
+                     sorted_rows: torch.Tensor | None = None, sorted_gidx: bool = False
                      ) -> torch.Tensor:
     """Sums position gradients per unique row: -> (U, D) float32.
 
     Position ``p`` contributes ``grads[gidx[p]] * weights[p]`` to row ``inverse[p]``;
     ``order`` / ``row_start`` (the CSR grouping of positions by row, which the
     Triton version walks) only size the output here, and ``groups`` changes
-    nothing: every row sums its positions in batch order.
+    nothing: every row sums its positions in batch order (``order``'s, with
+    ``sorted_gidx``: ``gidx`` and ``weights`` then hold entry q for position
+    ``order[q]``, whose row is ``sorted_rows[q]``, or ``inverse[order[q]]``).
     """
-    del order, groups
+    del groups
     picked = grads.float().index_select(0, gidx)
     if weights is not None:
         picked = picked * weights.to(picked.dtype).unsqueeze(1)
     out = torch.zeros(row_start.numel() - 1, grads.shape[1], dtype=torch.float32,
                       device=grads.device)
+    if sorted_gidx:
+        rows = sorted_rows if sorted_rows is not None else inverse.index_select(0, order)
+        return out.index_add_(0, rows, picked)
     return out.index_add_(0, inverse, picked)

@@ -14,10 +14,12 @@ from hashrec.table.ops.dispatch import backend
 
 
 def gradient_rows(lengths: torch.Tensor, first: torch.Tensor, sequence: torch.Tensor,
-                  n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per id of the bags laid end to end: (row of its output gradient (n,), bag (n,))."""
+                  n: int, order: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per id of the bags laid end to end: (row of its output gradient (n,), bag (n,));
+    with ``order`` (n,), entry q is id ``order[q]``'s."""
     impl = backend(__name__, reference, lengths.device)
-    return impl.gradient_rows(lengths, first, sequence, n)
+    return impl.gradient_rows(lengths, first, sequence, n, order)
 
 
 __all__ = ["gradient_rows"]

@@ -26,11 +26,13 @@ _BLOCK = 1024
 
 @fast_launch
 @triton.jit
-def _rows_kernel(ends_ptr, lengths_ptr, first_ptr, sequence_ptr, rows_ptr, bags_ptr, n,
-                 num_bags, BLOCK: tl.constexpr):
-    """The bag of id p is the first whose end lies past p: in [lo, hi] below."""
-    p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = p < n
+def _rows_kernel(ends_ptr, lengths_ptr, first_ptr, sequence_ptr, order_ptr, rows_ptr,
+                 bags_ptr, n, num_bags, ORDER: tl.constexpr, BLOCK: tl.constexpr):
+    """The bag of id p is the first whose end lies past p: in [lo, hi] below. Lane i
+    finds id i, or id ``order[i]`` (ORDER)."""
+    lane = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = lane < n
+    p = tl.load(order_ptr + lane, mask=mask, other=0) if ORDER else lane
     guess = tl.minimum(p * num_bags // n, num_bags - 1)
     past = tl.load(ends_ptr + guess, mask=mask, other=0) > p  # the bag is guess or before
     lo = tl.where(past, 0, guess + 1)
@@ -58,23 +60,28 @@ def _rows_kernel(ends_ptr, lengths_ptr, first_ptr, sequence_ptr, rows_ptr, bags_
                                                                    other=0)
     row = tl.load(first_ptr + bag, mask=mask, other=0) + (p - start) * tl.load(
         sequence_ptr + bag, mask=mask, other=0)
-    tl.store(rows_ptr + p, row, mask=mask)
-    tl.store(bags_ptr + p, bag, mask=mask)
+    tl.store(rows_ptr + lane, row, mask=mask)
+    tl.store(bags_ptr + lane, bag, mask=mask)
 
 
 def gradient_rows(lengths: torch.Tensor, first: torch.Tensor, sequence: torch.Tensor,
-                  n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row of each id's output gradient, and its bag: -> (rows (n,), bags (n,)) int64."""
+                  n: int, order: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row of each id's output gradient, and its bag: -> (rows (n,), bags (n,)) int64;
+    with ``order``, entry q is id ``order[q]``'s."""
     num_bags = lengths.numel()
     if first.shape != (num_bags,) or sequence.shape != (num_bags,):
         raise ValueError(f"first and sequence must be ({num_bags},), got "
                          f"{tuple(first.shape)} and {tuple(sequence.shape)}")
+    if order is not None and order.shape != (n,):
+        raise ValueError(f"order must be ({n},), got {tuple(order.shape)}")
     rows = torch.empty(n, dtype=torch.int64, device=lengths.device)
     bags = torch.empty(n, dtype=torch.int64, device=lengths.device)
     if n == 0:
         return rows, bags
     ends = torch.cumsum(lengths, 0)
     _rows_kernel[(cdiv(n, _BLOCK),)](
-        ends, lengths.contiguous(), first.contiguous(), sequence.contiguous(), rows, bags, n,
-        num_bags, BLOCK=_BLOCK)
+        ends, lengths.contiguous(), first.contiguous(), sequence.contiguous(),
+        order.contiguous() if order is not None else ends, rows, bags, n, num_bags,
+        ORDER=order is not None, BLOCK=_BLOCK)
     return rows, bags
