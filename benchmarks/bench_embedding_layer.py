@@ -304,8 +304,8 @@ def _trace(step, steps: int) -> None:
         for i in range(steps):
             step(i)
         torch.cuda.synchronize()
-    spans = sorted((k.time_range.start, k.time_range.end, k.name)
-                   for e in prof.events() for k in getattr(e, "kernels", []))
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
     kernels: dict[str, list[float]] = {}
     busy, reach = 0.0, None
     for start, end, name in spans:

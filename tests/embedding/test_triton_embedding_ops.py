@@ -185,8 +185,9 @@ def test_reduce_is_bitwise_repeatable():
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 def test_reduce_of_sorted_gradient_rows_is_bit_equal(weighted):
     """gidx and weights given per sorted position (``sorted_gidx``) sum the same terms in
-    the same order as per batch position, bit for bit, in both the kernel and the
-    reference, whose rows then come from ``sorted_rows``."""
+    the same order as per batch position, bit for bit, in the kernel and, on the CPU
+    (index_add_ adds in a fixed order there), the reference, whose rows then come from
+    ``sorted_rows``."""
     n, num_rows, dim, bags = (260, 6, 5, 40) if DEVICE.type == "cpu" else \
         (400_000, 3000, 64, 50_000)
     gen = torch.Generator().manual_seed(51)
@@ -196,7 +197,7 @@ def test_reduce_of_sorted_gradient_rows_is_bit_equal(weighted):
     grad = torch.randn(bags, dim, generator=gen).to(DEVICE)
     order, row_start = group_positions(inverse, num_rows)
     sorted_weights = weights[order] if weighted else None
-    for impl in (pool_tt, pool_ref):
+    for impl in (pool_tt, pool_ref) if DEVICE.type == "cpu" else (pool_tt,):
         by_position = impl.reduce_positions(grad, gidx, inverse, order, row_start, weights)
         by_order = impl.reduce_positions(grad, gidx[order], inverse, order, row_start,
                                          sorted_weights, sorted_rows=inverse[order],

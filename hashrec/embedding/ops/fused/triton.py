@@ -42,8 +42,8 @@ def _dim_block(dim: int) -> int:
 
 def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_ptr, weights_ptr,
                  out_ptr, num_bags, dim, FROM_TABLE: tl.constexpr, HAS_FALLBACK: tl.constexpr,
-                 HAS_W: tl.constexpr, MEAN: tl.constexpr, DIM_P2: tl.constexpr,
-                 EVEN: tl.constexpr, BB: tl.constexpr):
+                 ONE_LOAD: tl.constexpr, HAS_W: tl.constexpr, MEAN: tl.constexpr,
+                 DIM_P2: tl.constexpr, EVEN: tl.constexpr, BB: tl.constexpr):
     if EVEN:  # dim == DIM_P2: a compile-time width, so rows move as 16-byte vectors
         dim = DIM_P2
     bags = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
@@ -60,10 +60,21 @@ def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_pt
         row = tl.load(inverse_ptr + start + j, mask=live, other=0)
         if FROM_TABLE:
             slot = tl.load(slots_ptr + row, mask=live, other=-1)
-            x = load_rows(src, slot, src_stride, col, live & (slot >= 0), cmask, EVEN)
-            if HAS_FALLBACK:  # else a missing row reads zeros
-                x = x.to(tl.float32) + load_rows(fallback_ptr, row, dim, col, live & (slot < 0),
-                                                 cmask, EVEN)
+            if ONE_LOAD:  # a row from the table or from the fallback rows, in one load
+                stored = slot >= 0
+                at = tl.where(stored, src + tl.where(stored, slot, 0) * src_stride,
+                              fallback_ptr + row * dim)
+                if EVEN:  # lanes that are not live read the fallback's row 0
+                    x = tl.load(at[:, None] + col[None, :])
+                    x = tl.where(live[:, None], x, tl.zeros_like(x))
+                else:
+                    x = tl.load(at[:, None] + col[None, :], mask=live[:, None] & cmask,
+                                other=0.0)
+            else:
+                x = load_rows(src, slot, src_stride, col, live & (slot >= 0), cmask, EVEN)
+                if HAS_FALLBACK:  # else a missing row reads zeros
+                    x = x.to(tl.float32) + load_rows(fallback_ptr, row, dim, col,
+                                                     live & (slot < 0), cmask, EVEN)
         else:
             x = load_rows(src, row, src_stride, col, live, cmask, EVEN)
         x = x.to(tl.float32)
@@ -132,6 +143,7 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
         fallback.contiguous() if fallback is not None else rows, inverse.contiguous(),
         offsets.contiguous(), weights.contiguous() if weights is not None else rows, out,
         num_bags, dim, FROM_TABLE=slots is not None, HAS_FALLBACK=fallback is not None,
+        ONE_LOAD=slots is not None and fallback is not None and fallback.dtype == rows.dtype,
         HAS_W=weights is not None, MEAN=mean,
         DIM_P2=dim_p2, EVEN=even, BB=bb, num_warps=config["num_warps"])
     return out
