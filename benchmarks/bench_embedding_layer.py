@@ -148,13 +148,13 @@ def _fused(spec, batches, grads) -> dict:
     bwd = time_device_ms(lambda s: model.backward(grads, s[1], s[2]), k - 2,
                          setup=lambda i: states[i % k])
     unique = sum(s[1].unique.numel() for s in states) / len(states)
-    sweep, default = {}, dict(fused_tt.REDUCE_CONFIG)
+    sweep = {}
     for cfg in ARGS.reduce_configs:
-        _use_reduce_config(cfg, default)
+        _use_reduce_config(cfg)
         t = time_device_ms(lambda s: model.backward(grads, s[1], s[2]), len(batches) - 2,
                            setup=lambda i: states[i % len(states)])
         sweep[cfg] = {"device_ms": t["device_ms"], "call_ms": t["call_ms"]}
-    fused_tt.REDUCE_CONFIG.update(default)
+    fused_tt.REDUCE_CONFIG = None
     return {"forward_ms": fwd["device_ms"], "backward_ms": bwd["device_ms"],
             "forward_call_ms": fwd["call_ms"], "backward_call_ms": bwd["call_ms"],
             "unique_ids": unique,
@@ -163,18 +163,19 @@ def _fused(spec, batches, grads) -> dict:
 
 
 def _default_tiles() -> str:
-    c = fused_tt.REDUCE_CONFIG
-    first = f"r{c['rows']}" if c.get("rows") else str(c["elements"])
-    return f"{first}x{c['num_warps']}x{c['heads']}"
+    def text(c: dict) -> str:
+        first = f"r{c['rows']}" if c.get("rows") else str(c["elements"])
+        return f"{first}x{c['num_warps']}x{c['heads']}"
+
+    return f"{text(fused_tt._reduce_tiles(False))} (fused: {text(fused_tt._reduce_tiles(True))})"
 
 
-def _use_reduce_config(cfg: str, default: dict) -> None:
+def _use_reduce_config(cfg: str) -> None:
     """Sets ``REDUCE_CONFIG`` from ELEMENTSxWARPS[xHEADS] or rROWSxWARPS[xHEADS]."""
     first, warps, *heads = cfg.split("x")
     rows = int(first[1:]) if first.startswith("r") else 0
-    fused_tt.REDUCE_CONFIG.update(elements=default["elements"] if rows else int(first),
-                                  rows=rows, num_warps=int(warps),
-                                  heads=int(heads[0]) if heads else default["heads"])
+    fused_tt.REDUCE_CONFIG = {"elements": 2048 if rows else int(first), "rows": rows,
+                              "num_warps": int(warps), "heads": int(heads[0]) if heads else 64}
 
 
 def _forward_parts(model: FusedStep, batches) -> dict:
@@ -235,12 +236,12 @@ def _collection(optimizer, batches, grads) -> dict:
     k = len(inputs)
     fwd = time_device_ms(forward, k - 2, setup=lambda i: inputs[i % k])
     bwd = time_device_ms(backward, k - 2, setup=lambda i: forward(inputs[i % k]))
-    sweep, default = {}, dict(fused_tt.REDUCE_CONFIG)
+    sweep = {}
     for cfg in ARGS.reduce_configs if isinstance(optimizer, SparseSGD) else []:
-        _use_reduce_config(cfg, default)
+        _use_reduce_config(cfg)
         t = time_device_ms(backward, k - 2, setup=lambda i: forward(inputs[i % k]))
         sweep[cfg] = {"device_ms": t["device_ms"], "call_ms": t["call_ms"]}
-    fused_tt.REDUCE_CONFIG.update(default)
+    fused_tt.REDUCE_CONFIG = None
     if ARGS.profile and isinstance(optimizer, SparseSGD):
         _profile(lambda i: backward(forward(inputs[i % k])), k)
     if ARGS.host_profile and isinstance(optimizer, SparseSGD):

@@ -40,6 +40,12 @@ def _bags(batch: int, max_len: int, num_rows: int, seed: int):
 
 # d80: rows at least 64 wide take the pooling kernel with the row stride specialized;
 # d64: a power-of-two width of at least 64 is a compile-time constant (EVEN)
+def _use_rows(monkeypatch, rows: int) -> None:
+    """Chunks of ``rows`` sorted positions (on the default warps); 0: the default tiles."""
+    if rows:
+        monkeypatch.setattr(fused_tt, "REDUCE_CONFIG", {"rows": rows, "num_warps": 4})
+
+
 CASES = [(1, 1, 3, 4), (7, 3, 5, 5), (13, 4, 9, 16), (6, 2, 4, 33), (5, 2, 4, 80),
          (4, 2, 3, 64)]
 IDS = ["b1-d4", "b7-d5", "b13-d16", "b6-d33", "b5-d80", "b4-d64"]
@@ -116,7 +122,7 @@ SPECS = [SparseSGD(lr=0.1), SparseAdagrad(lr=0.1), SparseRowWiseAdagrad(lr=0.1),
 @pytest.mark.parametrize("mean", [False, True], ids=["sum", "mean"])
 @pytest.mark.parametrize("dim,rows", [(6, 0), (64, 0), (64, 2)], ids=["d6", "d64", "d64-rows2"])
 def test_reduce_and_apply_matches_reference_update(monkeypatch, spec, mean, dim, rows):
-    monkeypatch.setitem(fused_tt.REDUCE_CONFIG, "rows", rows)
+    _use_rows(monkeypatch, rows)
     num_rows = 8
     inverse, offsets, weights, gen = _bags(11, 3, num_rows, seed=7)
     table = torch.rand(30, dim + spec.state_dim(dim), generator=gen).to(DEVICE)
@@ -147,8 +153,9 @@ def _hot_ids(n: int, num_rows: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("spec", [None, SparseAdam(lr=0.01)], ids=["sum", "adam"])
 def test_reduce_spreads_hot_ids_over_chunks(monkeypatch, spec, rows):
     """A hot id's positions span many chunks (of the default size, or of 8 positions)."""
-    monkeypatch.setitem(fused_tt.REDUCE_CONFIG, "rows", rows)
-    assert fused_tt._chunk_rows(128) == (rows or 16)
+    _use_rows(monkeypatch, rows)
+    assert fused_tt._chunk_rows(128, fused_tt._reduce_tiles(spec is not None)) == \
+        (rows or (16 if spec is not None else 32))
     n, num_rows, dim = (300, 7, 5) if DEVICE.type == "cpu" else (300_000, 50_000, 128)
     inverse = _hot_ids(n, num_rows, seed=11).to(DEVICE)
     offsets = torch.arange(n + 1, device=DEVICE)
@@ -213,7 +220,7 @@ def test_grouped_reduce_sums_each_group_as_alone(monkeypatch, rows):
     """A join reduces its members' positions together; with the members' row bounds
     every member's rows come out bit-equal to a reduction of that member alone, while
     chunks laid from the first position on group a hot row's terms differently."""
-    monkeypatch.setitem(fused_tt.REDUCE_CONFIG, "rows", rows)
+    _use_rows(monkeypatch, rows)
     small = DEVICE.type == "cpu"
     members = [(150, 5), (0, 3), (0, 0), (230, 7)] if small else \
         [(40_003, 300), (0, 3), (0, 0), (70_001, 1000)]

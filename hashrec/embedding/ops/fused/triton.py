@@ -355,16 +355,30 @@ def _sorted_rows(row_start: torch.Tensor, n: int) -> torch.Tensor:
                                    row_start[1:] - row_start[:-1], output_size=n)
 
 
-# Stage-1 tile: about ``elements`` (sorted positions x columns) per program, at least 16
-# positions, or ``rows`` positions when set (a power of two), on ``num_warps`` warps;
-# stage 2 sums a long segment's head partials ``heads`` at a time. Benchmarks may override
-# it. The default was the fastest of a sweep on the H200 (dim 128).
-REDUCE_CONFIG = {"elements": 2048, "num_warps": 4, "heads": 64, "rows": 0}
+# Stage-1 tile override: about ``elements`` (sorted positions x columns) per program, at
+# least 16 positions, or ``rows`` positions when set (a power of two), on ``num_warps``
+# warps; stage 2 sums a long segment's head partials ``heads`` at a time. None keeps the
+# defaults (``_reduce_tiles``). Benchmarks may set it.
+REDUCE_CONFIG: dict | None = None
 
 
-def _chunk_rows(dim_p2: int) -> int:
+def _reduce_tiles(apply: bool) -> dict:
+    """Stage-1 tiles. The sum alone: 4096 elements on one warp, so a thread holds a column
+    group of every position and the segmented scan runs in its registers; on an H200 the
+    layer's SGD backward (10 tables, dim 128, 1M ids) took 0.411 ms against 0.520 at
+    2048 elements on 4 warps, the earlier choice (1.27x; embedding_layer_gpu_tiles.md).
+    Fused with the update, 2048 elements on 4 warps: 4096 on one warp took 5.6 ms with
+    Adam (a thread's registers cannot also hold the row's state)."""
+    if REDUCE_CONFIG is not None:
+        return {"elements": 2048, "rows": 0, "heads": 64, **REDUCE_CONFIG}
+    if apply:
+        return {"elements": 2048, "rows": 0, "num_warps": 4, "heads": 64}
+    return {"elements": 4096, "rows": 0, "num_warps": 1, "heads": 64}
+
+
+def _chunk_rows(dim_p2: int, tiles: dict) -> int:
     """Sorted positions per stage-1 program."""
-    return REDUCE_CONFIG["rows"] or max(16, min(128, REDUCE_CONFIG["elements"] // dim_p2))
+    return tiles["rows"] or max(16, min(128, tiles["elements"] // dim_p2))
 
 
 def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tensor | None,
@@ -387,7 +401,8 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
     hp = kernel_hyper(spec, lr, step) if apply else KernelHyper(kind=0, lr=0.0)
     dim_p2 = _dim_block(dim)
     even = dim == dim_p2
-    ch = _chunk_rows(dim_p2)
+    tiles = _reduce_tiles(apply)
+    ch = _chunk_rows(dim_p2, tiles)
     num_groups = len(groups) - 1 if groups is not None and len(groups) > 2 else 0
     chunks = cdiv(n, ch) + max(0, num_groups - 1)  # a group's last chunk may be short
     # From pinned memory: a pageable source may make the copy wait for the stream.
@@ -414,12 +429,12 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
         row_start, bounds, part, *target, n, num_groups, dim, *scalars,
         HAS_W=weights is not None, MEAN=offsets is not None, SORTED=sorted_gidx,
         APPLY=apply, OPT=hp.kind,
-        DIM_P2=dim_p2, EVEN=even, **grouping, num_warps=REDUCE_CONFIG["num_warps"])
+        DIM_P2=dim_p2, EVEN=even, **grouping, num_warps=tiles["num_warps"])
     cb = max(1, 4096 // dim_p2)
     _combine_kernel[(cdiv(chunks, cb),)](
         seg, row_start, bounds, part, *target, n, chunks, num_groups, dim, *scalars,
         APPLY=apply, OPT=hp.kind, DIM_P2=dim_p2, EVEN=even, **grouping, CB=cb,
-        BK=REDUCE_CONFIG["heads"], num_warps=4)
+        BK=tiles["heads"], num_warps=4)
 
 
 def reduce_rows(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,
