@@ -47,6 +47,8 @@ class FeatureIds:
         weights: (n,) float32 per-id weights of weighted features, else None.
         inverse: (n,) int64 row of each id in the storage's unique keys (set by
             ``dedup_storage``).
+        max_bag: the longest bag when the host knows it without reading the device,
+            else None.
     """
 
     spec: EmbeddingFeatureSpec
@@ -55,6 +57,7 @@ class FeatureIds:
     lengths: torch.Tensor
     weights: torch.Tensor | None = None
     inverse: torch.Tensor | None = None
+    max_bag: int | None = None
 
 
 @dataclass
@@ -125,7 +128,7 @@ def feature_ids(spec: EmbeddingFeatureSpec, bags: JaggedTensor) -> FeatureIds:
     if values.dtype.is_floating_point or values.dtype == torch.bool:
         raise EmbeddingError(f"feature {spec.name!r}: ids must be integers, got {values.dtype}")
     values = values.to(torch.int64)
-    weights = None
+    weights, max_bag = None, bags.max_bag
     if spec.weighted and not spec.is_sequence:
         if bags.weights is None:
             raise EmbeddingError(
@@ -141,7 +144,8 @@ def feature_ids(spec: EmbeddingFeatureSpec, bags: JaggedTensor) -> FeatureIds:
         lengths = kept
         offsets = torch.zeros_like(offsets)
         torch.cumsum(lengths, 0, out=offsets[1:])
-    return FeatureIds(spec, values, offsets, lengths, weights)
+        max_bag = None if max_bag is None else min(max_bag, spec.max_length)
+    return FeatureIds(spec, values, offsets, lengths, weights, max_bag=max_bag)
 
 
 class _Sorted(NamedTuple):

@@ -182,6 +182,21 @@ def _weighted(f: FeatureIds) -> bool:
     return not f.spec.is_sequence and (f.weights is not None or f.spec.pooling == "mean")
 
 
+def _rows_are_positions(features: list[FeatureIds],
+                        layout: tuple[tuple[int, int, int, int], ...]) -> bool:
+    """Whether id p's gradient row is row p: every feature pools bags of exactly one id
+    (the host knows its longest bag is one id long, and it has as many ids as bags) whose
+    gradient rows follow one another from the feature's first id on."""
+    start = 0
+    for f, (bags, first, per_bag, per_id) in zip(features, layout):
+        n = f.values.numel()
+        if f.spec.is_sequence or per_id or n != bags or first != start or \
+                (n and (per_bag != 1 or f.max_bag is None or f.max_bag > 1)):
+            return False
+        start += n
+    return True
+
+
 def reduce_feature_grads(grads: tuple[torch.Tensor, ...], batch: StorageBatch
                          ) -> torch.Tensor:
     """Gradient per unique row (U, D) float32 from every feature's output gradient."""
@@ -196,8 +211,10 @@ def reduce_feature_grads(grads: tuple[torch.Tensor, ...], batch: StorageBatch
         return reduce_positions(source, rows, batch.inverse, batch.order, batch.row_start,
                                 _position_weights(features, bags, lengths), batch.member_rows,
                                 batch.sorted_rows)
-    # Unweighted: every position's gradient row in the order the reduction reads them.
-    rows, _, _ = _gradient_rows(features, batch.inverse.device, layout, batch.order)
+    # Unweighted: every position's gradient row in the order the reduction reads them;
+    # where each id has a row of its own at its position, that is the order itself.
+    rows = batch.order if _rows_are_positions(features, layout) else \
+        _gradient_rows(features, batch.inverse.device, layout, batch.order)[0]
     return reduce_positions(source, rows, batch.inverse, batch.order, batch.row_start, None,
                             batch.member_rows, batch.sorted_rows, sorted_gidx=True)
 

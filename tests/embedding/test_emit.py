@@ -241,3 +241,63 @@ def test_gradients_read_in_place_from_one_buffer(how, kernels, monkeypatch):
         assert torch.equal(in_place, rows.grad)
     finally:
         dispatch._forced.cache_clear()
+
+
+def _one_id_bags(gen, max_bag):
+    """Two sum-pooled features of one id a bag over two tags, ``max_bag`` as the host
+    knows it (None: unknown)."""
+    specs = [EmbeddingFeatureSpec("x", "a"), EmbeddingFeatureSpec("y", "b")]
+    out = []
+    for spec, bags in zip(specs, (6, 9)):
+        f = _feature(spec, [1] * bags, 4, gen)
+        f.max_bag = max_bag
+        out.append([f])
+    return out
+
+
+def test_rows_are_positions_only_where_every_bag_holds_one_id():
+    from hashrec.embedding.emit import _concatenated_layout, _rows_are_positions
+
+    gen = torch.Generator().manual_seed(8)
+    features = [fs[0] for fs in _one_id_bags(gen, 1)]
+    layout = _concatenated_layout(features)
+    assert _rows_are_positions(features, layout)
+    assert not _rows_are_positions(features, layout[::-1])  # rows not at the positions
+    features[1].max_bag = None  # the host does not know the longest bag
+    assert not _rows_are_positions(features, layout)
+    features[1].max_bag = 2
+    assert not _rows_are_positions(features, layout)
+    two = _feature(EmbeddingFeatureSpec("z", "a"), [2, 0, 1], 4, gen)  # as many ids as bags
+    two.max_bag = 2
+    assert not _rows_are_positions([two], _concatenated_layout([two]))
+    seq = _feature(EmbeddingFeatureSpec("s", "a", is_sequence=True, max_length=1), [1, 1], 4,
+                   gen)
+    seq.max_bag = 1
+    assert not _rows_are_positions([seq], _concatenated_layout([seq]))
+
+
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+def test_one_id_bags_reduce_like_the_general_path(kernels, monkeypatch):
+    """Bags of one id whose host layout says so read their gradient rows at their
+    positions (no search of the bags); the rows' gradients equal the general path's."""
+    from hashrec.table.ops import dispatch
+
+    if kernels == "triton":
+        pytest.importorskip("triton", reason="triton is not installed")
+        if torch.cuda.is_available():
+            pytest.skip("the interpreted kernels run on CPU hosts")
+        monkeypatch.setenv("HASHREC_FORCE_TRITON", "1")
+    dispatch._forced.cache_clear()
+    try:
+        grads = []
+        for max_bag in (1, None):
+            gen = torch.Generator().manual_seed(9)
+            (batch,) = dedup_storages([(_one_id_bags(gen, max_bag), True)])
+            rows = torch.randn(batch.keys.numel(), 4, generator=gen, requires_grad=True)
+            outs = emit_storage(rows, batch)
+            torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen) for o in outs])
+            grads.append(rows.grad)
+        assert torch.equal(grads[0], grads[1])
+        assert grads[0].abs().sum() > 0
+    finally:
+        dispatch._forced.cache_clear()
