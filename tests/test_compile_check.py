@@ -16,8 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _launch(block: int) -> dict:
     tensor = ["tensor", "int64"]
     return {"module": "hashrec.embedding.ops.positions.triton", "kernel": "_rows_kernel",
-            "args": [tensor] * 6 + [["value", 7], ["value", 5]],
-            "kwargs": {"BLOCK": ["value", block]}}
+            "args": [tensor] * 7 + [["value", 7], ["value", 5]],
+            "kwargs": {"ORDER": ["value", False], "BLOCK": ["value", block]}}
 
 
 def test_compile_check_reports_the_launch_that_does_not_compile(tmp_path):
@@ -60,9 +60,9 @@ def test_launches_compile_with_the_gpu_launchers_specializations():
     process without the interpreter, as the check runs: this one may have imported the
     kernels interpreted.)"""
     entry, other = _launch(1024), _launch(1024)
-    entry["args"] = ([["tensor", "int64", True]] * 5 + [["tensor", "int64", False]]
+    entry["args"] = ([["tensor", "int64", True]] * 6 + [["tensor", "int64", False]]
                      + [["value", 48], ["value", 1]])
-    other["args"] = [["tensor", "int64", True]] * 6 + [["value", 7], ["value", 3]]
+    other["args"] = [["tensor", "int64", True]] * 7 + [["value", 7], ["value", 3]]
     script = (
         "import json, sys\n"
         "from tests.compile_check import _normalized, _source\n"
@@ -71,7 +71,7 @@ def test_launches_compile_with_the_gpu_launchers_specializations():
         "print(json.dumps({'attrs': sorted(k[0] for k in source.attrs),\n"
         "                  'kinds': sorted({v[0][0] for v in source.attrs.values()}),\n"
         "                  'num_bags': source.signature['num_bags'],\n"
-        "                  'constant': source.constants.get((7,)),\n"
+        "                  'constant': source.constants.get((8,)),\n"
         "                  'n': other.signature['n'],\n"
         "                  'other_attrs': sorted(k[0] for k in other.attrs)}))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
@@ -80,6 +80,6 @@ def test_launches_compile_with_the_gpu_launchers_specializations():
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
-    assert got == {"attrs": [0, 1, 2, 3, 4, 6], "kinds": ["tt.divisibility"],
+    assert got == {"attrs": [0, 1, 2, 3, 4, 5, 7], "kinds": ["tt.divisibility"],
                    "num_bags": "constexpr", "constant": 1, "n": "i32",
-                   "other_attrs": [0, 1, 2, 3, 4, 5]}
+                   "other_attrs": [0, 1, 2, 3, 4, 5, 6]}

@@ -199,7 +199,8 @@ def _rows_are_positions(features: list[FeatureIds],
 
 def reduce_feature_grads(grads: tuple[torch.Tensor, ...], batch: StorageBatch
                          ) -> torch.Tensor:
-    """Gradient per unique row (U, D) float32 from every feature's output gradient."""
+    """Gradient per unique row (U, D) float32 from every feature's output gradient. Every
+    unique row of a batch has a position (its keys are the ids'), so no row needs zeroing."""
     features = batch.features
     shared = _shared_rows(grads) if len(grads) > 1 else None
     if shared is None:
@@ -210,13 +211,14 @@ def reduce_feature_grads(grads: tuple[torch.Tensor, ...], batch: StorageBatch
         rows, bags, lengths = _gradient_rows(features, batch.inverse.device, layout)
         return reduce_positions(source, rows, batch.inverse, batch.order, batch.row_start,
                                 _position_weights(features, bags, lengths), batch.member_rows,
-                                batch.sorted_rows)
+                                batch.sorted_rows, covered=True)
     # Unweighted: every position's gradient row in the order the reduction reads them;
     # where each id has a row of its own at its position, that is the order itself.
     rows = batch.order if _rows_are_positions(features, layout) else \
         _gradient_rows(features, batch.inverse.device, layout, batch.order)[0]
     return reduce_positions(source, rows, batch.inverse, batch.order, batch.row_start, None,
-                            batch.member_rows, batch.sorted_rows, sorted_gidx=True)
+                            batch.member_rows, batch.sorted_rows, sorted_gidx=True,
+                            covered=True)
 
 
 class _EmitStorage(torch.autograd.Function):

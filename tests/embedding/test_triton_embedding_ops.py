@@ -215,6 +215,19 @@ def test_reduce_of_sorted_gradient_rows_is_bit_equal(weighted):
                                   sorted_weights), by_position)
 
 
+def test_reduce_of_covered_rows_skips_no_sum():
+    """``covered`` (every row has a position) leaves only the zeroing of rows without one
+    out: with every row covered, the sums are bit-equal."""
+    n, num_rows, dim = (200, 9, 5) if DEVICE.type == "cpu" else (300_000, 20_000, 128)
+    inverse = torch.cat([torch.arange(num_rows), _hot_ids(n, num_rows, seed=61)]).to(DEVICE)
+    grad = torch.randn(inverse.numel(), dim, generator=torch.Generator().manual_seed(62)
+                       ).to(DEVICE)
+    order, row_start = group_positions(inverse, num_rows)
+    gidx = torch.arange(inverse.numel(), device=DEVICE)
+    assert torch.equal(fused_tt.reduce_rows(grad, gidx, order, row_start, covered=True),
+                       fused_tt.reduce_rows(grad, gidx, order, row_start))
+
+
 @pytest.mark.parametrize("rows", [0, 8], ids=["rows-default", "rows8"])
 def test_grouped_reduce_sums_each_group_as_alone(monkeypatch, rows):
     """A join reduces its members' positions together; with the members' row bounds

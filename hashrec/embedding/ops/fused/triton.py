@@ -386,13 +386,15 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
                    out: torch.Tensor | None, slots: torch.Tensor | None,
                    table_values: torch.Tensor | None, spec, lr: float | None, step: int,
                    sorted_rows: torch.Tensor | None = None,
-                   groups: list[int] | None = None, sorted_gidx: bool = False) -> None:
+                   groups: list[int] | None = None, sorted_gidx: bool = False,
+                   covered: bool = False) -> None:
     """Two-stage fixed-order reduction: chunks of sorted positions, then the segments
     that cross chunk boundaries. Every addition happens in an order fixed by the
     data layout alone (no atomics), so results do not depend on thread timing, and
     a hot id's positions are spread over many programs. ``groups``: unique-row
     bounds [0, ..., U] of groups whose chunks start afresh; ``sorted_gidx``: ``gidx``
-    and ``weights`` are per sorted position (``reduce_rows``)."""
+    and ``weights`` are per sorted position; ``covered``: every unique row has a
+    position, so no pass for rows without one (``reduce_rows``)."""
     u, n = row_start.numel() - 1, order.numel()
     dim = grads.shape[1]
     if u == 0:
@@ -417,10 +419,11 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
     scalars = (table_values.shape[1] if apply else dim, hp.lr, hp.eps, hp.beta1, hp.beta2,
                hp.weight_decay, hp.adam_step)
     row_start = row_start.contiguous()
-    br = max(1, 4096 // dim_p2)
-    _empty_rows_kernel[(cdiv(u, br),)](
-        row_start, *target, u, dim, *scalars, APPLY=apply, OPT=hp.kind, DIM_P2=dim_p2,
-        EVEN=even, BR=br, num_warps=4)
+    if not covered:
+        br = max(1, 4096 // dim_p2)
+        _empty_rows_kernel[(cdiv(u, br),)](
+            row_start, *target, u, dim, *scalars, APPLY=apply, OPT=hp.kind, DIM_P2=dim_p2,
+            EVEN=even, BR=br, num_warps=4)
     if n == 0:
         return
     _chunk_kernel[(chunks,)](
@@ -441,7 +444,8 @@ def reduce_rows(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,
                 row_start: torch.Tensor, weights: torch.Tensor | None = None,
                 mean_offsets: torch.Tensor | None = None,
                 sorted_rows: torch.Tensor | None = None,
-                groups: list[int] | None = None, sorted_gidx: bool = False) -> torch.Tensor:
+                groups: list[int] | None = None, sorted_gidx: bool = False,
+                covered: bool = False) -> torch.Tensor:
     """Sums gradient rows per unique id: -> (U, D) float32.
 
     Position ``p`` of the batch contributes ``grads[gidx[p]] * weights[p]`` (divided
@@ -453,11 +457,13 @@ def reduce_rows(grads: torch.Tensor, gidx: torch.Tensor, order: torch.Tensor,
     on their own (its positions start a chunk of their own), bit for bit.
     ``sorted_gidx``: ``gidx`` and ``weights`` are given per position of ``order``
     (entry q for position ``order[q]``): the kernel then reads them in sequence.
+    ``covered``: the caller vouches that every unique id has a position (as a dedup's
+    grouping does), so rows without one are not zeroed (their rows are undefined).
     """
     out = torch.empty(row_start.numel() - 1, grads.shape[1], dtype=torch.float32,
                       device=grads.device)
     _launch_reduce(grads, gidx, weights, mean_offsets, order, row_start, out, None, None,
-                   None, None, 1, sorted_rows, groups, sorted_gidx)
+                   None, None, 1, sorted_rows, groups, sorted_gidx, covered)
     return out
 
 

@@ -29,8 +29,8 @@ def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.
 def reduce_positions(grads: torch.Tensor, gidx: torch.Tensor, inverse: torch.Tensor,
                      order: torch.Tensor, row_start: torch.Tensor,
                      weights: torch.Tensor | None, groups: list[int] | None = None,
-                     sorted_rows: torch.Tensor | None = None, sorted_gidx: bool = False
-                     ) -> torch.Tensor:
+                     sorted_rows: torch.Tensor | None = None, sorted_gidx: bool = False,
+                     covered: bool = False) -> torch.Tensor:
     """Gradient per unique row from position gradients: -> (U, D) float32.
 
     Position ``p`` adds ``grads[gidx[p]]`` (times ``weights[p]``) to row
@@ -39,10 +39,12 @@ def reduce_positions(grads: torch.Tensor, gidx: torch.Tensor, inverse: torch.Ten
     of whose rows must sum exactly as it would alone. ``sorted_rows`` (n,), when
     the caller has it: ``inverse[order]``. ``sorted_gidx``: ``gidx`` and ``weights``
     are given per position of ``order`` (entry q for position ``order[q]``).
+    ``covered``: every row has a position (a dedup's grouping): rows without one are
+    then undefined instead of zero.
     """
     impl = backend(__name__, reference, grads.device)
     return impl.reduce_positions(grads, gidx, inverse, order, row_start, weights, groups,
-                                 sorted_rows, sorted_gidx)
+                                 sorted_rows, sorted_gidx, covered)
 
 
 __all__ = ["pool_backward", "pool_forward", "reduce_positions"]

@@ -50,8 +50,8 @@ def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.
 def reduce_positions(grads: torch.Tensor, gidx: torch.Tensor, inverse: torch.Tensor,
                      order: torch.Tensor, row_start: torch.Tensor,
                      weights: torch.Tensor | None, groups: list[int] | None = None,
-                     sorted_rows: torch.Tensor | None = None, sorted_gidx: bool = False
-                     ) -> torch.Tensor:
+                     sorted_rows: torch.Tensor | None = None, sorted_gidx: bool = False,
+                     covered: bool = False) -> torch.Tensor:
     """Sums position gradients per unique row: -> (U, D) float32.
 
     Position ``p`` contributes ``grads[gidx[p]] * weights[p]`` to row ``inverse[p]``;
@@ -60,8 +60,9 @@ def reduce_positions(grads: torch.Tensor, gidx: torch.Tensor, inverse: torch.Ten
     nothing: every row sums its positions in batch order (``order``'s, with
     ``sorted_gidx``: ``gidx`` and ``weights`` then hold entry q for position
     ``order[q]``, whose row is ``sorted_rows[q]``, or ``inverse[order[q]]``).
+    ``covered`` (every row has a position) changes nothing here.
     """
-    del groups
+    del groups, covered
     picked = grads.float().index_select(0, gidx)
     if weights is not None:
         picked = picked * weights.to(picked.dtype).unsqueeze(1)

@@ -29,8 +29,8 @@ def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.
 def reduce_positions(grads: torch.Tensor, gidx: torch.Tensor, inverse: torch.Tensor,
                      order: torch.Tensor, row_start: torch.Tensor,
                      weights: torch.Tensor | None, groups: list[int] | None = None,
-                     sorted_rows: torch.Tensor | None = None, sorted_gidx: bool = False
-                     ) -> torch.Tensor:
+                     sorted_rows: torch.Tensor | None = None, sorted_gidx: bool = False,
+                     covered: bool = False) -> torch.Tensor:
     """Sums position gradients per unique row in a fixed order: -> (U, D) float32; each
     of ``groups`` (unique-row bounds) exactly as on its own."""
     # The row of each position in ``order``: one gather instead of rebuilding it from
@@ -38,4 +38,5 @@ def reduce_positions(grads: torch.Tensor, gidx: torch.Tensor, inverse: torch.Ten
     if sorted_rows is None:
         sorted_rows = inverse.index_select(0, order)
     return reduce_rows(grads.float(), gidx, order, row_start, weights,
-                       sorted_rows=sorted_rows, groups=groups, sorted_gidx=sorted_gidx)
+                       sorted_rows=sorted_rows, groups=groups, sorted_gidx=sorted_gidx,
+                       covered=covered)
