@@ -236,44 +236,47 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
         placed = mask & (slot < -1)  # no key: nothing is written
     stored = mask & (slot >= 0) & ~placed
     fresh = placed | missing
-    key = tl.load(keys_ptr + i, mask=fresh, other=0)
-    tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
-    col = tl.arange(0, COLS)
-    emb = col[None, :] < DIM
-    if STORED:
-        row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
-                      mask=stored[:, None] & emb, other=0.0).to(tl.float32)
-    else:  # the caller reads stored rows from the table itself
-        row = tl.zeros([BLOCK, COLS], dtype=tl.float32)
-    # Initial values only in programs that have such keys: once a table is warm nearly
-    # every key is stored, and a random initializer costs tens of operations a value.
-    if WRITES:
-        if tl.max(placed.to(tl.int32), axis=0) > 0:
-            new = _initial(NEW_MODE, new_given, i, col, placed, key, tag, new_a, new_b,
-                           new_seed, DIM, BLOCK, COLS).to(values.dtype.element_ty)
-            tl.store(values + slot[:, None] * ROW_DIM + col[None, :], new,
-                     mask=placed[:, None] & emb)
-            if HAS_STATE:  # the state columns [DIM, ROW_DIM), COLS at a time
-                for start in tl.static_range(DIM, ROW_DIM, COLS):
-                    at = start + col
-                    state = tl.load(state_ptr + at - DIM, mask=at < ROW_DIM, other=0)
-                    tl.store(values + slot[:, None] * ROW_DIM + at[None, :],
-                             tl.zeros([BLOCK, COLS], dtype=values.dtype.element_ty)
-                             + state[None, :],
-                             mask=placed[:, None] & (at[None, :] < ROW_DIM))
-            row = tl.where(placed[:, None], new.to(tl.float32), row)
-    if tl.max(missing.to(tl.int32), axis=0) > 0:
-        miss = _initial(MISS_MODE, miss_given, i, col, missing, key, tag, miss_a, miss_b,
-                        miss_seed, DIM, BLOCK, COLS)
-        row = tl.where(missing[:, None], miss, row)
-    written = mask
-    if not STORED:
-        written = mask & ~stored
-    if OUT_AT:  # the rows to write and where, read when the kernel runs (a captured launch)
-        # 16-byte aligned, as every tensor the allocator hands out: stores vectorize
-        out_ptr = tl.multiple_of(tl.load(out_at_ptr + 1).to(tl.pointer_type(tl.float32)), 16)
-        written = written & (i < tl.load(out_at_ptr))
-    tl.store(out_ptr + i[:, None] * DIM + col[None, :], row, mask=written[:, None] & emb)
+    # Programs with no row to write skip the tiles: with stored rows left to the caller
+    # (STORED False) that is nearly every program of a warm table.
+    needed = mask if STORED else mask & ~stored
+    if tl.max(needed.to(tl.int32), axis=0) > 0:
+        key = tl.load(keys_ptr + i, mask=fresh, other=0)
+        tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
+        col = tl.arange(0, COLS)
+        emb = col[None, :] < DIM
+        if STORED:
+            row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
+                          mask=stored[:, None] & emb, other=0.0).to(tl.float32)
+        else:  # the caller reads stored rows from the table itself
+            row = tl.zeros([BLOCK, COLS], dtype=tl.float32)
+        # Initial values only in programs that have such keys: once a table is warm nearly
+        # every key is stored, and a random initializer costs tens of operations a value.
+        if WRITES:
+            if tl.max(placed.to(tl.int32), axis=0) > 0:
+                new = _initial(NEW_MODE, new_given, i, col, placed, key, tag, new_a, new_b,
+                               new_seed, DIM, BLOCK, COLS).to(values.dtype.element_ty)
+                tl.store(values + slot[:, None] * ROW_DIM + col[None, :], new,
+                         mask=placed[:, None] & emb)
+                if HAS_STATE:  # the state columns [DIM, ROW_DIM), COLS at a time
+                    for start in tl.static_range(DIM, ROW_DIM, COLS):
+                        at = start + col
+                        state = tl.load(state_ptr + at - DIM, mask=at < ROW_DIM, other=0)
+                        tl.store(values + slot[:, None] * ROW_DIM + at[None, :],
+                                 tl.zeros([BLOCK, COLS], dtype=values.dtype.element_ty)
+                                 + state[None, :],
+                                 mask=placed[:, None] & (at[None, :] < ROW_DIM))
+                row = tl.where(placed[:, None], new.to(tl.float32), row)
+        if tl.max(missing.to(tl.int32), axis=0) > 0:
+            miss = _initial(MISS_MODE, miss_given, i, col, missing, key, tag, miss_a, miss_b,
+                            miss_seed, DIM, BLOCK, COLS)
+            row = tl.where(missing[:, None], miss, row)
+        written = needed
+        if OUT_AT:  # the rows to write and where, read when the kernel runs (a captured launch)
+            # 16-byte aligned, as every tensor the allocator hands out: stores vectorize
+            out_ptr = tl.multiple_of(
+                tl.load(out_at_ptr + 1).to(tl.pointer_type(tl.float32)), 16)
+            written = written & (i < tl.load(out_at_ptr))
+        tl.store(out_ptr + i[:, None] * DIM + col[None, :], row, mask=written[:, None] & emb)
 
 
 # The finish launch: about ``elements`` (keys x embedding columns) a program, on
