@@ -40,19 +40,27 @@ class TableRows(NamedTuple):
 
 
 def _pool(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
-          weights: torch.Tensor | None, mean: bool, table: TableRows | None) -> torch.Tensor:
+          weights: torch.Tensor | None, mean: bool, table: TableRows | None,
+          one_id: bool) -> torch.Tensor:
     if table is None:
-        return pool_forward(rows, inverse, offsets, weights, mean)
+        return pool_forward(rows, inverse, offsets, weights, mean, one_id)
     from hashrec.embedding.ops.fused.triton import pool_rows_with_fallback  # Triton only
 
     return pool_rows_with_fallback(table.values, inverse, offsets, weights, mean, table.slots,
-                                   rows, dim=rows.shape[1])
+                                   rows, dim=rows.shape[1], one_id=one_id)
+
+
+def _one_id(f: FeatureIds) -> bool:
+    """Every bag holds exactly one id: the host knows none holds more, and there are as
+    many ids as bags."""
+    return f.max_bag is not None and f.max_bag <= 1 and f.values.numel() == f.lengths.numel()
 
 
 def _forward_one(rows: torch.Tensor, f: FeatureIds, table: TableRows | None) -> torch.Tensor:
     if f.spec.is_sequence:
         return gather_padded(rows, f.inverse, f.offsets, f.spec.max_length)
-    return _pool(rows, f.inverse, f.offsets, f.weights, f.spec.pooling == "mean", table)
+    return _pool(rows, f.inverse, f.offsets, f.weights, f.spec.pooling == "mean", table,
+                 _one_id(f))
 
 
 def _run(rows: torch.Tensor, batch: StorageBatch, features: list[FeatureIds],
@@ -69,7 +77,8 @@ def _run(rows: torch.Tensor, batch: StorageBatch, features: list[FeatureIds],
     else:
         weights = torch.cat([f.weights for f in features]) if first.weights is not None \
             else None
-        out = _pool(rows, inverse, offsets, weights, first.spec.pooling == "mean", table)
+        out = _pool(rows, inverse, offsets, weights, first.spec.pooling == "mean", table,
+                    all(_one_id(f) for f in features))
     return list(out.split([f.lengths.numel() for f in features]))
 
 
@@ -191,7 +200,7 @@ def _rows_are_positions(features: list[FeatureIds],
     for f, (bags, first, per_bag, per_id) in zip(features, layout):
         n = f.values.numel()
         if f.spec.is_sequence or per_id or n != bags or first != start or \
-                (n and (per_bag != 1 or f.max_bag is None or f.max_bag > 1)):
+                (n and (per_bag != 1 or not _one_id(f))):
             return False
         start += n
     return True

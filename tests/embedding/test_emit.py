@@ -278,8 +278,9 @@ def test_rows_are_positions_only_where_every_bag_holds_one_id():
 
 @pytest.mark.parametrize("kernels", ["reference", "triton"])
 def test_one_id_bags_reduce_like_the_general_path(kernels, monkeypatch):
-    """Bags of one id whose host layout says so read their gradient rows at their
-    positions (no search of the bags); the rows' gradients equal the general path's."""
+    """Bags of one id whose host layout says so pool without reading offsets and read
+    their gradient rows at their positions (no search of the bags); outputs and the rows'
+    gradients equal the general path's."""
     from hashrec.table.ops import dispatch
 
     if kernels == "triton":
@@ -289,15 +290,17 @@ def test_one_id_bags_reduce_like_the_general_path(kernels, monkeypatch):
         monkeypatch.setenv("HASHREC_FORCE_TRITON", "1")
     dispatch._forced.cache_clear()
     try:
-        grads = []
+        grads, outputs = [], []
         for max_bag in (1, None):
             gen = torch.Generator().manual_seed(9)
             (batch,) = dedup_storages([(_one_id_bags(gen, max_bag), True)])
             rows = torch.randn(batch.keys.numel(), 4, generator=gen, requires_grad=True)
             outs = emit_storage(rows, batch)
+            outputs.append([o.detach() for o in outs])
             torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen) for o in outs])
             grads.append(rows.grad)
         assert torch.equal(grads[0], grads[1])
+        assert all(torch.equal(a, b) for a, b in zip(*outputs))
         assert grads[0].abs().sum() > 0
     finally:
         dispatch._forced.cache_clear()

@@ -103,6 +103,34 @@ def test_pool_from_table_reads_slots_and_fallback(dim):
     torch.testing.assert_close(got, pool_ref.pool_forward(zeros, inverse, offsets, weights, True))
 
 
+@pytest.mark.parametrize("dim", [5, 64])
+@pytest.mark.parametrize("source", ["rows", "table", "fallback"])
+def test_pool_of_one_id_bags_reads_no_offsets(dim, source):
+    """``one_id`` (every bag holds one id) pools bit-equal to reading the offsets; the
+    offsets given are wrong on purpose, so a read of them would show."""
+    gen = torch.Generator().manual_seed(71)
+    batch, num_rows = 37, 9
+    inverse = torch.randint(0, num_rows, (batch,), generator=gen).to(DEVICE)
+    offsets = torch.arange(batch + 1, device=DEVICE)
+    wrong = torch.zeros_like(offsets)
+    weights = torch.rand(batch, generator=gen).to(DEVICE)
+    rows = torch.randn(num_rows, dim, generator=gen).to(DEVICE)
+    table = torch.randn(20, dim + 2, generator=gen).to(DEVICE)
+    slots = torch.randperm(20, generator=gen)[:num_rows].to(DEVICE)
+    slots[1] = -1
+    for mean in (False, True):
+        if source == "rows":
+            want = fused_tt.pool_rows(rows, inverse, offsets, weights, mean)
+            got = fused_tt.pool_rows(rows, inverse, wrong, weights, mean, one_id=True)
+        else:
+            fallback = rows if source == "fallback" else None
+            want = fused_tt.pool_rows_with_fallback(table, inverse, offsets, weights, mean,
+                                                    slots, fallback, dim=dim)
+            got = fused_tt.pool_rows_with_fallback(table, inverse, wrong, weights, mean, slots,
+                                                   fallback, dim=dim, one_id=True)
+        assert torch.equal(got, want)
+
+
 def test_pool_from_table_of_bags_without_ids():
     """No unique ids (every bag empty): no fallback row exists to read, not even for the
     lanes a 16-byte load reads unmasked (on CUDA an empty tensor has no address)."""

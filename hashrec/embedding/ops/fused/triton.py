@@ -43,13 +43,18 @@ def _dim_block(dim: int) -> int:
 def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_ptr, weights_ptr,
                  out_ptr, num_bags, dim, FROM_TABLE: tl.constexpr, HAS_FALLBACK: tl.constexpr,
                  ONE_LOAD: tl.constexpr, HAS_W: tl.constexpr, MEAN: tl.constexpr,
-                 DIM_P2: tl.constexpr, EVEN: tl.constexpr, BB: tl.constexpr):
+                 ONE_ID: tl.constexpr, DIM_P2: tl.constexpr, EVEN: tl.constexpr,
+                 BB: tl.constexpr):
     if EVEN:  # dim == DIM_P2: a compile-time width, so rows move as 16-byte vectors
         dim = DIM_P2
     bags = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
     bmask = bags < num_bags
-    start = tl.load(offsets_ptr + bags, mask=bmask, other=0)
-    length = tl.load(offsets_ptr + bags + 1, mask=bmask, other=0) - start
+    if ONE_ID:  # bag b is id b: no offsets to read
+        start = bags
+        length = bmask.to(tl.int64)
+    else:
+        start = tl.load(offsets_ptr + bags, mask=bmask, other=0)
+        length = tl.load(offsets_ptr + bags + 1, mask=bmask, other=0) - start
     col = tl.arange(0, DIM_P2)
     cmask = col[None, :] < dim
     acc = tl.zeros([BB, DIM_P2], dtype=tl.float32)
@@ -109,22 +114,24 @@ def _pool_config(dim_p2: int) -> dict:
 
 def pool_rows(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
               weights: torch.Tensor | None, mean: bool, slots: torch.Tensor | None = None,
-              dim: int | None = None) -> torch.Tensor:
+              dim: int | None = None, one_id: bool = False) -> torch.Tensor:
     """Pools bags into (B, dim) float32.
 
     Without ``slots``, ``rows`` (U, D) are the unique rows and ``inverse`` indexes
     them. With ``slots`` (U,) int64, ``rows`` is the table's value matrix
     (R, row_dim): id ``i`` reads ``rows[slots[inverse[i]], :dim]``; unique ids whose
     slot is -1 read zeros (a missing row; pass ``fallback`` rows via
-    ``pool_rows_with_fallback``).
+    ``pool_rows_with_fallback``). ``one_id``: the caller vouches that every bag holds
+    exactly one id (``offsets`` is then not read).
     """
-    return pool_rows_with_fallback(rows, inverse, offsets, weights, mean, slots, None, dim)
+    return pool_rows_with_fallback(rows, inverse, offsets, weights, mean, slots, None, dim,
+                                   one_id)
 
 
 def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
                             weights: torch.Tensor | None, mean: bool,
                             slots: torch.Tensor | None, fallback: torch.Tensor | None,
-                            dim: int | None = None) -> torch.Tensor:
+                            dim: int | None = None, one_id: bool = False) -> torch.Tensor:
     """``pool_rows`` where unique ids with slot -1 read ``fallback`` (U, dim) float32 rows."""
     rows = rows if rows.stride(1) == 1 else rows.contiguous()
     dim = rows.shape[1] if dim is None else dim
@@ -144,7 +151,7 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
         offsets.contiguous(), weights.contiguous() if weights is not None else rows, out,
         num_bags, dim, FROM_TABLE=slots is not None, HAS_FALLBACK=fallback is not None,
         ONE_LOAD=slots is not None and fallback is not None and fallback.dtype == rows.dtype,
-        HAS_W=weights is not None, MEAN=mean,
+        HAS_W=weights is not None, MEAN=mean, ONE_ID=one_id,
         DIM_P2=dim_p2, EVEN=even, BB=bb, num_warps=config["num_warps"])
     return out
 

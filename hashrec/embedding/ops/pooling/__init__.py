@@ -13,10 +13,11 @@ from hashrec.table.ops.dispatch import backend
 
 
 def pool_forward(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
-                 weights: torch.Tensor | None, mean: bool) -> torch.Tensor:
-    """Pools bags of rows: -> (B, D) float32."""
+                 weights: torch.Tensor | None, mean: bool, one_id: bool = False) -> torch.Tensor:
+    """Pools bags of rows: -> (B, D) float32. ``one_id``: the caller vouches that every bag
+    holds exactly one id (the kernel then reads no offsets)."""
     impl = backend(__name__, reference, rows.device)
-    return impl.pool_forward(rows, inverse, offsets, weights, mean)
+    return impl.pool_forward(rows, inverse, offsets, weights, mean, one_id)
 
 
 def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,

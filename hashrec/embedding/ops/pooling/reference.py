@@ -19,8 +19,10 @@ def _bag_index(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pool_forward(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
-                 weights: torch.Tensor | None, mean: bool) -> torch.Tensor:
-    """Pools bags: -> (B, D) float32 sums (or means) of their rows."""
+                 weights: torch.Tensor | None, mean: bool, one_id: bool = False) -> torch.Tensor:
+    """Pools bags: -> (B, D) float32 sums (or means) of their rows. ``one_id`` (every bag
+    holds one id) changes nothing here."""
+    del one_id
     bag, lengths = _bag_index(offsets)
     picked = rows.index_select(0, inverse).float()
     if weights is not None:

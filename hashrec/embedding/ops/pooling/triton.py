@@ -13,9 +13,9 @@ from hashrec.embedding.ops.fused.triton import pool_rows, reduce_rows
 
 
 def pool_forward(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
-                 weights: torch.Tensor | None, mean: bool) -> torch.Tensor:
+                 weights: torch.Tensor | None, mean: bool, one_id: bool = False) -> torch.Tensor:
     """Pools bags: -> (B, D) float32 sums (or means) of their rows."""
-    return pool_rows(rows, inverse, offsets, weights, mean)
+    return pool_rows(rows, inverse, offsets, weights, mean, one_id=one_id)
 
 
 def pool_backward(grad_out: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
