@@ -12,8 +12,9 @@ as the tag). Timed, each the median over steps with distinct id batches:
 
 The same steps are also timed through the trainer's layer, ``EmbeddingCollection``
 (10 dynamic tables in one fusion group, one sum-pooled feature each): its one-pass
-dedup sort, captured training lookups (find, insert, row initialization), pooling,
-and backward with the fused sparse optimizer, as a training step runs them.
+dedup sort, captured training lookups (find, insert, row initialization), pooling
+from table rows by slot, and backward (the per-unique-id gradient reduction, then the
+sparse optimizer's update of the stored rows), as a training step runs them.
 
 Baseline in the same run: 10 ``torch.nn.EmbeddingBag`` (sum, sparse gradients)
 with ``torch.optim.SGD`` / ``torch.optim.SparseAdam``. Each time is also given as

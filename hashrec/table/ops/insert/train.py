@@ -237,7 +237,8 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
     stored = mask & (slot >= 0) & ~placed
     fresh = placed | missing
     # Programs with no row to write skip the tiles: with stored rows left to the caller
-    # (STORED False) that is nearly every program of a warm table.
+    # (STORED False) that is nearly every program of a warm table (in the layer's forward
+    # on an H200, 29 us against 44: embedding_layer_gpu_trace.txt, _tiles_trace.txt).
     needed = mask if STORED else mask & ~stored
     if tl.max(needed.to(tl.int32), axis=0) > 0:
         key = tl.load(keys_ptr + i, mask=fresh, other=0)
