@@ -170,8 +170,8 @@ _ROW_BITS = 40
 # an int64, or in an int32 (COMPACT), which sorts in half the radix passes: on an H200 a
 # stable sort of 1M keys took 0.108 ms as int32 and 0.208 as int64
 # (benchmarks/results/sort_bits_gpu.md), and the layer forward of 10 tables, 1M ids, with
-# the next dedup run ahead 0.94 ms against 1.00 (embedding_layer_gpu.md against
-# _before_compact_dedup.md, one call).
+# the next dedup run ahead 0.94 ms against 1.00 (embedding_layer_gpu_compact_dedup_first.md
+# against _before_compact_dedup.md, one call).
 NARROW, COMPACT = 1, 2
 
 

@@ -7,10 +7,11 @@ out from it to a bracket, then bisects it: with bags of one id each (a pooled fe
 one id a sample) the guess is the answer, confirmed in two loads, where a bisection of
 all bags takes log2(B) dependent loads (20 for a step of 1M samples). On an H200 the
 layer's backward of 10 pooled tables, 1M ids, took 0.526 ms against 0.543 with SGD and
-0.689 against 0.705 with Adam (benchmarks/results/embedding_layer_gpu.md against
-_before_bag_search.md, one call). Bags of random lengths take about as many loads as
-the bisection (gallop and bisect each cover the guess's distance). Three launches in all,
-where the reference takes about a dozen.
+0.689 against 0.705 with Adam (benchmarks/results/embedding_layer_gpu.md as of commit
+e3dee0e against _before_bag_search.md, one call). Bags of random lengths take about as
+many loads as the bisection (gallop and bisect each cover the guess's distance). Three
+launches in all, where the reference takes about a dozen. With ``order``, lane i finds
+id ``order[i]``: the rows come out in the order the gradient reduction reads them.
 """
 
 from __future__ import annotations
