@@ -146,3 +146,49 @@ def test_lookup_without_stored_rows_keeps_the_other_rows(monkeypatch):
             torch.testing.assert_close(part.values[other], full.values[other], rtol=0, atol=0)
     finally:
         dispatch._forced.cache_clear()
+
+
+def _one_id_steps(monkeypatch, force: bool) -> tuple[list[dict], int]:
+    """Pooled outputs of 3 training steps of single-valued features (one id a sample,
+    as the data loader's batches say on the host), and how often the backward searched
+    the bags for gradient rows."""
+    from hashrec.embedding import KeyedJaggedTensor, emit
+
+    dispatch._forced.cache_clear()
+    monkeypatch.setenv("HASHREC_FORCE_TRITON", "1" if force else "0")
+    searched = []
+    real = emit._gradient_rows
+    monkeypatch.setattr(emit, "_gradient_rows", lambda *a: searched.append(1) or real(*a))
+    names, batch = ["u", "i"], 12
+    device = DEVICE if force else "cpu"
+    try:
+        tables = [EmbeddingTableSpec(t, DIM, fusion_group="g", dynamic=_options(device=device))
+                  for t in ("user", "item")]
+        ec = EmbeddingCollection(
+            tables, [EmbeddingFeatureSpec(n, t) for n, t in zip(names, ("user", "item"))],
+            SparseAdam(lr=0.05), device)
+        g, outputs = torch.Generator().manual_seed(5), []
+        for _ in range(3):
+            kjt = KeyedJaggedTensor.from_lengths(
+                names, torch.randint(0, NUM_IDS, (2 * batch,), generator=g),
+                torch.ones(2 * batch, dtype=torch.int64))
+            kjt.host_layout()  # summarized on the CPU, as a loader worker does
+            out = ec(kjt.to(device))
+            outputs.append({k: v.detach().cpu() for k, v in out.pooled.items()})
+            sum((t ** 2).sum() for t in out.pooled.values()).backward()
+        return outputs, len(searched)
+    finally:
+        monkeypatch.delenv("HASHREC_FORCE_TRITON", raising=False)
+        dispatch._forced.cache_clear()
+
+
+def test_single_valued_features_skip_the_bag_search(monkeypatch):
+    """Bags of one id whose host layout says so train like the reference without a
+    search of the bags for their gradient rows."""
+    reference, _ = _one_id_steps(monkeypatch, force=False)
+    triton_path, searched = _one_id_steps(monkeypatch, force=True)
+    assert searched == 0
+    for step, (want, got) in enumerate(zip(reference, triton_path)):
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5,
+                                       msg=f"step {step} feature {name}")
