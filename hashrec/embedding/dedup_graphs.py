@@ -20,6 +20,10 @@ which compile its kernels) and replayed: the ids and a small table of feature en
 and tags are copied in, one replay, the outputs copied out (the next replay
 overwrites them while the batch may still be waiting for its forward).
 
+Inside the chain the keys are built in one kernel and the sorted keys split into ids,
+tags and unique marks in another (``padded_keys`` and ``mark_sorted`` of
+``hashrec.embedding.ops.dedup``), where torch operators take about twenty launches.
+
 Each captured size class keeps its own buffers, outputs and sort workspace in GPU
 memory; at most ``MAX_GRAPHS`` classes are kept (the least recently used dropped).
 
@@ -39,7 +43,7 @@ import os
 import torch
 
 from hashrec.distributed.ops.route import owner_counts
-from hashrec.embedding.ops.dedup import tag_summary
+from hashrec.embedding.ops.dedup import mark_sorted, padded_keys, tag_summary
 
 logger = logging.getLogger("hashrec.embedding")
 
@@ -95,22 +99,11 @@ def padded_sort(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
         int64, summary (3 num_tags + owners,) int64: the real positions first, each
         array as the unpadded sort's followed by the padding.
     """
-    size, features = ids.numel(), meta.numel() // 2
-    ends, shifted = meta[:features], meta[features:]
-    position = torch.arange(size, device=ids.device)
-    real = position < ends[-1]
-    feature = torch.searchsorted(ends, position, right=True)
-    pad = torch.full((1,), num_tags << bits, dtype=torch.int64, device=ids.device)
-    mask = (1 << bits) - 1
-    bad = ((ids >> bits) != 0).logical_and_(real).any()
-    lows = ids.clamp(0, mask) if clamp else ids
-    keyed = torch.where(real, lows, 0) + torch.cat([shifted, pad])[feature]
-    combined, order = sort_keys(keyed, bits + num_tags.bit_length() <= 31)
-    new = torch.ones(size, dtype=torch.bool, device=ids.device)
-    torch.ne(combined[1:], combined[:-1], out=new[1:])
-    sorted_tags = (combined >> bits).to(torch.int32)
-    sorted_ids = combined & mask
-    group = torch.cumsum(new, 0) - 1
+    compact = bits + num_tags.bit_length() <= 31
+    keyed, bad = padded_keys(ids, meta, num_tags, bits, clamp, compact)
+    combined, order = torch.sort(keyed, stable=True)
+    sorted_ids, sorted_tags, new, steps = mark_sorted(combined, bits)
+    group = torch.cumsum(steps, 0)
     summary = tag_summary(sorted_tags, sorted_ids, group, num_tags, bad).reshape(-1)
     if owners:
         low, high = owned if owned is not None else (0, num_tags)

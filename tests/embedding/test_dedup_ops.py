@@ -65,3 +65,43 @@ def test_layout_of_nothing():
     empty = torch.empty(0, dtype=torch.int64, device=DEVICE)
     keys, tags, inverse, row_start = kernel.unique_layout(empty, empty, empty, None, 0)
     assert keys.numel() == inverse.numel() == 0 and tags is None and row_start.tolist() == [0]
+
+
+def _padded_batch(seed, features, pad, bits, wide_at=None):
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(0, 9, (features,), generator=g)
+    n = int(sizes.sum())
+    ids = torch.randint(-(1 << 40), 1 << 40, (n + pad,), generator=g)  # padding: junk
+    ids[:n] = torch.randint(0, 1 << bits, (n,), generator=g)
+    if wide_at is not None and n:
+        ids[wide_at % n] = wide_at  # outside [0, 2 ** bits) when wide_at is
+    tags = torch.randint(0, 3, (features,), generator=g).sort().values
+    meta = torch.cat([sizes.cumsum(0), tags << bits])
+    return ids.to(DEVICE), meta.to(DEVICE)
+
+
+@pytest.mark.parametrize("clamp", [False, True])
+@pytest.mark.parametrize("compact", [False, True])
+@pytest.mark.parametrize("wide_at", [None, -7, 1 << 30])
+@pytest.mark.parametrize("features,pad", [(1, 0), (5, 13), (12, 1500)])
+def test_padded_keys_kernel_equals_reference(clamp, compact, wide_at, features, pad):
+    bits = 12
+    ids, meta = _padded_batch(features * 7 + pad, features, pad, bits, wide_at)
+    want = reference.padded_keys(ids, meta, 3, bits, clamp, compact)
+    got = kernel.padded_keys(ids, meta, 3, bits, clamp, compact)
+    assert got[0].dtype == want[0].dtype and torch.equal(got[0], want[0])
+    assert bool(got[1]) == bool(want[1])
+    assert bool(want[1]) == (wide_at is not None and int(meta[features - 1]) > 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("n", [1, 5, 2100])
+def test_mark_sorted_kernel_equals_reference(dtype, n):
+    g = torch.Generator().manual_seed(n)
+    keys = torch.randint(0, 3 << 12, (n,), generator=g).sort().values.to(dtype).to(DEVICE)
+    want = reference.mark_sorted(keys, 12)
+    got = kernel.mark_sorted(keys, 12)
+    for w, k in zip(want, got):
+        assert k.dtype == w.dtype and torch.equal(k, w)
+    group = torch.cumsum(got[3], 0)
+    assert torch.equal(group, torch.cumsum(got[2], 0) - 1)  # numbers the unique keys from 0

@@ -1,6 +1,8 @@
-"""The device half of a storage's dedup after its sort, dispatched by device:
-``tag_summary`` (per logical table: unique keys, smallest and largest id) and
-``unique_layout`` (the unique keys and the index maps between them and the ids).
+"""A storage's dedup ops, dispatched by device: ``padded_keys`` (the one-pass sort keys
+of a padded batch) and ``mark_sorted`` (the sorted keys' ids, tags and unique marks)
+around the sort; after it ``tag_summary`` (per logical table: unique keys, smallest
+and largest id) and ``unique_layout`` (the unique keys and the index maps between them
+and the ids).
 
 See ``reference.py`` for shapes and semantics; ``triton.py`` (CUDA) has the same
 signature.
@@ -29,4 +31,18 @@ def unique_layout(group: torch.Tensor, order: torch.Tensor, sorted_ids: torch.Te
     return impl.unique_layout(group, order, sorted_ids, sorted_tags, u)
 
 
-__all__ = ["tag_summary", "unique_layout"]
+def padded_keys(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
+                clamp: bool, compact: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(one-pass keys (N,) int64, or int32 when ``compact``; 0-d bool: an id too wide)."""
+    impl = backend(__name__, reference, ids.device)
+    return impl.padded_keys(ids, meta, num_tags, bits, clamp, compact)
+
+
+def mark_sorted(keys: torch.Tensor, bits: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted_ids int64, sorted_tags int32, new bool, steps int64) of sorted keys (N,)."""
+    impl = backend(__name__, reference, keys.device)
+    return impl.mark_sorted(keys, bits)
+
+
+__all__ = ["mark_sorted", "padded_keys", "tag_summary", "unique_layout"]

@@ -59,3 +59,53 @@ def unique_layout(group: torch.Tensor, order: torch.Tensor, sorted_ids: torch.Te
     inverse = torch.empty(group.numel(), dtype=torch.int64, device=device).scatter_(
         0, order, group)
     return keys, tags, inverse, row_start
+
+
+def padded_keys(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
+                clamp: bool, compact: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One-pass sort keys of a padded batch (``hashrec.embedding.dedup_graphs``).
+
+    Args:
+        ids: (N,) int64 ids of every feature one after the other, then padding (any
+            values).
+        meta: (2 F,) int64: each feature's end in ``ids`` (the last is the real count
+            n), then each feature's ``tag << bits``.
+        num_tags: logical tables; a padding position's key is ``num_tags << bits``.
+        bits: id bits below the tag.
+        clamp: ids outside [0, 2 ** bits) are clamped into it (row ids of dense tables).
+        compact: the keys are returned as int32 (the caller vouches that every valid
+            key fits 31 bits; others wrap and are flagged by ``bad`` anyway).
+
+    Returns:
+        keys (N,) int64 (int32 when ``compact``), and a 0-d bool: some real id has bits
+        above ``bits`` (negative ids included).
+    """
+    size, features = ids.numel(), meta.numel() // 2
+    ends, shifted = meta[:features], meta[features:]
+    position = torch.arange(size, device=ids.device)
+    real = position < ends[-1]
+    feature = torch.searchsorted(ends, position, right=True)
+    pad = torch.full((1,), num_tags << bits, dtype=torch.int64, device=ids.device)
+    mask = (1 << bits) - 1
+    bad = ((ids >> bits) != 0).logical_and_(real).any()
+    lows = ids.clamp(0, mask) if clamp else ids
+    keys = torch.where(real, lows, 0) + torch.cat([shifted, pad])[feature]
+    return (keys.to(torch.int32) if compact else keys), bad
+
+
+def mark_sorted(keys: torch.Tensor, bits: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Splits sorted one-pass keys (N,) (int64, or int32) into their parts.
+
+    Returns:
+        sorted_ids (N,) int64 (the low ``bits``), sorted_tags (N,) int32 (the rest),
+        new (N,) bool (a position whose key differs from the one before; position 0
+        is new), and steps (N,) int64: ``new`` but 0 at position 0, so that its
+        cumulative sum numbers every position's unique key from 0.
+    """
+    wide = keys.to(torch.int64)
+    new = torch.ones(keys.numel(), dtype=torch.bool, device=keys.device)
+    torch.ne(wide[1:], wide[:-1], out=new[1:])
+    steps = new.to(torch.int64)
+    steps[:1] = 0
+    return wide & ((1 << bits) - 1), (wide >> bits).to(torch.int32), new, steps

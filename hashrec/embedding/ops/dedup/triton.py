@@ -109,3 +109,70 @@ def unique_layout(group: torch.Tensor, order: torch.Tensor, sorted_ids: torch.Te
         tags if tags is not None else keys, inverse, row_start, n,
         HAS_TAGS=sorted_tags is not None, BLOCK=_BLOCK)
     return keys, tags, inverse, row_start
+
+
+@fast_launch
+@triton.jit
+def _keys_kernel(ids_ptr, meta_ptr, keys_ptr, bad_ptr, size, features, pad_key, bits, mask,
+                 CLAMP: tl.constexpr, COMPACT: tl.constexpr, BLOCK: tl.constexpr):
+    p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = p < size
+    real = live & (p < tl.load(meta_ptr + features - 1))
+    feature = tl.zeros([BLOCK], dtype=tl.int64)
+    k = 0
+    while k < features - 1:  # the feature of p: the ends at or before p
+        feature += (tl.load(meta_ptr + k) <= p).to(tl.int64)
+        k += 1
+    x = tl.load(ids_ptr + p, mask=real, other=0)
+    if tl.max(((x >> bits) != 0).to(tl.int32), axis=0) > 0:  # every writer writes 1
+        tl.store(bad_ptr, 1)
+    if CLAMP:
+        x = tl.minimum(tl.maximum(x, 0), mask)
+    key = tl.where(real, x + tl.load(meta_ptr + features + feature, mask=real, other=0),
+                   pad_key)
+    if COMPACT:
+        key = key.to(tl.int32)
+    tl.store(keys_ptr + p, key, mask=live)
+
+
+def padded_keys(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
+                clamp: bool, compact: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(one-pass keys (N,) int64, or int32 when ``compact``; 0-d bool: an id too wide)."""
+    size = ids.numel()
+    keys = torch.empty(size, dtype=torch.int32 if compact else torch.int64, device=ids.device)
+    bad = torch.zeros((), dtype=torch.bool, device=ids.device)
+    if size:
+        _keys_kernel[(cdiv(size, _BLOCK),)](
+            ids, meta, keys, bad.view(torch.uint8), size, meta.numel() // 2,
+            num_tags << bits, bits, (1 << bits) - 1, CLAMP=clamp, COMPACT=compact,
+            BLOCK=_BLOCK)
+    return keys, bad
+
+
+@fast_launch
+@triton.jit
+def _mark_kernel(keys_ptr, ids_ptr, tags_ptr, new_ptr, steps_ptr, size, bits, mask,
+                 BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = i < size
+    key = tl.load(keys_ptr + i, mask=live, other=0).to(tl.int64)
+    prev = tl.load(keys_ptr + i - 1, mask=live & (i > 0), other=0).to(tl.int64)
+    new = (i == 0) | (key != prev)
+    tl.store(ids_ptr + i, key & mask, mask=live)
+    tl.store(tags_ptr + i, (key >> bits).to(tl.int32), mask=live)
+    tl.store(new_ptr + i, new.to(tl.int8), mask=live)
+    tl.store(steps_ptr + i, (new & (i > 0)).to(tl.int64), mask=live)
+
+
+def mark_sorted(keys: torch.Tensor, bits: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted_ids int64, sorted_tags int32, new bool, steps int64) of sorted keys (N,)."""
+    size, device = keys.numel(), keys.device
+    ids = torch.empty(size, dtype=torch.int64, device=device)
+    tags = torch.empty(size, dtype=torch.int32, device=device)
+    new = torch.empty(size, dtype=torch.bool, device=device)
+    steps = torch.empty(size, dtype=torch.int64, device=device)
+    if size:
+        _mark_kernel[(cdiv(size, _BLOCK),)](keys, ids, tags, new.view(torch.int8), steps, size,
+                                            bits, (1 << bits) - 1, BLOCK=_BLOCK)
+    return ids, tags, new, steps
