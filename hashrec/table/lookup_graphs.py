@@ -100,7 +100,7 @@ class _Lookup:
     """One size class's input buffers, graph and outputs."""
 
     __slots__ = ("size", "keys", "tags", "counts", "given", "active", "clocked",
-                 "stored_rows", "scalars", "graph", "out")
+                 "stored_rows", "scalars", "positions", "graph", "out")
 
     def __init__(self, size: int, device: torch.device, tagged: bool, given: bool,
                  active: bool, clocked: bool, stored_rows: bool) -> None:
@@ -115,6 +115,7 @@ class _Lookup:
         # u, the address of the (u, dim) rows out, the missing and new rows' seeds, the
         # clock; u = 0 (all inactive, nothing written) until fed.
         self.scalars = torch.zeros(5, dtype=torch.int64, device=device)
+        self.positions = torch.arange(size, device=device)  # made once, not every replay
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple | None = None
 
@@ -180,7 +181,7 @@ class LookupGraphs:
         address in ``scalars``; returns (slots, the refused count left to report or
         None)."""
         table = self._table
-        active = torch.arange(entry.size, device=entry.keys.device) < entry.scalars[0]
+        active = entry.positions < entry.scalars[0]
         if entry.active is not None:
             active = active & entry.active
         given = entry.given
