@@ -39,7 +39,7 @@ class TableRows(NamedTuple):
     slots: torch.Tensor
 
 
-def _pool(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+def _pool(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor | None,
           weights: torch.Tensor | None, mean: bool, table: TableRows | None,
           one_id: bool) -> torch.Tensor:
     if table is None:
@@ -68,17 +68,20 @@ def _run(rows: torch.Tensor, batch: StorageBatch, features: list[FeatureIds],
     """Outputs of consecutive features of one kind (bags of one pooling, or sequences of
     one length) in one launch: their n ids are ``batch.inverse[start:start + n]``, so
     their bags are one list."""
-    lengths = torch.cat([f.lengths for f in features])
-    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
-    torch.cumsum(lengths, 0, out=offsets[1:])
     first, inverse = features[0], batch.inverse[start:start + n]
+    one_id = not first.spec.is_sequence and all(_one_id(f) for f in features)
+    offsets = None
+    if not one_id:  # bags of one id each need no offsets
+        lengths = torch.cat([f.lengths for f in features])
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+        torch.cumsum(lengths, 0, out=offsets[1:])
     if first.spec.is_sequence:
         out = gather_padded(rows, inverse, offsets, first.spec.max_length)
     else:
         weights = torch.cat([f.weights for f in features]) if first.weights is not None \
             else None
         out = _pool(rows, inverse, offsets, weights, first.spec.pooling == "mean", table,
-                    all(_one_id(f) for f in features))
+                    one_id)
     return list(out.split([f.lengths.numel() for f in features]))
 
 

@@ -129,6 +129,14 @@ def test_pool_of_one_id_bags_reads_no_offsets(dim, source):
             got = fused_tt.pool_rows_with_fallback(table, inverse, wrong, weights, mean, slots,
                                                    fallback, dim=dim, one_id=True)
         assert torch.equal(got, want)
+    # without offsets at all
+    got = fused_tt.pool_rows(rows, inverse, None, weights, False, one_id=True)
+    assert torch.equal(got, fused_tt.pool_rows(rows, inverse, offsets, weights, False))
+    assert torch.equal(pool_ref.pool_forward(rows, inverse, None, weights, False, one_id=True),
+                       pool_ref.pool_forward(rows, inverse, offsets, weights, False))
+    for pool in (fused_tt.pool_rows, pool_ref.pool_forward):
+        with pytest.raises(ValueError, match="only with one_id"):
+            pool(rows, inverse, None, weights, False)
 
 
 def test_pool_from_table_of_bags_without_ids():

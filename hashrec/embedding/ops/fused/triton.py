@@ -116,7 +116,7 @@ def _pool_config(dim_p2: int) -> dict:
     return {"rows": max(1, 512 // dim_p2), "num_warps": 1}
 
 
-def pool_rows(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+def pool_rows(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor | None,
               weights: torch.Tensor | None, mean: bool, slots: torch.Tensor | None = None,
               dim: int | None = None, one_id: bool = False) -> torch.Tensor:
     """Pools bags into (B, dim) float32.
@@ -126,20 +126,23 @@ def pool_rows(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
     (R, row_dim): id ``i`` reads ``rows[slots[inverse[i]], :dim]``; unique ids whose
     slot is -1 read zeros (a missing row; pass ``fallback`` rows via
     ``pool_rows_with_fallback``). ``one_id``: the caller vouches that every bag holds
-    exactly one id (``offsets`` is then not read).
+    exactly one id (bag b is id b: ``offsets`` is not read and may be None).
     """
     return pool_rows_with_fallback(rows, inverse, offsets, weights, mean, slots, None, dim,
                                    one_id)
 
 
-def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor,
+                            offsets: torch.Tensor | None,
                             weights: torch.Tensor | None, mean: bool,
                             slots: torch.Tensor | None, fallback: torch.Tensor | None,
                             dim: int | None = None, one_id: bool = False) -> torch.Tensor:
     """``pool_rows`` where unique ids with slot -1 read ``fallback`` (U, dim) float32 rows."""
     rows = rows if rows.stride(1) == 1 else rows.contiguous()
     dim = rows.shape[1] if dim is None else dim
-    num_bags = offsets.numel() - 1
+    if offsets is None and not one_id:
+        raise ValueError("offsets may be None only with one_id")
+    num_bags = inverse.numel() if offsets is None else offsets.numel() - 1
     out = torch.empty(num_bags, dim, dtype=torch.float32, device=rows.device)
     if num_bags == 0:
         return out
@@ -152,7 +155,8 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor, offsets: 
     kernel[(cdiv(num_bags, bb),)](
         rows, rows.stride(0), slots if slots is not None else inverse,
         fallback.contiguous() if fallback is not None else rows, inverse.contiguous(),
-        offsets.contiguous(), weights.contiguous() if weights is not None else rows, out,
+        offsets.contiguous() if offsets is not None else inverse,
+        weights.contiguous() if weights is not None else rows, out,
         num_bags, dim, FROM_TABLE=slots is not None, HAS_FALLBACK=fallback is not None,
         ONE_LOAD=slots is not None and fallback is not None and fallback.dtype == rows.dtype,
         HAS_W=weights is not None, MEAN=mean, ONE_ID=one_id,

@@ -12,10 +12,11 @@ from hashrec.embedding.ops.pooling import reference
 from hashrec.table.ops.dispatch import backend
 
 
-def pool_forward(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+def pool_forward(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor | None,
                  weights: torch.Tensor | None, mean: bool, one_id: bool = False) -> torch.Tensor:
     """Pools bags of rows: -> (B, D) float32. ``one_id``: the caller vouches that every bag
-    holds exactly one id (the kernel then reads no offsets)."""
+    holds exactly one id (bag b is id b): the kernel then reads no offsets, which may be
+    None."""
     impl = backend(__name__, reference, rows.device)
     return impl.pool_forward(rows, inverse, offsets, weights, mean, one_id)
 

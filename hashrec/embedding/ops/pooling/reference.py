@@ -18,11 +18,14 @@ def _bag_index(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.repeat_interleave(bags, lengths), lengths
 
 
-def pool_forward(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+def pool_forward(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor | None,
                  weights: torch.Tensor | None, mean: bool, one_id: bool = False) -> torch.Tensor:
-    """Pools bags: -> (B, D) float32 sums (or means) of their rows. ``one_id`` (every bag
-    holds one id) changes nothing here."""
-    del one_id
+    """Pools bags: -> (B, D) float32 sums (or means) of their rows. ``one_id``: every bag
+    holds one id (bag b is id b), and ``offsets`` may be None."""
+    if offsets is None:
+        if not one_id:
+            raise ValueError("offsets may be None only with one_id")
+        offsets = torch.arange(inverse.numel() + 1, device=inverse.device)
     bag, lengths = _bag_index(offsets)
     picked = rows.index_select(0, inverse).float()
     if weights is not None:

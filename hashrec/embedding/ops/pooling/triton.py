@@ -12,7 +12,7 @@ from hashrec.embedding.ops.fused.dedup import bag_of_positions, group_positions
 from hashrec.embedding.ops.fused.triton import pool_rows, reduce_rows
 
 
-def pool_forward(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor,
+def pool_forward(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor | None,
                  weights: torch.Tensor | None, mean: bool, one_id: bool = False) -> torch.Tensor:
     """Pools bags: -> (B, D) float32 sums (or means) of their rows."""
     return pool_rows(rows, inverse, offsets, weights, mean, one_id=one_id)
