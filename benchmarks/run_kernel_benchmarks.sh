@@ -50,9 +50,11 @@ write_env "$out"
 {
   step gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider \
       tests/table/test_triton_table_ops.py tests/table/test_triton_upsert.py
-  step gpu_layer_tests 300 python3 -m pytest -q -p no:cacheprovider \
+  step gpu_layer_tests 300 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
       tests/embedding/test_triton_embedding_ops.py tests/embedding/test_collection_joins.py \
-      tests/embedding/test_collection_gpu.py tests/embedding/test_emit.py \
+      tests/embedding/test_collection_gpu.py tests/embedding/test_collection_table_rows.py \
+      tests/embedding/test_dedup_ops.py tests/embedding/test_dedup_graphs.py \
+      tests/embedding/test_stats.py tests/embedding/test_positions.py tests/embedding/test_emit.py \
       tests/table/test_lookup_graphs.py
   step upsert_sweep 330 python3 benchmarks/profile_upsert_gpu.py --load-factors 0.5 0.75 1.0 \
       --reps 5 --runs 1 --warps 1 4 --block 0 32 64 --width 2 4 \
@@ -76,7 +78,8 @@ write_env "$out"
   step word_probe 300 env HASHREC_WORD_PROBE_LOWEST=3 python3 -m pytest -m gpu -q \
       -p no:cacheprovider tests/table/test_triton_table_ops.py tests/table/test_triton_upsert.py
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
-      --reduce-configs 4096x8x16 1024x4 r8x1 r8x2 r16x1 r16x2 --profile --out "$out/embedding_layer_gpu"
+      --reduce-configs 2048x4 8192x1 4096x2 r16x1 r64x1 --profile --trace \
+      --out "$out/embedding_layer_gpu"
   step rows_sweep 120 python3 benchmarks/sweep_rows_gpu.py --pool-configs 4x1 8x2 16x4 \
       --gather-configs 4x2 16x4 --bag-length 8 --out "$out/sweep_rows_gpu_bag8"
   lane_trees=".,.+HASHREC_UPSERT_LANES=0,.+HASHREC_UPSERT_LANES_MIN=0"
