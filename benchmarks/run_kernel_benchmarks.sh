@@ -6,8 +6,9 @@
 # Usage: benchmarks/run_kernel_benchmarks.sh OUT_DIR
 # Steps:
 #   gpu_tests      the compiled table-op comparisons against the reference (large sizes)
-#   gpu_layer_tests the embedding kernels, joins, emit and captured lookups compiled on the
-#                  GPU (the suites that run interpreted on CPU-only hosts, where they apply)
+#   gpu_layer_tests the embedding kernels (pooling, reduction, dedup, gradient rows, counts),
+#                  joins, emit, table rows by slot and captured lookups compiled on the GPU
+#                  (the suites that run interpreted on CPU-only hosts, and gpu-marked ones)
 #   upsert_sweep   insert_or_assign per insert-program launch: one program per sorted
 #                  position against the block form (UPSERT_BLOCK), at three load factors
 #   find_sweep     find_values at launch configs (keys a program, warps, register cap, the
@@ -17,8 +18,9 @@
 #                  index; then profile_upsert_evict.py (runs needing eviction, the block
 #                  kernel alone with eviction on and off)
 #   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection),
-#                  with the backward's tiles swept (device time and one call) and the
-#                  layer's kernels profiled by launching operator
+#                  with the backward's tiles swept (device time and one call), the
+#                  layer's kernels profiled by launching operator, and every kernel of its
+#                  forward with the next dedup ahead (--trace)
 #   rows_sweep     the layer's row kernels alone (sweep_rows_gpu.py: the lookup's finish,
 #                  pooling from unique rows and from the table, the sequence gather, the
 #                  optimizer update) at launch configs, bags and sequences of 8 ids
