@@ -190,7 +190,7 @@ def _hot_ids(n: int, num_rows: int, seed: int) -> torch.Tensor:
 def test_reduce_spreads_hot_ids_over_chunks(monkeypatch, spec, rows):
     """A hot id's positions span many chunks (of the default size, or of 8 positions)."""
     _use_rows(monkeypatch, rows)
-    assert fused_tt._chunk_rows(128, fused_tt._reduce_tiles(spec is not None)) == \
+    assert fused_tt._chunk_rows(128, fused_tt._reduce_tiles(spec is not None, 128)) == \
         (rows or (16 if spec is not None else 32))
     n, num_rows, dim = (300, 7, 5) if DEVICE.type == "cpu" else (300_000, 50_000, 128)
     inverse = _hot_ids(n, num_rows, seed=11).to(DEVICE)
@@ -213,6 +213,28 @@ def test_reduce_spreads_hot_ids_over_chunks(monkeypatch, spec, rows):
     fused_tt.reduce_and_apply(grad, torch.arange(n, device=DEVICE), order, row_start, slots,
                               table, spec, 0.05, 3)
     torch.testing.assert_close(table, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_reduce_tiles_keep_a_warps_elements():
+    """The sum alone takes 4096 elements a warp: one warp up to 256 columns, then a warp
+    per 4096 elements of the 16-position chunks; fused with the update, 4 warps."""
+    tiles = {d: fused_tt._reduce_tiles(False, d) for d in (64, 128, 256, 512, 1024)}
+    assert {d: (fused_tt._chunk_rows(d, t), t["num_warps"]) for d, t in tiles.items()} == \
+        {64: (64, 1), 128: (32, 1), 256: (16, 1), 512: (16, 2), 1024: (16, 4)}
+    assert fused_tt._reduce_tiles(True, 512)["num_warps"] == 4
+
+
+def test_reduce_of_wide_rows_on_two_warps_matches_reference():
+    """Rows of 300 columns (blocks of 512): chunks of 16 positions on two warps."""
+    n, num_rows, dim = 90, 7, 300
+    inverse = _hot_ids(n, num_rows, seed=81).to(DEVICE)
+    grad = torch.randn(n, dim, generator=torch.Generator().manual_seed(82)).to(DEVICE)
+    order, row_start = group_positions(inverse, num_rows)
+    gidx = torch.arange(n, device=DEVICE)
+    torch.testing.assert_close(
+        fused_tt.reduce_rows(grad, gidx, order, row_start),
+        pool_ref.reduce_positions(grad, gidx, inverse, order, row_start, None),
+        rtol=1e-5, atol=1e-5)
 
 
 def test_reduce_is_bitwise_repeatable():

@@ -377,18 +377,22 @@ def _sorted_rows(row_start: torch.Tensor, n: int) -> torch.Tensor:
 REDUCE_CONFIG: dict | None = None
 
 
-def _reduce_tiles(apply: bool) -> dict:
-    """Stage-1 tiles. The sum alone: 4096 elements on one warp, so a thread holds a column
-    group of every position and the segmented scan runs in its registers; on an H200 the
-    layer's SGD backward (10 tables, dim 128, 1M ids) took 0.407 ms against 0.521 at
-    2048 elements on 4 warps, the earlier choice (1.28x; embedding_layer_gpu_tiles.md).
-    Fused with the update, 2048 elements on 4 warps: 4096 on one warp took 5.6 ms with
-    Adam (a thread's registers cannot also hold the row's state)."""
+def _reduce_tiles(apply: bool, dim_p2: int = 128) -> dict:
+    """Stage-1 tiles. The sum alone: 4096 elements a warp, one warp up to 256 columns, so
+    a thread holds a column group of every position and the segmented scan runs in its
+    registers; on an H200 the layer's SGD backward (10 tables, dim 128, 1M ids) took
+    0.407 ms against 0.521 at 2048 elements on 4 warps, the earlier choice (1.28x;
+    embedding_layer_gpu_tiles.md). Wider rows (at least 16 positions a chunk) take a
+    warp per 4096 elements, so a thread holds no more (not timed). Fused with the
+    update, 2048 elements on 4 warps: 4096 on one warp took 5.6 ms with Adam (a
+    thread's registers cannot also hold the row's state)."""
     if REDUCE_CONFIG is not None:
         return {"elements": 2048, "rows": 0, "heads": 64, **REDUCE_CONFIG}
     if apply:
         return {"elements": 2048, "rows": 0, "num_warps": 4, "heads": 64}
-    return {"elements": 4096, "rows": 0, "num_warps": 1, "heads": 64}
+    tiles = {"elements": 4096, "rows": 0, "num_warps": 1, "heads": 64}
+    tiles["num_warps"] = max(1, _chunk_rows(dim_p2, tiles) * dim_p2 // 4096)
+    return tiles
 
 
 def _chunk_rows(dim_p2: int, tiles: dict) -> int:
@@ -418,7 +422,7 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
     hp = kernel_hyper(spec, lr, step) if apply else KernelHyper(kind=0, lr=0.0)
     dim_p2 = _dim_block(dim)
     even = dim == dim_p2
-    tiles = _reduce_tiles(apply)
+    tiles = _reduce_tiles(apply, dim_p2)
     ch = _chunk_rows(dim_p2, tiles)
     num_groups = len(groups) - 1 if groups is not None and len(groups) > 2 else 0
     chunks = cdiv(n, ch) + max(0, num_groups - 1)  # a group's last chunk may be short
