@@ -1,5 +1,6 @@
 """dedup_storages + emit_storage against per-feature pooling with autograd."""
 
+import contextlib
 import os
 
 import pytest
@@ -212,12 +213,9 @@ def _views_of_one_buffer(shapes, how, gen):
     return [block.view(shape) for block, shape in zip(flat.split(sizes), shapes)]
 
 
-@pytest.mark.parametrize("how", ["rows", "columns", "skewed", "expanded"])
-@pytest.mark.parametrize("kernels", ["reference", "triton"])
-def test_gradients_read_in_place_from_one_buffer(how, kernels, monkeypatch):
-    """Output gradients that are views of one buffer are read where they lie; the rows'
-    gradients equal those from separate tensors bit for bit."""
-    from hashrec.embedding.emit import _shared_rows
+@contextlib.contextmanager
+def _kernels(kernels: str, monkeypatch):
+    """Runs the ops of ``kernels``: "reference", or "triton" (interpreted; CPU hosts)."""
     from hashrec.table.ops import dispatch
 
     if kernels == "triton":
@@ -227,6 +225,19 @@ def test_gradients_read_in_place_from_one_buffer(how, kernels, monkeypatch):
         monkeypatch.setenv("HASHREC_FORCE_TRITON", "1")
     dispatch._forced.cache_clear()
     try:
+        yield
+    finally:
+        dispatch._forced.cache_clear()
+
+
+@pytest.mark.parametrize("how", ["rows", "columns", "skewed", "expanded"])
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+def test_gradients_read_in_place_from_one_buffer(how, kernels, monkeypatch):
+    """Output gradients that are views of one buffer are read where they lie; the rows'
+    gradients equal those from separate tensors bit for bit."""
+    from hashrec.embedding.emit import _shared_rows
+
+    with _kernels(kernels, monkeypatch):
         gen = torch.Generator().manual_seed(4)
         (batch,) = dedup_storages([(_storage(gen), True)])
         rows = torch.randn(batch.keys.numel(), 4, generator=gen, requires_grad=True)
@@ -239,8 +250,6 @@ def test_gradients_read_in_place_from_one_buffer(how, kernels, monkeypatch):
         outs = emit_storage(rows, batch)
         torch.autograd.backward(outs, [g.clone() for g in shared])
         assert torch.equal(in_place, rows.grad)
-    finally:
-        dispatch._forced.cache_clear()
 
 
 def _one_id_bags(gen, max_bag):
@@ -281,15 +290,7 @@ def test_one_id_bags_reduce_like_the_general_path(kernels, monkeypatch):
     """Bags of one id whose host layout says so pool without reading offsets and read
     their gradient rows at their positions (no search of the bags); outputs and the rows'
     gradients equal the general path's."""
-    from hashrec.table.ops import dispatch
-
-    if kernels == "triton":
-        pytest.importorskip("triton", reason="triton is not installed")
-        if torch.cuda.is_available():
-            pytest.skip("the interpreted kernels run on CPU hosts")
-        monkeypatch.setenv("HASHREC_FORCE_TRITON", "1")
-    dispatch._forced.cache_clear()
-    try:
+    with _kernels(kernels, monkeypatch):
         grads, outputs = [], []
         for max_bag in (1, None):
             gen = torch.Generator().manual_seed(9)
@@ -302,5 +303,3 @@ def test_one_id_bags_reduce_like_the_general_path(kernels, monkeypatch):
         assert torch.equal(grads[0], grads[1])
         assert all(torch.equal(a, b) for a, b in zip(*outputs))
         assert grads[0].abs().sum() > 0
-    finally:
-        dispatch._forced.cache_clear()
