@@ -131,38 +131,54 @@ class FixedSizeLookup:
     def _train_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
                      counts: torch.Tensor, given: torch.Tensor | None,
                      active: torch.Tensor | None, seeds: torch.Tensor | None = None,
-                     out_at: torch.Tensor | None = None, stored_rows: bool = True
-                     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor],
+                     out_at: torch.Tensor | None = None, stored_rows: bool = True,
+                     guarded: bool = False, conditional: bool = False,
+                     clock: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor],
                                 torch.Tensor | int]:
         """The training lookup's device work: (slots, values, the counters' (u,) masks by
         name, refused count). ``seeds`` (2,) int64 on the device: the random
         initializers' seeds are read there (a captured lookup) instead of drawn.
-        ``out_at``: the values go where it says (``finish_rows``); values is None."""
+        ``out_at``: the values go where it says (``finish_rows``); values is None.
+        ``guarded``: whether any key is pending insertion is computed on the device,
+        and without one the hits take their new scores at once instead of being
+        protected and restored (``protect_hits``); ``conditional`` as well (while
+        capturing a CUDA graph at max_capacity): the insert is captured under a
+        conditional node that a replay runs only when a key is pending
+        (``_insert_if_pending``). ``clock`` (1,) int64 on the device: the STEP /
+        TIMESTAMP clock, read there (a captured lookup) instead of on the host."""
         from hashrec.table.ops.insert.train import finish_rows, protect_hits  # Triton only
 
         slots, counted = self._find_active(keys, tags, active)
         hit = counted["hits"]
-        mode, clock = self._hit_score_mode(given)
-        # This call's hits are never evicted; they get their new scores at the end.
-        hit_scores = protect_hits(self.storage, slots, counts, given, mode, clock)
         pending = ~hit if active is None else active & ~hit
         if self._counter is not None:
             admitted, counter_evicted = self._counter.count_masked(keys, tags, counts, pending)
             counted["admission_rejected"] = pending > admitted  # pending and not admitted
             counted["counter_evictions"] = counter_evicted
             pending = admitted
+        any_pending = pending.any() if guarded or conditional else None
+        mode, host_clock = self._hit_score_mode(given)
+        # This call's hits are never evicted; they get their new scores at the end.
+        hit_scores = protect_hits(self.storage, slots, counts, given, mode,
+                                  host_clock if clock is None else clock, guard=any_pending)
+        if clock is not None:
+            given = clock.expand(keys.numel())  # the new keys' scores
         # A growth re-inserts the (protected) hits first.
         if self._grow_fixed(pending, keys.numel()):
             slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
-        slots, placed, refused, evicted = self._insert_fixed(
-            keys, tags, self._new_scores(counts, given), pending, slots, hit)
+        if conditional:
+            slots, placed, refused, evicted = self._insert_if_pending(
+                keys, tags, counts, given, pending, slots, hit, any_pending)
+        else:
+            slots, placed, refused, evicted = self._insert_fixed(
+                keys, tags, self._new_scores(counts, given), pending, slots, hit)
         seed = self._kernel_seed if seeds is None else _no_seed
         values = finish_rows(
             self.storage, keys, tags, slots, self.dim,
             self._row_init(self._train_missing_args(), keys, tags, seed),
             new=self._row_init(self._initializer, keys, tags, seed), placed=placed, hit=hit,
             hit_scores=hit_scores, state=self._state_row, seeds=seeds, active=active,
-            out_at=out_at, stored_rows=stored_rows)
+            out_at=out_at, stored_rows=stored_rows, guard=any_pending)
         counted["inserts"] = placed
         if evicted is not None:
             counted["evictions"] = evicted
@@ -314,6 +330,33 @@ class FixedSizeLookup:
                 return slots, placed, 0, None
             self._rehash(self.storage.num_buckets * 2)
             slots = torch.where(hit | placed, find_slots(self.storage, keys, tags), slots)
+
+    def _insert_if_pending(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                           counts: torch.Tensor, given: torch.Tensor | None,
+                           pending: torch.Tensor, slots: torch.Tensor, hit: torch.Tensor,
+                           any_pending: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                      torch.Tensor | None]:
+        """``_insert_fixed`` at max_capacity, captured into the current CUDA graph under a
+        conditional node on ``any_pending`` (0-d bool): a replay whose keys are all
+        found (or not admitted) skips the sort and the insert kernels. The outcome goes
+        into tensors made before the node: ``slots`` in place, placed and evicted False
+        and refused 0 unless the node runs."""
+        graph = torch.cuda.CUDAGraph.get_currently_capturing_graph()
+        placed = torch.zeros_like(hit)
+        refused = torch.zeros((), dtype=torch.int64, device=keys.device)
+        evicted = torch.zeros_like(hit) \
+            if self.options.score_strategy is not ScoreStrategy.NO_EVICTION else None
+        graph.begin_capture_to_if_node(any_pending)
+        try:
+            inserted = self._insert_fixed(keys, tags, self._new_scores(counts, given), pending,
+                                          slots, hit)
+            for into, value in zip((slots, placed, refused, evicted), inserted):
+                if into is not None:
+                    into.copy_(value)
+        finally:
+            graph.end_capture_to_conditional_node()
+        return slots, placed, refused, evicted
 
     def _report_refused_fixed(self, refused: torch.Tensor | int | None) -> None:
         """Counts refused inserts on the device; reads the count for every lookup under

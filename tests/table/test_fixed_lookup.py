@@ -312,3 +312,24 @@ def test_active_mask_equals_looking_up_the_active_keys(triton, train):
         export = [{(k, t): r.tolist() for ks, ts, rows, _ in table.export_state(512)
                    for k, t, r in zip(ks.tolist(), ts.tolist(), rows)} for table in (masked, plain)]
         assert export[0] == export[1]
+
+
+@pytest.mark.parametrize("guard", [None, True, False], ids=["unguarded", "inserting", "no_insert"])
+def test_protect_hits_sets_the_maximum_only_when_the_call_inserts(guard):
+    from hashrec.table.ops.insert.train import SCORE_LFU, protect_hits
+    from hashrec.table.storage import TableStorage
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    storage = TableStorage.empty(4, 8, 3, device=device)
+    storage.scores.copy_(torch.arange(32, device=device) * 10)
+    before = storage.scores.clone()
+    slots = torch.tensor([3, -1, 5, 30], device=device)
+    counts = torch.tensor([1, 4, 2, 7], device=device)
+    flag = None if guard is None else torch.tensor(guard, device=device)
+    scores = protect_hits(storage, slots, counts, None, SCORE_LFU, guard=flag)
+    # LFU: a hit's stored score plus its count; a miss's count alone.
+    assert scores.tolist() == [31, 4, 52, 307]
+    # The hits' stored scores: the maximum ahead of an insert, else the new scores.
+    want = before.clone()
+    want[[3, 5, 30]] = torch.iinfo(torch.int64).max if guard is not False else scores[[0, 2, 3]]
+    assert torch.equal(storage.scores, want)

@@ -24,6 +24,7 @@ from hashrec.table import HashTable, SparseAdagrad, TableOptions  # noqa: E402
 from hashrec.table.lookup_graphs import (  # noqa: E402
     MIN_STEP,
     LookupGraphs,
+    conditional_nodes,
     graphs_enabled,
     padded_size,
 )
@@ -87,9 +88,11 @@ def _state(table: HashTable) -> tuple:
 
 
 def _compare(options: TableOptions, capture: bool, tagged: bool = False, masked: bool = False,
-             steps: int = 8, keys_per_batch: int = 60, key_range: int = 160) -> LookupGraphs:
-    """Runs a table with LookupGraphs and its eager twin on the same batches; asserts
-    they agree at every step and at the end."""
+             steps: int = 8, keys_per_batch: int = 60, key_range: int = 160,
+             cycle: int = 0) -> LookupGraphs:
+    """Runs a table with LookupGraphs and its eager twin on the same batches (with
+    ``cycle``, the first ``cycle`` batches over and over); asserts they agree at every
+    step and at the end."""
     on_gpu = str(options.device).startswith("cuda")
     context = contextlib.nullcontext() if capture or on_gpu else _forced_triton()
     with context:
@@ -97,8 +100,10 @@ def _compare(options: TableOptions, capture: bool, tagged: bool = False, masked:
         eager._lookup_graphs = False
         padded._lookup_graphs = graphs = LookupGraphs(padded, capture=capture)
         custom = options.score_strategy.value == "CUSTOMIZED"
-        for step, (keys, tags, counts, scores, active) in enumerate(
-                _batches(steps, keys_per_batch, key_range, tagged, masked, str(options.device))):
+        batches = list(_batches(cycle or steps, keys_per_batch, key_range, tagged, masked,
+                                str(options.device)))
+        for step in range(steps):
+            keys, tags, counts, scores, active = batches[step % len(batches)]
             looked = []
             for table in (eager, padded):
                 table.advance_step()
@@ -167,6 +172,21 @@ def test_replayed_lookup_equals_eager_on_gpu(strategy, initializer):
                       key_range=120_000)
     assert graphs.replays >= 6
     assert all(entry.graph is not None for entry in graphs._lookups.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("strategy", ["STEP", "LFU", "NO_EVICTION"])
+def test_replays_of_found_keys_skip_the_insert_and_equal_eager_on_gpu(strategy):
+    # Two batches over and over, into a table that holds them all from the start: from
+    # the third step on nearly every replay finds (or does not admit) every key, so its
+    # conditional insert does not run; the first steps insert through it.
+    assert conditional_nodes()
+    options = _options(strategy, HASHED, scale=512, device="cuda")
+    options = dataclasses.replace(options, init_capacity=options.max_capacity)
+    graphs = _compare(options, capture=True, tagged=True, masked=strategy == "LFU", steps=12,
+                      keys_per_batch=4_000, key_range=4_000, cycle=2)
+    assert graphs.replays >= 8
 
 
 @pytest.mark.gpu

@@ -39,6 +39,7 @@ from hashrec.table.storage import TableStorage
 
 # Hit-score modes of protect_hits.
 SCORE_GIVEN, SCORE_LFU, SCORE_CLOCK = 0, 1, 2
+_SCORE_DEVICE_CLOCK = 3
 # Initial-value modes of finish_rows.
 _GIVEN, _CONSTANT, _HASHED_UNIFORM, _RANDOM_UNIFORM, _RANDOM_NORMAL = range(5)
 _BLOCK = 256
@@ -46,34 +47,49 @@ _BLOCK = 256
 
 @fast_launch
 @triton.jit
-def _protect_kernel(slots_ptr, counts_ptr, given_ptr, t_scores, out_ptr, n, clock,
-                    MODE: tl.constexpr, BLOCK: tl.constexpr):
+def _protect_kernel(slots_ptr, counts_ptr, given_ptr, t_scores, out_ptr, guard_ptr, clock_ptr,
+                    n, clock, MODE: tl.constexpr, GUARDED: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     slot = tl.load(slots_ptr + i, mask=mask, other=-1)
     hit = mask & (slot >= 0)
+    new = tl.zeros([BLOCK], dtype=tl.int64) + 0x7FFFFFFFFFFFFFFF
     if MODE == 0:
         score = tl.load(given_ptr + i, mask=mask, other=0)
     elif MODE == 1:
         score = tl.load(t_scores + slot, mask=hit, other=0) + tl.load(counts_ptr + i, mask=mask,
                                                                       other=0)
     else:
+        if MODE == 3:  # the clock on the device (a captured lookup's)
+            clock = tl.load(clock_ptr)
         score = tl.zeros([BLOCK], dtype=tl.int64) + clock
     tl.store(out_ptr + i, score, mask=mask)
-    tl.store(t_scores + slot, tl.zeros([BLOCK], dtype=tl.int64) + 0x7FFFFFFFFFFFFFFF, mask=hit)
+    if GUARDED:  # no insert to protect from: the hits take their new scores at once
+        new = tl.where(tl.load(guard_ptr) != 0, new, score)
+    tl.store(t_scores + slot, new, mask=hit)
 
 
 def protect_hits(storage: TableStorage, slots: torch.Tensor, counts: torch.Tensor,
-                 given: torch.Tensor | None, mode: int, clock: int = 0) -> torch.Tensor:
+                 given: torch.Tensor | None, mode: int, clock: int | torch.Tensor = 0,
+                 guard: torch.Tensor | None = None) -> torch.Tensor:
     """Scores (u,) int64 the keys at ``slots`` (-1: miss) get after the call, by ``mode``
     (SCORE_GIVEN: ``given``; SCORE_LFU: stored score + ``counts``; SCORE_CLOCK:
-    ``clock``); the hits' stored scores become the int64 maximum. One launch."""
+    ``clock``, an int or a 1-element int64 tensor on the device, read when the kernel
+    runs); the hits' stored scores become the int64 maximum, or with ``guard`` (a
+    0-d bool on the device: whether the call inserts anything) False as the kernel
+    runs, these scores at once (``finish_rows`` with the same guard then leaves them).
+    One launch."""
     n = slots.numel()
     out = torch.empty(n, dtype=torch.int64, device=slots.device)
+    on_device = isinstance(clock, torch.Tensor)
+    if on_device and mode == SCORE_CLOCK:
+        mode = _SCORE_DEVICE_CLOCK
     if n:
         _protect_kernel[(cdiv(n, _BLOCK),)](
-            slots, counts, given if given is not None else counts, storage.scores, out, n,
-            int(clock), MODE=mode, BLOCK=_BLOCK)
+            slots, counts, given if given is not None else counts, storage.scores, out,
+            guard.view(torch.int8) if guard is not None else slots,
+            clock if on_device else slots, n, 0 if on_device else int(clock), MODE=mode,
+            GUARDED=guard is not None, BLOCK=_BLOCK)
     return out
 
 
@@ -205,84 +221,96 @@ def _initial(MODE: tl.constexpr, given_ptr, i, col, valid, key, tag, a, b, seed,
 @triton.jit
 def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_scores_ptr, values,
                    t_scores, state_ptr, out_ptr, new_given, miss_given, active_ptr, out_at_ptr,
-                   n, new_a, new_b, new_seed, miss_a, miss_b, miss_seed, seeds_ptr,
+                   guard_ptr, n, new_a, new_b, new_seed, miss_a, miss_b, miss_seed, seeds_ptr,
                    HAS_TAGS: tl.constexpr, SEEDS_IN_MEMORY: tl.constexpr, WRITES: tl.constexpr,
-                   HAS_STATE: tl.constexpr, HAS_ACTIVE: tl.constexpr, OUT_AT: tl.constexpr,
-                   STORED: tl.constexpr, NEW_MODE: tl.constexpr,
+                   GUARDED: tl.constexpr, HAS_STATE: tl.constexpr, HAS_ACTIVE: tl.constexpr,
+                   OUT_AT: tl.constexpr, STORED: tl.constexpr, NEW_MODE: tl.constexpr,
                    MISS_MODE: tl.constexpr, DIM: tl.constexpr, ROW_DIM: tl.constexpr,
-                   COLS: tl.constexpr, BLOCK: tl.constexpr):
-    """Rows of BLOCK keys in (BLOCK, COLS) tiles, COLS the embedding's width rounded up to
-    a power of two: the state columns past it (an optimizer's) are written, COLS at a
-    time, only for rows this call placed, so a row of Adam state (three times the
-    embedding) does not widen the tile every key reads its embedding through. Against
-    whole-row tiles, the layer forward of Adam rows with the dedup ahead took 0.97 ms
-    against 1.07 (embedding_layer_gpu_finish_tiles_first.md, _before_finish_tiles.md)."""
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = i < n
+                   COLS: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr):
+    """BLOCK keys a program: the hits' scores restored in one pass over them, then their
+    rows in (SUB, COLS) tiles, COLS the embedding's width rounded up to a power of two.
+    The state columns past it (an optimizer's) are written, COLS at a time, only for
+    rows this call placed, so a row of Adam state (three times the embedding) does not
+    widen the tile every key reads its embedding through. Against whole-row tiles, the
+    layer forward of Adam rows with the dedup ahead took 0.97 ms against 1.07
+    (embedding_layer_gpu_finish_tiles_first.md, _before_finish_tiles.md)."""
+    base = tl.program_id(0).to(tl.int64) * BLOCK
     if SEEDS_IN_MEMORY:  # random modes' seeds (missing, new), written before a graph replay
         if MISS_MODE >= 3:
             miss_seed = tl.load(seeds_ptr)
         if NEW_MODE >= 3:
             new_seed = tl.load(seeds_ptr + 1)
-    slot = tl.load(slots_ptr + i, mask=mask, other=-1)
-    missing = mask & (slot < 0)
-    if HAS_ACTIVE:  # inactive keys (slot -1) read a zero row
-        missing = missing & (tl.load(active_ptr + i, mask=mask, other=0) != 0)
-    if WRITES:
-        placed = mask & (slot >= 0) & (tl.load(placed_ptr + i, mask=mask, other=0) != 0)
+    if WRITES:  # the hits' new scores (with GUARDED, only after an insert protected them)
+        i = base + tl.arange(0, BLOCK)
+        mask = i < n
+        slot = tl.load(slots_ptr + i, mask=mask, other=-1)
         hit = mask & (slot >= 0) & (tl.load(hit_ptr + i, mask=mask, other=0) != 0)
+        if GUARDED:
+            hit = hit & (tl.load(guard_ptr) != 0)
         tl.store(t_scores + slot, tl.load(hit_scores_ptr + i, mask=hit, other=0), mask=hit)
-    else:
-        placed = mask & (slot < -1)  # no key: nothing is written
-    stored = mask & (slot >= 0) & ~placed
-    fresh = placed | missing
-    # Programs with no row to write skip the tiles: with stored rows left to the caller
-    # (STORED False) that is nearly every program of a warm table (in the layer's forward
-    # on an H200, 29 us against 44: embedding_layer_gpu_trace.txt, _tiles_trace.txt).
-    needed = mask if STORED else mask & ~stored
-    if tl.max(needed.to(tl.int32), axis=0) > 0:
-        key = tl.load(keys_ptr + i, mask=fresh, other=0)
-        tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
-        col = tl.arange(0, COLS)
-        emb = col[None, :] < DIM
-        if STORED:
-            row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
-                          mask=stored[:, None] & emb, other=0.0).to(tl.float32)
-        else:  # the caller reads stored rows from the table itself
-            row = tl.zeros([BLOCK, COLS], dtype=tl.float32)
-        # Initial values only in programs that have such keys: once a table is warm nearly
-        # every key is stored, and a random initializer costs tens of operations a value.
+    col = tl.arange(0, COLS)
+    emb = col[None, :] < DIM
+    for sub in range(0, BLOCK, SUB):
+        i = base + sub + tl.arange(0, SUB)
+        mask = i < n
+        slot = tl.load(slots_ptr + i, mask=mask, other=-1)
+        missing = mask & (slot < 0)
+        if HAS_ACTIVE:  # inactive keys (slot -1) read a zero row
+            missing = missing & (tl.load(active_ptr + i, mask=mask, other=0) != 0)
         if WRITES:
-            if tl.max(placed.to(tl.int32), axis=0) > 0:
-                new = _initial(NEW_MODE, new_given, i, col, placed, key, tag, new_a, new_b,
-                               new_seed, DIM, BLOCK, COLS).to(values.dtype.element_ty)
-                tl.store(values + slot[:, None] * ROW_DIM + col[None, :], new,
-                         mask=placed[:, None] & emb)
-                if HAS_STATE:  # the state columns [DIM, ROW_DIM), COLS at a time
-                    for start in tl.static_range(DIM, ROW_DIM, COLS):
-                        at = start + col
-                        state = tl.load(state_ptr + at - DIM, mask=at < ROW_DIM, other=0)
-                        tl.store(values + slot[:, None] * ROW_DIM + at[None, :],
-                                 tl.zeros([BLOCK, COLS], dtype=values.dtype.element_ty)
-                                 + state[None, :],
-                                 mask=placed[:, None] & (at[None, :] < ROW_DIM))
-                row = tl.where(placed[:, None], new.to(tl.float32), row)
-        if tl.max(missing.to(tl.int32), axis=0) > 0:
-            miss = _initial(MISS_MODE, miss_given, i, col, missing, key, tag, miss_a, miss_b,
-                            miss_seed, DIM, BLOCK, COLS)
-            row = tl.where(missing[:, None], miss, row)
-        written = needed
-        if OUT_AT:  # the rows to write and where, read when the kernel runs (a captured launch)
-            # 16-byte aligned, as every tensor the allocator hands out: stores vectorize
-            out_ptr = tl.multiple_of(
-                tl.load(out_at_ptr + 1).to(tl.pointer_type(tl.float32)), 16)
-            written = written & (i < tl.load(out_at_ptr))
-        tl.store(out_ptr + i[:, None] * DIM + col[None, :], row, mask=written[:, None] & emb)
+            placed = mask & (slot >= 0) & (tl.load(placed_ptr + i, mask=mask, other=0) != 0)
+        else:
+            placed = mask & (slot < -1)  # no key: nothing is written
+        stored = mask & (slot >= 0) & ~placed
+        fresh = placed | missing
+        # Tiles with no row to write are skipped: with stored rows left to the caller
+        # (STORED False) that is nearly every tile of a warm table (in the layer's forward
+        # on an H200, 29 us against 44: embedding_layer_gpu_trace.txt, _tiles_trace.txt).
+        needed = mask if STORED else mask & ~stored
+        if tl.max(needed.to(tl.int32), axis=0) > 0:
+            key = tl.load(keys_ptr + i, mask=fresh, other=0)
+            tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
+            if STORED:
+                row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
+                              mask=stored[:, None] & emb, other=0.0).to(tl.float32)
+            else:  # the caller reads stored rows from the table itself
+                row = tl.zeros([SUB, COLS], dtype=tl.float32)
+            # Initial values only in tiles that have such keys: once a table is warm nearly
+            # every key is stored, and a random initializer costs tens of operations a value.
+            if WRITES:
+                if tl.max(placed.to(tl.int32), axis=0) > 0:
+                    new = _initial(NEW_MODE, new_given, i, col, placed, key, tag, new_a, new_b,
+                                   new_seed, DIM, SUB, COLS).to(values.dtype.element_ty)
+                    tl.store(values + slot[:, None] * ROW_DIM + col[None, :], new,
+                             mask=placed[:, None] & emb)
+                    if HAS_STATE:  # the state columns [DIM, ROW_DIM), COLS at a time
+                        for start in tl.static_range(DIM, ROW_DIM, COLS):
+                            at = start + col
+                            state = tl.load(state_ptr + at - DIM, mask=at < ROW_DIM, other=0)
+                            tl.store(values + slot[:, None] * ROW_DIM + at[None, :],
+                                     tl.zeros([SUB, COLS], dtype=values.dtype.element_ty)
+                                     + state[None, :],
+                                     mask=placed[:, None] & (at[None, :] < ROW_DIM))
+                    row = tl.where(placed[:, None], new.to(tl.float32), row)
+            if tl.max(missing.to(tl.int32), axis=0) > 0:
+                miss = _initial(MISS_MODE, miss_given, i, col, missing, key, tag, miss_a,
+                                miss_b, miss_seed, DIM, SUB, COLS)
+                row = tl.where(missing[:, None], miss, row)
+            written = needed
+            into = out_ptr
+            if OUT_AT:  # the rows to write and where, read when the kernel runs (a capture)
+                # 16-byte aligned, as every tensor the allocator hands out: stores vectorize
+                into = tl.multiple_of(
+                    tl.load(out_at_ptr + 1).to(tl.pointer_type(tl.float32)), 16)
+                written = written & (i < tl.load(out_at_ptr))
+            tl.store(into + i[:, None] * DIM + col[None, :], row, mask=written[:, None] & emb)
 
 
-# The finish launch: about ``elements`` (keys x embedding columns) a program, on
-# ``num_warps`` warps; None keeps the default (4096 on 4). Benchmarks may set it.
+# The finish launch: row tiles of about ``elements`` (keys x embedding columns), on
+# ``num_warps`` warps, and ``keys`` keys a program (at least a tile; by default
+# _FINISH_KEYS); None keeps the default (4096 on 4). Benchmarks may set it.
 FINISH_CONFIG: dict | None = None
+_FINISH_KEYS = 256
 
 
 def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
@@ -293,7 +321,8 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
                 seeds: torch.Tensor | None = None,
                 active: torch.Tensor | None = None,
                 out_at: torch.Tensor | None = None,
-                stored_rows: bool = True) -> torch.Tensor | None:
+                stored_rows: bool = True,
+                guard: torch.Tensor | None = None) -> torch.Tensor | None:
     """Embeddings (u, dim) float32 of the keys at ``slots`` (-1: read ``missing``).
 
     With ``new`` (a training lookup), also in the same launch: the rows of ``placed``
@@ -316,6 +345,9 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     ``stored_rows`` False: the rows of keys stored before the call (slot >= 0, not
     placed by it) are neither read nor written, so theirs in the result are undefined;
     a caller that reads them from the table by slot saves moving each row twice.
+
+    ``guard`` (0-d bool on the device; ``protect_hits``'): when False as the kernel
+    runs, the hits' scores are left as they are (``protect_hits`` then wrote them).
     """
     n, row_dim = keys.numel(), storage.row_dim
     out = torch.empty(0 if out_at is not None else n, dim, dtype=torch.float32,
@@ -326,7 +358,8 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     new = new or RowInit(_CONSTANT)
     cols = next_pow2(dim)
     config = FINISH_CONFIG or {"elements": 4096, "num_warps": 4}
-    block = max(1, min(64, config["elements"] // cols))
+    sub = max(1, min(64, config["elements"] // cols))
+    block = max(sub, config.get("keys", _FINISH_KEYS))
     flags = (placed.view(torch.int8), hit.view(torch.int8), hit_scores) if writes else (
         slots, slots, slots)
     _finish_kernel[(cdiv(n, block),)](
@@ -335,13 +368,15 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         new.given if new.given is not None else out,
         missing.given if missing.given is not None else out,
         active.view(torch.int8) if active is not None else slots,
-        out_at if out_at is not None else slots, n, float(new.a),
+        out_at if out_at is not None else slots,
+        guard.view(torch.int8) if guard is not None else slots, n, float(new.a),
         float(new.b), int(new.seed), float(missing.a), float(missing.b), int(missing.seed),
         seeds if seeds is not None else out, HAS_TAGS=tags is not None,
-        SEEDS_IN_MEMORY=seeds is not None, WRITES=writes, HAS_STATE=state is not None,
+        SEEDS_IN_MEMORY=seeds is not None, WRITES=writes, GUARDED=guard is not None,
+        HAS_STATE=state is not None,
         HAS_ACTIVE=active is not None, OUT_AT=out_at is not None, STORED=stored_rows,
         NEW_MODE=new.mode, MISS_MODE=missing.mode, DIM=dim, ROW_DIM=row_dim, COLS=cols,
-        BLOCK=block, num_warps=config["num_warps"])
+        SUB=sub, BLOCK=block, num_warps=config["num_warps"])
     return None if out_at is not None else out
 
 
