@@ -256,6 +256,17 @@ def _collection(optimizer, batches, grads) -> dict:
                for what in ("ms", "call", "issue")}, "backward_sweep_ms": sweep}
 
 
+def _dedup_counts() -> dict:
+    """How the layers' dedup sorts ran on the device: sorts, replays of captures,
+    captures, and sorts of a captured size class run uncaptured (every capture's outputs
+    held)."""
+    from hashrec.embedding import dedup_graphs
+
+    graphs = dedup_graphs.graphs_for(DEVICE)
+    return {name: getattr(graphs, name, None)
+            for name in ("sorts", "replays", "captures", "uncaptured")}
+
+
 def _forward_prepared(layer, forward, inputs, i: int):
     """The forward of batch ``i`` as a training step runs it: its deduplication was
     started by the previous call (``prepare``), and this call starts the next batch's
@@ -437,7 +448,7 @@ def main() -> None:
                "backward_sweep_ms": {"sgd": sgd["backward_sweep_ms"],
                                      "adam": adam["backward_sweep_ms"],
                                      "layer_sgd": layer_sgd["backward_sweep_ms"]},
-               "copy_bandwidth_Bps": bw, "rows": rows,
+               "copy_bandwidth_Bps": bw, "rows": rows, "dedup_sorts": _dedup_counts(),
                "notes": "HashRec kernels: hashrec.embedding.ops.fused kernels over one "
                         f"fused TableStorage ({ARGS.tables} tables as tags), driven "
                         "directly. HashRec layer: the same steps through "

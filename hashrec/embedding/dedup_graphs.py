@@ -15,17 +15,25 @@ at most 1/16 more). A padding position gets the key ``num_tags << bits``: it sor
 after every real key, its tag is past the last table, so the per-table summary
 leaves it out unchanged, and the owner counts are masked to real tags. The real
 positions are the first ``n`` of the sorted arrays. With the size class fixed, the
-whole chain is captured once (after ``CAPTURE_AFTER`` uncaptured runs of that class,
+whole chain is captured (after ``CAPTURE_AFTER`` uncaptured runs of that class,
 which compile its kernels) and replayed: the ids and a small table of feature ends
-and tags are copied in, one replay, the outputs copied out (the next replay
-overwrites them while the batch may still be waiting for its forward).
+and tags are copied in, one replay, and the outputs handed out as they are.
+
+A replay overwrites its outputs, and a batch holds its dedup's outputs until its
+backward is done, while the next batch's dedup runs ahead. So a size class keeps up
+to ``BUFFERS`` captures of the chain, each with outputs of its own, and replays one
+whose outputs nobody holds any more (no tensor uses their memory but the capture's
+own; the device runs a stream's work in order, so work queued on them before is done
+before the replay writes). When every capture's outputs are held and no more may be
+made, the chain runs uncaptured into new tensors. Sharded storages, whose outputs may
+go to collectives on another stream, replay one capture and copy its outputs out.
 
 Inside the chain the keys are built in one kernel and the sorted keys split into ids,
 tags and unique marks in another (``padded_keys`` and ``mark_sorted`` of
 ``hashrec.embedding.ops.dedup``), where torch operators take about twenty launches.
 
-Each captured size class keeps its own buffers, outputs and sort workspace in GPU
-memory; at most ``MAX_GRAPHS`` classes are kept (the least recently used dropped).
+Each capture keeps its own outputs and sort workspace in GPU memory; at most
+``MAX_GRAPHS`` size classes are kept (the least recently used dropped).
 
 The padded key leaves one bit fewer for ids than the unpadded one-pass sort; an id
 that does not fit is flagged as there (the smallest ids read -1) and the storage is
@@ -50,6 +58,13 @@ logger = logging.getLogger("hashrec.embedding")
 ENV = "HASHREC_DEDUP_GRAPHS"
 CAPTURE_AFTER = 2  # uncaptured runs of a size class before it is captured
 MAX_GRAPHS = 4     # size classes kept, the least recently used dropped
+BUFFERS = 3        # captures of a size class, each with its own outputs
+
+
+def _use_count(tensor: torch.Tensor) -> int | None:
+    """How many tensors use ``tensor``'s memory (None where torch does not tell)."""
+    counter = getattr(torch._C, "_storage_Use_Count", None)
+    return None if counter is None else counter(tensor.untyped_storage()._cdata)
 
 
 def enabled(device: torch.device) -> bool:
@@ -112,17 +127,33 @@ def padded_sort(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
     return sorted_ids, sorted_tags, order, group, summary
 
 
-class _Class:
-    """One size class's buffers and, once captured, its graph and outputs."""
+class _Capture:
+    """One capture of a size class's chain: its graph, its outputs and each output's use
+    count while only the capture holds it."""
 
-    __slots__ = ("ids", "meta", "graph", "out", "runs")
+    __slots__ = ("graph", "out", "alone")
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, out: tuple) -> None:
+        self.graph, self.out = graph, out
+        self.alone = tuple(_use_count(t) for t in out)
+
+    def free(self) -> bool:
+        """Whether no tensor but the capture's own uses its outputs."""
+        return None not in self.alone and \
+            all(_use_count(t) == alone for t, alone in zip(self.out, self.alone))
+
+
+class _Class:
+    """One size class's buffers and, once captured, its captures."""
+
+    __slots__ = ("ids", "meta", "captures", "runs", "closed")
 
     def __init__(self, size: int, features: int, device: torch.device) -> None:
         self.ids = torch.zeros(size, dtype=torch.int64, device=device)
         self.meta = torch.zeros(2 * features, dtype=torch.int64, device=device)
-        self.graph = None
-        self.out = None
+        self.captures: list[_Capture] = []
         self.runs = 0
+        self.closed = False  # a capture failed: no more are made
 
 
 class DedupGraphs:
@@ -133,6 +164,7 @@ class DedupGraphs:
         self.sorts = 0
         self.replays = 0
         self.captures = 0
+        self.uncaptured = 0  # sorts of a captured class run uncaptured (every output held)
 
     def sort(self, values: list[torch.Tensor], tags: list[int], num_tags: int, bits: int,
              clamp: bool, owners: int, owned: tuple[int, int] | None
@@ -153,15 +185,34 @@ class DedupGraphs:
                             pin_memory=device.type == "cuda")
         entry.meta.copy_(host, non_blocking=True)
         args = (entry.ids, entry.meta, num_tags, bits, clamp, owners, owned)
-        if entry.graph is None and entry.runs >= CAPTURE_AFTER and device.type == "cuda":
-            self._capture(entry, args)
+        copied = bool(owners) or _use_count(entry.meta) is None
+        capture = None
+        if entry.runs >= CAPTURE_AFTER and device.type == "cuda":
+            capture = self._capture_for(entry, args, copied)
         entry.runs += 1
-        if entry.graph is None:
+        if capture is None:
+            if entry.captures:
+                self.uncaptured += 1
             out = padded_sort(*args)
             return (*(t[:n] for t in out[:4]), out[4])
-        entry.graph.replay()
+        capture.graph.replay()
         self.replays += 1
-        return (*(t[:n].clone() for t in entry.out[:4]), entry.out[4].clone())
+        if copied:  # one capture, its outputs copied out
+            return (*(t[:n].clone() for t in capture.out[:4]), capture.out[4].clone())
+        return (*(t[:n] for t in capture.out[:4]), capture.out[4])
+
+    def _capture_for(self, entry: _Class, args: tuple, copied: bool) -> _Capture | None:
+        """A capture of ``entry`` to replay (a new one where every capture's outputs are
+        held and fewer than ``BUFFERS`` exist; one alone when its outputs are
+        ``copied``), or None: run uncaptured."""
+        if copied and entry.captures:
+            return entry.captures[0]
+        for capture in entry.captures:
+            if capture.free():
+                return capture
+        if entry.closed or len(entry.captures) >= BUFFERS:
+            return None
+        return self._capture(entry, args)
 
     def _entry(self, key: tuple) -> _Class:
         entry = self._classes.get(key)
@@ -173,7 +224,7 @@ class DedupGraphs:
             self._classes.move_to_end(key)
         return entry
 
-    def _capture(self, entry: _Class, args: tuple) -> None:
+    def _capture(self, entry: _Class, args: tuple) -> _Capture | None:
         from hashrec.table.lookup_graphs import capture_graph  # imports Triton
 
         try:
@@ -181,12 +232,14 @@ class DedupGraphs:
         except RuntimeError as error:  # the uncaptured sort goes on working
             logger.warning("dedup sort of %d ids not captured (%s); it runs uncaptured",
                            entry.ids.numel(), error)
-            entry.runs = -(1 << 62)
-            return
-        entry.graph, entry.out = graph, out
+            entry.closed = True
+            return None
+        capture = _Capture(graph, out)
+        entry.captures.append(capture)
         self.captures += 1
-        logger.info("captured the dedup sort of up to %d ids as a CUDA graph",
-                    entry.ids.numel())
+        logger.info("captured the dedup sort of up to %d ids as a CUDA graph (%d of its "
+                    "size class)", entry.ids.numel(), len(entry.captures))
+        return capture
 
 
 _GRAPHS: dict = {}

@@ -168,7 +168,51 @@ def test_captured_replays_sort_like_the_unpadded_sort(compact):
         for mine, ref in zip(got, (want.sorted_ids, want.sorted_tags, want.order, want.group,
                                    want.summary)):
             assert torch.equal(mine, ref)
+    # Sharded (owners 2): one capture, its outputs copied out at every replay.
     assert graphs.captures == 1 and graphs.replays == 6 - dedup_graphs.CAPTURE_AFTER
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_replays_never_overwrite_outputs_still_held():
+    graphs = dedup_graphs.DedupGraphs()
+    held, wants = [], []
+    for step in range(9):
+        features = _features([[3000 + 17 * step, 500], [2000], [800, 90]], high=5000,
+                             seed=step, device="cuda")
+        tagged = batching._emit_order(features)
+        got = graphs.sort([f.values for _, f in tagged], [t for t, _ in tagged],
+                          len(features), dedup_graphs.pad_bits(len(features), True), False,
+                          0, None)
+        want = _sort_storage(features, True, False, 0, batching.COMPACT, None)
+        wants.append((want.sorted_ids, want.sorted_tags, want.order, want.group, want.summary))
+        if step < 6:  # held to the end: each capture's outputs stay in use
+            held.append(got)
+        else:  # dropped at once: the next sort may replay the same capture
+            assert all(torch.equal(mine, ref) for mine, ref in zip(got, wants[-1]))
+        del got
+    for got, want in zip(held, wants):
+        for mine, ref in zip(got, want):
+            assert torch.equal(mine, ref)
+    # Steps 2, 3 and 4 made the three captures; from step 5 on the outputs of all three
+    # are held, so the sorts run uncaptured.
+    assert graphs.captures == dedup_graphs.BUFFERS == 3
+    assert graphs.replays == 3 and graphs.uncaptured == 4
+
+
+def test_a_capture_is_free_once_no_tensor_but_its_own_uses_its_outputs():
+    out = (torch.zeros(8), torch.zeros(4, dtype=torch.int64))
+    capture = dedup_graphs._Capture(None, out)
+    assert capture.free()
+    view = out[0][:3]
+    assert not capture.free()
+    derived = view.reshape(3, 1)
+    del view
+    assert not capture.free()
+    del derived
+    assert capture.free()
+    copy = out[1].clone()  # a copy holds memory of its own
+    assert capture.free() and copy.numel() == 4
 
 
 def _wide_kjt(keys, step, big):
