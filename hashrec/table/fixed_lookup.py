@@ -133,7 +133,8 @@ class FixedSizeLookup:
                      active: torch.Tensor | None, seeds: torch.Tensor | None = None,
                      out_at: torch.Tensor | None = None, stored_rows: bool = True,
                      guarded: bool = False, conditional: bool = False,
-                     clock: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor],
+                     clock: torch.Tensor | None = None, count: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor],
                                 torch.Tensor | int]:
         """The training lookup's device work: (slots, values, the counters' (u,) masks by
         name, refused count). ``seeds`` (2,) int64 on the device: the random
@@ -145,18 +146,28 @@ class FixedSizeLookup:
         capturing a CUDA graph at max_capacity): the insert is captured under a
         conditional node that a replay runs only when a key is pending
         (``_insert_if_pending``). ``clock`` (1,) int64 on the device: the STEP /
-        TIMESTAMP clock, read there (a captured lookup) instead of on the host."""
-        from hashrec.table.ops.insert.train import finish_rows, protect_hits  # Triton only
+        TIMESTAMP clock, read there (a captured lookup) instead of on the host.
+        ``count`` (1,) int64 on the device: only the first ``count`` keys take part
+        (with ``active``, those of them it marks), and whether any is pending is
+        computed on the device as ``guarded`` does."""
+        from hashrec.table.ops.insert.train import finish_rows, found_masks, protect_hits
 
-        slots, counted = self._find_active(keys, tags, active)
-        hit = counted["hits"]
-        pending = ~hit if active is None else active & ~hit
+        any_pending = None
+        if count is not None:  # one kernel splits the find into the masks
+            found = found_masks(find_slots(self.storage, keys, tags), active, count)
+            slots, hit, pending, active, any_pending = found
+            counted = {"hits": hit, "lookups": active}
+        else:
+            slots, counted = self._find_active(keys, tags, active)
+            hit = counted["hits"]
+            pending = ~hit if active is None else active & ~hit
         if self._counter is not None:
             admitted, counter_evicted = self._counter.count_masked(keys, tags, counts, pending)
             counted["admission_rejected"] = pending > admitted  # pending and not admitted
             counted["counter_evictions"] = counter_evicted
-            pending = admitted
-        any_pending = pending.any() if guarded or conditional else None
+            pending, any_pending = admitted, None
+        if any_pending is None and (guarded or conditional or count is not None):
+            any_pending = pending.any()
         mode, host_clock = self._hit_score_mode(given)
         # This call's hits are never evicted; they get their new scores at the end.
         hit_scores = protect_hits(self.storage, slots, counts, given, mode,
@@ -232,17 +243,18 @@ class FixedSizeLookup:
 
         Returns the refused count the caller still reports (``_report_refused_fixed``):
         None when it is in the totals."""
-        names, sums = self._mask_sums(counted)
-        left = refused
+        from hashrec.table.ops.insert.train import add_mask_counts  # Triton only
+
+        names, masks, left, extra = tuple(counted), list(counted.values()), refused, None
         if isinstance(refused, torch.Tensor) and self.options.check_mode is not CheckMode.ERROR:
-            names, left = (*names, "refused"), None
-            sums = torch.cat([sums, refused.reshape(1).to(sums.dtype)])
+            names, left, extra = (*names, "refused"), None, refused
         totals = self._device_totals = self._device_totals or {}
         if names not in totals:  # allocated by the uncaptured run before any capture
-            if sums.is_cuda and torch.cuda.is_current_stream_capturing():
+            device = masks[0].device
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("device totals must exist before a lookup is captured")
-            totals[names] = torch.zeros(len(names), dtype=sums.dtype, device=sums.device)
-        totals[names].add_(sums)
+            totals[names] = torch.zeros(len(names), dtype=torch.int64, device=device)
+        add_mask_counts(totals[names], masks, extra)
         return left
 
     def _fold_device_counts(self) -> None:

@@ -112,7 +112,7 @@ class _Lookup:
     """One size class's input buffers, graph and outputs."""
 
     __slots__ = ("size", "keys", "tags", "counts", "given", "active", "clocked",
-                 "stored_rows", "scalars", "positions", "graph", "out")
+                 "stored_rows", "scalars", "graph", "out")
 
     def __init__(self, size: int, device: torch.device, tagged: bool, given: bool,
                  active: bool, clocked: bool, stored_rows: bool) -> None:
@@ -127,7 +127,6 @@ class _Lookup:
         # u, the address of the (u, dim) rows out, the missing and new rows' seeds, the
         # clock; u = 0 (all inactive, nothing written) until fed.
         self.scalars = torch.zeros(5, dtype=torch.int64, device=device)
-        self.positions = torch.arange(size, device=device)  # made once, not every replay
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple | None = None
 
@@ -193,16 +192,14 @@ class LookupGraphs:
         address in ``scalars``; returns (slots, the refused count left to report or
         None)."""
         table = self._table
-        active = entry.positions < entry.scalars[0]
-        if entry.active is not None:
-            active = active & entry.active
         conditional = self._capture and torch.cuda.is_current_stream_capturing() and \
             conditional_nodes()
+        # The keys past u (scalars[0]) are padding: inactive.
         slots, _, counted, refused = table._train_fixed(
-            entry.keys, entry.tags, entry.counts, entry.given, active,
+            entry.keys, entry.tags, entry.counts, entry.given, entry.active,
             seeds=entry.scalars[2:4], out_at=entry.scalars[:2], stored_rows=entry.stored_rows,
             guarded=True, conditional=conditional,
-            clock=entry.scalars[4:] if entry.clocked else None)
+            clock=entry.scalars[4:] if entry.clocked else None, count=entry.scalars[:1])
         return slots, table._count_in_place(counted, refused)
 
     def _build(self, key: tuple) -> _Lookup | None:

@@ -333,3 +333,41 @@ def test_protect_hits_sets_the_maximum_only_when_the_call_inserts(guard):
     want = before.clone()
     want[[3, 5, 30]] = torch.iinfo(torch.int64).max if guard is not False else scores[[0, 2, 3]]
     assert torch.equal(storage.scores, want)
+
+
+def test_mask_counts_add_to_the_totals_in_place():
+    from hashrec.table.ops.insert.train import add_mask_counts
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(3)
+    masks = [(torch.rand(9000, generator=gen) < p).to(device) for p in (0.0, 0.3, 0.7, 1.0)]
+    totals = torch.tensor([1, 2, 3, 4, 5], device=device)
+    add_mask_counts(totals, masks, torch.tensor(6, device=device))
+    want = [1 + 0, 2 + int(masks[1].sum()), 3 + int(masks[2].sum()), 4 + 9000, 5 + 6]
+    assert totals.tolist() == want
+    add_mask_counts(totals[:1], masks[3:])
+    assert totals[0].item() == 9001
+    with pytest.raises(ValueError, match="entries"):
+        add_mask_counts(totals, masks)
+    with pytest.raises(ValueError, match="masks"):
+        add_mask_counts(torch.zeros(7, dtype=torch.int64), masks * 2)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["count", "count_and_active"])
+def test_found_masks_split_a_find_over_the_keys_that_take_part(masked):
+    from hashrec.table.ops.insert.train import found_masks
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    slots = torch.tensor([4, -1, 7, -1, 9, -1, 2], device=device)
+    active = torch.tensor([1, 1, 0, 1, 1, 1, 1], dtype=torch.bool, device=device) \
+        if masked else None
+    count = torch.tensor([5], device=device)  # keys 5 and 6 are padding
+    got, hit, pending, live, any_pending = found_masks(slots.clone(), active, count)
+    want_live = [True, True, not masked, True, True, False, False]
+    assert live.tolist() == want_live
+    assert got.tolist() == [s if ok else -1 for s, ok in zip(slots.tolist(), want_live)]
+    assert hit.tolist() == [ok and s >= 0 for s, ok in zip(slots.tolist(), want_live)]
+    assert pending.tolist() == [ok and s < 0 for s, ok in zip(slots.tolist(), want_live)]
+    assert any_pending.item()
+    none = found_masks(slots.clone(), None, torch.tensor([1], device=device))
+    assert not none[4].item() and none[2].tolist() == [False] * 7

@@ -43,6 +43,7 @@ _SCORE_DEVICE_CLOCK = 3
 # Initial-value modes of finish_rows.
 _GIVEN, _CONSTANT, _HASHED_UNIFORM, _RANDOM_UNIFORM, _RANDOM_NORMAL = range(5)
 _BLOCK = 256
+_COUNT_BLOCK = 4096  # keys a program of the mask kernels
 
 
 @fast_launch
@@ -149,6 +150,97 @@ def count_admission(storage: TableStorage, keys: torch.Tensor, tags: torch.Tenso
             POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
             BLOCK=block, num_warps=2)
     return Counted(flags[:n], totals, flags[n:])
+
+
+@fast_launch
+@triton.jit
+def _found_kernel(slots_ptr, active_ptr, count_ptr, hit_ptr, pending_ptr, live_ptr, any_ptr, n,
+                  HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    live = mask & (i < tl.load(count_ptr))
+    if HAS_ACTIVE:
+        live = live & (tl.load(active_ptr + i, mask=mask, other=0) != 0)
+    slot = tl.where(live, tl.load(slots_ptr + i, mask=mask, other=-1), -1)
+    hit = live & (slot >= 0)
+    pending = live & (slot < 0)
+    tl.store(slots_ptr + i, slot, mask=mask)
+    tl.store(hit_ptr + i, hit.to(tl.int8), mask=mask)
+    tl.store(pending_ptr + i, pending.to(tl.int8), mask=mask)
+    tl.store(live_ptr + i, live.to(tl.int8), mask=mask)
+    if tl.max(pending.to(tl.int32), axis=0) > 0:  # every writer writes 1
+        tl.store(any_ptr, 1)
+
+
+def found_masks(slots: torch.Tensor, active: torch.Tensor | None, count: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+    """Splits a find's ``slots`` (u,) int64 over the keys that take part: the first
+    ``count`` ((1,) int64 on the device, read when the kernel runs), those of them in
+    ``active`` (u,) bool when given. Returns (slots, -1 where not taking part (the
+    given tensor, written in place), hit, pending (taking part and not found), live
+    (taking part), each (u,) bool, and a 0-d bool: whether any key is pending). One
+    launch, where the masks in torch took six."""
+    n = slots.numel()
+    flags = torch.empty(3, n, dtype=torch.bool, device=slots.device)
+    any_pending = torch.zeros((), dtype=torch.bool, device=slots.device)
+    if n:
+        _found_kernel[(cdiv(n, _COUNT_BLOCK),)](
+            slots, active.view(torch.int8) if active is not None else slots, count,
+            *flags.view(torch.int8).unbind(0), any_pending.view(torch.int8), n,
+            HAS_ACTIVE=active is not None, BLOCK=_COUNT_BLOCK)
+    return (slots, *flags.unbind(0), any_pending)
+
+
+@triton.jit
+def _add_sum(mask_ptr, totals_ptr, j, i, live):
+    """Adds the True count of ``mask_ptr``'s (int8) entries ``i`` to ``totals_ptr[j]``."""
+    count = tl.sum(tl.load(mask_ptr + i, mask=live, other=0).to(tl.int64), axis=0)
+    tl.atomic_add(totals_ptr + j, count, sem="relaxed")
+
+
+@fast_launch
+@triton.jit
+def _totals_kernel(m0, m1, m2, m3, m4, m5, extra_ptr, totals_ptr, n, K: tl.constexpr,
+                   EXTRA: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = i < n
+    _add_sum(m0, totals_ptr, 0, i, live)
+    if K > 1:
+        _add_sum(m1, totals_ptr, 1, i, live)
+    if K > 2:
+        _add_sum(m2, totals_ptr, 2, i, live)
+    if K > 3:
+        _add_sum(m3, totals_ptr, 3, i, live)
+    if K > 4:
+        _add_sum(m4, totals_ptr, 4, i, live)
+    if K > 5:
+        _add_sum(m5, totals_ptr, 5, i, live)
+    if EXTRA:
+        if tl.program_id(0) == 0:
+            tl.atomic_add(totals_ptr + K, tl.load(extra_ptr), sem="relaxed")
+
+
+MAX_MASKS = 6  # masks add_mask_counts takes
+
+
+def add_mask_counts(totals: torch.Tensor, masks: list[torch.Tensor],
+                    extra: torch.Tensor | None = None) -> None:
+    """Adds each (n,) bool mask's True count to ``totals`` (int64, one entry a mask, then
+    one for ``extra``, a 0-d int64 count added as it is), in place: one launch where
+    stacking the masks and summing them took four. The sums are of integers, so the
+    atomic adds give the same totals in any order."""
+    if not 1 <= len(masks) <= MAX_MASKS:
+        raise ValueError(f"add_mask_counts takes 1 to {MAX_MASKS} masks, got {len(masks)}")
+    n = masks[0].numel()
+    want = len(masks) + (extra is not None)
+    if totals.dtype != torch.int64 or totals.numel() != want:
+        raise ValueError(f"totals must be int64 with {want} entries, got {totals.dtype} "
+                         f"{tuple(totals.shape)}")
+    views = [m.view(torch.int8) for m in masks]
+    views += [views[0]] * (MAX_MASKS - len(views))
+    _totals_kernel[(max(1, cdiv(n, _COUNT_BLOCK)),)](
+        *views, extra.to(torch.int64) if extra is not None else totals, totals, n,
+        K=len(masks), EXTRA=extra is not None, BLOCK=_COUNT_BLOCK)
 
 
 class RowInit(NamedTuple):
@@ -381,5 +473,5 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
 
 
 __all__ = ["SCORE_CLOCK", "SCORE_GIVEN", "SCORE_LFU", "Counted", "RowInit",
-           "count_admission", "draws_seed", "finish_rows", "in_kernel", "init_spec",
-           "protect_hits"]
+           "add_mask_counts", "count_admission", "draws_seed", "finish_rows", "found_masks",
+           "in_kernel", "init_spec", "protect_hits"]
