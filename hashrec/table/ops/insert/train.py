@@ -333,13 +333,15 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
         if NEW_MODE >= 3:
             new_seed = tl.load(seeds_ptr + 1)
     if WRITES:  # the hits' new scores (with GUARDED, only after an insert protected them)
-        i = base + tl.arange(0, BLOCK)
-        mask = i < n
-        slot = tl.load(slots_ptr + i, mask=mask, other=-1)
-        hit = mask & (slot >= 0) & (tl.load(hit_ptr + i, mask=mask, other=0) != 0)
+        k = base + tl.arange(0, BLOCK)
+        in_range = k < n
+        k_slot = tl.load(slots_ptr + k, mask=in_range, other=-1)
+        restore = in_range & (k_slot >= 0) & \
+            (tl.load(hit_ptr + k, mask=in_range, other=0) != 0)
         if GUARDED:
-            hit = hit & (tl.load(guard_ptr) != 0)
-        tl.store(t_scores + slot, tl.load(hit_scores_ptr + i, mask=hit, other=0), mask=hit)
+            restore = restore & (tl.load(guard_ptr) != 0)
+        tl.store(t_scores + k_slot, tl.load(hit_scores_ptr + k, mask=restore, other=0),
+                 mask=restore)
     col = tl.arange(0, COLS)
     emb = col[None, :] < DIM
     for sub in range(0, BLOCK, SUB):
