@@ -43,6 +43,9 @@ def _args() -> argparse.Namespace:
                    help="distinct keys per table the power law draws from")
     p.add_argument("--alpha", type=float, default=1.05)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--fresh", type=float, default=0.01,
+                   help="share of each step's ids replaced by ids the tables never saw, in an "
+                        "extra timing of the layer's SGD forward (0: skip it)")
     p.add_argument("--out", default=None)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--reduce-configs", nargs="*", default=[],
@@ -249,11 +252,33 @@ def _collection(optimizer, batches, grads) -> dict:
         _host_profile(forward, inputs)
     ahead = time_device_ms(lambda i: _forward_prepared(layer, forward, inputs, i), k - 2,
                            setup=lambda i: i)
+    fresh = None
+    if ARGS.fresh and isinstance(optimizer, SparseSGD):
+        fresh_inputs = _fresh_inputs(batches, 2 * k + 2, names, lengths)
+        fresh = time_device_ms(lambda i: _forward_prepared(layer, forward, fresh_inputs, i),
+                               k - 2, setup=lambda i: i)
     if ARGS.trace and isinstance(optimizer, SparseSGD):
         _trace(lambda i: _forward_prepared(layer, forward, inputs, i), k)
+    timed = (("forward", fwd), ("forward_ahead", ahead), ("backward", bwd),
+             ("forward_fresh", fresh))
     return {**{f"{part}_{what}": t[f"{what}_ms"] if what != "ms" else t["device_ms"]
-               for part, t in (("forward", fwd), ("backward", bwd), ("forward_ahead", ahead))
-               for what in ("ms", "call", "issue")}, "backward_sweep_ms": sweep}
+               for part, t in timed if t is not None for what in ("ms", "call", "issue")},
+            "backward_sweep_ms": sweep}
+
+
+def _fresh_inputs(batches, count: int, names: list[str], lengths: torch.Tensor) -> list:
+    """``count`` batches (the power-law batches in turn) whose first ``--fresh`` share of
+    each table's ids are ids no batch held before (past the key range, new every batch)."""
+    from hashrec.embedding import KeyedJaggedTensor
+
+    per_table = batches[0].shape[1]
+    new = max(1, int(ARGS.fresh * per_table))
+    out = []
+    for j in range(count):
+        b = batches[j % len(batches)].clone()
+        b[:, :new] = ARGS.key_range + j * new + torch.arange(new, device=DEVICE)
+        out.append(KeyedJaggedTensor.from_lengths(names, b.flatten(), lengths))
+    return out
 
 
 def _dedup_counts() -> dict:
@@ -441,6 +466,9 @@ def main() -> None:
                "forward_parts_ms": sgd["forward_parts_ms"],
                "layer_forward_ahead": {what: layer_sgd[f"forward_ahead_{what}"]
                                        for what in ("ms", "call", "issue")},
+               "layer_forward_fresh": {what: layer_sgd[f"forward_fresh_{what}"]
+                                       for what in ("ms", "call", "issue")}
+               if ARGS.fresh else None,
                "layer_forward_adam": {what: layer_adam[f"forward_{what}"]
                                       for what in ("ms", "call", "issue")},
                "layer_forward_ahead_adam": {what: layer_adam[f"forward_ahead_{what}"]
@@ -479,6 +507,11 @@ def _write(results: dict) -> None:
               "training step runs it (`prepare`; its time counts one deduplication and one "
               f"lookup): {ahead['ms']:.3f} ms ({ahead['call']:.3f} one call, host issue "
               f"{ahead['issue']:.3f} ms)."]
+    fresh = results["layer_forward_fresh"]
+    if fresh:
+        lines += ["", f"The same with {ARGS.fresh:.0%} of each step's ids new to the tables "
+                  f"(inserted by the lookup): {fresh['ms']:.3f} ms ({fresh['call']:.3f} one "
+                  f"call, host issue {fresh['issue']:.3f} ms)."]
     adam, adam_ahead = results["layer_forward_adam"], results["layer_forward_ahead_adam"]
     lines += ["", "Layer forward of tables with Adam rows (the embedding, then its two state "
               f"vectors): {adam['ms']:.3f} ms ({adam['call']:.3f} one call); with the "
