@@ -132,24 +132,22 @@ class FixedSizeLookup:
                      counts: torch.Tensor, given: torch.Tensor | None,
                      active: torch.Tensor | None, seeds: torch.Tensor | None = None,
                      out_at: torch.Tensor | None = None, stored_rows: bool = True,
-                     guarded: bool = False, conditional: bool = False,
-                     clock: torch.Tensor | None = None, count: torch.Tensor | None = None
+                     conditional: bool = False, clock: torch.Tensor | None = None,
+                     count: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor],
                                 torch.Tensor | int]:
         """The training lookup's device work: (slots, values, the counters' (u,) masks by
         name, refused count). ``seeds`` (2,) int64 on the device: the random
         initializers' seeds are read there (a captured lookup) instead of drawn.
         ``out_at``: the values go where it says (``finish_rows``); values is None.
-        ``guarded``: whether any key is pending insertion is computed on the device,
-        and without one the hits take their new scores at once instead of being
-        protected and restored (``protect_hits``); ``conditional`` as well (while
-        capturing a CUDA graph at max_capacity): the insert is captured under a
-        conditional node that a replay runs only when a key is pending
-        (``_insert_if_pending``). ``clock`` (1,) int64 on the device: the STEP /
-        TIMESTAMP clock, read there (a captured lookup) instead of on the host.
         ``count`` (1,) int64 on the device: only the first ``count`` keys take part
-        (with ``active``, those of them it marks), and whether any is pending is
-        computed on the device as ``guarded`` does."""
+        (with ``active``, those of them it marks); whether any key is pending insertion
+        is then computed on the device, and without one the hits take their new scores
+        at once instead of being protected and restored (``protect_hits``).
+        ``conditional`` as well (while capturing a CUDA graph at max_capacity): the
+        insert is captured under a conditional node that a replay runs only when a key
+        is pending (``_insert_if_pending``). ``clock`` (1,) int64 on the device: the
+        STEP / TIMESTAMP clock, read there (a captured lookup) instead of on the host."""
         from hashrec.table.ops.insert.train import finish_rows, found_masks, protect_hits
 
         any_pending = None
@@ -166,7 +164,7 @@ class FixedSizeLookup:
             counted["admission_rejected"] = pending > admitted  # pending and not admitted
             counted["counter_evictions"] = counter_evicted
             pending, any_pending = admitted, None
-        if any_pending is None and (guarded or conditional or count is not None):
+        if any_pending is None and (conditional or count is not None):
             any_pending = pending.any()
         mode, host_clock = self._hit_score_mode(given)
         # This call's hits are never evicted; they get their new scores at the end.

@@ -198,8 +198,8 @@ class LookupGraphs:
         slots, _, counted, refused = table._train_fixed(
             entry.keys, entry.tags, entry.counts, entry.given, entry.active,
             seeds=entry.scalars[2:4], out_at=entry.scalars[:2], stored_rows=entry.stored_rows,
-            guarded=True, conditional=conditional,
-            clock=entry.scalars[4:] if entry.clocked else None, count=entry.scalars[:1])
+            conditional=conditional, clock=entry.scalars[4:] if entry.clocked else None,
+            count=entry.scalars[:1])
         return slots, table._count_in_place(counted, refused)
 
     def _build(self, key: tuple) -> _Lookup | None:
