@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 from typing import NamedTuple
 
 import torch
@@ -42,30 +41,13 @@ class TableRows(NamedTuple):
 
 def _pool(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor | None,
           weights: torch.Tensor | None, mean: bool, table: TableRows | None,
-          one_id: bool, batch: StorageBatch | None = None) -> torch.Tensor:
-    """Pools bags; with ``batch`` (its features' ids are exactly these, one a bag, and
-    read by slot from the table), in the dedup's order."""
+          one_id: bool) -> torch.Tensor:
     if table is None:
         return pool_forward(rows, inverse, offsets, weights, mean, one_id)
     from hashrec.embedding.ops.fused.triton import pool_rows_with_fallback  # Triton only
 
-    if batch is not None:
-        return pool_rows_with_fallback(table.values, batch.sorted_rows, None, weights, mean,
-                                       table.slots, rows, dim=rows.shape[1], one_id=True,
-                                       order=batch.order)
     return pool_rows_with_fallback(table.values, inverse, offsets, weights, mean, table.slots,
                                    rows, dim=rows.shape[1], one_id=one_id)
-
-
-def _in_dedup_order(batch: StorageBatch, n: int, one_id: bool,
-                    table: TableRows | None) -> StorageBatch | None:
-    """``batch`` where a run of n one-id bags read by slot covers all of its ids and the
-    dedup gave its sorted rows: pooling in the dedup's order then reads each row's
-    repeats one after another (``HASHREC_POOL_ORDER=ids`` pools in the ids' order)."""
-    if not one_id or table is None or batch.sorted_rows is None or \
-            n != batch.order.numel() or os.environ.get("HASHREC_POOL_ORDER") == "ids":
-        return None
-    return batch
 
 
 def _one_id(f: FeatureIds) -> bool:
@@ -74,13 +56,11 @@ def _one_id(f: FeatureIds) -> bool:
     return f.max_bag is not None and f.max_bag <= 1 and f.values.numel() == f.lengths.numel()
 
 
-def _forward_one(rows: torch.Tensor, f: FeatureIds, table: TableRows | None,
-                 batch: StorageBatch) -> torch.Tensor:
+def _forward_one(rows: torch.Tensor, f: FeatureIds, table: TableRows | None) -> torch.Tensor:
     if f.spec.is_sequence:
         return gather_padded(rows, f.inverse, f.offsets, f.spec.max_length)
-    one_id = _one_id(f)
     return _pool(rows, f.inverse, f.offsets, f.weights, f.spec.pooling == "mean", table,
-                 one_id, _in_dedup_order(batch, f.values.numel(), one_id, table))
+                 _one_id(f))
 
 
 def _run(rows: torch.Tensor, batch: StorageBatch, features: list[FeatureIds],
@@ -101,7 +81,7 @@ def _run(rows: torch.Tensor, batch: StorageBatch, features: list[FeatureIds],
         weights = torch.cat([f.weights for f in features]) if first.weights is not None \
             else None
         out = _pool(rows, inverse, offsets, weights, first.spec.pooling == "mean", table,
-                    one_id, _in_dedup_order(batch, n, one_id, table))
+                    one_id)
     return list(out.split([f.lengths.numel() for f in features]))
 
 
@@ -116,7 +96,7 @@ def _forward_all(rows: torch.Tensor, batch: StorageBatch, table: TableRows | Non
         if len(run) > 1:
             out.extend(_run(rows, batch, run, start, n, table))
         else:
-            out.append(_forward_one(rows, run[0], table, batch))
+            out.append(_forward_one(rows, run[0], table))
         start += n
     return out
 

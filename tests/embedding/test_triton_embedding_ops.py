@@ -139,31 +139,6 @@ def test_pool_of_one_id_bags_reads_no_offsets(dim, source):
             pool(rows, inverse, None, weights, False)
 
 
-@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
-@pytest.mark.parametrize("fallback", [False, True], ids=["zeros", "fallback"])
-def test_pool_of_one_id_bags_in_the_dedup_order_equals_the_ids_order(weighted, fallback):
-    """Pooling one-id bags in the dedup's order (``order``, with the rows of its ids)
-    writes each id's row where the ids' order writes it."""
-    gen = torch.Generator().manual_seed(72)
-    batch, num_rows, dim = 45, 11, 64
-    inverse = torch.randint(0, num_rows, (batch,), generator=gen).to(DEVICE)
-    order = torch.sort(inverse, stable=True).indices
-    weights = torch.rand(batch, generator=gen).to(DEVICE) if weighted else None
-    rows = torch.randn(num_rows, dim, generator=gen).to(DEVICE)
-    table = torch.randn(20, dim + 2, generator=gen).to(DEVICE)
-    slots = torch.randperm(20, generator=gen)[:num_rows].to(DEVICE)
-    slots[3] = -1
-    back = rows if fallback else None
-    want = fused_tt.pool_rows_with_fallback(table, inverse, None, weights, False, slots, back,
-                                            dim=dim, one_id=True)
-    got = fused_tt.pool_rows_with_fallback(table, inverse[order], None, weights, False, slots,
-                                           back, dim=dim, one_id=True, order=order)
-    assert torch.equal(got, want)
-    with pytest.raises(ValueError, match="order needs one_id"):
-        fused_tt.pool_rows_with_fallback(table, inverse, torch.arange(batch + 1, device=DEVICE),
-                                         weights, False, slots, back, dim=dim, order=order)
-
-
 def test_pool_from_table_of_bags_without_ids():
     """No unique ids (every bag empty): no fallback row exists to read, not even for the
     lanes a 16-byte load reads unmasked (on CUDA an empty tensor has no address)."""

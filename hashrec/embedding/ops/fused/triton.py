@@ -43,19 +43,13 @@ def _dim_block(dim: int) -> int:
 def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_ptr, weights_ptr,
                  out_ptr, num_bags, dim, FROM_TABLE: tl.constexpr, HAS_FALLBACK: tl.constexpr,
                  ONE_LOAD: tl.constexpr, HAS_W: tl.constexpr, MEAN: tl.constexpr,
-                 ONE_ID: tl.constexpr, SORTED: tl.constexpr, DIM_P2: tl.constexpr,
-                 EVEN: tl.constexpr, BB: tl.constexpr):
+                 ONE_ID: tl.constexpr, DIM_P2: tl.constexpr, EVEN: tl.constexpr,
+                 BB: tl.constexpr):
     if EVEN:  # dim == DIM_P2: a compile-time width, so rows move as 16-byte vectors
         dim = DIM_P2
     bags = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
     bmask = bags < num_bags
-    out_rows = bags
-    if SORTED:  # one id a bag, in the dedup's order: sorted position i is id (and bag)
-        # offsets[i], its row inverse[i]; a row's ids come one after another
-        out_rows = tl.load(offsets_ptr + bags, mask=bmask, other=0)
-        start = bags
-        length = bmask.to(tl.int64)
-    elif ONE_ID:  # bag b is id b: no offsets to read (in the layer's forward on an H200,
+    if ONE_ID:  # bag b is id b: no offsets to read (in the layer's forward on an H200,
         # 0.184 ms against 0.211: embedding_layer_gpu_trace.txt, _tiles_trace.txt)
         start = bags
         length = bmask.to(tl.int64)
@@ -94,13 +88,12 @@ def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_pt
             x = load_rows(src, row, src_stride, col, live, cmask, EVEN)
         x = x.to(tl.float32)
         if HAS_W:
-            at_w = out_rows if SORTED else start + j
-            x = x * tl.load(weights_ptr + at_w, mask=live, other=0.0)[:, None]
+            x = x * tl.load(weights_ptr + start + j, mask=live, other=0.0)[:, None]
         acc += x
         j += 1
     if MEAN:
         acc = acc / tl.maximum(length, 1).to(tl.float32)[:, None]
-    tl.store(out_ptr + out_rows[:, None] * dim + col[None, :], acc, mask=bmask[:, None] & cmask)
+    tl.store(out_ptr + bags[:, None] * dim + col[None, :], acc, mask=bmask[:, None] & cmask)
 
 
 # Narrow rows (stride < 64) compile with dim and stride unspecialized: a [BB, 64] gather
@@ -143,19 +136,12 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor,
                             offsets: torch.Tensor | None,
                             weights: torch.Tensor | None, mean: bool,
                             slots: torch.Tensor | None, fallback: torch.Tensor | None,
-                            dim: int | None = None, one_id: bool = False,
-                            order: torch.Tensor | None = None) -> torch.Tensor:
-    """``pool_rows`` where unique ids with slot -1 read ``fallback`` (U, dim) float32 rows.
-
-    ``order`` (with ``one_id``): the ids are pooled in the dedup's order (its ``order``,
-    and ``inverse`` its ``sorted_rows``: the row of each id of ``order``), so an id's
-    repeats read its row one after another; output row ``order[i]`` is id ``i``'s."""
+                            dim: int | None = None, one_id: bool = False) -> torch.Tensor:
+    """``pool_rows`` where unique ids with slot -1 read ``fallback`` (U, dim) float32 rows."""
     rows = rows if rows.stride(1) == 1 else rows.contiguous()
     dim = rows.shape[1] if dim is None else dim
     if offsets is None and not one_id:
         raise ValueError("offsets may be None only with one_id")
-    if order is not None and (not one_id or offsets is not None):
-        raise ValueError("order needs one_id and no offsets")
     num_bags = inverse.numel() if offsets is None else offsets.numel() - 1
     out = torch.empty(num_bags, dim, dtype=torch.float32, device=rows.device)
     if num_bags == 0:
@@ -169,12 +155,11 @@ def pool_rows_with_fallback(rows: torch.Tensor, inverse: torch.Tensor,
     kernel[(cdiv(num_bags, bb),)](
         rows, rows.stride(0), slots if slots is not None else inverse,
         fallback.contiguous() if fallback is not None else rows, inverse.contiguous(),
-        offsets.contiguous() if offsets is not None else
-        (order.contiguous() if order is not None else inverse),
+        offsets.contiguous() if offsets is not None else inverse,
         weights.contiguous() if weights is not None else rows, out,
         num_bags, dim, FROM_TABLE=slots is not None, HAS_FALLBACK=fallback is not None,
         ONE_LOAD=slots is not None and fallback is not None and fallback.dtype == rows.dtype,
-        HAS_W=weights is not None, MEAN=mean, ONE_ID=one_id, SORTED=order is not None,
+        HAS_W=weights is not None, MEAN=mean, ONE_ID=one_id,
         DIM_P2=dim_p2, EVEN=even, BB=bb, num_warps=config["num_warps"])
     return out
 
