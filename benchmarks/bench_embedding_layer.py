@@ -287,7 +287,9 @@ def _dedup_counts() -> dict:
     held)."""
     from hashrec.embedding import dedup_graphs
 
-    graphs = dedup_graphs.graphs_for(DEVICE)
+    device = torch.device("cuda", torch.cuda.current_device()) if DEVICE.type == "cuda" \
+        else DEVICE  # the device of the batches' tensors, which names the sorts
+    graphs = dedup_graphs.graphs_for(device)
     return {name: getattr(graphs, name, None)
             for name in ("sorts", "replays", "captures", "uncaptured")}
 

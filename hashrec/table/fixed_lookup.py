@@ -132,8 +132,7 @@ class FixedSizeLookup:
                      counts: torch.Tensor, given: torch.Tensor | None,
                      active: torch.Tensor | None, seeds: torch.Tensor | None = None,
                      out_at: torch.Tensor | None = None, stored_rows: bool = True,
-                     conditional: bool = False, clock: torch.Tensor | None = None,
-                     count: torch.Tensor | None = None
+                     clock: torch.Tensor | None = None, count: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor],
                                 torch.Tensor | int]:
         """The training lookup's device work: (slots, values, the counters' (u,) masks by
@@ -143,11 +142,9 @@ class FixedSizeLookup:
         ``count`` (1,) int64 on the device: only the first ``count`` keys take part
         (with ``active``, those of them it marks); whether any key is pending insertion
         is then computed on the device, and without one the hits take their new scores
-        at once instead of being protected and restored (``protect_hits``).
-        ``conditional`` as well (while capturing a CUDA graph at max_capacity): the
-        insert is captured under a conditional node that a replay runs only when a key
-        is pending (``_insert_if_pending``). ``clock`` (1,) int64 on the device: the
-        STEP / TIMESTAMP clock, read there (a captured lookup) instead of on the host."""
+        at once instead of being protected and restored (``protect_hits``). ``clock``
+        (1,) int64 on the device: the STEP / TIMESTAMP clock, read there (a captured
+        lookup) instead of on the host."""
         from hashrec.table.ops.insert.train import finish_rows, found_masks, protect_hits
 
         any_pending = None
@@ -164,7 +161,7 @@ class FixedSizeLookup:
             counted["admission_rejected"] = pending > admitted  # pending and not admitted
             counted["counter_evictions"] = counter_evicted
             pending, any_pending = admitted, None
-        if any_pending is None and (conditional or count is not None):
+        if any_pending is None and count is not None:
             any_pending = pending.any()
         mode, host_clock = self._hit_score_mode(given)
         # This call's hits are never evicted; they get their new scores at the end.
@@ -175,12 +172,8 @@ class FixedSizeLookup:
         # A growth re-inserts the (protected) hits first.
         if self._grow_fixed(pending, keys.numel()):
             slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
-        if conditional:
-            slots, placed, refused, evicted = self._insert_if_pending(
-                keys, tags, counts, given, pending, slots, hit, any_pending)
-        else:
-            slots, placed, refused, evicted = self._insert_fixed(
-                keys, tags, self._new_scores(counts, given), pending, slots, hit)
+        slots, placed, refused, evicted = self._insert_fixed(
+            keys, tags, self._new_scores(counts, given), pending, slots, hit)
         seed = self._kernel_seed if seeds is None else _no_seed
         values = finish_rows(
             self.storage, keys, tags, slots, self.dim,
@@ -340,33 +333,6 @@ class FixedSizeLookup:
                 return slots, placed, 0, None
             self._rehash(self.storage.num_buckets * 2)
             slots = torch.where(hit | placed, find_slots(self.storage, keys, tags), slots)
-
-    def _insert_if_pending(self, keys: torch.Tensor, tags: torch.Tensor | None,
-                           counts: torch.Tensor, given: torch.Tensor | None,
-                           pending: torch.Tensor, slots: torch.Tensor, hit: torch.Tensor,
-                           any_pending: torch.Tensor
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                      torch.Tensor | None]:
-        """``_insert_fixed`` at max_capacity, captured into the current CUDA graph under a
-        conditional node on ``any_pending`` (0-d bool): a replay whose keys are all
-        found (or not admitted) skips the sort and the insert kernels. The outcome goes
-        into tensors made before the node: ``slots`` in place, placed and evicted False
-        and refused 0 unless the node runs."""
-        graph = torch.cuda.CUDAGraph.get_currently_capturing_graph()
-        placed = torch.zeros_like(hit)
-        refused = torch.zeros((), dtype=torch.int64, device=keys.device)
-        evicted = torch.zeros_like(hit) \
-            if self.options.score_strategy is not ScoreStrategy.NO_EVICTION else None
-        graph.begin_capture_to_if_node(any_pending)
-        try:
-            inserted = self._insert_fixed(keys, tags, self._new_scores(counts, given), pending,
-                                          slots, hit)
-            for into, value in zip((slots, placed, refused, evicted), inserted):
-                if into is not None:
-                    into.copy_(value)
-        finally:
-            graph.end_capture_to_conditional_node()
-        return slots, placed, refused, evicted
 
     def _report_refused_fixed(self, refused: torch.Tensor | int | None) -> None:
         """Counts refused inserts on the device; reads the count for every lookup under

@@ -11,9 +11,7 @@ replay writes the rows into a new tensor (its address is one of the scalars, rea
 by the row kernel when it runs), and the slots are copied out. The replay adds the
 lookup's counters (hits, inserts, refusals, ...) to the table's device totals in
 place, which ``stats()`` reads; only ``check_mode`` ERROR reads a count back per
-lookup. The insert (its sort and kernels) sits under a conditional node of the graph
-where torch and CUDA have them: a replay whose keys are all found (or none admitted)
-skips it.
+lookup.
 
 The results equal the eager lookup's, bit for bit: a replay runs the same kernels
 on the padded batch, whose extra keys are inactive (never found, counted nor
@@ -61,16 +59,6 @@ def graphs_enabled(device: torch.device) -> bool:
     """Whether training lookups on ``device`` may be captured (see the module docstring)."""
     return (device.type == "cuda" and os.environ.get("HASHREC_LOOKUP_GRAPHS", "1") != "0"
             and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
-
-
-def conditional_nodes() -> bool:
-    """Whether captures may hold conditional nodes (torch's ``begin_capture_to_if_node``,
-    CUDA 12.4 or later), which skip a lookup's insert when no key misses;
-    ``HASHREC_LOOKUP_IF_NODES=0`` turns them off."""
-    if os.environ.get("HASHREC_LOOKUP_IF_NODES", "1") == "0":
-        return False
-    version = tuple(int(p) for p in (torch.version.cuda or "0.0").split(".")[:2])
-    return version >= (12, 4) and hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node")
 
 
 def padded_size(n: int) -> int:
@@ -192,14 +180,11 @@ class LookupGraphs:
         address in ``scalars``; returns (slots, the refused count left to report or
         None)."""
         table = self._table
-        conditional = self._capture and torch.cuda.is_current_stream_capturing() and \
-            conditional_nodes()
         # The keys past u (scalars[0]) are padding: inactive.
         slots, _, counted, refused = table._train_fixed(
             entry.keys, entry.tags, entry.counts, entry.given, entry.active,
             seeds=entry.scalars[2:4], out_at=entry.scalars[:2], stored_rows=entry.stored_rows,
-            conditional=conditional, clock=entry.scalars[4:] if entry.clocked else None,
-            count=entry.scalars[:1])
+            clock=entry.scalars[4:] if entry.clocked else None, count=entry.scalars[:1])
         return slots, table._count_in_place(counted, refused)
 
     def _build(self, key: tuple) -> _Lookup | None:
