@@ -7,7 +7,7 @@
 # Steps:
 #   gpu_tests      the compiled table-op comparisons against the reference (large sizes)
 #   gpu_layer_tests the embedding kernels (pooling, reduction, dedup, gradient rows, counts),
-#                  joins, emit, table rows by slot and captured lookups compiled on the GPU
+#                  joins, emit, table rows by slot, captured lookups and their kernels compiled on the GPU
 #                  (the suites that run interpreted on CPU-only hosts, and gpu-marked ones)
 #   upsert_sweep   insert_or_assign per insert-program launch: one program per sorted
 #                  position against the block form (UPSERT_BLOCK), at three load factors
@@ -57,7 +57,7 @@ write_env "$out"
       tests/embedding/test_collection_gpu.py tests/embedding/test_collection_table_rows.py \
       tests/embedding/test_dedup_ops.py tests/embedding/test_dedup_graphs.py \
       tests/embedding/test_stats.py tests/embedding/test_positions.py tests/embedding/test_emit.py \
-      tests/table/test_lookup_graphs.py
+      tests/table/test_lookup_graphs.py tests/table/test_fixed_lookup.py
   step upsert_sweep 330 python3 benchmarks/profile_upsert_gpu.py --load-factors 0.5 0.75 1.0 \
       --reps 5 --runs 1 --warps 1 4 --block 0 32 64 --width 2 4 \
       --out "$out/upsert_launch_gpu"
