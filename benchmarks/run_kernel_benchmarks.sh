@@ -7,7 +7,7 @@
 # Steps:
 #   gpu_tests      the compiled table-op comparisons against the reference (large sizes)
 #   gpu_layer_tests the embedding kernels (pooling, reduction, dedup, gradient rows, counts),
-#                  joins, emit, table rows by slot, captured lookups and their kernels compiled on the GPU
+#                  joins, emit, rows by slot, captured lookups and their kernels compiled on the GPU
 #                  (the suites that run interpreted on CPU-only hosts, and gpu-marked ones)
 #   upsert_sweep   insert_or_assign per insert-program launch: one program per sorted
 #                  position against the block form (UPSERT_BLOCK), at three load factors
