@@ -17,7 +17,11 @@ the hits' scores and protection, the admission count, and one pass that restores
 the hits' scores, initializes the new rows and reads every key's embedding.
 
 At max_capacity on CUDA the training lookup is replayed from a CUDA graph per size
-class of u (``hashrec.table.lookup_graphs``), with the same outcome.
+class of u (``hashrec.table.lookup_graphs``), with the same outcome. Its keys past u
+are padding, told apart on the device, so two more kernels serve it: one splits the
+find into the masks (hit, pending, taking part) and a flag of whether any key is
+pending, and one adds the counters to the table's device totals. Without a pending key
+the hits take their new scores in the protect kernel, not after the insert.
 
 The outcome equals the reference path's (``HashTable._upsert``): same admission,
 insert rule, protection of this call's hits, eviction and refusal counts, score

@@ -6,7 +6,9 @@ launch over the batch's u unique keys; none reads anything back on the host:
 * ``protect_hits``: the score every hit gets after the call (LFU: stored score
   plus the batch count; STEP / TIMESTAMP: the clock; CUSTOMIZED: the caller's),
   and the hits' stored scores set to the maximum so that no insert of the call
-  evicts them;
+  evicts them (or, when the call inserts nothing, to their new scores at once);
+* ``found_masks`` and ``add_mask_counts`` (the captured lookup's): a find split
+  into the masks of the keys that take part, and the counters added in place;
 * ``count_admission``: the admission counter's find, count, admit-and-erase and
   count update, returning which keys were admitted, their totals and which
   need a new counter;
