@@ -277,7 +277,9 @@ def _fresh_inputs(batches, count: int, names: list[str], lengths: torch.Tensor) 
     for j in range(count):
         b = batches[j % len(batches)].clone()
         b[:, :new] = ARGS.key_range + j * new + torch.arange(new, device=DEVICE)
-        out.append(KeyedJaggedTensor.from_lengths(names, b.flatten(), lengths))
+        kjt = KeyedJaggedTensor.from_lengths(names, b.flatten(), lengths)
+        kjt.host_layout()  # known on the host ahead, as the loader's batches carry it
+        out.append(kjt)
     return out
 
 
