@@ -122,9 +122,13 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, t_keys, t_tags, t_digests
         live = mask & (tl.load(active_ptr + offs, mask=mask, other=0) != 0)
     key = tl.load(keys_ptr + offs, mask=mask, other=0)
     tag = load_tags(tags_ptr, offs, mask, HAS_TAGS)
-    slot = probe_bucket(key, tag, live, t_keys, t_tags, t_digests, num_buckets, CAP, LINE,
-                        WORDS, POW2, ROUND, BY_WORD)
-    slot = tl.where(live, slot, -1)
+    slot = tl.full([BLOCK], -1, dtype=tl.int64)
+    # A block without a key to probe (every key of a training lookup's all-hit batch is
+    # inactive here) skips the probe (not yet timed).
+    if tl.max(live.to(tl.int32), axis=0) > 0:
+        slot = probe_bucket(key, tag, live, t_keys, t_tags, t_digests, num_buckets, CAP,
+                            LINE, WORDS, POW2, ROUND, BY_WORD)
+        slot = tl.where(live, slot, -1)
     tl.store(slots_ptr + offs, slot, mask=mask)
     h = tagged_hash(key, tag)
     bucket = bucket_of_fast(h, num_buckets, POW2).to(tl.uint64)
