@@ -61,10 +61,14 @@ MAX_GRAPHS = 4     # size classes kept, the least recently used dropped
 BUFFERS = 3        # captures of a size class, each with its own outputs
 
 
-def _use_count(tensor: torch.Tensor) -> int | None:
-    """How many tensors use ``tensor``'s memory (None where torch does not tell)."""
-    counter = getattr(torch._C, "_storage_Use_Count", None)
-    return None if counter is None else counter(tensor.untyped_storage()._cdata)
+# How many tensors use a storage's memory; None where torch does not tell (the outputs
+# of a capture are then copied out, as for sharded storages).
+_STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _use_count(tensor: torch.Tensor) -> int:
+    """How many tensors use ``tensor``'s memory."""
+    return _STORAGE_USE_COUNT(tensor.untyped_storage()._cdata)
 
 
 def enabled(device: torch.device) -> bool:
@@ -139,8 +143,7 @@ class _Capture:
 
     def free(self) -> bool:
         """Whether no tensor but the capture's own uses its outputs."""
-        return None not in self.alone and \
-            all(_use_count(t) == alone for t, alone in zip(self.out, self.alone))
+        return all(_use_count(t) == alone for t, alone in zip(self.out, self.alone))
 
 
 class _Class:
@@ -185,7 +188,7 @@ class DedupGraphs:
                             pin_memory=device.type == "cuda")
         entry.meta.copy_(host, non_blocking=True)
         args = (entry.ids, entry.meta, num_tags, bits, clamp, owners, owned)
-        copied = bool(owners) or _use_count(entry.meta) is None
+        copied = bool(owners) or _STORAGE_USE_COUNT is None
         capture = None
         if entry.runs >= CAPTURE_AFTER and device.type == "cuda":
             capture = self._capture_for(entry, args, copied)

@@ -164,11 +164,12 @@ class FixedSizeLookup:
             admitted, counter_evicted = self._counter.count_masked(keys, tags, counts, pending)
             counted["admission_rejected"] = pending > admitted  # pending and not admitted
             counted["counter_evictions"] = counter_evicted
-            pending, any_pending = admitted, None
-        if any_pending is None and count is not None:
-            any_pending = pending.any()
+            pending = admitted
+            if any_pending is not None:  # the admission, not the find, tells what is pending
+                any_pending = pending.any()
         mode, host_clock = self._hit_score_mode(given)
-        # This call's hits are never evicted; they get their new scores at the end.
+        # This call's hits are never evicted; they get their new scores at the end (at once
+        # when ``any_pending`` says nothing is inserted).
         hit_scores = protect_hits(self.storage, slots, counts, given, mode,
                                   host_clock if clock is None else clock, guard=any_pending)
         if clock is not None:

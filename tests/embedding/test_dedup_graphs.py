@@ -151,6 +151,18 @@ def test_a_collection_trains_the_same_through_padded_sorts(monkeypatch):
         torch.testing.assert_close(table.rows, ref_collection.dense_tables[name].rows)
 
 
+def _sorted_both_ways(graphs, step: int, compact: bool, owners: int, level: int):
+    """One batch of a fixed size class (another id count each step) sorted by ``graphs``
+    and by the unpadded sort: (the padded outputs, the unpadded ones)."""
+    features = _features([[3000 + 17 * step, 500], [2000], [800, 90]], high=5000,
+                         seed=step, device="cuda")
+    tagged = batching._emit_order(features)
+    got = graphs.sort([f.values for _, f in tagged], [t for t, _ in tagged], len(features),
+                      dedup_graphs.pad_bits(len(features), compact), False, owners, None)
+    want = _sort_storage(features, True, False, owners, level, None)
+    return got, (want.sorted_ids, want.sorted_tags, want.order, want.group, want.summary)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("compact", [False, True], ids=["int64", "int32"])
@@ -158,15 +170,8 @@ def test_captured_replays_sort_like_the_unpadded_sort(compact):
     graphs = dedup_graphs.DedupGraphs()
     level = batching.COMPACT if compact else batching.NARROW
     for step in range(6):  # the same size class, another count each time
-        features = _features([[3000 + 17 * step, 500], [2000], [800, 90]], high=5000,
-                             seed=step, device="cuda")
-        tagged = batching._emit_order(features)
-        got = graphs.sort([f.values for _, f in tagged], [t for t, _ in tagged],
-                          len(features), dedup_graphs.pad_bits(len(features), compact), False,
-                          2, None)
-        want = _sort_storage(features, True, False, 2, level, None)
-        for mine, ref in zip(got, (want.sorted_ids, want.sorted_tags, want.order, want.group,
-                                   want.summary)):
+        got, want = _sorted_both_ways(graphs, step, compact, 2, level)
+        for mine, ref in zip(got, want):
             assert torch.equal(mine, ref)
     # Sharded (owners 2): one capture, its outputs copied out at every replay.
     assert graphs.captures == 1 and graphs.replays == 6 - dedup_graphs.CAPTURE_AFTER
@@ -178,14 +183,8 @@ def test_replays_never_overwrite_outputs_still_held():
     graphs = dedup_graphs.DedupGraphs()
     held, wants = [], []
     for step in range(9):
-        features = _features([[3000 + 17 * step, 500], [2000], [800, 90]], high=5000,
-                             seed=step, device="cuda")
-        tagged = batching._emit_order(features)
-        got = graphs.sort([f.values for _, f in tagged], [t for t, _ in tagged],
-                          len(features), dedup_graphs.pad_bits(len(features), True), False,
-                          0, None)
-        want = _sort_storage(features, True, False, 0, batching.COMPACT, None)
-        wants.append((want.sorted_ids, want.sorted_tags, want.order, want.group, want.summary))
+        got, want = _sorted_both_ways(graphs, step, True, 0, batching.COMPACT)
+        wants.append(want)
         if step < 6:  # held to the end: each capture's outputs stay in use
             held.append(got)
         else:  # dropped at once: the next sort may replay the same capture
