@@ -49,6 +49,10 @@ def _args() -> argparse.Namespace:
     p.add_argument("--upsert-block", type=int, default=None,
                    help="insert programs in block form with this many sorted positions "
                         "each (0: per-position form; default: the library's setting)")
+    p.add_argument("--upsert-group", type=int, default=None, choices=[0, 1],
+                   help="how the upsert groups its misses by bucket: 1 a counting sort over the "
+                        "buckets, 0 torch's stable sort of every key (default: the "
+                        "HASHREC_UPSERT_GROUP setting, else 1)")
     p.add_argument("--upsert-width", type=int, default=None,
                    help="block form: longest run placed in tiles (default: the library's)")
     p.add_argument("--upsert-lanes", type=int, default=None,
@@ -207,6 +211,8 @@ def _profile(storage: TableStorage, ioa_keys: torch.Tensor, foi_keys: torch.Tens
 def main() -> None:
     if ARGS.upsert_block is not None:
         upsert_tt.UPSERT_BLOCK["block"] = ARGS.upsert_block
+    if ARGS.upsert_group is not None:
+        upsert_tt.UPSERT_GROUP["count"] = ARGS.upsert_group
     if ARGS.upsert_width is not None:
         upsert_tt.UPSERT_BLOCK["width"] = ARGS.upsert_width
     if ARGS.upsert_lane_width is not None:
@@ -228,6 +234,7 @@ def main() -> None:
                "batch": ARGS.batch, "restored": not ARGS.no_restore, "bucket_capacity": 128,
                "upsert_config": dict(upsert_tt.UPSERT_CONFIG),
                "upsert_block": dict(upsert_tt.UPSERT_BLOCK),
+               "upsert_group": dict(upsert_tt.UPSERT_GROUP),
                "tagged": ARGS.tagged, "word_probe": find_tt.WORD_PROBE,
                "word_probe_lowest": find_tt.WORD_PROBE_LOWEST, "rows": []}
     for lf in ARGS.load_factors:
@@ -271,7 +278,9 @@ def _write(results: dict) -> None:
         write_results(ARGS.out, results,
                       f"# Table ops on GPU\n\nCommand: `{results['command']}`\n\n"
                       f"Insert programs: {results['upsert_block']} (block 0: one program "
-                      f"per sorted position, {results['upsert_config']}); tags compared: "
+                      f"per sorted position, {results['upsert_config']}); misses grouped by "
+                      f"{'a counting sort' if results['upsert_group']['count'] else 'a sort'} "
+                      f"({results['upsert_group']}); tags compared: "
                       f"{results['tagged']} (False: an unfused table, every tag 0).\n\n"
                       f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
                       f"{env['triton']}; {results['slots']} slots (bucket 128), "

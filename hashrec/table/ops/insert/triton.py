@@ -116,7 +116,8 @@ def write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, 
 def _insert_kernel(in_keys, in_tags, in_scores, in_digests, in_pos, seg_start, seg_bucket,
                    t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
                    ev_keys, ev_tags, ev_scores,
-                   ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr):
+                   ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
+                   BI: tl.constexpr):
     pid = tl.program_id(0)
     start = tl.load(seg_start + pid)
     end = tl.load(seg_start + pid + 1)

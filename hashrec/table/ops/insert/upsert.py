@@ -9,7 +9,8 @@ launch has a grid fixed by the batch size n, so nothing is read back on the host
    key: ``bucket << b' | hash bits`` for a miss (31 bits when the bucket fits in
    29, else 63), the maximum for a hit;
 2. one stable sort of the n sort keys groups the misses by bucket (equal keys end
-   up in one run of equal sort keys) ahead of the hits;
+   up in one run of equal sort keys) ahead of the hits: a counting sort over the
+   buckets (``group.py``) with the same result as a full sort;
 3. one kernel gathers the sorted misses (key, tag, score, bucket, digest) and names
    each repeat's first occurrence (a short backward scan);
 4. by default one program per ``UPSERT_BLOCK["block"]`` sorted positions (32, or
@@ -55,6 +56,7 @@ from hashrec.table.ops.find.triton import (
     probe_bucket,
     probe_round,
 )
+from hashrec.table.ops.insert.group import group_by_bucket
 from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.runs import insert_run
 from hashrec.table.ops.insert.upsert_block import (
@@ -63,7 +65,7 @@ from hashrec.table.ops.insert.upsert_block import (
     upsert_block_kernel,
 )
 from hashrec.table.ops.insert.upsert_lanes import LANE_PLACED, upsert_lanes_kernel
-from hashrec.table.ops.launch import cdiv, fast_launch, maxnreg, next_pow2
+from hashrec.table.ops.launch import cdiv, env_int, fast_launch, maxnreg, next_pow2
 from hashrec.table.storage import TableStorage
 
 __all__ = ["UpsertResult", "upsert_slots", "write_rows"]
@@ -80,6 +82,20 @@ UPSERT_CONFIG = {"runs": 1, "num_warps": 1, "bi": 16}
 # (benchmarks/results/sort_bits_gpu.md), so keys fewer bits wide gain nothing unless a
 # narrower type holds them.
 NARROW_MAX_SHIFT = 29
+
+
+def _group_from_env() -> int:
+    group = env_int("HASHREC_UPSERT_GROUP", 1)
+    if group not in (0, 1):
+        raise ValueError(f"HASHREC_UPSERT_GROUP must be 0 (a full sort) or 1 (grouped by "
+                         f"bucket), got {group}")
+    return group
+
+
+# 1: step 2 groups the misses by bucket with a counting sort (``group.group_by_bucket``),
+# whose work follows the misses, where a full sort's follows the batch; the outcome is
+# the same. 0 (HASHREC_UPSERT_GROUP=0): torch's stable sort of all n sort keys.
+UPSERT_GROUP = {"count": _group_from_env()}
 
 
 class UpsertResult(NamedTuple):
@@ -257,8 +273,10 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
 
 
 def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
-               active: torch.Tensor | None, slots: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Probes every active key into ``slots`` and returns the sort keys and their sentinel."""
+               active: torch.Tensor | None, slots: torch.Tensor
+               ) -> tuple[torch.Tensor, int, int]:
+    """Probes every active key into ``slots`` and returns the sort keys, their sentinel
+    and how many low bits of a miss's sort key lie below its bucket."""
     n, nb = keys.numel(), storage.num_buckets
     shift = max(1, (nb - 1).bit_length())
     wide = shift > NARROW_MAX_SHIFT
@@ -275,7 +293,9 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
         BY_WORD=by_word(width <= 32), BLOCK=block, num_warps=warps,
         **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
-    return sort_key, _WIDE_SENTINEL if wide else _NARROW_SENTINEL
+    if wide:
+        return sort_key, _WIDE_SENTINEL, 63 - shift
+    return sort_key, _NARROW_SENTINEL, 30 - shift
 
 
 def _empty(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -358,8 +378,11 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     ev = (ev_keys, ev_tags, ev_scores)
     if n == 0:
         return UpsertResult(slots, flags[:0], flags[:0], *ev, flags[:0])
-    sort_key, sentinel = _sort_keys(storage, keys, tags, active, slots)
-    sort_key, perm = torch.sort(sort_key, stable=True)
+    sort_key, sentinel, low = _sort_keys(storage, keys, tags, active, slots)
+    if UPSERT_GROUP["count"]:
+        sort_key, perm = group_by_bucket(sort_key, nb, low, sentinel)
+    else:
+        sort_key, perm = torch.sort(sort_key, stable=True)
     s_digests = _empty(n, torch.uint8, device)
     tag_arg = tags if tags is not None else keys
     grid = (cdiv(n, 512),)
