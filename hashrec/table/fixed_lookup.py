@@ -325,13 +325,17 @@ class FixedSizeLookup:
         while True:
             at_max = self.storage.num_buckets >= self._max_buckets
             allow = at_max and self.options.score_strategy is not ScoreStrategy.NO_EVICTION
-            result = upsert_slots(self.storage, keys, tags, scores, allow, active=pending)
-            slots = torch.where(pending, result.slots, slots)
+            # At max_capacity the upsert keeps the other keys' slots and counts the refused
+            # keys itself, where torch would take three launches after it.
+            result = upsert_slots(self.storage, keys, tags, scores, allow, active=pending,
+                                  given_slots=slots if at_max else None)
             placed = result.created if placed is None else placed | result.created
-            pending = pending > result.created  # pending and not created
             if at_max:
                 self._size_hint = None  # no growth from here on: the size is not needed
-                return slots, placed, pending.sum(), result.evicted if allow else None
+                return (result.slots, placed, result.refused[0],
+                        result.evicted if allow else None)
+            slots = torch.where(pending, result.slots, slots)
+            pending = pending > result.created  # pending and not created
             left, stored = torch.stack([pending.sum(), result.created.sum()]).tolist()
             self._size_hint += stored
             if left == 0:

@@ -331,6 +331,34 @@ def test_upsert_active_mask_equals_upsert_of_the_active_keys(monkeypatch, allow_
     assert not bool((got.created[~active] | got.inserted[~active]).any())
     assert torch.equal(got.created[active], want.created)
     assert int(got.evicted.sum()) == int(want.evicted.sum())
+    assert int(got.refused) == int(want.refused)
+    # Given their slots, the inactive keys read as those (or -1 where this call evicted
+    # them); nothing else changes.
+    given = find_ref.find_slots(base, batch)
+    given_storage = clone(base)
+    with_given = upsert_tt.upsert_slots(given_storage, batch, None, scores, allow_evict,
+                                        active=active, given_slots=given)
+    assert_same_index(given_storage, subset_storage)
+    after = find_ref.find_slots(given_storage, batch)
+    assert torch.equal(with_given.slots[~active], after[~active])
+    assert bool((given[~active] >= 0).any())
+    assert torch.equal(with_given.slots[active], want.slots)
+    assert int(with_given.refused) == int(want.refused)
+
+
+@pytest.mark.parametrize("allow_evict", [False, True], ids=["no_evict", "evict"])
+def test_upsert_counts_the_absent_keys_it_does_not_place(allow_evict):
+    """``refused``: every occurrence of an absent key left without a slot."""
+    base, keys, _ = filled(4, 8, 60, seed=41)
+    gen = torch.Generator().manual_seed(42)
+    new = random_keys(30, gen).to(DEVICE)
+    batch = torch.cat([keys[:10], new, new[:5]])
+    scores = torch.zeros(batch.shape, dtype=torch.int64, device=DEVICE)  # evicts nothing
+    absent = find_ref.find_slots(base, batch) < 0
+    got = upsert_tt.upsert_slots(clone(base), batch, None, scores, allow_evict)
+    want = int((absent & ~got.created).sum())
+    assert want > 0  # the buckets were full: some new keys found no room
+    assert int(got.refused) == want
 
 
 def test_upsert_block_setting_from_environment(monkeypatch):

@@ -110,6 +110,8 @@ class UpsertResult(NamedTuple):
             call's sorted order, not the batch order).
         evicted_keys: (n,) int64, evicted_tags (n,) int32, evicted_scores (n,) int64.
         created: (n,) bool, True at every occurrence of a key placed by this call.
+        refused: (1,) int64 on the device, the occurrences of absent keys this call
+            did not place (a full bucket kept its entries).
     """
 
     slots: torch.Tensor
@@ -119,15 +121,16 @@ class UpsertResult(NamedTuple):
     evicted_tags: torch.Tensor
     evicted_scores: torch.Tensor
     created: torch.Tensor
+    refused: torch.Tensor
 
 
 # The bucket bits are a runtime argument: a growing table changes them at every
 # doubling, and a compile-time constant would compile the kernel anew each time.
 @fast_launch
 @triton.jit(do_not_specialize=["shift"])
-def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, t_keys, t_tags, t_digests, slots_ptr,
-                       sort_ptr, n, num_buckets, shift, HAS_TAGS: tl.constexpr,
-                       HAS_ACTIVE: tl.constexpr, CAP: tl.constexpr,
+def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags, t_digests,
+                       slots_ptr, sort_ptr, n, num_buckets, shift, HAS_TAGS: tl.constexpr,
+                       HAS_ACTIVE: tl.constexpr, GIVEN: tl.constexpr, CAP: tl.constexpr,
                        LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
                        ROUND: tl.constexpr, WIDE: tl.constexpr, BY_WORD: tl.constexpr,
                        BLOCK: tl.constexpr):
@@ -145,6 +148,8 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, t_keys, t_tags, t_digests
         slot = probe_bucket(key, tag, live, t_keys, t_tags, t_digests, num_buckets, CAP,
                             LINE, WORDS, POW2, ROUND, BY_WORD)
         slot = tl.where(live, slot, -1)
+    if GIVEN:  # inactive keys keep the slots the caller gives them
+        slot = tl.where(live, slot, tl.load(given_ptr + offs, mask=mask & ~live, other=-1))
     tl.store(slots_ptr + offs, slot, mask=mask)
     h = tagged_hash(key, tag)
     bucket = bucket_of_fast(h, num_buckets, POW2).to(tl.uint64)
@@ -162,16 +167,18 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, t_keys, t_tags, t_digests
 @fast_launch
 @triton.jit
 def _gather_kernel(sorted_ptr, perm_ptr, keys_ptr, tags_ptr, scores_ptr, s_keys, s_tags,
-                   s_scores, s_digests, s_bucket, first_ptr, ev_any, n, num_buckets,
+                   s_scores, s_digests, s_bucket, first_ptr, ev_any, refused_ptr, n, num_buckets,
                    HAS_TAGS: tl.constexpr, POW2: tl.constexpr, SENTINEL: tl.constexpr,
                    BLOCK: tl.constexpr):
     """Sorted misses' fields, bucket -1 at the hits (after the misses), and the index of
     each sorted miss's first occurrence among equal (key, tag): a backward scan over the
     run of equal sort keys before it, reading the batch through the permutation (such
     a run holds repeats of one key, or rarely keys of equal hash bits). Program 0 also
-    clears ``ev_any``, which the insert kernels after it set when they evict."""
+    clears ``ev_any``, which the insert kernels after it set when they evict, and the
+    refused count, which the finalize kernel adds to."""
     if tl.program_id(0) == 0:
         tl.store(ev_any, 0)
+        tl.store(refused_ptr, 0)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     s = tl.load(sorted_ptr + i, mask=mask, other=SENTINEL)
@@ -228,7 +235,7 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
 @triton.jit
 def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_ptr, t_keys,
                      t_tags, t_digests, s_digests, state, slots_ptr, inserted_ptr, created_ptr,
-                     evicted_ptr, ev_any, n,
+                     evicted_ptr, ev_any, refused_ptr, n,
                      HAS_TAGS: tl.constexpr, ALLOW_EVICT: tl.constexpr, LANES: tl.constexpr,
                      SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
     """Final slot and flags of every key, in batch order; clears unused evicted flags.
@@ -267,16 +274,20 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
     else:
         tl.store(evicted_ptr + i, tl.zeros([BLOCK], dtype=tl.int8), mask=mask)
     placed = miss & (new_slot >= 0)
+    refused = tl.sum((miss & (new_slot < 0)).to(tl.int64), axis=0)
+    if refused > 0:
+        tl.atomic_add(refused_ptr, refused)
     tl.store(slots_ptr + pos, tl.where(miss, new_slot, slot), mask=mask)
     tl.store(inserted_ptr + pos, (placed & (first == i)).to(tl.int8), mask=mask)
     tl.store(created_ptr + pos, placed.to(tl.int8), mask=mask)
 
 
 def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
-               active: torch.Tensor | None, slots: torch.Tensor
+               active: torch.Tensor | None, given: torch.Tensor | None, slots: torch.Tensor
                ) -> tuple[torch.Tensor, int, int]:
-    """Probes every active key into ``slots`` and returns the sort keys, their sentinel
-    and how many low bits of a miss's sort key lie below its bucket."""
+    """Probes every active key into ``slots`` (the others get ``given``'s slot, or -1) and
+    returns the sort keys, their sentinel and how many low bits of a miss's sort key lie
+    below its bucket."""
     n, nb = keys.numel(), storage.num_buckets
     shift = max(1, (nb - 1).bit_length())
     wide = shift > NARROW_MAX_SHIFT
@@ -286,10 +297,12 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
     block = probe_block(width, warps, most) if most else probe_block(width, warps)
     _probe_sort_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys,
-        active.view(torch.uint8) if active is not None else keys, storage.keys,
+        active.view(torch.uint8) if active is not None else keys,
+        given if given is not None else keys, storage.keys,
         storage.probe_tags(tags), line, slots, sort_key, n, nb, shift,
         HAS_TAGS=tags is not None,
-        HAS_ACTIVE=active is not None, CAP=storage.bucket_capacity, LINE=width,
+        HAS_ACTIVE=active is not None, GIVEN=given is not None, CAP=storage.bucket_capacity,
+        LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
         BY_WORD=by_word(width <= 32), BLOCK=block, num_warps=warps,
         **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
@@ -345,7 +358,8 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
 
 def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
                  scores: torch.Tensor, allow_evict: bool,
-                 active: torch.Tensor | None = None) -> UpsertResult:
+                 active: torch.Tensor | None = None,
+                 given_slots: torch.Tensor | None = None) -> UpsertResult:
     """Finds keys (n,) int64 [+ tags] and inserts the missing ones with ``scores`` (n,).
 
     Repeated keys are inserted once, with the score of their first occurrence.
@@ -355,6 +369,8 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     ``active`` (n,) bool, when given, limits the call to those keys: an inactive key
     is neither looked up nor inserted and reads as slot -1 with no flags (a fixed-size
     stand-in for passing ``keys[active]``, which would need a host sync).
+    ``given_slots`` (n,) int64, with ``active``: the slots the inactive keys read as
+    instead of -1 (a caller's own lookup of them; saves it a merge after the call).
     """
     check_keys(keys, tags, storage.device)
     if scores.dtype != torch.int64 or scores.shape != keys.shape:
@@ -363,7 +379,11 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     if active is not None and (active.dtype != torch.bool or active.shape != keys.shape):
         raise ValueError(f"active must be bool of shape {tuple(keys.shape)}, "
                          f"got {active.dtype} {tuple(active.shape)}")
+    if given_slots is not None and (active is None or given_slots.dtype != torch.int64
+                                    or given_slots.shape != keys.shape):
+        raise ValueError("given_slots must be int64 of the keys' shape, and come with active")
     active = active.contiguous() if active is not None else None
+    given_slots = given_slots.contiguous() if given_slots is not None else None
     storage.note_tags(tags)
     t_tags = storage.probe_tags(tags)
     keys, scores = keys.contiguous(), scores.contiguous()
@@ -377,8 +397,10 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     ev_tags, s_tags = _rows(2, n, torch.int32, device)
     ev = (ev_keys, ev_tags, ev_scores)
     if n == 0:
-        return UpsertResult(slots, flags[:0], flags[:0], *ev, flags[:0])
-    sort_key, sentinel, low = _sort_keys(storage, keys, tags, active, slots)
+        return UpsertResult(slots, flags[:0], flags[:0], *ev, flags[:0],
+                            torch.zeros(1, dtype=torch.int64, device=device))
+    refused = _empty(1, torch.int64, device)  # cleared by the gather, added to by the finalize
+    sort_key, sentinel, low = _sort_keys(storage, keys, tags, active, given_slots, slots)
     if UPSERT_GROUP["count"]:
         sort_key, perm = group_by_bucket(sort_key, nb, low, sentinel)
     else:
@@ -388,7 +410,8 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     grid = (cdiv(n, 512),)
     ev_any = _empty(1, torch.int32, device)  # cleared by the gather, set where a miss evicts
     _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
-                         s_digests, s_bucket, first, ev_any, n, nb, HAS_TAGS=tags is not None,
+                         s_digests, s_bucket, first, ev_any, refused, n, nb,
+                         HAS_TAGS=tags is not None,
                          POW2=is_pow2(nb), SENTINEL=sentinel, BLOCK=512)
     evicted = flags[2 * n:].view(torch.int8)
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
@@ -397,7 +420,8 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
         s_digests, state if state is not None else s_digests, slots,
-        flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, ev_any, n,
+        flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, ev_any, refused,
+        n,
         HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), LANES=state is not None,
         SENTINEL=sentinel, BLOCK=512)
-    return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n])
+    return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n], refused)
