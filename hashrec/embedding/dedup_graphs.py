@@ -121,9 +121,9 @@ def padded_sort(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
     compact = bits + num_tags.bit_length() <= 31
     keyed, bad = padded_keys(ids, meta, num_tags, bits, clamp, compact)
     combined, order = torch.sort(keyed, stable=True)
-    sorted_ids, sorted_tags, new, steps = mark_sorted(combined, bits)
+    sorted_ids, sorted_tags, new, steps, starts = mark_sorted(combined, bits, num_tags)
     group = torch.cumsum(steps, 0)
-    summary = tag_summary(sorted_tags, sorted_ids, group, num_tags, bad).reshape(-1)
+    summary = tag_summary(sorted_tags, sorted_ids, group, num_tags, bad, starts).reshape(-1)
     if owners:
         low, high = owned if owned is not None else (0, num_tags)
         counted = new & (sorted_tags >= low) & (sorted_tags < high)

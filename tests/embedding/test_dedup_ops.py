@@ -40,6 +40,10 @@ def test_kernel_equals_reference(n, num_tags, empty, bad):
     got = kernel.tag_summary(tags, ids, group, num_tags, flag)
     assert got.shape == (3, num_tags)
     assert torch.equal(got, want)
+    bounds = torch.arange(num_tags + 1, dtype=torch.int32, device=DEVICE)
+    starts = torch.searchsorted(tags, bounds)  # as mark_sorted gives them
+    assert torch.equal(kernel.tag_summary(tags, ids, group, num_tags, flag, starts), want)
+    assert torch.equal(reference.tag_summary(tags, ids, group, num_tags, flag, starts), want)
     firsts = torch.ones(n, dtype=torch.bool, device=DEVICE)
     firsts[1:] = group[1:] != group[:-1]
     counts = torch.bincount(tags.to(torch.int64)[firsts], minlength=num_tags)
@@ -105,3 +109,34 @@ def test_mark_sorted_kernel_equals_reference(dtype, n):
         assert k.dtype == w.dtype and torch.equal(k, w)
     group = torch.cumsum(got[3], 0)
     assert torch.equal(group, torch.cumsum(got[2], 0) - 1)  # numbers the unique keys from 0
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("n,num_tags,missing", [
+    (1, 1, ()), (1, 4, ()), (700, 5, (0, 2)), (2100, 6, (3, 4, 5)), (2100, 9, (8,)),
+    (900, 4, "out"),
+], ids=["one", "one-of-four", "gaps", "tail-gone", "padded", "out-of-range"])
+def test_mark_sorted_tag_starts_equal_reference(dtype, n, num_tags, missing):
+    """Every tag's first position (num_tags: the padding's, after the last tag), with
+    tags that have no keys before, between and after the others; "padded" has keys of
+    tag num_tags, the padding's; "out-of-range" has tags below 0 and above num_tags (the
+    keys of ids too wide, which the dedup flags), whose starts stay in the array."""
+    g = torch.Generator().manual_seed(n + num_tags)
+    low, high = (-2, num_tags + 4) if missing == "out" else (0, num_tags + 1)
+    missing = () if missing == "out" else missing
+    tags = torch.randint(low, high, (n,), generator=g)
+    for t in missing:
+        tags[tags == t] = 1 if t == 0 else t - 1
+    if num_tags > 1 and 0 not in missing and low == 0:
+        tags[0] = 0
+    keys = (tags << 12) + torch.randint(0, 1 << 12, (n,), generator=g)
+    keys = keys.sort().values.to(dtype).to(DEVICE)
+    want = reference.mark_sorted(keys, 12, num_tags)
+    got = kernel.mark_sorted(keys, 12, num_tags)
+    assert len(got) == len(want) == 5
+    for w, k in zip(want, got):
+        assert k.dtype == w.dtype and torch.equal(k, w)
+    first_of = {int(t): i for i, t in reversed(list(enumerate(got[1].tolist())))}
+    for t in range(num_tags + 1):
+        later = [first_of[u] for u in first_of if u >= t]
+        assert int(got[4][t]) == (min(later) if later else n)

@@ -17,10 +17,11 @@ from hashrec.table.ops.dispatch import backend
 
 
 def tag_summary(sorted_tags: torch.Tensor, sorted_ids: torch.Tensor, group: torch.Tensor,
-                num_tags: int, bad: torch.Tensor | None = None) -> torch.Tensor:
+                num_tags: int, bad: torch.Tensor | None = None,
+                starts: torch.Tensor | None = None) -> torch.Tensor:
     """(3, num_tags) int64: unique keys, smallest id, largest id of every tag."""
     impl = backend(__name__, reference, sorted_tags.device)
-    return impl.tag_summary(sorted_tags, sorted_ids, group, num_tags, bad)
+    return impl.tag_summary(sorted_tags, sorted_ids, group, num_tags, bad, starts)
 
 
 def unique_layout(group: torch.Tensor, order: torch.Tensor, sorted_ids: torch.Tensor,
@@ -38,11 +39,12 @@ def padded_keys(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
     return impl.padded_keys(ids, meta, num_tags, bits, clamp, compact)
 
 
-def mark_sorted(keys: torch.Tensor, bits: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sorted_ids int64, sorted_tags int32, new bool, steps int64) of sorted keys (N,)."""
+def mark_sorted(keys: torch.Tensor, bits: int, num_tags: int | None = None
+                ) -> tuple[torch.Tensor, ...]:
+    """(sorted_ids int64, sorted_tags int32, new bool, steps int64) of sorted keys (N,),
+    and with ``num_tags`` every tag's first position (num_tags + 1,) int64."""
     impl = backend(__name__, reference, keys.device)
-    return impl.mark_sorted(keys, bits)
+    return impl.mark_sorted(keys, bits, num_tags)
 
 
 __all__ = ["mark_sorted", "padded_keys", "tag_summary", "unique_layout"]

@@ -6,7 +6,8 @@ import torch
 
 
 def tag_summary(sorted_tags: torch.Tensor, sorted_ids: torch.Tensor, group: torch.Tensor,
-                num_tags: int, bad: torch.Tensor | None = None) -> torch.Tensor:
+                num_tags: int, bad: torch.Tensor | None = None,
+                starts: torch.Tensor | None = None) -> torch.Tensor:
     """Per tag of a batch sorted by (tag, id): its unique keys, smallest and largest id.
 
     Args:
@@ -15,6 +16,8 @@ def tag_summary(sorted_tags: torch.Tensor, sorted_ids: torch.Tensor, group: torc
         group: (n,) int64 index of each position's unique (tag, id), ascending from 0.
         num_tags: tags 0 .. num_tags - 1 (a tag may have no ids).
         bad: 0-d bool; when True every smallest id reads -1.
+        starts: (num_tags + 1,) int64, the first position of every tag (``mark_sorted``
+            with ``num_tags``), or None: found here.
 
     Returns:
         (3, num_tags) int64: unique keys, smallest id, largest id. A tag without ids
@@ -23,7 +26,7 @@ def tag_summary(sorted_tags: torch.Tensor, sorted_ids: torch.Tensor, group: torc
     n = sorted_tags.numel()
     total = group[-1:] + 1
     bounds = torch.arange(num_tags + 1, dtype=sorted_tags.dtype, device=sorted_tags.device)
-    first = torch.searchsorted(sorted_tags, bounds)
+    first = torch.searchsorted(sorted_tags, bounds) if starts is None else starts
     before = torch.where(first < n, group[first.clamp(max=n - 1)], total)
     low = sorted_ids[first[:-1].clamp(max=n - 1)]
     if bad is not None:
@@ -93,19 +96,25 @@ def padded_keys(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
     return (keys.to(torch.int32) if compact else keys), bad
 
 
-def mark_sorted(keys: torch.Tensor, bits: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def mark_sorted(keys: torch.Tensor, bits: int, num_tags: int | None = None
+                ) -> tuple[torch.Tensor, ...]:
     """Splits sorted one-pass keys (N,) (int64, or int32) into their parts.
 
     Returns:
         sorted_ids (N,) int64 (the low ``bits``), sorted_tags (N,) int32 (the rest),
         new (N,) bool (a position whose key differs from the one before; position 0
         is new), and steps (N,) int64: ``new`` but 0 at position 0, so that its
-        cumulative sum numbers every position's unique key from 0.
+        cumulative sum numbers every position's unique key from 0. With ``num_tags``,
+        also starts (num_tags + 1,) int64: the first position whose tag is at least
+        0, 1, .. num_tags (N where none is), for ``tag_summary``.
     """
     wide = keys.to(torch.int64)
     new = torch.ones(keys.numel(), dtype=torch.bool, device=keys.device)
     torch.ne(wide[1:], wide[:-1], out=new[1:])
     steps = new.to(torch.int64)
     steps[:1] = 0
-    return wide & ((1 << bits) - 1), (wide >> bits).to(torch.int32), new, steps
+    tags = (wide >> bits).to(torch.int32)
+    if num_tags is None:
+        return wide & ((1 << bits) - 1), tags, new, steps
+    bounds = torch.arange(num_tags + 1, dtype=torch.int32, device=keys.device)
+    return wide & ((1 << bits) - 1), tags, new, steps, torch.searchsorted(tags, bounds)

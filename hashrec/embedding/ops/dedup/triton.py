@@ -1,11 +1,13 @@
 """Triton dedup ops with the reference's signatures (see ``reference.py``).
 
 ``tag_summary``: one program; every tag's first and last position come from
-binary searches of the sorted tags, done for all tags at once, and the counts
-and ids are loads at those positions. One launch where the reference takes about
-fifteen operators. ``unique_layout``: one pass over the sorted positions writes
-the keys, tags and start of every unique key (at its first position) and every
-id's inverse, where the reference takes a scatter each and a search.
+``mark_sorted`` (which writes each at the position where the tags pass it), or
+without those from binary searches of the sorted tags, done for all tags at once,
+and the counts and ids are loads at those positions. One launch where the
+reference takes about fifteen operators. ``unique_layout``: one pass over the
+sorted positions writes the keys, tags and start of every unique key (at its first
+position) and every id's inverse, where the reference takes a scatter each and a
+search.
 """
 
 from __future__ import annotations
@@ -44,12 +46,16 @@ def _unique_before(group_ptr, first, valid, n, total):
 
 @fast_launch
 @triton.jit
-def _summary_kernel(tags_ptr, ids_ptr, group_ptr, bad_ptr, out_ptr, n, num_tags, steps,
-                    HAS_BAD: tl.constexpr, TAGS: tl.constexpr):
+def _summary_kernel(tags_ptr, ids_ptr, group_ptr, bad_ptr, starts_ptr, out_ptr, n, num_tags,
+                    steps, HAS_BAD: tl.constexpr, STARTS: tl.constexpr, TAGS: tl.constexpr):
     t = tl.arange(0, TAGS)
     valid = t < num_tags
-    start = _first_at_least(tags_ptr, t, valid, n, steps)
-    end = _first_at_least(tags_ptr, t + 1, valid, n, steps)
+    if STARTS:
+        start = tl.load(starts_ptr + t, mask=valid, other=0)
+        end = tl.load(starts_ptr + t + 1, mask=valid, other=0)
+    else:
+        start = _first_at_least(tags_ptr, t, valid, n, steps)
+        end = _first_at_least(tags_ptr, t + 1, valid, n, steps)
     total = tl.load(group_ptr + n - 1) + 1
     count = _unique_before(group_ptr, end, valid, n, total) - \
         _unique_before(group_ptr, start, valid, n, total)
@@ -63,14 +69,15 @@ def _summary_kernel(tags_ptr, ids_ptr, group_ptr, bad_ptr, out_ptr, n, num_tags,
 
 
 def tag_summary(sorted_tags: torch.Tensor, sorted_ids: torch.Tensor, group: torch.Tensor,
-                num_tags: int, bad: torch.Tensor | None = None) -> torch.Tensor:
+                num_tags: int, bad: torch.Tensor | None = None,
+                starts: torch.Tensor | None = None) -> torch.Tensor:
     """(3, num_tags) int64: unique keys, smallest id, largest id of every tag."""
     n = sorted_tags.numel()
     out = torch.empty(3, num_tags, dtype=torch.int64, device=sorted_tags.device)
     _summary_kernel[(1,)](
         sorted_tags, sorted_ids, group, bad.view(torch.uint8) if bad is not None else group,
-        out, n, num_tags, n.bit_length() + 1, HAS_BAD=bad is not None,
-        TAGS=next_pow2(max(num_tags, 2)))
+        starts if starts is not None else group, out, n, num_tags, n.bit_length() + 1,
+        HAS_BAD=bad is not None, STARTS=starts is not None, TAGS=next_pow2(max(num_tags, 2)))
     return out
 
 
@@ -149,10 +156,21 @@ def padded_keys(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
     return keys, bad
 
 
+@triton.jit
+def _write_starts(starts_ptr, at, after, upto, live):
+    """Per lane: ``at`` into starts[after + 1 .. upto] (tags clamped to the array)."""
+    t = after + 1
+    open_ = live & (t <= upto)
+    while tl.max(open_.to(tl.int32), axis=0) > 0:
+        tl.store(starts_ptr + t, at, mask=open_)
+        t += 1
+        open_ = open_ & (t <= upto)
+
+
 @fast_launch
 @triton.jit
-def _mark_kernel(keys_ptr, ids_ptr, tags_ptr, new_ptr, steps_ptr, size, bits, mask,
-                 BLOCK: tl.constexpr):
+def _mark_kernel(keys_ptr, ids_ptr, tags_ptr, new_ptr, steps_ptr, starts_ptr, size, bits, mask,
+                 num_tags, STARTS: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = i < size
     key = tl.load(keys_ptr + i, mask=live, other=0).to(tl.int64)
@@ -162,17 +180,30 @@ def _mark_kernel(keys_ptr, ids_ptr, tags_ptr, new_ptr, steps_ptr, size, bits, ma
     tl.store(tags_ptr + i, (key >> bits).to(tl.int32), mask=live)
     tl.store(new_ptr + i, new.to(tl.int8), mask=live)
     tl.store(steps_ptr + i, (new & (i > 0)).to(tl.int64), mask=live)
+    if STARTS:  # the tags (previous tag, tag] start here; those past the last tag at size
+        tag = tl.minimum(tl.maximum(key >> bits, -1), num_tags)
+        before = tl.where(i > 0, tl.minimum(tl.maximum(prev >> bits, -1), num_tags), -1)
+        _write_starts(starts_ptr, i, before, tag, live & (tag > before))
+        _write_starts(starts_ptr, size + tl.zeros_like(i), tag, tl.zeros_like(tag) + num_tags,
+                      live & (i == size - 1))
 
 
-def mark_sorted(keys: torch.Tensor, bits: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sorted_ids int64, sorted_tags int32, new bool, steps int64) of sorted keys (N,)."""
+def mark_sorted(keys: torch.Tensor, bits: int, num_tags: int | None = None
+                ) -> tuple[torch.Tensor, ...]:
+    """(sorted_ids int64, sorted_tags int32, new bool, steps int64) of sorted keys (N,),
+    and with ``num_tags`` every tag's first position (num_tags + 1,) int64."""
     size, device = keys.numel(), keys.device
     ids = torch.empty(size, dtype=torch.int64, device=device)
     tags = torch.empty(size, dtype=torch.int32, device=device)
     new = torch.empty(size, dtype=torch.bool, device=device)
     steps = torch.empty(size, dtype=torch.int64, device=device)
+    # Every entry is written when size > 0 (at the position where the tags pass it).
+    starts = (torch.empty if size else torch.zeros)((num_tags or 0) + 1, dtype=torch.int64,
+                                                    device=device)
     if size:
-        _mark_kernel[(cdiv(size, _BLOCK),)](keys, ids, tags, new.view(torch.int8), steps, size,
-                                            bits, (1 << bits) - 1, BLOCK=_BLOCK)
-    return ids, tags, new, steps
+        _mark_kernel[(cdiv(size, _BLOCK),)](
+            keys, ids, tags, new.view(torch.int8), steps, starts, size, bits, (1 << bits) - 1,
+            num_tags or 0, STARTS=num_tags is not None, BLOCK=_BLOCK)
+    if num_tags is None:
+        return ids, tags, new, steps
+    return ids, tags, new, steps, starts
