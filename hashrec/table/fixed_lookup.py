@@ -328,7 +328,7 @@ class FixedSizeLookup:
             # At max_capacity the upsert keeps the other keys' slots and counts the refused
             # keys itself, where torch would take three launches after it.
             result = upsert_slots(self.storage, keys, tags, scores, allow, active=pending,
-                                  given_slots=slots if at_max else None)
+                                  given_slots=slots if at_max else None, few_misses=at_max)
             placed = result.created if placed is None else placed | result.created
             if at_max:
                 self._size_hint = None  # no growth from here on: the size is not needed

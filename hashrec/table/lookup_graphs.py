@@ -222,9 +222,12 @@ class LookupGraphs:
                 active: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         table, n = self._table, keys.numel()
         self.replays += 1
+        # Only admission counting and LFU scores read the counts (the buffer keeps ones).
+        if table._counter is None and table.options.score_strategy is not ScoreStrategy.LFU:
+            counts = None
         for buffer, value in ((entry.keys, keys), (entry.tags, tags), (entry.counts, counts),
                               (entry.given, given), (entry.active, active)):
-            if buffer is not None:
+            if buffer is not None and value is not None:
                 buffer[:n].copy_(value)
         # Seeds drawn as the eager lookup draws them: the missing rows', then the new.
         seeds = [table._kernel_seed() if draws_seed(args, n, table.dim) else 0

@@ -49,23 +49,28 @@ def _sort_keys(n: int, num_buckets: int, miss_share: float, wide: bool, seed: in
 def test_group_by_bucket_equals_stable_sort(wide, n, num_buckets, share, crowd):
     keys, sentinel, low = _sort_keys(n, num_buckets, share, wide, seed=n + num_buckets,
                                      crowd=crowd)
-    got_keys, got_perm = group_by_bucket(keys, num_buckets, low, sentinel)
+    got_keys, got_perm, misses = group_by_bucket(keys, num_buckets, low, sentinel)
     want_keys, want_perm = torch.sort(keys, stable=True)
     assert got_keys.dtype == keys.dtype and got_perm.dtype == torch.int64
     assert torch.equal(got_keys, want_keys)
     assert torch.equal(got_perm, want_perm)
+    assert int(misses) == int((keys != sentinel).sum())
 
 
 def test_group_by_bucket_of_no_keys():
     keys = torch.empty(0, dtype=torch.int32, device=DEVICE)
-    got_keys, got_perm = group_by_bucket(keys, 8, 27, 0x7FFFFFFF)
-    assert got_keys.numel() == 0 and got_perm.numel() == 0
+    got_keys, got_perm, misses = group_by_bucket(keys, 8, 27, 0x7FFFFFFF)
+    assert got_keys.numel() == 0 and got_perm.numel() == 0 and int(misses) == 0
 
 
 @pytest.mark.parametrize("allow_evict", [False, True], ids=["keep", "evict"])
-def test_upsert_outcome_is_the_same_with_either_sort(monkeypatch, allow_evict):
+@pytest.mark.parametrize("few", [False, True], ids=["blocks", "persistent"])
+def test_upsert_outcome_is_the_same_with_either_sort(monkeypatch, allow_evict, few):
     """The whole upsert (slots, flags, evicted entries, table contents) with the counting
-    sort equals the one with torch's full sort."""
+    sort equals the one with torch's full sort; so does it with ``few_misses`` (persistent
+    block programs, here one for the 3 blocks of misses)."""
+    monkeypatch.setattr(upsert_tt, "PERSISTENT_PER_SM", 1)
+    monkeypatch.setattr(upsert_tt, "_multiprocessors", lambda device: 1)
     base, keys, _ = filled(16, 8, 100, seed=71)
     gen = torch.Generator().manual_seed(72)
     batch = torch.cat([keys[:40], random_keys(90, gen).to(DEVICE), keys[:10]])
@@ -75,10 +80,11 @@ def test_upsert_outcome_is_the_same_with_either_sort(monkeypatch, allow_evict):
     for count in (0, 1):
         monkeypatch.setitem(upsert_tt.UPSERT_GROUP, "count", count)
         storage = clone(base)
-        result = upsert_tt.upsert_slots(storage, batch, None, scores, allow_evict)
+        result = upsert_tt.upsert_slots(storage, batch, None, scores, allow_evict,
+                                        few_misses=few and count == 1)
         outcomes.append((result, storage))
     (a, sa), (b, sb) = outcomes
-    for name in ("slots", "inserted", "created", "evicted"):
+    for name in ("slots", "inserted", "created", "evicted", "refused"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     for name in ("evicted_keys", "evicted_tags", "evicted_scores"):  # set where evicted
         assert torch.equal(getattr(a, name)[a.evicted], getattr(b, name)[b.evicted]), name
@@ -107,4 +113,5 @@ def test_large_group_by_bucket_equals_stable_sort_on_gpu(n, num_buckets, share, 
     keys, sentinel, low = _sort_keys(n, num_buckets, share, wide, seed=5)
     got = group_by_bucket(keys, num_buckets, low, sentinel)
     want = torch.sort(keys, stable=True)
+    assert int(got[2]) == int((keys != sentinel).sum())
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

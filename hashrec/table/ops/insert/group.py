@@ -110,13 +110,15 @@ def _rank_kernel(tmp_sort, tmp_pos, counts_ptr, ends_ptr, out_sort, out_perm, nu
 
 
 def group_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentinel: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``torch.sort(sort_keys, stable=True)`` of upsert sort keys (n,) int32 / int64:
-    (sorted keys, positions int64). Every key is ``sentinel`` or a miss whose bucket
-    (< ``num_buckets``) is its value shifted right by ``low`` bits."""
+    (sorted keys, positions int64), and the misses' count (1,) int32 on the device.
+    Every key is ``sentinel`` or a miss whose bucket (< ``num_buckets``) is its value
+    shifted right by ``low`` bits."""
     n, device = sort_keys.numel(), sort_keys.device
     if n == 0:
-        return sort_keys.clone(), torch.empty(0, dtype=torch.int64, device=device)
+        return (sort_keys.clone(), torch.empty(0, dtype=torch.int64, device=device),
+                torch.zeros(1, dtype=torch.int32, device=device))
     programs = cdiv(n, _BLOCK)
     counts = torch.zeros(num_buckets + programs, dtype=torch.int32, device=device)
     tickets = torch.empty(n, dtype=torch.int32, device=device)
@@ -129,4 +131,4 @@ def group_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentine
                                out_perm, n, num_buckets, low, SENTINEL=sentinel, BLOCK=_BLOCK)
     _rank_kernel[(programs,)](tmp_sort, tmp_pos, counts, ends, out_sort, out_perm,
                               num_buckets, low, BLOCK=_BLOCK)
-    return out_sort, out_perm
+    return out_sort, out_perm, ends[num_buckets - 1:num_buckets]

@@ -35,6 +35,7 @@ over the sorted batch with a mask.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -96,6 +97,16 @@ def _group_from_env() -> int:
 # whose work follows the misses, where a full sort's follows the batch; the outcome is
 # the same. 0 (HASHREC_UPSERT_GROUP=0): torch's stable sort of all n sort keys.
 UPSERT_GROUP = {"count": _group_from_env()}
+# Persistent block programs a multiprocessor for calls that expect few misses.
+PERSISTENT_PER_SM = 4
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (a fixed 4 elsewhere: the interpreter's grid)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class UpsertResult(NamedTuple):
@@ -322,10 +333,12 @@ def _rows(count: int, n: int, dtype: torch.dtype, device: torch.device
     return torch.empty(count, -(-n // per) * per, dtype=dtype, device=device)[:, :n].unbind(0)
 
 
-def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
-                   ) -> torch.Tensor | None:
+def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
+                   misses: torch.Tensor | None) -> torch.Tensor | None:
     """Places the sorted misses (step 4); returns the lanes' outcomes when the lane form
-    ran first (its placed entries are then written by the finalize step), else None."""
+    ran first (its placed entries are then written by the finalize step), else None.
+    ``misses`` (1,) int32 on the device, when given: the count of sorted misses, for
+    persistent block programs without the lane form (a call expecting few misses)."""
     (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, t_keys, t_tags, _,
      t_scores, out, evicted, *_) = args
     cap, evict = storage.bucket_capacity, bool(allow_evict)
@@ -338,7 +351,9 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
     b = block_positions(block["block"], block["elements"], cap)
     programs, state, blocks = cdiv(n, b), None, None
     line, width, words = digest_line(storage)
-    if block["lanes"] and words and n >= block["lanes_min"]:
+    if misses is not None:
+        programs = min(programs, PERSISTENT_PER_SM * _multiprocessors(storage.device))
+    elif block["lanes"] and words and n >= block["lanes_min"]:
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
         blocks = _empty(programs, torch.int8, storage.device)
@@ -350,16 +365,19 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool
             num_warps=block["lane_warps"])
     upsert_block_kernel[(programs,)](
         *args, state if state is not None else s_digests,
-        blocks if blocks is not None else s_digests, ALLOW_EVICT=evict, CAP=cap,
+        blocks if blocks is not None else s_digests,
+        misses if misses is not None else s_digests, ALLOW_EVICT=evict, CAP=cap,
         CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
-        LANES=state is not None, num_warps=block["num_warps"], **maxnreg(block["maxnreg"]))
+        LANES=state is not None, PERSISTENT=misses is not None, num_warps=block["num_warps"],
+        **maxnreg(block["maxnreg"]))
     return state
 
 
 def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
                  scores: torch.Tensor, allow_evict: bool,
                  active: torch.Tensor | None = None,
-                 given_slots: torch.Tensor | None = None) -> UpsertResult:
+                 given_slots: torch.Tensor | None = None,
+                 few_misses: bool = False) -> UpsertResult:
     """Finds keys (n,) int64 [+ tags] and inserts the missing ones with ``scores`` (n,).
 
     Repeated keys are inserted once, with the score of their first occurrence.
@@ -371,6 +389,9 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     stand-in for passing ``keys[active]``, which would need a host sync).
     ``given_slots`` (n,) int64, with ``active``: the slots the inactive keys read as
     instead of -1 (a caller's own lookup of them; saves it a merge after the call).
+    ``few_misses``: the caller expects few of the keys to miss (a warm table's training
+    lookup): with the counting sort, the misses are placed by a few persistent block
+    programs, without the lane form, whose launches grow with n.
     """
     check_keys(keys, tags, storage.device)
     if scores.dtype != torch.int64 or scores.shape != keys.shape:
@@ -401,8 +422,10 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
                             torch.zeros(1, dtype=torch.int64, device=device))
     refused = _empty(1, torch.int64, device)  # cleared by the gather, added to by the finalize
     sort_key, sentinel, low = _sort_keys(storage, keys, tags, active, given_slots, slots)
+    misses = None
     if UPSERT_GROUP["count"]:
-        sort_key, perm = group_by_bucket(sort_key, nb, low, sentinel)
+        sort_key, perm, misses = group_by_bucket(sort_key, nb, low, sentinel)
+        misses = misses if few_misses else None
     else:
         sort_key, perm = torch.sort(sort_key, stable=True)
     s_digests = _empty(n, torch.uint8, device)
@@ -416,7 +439,8 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     evicted = flags[2 * n:].view(torch.int8)
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
                                      perm, n, storage.keys, t_tags, storage.digests,
-                                     storage.scores, out, evicted, ev_any, *ev), allow_evict)
+                                     storage.scores, out, evicted, ev_any, *ev), allow_evict,
+                           misses)
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
         s_digests, state if state is not None else s_digests, slots,

@@ -241,9 +241,10 @@ def _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_p
 @triton.jit
 def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
-                        ev_keys, ev_tags, ev_scores, state, blocks, ALLOW_EVICT: tl.constexpr,
-                        CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr,
-                        B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr):
+                        ev_keys, ev_tags, ev_scores, state, blocks, misses,
+                        ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
+                        BI: tl.constexpr, B: tl.constexpr, W: tl.constexpr,
+                        LANES: tl.constexpr, PERSISTENT: tl.constexpr):
     """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, only where
     ``upsert_lanes_kernel`` flagged the block in ``blocks`` (it left runs to this form).
     Serving several flagged blocks a program, one after the other, so that fewer
@@ -252,8 +253,21 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
     (benchmarks/results/table_gpu_lane_group8.md against _lane_group1.md, same run).
     So was a grid of 2 or 4 programs a multiprocessor, each reading the flags of a
     stride of blocks: 0.499 / 0.474 ms against 0.462 at load factor 0.5, 1.41 / 1.24
-    against 1.08 at 1.0 (table_gpu_lane_grid2.md, _lane_grid4.md against table_gpu.md)."""
-    if not LANES or tl.load(blocks + tl.program_id(0)) != 0:
+    against 1.08 at 1.0 (table_gpu_lane_grid2.md, _lane_grid4.md against table_gpu.md).
+
+    PERSISTENT (without LANES): the grid is a few programs a multiprocessor, which serve
+    the blocks up to the misses' count (``misses``, on the device) in a stride: a call
+    whose misses are few (a warm table's training lookup) starts a few hundred programs
+    where one a block would start n / B."""
+    if PERSISTENT:
+        p = tl.program_id(0)
+        used = (tl.load(misses) + B - 1) // B
+        while p < used:
+            _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
+                   t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any, ev_keys,
+                   ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, False)
+            p += tl.num_programs(0)
+    elif not LANES or tl.load(blocks + tl.program_id(0)) != 0:
         _serve(tl.program_id(0), in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
                in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
                ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)
