@@ -342,7 +342,8 @@ def _trace(step, steps: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 record_shapes=True) as prof:
         for i in range(steps):
             step(i)
         torch.cuda.synchronize()
@@ -364,10 +365,28 @@ def _trace(step, steps: int) -> None:
             f"{'us/call':>9} {'launches':>9}  kernel\n")
     for name, times in sorted(kernels.items(), key=lambda kv: -sum(kv[1])):
         text += f"{sum(times) / steps:9.1f} {len(times) / steps:9.1f}  {name}\n"
+    text += _copy_owners(prof, steps)
     print(text, flush=True)
     if ARGS.out:
         with open(f"{ARGS.out}_trace.txt", "w") as f:
             f.write(text)
+
+
+def _copy_owners(prof, steps: int) -> str:
+    """The device copies by the host operator that issued them (with its parent and
+    input shapes): us and copies per call."""
+    owners: dict[tuple, list[float]] = {}
+    for event in prof.events():
+        for kernel in getattr(event, "kernels", []):
+            if kernel.name.startswith("Memcpy"):
+                parent = event.cpu_parent.name if event.cpu_parent is not None else "-"
+                owner = (kernel.name, f"{parent} > {event.name}", str(event.input_shapes)[:70])
+                owners.setdefault(owner, []).append(kernel.duration)
+    text = f"\nDevice copies by the operator that issued them\n\n{'us/call':>9} {'copies':>9}  " \
+           "copy, operator, input shapes\n"
+    for (name, op, shapes), times in sorted(owners.items(), key=lambda kv: -sum(kv[1])):
+        text += f"{sum(times) / steps:9.1f} {len(times) / steps:9.1f}  {name}, {op}, {shapes}\n"
+    return text
 
 
 def _host_profile(forward, inputs) -> None:
