@@ -37,6 +37,7 @@ import weakref
 
 import torch
 
+from hashrec.table.ops.copies import copy_into
 from hashrec.table.ops.insert.train import draws_seed, in_kernel
 from hashrec.table.ops.launch import cdiv, next_pow2
 from hashrec.table.options import ScoreStrategy
@@ -225,10 +226,16 @@ class LookupGraphs:
         # Only admission counting and LFU scores read the counts (the buffer keeps ones).
         if table._counter is None and table.options.score_strategy is not ScoreStrategy.LFU:
             counts = None
-        for buffer, value in ((entry.keys, keys), (entry.tags, tags), (entry.counts, counts),
-                              (entry.given, given), (entry.active, active)):
-            if buffer is not None and value is not None:
-                buffer[:n].copy_(value)
+        pairs = [(buffer[:n], value) for buffer, value in (
+            (entry.keys, keys), (entry.tags, tags), (entry.counts, counts),
+            (entry.given, given), (entry.active, active))
+            if buffer is not None and value is not None]
+        if len(pairs) <= 4 and all(value.is_contiguous() and value.dtype == buffer.dtype
+                                   for buffer, value in pairs):
+            copy_into(pairs)  # one launch
+        else:
+            for buffer, value in pairs:
+                buffer.copy_(value)
         # Seeds drawn as the eager lookup draws them: the missing rows', then the new.
         seeds = [table._kernel_seed() if draws_seed(args, n, table.dim) else 0
                  for args in (table._train_missing_args(), table._initializer)]
