@@ -16,8 +16,10 @@ after every real key, its tag is past the last table, so the per-table summary
 leaves it out unchanged, and the owner counts are masked to real tags. The real
 positions are the first ``n`` of the sorted arrays. With the size class fixed, the
 whole chain is captured (after ``CAPTURE_AFTER`` uncaptured runs of that class,
-which compile its kernels) and replayed: the ids and a small table of feature ends
-and tags are copied in, one replay, and the outputs handed out as they are.
+which compile its kernels) and replayed: a small table of feature ends, tags and the
+addresses of the features' ids is copied in (the keys kernel reads the ids where
+they are; ids of other dtypes or layouts are first copied into one buffer), one
+replay, and the outputs handed out as they are.
 
 A replay overwrites its outputs, and a batch holds its dedup's outputs until its
 backward is done, while the next batch's dedup runs ahead. So a size class keeps up
@@ -98,8 +100,8 @@ def sort_keys(keyed: torch.Tensor, compact: bool) -> tuple[torch.Tensor, torch.T
 
 
 def padded_sort(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
-                clamp: bool, owners: int, owned: tuple[int, int] | None
-                ) -> tuple[torch.Tensor, ...]:
+                clamp: bool, owners: int, owned: tuple[int, int] | None,
+                features: int | None = None) -> tuple[torch.Tensor, ...]:
     """The one-pass sort of a padded batch.
 
     Args:
@@ -112,6 +114,8 @@ def padded_sort(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
             int32 (half the radix passes).
         clamp: row ids of dense tables: out-of-range ids are clamped (and flagged).
         owners, owned: as ``_sort_storage``'s.
+        features: F, when ``meta`` ends with the address of every feature's ids (3 F
+            values) and the keys kernel reads them there (``ids`` then only sets N).
 
     Returns:
         sorted_ids (N,) int64, sorted_tags (N,) int32, order (N,) int64, group (N,)
@@ -119,7 +123,7 @@ def padded_sort(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
         array as the unpadded sort's followed by the padding.
     """
     compact = bits + num_tags.bit_length() <= 31
-    keyed, bad = padded_keys(ids, meta, num_tags, bits, clamp, compact)
+    keyed, bad = padded_keys(ids, meta, num_tags, bits, clamp, compact, features)
     combined, order = torch.sort(keyed, stable=True)
     sorted_ids, sorted_tags, new, steps, starts = mark_sorted(combined, bits, num_tags)
     group = torch.cumsum(steps, 0)
@@ -151,9 +155,9 @@ class _Class:
 
     __slots__ = ("ids", "meta", "captures", "runs", "closed")
 
-    def __init__(self, size: int, features: int, device: torch.device) -> None:
+    def __init__(self, size: int, meta: int, device: torch.device) -> None:
         self.ids = torch.zeros(size, dtype=torch.int64, device=device)
-        self.meta = torch.zeros(2 * features, dtype=torch.int64, device=device)
+        self.meta = torch.zeros(meta, dtype=torch.int64, device=device)
         self.captures: list[_Capture] = []
         self.runs = 0
         self.closed = False  # a capture failed: no more are made
@@ -181,13 +185,21 @@ class DedupGraphs:
         ends = list(itertools.accumulate(v.numel() for v in values))
         n = ends[-1]
         self.sorts += 1
-        key = (padded_size(n), len(values), num_tags, bits, clamp, owners, owned, device)
+        # On CUDA the keys kernel reads every feature's ids where they are (their
+        # addresses ride in the table of ends and tags), instead of a copy of them all.
+        direct = device.type == "cuda" and all(
+            v.dtype == torch.int64 and v.is_contiguous() for v in values)
+        meta = ends + [t << bits for t in tags]
+        if direct:
+            meta += [v.data_ptr() for v in values]
+        key = (padded_size(n), len(meta), num_tags, bits, clamp, owners, owned, device)
         entry = self._entry(key)
-        torch.cat(values, out=entry.ids[:n])
-        host = torch.tensor(ends + [t << bits for t in tags], dtype=torch.int64,
-                            pin_memory=device.type == "cuda")
+        if not direct:
+            torch.cat(values, out=entry.ids[:n])
+        host = torch.tensor(meta, dtype=torch.int64, pin_memory=device.type == "cuda")
         entry.meta.copy_(host, non_blocking=True)
-        args = (entry.ids, entry.meta, num_tags, bits, clamp, owners, owned)
+        args = (entry.ids, entry.meta, num_tags, bits, clamp, owners, owned,
+                len(values) if direct else None)
         copied = bool(owners) or _STORAGE_USE_COUNT is None
         capture = None
         if entry.runs >= CAPTURE_AFTER and device.type == "cuda":

@@ -96,6 +96,14 @@ def test_padded_keys_kernel_equals_reference(clamp, compact, wide_at, features, 
     assert got[0].dtype == want[0].dtype and torch.equal(got[0], want[0])
     assert bool(got[1]) == bool(want[1])
     assert bool(want[1]) == (wide_at is not None and int(meta[features - 1]) > 0)
+    # The same ids read from each feature's own tensor, by the addresses after the tags.
+    ends = meta[:features].tolist()
+    parts = [ids[start:end].clone() for start, end in zip([0] + ends[:-1], ends)]
+    addresses = torch.tensor([part.data_ptr() for part in parts], device=DEVICE)
+    junk = torch.full_like(ids, 1 << 45)  # sets N alone
+    direct = kernel.padded_keys(junk, torch.cat([meta, addresses]), 3, bits, clamp, compact,
+                                features=features)
+    assert torch.equal(direct[0], want[0]) and bool(direct[1]) == bool(want[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
@@ -140,3 +148,27 @@ def test_mark_sorted_tag_starts_equal_reference(dtype, n, num_tags, missing):
     for t in range(num_tags + 1):
         later = [first_of[u] for u in first_of if u >= t]
         assert int(got[4][t]) == (min(later) if later else n)
+
+
+@pytest.mark.parametrize("compact", [False, True], ids=["int64", "int32"])
+def test_padded_sort_reads_ids_by_address_like_from_one_buffer(monkeypatch, compact):
+    """``padded_sort`` with ``features``: the keys kernel reads each feature's ids at its
+    address; the outputs equal those of the ids copied into one buffer."""
+    from hashrec.embedding import dedup_graphs
+    from hashrec.table.ops import dispatch
+
+    monkeypatch.setattr(dispatch, "_forced", lambda: True)  # the Triton ops on any device
+    g = torch.Generator().manual_seed(5)
+    sizes, tags, bits = [40, 7, 25, 60, 3, 9], [0, 0, 2, 3, 3, 3], 12
+    values = [torch.randint(0, 50, (k,), generator=g).to(DEVICE) for k in sizes]
+    ends = torch.tensor(sizes).cumsum(0)
+    meta = torch.cat([ends, torch.tensor(tags) << bits]).to(DEVICE)
+    ids = torch.full((200,), 1 << 50, dtype=torch.int64, device=DEVICE)  # padding: junk
+    ids[:int(ends[-1])] = torch.cat(values)
+    want = dedup_graphs.padded_sort(ids, meta, 4, bits, False, 0, None)
+    addresses = torch.tensor([v.data_ptr() for v in values], device=DEVICE)
+    junk = torch.full_like(ids, 1 << 50)  # sets N alone
+    got = dedup_graphs.padded_sort(junk, torch.cat([meta, addresses]), 4, bits, False, 0,
+                                   None, features=len(values))
+    for mine, ref in zip(got, want):
+        assert torch.equal(mine, ref)

@@ -33,10 +33,12 @@ def unique_layout(group: torch.Tensor, order: torch.Tensor, sorted_ids: torch.Te
 
 
 def padded_keys(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
-                clamp: bool, compact: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(one-pass keys (N,) int64, or int32 when ``compact``; 0-d bool: an id too wide)."""
+                clamp: bool, compact: bool, features: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(one-pass keys (N,) int64, or int32 when ``compact``; 0-d bool: an id too wide).
+    ``features``: read the ids from the addresses in ``meta`` (Triton only)."""
     impl = backend(__name__, reference, ids.device)
-    return impl.padded_keys(ids, meta, num_tags, bits, clamp, compact)
+    return impl.padded_keys(ids, meta, num_tags, bits, clamp, compact, features)
 
 
 def mark_sorted(keys: torch.Tensor, bits: int, num_tags: int | None = None

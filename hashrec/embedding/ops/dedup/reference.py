@@ -65,7 +65,8 @@ def unique_layout(group: torch.Tensor, order: torch.Tensor, sorted_ids: torch.Te
 
 
 def padded_keys(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
-                clamp: bool, compact: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                clamp: bool, compact: bool, features: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """One-pass sort keys of a padded batch (``hashrec.embedding.dedup_graphs``).
 
     Args:
@@ -78,11 +79,16 @@ def padded_keys(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
         clamp: ids outside [0, 2 ** bits) are clamped into it (row ids of dense tables).
         compact: the keys are returned as int32 (the caller vouches that every valid
             key fits 31 bits; others wrap and are flagged by ``bad`` anyway).
+        features: F, when ``meta`` is (3 F,) with every feature's ids' address after
+            the tags, to be read there instead of ``ids`` (which then only sets N):
+            the Triton kernel alone does, on the device that holds them.
 
     Returns:
         keys (N,) int64 (int32 when ``compact``), and a 0-d bool: some real id has bits
         above ``bits`` (negative ids included).
     """
+    if features is not None:
+        raise NotImplementedError("the reference reads ids from the tensor, not addresses")
     size, features = ids.numel(), meta.numel() // 2
     ends, shifted = meta[:features], meta[features:]
     position = torch.arange(size, device=ids.device)

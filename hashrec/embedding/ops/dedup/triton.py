@@ -121,7 +121,8 @@ def unique_layout(group: torch.Tensor, order: torch.Tensor, sorted_ids: torch.Te
 @fast_launch
 @triton.jit
 def _keys_kernel(ids_ptr, meta_ptr, keys_ptr, bad_ptr, size, features, pad_key, bits, mask,
-                 CLAMP: tl.constexpr, COMPACT: tl.constexpr, BLOCK: tl.constexpr):
+                 CLAMP: tl.constexpr, COMPACT: tl.constexpr, ADDRESSES: tl.constexpr,
+                 BLOCK: tl.constexpr):
     p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = p < size
     real = live & (p < tl.load(meta_ptr + features - 1))
@@ -130,7 +131,12 @@ def _keys_kernel(ids_ptr, meta_ptr, keys_ptr, bad_ptr, size, features, pad_key, 
     while k < features - 1:  # the feature of p: the ends at or before p
         feature += (tl.load(meta_ptr + k) <= p).to(tl.int64)
         k += 1
-    x = tl.load(ids_ptr + p, mask=real, other=0)
+    if ADDRESSES:  # feature f's ids at the address meta[2 F + f], from its start
+        start = tl.load(meta_ptr + feature - 1, mask=real & (feature > 0), other=0)
+        base = tl.load(meta_ptr + 2 * features + feature, mask=real, other=0)
+        x = tl.load(base.to(tl.pointer_type(tl.int64)) + (p - start), mask=real, other=0)
+    else:
+        x = tl.load(ids_ptr + p, mask=real, other=0)
     if tl.max(((x >> bits) != 0).to(tl.int32), axis=0) > 0:  # every writer writes 1
         tl.store(bad_ptr, 1)
     if CLAMP:
@@ -143,16 +149,18 @@ def _keys_kernel(ids_ptr, meta_ptr, keys_ptr, bad_ptr, size, features, pad_key, 
 
 
 def padded_keys(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
-                clamp: bool, compact: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(one-pass keys (N,) int64, or int32 when ``compact``; 0-d bool: an id too wide)."""
+                clamp: bool, compact: bool, features: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(one-pass keys (N,) int64, or int32 when ``compact``; 0-d bool: an id too wide).
+    ``features``: the ids are read from the addresses in ``meta`` instead of ``ids``."""
     size = ids.numel()
     keys = torch.empty(size, dtype=torch.int32 if compact else torch.int64, device=ids.device)
     bad = torch.zeros((), dtype=torch.bool, device=ids.device)
     if size:
         _keys_kernel[(cdiv(size, _BLOCK),)](
-            ids, meta, keys, bad.view(torch.uint8), size, meta.numel() // 2,
+            ids, meta, keys, bad.view(torch.uint8), size, features or meta.numel() // 2,
             num_tags << bits, bits, (1 << bits) - 1, CLAMP=clamp, COMPACT=compact,
-            BLOCK=_BLOCK)
+            ADDRESSES=features is not None, BLOCK=_BLOCK)
     return keys, bad
 
 
