@@ -59,7 +59,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--trace", action="store_true",
                    help="also profile the layer's SGD forward with the next deduplication "
                         "ahead and write every kernel per step, and the device's busy time "
-                        "against its span, to OUT_trace.txt")
+                        "against its span, to OUT_trace.txt (with --fresh, the same for "
+                        "batches with new ids to OUT_fresh_trace.txt)")
     p.add_argument("--host-profile", action="store_true",
                    help="also profile the host side of the layer's SGD forward (cProfile, "
                         "functions by own and by cumulative time) into OUT_host_profile.txt")
@@ -259,6 +260,9 @@ def _collection(optimizer, batches, grads) -> dict:
                                k - 2, setup=lambda i: i)
     if ARGS.trace and isinstance(optimizer, SparseSGD):
         _trace(lambda i: _forward_prepared(layer, forward, inputs, i), k)
+        if fresh is not None:  # batches with ids new again
+            traced = _fresh_inputs(batches, k + 2, names, lengths, start=2 * k + 2)
+            _trace(lambda i: _forward_prepared(layer, forward, traced, i), k, "fresh")
     timed = (("forward", fwd), ("forward_ahead", ahead), ("backward", bwd),
              ("forward_fresh", fresh))
     return {**{f"{part}_{what}": t[f"{what}_ms"] if what != "ms" else t["device_ms"]
@@ -266,9 +270,11 @@ def _collection(optimizer, batches, grads) -> dict:
             "backward_sweep_ms": sweep}
 
 
-def _fresh_inputs(batches, count: int, names: list[str], lengths: torch.Tensor) -> list:
+def _fresh_inputs(batches, count: int, names: list[str], lengths: torch.Tensor,
+                  start: int = 0) -> list:
     """``count`` batches (the power-law batches in turn) whose first ``--fresh`` share of
-    each table's ids are ids no batch held before (past the key range, new every batch)."""
+    each table's ids are ids no batch held before (past the key range, new every batch;
+    ``start``: the batches made before by calls with these arguments, not repeated)."""
     from hashrec.embedding import KeyedJaggedTensor
 
     per_table = batches[0].shape[1]
@@ -276,7 +282,7 @@ def _fresh_inputs(batches, count: int, names: list[str], lengths: torch.Tensor) 
     out = []
     for j in range(count):
         b = batches[j % len(batches)].clone()
-        b[:, :new] = ARGS.key_range + j * new + torch.arange(new, device=DEVICE)
+        b[:, :new] = ARGS.key_range + (start + j) * new + torch.arange(new, device=DEVICE)
         kjt = KeyedJaggedTensor.from_lengths(names, b.flatten(), lengths)
         kjt.host_layout()  # known on the host ahead, as the loader's batches carry it
         out.append(kjt)
@@ -335,10 +341,11 @@ def _profile(step, steps: int) -> None:
             f.write(text + table + "\n")
 
 
-def _trace(step, steps: int) -> None:
+def _trace(step, steps: int, label: str = "") -> None:
     """Every kernel of ``steps`` calls of ``step`` (us and launches per call), and the
     device's busy time (the union of kernel spans) against the span from the first
-    kernel to the last, per call: what the device waits for between kernels."""
+    kernel to the last, per call: what the device waits for between kernels. ``label``
+    "fresh": the batches have new ids (written to OUT_fresh_trace.txt)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -359,7 +366,8 @@ def _trace(step, steps: int) -> None:
             busy += end - reach
         reach = end if reach is None else max(reach, end)
     span = spans[-1][1] - spans[0][0] if spans else 0.0
-    text = (f"Layer forward with the next deduplication ahead, {steps} calls: per call "
+    what = f" ({ARGS.fresh:.0%} of the ids new to the tables)" if label else ""
+    text = (f"Layer forward with the next deduplication ahead{what}, {steps} calls: per call "
             f"{busy / steps:.1f} us of kernels over a span of {span / steps:.1f} us "
             f"(profiled, so the host's issue is slower than unprofiled)\n\n"
             f"{'us/call':>9} {'launches':>9}  kernel\n")
@@ -368,7 +376,7 @@ def _trace(step, steps: int) -> None:
     text += _copy_owners(prof, steps)
     print(text, flush=True)
     if ARGS.out:
-        with open(f"{ARGS.out}_trace.txt", "w") as f:
+        with open(f"{ARGS.out}_{label + '_' if label else ''}trace.txt", "w") as f:
             f.write(text)
 
 
