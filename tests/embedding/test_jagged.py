@@ -160,3 +160,17 @@ def test_to_dict_equals_slicing_key_by_key(weights, lengths):
             a, b = getattr(one, field), getattr(bulk, field)
             assert (a is None and b is None) or torch.equal(a, b), (key, field)
         assert one.max_bag == bulk.max_bag
+
+
+@pytest.mark.parametrize("keys,stride", [(1, 5), (3, 4), (4, 1), (5, 7)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_each_keys_offsets_start_at_zero_and_follow_its_lengths(keys, stride, dtype):
+    g = torch.Generator().manual_seed(keys * 10 + stride)
+    lengths = torch.randint(0, 4, (keys * stride,), generator=g).to(dtype)
+    names = [f"k{i}" for i in range(keys)]
+    kjt = KeyedJaggedTensor.from_lengths(names, torch.arange(int(lengths.sum())), lengths)
+    for i, name in enumerate(names):
+        mine = lengths[i * stride:(i + 1) * stride].to(torch.int64)
+        want = torch.cat([torch.zeros(1, dtype=torch.int64), mine.cumsum(0)])
+        assert kjt[name].offsets.dtype == torch.int64
+        assert torch.equal(kjt[name].offsets, want)
