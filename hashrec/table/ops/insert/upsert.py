@@ -23,9 +23,12 @@ launch has a grid fixed by the batch size n, so nothing is read back on the host
    ``UPSERT_BLOCK["lanes_min"]`` keys (131,072) a lane form (``upsert_lanes.py``,
    one lane per sorted position; ``HASHREC_UPSERT_LANES=0`` turns it off) first
    places the short runs that fit in their buckets' free slots, and the block form
-   takes the blocks it flags;
+   takes the blocks it flags; a call that expects few misses (``few_misses``, a warm
+   table's training lookup) skips the lane form and runs a few block programs a
+   multiprocessor over the blocks up to the misses' count the counting sort left on
+   the device;
 5. one kernel writes every key's final slot and flags back in batch order (and the
-   digests of the entries the lane form placed).
+   digests of the entries the lane form placed), and counts the refused keys.
 
 The insert is independent of thread timing: a bucket is written by one program (or,
 in the lane form, by its run's lanes into the empty slots their ranks name), and all
