@@ -66,9 +66,12 @@ def _protect_kernel(slots_ptr, counts_ptr, given_ptr, t_scores, out_ptr, guard_p
         if MODE == 3:  # the clock on the device (a captured lookup's)
             clock = tl.load(clock_ptr)
         score = tl.zeros([BLOCK], dtype=tl.int64) + clock
-    tl.store(out_ptr + i, score, mask=mask)
     if GUARDED:  # no insert to protect from: the hits take their new scores at once
-        new = tl.where(tl.load(guard_ptr) != 0, new, score)
+        inserts = tl.load(guard_ptr) != 0
+        new = tl.where(inserts, new, score)
+        tl.store(out_ptr + i, score, mask=mask & inserts)  # read by finish_rows only then
+    else:
+        tl.store(out_ptr + i, score, mask=mask)
     tl.store(t_scores + slot, new, mask=hit)
 
 
@@ -80,8 +83,8 @@ def protect_hits(storage: TableStorage, slots: torch.Tensor, counts: torch.Tenso
     ``clock``, an int or a 1-element int64 tensor on the device, read when the kernel
     runs); the hits' stored scores become the int64 maximum, or with ``guard`` (a
     0-d bool on the device: whether the call inserts anything) False as the kernel
-    runs, these scores at once (``finish_rows`` with the same guard then leaves them).
-    One launch."""
+    runs, these scores at once (``finish_rows`` with the same guard then leaves them, and
+    reads none of the returned scores, which are then left unwritten). One launch."""
     n = slots.numel()
     out = torch.empty(n, dtype=torch.int64, device=slots.device)
     on_device = isinstance(clock, torch.Tensor)
