@@ -339,10 +339,13 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
             miss_seed = tl.load(seeds_ptr)
         if NEW_MODE >= 3:
             new_seed = tl.load(seeds_ptr + 1)
-    if WRITES:  # the hits' new scores (with GUARDED, only after an insert protected them)
-        k = base + tl.arange(0, BLOCK)
-        in_range = k < n
+    # The program's keys and slots at once: for the hits' scores, and for whether any
+    # row is to be written (without STORED).
+    k = base + tl.arange(0, BLOCK)
+    in_range = k < n
+    if WRITES or not STORED:
         k_slot = tl.load(slots_ptr + k, mask=in_range, other=-1)
+    if WRITES:  # the hits' new scores (with GUARDED, only after an insert protected them)
         restore = in_range & (k_slot >= 0) & \
             (tl.load(hit_ptr + k, mask=in_range, other=0) != 0)
         if GUARDED:
@@ -353,14 +356,12 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
     emb = col[None, :] < DIM
     work = BLOCK
     if not STORED:  # nothing to write where every key is stored (or inactive): skip the tiles
-        k = base + tl.arange(0, BLOCK)
-        k_slot = tl.load(slots_ptr + k, mask=k < n, other=0)
-        todo = (k < n) & (k_slot < 0)
+        todo = in_range & (k_slot < 0)
         if HAS_ACTIVE:
-            todo = todo & (tl.load(active_ptr + k, mask=k < n, other=0) != 0)
+            todo = todo & (tl.load(active_ptr + k, mask=in_range, other=0) != 0)
         if WRITES:
-            todo = todo | ((k < n) & (k_slot >= 0) &
-                           (tl.load(placed_ptr + k, mask=k < n, other=0) != 0))
+            todo = todo | (in_range & (k_slot >= 0) &
+                           (tl.load(placed_ptr + k, mask=in_range, other=0) != 0))
         work = BLOCK * tl.minimum(tl.max(todo.to(tl.int32), axis=0), 1)
     sub = 0
     while sub < work:
