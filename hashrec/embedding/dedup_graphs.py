@@ -125,8 +125,7 @@ def padded_sort(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
     compact = bits + num_tags.bit_length() <= 31
     keyed, bad = padded_keys(ids, meta, num_tags, bits, clamp, compact, features)
     combined, order = torch.sort(keyed, stable=True)
-    sorted_ids, sorted_tags, new, steps, starts = mark_sorted(combined, bits, num_tags)
-    group = torch.cumsum(steps, 0)
+    sorted_ids, sorted_tags, new, group, starts = mark_sorted(combined, bits, num_tags)
     summary = tag_summary(sorted_tags, sorted_ids, group, num_tags, bad, starts).reshape(-1)
     if owners:
         low, high = owned if owned is not None else (0, num_tags)

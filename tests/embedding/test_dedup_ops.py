@@ -107,16 +107,36 @@ def test_padded_keys_kernel_equals_reference(clamp, compact, wide_at, features, 
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("n", [1, 5, 2100])
-def test_mark_sorted_kernel_equals_reference(dtype, n):
+@pytest.mark.parametrize("n,high", [(1, 3 << 12), (5, 3 << 12), (2100, 3 << 12),
+                                    (5000, 1 << 20), (4100, 3)],
+                         ids=["one", "five", "three-programs", "five-programs", "repeats"])
+def test_mark_sorted_kernel_equals_reference(dtype, n, high):
+    """The group numbers run on across the programs (each adds the unique keys of
+    every earlier one, by the chain of sums)."""
     g = torch.Generator().manual_seed(n)
-    keys = torch.randint(0, 3 << 12, (n,), generator=g).sort().values.to(dtype).to(DEVICE)
+    keys = torch.randint(0, high, (n,), generator=g).sort().values.to(dtype).to(DEVICE)
     want = reference.mark_sorted(keys, 12)
     got = kernel.mark_sorted(keys, 12)
     for w, k in zip(want, got):
         assert k.dtype == w.dtype and torch.equal(k, w)
-    group = torch.cumsum(got[3], 0)
-    assert torch.equal(group, torch.cumsum(got[2], 0) - 1)  # numbers the unique keys from 0
+    # numbers the unique keys from 0, in order
+    assert torch.equal(got[3], torch.cumsum(got[2], 0) - 1)
+    assert int(got[3][-1]) + 1 == torch.unique(keys).numel()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,high", [(1_048_570, 10 << 20), (4_194_304, 1 << 30),
+                                    (3_000_000, 50)], ids=["layer", "wide", "repeats"])
+def test_large_mark_sorted_equals_reference_on_gpu(n, high):
+    """Thousands of programs at once: the chain of sums looks back over programs still
+    running (the interpreter runs them one after the other, so only here)."""
+    g = torch.Generator().manual_seed(n)
+    keys = torch.randint(0, high, (n,), generator=g).sort().values.to(torch.int32).to(DEVICE)
+    want = reference.mark_sorted(keys, 20, 10)
+    for _ in range(3):
+        got = kernel.mark_sorted(keys, 20, 10)
+        for w, k in zip(want, got):
+            assert k.dtype == w.dtype and torch.equal(k, w)
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])

@@ -43,7 +43,7 @@ def padded_keys(ids: torch.Tensor, meta: torch.Tensor, num_tags: int, bits: int,
 
 def mark_sorted(keys: torch.Tensor, bits: int, num_tags: int | None = None
                 ) -> tuple[torch.Tensor, ...]:
-    """(sorted_ids int64, sorted_tags int32, new bool, steps int64) of sorted keys (N,),
+    """(sorted_ids int64, sorted_tags int32, new bool, group int64) of sorted keys (N,),
     and with ``num_tags`` every tag's first position (num_tags + 1,) int64."""
     impl = backend(__name__, reference, keys.device)
     return impl.mark_sorted(keys, bits, num_tags)

@@ -109,18 +109,17 @@ def mark_sorted(keys: torch.Tensor, bits: int, num_tags: int | None = None
     Returns:
         sorted_ids (N,) int64 (the low ``bits``), sorted_tags (N,) int32 (the rest),
         new (N,) bool (a position whose key differs from the one before; position 0
-        is new), and steps (N,) int64: ``new`` but 0 at position 0, so that its
-        cumulative sum numbers every position's unique key from 0. With ``num_tags``,
+        is new), and group (N,) int64: every position's unique key, numbered from 0
+        (the cumulative sum of ``new`` less one). With ``num_tags``,
         also starts (num_tags + 1,) int64: the first position whose tag is at least
         0, 1, .. num_tags (N where none is), for ``tag_summary``.
     """
     wide = keys.to(torch.int64)
     new = torch.ones(keys.numel(), dtype=torch.bool, device=keys.device)
     torch.ne(wide[1:], wide[:-1], out=new[1:])
-    steps = new.to(torch.int64)
-    steps[:1] = 0
+    group = torch.cumsum(new, 0) - 1
     tags = (wide >> bits).to(torch.int32)
     if num_tags is None:
-        return wide & ((1 << bits) - 1), tags, new, steps
+        return wide & ((1 << bits) - 1), tags, new, group
     bounds = torch.arange(num_tags + 1, dtype=torch.int32, device=keys.device)
-    return wide & ((1 << bits) - 1), tags, new, steps, torch.searchsorted(tags, bounds)
+    return wide & ((1 << bits) - 1), tags, new, group, torch.searchsorted(tags, bounds)

@@ -175,11 +175,40 @@ def _write_starts(starts_ptr, at, after, upto, live):
         open_ = open_ & (t <= upto)
 
 
+# A mark program's entry in the chain of sums (``_chain_prefix``): its unique-key steps
+# alone (SUMMED) or with every earlier program's (PREFIXED), in the value bits below.
+_SUMMED = tl.constexpr(1 << 61)
+_PREFIXED = tl.constexpr(1 << 62)
+_VALUE = tl.constexpr((1 << 61) - 1)
+
+
+@triton.jit
+def _chain_prefix(chain_ptr, tile, total):
+    """The sum of every earlier tile's ``total``, by a look-back over their entries in
+    the chain; publishes this tile's own. A tile waits only on tiles that started
+    before it (tiles are numbered in the order programs start), so it never waits on a
+    program that cannot run; each entry is one word, its value and readiness at once."""
+    prefix = tl.zeros([], dtype=tl.int64)
+    if tile == 0:
+        tl.atomic_xchg(chain_ptr, _PREFIXED | total)
+    else:
+        tl.atomic_xchg(chain_ptr + tile, _SUMMED | total)
+        j = tile - 1
+        while j >= 0:  # an entry not yet written is read again
+            entry = tl.load(chain_ptr + j, volatile=True)
+            ready = (entry & (_PREFIXED | _SUMMED)) != 0
+            prefix += tl.where(ready, entry & _VALUE, 0)
+            j = tl.where((entry & _PREFIXED) != 0, -1, tl.where(ready, j - 1, j))
+        tl.atomic_xchg(chain_ptr + tile, _PREFIXED | (prefix + total))
+    return prefix
+
+
 @fast_launch
 @triton.jit
-def _mark_kernel(keys_ptr, ids_ptr, tags_ptr, new_ptr, steps_ptr, starts_ptr, size, bits, mask,
-                 num_tags, STARTS: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _mark_kernel(keys_ptr, ids_ptr, tags_ptr, new_ptr, group_ptr, starts_ptr, ticket_ptr,
+                 size, bits, mask, num_tags, STARTS: tl.constexpr, BLOCK: tl.constexpr):
+    tile = tl.atomic_add(ticket_ptr, 1)  # tiles in the order programs start
+    i = tile.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = i < size
     key = tl.load(keys_ptr + i, mask=live, other=0).to(tl.int64)
     prev = tl.load(keys_ptr + i - 1, mask=live & (i > 0), other=0).to(tl.int64)
@@ -187,7 +216,9 @@ def _mark_kernel(keys_ptr, ids_ptr, tags_ptr, new_ptr, steps_ptr, starts_ptr, si
     tl.store(ids_ptr + i, key & mask, mask=live)
     tl.store(tags_ptr + i, (key >> bits).to(tl.int32), mask=live)
     tl.store(new_ptr + i, new.to(tl.int8), mask=live)
-    tl.store(steps_ptr + i, (new & (i > 0)).to(tl.int64), mask=live)
+    step = (live & new & (i > 0)).to(tl.int64)
+    prefix = _chain_prefix(ticket_ptr + 1, tile, tl.sum(step, axis=0))
+    tl.store(group_ptr + i, prefix + tl.cumsum(step, axis=0), mask=live)
     if STARTS:  # the tags (previous tag, tag] start here; those past the last tag at size
         tag = tl.minimum(tl.maximum(key >> bits, -1), num_tags)
         before = tl.where(i > 0, tl.minimum(tl.maximum(prev >> bits, -1), num_tags), -1)
@@ -198,20 +229,24 @@ def _mark_kernel(keys_ptr, ids_ptr, tags_ptr, new_ptr, steps_ptr, starts_ptr, si
 
 def mark_sorted(keys: torch.Tensor, bits: int, num_tags: int | None = None
                 ) -> tuple[torch.Tensor, ...]:
-    """(sorted_ids int64, sorted_tags int32, new bool, steps int64) of sorted keys (N,),
-    and with ``num_tags`` every tag's first position (num_tags + 1,) int64."""
+    """(sorted_ids int64, sorted_tags int32, new bool, group int64) of sorted keys (N,),
+    and with ``num_tags`` every tag's first position (num_tags + 1,) int64. The group
+    (each position's unique key, numbered from 0) comes from a chain of the programs'
+    sums inside the kernel, where a cumulative sum after it would take two launches."""
     size, device = keys.numel(), keys.device
     ids = torch.empty(size, dtype=torch.int64, device=device)
     tags = torch.empty(size, dtype=torch.int32, device=device)
     new = torch.empty(size, dtype=torch.bool, device=device)
-    steps = torch.empty(size, dtype=torch.int64, device=device)
+    group = torch.empty(size, dtype=torch.int64, device=device)
     # Every entry is written when size > 0 (at the position where the tags pass it).
     starts = (torch.empty if size else torch.zeros)((num_tags or 0) + 1, dtype=torch.int64,
                                                     device=device)
     if size:
-        _mark_kernel[(cdiv(size, _BLOCK),)](
-            keys, ids, tags, new.view(torch.int8), steps, starts, size, bits, (1 << bits) - 1,
-            num_tags or 0, STARTS=num_tags is not None, BLOCK=_BLOCK)
+        programs = cdiv(size, _BLOCK)
+        chain = torch.zeros(programs + 1, dtype=torch.int64, device=device)  # ticket, entries
+        _mark_kernel[(programs,)](
+            keys, ids, tags, new.view(torch.int8), group, starts, chain, size, bits,
+            (1 << bits) - 1, num_tags or 0, STARTS=num_tags is not None, BLOCK=_BLOCK)
     if num_tags is None:
-        return ids, tags, new, steps
-    return ids, tags, new, steps, starts
+        return ids, tags, new, group
+    return ids, tags, new, group, starts

@@ -64,8 +64,10 @@ def _count_kernel(sort_ptr, counts_ptr, tickets_ptr, n, num_buckets, low,
 @fast_launch
 @triton.jit(do_not_specialize=["low"])
 def _place_kernel(sort_ptr, counts_ptr, ends_ptr, tickets_ptr, tmp_sort, tmp_pos, out_sort,
-                  out_perm, n, num_buckets, low, SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
-    """Misses to their provisional places; sentinels to their final ones."""
+                  out_perm, n, num_buckets, low, SENTINEL: tl.constexpr,
+                  MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr):
+    """Misses to their provisional places; sentinels to their final ones (not with
+    MISSES_ONLY)."""
     i, mask, s, miss, bucket = _block_keys(sort_ptr, n, low, SENTINEL, BLOCK)
     pid = tl.program_id(0)
     if tl.max(miss.to(tl.int32), axis=0) > 0:
@@ -74,11 +76,12 @@ def _place_kernel(sort_ptr, counts_ptr, ends_ptr, tickets_ptr, tmp_sort, tmp_pos
         at = start.to(tl.int64) + tl.load(tickets_ptr + i, mask=miss, other=0)
         tl.store(tmp_sort + at, s, mask=miss)
         tl.store(tmp_pos + at, i, mask=miss)
-    kept = mask & ~miss
-    first = tl.load(ends_ptr + num_buckets + pid) - tl.load(counts_ptr + num_buckets + pid)
-    at = first.to(tl.int64) + tl.cumsum(kept.to(tl.int32), axis=0) - 1
-    tl.store(out_sort + at, s, mask=kept)
-    tl.store(out_perm + at, i, mask=kept)
+    if not MISSES_ONLY:
+        kept = mask & ~miss
+        first = tl.load(ends_ptr + num_buckets + pid) - tl.load(counts_ptr + num_buckets + pid)
+        at = first.to(tl.int64) + tl.cumsum(kept.to(tl.int32), axis=0) - 1
+        tl.store(out_sort + at, s, mask=kept)
+        tl.store(out_perm + at, i, mask=kept)
 
 
 @fast_launch
@@ -109,12 +112,14 @@ def _rank_kernel(tmp_sort, tmp_pos, counts_ptr, ends_ptr, out_sort, out_perm, nu
         tl.store(out_perm + start + rank, pos, mask=live)
 
 
-def group_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentinel: int
+def group_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentinel: int,
+                    misses_only: bool = False
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``torch.sort(sort_keys, stable=True)`` of upsert sort keys (n,) int32 / int64:
     (sorted keys, positions int64), and the misses' count (1,) int32 on the device.
     Every key is ``sentinel`` or a miss whose bucket (< ``num_buckets``) is its value
-    shifted right by ``low`` bits."""
+    shifted right by ``low`` bits. ``misses_only``: only the first (misses' count)
+    positions of the sorted arrays are written (the sentinels after them are not)."""
     n, device = sort_keys.numel(), sort_keys.device
     if n == 0:
         return (sort_keys.clone(), torch.empty(0, dtype=torch.int64, device=device),
@@ -128,7 +133,8 @@ def group_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentine
     out_sort, tmp_sort = torch.empty(2, n, dtype=sort_keys.dtype, device=device).unbind(0)
     out_perm, tmp_pos = torch.empty(2, n, dtype=torch.int64, device=device).unbind(0)
     _place_kernel[(programs,)](sort_keys, counts, ends, tickets, tmp_sort, tmp_pos, out_sort,
-                               out_perm, n, num_buckets, low, SENTINEL=sentinel, BLOCK=_BLOCK)
+                               out_perm, n, num_buckets, low, SENTINEL=sentinel,
+                               MISSES_ONLY=misses_only, BLOCK=_BLOCK)
     _rank_kernel[(programs,)](tmp_sort, tmp_pos, counts, ends, out_sort, out_perm,
                               num_buckets, low, BLOCK=_BLOCK)
     return out_sort, out_perm, ends[num_buckets - 1:num_buckets]

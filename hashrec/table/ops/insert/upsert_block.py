@@ -259,11 +259,12 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
     the blocks up to the misses' count (``misses``, on the device) in a stride: a call
     whose misses are few (a warm table's training lookup) starts a few hundred programs
     where one a block would start n / B."""
-    if PERSISTENT:
+    if PERSISTENT:  # the sorted positions past the misses' count hold nothing to read
         p = tl.program_id(0)
-        used = (tl.load(misses) + B - 1) // B
+        count = tl.load(misses)
+        used = (count + B - 1) // B
         while p < used:
-            _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
+            _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, count,
                    t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any, ev_keys,
                    ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, False)
             p += tl.num_programs(0)
