@@ -183,22 +183,29 @@ _VALUE = tl.constexpr((1 << 61) - 1)
 
 
 @triton.jit
-def _chain_prefix(chain_ptr, tile, total):
+def _chain_prefix(chain_ptr, tile, total, WINDOW: tl.constexpr):
     """The sum of every earlier tile's ``total``, by a look-back over their entries in
-    the chain; publishes this tile's own. A tile waits only on tiles that started
-    before it (tiles are numbered in the order programs start), so it never waits on a
+    the chain, ``WINDOW`` entries at a time (nearest first: up to the nearest one that
+    holds its prefix); publishes this tile's own. A tile waits only on tiles that
+    started before it (tiles are numbered in the order programs start), so never on a
     program that cannot run; each entry is one word, its value and readiness at once."""
     prefix = tl.zeros([], dtype=tl.int64)
+    total = total.to(tl.int64)
     if tile == 0:
         tl.atomic_xchg(chain_ptr, _PREFIXED | total)
     else:
         tl.atomic_xchg(chain_ptr + tile, _SUMMED | total)
-        j = tile - 1
-        while j >= 0:  # an entry not yet written is read again
-            entry = tl.load(chain_ptr + j, volatile=True)
-            ready = (entry & (_PREFIXED | _SUMMED)) != 0
-            prefix += tl.where(ready, entry & _VALUE, 0)
-            j = tl.where((entry & _PREFIXED) != 0, -1, tl.where(ready, j - 1, j))
+        back = tl.arange(0, WINDOW)
+        end = tile.to(tl.int64)  # the window: entries end - 1, end - 2, .. end - WINDOW
+        while end > 0:
+            at = end - 1 - back
+            entry = tl.load(chain_ptr + at, mask=at >= 0, other=_PREFIXED, volatile=True)
+            stop = tl.min(tl.where((entry & _PREFIXED) != 0, back, WINDOW), axis=0)
+            used = back <= stop
+            waiting = used & ((entry & (_PREFIXED | _SUMMED)) == 0)
+            if tl.max(waiting.to(tl.int32), axis=0) == 0:  # else read the window again
+                prefix += tl.sum(tl.where(used, entry & _VALUE, 0), axis=0)
+                end = tl.where(stop < WINDOW, 0, end - WINDOW)
         tl.atomic_xchg(chain_ptr + tile, _PREFIXED | (prefix + total))
     return prefix
 
@@ -217,7 +224,7 @@ def _mark_kernel(keys_ptr, ids_ptr, tags_ptr, new_ptr, group_ptr, starts_ptr, ti
     tl.store(tags_ptr + i, (key >> bits).to(tl.int32), mask=live)
     tl.store(new_ptr + i, new.to(tl.int8), mask=live)
     step = (live & new & (i > 0)).to(tl.int64)
-    prefix = _chain_prefix(ticket_ptr + 1, tile, tl.sum(step, axis=0))
+    prefix = _chain_prefix(ticket_ptr + 1, tile, tl.sum(step, axis=0), 32)
     tl.store(group_ptr + i, prefix + tl.cumsum(step, axis=0), mask=live)
     if STARTS:  # the tags (previous tag, tag] start here; those past the last tag at size
         tag = tl.minimum(tl.maximum(key >> bits, -1), num_tags)
