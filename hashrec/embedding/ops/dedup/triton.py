@@ -175,47 +175,11 @@ def _write_starts(starts_ptr, at, after, upto, live):
         open_ = open_ & (t <= upto)
 
 
-# A mark program's entry in the chain of sums (``_chain_prefix``): its unique-key steps
-# alone (SUMMED) or with every earlier program's (PREFIXED), in the value bits below.
-_SUMMED = tl.constexpr(1 << 61)
-_PREFIXED = tl.constexpr(1 << 62)
-_VALUE = tl.constexpr((1 << 61) - 1)
-
-
-@triton.jit
-def _chain_prefix(chain_ptr, tile, total, WINDOW: tl.constexpr):
-    """The sum of every earlier tile's ``total``, by a look-back over their entries in
-    the chain, ``WINDOW`` entries at a time (nearest first: up to the nearest one that
-    holds its prefix); publishes this tile's own. A tile waits only on tiles that
-    started before it (tiles are numbered in the order programs start), so never on a
-    program that cannot run; each entry is one word, its value and readiness at once."""
-    prefix = tl.zeros([], dtype=tl.int64)
-    total = total.to(tl.int64)
-    if tile == 0:
-        tl.atomic_xchg(chain_ptr, _PREFIXED | total)
-    else:
-        tl.atomic_xchg(chain_ptr + tile, _SUMMED | total)
-        back = tl.arange(0, WINDOW)
-        end = tile.to(tl.int64)  # the window: entries end - 1, end - 2, .. end - WINDOW
-        while end > 0:
-            at = end - 1 - back
-            entry = tl.load(chain_ptr + at, mask=at >= 0, other=_PREFIXED, volatile=True)
-            stop = tl.min(tl.where((entry & _PREFIXED) != 0, back, WINDOW), axis=0)
-            used = back <= stop
-            waiting = used & ((entry & (_PREFIXED | _SUMMED)) == 0)
-            if tl.max(waiting.to(tl.int32), axis=0) == 0:  # else read the window again
-                prefix += tl.sum(tl.where(used, entry & _VALUE, 0), axis=0)
-                end = tl.where(stop < WINDOW, 0, end - WINDOW)
-        tl.atomic_xchg(chain_ptr + tile, _PREFIXED | (prefix + total))
-    return prefix
-
-
 @fast_launch
 @triton.jit
-def _mark_kernel(keys_ptr, ids_ptr, tags_ptr, new_ptr, group_ptr, starts_ptr, ticket_ptr,
-                 size, bits, mask, num_tags, STARTS: tl.constexpr, BLOCK: tl.constexpr):
-    tile = tl.atomic_add(ticket_ptr, 1)  # tiles in the order programs start
-    i = tile.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _mark_kernel(keys_ptr, ids_ptr, tags_ptr, new_ptr, totals_ptr, starts_ptr, size, bits,
+                 mask, num_tags, STARTS: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = i < size
     key = tl.load(keys_ptr + i, mask=live, other=0).to(tl.int64)
     prev = tl.load(keys_ptr + i - 1, mask=live & (i > 0), other=0).to(tl.int64)
@@ -223,9 +187,8 @@ def _mark_kernel(keys_ptr, ids_ptr, tags_ptr, new_ptr, group_ptr, starts_ptr, ti
     tl.store(ids_ptr + i, key & mask, mask=live)
     tl.store(tags_ptr + i, (key >> bits).to(tl.int32), mask=live)
     tl.store(new_ptr + i, new.to(tl.int8), mask=live)
-    step = (live & new & (i > 0)).to(tl.int64)
-    prefix = _chain_prefix(ticket_ptr + 1, tile, tl.sum(step, axis=0), 32)
-    tl.store(group_ptr + i, prefix + tl.cumsum(step, axis=0), mask=live)
+    # this program's unique-key steps (a new key after position 0), for ``_group_kernel``
+    tl.store(totals_ptr + tl.program_id(0), tl.sum((live & new & (i > 0)).to(tl.int64), axis=0))
     if STARTS:  # the tags (previous tag, tag] start here; those past the last tag at size
         tag = tl.minimum(tl.maximum(key >> bits, -1), num_tags)
         before = tl.where(i > 0, tl.minimum(tl.maximum(prev >> bits, -1), num_tags), -1)
@@ -234,12 +197,32 @@ def _mark_kernel(keys_ptr, ids_ptr, tags_ptr, new_ptr, group_ptr, starts_ptr, ti
                       live & (i == size - 1))
 
 
+@fast_launch
+@triton.jit
+def _group_kernel(new_ptr, totals_ptr, group_ptr, size, BLOCK: tl.constexpr,
+                  CHUNK: tl.constexpr):
+    """Every position's unique key: the steps of the programs of ``_mark_kernel`` before
+    this one (summed here, CHUNK at a time) plus this block's own up to the position."""
+    pid = tl.program_id(0)
+    prefix = tl.zeros([], dtype=tl.int64)
+    j = 0
+    while j < pid:
+        t = j + tl.arange(0, CHUNK)
+        prefix += tl.sum(tl.load(totals_ptr + t, mask=t < pid, other=0), axis=0)
+        j += CHUNK
+    i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = i < size
+    step = live & (tl.load(new_ptr + i, mask=live, other=0) != 0) & (i > 0)
+    tl.store(group_ptr + i, prefix + tl.cumsum(step.to(tl.int64), axis=0), mask=live)
+
+
 def mark_sorted(keys: torch.Tensor, bits: int, num_tags: int | None = None
                 ) -> tuple[torch.Tensor, ...]:
     """(sorted_ids int64, sorted_tags int32, new bool, group int64) of sorted keys (N,),
     and with ``num_tags`` every tag's first position (num_tags + 1,) int64. The group
-    (each position's unique key, numbered from 0) comes from a chain of the programs'
-    sums inside the kernel, where a cumulative sum after it would take two launches."""
+    (each position's unique key, numbered from 0) comes from the mark programs' sums of
+    new keys and one kernel after them, where torch's cumulative sum of a (N,) int64
+    array of steps takes two (and the mark kernel wrote the array)."""
     size, device = keys.numel(), keys.device
     ids = torch.empty(size, dtype=torch.int64, device=device)
     tags = torch.empty(size, dtype=torch.int32, device=device)
@@ -250,10 +233,12 @@ def mark_sorted(keys: torch.Tensor, bits: int, num_tags: int | None = None
                                                     device=device)
     if size:
         programs = cdiv(size, _BLOCK)
-        chain = torch.zeros(programs + 1, dtype=torch.int64, device=device)  # ticket, entries
+        totals = torch.empty(programs, dtype=torch.int64, device=device)
         _mark_kernel[(programs,)](
-            keys, ids, tags, new.view(torch.int8), group, starts, chain, size, bits,
-            (1 << bits) - 1, num_tags or 0, STARTS=num_tags is not None, BLOCK=_BLOCK)
+            keys, ids, tags, new.view(torch.int8), totals, starts, size, bits, (1 << bits) - 1,
+            num_tags or 0, STARTS=num_tags is not None, BLOCK=_BLOCK)
+        _group_kernel[(programs,)](new.view(torch.int8), totals, group, size, BLOCK=_BLOCK,
+                                   CHUNK=1024)
     if num_tags is None:
         return ids, tags, new, group
     return ids, tags, new, group, starts
