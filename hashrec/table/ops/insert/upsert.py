@@ -30,6 +30,11 @@ launch has a grid fixed by the batch size n, so nothing is read back on the host
 5. one kernel writes every key's final slot and flags back in batch order (and the
    digests of the entries the lane form placed), and counts the refused keys.
 
+In a call that expects few misses the sorted positions past the misses' count are
+neither written nor read: the probe kernel clears the flags, the counting sort places
+the misses alone, the gather and finalize kernels stop at the count, and the present
+keys are checked for eviction in batch order (only where the call evicted).
+
 The insert is independent of thread timing: a bucket is written by one program (or,
 in the lane form, by its run's lanes into the empty slots their ranks name), and all
 orders are fixed by the data. Evicted entries come back as (n,) arrays
