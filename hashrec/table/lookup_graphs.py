@@ -37,7 +37,7 @@ import weakref
 
 import torch
 
-from hashrec.table.ops.copies import copy_into
+from hashrec.table.ops.copies import MOST_PAIRS, copy_into
 from hashrec.table.ops.insert.train import draws_seed, in_kernel
 from hashrec.table.ops.launch import cdiv, next_pow2
 from hashrec.table.options import ScoreStrategy
@@ -230,7 +230,7 @@ class LookupGraphs:
             (entry.keys, keys), (entry.tags, tags), (entry.counts, counts),
             (entry.given, given), (entry.active, active))
             if buffer is not None and value is not None]
-        if len(pairs) <= 4 and all(value.is_contiguous() and value.dtype == buffer.dtype
+        if len(pairs) <= MOST_PAIRS and all(value.is_contiguous() and value.dtype == buffer.dtype
                                    for buffer, value in pairs):
             copy_into(pairs)  # one launch
         else:

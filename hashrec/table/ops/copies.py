@@ -15,10 +15,10 @@ import triton.language as tl
 
 from hashrec.table.ops.launch import cdiv, fast_launch
 
-__all__ = ["copy_into"]
+__all__ = ["MOST_PAIRS", "copy_into"]
 
 _BLOCK = 2048
-_MOST = 4
+MOST_PAIRS = 4  # pairs one launch takes
 
 
 @triton.jit
@@ -43,8 +43,8 @@ def _copy_kernel(d0, s0, d1, s1, d2, s2, d3, s3, n, COUNT: tl.constexpr, BLOCK: 
 def copy_into(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """``dst.copy_(src)`` for every (dst, src) of ``pairs``: contiguous CUDA tensors of
     one length n (each pair of one dtype), at most four pairs, in one launch."""
-    if not pairs or len(pairs) > _MOST:
-        raise ValueError(f"copy_into takes 1 to {_MOST} pairs, got {len(pairs)}")
+    if not pairs or len(pairs) > MOST_PAIRS:
+        raise ValueError(f"copy_into takes 1 to {MOST_PAIRS} pairs, got {len(pairs)}")
     n = pairs[0][0].numel()
     for dst, src in pairs:
         if dst.numel() != n or src.numel() != n or dst.dtype != src.dtype:
@@ -55,5 +55,5 @@ def copy_into(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         return
     flat = [t.view(torch.uint8) if t.dtype == torch.bool else t for pair in pairs
             for t in pair]
-    flat += [flat[0]] * (2 * _MOST - len(flat))
+    flat += [flat[0]] * (2 * MOST_PAIRS - len(flat))
     _copy_kernel[(cdiv(n, _BLOCK),)](*flat, n, COUNT=len(pairs), BLOCK=_BLOCK)
