@@ -253,6 +253,10 @@ def _collection(optimizer, batches, grads) -> dict:
         _host_profile(forward, inputs)
     ahead = time_device_ms(lambda i: _forward_prepared(layer, forward, inputs, i), k - 2,
                            setup=lambda i: i)
+    one_stream = None
+    if DEVICE.type == "cuda" and isinstance(optimizer, SparseSGD):
+        one_stream = _one_stream(lambda: time_device_ms(
+            lambda i: _forward_prepared(layer, forward, inputs, i), k - 2, setup=lambda i: i))
     fresh = None
     if ARGS.fresh and isinstance(optimizer, SparseSGD):
         fresh_inputs = _fresh_inputs(batches, 2 * k + 2, names, lengths)
@@ -264,7 +268,7 @@ def _collection(optimizer, batches, grads) -> dict:
             traced = _fresh_inputs(batches, k + 2, names, lengths, start=2 * k + 2)
             _trace(lambda i: _forward_prepared(layer, forward, traced, i), k, "fresh")
     timed = (("forward", fwd), ("forward_ahead", ahead), ("backward", bwd),
-             ("forward_fresh", fresh))
+             ("forward_fresh", fresh), ("forward_ahead_one_stream", one_stream))
     return {**{f"{part}_{what}": t[f"{what}_ms"] if what != "ms" else t["device_ms"]
                for part, t in timed if t is not None for what in ("ms", "call", "issue")},
             "backward_sweep_ms": sweep}
@@ -305,14 +309,36 @@ def _dedup_counts() -> dict:
 def _forward_prepared(layer, forward, inputs, i: int):
     """The forward of batch ``i`` as a training step runs it: its deduplication was
     started by the previous call (``prepare``), and this call starts the next batch's
-    before its own lookups. The device time then counts one deduplication and one
-    lookup a step, and the host reads sizes that are already there."""
+    before its own lookups (on a GPU on the dedup stream, beside them). The device time
+    then counts one deduplication and one lookup a step (the current stream waits for
+    the dedup stream at the end), and the host reads sizes that are already there."""
+    from hashrec.embedding import batching
+
     k = len(inputs)
     kjt = inputs[i % k]
     if not layer.is_prepared(kjt):
         layer.prepare(kjt)
     layer.prepare(inputs[(i + 1) % k])
-    return forward(kjt)
+    out = forward(kjt)
+    if DEVICE.type == "cuda":
+        torch.cuda.current_stream().wait_stream(batching.dedup_stream(DEVICE))
+    return out
+
+
+def _one_stream(timing):
+    """``timing()`` with the dedup sorts on the current stream (``HASHREC_DEDUP_STREAM=0``),
+    the baseline of the dedup stream."""
+    from hashrec.embedding import batching
+
+    before = os.environ.get(batching.ASIDE_ENV)
+    os.environ[batching.ASIDE_ENV] = "0"
+    try:
+        return timing()
+    finally:
+        if before is None:
+            del os.environ[batching.ASIDE_ENV]
+        else:
+            os.environ[batching.ASIDE_ENV] = before
 
 
 def _profile(step, steps: int) -> None:
@@ -497,6 +523,9 @@ def main() -> None:
                "forward_parts_ms": sgd["forward_parts_ms"],
                "layer_forward_ahead": {what: layer_sgd[f"forward_ahead_{what}"]
                                        for what in ("ms", "call", "issue")},
+               "layer_forward_ahead_one_stream": {
+                   what: layer_sgd[f"forward_ahead_one_stream_{what}"]
+                   for what in ("ms", "call", "issue")} if DEVICE.type == "cuda" else None,
                "layer_forward_fresh": {what: layer_sgd[f"forward_fresh_{what}"]
                                        for what in ("ms", "call", "issue")}
                if ARGS.fresh else None,
@@ -538,6 +567,12 @@ def _write(results: dict) -> None:
               "training step runs it (`prepare`; its time counts one deduplication and one "
               f"lookup): {ahead['ms']:.3f} ms ({ahead['call']:.3f} one call, host issue "
               f"{ahead['issue']:.3f} ms)."]
+    one = results["layer_forward_ahead_one_stream"]
+    if one:
+        lines += ["", "The same with the deduplication on the step's own stream "
+                  f"(`HASHREC_DEDUP_STREAM=0`), in the same run: {one['ms']:.3f} ms "
+                  f"({one['call']:.3f} one call, host issue {one['issue']:.3f} ms); ratio "
+                  f"{one['ms'] / ahead['ms']:.2f}x."]
     fresh = results["layer_forward_fresh"]
     if fresh:
         lines += ["", f"The same with {ARGS.fresh:.0%} of each step's ids new to the tables "

@@ -10,7 +10,9 @@ storage then serves all of them.
 Deduplication sorts each storage's ids by (logical table, key) and reads the
 sizes of every storage's result from the device in a single transfer per step,
 however many storages and tables there are; the transfer can be started ahead
-and read later (``start_dedup``). With several logical tables the sort is one
+and read later (``start_dedup``; on a GPU of a single process the sorts then run on
+a stream of their own, beside the step that the current stream runs). With several
+logical tables the sort is one
 pass over ``tag << bits | id`` when the ids fit (always for rows of dense
 tables; for other keys while every id seen was in [0, 2 ** bits)), else a sort
 by key followed by a stable sort by tag.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -203,8 +206,9 @@ def _tag_of(tagged: list[tuple[int, FeatureIds]], n: int, device, shift: int = 0
     only: batches of the same layout up to ``_SHARED_TAGS`` ids, such as those of
     single-valued features, share one)."""
     pairs = tuple((tag << shift, f.values.numel()) for tag, f in tagged)
-    if n <= _SHARED_TAGS:
-        return _shared_tags(pairs, n, device)
+    if n <= _SHARED_TAGS:  # one per stream: the stream that made a tensor frees it
+        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        return _shared_tags(pairs, n, device, stream)
     return _tags_for(pairs, n, device)
 
 
@@ -212,7 +216,7 @@ _SHARED_TAGS = 1 << 20
 
 
 @functools.lru_cache(maxsize=8)
-def _shared_tags(pairs: tuple[tuple[int, int], ...], n: int, device) -> torch.Tensor:
+def _shared_tags(pairs: tuple[tuple[int, int], ...], n: int, device, stream) -> torch.Tensor:
     return _tags_for(pairs, n, device)
 
 
@@ -388,6 +392,7 @@ class PendingDedup:
         self._firsts = firsts
         self._event = None
         self._rank = None
+        self._aside = False  # queued on the dedup stream (``start_dedup``)
         if firsts and share is not None:
             # Each storage's narrow flag travels too: a peer's -1 lows mean "sort again"
             # only after a narrow sort.
@@ -414,6 +419,8 @@ class PendingDedup:
             return []
         if self._event is not None:
             self._event.synchronize()
+        if self._aside:
+            self._join(record=True)
         flat = self._host.tolist()
         ranks = flat if self._rank is not None else [flat]
         widths = [s.summary.numel() for s in self._firsts]
@@ -438,6 +445,25 @@ class PendingDedup:
                 batch.owner_counts = None
             out.append(batch)
         return out
+
+    def drop(self) -> None:
+        """Drops a dedup whose result is not wanted: the current stream waits for its
+        sorts, which may still read ids whose memory that stream may reuse once freed."""
+        if self._aside:
+            self._join(record=False)
+
+    def _join(self, record: bool) -> None:
+        """The current stream waits for the sorts queued on the dedup stream; with
+        ``record`` their outputs, made there, are marked as used by it too (the caching
+        allocator then keeps their memory from the dedup stream until it is done)."""
+        self._aside = False
+        stream = torch.cuda.current_stream(self._firsts[0].summary.device)
+        stream.wait_event(self._event)
+        if record:
+            for s in self._firsts:
+                for tensor in (s.sorted_ids, s.sorted_tags, s.order, s.group, s.summary):
+                    if tensor is not None:
+                        tensor.record_stream(stream)
 
     def _all_final(self, rows: list[list[list[int]]], ranks: list[list[int]]) -> bool:
         """Whether every rank's sizes of every storage are final (no narrow sort of any
@@ -478,8 +504,53 @@ def _flags(flags: tuple[bool, ...], device) -> torch.Tensor:
 
 def start_dedup(storages: list[tuple], share: SummaryGather | None = None) -> PendingDedup:
     """Queues the device half of ``dedup_storages`` and sends the sizes to the host
-    (shared by every rank first when ``share`` is given: a collective)."""
-    return PendingDedup([_sort_storage(*storage) for storage in storages], share)
+    (shared by every rank first when ``share`` is given: a collective).
+
+    On CUDA without ``share`` the sorts run on the device's dedup stream
+    (``dedup_stream``), after the work queued so far on the current stream: they then
+    overlap whatever the current stream runs next (a training step's lookups and
+    pooling), and ``result()`` makes the stream that reads them wait for them."""
+    device = _device_of(storages)
+    if share is not None or device is None or not aside_enabled(device):
+        return PendingDedup([_sort_storage(*storage) for storage in storages], share)
+    main, side = torch.cuda.current_stream(device), dedup_stream(device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        pending = PendingDedup([_sort_storage(*storage) for storage in storages])
+    pending._aside = True
+    return pending
+
+
+ASIDE_ENV = "HASHREC_DEDUP_STREAM"
+_dedup_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def aside_enabled(device: torch.device) -> bool:
+    """Whether dedup sorts on ``device`` run on its dedup stream (``HASHREC_DEDUP_STREAM``:
+    default on for CUDA, ``0`` off: on the current stream)."""
+    value = os.environ.get(ASIDE_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{ASIDE_ENV}={value!r}: expected 0 or 1")
+    return value != "0" and device.type == "cuda"
+
+
+def dedup_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream the dedup sorts of ``device`` run on (one per device and process, so
+    that the captured sorts' shared buffers are written in one stream's order)."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    stream = _dedup_streams.get(index)
+    if stream is None:
+        stream = _dedup_streams[index] = torch.cuda.Stream(index)
+    return stream
+
+
+def _device_of(storages: list[tuple]) -> torch.device | None:
+    """The device of the first feature's ids of ``start_dedup``'s entries, if any."""
+    for storage in storages:
+        for fs in storage[0]:
+            if fs:
+                return fs[0].values.device
+    return None
 
 
 def dedup_storages(storages: list[tuple]) -> list[StorageBatch]:

@@ -214,7 +214,8 @@ class EmbeddingCollection(nn.Module):
         ready = [i for i, entry in enumerate(self._ahead) if entry[0] is kjt]
         if ready:
             _, ids, pending = self._ahead[ready[0]]
-            del self._ahead[:ready[0] + 1]
+            self._drop_ahead(ready[0])
+            del self._ahead[0]
         else:
             ids, pending = self._feature_ids(storages, kjt), None
         out = EmbeddingOutput()
@@ -241,12 +242,15 @@ class EmbeddingCollection(nn.Module):
     def prepare(self, kjt: KeyedJaggedTensor) -> None:
         """Starts deduplicating the ids of a coming batch ``kjt``.
 
-        The sorts are queued on the current stream and their sizes sent to the host
-        without waiting, so the forward of ``kjt`` (a later call with that very
-        object) reads them without draining the stream. A training step calls this
-        for the next batch at its start: the host then never waits for the previous
-        step's kernels. ZCH storages are deduplicated in the forward (their remapping
-        depends on the remapper's state).
+        The sorts are queued after the work queued so far on the current stream (on a
+        GPU of a single process, on the device's dedup stream, beside what the current
+        stream runs next: ``start_dedup``) and their sizes sent to the host without
+        waiting, so the forward of ``kjt`` (a later call with that very object) reads
+        them without draining the stream. A training step calls this for the next
+        batch at its start: the host then never waits for the previous step's kernels,
+        and the device sorts the next batch's ids while it runs this step's lookups and
+        pooling. ZCH storages are deduplicated in the forward (their remapping depends
+        on the remapper's state).
 
         Up to ``_MAX_AHEAD`` batches are kept (a step may prepare the next batch
         before its own forward); the forward of a prepared batch drops it and any
@@ -263,7 +267,13 @@ class EmbeddingCollection(nn.Module):
         self._ahead.append((kjt, ids, start_dedup([self._dedup_entry(storages, ids, join)
                                                    for join in joins],
                                                   self._sharing)))
-        del self._ahead[:-_MAX_AHEAD]
+        self._drop_ahead(len(self._ahead) - _MAX_AHEAD)
+
+    def _drop_ahead(self, count: int) -> None:
+        """Drops the ``count`` oldest prepared batches unread (``PendingDedup.drop``)."""
+        for _, _, pending in self._ahead[:max(count, 0)]:
+            pending.drop()
+        del self._ahead[:max(count, 0)]
 
     def _share_sizes(self) -> SummaryGather | None:
         """Several ranks: the dedup's sizes are all-gathered on the device before they

@@ -25,9 +25,10 @@ A replay overwrites its outputs, and a batch holds its dedup's outputs until its
 backward is done, while the next batch's dedup runs ahead. So a size class keeps up
 to ``BUFFERS`` captures of the chain, each with outputs of its own, and replays one
 whose outputs nobody holds any more (no tensor uses their memory but the capture's
-own; the device runs a stream's work in order, so work queued on them before is done
-before the replay writes). When every capture's outputs are held and no more may be
-made, the chain runs uncaptured into new tensors. Sharded storages, whose outputs may
+own; a sort runs after the work queued so far on the current stream, on that stream
+or on the dedup stream, which waits for it first: ``batching.start_dedup``; so work
+queued on them before is done before the replay writes). When every capture's outputs
+are held and no more may be made, the chain runs uncaptured into new tensors. Sharded storages, whose outputs may
 go to collectives on another stream, replay one capture and copy its outputs out.
 
 Inside the chain the keys are built in one kernel and the sorted keys split into ids,

@@ -47,3 +47,65 @@ def test_cuda_matches_cpu(make_kjt, ahead):
             (loss + out.sequences["h"][0].sum()).backward()
     cpu, cuda = (collections[d].stats()["tables"] for d in ("cpu", "cuda"))
     assert {k: v["size"] for k, v in cpu.items()} == {k: v["size"] for k, v in cuda.items()}
+
+
+SLEEP_CYCLES = 1 << 31  # about a second of the device's clock
+
+
+def _block(stream: torch.cuda.Stream) -> None:
+    """Keeps ``stream`` busy for about a second from now."""
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(SLEEP_CYCLES)
+
+
+def test_prepared_sorts_run_beside_the_current_stream(make_kjt, monkeypatch):
+    """A prepared batch's sorts wait on the dedup stream (not on the current one), and
+    the forward reads them as the current stream's own sorts would have made them."""
+    from hashrec.embedding import batching, dedup_graphs
+
+    names = [f.name for f in FEATURES]
+    kjts = [make_kjt(names, 16, NUM_IDS, seed=step, weighted=True).to("cuda")
+            for step in range(6)]  # sorts uncaptured, captured, then replayed
+    monkeypatch.setattr(dedup_graphs, "_GRAPHS", {})
+    monkeypatch.setenv(batching.ASIDE_ENV, "0")
+    reference = _collection("cuda")
+    expected = [reference(kjt) for kjt in kjts]  # compiles every kernel, too
+    monkeypatch.setattr(dedup_graphs, "_GRAPHS", {})
+    monkeypatch.setenv(batching.ASIDE_ENV, "1")
+    collection = _collection("cuda")
+    device = torch.device("cuda")
+    graphs, side = dedup_graphs.graphs_for(device), batching.dedup_stream(device)
+    for step, kjt in enumerate(kjts):
+        torch.cuda.synchronize()
+        _block(side)
+        captures = graphs.captures
+        collection.prepare(kjt)
+        if graphs.captures == captures:  # (a capture first waits for the whole device)
+            assert not collection._ahead[-1][2]._event.query()  # behind the sleep
+        out = collection(kjt)
+        for name, value in expected[step].pooled.items():
+            torch.testing.assert_close(out.pooled[name], value)
+        torch.testing.assert_close(out.sequences["h"][0], expected[step].sequences["h"][0])
+
+
+def test_a_prepared_batch_dropped_unread_is_waited_for(make_kjt):
+    """Past the batches kept ahead the oldest is dropped, and the current stream waits
+    for its sorts (they may still read ids whose memory it reuses once freed)."""
+    from hashrec.embedding import batching
+
+    collection = _collection("cuda")
+    kjts = [make_kjt([f.name for f in FEATURES], 16, NUM_IDS, seed=step).to("cuda")
+            for step in range(3)]
+    collection(kjts[0])  # compiles the kernels
+    torch.cuda.synchronize()
+    _block(batching.dedup_stream(torch.device("cuda")))
+    collection.prepare(kjts[0])
+    collection.prepare(kjts[1])
+    torch.cuda.current_stream().synchronize()  # it waits for nothing yet
+    assert not collection._ahead[0][2]._event.query()
+    collection.prepare(kjts[2])  # drops kjts[0]'s, still behind the sleep
+    after = torch.cuda.Event()
+    after.record()
+    assert not after.query()
+    torch.cuda.synchronize()
+    assert [entry[0] for entry in collection._ahead] == kjts[1:]
