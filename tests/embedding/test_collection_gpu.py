@@ -73,7 +73,7 @@ def test_prepared_sorts_run_beside_the_current_stream(make_kjt, monkeypatch):
     monkeypatch.setattr(dedup_graphs, "_GRAPHS", {})
     monkeypatch.setenv(batching.ASIDE_ENV, "1")
     collection = _collection("cuda")
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())  # what names the sorts
     graphs, side = dedup_graphs.graphs_for(device), batching.dedup_stream(device)
     for step, kjt in enumerate(kjts):
         torch.cuda.synchronize()
@@ -94,8 +94,8 @@ def test_a_prepared_batch_dropped_unread_is_waited_for(make_kjt):
     from hashrec.embedding import batching
 
     collection = _collection("cuda")
-    kjts = [make_kjt([f.name for f in FEATURES], 16, NUM_IDS, seed=step).to("cuda")
-            for step in range(3)]
+    kjts = [make_kjt([f.name for f in FEATURES], 16, NUM_IDS, seed=step, weighted=True)
+            .to("cuda") for step in range(3)]
     collection(kjts[0])  # compiles the kernels
     torch.cuda.synchronize()
     _block(batching.dedup_stream(torch.device("cuda")))
