@@ -88,10 +88,13 @@ def test_prepared_sorts_run_beside_the_current_stream(make_kjt, monkeypatch):
         torch.testing.assert_close(out.sequences["h"][0], expected[step].sequences["h"][0])
 
 
-def test_a_prepared_batch_dropped_unread_is_waited_for(make_kjt):
+def test_a_prepared_batch_dropped_unread_is_waited_for(make_kjt, monkeypatch):
     """Past the batches kept ahead the oldest is dropped, and the current stream waits
     for its sorts (they may still read ids whose memory it reuses once freed)."""
-    from hashrec.embedding import batching
+    from hashrec.embedding import batching, dedup_graphs
+
+    # No captures (a capture first waits for the whole device, the sleep included).
+    monkeypatch.setattr(dedup_graphs, "CAPTURE_AFTER", 1 << 30)
 
     collection = _collection("cuda")
     kjts = [make_kjt([f.name for f in FEATURES], 16, NUM_IDS, seed=step, weighted=True)
