@@ -192,3 +192,43 @@ def test_padded_sort_reads_ids_by_address_like_from_one_buffer(monkeypatch, comp
                                    None, features=len(values))
     for mine, ref in zip(got, want):
         assert torch.equal(mine, ref)
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["reference", "triton"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_unique_layout_before_the_sizes_matches_the_one_after(monkeypatch, force, fused):
+    """The layout a dedup stream makes before the host knows how many unique keys there
+    are (outputs sized for every id unique) gives the same batch as the exact one (on
+    CUDA the Triton kernels run either way)."""
+    from hashrec.embedding import EmbeddingFeatureSpec, KeyedJaggedTensor
+    from hashrec.embedding.batching import (
+        COMPACT,
+        _early_layout,
+        _finish_storage,
+        _sort_storage,
+        feature_ids,
+    )
+    from hashrec.table.ops import dispatch
+
+    dispatch._forced.cache_clear()
+    monkeypatch.setenv("HASHREC_FORCE_TRITON", "1" if force else "0")
+    try:
+        gen = torch.Generator().manual_seed(3)
+        specs = [EmbeddingFeatureSpec(name, "t") for name in ("a", "b", "c")]
+        features = [feature_ids(spec, KeyedJaggedTensor.from_lengths(
+            [spec.name], torch.randint(0, 9, (n,), generator=gen).to(DEVICE),
+            torch.ones(n, dtype=torch.long, device=DEVICE))[spec.name])
+            for spec, n in zip(specs, (12, 7, 0))]
+        by_tag = [[features[0], features[2]], [features[1]]]
+        exact = _sort_storage(by_tag, fused, narrow=COMPACT)
+        early = _early_layout(exact)
+        summary = exact.summary.tolist()
+        a, b = _finish_storage(exact, summary), _finish_storage(early, summary)
+        assert early.layout[0].numel() == 19 and a.keys.numel() < 19
+        for name in ("keys", "tags", "counts", "inverse", "order", "row_start"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None), name
+            if x is not None:
+                assert x.tolist() == y.tolist(), name
+    finally:
+        dispatch._forced.cache_clear()
