@@ -43,7 +43,6 @@ from hashrec.embedding.batching import (
     PendingDedup,
     StorageBatch,
     SummaryGather,
-    aside_enabled,
     dedup_storages,
     feature_ids,
     start_dedup,
@@ -78,28 +77,6 @@ _all_gather_flat = getattr(torch.distributed, "all_gather_single", None) or \
 
 # Batches whose dedup ``EmbeddingCollection.prepare`` keeps at most.
 _MAX_AHEAD = 2
-
-
-class _Deferred:
-    """A prepared batch's dedup on the dedup stream, started by the next forward once
-    its lookups are queued (``start``; the sorts then run beside its pooling rather than
-    beside its short lookup kernels), or when its result is wanted first."""
-
-    def __init__(self, entries: list[tuple]) -> None:
-        self._entries = entries
-        self._pending: PendingDedup | None = None
-
-    def start(self) -> None:
-        if self._pending is None:
-            self._pending = start_dedup(self._entries)
-
-    def result(self) -> list[StorageBatch]:
-        self.start()
-        return self._pending.result()
-
-    def drop(self) -> None:
-        if self._pending is not None:
-            self._pending.drop()
 
 logger = logging.getLogger("hashrec.embedding")
 
@@ -242,11 +219,8 @@ class EmbeddingCollection(nn.Module):
         else:
             ids, pending = self._feature_ids(storages, kjt), None
         out = EmbeddingOutput()
-        looked = self._lookups(storages, ids, *self._dedup(storages, ids, pending))
-        for entry in self._ahead:  # coming batches' sorts, beside the pooling
-            if isinstance(entry[2], _Deferred):
-                entry[2].start()
-        for batch, rows, table in looked:
+        for batch, rows, table in self._lookups(storages, ids,
+                                                *self._dedup(storages, ids, pending)):
             for f, value in zip(batch.features, emit_storage(rows, batch, table)):
                 if f.spec.is_sequence:
                     out.sequences[f.spec.name] = (value, f.lengths)
@@ -268,15 +242,15 @@ class EmbeddingCollection(nn.Module):
     def prepare(self, kjt: KeyedJaggedTensor) -> None:
         """Starts deduplicating the ids of a coming batch ``kjt``.
 
-        The sorts are queued on the current stream and their sizes sent to the host
-        without waiting, so the forward of ``kjt`` (a later call with that very
-        object) reads them without draining the stream. A training step calls this
-        for the next batch at its start: the host then never waits for the previous
-        step's kernels. On a GPU of a single process the sorts go to the device's
-        dedup stream instead (``start_dedup``), queued by the next forward once its
-        lookups are (or by the forward of ``kjt``, if that comes first): the device
-        then sorts the next batch's ids beside this step's pooling. ZCH storages are
-        deduplicated in the forward (their remapping depends on the remapper's state).
+        The sorts are queued after the work queued so far on the current stream (on a
+        GPU of a single process, on the device's dedup stream, beside what the current
+        stream runs next: ``start_dedup``) and their sizes sent to the host without
+        waiting, so the forward of ``kjt`` (a later call with that very object) reads
+        them without draining the stream. A training step calls this for the next
+        batch at its start: the host then never waits for the previous step's kernels,
+        and the device sorts the next batch's ids while it runs this step's lookups and
+        pooling. ZCH storages are deduplicated in the forward (their remapping depends
+        on the remapper's state).
 
         Up to ``_MAX_AHEAD`` batches are kept (a step may prepare the next batch
         before its own forward); the forward of a prepared batch drops it and any
@@ -290,11 +264,9 @@ class EmbeddingCollection(nn.Module):
         ids = self._feature_ids(storages, kjt)
         joins = [join for join in self._joins(storages)
                  if storages[join[0]].name not in self.zch_remappers]
-        entries = [self._dedup_entry(storages, ids, join) for join in joins]
-        if self._sharing is None and aside_enabled(self._device):
-            self._ahead.append((kjt, ids, _Deferred(entries)))
-        else:
-            self._ahead.append((kjt, ids, start_dedup(entries, self._sharing)))
+        self._ahead.append((kjt, ids, start_dedup([self._dedup_entry(storages, ids, join)
+                                                   for join in joins],
+                                                  self._sharing)))
         self._drop_ahead(len(self._ahead) - _MAX_AHEAD)
 
     def _drop_ahead(self, count: int) -> None:
@@ -379,7 +351,7 @@ class EmbeddingCollection(nn.Module):
         return [s for s in self._units if any(self._readers[s.name])]
 
     def _dedup(self, storages: list[Storage], ids: list[list[list[FeatureIds]]],
-               pending: PendingDedup | _Deferred | None = None
+               pending: PendingDedup | None = None
                ) -> tuple[list[tuple[int, ...]], list[StorageBatch], list]:
         """Deduplicated ids of every join (``_joins``), dense ids checked before anything
         changes: the joins, each join's batch, and each storage's part of its join's

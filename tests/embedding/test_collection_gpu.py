@@ -80,11 +80,8 @@ def test_prepared_sorts_run_beside_the_current_stream(make_kjt, monkeypatch):
         _block(side)
         captures = graphs.captures
         collection.prepare(kjt)
-        pending = collection._ahead[-1][2]
-        assert pending._pending is None  # started by the next forward (or this one's)
-        pending.start()
         if graphs.captures == captures:  # (a capture first waits for the whole device)
-            assert not pending._pending._event.query()  # behind the sleep
+            assert not collection._ahead[-1][2]._event.query()  # behind the sleep
         out = collection(kjt)
         for name, value in expected[step].pooled.items():
             torch.testing.assert_close(out.pooled[name], value)
@@ -105,26 +102,13 @@ def test_a_prepared_batch_dropped_unread_is_waited_for(make_kjt, monkeypatch):
     collection(kjts[0])  # compiles the kernels
     torch.cuda.synchronize()
     _block(batching.dedup_stream(torch.device("cuda")))
-    for kjt in kjts[:2]:
-        collection.prepare(kjt)
-        collection._ahead[-1][2].start()
+    collection.prepare(kjts[0])
+    collection.prepare(kjts[1])
     torch.cuda.current_stream().synchronize()  # it waits for nothing yet
-    assert not collection._ahead[0][2]._pending._event.query()
+    assert not collection._ahead[0][2]._event.query()
     collection.prepare(kjts[2])  # drops kjts[0]'s, still behind the sleep
     after = torch.cuda.Event()
     after.record()
     assert not after.query()
     torch.cuda.synchronize()
     assert [entry[0] for entry in collection._ahead] == kjts[1:]
-
-
-def test_a_forward_starts_the_coming_batches_sorts_after_its_lookups(make_kjt):
-    collection = _collection("cuda")
-    kjts = [make_kjt([f.name for f in FEATURES], 16, NUM_IDS, seed=step, weighted=True)
-            .to("cuda") for step in range(2)]
-    collection.prepare(kjts[1])
-    assert collection._ahead[0][2]._pending is None
-    collection(kjts[0])
-    assert collection._ahead[0][2]._pending is not None
-    collection(kjts[1])
-    assert not collection._ahead
