@@ -165,17 +165,6 @@ class _Sorted(NamedTuple):
     owners: int = 0
     source: tuple = ()  # _sort_storage's arguments when a narrow sort may need a redo
     narrow: int = 0  # the one-pass level of other keys tried (NARROW, COMPACT), else 0
-    # ``unique_layout``'s outputs sized for n unique keys, made before the sizes are
-    # known (``_early_layout``); the first U of keys and tags, U + 1 of row_start hold.
-    layout: tuple | None = None
-
-
-def _early_layout(s: _Sorted) -> _Sorted:
-    """``s`` with its unique keys laid out before the host knows how many there are:
-    outputs sized for every id unique, of which the first ones are the real ones."""
-    n = s.group.numel()
-    return s._replace(layout=unique_layout(s.group, s.order, s.sorted_ids,
-                                           s.sorted_tags if s.fused else None, n))
 
 
 # Row ids of dense tables (below 2 ** _ROW_BITS) sort with their tag above them.
@@ -355,13 +344,8 @@ def _finish_storage(s: _Sorted, summary: list[int]) -> StorageBatch:
     num_tags = len(summary) // 3
     unique_per_table, lows, highs = (summary[i * num_tags:(i + 1) * num_tags] for i in range(3))
     u = sum(unique_per_table)
-    if s.layout is not None:
-        keys, tags, inverse, row_start = s.layout
-        keys, row_start = keys[:u], row_start[:u + 1]
-        tags = tags[:u] if tags is not None else None
-    else:
-        keys, tags, inverse, row_start = unique_layout(
-            s.group, s.order, s.sorted_ids, s.sorted_tags if s.fused else None, u)
+    keys, tags, inverse, row_start = unique_layout(
+        s.group, s.order, s.sorted_ids, s.sorted_tags if s.fused else None, u)
     if s.fused and tags is None:
         tag = next((t for t in range(num_tags) if unique_per_table[t]), 0)
         tags = torch.full((u,), tag, dtype=torch.int32, device=keys.device)
@@ -477,8 +461,7 @@ class PendingDedup:
         stream.wait_event(self._event)
         if record:
             for s in self._firsts:
-                for tensor in (s.sorted_ids, s.sorted_tags, s.order, s.group, s.summary,
-                               *(s.layout or ())):
+                for tensor in (s.sorted_ids, s.sorted_tags, s.order, s.group, s.summary):
                     if tensor is not None:
                         tensor.record_stream(stream)
 
@@ -526,17 +509,14 @@ def start_dedup(storages: list[tuple], share: SummaryGather | None = None) -> Pe
     On CUDA without ``share`` the sorts run on the device's dedup stream
     (``dedup_stream``), after the work queued so far on the current stream: they then
     overlap whatever the current stream runs next (a training step's lookups and
-    pooling), and ``result()`` makes the stream that reads them wait for them. So
-    does the layout of the unique keys (``unique_layout``), into outputs sized for
-    every id unique, before the host knows how many are."""
+    pooling), and ``result()`` makes the stream that reads them wait for them."""
     device = _device_of(storages)
     if share is not None or device is None or not aside_enabled(device):
         return PendingDedup([_sort_storage(*storage) for storage in storages], share)
     main, side = torch.cuda.current_stream(device), dedup_stream(device)
     side.wait_stream(main)
-    with torch.cuda.stream(side):  # the layouts too: the current stream is then free
-        pending = PendingDedup([_early_layout(_sort_storage(*storage))
-                                for storage in storages])
+    with torch.cuda.stream(side):
+        pending = PendingDedup([_sort_storage(*storage) for storage in storages])
     pending._aside = True
     return pending
 
