@@ -563,10 +563,13 @@ def _write(results: dict) -> None:
                      f"{r['fraction_of_copy_bw']:.2f} / "
                      f"{r['layer_fraction_of_copy_bw']:.2f} |")
     ahead = results["layer_forward_ahead"]
+    forward = next(r for r in results["rows"] if r["phase"] == "forward")
+    share = forward["min_bytes"] / (ahead["ms"] * 1e-3) / results["copy_bandwidth_Bps"]
     lines += ["", "Layer forward with the next batch's deduplication started ahead, as a "
               "training step runs it (`prepare`; its time counts one deduplication and one "
               f"lookup): {ahead['ms']:.3f} ms ({ahead['call']:.3f} one call, host issue "
-              f"{ahead['issue']:.3f} ms)."]
+              f"{ahead['issue']:.3f} ms); {share:.2f} of the copy bandwidth for the "
+              "forward's minimal bytes."]
     one = results["layer_forward_ahead_one_stream"]
     if one:
         lines += ["", "The same with the deduplication on the step's own stream "
