@@ -502,16 +502,20 @@ def _flags(flags: tuple[bool, ...], device) -> torch.Tensor:
     return host.to(device, non_blocking=True)
 
 
-def start_dedup(storages: list[tuple], share: SummaryGather | None = None) -> PendingDedup:
+def start_dedup(storages: list[tuple], share: SummaryGather | None = None,
+                aside: bool = True) -> PendingDedup:
     """Queues the device half of ``dedup_storages`` and sends the sizes to the host
     (shared by every rank first when ``share`` is given: a collective).
 
-    On CUDA without ``share`` the sorts run on the device's dedup stream
-    (``dedup_stream``), after the work queued so far on the current stream: they then
-    overlap whatever the current stream runs next (a training step's lookups and
-    pooling), and ``result()`` makes the stream that reads them wait for them."""
+    On CUDA with ``aside`` and without ``share`` the sorts run on the device's dedup
+    stream (``dedup_stream``), after the work queued so far on the current stream:
+    they then overlap whatever the current stream runs next (a training step's lookups
+    and pooling), and ``result()`` makes the stream that reads them wait for them. A
+    process keeps to one of the two streams (the collection of a single process sorts
+    aside, one of several ranks on the current stream): captured sorts share buffers
+    (``dedup_graphs``) that only one stream's order keeps apart."""
     device = _device_of(storages)
-    if share is not None or device is None or not aside_enabled(device):
+    if share is not None or not aside or device is None or not aside_enabled(device):
         return PendingDedup([_sort_storage(*storage) for storage in storages], share)
     main, side = torch.cuda.current_stream(device), dedup_stream(device)
     side.wait_stream(main)
@@ -553,7 +557,7 @@ def _device_of(storages: list[tuple]) -> torch.device | None:
     return None
 
 
-def dedup_storages(storages: list[tuple]) -> list[StorageBatch]:
+def dedup_storages(storages: list[tuple], aside: bool = True) -> list[StorageBatch]:
     """Deduplicates each storage's ids per logical table; sets each feature's ``inverse``.
 
     Args:
@@ -567,9 +571,10 @@ def dedup_storages(storages: list[tuple]) -> list[StorageBatch]:
             ``_sort_storage``).
 
     Unique keys come tag by tag, ascending within a tag. All storages' sizes reach
-    the host in one device read.
+    the host in one device read. ``aside``: as ``start_dedup``'s (a process sorts
+    every batch on one stream or the other, as the captured sorts share buffers).
     """
-    return start_dedup(storages).result()
+    return start_dedup(storages, aside=aside).result()
 
 
 def dedup_storage(features_by_tag: list[list[FeatureIds]], fused: bool) -> StorageBatch:

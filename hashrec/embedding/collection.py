@@ -376,7 +376,7 @@ class EmbeddingCollection(nn.Module):
                 done = pending.result()
             else:
                 done = dedup_storages([self._dedup_entry(storages, ids, joins[k])
-                                       for k in picked])
+                                       for k in picked], aside=self._sharded is None)
             for k, batch in zip(picked, done):
                 batches[k] = batch
                 members = [storages[i] for i in joins[k]]

@@ -173,7 +173,8 @@ def scenario_train_two_ahead(ctx):
     from hashrec.embedding import collection as collection_module
 
     real, inline = collection_module.dedup_storages, []
-    collection_module.dedup_storages = lambda storages: inline.append(1) or real(storages)
+    collection_module.dedup_storages = \
+        lambda storages, **kw: inline.append(1) or real(storages, **kw)
     try:
         return {**scenario_train(ctx, prepare=2), "inline": len(inline)}
     finally:

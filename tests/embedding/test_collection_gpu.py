@@ -112,3 +112,25 @@ def test_a_prepared_batch_dropped_unread_is_waited_for(make_kjt, monkeypatch):
     assert not after.query()
     torch.cuda.synchronize()
     assert [entry[0] for entry in collection._ahead] == kjts[1:]
+
+
+def test_sorts_kept_on_the_current_stream_do_not_wait_for_the_dedup_stream(make_kjt):
+    """``aside=False`` (a rank of several: its sorts stay on the training stream)."""
+    from hashrec.embedding import batching
+
+    collection = _collection("cuda")
+    kjt = make_kjt([f.name for f in FEATURES], 16, NUM_IDS, seed=1, weighted=True).to("cuda")
+    storages = collection._read_storages()
+    ids = collection._feature_ids(storages, kjt)
+    entries = [collection._dedup_entry(storages, ids, join)
+               for join in collection._joins(storages)]
+    batching.dedup_storages(entries)  # compiles the kernels
+    torch.cuda.synchronize()
+    side = batching.dedup_stream(torch.device("cuda"))
+    _block(side)
+    here = batching.dedup_storages(entries, aside=False)
+    torch.cuda.current_stream().synchronize()
+    assert not side.query()  # done while the dedup stream still sleeps
+    aside = batching.dedup_storages(entries)  # behind the sleep
+    for a, b in zip(here, aside):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.inverse, b.inverse)

@@ -29,7 +29,7 @@ def test_each_batch_is_deduplicated_once(data_dir, tmp_path, monkeypatch):
     real_dedup = collection_module.dedup_storages
     real_start = collection_module.start_dedup
     monkeypatch.setattr(collection_module, "dedup_storages",
-                        lambda storages: in_forward.append(1) or real_dedup(storages))
+                        lambda storages, **kw: in_forward.append(1) or real_dedup(storages, **kw))
     monkeypatch.setattr(collection_module, "start_dedup",
                         lambda storages, share=None: prepared.append(1) or real_start(storages, share))
     loop = _loop(data_dir, tmp_path)
@@ -71,8 +71,8 @@ def test_preparing_two_batches_ahead_trains_the_same_model(data_dir, tmp_path, m
         late.append(0)
         monkeypatch.setenv(PREPARE_AHEAD_ENV, ahead)
         monkeypatch.setattr(collection_module, "dedup_storages",
-                            lambda storages, seen=in_forward: seen.append(1) or
-                            real_dedup(storages))
+                            lambda storages, seen=in_forward, **kw: seen.append(1) or
+                            real_dedup(storages, **kw))
         loops.append(small_loop(tmp_path / ahead / "model", device))
         loop = loops[-1]
         assert loop.prepare_ahead == int(ahead)
