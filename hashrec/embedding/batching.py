@@ -12,10 +12,9 @@ sizes of every storage's result from the device in a single transfer per step,
 however many storages and tables there are; the transfer can be started ahead
 and read later (``start_dedup``; on a GPU of a single process the sorts then run on
 a stream of their own, beside the step that the current stream runs). With several
-logical tables the sort is one
-pass over ``tag << bits | id`` when the ids fit (always for rows of dense
-tables; for other keys while every id seen was in [0, 2 ** bits)), else a sort
-by key followed by a stable sort by tag.
+logical tables the sort is one pass over ``tag << bits | id`` when the ids fit
+(always for rows of dense tables; for other keys while every id seen was in
+[0, 2 ** bits)), else a sort by key followed by a stable sort by tag.
 """
 
 from __future__ import annotations
@@ -376,7 +375,9 @@ class PendingDedup:
     On CUDA the sizes travel by an asynchronous copy into pinned memory followed by
     an event, so ``result()`` waits for the sorts only, not for whatever the stream
     queued after them (a training step starts the next batch's dedup before its
-    own dense network and backward, and reads the sizes at the next step).
+    own dense network and backward, and reads the sizes at the next step). Work
+    queued on the dedup stream (``aside``: ``start_dedup``) is joined by ``result()``
+    and by ``drop()``: the current stream waits for it.
 
     With a ``SummaryGather`` the ranks exchange their sizes on the device before the
     copy, so every rank learns ahead what each peer will send it and how many rows
@@ -388,11 +389,12 @@ class PendingDedup:
     slowest rank to reach it.
     """
 
-    def __init__(self, firsts: list[_Sorted], share: SummaryGather | None = None) -> None:
+    def __init__(self, firsts: list[_Sorted], share: SummaryGather | None = None,
+                 aside: bool = False) -> None:
         self._firsts = firsts
         self._event = None
         self._rank = None
-        self._aside = False  # queued on the dedup stream (``start_dedup``)
+        self._aside = aside and bool(firsts)  # queued on the dedup stream (``start_dedup``)
         if firsts and share is not None:
             # Each storage's narrow flag travels too: a peer's -1 lows mean "sort again"
             # only after a narrow sort.
@@ -520,9 +522,7 @@ def start_dedup(storages: list[tuple], share: SummaryGather | None = None,
     main, side = torch.cuda.current_stream(device), dedup_stream(device)
     side.wait_stream(main)
     with torch.cuda.stream(side):
-        pending = PendingDedup([_sort_storage(*storage) for storage in storages])
-    pending._aside = True
-    return pending
+        return PendingDedup([_sort_storage(*storage) for storage in storages], aside=True)
 
 
 ASIDE_ENV = "HASHREC_DEDUP_STREAM"
