@@ -76,6 +76,7 @@ ARGS = _args()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+from _layer_profile import host_profile, profile_steps, trace_calls  # noqa: E402
 from _timing import copy_bandwidth, environment, time_device_ms, write_results  # noqa: E402
 
 from hashrec.embedding.ops.fused import dedup  # noqa: E402
@@ -248,9 +249,9 @@ def _collection(optimizer, batches, grads) -> dict:
         sweep[cfg] = {"device_ms": t["device_ms"], "call_ms": t["call_ms"]}
     fused_tt.REDUCE_CONFIG = None
     if ARGS.profile and isinstance(optimizer, SparseSGD):
-        _profile(lambda i: backward(forward(inputs[i % k])), k)
+        profile_steps(lambda i: backward(forward(inputs[i % k])), k, ARGS.out)
     if ARGS.host_profile and isinstance(optimizer, SparseSGD):
-        _host_profile(forward, inputs)
+        host_profile(forward, inputs, ARGS.out)
     ahead = time_device_ms(lambda i: _forward_prepared(layer, forward, inputs, i), k - 2,
                            setup=lambda i: i)
     one_stream = None
@@ -263,10 +264,11 @@ def _collection(optimizer, batches, grads) -> dict:
         fresh = time_device_ms(lambda i: _forward_prepared(layer, forward, fresh_inputs, i),
                                k - 2, setup=lambda i: i)
     if ARGS.trace and isinstance(optimizer, SparseSGD):
-        _trace(lambda i: _forward_prepared(layer, forward, inputs, i), k)
+        trace_calls(lambda i: _forward_prepared(layer, forward, inputs, i), k, ARGS.out)
         if fresh is not None:  # batches with ids new again
             traced = _fresh_inputs(batches, k + 2, names, lengths, start=2 * k + 2)
-            _trace(lambda i: _forward_prepared(layer, forward, traced, i), k, "fresh")
+            trace_calls(lambda i: _forward_prepared(layer, forward, traced, i), k, ARGS.out,
+                        "fresh", f" ({ARGS.fresh:.0%} of the ids new to the tables)")
     timed = (("forward", fwd), ("forward_ahead", ahead), ("backward", bwd),
              ("forward_fresh", fresh), ("forward_ahead_one_stream", one_stream))
     return {**{f"{part}_{what}": t[f"{what}_ms"] if what != "ms" else t["device_ms"]
@@ -339,127 +341,6 @@ def _one_stream(timing):
             del os.environ[batching.ASIDE_ENV]
         else:
             os.environ[batching.ASIDE_ENV] = before
-
-
-def _profile(step, steps: int) -> None:
-    """Kernels and operators of ``steps`` layer steps by device self time (printed, and
-    written to OUT_profile.txt)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                 record_shapes=True) as prof:
-        for i in range(steps):
-            step(i)
-        torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40,
-                                      max_name_column_width=70) + \
-        "\n\nBy operator and input shapes:\n" + \
-        prof.key_averages(group_by_input_shape=True).table(
-            sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=40,
-            max_shapes_column_width=120)
-    table += "\n\nKernels by the operators that launched them (us per step):\n" + \
-        _kernel_owners(prof, steps)
-    text = f"Layer steps (forward + backward, SGD), {steps} steps, per-kernel device time\n\n"
-    print(text + table, flush=True)
-    if ARGS.out:
-        with open(f"{ARGS.out}_profile.txt", "w") as f:
-            f.write(text + table + "\n")
-
-
-def _trace(step, steps: int, label: str = "") -> None:
-    """Every kernel of ``steps`` calls of ``step`` (us and launches per call), and the
-    device's busy time (the union of kernel spans) against the span from the first
-    kernel to the last, per call: what the device waits for between kernels. ``label``
-    "fresh": the batches have new ids (written to OUT_fresh_trace.txt)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                 record_shapes=True) as prof:
-        for i in range(steps):
-            step(i)
-        torch.cuda.synchronize()
-    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
-    kernels: dict[str, list[float]] = {}
-    busy, reach = 0.0, None
-    for start, end, name in spans:
-        kernels.setdefault(name[:90], []).append(end - start)
-        if reach is None or start >= reach:
-            busy += end - start
-        elif end > reach:
-            busy += end - reach
-        reach = end if reach is None else max(reach, end)
-    span = spans[-1][1] - spans[0][0] if spans else 0.0
-    what = f" ({ARGS.fresh:.0%} of the ids new to the tables)" if label else ""
-    text = (f"Layer forward with the next deduplication ahead{what}, {steps} calls: per call "
-            f"{busy / steps:.1f} us of kernels over a span of {span / steps:.1f} us "
-            f"(profiled, so the host's issue is slower than unprofiled)\n\n"
-            f"{'us/call':>9} {'launches':>9}  kernel\n")
-    for name, times in sorted(kernels.items(), key=lambda kv: -sum(kv[1])):
-        text += f"{sum(times) / steps:9.1f} {len(times) / steps:9.1f}  {name}\n"
-    text += _copy_owners(prof, steps)
-    print(text, flush=True)
-    if ARGS.out:
-        with open(f"{ARGS.out}_{label + '_' if label else ''}trace.txt", "w") as f:
-            f.write(text)
-
-
-def _copy_owners(prof, steps: int) -> str:
-    """The device copies by the host operator that issued them (with its parent and
-    input shapes): us and copies per call."""
-    owners: dict[tuple, list[float]] = {}
-    for event in prof.events():
-        for kernel in getattr(event, "kernels", []):
-            if kernel.name.startswith("Memcpy"):
-                parent = event.cpu_parent.name if event.cpu_parent is not None else "-"
-                owner = (kernel.name, f"{parent} > {event.name}", str(event.input_shapes)[:70])
-                owners.setdefault(owner, []).append(kernel.duration)
-    text = f"\nDevice copies by the operator that issued them\n\n{'us/call':>9} {'copies':>9}  " \
-           "copy, operator, input shapes\n"
-    for (name, op, shapes), times in sorted(owners.items(), key=lambda kv: -sum(kv[1])):
-        text += f"{sum(times) / steps:9.1f} {len(times) / steps:9.1f}  {name}, {op}, {shapes}\n"
-    return text
-
-
-def _host_profile(forward, inputs) -> None:
-    """The layer's forward calls under cProfile, the device synced after each (outside
-    the profile): the host's own time per function, and where it waits on the device."""
-    import cProfile
-    import io
-    import pstats
-
-    prof = cProfile.Profile()
-    for kjt in inputs:
-        torch.cuda.synchronize() if DEVICE.type == "cuda" else None
-        prof.enable()
-        forward(kjt)
-        prof.disable()
-    text = f"Host profile of {len(inputs)} layer forward calls (cProfile)\n"
-    for order in ("tottime", "cumulative"):
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats(order).print_stats(45)
-        text += f"\n== by {order}\n" + out.getvalue()
-    print(text, flush=True)
-    if ARGS.out:
-        with open(f"{ARGS.out}_host_profile.txt", "w") as f:
-            f.write(text)
-
-
-def _kernel_owners(prof, steps: int, top: int = 30) -> str:
-    """The kernels of a profile summed per (kernel, launching operator and its callers)."""
-    owners: dict[tuple[str, str], float] = {}
-    for event in prof.events():
-        for kernel in getattr(event, "kernels", []):
-            chain, parent = [event.name], event.cpu_parent
-            while parent is not None and len(chain) < 4:
-                chain.append(parent.name)
-                parent = parent.cpu_parent
-            key = (kernel.name[:70], " < ".join(chain))
-            owners[key] = owners.get(key, 0.0) + kernel.duration
-    ranked = sorted(owners.items(), key=lambda item: -item[1])[:top]
-    return "\n".join(f"{us / steps:9.1f}  {name}  <=  {chain}" for (name, chain), us in ranked)
 
 
 def _baseline(optim: str, batches, grads) -> dict:

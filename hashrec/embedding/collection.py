@@ -271,9 +271,10 @@ class EmbeddingCollection(nn.Module):
 
     def _drop_ahead(self, count: int) -> None:
         """Drops the ``count`` oldest prepared batches unread (``PendingDedup.drop``)."""
-        for _, _, pending in self._ahead[:max(count, 0)]:
+        dropped = self._ahead[:max(count, 0)]
+        del self._ahead[:len(dropped)]
+        for _, _, pending in dropped:
             pending.drop()
-        del self._ahead[:max(count, 0)]
 
     def _share_sizes(self) -> SummaryGather | None:
         """Several ranks: the dedup's sizes are all-gathered on the device before they

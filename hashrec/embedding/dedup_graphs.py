@@ -28,8 +28,9 @@ whose outputs nobody holds any more (no tensor uses their memory but the capture
 own; a sort runs after the work queued so far on the current stream, on that stream
 or on the dedup stream, which waits for it first: ``batching.start_dedup``; so work
 queued on them before is done before the replay writes). When every capture's outputs
-are held and no more may be made, the chain runs uncaptured into new tensors. Sharded storages, whose outputs may
-go to collectives on another stream, replay one capture and copy its outputs out.
+are held and no more may be made, the chain runs uncaptured into new tensors. Sharded
+storages, whose outputs may go to collectives on another stream, replay one capture and
+copy its outputs out.
 
 Inside the chain the keys are built in one kernel and the sorted keys split into ids,
 tags and unique marks in another (``padded_keys`` and ``mark_sorted`` of
