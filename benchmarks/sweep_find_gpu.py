@@ -77,6 +77,7 @@ def _bytes_config(storage: TableStorage, keys: torch.Tensor, values: torch.Tenso
         n, storage.num_buckets, HAS_TAGS=False, WITH_VALUES=True, CAP=CAP,
         LINE=CAP, ROUND=1,
         WORDS=False, POW2=True, ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2, BY_WORD=False,
+        MASKS=False,
         BLOCK=block,
         num_warps=warps, **maxnreg(regs))
 

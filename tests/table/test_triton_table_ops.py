@@ -23,6 +23,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed")
 from triton_table_helpers import (  # noqa: E402
     DEVICE,
     INT64_MIN,
+    PROBE_FORMS,
     assert_same_index,
     clone,
     filled,
@@ -85,15 +86,15 @@ def test_find_matches_reference(num_buckets, cap, n, tagged):
         assert torch.equal(find_tt.find_values(storage, probe, None, dim=3)[0], expected)
 
 
-@pytest.mark.parametrize("by_word", [0, 2, 3], ids=["by-position", "by-word", "three-by-word"])
+@pytest.mark.parametrize("form", list(PROBE_FORMS))
 @pytest.mark.parametrize("config", [{"block": 32, "num_warps": 1, "maxnreg": 80},
                                     {"block": 16, "num_warps": 2}],
                          ids=["narrow-capped", "block16-warps2"])
-def test_find_launches_match_reference(monkeypatch, config, by_word):
+def test_find_launches_match_reference(monkeypatch, config, form):
     """Launch settings (keys a program, warps, register cap) and the probe's form change
     no result."""
     monkeypatch.setattr(find_tt, "FIND_CONFIG", config)
-    use_probe_form(monkeypatch, by_word)
+    use_probe_form(monkeypatch, form)
     storage, keys, tags = filled(5, 16, 60, seed=3, tagged=True)
     gen = torch.Generator().manual_seed(2)
     probe = torch.cat([keys, random_keys(20, gen).to(DEVICE)])
@@ -208,18 +209,24 @@ def _colliding_bucket(cap: int, seed: int, spread: int = 1
     return storage, probes.to(DEVICE), tags.to(DEVICE)
 
 
+# Later matches confirmed one or four per round; a probe from masks (buckets up to 128
+# slots) confirms them one per round whatever the setting, so it runs once.
+_ROUNDS = [(form, wide) for form in PROBE_FORMS for wide in (0, 8)
+           if not (wide and PROBE_FORMS[form][2])]
+
+
 @pytest.mark.parametrize("cap,spread", [(6, 1), (8, 1), (40, 1), (128, 1), (1024, 32)],
                          ids=["cap6", "cap8", "cap40", "cap128", "cap1024"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("wide_from", [0, 8], ids=["one-per-round", "four-per-round"])
-@pytest.mark.parametrize("by_word", [0, 2, 3], ids=["by-position", "by-word", "three-by-word"])
+@pytest.mark.parametrize("form,wide_from", _ROUNDS,
+                         ids=[f"{f}-{'four' if w else 'one'}-per-round" for f, w in _ROUNDS])
 def test_find_with_colliding_digests_matches_reference(monkeypatch, cap, spread, seed,
-                                                       wide_from, by_word):
+                                                       wide_from, form):
     """Slots and rows: most probes' first digest match is not their slot, and most slots
-    are candidates, confirmed one or four per probe round; the two lowest found by
-    position or by word (``WORD_PROBE``)."""
+    are candidates, confirmed one or four per probe round; the lowest found by position,
+    by word (``WORD_PROBE``) or from masks (``MASK_PROBE``)."""
     monkeypatch.setattr(find_tt, "WIDE_PROBE_MIN_CAP", wide_from)
-    use_probe_form(monkeypatch, by_word)
+    use_probe_form(monkeypatch, form)
     storage, probes, _ = _colliding_bucket(cap, seed, spread)
     storage.values.copy_(torch.arange(storage.values.numel(), dtype=storage.values.dtype,
                                       device=DEVICE).view_as(storage.values) + 1)
@@ -239,11 +246,11 @@ def test_find_with_colliding_digests_matches_reference(monkeypatch, cap, spread,
     ((0, 1, 9, 13, 14), 4), ((8, 9, 10, 11, 12), 4), ((0, 5, 10), 1), ((4, 7), 1)],
     ids=["1st", "2nd", "3rd-of-3", "3rd-one-word", "4th-one-word", "5th", "5th-two-words",
          "2nd-of-3", "2nd-last-byte"])
-@pytest.mark.parametrize("by_word", [0, 2, 3], ids=["by-position", "by-word", "three-by-word"])
-def test_find_confirms_the_kth_digest_match(monkeypatch, matches, at, by_word):
+@pytest.mark.parametrize("form", list(PROBE_FORMS))
+def test_find_confirms_the_kth_digest_match(monkeypatch, matches, at, form):
     """A key whose slot is the k-th of its bucket's digest matches (the others hold other
     keys), the matches spread over the digest words or packed in one."""
-    use_probe_form(monkeypatch, by_word)
+    use_probe_form(monkeypatch, form)
     gen = torch.Generator().manual_seed(len(matches) * 16 + at)
     key = random_keys(1, gen)[:1]
     dig = int(hashing.digest_of(hashing.mix64(key))[0])

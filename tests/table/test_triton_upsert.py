@@ -115,12 +115,13 @@ def test_upsert_matches_find_then_reference_insert(monkeypatch, num_buckets, tag
 
 @pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
 @pytest.mark.parametrize("num_buckets,tagged", [(4, False), (3, True)], ids=["nb4", "nb3-tagged"])
-@pytest.mark.parametrize("lowest", [0, 3], ids=["by-position", "three-by-word"])
+@pytest.mark.parametrize("form", ["by-position", "by-word", "three-by-word", "three-masks"])
 def test_upsert_with_other_probe_forms_matches_reference(monkeypatch, num_buckets, tagged,
-                                                         allow_evict, lowest):
-    """The upsert's probe with every digest match placed by position (WORD_PROBE off), or
-    its three lowest found by word (by default it finds the two lowest by word)."""
-    use_probe_form(monkeypatch, lowest)
+                                                         allow_evict, form):
+    """The upsert's probe with every digest match placed by position (WORD_PROBE off), its
+    two or three lowest found by word from a tile, or its three lowest from masks (by
+    default it takes the two lowest from masks)."""
+    use_probe_form(monkeypatch, form)
     _check_mixed_batch(num_buckets, tagged, allow_evict)
 
 

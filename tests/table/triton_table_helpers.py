@@ -50,9 +50,19 @@ def assert_same_index(a: TableStorage, b: TableStorage) -> None:
         assert torch.equal(getattr(a, name)[occ], getattr(b, name)[occ]), name
 
 
-def use_probe_form(monkeypatch, by_word: int) -> None:
-    """Every probe by position (0), or by word finding its two (2) or three (3) lowest
-    matches."""
+# The probe's forms (``hashrec.table.ops.find.triton``): (WORD_PROBE, WORD_PROBE_LOWEST,
+# MASK_PROBE). By default a probe of buckets up to 128 slots takes masks.
+PROBE_FORMS = {"by-position": (False, 2, 0), "by-word": (True, 2, 0),
+               "three-by-word": (True, 3, 0), "masks": (True, 2, 1),
+               "three-masks": (True, 3, 1)}
+
+
+def use_probe_form(monkeypatch, form: str) -> None:
+    """Every probe in ``form`` (a ``PROBE_FORMS`` name): every digest match placed by
+    position; the two or three lowest found by word from a (keys, line) tile; or from
+    bit masks (buckets up to 128 slots; wider ones then probe by word)."""
     from hashrec.table.ops.find import triton as find_tt
-    monkeypatch.setattr(find_tt, "WORD_PROBE", by_word != 0)
-    monkeypatch.setattr(find_tt, "WORD_PROBE_LOWEST", by_word or 2)
+    word, lowest, masks = PROBE_FORMS[form]
+    monkeypatch.setattr(find_tt, "WORD_PROBE", word)
+    monkeypatch.setattr(find_tt, "WORD_PROBE_LOWEST", lowest)
+    monkeypatch.setattr(find_tt, "MASK_PROBE", masks)

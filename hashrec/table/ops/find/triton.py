@@ -215,15 +215,98 @@ def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, CAP: tl.constexpr,
 
 
 @triton.jit
+def _line_masks(t_words, bucket, dig, mask, CAP: tl.constexpr):
+    """Digest matches of each key's bucket (at most 128 slots, a multiple of 4; ``t_words``
+    the digest array as int32 words) as two 64-bit masks, bit p standing for slot column
+    ``_mask_column(p)``. The line is read in 16-byte chunks, a (keys, 4) tile each, so
+    that a key's words sit in one thread and the masks are built without crossing threads:
+    word j of chunk c moves its byte flags to bits j + 4 (c % 2) of each byte (bits of four
+    words never collide, so their sum is their union), and chunk pairs fill 32-bit groups."""
+    j = tl.arange(0, 4)
+    pattern = (dig.to(tl.uint32) * 0x01010101)[:, None]
+    lo = tl.zeros(dig.shape, dtype=tl.uint64)
+    hi = tl.zeros(dig.shape, dtype=tl.uint64)
+    for c in tl.static_range(8):
+        if c * 16 < CAP:
+            word = c * 4 + j
+            live = mask[:, None] & (word[None, :] < CAP // 4)
+            words = tl.load(t_words + bucket[:, None] * (CAP // 4) + word[None, :], mask=live,
+                            other=0).to(tl.uint32, bitcast=True)
+            x = words ^ pattern
+            low7 = (x & 0x7F7F7F7F) + 0x7F7F7F7F  # high bit set iff the low 7 bits are nonzero
+            flags = ((low7 | x) & 0x80808080) ^ 0x80808080  # exact: 0x80 where bytes match
+            shift = (7 - j - 4 * (c % 2)).to(tl.uint32)
+            group = tl.sum(flags >> shift[None, :], axis=1).to(tl.uint64) << (32 * ((c // 2) % 2))
+            if c < 4:
+                lo = lo | group
+            else:
+                hi = hi | group
+    return lo, hi
+
+
+@triton.jit
+def _mask_column(p):
+    """Slot column of bit p of ``_line_masks``' pair: group p // 32, word p % 8 of the
+    group's eight, byte (p // 8) % 4 of the word."""
+    return (p // 32) * 32 + (p % 8) * 4 + (p // 8) % 4
+
+
+@triton.jit
+def _pop_lowest(lo, hi, CAP: tl.constexpr):
+    """The column of the lowest bit of each (lo, hi) mask pair (CAP when both are 0) and
+    the pair without it. A single bit's index is its float's exponent."""
+    use_lo = lo != 0
+    m = tl.where(use_lo, lo, hi)
+    bit = m & (m ^ (m - 1))
+    p = ((bit.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    column = tl.where(m != 0, _mask_column(p + tl.where(use_lo, 0, 64)), CAP)
+    rest = m ^ bit
+    return column, tl.where(use_lo, rest, lo), tl.where(use_lo, hi, rest)
+
+
+@triton.jit
+def _probe_masks(key, tag, mask, t_keys, t_tags, t_words, num_buckets, CAP: tl.constexpr,
+                 POW2: tl.constexpr, LOWEST: tl.constexpr):
+    """``probe_bucket`` from the masks of ``_line_masks``: the ``LOWEST`` (2 or 3) lowest
+    candidates confirmed together, any later ones one per loop round. A key is stored at
+    most once, so the candidates' order does not change the answer."""
+    h = tagged_hash(key, tag)
+    bucket = bucket_of_fast(h, num_buckets, POW2)
+    lo, hi = _line_masks(t_words, bucket, digest_of(h), mask, CAP)
+    base = bucket * CAP
+    first, lo, hi = _pop_lowest(lo, hi, CAP)
+    second, lo, hi = _pop_lowest(lo, hi, CAP)
+    hit1 = _confirm(t_keys, t_tags, base + first, first < CAP, key, tag)
+    hit2 = _confirm(t_keys, t_tags, base + second, second < CAP, key, tag)
+    found = tl.where(hit1, base + first, tl.where(hit2, base + second, -1))
+    if LOWEST == 3:
+        third, lo, hi = _pop_lowest(lo, hi, CAP)
+        hit3 = _confirm(t_keys, t_tags, base + third, third < CAP, key, tag)
+        found = tl.where(hit3, base + third, found)
+    live = (found < 0) & ((lo | hi) != 0)
+    while tl.max(live.to(tl.int32), axis=0) > 0:
+        nxt, lo, hi = _pop_lowest(lo, hi, CAP)
+        hit = _confirm(t_keys, t_tags, base + nxt, live & (nxt < CAP), key, tag)
+        found = tl.where(hit, base + nxt, found)
+        live = live & (found < 0) & ((lo | hi) != 0)
+    return found
+
+
+@triton.jit
 def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl.constexpr,
                  LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
-                 ROUND: tl.constexpr, BY_WORD: tl.constexpr = 0):
+                 ROUND: tl.constexpr, BY_WORD: tl.constexpr = 0, MASKS: tl.constexpr = 0):
     """Slot of each (key, tag) in its bucket, -1 when absent: (BLOCK,) int64.
 
     A key is stored at most once, so any full match is the answer; the two lowest
     digest matches are confirmed together, later ones ROUND per loop round
-    (``probe_round``). BY_WORD: see ``_probe_finish`` (``WORD_PROBE``).
+    (``probe_round``). BY_WORD: see ``_probe_finish`` (``WORD_PROBE``). MASKS (digest
+    words of buckets up to 128 slots, ``mask_probe``): the matches as bit masks
+    (``_probe_masks``), the lowest ``BY_WORD`` of them (3, else 2) confirmed together.
     """
+    if MASKS and WORDS and CAP <= 128:
+        return _probe_masks(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP, POW2,
+                            3 if BY_WORD == 3 else 2)
     base, cand, col = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE, WORDS,
                                    POW2)
     return _probe_finish(key, tag, t_keys, t_tags, base, cand, col, CAP, WORDS, ROUND, BY_WORD)
@@ -236,7 +319,7 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
                  CAP: tl.constexpr, LINE: tl.constexpr, WORDS: tl.constexpr,
                  POW2: tl.constexpr, ROUND: tl.constexpr, ROW_DIM: tl.constexpr,
                  DIM: tl.constexpr, DIM_P2: tl.constexpr, BY_WORD: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 MASKS: tl.constexpr, BLOCK: tl.constexpr):
     """Slots (and rows) of BLOCK keys. Each row is read once its key is confirmed
     (reading the row at the lowest digest match beside the confirming loads was 10-30%
     slower on an H200: ``benchmarks/results/find_speculate_gpu.md``)."""
@@ -245,7 +328,7 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
     key = tl.load(keys_ptr + offs, mask=mask, other=0)
     tag = load_tags(tags_ptr, offs, mask, HAS_TAGS)
     slot = probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP, LINE,
-                        WORDS, POW2, ROUND, BY_WORD)
+                        WORDS, POW2, ROUND, BY_WORD, MASKS)
     tl.store(out_slots + offs, slot, mask=mask)
     if WITH_VALUES:
         col = tl.arange(0, DIM_P2)
@@ -312,6 +395,20 @@ if WORD_PROBE_LOWEST not in (2, 3):
     raise ValueError(f"HASHREC_WORD_PROBE_LOWEST must be 2 or 3, got {WORD_PROBE_LOWEST}")
 
 
+# The probe's digest matches as two 64-bit masks, each key's line read in 16-byte chunks
+# by the thread that holds the key (``_line_masks``), instead of a (keys, line) tile
+# whose reductions cross threads: buckets of up to 128 slots whose digests are read as
+# words. HASHREC_MASK_PROBE=0 keeps the tile. Results are the same.
+MASK_PROBE = env_int("HASHREC_MASK_PROBE", 1)
+if MASK_PROBE not in (0, 1):
+    raise ValueError(f"HASHREC_MASK_PROBE must be 0 (tile) or 1 (masks), got {MASK_PROBE}")
+
+
+def mask_probe(cap: int, words: bool) -> bool:
+    """Whether a probe of ``cap``-slot buckets, digests read as words or not, takes masks."""
+    return bool(MASK_PROBE) and words and cap <= 128
+
+
 def by_word(default: bool) -> int:
     """The BY_WORD of a probe whose launch picks ``default``: 0 (by position) or how many
     lowest matches it finds by word."""
@@ -370,7 +467,9 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         CAP=storage.bucket_capacity, LINE=width, WORDS=words,
         POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
         ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2,
-        BY_WORD=by_word(config.get("by_word", False)), BLOCK=block, num_warps=config["num_warps"],
+        BY_WORD=by_word(config.get("by_word", False)),
+        MASKS=mask_probe(storage.bucket_capacity, words), BLOCK=block,
+        num_warps=config["num_warps"],
         **maxnreg(config.get("maxnreg", 0)))
 
 

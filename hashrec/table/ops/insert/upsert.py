@@ -61,6 +61,7 @@ from hashrec.table._triton_hash import (
 from hashrec.table.ops.find.triton import (
     by_word,
     digest_line,
+    mask_probe,
     probe_block,
     probe_bucket,
     probe_round,
@@ -153,7 +154,7 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
                        FEW: tl.constexpr, CAP: tl.constexpr,
                        LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
                        ROUND: tl.constexpr, WIDE: tl.constexpr, BY_WORD: tl.constexpr,
-                       BLOCK: tl.constexpr):
+                       MASKS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     live = mask
@@ -166,7 +167,7 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
     # inactive here) skips the probe (not yet timed).
     if tl.max(live.to(tl.int32), axis=0) > 0:
         slot = probe_bucket(key, tag, live, t_keys, t_tags, t_digests, num_buckets, CAP,
-                            LINE, WORDS, POW2, ROUND, BY_WORD)
+                            LINE, WORDS, POW2, ROUND, BY_WORD, MASKS)
         slot = tl.where(live, slot, -1)
     if GIVEN:  # inactive keys keep the slots the caller gives them
         slot = tl.where(live, slot, tl.load(given_ptr + offs, mask=mask & ~live, other=-1))
@@ -356,7 +357,8 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         FEW=flags is not None, CAP=storage.bucket_capacity,
         LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
-        BY_WORD=by_word(width <= 32), BLOCK=block, num_warps=warps,
+        BY_WORD=by_word(width <= 32), MASKS=mask_probe(storage.bucket_capacity, words),
+        BLOCK=block, num_warps=warps,
         **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
     if wide:
         return sort_key, _WIDE_SENTINEL, 63 - shift
