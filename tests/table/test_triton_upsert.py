@@ -161,6 +161,29 @@ def test_upsert_short_runs_into_full_buckets_match_reference(monkeypatch, tagged
     _check_upsert(base, batch, btags, scores, allow_evict)
 
 
+@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block32-w2-chunked"])
+@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
+def test_upsert_reads_no_work_array_past_the_misses(monkeypatch, allow_evict, launch):
+    """The sorted positions past the misses' count are never written, so never read:
+    work arrays that start out as live misses there (position i: bucket i, its key's
+    first occurrence, key i; the lane form's 'placed', every block flagged) change no
+    result."""
+    _use_launch(monkeypatch, launch)
+    real_empty, real_rows = upsert_tt._empty, upsert_tt._rows
+
+    def rows(count, n, dtype, device):
+        return tuple(r.copy_(torch.arange(n)) for r in real_rows(count, n, dtype, device))
+
+    monkeypatch.setattr(upsert_tt, "_empty", lambda *a: real_empty(*a).fill_(1))
+    monkeypatch.setattr(upsert_tt, "_rows", rows)
+    base, keys, _ = filled(128, 8, 70, seed=8)  # more buckets than keys in the call
+    gen = torch.Generator().manual_seed(9)
+    new = random_keys(40, gen).to(DEVICE)
+    batch = torch.cat([keys[:30], new, new[:5]])
+    scores = torch.randint(0, 6, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
+    _check_upsert(base, batch, None, scores, allow_evict)
+
+
 @pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block2-w1",
                                     "lanes-block32-w2-chunked"])
 def test_upsert_of_new_keys_into_full_buckets_matches_reference(monkeypatch, launch):

@@ -30,10 +30,11 @@ launch has a grid fixed by the batch size n, so nothing is read back on the host
 5. one kernel writes every key's final slot and flags back in batch order (and the
    digests of the entries the lane form placed), and counts the refused keys.
 
-In a call that expects few misses the sorted positions past the misses' count are
-neither written nor read: the probe kernel clears the flags, the counting sort places
-the misses alone, the gather and finalize kernels stop at the count, and the present
-keys are checked for eviction in batch order (only where the call evicted).
+With the counting sort and the block form (the defaults) the sorted positions past the
+misses' count are neither written nor read: the probe kernel clears the flags, the
+counting sort places the misses alone, the gather, lane, block and finalize kernels
+stop at the count, and the present keys are checked for eviction in batch order (only
+where the call evicted).
 
 The insert is independent of thread timing: a bucket is written by one program (or,
 in the lane form, by its run's lanes into the empty slots their ranks name), and all
@@ -151,7 +152,7 @@ class UpsertResult(NamedTuple):
 def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags, t_digests,
                        slots_ptr, sort_ptr, flags_ptr, n, num_buckets, shift,
                        HAS_TAGS: tl.constexpr, HAS_ACTIVE: tl.constexpr, GIVEN: tl.constexpr,
-                       FEW: tl.constexpr, CAP: tl.constexpr,
+                       MISSES_ONLY: tl.constexpr, CAP: tl.constexpr,
                        LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
                        ROUND: tl.constexpr, WIDE: tl.constexpr, BY_WORD: tl.constexpr,
                        MASKS: tl.constexpr, BLOCK: tl.constexpr):
@@ -183,7 +184,7 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
         s = ((bucket << (30 - sh)) | (h >> (34 + sh))).to(tl.int32)
         s = tl.where(skip, 0x7FFFFFFF, s)
     tl.store(sort_ptr + offs, s, mask=mask)
-    if FEW:  # the flags start clear (the finalize kernel then writes the misses' alone)
+    if MISSES_ONLY:  # the flags start clear (the finalize kernel then writes the misses' alone)
         zero = tl.zeros([BLOCK], dtype=tl.int8)
         tl.store(flags_ptr + offs, zero, mask=mask)
         tl.store(flags_ptr + n + offs, zero, mask=mask)
@@ -195,21 +196,21 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
 def _gather_kernel(sorted_ptr, perm_ptr, keys_ptr, tags_ptr, scores_ptr, s_keys, s_tags,
                    s_scores, s_digests, s_bucket, first_ptr, ev_any, refused_ptr, misses_ptr,
                    n, num_buckets, HAS_TAGS: tl.constexpr, POW2: tl.constexpr,
-                   SENTINEL: tl.constexpr, FEW: tl.constexpr, BLOCK: tl.constexpr):
+                   SENTINEL: tl.constexpr, MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr):
     """Sorted misses' fields, bucket -1 at the hits (after the misses), and the index of
     each sorted miss's first occurrence among equal (key, tag): a backward scan over the
     run of equal sort keys before it, reading the batch through the permutation (such
     a run holds repeats of one key, or rarely keys of equal hash bits). Program 0 also
     clears ``ev_any``, which the insert kernels after it set when they evict, and the
-    refused count, which the finalize kernel adds to. FEW: only the positions below the
-    misses' count (``misses_ptr``), the only ones written by the counting sort and read
-    after it."""
+    refused count, which the finalize kernel adds to. MISSES_ONLY: only the positions
+    below the misses' count (``misses_ptr``), the only ones written by the counting sort
+    and read after it."""
     if tl.program_id(0) == 0:
         tl.store(ev_any, 0)
         tl.store(refused_ptr, 0)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
-    if FEW:
+    if MISSES_ONLY:
         mask = mask & (i < tl.load(misses_ptr))
     s = tl.load(sorted_ptr + i, mask=mask, other=SENTINEL)
     miss = mask & (s != SENTINEL)
@@ -279,15 +280,15 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
                      t_tags, t_digests, s_digests, state, slots_ptr, inserted_ptr, created_ptr,
                      evicted_ptr, ev_any, refused_ptr, misses_ptr, probe_ptr, n,
                      HAS_TAGS: tl.constexpr, ALLOW_EVICT: tl.constexpr, LANES: tl.constexpr,
-                     SENTINEL: tl.constexpr, FEW: tl.constexpr, BLOCK: tl.constexpr):
+                     SENTINEL: tl.constexpr, MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr):
     """Final slot and flags of every key, in batch order; clears unused evicted flags.
-    With LANES, first writes the digests of the entries ``upsert_lanes_kernel`` placed
-    (into slots that were empty, so no present key's check below reads them).
-    FEW (a call expecting few misses): the sorted positions below the misses' count
-    (``misses_ptr``) alone, the probe kernel having cleared every flag and written
-    every other key's slot; where this call evicted, the present keys are checked in
-    batch order (``probe_ptr``: the unsorted sort keys, the sentinel at them), disjoint
-    from the misses' positions this kernel writes.
+    With LANES, also writes the digests of the entries ``upsert_lanes_kernel`` placed
+    (into slots that were empty, which no present key's check reads).
+    MISSES_ONLY: the sorted positions below the misses' count (``misses_ptr``) alone,
+    the probe kernel having cleared every flag and written every other key's slot;
+    where this call evicted, the present keys are checked in batch order
+    (``probe_ptr``: the unsorted sort keys, the sentinel at them), disjoint from the
+    misses' positions this kernel writes.
     Storing the batch's rows here (insert_or_assign), or reading every key's row with
     initial rows for new keys (find_or_insert), instead of in a kernel after the call,
     was no faster on an H200 at dim 8 (0.457 against 0.456 ms, 0.459 against 0.449) and
@@ -296,11 +297,7 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
     table_gpu_rows_after.md, one run), so the rows stay a kernel of their own."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
-    if LANES:
-        placed = mask & (tl.load(state + i, mask=mask, other=0) == LANE_PLACED)
-        at = tl.load(out_ptr + i, mask=placed, other=0)
-        tl.store(t_digests + at, tl.load(s_digests + i, mask=placed, other=1), mask=placed)
-    if FEW:
+    if MISSES_ONLY:
         if ALLOW_EVICT:
             if tl.load(ev_any) != 0:
                 hit = mask & (tl.load(probe_ptr + i, mask=mask, other=0) == SENTINEL)
@@ -309,6 +306,10 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
                                       hit & (slot >= 0), HAS_TAGS)
                 tl.store(slots_ptr + i, tl.full([BLOCK], -1, dtype=tl.int64), mask=gone)
         mask = mask & (i < tl.load(misses_ptr))
+    if LANES:
+        placed = mask & (tl.load(state + i, mask=mask, other=0) == LANE_PLACED)
+        at = tl.load(out_ptr + i, mask=placed, other=0)
+        tl.store(t_digests + at, tl.load(s_digests + i, mask=placed, other=1), mask=placed)
     miss = mask & (tl.load(sorted_ptr + i, mask=mask, other=SENTINEL) != SENTINEL)
     hit = mask & ~miss
     pos = tl.load(perm_ptr + i, mask=mask, other=0)
@@ -354,7 +355,7 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         storage.probe_tags(tags), line, slots, sort_key,
         flags.view(torch.int8) if flags is not None else sort_key, n, nb, shift,
         HAS_TAGS=tags is not None, HAS_ACTIVE=active is not None, GIVEN=given is not None,
-        FEW=flags is not None, CAP=storage.bucket_capacity,
+        MISSES_ONLY=flags is not None, CAP=storage.bucket_capacity,
         LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
         BY_WORD=by_word(width <= 32), MASKS=mask_probe(storage.bucket_capacity, words),
@@ -377,11 +378,13 @@ def _rows(count: int, n: int, dtype: torch.dtype, device: torch.device
 
 
 def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
-                   misses: torch.Tensor | None) -> torch.Tensor | None:
+                   misses: torch.Tensor | None, persistent: bool) -> torch.Tensor | None:
     """Places the sorted misses (step 4); returns the lanes' outcomes when the lane form
     ran first (its placed entries are then written by the finalize step), else None.
-    ``misses`` (1,) int32 on the device, when given: the count of sorted misses, for
-    persistent block programs without the lane form (a call expecting few misses)."""
+    ``misses`` (1,) int32 on the device, when given: the count of sorted misses, the
+    positions past it holding nothing (the block form only). ``persistent`` (with
+    ``misses``): persistent block programs without the lane form (a call expecting few
+    misses)."""
     (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, t_keys, t_tags, _,
      t_scores, out, evicted, *_) = args
     cap, evict = storage.bucket_capacity, bool(allow_evict)
@@ -394,7 +397,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
     b = block_positions(block["block"], block["elements"], cap)
     programs, state, blocks = cdiv(n, b), None, None
     line, width, words = digest_line(storage)
-    if misses is not None:
+    if persistent:
         programs = min(programs, PERSISTENT_PER_SM * _multiprocessors(storage.device))
     elif block["lanes"] and words and n >= block["lanes_min"]:
         # The block form then serves only the blocks the lane form flags.
@@ -403,15 +406,17 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
         lane_width = block["lane_width"] or block["width"]
         upsert_lanes_kernel[(programs,)](
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,
-            out, evicted, state, blocks, ALLOW_EVICT=evict, CAP=cap, LINE=width,
-            W=lane_width, WIN=next_pow2(2 * lane_width + 1), BLOCK=b,
+            out, evicted, state, blocks, misses if misses is not None else blocks,
+            ALLOW_EVICT=evict, CAP=cap, LINE=width, W=lane_width,
+            WIN=next_pow2(2 * lane_width + 1), MISSES_ONLY=misses is not None, BLOCK=b,
             num_warps=block["lane_warps"])
     upsert_block_kernel[(programs,)](
         *args, state if state is not None else s_digests,
         blocks if blocks is not None else s_digests,
         misses if misses is not None else s_digests, ALLOW_EVICT=evict, CAP=cap,
         CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
-        LANES=state is not None, PERSISTENT=misses is not None, num_warps=block["num_warps"],
+        LANES=state is not None, PERSISTENT=persistent, MISSES_ONLY=misses is not None,
+        num_warps=block["num_warps"],
         **maxnreg(block["maxnreg"]))
     return state
 
@@ -432,8 +437,8 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     stand-in for passing ``keys[active]``, which would need a host sync).
     ``given_slots`` (n,) int64, with ``active``: the slots the inactive keys read as
     instead of -1 (a caller's own lookup of them; saves it a merge after the call).
-    ``few_misses``: the caller expects few of the keys to miss (a warm table's training
-    lookup): with the counting sort, the misses are placed by a few persistent block
+    ``few_misses``: the caller expects misses_only of the keys to miss (a warm table's training
+    lookup): with the counting sort, the misses are placed by a misses_only persistent block
     programs, without the lane form, whose launches grow with n.
     """
     check_keys(keys, tags, storage.device)
@@ -464,16 +469,17 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
         return UpsertResult(slots, flags[:0], flags[:0], *ev, flags[:0],
                             torch.zeros(1, dtype=torch.int64, device=device))
     refused = _empty(1, torch.int64, device)  # cleared by the gather, added to by the finalize
-    # A call expecting few misses works on the sorted misses alone after the probe (whose
-    # kernel clears the flags): the sorted positions past the misses' count, which the
-    # device knows, are neither written nor read.
-    few = few_misses and bool(UPSERT_GROUP["count"])
+    # With the counting sort and the block form, the call works on the sorted misses alone
+    # after the probe (whose kernel clears the flags): the sorted positions past the
+    # misses' count, which the device knows, are neither written nor read.
+    misses_only = bool(UPSERT_GROUP["count"]) and bool(UPSERT_BLOCK["block"])
     probed, sentinel, low = _sort_keys(storage, keys, tags, active, given_slots, slots,
-                                       flags if few else None)
+                                       flags if misses_only else None)
     misses = None
     if UPSERT_GROUP["count"]:
-        sort_key, perm, misses = group_by_bucket(probed, nb, low, sentinel, misses_only=few)
-        misses = misses if few else None
+        sort_key, perm, misses = group_by_bucket(probed, nb, low, sentinel,
+                                                 misses_only=misses_only)
+        misses = misses if misses_only else None
     else:
         sort_key, perm = torch.sort(probed, stable=True)
     s_digests = _empty(n, torch.uint8, device)
@@ -482,18 +488,18 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     ev_any = _empty(1, torch.int32, device)  # cleared by the gather, set where a miss evicts
     _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
                          s_digests, s_bucket, first, ev_any, refused,
-                         misses if few else refused, n, nb, HAS_TAGS=tags is not None,
-                         POW2=is_pow2(nb), SENTINEL=sentinel, FEW=few, BLOCK=512)
+                         misses if misses_only else refused, n, nb, HAS_TAGS=tags is not None,
+                         POW2=is_pow2(nb), SENTINEL=sentinel, MISSES_ONLY=misses_only, BLOCK=512)
     evicted = flags[2 * n:].view(torch.int8)
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
                                      perm, n, storage.keys, t_tags, storage.digests,
                                      storage.scores, out, evicted, ev_any, *ev), allow_evict,
-                           misses)
+                           misses, misses_only and few_misses)
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
         s_digests, state if state is not None else s_digests, slots,
         flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, ev_any, refused,
-        misses if few else refused, probed, n,
+        misses if misses_only else refused, probed, n,
         HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), LANES=state is not None,
-        SENTINEL=sentinel, FEW=few, BLOCK=512)
+        SENTINEL=sentinel, MISSES_ONLY=misses_only, BLOCK=512)
     return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n], refused)

@@ -244,7 +244,8 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
                         ev_keys, ev_tags, ev_scores, state, blocks, misses,
                         ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
                         BI: tl.constexpr, B: tl.constexpr, W: tl.constexpr,
-                        LANES: tl.constexpr, PERSISTENT: tl.constexpr):
+                        LANES: tl.constexpr, PERSISTENT: tl.constexpr,
+                        MISSES_ONLY: tl.constexpr):
     """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, only where
     ``upsert_lanes_kernel`` flagged the block in ``blocks`` (it left runs to this form).
     Serving several flagged blocks a program, one after the other, so that fewer
@@ -258,7 +259,8 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
     PERSISTENT (without LANES): the grid is a few programs a multiprocessor, which serve
     the blocks up to the misses' count (``misses``, on the device) in a stride: a call
     whose misses are few (a warm table's training lookup) starts a few hundred programs
-    where one a block would start n / B."""
+    where one a block would start n / B. MISSES_ONLY (implied by PERSISTENT): only the
+    sorted positions below the misses' count hold misses; the rest are not read."""
     if PERSISTENT:  # the sorted positions past the misses' count hold nothing to read
         p = tl.program_id(0)
         count = tl.load(misses)
@@ -269,6 +271,8 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
                    ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, False)
             p += tl.num_programs(0)
     elif not LANES or tl.load(blocks + tl.program_id(0)) != 0:
+        if MISSES_ONLY:
+            m = tl.load(misses)
         _serve(tl.program_id(0), in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
                in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
                ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)

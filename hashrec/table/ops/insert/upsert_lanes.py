@@ -71,11 +71,16 @@ def _run_of(i, bucket, miss, in_bucket, m, W: tl.constexpr, WIN: tl.constexpr):
 @triton.jit
 def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos, m, t_words,
                         t_keys, t_tags, t_scores, out_slots, out_evicted, state, blocks,
-                        ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, LINE: tl.constexpr,
-                        W: tl.constexpr, WIN: tl.constexpr, BLOCK: tl.constexpr):
+                        misses, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
+                        LINE: tl.constexpr, W: tl.constexpr, WIN: tl.constexpr,
+                        MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr):
     """Lane i serves sorted position i (``t_words``: the digest array as int32 words).
     ``blocks`` (programs,) int8: 1 where the program's positions open a run left to the
-    block form, whose programs serve the same BLOCK positions."""
+    block form, whose programs serve the same BLOCK positions. MISSES_ONLY: only the
+    positions below the misses' count (``misses``, on the device) hold sorted misses;
+    the others are neither read nor given a state."""
+    if MISSES_ONLY:
+        m = tl.load(misses)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     bucket = tl.load(in_bucket + i, mask=i < m, other=-1)
     miss = bucket >= 0  # hits are sorted last, with bucket -1
