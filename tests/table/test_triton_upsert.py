@@ -120,9 +120,12 @@ def test_upsert_with_other_probe_forms_matches_reference(monkeypatch, num_bucket
                                                          allow_evict, form):
     """The upsert's probe with every digest match placed by position (WORD_PROBE off), its
     two or three lowest found by word from a tile, or its three lowest from masks (by
-    default it takes the two lowest from masks)."""
+    default it takes the two lowest from masks); the lane form finds empty slots from a
+    tile of words, or from masks with the probe."""
     use_probe_form(monkeypatch, form)
+    _use_launch(monkeypatch, "lanes-block4-w4")
     _check_mixed_batch(num_buckets, tagged, allow_evict)
+    _check_short_runs(tagged, allow_evict)
 
 
 def _check_mixed_batch(num_buckets: int, tagged: bool, allow_evict: bool) -> None:
@@ -147,6 +150,11 @@ def test_upsert_short_runs_into_full_buckets_match_reference(monkeypatch, tagged
     """Many buckets, most runs of 1-4 misses, buckets about 80% full: the block form's
     tiles place most runs (empty slots by rank, victims by score), the rest go per run."""
     _use_launch(monkeypatch, launch)
+    _check_short_runs(tagged, allow_evict)
+
+
+def _check_short_runs(tagged: bool, allow_evict: bool) -> None:
+    """Runs of 1-4 misses into 64 buckets of 8 slots, about 80% full."""
     base, keys, tags = filled(64, 8, 420, seed=41, tagged=tagged)
     gen = torch.Generator().manual_seed(42)
     present = keys[find_ref.find_slots(base, keys, tags) >= 0]

@@ -215,13 +215,16 @@ def _probe_finish(key, tag, t_keys, t_tags, base, cand, col, CAP: tl.constexpr,
 
 
 @triton.jit
-def _line_masks(t_words, bucket, dig, mask, CAP: tl.constexpr):
-    """Digest matches of each key's bucket (at most 128 slots, a multiple of 4; ``t_words``
-    the digest array as int32 words) as two 64-bit masks, bit p standing for slot column
-    ``_mask_column(p)``. The line is read in 16-byte chunks, a (keys, 4) tile each, so
-    that a key's words sit in one thread and the masks are built without crossing threads:
-    word j of chunk c moves its byte flags to bits j + 4 (c % 2) of each byte (bits of four
-    words never collide, so their sum is their union), and chunk pairs fill 32-bit groups."""
+def line_masks(t_words, bucket, dig, mask, CAP: tl.constexpr, ORDERED: tl.constexpr = 0):
+    """Slots of each key's bucket (at most 128, a multiple of 4; ``t_words`` the digest
+    array as int32 words) whose digest is ``dig`` (0: the empty slots), as two 64-bit
+    masks. The line is read in 16-byte chunks, a (keys, 4) tile each, so that a key's
+    words sit in one thread and the masks are built without crossing threads.
+    Unordered (a probe's candidates, in any order), bit p stands for slot column
+    ``_mask_column(p)``: word j of chunk c moves its byte flags to bits j + 4 (c % 2) of
+    each byte (the four words' bits never collide, so their sum is their union), and
+    chunk pairs fill 32-bit groups. ORDERED: bit s stands for slot s, each word's flags
+    gathered into a nibble by one multiply (a few operations more)."""
     j = tl.arange(0, 4)
     pattern = (dig.to(tl.uint32) * 0x01010101)[:, None]
     lo = tl.zeros(dig.shape, dtype=tl.uint64)
@@ -235,8 +238,15 @@ def _line_masks(t_words, bucket, dig, mask, CAP: tl.constexpr):
             x = words ^ pattern
             low7 = (x & 0x7F7F7F7F) + 0x7F7F7F7F  # high bit set iff the low 7 bits are nonzero
             flags = ((low7 | x) & 0x80808080) ^ 0x80808080  # exact: 0x80 where bytes match
-            shift = (7 - j - 4 * (c % 2)).to(tl.uint32)
-            group = tl.sum(flags >> shift[None, :], axis=1).to(tl.uint64) << (32 * ((c // 2) % 2))
+            flags = tl.where(live, flags, 0)  # words past the line match nothing
+            if ORDERED:  # bits 0, 8, 16, 24 to bits 21-24, by products that never collide
+                nibble = (((flags >> 7) * 0x204081) >> 21) & 0xF
+                group = tl.sum(nibble << (4 * j).to(tl.uint32)[None, :], axis=1)
+                group = group.to(tl.uint64) << (16 * (c % 4))
+            else:
+                shift = (7 - j - 4 * (c % 2)).to(tl.uint32)
+                group = tl.sum(flags >> shift[None, :], axis=1).to(tl.uint64)
+                group = group << (32 * ((c // 2) % 2))
             if c < 4:
                 lo = lo | group
             else:
@@ -246,46 +256,58 @@ def _line_masks(t_words, bucket, dig, mask, CAP: tl.constexpr):
 
 @triton.jit
 def _mask_column(p):
-    """Slot column of bit p of ``_line_masks``' pair: group p // 32, word p % 8 of the
-    group's eight, byte (p // 8) % 4 of the word."""
+    """Slot column of bit p of an unordered ``line_masks`` pair: group p // 32, word
+    p % 8 of the group's eight, byte (p // 8) % 4 of the word."""
     return (p // 32) * 32 + (p % 8) * 4 + (p // 8) % 4
 
 
 @triton.jit
-def _pop_lowest(lo, hi, CAP: tl.constexpr):
-    """The column of the lowest bit of each (lo, hi) mask pair (CAP when both are 0) and
-    the pair without it. A single bit's index is its float's exponent."""
+def pop_lowest(lo, hi, CAP: tl.constexpr, ORDERED: tl.constexpr = 0):
+    """The slot column of the lowest bit of each ``line_masks`` pair (lo, hi) (CAP when
+    both are 0) and the pair without it. A single bit's index is its float's exponent."""
     use_lo = lo != 0
     m = tl.where(use_lo, lo, hi)
     bit = m & (m ^ (m - 1))
     p = ((bit.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    column = tl.where(m != 0, _mask_column(p + tl.where(use_lo, 0, 64)), CAP)
+    p = p + tl.where(use_lo, 0, 64)
+    if not ORDERED:
+        p = _mask_column(p)
+    column = tl.where(m != 0, p, CAP)
     rest = m ^ bit
     return column, tl.where(use_lo, rest, lo), tl.where(use_lo, hi, rest)
 
 
 @triton.jit
+def popcount64(x):
+    """Set bits of each uint64."""
+    x = x - ((x >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    return ((x * 0x0101010101010101) >> 56).to(tl.int32)
+
+
+@triton.jit
 def _probe_masks(key, tag, mask, t_keys, t_tags, t_words, num_buckets, CAP: tl.constexpr,
                  POW2: tl.constexpr, LOWEST: tl.constexpr):
-    """``probe_bucket`` from the masks of ``_line_masks``: the ``LOWEST`` (2 or 3) lowest
+    """``probe_bucket`` from the masks of ``line_masks``: the ``LOWEST`` (2 or 3) lowest
     candidates confirmed together, any later ones one per loop round. A key is stored at
     most once, so the candidates' order does not change the answer."""
     h = tagged_hash(key, tag)
     bucket = bucket_of_fast(h, num_buckets, POW2)
-    lo, hi = _line_masks(t_words, bucket, digest_of(h), mask, CAP)
+    lo, hi = line_masks(t_words, bucket, digest_of(h), mask, CAP)
     base = bucket * CAP
-    first, lo, hi = _pop_lowest(lo, hi, CAP)
-    second, lo, hi = _pop_lowest(lo, hi, CAP)
+    first, lo, hi = pop_lowest(lo, hi, CAP)
+    second, lo, hi = pop_lowest(lo, hi, CAP)
     hit1 = _confirm(t_keys, t_tags, base + first, first < CAP, key, tag)
     hit2 = _confirm(t_keys, t_tags, base + second, second < CAP, key, tag)
     found = tl.where(hit1, base + first, tl.where(hit2, base + second, -1))
     if LOWEST == 3:
-        third, lo, hi = _pop_lowest(lo, hi, CAP)
+        third, lo, hi = pop_lowest(lo, hi, CAP)
         hit3 = _confirm(t_keys, t_tags, base + third, third < CAP, key, tag)
         found = tl.where(hit3, base + third, found)
     live = (found < 0) & ((lo | hi) != 0)
     while tl.max(live.to(tl.int32), axis=0) > 0:
-        nxt, lo, hi = _pop_lowest(lo, hi, CAP)
+        nxt, lo, hi = pop_lowest(lo, hi, CAP)
         hit = _confirm(t_keys, t_tags, base + nxt, live & (nxt < CAP), key, tag)
         found = tl.where(hit, base + nxt, found)
         live = live & (found < 0) & ((lo | hi) != 0)
@@ -396,7 +418,7 @@ if WORD_PROBE_LOWEST not in (2, 3):
 
 
 # The probe's digest matches as two 64-bit masks, each key's line read in 16-byte chunks
-# by the thread that holds the key (``_line_masks``), instead of a (keys, line) tile
+# by the thread that holds the key (``line_masks``), instead of a (keys, line) tile
 # whose reductions cross threads: buckets of up to 128 slots whose digests are read as
 # words. HASHREC_MASK_PROBE=0 keeps the tile. Results are the same.
 MASK_PROBE = env_int("HASHREC_MASK_PROBE", 1)

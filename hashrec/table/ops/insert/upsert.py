@@ -408,7 +408,8 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,
             out, evicted, state, blocks, misses if misses is not None else blocks,
             ALLOW_EVICT=evict, CAP=cap, LINE=width, W=lane_width,
-            WIN=next_pow2(2 * lane_width + 1), MISSES_ONLY=misses is not None, BLOCK=b,
+            WIN=next_pow2(2 * lane_width + 1), MISSES_ONLY=misses is not None,
+            MASKS=mask_probe(cap, words), BLOCK=b,
             num_warps=block["lane_warps"])
     upsert_block_kernel[(programs,)](
         *args, state if state is not None else s_digests,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hashrec.table.ops.find.triton import match_bytes
+from hashrec.table.ops.find.triton import line_masks, match_bytes, pop_lowest, popcount64
 from hashrec.table.ops.insert.runs import comes_before
 from hashrec.table.ops.launch import fast_launch
 
@@ -56,6 +56,17 @@ def _nth_empty(prefix, count, rank, col, NONE: tl.constexpr):
 
 
 @triton.jit
+def _nth_bit(lo, hi, rank, CAP: tl.constexpr, W: tl.constexpr):
+    """Column of each lane's ``rank``-th empty slot (0-based, below W) from slot-ordered
+    masks, CAP past the last."""
+    for k in tl.static_range(W - 1):
+        _, lo2, hi2 = pop_lowest(lo, hi, CAP, True)
+        lo = tl.where(k < rank, lo2, lo)
+        hi = tl.where(k < rank, hi2, hi)
+    return pop_lowest(lo, hi, CAP, True)[0]
+
+
+@triton.jit
 def _run_of(i, bucket, miss, in_bucket, m, W: tl.constexpr, WIN: tl.constexpr):
     """Per lane: offset of its run's first position (<= 0) and the run's length, counted
     within W positions either side (more than W: a long run)."""
@@ -73,12 +84,14 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
                         t_keys, t_tags, t_scores, out_slots, out_evicted, state, blocks,
                         misses, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
                         LINE: tl.constexpr, W: tl.constexpr, WIN: tl.constexpr,
-                        MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr):
+                        MISSES_ONLY: tl.constexpr, MASKS: tl.constexpr, BLOCK: tl.constexpr):
     """Lane i serves sorted position i (``t_words``: the digest array as int32 words).
     ``blocks`` (programs,) int8: 1 where the program's positions open a run left to the
     block form, whose programs serve the same BLOCK positions. MISSES_ONLY: only the
     positions below the misses' count (``misses``, on the device) hold sorted misses;
-    the others are neither read nor given a state."""
+    the others are neither read nor given a state. MASKS (buckets up to 128 slots): the
+    empty slots as slot-ordered bit masks (``line_masks``), each lane's own, instead of
+    a (lanes, line) tile of words."""
     if MISSES_ONLY:
         m = tl.load(misses)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -90,15 +103,20 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
         # The bucket's digest line as 32-bit words, read first: it waits on the bucket alone
         # (a lane of a long run reads it for nothing).
         col = tl.arange(0, LINE)
-        line = miss[:, None] & (col[None, :] < CAP // 4)
-        words = tl.load(t_words + bucket[:, None] * (CAP // 4) + col[None, :], mask=line,
-                        other=0).to(tl.uint32, bitcast=True)
+        none = tl.zeros([BLOCK], dtype=tl.int32)
+        if MASKS:
+            lo, hi = line_masks(t_words, bucket, none, miss, CAP, True)
+            n_empty = popcount64(lo) + popcount64(hi)
+        else:
+            line = miss[:, None] & (col[None, :] < CAP // 4)
+            words = tl.load(t_words + bucket[:, None] * (CAP // 4) + col[None, :], mask=line,
+                            other=0).to(tl.uint32, bitcast=True)
+            # The bucket's empty slots, four to a word.
+            empty = tl.where(line, match_bytes(words, none), 0)
+            prefix = (empty >> 7) * 0x01010101  # byte j: empty slots among bytes 0..j
+            count = (prefix >> 24).to(tl.int32)
+            n_empty = tl.sum(count, axis=1)
         start, length = _run_of(i, bucket, miss, in_bucket, m, W, WIN)
-        # The bucket's empty slots, four to a word.
-        empty = tl.where(line, match_bytes(words, tl.zeros([BLOCK], dtype=tl.int32)), 0)
-        prefix = (empty >> 7) * 0x01010101  # byte j: empty slots among bytes 0..j
-        count = (prefix >> 24).to(tl.int32)
-        n_empty = tl.sum(count, axis=1)
         room = miss & (n_empty > 0)
         if not ALLOW_EVICT:  # a full bucket refuses its run here
             room = miss
@@ -123,7 +141,10 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
             place = me & ~deferred
             column = tl.full([BLOCK], CAP, dtype=tl.int32)
             if tl.max((place & (rank < n_empty)).to(tl.int32), axis=0) > 0:
-                column = _nth_empty(prefix, count, rank, col, CAP)
+                if MASKS:
+                    column = _nth_bit(lo, hi, rank, CAP, W)
+                else:
+                    column = _nth_empty(prefix, count, rank, col, CAP)
             # Whether a run left to the block form opens here (its program serves this block).
             served = tl.max((deferred & (start == 0)).to(tl.int8), axis=0)
             ok = place & (column < CAP)
