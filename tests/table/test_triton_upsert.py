@@ -449,6 +449,28 @@ def test_upsert_lane_form_skips_calls_below_its_minimum(monkeypatch, least, ran)
     assert bool(counted.grids) == ran
 
 
+@pytest.mark.parametrize("cap,masks,warps", [(16, 1, 1), (16, 0, 2), (256, 1, 2)],
+                         ids=["masks", "tile", "wide-bucket"])
+def test_upsert_probe_takes_one_warp_from_masks(monkeypatch, cap, masks, warps):
+    """The upsert's probe runs on one warp when it reads masks, else on two (unless
+    ``probe_warps`` says otherwise)."""
+    monkeypatch.setattr(find_tt, "MASK_PROBE", masks)
+    seen = {}
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.update(kwargs)
+
+    monkeypatch.setattr(upsert_tt, "_probe_sort_kernel", Kernel())
+    storage = TableStorage.empty(4, cap, 1, device=DEVICE)
+    keys = torch.arange(5, device=DEVICE)
+    upsert_tt._sort_keys(storage, keys, None, None, None, torch.empty_like(keys))
+    assert (seen["num_warps"], seen["MASKS"]) == (warps, bool(masks and cap <= 128))
+    monkeypatch.setitem(upsert_tt.UPSERT_BLOCK, "probe_warps", 4)
+    upsert_tt._sort_keys(storage, keys, None, None, None, torch.empty_like(keys))
+    assert seen["num_warps"] == 4
+
+
 def test_upsert_block_positions_keep_tiles_near_their_budget():
     from hashrec.table.ops.insert.upsert_block import block_positions
     assert block_positions(64, 8192, 128) == 64

@@ -346,7 +346,9 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
     wide = shift > NARROW_MAX_SHIFT
     sort_key = torch.empty(n, dtype=torch.int64 if wide else torch.int32, device=keys.device)
     line, width, words = digest_line(storage)
-    warps, most = UPSERT_BLOCK["probe_warps"], UPSERT_BLOCK["probe_keys"]
+    masks = mask_probe(storage.bucket_capacity, words)
+    warps = UPSERT_BLOCK["probe_warps"] or (1 if masks else 2)
+    most = UPSERT_BLOCK["probe_keys"]
     block = probe_block(width, warps, most) if most else probe_block(width, warps)
     _probe_sort_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys,
@@ -358,8 +360,7 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         MISSES_ONLY=flags is not None, CAP=storage.bucket_capacity,
         LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
-        BY_WORD=by_word(width <= 32), MASKS=mask_probe(storage.bucket_capacity, words),
-        BLOCK=block, num_warps=warps,
+        BY_WORD=by_word(width <= 32), MASKS=masks, BLOCK=block, num_warps=warps,
         **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
     if wide:
         return sort_key, _WIDE_SENTINEL, 63 - shift

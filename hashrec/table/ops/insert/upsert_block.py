@@ -84,11 +84,15 @@ def _lanes_min_from_env() -> int:
 # benchmarks/results/table_gpu.md against table_gpu_upsert_maxnreg0.md, same run).
 # probe_maxnreg: the same for the upsert's probe (``_probe_sort_kernel``, 96 uncapped;
 # 80 or 64 changed nothing measurable); probe_keys: its keys a program (0: 32 a warp, fewer
-# for wide buckets, ``find.triton.probe_block``), on probe_warps warps.
+# for wide buckets, ``find.triton.probe_block``), on probe_warps warps (0: one for a probe
+# from masks, else two). With the probe from masks, 32 keys on one warp took
+# insert_or_assign of 1M keys into 64M slots 2-3% less time than 64 on two at dims 32 and
+# 64, load factors 0.5 and 0.75 (benchmarks/results/upsert_probe_32x1.md against
+# upsert_probe_default.md, same call; capped at 80 registers, the same).
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
                 "lane_warps": 2, "lane_width": 0, "maxnreg": 128, "probe_maxnreg": 0,
-                "probe_keys": 0, "probe_warps": 2}
+                "probe_keys": 0, "probe_warps": 0}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
