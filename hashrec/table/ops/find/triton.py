@@ -3,16 +3,18 @@
 One program handles ``BLOCK`` keys. Each key's bucket digest line (128 bytes at
 the default bucket capacity) is read as 32-bit words and compared four digests
 at a time with an exact byte-match test (SWAR, no false positives), so the whole
-line costs a few integer operations per word. Candidates are then taken in slot
-order: the two lowest digest matches, found by reductions over the line's words
-(``WORD_PROBE``), are read together (one round of memory latency for almost every
-key), and only keys with a third match (about 1.5% at a full bucket) go through a
-loop. With a power-of-two bucket count (the usual case: tables grow by doubling) the
-bucket is a bit mask of the hash, not a 64-bit modulo. Bucket capacities that are not
-a multiple of 4 fall back to comparing bytes. ``find_values`` also gathers the
-embedding columns of found rows in the same program, so a lookup is a single launch.
+line costs a few integer operations per word. In buckets of up to 128 slots (the
+default, ``MASK_PROBE``) the thread that holds a key reads its line in 16-byte chunks
+and packs the matches into two 64-bit masks (``line_masks``); the two lowest bits are
+confirmed together (one round of memory latency for almost every key), and only keys
+with a third match (about 1.5% at a full bucket) go through a loop. Wider buckets take
+the matches from a (keys, line) tile, the two lowest found by reductions over its
+words (``WORD_PROBE``). With a power-of-two bucket count (the usual case: tables grow
+by doubling) the bucket is a bit mask of the hash, not a 64-bit modulo. Bucket
+capacities that are not a multiple of 4 fall back to comparing bytes. ``find_values``
+also gathers the embedding columns of found rows in the same program, so a lookup is
+a single launch.
 """
-
 from __future__ import annotations
 
 import os
@@ -420,7 +422,14 @@ if WORD_PROBE_LOWEST not in (2, 3):
 # The probe's digest matches as two 64-bit masks, each key's line read in 16-byte chunks
 # by the thread that holds the key (``line_masks``), instead of a (keys, line) tile
 # whose reductions cross threads: buckets of up to 128 slots whose digests are read as
-# words. HASHREC_MASK_PROBE=0 keeps the tile. Results are the same.
+# words. HASHREC_MASK_PROBE=0 keeps the tile (in the probe and in the upsert's lane
+# form). Results are the same. On an H200, find of 1M keys (60% present) into 64M slots
+# ran 1.34 / 1.41 / 1.70x as fast as from the tile at dim 8, load factors 0.5 / 0.75 /
+# 1.0 (12.7 / 11.2 / 11.9 B-KV/s), 1.11 / 1.24 / 1.35x at dim 32, 1.04-1.13x at dim 64
+# and 1.01-1.02x at dim 128 (benchmarks/results/table_gpu_337e5cd.md against
+# table_gpu_tile.md, same call); a counter profile of the tile probe had shown it bound
+# by instruction issue (64% of the multiprocessors' throughput, 38-47% of the memory's:
+# table_gpu_profile_tile_probe.log).
 MASK_PROBE = env_int("HASHREC_MASK_PROBE", 1)
 if MASK_PROBE not in (0, 1):
     raise ValueError(f"HASHREC_MASK_PROBE must be 0 (tile) or 1 (masks), got {MASK_PROBE}")

@@ -81,7 +81,8 @@ def _lanes_min_from_env() -> int:
 # maxnreg: registers a thread at most in the block form (0: the compiler's choice; it
 # took 168, 17-19% occupancy, in a counter profile; capped at 128, insert_or_assign and
 # find_or_insert of 1M keys took 2-6% less time at every load factor on an H200:
-# benchmarks/results/table_gpu.md against table_gpu_upsert_maxnreg0.md, same run).
+# benchmarks/results/table_gpu.md as of 3a8729b against table_gpu_upsert_maxnreg0.md, same
+# run).
 # probe_maxnreg: the same for the upsert's probe (``_probe_sort_kernel``, 96 uncapped;
 # 80 or 64 changed nothing measurable); probe_keys: its keys a program (0: 32 a warp, fewer
 # for wide buckets, ``find.triton.probe_block``), on probe_warps warps (0: one for a probe
@@ -258,7 +259,8 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
     (benchmarks/results/table_gpu_lane_group8.md against _lane_group1.md, same run).
     So was a grid of 2 or 4 programs a multiprocessor, each reading the flags of a
     stride of blocks: 0.499 / 0.474 ms against 0.462 at load factor 0.5, 1.41 / 1.24
-    against 1.08 at 1.0 (table_gpu_lane_grid2.md, _lane_grid4.md against table_gpu.md).
+    against 1.08 at 1.0 (table_gpu_lane_grid2.md, _lane_grid4.md against table_gpu.md as of
+    b35ba5c).
 
     PERSISTENT (without LANES): the grid is a few programs a multiprocessor, which serve
     the blocks up to the misses' count (``misses``, on the device) in a stride: a call
