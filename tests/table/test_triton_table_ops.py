@@ -116,7 +116,7 @@ def test_find_launches_match_reference(monkeypatch, config, form):
 def test_find_launch_picks_the_probe_form(monkeypatch, forced, cap, dim, expected):
     """Rows up to 128 columns from buckets of up to 128 slots probe by word, wider rows or
     buckets by position, unless WORD_PROBE (the environment's HASHREC_WORD_PROBE) sets one
-    form for every launch."""
+    form for every launch; buckets up to 128 slots take masks (MASK_PROBE)."""
     monkeypatch.setattr(find_tt, "WORD_PROBE", forced)
     seen = {}
 
@@ -130,6 +130,7 @@ def test_find_launch_picks_the_probe_form(monkeypatch, forced, cap, dim, expecte
     find_tt.launch_find(storage, keys, None, torch.empty_like(keys),
                         torch.empty(5, dim, device=DEVICE))
     assert seen["BY_WORD"] == (find_tt.WORD_PROBE_LOWEST if expected else 0)
+    assert seen["MASKS"] == (bool(find_tt.MASK_PROBE) and cap <= 128)
 
 
 @pytest.mark.parametrize("dim", [64, 100, 128])

@@ -15,6 +15,7 @@ capacities that are not a multiple of 4 fall back to comparing bytes. ``find_val
 also gathers the embedding columns of found rows in the same program, so a lookup is
 a single launch.
 """
+
 from __future__ import annotations
 
 import os

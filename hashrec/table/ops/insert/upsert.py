@@ -439,8 +439,8 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     stand-in for passing ``keys[active]``, which would need a host sync).
     ``given_slots`` (n,) int64, with ``active``: the slots the inactive keys read as
     instead of -1 (a caller's own lookup of them; saves it a merge after the call).
-    ``few_misses``: the caller expects misses_only of the keys to miss (a warm table's training
-    lookup): with the counting sort, the misses are placed by a misses_only persistent block
+    ``few_misses``: the caller expects few of the keys to miss (a warm table's training
+    lookup): with the counting sort, the misses are placed by a few persistent block
     programs, without the lane form, whose launches grow with n.
     """
     check_keys(keys, tags, storage.device)
@@ -490,8 +490,9 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     ev_any = _empty(1, torch.int32, device)  # cleared by the gather, set where a miss evicts
     _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
                          s_digests, s_bucket, first, ev_any, refused,
-                         misses if misses_only else refused, n, nb, HAS_TAGS=tags is not None,
-                         POW2=is_pow2(nb), SENTINEL=sentinel, MISSES_ONLY=misses_only, BLOCK=512)
+                         misses if misses_only else refused, n, nb,
+                         HAS_TAGS=tags is not None, POW2=is_pow2(nb), SENTINEL=sentinel,
+                         MISSES_ONLY=misses_only, BLOCK=512)
     evicted = flags[2 * n:].view(torch.int8)
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
                                      perm, n, storage.keys, t_tags, storage.digests,
