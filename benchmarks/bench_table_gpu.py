@@ -236,7 +236,8 @@ def main() -> None:
                "upsert_block": dict(upsert_tt.UPSERT_BLOCK),
                "upsert_group": dict(upsert_tt.UPSERT_GROUP),
                "tagged": ARGS.tagged, "word_probe": find_tt.WORD_PROBE,
-               "word_probe_lowest": find_tt.WORD_PROBE_LOWEST, "rows": []}
+               "word_probe_lowest": find_tt.WORD_PROBE_LOWEST,
+               "mask_probe": bool(find_tt.MASK_PROBE), "rows": []}
     for lf in ARGS.load_factors:
         index = TableStorage.empty(ARGS.slots // 128, 128, 1, device=DEVICE)
         offered = _fill(index, lf)
@@ -281,7 +282,8 @@ def _write(results: dict) -> None:
                       f"per sorted position, {results['upsert_config']}); misses grouped by "
                       f"{'a counting sort' if results['upsert_group']['count'] else 'a sort'} "
                       f"({results['upsert_group']}); tags compared: "
-                      f"{results['tagged']} (False: an unfused table, every tag 0).\n\n"
+                      f"{results['tagged']} (False: an unfused table, every tag 0); probes "
+                      f"from bit masks: {results['mask_probe']} (HASHREC_MASK_PROBE).\n\n"
                       f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
                       f"{env['triton']}; {results['slots']} slots (bucket 128), "
                       f"{results['batch']} keys per call, every batch 60% present. "

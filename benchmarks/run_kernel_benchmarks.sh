@@ -28,10 +28,13 @@
 #                  capped at 128, then 96 (it takes 168 uncapped: 17-19% occupancy)
 #   lanes_table    bench_table_gpu.py with the upsert's lane form off (HASHREC_UPSERT_LANES=0;
 #                  the table_ops step is the default: on for calls of 131,072 keys or more)
-#   word_probe     bench_table_gpu.py with every probe by position (HASHREC_WORD_PROBE=0),
-#                  then with three lowest digest matches by word (HASHREC_WORD_PROBE_LOWEST=3;
-#                  the table_ops step is the default: two, by word up to 128 columns), then
-#                  the compiled table-op comparisons (gpu_tests) with three
+#   mask_probe     bench_table_gpu.py with the probes' matches from a tile of digest words
+#                  (HASHREC_MASK_PROBE=0; the table_ops step is the default: from bit masks in
+#                  buckets up to 128 slots), then the compiled table-op comparisons with it
+#   word_probe     with the tile (HASHREC_MASK_PROBE=0): bench_table_gpu.py with every probe
+#                  by position (HASHREC_WORD_PROBE=0), then with three lowest digest matches by
+#                  word (HASHREC_WORD_PROBE_LOWEST=3; two by default), then the compiled
+#                  table-op comparisons (gpu_tests) with three
 #   ab_train       the training run on 1,000,000 generated rows (made when missing, in
 #                  /tmp/hashrec_bench_data), ROUNDS (default 2) interleaved rounds of the
 #                  trees AB_TREES (ab_train.py --trees; make an older tree with
@@ -73,12 +76,17 @@ write_env "$out"
   done
   step lanes_table 300 python3 benchmarks/bench_table_gpu.py --reps 5 --upsert-lanes 0 \
       --profile --out "$out/table_gpu_lanes_off"
-  step word_probe 300 python3 benchmarks/bench_table_gpu.py --reps 5 --word-probe 0 \
-      --out "$out/table_gpu_by_position"
-  step word_probe 300 python3 benchmarks/bench_table_gpu.py --reps 5 --word-probe-lowest 3 \
-      --out "$out/table_gpu_probe_lowest3"
-  step word_probe 300 env HASHREC_WORD_PROBE_LOWEST=3 python3 -m pytest -m gpu -q \
+  step mask_probe 300 env HASHREC_MASK_PROBE=0 python3 benchmarks/bench_table_gpu.py \
+      --reps 5 --out "$out/table_gpu_tile"
+  step mask_probe 300 env HASHREC_MASK_PROBE=0 python3 -m pytest -m gpu -q \
       -p no:cacheprovider tests/table/test_triton_table_ops.py tests/table/test_triton_upsert.py
+  step word_probe 300 env HASHREC_MASK_PROBE=0 python3 benchmarks/bench_table_gpu.py \
+      --reps 5 --word-probe 0 --out "$out/table_gpu_by_position"
+  step word_probe 300 env HASHREC_MASK_PROBE=0 python3 benchmarks/bench_table_gpu.py \
+      --reps 5 --word-probe-lowest 3 --out "$out/table_gpu_probe_lowest3"
+  step word_probe 300 env HASHREC_MASK_PROBE=0 HASHREC_WORD_PROBE_LOWEST=3 python3 -m pytest \
+      -m gpu -q -p no:cacheprovider tests/table/test_triton_table_ops.py \
+      tests/table/test_triton_upsert.py
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
       --reduce-configs 2048x4 8192x1 4096x2 r16x1 r64x1 --profile --trace \
       --out "$out/embedding_layer_gpu"
