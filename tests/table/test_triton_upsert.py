@@ -86,12 +86,14 @@ def _use_launch(monkeypatch, launch: str) -> None:
                         {**upsert_tt.UPSERT_BLOCK, **(block or {"block": 0})})
 
 
-def _check_upsert(base: TableStorage, batch, btags, scores, allow_evict) -> None:
+def _check_upsert(base: TableStorage, batch, btags, scores, allow_evict,
+                  few_misses: bool = False) -> None:
     """The upsert of ``batch`` equals find + the reference insert of each miss once."""
     ref_storage, tt_storage = clone(base), clone(base)
     want, ref = _reference_upsert(ref_storage, batch, btags, scores, allow_evict)
     before = find_ref.find_slots(tt_storage, batch, btags)
-    got = upsert_tt.upsert_slots(tt_storage, batch, btags, scores, allow_evict)
+    got = upsert_tt.upsert_slots(tt_storage, batch, btags, scores, allow_evict,
+                                 few_misses=few_misses)
     assert torch.equal(got.slots, want)
     assert_same_index(tt_storage, ref_storage)
     assert int(got.inserted.sum()) == int((ref.slots >= 0).sum())
@@ -169,13 +171,18 @@ def _check_short_runs(tagged: bool, allow_evict: bool) -> None:
     _check_upsert(base, batch, btags, scores, allow_evict)
 
 
-@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block32-w2-chunked"])
+@pytest.mark.parametrize("launch,few", [("block8-w4", False), ("lanes-block4-w4", False),
+                                        ("lanes-block32-w2-chunked", False),
+                                        ("block8-w4", True), ("runs1", True)],
+                         ids=["block8-w4", "lanes-block4-w4", "lanes-block32-w2-chunked",
+                              "block8-w4-few-misses", "runs1-few-misses"])
 @pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
-def test_upsert_reads_no_work_array_past_the_misses(monkeypatch, allow_evict, launch):
+def test_upsert_reads_no_work_array_past_the_misses(monkeypatch, allow_evict, launch, few):
     """The sorted positions past the misses' count are never written, so never read:
     work arrays that start out as live misses there (position i: bucket i, its key's
     first occurrence, key i; the lane form's 'placed', every block flagged) change no
-    result."""
+    result, with persistent block programs (``few_misses``) too; the per-position form
+    (block 0) writes every position."""
     _use_launch(monkeypatch, launch)
     real_empty, real_rows = upsert_tt._empty, upsert_tt._rows
 
@@ -189,7 +196,7 @@ def test_upsert_reads_no_work_array_past_the_misses(monkeypatch, allow_evict, la
     new = random_keys(40, gen).to(DEVICE)
     batch = torch.cat([keys[:30], new, new[:5]])
     scores = torch.randint(0, 6, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    _check_upsert(base, batch, None, scores, allow_evict)
+    _check_upsert(base, batch, None, scores, allow_evict, few_misses=few)
 
 
 @pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block2-w1",
