@@ -456,6 +456,18 @@ def test_upsert_lane_form_skips_calls_below_its_minimum(monkeypatch, least, ran)
     assert bool(counted.grids) == ran
 
 
+@pytest.mark.parametrize("launch", ["runs1", "block8-w4", "lanes-block4-w4"])
+@pytest.mark.parametrize("present", [False, True], ids=["new", "present"])
+def test_upsert_of_one_key_matches_reference(monkeypatch, launch, present):
+    """A call of one key: on a GPU its count is a compile-time 1, which the kernels must
+    not reassign under a run-time condition (the build checks every logged launch)."""
+    _use_launch(monkeypatch, launch)
+    base, keys, _ = filled(16, 8, 20, seed=3)
+    batch = keys[:1] if present else random_keys(1, torch.Generator().manual_seed(4))[:1]
+    _check_upsert(base, batch.to(DEVICE), None, torch.ones(1, dtype=torch.int64,
+                                                            device=DEVICE), True)
+
+
 @pytest.mark.parametrize("cap,masks,warps", [(16, 1, 1), (16, 0, 2), (256, 1, 2)],
                          ids=["masks", "tile", "wide-bucket"])
 def test_upsert_probe_takes_one_warp_from_masks(monkeypatch, cap, masks, warps):

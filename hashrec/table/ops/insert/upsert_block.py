@@ -277,8 +277,11 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
                    ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, False)
             p += tl.num_programs(0)
     elif not LANES or tl.load(blocks + tl.program_id(0)) != 0:
+        # A name of its own: m itself is not reassigned under a run-time condition (a call
+        # of one key makes it a compile-time 1).
+        used = m
         if MISSES_ONLY:
-            m = tl.load(misses)
+            used = tl.load(misses)
         _serve(tl.program_id(0), in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
-               in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
+               in_pos, used, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
                ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)
