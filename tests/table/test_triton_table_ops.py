@@ -25,6 +25,7 @@ from triton_table_helpers import (  # noqa: E402
     INT64_MIN,
     PROBE_FORMS,
     assert_same_index,
+    capture_launch,
     clone,
     filled,
     random_keys,
@@ -118,13 +119,7 @@ def test_find_launch_picks_the_probe_form(monkeypatch, forced, cap, dim, expecte
     buckets by position, unless WORD_PROBE (the environment's HASHREC_WORD_PROBE) sets one
     form for every launch; buckets up to 128 slots take masks (MASK_PROBE)."""
     monkeypatch.setattr(find_tt, "WORD_PROBE", forced)
-    seen = {}
-
-    class Kernel:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: seen.update(kwargs)
-
-    monkeypatch.setattr(find_tt, "_find_kernel", Kernel())
+    seen = capture_launch(monkeypatch, find_tt, "_find_kernel")
     storage = TableStorage.empty(4, cap, dim, device=DEVICE)
     keys = torch.arange(5, device=DEVICE)
     find_tt.launch_find(storage, keys, None, torch.empty_like(keys),

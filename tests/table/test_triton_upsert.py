@@ -20,6 +20,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed")
 from triton_table_helpers import (  # noqa: E402
     DEVICE,
     assert_same_index,
+    capture_launch,
     clone,
     filled,
     random_keys,
@@ -474,13 +475,7 @@ def test_upsert_probe_takes_one_warp_from_masks(monkeypatch, cap, masks, warps):
     """The upsert's probe runs on one warp when it reads masks, else on two (unless
     ``probe_warps`` says otherwise)."""
     monkeypatch.setattr(find_tt, "MASK_PROBE", masks)
-    seen = {}
-
-    class Kernel:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: seen.update(kwargs)
-
-    monkeypatch.setattr(upsert_tt, "_probe_sort_kernel", Kernel())
+    seen = capture_launch(monkeypatch, upsert_tt, "_probe_sort_kernel")
     storage = TableStorage.empty(4, cap, 1, device=DEVICE)
     keys = torch.arange(5, device=DEVICE)
     upsert_tt._sort_keys(storage, keys, None, None, None, torch.empty_like(keys))

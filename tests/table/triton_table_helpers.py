@@ -57,6 +57,19 @@ PROBE_FORMS = {"by-position": (False, 2, 0), "by-word": (True, 2, 0),
                "three-masks": (True, 3, 1)}
 
 
+def capture_launch(monkeypatch, module, name: str) -> dict:
+    """Stands a recorder in for kernel ``name`` of ``module``: each launch's keyword
+    arguments (constexprs, warps) go into the returned dict, and nothing runs."""
+    seen = {}
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.update(kwargs)
+
+    monkeypatch.setattr(module, name, Kernel())
+    return seen
+
+
 def use_probe_form(monkeypatch, form: str) -> None:
     """Every probe in ``form`` (a ``PROBE_FORMS`` name): every digest match placed by
     position; the two or three lowest found by word from a (keys, line) tile; or from
