@@ -54,7 +54,8 @@ source "$(dirname "$0")/_steps.sh"
 write_env "$out"
 {
   step gpu_tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider \
-      tests/table/test_triton_table_ops.py tests/table/test_triton_upsert.py
+      tests/table/test_triton_table_ops.py tests/table/test_triton_upsert.py \
+      tests/table/test_upsert_rows.py
   step gpu_layer_tests 560 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
       tests/embedding/test_triton_embedding_ops.py tests/embedding/test_collection_joins.py \
       tests/embedding/test_collection_gpu.py tests/embedding/test_collection_table_rows.py \

@@ -99,58 +99,88 @@ def _seed_mix(seed: int) -> int:
     return seed * _SEED_STRIDE & ((1 << 63) - 1)
 
 
+# The parts of a read_or_init_rows call: every key, the stored rows alone (keys with a
+# slot, read whatever the flags say), the fresh ones alone (new or refused keys).
+ALL_ROWS, STORED_ROWS, FRESH_ROWS = 0, 1, 2
+
+
 @fast_launch
 @triton.jit
 def _read_or_init_kernel(keys_ptr, tags_ptr, slots_ptr, created_ptr, inserted_ptr, values, out,
                          n, seed_mix, lower, upper, state, HAS_TAGS: tl.constexpr,
                          DIM: tl.constexpr, ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr,
-                         BLOCK: tl.constexpr):
+                         PART: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     slot = tl.load(slots_ptr + i, mask=mask, other=-1)
-    fresh = mask & ((slot < 0) | (tl.load(created_ptr + i, mask=mask, other=0) != 0))
-    write = fresh & (slot >= 0) & (tl.load(inserted_ptr + i, mask=mask, other=0) != 0)
     col = tl.arange(0, ROW_P2)
     emb = col[None, :] < DIM
-    row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
-                  mask=(mask & ~fresh & (slot >= 0))[:, None] & emb, other=0.0)
-    if tl.max(fresh.to(tl.int32), axis=0) > 0:  # initial values only where a key needs them
-        key = tl.load(keys_ptr + i, mask=fresh, other=0)
-        tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
-        u = _hashed_uniform(key, tag, col, seed_mix.to(tl.int64).to(tl.uint64, bitcast=True))
-        init = tl.where(emb, u * (upper - lower) + lower, state).to(values.dtype.element_ty)
-        row = tl.where(fresh[:, None], init, row)
-        tl.store(values + slot[:, None] * ROW_DIM + col[None, :], init,
-                 mask=write[:, None] & (col[None, :] < ROW_DIM))
-    tl.store(out + i[:, None] * DIM + col[None, :], row.to(tl.float32), mask=mask[:, None] & emb)
+    if PART == 1:  # the flags are not read (a call beside the upsert that writes them)
+        stored = mask & (slot >= 0)
+        row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
+                      mask=stored[:, None] & emb, other=0.0)
+        tl.store(out + i[:, None] * DIM + col[None, :], row.to(tl.float32),
+                 mask=stored[:, None] & emb)
+    else:
+        fresh = mask & ((slot < 0) | (tl.load(created_ptr + i, mask=mask, other=0) != 0))
+        write = fresh & (slot >= 0) & (tl.load(inserted_ptr + i, mask=mask, other=0) != 0)
+        row = tl.zeros([BLOCK, ROW_P2], dtype=tl.float32)
+        if PART == 0:
+            row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
+                          mask=(mask & ~fresh & (slot >= 0))[:, None] & emb,
+                          other=0.0).to(tl.float32)
+        if tl.max(fresh.to(tl.int32), axis=0) > 0:  # initial values only where a key needs them
+            key = tl.load(keys_ptr + i, mask=fresh, other=0)
+            tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
+            u = _hashed_uniform(key, tag, col, seed_mix.to(tl.int64).to(tl.uint64, bitcast=True))
+            init = tl.where(emb, u * (upper - lower) + lower, state).to(values.dtype.element_ty)
+            row = tl.where(fresh[:, None], init.to(tl.float32), row)
+            tl.store(values + slot[:, None] * ROW_DIM + col[None, :], init,
+                     mask=write[:, None] & (col[None, :] < ROW_DIM))
+        done = mask if PART == 0 else fresh
+        tl.store(out + i[:, None] * DIM + col[None, :], row, mask=done[:, None] & emb)
 
 
 def read_or_init_rows(values: torch.Tensor, keys: torch.Tensor, tags: torch.Tensor | None,
-                      slots: torch.Tensor, created: torch.Tensor, inserted: torch.Tensor,
-                      dim: int, lower: float, upper: float, seed: int,
-                      state: float = 0.0) -> torch.Tensor:
+                      slots: torch.Tensor, created: torch.Tensor | None,
+                      inserted: torch.Tensor | None, dim: int, lower: float, upper: float, seed: int,
+                      state: float = 0.0, out: torch.Tensor | None = None,
+                      part: int = ALL_ROWS) -> torch.Tensor:
     """Embeddings (n, dim) float32 of an upserted batch, new rows initialized, one launch.
 
     Args:
         values: (R, row_dim) value rows of the table.
         keys, tags: the batch (n,) int64 and (n,) int32 | None.
-        slots, created, inserted: ``UpsertResult`` fields of the batch.
+        slots, created, inserted: ``UpsertResult`` fields of the batch (the flags may be
+            None with ``STORED_ROWS``, which does not read them).
         dim: embedding columns; columns [dim, row_dim) of new rows are set to ``state``.
         lower, upper, seed: new and refused keys read ``lower + (upper - lower) * u``
             with u = ``init_uniforms(key, tag, seed)``.
+        out: (n, dim) float32 to fill, or None (a new array).
+        part: ``ALL_ROWS``; ``STORED_ROWS``, the rows of keys with a slot alone, the flags
+            unread; ``FRESH_ROWS``, the new and refused keys' alone. The other rows of
+            ``out`` are left as they are.
     """
     n, row_dim = keys.numel(), values.shape[1]
     if not 0 < dim <= row_dim or not values.is_contiguous():
         raise ValueError(f"dim={dim} must be in [1, row_dim={row_dim}] and values contiguous")
-    out = torch.empty(n, dim, dtype=torch.float32, device=keys.device)
+    if part not in (ALL_ROWS, STORED_ROWS, FRESH_ROWS):
+        raise ValueError(f"part must be ALL_ROWS, STORED_ROWS or FRESH_ROWS, got {part}")
+    if part != STORED_ROWS and (created is None or inserted is None):
+        raise ValueError("created and inserted are needed unless part is STORED_ROWS")
+    if out is None:
+        out = torch.empty(n, dim, dtype=torch.float32, device=keys.device)
+    elif out.shape != (n, dim) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous float32 ({n}, {dim}), got {out.dtype} "
+                         f"{tuple(out.shape)}")
     if n == 0:
         return out
     row_p2 = next_pow2(row_dim)
     block = max(1, min(64, 4096 // row_p2))
     _read_or_init_kernel[(cdiv(n, block),)](
-        keys, tags if tags is not None else keys, slots, created.view(torch.uint8),
-        inserted.view(torch.uint8), values, out, n, _seed_mix(seed), float(lower), float(upper),
+        keys, tags if tags is not None else keys, slots,
+        created.view(torch.uint8) if created is not None else slots,
+        inserted.view(torch.uint8) if inserted is not None else slots, values, out, n, _seed_mix(seed), float(lower), float(upper),
         float(state), HAS_TAGS=tags is not None, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,
-        BLOCK=block)
+        PART=part, BLOCK=block)
     return out
-
