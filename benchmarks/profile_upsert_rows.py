@@ -9,6 +9,8 @@ of:
   keys' rows alone, at the slots a call left;
 * ``assign_after``: ``upsert_assign`` with ``HASHREC_UPSERT_BESIDE`` 0 (the upsert, then
   the rows); ``assign_beside``: with it 1 (the present keys' rows beside the insert);
+  ``assign_beside_p0``: beside, with the insert's stream at the default priority
+  instead of the highest;
 
 and the kernel timeline (torch.profiler: start, duration, stream) of one
 ``upsert_assign`` call beside, printed and kept in the JSON.
@@ -50,6 +52,7 @@ import torch  # noqa: E402
 from _table_fill import filled_index, random_keys  # noqa: E402
 from _timing import command_line, environment, time_device_ms, write_results  # noqa: E402
 
+from hashrec.table.ops.insert import upsert as upsert_tt  # noqa: E402
 from hashrec.table.ops.insert import upsert_rows  # noqa: E402
 from hashrec.table.ops.insert.rows import write_rows  # noqa: E402
 from hashrec.table.ops.insert.upsert import upsert_slots  # noqa: E402
@@ -115,6 +118,13 @@ def _bench(index: TableStorage, saved: list, stored: torch.Tensor, dim: int) -> 
         op = _assign(beside)
         times[f"assign_{'beside' if beside else 'after'}"] = time_device_ms(
             lambda k, op=op: op(storage, k, vals), reps, setup=fresh)
+    high = upsert_tt._insert_stream
+    if DEVICE.type == "cuda":
+        low = torch.cuda.Stream(DEVICE, priority=0)
+        upsert_tt._insert_stream = lambda index: low
+    times["assign_beside_p0"] = time_device_ms(lambda k: _assign(1)(storage, k, vals), reps,
+                                               setup=fresh)
+    upsert_tt._insert_stream = high
     fresh(0)
     timeline = _timeline(lambda: _assign(1)(storage, batches[1], vals))
     upsert_rows.UPSERT_ROWS["beside"] = 1
@@ -135,7 +145,8 @@ def main() -> None:
             for k in row["timeline"]:
                 print(f"  {k['start_us']:8.1f} {k['us']:7.1f}  stream {k['stream']}  "
                       f"{k['name']}", flush=True)
-    cols = ("upsert", "rows_all", "rows_present", "assign_after", "assign_beside")
+    cols = ("upsert", "rows_all", "rows_present", "assign_after", "assign_beside",
+            "assign_beside_p0")
     lines = ["| load factor | dim | " + " | ".join(f"{c} ms" for c in cols) + " |",
              "| --- | --- |" + " --- |" * len(cols)]
     lines += [f"| {r['load_factor']} | {r['dim']} | "
