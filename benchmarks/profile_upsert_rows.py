@@ -10,7 +10,9 @@ of:
 * ``assign_after``: ``upsert_assign`` with ``HASHREC_UPSERT_BESIDE`` 0 (the upsert, then
   the rows); ``assign_beside``: with it 1 (the present keys' rows beside the insert);
   ``assign_beside_p0``: beside, with the insert's stream at the default priority
-  instead of the highest;
+  instead of the highest; ``assign_beside_sm<K>`` for each K of ``--per-sm``: beside,
+  the row kernel in K programs a multiprocessor looping over tiles
+  (``UPSERT_ROWS["per_sm"]``);
 
 and the kernel timeline (torch.profiler: start, duration, stream) of one
 ``upsert_assign`` call beside, printed and kept in the JSON.
@@ -38,6 +40,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--load-factors", type=float, nargs="+", default=[0.5])
     p.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--per-sm", type=int, nargs="+", default=[1, 2, 4, 8])
     add_out_and_smoke(p)
     args = parse_with_smoke(p)
     if args.smoke:
@@ -125,6 +128,11 @@ def _bench(index: TableStorage, saved: list, stored: torch.Tensor, dim: int) -> 
     times["assign_beside_p0"] = time_device_ms(lambda k: _assign(1)(storage, k, vals), reps,
                                                setup=fresh)
     upsert_tt._insert_stream = high
+    for per_sm in ARGS.per_sm:
+        upsert_rows.UPSERT_ROWS["per_sm"] = per_sm
+        times[f"assign_beside_sm{per_sm}"] = time_device_ms(
+            lambda k: _assign(1)(storage, k, vals), reps, setup=fresh)
+    upsert_rows.UPSERT_ROWS["per_sm"] = 0
     fresh(0)
     timeline = _timeline(lambda: _assign(1)(storage, batches[1], vals))
     upsert_rows.UPSERT_ROWS["beside"] = 1
@@ -146,7 +154,7 @@ def main() -> None:
                 print(f"  {k['start_us']:8.1f} {k['us']:7.1f}  stream {k['stream']}  "
                       f"{k['name']}", flush=True)
     cols = ("upsert", "rows_all", "rows_present", "assign_after", "assign_beside",
-            "assign_beside_p0")
+            "assign_beside_p0", *(f"assign_beside_sm{k}" for k in ARGS.per_sm))
     lines = ["| load factor | dim | " + " | ".join(f"{c} ms" for c in cols) + " |",
              "| --- | --- |" + " --- |" * len(cols)]
     lines += [f"| {r['load_factor']} | {r['dim']} | "

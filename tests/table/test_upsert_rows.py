@@ -65,9 +65,12 @@ def _run(monkeypatch, beside: int, op, *args):
 LANES = {"lanes": 1, "lanes_min": 0, "block": 4, "width": 4}
 
 
-@pytest.mark.parametrize("lanes", [False, True], ids=["block", "lanes"])
+@pytest.mark.parametrize("lanes,per_sm", [(False, 0), (True, 0), (False, 1)],
+                         ids=["block", "lanes", "strided-rows"])
 @pytest.mark.parametrize("order", ["probed-slots", "final-slots"])
-def test_upsert_assign_beside_equals_rows_after(monkeypatch, order, lanes):
+def test_upsert_assign_beside_equals_rows_after(monkeypatch, order, lanes, per_sm):
+    """``per_sm`` 1: the row kernel beside loops over tiles (4 programs here)."""
+    monkeypatch.setitem(upsert_rows.UPSERT_ROWS, "per_sm", per_sm)
     if lanes:
         monkeypatch.setattr(upsert_tt, "UPSERT_BLOCK", {**upsert_tt.UPSERT_BLOCK, **LANES})
     base, batch, scores = _batch()
@@ -87,8 +90,10 @@ def test_upsert_assign_beside_equals_rows_after(monkeypatch, order, lanes):
     assert torch.equal(got_storage.values[got.slots[placed]], rows[placed])
 
 
+@pytest.mark.parametrize("per_sm", [0, 1], ids=["rows", "strided-rows"])
 @pytest.mark.parametrize("order", ["probed-slots", "final-slots"])
-def test_upsert_embeddings_beside_equals_rows_after(monkeypatch, order):
+def test_upsert_embeddings_beside_equals_rows_after(monkeypatch, order, per_sm):
+    monkeypatch.setitem(upsert_rows.UPSERT_ROWS, "per_sm", per_sm)
     base, batch, scores = _batch(row_dim=5)
     want_storage, got_storage = clone(base), clone(base)
     before = find_ref.find_slots(base, batch)
@@ -126,6 +131,27 @@ def test_read_or_init_rows_parts_make_the_whole():
     rows_tt.read_or_init_rows(parts_values, *args, out=parts, part=rows_tt.FRESH_ROWS)
     assert torch.equal(parts, whole)
     assert torch.equal(parts_values, whole_values)
+
+
+@pytest.mark.parametrize("programs", [1, 3, None])
+def test_row_kernels_in_strided_programs(programs):
+    """Programs looping over tiles (1 or 3 for 10 tiles) write and read what one program
+    a tile does."""
+    gen = torch.Generator().manual_seed(75)
+    n = 10 * 32  # ten tiles of 32 rows at row_dim 128 (write), five of 64 (read)
+    slots = torch.randperm(600, generator=gen)[:n].to(DEVICE)
+    slots[::7] = -1
+    rows = torch.randn(n, 128, generator=gen).to(DEVICE)
+    values = torch.zeros(600, 128, device=DEVICE)
+    rows_tt.write_rows(values, slots, None, rows, programs=programs)
+    kept = slots >= 0
+    assert torch.equal(values[slots[kept]], rows[kept])
+    assert int((values.abs().sum(1) > 0).sum()) == int(kept.sum())
+    keys = torch.arange(n, device=DEVICE)
+    out = rows_tt.read_or_init_rows(values, keys, None, slots, None, None, 128, 0.0, 1.0, 0,
+                                    out=torch.zeros(n, 128, device=DEVICE),
+                                    part=rows_tt.STORED_ROWS, programs=programs)
+    assert torch.equal(out[kept], rows[kept]) and not bool(out[~kept].any())
 
 
 def test_upsert_assign_checks_the_rows_shape():

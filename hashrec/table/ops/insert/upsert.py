@@ -114,7 +114,7 @@ PERSISTENT_PER_SM = 4
 
 
 @functools.cache
-def _multiprocessors(device: torch.device) -> int:
+def multiprocessors(device: torch.device) -> int:
     """Multiprocessors of a CUDA device (a fixed 4 elsewhere: the interpreter's grid)."""
     if device.type != "cuda":
         return 4
@@ -435,7 +435,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
     programs, state, blocks = cdiv(n, b), None, None
     line, width, words = digest_line(storage)
     if persistent:
-        programs = min(programs, PERSISTENT_PER_SM * _multiprocessors(storage.device))
+        programs = min(programs, PERSISTENT_PER_SM * multiprocessors(storage.device))
     elif block["lanes"] and words and n >= block["lanes_min"]:
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)

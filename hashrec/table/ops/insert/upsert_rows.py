@@ -20,7 +20,10 @@ it, and sees either the probe's value or the final one; the outcome is the same:
   after the join.
 
 ``UPSERT_ROWS["beside"]`` (``HASHREC_UPSERT_BESIDE``, default 1) turns the overlap off:
-0 runs the upsert and then one row kernel over every key.
+0 runs the upsert and then one row kernel over every key. ``UPSERT_ROWS["per_sm"]``
+(``HASHREC_UPSERT_ROWS_PER_SM``): the row kernel beside the insert runs that many
+programs a multiprocessor, each looping over tiles of rows (0: one program a tile), to
+leave the insert room on the device.
 """
 
 from __future__ import annotations
@@ -34,13 +37,20 @@ from hashrec.table.ops.insert.rows import (
     read_or_init_rows,
     write_rows,
 )
-from hashrec.table.ops.insert.upsert import UpsertResult, upsert_slots
+from hashrec.table.ops.insert.upsert import UpsertResult, multiprocessors, upsert_slots
 from hashrec.table.ops.launch import env_int
 from hashrec.table.storage import TableStorage
 
 __all__ = ["UPSERT_ROWS", "upsert_assign", "upsert_embeddings"]
 
-UPSERT_ROWS = {"beside": env_int("HASHREC_UPSERT_BESIDE", 1)}
+UPSERT_ROWS = {"beside": env_int("HASHREC_UPSERT_BESIDE", 1),
+               "per_sm": env_int("HASHREC_UPSERT_ROWS_PER_SM", 0)}
+
+
+def _programs(device: torch.device) -> int | None:
+    """Programs of the row kernel beside the insert (None: one a tile)."""
+    per_sm = UPSERT_ROWS["per_sm"]
+    return per_sm * multiprocessors(device) if per_sm > 0 else None
 
 
 def upsert_assign(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
@@ -58,7 +68,8 @@ def upsert_assign(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor 
         write_rows(values, result.slots, None, rows)
         return result
     result = upsert_slots(storage, keys, tags, scores, allow_evict,
-                          beside=lambda slots: write_rows(values, slots, None, rows))
+                          beside=lambda slots: write_rows(values, slots, None, rows,
+                                                          _programs(slots.device)))
     write_rows(values, result.slots, result.created, rows)
     return result
 
@@ -84,7 +95,8 @@ def upsert_embeddings(storage: TableStorage, keys: torch.Tensor, tags: torch.Ten
         read_or_init_rows(storage.values, keys, tags, slots,
                           result.created if result is not None else None,
                           result.inserted if result is not None else None, *init,
-                          out=out, part=part)
+                          out=out, part=part,
+                          programs=_programs(slots.device) if part == STORED_ROWS else None)
 
     if not UPSERT_ROWS["beside"]:
         result = upsert_slots(storage, keys, tags, scores, allow_evict)
