@@ -6,13 +6,11 @@ keys, 60% present and 40% new:
 
 * find: ``find_values`` (digest probe + key compare + value gather, one launch);
 * insert_or_assign: ``upsert_assign``: ``upsert_slots`` (find, insert the misses,
-  evicting at a full bucket; no host sync) and ``write_rows`` of the batch's values to
-  every placed slot (with a key repeated in the batch, one of its rows lands), the
-  present keys' rows beside the insert of the misses;
-* find_or_insert: ``upsert_embeddings``: ``upsert_slots`` and ``read_or_init_rows``
+  evicting at a full bucket; no host sync) then ``write_rows`` of the batch's values to
+  every placed slot (with a key repeated in the batch, one of its rows lands);
+* find_or_insert: ``upsert_embeddings``: ``upsert_slots`` then ``read_or_init_rows``
   (every key's row, new rows drawn in-kernel from hashed uniforms in [0, 0.01) and
-  written), the present keys' rows read beside the insert.
-  ``HASHREC_UPSERT_BESIDE=0`` times both with the rows after the upsert instead.
+  written, one launch).
 
 The index is restored between dims so every dim sees the same load factor, and
 before every timed insert call (untimed), so each call inserts its 40% new keys at
@@ -103,11 +101,7 @@ from hashrec.table.ops.find import triton as find_tt  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots, find_values  # noqa: E402
 from hashrec.table.ops.insert import upsert as upsert_tt  # noqa: E402
 from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
-from hashrec.table.ops.insert.upsert_rows import (  # noqa: E402
-    UPSERT_ROWS,
-    upsert_assign,
-    upsert_embeddings,
-)
+from hashrec.table.ops.insert.upsert_rows import upsert_assign, upsert_embeddings  # noqa: E402
 from hashrec.table.storage import TableStorage  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -237,7 +231,7 @@ def main() -> None:
                "batch": ARGS.batch, "restored": not ARGS.no_restore, "bucket_capacity": 128,
                "upsert_config": dict(upsert_tt.UPSERT_CONFIG),
                "upsert_block": dict(upsert_tt.UPSERT_BLOCK),
-               "upsert_group": dict(upsert_tt.UPSERT_GROUP), "upsert_rows": dict(UPSERT_ROWS),
+               "upsert_group": dict(upsert_tt.UPSERT_GROUP),
                "tagged": ARGS.tagged, "word_probe": find_tt.WORD_PROBE,
                "word_probe_lowest": find_tt.WORD_PROBE_LOWEST,
                "mask_probe": bool(find_tt.MASK_PROBE), "rows": []}
@@ -286,9 +280,7 @@ def _write(results: dict) -> None:
                       f"{'a counting sort' if results['upsert_group']['count'] else 'a sort'} "
                       f"({results['upsert_group']}); tags compared: "
                       f"{results['tagged']} (False: an unfused table, every tag 0); probes "
-                      f"from bit masks: {results['mask_probe']} (HASHREC_MASK_PROBE); "
-                      f"present keys' rows beside the insert: "
-                      f"{bool(results['upsert_rows']['beside'])} (HASHREC_UPSERT_BESIDE).\n\n"
+                      f"from bit masks: {results['mask_probe']} (HASHREC_MASK_PROBE).\n\n"
                       f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
                       f"{env['triton']}; {results['slots']} slots (bucket 128), "
                       f"{results['batch']} keys per call, every batch 60% present. "

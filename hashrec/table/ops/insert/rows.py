@@ -24,10 +24,11 @@ from hashrec.table.initializers import _SEED_STRIDE
 from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
 
 
+@fast_launch
 @triton.jit
-def _write_rows_tile(values, slots_ptr, mask_ptr, src_ptr, n, tile, HAS_MASK: tl.constexpr,
-                     ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr, BLOCK: tl.constexpr):
-    rows = tile * BLOCK + tl.arange(0, BLOCK)
+def _write_rows_kernel(values, slots_ptr, mask_ptr, src_ptr, n, HAS_MASK: tl.constexpr,
+                       ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     rmask = rows < n
     slot = tl.load(slots_ptr + rows, mask=rmask, other=-1)
     rmask = rmask & (slot >= 0)
@@ -39,43 +40,13 @@ def _write_rows_tile(values, slots_ptr, mask_ptr, src_ptr, n, tile, HAS_MASK: tl
     tl.store(values + slot[:, None] * ROW_DIM + col[None, :], x, mask=m2)
 
 
-@fast_launch
-@triton.jit
-def _write_rows_kernel(values, slots_ptr, mask_ptr, src_ptr, n, tiles, HAS_MASK: tl.constexpr,
-                       ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr, STRIDED: tl.constexpr,
-                       BLOCK: tl.constexpr):
-    """A tile of BLOCK rows a program, or (STRIDED) tiles p, p + programs, ... up to
-    ``tiles``."""
-    if STRIDED:
-        tile = tl.program_id(0).to(tl.int64)
-        while tile < tiles:
-            _write_rows_tile(values, slots_ptr, mask_ptr, src_ptr, n, tile, HAS_MASK, ROW_DIM,
-                             ROW_P2, BLOCK)
-            tile += tl.num_programs(0)
-    else:
-        _write_rows_tile(values, slots_ptr, mask_ptr, src_ptr, n,
-                         tl.program_id(0).to(tl.int64), HAS_MASK, ROW_DIM, ROW_P2, BLOCK)
-
-
-def _grid(tiles: int, programs: int | None) -> tuple[tuple[int], bool]:
-    """The launch grid of ``tiles`` tiles: one program each, or at most ``programs``
-    looping over them (strided)."""
-    if programs is None or programs >= tiles:
-        return (tiles,), False
-    if programs < 1:
-        raise ValueError(f"programs must be at least 1, got {programs}")
-    return (programs,), True
-
-
 def write_rows(values: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None,
-               rows: torch.Tensor, programs: int | None = None) -> None:
+               rows: torch.Tensor) -> None:
     """values[slots[i]] = rows[i] where slots[i] >= 0 (and mask[i], when given), in one launch.
 
     values (R, row_dim), slots (n,) int64, mask (n,) bool or None, rows (n, row_dim).
     With repeated slots among the written ones, which row lands is not specified:
     pass a mask that selects each slot once (``UpsertResult.inserted`` does).
-    ``programs``: at most that many programs, each looping over tiles of rows (a kernel
-    that leaves room on the device for others beside it); None, one program a tile.
     """
     n, row_dim = slots.numel(), values.shape[1]
     if rows.shape != (n, row_dim) or not values.is_contiguous():
@@ -86,12 +57,9 @@ def write_rows(values: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | N
     row_p2 = next_pow2(row_dim)
     block = max(1, min(128, 4096 // row_p2))
     mask_arg = mask.contiguous().view(torch.uint8) if mask is not None else slots
-    tiles = cdiv(n, block)
-    grid, strided = _grid(tiles, programs)
-    _write_rows_kernel[grid](
-        values, slots.contiguous(), mask_arg, rows.to(values.dtype).contiguous(), n, tiles,
-        HAS_MASK=mask is not None, ROW_DIM=row_dim, ROW_P2=row_p2, STRIDED=strided,
-        BLOCK=block)
+    _write_rows_kernel[(cdiv(n, block),)](
+        values, slots.contiguous(), mask_arg, rows.to(values.dtype).contiguous(), n,
+        HAS_MASK=mask is not None, ROW_DIM=row_dim, ROW_P2=row_p2, BLOCK=block)
 
 
 @triton.jit
@@ -131,113 +99,58 @@ def _seed_mix(seed: int) -> int:
     return seed * _SEED_STRIDE & ((1 << 63) - 1)
 
 
-# The parts of a read_or_init_rows call: every key, the stored rows alone (keys with a
-# slot, read whatever the flags say), the fresh ones alone (new or refused keys).
-ALL_ROWS, STORED_ROWS, FRESH_ROWS = 0, 1, 2
-
-
-@triton.jit
-def _read_or_init_tile(keys_ptr, tags_ptr, slots_ptr, created_ptr, inserted_ptr, values, out, n,
-                       seed_mix, lower, upper, state, tile, HAS_TAGS: tl.constexpr,
-                       DIM: tl.constexpr, ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr,
-                       PART: tl.constexpr, BLOCK: tl.constexpr):
-    i = tile * BLOCK + tl.arange(0, BLOCK)
-    mask = i < n
-    slot = tl.load(slots_ptr + i, mask=mask, other=-1)
-    col = tl.arange(0, ROW_P2)
-    emb = col[None, :] < DIM
-    if PART == 1:  # the flags are not read (a call beside the upsert that writes them)
-        stored = mask & (slot >= 0)
-        row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
-                      mask=stored[:, None] & emb, other=0.0)
-        tl.store(out + i[:, None] * DIM + col[None, :], row.to(tl.float32),
-                 mask=stored[:, None] & emb)
-    else:
-        fresh = mask & ((slot < 0) | (tl.load(created_ptr + i, mask=mask, other=0) != 0))
-        write = fresh & (slot >= 0) & (tl.load(inserted_ptr + i, mask=mask, other=0) != 0)
-        row = tl.zeros([BLOCK, ROW_P2], dtype=tl.float32)
-        if PART == 0:
-            row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
-                          mask=(mask & ~fresh & (slot >= 0))[:, None] & emb,
-                          other=0.0).to(tl.float32)
-        if tl.max(fresh.to(tl.int32), axis=0) > 0:  # initial values only where a key needs them
-            key = tl.load(keys_ptr + i, mask=fresh, other=0)
-            tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
-            u = _hashed_uniform(key, tag, col, seed_mix.to(tl.int64).to(tl.uint64, bitcast=True))
-            init = tl.where(emb, u * (upper - lower) + lower, state).to(values.dtype.element_ty)
-            row = tl.where(fresh[:, None], init.to(tl.float32), row)
-            tl.store(values + slot[:, None] * ROW_DIM + col[None, :], init,
-                     mask=write[:, None] & (col[None, :] < ROW_DIM))
-        done = mask if PART == 0 else fresh
-        tl.store(out + i[:, None] * DIM + col[None, :], row, mask=done[:, None] & emb)
-
-
 @fast_launch
 @triton.jit
 def _read_or_init_kernel(keys_ptr, tags_ptr, slots_ptr, created_ptr, inserted_ptr, values, out,
-                         n, seed_mix, lower, upper, state, tiles, HAS_TAGS: tl.constexpr,
+                         n, seed_mix, lower, upper, state, HAS_TAGS: tl.constexpr,
                          DIM: tl.constexpr, ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr,
-                         PART: tl.constexpr, STRIDED: tl.constexpr, BLOCK: tl.constexpr):
-    """A tile of BLOCK keys a program, or (STRIDED) tiles p, p + programs, ... up to
-    ``tiles``."""
-    if STRIDED:
-        tile = tl.program_id(0).to(tl.int64)
-        while tile < tiles:
-            _read_or_init_tile(keys_ptr, tags_ptr, slots_ptr, created_ptr, inserted_ptr,
-                               values, out, n, seed_mix, lower, upper, state, tile, HAS_TAGS,
-                               DIM, ROW_DIM, ROW_P2, PART, BLOCK)
-            tile += tl.num_programs(0)
-    else:
-        _read_or_init_tile(keys_ptr, tags_ptr, slots_ptr, created_ptr, inserted_ptr, values,
-                           out, n, seed_mix, lower, upper, state,
-                           tl.program_id(0).to(tl.int64), HAS_TAGS, DIM, ROW_DIM, ROW_P2,
-                           PART, BLOCK)
+                         BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    slot = tl.load(slots_ptr + i, mask=mask, other=-1)
+    fresh = mask & ((slot < 0) | (tl.load(created_ptr + i, mask=mask, other=0) != 0))
+    write = fresh & (slot >= 0) & (tl.load(inserted_ptr + i, mask=mask, other=0) != 0)
+    col = tl.arange(0, ROW_P2)
+    emb = col[None, :] < DIM
+    row = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
+                  mask=(mask & ~fresh & (slot >= 0))[:, None] & emb, other=0.0)
+    if tl.max(fresh.to(tl.int32), axis=0) > 0:  # initial values only where a key needs them
+        key = tl.load(keys_ptr + i, mask=fresh, other=0)
+        tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
+        u = _hashed_uniform(key, tag, col, seed_mix.to(tl.int64).to(tl.uint64, bitcast=True))
+        init = tl.where(emb, u * (upper - lower) + lower, state).to(values.dtype.element_ty)
+        row = tl.where(fresh[:, None], init, row)
+        tl.store(values + slot[:, None] * ROW_DIM + col[None, :], init,
+                 mask=write[:, None] & (col[None, :] < ROW_DIM))
+    tl.store(out + i[:, None] * DIM + col[None, :], row.to(tl.float32), mask=mask[:, None] & emb)
 
 
 def read_or_init_rows(values: torch.Tensor, keys: torch.Tensor, tags: torch.Tensor | None,
-                      slots: torch.Tensor, created: torch.Tensor | None,
-                      inserted: torch.Tensor | None, dim: int, lower: float, upper: float, seed: int,
-                      state: float = 0.0, out: torch.Tensor | None = None,
-                      part: int = ALL_ROWS, programs: int | None = None) -> torch.Tensor:
+                      slots: torch.Tensor, created: torch.Tensor, inserted: torch.Tensor,
+                      dim: int, lower: float, upper: float, seed: int,
+                      state: float = 0.0) -> torch.Tensor:
     """Embeddings (n, dim) float32 of an upserted batch, new rows initialized, one launch.
 
     Args:
         values: (R, row_dim) value rows of the table.
         keys, tags: the batch (n,) int64 and (n,) int32 | None.
-        slots, created, inserted: ``UpsertResult`` fields of the batch (the flags may be
-            None with ``STORED_ROWS``, which does not read them).
+        slots, created, inserted: ``UpsertResult`` fields of the batch.
         dim: embedding columns; columns [dim, row_dim) of new rows are set to ``state``.
         lower, upper, seed: new and refused keys read ``lower + (upper - lower) * u``
             with u = ``init_uniforms(key, tag, seed)``.
-        out: (n, dim) float32 to fill, or None (a new array).
-        part: ``ALL_ROWS``; ``STORED_ROWS``, the rows of keys with a slot alone, the flags
-            unread; ``FRESH_ROWS``, the new and refused keys' alone. The other rows of
-            ``out`` are left as they are.
-        programs: at most that many programs, each looping over tiles of keys; None,
-            one program a tile.
     """
     n, row_dim = keys.numel(), values.shape[1]
     if not 0 < dim <= row_dim or not values.is_contiguous():
         raise ValueError(f"dim={dim} must be in [1, row_dim={row_dim}] and values contiguous")
-    if part not in (ALL_ROWS, STORED_ROWS, FRESH_ROWS):
-        raise ValueError(f"part must be ALL_ROWS, STORED_ROWS or FRESH_ROWS, got {part}")
-    if part != STORED_ROWS and (created is None or inserted is None):
-        raise ValueError("created and inserted are needed unless part is STORED_ROWS")
-    if out is None:
-        out = torch.empty(n, dim, dtype=torch.float32, device=keys.device)
-    elif out.shape != (n, dim) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous float32 ({n}, {dim}), got {out.dtype} "
-                         f"{tuple(out.shape)}")
+    out = torch.empty(n, dim, dtype=torch.float32, device=keys.device)
     if n == 0:
         return out
     row_p2 = next_pow2(row_dim)
     block = max(1, min(64, 4096 // row_p2))
-    tiles = cdiv(n, block)
-    grid, strided = _grid(tiles, programs)
-    _read_or_init_kernel[grid](
-        keys, tags if tags is not None else keys, slots,
-        created.view(torch.uint8) if created is not None else slots,
-        inserted.view(torch.uint8) if inserted is not None else slots, values, out, n, _seed_mix(seed), float(lower), float(upper),
-        float(state), tiles, HAS_TAGS=tags is not None, DIM=dim, ROW_DIM=row_dim,
-        ROW_P2=row_p2, PART=part, STRIDED=strided, BLOCK=block)
+    _read_or_init_kernel[(cdiv(n, block),)](
+        keys, tags if tags is not None else keys, slots, created.view(torch.uint8),
+        inserted.view(torch.uint8), values, out, n, _seed_mix(seed), float(lower), float(upper),
+        float(state), HAS_TAGS=tags is not None, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,
+        BLOCK=block)
     return out
+

@@ -44,9 +44,7 @@ over the sorted batch with a mask.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -114,45 +112,11 @@ PERSISTENT_PER_SM = 4
 
 
 @functools.cache
-def multiprocessors(device: torch.device) -> int:
+def _multiprocessors(device: torch.device) -> int:
     """Multiprocessors of a CUDA device (a fixed 4 elsewhere: the interpreter's grid)."""
     if device.type != "cuda":
         return 4
     return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@functools.cache
-def _insert_stream(index: int) -> torch.cuda.Stream:
-    """The high-priority stream on which a call with work beside it places its misses."""
-    return torch.cuda.Stream(index, priority=-100)  # the device's highest priority
-
-
-@contextlib.contextmanager
-def _beside(work: Callable[[torch.Tensor], None] | None, slots: torch.Tensor) -> Iterator[None]:
-    """Runs the body (the insert after the probe) with ``work(slots)`` beside it.
-
-    On CUDA ``work``'s kernels go to the caller's stream and the body's to a stream of
-    the highest priority (whose blocks the device schedules first, so the row kernels,
-    bandwidth-bound, fill what the insert, latency-bound, leaves idle); the caller's
-    stream waits for both. Elsewhere ``work`` runs first, on the probed slots.
-    """
-    if work is None:
-        yield
-        return
-    if slots.device.type != "cuda":
-        work(slots)
-        yield
-        return
-    caller = torch.cuda.current_stream(slots.device)
-    insert = _insert_stream(slots.device.index if slots.device.index is not None
-                            else torch.cuda.current_device())
-    insert.wait_stream(caller)
-    work(slots)
-    try:
-        with torch.cuda.stream(insert):
-            yield
-    finally:
-        caller.wait_stream(insert)
 
 
 class UpsertResult(NamedTuple):
@@ -435,7 +399,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
     programs, state, blocks = cdiv(n, b), None, None
     line, width, words = digest_line(storage)
     if persistent:
-        programs = min(programs, PERSISTENT_PER_SM * multiprocessors(storage.device))
+        programs = min(programs, PERSISTENT_PER_SM * _multiprocessors(storage.device))
     elif block["lanes"] and words and n >= block["lanes_min"]:
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
@@ -463,8 +427,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
                  scores: torch.Tensor, allow_evict: bool,
                  active: torch.Tensor | None = None,
                  given_slots: torch.Tensor | None = None,
-                 few_misses: bool = False,
-                 beside: Callable[[torch.Tensor], None] | None = None) -> UpsertResult:
+                 few_misses: bool = False) -> UpsertResult:
     """Finds keys (n,) int64 [+ tags] and inserts the missing ones with ``scores`` (n,).
 
     Repeated keys are inserted once, with the score of their first occurrence.
@@ -514,33 +477,32 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     misses_only = bool(UPSERT_GROUP["count"]) and bool(UPSERT_BLOCK["block"])
     probed, sentinel, low = _sort_keys(storage, keys, tags, active, given_slots, slots,
                                        flags if misses_only else None)
-    with _beside(beside, slots):
-        misses = None
-        if UPSERT_GROUP["count"]:
-            sort_key, perm, misses = group_by_bucket(probed, nb, low, sentinel,
-                                                     misses_only=misses_only)
-            misses = misses if misses_only else None
-        else:
-            sort_key, perm = torch.sort(probed, stable=True)
-        s_digests = _empty(n, torch.uint8, device)
-        tag_arg = tags if tags is not None else keys
-        grid = (cdiv(n, 512),)
-        ev_any = _empty(1, torch.int32, device)  # cleared by the gather, set where a miss evicts
-        _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
-                             s_digests, s_bucket, first, ev_any, refused,
-                             misses if misses_only else refused, n, nb,
-                             HAS_TAGS=tags is not None, POW2=is_pow2(nb), SENTINEL=sentinel,
-                             MISSES_ONLY=misses_only, BLOCK=512)
-        evicted = flags[2 * n:].view(torch.int8)
-        state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
-                                         perm, n, storage.keys, t_tags, storage.digests,
-                                         storage.scores, out, evicted, ev_any, *ev), allow_evict,
-                               misses, misses_only and few_misses)
-        _finalize_kernel[grid](
-            sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
-            s_digests, state if state is not None else s_digests, slots,
-            flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, ev_any, refused,
-            misses if misses_only else refused, probed, n,
-            HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), LANES=state is not None,
-            SENTINEL=sentinel, MISSES_ONLY=misses_only, BLOCK=512)
+    misses = None
+    if UPSERT_GROUP["count"]:
+        sort_key, perm, misses = group_by_bucket(probed, nb, low, sentinel,
+                                                 misses_only=misses_only)
+        misses = misses if misses_only else None
+    else:
+        sort_key, perm = torch.sort(probed, stable=True)
+    s_digests = _empty(n, torch.uint8, device)
+    tag_arg = tags if tags is not None else keys
+    grid = (cdiv(n, 512),)
+    ev_any = _empty(1, torch.int32, device)  # cleared by the gather, set where a miss evicts
+    _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
+                         s_digests, s_bucket, first, ev_any, refused,
+                         misses if misses_only else refused, n, nb,
+                         HAS_TAGS=tags is not None, POW2=is_pow2(nb), SENTINEL=sentinel,
+                         MISSES_ONLY=misses_only, BLOCK=512)
+    evicted = flags[2 * n:].view(torch.int8)
+    state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
+                                     perm, n, storage.keys, t_tags, storage.digests,
+                                     storage.scores, out, evicted, ev_any, *ev), allow_evict,
+                           misses, misses_only and few_misses)
+    _finalize_kernel[grid](
+        sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
+        s_digests, state if state is not None else s_digests, slots,
+        flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, ev_any, refused,
+        misses if misses_only else refused, probed, n,
+        HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), LANES=state is not None,
+        SENTINEL=sentinel, MISSES_ONLY=misses_only, BLOCK=512)
     return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n], refused)
