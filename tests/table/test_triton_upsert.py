@@ -428,13 +428,6 @@ def test_upsert_block_setting_from_environment(monkeypatch):
     monkeypatch.setenv("HASHREC_UPSERT_LANES_MIN", "-1")
     with pytest.raises(ValueError, match="HASHREC_UPSERT_LANES_MIN"):
         upsert_block._lanes_min_from_env()
-    monkeypatch.setenv("HASHREC_UPSERT_LISTED", "0")
-    assert upsert_block._listed_from_env() == 0
-    monkeypatch.delenv("HASHREC_UPSERT_LISTED")
-    assert upsert_block._listed_from_env() == 1
-    monkeypatch.setenv("HASHREC_UPSERT_LISTED", "-2")
-    with pytest.raises(ValueError, match="HASHREC_UPSERT_LISTED"):
-        upsert_block._listed_from_env()
 
 
 class _CountedLaunches:
@@ -446,20 +439,6 @@ class _CountedLaunches:
     def __getitem__(self, grid):
         self.grids.append(grid)
         return self.kernel[grid]
-
-
-@pytest.mark.parametrize("listed", [0, 1, 4], ids=["flags", "listed1", "listed4"])
-def test_upsert_block_programs_serve_the_listed_blocks(monkeypatch, listed):
-    """After the lane form, one block program a block reading its flag (listed 0), or
-    ``listed`` programs a multiprocessor serving the blocks the lane form listed (4 or 16
-    programs under the interpreter for some 60 blocks), place the same."""
-    _use_launch(monkeypatch, "lanes-block2-w1")
-    monkeypatch.setitem(upsert_tt.UPSERT_BLOCK, "listed", listed)
-    counted = _CountedLaunches(upsert_tt.upsert_block_kernel)
-    monkeypatch.setattr(upsert_tt, "upsert_block_kernel", counted)
-    _check_short_runs(False, True)
-    n = 40 + 130 + 7 + 20 + 5  # the batch of _check_short_runs (random_keys adds 7)
-    assert counted.grids == [(-(-n // 2) if not listed else 4 * listed,)]
 
 
 @pytest.mark.parametrize("least,ran", [(0, True), (10_000, False)], ids=["all", "large-only"])

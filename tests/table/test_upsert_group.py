@@ -70,7 +70,7 @@ def test_upsert_outcome_is_the_same_with_either_sort(monkeypatch, allow_evict, f
     sort equals the one with torch's full sort; so does it with ``few_misses`` (persistent
     block programs, here one for the 3 blocks of misses)."""
     monkeypatch.setattr(upsert_tt, "PERSISTENT_PER_SM", 1)
-    monkeypatch.setattr(upsert_tt, "multiprocessors", lambda device: 1)
+    monkeypatch.setattr(upsert_tt, "_multiprocessors", lambda device: 1)
     base, keys, _ = filled(16, 8, 100, seed=71)
     gen = torch.Generator().manual_seed(72)
     batch = torch.cat([keys[:40], random_keys(90, gen).to(DEVICE), keys[:10]])

@@ -112,7 +112,7 @@ PERSISTENT_PER_SM = 4
 
 
 @functools.cache
-def multiprocessors(device: torch.device) -> int:
+def _multiprocessors(device: torch.device) -> int:
     """Multiprocessors of a CUDA device (a fixed 4 elsewhere: the interpreter's grid)."""
     if device.type != "cuda":
         return 4
@@ -201,14 +201,12 @@ def _gather_kernel(sorted_ptr, perm_ptr, keys_ptr, tags_ptr, scores_ptr, s_keys,
     each sorted miss's first occurrence among equal (key, tag): a backward scan over the
     run of equal sort keys before it, reading the batch through the permutation (such
     a run holds repeats of one key, or rarely keys of equal hash bits). Program 0 also
-    clears ``ev_any``, which the insert kernels after it set when they evict (and the
-    count of listed blocks after it, which the lane form adds to), and the refused
-    count, which the finalize kernel adds to. MISSES_ONLY: only the positions
+    clears ``ev_any``, which the insert kernels after it set when they evict, and the
+    refused count, which the finalize kernel adds to. MISSES_ONLY: only the positions
     below the misses' count (``misses_ptr``), the only ones written by the counting sort
     and read after it."""
     if tl.program_id(0) == 0:
         tl.store(ev_any, 0)
-        tl.store(ev_any + 1, 0)
         tl.store(refused_ptr, 0)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
@@ -389,7 +387,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
     ``misses``): persistent block programs without the lane form (a call expecting few
     misses)."""
     (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, t_keys, t_tags, _,
-     t_scores, out, evicted, ev_any, *_) = args
+     t_scores, out, evicted, *_) = args
     cap, evict = storage.bucket_capacity, bool(allow_evict)
     config, block = UPSERT_CONFIG, UPSERT_BLOCK
     if not block["block"]:
@@ -398,35 +396,29 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
             RUNS=config["runs"], num_warps=config["num_warps"])
         return None
     b = block_positions(block["block"], block["elements"], cap)
-    programs, state, blocks, listed = cdiv(n, b), None, None, None
+    programs, state, blocks = cdiv(n, b), None, None
     line, width, words = digest_line(storage)
     if persistent:
-        programs = min(programs, PERSISTENT_PER_SM * multiprocessors(storage.device))
+        programs = min(programs, PERSISTENT_PER_SM * _multiprocessors(storage.device))
     elif block["lanes"] and words and n >= block["lanes_min"]:
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
         blocks = _empty(programs, torch.int8, storage.device)
-        if block["listed"]:
-            listed = _empty(programs, torch.int32, storage.device)
         lane_width = block["lane_width"] or block["width"]
         upsert_lanes_kernel[(programs,)](
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,
             out, evicted, state, blocks, misses if misses is not None else blocks,
-            listed if listed is not None else blocks, ev_any[1:],
             ALLOW_EVICT=evict, CAP=cap, LINE=width, W=lane_width,
             WIN=next_pow2(2 * lane_width + 1), MISSES_ONLY=misses is not None,
-            MASKS=mask_probe(cap, words), LISTED=listed is not None, BLOCK=b,
+            MASKS=mask_probe(cap, words), BLOCK=b,
             num_warps=block["lane_warps"])
-        if listed is not None:
-            programs = min(programs, block["listed"] * multiprocessors(storage.device))
     upsert_block_kernel[(programs,)](
         *args, state if state is not None else s_digests,
         blocks if blocks is not None else s_digests,
-        misses if misses is not None else s_digests,
-        listed if listed is not None else s_digests, ev_any[1:], ALLOW_EVICT=evict,
-        CAP=cap, CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
-        LANES=state is not None, PERSISTENT=persistent, LISTED=listed is not None,
-        MISSES_ONLY=misses is not None, num_warps=block["num_warps"],
+        misses if misses is not None else s_digests, ALLOW_EVICT=evict, CAP=cap,
+        CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
+        LANES=state is not None, PERSISTENT=persistent, MISSES_ONLY=misses is not None,
+        num_warps=block["num_warps"],
         **maxnreg(block["maxnreg"]))
     return state
 
@@ -495,9 +487,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     s_digests = _empty(n, torch.uint8, device)
     tag_arg = tags if tags is not None else keys
     grid = (cdiv(n, 512),)
-    # [0]: set where a miss evicts; [1]: the blocks the lane form lists; both cleared by
-    # the gather
-    ev_any = _empty(2, torch.int32, device)
+    ev_any = _empty(1, torch.int32, device)  # cleared by the gather, set where a miss evicts
     _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
                          s_digests, s_bucket, first, ev_any, refused,
                          misses if misses_only else refused, n, nb,

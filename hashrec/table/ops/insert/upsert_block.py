@@ -57,14 +57,6 @@ def _lanes_from_env() -> int:
     return lanes
 
 
-def _listed_from_env() -> int:
-    listed = env_int("HASHREC_UPSERT_LISTED", 1)
-    if listed < 0:
-        raise ValueError(f"HASHREC_UPSERT_LISTED must be 0 (off) or the programs a "
-                         f"multiprocessor (>= 1), got {listed}")
-    return listed
-
-
 def _lanes_min_from_env() -> int:
     least = env_int("HASHREC_UPSERT_LANES_MIN", LANES_MIN)
     if least < 0:
@@ -101,7 +93,7 @@ def _lanes_min_from_env() -> int:
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
                 "lane_warps": 2, "lane_width": 0, "maxnreg": 128, "probe_maxnreg": 0,
-                "probe_keys": 0, "probe_warps": 0, "listed": _listed_from_env()}
+                "probe_keys": 0, "probe_warps": 0}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
@@ -254,11 +246,11 @@ def _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_p
 @triton.jit
 def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
-                        ev_keys, ev_tags, ev_scores, state, blocks, misses, listed,
-                        listed_count, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
-                        CAP_P2: tl.constexpr, BI: tl.constexpr, B: tl.constexpr,
-                        W: tl.constexpr, LANES: tl.constexpr, PERSISTENT: tl.constexpr,
-                        LISTED: tl.constexpr, MISSES_ONLY: tl.constexpr):
+                        ev_keys, ev_tags, ev_scores, state, blocks, misses,
+                        ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
+                        BI: tl.constexpr, B: tl.constexpr, W: tl.constexpr,
+                        LANES: tl.constexpr, PERSISTENT: tl.constexpr,
+                        MISSES_ONLY: tl.constexpr):
     """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, only where
     ``upsert_lanes_kernel`` flagged the block in ``blocks`` (it left runs to this form).
     Serving several flagged blocks a program, one after the other, so that fewer
@@ -268,31 +260,16 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
     So was a grid of 2 or 4 programs a multiprocessor, each reading the flags of a
     stride of blocks: 0.499 / 0.474 ms against 0.462 at load factor 0.5, 1.41 / 1.24
     against 1.08 at 1.0 (table_gpu_lane_grid2.md, _lane_grid4.md against table_gpu.md as of
-    b35ba5c).
+    b35ba5c). So was a list of the flagged blocks, appended to by the lane form, served
+    by 1 to 16 programs a multiprocessor: at most 2% faster at load factors 0.5 and 0.75,
+    15% slower at 1.0 (benchmarks/results/upsert_listed.md, tree 077c4cb).
 
     PERSISTENT (without LANES): the grid is a few programs a multiprocessor, which serve
     the blocks up to the misses' count (``misses``, on the device) in a stride: a call
     whose misses are few (a warm table's training lookup) starts a few hundred programs
     where one a block would start n / B. MISSES_ONLY (implied by PERSISTENT): only the
-    sorted positions below the misses' count hold misses; the rest are not read.
-
-    LISTED (with LANES): the grid is a few programs a multiprocessor, which serve the
-    blocks the lane form listed (``listed``, ``listed_count`` of them, in any order) in a
-    stride, instead of one program a block reading its flag. A block's runs are its own
-    (the one that opens a run serves it), so the order changes no outcome."""
-    if LISTED:
-        used = m
-        if MISSES_ONLY:
-            used = tl.load(misses)
-        j = tl.program_id(0)
-        count = tl.load(listed_count)
-        while j < count:
-            _serve(tl.load(listed + j), in_keys, in_tags, in_scores, in_digests, in_bucket,
-                   in_first, in_pos, used, t_keys, t_tags, t_digests, t_scores, out_slots,
-                   out_evicted, ev_any, ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT, CAP,
-                   CAP_P2, BI, B, W, True)
-            j += tl.num_programs(0)
-    elif PERSISTENT:  # the sorted positions past the misses' count hold nothing to read
+    sorted positions below the misses' count hold misses; the rest are not read."""
+    if PERSISTENT:  # the sorted positions past the misses' count hold nothing to read
         p = tl.program_id(0)
         count = tl.load(misses)
         used = (count + B - 1) // B

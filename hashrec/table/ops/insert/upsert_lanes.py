@@ -82,19 +82,16 @@ def _run_of(i, bucket, miss, in_bucket, m, W: tl.constexpr, WIN: tl.constexpr):
 @triton.jit
 def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos, m, t_words,
                         t_keys, t_tags, t_scores, out_slots, out_evicted, state, blocks,
-                        misses, listed, listed_count, ALLOW_EVICT: tl.constexpr,
-                        CAP: tl.constexpr, LINE: tl.constexpr, W: tl.constexpr,
-                        WIN: tl.constexpr, MISSES_ONLY: tl.constexpr, MASKS: tl.constexpr,
-                        LISTED: tl.constexpr, BLOCK: tl.constexpr):
+                        misses, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
+                        LINE: tl.constexpr, W: tl.constexpr, WIN: tl.constexpr,
+                        MISSES_ONLY: tl.constexpr, MASKS: tl.constexpr, BLOCK: tl.constexpr):
     """Lane i serves sorted position i (``t_words``: the digest array as int32 words).
     ``blocks`` (programs,) int8: 1 where the program's positions open a run left to the
     block form, whose programs serve the same BLOCK positions. MISSES_ONLY: only the
     positions below the misses' count (``misses``, on the device) hold sorted misses;
     the others are neither read nor given a state. MASKS (buckets up to 128 slots): the
     empty slots as slot-ordered bit masks (``line_masks``), each lane's own, instead of
-    a (lanes, line) tile of words. LISTED: a flagged program also appends its index to
-    ``listed`` (``listed_count``, cleared before, counts them), for block programs that
-    serve the listed blocks alone."""
+    a (lanes, line) tile of words."""
     if MISSES_ONLY:
         m = tl.load(misses)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -165,6 +162,3 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
             served = tl.max((miss & (start == 0)).to(tl.int8), axis=0)
     tl.store(state + i, outcome, mask=i < m)
     tl.store(blocks + tl.program_id(0), served)
-    if LISTED:
-        if served != 0:
-            tl.store(listed + tl.atomic_add(listed_count, 1), tl.program_id(0))
