@@ -132,6 +132,22 @@ class FixedSizeLookup:
         self._report_refused_fixed(refused)
         return slots, values
 
+    def _find_or_insert_unique(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                               counts: torch.Tensor, given: torch.Tensor | None
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``find_or_insert`` of unique keys (u,): (values (u, dim) float32, found (u,)
+        bool, stored before the call). On the fixed-size path, the training lookup's
+        device work (no host read below max_capacity's growth checks); elsewhere the
+        reference upsert and read."""
+        if not self._fixed_path():
+            slots, found = self._upsert(keys, tags, counts, given, admit=True)
+            return self._read(slots, keys, tags, self._train_missing_args()), found
+        _, values, counted, refused = self._train_fixed(keys, tags, counts, given, None)
+        found = counted["hits"]
+        self._add_device_counts(*self._mask_sums(counted))
+        self._report_refused_fixed(refused)
+        return values, found
+
     def _train_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
                      counts: torch.Tensor, given: torch.Tensor | None,
                      active: torch.Tensor | None, seeds: torch.Tensor | None = None,

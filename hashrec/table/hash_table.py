@@ -437,8 +437,7 @@ class HashTable(FixedSizeLookup):
         if scores is not None:
             uscores = torch.full_like(unique, torch.iinfo(torch.int64).min).scatter_reduce_(
                 0, inverse, scores, "amax")
-        slots, found = self._upsert(unique, utags, counts, uscores, admit=True)
-        values = self._read(slots, unique, utags, self._train_missing_args())
+        values, found = self._find_or_insert_unique(unique, utags, counts, uscores)
         return values[inverse], found[inverse]
 
     def insert_or_assign(self, keys: torch.Tensor, values: torch.Tensor,

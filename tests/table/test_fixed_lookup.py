@@ -65,10 +65,13 @@ def _batches(tagged: bool, steps: int = 4):
         yield keys, tags, counts, torch.randint(0, 9, keys.shape, generator=gen)
 
 
-def _run(options: TableOptions, triton: bool, tagged: bool, mark_state: bool = False) -> list:
+def _run(options: TableOptions, triton: bool, tagged: bool, mark_state: bool = False,
+         find_or_insert: bool = False) -> list:
     """Lookups of ``_batches``; ``mark_state`` sets the looked-up rows' optimizer state to
     7 after each but the last, as training would change it (a slot the last insert takes
-    must get its initial state back, which the export then shows)."""
+    must get its initial state back, which the export then shows). ``find_or_insert``:
+    each batch, its keys repeated, through ``HashTable.find_or_insert`` instead (founds
+    in place of slots)."""
     out = []
     with _backend(triton):
         table = HashTable(options)
@@ -77,6 +80,13 @@ def _run(options: TableOptions, triton: bool, tagged: bool, mark_state: bool = F
         for step, (keys, tags, counts, scores) in enumerate(batches):
             table.advance_step()
             custom = scores if options.score_strategy.value == "CUSTOMIZED" else None
+            if find_or_insert:
+                many = torch.arange(keys.numel()).repeat_interleave(counts)
+                values, found = table.find_or_insert(
+                    keys[many], None if custom is None else custom[many] - many % 2,
+                    None if tags is None else tags[many])
+                out.append((found, values))
+                continue
             res = table.lookup(keys, tags, train=True, counts=counts, scores=custom)
             out.append((res.slots, res.values))
             if mark_state and step < len(batches) - 1:
@@ -108,6 +118,23 @@ def test_fixed_lookup_matches_reference(strategy, admission, full, tagged):
         assert w_stats["refused"] > 0
     if not full:
         assert w_stats["growths"] > 0
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["growing", "evicting"])
+@pytest.mark.parametrize("strategy", ["STEP", "LFU", "CUSTOMIZED", "NO_EVICTION"])
+def test_find_or_insert_on_the_fixed_path_matches_reference(strategy, full):
+    """``HashTable.find_or_insert`` (repeated keys, admission) takes the fixed-size path
+    on the Triton backend: the same founds, values, stats, entries and counters."""
+    options = _options(strategy, True, full)
+    want = _run(options, False, True, find_or_insert=True)
+    got = _run(options, True, True, find_or_insert=True)
+    for step, ((w_found, w_values), (g_found, g_values)) in enumerate(zip(want[:-1], got[:-1])):
+        assert torch.equal(g_found, w_found), f"step {step}"
+        torch.testing.assert_close(g_values, w_values, msg=f"step {step}")
+    assert got[-1] == want[-1]
+    stats = want[-1][0]
+    assert stats["admission_rejected"] > 0 and stats["hits"] > 0
+    assert stats["evictions" if full and strategy != "NO_EVICTION" else "inserts"] > 0
 
 
 @pytest.mark.parametrize("optimizer", [SparseAdagrad(lr=0.1, initial_accumulator_value=0.25),
