@@ -137,6 +137,33 @@ def test_find_or_insert_on_the_fixed_path_matches_reference(strategy, full):
     assert stats["evictions" if full and strategy != "NO_EVICTION" else "inserts"] > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("full", [False, True], ids=["growing", "evicting"])
+def test_find_or_insert_on_cuda_matches_the_cpu_reference(full):
+    """The same through a CUDA table (compiled kernels) against a CPU one."""
+    runs = []
+    for device in ("cpu", "cuda"):
+        table = HashTable(dataclasses.replace(_options("LFU", True, full), device=device))
+        assert table._fixed_path() is (device == "cuda")
+        run = []
+        for keys, tags, counts, _ in _batches(True):
+            table.advance_step()
+            many = torch.arange(keys.numel()).repeat_interleave(counts)
+            values, found = table.find_or_insert(keys[many].to(device),
+                                                 tags=tags[many].to(device))
+            run.append((found.cpu(), values.cpu()))
+        state = {(k, t): (r.tolist(), s) for keys, tags, rows, scores in table.export_state(512)
+                 for k, t, r, s in zip(keys.tolist(), tags.tolist(), rows.cpu(),
+                                       scores.tolist())}
+        runs.append((run, table.stats(), state))
+    (want, w_stats, w_state), (got, g_stats, g_state) = runs
+    for (w_found, w_values), (g_found, g_values) in zip(want, got):
+        assert torch.equal(g_found, w_found)
+        torch.testing.assert_close(g_values, w_values)
+    assert g_stats == w_stats and g_state == w_state
+
+
 @pytest.mark.parametrize("optimizer", [SparseAdagrad(lr=0.1, initial_accumulator_value=0.25),
                                        SparseAdam(lr=0.1)], ids=["adagrad", "adam"])
 def test_computed_and_hashed_initializers_and_optimizer_state_match_reference(optimizer):
