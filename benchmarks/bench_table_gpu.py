@@ -99,6 +99,7 @@ from _timing import command_line, environment, time_device_ms, write_results  # 
 from hashrec.table.ops.export.triton import occupied_slots  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots, find_values  # noqa: E402
+from hashrec.table.ops.insert import rows as rows_tt  # noqa: E402
 from hashrec.table.ops.insert import upsert as upsert_tt  # noqa: E402
 from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
 from hashrec.table.ops.insert.upsert_rows import upsert_assign, upsert_embeddings  # noqa: E402
@@ -232,6 +233,7 @@ def main() -> None:
                "upsert_config": dict(upsert_tt.UPSERT_CONFIG),
                "upsert_block": dict(upsert_tt.UPSERT_BLOCK),
                "upsert_group": dict(upsert_tt.UPSERT_GROUP),
+               "rows_launch": dict(rows_tt.ROWS_LAUNCH),
                "tagged": ARGS.tagged, "word_probe": find_tt.WORD_PROBE,
                "word_probe_lowest": find_tt.WORD_PROBE_LOWEST,
                "mask_probe": bool(find_tt.MASK_PROBE), "rows": []}
@@ -280,7 +282,9 @@ def _write(results: dict) -> None:
                       f"{'a counting sort' if results['upsert_group']['count'] else 'a sort'} "
                       f"({results['upsert_group']}); tags compared: "
                       f"{results['tagged']} (False: an unfused table, every tag 0); probes "
-                      f"from bit masks: {results['mask_probe']} (HASHREC_MASK_PROBE).\n\n"
+                      f"from bit masks: {results['mask_probe']} (HASHREC_MASK_PROBE); row "
+                      f"kernels: {results['rows_launch']} (HASHREC_ROWS_ELEMENTS, "
+                      f"HASHREC_ROWS_WARPS).\n\n"
                       f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
                       f"{env['triton']}; {results['slots']} slots (bucket 128), "
                       f"{results['batch']} keys per call, every batch 60% present. "

@@ -21,7 +21,12 @@ from hashrec.table._triton_hash import load_tags, mix64, tagged_hash
 from hashrec.table.hashing import mix64 as torch_mix64
 from hashrec.table.hashing import mix_tagged
 from hashrec.table.initializers import _SEED_STRIDE
-from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
+from hashrec.table.ops.launch import cdiv, env_int, fast_launch, next_pow2
+
+# The row kernels' launch: elements (rows x padded columns) a program and its warps.
+# Benchmarks sweep them (HASHREC_ROWS_ELEMENTS, HASHREC_ROWS_WARPS).
+ROWS_LAUNCH = {"elements": env_int("HASHREC_ROWS_ELEMENTS", 4096),
+               "num_warps": env_int("HASHREC_ROWS_WARPS", 4)}
 
 
 @fast_launch
@@ -55,11 +60,12 @@ def write_rows(values: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | N
     if n == 0:
         return
     row_p2 = next_pow2(row_dim)
-    block = max(1, min(128, 4096 // row_p2))
+    block = max(1, min(ROWS_LAUNCH["elements"] // 32, ROWS_LAUNCH["elements"] // row_p2))
     mask_arg = mask.contiguous().view(torch.uint8) if mask is not None else slots
     _write_rows_kernel[(cdiv(n, block),)](
         values, slots.contiguous(), mask_arg, rows.to(values.dtype).contiguous(), n,
-        HAS_MASK=mask is not None, ROW_DIM=row_dim, ROW_P2=row_p2, BLOCK=block)
+        HAS_MASK=mask is not None, ROW_DIM=row_dim, ROW_P2=row_p2, BLOCK=block,
+        num_warps=ROWS_LAUNCH["num_warps"])
 
 
 @triton.jit
@@ -146,11 +152,11 @@ def read_or_init_rows(values: torch.Tensor, keys: torch.Tensor, tags: torch.Tens
     if n == 0:
         return out
     row_p2 = next_pow2(row_dim)
-    block = max(1, min(64, 4096 // row_p2))
+    block = max(1, min(ROWS_LAUNCH["elements"] // 64, ROWS_LAUNCH["elements"] // row_p2))
     _read_or_init_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys, slots, created.view(torch.uint8),
         inserted.view(torch.uint8), values, out, n, _seed_mix(seed), float(lower), float(upper),
         float(state), HAS_TAGS=tags is not None, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,
-        BLOCK=block)
+        BLOCK=block, num_warps=ROWS_LAUNCH["num_warps"])
     return out
 
