@@ -148,6 +148,37 @@ class FixedSizeLookup:
         self._report_refused_fixed(refused)
         return values, found
 
+    def _assign_slots(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                      counts: torch.Tensor, given: torch.Tensor | None,
+                      init_rows: bool) -> torch.Tensor:
+        """The index part of ``insert_or_assign`` / ``load_state`` for unique keys (u,):
+        their slots after the call (-1: refused), hits rescored, misses inserted without
+        admission, new rows given the optimizer's initial state unless ``init_rows`` is
+        False (their embedding columns are the caller's to write). On the fixed-size path,
+        device work like the training lookup's; elsewhere the reference upsert."""
+        if not self._fixed_path():
+            return self._upsert(keys, tags, counts, given, admit=False, init_rows=init_rows)[0]
+        from hashrec.table.ops.insert.train import CONSTANT_ROWS, finish_rows, protect_hits
+
+        slots = find_slots(self.storage, keys, tags)
+        hit = slots >= 0
+        mode, clock = self._hit_score_mode(given)
+        hit_scores = protect_hits(self.storage, slots, counts, given, mode, clock)
+        if self._grow_fixed(~hit, keys.numel()):  # re-inserts the (protected) hits first
+            slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
+        slots, placed, refused, evicted = self._insert_fixed(
+            keys, tags, self._new_scores(counts, given), ~hit, slots, hit)
+        # The new rows' state and the hits' scores; nothing read (stored_rows False).
+        finish_rows(self.storage, keys, tags, slots, self.dim, CONSTANT_ROWS,
+                    new=CONSTANT_ROWS, placed=placed, hit=hit, hit_scores=hit_scores,
+                    state=self._state_row if init_rows else None, stored_rows=False)
+        counted = {"inserts": placed}
+        if evicted is not None:
+            counted["evictions"] = evicted
+        self._add_device_counts(*self._mask_sums(counted))
+        self._report_refused_fixed(refused)
+        return slots
+
     def _train_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
                      counts: torch.Tensor, given: torch.Tensor | None,
                      active: torch.Tensor | None, seeds: torch.Tensor | None = None,

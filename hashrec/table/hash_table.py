@@ -460,7 +460,7 @@ class HashTable(FixedSizeLookup):
         self._rows.begin_batch()
         if assume_unique:
             counts = torch.ones_like(keys)
-            slots, _ = self._upsert(keys, tags, counts, scores, admit=False, init_rows=not exact)
+            slots = self._assign_slots(keys, tags, counts, scores, init_rows=not exact)
             stored = torch.nonzero(slots >= 0).flatten()
             if stored.numel() == keys.numel():
                 self._write_full(slots, rows, scores if exact else None)
@@ -471,8 +471,8 @@ class HashTable(FixedSizeLookup):
         unique, utags, inverse, counts = unique_pairs(keys, tags)
         last = torch.zeros_like(unique).scatter_reduce_(
             0, inverse, torch.arange(keys.numel(), device=self.device), "amax")
-        slots, _ = self._upsert(unique, utags, counts, _take(scores, last), admit=False,
-                                init_rows=not exact)
+        slots = self._assign_slots(unique, utags, counts, _take(scores, last),
+                                   init_rows=not exact)
         stored = torch.nonzero(slots >= 0).flatten()
         source = last[stored]
         self._write_full(slots[stored], rows.index_select(0, source),

@@ -66,12 +66,13 @@ def _batches(tagged: bool, steps: int = 4):
 
 
 def _run(options: TableOptions, triton: bool, tagged: bool, mark_state: bool = False,
-         find_or_insert: bool = False) -> list:
+         call: str = "lookup") -> list:
     """Lookups of ``_batches``; ``mark_state`` sets the looked-up rows' optimizer state to
     7 after each but the last, as training would change it (a slot the last insert takes
-    must get its initial state back, which the export then shows). ``find_or_insert``:
-    each batch, its keys repeated, through ``HashTable.find_or_insert`` instead (founds
-    in place of slots)."""
+    must get its initial state back, which the export then shows). Other ``call``s take
+    each batch with its keys repeated: ``find_or_insert`` (founds in place of slots),
+    ``insert_or_assign`` and ``load_state`` (each repeat its own row; a find after each,
+    in place of slots and values); with ``mark_state`` every slot's state is then set."""
     out = []
     with _backend(triton):
         table = HashTable(options)
@@ -80,12 +81,10 @@ def _run(options: TableOptions, triton: bool, tagged: bool, mark_state: bool = F
         for step, (keys, tags, counts, scores) in enumerate(batches):
             table.advance_step()
             custom = scores if options.score_strategy.value == "CUSTOMIZED" else None
-            if find_or_insert:
-                many = torch.arange(keys.numel()).repeat_interleave(counts)
-                values, found = table.find_or_insert(
-                    keys[many], None if custom is None else custom[many] - many % 2,
-                    None if tags is None else tags[many])
-                out.append((found, values))
+            if call != "lookup":
+                out.append(_write_call(table, call, keys, tags, counts, custom, scores))
+                if mark_state and step < len(batches) - 1:  # every slot, stored or empty
+                    table.storage.values[:, options.dim:] = 7.0
                 continue
             res = table.lookup(keys, tags, train=True, counts=counts, scores=custom)
             out.append((res.slots, res.values))
@@ -96,6 +95,29 @@ def _run(options: TableOptions, triton: bool, tagged: bool, mark_state: bool = F
         counters = table.admission_state()
         out.append((table.stats(), state, sorted(zip(*(c.tolist() for c in counters)))))
     return out
+
+
+def _write_call(table: HashTable, call: str, keys, tags, counts, custom, scores):
+    """One write call of a batch (CPU tensors, moved to the table's device) with its keys
+    repeated; returns a find of the keys after it (find_or_insert: its own outcome)."""
+    many = torch.arange(keys.numel()).repeat_interleave(counts)
+    keys, tags = keys[many], None if tags is None else tags[many]
+    scores, custom = scores[many], None if custom is None else custom[many]
+    rows = torch.arange(keys.numel() * table.row_dim, dtype=torch.float32).view(
+        keys.numel(), table.row_dim) / 7 - keys[:, None] % 5
+    on = table.device
+    keys, tags, rows = keys.to(on), None if tags is None else tags.to(on), rows.to(on)
+    if call == "find_or_insert":
+        values, found = table.find_or_insert(
+            keys, None if custom is None else (custom - many % 2).to(on), tags)
+        return found, values
+    if call == "insert_or_assign":
+        table.insert_or_assign(keys, rows[:, :table.dim],
+                               None if custom is None else custom.to(on), tags)
+    else:
+        table.load_state(keys, tags, rows, (scores + many % 3).to(on))
+    values, found = table.find(keys, tags)
+    return found, values
 
 
 @pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
@@ -120,38 +142,50 @@ def test_fixed_lookup_matches_reference(strategy, admission, full, tagged):
         assert w_stats["growths"] > 0
 
 
-@pytest.mark.parametrize("full", [False, True], ids=["growing", "evicting"])
-@pytest.mark.parametrize("strategy", ["STEP", "LFU", "CUSTOMIZED", "NO_EVICTION"])
-def test_find_or_insert_on_the_fixed_path_matches_reference(strategy, full):
-    """``HashTable.find_or_insert`` (repeated keys, admission) takes the fixed-size path
-    on the Triton backend: the same founds, values, stats, entries and counters."""
-    options = _options(strategy, True, full)
-    want = _run(options, False, True, find_or_insert=True)
-    got = _run(options, True, True, find_or_insert=True)
+# (call, score strategy, full): each call grows once and evicts (or refuses) under the
+# others.
+WRITE_CASES = [("find_or_insert", "STEP", False), ("find_or_insert", "LFU", True),
+               ("find_or_insert", "CUSTOMIZED", True), ("find_or_insert", "NO_EVICTION", True),
+               ("insert_or_assign", "STEP", True), ("insert_or_assign", "LFU", False),
+               ("insert_or_assign", "CUSTOMIZED", True),
+               ("insert_or_assign", "NO_EVICTION", True), ("load_state", "LFU", True),
+               ("load_state", "CUSTOMIZED", False), ("load_state", "NO_EVICTION", True)]
+
+
+@pytest.mark.parametrize("call,strategy,full", WRITE_CASES)
+def test_write_calls_on_the_fixed_path_match_reference(call, strategy, full):
+    """``HashTable.find_or_insert`` (admission), ``insert_or_assign`` and ``load_state``
+    (an optimizer's state columns) of repeated keys take the fixed-size path on the
+    Triton backend: the same founds, values, stats, entries and counters."""
+    options = dataclasses.replace(_options(strategy, True, full), optimizer=SparseAdam(lr=0.1))
+    want = _run(options, False, True, True, call=call)
+    got = _run(options, True, True, True, call=call)
     for step, ((w_found, w_values), (g_found, g_values)) in enumerate(zip(want[:-1], got[:-1])):
         assert torch.equal(g_found, w_found), f"step {step}"
         torch.testing.assert_close(g_values, w_values, msg=f"step {step}")
     assert got[-1] == want[-1]
     stats = want[-1][0]
-    assert stats["admission_rejected"] > 0 and stats["hits"] > 0
-    assert stats["evictions" if full and strategy != "NO_EVICTION" else "inserts"] > 0
+    assert stats["hits"] > 0 and stats["inserts"] > 0
+    assert stats["admission_rejected"] > 0 if call == "find_or_insert" else True
+    if full:
+        assert stats["evictions" if strategy != "NO_EVICTION" else "refused"] > 0
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("full", [False, True], ids=["growing", "evicting"])
-def test_find_or_insert_on_cuda_matches_the_cpu_reference(full):
+@pytest.mark.parametrize("call", ["find_or_insert", "insert_or_assign", "load_state"])
+def test_write_calls_on_cuda_match_the_cpu_reference(call, full):
     """The same through a CUDA table (compiled kernels) against a CPU one."""
     runs = []
+    options = dataclasses.replace(_options("LFU", True, full), optimizer=SparseAdam(lr=0.1))
     for device in ("cpu", "cuda"):
-        table = HashTable(dataclasses.replace(_options("LFU", True, full), device=device))
+        table = HashTable(dataclasses.replace(options, device=device))
         assert table._fixed_path() is (device == "cuda")
         run = []
-        for keys, tags, counts, _ in _batches(True):
+        for keys, tags, counts, scores in _batches(True):
             table.advance_step()
-            many = torch.arange(keys.numel()).repeat_interleave(counts)
-            values, found = table.find_or_insert(keys[many].to(device),
-                                                 tags=tags[many].to(device))
+            found, values = _write_call(table, call, keys, tags, counts, None, scores)
             run.append((found.cpu(), values.cpu()))
         state = {(k, t): (r.tolist(), s) for keys, tags, rows, scores in table.export_state(512)
                  for k, t, r, s in zip(keys.tolist(), tags.tolist(), rows.cpu(),

@@ -258,6 +258,10 @@ class RowInit(NamedTuple):
     given: torch.Tensor | None = None
 
 
+# Zero embeddings: new rows whose embedding the caller writes next (insert_or_assign).
+CONSTANT_ROWS = RowInit(_CONSTANT)
+
+
 def draws_seed(args: InitializerArgs, n: int, dim: int) -> bool:
     """Whether ``init_spec`` of ``args`` for n keys draws a seed: UNIFORM and NORMAL
     without ``key_seed`` (Philox in the kernel; its offsets are 32-bit)."""
