@@ -1,7 +1,9 @@
 """The training lookup with fixed-size tensors: find, admit, insert, score, read.
 
 ``HashTable.lookup`` on the Triton backend (CUDA) with rows on the device
-(HBM_ONLY) takes this path. Every tensor keeps the batch size u and subsets are
+(HBM_ONLY) takes this path, and so do ``find_or_insert`` (the same work on its unique
+keys) and the index part of ``insert_or_assign`` / ``load_state`` (no admission; the
+new rows get the optimizer's initial state, their embeddings are the caller's). Every tensor keeps the batch size u and subsets are
 masks, so nothing is read back on the host except what decides growth:
 
 * at ``max_capacity`` the lookup reads nothing back, except the refused count:
