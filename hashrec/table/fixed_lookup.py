@@ -1,10 +1,11 @@
 """The training lookup with fixed-size tensors: find, admit, insert, score, read.
 
 ``HashTable.lookup`` on the Triton backend (CUDA) with rows on the device
-(HBM_ONLY) takes this path, and so do ``find_or_insert`` (the same work on its unique
-keys) and the index part of ``insert_or_assign`` / ``load_state`` (no admission; the
-new rows get the optimizer's initial state, their embeddings are the caller's). Every tensor keeps the batch size u and subsets are
-masks, so nothing is read back on the host except what decides growth:
+(HBM_ONLY) takes this path, and so do ``find_or_insert`` (the same work on its
+unique keys) and the index part of ``insert_or_assign`` / ``load_state`` (no
+admission; the new rows get the optimizer's initial state, their embeddings are the
+caller's). Every tensor keeps the batch size u and subsets are masks, so nothing is
+read back on the host except what decides growth:
 
 * at ``max_capacity`` the lookup reads nothing back, except the refused count:
   every lookup under ``check_mode`` ERROR, at most once a minute under WARNING
@@ -139,8 +140,8 @@ class FixedSizeLookup:
                                ) -> tuple[torch.Tensor, torch.Tensor]:
         """``find_or_insert`` of unique keys (u,): (values (u, dim) float32, found (u,)
         bool, stored before the call). On the fixed-size path, the training lookup's
-        device work (no host read below max_capacity's growth checks); elsewhere the
-        reference upsert and read."""
+        device work (reading back what it reads: growth's counts, the refused count);
+        elsewhere the reference upsert and read."""
         if not self._fixed_path():
             slots, found = self._upsert(keys, tags, counts, given, admit=True)
             return self._read(slots, keys, tags, self._train_missing_args()), found
