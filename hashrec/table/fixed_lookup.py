@@ -182,6 +182,26 @@ class FixedSizeLookup:
         self._report_refused_fixed(refused)
         return slots
 
+    def _write_assigned(self, slots: torch.Tensor, rows: torch.Tensor,
+                        source: torch.Tensor | None, scores: torch.Tensor | None) -> None:
+        """Writes rows (n, w) from column 0 of the stored ``slots`` (u,) (-1: refused):
+        slot i gets row ``source[i]`` (None: row i) and, with ``scores`` (n,), its score.
+        On the fixed-size path one kernel, nothing read back; elsewhere the row store's
+        write of the stored slots alone."""
+        if self._fixed_path():
+            from hashrec.table.ops.insert.rows import assign_rows  # Triton only
+
+            assign_rows(self.storage.values, slots, rows, source, scores,
+                        self.storage.scores if scores is not None else None)
+            return
+        stored = torch.nonzero(slots >= 0).flatten()
+        if source is None and stored.numel() == slots.numel():
+            self._write_full(slots, rows, scores)
+            return
+        source = stored if source is None else source[stored]
+        self._write_full(slots[stored], rows.index_select(0, source),
+                         scores[source] if scores is not None else None)
+
     def _train_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
                      counts: torch.Tensor, given: torch.Tensor | None,
                      active: torch.Tensor | None, seeds: torch.Tensor | None = None,

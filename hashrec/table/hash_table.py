@@ -461,22 +461,14 @@ class HashTable(FixedSizeLookup):
         if assume_unique:
             counts = torch.ones_like(keys)
             slots = self._assign_slots(keys, tags, counts, scores, init_rows=not exact)
-            stored = torch.nonzero(slots >= 0).flatten()
-            if stored.numel() == keys.numel():
-                self._write_full(slots, rows, scores if exact else None)
-            else:
-                self._write_full(slots[stored], rows.index_select(0, stored),
-                                 _take(scores, stored) if exact else None)
+            self._write_assigned(slots, rows, None, scores if exact else None)
             return
         unique, utags, inverse, counts = unique_pairs(keys, tags)
         last = torch.zeros_like(unique).scatter_reduce_(
             0, inverse, torch.arange(keys.numel(), device=self.device), "amax")
         slots = self._assign_slots(unique, utags, counts, _take(scores, last),
                                    init_rows=not exact)
-        stored = torch.nonzero(slots >= 0).flatten()
-        source = last[stored]
-        self._write_full(slots[stored], rows.index_select(0, source),
-                         _take(scores, source) if exact else None)
+        self._write_assigned(slots, rows, last, scores if exact else None)
 
     def _write_full(self, slots: torch.Tensor, rows: torch.Tensor,
                     scores: torch.Tensor | None) -> None:

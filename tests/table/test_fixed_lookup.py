@@ -301,6 +301,30 @@ def test_lookup_below_max_capacity_reads_one_pair_of_counts():
     assert counts["tolist"] == 1, dict(counts)
 
 
+def test_load_state_of_unique_keys_at_max_capacity_reads_nothing_back():
+    """A checkpoint shard's rows (unique keys, full rows, scores) into a full-size table
+    on the fixed-size path: no read of the device on the host."""
+    with _backend(True):
+        table = HashTable(dataclasses.replace(_options("LFU", False, True),
+                                              init_capacity=64, optimizer=SparseAdam(lr=0.1)))
+        assert table.capacity() >= 64
+        first = torch.arange(0, 300, 3)
+        table.load_state(first, None, torch.zeros(100, table.row_dim), torch.zeros_like(first),
+                         assume_unique=True)
+        keys = first + 1
+        rows = torch.randn(keys.numel(), table.row_dim)
+        scores = torch.arange(keys.numel()) + 1
+        with SyncCounter() as mode:
+            table.load_state(keys, None, rows, scores, assume_unique=True)
+        assert sum(mode.counts.values()) == 0, dict(mode.counts)
+        assert table.stats()["evictions"] > 0  # the table was full: new rows replaced old
+        got = {k: (r.tolist(), s) for ks, _, rs, ss in table.export_state(512)
+               for k, r, s in zip(ks.tolist(), rs, ss.tolist())}
+        for k, row, score in zip(keys.tolist(), rows, scores.tolist()):
+            if k in got:
+                assert got[k] == (row.tolist(), score)
+
+
 def test_eval_lookup_reads_nothing_back():
     counts = _syncs(_options("STEP", True, True), train=False)
     assert sum(counts.values()) == 0, dict(counts)

@@ -82,3 +82,28 @@ def test_upsert_assign_checks_the_rows_shape():
     with pytest.raises(ValueError, match="rows must be"):
         upsert_rows.upsert_assign(base, batch, None, scores, torch.zeros(batch.numel(), 3),
                                   True)
+
+
+@pytest.mark.parametrize("with_source", [False, True], ids=["rows", "source"])
+def test_assign_rows_writes_leading_columns_and_scores_of_stored_slots(with_source):
+    gen = torch.Generator().manual_seed(77)
+    values = torch.randn(40, 6, generator=gen).to(DEVICE)
+    scores = torch.zeros(40, dtype=torch.int64, device=DEVICE)
+    slots = torch.tensor([7, -1, 3, 12, -1, 30], device=DEVICE)
+    rows = torch.randn(9, 4, generator=gen).to(DEVICE)
+    row_scores = torch.arange(100, 109, device=DEVICE)
+    source = torch.tensor([8, 0, 2, 5, 1, 0], device=DEVICE) if with_source else None
+    if not with_source:
+        rows, row_scores = rows[:6], row_scores[:6]
+    before = values.clone()
+    rows_tt.assign_rows(values, slots, rows, source, row_scores, scores)
+    at = source if with_source else torch.arange(6, device=DEVICE)
+    kept = slots >= 0
+    want, want_scores = before.clone(), torch.zeros_like(scores)
+    want[slots[kept], :4] = rows[at[kept]]
+    want_scores[slots[kept]] = row_scores[at[kept]]
+    assert torch.equal(values, want) and torch.equal(scores, want_scores)
+    with pytest.raises(ValueError, match="do not fit"):
+        rows_tt.assign_rows(values, slots, torch.zeros(6, 7, device=DEVICE))
+    with pytest.raises(ValueError, match="come together"):
+        rows_tt.assign_rows(values, slots, rows, source, row_scores)

@@ -68,6 +68,54 @@ def write_rows(values: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | N
         num_warps=ROWS_LAUNCH["num_warps"])
 
 
+@fast_launch
+@triton.jit
+def _assign_rows_kernel(values, t_scores, slots_ptr, src_ptr, source_ptr, scores_ptr, n,
+                        HAS_SOURCE: tl.constexpr, HAS_SCORES: tl.constexpr,
+                        ROW_DIM: tl.constexpr, W: tl.constexpr, W_P2: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    slot = tl.load(slots_ptr + i, mask=i < n, other=-1)
+    keep = slot >= 0
+    at = i
+    if HAS_SOURCE:
+        at = tl.load(source_ptr + i, mask=keep, other=0)
+    col = tl.arange(0, W_P2)
+    m2 = keep[:, None] & (col[None, :] < W)
+    x = tl.load(src_ptr + at[:, None] * W + col[None, :], mask=m2, other=0.0)
+    tl.store(values + slot[:, None] * ROW_DIM + col[None, :], x, mask=m2)
+    if HAS_SCORES:
+        tl.store(t_scores + slot, tl.load(scores_ptr + at, mask=keep, other=0), mask=keep)
+
+
+def assign_rows(values: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor,
+                source: torch.Tensor | None = None, scores: torch.Tensor | None = None,
+                table_scores: torch.Tensor | None = None) -> None:
+    """values[slots[i], :w] = rows[source[i]] where slots[i] >= 0, in one launch, no
+    host read (insert_or_assign's rows, ``load_state``'s full rows).
+
+    values (R, row_dim), slots (u,) int64 (unique where >= 0), rows (m, w) with w <=
+    row_dim, source (u,) int64 row of each slot (None: row i); with ``scores`` (m,)
+    int64, also table_scores[slots[i]] = scores[source[i]].
+    """
+    u, (m, w), row_dim = slots.numel(), rows.shape, values.shape[1]
+    if w > row_dim or not values.is_contiguous() or (source is None and m != u):
+        raise ValueError(f"rows ({m}, {w}) do not fit {u} slots of rows of {row_dim}")
+    if (scores is None) != (table_scores is None):
+        raise ValueError("scores and table_scores come together")
+    if u == 0:
+        return
+    w_p2 = next_pow2(w)
+    block = max(1, min(ROWS_LAUNCH["elements"] // 32, ROWS_LAUNCH["elements"] // w_p2))
+    _assign_rows_kernel[(cdiv(u, block),)](
+        values, table_scores if table_scores is not None else slots, slots.contiguous(),
+        rows.to(values.dtype).contiguous(),
+        source.contiguous() if source is not None else slots,
+        scores.contiguous() if scores is not None else slots, u,
+        HAS_SOURCE=source is not None, HAS_SCORES=scores is not None, ROW_DIM=row_dim, W=w,
+        W_P2=w_p2, BLOCK=block, num_warps=ROWS_LAUNCH["num_warps"])
+
+
 @triton.jit
 def _hashed_uniform(key, tag, col, seed_mix):
     """Uniforms in (0, 1) of (key, tag) at 0-based columns ``col``: (BLOCK, COLS) float32."""
