@@ -1,7 +1,9 @@
 """Row kernels of the CUDA write paths: store given rows, or read rows and initialize
 the new ones, each in one launch.
 
-``write_rows`` stores caller rows at slots (insert_or_assign). ``read_or_init_rows``
+``write_rows`` stores caller rows at slots (insert_or_assign); ``assign_rows`` stores
+a row's leading columns, picked through an index, and its score
+(``HashTable.insert_or_assign`` / ``load_state``). ``read_or_init_rows``
 serves find_or_insert: every key reads its stored embedding, except keys whose
 slot this call created (and refused keys), which read an initial embedding drawn
 in-kernel from a counter-based hash of (seed, key, tag, column) (``init_uniforms``
