@@ -78,10 +78,6 @@ def _args() -> argparse.Namespace:
                    help="the probe by word finds and confirms its 2 or 3 lowest digest "
                         "matches together (HASHREC_WORD_PROBE_LOWEST); default: the "
                         "library's")
-    p.add_argument("--pdl", type=int, choices=(0, 1), default=None,
-                   help="launch the upsert's and the rows' kernels with programmatic dependent "
-                        "launch (1) or in plain stream order (0) (default: the HASHREC_PDL "
-                        "setting, else 1)")
     p.add_argument("--tagged", action="store_true",
                    help="probes also compare the tag array (a fused table's storage); by "
                         "default the table is an unfused one (every tag 0, not read)")
@@ -107,7 +103,6 @@ from hashrec.table.ops.insert import rows as rows_tt  # noqa: E402
 from hashrec.table.ops.insert import upsert as upsert_tt  # noqa: E402
 from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
 from hashrec.table.ops.insert.upsert_rows import upsert_assign, upsert_embeddings  # noqa: E402
-from hashrec.table.ops.launch import PDL  # noqa: E402
 from hashrec.table.storage import TableStorage  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -229,8 +224,6 @@ def main() -> None:
         launch = launch_config(ARGS.probe_launch)
         upsert_tt.UPSERT_BLOCK.update(probe_keys=launch["block"], probe_warps=launch["num_warps"],
                                       probe_maxnreg=launch["maxnreg"])
-    if ARGS.pdl is not None:
-        PDL["on"] = ARGS.pdl
     if ARGS.word_probe is not None:
         find_tt.WORD_PROBE = bool(ARGS.word_probe)
     if ARGS.word_probe_lowest is not None:
@@ -240,7 +233,7 @@ def main() -> None:
                "upsert_config": dict(upsert_tt.UPSERT_CONFIG),
                "upsert_block": dict(upsert_tt.UPSERT_BLOCK),
                "upsert_group": dict(upsert_tt.UPSERT_GROUP),
-               "rows_launch": dict(rows_tt.ROWS_LAUNCH), "pdl": PDL["on"],
+               "rows_launch": dict(rows_tt.ROWS_LAUNCH),
                "tagged": ARGS.tagged, "word_probe": find_tt.WORD_PROBE,
                "word_probe_lowest": find_tt.WORD_PROBE_LOWEST,
                "mask_probe": bool(find_tt.MASK_PROBE), "rows": []}
@@ -291,8 +284,7 @@ def _write(results: dict) -> None:
                       f"{results['tagged']} (False: an unfused table, every tag 0); probes "
                       f"from bit masks: {results['mask_probe']} (HASHREC_MASK_PROBE); row "
                       f"kernels: {results['rows_launch']} (HASHREC_ROWS_ELEMENTS, "
-                      f"HASHREC_ROWS_WARPS); programmatic dependent launch: "
-                      f"{bool(results['pdl'])} (HASHREC_PDL).\n\n"
+                      f"HASHREC_ROWS_WARPS).\n\n"
                       f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
                       f"{env['triton']}; {results['slots']} slots (bucket 128), "
                       f"{results['batch']} keys per call, every batch 60% present. "

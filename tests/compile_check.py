@@ -69,24 +69,18 @@ def pytest_runtest_setup(item):  # noqa: ARG001 - the pytest hook's signature
     def logged(self, grid, args, kwargs):
         # Interpreted launches of the project's kernels (compiled ones need no check).
         if not self._enabled and self.kernel.fn.__module__.startswith("hashrec."):
-            variants = [kwargs]
-            # A chain kernel also runs with programmatic dependent launch on the GPU
-            # (``launch.pdl``), which the interpreter never does: compile that too.
-            if "PDL" in self.kernel.arg_names and "PDL" not in kwargs:
-                variants.append({**kwargs, "PDL": True})
-            for options in variants:
-                try:
-                    module, name = _kernel_name(self)
-                    entry = json.dumps({"module": module, "kernel": name,
-                                        "args": [_describe(a) for a in args],
-                                        "kwargs": {k: _describe(v) for k, v in options.items()}},
-                                       sort_keys=True)
-                except (TypeError, LookupError) as err:
-                    entry = json.dumps({"error": str(err)})
-                if entry not in seen:
-                    seen.add(entry)
-                    with open(path, "a") as f:
-                        f.write(entry + "\n")
+            try:
+                module, name = _kernel_name(self)
+                entry = json.dumps({"module": module, "kernel": name,
+                                    "args": [_describe(a) for a in args],
+                                    "kwargs": {k: _describe(v) for k, v in kwargs.items()}},
+                                   sort_keys=True)
+            except (TypeError, LookupError) as err:
+                entry = json.dumps({"error": str(err)})
+            if entry not in seen:
+                seen.add(entry)
+                with open(path, "a") as f:
+                    f.write(entry + "\n")
         return launch(self, grid, args, kwargs)
 
     FastKernel.launch = logged

@@ -23,16 +23,12 @@ the launcher.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 
 import torch
-import triton
-import triton.language as tl
 from torch import Tensor
 from triton import knobs
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _INT32 = 1 << 31
 _INT64 = 1 << 63
@@ -61,44 +57,6 @@ def env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
-
-
-def _pdl_from_env() -> int:
-    pdl = env_int("HASHREC_PDL", 1)
-    if pdl not in (0, 1):
-        raise ValueError(f"HASHREC_PDL must be 0 (off) or 1 (on), got {pdl}")
-    return pdl
-
-
-# 1: the kernels of a chain (the upsert's, its rows') are launched with programmatic
-# dependent launch on devices that have it (compute capability 9.0 and later): a kernel
-# may be scheduled while the one before it drains, and waits for it (``await_previous``)
-# before touching memory. 0 (HASHREC_PDL=0): plain launches in stream order.
-PDL = {"on": _pdl_from_env()}
-
-
-@functools.cache
-def _pdl_device(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def pdl(device: torch.device) -> dict:
-    """Launch options for a kernel that calls ``await_previous(PDL)`` first: ``PDL`` and
-    ``launch_pdl`` where the device has programmatic dependent launch (and ``PDL["on"]``),
-    none elsewhere (the kernel's ``PDL`` defaults to False: the interpreter, older GPUs)."""
-    if PDL["on"] and _pdl_device(device):
-        return {"PDL": True, "launch_pdl": True}
-    return {}
-
-
-@triton.jit
-def await_previous(PDL: tl.constexpr):
-    """A chain kernel's first step: with PDL, wait until the kernel before it in the stream
-    has finished and its writes are visible, then let the next one be scheduled (it waits
-    in turn). Nothing without PDL."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
 
 
 def _current_device() -> int:

@@ -30,9 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-from hashrec.table.ops.launch import await_previous, cdiv, fast_launch, pdl
+from hashrec.table.ops.launch import cdiv, fast_launch
 
-__all__ = ["count_buffer", "group_by_bucket"]
+__all__ = ["group_by_bucket"]
 
 _BLOCK = 1024
 
@@ -50,10 +50,9 @@ def _block_keys(sort_ptr, n, low, SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
 @fast_launch
 @triton.jit(do_not_specialize=["low"])
 def _count_kernel(sort_ptr, counts_ptr, tickets_ptr, n, num_buckets, low,
-                  SENTINEL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                  SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
     """Tickets of the misses in their buckets' counts; every block's sentinel count
     after the buckets' (``counts_ptr + num_buckets + program``)."""
-    await_previous(PDL)
     i, mask, s, miss, bucket = _block_keys(sort_ptr, n, low, SENTINEL, BLOCK)
     if tl.max(miss.to(tl.int32), axis=0) > 0:
         ticket = tl.atomic_add(counts_ptr + bucket, tl.full([BLOCK], 1, tl.int32), mask=miss)
@@ -66,10 +65,9 @@ def _count_kernel(sort_ptr, counts_ptr, tickets_ptr, n, num_buckets, low,
 @triton.jit(do_not_specialize=["low"])
 def _place_kernel(sort_ptr, counts_ptr, ends_ptr, tickets_ptr, tmp_sort, tmp_pos, out_sort,
                   out_perm, n, num_buckets, low, SENTINEL: tl.constexpr,
-                  MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                  MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr):
     """Misses to their provisional places; sentinels to their final ones (not with
     MISSES_ONLY)."""
-    await_previous(PDL)
     i, mask, s, miss, bucket = _block_keys(sort_ptr, n, low, SENTINEL, BLOCK)
     pid = tl.program_id(0)
     if tl.max(miss.to(tl.int32), axis=0) > 0:
@@ -89,9 +87,8 @@ def _place_kernel(sort_ptr, counts_ptr, ends_ptr, tickets_ptr, tmp_sort, tmp_pos
 @fast_launch
 @triton.jit(do_not_specialize=["low"])
 def _rank_kernel(tmp_sort, tmp_pos, counts_ptr, ends_ptr, out_sort, out_perm, num_buckets,
-                 low, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                 low, BLOCK: tl.constexpr):
     """Every miss at its rank by (sort key, position) within its bucket's segment."""
-    await_previous(PDL)
     p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     misses = tl.load(ends_ptr + num_buckets - 1)
     if tl.program_id(0).to(tl.int64) * BLOCK < misses:
@@ -115,38 +112,29 @@ def _rank_kernel(tmp_sort, tmp_pos, counts_ptr, ends_ptr, out_sort, out_perm, nu
         tl.store(out_perm + start + rank, pos, mask=live)
 
 
-def count_buffer(n: int, num_buckets: int, device: torch.device) -> torch.Tensor:
-    """The zeroed counts ``group_by_bucket`` of n keys works in: a caller that zeroes them
-    ahead (before the kernel that makes the sort keys) keeps that kernel and the count
-    kernel back to back."""
-    return torch.zeros(num_buckets + cdiv(n, _BLOCK), dtype=torch.int32, device=device)
-
-
 def group_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentinel: int,
-                    misses_only: bool = False, counts: torch.Tensor | None = None
+                    misses_only: bool = False
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``torch.sort(sort_keys, stable=True)`` of upsert sort keys (n,) int32 / int64:
     (sorted keys, positions int64), and the misses' count (1,) int32 on the device.
     Every key is ``sentinel`` or a miss whose bucket (< ``num_buckets``) is its value
     shifted right by ``low`` bits. ``misses_only``: only the first (misses' count)
-    positions of the sorted arrays are written (the sentinels after them are not).
-    ``counts``: ``count_buffer(n, num_buckets)``'s zeroed array, when the caller made it."""
+    positions of the sorted arrays are written (the sentinels after them are not)."""
     n, device = sort_keys.numel(), sort_keys.device
     if n == 0:
         return (sort_keys.clone(), torch.empty(0, dtype=torch.int64, device=device),
                 torch.zeros(1, dtype=torch.int32, device=device))
     programs = cdiv(n, _BLOCK)
-    if counts is None:
-        counts = count_buffer(n, num_buckets, device)
+    counts = torch.zeros(num_buckets + programs, dtype=torch.int32, device=device)
     tickets = torch.empty(n, dtype=torch.int32, device=device)
     _count_kernel[(programs,)](sort_keys, counts, tickets, n, num_buckets, low,
-                               SENTINEL=sentinel, BLOCK=_BLOCK, **pdl(device))
+                               SENTINEL=sentinel, BLOCK=_BLOCK)
     ends = torch.cumsum(counts, 0, dtype=torch.int32)
     out_sort, tmp_sort = torch.empty(2, n, dtype=sort_keys.dtype, device=device).unbind(0)
     out_perm, tmp_pos = torch.empty(2, n, dtype=torch.int64, device=device).unbind(0)
     _place_kernel[(programs,)](sort_keys, counts, ends, tickets, tmp_sort, tmp_pos, out_sort,
                                out_perm, n, num_buckets, low, SENTINEL=sentinel,
-                               MISSES_ONLY=misses_only, BLOCK=_BLOCK, **pdl(device))
+                               MISSES_ONLY=misses_only, BLOCK=_BLOCK)
     _rank_kernel[(programs,)](tmp_sort, tmp_pos, counts, ends, out_sort, out_perm,
-                              num_buckets, low, BLOCK=_BLOCK, **pdl(device))
+                              num_buckets, low, BLOCK=_BLOCK)
     return out_sort, out_perm, ends[num_buckets - 1:num_buckets]

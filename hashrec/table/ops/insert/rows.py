@@ -23,7 +23,7 @@ from hashrec.table._triton_hash import load_tags, mix64, tagged_hash
 from hashrec.table.hashing import mix64 as torch_mix64
 from hashrec.table.hashing import mix_tagged
 from hashrec.table.initializers import _SEED_STRIDE
-from hashrec.table.ops.launch import await_previous, cdiv, env_int, fast_launch, next_pow2, pdl
+from hashrec.table.ops.launch import cdiv, env_int, fast_launch, next_pow2
 
 # The row kernels' launch: elements (rows x padded columns) a program and its warps.
 # Benchmarks sweep them (HASHREC_ROWS_ELEMENTS, HASHREC_ROWS_WARPS).
@@ -34,8 +34,7 @@ ROWS_LAUNCH = {"elements": env_int("HASHREC_ROWS_ELEMENTS", 4096),
 @fast_launch
 @triton.jit
 def _write_rows_kernel(values, slots_ptr, mask_ptr, src_ptr, n, HAS_MASK: tl.constexpr,
-                       ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    await_previous(PDL)
+                       ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     rmask = rows < n
     slot = tl.load(slots_ptr + rows, mask=rmask, other=-1)
@@ -68,7 +67,7 @@ def write_rows(values: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | N
     _write_rows_kernel[(cdiv(n, block),)](
         values, slots.contiguous(), mask_arg, rows.to(values.dtype).contiguous(), n,
         HAS_MASK=mask is not None, ROW_DIM=row_dim, ROW_P2=row_p2, BLOCK=block,
-        num_warps=ROWS_LAUNCH["num_warps"], **pdl(values.device))
+        num_warps=ROWS_LAUNCH["num_warps"])
 
 
 @fast_launch
@@ -76,8 +75,7 @@ def write_rows(values: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | N
 def _assign_rows_kernel(values, t_scores, slots_ptr, src_ptr, source_ptr, scores_ptr, n,
                         HAS_SOURCE: tl.constexpr, HAS_SCORES: tl.constexpr,
                         ROW_DIM: tl.constexpr, W: tl.constexpr, W_P2: tl.constexpr,
-                        BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    await_previous(PDL)
+                        BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     slot = tl.load(slots_ptr + i, mask=i < n, other=-1)
     keep = slot >= 0
@@ -117,7 +115,7 @@ def assign_rows(values: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor,
         source.contiguous() if source is not None else slots,
         scores.contiguous() if scores is not None else slots, u,
         HAS_SOURCE=source is not None, HAS_SCORES=scores is not None, ROW_DIM=row_dim, W=w,
-        W_P2=w_p2, BLOCK=block, num_warps=ROWS_LAUNCH["num_warps"], **pdl(values.device))
+        W_P2=w_p2, BLOCK=block, num_warps=ROWS_LAUNCH["num_warps"])
 
 
 @triton.jit
@@ -162,8 +160,7 @@ def _seed_mix(seed: int) -> int:
 def _read_or_init_kernel(keys_ptr, tags_ptr, slots_ptr, created_ptr, inserted_ptr, values, out,
                          n, seed_mix, lower, upper, state, HAS_TAGS: tl.constexpr,
                          DIM: tl.constexpr, ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr,
-                         BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    await_previous(PDL)
+                         BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     slot = tl.load(slots_ptr + i, mask=mask, other=-1)
@@ -210,6 +207,6 @@ def read_or_init_rows(values: torch.Tensor, keys: torch.Tensor, tags: torch.Tens
         keys, tags if tags is not None else keys, slots, created.view(torch.uint8),
         inserted.view(torch.uint8), values, out, n, _seed_mix(seed), float(lower), float(upper),
         float(state), HAS_TAGS=tags is not None, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,
-        BLOCK=block, num_warps=ROWS_LAUNCH["num_warps"], **pdl(values.device))
+        BLOCK=block, num_warps=ROWS_LAUNCH["num_warps"])
     return out
 

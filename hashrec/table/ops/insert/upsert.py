@@ -67,7 +67,7 @@ from hashrec.table.ops.find.triton import (
     probe_bucket,
     probe_round,
 )
-from hashrec.table.ops.insert.group import count_buffer, group_by_bucket
+from hashrec.table.ops.insert.group import group_by_bucket
 from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.runs import insert_run
 from hashrec.table.ops.insert.upsert_block import (
@@ -76,15 +76,7 @@ from hashrec.table.ops.insert.upsert_block import (
     upsert_block_kernel,
 )
 from hashrec.table.ops.insert.upsert_lanes import LANE_PLACED, upsert_lanes_kernel
-from hashrec.table.ops.launch import (
-    await_previous,
-    cdiv,
-    env_int,
-    fast_launch,
-    maxnreg,
-    next_pow2,
-    pdl,
-)
+from hashrec.table.ops.launch import cdiv, env_int, fast_launch, maxnreg, next_pow2
 from hashrec.table.storage import TableStorage
 
 __all__ = ["UpsertResult", "upsert_slots", "write_rows"]
@@ -163,8 +155,7 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
                        MISSES_ONLY: tl.constexpr, CAP: tl.constexpr,
                        LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
                        ROUND: tl.constexpr, WIDE: tl.constexpr, BY_WORD: tl.constexpr,
-                       MASKS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    await_previous(PDL)
+                       MASKS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     live = mask
@@ -205,7 +196,7 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
 def _gather_kernel(sorted_ptr, perm_ptr, keys_ptr, tags_ptr, scores_ptr, s_keys, s_tags,
                    s_scores, s_digests, s_bucket, first_ptr, ev_any, refused_ptr, misses_ptr,
                    n, num_buckets, HAS_TAGS: tl.constexpr, POW2: tl.constexpr,
-                   SENTINEL: tl.constexpr, MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                   SENTINEL: tl.constexpr, MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr):
     """Sorted misses' fields, bucket -1 at the hits (after the misses), and the index of
     each sorted miss's first occurrence among equal (key, tag): a backward scan over the
     run of equal sort keys before it, reading the batch through the permutation (such
@@ -214,7 +205,6 @@ def _gather_kernel(sorted_ptr, perm_ptr, keys_ptr, tags_ptr, scores_ptr, s_keys,
     refused count, which the finalize kernel adds to. MISSES_ONLY: only the positions
     below the misses' count (``misses_ptr``), the only ones written by the counting sort
     and read after it."""
-    await_previous(PDL)
     if tl.program_id(0) == 0:
         tl.store(ev_any, 0)
         tl.store(refused_ptr, 0)
@@ -290,7 +280,7 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
                      t_tags, t_digests, s_digests, state, slots_ptr, inserted_ptr, created_ptr,
                      evicted_ptr, ev_any, refused_ptr, misses_ptr, probe_ptr, n,
                      HAS_TAGS: tl.constexpr, ALLOW_EVICT: tl.constexpr, LANES: tl.constexpr,
-                     SENTINEL: tl.constexpr, MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                     SENTINEL: tl.constexpr, MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr):
     """Final slot and flags of every key, in batch order; clears unused evicted flags.
     With LANES, also writes the digests of the entries ``upsert_lanes_kernel`` placed
     (into slots that were empty, which no present key's check reads).
@@ -305,7 +295,6 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
     slower at dims 64 and 128 (0.773 against 0.683 ms insert_or_assign at dim 128,
     load factor 0.5: benchmarks/results/table_gpu_rows_fused.md against
     table_gpu_rows_after.md, one run), so the rows stay a kernel of their own."""
-    await_previous(PDL)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     if MISSES_ONLY:
@@ -372,7 +361,7 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
         BY_WORD=by_word(width <= 32), MASKS=masks, BLOCK=block, num_warps=warps,
-        **maxnreg(UPSERT_BLOCK["probe_maxnreg"]), **pdl(keys.device))
+        **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
     if wide:
         return sort_key, _WIDE_SENTINEL, 63 - shift
     return sort_key, _NARROW_SENTINEL, 30 - shift
@@ -422,7 +411,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
             ALLOW_EVICT=evict, CAP=cap, LINE=width, W=lane_width,
             WIN=next_pow2(2 * lane_width + 1), MISSES_ONLY=misses is not None,
             MASKS=mask_probe(cap, words), BLOCK=b,
-            num_warps=block["lane_warps"], **pdl(storage.device))
+            num_warps=block["lane_warps"])
     upsert_block_kernel[(programs,)](
         *args, state if state is not None else s_digests,
         blocks if blocks is not None else s_digests,
@@ -430,7 +419,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
         CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
         LANES=state is not None, PERSISTENT=persistent, MISSES_ONLY=misses is not None,
         num_warps=block["num_warps"],
-        **maxnreg(block["maxnreg"]), **pdl(storage.device))
+        **maxnreg(block["maxnreg"]))
     return state
 
 
@@ -486,13 +475,12 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     # after the probe (whose kernel clears the flags): the sorted positions past the
     # misses' count, which the device knows, are neither written nor read.
     misses_only = bool(UPSERT_GROUP["count"]) and bool(UPSERT_BLOCK["block"])
-    counts = count_buffer(n, nb, device) if UPSERT_GROUP["count"] else None
     probed, sentinel, low = _sort_keys(storage, keys, tags, active, given_slots, slots,
                                        flags if misses_only else None)
     misses = None
     if UPSERT_GROUP["count"]:
         sort_key, perm, misses = group_by_bucket(probed, nb, low, sentinel,
-                                                 misses_only=misses_only, counts=counts)
+                                                 misses_only=misses_only)
         misses = misses if misses_only else None
     else:
         sort_key, perm = torch.sort(probed, stable=True)
@@ -504,7 +492,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
                          s_digests, s_bucket, first, ev_any, refused,
                          misses if misses_only else refused, n, nb,
                          HAS_TAGS=tags is not None, POW2=is_pow2(nb), SENTINEL=sentinel,
-                         MISSES_ONLY=misses_only, BLOCK=512, **pdl(device))
+                         MISSES_ONLY=misses_only, BLOCK=512)
     evicted = flags[2 * n:].view(torch.int8)
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
                                      perm, n, storage.keys, t_tags, storage.digests,
@@ -516,5 +504,5 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
         flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, ev_any, refused,
         misses if misses_only else refused, probed, n,
         HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), LANES=state is not None,
-        SENTINEL=sentinel, MISSES_ONLY=misses_only, BLOCK=512, **pdl(device))
+        SENTINEL=sentinel, MISSES_ONLY=misses_only, BLOCK=512)
     return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n], refused)

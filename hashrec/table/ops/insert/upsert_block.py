@@ -28,7 +28,7 @@ import triton.language as tl
 from hashrec.table.ops.insert.runs import comes_before, insert_run
 from hashrec.table.ops.insert.triton import write_entries
 from hashrec.table.ops.insert.upsert_lanes import LANE_DEFERRED
-from hashrec.table.ops.launch import await_previous, env_int, fast_launch, next_pow2
+from hashrec.table.ops.launch import env_int, fast_launch, next_pow2
 
 __all__ = ["UPSERT_BLOCK", "block_positions", "upsert_block_kernel"]
 
@@ -250,7 +250,7 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
                         ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
                         BI: tl.constexpr, B: tl.constexpr, W: tl.constexpr,
                         LANES: tl.constexpr, PERSISTENT: tl.constexpr,
-                        MISSES_ONLY: tl.constexpr, PDL: tl.constexpr = False):
+                        MISSES_ONLY: tl.constexpr):
     """Program p serves sorted positions [p * B, (p + 1) * B). With LANES, only where
     ``upsert_lanes_kernel`` flagged the block in ``blocks`` (it left runs to this form).
     Serving several flagged blocks a program, one after the other, so that fewer
@@ -269,7 +269,6 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
     whose misses are few (a warm table's training lookup) starts a few hundred programs
     where one a block would start n / B. MISSES_ONLY (implied by PERSISTENT): only the
     sorted positions below the misses' count hold misses; the rest are not read."""
-    await_previous(PDL)
     if PERSISTENT:  # the sorted positions past the misses' count hold nothing to read
         p = tl.program_id(0)
         count = tl.load(misses)

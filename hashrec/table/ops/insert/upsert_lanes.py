@@ -32,7 +32,7 @@ import triton.language as tl
 
 from hashrec.table.ops.find.triton import line_masks, match_bytes, pop_lowest, popcount64
 from hashrec.table.ops.insert.runs import comes_before
-from hashrec.table.ops.launch import await_previous, fast_launch
+from hashrec.table.ops.launch import fast_launch
 
 __all__ = ["LANE_DEFERRED", "LANE_PLACED", "upsert_lanes_kernel"]
 
@@ -84,7 +84,7 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
                         t_keys, t_tags, t_scores, out_slots, out_evicted, state, blocks,
                         misses, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
                         LINE: tl.constexpr, W: tl.constexpr, WIN: tl.constexpr,
-                        MISSES_ONLY: tl.constexpr, MASKS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                        MISSES_ONLY: tl.constexpr, MASKS: tl.constexpr, BLOCK: tl.constexpr):
     """Lane i serves sorted position i (``t_words``: the digest array as int32 words).
     ``blocks`` (programs,) int8: 1 where the program's positions open a run left to the
     block form, whose programs serve the same BLOCK positions. MISSES_ONLY: only the
@@ -92,7 +92,6 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
     the others are neither read nor given a state. MASKS (buckets up to 128 slots): the
     empty slots as slot-ordered bit masks (``line_masks``), each lane's own, instead of
     a (lanes, line) tile of words."""
-    await_previous(PDL)
     if MISSES_ONLY:
         m = tl.load(misses)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
