@@ -42,18 +42,8 @@ def _batch(row_dim: int = 4):
     return base, batch, scores
 
 
-# The upsert's forms that store rows differently: the default (misses alone after the
-# probe), torch's full sort (hits sorted after the misses), one program per position.
-FORMS = {"default": ({}, {}), "full-sort": ({"count": 0}, {}), "per-position": ({}, {"block": 0})}
-
-
-@pytest.mark.parametrize("form", list(FORMS))
-@pytest.mark.parametrize("row_dim", [4, 40], ids=["dim4", "dim40-two-chunks"])
-def test_upsert_assign_stores_every_placed_row(monkeypatch, form, row_dim):
-    group, block = FORMS[form]
-    monkeypatch.setattr(upsert_tt, "UPSERT_GROUP", {**upsert_tt.UPSERT_GROUP, **group})
-    monkeypatch.setattr(upsert_tt, "UPSERT_BLOCK", {**upsert_tt.UPSERT_BLOCK, **block})
-    base, batch, scores = _batch(row_dim)
+def test_upsert_assign_stores_every_placed_row():
+    base, batch, scores = _batch()
     rows = _rows_of(batch, base.row_dim)
     want_storage, got_storage = clone(base), clone(base)
     want = upsert_tt.upsert_slots(want_storage, batch, None, scores, True)
@@ -117,29 +107,3 @@ def test_assign_rows_writes_leading_columns_and_scores_of_stored_slots(with_sour
         rows_tt.assign_rows(values, slots, torch.zeros(6, 7, device=DEVICE))
     with pytest.raises(ValueError, match="come together"):
         rows_tt.assign_rows(values, slots, rows, source, row_scores)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("row_dim", [8, 128])
-def test_large_upsert_assign_on_gpu_stores_what_slots_then_rows_store(row_dim):
-    """1M keys (60% present, repeats, misses evicting present keys of the batch) into a
-    table filled to its last slots: the same index and rows as ``upsert_slots`` followed
-    by ``write_rows`` over the final slots."""
-    base, keys, _ = filled(8192, 128, 1_100_000, seed=81, row_dim=row_dim)
-    gen = torch.Generator().manual_seed(82)
-    present = keys[find_ref.find_slots(base, keys) >= 0]
-    present = present[torch.randint(0, present.numel(), (600_000,), generator=gen).to(DEVICE)]
-    new = random_keys(400_000, gen).to(DEVICE)
-    batch = torch.cat([present, new, new[:48_576]])
-    batch = batch[torch.randperm(batch.numel(), generator=gen).to(DEVICE)]
-    scores = torch.randint(0, 100, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    rows = _rows_of(batch, row_dim)
-    want_storage, got_storage = clone(base), clone(base)
-    want = upsert_tt.upsert_slots(want_storage, batch, None, scores, True)
-    rows_tt.write_rows(want_storage.values, want.slots, None, rows)
-    got = upsert_rows.upsert_assign(got_storage, batch, None, scores, rows, True)
-    assert bool(got.evicted.any())
-    assert torch.equal(got.slots, want.slots)
-    assert_same_index(got_storage, want_storage)
-    assert torch.equal(got_storage.values, want_storage.values)

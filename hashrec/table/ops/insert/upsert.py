@@ -107,8 +107,6 @@ def _group_from_env() -> int:
 # whose work follows the misses, where a full sort's follows the batch; the outcome is
 # the same. 0 (HASHREC_UPSERT_GROUP=0): torch's stable sort of all n sort keys.
 UPSERT_GROUP = {"count": _group_from_env()}
-# Columns of a row stored at a time by the probe and the misses' row kernel (``rows``).
-ROW_COLS = 32
 # Persistent block programs a multiprocessor for calls that expect few misses.
 PERSISTENT_PER_SM = 4
 
@@ -152,15 +150,12 @@ class UpsertResult(NamedTuple):
 @fast_launch
 @triton.jit(do_not_specialize=["shift"])
 def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags, t_digests,
-                       slots_ptr, sort_ptr, flags_ptr, rows_ptr, values, n, num_buckets, shift,
+                       slots_ptr, sort_ptr, flags_ptr, n, num_buckets, shift,
                        HAS_TAGS: tl.constexpr, HAS_ACTIVE: tl.constexpr, GIVEN: tl.constexpr,
                        MISSES_ONLY: tl.constexpr, CAP: tl.constexpr,
                        LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
                        ROUND: tl.constexpr, WIDE: tl.constexpr, BY_WORD: tl.constexpr,
-                       MASKS: tl.constexpr, ROW_DIM: tl.constexpr, COLS: tl.constexpr,
-                       BLOCK: tl.constexpr):
-    """Probes every key (see ``_sort_keys``); with ROW_DIM > 0, also stores the rows of
-    the keys found (``rows_ptr`` (n, ROW_DIM) into ``values``), COLS columns at a time."""
+                       MASKS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     live = mask
@@ -175,8 +170,6 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
         slot = probe_bucket(key, tag, live, t_keys, t_tags, t_digests, num_buckets, CAP,
                             LINE, WORDS, POW2, ROUND, BY_WORD, MASKS)
         slot = tl.where(live, slot, -1)
-    if ROW_DIM > 0:
-        _store_rows(rows_ptr, values, offs, slot, live & (slot >= 0), ROW_DIM, COLS)
     if GIVEN:  # inactive keys keep the slots the caller gives them
         slot = tl.where(live, slot, tl.load(given_ptr + offs, mask=mask & ~live, other=-1))
     tl.store(slots_ptr + offs, slot, mask=mask)
@@ -196,36 +189,6 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
         tl.store(flags_ptr + offs, zero, mask=mask)
         tl.store(flags_ptr + n + offs, zero, mask=mask)
         tl.store(flags_ptr + 2 * n + offs, zero, mask=mask)
-
-
-@triton.jit
-def _store_rows(rows_ptr, values, at, slot, keep, ROW_DIM: tl.constexpr, COLS: tl.constexpr):
-    """values[slot[j]] = rows[at[j]] where keep[j], COLS columns at a time."""
-    if tl.max(keep.to(tl.int32), axis=0) > 0:
-        col = tl.arange(0, COLS)
-        for c in tl.static_range(0, ROW_DIM, COLS):
-            m2 = keep[:, None] & (c + col[None, :] < ROW_DIM)
-            x = tl.load(rows_ptr + at[:, None] * ROW_DIM + c + col[None, :], mask=m2)
-            tl.store(values + slot[:, None] * ROW_DIM + c + col[None, :], x, mask=m2)
-
-
-@fast_launch
-@triton.jit
-def _miss_rows_kernel(sorted_ptr, perm_ptr, slots_ptr, misses_ptr, rows_ptr, values, n,
-                      SENTINEL: tl.constexpr, MISSES_ONLY: tl.constexpr, ROW_DIM: tl.constexpr,
-                      COLS: tl.constexpr, BLOCK: tl.constexpr):
-    """The rows of the sorted misses placed by the call (every occurrence: repeats of a
-    key share its slot), at their final slots; the present keys' rows were stored by the
-    probe. MISSES_ONLY: positions below the misses' count (``misses_ptr``) alone."""
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = i < n
-    if MISSES_ONLY:
-        mask = mask & (i < tl.load(misses_ptr))
-    if tl.max(mask.to(tl.int32), axis=0) > 0:
-        miss = mask & (tl.load(sorted_ptr + i, mask=mask, other=SENTINEL) != SENTINEL)
-        pos = tl.load(perm_ptr + i, mask=miss, other=0)
-        slot = tl.load(slots_ptr + pos, mask=miss, other=-1)
-        _store_rows(rows_ptr, values, pos, slot, miss & (slot >= 0), ROW_DIM, COLS)
 
 
 @fast_launch
@@ -374,12 +337,10 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
 
 def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
                active: torch.Tensor | None, given: torch.Tensor | None, slots: torch.Tensor,
-               flags: torch.Tensor | None = None, rows: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, int, int]:
+               flags: torch.Tensor | None = None) -> tuple[torch.Tensor, int, int]:
     """Probes every active key into ``slots`` (the others get ``given``'s slot, or -1) and
     returns the sort keys, their sentinel and how many low bits of a miss's sort key lie
-    below its bucket. ``flags`` (3 n,) bool, when given: cleared on the way. ``rows`` (n,
-    row_dim), when given: the rows of the keys found are stored on the way."""
+    below its bucket. ``flags`` (3 n,) bool, when given: cleared on the way."""
     n, nb = keys.numel(), storage.num_buckets
     shift = max(1, (nb - 1).bit_length())
     wide = shift > NARROW_MAX_SHIFT
@@ -394,16 +355,12 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         active.view(torch.uint8) if active is not None else keys,
         given if given is not None else keys, storage.keys,
         storage.probe_tags(tags), line, slots, sort_key,
-        flags.view(torch.int8) if flags is not None else sort_key,
-        rows if rows is not None else keys, storage.values, n, nb, shift,
+        flags.view(torch.int8) if flags is not None else sort_key, n, nb, shift,
         HAS_TAGS=tags is not None, HAS_ACTIVE=active is not None, GIVEN=given is not None,
         MISSES_ONLY=flags is not None, CAP=storage.bucket_capacity,
         LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
-        BY_WORD=by_word(width <= 32), MASKS=masks,
-        ROW_DIM=storage.row_dim if rows is not None else 0,
-        COLS=min(ROW_COLS, next_pow2(storage.row_dim)), BLOCK=block,
-        num_warps=warps,
+        BY_WORD=by_word(width <= 32), MASKS=masks, BLOCK=block, num_warps=warps,
         **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
     if wide:
         return sort_key, _WIDE_SENTINEL, 63 - shift
@@ -470,7 +427,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
                  scores: torch.Tensor, allow_evict: bool,
                  active: torch.Tensor | None = None,
                  given_slots: torch.Tensor | None = None,
-                 few_misses: bool = False, rows: torch.Tensor | None = None) -> UpsertResult:
+                 few_misses: bool = False) -> UpsertResult:
     """Finds keys (n,) int64 [+ tags] and inserts the missing ones with ``scores`` (n,).
 
     Repeated keys are inserted once, with the score of their first occurrence.
@@ -485,10 +442,6 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     ``few_misses``: the caller expects few of the keys to miss (a warm table's training
     lookup): with the counting sort, the misses are placed by a few persistent block
     programs, without the lane form, whose launches grow with n.
-    ``rows`` (n, row_dim) of the table's dtype, when given: stored at every key the call
-    leaves in the table (insert_or_assign's rows; of a key repeated in the batch, one
-    of its rows lands), the present keys' by the probe, the placed misses' after the
-    insert (a present key that a miss evicts has its row replaced by the miss's).
     """
     check_keys(keys, tags, storage.device)
     if scores.dtype != torch.int64 or scores.shape != keys.shape:
@@ -522,14 +475,8 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     # after the probe (whose kernel clears the flags): the sorted positions past the
     # misses' count, which the device knows, are neither written nor read.
     misses_only = bool(UPSERT_GROUP["count"]) and bool(UPSERT_BLOCK["block"])
-    if rows is not None and (rows.shape != (n, storage.row_dim)
-                             or rows.dtype != storage.values.dtype or active is not None):
-        raise ValueError(f"rows must be {storage.values.dtype} of shape ({n}, "
-                         f"{storage.row_dim}), without active; got {rows.dtype} "
-                         f"{tuple(rows.shape)}")
-    rows = rows.contiguous() if rows is not None else None
     probed, sentinel, low = _sort_keys(storage, keys, tags, active, given_slots, slots,
-                                       flags if misses_only else None, rows)
+                                       flags if misses_only else None)
     misses = None
     if UPSERT_GROUP["count"]:
         sort_key, perm, misses = group_by_bucket(probed, nb, low, sentinel,
@@ -558,11 +505,4 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
         misses if misses_only else refused, probed, n,
         HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), LANES=state is not None,
         SENTINEL=sentinel, MISSES_ONLY=misses_only, BLOCK=512)
-    if rows is not None:
-        cols = min(ROW_COLS, next_pow2(storage.row_dim))
-        block = max(1, min(128, 4096 // cols))
-        _miss_rows_kernel[(cdiv(n, block),)](
-            sort_key, perm, slots, misses if misses_only else slots, rows, storage.values, n,
-            SENTINEL=sentinel, MISSES_ONLY=misses_only, ROW_DIM=storage.row_dim, COLS=cols,
-            BLOCK=block, num_warps=4)
     return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n], refused)

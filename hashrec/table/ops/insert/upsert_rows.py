@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from hashrec.table.ops.insert.rows import read_or_init_rows
+from hashrec.table.ops.insert.rows import read_or_init_rows, write_rows
 from hashrec.table.ops.insert.upsert import UpsertResult, upsert_slots
 from hashrec.table.storage import TableStorage
 
@@ -30,7 +30,9 @@ def upsert_assign(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor 
     if rows.shape != (keys.numel(), values.shape[1]):
         raise ValueError(f"rows must be ({keys.numel()}, {values.shape[1]}), got "
                          f"{tuple(rows.shape)}")
-    return upsert_slots(storage, keys, tags, scores, allow_evict, rows=rows.to(values.dtype))
+    result = upsert_slots(storage, keys, tags, scores, allow_evict)
+    write_rows(values, result.slots, None, rows)
+    return result
 
 
 def upsert_embeddings(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
