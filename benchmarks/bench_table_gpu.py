@@ -64,6 +64,13 @@ def _args() -> argparse.Namespace:
     p.add_argument("--upsert-maxnreg", type=int, default=None,
                    help="block form: at most this many registers a thread (0: the "
                         "compiler's choice; default: the library's)")
+    p.add_argument("--upsert-warps", type=int, default=None,
+                   help="block form: warps a program (default: the library's)")
+    p.add_argument("--lane-warps", type=int, default=None,
+                   help="lane form: warps a program (default: the library's)")
+    p.add_argument("--upsert-elements", type=int, default=None,
+                   help="block form: values a (positions, bucket) tile holds at most, which "
+                        "caps its positions a program (default: the library's)")
     p.add_argument("--probe-maxnreg", type=int, default=None,
                    help="the upsert's probe: at most this many registers a thread (0: the "
                         "compiler's choice; default: the library's)")
@@ -217,7 +224,9 @@ def main() -> None:
         upsert_tt.UPSERT_BLOCK["lane_width"] = ARGS.upsert_lane_width
     if ARGS.upsert_lanes is not None:
         upsert_tt.UPSERT_BLOCK["lanes"] = ARGS.upsert_lanes
-    for name, value in (("maxnreg", ARGS.upsert_maxnreg), ("probe_maxnreg", ARGS.probe_maxnreg)):
+    for name, value in (("maxnreg", ARGS.upsert_maxnreg), ("probe_maxnreg", ARGS.probe_maxnreg),
+                        ("num_warps", ARGS.upsert_warps), ("lane_warps", ARGS.lane_warps),
+                        ("elements", ARGS.upsert_elements)):
         if value is not None:
             upsert_tt.UPSERT_BLOCK[name] = value
     if ARGS.probe_launch is not None:
