@@ -8,9 +8,8 @@ in a call and have free slots, and for them a short list per bucket does the sam
 1. the probe (``upsert._probe_sort_kernel``) gives every miss a ticket in its bucket's
    count (an atomic add) and writes the first ``K`` tickets' batch positions to the
    bucket's list;
-2. ``lead_kernel``, one lane per batch position: the miss with the lowest batch
-   position among its bucket's listed ones leads the bucket (when the count is at most
-   ``K``). It reads the listed keys, names the first occurrence of each (key, tag) (the
+2. ``lead_kernel``, one lane per batch position: the miss holding its bucket's ticket 0
+   leads the bucket (when the count is at most ``K``). It reads the listed keys, names the first occurrence of each (key, tag) (the
    lowest position), ranks the first occurrences by (score desc, key asc, position
    asc) as ``runs.py`` does, and reads the bucket's digest line as slot-ordered masks.
    If the bucket has an empty slot for every first occurrence, rank r takes the r-th
@@ -21,9 +20,9 @@ in a call and have free slots, and for them a short list per bucket does the sam
    goes through the sorted pipeline, whose block form places it from the bucket as it
    was before the call (no leader wrote that bucket).
 
-The outcome is the pinned rule's and does not depend on thread timing: tickets order
-the lists by timing, but a leader orders its bucket's misses by their data, and only
-the leader writes its bucket.
+The outcome is the pinned rule's and does not depend on thread timing: tickets (and so
+the lists' order and the leader) follow timing, but a leader orders its bucket's misses
+by their data, and only the leader writes its bucket.
 """
 
 from __future__ import annotations
@@ -42,29 +41,30 @@ __all__ = ["lead_kernel"]
 
 @fast_launch
 @triton.jit
-def lead_kernel(sort_ptr, keys_ptr, tags_ptr, scores_ptr, counts_ptr, lists_ptr, t_words, t_keys,
+def lead_kernel(sort_ptr, keys_ptr, tags_ptr, scores_ptr, counts_ptr, lists_ptr, tickets_ptr,
+                t_words, t_keys,
                 t_tags, t_digests, t_scores, slots_ptr, inserted_ptr, created_ptr, n,
                 num_buckets, HAS_TAGS: tl.constexpr, POW2: tl.constexpr,
                 SENTINEL: tl.constexpr, CAP: tl.constexpr, K: tl.constexpr,
                 BLOCK: tl.constexpr):
-    """Lane i serves batch position i: a miss (sort key not ``SENTINEL``) that leads its
-    bucket places the bucket's listed misses when they fit in its empty slots."""
+    """Lane i serves batch position i: a miss (sort key not ``SENTINEL``) whose ticket is 0
+    leads its bucket and places the bucket's listed misses when they fit in its empty
+    slots (which miss leads changes nothing: the leader orders the list by its data)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     miss = mask & (tl.load(sort_ptr + i, mask=mask, other=SENTINEL) != SENTINEL)
-    if tl.max(miss.to(tl.int32), axis=0) > 0:
-        key = tl.load(keys_ptr + i, mask=miss, other=0)
-        bucket = bucket_of_fast(tagged_hash(key, load_tags(tags_ptr, i, miss, HAS_TAGS)),
+    lead = miss & (tl.load(tickets_ptr + i, mask=miss, other=1) == 0)
+    if tl.max(lead.to(tl.int32), axis=0) > 0:
+        key = tl.load(keys_ptr + i, mask=lead, other=0)
+        bucket = bucket_of_fast(tagged_hash(key, load_tags(tags_ptr, i, lead, HAS_TAGS)),
                                 num_buckets, POW2)
-        count = tl.load(counts_ptr + bucket, mask=miss, other=0)
-        listed = miss & (count <= K)
+        count = tl.load(counts_ptr + bucket, mask=lead, other=0)
+        lead = lead & (count <= K)
         kk = tl.arange(0, K)
-        member = listed[:, None] & (kk[None, :] < count[:, None])
+        member = lead[:, None] & (kk[None, :] < count[:, None])
         mpos = tl.load(lists_ptr + bucket[:, None] * K + kk[None, :], mask=member,
                        other=0).to(tl.int64)
-        lead = listed & (tl.min(tl.where(member, mpos, n), axis=1) == i)
         if tl.max(lead.to(tl.int32), axis=0) > 0:
-            member = member & lead[:, None]
             mkey = tl.load(keys_ptr + mpos, mask=member, other=0)
             mtag = load_tags(tags_ptr, mpos, member, HAS_TAGS)
             mscore = tl.load(scores_ptr + mpos, mask=member, other=0)
