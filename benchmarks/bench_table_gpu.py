@@ -64,9 +64,6 @@ def _args() -> argparse.Namespace:
     p.add_argument("--upsert-maxnreg", type=int, default=None,
                    help="block form: at most this many registers a thread (0: the "
                         "compiler's choice; default: the library's)")
-    p.add_argument("--upsert-lead", type=int, default=None,
-                   help="lead form: misses listed a bucket (a power of two; 0: off; default: "
-                        "the HASHREC_UPSERT_LEAD setting)")
     p.add_argument("--upsert-warps", type=int, default=None,
                    help="block form: warps a program (default: the library's)")
     p.add_argument("--lane-warps", type=int, default=None,
@@ -229,7 +226,7 @@ def main() -> None:
         upsert_tt.UPSERT_BLOCK["lanes"] = ARGS.upsert_lanes
     for name, value in (("maxnreg", ARGS.upsert_maxnreg), ("probe_maxnreg", ARGS.probe_maxnreg),
                         ("num_warps", ARGS.upsert_warps), ("lane_warps", ARGS.lane_warps),
-                        ("elements", ARGS.upsert_elements), ("lead", ARGS.upsert_lead)):
+                        ("elements", ARGS.upsert_elements)):
         if value is not None:
             upsert_tt.UPSERT_BLOCK[name] = value
     if ARGS.probe_launch is not None:

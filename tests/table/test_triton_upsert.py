@@ -27,7 +27,6 @@ from triton_table_helpers import (  # noqa: E402
     use_probe_form,
 )
 
-from hashrec.table.hashing import bucket_of, mix_tagged  # noqa: E402
 from hashrec.table.ops.erase import reference as erase_ref  # noqa: E402
 from hashrec.table.ops.find import reference as find_ref  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
@@ -78,9 +77,7 @@ LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}
             "lanes-block32-w2-chunked": ({"bi": 4}, {**LANES_ON, "block": 32, "width": 2}),
             "lanes-block2-w1": ({"bi": 16}, {**LANES_ON, "block": 2, "width": 1}),
             "lanes8-block16-w2": ({"bi": 16}, {**LANES_ON, "block": 16, "width": 2,
-                                               "lane_width": 8}),
-            "lead4": ({"bi": 16}, {"block": 32, "width": 4, "lead": 4}),
-            "lead1-block4-w2": ({"bi": 16}, {"block": 4, "width": 2, "lead": 1})}
+                                               "lane_width": 8})}
 
 
 def _use_launch(monkeypatch, launch: str) -> None:
@@ -302,42 +299,6 @@ def test_write_rows_without_mask_writes_every_placed_slot():
     assert torch.equal(values, expected)
 
 
-def _same_bucket_under_two_tags(storage: TableStorage, gen: torch.Generator) -> int:
-    """A key whose hashes under tags 0 and 1 fall in one bucket with 4 empty slots or more."""
-    keys = random_keys(256, gen)
-    zero, one = torch.zeros_like(keys, dtype=torch.int32), torch.ones_like(keys, dtype=torch.int32)
-    bucket = bucket_of(mix_tagged(keys, zero), storage.num_buckets)
-    empty = (storage.digests.view(storage.num_buckets, -1) == 0).sum(1).cpu()
-    match = (bucket == bucket_of(mix_tagged(keys, one), storage.num_buckets)) & (empty[bucket] >= 4)
-    return int(keys[match][0])
-
-
-@pytest.mark.parametrize("lead", [2, 8])
-@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
-def test_lead_form_places_buckets_of_few_misses_like_the_reference(monkeypatch, allow_evict,
-                                                                   lead):
-    """Buckets half full, each offered a few misses: repeats (the first occurrence's score
-    counts), tied scores (key, then position, break them), one key under two tags in one
-    bucket, and a bucket offered more new keys than it has empty slots; with lists of 2
-    many buckets overflow theirs and go through the sorted form."""
-    monkeypatch.setattr(upsert_tt, "UPSERT_BLOCK", {**upsert_tt.UPSERT_BLOCK, "lead": lead,
-                                                    "block": 8, "width": 2})
-    base, keys, tags = filled(8, 8, 32, seed=91, tagged=True)
-    gen = torch.Generator().manual_seed(92)
-    twice = _same_bucket_under_two_tags(base, gen)
-    new = random_keys(12, gen)
-    batch = torch.cat([new, new[:3], torch.tensor([twice, twice, twice]), new[4:6]]).to(DEVICE)
-    btags = torch.zeros(batch.shape, dtype=torch.int32)
-    btags[new.numel() + 3] = 1  # the first of the three: (twice, 1), then (twice, 0) twice
-    batch = torch.cat([batch, keys[:4]])
-    btags = torch.cat([btags.to(DEVICE), tags[:4]])
-    scores = torch.randint(0, 3, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    _check_upsert(base, batch, btags, scores, allow_evict)
-    full, _, _ = filled(4, 8, 200, seed=93)  # every bucket full: nothing fits, all sorted
-    more = random_keys(6, gen).to(DEVICE)
-    _check_upsert(full, more, None, torch.full(more.shape, 9, device=DEVICE), allow_evict)
-
-
 def test_write_rows_writes_only_masked_slots():
     values = torch.zeros(10, 3, device=DEVICE)
     slots = torch.tensor([4, -1, 7, 2], device=DEVICE)
@@ -386,24 +347,6 @@ def test_large_short_runs_upsert_matches_reference_on_gpu(monkeypatch, launch, n
     batch = torch.cat([present, new, new[: n_new // 10]])
     scores = torch.randint(0, 100, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
     _check_upsert(base, batch, None, scores, True)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("lead", [4, 8])
-@pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
-def test_large_lead_form_upsert_matches_reference_on_gpu(monkeypatch, allow_evict, lead):
-    """A table half full, ~2.3 misses a bucket (repeats among them): most buckets led,
-    the ones listing more than ``lead`` misses sorted."""
-    monkeypatch.setattr(upsert_tt, "UPSERT_BLOCK", {**upsert_tt.UPSERT_BLOCK, "lead": lead})
-    base, keys, _ = filled(131072, 128, 8_000_000, seed=95, row_dim=1)
-    gen = torch.Generator().manual_seed(96)
-    new = random_keys(300_000, gen).to(DEVICE)
-    present = keys[find_ref.find_slots(base, keys) >= 0][:200_000]
-    batch = torch.cat([present, new, new[:30_000]])
-    batch = batch[torch.randperm(batch.numel(), generator=gen).to(DEVICE)]
-    scores = torch.randint(0, 100, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    _check_upsert(base, batch, None, scores, allow_evict)
 
 
 @pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4"])

@@ -76,7 +76,6 @@ from hashrec.table.ops.insert.upsert_block import (
     upsert_block_kernel,
 )
 from hashrec.table.ops.insert.upsert_lanes import LANE_PLACED, upsert_lanes_kernel
-from hashrec.table.ops.insert.upsert_lead import lead_kernel
 from hashrec.table.ops.launch import cdiv, env_int, fast_launch, maxnreg, next_pow2
 from hashrec.table.storage import TableStorage
 
@@ -108,12 +107,6 @@ def _group_from_env() -> int:
 # whose work follows the misses, where a full sort's follows the batch; the outcome is
 # the same. 0 (HASHREC_UPSERT_GROUP=0): torch's stable sort of all n sort keys.
 UPSERT_GROUP = {"count": _group_from_env()}
-# The lead form's launch: batch positions a program, warps (HASHREC_LEAD_BLOCK,
-# HASHREC_LEAD_WARPS); width: the block form's longest run placed in tiles when it serves
-# what the lead form left (runs longer than the lists) (HASHREC_LEAD_WIDTH).
-LEAD_LAUNCH = {"block": env_int("HASHREC_LEAD_BLOCK", 128),
-               "num_warps": env_int("HASHREC_LEAD_WARPS", 4),
-               "width": env_int("HASHREC_LEAD_WIDTH", 8)}
 # Persistent block programs a multiprocessor for calls that expect few misses.
 PERSISTENT_PER_SM = 4
 
@@ -157,15 +150,12 @@ class UpsertResult(NamedTuple):
 @fast_launch
 @triton.jit(do_not_specialize=["shift"])
 def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags, t_digests,
-                       slots_ptr, sort_ptr, flags_ptr, counts_ptr, lists_ptr, tickets_ptr, n,
-                       num_buckets, shift,
+                       slots_ptr, sort_ptr, flags_ptr, n, num_buckets, shift,
                        HAS_TAGS: tl.constexpr, HAS_ACTIVE: tl.constexpr, GIVEN: tl.constexpr,
                        MISSES_ONLY: tl.constexpr, CAP: tl.constexpr,
                        LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
                        ROUND: tl.constexpr, WIDE: tl.constexpr, BY_WORD: tl.constexpr,
-                       MASKS: tl.constexpr, LEAD: tl.constexpr, BLOCK: tl.constexpr):
-    """Probes every key (see ``_sort_keys``); with LEAD > 0, each miss also takes a ticket
-    in its bucket's count and the first LEAD list their positions (``upsert_lead.py``)."""
+                       MASKS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     live = mask
@@ -194,15 +184,6 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
         s = ((bucket << (30 - sh)) | (h >> (34 + sh))).to(tl.int32)
         s = tl.where(skip, 0x7FFFFFFF, s)
     tl.store(sort_ptr + offs, s, mask=mask)
-    if LEAD > 0:
-        missing = mask & ~skip
-        if tl.max(missing.to(tl.int32), axis=0) > 0:
-            at = bucket.to(tl.int64)
-            ticket = tl.atomic_add(counts_ptr + at, tl.full([BLOCK], 1, dtype=tl.int32),
-                                   mask=missing)
-            listed = missing & (ticket < LEAD)
-            tl.store(lists_ptr + at * LEAD + ticket, offs.to(tl.int32), mask=listed)
-            tl.store(tickets_ptr + offs, ticket, mask=missing)
     if MISSES_ONLY:  # the flags start clear (the finalize kernel then writes the misses' alone)
         zero = tl.zeros([BLOCK], dtype=tl.int8)
         tl.store(flags_ptr + offs, zero, mask=mask)
@@ -356,14 +337,10 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
 
 def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
                active: torch.Tensor | None, given: torch.Tensor | None, slots: torch.Tensor,
-               flags: torch.Tensor | None = None,
-               lead: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-               ) -> tuple[torch.Tensor, int, int]:
+               flags: torch.Tensor | None = None) -> tuple[torch.Tensor, int, int]:
     """Probes every active key into ``slots`` (the others get ``given``'s slot, or -1) and
     returns the sort keys, their sentinel and how many low bits of a miss's sort key lie
-    below its bucket. ``flags`` (3 n,) bool, when given: cleared on the way. ``lead``,
-    when given: (zeroed bucket counts (num_buckets,), lists (num_buckets, K), tickets (n,))
-    int32, the lead form's counts, lists and tickets of the misses."""
+    below its bucket. ``flags`` (3 n,) bool, when given: cleared on the way."""
     n, nb = keys.numel(), storage.num_buckets
     shift = max(1, (nb - 1).bit_length())
     wide = shift > NARROW_MAX_SHIFT
@@ -378,14 +355,12 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         active.view(torch.uint8) if active is not None else keys,
         given if given is not None else keys, storage.keys,
         storage.probe_tags(tags), line, slots, sort_key,
-        flags.view(torch.int8) if flags is not None else sort_key,
-        *(lead if lead is not None else (sort_key,) * 3), n, nb, shift,
+        flags.view(torch.int8) if flags is not None else sort_key, n, nb, shift,
         HAS_TAGS=tags is not None, HAS_ACTIVE=active is not None, GIVEN=given is not None,
         MISSES_ONLY=flags is not None, CAP=storage.bucket_capacity,
         LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
-        BY_WORD=by_word(width <= 32), MASKS=masks,
-        LEAD=lead[1].shape[1] if lead is not None else 0, BLOCK=block, num_warps=warps,
+        BY_WORD=by_word(width <= 32), MASKS=masks, BLOCK=block, num_warps=warps,
         **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
     if wide:
         return sort_key, _WIDE_SENTINEL, 63 - shift
@@ -404,14 +379,13 @@ def _rows(count: int, n: int, dtype: torch.dtype, device: torch.device
 
 
 def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
-                   misses: torch.Tensor | None, persistent: bool, width: int = 0
-                   ) -> torch.Tensor | None:
+                   misses: torch.Tensor | None, persistent: bool) -> torch.Tensor | None:
     """Places the sorted misses (step 4); returns the lanes' outcomes when the lane form
     ran first (its placed entries are then written by the finalize step), else None.
     ``misses`` (1,) int32 on the device, when given: the count of sorted misses, the
     positions past it holding nothing (the block form only). ``persistent`` (with
     ``misses``): persistent block programs without the lane form (a call expecting few
-    misses). ``width``: the block form's longest run placed in tiles (0: the setting's)."""
+    misses)."""
     (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, t_keys, t_tags, _,
      t_scores, out, evicted, *_) = args
     cap, evict = storage.bucket_capacity, bool(allow_evict)
@@ -442,24 +416,11 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
         *args, state if state is not None else s_digests,
         blocks if blocks is not None else s_digests,
         misses if misses is not None else s_digests, ALLOW_EVICT=evict, CAP=cap,
-        CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=width or block["width"],
+        CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
         LANES=state is not None, PERSISTENT=persistent, MISSES_ONLY=misses is not None,
         num_warps=block["num_warps"],
         **maxnreg(block["maxnreg"]))
     return state
-
-
-def _lead_lists(storage: TableStorage, n: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The lead form's zeroed bucket counts, uninitialized lists and tickets of n keys,
-    where it runs (``UPSERT_BLOCK["lead"]`` > 0, buckets read as masks), else None."""
-    k = UPSERT_BLOCK["lead"]
-    if not k or not mask_probe(storage.bucket_capacity, digest_line(storage)[2]):
-        return None
-    nb, device = storage.num_buckets, storage.device
-    return (torch.zeros(nb, dtype=torch.int32, device=device),
-            torch.empty(nb, k, dtype=torch.int32, device=device),
-            torch.empty(n, dtype=torch.int32, device=device))
 
 
 def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
@@ -514,17 +475,8 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     # after the probe (whose kernel clears the flags): the sorted positions past the
     # misses' count, which the device knows, are neither written nor read.
     misses_only = bool(UPSERT_GROUP["count"]) and bool(UPSERT_BLOCK["block"])
-    lead = _lead_lists(storage, n) if misses_only else None
     probed, sentinel, low = _sort_keys(storage, keys, tags, active, given_slots, slots,
-                                       flags if misses_only else None, lead)
-    tag_arg = tags if tags is not None else keys
-    if lead is not None:  # the buckets whose misses fit in free slots, each by its leader
-        lead_kernel[(cdiv(n, LEAD_LAUNCH["block"]),)](
-            probed, keys, tag_arg, scores, *lead, digest_line(storage)[0], storage.keys,
-            t_tags, storage.digests, storage.scores, slots, flags[:n].view(torch.int8),
-            flags[n:2 * n].view(torch.int8), n, nb, HAS_TAGS=tags is not None,
-            POW2=is_pow2(nb), SENTINEL=sentinel, CAP=storage.bucket_capacity,
-            K=lead[1].shape[1], BLOCK=LEAD_LAUNCH["block"], num_warps=LEAD_LAUNCH["num_warps"])
+                                       flags if misses_only else None)
     misses = None
     if UPSERT_GROUP["count"]:
         sort_key, perm, misses = group_by_bucket(probed, nb, low, sentinel,
@@ -533,6 +485,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     else:
         sort_key, perm = torch.sort(probed, stable=True)
     s_digests = _empty(n, torch.uint8, device)
+    tag_arg = tags if tags is not None else keys
     grid = (cdiv(n, 512),)
     ev_any = _empty(1, torch.int32, device)  # cleared by the gather, set where a miss evicts
     _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
@@ -544,8 +497,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
                                      perm, n, storage.keys, t_tags, storage.digests,
                                      storage.scores, out, evicted, ev_any, *ev), allow_evict,
-                           misses, misses_only and (few_misses or lead is not None),
-                           LEAD_LAUNCH["width"] if lead is not None else 0)
+                           misses, misses_only and few_misses)
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
         s_digests, state if state is not None else s_digests, slots,

@@ -57,13 +57,6 @@ def _lanes_from_env() -> int:
     return lanes
 
 
-def _lead_from_env() -> int:
-    lead = env_int("HASHREC_UPSERT_LEAD", 0)
-    if lead < 0 or lead & (lead - 1):
-        raise ValueError(f"HASHREC_UPSERT_LEAD must be 0 (off) or a power of two, got {lead}")
-    return lead
-
-
 def _lanes_min_from_env() -> int:
     least = env_int("HASHREC_UPSERT_LANES_MIN", LANES_MIN)
     if least < 0:
@@ -100,7 +93,7 @@ def _lanes_min_from_env() -> int:
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
                 "lane_warps": 2, "lane_width": 0, "maxnreg": 128, "probe_maxnreg": 0,
-                "probe_keys": 0, "probe_warps": 0, "lead": _lead_from_env()}
+                "probe_keys": 0, "probe_warps": 0}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
