@@ -77,7 +77,10 @@ LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}
             "lanes-block32-w2-chunked": ({"bi": 4}, {**LANES_ON, "block": 32, "width": 2}),
             "lanes-block2-w1": ({"bi": 16}, {**LANES_ON, "block": 2, "width": 1}),
             "lanes8-block16-w2": ({"bi": 16}, {**LANES_ON, "block": 16, "width": 2,
-                                               "lane_width": 8})}
+                                               "lane_width": 8}),
+            "fused-block4-w4": ({"bi": 16}, {**LANES_ON, "block": 4, "width": 4, "fused": 4}),
+            "fused-block32-w2-chunked": ({"bi": 4}, {**LANES_ON, "block": 32, "width": 2,
+                                                     "fused": 2})}
 
 
 def _use_launch(monkeypatch, launch: str) -> None:
