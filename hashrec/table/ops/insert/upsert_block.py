@@ -93,6 +93,9 @@ def _lanes_min_from_env() -> int:
 # fused: with the lane form on a call's sorted misses alone, the warps of one launch that
 # runs it and then the block form over the runs it left (``upsert_lanes_block_kernel``),
 # in place of a block program for every block; 0 (HASHREC_UPSERT_FUSED unset): two launches.
+# Not yet timed on a GPU: at load factors up to 0.75 the block kernel's 32,768 programs
+# (for 1M keys) mostly read a flag and exit, ~40 us of an insert call's ~0.33 ms of index
+# work on an H200 (upsert_lead.md's profile), which the fused launch would not spend.
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
                 "lane_warps": 2, "lane_width": 0, "maxnreg": 128, "probe_maxnreg": 0,
