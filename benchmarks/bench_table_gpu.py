@@ -67,6 +67,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--upsert-fused", type=int, default=None,
                    help="run the lane form and the block form in one launch on this many "
                         "warps (0: two launches; default: the HASHREC_UPSERT_FUSED setting)")
+    p.add_argument("--upsert-fused-maxnreg", type=int, default=None,
+                   help="the fused launch's register cap a thread (0: the block form's; "
+                        "default: the library's)")
     p.add_argument("--upsert-warps", type=int, default=None,
                    help="block form: warps a program (default: the library's)")
     p.add_argument("--lane-warps", type=int, default=None,
@@ -229,7 +232,8 @@ def main() -> None:
         upsert_tt.UPSERT_BLOCK["lanes"] = ARGS.upsert_lanes
     for name, value in (("maxnreg", ARGS.upsert_maxnreg), ("probe_maxnreg", ARGS.probe_maxnreg),
                         ("num_warps", ARGS.upsert_warps), ("lane_warps", ARGS.lane_warps),
-                        ("elements", ARGS.upsert_elements), ("fused", ARGS.upsert_fused)):
+                        ("elements", ARGS.upsert_elements), ("fused", ARGS.upsert_fused),
+                        ("fused_maxnreg", ARGS.upsert_fused_maxnreg)):
         if value is not None:
             upsert_tt.UPSERT_BLOCK[name] = value
     if ARGS.probe_launch is not None:

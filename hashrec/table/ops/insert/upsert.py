@@ -414,7 +414,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
                 ALLOW_EVICT=evict, CAP=cap, CAP_P2=next_pow2(cap), BI=config["bi"],
                 LINE=width, W=lane_width, WIN=next_pow2(2 * lane_width + 1),
                 MASKS=mask_probe(cap, words), B=b, num_warps=block["fused"],
-                **maxnreg(block["maxnreg"]))
+                **maxnreg(block["fused_maxnreg"] or block["maxnreg"]))
             return state
         upsert_lanes_kernel[(programs,)](
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,

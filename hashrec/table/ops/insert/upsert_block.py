@@ -95,12 +95,15 @@ def _lanes_min_from_env() -> int:
 # in place of a block program for every block; 0 (HASHREC_UPSERT_FUSED unset): two launches.
 # Not yet timed on a GPU: at load factors up to 0.75 the block kernel's 32,768 programs
 # (for 1M keys) mostly read a flag and exit, ~40 us of an insert call's ~0.33 ms of index
-# work on an H200 (upsert_lead.md's profile), which the fused launch would not spend.
+# work on an H200 (upsert_lead.md's profile), which the fused launch would not spend; but
+# it takes the block form's registers, so its lane part runs with 16 warps a
+# multiprocessor where the lane kernel has 42 (benchmarks/results/upsert_registers.md).
+# fused_maxnreg: its register cap (0: maxnreg's); 64 holds 32 warps, spilling.
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
                 "lane_warps": 2, "lane_width": 0, "maxnreg": 128, "probe_maxnreg": 0,
                 "probe_keys": 0, "probe_warps": 0,
-                "fused": env_int("HASHREC_UPSERT_FUSED", 0)}
+                "fused": env_int("HASHREC_UPSERT_FUSED", 0), "fused_maxnreg": 0}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
