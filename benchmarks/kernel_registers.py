@@ -95,7 +95,7 @@ def main(argv=None) -> int:
             print(f"| {name} | - | not launched by the tests with {require} | | | |")
             continue
         entry = picked[name]
-        for warps in args.warps or [entry["kwargs"]["num_warps"][1]]:
+        for warps in args.warps or [entry["kwargs"].get("num_warps", ["value", 4])[1]]:  # Triton's default 4
             entry["kwargs"]["num_warps"] = ["value", warps]
             source, options = _source(_normalized(entry))
             compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
