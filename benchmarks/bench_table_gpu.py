@@ -31,6 +31,30 @@ import sys
 
 from _cli import add_out_and_smoke, launch_config, parse_with_smoke
 
+# Flags that set one entry of the upsert's launch settings (``UPSERT_BLOCK``): flag,
+# entry, what it sets.
+UPSERT_BLOCK_FLAGS = (
+    ("--upsert-block", "block", "insert programs in block form with this many sorted "
+     "positions each (0: per-position form)"),
+    ("--upsert-width", "width", "block form: longest run placed in tiles"),
+    ("--upsert-lanes", "lanes", "1: the lane form places short runs into free slots before "
+     "the block form; 0: the block form alone"),
+    ("--upsert-lane-width", "lane_width", "lane form: longest run it places (0: the block "
+     "form's width)"),
+    ("--upsert-maxnreg", "maxnreg", "block form: at most this many registers a thread (0: "
+     "the compiler's choice)"),
+    ("--upsert-fused", "fused", "run the lane form and the block form in one launch on "
+     "this many warps (0: two launches; HASHREC_UPSERT_FUSED)"),
+    ("--upsert-fused-maxnreg", "fused_maxnreg", "the fused launch's register cap a thread "
+     "(0: the block form's)"),
+    ("--upsert-warps", "num_warps", "block form: warps a program"),
+    ("--lane-warps", "lane_warps", "lane form: warps a program"),
+    ("--upsert-elements", "elements", "block form: values a (positions, bucket) tile holds "
+     "at most, which caps its positions a program"),
+    ("--probe-maxnreg", "probe_maxnreg", "the upsert's probe: at most this many registers a "
+     "thread (0: the compiler's choice)"),
+)
+
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -46,40 +70,12 @@ def _args() -> argparse.Namespace:
                         "of a batch); by default every call starts from the filled index")
     p.add_argument("--profile", action="store_true",
                    help="print a kernel profile of one insert_or_assign and find_or_insert")
-    p.add_argument("--upsert-block", type=int, default=None,
-                   help="insert programs in block form with this many sorted positions "
-                        "each (0: per-position form; default: the library's setting)")
     p.add_argument("--upsert-group", type=int, default=None, choices=[0, 1],
                    help="how the upsert groups its misses by bucket: 1 a counting sort over the "
                         "buckets, 0 torch's stable sort of every key (default: the "
                         "HASHREC_UPSERT_GROUP setting, else 1)")
-    p.add_argument("--upsert-width", type=int, default=None,
-                   help="block form: longest run placed in tiles (default: the library's)")
-    p.add_argument("--upsert-lanes", type=int, default=None,
-                   help="1: the lane form places short runs into free slots before the "
-                        "block form; 0: the block form alone (default: the library's)")
-    p.add_argument("--upsert-lane-width", type=int, default=None,
-                   help="lane form: longest run it places (0: the block form's width; "
-                        "default: the library's)")
-    p.add_argument("--upsert-maxnreg", type=int, default=None,
-                   help="block form: at most this many registers a thread (0: the "
-                        "compiler's choice; default: the library's)")
-    p.add_argument("--upsert-fused", type=int, default=None,
-                   help="run the lane form and the block form in one launch on this many "
-                        "warps (0: two launches; default: the HASHREC_UPSERT_FUSED setting)")
-    p.add_argument("--upsert-fused-maxnreg", type=int, default=None,
-                   help="the fused launch's register cap a thread (0: the block form's; "
-                        "default: the library's)")
-    p.add_argument("--upsert-warps", type=int, default=None,
-                   help="block form: warps a program (default: the library's)")
-    p.add_argument("--lane-warps", type=int, default=None,
-                   help="lane form: warps a program (default: the library's)")
-    p.add_argument("--upsert-elements", type=int, default=None,
-                   help="block form: values a (positions, bucket) tile holds at most, which "
-                        "caps its positions a program (default: the library's)")
-    p.add_argument("--probe-maxnreg", type=int, default=None,
-                   help="the upsert's probe: at most this many registers a thread (0: the "
-                        "compiler's choice; default: the library's)")
+    for flag, _, text in UPSERT_BLOCK_FLAGS:
+        p.add_argument(flag, type=int, default=None, help=f"{text} (default: the library's)")
     p.add_argument("--probe-launch", default=None,
                    help="the upsert's probe: KEYSxWARPS[rREGS] (keys a program, warps, at "
                         "most REGS registers a thread), e.g. 32x1r80; default: the library's")
@@ -220,20 +216,10 @@ def _profile(storage: TableStorage, ioa_keys: torch.Tensor, foi_keys: torch.Tens
 
 
 def main() -> None:
-    if ARGS.upsert_block is not None:
-        upsert_tt.UPSERT_BLOCK["block"] = ARGS.upsert_block
     if ARGS.upsert_group is not None:
         upsert_tt.UPSERT_GROUP["count"] = ARGS.upsert_group
-    if ARGS.upsert_width is not None:
-        upsert_tt.UPSERT_BLOCK["width"] = ARGS.upsert_width
-    if ARGS.upsert_lane_width is not None:
-        upsert_tt.UPSERT_BLOCK["lane_width"] = ARGS.upsert_lane_width
-    if ARGS.upsert_lanes is not None:
-        upsert_tt.UPSERT_BLOCK["lanes"] = ARGS.upsert_lanes
-    for name, value in (("maxnreg", ARGS.upsert_maxnreg), ("probe_maxnreg", ARGS.probe_maxnreg),
-                        ("num_warps", ARGS.upsert_warps), ("lane_warps", ARGS.lane_warps),
-                        ("elements", ARGS.upsert_elements), ("fused", ARGS.upsert_fused),
-                        ("fused_maxnreg", ARGS.upsert_fused_maxnreg)):
+    for flag, name, _ in UPSERT_BLOCK_FLAGS:
+        value = getattr(ARGS, flag[2:].replace("-", "_"))
         if value is not None:
             upsert_tt.UPSERT_BLOCK[name] = value
     if ARGS.probe_launch is not None:

@@ -387,8 +387,8 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
     positions past it holding nothing (the block form only). ``persistent`` (with
     ``misses``): persistent block programs without the lane form (a call expecting few
     misses)."""
-    (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, t_keys, t_tags, _,
-     t_scores, out, evicted, *_) = args
+    (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, t_keys, t_tags, t_digests,
+     t_scores, out, evicted, *evictions) = args
     cap, evict = storage.bucket_capacity, bool(allow_evict)
     config, block = UPSERT_CONFIG, UPSERT_BLOCK
     if not block["block"]:
@@ -404,18 +404,19 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
     elif block["lanes"] and words and n >= block["lanes_min"]:
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
-        blocks = _empty(programs, torch.int8, storage.device)
         lane_width = block["lane_width"] or block["width"]
         if block["fused"] and misses is not None and lane_width == block["width"]:
-            # The lane form and the block form over what it leaves, in one launch.
+            # The lane form and the block form over what it leaves, in one launch (which
+            # takes one run width for both: a wider lane form keeps two launches).
             upsert_lanes_block_kernel[(programs,)](
                 s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, line, t_keys,
-                t_tags, storage.digests, t_scores, out, evicted, *args[14:], state, misses,
+                t_tags, t_digests, t_scores, out, evicted, *evictions, state, misses,
                 ALLOW_EVICT=evict, CAP=cap, CAP_P2=next_pow2(cap), BI=config["bi"],
                 LINE=width, W=lane_width, WIN=next_pow2(2 * lane_width + 1),
                 MASKS=mask_probe(cap, words), B=b, num_warps=block["fused"],
                 **maxnreg(block["fused_maxnreg"] or block["maxnreg"]))
             return state
+        blocks = _empty(programs, torch.int8, storage.device)
         upsert_lanes_kernel[(programs,)](
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,
             out, evicted, state, blocks, misses if misses is not None else blocks,
