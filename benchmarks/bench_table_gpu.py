@@ -43,10 +43,6 @@ UPSERT_BLOCK_FLAGS = (
      "form's width)"),
     ("--upsert-maxnreg", "maxnreg", "block form: at most this many registers a thread (0: "
      "the compiler's choice)"),
-    ("--upsert-fused", "fused", "run the lane form and the block form in one launch on "
-     "this many warps (0: two launches; HASHREC_UPSERT_FUSED)"),
-    ("--upsert-fused-maxnreg", "fused_maxnreg", "the fused launch's register cap a thread "
-     "(0: the block form's)"),
     ("--upsert-warps", "num_warps", "block form: warps a program"),
     ("--lane-warps", "lane_warps", "lane form: warps a program"),
     ("--upsert-elements", "elements", "block form: values a (positions, bucket) tile holds "

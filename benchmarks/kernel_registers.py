@@ -11,7 +11,7 @@ programs (32).
 Example (the upsert's insert kernels at benchmark A's shape):
 
     python benchmarks/kernel_registers.py build/launches.jsonl \\
-        --kernels upsert_lanes_kernel upsert_block_kernel upsert_lanes_block_kernel \\
+        --kernels upsert_lanes_kernel upsert_block_kernel \\
         --set CAP=128 CAP_P2=128 LINE=32 B=32 BLOCK=32 W=4 WIN=16 BI=16 ALLOW_EVICT=1 \\
         --require MASKS=1 LANES=1 --warps 2 4
 """

@@ -77,10 +77,7 @@ LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}
             "lanes-block32-w2-chunked": ({"bi": 4}, {**LANES_ON, "block": 32, "width": 2}),
             "lanes-block2-w1": ({"bi": 16}, {**LANES_ON, "block": 2, "width": 1}),
             "lanes8-block16-w2": ({"bi": 16}, {**LANES_ON, "block": 16, "width": 2,
-                                               "lane_width": 8}),
-            "fused-block4-w4": ({"bi": 16}, {**LANES_ON, "block": 4, "width": 4, "fused": 4}),
-            "fused-block32-w2-chunked": ({"bi": 4}, {**LANES_ON, "block": 32, "width": 2,
-                                                     "fused": 2})}
+                                               "lane_width": 8})}
 
 
 def _use_launch(monkeypatch, launch: str) -> None:
@@ -177,10 +174,9 @@ def _check_short_runs(tagged: bool, allow_evict: bool) -> None:
 
 @pytest.mark.parametrize("launch,few", [("block8-w4", False), ("lanes-block4-w4", False),
                                         ("lanes-block32-w2-chunked", False),
-                                        ("fused-block4-w4", False),
                                         ("block8-w4", True), ("runs1", True)],
                          ids=["block8-w4", "lanes-block4-w4", "lanes-block32-w2-chunked",
-                              "fused-block4-w4", "block8-w4-few-misses", "runs1-few-misses"])
+                              "block8-w4-few-misses", "runs1-few-misses"])
 @pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
 def test_upsert_reads_no_work_array_past_the_misses(monkeypatch, allow_evict, launch, few):
     """The sorted positions past the misses' count are never written, so never read:
@@ -205,7 +201,7 @@ def test_upsert_reads_no_work_array_past_the_misses(monkeypatch, allow_evict, la
 
 
 @pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block2-w1",
-                                    "lanes-block32-w2-chunked", "fused-block4-w4"])
+                                    "lanes-block32-w2-chunked"])
 def test_upsert_of_new_keys_into_full_buckets_matches_reference(monkeypatch, launch):
     """Every key new, every bucket full: the lane form leaves every run to the block form
     (victims by score), up to the last block of sorted positions."""

@@ -74,7 +74,6 @@ from hashrec.table.ops.insert.upsert_block import (
     UPSERT_BLOCK,
     block_positions,
     upsert_block_kernel,
-    upsert_lanes_block_kernel,
 )
 from hashrec.table.ops.insert.upsert_lanes import LANE_PLACED, upsert_lanes_kernel
 from hashrec.table.ops.launch import cdiv, env_int, fast_launch, maxnreg, next_pow2
@@ -405,17 +404,6 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
         lane_width = block["lane_width"] or block["width"]
-        if block["fused"] and misses is not None and lane_width == block["width"]:
-            # The lane form and the block form over what it leaves, in one launch (which
-            # takes one run width for both: a wider lane form keeps two launches).
-            upsert_lanes_block_kernel[(programs,)](
-                s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, line, t_keys,
-                t_tags, t_digests, t_scores, out, evicted, *evictions, state, misses,
-                ALLOW_EVICT=evict, CAP=cap, CAP_P2=next_pow2(cap), BI=config["bi"],
-                LINE=width, W=lane_width, WIN=next_pow2(2 * lane_width + 1),
-                MASKS=mask_probe(cap, words), B=b, num_warps=block["fused"],
-                **maxnreg(block["fused_maxnreg"] or block["maxnreg"]))
-            return state
         blocks = _empty(programs, torch.int8, storage.device)
         upsert_lanes_kernel[(programs,)](
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,

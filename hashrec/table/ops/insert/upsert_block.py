@@ -27,10 +27,10 @@ import triton.language as tl
 
 from hashrec.table.ops.insert.runs import comes_before, insert_run
 from hashrec.table.ops.insert.triton import write_entries
-from hashrec.table.ops.insert.upsert_lanes import LANE_DEFERRED, place_lanes
+from hashrec.table.ops.insert.upsert_lanes import LANE_DEFERRED
 from hashrec.table.ops.launch import env_int, fast_launch, next_pow2
 
-__all__ = ["UPSERT_BLOCK", "block_positions", "upsert_block_kernel", "upsert_lanes_block_kernel"]
+__all__ = ["UPSERT_BLOCK", "block_positions", "upsert_block_kernel"]
 
 
 # Sorted positions per program unless HASHREC_UPSERT_BLOCK says otherwise: on an H200,
@@ -90,20 +90,10 @@ def _lanes_min_from_env() -> int:
 # insert_or_assign of 1M keys into 64M slots 2-3% less time than 64 on two at dims 32 and
 # 64, load factors 0.5 and 0.75 (benchmarks/results/upsert_probe_32x1.md against
 # upsert_probe_default.md, same call; capped at 80 registers, the same).
-# fused: with the lane form on a call's sorted misses alone, the warps of one launch that
-# runs it and then the block form over the runs it left (``upsert_lanes_block_kernel``),
-# in place of a block program for every block; 0 (HASHREC_UPSERT_FUSED unset): two launches.
-# Not yet timed on a GPU: at load factors up to 0.75 the block kernel's 32,768 programs
-# (for 1M keys) mostly read a flag and exit, ~40 us of an insert call's ~0.33 ms of index
-# work on an H200 (upsert_lead.md's profile), which the fused launch would not spend; but
-# it takes the block form's registers, so its lane part runs with 16 warps a
-# multiprocessor where the lane kernel has 42 (benchmarks/results/upsert_registers.md).
-# fused_maxnreg: its register cap (0: maxnreg's); 64 holds 32 warps, spilling.
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
                 "lane_warps": 2, "lane_width": 0, "maxnreg": 128, "probe_maxnreg": 0,
-                "probe_keys": 0, "probe_warps": 0,
-                "fused": env_int("HASHREC_UPSERT_FUSED", 0), "fused_maxnreg": 0}
+                "probe_keys": 0, "probe_warps": 0}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
@@ -298,27 +288,3 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
                in_pos, used, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
                ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)
 
-
-@fast_launch
-@triton.jit
-def upsert_lanes_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
-                              in_pos, m, t_words, t_keys, t_tags, t_digests, t_scores,
-                              out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores, state,
-                              misses, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
-                              CAP_P2: tl.constexpr, BI: tl.constexpr, LINE: tl.constexpr,
-                              W: tl.constexpr, WIN: tl.constexpr, MASKS: tl.constexpr,
-                              B: tl.constexpr):
-    """The lane form and then, in the same program, the block form over the runs it left
-    (``upsert_lanes_kernel`` then ``upsert_block_kernel`` in one launch, over the sorted
-    misses alone: ``misses`` holds their count). A run the lane form leaves is one whose
-    bucket no lane writes, so its program places it at once, from the bucket as it was
-    before the call, as the block kernel would after."""
-    used = tl.load(misses)
-    served = place_lanes(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos, used, t_words,
-                         t_keys, t_tags, t_scores, out_slots, out_evicted, state, ALLOW_EVICT,
-                         CAP, LINE, W, WIN, MASKS, B)
-    if served != 0:
-        tl.debug_barrier()  # this program's states, written above, read by every thread below
-        _serve(tl.program_id(0), in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
-               in_pos, used, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
-               ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, True)

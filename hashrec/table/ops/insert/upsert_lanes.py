@@ -34,7 +34,7 @@ from hashrec.table.ops.find.triton import line_masks, match_bytes, pop_lowest, p
 from hashrec.table.ops.insert.runs import comes_before
 from hashrec.table.ops.launch import fast_launch
 
-__all__ = ["LANE_DEFERRED", "LANE_PLACED", "place_lanes", "upsert_lanes_kernel"]
+__all__ = ["LANE_DEFERRED", "LANE_PLACED", "upsert_lanes_kernel"]
 
 LANE_PLACED = tl.constexpr(1)
 LANE_DEFERRED = tl.constexpr(2)
