@@ -64,6 +64,9 @@ def main(argv=None) -> int:
                    help="constexprs to rewrite where a launch has them")
     p.add_argument("--require", nargs="*", default=[], metavar="NAME=VALUE",
                    help="take only launches whose constexpr NAME (if it has one) is VALUE")
+    p.add_argument("--maxnreg", nargs="*", type=int, default=[],
+                   help="register caps a thread to compile with (0: none; default: the "
+                        "logged launch's)")
     p.add_argument("--warps", nargs="*", type=int, default=[],
                    help="warp counts to compile each kernel at (default: the launch's)")
     args = p.parse_args(argv)
@@ -87,23 +90,27 @@ def main(argv=None) -> int:
                 if k in kwargs:
                     kwargs[k] = ["value", v]
             picked[name] = entry
-    print("| kernel | warps | registers a thread | spill bytes | programs a multiprocessor | "
-          "warps a multiprocessor |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| kernel | warps | register cap | registers a thread | spill bytes | "
+          "programs a multiprocessor | warps a multiprocessor |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name in args.kernels:
         if name not in picked:
-            print(f"| {name} | - | not launched by the tests with {require} | | | |")
+            print(f"| {name} | - | - | not launched by the tests with {require} | | | |")
             continue
         entry = picked[name]
         for warps in args.warps or [entry["kwargs"].get("num_warps", ["value", 4])[1]]:  # Triton's default 4
             entry["kwargs"]["num_warps"] = ["value", warps]
             source, options = _source(_normalized(entry))
-            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-            regs, spills = _ptxas_info(compiled.asm["ptx"], options.get("maxnreg"))
-            held = -(-regs // 8) * 8  # registers are held in steps of 8 a thread
-            programs = min(_REGS_PER_SM // (held * 32 * warps), _WARPS_PER_SM // warps,
-                           _PROGRAMS_PER_SM)
-            print(f"| {name} | {warps} | {regs} | {spills} | {programs} | {programs * warps} |")
+            for cap in args.maxnreg or [options.get("maxnreg")]:
+                options = {**options, "maxnreg": cap or None}
+                compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                          options=options)
+                regs, spills = _ptxas_info(compiled.asm["ptx"], cap)
+                held = -(-regs // 8) * 8  # registers are held in steps of 8 a thread
+                programs = min(_REGS_PER_SM // (held * 32 * warps), _WARPS_PER_SM // warps,
+                               _PROGRAMS_PER_SM)
+                print(f"| {name} | {warps} | {cap or '-'} | {regs} | {spills} | {programs} "
+                      f"| {programs * warps} |")
     return 0
 
 

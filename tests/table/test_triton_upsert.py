@@ -215,19 +215,60 @@ def test_upsert_of_new_keys_into_full_buckets_matches_reference(monkeypatch, lau
     _check_upsert(base, batch, None, scores, True)
 
 
+def _scores_spanning(kind: str, n: int, gen: torch.Generator) -> torch.Tensor:
+    """n int64 scores: few values (ties), values within 2**53, a span of exactly 2**54 - 1
+    or 2**54 near the top of int64, or the whole int64 range with both ends."""
+    if kind == "ties":
+        return torch.randint(0, 3, (n,), dtype=torch.int64, generator=gen)
+    if kind == "spread":
+        return torch.randint(-2**52, 2**52, (n,), dtype=torch.int64, generator=gen)
+    if kind.startswith("span"):
+        low, span = 2**62, 2**54 - (kind == "span-2**54-1")
+        picks = torch.randint(0, 3, (n,), generator=gen)
+        inner = low + torch.randint(0, span, (n,), dtype=torch.int64, generator=gen)
+        return torch.where(picks == 0, low, torch.where(picks == 1, low + span, inner))
+    out = torch.randint(-2**63, 2**63 - 1, (n,), dtype=torch.int64, generator=gen)
+    out[::7], out[3::11] = -2**63, 2**63 - 1
+    return out
+
+
+@pytest.mark.parametrize("stored", ["ties", "spread", "span-2**54-1", "span-2**54",
+                                    "full-range"])
+@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4"])
+def test_upsert_evicts_by_score_then_slot_at_any_score_span(monkeypatch, launch, stored):
+    """Full buckets: victims by (score asc, slot asc), new keys evicting only where their
+    score reaches the victim's, whatever the stored scores span (the block form packs a
+    score within 2**54 of its bucket's lowest with its column into one word, and searches
+    the scores themselves otherwise)."""
+    _use_launch(monkeypatch, launch)
+    base, _, _ = filled(16, 8, 600, seed=61)
+    gen = torch.Generator().manual_seed(63)
+    occupied = base.digests != 0
+    assert bool(occupied.all())
+    base.scores[occupied] = _scores_spanning(stored, int(occupied.sum()), gen).to(DEVICE)
+    new = random_keys(90, gen).to(DEVICE)
+    batch = torch.cat([new, new[:11]])
+    _check_upsert(base, batch, None, _scores_spanning(stored, batch.numel(), gen).to(DEVICE),
+                  True)
+
+
 @pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block2-w1"])
 @pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
-def test_upsert_fills_holes_in_slot_order(monkeypatch, allow_evict, launch):
+@pytest.mark.parametrize("cap,buckets,n_new", [(16, 64, 150), (256, 16, 40)],
+                         ids=["bucket16", "bucket256"])
+def test_upsert_fills_holes_in_slot_order(monkeypatch, allow_evict, launch, cap, buckets,
+                                          n_new):
     """Buckets with empty slots scattered among occupied ones (erased entries): each run
-    takes the empty slots by rank, lowest first, across the digest words."""
+    takes the empty slots by rank, lowest first, across the digest words (the block form
+    finds them in two 64-bit masks a bucket up to 128 slots, in a tile of ranks past)."""
     _use_launch(monkeypatch, launch)
-    base, keys, _ = filled(64, 16, 900, seed=51)
+    base, keys, _ = filled(buckets, cap, buckets * cap * 7 // 8, seed=51)
     gen = torch.Generator().manual_seed(52)
     occupied = torch.nonzero(base.digests != 0).flatten().cpu()
     holes = occupied[torch.randperm(occupied.numel(), generator=gen)[:occupied.numel() // 3]]
     erase_ref.erase_slots(base, holes.to(DEVICE))
-    new = random_keys(150, gen).to(DEVICE)
-    batch = torch.cat([new, new[:20]])
+    new = random_keys(n_new, gen).to(DEVICE)
+    batch = torch.cat([new, new[:n_new // 8]])
     scores = torch.randint(0, 4, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
     _check_upsert(base, batch, None, scores, allow_evict)
 

@@ -418,8 +418,8 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
         misses if misses is not None else s_digests, ALLOW_EVICT=evict, CAP=cap,
         CAP_P2=next_pow2(cap), BI=config["bi"], B=b, W=block["width"],
         LANES=state is not None, PERSISTENT=persistent, MISSES_ONLY=misses is not None,
-        num_warps=block["num_warps"],
-        **maxnreg(block["maxnreg"]))
+        num_warps=block["persistent_warps" if persistent else "num_warps"],
+        **maxnreg(block["persistent_maxnreg" if persistent else "maxnreg"]))
     return state
 
 

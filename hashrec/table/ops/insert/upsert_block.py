@@ -27,7 +27,7 @@ import triton.language as tl
 
 from hashrec.table.ops.insert.runs import comes_before, insert_run
 from hashrec.table.ops.insert.triton import write_entries
-from hashrec.table.ops.insert.upsert_lanes import LANE_DEFERRED
+from hashrec.table.ops.insert.upsert_lanes import LANE_DEFERRED, nth_bit
 from hashrec.table.ops.launch import env_int, fast_launch, next_pow2
 
 __all__ = ["UPSERT_BLOCK", "block_positions", "upsert_block_kernel"]
@@ -78,11 +78,17 @@ def _lanes_min_from_env() -> int:
 # run). The training run lost 8% of its samples/s with it on for every call, and matched
 # it off (1.007) at a lanes_min of 131072, its calls being smaller
 # (ab_gpu_x1_upsert_lanes.md).
-# maxnreg: registers a thread at most in the block form (0: the compiler's choice; it
-# took 168, 17-19% occupancy, in a counter profile; capped at 128, insert_or_assign and
-# find_or_insert of 1M keys took 2-6% less time at every load factor on an H200:
-# benchmarks/results/table_gpu.md as of 3a8729b against table_gpu_upsert_maxnreg0.md, same
-# run).
+# num_warps, maxnreg: the block form's warps a program and registers a thread at most (0:
+# the compiler's choice), where it runs a program a block. At load factor 1.0 (every
+# bucket full) it does most of an insert call's work, issue-bound at 16 warps a
+# multiprocessor with 4 warps and 128 registers; 8 warps at 64 (32 warps a
+# multiprocessor, 360 bytes of spills, ``benchmarks/kernel_registers.py``) took
+# insert_or_assign of 1M keys into 64M slots 1.31 / 1.18 B-KV/s at dims 8 / 64 against
+# 1.24 / 1.12 at 4 and 128, and the same within 1% at 0.5 and 0.75
+# (benchmarks/results/upsert_evict_launch.md, same call). (Uncapped it took 168, and 128
+# had taken 2-6% less time at every load factor, table_gpu_upsert_maxnreg0.md.)
+# persistent_warps, persistent_maxnreg: the same for the persistent programs of calls that
+# expect few misses (a training lookup), kept at the launch those calls were timed with.
 # probe_maxnreg: the same for the upsert's probe (``_probe_sort_kernel``, 96 uncapped;
 # 80 or 64 changed nothing measurable); probe_keys: its keys a program (0: 32 a warp, fewer
 # for wide buckets, ``find.triton.probe_block``), on probe_warps warps (0: one for a probe
@@ -90,10 +96,11 @@ def _lanes_min_from_env() -> int:
 # insert_or_assign of 1M keys into 64M slots 2-3% less time than 64 on two at dims 32 and
 # 64, load factors 0.5 and 0.75 (benchmarks/results/upsert_probe_32x1.md against
 # upsert_probe_default.md, same call; capped at 80 registers, the same).
-UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 4, "elements": 8192,
+UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 8, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
-                "lane_warps": 2, "lane_width": 0, "maxnreg": 128, "probe_maxnreg": 0,
-                "probe_keys": 0, "probe_warps": 0}
+                "lane_warps": 2, "lane_width": 0, "maxnreg": 64, "persistent_warps": 4,
+                "persistent_maxnreg": 128, "probe_maxnreg": 0, "probe_keys": 0,
+                "probe_warps": 0}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
@@ -154,8 +161,25 @@ def _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests
     addr = (bucket * CAP)[:, None] + col[None, :]
     cell = short[:, None] & (col[None, :] < CAP)
     empty = cell & (tl.load(t_digests + addr, mask=cell, other=1) == 0)
-    empty_rank = tl.cumsum(empty.to(tl.int32), axis=1) - 1
     n_empty = tl.sum(empty.to(tl.int32), axis=1)
+    # Where no run's bucket has an empty slot (a full table, where this form does most of
+    # the work), each lane's search of them is skipped. Buckets of up to 128 slots keep
+    # their empty slots as two slot-ordered 64-bit masks a run, so that no (B, CAP_P2)
+    # tile stays live across the lanes; wider ones, as a tile of ranks.
+    roomy = tl.max(n_empty, axis=0) > 0
+    lo = tl.zeros([B], dtype=tl.uint64)
+    hi = lo
+    if CAP_P2 <= 128:
+        empty_rank = empty  # not read
+        if roomy:
+            one = tl.full([1, CAP_P2], 1, dtype=tl.uint64)
+            bit = tl.where(empty, one << (col[None, :] % 64).to(tl.uint64), 0)
+            lo = tl.sum(tl.where(col[None, :] < 64, bit, 0), axis=1)
+            hi = tl.sum(tl.where(col[None, :] >= 64, bit, 0), axis=1)
+    else:
+        empty_rank = tl.zeros([B, CAP_P2], dtype=tl.int32)
+        if roomy:
+            empty_rank = tl.cumsum(empty.to(tl.int32), axis=1) - 1
     v_col = tl.full([B, W], CAP_P2, dtype=tl.int32)
     v_score = tl.full([B, W], _MAX_SCORE, dtype=tl.int64)
     if ALLOW_EVICT:
@@ -168,15 +192,15 @@ def _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests
     lanes = tl.max(tl.max(tl.where(m2, wcol[None, :] + 1, 0), axis=1), axis=0)
     for w in tl.static_range(W):
         if w < lanes:
-            _place_lane(w, at, bucket, m2, key2, score2, pos2, n_empty, empty, empty_rank,
-                        v_col, v_score, in_tags, in_digests, t_keys, t_tags, t_digests,
+            _place_lane(w, at, bucket, m2, key2, score2, pos2, n_empty, roomy, lo, hi, empty,
+                        empty_rank, v_col, v_score, in_tags, in_digests, t_keys, t_tags, t_digests,
                         t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
                         ALLOW_EVICT, CAP, CAP_P2, B, W)
 
 
 @triton.jit
-def _place_lane(w: tl.constexpr, at, bucket, m2, key2, score2, pos2, n_empty, empty,
-                empty_rank, v_col, v_score, in_tags, in_digests, t_keys, t_tags, t_digests,
+def _place_lane(w: tl.constexpr, at, bucket, m2, key2, score2, pos2, n_empty, roomy, lo, hi,
+                empty, empty_rank, v_col, v_score, in_tags, in_digests, t_keys, t_tags, t_digests,
                 t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
                 ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
                 B: tl.constexpr, W: tl.constexpr):
@@ -192,8 +216,14 @@ def _place_lane(w: tl.constexpr, at, bucket, m2, key2, score2, pos2, n_empty, em
     pos = _column(pos2, wcol, lane_w)
     before = comes_before(key2, score2, pos2, key[:, None], score[:, None], pos[:, None])
     rank = tl.sum((before & m2).to(tl.int32), axis=1)
-    to_empty = empty & (empty_rank == rank[:, None])
-    slot_col = tl.min(tl.where(to_empty, col[None, :], CAP_P2), axis=1)
+    slot_col = tl.full([B], CAP_P2, dtype=tl.int32)
+    if roomy:  # some run's bucket has an empty slot
+        if CAP_P2 <= 128:  # the rank-th set bit of the run's masks (CAP past the last)
+            slot_col = nth_bit(lo, hi, rank, CAP, W)
+            slot_col = tl.where(slot_col < CAP, slot_col, CAP_P2)
+        else:
+            to_empty = empty & (empty_rank == rank[:, None])
+            slot_col = tl.min(tl.where(to_empty, col[None, :], CAP_P2), axis=1)
     ev = mi & (rank < 0)  # no eviction but by the rule below
     if ALLOW_EVICT:
         over = mi & (rank >= n_empty)

@@ -34,7 +34,7 @@ from hashrec.table.ops.find.triton import line_masks, match_bytes, pop_lowest, p
 from hashrec.table.ops.insert.runs import comes_before
 from hashrec.table.ops.launch import fast_launch
 
-__all__ = ["LANE_DEFERRED", "LANE_PLACED", "upsert_lanes_kernel"]
+__all__ = ["LANE_DEFERRED", "LANE_PLACED", "nth_bit", "upsert_lanes_kernel"]
 
 LANE_PLACED = tl.constexpr(1)
 LANE_DEFERRED = tl.constexpr(2)
@@ -56,7 +56,7 @@ def _nth_empty(prefix, count, rank, col, NONE: tl.constexpr):
 
 
 @triton.jit
-def _nth_bit(lo, hi, rank, CAP: tl.constexpr, W: tl.constexpr):
+def nth_bit(lo, hi, rank, CAP: tl.constexpr, W: tl.constexpr):
     """Column of each lane's ``rank``-th empty slot (0-based, below W) from slot-ordered
     masks, CAP past the last."""
     for k in tl.static_range(W - 1):
@@ -156,7 +156,7 @@ def place_lanes(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos, m, t_w
             column = tl.full([BLOCK], CAP, dtype=tl.int32)
             if tl.max((place & (rank < n_empty)).to(tl.int32), axis=0) > 0:
                 if MASKS:
-                    column = _nth_bit(lo, hi, rank, CAP, W)
+                    column = nth_bit(lo, hi, rank, CAP, W)
                 else:
                     column = _nth_empty(prefix, count, rank, col, CAP)
             # Whether a run left to the block form opens here (its program serves this block).
