@@ -2,9 +2,10 @@
 
 Takes launches from the log that ``make test`` writes (``build/launches.jsonl``: every
 interpreted kernel launch of the tests), rewrites their constexprs and launch options
-to the shapes of interest (``--set CAP=128 B=32 ...``, ``--warps``), compiles each to
-PTX with Triton and runs Triton's bundled ``ptxas -v`` on it. Prints, per kernel and
-warp count: registers a thread, spill bytes, and how many programs fit on one
+to the shapes of interest (``--set CAP=128 B=32 ...``, ``--warps``, ``--maxnreg``),
+compiles each to PTX with Triton and runs Triton's bundled ``ptxas -v`` on it. Prints,
+per kernel, warp count and register cap: registers a thread, spill bytes, and how many
+programs fit on one
 multiprocessor of an H100/H200 by registers (65,536 a multiprocessor), warps (64) and
 programs (32).
 
