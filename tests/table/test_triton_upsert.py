@@ -237,9 +237,8 @@ def _scores_spanning(kind: str, n: int, gen: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4"])
 def test_upsert_evicts_by_score_then_slot_at_any_score_span(monkeypatch, launch, stored):
     """Full buckets: victims by (score asc, slot asc), new keys evicting only where their
-    score reaches the victim's, whatever the stored scores span (the block form packs a
-    score within 2**54 of its bucket's lowest with its column into one word, and searches
-    the scores themselves otherwise)."""
+    score reaches the victim's, whatever the stored scores span: ties, wide spreads, and
+    both ends of int64 (no arithmetic on scores may overflow)."""
     _use_launch(monkeypatch, launch)
     base, _, _ = filled(16, 8, 600, seed=61)
     gen = torch.Generator().manual_seed(63)

@@ -386,8 +386,8 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
     positions past it holding nothing (the block form only). ``persistent`` (with
     ``misses``): persistent block programs without the lane form (a call expecting few
     misses)."""
-    (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, t_keys, t_tags, t_digests,
-     t_scores, out, evicted, *evictions) = args
+    (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, t_keys, t_tags, _,
+     t_scores, out, evicted, *_) = args
     cap, evict = storage.bucket_capacity, bool(allow_evict)
     config, block = UPSERT_CONFIG, UPSERT_BLOCK
     if not block["block"]:
@@ -403,8 +403,8 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
     elif block["lanes"] and words and n >= block["lanes_min"]:
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
-        lane_width = block["lane_width"] or block["width"]
         blocks = _empty(programs, torch.int8, storage.device)
+        lane_width = block["lane_width"] or block["width"]
         upsert_lanes_kernel[(programs,)](
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,
             out, evicted, state, blocks, misses if misses is not None else blocks,

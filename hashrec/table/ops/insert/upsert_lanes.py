@@ -94,20 +94,6 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
     a (lanes, line) tile of words."""
     if MISSES_ONLY:
         m = tl.load(misses)
-    served = place_lanes(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos, m, t_words,
-                         t_keys, t_tags, t_scores, out_slots, out_evicted, state, ALLOW_EVICT,
-                         CAP, LINE, W, WIN, MASKS, BLOCK)
-    tl.store(blocks + tl.program_id(0), served)
-
-
-@triton.jit
-def place_lanes(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos, m, t_words, t_keys,
-                t_tags, t_scores, out_slots, out_evicted, state, ALLOW_EVICT: tl.constexpr,
-                CAP: tl.constexpr, LINE: tl.constexpr, W: tl.constexpr, WIN: tl.constexpr,
-                MASKS: tl.constexpr, BLOCK: tl.constexpr):
-    """The lane form over this program's BLOCK sorted positions below ``m``: places what
-    it can, writes every position's ``state``, and returns whether a run left to the
-    block form opens among them."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     bucket = tl.load(in_bucket + i, mask=i < m, other=-1)
     miss = bucket >= 0  # hits are sorted last, with bucket -1
@@ -175,4 +161,4 @@ def place_lanes(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos, m, t_w
             outcome = tl.where(miss, LANE_DEFERRED, 0).to(tl.int8)
             served = tl.max((miss & (start == 0)).to(tl.int8), axis=0)
     tl.store(state + i, outcome, mask=i < m)
-    return served
+    tl.store(blocks + tl.program_id(0), served)
