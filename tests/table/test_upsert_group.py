@@ -18,6 +18,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed")
 
 from triton_table_helpers import DEVICE, clone, filled, random_keys  # noqa: E402
 
+from hashrec.table.hashing import bucket_of, mix64  # noqa: E402
 from hashrec.table.ops.insert import upsert as upsert_tt  # noqa: E402
 from hashrec.table.ops.insert.group import group_by_bucket  # noqa: E402
 
@@ -63,6 +64,19 @@ def test_group_by_bucket_of_no_keys():
     assert got_keys.numel() == 0 and got_perm.numel() == 0 and int(misses) == 0
 
 
+def _upsert_with_either_sort(monkeypatch, base, batch, scores, allow_evict, few):
+    """[(result, storage)] of the upsert of ``batch`` into clones of ``base``, grouped by
+    torch's sort and by the counting sort (with ``few_misses`` where ``few``)."""
+    outcomes = []
+    for count in (0, 1):
+        monkeypatch.setitem(upsert_tt.UPSERT_GROUP, "count", count)
+        storage = clone(base)
+        result = upsert_tt.upsert_slots(storage, batch, None, scores, allow_evict,
+                                        few_misses=few and count == 1)
+        outcomes.append((result, storage))
+    return outcomes
+
+
 @pytest.mark.parametrize("allow_evict", [False, True], ids=["keep", "evict"])
 @pytest.mark.parametrize("few", [False, True], ids=["blocks", "persistent"])
 def test_upsert_outcome_is_the_same_with_either_sort(monkeypatch, allow_evict, few):
@@ -76,14 +90,8 @@ def test_upsert_outcome_is_the_same_with_either_sort(monkeypatch, allow_evict, f
     batch = torch.cat([keys[:40], random_keys(90, gen).to(DEVICE), keys[:10]])
     batch = batch[torch.randperm(batch.numel(), generator=gen).to(DEVICE)]
     scores = torch.randint(0, 50, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    outcomes = []
-    for count in (0, 1):
-        monkeypatch.setitem(upsert_tt.UPSERT_GROUP, "count", count)
-        storage = clone(base)
-        result = upsert_tt.upsert_slots(storage, batch, None, scores, allow_evict,
-                                        few_misses=few and count == 1)
-        outcomes.append((result, storage))
-    (a, sa), (b, sb) = outcomes
+    (a, sa), (b, sb) = _upsert_with_either_sort(monkeypatch, base, batch, scores, allow_evict,
+                                                few)
     for name in ("slots", "inserted", "created", "evicted", "refused"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     for name in ("evicted_keys", "evicted_tags", "evicted_scores"):  # set where evicted
@@ -115,3 +123,36 @@ def test_large_group_by_bucket_equals_stable_sort_on_gpu(n, num_buckets, share, 
     want = torch.sort(keys, stable=True)
     assert int(got[2]) == int((keys != sentinel).sum())
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def _colliding_keys(num_buckets: int) -> tuple[int, int]:
+    """Two keys whose 32-bit upsert sort keys are equal (one bucket, the same high hash
+    bits) in a table of ``num_buckets`` buckets, found by a search over random keys."""
+    shift = max(1, (num_buckets - 1).bit_length())
+    gen = torch.Generator().manual_seed(5)
+    keys = torch.randint(-2**63, 2**63 - 1, (1 << 22,), generator=gen)
+    h = mix64(keys)
+    high = (h >> (34 + shift)) & ((1 << (30 - shift)) - 1)  # a logical shift's bits
+    s = (bucket_of(h, num_buckets) << (30 - shift)) | high
+    s, order = torch.sort(s)
+    i = int(torch.nonzero(s[1:] == s[:-1])[0])
+    return int(keys[order[i]]), int(keys[order[i + 1]])
+
+
+@pytest.mark.parametrize("few", [False, True], ids=["blocks", "persistent"])
+def test_upsert_names_first_occurrences_among_equal_sort_keys(monkeypatch, few):
+    """Two keys of one sort key, each repeated, the other one between its occurrences:
+    every occurrence takes its key's slot (the first occurrence's place in the sorted
+    order counts the other key's lower positions), as with torch's sort."""
+    base, keys, _ = filled(16, 8, 40, seed=73)
+    a, b = _colliding_keys(16)
+    batch = torch.tensor([b, a, a, b, a], dtype=torch.int64).to(DEVICE)
+    batch = torch.cat([keys[:6], batch, keys[6:9]])
+    scores = torch.arange(batch.numel(), dtype=torch.int64).to(DEVICE)
+    (want, want_storage), (got, storage) = _upsert_with_either_sort(monkeypatch, base, batch,
+                                                                    scores, True, few)
+    slots, inserted = got.slots, got.inserted
+    assert torch.equal(slots, want.slots) and torch.equal(inserted, want.inserted)
+    assert torch.equal(storage.keys, want_storage.keys)
+    assert slots[6] == slots[9] >= 0 and slots[7] == slots[8] == slots[10] >= 0
+    assert inserted[6:11].tolist() == [True, True, False, False, False]

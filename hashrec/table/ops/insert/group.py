@@ -19,6 +19,10 @@ over the buckets:
    the stable sort's order, and writes it there. Positions past m, which the device
    reads from the sums, have nothing to do.
 
+``place_by_bucket`` runs steps 1-3 (step 1 left out where the caller's kernel took the
+tickets, ``bucket_counts``), and ``segment_rank`` is step 4's walk, for a caller's
+kernel that ranks and does more (the upsert gathers the misses' fields there).
+
 The provisional places depend on thread timing; the ranks do not, so neither does
 the result. The work is O(n + buckets) plus, per miss, the length of its bucket's
 segment (a few keys: misses spread over the buckets by hash).
@@ -26,13 +30,16 @@ segment (a few keys: misses spread over the buckets by hash).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from hashrec.table.ops.launch import cdiv, fast_launch
 
-__all__ = ["group_by_bucket"]
+__all__ = ["Grouping", "bucket_counts", "group_by_bucket", "misses_of", "place_by_bucket",
+           "segment_rank"]
 
 _BLOCK = 1024
 
@@ -84,32 +91,97 @@ def _place_kernel(sort_ptr, counts_ptr, ends_ptr, tickets_ptr, tmp_sort, tmp_pos
         tl.store(out_perm + at, i, mask=kept)
 
 
+@triton.jit
+def segment_rank(tmp_sort, tmp_pos, counts_ptr, ends_ptr, num_buckets, low,
+                 BLOCK: tl.constexpr):
+    """Provisional places [program * BLOCK, +BLOCK) below the misses' count: (live, sort
+    key, batch position, segment start, sort keys below this one in the segment, equal
+    ones at lower positions). A miss's final place is start + the two counts."""
+    p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = p < tl.load(ends_ptr + num_buckets - 1)
+    s = tl.load(tmp_sort + p, mask=live, other=0)
+    pos = tl.load(tmp_pos + p, mask=live, other=0)
+    bucket = tl.where(live, s.to(tl.int64) >> low, 0)
+    end = tl.load(ends_ptr + bucket, mask=live, other=0).to(tl.int64)
+    start = end - tl.load(counts_ptr + bucket, mask=live, other=0)
+    below = tl.zeros([BLOCK], dtype=tl.int64)
+    equal = tl.zeros([BLOCK], dtype=tl.int64)
+    q = start
+    open_ = live & (q < end)
+    while tl.max(open_.to(tl.int32), axis=0) > 0:
+        sq = tl.load(tmp_sort + q, mask=open_, other=0)
+        pq = tl.load(tmp_pos + q, mask=open_, other=0)
+        below += (open_ & (sq < s)).to(tl.int64)
+        equal += (open_ & (sq == s) & (pq < pos)).to(tl.int64)
+        q += 1
+        open_ = open_ & (q < end)
+    return live, s, pos, start, below, equal
+
+
 @fast_launch
 @triton.jit(do_not_specialize=["low"])
 def _rank_kernel(tmp_sort, tmp_pos, counts_ptr, ends_ptr, out_sort, out_perm, num_buckets,
                  low, BLOCK: tl.constexpr):
     """Every miss at its rank by (sort key, position) within its bucket's segment."""
-    p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    misses = tl.load(ends_ptr + num_buckets - 1)
-    if tl.program_id(0).to(tl.int64) * BLOCK < misses:
-        live = p < misses
-        s = tl.load(tmp_sort + p, mask=live, other=0)
-        pos = tl.load(tmp_pos + p, mask=live, other=0)
-        bucket = tl.where(live, s.to(tl.int64) >> low, 0)
-        end = tl.load(ends_ptr + bucket, mask=live, other=0).to(tl.int64)
-        start = end - tl.load(counts_ptr + bucket, mask=live, other=0)
-        rank = tl.zeros([BLOCK], dtype=tl.int64)
-        q = start
-        open_ = live & (q < end)
-        while tl.max(open_.to(tl.int32), axis=0) > 0:
-            sq = tl.load(tmp_sort + q, mask=open_, other=0)
-            pq = tl.load(tmp_pos + q, mask=open_, other=0)
-            before = (sq < s) | ((sq == s) & (pq < pos))
-            rank += (open_ & before).to(tl.int64)
-            q += 1
-            open_ = open_ & (q < end)
-        tl.store(out_sort + start + rank, s, mask=live)
-        tl.store(out_perm + start + rank, pos, mask=live)
+    if tl.program_id(0).to(tl.int64) * BLOCK < tl.load(ends_ptr + num_buckets - 1):
+        live, s, pos, start, below, equal = segment_rank(tmp_sort, tmp_pos, counts_ptr,
+                                                         ends_ptr, num_buckets, low, BLOCK)
+        tl.store(out_sort + start + below + equal, s, mask=live)
+        tl.store(out_perm + start + below + equal, pos, mask=live)
+
+
+class Grouping(NamedTuple):
+    """The counting sort after its placing step: every miss at its provisional place
+    (``tmp_sort``, ``tmp_pos``) in its bucket's segment, which ends at ``ends[bucket]``
+    and holds ``counts[bucket]`` misses; ``out_sort`` / ``out_perm`` hold the sentinels
+    at their final places (not with ``misses_only``) and take the misses when ranked."""
+
+    counts: torch.Tensor
+    ends: torch.Tensor
+    tmp_sort: torch.Tensor
+    tmp_pos: torch.Tensor
+    out_sort: torch.Tensor
+    out_perm: torch.Tensor
+    programs: int  # of _BLOCK provisional places each
+    block: int = _BLOCK
+
+
+def bucket_counts(num_buckets: int, n: int, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed bucket counts and room for n tickets, for a kernel of the caller's that
+    counts the misses itself (``place_by_bucket(counted=...)``, misses only)."""
+    return (torch.zeros(num_buckets, dtype=torch.int32, device=device),
+            torch.empty(n, dtype=torch.int32, device=device))
+
+
+def place_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentinel: int,
+                    misses_only: bool = False,
+                    counted: tuple[torch.Tensor, torch.Tensor] | None = None) -> Grouping:
+    """Steps 1-3 of ``group_by_bucket`` (n > 0); ``_rank_kernel`` (or a kernel of the
+    caller's that ranks the same way, ``segment_rank``) finishes it. ``counted``: the
+    (counts, tickets) of ``bucket_counts``, already counted by the caller (as step 1
+    does); then only the misses are placed."""
+    n, device = sort_keys.numel(), sort_keys.device
+    programs = cdiv(n, _BLOCK)
+    if counted is not None:
+        (counts, tickets), misses_only = counted, True
+    else:
+        counts = torch.zeros(num_buckets + programs, dtype=torch.int32, device=device)
+        tickets = torch.empty(n, dtype=torch.int32, device=device)
+        _count_kernel[(programs,)](sort_keys, counts, tickets, n, num_buckets, low,
+                                   SENTINEL=sentinel, BLOCK=_BLOCK)
+    ends = torch.cumsum(counts, 0, dtype=torch.int32)
+    out_sort, tmp_sort = torch.empty(2, n, dtype=sort_keys.dtype, device=device).unbind(0)
+    out_perm, tmp_pos = torch.empty(2, n, dtype=torch.int64, device=device).unbind(0)
+    _place_kernel[(programs,)](sort_keys, counts, ends, tickets, tmp_sort, tmp_pos, out_sort,
+                               out_perm, n, num_buckets, low, SENTINEL=sentinel,
+                               MISSES_ONLY=misses_only, BLOCK=_BLOCK)
+    return Grouping(counts, ends, tmp_sort, tmp_pos, out_sort, out_perm, programs)
+
+
+def misses_of(grouping: Grouping, num_buckets: int) -> torch.Tensor:
+    """The misses' count, (1,) int32 on the device."""
+    return grouping.ends[num_buckets - 1:num_buckets]
 
 
 def group_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentinel: int,
@@ -124,17 +196,7 @@ def group_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentine
     if n == 0:
         return (sort_keys.clone(), torch.empty(0, dtype=torch.int64, device=device),
                 torch.zeros(1, dtype=torch.int32, device=device))
-    programs = cdiv(n, _BLOCK)
-    counts = torch.zeros(num_buckets + programs, dtype=torch.int32, device=device)
-    tickets = torch.empty(n, dtype=torch.int32, device=device)
-    _count_kernel[(programs,)](sort_keys, counts, tickets, n, num_buckets, low,
-                               SENTINEL=sentinel, BLOCK=_BLOCK)
-    ends = torch.cumsum(counts, 0, dtype=torch.int32)
-    out_sort, tmp_sort = torch.empty(2, n, dtype=sort_keys.dtype, device=device).unbind(0)
-    out_perm, tmp_pos = torch.empty(2, n, dtype=torch.int64, device=device).unbind(0)
-    _place_kernel[(programs,)](sort_keys, counts, ends, tickets, tmp_sort, tmp_pos, out_sort,
-                               out_perm, n, num_buckets, low, SENTINEL=sentinel,
-                               MISSES_ONLY=misses_only, BLOCK=_BLOCK)
-    _rank_kernel[(programs,)](tmp_sort, tmp_pos, counts, ends, out_sort, out_perm,
-                              num_buckets, low, BLOCK=_BLOCK)
-    return out_sort, out_perm, ends[num_buckets - 1:num_buckets]
+    g = place_by_bucket(sort_keys, num_buckets, low, sentinel, misses_only)
+    _rank_kernel[(g.programs,)](g.tmp_sort, g.tmp_pos, g.counts, g.ends, g.out_sort,
+                                g.out_perm, num_buckets, low, BLOCK=_BLOCK)
+    return g.out_sort, g.out_perm, misses_of(g, num_buckets)

@@ -22,19 +22,26 @@ launch has a grid fixed by the batch size n, so nothing is read back on the host
    included, have nothing to do); in calls of at least
    ``UPSERT_BLOCK["lanes_min"]`` keys (131,072) a lane form (``upsert_lanes.py``,
    one lane per sorted position; ``HASHREC_UPSERT_LANES=0`` turns it off) first
-   places the short runs that fit in their buckets' free slots, and the block form
-   takes the blocks it flags; a call that expects few misses (``few_misses``, a warm
+   places the short runs that fit in their buckets' free slots (and writes their
+   slots and flags in batch order), and the block form takes the blocks it flags; a
+   call that expects few misses (``few_misses``, a warm
    table's training lookup) skips the lane form and runs a few block programs a
    multiprocessor over the blocks up to the misses' count the counting sort left on
    the device;
-5. one kernel writes every key's final slot and flags back in batch order (and the
-   digests of the entries the lane form placed), and counts the refused keys.
+5. one kernel writes every other key's final slot and flags back in batch order (and
+   the digests of the entries the lane form placed), and counts the refused keys.
 
 With the counting sort and the block form (the defaults) the sorted positions past the
-misses' count are neither written nor read: the probe kernel clears the flags, the
-counting sort places the misses alone, the gather, lane, block and finalize kernels
-stop at the count, and the present keys are checked for eviction in batch order (only
-where the call evicted).
+misses' count are neither written nor read: the probe kernel clears the flags and
+counts each miss in its bucket (the counting sort's first step), the counting sort
+places the misses alone and gathers their fields as it ranks them (steps 2 and 3 in
+one kernel, ``_rank_gather_kernel``), the lane, block and finalize kernels stop at the
+count, and the present keys are checked for eviction in batch order (only where the
+call evicted). On an H200 that took insert_or_assign of 1M keys into 64M slots 2%
+faster at load factor 0.5 (0.339 against 0.346 ms at dim 8, 0.430 against 0.438 at 64)
+and 1% at 0.75 and 1.0 than with a count kernel and a gather kernel of their own, the
+lanes leaving the batch-order writes to the finalize kernel
+(``benchmarks/results/upsert_rank_gather.md``).
 
 The insert is independent of thread timing: a bucket is written by one program (or,
 in the lane form, by its run's lanes into the empty slots their ranks name), and all
@@ -67,7 +74,13 @@ from hashrec.table.ops.find.triton import (
     probe_bucket,
     probe_round,
 )
-from hashrec.table.ops.insert.group import group_by_bucket
+from hashrec.table.ops.insert.group import (
+    bucket_counts,
+    group_by_bucket,
+    misses_of,
+    place_by_bucket,
+    segment_rank,
+)
 from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.runs import insert_run
 from hashrec.table.ops.insert.upsert_block import (
@@ -150,7 +163,8 @@ class UpsertResult(NamedTuple):
 @fast_launch
 @triton.jit(do_not_specialize=["shift"])
 def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags, t_digests,
-                       slots_ptr, sort_ptr, flags_ptr, n, num_buckets, shift,
+                       slots_ptr, sort_ptr, flags_ptr, counts_ptr, tickets_ptr, n, num_buckets,
+                       shift,
                        HAS_TAGS: tl.constexpr, HAS_ACTIVE: tl.constexpr, GIVEN: tl.constexpr,
                        MISSES_ONLY: tl.constexpr, CAP: tl.constexpr,
                        LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
@@ -185,57 +199,134 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
         s = tl.where(skip, 0x7FFFFFFF, s)
     tl.store(sort_ptr + offs, s, mask=mask)
     if MISSES_ONLY:  # the flags start clear (the finalize kernel then writes the misses' alone)
+        # Each miss takes a ticket in its bucket's count: the counting sort's first step.
+        miss = ~skip
+        if tl.max(miss.to(tl.int32), axis=0) > 0:
+            ticket = tl.atomic_add(counts_ptr + bucket.to(tl.int64),
+                                   tl.full([BLOCK], 1, tl.int32), mask=miss)
+            tl.store(tickets_ptr + offs, ticket, mask=miss)
         zero = tl.zeros([BLOCK], dtype=tl.int8)
         tl.store(flags_ptr + offs, zero, mask=mask)
         tl.store(flags_ptr + n + offs, zero, mask=mask)
         tl.store(flags_ptr + 2 * n + offs, zero, mask=mask)
 
 
+@triton.jit
+def _same_key(keys_ptr, tags_ptr, at, key, tag, check, HAS_TAGS: tl.constexpr):
+    """Where ``check``: the batch holds (key, tag) at position ``at``."""
+    same = check & (tl.load(keys_ptr + at, mask=check, other=0) == key)
+    return same & (load_tags(tags_ptr, at, check, HAS_TAGS) == tag)
+
+
+@triton.jit
+def _gather_fields(at, pos, miss, store, keys_ptr, tags_ptr, scores_ptr, s_keys, s_tags,
+                   s_scores, s_digests, s_bucket, num_buckets, HAS_TAGS: tl.constexpr,
+                   POW2: tl.constexpr):
+    """The fields of the misses at batch positions ``pos`` into sorted places ``at``
+    (written where ``store``; bucket -1 where not ``miss``); returns (key, tag)."""
+    key = tl.load(keys_ptr + pos, mask=miss, other=0)
+    tag = load_tags(tags_ptr, pos, miss, HAS_TAGS)
+    h = tagged_hash(key, tag)
+    tl.store(s_keys + at, key, mask=store)
+    tl.store(s_tags + at, tag, mask=store)
+    tl.store(s_scores + at, tl.load(scores_ptr + pos, mask=miss, other=0), mask=store)
+    tl.store(s_digests + at, digest_of(h).to(tl.uint8), mask=store)
+    tl.store(s_bucket + at, tl.where(miss, bucket_of_fast(h, num_buckets, POW2), -1),
+             mask=store)
+    return key, tag
+
+
 @fast_launch
 @triton.jit
 def _gather_kernel(sorted_ptr, perm_ptr, keys_ptr, tags_ptr, scores_ptr, s_keys, s_tags,
-                   s_scores, s_digests, s_bucket, first_ptr, ev_any, refused_ptr, misses_ptr,
-                   n, num_buckets, HAS_TAGS: tl.constexpr, POW2: tl.constexpr,
-                   SENTINEL: tl.constexpr, MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr):
+                   s_scores, s_digests, s_bucket, first_ptr, ev_any, refused_ptr, n,
+                   num_buckets, HAS_TAGS: tl.constexpr, POW2: tl.constexpr,
+                   SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
     """Sorted misses' fields, bucket -1 at the hits (after the misses), and the index of
     each sorted miss's first occurrence among equal (key, tag): a backward scan over the
     run of equal sort keys before it, reading the batch through the permutation (such
     a run holds repeats of one key, or rarely keys of equal hash bits). Program 0 also
     clears ``ev_any``, which the insert kernels after it set when they evict, and the
-    refused count, which the finalize kernel adds to. MISSES_ONLY: only the positions
-    below the misses' count (``misses_ptr``), the only ones written by the counting sort
-    and read after it."""
+    refused count, which the finalize kernel adds to. (A call on the misses alone gathers
+    them in ``_rank_gather_kernel`` instead.)"""
     if tl.program_id(0) == 0:
         tl.store(ev_any, 0)
         tl.store(refused_ptr, 0)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
-    if MISSES_ONLY:
-        mask = mask & (i < tl.load(misses_ptr))
     s = tl.load(sorted_ptr + i, mask=mask, other=SENTINEL)
     miss = mask & (s != SENTINEL)
     pos = tl.load(perm_ptr + i, mask=miss, other=0)
-    key = tl.load(keys_ptr + pos, mask=miss, other=0)
-    tag = load_tags(tags_ptr, pos, miss, HAS_TAGS)
-    h = tagged_hash(key, tag)
-    tl.store(s_keys + i, key, mask=mask)
-    tl.store(s_tags + i, tag, mask=mask)
-    tl.store(s_scores + i, tl.load(scores_ptr + pos, mask=miss, other=0), mask=mask)
-    tl.store(s_digests + i, digest_of(h).to(tl.uint8), mask=mask)
-    tl.store(s_bucket + i, tl.where(miss, bucket_of_fast(h, num_buckets, POW2), -1), mask=mask)
+    key, tag = _gather_fields(i, pos, miss, mask, keys_ptr, tags_ptr, scores_ptr, s_keys,
+                              s_tags, s_scores, s_digests, s_bucket, num_buckets, HAS_TAGS,
+                              POW2)
     first = i
     q = i - 1
     live = miss & (q >= 0)
     live = live & (tl.load(sorted_ptr + q, mask=live, other=0) == s)
     while tl.max(live.to(tl.int32), axis=0) > 0:
         at = tl.load(perm_ptr + q, mask=live, other=0)
-        same = live & (tl.load(keys_ptr + at, mask=live, other=0) == key)
-        same = same & (load_tags(tags_ptr, at, live, HAS_TAGS) == tag)
-        first = tl.where(same, q, first)
+        first = tl.where(_same_key(keys_ptr, tags_ptr, at, key, tag, live, HAS_TAGS), q, first)
         q = q - 1
         live = live & (q >= 0)
         live = live & (tl.load(sorted_ptr + q, mask=live, other=0) == s)
     tl.store(first_ptr + i, first, mask=mask)
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["low"])
+def _rank_gather_kernel(tmp_sort, tmp_pos, counts_ptr, ends_ptr, out_sort, out_perm,
+                        keys_ptr, tags_ptr, scores_ptr, s_keys, s_tags, s_scores, s_digests,
+                        s_bucket, first_ptr, ev_any, refused_ptr, num_buckets, low,
+                        HAS_TAGS: tl.constexpr, POW2: tl.constexpr, BLOCK: tl.constexpr):
+    """The counting sort's last step and the gather in one: every miss at its rank by
+    (sort key, position) within its bucket's segment (``group.segment_rank``), with its
+    fields (as ``_gather_kernel`` writes them) and the sorted place of its key's first
+    occurrence: the same (key, tag) at the lowest batch position, whose sort key is
+    this one's (a second walk of the segment, only in programs holding a repeat).
+    Program 0 also clears ``ev_any`` and the refused count."""
+    if tl.program_id(0) == 0:
+        tl.store(ev_any, 0)
+        tl.store(refused_ptr, 0)
+    if tl.program_id(0).to(tl.int64) * BLOCK < tl.load(ends_ptr + num_buckets - 1):
+        live, s, pos, start, below, equal = segment_rank(tmp_sort, tmp_pos, counts_ptr,
+                                                         ends_ptr, num_buckets, low, BLOCK)
+        at = start + below + equal
+        tl.store(out_sort + at, s, mask=live)
+        tl.store(out_perm + at, pos, mask=live)
+        key, tag = _gather_fields(at, pos, live, live, keys_ptr, tags_ptr, scores_ptr, s_keys,
+                                  s_tags, s_scores, s_digests, s_bucket, num_buckets,
+                                  HAS_TAGS, POW2)
+        first = at
+        # An equal sort key at a lower position may be an earlier occurrence of this key:
+        # the lowest such position is the first occurrence, and its place is start +
+        # below + the equal sort keys at positions lower than its.
+        check = live & (equal > 0)
+        if tl.max(check.to(tl.int32), axis=0) > 0:
+            end = start + tl.load(counts_ptr + tl.where(check, s.to(tl.int64) >> low, 0),
+                                  mask=check, other=0)
+            lowest = pos
+            q = start
+            open_ = check & (q < end)
+            while tl.max(open_.to(tl.int32), axis=0) > 0:
+                sq = tl.load(tmp_sort + q, mask=open_, other=0)
+                pq = tl.load(tmp_pos + q, mask=open_, other=0)
+                cand = open_ & (sq == s) & (pq < lowest)
+                lowest = tl.where(_same_key(keys_ptr, tags_ptr, pq, key, tag, cand, HAS_TAGS),
+                                  pq, lowest)
+                q += 1
+                open_ = open_ & (q < end)
+            ahead = tl.zeros([BLOCK], dtype=tl.int64)
+            q = start
+            open_ = check & (lowest < pos) & (q < end)
+            while tl.max(open_.to(tl.int32), axis=0) > 0:
+                sq = tl.load(tmp_sort + q, mask=open_, other=0)
+                pq = tl.load(tmp_pos + q, mask=open_, other=0)
+                ahead += (open_ & (sq == s) & (pq < lowest)).to(tl.int64)
+                q += 1
+                open_ = open_ & (q < end)
+            first = tl.where(check & (lowest < pos), start + below + ahead, first)
+        tl.store(first_ptr + at, first, mask=live)
 
 
 @fast_launch
@@ -282,8 +373,9 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
                      HAS_TAGS: tl.constexpr, ALLOW_EVICT: tl.constexpr, LANES: tl.constexpr,
                      SENTINEL: tl.constexpr, MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr):
     """Final slot and flags of every key, in batch order; clears unused evicted flags.
-    With LANES, also writes the digests of the entries ``upsert_lanes_kernel`` placed
-    (into slots that were empty, which no present key's check reads).
+    With LANES, the keys ``upsert_lanes_kernel`` placed only get their digests here
+    (into slots that were empty, which no present key's check reads): the lanes wrote
+    the rest.
     MISSES_ONLY: the sorted positions below the misses' count (``misses_ptr``) alone,
     the probe kernel having cleared every flag and written every other key's slot;
     where this call evicted, the present keys are checked in batch order
@@ -306,10 +398,11 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
                                       hit & (slot >= 0), HAS_TAGS)
                 tl.store(slots_ptr + i, tl.full([BLOCK], -1, dtype=tl.int64), mask=gone)
         mask = mask & (i < tl.load(misses_ptr))
-    if LANES:
+    if LANES:  # the lanes' placed keys lack their digests alone
         placed = mask & (tl.load(state + i, mask=mask, other=0) == LANE_PLACED)
         at = tl.load(out_ptr + i, mask=placed, other=0)
         tl.store(t_digests + at, tl.load(s_digests + i, mask=placed, other=1), mask=placed)
+        mask = mask & ~placed
     miss = mask & (tl.load(sorted_ptr + i, mask=mask, other=SENTINEL) != SENTINEL)
     hit = mask & ~miss
     pos = tl.load(perm_ptr + i, mask=mask, other=0)
@@ -337,10 +430,13 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
 
 def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
                active: torch.Tensor | None, given: torch.Tensor | None, slots: torch.Tensor,
-               flags: torch.Tensor | None = None) -> tuple[torch.Tensor, int, int]:
+               flags: torch.Tensor | None = None,
+               counted: tuple[torch.Tensor, torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, int, int]:
     """Probes every active key into ``slots`` (the others get ``given``'s slot, or -1) and
     returns the sort keys, their sentinel and how many low bits of a miss's sort key lie
-    below its bucket. ``flags`` (3 n,) bool, when given: cleared on the way."""
+    below its bucket. ``flags`` (3 n,) bool, when given: cleared on the way; and each
+    miss counted in ``counted`` (``group.bucket_counts``, given with the flags)."""
     n, nb = keys.numel(), storage.num_buckets
     shift = max(1, (nb - 1).bit_length())
     wide = shift > NARROW_MAX_SHIFT
@@ -355,7 +451,8 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         active.view(torch.uint8) if active is not None else keys,
         given if given is not None else keys, storage.keys,
         storage.probe_tags(tags), line, slots, sort_key,
-        flags.view(torch.int8) if flags is not None else sort_key, n, nb, shift,
+        flags.view(torch.int8) if flags is not None else sort_key,
+        *(counted if counted is not None else (sort_key, sort_key)), n, nb, shift,
         HAS_TAGS=tags is not None, HAS_ACTIVE=active is not None, GIVEN=given is not None,
         MISSES_ONLY=flags is not None, CAP=storage.bucket_capacity,
         LINE=width,
@@ -378,10 +475,20 @@ def _rows(count: int, n: int, dtype: torch.dtype, device: torch.device
     return torch.empty(count, -(-n // per) * per, dtype=dtype, device=device)[:, :n].unbind(0)
 
 
+def _lane_form(storage: TableStorage, n: int, persistent: bool) -> bool:
+    """Whether step 4 runs the lane form first (``_insert_misses``)."""
+    block = UPSERT_BLOCK
+    return (bool(block["block"]) and not persistent and bool(block["lanes"])
+            and digest_line(storage)[2] and n >= block["lanes_min"])
+
+
 def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
-                   misses: torch.Tensor | None, persistent: bool) -> torch.Tensor | None:
+                   misses: torch.Tensor | None, persistent: bool, slots: torch.Tensor,
+                   flags: torch.Tensor) -> torch.Tensor | None:
     """Places the sorted misses (step 4); returns the lanes' outcomes when the lane form
-    ran first (its placed entries are then written by the finalize step), else None.
+    ran first (the keys it placed then have their slots and inserted and created flags
+    in ``slots`` and ``flags``, in batch order, and lack only their digests, which the
+    finalize step writes), else None.
     ``misses`` (1,) int32 on the device, when given: the count of sorted misses, the
     positions past it holding nothing (the block form only). ``persistent`` (with
     ``misses``): persistent block programs without the lane form (a call expecting few
@@ -400,15 +507,15 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
     line, width, words = digest_line(storage)
     if persistent:
         programs = min(programs, PERSISTENT_PER_SM * _multiprocessors(storage.device))
-    elif block["lanes"] and words and n >= block["lanes_min"]:
+    elif _lane_form(storage, n, persistent):
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
         blocks = _empty(programs, torch.int8, storage.device)
         lane_width = block["lane_width"] or block["width"]
         upsert_lanes_kernel[(programs,)](
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,
-            out, evicted, state, blocks, misses if misses is not None else blocks,
-            ALLOW_EVICT=evict, CAP=cap, LINE=width, W=lane_width,
+            out, evicted, state, blocks, misses if misses is not None else blocks, slots,
+            flags.view(torch.int8), n, ALLOW_EVICT=evict, CAP=cap, LINE=width, W=lane_width,
             WIN=next_pow2(2 * lane_width + 1), MISSES_ONLY=misses is not None,
             MASKS=mask_probe(cap, words), BLOCK=b,
             num_warps=block["lane_warps"])
@@ -475,29 +582,35 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     # after the probe (whose kernel clears the flags): the sorted positions past the
     # misses' count, which the device knows, are neither written nor read.
     misses_only = bool(UPSERT_GROUP["count"]) and bool(UPSERT_BLOCK["block"])
+    counted = bucket_counts(nb, n, device) if misses_only else None
     probed, sentinel, low = _sort_keys(storage, keys, tags, active, given_slots, slots,
-                                       flags if misses_only else None)
-    misses = None
-    if UPSERT_GROUP["count"]:
-        sort_key, perm, misses = group_by_bucket(probed, nb, low, sentinel,
-                                                 misses_only=misses_only)
-        misses = misses if misses_only else None
-    else:
-        sort_key, perm = torch.sort(probed, stable=True)
+                                       flags if misses_only else None, counted)
     s_digests = _empty(n, torch.uint8, device)
     tag_arg = tags if tags is not None else keys
     grid = (cdiv(n, 512),)
     ev_any = _empty(1, torch.int32, device)  # cleared by the gather, set where a miss evicts
-    _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
-                         s_digests, s_bucket, first, ev_any, refused,
-                         misses if misses_only else refused, n, nb,
-                         HAS_TAGS=tags is not None, POW2=is_pow2(nb), SENTINEL=sentinel,
-                         MISSES_ONLY=misses_only, BLOCK=512)
+    misses = None
+    if misses_only:  # the counting sort's ranking step gathers the misses' fields too
+        g = place_by_bucket(probed, nb, low, sentinel, counted=counted)
+        sort_key, perm, misses = g.out_sort, g.out_perm, misses_of(g, nb)
+        _rank_gather_kernel[(g.programs,)](
+            g.tmp_sort, g.tmp_pos, g.counts, g.ends, sort_key, perm, keys, tag_arg, scores,
+            s_keys, s_tags, s_scores, s_digests, s_bucket, first, ev_any, refused, nb, low,
+            HAS_TAGS=tags is not None, POW2=is_pow2(nb), BLOCK=g.block)
+    else:
+        if UPSERT_GROUP["count"]:
+            sort_key, perm, _ = group_by_bucket(probed, nb, low, sentinel)
+        else:
+            sort_key, perm = torch.sort(probed, stable=True)
+        _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
+                             s_digests, s_bucket, first, ev_any, refused, n, nb,
+                             HAS_TAGS=tags is not None, POW2=is_pow2(nb), SENTINEL=sentinel,
+                             BLOCK=512)
     evicted = flags[2 * n:].view(torch.int8)
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
                                      perm, n, storage.keys, t_tags, storage.digests,
                                      storage.scores, out, evicted, ev_any, *ev), allow_evict,
-                           misses, misses_only and few_misses)
+                           misses, misses_only and few_misses, slots, flags)
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
         s_digests, state if state is not None else s_digests, slots,

@@ -18,11 +18,16 @@ and scans on each of them. Here each sorted miss places itself:
 The outcome is the pinned rule's and does not depend on thread timing: every lane
 reads its bucket's digests as they were before the call, because this kernel writes
 no digest. It writes the placed entries' keys, tags and scores (into slots whose
-digest still reads empty), records ``LANE_PLACED`` in ``state`` (``LANE_DEFERRED``
-for positions of runs left to the block form), and
-``_finalize_kernel`` writes their digests after the block form ran. Each program
-flags in ``blocks`` whether its positions open a run left to the block form, whose
-programs serve the same blocks of positions and skip the unflagged ones.
+digest still reads empty) and, in batch order, their slots and flags, and records
+``LANE_PLACED`` in ``state`` (``LANE_DEFERRED`` for positions of runs left to the
+block form); ``_finalize_kernel`` writes their digests after the block form ran. Each
+program flags in ``blocks`` whether its positions open a run left to the block form,
+whose programs serve the same blocks of positions and skip the unflagged ones.
+
+Taking the empty slots from masks the probe kept (two a miss, gathered into sorted
+order) instead of the digest array, and so writing whole entries here, was slower on an
+H200: the probe and the gather took 25 us more, the finalize kernel 13 us less and the
+lanes no less (``benchmarks/results/upsert_rank_gather.md``).
 """
 
 from __future__ import annotations
@@ -82,10 +87,13 @@ def _run_of(i, bucket, miss, in_bucket, m, W: tl.constexpr, WIN: tl.constexpr):
 @triton.jit
 def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos, m, t_words,
                         t_keys, t_tags, t_scores, out_slots, out_evicted, state, blocks,
-                        misses, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
-                        LINE: tl.constexpr, W: tl.constexpr, WIN: tl.constexpr,
-                        MISSES_ONLY: tl.constexpr, MASKS: tl.constexpr, BLOCK: tl.constexpr):
+                        misses, b_slots, b_flags, n, ALLOW_EVICT: tl.constexpr,
+                        CAP: tl.constexpr, LINE: tl.constexpr, W: tl.constexpr,
+                        WIN: tl.constexpr, MISSES_ONLY: tl.constexpr, MASKS: tl.constexpr,
+                        BLOCK: tl.constexpr):
     """Lane i serves sorted position i (``t_words``: the digest array as int32 words).
+    A key it places gets its slot in ``b_slots`` and its inserted and created flags
+    (``b_flags``, at batch positions 0..n-1 and n..2n-1).
     ``blocks`` (programs,) int8: 1 where the program's positions open a run left to the
     block form, whose programs serve the same BLOCK positions. MISSES_ONLY: only the
     positions below the misses' count (``misses``, on the device) hold sorted misses;
@@ -154,8 +162,13 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
                 tl.store(t_tags + slot, tl.load(in_tags + i, mask=ok, other=0), mask=ok)
             tl.store(t_scores + slot, score, mask=ok)
             tl.store(out_slots + i, tl.where(ok, slot, -1), mask=place)
-            if ALLOW_EVICT:
-                tl.store(out_evicted + i, tl.zeros([BLOCK], dtype=tl.int8), mask=place)
+            tl.store(out_evicted + i, tl.zeros([BLOCK], dtype=tl.int8), mask=place)
+            # A placed key is done here but for its digest: its slot and flags (inserted,
+            # created) in batch order.
+            tl.store(b_slots + pos, slot, mask=ok)
+            one = tl.full([BLOCK], 1, dtype=tl.int8)
+            tl.store(b_flags + pos, one, mask=ok)
+            tl.store(b_flags + n + pos, one, mask=ok)
             outcome = tl.where(ok, LANE_PLACED, tl.where(deferred, LANE_DEFERRED, 0)).to(tl.int8)
         else:  # every bucket here is full: each run goes to the block form, to evict
             outcome = tl.where(miss, LANE_DEFERRED, 0).to(tl.int8)
