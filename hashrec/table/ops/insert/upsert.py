@@ -38,9 +38,9 @@ places the misses alone and gathers their fields as it ranks them (steps 2 and 3
 one kernel, ``_rank_gather_kernel``), the lane, block and finalize kernels stop at the
 count, and the present keys are checked for eviction in batch order (only where the
 call evicted). On an H200 that took insert_or_assign of 1M keys into 64M slots 2%
-faster at load factor 0.5 (0.339 against 0.346 ms at dim 8, 0.430 against 0.438 at 64)
-and 1% at 0.75 and 1.0 than with a count kernel and a gather kernel of their own, the
-lanes leaving the batch-order writes to the finalize kernel
+faster at load factor 0.5 (0.339-0.340 against 0.346-0.347 ms at dim 8, 0.430-0.431
+against 0.437-0.440 at 64) and 1% at 0.75 and 1.0 than with a count kernel and a gather
+kernel of their own, the lanes leaving the batch-order writes to the finalize kernel
 (``benchmarks/results/upsert_rank_gather.md``).
 
 The insert is independent of thread timing: a bucket is written by one program (or,
