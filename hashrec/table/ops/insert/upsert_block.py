@@ -292,7 +292,10 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
     against 1.08 at 1.0 (table_gpu_lane_grid2.md, _lane_grid4.md against table_gpu.md as of
     b35ba5c). So was a list of the flagged blocks, appended to by the lane form, served
     by 1 to 16 programs a multiprocessor: at most 2% faster at load factors 0.5 and 0.75,
-    15% slower at 1.0 (benchmarks/results/upsert_listed.md, tree 077c4cb).
+    15% slower at 1.0 (benchmarks/results/upsert_listed.md, tree 077c4cb); taking the
+    listed blocks one at a time from an atomic counter instead, this kernel took 33 us
+    against 42 at load factor 0.5 and 641 against 520 at 1.0
+    (benchmarks/results/upsert_rank_gather.md).
 
     PERSISTENT (without LANES): the grid is a few programs a multiprocessor, which serve
     the blocks up to the misses' count (``misses``, on the device) in a stride: a call
