@@ -95,8 +95,8 @@ def _place_kernel(sort_ptr, counts_ptr, ends_ptr, tickets_ptr, tmp_sort, tmp_pos
 def segment_rank(tmp_sort, tmp_pos, counts_ptr, ends_ptr, num_buckets, low,
                  BLOCK: tl.constexpr):
     """Provisional places [program * BLOCK, +BLOCK) below the misses' count: (live, sort
-    key, batch position, segment start, sort keys below this one in the segment, equal
-    ones at lower positions). A miss's final place is start + the two counts."""
+    key, batch position, segment start and end, sort keys below this one in the segment,
+    equal ones at lower positions). A miss's final place is start + the two counts."""
     p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = p < tl.load(ends_ptr + num_buckets - 1)
     s = tl.load(tmp_sort + p, mask=live, other=0)
@@ -115,7 +115,7 @@ def segment_rank(tmp_sort, tmp_pos, counts_ptr, ends_ptr, num_buckets, low,
         equal += (open_ & (sq == s) & (pq < pos)).to(tl.int64)
         q += 1
         open_ = open_ & (q < end)
-    return live, s, pos, start, below, equal
+    return live, s, pos, start, end, below, equal
 
 
 @fast_launch
@@ -124,8 +124,8 @@ def _rank_kernel(tmp_sort, tmp_pos, counts_ptr, ends_ptr, out_sort, out_perm, nu
                  low, BLOCK: tl.constexpr):
     """Every miss at its rank by (sort key, position) within its bucket's segment."""
     if tl.program_id(0).to(tl.int64) * BLOCK < tl.load(ends_ptr + num_buckets - 1):
-        live, s, pos, start, below, equal = segment_rank(tmp_sort, tmp_pos, counts_ptr,
-                                                         ends_ptr, num_buckets, low, BLOCK)
+        live, s, pos, start, _, below, equal = segment_rank(tmp_sort, tmp_pos, counts_ptr,
+                                                            ends_ptr, num_buckets, low, BLOCK)
         tl.store(out_sort + start + below + equal, s, mask=live)
         tl.store(out_perm + start + below + equal, pos, mask=live)
 
@@ -134,7 +134,8 @@ class Grouping(NamedTuple):
     """The counting sort after its placing step: every miss at its provisional place
     (``tmp_sort``, ``tmp_pos``) in its bucket's segment, which ends at ``ends[bucket]``
     and holds ``counts[bucket]`` misses; ``out_sort`` / ``out_perm`` hold the sentinels
-    at their final places (not with ``misses_only``) and take the misses when ranked."""
+    at their final places (unless the misses alone were placed) and take the misses when
+    ranked."""
 
     counts: torch.Tensor
     ends: torch.Tensor
@@ -155,7 +156,6 @@ def bucket_counts(num_buckets: int, n: int, device: torch.device
 
 
 def place_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentinel: int,
-                    misses_only: bool = False,
                     counted: tuple[torch.Tensor, torch.Tensor] | None = None) -> Grouping:
     """Steps 1-3 of ``group_by_bucket`` (n > 0); ``_rank_kernel`` (or a kernel of the
     caller's that ranks the same way, ``segment_rank``) finishes it. ``counted``: the
@@ -163,8 +163,9 @@ def place_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentine
     does); then only the misses are placed."""
     n, device = sort_keys.numel(), sort_keys.device
     programs = cdiv(n, _BLOCK)
+    misses_only = counted is not None
     if counted is not None:
-        (counts, tickets), misses_only = counted, True
+        counts, tickets = counted
     else:
         counts = torch.zeros(num_buckets + programs, dtype=torch.int32, device=device)
         tickets = torch.empty(n, dtype=torch.int32, device=device)
@@ -184,19 +185,17 @@ def misses_of(grouping: Grouping, num_buckets: int) -> torch.Tensor:
     return grouping.ends[num_buckets - 1:num_buckets]
 
 
-def group_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentinel: int,
-                    misses_only: bool = False
+def group_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentinel: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``torch.sort(sort_keys, stable=True)`` of upsert sort keys (n,) int32 / int64:
     (sorted keys, positions int64), and the misses' count (1,) int32 on the device.
     Every key is ``sentinel`` or a miss whose bucket (< ``num_buckets``) is its value
-    shifted right by ``low`` bits. ``misses_only``: only the first (misses' count)
-    positions of the sorted arrays are written (the sentinels after them are not)."""
+    shifted right by ``low`` bits."""
     n, device = sort_keys.numel(), sort_keys.device
     if n == 0:
         return (sort_keys.clone(), torch.empty(0, dtype=torch.int64, device=device),
                 torch.zeros(1, dtype=torch.int32, device=device))
-    g = place_by_bucket(sort_keys, num_buckets, low, sentinel, misses_only)
+    g = place_by_bucket(sort_keys, num_buckets, low, sentinel)
     _rank_kernel[(g.programs,)](g.tmp_sort, g.tmp_pos, g.counts, g.ends, g.out_sort,
                                 g.out_perm, num_buckets, low, BLOCK=_BLOCK)
     return g.out_sort, g.out_perm, misses_of(g, num_buckets)

@@ -12,7 +12,7 @@ launch has a grid fixed by the batch size n, so nothing is read back on the host
    up in one run of equal sort keys) ahead of the hits: a counting sort over the
    buckets (``group.py``) with the same result as a full sort;
 3. one kernel gathers the sorted misses (key, tag, score, bucket, digest) and names
-   each repeat's first occurrence (a short backward scan);
+   each repeat's first occurrence (``upsert_gather.py``);
 4. by default one program per ``UPSERT_BLOCK["block"]`` sorted positions (32, or
    the environment's ``HASHREC_UPSERT_BLOCK``) places its short runs of misses
    together and its long ones run by run (``upsert_block.py``); with the block 0,
@@ -35,7 +35,7 @@ With the counting sort and the block form (the defaults) the sorted positions pa
 misses' count are neither written nor read: the probe kernel clears the flags and
 counts each miss in its bucket (the counting sort's first step), the counting sort
 places the misses alone and gathers their fields as it ranks them (steps 2 and 3 in
-one kernel, ``_rank_gather_kernel``), the lane, block and finalize kernels stop at the
+one kernel, ``upsert_gather.rank_gather_kernel``), the lane, block and finalize kernels stop at the
 count, and the present keys are checked for eviction in batch order (only where the
 call evicted). On an H200 that took insert_or_assign of 1M keys into 64M slots 2%
 faster at load factor 0.5 (0.339-0.340 against 0.346-0.347 ms at dim 8, 0.430-0.431
@@ -61,7 +61,6 @@ import triton.language as tl
 from hashrec.table._triton_hash import (
     bucket_of_fast,
     check_keys,
-    digest_of,
     is_pow2,
     load_tags,
     tagged_hash,
@@ -79,7 +78,6 @@ from hashrec.table.ops.insert.group import (
     group_by_bucket,
     misses_of,
     place_by_bucket,
-    segment_rank,
 )
 from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.runs import insert_run
@@ -88,6 +86,7 @@ from hashrec.table.ops.insert.upsert_block import (
     block_positions,
     upsert_block_kernel,
 )
+from hashrec.table.ops.insert.upsert_gather import gather_kernel, rank_gather_kernel
 from hashrec.table.ops.insert.upsert_lanes import LANE_PLACED, upsert_lanes_kernel
 from hashrec.table.ops.launch import cdiv, env_int, fast_launch, maxnreg, next_pow2
 from hashrec.table.storage import TableStorage
@@ -209,124 +208,6 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
         tl.store(flags_ptr + offs, zero, mask=mask)
         tl.store(flags_ptr + n + offs, zero, mask=mask)
         tl.store(flags_ptr + 2 * n + offs, zero, mask=mask)
-
-
-@triton.jit
-def _same_key(keys_ptr, tags_ptr, at, key, tag, check, HAS_TAGS: tl.constexpr):
-    """Where ``check``: the batch holds (key, tag) at position ``at``."""
-    same = check & (tl.load(keys_ptr + at, mask=check, other=0) == key)
-    return same & (load_tags(tags_ptr, at, check, HAS_TAGS) == tag)
-
-
-@triton.jit
-def _gather_fields(at, pos, miss, store, keys_ptr, tags_ptr, scores_ptr, s_keys, s_tags,
-                   s_scores, s_digests, s_bucket, num_buckets, HAS_TAGS: tl.constexpr,
-                   POW2: tl.constexpr):
-    """The fields of the misses at batch positions ``pos`` into sorted places ``at``
-    (written where ``store``; bucket -1 where not ``miss``); returns (key, tag)."""
-    key = tl.load(keys_ptr + pos, mask=miss, other=0)
-    tag = load_tags(tags_ptr, pos, miss, HAS_TAGS)
-    h = tagged_hash(key, tag)
-    tl.store(s_keys + at, key, mask=store)
-    tl.store(s_tags + at, tag, mask=store)
-    tl.store(s_scores + at, tl.load(scores_ptr + pos, mask=miss, other=0), mask=store)
-    tl.store(s_digests + at, digest_of(h).to(tl.uint8), mask=store)
-    tl.store(s_bucket + at, tl.where(miss, bucket_of_fast(h, num_buckets, POW2), -1),
-             mask=store)
-    return key, tag
-
-
-@fast_launch
-@triton.jit
-def _gather_kernel(sorted_ptr, perm_ptr, keys_ptr, tags_ptr, scores_ptr, s_keys, s_tags,
-                   s_scores, s_digests, s_bucket, first_ptr, ev_any, refused_ptr, n,
-                   num_buckets, HAS_TAGS: tl.constexpr, POW2: tl.constexpr,
-                   SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
-    """Sorted misses' fields, bucket -1 at the hits (after the misses), and the index of
-    each sorted miss's first occurrence among equal (key, tag): a backward scan over the
-    run of equal sort keys before it, reading the batch through the permutation (such
-    a run holds repeats of one key, or rarely keys of equal hash bits). Program 0 also
-    clears ``ev_any``, which the insert kernels after it set when they evict, and the
-    refused count, which the finalize kernel adds to. (A call on the misses alone gathers
-    them in ``_rank_gather_kernel`` instead.)"""
-    if tl.program_id(0) == 0:
-        tl.store(ev_any, 0)
-        tl.store(refused_ptr, 0)
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = i < n
-    s = tl.load(sorted_ptr + i, mask=mask, other=SENTINEL)
-    miss = mask & (s != SENTINEL)
-    pos = tl.load(perm_ptr + i, mask=miss, other=0)
-    key, tag = _gather_fields(i, pos, miss, mask, keys_ptr, tags_ptr, scores_ptr, s_keys,
-                              s_tags, s_scores, s_digests, s_bucket, num_buckets, HAS_TAGS,
-                              POW2)
-    first = i
-    q = i - 1
-    live = miss & (q >= 0)
-    live = live & (tl.load(sorted_ptr + q, mask=live, other=0) == s)
-    while tl.max(live.to(tl.int32), axis=0) > 0:
-        at = tl.load(perm_ptr + q, mask=live, other=0)
-        first = tl.where(_same_key(keys_ptr, tags_ptr, at, key, tag, live, HAS_TAGS), q, first)
-        q = q - 1
-        live = live & (q >= 0)
-        live = live & (tl.load(sorted_ptr + q, mask=live, other=0) == s)
-    tl.store(first_ptr + i, first, mask=mask)
-
-
-@fast_launch
-@triton.jit(do_not_specialize=["low"])
-def _rank_gather_kernel(tmp_sort, tmp_pos, counts_ptr, ends_ptr, out_sort, out_perm,
-                        keys_ptr, tags_ptr, scores_ptr, s_keys, s_tags, s_scores, s_digests,
-                        s_bucket, first_ptr, ev_any, refused_ptr, num_buckets, low,
-                        HAS_TAGS: tl.constexpr, POW2: tl.constexpr, BLOCK: tl.constexpr):
-    """The counting sort's last step and the gather in one: every miss at its rank by
-    (sort key, position) within its bucket's segment (``group.segment_rank``), with its
-    fields (as ``_gather_kernel`` writes them) and the sorted place of its key's first
-    occurrence: the same (key, tag) at the lowest batch position, whose sort key is
-    this one's (a second walk of the segment, only in programs holding a repeat).
-    Program 0 also clears ``ev_any`` and the refused count."""
-    if tl.program_id(0) == 0:
-        tl.store(ev_any, 0)
-        tl.store(refused_ptr, 0)
-    if tl.program_id(0).to(tl.int64) * BLOCK < tl.load(ends_ptr + num_buckets - 1):
-        live, s, pos, start, below, equal = segment_rank(tmp_sort, tmp_pos, counts_ptr,
-                                                         ends_ptr, num_buckets, low, BLOCK)
-        at = start + below + equal
-        tl.store(out_sort + at, s, mask=live)
-        tl.store(out_perm + at, pos, mask=live)
-        key, tag = _gather_fields(at, pos, live, live, keys_ptr, tags_ptr, scores_ptr, s_keys,
-                                  s_tags, s_scores, s_digests, s_bucket, num_buckets,
-                                  HAS_TAGS, POW2)
-        first = at
-        # An equal sort key at a lower position may be an earlier occurrence of this key:
-        # the lowest such position is the first occurrence, and its place is start +
-        # below + the equal sort keys at positions lower than its.
-        check = live & (equal > 0)
-        if tl.max(check.to(tl.int32), axis=0) > 0:
-            end = start + tl.load(counts_ptr + tl.where(check, s.to(tl.int64) >> low, 0),
-                                  mask=check, other=0)
-            lowest = pos
-            q = start
-            open_ = check & (q < end)
-            while tl.max(open_.to(tl.int32), axis=0) > 0:
-                sq = tl.load(tmp_sort + q, mask=open_, other=0)
-                pq = tl.load(tmp_pos + q, mask=open_, other=0)
-                cand = open_ & (sq == s) & (pq < lowest)
-                lowest = tl.where(_same_key(keys_ptr, tags_ptr, pq, key, tag, cand, HAS_TAGS),
-                                  pq, lowest)
-                q += 1
-                open_ = open_ & (q < end)
-            ahead = tl.zeros([BLOCK], dtype=tl.int64)
-            q = start
-            open_ = check & (lowest < pos) & (q < end)
-            while tl.max(open_.to(tl.int32), axis=0) > 0:
-                sq = tl.load(tmp_sort + q, mask=open_, other=0)
-                pq = tl.load(tmp_pos + q, mask=open_, other=0)
-                ahead += (open_ & (sq == s) & (pq < lowest)).to(tl.int64)
-                q += 1
-                open_ = open_ & (q < end)
-            first = tl.where(check & (lowest < pos), start + below + ahead, first)
-        tl.store(first_ptr + at, first, mask=live)
 
 
 @fast_launch
@@ -475,13 +356,6 @@ def _rows(count: int, n: int, dtype: torch.dtype, device: torch.device
     return torch.empty(count, -(-n // per) * per, dtype=dtype, device=device)[:, :n].unbind(0)
 
 
-def _lane_form(storage: TableStorage, n: int, persistent: bool) -> bool:
-    """Whether step 4 runs the lane form first (``_insert_misses``)."""
-    block = UPSERT_BLOCK
-    return (bool(block["block"]) and not persistent and bool(block["lanes"])
-            and digest_line(storage)[2] and n >= block["lanes_min"])
-
-
 def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
                    misses: torch.Tensor | None, persistent: bool, slots: torch.Tensor,
                    flags: torch.Tensor) -> torch.Tensor | None:
@@ -507,7 +381,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
     line, width, words = digest_line(storage)
     if persistent:
         programs = min(programs, PERSISTENT_PER_SM * _multiprocessors(storage.device))
-    elif _lane_form(storage, n, persistent):
+    elif block["lanes"] and words and n >= block["lanes_min"]:
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
         blocks = _empty(programs, torch.int8, storage.device)
@@ -593,7 +467,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     if misses_only:  # the counting sort's ranking step gathers the misses' fields too
         g = place_by_bucket(probed, nb, low, sentinel, counted=counted)
         sort_key, perm, misses = g.out_sort, g.out_perm, misses_of(g, nb)
-        _rank_gather_kernel[(g.programs,)](
+        rank_gather_kernel[(g.programs,)](
             g.tmp_sort, g.tmp_pos, g.counts, g.ends, sort_key, perm, keys, tag_arg, scores,
             s_keys, s_tags, s_scores, s_digests, s_bucket, first, ev_any, refused, nb, low,
             HAS_TAGS=tags is not None, POW2=is_pow2(nb), BLOCK=g.block)
@@ -602,10 +476,10 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
             sort_key, perm, _ = group_by_bucket(probed, nb, low, sentinel)
         else:
             sort_key, perm = torch.sort(probed, stable=True)
-        _gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
-                             s_digests, s_bucket, first, ev_any, refused, n, nb,
-                             HAS_TAGS=tags is not None, POW2=is_pow2(nb), SENTINEL=sentinel,
-                             BLOCK=512)
+        gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
+                            s_digests, s_bucket, first, ev_any, refused, n, nb,
+                            HAS_TAGS=tags is not None, POW2=is_pow2(nb), SENTINEL=sentinel,
+                            BLOCK=512)
     evicted = flags[2 * n:].view(torch.int8)
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
                                      perm, n, storage.keys, t_tags, storage.digests,
