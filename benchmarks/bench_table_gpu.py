@@ -47,6 +47,14 @@ UPSERT_BLOCK_FLAGS = (
     ("--lane-warps", "lane_warps", "lane form: warps a program"),
     ("--upsert-elements", "elements", "block form: values a (positions, bucket) tile holds "
      "at most, which caps its positions a program"),
+    ("--upsert-inline", "inline", "lane form: 1 places every run itself (no block form "
+     "after it), 0 never, -1 where the previous call left few runs to the block form"),
+    ("--upsert-inline-share", "inline_share", "lane form, inline -1: places every run itself "
+     "where the previous call flagged at most 1 / this of its blocks"),
+    ("--upsert-inline-bi", "inline_bi", "lane form, placing every run itself: incoming keys "
+     "of a run held in registers"),
+    ("--upsert-inline-maxnreg", "inline_maxnreg", "lane form, placing every run itself: at "
+     "most this many registers a thread (0: the compiler's choice)"),
     ("--probe-maxnreg", "probe_maxnreg", "the upsert's probe: at most this many registers a "
      "thread (0: the compiler's choice)"),
 )

@@ -21,7 +21,7 @@ write it. An empty storage starts so; the first insert given tags sets it for go
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +38,9 @@ class TableStorage:
     scores: torch.Tensor
     values: torch.Tensor
     tagged: bool = True  # see the module docstring; True is always correct
+    # What past calls of the write path left on the host to pick the next call's kernel
+    # launch (``ops/insert/upsert.py``); never read for an outcome.
+    launch_hints: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def empty(cls, num_buckets: int, bucket_capacity: int, row_dim: int,

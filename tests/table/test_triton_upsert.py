@@ -27,6 +27,7 @@ from triton_table_helpers import (  # noqa: E402
     use_probe_form,
 )
 
+from hashrec.table.hashing import bucket_of, mix_tagged  # noqa: E402
 from hashrec.table.ops.erase import reference as erase_ref  # noqa: E402
 from hashrec.table.ops.find import reference as find_ref  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
@@ -62,9 +63,12 @@ def _reference_upsert(storage: TableStorage, keys, tags, scores, allow_evict):
 # straddle blocks, and the listed blocks outnumber the block form's programs) or many, and
 # placing longer runs than the block form's tiles.
 # Registers: the block form uncapped in one launch, the probe capped (16 keys, one warp)
-# in another.
-# The lane form on for calls of any size (by default only for large ones).
-LANES_ON = {"lanes": 1, "lanes_min": 0}
+# in another. Last, the lane form placing every run itself (no block form after it), the
+# long ones chunked.
+# The lane form on for calls of any size (by default only for large ones), the block form
+# after it (by default, unless the previous call left it little to do).
+LANES_ON = {"lanes": 1, "lanes_min": 0, "inline": 0}
+INLINE = {**LANES_ON, "inline": 1}
 LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}, 0),
             "runs8-chunked": ({"runs": 8, "bi": 4}, 0),
             "block8-w4": ({"bi": 16}, {"block": 8, "width": 4, "lanes": 0}),
@@ -77,7 +81,9 @@ LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}
             "lanes-block32-w2-chunked": ({"bi": 4}, {**LANES_ON, "block": 32, "width": 2}),
             "lanes-block2-w1": ({"bi": 16}, {**LANES_ON, "block": 2, "width": 1}),
             "lanes8-block16-w2": ({"bi": 16}, {**LANES_ON, "block": 16, "width": 2,
-                                               "lane_width": 8})}
+                                               "lane_width": 8}),
+            "inline-block8-w2-chunked": ({"bi": 16}, {**INLINE, "block": 8, "width": 2,
+                                                      "inline_bi": 4})}
 
 
 def _use_launch(monkeypatch, launch: str) -> None:
@@ -88,9 +94,12 @@ def _use_launch(monkeypatch, launch: str) -> None:
 
 
 def _check_upsert(base: TableStorage, batch, btags, scores, allow_evict,
-                  few_misses: bool = False) -> None:
-    """The upsert of ``batch`` equals find + the reference insert of each miss once."""
+                  few_misses: bool = False, hints: dict | None = None) -> None:
+    """The upsert of ``batch`` equals find + the reference insert of each miss once
+    (``hints``: the launch hints the upsert's storage starts with)."""
     ref_storage, tt_storage = clone(base), clone(base)
+    if hints is not None:
+        tt_storage.launch_hints = hints
     want, ref = _reference_upsert(ref_storage, batch, btags, scores, allow_evict)
     before = find_ref.find_slots(tt_storage, batch, btags)
     got = upsert_tt.upsert_slots(tt_storage, batch, btags, scores, allow_evict,
@@ -174,9 +183,11 @@ def _check_short_runs(tagged: bool, allow_evict: bool) -> None:
 
 @pytest.mark.parametrize("launch,few", [("block8-w4", False), ("lanes-block4-w4", False),
                                         ("lanes-block32-w2-chunked", False),
+                                        ("inline-block8-w2-chunked", False),
                                         ("block8-w4", True), ("runs1", True)],
                          ids=["block8-w4", "lanes-block4-w4", "lanes-block32-w2-chunked",
-                              "block8-w4-few-misses", "runs1-few-misses"])
+                              "inline-block8-w2-chunked", "block8-w4-few-misses",
+                              "runs1-few-misses"])
 @pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
 def test_upsert_reads_no_work_array_past_the_misses(monkeypatch, allow_evict, launch, few):
     """The sorted positions past the misses' count are never written, so never read:
@@ -201,18 +212,25 @@ def test_upsert_reads_no_work_array_past_the_misses(monkeypatch, allow_evict, la
 
 
 @pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block2-w1",
-                                    "lanes-block32-w2-chunked"])
+                                    "lanes-block32-w2-chunked", "inline-block8-w2-chunked"])
 def test_upsert_of_new_keys_into_full_buckets_matches_reference(monkeypatch, launch):
     """Every key new, every bucket full: the lane form leaves every run to the block form
     (victims by score), up to the last block of sorted positions."""
     _use_launch(monkeypatch, launch)
+    base, batch, scores, _ = _new_keys_into_full_buckets()
+    _check_upsert(base, batch, None, scores, True)
+
+
+def _new_keys_into_full_buckets():
+    """A full table of 16 buckets of 8 slots, a batch of 90 new keys with 11 repeats,
+    its scores, and the generator that drew them."""
     base, _, _ = filled(16, 8, 600, seed=61)
     assert bool((base.digests != 0).all())
     gen = torch.Generator().manual_seed(62)
     new = random_keys(90, gen).to(DEVICE)
     batch = torch.cat([new, new[:11]])
     scores = torch.randint(0, 10, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
-    _check_upsert(base, batch, None, scores, True)
+    return base, batch, scores, gen
 
 
 def _scores_spanning(kind: str, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -234,7 +252,7 @@ def _scores_spanning(kind: str, n: int, gen: torch.Generator) -> torch.Tensor:
 
 @pytest.mark.parametrize("stored", ["ties", "spread", "span-2**54-1", "span-2**54",
                                     "full-range"])
-@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4"])
+@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "inline-block8-w2-chunked"])
 def test_upsert_evicts_by_score_then_slot_at_any_score_span(monkeypatch, launch, stored):
     """Full buckets: victims by (score asc, slot asc), new keys evicting only where their
     score reaches the victim's, whatever the stored scores span: ties, wide spreads, and
@@ -495,6 +513,34 @@ def test_upsert_lane_form_skips_calls_below_its_minimum(monkeypatch, least, ran)
     scores = torch.randint(0, 8, batch.shape, dtype=torch.int64, generator=gen).to(DEVICE)
     _check_upsert(base, batch, None, scores, True)
     assert bool(counted.grids) == ran
+
+
+@pytest.mark.parametrize("share,inline", [(1, True), (64, False)], ids=["inline", "block-form"])
+def test_upsert_lane_form_counts_the_blocks_it_leaves_for_the_next_call(monkeypatch, share,
+                                                                          inline):
+    """With ``inline`` -1 the lane form counts the blocks of sorted positions where a run it
+    leaves opens (into full buckets, every run), and the next call on the storage places
+    every run in the lane form, without the block form, where those were at most 1 /
+    ``inline_share`` of its blocks: the same outcome either way."""
+    _use_launch(monkeypatch, "lanes-block4-w4")
+    monkeypatch.setitem(upsert_tt.UPSERT_BLOCK, "inline", -1)
+    monkeypatch.setitem(upsert_tt.UPSERT_BLOCK, "inline_share", share)
+    counted = _CountedLaunches(upsert_tt.upsert_block_kernel)
+    monkeypatch.setattr(upsert_tt, "upsert_block_kernel", counted)
+    base, batch, scores, gen = _new_keys_into_full_buckets()
+    storage = clone(base)
+    upsert_tt.upsert_slots(storage, batch, None, scores, True)
+    assert len(counted.grids) == 1  # no hint yet: the block form
+    buckets = torch.sort(bucket_of(mix_tagged(batch, None), base.num_buckets)).values
+    opens = torch.nonzero(torch.diff(buckets, prepend=buckets[:1] - 1)).flatten()
+    flagged = torch.unique(opens // 4).numel()
+    assert int(storage.launch_hints["upsert_flagged"][0]) == flagged
+    later = random_keys(70, gen).to(DEVICE)
+    assert (flagged * share <= -(-later.numel() // 4)) == inline
+    _check_upsert(storage, later, None, torch.randint(0, 10, later.shape, dtype=torch.int64,
+                                                      generator=gen).to(DEVICE), True,
+                  hints=storage.launch_hints)
+    assert len(counted.grids) == 1 + (not inline)
 
 
 @pytest.mark.parametrize("launch", ["runs1", "block8-w4", "lanes-block4-w4"])

@@ -72,9 +72,10 @@ def _rank_firsts(in_keys, in_scores, in_first, in_pos, pos, key, score, start, e
 @triton.jit
 def insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
                t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any, ev_keys,
-               ev_tags, ev_scores, start, bucket, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
-               CAP_P2: tl.constexpr, BI: tl.constexpr):
-    """Inserts the run of misses of ``bucket`` that opens at sorted position ``start``."""
+               ev_tags, ev_scores, marks, start, bucket, ALLOW_EVICT: tl.constexpr,
+               CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr):
+    """Inserts the run of misses of ``bucket`` that opens at sorted position ``start``
+    (``marks``: as ``write_entries``)."""
     i = start + tl.arange(0, BI)
     run = (i < m) & (tl.load(in_bucket + i, mask=i < m, other=-1) == bucket)
     if tl.sum(run.to(tl.int32), axis=0) < BI:  # the whole run is in registers
@@ -90,12 +91,13 @@ def insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_
             tl.sum(mi.to(tl.int32), axis=0), ALLOW_EVICT, CAP_P2)
         _place(i, mi, key, score, rank, bucket * CAP, empty, empty_rank, n_empty, order,
                old_scores, in_tags, in_digests, t_keys, t_tags, t_digests, t_scores,
-               out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
+               out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores, marks, bucket,
+               ALLOW_EVICT, CAP_P2)
     else:
         _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
                          m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
-                         ev_keys, ev_tags, ev_scores, start, bucket, ALLOW_EVICT, CAP, CAP_P2,
-                         BI)
+                         ev_keys, ev_tags, ev_scores, marks, start, bucket, ALLOW_EVICT, CAP,
+                         CAP_P2, BI)
 
 
 @triton.jit
@@ -110,7 +112,8 @@ def comes_before(kj, sj, j, key, score, i):
 @triton.jit
 def _place(i, mi, key, score, rank, base, empty, empty_rank, n_empty, order, old_scores,
            in_tags, in_digests, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
-           ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr, CAP_P2: tl.constexpr):
+           ev_keys, ev_tags, ev_scores, marks, bucket, ALLOW_EVICT: tl.constexpr,
+           CAP_P2: tl.constexpr):
     """Slots of the incoming keys ``i`` (where ``mi``) from their ranks, per the rule."""
     col = tl.arange(0, CAP_P2)
     to_empty = empty[None, :] & (empty_rank[None, :] == rank[:, None])
@@ -122,8 +125,8 @@ def _place(i, mi, key, score, rank, base, empty, empty_rank, n_empty, order, old
     slot = base + slot_col
     ev = ok & (tl.max(victim.to(tl.int32), axis=1) > 0)
     write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
-                  t_digests, t_scores, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
-                  ALLOW_EVICT)
+                  t_digests, t_scores, out_evicted, ev_any, ev_keys, ev_tags, ev_scores, marks,
+                  bucket, ALLOW_EVICT)
     tl.store(out_slots + i, tl.where(ok, slot, -1), mask=mi)
 
 
@@ -131,7 +134,7 @@ def _place(i, mi, key, score, rank, base, empty, empty_rank, n_empty, order, old
 def _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
                      m, t_keys,
                      t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags,
-                     ev_scores, start, bucket, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
+                     ev_scores, marks, start, bucket, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
                      CAP_P2: tl.constexpr, BI: tl.constexpr):
     """The insert rule for a run of >= BI misses, chunk by chunk."""
     end = _run_end(in_bucket, start, bucket, m)
@@ -146,5 +149,6 @@ def _insert_long_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_firs
                             BI)
         _place(i, mi, key, score, rank, bucket * CAP, empty, empty_rank, n_empty, order,
                old_scores, in_tags, in_digests, t_keys, t_tags, t_digests, t_scores,
-               out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores, ALLOW_EVICT, CAP_P2)
+               out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores, marks, bucket,
+               ALLOW_EVICT, CAP_P2)
         c += BI

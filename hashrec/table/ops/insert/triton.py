@@ -88,15 +88,19 @@ def bucket_state(t_digests, t_scores, base, in_bucket, n_incoming, ALLOW_EVICT: 
 
 @triton.jit
 def write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
-                  t_digests, t_scores, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
-                  ALLOW_EVICT: tl.constexpr):
+                  t_digests, t_scores, out_evicted, ev_any, ev_keys, ev_tags, ev_scores, marks,
+                  bucket, ALLOW_EVICT: tl.constexpr):
     """Saves evicted entries (where ``ev``) at incoming index i, then writes the incoming
     keys' index fields into ``slot`` where ``ok``. ``t_tags`` None: the table holds tag 0
     alone (``TableStorage.probe_tags``), so no tag is read or written. ``ev_any`` (a
-    pointer to one int32, or None) is set to 1 where an entry is evicted."""
+    pointer to one int32, or None) is set to 1 where an entry is evicted, and ``marks``
+    (an int32 per bucket, or None) to -1 at the ``bucket`` of each (the bucket of each
+    incoming key, or of all)."""
     if ALLOW_EVICT:
         if ev_any is not None:
             tl.store(ev_any, 1, mask=tl.max(ev.to(tl.int32), axis=0) > 0)
+        if marks is not None:
+            tl.store(marks + tl.where(ev, bucket, 0), tl.full(ev.shape, -1, tl.int32), mask=ev)
         tl.store(ev_keys + i, tl.load(t_keys + slot, mask=ev, other=0), mask=ev)
         if t_tags is not None:
             tl.store(ev_tags + i, tl.load(t_tags + slot, mask=ev, other=0), mask=ev)
@@ -144,7 +148,7 @@ def _insert_kernel(in_keys, in_tags, in_scores, in_digests, in_pos, seg_start, s
         pos = tl.load(in_pos + i, mask=mi, other=0)
         write_entries(i, mi, ok, ok & evicts, slot, key, score, in_tags, in_digests, t_keys,
                       t_tags, t_digests, t_scores, out_evicted, None, ev_keys, ev_tags,
-                      ev_scores, ALLOW_EVICT)
+                      ev_scores, None, 0, ALLOW_EVICT)
         tl.store(out_slots + pos, tl.where(ok, slot, -1), mask=mi)
         c += BI
 

@@ -23,7 +23,9 @@ launch has a grid fixed by the batch size n, so nothing is read back on the host
    ``UPSERT_BLOCK["lanes_min"]`` keys (131,072) a lane form (``upsert_lanes.py``,
    one lane per sorted position; ``HASHREC_UPSERT_LANES=0`` turns it off) first
    places the short runs that fit in their buckets' free slots (and writes their
-   slots and flags in batch order), and the block form takes the blocks it flags; a
+   slots and flags in batch order), and the block form takes the blocks it flags, or,
+   where the previous call on the storage flagged few (``_lanes_inline``), the lane
+   form places the flagged runs itself and no block form follows; a
    call that expects few misses (``few_misses``, a warm
    table's training lookup) skips the lane form and runs a few block programs a
    multiprocessor over the blocks up to the misses' count the counting sort left on
@@ -37,11 +39,14 @@ counts each miss in its bucket (the counting sort's first step), the counting so
 places the misses alone and gathers their fields as it ranks them (steps 2 and 3 in
 one kernel, ``upsert_gather.rank_gather_kernel``), the lane, block and finalize kernels stop at the
 count, and the present keys are checked for eviction in batch order (only where the
-call evicted). On an H200 that took insert_or_assign of 1M keys into 64M slots 2%
+call evicted, and only in the buckets it evicted from, which the insert kernels mark in
+the counting sort's bucket counts). On an H200 that took insert_or_assign of 1M keys into 64M slots 2%
 faster at load factor 0.5 (0.339-0.340 against 0.346-0.347 ms at dim 8, 0.430-0.431
 against 0.437-0.440 at 64) and 1% at 0.75 and 1.0 than with a count kernel and a gather
 kernel of their own, the lanes leaving the batch-order writes to the finalize kernel
-(``benchmarks/results/upsert_rank_gather.md``).
+(``benchmarks/results/upsert_rank_gather.md``). The marks and the lane form placing
+every run itself took it from 0.428 to 0.403 ms at dim 64, load factor 0.5, and from
+0.458 to 0.416 at 0.75 (``benchmarks/results/upsert_inline.md``).
 
 The insert is independent of thread timing: a bucket is written by one program (or,
 in the lane form, by its run's lanes into the empty slots their ranks name), and all
@@ -214,7 +219,7 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
 @triton.jit
 def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
                    t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
-                   ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
+                   ev_keys, ev_tags, ev_scores, marks, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
                    CAP_P2: tl.constexpr, BI: tl.constexpr, RUNS: tl.constexpr):
     """Program p serves sorted positions [p * RUNS, (p + 1) * RUNS): each position that
     opens a bucket's run of misses inserts that run; the others have nothing to do."""
@@ -228,7 +233,7 @@ def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
         if tl.max(this.to(tl.int32), axis=0) > 0:
             insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted,
-                        ev_any, ev_keys, ev_tags, ev_scores,
+                        ev_any, ev_keys, ev_tags, ev_scores, marks,
                         tl.sum(tl.where(this, at, 0), axis=0),
                         tl.sum(tl.where(this, buckets, 0), axis=0), ALLOW_EVICT, CAP, CAP_P2,
                         BI)
@@ -250,18 +255,19 @@ def _evicted_since(keys_ptr, tags_ptr, t_keys, t_tags, pos, slot, check, HAS_TAG
 @triton.jit
 def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_ptr, t_keys,
                      t_tags, t_digests, s_digests, state, slots_ptr, inserted_ptr, created_ptr,
-                     evicted_ptr, ev_any, refused_ptr, misses_ptr, probe_ptr, n,
+                     evicted_ptr, ev_any, refused_ptr, misses_ptr, probe_ptr, marks, n,
                      HAS_TAGS: tl.constexpr, ALLOW_EVICT: tl.constexpr, LANES: tl.constexpr,
-                     SENTINEL: tl.constexpr, MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr):
+                     SENTINEL: tl.constexpr, MISSES_ONLY: tl.constexpr, CAP: tl.constexpr,
+                     BLOCK: tl.constexpr):
     """Final slot and flags of every key, in batch order; clears unused evicted flags.
     With LANES, the keys ``upsert_lanes_kernel`` placed only get their digests here
     (into slots that were empty, which no present key's check reads): the lanes wrote
     the rest.
     MISSES_ONLY: the sorted positions below the misses' count (``misses_ptr``) alone,
     the probe kernel having cleared every flag and written every other key's slot;
-    where this call evicted, the present keys are checked in batch order
-    (``probe_ptr``: the unsorted sort keys, the sentinel at them), disjoint from the
-    misses' positions this kernel writes.
+    where this call evicted, the present keys in the buckets it evicted from (``marks``,
+    -1 there) are checked in batch order (``probe_ptr``: the unsorted sort keys, the
+    sentinel at them), disjoint from the misses' positions this kernel writes.
     Storing the batch's rows here (insert_or_assign), or reading every key's row with
     initial rows for new keys (find_or_insert), instead of in a kernel after the call,
     was no faster on an H200 at dim 8 (0.457 against 0.456 ms, 0.459 against 0.449) and
@@ -275,8 +281,10 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
             if tl.load(ev_any) != 0:
                 hit = mask & (tl.load(probe_ptr + i, mask=mask, other=0) == SENTINEL)
                 slot = tl.load(slots_ptr + i, mask=hit, other=-1)
-                gone = _evicted_since(keys_ptr, tags_ptr, t_keys, t_tags, i, slot,
-                                      hit & (slot >= 0), HAS_TAGS)
+                hit = hit & (slot >= 0)
+                hit = hit & (tl.load(marks + slot // CAP, mask=hit, other=0) < 0)
+                gone = _evicted_since(keys_ptr, tags_ptr, t_keys, t_tags, i, slot, hit,
+                                      HAS_TAGS)
                 tl.store(slots_ptr + i, tl.full([BLOCK], -1, dtype=tl.int64), mask=gone)
         mask = mask & (i < tl.load(misses_ptr))
     if LANES:  # the lanes' placed keys lack their digests alone
@@ -345,6 +353,46 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
     return sort_key, _NARROW_SENTINEL, 30 - shift
 
 
+def _lanes_inline(storage: TableStorage, programs: int) -> bool:
+    """Whether the lane form places the runs it cannot place in its lanes itself, one by
+    one in the program where each opens, so that no block form follows: where the
+    previous call of the lane form on this storage left runs to at most 1 /
+    ``UPSERT_BLOCK["inline_share"]`` of its blocks (``UPSERT_BLOCK["inline"]`` 1 or 0:
+    always or never). Either way the outcome is the same."""
+    mode = UPSERT_BLOCK["inline"]
+    if mode >= 0:
+        return bool(mode)
+    flagged = storage.launch_hints.get("upsert_flagged")
+    return flagged is not None and int(flagged[0]) * UPSERT_BLOCK["inline_share"] <= programs
+
+
+def _note_flagged(storage: TableStorage, flagged: torch.Tensor) -> None:
+    """Keeps the count of blocks the lane form flagged (``flagged`` (1,) int32 on the
+    device) for the next call's ``_lanes_inline``, without waiting for it: a copy into
+    pinned host memory, on a stream of its own so that the caller's next kernels do not
+    queue behind it, which the next call reads as it stands (an older count, if the copy
+    has not landed, only picks a slower launch)."""
+    hints = storage.launch_hints
+    if flagged.device.type != "cuda":
+        hints["upsert_flagged"] = flagged.clone()
+        return
+    held = hints.get("upsert_flagged")
+    if held is None:
+        held = hints["upsert_flagged"] = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+    side, ready = _hint_stream(flagged.device)
+    ready.record()
+    side.wait_event(ready)
+    with torch.cuda.stream(side):
+        held.copy_(flagged, non_blocking=True)
+    flagged.record_stream(side)  # its memory is not reused before the copy ran
+
+
+@functools.cache
+def _hint_stream(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Event]:
+    """The stream that copies ``_note_flagged``'s counts to the host, and an event."""
+    return torch.cuda.Stream(device), torch.cuda.Event()
+
+
 def _empty(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.empty(n, dtype=dtype, device=device)
 
@@ -367,8 +415,8 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
     positions past it holding nothing (the block form only). ``persistent`` (with
     ``misses``): persistent block programs without the lane form (a call expecting few
     misses)."""
-    (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, t_keys, t_tags, _,
-     t_scores, out, evicted, *_) = args
+    (s_keys, s_tags, s_scores, s_digests, s_bucket, first, perm, n, t_keys, t_tags,
+     t_digests, t_scores, out, evicted, ev_any, *ev, marks) = args
     cap, evict = storage.bucket_capacity, bool(allow_evict)
     config, block = UPSERT_CONFIG, UPSERT_BLOCK
     if not block["block"]:
@@ -386,13 +434,18 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
         state = _empty(n, torch.int8, storage.device)
         blocks = _empty(programs, torch.int8, storage.device)
         lane_width = block["lane_width"] or block["width"]
+        inline = _lanes_inline(storage, programs)
         upsert_lanes_kernel[(programs,)](
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,
             out, evicted, state, blocks, misses if misses is not None else blocks, slots,
-            flags.view(torch.int8), n, ALLOW_EVICT=evict, CAP=cap, LINE=width, W=lane_width,
-            WIN=next_pow2(2 * lane_width + 1), MISSES_ONLY=misses is not None,
-            MASKS=mask_probe(cap, words), BLOCK=b,
-            num_warps=block["lane_warps"])
+            flags.view(torch.int8), n, t_digests, s_digests, ev_any, *ev, marks, ev_any[1:],
+            ALLOW_EVICT=evict, CAP=cap, CAP_P2=next_pow2(cap), LINE=width, W=lane_width,
+            WIN=next_pow2(2 * lane_width + 1), BI=block["inline_bi"] if inline else 1,
+            MISSES_ONLY=misses is not None, MASKS=mask_probe(cap, words), INLINE=inline,
+            BLOCK=b, num_warps=block["lane_warps"],
+            **maxnreg(block["inline_maxnreg"] if inline else 0))
+        if inline:  # the lane form placed every run itself
+            return state
     upsert_block_kernel[(programs,)](
         *args, state if state is not None else s_digests,
         blocks if blocks is not None else s_digests,
@@ -462,8 +515,10 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     s_digests = _empty(n, torch.uint8, device)
     tag_arg = tags if tags is not None else keys
     grid = (cdiv(n, 512),)
-    ev_any = _empty(1, torch.int32, device)  # cleared by the gather, set where a miss evicts
-    misses = None
+    # Cleared by the gather: [0] set where a miss evicts, [1] the blocks the lane form
+    # leaves to the block form.
+    ev_any = _empty(2, torch.int32, device)
+    misses, marks = None, None
     if misses_only:  # the counting sort's ranking step gathers the misses' fields too
         g = place_by_bucket(probed, nb, low, sentinel, counted=counted)
         sort_key, perm, misses = g.out_sort, g.out_perm, misses_of(g, nb)
@@ -471,6 +526,9 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
             g.tmp_sort, g.tmp_pos, g.counts, g.ends, sort_key, perm, keys, tag_arg, scores,
             s_keys, s_tags, s_scores, s_digests, s_bucket, first, ev_any, refused, nb, low,
             HAS_TAGS=tags is not None, POW2=is_pow2(nb), BLOCK=g.block)
+        # The bucket counts, read by nothing after the ranking: the insert kernels mark the
+        # buckets they evict from there (-1), for the finalize kernel's check of the hits.
+        marks = g.counts
     else:
         if UPSERT_GROUP["count"]:
             sort_key, perm, _ = group_by_bucket(probed, nb, low, sentinel)
@@ -483,13 +541,16 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     evicted = flags[2 * n:].view(torch.int8)
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
                                      perm, n, storage.keys, t_tags, storage.digests,
-                                     storage.scores, out, evicted, ev_any, *ev), allow_evict,
+                                     storage.scores, out, evicted, ev_any, *ev, marks),
+                           allow_evict,
                            misses, misses_only and few_misses, slots, flags)
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
         s_digests, state if state is not None else s_digests, slots,
         flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, ev_any, refused,
-        misses if misses_only else refused, probed, n,
+        misses if misses_only else refused, probed, marks if misses_only else refused, n,
         HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), LANES=state is not None,
-        SENTINEL=sentinel, MISSES_ONLY=misses_only, BLOCK=512)
+        SENTINEL=sentinel, MISSES_ONLY=misses_only, CAP=storage.bucket_capacity, BLOCK=512)
+    if state is not None:
+        _note_flagged(storage, ev_any[1:])
     return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n], refused)

@@ -96,11 +96,25 @@ def _lanes_min_from_env() -> int:
 # insert_or_assign of 1M keys into 64M slots 2-3% less time than 64 on two at dims 32 and
 # 64, load factors 0.5 and 0.75 (benchmarks/results/upsert_probe_32x1.md against
 # upsert_probe_default.md, same call; capped at 80 registers, the same).
+# inline: 1, the lane form also places the runs it leaves (longer than its width, or
+# evicting) itself, one by one in the program where each opens, and no block form
+# follows; 0, the block form places them; -1, the first where the previous call of the
+# lane form on the storage left runs to at most 1 / inline_share of its blocks (a host
+# hint: both place by the same rule). inline_bi, inline_maxnreg: the incoming keys of a
+# run it holds in registers there (longer runs go chunk by chunk) and its registers a
+# thread at most (0: the compiler's choice): on sm_90 the per-run path takes the lane
+# form from 56 registers to 168 (6 programs a multiprocessor instead of 18) uncapped;
+# capped at 80, with runs of 8 in registers, it spills 224 bytes (12 programs; 576 at
+# 56, 2,496 at 56 with runs of 16; ``benchmarks/kernel_registers.py``). On an H200, 80
+# took insert_or_assign of 1M keys into 64M slots at dim 64 to 0.403 / 0.416 ms at load
+# factors 0.5 / 0.75, against 0.417 / 0.428 at 56 and 0.430 / 0.445 uncapped, and the
+# lane form then the block form 0.430 / 0.449 (benchmarks/results/upsert_inline.md).
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 8, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
                 "lane_warps": 2, "lane_width": 0, "maxnreg": 64, "persistent_warps": 4,
                 "persistent_maxnreg": 128, "probe_maxnreg": 0, "probe_keys": 0,
-                "probe_warps": 0}
+                "probe_warps": 0, "inline": -1, "inline_share": 16, "inline_bi": 8,
+                "inline_maxnreg": 80}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
@@ -142,7 +156,8 @@ def _victims(t_scores, addr, occupied, rounds, B: tl.constexpr, W: tl.constexpr,
 @triton.jit
 def _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests, in_bucket,
                       in_first, in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots,
-                      out_evicted, ev_any, ev_keys, ev_tags, ev_scores, ALLOW_EVICT: tl.constexpr,
+                      out_evicted, ev_any, ev_keys, ev_tags, ev_scores, marks,
+                      ALLOW_EVICT: tl.constexpr,
                       CAP: tl.constexpr, CAP_P2: tl.constexpr, B: tl.constexpr,
                       W: tl.constexpr):
     """Places the runs of at most W misses that open at positions ``at`` where ``short``."""
@@ -195,13 +210,13 @@ def _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests
             _place_lane(w, at, bucket, m2, key2, score2, pos2, n_empty, roomy, lo, hi, empty,
                         empty_rank, v_col, v_score, in_tags, in_digests, t_keys, t_tags, t_digests,
                         t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
-                        ALLOW_EVICT, CAP, CAP_P2, B, W)
+                        marks, ALLOW_EVICT, CAP, CAP_P2, B, W)
 
 
 @triton.jit
 def _place_lane(w: tl.constexpr, at, bucket, m2, key2, score2, pos2, n_empty, roomy, lo, hi,
                 empty, empty_rank, v_col, v_score, in_tags, in_digests, t_keys, t_tags, t_digests,
-                t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
+                t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores, marks,
                 ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
                 B: tl.constexpr, W: tl.constexpr):
     """Places lane w of the runs in (B, W) tiles ``m2`` / ``key2`` / ...: the run's
@@ -234,15 +249,15 @@ def _place_lane(w: tl.constexpr, at, bucket, m2, key2, score2, pos2, n_empty, ro
     ok = mi & (slot_col < CAP_P2)
     slot = bucket * CAP + slot_col
     write_entries(i, mi, ok, ev, slot, key, score, in_tags, in_digests, t_keys, t_tags,
-                  t_digests, t_scores, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
-                  ALLOW_EVICT)
+                  t_digests, t_scores, out_evicted, ev_any, ev_keys, ev_tags, ev_scores, marks,
+                  bucket, ALLOW_EVICT)
     tl.store(out_slots + i, tl.where(ok, slot, -1), mask=mi)
 
 
 @triton.jit
 def _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m, t_keys,
            t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
-           state, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
+           marks, state, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
            BI: tl.constexpr, B: tl.constexpr, W: tl.constexpr, LANES: tl.constexpr):
     """Places the runs that open at sorted positions [p * B, (p + 1) * B) (with LANES,
     only those ``upsert_lanes_kernel`` left to this form)."""
@@ -261,12 +276,12 @@ def _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_p
             _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests,
                               in_bucket, in_first, in_pos, m, t_keys, t_tags, t_digests,
                               t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
-                              ALLOW_EVICT, CAP, CAP_P2, B, W)
+                              marks, ALLOW_EVICT, CAP, CAP_P2, B, W)
         while tl.max(long.to(tl.int32), axis=0) > 0:
             r = tl.min(tl.where(long, lane, B), axis=0)
             insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
                        t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any, ev_keys,
-                       ev_tags, ev_scores, p.to(tl.int64) * B + r,
+                       ev_tags, ev_scores, marks, p.to(tl.int64) * B + r,
                        tl.sum(tl.where(lane == r, bucket, 0), axis=0), ALLOW_EVICT, CAP,
                        CAP_P2, BI)
             long = long & (lane != r)
@@ -276,7 +291,7 @@ def _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_p
 @triton.jit
 def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
-                        ev_keys, ev_tags, ev_scores, state, blocks, misses,
+                        ev_keys, ev_tags, ev_scores, marks, state, blocks, misses,
                         ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
                         BI: tl.constexpr, B: tl.constexpr, W: tl.constexpr,
                         LANES: tl.constexpr, PERSISTENT: tl.constexpr,
@@ -295,7 +310,9 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
     15% slower at 1.0 (benchmarks/results/upsert_listed.md, tree 077c4cb); taking the
     listed blocks one at a time from an atomic counter instead, this kernel took 33 us
     against 42 at load factor 0.5 and 641 against 520 at 1.0
-    (benchmarks/results/upsert_rank_gather.md).
+    (benchmarks/results/upsert_rank_gather.md). What is kept instead: the lane form
+    placing those runs itself where the previous call flagged few blocks, no block form
+    launched (``upsert._lanes_inline``, benchmarks/results/upsert_inline.md).
 
     PERSISTENT (without LANES): the grid is a few programs a multiprocessor, which serve
     the blocks up to the misses' count (``misses``, on the device) in a stride: a call
@@ -309,7 +326,7 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
         while p < used:
             _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, count,
                    t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any, ev_keys,
-                   ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, False)
+                   ev_tags, ev_scores, marks, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, False)
             p += tl.num_programs(0)
     elif not LANES or tl.load(blocks + tl.program_id(0)) != 0:
         # A name of its own: m itself is not reassigned under a run-time condition (a call
@@ -319,5 +336,6 @@ def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_f
             used = tl.load(misses)
         _serve(tl.program_id(0), in_keys, in_tags, in_scores, in_digests, in_bucket, in_first,
                in_pos, used, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
-               ev_keys, ev_tags, ev_scores, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W, LANES)
+               ev_keys, ev_tags, ev_scores, marks, state, ALLOW_EVICT, CAP, CAP_P2, BI, B, W,
+               LANES)
 

@@ -55,11 +55,13 @@ def gather_kernel(sorted_ptr, perm_ptr, keys_ptr, tags_ptr, scores_ptr, s_keys, 
     each sorted miss's first occurrence among equal (key, tag): a backward scan over the
     run of equal sort keys before it, reading the batch through the permutation (such
     a run holds repeats of one key, or rarely keys of equal hash bits). Program 0 also
-    clears ``ev_any``, which the insert kernels after it set when they evict, and the
+    clears ``ev_any`` (2,) int32, whose first word the insert kernels after it set when
+    they evict and whose second the lane form counts its flagged blocks in, and the
     refused count, which the finalize kernel adds to. (A call on the misses alone gathers
     them in ``rank_gather_kernel`` instead.)"""
     if tl.program_id(0) == 0:
         tl.store(ev_any, 0)
+        tl.store(ev_any + 1, 0)
         tl.store(refused_ptr, 0)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
@@ -93,9 +95,10 @@ def rank_gather_kernel(tmp_sort, tmp_pos, counts_ptr, ends_ptr, out_sort, out_pe
     fields (as ``gather_kernel`` writes them) and the sorted place of its key's first
     occurrence: the same (key, tag) at the lowest batch position, whose sort key is
     this one's (a second walk of the segment, only in programs holding a repeat).
-    Program 0 also clears ``ev_any`` and the refused count."""
+    Program 0 also clears ``ev_any`` (both words) and the refused count."""
     if tl.program_id(0) == 0:
         tl.store(ev_any, 0)
+        tl.store(ev_any + 1, 0)
         tl.store(refused_ptr, 0)
     if tl.program_id(0).to(tl.int64) * BLOCK < tl.load(ends_ptr + num_buckets - 1):
         live, s, pos, start, end, below, equal = segment_rank(tmp_sort, tmp_pos, counts_ptr,

@@ -22,7 +22,13 @@ digest still reads empty) and, in batch order, their slots and flags, and record
 ``LANE_PLACED`` in ``state`` (``LANE_DEFERRED`` for positions of runs left to the
 block form); ``_finalize_kernel`` writes their digests after the block form ran. Each
 program flags in ``blocks`` whether its positions open a run left to the block form,
-whose programs serve the same blocks of positions and skip the unflagged ones.
+whose programs serve the same blocks of positions and skip the unflagged ones; it
+counts the flagged blocks in ``flagged``, the host's hint for the next call. With
+INLINE no block form follows: each program places the runs it would flag itself, one
+by one with the per-run path (``runs.insert_run``, the block form's for long runs),
+after its lanes. No other lane reads such a run's bucket but the run's own, which
+leave it to the run's opening program whatever they read (the bucket's empty slots
+only decrease).
 
 Taking the empty slots from masks the probe kept (two a miss, gathered into sorted
 order) instead of the digest array, and so writing whole entries here, was slower on an
@@ -36,7 +42,7 @@ import triton
 import triton.language as tl
 
 from hashrec.table.ops.find.triton import line_masks, match_bytes, pop_lowest, popcount64
-from hashrec.table.ops.insert.runs import comes_before
+from hashrec.table.ops.insert.runs import comes_before, insert_run
 from hashrec.table.ops.launch import fast_launch
 
 __all__ = ["LANE_DEFERRED", "LANE_PLACED", "nth_bit", "upsert_lanes_kernel"]
@@ -87,9 +93,11 @@ def _run_of(i, bucket, miss, in_bucket, m, W: tl.constexpr, WIN: tl.constexpr):
 @triton.jit
 def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos, m, t_words,
                         t_keys, t_tags, t_scores, out_slots, out_evicted, state, blocks,
-                        misses, b_slots, b_flags, n, ALLOW_EVICT: tl.constexpr,
-                        CAP: tl.constexpr, LINE: tl.constexpr, W: tl.constexpr,
-                        WIN: tl.constexpr, MISSES_ONLY: tl.constexpr, MASKS: tl.constexpr,
+                        misses, b_slots, b_flags, n, t_digests, in_digests, ev_any, ev_keys,
+                        ev_tags, ev_scores, marks, flagged, ALLOW_EVICT: tl.constexpr,
+                        CAP: tl.constexpr, CAP_P2: tl.constexpr, LINE: tl.constexpr,
+                        W: tl.constexpr, WIN: tl.constexpr, BI: tl.constexpr,
+                        MISSES_ONLY: tl.constexpr, MASKS: tl.constexpr, INLINE: tl.constexpr,
                         BLOCK: tl.constexpr):
     """Lane i serves sorted position i (``t_words``: the digest array as int32 words).
     A key it places gets its slot in ``b_slots`` and its inserted and created flags
@@ -106,7 +114,7 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
     bucket = tl.load(in_bucket + i, mask=i < m, other=-1)
     miss = bucket >= 0  # hits are sorted last, with bucket -1
     outcome = tl.zeros([BLOCK], dtype=tl.int8)
-    served = tl.max(outcome, axis=0)  # 0
+    opens = bucket < -1  # positions that open a run left to the block form: none yet
     if tl.max(miss.to(tl.int32), axis=0) > 0:
         # The bucket's digest line as 32-bit words, read first: it waits on the bucket alone
         # (a lane of a long run reads it for nothing).
@@ -153,8 +161,7 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
                     column = nth_bit(lo, hi, rank, CAP, W)
                 else:
                     column = _nth_empty(prefix, count, rank, col, CAP)
-            # Whether a run left to the block form opens here (its program serves this block).
-            served = tl.max((deferred & (start == 0)).to(tl.int8), axis=0)
+            opens = deferred & (start == 0)
             ok = place & (column < CAP)
             slot = bucket * CAP + column
             tl.store(t_keys + slot, key, mask=ok)
@@ -172,6 +179,23 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
             outcome = tl.where(ok, LANE_PLACED, tl.where(deferred, LANE_DEFERRED, 0)).to(tl.int8)
         else:  # every bucket here is full: each run goes to the block form, to evict
             outcome = tl.where(miss, LANE_DEFERRED, 0).to(tl.int8)
-            served = tl.max((miss & (start == 0)).to(tl.int8), axis=0)
+            opens = miss & (start == 0)
     tl.store(state + i, outcome, mask=i < m)
-    tl.store(blocks + tl.program_id(0), served)
+    # Whether a run left to the block form opens here (its program serves this block),
+    # and how many blocks do so (the host's hint for the next call's launch).
+    served = tl.max(opens.to(tl.int8), axis=0)
+    if served > 0:
+        tl.atomic_add(flagged, 1)
+    if INLINE:  # no block form follows: this program places those runs, one by one
+        lane = tl.arange(0, BLOCK)
+        while tl.max(opens.to(tl.int32), axis=0) > 0:
+            r = tl.min(tl.where(opens, lane, BLOCK), axis=0)
+            insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
+                       t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
+                       ev_keys, ev_tags, ev_scores, marks,
+                       tl.program_id(0).to(tl.int64) * BLOCK + r,
+                       tl.sum(tl.where(lane == r, bucket, 0), axis=0), ALLOW_EVICT, CAP,
+                       CAP_P2, BI)
+            opens = opens & (lane != r)
+    else:
+        tl.store(blocks + tl.program_id(0), served)
