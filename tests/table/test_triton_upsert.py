@@ -530,6 +530,8 @@ def test_upsert_lane_form_counts_the_blocks_it_leaves_for_the_next_call(monkeypa
     base, batch, scores, gen = _new_keys_into_full_buckets()
     storage = clone(base)
     upsert_tt.upsert_slots(storage, batch, None, scores, True)
+    if torch.cuda.is_available():  # the hint's copy to the host lands without a sync
+        torch.cuda.synchronize()
     assert len(counted.grids) == 1  # no hint yet: the block form
     buckets = torch.sort(bucket_of(mix_tagged(batch, None), base.num_buckets)).values
     opens = torch.nonzero(torch.diff(buckets, prepend=buckets[:1] - 1)).flatten()

@@ -380,7 +380,7 @@ def _note_flagged(storage: TableStorage, flagged: torch.Tensor) -> None:
     if held is None:
         held = hints["upsert_flagged"] = torch.zeros(1, dtype=torch.int32, pin_memory=True)
     side, ready = _hint_stream(flagged.device)
-    ready.record()
+    ready.record(torch.cuda.current_stream(flagged.device))
     side.wait_event(ready)
     with torch.cuda.stream(side):
         held.copy_(flagged, non_blocking=True)
