@@ -1,5 +1,6 @@
 """Upserts with their rows (``upsert_assign``, ``upsert_embeddings``): the index as
-``upsert_slots`` leaves it, the rows stored at (read from) the final slots.
+``upsert_slots`` leaves it, the rows stored at (read from) the final slots; and the row
+kernels alone (``read_or_init_rows``, ``write_rows``).
 
 Without CUDA the kernels run under ``TRITON_INTERPRET=1`` on CPU tensors with tiny
 sizes.
@@ -107,3 +108,67 @@ def test_assign_rows_writes_leading_columns_and_scores_of_stored_slots(with_sour
         rows_tt.assign_rows(values, slots, torch.zeros(6, 7, device=DEVICE))
     with pytest.raises(ValueError, match="come together"):
         rows_tt.assign_rows(values, slots, rows, source, row_scores)
+
+
+def test_read_or_init_rows_reads_stored_and_initializes_new_rows():
+    base, keys, _ = filled(4, 16, 30, seed=31, row_dim=5)
+    gen = torch.Generator().manual_seed(32)
+    new = random_keys(12, gen).to(DEVICE)
+    batch = torch.cat([keys[:8], new, new[:4]])
+    scores = torch.ones_like(batch)
+    res = upsert_tt.upsert_slots(base, batch, None, scores, False)
+    before = base.values.clone()
+    got = rows_tt.read_or_init_rows(base.values, batch, None, res.slots, res.created,
+                                    res.inserted, dim=3, lower=-0.5, upper=0.5, seed=7,
+                                    state=0.25)
+    fresh = res.created | (res.slots < 0)
+    init = rows_tt.init_uniforms(batch, None, 3, seed=7) - 0.5
+    torch.testing.assert_close(got[fresh], init[fresh])
+    stored = ~fresh
+    assert torch.equal(got[stored], before[res.slots[stored], :3])
+    new_slots = res.slots[res.inserted]
+    torch.testing.assert_close(base.values[new_slots, :3], init[res.inserted])
+    assert bool((base.values[new_slots, 3:] == 0.25).all())
+
+
+def test_read_or_init_rows_of_programs_without_new_keys():
+    """A program (64 rows here) whose keys are all stored reads them and initializes
+    nothing; the next one, with new keys, initializes those."""
+    base, keys, _ = filled(8, 16, 100, seed=33, row_dim=5)
+    keys = keys[find_ref.find_slots(base, keys) >= 0]  # the stored ones
+    assert keys.numel() >= 66
+    gen = torch.Generator().manual_seed(34)
+    new = random_keys(40, gen).to(DEVICE)
+    new = new[find_ref.find_slots(base, new) < 0][:5]
+    batch = torch.cat([keys[:64], new, keys[64:66]])
+    res = upsert_tt.upsert_slots(base, batch, None, torch.ones_like(batch), False)
+    before = base.values.clone()
+    got = rows_tt.read_or_init_rows(base.values, batch, None, res.slots, res.created,
+                                    res.inserted, dim=4, lower=0.0, upper=1.0, seed=3)
+    fresh = res.created | (res.slots < 0)
+    assert not bool(fresh[:64].any()) and bool(fresh[64:69].all())
+    stored = ~fresh
+    assert torch.equal(got[stored], before[res.slots[stored], :4])
+    init = rows_tt.init_uniforms(batch, None, 4, seed=3)
+    torch.testing.assert_close(got[fresh], init[fresh])
+
+
+def test_write_rows_without_mask_writes_every_placed_slot():
+    values = torch.zeros(6, 2, device=DEVICE)
+    slots = torch.tensor([5, -1, 0], device=DEVICE)
+    rows = torch.arange(6, dtype=torch.float32, device=DEVICE).view(3, 2) + 1
+    rows_tt.write_rows(values, slots, None, rows)
+    expected = torch.zeros(6, 2, device=DEVICE)
+    expected[5], expected[0] = rows[0], rows[2]
+    assert torch.equal(values, expected)
+
+
+def test_write_rows_writes_only_masked_slots():
+    values = torch.zeros(10, 3, device=DEVICE)
+    slots = torch.tensor([4, -1, 7, 2], device=DEVICE)
+    mask = torch.tensor([True, True, False, True], device=DEVICE)
+    rows = torch.arange(12, dtype=torch.float32, device=DEVICE).view(4, 3) + 1
+    upsert_tt.write_rows(values, slots, mask, rows)
+    expected = torch.zeros(10, 3, device=DEVICE)
+    expected[4], expected[2] = rows[0], rows[3]
+    assert torch.equal(values, expected)

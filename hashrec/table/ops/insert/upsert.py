@@ -37,13 +37,14 @@ With the counting sort and the block form (the defaults) the sorted positions pa
 misses' count are neither written nor read: the probe kernel clears the flags and
 counts each miss in its bucket (the counting sort's first step), the counting sort
 places the misses alone and gathers their fields as it ranks them (steps 2 and 3 in
-one kernel, ``upsert_gather.rank_gather_kernel``), the lane, block and finalize kernels stop at the
-count, and the present keys are checked for eviction in batch order (only where the
-call evicted, and only in the buckets it evicted from, which the insert kernels mark in
-the counting sort's bucket counts). On an H200 that took insert_or_assign of 1M keys into 64M slots 2%
-faster at load factor 0.5 (0.339-0.340 against 0.346-0.347 ms at dim 8, 0.430-0.431
-against 0.437-0.440 at 64) and 1% at 0.75 and 1.0 than with a count kernel and a gather
-kernel of their own, the lanes leaving the batch-order writes to the finalize kernel
+one kernel, ``upsert_gather.rank_gather_kernel``), the lane, block and finalize kernels
+stop at the count, and the present keys are checked for eviction in batch order (only
+where the call evicted, and only in the buckets it evicted from, which the insert
+kernels mark in the counting sort's bucket counts). On an H200 that took
+insert_or_assign of 1M keys into 64M slots 2% faster at load factor 0.5 (0.339-0.340
+against 0.346-0.347 ms at dim 8, 0.430-0.431 against 0.437-0.440 at 64) and 1% at 0.75
+and 1.0 than with a count kernel and a gather kernel of their own, the lanes leaving the
+batch-order writes to the finalize kernel
 (``benchmarks/results/upsert_rank_gather.md``). The marks and the lane form placing
 every run itself took it from 0.428 to 0.403 ms at dim 64, load factor 0.5, and from
 0.458 to 0.416 at 0.75 (``benchmarks/results/upsert_inline.md``).
@@ -219,8 +220,9 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
 @triton.jit
 def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
                    t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
-                   ev_keys, ev_tags, ev_scores, marks, ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr,
-                   CAP_P2: tl.constexpr, BI: tl.constexpr, RUNS: tl.constexpr):
+                   ev_keys, ev_tags, ev_scores, marks, ALLOW_EVICT: tl.constexpr,
+                   CAP: tl.constexpr, CAP_P2: tl.constexpr, BI: tl.constexpr,
+                   RUNS: tl.constexpr):
     """Program p serves sorted positions [p * RUNS, (p + 1) * RUNS): each position that
     opens a bucket's run of misses inserts that run; the others have nothing to do."""
     lane = tl.arange(0, RUNS)
