@@ -12,6 +12,8 @@ keys, 60% present and 40% new:
   (every key's row, new rows drawn in-kernel from hashed uniforms in [0, 0.01) and
   written, one launch).
 
+The insert ops' scores (every one 1) are made before the timing, as the keys and values
+are (``--scores-in-call``: made inside each timed call, as before).
 The index is restored between dims so every dim sees the same load factor, and
 before every timed insert call (untimed), so each call inserts its 40% new keys at
 the row's load factor (``--no-restore`` times them one after the other instead; each
@@ -72,6 +74,10 @@ def _args() -> argparse.Namespace:
                    help="time the insert calls one after the other into the same index, "
                         "which fills past the row's load factor (each call adds some 40%% "
                         "of a batch); by default every call starts from the filled index")
+    p.add_argument("--scores-in-call", action="store_true",
+                   help="make the insert ops' scores (torch.ones_like(keys)) inside each "
+                        "timed call, one more kernel a call; by default they are made "
+                        "before the timing, as the keys and values are")
     p.add_argument("--profile", action="store_true",
                    help="print a kernel profile of one insert_or_assign and find_or_insert")
     p.add_argument("--upsert-group", type=int, default=None, choices=[0, 1],
@@ -145,12 +151,19 @@ def _batch(stored: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([pick, _random_keys(n - hits)])
 
 
-def _insert_or_assign(storage: TableStorage, keys: torch.Tensor, values: torch.Tensor) -> None:
-    upsert_assign(storage, keys, None, torch.ones_like(keys), values, allow_evict=True)
+def _scores(keys: torch.Tensor, ones: torch.Tensor | None) -> torch.Tensor:
+    """The insert's scores: ``ones`` made before the timing, else made here (in the call)."""
+    return torch.ones_like(keys) if ones is None else ones
 
 
-def _find_or_insert(storage: TableStorage, keys: torch.Tensor) -> torch.Tensor:
-    return upsert_embeddings(storage, keys, None, torch.ones_like(keys), True, storage.row_dim,
+def _insert_or_assign(storage: TableStorage, keys: torch.Tensor, values: torch.Tensor,
+                      ones: torch.Tensor | None = None) -> None:
+    upsert_assign(storage, keys, None, _scores(keys, ones), values, allow_evict=True)
+
+
+def _find_or_insert(storage: TableStorage, keys: torch.Tensor,
+                    ones: torch.Tensor | None = None) -> torch.Tensor:
+    return upsert_embeddings(storage, keys, None, _scores(keys, ones), True, storage.row_dim,
                              0.0, 0.01, seed=0)[1]
 
 
@@ -189,9 +202,10 @@ def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int,
             _restore(index, saved)
         return batches[i]
     vals = torch.randn(n, dim, device=DEVICE)
-    ioa = time_device_ms(lambda k: _insert_or_assign(storage, k, vals), reps, setup=fresh)
+    ones = None if ARGS.scores_in_call else torch.ones(n, dtype=torch.int64, device=DEVICE)
+    ioa = time_device_ms(lambda k: _insert_or_assign(storage, k, vals, ones), reps, setup=fresh)
     batches = [_batch(stored, n) for _ in range(2 * (reps + 2))]
-    foi = time_device_ms(lambda k: _find_or_insert(storage, k), reps, setup=fresh)
+    foi = time_device_ms(lambda k: _find_or_insert(storage, k, ones), reps, setup=fresh)
     if ARGS.profile and DEVICE.type == "cuda" and dim in (ARGS.dims[0], ARGS.dims[-1]):
         print(f"profile: load factor {lf}, dim {dim}, a fresh batch from the filled index",
               flush=True)
@@ -236,6 +250,7 @@ def main() -> None:
         find_tt.WORD_PROBE_LOWEST = ARGS.word_probe_lowest
     results = {"env": environment(), "command": command_line(), "slots": ARGS.slots,
                "batch": ARGS.batch, "restored": not ARGS.no_restore, "bucket_capacity": 128,
+               "scores_in_call": ARGS.scores_in_call,
                "upsert_config": dict(upsert_tt.UPSERT_CONFIG),
                "upsert_block": dict(upsert_tt.UPSERT_BLOCK),
                "upsert_group": dict(upsert_tt.UPSERT_GROUP),
@@ -290,7 +305,10 @@ def _write(results: dict) -> None:
                       f"{results['tagged']} (False: an unfused table, every tag 0); probes "
                       f"from bit masks: {results['mask_probe']} (HASHREC_MASK_PROBE); row "
                       f"kernels: {results['rows_launch']} (HASHREC_ROWS_ELEMENTS, "
-                      f"HASHREC_ROWS_WARPS).\n\n"
+                      f"HASHREC_ROWS_WARPS, HASHREC_ROWS_INIT_ELEMENTS, "
+                      f"HASHREC_ROWS_INIT_WARPS); the insert ops' scores made "
+                      f"{'in each timed call' if ARGS.scores_in_call else 'before the timing'}"
+                      f".\n\n"
                       f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
                       f"{env['triton']}; {results['slots']} slots (bucket 128), "
                       f"{results['batch']} keys per call, every batch 60% present. "

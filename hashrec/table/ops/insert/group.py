@@ -36,12 +36,17 @@ import torch
 import triton
 import triton.language as tl
 
-from hashrec.table.ops.launch import cdiv, fast_launch
+from hashrec.table.ops.launch import cdiv, env_int, fast_launch
 
-__all__ = ["Grouping", "bucket_counts", "group_by_bucket", "misses_of", "place_by_bucket",
+__all__ = ["GROUP_LAUNCH", "Grouping", "bucket_counts", "group_by_bucket", "misses_of", "place_by_bucket",
            "segment_rank"]
 
 _BLOCK = 1024
+# Warps of a placing program (``_place_kernel``) and of a ranking one (the upsert's
+# ``rank_gather_kernel``); benchmarks sweep them (HASHREC_GROUP_PLACE_WARPS,
+# HASHREC_GROUP_RANK_WARPS).
+GROUP_LAUNCH = {"place_warps": env_int("HASHREC_GROUP_PLACE_WARPS", 4),
+                "rank_warps": env_int("HASHREC_GROUP_RANK_WARPS", 4)}
 
 
 @triton.jit
@@ -176,7 +181,8 @@ def place_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentine
     out_perm, tmp_pos = torch.empty(2, n, dtype=torch.int64, device=device).unbind(0)
     _place_kernel[(programs,)](sort_keys, counts, ends, tickets, tmp_sort, tmp_pos, out_sort,
                                out_perm, n, num_buckets, low, SENTINEL=sentinel,
-                               MISSES_ONLY=misses_only, BLOCK=_BLOCK)
+                               MISSES_ONLY=misses_only, BLOCK=_BLOCK,
+                               num_warps=GROUP_LAUNCH["place_warps"])
     return Grouping(counts, ends, tmp_sort, tmp_pos, out_sort, out_perm, programs)
 
 

@@ -80,6 +80,7 @@ from hashrec.table.ops.find.triton import (
     probe_round,
 )
 from hashrec.table.ops.insert.group import (
+    GROUP_LAUNCH,
     bucket_counts,
     group_by_bucket,
     misses_of,
@@ -527,7 +528,8 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
         rank_gather_kernel[(g.programs,)](
             g.tmp_sort, g.tmp_pos, g.counts, g.ends, sort_key, perm, keys, tag_arg, scores,
             s_keys, s_tags, s_scores, s_digests, s_bucket, first, ev_any, refused, nb, low,
-            HAS_TAGS=tags is not None, POW2=is_pow2(nb), BLOCK=g.block)
+            HAS_TAGS=tags is not None, POW2=is_pow2(nb), BLOCK=g.block,
+            num_warps=GROUP_LAUNCH["rank_warps"])
         # The bucket counts, read by nothing after the ranking: the insert kernels mark the
         # buckets they evict from there (-1), for the finalize kernel's check of the hits.
         marks = g.counts
