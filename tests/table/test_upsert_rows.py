@@ -110,8 +110,9 @@ def test_assign_rows_writes_leading_columns_and_scores_of_stored_slots(with_sour
         rows_tt.assign_rows(values, slots, rows, source, row_scores)
 
 
-def test_read_or_init_rows_reads_stored_and_initializes_new_rows():
-    base, keys, _ = filled(4, 16, 30, seed=31, row_dim=5)
+@pytest.mark.parametrize("row_dim,dim", [(5, 3), (40, 34)])  # 40: the wide rows' launch
+def test_read_or_init_rows_reads_stored_and_initializes_new_rows(row_dim, dim):
+    base, keys, _ = filled(4, 16, 30, seed=31, row_dim=row_dim)
     gen = torch.Generator().manual_seed(32)
     new = random_keys(12, gen).to(DEVICE)
     batch = torch.cat([keys[:8], new, new[:4]])
@@ -119,16 +120,17 @@ def test_read_or_init_rows_reads_stored_and_initializes_new_rows():
     res = upsert_tt.upsert_slots(base, batch, None, scores, False)
     before = base.values.clone()
     got = rows_tt.read_or_init_rows(base.values, batch, None, res.slots, res.created,
-                                    res.inserted, dim=3, lower=-0.5, upper=0.5, seed=7,
+                                    res.inserted, dim=dim, lower=-0.5, upper=0.5, seed=7,
                                     state=0.25)
     fresh = res.created | (res.slots < 0)
-    init = rows_tt.init_uniforms(batch, None, 3, seed=7) - 0.5
+    init = rows_tt.init_uniforms(batch, None, dim, seed=7) - 0.5
     torch.testing.assert_close(got[fresh], init[fresh])
     stored = ~fresh
-    assert torch.equal(got[stored], before[res.slots[stored], :3])
+    assert bool(stored.any()) and bool(fresh.any())
+    assert torch.equal(got[stored], before[res.slots[stored], :dim])
     new_slots = res.slots[res.inserted]
-    torch.testing.assert_close(base.values[new_slots, :3], init[res.inserted])
-    assert bool((base.values[new_slots, 3:] == 0.25).all())
+    torch.testing.assert_close(base.values[new_slots, :dim], init[res.inserted])
+    assert bool((base.values[new_slots, dim:] == 0.25).all())
 
 
 def test_read_or_init_rows_of_programs_without_new_keys():

@@ -25,14 +25,17 @@ from hashrec.table.hashing import mix_tagged
 from hashrec.table.initializers import _SEED_STRIDE
 from hashrec.table.ops.launch import cdiv, env_int, fast_launch, next_pow2
 
-# The row kernels' launch: elements (rows x padded columns) a program and its warps;
-# ``read_or_init_rows`` has its own ("init_"). Benchmarks sweep them
-# (HASHREC_ROWS_ELEMENTS, HASHREC_ROWS_WARPS, HASHREC_ROWS_INIT_ELEMENTS,
+# The row kernels' launch: elements (rows x padded columns) a program and its warps.
+# ``read_or_init_rows`` has its own ("init_") for rows of ``init_columns`` padded columns
+# or more: smaller programs there read and initialize rows of 32 to 128 columns faster,
+# and rows of 8 slower (benchmarks/results/read_or_init_launch.md). Benchmarks sweep
+# them (HASHREC_ROWS_ELEMENTS, HASHREC_ROWS_WARPS, HASHREC_ROWS_INIT_ELEMENTS,
 # HASHREC_ROWS_INIT_WARPS).
 ROWS_LAUNCH = {"elements": env_int("HASHREC_ROWS_ELEMENTS", 4096),
                "num_warps": env_int("HASHREC_ROWS_WARPS", 4),
-               "init_elements": env_int("HASHREC_ROWS_INIT_ELEMENTS", 4096),
-               "init_warps": env_int("HASHREC_ROWS_INIT_WARPS", 4)}
+               "init_elements": env_int("HASHREC_ROWS_INIT_ELEMENTS", 1024),
+               "init_warps": env_int("HASHREC_ROWS_INIT_WARPS", 2),
+               "init_columns": 32}
 
 
 @fast_launch
@@ -206,12 +209,14 @@ def read_or_init_rows(values: torch.Tensor, keys: torch.Tensor, tags: torch.Tens
     if n == 0:
         return out
     row_p2 = next_pow2(row_dim)
-    elements = ROWS_LAUNCH["init_elements"]
+    wide = row_p2 >= ROWS_LAUNCH["init_columns"]
+    elements, warps = ((ROWS_LAUNCH["init_elements"], ROWS_LAUNCH["init_warps"]) if wide
+                       else (ROWS_LAUNCH["elements"], ROWS_LAUNCH["num_warps"]))
     block = max(1, min(elements // 64, elements // row_p2))
     _read_or_init_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys, slots, created.view(torch.uint8),
         inserted.view(torch.uint8), values, out, n, _seed_mix(seed), float(lower), float(upper),
         float(state), HAS_TAGS=tags is not None, DIM=dim, ROW_DIM=row_dim, ROW_P2=row_p2,
-        BLOCK=block, num_warps=ROWS_LAUNCH["init_warps"])
+        BLOCK=block, num_warps=warps)
     return out
 
