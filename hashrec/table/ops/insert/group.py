@@ -38,8 +38,8 @@ import triton.language as tl
 
 from hashrec.table.ops.launch import cdiv, env_int, fast_launch
 
-__all__ = ["GROUP_LAUNCH", "Grouping", "bucket_counts", "group_by_bucket", "misses_of", "place_by_bucket",
-           "segment_rank"]
+__all__ = ["GROUP_LAUNCH", "Grouping", "bucket_counts", "group_by_bucket", "misses_of",
+           "place_by_bucket", "segment_rank"]
 
 _BLOCK = 1024
 # Warps of a placing program (``_place_kernel``) and of a ranking one (the upsert's

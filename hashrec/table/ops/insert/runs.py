@@ -101,6 +101,24 @@ def insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_
 
 
 @triton.jit
+def insert_runs(opens, bucket, first, in_keys, in_tags, in_scores, in_digests, in_bucket,
+                in_first, in_pos, m, t_keys, t_tags, t_digests, t_scores, out_slots,
+                out_evicted, ev_any, ev_keys, ev_tags, ev_scores, marks,
+                ALLOW_EVICT: tl.constexpr, CAP: tl.constexpr, CAP_P2: tl.constexpr,
+                BI: tl.constexpr, B: tl.constexpr):
+    """Inserts, one after the other, the runs that open at sorted positions ``first`` +
+    lane (B lanes) where ``opens``; ``bucket``: each lane's."""
+    lane = tl.arange(0, B)
+    while tl.max(opens.to(tl.int32), axis=0) > 0:
+        r = tl.min(tl.where(opens, lane, B), axis=0)
+        insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
+                   t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any, ev_keys,
+                   ev_tags, ev_scores, marks, first + r,
+                   tl.sum(tl.where(lane == r, bucket, 0), axis=0), ALLOW_EVICT, CAP, CAP_P2, BI)
+        opens = opens & (lane != r)
+
+
+@triton.jit
 def comes_before(kj, sj, j, key, score, i):
     """Whether incoming j precedes i in the order (score desc, key asc, position asc):
     the same key under two tags ties on score and key, and the batch position orders

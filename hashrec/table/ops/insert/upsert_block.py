@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hashrec.table.ops.insert.runs import comes_before, insert_run
+from hashrec.table.ops.insert.runs import comes_before, insert_runs
 from hashrec.table.ops.insert.triton import write_entries
 from hashrec.table.ops.insert.upsert_lanes import LANE_DEFERRED, nth_bit
 from hashrec.table.ops.launch import env_int, fast_launch, next_pow2
@@ -277,14 +277,10 @@ def _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_p
                               in_bucket, in_first, in_pos, m, t_keys, t_tags, t_digests,
                               t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores,
                               marks, ALLOW_EVICT, CAP, CAP_P2, B, W)
-        while tl.max(long.to(tl.int32), axis=0) > 0:
-            r = tl.min(tl.where(long, lane, B), axis=0)
-            insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
-                       t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any, ev_keys,
-                       ev_tags, ev_scores, marks, p.to(tl.int64) * B + r,
-                       tl.sum(tl.where(lane == r, bucket, 0), axis=0), ALLOW_EVICT, CAP,
-                       CAP_P2, BI)
-            long = long & (lane != r)
+        insert_runs(long, bucket, p.to(tl.int64) * B, in_keys, in_tags, in_scores, in_digests,
+                    in_bucket, in_first, in_pos, m, t_keys, t_tags, t_digests, t_scores,
+                    out_slots, out_evicted, ev_any, ev_keys, ev_tags, ev_scores, marks,
+                    ALLOW_EVICT, CAP, CAP_P2, BI, B)
 
 
 @fast_launch

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from hashrec.table.ops.find.triton import line_masks, match_bytes, pop_lowest, popcount64
-from hashrec.table.ops.insert.runs import comes_before, insert_run
+from hashrec.table.ops.insert.runs import comes_before, insert_runs
 from hashrec.table.ops.launch import fast_launch
 
 __all__ = ["LANE_DEFERRED", "LANE_PLACED", "nth_bit", "upsert_lanes_kernel"]
@@ -187,15 +187,9 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
     if served > 0:
         tl.atomic_add(flagged, 1)
     if INLINE:  # no block form follows: this program places those runs, one by one
-        lane = tl.arange(0, BLOCK)
-        while tl.max(opens.to(tl.int32), axis=0) > 0:
-            r = tl.min(tl.where(opens, lane, BLOCK), axis=0)
-            insert_run(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
-                       t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
-                       ev_keys, ev_tags, ev_scores, marks,
-                       tl.program_id(0).to(tl.int64) * BLOCK + r,
-                       tl.sum(tl.where(lane == r, bucket, 0), axis=0), ALLOW_EVICT, CAP,
-                       CAP_P2, BI)
-            opens = opens & (lane != r)
+        insert_runs(opens, bucket, tl.program_id(0).to(tl.int64) * BLOCK, in_keys, in_tags,
+                    in_scores, in_digests, in_bucket, in_first, in_pos, m, t_keys, t_tags,
+                    t_digests, t_scores, out_slots, out_evicted, ev_any, ev_keys, ev_tags,
+                    ev_scores, marks, ALLOW_EVICT, CAP, CAP_P2, BI, BLOCK)
     else:
         tl.store(blocks + tl.program_id(0), served)
