@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 
 import torch
 from torch import nn
@@ -33,6 +34,8 @@ logger = logging.getLogger("hashrec.train")
 MAX_GRAPHS = 4
 CAPTURE_AFTER = 2  # occurrences of an input shape before it is captured
 WARMUP_ITERS = 3   # eager runs on a side stream before a capture (torch's requirement)
+# How torch's warning about a gradient accumulator's stream begins.
+STREAM_MISMATCH = "The AccumulateGrad node's stream does not match"
 
 
 @contextlib.contextmanager
@@ -57,6 +60,23 @@ def thread_local_capture():
         yield
     finally:
         torch.cuda.graph.__init__ = graph_init
+
+
+@contextlib.contextmanager
+def quiet_warmup_streams():
+    """No warning about the warmup's gradient streams inside a capture.
+
+    ``make_graphed_callables`` warms the network up on a stream of its own, while the
+    parameters' gradient accumulators the eager steps before the capture made belong
+    to the caller's stream; torch warns about that mismatch once, from inside the
+    warmup (seen on an H200, torch 2.11), although it only orders the warmup's
+    gradients after the caller's stream. The warning is ignored for the capture
+    alone, where the mismatch is expected (torch's own switch for it,
+    ``set_warn_on_accumulate_grad_stream_mismatch(False)``, did not silence it there).
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=STREAM_MISMATCH, category=UserWarning)
+        yield
 
 
 class _DenseLoss(nn.Module):
@@ -143,7 +163,7 @@ class DenseGraphs:
             return None
         samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
         try:
-            with self.autocast(), thread_local_capture():
+            with self.autocast(), thread_local_capture(), quiet_warmup_streams():
                 graph = torch.cuda.make_graphed_callables(
                     _DenseLoss(self.model), samples, num_warmup_iters=WARMUP_ITERS,
                     allow_unused_input=True)
