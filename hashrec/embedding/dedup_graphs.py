@@ -36,8 +36,12 @@ Inside the chain the keys are built in one kernel and the sorted keys split into
 tags and unique marks in another (``padded_keys`` and ``mark_sorted`` of
 ``hashrec.embedding.ops.dedup``), where torch operators take about twenty launches.
 
-Each capture keeps its own outputs and sort workspace in GPU memory; at most
-``MAX_GRAPHS`` size classes are kept (the least recently used dropped).
+Each capture keeps its own outputs and sort workspace in GPU memory. Size classes are
+kept up to ``MAX_GRAPHS``, or fewer where their sizes add up past ``KEEP_IDS`` (but
+never fewer than ``MIN_GRAPHS``), the least recently used dropped: a batch whose id
+count varies by a quarter either way spans some six classes, and with four kept the
+example's training on an H200 dropped every class and captured it again in the
+second epoch (``benchmarks/results/dedup_graphs_classes_demo.md``).
 
 The padded key leaves one bit fewer for ids than the unpadded one-pass sort; an id
 that does not fit is flagged as there (the smallest ids read -1) and the storage is
@@ -61,7 +65,9 @@ logger = logging.getLogger("hashrec.embedding")
 
 ENV = "HASHREC_DEDUP_GRAPHS"
 CAPTURE_AFTER = 2  # uncaptured runs of a size class before it is captured
-MAX_GRAPHS = 4     # size classes kept, the least recently used dropped
+MAX_GRAPHS = 16    # size classes kept at most, the least recently used dropped
+MIN_GRAPHS = 4     # size classes kept at least, whatever their sizes
+KEEP_IDS = 1 << 22  # padded ids of the kept size classes, summed, beyond MIN_GRAPHS
 BUFFERS = 3        # captures of a size class, each with its own outputs
 
 
@@ -234,8 +240,10 @@ class DedupGraphs:
         entry = self._classes.get(key)
         if entry is None:
             entry = self._classes[key] = _Class(key[0], key[1], key[-1])
-            while len(self._classes) > MAX_GRAPHS:
-                self._classes.popitem(last=False)
+            kept = sum(k[0] for k in self._classes)
+            while len(self._classes) > MAX_GRAPHS or (len(self._classes) > MIN_GRAPHS
+                                                      and kept > KEEP_IDS):
+                kept -= self._classes.popitem(last=False)[0][0]
         else:
             self._classes.move_to_end(key)
         return entry

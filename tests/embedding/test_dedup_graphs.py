@@ -214,6 +214,27 @@ def test_a_capture_is_free_once_no_tensor_but_its_own_uses_its_outputs():
     assert capture.free() and copy.numel() == 4
 
 
+def test_size_classes_are_kept_up_to_a_count_and_an_ids_budget(monkeypatch):
+    monkeypatch.setattr(dedup_graphs, "KEEP_IDS", 1000)
+    graphs = dedup_graphs.DedupGraphs()
+
+    def enter(*sizes):
+        for size in sizes:
+            graphs._entry((size, 3, 1, 8, False, 0, None, torch.device("cpu")))
+        return [key[0] for key in graphs._classes]
+
+    # Six classes of a varying batch, under the budget: all kept, a reuse moves one last.
+    assert enter(64, 80, 96, 112, 128, 160) == [64, 80, 96, 112, 128, 160]
+    assert enter(64) == [80, 96, 112, 128, 160, 64]
+    # Past the budget the least recently used go, down to MIN_GRAPHS at the least.
+    assert enter(400) == [96, 112, 128, 160, 64, 400]
+    assert enter(600) == [160, 64, 400, 600]
+    assert enter(5000) == [64, 400, 600, 5000]
+    # Small classes: MAX_GRAPHS of them at most.
+    graphs = dedup_graphs.DedupGraphs()
+    assert enter(*range(1, 21)) == list(range(21 - dedup_graphs.MAX_GRAPHS, 21))
+
+
 def _wide_kjt(keys, step, big):
     """``_kjt`` with ``big`` among the first dynamic feature's ids."""
     kjt = _kjt(keys, step)
