@@ -56,30 +56,36 @@ def test_a_missing_log_is_an_error_without_a_gpu(tmp_path, monkeypatch):
 
 def test_launches_compile_with_the_gpu_launchers_specializations():
     """Aligned tensors and integers divisible by 16 carry tt.divisibility, an integer equal
-    to 1 becomes a constant; an unaligned tensor and other integers carry nothing. (In a
+    to 1 becomes a constant; an unaligned tensor and other integers carry nothing, nor do
+    arguments the kernel does not specialize (the positions kernel's sizes). (In a
     process without the interpreter, as the check runs: this one may have imported the
     kernels interpreted.)"""
-    entry, other = _launch(1024), _launch(1024)
-    entry["args"] = ([["tensor", "int64", True]] * 6 + [["tensor", "int64", False]]
-                     + [["value", 48], ["value", 1]])
-    other["args"] = [["tensor", "int64", True]] * 7 + [["value", 7], ["value", 3]]
+    tensor = ["tensor", "int64"]
+    count = {"module": "hashrec.table.ops.export.triton", "kernel": "_count_kernel",
+             "args": [["tensor", "uint8", True], tensor + [False], ["value", 48], ["value", 1]],
+             "kwargs": {"BLOCK": ["value", 1024]}}
+    other = {**count, "args": [["tensor", "uint8", True], tensor + [True], ["value", 7],
+                               ["value", 3]]}
+    rows = _launch(1024)
+    rows["args"] = [tensor + [True]] * 7 + [["value", 48], ["value", 1]]
     script = (
         "import json, sys\n"
         "from tests.compile_check import _normalized, _source\n"
-        "source, _ = _source(_normalized(json.loads(sys.argv[1])))\n"
-        "other, _ = _source(_normalized(json.loads(sys.argv[2])))\n"
+        "source, other, rows = (_source(_normalized(json.loads(a)))[0] for a in sys.argv[1:])\n"
         "print(json.dumps({'attrs': sorted(k[0] for k in source.attrs),\n"
         "                  'kinds': sorted({v[0][0] for v in source.attrs.values()}),\n"
-        "                  'num_bags': source.signature['num_bags'],\n"
-        "                  'constant': source.constants.get((8,)),\n"
-        "                  'n': other.signature['n'],\n"
-        "                  'other_attrs': sorted(k[0] for k in other.attrs)}))\n")
+        "                  'constant': source.constants.get((3,)),\n"
+        "                  'start': other.signature['start'],\n"
+        "                  'other_attrs': sorted(k[0] for k in other.attrs),\n"
+        "                  'rows_attrs': sorted(k[0] for k in rows.attrs),\n"
+        "                  'num_bags': rows.signature['num_bags']}))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
                                                             "HASHREC_FORCE_TRITON")}
-    run = subprocess.run([sys.executable, "-c", script, json.dumps(entry), json.dumps(other)],
+    run = subprocess.run([sys.executable, "-c", script, json.dumps(count), json.dumps(other),
+                          json.dumps(rows)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
-    assert got == {"attrs": [0, 1, 2, 3, 4, 5, 7], "kinds": ["tt.divisibility"],
-                   "num_bags": "constexpr", "constant": 1, "n": "i32",
-                   "other_attrs": [0, 1, 2, 3, 4, 5, 6]}
+    assert got == {"attrs": [0, 2], "kinds": ["tt.divisibility"], "constant": 1,
+                   "start": "i32", "other_attrs": [0, 1],
+                   "rows_attrs": [0, 1, 2, 3, 4, 5, 6], "num_bags": "i32"}

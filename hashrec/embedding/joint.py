@@ -118,10 +118,19 @@ class Part(NamedTuple):
     pair_max: int | None = None
 
 
+def aligned(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, copied where it does not start 16-byte aligned. A member's slice of the
+    join's keys starts wherever the members before it end, which the data sets; the
+    table kernels it reaches are compiled once per pointer alignment (16 bytes or not),
+    so an unaligned slice would compile a second variant of each, mid-training."""
+    return tensor if tensor.data_ptr() % 16 == 0 else tensor.clone()
+
+
 def split_join(batch: StorageBatch, storages: list, sharded: frozenset[str] = frozenset()
                ) -> list[Part]:
     """Each member's slice of a join's ``batch`` (keys come tag by tag, members in
-    order, so a member's keys are one slice)."""
+    order, so a member's keys are one slice), each starting 16-byte aligned
+    (``aligned``)."""
     firsts = [0, *itertools.accumulate(len(storage.plan.tables) for storage in storages)]
     sizes = [sum(batch.unique_per_table[first:end]) for first, end in zip(firsts, firsts[1:])]
     # One split per tensor (views), not a slice per member and tensor.
@@ -133,11 +142,12 @@ def split_join(batch: StorageBatch, storages: list, sharded: frozenset[str] = fr
         first, end = firsts[m], firsts[m + 1]
         own_tags = None
         if storage.plan.fused:
-            own_tags = tags[m] - first if first else tags[m]
+            own_tags = tags[m] - first if first else aligned(tags[m])
         exchange = (batch.owner_counts, batch.recv_counts) if storage.name in sharded \
             else (None, None)
         pair_max = batch.pair_max if storage.name in sharded else None
-        parts.append(Part(keys[m], own_tags, counts[m], batch.unique_per_table[first:end],
+        parts.append(Part(aligned(keys[m]), own_tags, aligned(counts[m]),
+                          batch.unique_per_table[first:end],
                           batch.key_ranges[first:end], *exchange,
                           None if per_rank is None else
                           [sum(row[first:end]) for row in per_rank], pair_max))

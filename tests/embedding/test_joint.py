@@ -44,6 +44,22 @@ def test_split_join_gives_each_member_its_keys_and_own_tags():
     assert all(p.owner_counts is None and p.unique_per_rank is None for p in (a, b, c))
 
 
+def test_split_join_gives_every_member_keys_that_start_16_byte_aligned():
+    """Members start 3 and 4 keys into the join's: their int64 keys, int32 tags and
+    int64 counts start aligned all the same (copies where the slices do not), so a
+    kernel compiles no variant for a batch's offsets."""
+    members = [_storage("a", 16, 2), _storage("b", 16, 1, fused=False),
+               _storage("c", 16, 2)]
+    batch = _joint_batch()
+    a, b, c = joint.split_join(batch, members)
+    for part in (a, b, c):
+        for tensor in (part.keys, part.counts, part.tags):
+            assert tensor is None or tensor.data_ptr() % 16 == 0
+    assert b.keys.tolist() == [7] and b.counts.tolist() == [3]
+    assert c.keys.tolist() == [7, 9, 3] and c.counts.tolist() == [4, 5, 6]
+    assert a.keys.data_ptr() == batch.keys.data_ptr()  # aligned already: a view
+
+
 def test_split_join_of_a_sharded_member():
     """The sharded member takes the exchange sizes; every member its rows per rank."""
     members = [_storage("a", 16, 2), _storage("b", 16, 1, fused=False),

@@ -115,3 +115,13 @@ def test_interpreted_kernels_always_go_through_triton(monkeypatch):
     for _ in range(2):
         k[(1,)](x, x, 7, 1)
     assert _kinds(k) == ["triton", "triton"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.int32, torch.int64])
+@pytest.mark.parametrize("n", [0, 1, 5, 16, 17, 33])
+def test_aligned_rows_start_every_row_16_byte_aligned(dtype, n):
+    rows = launch.aligned_rows(3, n, dtype, torch.device("cpu"))
+    assert rows.shape == (3, n) and rows.dtype == dtype
+    if n:
+        assert rows.stride(0) * dtype.itemsize % 16 == 0 and rows.stride(0) >= n
+    assert all(row.data_ptr() % 16 == 0 and row.is_contiguous() for row in rows.unbind(0))

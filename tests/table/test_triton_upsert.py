@@ -196,13 +196,15 @@ def test_upsert_reads_no_work_array_past_the_misses(monkeypatch, allow_evict, la
     result, with persistent block programs (``few_misses``) too; the per-position form
     (block 0) writes every position."""
     _use_launch(monkeypatch, launch)
-    real_empty, real_rows = upsert_tt._empty, upsert_tt._rows
+    real_empty, real_rows = upsert_tt._empty, upsert_tt.aligned_rows
 
     def rows(count, n, dtype, device):
-        return tuple(r.copy_(torch.arange(n)) for r in real_rows(count, n, dtype, device))
+        out = real_rows(count, n, dtype, device)
+        out.copy_(torch.arange(n).expand(count, n))
+        return out
 
     monkeypatch.setattr(upsert_tt, "_empty", lambda *a: real_empty(*a).fill_(1))
-    monkeypatch.setattr(upsert_tt, "_rows", rows)
+    monkeypatch.setattr(upsert_tt, "aligned_rows", rows)
     base, keys, _ = filled(128, 8, 70, seed=8)  # more buckets than keys in the call
     gen = torch.Generator().manual_seed(9)
     new = random_keys(40, gen).to(DEVICE)

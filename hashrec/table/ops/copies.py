@@ -27,7 +27,7 @@ def _copy(dst, src, i, mask):
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _copy_kernel(d0, s0, d1, s1, d2, s2, d3, s3, n, COUNT: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n

@@ -40,6 +40,16 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def aligned_rows(count: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An uninitialized (count, n) array whose rows each start 16-byte aligned whatever n
+    (its row stride is n rounded up): Triton compiles a kernel once per pointer alignment
+    (16 bytes or not), so work arrays cut from one buffer at multiples of n would compile
+    a second variant of every kernel they reach whenever n is not a multiple of 16
+    bytes. ``.unbind(0)`` gives the rows."""
+    per = 16 // dtype.itemsize
+    return torch.empty(count, cdiv(n, per) * per, dtype=dtype, device=device)[:, :n]
+
+
 def next_pow2(n: int) -> int:
     """``triton.next_power_of_2`` for host code (0 for 0)."""
     return 1 << (n - 1).bit_length() if n > 0 else 0

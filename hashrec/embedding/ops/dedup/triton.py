@@ -45,7 +45,7 @@ def _unique_before(group_ptr, first, valid, n, total):
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _summary_kernel(tags_ptr, ids_ptr, group_ptr, bad_ptr, starts_ptr, out_ptr, n, num_tags,
                     steps, HAS_BAD: tl.constexpr, STARTS: tl.constexpr, TAGS: tl.constexpr):
     t = tl.arange(0, TAGS)
@@ -82,7 +82,7 @@ def tag_summary(sorted_tags: torch.Tensor, sorted_ids: torch.Tensor, group: torc
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _layout_kernel(group_ptr, order_ptr, ids_ptr, tags_ptr, keys_ptr, out_tags_ptr,
                    inverse_ptr, row_start_ptr, n, HAS_TAGS: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

@@ -26,7 +26,7 @@ _BLOCK = 1024
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n", "num_bags"])
 def _rows_kernel(ends_ptr, lengths_ptr, first_ptr, sequence_ptr, order_ptr, rows_ptr,
                  bags_ptr, n, num_bags, ORDER: tl.constexpr, BLOCK: tl.constexpr):
     """The bag of id p is the first whose end lies past p: in [lo, hi] below. Lane i

@@ -15,7 +15,8 @@ from hashrec.table.ops.tiles import load_rows
 # dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90);
 # EVEN (dim == DIM_P2) makes it a compile-time constant instead (16-byte row vectors).
 @fast_launch
-@triton.jit(do_not_specialize=["dim"])
+@triton.jit(do_not_specialize=["total", "dim"],
+            do_not_specialize_on_alignment=["inverse_ptr", "offsets_ptr"])
 def _gather_kernel(rows_ptr, inverse_ptr, offsets_ptr, out_ptr, total, max_length, dim,
                    DIM_P2: tl.constexpr, EVEN: tl.constexpr, BR: tl.constexpr):
     if EVEN:

@@ -18,7 +18,7 @@ _BLOCK = 1024
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _unstored_kernel(sums_ptr, slots_ptr, tags_ptr, n, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = i < n

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hashrec.table.ops.launch import cdiv, env_int, fast_launch
+from hashrec.table.ops.launch import aligned_rows, cdiv, env_int, fast_launch
 
 __all__ = ["GROUP_LAUNCH", "Grouping", "bucket_counts", "group_by_bucket", "misses_of",
            "place_by_bucket", "segment_rank"]
@@ -60,7 +60,7 @@ def _block_keys(sort_ptr, n, low, SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["low"])
+@triton.jit(do_not_specialize=["n", "low"])
 def _count_kernel(sort_ptr, counts_ptr, tickets_ptr, n, num_buckets, low,
                   SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
     """Tickets of the misses in their buckets' counts; every block's sentinel count
@@ -74,7 +74,7 @@ def _count_kernel(sort_ptr, counts_ptr, tickets_ptr, n, num_buckets, low,
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["low"])
+@triton.jit(do_not_specialize=["n", "low"])
 def _place_kernel(sort_ptr, counts_ptr, ends_ptr, tickets_ptr, tmp_sort, tmp_pos, out_sort,
                   out_perm, n, num_buckets, low, SENTINEL: tl.constexpr,
                   MISSES_ONLY: tl.constexpr, BLOCK: tl.constexpr):
@@ -177,8 +177,8 @@ def place_by_bucket(sort_keys: torch.Tensor, num_buckets: int, low: int, sentine
         _count_kernel[(programs,)](sort_keys, counts, tickets, n, num_buckets, low,
                                    SENTINEL=sentinel, BLOCK=_BLOCK)
     ends = torch.cumsum(counts, 0, dtype=torch.int32)
-    out_sort, tmp_sort = torch.empty(2, n, dtype=sort_keys.dtype, device=device).unbind(0)
-    out_perm, tmp_pos = torch.empty(2, n, dtype=torch.int64, device=device).unbind(0)
+    out_sort, tmp_sort = aligned_rows(2, n, sort_keys.dtype, device).unbind(0)
+    out_perm, tmp_pos = aligned_rows(2, n, torch.int64, device).unbind(0)
     _place_kernel[(programs,)](sort_keys, counts, ends, tickets, tmp_sort, tmp_pos, out_sort,
                                out_perm, n, num_buckets, low, SENTINEL=sentinel,
                                MISSES_ONLY=misses_only, BLOCK=_BLOCK,

@@ -39,7 +39,7 @@ ROWS_LAUNCH = {"elements": env_int("HASHREC_ROWS_ELEMENTS", 4096),
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _write_rows_kernel(values, slots_ptr, mask_ptr, src_ptr, n, HAS_MASK: tl.constexpr,
                        ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -78,7 +78,7 @@ def write_rows(values: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | N
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _assign_rows_kernel(values, t_scores, slots_ptr, src_ptr, source_ptr, scores_ptr, n,
                         HAS_SOURCE: tl.constexpr, HAS_SCORES: tl.constexpr,
                         ROW_DIM: tl.constexpr, W: tl.constexpr, W_P2: tl.constexpr,
@@ -163,7 +163,7 @@ def _seed_mix(seed: int) -> int:
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n", "seed_mix"])
 def _read_or_init_kernel(keys_ptr, tags_ptr, slots_ptr, created_ptr, inserted_ptr, values, out,
                          n, seed_mix, lower, upper, state, HAS_TAGS: tl.constexpr,
                          DIM: tl.constexpr, ROW_DIM: tl.constexpr, ROW_P2: tl.constexpr,

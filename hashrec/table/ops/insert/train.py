@@ -35,7 +35,7 @@ import triton.language as tl
 from hashrec.table._triton_hash import is_pow2, load_tags, mix64, tagged_hash
 from hashrec.table.initializers import _SEED_STRIDE, initial_values
 from hashrec.table.ops.find.triton import digest_line, probe_block, probe_bucket, probe_round
-from hashrec.table.ops.launch import cdiv, fast_launch, next_pow2
+from hashrec.table.ops.launch import aligned_rows, cdiv, fast_launch, next_pow2
 from hashrec.table.options import InitializerArgs, InitializerMode
 from hashrec.table.storage import TableStorage
 
@@ -49,7 +49,7 @@ _COUNT_BLOCK = 4096  # keys a program of the mask kernels
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _protect_kernel(slots_ptr, counts_ptr, given_ptr, t_scores, out_ptr, guard_ptr, clock_ptr,
                     n, clock, MODE: tl.constexpr, GUARDED: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -100,7 +100,7 @@ def protect_hits(storage: TableStorage, slots: torch.Tensor, counts: torch.Tenso
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _count_kernel(keys_ptr, tags_ptr, counts_ptr, active_ptr, t_keys, t_tags, t_line,
                   t_digests, t_scores, admitted_ptr, totals_ptr, insert_ptr, n, num_buckets,
                   threshold, HAS_TAGS: tl.constexpr, CAP: tl.constexpr, LINE: tl.constexpr,
@@ -141,7 +141,7 @@ def count_admission(storage: TableStorage, keys: torch.Tensor, tags: torch.Tenso
     erased; an existing counter below it takes the total. One launch; the new
     counters are the caller's to insert."""
     n = keys.numel()
-    flags = torch.empty(2 * n, dtype=torch.bool, device=keys.device)
+    flags = aligned_rows(2, n, torch.bool, keys.device)
     totals = torch.empty(n, dtype=torch.int64, device=keys.device)
     if n:
         line, width, words = digest_line(storage)
@@ -149,16 +149,16 @@ def count_admission(storage: TableStorage, keys: torch.Tensor, tags: torch.Tenso
         _count_kernel[(cdiv(n, block),)](
             keys, tags if tags is not None else keys, counts, active.view(torch.int8),
             storage.keys, storage.tags, line, storage.digests, storage.scores,
-            flags[:n].view(torch.int8), totals, flags[n:].view(torch.int8), n,
+            flags[0].view(torch.int8), totals, flags[1].view(torch.int8), n,
             storage.num_buckets, int(threshold), HAS_TAGS=tags is not None,
             CAP=storage.bucket_capacity, LINE=width, WORDS=words,
             POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
             BLOCK=block, num_warps=2)
-    return Counted(flags[:n], totals, flags[n:])
+    return Counted(flags[0], totals, flags[1])
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _found_kernel(slots_ptr, active_ptr, count_ptr, hit_ptr, pending_ptr, live_ptr, any_ptr, n,
                   HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -186,7 +186,7 @@ def found_masks(slots: torch.Tensor, active: torch.Tensor | None, count: torch.T
     (taking part), each (u,) bool, and a 0-d bool: whether any key is pending). One
     launch, where the masks in torch took six."""
     n = slots.numel()
-    flags = torch.empty(3, n, dtype=torch.bool, device=slots.device)
+    flags = aligned_rows(3, n, torch.bool, slots.device)
     any_pending = torch.zeros((), dtype=torch.bool, device=slots.device)
     if n:
         _found_kernel[(cdiv(n, _COUNT_BLOCK),)](
@@ -204,7 +204,7 @@ def _add_sum(mask_ptr, totals_ptr, j, i, live):
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _totals_kernel(m0, m1, m2, m3, m4, m5, extra_ptr, totals_ptr, n, K: tl.constexpr,
                    EXTRA: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -319,7 +319,7 @@ def _initial(MODE: tl.constexpr, given_ptr, i, col, valid, key, tag, a, b, seed,
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n", "new_seed", "miss_seed"])
 def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_scores_ptr, values,
                    t_scores, state_ptr, out_ptr, new_given, miss_given, active_ptr, out_at_ptr,
                    guard_ptr, n, new_a, new_b, new_seed, miss_a, miss_b, miss_seed, seeds_ptr,

@@ -95,7 +95,7 @@ from hashrec.table.ops.insert.upsert_block import (
 )
 from hashrec.table.ops.insert.upsert_gather import gather_kernel, rank_gather_kernel
 from hashrec.table.ops.insert.upsert_lanes import LANE_PLACED, upsert_lanes_kernel
-from hashrec.table.ops.launch import cdiv, env_int, fast_launch, maxnreg, next_pow2
+from hashrec.table.ops.launch import aligned_rows, cdiv, env_int, fast_launch, maxnreg, next_pow2
 from hashrec.table.storage import TableStorage
 
 __all__ = ["UpsertResult", "upsert_slots", "write_rows"]
@@ -167,10 +167,10 @@ class UpsertResult(NamedTuple):
 # The bucket bits are a runtime argument: a growing table changes them at every
 # doubling, and a compile-time constant would compile the kernel anew each time.
 @fast_launch
-@triton.jit(do_not_specialize=["shift"])
+@triton.jit(do_not_specialize=["n", "shift"])
 def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags, t_digests,
                        slots_ptr, sort_ptr, flags_ptr, counts_ptr, tickets_ptr, n, num_buckets,
-                       shift,
+                       shift, flag_stride,
                        HAS_TAGS: tl.constexpr, HAS_ACTIVE: tl.constexpr, GIVEN: tl.constexpr,
                        MISSES_ONLY: tl.constexpr, CAP: tl.constexpr,
                        LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
@@ -213,12 +213,12 @@ def _probe_sort_kernel(keys_ptr, tags_ptr, active_ptr, given_ptr, t_keys, t_tags
             tl.store(tickets_ptr + offs, ticket, mask=miss)
         zero = tl.zeros([BLOCK], dtype=tl.int8)
         tl.store(flags_ptr + offs, zero, mask=mask)
-        tl.store(flags_ptr + n + offs, zero, mask=mask)
-        tl.store(flags_ptr + 2 * n + offs, zero, mask=mask)
+        tl.store(flags_ptr + flag_stride + offs, zero, mask=mask)
+        tl.store(flags_ptr + 2 * flag_stride + offs, zero, mask=mask)
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["m"])
 def _upsert_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos, m,
                    t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
                    ev_keys, ev_tags, ev_scores, marks, ALLOW_EVICT: tl.constexpr,
@@ -255,7 +255,7 @@ def _evicted_since(keys_ptr, tags_ptr, t_keys, t_tags, pos, slot, check, HAS_TAG
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_ptr, t_keys,
                      t_tags, t_digests, s_digests, state, slots_ptr, inserted_ptr, created_ptr,
                      evicted_ptr, ev_any, refused_ptr, misses_ptr, probe_ptr, marks, n,
@@ -327,8 +327,9 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
                ) -> tuple[torch.Tensor, int, int]:
     """Probes every active key into ``slots`` (the others get ``given``'s slot, or -1) and
     returns the sort keys, their sentinel and how many low bits of a miss's sort key lie
-    below its bucket. ``flags`` (3 n,) bool, when given: cleared on the way; and each
-    miss counted in ``counted`` (``group.bucket_counts``, given with the flags)."""
+    below its bucket. ``flags`` (3, n) bool rows (any row stride), when given: cleared on
+    the way; and each miss counted in ``counted`` (``group.bucket_counts``, given with the
+    flags)."""
     n, nb = keys.numel(), storage.num_buckets
     shift = max(1, (nb - 1).bit_length())
     wide = shift > NARROW_MAX_SHIFT
@@ -343,8 +344,9 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         active.view(torch.uint8) if active is not None else keys,
         given if given is not None else keys, storage.keys,
         storage.probe_tags(tags), line, slots, sort_key,
-        flags.view(torch.int8) if flags is not None else sort_key,
+        flags[0].view(torch.int8) if flags is not None else sort_key,
         *(counted if counted is not None else (sort_key, sort_key)), n, nb, shift,
+        flags.stride(0) if flags is not None else 0,
         HAS_TAGS=tags is not None, HAS_ACTIVE=active is not None, GIVEN=given is not None,
         MISSES_ONLY=flags is not None, CAP=storage.bucket_capacity,
         LINE=width,
@@ -400,13 +402,6 @@ def _empty(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.empty(n, dtype=dtype, device=device)
 
 
-def _rows(count: int, n: int, dtype: torch.dtype, device: torch.device
-          ) -> tuple[torch.Tensor, ...]:
-    """``count`` uninitialized (n,) arrays from one allocation, each 16-byte aligned."""
-    per = 16 // dtype.itemsize
-    return torch.empty(count, -(-n // per) * per, dtype=dtype, device=device)[:, :n].unbind(0)
-
-
 def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
                    misses: torch.Tensor | None, persistent: bool, slots: torch.Tensor,
                    flags: torch.Tensor) -> torch.Tensor | None:
@@ -441,7 +436,8 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
         upsert_lanes_kernel[(programs,)](
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,
             out, evicted, state, blocks, misses if misses is not None else blocks, slots,
-            flags.view(torch.int8), n, t_digests, s_digests, ev_any, *ev, marks, ev_any[1:],
+            flags[0].view(torch.int8), flags.stride(0), t_digests, s_digests, ev_any, *ev,
+            marks, ev_any[1:],
             ALLOW_EVICT=evict, CAP=cap, CAP_P2=next_pow2(cap), LINE=width, W=lane_width,
             WIN=next_pow2(2 * lane_width + 1), BI=block["inline_bi"] if inline else 1,
             MISSES_ONLY=misses is not None, MASKS=mask_probe(cap, words), INLINE=inline,
@@ -498,14 +494,15 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     tags = tags.contiguous() if tags is not None else None
     n, device, nb = keys.numel(), storage.device, storage.num_buckets
     slots = _empty(n, torch.int64, device)
-    flags = _empty(3 * n, torch.bool, device)
+    # inserted, created and evicted flags, rows 16-byte aligned (a stride the kernels take)
+    flags = aligned_rows(3, n, torch.bool, device)
     # Work arrays in two allocations, one row each (rows start 16-byte aligned).
-    ev_keys, ev_scores, s_keys, s_scores, first, out, s_bucket = _rows(7, n, torch.int64,
-                                                                       device)
-    ev_tags, s_tags = _rows(2, n, torch.int32, device)
+    ev_keys, ev_scores, s_keys, s_scores, first, out, s_bucket = aligned_rows(7, n, torch.int64,
+                                                                       device).unbind(0)
+    ev_tags, s_tags = aligned_rows(2, n, torch.int32, device).unbind(0)
     ev = (ev_keys, ev_tags, ev_scores)
     if n == 0:
-        return UpsertResult(slots, flags[:0], flags[:0], *ev, flags[:0],
+        return UpsertResult(slots, flags[0], flags[2], *ev, flags[1],
                             torch.zeros(1, dtype=torch.int64, device=device))
     refused = _empty(1, torch.int64, device)  # cleared by the gather, added to by the finalize
     # With the counting sort and the block form, the call works on the sorted misses alone
@@ -542,7 +539,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
                             s_digests, s_bucket, first, ev_any, refused, n, nb,
                             HAS_TAGS=tags is not None, POW2=is_pow2(nb), SENTINEL=sentinel,
                             BLOCK=512)
-    evicted = flags[2 * n:].view(torch.int8)
+    evicted = flags[2].view(torch.int8)
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
                                      perm, n, storage.keys, t_tags, storage.digests,
                                      storage.scores, out, evicted, ev_any, *ev, marks),
@@ -551,10 +548,10 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
         s_digests, state if state is not None else s_digests, slots,
-        flags[:n].view(torch.int8), flags[n:2 * n].view(torch.int8), evicted, ev_any, refused,
+        flags[0].view(torch.int8), flags[1].view(torch.int8), evicted, ev_any, refused,
         misses if misses_only else refused, probed, marks if misses_only else refused, n,
         HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), LANES=state is not None,
         SENTINEL=sentinel, MISSES_ONLY=misses_only, CAP=storage.bucket_capacity, BLOCK=512)
     if state is not None:
         _note_flagged(storage, ev_any[1:])
-    return UpsertResult(slots, flags[:n], flags[2 * n:], *ev, flags[n:2 * n], refused)
+    return UpsertResult(slots, flags[0], flags[2], *ev, flags[1], refused)

@@ -284,7 +284,7 @@ def _serve(p, in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_p
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["m"])
 def upsert_block_kernel(in_keys, in_tags, in_scores, in_digests, in_bucket, in_first, in_pos,
                         m, t_keys, t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any,
                         ev_keys, ev_tags, ev_scores, marks, state, blocks, misses,

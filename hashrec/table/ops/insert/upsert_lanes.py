@@ -90,18 +90,18 @@ def _run_of(i, bucket, miss, in_bucket, m, W: tl.constexpr, WIN: tl.constexpr):
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["m"])
 def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos, m, t_words,
                         t_keys, t_tags, t_scores, out_slots, out_evicted, state, blocks,
-                        misses, b_slots, b_flags, n, t_digests, in_digests, ev_any, ev_keys,
-                        ev_tags, ev_scores, marks, flagged, ALLOW_EVICT: tl.constexpr,
+                        misses, b_slots, b_flags, flag_stride, t_digests, in_digests, ev_any,
+                        ev_keys, ev_tags, ev_scores, marks, flagged, ALLOW_EVICT: tl.constexpr,
                         CAP: tl.constexpr, CAP_P2: tl.constexpr, LINE: tl.constexpr,
                         W: tl.constexpr, WIN: tl.constexpr, BI: tl.constexpr,
                         MISSES_ONLY: tl.constexpr, MASKS: tl.constexpr, INLINE: tl.constexpr,
                         BLOCK: tl.constexpr):
     """Lane i serves sorted position i (``t_words``: the digest array as int32 words).
     A key it places gets its slot in ``b_slots`` and its inserted and created flags
-    (``b_flags``, at batch positions 0..n-1 and n..2n-1).
+    (``b_flags``: two rows ``flag_stride`` apart, indexed by batch position).
     ``blocks`` (programs,) int8: 1 where the program's positions open a run left to the
     block form, whose programs serve the same BLOCK positions. MISSES_ONLY: only the
     positions below the misses' count (``misses``, on the device) hold sorted misses;
@@ -175,7 +175,7 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
             tl.store(b_slots + pos, slot, mask=ok)
             one = tl.full([BLOCK], 1, dtype=tl.int8)
             tl.store(b_flags + pos, one, mask=ok)
-            tl.store(b_flags + n + pos, one, mask=ok)
+            tl.store(b_flags + flag_stride + pos, one, mask=ok)
             outcome = tl.where(ok, LANE_PLACED, tl.where(deferred, LANE_DEFERRED, 0)).to(tl.int8)
         else:  # every bucket here is full: each run goes to the block form, to evict
             outcome = tl.where(miss, LANE_DEFERRED, 0).to(tl.int8)

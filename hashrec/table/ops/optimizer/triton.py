@@ -98,7 +98,7 @@ def update_rows(t_values, slot, rmask, g, row_dim, dim, lr, eps, beta1, beta2, w
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["u"])
 def _apply_kernel(t_values, slots_ptr, grads_ptr, u, row_dim, dim, lr, eps, beta1, beta2, wd,
                   adam_step, OPT: tl.constexpr, DIM_P2: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
