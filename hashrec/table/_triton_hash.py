@@ -70,7 +70,7 @@ def load_tags(tags_ptr, offs, mask, HAS_TAGS: tl.constexpr):
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _hash_keys_kernel(keys_ptr, tags_ptr, bucket_ptr, digest_ptr, n, num_buckets,
                       HAS_TAGS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

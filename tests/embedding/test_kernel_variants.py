@@ -6,14 +6,12 @@ mid-training, on a fresh kernel cache).
 
 The collection runs its Triton kernels under the interpreter (``HASHREC_FORCE_TRITON``),
 every launch logged with its step; a process without the interpreter then gives each
-launch the specialization the GPU launcher would (``tests.compile_check``).
+launch the specialization the GPU launcher would (``tests.kernel_variants``).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -36,21 +34,14 @@ from hashrec.table import (  # noqa: E402
     TableOptions,
 )
 from hashrec.table.ops import dispatch  # noqa: E402
-from hashrec.table.ops.launch import FastKernel  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-from tests.compile_check import _describe, _kernel_name  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.kernel_variants import ALLOWED, LaunchLog, late_variants_of  # noqa: E402
 
 DIM = 4
 FEATURES = [EmbeddingFeatureSpec("user", "user_t"), EmbeddingFeatureSpec("item", "item_t"),
             EmbeddingFeatureSpec("hist", "item_t", is_sequence=True, max_length=2),
             EmbeddingFeatureSpec("cat", "cat_t", weighted=True)]
-# Kernel arguments allowed to add a variant after the first step (the reasons are at the
-# kernels): find and the pooling keep the sizes that mask their row tiles specialized.
-ALLOWED = {("hashrec.table.ops.find.triton", "_find_kernel"): {"n"},
-           ("hashrec.embedding.ops.fused.triton", "_pool_kernel_narrow"): {"num_bags"},
-           ("hashrec.embedding.ops.fused.triton", "_pool_kernel_wide"): {"num_bags"}}
 
 
 def _collection() -> EmbeddingCollection:
@@ -90,59 +81,16 @@ def test_later_steps_compile_no_variant_for_alignment_or_sizes(tmp_path, monkeyp
     # counts not divisible by 16; step 1: 16 users and 32 items (aligned, divisible);
     # then a short batch.
     shapes = [(7, 12), (16, 32), (5, 9)]
-    log, step = [], [0]
-    launch = FastKernel.launch
-
-    def logged(self, grid, args, kwargs):
-        module, name = _kernel_name(self)
-        log.append(json.dumps({"module": module, "kernel": name, "step": step[0],
-                               "args": [_describe(a) for a in args],
-                               "kwargs": {k: _describe(v) for k, v in kwargs.items()}},
-                              sort_keys=True))
-        return launch(self, grid, args, kwargs)
-
-    monkeypatch.setattr(FastKernel, "launch", logged)
+    log = LaunchLog(str(tmp_path / "launches.jsonl"), monkeypatch)
     monkeypatch.setenv("HASHREC_FORCE_TRITON", "1")
     dispatch._forced.cache_clear()
     try:
         collection = _collection()
-        for step[0], (users, items) in enumerate(shapes):
-            out = collection(_batch(step[0], users, items))
+        for log.step, (users, items) in enumerate(shapes):
+            out = collection(_batch(log.step, users, items))
             loss = sum((t ** 2).sum() for t in out.pooled.values())
             (loss + out.sequences["hist"][0].sum()).backward()
     finally:
         dispatch._forced.cache_clear()
-    path = tmp_path / "launches.jsonl"
-    path.write_text("\n".join(dict.fromkeys(log)) + "\n")
-    assert {json.loads(line)["step"] for line in log} == {0, 1, 2}
-
-    script = (
-        "import json, sys\n"
-        "from tests.compile_check import _source\n"
-        "allowed = {tuple(k): set(v) for k, v in json.loads(sys.argv[2])}\n"
-        "seen, late = {}, []\n"
-        "for line in open(sys.argv[1]):\n"
-        "    entry = json.loads(line)\n"
-        "    source, options = _source(entry)\n"
-        "    fn = source.fn\n"
-        "    skip = allowed.get((entry['module'], entry['kernel']), set())\n"
-        "    attrs = sorted(fn.arg_names[k[0]] for k in source.attrs\n"
-        "                   if fn.arg_names[k[0]] not in skip)\n"
-        "    key = json.dumps([entry['module'], entry['kernel'], source.signature,\n"
-        "                      sorted((str(k), repr(v)) for k, v in source.constants.items()\n"
-        "                             if fn.arg_names[k[0]] not in skip),\n"
-        "                      sorted(options.items())], sort_keys=True)\n"
-        "    variants = seen.setdefault(key, {})\n"
-        "    if attrs not in variants.values() and variants and entry['step'] > 0:\n"
-        "        first = next(iter(variants.values()))\n"
-        "        late.append(f\"step {entry['step']} {entry['kernel']}: \"\n"
-        "                    f\"{sorted(set(first) ^ set(attrs))}\")\n"
-        "    variants.setdefault(json.dumps(attrs), attrs)\n"
-        "print(json.dumps(late))\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
-                                                            "HASHREC_FORCE_TRITON")}
-    allowed = json.dumps([[list(k), sorted(v)] for k, v in ALLOWED.items()])
-    run = subprocess.run([sys.executable, "-c", script, str(path), allowed], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout) == [], run.stdout
+    assert log.write() == {0, 1, 2}
+    assert late_variants_of([log.path], ALLOWED) == []

@@ -32,7 +32,7 @@ def _tile(index_ptr, split, n, width, BLOCK_R: tl.constexpr, BLOCK_C: tl.constex
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _gather_kernel(first, second, split, index_ptr, out_ptr, n, row_dim, start, width,
                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows, col, rmask, cmask, near, row_a, row_b = _tile(index_ptr, split, n, width,
@@ -47,7 +47,7 @@ def _gather_kernel(first, second, split, index_ptr, out_ptr, n, row_dim, start, 
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _scatter_kernel(first, second, split, index_ptr, rows_ptr, n, row_dim, start, width,
                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows, col, rmask, cmask, near, row_a, row_b = _tile(index_ptr, split, n, width,
@@ -59,7 +59,7 @@ def _scatter_kernel(first, second, split, index_ptr, rows_ptr, n, row_dim, start
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["u"])
 def _update_kernel(first, second, split, index_ptr, grads_ptr, u, row_dim, dim, lr, eps, beta1,
                    beta2, wd, adam_step, OPT: tl.constexpr, DIM_P2: tl.constexpr,
                    BLOCK: tl.constexpr):

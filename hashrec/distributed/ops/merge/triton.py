@@ -18,7 +18,7 @@ _BLOCK = 512
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["m"])
 def _first_kernel(keys_ptr, tags_ptr, starts_ptr, rep_ptr, active_ptr, m, runs, steps,
                   HAS_TAGS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

@@ -18,7 +18,7 @@ _ROWS = 64
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["m"])
 def _pack_kernel(values_ptr, slots_ptr, index_ptr, out_ptr, m, dim, values_stride,
                  ROWS: tl.constexpr, DIM: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -33,7 +33,7 @@ def _pack_kernel(values_ptr, slots_ptr, index_ptr, out_ptr, m, dim, values_strid
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _unpack_kernel(rows_ptr, order_ptr, values_ptr, stored_ptr, n, dim,
                    ROWS: tl.constexpr, DIM: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)

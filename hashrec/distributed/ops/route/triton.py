@@ -33,7 +33,7 @@ def _owners(keys_ptr, offs, mask, world):
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n", "blocks"])
 def _count_kernel(keys_ptr, marks_ptr, counts_ptr, n, world, blocks,
                   MARKED: tl.constexpr, TOTAL: tl.constexpr,
                   BLOCK: tl.constexpr, WORLD: tl.constexpr):
@@ -55,7 +55,7 @@ def _count_kernel(keys_ptr, marks_ptr, counts_ptr, n, world, blocks,
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n", "blocks"])
 def _place_kernel(keys_ptr, first_ptr, second_ptr, third_ptr, block_counts_ptr, ends_ptr,
                   order_ptr, columns_ptr, n, world, blocks,
                   EXTRAS: tl.constexpr, BLOCK: tl.constexpr, WORLD: tl.constexpr):

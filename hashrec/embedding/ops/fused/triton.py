@@ -99,12 +99,13 @@ def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_pt
 # Narrow rows (stride < 64) compile with dim and stride unspecialized: a [BB, 64] gather
 # with a stride divisible by 16 failed to compile (triton 3.6, sm_90: "mask type matches
 # ptr type"). Wide rows keep the stride specialized, so row loads are 16-byte vectors.
-# A feature's ids, offsets and weights are slices at offsets the data sets, read by bag
-# (gathers) whatever their alignment: compiled unspecialized on it, so a batch does not
-# compile a variant of its own. num_bags (the batch size) stays specialized: it masks
+# A feature's ids, offsets and weights, and the slots of a sharded lookup's rows, are
+# slices at offsets the data sets, read by bag or by id (gathers) whatever their
+# alignment: compiled unspecialized on it, so a batch does not compile a variant of its
+# own. num_bags (the batch size) stays specialized: it masks
 # the output tile's store, and find, whose row store is masked alike, ran 12% slower
 # at dim 128 with its size unspecialized.
-_POOL_SLICES = ["inverse_ptr", "offsets_ptr", "weights_ptr"]
+_POOL_SLICES = ["slots_ptr", "inverse_ptr", "offsets_ptr", "weights_ptr"]
 _pool_kernel_narrow = fast_launch(triton.jit(
     do_not_specialize=["dim", "src_stride"],
     do_not_specialize_on_alignment=_POOL_SLICES)(_pool_body))

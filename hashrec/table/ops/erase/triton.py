@@ -11,7 +11,7 @@ from hashrec.table.storage import TableStorage
 
 
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _erase_kernel(slots_ptr, t_digests, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
