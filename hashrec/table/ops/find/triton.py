@@ -340,8 +340,11 @@ def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl
 # n stays specialized (divisible by 16 or not): without it, find of 1M keys at dim 128
 # ran 12% slower on an H200 (3.39 / 3.35 against 3.85 / 3.81 B-KV/s at load factors
 # 0.5 / 0.75; a branch that drops the row mask in full programs got back a third:
-# benchmarks/results/compile_variants.md). A training run therefore compiles this
-# kernel twice, once for a batch whose unique keys' count is a multiple of 16.
+# benchmarks/results/compile_variants.md): each of a program's rows then has its own
+# mask predicate, and at dim 128 the kernel spills under its 80-register cap (compiled
+# for sm_90: 72 bytes of stack against none). A training run therefore compiles this
+# kernel a second time at the first batch whose key count differs from the first's in
+# divisibility by 16.
 @fast_launch
 @triton.jit
 def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_slots,
