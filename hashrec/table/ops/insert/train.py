@@ -157,8 +157,11 @@ def count_admission(storage: TableStorage, keys: torch.Tensor, tags: torch.Tenso
     return Counted(flags[0], totals, flags[1])
 
 
+# n stays specialized: the captured lookup calls this at its padded size, one variant;
+# unspecialized the kernel took 255 registers and spilled (compiled for sm_90:
+# benchmarks/results/specialization_cost.md).
 @fast_launch
-@triton.jit(do_not_specialize=["n"])
+@triton.jit
 def _found_kernel(slots_ptr, active_ptr, count_ptr, hit_ptr, pending_ptr, live_ptr, any_ptr, n,
                   HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -203,8 +206,9 @@ def _add_sum(mask_ptr, totals_ptr, j, i, live):
     tl.atomic_add(totals_ptr + j, count, sem="relaxed")
 
 
+# n stays specialized: the captured lookup calls this at its padded size, one variant.
 @fast_launch
-@triton.jit(do_not_specialize=["n"])
+@triton.jit
 def _totals_kernel(m0, m1, m2, m3, m4, m5, extra_ptr, totals_ptr, n, K: tl.constexpr,
                    EXTRA: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
