@@ -51,6 +51,14 @@ def _kernel_name(kernel) -> tuple[str, str]:
     raise LookupError(f"{kernel.kernel.fn.__name__} is not a global of {module.__name__}")
 
 
+def launch_entry(kernel, args: tuple, kwargs: dict) -> dict:
+    """A ``fast_launch`` launch as logged: the kernel's module and name, its arguments
+    described (``_describe``)."""
+    module, name = _kernel_name(kernel)
+    return {"module": module, "kernel": name, "args": [_describe(a) for a in args],
+            "kwargs": {k: _describe(v) for k, v in kwargs.items()}}
+
+
 _patched = False
 
 
@@ -70,11 +78,7 @@ def pytest_runtest_setup(item):  # noqa: ARG001 - the pytest hook's signature
         # Interpreted launches of the project's kernels (compiled ones need no check).
         if not self._enabled and self.kernel.fn.__module__.startswith("hashrec."):
             try:
-                module, name = _kernel_name(self)
-                entry = json.dumps({"module": module, "kernel": name,
-                                    "args": [_describe(a) for a in args],
-                                    "kwargs": {k: _describe(v) for k, v in kwargs.items()}},
-                                   sort_keys=True)
+                entry = json.dumps(launch_entry(self, args, kwargs), sort_keys=True)
             except (TypeError, LookupError) as err:
                 entry = json.dumps({"error": str(err)})
             if entry not in seen:

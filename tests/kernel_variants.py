@@ -29,15 +29,12 @@ class LaunchLog:
 
     def __init__(self, path: str, monkeypatch=None) -> None:
         from hashrec.table.ops.launch import FastKernel
-        from tests.compile_check import _describe, _kernel_name
+        from tests.compile_check import launch_entry
         self.path, self.step, self._lines = path, 0, {}
         launch = FastKernel.launch
 
         def logged(kernel, grid, args, kwargs):
-            module, name = _kernel_name(kernel)
-            line = json.dumps({"module": module, "kernel": name, "step": self.step,
-                               "args": [_describe(a) for a in args],
-                               "kwargs": {k: _describe(v) for k, v in kwargs.items()}},
+            line = json.dumps({**launch_entry(kernel, args, kwargs), "step": self.step},
                               sort_keys=True)
             self._lines.setdefault(line, None)
             return launch(kernel, grid, args, kwargs)

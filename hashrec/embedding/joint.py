@@ -142,7 +142,7 @@ def split_join(batch: StorageBatch, storages: list, sharded: frozenset[str] = fr
         first, end = firsts[m], firsts[m + 1]
         own_tags = None
         if storage.plan.fused:
-            own_tags = tags[m] - first if first else aligned(tags[m])
+            own_tags = tags[m] - first if first else tags[m]  # the first: at 0
         exchange = (batch.owner_counts, batch.recv_counts) if storage.name in sharded \
             else (None, None)
         pair_max = batch.pair_max if storage.name in sharded else None

@@ -103,9 +103,9 @@ def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_pt
 # slices at offsets the data sets, read by bag or by id (gathers) whatever their
 # alignment: compiled unspecialized on it, so a batch does not compile a variant of its
 # own. (For sm_90 the PTX is the same either way for the slots, and for all four with one
-# id a bag; with offsets, aligned ones load two at a time.) num_bags (the batch size) stays specialized: it masks
-# the output tile's store, and find, whose row store is masked alike, ran 12% slower
-# at dim 128 with its size unspecialized.
+# id a bag; with offsets, aligned ones load two at a time.) num_bags (the batch size)
+# stays specialized: it masks the output tile's store, and find, whose row store is
+# masked alike, ran 12% slower at dim 128 with its size unspecialized.
 _POOL_SLICES = ["slots_ptr", "inverse_ptr", "offsets_ptr", "weights_ptr"]
 _pool_kernel_narrow = fast_launch(triton.jit(
     do_not_specialize=["dim", "src_stride"],

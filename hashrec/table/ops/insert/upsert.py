@@ -497,8 +497,8 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     # inserted, created and evicted flags, rows 16-byte aligned (a stride the kernels take)
     flags = aligned_rows(3, n, torch.bool, device)
     # Work arrays in two allocations, one row each (rows start 16-byte aligned).
-    ev_keys, ev_scores, s_keys, s_scores, first, out, s_bucket = aligned_rows(7, n, torch.int64,
-                                                                       device).unbind(0)
+    ev_keys, ev_scores, s_keys, s_scores, first, out, s_bucket = aligned_rows(
+        7, n, torch.int64, device).unbind(0)
     ev_tags, s_tags = aligned_rows(2, n, torch.int32, device).unbind(0)
     ev = (ev_keys, ev_tags, ev_scores)
     if n == 0:
