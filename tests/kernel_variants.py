@@ -17,9 +17,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Kernel arguments allowed to add a variant after the first step (the reasons are at the
-# kernels): find and the pooling keep the sizes that mask their row tiles specialized.
-ALLOWED = {("hashrec.table.ops.find.triton", "_find_kernel"): {"n"},
-           ("hashrec.embedding.ops.fused.triton", "_pool_kernel_narrow"): {"num_bags"},
+# kernels): the pooling keeps the size that masks its row tiles specialized.
+ALLOWED = {("hashrec.embedding.ops.fused.triton", "_pool_kernel_narrow"): {"num_bags"},
            ("hashrec.embedding.ops.fused.triton", "_pool_kernel_wide"): {"num_bags"}}
 
 

@@ -128,11 +128,16 @@ def test_find_launch_picks_the_probe_form(monkeypatch, forced, cap, dim, expecte
     assert seen["MASKS"] == (bool(find_tt.MASK_PROBE) and cap <= 128)
 
 
+@pytest.mark.parametrize("count", [5, 16, 17, 52])
 @pytest.mark.parametrize("dim", [64, 100, 128])
-def test_find_wide_rows_at_their_own_launch_match_reference(dim):
-    """Rows of 64 and 128 columns at the launches chosen for them (``_config``)."""
+def test_find_wide_rows_at_their_own_launch_match_reference(dim, count):
+    """Rows of 64 and 128 columns at the launches chosen for them (``_config``); rows of
+    128 columns in calls of at least a program's 16 keys shift the last program back
+    (``SHIFT``), fewer mask theirs."""
     storage, keys, _ = filled(4, 16, 40, seed=9, row_dim=dim)
     probe = torch.cat([keys, random_keys(12, torch.Generator().manual_seed(4)).to(DEVICE)])
+    probe = probe[torch.randperm(probe.numel(), generator=torch.Generator().manual_seed(5))
+                  [:count].to(DEVICE)]
     expected = find_ref.find_slots(storage, probe)
     slots, values = find_tt.find_values(storage, probe, None, dim=dim)
     assert torch.equal(slots, expected)

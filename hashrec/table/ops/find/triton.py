@@ -337,27 +337,39 @@ def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl
     return _probe_finish(key, tag, t_keys, t_tags, base, cand, col, CAP, WORDS, ROUND, BY_WORD)
 
 
-# n stays specialized (divisible by 16 or not): without it, find of 1M keys at dim 128
-# ran 12% slower on an H200 (3.39 / 3.35 against 3.85 / 3.81 B-KV/s at load factors
-# 0.5 / 0.75; a branch that drops the row mask in full programs got back a third:
-# benchmarks/results/compile_variants.md): each of a program's rows then has its own
-# mask predicate, and at dim 128 the kernel spills under its 80-register cap (compiled
-# for sm_90: 72 bytes of stack against none). A training run therefore compiles this
-# kernel a second time at the first batch whose key count differs from the first's in
-# divisibility by 16.
+# n is not specialized, so a batch's key count compiles no variant of its own. With n
+# specialized (divisible by 16 or not) and every row masked by it, find of 1M keys at dim
+# 128 ran 12% faster than unspecialized (benchmarks/results/compile_variants.md): each
+# row had its own mask predicate, and the kernel spilled under its 80-register cap.
+# SHIFT (rows of 128 columns, calls of at least BLOCK keys) masks no row instead: the
+# last program starts BLOCK keys before the end, finding again some keys the program
+# before it found and writing the same slots and rows there. Compiled for sm_90 at the
+# benchmark launches (registers / stack bytes / SASS instructions): dim 128, 16 keys a
+# program: 76 / 0 / 624 shifted, 76 / 0 / 656 masked with n divisible by 16, 80 / 72 /
+# 840 masked unspecialized; dim 64, 32 keys: shifted spills (80 / 56 / 744), masked
+# unspecialized does not (80 / 0 / 744; 720 with n divisible); dims 8 and 32: masked
+# unspecialized 552 and 640 instructions, 552 and 632 divisible, no stack. On an H200,
+# 1M keys a call (divisible by 16), dims 8-128 and load factors 0.5-1.0, find ran as fast
+# as with n specialized, within 0.5% at every setting in two runs of each
+# (benchmarks/results/find_shifted.md).
 @fast_launch
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_slots,
                  out_values, n, num_buckets, HAS_TAGS: tl.constexpr, WITH_VALUES: tl.constexpr,
                  CAP: tl.constexpr, LINE: tl.constexpr, WORDS: tl.constexpr,
                  POW2: tl.constexpr, ROUND: tl.constexpr, ROW_DIM: tl.constexpr,
                  DIM: tl.constexpr, DIM_P2: tl.constexpr, BY_WORD: tl.constexpr,
-                 MASKS: tl.constexpr, BLOCK: tl.constexpr):
+                 MASKS: tl.constexpr, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
     """Slots (and rows) of BLOCK keys. Each row is read once its key is confirmed
     (reading the row at the lowest digest match beside the confirming loads was 10-30%
     slower on an H200: ``benchmarks/results/find_speculate_gpu.md``)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+    if SHIFT:  # n >= BLOCK
+        offs = tl.minimum(tl.program_id(0).to(tl.int64) * BLOCK, n - BLOCK) \
+            + tl.arange(0, BLOCK)
+        mask = tl.full([BLOCK], 1, tl.int1)
+    else:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
     key = tl.load(keys_ptr + offs, mask=mask, other=0)
     tag = load_tags(tags_ptr, offs, mask, HAS_TAGS)
     slot = probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP, LINE,
@@ -368,8 +380,11 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
         cmask = col[None, :] < DIM
         found = (slot >= 0)[:, None] & cmask
         row = tl.load(t_values + slot[:, None] * ROW_DIM + col[None, :], mask=found, other=0.0)
-        tl.store(out_values + offs[:, None] * DIM + col[None, :], row,
-                 mask=mask[:, None] & cmask)
+        if SHIFT:
+            tl.store(out_values + offs[:, None] * DIM + col[None, :], row, mask=cmask)
+        else:
+            tl.store(out_values + offs[:, None] * DIM + col[None, :], row,
+                     mask=mask[:, None] & cmask)
 
 
 # (keys per program, warps, and optionally "maxnreg": registers a thread at most) of the
@@ -508,7 +523,8 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
         ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2,
         BY_WORD=by_word(config.get("by_word", False)),
-        MASKS=mask_probe(storage.bucket_capacity, words), BLOCK=block,
+        MASKS=mask_probe(storage.bucket_capacity, words), SHIFT=n >= block and dim_p2 >= 128,
+        BLOCK=block,
         num_warps=config["num_warps"],
         **maxnreg(config.get("maxnreg", 0)))
 
