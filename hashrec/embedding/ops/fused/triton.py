@@ -103,15 +103,18 @@ def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_pt
 # slices at offsets the data sets, read by bag or by id (gathers) whatever their
 # alignment: compiled unspecialized on it, so a batch does not compile a variant of its
 # own. (For sm_90 the PTX is the same either way for the slots, and for all four with one
-# id a bag; with offsets, aligned ones load two at a time.) num_bags (the batch size)
-# stays specialized: it masks the output tile's store, and find, whose row store is
-# masked alike, ran 12% slower at dim 128 with its size unspecialized.
+# id a bag; with offsets, aligned ones load two at a time.) num_bags (the batch size) is
+# unspecialized too, so an epoch's short last batch compiles no variant: compiled for
+# sm_90 at benchmark B's launch (one id a bag from table rows, dim 128, 4 bags a program)
+# the kernel takes 40 registers either way and 224 SASS instructions against 192 with
+# the size divisible by 16; B's own size (104,857 bags) was never divisible.
 _POOL_SLICES = ["slots_ptr", "inverse_ptr", "offsets_ptr", "weights_ptr"]
 _pool_kernel_narrow = fast_launch(triton.jit(
-    do_not_specialize=["dim", "src_stride"],
+    do_not_specialize=["dim", "src_stride", "num_bags"],
     do_not_specialize_on_alignment=_POOL_SLICES)(_pool_body))
 _pool_kernel_wide = fast_launch(triton.jit(
-    do_not_specialize=["dim"], do_not_specialize_on_alignment=_POOL_SLICES)(_pool_body))
+    do_not_specialize=["dim", "num_bags"],
+    do_not_specialize_on_alignment=_POOL_SLICES)(_pool_body))
 
 
 # The pooling launch: {"rows": bags a program (a power of two), "num_warps"}; None
