@@ -107,7 +107,8 @@ def _pool_body(src, src_stride, slots_ptr, fallback_ptr, inverse_ptr, offsets_pt
 # unspecialized too, so an epoch's short last batch compiles no variant: compiled for
 # sm_90 at benchmark B's launch (one id a bag from table rows, dim 128, 4 bags a program)
 # the kernel takes 40 registers either way and 224 SASS instructions against 192 with
-# the size divisible by 16; B's own size (104,857 bags) was never divisible.
+# the size divisible by 16; on an H200 B ran alike either way at 104,864 bags a table
+# (divisible) and at its own 104,857 (benchmarks/results/pool_bags.md).
 _POOL_SLICES = ["slots_ptr", "inverse_ptr", "offsets_ptr", "weights_ptr"]
 _pool_kernel_narrow = fast_launch(triton.jit(
     do_not_specialize=["dim", "src_stride", "num_bags"],
