@@ -380,11 +380,8 @@ def _find_kernel(keys_ptr, tags_ptr, t_keys, t_tags, t_digests, t_values, out_sl
         cmask = col[None, :] < DIM
         found = (slot >= 0)[:, None] & cmask
         row = tl.load(t_values + slot[:, None] * ROW_DIM + col[None, :], mask=found, other=0.0)
-        if SHIFT:
-            tl.store(out_values + offs[:, None] * DIM + col[None, :], row, mask=cmask)
-        else:
-            tl.store(out_values + offs[:, None] * DIM + col[None, :], row,
-                     mask=mask[:, None] & cmask)
+        tl.store(out_values + offs[:, None] * DIM + col[None, :], row,
+                 mask=mask[:, None] & cmask)  # SHIFT: mask is constant, folded away
 
 
 # (keys per program, warps, and optionally "maxnreg": registers a thread at most) of the
