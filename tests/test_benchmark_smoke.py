@@ -38,3 +38,9 @@ def test_sweep_rows_runs_every_kernel_under_each_config():
 def test_embedding_layer_benchmark_runs():
     out = _smoke("bench_embedding_layer.py")
     assert "Layer forward with the next batch's deduplication started ahead" in out
+
+
+def test_table_floor_benchmark_runs():
+    out = _smoke("bench_table_floor.py")
+    assert "| dim | rows floor ms (TB/s) |" in out
+    assert "Parts (ms): probe_lines " in out
