@@ -7,7 +7,9 @@ At benchmark A's shape (``--slots`` slots in 128-slot buckets, ``--batch`` keys 
   whose digest matches (the present ones), one 8-byte key in that bucket, at a slot
   the line names (``_probe_floor_kernel``: the same accesses, nothing else);
 * place: write each new key's entry, its key, score (8 bytes each) and digest (1 byte)
-  into the table's arrays at a random slot (``_place_floor_kernel``);
+  into the table's arrays at a random slot (``_place_floor_kernel``; for comparison,
+  ``_place_pairs_floor_kernel`` writes key and score as one 16-byte entry, a layout the
+  table does not have);
 * rows: move every key's row, dim fp32 values read from the batch and written to the
   table (``_rows_floor_ms``: a copy of as many bytes, contiguous, the copy bandwidth).
 
@@ -95,6 +97,22 @@ def _place_floor_kernel(slots_ptr, keys_ptr, scores_ptr, t_keys, t_scores, t_dig
         tl.store(t_digests + slot, (key & 0xFF).to(tl.uint8), mask=mask)
 
 
+@triton.jit
+def _place_pairs_floor_kernel(slots_ptr, keys_ptr, scores_ptr, t_pairs, t_digests, m,
+                              BLOCK: tl.constexpr):
+    """As ``_place_floor_kernel`` with every field, in a layout that does not exist: key
+    and score side by side in one 16-byte entry (one sector), then the digest."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < m
+    slot = tl.load(slots_ptr + i, mask=mask, other=0)
+    key = tl.load(keys_ptr + i, mask=mask, other=0)
+    score = tl.load(scores_ptr + i, mask=mask, other=0)
+    half = tl.arange(0, 2)
+    pair = tl.where(half[None, :] == 0, key[:, None], score[:, None])
+    tl.store(t_pairs + slot[:, None] * 2 + half[None, :], pair, mask=mask[:, None])
+    tl.store(t_digests + slot, (key & 0xFF).to(tl.uint8), mask=mask)
+
+
 def _rows_floor_ms(n: int, dim: int) -> float:
     """A contiguous copy of n rows of dim fp32 values: the rows' bytes at the copy
     bandwidth (an insert's rows land at scattered slots, which is no faster)."""
@@ -130,6 +148,11 @@ def main() -> None:
             lambda f=fields: _place_floor_kernel[(triton.cdiv(m, 256),)](
                 slots, new_keys, new_scores, t_keys, t_scores, t_digests, m, FIELDS=f,
                 BLOCK=256, num_warps=4), ARGS.reps)["device_ms"]
+    t_pairs = torch.zeros(ARGS.slots, 2, dtype=torch.int64, device=DEVICE)
+    parts["place_pairs_digests_ms"] = time_device_ms(
+        lambda: _place_pairs_floor_kernel[(triton.cdiv(m, 256),)](
+            slots, new_keys, new_scores, t_pairs, t_digests, m, BLOCK=256, num_warps=4),
+        ARGS.reps)["device_ms"]
     probe, place = parts["probe_lines_keys_ms"], parts["place_keys_scores_digests_ms"]
     budget_ms = n / (ARGS.target * 1e6)
     rows = []
