@@ -7,9 +7,8 @@ At benchmark A's shape (``--slots`` slots in 128-slot buckets, ``--batch`` keys 
   whose digest matches (the present ones), one 8-byte key in that bucket, at a slot
   the line names (``_probe_floor_kernel``: the same accesses, nothing else);
 * place: write each new key's entry, its key, score (8 bytes each) and digest (1 byte)
-  into the table's arrays at a random slot (``_place_floor_kernel``; for comparison,
-  ``_place_pairs_floor_kernel`` writes key and score as one 16-byte entry, a layout the
-  table does not have);
+  into the table's arrays at a random slot (``_place_floor_kernel``; for comparison, with
+  PAIRS it writes key and score as one 16-byte entry, a layout the table does not have);
 * rows: move every key's row, dim fp32 values read from the batch and written to the
   table (``_rows_floor_ms``: a copy of as many bytes, contiguous, the copy bandwidth).
 
@@ -26,12 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 from _cli import add_out_and_smoke, parse_with_smoke
-
-ARGS: argparse.Namespace
 
 
 def _args() -> argparse.Namespace:
@@ -55,8 +50,6 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from _timing import command_line, environment, time_device_ms  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() and not ARGS.smoke else "cpu")
 CAP = 128
@@ -84,33 +77,25 @@ def _probe_floor_kernel(buckets_ptr, present_ptr, t_words, t_keys, out_ptr, n,
 
 @triton.jit
 def _place_floor_kernel(slots_ptr, keys_ptr, scores_ptr, t_keys, t_scores, t_digests, m,
-                        FIELDS: tl.constexpr, BLOCK: tl.constexpr):
-    """Per new key: its key (FIELDS 1), score (2) and digest (3) written at its slot."""
+                        FIELDS: tl.constexpr, PAIRS: tl.constexpr, BLOCK: tl.constexpr):
+    """Per new key: its key (FIELDS 1), score (2) and digest (3) written at its slot.
+    PAIRS (every field), a layout the table does not have: key and score side by side
+    in one 16-byte entry of ``t_keys`` (one sector), then the digest."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < m
     slot = tl.load(slots_ptr + i, mask=mask, other=0)
     key = tl.load(keys_ptr + i, mask=mask, other=0)
-    tl.store(t_keys + slot, key, mask=mask)
-    if FIELDS >= 2:
-        tl.store(t_scores + slot, tl.load(scores_ptr + i, mask=mask, other=0), mask=mask)
+    if PAIRS:
+        half = tl.arange(0, 2)
+        pair = tl.where(half[None, :] == 0, key[:, None],
+                        tl.load(scores_ptr + i, mask=mask, other=0)[:, None])
+        tl.store(t_keys + slot[:, None] * 2 + half[None, :], pair, mask=mask[:, None])
+    else:
+        tl.store(t_keys + slot, key, mask=mask)
+        if FIELDS >= 2:
+            tl.store(t_scores + slot, tl.load(scores_ptr + i, mask=mask, other=0), mask=mask)
     if FIELDS >= 3:
         tl.store(t_digests + slot, (key & 0xFF).to(tl.uint8), mask=mask)
-
-
-@triton.jit
-def _place_pairs_floor_kernel(slots_ptr, keys_ptr, scores_ptr, t_pairs, t_digests, m,
-                              BLOCK: tl.constexpr):
-    """As ``_place_floor_kernel`` with every field, in a layout that does not exist: key
-    and score side by side in one 16-byte entry (one sector), then the digest."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = i < m
-    slot = tl.load(slots_ptr + i, mask=mask, other=0)
-    key = tl.load(keys_ptr + i, mask=mask, other=0)
-    score = tl.load(scores_ptr + i, mask=mask, other=0)
-    half = tl.arange(0, 2)
-    pair = tl.where(half[None, :] == 0, key[:, None], score[:, None])
-    tl.store(t_pairs + slot[:, None] * 2 + half[None, :], pair, mask=mask[:, None])
-    tl.store(t_digests + slot, (key & 0xFF).to(tl.uint8), mask=mask)
 
 
 def _rows_floor_ms(n: int, dim: int) -> float:
@@ -143,16 +128,13 @@ def main() -> None:
             lambda c=confirm: _probe_floor_kernel[(triton.cdiv(n, 64),)](
                 buckets, present, t_digests.view(torch.int32), t_keys, out, n, CONFIRM=c,
                 BLOCK=64, num_warps=2), ARGS.reps)["device_ms"]
-    for fields, name in ((1, "keys"), (2, "keys_scores"), (3, "keys_scores_digests")):
-        parts[f"place_{name}_ms"] = time_device_ms(
-            lambda f=fields: _place_floor_kernel[(triton.cdiv(m, 256),)](
-                slots, new_keys, new_scores, t_keys, t_scores, t_digests, m, FIELDS=f,
-                BLOCK=256, num_warps=4), ARGS.reps)["device_ms"]
     t_pairs = torch.zeros(ARGS.slots, 2, dtype=torch.int64, device=DEVICE)
-    parts["place_pairs_digests_ms"] = time_device_ms(
-        lambda: _place_pairs_floor_kernel[(triton.cdiv(m, 256),)](
-            slots, new_keys, new_scores, t_pairs, t_digests, m, BLOCK=256, num_warps=4),
-        ARGS.reps)["device_ms"]
+    for fields, pairs, name in ((1, 0, "keys"), (2, 0, "keys_scores"),
+                                (3, 0, "keys_scores_digests"), (3, 1, "pairs_digests")):
+        parts[f"place_{name}_ms"] = time_device_ms(
+            lambda f=fields, p=pairs: _place_floor_kernel[(triton.cdiv(m, 256),)](
+                slots, new_keys, new_scores, t_pairs if p else t_keys, t_scores, t_digests,
+                m, FIELDS=f, PAIRS=p, BLOCK=256, num_warps=4), ARGS.reps)["device_ms"]
     probe, place = parts["probe_lines_keys_ms"], parts["place_keys_scores_digests_ms"]
     budget_ms = n / (ARGS.target * 1e6)
     rows = []
