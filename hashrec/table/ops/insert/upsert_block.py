@@ -131,14 +131,16 @@ def _column(tile, col, j):
 
 
 @triton.jit
-def _victims(t_scores, addr, occupied, rounds, B: tl.constexpr, W: tl.constexpr,
+def _victims(t_scores, addr, rows, occupied, rounds, B: tl.constexpr, W: tl.constexpr,
              CAP_P2: tl.constexpr):
     """Per row of (B, CAP_P2) cells, the ``rounds`` (at most W) lowest occupied entries by
     (score asc, slot asc): (B, W) bucket columns (CAP_P2 past the last) and their
-    scores."""
+    scores. The scores are read for whole ``rows`` ((B, CAP_P2), the same along a row
+    but past the bucket's end), empty cells too, so that a thread's cells of a row load
+    in 16-byte vectors; ``occupied`` then picks among them."""
     col = tl.arange(0, CAP_P2)
     wcol = tl.arange(0, W)
-    scores = tl.load(t_scores + addr, mask=occupied, other=0)
+    scores = tl.load(t_scores + addr, mask=rows, other=0)
     free = occupied
     v_col = tl.full([B, W], CAP_P2, dtype=tl.int32)
     v_score = tl.full([B, W], _MAX_SCORE, dtype=tl.int64)
@@ -201,8 +203,9 @@ def _place_short_runs(at, bucket, short, in_keys, in_tags, in_scores, in_digests
         need = short & (n_in > n_empty)
         rounds = tl.max(tl.where(need, n_in - n_empty, 0), axis=0)
         if rounds > 0:
-            v_col, v_score = _victims(t_scores, addr, cell & ~empty & need[:, None], rounds,
-                                      B, W, CAP_P2)
+            rows = cell & need[:, None]
+            v_col, v_score = _victims(t_scores, addr, rows, rows & ~empty, rounds, B, W,
+                                      CAP_P2)
     # Lanes past every run's last first occurrence have nothing to place.
     lanes = tl.max(tl.max(tl.where(m2, wcol[None, :] + 1, 0), axis=1), axis=0)
     for w in tl.static_range(W):
