@@ -48,13 +48,12 @@ def _incoming_rank(in_keys, in_scores, i, key, score, start, end, BI: tl.constex
 
 
 @triton.jit
-def _victim_order(t_scores, base, occupied, n_pairs, CAP_P2: tl.constexpr):
+def _victim_order(scores, occupied, n_pairs, CAP_P2: tl.constexpr):
     """Order (0, 1, ...) of the ``n_pairs`` lowest occupied entries by (score asc, slot asc).
 
     Returns a (CAP_P2,) int32 vector: the pairing position of each slot, -1 for the rest.
     """
     col = tl.arange(0, CAP_P2)
-    scores = tl.load(t_scores + base + col, mask=occupied, other=0)
     order = tl.full([CAP_P2], -1, dtype=tl.int32)
     free = occupied
     p = 0
@@ -81,8 +80,10 @@ def bucket_state(t_digests, t_scores, base, in_bucket, n_incoming, ALLOW_EVICT: 
                          tl.sum(occupied.to(tl.int32), axis=0))
     if not ALLOW_EVICT:
         n_pairs = n_pairs * 0
-    order = _victim_order(t_scores, base, occupied, n_pairs, CAP_P2)
-    old_scores = tl.load(t_scores + base + col, mask=occupied, other=0)
+    # The whole bucket's scores, empty slots' too: a mask alike across the bucket lets a
+    # thread's slots load in 16-byte vectors.
+    old_scores = tl.load(t_scores + base + col, mask=in_bucket, other=0)
+    order = _victim_order(old_scores, occupied, n_pairs, CAP_P2)
     return empty, empty_rank, n_empty, order, old_scores
 
 
