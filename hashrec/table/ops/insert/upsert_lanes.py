@@ -184,13 +184,12 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
     # Whether a run left to the block form opens here (its program serves this block),
     # and how many blocks do so (the host's hint for the next call's launch).
     served = tl.max(opens.to(tl.int8), axis=0)
-    if served > 0:
+    if served > 0:  # most programs have none, and skip the runs' loop too
         tl.atomic_add(flagged, 1)
-    if INLINE:  # no block form follows: this program places those runs, one by one
-        if served > 0:  # most programs have none, and skip the runs' loop
+        if INLINE:  # no block form follows: this program places those runs, one by one
             insert_runs(opens, bucket, tl.program_id(0).to(tl.int64) * BLOCK, in_keys, in_tags,
                         in_scores, in_digests, in_bucket, in_first, in_pos, m, t_keys,
                         t_tags, t_digests, t_scores, out_slots, out_evicted, ev_any, ev_keys,
                         ev_tags, ev_scores, marks, ALLOW_EVICT, CAP, CAP_P2, BI, BLOCK)
-    else:
+    if not INLINE:
         tl.store(blocks + tl.program_id(0), served)
