@@ -94,7 +94,7 @@ from hashrec.table.ops.insert.upsert_block import (
     upsert_block_kernel,
 )
 from hashrec.table.ops.insert.upsert_gather import gather_kernel, rank_gather_kernel
-from hashrec.table.ops.insert.upsert_lanes import LANE_PLACED, upsert_lanes_kernel
+from hashrec.table.ops.insert.upsert_lanes import LANE_DONE, LANE_PLACED, upsert_lanes_kernel
 from hashrec.table.ops.launch import aligned_rows, cdiv, env_int, fast_launch, maxnreg, next_pow2
 from hashrec.table.storage import TableStorage
 
@@ -291,10 +291,11 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
                 tl.store(slots_ptr + i, tl.full([BLOCK], -1, dtype=tl.int64), mask=gone)
         mask = mask & (i < tl.load(misses_ptr))
     if LANES:  # the lanes' placed keys lack their digests alone
-        placed = mask & (tl.load(state + i, mask=mask, other=0) == LANE_PLACED)
+        lane = tl.load(state + i, mask=mask, other=0)
+        placed = mask & (lane == LANE_PLACED)
         at = tl.load(out_ptr + i, mask=placed, other=0)
         tl.store(t_digests + at, tl.load(s_digests + i, mask=placed, other=1), mask=placed)
-        mask = mask & ~placed
+        mask = mask & ~placed & (lane != LANE_DONE)
     miss = mask & (tl.load(sorted_ptr + i, mask=mask, other=SENTINEL) != SENTINEL)
     hit = mask & ~miss
     pos = tl.load(perm_ptr + i, mask=mask, other=0)
@@ -441,7 +442,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
             ALLOW_EVICT=evict, CAP=cap, CAP_P2=next_pow2(cap), LINE=width, W=lane_width,
             WIN=next_pow2(2 * lane_width + 1), BI=block["inline_bi"] if inline else 1,
             MISSES_ONLY=misses is not None, MASKS=mask_probe(cap, words), INLINE=inline,
-            BLOCK=b, num_warps=block["lane_warps"],
+            ALONE=bool(block["alone"]), BLOCK=b, num_warps=block["lane_warps"],
             **maxnreg(block["inline_maxnreg"] if inline else 0))
         if inline:  # the lane form placed every run itself
             return state

@@ -45,10 +45,11 @@ from hashrec.table.ops.find.triton import line_masks, match_bytes, pop_lowest, p
 from hashrec.table.ops.insert.runs import comes_before, insert_runs
 from hashrec.table.ops.launch import fast_launch
 
-__all__ = ["LANE_DEFERRED", "LANE_PLACED", "nth_bit", "upsert_lanes_kernel"]
+__all__ = ["LANE_DEFERRED", "LANE_DONE", "LANE_PLACED", "nth_bit", "upsert_lanes_kernel"]
 
 LANE_PLACED = tl.constexpr(1)
 LANE_DEFERRED = tl.constexpr(2)
+LANE_DONE = tl.constexpr(3)
 
 
 @triton.jit
@@ -98,7 +99,7 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
                         CAP: tl.constexpr, CAP_P2: tl.constexpr, LINE: tl.constexpr,
                         W: tl.constexpr, WIN: tl.constexpr, BI: tl.constexpr,
                         MISSES_ONLY: tl.constexpr, MASKS: tl.constexpr, INLINE: tl.constexpr,
-                        BLOCK: tl.constexpr):
+                        ALONE: tl.constexpr, BLOCK: tl.constexpr):
     """Lane i serves sorted position i (``t_words``: the digest array as int32 words).
     A key it places gets its slot in ``b_slots`` and its inserted and created flags
     (``b_flags``: two rows ``flag_stride`` apart, indexed by batch position).
@@ -176,7 +177,16 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
             one = tl.full([BLOCK], 1, dtype=tl.int8)
             tl.store(b_flags + pos, one, mask=ok)
             tl.store(b_flags + flag_stride + pos, one, mask=ok)
-            outcome = tl.where(ok, LANE_PLACED, tl.where(deferred, LANE_DEFERRED, 0)).to(tl.int8)
+            # The only miss of its bucket (a run of one) writes its digest too: no other
+            # lane reads that bucket's line.
+            alone = ok & (length == 1)
+            if ALONE:
+                tl.store(t_digests + slot, tl.load(in_digests + i, mask=alone, other=0),
+                         mask=alone)
+            else:
+                alone = ok & (length < 0)
+            outcome = tl.where(alone, LANE_DONE, tl.where(ok, LANE_PLACED, tl.where(
+                deferred, LANE_DEFERRED, 0))).to(tl.int8)
         else:  # every bucket here is full: each run goes to the block form, to evict
             outcome = tl.where(miss, LANE_DEFERRED, 0).to(tl.int8)
             opens = miss & (start == 0)
