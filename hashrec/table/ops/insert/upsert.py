@@ -263,9 +263,9 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
                      SENTINEL: tl.constexpr, MISSES_ONLY: tl.constexpr, CAP: tl.constexpr,
                      BLOCK: tl.constexpr):
     """Final slot and flags of every key, in batch order; clears unused evicted flags.
-    With LANES, the keys ``upsert_lanes_kernel`` placed only get their digests here
-    (into slots that were empty, which no present key's check reads): the lanes wrote
-    the rest.
+    With LANES, the keys ``upsert_lanes_kernel`` placed (``LANE_PLACED``) only get their
+    digests here (into slots that were empty, which no present key's check reads): the
+    lanes wrote the rest, and all of a run of one (``LANE_DONE``).
     MISSES_ONLY: the sorted positions below the misses' count (``misses_ptr``) alone,
     the probe kernel having cleared every flag and written every other key's slot;
     where this call evicted, the present keys in the buckets it evicted from (``marks``,
@@ -290,7 +290,7 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
                                       HAS_TAGS)
                 tl.store(slots_ptr + i, tl.full([BLOCK], -1, dtype=tl.int64), mask=gone)
         mask = mask & (i < tl.load(misses_ptr))
-    if LANES:  # the lanes' placed keys lack their digests alone
+    if LANES:  # the lanes' placed keys lack their digests alone (runs of one not even those)
         lane = tl.load(state + i, mask=mask, other=0)
         placed = mask & (lane == LANE_PLACED)
         at = tl.load(out_ptr + i, mask=placed, other=0)
@@ -442,7 +442,7 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
             ALLOW_EVICT=evict, CAP=cap, CAP_P2=next_pow2(cap), LINE=width, W=lane_width,
             WIN=next_pow2(2 * lane_width + 1), BI=block["inline_bi"] if inline else 1,
             MISSES_ONLY=misses is not None, MASKS=mask_probe(cap, words), INLINE=inline,
-            ALONE=bool(block["alone"]), BLOCK=b, num_warps=block["lane_warps"],
+            BLOCK=b, num_warps=block["lane_warps"],
             **maxnreg(block["inline_maxnreg"] if inline else 0))
         if inline:  # the lane form placed every run itself
             return state

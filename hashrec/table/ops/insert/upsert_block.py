@@ -114,7 +114,7 @@ UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 8, "element
                 "lane_warps": 2, "lane_width": 0, "maxnreg": 64, "persistent_warps": 4,
                 "persistent_maxnreg": 128, "probe_maxnreg": 0, "probe_keys": 0,
                 "probe_warps": 0, "inline": -1, "inline_share": 16, "inline_bi": 8,
-                "inline_maxnreg": 80, "alone": env_int("HASHREC_UPSERT_ALONE", 1)}
+                "inline_maxnreg": 80}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
