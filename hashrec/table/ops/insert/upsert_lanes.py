@@ -17,10 +17,10 @@ and scans on each of them. Here each sorted miss places itself:
 
 The outcome is the pinned rule's and does not depend on thread timing: every lane
 reads its bucket's digests as they were before the call, because this kernel writes
-the digest of a bucket only where no other lane of its reads it. It writes the placed
-entries' keys, tags and scores (into slots whose digest still reads empty) and, in
-batch order, their slots and flags, and records ``LANE_PLACED`` in ``state``
-(``LANE_DEFERRED`` for positions of runs left to the block form);
+a bucket's digests only where no other of its lanes reads that bucket's line. It
+writes the placed entries' keys, tags and scores (into slots whose digest still reads
+empty) and, in batch order, their slots and flags, and records ``LANE_PLACED`` in
+``state`` (``LANE_DEFERRED`` for positions of runs left to the block form);
 ``_finalize_kernel`` writes their digests after the block form ran. A run of one, the
 only miss of its bucket, whose line no other lane reads, writes its digest too and
 records ``LANE_DONE``: on an H200 that took insert_or_assign of 1M keys into 64M
