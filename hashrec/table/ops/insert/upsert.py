@@ -258,14 +258,16 @@ def _evicted_since(keys_ptr, tags_ptr, t_keys, t_tags, pos, slot, check, HAS_TAG
 @triton.jit(do_not_specialize=["n"])
 def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_ptr, t_keys,
                      t_tags, t_digests, s_digests, state, slots_ptr, inserted_ptr, created_ptr,
-                     evicted_ptr, ev_any, refused_ptr, misses_ptr, probe_ptr, marks, n,
+                     evicted_ptr, ev_any, refused_ptr, misses_ptr, probe_ptr, marks,
+                     hint_ptr, n, HINT: tl.constexpr,
                      HAS_TAGS: tl.constexpr, ALLOW_EVICT: tl.constexpr, LANES: tl.constexpr,
                      SENTINEL: tl.constexpr, MISSES_ONLY: tl.constexpr, CAP: tl.constexpr,
                      BLOCK: tl.constexpr):
     """Final slot and flags of every key, in batch order; clears unused evicted flags.
     With LANES, the keys ``upsert_lanes_kernel`` placed (``LANE_PLACED``) only get their
     digests here (into slots that were empty, which no present key's check reads): the
-    lanes wrote the rest, and all of a run of one (``LANE_DONE``).
+    lanes wrote the rest, and all of a run of one (``LANE_DONE``). HINT: program 0 also
+    copies the lane form's flagged count (``ev_any[1]``) to ``hint_ptr``.
     MISSES_ONLY: the sorted positions below the misses' count (``misses_ptr``) alone,
     the probe kernel having cleared every flag and written every other key's slot;
     where this call evicted, the present keys in the buckets it evicted from (``marks``,
@@ -277,6 +279,9 @@ def _finalize_kernel(sorted_ptr, perm_ptr, first_ptr, out_ptr, keys_ptr, tags_pt
     slower at dims 64 and 128 (0.773 against 0.683 ms insert_or_assign at dim 128,
     load factor 0.5: benchmarks/results/table_gpu_rows_fused.md against
     table_gpu_rows_after.md, one run), so the rows stay a kernel of their own."""
+    if HINT:  # the lane form's flagged count, to the host's word (``_hint_word``)
+        if tl.program_id(0) == 0:
+            tl.store(hint_ptr, tl.load(ev_any + 1))
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     if MISSES_ONLY:
@@ -374,7 +379,8 @@ def _lanes_inline(storage: TableStorage, programs: int) -> bool:
 
 def _note_flagged(storage: TableStorage, flagged: torch.Tensor) -> None:
     """Keeps the count of blocks the lane form flagged (``flagged`` (1,) int32 on the
-    device) for the next call's ``_lanes_inline``, without waiting for it: a copy into
+    device) for the next call's ``_lanes_inline``, where no kernel writes it to the host
+    (``_hint_word``), without waiting for it: a copy into
     pinned host memory, on a stream of its own so that the caller's next kernels do not
     queue behind it, which the next call reads as it stands (an older count, if the copy
     has not landed, only picks a slower launch)."""
@@ -391,6 +397,27 @@ def _note_flagged(storage: TableStorage, flagged: torch.Tensor) -> None:
     with torch.cuda.stream(side):
         held.copy_(flagged, non_blocking=True)
     flagged.record_stream(side)  # its memory is not reused before the copy ran
+
+
+def _hint_word(storage: TableStorage) -> torch.Tensor | None:
+    """The pinned host word that the finalize kernel itself writes the lane form's
+    flagged count into, where kernels reach pinned host memory (the storage tiers'
+    ``host_access`` "uva"): no copy to issue (``_note_flagged`` took 8-11% of the
+    insert ops' host issue on an H200 host, ``benchmarks/results/upsert_host.md``).
+    None elsewhere."""
+    if storage.device.type != "cuda" or not _kernels_reach_host():
+        return None
+    hints = storage.launch_hints
+    held = hints.get("upsert_flagged")
+    if held is None:  # on a CUDA storage, always a pinned word (here or ``_note_flagged``)
+        held = hints["upsert_flagged"] = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+    return held
+
+
+@functools.cache
+def _kernels_reach_host() -> bool:
+    from hashrec.table.tiers.two_part import UVA, host_access  # the tiers import the ops
+    return host_access("cuda") == UVA
 
 
 @functools.cache
@@ -546,13 +573,15 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
                                      storage.scores, out, evicted, ev_any, *ev, marks),
                            allow_evict,
                            misses, misses_only and few_misses, slots, flags)
+    hint = _hint_word(storage) if state is not None else None
     _finalize_kernel[grid](
         sort_key, perm, first, out, keys, tag_arg, storage.keys, t_tags, storage.digests,
         s_digests, state if state is not None else s_digests, slots,
         flags[0].view(torch.int8), flags[1].view(torch.int8), evicted, ev_any, refused,
-        misses if misses_only else refused, probed, marks if misses_only else refused, n,
+        misses if misses_only else refused, probed, marks if misses_only else refused,
+        hint if hint is not None else refused, n, HINT=hint is not None,
         HAS_TAGS=tags is not None, ALLOW_EVICT=bool(allow_evict), LANES=state is not None,
         SENTINEL=sentinel, MISSES_ONLY=misses_only, CAP=storage.bucket_capacity, BLOCK=512)
-    if state is not None:
+    if state is not None and hint is None:
         _note_flagged(storage, ev_any[1:])
     return UpsertResult(slots, flags[0], flags[2], *ev, flags[1], refused)
