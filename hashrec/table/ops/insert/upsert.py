@@ -402,9 +402,9 @@ def _note_flagged(storage: TableStorage, flagged: torch.Tensor) -> None:
 def _hint_word(storage: TableStorage) -> torch.Tensor | None:
     """The pinned host word that the finalize kernel itself writes the lane form's
     flagged count into, where kernels reach pinned host memory (the storage tiers'
-    ``host_access`` "uva"): no copy to issue (``_note_flagged`` took 8-11% of the
-    insert ops' host issue on an H200 host, ``benchmarks/results/upsert_host.md``).
-    None elsewhere."""
+    ``host_access`` "uva"): no copy and stream switch to issue, which took about 10% off
+    the insert ops' host issue on an H200 host, the device's time the same
+    (``benchmarks/results/upsert_host.md``). None elsewhere."""
     if storage.device.type != "cuda" or not _kernels_reach_host():
         return None
     hints = storage.launch_hints
