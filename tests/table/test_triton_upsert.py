@@ -453,14 +453,26 @@ def test_upsert_lane_form_skips_calls_below_its_minimum(monkeypatch, least, ran)
     assert bool(counted.grids) == ran
 
 
+@pytest.mark.parametrize("word", [False, True], ids=["copied", "hint-word"])
 @pytest.mark.parametrize("share,inline", [(1, True), (64, False)], ids=["inline", "block-form"])
 def test_upsert_lane_form_counts_the_blocks_it_leaves_for_the_next_call(monkeypatch, share,
-                                                                          inline):
+                                                                          inline, word):
     """With ``inline`` -1 the lane form counts the blocks of sorted positions where a run it
     leaves opens (into full buckets, every run), and the next call on the storage places
     every run in the lane form, without the block form, where those were at most 1 /
-    ``inline_share`` of its blocks: the same outcome either way."""
+    ``inline_share`` of its blocks: the same outcome either way. The count reaches the
+    host by a copy, or (``word``) the finalize kernel writes it into the host's word, as
+    where kernels reach pinned host memory (on a CPU, a plain word)."""
     _use_launch(monkeypatch, "lanes-block4-w4")
+    if word:
+        def hint_word(storage):
+            held = storage.launch_hints.get("upsert_flagged")
+            if held is None:
+                held = storage.launch_hints["upsert_flagged"] = torch.full(
+                    (1,), -1, dtype=torch.int32, pin_memory=torch.cuda.is_available())
+            return held
+        monkeypatch.setattr(upsert_tt, "_hint_word", hint_word)
+        monkeypatch.setattr(upsert_tt, "_note_flagged", None)  # never called
     monkeypatch.setitem(upsert_tt.UPSERT_BLOCK, "inline", -1)
     monkeypatch.setitem(upsert_tt.UPSERT_BLOCK, "inline_share", share)
     counted = _CountedLaunches(upsert_tt.upsert_block_kernel)
