@@ -97,6 +97,13 @@ def _args() -> argparse.Namespace:
                    help="the probe by word finds and confirms its 2 or 3 lowest digest "
                         "matches together (HASHREC_WORD_PROBE_LOWEST); default: the "
                         "library's")
+    p.add_argument("--stream", action="store_true",
+                   help="run on a stream of its own, not the default one (--l2-digests does)")
+    p.add_argument("--l2-digests", action="store_true",
+                   help="keep the digest array in the GPU's L2 persisting share (an access "
+                   "policy window on the stream, benchmarks/_l2.py)")
+    p.add_argument("--l2-share", type=float, default=1.0,
+                   help="--l2-digests: the fraction of the largest persisting share set aside")
     p.add_argument("--tagged", action="store_true",
                    help="probes also compare the tag array (a fused table's storage); by "
                         "default the table is an unfused one (every tag 0, not read)")
@@ -112,6 +119,7 @@ def _args() -> argparse.Namespace:
 ARGS = _args()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _l2  # noqa: E402
 import torch  # noqa: E402
 from _timing import command_line, environment, time_device_ms, write_results  # noqa: E402
 
@@ -258,17 +266,26 @@ def main() -> None:
                "tagged": ARGS.tagged, "word_probe": find_tt.WORD_PROBE,
                "word_probe_lowest": find_tt.WORD_PROBE_LOWEST,
                "mask_probe": bool(find_tt.MASK_PROBE), "rows": []}
+    if (ARGS.stream or ARGS.l2_digests) and DEVICE.type != "cuda":
+        raise SystemExit("--stream and --l2-digests need a CUDA device")
+    if ARGS.stream or ARGS.l2_digests:  # a window needs a stream other than the legacy one
+        torch.cuda.set_stream(torch.cuda.Stream())
     for lf in ARGS.load_factors:
         index = TableStorage.empty(ARGS.slots // 128, 128, 1, device=DEVICE)
         offered = _fill(index, lf)
         real_lf = index.size() / index.capacity
         stored = index.keys[occupied_slots(index, 0, index.capacity)]
         saved = [t.clone() for t in (index.keys, index.tags, index.digests, index.scores)]
+        l2 = _l2.persist(index.digests, ARGS.l2_share) if ARGS.l2_digests else None
         for dim in ARGS.dims:
             row = {"load_factor": lf, "measured_load_factor": real_lf, "keys_offered": offered}
+            if l2 is not None:
+                row["l2_window"] = l2
             row.update(_bench_dim(index, saved, stored, dim, lf))
             results["rows"].append(row)
             print(json.dumps(row), flush=True)
+        if l2 is not None:
+            _l2.clear()
         del index, saved, stored
         torch.cuda.empty_cache() if DEVICE.type == "cuda" else None
     _write(results)
