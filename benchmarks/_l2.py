@@ -9,6 +9,7 @@ lines as the share holds, the rest streaming); ``clear()`` undoes both.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -29,6 +30,7 @@ class _Value(ctypes.Union):  # CUstreamAttrValue: a 64-byte union
     _fields_ = [("window", _Window), ("pad", ctypes.c_char * 64)]
 
 
+@functools.cache
 def _driver():
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuCtxSetLimit.argtypes = [ctypes.c_int, ctypes.c_size_t]

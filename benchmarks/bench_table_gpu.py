@@ -266,9 +266,9 @@ def main() -> None:
                "tagged": ARGS.tagged, "word_probe": find_tt.WORD_PROBE,
                "word_probe_lowest": find_tt.WORD_PROBE_LOWEST,
                "mask_probe": bool(find_tt.MASK_PROBE), "rows": []}
-    if (ARGS.stream or ARGS.l2_digests) and DEVICE.type != "cuda":
-        raise SystemExit("--stream and --l2-digests need a CUDA device")
     if ARGS.stream or ARGS.l2_digests:  # a window needs a stream other than the legacy one
+        if DEVICE.type != "cuda":
+            raise SystemExit("--stream and --l2-digests need a CUDA device")
         torch.cuda.set_stream(torch.cuda.Stream())
     for lf in ARGS.load_factors:
         index = TableStorage.empty(ARGS.slots // 128, 128, 1, device=DEVICE)
