@@ -44,3 +44,9 @@ def test_table_floor_benchmark_runs():
     out = _smoke("bench_table_floor.py")
     assert "| dim | rows floor ms (TB/s) |" in out
     assert "Parts (ms): probe_lines " in out
+
+
+def test_table_api_profile_runs_the_triton_path():
+    out = _smoke("profile_table_api.py")
+    for op in ("find", "find_or_insert", "insert_or_assign"):
+        assert f"| 8 | {op} |" in out, op

@@ -1,11 +1,13 @@
 """The training lookup with fixed-size tensors: find, admit, insert, score, read.
 
 ``HashTable.lookup`` on the Triton backend (CUDA) with rows on the device
-(HBM_ONLY) takes this path, and so do ``find_or_insert`` (the same work on its
-unique keys) and the index part of ``insert_or_assign`` / ``load_state`` (no
-admission; the new rows get the optimizer's initial state, their embeddings are the
-caller's). Every tensor keeps the batch size u and subsets are masks, so nothing is
-read back on the host except what decides growth:
+(HBM_ONLY) takes this path, and so do ``find`` (a find and one kernel reading every
+row), ``find_or_insert`` (the same work on its unique keys) and the index part of
+``insert_or_assign`` / ``load_state`` (no admission; the new rows get the optimizer's
+initial state, their embeddings are the caller's). The write calls deduplicate their
+batch in fixed sizes (``ops.dedup.unique_pairs_fixed``: the unique count stays on
+the device and the keys past it are padding). Every tensor keeps the batch size u and
+subsets are masks, so nothing is read back on the host except what decides growth:
 
 * at ``max_capacity`` the lookup reads nothing back, except the refused count:
   every lookup under ``check_mode`` ERROR, at most once a minute under WARNING
@@ -106,7 +108,7 @@ class FixedSizeLookup:
         return module is not insert_reference
 
     def _lookup_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
-                      counts: torch.Tensor, given: torch.Tensor | None,
+                      counts: torch.Tensor | None, given: torch.Tensor | None,
                       train: bool, active: torch.Tensor | None = None,
                       stored_rows: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """``lookup`` of keys (u,) in fixed sizes: (slots (u,), values (u, dim)).
@@ -135,46 +137,70 @@ class FixedSizeLookup:
         self._report_refused_fixed(refused)
         return slots, values
 
-    def _find_or_insert_unique(self, keys: torch.Tensor, tags: torch.Tensor | None,
-                               counts: torch.Tensor, given: torch.Tensor | None
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``find_or_insert`` of unique keys (u,): (values (u, dim) float32, found (u,)
-        bool, stored before the call). On the fixed-size path, the training lookup's
-        device work (reading back what it reads: growth's counts, the refused count);
-        elsewhere the reference upsert and read."""
-        if not self._fixed_path():
-            slots, found = self._upsert(keys, tags, counts, given, admit=True)
-            return self._read(slots, keys, tags, self._train_missing_args()), found
-        _, values, counted, refused = self._train_fixed(keys, tags, counts, given, None)
+    def _upsert_read(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                     counts: torch.Tensor, given: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``find_or_insert`` of unique keys (u,) on the reference path: (values (u, dim)
+        float32, found (u,) bool, stored before the call)."""
+        slots, found = self._upsert(keys, tags, counts, given, admit=True)
+        return self._read(slots, keys, tags, self._train_missing_args()), found
+
+    def _find_or_insert_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                              counts: torch.Tensor, given: torch.Tensor | None,
+                              inverse: torch.Tensor, count: torch.Tensor
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``find_or_insert`` on the fixed-size path of the unique keys of
+        ``unique_pairs_fixed`` (the first ``count`` of them; the others padding) for a
+        batch whose key i is unique key ``inverse[i]``: (the batch's values (n, dim)
+        float32, found (u,) bool, stored before the call). The training lookup's device
+        work (reading back what it reads: growth's counts, the refused count), the
+        stored rows read once, by the batch (``expand_rows``)."""
+        from hashrec.table.ops.insert.train import expand_rows  # Triton only
+
+        slots, values, counted, refused = self._train_fixed(
+            keys, tags, counts, given, None, stored_rows=False, count=count,
+            few_misses=False)
         found = counted["hits"]
         self._add_device_counts(*self._mask_sums(counted))
         self._report_refused_fixed(refused)
-        return values, found
+        return expand_rows(self.storage, slots, found, values, inverse), found
 
     def _assign_slots(self, keys: torch.Tensor, tags: torch.Tensor | None,
                       counts: torch.Tensor, given: torch.Tensor | None,
-                      init_rows: bool) -> torch.Tensor:
+                      init_rows: bool, count: torch.Tensor | None = None) -> torch.Tensor:
         """The index part of ``insert_or_assign`` / ``load_state`` for unique keys (u,):
         their slots after the call (-1: refused), hits rescored, misses inserted without
         admission, new rows given the optimizer's initial state unless ``init_rows`` is
         False (their embedding columns are the caller's to write). On the fixed-size path,
-        device work like the training lookup's; elsewhere the reference upsert."""
+        device work like the training lookup's (``count`` (1,) int64 on the device, when
+        given: only the first ``count`` keys take part, ``unique_pairs_fixed``'s);
+        elsewhere the reference upsert."""
         if not self._fixed_path():
             return self._upsert(keys, tags, counts, given, admit=False, init_rows=init_rows)[0]
-        from hashrec.table.ops.insert.train import CONSTANT_ROWS, finish_rows, protect_hits
+        from hashrec.table.ops.insert.train import (
+            CONSTANT_ROWS,
+            finish_rows,
+            found_masks,
+            protect_hits,
+        )
 
         slots = find_slots(self.storage, keys, tags)
-        hit = slots >= 0
+        if count is not None:  # the padding past the count reads as slot -1, not pending
+            slots, hit, pending, _, _ = found_masks(slots, None, count)
+        else:
+            hit = slots >= 0
+            pending = ~hit
         mode, clock = self._hit_score_mode(given)
         hit_scores = protect_hits(self.storage, slots, counts, given, mode, clock)
-        if self._grow_fixed(~hit, keys.numel()):  # re-inserts the (protected) hits first
+        if self._grow_fixed(pending, keys.numel()):  # re-inserts the (protected) hits first
             slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
         slots, placed, refused, evicted = self._insert_fixed(
-            keys, tags, self._new_scores(counts, given), ~hit, slots, hit)
-        # The new rows' state and the hits' scores; nothing read (stored_rows False).
+            keys, tags, self._new_scores(counts, given), pending, slots, hit, few_misses=False)
+        # The new rows' state and the hits' scores; no embedding read or written.
         finish_rows(self.storage, keys, tags, slots, self.dim, CONSTANT_ROWS,
                     new=CONSTANT_ROWS, placed=placed, hit=hit, hit_scores=hit_scores,
-                    state=self._state_row if init_rows else None, stored_rows=False)
+                    state=self._state_row if init_rows else None, stored_rows=False,
+                    embeddings=False)
         counted = {"inserts": placed}
         if evicted is not None:
             counted["evictions"] = evicted
@@ -206,7 +232,8 @@ class FixedSizeLookup:
                      counts: torch.Tensor, given: torch.Tensor | None,
                      active: torch.Tensor | None, seeds: torch.Tensor | None = None,
                      out_at: torch.Tensor | None = None, stored_rows: bool = True,
-                     clock: torch.Tensor | None = None, count: torch.Tensor | None = None
+                     clock: torch.Tensor | None = None, count: torch.Tensor | None = None,
+                     few_misses: bool = True
                      ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor],
                                 torch.Tensor | int]:
         """The training lookup's device work: (slots, values, the counters' (u,) masks by
@@ -218,7 +245,8 @@ class FixedSizeLookup:
         is then computed on the device, and without one the hits take their new scores
         at once instead of being protected and restored (``protect_hits``). ``clock``
         (1,) int64 on the device: the STEP / TIMESTAMP clock, read there (a captured
-        lookup) instead of on the host."""
+        lookup) instead of on the host. ``few_misses``: at max_capacity the misses are
+        expected to be few (a warm table's training lookup; ``_insert_fixed``)."""
         from hashrec.table.ops.insert.train import finish_rows, found_masks, protect_hits
 
         any_pending = None
@@ -248,7 +276,7 @@ class FixedSizeLookup:
         if self._grow_fixed(pending, keys.numel()):
             slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
         slots, placed, refused, evicted = self._insert_fixed(
-            keys, tags, self._new_scores(counts, given), pending, slots, hit)
+            keys, tags, self._new_scores(counts, given), pending, slots, hit, few_misses)
         seed = self._kernel_seed if seeds is None else _no_seed
         values = finish_rows(
             self.storage, keys, tags, slots, self.dim,
@@ -382,13 +410,19 @@ class FixedSizeLookup:
 
     def _insert_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
                       scores: torch.Tensor, pending: torch.Tensor, slots: torch.Tensor,
-                      hit: torch.Tensor
+                      hit: torch.Tensor, few_misses: bool = True
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int,
                                  torch.Tensor | None]:
         """Inserts ``pending`` (u,) keys, doubling on a bucket overflow below max_capacity
-        like ``_insert``. Returns (slots, placed (u,) bool, refused: a 0-d count, or 0
-        when the last round was below max_capacity and placed every key, evicted: (u,)
-        bool over the insert's sorted order, or None when nothing could be evicted)."""
+        like ``_insert``. ``few_misses`` (a training lookup of a warm table): at
+        max_capacity the upsert places the misses with a few persistent programs
+        (``upsert_slots``'s ``few_misses``); the table's own find_or_insert and
+        insert_or_assign, whose batches may be mostly new, take its lane form (on an
+        H200 a 1M-key call of half new keys spent 0.42 ms in the persistent programs,
+        where the lane form takes 0.13: ``benchmarks/results/table_api_gpu.md``).
+        Returns (slots, placed (u,) bool, refused: a 0-d count, or 0 when the last
+        round was below max_capacity and placed every key, evicted: (u,) bool over the
+        insert's sorted order, or None when nothing could be evicted)."""
         from hashrec.table.ops.insert.upsert import upsert_slots  # Triton only
 
         placed = None
@@ -398,7 +432,8 @@ class FixedSizeLookup:
             # At max_capacity the upsert keeps the other keys' slots and counts the refused
             # keys itself, where torch would take three launches after it.
             result = upsert_slots(self.storage, keys, tags, scores, allow, active=pending,
-                                  given_slots=slots if at_max else None, few_misses=at_max)
+                                  given_slots=slots if at_max else None,
+                                  few_misses=at_max and few_misses)
             placed = result.created if placed is None else placed | result.created
             if at_max:
                 self._size_hint = None  # no growth from here on: the size is not needed

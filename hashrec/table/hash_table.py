@@ -416,6 +416,9 @@ class HashTable(FixedSizeLookup):
         missing keys read as eval_initializer."""
         keys, tags = self._keys(keys, tags)
         self._rows.begin_batch()
+        if self._fixed_path():  # one kernel reads every row, nothing read back on the host
+            slots, values = self._lookup_fixed(keys, tags, None, None, train=False)
+            return values, slots >= 0
         slots = find_slots(self.storage, keys, tags)
         self._count_lookups(slots)
         return self._read(slots, keys, tags, self._eval_initializer), slots >= 0
@@ -432,13 +435,25 @@ class HashTable(FixedSizeLookup):
         keys, tags = self._keys(keys, tags)
         scores = self._scores(scores, keys.numel())
         self._rows.begin_batch()
-        unique, utags, inverse, counts = unique_pairs(keys, tags)
+        fixed = keys.numel() > 0 and self._fixed_path()
+        if fixed:  # fixed sizes: the unique count stays on the device
+            from hashrec.table.ops.dedup import unique_pairs_fixed  # Triton only
+
+            u = unique_pairs_fixed(keys, tags)
+            unique, utags, inverse, counts, count = u.keys, u.tags, u.inverse, u.counts, u.count
+        else:
+            unique, utags, inverse, counts = unique_pairs(keys, tags)
         uscores = None
         if scores is not None:
             uscores = torch.full_like(unique, torch.iinfo(torch.int64).min).scatter_reduce_(
                 0, inverse, scores, "amax")
-        values, found = self._find_or_insert_unique(unique, utags, counts, uscores)
-        return values[inverse], found[inverse]
+        if fixed:
+            values, found = self._find_or_insert_fixed(unique, utags, counts, uscores, inverse,
+                                                       count)
+        else:
+            values, found = self._upsert_read(unique, utags, counts, uscores)
+            values = values[inverse]
+        return values, found[inverse]
 
     def insert_or_assign(self, keys: torch.Tensor, values: torch.Tensor,
                          scores: torch.Tensor | None = None,
@@ -462,6 +477,14 @@ class HashTable(FixedSizeLookup):
             counts = torch.ones_like(keys)
             slots = self._assign_slots(keys, tags, counts, scores, init_rows=not exact)
             self._write_assigned(slots, rows, None, scores if exact else None)
+            return
+        if keys.numel() and self._fixed_path():  # fixed sizes: nothing read back
+            from hashrec.table.ops.dedup import unique_pairs_fixed  # Triton only
+
+            u = unique_pairs_fixed(keys, tags)
+            slots = self._assign_slots(u.keys, u.tags, u.counts, _take(scores, u.last),
+                                       init_rows=not exact, count=u.count)
+            self._write_assigned(slots, rows, u.last, scores if exact else None)
             return
         unique, utags, inverse, counts = unique_pairs(keys, tags)
         last = torch.zeros_like(unique).scatter_reduce_(

@@ -330,6 +330,69 @@ def test_eval_lookup_reads_nothing_back():
     assert sum(counts.values()) == 0, dict(counts)
 
 
+@pytest.mark.parametrize("seeded", [False, True], ids=["constant", "key_seeded"])
+def test_find_reads_nothing_back_and_matches_reference(seeded):
+    """``HashTable.find`` on the fixed-size path (repeated and missing keys): one read
+    of every row in a kernel, nothing read back on the host, the reference's values,
+    founds and counters (a key-seeded eval initializer agrees value for value)."""
+    eval_init = InitializerArgs(mode="UNIFORM", key_seed=5) if seeded else \
+        InitializerArgs(mode="CONSTANT", value=0.25)
+    options = dataclasses.replace(_options("STEP", False, True), eval_initializer=eval_init)
+    keys = torch.arange(0, 120, 2)
+    probe = torch.cat([keys[::3], torch.arange(1, 40, 4), keys[:7]])  # misses and repeats
+    runs = []
+    for triton in (False, True):
+        with _backend(triton):
+            table = HashTable(options)
+            table.insert_or_assign(keys, torch.randn(keys.numel(), 3,
+                                                     generator=torch.Generator().manual_seed(2)))
+            with SyncCounter() as mode:
+                values, found = table.find(probe)
+            if triton:
+                assert sum(mode.counts.values()) == 0, dict(mode.counts)
+            stats = table.stats()
+            runs.append((values, found, stats["lookups"], stats["hits"]))
+    (w_values, w_found, *w_counts), (g_values, g_found, *g_counts) = runs
+    assert torch.equal(g_found, w_found) and not bool(w_found.all()) and bool(w_found.any())
+    torch.testing.assert_close(g_values, w_values)
+    assert g_counts == w_counts == [probe.numel(), int(w_found.sum())]
+
+
+@pytest.mark.parametrize("call", ["find_or_insert", "insert_or_assign"])
+def test_write_calls_at_max_capacity_read_nothing_back(call):
+    """``HashTable.find_or_insert`` / ``insert_or_assign`` of repeated keys into a table
+    at max_capacity on the fixed-size path: deduplicated in fixed sizes and inserted
+    (evicting) without a read of the device on the host; the same outcome as the
+    reference path's."""
+    options = dataclasses.replace(_options("STEP", False, True), init_capacity=64)
+    first = torch.arange(0, 120, 2)
+    keys = torch.cat([first[::4], torch.arange(201, 260, 3), first[:9], first[::4]])
+    runs = []
+    for triton in (False, True):
+        with _backend(triton):
+            table = HashTable(options)
+            table.insert_or_assign(first, torch.ones(first.numel(), 3))
+            table.advance_step()
+            rows = torch.arange(keys.numel() * 3, dtype=torch.float32).view(-1, 3)
+            with SyncCounter() as mode:
+                if call == "find_or_insert":
+                    values, found = table.find_or_insert(keys)
+                else:
+                    table.insert_or_assign(keys, rows)
+            if triton:
+                assert sum(mode.counts.values()) == 0, dict(mode.counts)
+            if call == "insert_or_assign":
+                values, found = table.find(keys)
+            state = sorted((k, s) for ks, _, _, ss in table.export_state(512)
+                           for k, s in zip(ks.tolist(), ss.tolist()))
+            runs.append((values, found, table.stats(), state))
+    (w_values, w_found, w_stats, w_state), (g_values, g_found, g_stats, g_state) = runs
+    assert torch.equal(g_found, w_found)
+    torch.testing.assert_close(g_values, w_values)
+    assert g_stats == w_stats and g_state == w_state
+    assert w_stats["evictions"] > 0 and w_stats["inserts"] > 0
+
+
 def test_sync_counter_sees_boolean_indexing():
     x = torch.arange(5)
     with SyncCounter() as mode:

@@ -15,7 +15,8 @@ launch over the batch's u unique keys; none reads anything back on the host:
 * ``finish_rows``: the hits' scores restored to their new values, the rows of
   keys placed by the call initialized (embedding and optimizer state), and the
   (u, dim) float32 embeddings read: stored rows, the new rows, and the missing
-  keys' initializer value.
+  keys' initializer value;
+* ``expand_rows``: a batch's embeddings from its unique keys' (find_or_insert).
 
 Initial values are computed in the kernel for CONSTANT, UNIFORM with ``key_seed``
 (the reference's float64 hash, bit for bit) and UNIFORM / NORMAL from a random
@@ -329,7 +330,8 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
                    guard_ptr, n, new_a, new_b, new_seed, miss_a, miss_b, miss_seed, seeds_ptr,
                    HAS_TAGS: tl.constexpr, SEEDS_IN_MEMORY: tl.constexpr, WRITES: tl.constexpr,
                    GUARDED: tl.constexpr, HAS_STATE: tl.constexpr, HAS_ACTIVE: tl.constexpr,
-                   OUT_AT: tl.constexpr, STORED: tl.constexpr, NEW_MODE: tl.constexpr,
+                   OUT_AT: tl.constexpr, STORED: tl.constexpr, EMBED: tl.constexpr,
+                   NEW_MODE: tl.constexpr,
                    MISS_MODE: tl.constexpr, DIM: tl.constexpr, ROW_DIM: tl.constexpr,
                    COLS: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr):
     """BLOCK keys a program: the hits' scores restored in one pass over them, then their
@@ -340,7 +342,9 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
     layer forward of Adam rows with the dedup ahead took 0.97 ms against 1.07
     (embedding_layer_gpu_finish_tiles_first.md, _before_finish_tiles.md). Without
     STORED, a program whose keys are all stored (or inactive) skips the tiles after one
-    look at its flags: a warm table's all-hit lookup (not yet timed)."""
+    look at its flags: a warm table's all-hit lookup (not yet timed). Without EMBED
+    (with WRITES, not STORED) no embedding is written or read: placed rows get their
+    state columns alone, and a program with none to write skips the tiles."""
     base = tl.program_id(0).to(tl.int64) * BLOCK
     if SEEDS_IN_MEMORY:  # random modes' seeds (missing, new), written before a graph replay
         if MISS_MODE >= 3:
@@ -367,7 +371,9 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
         todo = in_range & (k_slot < 0)
         if HAS_ACTIVE:
             todo = todo & (tl.load(active_ptr + k, mask=in_range, other=0) != 0)
-        if WRITES:
+        if not EMBED:  # no row read: only placed rows' state columns to write
+            todo = in_range & (k_slot < -1)
+        if WRITES and (EMBED or HAS_STATE):
             todo = todo | (in_range & (k_slot >= 0) &
                            (tl.load(placed_ptr + k, mask=in_range, other=0) != 0))
         work = BLOCK * tl.minimum(tl.max(todo.to(tl.int32), axis=0), 1)
@@ -389,6 +395,8 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
         # (STORED False) that is nearly every tile of a warm table (in the layer's forward
         # on an H200, 29 us against 44: embedding_layer_gpu_trace.txt, _tiles_trace.txt).
         needed = mask if STORED else mask & ~stored
+        if not EMBED:
+            needed = placed
         if tl.max(needed.to(tl.int32), axis=0) > 0:
             key = tl.load(keys_ptr + i, mask=fresh, other=0)
             tag = load_tags(tags_ptr, i, fresh, HAS_TAGS)
@@ -403,8 +411,9 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
                 if tl.max(placed.to(tl.int32), axis=0) > 0:
                     new = _initial(NEW_MODE, new_given, i, col, placed, key, tag, new_a, new_b,
                                    new_seed, DIM, SUB, COLS).to(values.dtype.element_ty)
-                    tl.store(values + slot[:, None] * ROW_DIM + col[None, :], new,
-                             mask=placed[:, None] & emb)
+                    if EMBED:
+                        tl.store(values + slot[:, None] * ROW_DIM + col[None, :], new,
+                                 mask=placed[:, None] & emb)
                     if HAS_STATE:  # the state columns [DIM, ROW_DIM), COLS at a time
                         for start in tl.static_range(DIM, ROW_DIM, COLS):
                             at = start + col
@@ -414,7 +423,7 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
                                      + state[None, :],
                                      mask=placed[:, None] & (at[None, :] < ROW_DIM))
                     row = tl.where(placed[:, None], new.to(tl.float32), row)
-            if tl.max(missing.to(tl.int32), axis=0) > 0:
+            if EMBED and tl.max(missing.to(tl.int32), axis=0) > 0:
                 miss = _initial(MISS_MODE, miss_given, i, col, missing, key, tag, miss_a,
                                 miss_b, miss_seed, DIM, SUB, COLS)
                 row = tl.where(missing[:, None], miss, row)
@@ -425,7 +434,9 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
                 into = tl.multiple_of(
                     tl.load(out_at_ptr + 1).to(tl.pointer_type(tl.float32)), 16)
                 written = written & (i < tl.load(out_at_ptr))
-            tl.store(into + i[:, None] * DIM + col[None, :], row, mask=written[:, None] & emb)
+            if EMBED:
+                tl.store(into + i[:, None] * DIM + col[None, :], row,
+                         mask=written[:, None] & emb)
         sub += SUB
 
 
@@ -445,7 +456,8 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
                 active: torch.Tensor | None = None,
                 out_at: torch.Tensor | None = None,
                 stored_rows: bool = True,
-                guard: torch.Tensor | None = None) -> torch.Tensor | None:
+                guard: torch.Tensor | None = None,
+                embeddings: bool = True) -> torch.Tensor | None:
     """Embeddings (u, dim) float32 of the keys at ``slots`` (-1: read ``missing``).
 
     With ``new`` (a training lookup), also in the same launch: the rows of ``placed``
@@ -471,12 +483,20 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
 
     ``guard`` (0-d bool on the device; ``protect_hits``'): when False as the kernel
     runs, the hits' scores are left as they are (``protect_hits`` then wrote them).
+
+    ``embeddings`` False (with ``new``; insert_or_assign, whose caller writes the
+    embeddings next): the placed rows get their state columns alone, no embedding is
+    read or written, and None is returned. On an H200 the constant embeddings written
+    and then overwritten took 0.22 ms of a 1M-key call at dim 128
+    (``benchmarks/results/table_api_gpu.md``).
     """
+    if not embeddings and new is None:
+        raise ValueError("finish_rows: embeddings=False needs new rows to finish")
     n, row_dim = keys.numel(), storage.row_dim
-    out = torch.empty(0 if out_at is not None else n, dim, dtype=torch.float32,
-                      device=keys.device)
+    bare = out_at is not None or not embeddings
+    out = torch.empty(0 if bare else n, dim, dtype=torch.float32, device=keys.device)
     if n == 0:
-        return None if out_at is not None else out
+        return None if bare else out
     writes = new is not None
     new = new or RowInit(_CONSTANT)
     cols = next_pow2(dim)
@@ -497,12 +517,54 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
         seeds if seeds is not None else out, HAS_TAGS=tags is not None,
         SEEDS_IN_MEMORY=seeds is not None, WRITES=writes, GUARDED=guard is not None,
         HAS_STATE=state is not None,
-        HAS_ACTIVE=active is not None, OUT_AT=out_at is not None, STORED=stored_rows,
+        HAS_ACTIVE=active is not None, OUT_AT=out_at is not None,
+        STORED=stored_rows and embeddings, EMBED=embeddings,
         NEW_MODE=new.mode, MISS_MODE=missing.mode, DIM=dim, ROW_DIM=row_dim, COLS=cols,
         SUB=sub, BLOCK=block, num_warps=config["num_warps"])
-    return None if out_at is not None else out
+    return None if bare else out
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["n"])
+def _expand_kernel(inverse_ptr, slots_ptr, found_ptr, values, rows_ptr, out_ptr, n,
+                   DIM: tl.constexpr, ROW_DIM: tl.constexpr, COLS: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    u = tl.load(inverse_ptr + i, mask=mask, other=0)
+    found = mask & (tl.load(found_ptr + u, mask=mask, other=0) != 0)
+    slot = tl.load(slots_ptr + u, mask=found, other=0)
+    col = tl.arange(0, COLS)
+    emb = col[None, :] < DIM
+    stored = tl.load(values + slot[:, None] * ROW_DIM + col[None, :],
+                     mask=found[:, None] & emb, other=0.0).to(tl.float32)
+    fresh = mask & ~found
+    row = tl.load(rows_ptr + u[:, None] * DIM + col[None, :], mask=fresh[:, None] & emb,
+                  other=0.0)
+    tl.store(out_ptr + i[:, None] * DIM + col[None, :], tl.where(found[:, None], stored, row),
+             mask=mask[:, None] & emb)
+
+
+def expand_rows(storage: TableStorage, slots: torch.Tensor, found: torch.Tensor,
+                rows: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """Embeddings (n, dim) float32 of a batch from its unique keys' lookup, in one
+    launch: batch key i is unique key ``inverse[i]``, which reads its stored row (at
+    ``slots``, where ``found``: stored before the call) or else its row of ``rows`` (u,
+    dim) float32 (``finish_rows`` with ``stored_rows`` False: new rows and initializer
+    values). Against finish_rows reading every row and a gather of them by
+    ``inverse``, each stored row moves once instead of three times."""
+    n, dim = inverse.numel(), rows.shape[1]
+    out = torch.empty(n, dim, dtype=torch.float32, device=inverse.device)
+    if n == 0:
+        return out
+    cols = next_pow2(dim)
+    block = max(1, min(256, 4096 // cols))
+    _expand_kernel[(cdiv(n, block),)](
+        inverse, slots, found.view(torch.int8), storage.values, rows, out, n, DIM=dim,
+        ROW_DIM=storage.row_dim, COLS=cols, BLOCK=block, num_warps=4)
+    return out
 
 
 __all__ = ["SCORE_CLOCK", "SCORE_GIVEN", "SCORE_LFU", "Counted", "RowInit",
-           "add_mask_counts", "count_admission", "draws_seed", "finish_rows", "found_masks",
-           "in_kernel", "init_spec", "protect_hits"]
+           "add_mask_counts", "count_admission", "draws_seed", "expand_rows", "finish_rows",
+           "found_masks", "in_kernel", "init_spec", "protect_hits"]
