@@ -121,7 +121,7 @@ class FixedSizeLookup:
 
         if not train:
             slots, counted = self._find_active(keys, tags, active)
-            self._add_device_counts(*self._mask_sums(counted))
+            self._count_in_place(counted, 0)
             values = finish_rows(self.storage, keys, tags, slots, self.dim,
                                  self._row_init(self._eval_initializer, keys, tags),
                                  active=active, stored_rows=stored_rows)
@@ -151,19 +151,18 @@ class FixedSizeLookup:
                               ) -> tuple[torch.Tensor, torch.Tensor]:
         """``find_or_insert`` on the fixed-size path of the unique keys of
         ``unique_pairs_fixed`` (the first ``count`` of them; the others padding) for a
-        batch whose key i is unique key ``inverse[i]``: (the batch's values (n, dim)
-        float32, found (u,) bool, stored before the call). The training lookup's device
+        batch whose key i is unique key ``inverse[i]``: the batch's (values (n, dim)
+        float32, found (n,) bool, stored before the call). The training lookup's device
         work (reading back what it reads: growth's counts, the refused count), the
-        stored rows read once, by the batch (``expand_rows``)."""
+        stored rows read once, by the batch (``expand_rows``), the counters added to the
+        device totals in one launch."""
         from hashrec.table.ops.insert.train import expand_rows  # Triton only
 
         slots, values, counted, refused = self._train_fixed(
             keys, tags, counts, given, None, stored_rows=False, count=count,
             few_misses=False)
-        found = counted["hits"]
-        self._add_device_counts(*self._mask_sums(counted))
-        self._report_refused_fixed(refused)
-        return expand_rows(self.storage, slots, found, values, inverse), found
+        self._report_refused_fixed(self._count_in_place(counted, refused))
+        return expand_rows(self.storage, slots, counted["hits"], values, inverse)
 
     def _assign_slots(self, keys: torch.Tensor, tags: torch.Tensor | None,
                       counts: torch.Tensor, given: torch.Tensor | None,
@@ -204,8 +203,7 @@ class FixedSizeLookup:
         counted = {"inserts": placed}
         if evicted is not None:
             counted["evictions"] = evicted
-        self._add_device_counts(*self._mask_sums(counted))
-        self._report_refused_fixed(refused)
+        self._report_refused_fixed(self._count_in_place(counted, refused))
         return slots
 
     def _write_assigned(self, slots: torch.Tensor, rows: torch.Tensor,

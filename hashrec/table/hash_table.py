@@ -448,12 +448,9 @@ class HashTable(FixedSizeLookup):
             uscores = torch.full_like(unique, torch.iinfo(torch.int64).min).scatter_reduce_(
                 0, inverse, scores, "amax")
         if fixed:
-            values, found = self._find_or_insert_fixed(unique, utags, counts, uscores, inverse,
-                                                       count)
-        else:
-            values, found = self._upsert_read(unique, utags, counts, uscores)
-            values = values[inverse]
-        return values, found[inverse]
+            return self._find_or_insert_fixed(unique, utags, counts, uscores, inverse, count)
+        values, found = self._upsert_read(unique, utags, counts, uscores)
+        return values[inverse], found[inverse]
 
     def insert_or_assign(self, keys: torch.Tensor, values: torch.Tensor,
                          scores: torch.Tensor | None = None,

@@ -526,13 +526,14 @@ def finish_rows(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
 
 @fast_launch
 @triton.jit(do_not_specialize=["n"])
-def _expand_kernel(inverse_ptr, slots_ptr, found_ptr, values, rows_ptr, out_ptr, n,
+def _expand_kernel(inverse_ptr, slots_ptr, found_ptr, values, rows_ptr, out_ptr, out_found, n,
                    DIM: tl.constexpr, ROW_DIM: tl.constexpr, COLS: tl.constexpr,
                    BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     u = tl.load(inverse_ptr + i, mask=mask, other=0)
     found = mask & (tl.load(found_ptr + u, mask=mask, other=0) != 0)
+    tl.store(out_found + i, found.to(tl.int8), mask=mask)
     slot = tl.load(slots_ptr + u, mask=found, other=0)
     col = tl.arange(0, COLS)
     emb = col[None, :] < DIM
@@ -546,23 +547,26 @@ def _expand_kernel(inverse_ptr, slots_ptr, found_ptr, values, rows_ptr, out_ptr,
 
 
 def expand_rows(storage: TableStorage, slots: torch.Tensor, found: torch.Tensor,
-                rows: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-    """Embeddings (n, dim) float32 of a batch from its unique keys' lookup, in one
-    launch: batch key i is unique key ``inverse[i]``, which reads its stored row (at
-    ``slots``, where ``found``: stored before the call) or else its row of ``rows`` (u,
-    dim) float32 (``finish_rows`` with ``stored_rows`` False: new rows and initializer
-    values). Against finish_rows reading every row and a gather of them by
-    ``inverse``, each stored row moves once instead of three times."""
+                rows: torch.Tensor, inverse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embeddings (n, dim) float32 of a batch from its unique keys' lookup, and which
+    batch keys were found (n,) bool, in one launch: batch key i is unique key
+    ``inverse[i]``, which reads its stored row (at ``slots``, where ``found``: stored
+    before the call) or else its row of ``rows`` (u, dim) float32 (``finish_rows``
+    with ``stored_rows`` False: new rows and initializer values). Against finish_rows
+    reading every row and a gather of them by ``inverse``, each stored row moves once
+    instead of three times."""
     n, dim = inverse.numel(), rows.shape[1]
     out = torch.empty(n, dim, dtype=torch.float32, device=inverse.device)
+    out_found = torch.empty(n, dtype=torch.bool, device=inverse.device)
     if n == 0:
-        return out
+        return out, out_found
     cols = next_pow2(dim)
     block = max(1, min(256, 4096 // cols))
     _expand_kernel[(cdiv(n, block),)](
-        inverse, slots, found.view(torch.int8), storage.values, rows, out, n, DIM=dim,
-        ROW_DIM=storage.row_dim, COLS=cols, BLOCK=block, num_warps=4)
-    return out
+        inverse, slots, found.view(torch.int8), storage.values, rows, out,
+        out_found.view(torch.int8), n, DIM=dim, ROW_DIM=storage.row_dim, COLS=cols,
+        BLOCK=block, num_warps=4)
+    return out, out_found
 
 
 __all__ = ["SCORE_CLOCK", "SCORE_GIVEN", "SCORE_LFU", "Counted", "RowInit",
