@@ -501,8 +501,9 @@ class HashTable(FixedSizeLookup):
         """Removes keys (absent keys are ignored)."""
         keys, tags = self._keys(keys, tags)
         self._size_hint = None
-        slots = find_slots(self.storage, keys, tags)
-        erase_slots(self.storage, slots[slots >= 0])
+        # Absent keys' slots (-1) are skipped by the op itself: no boolean indexing
+        # (a host read on a GPU).
+        erase_slots(self.storage, find_slots(self.storage, keys, tags))
 
     def contains(self, keys: torch.Tensor, tags: torch.Tensor | None = None) -> torch.Tensor:
         """keys (n,) int64 -> (n,) bool."""

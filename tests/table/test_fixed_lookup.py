@@ -393,6 +393,17 @@ def test_write_calls_at_max_capacity_read_nothing_back(call):
     assert w_stats["evictions"] > 0 and w_stats["inserts"] > 0
 
 
+def test_erase_on_the_triton_backend_reads_nothing_back():
+    with _backend(True):
+        table = HashTable(_options("STEP", False, True))
+        keys = torch.arange(0, 40, 2)
+        table.insert_or_assign(keys, torch.ones(keys.numel(), 3))
+        with SyncCounter() as mode:
+            table.erase(torch.arange(0, 20))  # half of them absent
+        assert sum(mode.counts.values()) == 0, dict(mode.counts)
+        assert table.contains(keys).tolist() == [False] * 10 + [True] * 10
+
+
 def test_sync_counter_sees_boolean_indexing():
     x = torch.arange(5)
     with SyncCounter() as mode:
