@@ -17,6 +17,8 @@
 #                  library's) positions per insert program, every insert call from the filled
 #                  index; then profile_upsert_evict.py (runs needing eviction, the block
 #                  kernel alone with eviction on and off)
+#   table_api      the public HashTable calls (find, find_or_insert, insert_or_assign) between
+#                  syncs and in a loop, each profiled (profile_table_api.py)
 #   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection),
 #                  with the backward's tiles swept (device time and one call), the
 #                  layer's kernels profiled by launching operator, and every kernel of its
@@ -61,7 +63,7 @@ write_env "$out"
       tests/embedding/test_collection_gpu.py tests/embedding/test_collection_table_rows.py \
       tests/embedding/test_dedup_ops.py tests/embedding/test_dedup_graphs.py \
       tests/embedding/test_stats.py tests/embedding/test_positions.py tests/embedding/test_emit.py \
-      tests/table/test_lookup_graphs.py tests/table/test_fixed_lookup.py
+      tests/table/test_lookup_graphs.py tests/table/test_fixed_lookup.py tests/table/test_dedup.py
   step upsert_sweep 330 python3 benchmarks/profile_upsert_gpu.py --load-factors 0.5 0.75 1.0 \
       --reps 5 --runs 1 --warps 1 4 --block 0 32 64 --width 2 4 \
       --out "$out/upsert_launch_gpu"
@@ -88,6 +90,8 @@ write_env "$out"
   step word_probe 300 env HASHREC_MASK_PROBE=0 HASHREC_WORD_PROBE_LOWEST=3 python3 -m pytest \
       -m gpu -q -p no:cacheprovider tests/table/test_triton_table_ops.py \
       tests/table/test_triton_upsert.py
+  step table_api 200 python3 benchmarks/profile_table_api.py --dims 32 128 \
+      --out "$out/table_api_gpu"
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
       --reduce-configs 2048x4 8192x1 4096x2 r16x1 r64x1 --profile --trace \
       --out "$out/embedding_layer_gpu"
