@@ -42,6 +42,7 @@ import logging
 import math
 import random
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,6 +51,9 @@ from hashrec.table.ops.dispatch import backend
 from hashrec.table.ops.find import find_slots
 from hashrec.table.ops.insert import reference as insert_reference
 from hashrec.table.options import CheckMode, InitializerArgs, ScoreStrategy, StorageMode
+
+if TYPE_CHECKING:
+    from hashrec.table.ops.dedup import FixedUnique
 
 PROTECTED = torch.iinfo(torch.int64).max
 # Seconds between two "inserts refused" warnings of one table (refusals in between
@@ -137,32 +141,21 @@ class FixedSizeLookup:
         self._report_refused_fixed(refused)
         return slots, values
 
-    def _upsert_read(self, keys: torch.Tensor, tags: torch.Tensor | None,
-                     counts: torch.Tensor, given: torch.Tensor | None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``find_or_insert`` of unique keys (u,) on the reference path: (values (u, dim)
-        float32, found (u,) bool, stored before the call)."""
-        slots, found = self._upsert(keys, tags, counts, given, admit=True)
-        return self._read(slots, keys, tags, self._train_missing_args()), found
-
-    def _find_or_insert_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
-                              counts: torch.Tensor, given: torch.Tensor | None,
-                              inverse: torch.Tensor, count: torch.Tensor
+    def _find_or_insert_fixed(self, unique: FixedUnique, given: torch.Tensor | None
                               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``find_or_insert`` on the fixed-size path of the unique keys of
-        ``unique_pairs_fixed`` (the first ``count`` of them; the others padding) for a
-        batch whose key i is unique key ``inverse[i]``: the batch's (values (n, dim)
-        float32, found (n,) bool, stored before the call). The training lookup's device
-        work (reading back what it reads: growth's counts, the refused count), the
-        stored rows read once, by the batch (``expand_rows``), the counters added to the
-        device totals in one launch."""
+        """``find_or_insert`` on the fixed-size path of a batch deduplicated by
+        ``unique_pairs_fixed`` (``unique``: its ``FixedUnique``; ``given`` (n,) each unique
+        key's score or None): the batch's (values (n, dim) float32, found (n,) bool,
+        stored before the call). The training lookup's device work (reading back what it
+        reads: growth's counts, the refused count), the stored rows read once, by the
+        batch (``expand_rows``), the counters added to the device totals in one launch."""
         from hashrec.table.ops.insert.train import expand_rows  # Triton only
 
         slots, values, counted, refused = self._train_fixed(
-            keys, tags, counts, given, None, stored_rows=False, count=count,
-            few_misses=False)
+            unique.keys, unique.tags, unique.counts, given, None, stored_rows=False,
+            count=unique.count, few_misses=False)
         self._report_refused_fixed(self._count_in_place(counted, refused))
-        return expand_rows(self.storage, slots, counted["hits"], values, inverse)
+        return expand_rows(self.storage, slots, counted["hits"], values, unique.inverse)
 
     def _assign_slots(self, keys: torch.Tensor, tags: torch.Tensor | None,
                       counts: torch.Tensor, given: torch.Tensor | None,

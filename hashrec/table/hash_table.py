@@ -23,7 +23,6 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -35,12 +34,12 @@ from hashrec.table.fixed_lookup import FixedSizeLookup
 from hashrec.table.initializers import initial_values
 from hashrec.table.memory import estimate_table_bytes
 from hashrec.table.ops.erase import erase_slots
-from hashrec.table.ops.export import occupied_slots
 from hashrec.table.ops.find import find_slots
 from hashrec.table.ops.insert import insert_keys
 from hashrec.table.ops.rehash import rehash
 from hashrec.table.options import InitializerArgs, ScoreStrategy, TableOptions
 from hashrec.table.storage import TableStorage
+from hashrec.table.table_state import TableState
 from hashrec.table.tiers import index_row_dim, make_row_store
 from hashrec.table.unique import unique_pairs
 from hashrec.table.validation import (
@@ -71,7 +70,7 @@ def _initial_buckets(options: TableOptions) -> tuple[int, int]:
     return max_buckets >> shift, max_buckets
 
 
-class HashTable(FixedSizeLookup):
+class HashTable(FixedSizeLookup, TableState):
     """Dynamic embedding table (see the module docstring for scores and growth).
 
     Args:
@@ -435,21 +434,15 @@ class HashTable(FixedSizeLookup):
         keys, tags = self._keys(keys, tags)
         scores = self._scores(scores, keys.numel())
         self._rows.begin_batch()
-        fixed = keys.numel() > 0 and self._fixed_path()
-        if fixed:  # fixed sizes: the unique count stays on the device
+        if keys.numel() and self._fixed_path():  # fixed sizes: the unique count stays there
             from hashrec.table.ops.dedup import unique_pairs_fixed  # Triton only
 
             u = unique_pairs_fixed(keys, tags)
-            unique, utags, inverse, counts, count = u.keys, u.tags, u.inverse, u.counts, u.count
-        else:
-            unique, utags, inverse, counts = unique_pairs(keys, tags)
-        uscores = None
-        if scores is not None:
-            uscores = torch.full_like(unique, torch.iinfo(torch.int64).min).scatter_reduce_(
-                0, inverse, scores, "amax")
-        if fixed:
-            return self._find_or_insert_fixed(unique, utags, counts, uscores, inverse, count)
-        values, found = self._upsert_read(unique, utags, counts, uscores)
+            return self._find_or_insert_fixed(u, _largest(scores, u.keys, u.inverse))
+        unique, utags, inverse, counts = unique_pairs(keys, tags)
+        slots, found = self._upsert(unique, utags, counts, _largest(scores, unique, inverse),
+                                    admit=True)
+        values = self._read(slots, unique, utags, self._train_missing_args())
         return values[inverse], found[inverse]
 
     def insert_or_assign(self, keys: torch.Tensor, values: torch.Tensor,
@@ -510,78 +503,6 @@ class HashTable(FixedSizeLookup):
         keys, tags = self._keys(keys, tags)
         return find_slots(self.storage, keys, tags) >= 0
 
-    def _export_slots(self, batch_size: int) -> Iterator[torch.Tensor]:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} is not valid; allowed: an int >= 1")
-        for start in range(0, self.storage.capacity, batch_size):
-            slots = occupied_slots(self.storage, start,
-                                   min(start + batch_size, self.storage.capacity))
-            if slots.numel():
-                yield slots
-
-    def export_batch(self, batch_size: int, tag: int | None = None
-                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Yields (keys (k,), values (k, dim) float32, scores (k,)) with k <= batch_size.
-
-        ``tag`` keeps only that namespace. The table must not change while iterating.
-        """
-        for slots in self._export_slots(batch_size):
-            if tag is not None:
-                slots = slots[self.storage.tags[slots] == tag]
-            yield (self.storage.keys[slots],
-                   self._rows.read(slots, 0, self.dim, admit=False).to(torch.float32),
-                   self.storage.scores[slots])
-
-    def export_state(self, batch_size: int
-                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Yields (keys, tags, rows (k, row_dim), scores): full rows for checkpoints."""
-        for slots in self._export_slots(batch_size):  # one compaction, four gathers
-            storage = self.storage
-            yield (storage.keys.index_select(0, slots), storage.tags.index_select(0, slots),
-                   self._rows.read(slots, 0, self.row_dim, admit=False),
-                   storage.scores.index_select(0, slots))
-
-    def load_state(self, keys: torch.Tensor, tags: torch.Tensor | None, rows: torch.Tensor,
-                   scores: torch.Tensor, assume_unique: bool = False) -> None:
-        """insert_or_assign of full rows (embedding + optimizer state) with their scores.
-
-        Args:
-            keys: (n,) int64; with duplicates the last one wins.
-            tags: (n,) int32 namespaces or None.
-            rows: (n, row_dim) full rows.
-            scores: (n,) int64 scores stored as given.
-            assume_unique: the caller guarantees that the (key, tag) pairs of this call
-                are unique (checkpoint shards are, by construction); skips the
-                deduplication. Duplicates passed with True corrupt the index.
-        """
-        keys, tags = self._keys(keys, tags)
-        rows = check_matrix(self.options.name, "rows", rows, keys.numel(), self.row_dim,
-                            self.device)
-        scores = check_vector(self.options.name, "scores", scores, torch.int64, self.device,
-                              keys.numel())
-        self._assign(keys, tags, rows, scores.clamp(max=_PROTECTED - 1), exact=True,
-                     assume_unique=bool(assume_unique))
-
-    def admission_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(keys, tags, counts) of the admission counters (empty without admission)."""
-        if self._counter is None:
-            empty = torch.empty(0, dtype=torch.int64, device=self.device)
-            return empty, empty.to(torch.int32), empty
-        return self._counter.state()
-
-    def load_admission_state(self, keys: torch.Tensor, tags: torch.Tensor | None,
-                             counts: torch.Tensor) -> None:
-        """Restores admission counters of unique keys."""
-        keys, tags = self._keys(keys, tags)
-        counts = check_vector(self.options.name, "counts", counts, torch.int64, self.device,
-                              keys.numel())
-        if self._counter is None:
-            if keys.numel():
-                raise TableError(f"table {self.options.name!r} has no admission; cannot load "
-                                 f"{keys.numel()} admission counters")
-            return
-        self._counter.load_state(keys, tags, counts)
-
     def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor,
                         lr: float | None = None, step: int | None = None) -> None:
         """In-place optimizer update of rows ``slots`` (u,) unique with grads (u, dim).
@@ -604,6 +525,15 @@ class HashTable(FixedSizeLookup):
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def _largest(scores: torch.Tensor | None, unique: torch.Tensor,
+             inverse: torch.Tensor) -> torch.Tensor | None:
+    """Each unique key's largest score of the batch's ``scores`` (None: None)."""
+    if scores is None:
+        return None
+    return torch.full_like(unique, torch.iinfo(torch.int64).min).scatter_reduce_(
+        0, inverse, scores, "amax")
 
 
 def _take(tensor: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:

@@ -5,6 +5,15 @@ from __future__ import annotations
 import torch
 
 
+def sort_pairs(keys: torch.Tensor, tags: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(order, sorted keys, sorted tags): (key, tag) pairs sorted by key, then tag, with
+    two stable 1-D sorts (tag, then key) instead of a row-wise sort."""
+    order = torch.sort(tags, stable=True).indices
+    order = order.index_select(0, torch.sort(keys.index_select(0, order), stable=True).indices)
+    return order, keys.index_select(0, order), tags.index_select(0, order)
+
+
 def unique_pairs(keys: torch.Tensor, tags: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """(unique keys, their tags | None, inverse (n,), counts) over (key, tag) identities.
@@ -20,9 +29,7 @@ def unique_pairs(keys: torch.Tensor, tags: torch.Tensor | None
     if keys.numel() == 0:
         empty = keys.new_empty(0)
         return keys.clone(), tags.clone(), empty, empty
-    order = torch.sort(tags, stable=True).indices
-    order = order.index_select(0, torch.sort(keys.index_select(0, order), stable=True).indices)
-    skeys, stags = keys.index_select(0, order), tags.index_select(0, order)
+    order, skeys, stags = sort_pairs(keys, tags)
     new = torch.ones_like(skeys, dtype=torch.bool)
     new[1:] = (skeys[1:] != skeys[:-1]) | (stags[1:] != stags[:-1])
     group = torch.cumsum(new, 0) - 1

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from hashrec.table.ops.launch import aligned_rows, cdiv, fast_launch
+from hashrec.table.unique import sort_pairs
 
 __all__ = ["FixedUnique", "unique_pairs_fixed"]
 
@@ -79,10 +80,7 @@ def unique_pairs_fixed(keys: torch.Tensor, tags: torch.Tensor | None) -> FixedUn
         skeys, order = torch.sort(keys, stable=True)
         stags = None
     else:
-        order = torch.sort(tags, stable=True).indices
-        order = order.index_select(0, torch.sort(keys.index_select(0, order),
-                                                 stable=True).indices)
-        skeys, stags = keys.index_select(0, order), tags.index_select(0, order)
+        order, skeys, stags = sort_pairs(keys, tags)
     if n == 0:
         empty = torch.zeros(0, dtype=torch.int64, device=keys.device)
         return FixedUnique(keys.clone(), None if tags is None else tags.clone(), empty, empty,

@@ -368,10 +368,11 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
     emb = col[None, :] < DIM
     work = BLOCK
     if not STORED:  # nothing to write where every key is stored (or inactive): skip the tiles
-        todo = in_range & (k_slot < 0)
-        if HAS_ACTIVE:
-            todo = todo & (tl.load(active_ptr + k, mask=in_range, other=0) != 0)
-        if not EMBED:  # no row read: only placed rows' state columns to write
+        if EMBED:
+            todo = in_range & (k_slot < 0)
+            if HAS_ACTIVE:
+                todo = todo & (tl.load(active_ptr + k, mask=in_range, other=0) != 0)
+        else:  # no row read: only placed rows' state columns to write
             todo = in_range & (k_slot < -1)
         if WRITES and (EMBED or HAS_STATE):
             todo = todo | (in_range & (k_slot >= 0) &
@@ -394,8 +395,9 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
         # Tiles with no row to write are skipped: with stored rows left to the caller
         # (STORED False) that is nearly every tile of a warm table (in the layer's forward
         # on an H200, 29 us against 44: embedding_layer_gpu_trace.txt, _tiles_trace.txt).
-        needed = mask if STORED else mask & ~stored
-        if not EMBED:
+        if EMBED:
+            needed = mask if STORED else mask & ~stored
+        else:
             needed = placed
         if tl.max(needed.to(tl.int32), axis=0) > 0:
             key = tl.load(keys_ptr + i, mask=fresh, other=0)
@@ -409,11 +411,13 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
             # every key is stored, and a random initializer costs tens of operations a value.
             if WRITES:
                 if tl.max(placed.to(tl.int32), axis=0) > 0:
-                    new = _initial(NEW_MODE, new_given, i, col, placed, key, tag, new_a, new_b,
-                                   new_seed, DIM, SUB, COLS).to(values.dtype.element_ty)
                     if EMBED:
+                        new = _initial(NEW_MODE, new_given, i, col, placed, key, tag, new_a,
+                                       new_b, new_seed, DIM, SUB, COLS
+                                       ).to(values.dtype.element_ty)
                         tl.store(values + slot[:, None] * ROW_DIM + col[None, :], new,
                                  mask=placed[:, None] & emb)
+                        row = tl.where(placed[:, None], new.to(tl.float32), row)
                     if HAS_STATE:  # the state columns [DIM, ROW_DIM), COLS at a time
                         for start in tl.static_range(DIM, ROW_DIM, COLS):
                             at = start + col
@@ -422,7 +426,6 @@ def _finish_kernel(keys_ptr, tags_ptr, slots_ptr, placed_ptr, hit_ptr, hit_score
                                      tl.zeros([SUB, COLS], dtype=values.dtype.element_ty)
                                      + state[None, :],
                                      mask=placed[:, None] & (at[None, :] < ROW_DIM))
-                    row = tl.where(placed[:, None], new.to(tl.float32), row)
             if EMBED and tl.max(missing.to(tl.int32), axis=0) > 0:
                 miss = _initial(MISS_MODE, miss_given, i, col, missing, key, tag, miss_a,
                                 miss_b, miss_seed, DIM, SUB, COLS)

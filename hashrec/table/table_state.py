@@ -1,0 +1,93 @@
+"""Exporting and restoring a ``HashTable``'s state: entries, full rows, admission counters.
+
+``TableState`` is a mixin of ``HashTable`` (its export and checkpoint half): the
+exports read the occupied slots a batch of slots at a time, and the loads go through
+the table's own write path (``_assign``) and admission counter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from hashrec.table.errors import TableError
+from hashrec.table.fixed_lookup import PROTECTED as _PROTECTED
+from hashrec.table.ops.export import occupied_slots
+from hashrec.table.validation import check_matrix, check_vector
+
+
+class TableState:
+    """Mixin of ``HashTable``: exports of its entries and rows, and their loads."""
+
+    def _export_slots(self, batch_size: int) -> Iterator[torch.Tensor]:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} is not valid; allowed: an int >= 1")
+        for start in range(0, self.storage.capacity, batch_size):
+            slots = occupied_slots(self.storage, start,
+                                   min(start + batch_size, self.storage.capacity))
+            if slots.numel():
+                yield slots
+
+    def export_batch(self, batch_size: int, tag: int | None = None
+                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yields (keys (k,), values (k, dim) float32, scores (k,)) with k <= batch_size.
+
+        ``tag`` keeps only that namespace. The table must not change while iterating.
+        """
+        for slots in self._export_slots(batch_size):
+            if tag is not None:
+                slots = slots[self.storage.tags[slots] == tag]
+            yield (self.storage.keys[slots],
+                   self._rows.read(slots, 0, self.dim, admit=False).to(torch.float32),
+                   self.storage.scores[slots])
+
+    def export_state(self, batch_size: int
+                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yields (keys, tags, rows (k, row_dim), scores): full rows for checkpoints."""
+        for slots in self._export_slots(batch_size):  # one compaction, four gathers
+            storage = self.storage
+            yield (storage.keys.index_select(0, slots), storage.tags.index_select(0, slots),
+                   self._rows.read(slots, 0, self.row_dim, admit=False),
+                   storage.scores.index_select(0, slots))
+
+    def load_state(self, keys: torch.Tensor, tags: torch.Tensor | None, rows: torch.Tensor,
+                   scores: torch.Tensor, assume_unique: bool = False) -> None:
+        """insert_or_assign of full rows (embedding + optimizer state) with their scores.
+
+        Args:
+            keys: (n,) int64; with duplicates the last one wins.
+            tags: (n,) int32 namespaces or None.
+            rows: (n, row_dim) full rows.
+            scores: (n,) int64 scores stored as given.
+            assume_unique: the caller guarantees that the (key, tag) pairs of this call
+                are unique (checkpoint shards are, by construction); skips the
+                deduplication. Duplicates passed with True corrupt the index.
+        """
+        keys, tags = self._keys(keys, tags)
+        rows = check_matrix(self.options.name, "rows", rows, keys.numel(), self.row_dim,
+                            self.device)
+        scores = check_vector(self.options.name, "scores", scores, torch.int64, self.device,
+                              keys.numel())
+        self._assign(keys, tags, rows, scores.clamp(max=_PROTECTED - 1), exact=True,
+                     assume_unique=bool(assume_unique))
+
+    def admission_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(keys, tags, counts) of the admission counters (empty without admission)."""
+        if self._counter is None:
+            empty = torch.empty(0, dtype=torch.int64, device=self.device)
+            return empty, empty.to(torch.int32), empty
+        return self._counter.state()
+
+    def load_admission_state(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                             counts: torch.Tensor) -> None:
+        """Restores admission counters of unique keys."""
+        keys, tags = self._keys(keys, tags)
+        counts = check_vector(self.options.name, "counts", counts, torch.int64, self.device,
+                              keys.numel())
+        if self._counter is None:
+            if keys.numel():
+                raise TableError(f"table {self.options.name!r} has no admission; cannot load "
+                                 f"{keys.numel()} admission counters")
+            return
+        self._counter.load_state(keys, tags, counts)
