@@ -50,3 +50,8 @@ def test_table_api_profile_runs_the_triton_path():
     out = _smoke("profile_table_api.py")
     for op in ("find", "find_or_insert", "insert_or_assign"):
         assert f"| 8 | {op} |" in out, op
+
+
+def test_rehash_benchmark_compares_the_two_ops():
+    out = _smoke("bench_rehash.py")
+    assert "'same': True" in out

@@ -1,5 +1,15 @@
 """rehash: move every entry into a storage with more buckets (growth)."""
 
-from hashrec.table.ops.rehash.reference import rehash
+from __future__ import annotations
+
+from hashrec.table.ops.dispatch import backend
+from hashrec.table.ops.rehash import reference
+from hashrec.table.storage import TableStorage
+
+
+def rehash(storage: TableStorage, num_buckets: int) -> TableStorage:
+    """A storage with ``num_buckets`` buckets holding every entry of ``storage``."""
+    return backend(__name__, reference, storage.device).rehash(storage, num_buckets)
+
 
 __all__ = ["rehash"]
