@@ -17,6 +17,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed")
 
 from triton_table_helpers import DEVICE, clone, filled  # noqa: E402
 
+from hashrec.table import hashing  # noqa: E402
 from hashrec.table.ops.insert import reference as insert_ref  # noqa: E402
 from hashrec.table.ops.rehash import reference as rehash_ref  # noqa: E402
 from hashrec.table.ops.rehash import triton as rehash_tt  # noqa: E402
@@ -50,9 +51,8 @@ def clone_with_flag(storage: TableStorage) -> TableStorage:
     return copy
 
 
-def test_rehash_orders_ties_as_the_reference():
-    # One bucket of equal scores, one key under several tags and one key per score:
-    # every rank tie-break (score, key, old slot) decides some slot.
+def test_rehash_splits_buckets_keeping_the_old_order():
+    # One old bucket: the same key under several tags, equal scores, edge keys.
     cap = 16
     old = TableStorage.empty(1, cap, 3, device=DEVICE)
     keys = torch.tensor([7, 7, 7, -3, 5, 5, 2 ** 62, -(2 ** 63), 0, 1], device=DEVICE)
@@ -60,15 +60,33 @@ def test_rehash_orders_ties_as_the_reference():
     scores = torch.tensor([4, 4, 4, 4, 9, 4, 0, 4, -1, 4], device=DEVICE)
     insert_ref.insert_keys(old, keys, tags, scores, allow_evict=False)
     old.values.copy_(torch.arange(old.values.numel(), dtype=torch.float32).view_as(old.values))
+    occupied = torch.nonzero(old.digests).flatten()
     for factor in (1, 2, 4):
-        assert_same_storage(rehash_tt.rehash(clone_with_flag(old), factor),
-                            rehash_ref.rehash(clone_with_flag(old), factor))
+        want = rehash_ref.rehash(clone_with_flag(old), factor)
+        assert_same_storage(rehash_tt.rehash(clone_with_flag(old), factor), want)
+        # Each new bucket holds, from its first slot, its entries in their old order.
+        buckets = hashing.bucket_of(hashing.mix_tagged(old.keys[occupied],
+                                                       old.tags[occupied]), factor)
+        for b in range(factor):
+            mine = occupied[buckets == b]
+            slots = torch.arange(mine.numel(), device=DEVICE) + b * cap
+            assert torch.equal(want.keys[slots], old.keys[mine])
+            assert torch.equal(want.tags[slots], old.tags[mine])
+            assert torch.equal(want.values[slots], old.values[mine])
+            assert int((want.digests[b * cap:(b + 1) * cap] != 0).sum()) == mine.numel()
 
 
-def test_rehash_to_a_count_that_is_not_a_multiple_takes_the_reference():
+@pytest.mark.parametrize("op", [rehash_ref.rehash, rehash_tt.rehash], ids=["reference", "triton"])
+def test_rehash_to_a_count_that_is_not_a_multiple_is_refused(op):
     old, _, _ = filled(4, 8, 12, seed=3)
-    got = rehash_tt.rehash(clone_with_flag(old), 6)
-    assert_same_storage(got, rehash_ref.rehash(clone_with_flag(old), 6))
+    with pytest.raises(ValueError, match="must be a multiple of the storage's 4"):
+        op(old, 6)
+
+
+def test_rehash_of_bucket_widths_the_tile_cannot_take_equals_the_reference():
+    old, _, _ = filled(3, 6, 14, seed=4, tagged=True)
+    assert_same_storage(rehash_tt.rehash(clone_with_flag(old), 6),
+                        rehash_ref.rehash(clone_with_flag(old), 6))
 
 
 @pytest.mark.gpu

@@ -1,14 +1,10 @@
 """Triton rehash: one program per old bucket splits its entries over the new buckets.
 
-With the new bucket count a multiple of the old one, an entry of old bucket ``b``
-goes to a bucket congruent to ``b`` (bucket = bits 0..31 of the hash modulo the
-count), so each new bucket receives entries of one old bucket only and the old
-buckets can be split independently: no probing, no atomics, nothing sorted on the
-host. Within its new bucket an entry takes the slot given by its rank among the
-entries sent there, ordered as the reference insert orders a bucket's incoming
-keys (score descending, key ascending, then old slot), so the result equals the
-reference rehash slot for slot. The rows move in the same program. Any other
-bucket count falls back to the reference.
+The new bucket count is a multiple of the old one, so each new bucket receives the
+entries of one old bucket only (``reference.py``) and the old buckets split
+independently: no probing, no atomics, no sort. An entry's slot in its new bucket is
+its rank among the old bucket's entries sent there, in old slot order, as in the
+reference; the rows move in the same program.
 """
 
 from __future__ import annotations
@@ -21,20 +17,19 @@ from hashrec.table.ops.launch import fast_launch, next_pow2
 from hashrec.table.ops.rehash import reference
 from hashrec.table.storage import TableStorage
 
-_CHUNK = 16  # columns of the (entry, entry) order compared at a time
+_CHUNK = 32  # columns of the (entry, entry) comparison taken at a time
 _ROW_BLOCK = 64  # row elements moved at a time
 
 
 @triton.jit
-def _entries(o_keys, o_tags, o_digests, o_scores, slots, new_buckets,
-             HAS_TAGS: tl.constexpr, POW2: tl.constexpr):
-    """(occupied, key, tag, score, new bucket) of the old entries at ``slots``."""
+def _entries(o_keys, o_tags, o_digests, slots, new_buckets, HAS_TAGS: tl.constexpr,
+             POW2: tl.constexpr):
+    """(occupied, key, tag, new bucket) of the old entries at ``slots``."""
     occupied = tl.load(o_digests + slots) != 0
     key = tl.load(o_keys + slots, mask=occupied, other=0)
     tag = load_tags(o_tags, slots, occupied, HAS_TAGS)
-    score = tl.load(o_scores + slots, mask=occupied, other=0)
     bucket = bucket_of_fast(tagged_hash(key, tag), new_buckets, POW2)
-    return occupied, key, tag, score, bucket
+    return occupied, key, tag, bucket
 
 
 @fast_launch
@@ -45,28 +40,24 @@ def _split_kernel(o_keys, o_tags, o_digests, o_scores, o_values,
                   ROW_BLOCK: tl.constexpr, HAS_TAGS: tl.constexpr, POW2: tl.constexpr):
     base = tl.program_id(0).to(tl.int64) * CAP
     cols = tl.arange(0, CAP)
-    occupied, key, tag, score, bucket = _entries(o_keys, o_tags, o_digests, o_scores,
-                                                 base + cols, new_buckets, HAS_TAGS, POW2)
-    # Rank of each entry among those going to its new bucket: how many come before it
-    # in (score desc, key asc, slot asc), counted over CHUNK columns at a time.
+    occupied, key, tag, bucket = _entries(o_keys, o_tags, o_digests, base + cols,
+                                          new_buckets, HAS_TAGS, POW2)
+    # Rank of each entry among the earlier ones going to its new bucket, counted over
+    # CHUNK columns at a time (the columns' entries read again: one line each, cached).
     rank = tl.zeros([CAP], dtype=tl.int32)
     for first in tl.static_range(0, CAP, CHUNK):
         other = first + tl.arange(0, CHUNK)
-        o_occ, o_key, _, o_score, o_bucket = _entries(o_keys, o_tags, o_digests, o_scores,
-                                                      base + other, new_buckets, HAS_TAGS,
-                                                      POW2)
-        ahead = (o_score[None, :] > score[:, None]) | (
-            (o_score[None, :] == score[:, None])
-            & ((o_key[None, :] < key[:, None])
-               | ((o_key[None, :] == key[:, None]) & (other[None, :] < cols[:, None]))))
-        before = ahead & o_occ[None, :] & (o_bucket[None, :] == bucket[:, None])
+        o_occ, _, _, o_bucket = _entries(o_keys, o_tags, o_digests, base + other,
+                                         new_buckets, HAS_TAGS, POW2)
+        before = ((other[None, :] < cols[:, None]) & o_occ[None, :]
+                  & (o_bucket[None, :] == bucket[:, None]))
         rank += tl.sum(before.to(tl.int32), axis=1)
     slot = bucket * CAP + rank
     tl.store(n_keys + slot, key, mask=occupied)
     if HAS_TAGS:
         tl.store(n_tags + slot, tag, mask=occupied)
     tl.store(n_digests + slot, tl.load(o_digests + base + cols), mask=occupied)
-    tl.store(n_scores + slot, score, mask=occupied)
+    tl.store(n_scores + slot, tl.load(o_scores + base + cols), mask=occupied)
     start = row_dim * 0
     while start < row_dim:  # while, not range: the loop bound is a run-time value
         at = start + tl.arange(0, ROW_BLOCK)
@@ -77,12 +68,12 @@ def _split_kernel(o_keys, o_tags, o_digests, o_scores, o_values,
 
 
 def rehash(storage: TableStorage, num_buckets: int) -> TableStorage:
-    """Returns a storage with ``num_buckets`` buckets holding every entry of ``storage``,
-    as the reference would place them (see the module docstring)."""
+    """Returns a storage with ``num_buckets`` buckets (a multiple of the old count)
+    holding every entry of ``storage``, slot for slot as the reference places them."""
     cap = storage.bucket_capacity
-    if (num_buckets % storage.num_buckets or next_pow2(cap) != cap
-            or not storage.values.is_contiguous()):
-        return reference.rehash(storage, num_buckets)
+    reference.check_multiple(storage, num_buckets)
+    if next_pow2(cap) != cap or not storage.values.is_contiguous():
+        return reference.rehash(storage, num_buckets)  # bucket widths the tile cannot take
     grown = TableStorage.empty(num_buckets, cap, storage.row_dim, storage.values.dtype,
                                storage.device)
     grown.tagged = storage.tagged
