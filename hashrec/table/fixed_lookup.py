@@ -134,7 +134,7 @@ class FixedSizeLookup:
         replayed = graphs.lookup(keys, tags, counts, given, active, stored_rows) \
             if graphs else None
         if replayed is not None:
-            return replayed
+            return replayed[:2]
         slots, values, counted, refused = self._train_fixed(keys, tags, counts, given, active,
                                                             stored_rows=stored_rows)
         self._add_device_counts(*self._mask_sums(counted))
@@ -151,6 +151,12 @@ class FixedSizeLookup:
         batch (``expand_rows``), the counters added to the device totals in one launch."""
         from hashrec.table.ops.insert.train import expand_rows  # Triton only
 
+        graphs = self._graphs_for()
+        replayed = graphs.lookup(unique.keys, unique.tags, unique.counts, given, None,
+                                 stored_rows=False, count=unique.count) if graphs else None
+        if replayed is not None:
+            slots, values, hits = replayed
+            return expand_rows(self.storage, slots, hits, values, unique.inverse)
         slots, values, counted, refused = self._train_fixed(
             unique.keys, unique.tags, unique.counts, given, None, stored_rows=False,
             count=unique.count, few_misses=False)

@@ -13,6 +13,12 @@ lookup's counters (hits, inserts, refusals, ...) to the table's device totals in
 place, which ``stats()`` reads; only ``check_mode`` ERROR reads a count back per
 lookup.
 
+``HashTable.find_or_insert`` at max_capacity replays a form of its own: its batch,
+deduplicated in fixed sizes, leaves the unique count on the device, which is copied
+into the graph's scalars; the size class is that of the batch; the misses are placed
+as for a cold batch (the lane form); and the replay hands back which keys were stored
+before, for the call's row expansion.
+
 The results equal the eager lookup's, bit for bit: a replay runs the same kernels
 on the padded batch, whose extra keys are inactive (never found, counted nor
 inserted, like ``lookup(active=...)``); the random initializers' seeds are drawn
@@ -101,12 +107,13 @@ class _Lookup:
     """One size class's input buffers, graph and outputs."""
 
     __slots__ = ("size", "keys", "tags", "counts", "given", "active", "clocked",
-                 "stored_rows", "scalars", "graph", "out")
+                 "stored_rows", "call", "scalars", "graph", "out")
 
     def __init__(self, size: int, device: torch.device, tagged: bool, given: bool,
-                 active: bool, clocked: bool, stored_rows: bool) -> None:
+                 active: bool, clocked: bool, stored_rows: bool, call: bool) -> None:
         self.size = size
         self.stored_rows = stored_rows
+        self.call = call  # find_or_insert's form: the count on the device, misses many
         self.keys = torch.zeros(size, dtype=torch.int64, device=device)
         self.tags = torch.zeros(size, dtype=torch.int32, device=device) if tagged else None
         self.counts = torch.ones(size, dtype=torch.int64, device=device)
@@ -139,10 +146,15 @@ class LookupGraphs:
 
     def lookup(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
                given: torch.Tensor | None, active: torch.Tensor | None,
-               stored_rows: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``_lookup_fixed``'s training lookup (the table at max_capacity) replayed, or
-        None: look up eagerly (no keys, more than ``MAX_KEYS``, initial values computed
-        outside the kernel, not yet captured)."""
+               stored_rows: bool = True, count: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``_lookup_fixed``'s training lookup (the table at max_capacity) replayed:
+        (slots, values, hits: which keys were stored before), or None: look up eagerly
+        (no keys, more than ``MAX_KEYS``, initial values computed outside the kernel, not
+        yet captured). ``count`` (1,) int64 on the device: ``find_or_insert``'s form, whose
+        deduplication leaves only the first ``count`` of the keys unique and valid (its
+        misses placed for a cold batch); its slots and hits are then the graph's own
+        buffers, to be read before the next replay."""
         if self._failed or (self._capture and torch.cuda.is_current_stream_capturing()):
             return None
         table, size = self._table, padded_size(keys.numel())
@@ -154,7 +166,7 @@ class LookupGraphs:
         clocked = given is None and table.options.score_strategy not in (
             ScoreStrategy.LFU, ScoreStrategy.CUSTOMIZED)
         key = (size, tags is not None, given is not None, active is not None, clocked,
-               stored_rows)
+               stored_rows, count is not None)
         entry = self._lookups.get(key)
         if entry is None:
             self._seen[key] += 1
@@ -164,7 +176,7 @@ class LookupGraphs:
             if entry is None:
                 return None
         self._lookups.move_to_end(key)
-        return self._replay(entry, keys, tags, counts, given, active)
+        return self._replay(entry, keys, tags, counts, given, active, count)
 
     def _check_owner(self) -> None:
         """Drops every graph when the table's storage (or counter, or state row) is new."""
@@ -179,23 +191,24 @@ class LookupGraphs:
         """The lookup of a size class on its buffers: what a graph captures. Its
         counters go to the table's device totals in place, its rows to the tensor at the
         address in ``scalars``; returns (slots, the refused count left to report or
-        None)."""
+        None, hits)."""
         table = self._table
         # The keys past u (scalars[0]) are padding: inactive.
         slots, _, counted, refused = table._train_fixed(
             entry.keys, entry.tags, entry.counts, entry.given, entry.active,
             seeds=entry.scalars[2:4], out_at=entry.scalars[:2], stored_rows=entry.stored_rows,
-            clock=entry.scalars[4:] if entry.clocked else None, count=entry.scalars[:1])
-        return slots, table._count_in_place(counted, refused)
+            clock=entry.scalars[4:] if entry.clocked else None, count=entry.scalars[:1],
+            few_misses=not entry.call)
+        return slots, table._count_in_place(counted, refused), counted["hits"]
 
     def _build(self, key: tuple) -> _Lookup | None:
         """A size class's buffers and, with ``capture``, its graph (None: the capture
         failed; logged once, later lookups stay eager)."""
-        size, tagged, given, active, clocked, stored_rows = key
-        device = self._table.device
-        entry = _Lookup(size, device, tagged, given, active, clocked, stored_rows)
+        size, *flags = key
+        entry = _Lookup(size, self._table.device, *flags)
         if self._capture:
             try:
+                device = self._table.device
                 with torch.cuda.device(device):  # the capture's streams on the table's GPU
                     current = torch.cuda.current_stream()
                     side = torch.cuda.Stream()
@@ -204,8 +217,9 @@ class LookupGraphs:
                         self._core(entry)
                     current.wait_stream(side)
                 entry.graph, entry.out = capture_graph(device, lambda: self._core(entry))
-                logger.info("table %r: captured its training lookup of up to %d keys as a "
-                            "CUDA graph", self._table.options.name, size)
+                logger.info("table %r: captured its %s of up to %d keys as a CUDA graph",
+                            self._table.options.name,
+                            "find_or_insert" if entry.call else "training lookup", entry.size)
             except Exception as error:  # noqa: BLE001 - any failure: stay eager
                 self._failed = True
                 logger.warning("table %r: capturing its training lookup as a CUDA graph "
@@ -219,8 +233,8 @@ class LookupGraphs:
         return entry
 
     def _replay(self, entry: _Lookup, keys: torch.Tensor, tags: torch.Tensor | None,
-                counts: torch.Tensor, given: torch.Tensor | None,
-                active: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                counts: torch.Tensor, given: torch.Tensor | None, active: torch.Tensor | None,
+                count: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         table, n = self._table, keys.numel()
         self.replays += 1
         # Only admission counting and LFU scores read the counts (the buffer keeps ones).
@@ -243,12 +257,15 @@ class LookupGraphs:
         values = torch.empty(n, table.dim, dtype=torch.float32, device=keys.device)
         entry.scalars.copy_(torch.tensor([n, values.data_ptr(), *seeds, clock],
                                          pin_memory=values.is_cuda), non_blocking=True)
+        if count is not None:
+            entry.scalars[:1].copy_(count)
         if self._capture:
             entry.graph.replay()
-            slots, refused = entry.out
+            slots, refused, hits = entry.out
         else:
-            slots, refused = self._core(entry)
-        # A refused count left here (ERROR) is read at once; the slots are the graph's
-        # own buffer, rewritten by the next replay.
+            slots, refused, hits = self._core(entry)
+        # A refused count left here (ERROR) is read at once; the slots and hits are the
+        # graph's own buffers, rewritten by the next replay.
         table._report_refused_fixed(refused)
-        return slots[:n].clone(), values
+        slots, hits = slots[:n], hits[:n]
+        return (slots, values, hits) if count is not None else (slots.clone(), values, hits)

@@ -115,6 +115,37 @@ def _compare(options: TableOptions, capture: bool, tagged: bool = False, masked:
     return graphs
 
 
+def _compare_find_or_insert(options: TableOptions, capture: bool, tagged: bool,
+                            steps: int = 8, keys_per_batch: int = 60,
+                            key_range: int = 160) -> LookupGraphs:
+    """``_compare`` for ``find_or_insert`` of batches with repeated keys (the call's
+    form of the captured lookup: the unique count stays on the device)."""
+    on_gpu = str(options.device).startswith("cuda")
+    context = contextlib.nullcontext() if capture or on_gpu else _forced_triton()
+    gen = torch.Generator().manual_seed(11)
+    with context:
+        eager, padded = HashTable(options), HashTable(options)
+        eager._lookup_graphs = False
+        padded._lookup_graphs = graphs = LookupGraphs(padded, capture=capture)
+        custom = options.score_strategy.value == "CUSTOMIZED"
+        for step in range(steps):
+            keys = torch.randint(0, key_range, (keys_per_batch,), generator=gen)
+            tags = torch.randint(0, 2, keys.shape, generator=gen,
+                                 dtype=torch.int32) if tagged else None
+            scores = torch.randint(0, 9, keys.shape, generator=gen) if custom else None
+            keys, tags, scores = (None if t is None else t.to(options.device)
+                                  for t in (keys, tags, scores))
+            called = []
+            for table in (eager, padded):
+                table.advance_step()
+                called.append(table.find_or_insert(keys, scores, tags))
+            (want_values, want_found), (got_values, got_found) = called
+            assert torch.equal(got_values, want_values), f"step {step}"
+            assert torch.equal(got_found, want_found), f"step {step}"
+        assert _state(padded) == _state(eager)
+    return graphs
+
+
 @pytest.fixture
 def small_classes(monkeypatch):
     """Size classes of 16 keys: the interpreter runs a program per padded key."""
@@ -169,6 +200,27 @@ def test_replayed_lookup_equals_eager_on_gpu(strategy, initializer):
     graphs = _compare(_options(strategy, initializer, scale=512, device="cuda"), capture=True,
                       tagged=True, masked=strategy == "LFU", steps=12, keys_per_batch=20_000,
                       key_range=120_000)
+    assert graphs.replays >= 6
+    assert all(entry.graph is not None for entry in graphs._lookups.values())
+
+
+@pytest.mark.parametrize("initializer,tagged", [(HASHED, True), (RANDOM, False)],
+                         ids=["hashed-tagged", "random"])
+@pytest.mark.parametrize("strategy", ["STEP", "LFU", "CUSTOMIZED", "NO_EVICTION"])
+def test_padded_find_or_insert_equals_eager(small_classes, strategy, initializer, tagged):
+    graphs = _compare_find_or_insert(_options(strategy, initializer), capture=False,
+                                     tagged=tagged)
+    assert graphs.replays >= 3
+    assert all(key[-1] for key in graphs._lookups)  # the call's form
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("strategy", ["STEP", "LFU", "CUSTOMIZED", "NO_EVICTION"])
+def test_replayed_find_or_insert_equals_eager_on_gpu(strategy):
+    graphs = _compare_find_or_insert(_options(strategy, RANDOM, scale=512, device="cuda"),
+                                     capture=True, tagged=strategy != "LFU", steps=10,
+                                     keys_per_batch=30_000, key_range=120_000)
     assert graphs.replays >= 6
     assert all(entry.graph is not None for entry in graphs._lookups.values())
 
