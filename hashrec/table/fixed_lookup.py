@@ -175,6 +175,20 @@ class FixedSizeLookup:
         elsewhere the reference upsert."""
         if not self._fixed_path():
             return self._upsert(keys, tags, counts, given, admit=False, init_rows=init_rows)[0]
+        graphs = self._graphs_for() if init_rows and count is not None else None
+        slots = graphs.assign(keys, tags, counts, given, count) if graphs else None
+        if slots is None:
+            slots, refused = self._assign_fixed(keys, tags, counts, given, init_rows, count)
+            self._report_refused_fixed(refused)
+        return slots
+
+    def _assign_fixed(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                      counts: torch.Tensor, given: torch.Tensor | None, init_rows: bool,
+                      count: torch.Tensor | None, clock: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | int | None]:
+        """``_assign_slots``' device work on the fixed-size path: (slots, the refused
+        count left to report). ``clock`` (1,) int64 on the device: the STEP / TIMESTAMP
+        clock, read there (a captured call) instead of on the host."""
         from hashrec.table.ops.insert.train import (
             CONSTANT_ROWS,
             finish_rows,
@@ -188,8 +202,11 @@ class FixedSizeLookup:
         else:
             hit = slots >= 0
             pending = ~hit
-        mode, clock = self._hit_score_mode(given)
-        hit_scores = protect_hits(self.storage, slots, counts, given, mode, clock)
+        mode, host_clock = self._hit_score_mode(given)
+        hit_scores = protect_hits(self.storage, slots, counts, given, mode,
+                                  host_clock if clock is None else clock)
+        if clock is not None:
+            given = clock.expand(keys.numel())  # the new keys' scores
         if self._grow_fixed(pending, keys.numel()):  # re-inserts the (protected) hits first
             slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
         slots, placed, refused, evicted = self._insert_fixed(
@@ -202,8 +219,7 @@ class FixedSizeLookup:
         counted = {"inserts": placed}
         if evicted is not None:
             counted["evictions"] = evicted
-        self._report_refused_fixed(self._count_in_place(counted, refused))
-        return slots
+        return slots, self._count_in_place(counted, refused)
 
     def _write_assigned(self, slots: torch.Tensor, rows: torch.Tensor,
                         source: torch.Tensor | None, scores: torch.Tensor | None) -> None:

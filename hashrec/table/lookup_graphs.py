@@ -13,11 +13,13 @@ lookup's counters (hits, inserts, refusals, ...) to the table's device totals in
 place, which ``stats()`` reads; only ``check_mode`` ERROR reads a count back per
 lookup.
 
-``HashTable.find_or_insert`` at max_capacity replays a form of its own: its batch,
-deduplicated in fixed sizes, leaves the unique count on the device, which is copied
-into the graph's scalars; the size class is that of the batch; the misses are placed
-as for a cold batch (the lane form); and the replay hands back which keys were stored
-before, for the call's row expansion.
+Two more forms serve the public calls at max_capacity. ``HashTable.find_or_insert``:
+its batch, deduplicated in fixed sizes, leaves the unique count on the device, which is
+copied into the graph's scalars; the size class is that of the batch; the misses are
+placed as for a cold batch (the lane form); and the replay hands back which keys were
+stored before, for the call's row expansion. ``HashTable.insert_or_assign``: the index
+work alone (find, rescored hits, inserts, the new rows' optimizer state), its count
+likewise on the device; the caller's rows are written after the replay.
 
 The results equal the eager lookup's, bit for bit: a replay runs the same kernels
 on the padded batch, whose extra keys are inactive (never found, counted nor
@@ -50,6 +52,8 @@ from hashrec.table.options import ScoreStrategy
 
 logger = logging.getLogger("hashrec.table.hash_table")
 
+# The forms of captured call (module docstring).
+TRAIN, FIND_OR_INSERT, ASSIGN = "training lookup", "find_or_insert", "insert_or_assign"
 MAX_GRAPHS = 4
 # Captures per storage: a capture synchronizes the device, so size classes that keep
 # displacing each other stop being captured once this many were.
@@ -107,13 +111,13 @@ class _Lookup:
     """One size class's input buffers, graph and outputs."""
 
     __slots__ = ("size", "keys", "tags", "counts", "given", "active", "clocked",
-                 "stored_rows", "call", "scalars", "graph", "out")
+                 "stored_rows", "form", "scalars", "graph", "out")
 
     def __init__(self, size: int, device: torch.device, tagged: bool, given: bool,
-                 active: bool, clocked: bool, stored_rows: bool, call: bool) -> None:
+                 active: bool, clocked: bool, stored_rows: bool, form: str) -> None:
         self.size = size
         self.stored_rows = stored_rows
-        self.call = call  # find_or_insert's form: the count on the device, misses many
+        self.form = form  # TRAIN, FIND_OR_INSERT or ASSIGN (module docstring)
         self.keys = torch.zeros(size, dtype=torch.int64, device=device)
         self.tags = torch.zeros(size, dtype=torch.int32, device=device) if tagged else None
         self.counts = torch.ones(size, dtype=torch.int64, device=device)
@@ -155,18 +159,36 @@ class LookupGraphs:
         deduplication leaves only the first ``count`` of the keys unique and valid (its
         misses placed for a cold batch); its slots and hits are then the graph's own
         buffers, to be read before the next replay."""
+        table = self._table
+        if not all(in_kernel(args, padded_size(keys.numel()), table.dim)
+                   for args in (table._train_missing_args(), table._initializer)):
+            return None
+        form = TRAIN if count is None else FIND_OR_INSERT
+        return self._serve(form, keys, tags, counts, given, active, stored_rows, count)
+
+    def assign(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
+               given: torch.Tensor | None, count: torch.Tensor) -> torch.Tensor | None:
+        """``insert_or_assign``'s index work (``_assign_fixed``, new rows given the
+        optimizer's initial state) replayed for keys deduplicated in fixed sizes (the
+        first ``count`` unique): the slots, the graph's own buffer, to be read before the
+        next replay; or None: run it eagerly."""
+        replayed = self._serve(ASSIGN, keys, tags, counts, given, None, False, count)
+        return None if replayed is None else replayed[0]
+
+    def _serve(self, form: str, keys: torch.Tensor, tags: torch.Tensor | None,
+               counts: torch.Tensor, given: torch.Tensor | None, active: torch.Tensor | None,
+               stored_rows: bool, count: torch.Tensor | None) -> tuple | None:
+        """A call of ``form`` replayed (``_replay``'s outputs), or None: run it eagerly."""
         if self._failed or (self._capture and torch.cuda.is_current_stream_capturing()):
             return None
         table, size = self._table, padded_size(keys.numel())
-        if not keys.numel() or size > MAX_KEYS or not all(
-                in_kernel(args, size, table.dim)
-                for args in (table._train_missing_args(), table._initializer)):
+        if not keys.numel() or size > MAX_KEYS:
             return None
         self._check_owner()
         clocked = given is None and table.options.score_strategy not in (
             ScoreStrategy.LFU, ScoreStrategy.CUSTOMIZED)
         key = (size, tags is not None, given is not None, active is not None, clocked,
-               stored_rows, count is not None)
+               stored_rows, form)
         entry = self._lookups.get(key)
         if entry is None:
             self._seen[key] += 1
@@ -194,11 +216,15 @@ class LookupGraphs:
         None, hits)."""
         table = self._table
         # The keys past u (scalars[0]) are padding: inactive.
+        clock = entry.scalars[4:] if entry.clocked else None
+        if entry.form == ASSIGN:
+            slots, refused = table._assign_fixed(entry.keys, entry.tags, entry.counts,
+                                                 entry.given, True, entry.scalars[:1], clock)
+            return slots, refused, None
         slots, _, counted, refused = table._train_fixed(
             entry.keys, entry.tags, entry.counts, entry.given, entry.active,
             seeds=entry.scalars[2:4], out_at=entry.scalars[:2], stored_rows=entry.stored_rows,
-            clock=entry.scalars[4:] if entry.clocked else None, count=entry.scalars[:1],
-            few_misses=not entry.call)
+            clock=clock, count=entry.scalars[:1], few_misses=entry.form == TRAIN)
         return slots, table._count_in_place(counted, refused), counted["hits"]
 
     def _build(self, key: tuple) -> _Lookup | None:
@@ -218,8 +244,7 @@ class LookupGraphs:
                     current.wait_stream(side)
                 entry.graph, entry.out = capture_graph(device, lambda: self._core(entry))
                 logger.info("table %r: captured its %s of up to %d keys as a CUDA graph",
-                            self._table.options.name,
-                            "find_or_insert" if entry.call else "training lookup", entry.size)
+                            self._table.options.name, entry.form, entry.size)
             except Exception as error:  # noqa: BLE001 - any failure: stay eager
                 self._failed = True
                 logger.warning("table %r: capturing its training lookup as a CUDA graph "
@@ -250,13 +275,16 @@ class LookupGraphs:
         else:
             for buffer, value in pairs:
                 buffer.copy_(value)
-        # Seeds drawn as the eager lookup draws them: the missing rows', then the new.
-        seeds = [table._kernel_seed() if draws_seed(args, n, table.dim) else 0
-                 for args in (table._train_missing_args(), table._initializer)]
+        # Seeds drawn as the eager lookup draws them: the missing rows', then the new
+        # (an assign draws none: its new rows' embeddings are the caller's).
+        seeds = [table._kernel_seed() if entry.form != ASSIGN and draws_seed(args, n, table.dim)
+                 else 0 for args in (table._train_missing_args(), table._initializer)]
         clock = table._clock() if entry.clocked else 0
-        values = torch.empty(n, table.dim, dtype=torch.float32, device=keys.device)
-        entry.scalars.copy_(torch.tensor([n, values.data_ptr(), *seeds, clock],
-                                         pin_memory=values.is_cuda), non_blocking=True)
+        values = None if entry.form == ASSIGN else torch.empty(
+            n, table.dim, dtype=torch.float32, device=keys.device)
+        address = 0 if values is None else values.data_ptr()
+        entry.scalars.copy_(torch.tensor([n, address, *seeds, clock],
+                                         pin_memory=keys.is_cuda), non_blocking=True)
         if count is not None:
             entry.scalars[:1].copy_(count)
         if self._capture:
@@ -267,5 +295,5 @@ class LookupGraphs:
         # A refused count left here (ERROR) is read at once; the slots and hits are the
         # graph's own buffers, rewritten by the next replay.
         table._report_refused_fixed(refused)
-        slots, hits = slots[:n], hits[:n]
-        return (slots, values, hits) if count is not None else (slots.clone(), values, hits)
+        slots, hits = slots[:n], None if hits is None else hits[:n]
+        return (slots.clone() if entry.form == TRAIN else slots), values, hits

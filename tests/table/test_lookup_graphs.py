@@ -22,6 +22,8 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 from hashrec.table import HashTable, SparseAdagrad, TableOptions  # noqa: E402
 from hashrec.table.lookup_graphs import (  # noqa: E402
+    ASSIGN,
+    FIND_OR_INSERT,
     MIN_STEP,
     LookupGraphs,
     graphs_enabled,
@@ -115,11 +117,11 @@ def _compare(options: TableOptions, capture: bool, tagged: bool = False, masked:
     return graphs
 
 
-def _compare_find_or_insert(options: TableOptions, capture: bool, tagged: bool,
-                            steps: int = 8, keys_per_batch: int = 60,
-                            key_range: int = 160) -> LookupGraphs:
-    """``_compare`` for ``find_or_insert`` of batches with repeated keys (the call's
-    form of the captured lookup: the unique count stays on the device)."""
+def _compare_calls(options: TableOptions, capture: bool, tagged: bool, steps: int = 8,
+                   keys_per_batch: int = 60, key_range: int = 160) -> LookupGraphs:
+    """``_compare`` for the public write calls, each step a ``find_or_insert`` and an
+    ``insert_or_assign`` of batches with repeated keys (their forms of the captured
+    lookup: the unique count stays on the device)."""
     on_gpu = str(options.device).startswith("cuda")
     context = contextlib.nullcontext() if capture or on_gpu else _forced_triton()
     gen = torch.Generator().manual_seed(11)
@@ -128,17 +130,23 @@ def _compare_find_or_insert(options: TableOptions, capture: bool, tagged: bool,
         eager._lookup_graphs = False
         padded._lookup_graphs = graphs = LookupGraphs(padded, capture=capture)
         custom = options.score_strategy.value == "CUSTOMIZED"
-        for step in range(steps):
+
+        def batch():
             keys = torch.randint(0, key_range, (keys_per_batch,), generator=gen)
             tags = torch.randint(0, 2, keys.shape, generator=gen,
                                  dtype=torch.int32) if tagged else None
             scores = torch.randint(0, 9, keys.shape, generator=gen) if custom else None
-            keys, tags, scores = (None if t is None else t.to(options.device)
-                                  for t in (keys, tags, scores))
+            rows = torch.randn(keys.numel(), options.dim, generator=gen)
+            return [None if t is None else t.to(options.device)
+                    for t in (keys, tags, scores, rows)]
+
+        for step in range(steps):
+            (keys, tags, scores, _), (akeys, atags, ascores, arows) = batch(), batch()
             called = []
             for table in (eager, padded):
                 table.advance_step()
                 called.append(table.find_or_insert(keys, scores, tags))
+                table.insert_or_assign(akeys, arows, ascores, atags)
             (want_values, want_found), (got_values, got_found) = called
             assert torch.equal(got_values, want_values), f"step {step}"
             assert torch.equal(got_found, want_found), f"step {step}"
@@ -207,21 +215,20 @@ def test_replayed_lookup_equals_eager_on_gpu(strategy, initializer):
 @pytest.mark.parametrize("initializer,tagged", [(HASHED, True), (RANDOM, False)],
                          ids=["hashed-tagged", "random"])
 @pytest.mark.parametrize("strategy", ["STEP", "LFU", "CUSTOMIZED", "NO_EVICTION"])
-def test_padded_find_or_insert_equals_eager(small_classes, strategy, initializer, tagged):
-    graphs = _compare_find_or_insert(_options(strategy, initializer), capture=False,
-                                     tagged=tagged)
-    assert graphs.replays >= 3
-    assert all(key[-1] for key in graphs._lookups)  # the call's form
+def test_padded_write_calls_equal_eager(small_classes, strategy, initializer, tagged):
+    graphs = _compare_calls(_options(strategy, initializer), capture=False, tagged=tagged)
+    assert graphs.replays >= 6
+    assert {key[-1] for key in graphs._lookups} == {FIND_OR_INSERT, ASSIGN}
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("strategy", ["STEP", "LFU", "CUSTOMIZED", "NO_EVICTION"])
-def test_replayed_find_or_insert_equals_eager_on_gpu(strategy):
-    graphs = _compare_find_or_insert(_options(strategy, RANDOM, scale=512, device="cuda"),
-                                     capture=True, tagged=strategy != "LFU", steps=10,
-                                     keys_per_batch=30_000, key_range=120_000)
-    assert graphs.replays >= 6
+def test_replayed_write_calls_equal_eager_on_gpu(strategy):
+    graphs = _compare_calls(_options(strategy, RANDOM, scale=512, device="cuda"),
+                            capture=True, tagged=strategy != "LFU", steps=10,
+                            keys_per_batch=30_000, key_range=120_000)
+    assert graphs.replays >= 12
     assert all(entry.graph is not None for entry in graphs._lookups.values())
 
 
