@@ -35,8 +35,9 @@ def assert_same_storage(got: TableStorage, want: TableStorage) -> None:
 
 @pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
 @pytest.mark.parametrize("cap,num_buckets,n,factor,row_dim", [
-    (8, 4, 40, 2, 4), (16, 3, 60, 4, 5), (128, 2, 300, 2, 0), (128, 3, 330, 1, 70),
-    (16, 5, 90, 8, 1)])
+    pytest.param(*c, id="cap{}-buckets{}-keys{}-x{}-row{}".format(*c)) for c in [
+        (8, 4, 40, 2, 4), (16, 3, 60, 4, 5), (128, 2, 300, 2, 0), (128, 3, 330, 1, 70),
+        (16, 5, 90, 8, 1)]])
 def test_rehash_matches_reference(cap, num_buckets, n, factor, row_dim, tagged):
     old, keys, _ = filled(num_buckets, cap, n, seed=cap + n, tagged=tagged, row_dim=row_dim)
     assert int((old.digests != 0).sum()) > num_buckets * cap // 2  # well filled
@@ -74,6 +75,16 @@ def test_rehash_splits_buckets_keeping_the_old_order():
             assert torch.equal(want.tags[slots], old.tags[mine])
             assert torch.equal(want.values[slots], old.values[mine])
             assert int((want.digests[b * cap:(b + 1) * cap] != 0).sum()) == mine.numel()
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+def test_rehash_of_an_empty_storage(tagged):
+    old = TableStorage.empty(3, 16, 5, device=DEVICE)
+    old.tagged = tagged
+    for op in (rehash_ref.rehash, rehash_tt.rehash):
+        grown = op(clone_with_flag(old), 12)
+        assert (grown.num_buckets, grown.tagged) == (12, tagged)
+        assert not bool(grown.digests.any()) and not bool(grown.values.any())
 
 
 @pytest.mark.parametrize("op", [rehash_ref.rehash, rehash_tt.rehash], ids=["reference", "triton"])
