@@ -46,6 +46,13 @@ def test_rehash_matches_reference(cap, num_buckets, n, factor, row_dim, tagged):
     assert_same_storage(got, want)
 
 
+def test_reference_moves_rows_in_chunks(monkeypatch):
+    old, _, _ = filled(4, 16, 50, seed=5, tagged=True, row_dim=6)
+    want = rehash_tt.rehash(clone_with_flag(old), 8)
+    monkeypatch.setattr(rehash_ref, "ROW_CHUNK", 5)
+    assert_same_storage(rehash_ref.rehash(clone_with_flag(old), 8), want)
+
+
 def clone_with_flag(storage: TableStorage) -> TableStorage:
     copy = clone(storage)
     copy.tagged = storage.tagged

@@ -14,6 +14,8 @@ import torch
 from hashrec.table.hashing import bucket_of, mix_tagged
 from hashrec.table.storage import TableStorage
 
+ROW_CHUNK = 1 << 18  # rows moved at a time (a copy of every row at once could exhaust memory)
+
 
 def check_multiple(storage: TableStorage, num_buckets: int) -> None:
     """Raises ``ValueError`` unless ``num_buckets`` is a positive multiple of the old count."""
@@ -36,6 +38,9 @@ def rehash(storage: TableStorage, num_buckets: int) -> TableStorage:
     first = torch.searchsorted(targets, targets)  # each target's first position
     rank = torch.arange(targets.numel(), device=targets.device) - first
     slots, moved = targets * storage.bucket_capacity + rank, occupied[order]
-    for name in ("keys", "tags", "digests", "scores", "values"):
+    for name in ("keys", "tags", "digests", "scores"):
         getattr(grown, name)[slots] = getattr(storage, name)[moved]
+    for begin in range(0, moved.numel(), ROW_CHUNK):  # rows in chunks: bounded memory
+        end = begin + ROW_CHUNK
+        grown.values[slots[begin:end]] = storage.values[moved[begin:end]]
     return grown
