@@ -247,9 +247,9 @@ class LookupGraphs:
                             self._table.options.name, entry.form, entry.size)
             except Exception as error:  # noqa: BLE001 - any failure: stay eager
                 self._failed = True
-                logger.warning("table %r: capturing its training lookup as a CUDA graph "
-                               "failed (%s); its lookups run eagerly",
-                               self._table.options.name, error)
+                logger.warning("table %r: capturing its %s as a CUDA graph failed (%s); "
+                               "its lookups and calls run eagerly",
+                               self._table.options.name, entry.form, error)
                 return None
         self.captures += 1
         self._lookups[key] = entry
