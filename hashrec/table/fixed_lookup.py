@@ -154,14 +154,14 @@ class FixedSizeLookup:
         graphs = self._graphs_for()
         replayed = graphs.lookup(unique.keys, unique.tags, unique.counts, given, None,
                                  stored_rows=False, count=unique.count) if graphs else None
-        if replayed is not None:
-            slots, values, hits = replayed
-            return expand_rows(self.storage, slots, hits, values, unique.inverse)
-        slots, values, counted, refused = self._train_fixed(
-            unique.keys, unique.tags, unique.counts, given, None, stored_rows=False,
-            count=unique.count, few_misses=False)
-        self._report_refused_fixed(self._count_in_place(counted, refused))
-        return expand_rows(self.storage, slots, counted["hits"], values, unique.inverse)
+        if replayed is None:
+            slots, values, counted, refused = self._train_fixed(
+                unique.keys, unique.tags, unique.counts, given, None, stored_rows=False,
+                count=unique.count, few_misses=False)
+            self._report_refused_fixed(self._count_in_place(counted, refused))
+            replayed = slots, values, counted["hits"]
+        slots, values, hits = replayed
+        return expand_rows(self.storage, slots, hits, values, unique.inverse)
 
     def _assign_slots(self, keys: torch.Tensor, tags: torch.Tensor | None,
                       counts: torch.Tensor, given: torch.Tensor | None,
@@ -189,12 +189,7 @@ class FixedSizeLookup:
         """``_assign_slots``' device work on the fixed-size path: (slots, the refused
         count left to report). ``clock`` (1,) int64 on the device: the STEP / TIMESTAMP
         clock, read there (a captured call) instead of on the host."""
-        from hashrec.table.ops.insert.train import (
-            CONSTANT_ROWS,
-            finish_rows,
-            found_masks,
-            protect_hits,
-        )
+        from hashrec.table.ops.insert.train import CONSTANT_ROWS, finish_rows, found_masks
 
         slots = find_slots(self.storage, keys, tags)
         if count is not None:  # the padding past the count reads as slot -1, not pending
@@ -202,15 +197,8 @@ class FixedSizeLookup:
         else:
             hit = slots >= 0
             pending = ~hit
-        mode, host_clock = self._hit_score_mode(given)
-        hit_scores = protect_hits(self.storage, slots, counts, given, mode,
-                                  host_clock if clock is None else clock)
-        if clock is not None:
-            given = clock.expand(keys.numel())  # the new keys' scores
-        if self._grow_fixed(pending, keys.numel()):  # re-inserts the (protected) hits first
-            slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
-        slots, placed, refused, evicted = self._insert_fixed(
-            keys, tags, self._new_scores(counts, given), pending, slots, hit, few_misses=False)
+        slots, placed, refused, evicted, hit_scores = self._protect_and_insert(
+            keys, tags, counts, given, slots, hit, pending, clock, None, few_misses=False)
         # The new rows' state and the hits' scores; no embedding read or written.
         finish_rows(self.storage, keys, tags, slots, self.dim, CONSTANT_ROWS,
                     new=CONSTANT_ROWS, placed=placed, hit=hit, hit_scores=hit_scores,
@@ -260,7 +248,7 @@ class FixedSizeLookup:
         (1,) int64 on the device: the STEP / TIMESTAMP clock, read there (a captured
         lookup) instead of on the host. ``few_misses``: at max_capacity the misses are
         expected to be few (a warm table's training lookup; ``_insert_fixed``)."""
-        from hashrec.table.ops.insert.train import finish_rows, found_masks, protect_hits
+        from hashrec.table.ops.insert.train import finish_rows, found_masks
 
         any_pending = None
         if count is not None:  # one kernel splits the find into the masks
@@ -278,18 +266,8 @@ class FixedSizeLookup:
             pending = admitted
             if any_pending is not None:  # the admission, not the find, tells what is pending
                 any_pending = pending.any()
-        mode, host_clock = self._hit_score_mode(given)
-        # This call's hits are never evicted; they get their new scores at the end (at once
-        # when ``any_pending`` says nothing is inserted).
-        hit_scores = protect_hits(self.storage, slots, counts, given, mode,
-                                  host_clock if clock is None else clock, guard=any_pending)
-        if clock is not None:
-            given = clock.expand(keys.numel())  # the new keys' scores
-        # A growth re-inserts the (protected) hits first.
-        if self._grow_fixed(pending, keys.numel()):
-            slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
-        slots, placed, refused, evicted = self._insert_fixed(
-            keys, tags, self._new_scores(counts, given), pending, slots, hit, few_misses)
+        slots, placed, refused, evicted, hit_scores = self._protect_and_insert(
+            keys, tags, counts, given, slots, hit, pending, clock, any_pending, few_misses)
         seed = self._kernel_seed if seeds is None else _no_seed
         values = finish_rows(
             self.storage, keys, tags, slots, self.dim,
@@ -301,6 +279,30 @@ class FixedSizeLookup:
         if evicted is not None:
             counted["evictions"] = evicted
         return slots, values, counted, refused
+
+    def _protect_and_insert(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                            counts: torch.Tensor, given: torch.Tensor | None,
+                            slots: torch.Tensor, hit: torch.Tensor, pending: torch.Tensor,
+                            clock: torch.Tensor | None, guard: torch.Tensor | None,
+                            few_misses: bool) -> tuple:
+        """The write calls' middle: the ``hit`` keys protected, then the ``pending`` ones
+        inserted (``_insert_fixed``), growing first where the table may. Returns
+        (slots, placed, refused, evicted, the hits' scores after the call, for
+        ``finish_rows``). ``clock`` as ``_train_fixed``'s; ``guard`` as ``protect_hits``'."""
+        from hashrec.table.ops.insert.train import protect_hits
+
+        mode, host_clock = self._hit_score_mode(given)
+        # This call's hits are never evicted; they get their new scores at the end (at once
+        # when ``guard`` says nothing is inserted).
+        hit_scores = protect_hits(self.storage, slots, counts, given, mode,
+                                  host_clock if clock is None else clock, guard=guard)
+        if clock is not None:
+            given = clock.expand(keys.numel())  # the new keys' scores
+        if self._grow_fixed(pending, keys.numel()):  # re-inserts the (protected) hits first
+            slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
+        slots, placed, refused, evicted = self._insert_fixed(
+            keys, tags, self._new_scores(counts, given), pending, slots, hit, few_misses)
+        return slots, placed, refused, evicted, hit_scores
 
     def _find_active(self, keys: torch.Tensor, tags: torch.Tensor | None,
                      active: torch.Tensor | None) -> tuple[torch.Tensor, dict]:

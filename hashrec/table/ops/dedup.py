@@ -37,6 +37,7 @@ class FixedUnique(NamedTuple):
     last: torch.Tensor  # batch position of each unique pair's last occurrence
     count: torch.Tensor
 
+
 _BLOCK = 1024
 
 

@@ -58,7 +58,7 @@ def _split_kernel(o_keys, o_tags, o_digests, o_scores, o_values,
         tl.store(n_tags + slot, tag, mask=occupied)
     tl.store(n_digests + slot, tl.load(o_digests + base + cols), mask=occupied)
     tl.store(n_scores + slot, tl.load(o_scores + base + cols), mask=occupied)
-    start = row_dim * 0
+    start = row_dim * 0  # a run-time zero: the loop below carries it
     while start < row_dim:  # while, not range: the loop bound is a run-time value
         at = start + tl.arange(0, ROW_BLOCK)
         mask = occupied[:, None] & (at < row_dim)[None, :]
