@@ -21,23 +21,23 @@ def _rank_in_bucket(buckets: torch.Tensor) -> torch.Tensor:
     return torch.arange(buckets.numel(), device=buckets.device) - first
 
 
-def filled_index(slots: int, load_factor: float,
-                 device: torch.device) -> tuple[TableStorage, torch.Tensor]:
-    """A storage of ``slots`` slots (bucket CAP, row_dim 1, scores 0) at about
+def filled_index(slots: int, load_factor: float, device: torch.device,
+                 cap: int = CAP) -> tuple[TableStorage, torch.Tensor]:
+    """A storage of ``slots`` slots (buckets of ``cap``, row_dim 1, scores 0) at about
     ``load_factor``: random keys placed by a bucket sort, lowest free slots first.
     Returns the storage and the stored keys."""
-    storage = TableStorage.empty(slots // CAP, CAP, 1, device=device)
+    storage = TableStorage.empty(slots // cap, cap, 1, device=device)
     keys = torch.unique(random_keys(int(slots * load_factor * 1.3) + 16, device))
     keys = keys[torch.randperm(keys.numel(), device=device)]
     h = mix64(keys)
     buckets, order = torch.sort(bucket_of(h, storage.num_buckets), stable=True)
     keys, h = keys[order], h[order]
-    keep = _rank_in_bucket(buckets) < CAP
+    keep = _rank_in_bucket(buckets) < cap
     keys, h, buckets = keys[keep], h[keep], buckets[keep]
     pick = torch.randperm(keys.numel(), device=device)[:int(slots * load_factor)]
     pick = pick.sort().values
     keys, h, buckets = keys[pick], h[pick], buckets[pick]
-    slot = buckets * CAP + _rank_in_bucket(buckets)
+    slot = buckets * cap + _rank_in_bucket(buckets)
     storage.keys[slot] = keys
     storage.digests[slot] = digest_of(h)
     return storage, keys

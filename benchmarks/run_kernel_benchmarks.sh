@@ -20,6 +20,8 @@
 #   table_api      the public HashTable calls (find, find_or_insert, insert_or_assign) between
 #                  syncs and in a loop, each profiled (profile_table_api.py)
 #   rehash         table growth: the Triton rehash against the reference's (bench_rehash.py)
+#   admission      the admission counters' find and count with the wide probe off and on
+#                  (bench_admission.py)
 #   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection),
 #                  with the backward's tiles swept (device time and one call), the
 #                  layer's kernels profiled by launching operator, and every kernel of its
@@ -94,6 +96,7 @@ write_env "$out"
   step table_api 200 python3 benchmarks/profile_table_api.py --dims 32 128 \
       --out "$out/table_api_gpu"
   step rehash 200 python3 benchmarks/bench_rehash.py --out "$out/rehash_gpu"
+  step admission 200 python3 benchmarks/bench_admission.py --out "$out/admission_gpu"
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
       --reduce-configs 2048x4 8192x1 4096x2 r16x1 r64x1 --profile --trace \
       --out "$out/embedding_layer_gpu"

@@ -55,3 +55,10 @@ def test_table_api_profile_runs_the_triton_path():
 def test_rehash_benchmark_compares_the_two_ops():
     out = _smoke("bench_rehash.py")
     assert "'same': True" in out
+
+
+def test_admission_benchmark_compares_the_probe_forms():
+    out = _smoke("bench_admission.py", "--out", str(ROOT / "build" / "admission_smoke"))
+    assert out.count("'same': True") == 2
+    table = (ROOT / "build" / "admission_smoke.md").read_text()
+    assert "| 1.00 | count |" in table

@@ -220,8 +220,12 @@ def test_computed_and_hashed_initializers_and_optimizer_state_match_reference(op
     assert got[-1][0]["evictions"] > 0  # slots of marked rows were taken again
 
 
-def test_wide_counter_buckets_match_reference():
-    """512-slot counter buckets: the probes run fewer keys per program (probe_block)."""
+@pytest.mark.parametrize("masks", [1, 0], ids=["segments", "tile"])
+def test_wide_counter_buckets_match_reference(monkeypatch, masks):
+    """512-slot counter buckets: the probes read them as 128-slot segments from masks, or
+    (MASK_PROBE off) as a tile of the whole line at fewer keys a program (probe_block)."""
+    from hashrec.table.ops.find import triton as find_tt
+    monkeypatch.setattr(find_tt, "MASK_PROBE", masks)
     options = dataclasses.replace(
         _options("LFU", True, True),
         admission=AdmissionOptions(threshold=2, counter_capacity=1024,
@@ -561,3 +565,46 @@ def test_found_masks_split_a_find_over_the_keys_that_take_part(masked):
     assert any_pending.item()
     none = found_masks(slots.clone(), None, torch.tensor([1], device=device))
     assert not none[4].item() and none[2].tolist() == [False] * 7
+
+
+@pytest.mark.parametrize("masks", [1, 0], ids=["segments", "tile"])
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+def test_triton_count_matches_reference_in_wide_buckets(monkeypatch, masks, tagged):
+    """The Triton count (``count_masked``) against the reference count in 512-slot counter
+    buckets whose counters fill every 128-slot segment: the same admissions, counters and
+    evictions, whether the probe reads the buckets by segments or as one tile."""
+    from hashrec.table.admission import AdmissionCounter
+    from hashrec.table.ops.find import triton as find_tt
+    monkeypatch.setattr(find_tt, "MASK_PROBE", masks)
+    gen = torch.Generator().manual_seed(7)
+    cpu = torch.device("cpu")
+    keys = torch.randint(-2**62, 2**62, (1200,), generator=gen).unique()[:1100]
+    keys = keys[torch.randperm(keys.numel(), generator=gen)]
+    tags = torch.randint(0, 3, (1100,), dtype=torch.int32, generator=gen) if tagged else None
+    want = AdmissionCounter(6, capacity=1024, bucket_capacity=512, device=cpu)
+    first = torch.randint(1, 3, (900,), generator=gen)
+    with _backend(False):  # the reference ops on CPU tensors
+        # 900 counters: every segment of both buckets in use
+        want.count(keys[:900], None if tags is None else tags[:900], first)
+    got = AdmissionCounter(6, capacity=1024, bucket_capacity=512, device=cpu)
+    for name in ("keys", "tags", "digests", "scores"):
+        getattr(got.storage, name).copy_(getattr(want.storage, name))
+    got.storage.tagged = want.storage.tagged
+    slots = got.storage.digests.nonzero().squeeze(1)
+    assert int(slots.max()) >= 384 + 512  # the last segment of the second bucket
+    pick = torch.cat([torch.randperm(900, generator=gen)[:300], torch.arange(900, 1100)])
+    pick = pick[torch.randperm(pick.numel(), generator=gen)]
+    batch, batch_tags = keys[pick], None if tags is None else tags[pick]
+    counts = torch.randint(1, 5, (pick.numel(),), generator=gen)
+    with _backend(False):
+        expected = want.count(batch, batch_tags, counts)
+    with _backend(True):  # the Triton kernels, interpreted
+        admitted, evicted = got.count_masked(batch, batch_tags, counts,
+                                             torch.ones_like(batch, dtype=torch.bool))
+    assert torch.equal(admitted, expected) and bool(expected.any())
+    assert int(evicted.sum()) == want.evictions > 0
+
+    def state(counter):
+        k, t, c = counter.state()
+        return sorted(zip(k.tolist(), t.tolist(), c.tolist()))
+    assert state(got) == state(want)

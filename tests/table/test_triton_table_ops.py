@@ -110,14 +110,15 @@ def test_find_launches_match_reference(monkeypatch, config, form):
 
 
 @pytest.mark.parametrize("forced,cap,dim,expected", [
-    (None, 16, 3, True), (None, 16, 128, True), (None, 16, 256, False), (None, 256, 3, False),
-    (False, 16, 3, False), (True, 256, 3, True)],
-    ids=["narrow", "rows128", "rows256", "wide-bucket", "narrow-forced-off",
+    (None, 16, 3, True), (None, 16, 128, True), (None, 16, 256, False), (None, 256, 3, True),
+    (None, 200, 3, False), (False, 16, 3, False), (True, 200, 3, True)],
+    ids=["narrow", "rows128", "rows256", "segmented-bucket", "wide-bucket", "narrow-forced-off",
          "wide-bucket-forced-on"])
 def test_find_launch_picks_the_probe_form(monkeypatch, forced, cap, dim, expected):
-    """Rows up to 128 columns from buckets of up to 128 slots probe by word, wider rows or
-    buckets by position, unless WORD_PROBE (the environment's HASHREC_WORD_PROBE) sets one
-    form for every launch; buckets up to 128 slots take masks (MASK_PROBE)."""
+    """Rows up to 128 columns from buckets of up to 128 slots (or wider multiples of 128,
+    probed by 128-slot segments) probe by word, wider rows or other wide buckets by
+    position, unless WORD_PROBE (the environment's HASHREC_WORD_PROBE) sets one form for
+    every launch; those buckets take masks (MASK_PROBE)."""
     monkeypatch.setattr(find_tt, "WORD_PROBE", forced)
     seen = capture_launch(monkeypatch, find_tt, "_find_kernel")
     storage = TableStorage.empty(4, cap, dim, device=DEVICE)
@@ -125,7 +126,7 @@ def test_find_launch_picks_the_probe_form(monkeypatch, forced, cap, dim, expecte
     find_tt.launch_find(storage, keys, None, torch.empty_like(keys),
                         torch.empty(5, dim, device=DEVICE))
     assert seen["BY_WORD"] == (find_tt.WORD_PROBE_LOWEST if expected else 0)
-    assert seen["MASKS"] == (bool(find_tt.MASK_PROBE) and cap <= 128)
+    assert seen["MASKS"] == (bool(find_tt.MASK_PROBE) and (cap <= 128 or cap % 128 == 0))
 
 
 @pytest.mark.parametrize("count", [5, 16, 17, 52])
@@ -211,14 +212,16 @@ def _colliding_bucket(cap: int, seed: int, spread: int = 1
 
 
 # Later matches confirmed one or four per round; a probe from masks (buckets up to 128
-# slots) confirms them one per round whatever the setting, so it runs once, with two
-# lowest (three lowest from masks run in the k-th match test below).
+# slots, wider multiples of 128 by segments) confirms them one per round whatever the
+# setting, so it runs once, with two lowest (three lowest from masks run in the k-th match
+# test below).
 _ROUNDS = [(form, wide) for form in PROBE_FORMS for wide in (0, 8)
            if not (PROBE_FORMS[form][2] and (wide or form == "three-masks"))]
 
 
-@pytest.mark.parametrize("cap,spread", [(6, 1), (8, 1), (40, 1), (128, 1), (1024, 32)],
-                         ids=["cap6", "cap8", "cap40", "cap128", "cap1024"])
+@pytest.mark.parametrize("cap,spread", [(6, 1), (8, 1), (40, 1), (128, 1), (256, 4), (1000, 32),
+                                        (1024, 32)],
+                         ids=["cap6", "cap8", "cap40", "cap128", "cap256", "cap1000", "cap1024"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("form,wide_from", _ROUNDS,
                          ids=[f"{f}-{'four' if w else 'one'}-per-round" for f, w in _ROUNDS])

@@ -507,8 +507,8 @@ def test_upsert_of_one_key_matches_reference(monkeypatch, launch, present):
                                                             device=DEVICE), True)
 
 
-@pytest.mark.parametrize("cap,masks,warps", [(16, 1, 1), (16, 0, 2), (256, 1, 2)],
-                         ids=["masks", "tile", "wide-bucket"])
+@pytest.mark.parametrize("cap,masks,warps", [(16, 1, 1), (16, 0, 2), (256, 1, 1), (200, 1, 2)],
+                         ids=["masks", "tile", "segmented-bucket", "wide-bucket"])
 def test_upsert_probe_takes_one_warp_from_masks(monkeypatch, cap, masks, warps):
     """The upsert's probe runs on one warp when it reads masks, else on two (unless
     ``probe_warps`` says otherwise)."""
@@ -517,7 +517,8 @@ def test_upsert_probe_takes_one_warp_from_masks(monkeypatch, cap, masks, warps):
     storage = TableStorage.empty(4, cap, 1, device=DEVICE)
     keys = torch.arange(5, device=DEVICE)
     upsert_tt._sort_keys(storage, keys, None, None, None, torch.empty_like(keys))
-    assert (seen["num_warps"], seen["MASKS"]) == (warps, bool(masks and cap <= 128))
+    assert (seen["num_warps"], seen["MASKS"]) == (
+        warps, bool(masks and (cap <= 128 or cap % 128 == 0)))
     monkeypatch.setitem(upsert_tt.UPSERT_BLOCK, "probe_warps", 4)
     upsert_tt._sort_keys(storage, keys, None, None, None, torch.empty_like(keys))
     assert seen["num_warps"] == 4

@@ -73,7 +73,8 @@ def capture_launch(monkeypatch, module, name: str) -> dict:
 def use_probe_form(monkeypatch, form: str) -> None:
     """Every probe in ``form`` (a ``PROBE_FORMS`` name): every digest match placed by
     position; the two or three lowest found by word from a (keys, line) tile; or from
-    bit masks (buckets up to 128 slots; wider ones then probe by word)."""
+    bit masks (buckets up to 128 slots, and wider multiples of 128 by 128-slot segments;
+    other wide buckets then probe by word)."""
     from hashrec.table.ops.find import triton as find_tt
     word, lowest, masks = PROBE_FORMS[form]
     monkeypatch.setattr(find_tt, "WORD_PROBE", word)

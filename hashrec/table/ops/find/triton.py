@@ -7,9 +7,11 @@ line costs a few integer operations per word. In buckets of up to 128 slots (the
 default, ``MASK_PROBE``) the thread that holds a key reads its line in 16-byte chunks
 and packs the matches into two 64-bit masks (``line_masks``); the two lowest bits are
 confirmed together (one round of memory latency for almost every key), and only keys
-with a third match (about 1.5% at a full bucket) go through a loop. Wider buckets take
-the matches from a (keys, line) tile, the two lowest found by reductions over its
-words (``WORD_PROBE``). With a power-of-two bucket count (the usual case: tables grow
+with a third match (about 1.5% at a full bucket) go through a loop. Wider buckets that
+are a multiple of 128 slots (the admission counters' 1,024) are probed the same way one
+128-slot segment after the other, until the key is found (``_probe_segments``); other
+wide buckets take the matches from a (keys, line) tile, the two lowest found by
+reductions over its words (``WORD_PROBE``). With a power-of-two bucket count (the usual case: tables grow
 by doubling) the bucket is a bit mask of the hash, not a 64-bit modulo. Bucket
 capacities that are not a multiple of 4 fall back to comparing bytes. ``find_values``
 also gathers the embedding columns of found rows in the same program, so a lookup is
@@ -297,7 +299,39 @@ def _probe_masks(key, tag, mask, t_keys, t_tags, t_words, num_buckets, CAP: tl.c
     most once, so the candidates' order does not change the answer."""
     h = tagged_hash(key, tag)
     bucket = bucket_of_fast(h, num_buckets, POW2)
-    lo, hi = line_masks(t_words, bucket, digest_of(h), mask, CAP)
+    return _probe_line(key, tag, mask, t_keys, t_tags, t_words, bucket, digest_of(h), CAP,
+                       LOWEST)
+
+
+@triton.jit
+def _probe_segments(key, tag, mask, t_keys, t_tags, t_words, num_buckets, CAP: tl.constexpr,
+                    POW2: tl.constexpr, LOWEST: tl.constexpr):
+    """``probe_bucket`` of buckets wider than 128 slots (a multiple of 128, such as the
+    admission counters' 1,024): the bucket read as 128-slot segments, each probed as
+    ``_probe_masks`` probes a bucket, in order until the key is found; segment s of
+    bucket b is the 128-slot line b * (CAP // 128) + s, whose slots are those of the
+    bucket. A key's probe stops at the segment holding it, a miss reads every one."""
+    h = tagged_hash(key, tag)
+    bucket = bucket_of_fast(h, num_buckets, POW2)
+    dig = digest_of(h)
+    segments: tl.constexpr = CAP // 128
+    found = tl.zeros_like(key).to(tl.int64) - 1
+    live = mask
+    for s in range(segments):
+        if tl.max(live.to(tl.int32), axis=0) > 0:
+            slot = _probe_line(key, tag, live, t_keys, t_tags, t_words, bucket * segments + s,
+                               dig, 128, LOWEST)
+            found = tl.where(slot >= 0, slot, found)
+            live = live & (slot < 0)
+    return found
+
+
+@triton.jit
+def _probe_line(key, tag, mask, t_keys, t_tags, t_words, bucket, dig, CAP: tl.constexpr,
+                LOWEST: tl.constexpr):
+    """The slot of each (key, tag) among the ``dig`` matches of line ``bucket`` (CAP
+    slots, at most 128), -1 when none holds it."""
+    lo, hi = line_masks(t_words, bucket, dig, mask, CAP)
     base = bucket * CAP
     first, lo, hi = pop_lowest(lo, hi, CAP)
     second, lo, hi = pop_lowest(lo, hi, CAP)
@@ -326,12 +360,16 @@ def probe_bucket(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP: tl
     A key is stored at most once, so any full match is the answer; the two lowest
     digest matches are confirmed together, later ones ROUND per loop round
     (``probe_round``). BY_WORD: see ``_probe_finish`` (``WORD_PROBE``). MASKS (digest
-    words of buckets up to 128 slots, ``mask_probe``): the matches as bit masks
-    (``_probe_masks``), the lowest ``BY_WORD`` of them (3, else 2) confirmed together.
+    words, ``probe_masks``): the matches as bit masks (``_probe_masks``), the lowest
+    ``BY_WORD`` of them (3, else 2) confirmed together; buckets wider than 128 slots by
+    128-slot segments (``_probe_segments``).
     """
     if MASKS and WORDS and CAP <= 128:
         return _probe_masks(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP, POW2,
                             3 if BY_WORD == 3 else 2)
+    if MASKS and WORDS and CAP % 128 == 0:
+        return _probe_segments(key, tag, mask, t_keys, t_tags, t_digests, num_buckets, CAP,
+                               POW2, 3 if BY_WORD == 3 else 2)
     base, cand, col = _probe_start(key, tag, mask, t_digests, num_buckets, CAP, LINE, WORDS,
                                    POW2)
     return _probe_finish(key, tag, t_keys, t_tags, base, cand, col, CAP, WORDS, ROUND, BY_WORD)
@@ -405,9 +443,13 @@ ROWS128_FIND = {"block": 16, "num_warps": 1, "maxnreg": 80, "by_word": True}
 
 
 # Buckets of at least this many slots confirm their later digest matches four per probe
-# round instead of one (0: never). An 8-bit digest matches about cap / 256 slots of a
-# full bucket at random: some four in the admission counters' 1,024-slot buckets, each
-# a dependent key load when confirmed one at a time. Off until timed on a GPU.
+# round instead of one (0: never), where a probe reads a (keys, line) tile. An 8-bit
+# digest matches about cap / 256 slots of a full bucket at random: some four in the
+# admission counters' 1,024-slot buckets, each a dependent key load when confirmed one at
+# a time. Off: on an H200 the tile probe of 1,024-slot counter buckets ran find 1.4-1.6x
+# and the admission count 1.3-1.4x slower with it (benchmarks/results/admission_gpu.md,
+# "tile4" against "tile"); such buckets are now probed by segments (``_probe_segments``),
+# 11-12x faster than the tile, and the setting reaches only other wide buckets.
 WIDE_PROBE_MIN_CAP = max(0, env_int("HASHREC_WIDE_PROBE_MIN_CAP", 0))
 
 
@@ -461,6 +503,18 @@ def mask_probe(cap: int, words: bool) -> bool:
     return bool(MASK_PROBE) and words and cap <= 128
 
 
+def probe_masks(cap: int, words: bool) -> bool:
+    """Whether a probe of ``cap``-slot buckets, digests read as words or not, takes masks:
+    buckets of up to 128 slots whole, wider ones that are a multiple of 128 by segments."""
+    return bool(MASK_PROBE) and words and (cap <= 128 or cap % 128 == 0)
+
+
+def probe_width(cap: int, width: int, words: bool) -> int:
+    """The digest tile width that sizes a probe launch (``probe_block``): a probe by masks
+    holds 16-byte chunks, not the line, so a segmented bucket counts as 128 slots."""
+    return min(width, 32) if probe_masks(cap, words) else width
+
+
 def by_word(default: bool) -> int:
     """The BY_WORD of a probe whose launch picks ``default``: 0 (by position) or how many
     lowest matches it finds by word."""
@@ -507,20 +561,22 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     if n == 0:
         return
     line, width, words = digest_line(storage)
+    cap = storage.bucket_capacity
+    tile = probe_width(cap, width, words)
     dim = values.shape[1] if values is not None else 1
     dim_p2 = next_pow2(dim)
-    config = config or _config(dim_p2, width)
-    block = min(probe_block(width, config["num_warps"], config["block"]),
+    config = config or _config(dim_p2, tile)
+    block = min(probe_block(tile, config["num_warps"], config["block"]),
                 max(1, 16384 // dim_p2))
     _find_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys, storage.keys, storage.probe_tags(tags),
         line, storage.values, slots, values if values is not None else slots, n,
         storage.num_buckets, HAS_TAGS=tags is not None, WITH_VALUES=values is not None,
-        CAP=storage.bucket_capacity, LINE=width, WORDS=words,
-        POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
+        CAP=cap, LINE=width, WORDS=words,
+        POW2=is_pow2(storage.num_buckets), ROUND=probe_round(cap),
         ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2,
         BY_WORD=by_word(config.get("by_word", False)),
-        MASKS=mask_probe(storage.bucket_capacity, words), SHIFT=n >= block and dim_p2 >= 128,
+        MASKS=probe_masks(cap, words), SHIFT=n >= block and dim_p2 >= 128,
         BLOCK=block,
         num_warps=config["num_warps"],
         **maxnreg(config.get("maxnreg", 0)))

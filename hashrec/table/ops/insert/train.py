@@ -35,7 +35,15 @@ import triton.language as tl
 
 from hashrec.table._triton_hash import is_pow2, load_tags, mix64, tagged_hash
 from hashrec.table.initializers import _SEED_STRIDE, initial_values
-from hashrec.table.ops.find.triton import digest_line, probe_block, probe_bucket, probe_round
+from hashrec.table.ops.find.triton import (
+    by_word,
+    digest_line,
+    probe_block,
+    probe_bucket,
+    probe_masks,
+    probe_round,
+    probe_width,
+)
 from hashrec.table.ops.launch import aligned_rows, cdiv, fast_launch, next_pow2
 from hashrec.table.options import InitializerArgs, InitializerMode
 from hashrec.table.storage import TableStorage
@@ -106,14 +114,14 @@ def _count_kernel(keys_ptr, tags_ptr, counts_ptr, active_ptr, t_keys, t_tags, t_
                   t_digests, t_scores, admitted_ptr, totals_ptr, insert_ptr, n, num_buckets,
                   threshold, HAS_TAGS: tl.constexpr, CAP: tl.constexpr, LINE: tl.constexpr,
                   WORDS: tl.constexpr, POW2: tl.constexpr, ROUND: tl.constexpr,
-                  BLOCK: tl.constexpr):
+                  BY_WORD: tl.constexpr, MASKS: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     active = mask & (tl.load(active_ptr + i, mask=mask, other=0) != 0)
     key = tl.load(keys_ptr + i, mask=active, other=0)
     tag = load_tags(tags_ptr, i, active, HAS_TAGS)
     slot = probe_bucket(key, tag, active, t_keys, t_tags, t_line, num_buckets, CAP, LINE, WORDS,
-                        POW2, ROUND)
+                        POW2, ROUND, BY_WORD, MASKS)
     hit = active & (slot >= 0)
     total = tl.load(counts_ptr + i, mask=mask, other=0) + tl.load(t_scores + slot, mask=hit,
                                                                   other=0)
@@ -146,14 +154,16 @@ def count_admission(storage: TableStorage, keys: torch.Tensor, tags: torch.Tenso
     totals = torch.empty(n, dtype=torch.int64, device=keys.device)
     if n:
         line, width, words = digest_line(storage)
-        block = probe_block(width)
+        cap = storage.bucket_capacity
+        tile = probe_width(cap, width, words)
+        block = probe_block(tile)
         _count_kernel[(cdiv(n, block),)](
             keys, tags if tags is not None else keys, counts, active.view(torch.int8),
             storage.keys, storage.tags, line, storage.digests, storage.scores,
             flags[0].view(torch.int8), totals, flags[1].view(torch.int8), n,
             storage.num_buckets, int(threshold), HAS_TAGS=tags is not None,
-            CAP=storage.bucket_capacity, LINE=width, WORDS=words,
-            POW2=is_pow2(storage.num_buckets), ROUND=probe_round(storage.bucket_capacity),
+            CAP=cap, LINE=width, WORDS=words, POW2=is_pow2(storage.num_buckets),
+            ROUND=probe_round(cap), BY_WORD=by_word(tile <= 32), MASKS=probe_masks(cap, words),
             BLOCK=block, num_warps=2)
     return Counted(flags[0], totals, flags[1])
 

@@ -77,7 +77,9 @@ from hashrec.table.ops.find.triton import (
     mask_probe,
     probe_block,
     probe_bucket,
+    probe_masks,
     probe_round,
+    probe_width,
 )
 from hashrec.table.ops.insert.group import (
     GROUP_LAUNCH,
@@ -341,10 +343,11 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
     wide = shift > NARROW_MAX_SHIFT
     sort_key = torch.empty(n, dtype=torch.int64 if wide else torch.int32, device=keys.device)
     line, width, words = digest_line(storage)
-    masks = mask_probe(storage.bucket_capacity, words)
+    masks = probe_masks(storage.bucket_capacity, words)
+    tile = probe_width(storage.bucket_capacity, width, words)
     warps = UPSERT_BLOCK["probe_warps"] or (1 if masks else 2)
     most = UPSERT_BLOCK["probe_keys"]
-    block = probe_block(width, warps, most) if most else probe_block(width, warps)
+    block = probe_block(tile, warps, most) if most else probe_block(tile, warps)
     _probe_sort_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys,
         active.view(torch.uint8) if active is not None else keys,
@@ -357,7 +360,7 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
         MISSES_ONLY=flags is not None, CAP=storage.bucket_capacity,
         LINE=width,
         WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
-        BY_WORD=by_word(width <= 32), MASKS=masks, BLOCK=block, num_warps=warps,
+        BY_WORD=by_word(tile <= 32), MASKS=masks, BLOCK=block, num_warps=warps,
         **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
     if wide:
         return sort_key, _WIDE_SENTINEL, 63 - shift
