@@ -50,6 +50,10 @@ def _args() -> argparse.Namespace:
     p.add_argument("--load-factors", type=float, nargs="+", default=[0.5, 0.75, 1.0])
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one count call of each form and load factor "
+                        "(torch.profiler) and write its kernels by device time to "
+                        "OUT_profile.txt")
     add_out_and_smoke(p)
     args = parse_with_smoke(p)
     if args.smoke:  # interpreted on CPU tensors, tiny sizes
@@ -124,6 +128,23 @@ def _measure(counter: AdmissionCounter, keys: torch.Tensor, saved) -> dict:
     return {"find_ms": find_ms, "count_ms": count_ms}
 
 
+def _profile(counter: AdmissionCounter, keys: torch.Tensor, saved, title: str) -> str:
+    """One count call's kernels by device time, as a table under ``title``."""
+    from torch.profiler import ProfilerActivity, profile
+    _count(counter, keys)  # compiled and warm
+    _restore(counter.storage, saved)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        _count(counter, keys)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    _restore(counter.storage, saved)
+    sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    return f"## {title}\n\n" + prof.key_averages().table(
+        sort_by=sort, row_limit=20, max_name_column_width=70) + "\n"
+
+
 def _outcome(counter: AdmissionCounter, keys: torch.Tensor, saved) -> tuple[torch.Tensor, ...]:
     """Everything the forms must agree on: the slots found, then after one count the
     admitted keys, evicted counters and the counter table."""
@@ -136,7 +157,7 @@ def _outcome(counter: AdmissionCounter, keys: torch.Tensor, saved) -> tuple[torc
 
 def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows = []
+    rows, profiles = [], []
     for load_factor in ARGS.load_factors:
         counter, stored = _counter(load_factor, device)
         keys = _batch(stored, device)
@@ -158,6 +179,10 @@ def main() -> None:
         for form in FORMS:
             for op in ("find", "count"):
                 row[f"{op}_{form}_ms"] = [t[f"{op}_ms"] for t in times[form]]
+            if ARGS.profile:
+                _use(form)
+                profiles.append(_profile(counter, keys, saved,
+                                         f"count, {form}, load factor {load_factor}"))
         print(row, flush=True)
         rows.append(row)
         del counter, stored, saved, outcomes
@@ -170,6 +195,11 @@ def main() -> None:
                "rows": rows}
     if ARGS.out:
         write_results(ARGS.out, results, _markdown(results))
+        if profiles:
+            with open(f"{ARGS.out}_profile.txt", "w") as f:
+                f.write(f"Command: {results['command']}\n\n" + "\n".join(profiles))
+    for text in profiles:
+        print(text, flush=True)
 
 
 def _ms(values: list[float]) -> str:
