@@ -59,6 +59,6 @@ def test_rehash_benchmark_compares_the_two_ops():
 
 def test_admission_benchmark_compares_the_probe_forms():
     out = _smoke("bench_admission.py", "--out", str(ROOT / "build" / "admission_smoke"))
-    assert out.count("'same': True") == 2
+    assert out.count("'same': True") == 2 and out.count("'reference': True") == 2
     table = (ROOT / "build" / "admission_smoke.md").read_text()
     assert "| 1.00 | count |" in table

@@ -82,6 +82,8 @@ LAUNCHES = {"runs1": ({"runs": 1, "bi": 16}, 0), "runs4": ({"runs": 4, "bi": 16}
             "lanes-block2-w1": ({"bi": 16}, {**LANES_ON, "block": 2, "width": 1}),
             "lanes8-block16-w2": ({"bi": 16}, {**LANES_ON, "block": 16, "width": 2,
                                                "lane_width": 8}),
+            "lanes-wide16-block4-w2": ({"bi": 16}, {**LANES_ON, "block": 4, "width": 2,
+                                                    "wide_lane_width": 16}),
             "inline-block8-w2-chunked": ({"bi": 16}, {**INLINE, "block": 8, "width": 2,
                                                       "inline_bi": 4})}
 
@@ -271,7 +273,8 @@ def test_upsert_evicts_by_score_then_slot_at_any_score_span(monkeypatch, launch,
                   True)
 
 
-@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block2-w1"])
+@pytest.mark.parametrize("launch", ["block8-w4", "lanes-block4-w4", "lanes-block2-w1",
+                                    "lanes-wide16-block4-w2"])
 @pytest.mark.parametrize("allow_evict", [False, True], ids=["no-evict", "evict"])
 @pytest.mark.parametrize("cap,buckets,n_new", [(16, 64, 150), (256, 16, 40)],
                          ids=["bucket16", "bucket256"])

@@ -462,7 +462,8 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
         blocks = _empty(programs, torch.int8, storage.device)
-        lane_width = block["lane_width"] or block["width"]
+        wide = block["wide_lane_width"] if cap > 128 else 0
+        lane_width = block["lane_width"] or wide or block["width"]
         inline = _lanes_inline(storage, programs)
         upsert_lanes_kernel[(programs,)](
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,
