@@ -11,11 +11,11 @@ with a third match (about 1.5% at a full bucket) go through a loop. Wider bucket
 are a multiple of 128 slots (the admission counters' 1,024) are probed the same way one
 128-slot segment after the other, until the key is found (``_probe_segments``); other
 wide buckets take the matches from a (keys, line) tile, the two lowest found by
-reductions over its words (``WORD_PROBE``). With a power-of-two bucket count (the usual case: tables grow
-by doubling) the bucket is a bit mask of the hash, not a 64-bit modulo. Bucket
-capacities that are not a multiple of 4 fall back to comparing bytes. ``find_values``
-also gathers the embedding columns of found rows in the same program, so a lookup is
-a single launch.
+reductions over its words (``WORD_PROBE``). With a power-of-two bucket count (the usual
+case: tables grow by doubling) the bucket is a bit mask of the hash, not a 64-bit
+modulo. Bucket capacities that are not a multiple of 4 fall back to comparing bytes.
+``find_values`` also gathers the embedding columns of found rows in the same program,
+so a lookup is a single launch.
 """
 
 from __future__ import annotations
