@@ -20,8 +20,10 @@
 #   table_api      the public HashTable calls (find, find_or_insert, insert_or_assign) between
 #                  syncs and in a loop, each profiled (profile_table_api.py)
 #   rehash         table growth: the Triton rehash against the reference's (bench_rehash.py)
-#   admission      the admission counters' find and count with the wide probe off and on
-#                  (bench_admission.py)
+#   admission      the admission counters' find and count by the probe's form
+#                  (bench_admission.py), then the count with the upsert's lane form placing
+#                  runs of up to 4 and of up to 32 misses in their 1,024-slot buckets
+#                  (--wide-lane-width), alternating, two rounds
 #   embedding      the embedding-layer benchmark (the fused kernels and EmbeddingCollection),
 #                  with the backward's tiles swept (device time and one call), the
 #                  layer's kernels profiled by launching operator, and every kernel of its
@@ -97,6 +99,12 @@ write_env "$out"
       --out "$out/table_api_gpu"
   step rehash 200 python3 benchmarks/bench_rehash.py --out "$out/rehash_gpu"
   step admission 200 python3 benchmarks/bench_admission.py --out "$out/admission_gpu"
+  for round in 1 2; do
+    for width in 4 32; do
+      step admission 150 python3 benchmarks/bench_admission.py --load-factors 0.5 0.75 \
+          --rounds 1 --wide-lane-width $width --out "$out/admission_lanes${width}_${round}"
+    done
+  done
   step embedding 200 python3 benchmarks/bench_embedding_layer.py \
       --reduce-configs 2048x4 8192x1 4096x2 r16x1 r64x1 --profile --trace \
       --out "$out/embedding_layer_gpu"
