@@ -49,4 +49,3 @@ def test_counter_keeps_tags_apart():
     assert counter.count(keys[:1], tags[:1], torch.tensor([1])).tolist() == [True]
     remaining, remaining_tags, _ = counter.state()
     assert remaining.tolist() == [5] and remaining_tags.tolist() == [1]
-

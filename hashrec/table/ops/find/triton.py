@@ -499,14 +499,15 @@ if MASK_PROBE not in (0, 1):
 
 
 def mask_probe(cap: int, words: bool) -> bool:
-    """Whether a probe of ``cap``-slot buckets, digests read as words or not, takes masks."""
+    """Whether a ``cap``-slot bucket's whole line fits one pair of ``line_masks`` (up to
+    128 slots, digests read as words): the lane form's empty slots."""
     return bool(MASK_PROBE) and words and cap <= 128
 
 
 def probe_masks(cap: int, words: bool) -> bool:
-    """Whether a probe of ``cap``-slot buckets, digests read as words or not, takes masks:
-    buckets of up to 128 slots whole, wider ones that are a multiple of 128 by segments."""
-    return bool(MASK_PROBE) and words and (cap <= 128 or cap % 128 == 0)
+    """Whether a probe of ``cap``-slot buckets takes masks: a line that fits one pair
+    (``mask_probe``) whole, a wider one that is a multiple of 128 slots by segments."""
+    return mask_probe(cap, words) or (bool(MASK_PROBE) and words and cap % 128 == 0)
 
 
 def probe_width(cap: int, width: int, words: bool) -> int:
