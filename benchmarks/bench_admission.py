@@ -3,7 +3,7 @@
 A table with admission counts the keys it has not stored yet in a counter table of
 wide buckets (``counter_bucket_capacity``, 1,024 slots by default). This times, on the
 same counter tables and batches, the three ways a probe can read such a bucket
-(``hashrec/table/ops/find/triton.py``), alternating (``--rounds`` rounds, medians of
+(``hashrec/table/ops/find/probe.py``), alternating (``--rounds`` rounds, medians of
 ``--reps`` runs each):
 
 - ``segments`` (the default): the bucket as 128-slot segments in order, each probed from

@@ -35,11 +35,11 @@ import triton.language as tl
 
 from hashrec.table._triton_hash import is_pow2, load_tags, mix64, tagged_hash
 from hashrec.table.initializers import _SEED_STRIDE, initial_values
+from hashrec.table.ops.find.probe import probe_bucket
 from hashrec.table.ops.find.triton import (
     by_word,
     digest_line,
     probe_block,
-    probe_bucket,
     probe_masks,
     probe_round,
     probe_width,

@@ -71,12 +71,12 @@ from hashrec.table._triton_hash import (
     load_tags,
     tagged_hash,
 )
+from hashrec.table.ops.find.probe import probe_bucket
 from hashrec.table.ops.find.triton import (
     by_word,
     digest_line,
     mask_probe,
     probe_block,
-    probe_bucket,
     probe_masks,
     probe_round,
     probe_width,

@@ -47,7 +47,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hashrec.table.ops.find.triton import line_masks, match_bytes, pop_lowest, popcount64
+from hashrec.table.ops.find.probe import line_masks, match_bytes, pop_lowest, popcount64
 from hashrec.table.ops.insert.runs import comes_before, insert_runs
 from hashrec.table.ops.launch import fast_launch
 
