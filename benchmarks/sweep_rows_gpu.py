@@ -79,7 +79,7 @@ from hashrec.embedding.ops.fused import triton as fused_tt  # noqa: E402
 from hashrec.embedding.ops.sequence import triton as sequence_tt  # noqa: E402
 from hashrec.table import InitializerArgs, optim  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots  # noqa: E402
-from hashrec.table.ops.insert import train  # noqa: E402
+from hashrec.table.ops.insert import finish  # noqa: E402
 from hashrec.table.ops.insert.triton import insert_keys  # noqa: E402
 from hashrec.table.ops.optimizer import triton as optimizer_tt  # noqa: E402
 from hashrec.table.storage import TableStorage  # noqa: E402
@@ -128,9 +128,9 @@ class Step:
 
 def _finish(storage: TableStorage, s: Step, state: torch.Tensor | None) -> torch.Tensor:
     # CONSTANT 0.0: no key here is placed or missing
-    init = train.init_spec(InitializerArgs(mode="CONSTANT", value=0.0), s.keys, s.tags,
+    init = finish.init_spec(InitializerArgs(mode="CONSTANT", value=0.0), s.keys, s.tags,
                            ARGS.dim, seed=lambda: 0, generator=None)
-    return train.finish_rows(storage, s.keys, s.tags, s.slots, ARGS.dim, init, new=init,
+    return finish.finish_rows(storage, s.keys, s.tags, s.slots, ARGS.dim, init, new=init,
                              placed=s.placed, hit=s.hit, hit_scores=s.hit_scores, state=state)
 
 
@@ -177,7 +177,7 @@ def main() -> None:
         return fused_tt.reduce_rows(out_grad, gidx, s.order, s.row_start, **common)
 
     kernels = [  # (module, its launch knob, the knob's first field, configs, timed kernels)
-        (train, "FINISH_CONFIG", "elements", ARGS.finish_configs,
+        (finish, "FINISH_CONFIG", "elements", ARGS.finish_configs,
          {"finish": lambda i: _finish(storage, steps[i], state)}),
         (fused_tt, "POOL_CONFIG", "rows", ARGS.pool_configs,
          {"pool_rows": pool,

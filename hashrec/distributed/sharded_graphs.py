@@ -269,7 +269,7 @@ class ShardedGraphs:
         initial values the kernel computes itself, captures left, and this capacity
         run uncaptured on the full table before (which compiled its kernels: a capture
         runs nothing, so it warms nothing up)."""
-        from hashrec.table.ops.insert.train import in_kernel
+        from hashrec.table.ops.insert.finish import in_kernel
 
         if not (self._capture and self._graph_mode()) or self._failed:
             return False
@@ -284,7 +284,7 @@ class ShardedGraphs:
     def _run(self, chain: _Chain, keys: torch.Tensor, tags: torch.Tensor | None,
              counts: torch.Tensor) -> dict:
         """Feeds the chain this step's keys and runs it (a replay once captured)."""
-        from hashrec.table.ops.insert.train import draws_seed
+        from hashrec.table.ops.insert.finish import draws_seed
 
         table, n = self.sharded.table, keys.numel()
         graph_mode = self._graph_mode()

@@ -17,9 +17,10 @@ subsets are masks, so nothing is read back on the host except what decides growt
   reference path), plus one read of the admitted count when the load factor may
   pass ``max_load_factor`` in this lookup.
 
-Besides find and upsert, a lookup is three kernels (``ops/insert/train.py``):
-the hits' scores and protection, the admission count, and one pass that restores
-the hits' scores, initializes the new rows and reads every key's embedding.
+Besides find and upsert, a lookup is three kernels: the hits' scores and protection
+and the admission count (``ops/insert/train.py``), and one pass that restores the
+hits' scores, initializes the new rows and reads every key's embedding
+(``ops/insert/finish.py``).
 
 At max_capacity on CUDA the training lookup is replayed from a CUDA graph per size
 class of u (``hashrec.table.lookup_graphs``), with the same outcome. Its keys past u
@@ -121,7 +122,7 @@ class FixedSizeLookup:
         others, which may repeat active ones, read as slot -1 and zero rows.
         ``stored_rows`` False leaves the rows of keys stored before the call out of
         ``values`` (``finish_rows``)."""
-        from hashrec.table.ops.insert.train import finish_rows  # Triton only
+        from hashrec.table.ops.insert.finish import finish_rows  # Triton only
 
         if not train:
             slots, counted = self._find_active(keys, tags, active)
@@ -149,7 +150,7 @@ class FixedSizeLookup:
         stored before the call). The training lookup's device work (reading back what it
         reads: growth's counts, the refused count), the stored rows read once, by the
         batch (``expand_rows``), the counters added to the device totals in one launch."""
-        from hashrec.table.ops.insert.train import expand_rows  # Triton only
+        from hashrec.table.ops.insert.finish import expand_rows  # Triton only
 
         graphs = self._graphs_for()
         replayed = graphs.lookup(unique.keys, unique.tags, unique.counts, given, None,
@@ -189,7 +190,8 @@ class FixedSizeLookup:
         """``_assign_slots``' device work on the fixed-size path: (slots, the refused
         count left to report). ``clock`` (1,) int64 on the device: the STEP / TIMESTAMP
         clock, read there (a captured call) instead of on the host."""
-        from hashrec.table.ops.insert.train import CONSTANT_ROWS, finish_rows, found_masks
+        from hashrec.table.ops.insert.finish import CONSTANT_ROWS, finish_rows
+        from hashrec.table.ops.insert.train import found_masks
 
         slots = find_slots(self.storage, keys, tags)
         if count is not None:  # the padding past the count reads as slot -1, not pending
@@ -248,7 +250,8 @@ class FixedSizeLookup:
         (1,) int64 on the device: the STEP / TIMESTAMP clock, read there (a captured
         lookup) instead of on the host. ``few_misses``: at max_capacity the misses are
         expected to be few (a warm table's training lookup; ``_insert_fixed``)."""
-        from hashrec.table.ops.insert.train import finish_rows, found_masks
+        from hashrec.table.ops.insert.finish import finish_rows
+        from hashrec.table.ops.insert.train import found_masks
 
         any_pending = None
         if count is not None:  # one kernel splits the find into the masks
@@ -395,7 +398,7 @@ class FixedSizeLookup:
                   seed=None):
         """``finish_rows``' form of an initializer for this batch (random modes draw a
         fresh kernel seed from ``seed``, by default the table's seed sequence)."""
-        from hashrec.table.ops.insert.train import init_spec
+        from hashrec.table.ops.insert.finish import init_spec
 
         return init_spec(args, keys, tags, self.dim, seed or self._kernel_seed,
                          self._generator)

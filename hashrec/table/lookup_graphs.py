@@ -46,7 +46,7 @@ import weakref
 import torch
 
 from hashrec.table.ops.copies import MOST_PAIRS, copy_into
-from hashrec.table.ops.insert.train import draws_seed, in_kernel
+from hashrec.table.ops.insert.finish import draws_seed, in_kernel
 from hashrec.table.ops.launch import cdiv, next_pow2
 from hashrec.table.options import ScoreStrategy
 

@@ -82,11 +82,7 @@ from hashrec.table.ops.find.triton import (
     probe_width,
 )
 from hashrec.table.ops.insert.group import (
-    GROUP_LAUNCH,
     bucket_counts,
-    group_by_bucket,
-    misses_of,
-    place_by_bucket,
 )
 from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.runs import insert_run
@@ -95,7 +91,7 @@ from hashrec.table.ops.insert.upsert_block import (
     block_positions,
     upsert_block_kernel,
 )
-from hashrec.table.ops.insert.upsert_gather import gather_kernel, rank_gather_kernel
+from hashrec.table.ops.insert.upsert_gather import sort_misses
 from hashrec.table.ops.insert.upsert_lanes import LANE_DONE, LANE_PLACED, upsert_lanes_kernel
 from hashrec.table.ops.launch import aligned_rows, cdiv, env_int, fast_launch, maxnreg, next_pow2
 from hashrec.table.storage import TableStorage
@@ -488,6 +484,22 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
     return state
 
 
+def _check_args(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
+                scores: torch.Tensor, active: torch.Tensor | None,
+                given_slots: torch.Tensor | None) -> None:
+    """``upsert_slots``' argument checks: ValueError naming the argument."""
+    check_keys(keys, tags, storage.device)
+    if scores.dtype != torch.int64 or scores.shape != keys.shape:
+        raise ValueError(f"scores must be int64 of shape {tuple(keys.shape)}, "
+                         f"got {scores.dtype} {tuple(scores.shape)}")
+    if active is not None and (active.dtype != torch.bool or active.shape != keys.shape):
+        raise ValueError(f"active must be bool of shape {tuple(keys.shape)}, "
+                         f"got {active.dtype} {tuple(active.shape)}")
+    if given_slots is not None and (active is None or given_slots.dtype != torch.int64
+                                    or given_slots.shape != keys.shape):
+        raise ValueError("given_slots must be int64 of the keys' shape, and come with active")
+
+
 def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
                  scores: torch.Tensor, allow_evict: bool,
                  active: torch.Tensor | None = None,
@@ -508,16 +520,7 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     lookup): with the counting sort, the misses are placed by a few persistent block
     programs, without the lane form, whose launches grow with n.
     """
-    check_keys(keys, tags, storage.device)
-    if scores.dtype != torch.int64 or scores.shape != keys.shape:
-        raise ValueError(f"scores must be int64 of shape {tuple(keys.shape)}, "
-                         f"got {scores.dtype} {tuple(scores.shape)}")
-    if active is not None and (active.dtype != torch.bool or active.shape != keys.shape):
-        raise ValueError(f"active must be bool of shape {tuple(keys.shape)}, "
-                         f"got {active.dtype} {tuple(active.shape)}")
-    if given_slots is not None and (active is None or given_slots.dtype != torch.int64
-                                    or given_slots.shape != keys.shape):
-        raise ValueError("given_slots must be int64 of the keys' shape, and come with active")
+    _check_args(storage, keys, tags, scores, active, given_slots)
     active = active.contiguous() if active is not None else None
     given_slots = given_slots.contiguous() if given_slots is not None else None
     storage.note_tags(tags)
@@ -550,27 +553,9 @@ def upsert_slots(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor |
     # Cleared by the gather: [0] set where a miss evicts, [1] the blocks the lane form
     # leaves to the block form.
     ev_any = _empty(2, torch.int32, device)
-    misses, marks = None, None
-    if misses_only:  # the counting sort's ranking step gathers the misses' fields too
-        g = place_by_bucket(probed, nb, low, sentinel, counted=counted)
-        sort_key, perm, misses = g.out_sort, g.out_perm, misses_of(g, nb)
-        rank_gather_kernel[(g.programs,)](
-            g.tmp_sort, g.tmp_pos, g.counts, g.ends, sort_key, perm, keys, tag_arg, scores,
-            s_keys, s_tags, s_scores, s_digests, s_bucket, first, ev_any, refused, nb, low,
-            HAS_TAGS=tags is not None, POW2=is_pow2(nb), BLOCK=g.block,
-            num_warps=GROUP_LAUNCH["rank_warps"])
-        # The bucket counts, read by nothing after the ranking: the insert kernels mark the
-        # buckets they evict from there (-1), for the finalize kernel's check of the hits.
-        marks = g.counts
-    else:
-        if UPSERT_GROUP["count"]:
-            sort_key, perm, _ = group_by_bucket(probed, nb, low, sentinel)
-        else:
-            sort_key, perm = torch.sort(probed, stable=True)
-        gather_kernel[grid](sort_key, perm, keys, tag_arg, scores, s_keys, s_tags, s_scores,
-                            s_digests, s_bucket, first, ev_any, refused, n, nb,
-                            HAS_TAGS=tags is not None, POW2=is_pow2(nb), SENTINEL=sentinel,
-                            BLOCK=512)
+    sort_key, perm, misses, marks = sort_misses(
+        nb, keys, tags, scores, probed, sentinel, low, counted, bool(UPSERT_GROUP["count"]),
+        (s_keys, s_tags, s_scores, s_digests, s_bucket, first, ev_any, refused))
     evicted = flags[2].view(torch.int8)
     state = _insert_misses(storage, (s_keys, s_tags, s_scores, s_digests, s_bucket, first,
                                      perm, n, storage.keys, t_tags, storage.digests,

@@ -1,4 +1,4 @@
-"""The upsert's sorted misses with their fields (step 3 of ``upsert.py``).
+"""The upsert's sorted misses with their fields (steps 2 and 3 of ``upsert.py``).
 
 After the sort groups the misses by bucket, the insert kernels read each sorted miss's
 key, tag, score, digest and bucket from arrays in sorted order, and the sorted place of
@@ -6,18 +6,32 @@ its key's first occurrence (repeats of a key are placed once). ``gather_kernel``
 them from a sort's permutation (torch's sort, or the counting sort of every key);
 ``rank_gather_kernel`` fills them as the counting sort ranks the misses
 (``group.segment_rank``), where the call works on its misses alone: one kernel fewer.
+``sort_misses`` runs the sort and the gather that fits it.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from hashrec.table._triton_hash import bucket_of_fast, digest_of, load_tags, tagged_hash
-from hashrec.table.ops.insert.group import segment_rank
-from hashrec.table.ops.launch import fast_launch
+from hashrec.table._triton_hash import (
+    bucket_of_fast,
+    digest_of,
+    is_pow2,
+    load_tags,
+    tagged_hash,
+)
+from hashrec.table.ops.insert.group import (
+    GROUP_LAUNCH,
+    group_by_bucket,
+    misses_of,
+    place_by_bucket,
+    segment_rank,
+)
+from hashrec.table.ops.launch import cdiv, fast_launch
 
-__all__ = ["gather_kernel", "rank_gather_kernel"]
+__all__ = ["gather_kernel", "rank_gather_kernel", "sort_misses"]
 
 
 @triton.jit
@@ -138,3 +152,36 @@ def rank_gather_kernel(tmp_sort, tmp_pos, counts_ptr, ends_ptr, out_sort, out_pe
                 open_ = open_ & (q < end)
             first = tl.where(check & (lowest < pos), start + below + ahead, first)
         tl.store(first_ptr + at, first, mask=live)
+
+
+def sort_misses(nb: int, keys: torch.Tensor, tags: torch.Tensor | None,
+                scores: torch.Tensor, probed: torch.Tensor, sentinel: int, low: int,
+                counted: torch.Tensor | None, count: bool, out: tuple
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                           torch.Tensor | None]:
+    """The upsert's probe sort keys (``probed``) ordered by bucket, and the fields of the
+    sorted misses gathered into ``out`` (keys, tags, scores, digests, buckets, first
+    occurrences; ``ev_any`` and ``refused`` cleared). ``counted`` (the probe's bucket
+    counts, with the counting sort and the block form): the sort covers the misses
+    alone; otherwise ``count``: the counting sort of every key, else torch's stable
+    sort. Returns (sort keys, permutation, the device's miss count or None, the bucket
+    marks for the finalize kernel or None)."""
+    tag_arg = tags if tags is not None else keys
+    if counted is not None:  # the counting sort's ranking step gathers the misses' fields too
+        g = place_by_bucket(probed, nb, low, sentinel, counted=counted)
+        rank_gather_kernel[(g.programs,)](
+            g.tmp_sort, g.tmp_pos, g.counts, g.ends, g.out_sort, g.out_perm, keys, tag_arg,
+            scores, *out, nb, low, HAS_TAGS=tags is not None, POW2=is_pow2(nb),
+            BLOCK=g.block, num_warps=GROUP_LAUNCH["rank_warps"])
+        # The bucket counts, read by nothing after the ranking: the insert kernels mark the
+        # buckets they evict from there (-1), for the finalize kernel's check of the hits.
+        return g.out_sort, g.out_perm, misses_of(g, nb), g.counts
+    if count:
+        sort_key, perm, _ = group_by_bucket(probed, nb, low, sentinel)
+    else:
+        sort_key, perm = torch.sort(probed, stable=True)
+    n = keys.numel()
+    gather_kernel[(cdiv(n, 512),)](sort_key, perm, keys, tag_arg, scores, *out, n, nb,
+                                   HAS_TAGS=tags is not None, POW2=is_pow2(nb),
+                                   SENTINEL=sentinel, BLOCK=512)
+    return sort_key, perm, None, None
