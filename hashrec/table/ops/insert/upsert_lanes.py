@@ -96,6 +96,64 @@ def _run_of(i, bucket, miss, in_bucket, m, W: tl.constexpr, WIN: tl.constexpr):
     return start, tl.sum(run.to(tl.int32), axis=1)
 
 
+@triton.jit
+def _empty_words(t_words, bucket, miss, none, col, CAP: tl.constexpr):
+    """Each lane's bucket's empty slots, four to a word, from a (lanes, line) tile of its
+    digest words: per word, the byte prefix counts (byte j: empty slots among bytes
+    0..j) and the count."""
+    line = miss[:, None] & (col[None, :] < CAP // 4)
+    words = tl.load(t_words + bucket[:, None] * (CAP // 4) + col[None, :], mask=line,
+                    other=0).to(tl.uint32, bitcast=True)
+    empty = tl.where(line, match_bytes(words, none), 0)  # ``none``: the empty digest, 0
+    prefix = (empty >> 7) * 0x01010101
+    return prefix, (prefix >> 24).to(tl.int32)
+
+
+@triton.jit
+def _rank_in_run(in_keys, in_scores, in_first, in_pos, i, start, length, short,
+                 W: tl.constexpr):
+    """Per lane of a ``short`` run: whether it is its key's first occurrence (``me``), its
+    key, score and batch position, its rank among the run's first occurrences (by score
+    desc, key asc, batch position asc) and how many first occurrences the run has."""
+    # The run's first occurrences, from its start: (lanes, W) positions.
+    j = (i + start)[:, None] + tl.arange(0, W)[None, :]
+    firsts = short[:, None] & (tl.arange(0, W)[None, :] < length[:, None])
+    firsts = firsts & (tl.load(in_first + j, mask=firsts, other=-1) == j)
+    me = short & (tl.load(in_first + i, mask=short, other=-1) == i)
+    key = tl.load(in_keys + i, mask=me, other=0)
+    score = tl.load(in_scores + i, mask=me, other=0)
+    pos = tl.load(in_pos + i, mask=me, other=0)
+    before = comes_before(tl.load(in_keys + j, mask=firsts, other=0),
+                          tl.load(in_scores + j, mask=firsts, other=0),
+                          tl.load(in_pos + j, mask=firsts, other=0),
+                          key[:, None], score[:, None], pos[:, None])
+    rank = tl.sum((before & firsts).to(tl.int32), axis=1)
+    return me, key, score, pos, rank, tl.sum(firsts.to(tl.int32), axis=1)
+
+
+@triton.jit
+def _store_placed(i, pos, slot, key, score, place, ok, length, in_tags, in_digests, t_keys,
+                  t_tags, t_scores, t_digests, out_slots, out_evicted, b_slots, b_flags,
+                  flag_stride, BLOCK: tl.constexpr):
+    """The entries of the lanes that placed their key (``ok``, of those that tried:
+    ``place``), and their slots and flags (inserted, created) in batch order: such a key
+    is done but for its digest, which only a run of one (the only miss of its bucket,
+    whose line no other lane reads) writes here. Returns where a run of one placed."""
+    tl.store(t_keys + slot, key, mask=ok)
+    if t_tags is not None:  # None: the table holds tag 0 alone, and keeps it
+        tl.store(t_tags + slot, tl.load(in_tags + i, mask=ok, other=0), mask=ok)
+    tl.store(t_scores + slot, score, mask=ok)
+    tl.store(out_slots + i, tl.where(ok, slot, -1), mask=place)
+    tl.store(out_evicted + i, tl.zeros([BLOCK], dtype=tl.int8), mask=place)
+    tl.store(b_slots + pos, slot, mask=ok)
+    one = tl.full([BLOCK], 1, dtype=tl.int8)
+    tl.store(b_flags + pos, one, mask=ok)
+    tl.store(b_flags + flag_stride + pos, one, mask=ok)
+    alone = ok & (length == 1)
+    tl.store(t_digests + slot, tl.load(in_digests + i, mask=alone, other=0), mask=alone)
+    return alone
+
+
 @fast_launch
 @triton.jit(do_not_specialize=["m"])
 def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos, m, t_words,
@@ -131,13 +189,7 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
             lo, hi = line_masks(t_words, bucket, none, miss, CAP, True)
             n_empty = popcount64(lo) + popcount64(hi)
         else:
-            line = miss[:, None] & (col[None, :] < CAP // 4)
-            words = tl.load(t_words + bucket[:, None] * (CAP // 4) + col[None, :], mask=line,
-                            other=0).to(tl.uint32, bitcast=True)
-            # The bucket's empty slots, four to a word.
-            empty = tl.where(line, match_bytes(words, none), 0)
-            prefix = (empty >> 7) * 0x01010101  # byte j: empty slots among bytes 0..j
-            count = (prefix >> 24).to(tl.int32)
+            prefix, count = _empty_words(t_words, bucket, miss, none, col, CAP)
             n_empty = tl.sum(count, axis=1)
         start, length = _run_of(i, bucket, miss, in_bucket, m, W, WIN)
         room = miss & (n_empty > 0)
@@ -145,22 +197,11 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
             room = miss
         if tl.max(room.to(tl.int32), axis=0) > 0:
             short = miss & (length <= W)
-            # The run's first occurrences, from its start: (BLOCK, W) positions.
-            j = (i + start)[:, None] + tl.arange(0, W)[None, :]
-            firsts = short[:, None] & (tl.arange(0, W)[None, :] < length[:, None])
-            firsts = firsts & (tl.load(in_first + j, mask=firsts, other=-1) == j)
-            me = short & (tl.load(in_first + i, mask=short, other=-1) == i)
-            key = tl.load(in_keys + i, mask=me, other=0)
-            score = tl.load(in_scores + i, mask=me, other=0)
-            pos = tl.load(in_pos + i, mask=me, other=0)
-            before = comes_before(tl.load(in_keys + j, mask=firsts, other=0),
-                                  tl.load(in_scores + j, mask=firsts, other=0),
-                                  tl.load(in_pos + j, mask=firsts, other=0),
-                                  key[:, None], score[:, None], pos[:, None])
-            rank = tl.sum((before & firsts).to(tl.int32), axis=1)
+            me, key, score, pos, rank, n_firsts = _rank_in_run(
+                in_keys, in_scores, in_first, in_pos, i, start, length, short, W)
             deferred = miss & ~short
             if ALLOW_EVICT:
-                deferred = deferred | (short & (tl.sum(firsts.to(tl.int32), axis=1) > n_empty))
+                deferred = deferred | (short & (n_firsts > n_empty))
             place = me & ~deferred
             column = tl.full([BLOCK], CAP, dtype=tl.int32)
             if tl.max((place & (rank < n_empty)).to(tl.int32), axis=0) > 0:
@@ -170,23 +211,9 @@ def upsert_lanes_kernel(in_keys, in_tags, in_scores, in_bucket, in_first, in_pos
                     column = _nth_empty(prefix, count, rank, col, CAP)
             opens = deferred & (start == 0)
             ok = place & (column < CAP)
-            slot = bucket * CAP + column
-            tl.store(t_keys + slot, key, mask=ok)
-            if t_tags is not None:  # None: the table holds tag 0 alone, and keeps it
-                tl.store(t_tags + slot, tl.load(in_tags + i, mask=ok, other=0), mask=ok)
-            tl.store(t_scores + slot, score, mask=ok)
-            tl.store(out_slots + i, tl.where(ok, slot, -1), mask=place)
-            tl.store(out_evicted + i, tl.zeros([BLOCK], dtype=tl.int8), mask=place)
-            # A placed key is done here but for its digest: its slot and flags (inserted,
-            # created) in batch order.
-            tl.store(b_slots + pos, slot, mask=ok)
-            one = tl.full([BLOCK], 1, dtype=tl.int8)
-            tl.store(b_flags + pos, one, mask=ok)
-            tl.store(b_flags + flag_stride + pos, one, mask=ok)
-            # The only miss of its bucket (a run of one) writes its digest too: no other
-            # lane reads that bucket's line.
-            alone = ok & (length == 1)
-            tl.store(t_digests + slot, tl.load(in_digests + i, mask=alone, other=0), mask=alone)
+            alone = _store_placed(i, pos, bucket * CAP + column, key, score, place, ok, length,
+                                  in_tags, in_digests, t_keys, t_tags, t_scores, t_digests,
+                                  out_slots, out_evicted, b_slots, b_flags, flag_stride, BLOCK)
             outcome = tl.where(alone, LANE_DONE, tl.where(ok, LANE_PLACED, tl.where(
                 deferred, LANE_DEFERRED, 0))).to(tl.int8)
         else:  # every bucket here is full: each run goes to the block form, to evict
