@@ -152,6 +152,33 @@ def _migrate_zch(builder: CheckpointBuilder, name: str, source_embedding, storag
     return count
 
 
+def _fill_tables(builder: CheckpointBuilder, source, target, zch_tables: list[str]) -> dict:
+    """Every dynamic table of the target collection into ``builder``: ZCH tables of the
+    source migrated, dynamic ones copied, others left empty (with a warning). Returns the
+    ZCH tables' migration records by name."""
+    storages = target.dynamic_tables()
+    source_locations = source.table_locations()
+    source_storages = source.dynamic_tables()
+    migrated = {}
+    for name, (storage, tag) in target.table_locations().items():
+        if storage not in storages:
+            continue
+        table = storages[storage]
+        if name in zch_tables:
+            migrated[name] = _migrate_zch(builder, name, source, storage, tag, table)
+            continue
+        source_storage, source_tag = source_locations.get(name, (None, 0))
+        if source_storage not in source_storages:
+            logger.warning("table %r: dynamic in the target but not in the source; it "
+                           "starts empty", name)
+            continue
+        source_table = source_storages[source_storage]
+        copied = _copy_dynamic(builder, name, source_table, source_tag, storage, tag, table)
+        builder.table_steps[storage] = max(builder.table_steps[storage], int(source_table.step))
+        logger.info("table %r: %d rows kept", name, copied)
+    return migrated
+
+
 def convert(source_checkpoint: str, source_config, target_config, save_dir: str,
             world_size: int | None = None) -> str:
     """Writes ``save_dir/model.ckpt-0`` for the target config (see the module docstring).
@@ -177,33 +204,13 @@ def convert(source_checkpoint: str, source_config, target_config, save_dir: str,
         raise MigrationError("the source config has no zch feature; nothing to convert")
     storages = target.embedding.dynamic_tables()
     locations = target.embedding.table_locations()
-    source_locations = source.embedding.table_locations()
-    source_storages = source.embedding.dynamic_tables()
     for name in zch_tables:
         if name not in locations or locations[name][0] not in storages:
             raise MigrationError(f"table {name!r}: zch in the source but not a dynamicemb table "
                                  f"in the target config; replace zch by dynamicemb on it")
     builder = CheckpointBuilder(save_dir, world_size, storages)
-    migrated = {}
     try:
-        for name, (storage, tag) in locations.items():
-            if storage not in storages:
-                continue
-            table = storages[storage]
-            if name in zch_tables:
-                migrated[name] = _migrate_zch(builder, name, source.embedding, storage, tag,
-                                              table)
-                continue
-            source_storage, source_tag = source_locations.get(name, (None, 0))
-            if source_storage not in source_storages:
-                logger.warning("table %r: dynamic in the target but not in the source; it "
-                               "starts empty", name)
-                continue
-            source_table = source_storages[source_storage]
-            copied = _copy_dynamic(builder, name, source_table, source_tag, storage, tag, table)
-            builder.table_steps[storage] = max(builder.table_steps[storage],
-                                               int(source_table.step))
-            logger.info("table %r: %d rows kept", name, copied)
+        migrated = _fill_tables(builder, source.embedding, target.embedding, zch_tables)
         state = _dense_state(source, target, zch_tables)
         optimizer = _dense_optimizer_state(source_checkpoint, meta, source, target)
         final = builder.commit(state, optimizer, {
