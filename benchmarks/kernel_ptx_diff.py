@@ -17,10 +17,13 @@ A kernel moved to another module is found by name in each tree. The exit status 
 whatever the verdicts, and not 0 on an error (a kernel a tree lacks, a launch that
 does not compile).
 
-Example (a kernel split into helpers, against the last commit):
+Example (a kernel split into helpers, against the last commit; then at benchmark A's
+shape of the lane form, which the tests' small tables do not launch):
 
     python benchmarks/kernel_ptx_diff.py build/launches.jsonl --base HEAD \\
         --kernels upsert_lanes_kernel _finish_kernel
+    python benchmarks/kernel_ptx_diff.py build/launches.jsonl --base HEAD \\
+        --kernels upsert_lanes_kernel --set CAP=128 CAP_P2=128 LINE=32 BLOCK=32
 """
 
 from __future__ import annotations
@@ -62,6 +65,18 @@ def verdict(base: list[str], new: list[str]) -> str:
     return f"changed (+{sum((b - a).values())} -{sum((a - b).values())})"
 
 
+def _pairs(items: list[str]) -> dict[str, int]:
+    """``NAME=VALUE`` items as a dict of integers."""
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            out[name] = int(value)
+        except ValueError:
+            raise SystemExit(f"kernel_ptx_diff: --set takes NAME=INTEGER, got {item!r}") from None
+    return out
+
+
 def _home(logged: str, name: str, kernels: set[tuple[str, str]]) -> str:
     """The module of this tree that holds kernel ``name`` logged in module ``logged``:
     that one if it still does, else the only module with a kernel of that name."""
@@ -90,10 +105,10 @@ def _compile_one(entry: dict) -> list[str] | None:
         return None
 
 
-def _dump(log: str, kernels: list[str], out: str, jobs: int) -> None:
-    """In the tree on ``sys.path``: each launch of ``kernels`` compiled, its instructions
-    written to ``out`` (JSON: launch as logged -> instructions, None where it does not
-    compile)."""
+def _dump(log: str, kernels: list[str], rewrite: dict[str, int], out: str, jobs: int) -> None:
+    """In the tree on ``sys.path``: each launch of ``kernels`` compiled, with the
+    constexprs of ``rewrite`` set where it has them, its instructions written to ``out``
+    (JSON: launch as logged -> instructions, None where it does not compile)."""
     from tests import compile_check as cc
     here = cc._project_kernels()
     missing = [k for k in kernels if k not in {name for _, name in here}]
@@ -103,6 +118,9 @@ def _dump(log: str, kernels: list[str], out: str, jobs: int) -> None:
         for line in open(log):  # compiled from the kernel's module here, keyed as logged
             entry = json.loads(line)
             if entry.get("kernel") in kernels:
+                for name, value in rewrite.items():
+                    if name in entry["kwargs"]:
+                        entry["kwargs"][name] = ["value", value]
                 home = _home(entry["module"], entry["kernel"], here)
                 f.write(json.dumps({**entry, "module": home, "logged": entry["module"]}) + "\n")
     cc._PER_KERNEL = 1 << 30  # every distinct launch
@@ -119,14 +137,15 @@ def _dump(log: str, kernels: list[str], out: str, jobs: int) -> None:
         json.dump(result, f)
 
 
-def _compiled(tree: str, log: str, kernels: list[str], out: str, jobs: int
-              ) -> dict[str, list[str] | None]:
+def _compiled(tree: str, log: str, kernels: list[str], rewrite: list[str], out: str,
+              jobs: int) -> dict[str, list[str] | None]:
     """``_dump`` run in ``tree`` (its package and its tests' compile check)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRITON_INTERPRET", "HASHREC_FORCE_TRITON")}
     env["PYTHONPATH"] = tree
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--dump", out, log,
-                           "--jobs", str(jobs), "--kernels", *kernels], cwd=tree, env=env,
+                           "--jobs", str(jobs), "--kernels", *kernels, "--set", *rewrite],
+                          cwd=tree, env=env,
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"kernel_ptx_diff: compiling in {tree} failed:\n{done.stderr[-3000:]}")
@@ -199,6 +218,9 @@ def main(argv=None) -> int:
     p.add_argument("--base", default="HEAD", help="git revision or folder to compare against "
                    "(default HEAD)")
     p.add_argument("--all", action="store_true", help="list identical launches too")
+    p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
+                   help="constexprs to rewrite where a launch has them (integers), to "
+                        "compare at the shapes of interest")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="compiling processes (default: one a core)")
     p.add_argument("--dump", help=argparse.SUPPRESS)  # internal: compile in this tree
@@ -206,12 +228,14 @@ def main(argv=None) -> int:
     log = os.path.abspath(args.log)
     if args.dump:
         sys.path.insert(0, os.getcwd())
-        _dump(log, args.kernels, args.dump, args.jobs)
+        _dump(log, args.kernels, _pairs(args.set), args.dump, args.jobs)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        base = _compiled(_base_tree(args.base, tmp), log, args.kernels,
+        _pairs(args.set)  # checked here, before compiling
+        base = _compiled(_base_tree(args.base, tmp), log, args.kernels, args.set,
                          os.path.join(tmp, "base.json"), args.jobs)
-        new = _compiled(ROOT, log, args.kernels, os.path.join(tmp, "new.json"), args.jobs)
+        new = _compiled(ROOT, log, args.kernels, args.set, os.path.join(tmp, "new.json"),
+                        args.jobs)
     print("\n".join(report(base, new, args.all)))
     return 0
 

@@ -84,3 +84,13 @@ def test_an_unknown_kernel_is_an_error(tmp_path):
     run = _run(_log(tmp_path), "--kernels", "no_such_kernel", "--base", ROOT)
     assert run.returncode != 0
     assert "no kernel no_such_kernel" in run.stderr
+
+
+def test_set_rewrites_the_launches_constexprs(tmp_path):
+    # tl.arange needs a power-of-two range: at BLOCK=1000 neither tree compiles the kernel.
+    run = _run(_log(tmp_path), "--kernels", "_rows_kernel", "--base", ROOT,
+               "--set", "BLOCK=1000")
+    assert run.returncode == 0, run.stderr
+    assert "_rows_kernel: 2 does not compile in either tree" in run.stdout
+    bad = _run(_log(tmp_path), "--kernels", "_rows_kernel", "--base", ROOT, "--set", "BLOCK=x")
+    assert bad.returncode != 0 and "NAME=INTEGER" in bad.stderr
