@@ -368,6 +368,30 @@ def _baseline(optim: str, batches, grads) -> dict:
             "forward_call_ms": fwd["call_ms"], "backward_call_ms": bwd["call_ms"]}
 
 
+def _phase_rows(figures: dict, n: int, u: int, bw: float) -> list[dict]:
+    """One row a phase: the fused kernels', the layer's and the baseline's ms, and the
+    fraction of the copy bandwidth ``bw`` the phase's least bytes (n ids, u unique
+    rows) take in that time. ``figures``: phase -> (kernels' results, layer's results,
+    "forward" or "backward", baseline's results)."""
+    row = 4 * ARGS.dim
+    bytes_min = {"forward": n * 8 + u * row + n * row, "backward_sgd": n * row + 2 * u * row,
+                 "backward_adam": n * row + 6 * u * row}
+    rows = []
+    for name, (fused, layer, part, base) in figures.items():
+        ms, layer_ms = fused[f"{part}_ms"], layer[f"{part}_ms"]
+        rows.append({"phase": name, "hashrec_ms": ms, "layer_ms": layer_ms,
+                     "hashrec_call_ms": fused[f"{part}_call_ms"],
+                     "layer_call_ms": layer[f"{part}_call"],
+                     "layer_issue_ms": layer[f"{part}_issue"],
+                     "layer_fraction_of_copy_bw": bytes_min[name] / (layer_ms * 1e-3) / bw,
+                     "embedding_bag_ms": base[f"{part}_ms"],
+                     "embedding_bag_call_ms": base[f"{part}_call_ms"],
+                     "min_bytes": bytes_min[name],
+                     "fraction_of_copy_bw": bytes_min[name] / (ms * 1e-3) / bw,
+                     "bandwidth_floor_ms": bytes_min[name] / bw * 1e3})
+    return rows
+
+
 def main() -> None:
     batches = _power_law_batches(ARGS.steps + 2)
     n = batches[0].numel()
@@ -378,27 +402,10 @@ def main() -> None:
     layer_sgd = _collection(SparseSGD(lr=0.01), batches, grads)
     layer_adam = _collection(SparseAdam(lr=0.001), batches, grads)
     base_sgd, base_adam = _baseline("sgd", batches, grads), _baseline("adam", batches, grads)
-    u, row = sgd["unique_ids"], 4 * ARGS.dim
-    bytes_min = {"forward": n * 8 + u * row + n * row, "backward_sgd": n * row + 2 * u * row,
-                 "backward_adam": n * row + 6 * u * row}
-    figures = {
-        "forward": (sgd, layer_sgd, "forward", base_sgd),
-        "backward_sgd": (sgd, layer_sgd, "backward", base_sgd),
-        "backward_adam": (adam, layer_adam, "backward", base_adam),
-    }
-    rows = []
-    for name, (fused, layer, part, base) in figures.items():
-        ms, layer_ms = fused[f"{part}_ms"], layer[f"{part}_ms"]
-        frac = bytes_min[name] / (ms * 1e-3) / bw
-        rows.append({"phase": name, "hashrec_ms": ms, "layer_ms": layer_ms,
-                     "hashrec_call_ms": fused[f"{part}_call_ms"],
-                     "layer_call_ms": layer[f"{part}_call"],
-                     "layer_issue_ms": layer[f"{part}_issue"],
-                     "layer_fraction_of_copy_bw": bytes_min[name] / (layer_ms * 1e-3) / bw,
-                     "embedding_bag_ms": base[f"{part}_ms"],
-                     "embedding_bag_call_ms": base[f"{part}_call_ms"],
-                     "min_bytes": bytes_min[name], "fraction_of_copy_bw": frac,
-                     "bandwidth_floor_ms": bytes_min[name] / bw * 1e3})
+    u = sgd["unique_ids"]
+    rows = _phase_rows({"forward": (sgd, layer_sgd, "forward", base_sgd),
+                        "backward_sgd": (sgd, layer_sgd, "backward", base_sgd),
+                        "backward_adam": (adam, layer_adam, "backward", base_adam)}, n, u, bw)
     results = {"env": environment(), "args": {k: v for k, v in vars(ARGS).items() if k != "out"},
                "ids_per_step": n, "mean_unique_ids": u,
                "forward_parts_ms": sgd["forward_parts_ms"],

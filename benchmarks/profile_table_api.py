@@ -120,47 +120,41 @@ def _profile(call) -> dict:
             "device_ms": sum(kernels.values()), "host_waits": dict(syncs)}
 
 
-def main() -> None:
-    args = ARGS
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows = []
-    for dim in args.dims:
-        table = _table(dim, args, device)
-        present = _present(table, args.batch)
-        for op in ("find", "find_or_insert", "insert_or_assign"):
-            times = []
-            for rep in range(args.reps + 2):
-                table.advance_step()
-                call, after = _calls(table, op, present, args.batch, dim)
-                _sync()
-                start = time.perf_counter()
-                call()
-                _sync()
-                if rep >= 2:
-                    times.append((time.perf_counter() - start) * 1e3)
-                after()
-            pairs = [_calls(table, op, present, args.batch, dim) for _ in range(args.loop)]
-            _sync()
-            start = time.perf_counter()
-            for call, _ in pairs:
-                call()
-            _sync()
-            loop_ms = (time.perf_counter() - start) * 1e3 / args.loop
-            for _, after in pairs:
-                after()
-            call, after = _calls(table, op, present, args.batch, dim)
-            prof = _profile(call)
-            after()
-            ms = statistics.median(times)
-            rows.append({"dim": dim, "op": op, "call_ms": ms, "min_ms": min(times),
-                         "bkvs": args.batch / ms / 1e6, "loop_ms": loop_ms,
-                         "loop_bkvs": args.batch / loop_ms / 1e6, **prof})
-            print(f"dim {dim} {op}: {ms:.3f} ms a call ({args.batch / ms / 1e6:.2f} B-KV/s), "
-                  f"{loop_ms:.3f} in a loop, kernels {prof['device_ms']:.3f} ms, host waits "
-                  f"{prof['host_waits']}", flush=True)
-        del table
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    env = environment()
+def _measure(table, op: str, present, dim: int, args) -> dict:
+    """One op at one dim: median call between syncs, a loop of calls, one profiled call."""
+    times = []
+    for rep in range(args.reps + 2):
+        table.advance_step()
+        call, after = _calls(table, op, present, args.batch, dim)
+        _sync()
+        start = time.perf_counter()
+        call()
+        _sync()
+        if rep >= 2:
+            times.append((time.perf_counter() - start) * 1e3)
+        after()
+    pairs = [_calls(table, op, present, args.batch, dim) for _ in range(args.loop)]
+    _sync()
+    start = time.perf_counter()
+    for call, _ in pairs:
+        call()
+    _sync()
+    loop_ms = (time.perf_counter() - start) * 1e3 / args.loop
+    for _, after in pairs:
+        after()
+    call, after = _calls(table, op, present, args.batch, dim)
+    prof = _profile(call)
+    after()
+    ms = statistics.median(times)
+    print(f"dim {dim} {op}: {ms:.3f} ms a call ({args.batch / ms / 1e6:.2f} B-KV/s), "
+          f"{loop_ms:.3f} in a loop, kernels {prof['device_ms']:.3f} ms, host waits "
+          f"{prof['host_waits']}", flush=True)
+    return {"dim": dim, "op": op, "call_ms": ms, "min_ms": min(times),
+            "bkvs": args.batch / ms / 1e6, "loop_ms": loop_ms,
+            "loop_bkvs": args.batch / loop_ms / 1e6, **prof}
+
+
+def _report(rows: list[dict], env: dict, args) -> str:
     lines = ["# HashTable calls on the GPU: time, kernels, host waits", "",
              f"Command: `{command_line()}`", "",
              f"Date {env['date']}, GPU {env['gpu']}, torch {env['torch']}, triton "
@@ -181,7 +175,22 @@ def main() -> None:
         lines += ["", f"## dim {r['dim']}, {r['op']}: kernels (ms)", ""]
         lines += [f"- {ms:.3f} `{name}`" for name, ms in
                   list(r["kernels_ms"].items())[:args.top]]
-    text = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    args = ARGS
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rows = []
+    for dim in args.dims:
+        table = _table(dim, args, device)
+        present = _present(table, args.batch)
+        for op in ("find", "find_or_insert", "insert_or_assign"):
+            rows.append(_measure(table, op, present, dim, args))
+        del table
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    env = environment()
+    text = _report(rows, env, args)
     print(text)
     if args.out:
         write_results(args.out, {"env": env, "args": vars(args), "rows": rows}, text)

@@ -193,6 +193,12 @@ def main() -> None:
                                              by_order=how == "sorted")
           for what in ("reduce", "reduce_apply") for how in ("by_position", "sorted")}),
     ]
+    _write(_sweep(kernels, reps, k), unique, row_dim)
+
+
+def _sweep(kernels: list[tuple], reps: int, k: int) -> dict[str, dict[str, float]]:
+    """Device ms of each timed kernel (by name) under each launch config of its module's
+    knob ("default": the knob unset), over ``reps`` calls cycling through ``k`` steps."""
     results = {}
     for module, knob, first, configs, timed in kernels:
         for name in timed:
@@ -208,7 +214,7 @@ def main() -> None:
             finally:
                 if knob is not None:
                     setattr(module, knob, None)
-    _write(results, unique, row_dim)
+    return results
 
 
 def _write(results: dict, unique: float, row_dim: int) -> None:
