@@ -205,6 +205,31 @@ def _forward_parts(model: FusedStep, batches) -> dict:
     return {name: t["device_ms"] for name, t in times.items()}
 
 
+def _forwards_ahead(layer, forward, inputs, batches, names, lengths, sgd: bool) -> tuple:
+    """The layer's forward with the next dedup ahead, timed: as the trainer runs it, and
+    (SGD tables) with the dedup on the step's stream (CUDA), with ``--fresh`` ids new to
+    the tables, and traced (``--trace``). (ahead, one stream or None, fresh or None)."""
+    k = len(inputs)
+    ahead = time_device_ms(lambda i: _forward_prepared(layer, forward, inputs, i), k - 2,
+                           setup=lambda i: i)
+    one_stream = None
+    if DEVICE.type == "cuda" and sgd:
+        one_stream = _one_stream(lambda: time_device_ms(
+            lambda i: _forward_prepared(layer, forward, inputs, i), k - 2, setup=lambda i: i))
+    fresh = None
+    if ARGS.fresh and sgd:
+        fresh_inputs = _fresh_inputs(batches, 2 * k + 2, names, lengths)
+        fresh = time_device_ms(lambda i: _forward_prepared(layer, forward, fresh_inputs, i),
+                               k - 2, setup=lambda i: i)
+    if ARGS.trace and sgd:
+        trace_calls(lambda i: _forward_prepared(layer, forward, inputs, i), k, ARGS.out)
+        if fresh is not None:  # batches with ids new again
+            traced = _fresh_inputs(batches, k + 2, names, lengths, start=2 * k + 2)
+            trace_calls(lambda i: _forward_prepared(layer, forward, traced, i), k, ARGS.out,
+                        "fresh", f" ({ARGS.fresh:.0%} of the ids new to the tables)")
+    return ahead, one_stream, fresh
+
+
 def _collection(optimizer, batches, grads) -> dict:
     """Forward and backward ms of the step through ``EmbeddingCollection``."""
     from hashrec.embedding import (
@@ -252,23 +277,8 @@ def _collection(optimizer, batches, grads) -> dict:
         profile_steps(lambda i: backward(forward(inputs[i % k])), k, ARGS.out)
     if ARGS.host_profile and isinstance(optimizer, SparseSGD):
         host_profile(forward, inputs, ARGS.out)
-    ahead = time_device_ms(lambda i: _forward_prepared(layer, forward, inputs, i), k - 2,
-                           setup=lambda i: i)
-    one_stream = None
-    if DEVICE.type == "cuda" and isinstance(optimizer, SparseSGD):
-        one_stream = _one_stream(lambda: time_device_ms(
-            lambda i: _forward_prepared(layer, forward, inputs, i), k - 2, setup=lambda i: i))
-    fresh = None
-    if ARGS.fresh and isinstance(optimizer, SparseSGD):
-        fresh_inputs = _fresh_inputs(batches, 2 * k + 2, names, lengths)
-        fresh = time_device_ms(lambda i: _forward_prepared(layer, forward, fresh_inputs, i),
-                               k - 2, setup=lambda i: i)
-    if ARGS.trace and isinstance(optimizer, SparseSGD):
-        trace_calls(lambda i: _forward_prepared(layer, forward, inputs, i), k, ARGS.out)
-        if fresh is not None:  # batches with ids new again
-            traced = _fresh_inputs(batches, k + 2, names, lengths, start=2 * k + 2)
-            trace_calls(lambda i: _forward_prepared(layer, forward, traced, i), k, ARGS.out,
-                        "fresh", f" ({ARGS.fresh:.0%} of the ids new to the tables)")
+    ahead, one_stream, fresh = _forwards_ahead(layer, forward, inputs, batches, names,
+                                               lengths, isinstance(optimizer, SparseSGD))
     timed = (("forward", fwd), ("forward_ahead", ahead), ("backward", bwd),
              ("forward_fresh", fresh), ("forward_ahead_one_stream", one_stream))
     return {**{f"{part}_{what}": t[f"{what}_ms"] if what != "ms" else t["device_ms"]
@@ -438,6 +448,22 @@ def main() -> None:
     _write(results)
 
 
+def _sweep_lines(results: dict) -> list[str]:
+    """The backward's device ms at each ``--reduce-configs`` tile, the default first."""
+    sweep = results["backward_sweep_ms"]
+    base = {r["phase"]: r for r in results["rows"]}
+    lines = ["", "Backward at other stage-1 tiles (device ms; the default in the first row):",
+             "", "| tiles | kernels, SGD | kernels, Adam | layer, SGD |",
+             "| --- | --- | --- | --- |",
+             f"| default {_default_tiles()} | {base['backward_sgd']['hashrec_ms']:.3f} | "
+             f"{base['backward_adam']['hashrec_ms']:.3f} | "
+             f"{base['backward_sgd']['layer_ms']:.3f} |"]
+    for cfg in ARGS.reduce_configs:
+        lines.append(f"| {cfg} | " + " | ".join(
+            f"{sweep[k][cfg]['device_ms']:.3f}" for k in ("sgd", "adam", "layer_sgd")) + " |")
+    return lines
+
+
 def _write(results: dict) -> None:
     lines = ["| phase | HashRec kernels ms (one call) | HashRec layer ms (one call) | "
              "layer host issue ms | nn.EmbeddingBag ms (one call) | floor ms (min bytes / "
@@ -474,18 +500,8 @@ def _write(results: dict) -> None:
               f"vectors): {adam['ms']:.3f} ms ({adam['call']:.3f} one call); with the "
               f"next deduplication ahead {adam_ahead['ms']:.3f} ms ({adam_ahead['call']:.3f} "
               "one call)."]
-    sweep = results["backward_sweep_ms"]
     if ARGS.reduce_configs:
-        base = {r["phase"]: r for r in results["rows"]}
-        lines += ["", "Backward at other stage-1 tiles (device ms; the default in the first row):",
-                  "", "| tiles | kernels, SGD | kernels, Adam | layer, SGD |",
-                  "| --- | --- | --- | --- |",
-                  f"| default {_default_tiles()} | {base['backward_sgd']['hashrec_ms']:.3f} | "
-                  f"{base['backward_adam']['hashrec_ms']:.3f} | "
-                  f"{base['backward_sgd']['layer_ms']:.3f} |"]
-        for cfg in ARGS.reduce_configs:
-            lines.append(f"| {cfg} | " + " | ".join(
-                f"{sweep[k][cfg]['device_ms']:.3f}" for k in ("sgd", "adam", "layer_sgd")) + " |")
+        lines += _sweep_lines(results)
     table = "\n".join(lines)
     print(json.dumps(results), flush=True)
     print(table)

@@ -36,8 +36,9 @@ def test_sweep_rows_runs_every_kernel_under_each_config():
 
 
 def test_embedding_layer_benchmark_runs():
-    out = _smoke("bench_embedding_layer.py")
+    out = _smoke("bench_embedding_layer.py", "--reduce-configs", "1024x2")
     assert "Layer forward with the next batch's deduplication started ahead" in out
+    assert "| 1024x2 |" in out  # the backward timed at another tile
 
 
 def test_table_floor_benchmark_runs():
