@@ -36,3 +36,15 @@ def launch_config(text: str) -> dict:
     except ValueError:
         raise SystemExit(f"launch config {text!r} is not BLOCKxWARPS[rREGS][w], e.g. "
                          "64x2r80w") from None
+
+
+def int_pairs(items: list[str]) -> dict[str, int]:
+    """``NAME=VALUE`` items (constexprs to set or require) as a dict of integers."""
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            out[name] = int(value)
+        except ValueError:
+            raise SystemExit(f"expected NAME=INTEGER, got {item!r}") from None
+    return out

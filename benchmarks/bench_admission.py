@@ -74,7 +74,7 @@ from _timing import command_line, environment, time_ms, write_results  # noqa: E
 
 from hashrec.table.admission import AdmissionCounter  # noqa: E402
 from hashrec.table.ops.find import triton as find_tt  # noqa: E402
-from hashrec.table.ops.insert.upsert_block import UPSERT_BLOCK  # noqa: E402
+from hashrec.table.ops.insert.upsert_block import UPSERT_BLOCK, lane_width  # noqa: E402
 from hashrec.table.storage import TableStorage  # noqa: E402
 
 if ARGS.wide_lane_width is not None:
@@ -220,6 +220,7 @@ def main() -> None:
                "bucket": ARGS.bucket, "batch": ARGS.batch, "present": ARGS.present,
                "rounds": ARGS.rounds, "reps": ARGS.reps,
                "wide_lane_width": UPSERT_BLOCK["wide_lane_width"],
+               "lane_width": lane_width(UPSERT_BLOCK, ARGS.bucket),
                "rows": rows}
     if ARGS.out:
         write_results(ARGS.out, results, _markdown(results))
@@ -242,7 +243,7 @@ def _markdown(results: dict) -> str:
         f"triton {results['triton']}; counter tables of {results['slots']:,} slots in "
         f"buckets of {results['bucket']}, {results['batch']:,} unique keys a call "
         f"({results['present']:.0%} counted before); the upsert's lane form places runs "
-        f"of up to {results['wide_lane_width']} misses there. ms are medians of {results['reps']} "
+        f"of up to {results['lane_width']} misses there. ms are medians of {results['reps']} "
         f"runs, one figure a round ({results['rounds']} rounds, the forms alternating); "
         "speedup: the tile's median over the segments'.", "",
         "| load factor | op | segments ms | tile ms | tile4 ms | speedup over tile "

@@ -38,6 +38,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cli import int_pairs  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -63,18 +66,6 @@ def verdict(base: list[str], new: list[str]) -> str:
     if a == b:
         return "reordered"
     return f"changed (+{sum((b - a).values())} -{sum((a - b).values())})"
-
-
-def _pairs(items: list[str]) -> dict[str, int]:
-    """``NAME=VALUE`` items as a dict of integers."""
-    out = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        try:
-            out[name] = int(value)
-        except ValueError:
-            raise SystemExit(f"kernel_ptx_diff: --set takes NAME=INTEGER, got {item!r}") from None
-    return out
 
 
 def _home(logged: str, name: str, kernels: set[tuple[str, str]]) -> str:
@@ -228,10 +219,10 @@ def main(argv=None) -> int:
     log = os.path.abspath(args.log)
     if args.dump:
         sys.path.insert(0, os.getcwd())
-        _dump(log, args.kernels, _pairs(args.set), args.dump, args.jobs)
+        _dump(log, args.kernels, int_pairs(args.set), args.dump, args.jobs)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        _pairs(args.set)  # checked here, before compiling
+        int_pairs(args.set)  # checked here, before compiling
         base = _compiled(_base_tree(args.base, tmp), log, args.kernels, args.set,
                          os.path.join(tmp, "base.json"), args.jobs)
         new = _compiled(ROOT, log, args.kernels, args.set, os.path.join(tmp, "new.json"),

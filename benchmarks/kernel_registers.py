@@ -28,16 +28,10 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cli import int_pairs  # noqa: E402
 
 _REGS_PER_SM, _WARPS_PER_SM, _PROGRAMS_PER_SM = 65536, 64, 32
-
-
-def _pairs(items: list[str]) -> dict[str, int]:
-    out = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        out[name] = int(value)
-    return out
 
 
 def _ptxas_info(ptx: str, maxnreg: int | None) -> tuple[int, int]:
@@ -77,7 +71,7 @@ def main(argv=None) -> int:
 
     from tests.compile_check import _normalized, _source
 
-    rewrite, require = _pairs(args.set), _pairs(args.require)
+    rewrite, require = int_pairs(args.set), int_pairs(args.require)
     picked: dict[str, dict] = {}
     with open(args.log) as f:
         for line in f:

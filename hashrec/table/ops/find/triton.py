@@ -26,6 +26,7 @@ picks the probe's form.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -172,12 +173,6 @@ def probe_masks(cap: int, words: bool) -> bool:
     return mask_probe(cap, words) or (bool(MASK_PROBE) and words and cap % 128 == 0)
 
 
-def probe_width(cap: int, width: int, words: bool) -> int:
-    """The digest tile width that sizes a probe launch (``probe_block``): a probe by masks
-    holds 16-byte chunks, not the line, so a segmented bucket counts as 128 slots."""
-    return min(width, 32) if probe_masks(cap, words) else width
-
-
 def by_word(default: bool) -> int:
     """The BY_WORD of a probe whose launch picks ``default``: 0 (by position) or how many
     lowest matches it finds by word."""
@@ -215,6 +210,33 @@ def digest_line(storage: TableStorage) -> tuple[torch.Tensor, int, bool]:
     return digests, next_pow2(cap), False
 
 
+class ProbeLaunch(NamedTuple):
+    """How a kernel that calls ``probe_bucket`` probes a storage (``probe_launch``)."""
+
+    line: torch.Tensor  # the digest array as the probe reads it (``digest_line``)
+    tile: int  # the digest tile width that sizes its programs (``probe_block``)
+    masks: bool  # whether it takes the matches as masks (``probe_masks``)
+    constexprs: dict  # probe_bucket's CAP, LINE, WORDS, POW2, ROUND and MASKS
+
+    def by_word(self, default: bool | None = None) -> int:
+        """BY_WORD for a launch that picks ``default`` (None: by word where the tile is at
+        most 32 words wide, as the upsert's probe and the admission count)."""
+        return by_word(self.tile <= 32 if default is None else default)
+
+
+def probe_launch(storage: TableStorage) -> ProbeLaunch:
+    """The probe settings of ``storage``'s buckets, the same for every kernel that probes
+    them (find, the upsert's probe, the admission count)."""
+    line, width, words = digest_line(storage)
+    cap = storage.bucket_capacity
+    masks = probe_masks(cap, words)
+    # A probe by masks holds 16-byte chunks, not the line: a segmented bucket's tile is
+    # that of a 128-slot one.
+    return ProbeLaunch(line, min(width, 32) if masks else width, masks, {
+        "CAP": cap, "LINE": width, "WORDS": words, "POW2": is_pow2(storage.num_buckets),
+        "ROUND": probe_round(cap), "MASKS": masks})
+
+
 def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
                 slots: torch.Tensor, values: torch.Tensor | None = None,
                 config: dict | None = None) -> None:
@@ -223,26 +245,20 @@ def launch_find(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | 
     n = keys.numel()
     if n == 0:
         return
-    line, width, words = digest_line(storage)
-    cap = storage.bucket_capacity
-    tile = probe_width(cap, width, words)
+    probe = probe_launch(storage)
     dim = values.shape[1] if values is not None else 1
     dim_p2 = next_pow2(dim)
-    config = config or _config(dim_p2, tile)
-    block = min(probe_block(tile, config["num_warps"], config["block"]),
+    config = config or _config(dim_p2, probe.tile)
+    block = min(probe_block(probe.tile, config["num_warps"], config["block"]),
                 max(1, 16384 // dim_p2))
     _find_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys, storage.keys, storage.probe_tags(tags),
-        line, storage.values, slots, values if values is not None else slots, n,
+        probe.line, storage.values, slots, values if values is not None else slots, n,
         storage.num_buckets, HAS_TAGS=tags is not None, WITH_VALUES=values is not None,
-        CAP=cap, LINE=width, WORDS=words,
-        POW2=is_pow2(storage.num_buckets), ROUND=probe_round(cap),
         ROW_DIM=storage.row_dim, DIM=dim, DIM_P2=dim_p2,
-        BY_WORD=by_word(config.get("by_word", False)),
-        MASKS=probe_masks(cap, words), SHIFT=n >= block and dim_p2 >= 128,
-        BLOCK=block,
-        num_warps=config["num_warps"],
-        **maxnreg(config.get("maxnreg", 0)))
+        BY_WORD=probe.by_word(config.get("by_word", False)),
+        SHIFT=n >= block and dim_p2 >= 128, BLOCK=block, num_warps=config["num_warps"],
+        **probe.constexprs, **maxnreg(config.get("maxnreg", 0)))
 
 
 def _launch(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,

@@ -24,16 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from hashrec.table._triton_hash import is_pow2, load_tags
+from hashrec.table._triton_hash import load_tags
 from hashrec.table.ops.find.probe import probe_bucket
-from hashrec.table.ops.find.triton import (
-    by_word,
-    digest_line,
-    probe_block,
-    probe_masks,
-    probe_round,
-    probe_width,
-)
+from hashrec.table.ops.find.triton import probe_block, probe_launch
 from hashrec.table.ops.launch import aligned_rows, cdiv, fast_launch
 from hashrec.table.storage import TableStorage
 
@@ -140,18 +133,14 @@ def count_admission(storage: TableStorage, keys: torch.Tensor, tags: torch.Tenso
     flags = aligned_rows(2, n, torch.bool, keys.device)
     totals = torch.empty(n, dtype=torch.int64, device=keys.device)
     if n:
-        line, width, words = digest_line(storage)
-        cap = storage.bucket_capacity
-        tile = probe_width(cap, width, words)
-        block = probe_block(tile)
+        probe = probe_launch(storage)
+        block = probe_block(probe.tile)
         _count_kernel[(cdiv(n, block),)](
             keys, tags if tags is not None else keys, counts, active.view(torch.int8),
-            storage.keys, storage.tags, line, storage.digests, storage.scores,
+            storage.keys, storage.tags, probe.line, storage.digests, storage.scores,
             flags[0].view(torch.int8), totals, flags[1].view(torch.int8), n,
             storage.num_buckets, int(threshold), HAS_TAGS=tags is not None,
-            CAP=cap, LINE=width, WORDS=words, POW2=is_pow2(storage.num_buckets),
-            ROUND=probe_round(cap), BY_WORD=by_word(tile <= 32), MASKS=probe_masks(cap, words),
-            BLOCK=block, num_warps=2)
+            BY_WORD=probe.by_word(), BLOCK=block, num_warps=2, **probe.constexprs)
     return Counted(flags[0], totals, flags[1])
 
 

@@ -67,28 +67,18 @@ import triton.language as tl
 from hashrec.table._triton_hash import (
     bucket_of_fast,
     check_keys,
-    is_pow2,
     load_tags,
     tagged_hash,
 )
 from hashrec.table.ops.find.probe import probe_bucket
-from hashrec.table.ops.find.triton import (
-    by_word,
-    digest_line,
-    mask_probe,
-    probe_block,
-    probe_masks,
-    probe_round,
-    probe_width,
-)
-from hashrec.table.ops.insert.group import (
-    bucket_counts,
-)
+from hashrec.table.ops.find.triton import digest_line, mask_probe, probe_block, probe_launch
+from hashrec.table.ops.insert.group import bucket_counts
 from hashrec.table.ops.insert.rows import write_rows
 from hashrec.table.ops.insert.runs import insert_run
 from hashrec.table.ops.insert.upsert_block import (
     UPSERT_BLOCK,
     block_positions,
+    lane_width,
     upsert_block_kernel,
 )
 from hashrec.table.ops.insert.upsert_gather import sort_misses
@@ -338,26 +328,21 @@ def _sort_keys(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | N
     shift = max(1, (nb - 1).bit_length())
     wide = shift > NARROW_MAX_SHIFT
     sort_key = torch.empty(n, dtype=torch.int64 if wide else torch.int32, device=keys.device)
-    line, width, words = digest_line(storage)
-    masks = probe_masks(storage.bucket_capacity, words)
-    tile = probe_width(storage.bucket_capacity, width, words)
-    warps = UPSERT_BLOCK["probe_warps"] or (1 if masks else 2)
+    probe = probe_launch(storage)
+    warps = UPSERT_BLOCK["probe_warps"] or (1 if probe.masks else 2)
     most = UPSERT_BLOCK["probe_keys"]
-    block = probe_block(tile, warps, most) if most else probe_block(tile, warps)
+    block = probe_block(probe.tile, warps, most) if most else probe_block(probe.tile, warps)
     _probe_sort_kernel[(cdiv(n, block),)](
         keys, tags if tags is not None else keys,
         active.view(torch.uint8) if active is not None else keys,
         given if given is not None else keys, storage.keys,
-        storage.probe_tags(tags), line, slots, sort_key,
+        storage.probe_tags(tags), probe.line, slots, sort_key,
         flags[0].view(torch.int8) if flags is not None else sort_key,
         *(counted if counted is not None else (sort_key, sort_key)), n, nb, shift,
         flags.stride(0) if flags is not None else 0,
         HAS_TAGS=tags is not None, HAS_ACTIVE=active is not None, GIVEN=given is not None,
-        MISSES_ONLY=flags is not None, CAP=storage.bucket_capacity,
-        LINE=width,
-        WORDS=words, POW2=is_pow2(nb), ROUND=probe_round(storage.bucket_capacity), WIDE=wide,
-        BY_WORD=by_word(tile <= 32), MASKS=masks, BLOCK=block, num_warps=warps,
-        **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
+        MISSES_ONLY=flags is not None, WIDE=wide, BY_WORD=probe.by_word(), BLOCK=block,
+        num_warps=warps, **probe.constexprs, **maxnreg(UPSERT_BLOCK["probe_maxnreg"]))
     if wide:
         return sort_key, _WIDE_SENTINEL, 63 - shift
     return sort_key, _NARROW_SENTINEL, 30 - shift
@@ -458,16 +443,15 @@ def _insert_misses(storage: TableStorage, args: tuple, allow_evict: bool,
         # The block form then serves only the blocks the lane form flags.
         state = _empty(n, torch.int8, storage.device)
         blocks = _empty(programs, torch.int8, storage.device)
-        wide = block["wide_lane_width"] if cap > 128 else 0
-        lane_width = block["lane_width"] or wide or block["width"]
+        longest = lane_width(block, cap)
         inline = _lanes_inline(storage, programs)
         upsert_lanes_kernel[(programs,)](
             s_keys, s_tags, s_scores, s_bucket, first, perm, n, line, t_keys, t_tags, t_scores,
             out, evicted, state, blocks, misses if misses is not None else blocks, slots,
             flags[0].view(torch.int8), flags.stride(0), t_digests, s_digests, ev_any, *ev,
             marks, ev_any[1:],
-            ALLOW_EVICT=evict, CAP=cap, CAP_P2=next_pow2(cap), LINE=width, W=lane_width,
-            WIN=next_pow2(2 * lane_width + 1), BI=block["inline_bi"] if inline else 1,
+            ALLOW_EVICT=evict, CAP=cap, CAP_P2=next_pow2(cap), LINE=width, W=longest,
+            WIN=next_pow2(2 * longest + 1), BI=block["inline_bi"] if inline else 1,
             MISSES_ONLY=misses is not None, MASKS=mask_probe(cap, words), INLINE=inline,
             BLOCK=b, num_warps=block["lane_warps"],
             **maxnreg(block["inline_maxnreg"] if inline else 0))

@@ -30,7 +30,7 @@ from hashrec.table.ops.insert.triton import write_entries
 from hashrec.table.ops.insert.upsert_lanes import LANE_DEFERRED, nth_bit
 from hashrec.table.ops.launch import env_int, fast_launch, next_pow2
 
-__all__ = ["UPSERT_BLOCK", "block_positions", "upsert_block_kernel"]
+__all__ = ["UPSERT_BLOCK", "block_positions", "lane_width", "upsert_block_kernel"]
 
 
 # Sorted positions per program unless HASHREC_UPSERT_BLOCK says otherwise: on an H200,
@@ -72,8 +72,9 @@ def _lanes_min_from_env() -> int:
 # places (0: width, or in buckets over 128 slots wide_lane_width, when not 0: in the
 # admission counters' 1,024-slot buckets a large call brings runs of tens of misses a
 # bucket, which the block form places at 8 positions a program; a wider lane form is not
-# yet timed, ``benchmarks/bench_admission.py --wide-lane-width``). On unless HASHREC_UPSERT_LANES=0, for calls of at least lanes_min
-# keys (HASHREC_UPSERT_LANES_MIN; 0: every call). On an H200, with every insert call
+# yet timed, ``benchmarks/bench_admission.py --wide-lane-width``). On unless
+# HASHREC_UPSERT_LANES=0, for calls of at least lanes_min keys
+# (HASHREC_UPSERT_LANES_MIN; 0: every call). On an H200, with every insert call
 # starting at its load factor, it took insert_or_assign of 1M keys (40% new) into 64M
 # slots 1.27x / 1.24x as fast at load factors 0.5 / 0.75 (dim 8: 0.484 against 0.618 ms),
 # 1.19x / 1.17x at dim 128, and cost 7-9% at 1.0, where every run is left to the block
@@ -114,12 +115,19 @@ def _lanes_min_from_env() -> int:
 # lane form then the block form 0.430 / 0.449 (benchmarks/results/upsert_inline.md).
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 8, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
-                "lane_warps": 2, "lane_width": 0, "wide_lane_width": 0, "maxnreg": 64, "persistent_warps": 4,
-                "persistent_maxnreg": 128, "probe_maxnreg": 0, "probe_keys": 0,
-                "probe_warps": 0, "inline": -1, "inline_share": 16, "inline_bi": 8,
-                "inline_maxnreg": 80}
+                "lane_warps": 2, "lane_width": 0, "wide_lane_width": 0, "maxnreg": 64,
+                "persistent_warps": 4, "persistent_maxnreg": 128, "probe_maxnreg": 0,
+                "probe_keys": 0, "probe_warps": 0, "inline": -1, "inline_share": 16,
+                "inline_bi": 8, "inline_maxnreg": 80}
 
 _MAX_SCORE = tl.constexpr(0x7FFFFFFFFFFFFFFF)
+
+
+def lane_width(block: dict, cap: int) -> int:
+    """The longest run of misses the lane form places in a ``cap``-slot bucket under
+    ``block`` (``UPSERT_BLOCK``'s form: its lane_width and wide_lane_width)."""
+    wide = block["wide_lane_width"] if cap > 128 else 0
+    return block["lane_width"] or wide or block["width"]
 
 
 def block_positions(block: int, elements: int, cap: int) -> int:
