@@ -27,7 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train the pipeline config's model. Checkpoints go to "
                     "<model_dir>/model.ckpt-<step>/ every save_checkpoints_steps (and at the "
                     "end); each evaluation appends a JSON line to <model_dir>/eval_result.txt; "
-                    "the effective config is written to <model_dir>/pipeline.config.")
+                    "the effective config is written to <model_dir>/pipeline.config once "
+                    "its checkpoints fit it. Ctrl-C or SIGTERM stops after the current "
+                    "step with a checkpoint (exit 130 / 143); --continue_train then resumes "
+                    "inside the epoch, past the batches already trained.")
     add_config_arguments(parser)
     parser.add_argument("--model_dir", default=None,
                         help="overrides the config's model_dir")

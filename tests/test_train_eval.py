@@ -82,6 +82,7 @@ def test_train_eval_writes_checkpoints_config_and_results(trained):
     results = eval_results(model_dir)
     assert [r["step"] for r in results][-1] == steps[-1]
     assert all({"auc", "step", "loss"} <= set(r) for r in results)
+    assert results[-1]["checkpoint"] == os.path.join(model_dir, f"model.ckpt-{steps[-1]}")
     assert "samples/s" in proc.stderr and "load" in proc.stderr
 
 
@@ -154,6 +155,27 @@ def test_continue_train_resumes_from_latest(trained, data_dir):
     steps = checkpoint_steps(model_dir)
     assert steps[-1] == latest + 10 and len(steps) == 2
     assert eval_results(model_dir)[-1]["step"] == steps[-1]
+
+
+def test_failed_continue_leaves_the_model_dirs_config(trained, data_dir):
+    model_dir, _ = trained
+    config = (model_dir / "pipeline.config").read_text()
+    before = checkpoint_steps(model_dir)
+    edits = {**EDITS, "feature_configs[feature_name=cms_segid].id_feature.embedding_dim": 8}
+    proc = run("hashrec.train_eval", *train_args(data_dir, model_dir, "--continue_train"),
+               edits=edits)
+    assert proc.returncode == 1 and "CheckpointError" in proc.stderr
+    assert (model_dir / "pipeline.config").read_text() == config
+    assert checkpoint_steps(model_dir) == before
+
+
+def test_a_missing_eval_input_is_found_before_training(data_dir, tmp_path):
+    model_dir = tmp_path / "model"
+    args = [arg if arg != str(data_dir / "eval") else str(tmp_path / "no_eval")
+            for arg in train_args(data_dir, model_dir)]
+    proc = run("hashrec.train_eval", *args, edits=EDITS)
+    assert proc.returncode == 1 and "no_eval" in proc.stderr
+    assert "Traceback" not in proc.stderr and checkpoint_steps(model_dir) == []
 
 
 @pytest.mark.parametrize("module", ["hashrec.train_eval", "hashrec.eval"])

@@ -8,7 +8,9 @@ on the host. A dump streams ``export_state`` once and writes
 * ``rows``: entries that are new or whose row or score changed (full rows);
 * ``evicted``: (key, tag) of entries present at the previous dump and gone now.
 
-The first dump has no previous state and is therefore a full dump. Layout::
+The first dump has no previous state and is therefore a full dump (so is the first
+of a resumed run, which moves the dumps after its checkpoint's step aside first:
+``discard_dumps_after``). Layout::
 
     output_dir/dump-<step>/meta.json  (kind "full" or "delta", step, base_step)
     output_dir/dump-<step>/dynamicemb/<table>/rank-<r>-of-<n>.{json,bin}
@@ -37,6 +39,7 @@ from hashrec.checkpoint.table_io import DEFAULT_CHUNK_ROWS, ROWS, table_descript
 
 EVICTED = "evicted"
 DUMP_PREFIX = "dump-"
+DISCARDED_PREFIX = "discarded-"
 
 
 @dataclass
@@ -50,6 +53,34 @@ class _Snapshot:
 def dump_path(output_dir: str, step: int) -> str:
     """``output_dir/dump-<step>`` (zero-padded so names sort by step)."""
     return os.path.join(output_dir, f"{DUMP_PREFIX}{step:012d}")
+
+
+def discard_dumps_after(output_dir: str, step: int) -> str | None:
+    """Move the dumps of steps after ``step`` (complete or not) into
+    ``output_dir/discarded-<time>/``: a run resumed from the checkpoint of ``step``
+    makes new ones, and a consumer must not apply the lost run's after them.
+
+    Returns:
+        The folder they went to, or None when there were none.
+    """
+    if not os.path.isdir(output_dir):
+        return None
+    later = []
+    for name in sorted(os.listdir(output_dir)):
+        digits = name[len(DUMP_PREFIX):].split(".", 1)[0]
+        if name.startswith(DUMP_PREFIX) and digits.isdigit() and int(digits) > step:
+            later.append(name)
+    if not later:
+        return None
+    target = os.path.join(output_dir, f"{DISCARDED_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}")
+    suffix, unique = 0, target
+    while os.path.exists(unique):
+        suffix += 1
+        unique = f"{target}-{suffix}"
+    os.makedirs(unique)
+    for name in later:
+        os.replace(os.path.join(output_dir, name), os.path.join(unique, name))
+    return unique
 
 
 def _tags(tags: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:

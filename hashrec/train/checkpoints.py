@@ -2,9 +2,12 @@
 
 A run writes ``model_dir/model.ckpt-<step>/`` every ``save_checkpoints_steps``
 steps and/or every ``save_checkpoints_epochs`` epochs, and once at the end.
-Checkpoint ``extra`` carries the epoch count, so a resumed run continues the
-epoch loop where it stopped (data of a partly finished epoch is read again
-from its start).
+Checkpoint ``extra`` carries the epoch count and the batches trained of the epoch
+in progress, so a resumed run continues where it stopped: the partly trained
+epoch's first batches are read again (the order of the rest depends on them) but
+not trained. They are the same batches when the readers are laid out as before
+(ranks, loader workers, batch size; also in ``extra``); otherwise the count is
+skipped and a warning says the batches differ.
 """
 
 from __future__ import annotations
@@ -14,7 +17,12 @@ import logging
 import os
 from dataclasses import dataclass
 
-from hashrec.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
+from hashrec.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from hashrec.train.errors import TrainError
 
 logger = logging.getLogger("hashrec.train")
@@ -24,11 +32,15 @@ CHECKPOINT_GLOB = "model.ckpt-*"
 
 @dataclass(frozen=True)
 class Resume:
-    """Where training starts: ``step`` and ``epoch`` already done, restored from ``path``."""
+    """Where training starts: ``step`` and ``epoch`` already done, ``epoch_step`` batches
+    of the next epoch trained (read by ``readers``: ranks, loader workers and batch
+    size, or None where unknown), restored from ``path``."""
 
     step: int = 0
     epoch: int = 0
     path: str | None = None
+    epoch_step: int = 0
+    readers: tuple[int, ...] | None = None
 
 
 def existing_checkpoints(model_dir: str) -> list[str]:
@@ -68,8 +80,12 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
             meta = restore_checkpoint(path, model, dense_optimizer.optimizer, tables,
                                       restore_optimizer=restore_optimizer)
             extra = meta.get("extra") or {}
+            _note_skipped(model_dir, path)
             logger.info("continuing from %s (step %d)", path, int(meta["step"]))
-            return Resume(int(meta["step"]), int(extra.get("epoch", 0)), path)
+            readers = extra.get("readers")
+            return Resume(int(meta["step"]), int(extra.get("epoch", 0)), path,
+                          int(extra.get("epoch_step", 0)),
+                          tuple(readers) if readers is not None else None)
         if existing_checkpoints(model_dir):
             logger.warning("model_dir %s holds no complete checkpoint; starting fresh",
                            model_dir)
@@ -79,6 +95,21 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
         logger.info("initialized from fine_tune_checkpoint %s", path)
         return Resume(0, 0, path)
     return Resume()
+
+
+def _note_skipped(model_dir: str, latest: str) -> None:
+    """Warn about checkpoints after ``latest`` that are incomplete (a save interrupted)."""
+    later = [p for p in existing_checkpoints(model_dir)
+             if _step_of(p) is not None and _step_of(p) > (_step_of(latest) or 0)]
+    if later:
+        logger.warning("%s: incomplete (a save was interrupted), not restored; the run "
+                       "continues from the latest complete checkpoint",
+                       ", ".join(os.path.basename(p) for p in later))
+
+
+def _step_of(path: str) -> int | None:
+    suffix = os.path.basename(os.path.normpath(path))[len("model.ckpt-"):]
+    return int(suffix) if suffix.isdigit() else None
 
 
 def resolve_checkpoint(path: str) -> str:
@@ -97,11 +128,38 @@ def resolve_checkpoint(path: str) -> str:
     return latest
 
 
+def restore_resolved(path: str, restore):
+    """``restore(checkpoint)`` of the checkpoint ``path`` names: itself, or a model_dir's
+    latest complete one, taken as late as possible (after the model is built) since a
+    run still training there may prune it. Returns (checkpoint, what ``restore`` gave).
+
+    Raises:
+        TrainError: nothing restorable at ``path``, or the checkpoint taken was removed
+            while it was read.
+    """
+    checkpoint = resolve_checkpoint(path)
+    try:
+        return checkpoint, restore(checkpoint)
+    except CheckpointError:
+        if os.path.normpath(checkpoint) != os.path.normpath(path) \
+                and not os.path.isdir(checkpoint):
+            raise TrainError(
+                f"{checkpoint} was removed while it was read: a run training into {path} "
+                f"with keep_checkpoint_max deletes older checkpoints; run again (the latest "
+                f"is taken then), or name a checkpoint that run keeps") from None
+        raise
+
+
 def save(model_dir: str, step: int, epoch: int, model, dense_optimizer,
-         keep_checkpoint_max: int) -> str:
-    """Write ``model.ckpt-<step>`` (dense state, optimizer, dynamic tables)."""
+         keep_checkpoint_max: int, epoch_step: int = 0,
+         readers: tuple[int, ...] | None = None) -> str:
+    """Write ``model.ckpt-<step>`` (dense state, optimizer, dynamic tables); ``extra``
+    records ``epoch``, ``epoch_step`` and ``readers`` (see :class:`Resume`)."""
+    extra = {"epoch": epoch, "epoch_step": epoch_step}
+    if readers is not None:
+        extra["readers"] = list(readers)
     path = save_checkpoint(model_dir, step, model, dense_optimizer.optimizer,
                            model.embedding.dynamic_tables(), keep_checkpoint_max,
-                           extra={"epoch": epoch})
+                           extra=extra)
     logger.info("saved checkpoint %s", path)
     return path

@@ -61,7 +61,8 @@ def setup_logging(rank: int) -> None:
 
 def run_main(main: Callable[[], object]) -> int:
     """Run ``main``; user errors (config, data, features, embeddings, tables, model,
-    checkpoint, export) exit 1 with one message."""
+    checkpoint, export) exit 1 with one message; a run stopped by a signal exits with
+    128 + its number (130 for Ctrl-C), also with one message."""
     from hashrec.checkpoint import CheckpointError
     from hashrec.data import DataError
     from hashrec.distributed import DistributedError
@@ -70,9 +71,17 @@ def run_main(main: Callable[[], object]) -> int:
     from hashrec.features import FeatureError
     from hashrec.models import ModelError
     from hashrec.table import TableError
+    from hashrec.train.interrupt import TrainInterrupted
 
     try:
         main()
+    except TrainInterrupted as stop:
+        logging.getLogger("hashrec").warning("%s", stop)
+        return stop.exit_code
+    except KeyboardInterrupt:
+        logging.getLogger("hashrec").warning("interrupted (nothing saved since the last "
+                                             "checkpoint)")
+        return 130
     except (ConfigError, TrainError, ModelError, FeatureError, DataError, EmbeddingError,
             TableError, CheckpointError, DistributedError, ExportError) as err:
         logging.getLogger("hashrec").error("%s: %s", type(err).__name__, err)

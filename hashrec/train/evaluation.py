@@ -3,8 +3,8 @@
 The model runs in eval mode (dynamic tables read-only: unseen ids read as the
 eval initializer) under ``torch.no_grad``. Metrics keep fixed-size state (see
 ``hashrec.train.metrics``), so evaluation memory does not grow with the input.
-Each evaluation appends one JSON object, at least ``{"step", "auc"}``, to
-``<model_dir>/eval_result.txt`` (rank 0). Under several ranks each rank
+Each evaluation appends one JSON object, at least ``{"step", "auc"}`` and the
+checkpoint's path, to ``<model_dir>/eval_result.txt`` (rank 0). Under several ranks each rank
 evaluates its share of the input; a rank that runs out first keeps serving its
 peers' embedding lookups until all are done, and the metrics are summed over ranks.
 """
@@ -73,10 +73,14 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
     return result
 
 
-def write_eval_result(model_dir: str, result: dict, rank: int = 0) -> None:
-    """Append ``result`` as one JSON line to ``<model_dir>/eval_result.txt`` (rank 0)."""
+def write_eval_result(model_dir: str, result: dict, rank: int = 0,
+                      checkpoint: str | None = None) -> None:
+    """Append ``result`` as one JSON line to ``<model_dir>/eval_result.txt`` (rank 0),
+    with the path of the ``checkpoint`` evaluated when given."""
     if rank != 0:
         return
+    if checkpoint is not None:
+        result = {**result, "checkpoint": os.path.abspath(checkpoint)}
     os.makedirs(model_dir, exist_ok=True)
     with open(os.path.join(model_dir, EVAL_RESULT_FILE), "a", encoding="utf-8") as f:
         f.write(json.dumps(result, sort_keys=True) + "\n")

@@ -35,7 +35,11 @@ stalls one rank and, under torchrun, every rank waiting for it.
 
 Stopping: ``num_steps`` (total steps, including those of a resumed run) when
 set, else ``num_epochs`` (default 1) passes over the training input. With both
-set, whichever comes first.
+set, whichever comes first; the log says which ended the run. SIGINT and SIGTERM
+end it after the current step with a checkpoint (``hashrec.train.interrupt``).
+A resumed run continues in the epoch it stopped in, past the batches it trained
+(``hashrec.train.checkpoints``); its incremental dumps after the restored step, which
+belong to the interrupted run, are moved aside and the next dump is full.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hashrec.checkpoint import IncrementalDumper
+from hashrec.checkpoint import IncrementalDumper, discard_dumps_after
 from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import FlatGradients
 from hashrec.distributed.process_group import all_gather_objects
@@ -54,8 +58,10 @@ from hashrec.train import checkpoints
 from hashrec.train.collection_schedule import CollectionSchedule
 from hashrec.train.distributed import global_table_counters, min_over_ranks
 from hashrec.train.errors import TrainError
-from hashrec.train.evaluation import evaluate, write_eval_result
+from hashrec.train.evaluation import evaluate as evaluate_model
+from hashrec.train.evaluation import write_eval_result
 from hashrec.train.graphs import DenseGraphs
+from hashrec.train.interrupt import StopSignals, TrainInterrupted
 from hashrec.train.placement import gil_switch_interval
 from hashrec.train.prefetch import DevicePrefetcher, EpochStream
 from hashrec.train.progress import ProgressLog, table_counters
@@ -133,6 +139,19 @@ class TrainLoop:
         self.options = options
         self.step = resume.step
         self.epoch = resume.epoch
+        # Batches trained of the epoch in progress; a resumed run's first epoch skips
+        # those its checkpoint had trained.
+        self.epoch_step = resume.epoch_step
+        self._skip = resume.epoch_step
+        data = session.config.data_config
+        self.readers = (session.world_size, int(data.num_workers), int(data.batch_size))
+        if self._skip and resume.readers is not None and tuple(resume.readers) != self.readers:
+            logger.warning(
+                "the training input is read by another layout than when %s was saved "
+                "(ranks, loader workers, batch size: %s, were %s): the first %d batches of "
+                "epoch %d are skipped by count, and they are not the batches trained then",
+                resume.path, self.readers, tuple(resume.readers), self._skip, self.epoch)
+        self._signals: StopSignals | None = None
         # Training input per epoch, the next epoch's loader started ahead (run_epoch).
         self._inputs: EpochStream | None = None
         self._inputs_path: str | None = None
@@ -166,9 +185,15 @@ class TrainLoop:
         self.collections = CollectionSchedule()
         self.dumper = None
         if options.incremental_dump_steps:
-            self.dumper = IncrementalDumper(
-                os.path.join(session.model_dir, INCREMENTAL_DIR),
-                session.model.embedding.dynamic_tables(), options.incremental_dump_steps)
+            dumps = os.path.join(session.model_dir, INCREMENTAL_DIR)
+            if session.is_chief and resume.path is not None:
+                moved = discard_dumps_after(dumps, resume.step)
+                if moved:
+                    logger.warning("incremental dumps after step %d belong to the run that "
+                                   "was interrupted; moved to %s (the next dump is full)",
+                                   resume.step, moved)
+            self.dumper = IncrementalDumper(dumps, session.model.embedding.dynamic_tables(),
+                                            options.incremental_dump_steps)
 
     def done(self) -> bool:
         o = self.options
@@ -177,22 +202,68 @@ class TrainLoop:
         return o.max_epochs is not None and self.epoch >= o.max_epochs
 
     def run(self, train_input_path: str) -> dict | None:
-        """Train to the end, checkpoint and evaluate; returns the last eval result."""
+        """Train to the end, checkpoint and evaluate; returns the last eval result.
+
+        Raises:
+            TrainInterrupted: SIGINT or SIGTERM stopped the run (after a checkpoint).
+        """
         self.session.model.train()
         result = None
+        if self.done():
+            self._log_end("nothing to train: ")
+            return None
         try:
-            with self.collections, gil_switch_interval(self.session.device.type):
-                while not self.done():
+            with self.collections, gil_switch_interval(self.session.device.type), \
+                    StopSignals() as self._signals:
+                while not self.done() and not self.stopping:
                     result = self.run_epoch(train_input_path) or result
                     self.collections.full()
-            self._finish_timing()
-            if self.last_saved != self.step:
-                result = self.checkpoint_and_evaluate() or result
+                self._finish_timing()
+                if self.last_saved != self.step:
+                    result = self.checkpoint_and_evaluate(evaluate=not self.stopping) \
+                        or result
         finally:
             if self._inputs is not None:
                 self._inputs.close()
             self.summaries.close()
+        if self.stopping:
+            raise TrainInterrupted(
+                f"stopped by {self._signals.name} at step {self.step}; the checkpoint of "
+                f"step {self.step} is saved; run again with --continue_train to resume",
+                self._signals.received)
+        self._log_end("")
         return result
+
+    @property
+    def stopping(self) -> bool:
+        """A stop signal was agreed on (see ``_check_signals``)."""
+        return self._signals is not None and self._signals.agreed
+
+    def _check_signals(self) -> bool:
+        """Whether to stop after this step: a signal was received (under several ranks:
+        by any rank, asked at the progress steps so that all stop after the same one)."""
+        signals = self._signals
+        if signals is None:
+            return False
+        if self.ctx.is_distributed:
+            if not self.progress.due(self.step):
+                return False
+            signals.agreed = min_over_ranks(0 if signals.received else 1, self.ctx) == 0
+        else:
+            signals.agreed = signals.received is not None
+        return signals.agreed
+
+    def _log_end(self, prefix: str) -> None:
+        if not self.session.is_chief:
+            return
+        o = self.options
+        if o.num_steps and self.step >= o.num_steps:
+            why = f"num_steps {o.num_steps} reached"
+        else:
+            why = f"{self.epoch} of num_epochs {o.max_epochs} done"
+            if o.num_steps:
+                why += f" before num_steps {o.num_steps}"
+        logger.info("%straining ends at step %d: %s", prefix, self.step, why)
 
     def _finish_timing(self) -> None:
         """Keep and write the step timing summary (before the final checkpoint)."""
@@ -227,12 +298,17 @@ class TrainLoop:
             self._inputs_path = train_input_path
             self._inputs = EpochStream(
                 lambda first, count: self.train_stream(train_input_path, first, count))
-        batches_in = self._inputs.epoch(self.epoch, self.options.max_epochs)
+        skip, self._skip = self._skip, 0
+        if skip and self.session.is_chief:
+            logger.info("epoch %d: reading past the %d batches trained before step %d",
+                        self.epoch, skip, self.step)
+        batches_in = self._inputs.epoch(self.epoch, self.options.max_epochs, skip)
         prefetcher = DevicePrefetcher(batches_in, self.session.device, self.prepare_ahead)
         for batch in prefetcher:
             self.timer.batch_ready()
             self.train_step(batch, prefetcher.upcoming)
             batches += 1
+            self.epoch_step += 1
             self.collections.step(self.step)
             if self.dumper is not None and self.step % self.dumper.interval_steps == 0:
                 with self.collections.automatic():
@@ -240,13 +316,15 @@ class TrainLoop:
             if self._due_steps():
                 with self.collections.automatic():
                     result = self.checkpoint_and_evaluate() or result
-            if self.options.num_steps and self.step >= self.options.num_steps:
+            if self.options.num_steps and self.step >= self.options.num_steps \
+                    or self._check_signals():
                 return result
-        if batches == 0:
+        if batches == 0 and not skip:
             raise TrainError(f"train input {train_input_path!r} gave no batches in epoch "
                              f"{self.epoch}; check the path and data_config.batch_size")
         self.epoch += 1
-        if self._due_epochs():
+        self.epoch_step = 0
+        if self._due_epochs() and self.last_saved != self.step:
             with self.collections.automatic():
                 result = self.checkpoint_and_evaluate() or result
         return result
@@ -318,17 +396,19 @@ class TrainLoop:
         timer.mark("logging")
         timer.end_step(batch.batch_size)
 
-    def checkpoint_and_evaluate(self) -> dict | None:
-        """Save a checkpoint at the current step, then evaluate when an eval input is set."""
+    def checkpoint_and_evaluate(self, evaluate: bool = True) -> dict | None:
+        """Save a checkpoint at the current step, then evaluate when an eval input is set
+        (and ``evaluate``)."""
         s = self.session
-        checkpoints.save(s.model_dir, self.step, self.epoch, s.model, s.dense,
-                         self.options.keep_checkpoint_max)
+        path = checkpoints.save(s.model_dir, self.step, self.epoch, s.model, s.dense,
+                                self.options.keep_checkpoint_max, self.epoch_step,
+                                self.readers)
         self.last_saved = self.step
-        if not self.options.eval_input_path:
+        if not (evaluate and self.options.eval_input_path):
             return None
-        result = evaluate(s, self.options.eval_input_path, self.step,
-                          self.options.eval_num_steps)
-        write_eval_result(s.model_dir, result, s.rank)
+        result = evaluate_model(s, self.options.eval_input_path, self.step,
+                                self.options.eval_num_steps)
+        write_eval_result(s.model_dir, result, s.rank, path)
         self.summaries.scalars(self.step, {k: v for k, v in result.items() if k != "step"},
                                prefix="eval/")
         self.summaries.flush()

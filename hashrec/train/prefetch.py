@@ -124,8 +124,10 @@ class EpochStream:
         """Batches per epoch handed out (after the first ``epoch`` call)."""
         return self._steps
 
-    def epoch(self, epoch: int, last: int | None = None) -> Iterator:
-        """Batches of ``epoch``; ``last``: the epoch after the final one (None: no end).
+    def epoch(self, epoch: int, last: int | None = None, skip: int = 0) -> Iterator:
+        """Batches of ``epoch``; ``last``: the epoch after the final one (None: no end);
+        ``skip``: leave out the epoch's first batches (those a resumed run trained
+        before; they are still read, the order of the rest depends on them).
 
         Reuses the running loader when it stands at ``epoch``; otherwise (the first
         call, a jump, an epoch left unfinished) starts a new one."""
@@ -135,9 +137,9 @@ class EpochStream:
                 epoch, None if last is None else max(last - epoch, 1))
             self._iterator = iter(loader)
         self._next_epoch = None
-        return self._take(epoch)
+        return self._take(epoch, skip)
 
-    def _take(self, epoch: int) -> Iterator:
+    def _take(self, epoch: int, skip: int) -> Iterator:
         handed = 0
         for _ in range(self._items):
             tag, batch = next(self._iterator)
@@ -147,7 +149,8 @@ class EpochStream:
                                    f"step")
             if batch is not None and handed < self._steps:
                 handed += 1
-                yield batch
+                if handed > skip:
+                    yield batch
         self._next_epoch = epoch + 1
 
     def close(self) -> None:

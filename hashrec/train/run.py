@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from hashrec.checkpoint import restore_checkpoint
+from hashrec.data.paths import expand_input_path
 from hashrec.distributed.data_parallel import broadcast_state
 from hashrec.train import checkpoints
 from hashrec.train.evaluation import evaluate, write_eval_result
@@ -36,15 +37,20 @@ def train_and_evaluate(config, continue_train: bool = False,
     Raises:
         TrainError: model_dir holds checkpoints and ``continue_train`` is False,
             or an invalid training setting.
+        DataError: the eval input path names nothing (checked before training).
+        TrainInterrupted: SIGINT or SIGTERM stopped training (after a checkpoint).
     """
     model_dir = config.model_dir
     checkpoints.check_model_dir(model_dir, continue_train)
+    if config.eval_input_path:  # a typo there found now, not after hours of training
+        expand_input_path(config.eval_input_path)
     session = build_session(config, rank, world_size, ctx=ctx)
-    write_pipeline_config(config, model_dir, session.rank)
     resume = checkpoints.restore_for_training(
         model_dir, session.model, session.dense, continue_train,
         fine_tune_checkpoint or config.train_config.fine_tune_checkpoint or None,
         restore_optimizer=not ignore_restore_optimizer)
+    # Only a config its checkpoints fit replaces the model_dir's copy.
+    write_pipeline_config(config, model_dir, session.rank)
     # Replicas start equal: dense network, dense tables and their optimizer rows.
     broadcast_state(session.model, session.ctx)
     options = LoopOptions.from_config(config)
@@ -66,15 +72,18 @@ def evaluate_checkpoint(config, checkpoint_path: str | None = None, rank: int = 
         rank, world_size, ctx: as in :func:`train_and_evaluate`.
 
     Returns:
-        The result also appended to ``<model_dir>/eval_result.txt``.
+        The result also appended to ``<model_dir>/eval_result.txt`` (with the
+        checkpoint's path).
     """
-    path = checkpoints.resolve_checkpoint(checkpoint_path or config.model_dir)
+    source = checkpoint_path or config.model_dir
+    checkpoints.resolve_checkpoint(source)  # nothing there: say so before building
     session = build_session(config, rank, world_size, ctx=ctx)
-    meta = restore_checkpoint(path, session.model, None,
-                              session.model.embedding.dynamic_tables(),
-                              restore_optimizer=False)
+    path, meta = checkpoints.restore_resolved(
+        source, lambda path: restore_checkpoint(path, session.model, None,
+                                                session.model.embedding.dynamic_tables(),
+                                                restore_optimizer=False))
     logger.info("evaluating %s", path)
     result = evaluate(session, config.eval_input_path, int(meta["step"]),
                       config.eval_config.num_steps)
-    write_eval_result(config.model_dir, result, session.rank)
+    write_eval_result(config.model_dir, result, session.rank, path)
     return result

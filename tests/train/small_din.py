@@ -23,19 +23,25 @@ def generate_data(out, seed: int) -> None:
     generate(str(out), 1500, seed=seed, scale=0.001, quiet=True)
 
 
-def small_loop(model_dir, device: str = "cpu") -> TrainLoop:
-    """A TrainLoop of STEPS steps of 256 samples, sequences of 8, narrow towers."""
+def small_loop(model_dir, device: str = "cpu", edits: dict | None = None,
+               continue_train: bool = False) -> TrainLoop:
+    """A TrainLoop of STEPS steps of 256 samples, sequences of 8, narrow towers
+    (``edits`` change the config; ``continue_train`` resumes from ``model_dir``)."""
     edits = {"data_config.batch_size": 256, "data_config.num_workers": 0,
              "train_config.num_steps": STEPS, "eval_input_path": "",
              "model_dir": str(model_dir),
              "feature_configs[sequence_name=click_50_seq].sequence_feature.sequence_length": 8,
              "model_config.multi_tower_din.towers[0].mlp.hidden_units": [8],
              "model_config.multi_tower_din.din_towers[0].attn_mlp.hidden_units": [8],
-             "model_config.multi_tower_din.final.hidden_units": [4]}
+             "model_config.multi_tower_din.final.hidden_units": [4], **(edits or {})}
     config = apply_edit_config_json(load_pipeline_config(CONFIG), edits)
     torch.manual_seed(0)
     session = build_session(config, device=torch.device(device))
-    return TrainLoop(session, LoopOptions.from_config(config), checkpoints.Resume())
+    resume = checkpoints.Resume()
+    if continue_train:
+        resume = checkpoints.restore_for_training(str(model_dir), session.model,
+                                                  session.dense, True, None)
+    return TrainLoop(session, LoopOptions.from_config(config), resume)
 
 
 def trained_state(loop: TrainLoop) -> dict[str, torch.Tensor]:

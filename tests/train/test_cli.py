@@ -42,3 +42,16 @@ def test_unreadable_config_names_the_file_and_skips_the_body(caplog, tmp_path):
         code = run_distributed(args, {}, lambda config, ctx: calls.append(config))
     assert code == 1 and not calls
     assert "missing.config" in caplog.text
+
+
+def test_a_run_stopped_by_a_signal_exits_128_plus_its_number(caplog):
+    import signal
+
+    from hashrec.train.interrupt import TrainInterrupted
+
+    stop = TrainInterrupted("stopped by SIGTERM at step 3", signal.SIGTERM)
+    with caplog.at_level(logging.WARNING):
+        assert run_main(_raises(stop)) == 143
+        assert run_main(_raises(KeyboardInterrupt())) == 130
+    assert "stopped by SIGTERM at step 3" in caplog.text
+    assert "interrupted" in caplog.text and "Traceback" not in caplog.text

@@ -4,8 +4,9 @@ import pytest
 import torch
 from google.protobuf import text_format
 
+from hashrec.checkpoint import CheckpointError
 from hashrec.config import train_pb2
-from hashrec.train.checkpoints import check_model_dir, resolve_checkpoint
+from hashrec.train.checkpoints import check_model_dir, resolve_checkpoint, restore_resolved
 from hashrec.train.errors import TrainError
 from hashrec.train.loop import LoopOptions, clip_gradients
 from hashrec.train.progress import ProgressLog, format_tables
@@ -64,6 +65,25 @@ def test_resolve_checkpoint_errors(tmp_path):
         resolve_checkpoint(str(tmp_path))
     (tmp_path / "model.ckpt-5").mkdir()
     assert resolve_checkpoint(str(tmp_path / "model.ckpt-5")).endswith("model.ckpt-5")
+
+
+def test_restore_resolved_names_a_checkpoint_pruned_while_read(tmp_path):
+    (tmp_path / "model.ckpt-5").mkdir()
+    (tmp_path / "model.ckpt-5" / "DONE").write_text("{}")
+
+    def pruned(path):
+        (tmp_path / "model.ckpt-5" / "DONE").unlink()
+        (tmp_path / "model.ckpt-5").rmdir()
+        raise CheckpointError(f"{path}: checkpoint directory does not exist")
+
+    assert restore_resolved(str(tmp_path), lambda path: 7) == (
+        str(tmp_path / "model.ckpt-5"), 7)
+    with pytest.raises(TrainError, match="removed while it was read.*keep_checkpoint_max"):
+        restore_resolved(str(tmp_path), pruned)
+    (tmp_path / "model.ckpt-6").mkdir()
+    with pytest.raises(CheckpointError, match="truncated"):  # named itself: its own error
+        restore_resolved(str(tmp_path / "model.ckpt-6"),
+                         lambda path: (_ for _ in ()).throw(CheckpointError("truncated")))
 
 
 def test_progress_throttle_and_line(caplog):

@@ -1,0 +1,79 @@
+"""Stopping a training run cleanly on SIGINT (Ctrl-C) or SIGTERM (a scheduler's preemption).
+
+While :class:`StopSignals` is entered, the first SIGINT or SIGTERM is only noted: the
+loop finishes the step it is in, saves a checkpoint and ends with
+:class:`TrainInterrupted`, which the command line reports as one line and exits with
+128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as a killed process
+would. A second signal of either kind acts at once (SIGINT raises KeyboardInterrupt,
+SIGTERM ends the process) for a user who does not want to wait for the save.
+
+Under several ranks a signal may reach the ranks at different steps; they agree on
+stopping at the progress steps (``log_step_count_steps``), where they already
+exchange their counters, so every rank stops after the same step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+from hashrec.train.errors import TrainError
+
+logger = logging.getLogger("hashrec.train")
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TrainInterrupted(TrainError):
+    """Training stopped on a signal after saving; ``exit_code`` is 128 + its number."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + int(signum)
+
+
+class StopSignals:
+    """Notes SIGINT / SIGTERM while entered (in the main thread; elsewhere a no-op)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.agreed = False  # the loop stops (set by it: several ranks agree first)
+        self._previous: dict[int, object] = {}
+        self._pid = os.getpid()
+
+    @property
+    def name(self) -> str | None:
+        """The first signal's name (``SIGINT``), None before any."""
+        return None if self.received is None else signal.Signals(self.received).name
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._note)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _note(self, signum: int, frame) -> None:
+        del frame
+        if os.getpid() != self._pid:
+            # A loader worker forked while the handler was set: the training process
+            # stops it when it stops itself (a Ctrl-C reaches the whole process group).
+            return
+        if self.received is not None:  # the second one: stop now, without the save
+            for other, handler in self._previous.items():
+                signal.signal(other, handler)
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+            return
+        self.received = signum
+        logger.warning("%s received: stopping after this step and saving a checkpoint "
+                       "(send it again to stop at once, without saving)",
+                       signal.Signals(signum).name)

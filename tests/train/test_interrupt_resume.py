@@ -1,0 +1,146 @@
+"""Stopping on a signal, resuming inside an epoch, and the run's other ends."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+
+import pytest
+from small_din import generate_data, small_loop
+
+from hashrec.checkpoint import discard_dumps_after, latest_checkpoint
+from hashrec.checkpoint.incremental import dump_path
+from hashrec.train.interrupt import StopSignals, TrainInterrupted
+from hashrec.train.prefetch import EpochStream
+
+# 1,500 rows in batches of 256: five full batches and one of 220 an epoch.
+EPOCH = {"train_config.num_steps": 0, "train_config.num_epochs": 1}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("taobao")
+    generate_data(out, seed=6)
+    return out
+
+
+def record_batches(loop, then=None) -> list[float]:
+    """Wrap the loop's step to note each batch trained (its ids' sum); ``then(step)``
+    runs after each step."""
+    seen, step = [], loop.train_step
+
+    def wrapped(batch, upcoming=None):
+        seen.append(float(batch.sparse.values().double().sum()))
+        step(batch, upcoming)
+        if then is not None:
+            then(loop.step)
+
+    loop.train_step = wrapped
+    return seen
+
+
+def test_stop_signals_note_the_first_and_restore_handlers():
+    before = signal.getsignal(signal.SIGTERM)
+    with StopSignals() as signals:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signals.received == signal.SIGTERM and signals.name == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):  # a second signal acts at once
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_epoch_stream_skips_the_first_batches():
+    def make(first, count):  # a loader of epochs first, ..., first + count - 1
+        epoch = ("a", "b", None, "c", "d")
+        items = [(e, b) for e in range(first, first + count) for b in epoch]
+        return items, len(epoch), 3  # three batches an epoch for every rank
+
+    stream = EpochStream(make)
+    assert list(stream.epoch(0, 2, skip=1)) == ["b", "c"]
+    assert list(stream.epoch(1, 2)) == ["a", "b", "c"]
+
+
+def test_signal_saves_and_the_resumed_run_trains_the_rest_of_the_epoch(data_dir, tmp_path):
+    whole = small_loop(tmp_path / "whole", edits=EPOCH)
+    expected = record_batches(whole)
+    whole.run(str(data_dir))
+    assert whole.step == 6 and len(set(expected)) == 6
+
+    model_dir = tmp_path / "model"
+    first = small_loop(model_dir, edits=EPOCH)
+    trained = record_batches(
+        first, lambda step: step == 2 and os.kill(os.getpid(), signal.SIGTERM))
+    with pytest.raises(TrainInterrupted, match="stopped by SIGTERM at step 2") as stop:
+        first.run(str(data_dir))
+    assert stop.value.exit_code == 143
+    path = latest_checkpoint(str(model_dir))
+    assert path.endswith("model.ckpt-2")
+    with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
+        extra = json.load(f)["extra"]
+    assert extra["epoch"] == 0 and extra["epoch_step"] == 2
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    second = small_loop(model_dir, edits=EPOCH, continue_train=True)
+    rest = record_batches(second)
+    second.run(str(data_dir))
+    assert second.step == 6 and second.epoch == 1
+    assert trained + rest == expected
+
+
+def test_other_reader_layout_is_warned(data_dir, tmp_path, caplog):
+    model_dir = tmp_path / "model"
+    small_loop(model_dir, edits={**EPOCH, "train_config.num_steps": 2}).run(str(data_dir))
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        small_loop(model_dir, edits={**EPOCH, "data_config.batch_size": 128},
+                   continue_train=True)
+    assert "skipped by count" in caplog.text
+
+
+def test_resumed_run_moves_the_lost_dumps_aside(data_dir, tmp_path):
+    model_dir = tmp_path / "model"
+    edits = {**EPOCH, "train_config.incremental_dump_steps": 1,
+             "train_config.save_checkpoints_steps": 2, "train_config.num_steps": 3}
+    small_loop(model_dir, edits=edits).run(str(data_dir))
+    dumps = model_dir / "incremental"
+    # The run saved steps 2 and 3; as if it had been killed after dumping step 3 but
+    # before its last save:
+    os.rename(model_dir / "model.ckpt-3", tmp_path / "lost")
+    loop = small_loop(model_dir, edits={**edits, "train_config.num_steps": 4},
+                      continue_train=True)
+    moved = [p for p in os.listdir(dumps) if p.startswith("discarded-")]
+    assert len(moved) == 1 and os.listdir(dumps / moved[0]) == [
+        os.path.basename(dump_path(str(dumps), 3))]
+    loop.run(str(data_dir))
+    with open(os.path.join(dump_path(str(dumps), 3), "meta.json"), encoding="utf-8") as f:
+        assert json.load(f)["kind"] == "full"  # a new chain starts after a resume
+
+
+def test_discard_dumps_after_leaves_earlier_ones(tmp_path):
+    for step in (5, 10, 15):
+        os.makedirs(dump_path(str(tmp_path), step))
+    os.makedirs(dump_path(str(tmp_path), 20) + ".tmp")
+    moved = discard_dumps_after(str(tmp_path), 10)
+    assert sorted(os.listdir(moved)) == ["dump-000000000015", "dump-000000000020.tmp"]
+    assert discard_dumps_after(str(tmp_path), 10) is None
+    assert discard_dumps_after(str(tmp_path / "none"), 0) is None
+
+
+def test_one_save_when_step_and_epoch_intervals_meet(data_dir, tmp_path, caplog):
+    edits = {**EPOCH, "train_config.save_checkpoints_steps": 6,
+             "train_config.save_checkpoints_epochs": 1}
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        small_loop(tmp_path / "model", edits=edits).run(str(data_dir))
+    assert caplog.text.count("saved checkpoint") == 1
+    assert "training ends at step 6: 1 of num_epochs 1 done" in caplog.text
+
+
+def test_nothing_to_train_says_so(data_dir, tmp_path, caplog):
+    model_dir = tmp_path / "model"
+    small_loop(model_dir, edits={"train_config.num_steps": 2}).run(str(data_dir))
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        loop = small_loop(model_dir, edits={"train_config.num_steps": 2},
+                          continue_train=True)
+        assert loop.run(str(data_dir)) is None
+    assert "nothing to train: training ends at step 2: num_steps 2 reached" in caplog.text
