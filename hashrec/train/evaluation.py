@@ -36,10 +36,13 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
         step: the global step being evaluated (recorded in the result).
         max_steps: evaluate at most this many batches (0 = the whole input).
 
+    Logs the batches done every ``eval_config.log_step_count_steps`` (rank 0).
+
     Returns:
         ``{"step": step, "<metric>": value, ..., "loss": mean loss, "num_examples": n}``.
     """
     model = session.model
+    log_every = session.config.eval_config.log_step_count_steps if session.is_chief else 0
     metrics = build_metrics(session.config.model_config.metrics, session.device)
     mean_loss = MeanLoss(session.device)
     was_training = model.training
@@ -59,6 +62,9 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
                 loss = sum(model.loss(predictions, batch).values())
                 mean_loss.add(loss, batch.batch_size)
                 batches += 1
+                if log_every and batches % log_every == 0:
+                    logger.info("eval at step %d: %d batches (%.1fs)", step, batches,
+                                time.perf_counter() - start)
     finally:
         model.train(was_training)
     result: dict = {"step": int(step)}

@@ -144,3 +144,14 @@ def test_nothing_to_train_says_so(data_dir, tmp_path, caplog):
                           continue_train=True)
         assert loop.run(str(data_dir)) is None
     assert "nothing to train: training ends at step 2: num_steps 2 reached" in caplog.text
+
+
+def test_evaluation_logs_its_progress(data_dir, tmp_path, caplog):
+    from hashrec.train.evaluation import evaluate
+
+    loop = small_loop(tmp_path / "model", edits={"eval_config.log_step_count_steps": 2})
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        result = evaluate(loop.session, str(data_dir), 0)
+    assert result["num_examples"] == 1500
+    assert "eval at step 0: 2 batches" in caplog.text
+    assert "eval at step 0: 6 batches" in caplog.text
