@@ -32,6 +32,8 @@ FORMAT_NAME = "hashrec-checkpoint"
 FORMAT_VERSION = 1
 
 _CKPT_RE = re.compile(r"^model\.ckpt-(\d+)$")
+# Checkpoints and incremental dumps (dump-<step>, see hashrec.checkpoint.incremental).
+_ANY_RE = re.compile(r"^(?:model\.ckpt-|dump-)(\d+)$")
 
 
 def checkpoint_path(model_dir: str, step: int) -> str:
@@ -59,6 +61,23 @@ def complete_checkpoints(model_dir: str) -> list[tuple[int, str]]:
         path = os.path.join(model_dir, name)
         if match and is_complete(path):
             found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` is ``model.ckpt-<step>`` or ``dump-<step>``, complete or not."""
+    return _ANY_RE.match(name) is not None
+
+
+def complete_children(path: str) -> list[tuple[int, str]]:
+    """Complete checkpoints and incremental dumps directly inside ``path`` as (step, path),
+    oldest step first."""
+    found = []
+    for name in os.listdir(path) if os.path.isdir(path) else []:
+        match = _ANY_RE.match(name)
+        child = os.path.join(path, name)
+        if match and is_complete(child):
+            found.append((int(match.group(1)), child))
     return sorted(found)
 
 

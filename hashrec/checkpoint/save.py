@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from hashrec.checkpoint import layout
-from hashrec.checkpoint.dense import save_state
+from hashrec.checkpoint.dense import DENSE_TABLES, describe_dense_tables, save_state
 from hashrec.checkpoint.dist_util import gather_counts, rank_and_world, run_on_all_ranks
 from hashrec.checkpoint.errors import CheckpointError
 from hashrec.checkpoint.shard_file import fsync_dir
@@ -37,6 +37,7 @@ from hashrec.checkpoint.table_io import (
     dump_table,
     table_description,
 )
+from hashrec.checkpoint.tags import TAG_TABLES, model_tag_tables
 
 # Test hook: when set to a path, a rank that has written its shards creates that
 # file and then waits, so a test can kill the process in the middle of a save.
@@ -82,18 +83,23 @@ def _pause_for_tests() -> None:
 
 
 def _write_rank_files(tmp: str, tables: dict[str, Any], model: torch.nn.Module | None,
-                      dense_optimizer: Any, rank: int, world_size: int,
-                      chunk_rows: int) -> tuple[list[int], dict[str, Any]]:
+                      dense_optimizer: Any, rank: int, world_size: int, chunk_rows: int,
+                      tag_tables: dict[str, list[str]]) -> tuple[list[int], dict[str, Any]]:
     counts: list[int] = []
     for name in sorted(tables):
         stem = layout.shard_stem(tmp, name, rank, world_size)
         attrs = {"table": name, "rank": rank, "world_size": world_size}
+        if name in tag_tables:
+            attrs[TAG_TABLES] = tag_tables[name]
         header = dump_table(tables[name], stem, attrs, chunk_rows)
         sections = header["sections"]
         counts += [sections[ROWS]["count"], sections.get(ADMISSION, {}).get("count", 0)]
     dense: dict[str, Any] = {"model": None, "optimizer": None}
     if rank == 0 and model is not None:
         dense["model"] = save_state(model.state_dict(), os.path.join(tmp, layout.MODEL_FILE))
+        described = describe_dense_tables(model)
+        if described:
+            dense["model"][DENSE_TABLES] = described
     if rank == 0 and dense_optimizer is not None:
         dense["optimizer"] = save_state(
             dense_optimizer.state_dict(), os.path.join(tmp, layout.OPTIMIZER_FILE))
@@ -102,7 +108,8 @@ def _write_rank_files(tmp: str, tables: dict[str, Any], model: torch.nn.Module |
 
 
 def _meta(step: int, world_size: int, tables: dict[str, Any], counts: list[list[int]],
-          dense: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+          dense: dict[str, Any], extra: dict[str, Any], tag_tables: dict[str, list[str]]
+          ) -> dict[str, Any]:
     described = {}
     for i, name in enumerate(sorted(tables)):
         shards = []
@@ -110,7 +117,8 @@ def _meta(step: int, world_size: int, tables: dict[str, Any], counts: list[list[
             stem = layout.shard_stem("", name, rank, world_size).lstrip(os.sep)
             shards.append({"stem": stem, "rows": counts[rank][2 * i],
                            "admission": counts[rank][2 * i + 1]})
-        described[name] = {**table_description(tables[name]), "shards": shards,
+        described[name] = {**table_description(tables[name], tag_tables.get(name)),
+                           "shards": shards,
                            "num_rows": sum(s["rows"] for s in shards),
                            "table_step": getattr(tables[name], "step", None)}
     return {
@@ -147,7 +155,8 @@ def commit_directory(model_dir: str, tmp: str, final: str, meta: dict[str, Any])
 def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
                     dense_optimizer: Any, dynamic_tables: dict[str, Any],
                     keep_checkpoint_max: int = 0, extra: dict[str, Any] | None = None,
-                    chunk_rows: int = DEFAULT_CHUNK_ROWS) -> str:
+                    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                    tag_tables: dict[str, list[str]] | None = None) -> str:
     """Saves dense state and every rank's dynamic-table shards as ``model.ckpt-<step>``.
 
     Call it on every rank (a collective under torch.distributed). Rank 0 writes
@@ -162,6 +171,9 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
         keep_checkpoint_max: keep at most this many complete checkpoints (0: all).
         extra: JSON-serializable data stored in meta.json (and returned by restore).
         chunk_rows: rows per streamed chunk (bounds the memory a save needs).
+        tag_tables: {table: logical table names in tag order} of fused tables, recorded
+            so that restore matches tags by name; None takes them from
+            ``model.embedding.table_locations()`` when the model has one.
 
     Returns:
         Path of the complete checkpoint.
@@ -176,6 +188,7 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
     names = sorted(dynamic_tables)
     check_table_names(names)
     extra = _check_extra(extra)
+    tag_tables = model_tag_tables(model) if tag_tables is None else tag_tables
     rank, world_size = rank_and_world()
     final = layout.checkpoint_path(model_dir, step)
     tmp = final + layout.TEMP_SUFFIX
@@ -188,14 +201,14 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
     run_on_all_ranks(prepare, f"preparing {tmp}", CheckpointError)
     counts, dense = run_on_all_ranks(
         lambda: _write_rank_files(tmp, dynamic_tables, model, dense_optimizer, rank,
-                                  world_size, chunk_rows),
+                                  world_size, chunk_rows, tag_tables),
         f"writing shards into {tmp}", CheckpointError)
     all_counts = gather_counts(counts)
 
     def commit() -> None:
         if rank == 0:
             commit_directory(model_dir, tmp, final, _meta(step, world_size, dynamic_tables,
-                                                 all_counts, dense, extra))
+                                                 all_counts, dense, extra, tag_tables))
             layout.prune_checkpoints(model_dir, keep_checkpoint_max, final)
 
     run_on_all_ranks(commit, f"committing {final}", CheckpointError)
