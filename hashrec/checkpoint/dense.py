@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import xxhash
 
-from hashrec.checkpoint.errors import CheckpointError
+from hashrec.checkpoint.errors import CheckpointError, disk_full_hint
 from hashrec.checkpoint.table_io import optimizer_description
 from hashrec.embedding.dense_table import DenseTable
 
@@ -34,11 +34,22 @@ def file_digest(path: str) -> str:
 
 
 def save_state(state: dict[str, Any], path: str) -> dict[str, Any]:
-    """Saves a state dict, fsyncs it, returns {"file", "bytes", "xxh3_64"} for meta.json."""
-    with open(path, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
+    """Saves a state dict, fsyncs it, returns {"file", "bytes", "xxh3_64"} for meta.json.
+
+    Raises:
+        CheckpointError: the file could not be written (it is removed); says when the
+            disk may be full.
+    """
+    try:
+        with open(path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError) as e:
+        # A partial file would keep the disk full; nothing reads it.
+        if os.path.exists(path):
+            os.remove(path)
+        raise CheckpointError(f"{path}: could not be written ({e}){disk_full_hint(e)}") from e
     return {"file": os.path.basename(path), "bytes": os.path.getsize(path),
             "xxh3_64": file_digest(path)}
 

@@ -8,7 +8,10 @@ Order of a save (no complete checkpoint is ever modified in place):
 3. once every rank succeeded, rank 0 writes ``meta.json``, fsyncs the
    directories, renames the temporary directory to ``model.ckpt-<step>``, writes
    the completion marker last, then prunes the oldest complete checkpoints
-   beyond ``keep_checkpoint_max``.
+   beyond ``keep_checkpoint_max`` and what interrupted saves and prunes left.
+
+A save that fails removes its partial files (rank 0, once every rank stopped)
+so that a full disk does not stay full, and says when the disk may be full.
 
 A crash at any point leaves the previous complete checkpoint as the latest. All
 ranks must see the same ``model_dir`` (one host, or a shared file system).
@@ -28,7 +31,7 @@ import torch
 from hashrec.checkpoint import layout
 from hashrec.checkpoint.dense import DENSE_TABLES, describe_dense_tables, save_state
 from hashrec.checkpoint.dist_util import gather_counts, rank_and_world, run_on_all_ranks
-from hashrec.checkpoint.errors import CheckpointError
+from hashrec.checkpoint.errors import CheckpointError, disk_full_hint
 from hashrec.checkpoint.shard_file import fsync_dir
 from hashrec.checkpoint.table_io import (
     ADMISSION,
@@ -129,27 +132,35 @@ def _meta(step: int, world_size: int, tables: dict[str, Any], counts: list[list[
 
 
 def commit_directory(model_dir: str, tmp: str, final: str, meta: dict[str, Any]) -> None:
-    """Writes meta.json into ``tmp``, renames it to ``final``, writes the marker last."""
+    """Writes meta.json into ``tmp``, renames it to ``final``, writes the marker last.
+
+    When ``final`` is already a complete checkpoint (the same step saved again), the
+    new copy gets its marker while still named ``tmp``; the old copy is renamed to
+    ``<final>.replaced`` and deleted only once the new one is in place. A crash in
+    between leaves a complete ``.replaced`` copy, which counts as the step's
+    checkpoint (``layout.complete_checkpoints``) until the next save puts it back.
+    """
     layout.write_json(os.path.join(tmp, layout.META_NAME), meta)
     for name in meta["tables"]:
         fsync_dir(os.path.join(tmp, layout.TABLES_DIR, name))
     fsync_dir(os.path.join(tmp, layout.TABLES_DIR))
     fsync_dir(tmp)
-    aside = None
-    if os.path.exists(final):
-        if layout.is_complete(final):
-            # Same step saved again: keep the old copy until the new one is complete.
-            aside = final + ".replaced"
-            if os.path.exists(aside):
-                shutil.rmtree(aside)
-            os.rename(final, aside)
-        else:
-            shutil.rmtree(final)
+    marker = {"step": meta["step"], "world_size": meta["world_size"]}
+    if not layout.is_complete(final):
+        if os.path.exists(final):
+            shutil.rmtree(final)  # an interrupted save or prune of this step
+        os.rename(tmp, final)
+        fsync_dir(model_dir)
+        layout.write_marker(final, marker)
+        return
+    aside = final + layout.REPLACED_SUFFIX
+    if os.path.exists(aside):
+        shutil.rmtree(aside)  # an older copy; ``final`` is complete
+    layout.write_marker(tmp, marker)
+    os.rename(final, aside)
     os.rename(tmp, final)
     fsync_dir(model_dir)
-    layout.write_marker(final, {"step": meta["step"], "world_size": meta["world_size"]})
-    if aside is not None:
-        shutil.rmtree(aside)
+    shutil.rmtree(aside)
 
 
 def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
@@ -189,7 +200,7 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
     check_table_names(names)
     extra = _check_extra(extra)
     tag_tables = model_tag_tables(model) if tag_tables is None else tag_tables
-    rank, world_size = rank_and_world()
+    rank, _ = rank_and_world()
     final = layout.checkpoint_path(model_dir, step)
     tmp = final + layout.TEMP_SUFFIX
 
@@ -199,6 +210,26 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
             prepare_temp_dir(tmp, names)
 
     run_on_all_ranks(prepare, f"preparing {tmp}", CheckpointError)
+    try:
+        _write_and_commit(model_dir, step, tmp, final, model, dense_optimizer,
+                          dynamic_tables, extra, chunk_rows, tag_tables)
+    except CheckpointError as e:
+        if rank == 0:  # every rank has stopped writing: run_on_all_ranks raised on all
+            _clean_failed_save(tmp, final)
+        hint = "" if "disk may be full" in str(e) else disk_full_hint(e)
+        raise CheckpointError(f"{e}{hint} (the partial {tmp} was removed; the previous "
+                              f"checkpoints are kept)") from e
+    run_on_all_ranks(lambda: layout.prune_checkpoints(model_dir, keep_checkpoint_max, final)
+                     if rank == 0 else None, f"pruning {model_dir}", CheckpointError)
+    return final
+
+
+def _write_and_commit(model_dir: str, step: int, tmp: str, final: str,
+                      model: torch.nn.Module | None, dense_optimizer: Any,
+                      dynamic_tables: dict[str, Any], extra: dict[str, Any], chunk_rows: int,
+                      tag_tables: dict[str, list[str]]) -> None:
+    """Steps 2 and 3 of a save (see the module docstring), on every rank."""
+    rank, world_size = rank_and_world()
     counts, dense = run_on_all_ranks(
         lambda: _write_rank_files(tmp, dynamic_tables, model, dense_optimizer, rank,
                                   world_size, chunk_rows, tag_tables),
@@ -207,9 +238,22 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
 
     def commit() -> None:
         if rank == 0:
-            commit_directory(model_dir, tmp, final, _meta(step, world_size, dynamic_tables,
-                                                 all_counts, dense, extra, tag_tables))
-            layout.prune_checkpoints(model_dir, keep_checkpoint_max, final)
+            commit_directory(model_dir, tmp, final, _meta(
+                step, world_size, dynamic_tables, all_counts, dense, extra, tag_tables))
 
     run_on_all_ranks(commit, f"committing {final}", CheckpointError)
-    return final
+
+
+def _clean_failed_save(tmp: str, final: str) -> None:
+    """Removes what a failed save wrote (a full disk stays full otherwise) and puts back a
+    previous copy of the same step moved aside by ``commit_directory``."""
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if layout.is_complete(final):
+            return
+        aside = final + layout.REPLACED_SUFFIX
+        shutil.rmtree(final, ignore_errors=True)
+        if layout.is_complete(aside):
+            os.rename(aside, final)
+    except OSError:
+        pass  # the save's own error is the one to report; leftovers go at the next prune
