@@ -27,6 +27,7 @@ from hashrec.checkpoint.restore import open_table_shards, read_complete_meta
 from hashrec.checkpoint.save import commit_directory, prepare_temp_dir
 from hashrec.checkpoint.shard_file import ShardReader, ShardWriter
 from hashrec.checkpoint.table_io import ADMISSION, DEFAULT_CHUNK_ROWS, ROWS
+from hashrec.checkpoint.tags import TAG_TABLES
 from hashrec.table.hashing import owner_of
 
 _ROW_FIELDS = ("keys", "tags", "rows", "scores")
@@ -85,6 +86,11 @@ def _check_table(path: str, name: str, base: dict[str, Any], delta: dict[str, An
         if base[field] != delta[field]:
             raise CheckpointError(
                 f"{path}: table {name!r} has {field} {delta[field]}, the base has {base[field]}")
+    # Tags are positions; where both record their tables, they must name the same ones.
+    if TAG_TABLES in base and TAG_TABLES in delta and base[TAG_TABLES] != delta[TAG_TABLES]:
+        raise CheckpointError(
+            f"{path}: table {name!r} holds {delta[TAG_TABLES]} in tag order, the base "
+            f"{base[TAG_TABLES]}; they come from differently ordered feature configs")
 
 
 def _compose(name: str, base_table: dict[str, Any],

@@ -59,9 +59,11 @@ def tag_remap(where: str, saved: list[str] | None, current: list[str] | None
     remap = torch.tensor([position.get(name, -1) for name in saved], dtype=torch.int32)
     dropped = [name for name in saved if name not in position]
     added = [name for name in current if name not in set(saved)]
-    logger.warning(
-        "%s: tables in tag order were %s when saved and are %s now; rows are restored by "
-        "table name%s%s", where, list(saved), list(current),
+    # A reorder alone loses nothing; a table dropped or added is worth a warning.
+    level = logging.WARNING if dropped or added else logging.INFO
+    logger.log(
+        level, "%s: tables in tag order were %s when saved and are %s now; rows are "
+        "restored by table name%s%s", where, list(saved), list(current),
         f"; not in the model, skipped: {dropped}" if dropped else "",
         f"; not in the checkpoint, start empty: {added}" if added else "")
     return remap

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -173,3 +175,23 @@ def test_model_dir_as_base_names_its_latest_checkpoint(dumped, capsys):
     assert apply_delta_main(["--base", model_dir, "--delta", paths[3], "--output", out]) == 1
     err = capsys.readouterr().err
     assert "is a model_dir" in err and "model.ckpt-7" in err and "latest_checkpoint()" not in err
+
+
+def test_delta_and_base_with_different_tag_orders_are_refused(dumped, capsys):
+    _, paths, _, tmp_path = dumped
+    at7 = str(tmp_path / "at7-tags")
+    apply_deltas(paths[0], paths[1:3], at7)
+    table = HashTable(table_options())
+    restore_checkpoint(at7, None, None, {"t": table})
+    base = save_checkpoint(str(tmp_path / "tags-base"), 7, None, None, {"t": table},
+                           tag_tables={"t": ["a", "b", "c"]})
+    delta = str(tmp_path / "delta-tags")
+    shutil.copytree(paths[3], delta)
+    with open(os.path.join(delta, "meta.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    meta["tables"]["t"]["tag_tables"] = ["b", "a", "c"]
+    with open(os.path.join(delta, "meta.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f)
+    out = str(tmp_path / "tags-out")
+    assert apply_delta_main(["--base", base, "--delta", delta, "--output", out]) == 1
+    assert "differently ordered" in capsys.readouterr().err and not os.path.exists(out)
