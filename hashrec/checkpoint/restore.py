@@ -2,8 +2,9 @@
 
 Works for any saving and loading world sizes: every rank reads all shards of a
 table in chunks and keeps the keys it owns. ``restore_optimizer=False`` is the
-fine-tuning mode: the dense optimizer is left alone and the dynamic tables'
-optimizer-state columns start from the optimizer's initial state.
+fine-tuning mode: the dense optimizer is left alone and the optimizer-state
+columns of dynamic and dense (``num_buckets``) tables start from the optimizer's
+initial state. Fused tables are matched by name (``hashrec.checkpoint.tags``).
 """
 
 from __future__ import annotations
