@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -182,3 +183,50 @@ def test_a_missing_eval_input_is_found_before_training(data_dir, tmp_path):
 def test_help(module):
     proc = run(module, "--help")
     assert proc.returncode == 0 and "--pipeline_config_path" in proc.stdout
+
+
+def _swapped_config(model_dir, out) -> str:
+    """The run's pipeline.config with the brand and campaign_id feature blocks swapped
+    (both share the fused dynamic storage, so their tags swap)."""
+    from google.protobuf import text_format
+
+    from hashrec.config import load_pipeline_config
+
+    config = load_pipeline_config(str(model_dir / "pipeline.config"))
+    features = list(config.feature_configs)
+    names = [f.id_feature.feature_name for f in features]
+    i, j = names.index("brand"), names.index("campaign_id")
+    features[i], features[j] = features[j], features[i]
+    del config.feature_configs[:]
+    config.feature_configs.extend(features)
+    path = str(out / "swapped.config")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text_format.MessageToString(config))
+    return path
+
+
+def test_reordered_feature_configs_evaluate_the_same(trained, tmp_path):
+    model_dir, _ = trained
+    last = eval_results(model_dir)[-1]
+    proc = run("hashrec.eval", "--pipeline_config_path", _swapped_config(model_dir, tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = eval_results(model_dir)[-1]
+    assert again["step"] == last["step"]
+    assert again["auc"] == pytest.approx(last["auc"], abs=1e-9)
+    assert again["loss"] == pytest.approx(last["loss"], rel=1e-5)
+
+
+def test_continue_with_another_sparse_optimizer_without_its_state(trained, data_dir, tmp_path):
+    source, _ = trained
+    model_dir = tmp_path / "model"
+    shutil.copytree(source, model_dir)
+    latest = checkpoint_steps(model_dir)[-1]
+    edits = {**EDITS, "train_config.num_epochs": 3, "train_config.num_steps": latest + 5,
+             "train_config.sparse_optimizer.adam_optimizer.lr": 0.001}
+    proc = run("hashrec.train_eval", *train_args(data_dir, model_dir, "--continue_train"),
+               edits=edits)
+    assert proc.returncode != 0 and "--ignore_restore_optimizer" in proc.stderr
+    proc = run("hashrec.train_eval", *train_args(data_dir, model_dir, "--continue_train",
+                                                 "--ignore_restore_optimizer"), edits=edits)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert checkpoint_steps(model_dir)[-1] == latest + 5

@@ -27,6 +27,7 @@ from hashrec.checkpoint.restore import open_table_shards, read_complete_meta
 from hashrec.checkpoint.save import commit_directory, prepare_temp_dir
 from hashrec.checkpoint.shard_file import ShardReader, ShardWriter
 from hashrec.checkpoint.table_io import ADMISSION, DEFAULT_CHUNK_ROWS, ROWS
+from hashrec.checkpoint.tags import TAG_TABLES
 from hashrec.table.hashing import owner_of
 
 _ROW_FIELDS = ("keys", "tags", "rows", "scores")
@@ -49,18 +50,35 @@ def _concat(readers: list[ShardReader], section: str, fields: tuple[str, ...]
     return {f: torch.cat([p[f] for p in parts]) for f in fields}
 
 
-def _check_chain(base_meta: dict[str, Any], delta_metas: list[tuple[str, dict[str, Any]]]
-                 ) -> None:
-    # A checkpoint base is not part of a dump chain; dumps and deltas must chain exactly.
-    expected = base_meta["step"] if base_meta.get("kind") in ("full", "delta") else None
+def _check_chain(base: str, base_meta: dict[str, Any],
+                 delta_metas: list[tuple[str, dict[str, Any]]]) -> None:
+    """The base must hold a whole table state and every delta must continue it exactly.
+
+    A delta holds the entries changed since its ``base_step`` and the entries evicted
+    since then, so it rebuilds the state at its ``step`` only from the state at its
+    ``base_step``: applied to a later state (a checkpoint saved after that step) it
+    would roll rows back, and to an earlier one it would miss changes.
+    """
+    if base_meta.get("kind") == "delta":
+        raise CheckpointError(
+            f"{base}: is a delta dump (changes since step {base_meta.get('base_step')}), not "
+            f"a full state; pass the first full dump, an earlier output of apply_delta or a "
+            f"checkpoint as --base")
+    expected, source = base_meta["step"], base
     for path, meta in delta_metas:
         if meta.get("kind") != "delta":
             raise CheckpointError(f"{path}: is a {meta.get('kind', 'checkpoint')!r}, not a delta")
-        if expected is not None and meta["base_step"] != expected:
+        if meta["base_step"] != expected:
             raise CheckpointError(
-                f"{path}: delta against step {meta['base_step']}, but the state to apply it "
-                f"to is at step {expected}; apply the deltas in order without gaps")
-        expected = meta["step"]
+                f"{path}: delta against step {meta['base_step']}, but {source} is at step "
+                f"{expected}; apply the deltas in order without gaps, starting from a base at "
+                f"step {meta['base_step']} (its dump, or a checkpoint of that step)")
+        missing = sorted(set(meta["tables"]) - set(base_meta["tables"]))
+        if missing:
+            raise CheckpointError(
+                f"{path}: has tables {missing} that the base {base} lacks (it has "
+                f"{sorted(base_meta['tables'])}); the base is from another model")
+        expected, source = meta["step"], path
 
 
 def _check_table(path: str, name: str, base: dict[str, Any], delta: dict[str, Any]) -> None:
@@ -68,6 +86,11 @@ def _check_table(path: str, name: str, base: dict[str, Any], delta: dict[str, An
         if base[field] != delta[field]:
             raise CheckpointError(
                 f"{path}: table {name!r} has {field} {delta[field]}, the base has {base[field]}")
+    # Tags are positions; where both record their tables, they must name the same ones.
+    if TAG_TABLES in base and TAG_TABLES in delta and base[TAG_TABLES] != delta[TAG_TABLES]:
+        raise CheckpointError(
+            f"{path}: table {name!r} holds {delta[TAG_TABLES]} in tag order, the base "
+            f"{base[TAG_TABLES]}; they come from differently ordered feature configs")
 
 
 def _compose(name: str, base_table: dict[str, Any],
@@ -149,7 +172,8 @@ def apply_deltas(base: str, deltas: list[str], output: str,
 
     Args:
         base: a complete full dump, applied dump or checkpoint directory.
-        deltas: complete delta directories, oldest first, continuing the base's chain.
+        deltas: complete delta directories, oldest first; the first one's base step is
+            the base's step, each next one's the previous one's step.
         output: directory to create (must not exist).
         chunk_rows: rows per streamed chunk.
 
@@ -157,14 +181,15 @@ def apply_deltas(base: str, deltas: list[str], output: str,
         ``output``.
 
     Raises:
-        CheckpointError: a broken chain, mismatched tables, corrupt files, or an
+        CheckpointError: a delta as the base, a delta that does not continue the base
+            or the previous delta, tables missing from the base, corrupt files, or an
             existing ``output``.
     """
     if os.path.exists(output):
         raise CheckpointError(f"{output}: already exists; not overwritten")
     base_meta = read_complete_meta(base)
     delta_metas = [(path, read_complete_meta(path)) for path in deltas]
-    _check_chain(base_meta, delta_metas)
+    _check_chain(base, base_meta, delta_metas)
     names = sorted(base_meta["tables"])
     tmp = output.rstrip(os.sep) + layout.TEMP_SUFFIX
     prepare_temp_dir(tmp, names)

@@ -14,11 +14,14 @@ from typing import Any
 import torch
 import xxhash
 
-from hashrec.checkpoint.errors import CheckpointError
+from hashrec.checkpoint.errors import CheckpointError, disk_full_hint
+from hashrec.checkpoint.table_io import optimizer_description
+from hashrec.embedding.dense_table import DenseTable
 
 logger = logging.getLogger(__name__)
 
 _READ_BLOCK = 16 << 20
+DENSE_TABLES = "dense_tables"
 
 
 def file_digest(path: str) -> str:
@@ -31,11 +34,22 @@ def file_digest(path: str) -> str:
 
 
 def save_state(state: dict[str, Any], path: str) -> dict[str, Any]:
-    """Saves a state dict, fsyncs it, returns {"file", "bytes", "xxh3_64"} for meta.json."""
-    with open(path, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
+    """Saves a state dict, fsyncs it, returns {"file", "bytes", "xxh3_64"} for meta.json.
+
+    Raises:
+        CheckpointError: the file could not be written (it is removed); says when the
+            disk may be full.
+    """
+    try:
+        with open(path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError) as e:
+        # A partial file would keep the disk full; nothing reads it.
+        if os.path.exists(path):
+            os.remove(path)
+        raise CheckpointError(f"{path}: could not be written ({e}){disk_full_hint(e)}") from e
     return {"file": os.path.basename(path), "bytes": os.path.getsize(path),
             "xxh3_64": file_digest(path)}
 
@@ -58,15 +72,84 @@ def load_state(root: str, entry: dict[str, Any]) -> dict[str, Any]:
         raise CheckpointError(f"{path}: cannot be read as weights-only state ({e})") from None
 
 
+def dense_table_modules(model: torch.nn.Module) -> dict[str, DenseTable]:
+    """State-dict key of each dense (``num_buckets``) table's rows -> the table."""
+    return {f"{prefix}.rows": module for prefix, module in model.named_modules()
+            if isinstance(module, DenseTable)}
+
+
+def describe_dense_tables(model: torch.nn.Module) -> dict[str, Any]:
+    """Rows key -> {"table", "dim", "row_dim", "optimizer"} for meta.json: the rows hold
+    optimizer columns after the embedding, so a reader needs the dim to separate them."""
+    return {key: {"table": t.name, "dim": int(t.dim), "row_dim": int(t.row_dim),
+                  "optimizer": optimizer_description(t.optimizer)}
+            for key, t in dense_table_modules(model).items()}
+
+
+def _saved_dim(table: DenseTable, saved: torch.Tensor, described: dict | None) -> int | None:
+    if described is not None:
+        return int(described["dim"])
+    # Checkpoints before the record: the dim that gives this width with the model's
+    # sparse optimizer, else the model's dim if some other optimizer gives the width.
+    width = int(saved.shape[1])
+    for dim in range(1, width + 1):
+        if dim + table.optimizer.state_dim(dim) == width:
+            return dim
+    dim = table.dim
+    return dim if width in (dim, dim + 1, 2 * dim, 3 * dim) else None
+
+
+def _dense_rows(path: str, key: str, table: DenseTable, saved: torch.Tensor,
+                restore_optimizer: bool, described: dict | None) -> torch.Tensor:
+    """The saved rows of a dense table as the model needs them, or a CheckpointError in
+    config terms (torch's size mismatch counts optimizer columns as embedding)."""
+    where = f"{path}: dense table {table.name!r} ({key})"
+    config = "restore with the feature configs it was saved with (the model_dir's pipeline.config)"
+    if saved.dim() != 2 or int(saved.shape[0]) != table.num_rows:
+        rows = int(saved.shape[0]) if saved.dim() else "no"
+        raise CheckpointError(
+            f"{where}: {rows} rows in the checkpoint, {table.num_rows} (num_buckets) in the "
+            f"config; {config}")
+    saved_dim = _saved_dim(table, saved, described)
+    if saved_dim != table.dim:
+        shown = saved_dim if saved_dim is not None else f"other than {table.dim}"
+        raise CheckpointError(
+            f"{where}: embedding_dim {shown} in the checkpoint, {table.dim} in the config "
+            f"(rows {int(saved.shape[1])} wide with sparse optimizer state); {config}")
+    if restore_optimizer:
+        if int(saved.shape[1]) != table.row_dim:
+            saved_opt = ((described or {}).get("optimizer") or {}).get("type", "another")
+            raise CheckpointError(
+                f"{where}: sparse optimizer {saved_opt} ({int(saved.shape[1]) - saved_dim} "
+                f"state columns) in the checkpoint, {type(table.optimizer).__name__} "
+                f"({table.row_dim - table.dim}) in the model; restore without optimizer "
+                f"state (--ignore_restore_optimizer) to reset it")
+        return saved
+    state = table.optimizer.initial_state(table.dim).reshape(1, -1).to(saved.dtype)
+    return torch.cat([saved[:, :table.dim], state.expand(saved.shape[0], state.shape[1])], 1)
+
+
 def restore_model(root: str, entry: dict[str, Any], model: torch.nn.Module,
-                  strict: bool) -> None:
-    """Loads the model state file into ``model``; mismatched names raise CheckpointError."""
+                  strict: bool, restore_optimizer: bool = True) -> None:
+    """Loads the model state file into ``model``; mismatched names raise CheckpointError.
+
+    Dense (``num_buckets``) tables keep optimizer columns in their rows; with
+    ``restore_optimizer`` False only their embedding columns are loaded and the
+    optimizer columns start from the model's sparse optimizer's initial state.
+    """
+    path = os.path.join(root, entry["file"])
     state = load_state(root, entry)
+    described = entry.get(DENSE_TABLES) or {}
+    for key, table in dense_table_modules(model).items():
+        if key in state:
+            state[key] = _dense_rows(path, key, table, state[key], restore_optimizer,
+                                     described.get(key))
     try:
         result = model.load_state_dict(state, strict=strict)
     except RuntimeError as e:
         raise CheckpointError(
-            f"{os.path.join(root, entry['file'])}: does not match the model ({e})") from None
+            f"{path}: does not match the model ({e}); restore with the config the checkpoint "
+            f"was saved with (the model_dir's pipeline.config)") from None
     if result is not None and (result.missing_keys or result.unexpected_keys):
         missing, unexpected = result.missing_keys, result.unexpected_keys
         logger.warning(

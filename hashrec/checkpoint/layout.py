@@ -9,6 +9,9 @@
         dynamicemb/<table>/rank-<r>-of-<n>.{json,bin}   one shard per saving rank
         DONE
       model.ckpt-<step>.tmp/        being written; never resumed from
+      model.ckpt-<step>.replaced/   the previous copy of a step saved again, kept until
+                                    the new copy is complete; it counts as the step's
+                                    checkpoint while ``model.ckpt-<step>`` is not complete
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from hashrec.checkpoint.shard_file import fsync_dir, read_versioned_json
 
 CHECKPOINT_PREFIX = "model.ckpt-"
 TEMP_SUFFIX = ".tmp"
+REPLACED_SUFFIX = ".replaced"
 MARKER_NAME = "DONE"
 META_NAME = "meta.json"
 TABLES_DIR = "dynamicemb"
@@ -32,6 +36,9 @@ FORMAT_NAME = "hashrec-checkpoint"
 FORMAT_VERSION = 1
 
 _CKPT_RE = re.compile(r"^model\.ckpt-(\d+)$")
+_LEFTOVER_RE = re.compile(r"^model\.ckpt-(\d+)(\.tmp|\.replaced)?$")
+# Checkpoints and incremental dumps (dump-<step>, see hashrec.checkpoint.incremental).
+_ANY_RE = re.compile(r"^(?:model\.ckpt-|dump-)(\d+)$")
 
 
 def checkpoint_path(model_dir: str, step: int) -> str:
@@ -50,15 +57,49 @@ def is_complete(path: str) -> bool:
 
 
 def complete_checkpoints(model_dir: str) -> list[tuple[int, str]]:
-    """Complete checkpoints under ``model_dir`` as (step, path), oldest step first."""
+    """Complete checkpoints under ``model_dir`` as (step, path), oldest step first.
+
+    A step whose ``model.ckpt-<step>`` is not complete but whose ``.replaced`` copy
+    is (a save of the same step interrupted while swapping the copies) is that copy.
+    """
     if not os.path.isdir(model_dir):
         return []
-    found = []
+    found: dict[int, str] = {}
     for name in os.listdir(model_dir):
-        match = _CKPT_RE.match(name)
+        match = _LEFTOVER_RE.match(name)
         path = os.path.join(model_dir, name)
-        if match and is_complete(path):
-            found.append((int(match.group(1)), path))
+        if not match or match.group(2) == TEMP_SUFFIX or not is_complete(path):
+            continue
+        step = int(match.group(1))
+        if match.group(2) is None or step not in found:
+            found[step] = path
+    return sorted(found.items())
+
+
+def checkpoint_dirs(model_dir: str) -> list[str]:
+    """``model.ckpt-<step>`` directories in ``model_dir``, complete or not, oldest first;
+    ``.tmp`` saves in progress (or abandoned) and ``.replaced`` copies are not listed."""
+    if not os.path.isdir(model_dir):
+        return []
+    steps = [(int(m.group(1)), name) for name in os.listdir(model_dir)
+             if (m := _CKPT_RE.match(name))]
+    return [os.path.join(model_dir, name) for _, name in sorted(steps)]
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` is ``model.ckpt-<step>`` or ``dump-<step>``, complete or not."""
+    return _ANY_RE.match(name) is not None
+
+
+def complete_children(path: str) -> list[tuple[int, str]]:
+    """Complete checkpoints and incremental dumps directly inside ``path`` as (step, path),
+    oldest step first."""
+    found = []
+    for name in os.listdir(path) if os.path.isdir(path) else []:
+        match = _ANY_RE.match(name)
+        child = os.path.join(path, name)
+        if match and is_complete(child):
+            found.append((int(match.group(1)), child))
     return sorted(found)
 
 
@@ -96,22 +137,58 @@ def read_meta(path: str) -> dict[str, Any]:
         f"; {path} is not a checkpoint (or an interrupted save)")
 
 
-def prune_checkpoints(model_dir: str, keep_max: int, keep_path: str) -> list[str]:
-    """Deletes the oldest complete checkpoints so that at most ``keep_max`` remain.
+def _remove(path: str) -> None:
+    # Drop the marker first: a crash mid-delete leaves an incomplete directory,
+    # which is never resumed from, rather than a "complete" one missing files.
+    marker = os.path.join(path, MARKER_NAME)
+    if os.path.isfile(marker):
+        os.remove(marker)
+    shutil.rmtree(path, ignore_errors=True)
 
-    ``keep_max <= 0`` keeps everything; ``keep_path`` (the checkpoint just written)
-    is never deleted. Returns the deleted paths.
+
+def remove_leftovers(model_dir: str, keep_path: str) -> list[str]:
+    """Removes what interrupted saves and prunes left in ``model_dir``; returns the paths.
+
+    Call it only from the process that saves into ``model_dir``, between saves:
+    ``.tmp`` directories (abandoned saves), ``model.ckpt-<step>`` directories without
+    their marker (a prune or a save interrupted), and ``.replaced`` copies, which are
+    renamed back when the step has no other complete copy. ``keep_path`` (the
+    checkpoint just written) is never touched.
     """
+    removed = []
+    keep = os.path.abspath(keep_path)
+    for name in sorted(os.listdir(model_dir)) if os.path.isdir(model_dir) else []:
+        match = _LEFTOVER_RE.match(name)
+        path = os.path.join(model_dir, name)
+        if not match or os.path.abspath(path) == keep or not os.path.isdir(path):
+            continue
+        final = os.path.join(model_dir, CHECKPOINT_PREFIX + match.group(1))
+        if match.group(2) == REPLACED_SUFFIX and is_complete(path) and not is_complete(final):
+            if os.path.abspath(final) != keep:
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(path, final)
+                fsync_dir(model_dir)
+                continue
+        if match.group(2) is not None or not is_complete(path):
+            _remove(path)
+            removed.append(path)
+    return removed
+
+
+def prune_checkpoints(model_dir: str, keep_max: int, keep_path: str) -> list[str]:
+    """Deletes the oldest complete checkpoints so that at most ``keep_max`` remain, and
+    the leftovers of interrupted saves and prunes (see ``remove_leftovers``).
+
+    ``keep_max <= 0`` keeps every complete checkpoint; ``keep_path`` (the checkpoint
+    just written) is never deleted. Returns the deleted paths.
+    """
+    deleted = remove_leftovers(model_dir, keep_path)
     if keep_max <= 0:
-        return []
+        return deleted
     found = [p for _, p in complete_checkpoints(model_dir)]
     removable = [p for p in found if os.path.abspath(p) != os.path.abspath(keep_path)]
     excess = len(found) - keep_max
-    deleted = []
     for path in removable[:max(excess, 0)]:
-        # Drop the marker first: a crash mid-delete leaves an incomplete directory,
-        # which is never resumed from, rather than a "complete" one missing files.
-        os.remove(os.path.join(path, MARKER_NAME))
-        shutil.rmtree(path)
+        _remove(path)
         deleted.append(path)
     return deleted

@@ -2,8 +2,9 @@
 
 Works for any saving and loading world sizes: every rank reads all shards of a
 table in chunks and keeps the keys it owns. ``restore_optimizer=False`` is the
-fine-tuning mode: the dense optimizer is left alone and the dynamic tables'
-optimizer-state columns start from the optimizer's initial state.
+fine-tuning mode: the dense optimizer is left alone and the optimizer-state
+columns of dynamic and dense (``num_buckets``) tables start from the optimizer's
+initial state. Fused tables are matched by name (``hashrec.checkpoint.tags``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hashrec.checkpoint.dist_util import barrier, rank_and_world, run_on_all_ran
 from hashrec.checkpoint.errors import CheckpointError
 from hashrec.checkpoint.shard_file import ShardReader
 from hashrec.checkpoint.table_io import ADMISSION, ROWS, load_table
+from hashrec.checkpoint.tags import TAG_TABLES, model_tag_tables, tag_remap
 
 _SECTIONS = (ROWS, ADMISSION, "evicted")
 
@@ -48,14 +50,68 @@ def open_table_shards(path: str, meta: dict[str, Any], name: str) -> list[ShardR
 
 
 def read_complete_meta(path: str) -> dict[str, Any]:
-    """meta.json of a checkpoint that has its completion marker."""
+    """meta.json of a checkpoint (or dump) that has its completion marker.
+
+    Raises:
+        CheckpointError: ``path`` is missing, a model_dir or dump directory rather than
+            one checkpoint, or an interrupted save; the message names what to pass.
+    """
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: checkpoint directory does not exist")
     if not layout.is_complete(path):
-        raise CheckpointError(
-            f"{os.path.join(path, layout.MARKER_NAME)}: missing; {path} is an incomplete "
-            f"(interrupted) save; use latest_checkpoint() to find a complete one")
+        raise CheckpointError(_not_complete_message(path))
     return layout.read_meta(path)
+
+
+def _not_complete_message(path: str) -> str:
+    inside = layout.complete_children(path)
+    if inside:
+        return (f"{path}: is a model_dir (or dump directory), not a checkpoint; pass one of "
+                f"its checkpoints, e.g. the latest complete one: {inside[-1][1]}")
+    if any(layout.is_checkpoint_name(n) for n in os.listdir(path)):
+        return (f"{path}: is a model_dir (or dump directory) without a complete checkpoint "
+                f"(only interrupted saves); nothing to restore")
+    parent = os.path.dirname(os.path.abspath(path))
+    siblings = layout.complete_children(parent)
+    hint = (f"the latest complete one next to it is {siblings[-1][1]}" if siblings
+            else "there is no complete checkpoint next to it")
+    return (f"{os.path.join(path, layout.MARKER_NAME)}: missing; {path} is not a complete "
+            f"checkpoint (an interrupted save, or not a checkpoint at all); {hint}")
+
+
+def check_tables_present(path: str, meta: dict[str, Any], dynamic_tables: dict[str, Any],
+                         tag_tables: dict[str, list[str]]) -> None:
+    """Raises CheckpointError, in the terms of the feature configs, when a dynamic storage
+    of the model is not in the checkpoint (its tables' dims or options changed)."""
+    saved = meta["tables"]
+    missing = [name for name in sorted(dynamic_tables) if name not in saved]
+    if not missing:
+        return
+    where: dict[str, tuple[str, int]] = {}
+    for storage, described in saved.items():
+        for table in described.get(TAG_TABLES) or [storage]:
+            where[table] = (storage, int(described["dim"]))
+    lines = []
+    for name in missing:
+        for table in tag_tables.get(name) or [name]:
+            dim = int(dynamic_tables[name].dim)
+            if table in where and where[table][1] != dim:
+                lines.append(f"table {table!r} has embedding_dim {dim} in the config, "
+                             f"{where[table][1]} in the checkpoint")
+            elif table in where:
+                lines.append(f"table {table!r} is stored with other tables now (storage "
+                             f"{name!r}) than in the checkpoint (storage {where[table][0]!r}); "
+                             f"its dynamicemb options or fusion differ")
+            else:
+                lines.append(f"dynamic table {table!r} (embedding_dim {dim}) is not in the "
+                             f"checkpoint")
+    found = ", ".join(f"{s} (embedding_dim {d['dim']}, tables "
+                      f"{d.get(TAG_TABLES) or 'not recorded'})" for s, d in sorted(saved.items()))
+    raise CheckpointError(
+        f"{os.path.join(path, layout.META_NAME)}: the model's dynamic tables do not match "
+        f"the checkpoint: {'; '.join(lines)}. The checkpoint holds {found or 'no dynamic table'}."
+        f" Restore with the feature configs it was saved with (the pipeline.config in its "
+        f"model_dir)")
 
 
 def _restore_dense(path: str, meta: dict[str, Any], model: torch.nn.Module | None,
@@ -64,7 +120,7 @@ def _restore_dense(path: str, meta: dict[str, Any], model: torch.nn.Module | Non
     if model is not None:
         if dense["model"] is None:
             raise CheckpointError(f"{path}: holds no dense model state")
-        restore_model(path, dense["model"], model, strict)
+        restore_model(path, dense["model"], model, strict, restore_optimizer)
     if dense_optimizer is not None and restore_optimizer:
         if dense["optimizer"] is None:
             raise CheckpointError(
@@ -85,7 +141,8 @@ def _set_table_step(table: Any, saved_step: int | None) -> None:
 
 def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer: Any,
                        dynamic_tables: dict[str, Any], restore_optimizer: bool = True,
-                       strict: bool = True) -> dict[str, Any]:
+                       strict: bool = True,
+                       tag_tables: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """Restores a complete checkpoint saved on any number of ranks.
 
     Call it on every rank (a collective under torch.distributed). Each rank loads
@@ -98,8 +155,12 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
         dense_optimizer: torch optimizer to load, or None.
         dynamic_tables: {table name: HashTable} of this rank; each must be in the checkpoint.
         restore_optimizer: False (fine-tuning) leaves the dense optimizer fresh and resets
-            the tables' optimizer-state columns to the optimizer's initial state.
+            the optimizer-state columns of dynamic and dense (``num_buckets``) tables to
+            the optimizer's initial state, so the sparse optimizer may differ.
         strict: passed to ``model.load_state_dict``.
+        tag_tables: {table: logical table names in tag order} of the fused tables; rows
+            are restored to the tag of the table with the saved name. None takes them
+            from ``model.embedding.table_locations()`` when the model has one.
 
     Returns:
         The checkpoint meta (``step``, ``world_size``, ``extra``, ``tables`` ...) plus
@@ -111,14 +172,18 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
     """
     meta = read_complete_meta(path)
     rank, world_size = rank_and_world()
+    tag_tables = model_tag_tables(model) if tag_tables is None else tag_tables
 
     def load() -> dict[str, Any]:
+        check_tables_present(path, meta, dynamic_tables, tag_tables)
         readers = {name: open_table_shards(path, meta, name) for name in sorted(dynamic_tables)}
         _restore_dense(path, meta, model, dense_optimizer, restore_optimizer, strict)
         loaded = {}
         for name, table in sorted(dynamic_tables.items()):
+            where = f"{os.path.join(path, layout.META_NAME)} (table {name!r})"
+            remap = tag_remap(where, meta["tables"][name].get(TAG_TABLES), tag_tables.get(name))
             loaded[name] = load_table(readers[name], name, table, rank, world_size,
-                                      restore_optimizer)
+                                      restore_optimizer, remap)
             _set_table_step(table, meta["tables"][name].get("table_step"))
         return loaded
 

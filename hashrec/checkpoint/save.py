@@ -8,7 +8,10 @@ Order of a save (no complete checkpoint is ever modified in place):
 3. once every rank succeeded, rank 0 writes ``meta.json``, fsyncs the
    directories, renames the temporary directory to ``model.ckpt-<step>``, writes
    the completion marker last, then prunes the oldest complete checkpoints
-   beyond ``keep_checkpoint_max``.
+   beyond ``keep_checkpoint_max`` and what interrupted saves and prunes left.
+
+A save that fails removes its partial files (rank 0, once every rank stopped)
+so that a full disk does not stay full, and says when the disk may be full.
 
 A crash at any point leaves the previous complete checkpoint as the latest. All
 ranks must see the same ``model_dir`` (one host, or a shared file system).
@@ -26,9 +29,9 @@ from typing import Any
 import torch
 
 from hashrec.checkpoint import layout
-from hashrec.checkpoint.dense import save_state
+from hashrec.checkpoint.dense import DENSE_TABLES, describe_dense_tables, save_state
 from hashrec.checkpoint.dist_util import gather_counts, rank_and_world, run_on_all_ranks
-from hashrec.checkpoint.errors import CheckpointError
+from hashrec.checkpoint.errors import CheckpointError, disk_full_hint
 from hashrec.checkpoint.shard_file import fsync_dir
 from hashrec.checkpoint.table_io import (
     ADMISSION,
@@ -37,6 +40,7 @@ from hashrec.checkpoint.table_io import (
     dump_table,
     table_description,
 )
+from hashrec.checkpoint.tags import TAG_TABLES, model_tag_tables
 
 # Test hook: when set to a path, a rank that has written its shards creates that
 # file and then waits, so a test can kill the process in the middle of a save.
@@ -82,18 +86,23 @@ def _pause_for_tests() -> None:
 
 
 def _write_rank_files(tmp: str, tables: dict[str, Any], model: torch.nn.Module | None,
-                      dense_optimizer: Any, rank: int, world_size: int,
-                      chunk_rows: int) -> tuple[list[int], dict[str, Any]]:
+                      dense_optimizer: Any, rank: int, world_size: int, chunk_rows: int,
+                      tag_tables: dict[str, list[str]]) -> tuple[list[int], dict[str, Any]]:
     counts: list[int] = []
     for name in sorted(tables):
         stem = layout.shard_stem(tmp, name, rank, world_size)
         attrs = {"table": name, "rank": rank, "world_size": world_size}
+        if name in tag_tables:
+            attrs[TAG_TABLES] = tag_tables[name]
         header = dump_table(tables[name], stem, attrs, chunk_rows)
         sections = header["sections"]
         counts += [sections[ROWS]["count"], sections.get(ADMISSION, {}).get("count", 0)]
     dense: dict[str, Any] = {"model": None, "optimizer": None}
     if rank == 0 and model is not None:
         dense["model"] = save_state(model.state_dict(), os.path.join(tmp, layout.MODEL_FILE))
+        described = describe_dense_tables(model)
+        if described:
+            dense["model"][DENSE_TABLES] = described
     if rank == 0 and dense_optimizer is not None:
         dense["optimizer"] = save_state(
             dense_optimizer.state_dict(), os.path.join(tmp, layout.OPTIMIZER_FILE))
@@ -102,7 +111,8 @@ def _write_rank_files(tmp: str, tables: dict[str, Any], model: torch.nn.Module |
 
 
 def _meta(step: int, world_size: int, tables: dict[str, Any], counts: list[list[int]],
-          dense: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+          dense: dict[str, Any], extra: dict[str, Any], tag_tables: dict[str, list[str]]
+          ) -> dict[str, Any]:
     described = {}
     for i, name in enumerate(sorted(tables)):
         shards = []
@@ -110,7 +120,8 @@ def _meta(step: int, world_size: int, tables: dict[str, Any], counts: list[list[
             stem = layout.shard_stem("", name, rank, world_size).lstrip(os.sep)
             shards.append({"stem": stem, "rows": counts[rank][2 * i],
                            "admission": counts[rank][2 * i + 1]})
-        described[name] = {**table_description(tables[name]), "shards": shards,
+        described[name] = {**table_description(tables[name], tag_tables.get(name)),
+                           "shards": shards,
                            "num_rows": sum(s["rows"] for s in shards),
                            "table_step": getattr(tables[name], "step", None)}
     return {
@@ -121,33 +132,42 @@ def _meta(step: int, world_size: int, tables: dict[str, Any], counts: list[list[
 
 
 def commit_directory(model_dir: str, tmp: str, final: str, meta: dict[str, Any]) -> None:
-    """Writes meta.json into ``tmp``, renames it to ``final``, writes the marker last."""
+    """Writes meta.json into ``tmp``, renames it to ``final``, writes the marker last.
+
+    When ``final`` is already a complete checkpoint (the same step saved again), the
+    new copy gets its marker while still named ``tmp``; the old copy is renamed to
+    ``<final>.replaced`` and deleted only once the new one is in place. A crash in
+    between leaves a complete ``.replaced`` copy, which counts as the step's
+    checkpoint (``layout.complete_checkpoints``) until the next save puts it back.
+    """
     layout.write_json(os.path.join(tmp, layout.META_NAME), meta)
     for name in meta["tables"]:
         fsync_dir(os.path.join(tmp, layout.TABLES_DIR, name))
     fsync_dir(os.path.join(tmp, layout.TABLES_DIR))
     fsync_dir(tmp)
-    aside = None
-    if os.path.exists(final):
-        if layout.is_complete(final):
-            # Same step saved again: keep the old copy until the new one is complete.
-            aside = final + ".replaced"
-            if os.path.exists(aside):
-                shutil.rmtree(aside)
-            os.rename(final, aside)
-        else:
-            shutil.rmtree(final)
+    marker = {"step": meta["step"], "world_size": meta["world_size"]}
+    if not layout.is_complete(final):
+        if os.path.exists(final):
+            shutil.rmtree(final)  # an interrupted save or prune of this step
+        os.rename(tmp, final)
+        fsync_dir(model_dir)
+        layout.write_marker(final, marker)
+        return
+    aside = final + layout.REPLACED_SUFFIX
+    if os.path.exists(aside):
+        shutil.rmtree(aside)  # an older copy; ``final`` is complete
+    layout.write_marker(tmp, marker)
+    os.rename(final, aside)
     os.rename(tmp, final)
     fsync_dir(model_dir)
-    layout.write_marker(final, {"step": meta["step"], "world_size": meta["world_size"]})
-    if aside is not None:
-        shutil.rmtree(aside)
+    shutil.rmtree(aside)
 
 
 def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
                     dense_optimizer: Any, dynamic_tables: dict[str, Any],
                     keep_checkpoint_max: int = 0, extra: dict[str, Any] | None = None,
-                    chunk_rows: int = DEFAULT_CHUNK_ROWS) -> str:
+                    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                    tag_tables: dict[str, list[str]] | None = None) -> str:
     """Saves dense state and every rank's dynamic-table shards as ``model.ckpt-<step>``.
 
     Call it on every rank (a collective under torch.distributed). Rank 0 writes
@@ -162,6 +182,9 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
         keep_checkpoint_max: keep at most this many complete checkpoints (0: all).
         extra: JSON-serializable data stored in meta.json (and returned by restore).
         chunk_rows: rows per streamed chunk (bounds the memory a save needs).
+        tag_tables: {table: logical table names in tag order} of fused tables, recorded
+            so that restore matches tags by name; None takes them from
+            ``model.embedding.table_locations()`` when the model has one.
 
     Returns:
         Path of the complete checkpoint.
@@ -176,7 +199,8 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
     names = sorted(dynamic_tables)
     check_table_names(names)
     extra = _check_extra(extra)
-    rank, world_size = rank_and_world()
+    tag_tables = model_tag_tables(model) if tag_tables is None else tag_tables
+    rank, _ = rank_and_world()
     final = layout.checkpoint_path(model_dir, step)
     tmp = final + layout.TEMP_SUFFIX
 
@@ -186,17 +210,50 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
             prepare_temp_dir(tmp, names)
 
     run_on_all_ranks(prepare, f"preparing {tmp}", CheckpointError)
+    try:
+        _write_and_commit(model_dir, step, tmp, final, model, dense_optimizer,
+                          dynamic_tables, extra, chunk_rows, tag_tables)
+    except CheckpointError as e:
+        if rank == 0:  # every rank has stopped writing: run_on_all_ranks raised on all
+            _clean_failed_save(tmp, final)
+        hint = "" if "disk may be full" in str(e) else disk_full_hint(e)
+        raise CheckpointError(f"{e}{hint} (the partial {tmp} was removed; the previous "
+                              f"checkpoints are kept)") from e
+    run_on_all_ranks(lambda: layout.prune_checkpoints(model_dir, keep_checkpoint_max, final)
+                     if rank == 0 else None, f"pruning {model_dir}", CheckpointError)
+    return final
+
+
+def _write_and_commit(model_dir: str, step: int, tmp: str, final: str,
+                      model: torch.nn.Module | None, dense_optimizer: Any,
+                      dynamic_tables: dict[str, Any], extra: dict[str, Any], chunk_rows: int,
+                      tag_tables: dict[str, list[str]]) -> None:
+    """Steps 2 and 3 of a save (see the module docstring), on every rank."""
+    rank, world_size = rank_and_world()
     counts, dense = run_on_all_ranks(
         lambda: _write_rank_files(tmp, dynamic_tables, model, dense_optimizer, rank,
-                                  world_size, chunk_rows),
+                                  world_size, chunk_rows, tag_tables),
         f"writing shards into {tmp}", CheckpointError)
     all_counts = gather_counts(counts)
 
     def commit() -> None:
         if rank == 0:
-            commit_directory(model_dir, tmp, final, _meta(step, world_size, dynamic_tables,
-                                                 all_counts, dense, extra))
-            layout.prune_checkpoints(model_dir, keep_checkpoint_max, final)
+            commit_directory(model_dir, tmp, final, _meta(
+                step, world_size, dynamic_tables, all_counts, dense, extra, tag_tables))
 
     run_on_all_ranks(commit, f"committing {final}", CheckpointError)
-    return final
+
+
+def _clean_failed_save(tmp: str, final: str) -> None:
+    """Removes what a failed save wrote (a full disk stays full otherwise) and puts back a
+    previous copy of the same step moved aside by ``commit_directory``."""
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if layout.is_complete(final):
+            return
+        aside = final + layout.REPLACED_SUFFIX
+        shutil.rmtree(final, ignore_errors=True)
+        if layout.is_complete(aside):
+            os.rename(aside, final)
+    except OSError:
+        pass  # the save's own error is the one to report; leftovers go at the next prune

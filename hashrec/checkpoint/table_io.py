@@ -22,6 +22,7 @@ import torch
 from hashrec.checkpoint.errors import CheckpointError
 from hashrec.checkpoint.pipeline import read_ahead
 from hashrec.checkpoint.shard_file import ShardReader, ShardWriter, dtype_name
+from hashrec.checkpoint.tags import TAG_TABLES, remap_chunk
 from hashrec.table.hashing import owner_of
 
 logger = logging.getLogger(__name__)
@@ -38,16 +39,20 @@ def optimizer_description(spec: Any) -> dict[str, Any] | None:
     return {"type": type(spec).__name__, "args": dataclasses.asdict(spec)}
 
 
-def table_description(table: Any) -> dict[str, Any]:
-    """What a reader needs to check a shard against a table: dims, dtype, optimizer."""
+def table_description(table: Any, tag_tables: list[str] | None = None) -> dict[str, Any]:
+    """What a reader needs to check a shard against a table: dims, dtype, optimizer, and
+    (when given) the logical table of each tag."""
     options = table.options
-    return {
+    described = {
         "dim": int(table.dim),
         "row_dim": int(table.row_dim),
         "dtype": dtype_name(options.dtype),
         "optimizer": optimizer_description(options.optimizer),
         "admission": options.admission is not None,
     }
+    if tag_tables is not None:
+        described[TAG_TABLES] = list(tag_tables)
+    return described
 
 
 def _tags_or_zeros(tags: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:
@@ -91,9 +96,11 @@ def check_compatible(reader: ShardReader, name: str, table: Any,
     saved = reader.attrs
     where = f"{reader.stem}.json (table {name!r})"
     if saved.get("dim") != table.dim:
+        tables = f" of {saved[TAG_TABLES]}" if saved.get(TAG_TABLES) else ""
         raise CheckpointError(
             f"{where}: embedding dim {saved.get('dim')} in the checkpoint, {table.dim} in the "
-            f"model; use a checkpoint of the same embedding_dim")
+            f"model (the embedding_dim{tables} in the feature configs); restore with the "
+            f"feature configs it was saved with (the model_dir's pipeline.config)")
     if not restore_optimizer:
         return
     wanted = optimizer_description(table.options.optimizer)
@@ -103,7 +110,7 @@ def check_compatible(reader: ShardReader, name: str, table: Any,
         raise CheckpointError(
             f"{where}: sparse optimizer {saved_type} (row_dim {saved.get('row_dim')}) in the "
             f"checkpoint, {wanted_type} (row_dim {table.row_dim}) in the model; restore "
-            f"without optimizer state (ignore_restore_optimizer) to reset it")
+            f"without optimizer state (--ignore_restore_optimizer) to reset it")
 
 
 def _initial_state_columns(table: Any) -> torch.Tensor:
@@ -127,12 +134,16 @@ def _owned(keys: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 
 def iter_owned_rows(readers: list[ShardReader], rank: int, world_size: int,
-                    pin_memory: bool = False) -> Iterator[dict[str, torch.Tensor]]:
-    """Yields chunks of the ``rows`` sections of ``readers`` reduced to owned keys."""
+                    pin_memory: bool = False, remap: torch.Tensor | None = None
+                    ) -> Iterator[dict[str, torch.Tensor]]:
+    """Yields chunks of the ``rows`` sections of ``readers`` reduced to owned keys, with
+    tags mapped by ``remap`` (see ``hashrec.checkpoint.tags.tag_remap``)."""
     for reader in readers:
         for chunk in reader.iter_chunks(ROWS, pin_memory=pin_memory):
+            chunk = remap_chunk(chunk, remap)
             if world_size == 1:
-                yield chunk
+                if chunk["keys"].numel():
+                    yield chunk
                 continue
             mask = _owned(chunk["keys"], rank, world_size)
             if bool(mask.all()):
@@ -142,13 +153,15 @@ def iter_owned_rows(readers: list[ShardReader], rank: int, world_size: int,
 
 
 def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
-               world_size: int, restore_optimizer: bool = True) -> dict[str, int]:
+               world_size: int, restore_optimizer: bool = True,
+               remap: torch.Tensor | None = None) -> dict[str, int]:
     """Loads the owned entries of every shard in ``readers`` into ``table``.
 
     The next chunk is read and verified on a background thread while the table
     inserts the current one (read into page-locked memory for a CUDA table). A
     ``rows`` section holds each (key, tag) once (an export of one table), so the
-    table skips deduplication.
+    table skips deduplication. ``remap`` maps saved tags to the table's tags (tables
+    of a fused storage matched by name); None loads tags as saved.
 
     Returns:
         {"rows": rows loaded, "admission": counters loaded}.
@@ -163,7 +176,7 @@ def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
     loaded = 0
     device = torch.device(table.device)
     pinned = device.type == "cuda"
-    for chunk in read_ahead(iter_owned_rows(readers, rank, world_size, pinned)):
+    for chunk in read_ahead(iter_owned_rows(readers, rank, world_size, pinned, remap)):
         rows = _adapt_rows(chunk["rows"], table, restore_optimizer)
         # synchronous copies: the page-locked chunk is freed (and reused) right after
         table.load_state(chunk["keys"].to(device), chunk["tags"].to(device), rows,
@@ -174,12 +187,12 @@ def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
             f"table {name!r}: loaded {loaded} rows from {readers[0].stem if readers else '?'} "
             f"and its siblings but the table holds {int(table.size())}; raise its "
             f"max_capacity (or use more ranks)")
-    counters = _load_admission(readers, name, table, rank, world_size)
+    counters = _load_admission(readers, name, table, rank, world_size, remap)
     return {"rows": loaded, "admission": counters}
 
 
 def _load_admission(readers: list[ShardReader], name: str, table: Any, rank: int,
-                    world_size: int) -> int:
+                    world_size: int, remap: torch.Tensor | None) -> int:
     if not any(r.count(ADMISSION) for r in readers):
         return 0
     if table.options.admission is None:
@@ -190,6 +203,7 @@ def _load_admission(readers: list[ShardReader], name: str, table: Any, rank: int
     device = table.device
     for reader in readers:
         for chunk in reader.iter_chunks(ADMISSION):
+            chunk = remap_chunk(chunk, remap)
             mask = _owned(chunk["keys"], rank, world_size)
             if bool(mask.any()):
                 table.load_admission_state(chunk["keys"][mask].to(device),

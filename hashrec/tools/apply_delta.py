@@ -5,8 +5,10 @@ Usage::
     python -m hashrec.tools.apply_delta --base DIR --delta D1 [--delta D2 ...] --output OUT
 
 ``DIR`` is a full dump (``dump-<step>`` of the first incremental dump, or an
-earlier output of this tool) or a ``model.ckpt-<step>`` checkpoint; the deltas
-are ``dump-<step>`` directories in step order. ``OUT`` must not exist.
+earlier output of this tool) or a ``model.ckpt-<step>`` checkpoint, never a
+delta; the deltas are ``dump-<step>`` directories in step order, the first one
+taken against the base's step (a checkpoint of the step of a dump), each next
+one against the previous one's step. ``OUT`` must not exist.
 """
 
 from __future__ import annotations

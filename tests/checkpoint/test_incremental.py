@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 
 import pytest
 import torch
 from checkpoint_helpers import snapshot, table_options, train_steps
 
-from hashrec.checkpoint import CheckpointError, IncrementalDumper, apply_deltas
+from hashrec.checkpoint import CheckpointError, IncrementalDumper, apply_deltas, save_checkpoint
 from hashrec.checkpoint.layout import read_meta
 from hashrec.checkpoint.restore import open_table_shards, restore_checkpoint
 from hashrec.table import HashTable
@@ -119,3 +121,77 @@ def test_dump_step_must_increase(tmp_path):
 def test_bad_interval(tmp_path, interval):
     with pytest.raises(ValueError, match="interval_steps"):
         IncrementalDumper(str(tmp_path), {}, interval_steps=interval)
+
+
+def test_tool_refuses_a_delta_as_base(dumped, capsys):
+    _, paths, _, tmp_path = dumped
+    out = str(tmp_path / "delta-base")
+    assert apply_delta_main(["--base", paths[1], "--delta", paths[2], "--output", out]) == 1
+    assert "is a delta dump" in capsys.readouterr().err and not os.path.exists(out)
+
+
+def _checkpoint_of(state_dir: str, model_dir: str, step: int) -> str:
+    table = HashTable(table_options())
+    restore_checkpoint(state_dir, None, None, {"t": table})
+    return save_checkpoint(model_dir, step, None, None, {"t": table})
+
+
+def test_checkpoint_base_must_be_at_the_deltas_base_step(dumped, capsys):
+    _, paths, states, tmp_path = dumped
+    at7 = str(tmp_path / "at7")
+    apply_deltas(paths[0], paths[1:3], at7)
+    ckpt7 = _checkpoint_of(at7, str(tmp_path / "ckpt7"), 7)
+    out = str(tmp_path / "from-ckpt7")
+    assert apply_delta_main(["--base", ckpt7, "--delta", paths[3], "--delta", paths[4],
+                             "--output", out]) == 0
+    assert _read_dump(out)[0] == states[-1]
+    # A checkpoint after the delta's base step (or after the delta itself) is refused:
+    # applying would roll rows back and label the result with the older step.
+    later = _checkpoint_of(out, str(tmp_path / "ckpt13"), 13)
+    for delta in (paths[2], paths[4]):
+        bad = str(tmp_path / f"rollback-{os.path.basename(delta)}")
+        assert apply_delta_main(["--base", later, "--delta", delta, "--output", bad]) == 1
+        err = capsys.readouterr().err
+        assert "is at step 13" in err and not os.path.exists(bad)
+
+
+def test_base_of_another_model_is_refused(dumped, capsys):
+    _, paths, _, tmp_path = dumped
+    table = HashTable(table_options())
+    other = save_checkpoint(str(tmp_path / "other"), 10, None, None, {"item": table})
+    out = str(tmp_path / "other-out")
+    assert apply_delta_main(["--base", other, "--delta", paths[4], "--output", out]) == 1
+    err = capsys.readouterr().err
+    assert "['t']" in err and "lacks" in err and not os.path.exists(out)
+
+
+def test_model_dir_as_base_names_its_latest_checkpoint(dumped, capsys):
+    _, paths, _, tmp_path = dumped
+    model_dir = str(tmp_path / "model-dir")
+    at7 = str(tmp_path / "at7-model-dir")
+    apply_deltas(paths[0], paths[1:3], at7)
+    _checkpoint_of(at7, model_dir, 7)
+    out = str(tmp_path / "model-dir-out")
+    assert apply_delta_main(["--base", model_dir, "--delta", paths[3], "--output", out]) == 1
+    err = capsys.readouterr().err
+    assert "is a model_dir" in err and "model.ckpt-7" in err and "latest_checkpoint()" not in err
+
+
+def test_delta_and_base_with_different_tag_orders_are_refused(dumped, capsys):
+    _, paths, _, tmp_path = dumped
+    at7 = str(tmp_path / "at7-tags")
+    apply_deltas(paths[0], paths[1:3], at7)
+    table = HashTable(table_options())
+    restore_checkpoint(at7, None, None, {"t": table})
+    base = save_checkpoint(str(tmp_path / "tags-base"), 7, None, None, {"t": table},
+                           tag_tables={"t": ["a", "b", "c"]})
+    delta = str(tmp_path / "delta-tags")
+    shutil.copytree(paths[3], delta)
+    with open(os.path.join(delta, "meta.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    meta["tables"]["t"]["tag_tables"] = ["b", "a", "c"]
+    with open(os.path.join(delta, "meta.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f)
+    out = str(tmp_path / "tags-out")
+    assert apply_delta_main(["--base", base, "--delta", delta, "--output", out]) == 1
+    assert "differently ordered" in capsys.readouterr().err and not os.path.exists(out)

@@ -56,13 +56,15 @@ class CheckpointBuilder:
         storages: {storage name: HashTable of the target model}; every storage gets a
             shard per rank, empty if no row is written to it.
         step: the checkpoint's step (0 for a starting point).
+        tag_tables: {storage: logical table names in tag order} of the target model,
+            recorded so that restore matches fused tables' tags by name.
 
     Raises:
         CheckpointError: the checkpoint exists already, or a bad world size.
     """
 
     def __init__(self, save_dir: str, world_size: int, storages: dict[str, Any],
-                 step: int = 0) -> None:
+                 step: int = 0, tag_tables: dict[str, list[str]] | None = None) -> None:
         if world_size < 1:
             raise CheckpointError(f"world_size={world_size} is not valid; allowed: >= 1")
         self.final = layout.checkpoint_path(save_dir, step)
@@ -72,6 +74,7 @@ class CheckpointBuilder:
         check_table_names(sorted(storages))
         self.save_dir, self.world_size, self.step = save_dir, world_size, step
         self.storages = dict(storages)
+        self.tag_tables = dict(tag_tables or {})
         self.tmp = self.final + layout.TEMP_SUFFIX
         os.makedirs(save_dir, exist_ok=True)
         prepare_temp_dir(self.tmp, sorted(storages))
@@ -82,7 +85,7 @@ class CheckpointBuilder:
             for rank in range(world_size):
                 stem = layout.shard_stem(self.tmp, name, rank, world_size)
                 attrs = {"table": name, "rank": rank, "world_size": world_size,
-                         **table_description(table)}
+                         **table_description(table, self.tag_tables.get(name))}
                 writers.append(ShardWriter(stem, attrs))
                 writers[-1].ensure_section(ROWS)
             self._writers[name] = writers
@@ -144,7 +147,8 @@ class CheckpointBuilder:
                 count = writer.close()["sections"][ROWS]["count"]
                 stem = layout.shard_stem("", name, rank, self.world_size).lstrip(os.sep)
                 shards.append({"stem": stem, "rows": count, "admission": 0})
-            tables[name] = {**table_description(self.storages[name]), "shards": shards,
+            tables[name] = {**table_description(self.storages[name], self.tag_tables.get(name)),
+                            "shards": shards,
                             "num_rows": sum(s["rows"] for s in shards),
                             "table_step": self.table_steps[name]}
         dense: dict[str, Any] = {"model": None, "optimizer": None}

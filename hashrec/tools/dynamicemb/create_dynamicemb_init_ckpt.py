@@ -29,6 +29,7 @@ import sys
 
 import torch
 
+from hashrec.checkpoint.tags import model_tag_tables
 from hashrec.config import load_pipeline_config
 from hashrec.tools.dynamicemb.ckpt_writer import (
     CheckpointBuilder,
@@ -99,7 +100,8 @@ def create_init_checkpoint(config, world_size: int, save_dir: str,
     storages = embedding.dynamic_tables()
     locations = embedding.table_locations()
     workers = reader_worker_num or min(8, os.cpu_count() or 1)
-    builder = CheckpointBuilder(save_dir, world_size, storages)
+    builder = CheckpointBuilder(save_dir, world_size, storages,
+                                tag_tables=model_tag_tables(session.model))
     reports = {}
     try:
         for name, path in paths.items():

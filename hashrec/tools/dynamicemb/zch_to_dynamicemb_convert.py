@@ -40,6 +40,7 @@ import torch
 from hashrec.checkpoint import restore_checkpoint
 from hashrec.checkpoint.dense import load_state
 from hashrec.checkpoint.restore import read_complete_meta
+from hashrec.checkpoint.tags import model_tag_tables
 from hashrec.config import load_pipeline_config
 from hashrec.table.options import ScoreStrategy
 from hashrec.tools.dynamicemb.ckpt_writer import (
@@ -208,7 +209,8 @@ def convert(source_checkpoint: str, source_config, target_config, save_dir: str,
         if name not in locations or locations[name][0] not in storages:
             raise MigrationError(f"table {name!r}: zch in the source but not a dynamicemb table "
                                  f"in the target config; replace zch by dynamicemb on it")
-    builder = CheckpointBuilder(save_dir, world_size, storages)
+    builder = CheckpointBuilder(save_dir, world_size, storages,
+                                tag_tables=model_tag_tables(target))
     try:
         migrated = _fill_tables(builder, source.embedding, target.embedding, zch_tables)
         state = _dense_state(source, target, zch_tables)

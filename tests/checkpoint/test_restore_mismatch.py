@@ -1,0 +1,121 @@
+"""Restoring into a changed model: dense tables with another sparse optimizer, changed
+dims named in config terms, and paths that are not one checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from checkpoint_helpers import table_options, trained_table
+from torch import nn
+
+from hashrec.checkpoint import CheckpointError, restore_checkpoint, save_checkpoint
+from hashrec.checkpoint.dense import DENSE_TABLES
+from hashrec.checkpoint.restore import read_complete_meta
+from hashrec.embedding.dense_table import DenseTable
+from hashrec.table import HashTable, SparseAdagrad, SparseAdam
+
+
+class _Model(nn.Module):
+    """The shape of a HashRec model as the checkpoint sees it: dense tables under
+    ``embedding.dense_tables`` plus a dense layer."""
+
+    def __init__(self, optimizer, dim: int = 4, num_rows: int = 10, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embedding = nn.Module()
+        self.embedding.dense_tables = nn.ModuleDict(
+            {"cms_segid": DenseTable("cms_segid", num_rows, dim, optimizer)})
+        self.linear = nn.Linear(dim, 1)
+
+    @property
+    def rows(self) -> torch.Tensor:
+        return self.embedding.dense_tables["cms_segid"].rows
+
+
+def _trained(tmp_path, optimizer=None) -> tuple[_Model, str]:
+    model = _Model(optimizer or SparseAdagrad(lr=0.1, initial_accumulator_value=0.5))
+    model.embedding.dense_tables["cms_segid"].apply_gradients(
+        torch.tensor([1, 3]), torch.ones(2, 4))
+    return model, save_checkpoint(str(tmp_path), 5, model, None, {})
+
+
+def test_changed_sparse_optimizer_loads_dense_embeddings_without_optimizer(tmp_path):
+    model, path = _trained(tmp_path)
+    adam = _Model(SparseAdam(lr=0.01), seed=1)
+    restore_checkpoint(path, adam, None, {}, restore_optimizer=False)
+    assert torch.equal(adam.rows[:, :4], model.rows[:, :4])
+    assert torch.equal(adam.rows[:, 4:], torch.zeros(10, 8))
+    assert torch.equal(adam.linear.weight, model.linear.weight)
+
+
+def test_fine_tune_resets_dense_optimizer_columns(tmp_path):
+    model, path = _trained(tmp_path)
+    same = _Model(SparseAdagrad(lr=0.1, initial_accumulator_value=0.25), seed=1)
+    restore_checkpoint(path, same, None, {}, restore_optimizer=False)
+    assert torch.equal(same.rows[:, :4], model.rows[:, :4])
+    assert torch.equal(same.rows[:, 4:], torch.full((10, 4), 0.25))
+
+
+def test_changed_sparse_optimizer_with_optimizer_names_the_flag(tmp_path):
+    _, path = _trained(tmp_path)
+    with pytest.raises(CheckpointError, match=r"dense table 'cms_segid'.*SparseAdagrad.*"
+                                              r"SparseAdam.*--ignore_restore_optimizer"):
+        restore_checkpoint(path, _Model(SparseAdam(lr=0.01)), None, {})
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "before-record"])
+def test_changed_dense_dim_is_named_in_config_terms(tmp_path, recorded):
+    _, path = _trained(tmp_path)
+    if not recorded:
+        meta_path = os.path.join(path, "meta.json")
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+        del meta["dense"]["model"][DENSE_TABLES]
+        with open(meta_path, "w", encoding="utf-8") as f:
+            json.dump(meta, f)
+    for restore_optimizer in (True, False):
+        with pytest.raises(CheckpointError, match=r"dense table 'cms_segid'.*embedding_dim "
+                                                  r"4 in the checkpoint, 8 in the config"
+                                                  r".*pipeline\.config"):
+            restore_checkpoint(path, _Model(SparseAdagrad(lr=0.1), dim=8), None, {},
+                               restore_optimizer=restore_optimizer)
+
+
+def test_changed_num_buckets_is_named(tmp_path):
+    _, path = _trained(tmp_path)
+    with pytest.raises(CheckpointError, match=r"'cms_segid'.*10 rows in the checkpoint, 12 "
+                                              r"\(num_buckets\)"):
+        restore_checkpoint(path, _Model(SparseAdagrad(lr=0.1), num_rows=12), None, {})
+
+
+def test_changed_dynamic_dim_names_the_table_not_the_storage(tmp_path):
+    path = save_checkpoint(str(tmp_path), 1, None, None,
+                           {"deep": trained_table(steps=2, tagged=True)},
+                           tag_tables={"deep": ["user_id", "brand", "customer"]})
+    tables = {"deep": HashTable(table_options()), "user_id": HashTable(table_options(dim=8))}
+    with pytest.raises(CheckpointError, match=r"table 'user_id' has embedding_dim 8 in the "
+                                              r"config, 4 in the checkpoint.*pipeline\.config"):
+        restore_checkpoint(path, None, None, tables,
+                           tag_tables={"deep": ["brand", "customer"], "user_id": ["user_id"]})
+
+
+def test_model_dir_instead_of_a_checkpoint_names_the_latest(tmp_path):
+    save_checkpoint(str(tmp_path), 1, None, None, {"t": trained_table(steps=2)})
+    latest = save_checkpoint(str(tmp_path), 2, None, None, {"t": trained_table(steps=2)})
+    with pytest.raises(CheckpointError) as info:
+        read_complete_meta(str(tmp_path))
+    message = str(info.value)
+    assert "is a model_dir" in message and latest in message
+    assert "latest_checkpoint()" not in message
+
+
+def test_interrupted_save_points_to_a_complete_sibling(tmp_path):
+    latest = save_checkpoint(str(tmp_path), 1, None, None, {"t": trained_table(steps=2)})
+    broken = os.path.join(str(tmp_path), "model.ckpt-2")
+    os.makedirs(broken)
+    with pytest.raises(CheckpointError, match=r"not a complete checkpoint") as info:
+        read_complete_meta(broken)
+    assert latest in str(info.value) and "()" not in str(info.value)
