@@ -98,10 +98,13 @@ class IncrementalDumper:
         dynamic_tables: {table name: HashTable} of this rank.
         interval_steps: steps between dumps (>= 1).
         chunk_rows: rows per streamed chunk.
+        tag_tables: {table name: the logical table of each tag} of fused tables
+            (``hashrec.checkpoint.tags.model_tag_tables``), recorded in the dumps.
     """
 
     def __init__(self, output_dir: str, dynamic_tables: dict[str, Any], interval_steps: int,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS) -> None:
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                 tag_tables: dict[str, list[str]] | None = None) -> None:
         if isinstance(interval_steps, bool) or not isinstance(interval_steps, int) \
                 or interval_steps < 1:
             raise ValueError(
@@ -113,6 +116,7 @@ class IncrementalDumper:
         self.tables = dict(dynamic_tables)
         self.interval_steps = interval_steps
         self.chunk_rows = chunk_rows
+        self.tag_tables = dict(tag_tables or {})
         self.last_step: int | None = None
         self._snapshots: dict[str, _Snapshot] = {}
 
@@ -159,7 +163,7 @@ class IncrementalDumper:
             table = self.tables[name]
             stem = layout.shard_stem(tmp, name, rank, world_size)
             attrs = {"table": name, "rank": rank, "world_size": world_size,
-                     **table_description(table)}
+                     **table_description(table, self.tag_tables.get(name))}
             writer = ShardWriter(stem, attrs)
             try:
                 snapshots[name] = self._write_table(table, writer, self._snapshots.get(name))
@@ -211,7 +215,8 @@ class IncrementalDumper:
                 stem = layout.shard_stem("", name, rank, world_size).lstrip(os.sep)
                 shards.append({"stem": stem, "rows": counts[rank][2 * i],
                                "evicted": counts[rank][2 * i + 1]})
-            tables[name] = {**table_description(self.tables[name]), "shards": shards,
+            tables[name] = {**table_description(self.tables[name], self.tag_tables.get(name)),
+                            "shards": shards,
                             "num_rows": sum(s["rows"] for s in shards)}
         return {
             "format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION,

@@ -12,7 +12,6 @@ skipped and a warning says the batches differ.
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 from dataclasses import dataclass
@@ -23,11 +22,10 @@ from hashrec.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
+from hashrec.checkpoint.layout import checkpoint_dirs
 from hashrec.train.errors import TrainError
 
 logger = logging.getLogger("hashrec.train")
-
-CHECKPOINT_GLOB = "model.ckpt-*"
 
 
 @dataclass(frozen=True)
@@ -44,8 +42,9 @@ class Resume:
 
 
 def existing_checkpoints(model_dir: str) -> list[str]:
-    """Every ``model.ckpt-*`` entry in ``model_dir`` (complete or not)."""
-    return sorted(glob.glob(os.path.join(model_dir, CHECKPOINT_GLOB)))
+    """Every ``model.ckpt-<step>`` directory in ``model_dir`` (complete or not; saves in
+    progress or abandoned, ``.tmp``, are not checkpoints), oldest first."""
+    return checkpoint_dirs(model_dir)
 
 
 def check_model_dir(model_dir: str, continue_train: bool) -> None:

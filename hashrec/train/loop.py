@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from hashrec.checkpoint import IncrementalDumper, discard_dumps_after
+from hashrec.checkpoint.tags import model_tag_tables
 from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import FlatGradients
 from hashrec.distributed.process_group import all_gather_objects
@@ -193,7 +194,8 @@ class TrainLoop:
                                    "was interrupted; moved to %s (the next dump is full)",
                                    resume.step, moved)
             self.dumper = IncrementalDumper(dumps, session.model.embedding.dynamic_tables(),
-                                            options.incremental_dump_steps)
+                                            options.incremental_dump_steps,
+                                            tag_tables=model_tag_tables(session.model))
 
     def done(self) -> bool:
         o = self.options

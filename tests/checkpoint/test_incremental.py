@@ -195,3 +195,17 @@ def test_delta_and_base_with_different_tag_orders_are_refused(dumped, capsys):
     out = str(tmp_path / "tags-out")
     assert apply_delta_main(["--base", base, "--delta", delta, "--output", out]) == 1
     assert "differently ordered" in capsys.readouterr().err and not os.path.exists(out)
+
+
+def test_dumps_record_each_tags_table(tmp_path):
+    table = _small_table()
+    table.insert_or_assign(torch.arange(4), torch.ones(4, table.dim),
+                           tags=torch.tensor([0, 1, 0, 1], dtype=torch.int32))
+    dumper = IncrementalDumper(str(tmp_path), {"t": table}, 1, tag_tables={"t": ["a", "b"]})
+    path = dumper.dump(1)
+    meta = read_meta(path)
+    assert meta["tables"]["t"]["tag_tables"] == ["a", "b"]
+    (header,) = [json.load(open(os.path.join(root, name), encoding="utf-8"))
+                 for root, _, names in os.walk(path) for name in names
+                 if name.startswith("rank-") and name.endswith(".json")]
+    assert header["attrs"]["tag_tables"] == ["a", "b"]

@@ -52,6 +52,8 @@ def test_max_epochs(steps, epochs, expected):
 
 def test_check_model_dir(tmp_path):
     check_model_dir(str(tmp_path), continue_train=False)
+    (tmp_path / "model.ckpt-10.tmp").mkdir()  # a save that never finished: no checkpoint
+    check_model_dir(str(tmp_path), continue_train=False)
     (tmp_path / "model.ckpt-10").mkdir()
     with pytest.raises(TrainError, match="--continue_train"):
         check_model_dir(str(tmp_path), continue_train=False)
