@@ -146,12 +146,7 @@ class TrainLoop:
         self._skip = resume.epoch_step
         data = session.config.data_config
         self.readers = (session.world_size, int(data.num_workers), int(data.batch_size))
-        if self._skip and resume.readers is not None and tuple(resume.readers) != self.readers:
-            logger.warning(
-                "the training input is read by another layout than when %s was saved "
-                "(ranks, loader workers, batch size: %s, were %s): the first %d batches of "
-                "epoch %d are skipped by count, and they are not the batches trained then",
-                resume.path, self.readers, tuple(resume.readers), self._skip, self.epoch)
+        self._check_readers(resume)
         self._signals: StopSignals | None = None
         # Training input per epoch, the next epoch's loader started ahead (run_epoch).
         self._inputs: EpochStream | None = None
@@ -184,18 +179,30 @@ class TrainLoop:
                                         config.dense_cuda_graph)
         # Python's garbage collection at fixed steps while training (same on every rank).
         self.collections = CollectionSchedule()
-        self.dumper = None
-        if options.incremental_dump_steps:
-            dumps = os.path.join(session.model_dir, INCREMENTAL_DIR)
-            if session.is_chief and resume.path is not None:
-                moved = discard_dumps_after(dumps, resume.step)
-                if moved:
-                    logger.warning("incremental dumps after step %d belong to the run that "
-                                   "was interrupted; moved to %s (the next dump is full)",
-                                   resume.step, moved)
-            self.dumper = IncrementalDumper(dumps, session.model.embedding.dynamic_tables(),
-                                            options.incremental_dump_steps,
-                                            tag_tables=model_tag_tables(session.model))
+        self.dumper = self._dumper(resume) if options.incremental_dump_steps else None
+
+    def _check_readers(self, resume: checkpoints.Resume) -> None:
+        """Warn when a partly trained epoch is resumed with its batches laid out anew."""
+        if self._skip and resume.readers is not None and tuple(resume.readers) != self.readers:
+            logger.warning(
+                "the training input is read by another layout than when %s was saved "
+                "(ranks, loader workers, batch size: %s, were %s): the first %d batches of "
+                "epoch %d are skipped by count, and they are not the batches trained then",
+                resume.path, self.readers, tuple(resume.readers), self._skip, self.epoch)
+
+    def _dumper(self, resume: checkpoints.Resume) -> IncrementalDumper:
+        """The incremental dumper, once the dumps of an interrupted run are moved aside."""
+        session = self.session
+        dumps = os.path.join(session.model_dir, INCREMENTAL_DIR)
+        if session.is_chief and resume.path is not None:
+            moved = discard_dumps_after(dumps, resume.step)
+            if moved:
+                logger.warning("incremental dumps after step %d belong to the run that was "
+                               "interrupted; moved to %s (the next dump is full)",
+                               resume.step, moved)
+        return IncrementalDumper(dumps, session.model.embedding.dynamic_tables(),
+                                 self.options.incremental_dump_steps,
+                                 tag_tables=model_tag_tables(session.model))
 
     def done(self) -> bool:
         o = self.options
