@@ -4,13 +4,17 @@ Usage::
 
     python -m hashrec.predict --scripted_model_path <export_dir> \\
         --predict_input_path <files, dirs or globs> --predict_output_path <out> \\
-        [--reserved_columns a,b] [--batch_size N] [--device cpu|cuda]
+        [--reserved_columns a,b] [--batch_size N] [--device auto|cpu|cuda[:i]] [--overwrite]
 
 The input is read and parsed with the exported pipeline config's data and
 feature settings; the parsed tensors feed ``scripted_model.pt``. The output
 holds the reserved columns, then ``probs`` and ``logits`` (one row per input
 row). ``--predict_output_path`` ending in ``.parquet`` names the file; any
-other path is a directory that receives ``part-00000.parquet``.
+other path is a directory that receives ``part-00000.parquet``. The rows go to a
+hidden temporary file next to the output, renamed to it once every row is
+written, so a failed run leaves no partial output (and an output it was to
+replace is kept). An existing output file, or a directory output that holds
+files, is refused unless ``--overwrite`` is given.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import time
 
@@ -31,6 +36,9 @@ from hashrec.export.errors import ExportError
 logger = logging.getLogger("hashrec.predict")
 
 PREDICTION_COLUMNS = ("probs", "logits")
+PART_FILE = "part-00000.parquet"
+DEVICES = "auto, cpu, cuda or cuda:<index>"
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
 
 def model_inputs(batch, weighted: set[str]) -> tuple[dict, dict, dict, dict, dict]:
@@ -44,14 +52,71 @@ def model_inputs(batch, weighted: set[str]) -> tuple[dict, dict, dict, dict, dic
     return values, lengths, weights, dict(batch.dense), dict(batch.sequence_dense)
 
 
-def _output_file(path: str) -> str:
+def _output_file(path: str, overwrite: bool) -> str:
+    """The parquet file ``--predict_output_path`` names (checked, nothing created).
+
+    Raises:
+        ExportError: the path is of the other kind (file / directory), or the output
+            exists and ``overwrite`` is False.
+    """
+    where = f"--predict_output_path {path!r}"
     if path.endswith(".parquet"):
-        parent = os.path.dirname(path)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
+        if os.path.isdir(path):
+            raise ExportError(f"{where} is a directory; a path ending in .parquet names the "
+                              f"output file")
+        if os.path.exists(path) and not overwrite:
+            raise ExportError(f"{where} exists; pass --overwrite to replace it, or choose "
+                              f"another path")
         return path
-    os.makedirs(path, exist_ok=True)
-    return os.path.join(path, "part-00000.parquet")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ExportError(f"{where} is a file; name a directory (for {PART_FILE}) or a "
+                          f"file ending in .parquet")
+    # Hidden names (temporary files, markers) are not data to the readers.
+    held = sorted(n for n in os.listdir(path) if not n.startswith((".", "_"))) \
+        if os.path.isdir(path) else []
+    if held and not overwrite:
+        raise ExportError(f"{where} is not empty (it holds {', '.join(held[:5])}); pass "
+                          f"--overwrite to replace {PART_FILE} there, or choose another "
+                          f"directory")
+    return os.path.join(path, PART_FILE)
+
+
+def _staging_file(output: str) -> str:
+    """A hidden sibling of ``output`` for the rows until all are written; creates the
+    output's directory.
+
+    Raises:
+        ExportError: the directory cannot be created.
+    """
+    directory = os.path.dirname(output)
+    try:
+        os.makedirs(directory or ".", exist_ok=True)
+    except OSError as err:
+        raise ExportError(f"--predict_output_path: cannot create {directory}: "
+                          f"{err.strerror}") from None
+    return os.path.join(directory, f".{os.path.basename(output)}.tmp")
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """``device`` (auto, cpu, cuda or cuda:<index>; None: auto) as a torch.device.
+
+    Raises:
+        ExportError: another name, or CUDA asked for where it is not available.
+    """
+    name = device or "auto"
+    if not _DEVICE.fullmatch(name):
+        raise ExportError(f"--device {name!r} is not supported; allowed: {DEVICES}")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    run_on = torch.device(name)
+    if run_on.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ExportError(f"--device {name}: CUDA is not available on this machine; use "
+                              f"--device cpu or auto")
+        if run_on.index is not None and run_on.index >= torch.cuda.device_count():
+            raise ExportError(f"--device {name}: this machine has {torch.cuda.device_count()} "
+                              f"CUDA device(s)")
+    return run_on
 
 
 def _load(export_dir: str, device: torch.device):
@@ -99,23 +164,49 @@ def _check_reserved(reserved: tuple[str, ...]) -> None:
 
 def predict(export_dir: str, input_path: str, output_path: str,
             reserved_columns: tuple[str, ...] = (), batch_size: int | None = None,
-            device: str | None = None, log_every_s: float = 10.0) -> dict:
+            device: str | None = None, log_every_s: float = 10.0,
+            overwrite: bool = False) -> dict:
     """Predict every row of ``input_path``; returns {"rows", "seconds", "output"}.
 
+    The output appears only when every row is predicted (see the module docstring).
+
     Raises:
-        ExportError: not an export directory, or reserved columns that clash.
+        ExportError: not an export directory, reserved columns that clash, a bad device,
+            or an output path that exists (without ``overwrite``) or is of the wrong kind.
         DataError, FeatureError: unreadable input or missing columns (they name the file).
     """
     from hashrec.data import create_dataloader
 
     _check_reserved(reserved_columns)
-    run_on = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    output = _output_file(output_path, overwrite)
+    run_on = resolve_device(device)
     config, feature_set, model = _load(export_dir, run_on)
     weighted = {f.name for f in feature_set.embedding_features() if f.weighted}
     loader = create_dataloader(_input_data_config(config.data_config, input_path), feature_set,
                                input_path, "predict", batch_size=batch_size,
                                reserved_columns=reserved_columns)
-    output = _output_file(output_path)
+    staging = _staging_file(output)
+    start = time.perf_counter()
+    try:
+        rows = _write_predictions(model, loader, weighted, run_on, reserved_columns, staging,
+                                  log_every_s)
+        if rows == 0:
+            raise ExportError(f"--predict_input_path {input_path!r} holds no rows")
+        os.replace(staging, output)
+    except BaseException:
+        if os.path.exists(staging):
+            os.remove(staging)
+        raise
+    seconds = time.perf_counter() - start
+    logger.info("predicted %d rows in %.1fs (%.0f rows/s) -> %s", rows, seconds,
+                rows / max(seconds, 1e-9), output)
+    return {"rows": rows, "seconds": seconds, "output": output}
+
+
+def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
+                       reserved_columns: tuple[str, ...], path: str, log_every_s: float) -> int:
+    """Runs ``model`` on every batch of ``loader`` into the parquet file ``path``; returns
+    the number of rows (0: no file written)."""
     writer, rows, start, last_log = None, 0, time.perf_counter(), time.perf_counter()
     try:
         with torch.inference_mode():
@@ -126,7 +217,7 @@ def predict(export_dir: str, input_path: str, output_path: str,
                     columns[name] = pa.array(out[name].float().cpu().numpy())
                 table = pa.table(columns)
                 if writer is None:
-                    writer = pq.ParquetWriter(output, table.schema)
+                    writer = pq.ParquetWriter(path, table.schema)
                 writer.write_table(table)
                 rows += table.num_rows
                 if time.perf_counter() - last_log >= log_every_s:
@@ -136,12 +227,7 @@ def predict(export_dir: str, input_path: str, output_path: str,
     finally:
         if writer is not None:
             writer.close()
-    if writer is None:
-        raise ExportError(f"--predict_input_path {input_path!r} holds no rows")
-    seconds = time.perf_counter() - start
-    logger.info("predicted %d rows in %.1fs (%.0f rows/s) -> %s", rows, seconds,
-                rows / max(seconds, 1e-9), output)
-    return {"rows": rows, "seconds": seconds, "output": output}
+    return rows
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,14 +241,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated parquet/csv files, directories and globs; .csv files "
                              "of a parquet-trained model need a header row")
     parser.add_argument("--predict_output_path", required=True,
-                        help="output .parquet file, or a directory for part-00000.parquet")
+                        help="output .parquet file, or a directory for part-00000.parquet; "
+                             "written only when every row is predicted")
     parser.add_argument("--reserved_columns", default="",
                         help="comma-separated input columns copied to the output")
     parser.add_argument("--batch_size", type=int, default=None,
                         help="rows per batch (default: data_config.eval_batch_size or "
                              "batch_size)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    parser.add_argument("--device", type=_device_arg, default="auto",
+                        help=f"{DEVICES} (default auto: cuda if present, else cpu)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing output file (in a directory output: "
+                             f"{PART_FILE}, other files there are kept); without it an "
+                             "existing output file or a non-empty output directory is refused")
     return parser
+
+
+def _device_arg(text: str) -> str:
+    if not _DEVICE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected {DEVICES}, got {text!r}")
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     reserved = tuple(c.strip() for c in args.reserved_columns.split(",") if c.strip())
     return run_main(lambda: predict(args.scripted_model_path, args.predict_input_path,
                                     args.predict_output_path, reserved, args.batch_size,
-                                    args.device))
+                                    args.device, overwrite=args.overwrite))
 
 
 if __name__ == "__main__":

@@ -99,3 +99,110 @@ def test_missing_input_column_names_the_column(caplog, exported, tmp_path):
                          "--predict_output_path", str(tmp_path / "o.parquet"),
                          "--reserved_columns", "no_such_column")
     assert code == 1 and "no_such_column" in log
+
+
+def _nan_price_file(exported, path) -> str:
+    """The eval rows with one NaN price in the last row: parsing fails after the first
+    batches were predicted."""
+    import numpy as np
+    import pyarrow as pa
+
+    table = pq.read_table(exported / "data" / "eval")
+    price = table["price"].to_numpy().copy()
+    price[-1] = np.nan
+    table = table.set_column(table.schema.get_field_index("price"), "price", pa.array(price))
+    pq.write_table(table, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new-output", "replaced-output"])
+def test_failed_predict_leaves_no_partial_output(exported, tmp_path, existing):
+    from hashrec.data import DataError
+
+    output = tmp_path / "o.parquet"
+    if existing:
+        output.write_bytes(b"earlier predictions")
+    inputs = f"{exported / 'data' / 'eval'},{_nan_price_file(exported, tmp_path / 'nan.parquet')}"
+    with pytest.raises(DataError, match="value nan is not finite"):
+        predict(str(exported / "export"), inputs, str(output), batch_size=16,
+                overwrite=existing)
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        (["nan.parquet", "o.parquet"] if existing else ["nan.parquet"])
+    if existing:
+        assert output.read_bytes() == b"earlier predictions"
+
+
+def test_existing_output_file_is_refused_unless_overwrite(caplog, exported, tmp_path):
+    output = tmp_path / "o.parquet"
+    args = ["--scripted_model_path", str(exported / "export"), "--predict_input_path",
+            str(exported / "data" / "eval"), "--predict_output_path", str(output)]
+    assert run_main(caplog, *args)[0] == 0
+    first = output.read_bytes()
+    caplog.clear()
+    code, log = run_main(caplog, *args, "--reserved_columns", "user_id")
+    assert code == 1
+    assert f"--predict_output_path {str(output)!r} exists; pass --overwrite" in log
+    assert output.read_bytes() == first
+    assert run_main(caplog, *args, "--reserved_columns", "user_id", "--overwrite")[0] == 0
+    assert pq.read_table(output).column_names == ["user_id", "probs", "logits"]
+
+
+def test_non_empty_output_directory_is_refused_unless_overwrite(exported, tmp_path):
+    from hashrec.export import ExportError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(ExportError, match=r"is not empty \(it holds keep.txt\)"):
+        predict(str(exported / "export"), str(exported / "data" / "eval"), str(out))
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    result = predict(str(exported / "export"), str(exported / "data" / "eval"), str(out),
+                     overwrite=True)
+    assert result["rows"] == 130
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt", "part-00000.parquet"]
+
+
+@pytest.mark.parametrize("kind", ["file-for-directory", "directory-for-file"])
+def test_output_path_of_the_wrong_kind_is_one_error(caplog, exported, tmp_path, kind):
+    if kind == "file-for-directory":
+        target = tmp_path / "predictions"
+        target.write_text("mine")
+        message = "is a file; name a directory (for part-00000.parquet)"
+    else:
+        target = tmp_path / "predictions.parquet"
+        target.mkdir()
+        message = "is a directory; a path ending in .parquet names the output file"
+    code, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
+                         "--predict_input_path", str(exported / "data" / "eval"),
+                         "--predict_output_path", str(target), "--overwrite")
+    assert code == 1
+    assert f"ExportError: --predict_output_path {str(target)!r} {message}" in log
+    assert "Traceback" not in log
+
+
+def test_unknown_device_is_a_usage_error(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--scripted_model_path", "e", "--predict_input_path", "i",
+              "--predict_output_path", str(tmp_path / "o.parquet"), "--device", "gpu"])
+    assert exit_info.value.code == 2
+    assert ("argument --device: expected auto, cpu, cuda or cuda:<index>, got 'gpu'"
+            in capsys.readouterr().err)
+
+
+def test_cuda_device_without_cuda_is_one_error(caplog, exported, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
+                         "--predict_input_path", str(exported / "data" / "eval"),
+                         "--predict_output_path", str(tmp_path / "o.parquet"),
+                         "--device", "cuda")
+    assert code == 1 and "--device cuda: CUDA is not available on this machine" in log
+    assert not (tmp_path / "o.parquet").exists()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    from hashrec.export import ExportError
+    from hashrec.predict import resolve_device
+
+    with pytest.raises(ExportError, match="--device cuda:1: this machine has 1 CUDA device"):
+        resolve_device("cuda:1")
+    with pytest.raises(ExportError, match="--device 'tpu' is not supported"):
+        resolve_device("tpu")

@@ -135,6 +135,16 @@ def test_refuses_to_overwrite_checkpoints(trained, data_dir):
     assert checkpoint_steps(model_dir) == before
 
 
+def test_model_dir_that_is_a_file_is_one_error_line(data_dir, tmp_path):
+    target = tmp_path / "model"
+    target.write_text("mine")
+    proc = run("hashrec.train_eval", *train_args(data_dir, target), edits=EDITS)
+    assert proc.returncode == 1
+    assert f"TrainError: model_dir {str(target)!r} is a file" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert target.read_text() == "mine"
+
+
 def test_eval_restores_the_checkpoint_exactly(trained):
     model_dir, _ = trained
     last = eval_results(model_dir)[-1]

@@ -43,10 +43,20 @@ def load_pipeline_config(path: str | Path) -> EasyRecConfig:
 
 
 def save_pipeline_config(config: EasyRecConfig, path: str | Path) -> None:
-    """Write ``config`` as text format (UTF-8) to ``path``, creating parent folders."""
+    """Write ``config`` as text format (UTF-8) to ``path``, creating parent folders.
+
+    Raises:
+        ConfigError: the file or a parent folder cannot be written (a file stands where
+            a folder is needed, no permission, ...); the message names the path.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text_format.MessageToString(config, as_utf8=True), encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text_format.MessageToString(config, as_utf8=True), encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot write pipeline config {path}: {err.strerror} "
+                          f"({err.filename}); check that its folder is a directory you can "
+                          f"write") from None
 
 
 def _strip_position(message: str) -> str:

@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint_path", default=None,
                         help="a model.ckpt-<step> directory or a model_dir; default: the latest "
                              "complete checkpoint of the config's model_dir")
-    parser.add_argument("--export_dir", required=True, help="output directory (new or empty)")
+    parser.add_argument("--export_dir", required=True,
+                        help="output directory, new or empty; the files are written into "
+                             "<export_dir>.tmp, which is renamed to it when complete")
     return parser
 
 

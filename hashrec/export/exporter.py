@@ -2,12 +2,13 @@
 
 Under ``torchrun`` every rank restores the checkpoint (keeping the dynamic keys
 it owns) and writes its own part; after a barrier rank 0 writes the pipeline
-config and builds the scripted model from all parts.
+config and builds the scripted model from all parts. Everything is written into
+a staging directory that is renamed to the export directory at the end (see
+``staging.py``).
 """
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import time
@@ -20,6 +21,7 @@ from hashrec.export import meta
 from hashrec.export.errors import ExportError
 from hashrec.export.part_writer import PartContents, write_part
 from hashrec.export.scripted import build_inference_model, load_hashmaps, save_scripted
+from hashrec.export.staging import discard, prepare_staging, publish, staging_dir
 from hashrec.export.tables import (
     DEFAULT_CHUNK_ROWS,
     dense_network_tensors,
@@ -45,13 +47,6 @@ class ExportResult:
     checkpoint: str
     step: int
     files: tuple[str, ...]
-
-
-def _check_export_dir(export_dir: str) -> None:
-    if glob.glob(os.path.join(export_dir, "model-*-of-*.safetensors")):
-        raise ExportError(f"export_dir {export_dir!r} already holds an export; choose an "
-                          f"empty or new directory")
-    os.makedirs(export_dir, exist_ok=True)
 
 
 def _restored_session(config, checkpoint_path: str | None, rank: int, world_size: int):
@@ -84,23 +79,53 @@ def export_model(config, export_dir: str, checkpoint_path: str | None = None,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS) -> ExportResult:
     """Export ``config``'s model from a checkpoint into ``export_dir``.
 
+    The files are written into ``<export_dir>.tmp`` and that directory is renamed to
+    ``export_dir`` when all of them are complete, so ``export_dir`` never holds a partial
+    export; a failed export removes its staging directory, and one left by a killed
+    export is removed by the next export of the same ``export_dir``.
+
     Args:
         config: the pipeline config (EasyRecConfig).
-        export_dir: where the files go (created; must not hold an export already).
+        export_dir: where the files go: a new or empty directory.
         checkpoint_path: a ``model.ckpt-<step>`` directory or a model_dir; default the
             latest complete checkpoint of ``config.model_dir``.
         chunk_rows: rows of a dynamic table read and written at a time.
 
     Raises:
-        ExportError: export_dir already holds an export, a table cannot be exported,
+        ExportError: export_dir is a file or not empty, a table cannot be exported,
             or the model has no scripted form. (TrainError, CheckpointError and
             ConfigError from the layers below pass through.)
     """
     rank, world_size = rank_and_world()
     start = time.perf_counter()
-    run_on_all_ranks(lambda: _check_export_dir(export_dir) if rank == 0 else None,
+    staging = staging_dir(export_dir)
+    run_on_all_ranks(lambda: prepare_staging(export_dir) if rank == 0 else None,
                      "preparing export_dir", ExportError)
     barrier()
+    try:
+        path, step, files = _export_into(config, staging, checkpoint_path, chunk_rows, rank,
+                                         world_size)
+        barrier()
+        run_on_all_ranks(lambda: publish(staging, export_dir) if rank == 0 else None,
+                         "moving the export into export_dir", ExportError)
+    except BaseException:
+        if rank == 0:
+            discard(staging)
+        raise
+    if rank == 0:
+        logger.info("exported %s (step %d) to %s in %.1fs", path, step, export_dir,
+                    time.perf_counter() - start)
+    files = [os.path.join(export_dir, os.path.basename(f)) for f in files]
+    return ExportResult(export_dir, path, step, tuple(files))
+
+
+def _export_into(config, staging: str, checkpoint_path: str | None, chunk_rows: int,
+                 rank: int, world_size: int) -> tuple[str, int, list[str]]:
+    """Restores the checkpoint and writes every file into ``staging``.
+
+    Returns:
+        (checkpoint path, step, files written by this rank).
+    """
     session, path, step = _restored_session(config, checkpoint_path, rank, world_size)
     views = dynamic_table_views(session.model.embedding)
     contents = PartContents(
@@ -109,15 +134,12 @@ def export_model(config, export_dir: str, checkpoint_path: str | None = None,
         views)
     for view in views:
         view.missing_value()  # an unexportable eval initializer fails before any file is written
-    run_on_all_ranks(lambda: write_part(export_dir, contents, rank, world_size, chunk_rows),
+    run_on_all_ranks(lambda: write_part(staging, contents, rank, world_size, chunk_rows),
                      "writing the export part", ExportError)
-    files = [os.path.join(export_dir, meta.weights_file(rank, world_size)),
-             os.path.join(export_dir, meta.meta_file(rank, world_size))]
+    files = [os.path.join(staging, meta.weights_file(rank, world_size)),
+             os.path.join(staging, meta.meta_file(rank, world_size))]
     barrier()
     files += run_on_all_ranks(
-        lambda: _write_chief_files(session, export_dir, world_size) if rank == 0 else [],
+        lambda: _write_chief_files(session, staging, world_size) if rank == 0 else [],
         "writing the config and the scripted model", ExportError)
-    if rank == 0:
-        logger.info("exported %s (step %d) to %s in %.1fs", path, step, export_dir,
-                    time.perf_counter() - start)
-    return ExportResult(export_dir, path, step, tuple(files))
+    return path, step, files

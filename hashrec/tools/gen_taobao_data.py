@@ -10,6 +10,13 @@ Without ``--eval_rows`` the files go straight into ``--output_dir``. With it,
 ``--eval_rows`` rows that follow them in time (same users, items and click
 model) go to ``<output_dir>/eval``.
 
+Each directory written (``<output_dir>``, or its ``train`` and ``eval``) receives
+``part-*.parquet`` files and a ``_gen_taobao_data.json`` marker naming them (readers
+skip names starting with ``_``). A directory that holds anything else is refused
+unless ``--overwrite`` is given; a rerun into a directory holding only an earlier
+run's files and marker replaces them without it. The marker is written before the
+parts and says ``"complete": true`` once all of them are.
+
 Columns (exactly those of the Taobao example config): user_id, cms_segid,
 cms_group_id, final_gender_code, age_level, pvalue_level, shopping_level,
 occupation, new_user_class_level, adgroup_id, cate_id, campaign_id, customer,
@@ -24,7 +31,7 @@ clicks yet) and clk (int64 0/1). Rows are in time order. See
 from __future__ import annotations
 
 import argparse
-import glob
+import json
 import os
 import sys
 import time
@@ -102,39 +109,105 @@ def impressions_table(users: Users, catalog: Catalog, imp: Impressions,
     return pa.table([cols[c] for c in COLUMNS], names=list(COLUMNS))
 
 
+MARKER = "_gen_taobao_data.json"
+
+
+class GeneratorError(ValueError):
+    """The generator cannot write where it was asked to; the message names the path."""
+
+
+def _previous_output(out_dir: str) -> set[str]:
+    """Names an earlier run of the generator wrote into ``out_dir`` (by its marker)."""
+    try:
+        with open(os.path.join(out_dir, MARKER), encoding="utf-8") as f:
+            return {MARKER, *json.load(f)["files"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def stale_files(out_dir: str, overwrite: bool) -> list[str]:
+    """The files in ``out_dir`` to delete before writing a split into it.
+
+    Raises:
+        GeneratorError: ``out_dir`` is a file, or it holds files that an earlier run did
+            not write and ``overwrite`` is False.
+    """
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise GeneratorError(f"{out_dir} is a file; --output_dir must name a directory")
+    if not os.path.isdir(out_dir):
+        return []
+    entries = sorted(os.listdir(out_dir))
+    ours = _previous_output(out_dir)
+    foreign = [e for e in entries if e not in ours]
+    if foreign and not overwrite:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise GeneratorError(f"{out_dir} is not empty (it holds {shown}); choose another "
+                             f"--output_dir, or pass --overwrite to replace its "
+                             f"part-*.parquet files")
+    return [e for e in entries
+            if e in ours or (e.startswith("part-") and e.endswith(".parquet"))]
+
+
 def write_split(out_dir: str, users: Users, catalog: Catalog, imp: Impressions,
                 lo: int, hi: int, num_files: int, row_group_size: int, log,
-                sequence_format: str = "string") -> list[str]:
-    """Write impressions [lo, hi) as ``num_files`` parquet files; return their paths."""
-    os.makedirs(out_dir, exist_ok=True)
-    stale = sorted(glob.glob(os.path.join(out_dir, "part-*.parquet")))
-    for path in stale:
-        os.remove(path)
+                sequence_format: str = "string", stale: tuple[str, ...] = ()) -> list[str]:
+    """Write impressions [lo, hi) as ``num_files`` parquet files; return their paths.
+
+    ``stale`` names files of ``out_dir`` removed first (see :func:`stale_files`).
+    """
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as err:
+        raise GeneratorError(f"cannot create {out_dir}: {err.strerror}") from None
+    for name in stale:
+        os.remove(os.path.join(out_dir, name))
     if stale:
-        log(f"removed {len(stale)} old part files in {out_dir}")
+        log(f"removed {len(stale)} old files in {out_dir}")
+    names = [f"part-{i:05d}.parquet" for i in range(num_files)]
+    # The marker goes first: a run killed halfway leaves a directory a rerun recognises.
+    _write_marker(out_dir, names, hi - lo, complete=False)
     bounds = np.linspace(lo, hi, num_files + 1).round().astype(np.int64)
     paths = []
-    for i in range(num_files):
-        path = os.path.join(out_dir, f"part-{i:05d}.parquet")
+    for i, name in enumerate(names):
+        path = os.path.join(out_dir, name)
         table = impressions_table(users, catalog, imp, int(bounds[i]), int(bounds[i + 1]),
                                   sequence_format)
         pq.write_table(table, path, row_group_size=row_group_size)
         paths.append(path)
         log(f"wrote {path} ({table.num_rows} rows)")
+    _write_marker(out_dir, names, hi - lo, complete=True)
     return paths
+
+
+def _write_marker(out_dir: str, names: list[str], rows: int, complete: bool) -> None:
+    with open(os.path.join(out_dir, MARKER), "w", encoding="utf-8") as f:
+        json.dump({"files": names, "rows": rows, "complete": complete}, f)
 
 
 def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
              scale: float = 1.0, eval_rows: int = 0, row_group_size: int = 65536,
-             quiet: bool = False, sequence_format: str = "string") -> dict[str, list[str]]:
+             quiet: bool = False, sequence_format: str = "string",
+             overwrite: bool = False) -> dict[str, list[str]]:
     """Generate the data set; return {"train"|"eval"|"data": [paths]}.
 
     ``sequence_format``: ``string`` (IDs joined by ``|``, as in the Taobao data) or
     ``list`` (parquet list<int64>, which the reader parses in about half the CPU time).
+    ``overwrite``: write into directories holding other files too (their
+    ``part-*.parquet`` files are deleted first); otherwise only new or empty
+    directories, or ones holding an earlier run's output, are written.
+
+    Raises:
+        GeneratorError: an output directory is a file or holds other files (nothing is
+            written or deleted then).
     """
     if sequence_format not in SEQUENCE_FORMATS:
         raise ValueError(f"sequence_format={sequence_format!r}; allowed: "
                          f"{', '.join(SEQUENCE_FORMATS)}")
+    dirs = {"train": os.path.join(output_dir, "train"),
+            "eval": os.path.join(output_dir, "eval")} if eval_rows else {"data": output_dir}
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise GeneratorError(f"{output_dir} is a file; --output_dir must name a directory")
+    stale = {split: tuple(stale_files(d, overwrite)) for split, d in dirs.items()}
     log = _Progress(quiet)
     world_seed, rows_seed = np.random.SeedSequence(seed).spawn(2)
     world_rng = np.random.default_rng(world_seed)
@@ -146,57 +219,92 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
     imp = simulate(np.random.default_rng(rows_seed), users, catalog, num_rows + eval_rows)
     log(f"simulated {num_rows + eval_rows} impressions, CTR {imp.clk.mean():.4f}, "
         f"mean history length {imp.seq_offsets[-1] / max(imp.clk.size, 1):.1f}")
-    if not eval_rows:
-        return {"data": write_split(output_dir, users, catalog, imp, 0, num_rows, num_files,
-                                    row_group_size, log, sequence_format)}
     eval_files = max(1, min(num_files, round(num_files * eval_rows / num_rows)))
-    return {
-        "train": write_split(os.path.join(output_dir, "train"), users, catalog, imp, 0,
-                             num_rows, num_files, row_group_size, log, sequence_format),
-        "eval": write_split(os.path.join(output_dir, "eval"), users, catalog, imp, num_rows,
-                            num_rows + eval_rows, eval_files, row_group_size, log,
-                            sequence_format),
-    }
+    spans = {"data": (0, num_rows, num_files), "train": (0, num_rows, num_files),
+             "eval": (num_rows, num_rows + eval_rows, eval_files)}
+    return {split: write_split(d, users, catalog, imp, *spans[split], row_group_size, log,
+                               sequence_format, stale[split])
+            for split, d in dirs.items()}
 
 
-def _positive(kind):
-    def parse(text: str):
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+def _whole_number(text: str) -> int:
+    """``text`` as an int; integer-valued scientific notation (1e5) is accepted too."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number such as 100000 or 1e5, got {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text}")
+    return int(value)
+
+
+def _count(minimum: int = 1):
+    """argparse type: a whole number >= ``minimum``."""
+    def count(text: str) -> int:
+        value = _whole_number(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
         return value
-    return parse
+    return count
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--output_dir", required=True, help="where the parquet files go")
-    p.add_argument("--num_rows", type=_positive(int), required=True,
-                   help="rows to write (training rows when --eval_rows is given)")
-    p.add_argument("--num_files", type=_positive(int), default=1,
+    p = argparse.ArgumentParser(prog="python -m hashrec.tools.gen_taobao_data",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--output_dir", required=True,
+                   help="where the parquet files go: a new or empty directory, or one an "
+                        "earlier run wrote (its files are replaced); see --overwrite")
+    p.add_argument("--num_rows", type=_count(), required=True,
+                   help="rows to write (training rows when --eval_rows is given); "
+                        "whole numbers in e-notation such as 1e6 are accepted")
+    p.add_argument("--num_files", type=_count(), default=1,
                    help="parquet files per split (default 1)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--scale", type=_positive(float), default=1.0,
+    p.add_argument("--scale", type=_positive_float, default=1.0,
                    help="multiplies the large ID spaces (default 1: Taobao sizes)")
-    p.add_argument("--eval_rows", type=int, default=0,
+    p.add_argument("--eval_rows", type=_count(0), default=0,
                    help="also write this many later rows to OUTPUT_DIR/eval (and the "
                         "training rows to OUTPUT_DIR/train)")
-    p.add_argument("--row_group_size", type=_positive(int), default=65536,
+    p.add_argument("--row_group_size", type=_count(), default=65536,
                    help="parquet row group size (default 65536)")
     p.add_argument("--sequence_format", choices=SEQUENCE_FORMATS, default="string",
                    help="behaviour sequences as IDs joined by '|' (string, default, as in "
                         "the Taobao data) or as parquet list<int64> (list: parsed in about "
                         "half the CPU time)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="also write into an output directory that holds files of its own: "
+                        "its part-*.parquet files are deleted first, other files are kept. "
+                        "Without it such a directory is refused; a directory holding only "
+                        f"an earlier run's files (listed in its {MARKER}) is replaced "
+                        "either way")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.eval_rows < 0:
-        _parser().error(f"--eval_rows must be >= 0, got {args.eval_rows}")
-    generate(args.output_dir, args.num_rows, args.num_files, args.seed, args.scale,
-             args.eval_rows, args.row_group_size, args.quiet, args.sequence_format)
+    try:
+        generate(args.output_dir, args.num_rows, args.num_files, args.seed, args.scale,
+                 args.eval_rows, args.row_group_size, args.quiet, args.sequence_format,
+                 args.overwrite)
+    except GeneratorError as err:
+        print(f"gen_taobao_data: error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -51,8 +51,12 @@ def check_model_dir(model_dir: str, continue_train: bool) -> None:
     """Refuse to train over an existing run unless asked to continue it.
 
     Raises:
-        TrainError: ``model_dir`` holds checkpoints and ``continue_train`` is False.
+        TrainError: ``model_dir`` is a file, or it holds checkpoints and
+            ``continue_train`` is False.
     """
+    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+        raise TrainError(f"model_dir {model_dir!r} is a file; --model_dir (or model_dir in the "
+                         f"config) must name a directory")
     found = existing_checkpoints(model_dir)
     if found and not continue_train:
         raise TrainError(

@@ -75,6 +75,14 @@ def test_save_round_trip(tmp_path):
     assert load_pipeline_config(tmp_path / "sub" / "saved.config") == config
 
 
+def test_save_under_a_file_names_the_path(tmp_path):
+    (tmp_path / "model").write_text("a file where a folder is needed")
+    with pytest.raises(ConfigError, match=r"cannot write pipeline config .*model/pipeline"
+                                          r"\.config: .*check that its folder is a directory"):
+        save_pipeline_config(load_pipeline_config(TAOBAO_CONFIG),
+                             tmp_path / "model" / "pipeline.config")
+
+
 def test_real_concatenation_is_kept_when_it_is_no_split():
     config = parse_pipeline_config(
         'model_dir: "m"\n'

@@ -10,7 +10,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 import torch
-from export_helpers import eval_predictions, run, write_config
+from export_helpers import ROOT, eval_predictions, run, write_config
 from safetensors import safe_open
 
 from hashrec.checkpoint import latest_checkpoint
@@ -191,10 +191,76 @@ def test_torchrun_export_splits_tables_and_predicts_the_same(flow, tmp_path):
     torch.testing.assert_close(two["probs"], one["probs"], atol=0, rtol=0)
 
 
-def test_export_refuses_a_directory_holding_an_export(flow):
-    before = sorted(os.listdir(flow["export"]))
+@pytest.mark.parametrize("target", ["export", "keep-file", "model-dir"])
+def test_export_refuses_a_non_empty_directory(flow, target):
+    export_dir = {"export": flow["export"], "model-dir": flow["root"] / "model",
+                  "keep-file": flow["root"] / "keep"}[target]
+    if target == "keep-file":
+        export_dir.mkdir(exist_ok=True)
+        (export_dir / "keep.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in export_dir.iterdir() if p.is_file()}
     proc = run("hashrec.export", "--pipeline_config_path", flow["config"], "--export_dir",
-               str(flow["export"]))
+               str(export_dir))
     assert proc.returncode == 1
-    assert "already holds an export" in proc.stderr
-    assert sorted(os.listdir(flow["export"])) == before
+    assert f"export_dir {str(export_dir)!r} is not empty" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert {p.name: p.read_bytes() for p in export_dir.iterdir() if p.is_file()} == before
+    assert not os.path.exists(f"{export_dir}.tmp")
+
+
+def test_export_refuses_a_file_as_export_dir(flow, tmp_path):
+    target = tmp_path / "file"
+    target.write_text("mine")
+    proc = run("hashrec.export", "--pipeline_config_path", flow["config"], "--export_dir",
+               str(target))
+    assert proc.returncode == 1 and "is a file" in proc.stderr
+    assert target.read_text() == "mine"
+
+
+KILLED_EXPORT = """
+import os, sys
+import hashrec.export.exporter as exporter
+from hashrec.export.__main__ import main
+exporter.save_scripted = lambda *args: os._exit(9)  # killed while writing the last file
+main(sys.argv[1:])
+"""
+
+
+def test_killed_export_leaves_no_export_dir_and_a_rerun_succeeds(flow, tmp_path):
+    export_dir = tmp_path / "export"
+    args = ["--pipeline_config_path", flow["config"], "--export_dir", str(export_dir)]
+    proc = subprocess.run([sys.executable, "-c", KILLED_EXPORT, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 9, proc.stderr[-3000:]
+    assert not export_dir.exists()
+    assert "model-000000-of-000001.safetensors" in os.listdir(f"{export_dir}.tmp")
+    proc = run("hashrec.export", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(export_dir)) == sorted(os.listdir(flow["export"]))
+    assert not os.path.exists(f"{export_dir}.tmp")
+
+
+def test_failed_export_removes_its_staging_directory(flow, tmp_path, monkeypatch):
+    from hashrec.export import ExportError, exporter
+
+    def fail(*args):
+        raise ExportError("scripting failed")
+
+    monkeypatch.setattr(exporter, "save_scripted", fail)
+    export_dir = tmp_path / "empty"
+    export_dir.mkdir()  # an empty directory is a valid target and stays as it was
+    with pytest.raises(ExportError, match="scripting failed"):
+        exporter.export_model(load_pipeline_config(flow["config"]), str(export_dir))
+    assert os.listdir(export_dir) == []
+    assert not os.path.exists(f"{export_dir}.tmp")
+
+
+def test_a_foreign_directory_named_like_the_staging_one_is_kept(flow, tmp_path):
+    from hashrec.export import ExportError, export_model
+
+    foreign = tmp_path / "export.tmp"
+    foreign.mkdir()
+    (foreign / "data.txt").write_text("mine")
+    with pytest.raises(ExportError, match="not made by an export"):
+        export_model(load_pipeline_config(flow["config"]), str(tmp_path / "export"))
+    assert (foreign / "data.txt").read_text() == "mine"

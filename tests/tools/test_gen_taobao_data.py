@@ -141,23 +141,78 @@ def test_same_seed_same_files_other_seed_other_rows(tmp_path):
     assert not first.equals(run("c", 6))
 
 
-def test_command_line_writes_files_and_replaces_old_parts(tmp_path, capsys):
+def test_command_line_writes_files_and_replaces_its_own_earlier_output(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["--output_dir", str(out), "--num_rows", "500", "--num_files", "3",
                  "--scale", "0.001"]) == 0
     assert "wrote" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == [
+        "_gen_taobao_data.json", "part-00000.parquet", "part-00001.parquet",
+        "part-00002.parquet"]
     assert main(["--output_dir", str(out), "--num_rows", "500", "--scale", "0.001",
                  "--quiet"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["part-00000.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["_gen_taobao_data.json",
+                                                     "part-00000.parquet"]
     assert pq.read_table(out).num_rows == 500
 
 
-@pytest.mark.parametrize("args", [["--num_rows", "0"], ["--num_rows", "5", "--scale", "-1"],
-                                  ["--num_rows", "5", "--eval_rows", "-2"]],
-                         ids=["zero-rows", "negative-scale", "negative-eval-rows"])
-def test_command_line_rejects_bad_arguments(tmp_path, args):
+def _foreign_parts(directory) -> dict[str, bytes]:
+    directory.mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1, 2]}), directory / "part-00000.parquet")
+    (directory / "keep.txt").write_text("mine")
+    return {p.name: p.read_bytes() for p in directory.iterdir()}
+
+
+@pytest.mark.parametrize("eval_rows", ["0", "100"], ids=["one-dir", "train-eval"])
+def test_directory_with_other_files_is_refused_unless_overwrite(tmp_path, capsys, eval_rows):
+    out = tmp_path / "out"
+    target = out / "train" if eval_rows != "0" else out
+    before = _foreign_parts(target)
+    args = ["--output_dir", str(out), "--num_rows", "500", "--eval_rows", eval_rows,
+            "--scale", "0.001", "--quiet"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert f"{target} is not empty (it holds keep.txt, part-00000.parquet)" in err
+    assert "--overwrite" in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert not (out / "eval").exists()
+    assert main(args + ["--overwrite"]) == 0
+    assert (target / "keep.txt").read_text() == "mine"
+    assert pq.read_table(target / "part-00000.parquet").num_rows == 500
+
+
+def test_output_dir_that_is_a_file_is_one_error_line(tmp_path, capsys):
+    target = tmp_path / "file"
+    target.write_text("mine")
+    for extra in ([], ["--eval_rows", "10"]):
+        assert main(["--output_dir", str(target), "--num_rows", "50", *extra]) == 1
+        assert capsys.readouterr().err == (f"gen_taobao_data: error: {target} is a file; "
+                                           f"--output_dir must name a directory\n")
+    assert target.read_text() == "mine"
+
+
+def test_row_counts_accept_whole_numbers_in_e_notation(tmp_path):
+    assert main(["--output_dir", str(tmp_path / "o"), "--num_rows", "1e3", "--eval_rows",
+                 "2E2", "--scale", "0.001", "--quiet"]) == 0
+    assert pq.read_table(tmp_path / "o" / "train").num_rows == 1000
+    assert pq.read_table(tmp_path / "o" / "eval").num_rows == 200
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num_rows", "0"], "--num_rows: must be >= 1, got 0"),
+    (["--num_rows", "2.5"], "--num_rows: expected a whole number, got 2.5"),
+    (["--num_rows", "many"], "--num_rows: expected a whole number such as 100000 or 1e5"),
+    (["--num_rows", "5", "--scale", "-1"], "--scale: must be > 0, got -1"),
+    (["--num_rows", "5", "--scale", "x"], "--scale: expected a number, got 'x'"),
+    (["--num_rows", "5", "--eval_rows", "-2"], "--eval_rows: must be >= 0, got -2"),
+], ids=["zero-rows", "fractional-rows", "word-rows", "negative-scale", "word-scale",
+        "negative-eval-rows"])
+def test_command_line_rejects_bad_arguments(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit):
         main(["--output_dir", str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m hashrec.tools.gen_taobao_data ")
+    assert message in err
 
 
 def test_list_sequences_give_the_same_batches_as_joined_strings(tmp_path):

@@ -60,13 +60,17 @@ class CheckpointBuilder:
             recorded so that restore matches fused tables' tags by name.
 
     Raises:
-        CheckpointError: the checkpoint exists already, or a bad world size.
+        CheckpointError: the checkpoint exists already, ``save_dir`` is a file, or a bad
+            world size.
     """
 
     def __init__(self, save_dir: str, world_size: int, storages: dict[str, Any],
                  step: int = 0, tag_tables: dict[str, list[str]] | None = None) -> None:
         if world_size < 1:
             raise CheckpointError(f"world_size={world_size} is not valid; allowed: >= 1")
+        if os.path.exists(save_dir) and not os.path.isdir(save_dir):
+            raise CheckpointError(f"--save_dir {save_dir!r} is a file; name a new or empty "
+                                  f"directory for the checkpoint")
         self.final = layout.checkpoint_path(save_dir, step)
         if os.path.exists(self.final):
             raise CheckpointError(f"{self.final}: already exists; choose an empty --save_dir "
@@ -76,7 +80,11 @@ class CheckpointBuilder:
         self.storages = dict(storages)
         self.tag_tables = dict(tag_tables or {})
         self.tmp = self.final + layout.TEMP_SUFFIX
-        os.makedirs(save_dir, exist_ok=True)
+        try:
+            os.makedirs(save_dir, exist_ok=True)
+        except OSError as err:
+            raise CheckpointError(f"--save_dir {save_dir!r}: cannot create it: "
+                                  f"{err.strerror}") from None
         prepare_temp_dir(self.tmp, sorted(storages))
         self._writers: dict[str, list[ShardWriter]] = {}
         self.table_steps: dict[str, int] = {name: 0 for name in storages}

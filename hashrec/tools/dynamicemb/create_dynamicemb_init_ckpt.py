@@ -17,7 +17,10 @@ are written into that storage with their tags. Rows start with the sparse
 optimizer's initial state; scores are 1 for LFU tables, the current time for
 TIMESTAMP tables and 0 otherwise. A summary per table (rows read, kept,
 duplicates, bad rows) is logged and stored in ``meta.json`` under
-``extra.init_tables``.
+``extra.init_tables``. A table none of whose rows is kept fails the run (nothing
+is written); one whose rows are mostly bad is warned about. Both messages show an
+unparseable embedding and, when another separator splits it, suggest that
+``--separator``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ from hashrec.tools.dynamicemb.errors import MigrationError
 from hashrec.tools.dynamicemb.init_table import InitTableReport, read_init_table
 
 logger = logging.getLogger("hashrec.tools")
+
+# Above this share of bad rows the table is more likely misread than dirty: warn loudly.
+BAD_SHARE_WARNING = 0.5
+_SEPARATORS = (",", " ", ";", "|", "\t", ":")
 
 
 def init_tables_of(feature_set) -> dict[str, str]:
@@ -75,7 +82,52 @@ def _load_table(builder: CheckpointBuilder, name: str, path: str, storage: str, 
                "%d bad rows skipped%s", name, report.rows_read, report.rows_kept,
                report.duplicates, report.bad_rows,
                "".join(f"\n  {e}" for e in report.examples))
+    _check_kept(report, path, table.dim, separator)
     return report
+
+
+def _check_kept(report: InitTableReport, path: str, dim: int, separator: str) -> None:
+    """Fails a table none of whose rows is kept; warns when most rows are bad.
+
+    Raises:
+        MigrationError: no row of ``path`` is kept (naming the table, the file, the
+            first unparseable value and the separator that would split it).
+    """
+    where = f"table {report.table!r}: init_table {path}"
+    if report.rows_read == 0:
+        raise MigrationError(f"{where} holds no rows")
+    if report.rows_kept and report.bad_rows < BAD_SHARE_WARNING * report.rows_read:
+        return
+    detail = f"{report.bad_rows} of its {report.rows_read} rows are bad"
+    if report.bad_value:
+        value = report.bad_value
+        shown = value if len(value) <= 80 else value[:77] + "..."
+        detail += (f"; an unparseable embedding reads {shown!r}"
+                   f"{_separator_hint(report.bad_value, dim, separator)}")
+    elif report.examples:
+        detail += f"; first: {report.examples[0]}"
+    if not report.rows_kept:
+        raise MigrationError(f"{where}: no row can be used: {detail}")
+    logger.warning("%s: %s", where, detail)
+
+
+def _separator_hint(value: str, dim: int, separator: str) -> str:
+    """Which ``--separator`` would split ``value`` into ``dim`` numbers, if any."""
+    for candidate in _SEPARATORS:
+        tokens = [t.strip() for t in value.strip().split(candidate)]
+        if candidate != separator and len(tokens) == dim and all(map(_is_number, tokens)):
+            return f"; it splits into {dim} numbers on {candidate!r}: pass --separator " \
+                   f"{candidate!r}"
+    return (f" (split on --separator {separator!r}); if the embeddings are joined by "
+            f"another character, pass it as --separator")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def create_init_checkpoint(config, world_size: int, save_dir: str,

@@ -11,7 +11,8 @@ Rows are handled as follows (and counted in :class:`InitTableReport`):
 * an embedding whose length is not the table's dim is an error naming the table,
   the file and the row;
 * a null id, a null or unparseable embedding, or a NaN/inf value makes a *bad row*:
-  skipped, counted and reported with its file and row (first few);
+  skipped, counted and reported with its file and row (first few); the first
+  unparseable embedding value is kept in the report to show what it looked like;
 * an id seen before (in this or an earlier file, in path order) is a *duplicate*: the
   first occurrence is kept, later ones are counted and reported.
 """
@@ -48,6 +49,7 @@ class InitTableReport:
     duplicates: int = 0
     bad_rows: int = 0
     examples: list[str] = field(default_factory=list)
+    bad_value: str = ""  # the first unparseable embedding as read (at most 4096 characters)
 
     def note(self, what: str) -> None:
         if len(self.examples) < MAX_EXAMPLES:
@@ -69,6 +71,7 @@ class ParsedBlock:
     embeddings: np.ndarray
     rows: np.ndarray
     bad: list[tuple[int, str]]
+    bad_value: str = ""
 
 
 def _blocks(path: str) -> Iterator[pa.RecordBatch]:
@@ -168,7 +171,19 @@ def parse_block(batch: pa.RecordBatch, path: str, first_row: int, table: str, di
         ~parsed, "null or unparseable embedding", np.where(~finite, "NaN or inf value", "")))
     keep = reasons == ""
     bad = [(int(rows[i]), str(reasons[i])) for i in np.flatnonzero(~keep)]
-    return ParsedBlock(path, ids[keep], matrix[keep], rows[keep], bad)
+    return ParsedBlock(path, ids[keep], matrix[keep], rows[keep], bad,
+                       _first_value(batch.column(1), np.flatnonzero(valid & ~parsed)))
+
+
+def _first_value(column: pa.Array, positions: np.ndarray, limit: int = 4096) -> str:
+    """The first non-null value of ``column`` at ``positions``, as text of at most
+    ``limit`` characters ("" if there is none)."""
+    for i in positions[:MAX_EXAMPLES]:
+        value = column[int(i)].as_py()
+        if value is not None:
+            text = value if isinstance(value, str) else repr(value)
+            return text if len(text) <= limit else text[:limit - 3] + "..."
+    return ""
 
 
 def _parse_file(path: str, table: str, dim: int, separator: str) -> list[ParsedBlock]:
@@ -224,6 +239,7 @@ def _accept(block: ParsedBlock, first_seen: _FirstSeen, report: InitTableReport
             ) -> tuple[np.ndarray, np.ndarray, str]:
     report.rows_read += block.ids.shape[0] + len(block.bad)
     report.bad_rows += len(block.bad)
+    report.bad_value = report.bad_value or block.bad_value
     for row, reason in block.bad:
         report.note(f"{block.file} row {row}: {reason} (skipped)")
     fresh = first_seen.new_mask(block.ids)

@@ -162,3 +162,54 @@ def test_errors_without_init_table_existing_target_and_over_capacity(tmp_path):
     create_init_checkpoint(load_pipeline_config(config), 4, str(tmp_path / "s"))
     with pytest.raises(CheckpointError, match="already exists"):
         create_init_checkpoint(load_pipeline_config(config), 4, str(tmp_path / "s"))
+
+
+def test_embeddings_joined_by_another_separator_fail_and_name_it(tmp_path, capsys):
+    init = _write_init(str(tmp_path / "init.parquet"), ITEMS, _embeddings(), True, sep=" ")
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",
+                          dynamicemb_block(init))
+    args = ["--pipeline_config_path", config, "--world_size", "1", "--save_dir",
+            str(tmp_path / "s")]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: table 'item_id': init_table {init}: no row can be used: "
+                          f"40 of its 40 rows are bad; an unparseable embedding reads '")
+    assert err.endswith("it splits into 4 numbers on ' ': pass --separator ' '")
+    assert os.listdir(tmp_path / "s") == []
+    assert main(args + ["--separator", " "]) == 0
+    assert os.path.isdir(tmp_path / "s" / "model.ckpt-0")
+
+
+def test_mostly_bad_rows_warn_with_a_bad_value(tmp_path, caplog):
+    emb = _embeddings(10)
+    rows = [(";" if i < 6 else ",").join(f"{v:.3f}" for v in r) for i, r in enumerate(emb)]
+    pq.write_table(pa.table({"id": pa.array(range(10), pa.int64()), "emb": rows}),
+                   tmp_path / "init.parquet")
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",
+                          dynamicemb_block(str(tmp_path / "init.parquet")))
+    _, reports = create_init_checkpoint(load_pipeline_config(config), 1, str(tmp_path / "s"))
+    assert reports["item_id"].rows_kept == 4
+    assert f"6 of its 10 rows are bad; an unparseable embedding reads {rows[0]!r}" in caplog.text
+    assert "pass --separator ';'" in caplog.text
+
+
+def test_empty_init_table_fails(tmp_path):
+    pq.write_table(pa.table({"id": pa.array([], pa.int64()), "emb": pa.array([], pa.string())}),
+                   tmp_path / "init.parquet")
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",
+                          dynamicemb_block(str(tmp_path / "init.parquet")))
+    with pytest.raises(MigrationError, match="init.parquet holds no rows"):
+        create_init_checkpoint(load_pipeline_config(config), 1, str(tmp_path / "s"))
+    assert not os.path.exists(tmp_path / "s" / "model.ckpt-0")
+
+
+def test_save_dir_that_is_a_file_is_one_error_line(tmp_path, capsys):
+    init = _write_init(str(tmp_path / "init.parquet"), ITEMS, _embeddings())
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",
+                          dynamicemb_block(init))
+    (tmp_path / "s").write_text("mine")
+    assert main(["--pipeline_config_path", config, "--world_size", "1", "--save_dir",
+                 str(tmp_path / "s")]) == 1
+    assert capsys.readouterr().err == (f"error: --save_dir {str(tmp_path / 's')!r} is a file; "
+                                       f"name a new or empty directory for the checkpoint\n")
+    assert (tmp_path / "s").read_text() == "mine"
