@@ -50,14 +50,16 @@ class ExportResult:
 
 
 def _restored_session(config, checkpoint_path: str | None, rank: int, world_size: int):
-    from hashrec.train.checkpoints import resolve_checkpoint
+    from hashrec.train.checkpoints import resolve_checkpoint, restore_resolved
     from hashrec.train.session import build_session
 
-    path = resolve_checkpoint(checkpoint_path or config.model_dir)
+    source = checkpoint_path or config.model_dir
+    resolve_checkpoint(source)  # nothing there: say so before building
     session = build_session(config, rank, world_size)
-    meta_json = restore_checkpoint(path, session.model, None,
-                                   session.model.embedding.dynamic_tables(),
-                                   restore_optimizer=False)
+    path, meta_json = restore_resolved(
+        source, lambda path: restore_checkpoint(path, session.model, None,
+                                                session.model.embedding.dynamic_tables(),
+                                                restore_optimizer=False))
     session.model.eval()
     return session, path, int(meta_json["step"])
 
