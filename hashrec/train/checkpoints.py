@@ -92,6 +92,12 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
         if existing_checkpoints(model_dir):
             logger.warning("model_dir %s holds no complete checkpoint; starting fresh",
                            model_dir)
+        else:
+            logger.info("--continue_train: model_dir %s holds no checkpoint yet; starting "
+                        "fresh", model_dir)
+    elif not restore_optimizer:
+        logger.warning("--ignore_restore_optimizer has no effect without --continue_train "
+                       "(a fine-tune start never restores optimizer state)")
     if fine_tune_checkpoint:
         path = resolve_checkpoint(fine_tune_checkpoint)
         restore_checkpoint(path, model, None, tables, restore_optimizer=False)

@@ -109,3 +109,20 @@ def test_progress_silent_off_rank_zero(caplog):
         progress.report(1, {}, {})
     assert caplog.text == ""
     assert format_tables({}) == ""
+
+
+def test_restore_for_training_says_what_it_did_without_a_checkpoint(tmp_path, caplog):
+    from hashrec.train.checkpoints import Resume, restore_for_training
+
+    class Model:
+        class embedding:  # noqa: N801 - stands in for the model's attribute
+            @staticmethod
+            def dynamic_tables():
+                return {}
+
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        assert restore_for_training(str(tmp_path), Model, None, True, None) == Resume()
+        assert restore_for_training(str(tmp_path), Model, None, False, None,
+                                    restore_optimizer=False) == Resume()
+    assert "holds no checkpoint yet; starting fresh" in caplog.text
+    assert "--ignore_restore_optimizer has no effect without --continue_train" in caplog.text
