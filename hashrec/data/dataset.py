@@ -4,7 +4,8 @@ Each DataLoader worker of each rank reads its own slice of the rows (see
 :mod:`hashrec.data.sharding`), cuts it into batches, parses every batch with
 the feature set and yields the parsed :class:`Batch`; the DataLoader runs with
 ``batch_size=None`` so batches pass through unchanged. Workers hand batches to
-the main process through reused shared buffers (:mod:`hashrec.data.transfer`).
+the main process through reused shared buffers (:mod:`hashrec.data.transfer`),
+and a DataError as a :class:`WorkerFailure` item.
 """
 
 from __future__ import annotations
@@ -26,6 +27,19 @@ from hashrec.data.transfer import BatchSender
 
 # Hidden column telling which file each buffered row came from (for error messages).
 _FILE_COLUMN = "__hashrec_file__"
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """A DataError raised in a DataLoader worker, sent to the main process as an item.
+
+    The DataLoader would re-raise a worker's exception in the main process as a new
+    exception whose message is the worker's whole traceback; sent as an item, the
+    error arrives as raised (type and message), and the loader raises it there
+    (``hashrec.data.loader``).
+    """
+
+    error: DataError
 
 
 @dataclass(frozen=True)
@@ -147,6 +161,10 @@ class FileDataset(IterableDataset):
         sender = None if main_process else BatchSender(self.pin_memory)
         try:
             yield from self._batches(slot, num_slots, main_process, sender)
+        except DataError as e:
+            if main_process:
+                raise
+            yield WorkerFailure(e)
         finally:
             if sender is not None:
                 sender.close()

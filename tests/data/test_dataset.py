@@ -157,3 +157,13 @@ def test_parse_error_in_worker_names_the_file(files):
 def test_parse_error_in_main_process_names_the_file(files):
     with pytest.raises(DataError, match=r"part-2\.parquet.*poisoned"):
         _read(files, features=FakeFeatureSet(poison=40))
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["main", "workers2"])
+def test_worker_errors_are_raised_as_in_the_main_process(files, workers):
+    with pytest.raises(DataError) as raised:
+        _read(files, workers=workers, features=FakeFeatureSet(poison=40))
+    assert type(raised.value) is DataError
+    assert str(raised.value) == (f"parsing a batch with rows from {files}/part-2.parquet "
+                                 f"failed: ValueError: id 40 is poisoned")
+
