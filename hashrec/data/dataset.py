@@ -6,6 +6,9 @@ the feature set and yields the parsed :class:`Batch`; the DataLoader runs with
 ``batch_size=None`` so batches pass through unchanged. Workers hand batches to
 the main process through reused shared buffers (:mod:`hashrec.data.transfer`),
 and a DataError as a :class:`WorkerFailure` item.
+
+Errors about a row name the file and the row in it, counted from 0 (a CSV
+header line not counted).
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ from hashrec.data.errors import DataError
 from hashrec.data.sharding import epoch_order, slot_batches, slot_ranges
 from hashrec.data.sources import CsvFormat, CsvSource, ParquetSource, Piece, conform
 from hashrec.data.transfer import BatchSender
+from hashrec.features.errors import FeatureError
 
-# Hidden column telling which file each buffered row came from (for error messages).
+# Hidden columns telling where each buffered row came from (for error messages): the
+# index of one of its file's pieces, and its row in that file.
 _FILE_COLUMN = "__hashrec_file__"
+_ROW_COLUMN = "__hashrec_row__"
 
 
 @dataclass(frozen=True)
@@ -135,20 +141,36 @@ class FileDataset(IterableDataset):
             table = conform(self.source.read(piece, start, stop, use_threads),
                             self.schema, piece.path)
             tag = pa.array(np.full(table.num_rows, paths[piece.path], dtype=np.int32))
-            yield table.append_column(_FILE_COLUMN, tag)
+            first = piece.first_row + start
+            rows = pa.array(np.arange(first, first + table.num_rows, dtype=np.int64))
+            yield table.append_column(_FILE_COLUMN, tag).append_column(_ROW_COLUMN, rows)
 
     def _parse(self, table: pa.Table):
-        files = table.column(_FILE_COLUMN)
-        table = table.drop_columns([_FILE_COLUMN]).combine_chunks()
+        origin = table.select([_FILE_COLUMN, _ROW_COLUMN])
+        table = table.drop_columns([_FILE_COLUMN, _ROW_COLUMN]).combine_chunks()
         try:
             batch = self.feature_set.parse(table, with_labels=self.options.with_labels)
         except Exception as e:
-            names = sorted({self.pieces[i].path for i in pc.unique(files).to_pylist()})
-            raise DataError(f"parsing a batch with rows from {', '.join(names)} failed: "
-                            f"{type(e).__name__}: {e}") from e
+            raise self._parse_error(e, origin) from e
         if self.options.reserved_columns:
             batch.reserved = {c: table.column(c) for c in self.options.reserved_columns}
         return batch
+
+    def _parse_error(self, error: Exception, origin: pa.Table) -> DataError:
+        """The DataError for ``error`` raised parsing a block whose rows came from
+        ``origin`` (hidden columns): naming the file and the row in it when ``error``
+        names a row of the block, else the files the block read."""
+        files = origin.column(_FILE_COLUMN)
+        row = error.row if isinstance(error, FeatureError) else None
+        if row is not None and 0 <= row < origin.num_rows:
+            path = self.pieces[files[row].as_py()].path
+            file_row = origin.column(_ROW_COLUMN)[row].as_py()
+            return DataError(f"{path}: {error.subject} row {file_row}: {error.detail}")
+        names = ", ".join(sorted({self.pieces[i].path for i in pc.unique(files).to_pylist()}))
+        if isinstance(error, FeatureError):  # says what is wrong in the data
+            return DataError(f"{names}: {error}")
+        return DataError(f"parsing a batch with rows from {names} failed: "
+                         f"{type(error).__name__}: {error}")
 
     def _slot(self) -> tuple[int, int, bool]:
         info = get_worker_info()

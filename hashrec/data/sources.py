@@ -8,6 +8,7 @@ schema so that batches spanning files concatenate.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -26,11 +27,13 @@ class Piece:
         path: the file.
         index: row group (parquet) or 0 (CSV).
         num_rows: rows in the piece.
+        first_row: rows of the file before the piece (to name a row in the file).
     """
 
     path: str
     index: int
     num_rows: int
+    first_row: int = 0
 
 
 def _supported(t: pa.DataType) -> bool:
@@ -99,8 +102,10 @@ class ParquetSource:
         schema = check_columns(path, schema, self.columns)
         if meta.num_rows == 0:
             raise DataError(f"{path}: the file has no rows")
-        return [Piece(path, i, meta.row_group(i).num_rows)
-                for i in range(meta.num_row_groups) if meta.row_group(i).num_rows], schema
+        sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        starts = itertools.accumulate(sizes, initial=0)
+        return [Piece(path, i, n, first) for i, (n, first) in enumerate(zip(sizes, starts))
+                if n], schema
 
     def read(self, piece: Piece, start: int, stop: int, use_threads: bool) -> pa.Table:
         """Rows [start, stop) of ``piece``."""

@@ -105,7 +105,7 @@ class FeatureSet:
                                    f"numbers")
             if array.null_count:
                 row = int(np.flatnonzero(pc.is_null(array).to_numpy(zero_copy_only=False))[0])
-                raise FeatureError(f"label column {name!r} row {row} is null")
+                raise FeatureError(f"label column {name!r}", row, "the label is null")
             labels[name] = torch.from_numpy(
                 pc.cast(array, pa.float32()).to_numpy(zero_copy_only=False).copy())
         return labels

@@ -1,13 +1,19 @@
 import collections
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from data_fakes import FakeFeatureSet, data_config, row_ids, write_parquet
 
+from hashrec.config import load_pipeline_config
 from hashrec.data import DataError, create_dataloader
+from hashrec.features import build_feature_set
+from hashrec.tools.gen_taobao_data import generate
 
 SIZES = (23, 5, 41, 1)  # rows per file; row groups of 7
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples",
+                       "multi_tower_din_taobao.config")
 
 
 @pytest.fixture
@@ -166,4 +172,39 @@ def test_worker_errors_are_raised_as_in_the_main_process(files, workers):
     assert type(raised.value) is DataError
     assert str(raised.value) == (f"parsing a batch with rows from {files}/part-2.parquet "
                                  f"failed: ValueError: id 40 is poisoned")
+
+
+@pytest.fixture(scope="module")
+def taobao_table(tmp_path_factory):
+    """Generated Taobao-like rows, and the example config's feature set."""
+    out = tmp_path_factory.mktemp("taobao")
+    (path,) = generate(str(out), num_rows=3000, seed=0, scale=0.01, quiet=True)["data"]
+    return pq.read_table(path), build_feature_set(load_pipeline_config(EXAMPLE))
+
+
+def _with_value(table, tmp_path, column: str, row: int, value) -> str:
+    """``table`` with ``column[row] = value``, written in row groups of 700 rows."""
+    values = table.column(column).to_pylist()
+    values[row] = value
+    changed = table.set_column(table.schema.get_field_index(column), column,
+                               pa.array(values, table.schema.field(column).type))
+    path = str(tmp_path / "bad.parquet")
+    pq.write_table(changed, path, row_group_size=700)
+    return path
+
+
+def _taobao_read(path, features, workers, shuffle=False):
+    cfg = data_config(num_workers=workers, batch_size=512, shuffle=shuffle)
+    return list(create_dataloader(cfg, features, path, "train"))
+
+
+@pytest.mark.parametrize("workers,shuffle", [(0, False), (2, False), (2, True)],
+                         ids=["main", "workers2", "workers2-shuffled"])
+def test_a_bad_value_names_its_row_in_the_file(taobao_table, tmp_path, workers, shuffle):
+    # Row 2500: in the fifth batch of 512 rows and the fourth row group of 700.
+    path = _with_value(taobao_table[0], tmp_path, "price", 2500, float("nan"))
+    with pytest.raises(DataError) as raised:
+        _taobao_read(path, taobao_table[1], workers, shuffle)
+    assert str(raised.value) == (f"{path}: feature 'price': column 'price' row 2500: value "
+                                 f"nan is not finite (NaN/inf are not allowed)")
 

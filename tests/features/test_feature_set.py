@@ -86,7 +86,7 @@ def test_label_errors(taobao_set):
     with pytest.raises(FeatureError, match="clk"):
         taobao_set.parse(taobao_table(4).drop_columns(["clk"]))
     bad = taobao_table(3).set_column(19, "clk", pa.array([1, None, 0], pa.int64()))
-    with pytest.raises(FeatureError, match="label column 'clk' row 1 is null"):
+    with pytest.raises(FeatureError, match="label column 'clk' row 1: the label is null"):
         taobao_set.parse(bad)
 
 
