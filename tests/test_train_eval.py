@@ -5,9 +5,11 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
+import pyarrow.parquet as pq
 import pytest
 
 from hashrec.tools.gen_taobao_data import generate
@@ -160,3 +162,39 @@ def test_continue_train_resumes_from_latest(trained, data_dir):
 def test_help(module):
     proc = run(module, "--help")
     assert proc.returncode == 0 and "--pipeline_config_path" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def small_parts(tmp_path_factory):
+    """Two small train files and one eval file (from ``generate``)."""
+    out = tmp_path_factory.mktemp("small")
+    generate(str(out), 1200, num_files=2, seed=5, scale=0.001, eval_rows=300, quiet=True)
+    return out
+
+
+SMALL_EDITS = {**EDITS, "data_config.batch_size": 128, "data_config.num_workers": 2,
+               "train_config.num_epochs": 1, "train_config.num_steps": 4}
+
+
+def small_run(small_parts, train_path, model_dir) -> subprocess.CompletedProcess:
+    return run("hashrec.train_eval", "--pipeline_config_path", CONFIG, "--model_dir",
+               str(model_dir), "--train_input_path", str(train_path), "--eval_input_path",
+               str(small_parts / "eval"), edits=SMALL_EDITS)
+
+
+def test_files_without_rows_are_skipped(small_parts, tmp_path):
+    train = tmp_path / "train"
+    train.mkdir()
+    parts = sorted((small_parts / "train").glob("*.parquet"))
+    empty = pq.read_table(parts[0]).slice(0, 0)
+    for i, name in enumerate(["part-0", "part-1-empty", "part-2", "part-3-empty"]):
+        target = train / f"{name}.parquet"
+        if name.endswith("empty"):
+            pq.write_table(empty, target)
+        else:
+            shutil.copy(parts[i // 2], target)
+    proc = small_run(small_parts, train, tmp_path / "model")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "skipping 2 of 4 input files that have no rows" in proc.stderr
+    assert checkpoint_steps(tmp_path / "model") == [4]
+

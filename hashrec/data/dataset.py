@@ -14,6 +14,7 @@ header line not counted).
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ from hashrec.data.sharding import epoch_order, slot_batches, slot_ranges
 from hashrec.data.sources import CsvFormat, CsvSource, ParquetSource, Piece, conform
 from hashrec.data.transfer import BatchSender
 from hashrec.features.errors import FeatureError
+
+logger = logging.getLogger("hashrec.data")
 
 # Hidden columns telling where each buffered row came from (for error messages): the
 # index of one of its file's pieces, and its row in that file.
@@ -108,8 +111,10 @@ class FileDataset(IterableDataset):
         pin_memory: the loader pins batches (workers then hand them over in
             pinned memory directly).
 
+    Files without rows are skipped (with a warning).
+
     Raises:
-        DataError: a file is unreadable or empty, or lacks a needed column.
+        DataError: a file is unreadable or lacks a needed column, or no file has rows.
     """
 
     def __init__(self, files: Sequence[str], feature_set, options: ReadOptions, source,
@@ -121,11 +126,22 @@ class FileDataset(IterableDataset):
         self.pin_memory = pin_memory
         self.pieces: list[Piece] = []
         self.schema: pa.Schema | None = None
+        empty = []
         for path in files:
             pieces, schema = source.pieces(path)
+            if not pieces:  # Spark writes one such file per empty partition
+                empty.append(path)
+                continue
             self.pieces.extend(pieces)
             self.schema = self.schema or schema
         self.num_rows = sum(p.num_rows for p in self.pieces)
+        if not self.pieces:
+            more = f" and {len(empty) - 1} other files" if len(empty) > 1 else ""
+            raise DataError(f"{empty[0]}{more}: no rows in the input (every file is empty); "
+                            f"check the input path")
+        if empty:
+            logger.warning("skipping %d of %d input files that have no rows (first: %s)",
+                           len(empty), len(files), empty[0])
 
     @staticmethod
     def needed_columns(feature_set, options: ReadOptions) -> list[str]:

@@ -133,9 +133,9 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
             process).
 
     Raises:
-        DataError: unreadable, empty or missing files, missing columns,
-            unsupported types or dataset types. Errors raised while reading in
-            a worker surface when iterating, as they were raised.
+        DataError: unreadable or missing files, an input without rows, missing
+            columns, unsupported types or dataset types. Errors raised while
+            reading in a worker surface when iterating, as they were raised.
     """
     options = read_options(data_config, mode, rank, world_size, batch_size,
                            reserved_columns, num_epochs, seed, tag_epochs)

@@ -1,4 +1,5 @@
 import collections
+import logging
 import os
 
 import pyarrow as pa
@@ -172,6 +173,32 @@ def test_worker_errors_are_raised_as_in_the_main_process(files, workers):
     assert type(raised.value) is DataError
     assert str(raised.value) == (f"parsing a batch with rows from {files}/part-2.parquet "
                                  f"failed: ValueError: id 40 is poisoned")
+
+
+@pytest.mark.parametrize("world_size,workers", [(1, 0), (2, 2)], ids=str)
+def test_files_without_rows_are_skipped(tmp_path, caplog, world_size, workers):
+    first = 0
+    for i, n in enumerate((9, 0, 12, 0, 0, 6)):  # as Spark writes empty partitions
+        write_parquet(str(tmp_path / "in" / f"part-{i}.parquet"), first, n)
+        first += n
+    with caplog.at_level(logging.WARNING, logger="hashrec.data"):
+        per_rank = _read(str(tmp_path / "in"), world_size=world_size, workers=workers)
+    assert sorted(i for batches in per_rank for i in row_ids(batches)) == list(range(27))
+    assert "skipping 3 of 6 input files that have no rows" in caplog.text
+    cfg = data_config(num_workers=workers)
+    for rank, batches in enumerate(per_rank):  # every rank counts the same rows
+        loader = create_dataloader(cfg, FakeFeatureSet(), str(tmp_path / "in"), "train",
+                                   rank=rank, world_size=world_size)
+        assert loader.dataset.num_rows == 27
+        assert sum(loader.dataset.reader_batches(rank, workers)) == len(batches)
+
+
+def test_an_input_without_rows_is_an_error(tmp_path):
+    for i in range(3):
+        write_parquet(str(tmp_path / "in" / f"part-{i}.parquet"), 0, 0)
+    with pytest.raises(DataError, match=r"part-0\.parquet and 2 other files: no rows in the "
+                                        r"input"):
+        _read(str(tmp_path / "in"))
 
 
 @pytest.fixture(scope="module")

@@ -87,6 +87,15 @@ def test_empty_csv_file_is_an_error(tmp_path):
         _load(path, dataset_type="CsvDataset", with_header=True)
 
 
+def test_csv_file_with_only_a_header_is_skipped(tmp_path):
+    (tmp_path / "in").mkdir()
+    _csv(tmp_path / "in", "a.csv", ["row_id,clk", "1,0", "2,1"])
+    _csv(tmp_path / "in", "b.csv", ["row_id,clk"])
+    _csv(tmp_path / "in", "c.csv", ["row_id,clk", "3,1"])
+    (batches,) = _load(str(tmp_path / "in"), dataset_type="CsvDataset", with_header=True)
+    assert row_ids(batches) == [1, 2, 3]
+
+
 def test_parquet_row_groups_know_their_first_row(tmp_path):
     write_parquet(str(tmp_path / "g.parquet"), 0, 17, row_group_size=7)
     pieces, _ = ParquetSource(["row_id"]).pieces(str(tmp_path / "g.parquet"))
