@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -198,3 +199,18 @@ def test_files_without_rows_are_skipped(small_parts, tmp_path):
     assert "skipping 2 of 4 input files that have no rows" in proc.stderr
     assert checkpoint_steps(tmp_path / "model") == [4]
 
+
+def test_a_bad_value_read_in_a_worker_is_one_clear_error(small_parts, tmp_path):
+    table = pq.read_table(sorted((small_parts / "train").glob("*.parquet"))[0])
+    clk = table.column("clk").to_pylist()
+    clk[300] = 2  # in the third batch of 128 rows
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table.set_column(table.schema.get_field_index("clk"), "clk",
+                                    pa.array(clk, pa.int64())), bad)
+    proc = small_run(small_parts, bad, tmp_path / "model")
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors[0].endswith(f"DataError: {bad}: label column 'clk' row 300: value 2 is not 0 "
+                              f"or 1; binary_cross_entropy trains on 0/1 labels (fix the data "
+                              f"or choose another label column)")

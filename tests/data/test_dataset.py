@@ -1,6 +1,7 @@
 import collections
 import logging
 import os
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -235,3 +236,11 @@ def test_a_bad_value_names_its_row_in_the_file(taobao_table, tmp_path, workers, 
     assert str(raised.value) == (f"{path}: feature 'price': column 'price' row 2500: value "
                                  f"nan is not finite (NaN/inf are not allowed)")
 
+
+@pytest.mark.parametrize("value", [2, -1], ids=["two", "minus-one"])
+def test_a_label_outside_0_and_1_names_file_column_row_and_value(taobao_table, tmp_path,
+                                                                  value):
+    path = _with_value(taobao_table[0], tmp_path, "clk", 1234, value)
+    with pytest.raises(DataError, match=rf"^{re.escape(path)}: label column 'clk' row 1234: "
+                                        rf"value {value} is not 0 or 1; binary_cross_entropy"):
+        _taobao_read(path, taobao_table[1], workers=0)
