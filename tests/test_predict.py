@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -206,3 +208,28 @@ def test_cuda_device_without_cuda_is_one_error(caplog, exported, tmp_path, monke
         resolve_device("cuda:1")
     with pytest.raises(ExportError, match="--device 'tpu' is not supported"):
         resolve_device("tpu")
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["main", "workers2"])
+def test_a_bad_value_is_one_clear_error_with_or_without_workers(caplog, exported, tmp_path,
+                                                                 workers):
+    export = tmp_path / "export"
+    shutil.copytree(exported / "export", export)
+    config = export / "pipeline.config"
+    text = config.read_text()
+    assert "num_workers: 0" in text
+    config.write_text(text.replace("num_workers: 0", f"num_workers: {workers}"))
+    (part,) = sorted((exported / "data" / "eval").glob("*.parquet"))
+    table = pq.read_table(part)
+    price = table.column("price").to_numpy().copy()
+    price[100] = float("nan")  # in the fourth batch of 32
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table.set_column(table.schema.get_field_index("price"), "price",
+                                    pa.array(price)), bad)
+    code, _ = run_main(caplog, "--scripted_model_path", str(export), "--predict_input_path",
+                       str(bad), "--predict_output_path", str(tmp_path / "o.parquet"),
+                       "--batch_size", "32")
+    assert code == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [f"DataError: {bad}: feature 'price': column 'price' row 100: value nan "
+                      f"is not finite (NaN/inf are not allowed)"]

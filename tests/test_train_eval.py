@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from hashrec.tools.gen_taobao_data import generate
@@ -240,3 +242,54 @@ def test_continue_with_another_sparse_optimizer_without_its_state(trained, data_
                                                  "--ignore_restore_optimizer"), edits=edits)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert checkpoint_steps(model_dir)[-1] == latest + 5
+
+
+@pytest.fixture(scope="module")
+def small_parts(tmp_path_factory):
+    """Two small train files and one eval file (from ``generate``)."""
+    out = tmp_path_factory.mktemp("small")
+    generate(str(out), 1200, num_files=2, seed=5, scale=0.001, eval_rows=300, quiet=True)
+    return out
+
+
+SMALL_EDITS = {**EDITS, "data_config.batch_size": 128, "data_config.num_workers": 2,
+               "train_config.num_epochs": 1, "train_config.num_steps": 4}
+
+
+def small_run(small_parts, train_path, model_dir) -> subprocess.CompletedProcess:
+    return run("hashrec.train_eval", "--pipeline_config_path", CONFIG, "--model_dir",
+               str(model_dir), "--train_input_path", str(train_path), "--eval_input_path",
+               str(small_parts / "eval"), edits=SMALL_EDITS)
+
+
+def test_files_without_rows_are_skipped(small_parts, tmp_path):
+    train = tmp_path / "train"
+    train.mkdir()
+    parts = sorted((small_parts / "train").glob("*.parquet"))
+    empty = pq.read_table(parts[0]).slice(0, 0)
+    for i, name in enumerate(["part-0", "part-1-empty", "part-2", "part-3-empty"]):
+        target = train / f"{name}.parquet"
+        if name.endswith("empty"):
+            pq.write_table(empty, target)
+        else:
+            shutil.copy(parts[i // 2], target)
+    proc = small_run(small_parts, train, tmp_path / "model")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "skipping 2 of 4 input files that have no rows" in proc.stderr
+    assert checkpoint_steps(tmp_path / "model") == [4]
+
+
+def test_a_bad_value_read_in_a_worker_is_one_clear_error(small_parts, tmp_path):
+    table = pq.read_table(sorted((small_parts / "train").glob("*.parquet"))[0])
+    clk = table.column("clk").to_pylist()
+    clk[300] = 2  # in the third batch of 128 rows
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table.set_column(table.schema.get_field_index("clk"), "clk",
+                                    pa.array(clk, pa.int64())), bad)
+    proc = small_run(small_parts, bad, tmp_path / "model")
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors[0].endswith(f"DataError: {bad}: label column 'clk' row 300: value 2 is not 0 "
+                              f"or 1; binary_cross_entropy trains on 0/1 labels (fix the data "
+                              f"or choose another label column)")

@@ -12,12 +12,16 @@ negative allowed), ``[:]`` (every element) or ``[name=value]`` (elements whose
 ``value``). Values are converted to the field's type: numbers from JSON
 numbers or strings, booleans from ``true``/``false``, enums by name or
 number, repeated scalars from a JSON list or a comma-separated string, and
-messages from a JSON object or a text-format string.
+messages from a JSON object or a text-format string. Numbers must fit the
+field's type (a uint32 field takes 0 to 4294967295); ``true``/``false`` set
+only boolean and string fields.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import re
 
 from google.protobuf import json_format, text_format
@@ -28,11 +32,21 @@ from hashrec.config.errors import ConfigError
 from hashrec.config.pipeline_pb2 import EasyRecConfig
 
 _STEP = re.compile(r"^(\w+)(?:\[([^\]]*)\])?$")
-_INTS = {FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
-         FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SINT64,
-         FieldDescriptor.TYPE_FIXED32, FieldDescriptor.TYPE_FIXED64,
-         FieldDescriptor.TYPE_SFIXED32, FieldDescriptor.TYPE_SFIXED64}
+# Integer field types -> (type name, smallest, largest value).
+_INTS = {
+    FieldDescriptor.TYPE_INT32: ("int32", -2**31, 2**31 - 1),
+    FieldDescriptor.TYPE_SINT32: ("sint32", -2**31, 2**31 - 1),
+    FieldDescriptor.TYPE_SFIXED32: ("sfixed32", -2**31, 2**31 - 1),
+    FieldDescriptor.TYPE_UINT32: ("uint32", 0, 2**32 - 1),
+    FieldDescriptor.TYPE_FIXED32: ("fixed32", 0, 2**32 - 1),
+    FieldDescriptor.TYPE_INT64: ("int64", -2**63, 2**63 - 1),
+    FieldDescriptor.TYPE_SINT64: ("sint64", -2**63, 2**63 - 1),
+    FieldDescriptor.TYPE_SFIXED64: ("sfixed64", -2**63, 2**63 - 1),
+    FieldDescriptor.TYPE_UINT64: ("uint64", 0, 2**64 - 1),
+    FieldDescriptor.TYPE_FIXED64: ("fixed64", 0, 2**64 - 1),
+}
 _FLOATS = {FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE}
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def apply_edit_config_json(config: EasyRecConfig, edit_json: str | dict) -> EasyRecConfig:
@@ -165,7 +179,8 @@ def _assign_elements(msg: Message, field: FieldDescriptor, selector: str, value,
         if field.type == FieldDescriptor.TYPE_MESSAGE:
             container[i].CopyFrom(_message_value(field, value, path))
         else:
-            container[i] = _scalar(field, value, path)
+            with _refusal_as_config_error(field, value, path):
+                container[i] = _scalar(field, value, path)
 
 
 def _assign(msg: Message, field: FieldDescriptor, value, path: str) -> None:
@@ -179,11 +194,26 @@ def _assign(msg: Message, field: FieldDescriptor, value, path: str) -> None:
             if field.type == FieldDescriptor.TYPE_MESSAGE:
                 container.add().CopyFrom(_message_value(field, item, path))
             else:
-                container.append(_scalar(field, item, path))
+                with _refusal_as_config_error(field, item, path):
+                    container.append(_scalar(field, item, path))
     elif field.type == FieldDescriptor.TYPE_MESSAGE:
         getattr(msg, field.name).CopyFrom(_message_value(field, value, path))
     else:
-        setattr(msg, field.name, _scalar(field, value, path))
+        with _refusal_as_config_error(field, value, path):
+            setattr(msg, field.name, _scalar(field, value, path))
+
+
+@contextlib.contextmanager
+def _refusal_as_config_error(field: FieldDescriptor, value, path: str):
+    """Protobuf refusing a converted value becomes a ConfigError naming the path
+    (``_scalar`` checks what it knows first, with a more specific message)."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"edit_config_json path {path!r}: cannot set {field.name!r} to "
+                          f"{value!r}: {err}") from None
 
 
 def _message_value(field: FieldDescriptor, value, path: str) -> Message:
@@ -200,13 +230,16 @@ def _message_value(field: FieldDescriptor, value, path: str) -> Message:
 
 
 def _scalar(field: FieldDescriptor, value, path: str):
+    numeric = field.type in _INTS or field.type in _FLOATS \
+        or field.type == FieldDescriptor.TYPE_ENUM
+    if isinstance(value, bool) and numeric:  # a bool is an int: true would read as 1
+        raise ConfigError(f"edit_config_json path {path!r}: {field.name!r} is not a boolean "
+                          f"field; give {_kind(field)}, not {json.dumps(value)}")
     try:
         if field.type in _INTS:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(str(value).strip()) if not isinstance(value, (int, float)) else int(value)
+            return _integer(field, value, path)
         if field.type in _FLOATS:
-            return float(value)
+            return _float(field, value, path)
         if field.type == FieldDescriptor.TYPE_BOOL:
             if isinstance(value, bool):
                 return value
@@ -218,12 +251,46 @@ def _scalar(field: FieldDescriptor, value, path: str):
             return _enum(field, value)
         if field.type == FieldDescriptor.TYPE_STRING:
             return str(value)
-    except ValueError:
+    except ConfigError:
+        raise
+    except (ValueError, OverflowError):  # OverflowError: int(inf)
         pass
     allowed = (f" (one of {sorted(field.enum_type.values_by_name)})"
                if field.type == FieldDescriptor.TYPE_ENUM else "")
     raise ConfigError(f"edit_config_json path {path!r}: cannot set {field.name!r} "
                       f"to {value!r}{allowed}")
+
+
+def _kind(field: FieldDescriptor) -> str:
+    """What values an integer, float or enum ``field`` takes, in words."""
+    if field.type in _INTS:
+        name, low, high = _INTS[field.type]
+        return f"a {name} integer from {low} to {high}"
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        return f"one of {sorted(field.enum_type.values_by_name)}"
+    return "a float" if field.type == FieldDescriptor.TYPE_FLOAT else "a double"
+
+
+def _integer(field: FieldDescriptor, value, path: str) -> int:
+    """``value`` as an integer of ``field``'s type; ValueError when it is no integer."""
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(value)
+    number = int(str(value).strip()) if not isinstance(value, (int, float)) else int(value)
+    _, low, high = _INTS[field.type]
+    if not low <= number <= high:
+        raise ConfigError(f"edit_config_json path {path!r}: {value!r} is out of range for "
+                          f"{field.name!r}; allowed: {_kind(field)}")
+    return number
+
+
+def _float(field: FieldDescriptor, value, path: str) -> float:
+    """``value`` as a float; past float32's range a float field would hold inf instead."""
+    number = float(value)
+    if field.type == FieldDescriptor.TYPE_FLOAT and math.isfinite(number) \
+            and abs(number) > _FLOAT32_MAX:
+        raise ConfigError(f"edit_config_json path {path!r}: {value!r} is out of range for "
+                          f"{field.name!r}; allowed: a float of magnitude up to {_FLOAT32_MAX:g}")
+    return number
 
 
 def _enum(field: FieldDescriptor, value) -> int:

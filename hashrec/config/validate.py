@@ -70,11 +70,7 @@ def pipeline_problems(config: EasyRecConfig) -> list[str]:
     """Everything :func:`validate_pipeline_config` would report, as messages."""
     problems = []
     if config.HasField("data_config"):
-        dataset = config.data_config.DESCRIPTOR.fields_by_name["dataset_type"].enum_type \
-            .values_by_number[config.data_config.dataset_type].name
-        if dataset not in SUPPORTED_DATASETS:
-            problems.append(f"data_config.dataset_type {dataset} is not supported; use "
-                            f"{' or '.join(SUPPORTED_DATASETS)} (and local paths)")
+        problems += _data_problems(config.data_config)
     if config.HasField("train_config"):
         sparse = config.train_config.sparse_optimizer.WhichOneof("optimizer")
         if sparse is not None and sparse not in SUPPORTED_SPARSE_OPTIMIZERS:
@@ -83,6 +79,19 @@ def pipeline_problems(config: EasyRecConfig) -> list[str]:
     problems += feature_problems(config)
     if config.HasField("model_config"):
         problems += _model_problems(config.model_config)
+    return problems
+
+
+def _data_problems(data_config) -> list[str]:
+    problems = []
+    dataset = data_config.DESCRIPTOR.fields_by_name["dataset_type"].enum_type \
+        .values_by_number[data_config.dataset_type].name
+    if dataset not in SUPPORTED_DATASETS:
+        problems.append(f"data_config.dataset_type {dataset} is not supported; use "
+                        f"{' or '.join(SUPPORTED_DATASETS)} (and local paths)")
+    if data_config.batch_size < 1:
+        problems.append(f"data_config.batch_size is {data_config.batch_size}; allowed: 1 or "
+                        f"more rows per batch (leave it out for the default 1024)")
     return problems
 
 

@@ -4,12 +4,17 @@ Each DataLoader worker of each rank reads its own slice of the rows (see
 :mod:`hashrec.data.sharding`), cuts it into batches, parses every batch with
 the feature set and yields the parsed :class:`Batch`; the DataLoader runs with
 ``batch_size=None`` so batches pass through unchanged. Workers hand batches to
-the main process through reused shared buffers (:mod:`hashrec.data.transfer`).
+the main process through reused shared buffers (:mod:`hashrec.data.transfer`),
+and a DataError as a :class:`WorkerFailure` item.
+
+Errors about a row name the file and the row in it, counted from 0 (a CSV
+header line not counted).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -23,9 +28,27 @@ from hashrec.data.errors import DataError
 from hashrec.data.sharding import epoch_order, slot_batches, slot_ranges
 from hashrec.data.sources import CsvFormat, CsvSource, ParquetSource, Piece, conform
 from hashrec.data.transfer import BatchSender
+from hashrec.features.errors import FeatureError
 
-# Hidden column telling which file each buffered row came from (for error messages).
+logger = logging.getLogger("hashrec.data")
+
+# Hidden columns telling where each buffered row came from (for error messages): the
+# index of one of its file's pieces, and its row in that file.
 _FILE_COLUMN = "__hashrec_file__"
+_ROW_COLUMN = "__hashrec_row__"
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """A DataError raised in a DataLoader worker, sent to the main process as an item.
+
+    The DataLoader would re-raise a worker's exception in the main process as a new
+    exception whose message is the worker's whole traceback; sent as an item, the
+    error arrives as raised (type and message), and the loader raises it there
+    (``hashrec.data.loader``).
+    """
+
+    error: DataError
 
 
 @dataclass(frozen=True)
@@ -88,8 +111,10 @@ class FileDataset(IterableDataset):
         pin_memory: the loader pins batches (workers then hand them over in
             pinned memory directly).
 
+    Files without rows are skipped (with a warning).
+
     Raises:
-        DataError: a file is unreadable or empty, or lacks a needed column.
+        DataError: a file is unreadable or lacks a needed column, or no file has rows.
     """
 
     def __init__(self, files: Sequence[str], feature_set, options: ReadOptions, source,
@@ -101,11 +126,22 @@ class FileDataset(IterableDataset):
         self.pin_memory = pin_memory
         self.pieces: list[Piece] = []
         self.schema: pa.Schema | None = None
+        empty = []
         for path in files:
             pieces, schema = source.pieces(path)
+            if not pieces:  # Spark writes one such file per empty partition
+                empty.append(path)
+                continue
             self.pieces.extend(pieces)
             self.schema = self.schema or schema
         self.num_rows = sum(p.num_rows for p in self.pieces)
+        if not self.pieces:
+            more = f" and {len(empty) - 1} other files" if len(empty) > 1 else ""
+            raise DataError(f"{empty[0]}{more}: no rows in the input (every file is empty); "
+                            f"check the input path")
+        if empty:
+            logger.warning("skipping %d of %d input files that have no rows (first: %s)",
+                           len(empty), len(files), empty[0])
 
     @staticmethod
     def needed_columns(feature_set, options: ReadOptions) -> list[str]:
@@ -121,20 +157,36 @@ class FileDataset(IterableDataset):
             table = conform(self.source.read(piece, start, stop, use_threads),
                             self.schema, piece.path)
             tag = pa.array(np.full(table.num_rows, paths[piece.path], dtype=np.int32))
-            yield table.append_column(_FILE_COLUMN, tag)
+            first = piece.first_row + start
+            rows = pa.array(np.arange(first, first + table.num_rows, dtype=np.int64))
+            yield table.append_column(_FILE_COLUMN, tag).append_column(_ROW_COLUMN, rows)
 
     def _parse(self, table: pa.Table):
-        files = table.column(_FILE_COLUMN)
-        table = table.drop_columns([_FILE_COLUMN]).combine_chunks()
+        origin = table.select([_FILE_COLUMN, _ROW_COLUMN])
+        table = table.drop_columns([_FILE_COLUMN, _ROW_COLUMN]).combine_chunks()
         try:
             batch = self.feature_set.parse(table, with_labels=self.options.with_labels)
         except Exception as e:
-            names = sorted({self.pieces[i].path for i in pc.unique(files).to_pylist()})
-            raise DataError(f"parsing a batch with rows from {', '.join(names)} failed: "
-                            f"{type(e).__name__}: {e}") from e
+            raise self._parse_error(e, origin) from e
         if self.options.reserved_columns:
             batch.reserved = {c: table.column(c) for c in self.options.reserved_columns}
         return batch
+
+    def _parse_error(self, error: Exception, origin: pa.Table) -> DataError:
+        """The DataError for ``error`` raised parsing a block whose rows came from
+        ``origin`` (hidden columns): naming the file and the row in it when ``error``
+        names a row of the block, else the files the block read."""
+        files = origin.column(_FILE_COLUMN)
+        row = error.row if isinstance(error, FeatureError) else None
+        if row is not None and 0 <= row < origin.num_rows:
+            path = self.pieces[files[row].as_py()].path
+            file_row = origin.column(_ROW_COLUMN)[row].as_py()
+            return DataError(f"{path}: {error.subject} row {file_row}: {error.detail}")
+        names = ", ".join(sorted({self.pieces[i].path for i in pc.unique(files).to_pylist()}))
+        if isinstance(error, FeatureError):  # says what is wrong in the data
+            return DataError(f"{names}: {error}")
+        return DataError(f"parsing a batch with rows from {names} failed: "
+                         f"{type(error).__name__}: {error}")
 
     def _slot(self) -> tuple[int, int, bool]:
         info = get_worker_info()
@@ -147,6 +199,10 @@ class FileDataset(IterableDataset):
         sender = None if main_process else BatchSender(self.pin_memory)
         try:
             yield from self._batches(slot, num_slots, main_process, sender)
+        except DataError as e:
+            if main_process:
+                raise
+            yield WorkerFailure(e)
         finally:
             if sender is not None:
                 sender.close()

@@ -10,7 +10,13 @@ from collections.abc import Sequence
 import torch
 from torch.utils.data import DataLoader
 
-from hashrec.data.dataset import CsvDataset, FileDataset, ParquetDataset, ReadOptions
+from hashrec.data.dataset import (
+    CsvDataset,
+    FileDataset,
+    ParquetDataset,
+    ReadOptions,
+    WorkerFailure,
+)
 from hashrec.data.errors import DataError
 from hashrec.data.paths import expand_input_path
 from hashrec.data.sources import CsvFormat
@@ -94,7 +100,7 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
                       reserved_columns: Sequence[str] = (), num_epochs: int | None = 1,
                       seed: int = 0, num_workers: int | None = None,
                       start_method: str | None = None, tag_epochs: bool = False,
-                      worker_cores: tuple[int, ...] | None = None) -> DataLoader:
+                      worker_cores: tuple[int, ...] | None = None) -> BatchLoader:
     """An iterable of parsed :class:`Batch` objects for one rank.
 
     Args:
@@ -127,9 +133,9 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
             process).
 
     Raises:
-        DataError: unreadable, empty or missing files, missing columns,
-            unsupported types or dataset types. Errors raised while reading in
-            a worker surface when iterating, naming the file.
+        DataError: unreadable or missing files, an input without rows, missing
+            columns, unsupported types or dataset types. Errors raised while
+            reading in a worker surface when iterating, as they were raised.
     """
     options = read_options(data_config, mode, rank, world_size, batch_size,
                            reserved_columns, num_epochs, seed, tag_epochs)
@@ -139,9 +145,45 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
     context = _worker_context(start_method) if workers else None
     init = functools.partial(_run_on_cores, tuple(worker_cores)) \
         if workers and worker_cores else None
-    return DataLoader(dataset, batch_size=None, num_workers=int(workers), pin_memory=pin,
-                      prefetch_factor=4 if workers else None, multiprocessing_context=context,
-                      worker_init_fn=init)
+    return BatchLoader(dataset, batch_size=None, num_workers=int(workers), pin_memory=pin,
+                       prefetch_factor=4 if workers else None, multiprocessing_context=context,
+                       worker_init_fn=init)
+
+
+class BatchLoader(DataLoader):
+    """A DataLoader of a :class:`FileDataset`: a DataError raised reading in a worker
+    is raised again by the iterator as it was raised (its type and message, rather
+    than a new exception holding the worker's traceback; see ``WorkerFailure``)."""
+
+    def __iter__(self) -> ReceivedItems:
+        return ReceivedItems(super().__iter__())
+
+
+class ReceivedItems:
+    """The items of a DataLoader iterator, raising the errors its workers send.
+
+    Args:
+        items: the DataLoader's iterator.
+    """
+
+    def __init__(self, items) -> None:
+        self._items = items
+
+    def __iter__(self) -> ReceivedItems:
+        return self
+
+    def __next__(self):
+        item = next(self._items)
+        if isinstance(item, WorkerFailure):
+            self.close()
+            raise item.error
+        return item
+
+    def close(self) -> None:
+        """Stop the workers now rather than when the iterator is collected."""
+        shutdown = getattr(self._items, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
 
 
 def _run_on_cores(cores: tuple[int, ...], worker_id: int) -> None:

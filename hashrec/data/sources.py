@@ -2,12 +2,13 @@
 
 A *piece* is a parquet row group or a whole CSV file. Sources check, when the
 pieces are listed, that every file has the needed columns with supported
-types and at least one row; later reads cast every piece to the first file's
-schema so that batches spanning files concatenate.
+types; a file without rows has no pieces. Later reads cast every piece to one
+file's schema so that batches spanning files concatenate.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -26,11 +27,13 @@ class Piece:
         path: the file.
         index: row group (parquet) or 0 (CSV).
         num_rows: rows in the piece.
+        first_row: rows of the file before the piece (to name a row in the file).
     """
 
     path: str
     index: int
     num_rows: int
+    first_row: int = 0
 
 
 def _supported(t: pa.DataType) -> bool:
@@ -90,17 +93,18 @@ class ParquetSource:
         self.columns = list(columns)
 
     def pieces(self, path: str) -> tuple[list[Piece], pa.Schema]:
-        """Row groups of ``path`` and the schema of the needed columns."""
+        """Non-empty row groups of ``path`` (none when the file has no rows) and the
+        schema of the needed columns."""
         try:
             meta = pq.read_metadata(path)
             schema = meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as e:
             raise DataError(f"{path}: not a readable parquet file: {e}") from e
         schema = check_columns(path, schema, self.columns)
-        if meta.num_rows == 0:
-            raise DataError(f"{path}: the file has no rows")
-        return [Piece(path, i, meta.row_group(i).num_rows)
-                for i in range(meta.num_row_groups) if meta.row_group(i).num_rows], schema
+        sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        starts = itertools.accumulate(sizes, initial=0)
+        return [Piece(path, i, n, first) for i, (n, first) in enumerate(zip(sizes, starts))
+                if n], schema
 
     def read(self, piece: Piece, start: int, stop: int, use_threads: bool) -> pa.Table:
         """Rows [start, stop) of ``piece``."""
@@ -187,12 +191,11 @@ class CsvSource:
             yield batch
 
     def pieces(self, path: str) -> tuple[list[Piece], pa.Schema]:
-        """The file as one piece (rows counted by parsing its first needed column)."""
+        """The file as one piece (rows counted by parsing its first needed column; no
+        piece when the file has no rows)."""
         schema = check_columns(path, self._open(path, []).schema, self.columns)
         rows = sum(b.num_rows for b in self._batches(path, self.columns[:1]))
-        if rows == 0:
-            raise DataError(f"{path}: the file has no rows")
-        return [Piece(path, 0, rows)], schema
+        return ([Piece(path, 0, rows)] if rows else []), schema
 
     def read(self, piece: Piece, start: int, stop: int, use_threads: bool) -> pa.Table:
         """Rows [start, stop) of the file (earlier rows are parsed and skipped)."""

@@ -38,7 +38,7 @@ def hash_tokens(values: pa.Array) -> np.ndarray:
 
 def _error_at(bags: Bags, position: int, feature: str, column: str, what: str) -> FeatureError:
     value = bags.values[position].as_py()
-    return FeatureError(f"feature {feature!r}: column {column!r} row {bags.row_of(position)}: "
+    return FeatureError(f"feature {feature!r}: column {column!r}", bags.row_of(position),
                         f"{what} (value {value!r})")
 
 

@@ -29,13 +29,16 @@ class FeatureSet:
         features: features in config order (sequence sub-features in place).
         tables: the embedding tables they read.
         label_fields: label columns.
+        binary_labels: label columns whose values must be 0 or 1 (those a binary
+            cross-entropy loss trains on).
     """
 
     def __init__(self, features: list[Feature], tables: list[EmbeddingTableSpec],
-                 label_fields: list[str]) -> None:
+                 label_fields: list[str], binary_labels: tuple[str, ...] = ()) -> None:
         self.features = {f.name: f for f in features}
         self._tables = list(tables)
         self.label_fields = list(label_fields)
+        self.binary_labels = frozenset(binary_labels)
         self._sparse = [f for f in features if f.is_sparse]
         self._sparse_keys = [f.name for f in self._sparse]
         columns = [c for f in features for c in f.columns]
@@ -96,19 +99,28 @@ class FeatureSet:
         return Batch(sparse, dense, sequence_dense, labels, batch_size)
 
     def _labels(self, table) -> dict[str, torch.Tensor]:
-        labels = {}
-        for name in self.label_fields:
-            array = get_column(table, name, f"label {name}")
-            if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
-                    or pa.types.is_boolean(array.type)):
-                raise FeatureError(f"label column {name!r} has type {array.type}; expected "
-                                   f"numbers")
-            if array.null_count:
-                row = int(np.flatnonzero(pc.is_null(array).to_numpy(zero_copy_only=False))[0])
-                raise FeatureError(f"label column {name!r} row {row} is null")
-            labels[name] = torch.from_numpy(
-                pc.cast(array, pa.float32()).to_numpy(zero_copy_only=False).copy())
-        return labels
+        return {name: self._label(get_column(table, name, f"label {name}"), name)
+                for name in self.label_fields}
+
+    def _label(self, array: pa.Array, name: str) -> torch.Tensor:
+        """One label column as (B,) float32; FeatureError naming the first bad row."""
+        if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
+                or pa.types.is_boolean(array.type)):
+            raise FeatureError(f"label column {name!r} has type {array.type}; expected "
+                               f"numbers")
+        if array.null_count:
+            row = int(np.flatnonzero(pc.is_null(array).to_numpy(zero_copy_only=False))[0])
+            raise FeatureError(f"label column {name!r}", row, "the label is null")
+        values = pc.cast(array, pa.float32()).to_numpy(zero_copy_only=False).copy()
+        if name in self.binary_labels:
+            bad = (values != 0) & (values != 1)  # NaN included
+            if bad.any():
+                row = int(np.flatnonzero(bad)[0])
+                raise FeatureError(
+                    f"label column {name!r}", row,
+                    f"value {array[row].as_py()!r} is not 0 or 1; binary_cross_entropy "
+                    f"trains on 0/1 labels (fix the data or choose another label column)")
+        return torch.from_numpy(values)
 
 
 def _build(kind: str, cfg, top_level: dict[str, IdFeature]) -> list[Feature]:
@@ -146,7 +158,17 @@ def build_feature_set(pipeline_config) -> FeatureSet:
     model_config = pipeline_config.model_config if pipeline_config.HasField("model_config") \
         else None
     tables = build_tables(features, model_config)
-    return FeatureSet(features, tables, list(pipeline_config.data_config.label_fields))
+    labels = list(pipeline_config.data_config.label_fields)
+    return FeatureSet(features, tables, labels, _binary_labels(labels, model_config))
+
+
+def _binary_labels(label_fields: list[str], model_config) -> tuple[str, ...]:
+    """The label columns a binary cross-entropy loss trains on: the ranking models'
+    loss reads ``label_fields[0]``, and a model without ``losses`` uses that loss."""
+    if not label_fields or model_config is None:
+        return ()
+    losses = {loss.WhichOneof("loss") for loss in model_config.losses}
+    return (label_fields[0],) if not losses or "binary_cross_entropy" in losses else ()
 
 
 def _check_names(features: list[Feature], label_fields: list[str]) -> None:

@@ -28,7 +28,7 @@ def split_weighted(bags: Bags, feature: str, column: str) -> tuple[Bags, np.ndar
     parts = pc.extract_regex(text, _WEIGHTED)
     if parts.null_count:
         pos = int(np.flatnonzero(pc.is_null(parts).to_numpy(zero_copy_only=False))[0])
-        raise FeatureError(f"feature {feature!r}: column {column!r} row {bags.row_of(pos)}: "
+        raise FeatureError(f"feature {feature!r}: column {column!r}", bags.row_of(pos),
                            f"weighted value {text[pos].as_py()!r} is not id:weight")
     try:
         weights = pc.cast(parts.field("weight"), pa.float32()).to_numpy(zero_copy_only=False)

@@ -68,7 +68,7 @@ def float_values(bags: Bags, feature: str, column: str) -> np.ndarray:
     bad = ~np.isfinite(values)
     if bad.any():
         pos = int(np.flatnonzero(bad)[0])
-        raise FeatureError(f"feature {feature!r}: column {column!r} row {bags.row_of(pos)}: "
+        raise FeatureError(f"feature {feature!r}: column {column!r}", bags.row_of(pos),
                            f"value {values[pos]} is not finite (NaN/inf are not allowed)")
     return values
 
@@ -116,7 +116,7 @@ class RawFeature(Feature):
         wrong = bags.lengths != self.value_dim
         if wrong.any():
             row = int(np.flatnonzero(wrong)[0])
-            raise FeatureError(f"feature {self.name!r}: column {self.columns[0]!r} row {row}: "
+            raise FeatureError(f"feature {self.name!r}: column {self.columns[0]!r}", row,
                                f"has {bags.lengths[row]} values, expected value_dim="
                                f"{self.value_dim} (set default_value for missing cells)")
         return values.astype(np.float32).reshape(bags.batch_size, self.value_dim)

@@ -156,6 +156,6 @@ class EpochStream:
     def close(self) -> None:
         """Stops the loader (its workers shut down)."""
         iterator, self._iterator, self._next_epoch = self._iterator, None, None
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        close = getattr(iterator, "close", None)  # hashrec.data's loaders have one
+        if close is not None:
+            close()

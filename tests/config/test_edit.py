@@ -88,3 +88,38 @@ def test_message_and_list_values(config):
 def test_errors(config, edit, message):
     with pytest.raises(ConfigError, match=message):
         apply_edit_config_json(config, edit)
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"train_config.num_steps": -1},
+     r"'train_config.num_steps': -1 is out of range .*uint32 integer from 0 to 4294967295"),
+    ({"data_config.batch_size": -5}, r"'data_config.batch_size': -5 is out of range"),
+    ({"data_config.batch_size": 99999999999999},
+     r"'data_config.batch_size': 99999999999999 is out of range .*0 to 4294967295"),
+    ({"feature_configs[0].id_feature.dynamicemb.max_capacity": -1},
+     r"'feature_configs\[0\].id_feature.dynamicemb.max_capacity': -1 is out of range "
+     r".*uint64 integer"),
+    ({"model_config.multi_tower_din.final.hidden_units": [8, -4]},
+     r"'model_config.multi_tower_din.final.hidden_units': -4 is out of range"),
+    ({"model_config.multi_tower_din.final.hidden_units[0]": "-4"}, r"'-4' is out of range"),
+    ({"train_config.sparse_optimizer.adagrad_optimizer.lr": 1e300},
+     r"1e\+300 is out of range for 'lr'; allowed: a float"),
+], ids=["uint32-negative", "batch-negative", "uint32-too-large", "uint64-negative",
+        "repeated-negative", "element-negative", "float32-overflow"])
+def test_out_of_range_numbers_name_path_value_and_range(config, edit, message):
+    with pytest.raises(ConfigError, match=message):
+        apply_edit_config_json(config, edit)
+
+
+@pytest.mark.parametrize("path, kind", [
+    ("data_config.batch_size", "uint32 integer"),
+    ("train_config.sparse_optimizer.adagrad_optimizer.lr", "a float"),
+    ("data_config.dataset_type", r"one of \["),
+], ids=["int", "float", "enum"])
+def test_a_boolean_does_not_set_a_number(config, path, kind):
+    with pytest.raises(ConfigError, match=rf"'{path}': .* is not a boolean field; give .*"
+                                          rf"{kind}.*not true"):
+        apply_edit_config_json(config, {path: True})
+    edited = apply_edit_config_json(config, {"data_config.shuffle": True,
+                                             "data_config.drop_remainder": False})
+    assert edited.data_config.shuffle is True and edited.data_config.drop_remainder is False

@@ -58,3 +58,13 @@ def test_unsupported_fields(text, message):
     config = parse_pipeline_config(f'model_dir: "m"\n{text}')
     with pytest.raises(ConfigError, match=message):
         validate_pipeline_config(config)
+
+
+
+def test_zero_batch_size_is_rejected_naming_the_field():
+    config = apply_edit_config_json(load_pipeline_config(TAOBAO_CONFIG),
+                                    {"data_config.dataset_type": "ParquetDataset"})
+    validate_pipeline_config(config)
+    zero = apply_edit_config_json(config, {"data_config.batch_size": 0})
+    with pytest.raises(ConfigError, match=r"data_config.batch_size is 0; allowed: 1 or more"):
+        validate_pipeline_config(zero)

@@ -1,13 +1,21 @@
 import collections
+import logging
+import os
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from data_fakes import FakeFeatureSet, data_config, row_ids, write_parquet
 
+from hashrec.config import load_pipeline_config
 from hashrec.data import DataError, create_dataloader
+from hashrec.features import build_feature_set
+from hashrec.tools.gen_taobao_data import generate
 
 SIZES = (23, 5, 41, 1)  # rows per file; row groups of 7
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples",
+                       "multi_tower_din_taobao.config")
 
 
 @pytest.fixture
@@ -157,3 +165,82 @@ def test_parse_error_in_worker_names_the_file(files):
 def test_parse_error_in_main_process_names_the_file(files):
     with pytest.raises(DataError, match=r"part-2\.parquet.*poisoned"):
         _read(files, features=FakeFeatureSet(poison=40))
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["main", "workers2"])
+def test_worker_errors_are_raised_as_in_the_main_process(files, workers):
+    with pytest.raises(DataError) as raised:
+        _read(files, workers=workers, features=FakeFeatureSet(poison=40))
+    assert type(raised.value) is DataError
+    assert str(raised.value) == (f"parsing a batch with rows from {files}/part-2.parquet "
+                                 f"failed: ValueError: id 40 is poisoned")
+
+
+@pytest.mark.parametrize("world_size,workers", [(1, 0), (2, 2)], ids=str)
+def test_files_without_rows_are_skipped(tmp_path, caplog, world_size, workers):
+    first = 0
+    for i, n in enumerate((9, 0, 12, 0, 0, 6)):  # as Spark writes empty partitions
+        write_parquet(str(tmp_path / "in" / f"part-{i}.parquet"), first, n)
+        first += n
+    with caplog.at_level(logging.WARNING, logger="hashrec.data"):
+        per_rank = _read(str(tmp_path / "in"), world_size=world_size, workers=workers)
+    assert sorted(i for batches in per_rank for i in row_ids(batches)) == list(range(27))
+    assert "skipping 3 of 6 input files that have no rows" in caplog.text
+    cfg = data_config(num_workers=workers)
+    for rank, batches in enumerate(per_rank):  # every rank counts the same rows
+        loader = create_dataloader(cfg, FakeFeatureSet(), str(tmp_path / "in"), "train",
+                                   rank=rank, world_size=world_size)
+        assert loader.dataset.num_rows == 27
+        assert sum(loader.dataset.reader_batches(rank, workers)) == len(batches)
+
+
+def test_an_input_without_rows_is_an_error(tmp_path):
+    for i in range(3):
+        write_parquet(str(tmp_path / "in" / f"part-{i}.parquet"), 0, 0)
+    with pytest.raises(DataError, match=r"part-0\.parquet and 2 other files: no rows in the "
+                                        r"input"):
+        _read(str(tmp_path / "in"))
+
+
+@pytest.fixture(scope="module")
+def taobao_table(tmp_path_factory):
+    """Generated Taobao-like rows, and the example config's feature set."""
+    out = tmp_path_factory.mktemp("taobao")
+    (path,) = generate(str(out), num_rows=3000, seed=0, scale=0.01, quiet=True)["data"]
+    return pq.read_table(path), build_feature_set(load_pipeline_config(EXAMPLE))
+
+
+def _with_value(table, tmp_path, column: str, row: int, value) -> str:
+    """``table`` with ``column[row] = value``, written in row groups of 700 rows."""
+    values = table.column(column).to_pylist()
+    values[row] = value
+    changed = table.set_column(table.schema.get_field_index(column), column,
+                               pa.array(values, table.schema.field(column).type))
+    path = str(tmp_path / "bad.parquet")
+    pq.write_table(changed, path, row_group_size=700)
+    return path
+
+
+def _taobao_read(path, features, workers, shuffle=False):
+    cfg = data_config(num_workers=workers, batch_size=512, shuffle=shuffle)
+    return list(create_dataloader(cfg, features, path, "train"))
+
+
+@pytest.mark.parametrize("workers,shuffle", [(0, False), (2, False), (2, True)],
+                         ids=["main", "workers2", "workers2-shuffled"])
+def test_a_bad_value_names_its_row_in_the_file(taobao_table, tmp_path, workers, shuffle):
+    # Row 2500: in the fifth batch of 512 rows and the fourth row group of 700.
+    path = _with_value(taobao_table[0], tmp_path, "price", 2500, float("nan"))
+    with pytest.raises(DataError) as raised:
+        _taobao_read(path, taobao_table[1], workers, shuffle)
+    assert str(raised.value) == (f"{path}: feature 'price': column 'price' row 2500: value "
+                                 f"nan is not finite (NaN/inf are not allowed)")
+
+
+@pytest.mark.parametrize("value", [2, -1], ids=["two", "minus-one"])
+def test_a_label_outside_0_and_1_names_file_column_row_and_value(taobao_table, tmp_path,
+                                                                  value):
+    path = _with_value(taobao_table[0], tmp_path, "clk", 1234, value)
+    with pytest.raises(DataError, match=rf"^{re.escape(path)}: label column 'clk' row 1234: "
+                                        rf"value {value} is not 0 or 1; binary_cross_entropy"):
+        _taobao_read(path, taobao_table[1], workers=0)

@@ -4,6 +4,7 @@ import pytest
 from data_fakes import FakeFeatureSet, data_config, input_field, row_ids, write_parquet
 
 from hashrec.data import CsvFormat, DataError, create_dataloader
+from hashrec.data.sources import ParquetSource
 
 CSV_FIELDS = [input_field("row_id", "INT64"), input_field("clk", "INT32"),
               input_field("name", "STRING"), input_field("seq", "ARRAY_INT64")]
@@ -85,6 +86,21 @@ def test_empty_csv_file_is_an_error(tmp_path):
     with pytest.raises(DataError, match=r"empty\.csv.*no rows"):
         _load(path, dataset_type="CsvDataset", with_header=True)
 
+
+def test_csv_file_with_only_a_header_is_skipped(tmp_path):
+    (tmp_path / "in").mkdir()
+    _csv(tmp_path / "in", "a.csv", ["row_id,clk", "1,0", "2,1"])
+    _csv(tmp_path / "in", "b.csv", ["row_id,clk"])
+    _csv(tmp_path / "in", "c.csv", ["row_id,clk", "3,1"])
+    (batches,) = _load(str(tmp_path / "in"), dataset_type="CsvDataset", with_header=True)
+    assert row_ids(batches) == [1, 2, 3]
+
+
+def test_parquet_row_groups_know_their_first_row(tmp_path):
+    write_parquet(str(tmp_path / "g.parquet"), 0, 17, row_group_size=7)
+    pieces, _ = ParquetSource(["row_id"]).pieces(str(tmp_path / "g.parquet"))
+    assert [(p.index, p.num_rows, p.first_row) for p in pieces] == [(0, 7, 0), (1, 7, 7),
+                                                                   (2, 3, 14)]
 
 def test_missing_parquet_column_names_file_and_column(tmp_path):
     pq.write_table(pa.table({"row_id": [1]}), tmp_path / "x.parquet")

@@ -86,7 +86,7 @@ def test_label_errors(taobao_set):
     with pytest.raises(FeatureError, match="clk"):
         taobao_set.parse(taobao_table(4).drop_columns(["clk"]))
     bad = taobao_table(3).set_column(19, "clk", pa.array([1, None, 0], pa.int64()))
-    with pytest.raises(FeatureError, match="label column 'clk' row 1 is null"):
+    with pytest.raises(FeatureError, match="label column 'clk' row 1: the label is null"):
         taobao_set.parse(bad)
 
 
@@ -101,6 +101,28 @@ def test_unsupported_feature_kind_is_named():
         "feature_configs[0]": 'lookup_feature { feature_name: "kv" map: "a" key: "b" }'})
     with pytest.raises(ConfigError, match="'kv'.*lookup_feature is not supported"):
         build_feature_set(config)
+
+
+@pytest.mark.parametrize("clk,row", [([1, 0, 2], 2), ([0.5, 1, 0], 0), ([1, float("nan"), 0], 1)],
+                         ids=["two", "half", "nan"])
+def test_binary_cross_entropy_labels_are_0_or_1(taobao_set, clk, row):
+    bad = taobao_table(3).set_column(19, "clk", pa.array(clk))
+    with pytest.raises(FeatureError, match=rf"label column 'clk' row {row}: value .* is not 0 "
+                                           rf"or 1") as raised:
+        taobao_set.parse(bad)
+    assert raised.value.row == row
+    good = taobao_table(3).set_column(19, "clk", pa.array([True, False, True]))
+    assert taobao_set.parse(good).labels["clk"].tolist() == [1.0, 0.0, 1.0]
+
+
+def test_labels_are_checked_only_for_binary_cross_entropy():
+    config = load_pipeline_config(TAOBAO_CONFIG)
+    assert build_feature_set(config).binary_labels == {"clk"}
+    config.model_config.losses[0].l2_loss.SetInParent()  # another loss: any number is a label
+    regression = build_feature_set(config)
+    assert regression.binary_labels == set()
+    table = taobao_table(3).set_column(19, "clk", pa.array([0.0, 2.5, 7.0]))
+    assert regression.parse(table).labels["clk"].tolist() == [0.0, 2.5, 7.0]
 
 
 def test_duplicate_feature_names():
