@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from hashrec.config.errors import ConfigError
 from hashrec.config.pipeline_pb2 import EasyRecConfig
+from hashrec.config.unused import unused_field_problems
 
 SUPPORTED_FEATURE_KINDS = ("id_feature", "raw_feature", "combo_feature", "sequence_feature",
                            "sequence_id_feature", "sequence_raw_feature")
@@ -79,7 +80,7 @@ def pipeline_problems(config: EasyRecConfig) -> list[str]:
     problems += feature_problems(config)
     if config.HasField("model_config"):
         problems += _model_problems(config.model_config)
-    return problems
+    return problems + unused_field_problems(config)
 
 
 def _data_problems(data_config) -> list[str]:

@@ -15,6 +15,7 @@ from hashrec.config import (
     load_pipeline_config,
     validate_pipeline_config,
 )
+from hashrec.config.unused import ignored_field_notes
 from hashrec.train.errors import TrainError
 
 
@@ -39,6 +40,11 @@ def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | N
         if value:
             setattr(config, field, value)
     validate_pipeline_config(config)
+    ignored = ignored_field_notes(config)
+    if ignored:
+        logging.getLogger("hashrec").warning(
+            "%s: HashRec ignores %s (they change nothing it trains)",
+            args.pipeline_config_path, ", ".join(ignored))
     return config
 
 

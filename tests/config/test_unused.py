@@ -1,0 +1,58 @@
+"""Config fields HashRec parses but does not act on: refused when they would change the
+model, noted when they would not."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from google.protobuf import text_format
+
+from hashrec.config import load_pipeline_config
+from hashrec.config.unused import ignored_field_notes, unused_field_problems
+
+EXAMPLE = "examples/multi_tower_din_taobao_dynamicemb.config"
+
+
+def example_with(text: str):
+    """The example config with ``text`` merged in (repeated fields appended)."""
+    return text_format.Merge(text, load_pipeline_config(EXAMPLE))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("train_config { gradient_accumulation_steps: 4 }",
+     "train_config.gradient_accumulation_steps is not supported"),
+    ('train_config { fine_tune_ckpt_param_map: "map.txt" }',
+     "train_config.fine_tune_ckpt_param_map is not supported"),
+    ('data_config { sample_weight_fields: "w" }',
+     "data_config.sample_weight_fields is not supported"),
+    ('feature_configs { id_feature { feature_name: "u" init_fn: "nn.init.zeros_" } }',
+     "feature 'u' \\(feature_configs\\[\\d+\\]\\): init_fn is not supported"),
+    ('feature_configs { raw_feature { feature_name: "p" data_type: "FP16" } }',
+     "feature 'p'.*data_type"),
+    ('feature_configs { sequence_feature { sequence_name: "s" features { id_feature { '
+     'feature_name: "i" use_mask: true } } } }', "feature 's__i'.*use_mask"),
+    ('model_config { feature_groups { group_name: "g" group_type: SEQUENCE sequence_groups { '
+     'group_name: "q" } } }', "model_config.feature_groups\\[\\d+\\].sequence_groups"),
+], ids=["accumulation", "param-map", "sample-weights", "init-fn", "data-type",
+        "sequence-mask", "sequence-groups"])
+def test_fields_that_would_change_the_model_are_refused(text, message):
+    problems = unused_field_problems(example_with(text))
+    assert len(problems) == 1
+    assert re.search(message, problems[0]), problems
+
+
+def test_defaults_and_harmless_values_pass():
+    text = ("train_config { gradient_accumulation_steps: 1 }\n"
+            'feature_configs { raw_feature { feature_name: "p" data_type: "FP32" } }')
+    assert unused_field_problems(example_with(text)) == []
+    assert unused_field_problems(load_pipeline_config(EXAMPLE)) == []
+
+
+def test_ignored_fields_are_noted():
+    assert ignored_field_notes(load_pipeline_config(EXAMPLE)) == []  # fg_mode: FG_NONE
+    notes = ignored_field_notes(example_with(
+        'train_config { is_profiling: true tensorboard_summaries: "loss" }\n'
+        "data_config { fg_mode: FG_DAG fg_encoded: true }"))
+    assert notes == ["train_config.is_profiling", "train_config.tensorboard_summaries",
+                     "data_config.fg_mode"]
