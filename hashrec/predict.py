@@ -268,6 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     from hashrec.train.cli import run_main, setup_logging
 
     setup_logging(0)
+    world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world_size > 1:
+        logger.error("hashrec.predict runs as one process (WORLD_SIZE is %d here): under "
+                     "torchrun every rank would write the same output; run it once, or once "
+                     "per share of the input with an output path each", world_size)
+        return 1
     if args.batch_size is not None and args.batch_size < 1:
         logger.error("--batch_size must be >= 1, got %d", args.batch_size)
         return 1

@@ -233,3 +233,12 @@ def test_a_bad_value_is_one_clear_error_with_or_without_workers(caplog, exported
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [f"DataError: {bad}: feature 'price': column 'price' row 100: value nan "
                       f"is not finite (NaN/inf are not allowed)"]
+
+
+def test_refuses_to_run_under_several_ranks(caplog, monkeypatch, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with caplog.at_level(logging.ERROR):
+        assert main(["--scripted_model_path", str(tmp_path), "--predict_input_path",
+                     str(tmp_path), "--predict_output_path", str(tmp_path / "o.parquet")]) == 1
+    assert "runs as one process (WORLD_SIZE is 2 here)" in caplog.text
+    assert not (tmp_path / "o.parquet").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import signal
 from collections.abc import Sequence
 
 import torch
@@ -143,8 +144,7 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
     pin = bool(getattr(data_config, "pin_memory", False)) and torch.cuda.is_available()
     dataset = build_dataset(data_config, feature_set, input_path, options, pin)
     context = _worker_context(start_method) if workers else None
-    init = functools.partial(_run_on_cores, tuple(worker_cores)) \
-        if workers and worker_cores else None
+    init = functools.partial(_init_worker, tuple(worker_cores) if worker_cores else None)
     return BatchLoader(dataset, batch_size=None, num_workers=int(workers), pin_memory=pin,
                        prefetch_factor=4 if workers else None, multiprocessing_context=context,
                        worker_init_fn=init)
@@ -186,8 +186,34 @@ class ReceivedItems:
             shutdown()
 
 
+def _init_worker(cores: tuple[int, ...] | None, worker_id: int) -> None:
+    """Loader ``worker_init_fn``: signals as below; the worker runs on ``cores`` (None:
+    those of the training process)."""
+    _worker_signals()
+    if cores is not None:
+        _run_on_cores(cores, worker_id)
+
+
+def _worker_signals() -> None:
+    """Ignore SIGINT, and end only on a second SIGTERM.
+
+    A Ctrl-C reaches the whole process group, and torchrun or a batch scheduler send
+    SIGTERM to it; a worker that ended then would fail the step the training process
+    finishes before its checkpoint (``hashrec.train.interrupt``). The training process
+    ends its workers itself (through their queues, or its own SIGTERM to a worker that
+    does not stop, which is then its second).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def second_ends(signum: int, frame) -> None:
+        del frame
+        signal.signal(signum, signal.SIG_DFL)
+
+    signal.signal(signal.SIGTERM, second_ends)
+
+
 def _run_on_cores(cores: tuple[int, ...], worker_id: int) -> None:
-    """Loader ``worker_init_fn``: the worker runs on ``cores``."""
+    """The worker runs on ``cores``."""
     del worker_id
     os.sched_setaffinity(0, cores)
 

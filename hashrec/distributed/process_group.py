@@ -231,6 +231,22 @@ def all_reduce_int(value: int, ctx: DistContext, op=dist.ReduceOp.SUM) -> int:
     return int(tensor.item())
 
 
+def all_reduce_int_async(value: int, ctx: DistContext, op=dist.ReduceOp.SUM):
+    """Starts :func:`all_reduce_int`; returns a function that waits for it and gives the
+    result (for an exchange made every step, read a step later so nobody waits)."""
+    if not ctx.is_distributed:
+        return lambda: value
+    group, device = _host_side(ctx, None)
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
+
+    def result() -> int:
+        work.wait()
+        return int(tensor.item())
+
+    return result
+
+
 def barrier(ctx: DistContext) -> None:
     """Wait for every rank (no-op without a process group)."""
     if ctx.is_distributed:

@@ -59,10 +59,26 @@ def distributed_context():
     return init_distributed()
 
 
-def setup_logging(rank: int) -> None:
+def setup_logging(rank: int, world_size: int = 1) -> None:
+    """INFO on rank 0, WARNING on the others; under several ranks each line names its
+    rank, so the warnings and errors of ranks other than 0 are told apart."""
+    where = f" [rank {rank}]" if world_size > 1 else ""
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s",
                         stream=sys.stderr)
+
+
+# Texts of gloo's errors when a peer's process ended (they come as plain RuntimeErrors).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
+def _lost_peer(err: BaseException) -> bool:
+    """Whether ``err`` is a collective failing because another rank is gone."""
+    import torch.distributed as dist
+
+    if isinstance(err, getattr(dist, "DistError", ())):
+        return True
+    return isinstance(err, RuntimeError) and any(text in str(err) for text in _PEER_GONE)
 
 
 def run_main(main: Callable[[], object]) -> int:
@@ -99,13 +115,19 @@ def run_distributed(args: argparse.Namespace, overrides: dict[str, str | None],
                     body: Callable[[object, object], object]) -> int:
     """Run ``body(config, ctx)`` as a (possibly torchrun) worker of a config command.
 
-    Joins the process group, logs on rank 0, loads the effective config
-    (``load_effective_config(args, overrides)``) and always leaves the process
-    group again, also when the config is rejected.
+    Joins the process group, logs on rank 0 (warnings and errors on every rank), loads
+    the effective config (``load_effective_config(args, overrides)``) and leaves the
+    process group again. After an error under several ranks it leaves at once, without
+    the barrier of a clean teardown: the error may be this rank's alone while the others
+    wait in a collective, and they learn of it when this process exits (torchrun ends
+    them; under gloo their collectives fail, which they report as a lost peer).
 
     Returns:
-        The exit code of :func:`run_main`: 0, or 1 after a user error.
+        The exit code of :func:`run_main`: 0, 1 after a user error, 128 + the signal
+        after a signal stopped training.
     """
+    from hashrec.distributed import DistributedError
+    from hashrec.train.interrupt import TrainInterrupted
 
     world_size = 1
 
@@ -115,11 +137,21 @@ def run_distributed(args: argparse.Namespace, overrides: dict[str, str | None],
 
         ctx = distributed_context()
         world_size = ctx.world_size
-        setup_logging(ctx.rank)
+        setup_logging(ctx.rank, ctx.world_size)
         try:
             body(load_effective_config(args, overrides), ctx)
-        finally:
+        except TrainInterrupted:  # every rank stopped after the same step
             teardown(ctx)
+            raise
+        except BaseException as err:
+            if ctx.world_size > 1 and _lost_peer(err):
+                raise DistributedError(
+                    f"rank {ctx.rank}: a collective failed because another rank is gone "
+                    f"({str(err).splitlines()[0][:200]}); its log says why") from None
+            if ctx.world_size == 1:
+                teardown(ctx)
+            raise
+        teardown(ctx)
 
     code = run_main(run)
     if world_size > 1:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 
@@ -87,6 +88,9 @@ def write_eval_result(model_dir: str, result: dict, rank: int = 0,
         return
     if checkpoint is not None:
         result = {**result, "checkpoint": os.path.abspath(checkpoint)}
+    # JSON has no NaN (an AUC of a single class is undefined): null instead.
+    result = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+              for k, v in result.items()}
     os.makedirs(model_dir, exist_ok=True)
     with open(os.path.join(model_dir, EVAL_RESULT_FILE), "a", encoding="utf-8") as f:
         f.write(json.dumps(result, sort_keys=True) + "\n")

@@ -7,9 +7,12 @@ loop finishes the step it is in, saves a checkpoint and ends with
 would. A second signal of either kind acts at once (SIGINT raises KeyboardInterrupt,
 SIGTERM ends the process) for a user who does not want to wait for the save.
 
-Under several ranks a signal may reach the ranks at different steps; they agree on
-stopping at the progress steps (``log_step_count_steps``), where they already
-exchange their counters, so every rank stops after the same step.
+Under several ranks a signal may reach some ranks only, or the ranks at different
+steps: every step each rank starts a host-side reduction of the signal it holds and
+reads the previous step's result (so nobody waits for it), and all stop after the
+same step, one step after the first rank noted a signal. Loader workers neither stop
+nor end on the first SIGINT or SIGTERM (``hashrec.data.loader``): the training
+process stops them when it is done with them.
 """
 
 from __future__ import annotations
@@ -39,14 +42,16 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self.agreed = False  # the loop stops (set by it: several ranks agree first)
+        # The signal the loop stops on (set by it: under several ranks, any rank's).
+        self.agreed: int | None = None
         self._previous: dict[int, object] = {}
         self._pid = os.getpid()
 
     @property
     def name(self) -> str | None:
-        """The first signal's name (``SIGINT``), None before any."""
-        return None if self.received is None else signal.Signals(self.received).name
+        """The name (``SIGINT``) of the signal agreed on, else of the one received."""
+        signum = self.agreed or self.received
+        return None if signum is None else signal.Signals(signum).name
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -77,3 +82,4 @@ class StopSignals:
         logger.warning("%s received: stopping after this step and saving a checkpoint "
                        "(send it again to stop at once, without saving)",
                        signal.Signals(signum).name)
+

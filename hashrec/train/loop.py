@@ -44,17 +44,20 @@ belong to the interrupted run, are moved aside and the next dump is full.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from hashrec.checkpoint import IncrementalDumper, discard_dumps_after
 from hashrec.checkpoint.tags import model_tag_tables
+from hashrec.data import DataError
 from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import FlatGradients
-from hashrec.distributed.process_group import all_gather_objects
+from hashrec.distributed.process_group import all_gather_objects, all_reduce_int_async
 from hashrec.train import checkpoints
 from hashrec.train.collection_schedule import CollectionSchedule
 from hashrec.train.distributed import global_table_counters, min_over_ranks
@@ -115,6 +118,26 @@ def prepare_ahead_from_env() -> int:
     return int(value)
 
 
+def check_same_input(dataset, path: str, ctx) -> None:
+    """Every rank must see the same training input: ranks split its rows by position,
+    so ranks that list other files (a path relative to another working directory, a
+    folder that differs between hosts) would train some rows twice and others never.
+
+    Raises:
+        DataError: the ranks' files (names and row counts, in order) differ.
+    """
+    pieces = [(os.path.basename(p.path), int(p.num_rows)) for p in dataset.pieces]
+    digest = hashlib.sha256(repr(pieces).encode()).hexdigest()[:16]
+    seen = all_gather_objects((digest, len({p.path for p in dataset.pieces}),
+                               int(dataset.num_rows)), ctx)
+    if len({entry[0] for entry in seen}) > 1:
+        ranks = "; ".join(f"rank {r}: {files} files, {rows} rows"
+                          for r, (_, files, rows) in enumerate(seen))
+        raise DataError(f"train input {path!r} differs between ranks ({ranks}); every rank "
+                        f"must read the same files (use an absolute path on a shared file "
+                        f"system)")
+
+
 def clip_gradients(parameters, grad_clipping) -> None:
     """Apply ``train_config.grad_clipping`` (norm | value | none) to dense gradients."""
     if grad_clipping is None:
@@ -148,6 +171,7 @@ class TrainLoop:
         self.readers = (session.world_size, int(data.num_workers), int(data.batch_size))
         self._check_readers(resume)
         self._signals: StopSignals | None = None
+        self._stop_reduction = None  # under several ranks: the last step's, unread
         # Training input per epoch, the next epoch's loader started ahead (run_epoch).
         self._inputs: EpochStream | None = None
         self._inputs_path: str | None = None
@@ -227,6 +251,9 @@ class TrainLoop:
                 while not self.done() and not self.stopping:
                     result = self.run_epoch(train_input_path) or result
                     self.collections.full()
+                if self._stop_reduction is not None:  # every rank started it: finish it
+                    self._stop_reduction()
+                    self._stop_reduction = None
                 self._finish_timing()
                 if self.last_saved != self.step:
                     result = self.checkpoint_and_evaluate(evaluate=not self.stopping) \
@@ -239,28 +266,30 @@ class TrainLoop:
             raise TrainInterrupted(
                 f"stopped by {self._signals.name} at step {self.step}; the checkpoint of "
                 f"step {self.step} is saved; run again with --continue_train to resume",
-                self._signals.received)
+                self._signals.agreed)
         self._log_end("")
         return result
 
     @property
     def stopping(self) -> bool:
         """A stop signal was agreed on (see ``_check_signals``)."""
-        return self._signals is not None and self._signals.agreed
+        return self._signals is not None and self._signals.agreed is not None
 
     def _check_signals(self) -> bool:
         """Whether to stop after this step: a signal was received (under several ranks:
-        by any rank, asked at the progress steps so that all stop after the same one)."""
+        by any rank as of the previous step, whose reduction this step reads, so that
+        all stop after the same step without waiting for each other)."""
         signals = self._signals
         if signals is None:
             return False
-        if self.ctx.is_distributed:
-            if not self.progress.due(self.step):
-                return False
-            signals.agreed = min_over_ranks(0 if signals.received else 1, self.ctx) == 0
-        else:
-            signals.agreed = signals.received is not None
-        return signals.agreed
+        if not self.ctx.is_distributed:
+            signals.agreed = signals.received
+            return self.stopping
+        agreed = self._stop_reduction() if self._stop_reduction is not None else 0
+        self._stop_reduction = all_reduce_int_async(signals.received or 0, self.ctx,
+                                                    dist.ReduceOp.MAX)
+        signals.agreed = agreed or None
+        return self.stopping
 
     def _log_end(self, prefix: str) -> None:
         if not self.session.is_chief:
@@ -329,8 +358,12 @@ class TrainLoop:
                     or self._check_signals():
                 return result
         if batches == 0 and not skip:
+            share = (f" (each of the {self.session.world_size} ranks reads about 1/"
+                     f"{self.session.world_size} of the rows)"
+                     if self.session.world_size > 1 else "")
             raise TrainError(f"train input {train_input_path!r} gave no batches in epoch "
-                             f"{self.epoch}; check the path and data_config.batch_size")
+                             f"{self.epoch}{share}; check the path and "
+                             f"data_config.batch_size")
         self.epoch += 1
         self.epoch_step = 0
         if self._due_epochs() and self.last_saved != self.step:
@@ -343,6 +376,8 @@ class TrainLoop:
         batches per epoch of every rank (the fewest any rank has)."""
         loader = self.session.train_stream(path, first, count)
         s, workers = self.session, loader.num_workers
+        if self.ctx.is_distributed:
+            check_same_input(loader.dataset, path, self.ctx)
         readers = loader.dataset.reader_batches(s.rank, workers)
         steps = min(sum(loader.dataset.reader_batches(rank, workers))
                     for rank in range(s.world_size))

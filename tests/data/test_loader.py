@@ -100,3 +100,30 @@ def test_workers_run_on_the_given_cores(taobao, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["worker0", "worker1"]
     for name in os.listdir(tmp_path):
         assert (tmp_path / name).read_text() == str(cores[0])
+
+
+def _signalled_worker(conn) -> None:
+    import os
+    import signal
+
+    from hashrec.data.loader import _init_worker
+
+    _init_worker(None, 0)
+    os.kill(os.getpid(), signal.SIGINT)  # ignored: Ctrl-C reaches the process group
+    os.kill(os.getpid(), signal.SIGTERM)  # the first one leaves the worker running
+    conn.send("alive")
+    os.kill(os.getpid(), signal.SIGTERM)  # the second one ends it
+    conn.send("still alive")
+
+
+def test_workers_outlast_a_first_sigint_and_sigterm():
+    import multiprocessing
+    import signal
+
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    worker = context.Process(target=_signalled_worker, args=(send,))
+    worker.start()
+    worker.join(timeout=60)
+    assert receive.recv() == "alive" and not receive.poll()
+    assert worker.exitcode == -signal.SIGTERM

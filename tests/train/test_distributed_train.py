@@ -90,3 +90,119 @@ def test_torchrun_train_eval_writes_per_rank_shards_and_one_result(tmp_path):
     assert results[1]["num_examples"] == EVAL_ROWS
     assert results[1]["auc"] == pytest.approx(trained["auc"], abs=1e-6)
     assert results[1]["loss"] == pytest.approx(trained["loss"], rel=1e-5)
+
+
+def _torchrun_cmd(module: str, *args: str, edits: dict) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", module,
+            *args, "--edit_config_json", json.dumps({**EDITS, **edits})]
+
+
+def _rank_pid(root: int, rank: int) -> int | None:
+    """The pid of the worker of ``rank`` (its environment's RANK) below process ``root``."""
+    parents, environ = {}, {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ[int(entry)] = f.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+    below, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - below
+        below |= frontier
+    found = [pid for pid in below if f"RANK={rank}".encode() in environ.get(pid, [])]
+    return min(found) if found else None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
+    import signal
+    import time
+
+    data = tmp_path / "data"
+    generate(str(data), 801, seed=5, scale=0.001, eval_rows=EVAL_ROWS, quiet=True)
+    model_dir = tmp_path / "model"
+    cmd = _torchrun_cmd("hashrec.train_eval", "--pipeline_config_path", CONFIG,
+                        "--model_dir", str(model_dir), "--train_input_path",
+                        str(data / "train"), edits={"train_config.num_epochs": 1000,
+                                                    "eval_input_path": ""})
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 240
+            while "step 6 " not in log.read_text() and time.monotonic() < deadline:
+                assert proc.poll() is None, log.read_text()[-4000:]
+                time.sleep(0.5)
+            pid = _rank_pid(proc.pid, 1)
+            assert pid is not None
+            os.kill(pid, signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log.read_text()
+    stops = [line.split("stopped by SIGTERM at step ")[1].split(";")[0]
+             for line in text.splitlines() if "stopped by SIGTERM at step" in line]
+    assert len(stops) == 2 and stops[0] == stops[1], text[-4000:]
+    assert "WARNING hashrec.train [rank 1]: SIGTERM received" in text
+    assert "[rank 0]: SIGTERM received" not in text  # rank 0 stopped on rank 1's signal
+    assert text.count("exitcode  : 143") == 2 and "TypeError" not in text  # torchrun's report
+    assert os.path.isfile(model_dir / f"model.ckpt-{stops[0]}" / "DONE")
+
+
+def test_an_error_on_one_rank_ends_every_rank(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    generate(str(data), 801, seed=5, scale=0.001, eval_rows=EVAL_ROWS, quiet=True)
+    (part,) = sorted((data / "train").glob("*.parquet"))
+    table = pq.read_table(part)
+    price = table.column("price").to_numpy().copy()
+    price[450:460] = float("nan")  # in one rank's share only
+    pq.write_table(table.set_column(table.schema.get_field_index("price"), "price",
+                                    pa.array(price)), part)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        _torchrun_cmd("hashrec.train_eval", "--pipeline_config_path", CONFIG, "--model_dir",
+                      str(tmp_path / "model"), "--train_input_path", str(data / "train"),
+                      edits={"eval_input_path": ""}),
+        cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
+    assert run.returncode != 0
+    errors = [line for line in run.stderr.splitlines() if " ERROR hashrec [rank " in line]
+    assert any("DataError" in line and "not finite" in line for line in errors), run.stderr
+    assert any("another rank is gone" in line for line in errors), run.stderr
+
+
+def test_ranks_reading_other_files_are_refused(tmp_path):
+    data = tmp_path / "data"
+    generate(str(data), 801, seed=5, scale=0.001, eval_rows=EVAL_ROWS, quiet=True)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    # A relative input path read from each rank's working directory: rank 1's holds
+    # a copy of the data with one file fewer.
+    for rank, files in ((0, 2), (1, 1)):
+        where = tmp_path / f"cwd{rank}" / "train"
+        where.mkdir(parents=True)
+        part = sorted((data / "train").glob("*.parquet"))[0]
+        for copy in range(files):
+            (where / f"part-{copy:05d}.parquet").write_bytes(part.read_bytes())
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import os, runpy, sys\n"
+        f"os.chdir(os.path.join({str(tmp_path)!r}, 'cwd' + os.environ['RANK']))\n"
+        "sys.argv = ['hashrec.train_eval', *sys.argv[1:]]\n"
+        "runpy.run_module('hashrec.train_eval', run_name='__main__')\n")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script),
+           "--pipeline_config_path", CONFIG, "--model_dir", str(tmp_path / "model"),
+           "--train_input_path", "train", "--edit_config_json",
+           json.dumps({**EDITS, "eval_input_path": ""})]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240,
+                         env={**env, "PYTHONPATH": ROOT})
+    assert run.returncode != 0
+    assert "differs between ranks (rank 0: 2 files" in run.stderr, run.stderr[-4000:]
