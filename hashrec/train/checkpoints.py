@@ -7,7 +7,10 @@ in progress, so a resumed run continues where it stopped: the partly trained
 epoch's first batches are read again (the order of the rest depends on them) but
 not trained. They are the same batches when the readers are laid out as before
 (ranks, loader workers, batch size; also in ``extra``); otherwise the count is
-skipped and a warning says the batches differ.
+skipped and a warning says the batches differ. The random generators' states are not
+saved: rows first inserted after a resume draw other initial values than they would
+have in one uninterrupted run (the data order, steps, tables and optimizer state are
+those of the checkpoint), so the two runs agree closely, not bit for bit.
 """
 
 from __future__ import annotations

@@ -42,6 +42,15 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
     Returns:
         ``{"step": step, "<metric>": value, ..., "loss": mean loss, "num_examples": n}``.
     """
+    # Evaluating draws from torch's random generators (the eval loader's seed, say), which
+    # new rows' initial values in training also draw from: their states are put back after,
+    # so that an evaluation leaves the training run as it was.
+    devices = [session.device] if session.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        return _evaluate(session, input_path, step, max_steps)
+
+
+def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
     model = session.model
     log_every = session.config.eval_config.log_step_count_steps if session.is_chief else 0
     metrics = build_metrics(session.config.model_config.metrics, session.device)

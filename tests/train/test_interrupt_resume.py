@@ -8,6 +8,7 @@ import os
 import signal
 
 import pytest
+import torch
 from small_din import generate_data, small_loop
 
 from hashrec.checkpoint import discard_dumps_after, latest_checkpoint
@@ -155,3 +156,18 @@ def test_evaluation_logs_its_progress(data_dir, tmp_path, caplog):
     assert result["num_examples"] == 1500
     assert "eval at step 0: 2 batches" in caplog.text
     assert "eval at step 0: 6 batches" in caplog.text
+
+
+def test_evaluating_on_the_way_leaves_the_training_run_as_it_was(data_dir, tmp_path):
+    from small_din import trained_state
+
+    edits = {**EPOCH, "train_config.num_steps": 5}
+    plain = small_loop(tmp_path / "plain", edits=edits)
+    plain.run(str(data_dir))
+    evaluated = small_loop(tmp_path / "evaluated", edits={
+        **edits, "train_config.save_checkpoints_steps": 2, "eval_input_path": str(data_dir)})
+    evaluated.run(str(data_dir))
+    assert (tmp_path / "evaluated" / "eval_result.txt").read_text().count("\n") == 3
+    want, got = trained_state(plain), trained_state(evaluated)
+    assert want.keys() == got.keys()
+    assert [name for name in want if not torch.equal(want[name], got[name])] == []
