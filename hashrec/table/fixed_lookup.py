@@ -11,7 +11,8 @@ subsets are masks, so nothing is read back on the host except what decides growt
 
 * at ``max_capacity`` the lookup reads nothing back, except the refused count:
   every lookup under ``check_mode`` ERROR, at most once a minute under WARNING
-  (whose warnings come at most once a minute anyway);
+  (whose warnings come at most once a minute anyway; after a read that found none,
+  a copy to the host that never waits tells when refusals come);
 * below it, one read of two counts per insert round tells whether a bucket
   overflowed (then the table grows and the refused keys retry, as in the
   reference path), plus one read of the admitted count when the load factor may
@@ -75,6 +76,8 @@ class FixedSizeLookup:
     _refused_warned_at = -math.inf
     _refused_unread: torch.Tensor | None = None  # device-side count not yet read (WARNING)
     _refused_read_at = -math.inf
+    _refused_quiet = False  # the last WARNING read found no refusal
+    _refused_copy = None  # (host copy, CUDA event | None) of the unread refused count
     _seed_sequence: random.Random | None = None  # seeds of in-kernel random initializers
     # Counter sums not yet in _stats, by the tuple of counter names (_add_device_counts).
     _device_counts: dict[tuple[str, ...], torch.Tensor] | None = None
@@ -84,6 +87,7 @@ class FixedSizeLookup:
     _refused_unannounced = 0  # refused inserts read from the totals, not yet warned about
     # Captured training lookups (LookupGraphs); False where they are not used.
     _lookup_graphs = None
+    _operation = "lookup"  # the public write call running (named by refusal errors)
 
     def _announce_refused(self, refused: int) -> None:
         """Raises (ERROR) or warns (WARNING: at most once a minute, with the count since
@@ -95,15 +99,45 @@ class FixedSizeLookup:
                 return
             refused, self._refused_pending = self._refused_pending, 0
             self._refused_warned_at = time.monotonic()
-        message = (f"table {self.options.name!r}: {refused} inserts refused (their buckets are "
-                   f"full at max_capacity={self.options.max_capacity} and hold no entry from "
-                   f"before this call with a lower score, "
-                   f"score_strategy={self.options.score_strategy.value}); refused keys read as "
-                   f"the initializer value. Raise max_capacity or bucket_capacity.")
+        message = (f"table {self.options.name!r}: {refused} inserts refused ({self._why_refused()}"
+                   f"); {self._what_refused_means(mode)}. Raise max_capacity or "
+                   f"bucket_capacity{self._refusal_hint()}.")
         if mode is CheckMode.ERROR:
             raise TableFullError(message)
         if mode is CheckMode.WARNING:
             logger.warning(message)
+
+    def _why_refused(self) -> str:
+        strategy = self.options.score_strategy
+        full = f"their buckets are full at max_capacity={self.options.max_capacity}"
+        if strategy is ScoreStrategy.NO_EVICTION:
+            return f"{full} and score_strategy=NO_EVICTION never evicts"
+        return (f"{full} and every entry there is one this call touched or scores higher than "
+                f"the incoming key, score_strategy={strategy.value}")
+
+    def _refusal_hint(self) -> str:
+        if self.options.score_strategy is ScoreStrategy.CUSTOMIZED:
+            return ", or give the keys to keep higher scores"
+        if self.options.score_strategy is ScoreStrategy.NO_EVICTION:
+            return ", or use a score strategy that evicts"
+        return ""
+
+    def _what_refused_means(self, mode: CheckMode) -> str:
+        """What the refused keys became: by operation under ERROR (raised by the call
+        that refused), for every operation under WARNING (a sum over a minute)."""
+        effects = {
+            "lookup": "the refused keys read as the admission / eval initializer value and "
+                      "get no gradient update",
+            "find_or_insert": "the refused keys read as the admission / eval initializer "
+                              "value and are not stored",
+            "insert_or_assign": "the refused keys' values were not stored",
+            "load_state": "the refused keys' rows were not loaded and are lost from this "
+                          "table",
+        }
+        if mode is CheckMode.ERROR:
+            return f"in {self._operation}, {effects[self._operation]}"
+        return ("refused keys of lookup and find_or_insert read as the admission / eval "
+                "initializer value; those of insert_or_assign and load_state were not stored")
 
     def _fixed_path(self) -> bool:
         """Whether lookups take the fixed-size path: Triton ops and rows in the index."""
@@ -162,7 +196,11 @@ class FixedSizeLookup:
             self._report_refused_fixed(self._count_in_place(counted, refused))
             replayed = slots, values, counted["hits"]
         slots, values, hits = replayed
-        return expand_rows(self.storage, slots, hits, values, unique.inverse)
+        values, found = expand_rows(self.storage, slots, hits, values, unique.inverse)
+        # The counters above hold the unique keys; stats() counts every key of the batch.
+        self._add_device_counts(("lookups", "hits"), torch.stack([
+            unique.inverse.numel() - unique.count.reshape(()), found.sum() - hits.sum()]))
+        return values, found
 
     def _assign_slots(self, keys: torch.Tensor, tags: torch.Tensor | None,
                       counts: torch.Tensor, given: torch.Tensor | None,
@@ -463,13 +501,17 @@ class FixedSizeLookup:
             self._size_hint += stored
             if left == 0:
                 return slots, placed, 0, None
-            self._rehash(self.storage.num_buckets * 2)
+            self._rehash(self._next_bucket_count())
             slots = torch.where(hit | placed, find_slots(self.storage, keys, tags), slots)
 
     def _report_refused_fixed(self, refused: torch.Tensor | int | None) -> None:
         """Counts refused inserts on the device; reads the count for every lookup under
         ERROR, at most once a minute under WARNING, never under IGNORE. None: this
-        lookup's count is in the device totals (``_count_in_place``)."""
+        lookup's count is in the device totals (``_count_in_place``).
+
+        A WARNING read that finds nothing does not hold back the next refusals for a
+        minute: until one is found, each lookup copies its count to the host without
+        waiting (``_refused_seen``) and a copy that shows refusals triggers the read."""
         mode = self.options.check_mode
         if refused is not None and (not isinstance(refused, torch.Tensor)
                                     or mode is CheckMode.ERROR):
@@ -480,13 +522,40 @@ class FixedSizeLookup:
             if mode is CheckMode.WARNING:
                 unread = self._refused_unread
                 self._refused_unread = refused if unread is None else unread + refused
-        if mode is not CheckMode.WARNING or (
-                time.monotonic() - self._refused_read_at < REFUSED_WARNING_INTERVAL_S):
+        if mode is not CheckMode.WARNING:
             return
-        self._refused_read_at = time.monotonic()
+        if time.monotonic() - self._refused_read_at < REFUSED_WARNING_INTERVAL_S and not (
+                self._refused_quiet and self._refused_seen()):
+            return
+        totals = [names for names in (self._device_totals or {}) if names[-1] == "refused"]
+        if self._refused_unread is None and not totals and not self._refused_unannounced:
+            return  # nothing on the device can hold a refusal: no read, no window started
         self._fold_device_counts()  # the totals' refused count, read once a minute
         unread = self._refused_unannounced + (
             int(self._refused_unread) if self._refused_unread is not None else 0)
         self._refused_unread, self._refused_unannounced = None, 0
+        self._refused_read_at, self._refused_quiet = time.monotonic(), unread == 0
+        self._refused_copy = None
         if unread:
             self._announce_refused(unread)
+
+    def _refused_seen(self) -> bool:
+        """Whether an earlier copy of the unread refused count, landed on the host by now,
+        shows refusals. Never waits for the device: copies the count without blocking
+        (pinned memory and an event on a GPU) and reads a copy only once it has landed."""
+        if self._refused_unread is None:
+            return False
+        copy = self._refused_copy
+        if copy is None:
+            cuda = self._refused_unread.is_cuda
+            host = torch.zeros(1, dtype=torch.int64, pin_memory=cuda)
+            host.copy_(self._refused_unread.reshape(1), non_blocking=cuda)
+            event = torch.cuda.Event() if cuda else None
+            if event is not None:
+                event.record()
+            copy = self._refused_copy = (host, event)
+        host, event = copy
+        if event is not None and not event.query():
+            return False
+        self._refused_copy = None  # the next lookup copies the count anew
+        return int(host.numpy()[0]) > 0  # host memory, landed: no device read

@@ -6,9 +6,11 @@ scores are the table's step at the last access, TIMESTAMP the wall clock in
 microseconds, LFU the access count, CUSTOMIZED the caller's score; NO_EVICTION
 scores like STEP but refuses instead of evicting.
 
-Capacity starts at ``init_capacity`` and doubles (rehashing, losing nothing) when
+Capacity starts near ``init_capacity`` and grows (rehashing, losing nothing) when
 the load factor would pass ``max_load_factor`` or a bucket overflows, up to
-``max_capacity``; only then do inserts evict. Rows are ``[embedding | optimizer
+``max_capacity``; only then do inserts evict. Growth doubles the bucket count, or
+multiplies it by the smallest factor left of max_capacity's bucket count where that
+is odd (``TableOptions.init_capacity``). Rows are ``[embedding | optimizer
 state]``. Where rows live follows ``options.storage_mode`` (see
 ``hashrec.table.tiers``): HBM_ONLY keeps them on ``options.device``; HYBRID
 splits them by bucket between the device and pinned host memory; CACHING keeps
@@ -53,21 +55,86 @@ logger = logging.getLogger(__name__)
 
 
 class LookupResult(NamedTuple):
-    """slots (u,) int64 (-1 = not stored) and values (u, dim) float32."""
+    """slots (u,) int64 (-1 = not stored), values (u, dim) float32, and the table's
+    ``version`` after the lookup.
+
+    The slots address rows until the table changes them: growth (a rehash, which bumps
+    ``HashTable.version``) moves every entry; a later write call at max_capacity
+    (``lookup(train=True)``, ``find_or_insert``, ``insert_or_assign``, ``load_state``)
+    may evict a key and give its slot to another; ``erase`` frees slots. Pass
+    ``version`` to ``apply_gradients`` to have slots from before a growth refused;
+    eviction and erase are not detected (apply the gradients before the next write).
+    """
 
     slots: torch.Tensor
     values: torch.Tensor
+    version: int = -1
+
+
+def _smallest_factor(n: int) -> int:
+    """The smallest factor > 1 of ``n`` >= 2 (``n`` itself when prime)."""
+    factor = 2
+    while factor * factor <= n:
+        if n % factor == 0:
+            return factor
+        factor += 1
+    return n
 
 
 def _initial_buckets(options: TableOptions) -> tuple[int, int]:
-    """(initial, max) bucket counts; initial * 2**k == max so growth is exact doubling."""
+    """(initial, max) bucket counts: the initial count is the smallest divisor of the max
+    count that holds ``init_capacity``, so that growth (``_next_buckets``) reaches the max
+    count exactly with each count a multiple of the one before (what rehash needs)."""
     bc = options.bucket_capacity
     max_buckets = math.ceil(options.max_capacity / bc)
     wanted = math.ceil((options.init_capacity or options.max_capacity) / bc)
-    shift = int(math.floor(math.log2(max_buckets / wanted))) if wanted < max_buckets else 0
-    while shift > 0 and max_buckets % (1 << shift):
-        shift -= 1
-    return max_buckets >> shift, max_buckets
+    initial, divisor = max_buckets, 1
+    while divisor * divisor <= max_buckets:
+        if max_buckets % divisor == 0:
+            for count in (divisor, max_buckets // divisor):
+                if wanted <= count < initial:
+                    initial = count
+        divisor += 1
+    return initial, max_buckets
+
+
+def _next_buckets(num_buckets: int, max_buckets: int) -> int:
+    """The bucket count growth goes to from ``num_buckets`` (a divisor of ``max_buckets``):
+    twice as many where the max count allows, else the smallest multiple that divides it."""
+    return num_buckets * _smallest_factor(max_buckets // num_buckets)
+
+
+def _warn_if_init_capacity_unmet(options: TableOptions, initial: int) -> None:
+    """Warns when the initial allocation is more than twice ``init_capacity``: the bucket
+    count of max_capacity has no divisor near it (growth must multiply up to it)."""
+    start = initial * options.bucket_capacity
+    if options.init_capacity is None or start <= 2 * options.init_capacity:
+        return
+    max_buckets = math.ceil(options.max_capacity / options.bucket_capacity)
+    logger.warning(
+        "table %r: init_capacity=%d allocates %d slots: the table grows by whole multiples "
+        "up to max_capacity's %d buckets of %d, and %d has no divisor between %d and %d. "
+        "Pick a max_capacity whose bucket count has small factors (e.g. a multiple of "
+        "bucket_capacity * 2**k) to start near init_capacity.", options.name,
+        options.init_capacity, start, max_buckets, options.bucket_capacity, max_buckets,
+        math.ceil(options.init_capacity / options.bucket_capacity), initial)
+
+
+def _build_device(options: TableOptions) -> torch.device:
+    """``options.device`` made concrete; TableError when this torch cannot allocate on it."""
+    device = options.device
+    available = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        reason = "this torch build or machine has no CUDA device"
+    elif device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        reason = f"only {torch.cuda.device_count()} CUDA devices are visible"
+    elif device.type not in ("cpu", "cuda"):
+        reason = "tables are stored on cpu or cuda devices only"
+    else:
+        return concrete_device(device)
+    raise TableError(f"table {options.name!r}: device={str(device)!r} is not usable: {reason} "
+                     f"(available: {', '.join(available)}); set TableOptions.device to one of "
+                     f"them")
 
 
 class HashTable(FixedSizeLookup, TableState):
@@ -83,15 +150,16 @@ class HashTable(FixedSizeLookup, TableState):
         self.options = options
         self.dim = options.dim
         self.row_dim = options.row_dim
-        self.device = concrete_device(options.device)
+        self.device = _build_device(options)
         self.step = 0
         initial, self._max_buckets = _initial_buckets(options)
+        _warn_if_init_capacity_unmet(options, initial)
+        self.version = 0  # bumped by growth, which moves every slot (LookupResult.version)
         self.storage = TableStorage.empty(initial, options.bucket_capacity,
                                           index_row_dim(options), options.dtype, self.device)
         self._rows = make_row_store(options, self.storage)
-        self._initializer = options.initializer.resolved(options.dim, options.max_capacity)
-        self._eval_initializer = options.eval_initializer.resolved(options.dim,
-                                                                   options.max_capacity)
+        self._initializer = self._resolve(options.initializer, "initializer")
+        self._eval_initializer = self._resolve(options.eval_initializer, "eval_initializer")
         self._counter = None
         self._admission_initializer = None
         if options.admission is not None:
@@ -99,8 +167,8 @@ class HashTable(FixedSizeLookup, TableState):
             self._counter = AdmissionCounter(adm.threshold,
                                              adm.counter_capacity or options.max_capacity,
                                              adm.counter_bucket_capacity, self.device)
-            self._admission_initializer = adm.initializer.resolved(options.dim,
-                                                                   options.max_capacity)
+            self._admission_initializer = self._resolve(adm.initializer,
+                                                        "admission.initializer")
         self._generator = None
         if options.seed is not None:
             self._generator = torch.Generator(self.device).manual_seed(options.seed)
@@ -110,6 +178,10 @@ class HashTable(FixedSizeLookup, TableState):
                 device=self.device, dtype=options.dtype)
         self._stats: Counter[str] = Counter()  # ints, or 0-d device tensors (no host read)
         self._size_hint: int | None = None  # exact size kept by the fixed-size path
+
+    def _resolve(self, args: InitializerArgs, field_name: str) -> InitializerArgs:
+        return args.resolved(self.dim, self.options.max_capacity,
+                             f"table {self.options.name!r} {field_name}")
 
     # ----------------------------------------------------------------- sizes
     def size(self) -> int:
@@ -130,9 +202,12 @@ class HashTable(FixedSizeLookup, TableState):
 
     def stats(self) -> dict[str, int | float]:
         """Counters: lookups, hits, inserts, evictions, refused, admission_rejected,
-        counter_evictions, growths, plus size and capacity; HYBRID adds device_rows and
-        host_rows, CACHING adds cache_rows, cache_lookups, cache_hits, cache_hit_rate,
-        fetched_rows, prefetched_rows, written_back_rows and host_direct_rows."""
+        counter_evictions, growths, plus size and capacity. ``lookups`` counts every key
+        passed to ``lookup`` (the active ones), ``find`` and ``find_or_insert``,
+        duplicates included; ``hits`` those of them stored before the call. HYBRID adds
+        device_rows and host_rows, CACHING adds cache_rows, cache_lookups, cache_hits,
+        cache_hit_rate, fetched_rows, prefetched_rows, written_back_rows and
+        host_direct_rows."""
         self._fold_device_counts()
         out = {name: int(self._stats[name]) for name in (
             "lookups", "hits", "inserts", "evictions", "refused", "admission_rejected",
@@ -226,11 +301,15 @@ class HashTable(FixedSizeLookup, TableState):
         return self._now(counts.numel())
 
     # ---------------------------------------------------------------- growth
+    def _next_bucket_count(self) -> int:
+        return _next_buckets(self.storage.num_buckets, self._max_buckets)
+
     def _rehash(self, num_buckets: int) -> None:
         old = self.storage
         self.storage = rehash(old, num_buckets)
         self._rows.regrow(old, self.storage)
         self._stats["growths"] += 1
+        self.version += 1
 
     def _grow_for(self, incoming: int, size: int | None = None) -> bool:
         grown = False
@@ -239,7 +318,7 @@ class HashTable(FixedSizeLookup, TableState):
         size = self.size() if size is None and num_buckets < self._max_buckets else size
         while (num_buckets < self._max_buckets
                and size + incoming > limit * num_buckets * self.storage.bucket_capacity):
-            num_buckets *= 2
+            num_buckets = _next_buckets(num_buckets, self._max_buckets)
             grown = True
         if grown:
             self._rehash(num_buckets)
@@ -261,7 +340,7 @@ class HashTable(FixedSizeLookup, TableState):
             pending = pending[result.slots < 0]
             if at_max or pending.numel() == 0:
                 break
-            self._rehash(self.storage.num_buckets * 2)
+            self._rehash(_next_buckets(self.storage.num_buckets, self._max_buckets))
             rehashed = True
             placed = torch.nonzero(slots >= 0).flatten()
             slots[placed] = find_slots(self.storage, keys[placed], _take(tags, placed))
@@ -355,13 +434,15 @@ class HashTable(FixedSizeLookup, TableState):
         """Looks up unique keys for a forward pass.
 
         Args:
-            keys: (u,) int64 unique keys.
+            keys: (u,) int64 unique (key, tag) pairs: repeats raise ValueError on the
+                reference path; the Triton path does not check (that would read the
+                device back) and its counters are then wrong.
             tags: (u,) int32 namespaces or None.
             train: True counts admission, inserts admitted keys (initialized rows),
                 updates scores, grows and evicts; False is read-only and missing keys
                 read as eval_initializer.
             counts: (u,) int64 occurrences of each key in the batch (LFU and admission
-                count by multiplicity); None = 1 each.
+                count by multiplicity), >= 1 (checked as the keys are); None = 1 each.
             scores: (u,) int64 caller scores (CUSTOMIZED only).
             active: (u,) bool or None (all): only the active keys are looked up (they
                 must be unique among themselves); the others may repeat them and read
@@ -374,16 +455,12 @@ class HashTable(FixedSizeLookup, TableState):
                 makes no difference.
 
         Returns:
-            LookupResult(slots (u,) int64, -1 = not stored; values (u, dim) float32).
+            LookupResult(slots (u,) int64, -1 = not stored; values (u, dim) float32;
+            version). The slots are valid until the table grows, evicts or erases (see
+            ``LookupResult``).
         """
-        keys, tags = self._keys(keys, tags)
+        keys, tags, counts, active = self._lookup_inputs(keys, tags, counts, scores, active)
         n = keys.numel()
-        if counts is None:
-            counts = torch.ones(n, dtype=torch.int64, device=self.device)
-        counts = check_vector(self.options.name, "counts", counts, torch.int64, self.device, n)
-        if active is not None:
-            active = check_vector(self.options.name, "active", active, torch.bool,
-                                  self.device, n)
         fixed = self._fixed_path()
         if active is not None and not fixed:  # the reference path: the active keys alone
             picked = active.nonzero().squeeze(1)
@@ -392,20 +469,53 @@ class HashTable(FixedSizeLookup, TableState):
             slots = torch.full((n,), -1, dtype=torch.int64, device=self.device)
             values = torch.zeros(n, self.dim, dtype=part.values.dtype, device=self.device)
             return LookupResult(slots.index_copy_(0, picked, part.slots),
-                                values.index_copy_(0, picked, part.values))
+                                values.index_copy_(0, picked, part.values), self.version)
         self._rows.begin_batch()
         if fixed:
             given = self._scores(scores, n) if train else None
+            self._operation = "lookup"
             return LookupResult(*self._lookup_fixed(keys, tags, counts, given, train, active,
-                                                    stored_rows))
+                                                    stored_rows), self.version)
         if not train:
             slots = find_slots(self.storage, keys, tags)
             self._count_lookups(slots)
-            return LookupResult(slots, self._read(slots, keys, tags, self._eval_initializer))
+            return LookupResult(slots, self._read(slots, keys, tags, self._eval_initializer),
+                                self.version)
+        self._operation = "lookup"
         slots, _ = self._upsert(keys, tags, counts, self._scores(scores, n), admit=True)
-        return LookupResult(slots, self._read(slots, keys, tags, self._train_missing_args()))
+        return LookupResult(slots, self._read(slots, keys, tags, self._train_missing_args()),
+                            self.version)
+
+    def _lookup_inputs(self, keys: object, tags: object, counts: object, scores: object,
+                       active: object) -> tuple:
+        """``lookup``'s inputs checked: (keys, tags, counts, active). Values (counts >= 1,
+        unique active keys) are checked on the reference path, which reads the device
+        back anyway; the Triton path reads nothing back and does not check them."""
+        name = self.options.name
+        keys, tags = self._keys(keys, tags)
+        n = keys.numel()
+        if counts is None:
+            counts = torch.ones(n, dtype=torch.int64, device=self.device)
+        counts = check_vector(name, "counts", counts, torch.int64, self.device, n)
+        if scores is not None:
+            check_vector(name, "scores", scores, torch.int64, self.device, n)
+        if active is not None:
+            active = check_vector(name, "active", active, torch.bool, self.device, n)
+        if n and not self._fixed_path():
+            picked = slice(None) if active is None else active
+            if bool((counts[picked] < 1).any()):
+                raise ValueError(f"table {name!r}: counts must be >= 1 (occurrences of each "
+                                 f"key in the batch), got {int(counts[picked].min())}")
+            unique = unique_pairs(keys[picked], _take(tags, picked))[0]
+            if unique.numel() != keys[picked].numel():
+                raise ValueError(
+                    f"table {name!r}: lookup got {keys[picked].numel() - unique.numel()} "
+                    f"repeated (key, tag) pairs; its keys must be unique (find_or_insert "
+                    f"takes duplicates, or deduplicate with torch.unique and pass counts)")
+        return keys, tags, counts, active
 
     def _count_lookups(self, slots: torch.Tensor) -> None:
+        """Counts ``slots``' keys as looked up (stats: every key the caller passed)."""
         self._stats["lookups"] += slots.numel()
         self._stats["hits"] += (slots >= 0).sum()  # device-side: read by stats() only
 
@@ -429,11 +539,13 @@ class HashTable(FixedSizeLookup, TableState):
         Missing keys are admitted (when admission is on), inserted and initialized;
         ``founds`` tells which keys were stored before the call. Duplicates count
         by multiplicity for LFU and admission; with CUSTOMIZED a key takes the
-        largest of its scores.
+        largest of its scores (``insert_or_assign`` takes the last one, with its value).
+        ``stats()`` counts every key of the batch, duplicates included, as ``find`` does.
         """
         keys, tags = self._keys(keys, tags)
         scores = self._scores(scores, keys.numel())
         self._rows.begin_batch()
+        self._operation = "find_or_insert"
         if keys.numel() and self._fixed_path():  # fixed sizes: the unique count stays there
             from hashrec.table.ops.dedup import unique_pairs_fixed  # Triton only
 
@@ -443,18 +555,24 @@ class HashTable(FixedSizeLookup, TableState):
         slots, found = self._upsert(unique, utags, counts, _largest(scores, unique, inverse),
                                     admit=True)
         values = self._read(slots, unique, utags, self._train_missing_args())
+        # The upsert counted the unique keys: the repeats count too (device-side sums).
+        self._stats["lookups"] += keys.numel() - unique.numel()
+        self._stats["hits"] += found[inverse].sum() - found.sum()
         return values[inverse], found[inverse]
 
     def insert_or_assign(self, keys: torch.Tensor, values: torch.Tensor,
                          scores: torch.Tensor | None = None,
                          tags: torch.Tensor | None = None) -> None:
-        """Stores ``values`` (n, dim) for keys (n,) int64; the last duplicate wins.
+        """Stores ``values`` (n, dim) for keys (n,) int64; the last duplicate wins, and
+        with CUSTOMIZED its score too (``find_or_insert`` keeps a key's largest score).
 
-        No admission; refused inserts are reported by check_mode.
+        No admission; refused inserts are reported by check_mode. ``values`` are copied
+        in (a tensor that requires grad is detached: the table is not part of autograd).
         """
         keys, tags = self._keys(keys, tags)
         values = check_matrix(self.options.name, "values", values, keys.numel(), self.dim,
                               self.device)
+        self._operation = "insert_or_assign"
         self._assign(keys, tags, values, self._scores(scores, keys.numel()), exact=False)
 
     def _assign(self, keys: torch.Tensor, tags: torch.Tensor | None, rows: torch.Tensor,
@@ -504,23 +622,57 @@ class HashTable(FixedSizeLookup, TableState):
         return find_slots(self.storage, keys, tags) >= 0
 
     def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor,
-                        lr: float | None = None, step: int | None = None) -> None:
+                        lr: float | None = None, step: int | None = None,
+                        version: int | None = None) -> None:
         """In-place optimizer update of rows ``slots`` (u,) unique with grads (u, dim).
 
-        Negative slots (keys the lookup did not store) get no update.
+        Negative slots (keys the lookup did not store) get no update. ``slots`` come
+        from a lookup and stay valid only until the table grows, evicts or erases
+        (``LookupResult``): a stale slot updates whichever key holds it now.
 
-        ``lr`` overrides the optimizer's lr; ``step`` (1-based, for Adam bias
-        correction) defaults to the table's step (at least 1).
+        Args:
+            slots: (u,) int64 below capacity(). Checked on the reference path; the
+                Triton path does not check (that would read the device back at every
+                step) and writes out of bounds with a larger slot.
+            grads: (u, dim) float gradients (detached).
+            lr: overrides the optimizer's lr; a finite number >= 0.
+            step: 1-based step for Adam's bias correction (an int >= 1); None: the
+                table's step (at least 1).
+            version: the lookup's ``LookupResult.version``; when given, slots from
+                before a growth are refused with a TableError.
         """
         spec = self.options.optimizer
+        name = self.options.name
         if spec is None:
-            raise TableError(f"table {self.options.name!r} has no optimizer; set "
+            raise TableError(f"table {name!r} has no optimizer; set "
                              f"TableOptions.optimizer to update rows")
-        slots = check_vector(self.options.name, "slots", slots, torch.int64, self.device)
-        grads = check_matrix(self.options.name, "grads", grads, slots.numel(), self.dim,
-                             self.device)
-        self._rows.update(slots, grads, spec, spec.lr if lr is None else lr,
-                          max(self.step, 1) if step is None else step)
+        if version is not None and version != self.version:
+            raise TableError(f"table {name!r}: slots from version {version} are stale, the "
+                             f"table grew since (version {self.version}) and moved every "
+                             f"entry; look the keys up again before applying gradients")
+        slots = check_vector(name, "slots", slots, torch.int64, self.device)
+        grads = check_matrix(name, "grads", grads, slots.numel(), self.dim, self.device)
+        if slots.numel() and not self._fixed_path() and int(slots.max()) >= self.capacity():
+            raise ValueError(f"table {name!r}: slots must be < capacity() "
+                             f"({self.capacity()}), got {int(slots.max())}; pass the slots "
+                             f"of this table's latest lookup")
+        self._rows.update(slots, grads, spec, _checked_lr(name, spec.lr if lr is None else lr),
+                          max(self.step, 1) if step is None else _checked_step(name, step))
+
+
+def _checked_lr(table: str, lr: object) -> float:
+    ok = isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr)
+    if not ok or lr < 0:
+        raise ValueError(f"table {table!r}: lr={lr!r} is not valid; allowed: a finite "
+                         f"number >= 0")
+    return lr
+
+
+def _checked_step(table: str, step: object) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"table {table!r}: step={step!r} is not valid; allowed: an int >= 1 "
+                         f"(1-based, for Adam's bias correction)")
+    return step
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

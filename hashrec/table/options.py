@@ -68,11 +68,18 @@ def coerce_enum(enum_cls: type[enum.Enum], value: Any, field_name: str) -> enum.
     raise ValueError(f"{field_name}={value!r} is not valid; allowed: {allowed}")
 
 
-def _check_int(field_name: str, value: Any, minimum: int, optional: bool = False) -> None:
+SEED_LIMIT = 2 ** 63  # seeds are int64 (torch generators, the key hash): [0, 2**63)
+
+
+def _check_int(field_name: str, value: Any, minimum: int, optional: bool = False,
+               maximum: int | None = None) -> None:
     if optional and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{field_name}={value!r} is not valid; allowed: an int >= {minimum}")
+    if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
+            or (maximum is not None and value > maximum)):
+        allowed = f"an int >= {minimum}" if maximum is None else \
+            f"an int in [{minimum}, {maximum}]"
+        raise ValueError(f"{field_name}={value!r} is not valid; allowed: {allowed}")
 
 
 def _check_float(field_name: str, value: Any, optional: bool = False) -> None:
@@ -119,11 +126,26 @@ class InitializerArgs:
         if self.lower is not None and self.upper is not None and self.lower > self.upper:
             raise ValueError(
                 f"lower={self.lower!r} is not valid; allowed: lower <= upper ({self.upper!r})")
-        _check_int("key_seed", self.key_seed, minimum=0, optional=True)
+        _check_int("key_seed", self.key_seed, minimum=0, optional=True,
+                   maximum=SEED_LIMIT - 1)
 
-    def resolved(self, dim: int, max_capacity: int) -> InitializerArgs:
-        """Returns a copy with dynamicemb's defaults filled in for this table."""
+    def resolved(self, dim: int, max_capacity: int, field_name: str = "initializer"
+                 ) -> InitializerArgs:
+        """Returns a copy with dynamicemb's defaults filled in for this table.
+
+        Raises:
+            ValueError: a UNIFORM bound set on one side only crosses the other side's
+                default, +-sqrt(1 / max_capacity) (naming ``field_name``).
+        """
         bound = math.sqrt(1.0 / max_capacity)
+        lower = -bound if self.lower is None else self.lower
+        upper = bound if self.upper is None else self.upper
+        if lower > upper:
+            side, value = ("upper", upper) if self.upper is None else ("lower", lower)
+            raise ValueError(
+                f"{field_name}: lower={lower!r} > upper={upper!r}, where {side}={value!r} is "
+                f"the default {'+' if side == 'upper' else '-'}sqrt(1 / max_capacity) for "
+                f"max_capacity={max_capacity}; allowed: lower <= upper, so set {side} too")
         return replace(
             self,
             std_dev=math.sqrt(1.0 / dim) if self.std_dev is None else self.std_dev,
@@ -170,7 +192,11 @@ class TableOptions:
         dim: embedding dimension.
         max_capacity: most entries the table holds; rounded up to whole buckets.
         init_capacity: entries allocated at start, per rank (None -> max_capacity). Rounded up
-            so that doubling reaches the bucket count of max_capacity exactly.
+            to the smallest divisor of max_capacity's bucket count that holds it; growth then
+            doubles, or multiplies by the smallest factor left where the count is odd, up to
+            that bucket count exactly (max_capacity 10,000,000 = 78,125 buckets of 128 with
+            init_capacity 1,000,000 starts at 2,000,000 slots and grows 5x once). A warning
+            says when this allocates more than twice init_capacity.
         bucket_capacity: slots per bucket; a key lives only in its bucket.
         score_strategy: STEP | TIMESTAMP | LFU | CUSTOMIZED | NO_EVICTION.
         initializer: how admitted keys' embeddings start (training).
@@ -249,7 +275,9 @@ class TableOptions:
             raise ValueError(f"caching={self.caching!r} is not valid; allowed: True, False")
         if self.dtype not in _FLOAT_DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not valid; allowed: {_FLOAT_DTYPES}")
-        _check_int("seed", self.seed, minimum=0, optional=True)
+        _check_int("seed", self.seed, minimum=0, optional=True, maximum=SEED_LIMIT - 1)
+        if not isinstance(self.name, str):
+            raise ValueError(f"name={self.name!r} is not valid; allowed: a str")
         try:
             device = torch.device("cpu" if self.device is None else self.device)
         except (RuntimeError, TypeError) as exc:

@@ -14,7 +14,10 @@ import torch
 from hashrec.table.errors import TableError
 from hashrec.table.fixed_lookup import PROTECTED as _PROTECTED
 from hashrec.table.ops.export import occupied_slots
+from hashrec.table.unique import unique_pairs
 from hashrec.table.validation import check_matrix, check_vector
+
+_INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 
 class TableState:
@@ -33,14 +36,30 @@ class TableState:
                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Yields (keys (k,), values (k, dim) float32, scores (k,)) with k <= batch_size.
 
-        ``tag`` keeps only that namespace. The table must not change while iterating.
+        ``tag`` (an int32 namespace) keeps only that namespace; batches left empty by it
+        are skipped. The table must not change while iterating.
         """
+        tag = self._checked_tag(tag)
         for slots in self._export_slots(batch_size):
             if tag is not None:
                 slots = slots[self.storage.tags[slots] == tag]
+                if slots.numel() == 0:
+                    continue
             yield (self.storage.keys[slots],
                    self._rows.read(slots, 0, self.dim, admit=False).to(torch.float32),
                    self.storage.scores[slots])
+
+    def _checked_tag(self, tag: object) -> int | None:
+        if tag is None:
+            return None
+        name = self.options.name
+        if isinstance(tag, bool) or not isinstance(tag, int):
+            raise TypeError(f"table {name!r}: tag={tag!r} is not valid; allowed: None or an "
+                            f"int (a namespace of the fused table)")
+        if not _INT32_MIN <= tag <= _INT32_MAX:
+            raise ValueError(f"table {name!r}: tag={tag!r} is not valid; allowed: an int in "
+                             f"[{_INT32_MIN}, {_INT32_MAX}] (tags are int32)")
+        return tag
 
     def export_state(self, batch_size: int
                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -65,12 +84,30 @@ class TableState:
                 deduplication. Duplicates passed with True corrupt the index.
         """
         keys, tags = self._keys(keys, tags)
+        self._check_row_width(rows)
         rows = check_matrix(self.options.name, "rows", rows, keys.numel(), self.row_dim,
                             self.device)
         scores = check_vector(self.options.name, "scores", scores, torch.int64, self.device,
                               keys.numel())
+        self._operation = "load_state"
         self._assign(keys, tags, rows, scores.clamp(max=_PROTECTED - 1), exact=True,
                      assume_unique=bool(assume_unique))
+
+    def _check_row_width(self, rows: object) -> None:
+        """ValueError explaining row_dim when ``rows`` is a matrix of another width. Equal
+        widths of another dim / optimizer are not detectable here: the checkpoint layer
+        compares its metadata (dims, optimizer) before loading."""
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or \
+                rows.shape[1] == self.row_dim:
+            return
+        opts = self.options
+        optimizer = "none" if opts.optimizer is None else type(opts.optimizer).__name__
+        raise ValueError(
+            f"table {opts.name!r}: rows must be (n, row_dim={self.row_dim}) with row_dim = "
+            f"dim {opts.dim} + {opts.state_dim} optimizer state columns (optimizer "
+            f"{optimizer}), got {rows.shape[1]} columns: the rows come from a table with "
+            f"another dim or optimizer. Load rows that this table's export_state wrote, or "
+            f"build the table with the dim and optimizer of the saved one")
 
     def admission_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(keys, tags, counts) of the admission counters (empty without admission)."""
@@ -81,10 +118,17 @@ class TableState:
 
     def load_admission_state(self, keys: torch.Tensor, tags: torch.Tensor | None,
                              counts: torch.Tensor) -> None:
-        """Restores admission counters of unique keys."""
+        """Restores admission counters of unique (key, tag) pairs with counts >= 1."""
         keys, tags = self._keys(keys, tags)
-        counts = check_vector(self.options.name, "counts", counts, torch.int64, self.device,
-                              keys.numel())
+        name = self.options.name
+        counts = check_vector(name, "counts", counts, torch.int64, self.device, keys.numel())
+        if keys.numel() and bool((counts < 1).any()):
+            raise ValueError(f"table {name!r}: admission counts must be >= 1, got "
+                             f"{int(counts.min())}; load what admission_state() returned")
+        if unique_pairs(keys, tags)[0].numel() != keys.numel():
+            raise ValueError(f"table {name!r}: admission state has repeated (key, tag) "
+                             f"pairs; each key has one counter: load what admission_state() "
+                             f"returned")
         if self._counter is None:
             if keys.numel():
                 raise TableError(f"table {self.options.name!r} has no admission; cannot load "

@@ -41,10 +41,11 @@ def check_optional_vector(table: str, name: str, value: object, dtype: torch.dty
 
 def check_matrix(table: str, name: str, value: object, rows: int, cols: int,
                  device: torch.device) -> torch.Tensor:
-    """Returns ``value`` if it is a (rows, cols) floating tensor on ``device``."""
+    """Returns ``value``, detached, if it is a (rows, cols) floating tensor on ``device``
+    (the table copies it in; storage never joins an autograd graph)."""
     ok = (isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() == 2
           and tuple(value.shape) == (rows, cols) and value.device == device)
     if not ok:
         raise ValueError(f"table {table!r}: {name} must be a ({rows}, {cols}) float tensor on "
                          f"{device}, got {_describe(value)}")
-    return value
+    return value.detach()

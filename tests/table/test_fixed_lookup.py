@@ -566,3 +566,38 @@ def test_found_masks_split_a_find_over_the_keys_that_take_part(masked):
     none = found_masks(slots.clone(), None, torch.tensor([1], device=device))
     assert not none[4].item() and none[2].tolist() == [False] * 7
 
+
+
+@pytest.mark.parametrize("triton", [False, True], ids=["reference", "fixed"])
+def test_stats_count_every_key_of_find_or_insert(triton):
+    with _backend(triton):
+        table = HashTable(_options("STEP", False, False))
+        table.find_or_insert(torch.tensor([1, 1, 2]))
+        table.find_or_insert(torch.tensor([1, 3, 1, 1]))
+        stats = table.stats()
+    assert (stats["lookups"], stats["hits"]) == (7, 3)
+
+
+def test_refusals_after_a_read_that_found_none_are_warned_about_without_delay(caplog,
+                                                                          monkeypatch):
+    """A WARNING read at max_capacity that finds no refusal starts no once-a-minute
+    window: the next refusals are seen (in a copy that never waits for the device) and
+    warned about within the minute, and reading reads nothing more back per lookup."""
+    import logging
+    import time
+
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    options = dataclasses.replace(_options("NO_EVICTION", False, True, check_mode="WARNING"),
+                                  init_capacity=64)
+    with _backend(True), caplog.at_level(logging.WARNING):
+        table = HashTable(options)
+        table.lookup(torch.arange(4))  # at max_capacity, nothing refused: a read of 0
+        clock[0] += 10.0
+        with SyncCounter() as mode:
+            table.lookup(torch.arange(4, 8))  # still nothing refused
+        assert sum(mode.counts.values()) == 0, dict(mode.counts)
+        clock[0] += 10.0
+        table.lookup(torch.arange(100, 200))  # refuses
+    refused = table.stats()["refused"]
+    assert refused > 0 and f"{refused} inserts refused" in caplog.text

@@ -350,3 +350,195 @@ def test_load_state_last_duplicate_wins_across_tags():
     table.load_state(keys, tags, rows, torch.tensor([10, 20, 30, 40]))
     assert _state_of(table) == {(4, 1): ([4.0, 5.0], 30), (4, 2): ([2.0, 3.0], 20),
                                 (9, 1): ([6.0, 7.0], 40)}
+
+
+@pytest.mark.parametrize("max_capacity, init, start", [
+    (10_000_000, 1_000_000, 2_000_000), (8192, 256, 256), (1536, 200, 256), (1280, 128, 128)],
+    ids=["decimal-10m", "pow2", "three-times-pow2", "five-times-pow2"])
+def test_init_capacity_starts_near_init_and_grows_to_max(max_capacity, init, start):
+    from hashrec.table.hash_table import _initial_buckets, _next_buckets
+
+    opts = TableOptions(dim=1, max_capacity=max_capacity, init_capacity=init)
+    initial, max_buckets = _initial_buckets(opts)
+    assert initial * 128 == start
+    counts = [initial]
+    while counts[-1] < max_buckets:
+        counts.append(_next_buckets(counts[-1], max_buckets))
+        assert counts[-1] % counts[-2] == 0  # rehash needs a multiple
+    assert counts[-1] == max_buckets
+
+
+def test_growth_of_a_decimal_max_capacity_keeps_every_entry():
+    table = HashTable(TableOptions(dim=2, max_capacity=2000, init_capacity=200,
+                                   bucket_capacity=20, check_mode="ERROR"))
+    keys = torch.randint(INT64_MIN, INT64_MAX, (360,), generator=torch.Generator().manual_seed(3))
+    values = torch.randn(360, 2)
+    capacities = [table.capacity()]
+    for start in range(0, 360, 60):
+        table.insert_or_assign(keys[start:start + 60], values[start:start + 60])
+        capacities.append(table.capacity())
+    assert sorted(set(capacities)) == [200, 400, 2000]  # 10 buckets, x2, then x5
+    assert table.stats()["evictions"] == 0
+    found_values, founds = table.find(keys)
+    assert bool(founds.all()) and torch.equal(found_values, values)
+
+
+def test_init_capacity_far_from_any_divisor_warns(caplog):
+    with caplog.at_level(logging.WARNING):
+        table = HashTable(TableOptions(dim=1, max_capacity=1270, init_capacity=100,
+                                       bucket_capacity=10, name="prime"))
+    assert table.capacity() == 1270  # 127 buckets: prime
+    assert "'prime': init_capacity=100 allocates 1270 slots" in caplog.text
+
+
+def test_values_that_require_grad_are_copied_in_detached():
+    table = HashTable(TableOptions(dim=2, max_capacity=64, optimizer=SparseAdagrad()))
+    param = torch.nn.Parameter(torch.ones(2, 2))
+    table.insert_or_assign(torch.tensor([1, 2]), param)
+    table.load_state(torch.tensor([3]), None, torch.ones(1, 4, requires_grad=True),
+                     torch.tensor([0]))
+    slots = table.lookup(torch.tensor([1])).slots
+    table.apply_gradients(slots, torch.ones(1, 2, requires_grad=True))
+    assert not table.storage.values.requires_grad
+    values, _ = table.find(torch.tensor([1, 2, 3]))
+    assert values.grad_fn is None and not values.requires_grad
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"slots": [1000]}, "slots must be < capacity"),
+    ({"step": 0}, "step=0"),
+    ({"step": -1}, "step=-1"),
+    ({"step": 1.0}, "step=1.0"),
+    ({"lr": -0.1}, "lr=-0.1"),
+    ({"lr": float("nan")}, "lr=nan"),
+], ids=["slot-past-capacity", "step-0", "step-negative", "step-float", "lr-negative", "lr-nan"])
+def test_apply_gradients_checks_slots_step_and_lr(kwargs, match):
+    from hashrec.table import SparseAdam
+
+    table = HashTable(TableOptions(dim=2, max_capacity=64, optimizer=SparseAdam(),
+                                   name="user_id"))
+    slots = table.lookup(torch.tensor([5])).slots
+    if "slots" in kwargs:
+        slots = torch.tensor(kwargs.pop("slots"))
+    with pytest.raises(ValueError, match=match) as info:
+        table.apply_gradients(slots, torch.ones(1, 2), **kwargs)
+    assert "user_id" in str(info.value)
+
+
+def test_apply_gradients_refuses_slots_from_before_a_growth():
+    table = HashTable(TableOptions(dim=2, max_capacity=1024, init_capacity=16,
+                                   bucket_capacity=16, optimizer=SparseAdagrad()))
+    result = table.lookup(torch.tensor([1]))
+    table.apply_gradients(result.slots, torch.ones(1, 2), version=result.version)
+    table.find_or_insert(torch.arange(100, 200))  # grows: every slot moves
+    with pytest.raises(TableError, match="stale"):
+        table.apply_gradients(result.slots, torch.ones(1, 2), version=result.version)
+    fresh = table.lookup(torch.tensor([1]))
+    table.apply_gradients(fresh.slots, torch.ones(1, 2), version=fresh.version)
+
+
+def test_lookup_of_repeated_keys_is_refused():
+    table = HashTable(TableOptions(dim=2, max_capacity=64))
+    with pytest.raises(ValueError, match="2 repeated"):
+        table.lookup(torch.tensor([7, 7, 7]))
+    with pytest.raises(ValueError, match="repeated"):
+        table.lookup(torch.tensor([7, 8, 7]), active=torch.tensor([True, True, True]))
+    table.lookup(torch.tensor([7, 7, 8]), tags=torch.tensor([0, 1, 0], dtype=torch.int32))
+    table.lookup(torch.tensor([7, 8, 7]), active=torch.tensor([True, True, False]))
+    assert table.size() == 3
+
+
+def test_lookup_checks_scores_before_the_active_mask():
+    table = HashTable(TableOptions(dim=2, max_capacity=64, score_strategy="CUSTOMIZED",
+                                   name="user_id"))
+    with pytest.raises(ValueError, match="'user_id': scores must be"):
+        table.lookup(torch.tensor([1, 2]), active=torch.tensor([True, False]),
+                     scores=torch.tensor([1]))
+
+
+def test_export_batch_checks_the_tag_and_skips_empty_batches():
+    table = HashTable(TableOptions(dim=1, max_capacity=256, bucket_capacity=16, name="ns"))
+    table.insert_or_assign(torch.arange(100), torch.zeros(100, 1),
+                           tags=torch.full((100,), 3, dtype=torch.int32))
+    table.insert_or_assign(torch.tensor([5]), torch.zeros(1, 1))
+    batches = list(table.export_batch(16, tag=0))
+    assert [b[0].tolist() for b in batches] == [[5]]
+    assert sum(b[0].numel() for b in table.export_batch(16, tag=3)) == 100
+    for tag, error in [(2**32, ValueError), (-(2**31) - 1, ValueError), (1.0, TypeError),
+                       ("1", TypeError), (True, TypeError)]:
+        with pytest.raises(error, match="'ns': tag="):
+            list(table.export_batch(16, tag=tag))
+
+
+@pytest.mark.parametrize("counts, keys, match", [
+    ([1, 2], [4, 4], "repeated"), ([0, 1], [4, 5], ">= 1"), ([-2, 1], [4, 5], ">= 1")],
+    ids=["repeated-key", "zero-count", "negative-count"])
+def test_admission_counts_must_be_positive_and_keys_unique(counts, keys, match):
+    table = HashTable(TableOptions(dim=2, max_capacity=64, name="adm",
+                                   admission=AdmissionOptions(threshold=3)))
+    with pytest.raises(ValueError, match=match) as info:
+        table.load_admission_state(torch.tensor(keys), None, torch.tensor(counts))
+    assert "'adm'" in str(info.value)
+    if match == ">= 1":
+        with pytest.raises(ValueError, match="counts must be >= 1"):
+            table.lookup(torch.tensor(keys), counts=torch.tensor(counts))
+    assert table.admission_state()[0].numel() == 0
+
+
+def test_stats_count_every_key_of_find_and_find_or_insert():
+    table = HashTable(TableOptions(dim=2, max_capacity=64))
+    table.find_or_insert(torch.tensor([1, 1, 2]))
+    assert (table.stats()["lookups"], table.stats()["hits"]) == (3, 0)
+    table.find_or_insert(torch.tensor([1, 1, 3]))
+    assert (table.stats()["lookups"], table.stats()["hits"]) == (6, 2)
+    table.find(torch.tensor([1, 1, 4]))
+    assert (table.stats()["lookups"], table.stats()["hits"]) == (9, 4)
+
+
+def test_load_state_of_another_row_width_explains_row_dim():
+    table = HashTable(TableOptions(dim=4, max_capacity=64, optimizer=SparseAdagrad(),
+                                   name="user_id"))
+    with pytest.raises(ValueError) as info:
+        table.load_state(torch.tensor([1]), None, torch.zeros(1, 5), torch.tensor([0]))
+    message = str(info.value)
+    assert "row_dim=8" in message and "dim 4 + 4 optimizer state columns" in message
+    assert "SparseAdagrad" in message and "export_state" in message
+
+
+def test_device_this_torch_cannot_use_raises_table_error():
+    with pytest.raises(TableError, match="'t': device='meta' is not usable"):
+        HashTable(TableOptions(dim=2, max_capacity=64, device="meta", name="t"))
+    if not torch.cuda.is_available():
+        with pytest.raises(TableError, match="device='cuda' is not usable.*available: cpu"):
+            HashTable(TableOptions(dim=2, max_capacity=64, device="cuda", name="t"))
+
+
+def test_uniform_bound_crossing_the_default_names_where_it_came_from():
+    opts = TableOptions(dim=2, max_capacity=256, initializer=InitializerArgs(lower=0.5))
+    with pytest.raises(ValueError, match=r"upper=0.0625 is the default \+sqrt\(1 / "
+                                         r"max_capacity\) for max_capacity=256"):
+        HashTable(opts)
+
+
+@pytest.mark.parametrize("strategy, operation, reason, effect", [
+    ("NO_EVICTION", "find_or_insert", "NO_EVICTION never evicts", "are not stored"),
+    ("NO_EVICTION", "load_state", "NO_EVICTION never evicts", "rows were not loaded"),
+    ("CUSTOMIZED", "insert_or_assign", "scores higher than the incoming key",
+     "values were not stored"),
+], ids=["no-eviction-find-or-insert", "no-eviction-load-state", "customized-assign"])
+def test_refusal_errors_name_the_reason_and_what_the_operation_lost(strategy, operation,
+                                                                     reason, effect):
+    table = HashTable(TableOptions(dim=2, max_capacity=4, bucket_capacity=4,
+                                   score_strategy=strategy, check_mode="ERROR"))
+    scores = torch.arange(5, 0, -1) if strategy == "CUSTOMIZED" else None
+    keys = torch.arange(5)
+    with pytest.raises(TableFullError) as info:
+        if operation == "find_or_insert":
+            table.find_or_insert(keys, scores=scores)
+        elif operation == "load_state":
+            table.load_state(keys, None, torch.zeros(5, 2), torch.arange(5, 0, -1))
+        else:
+            table.insert_or_assign(keys, torch.zeros(5, 2), scores=scores)
+    message = str(info.value)
+    assert reason in message and f"in {operation}" in message and effect in message
+    assert "initializer" not in message or operation == "find_or_insert"

@@ -39,6 +39,9 @@ def test_enums_accept_strings_any_case():
         ({"max_load_factor": 1.5}, "max_load_factor", "1.5"),
         ({"optimizer": "adam"}, "optimizer", "'adam'"),
         ({"admission": 3}, "admission", "3"),
+        ({"seed": 2**70}, "seed", str(2**70)),
+        ({"seed": 2**63}, "seed", str(2**63)),
+        ({"name": 3}, "name", "3"),
     ],
     ids=lambda v: str(v) if not isinstance(v, dict) else "-".join(v),
 )
@@ -63,9 +66,11 @@ def test_invalid_table_options_name_field_and_value(kwargs, field, value):
          "counter_bucket_capacity"),
         (lambda: SparseAdam(beta1=1.0), "beta1"),
         (lambda: SparseRowWiseAdagrad(lr=-0.1), "lr"),
+        (lambda: SparseAdam(lr=float("nan")), "lr"),
+        (lambda: InitializerArgs(key_seed=2**63), "key_seed"),
     ],
     ids=["mode", "std_dev", "lower-upper", "mean-nan", "threshold", "counter-bucket", "beta1",
-         "lr"],
+         "lr", "lr-nan", "key-seed-past-int64"],
 )
 def test_invalid_sub_options(build, field):
     with pytest.raises(ValueError, match=f"{field}="):
@@ -94,3 +99,8 @@ def test_row_dim_includes_optimizer_state():
     assert TableOptions(dim=8, max_capacity=8).row_dim == 8
     assert TableOptions(dim=8, max_capacity=8, optimizer=SparseAdam()).row_dim == 24
     assert TableOptions(dim=8, max_capacity=8, optimizer=SparseRowWiseAdagrad()).row_dim == 9
+
+
+def test_largest_seeds_are_accepted():
+    TableOptions(dim=2, max_capacity=64, seed=2**63 - 1,
+                 initializer=InitializerArgs(key_seed=2**63 - 1))
