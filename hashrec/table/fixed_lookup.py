@@ -11,8 +11,8 @@ subsets are masks, so nothing is read back on the host except what decides growt
 
 * at ``max_capacity`` the lookup reads nothing back, except the refused count:
   every lookup under ``check_mode`` ERROR, at most once a minute under WARNING
-  (whose warnings come at most once a minute anyway; after a read that found none,
-  a copy to the host that never waits tells when refusals come);
+  (whose warnings come at most once a minute anyway; on the CPU, after a read that
+  found none, a copy of the count a lookup tells when refusals come);
 * below it, one read of two counts per insert round tells whether a bucket
   overflowed (then the table grows and the refused keys retry, as in the
   reference path), plus one read of the admitted count when the load factor may
@@ -77,7 +77,6 @@ class FixedSizeLookup:
     _refused_unread: torch.Tensor | None = None  # device-side count not yet read (WARNING)
     _refused_read_at = -math.inf
     _refused_quiet = False  # the last WARNING read found no refusal
-    _refused_copy = None  # (host copy, CUDA event | None) of the unread refused count
     _seed_sequence: random.Random | None = None  # seeds of in-kernel random initializers
     # Counter sums not yet in _stats, by the tuple of counter names (_add_device_counts).
     _device_counts: dict[tuple[str, ...], torch.Tensor] | None = None
@@ -510,8 +509,9 @@ class FixedSizeLookup:
         lookup's count is in the device totals (``_count_in_place``).
 
         A WARNING read that finds nothing does not hold back the next refusals for a
-        minute: until one is found, each lookup copies its count to the host without
-        waiting (``_refused_seen``) and a copy that shows refusals triggers the read."""
+        minute on the CPU: until one is found, each lookup copies its count to the host
+        (``_refused_seen``) and a copy that shows refusals triggers the read. On a GPU
+        such a read still starts the minute's window."""
         mode = self.options.check_mode
         if refused is not None and (not isinstance(refused, torch.Tensor)
                                     or mode is CheckMode.ERROR):
@@ -535,27 +535,15 @@ class FixedSizeLookup:
             int(self._refused_unread) if self._refused_unread is not None else 0)
         self._refused_unread, self._refused_unannounced = None, 0
         self._refused_read_at, self._refused_quiet = time.monotonic(), unread == 0
-        self._refused_copy = None
         if unread:
             self._announce_refused(unread)
 
     def _refused_seen(self) -> bool:
-        """Whether an earlier copy of the unread refused count, landed on the host by now,
-        shows refusals. Never waits for the device: copies the count without blocking
-        (pinned memory and an event on a GPU) and reads a copy only once it has landed."""
-        if self._refused_unread is None:
+        """Whether the unread refused count shows refusals, where reading it costs no
+        wait for a device: on the CPU. On a GPU (False) a copy and an event a lookup, in
+        the training step's hot path, are not measured yet, so there a read that found
+        none still starts the minute's window, as it always did."""
+        unread = self._refused_unread
+        if unread is None or unread.is_cuda:
             return False
-        copy = self._refused_copy
-        if copy is None:
-            cuda = self._refused_unread.is_cuda
-            host = torch.zeros(1, dtype=torch.int64, pin_memory=cuda)
-            host.copy_(self._refused_unread.reshape(1), non_blocking=cuda)
-            event = torch.cuda.Event() if cuda else None
-            if event is not None:
-                event.record()
-            copy = self._refused_copy = (host, event)
-        host, event = copy
-        if event is not None and not event.query():
-            return False
-        self._refused_copy = None  # the next lookup copies the count anew
-        return int(host.numpy()[0]) > 0  # host memory, landed: no device read
+        return int(unread.reshape(1).numpy()[0]) > 0  # host memory: no device read
