@@ -22,7 +22,6 @@ mode, so the modes give the same lookups, updates and exports.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter
 from typing import NamedTuple
@@ -30,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from hashrec.table.admission import AdmissionCounter
+from hashrec.table.capacity import initial_buckets, next_buckets, warn_if_init_capacity_unmet
 from hashrec.table.errors import TableError
 from hashrec.table.fixed_lookup import PROTECTED as _PROTECTED
 from hashrec.table.fixed_lookup import FixedSizeLookup
@@ -45,10 +45,12 @@ from hashrec.table.table_state import TableState
 from hashrec.table.tiers import index_row_dim, make_row_store
 from hashrec.table.unique import unique_pairs
 from hashrec.table.validation import (
+    build_device,
     check_matrix,
     check_optional_vector,
     check_vector,
-    concrete_device,
+    checked_lr,
+    checked_step,
 )
 
 logger = logging.getLogger(__name__)
@@ -71,72 +73,6 @@ class LookupResult(NamedTuple):
     version: int = -1
 
 
-def _smallest_factor(n: int) -> int:
-    """The smallest factor > 1 of ``n`` >= 2 (``n`` itself when prime)."""
-    factor = 2
-    while factor * factor <= n:
-        if n % factor == 0:
-            return factor
-        factor += 1
-    return n
-
-
-def _initial_buckets(options: TableOptions) -> tuple[int, int]:
-    """(initial, max) bucket counts: the initial count is the smallest divisor of the max
-    count that holds ``init_capacity``, so that growth (``_next_buckets``) reaches the max
-    count exactly with each count a multiple of the one before (what rehash needs)."""
-    bc = options.bucket_capacity
-    max_buckets = math.ceil(options.max_capacity / bc)
-    wanted = math.ceil((options.init_capacity or options.max_capacity) / bc)
-    initial, divisor = max_buckets, 1
-    while divisor * divisor <= max_buckets:
-        if max_buckets % divisor == 0:
-            for count in (divisor, max_buckets // divisor):
-                if wanted <= count < initial:
-                    initial = count
-        divisor += 1
-    return initial, max_buckets
-
-
-def _next_buckets(num_buckets: int, max_buckets: int) -> int:
-    """The bucket count growth goes to from ``num_buckets`` (a divisor of ``max_buckets``):
-    twice as many where the max count allows, else the smallest multiple that divides it."""
-    return num_buckets * _smallest_factor(max_buckets // num_buckets)
-
-
-def _warn_if_init_capacity_unmet(options: TableOptions, initial: int) -> None:
-    """Warns when the initial allocation is more than twice ``init_capacity``: the bucket
-    count of max_capacity has no divisor near it (growth must multiply up to it)."""
-    start = initial * options.bucket_capacity
-    if options.init_capacity is None or start <= 2 * options.init_capacity:
-        return
-    max_buckets = math.ceil(options.max_capacity / options.bucket_capacity)
-    logger.warning(
-        "table %r: init_capacity=%d allocates %d slots: the table grows by whole multiples "
-        "up to max_capacity's %d buckets of %d, and %d has no divisor between %d and %d. "
-        "Pick a max_capacity whose bucket count has small factors (e.g. a multiple of "
-        "bucket_capacity * 2**k) to start near init_capacity.", options.name,
-        options.init_capacity, start, max_buckets, options.bucket_capacity, max_buckets,
-        math.ceil(options.init_capacity / options.bucket_capacity), initial)
-
-
-def _build_device(options: TableOptions) -> torch.device:
-    """``options.device`` made concrete; TableError when this torch cannot allocate on it."""
-    device = options.device
-    available = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    if device.type == "cuda" and not torch.cuda.is_available():
-        reason = "this torch build or machine has no CUDA device"
-    elif device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        reason = f"only {torch.cuda.device_count()} CUDA devices are visible"
-    elif device.type not in ("cpu", "cuda"):
-        reason = "tables are stored on cpu or cuda devices only"
-    else:
-        return concrete_device(device)
-    raise TableError(f"table {options.name!r}: device={str(device)!r} is not usable: {reason} "
-                     f"(available: {', '.join(available)}); set TableOptions.device to one of "
-                     f"them")
-
-
 class HashTable(FixedSizeLookup, TableState):
     """Dynamic embedding table (see the module docstring for scores and growth).
 
@@ -150,10 +86,10 @@ class HashTable(FixedSizeLookup, TableState):
         self.options = options
         self.dim = options.dim
         self.row_dim = options.row_dim
-        self.device = _build_device(options)
+        self.device = build_device(options)
         self.step = 0
-        initial, self._max_buckets = _initial_buckets(options)
-        _warn_if_init_capacity_unmet(options, initial)
+        initial, self._max_buckets = initial_buckets(options)
+        warn_if_init_capacity_unmet(options, initial)
         self.version = 0  # bumped by growth, which moves every slot (LookupResult.version)
         self.storage = TableStorage.empty(initial, options.bucket_capacity,
                                           index_row_dim(options), options.dtype, self.device)
@@ -302,7 +238,7 @@ class HashTable(FixedSizeLookup, TableState):
 
     # ---------------------------------------------------------------- growth
     def _next_bucket_count(self) -> int:
-        return _next_buckets(self.storage.num_buckets, self._max_buckets)
+        return next_buckets(self.storage.num_buckets, self._max_buckets)
 
     def _rehash(self, num_buckets: int) -> None:
         old = self.storage
@@ -318,7 +254,7 @@ class HashTable(FixedSizeLookup, TableState):
         size = self.size() if size is None and num_buckets < self._max_buckets else size
         while (num_buckets < self._max_buckets
                and size + incoming > limit * num_buckets * self.storage.bucket_capacity):
-            num_buckets = _next_buckets(num_buckets, self._max_buckets)
+            num_buckets = next_buckets(num_buckets, self._max_buckets)
             grown = True
         if grown:
             self._rehash(num_buckets)
@@ -340,7 +276,7 @@ class HashTable(FixedSizeLookup, TableState):
             pending = pending[result.slots < 0]
             if at_max or pending.numel() == 0:
                 break
-            self._rehash(_next_buckets(self.storage.num_buckets, self._max_buckets))
+            self._rehash(next_buckets(self.storage.num_buckets, self._max_buckets))
             rehashed = True
             placed = torch.nonzero(slots >= 0).flatten()
             slots[placed] = find_slots(self.storage, keys[placed], _take(tags, placed))
@@ -656,23 +592,8 @@ class HashTable(FixedSizeLookup, TableState):
             raise ValueError(f"table {name!r}: slots must be < capacity() "
                              f"({self.capacity()}), got {int(slots.max())}; pass the slots "
                              f"of this table's latest lookup")
-        self._rows.update(slots, grads, spec, _checked_lr(name, spec.lr if lr is None else lr),
-                          max(self.step, 1) if step is None else _checked_step(name, step))
-
-
-def _checked_lr(table: str, lr: object) -> float:
-    ok = isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr)
-    if not ok or lr < 0:
-        raise ValueError(f"table {table!r}: lr={lr!r} is not valid; allowed: a finite "
-                         f"number >= 0")
-    return lr
-
-
-def _checked_step(table: str, step: object) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ValueError(f"table {table!r}: step={step!r} is not valid; allowed: an int >= 1 "
-                         f"(1-based, for Adam's bias correction)")
-    return step
+        self._rows.update(slots, grads, spec, checked_lr(name, spec.lr if lr is None else lr),
+                          max(self.step, 1) if step is None else checked_step(name, step))
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from hashrec.table.errors import TableError
 
 
 def _describe(value: object) -> str:
@@ -49,3 +53,35 @@ def check_matrix(table: str, name: str, value: object, rows: int, cols: int,
         raise ValueError(f"table {table!r}: {name} must be a ({rows}, {cols}) float tensor on "
                          f"{device}, got {_describe(value)}")
     return value.detach()
+
+
+def checked_lr(table: str, lr: object) -> float:
+    ok = isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr)
+    if not ok or lr < 0:
+        raise ValueError(f"table {table!r}: lr={lr!r} is not valid; allowed: a finite "
+                         f"number >= 0")
+    return lr
+
+
+def checked_step(table: str, step: object) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"table {table!r}: step={step!r} is not valid; allowed: an int >= 1 "
+                         f"(1-based, for Adam's bias correction)")
+    return step
+
+
+def build_device(options) -> torch.device:
+    """``options.device`` made concrete; TableError when this torch cannot allocate on it."""
+    device = options.device
+    available = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        reason = "this torch build or machine has no CUDA device"
+    elif device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        reason = f"only {torch.cuda.device_count()} CUDA devices are visible"
+    elif device.type not in ("cpu", "cuda"):
+        reason = "tables are stored on cpu or cuda devices only"
+    else:
+        return concrete_device(device)
+    raise TableError(f"table {options.name!r}: device={str(device)!r} is not usable: {reason} "
+                     f"(available: {', '.join(available)}); set TableOptions.device to one of "
+                     f"them")

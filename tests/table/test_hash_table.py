@@ -356,14 +356,14 @@ def test_load_state_last_duplicate_wins_across_tags():
     (10_000_000, 1_000_000, 2_000_000), (8192, 256, 256), (1536, 200, 256), (1280, 128, 128)],
     ids=["decimal-10m", "pow2", "three-times-pow2", "five-times-pow2"])
 def test_init_capacity_starts_near_init_and_grows_to_max(max_capacity, init, start):
-    from hashrec.table.hash_table import _initial_buckets, _next_buckets
+    from hashrec.table.capacity import initial_buckets, next_buckets
 
     opts = TableOptions(dim=1, max_capacity=max_capacity, init_capacity=init)
-    initial, max_buckets = _initial_buckets(opts)
+    initial, max_buckets = initial_buckets(opts)
     assert initial * 128 == start
     counts = [initial]
     while counts[-1] < max_buckets:
-        counts.append(_next_buckets(counts[-1], max_buckets))
+        counts.append(next_buckets(counts[-1], max_buckets))
         assert counts[-1] % counts[-2] == 0  # rehash needs a multiple
     assert counts[-1] == max_buckets
 
