@@ -49,14 +49,14 @@ def next_buckets(num_buckets: int, max_buckets: int) -> int:
     return num_buckets * _smallest_factor(max_buckets // num_buckets)
 
 
-def warn_if_init_capacity_unmet(options: TableOptions, initial: int) -> None:
-    """Warns when the initial allocation is more than twice ``init_capacity``: the bucket
+def note_init_capacity_unmet(options: TableOptions, initial: int) -> None:
+    """Logs (INFO) when the initial allocation is more than twice ``init_capacity``: the bucket
     count of max_capacity has no divisor near it (growth must multiply up to it)."""
     start = initial * options.bucket_capacity
     if options.init_capacity is None or start <= 2 * options.init_capacity:
         return
     max_buckets = math.ceil(options.max_capacity / options.bucket_capacity)
-    logger.warning(
+    logger.info(
         "table %r: init_capacity=%d allocates %d slots: the table grows by whole multiples "
         "up to max_capacity's %d buckets of %d, and %d has no divisor between %d and %d. "
         "Pick a max_capacity whose bucket count has small factors (e.g. a multiple of "

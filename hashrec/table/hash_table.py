@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from hashrec.table.admission import AdmissionCounter
-from hashrec.table.capacity import initial_buckets, next_buckets, warn_if_init_capacity_unmet
+from hashrec.table.capacity import initial_buckets, next_buckets, note_init_capacity_unmet
 from hashrec.table.errors import TableError
 from hashrec.table.fixed_lookup import PROTECTED as _PROTECTED
 from hashrec.table.fixed_lookup import FixedSizeLookup
@@ -89,7 +89,7 @@ class HashTable(FixedSizeLookup, TableState):
         self.device = build_device(options)
         self.step = 0
         initial, self._max_buckets = initial_buckets(options)
-        warn_if_init_capacity_unmet(options, initial)
+        note_init_capacity_unmet(options, initial)
         self.version = 0  # bumped by growth, which moves every slot (LookupResult.version)
         self.storage = TableStorage.empty(initial, options.bucket_capacity,
                                           index_row_dim(options), options.dtype, self.device)

@@ -195,7 +195,7 @@ class TableOptions:
             to the smallest divisor of max_capacity's bucket count that holds it; growth then
             doubles, or multiplies by the smallest factor left where the count is odd, up to
             that bucket count exactly (max_capacity 10,000,000 = 78,125 buckets of 128 with
-            init_capacity 1,000,000 starts at 2,000,000 slots and grows 5x once). A warning
+            init_capacity 1,000,000 starts at 2,000,000 slots and grows 5x once). An INFO log line
             says when this allocates more than twice init_capacity.
         bucket_capacity: slots per bucket; a key lives only in its bucket.
         score_strategy: STEP | TIMESTAMP | LFU | CUSTOMIZED | NO_EVICTION.

@@ -383,8 +383,8 @@ def test_growth_of_a_decimal_max_capacity_keeps_every_entry():
     assert bool(founds.all()) and torch.equal(found_values, values)
 
 
-def test_init_capacity_far_from_any_divisor_warns(caplog):
-    with caplog.at_level(logging.WARNING):
+def test_init_capacity_far_from_any_divisor_is_logged(caplog):
+    with caplog.at_level(logging.INFO):
         table = HashTable(TableOptions(dim=1, max_capacity=1270, init_capacity=100,
                                        bucket_capacity=10, name="prime"))
     assert table.capacity() == 1270  # 127 buckets: prime
