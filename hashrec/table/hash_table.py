@@ -371,8 +371,9 @@ class HashTable(FixedSizeLookup, TableState):
 
         Args:
             keys: (u,) int64 unique (key, tag) pairs: repeats raise ValueError on the
-                reference path; the Triton path does not check (that would read the
-                device back) and its counters are then wrong.
+                CPU reference path; elsewhere they are not checked (that would sort the
+                keys again and read the device back at every step) and the counters are
+                then wrong.
             tags: (u,) int32 namespaces or None.
             train: True counts admission, inserts admitted keys (initialized rows),
                 updates scores, grows and evicts; False is read-only and missing keys
@@ -425,8 +426,10 @@ class HashTable(FixedSizeLookup, TableState):
     def _lookup_inputs(self, keys: object, tags: object, counts: object, scores: object,
                        active: object) -> tuple:
         """``lookup``'s inputs checked: (keys, tags, counts, active). Values (counts >= 1,
-        unique active keys) are checked on the reference path, which reads the device
-        back anyway; the Triton path reads nothing back and does not check them."""
+        unique active keys) are checked on the CPU reference path only: on a GPU (host
+        tiers take the reference path there too) the check would be a second sort of the
+        keys and a device read in every training step's lookup, whose keys the embedding
+        layer has deduplicated already; the Triton path reads nothing back."""
         name = self.options.name
         keys, tags = self._keys(keys, tags)
         n = keys.numel()
@@ -437,7 +440,7 @@ class HashTable(FixedSizeLookup, TableState):
             check_vector(name, "scores", scores, torch.int64, self.device, n)
         if active is not None:
             active = check_vector(name, "active", active, torch.bool, self.device, n)
-        if n and not self._fixed_path():
+        if n and keys.device.type == "cpu" and not self._fixed_path():
             picked = slice(None) if active is None else active
             if bool((counts[picked] < 1).any()):
                 raise ValueError(f"table {name!r}: counts must be >= 1 (occurrences of each "
@@ -567,9 +570,9 @@ class HashTable(FixedSizeLookup, TableState):
         (``LookupResult``): a stale slot updates whichever key holds it now.
 
         Args:
-            slots: (u,) int64 below capacity(). Checked on the reference path; the
-                Triton path does not check (that would read the device back at every
-                step) and writes out of bounds with a larger slot.
+            slots: (u,) int64 below capacity(). Checked on the CPU reference path;
+                elsewhere not (that would read the device back at every step), and a
+                larger slot writes out of bounds.
             grads: (u, dim) float gradients (detached).
             lr: overrides the optimizer's lr; a finite number >= 0.
             step: 1-based step for Adam's bias correction (an int >= 1); None: the
@@ -588,7 +591,8 @@ class HashTable(FixedSizeLookup, TableState):
                              f"entry; look the keys up again before applying gradients")
         slots = check_vector(name, "slots", slots, torch.int64, self.device)
         grads = check_matrix(name, "grads", grads, slots.numel(), self.dim, self.device)
-        if slots.numel() and not self._fixed_path() and int(slots.max()) >= self.capacity():
+        if slots.numel() and slots.device.type == "cpu" and not self._fixed_path() \
+                and int(slots.max()) >= self.capacity():
             raise ValueError(f"table {name!r}: slots must be < capacity() "
                              f"({self.capacity()}), got {int(slots.max())}; pass the slots "
                              f"of this table's latest lookup")

@@ -111,17 +111,12 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
 
 def _note_skipped(model_dir: str, latest: str) -> None:
     """Warn about checkpoints after ``latest`` that are incomplete (a save interrupted)."""
-    later = [p for p in existing_checkpoints(model_dir)
-             if _step_of(p) is not None and _step_of(p) > (_step_of(latest) or 0)]
+    names = [os.path.basename(p) for p in existing_checkpoints(model_dir)]  # by step
+    name = os.path.basename(os.path.normpath(latest))
+    later = names[names.index(name) + 1:] if name in names else []
     if later:
         logger.warning("%s: incomplete (a save was interrupted), not restored; the run "
-                       "continues from the latest complete checkpoint",
-                       ", ".join(os.path.basename(p) for p in later))
-
-
-def _step_of(path: str) -> int | None:
-    suffix = os.path.basename(os.path.normpath(path))[len("model.ckpt-"):]
-    return int(suffix) if suffix.isdigit() else None
+                       "continues from the latest complete checkpoint", ", ".join(later))
 
 
 def resolve_checkpoint(path: str) -> str:
