@@ -71,8 +71,10 @@ def _lanes_min_from_env() -> int:
 # in free slots and leaves the rest to the block form; lane_width: the longest run it
 # places (0: width, or in buckets over 128 slots wide_lane_width, when not 0: in the
 # admission counters' 1,024-slot buckets a large call brings runs of tens of misses a
-# bucket, which the block form places at 8 positions a program; a wider lane form is not
-# yet timed, ``benchmarks/bench_admission.py --wide-lane-width``). On unless
+# bucket, which the block form places at 8 positions a program; on an H200 a width of 32
+# there took the admission step of 1M keys into 16M counters 1.67x / 1.69x as fast as 4
+# at load factors 0.5 / 0.75, 1.56 against 2.60 ms; 64 no faster;
+# benchmarks/results/admission_lanes.md). On unless
 # HASHREC_UPSERT_LANES=0, for calls of at least lanes_min keys
 # (HASHREC_UPSERT_LANES_MIN; 0: every call). On an H200, with every insert call
 # starting at its load factor, it took insert_or_assign of 1M keys (40% new) into 64M
@@ -115,7 +117,7 @@ def _lanes_min_from_env() -> int:
 # lane form then the block form 0.430 / 0.449 (benchmarks/results/upsert_inline.md).
 UPSERT_BLOCK = {"block": _block_from_env(), "width": 4, "num_warps": 8, "elements": 8192,
                 "lanes": _lanes_from_env(), "lanes_min": _lanes_min_from_env(),
-                "lane_warps": 2, "lane_width": 0, "wide_lane_width": 0, "maxnreg": 64,
+                "lane_warps": 2, "lane_width": 0, "wide_lane_width": 32, "maxnreg": 64,
                 "persistent_warps": 4, "persistent_maxnreg": 128, "probe_maxnreg": 0,
                 "probe_keys": 0, "probe_warps": 0, "inline": -1, "inline_share": 16,
                 "inline_bi": 8, "inline_maxnreg": 80}
