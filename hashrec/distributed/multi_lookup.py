@@ -38,7 +38,12 @@ from hashrec.distributed.all_to_all import (
 from hashrec.distributed.errors import DistributedError
 from hashrec.distributed.ride import Ride, RideResult
 from hashrec.distributed.sharded_graphs import PaddedState
-from hashrec.distributed.sharded_lookup import ExchangeState, ShardedLookupResult, ShardedTable
+from hashrec.distributed.sharded_lookup import (
+    ExchangeState,
+    ShardedLookupResult,
+    ShardedTable,
+    table_version,
+)
 
 
 @dataclass
@@ -155,9 +160,10 @@ def lookup_many(tables: list[ShardedTable], requests: list[TableRequest], train:
     with timer.region():
         rows = exchange_packed([reply for reply, _, _ in served],
                                [s.reversed() for s in splits], group)
-    return [ShardedTable._answer(answer, route, split, inverse, slots, train, r.lr)
-            for answer, (route, _), split, (_, inverse, slots), r
-            in zip(rows, routed, splits, served, requests)]
+    return [ShardedTable._answer(answer, route, split, inverse, slots, train, r.lr,
+                                 table_version(table.table))
+            for answer, (route, _), split, (_, inverse, slots), r, table
+            in zip(rows, routed, splits, served, requests, tables)]
 
 
 def apply_gradients_many(tables: list[ShardedTable], states: list[ExchangeState],

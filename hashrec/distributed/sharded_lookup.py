@@ -47,6 +47,9 @@ class ExchangeState:
         inverse: (m,) int64 position of each received key among the owner's unique keys.
         slots: (u,) int64 owner-side slots of the unique keys (-1 = not stored).
         lr: learning rate for the gradient step (None: the optimizer spec's).
+        version: the owner's table version after the lookup (``LookupResult.version``;
+            None where the table has none): its gradient step refuses the slots if the
+            table grew since.
     """
 
     order: torch.Tensor
@@ -54,6 +57,13 @@ class ExchangeState:
     inverse: torch.Tensor
     slots: torch.Tensor
     lr: float | None = None
+    version: int | None = None
+
+
+def table_version(table) -> int | None:
+    """A dynamic table's version (bumped by growth, which moves every slot); None for
+    tables without one."""
+    return getattr(table, "version", None)
 
 
 @dataclass(frozen=True)
@@ -155,7 +165,8 @@ class ShardedTable:
                                             scores is not None, train)
         with self.timer.region():
             rows = all_to_all(reply, splits.reversed(), self.group)
-        return self._answer(rows, route, splits, inverse, slots, train, lr)
+        return self._answer(rows, route, splits, inverse, slots, train, lr,
+                            table_version(self.table))
 
     def _route(self, keys: torch.Tensor, tags: torch.Tensor | None,
                counts: torch.Tensor | None, scores: torch.Tensor | None,
@@ -218,13 +229,14 @@ class ShardedTable:
 
     @staticmethod
     def _answer(rows: torch.Tensor, route, splits: Splits, inverse: torch.Tensor,
-                slots: torch.Tensor, train: bool, lr: float | None) -> ShardedLookupResult:
+                slots: torch.Tensor, train: bool, lr: float | None,
+                version: int | None = None) -> ShardedLookupResult:
         """Requester side: replies sorted by owner -> rows in the caller's key order."""
         values, stored = unpack_reply(rows, route.order)
         state = None
         if train:
             state = ExchangeState(order=route.order, splits=splits, inverse=inverse,
-                                  slots=slots, lr=lr)
+                                  slots=slots, lr=lr, version=version)
         return ShardedLookupResult(values=values, state=state, stored=stored)
 
     def _lookup_local(self, keys: torch.Tensor, tags: torch.Tensor | None, train: bool,
@@ -238,7 +250,8 @@ class ShardedTable:
             identity = torch.arange(keys.shape[0], device=keys.device)
             n = (keys.shape[0],)
             state = ExchangeState(order=identity, splits=Splits(send=n, recv=n),
-                                  inverse=identity, slots=result.slots, lr=lr)
+                                  inverse=identity, slots=result.slots, lr=lr,
+                                  version=table_version(self.table))
         return ShardedLookupResult(values=result.values, state=state, stored=result.slots >= 0)
 
     def apply_gradients(self, state: ExchangeState, grads: torch.Tensor) -> None:
@@ -262,7 +275,8 @@ class ShardedTable:
         summed.index_add_(0, state.inverse, recv)
         # Keys the owner does not store (slot -1) are the table's to skip: selecting the
         # stored ones here would size a tensor by a mask, a host read per step.
-        self.table.apply_gradients(state.slots, summed, lr=state.lr)
+        extra = {} if state.version is None else {"version": state.version}
+        self.table.apply_gradients(state.slots, summed, lr=state.lr, **extra)
 
     def embed(self, keys: torch.Tensor, tags: torch.Tensor | None = None,
               counts: torch.Tensor | None = None, lr: float | None = None) -> torch.Tensor:

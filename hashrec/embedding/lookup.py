@@ -66,14 +66,19 @@ class Storage:
         table = self.table
         return isinstance(table, HashTable) and table._fixed_path()
 
-    def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
-        """Updates rows ``slots`` (U,) with per-unique-key grads (U, dim); -1 slots are skipped."""
+    def apply_gradients(self, slots: torch.Tensor, grads: torch.Tensor,
+                        version: int | None = None) -> None:
+        """Updates rows ``slots`` (U,) with per-unique-key grads (U, dim); -1 slots are
+        skipped. ``version``: a dynamic table's ``LookupResult.version`` of the lookup
+        that gave the slots; the table refuses them (TableError) if it grew since."""
         if not self.plan.trainable:
             return
         # Negative slots (keys not stored, ids without a ZCH slot) are the tables' to
         # skip: on the device they do so without a host read.
         if slots.numel():
-            self.table.apply_gradients(slots, grads.float().contiguous(), lr=self.lr)
+            extra = {"version": version} if version is not None else {}
+            self.table.apply_gradients(slots, grads.float().contiguous(), lr=self.lr,
+                                       **extra)
 
 
 class _StorageLookup(torch.autograd.Function):
@@ -81,6 +86,10 @@ class _StorageLookup(torch.autograd.Function):
     def forward(ctx, anchor, storage, keys, tags, counts, train, extra):  # noqa: D102
         result = storage.table.lookup(keys, tags=tags, train=train, counts=counts, **extra)
         ctx.storage = storage
+        # A later training lookup before this backward can grow the table and move
+        # every slot (two forwards, then one backward): the version makes that an error
+        # instead of updates to whichever keys hold these slots now.
+        ctx.version = result.version if isinstance(storage.table, HashTable) else None
         ctx.save_for_backward(result.slots)
         ctx.mark_non_differentiable(result.slots)
         return result.values.float(), result.slots
@@ -89,7 +98,7 @@ class _StorageLookup(torch.autograd.Function):
     def backward(ctx, grad_rows, grad_slots):  # noqa: D102
         (slots,) = ctx.saved_tensors
         with ctx.storage.backward_region():
-            ctx.storage.apply_gradients(slots, grad_rows)
+            ctx.storage.apply_gradients(slots, grad_rows, ctx.version)
         return None, None, None, None, None, None, None
 
 

@@ -7,6 +7,8 @@ union of both ranks' batches), which every rank can regenerate.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from dist_workers import run_world
@@ -19,6 +21,7 @@ from hashrec.table import (
     InitializerArgs,
     SparseAdam,
     SparseSGD,
+    TableError,
     TableOptions,
 )
 from hashrec.table.hash_table import HashTable
@@ -176,6 +179,34 @@ def scenario_uneven_and_empty(ctx):
             "sent": keys, "batched": batched}
 
 
+def _stale_after_growth(sharded: ShardedTable, rank: int) -> dict:
+    """A training lookup, a second one that grows the table, then the first one's
+    gradients: refused (TableError), the rows as the second lookup left them."""
+    keys, _, counts = _local_batch(0, rank)
+    sharded.table.advance_step()
+    first = sharded.lookup(keys, train=True, counts=counts)
+    capacity = sharded.table.capacity()
+    many = torch.arange(5_000, 5_000 + 600, dtype=torch.int64) * (rank + 1)
+    second = sharded.lookup(many, train=True, counts=torch.ones_like(many))
+    rows = _rows(sharded.table)
+    try:
+        sharded.apply_gradients(first.state, _grads(keys, counts))
+        error = ""
+    except TableError as e:
+        error = str(e)
+    unchanged = _rows(sharded.table) == rows
+    sharded.apply_gradients(second.state, _grads(many, torch.ones_like(many)))
+    return {"grew": sharded.table.capacity() > capacity, "error": error,
+            "unchanged": unchanged, "updated": _rows(sharded.table) != rows}
+
+
+def scenario_stale_after_growth(ctx):
+    options = dataclasses.replace(_options(SparseSGD(lr=0.5), max_capacity=8192,
+                                           bucket_capacity=64), init_capacity=256,
+                                  admission=None)
+    return _stale_after_growth(ShardedTable(HashTable(options), ctx), ctx.rank)
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in sorted(globals().items())
              if name.startswith("scenario_")}
 
@@ -268,6 +299,25 @@ def test_single_rank_path_needs_no_process_group():
         (values * _grads(keys, counts)).sum().backward()
         torch.testing.assert_close(values.detach(), expected)
     assert _rows(sharded.table) == _rows(reference)
+
+
+def test_gradients_after_growth_refuse_the_stale_slots(world):
+    for rank, result in enumerate(world["stale_after_growth"]):
+        assert result["grew"], f"rank {rank}'s table did not grow"
+        assert "stale" in result["error"], f"rank {rank} applied stale slots"
+        assert result["unchanged"] and result["updated"]
+
+
+def test_single_rank_gradients_after_growth_refuse_the_stale_slots():
+    from hashrec.distributed.process_group import single_process_context
+
+    options = dataclasses.replace(_options(SparseSGD(lr=0.5), max_capacity=8192,
+                                           bucket_capacity=64), init_capacity=256,
+                                  admission=None)
+    result = _stale_after_growth(ShardedTable(HashTable(options),
+                                              single_process_context("cpu")), 0)
+    assert result["grew"] and "stale" in result["error"]
+    assert result["unchanged"] and result["updated"]
 
 
 def test_unique_pairs_separates_tags():

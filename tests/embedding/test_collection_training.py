@@ -9,6 +9,7 @@ from hashrec.table import (
     SparseAdam,
     SparseRowWiseAdagrad,
     SparseSGD,
+    TableError,
     TableOptions,
 )
 
@@ -148,3 +149,24 @@ def test_prepared_dedup_gives_the_same_training(make_kjt):
         for out in (out_plain, out_ahead):
             _loss(out, step).backward()
     torch.testing.assert_close(_dynamic_rows(ahead), _dynamic_rows(plain))
+
+
+def test_backward_after_the_table_grew_refuses_the_stale_slots(make_kjt):
+    """Two training forwards, then the first one's backward: the second lookup grew the
+    table (moving every slot), so the first one's slots are refused, not applied to
+    whichever keys hold them now."""
+    options = TableOptions(dim=DIM, max_capacity=4096, init_capacity=32, bucket_capacity=32,
+                           score_strategy="NO_EVICTION")
+    collection = EmbeddingCollection([EmbeddingTableSpec("t", DIM, dynamic=options)],
+                                     FEATURES[:1], SparseSGD(lr=0.1))
+    table = collection.dynamic_tables()["t"]
+    first = collection(make_kjt(KEYS[:1], BATCH, 8, seed=0))
+    capacity = table.capacity()
+    second = collection(make_kjt(KEYS[:1], 256, 100_000, seed=1))
+    assert table.capacity() > capacity
+    before = _dynamic_rows(collection).clone()
+    with pytest.raises(TableError, match="stale"):
+        first.pooled["f_sum"].sum().backward()
+    torch.testing.assert_close(_dynamic_rows(collection), before)
+    second.pooled["f_sum"].sum().backward()  # the latest lookup's slots still apply
+    assert not torch.equal(_dynamic_rows(collection), before)
