@@ -7,6 +7,8 @@
         meta.json                   step, world size, tables, dims, format version
         model.pt  optimizer.pt      dense state (torch.save; read with weights_only=True)
         dynamicemb/<table>/rank-<r>-of-<n>.{json,bin}   one shard per saving rank
+        rank_state/rank-<r>-of-<n>.pt   each rank's own state, when the saver gives one
+                                    (the trainer's random generator states)
         DONE
       model.ckpt-<step>.tmp/        being written; never resumed from
       model.ckpt-<step>.replaced/   the previous copy of a step saved again, kept until
@@ -30,6 +32,7 @@ REPLACED_SUFFIX = ".replaced"
 MARKER_NAME = "DONE"
 META_NAME = "meta.json"
 TABLES_DIR = "dynamicemb"
+RANK_STATE_DIR = "rank_state"
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
 FORMAT_NAME = "hashrec-checkpoint"
@@ -49,6 +52,11 @@ def checkpoint_path(model_dir: str, step: int) -> str:
 def shard_stem(root: str, table: str, rank: int, world_size: int) -> str:
     """Path without extension of ``rank``'s shard of ``table`` under a checkpoint ``root``."""
     return os.path.join(root, TABLES_DIR, table, f"rank-{rank:05d}-of-{world_size:05d}")
+
+
+def rank_state_path(root: str, rank: int, world_size: int) -> str:
+    """Path of ``rank``'s own state (``save_checkpoint(rank_state=...)``) under ``root``."""
+    return os.path.join(root, RANK_STATE_DIR, f"rank-{rank:05d}-of-{world_size:05d}.pt")
 
 
 def is_complete(path: str) -> bool:

@@ -164,7 +164,9 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
 
     Returns:
         The checkpoint meta (``step``, ``world_size``, ``extra``, ``tables`` ...) plus
-        ``loaded``: {table: {"rows": n, "admission": m}} loaded on this rank.
+        ``loaded``: {table: {"rows": n, "admission": m}} loaded on this rank, and
+        ``rank_state``: this rank's ``save_checkpoint(rank_state=...)``, or None where the
+        checkpoint holds none or was saved by another number of ranks.
 
     Raises:
         CheckpointError: incomplete, missing, truncated or corrupt files, or dims /
@@ -185,8 +187,20 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
             loaded[name] = load_table(readers[name], name, table, rank, world_size,
                                       restore_optimizer, remap)
             _set_table_step(table, meta["tables"][name].get("table_step"))
-        return loaded
+        return loaded, _read_rank_state(path, meta, rank, world_size)
 
-    loaded = run_on_all_ranks(load, f"restoring {path}", CheckpointError)
+    loaded, rank_state = run_on_all_ranks(load, f"restoring {path}", CheckpointError)
     barrier()
-    return {**meta, "loaded": loaded}
+    return {**meta, "loaded": loaded, "rank_state": rank_state}
+
+
+def _read_rank_state(path: str, meta: dict[str, Any], rank: int,
+                     world_size: int) -> dict[str, Any] | None:
+    """This rank's saved own state, when the checkpoint was saved by as many ranks."""
+    file = layout.rank_state_path(path, rank, world_size)
+    if int(meta["world_size"]) != world_size or not os.path.isfile(file):
+        return None
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
+        raise CheckpointError(f"{file}: unreadable ({type(e).__name__}: {e})") from None

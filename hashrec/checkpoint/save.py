@@ -4,7 +4,8 @@ Order of a save (no complete checkpoint is ever modified in place):
 
 1. rank 0 creates ``model.ckpt-<step>.tmp`` (a stale one from a crash is removed);
 2. every rank streams its shard of each dynamic table into it and fsyncs;
-   rank 0 also writes the dense model and optimizer state;
+   rank 0 also writes the dense model and optimizer state, and each rank its own
+   ``rank_state`` when given;
 3. once every rank succeeded, rank 0 writes ``meta.json``, fsyncs the
    directories, renames the temporary directory to ``model.ckpt-<step>``, writes
    the completion marker last, then prunes the oldest complete checkpoints
@@ -167,7 +168,8 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
                     dense_optimizer: Any, dynamic_tables: dict[str, Any],
                     keep_checkpoint_max: int = 0, extra: dict[str, Any] | None = None,
                     chunk_rows: int = DEFAULT_CHUNK_ROWS,
-                    tag_tables: dict[str, list[str]] | None = None) -> str:
+                    tag_tables: dict[str, list[str]] | None = None,
+                    rank_state: dict[str, Any] | None = None) -> str:
     """Saves dense state and every rank's dynamic-table shards as ``model.ckpt-<step>``.
 
     Call it on every rank (a collective under torch.distributed). Rank 0 writes
@@ -185,6 +187,9 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
         tag_tables: {table: logical table names in tag order} of fused tables, recorded
             so that restore matches tags by name; None takes them from
             ``model.embedding.table_locations()`` when the model has one.
+        rank_state: this rank's own state (tensors, numbers, strings, in dicts and
+            lists; e.g. random generator states), written per rank and read back by
+            ``read_rank_state`` under the same world size; None: none.
 
     Returns:
         Path of the complete checkpoint.
@@ -212,7 +217,7 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
     run_on_all_ranks(prepare, f"preparing {tmp}", CheckpointError)
     try:
         _write_and_commit(model_dir, step, tmp, final, model, dense_optimizer,
-                          dynamic_tables, extra, chunk_rows, tag_tables)
+                          dynamic_tables, extra, chunk_rows, tag_tables, rank_state)
     except CheckpointError as e:
         if rank == 0:  # every rank has stopped writing: run_on_all_ranks raised on all
             _clean_failed_save(tmp, final)
@@ -227,13 +232,20 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
 def _write_and_commit(model_dir: str, step: int, tmp: str, final: str,
                       model: torch.nn.Module | None, dense_optimizer: Any,
                       dynamic_tables: dict[str, Any], extra: dict[str, Any], chunk_rows: int,
-                      tag_tables: dict[str, list[str]]) -> None:
+                      tag_tables: dict[str, list[str]],
+                      rank_state: dict[str, Any] | None) -> None:
     """Steps 2 and 3 of a save (see the module docstring), on every rank."""
     rank, world_size = rank_and_world()
-    counts, dense = run_on_all_ranks(
-        lambda: _write_rank_files(tmp, dynamic_tables, model, dense_optimizer, rank,
-                                  world_size, chunk_rows, tag_tables),
-        f"writing shards into {tmp}", CheckpointError)
+
+    def write() -> tuple[list[int], dict[str, Any]]:
+        if rank_state is not None:
+            path = layout.rank_state_path(tmp, rank, world_size)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            save_state(rank_state, path)
+        return _write_rank_files(tmp, dynamic_tables, model, dense_optimizer, rank,
+                                 world_size, chunk_rows, tag_tables)
+
+    counts, dense = run_on_all_ranks(write, f"writing shards into {tmp}", CheckpointError)
     all_counts = gather_counts(counts)
 
     def commit() -> None:

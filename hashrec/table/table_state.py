@@ -135,3 +135,17 @@ class TableState:
                                  f"{keys.numel()} admission counters")
             return
         self._counter.load_state(keys, tags, counts)
+
+    def random_state(self) -> torch.Tensor | None:
+        """The state of the table's own random generator (``TableOptions.seed``), from
+        which initializers without ``key_seed`` draw; None: the table draws from torch's
+        default generator."""
+        return None if self._generator is None else self._generator.get_state()
+
+    def set_random_state(self, state: torch.Tensor) -> None:
+        """Puts back a ``random_state()`` (a resumed run then draws the initial values
+        an uninterrupted one would have)."""
+        if self._generator is None:
+            raise TableError(f"table {self.options.name!r} has no generator of its own "
+                             f"(TableOptions.seed is None); nothing to set")
+        self._generator.set_state(state)

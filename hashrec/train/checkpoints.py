@@ -7,10 +7,13 @@ in progress, so a resumed run continues where it stopped: the partly trained
 epoch's first batches are read again (the order of the rest depends on them) but
 not trained. They are the same batches when the readers are laid out as before
 (ranks, loader workers, batch size; also in ``extra``); otherwise the count is
-skipped and a warning says the batches differ. The random generators' states are not
-saved: rows first inserted after a resume draw other initial values than they would
-have in one uninterrupted run (the data order, steps, tables and optimizer state are
-those of the checkpoint), so the two runs agree closely, not bit for bit.
+skipped and a warning says the batches differ. Each rank also saves its random
+generators' states (torch's CPU generator, the training GPU's, and the dynamic tables'
+own, ``TableOptions.seed``), put back before the resumed run's first step: dropout
+and the initial values of rows inserted later draw what an uninterrupted run would
+have, so resuming on the same device and number of ranks trains the same model bit
+for bit. Under another number of ranks (or from a GPU run onto the CPU) the states do
+not apply; the run then draws others and says so.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+
+import torch
 
 from hashrec.checkpoint import (
     CheckpointError,
@@ -42,6 +47,7 @@ class Resume:
     path: str | None = None
     epoch_step: int = 0
     readers: tuple[int, ...] | None = None
+    random_state: dict | None = None
 
 
 def existing_checkpoints(model_dir: str) -> list[str]:
@@ -89,9 +95,15 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
             _note_skipped(model_dir, path)
             logger.info("continuing from %s (step %d)", path, int(meta["step"]))
             readers = extra.get("readers")
+            if meta.get("rank_state") is None:
+                logger.info("%s holds no random generator states for this rank (it was "
+                            "saved by %s rank(s), or by a version that did not save them): "
+                            "the resumed run draws other random numbers than an "
+                            "uninterrupted one would", path, meta.get("world_size"))
             return Resume(int(meta["step"]), int(extra.get("epoch", 0)), path,
                           int(extra.get("epoch_step", 0)),
-                          tuple(readers) if readers is not None else None)
+                          tuple(readers) if readers is not None else None,
+                          meta.get("rank_state"))
         if existing_checkpoints(model_dir):
             logger.warning("model_dir %s holds no complete checkpoint; starting fresh",
                            model_dir)
@@ -167,6 +179,46 @@ def save(model_dir: str, step: int, epoch: int, model, dense_optimizer,
         extra["readers"] = list(readers)
     path = save_checkpoint(model_dir, step, model, dense_optimizer.optimizer,
                            model.embedding.dynamic_tables(), keep_checkpoint_max,
-                           extra=extra)
+                           extra=extra, rank_state=random_states(model))
     logger.info("saved checkpoint %s", path)
     return path
+
+
+def _model_device(model) -> torch.device:
+    tensor = next(iter(model.parameters()), None)
+    return torch.device("cpu") if tensor is None else tensor.device
+
+
+def random_states(model) -> dict:
+    """This rank's random generator states: torch's CPU generator, the model's GPU's
+    (when it trains on one) and each dynamic table's own generator."""
+    state: dict = {"cpu": torch.get_rng_state()}
+    device = _model_device(model)
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    tables = {}
+    for name, table in model.embedding.dynamic_tables().items():
+        table_state = table.random_state()
+        if table_state is not None:
+            tables[name] = table_state
+    state["tables"] = tables
+    return state
+
+
+def set_random_states(model, state: dict) -> None:
+    """Puts back ``random_states(model)`` of a checkpoint; a GPU state is skipped (with a
+    warning) when the model is not on a GPU now, and a table's when it has no generator
+    of its own now."""
+    torch.set_rng_state(state["cpu"])
+    device = _model_device(model)
+    if "cuda" in state:
+        if device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda"], device)
+        else:
+            logger.warning("the checkpoint's GPU random state does not apply on %s: the "
+                           "resumed run draws other random numbers", device)
+    tables = model.embedding.dynamic_tables()
+    for name, table_state in state.get("tables", {}).items():
+        table = tables.get(name)
+        if table is not None and table.random_state() is not None:
+            table.set_random_state(table_state)

@@ -167,6 +167,8 @@ class TrainLoop:
         # those its checkpoint had trained.
         self.epoch_step = resume.epoch_step
         self._skip = resume.epoch_step
+        # A resumed run's random generator states, put back before its first step.
+        self._random_state = resume.random_state
         data = session.config.data_config
         self.readers = (session.world_size, int(data.num_workers), int(data.batch_size))
         self._check_readers(resume)
@@ -344,6 +346,9 @@ class TrainLoop:
         prefetcher = DevicePrefetcher(batches_in, self.session.device, self.prepare_ahead)
         for batch in prefetcher:
             self.timer.batch_ready()
+            if self._random_state is not None:
+                checkpoints.set_random_states(self.session.model, self._random_state)
+                self._random_state = None
             self.train_step(batch, prefetcher.upcoming)
             batches += 1
             self.epoch_step += 1

@@ -154,3 +154,34 @@ def test_continued_updates_equal_uninterrupted(tmp_path, options):
     train_steps(uninterrupted, 7, 14)
     train_steps(resumed, 7, 14)
     assert_same(snapshot(resumed), snapshot(uninterrupted))
+
+
+def test_rank_state_round_trip_and_other_world_sizes(tmp_path):
+    table = trained_table()
+    state = {"cpu": torch.get_rng_state(), "note": "x", "tables": {"t": torch.arange(3)}}
+    path = save_checkpoint(str(tmp_path), 3, None, None, {"t": table}, rank_state=state)
+    assert os.path.isfile(os.path.join(path, "rank_state", "rank-00000-of-00001.pt"))
+    meta = restore_checkpoint(path, None, None, {"t": HashTable(table_options())})
+    got = meta["rank_state"]
+    assert torch.equal(got["cpu"], state["cpu"]) and got["note"] == "x"
+    assert torch.equal(got["tables"]["t"], torch.arange(3))
+    # No state saved: None.
+    plain = save_checkpoint(str(tmp_path), 4, None, None, {"t": table})
+    assert restore_checkpoint(plain, None, None, {"t": HashTable(table_options())}
+                              )["rank_state"] is None
+    # A damaged state file names itself.
+    with open(os.path.join(path, "rank_state", "rank-00000-of-00001.pt"), "wb") as f:
+        f.write(b"not a torch file")
+    with pytest.raises(CheckpointError, match="rank-00000-of-00001.pt: unreadable"):
+        restore_checkpoint(path, None, None, {"t": HashTable(table_options())})
+
+
+def test_rank_state_of_another_world_size_is_not_read(tmp_path):
+    from hashrec.checkpoint import restore as restore_module
+
+    table = trained_table()
+    path = save_checkpoint(str(tmp_path), 3, None, None, {"t": table},
+                           rank_state={"cpu": torch.get_rng_state()})
+    meta = {"world_size": 2}
+    assert restore_module._read_rank_state(path, meta, 0, 1) is None
+    assert restore_module._read_rank_state(path, {"world_size": 1}, 0, 1) is not None

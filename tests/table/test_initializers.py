@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from hashrec.table import HashTable, InitializerArgs, TableOptions
+from hashrec.table import HashTable, InitializerArgs, TableError, TableOptions
 from hashrec.table.initializers import initial_values
 
 N, DIM = 40000, 16
@@ -52,3 +52,22 @@ def test_per_key_initialization_ignores_batch_order_and_table():
         mode="NORMAL", key_seed=43)))
     c, _ = other_seed.find_or_insert(keys)
     assert not torch.equal(a, c)
+
+
+def test_random_state_puts_back_the_tables_own_draws():
+    opts = TableOptions(dim=8, max_capacity=4096, seed=5,
+                        initializer=InitializerArgs(mode="NORMAL"))
+    table = HashTable(opts)
+    table.find_or_insert(torch.arange(10))
+    state = table.random_state()
+    first, _ = table.find_or_insert(torch.arange(100, 120))
+    resumed = HashTable(opts)
+    resumed.set_random_state(state)
+    again, _ = resumed.find_or_insert(torch.arange(100, 120))
+    assert torch.equal(first, again)
+    fresh, _ = HashTable(opts).find_or_insert(torch.arange(100, 120))
+    assert not torch.equal(first, fresh)
+    shared = HashTable(TableOptions(dim=8, max_capacity=4096))
+    assert shared.random_state() is None
+    with pytest.raises(TableError, match="no generator of its own"):
+        shared.set_random_state(state)

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 import torch
-from small_din import generate_data, small_loop
+from small_din import generate_data, small_loop, trained_state
 
 from hashrec.checkpoint import discard_dumps_after, latest_checkpoint
 from hashrec.checkpoint.incremental import dump_path
@@ -88,6 +88,12 @@ def test_signal_saves_and_the_resumed_run_trains_the_rest_of_the_epoch(data_dir,
     second.run(str(data_dir))
     assert second.step == 6 and second.epoch == 1
     assert trained + rest == expected
+    # The random generators' states travel with the checkpoint: dropout and the rows
+    # first inserted after the resume draw what the uninterrupted run drew.
+    want, got = trained_state(whole), trained_state(second)
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
 
 
 def test_other_reader_layout_is_warned(data_dir, tmp_path, caplog):
@@ -159,8 +165,6 @@ def test_evaluation_logs_its_progress(data_dir, tmp_path, caplog):
 
 
 def test_evaluating_on_the_way_leaves_the_training_run_as_it_was(data_dir, tmp_path):
-    from small_din import trained_state
-
     edits = {**EPOCH, "train_config.num_steps": 5}
     plain = small_loop(tmp_path / "plain", edits=edits)
     plain.run(str(data_dir))
