@@ -130,17 +130,31 @@ class RawFeature(Feature):
         return out
 
 
+def _boundaries(values, feature: str) -> tuple[float, ...]:
+    """The configured boundaries as the decimals written in the config.
+
+    The config field is float32, so ``0.1`` arrives as 0.10000000149; compared with
+    float64 values as it is, a value of exactly 0.1 would fall below its boundary.
+    Each boundary is read back as the shortest decimal of its float32.
+    """
+    out = []
+    for value in values:
+        if not math.isfinite(value):
+            raise ConfigError(f"feature {feature!r}: boundaries must be finite, got {value}")
+        out.append(float(str(np.float32(value))))
+    for before, after in zip(out, out[1:]):
+        if after <= before:
+            raise ConfigError(f"feature {feature!r}: boundaries must be strictly ascending, "
+                              f"got {after:g} after {before:g} in {[f'{b:g}' for b in out]}")
+    return tuple(out)
+
+
 def build_raw_feature(cfg, name: str | None = None, column: str | None = None,
                       sequence_length: int = 0, sequence_delim: str | None = None) -> RawFeature:
     """RawFeature from a ``raw_feature`` config (or a sequence's raw sub-feature)."""
     name = name or cfg.feature_name
     column = column or column_of(cfg.expression, name)
-    for value in cfg.boundaries:
-        if not math.isfinite(value):
-            raise ConfigError(f"feature {name!r}: boundaries must be finite, got {value}")
-    boundaries = tuple(cfg.boundaries)
-    if list(boundaries) != sorted(boundaries):
-        raise ConfigError(f"feature {name!r}: boundaries must be ascending")
+    boundaries = _boundaries(cfg.boundaries, name)
     if cfg.value_dim < 1:
         raise ConfigError(f"feature {name!r}: value_dim must be >= 1, got {cfg.value_dim}")
     if sequence_length and cfg.value_dim != 1:
