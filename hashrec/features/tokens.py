@@ -105,6 +105,17 @@ def _fill_missing(array: pa.Array, default: str, feature: str, column: str) -> p
     return pc.fill_null(array, fill)
 
 
+def _decode_dictionary(array: pa.Array) -> pa.Array:
+    """Dictionary-encoded cells or list items (parquet keeps categorical columns so) as
+    plain values, so that they are split, filled and dropped like any other."""
+    t = array.type
+    if pa.types.is_dictionary(t):
+        return array.cast(t.value_type)
+    if _is_list(t) and pa.types.is_dictionary(t.value_type):
+        return array.cast(pa.list_(t.value_type.value_type))
+    return array
+
+
 def column_bags(array: pa.Array, feature: str, column: str, separator: str | None,
                 default: str = "") -> Bags:
     """Split one column into bags of tokens.
@@ -118,6 +129,7 @@ def column_bags(array: pa.Array, feature: str, column: str, separator: str | Non
     """
     if pa.types.is_null(array.type):  # an all-null column without a type
         array = array.cast(pa.string())
+    array = _decode_dictionary(array)
     array = _fill_missing(array, default, feature, column)
     t = array.type
     if _is_list(t):
@@ -128,12 +140,9 @@ def column_bags(array: pa.Array, feature: str, column: str, separator: str | Non
         # Cells without the separator become one-token bags, as in the path below.
         split = pc.split_pattern(array, separator)
         return _drop_empty(pc.list_flatten(split), list_lengths(split))
-    if not (_is_string(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
-            or pa.types.is_dictionary(t)):
+    if not (_is_string(t) or pa.types.is_integer(t) or pa.types.is_floating(t)):
         raise FeatureError(f"feature {feature!r}: column {column!r} has type {t}; expected "
                            f"integers, floats, strings or lists of them")
-    if pa.types.is_dictionary(t):
-        array = array.cast(t.value_type)
     if array.null_count == 0:
         return _drop_empty(array, np.ones(len(array), dtype=np.int64))
     valid = pc.is_valid(array)
