@@ -159,3 +159,22 @@ def test_num_buckets_reads_exactly_decimal_ints(feature_set):
     assert _bags(fs.parse(pa.table({"c": ["+7,-0,007"]})), "f") == ([7, 0, 7], [3])
     with pytest.raises(FeatureError, match=r"row 1: expected an integer id \(value '0x10'\)"):
         fs.parse(pa.table({"c": ["1", "0x10"]}))
+
+
+@pytest.mark.parametrize("default, want_weight", [("7", 1.0), ("7:0.25", 0.25)],
+                         ids=["id-only", "id-weight"])
+def test_weighted_default_value_fills_missing_cells(feature_set, default, want_weight):
+    fs = feature_set(_id(f'num_buckets: 100 separator: "," weighted: true '
+                         f'default_value: "{default}"'))
+    batch = fs.parse(pa.table({"c": ["1:0.5", None, ""]}))
+    assert _bags(batch, "f") == ([1, 7, 7], [1, 1, 1])
+    assert batch.sparse.weights().tolist() == [0.5, want_weight, want_weight]
+
+
+@pytest.mark.parametrize("weight", ["nan", "inf", "-inf", "", "x", "1e99"],
+                         ids=["nan", "inf", "neg-inf", "empty", "text", "overflow"])
+def test_weighted_bad_weight_names_row(feature_set, weight):
+    fs = feature_set(_id('num_buckets: 100 separator: "," weighted: true'))
+    with pytest.raises(FeatureError,
+                       match=rf"'f': column 'c' row 1: weight '{weight}' is not a finite number"):
+        fs.parse(pa.table({"c": ["1:1,2:2", f"3:1,4:{weight}"]}))
