@@ -32,9 +32,11 @@ class Normalizer:
 
     @classmethod
     def parse(cls, text: str, feature: str) -> Normalizer:
-        items = dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+        items = {k.strip(): v.strip() for k, v in
+                 (part.split("=", 1) for part in text.split(",") if "=" in part)}
         method = items.pop("method", "")
         needed = {"log10": (), "zscore": ("mean", "standard_deviation"), "minmax": ("min", "max")}
+        allowed = {**needed, "log10": ("threshold", "default")}
         if method not in needed:
             raise ConfigError(f"feature {feature!r}: normalizer {text!r}: method must be one of "
                               f"{', '.join(needed)}")
@@ -46,6 +48,18 @@ class Normalizer:
         missing = [k for k in needed[method] if k not in params]
         if missing:
             raise ConfigError(f"feature {feature!r}: normalizer {text!r} needs {missing}")
+        unknown = sorted(set(params) - set(allowed[method]))
+        if unknown:
+            raise ConfigError(f"feature {feature!r}: normalizer {text!r}: {unknown} are not "
+                              f"parameters of {method}; allowed: {list(allowed[method])}")
+        bad = [k for k, v in params.items() if not math.isfinite(v)]
+        if method == "zscore" and params["standard_deviation"] <= 0:
+            bad.append("standard_deviation (must be > 0)")
+        if method == "minmax" and params["max"] <= params["min"]:
+            bad.append("max (must be > min)")
+        if bad:
+            raise ConfigError(f"feature {feature!r}: normalizer {text!r}: bad {', '.join(bad)}; "
+                              f"it would turn values into NaN or inf")
         return cls(method, tuple(sorted(params.items())))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:

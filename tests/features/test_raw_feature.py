@@ -94,3 +94,21 @@ def test_value_equal_to_a_decimal_boundary_is_in_the_bucket_above(feature_set):
 def test_boundaries_must_strictly_increase(feature_set, boundaries, message):
     with pytest.raises(ConfigError, match=rf"'r': boundaries must be strictly ascending, {message}"):
         feature_set(_raw(f"boundaries: {boundaries} embedding_dim: 4"))
+
+
+@pytest.mark.parametrize("normalizer, message", [
+    ("method=zscore,mean=1,standard_deviation=0", r"bad standard_deviation \(must be > 0\)"),
+    ("method=minmax,min=2,max=2", r"bad max \(must be > min\)"),
+    ("method=minmax,min=3,max=2", r"bad max \(must be > min\)"),
+    ("method=zscore,mean=inf,standard_deviation=1", "bad mean"),
+    ("method=log10,threshhold=1", r"\['threshhold'\] are not parameters of log10"),
+], ids=["zero-std", "min-eq-max", "min-gt-max", "inf-mean", "misspelt"])
+def test_normalizer_that_would_give_nan_or_ignore_a_key_is_refused(feature_set, normalizer,
+                                                                    message):
+    with pytest.raises(ConfigError, match=rf"'r': normalizer '{normalizer}': {message}"):
+        feature_set(_raw(f'normalizer: "{normalizer}"'))
+
+
+def test_normalizer_allows_spaces_around_parameters(feature_set):
+    fs = feature_set(_raw('normalizer: "method=zscore, mean = 1, standard_deviation=2"'))
+    assert fs.parse(pa.table({"c": [5.0]})).dense["r"].tolist() == [[2.0]]
