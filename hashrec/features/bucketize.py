@@ -156,9 +156,11 @@ class Vocab:
     """Ids from a vocabulary; out-of-vocabulary tokens get ``oov_id``.
 
     Without ``default_bucketize_value`` (TorchEasyRec's convention) vocab_list
-    entry i gets id i + 2, id 0 is kept for the default value and 1 for
-    out-of-vocabulary tokens; with it, entry i gets id i and unknown tokens
-    get default_bucketize_value. vocab_dict maps tokens to the ids it names.
+    entry i gets id i + 2, the feature's default_value (what missing cells
+    read as) gets id 0 and out-of-vocabulary tokens id 1; with it, entry i
+    gets id i and unknown tokens get default_bucketize_value. vocab_dict maps
+    tokens to the ids it names (and, without default_bucketize_value, the
+    default_value to 0 and unknown tokens to 1).
     """
 
     tokens: tuple[str, ...]
@@ -203,6 +205,10 @@ def _vocab(cfg, feature: str) -> Vocab:
         token_ids = tuple(int(cfg.vocab_dict[t]) for t in tokens)
     if len(set(tokens)) != len(tokens):
         raise ConfigError(f"feature {feature!r}: vocabulary has duplicate entries")
+    if not has_default and cfg.default_value:
+        keep = [i for i, t in enumerate(tokens) if t != cfg.default_value]
+        tokens = (cfg.default_value, *(tokens[i] for i in keep))
+        token_ids = (0, *(token_ids[i] for i in keep))
     oov = int(cfg.default_bucketize_value) if has_default else 1
     num_rows = max([oov, *token_ids, 1]) + 1
     return Vocab(tokens, token_ids, oov, num_rows)

@@ -178,3 +178,14 @@ def test_weighted_bad_weight_names_row(feature_set, weight):
     with pytest.raises(FeatureError,
                        match=rf"'f': column 'c' row 1: weight '{weight}' is not a finite number"):
         fs.parse(pa.table({"c": ["1:1,2:2", f"3:1,4:{weight}"]}))
+
+
+@pytest.mark.parametrize("vocab, want", [
+    ('vocab_list: ["a", "b", "c"]', [3, 0, 0, 0, 1]),
+    ('vocab_dict { key: "b" value: 7 } vocab_dict { key: "a" value: 2 }', [7, 0, 0, 0, 1]),
+], ids=["list", "dict"])
+def test_vocab_default_value_reads_as_id_0(feature_set, vocab, want):
+    # TorchEasyRec: without default_bucketize_value, default_value is id 0 and OOV id 1
+    fs = feature_set(_id(f'{vocab} default_value: "d"'))
+    batch = fs.parse(pa.table({"c": ["b", None, "", "d", "zz"]}))
+    assert _bags(batch, "f") == (want, [1, 1, 1, 1, 1])
