@@ -112,3 +112,9 @@ def test_normalizer_that_would_give_nan_or_ignore_a_key_is_refused(feature_set, 
 def test_normalizer_allows_spaces_around_parameters(feature_set):
     fs = feature_set(_raw('normalizer: "method=zscore, mean = 1, standard_deviation=2"'))
     assert fs.parse(pa.table({"c": [5.0]})).dense["r"].tolist() == [[2.0]]
+
+
+def test_value_dim_list_column_takes_its_default_for_null_cells(feature_set):
+    fs = feature_set(_raw('value_dim: 2 separator: "," default_value: "0,-1"'))
+    lists = pa.array([[1.0, 2.0], None], pa.list_(pa.float64()))
+    assert fs.parse(pa.table({"c": lists})).dense["r"].tolist() == [[1, 2], [0, -1]]

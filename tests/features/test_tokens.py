@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from hashrec.features.errors import FeatureError
 from hashrec.features.tokens import column_bags, list_lengths, string_offsets, truncate
 
 
@@ -87,3 +88,17 @@ def test_dictionary_columns_split_and_fill_like_plain_ones(default):
                                      mask=pa.array([False, True, False, False]))
     assert as_lists(column_bags(array, "f", "c", None, default)) == \
         reference_bags(cells, None, default)
+
+
+@pytest.mark.parametrize("list_type", [pa.list_(pa.float64()), pa.list_(pa.float64(), 2)],
+                         ids=["list", "fixed-size-list"])
+def test_list_column_default_is_split_on_the_separator(list_type):
+    array = pa.array([[1.0, 2.0], None, [3.0, 4.0]], list_type)
+    bags = column_bags(array, "f", "c", ",", "0,0.5")
+    assert as_lists(bags) == [[1.0, 2.0], [0.0, 0.5], [3.0, 4.0]]
+
+
+def test_list_column_default_that_does_not_fit_names_feature_and_column():
+    array = pa.array([[1], None], pa.list_(pa.int64()))
+    with pytest.raises(FeatureError, match=r"'f': default_value 'x' does not fit column 'c'"):
+        column_bags(array, "f", "c", None, "x")
