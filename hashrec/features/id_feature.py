@@ -14,6 +14,7 @@ from hashrec.features.base import (
     SparseIds,
     TableRequest,
     check_dim,
+    check_not_sequence,
     check_pooling,
     column_of,
 )
@@ -116,6 +117,7 @@ def table_request(cfg, name: str, num_rows: int | None,
 
 def build_id_feature(cfg) -> IdFeature:
     """IdFeature from an ``id_feature`` config."""
+    check_not_sequence(cfg, "id_feature")
     bucketizer = bucketizer_from_config(cfg, cfg.feature_name)
     return IdFeature(cfg.feature_name, column_of(cfg.expression, cfg.feature_name), bucketizer,
                      table_request(cfg, cfg.feature_name, bucketizer.num_rows, bucketizer),
@@ -129,5 +131,9 @@ def build_sequence_id_feature(cfg, name: str, column: str, sequence_length: int,
     """IdFeature read as a sequence: items split on ``sequence_delim``."""
     if sequence_length <= 0:
         raise ConfigError(f"feature {name!r}: sequence_length must be > 0")
+    if cfg.weighted:
+        # the items would be read as ids, "7:0.5" hashed whole
+        raise ConfigError(f"feature {name!r}: weighted is not supported on sequence "
+                          f"features; remove it")
     return IdFeature(name, column, bucketizer, table, cfg.pooling, sequence_delim,
                      cfg.default_value, False, sequence_length)
