@@ -97,3 +97,12 @@ def check_dim(dim: int, feature: str) -> int:
     if dim <= 0:
         raise ConfigError(f"feature {feature!r}: embedding_dim must be > 0, got {dim}")
     return int(dim)
+
+
+def check_not_sequence(cfg, kind: str) -> None:
+    """A top-level id_feature or raw_feature is not read as a sequence; its sequence_length
+    would be ignored, so setting it is an error that points at the sequence kinds."""
+    if cfg.sequence_length:
+        raise ConfigError(f"feature {cfg.feature_name!r}: sequence_length is set on a "
+                          f"{kind}, which is not read as a sequence; declare it as a "
+                          f"sequence_{kind} or inside a sequence_feature")

@@ -3,9 +3,11 @@
 Hashing is xxhash64 of the token's UTF-8 text (an integer token is hashed by
 its decimal text, so ``123`` and ``"123"`` agree), stable across processes
 and runs. Dynamic-embedding features keep integer ids as they are; a string
-token that is a decimal integer is read as that integer and any other string
-is replaced by its 64-bit hash, so a sequence column of ``"12|7"`` strings
-and an int64 column name the same keys.
+token that is a decimal integer in the int64 range (optional sign, digits
+only) is read as that integer and any other string is replaced by its 64-bit
+hash, so a sequence column of ``"12|7"`` strings and an int64 column name the
+same keys. Which of the two a token gets depends on the token alone, never on
+the other tokens of its batch.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import xxhash
 
 from hashrec.config.errors import ConfigError
 from hashrec.features.errors import FeatureError
-from hashrec.features.tokens import Bags
+from hashrec.features.tokens import Bags, string_offsets
 
-_INT_TEXT = r"^[+-]?[0-9]{1,18}$"
+_INT_TEXT = r"^[+-]?[0-9]+$"
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def hash_tokens(values: pa.Array) -> np.ndarray:
@@ -42,18 +45,56 @@ def _error_at(bags: Bags, position: int, feature: str, column: str, what: str) -
                         f"{what} (value {value!r})")
 
 
+def _has_x(values: pa.Array) -> bool:
+    """Whether any token holds an ``x`` or ``X`` (Arrow's integer cast reads ``0x..`` as hex)."""
+    buffer = values.buffers()[2]
+    if buffer is None:
+        return False
+    offsets = string_offsets(values)
+    data = np.frombuffer(buffer, dtype=np.uint8)[offsets[0]:offsets[-1]]
+    return bool(((data | 0x20) == ord("x")).any())
+
+
+def int_tokens(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Which string tokens are decimal integers in the int64 range, and their values.
+
+    Returns:
+        (is_int (n,) bool, ints (n,) int64): ``ints`` holds the value where ``is_int``.
+    """
+    if len(values) and not _has_x(values):
+        try:  # the common case, every token an integer, in one cast
+            ints = pc.cast(values, pa.int64()).to_numpy(zero_copy_only=False)
+            return np.ones(len(values), dtype=bool), ints
+        except pa.ArrowInvalid:
+            pass
+    is_int = np.array(pc.match_substring_regex(values, _INT_TEXT).to_numpy(zero_copy_only=False),
+                      dtype=bool)
+    ints = np.zeros(len(values), dtype=np.int64)
+    if not is_int.any():
+        return is_int, ints
+    where = np.flatnonzero(is_int)
+    text = pc.replace_substring_regex(values.filter(pa.array(is_int)), r"^\+", "")
+    try:
+        ints[where] = pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False)
+    except pa.ArrowInvalid:  # some overflow int64: those are not integer ids
+        parsed = [int(t) for t in text.to_pylist()]
+        fits = np.array([_INT64_MIN <= v <= _INT64_MAX for v in parsed], dtype=bool)
+        ints[where[fits]] = [v for v, ok in zip(parsed, fits) if ok]
+        is_int[where[~fits]] = False
+    return is_int, ints
+
+
 def strict_int_ids(bags: Bags, feature: str, column: str) -> np.ndarray:
     """Integer tokens as int64; floats or non-integer strings are errors naming the row."""
     values = bags.values
     if pa.types.is_integer(values.type):
         return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
-        try:
-            return pc.cast(values, pa.int64()).to_numpy(zero_copy_only=False)
-        except pa.ArrowInvalid:
-            bad = pc.invert(pc.match_substring_regex(values, _INT_TEXT))
-            pos = int(np.flatnonzero(bad.to_numpy(zero_copy_only=False))[0])
-            raise _error_at(bags, pos, feature, column, "expected an integer id") from None
+        is_int, ints = int_tokens(values)
+        if not is_int.all():
+            pos = int(np.flatnonzero(~is_int)[0])
+            raise _error_at(bags, pos, feature, column, "expected an integer id")
+        return ints
     raise FeatureError(f"feature {feature!r}: column {column!r} holds {values.type}; "
                        f"expected integer ids (or strings of them)")
 
@@ -65,15 +106,13 @@ def raw_int64_ids(bags: Bags) -> np.ndarray:
         return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     if pa.types.is_floating(values.type):
         raise FeatureError("float ids are not supported; cast the column to int64 or string")
-    try:
-        return pc.cast(values, pa.int64()).to_numpy(zero_copy_only=False)
-    except pa.ArrowInvalid:
-        pass
-    is_int = pc.match_substring_regex(values, _INT_TEXT).to_numpy(zero_copy_only=False)
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        raise FeatureError(f"ids of type {values.type} are not supported; use int64 or string")
+    is_int, ints = int_tokens(values)
+    if is_int.all():
+        return ints
     ids = hash_tokens(values)
-    if is_int.any():
-        ints = pc.cast(values.filter(pa.array(is_int)), pa.int64()).to_numpy(zero_copy_only=False)
-        ids[is_int] = ints
+    ids[is_int] = ints[is_int]
     return ids
 
 
@@ -117,9 +156,11 @@ class Vocab:
     """Ids from a vocabulary; out-of-vocabulary tokens get ``oov_id``.
 
     Without ``default_bucketize_value`` (TorchEasyRec's convention) vocab_list
-    entry i gets id i + 2, id 0 is kept for the default value and 1 for
-    out-of-vocabulary tokens; with it, entry i gets id i and unknown tokens
-    get default_bucketize_value. vocab_dict maps tokens to the ids it names.
+    entry i gets id i + 2, the feature's default_value (what missing cells
+    read as) gets id 0 and out-of-vocabulary tokens id 1; with it, entry i
+    gets id i and unknown tokens get default_bucketize_value. vocab_dict maps
+    tokens to the ids it names (and, without default_bucketize_value, the
+    default_value to 0 and unknown tokens to 1).
     """
 
     tokens: tuple[str, ...]
@@ -164,6 +205,10 @@ def _vocab(cfg, feature: str) -> Vocab:
         token_ids = tuple(int(cfg.vocab_dict[t]) for t in tokens)
     if len(set(tokens)) != len(tokens):
         raise ConfigError(f"feature {feature!r}: vocabulary has duplicate entries")
+    if not has_default and cfg.default_value:
+        keep = [i for i, t in enumerate(tokens) if t != cfg.default_value]
+        tokens = (cfg.default_value, *(tokens[i] for i in keep))
+        token_ids = (0, *(token_ids[i] for i in keep))
     oov = int(cfg.default_bucketize_value) if has_default else 1
     num_rows = max([oov, *token_ids, 1]) + 1
     return Vocab(tokens, token_ids, oov, num_rows)

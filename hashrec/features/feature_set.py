@@ -11,7 +11,7 @@ from hashrec.config.errors import ConfigError
 from hashrec.config.validate import feature_problems
 from hashrec.embedding.jagged import KeyedJaggedTensor
 from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
-from hashrec.features.base import Feature, SparseIds
+from hashrec.features.base import Feature, SparseIds, check_not_sequence
 from hashrec.features.batch import Batch
 from hashrec.features.combo_feature import build_combo_feature
 from hashrec.features.errors import FeatureError
@@ -127,6 +127,7 @@ def _build(kind: str, cfg, top_level: dict[str, IdFeature]) -> list[Feature]:
     if kind == "id_feature":
         return [top_level[cfg.feature_name]]
     if kind == "raw_feature":
+        check_not_sequence(cfg, kind)
         return [build_raw_feature(cfg)]
     if kind == "combo_feature":
         return [build_combo_feature(cfg)]

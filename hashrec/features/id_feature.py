@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -12,6 +14,7 @@ from hashrec.features.base import (
     SparseIds,
     TableRequest,
     check_dim,
+    check_not_sequence,
     check_pooling,
     column_of,
 )
@@ -22,6 +25,30 @@ from hashrec.features.tokens import Bags, column_bags, get_column, truncate
 _WEIGHTED = r"^(?P<id>.*):(?P<weight>[^:]*)$"
 
 
+def _is_finite_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text)) and text == text.strip() and "_" not in text
+    except ValueError:
+        return False
+
+
+def _weights(text: pa.Array, bags: Bags, feature: str, column: str) -> np.ndarray:
+    """(n,) float32 weights of ``text``; a non-number, NaN or inf names its row."""
+    try:
+        weights = pc.cast(text, pa.float32()).to_numpy(zero_copy_only=False)
+        bad = ~np.isfinite(weights)
+    except pa.ArrowInvalid:
+        bad = np.array([not _is_finite_number(t) for t in text.to_pylist()], dtype=bool)
+        if not bad.any():
+            raise FeatureError(f"feature {feature!r}: column {column!r}: a weight is not a "
+                               f"number") from None
+    if bad.any():
+        pos = int(np.flatnonzero(bad)[0])
+        raise FeatureError(f"feature {feature!r}: column {column!r}", bags.row_of(pos),
+                           f"weight {text[pos].as_py()!r} is not a finite number")
+    return weights
+
+
 def split_weighted(bags: Bags, feature: str, column: str) -> tuple[Bags, np.ndarray]:
     """``id:weight`` tokens -> (bags of ids, (n,) float32 weights)."""
     text = bags.values if pa.types.is_string(bags.values.type) else bags.values.cast(pa.string())
@@ -30,11 +57,7 @@ def split_weighted(bags: Bags, feature: str, column: str) -> tuple[Bags, np.ndar
         pos = int(np.flatnonzero(pc.is_null(parts).to_numpy(zero_copy_only=False))[0])
         raise FeatureError(f"feature {feature!r}: column {column!r}", bags.row_of(pos),
                            f"weighted value {text[pos].as_py()!r} is not id:weight")
-    try:
-        weights = pc.cast(parts.field("weight"), pa.float32()).to_numpy(zero_copy_only=False)
-    except pa.ArrowInvalid:
-        raise FeatureError(f"feature {feature!r}: column {column!r}: a weight is not a "
-                           f"number") from None
+    weights = _weights(parts.field("weight"), bags, feature, column)
     return Bags(parts.field("id"), bags.lengths), weights
 
 
@@ -48,7 +71,8 @@ class IdFeature(Feature):
         table: the TableRequest of this feature.
         pooling: sum | mean.
         separator: multi-value separator inside string cells.
-        default: token for missing cells ("" -> empty bag).
+        default: token for missing cells ("" -> empty bag); of a weighted feature,
+            ``id`` or ``id:weight`` (an ``id`` alone has weight 1).
         weighted: cells hold ``id:weight`` tokens.
         sequence_length: > 0 makes it a sequence (split on ``separator``,
             truncated to the first ``sequence_length`` items: the most recent).
@@ -63,7 +87,8 @@ class IdFeature(Feature):
         self.table = table
         self.pooling = check_pooling(pooling, name)
         self.separator = separator
-        self.default = default
+        self.default = f"{default}:1" if weighted and default and ":" not in default \
+            else default
         self.weighted = weighted
         self.is_sequence = sequence_length > 0
         self.sequence_length = sequence_length
@@ -92,6 +117,7 @@ def table_request(cfg, name: str, num_rows: int | None,
 
 def build_id_feature(cfg) -> IdFeature:
     """IdFeature from an ``id_feature`` config."""
+    check_not_sequence(cfg, "id_feature")
     bucketizer = bucketizer_from_config(cfg, cfg.feature_name)
     return IdFeature(cfg.feature_name, column_of(cfg.expression, cfg.feature_name), bucketizer,
                      table_request(cfg, cfg.feature_name, bucketizer.num_rows, bucketizer),
@@ -105,5 +131,9 @@ def build_sequence_id_feature(cfg, name: str, column: str, sequence_length: int,
     """IdFeature read as a sequence: items split on ``sequence_delim``."""
     if sequence_length <= 0:
         raise ConfigError(f"feature {name!r}: sequence_length must be > 0")
+    if cfg.weighted:
+        # the items would be read as ids, "7:0.5" hashed whole
+        raise ConfigError(f"feature {name!r}: weighted is not supported on sequence "
+                          f"features; remove it")
     return IdFeature(name, column, bucketizer, table, cfg.pooling, sequence_delim,
                      cfg.default_value, False, sequence_length)

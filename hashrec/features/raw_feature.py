@@ -32,9 +32,11 @@ class Normalizer:
 
     @classmethod
     def parse(cls, text: str, feature: str) -> Normalizer:
-        items = dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+        items = {k.strip(): v.strip() for k, v in
+                 (part.split("=", 1) for part in text.split(",") if "=" in part)}
         method = items.pop("method", "")
         needed = {"log10": (), "zscore": ("mean", "standard_deviation"), "minmax": ("min", "max")}
+        allowed = {**needed, "log10": ("threshold", "default")}
         if method not in needed:
             raise ConfigError(f"feature {feature!r}: normalizer {text!r}: method must be one of "
                               f"{', '.join(needed)}")
@@ -46,6 +48,18 @@ class Normalizer:
         missing = [k for k in needed[method] if k not in params]
         if missing:
             raise ConfigError(f"feature {feature!r}: normalizer {text!r} needs {missing}")
+        unknown = sorted(set(params) - set(allowed[method]))
+        if unknown:
+            raise ConfigError(f"feature {feature!r}: normalizer {text!r}: {unknown} are not "
+                              f"parameters of {method}; allowed: {list(allowed[method])}")
+        bad = [k for k, v in params.items() if not math.isfinite(v)]
+        if method == "zscore" and params["standard_deviation"] <= 0:
+            bad.append("standard_deviation (must be > 0)")
+        if method == "minmax" and params["max"] <= params["min"]:
+            bad.append("max (must be > min)")
+        if bad:
+            raise ConfigError(f"feature {feature!r}: normalizer {text!r}: bad {', '.join(bad)}; "
+                              f"it would turn values into NaN or inf")
         return cls(method, tuple(sorted(params.items())))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -130,17 +144,31 @@ class RawFeature(Feature):
         return out
 
 
+def _boundaries(values, feature: str) -> tuple[float, ...]:
+    """The configured boundaries as the decimals written in the config.
+
+    The config field is float32, so ``0.1`` arrives as 0.10000000149; compared with
+    float64 values as it is, a value of exactly 0.1 would fall below its boundary.
+    Each boundary is read back as the shortest decimal of its float32.
+    """
+    out = []
+    for value in values:
+        if not math.isfinite(value):
+            raise ConfigError(f"feature {feature!r}: boundaries must be finite, got {value}")
+        out.append(float(str(np.float32(value))))
+    for before, after in zip(out, out[1:]):
+        if after <= before:
+            raise ConfigError(f"feature {feature!r}: boundaries must be strictly ascending, "
+                              f"got {after:g} after {before:g} in {[f'{b:g}' for b in out]}")
+    return tuple(out)
+
+
 def build_raw_feature(cfg, name: str | None = None, column: str | None = None,
                       sequence_length: int = 0, sequence_delim: str | None = None) -> RawFeature:
     """RawFeature from a ``raw_feature`` config (or a sequence's raw sub-feature)."""
     name = name or cfg.feature_name
     column = column or column_of(cfg.expression, name)
-    for value in cfg.boundaries:
-        if not math.isfinite(value):
-            raise ConfigError(f"feature {name!r}: boundaries must be finite, got {value}")
-    boundaries = tuple(cfg.boundaries)
-    if list(boundaries) != sorted(boundaries):
-        raise ConfigError(f"feature {name!r}: boundaries must be ascending")
+    boundaries = _boundaries(cfg.boundaries, name)
     if cfg.value_dim < 1:
         raise ConfigError(f"feature {name!r}: value_dim must be >= 1, got {cfg.value_dim}")
     if sequence_length and cfg.value_dim != 1:

@@ -85,24 +85,38 @@ def _drop_empty(values: pa.Array, lengths: np.ndarray) -> Bags:
     return Bags(values.filter(pa.array(keep)), new_lengths)
 
 
-def _fill_missing(array: pa.Array, default: str, feature: str, column: str) -> pa.Array:
+def _fill_missing(array: pa.Array, default: str, separator: str | None, feature: str,
+                  column: str) -> pa.Array:
     """Missing cells (null or empty string) -> ``default``; without one, cells are kept
-    (empty strings and nulls become empty bags later, when tokens are dropped)."""
+    (empty strings and nulls become empty bags later, when tokens are dropped). A list
+    column's missing cells get the default's tokens (split on ``separator``)."""
     if not default:
         return array
     if _is_string(array.type):
         array = pc.if_else(pc.equal(array, ""), pa.scalar(None, array.type), array)
     if array.null_count == 0:
         return array
-    if _is_list(array.type):
-        fill = pa.scalar([default], pa.list_(pa.string())).cast(array.type)
-        return pc.fill_null(array, fill)
     try:
-        fill = pa.scalar(default).cast(array.type)
+        if _is_list(array.type):
+            tokens = [t for t in default.split(separator) if t] if separator else [default]
+            fill = pa.scalar(tokens, pa.list_(pa.string())).cast(array.type)
+        else:
+            fill = pa.scalar(default).cast(array.type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         raise FeatureError(f"feature {feature!r}: default_value {default!r} does not fit "
                            f"column {column!r} of type {array.type}") from None
     return pc.fill_null(array, fill)
+
+
+def _decode_dictionary(array: pa.Array) -> pa.Array:
+    """Dictionary-encoded cells or list items (parquet keeps categorical columns so) as
+    plain values, so that they are split, filled and dropped like any other."""
+    t = array.type
+    if pa.types.is_dictionary(t):
+        return array.cast(t.value_type)
+    if _is_list(t) and pa.types.is_dictionary(t.value_type):
+        return array.cast(pa.list_(t.value_type.value_type))
+    return array
 
 
 def column_bags(array: pa.Array, feature: str, column: str, separator: str | None,
@@ -118,22 +132,20 @@ def column_bags(array: pa.Array, feature: str, column: str, separator: str | Non
     """
     if pa.types.is_null(array.type):  # an all-null column without a type
         array = array.cast(pa.string())
-    array = _fill_missing(array, default, feature, column)
+    array = _decode_dictionary(array)
+    if pa.types.is_fixed_size_list(array.type):
+        array = array.cast(pa.list_(array.type.value_type))
+    array = _fill_missing(array, default, separator, feature, column)
     t = array.type
     if _is_list(t):
-        if pa.types.is_fixed_size_list(t):
-            array = array.cast(pa.list_(t.value_type))
         return _drop_empty(pc.list_flatten(array), list_lengths(array))
     if _is_string(t) and separator:
         # Cells without the separator become one-token bags, as in the path below.
         split = pc.split_pattern(array, separator)
         return _drop_empty(pc.list_flatten(split), list_lengths(split))
-    if not (_is_string(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
-            or pa.types.is_dictionary(t)):
+    if not (_is_string(t) or pa.types.is_integer(t) or pa.types.is_floating(t)):
         raise FeatureError(f"feature {feature!r}: column {column!r} has type {t}; expected "
                            f"integers, floats, strings or lists of them")
-    if pa.types.is_dictionary(t):
-        array = array.cast(t.value_type)
     if array.null_count == 0:
         return _drop_empty(array, np.ones(len(array), dtype=np.int64))
     valid = pc.is_valid(array)

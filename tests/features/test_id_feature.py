@@ -127,3 +127,65 @@ def test_missing_column_and_wrong_dtype(feature_set):
 def test_config_errors(feature_set, options, message):
     with pytest.raises(ConfigError, match=message):
         feature_set(_id(options))
+
+
+# Tokens at the edges of "is this a decimal int64": signs, leading zeros, 19 digits,
+# the int64 limits, overflow, and texts Arrow's integer cast would read (hex).
+INT_EDGE_TOKENS = ["7", "+7", "-7", "007", "-0", "1234567890123456789",
+                   str(2**63 - 1), str(-(2**63)), str(2**63), "99999999999999999999",
+                   "0x10", "1e3", " 7", "７", "abc"]
+
+
+def _reference_key(token: str) -> int:
+    """A dynamic key as the module docstring states it: decimal int64 or xxhash64."""
+    text = token[1:] if token[:1] in "+-" else token
+    if text.isascii() and text.isdigit() and -(2**63) <= int(token) < 2**63:
+        return int(token)
+    return int(np.array([xxhash.xxh64_intdigest(token.encode())], np.uint64).view(np.int64)[0])
+
+
+@pytest.mark.parametrize("token", INT_EDGE_TOKENS)
+def test_dynamic_key_depends_on_the_token_alone(feature_set, token):
+    fs = feature_set(_id("dynamicemb { max_capacity: 100 }"))
+    alone = fs.parse(pa.table({"c": [token]})).sparse["f"].values.tolist()
+    # next to an integer, next to a hashed string, and among all the edge tokens
+    for other in (["5"], ["abc"], INT_EDGE_TOKENS):
+        mixed = fs.parse(pa.table({"c": [*other, token]})).sparse["f"].values.tolist()
+        assert mixed[-1] == alone[0] == _reference_key(token)
+
+
+def test_num_buckets_reads_exactly_decimal_ints(feature_set):
+    fs = feature_set(_id('num_buckets: 100 separator: ","'))
+    assert _bags(fs.parse(pa.table({"c": ["+7,-0,007"]})), "f") == ([7, 0, 7], [3])
+    with pytest.raises(FeatureError, match=r"row 1: expected an integer id \(value '0x10'\)"):
+        fs.parse(pa.table({"c": ["1", "0x10"]}))
+
+
+@pytest.mark.parametrize("default, want_weight", [("7", 1.0), ("7:0.25", 0.25)],
+                         ids=["id-only", "id-weight"])
+def test_weighted_default_value_fills_missing_cells(feature_set, default, want_weight):
+    fs = feature_set(_id(f'num_buckets: 100 separator: "," weighted: true '
+                         f'default_value: "{default}"'))
+    batch = fs.parse(pa.table({"c": ["1:0.5", None, ""]}))
+    assert _bags(batch, "f") == ([1, 7, 7], [1, 1, 1])
+    assert batch.sparse.weights().tolist() == [0.5, want_weight, want_weight]
+
+
+@pytest.mark.parametrize("weight", ["nan", "inf", "-inf", "", "x", "1e99"],
+                         ids=["nan", "inf", "neg-inf", "empty", "text", "overflow"])
+def test_weighted_bad_weight_names_row(feature_set, weight):
+    fs = feature_set(_id('num_buckets: 100 separator: "," weighted: true'))
+    with pytest.raises(FeatureError,
+                       match=rf"'f': column 'c' row 1: weight '{weight}' is not a finite number"):
+        fs.parse(pa.table({"c": ["1:1,2:2", f"3:1,4:{weight}"]}))
+
+
+@pytest.mark.parametrize("vocab, want", [
+    ('vocab_list: ["a", "b", "c"]', [3, 0, 0, 0, 1]),
+    ('vocab_dict { key: "b" value: 7 } vocab_dict { key: "a" value: 2 }', [7, 0, 0, 0, 1]),
+], ids=["list", "dict"])
+def test_vocab_default_value_reads_as_id_0(feature_set, vocab, want):
+    # TorchEasyRec: without default_bucketize_value, default_value is id 0 and OOV id 1
+    fs = feature_set(_id(f'{vocab} default_value: "d"'))
+    batch = fs.parse(pa.table({"c": ["b", None, "", "d", "zz"]}))
+    assert _bags(batch, "f") == (want, [1, 1, 1, 1, 1])

@@ -76,3 +76,45 @@ def test_boundaries_bucketize(feature_set):
 def test_config_errors(feature_set, options, message):
     with pytest.raises(ConfigError, match=message):
         feature_set(_raw(options))
+
+
+def test_value_equal_to_a_decimal_boundary_is_in_the_bucket_above(feature_set):
+    # boundaries are float32 in the config; 0.1 must still bucket like 0.1
+    fs = feature_set(_raw("boundaries: [0.1, 0.2, 0.3] embedding_dim: 4"))
+    values = [0.1, 0.2, 0.3, 0.15, 0.0999999, 0.3000001]
+    assert fs.parse(pa.table({"c": values})).sparse["r"].values.tolist() == [1, 2, 3, 1, 0, 3]
+    strings = fs.parse(pa.table({"c": ["0.1", "0.3"]}))
+    assert strings.sparse["r"].values.tolist() == [1, 3]
+
+
+@pytest.mark.parametrize("boundaries, message", [
+    ("[1, 1, 2]", r"got 1 after 1 in \['1', '1', '2'\]"),
+    ("[0.5, 2, 1.5]", r"got 1.5 after 2 in \['0.5', '2', '1.5'\]"),
+], ids=["duplicate", "unsorted"])
+def test_boundaries_must_strictly_increase(feature_set, boundaries, message):
+    with pytest.raises(ConfigError, match=rf"'r': boundaries must be strictly ascending, {message}"):
+        feature_set(_raw(f"boundaries: {boundaries} embedding_dim: 4"))
+
+
+@pytest.mark.parametrize("normalizer, message", [
+    ("method=zscore,mean=1,standard_deviation=0", r"bad standard_deviation \(must be > 0\)"),
+    ("method=minmax,min=2,max=2", r"bad max \(must be > min\)"),
+    ("method=minmax,min=3,max=2", r"bad max \(must be > min\)"),
+    ("method=zscore,mean=inf,standard_deviation=1", "bad mean"),
+    ("method=log10,threshhold=1", r"\['threshhold'\] are not parameters of log10"),
+], ids=["zero-std", "min-eq-max", "min-gt-max", "inf-mean", "misspelt"])
+def test_normalizer_that_would_give_nan_or_ignore_a_key_is_refused(feature_set, normalizer,
+                                                                    message):
+    with pytest.raises(ConfigError, match=rf"'r': normalizer '{normalizer}': {message}"):
+        feature_set(_raw(f'normalizer: "{normalizer}"'))
+
+
+def test_normalizer_allows_spaces_around_parameters(feature_set):
+    fs = feature_set(_raw('normalizer: "method=zscore, mean = 1, standard_deviation=2"'))
+    assert fs.parse(pa.table({"c": [5.0]})).dense["r"].tolist() == [[2.0]]
+
+
+def test_value_dim_list_column_takes_its_default_for_null_cells(feature_set):
+    fs = feature_set(_raw('value_dim: 2 separator: "," default_value: "0,-1"'))
+    lists = pa.array([[1.0, 2.0], None], pa.list_(pa.float64()))
+    assert fs.parse(pa.table({"c": lists})).dense["r"].tolist() == [[1, 2], [0, -1]]

@@ -86,3 +86,26 @@ def test_sequence_length_required(feature_set):
     with pytest.raises(ConfigError, match="sequence_length > 0"):
         feature_set('feature_configs { sequence_id_feature { feature_name: "h" expression: '
                     '"user:h" embedding_dim: 4 num_buckets: 5 } }')
+
+
+@pytest.mark.parametrize("kind, options", [
+    ("id_feature", "num_buckets: 50"),
+    ("raw_feature", ""),
+], ids=["id", "raw"])
+def test_sequence_length_on_a_plain_feature_is_refused(feature_set, kind, options):
+    with pytest.raises(ConfigError, match=rf"'h': sequence_length is set on a {kind}.*"
+                                          rf"sequence_{kind} or inside a sequence_feature"):
+        feature_set(f'feature_configs {{ {kind} {{ feature_name: "h" expression: "user:h" '
+                    f'embedding_dim: 4 {options} sequence_length: 5 }} }}')
+
+
+@pytest.mark.parametrize("config", [
+    'sequence_id_feature { feature_name: "h" expression: "user:h" embedding_dim: 4 '
+    'hash_bucket_size: 50 sequence_length: 2 weighted: true }',
+    'sequence_feature { sequence_name: "s" sequence_length: 3 sequence_delim: ";" '
+    'features { id_feature { feature_name: "h" expression: "item:h" embedding_dim: 4 '
+    'hash_bucket_size: 9 weighted: true } } }',
+], ids=["sequence-id", "sub-feature"])
+def test_weighted_sequence_is_refused(feature_set, config):
+    with pytest.raises(ConfigError, match="weighted is not supported on sequence features"):
+        feature_set(f"feature_configs {{ {config} }}")

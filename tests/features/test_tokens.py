@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from hashrec.features.errors import FeatureError
 from hashrec.features.tokens import column_bags, list_lengths, string_offsets, truncate
 
 
@@ -74,3 +75,30 @@ def test_list_columns_drop_nulls_and_empty_tokens():
 def test_truncate_keeps_the_first_items_of_each_bag():
     bags = truncate(column_bags(pa.array(["1|2|3", "4", "5|6|7|8"]), "f", "c", "|"), 2)
     assert as_lists(bags) == [["1", "2"], ["4"], ["5", "6"]]
+
+
+@pytest.mark.parametrize("default", ["", "0"], ids=["no-default", "default"])
+def test_dictionary_columns_split_and_fill_like_plain_ones(default):
+    # parquet files keep categorical string columns dictionary-encoded
+    bags = column_bags(pa.array(CELLS).dictionary_encode(), "f", "c", "|", default)
+    assert as_lists(bags) == reference_bags(CELLS, "|", default)
+    cells = [["1", "", "2"], None, [], ["3", None]]
+    items = pa.array([t for c in cells for t in (c or [])]).dictionary_encode()
+    array = pa.ListArray.from_arrays(pa.array([0, 3, 3, 3, 5], pa.int32()), items,
+                                     mask=pa.array([False, True, False, False]))
+    assert as_lists(column_bags(array, "f", "c", None, default)) == \
+        reference_bags(cells, None, default)
+
+
+@pytest.mark.parametrize("list_type", [pa.list_(pa.float64()), pa.list_(pa.float64(), 2)],
+                         ids=["list", "fixed-size-list"])
+def test_list_column_default_is_split_on_the_separator(list_type):
+    array = pa.array([[1.0, 2.0], None, [3.0, 4.0]], list_type)
+    bags = column_bags(array, "f", "c", ",", "0,0.5")
+    assert as_lists(bags) == [[1.0, 2.0], [0.0, 0.5], [3.0, 4.0]]
+
+
+def test_list_column_default_that_does_not_fit_names_feature_and_column():
+    array = pa.array([[1], None], pa.list_(pa.int64()))
+    with pytest.raises(FeatureError, match=r"'f': default_value 'x' does not fit column 'c'"):
+        column_bags(array, "f", "c", None, "x")
