@@ -34,13 +34,13 @@ from hashrec.table.errors import TableError
 from hashrec.table.fixed_lookup import PROTECTED as _PROTECTED
 from hashrec.table.fixed_lookup import FixedSizeLookup
 from hashrec.table.initializers import initial_values
-from hashrec.table.memory import estimate_table_bytes
 from hashrec.table.ops.erase import erase_slots
 from hashrec.table.ops.find import find_slots
 from hashrec.table.ops.insert import insert_keys
 from hashrec.table.ops.rehash import rehash
 from hashrec.table.options import InitializerArgs, ScoreStrategy, TableOptions
 from hashrec.table.storage import TableStorage
+from hashrec.table.table_report import TableReport
 from hashrec.table.table_state import TableState
 from hashrec.table.tiers import index_row_dim, make_row_store
 from hashrec.table.unique import unique_pairs
@@ -73,7 +73,7 @@ class LookupResult(NamedTuple):
     version: int = -1
 
 
-class HashTable(FixedSizeLookup, TableState):
+class HashTable(FixedSizeLookup, TableState, TableReport):
     """Dynamic embedding table (see the module docstring for scores and growth).
 
     Args:
@@ -135,52 +135,6 @@ class HashTable(FixedSizeLookup, TableState):
         """Advances the STEP clock (call once per train step); returns the new step."""
         self.step += 1
         return self.step
-
-    def stats(self) -> dict[str, int | float]:
-        """Counters: lookups, hits, inserts, evictions, refused, admission_rejected,
-        counter_evictions, growths, plus size and capacity. ``lookups`` counts every key
-        passed to ``lookup`` (the active ones), ``find`` and ``find_or_insert``,
-        duplicates included; ``hits`` those of them stored before the call. HYBRID adds
-        device_rows and host_rows, CACHING adds cache_rows, cache_lookups, cache_hits,
-        cache_hit_rate, fetched_rows, prefetched_rows, written_back_rows and
-        host_direct_rows."""
-        self._fold_device_counts()
-        out = {name: int(self._stats[name]) for name in (
-            "lookups", "hits", "inserts", "evictions", "refused", "admission_rejected",
-            "growths")}
-        # ``count`` counts in the counter, the fixed-size path with this table's masks.
-        out["counter_evictions"] = (self._counter.evictions + int(
-            self._stats["counter_evictions"])) if self._counter else 0
-        out["size"] = self.size()
-        out["capacity"] = self.capacity()
-        out.update(self._rows.stats())
-        return out
-
-    def memory_bytes(self) -> dict[str, int]:
-        """Bytes allocated now, by where they live: {"gpu": ..., "host": ...}."""
-        report = self.memory_report()
-        return {"gpu": report["gpu"], "host": report["host"]}
-
-    def memory_report(self) -> dict[str, int | str]:
-        """Allocated bytes by location ("gpu", "host": on a CPU-only machine all is host)
-        and by tier ("gpu_tier": index, counters, device rows and cache; "host_tier":
-        host rows), the DynamicEmb storage estimate at max_capacity ("estimate_gpu",
-        "estimate_host"), the storage "mode" and how kernels reach host rows
-        ("host_access": none | uva | staged | host)."""
-        device_tier, host_tier = self._rows.tier_tensors()
-        device_tier = [*device_tier, self.storage.keys, self.storage.tags, self.storage.digests,
-                       self.storage.scores, self.storage.values]
-        if self._counter is not None:
-            s = self._counter.storage
-            device_tier += [s.keys, s.tags, s.digests, s.scores, s.values]
-        on_gpu = sum(_nbytes(t) for t in device_tier + host_tier if t.is_cuda)
-        total = sum(_nbytes(t) for t in device_tier + host_tier)
-        estimate = estimate_table_bytes(self.options)
-        return {"gpu": on_gpu, "host": total - on_gpu,
-                "gpu_tier": sum(_nbytes(t) for t in device_tier),
-                "host_tier": sum(_nbytes(t) for t in host_tier),
-                "estimate_gpu": estimate["gpu"], "estimate_host": estimate["host"],
-                "mode": self.options.storage_mode.value, "host_access": self._rows.host_access}
 
     def prefetch(self, keys: torch.Tensor, tags: torch.Tensor | None = None) -> None:
         """Caches the stored rows of ``keys`` (n,) for the next lookup (CACHING; else a
@@ -598,10 +552,6 @@ class HashTable(FixedSizeLookup, TableState):
                              f"of this table's latest lookup")
         self._rows.update(slots, grads, spec, checked_lr(name, spec.lr if lr is None else lr),
                           max(self.step, 1) if step is None else checked_step(name, step))
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
 
 
 def _largest(scores: torch.Tensor | None, unique: torch.Tensor,
