@@ -1,5 +1,8 @@
 """MultiTowerDIN: an MLP tower per DEEP group, a DIN tower per SEQUENCE group.
 
+Every feature group feeds exactly one tower: a group that no tower names is an error
+rather than a part of the config that is silently left out.
+
 The towers' outputs are concatenated, passed through the optional ``final``
 MLP and a linear layer to one logit per row; the prediction is its sigmoid.
 """
@@ -49,6 +52,13 @@ class MultiTowerDIN(RankModel):
                 raise ModelError(f"{where}: {err}") from err
             self.din_towers[tower.input] = attention
             width += attention.output_dim()
+        unused = [name for name in self.groups
+                  if name not in self.towers and name not in self.din_towers]
+        if unused:
+            raise ModelError(
+                f"multi_tower_din: feature groups {unused} feed no tower and would be left out "
+                f"of the model; add a towers (DEEP) or din_towers (SEQUENCE) entry with that "
+                f"input, or remove the group")
         self.final = None
         if config.HasField("final"):
             self.final = MLP(width, mlp_options(config.final, "multi_tower_din.final"))

@@ -12,6 +12,18 @@ import torch
 from torch import nn
 
 
+def single_row_batch_norm(x: torch.Tensor, running_mean: torch.Tensor | None,
+                          running_var: torch.Tensor | None, weight: torch.Tensor | None,
+                          bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Batch norm of a training batch of one row x (1, dim), by the running statistics.
+
+    One row has no variance to normalize with (``BatchNorm1d`` raises on it in
+    training). Such a batch, e.g. an epoch's last partial batch, is normalized as in
+    evaluation and leaves the running statistics as they are.
+    """
+    return nn.functional.batch_norm(x, running_mean, running_var, weight, bias, False, 0.0, eps)
+
+
 class Dice(nn.Module):
     """DIN's data-adaptive activation: ``p * x + (1 - p) * alpha * x``.
 
@@ -31,7 +43,13 @@ class Dice(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., dim) -> (..., dim)."""
         flat = x.reshape(-1, x.shape[-1])
-        p = torch.sigmoid(self.norm(flat)).reshape(x.shape)
+        if self.training and flat.shape[0] == 1:
+            norm = self.norm
+            normed = single_row_batch_norm(flat, norm.running_mean, norm.running_var,
+                                           norm.weight, norm.bias, norm.eps)
+        else:
+            normed = self.norm(flat)
+        p = torch.sigmoid(normed).reshape(x.shape)
         return p * x + (1.0 - p) * self.alpha * x
 
 

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hashrec.modules.activation import canonical_activation, create_activation
+from hashrec.modules.activation import (
+    canonical_activation,
+    create_activation,
+    single_row_batch_norm,
+)
 
 
 @dataclass(frozen=True)
@@ -67,14 +71,22 @@ class MLPOptions:
 
 
 class _FlatNorm(nn.Module):
-    """Apply a 1-D norm to (..., dim) by flattening the leading dimensions."""
+    """Apply a batch norm to (..., dim) by flattening the leading dimensions (a training
+    batch of one row is normalized by the running statistics: ``single_row_batch_norm``)."""
 
-    def __init__(self, norm: nn.Module) -> None:
+    def __init__(self, norm: nn.BatchNorm1d) -> None:
         super().__init__()
         self.norm = norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+        flat = x.reshape(-1, x.shape[-1])
+        if self.training and flat.shape[0] == 1:
+            norm = self.norm
+            flat = single_row_batch_norm(flat, norm.running_mean, norm.running_var, norm.weight,
+                                         norm.bias, norm.eps)
+        else:
+            flat = self.norm(flat)
+        return flat.reshape(x.shape)
 
 
 class Perceptron(nn.Module):

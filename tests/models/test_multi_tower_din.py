@@ -75,8 +75,10 @@ def test_bf16_autocast_runs_dense_part():
     (MODEL_CONFIG.replace("binary_cross_entropy {}", "l2_loss {}"), "l2_loss"),
     (MODEL_CONFIG + "num_class: 3", "num_class"),
     (MODEL_CONFIG.replace("hidden_units: [8, 4]", "hidden_units: []"), "towers"),
+    ('feature_groups { group_name: "wide" feature_names: ["user_id"] group_type: DEEP }\n'
+     + MODEL_CONFIG, r"\['wide'\] feed no tower"),
 ], ids=["unknown-group", "wrong-group-type", "sequence-in-deep", "unknown-feature",
-        "no-query", "loss", "num-class", "empty-mlp"])
+        "no-query", "loss", "num-class", "empty-mlp", "group-without-tower"])
 def test_config_errors_name_the_problem(text, match):
     with pytest.raises(ModelError, match=match):
         _model(text)
@@ -107,3 +109,16 @@ def test_fp16_embedding_hook_unscales_sparse_gradients():
     assert torch.allclose(got, reference, rtol=0.05, atol=1e-4)
     dense_grad = model.output.weight.grad
     assert dense_grad.abs().max() > 100 * reference.abs().max()  # still scaled for the scaler
+
+
+@pytest.mark.parametrize("norm", ["use_bn: true", 'activation: "nn.Dice"'], ids=["bn", "dice"])
+def test_training_step_on_a_batch_of_one_row(norm):
+    text = MODEL_CONFIG.replace("hidden_units: [8, 4]", f"hidden_units: [8, 4] {norm}")
+    text = text.replace("hidden_units: [8] }", f"hidden_units: [8] {norm} }}")
+    model = _model(text)
+    model.train()
+    batch = make_batch(1, lengths=[1])
+    predictions = model(batch)
+    model.loss(predictions, batch)["binary_cross_entropy"].backward()
+    assert torch.isfinite(predictions["logits"]).all()
+    assert torch.isfinite(model.output.weight.grad).all()

@@ -71,3 +71,23 @@ def test_dice_gates_between_identity_and_alpha():
     x = torch.tensor([[100.0, -100.0, 0.0]])
     y = dice(x)
     assert y[0, 0] > 0 and y[0, 1] <= 0
+
+
+@pytest.mark.parametrize("options", [
+    MLPOptions(hidden_units=(3,), use_bn=True, activation=""),
+    MLPOptions(hidden_units=(3,), activation="nn.Dice"),
+], ids=["batch-norm", "dice"])
+@pytest.mark.parametrize("shape", [(1, 4), (1, 1, 4)], ids=["row", "sequence-of-one"])
+def test_training_batch_of_one_row_uses_running_statistics(options, shape):
+    torch.manual_seed(0)
+    mlp = MLP(4, options)
+    mlp.train()
+    mlp(torch.randn(16, 4) * 3 + 1)  # running statistics away from their start
+    before = {k: v.clone() for k, v in mlp.state_dict().items()}
+    x = torch.randn(*shape, requires_grad=True)
+    y = mlp(x)
+    y.sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    assert all(torch.equal(v, before[k]) for k, v in mlp.state_dict().items())
+    mlp.eval()
+    torch.testing.assert_close(y, mlp(x))

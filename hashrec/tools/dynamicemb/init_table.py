@@ -4,7 +4,8 @@ An init table is a parquet or csv file set (comma-separated files, directories a
 globs, like input paths). Its first column holds the ids (integers, or strings read
 as a dynamic-embedding feature reads them: decimal integers parsed, other strings
 hashed); its second column the embedding, as a list of floats or as a string of
-floats joined by ``separator``. CSV files have a header row.
+floats joined by ``separator``. CSV files have a header row (a first line that reads
+like a row is an error).
 
 Rows are handled as follows (and counted in :class:`InitTableReport`):
 
@@ -74,15 +75,46 @@ class ParsedBlock:
     bad_value: str = ""
 
 
-def _blocks(path: str) -> Iterator[pa.RecordBatch]:
+def _csv_blocks(path: str, where: str, dim: int, separator: str
+                ) -> Iterator[pa.RecordBatch]:
+    """A csv file's blocks, the embedding column read as strings (null where empty):
+    inferred, a one-value embedding would read as a float column."""
+    read = pcsv.ReadOptions(block_size=1 << 22)
+    try:
+        names = pcsv.open_csv(path, read_options=read).schema.names
+    except pa.ArrowInvalid as err:
+        raise MigrationError(f"{where}: cannot be read as csv ({err})") from None
+    if _looks_like_row(names, dim, separator):
+        raise MigrationError(
+            f"{where}: the first line {','.join(names)!r} is a row, not a header; csv init "
+            f"tables need a header line naming the id and embedding columns")
+    convert = pcsv.ConvertOptions(column_types={n: pa.string() for n in names[1:2]},
+                                  strings_can_be_null=True)
+    try:
+        yield from pcsv.open_csv(path, read_options=read, convert_options=convert)
+    except pa.ArrowInvalid as err:
+        raise MigrationError(f"{where}: cannot be read as csv ({err})") from None
+
+
+def _looks_like_row(names: list[str], dim: int, separator: str) -> bool:
+    """Whether a csv header (id, embedding, ...) holds an integer and ``dim`` numbers."""
+    if len(names) < 2 or not names[0].strip().lstrip("+-").isdigit():
+        return False
+    try:
+        return len([float(v) for v in names[1].split(separator)]) == dim
+    except ValueError:
+        return False
+
+
+def _blocks(path: str, table: str, dim: int, separator: str) -> Iterator[pa.RecordBatch]:
+    where = f"table {table!r}: {path}"
     if path.endswith(".csv"):
-        reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=1 << 22))
-        yield from reader
+        yield from _csv_blocks(path, where, dim, separator)
         return
     try:
         parquet = pq.ParquetFile(path)
     except pa.ArrowInvalid as err:
-        raise MigrationError(f"{path}: not a parquet or .csv file ({err})") from None
+        raise MigrationError(f"{where}: not a parquet or .csv file ({err})") from None
     yield from parquet.iter_batches(batch_size=_BATCH_ROWS)
 
 
@@ -188,7 +220,7 @@ def _first_value(column: pa.Array, positions: np.ndarray, limit: int = 4096) -> 
 
 def _parse_file(path: str, table: str, dim: int, separator: str) -> list[ParsedBlock]:
     blocks, first = [], 0
-    for batch in _blocks(path):
+    for batch in _blocks(path, table, dim, separator):
         blocks.append(parse_block(batch, path, first, table, dim, separator))
         first += batch.num_rows
     return blocks

@@ -23,6 +23,7 @@ from hashrec.checkpoint import CheckpointError, restore_checkpoint
 from hashrec.config import load_pipeline_config
 from hashrec.tools.dynamicemb.create_dynamicemb_init_ckpt import create_init_checkpoint, main
 from hashrec.tools.dynamicemb.errors import MigrationError
+from hashrec.tools.dynamicemb.init_table import InitTableReport, read_init_table
 from hashrec.train.checkpoints import restore_for_training
 
 ITEMS = np.arange(5000, 5040, dtype=np.int64)
@@ -213,3 +214,30 @@ def test_save_dir_that_is_a_file_is_one_error_line(tmp_path, capsys):
     assert capsys.readouterr().err == (f"error: --save_dir {str(tmp_path / 's')!r} is a file; "
                                        f"name a new or empty directory for the checkpoint\n")
     assert (tmp_path / "s").read_text() == "mine"
+
+
+@pytest.mark.parametrize("text,match", [
+    ("", "cannot be read as csv"),
+    ('id,emb\n1,"1,2,3,4"\n2,"1,2,3,4",9\n', "Expected 2 columns, got 3"),
+    ('1,"1,2,3,4"\n2,"1,2,3,4"\n', "the first line '1,1,2,3,4' is a row, not a header"),
+], ids=["empty-file", "extra-field", "no-header"])
+def test_unreadable_csv_is_one_error_line_naming_table_and_file(tmp_path, capsys, text, match):
+    good = _write_init(str(tmp_path / "a.csv"), ITEMS, _embeddings(), as_string=True)
+    (tmp_path / "b.csv").write_text(text)
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",
+                          dynamicemb_block(f"{good},{tmp_path / 'b.csv'}"))
+    assert main(["--pipeline_config_path", config, "--world_size", "1", "--save_dir",
+                 str(tmp_path / "s")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: table 'item_id': {tmp_path / 'b.csv'}: ")
+    assert match in err and len(err.strip().splitlines()) == 1
+    assert os.listdir(tmp_path / "s") == []
+
+
+def test_csv_embeddings_of_one_value(tmp_path):
+    path = tmp_path / "init.csv"
+    path.write_text("id,emb\n3,0.5\n4,-2\n5,\n")
+    report = InitTableReport("item_id")
+    [(ids, embeddings, _)] = list(read_init_table(str(path), report, 1))
+    assert ids.tolist() == [3, 4] and embeddings.tolist() == [[0.5], [-2.0]]
+    assert (report.rows_read, report.bad_rows) == (3, 1)
