@@ -8,6 +8,8 @@ runs in reduced precision under mixed precision training.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -16,6 +18,8 @@ from hashrec.models.feature_groups import GroupSpec, build_group_spec, feature_i
 from hashrec.modules import MLPOptions
 
 SUPPORTED_LOSSES = ("binary_cross_entropy",)
+
+logger = logging.getLogger(__name__)
 
 
 def mlp_options(mlp_config, where: str) -> MLPOptions:
@@ -89,6 +93,7 @@ class RankModel(nn.Module):
             if group_config.group_name in groups:
                 raise ModelError(f"feature group {group_config.group_name!r} is defined twice")
             groups[group_config.group_name] = build_group_spec(group_config, infos)
+        _warn_ungrouped(groups, infos)
         return groups
 
     def group(self, name: str, expected_type: str, where: str) -> GroupSpec:
@@ -161,3 +166,16 @@ class RankModel(nn.Module):
     def loss(self, predictions: dict[str, torch.Tensor], batch) -> dict[str, torch.Tensor]:
         """Per-loss scalar tensors (float32), averaged over the batch."""
         return self.losses_from_logits(predictions["logits"], self.labels(batch))
+
+
+def _warn_ungrouped(groups: dict[str, GroupSpec], infos) -> None:
+    """Embedded features that no feature group names are still looked up every step (their
+    ids inserted into dynamic tables, taking capacity and checkpoint space) and never
+    trained: say which."""
+    used = {f.name for g in groups.values() for f in (*g.features, *g.query, *g.sequence)}
+    unused = sorted(name for name, info in infos.items() if info.embedded and name not in used)
+    if unused:
+        logger.warning("features in no feature group: %s; they are looked up every step "
+                       "(dynamic tables store their ids) but feed no tower and never "
+                       "train; remove them from feature_configs or add them to a group",
+                       ", ".join(unused))

@@ -122,3 +122,14 @@ def test_training_step_on_a_batch_of_one_row(norm):
     model.loss(predictions, batch)["binary_cross_entropy"].backward()
     assert torch.isfinite(predictions["logits"]).all()
     assert torch.isfinite(model.output.weight.grad).all()
+
+
+def test_embedded_features_in_no_group_are_named(caplog):
+    with caplog.at_level("WARNING", logger="hashrec.models.rank_model"):
+        _model()
+    assert "no feature group" not in caplog.text
+    text = MODEL_CONFIG.replace('["user_id", "item_id", "cate_id", "price"]',
+                                '["item_id", "cate_id", "price"]')
+    with caplog.at_level("WARNING", logger="hashrec.models.rank_model"):
+        _model(text)
+    assert "features in no feature group: user_id;" in caplog.text
