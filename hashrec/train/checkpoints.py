@@ -12,8 +12,8 @@ generators' states (torch's CPU generator, the training GPU's, and the dynamic t
 own, ``TableOptions.seed``), put back before the resumed run's first step: dropout
 and the initial values of rows inserted later draw what an uninterrupted run would
 have, so resuming on the same device and number of ranks trains the same model bit
-for bit. Under another number of ranks (or from a GPU run onto the CPU) the states do
-not apply; the run then draws others and says so.
+for bit (compared on the CPU in the tests). Under another number of ranks (or from a
+GPU run onto the CPU) the states do not apply; the run then draws others and says so.
 """
 
 from __future__ import annotations
