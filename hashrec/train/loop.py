@@ -449,6 +449,7 @@ class TrainLoop:
         """Save a checkpoint at the current step, then evaluate when an eval input is set
         (and ``evaluate``)."""
         s = self.session
+        self.progress.check_finite(self.step)
         path = checkpoints.save(s.model_dir, self.step, self.epoch, s.model, s.dense,
                                 self.options.keep_checkpoint_max, self.epoch_step,
                                 self.readers)

@@ -14,7 +14,10 @@ the embedding exchange time per step: ``a2a 3.21 ms/step``.
 from __future__ import annotations
 
 import logging
+import math
 import time
+
+from hashrec.train.errors import TrainError
 
 logger = logging.getLogger("hashrec.train")
 
@@ -67,6 +70,27 @@ class ProgressLog:
         self._loss_sum += loss
         self._loss_steps += 1
 
+    def check_finite(self, step: int) -> None:
+        """Raise TrainError when the loss of the steps since the last report is NaN or
+        infinite (on any rank: under several ranks a collective every rank calls), so
+        that a diverged model is not saved over the checkpoints before it."""
+        window = {"loss_sum": float(self._loss_sum), "loss_steps": float(self._loss_steps),
+                  "ranks": 1.0}
+        if self.reduce is not None:
+            window = self.reduce(window)
+        if window["loss_steps"]:
+            self._raise_if_diverged(step, window["loss_sum"] / window["loss_steps"],
+                                    window["loss_steps"] / window["ranks"])
+
+    def _raise_if_diverged(self, step: int, loss: float, steps: float) -> None:
+        if math.isfinite(loss):
+            return
+        raise TrainError(
+            f"the training loss is {loss} at step {step} (the mean of the last "
+            f"{int(steps)} step(s)): the model diverged, "
+            f"and is not saved; the checkpoints before it are kept. Lower the learning "
+            f"rates, set gradient clipping, or check the input for extreme values")
+
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
 
@@ -85,6 +109,7 @@ class ProgressLog:
             window = self.reduce(window)
         ranks = window["ranks"]
         loss = window["loss_sum"] / max(window["loss_steps"], 1)
+        self._raise_if_diverged(step, loss, window["loss_steps"] / ranks)
         rate = window["samples"] / (window["elapsed"] / ranks)
         out = {"loss": loss, "samples_per_second": rate}
         steps = window["loss_steps"] / ranks

@@ -13,6 +13,7 @@ from small_din import generate_data, small_loop, trained_state
 
 from hashrec.checkpoint import discard_dumps_after, latest_checkpoint
 from hashrec.checkpoint.incremental import dump_path
+from hashrec.train.errors import TrainError
 from hashrec.train.interrupt import StopSignals, TrainInterrupted
 from hashrec.train.prefetch import EpochStream
 
@@ -175,3 +176,36 @@ def test_evaluating_on_the_way_leaves_the_training_run_as_it_was(data_dir, tmp_p
     want, got = trained_state(plain), trained_state(evaluated)
     assert want.keys() == got.keys()
     assert [name for name in want if not torch.equal(want[name], got[name])] == []
+
+
+def test_a_diverged_model_is_not_saved(data_dir, tmp_path):
+    edits = {"train_config.num_steps": 6, "train_config.save_checkpoints_steps": 2,
+             "train_config.log_step_count_steps": 100}
+    # A learning rate that blows the dense weights up: the first save refuses.
+    blown = small_loop(tmp_path / "blown", edits={
+        **edits, "train_config.dense_optimizer.adam_optimizer.lr": 1e30})
+    with pytest.raises(TrainError, match=r"loss is nan at step 2 \(the mean of the last 2 "
+                                         r"step\(s\)\): the model diverged"):
+        blown.run(str(data_dir))
+    assert latest_checkpoint(str(tmp_path / "blown")) is None
+    # A loss that turns NaN after the save of step 2: that checkpoint stays the latest,
+    # and the run stops at its next save instead of writing the NaN model over it.
+    model_dir = tmp_path / "model"
+    loop = small_loop(model_dir, edits=edits)
+    record = loop.progress.record
+    loop.progress.record = lambda size, loss: record(
+        size, loss if loop.step < 3 else loss * float("nan"))
+    with pytest.raises(TrainError, match="loss is nan at step 4"):
+        loop.run(str(data_dir))
+    assert latest_checkpoint(str(model_dir)).endswith("model.ckpt-2")
+    assert not os.path.exists(os.path.join(model_dir, "model.ckpt-4"))
+
+
+def test_a_diverged_loss_stops_at_the_log_line(data_dir, tmp_path):
+    loop = small_loop(tmp_path / "model", edits={
+        "train_config.num_steps": 6, "train_config.log_step_count_steps": 1,
+        "train_config.dense_optimizer.adam_optimizer.lr": 1e30})
+    with pytest.raises(TrainError, match=r"loss is (nan|inf) at step \d \(the mean of the "
+                                         r"last 1 step\(s\)\)"):
+        loop.run(str(data_dir))
+    assert loop.step < 6 and latest_checkpoint(str(tmp_path / "model")) is None
