@@ -7,6 +7,7 @@ the table's own write path (``_assign``) and admission counter.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 
 import torch
@@ -136,16 +137,35 @@ class TableState:
             return
         self._counter.load_state(keys, tags, counts)
 
-    def random_state(self) -> torch.Tensor | None:
-        """The state of the table's own random generator (``TableOptions.seed``), from
-        which initializers without ``key_seed`` draw; None: the table draws from torch's
-        default generator."""
-        return None if self._generator is None else self._generator.get_state()
+    def random_state(self) -> dict | None:
+        """Where the table's random initial values come from next, to put back with
+        ``set_random_state`` (a resumed run then draws what an uninterrupted one would
+        have): ``generator``, the state of its own generator (``TableOptions.seed``),
+        and ``kernel_seeds``, the state of the seed sequence of the Triton path's
+        in-kernel initializers once started. None when there is neither (the table
+        draws from torch's default generator, whose state is the caller's to keep)."""
+        state = {}
+        if self._generator is not None:
+            state["generator"] = self._generator.get_state()
+        if self._seed_sequence is not None:
+            version, internal, gauss = self._seed_sequence.getstate()
+            state["kernel_seeds"] = [version, list(internal), gauss]
+        return state or None
 
-    def set_random_state(self, state: torch.Tensor) -> None:
-        """Puts back a ``random_state()`` (a resumed run then draws the initial values
-        an uninterrupted one would have)."""
-        if self._generator is None:
-            raise TableError(f"table {self.options.name!r} has no generator of its own "
-                             f"(TableOptions.seed is None); nothing to set")
-        self._generator.set_state(state)
+    def set_random_state(self, state: dict) -> None:
+        """Puts back a ``random_state()``.
+
+        Raises:
+            TableError: the state holds a generator's and this table has no generator
+                of its own (``TableOptions.seed`` differs from the saved table's).
+        """
+        if "generator" in state:
+            if self._generator is None:
+                raise TableError(f"table {self.options.name!r} has no generator of its own "
+                                 f"(TableOptions.seed is None); the state is from a table "
+                                 f"with one")
+            self._generator.set_state(state["generator"])
+        if "kernel_seeds" in state:
+            version, internal, gauss = state["kernel_seeds"]
+            self._seed_sequence = random.Random()
+            self._seed_sequence.setstate((version, tuple(internal), gauss))

@@ -31,6 +31,7 @@ from hashrec.checkpoint import (
     save_checkpoint,
 )
 from hashrec.checkpoint.layout import checkpoint_dirs
+from hashrec.table import TableError
 from hashrec.train.errors import TrainError
 
 logger = logging.getLogger("hashrec.train")
@@ -207,8 +208,8 @@ def random_states(model) -> dict:
 
 def set_random_states(model, state: dict) -> None:
     """Puts back ``random_states(model)`` of a checkpoint; a GPU state is skipped (with a
-    warning) when the model is not on a GPU now, and a table's when it has no generator
-    of its own now."""
+    warning) when the model is not on a GPU now, and a table's generator when the table
+    has none of its own now."""
     torch.set_rng_state(state["cpu"])
     device = _model_device(model)
     if "cuda" in state:
@@ -220,5 +221,9 @@ def set_random_states(model, state: dict) -> None:
     tables = model.embedding.dynamic_tables()
     for name, table_state in state.get("tables", {}).items():
         table = tables.get(name)
-        if table is not None and table.random_state() is not None:
+        if table is None:
+            continue
+        try:
             table.set_random_state(table_state)
+        except TableError as e:
+            logger.warning("%s: the resumed run draws other initial values", e)
