@@ -69,3 +69,18 @@ def interpreted_triton(enabled: bool = True):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def forced_triton():
+    """In this process, the tables' ops take the Triton path on CPU tensors too
+    (``HASHREC_FORCE_TRITON=1``; the kernels interpreted where ``TRITON_INTERPRET=1``)."""
+    from hashrec.table.ops import dispatch
+
+    dispatch._forced.cache_clear()
+    os.environ["HASHREC_FORCE_TRITON"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("HASHREC_FORCE_TRITON", None)
+        dispatch._forced.cache_clear()

@@ -15,6 +15,7 @@ import os
 
 import pytest
 import torch
+from host_reads import forced_triton
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -29,22 +30,10 @@ from hashrec.table.lookup_graphs import (  # noqa: E402
     graphs_enabled,
     padded_size,
 )
-from hashrec.table.ops import dispatch  # noqa: E402
 from hashrec.table.options import AdmissionOptions, InitializerArgs  # noqa: E402
 
 HASHED = InitializerArgs(mode="UNIFORM", key_seed=3)
 RANDOM = InitializerArgs(mode="NORMAL", std_dev=0.2)
-
-
-@contextlib.contextmanager
-def _forced_triton():
-    dispatch._forced.cache_clear()
-    os.environ["HASHREC_FORCE_TRITON"] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop("HASHREC_FORCE_TRITON", None)
-        dispatch._forced.cache_clear()
 
 
 # Tests without capture run on the GPU where there is one (compiled kernels), else on
@@ -95,7 +84,7 @@ def _compare(options: TableOptions, capture: bool, tagged: bool = False, masked:
     ``cycle``, the first ``cycle`` batches over and over); asserts they agree at every
     step and at the end."""
     on_gpu = str(options.device).startswith("cuda")
-    context = contextlib.nullcontext() if capture or on_gpu else _forced_triton()
+    context = contextlib.nullcontext() if capture or on_gpu else forced_triton()
     with context:
         eager, padded = HashTable(options), HashTable(options)
         eager._lookup_graphs = False
@@ -123,7 +112,7 @@ def _compare_calls(options: TableOptions, capture: bool, tagged: bool, steps: in
     ``insert_or_assign`` of batches with repeated keys (their forms of the captured
     lookup: the unique count stays on the device)."""
     on_gpu = str(options.device).startswith("cuda")
-    context = contextlib.nullcontext() if capture or on_gpu else _forced_triton()
+    context = contextlib.nullcontext() if capture or on_gpu else forced_triton()
     gen = torch.Generator().manual_seed(11)
     with context:
         eager, padded = HashTable(options), HashTable(options)
@@ -265,7 +254,7 @@ def test_a_dropped_table_frees_its_lookups_without_the_cycle_collector(small_cla
     import weakref
 
     options = _options("LFU", HASHED)
-    with _forced_triton():
+    with forced_triton():
         table = HashTable(options)
         table._lookup_graphs = LookupGraphs(table, capture=False)
         for keys, tags, counts, _, _ in _batches(3, 60, 160, False, False, DEVICE):
@@ -286,7 +275,7 @@ def test_size_classes_that_displace_each_other_stop_being_captured(small_classes
     monkeypatch.setattr("hashrec.table.lookup_graphs.MAX_GRAPHS", 1)
     monkeypatch.setattr("hashrec.table.lookup_graphs.MAX_CAPTURES", 2)
     gen = torch.Generator().manual_seed(5)
-    with _forced_triton():
+    with forced_triton():
         eager, padded = HashTable(_options("LFU", HASHED)), HashTable(_options("LFU", HASHED))
         eager._lookup_graphs = False
         padded._lookup_graphs = graphs = LookupGraphs(padded, capture=False)
@@ -312,7 +301,7 @@ def test_padded_lookup_counts_refusals_on_the_device_and_warns_once_a_minute(
     clock = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     options = dataclasses.replace(_options("NO_EVICTION", HASHED), check_mode="WARNING")
-    with _forced_triton(), caplog.at_level(logging.WARNING):
+    with forced_triton(), caplog.at_level(logging.WARNING):
         table = HashTable(options)
         table._lookup_graphs = graphs = LookupGraphs(table, capture=False)
         for step, (keys, tags, counts, _, _) in enumerate(
@@ -336,7 +325,7 @@ def test_padded_lookup_raises_on_refusals_under_check_mode_error(small_classes):
     from hashrec.table.errors import TableFullError
 
     options = dataclasses.replace(_options("NO_EVICTION", HASHED), check_mode="ERROR")
-    with _forced_triton():
+    with forced_triton():
         table = HashTable(options)
         table._lookup_graphs = graphs = LookupGraphs(table, capture=False)
         # At max_capacity from the second lookup on; few keys: nothing refused yet.

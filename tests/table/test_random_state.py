@@ -8,13 +8,13 @@ import os
 
 import pytest
 import torch
+from host_reads import forced_triton
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed")
 
 from hashrec.table import HashTable, InitializerArgs, TableOptions  # noqa: E402
-from hashrec.table.ops import dispatch  # noqa: E402
 
 OPTIONS = TableOptions(dim=4, max_capacity=512, bucket_capacity=16,
                        initializer=InitializerArgs(mode="UNIFORM"))
@@ -24,13 +24,8 @@ OPTIONS = TableOptions(dim=4, max_capacity=512, bucket_capacity=16,
 def triton_path():
     if torch.cuda.is_available():
         pytest.skip("runs the kernels interpreted on CPU tensors (CPU-only hosts)")
-    dispatch._forced.cache_clear()
-    os.environ["HASHREC_FORCE_TRITON"] = "1"
-    try:
+    with forced_triton():
         yield
-    finally:
-        os.environ.pop("HASHREC_FORCE_TRITON", None)
-        dispatch._forced.cache_clear()
 
 
 def _rebuilt(table: HashTable) -> HashTable:
