@@ -132,8 +132,20 @@ class RawFeature(Feature):
             row = int(np.flatnonzero(wrong)[0])
             raise FeatureError(f"feature {self.name!r}: column {self.columns[0]!r}", row,
                                f"has {bags.lengths[row]} values, expected value_dim="
-                               f"{self.value_dim} (set default_value for missing cells)")
+                               f"{self.value_dim}{self._default_hint()}")
         return values.astype(np.float32).reshape(bags.batch_size, self.value_dim)
+
+    def _default_hint(self) -> str:
+        """What to set so that missing cells give value_dim values."""
+        if not self.default:
+            return " (set default_value for missing cells)"
+        items = len(self.default.split(self.separator)) if self.separator else 1
+        if items == self.value_dim:
+            return ""
+        sep = f" separated by {self.separator!r}" if self.separator else \
+            " (and a separator to split them)"
+        return (f" (a missing cell takes default_value {self.default!r}, {items} value(s); "
+                f"give it {self.value_dim} values{sep})")
 
     def _padded(self, bags: Bags, values: np.ndarray) -> np.ndarray:
         out = np.zeros((bags.batch_size, self.sequence_length, 1), dtype=np.float32)

@@ -32,6 +32,13 @@ def test_value_dim_from_strings_and_lists(feature_set):
     assert fs.parse(pa.table({"c": lists})).dense["r"].tolist() == [[1, 2], [3, 4]]
     with pytest.raises(FeatureError, match="row 1: has 1 values, expected value_dim=2"):
         fs.parse(pa.table({"c": ["1,2", "3"]}))
+    # The config's default_value ("0" unless set) fills missing cells: one value for two.
+    with pytest.raises(FeatureError, match=r"row 1: has 1 values, expected value_dim=2 \(a "
+                                           r"missing cell takes default_value '0', 1 value\(s\); "
+                                           r"give it 2 values separated by ','\)"):
+        fs.parse(pa.table({"c": ["1,2", None]}))
+    filled = feature_set(_raw('value_dim: 2 separator: "," default_value: "0,0"'))
+    assert filled.parse(pa.table({"c": ["1,2", None]})).dense["r"].tolist() == [[1, 2], [0, 0]]
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
