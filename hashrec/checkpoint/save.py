@@ -188,8 +188,8 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
             so that restore matches tags by name; None takes them from
             ``model.embedding.table_locations()`` when the model has one.
         rank_state: this rank's own state (tensors, numbers, strings, in dicts and
-            lists; e.g. random generator states), written per rank and read back by
-            ``read_rank_state`` under the same world size; None: none.
+            lists; e.g. random generator states), written per rank; ``restore_checkpoint``
+            returns it under the same world size. None: none.
 
     Returns:
         Path of the complete checkpoint.

@@ -9,7 +9,7 @@ not trained. They are the same batches when the readers are laid out as before
 (ranks, loader workers, batch size; also in ``extra``); otherwise the count is
 skipped and a warning says the batches differ. Each rank also saves its random
 generators' states (torch's CPU generator, the training GPU's, and the dynamic tables'
-own, ``TableOptions.seed``), put back before the resumed run's first step: dropout
+own: ``TableOptions.seed``'s generator and the in-kernel initializers' seeds), put back before the resumed run's first step: dropout
 and the initial values of rows inserted later draw what an uninterrupted run would
 have, so resuming on the same device and number of ranks trains the same model bit
 for bit (compared on the CPU in the tests). Under another number of ranks (or from a
@@ -192,7 +192,8 @@ def _model_device(model) -> torch.device:
 
 def random_states(model) -> dict:
     """This rank's random generator states: torch's CPU generator, the model's GPU's
-    (when it trains on one) and each dynamic table's own generator."""
+    (when it trains on one) and each dynamic table's ``random_state()`` (its own
+    generator, the in-kernel initializers' seed sequence)."""
     state: dict = {"cpu": torch.get_rng_state()}
     device = _model_device(model)
     if device.type == "cuda":
