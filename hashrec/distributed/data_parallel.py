@@ -18,7 +18,11 @@ gradients:
   scatter their rows' gradients into a dense buffer that one all-reduce sums
   (:func:`all_reduce_row_gradients_many`: no sizes, no sort);
 * :func:`broadcast_state` copies rank 0's parameters and buffers to every rank
-  (start of training, after a restore).
+  (start of training, after a restore);
+* zero-collision (ZCH) tables: every rank remaps the ids of the whole global batch
+  (:func:`all_gather_rows`), so their remappers make the same slot assignments and
+  evictions, and the rows an eviction re-initializes are rank 0's
+  (:func:`broadcast_rows`).
 """
 
 from __future__ import annotations
@@ -183,10 +187,33 @@ def broadcast_state(module: nn.Module, ctx: DistContext, src: int = 0,
                 dist.broadcast(tensor, src=src, group=group)
 
 
+def all_gather_rows(tensor: torch.Tensor, ctx: DistContext,
+                    group: dist.ProcessGroup | None = None) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (rows of any count, equal trailing shape), by rank.
+
+    The counts travel as host values (``all_gather_ints``), then the rows in one
+    all-gather: nothing is read back from the device.
+    """
+    counts = [int(n) for n in all_gather_ints(int(tensor.shape[0]), ctx, group)]
+    return _gather_padded(tensor, counts, group)
+
+
+def broadcast_rows(rows: torch.Tensor, index: torch.Tensor, ctx: DistContext,
+                   group: dist.ProcessGroup | None = None) -> None:
+    """Copies rank 0's ``rows[index]`` over every rank's; ``index`` (k,) must hold the
+    same rows on every rank (its length is read on the host)."""
+    if not ctx.is_distributed or index.numel() == 0:
+        return
+    block = rows.index_select(0, index).contiguous()
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    dist.broadcast(block, src=src, group=group)
+    rows.index_copy_(0, index, block)
+
+
 def _gather_padded(tensor: torch.Tensor, counts: list[int],
                    group: dist.ProcessGroup | None) -> list[torch.Tensor]:
     """All-gather rows of unequal counts (gloo and NCCL need equal sizes: pad to the max)."""
-    longest = max(counts)
+    longest = max(*counts, 1)
     padded = tensor.new_zeros((longest, *tensor.shape[1:]))
     padded[:tensor.shape[0]] = tensor
     parts = [torch.empty_like(padded) for _ in counts]
@@ -340,7 +367,8 @@ def _blocks(flat: torch.Tensor, num_rows: list[int], dims: list[int]) -> list[to
 def pack_row_gradients(tables: list[tuple[int, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """One rank's part of :func:`all_reduce_row_gradients_many`: a flat float32 buffer
     holding, for every table, all its rows x (dim + 1): the rank's gradient and a 1
-    in the last column at the rows it touched, zeros elsewhere."""
+    in the last column at the rows it touched, zeros elsewhere. Negative slots (ids a
+    ZCH remapper gave no row) are left out."""
     num_rows = [n for n, _, _ in tables]
     dims = [grads.shape[1] for _, _, grads in tables]
     flat = tables[0][2].new_zeros(sum(n * (d + 1) for n, d in zip(num_rows, dims)),
@@ -348,7 +376,10 @@ def pack_row_gradients(tables: list[tuple[int, torch.Tensor, torch.Tensor]]) -> 
     for block, (_, slots, grads) in zip(_blocks(flat, num_rows, dims), tables):
         marked = torch.cat([grads.float(), grads.new_ones((grads.shape[0], 1),
                                                           dtype=torch.float32)], 1)
-        block.index_copy_(0, slots, marked)
+        # Slots are unique, so adding into zeros copies; a negative slot adds zeros to
+        # row 0, which leaves it as it is (x + 0 is x whatever the order).
+        marked = torch.where((slots >= 0).unsqueeze(1), marked, 0.0)
+        block.index_add_(0, slots.clamp(min=0), marked)
     return flat
 
 

@@ -15,7 +15,9 @@ is a row-wise shard of the rank (capacities divided by the world size) reached
 through all-to-all exchanges, and dense tables are replicated with their sparse
 gradients summed over ranks; see ``hashrec.embedding.sharded`` for the update
 scaling and the collective rule (every rank runs every forward, in step; a rank
-without an eval batch calls ``idle_lookups``). World size 1 takes the local path.
+without an eval batch calls ``idle_lookups``). ZCH remappers are replicated too:
+in training every rank remaps the global batch's ids (``_remap_zch``), so they
+assign and evict alike. World size 1 takes the local path.
 
 Step clock: every training-mode forward advances the step of every storage once
 before its lookups (STEP scores, Adam bias correction); eval-mode forwards do
@@ -33,6 +35,7 @@ import torch
 from torch import nn
 
 from hashrec.distributed.comm_timer import CommTimer
+from hashrec.distributed.data_parallel import all_gather_rows, broadcast_rows
 from hashrec.distributed.process_group import DistContext
 from hashrec.distributed.sharded_lookup import ShardedTable
 from hashrec.distributed.storage_estimate import per_rank_options
@@ -451,10 +454,26 @@ class EmbeddingCollection(nn.Module):
                                  f"collection is on {self._device}; move the batch first")
 
     def _remap_zch(self, storage: Storage, ids: list[FeatureIds]) -> None:
-        """Raw ids of a ZCH table -> its slots (-1 without one), in place."""
+        """Raw ids of a ZCH table -> its slots (-1 without one), in place.
+
+        Several ranks, training: every rank remaps the global batch's ids in rank
+        order (one all-gather), so the replicated remappers stay identical, and the
+        rows an eviction re-initializes are rank 0's (one broadcast on those steps).
+        """
         raw = torch.cat([f.values for f in ids])
-        slots, reset = self.zch_remappers[storage.name].remap(raw, self.training)
-        storage.table.reset_rows(reset)
+        remapper = self.zch_remappers[storage.name]
+        if not (self.training and self._sharded is not None):
+            slots, reset = remapper.remap(raw, self.training)
+            storage.table.reset_rows(reset)
+        else:
+            ctx, group = self._sharded.ctx, self._sharded.group
+            everyone = all_gather_rows(raw, ctx, group)
+            start = sum(part.numel() for part in everyone[:ctx.rank])
+            slots, reset = remapper.remap(torch.cat(everyone), True)
+            slots = slots[start:start + raw.numel()]
+            storage.table.reset_rows(reset)
+            with torch.no_grad():
+                broadcast_rows(storage.table.rows, reset, ctx, group)
         start = 0
         for f in ids:
             f.values = slots[start:start + f.values.numel()]

@@ -26,9 +26,11 @@ they receive no gradient. The remapper's state (slot ids, counts, last steps,
 pending candidates, step) lives in registered buffers, so it travels in the
 model's ``state_dict`` and therefore in checkpoints.
 
-Every rank keeps its own remapper: under data parallelism with several ranks
-the slot assignments diverge, so ZCH tables are meant for single-process runs
-(and as the source of ``zch_to_dynamicemb_convert``).
+Several ranks: the table and its remapper are replicated. In training every rank
+remaps the ids of the whole global batch, in rank order (the embedding
+collection all-gathers them), so the replicas count, assign and evict exactly as
+one process reading the global batch would; rows re-initialized by an eviction
+are rank 0's, broadcast. Evaluation maps each rank's own ids (read-only).
 """
 
 from __future__ import annotations

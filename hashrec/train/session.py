@@ -128,11 +128,6 @@ def build_session(config, rank: int = 0, world_size: int = 1,
     torch.manual_seed(SEED)
     train_config = config.train_config
     feature_set = build_feature_set(config)
-    zch_tables = [t.name for t in feature_set.embedding_tables() if t.zch is not None]
-    if world_size > 1 and zch_tables:
-        raise TrainError(f"zch tables {zch_tables} run in one process only (each rank would "
-                         f"assign its own slots); train them without torchrun, or convert "
-                         f"them to dynamicemb with zch_to_dynamicemb_convert")
     sparse_spec = sparse_optimizer_spec(train_config.sparse_optimizer)
     modes = plan_storage_modes(feature_set, sparse_spec, int(config.data_config.batch_size), ctx)
     embedding = EmbeddingCollection(feature_set.embedding_tables(),
