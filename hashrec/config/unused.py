@@ -16,9 +16,6 @@ _REFUSED = {
         "gradient_accumulation_steps": (lambda v: v > 1, "each step applies its own gradients"),
         "fine_tune_ckpt_param_map": (bool, "a fine-tune checkpoint is restored by name"),
     },
-    "DataConfig": {
-        "sample_weight_fields": (bool, "samples are not weighted"),
-    },
     "FeatureGroupConfig": {
         "sequence_groups": (bool, "sequences are grouped by their feature group"),
     },

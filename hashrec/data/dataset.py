@@ -104,7 +104,7 @@ class FileDataset(IterableDataset):
 
     Args:
         files: data files (see :func:`hashrec.data.paths.expand_input_path`).
-        feature_set: has ``input_columns``, ``label_fields`` and
+        feature_set: has ``input_columns``, ``target_columns`` and
             ``parse(table, with_labels) -> Batch``.
         options: how to walk the rows.
         source: the file format.
@@ -145,8 +145,9 @@ class FileDataset(IterableDataset):
 
     @staticmethod
     def needed_columns(feature_set, options: ReadOptions) -> list[str]:
-        """Columns to read: the features' inputs (labels only when parsed) and reserved ones."""
-        labels = set(feature_set.label_fields)
+        """Columns to read: the features' inputs (labels and the sample weight only when
+        parsed) and reserved ones."""
+        labels = set(feature_set.target_columns)
         columns = [c for c in feature_set.input_columns
                    if options.with_labels or c not in labels]
         return list(dict.fromkeys([*columns, *options.reserved_columns]))

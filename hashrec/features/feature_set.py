@@ -31,19 +31,27 @@ class FeatureSet:
         label_fields: label columns.
         binary_labels: label columns whose values must be 0 or 1 (those a binary
             cross-entropy loss trains on).
+        sample_weight_field: column of each row's loss weight (finite, >= 0), or None.
+            Read, like the labels, only where labels are (``parse(with_labels=True)``),
+            into ``Batch.labels`` under its name.
     """
 
     def __init__(self, features: list[Feature], tables: list[EmbeddingTableSpec],
-                 label_fields: list[str], binary_labels: tuple[str, ...] = ()) -> None:
+                 label_fields: list[str], binary_labels: tuple[str, ...] = (),
+                 sample_weight_field: str | None = None) -> None:
         self.features = {f.name: f for f in features}
         self._tables = list(tables)
         self.label_fields = list(label_fields)
         self.binary_labels = frozenset(binary_labels)
+        self.sample_weight_field = sample_weight_field or None
+        # Columns read only with the labels: the labels and the sample weight.
+        self.target_columns = self.label_fields + (
+            [sample_weight_field] if sample_weight_field else [])
         self._sparse = [f for f in features if f.is_sparse]
         self._sparse_keys = [f.name for f in self._sparse]
         columns = [c for f in features for c in f.columns]
         self.feature_columns = list(dict.fromkeys(columns))
-        self.input_columns = list(dict.fromkeys(self.feature_columns + self.label_fields))
+        self.input_columns = list(dict.fromkeys(self.feature_columns + self.target_columns))
 
     def embedding_tables(self) -> list[EmbeddingTableSpec]:
         return list(self._tables)
@@ -99,8 +107,29 @@ class FeatureSet:
         return Batch(sparse, dense, sequence_dense, labels, batch_size)
 
     def _labels(self, table) -> dict[str, torch.Tensor]:
-        return {name: self._label(get_column(table, name, f"label {name}"), name)
-                for name in self.label_fields}
+        labels = {name: self._label(get_column(table, name, f"label {name}"), name)
+                  for name in self.label_fields}
+        weight = self.sample_weight_field
+        if weight:
+            labels[weight] = self._weight(get_column(table, weight, f"sample weight {weight}"),
+                                          weight)
+        return labels
+
+    @staticmethod
+    def _weight(array: pa.Array, name: str) -> torch.Tensor:
+        """The sample weight column as (B,) float32; FeatureError naming the first bad row."""
+        if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
+            raise FeatureError(f"sample weight column {name!r} has type {array.type}; "
+                               f"expected numbers")
+        values = pc.cast(array, pa.float32()).to_numpy(zero_copy_only=False).copy()
+        bad = ~(np.isfinite(values) & (values >= 0))  # NaN (nulls included) fails both
+        if array.null_count:
+            bad |= pc.is_null(array).to_numpy(zero_copy_only=False)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise FeatureError(f"sample weight column {name!r}", row,
+                               f"value {array[row].as_py()!r} is not a finite weight >= 0")
+        return torch.from_numpy(values)
 
     def _label(self, array: pa.Array, name: str) -> torch.Tensor:
         """One label column as (B,) float32; FeatureError naming the first bad row."""
@@ -155,12 +184,25 @@ def build_feature_set(pipeline_config) -> FeatureSet:
     features: list[Feature] = []
     for kind, cfg in configs:
         features += _build(kind, cfg, top_level)
-    _check_names(features, list(pipeline_config.data_config.label_fields))
+    labels = list(pipeline_config.data_config.label_fields)
+    weight = _sample_weight_field(pipeline_config.data_config, labels)
+    _check_names(features, labels, weight)
     model_config = pipeline_config.model_config if pipeline_config.HasField("model_config") \
         else None
     tables = build_tables(features, model_config)
-    labels = list(pipeline_config.data_config.label_fields)
-    return FeatureSet(features, tables, labels, _binary_labels(labels, model_config))
+    return FeatureSet(features, tables, labels, _binary_labels(labels, model_config), weight)
+
+
+def _sample_weight_field(data_config, label_fields: list[str]) -> str | None:
+    """``data_config.sample_weight_fields``' one column (the models have one loss), or None."""
+    fields = list(data_config.sample_weight_fields)
+    if len(fields) > 1:
+        raise ConfigError(f"data_config.sample_weight_fields lists {len(fields)} columns "
+                          f"{fields}; the ranking models have one loss: give one column")
+    if fields and fields[0] in label_fields:
+        raise ConfigError(f"data_config.sample_weight_fields: {fields[0]!r} is a label field; "
+                          f"give the column of each row's loss weight")
+    return fields[0] if fields else None
 
 
 def _binary_labels(label_fields: list[str], model_config) -> tuple[str, ...]:
@@ -172,18 +214,23 @@ def _binary_labels(label_fields: list[str], model_config) -> tuple[str, ...]:
     return (label_fields[0],) if not losses or "binary_cross_entropy" in losses else ()
 
 
-def _check_names(features: list[Feature], label_fields: list[str]) -> None:
-    """Feature names are unique, and neither a feature name nor an input is a label."""
+def _check_names(features: list[Feature], label_fields: list[str],
+                 weight: str | None = None) -> None:
+    """Feature names are unique, and neither a feature name nor an input is a label or
+    the sample ``weight`` column."""
     seen: set[str] = set()
-    labels = set(label_fields)
+    targets = {name: "label" for name in label_fields}
+    if weight:
+        targets[weight] = "sample weight"
     for feature in features:
         if feature.name in seen:
             raise ConfigError(f"feature name {feature.name!r} is used twice")
         seen.add(feature.name)
-        if feature.name in labels:
-            raise ConfigError(f"feature name {feature.name!r} is a label field of data_config; "
-                              f"rename the feature")
-        leaked = labels.intersection(feature.columns)
+        if feature.name in targets:
+            raise ConfigError(f"feature name {feature.name!r} is a {targets[feature.name]} "
+                              f"field of data_config; rename the feature")
+        leaked = sorted(set(targets).intersection(feature.columns))
         if leaked:
-            raise ConfigError(f"feature {feature.name!r} reads label column "
-                              f"{sorted(leaked)[0]!r}; a label cannot be a model input")
+            kind = targets[leaked[0]]
+            raise ConfigError(f"feature {feature.name!r} reads {kind} column {leaked[0]!r}; "
+                              f"a {kind} cannot be a model input")

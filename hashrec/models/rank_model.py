@@ -65,6 +65,8 @@ class RankModel(nn.Module):
         if not feature_set.label_fields:
             raise ModelError("data_config.label_fields is empty; a ranking model needs a label")
         self.label_name = feature_set.label_fields[0]
+        # Each row's loss weight (data_config.sample_weight_fields), or None.
+        self.weight_name = getattr(feature_set, "sample_weight_field", None)
         self.losses = self._loss_names(model_config)
         self.groups = self._build_groups(model_config, feature_set)
         if embedding is None:
@@ -152,20 +154,41 @@ class RankModel(nn.Module):
 
     def labels(self, batch) -> torch.Tensor:
         """The batch's (B,) float32 labels of ``label_fields[0]``."""
-        if self.label_name not in batch.labels:
-            raise ModelError(
-                f"batch has no label {self.label_name!r} (labels: {list(batch.labels)})")
-        return batch.labels[self.label_name].float()
+        return self._target(batch, self.label_name, "label")
 
-    def losses_from_logits(self, logits: torch.Tensor,
-                           labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-loss scalar tensors (float32), averaged over the batch."""
-        return {name: nn.functional.binary_cross_entropy_with_logits(logits, labels)
+    def sample_weights(self, batch) -> torch.Tensor | None:
+        """The batch's (B,) float32 sample weights, or None without a weight column."""
+        if self.weight_name is None:
+            return None
+        return self._target(batch, self.weight_name, "sample weight")
+
+    def targets(self, batch) -> tuple[torch.Tensor, ...]:
+        """What the loss reads besides the logits: (labels,) or (labels, weights)."""
+        weights = self.sample_weights(batch)
+        return (self.labels(batch),) if weights is None else (self.labels(batch), weights)
+
+    @staticmethod
+    def _target(batch, name: str, what: str) -> torch.Tensor:
+        if name not in batch.labels:
+            raise ModelError(f"batch has no {what} {name!r} (labels: {list(batch.labels)})")
+        return batch.labels[name].float()
+
+    def losses_from_logits(self, logits: torch.Tensor, labels: torch.Tensor,
+                           weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Per-loss scalar tensors (float32): the mean over the batch, or with ``weights``
+        (B,) the weighted mean sum(w * loss) / sum(w) (0 when every weight is 0)."""
+        if weights is None:
+            return {name: nn.functional.binary_cross_entropy_with_logits(logits, labels)
+                    for name in self.losses}
+        total = weights.sum().clamp_min(torch.finfo(torch.float32).tiny)
+        return {name: (nn.functional.binary_cross_entropy_with_logits(
+                    logits, labels, reduction="none") * weights).sum() / total
                 for name in self.losses}
 
     def loss(self, predictions: dict[str, torch.Tensor], batch) -> dict[str, torch.Tensor]:
-        """Per-loss scalar tensors (float32), averaged over the batch."""
-        return self.losses_from_logits(predictions["logits"], self.labels(batch))
+        """Per-loss scalar tensors (float32), averaged over the batch (weighted by the
+        sample weights when the data has them)."""
+        return self.losses_from_logits(predictions["logits"], *self.targets(batch))
 
 
 def _warn_ungrouped(groups: dict[str, GroupSpec], infos) -> None:

@@ -70,7 +70,9 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
                 for metric in metrics.values():
                     metric.update(predictions["probs"], labels)
                 loss = sum(model.loss(predictions, batch).values())
-                mean_loss.add(loss, batch.batch_size)
+                weights = model.sample_weights(batch)
+                mean_loss.add(loss, batch.batch_size,
+                              None if weights is None else weights.sum())
                 batches += 1
                 if log_every and batches % log_every == 0:
                     logger.info("eval at step %d: %d batches (%.1fs)", step, batches,
@@ -81,7 +83,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
     for name, metric in [*metrics.items(), ("loss", mean_loss)]:
         metric.sync()
         result[name] = metric.compute()
-    result["num_examples"] = int(mean_loss.total[1])
+    result["num_examples"] = mean_loss.examples
     logger.info("eval at step %d on %d examples (%.1fs): %s", step, result["num_examples"],
                 time.perf_counter() - start,
                 ", ".join(f"{k} {v:.5f}" for k, v in result.items()

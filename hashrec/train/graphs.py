@@ -80,19 +80,20 @@ def quiet_warmup_streams():
 
 
 class _DenseLoss(nn.Module):
-    """The dense network and the loss as one module of tensors: (*inputs, labels) ->
-    (logits (B,) detached, losses (n,))."""
+    """The dense network and the loss as one module of tensors: (*inputs, *targets) ->
+    (logits (B,) detached, losses (n,)); targets: labels, then sample weights if any."""
 
     def __init__(self, model) -> None:
         super().__init__()
         self.parts = nn.ModuleList(model.dense_modules())
         self._model = (model,)  # not a submodule: the embedding stays out
+        self._targets = 1 if getattr(model, "weight_name", None) is None else 2
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         model = self._model[0]
-        *inputs, labels = args
+        inputs, targets = args[:-self._targets], args[-self._targets:]
         logits = model.dense_from_inputs(*inputs).float()
-        losses = model.losses_from_logits(logits, labels)
+        losses = model.losses_from_logits(logits, *targets)
         return logits.detach(), torch.stack(list(losses.values()))
 
 
@@ -142,9 +143,9 @@ class DenseGraphs:
         if not self.enabled:
             with self.autocast():
                 logits = model.dense_forward(embedded, batch).float()
-            return model.losses_from_logits(logits, model.labels(batch))
+            return model.losses_from_logits(logits, *model.targets(batch))
         with self.autocast():
-            inputs = (*model.dense_inputs(embedded, batch), model.labels(batch))
+            inputs = (*model.dense_inputs(embedded, batch), *model.targets(batch))
         graph = self._graph_for(inputs)
         if graph is None:
             with self.autocast():

@@ -105,12 +105,27 @@ class MeanAbsoluteError(_MeanOf):
 
 
 class MeanLoss(_MeanOf):
-    """Mean of per-batch loss values weighted by batch size (see ``add``)."""
+    """Mean of per-batch loss values weighted by each batch's size, or by the sum of its
+    sample weights (see ``add``); also counts the examples."""
 
-    def add(self, loss: float | torch.Tensor, count: int) -> None:
-        """Add a batch's mean ``loss`` (a float or a device scalar, not read back)."""
+    def __init__(self, device=None) -> None:
+        super().__init__(device)
+        self.total = torch.zeros(3, dtype=torch.float64, device=device)
+
+    def add(self, loss: float | torch.Tensor, count: int,
+            weight: torch.Tensor | None = None) -> None:
+        """Add a batch's mean ``loss`` (a float or a device scalar, not read back) over
+        ``count`` rows; ``weight``: the sum of its rows' sample weights, when the loss is
+        their weighted mean."""
         loss = torch.as_tensor(loss, device=self.total.device).detach().to(torch.float64)
-        self.total += torch.stack([loss * count, torch.ones_like(loss) * count])
+        weight = torch.ones_like(loss) * count if weight is None else \
+            torch.as_tensor(weight, device=self.total.device).detach().to(torch.float64)
+        self.total += torch.stack([loss * weight, weight, torch.ones_like(loss) * count])
+
+    @property
+    def examples(self) -> int:
+        """Rows added (summed over ranks after ``sync``)."""
+        return int(self.total[2])
 
 
 SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_error")

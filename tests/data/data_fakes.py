@@ -23,6 +23,7 @@ class FakeFeatureSet:
 
     def __init__(self, ids=("row_id",), bags=(), labels=("clk",), poison=None):
         self.ids, self.bags, self.label_fields = list(ids), list(bags), list(labels)
+        self.target_columns = list(self.label_fields)
         self.input_columns = [*self.ids, *self.bags, *self.label_fields]
         self.poison = poison
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import warnings
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -22,8 +26,9 @@ CONFIG = os.path.join(ROOT, "examples", "multi_tower_din_taobao.config")
 STEPS = 6
 
 
-def _losses(data: str, tmp_path, graphs: bool, precision: str):
+def _losses(data: str, tmp_path, graphs: bool, precision: str, weighted: bool = False):
     edits = {"data_config.batch_size": 256, "data_config.num_workers": 0,
+             "data_config.sample_weight_fields": ["w"] if weighted else [],
              "train_config.num_steps": STEPS, "eval_input_path": "",
              "train_config.mixed_precision": precision,
              "train_config.dense_cuda_graph": graphs,
@@ -43,14 +48,25 @@ def _losses(data: str, tmp_path, graphs: bool, precision: str):
     return losses, loop.dense_graphs.captured
 
 
-@pytest.mark.parametrize("precision", ["", "BF16"])
-def test_graphed_dense_network_trains_like_eager(tmp_path, precision):
+def _add_weights(data: str) -> None:
+    """A sample weight column ``w`` (0 to 3) in every data file."""
+    for path in glob.glob(os.path.join(data, "*.parquet")):
+        table = pq.read_table(path)
+        weights = np.random.default_rng(0).integers(0, 4, table.num_rows).astype(np.float32)
+        pq.write_table(table.append_column("w", pa.array(weights)), path)
+
+
+@pytest.mark.parametrize("precision, weighted", [("", False), ("BF16", False), ("", True)],
+                         ids=["fp32", "bf16", "weighted"])
+def test_graphed_dense_network_trains_like_eager(tmp_path, precision, weighted):
     data = str(tmp_path / "data")
     generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])
-    eager, none = _losses(data, tmp_path, False, precision)
+    if weighted:
+        _add_weights(data)
+    eager, none = _losses(data, tmp_path, False, precision, weighted)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        graphed, captured = _losses(data, tmp_path, True, precision)
+        graphed, captured = _losses(data, tmp_path, True, precision, weighted)
     assert none == 0 and captured == 1
     # The capture's warmup runs on a stream of its own, which torch warns about (once a
     # process) unless the capture turns that warning off.
