@@ -51,6 +51,9 @@ class Feature:
         pooling: ``sum`` or ``mean`` (sparse features).
         is_sequence: bags are sequences (padded, not pooled).
         sequence_length: maximum sequence length (sequence features).
+        sequence_name: the sequence whose items a sequence feature reads: its
+            ``sequence_feature``'s name, or its own name for a top-level
+            ``sequence_*_feature``; empty for other features.
         weighted: sparse bags carry weights.
         value_dim: width of a dense raw feature (per item for sequences).
     """
@@ -61,6 +64,7 @@ class Feature:
     pooling: str = "sum"
     is_sequence: bool = False
     sequence_length: int = 0
+    sequence_name: str = ""
     weighted: bool = False
     value_dim: int = 0
 

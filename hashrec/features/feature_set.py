@@ -71,6 +71,11 @@ class FeatureSet:
         return {f.name: f.value_dim for f in self.features.values()
                 if not f.is_sparse and f.is_sequence}
 
+    def sequence_names(self) -> dict[str, str]:
+        """Sequence features (sparse and dense): name -> the sequence whose items they read
+        (their ``sequence_feature``'s name; a top-level sequence feature's own name)."""
+        return {f.name: f.sequence_name for f in self.features.values() if f.is_sequence}
+
     def output_dim(self, feature_name: str) -> int:
         """Width of a feature's contribution to a feature group."""
         if feature_name not in self.features:

@@ -76,11 +76,13 @@ class IdFeature(Feature):
         weighted: cells hold ``id:weight`` tokens.
         sequence_length: > 0 makes it a sequence (split on ``separator``,
             truncated to the first ``sequence_length`` items: the most recent).
+        sequence_name: the sequence it reads items of (see ``Feature``); empty -> ``name``.
     """
 
     def __init__(self, name: str, column: str, bucketizer: Bucketizer, table: TableRequest,
                  pooling: str = "sum", separator: str | None = None, default: str = "",
-                 weighted: bool = False, sequence_length: int = 0) -> None:
+                 weighted: bool = False, sequence_length: int = 0,
+                 sequence_name: str = "") -> None:
         self.name = name
         self.columns = (column,)
         self.bucketizer = bucketizer
@@ -92,6 +94,7 @@ class IdFeature(Feature):
         self.weighted = weighted
         self.is_sequence = sequence_length > 0
         self.sequence_length = sequence_length
+        self.sequence_name = (sequence_name or name) if self.is_sequence else ""
 
     def parse(self, table: pa.Table | pa.RecordBatch) -> SparseIds:
         column = self.columns[0]
@@ -127,8 +130,9 @@ def build_id_feature(cfg) -> IdFeature:
 
 def build_sequence_id_feature(cfg, name: str, column: str, sequence_length: int,
                               sequence_delim: str, bucketizer: Bucketizer,
-                              table: TableRequest) -> IdFeature:
-    """IdFeature read as a sequence: items split on ``sequence_delim``."""
+                              table: TableRequest, sequence_name: str = "") -> IdFeature:
+    """IdFeature read as a sequence: items split on ``sequence_delim``; ``sequence_name``
+    is its ``sequence_feature``'s name (empty for a top-level sequence feature)."""
     if sequence_length <= 0:
         raise ConfigError(f"feature {name!r}: sequence_length must be > 0")
     if cfg.weighted:
@@ -136,4 +140,4 @@ def build_sequence_id_feature(cfg, name: str, column: str, sequence_length: int,
         raise ConfigError(f"feature {name!r}: weighted is not supported on sequence "
                           f"features; remove it")
     return IdFeature(name, column, bucketizer, table, cfg.pooling, sequence_delim,
-                     cfg.default_value, False, sequence_length)
+                     cfg.default_value, False, sequence_length, sequence_name)

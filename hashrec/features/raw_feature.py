@@ -91,12 +91,15 @@ class RawFeature(Feature):
     """Numeric values: dense (B, value_dim), or bucket ids when ``boundaries`` are set.
 
     Bucket ids: value v -> the number of boundaries <= v, in [0, len(boundaries)].
+    A sequence (``sequence_length`` > 0) reads the items of ``sequence_name`` (see
+    ``Feature``; empty -> ``name``).
     """
 
     def __init__(self, name: str, column: str, value_dim: int, default: str,
                  separator: str | None, normalizer: Normalizer | None = None,
                  boundaries: tuple[float, ...] = (), table: TableRequest | None = None,
-                 pooling: str = "sum", sequence_length: int = 0) -> None:
+                 pooling: str = "sum", sequence_length: int = 0,
+                 sequence_name: str = "") -> None:
         self.name = name
         self.columns = (column,)
         self.value_dim = value_dim
@@ -108,6 +111,7 @@ class RawFeature(Feature):
         self.pooling = check_pooling(pooling, name)
         self.is_sequence = sequence_length > 0
         self.sequence_length = sequence_length
+        self.sequence_name = (sequence_name or name) if self.is_sequence else ""
 
     def _values(self, table) -> tuple[Bags, np.ndarray]:
         column = self.columns[0]
@@ -176,8 +180,10 @@ def _boundaries(values, feature: str) -> tuple[float, ...]:
 
 
 def build_raw_feature(cfg, name: str | None = None, column: str | None = None,
-                      sequence_length: int = 0, sequence_delim: str | None = None) -> RawFeature:
-    """RawFeature from a ``raw_feature`` config (or a sequence's raw sub-feature)."""
+                      sequence_length: int = 0, sequence_delim: str | None = None,
+                      sequence_name: str = "") -> RawFeature:
+    """RawFeature from a ``raw_feature`` config (or a sequence's raw sub-feature, of the
+    ``sequence_feature`` named ``sequence_name``)."""
     name = name or cfg.feature_name
     column = column or column_of(cfg.expression, name)
     boundaries = _boundaries(cfg.boundaries, name)
@@ -194,4 +200,5 @@ def build_raw_feature(cfg, name: str | None = None, column: str | None = None,
     separator = sequence_delim if sequence_length else cfg.separator
     default = "" if sequence_length else cfg.default_value
     return RawFeature(name, column, int(cfg.value_dim), default, separator,
-                      normalizer, boundaries, table, cfg.pooling, sequence_length)
+                      normalizer, boundaries, table, cfg.pooling, sequence_length,
+                      sequence_name)

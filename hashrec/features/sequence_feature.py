@@ -11,6 +11,10 @@ num_buckets, vocab or dynamicemb) and without embedding_name shares the
 table and the bucketization of the top-level id feature reading the same
 field (or, failing that, of the same name): ``click_50_seq__adgroup_id``
 reads ``adgroup_id``'s table.
+
+The sub-features of one ``sequence_feature`` read one sequence (their
+``sequence_name`` is its name); a top-level sequence_id/raw feature is a
+sequence of its own.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ def _shared_top_level(cfg, top_level: dict[str, IdFeature], name: str) -> IdFeat
 
 
 def _sequence_id(cfg, name: str, column: str, length: int, delim: str,
-                 top_level: dict[str, IdFeature]) -> IdFeature:
+                 top_level: dict[str, IdFeature], sequence_name: str = "") -> IdFeature:
     bucketizer = bucketizer_from_config(cfg, name, required=False)
     if bucketizer is None:
         owner = _shared_top_level(cfg, top_level, name)
@@ -46,9 +50,10 @@ def _sequence_id(cfg, name: str, column: str, length: int, delim: str,
             cfg.embedding_name, owner.table.dim, owner.table.num_rows, owner.table.dynamicemb,
             cfg.trainable, owner.table.zch)
         return build_sequence_id_feature(cfg, name, column, length, delim, owner.bucketizer,
-                                         table)
+                                         table, sequence_name)
     return build_sequence_id_feature(cfg, name, column, length, delim, bucketizer,
-                                     table_request(cfg, name, bucketizer.num_rows, bucketizer))
+                                     table_request(cfg, name, bucketizer.num_rows, bucketizer),
+                                     sequence_name)
 
 
 def build_sequence_group(cfg, top_level: dict[str, IdFeature]) -> list[IdFeature | RawFeature]:
@@ -64,10 +69,10 @@ def build_sequence_group(cfg, top_level: dict[str, IdFeature]) -> list[IdFeature
         column = f"{seq}__{column_of(sub.expression, name)}"
         if kind == "id_feature":
             features.append(_sequence_id(sub, name, column, cfg.sequence_length,
-                                         cfg.sequence_delim, top_level))
+                                         cfg.sequence_delim, top_level, seq))
         elif kind == "raw_feature":
             features.append(build_raw_feature(sub, name, column, cfg.sequence_length,
-                                              cfg.sequence_delim))
+                                              cfg.sequence_delim, seq))
         else:
             raise ConfigError(f"feature {name!r}: sequence sub-feature kind {kind} is not "
                               f"supported")

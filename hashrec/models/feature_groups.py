@@ -6,13 +6,21 @@ embedding (B, dim) or raw dense values (B, value_dim) into (B, D).
 A SEQUENCE group splits its ``feature_names`` into query features (pooled or
 dense, e.g. the candidate item's ``adgroup_id``) and sequence features (padded
 sequences, e.g. ``click_50_seq__adgroup_id``). The query is the query features
-concatenated (B, Dq); the sequence is the sequence features concatenated along
-the last axis (B, L, Ds); lengths (B,) come from the group's first sparse
-sequence feature (all features of one sequence share its lengths).
+concatenated (B, Dq); the sequence is the sequence features, padded to the
+longest L, concatenated along the last axis (B, L, Ds): item i of every
+sequence feature forms position i. A row's length (B,) is the largest of its
+id sequence features' lengths in that row, clamped to L; a feature with fewer
+items there reads as its zero padding at the positions it lacks. Features of
+one sequence (the sub-features of a ``sequence_feature``) have one length per
+row, which this keeps. Features of different sequences (two top-level sequence
+features, or sub-features of two ``sequence_feature`` configs) are paired
+position by position just the same, which means something only where their
+lengths agree: building such a group logs a warning.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,6 +30,8 @@ from hashrec.models.errors import ModelError
 
 DEEP = "DEEP"
 SEQUENCE = "SEQUENCE"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -33,12 +43,15 @@ class FeatureInfo:
         dim: width of its contribution (embedding dim or value_dim).
         embedded: read from the embedding output (else from the batch's dense inputs).
         is_sequence: a padded (B, L, dim) sequence (else a (B, dim) vector).
+        sequence: of a sequence feature, the sequence whose items it holds (its
+            ``sequence_feature``'s name, or its own name for a top-level one); else empty.
     """
 
     name: str
     dim: int
     embedded: bool
     is_sequence: bool
+    sequence: str = ""
 
 
 @dataclass(frozen=True)
@@ -68,13 +81,15 @@ class GroupSpec:
 def feature_infos(feature_set) -> dict[str, FeatureInfo]:
     """Index the features a FeatureSet produces by name."""
     infos: dict[str, FeatureInfo] = {}
+    sequences = feature_set.sequence_names()
     for spec in feature_set.embedding_features():
         infos[spec.name] = FeatureInfo(spec.name, int(feature_set.output_dim(spec.name)),
-                                       True, bool(spec.is_sequence))
+                                       True, bool(spec.is_sequence),
+                                       sequences[spec.name] if spec.is_sequence else "")
     for name, value_dim in feature_set.dense_features().items():
         infos[name] = FeatureInfo(name, int(value_dim), False, False)
     for name, value_dim in feature_set.sequence_dense_features().items():
-        infos[name] = FeatureInfo(name, int(value_dim), False, True)
+        infos[name] = FeatureInfo(name, int(value_dim), False, True, sequences[name])
     return infos
 
 
@@ -115,10 +130,26 @@ def build_group_spec(group_config, infos: Mapping[str, FeatureInfo]) -> GroupSpe
             raise ModelError(
                 f"SEQUENCE feature group {name!r} needs at least one id sequence feature "
                 f"to give the sequence lengths")
+        _warn_mixed_sequences(name, sequence)
         return GroupSpec(name, SEQUENCE, query=query, sequence=sequence)
     raise ModelError(
         f"feature group {name!r}: group_type {group_type} is not supported; allowed: DEEP, "
         f"SEQUENCE")
+
+
+def _warn_mixed_sequences(group: str, sequence: tuple[FeatureInfo, ...]) -> None:
+    """Sequence features of different sequences are paired position by position and a row
+    attends over as many positions as the longest has items: say so, once, at build."""
+    by_sequence: dict[str, list[str]] = {}
+    for info in sequence:
+        by_sequence.setdefault(info.sequence, []).append(info.name)
+    if len(by_sequence) > 1:
+        logger.warning(
+            "SEQUENCE feature group %r mixes features of %d sequences (%s): their items are "
+            "paired position by position and a row attends over as many positions as its "
+            "longest sequence has items, so their lengths should agree in every row; if they "
+            "do not, give each sequence its own SEQUENCE group", group, len(by_sequence),
+            "; ".join(f"{seq}: {', '.join(names)}" for seq, names in by_sequence.items()))
 
 
 def _group_type_name(group_config) -> str:
@@ -142,13 +173,18 @@ def deep_input(group: GroupSpec, embedded, batch) -> torch.Tensor:
 
 def sequence_input(group: GroupSpec, embedded,
                    batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A SEQUENCE group's (query (B, Dq), sequence (B, L, Ds), lengths (B,))."""
+    """A SEQUENCE group's (query (B, Dq), sequence (B, L, Ds), lengths (B,)).
+
+    ``lengths`` is, per row, the largest of the id sequence features' lengths (an
+    elementwise maximum on the device: no host read), clamped to L.
+    """
     query = torch.cat([_vector(f, embedded, batch) for f in group.query], dim=-1)
     parts, lengths = [], None
     for info in group.sequence:
         if info.embedded:
             values, feature_lengths = embedded.sequences[info.name]
-            lengths = feature_lengths if lengths is None else lengths
+            lengths = feature_lengths if lengths is None \
+                else torch.maximum(lengths, feature_lengths)
         else:
             values = batch.sequence_dense[info.name]
         parts.append(values)

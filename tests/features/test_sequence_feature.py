@@ -33,6 +33,7 @@ def test_sub_features_split_truncate_and_share(feature_set):
     spec = {f.name: f for f in fs.embedding_features()}["s__item"]
     assert (spec.table, spec.is_sequence, spec.max_length) == ("item", True, 3)
     assert fs.sequence_dense_features() == {"s__price": 1}
+    assert fs.sequence_names() == {"s__item": "s", "s__price": "s"}
 
 
 def test_list_columns(feature_set):
@@ -80,6 +81,8 @@ def test_top_level_sequence_id_and_raw(feature_set):
     assert batch.sparse["hist"].values.tolist() == [1, 2, 4]
     assert batch.sparse["hist"].lengths.tolist() == [2, 1]
     assert batch.sequence_dense["hp"][:, :, 0].tolist() == [[0.5, 1.0], [0.0, 0.0]]
+    # each top-level sequence feature is a sequence of its own
+    assert fs.sequence_names() == {"hist": "hist", "hp": "hp"}
 
 
 def test_sequence_length_required(feature_set):

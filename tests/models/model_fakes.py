@@ -40,6 +40,9 @@ def model_config(text: str = MODEL_CONFIG) -> model_pb2.ModelConfig:
 @dataclass
 class FakeFeatureSet:
     label_fields: list[str] = field(default_factory=lambda: ["clk"])
+    # sequence feature -> the sequence it reads (sub-features of one sequence_feature)
+    sequence_of: dict[str, str] = field(
+        default_factory=lambda: dict.fromkeys(SEQUENCES, "click_seq"))
 
     def embedding_features(self):
         return ([EmbeddingFeatureSpec(n, n) for n in POOLED]
@@ -54,6 +57,9 @@ class FakeFeatureSet:
 
     def sequence_dense_features(self):
         return {}
+
+    def sequence_names(self):
+        return dict(self.sequence_of)
 
     def output_dim(self, name):
         return 1 if name == "price" else DIM
@@ -90,7 +96,10 @@ class FakeEmbedding(nn.Module):
         return FakeOutput(pooled, sequences)
 
 
-def make_batch(batch_size: int = 6, seed: int = 0, lengths=None) -> Batch:
+def make_batch(batch_size: int = 6, seed: int = 0, lengths=None,
+               feature_lengths: dict | None = None) -> Batch:
+    """Random ids; every sequence feature has ``lengths`` (random if None) unless
+    ``feature_lengths`` gives its own."""
     gen = torch.Generator().manual_seed(seed)
     values, all_lengths = [], []
     for _ in POOLED:
@@ -98,9 +107,10 @@ def make_batch(batch_size: int = 6, seed: int = 0, lengths=None) -> Batch:
         all_lengths.append(torch.ones(batch_size, dtype=torch.int64))
     seq_lengths = (torch.tensor(lengths) if lengths is not None
                    else torch.randint(0, SEQ_LEN + 1, (batch_size,), generator=gen))
-    for _ in SEQUENCES:
-        values.append(torch.randint(0, 50, (int(seq_lengths.sum()),), generator=gen))
-        all_lengths.append(seq_lengths)
+    for name in SEQUENCES:
+        own = torch.as_tensor((feature_lengths or {}).get(name, seq_lengths))
+        values.append(torch.randint(0, 50, (int(own.sum()),), generator=gen))
+        all_lengths.append(own)
     kjt = KeyedJaggedTensor.from_lengths(list(POOLED + SEQUENCES), torch.cat(values),
                                          torch.cat(all_lengths))
     labels = {"clk": torch.randint(0, 2, (batch_size,), generator=gen).float()}

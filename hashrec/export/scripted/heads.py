@@ -5,8 +5,8 @@ only the glue that assembles feature groups from the embedding outputs and the
 dense inputs is written here in TorchScript's typed subset, following
 ``hashrec.models.feature_groups``: a DEEP group concatenates its features in
 order; a SEQUENCE group concatenates its query features, pads and
-concatenates its sequence features and takes the lengths of its first id
-sequence.
+concatenates its sequence features and takes, per row, the largest length of
+its id sequences.
 
 Every tower module takes the same five dictionaries (pooled, sequences,
 sequence lengths, dense, sequence dense) so that towers of different kinds
@@ -72,8 +72,10 @@ class SequenceGroup(nn.Module):
         for i, name in enumerate(self.sequence_names):
             if self.sequence_embedded[i]:
                 parts.append(sequences[name])
-                if not found:
-                    lengths, found = sequence_lengths[name], True
+                feature_lengths = sequence_lengths[name]
+                lengths = torch.maximum(lengths, feature_lengths) if found \
+                    else feature_lengths
+                found = True
             else:
                 parts.append(sequence_dense[name])
         max_length = 0
