@@ -22,7 +22,10 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
 # equal; the config layer must not import the models above it).
 SUPPORTED_MODELS = ("multi_tower_din",)
 SUPPORTED_LOSSES = ("binary_cross_entropy",)
-SUPPORTED_METRICS = ("auc",)
+# The metrics hashrec.train.metrics builds (tests/config/test_validate.py keeps the two
+# equal).
+SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_error",
+                     "grouped_auc")
 
 
 def feature_problems(config: EasyRecConfig) -> list[str]:

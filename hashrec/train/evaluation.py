@@ -21,7 +21,8 @@ import torch
 
 from hashrec.distributed import single_process_context
 from hashrec.train.distributed import eval_batches
-from hashrec.train.metrics import MeanLoss, build_metrics
+from hashrec.train.grouped_auc import GroupedAUC
+from hashrec.train.metrics import MeanLoss, build_metrics, grouping_ids
 
 logger = logging.getLogger("hashrec.train")
 
@@ -53,7 +54,8 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
 def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
     model = session.model
     log_every = session.config.eval_config.log_step_count_steps if session.is_chief else 0
-    metrics = build_metrics(session.config.model_config.metrics, session.device)
+    metrics = build_metrics(session.config.model_config.metrics, session.device,
+                            session.feature_set)
     mean_loss = MeanLoss(session.device)
     was_training = model.training
     model.eval()
@@ -68,7 +70,11 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
                     predictions = model(batch)
                 labels = batch.labels[model.label_name]
                 for metric in metrics.values():
-                    metric.update(predictions["probs"], labels)
+                    if isinstance(metric, GroupedAUC):
+                        metric.update(predictions["probs"], labels,
+                                      grouping_ids(batch, metric.grouping_key))
+                    else:
+                        metric.update(predictions["probs"], labels)
                 loss = sum(model.loss(predictions, batch).values())
                 weights = model.sample_weights(batch)
                 mean_loss.add(loss, batch.batch_size,

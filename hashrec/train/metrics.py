@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from hashrec.distributed.metrics import auc_from_histograms
 from hashrec.train.errors import TrainError
+from hashrec.train.grouped_auc import GroupedAUC
 
 
 def _all_reduce(tensors: list[torch.Tensor]) -> None:
@@ -128,14 +129,19 @@ class MeanLoss(_MeanOf):
         return int(self.total[2])
 
 
-SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_error")
+SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_error",
+                     "grouped_auc")
 
 
-def build_metrics(metric_configs, device=None) -> dict:
+def build_metrics(metric_configs, device=None, feature_set=None) -> dict:
     """Metric name -> metric object from ``model_config.metrics`` (default: auc).
 
+    ``feature_set``: when given, a grouped_auc's grouping_key must be one of its id
+    features (one id per row, checked as rows arrive).
+
     Raises:
-        TrainError: a metric kind that is not supported (e.g. grouped_auc).
+        TrainError: a metric kind that is not supported, or a grouping_key that is not
+            an id feature.
     """
     metrics: dict = {}
     for config in metric_configs:
@@ -148,7 +154,43 @@ def build_metrics(metric_configs, device=None) -> dict:
             metrics["mean_squared_error"] = MeanSquaredError(device)
         elif kind == "mean_absolute_error":
             metrics["mean_absolute_error"] = MeanAbsoluteError(device)
+        elif kind == "grouped_auc":
+            key = config.grouped_auc.grouping_key
+            if feature_set is not None:
+                _check_grouping_key(key, feature_set)
+            metrics["grouped_auc"] = GroupedAUC(key, device)
         else:
             raise TrainError(f"model_config.metrics: {kind!r} is not supported; allowed: "
                              f"{', '.join(SUPPORTED_METRICS)}")
     return metrics or {"auc": BinnedAUC(200, device)}
+
+
+def check_metrics(metric_configs, feature_set) -> None:
+    """Refuses, before any training, metric settings the evaluation could not run: a
+    grouped_auc grouping_key that is not an id feature of ``feature_set``."""
+    for config in metric_configs:
+        if config.WhichOneof("metric") == "grouped_auc":
+            _check_grouping_key(config.grouped_auc.grouping_key, feature_set)
+
+
+def _check_grouping_key(key: str, feature_set) -> None:
+    ids = [spec.name for spec in feature_set.embedding_features() if not spec.is_sequence]
+    if key not in ids:
+        raise TrainError(f"model_config.metrics: grouped_auc grouping_key {key!r} is not an id "
+                         f"feature; it must name one of feature_configs' id features "
+                         f"({', '.join(ids) or 'none'}), whose id groups the rows")
+
+
+def grouping_ids(batch, key: str) -> torch.Tensor:
+    """Each row's id of feature ``key`` (B,) int64, for grouped_auc.
+
+    Raises:
+        TrainError: a row has no id or several.
+    """
+    bags = batch.sparse[key]
+    if bags.values.numel() != batch.batch_size or bool((bags.lengths != 1).any()):
+        raise TrainError(f"grouped_auc: feature {key!r} must give every row exactly one id "
+                         f"to group it by (a row has {int(bags.lengths.min())} to "
+                         f"{int(bags.lengths.max())}); give the feature a default_value or "
+                         f"group by another feature")
+    return bags.values

@@ -25,6 +25,7 @@ from hashrec.features import build_feature_set
 from hashrec.models import create_model
 from hashrec.train.distributed import plan_storage_modes
 from hashrec.train.errors import TrainError
+from hashrec.train.metrics import check_metrics
 from hashrec.train.optimizers import (
     DenseOptimizer,
     build_dense_optimizer,
@@ -128,6 +129,7 @@ def build_session(config, rank: int = 0, world_size: int = 1,
     torch.manual_seed(SEED)
     train_config = config.train_config
     feature_set = build_feature_set(config)
+    check_metrics(config.model_config.metrics, feature_set)
     sparse_spec = sparse_optimizer_spec(train_config.sparse_optimizer)
     modes = plan_storage_modes(feature_set, sparse_spec, int(config.data_config.batch_size), ctx)
     embedding = EmbeddingCollection(feature_set.embedding_tables(),

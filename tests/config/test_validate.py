@@ -47,12 +47,10 @@ def test_unsupported_features(feature, message):
      "multi_tower is not supported; supported models: multi_tower_din$"),
     ("model_config { losses { binary_cross_entropy {} } }", "model_config sets no model"),
     ("model_config { multi_tower_din {} losses { l2_loss {} } }", "l2_loss is not supported"),
-    ("model_config { multi_tower_din {} metrics { accuracy {} } }",
-     "accuracy is not supported"),
     ("train_config { sparse_optimizer { lamb_optimizer { lr: 1 } } dense_optimizer { "
      "adam_optimizer { lr: 1 } } }", "lamb_optimizer is not supported"),
     ("data_config { dataset_type: KafkaDataset }", "KafkaDataset is not supported"),
-], ids=["deepfm", "multi-tower", "no-model", "loss", "metric", "sparse-optimizer",
+], ids=["deepfm", "multi-tower", "no-model", "loss", "sparse-optimizer",
         "dataset"])
 def test_unsupported_fields(text, message):
     config = parse_pipeline_config(f'model_dir: "m"\n{text}')

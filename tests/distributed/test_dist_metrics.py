@@ -52,3 +52,32 @@ def test_rank_zero_logger_is_silent_elsewhere(caplog):
         RankZeroLogger(logger, other).error("failure on rank %d", 1)
     messages = [r.getMessage() for r in caplog.records]
     assert messages == ["from main 0", "failure on rank 1"]
+
+
+def _grouped_rows():
+    gen = torch.Generator().manual_seed(3)
+    probs = torch.rand(40, generator=gen)
+    labels = torch.rand(40, generator=gen) < 0.5
+    groups = torch.randint(0, 5, (40,), generator=gen)
+    return probs, labels, groups
+
+
+def scenario_grouped_auc(ctx):
+    from hashrec.train.grouped_auc import GroupedAUC
+
+    probs, labels, groups = _grouped_rows()
+    mine = slice(0, 25) if ctx.rank == 0 else slice(25, 40)  # unequal shares
+    metric = GroupedAUC("user_id")
+    metric.update(probs[mine], labels[mine].float(), groups[mine])
+    metric.sync()
+    return metric.compute()
+
+
+def test_grouped_auc_gathers_every_rank_rows(tmp_path):
+    from dist_workers import run_world
+
+    from hashrec.train.grouped_auc import grouped_auc
+
+    (ranks,) = run_world({"gauc": scenario_grouped_auc}, 2, tmp_path).values()
+    expected = grouped_auc(*_grouped_rows())
+    assert ranks == [pytest.approx(expected, abs=1e-12)] * 2

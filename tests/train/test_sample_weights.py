@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hashrec.config import ConfigError, apply_edit_config_json, parse_pipeline_config
 from hashrec.checkpoint import latest_checkpoint, restore_checkpoint
+from hashrec.config import ConfigError, apply_edit_config_json, parse_pipeline_config
 from hashrec.features import FeatureError, build_feature_set
 from hashrec.train import train_and_evaluate
 from hashrec.train.evaluation import evaluate

@@ -1,0 +1,123 @@
+"""grouped_auc: the mean per-group AUC, its checks, and its place in evaluation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from google.protobuf import text_format
+
+from hashrec.config import load_pipeline_config, parse_pipeline_config, validate_pipeline_config
+from hashrec.config.validate import SUPPORTED_METRICS
+from hashrec.train import metrics
+from hashrec.train.errors import TrainError
+from hashrec.train.evaluation import evaluate
+from hashrec.train.grouped_auc import GroupedAUC, grouped_auc
+from hashrec.train.session import build_session
+
+
+def _pairwise(probs, labels, groups) -> float:
+    """Mean over groups with both classes of the share of (positive, negative) pairs
+    ordered right, ties 1/2."""
+    aucs = []
+    for group in set(groups):
+        pos = [p for p, y, g in zip(probs, labels, groups) if g == group and y]
+        neg = [p for p, y, g in zip(probs, labels, groups) if g == group and not y]
+        if pos and neg:
+            wins = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a in pos for b in neg)
+            aucs.append(wins / (len(pos) * len(neg)))
+    return sum(aucs) / len(aucs) if aucs else float("nan")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_grouped_auc_is_the_mean_of_pairwise_aucs(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 80))
+    probs = rng.choice([0.1, 0.25, 0.5, 0.9, *rng.random(4)], n).tolist()  # ties
+    labels = (rng.random(n) < 0.4).tolist()
+    groups = rng.integers(-3, 6, n).tolist()
+    got = grouped_auc(torch.tensor(probs), torch.tensor(labels), torch.tensor(groups))
+    want = _pairwise(probs, labels, groups)
+    assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, abs=1e-12)
+
+
+def test_groups_of_one_class_do_not_count():
+    probs = torch.tensor([0.9, 0.1, 0.3, 0.2, 0.8])
+    labels = torch.tensor([True, False, True, True, False])
+    groups = torch.tensor([7, 7, 8, 8, 9])  # group 8: positives only; 9: one negative
+    assert grouped_auc(probs, labels, groups) == 1.0
+    assert math.isnan(grouped_auc(probs[2:4], labels[2:4], groups[2:4]))
+    metric = GroupedAUC("user_id")
+    assert math.isnan(metric.compute())
+    metric.update(probs[:2], labels[:2].float(), groups[:2])
+    metric.update(probs[2:], labels[2:].float(), groups[2:])
+    metric.sync()  # no process group: a no-op
+    assert metric.compute() == 1.0
+
+
+def test_the_config_layer_allows_every_metric_the_trainer_builds():
+    assert SUPPORTED_METRICS == metrics.SUPPORTED_METRICS
+    config = load_pipeline_config("examples/multi_tower_din_taobao.config")
+    text_format.Merge('model_config { metrics { accuracy {} } metrics { grouped_auc { '
+                      'grouping_key: "user_id" } } }', config)
+    validate_pipeline_config(config)
+
+
+CONFIG = """
+model_dir: "{model_dir}"
+train_config {{
+  sparse_optimizer {{ adagrad_optimizer {{ lr: 0.1 }} constant_learning_rate {{}} }}
+  dense_optimizer {{ adam_optimizer {{ lr: 0.01 }} constant_learning_rate {{}} }}
+}}
+data_config {{ batch_size: 16 dataset_type: ParquetDataset label_fields: "clk" num_workers: 0 }}
+feature_configs {{ id_feature {{ feature_name: "user_id" expression: "user:user_id"
+  embedding_dim: 4 num_buckets: 50 }} }}
+feature_configs {{ id_feature {{ feature_name: "tags" expression: "item:tags"
+  embedding_dim: 4 num_buckets: 50 separator: "|" }} }}
+model_config {{
+  feature_groups {{ group_name: "deep" feature_names: ["user_id", "tags"] group_type: DEEP }}
+  multi_tower_din {{ towers {{ input: "deep" mlp {{ hidden_units: [4] }} }} }}
+  metrics {{ auc {{}} }}
+  metrics {{ grouped_auc {{ grouping_key: "{key}" }} }}
+}}
+"""
+
+
+def _session(tmp_path, key: str):
+    config = parse_pipeline_config(CONFIG.format(model_dir=tmp_path / "m", key=key))
+    return build_session(config, device=torch.device("cpu"))
+
+
+def _write(path, tags) -> pa.Table:
+    rng = np.random.default_rng(0)
+    n = len(tags)
+    table = pa.table({"user_id": rng.integers(0, 6, n), "tags": pa.array(tags),
+                      "clk": rng.integers(0, 2, n)})
+    pq.write_table(table, path)
+    return table
+
+
+def test_evaluation_reports_grouped_auc_by_the_key_feature(tmp_path):
+    session = _session(tmp_path, "user_id")
+    table = _write(tmp_path / "eval.parquet", [f"{i % 7}|{i % 5}" for i in range(70)])
+    result = evaluate(session, str(tmp_path / "eval.parquet"), step=0)
+    session.model.eval()
+    with torch.no_grad():
+        batch = session.feature_set.parse(table)
+        probs = session.model(batch)["probs"]
+    expected = grouped_auc(probs, batch.labels["clk"] > 0.5, batch.sparse["user_id"].values)
+    assert result["grouped_auc"] == pytest.approx(expected, abs=1e-12)
+    assert 0.0 <= result["grouped_auc"] <= 1.0 and result["auc"] != result["grouped_auc"]
+
+
+def test_grouping_key_must_be_one_id_per_row(tmp_path):
+    with pytest.raises(TrainError, match="grouping_key 'nope' is not an id feature"):
+        _session(tmp_path, "nope")
+    session = _session(tmp_path, "tags")
+    _write(tmp_path / "eval.parquet", ["1|2", "3", "4"] * 5)
+    with pytest.raises(TrainError, match="feature 'tags' must give every row exactly one id"):
+        evaluate(session, str(tmp_path / "eval.parquet"), step=0)
