@@ -55,6 +55,7 @@ from hashrec.distributed.ride import Ride, RideBuffers, RideResult
 from hashrec.distributed.side_exchange import order_after_side, settle_side
 from hashrec.table.hashing import owner_of
 from hashrec.table.options import ScoreStrategy
+from hashrec.table.validation import input_checks_forced
 
 logger = logging.getLogger("hashrec.distributed")
 
@@ -93,7 +94,8 @@ def sharded_graphs_enabled(table) -> bool:
 
 
 def _capturable(device: torch.device) -> bool:
-    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+            and not input_checks_forced())
 
 
 class _Chain:

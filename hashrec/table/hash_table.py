@@ -51,6 +51,7 @@ from hashrec.table.validation import (
     check_vector,
     checked_lr,
     checked_step,
+    input_checks_forced,
 )
 
 logger = logging.getLogger(__name__)
@@ -113,7 +114,16 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
             self._state_row = options.optimizer.initial_state(options.dim).to(
                 device=self.device, dtype=options.dtype)
         self._stats: Counter[str] = Counter()  # ints, or 0-d device tensors (no host read)
+        # Input values are checked on the CPU reference path, or on every path
+        # (``input_checks_forced``).
+        self._check_everywhere = input_checks_forced()
         self._size_hint: int | None = None  # exact size kept by the fixed-size path
+
+    def _checks_values(self, tensor: torch.Tensor) -> bool:
+        """Whether an input's values are checked: on the CPU reference path, or
+        everywhere under HASHREC_CHECK_INPUTS=1."""
+        return self._check_everywhere or (tensor.device.type == "cpu"
+                                          and not self._fixed_path())
 
     def _resolve(self, args: InitializerArgs, field_name: str) -> InitializerArgs:
         return args.resolved(self.dim, self.options.max_capacity,
@@ -325,9 +335,9 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
 
         Args:
             keys: (u,) int64 unique (key, tag) pairs: repeats raise ValueError on the
-                CPU reference path; elsewhere they are not checked (that would sort the
-                keys again and read the device back at every step) and the counters are
-                then wrong.
+                CPU reference path (everywhere under HASHREC_CHECK_INPUTS=1); elsewhere
+                they are not checked (that would sort the keys again and read the device
+                back at every step) and the counters are then wrong.
             tags: (u,) int32 namespaces or None.
             train: True counts admission, inserts admitted keys (initialized rows),
                 updates scores, grows and evicts; False is read-only and missing keys
@@ -394,7 +404,7 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
             check_vector(name, "scores", scores, torch.int64, self.device, n)
         if active is not None:
             active = check_vector(name, "active", active, torch.bool, self.device, n)
-        if n and keys.device.type == "cpu" and not self._fixed_path():
+        if n and self._checks_values(keys):
             picked = slice(None) if active is None else active
             if bool((counts[picked] < 1).any()):
                 raise ValueError(f"table {name!r}: counts must be >= 1 (occurrences of each "
@@ -524,9 +534,10 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
         (``LookupResult``): a stale slot updates whichever key holds it now.
 
         Args:
-            slots: (u,) int64 below capacity(). Checked on the CPU reference path;
-                elsewhere not (that would read the device back at every step), and a
-                larger slot writes out of bounds.
+            slots: (u,) int64 below capacity(). Checked on the CPU reference path
+                (everywhere under HASHREC_CHECK_INPUTS=1); elsewhere not (that would
+                read the device back at every step), and a larger slot writes out of
+                bounds.
             grads: (u, dim) float gradients (detached).
             lr: overrides the optimizer's lr; a finite number >= 0.
             step: 1-based step for Adam's bias correction (an int >= 1); None: the
@@ -545,8 +556,7 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
                              f"entry; look the keys up again before applying gradients")
         slots = check_vector(name, "slots", slots, torch.int64, self.device)
         grads = check_matrix(name, "grads", grads, slots.numel(), self.dim, self.device)
-        if slots.numel() and slots.device.type == "cpu" and not self._fixed_path() \
-                and int(slots.max()) >= self.capacity():
+        if slots.numel() and self._checks_values(slots) and int(slots.max()) >= self.capacity():
             raise ValueError(f"table {name!r}: slots must be < capacity() "
                              f"({self.capacity()}), got {int(slots.max())}; pass the slots "
                              f"of this table's latest lookup")

@@ -49,6 +49,7 @@ from hashrec.table.ops.copies import MOST_PAIRS, copy_into
 from hashrec.table.ops.insert.finish import draws_seed, in_kernel
 from hashrec.table.ops.launch import cdiv, next_pow2
 from hashrec.table.options import ScoreStrategy
+from hashrec.table.validation import input_checks_forced
 
 logger = logging.getLogger("hashrec.table.hash_table")
 
@@ -69,7 +70,8 @@ MIN_STEP = 1024
 def graphs_enabled(device: torch.device) -> bool:
     """Whether training lookups on ``device`` may be captured (see the module docstring)."""
     return (device.type == "cuda" and os.environ.get("HASHREC_LOOKUP_GRAPHS", "1") != "0"
-            and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+            and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+            and not input_checks_forced())
 
 
 def padded_size(n: int) -> int:

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 from hashrec.table.errors import TableError
+
+
+def input_checks_forced() -> bool:
+    """``HASHREC_CHECK_INPUTS=1``: the table checks its inputs' values (unique keys,
+    counts >= 1, slots below capacity) on every path, not only on the CPU reference
+    path. Each check sorts or reads the device back, so lookups are then not captured
+    as CUDA graphs either: for debugging, not for speed."""
+    return os.environ.get("HASHREC_CHECK_INPUTS", "0") == "1"
 
 
 def _describe(value: object) -> str:
