@@ -1,6 +1,17 @@
-"""FeatureSet: every configured feature, its tables, and parsing of input blocks into Batches."""
+"""FeatureSet: the features a model reads, their tables, and parsing of input blocks into
+Batches.
+
+Like TorchEasyRec, a model reads only the features its ``feature_groups`` name: a
+configured feature that no group names is still built (its config is checked) but left
+out of the set, so its columns are not read or parsed, its ids are not looked up, and
+no table exists for it unless a feature that is grouped reads the same table (a
+sequence sub-feature sharing a top-level feature's table, or a shared
+``embedding_name``).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +29,7 @@ from hashrec.features.errors import FeatureError
 from hashrec.features.id_feature import IdFeature, build_id_feature
 from hashrec.features.raw_feature import build_raw_feature
 from hashrec.features.sequence_feature import build_sequence_group, build_top_level_sequence
-from hashrec.features.tables import build_tables
+from hashrec.features.tables import build_tables, tables_read_by
 from hashrec.features.tokens import get_column
 
 
@@ -31,14 +42,18 @@ class FeatureSet:
         label_fields: label columns.
         binary_labels: label columns whose values must be 0 or 1 (those a binary
             cross-entropy loss trains on).
+        left_out: configured features that are not in the set (no feature group names
+            them), in config order.
     """
 
     def __init__(self, features: list[Feature], tables: list[EmbeddingTableSpec],
-                 label_fields: list[str], binary_labels: tuple[str, ...] = ()) -> None:
+                 label_fields: list[str], binary_labels: tuple[str, ...] = (),
+                 left_out: tuple[str, ...] = ()) -> None:
         self.features = {f.name: f for f in features}
         self._tables = list(tables)
         self.label_fields = list(label_fields)
         self.binary_labels = frozenset(binary_labels)
+        self.left_out = tuple(left_out)
         self._sparse = [f for f in features if f.is_sparse]
         self._sparse_keys = [f.name for f in self._sparse]
         columns = [c for f in features for c in f.columns]
@@ -136,8 +151,14 @@ def _build(kind: str, cfg, top_level: dict[str, IdFeature]) -> list[Feature]:
     return [build_top_level_sequence(kind, cfg, top_level)]
 
 
-def build_feature_set(pipeline_config) -> FeatureSet:
-    """Build the FeatureSet of a pipeline config (EasyRecConfig).
+def build_feature_set(pipeline_config, keep: Iterable[str] = ()) -> FeatureSet:
+    """Build the FeatureSet of a pipeline config (EasyRecConfig): the features its
+    ``model_config.feature_groups`` name (every feature where no group is configured).
+
+    Args:
+        pipeline_config: the EasyRecConfig.
+        keep: feature names kept although no feature group names them (an inference
+            model exported before such features were left out still reads them).
 
     Raises:
         ConfigError: an unsupported feature kind or option, a feature without
@@ -158,9 +179,24 @@ def build_feature_set(pipeline_config) -> FeatureSet:
     _check_names(features, list(pipeline_config.data_config.label_fields))
     model_config = pipeline_config.model_config if pipeline_config.HasField("model_config") \
         else None
+    # Tables come from every feature, so that features sharing a table are checked to
+    # agree whether or not a group names them; only the tables read are kept.
     tables = build_tables(features, model_config)
+    read = _read_features(model_config, keep)
+    kept = [f for f in features if read is None or f.name in read]
+    left_out = tuple(f.name for f in features if read is not None and f.name not in read)
     labels = list(pipeline_config.data_config.label_fields)
-    return FeatureSet(features, tables, labels, _binary_labels(labels, model_config))
+    return FeatureSet(kept, tables_read_by(tables, {f.name for f in kept}), labels,
+                      _binary_labels(labels, model_config), left_out)
+
+
+def _read_features(model_config, keep: Iterable[str]) -> frozenset[str] | None:
+    """Names the model's feature groups list, plus ``keep``; None (every feature) where
+    there is no model config or it has no feature group."""
+    if model_config is None or not model_config.feature_groups:
+        return None
+    return frozenset(name for group in model_config.feature_groups
+                     for name in group.feature_names).union(keep)
 
 
 def _binary_labels(label_fields: list[str], model_config) -> tuple[str, ...]:

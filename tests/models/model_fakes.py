@@ -40,6 +40,7 @@ def model_config(text: str = MODEL_CONFIG) -> model_pb2.ModelConfig:
 @dataclass
 class FakeFeatureSet:
     label_fields: list[str] = field(default_factory=lambda: ["clk"])
+    left_out: tuple[str, ...] = ()
 
     def embedding_features(self):
         return ([EmbeddingFeatureSpec(n, n) for n in POOLED]

@@ -33,3 +33,26 @@ def test_zch_tables_refuse_more_than_one_rank(tmp_path):
     assert build_session(config, device=torch.device("cpu")).world_size == 1
     with pytest.raises(TrainError, match="zch tables"):
         build_session(config, rank=0, world_size=2, device=torch.device("cpu"))
+
+
+LEFT_OUT = """
+feature_configs { id_feature { feature_name: "brand" expression: "item:brand"
+  embedding_dim: 4 dynamicemb { max_capacity: 1024 } } }
+feature_configs { id_feature { feature_name: "age_level" expression: "user:age_level"
+  embedding_dim: 4 num_buckets: 8 } }
+feature_configs { id_feature { feature_name: "pid" expression: "context:pid"
+  embedding_dim: 4 zch { zch_size: 16 eviction_interval: 2 lfu {} } } }
+"""
+
+
+def test_features_in_no_group_get_no_table(tmp_path):
+    path = tmp_path / "left_out.config"
+    path.write_text(CONFIG.replace("model_config {", LEFT_OUT + "model_config {"))
+    session = build_session(load_pipeline_config(str(path)), device=torch.device("cpu"))
+    embedding = session.model.embedding
+    assert list(embedding.table_locations()) == ["user_id"]
+    assert embedding.dynamic_tables() == {}
+    assert embedding.feature_names == ["user_id"]
+    assert not [k for k in session.model.state_dict() if "age_level" in k or "pid" in k]
+    assert session.feature_set.left_out == ("brand", "age_level", "pid")
+    assert session.feature_set.input_columns == ["user_id", "clk"]
