@@ -127,10 +127,25 @@ def _load(export_dir: str, device: torch.device):
             raise ExportError(f"{needed} does not exist; --scripted_model_path must be a "
                               f"directory written by python -m hashrec.export")
     from hashrec.config import load_pipeline_config
-    from hashrec.features import build_feature_set
 
     config = load_pipeline_config(config_path)
-    return config, build_feature_set(config), torch.jit.load(model_path, map_location=device)
+    model = torch.jit.load(model_path, map_location=device)
+    return config, _feature_set(config, model, model_path), model
+
+
+def _feature_set(config, model, model_path: str):
+    """The exported config's FeatureSet, with the features in no feature group that
+    ``model`` still looks up (exports of versions that embedded such features)."""
+    from hashrec.features import build_feature_set
+
+    feature_set = build_feature_set(config, metric_keys=False)
+    looked_up = [n for n in model.embedding.feature_names if n in feature_set.left_out]
+    if not looked_up:
+        return feature_set
+    logger.info("%s looks up features that no feature group names (it was exported by a "
+                "version that embedded them): %s; they are read from the input for it",
+                model_path, ", ".join(looked_up))
+    return build_feature_set(config, keep=looked_up, metric_keys=False)
 
 
 def _input_data_config(data_config, input_path: str):

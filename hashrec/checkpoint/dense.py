@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 
 _READ_BLOCK = 16 << 20
 DENSE_TABLES = "dense_tables"
+# Module dicts of an embedding collection holding state per table: dense (``num_buckets``)
+# tables' rows and ZCH tables' remappers.
+_TABLE_DICTS = (DENSE_TABLES, "zch_remappers")
 
 
 def file_digest(path: str) -> str:
@@ -129,16 +132,39 @@ def _dense_rows(path: str, key: str, table: DenseTable, saved: torch.Tensor,
     return torch.cat([saved[:, :table.dim], state.expand(saved.shape[0], state.shape[1])], 1)
 
 
+def _pop_unread_tables(state: dict[str, Any], model: torch.nn.Module) -> list[str]:
+    """Removes from ``state`` the entries of dense and ZCH tables that the model has none
+    of (a table no feature of the model reads); returns those tables' names, sorted."""
+    modules = dict(model.named_modules())
+    expected = model.state_dict().keys()
+    unread = set()
+    for key in [k for k in state if k not in expected]:
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-2]):
+            holder = modules.get(".".join(parts[:i + 1])) if part in _TABLE_DICTS else None
+            if isinstance(holder, torch.nn.ModuleDict):
+                if parts[i + 1] not in holder:
+                    unread.add(parts[i + 1])
+                    del state[key]
+                break
+    return sorted(unread)
+
+
 def restore_model(root: str, entry: dict[str, Any], model: torch.nn.Module,
-                  strict: bool, restore_optimizer: bool = True) -> None:
+                  strict: bool, restore_optimizer: bool = True) -> list[str]:
     """Loads the model state file into ``model``; mismatched names raise CheckpointError.
 
     Dense (``num_buckets``) tables keep optimizer columns in their rows; with
     ``restore_optimizer`` False only their embedding columns are loaded and the
     optimizer columns start from the model's sparse optimizer's initial state.
+    Saved dense and ZCH tables that the model has none of are not loaded.
+
+    Returns:
+        The names of the saved dense and ZCH tables not loaded.
     """
     path = os.path.join(root, entry["file"])
     state = load_state(root, entry)
+    unread = _pop_unread_tables(state, model)
     described = entry.get(DENSE_TABLES) or {}
     for key, table in dense_table_modules(model).items():
         if key in state:
@@ -155,6 +181,7 @@ def restore_model(root: str, entry: dict[str, Any], model: torch.nn.Module,
         logger.warning(
             "%s: %d parameters not in checkpoint %s, %d checkpoint entries unused %s",
             entry["file"], len(missing), missing[:5], len(unexpected), unexpected[:5])
+    return unread
 
 
 def restore_optimizer_state(root: str, entry: dict[str, Any], optimizer: Any) -> None:

@@ -9,6 +9,7 @@ initial state. Fused tables are matched by name (``hashrec.checkpoint.tags``).
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -23,6 +24,8 @@ from hashrec.checkpoint.table_io import ADMISSION, ROWS, load_table
 from hashrec.checkpoint.tags import TAG_TABLES, model_tag_tables, tag_remap
 
 _SECTIONS = (ROWS, ADMISSION, "evicted")
+
+logger = logging.getLogger(__name__)
 
 
 def open_table_shards(path: str, meta: dict[str, Any], name: str) -> list[ShardReader]:
@@ -115,17 +118,37 @@ def check_tables_present(path: str, meta: dict[str, Any], dynamic_tables: dict[s
 
 
 def _restore_dense(path: str, meta: dict[str, Any], model: torch.nn.Module | None,
-                   dense_optimizer: Any, restore_optimizer: bool, strict: bool) -> None:
+                   dense_optimizer: Any, restore_optimizer: bool, strict: bool) -> list[str]:
+    """Loads the dense state; returns the saved dense and ZCH tables not loaded."""
     dense = meta["dense"]
+    unread = []
     if model is not None:
         if dense["model"] is None:
             raise CheckpointError(f"{path}: holds no dense model state")
-        restore_model(path, dense["model"], model, strict, restore_optimizer)
+        unread = restore_model(path, dense["model"], model, strict, restore_optimizer)
     if dense_optimizer is not None and restore_optimizer:
         if dense["optimizer"] is None:
             raise CheckpointError(
                 f"{path}: holds no dense optimizer state; restore without optimizer state")
         restore_optimizer_state(path, dense["optimizer"], dense_optimizer)
+    return unread
+
+
+def _note_unread_tables(path: str, saved: dict[str, Any], dynamic_tables: dict[str, Any],
+                        dense: list[str]) -> None:
+    """Warns about saved tables the model has none of (they are not restored)."""
+    named = []
+    for storage in sorted(set(saved) - set(dynamic_tables)):
+        fused = saved[storage].get(TAG_TABLES) or [storage]
+        named.append(f"{storage!r} (dynamic)" if fused == [storage]
+                     else f"{storage!r} (dynamic, tables {', '.join(fused)})")
+    named += [repr(name) for name in dense]
+    if named:
+        logger.warning(
+            "%s: holds tables that no feature of the model reads, not restored: %s. "
+            "Checkpoints of HashRec versions that embedded features in no feature group "
+            "hold those features' tables; otherwise the feature configs dropped these "
+            "tables since the checkpoint was saved", path, ", ".join(named))
 
 
 def _set_table_step(table: Any, saved_step: int | None) -> None:
@@ -154,6 +177,8 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
         model: module to load the dense state into (None: skip dense state).
         dense_optimizer: torch optimizer to load, or None.
         dynamic_tables: {table name: HashTable} of this rank; each must be in the checkpoint.
+            Saved tables the model has none of (dynamic ones not in ``dynamic_tables``,
+            dense and ZCH ones not in ``model``) are not restored, with a warning.
         restore_optimizer: False (fine-tuning) leaves the dense optimizer fresh and resets
             the optimizer-state columns of dynamic and dense (``num_buckets``) tables to
             the optimizer's initial state, so the sparse optimizer may differ.
@@ -179,7 +204,9 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
     def load() -> dict[str, Any]:
         check_tables_present(path, meta, dynamic_tables, tag_tables)
         readers = {name: open_table_shards(path, meta, name) for name in sorted(dynamic_tables)}
-        _restore_dense(path, meta, model, dense_optimizer, restore_optimizer, strict)
+        unread = _restore_dense(path, meta, model, dense_optimizer, restore_optimizer, strict)
+        if rank == 0:
+            _note_unread_tables(path, meta["tables"], dynamic_tables, unread)
         loaded = {}
         for name, table in sorted(dynamic_tables.items()):
             where = f"{os.path.join(path, layout.META_NAME)} (table {name!r})"

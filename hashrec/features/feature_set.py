@@ -1,6 +1,17 @@
-"""FeatureSet: every configured feature, its tables, and parsing of input blocks into Batches."""
+"""FeatureSet: the features a model reads, their tables, and parsing of input blocks into
+Batches.
+
+Like TorchEasyRec, a model reads only the features its ``feature_groups`` name: a
+configured feature that no group names is still built (its config is checked) but left
+out of the set, so its columns are not read or parsed, its ids are not looked up, and
+no table exists for it unless a feature that is grouped reads the same table (a
+sequence sub-feature sharing a top-level feature's table, or a shared
+``embedding_name``).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +29,7 @@ from hashrec.features.errors import FeatureError
 from hashrec.features.id_feature import IdFeature, build_id_feature
 from hashrec.features.raw_feature import build_raw_feature
 from hashrec.features.sequence_feature import build_sequence_group, build_top_level_sequence
-from hashrec.features.tables import build_tables
+from hashrec.features.tables import build_tables, tables_read_by
 from hashrec.features.tokens import get_column
 
 
@@ -34,11 +45,16 @@ class FeatureSet:
         sample_weight_field: column of each row's loss weight (finite, >= 0), or None.
             Read, like the labels, only where labels are (``parse(with_labels=True)``),
             into ``Batch.labels`` under its name.
+        left_out: configured features that are not in the set (no feature group names
+            them), in config order.
+        unembedded: id features parsed into the batch but not embedded (a grouped_auc
+            metric's grouping key that no feature group names): no table, no lookup.
     """
 
     def __init__(self, features: list[Feature], tables: list[EmbeddingTableSpec],
                  label_fields: list[str], binary_labels: tuple[str, ...] = (),
-                 sample_weight_field: str | None = None) -> None:
+                 sample_weight_field: str | None = None,
+                 left_out: tuple[str, ...] = (), unembedded: tuple[str, ...] = ()) -> None:
         self.features = {f.name: f for f in features}
         self._tables = list(tables)
         self.label_fields = list(label_fields)
@@ -47,6 +63,8 @@ class FeatureSet:
         # Columns read only with the labels: the labels and the sample weight.
         self.target_columns = self.label_fields + (
             [sample_weight_field] if sample_weight_field else [])
+        self.left_out = tuple(left_out)
+        self.unembedded = frozenset(unembedded)
         self._sparse = [f for f in features if f.is_sparse]
         self._sparse_keys = [f.name for f in self._sparse]
         columns = [c for f in features for c in f.columns]
@@ -57,9 +75,14 @@ class FeatureSet:
         return list(self._tables)
 
     def embedding_features(self) -> list[EmbeddingFeatureSpec]:
-        """One spec per KeyedJaggedTensor key, in key order."""
+        """One spec per embedded KeyedJaggedTensor key, in key order."""
         return [EmbeddingFeatureSpec(f.name, f.table.name, f.pooling, f.is_sequence,
-                                     f.sequence_length, f.weighted) for f in self._sparse]
+                                     f.sequence_length, f.weighted) for f in self._sparse
+                if f.name not in self.unembedded]
+
+    def id_features(self) -> list[str]:
+        """The non-sequence sparse features parsed into the batch, embedded or not."""
+        return [f.name for f in self._sparse if not f.is_sequence]
 
     def dense_features(self) -> dict[str, int]:
         """Raw features without boundaries (not sequences): name -> value_dim."""
@@ -170,8 +193,18 @@ def _build(kind: str, cfg, top_level: dict[str, IdFeature]) -> list[Feature]:
     return [build_top_level_sequence(kind, cfg, top_level)]
 
 
-def build_feature_set(pipeline_config) -> FeatureSet:
-    """Build the FeatureSet of a pipeline config (EasyRecConfig).
+def build_feature_set(pipeline_config, keep: Iterable[str] = (),
+                      metric_keys: bool = True) -> FeatureSet:
+    """Build the FeatureSet of a pipeline config (EasyRecConfig): the features its
+    ``model_config.feature_groups`` name (every feature where no group is configured).
+
+    Args:
+        pipeline_config: the EasyRecConfig.
+        keep: feature names kept although no feature group names them (an inference
+            model exported before such features were left out still reads them).
+        metric_keys: the grouped_auc metrics' grouping keys are parsed too, and those no
+            group names are not embedded (``FeatureSet.unembedded``); False (prediction,
+            which computes no metric) leaves them out like any ungrouped feature.
 
     Raises:
         ConfigError: an unsupported feature kind or option, a feature without
@@ -194,8 +227,17 @@ def build_feature_set(pipeline_config) -> FeatureSet:
     _check_names(features, labels, weight)
     model_config = pipeline_config.model_config if pipeline_config.HasField("model_config") \
         else None
+    # Tables come from every feature, so that features sharing a table are checked to
+    # agree whether or not a group names them; only the tables read are kept.
     tables = build_tables(features, model_config)
-    return FeatureSet(features, tables, labels, _binary_labels(labels, model_config), weight)
+    read = _read_features(model_config, keep)
+    keys = _grouping_keys(model_config) if metric_keys and read is not None else set()
+    kept = [f for f in features if read is None or f.name in read or f.name in keys]
+    unembedded = tuple(f.name for f in kept if read is not None and f.name not in read)
+    left_out = tuple(f.name for f in features if f not in kept)
+    embedded = {f.name for f in kept} - set(unembedded)
+    return FeatureSet(kept, tables_read_by(tables, embedded), labels,
+                      _binary_labels(labels, model_config), weight, left_out, unembedded)
 
 
 def _sample_weight_field(data_config, label_fields: list[str]) -> str | None:
@@ -208,6 +250,21 @@ def _sample_weight_field(data_config, label_fields: list[str]) -> str | None:
         raise ConfigError(f"data_config.sample_weight_fields: {fields[0]!r} is a label field; "
                           f"give the column of each row's loss weight")
     return fields[0] if fields else None
+
+
+def _read_features(model_config, keep: Iterable[str]) -> frozenset[str] | None:
+    """Names the model's feature groups list, plus ``keep``; None (every feature) where
+    there is no model config or it has no feature group."""
+    if model_config is None or not model_config.feature_groups:
+        return None
+    return frozenset(name for group in model_config.feature_groups
+                     for name in group.feature_names).union(keep)
+
+
+def _grouping_keys(model_config) -> set[str]:
+    """The features the grouped_auc metrics group rows by."""
+    return {m.grouped_auc.grouping_key for m in model_config.metrics
+            if m.WhichOneof("metric") == "grouped_auc"}
 
 
 def _binary_labels(label_fields: list[str], model_config) -> tuple[str, ...]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Set
+
 from hashrec.config.errors import ConfigError
 from hashrec.embedding.specs import EmbeddingTableSpec
 from hashrec.features.base import Feature, TableRequest
@@ -116,3 +119,15 @@ def build_tables(features: list[Feature], model_config=None) -> list[EmbeddingTa
             name, req.dim, dynamic=table_options(req.dynamicemb, req.dim, name), features=names,
             fusion_group=fused.pop() if len(fused) == 1 else None, trainable=req.trainable))
     return specs
+
+
+def tables_read_by(specs: list[EmbeddingTableSpec], features: Set[str]
+                   ) -> list[EmbeddingTableSpec]:
+    """The tables some of ``features`` read, each listing only those features (order kept)."""
+    kept = []
+    for spec in specs:
+        readers = tuple(f for f in spec.features if f in features)
+        if readers:
+            kept.append(spec if readers == spec.features
+                        else dataclasses.replace(spec, features=readers))
+    return kept

@@ -21,7 +21,7 @@ lengths agree: building such a group logs a warning.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -93,8 +93,10 @@ def feature_infos(feature_set) -> dict[str, FeatureInfo]:
     return infos
 
 
-def build_group_spec(group_config, infos: Mapping[str, FeatureInfo]) -> GroupSpec:
-    """Resolve one ``feature_groups`` entry against the known features.
+def build_group_spec(group_config, infos: Mapping[str, FeatureInfo],
+                     left_out: Iterable[str] = ()) -> GroupSpec:
+    """Resolve one ``feature_groups`` entry against the known features (``left_out``:
+    configured features no group names, listed among the known ones in errors).
 
     Raises:
         ModelError: unknown feature, empty group, a sequence in a DEEP group, a
@@ -109,7 +111,7 @@ def build_group_spec(group_config, infos: Mapping[str, FeatureInfo]) -> GroupSpe
         if feature not in infos:
             raise ModelError(
                 f"feature group {name!r}: feature {feature!r} is not defined in "
-                f"feature_configs (known: {', '.join(sorted(infos))})")
+                f"feature_configs (known: {', '.join(sorted({*infos, *left_out}))})")
         resolved.append(infos[feature])
     if group_type == DEEP:
         sequences = [f.name for f in resolved if f.is_sequence]

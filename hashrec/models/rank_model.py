@@ -46,7 +46,8 @@ class RankModel(nn.Module):
 
     Args:
         model_config: the pipeline's ``ModelConfig`` message.
-        feature_set: the ``FeatureSet`` built from the pipeline config.
+        feature_set: the ``FeatureSet`` built from the pipeline config (the features the
+            feature groups name; ``left_out`` lists the others, logged once here).
         sparse_optimizer: optimizer spec of the embedding tables (hashrec.table).
         device: where the embedding tables live (the trainer moves the dense part).
         embedding: a prebuilt embedding module (``EmbeddingCollection`` interface);
@@ -94,8 +95,12 @@ class RankModel(nn.Module):
         for group_config in model_config.feature_groups:
             if group_config.group_name in groups:
                 raise ModelError(f"feature group {group_config.group_name!r} is defined twice")
-            groups[group_config.group_name] = build_group_spec(group_config, infos)
-        _warn_ungrouped(groups, infos)
+            groups[group_config.group_name] = build_group_spec(group_config, infos,
+                                                               feature_set.left_out)
+        if feature_set.left_out:
+            logger.info("features in no feature group, left out (not read from the input, "
+                        "not embedded, no table of their own): %s; add them to a "
+                        "feature group to use them", ", ".join(feature_set.left_out))
         return groups
 
     def group(self, name: str, expected_type: str, where: str) -> GroupSpec:
@@ -190,15 +195,3 @@ class RankModel(nn.Module):
         sample weights when the data has them)."""
         return self.losses_from_logits(predictions["logits"], *self.targets(batch))
 
-
-def _warn_ungrouped(groups: dict[str, GroupSpec], infos) -> None:
-    """Embedded features that no feature group names are still looked up every step (their
-    ids inserted into dynamic tables, taking capacity and checkpoint space) and never
-    trained: say which."""
-    used = {f.name for g in groups.values() for f in (*g.features, *g.query, *g.sequence)}
-    unused = sorted(name for name, info in infos.items() if info.embedded and name not in used)
-    if unused:
-        logger.warning("features in no feature group: %s; they are looked up every step "
-                       "(dynamic tables store their ids) but feed no tower and never "
-                       "train; remove them from feature_configs or add them to a group",
-                       ", ".join(unused))

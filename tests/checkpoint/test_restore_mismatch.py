@@ -15,20 +15,30 @@ from hashrec.checkpoint import CheckpointError, restore_checkpoint, save_checkpo
 from hashrec.checkpoint.dense import DENSE_TABLES
 from hashrec.checkpoint.restore import read_complete_meta
 from hashrec.embedding.dense_table import DenseTable
+from hashrec.embedding.zch import ZchOptions, ZchRemapper
 from hashrec.table import HashTable, SparseAdagrad, SparseAdam
 
 
 class _Model(nn.Module):
     """The shape of a HashRec model as the checkpoint sees it: dense tables under
-    ``embedding.dense_tables`` plus a dense layer."""
+    ``embedding.dense_tables``, ZCH remappers under ``embedding.zch_remappers``, plus a
+    dense layer. ``left_out``: also the tables of a num_buckets feature and a ZCH
+    feature that no feature group names (as versions that embedded them saved)."""
 
-    def __init__(self, optimizer, dim: int = 4, num_rows: int = 10, seed: int = 0) -> None:
+    def __init__(self, optimizer, dim: int = 4, num_rows: int = 10, seed: int = 0,
+                 left_out: bool = False) -> None:
         super().__init__()
         torch.manual_seed(seed)
         self.embedding = nn.Module()
         self.embedding.dense_tables = nn.ModuleDict(
             {"cms_segid": DenseTable("cms_segid", num_rows, dim, optimizer)})
+        self.embedding.zch_remappers = nn.ModuleDict()
         self.linear = nn.Linear(dim, 1)
+        if left_out:
+            self.embedding.dense_tables["age_level"] = DenseTable("age_level", 8, dim,
+                                                                  optimizer)
+            self.embedding.dense_tables["pid"] = DenseTable("pid", 16, dim, optimizer)
+            self.embedding.zch_remappers["pid"] = ZchRemapper(ZchOptions(zch_size=16), "pid")
 
     @property
     def rows(self) -> torch.Tensor:
@@ -82,6 +92,32 @@ def test_changed_dense_dim_is_named_in_config_terms(tmp_path, recorded):
                                                   r".*pipeline\.config"):
             restore_checkpoint(path, _Model(SparseAdagrad(lr=0.1), dim=8), None, {},
                                restore_optimizer=restore_optimizer)
+
+
+def test_saved_tables_the_model_lacks_are_skipped_with_a_warning(tmp_path, caplog):
+    old = _Model(SparseAdagrad(lr=0.1), left_out=True)
+    old.embedding.dense_tables["cms_segid"].apply_gradients(torch.tensor([1, 3]),
+                                                            torch.ones(2, 4))
+    path = save_checkpoint(str(tmp_path), 5, old, None, {"brand": trained_table(steps=2)})
+    same = _Model(SparseAdagrad(lr=0.1), seed=1, left_out=True)
+    with caplog.at_level("WARNING", logger="hashrec.checkpoint.restore"):
+        restore_checkpoint(path, same, None, {"brand": HashTable(table_options())})
+    assert "not restored" not in caplog.text
+    new = _Model(SparseAdagrad(lr=0.1), seed=1)
+    with caplog.at_level("WARNING", logger="hashrec.checkpoint.restore"):
+        restore_checkpoint(path, new, None, {})
+    assert torch.equal(new.rows, old.rows)
+    assert torch.equal(new.linear.weight, old.linear.weight)
+    assert (f"{path}: holds tables that no feature of the model reads, not restored: "
+            f"'brand' (dynamic), 'age_level', 'pid'. Checkpoints of HashRec versions that "
+            f"embedded features in no feature group") in caplog.text
+
+
+def test_a_dense_table_missing_from_the_checkpoint_is_an_error(tmp_path):
+    _, path = _trained(tmp_path)
+    with pytest.raises(CheckpointError, match=r"(?s)does not match the model.*Missing key.*"
+                                              r"dense_tables\.age_level\.rows"):
+        restore_checkpoint(path, _Model(SparseAdagrad(lr=0.1), left_out=True), None, {})
 
 
 def test_changed_num_buckets_is_named(tmp_path):

@@ -9,7 +9,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hashrec.config import ConfigError, apply_edit_config_json, load_pipeline_config
+from hashrec.config import (
+    ConfigError,
+    apply_edit_config_json,
+    load_pipeline_config,
+    parse_pipeline_config,
+)
 from hashrec.features import FeatureError, build_feature_set
 
 ROOT = Path(__file__).parents[2]
@@ -141,3 +146,72 @@ def test_label_names_are_reserved(edit, message):
     config = apply_edit_config_json(load_pipeline_config(TAOBAO_CONFIG), edit)
     with pytest.raises(ConfigError, match=message):
         build_feature_set(config)
+
+
+LEFT_OUT_CONFIG = """
+model_dir: "m"
+data_config { dataset_type: ParquetDataset label_fields: "clk" }
+feature_configs { id_feature { feature_name: "user_id" expression: "user:user_id"
+  embedding_dim: 4 dynamicemb { max_capacity: 1000 } } }
+feature_configs { id_feature { feature_name: "brand" expression: "item:brand"
+  embedding_dim: 4 dynamicemb { max_capacity: 1000 } } }
+feature_configs { id_feature { feature_name: "age_level" expression: "user:age_level"
+  embedding_dim: 4 num_buckets: 8 } }
+feature_configs { raw_feature { feature_name: "price" expression: "item:price" } }
+feature_configs { id_feature { feature_name: "adgroup_id" expression: "item:adgroup_id"
+  embedding_dim: 4 dynamicemb { max_capacity: 1000 } } }
+feature_configs { sequence_feature { sequence_name: "click" sequence_length: 4
+  sequence_delim: "|"
+  features { id_feature { feature_name: "adgroup_id" expression: "item:adgroup_id"
+    embedding_dim: 4 } } } }
+model_config {
+  feature_groups { group_name: "deep" feature_names: ["user_id"] group_type: DEEP }
+  feature_groups { group_name: "seq" feature_names: ["user_id", "click__adgroup_id"]
+                   group_type: SEQUENCE }
+}
+"""
+
+
+def test_features_in_no_group_are_neither_read_nor_embedded():
+    fs = build_feature_set(parse_pipeline_config(LEFT_OUT_CONFIG))
+    assert list(fs.features) == ["user_id", "click__adgroup_id"]
+    assert fs.left_out == ("brand", "age_level", "price", "adgroup_id")
+    assert [f.name for f in fs.embedding_features()] == ["user_id", "click__adgroup_id"]
+    assert fs.dense_features() == {}
+    # The grouped sequence sub-feature keeps the table it shares with adgroup_id.
+    tables = {t.name: t for t in fs.embedding_tables()}
+    assert list(tables) == ["user_id", "adgroup_id"]
+    assert tables["adgroup_id"].features == ("click__adgroup_id",)
+    assert tables["adgroup_id"].is_dynamic
+    assert set(fs.input_columns) == {"user_id", "click__adgroup_id", "clk"}
+    batch = fs.parse(pa.table({"user_id": [3, 4], "click__adgroup_id": ["1|2", ""],
+                               "clk": [0, 1]}))
+    assert batch.sparse.keys() == ["user_id", "click__adgroup_id"]
+    assert batch.sparse["click__adgroup_id"].values.tolist() == [1, 2]
+
+
+def test_kept_features_are_read_without_a_group():
+    fs = build_feature_set(parse_pipeline_config(LEFT_OUT_CONFIG), keep=["brand"])
+    assert list(fs.features) == ["user_id", "brand", "click__adgroup_id"]
+    assert fs.left_out == ("age_level", "price", "adgroup_id")
+    assert [t.name for t in fs.embedding_tables()] == ["user_id", "brand", "adgroup_id"]
+
+
+def test_without_feature_groups_every_feature_is_read():
+    config = parse_pipeline_config(LEFT_OUT_CONFIG)
+    config.ClearField("model_config")
+    fs = build_feature_set(config)
+    assert fs.left_out == ()
+    assert list(fs.features) == ["user_id", "brand", "age_level", "price", "adgroup_id",
+                                 "click__adgroup_id"]
+    assert fs.embedding_tables()[-1].features == ("adgroup_id", "click__adgroup_id")
+
+
+def test_features_in_no_group_are_still_checked():
+    text = LEFT_OUT_CONFIG.replace(
+        'feature_name: "brand" expression: "item:brand"\n  embedding_dim: 4',
+        'feature_name: "brand" expression: "item:brand"\n  embedding_name: "user_id" '
+        'embedding_dim: 8')
+    with pytest.raises(ConfigError, match="'user_id' and 'brand' share table 'user_id' but "
+                                          "have embedding_dim 4 and 8"):
+        build_feature_set(parse_pipeline_config(text))

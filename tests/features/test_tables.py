@@ -77,4 +77,5 @@ def test_fusion_group_is_the_single_deep_group(feature_set):
     fs = feature_set(_id("a", dyn) + _id("b", dyn) + _id("c", dyn) + _id("d", dyn)
                      + _id("n", "embedding_dim: 4 num_buckets: 3"), model)
     groups = {t.name: t.fusion_group for t in fs.embedding_tables()}
-    assert groups == {"a": "deep", "b": "deep", "c": None, "d": None, "n": None}
+    assert groups == {"a": "deep", "b": "deep", "c": None}
+    assert fs.left_out == ("d", "n")  # in no group: no table at all

@@ -43,6 +43,7 @@ class FakeFeatureSet:
     # sequence feature -> the sequence it reads (sub-features of one sequence_feature)
     sequence_of: dict[str, str] = field(
         default_factory=lambda: dict.fromkeys(SEQUENCES, "click_seq"))
+    left_out: tuple[str, ...] = ()
 
     def embedding_features(self):
         return ([EmbeddingFeatureSpec(n, n) for n in POOLED]

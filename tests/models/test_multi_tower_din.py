@@ -124,12 +124,21 @@ def test_training_step_on_a_batch_of_one_row(norm):
     assert torch.isfinite(model.output.weight.grad).all()
 
 
-def test_embedded_features_in_no_group_are_named(caplog):
-    with caplog.at_level("WARNING", logger="hashrec.models.rank_model"):
+def test_features_left_out_of_the_groups_are_named(caplog):
+    with caplog.at_level("INFO", logger="hashrec.models.rank_model"):
         _model()
     assert "no feature group" not in caplog.text
-    text = MODEL_CONFIG.replace('["user_id", "item_id", "cate_id", "price"]',
-                                '["item_id", "cate_id", "price"]')
-    with caplog.at_level("WARNING", logger="hashrec.models.rank_model"):
-        _model(text)
-    assert "features in no feature group: user_id;" in caplog.text
+    with caplog.at_level("INFO", logger="hashrec.models.rank_model"):
+        create_model(model_config(), FakeFeatureSet(left_out=("user_tag", "age_level")), None,
+                     embedding=FakeEmbedding())
+    assert ("features in no feature group, left out (not read from the input, not embedded, "
+            "no table of their own): user_tag, age_level;") in caplog.text
+
+
+def test_unknown_group_feature_lists_the_left_out_ones_as_known():
+    text = MODEL_CONFIG.replace('"cate_id", "price"]', '"cate_id", "user_tagg"]')
+    with pytest.raises(ModelError, match=r"feature 'user_tagg' is not defined in "
+                                         r"feature_configs \(known: .*price, user_id, "
+                                         r"user_tag\)"):
+        create_model(model_config(text), FakeFeatureSet(left_out=("user_tag",)), None,
+                     embedding=FakeEmbedding())

@@ -78,6 +78,8 @@ feature_configs {{ id_feature {{ feature_name: "user_id" expression: "user:user_
   embedding_dim: 4 num_buckets: 50 }} }}
 feature_configs {{ id_feature {{ feature_name: "tags" expression: "item:tags"
   embedding_dim: 4 num_buckets: 50 separator: "|" }} }}
+feature_configs {{ id_feature {{ feature_name: "session" expression: "user:session"
+  embedding_dim: 4 num_buckets: 50 }} }}
 model_config {{
   feature_groups {{ group_name: "deep" feature_names: ["user_id", "tags"] group_type: DEEP }}
   multi_tower_din {{ towers {{ input: "deep" mlp {{ hidden_units: [4] }} }} }}
@@ -96,7 +98,7 @@ def _write(path, tags) -> pa.Table:
     rng = np.random.default_rng(0)
     n = len(tags)
     table = pa.table({"user_id": rng.integers(0, 6, n), "tags": pa.array(tags),
-                      "clk": rng.integers(0, 2, n)})
+                      "session": rng.integers(0, 4, n), "clk": rng.integers(0, 2, n)})
     pq.write_table(table, path)
     return table
 
@@ -121,3 +123,17 @@ def test_grouping_key_must_be_one_id_per_row(tmp_path):
     _write(tmp_path / "eval.parquet", ["1|2", "3", "4"] * 5)
     with pytest.raises(TrainError, match="feature 'tags' must give every row exactly one id"):
         evaluate(session, str(tmp_path / "eval.parquet"), step=0)
+
+
+def test_a_grouping_key_in_no_feature_group_is_read_but_not_embedded(tmp_path):
+    session = _session(tmp_path, "session")
+    assert "session" in session.feature_set.features
+    assert "session" not in session.model.embedding.table_locations()
+    table = _write(tmp_path / "eval.parquet", [f"{i % 7}" for i in range(40)])
+    result = evaluate(session, str(tmp_path / "eval.parquet"), step=0)
+    session.model.eval()
+    with torch.no_grad():
+        batch = session.feature_set.parse(table)
+        probs = session.model(batch)["probs"]
+    expected = grouped_auc(probs, batch.labels["clk"] > 0.5, batch.sparse["session"].values)
+    assert result["grouped_auc"] == pytest.approx(expected, abs=1e-12)

@@ -1,0 +1,47 @@
+"""build_session: which features get tables."""
+
+from __future__ import annotations
+
+import torch
+
+from hashrec.config import load_pipeline_config
+from hashrec.train.session import build_session
+
+CONFIG = """
+model_dir: "unused"
+train_config {
+  sparse_optimizer { adagrad_optimizer { lr: 0.1 } constant_learning_rate {} }
+  dense_optimizer { adam_optimizer { lr: 0.01 } constant_learning_rate {} }
+  num_epochs: 1
+}
+data_config { batch_size: 8 dataset_type: ParquetDataset label_fields: "clk" }
+feature_configs { id_feature { feature_name: "user_id" expression: "user:user_id"
+  embedding_dim: 4 zch { zch_size: 16 eviction_interval: 2 lfu {} } } }
+model_config {
+  feature_groups { group_name: "deep" feature_names: ["user_id"] group_type: DEEP }
+  multi_tower_din { towers { input: "deep" mlp { hidden_units: [4] } } final { hidden_units: [2] } }
+}
+"""
+
+
+LEFT_OUT = """
+feature_configs { id_feature { feature_name: "brand" expression: "item:brand"
+  embedding_dim: 4 dynamicemb { max_capacity: 1024 } } }
+feature_configs { id_feature { feature_name: "age_level" expression: "user:age_level"
+  embedding_dim: 4 num_buckets: 8 } }
+feature_configs { id_feature { feature_name: "pid" expression: "context:pid"
+  embedding_dim: 4 zch { zch_size: 16 eviction_interval: 2 lfu {} } } }
+"""
+
+
+def test_features_in_no_group_get_no_table(tmp_path):
+    path = tmp_path / "left_out.config"
+    path.write_text(CONFIG.replace("model_config {", LEFT_OUT + "model_config {"))
+    session = build_session(load_pipeline_config(str(path)), device=torch.device("cpu"))
+    embedding = session.model.embedding
+    assert list(embedding.table_locations()) == ["user_id"]
+    assert embedding.dynamic_tables() == {}
+    assert embedding.feature_names == ["user_id"]
+    assert not [k for k in session.model.state_dict() if "age_level" in k or "pid" in k]
+    assert session.feature_set.left_out == ("brand", "age_level", "pid")
+    assert session.feature_set.input_columns == ["user_id", "clk"]
