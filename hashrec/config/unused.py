@@ -21,7 +21,6 @@ _REFUSED = {
     },
 }
 _FEATURE_REFUSED = {
-    "init_fn": (bool, "use the feature's initializer settings"),
     "use_mask": (bool, "no feature masking"),
     "data_type": (lambda v: v != "FP32", "embeddings are float32"),
     "sequence_fields": (bool, "declare sequences as sequence features"),

@@ -31,6 +31,9 @@ class TableRequest:
         dynamicemb: the feature's DynamicEmbedding message (dynamic tables).
         trainable: whether the table is updated.
         zch: ZchOptions of a zero-collision-hash table (``num_rows`` = zch_size), else None.
+        initializer: InitializerArgs from the feature's ``init_fn``, else None (the
+            table's default: dense tables uniform +-sqrt(1 / num_rows), dynamic tables
+            their ``initializer_args``).
     """
 
     name: str
@@ -39,6 +42,7 @@ class TableRequest:
     dynamicemb: object | None = None
     trainable: bool = True
     zch: object | None = None
+    initializer: object | None = None
 
 
 class Feature:

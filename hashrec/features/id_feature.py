@@ -20,6 +20,7 @@ from hashrec.features.base import (
 )
 from hashrec.features.bucketize import Bucketizer, bucketizer_from_config
 from hashrec.features.errors import FeatureError
+from hashrec.features.init_fn import init_fn_of
 from hashrec.features.tokens import Bags, column_bags, get_column, truncate
 
 _WEIGHTED = r"^(?P<id>.*):(?P<weight>[^:]*)$"
@@ -115,7 +116,8 @@ def table_request(cfg, name: str, num_rows: int | None,
     table = cfg.embedding_name if cfg.embedding_name else name
     dynamicemb = cfg.dynamicemb if cfg.HasField("dynamicemb") else None
     return TableRequest(table, check_dim(cfg.embedding_dim, name), num_rows, dynamicemb,
-                        cfg.trainable, getattr(bucketizer, "options", None))
+                        cfg.trainable, getattr(bucketizer, "options", None),
+                        init_fn_of(cfg, name))
 
 
 def build_id_feature(cfg) -> IdFeature:

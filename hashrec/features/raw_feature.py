@@ -19,6 +19,7 @@ from hashrec.features.base import (
     column_of,
 )
 from hashrec.features.errors import FeatureError
+from hashrec.features.init_fn import init_fn_of
 from hashrec.features.tokens import Bags, column_bags, get_column, truncate
 
 
@@ -195,7 +196,11 @@ def build_raw_feature(cfg, name: str | None = None, column: str | None = None,
     table = None
     if boundaries:
         table = TableRequest(cfg.embedding_name or name, check_dim(cfg.embedding_dim, name),
-                             len(boundaries) + 1, None, cfg.trainable)
+                             len(boundaries) + 1, None, cfg.trainable,
+                             initializer=init_fn_of(cfg, name))
+    elif cfg.init_fn:
+        raise ConfigError(f"feature {name!r}: init_fn initializes an embedding, and a "
+                          f"raw_feature without boundaries has none; remove it")
     normalizer = Normalizer.parse(cfg.normalizer, name) if cfg.normalizer else None
     separator = sequence_delim if sequence_length else cfg.separator
     default = "" if sequence_length else cfg.default_value

@@ -19,10 +19,13 @@ sequence of its own.
 
 from __future__ import annotations
 
+import dataclasses
+
 from hashrec.config.errors import ConfigError
 from hashrec.features.base import TableRequest, check_dim, column_of
 from hashrec.features.bucketize import bucketizer_from_config
 from hashrec.features.id_feature import IdFeature, build_sequence_id_feature, table_request
+from hashrec.features.init_fn import init_fn_of
 from hashrec.features.raw_feature import RawFeature, build_raw_feature
 
 
@@ -46,9 +49,14 @@ def _sequence_id(cfg, name: str, column: str, length: int, delim: str,
     bucketizer = bucketizer_from_config(cfg, name, required=False)
     if bucketizer is None:
         owner = _shared_top_level(cfg, top_level, name)
-        table = owner.table if not cfg.embedding_name else TableRequest(
-            cfg.embedding_name, owner.table.dim, owner.table.num_rows, owner.table.dynamicemb,
-            cfg.trainable, owner.table.zch)
+        init = init_fn_of(cfg, name)
+        if cfg.embedding_name:  # a table of its own, bucketized and drawn like the owner's
+            table = TableRequest(cfg.embedding_name, owner.table.dim, owner.table.num_rows,
+                                 owner.table.dynamicemb, cfg.trainable, owner.table.zch,
+                                 init or owner.table.initializer)
+        else:  # the owner's table: an init_fn of its own must agree (checked by tables.py)
+            table = owner.table if init is None else dataclasses.replace(owner.table,
+                                                                         initializer=init)
         return build_sequence_id_feature(cfg, name, column, length, delim, owner.bucketizer,
                                          table, sequence_name)
     return build_sequence_id_feature(cfg, name, column, length, delim, bucketizer,

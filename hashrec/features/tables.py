@@ -83,9 +83,15 @@ def _merge(requests: list[tuple[str, TableRequest]]) -> TableRequest:
         if req.zch != first.zch:
             raise ConfigError(f"features {first_feature!r} and {feature!r} share table "
                               f"{first.name!r} with different zch settings")
+    initialized = [(f, r.initializer) for f, r in requests if r.initializer is not None]
+    for feature, init in initialized[1:]:
+        if init != initialized[0][1]:
+            raise ConfigError(f"features {initialized[0][0]!r} and {feature!r} share table "
+                              f"{first.name!r} with different init_fn")
     trainable = all(r.trainable for _, r in requests)
     return TableRequest(first.name, first.dim, first.num_rows,
-                        dynamic[0][1].dynamicemb if dynamic else None, trainable, first.zch)
+                        dynamic[0][1].dynamicemb if dynamic else None, trainable, first.zch,
+                        initialized[0][1] if initialized else None)
 
 
 def fusion_groups(model_config) -> dict[str, str]:
@@ -112,11 +118,18 @@ def build_tables(features: list[Feature], model_config=None) -> list[EmbeddingTa
         names = tuple(f for f, _ in requests)
         if req.dynamicemb is None:
             specs.append(EmbeddingTableSpec(name, req.dim, num_rows=req.num_rows, features=names,
-                                            trainable=req.trainable, zch=req.zch))
+                                            trainable=req.trainable, zch=req.zch,
+                                            initializer=req.initializer))
             continue
         fused = {groups[f] for f in names if f in groups}
+        options = table_options(req.dynamicemb, req.dim, name)
+        if req.initializer is not None:
+            if req.dynamicemb.HasField("initializer_args"):
+                raise ConfigError(f"table {name!r}: init_fn and dynamicemb.initializer_args "
+                                  f"both say how rows start; keep one")
+            options = dataclasses.replace(options, initializer=req.initializer)
         specs.append(EmbeddingTableSpec(
-            name, req.dim, dynamic=table_options(req.dynamicemb, req.dim, name), features=names,
+            name, req.dim, dynamic=options, features=names,
             fusion_group=fused.pop() if len(fused) == 1 else None, trainable=req.trainable))
     return specs
 

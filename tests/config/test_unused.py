@@ -24,15 +24,13 @@ def example_with(text: str):
      "train_config.gradient_accumulation_steps is not supported"),
     ('train_config { fine_tune_ckpt_param_map: "map.txt" }',
      "train_config.fine_tune_ckpt_param_map is not supported"),
-    ('feature_configs { id_feature { feature_name: "u" init_fn: "nn.init.zeros_" } }',
-     "feature 'u' \\(feature_configs\\[\\d+\\]\\): init_fn is not supported"),
     ('feature_configs { raw_feature { feature_name: "p" data_type: "FP16" } }',
      "feature 'p'.*data_type"),
     ('feature_configs { sequence_feature { sequence_name: "s" features { id_feature { '
      'feature_name: "i" use_mask: true } } } }', "feature 's__i'.*use_mask"),
     ('model_config { feature_groups { group_name: "g" group_type: SEQUENCE sequence_groups { '
      'group_name: "q" } } }', "model_config.feature_groups\\[\\d+\\].sequence_groups"),
-], ids=["accumulation", "param-map", "init-fn", "data-type",
+], ids=["accumulation", "param-map", "data-type",
         "sequence-mask", "sequence-groups"])
 def test_fields_that_would_change_the_model_are_refused(text, message):
     problems = unused_field_problems(example_with(text))
