@@ -31,16 +31,23 @@ clicks yet) and clk (int64 0/1). Rows are in time order. See
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from hashrec.tools.gen_output import (
+    GeneratorError,
+    Progress,
+    count,
+    positive_float,
+    prepare_dir,
+    stale_files,
+    write_marker,
+)
 from hashrec.tools.taobao_world import (
     PIDS,
     Catalog,
@@ -58,19 +65,6 @@ ITEM_COLUMNS = ("adgroup_id", "cate_id", "campaign_id", "customer", "brand")
 SEQUENCE_FIELDS = ("adgroup_id", "cate_id", "brand")
 COLUMNS = ("user_id", *USER_COLUMNS, *ITEM_COLUMNS, "price", "pid",
            *(f"click_50_seq__{f}" for f in SEQUENCE_FIELDS), "clk")
-
-
-class _Progress:
-    """Timestamped progress lines on stderr."""
-
-    def __init__(self, quiet: bool) -> None:
-        self._quiet = quiet
-        self._start = time.perf_counter()
-
-    def __call__(self, message: str) -> None:
-        if not self._quiet:
-            elapsed = time.perf_counter() - self._start
-            print(f"[gen_taobao_data {elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
 SEQUENCE_FORMATS = ("string", "list")
@@ -112,42 +106,6 @@ def impressions_table(users: Users, catalog: Catalog, imp: Impressions,
 MARKER = "_gen_taobao_data.json"
 
 
-class GeneratorError(ValueError):
-    """The generator cannot write where it was asked to; the message names the path."""
-
-
-def _previous_output(out_dir: str) -> set[str]:
-    """Names an earlier run of the generator wrote into ``out_dir`` (by its marker)."""
-    try:
-        with open(os.path.join(out_dir, MARKER), encoding="utf-8") as f:
-            return {MARKER, *json.load(f)["files"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return set()
-
-
-def stale_files(out_dir: str, overwrite: bool) -> list[str]:
-    """The files in ``out_dir`` to delete before writing a split into it.
-
-    Raises:
-        GeneratorError: ``out_dir`` is a file, or it holds files that an earlier run did
-            not write and ``overwrite`` is False.
-    """
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise GeneratorError(f"{out_dir} is a file; --output_dir must name a directory")
-    if not os.path.isdir(out_dir):
-        return []
-    entries = sorted(os.listdir(out_dir))
-    ours = _previous_output(out_dir)
-    foreign = [e for e in entries if e not in ours]
-    if foreign and not overwrite:
-        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-        raise GeneratorError(f"{out_dir} is not empty (it holds {shown}); choose another "
-                             f"--output_dir, or pass --overwrite to replace its "
-                             f"part-*.parquet files")
-    return [e for e in entries
-            if e in ours or (e.startswith("part-") and e.endswith(".parquet"))]
-
-
 def write_split(out_dir: str, users: Users, catalog: Catalog, imp: Impressions,
                 lo: int, hi: int, num_files: int, row_group_size: int, log,
                 sequence_format: str = "string", stale: tuple[str, ...] = ()) -> list[str]:
@@ -155,17 +113,10 @@ def write_split(out_dir: str, users: Users, catalog: Catalog, imp: Impressions,
 
     ``stale`` names files of ``out_dir`` removed first (see :func:`stale_files`).
     """
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as err:
-        raise GeneratorError(f"cannot create {out_dir}: {err.strerror}") from None
-    for name in stale:
-        os.remove(os.path.join(out_dir, name))
-    if stale:
-        log(f"removed {len(stale)} old files in {out_dir}")
+    prepare_dir(out_dir, stale, log)
     names = [f"part-{i:05d}.parquet" for i in range(num_files)]
     # The marker goes first: a run killed halfway leaves a directory a rerun recognises.
-    _write_marker(out_dir, names, hi - lo, complete=False)
+    write_marker(out_dir, MARKER, names, hi - lo, complete=False)
     bounds = np.linspace(lo, hi, num_files + 1).round().astype(np.int64)
     paths = []
     for i, name in enumerate(names):
@@ -175,13 +126,8 @@ def write_split(out_dir: str, users: Users, catalog: Catalog, imp: Impressions,
         pq.write_table(table, path, row_group_size=row_group_size)
         paths.append(path)
         log(f"wrote {path} ({table.num_rows} rows)")
-    _write_marker(out_dir, names, hi - lo, complete=True)
+    write_marker(out_dir, MARKER, names, hi - lo, complete=True)
     return paths
-
-
-def _write_marker(out_dir: str, names: list[str], rows: int, complete: bool) -> None:
-    with open(os.path.join(out_dir, MARKER), "w", encoding="utf-8") as f:
-        json.dump({"files": names, "rows": rows, "complete": complete}, f)
 
 
 def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
@@ -207,8 +153,8 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
             "eval": os.path.join(output_dir, "eval")} if eval_rows else {"data": output_dir}
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise GeneratorError(f"{output_dir} is a file; --output_dir must name a directory")
-    stale = {split: tuple(stale_files(d, overwrite)) for split, d in dirs.items()}
-    log = _Progress(quiet)
+    stale = {split: tuple(stale_files(d, overwrite, MARKER)) for split, d in dirs.items()}
+    log = Progress("gen_taobao_data", quiet)
     world_seed, rows_seed = np.random.SeedSequence(seed).spawn(2)
     world_rng = np.random.default_rng(world_seed)
     spaces = space_sizes(scale)
@@ -227,60 +173,24 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
             for split, d in dirs.items()}
 
 
-def _whole_number(text: str) -> int:
-    """``text`` as an int; integer-valued scientific notation (1e5) is accepted too."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number such as 100000 or 1e5, got {text!r}") from None
-    if not value.is_integer():
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text}")
-    return int(value)
-
-
-def _count(minimum: int = 1):
-    """argparse type: a whole number >= ``minimum``."""
-    def count(text: str) -> int:
-        value = _whole_number(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
-        return value
-    return count
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hashrec.tools.gen_taobao_data",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--output_dir", required=True,
                    help="where the parquet files go: a new or empty directory, or one an "
                         "earlier run wrote (its files are replaced); see --overwrite")
-    p.add_argument("--num_rows", type=_count(), required=True,
+    p.add_argument("--num_rows", type=count(), required=True,
                    help="rows to write (training rows when --eval_rows is given); "
                         "whole numbers in e-notation such as 1e6 are accepted")
-    p.add_argument("--num_files", type=_count(), default=1,
+    p.add_argument("--num_files", type=count(), default=1,
                    help="parquet files per split (default 1)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--scale", type=_positive_float, default=1.0,
+    p.add_argument("--scale", type=positive_float, default=1.0,
                    help="multiplies the large ID spaces (default 1: Taobao sizes)")
-    p.add_argument("--eval_rows", type=_count(0), default=0,
+    p.add_argument("--eval_rows", type=count(0), default=0,
                    help="also write this many later rows to OUTPUT_DIR/eval (and the "
                         "training rows to OUTPUT_DIR/train)")
-    p.add_argument("--row_group_size", type=_count(), default=65536,
+    p.add_argument("--row_group_size", type=count(), default=65536,
                    help="parquet row group size (default 65536)")
     p.add_argument("--sequence_format", choices=SEQUENCE_FORMATS, default="string",
                    help="behaviour sequences as IDs joined by '|' (string, default, as in "

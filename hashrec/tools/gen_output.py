@@ -1,0 +1,122 @@
+"""What the synthetic data generators share: where they may write, their marker files,
+progress lines and command-line number types.
+
+A generator writes ``part-*.parquet`` files into a directory, with a marker
+(``_gen_<name>.json``) naming them; readers skip names starting with ``_``. A directory
+holding anything else is refused unless the caller overwrites; one holding only an earlier
+run's files (listed in its marker) is replaced. The marker is written before the parts and
+says ``"complete": true`` once all of them are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+class GeneratorError(ValueError):
+    """The generator cannot write where it was asked to; the message names the path."""
+
+
+class Progress:
+    """Timestamped progress lines on stderr, prefixed with the generator's name."""
+
+    def __init__(self, name: str, quiet: bool) -> None:
+        self._name = name
+        self._quiet = quiet
+        self._start = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if not self._quiet:
+            elapsed = time.perf_counter() - self._start
+            print(f"[{self._name} {elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def _previous_output(out_dir: str, marker: str) -> set[str]:
+    """Names an earlier run of the generator wrote into ``out_dir`` (by its marker)."""
+    try:
+        with open(os.path.join(out_dir, marker), encoding="utf-8") as f:
+            return {marker, *json.load(f)["files"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def stale_files(out_dir: str, overwrite: bool, marker: str) -> list[str]:
+    """The files in ``out_dir`` to delete before writing a split into it.
+
+    Raises:
+        GeneratorError: ``out_dir`` is a file, or it holds files that an earlier run did
+            not write and ``overwrite`` is False.
+    """
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise GeneratorError(f"{out_dir} is a file; --output_dir must name a directory")
+    if not os.path.isdir(out_dir):
+        return []
+    entries = sorted(os.listdir(out_dir))
+    ours = _previous_output(out_dir, marker)
+    foreign = [e for e in entries if e not in ours]
+    if foreign and not overwrite:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise GeneratorError(f"{out_dir} is not empty (it holds {shown}); choose another "
+                             f"--output_dir, or pass --overwrite to replace its "
+                             f"part-*.parquet files")
+    return [e for e in entries
+            if e in ours or (e.startswith("part-") and e.endswith(".parquet"))]
+
+
+def prepare_dir(out_dir: str, stale: tuple[str, ...], log) -> None:
+    """Creates ``out_dir`` and removes its ``stale`` files (see :func:`stale_files`)."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as err:
+        raise GeneratorError(f"cannot create {out_dir}: {err.strerror}") from None
+    for name in stale:
+        os.remove(os.path.join(out_dir, name))
+    if stale:
+        log(f"removed {len(stale)} old files in {out_dir}")
+
+
+def write_marker(out_dir: str, marker: str, names: list[str], rows: int,
+                 complete: bool) -> None:
+    with open(os.path.join(out_dir, marker), "w", encoding="utf-8") as f:
+        json.dump({"files": names, "rows": rows, "complete": complete}, f)
+
+
+def _whole_number(text: str) -> int:
+    """``text`` as an int; integer-valued scientific notation (1e5) is accepted too."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number such as 100000 or 1e5, got {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text}")
+    return int(value)
+
+
+def count(minimum: int = 1):
+    """argparse type: a whole number >= ``minimum``."""
+    def parse(text: str) -> int:
+        value = _whole_number(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
