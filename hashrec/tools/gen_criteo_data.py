@@ -24,7 +24,6 @@ a directory holding other files is refused unless ``--overwrite``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -35,10 +34,9 @@ import pyarrow.parquet as pq
 from hashrec.tools.gen_output import (
     GeneratorError,
     Progress,
-    count,
-    positive_float,
+    generator_parser,
+    output_dirs,
     prepare_dir,
-    stale_files,
     write_marker,
 )
 
@@ -123,11 +121,7 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
         GeneratorError: an output directory is a file or holds other files (nothing is
             written or deleted then).
     """
-    dirs = {"train": os.path.join(output_dir, "train"),
-            "eval": os.path.join(output_dir, "eval")} if eval_rows else {"data": output_dir}
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise GeneratorError(f"{output_dir} is a file; --output_dir must name a directory")
-    stale = {split: tuple(stale_files(d, overwrite, MARKER)) for split, d in dirs.items()}
+    dirs, stale = output_dirs(output_dir, eval_rows, overwrite, MARKER)
     log = Progress("gen_criteo_data", quiet)
     world_seed, rows_seed = np.random.SeedSequence(seed).spawn(2)
     world = _World(np.random.default_rng(world_seed), vocab_sizes(scale))
@@ -155,31 +149,12 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
     return written
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hashrec.tools.gen_criteo_data",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--output_dir", required=True,
-                   help="where the parquet files go: a new or empty directory, or one an "
-                        "earlier run wrote (its files are replaced); see --overwrite")
-    p.add_argument("--num_rows", type=count(), required=True,
-                   help="rows to write (training rows when --eval_rows is given); "
-                        "whole numbers in e-notation such as 1e6 are accepted")
-    p.add_argument("--num_files", type=count(), default=1,
-                   help="parquet files per split (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--scale", type=positive_float, default=0.01,
-                   help="multiplies the large vocabularies (default 0.01; 1: Criteo sizes, "
-                        "up to 10 million values a column)")
-    p.add_argument("--eval_rows", type=count(0), default=0,
-                   help="also write this many rows to OUTPUT_DIR/eval (and the training rows "
-                        "to OUTPUT_DIR/train)")
-    p.add_argument("--row_group_size", type=count(), default=65536,
-                   help="parquet row group size (default 65536)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="also write into an output directory that holds files of its own: "
-                        "its part-*.parquet files are deleted first, other files are kept")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-    return p
+def _parser():
+    return generator_parser("gen_criteo_data", __doc__.split("\n\n")[0], MARKER, 0.01,
+                            "multiplies the large vocabularies (default 0.01; 1: Criteo "
+                            "sizes, up to 10 million values a column)",
+                            "also write this many rows to OUTPUT_DIR/eval (and the training "
+                            "rows to OUTPUT_DIR/train)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -120,3 +120,46 @@ def positive_float(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
+
+
+def output_dirs(output_dir: str, eval_rows: int, overwrite: bool, marker: str
+                ) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """The directories a run writes ({"train", "eval"} with ``eval_rows``, else {"data"})
+    and each one's stale files; nothing is touched yet.
+
+    Raises:
+        GeneratorError: ``output_dir`` is a file, or a directory holds foreign files.
+    """
+    dirs = {"train": os.path.join(output_dir, "train"),
+            "eval": os.path.join(output_dir, "eval")} if eval_rows else {"data": output_dir}
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise GeneratorError(f"{output_dir} is a file; --output_dir must name a directory")
+    return dirs, {split: tuple(stale_files(d, overwrite, marker)) for split, d in dirs.items()}
+
+
+def generator_parser(name: str, description: str, marker: str, scale_default: float,
+                     scale_help: str, eval_help: str) -> argparse.ArgumentParser:
+    """A generator's command line: output, sizes, seed, scale, overwrite and quiet."""
+    p = argparse.ArgumentParser(prog=f"python -m hashrec.tools.{name}",
+                                description=description)
+    p.add_argument("--output_dir", required=True,
+                   help="where the parquet files go: a new or empty directory, or one an "
+                        "earlier run wrote (its files are replaced); see --overwrite")
+    p.add_argument("--num_rows", type=count(), required=True,
+                   help="rows to write (training rows when --eval_rows is given); "
+                        "whole numbers in e-notation such as 1e6 are accepted")
+    p.add_argument("--num_files", type=count(), default=1,
+                   help="parquet files per split (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--scale", type=positive_float, default=scale_default, help=scale_help)
+    p.add_argument("--eval_rows", type=count(0), default=0, help=eval_help)
+    p.add_argument("--row_group_size", type=count(), default=65536,
+                   help="parquet row group size (default 65536)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="also write into an output directory that holds files of its own: "
+                        "its part-*.parquet files are deleted first, other files are kept. "
+                        "Without it such a directory is refused; a directory holding only "
+                        f"an earlier run's files (listed in its {marker}) is replaced "
+                        "either way")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    return p

@@ -42,10 +42,9 @@ import pyarrow.parquet as pq
 from hashrec.tools.gen_output import (
     GeneratorError,
     Progress,
-    count,
-    positive_float,
+    generator_parser,
+    output_dirs,
     prepare_dir,
-    stale_files,
     write_marker,
 )
 from hashrec.tools.taobao_world import (
@@ -149,11 +148,7 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
     if sequence_format not in SEQUENCE_FORMATS:
         raise ValueError(f"sequence_format={sequence_format!r}; allowed: "
                          f"{', '.join(SEQUENCE_FORMATS)}")
-    dirs = {"train": os.path.join(output_dir, "train"),
-            "eval": os.path.join(output_dir, "eval")} if eval_rows else {"data": output_dir}
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise GeneratorError(f"{output_dir} is a file; --output_dir must name a directory")
-    stale = {split: tuple(stale_files(d, overwrite, MARKER)) for split, d in dirs.items()}
+    dirs, stale = output_dirs(output_dir, eval_rows, overwrite, MARKER)
     log = Progress("gen_taobao_data", quiet)
     world_seed, rows_seed = np.random.SeedSequence(seed).spawn(2)
     world_rng = np.random.default_rng(world_seed)
@@ -174,35 +169,14 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hashrec.tools.gen_taobao_data",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--output_dir", required=True,
-                   help="where the parquet files go: a new or empty directory, or one an "
-                        "earlier run wrote (its files are replaced); see --overwrite")
-    p.add_argument("--num_rows", type=count(), required=True,
-                   help="rows to write (training rows when --eval_rows is given); "
-                        "whole numbers in e-notation such as 1e6 are accepted")
-    p.add_argument("--num_files", type=count(), default=1,
-                   help="parquet files per split (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--scale", type=positive_float, default=1.0,
-                   help="multiplies the large ID spaces (default 1: Taobao sizes)")
-    p.add_argument("--eval_rows", type=count(0), default=0,
-                   help="also write this many later rows to OUTPUT_DIR/eval (and the "
-                        "training rows to OUTPUT_DIR/train)")
-    p.add_argument("--row_group_size", type=count(), default=65536,
-                   help="parquet row group size (default 65536)")
+    p = generator_parser("gen_taobao_data", __doc__.split("\n\n")[0], MARKER, 1.0,
+                         "multiplies the large ID spaces (default 1: Taobao sizes)",
+                         "also write this many later rows to OUTPUT_DIR/eval (and the "
+                         "training rows to OUTPUT_DIR/train)")
     p.add_argument("--sequence_format", choices=SEQUENCE_FORMATS, default="string",
                    help="behaviour sequences as IDs joined by '|' (string, default, as in "
                         "the Taobao data) or as parquet list<int64> (list: parsed in about "
                         "half the CPU time)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="also write into an output directory that holds files of its own: "
-                        "its part-*.parquet files are deleted first, other files are kept. "
-                        "Without it such a directory is refused; a directory holding only "
-                        f"an earlier run's files (listed in its {MARKER}) is replaced "
-                        "either way")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
     return p
 
 
