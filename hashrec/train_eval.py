@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "model_dir holding checkpoints is an error")
     parser.add_argument("--fine_tune_checkpoint", default=None,
                         help="initialize model and tables from this checkpoint (or model_dir) "
-                             "when not resuming; overrides train_config.fine_tune_checkpoint")
+                             "when not resuming: what it holds in the same shape is restored "
+                             "(under the names of train_config.fine_tune_ckpt_param_map), "
+                             "the rest starts fresh, and one log line says which; overrides "
+                             "train_config.fine_tune_checkpoint")
     parser.add_argument("--ignore_restore_optimizer", action="store_true",
                         help="with --continue_train, restore weights but not optimizer state")
     return parser

@@ -22,9 +22,10 @@ logger = logging.getLogger(__name__)
 
 _READ_BLOCK = 16 << 20
 DENSE_TABLES = "dense_tables"
+ZCH_REMAPPERS = "zch_remappers"
 # Module dicts of an embedding collection holding state per table: dense (``num_buckets``)
 # tables' rows and ZCH tables' remappers.
-_TABLE_DICTS = (DENSE_TABLES, "zch_remappers")
+TABLE_DICTS = (DENSE_TABLES, ZCH_REMAPPERS)
 
 
 def file_digest(path: str) -> str:
@@ -102,34 +103,47 @@ def _saved_dim(table: DenseTable, saved: torch.Tensor, described: dict | None) -
     return dim if width in (dim, dim + 1, 2 * dim, 3 * dim) else None
 
 
-def _dense_rows(path: str, key: str, table: DenseTable, saved: torch.Tensor,
-                restore_optimizer: bool, described: dict | None) -> torch.Tensor:
-    """The saved rows of a dense table as the model needs them, or a CheckpointError in
-    config terms (torch's size mismatch counts optimizer columns as embedding)."""
-    where = f"{path}: dense table {table.name!r} ({key})"
-    config = "restore with the feature configs it was saved with (the model_dir's pipeline.config)"
+def rows_difference(table: DenseTable, saved: torch.Tensor, described: dict | None
+                    ) -> str | None:
+    """Why the saved rows of a dense table do not fit ``table``, in config terms (torch's
+    size mismatch counts optimizer columns as embedding), or None when they fit."""
     if saved.dim() != 2 or int(saved.shape[0]) != table.num_rows:
         rows = int(saved.shape[0]) if saved.dim() else "no"
-        raise CheckpointError(
-            f"{where}: {rows} rows in the checkpoint, {table.num_rows} (num_buckets) in the "
-            f"config; {config}")
+        return f"{rows} rows in the checkpoint, {table.num_rows} (num_buckets) in the config"
     saved_dim = _saved_dim(table, saved, described)
     if saved_dim != table.dim:
         shown = saved_dim if saved_dim is not None else f"other than {table.dim}"
-        raise CheckpointError(
-            f"{where}: embedding_dim {shown} in the checkpoint, {table.dim} in the config "
-            f"(rows {int(saved.shape[1])} wide with sparse optimizer state); {config}")
-    if restore_optimizer:
-        if int(saved.shape[1]) != table.row_dim:
-            saved_opt = ((described or {}).get("optimizer") or {}).get("type", "another")
-            raise CheckpointError(
-                f"{where}: sparse optimizer {saved_opt} ({int(saved.shape[1]) - saved_dim} "
-                f"state columns) in the checkpoint, {type(table.optimizer).__name__} "
-                f"({table.row_dim - table.dim}) in the model; restore without optimizer "
-                f"state (--ignore_restore_optimizer) to reset it")
-        return saved
+        return (f"embedding_dim {shown} in the checkpoint, {table.dim} in the config "
+                f"(rows {int(saved.shape[1])} wide with sparse optimizer state)")
+    return None
+
+
+def embedding_rows(table: DenseTable, saved: torch.Tensor) -> torch.Tensor:
+    """Saved rows that fit ``table`` with their optimizer columns reset to the model's
+    sparse optimizer's initial state."""
     state = table.optimizer.initial_state(table.dim).reshape(1, -1).to(saved.dtype)
     return torch.cat([saved[:, :table.dim], state.expand(saved.shape[0], state.shape[1])], 1)
+
+
+def _dense_rows(path: str, key: str, table: DenseTable, saved: torch.Tensor,
+                restore_optimizer: bool, described: dict | None) -> torch.Tensor:
+    """The saved rows of a dense table as the model needs them, or a CheckpointError in
+    config terms."""
+    where = f"{path}: dense table {table.name!r} ({key})"
+    difference = rows_difference(table, saved, described)
+    if difference is not None:
+        raise CheckpointError(f"{where}: {difference}; restore with the feature configs it "
+                              f"was saved with (the model_dir's pipeline.config)")
+    if not restore_optimizer:
+        return embedding_rows(table, saved)
+    if int(saved.shape[1]) != table.row_dim:
+        saved_opt = ((described or {}).get("optimizer") or {}).get("type", "another")
+        raise CheckpointError(
+            f"{where}: sparse optimizer {saved_opt} ({int(saved.shape[1]) - table.dim} "
+            f"state columns) in the checkpoint, {type(table.optimizer).__name__} "
+            f"({table.row_dim - table.dim}) in the model; restore without optimizer "
+            f"state (--ignore_restore_optimizer) to reset it")
+    return saved
 
 
 def _pop_unread_tables(state: dict[str, Any], model: torch.nn.Module) -> list[str]:
@@ -141,7 +155,7 @@ def _pop_unread_tables(state: dict[str, Any], model: torch.nn.Module) -> list[st
     for key in [k for k in state if k not in expected]:
         parts = key.split(".")
         for i, part in enumerate(parts[:-2]):
-            holder = modules.get(".".join(parts[:i + 1])) if part in _TABLE_DICTS else None
+            holder = modules.get(".".join(parts[:i + 1])) if part in TABLE_DICTS else None
             if isinstance(holder, torch.nn.ModuleDict):
                 if parts[i + 1] not in holder:
                     unread.add(parts[i + 1])

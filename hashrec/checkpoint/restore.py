@@ -1,10 +1,13 @@
 """Restoring a complete checkpoint: dense state and resharded dynamic tables.
 
 Works for any saving and loading world sizes: every rank reads all shards of a
-table in chunks and keeps the keys it owns. ``restore_optimizer=False`` is the
-fine-tuning mode: the dense optimizer is left alone and the optimizer-state
-columns of dynamic and dense (``num_buckets``) tables start from the optimizer's
-initial state. Fused tables are matched by name (``hashrec.checkpoint.tags``).
+table in chunks and keeps the keys it owns. The model must be the one saved (every
+dynamic table present, the dense state strict): resuming, evaluating, exporting.
+``restore_optimizer=False`` leaves the dense optimizer alone and starts the
+optimizer-state columns of dynamic and dense (``num_buckets``) tables from the
+optimizer's initial state. Fused tables are matched by name
+(``hashrec.checkpoint.tags``). A fine-tune start, which restores what fits a changed
+model, is ``hashrec.checkpoint.fine_tune``.
 """
 
 from __future__ import annotations
@@ -151,7 +154,7 @@ def _note_unread_tables(path: str, saved: dict[str, Any], dynamic_tables: dict[s
             "tables since the checkpoint was saved", path, ", ".join(named))
 
 
-def _set_table_step(table: Any, saved_step: int | None) -> None:
+def set_table_step(table: Any, saved_step: int | None) -> None:
     """Puts a table's STEP clock back where it was, if the table exposes a setter."""
     if saved_step is None or not hasattr(table, "step"):
         return
@@ -213,7 +216,7 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
             remap = tag_remap(where, meta["tables"][name].get(TAG_TABLES), tag_tables.get(name))
             loaded[name] = load_table(readers[name], name, table, rank, world_size,
                                       restore_optimizer, remap)
-            _set_table_step(table, meta["tables"][name].get("table_step"))
+            set_table_step(table, meta["tables"][name].get("table_step"))
         return loaded, _read_rank_state(path, meta, rank, world_size)
 
     loaded, rank_state = run_on_all_ranks(load, f"restoring {path}", CheckpointError)

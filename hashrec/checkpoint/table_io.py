@@ -182,13 +182,20 @@ def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
         table.load_state(chunk["keys"].to(device), chunk["tags"].to(device), rows,
                          chunk["scores"].to(device), assume_unique=True)
         loaded += int(chunk["keys"].shape[0])
-    if size_before == 0 and int(table.size()) != loaded:
+    if size_before == 0:
+        check_all_held(name, table, loaded, readers)
+    counters = _load_admission(readers, name, table, rank, world_size, remap)
+    return {"rows": loaded, "admission": counters}
+
+
+def check_all_held(name: str, table: Any, loaded: int, readers: list[ShardReader]) -> None:
+    """Raises CheckpointError when ``table``, empty before ``loaded`` rows went in from
+    ``readers``, holds fewer (it is too small for them)."""
+    if int(table.size()) != loaded:
         raise CheckpointError(
             f"table {name!r}: loaded {loaded} rows from {readers[0].stem if readers else '?'} "
             f"and its siblings but the table holds {int(table.size())}; raise its "
             f"max_capacity (or use more ranks)")
-    counters = _load_admission(readers, name, table, rank, world_size, remap)
-    return {"rows": loaded, "admission": counters}
 
 
 def _load_admission(readers: list[ShardReader], name: str, table: Any, rank: int,

@@ -14,7 +14,6 @@ from __future__ import annotations
 _REFUSED = {
     "TrainConfig": {
         "gradient_accumulation_steps": (lambda v: v > 1, "each step applies its own gradients"),
-        "fine_tune_ckpt_param_map": (bool, "a fine-tune checkpoint is restored by name"),
     },
     "FeatureGroupConfig": {
         "sequence_groups": (bool, "sequences are grouped by their feature group"),

@@ -26,8 +26,10 @@ import torch
 
 from hashrec.checkpoint import (
     CheckpointError,
+    ParamMap,
     latest_checkpoint,
     restore_checkpoint,
+    restore_fine_tune,
     save_checkpoint,
 )
 from hashrec.checkpoint.layout import checkpoint_dirs
@@ -77,13 +79,16 @@ def check_model_dir(model_dir: str, continue_train: bool) -> None:
 
 def restore_for_training(model_dir: str, model, dense_optimizer, continue_train: bool,
                          fine_tune_checkpoint: str | None,
-                         restore_optimizer: bool = True) -> Resume:
+                         restore_optimizer: bool = True,
+                         param_map: ParamMap | None = None) -> Resume:
     """Restore the latest checkpoint of ``model_dir`` (continue) or a fine-tune start.
 
     With ``continue_train`` and a complete checkpoint in ``model_dir`` training
-    resumes from it (optimizer state too unless ``restore_optimizer`` is False).
-    Otherwise ``fine_tune_checkpoint`` (a checkpoint directory, or a model_dir
-    whose latest checkpoint is taken) initializes the model and tables only and
+    resumes from it, strictly: the model must be the one saved (optimizer state too
+    unless ``restore_optimizer`` is False). Otherwise ``fine_tune_checkpoint`` (a
+    checkpoint directory, or a model_dir whose latest checkpoint is taken) initializes
+    what of the model and tables it holds in the same shape, under the names
+    ``param_map`` gives (``hashrec.checkpoint.fine_tune``); the rest starts fresh and
     training starts at step 0.
     """
     tables = model.embedding.dynamic_tables()
@@ -101,6 +106,9 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
                             "saved by %s rank(s), or by a version that did not save them): "
                             "the resumed run draws other random numbers than an "
                             "uninterrupted one would", path, meta.get("world_size"))
+            if param_map is not None:
+                logger.info("fine_tune_ckpt_param_map %s is not used: the run continues "
+                            "from its own checkpoint", param_map.path)
             return Resume(int(meta["step"]), int(extra.get("epoch", 0)), path,
                           int(extra.get("epoch_step", 0)),
                           tuple(readers) if readers is not None else None,
@@ -116,9 +124,12 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
                        "(a fine-tune start never restores optimizer state)")
     if fine_tune_checkpoint:
         path = resolve_checkpoint(fine_tune_checkpoint)
-        restore_checkpoint(path, model, None, tables, restore_optimizer=False)
-        logger.info("initialized from fine_tune_checkpoint %s", path)
+        restore_fine_tune(path, model, tables, param_map)
         return Resume(0, 0, path)
+    if param_map is not None:
+        logger.warning("fine_tune_ckpt_param_map %s has no effect without a fine-tune "
+                       "checkpoint (train_config.fine_tune_checkpoint or "
+                       "--fine_tune_checkpoint)", param_map.path)
     return Resume()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from hashrec.checkpoint import restore_checkpoint
+from hashrec.checkpoint import read_param_map, restore_checkpoint
 from hashrec.data.paths import expand_input_path
 from hashrec.distributed.data_parallel import broadcast_state
 from hashrec.train import checkpoints
@@ -25,7 +25,9 @@ def train_and_evaluate(config, continue_train: bool = False,
         config: the effective EasyRecConfig (edits and path overrides applied).
         continue_train: resume from the latest checkpoint in ``config.model_dir``.
         fine_tune_checkpoint: initialize from this checkpoint (or model_dir) when not
-            resuming; defaults to ``train_config.fine_tune_checkpoint``.
+            resuming; defaults to ``train_config.fine_tune_checkpoint``. What of the model
+            it holds is restored (under ``train_config.fine_tune_ckpt_param_map``'s names),
+            the rest starts fresh.
         ignore_restore_optimizer: resume model and tables but not optimizer state.
         rank, world_size: this process's place in a distributed run.
         ctx: the ``DistContext`` of a torchrun worker (overrides rank and world_size;
@@ -37,6 +39,8 @@ def train_and_evaluate(config, continue_train: bool = False,
     Raises:
         TrainError: model_dir holds checkpoints and ``continue_train`` is False,
             or an invalid training setting.
+        CheckpointError: an unreadable or malformed ``fine_tune_ckpt_param_map``, or one
+            naming what the model or the checkpoint does not hold.
         DataError: the eval input path names nothing (checked before training).
         TrainInterrupted: SIGINT or SIGTERM stopped training (after a checkpoint).
     """
@@ -44,11 +48,13 @@ def train_and_evaluate(config, continue_train: bool = False,
     checkpoints.check_model_dir(model_dir, continue_train)
     if config.eval_input_path:  # a typo there found now, not after hours of training
         expand_input_path(config.eval_input_path)
+    map_path = config.train_config.fine_tune_ckpt_param_map
+    param_map = read_param_map(map_path) if map_path else None  # a bad file found now
     session = build_session(config, rank, world_size, ctx=ctx)
     resume = checkpoints.restore_for_training(
         model_dir, session.model, session.dense, continue_train,
         fine_tune_checkpoint or config.train_config.fine_tune_checkpoint or None,
-        restore_optimizer=not ignore_restore_optimizer)
+        restore_optimizer=not ignore_restore_optimizer, param_map=param_map)
     # Only a config its checkpoints fit replaces the model_dir's copy.
     write_pipeline_config(config, model_dir, session.rank)
     # Replicas start equal: dense network, dense tables and their optimizer rows.
