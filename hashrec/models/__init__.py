@@ -1,8 +1,9 @@
-"""Ranking models built from a pipeline config (MultiTowerDIN, ...)."""
+"""Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, ...)."""
 
 from hashrec.models.errors import ModelError
+from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
 from hashrec.models.rank_model import RankModel
 from hashrec.models.registry import MODELS, create_model
 
-__all__ = ["ModelError", "MultiTowerDIN", "RankModel", "MODELS", "create_model"]
+__all__ = ["ModelError", "MultiTower", "MultiTowerDIN", "RankModel", "MODELS", "create_model"]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from hashrec.models.errors import ModelError
+from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
 from hashrec.models.rank_model import RankModel
 
 MODELS: dict[str, type[RankModel]] = {
+    "multi_tower": MultiTower,
     "multi_tower_din": MultiTowerDIN,
 }
 

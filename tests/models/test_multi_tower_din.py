@@ -85,9 +85,8 @@ def test_config_errors_name_the_problem(text, match):
 
 
 def test_unsupported_model_kind():
-    text = MODEL_CONFIG.split("multi_tower_din")[0] + (
-        'multi_tower { towers { input: "deep" mlp { hidden_units: [4] } } }')
-    with pytest.raises(ModelError, match="multi_tower"):
+    text = MODEL_CONFIG.split("multi_tower_din")[0] + 'dlrm { final { hidden_units: [4] } }'
+    with pytest.raises(ModelError, match="model_config.dlrm is not supported"):
         _model(text)
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from hashrec.export.errors import ExportError
-from hashrec.models import MultiTowerDIN
+from hashrec.models import MultiTower, MultiTowerDIN
 from hashrec.models.feature_groups import GroupSpec
 
 Tensors = dict[str, torch.Tensor]
@@ -132,16 +132,18 @@ class TowersHead(nn.Module):
         return self.output(hidden).squeeze(-1)
 
 
-def multi_tower_din_head(model: MultiTowerDIN) -> TowersHead:
-    """MultiTowerDIN's dense network (towers, then DIN towers, as the model orders them)."""
+def multi_tower_head(model: MultiTower) -> TowersHead:
+    """MultiTower's and MultiTowerDIN's dense network (MLP towers, then DIN towers, as the
+    model orders them)."""
     towers: list[nn.Module] = [MLPTower(model.groups[name], mlp)
                                for name, mlp in model.towers.items()]
-    towers += [DINTower(model.groups[name], attention)
-               for name, attention in model.din_towers.items()]
+    if isinstance(model, MultiTowerDIN):
+        towers += [DINTower(model.groups[name], attention)
+                   for name, attention in model.din_towers.items()]
     return TowersHead(towers, model.final, model.output)
 
 
-HEADS = {MultiTowerDIN: multi_tower_din_head}
+HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head}
 
 
 def dense_head(model: nn.Module) -> nn.Module:
