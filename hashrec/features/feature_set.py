@@ -20,6 +20,7 @@ from hashrec.features.raw_feature import build_raw_feature
 from hashrec.features.sequence_feature import build_sequence_group, build_top_level_sequence
 from hashrec.features.tables import build_tables
 from hashrec.features.tokens import get_column
+from hashrec.features.wide import WideEmbeddings, build_wide_embeddings
 
 
 class FeatureSet:
@@ -34,13 +35,18 @@ class FeatureSet:
         sample_weight_field: column of each row's loss weight (finite, >= 0), or None.
             Read, like the labels, only where labels are (``parse(with_labels=True)``),
             into ``Batch.labels`` under its name.
+        wide: the wide tables of the model's WIDE feature groups and the specs reading
+            them (``hashrec.features.wide``); ``tables`` are the others.
     """
 
     def __init__(self, features: list[Feature], tables: list[EmbeddingTableSpec],
                  label_fields: list[str], binary_labels: tuple[str, ...] = (),
-                 sample_weight_field: str | None = None) -> None:
+                 sample_weight_field: str | None = None,
+                 wide: WideEmbeddings | None = None) -> None:
         self.features = {f.name: f for f in features}
         self._tables = list(tables)
+        self._wide = wide or WideEmbeddings()
+        self._wide_names = frozenset(spec.name for spec in self._wide.features)
         self.label_fields = list(label_fields)
         self.binary_labels = frozenset(binary_labels)
         self.sample_weight_field = sample_weight_field or None
@@ -54,12 +60,15 @@ class FeatureSet:
         self.input_columns = list(dict.fromkeys(self.feature_columns + self.target_columns))
 
     def embedding_tables(self) -> list[EmbeddingTableSpec]:
-        return list(self._tables)
+        """The features' tables, then the wide tables."""
+        return self._tables + list(self._wide.tables)
 
     def embedding_features(self) -> list[EmbeddingFeatureSpec]:
-        """One spec per KeyedJaggedTensor key, in key order."""
+        """One spec per KeyedJaggedTensor key, in key order, except the features that only
+        WIDE groups read; then one per feature of a WIDE group (its wide embedding)."""
         return [EmbeddingFeatureSpec(f.name, f.table.name, f.pooling, f.is_sequence,
-                                     f.sequence_length, f.weighted) for f in self._sparse]
+                                     f.sequence_length, f.weighted) for f in self._sparse
+                if f.name not in self._wide.wide_only] + list(self._wide.features)
 
     def dense_features(self) -> dict[str, int]:
         """Raw features without boundaries (not sequences): name -> value_dim."""
@@ -77,7 +86,9 @@ class FeatureSet:
         return {f.name: f.sequence_name for f in self.features.values() if f.is_sequence}
 
     def output_dim(self, feature_name: str) -> int:
-        """Width of a feature's contribution to a feature group."""
+        """Width of a feature's (or a wide embedding's) contribution to a feature group."""
+        if feature_name in self._wide_names:
+            return self._wide.dim
         if feature_name not in self.features:
             raise ConfigError(f"feature {feature_name!r} is not configured (features: "
                               f"{', '.join(self.features)})")
@@ -195,7 +206,9 @@ def build_feature_set(pipeline_config) -> FeatureSet:
     model_config = pipeline_config.model_config if pipeline_config.HasField("model_config") \
         else None
     tables = build_tables(features, model_config)
-    return FeatureSet(features, tables, labels, _binary_labels(labels, model_config), weight)
+    wide = build_wide_embeddings(features, tables, model_config)
+    return FeatureSet(features, wide.own_tables(tables), labels,
+                      _binary_labels(labels, model_config), weight, wide)
 
 
 def _sample_weight_field(data_config, label_fields: list[str]) -> str | None:

@@ -1,9 +1,12 @@
-"""Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, ...)."""
+"""Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
+...)."""
 
 from hashrec.models.errors import ModelError
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
 from hashrec.models.rank_model import RankModel
 from hashrec.models.registry import MODELS, create_model
+from hashrec.models.wide_and_deep import WideAndDeep
 
-__all__ = ["ModelError", "MultiTower", "MultiTowerDIN", "RankModel", "MODELS", "create_model"]
+__all__ = ["ModelError", "MultiTower", "MultiTowerDIN", "RankModel", "MODELS", "WideAndDeep",
+           "create_model"]

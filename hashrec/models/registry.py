@@ -6,10 +6,12 @@ from hashrec.models.errors import ModelError
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
 from hashrec.models.rank_model import RankModel
+from hashrec.models.wide_and_deep import WideAndDeep
 
 MODELS: dict[str, type[RankModel]] = {
     "multi_tower": MultiTower,
     "multi_tower_din": MultiTowerDIN,
+    "wide_and_deep": WideAndDeep,
 }
 
 

@@ -174,7 +174,8 @@ def check_metrics(metric_configs, feature_set) -> None:
 
 
 def _check_grouping_key(key: str, feature_set) -> None:
-    ids = [spec.name for spec in feature_set.embedding_features() if not spec.is_sequence]
+    ids = list(dict.fromkeys(spec.input_key for spec in feature_set.embedding_features()
+                             if not spec.is_sequence))
     if key not in ids:
         raise TrainError(f"model_config.metrics: grouped_auc grouping_key {key!r} is not an id "
                          f"feature; it must name one of feature_configs' id features "

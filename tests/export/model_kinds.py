@@ -42,6 +42,18 @@ MODELS = {
     towers { input: "item" mlp { hidden_units: [8] } }
     final { hidden_units: [8] }
   }""",
+    # user_id and adgroup_id (dynamic) and cate_id have a wide table besides their own;
+    # pid is only in the WIDE group: it has its wide table alone.
+    "wide_and_deep": """
+  feature_groups { group_name: "wide" group_type: WIDE
+    feature_names: ["user_id", "adgroup_id", "cate_id", "pid"] }
+  feature_groups { group_name: "deep" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "price"] }
+  wide_and_deep {
+    deep { hidden_units: [16, 8] }
+    final { hidden_units: [4] }
+    wide_embedding_dim: 2
+  }""",
 }
 
 

@@ -48,7 +48,7 @@ def test_scripted_inference_model_equals_eager_eval(kind, data_dir, tmp_path):
     assert hashmaps and all(keys.numel() > 0 for keys, _ in hashmaps.values())
     scripted = torch.jit.script(build_inference_model(model, session.feature_set, hashmaps,
                                                       missing))
-    weighted = {f.name for f in session.feature_set.embedding_features() if f.weighted}
+    weighted = {f.input_key for f in session.feature_set.embedding_features() if f.weighted}
     with torch.no_grad():
         for batch in batches:
             expected = model(batch)

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from model_fakes import FakeEmbedding, FakeFeatureSet, make_batch, model_config
+from model_fakes import FakeEmbedding, FakeFeatureSet, make_batch, model_config, train_one_batch
 
 from hashrec.models import ModelError, MultiTower, MultiTowerDIN, create_model
 
@@ -31,15 +31,7 @@ def test_registry_builds_multi_tower():
 
 def test_forward_backward_and_loss():
     model = _model()
-    batch = make_batch(6)
-    predictions = model(batch)
-    assert predictions["logits"].shape == (6,)
-    p, y = predictions["probs"], batch.labels["clk"]
-    loss = model.loss(predictions, batch)["binary_cross_entropy"]
-    assert torch.allclose(loss, -(y * p.log() + (1 - y) * (1 - p).log()).mean(), atol=1e-5)
-    loss.backward()
-    assert all(p.grad is not None for n, p in model.named_parameters()
-               if not n.startswith("embedding"))
+    train_one_batch(model)
     assert model.embedding.tables["cate_id"].weight.grad.abs().sum() > 0
     assert model.embedding.tables["click_seq__item_id"].weight.grad is None
 

@@ -1,10 +1,11 @@
 """Scriptable dense networks: feature-group assembly and the models' towers.
 
-The towers are the trained model's own modules (MLP, DINAttention, Linear);
-only the glue that assembles feature groups from the embedding outputs and the
-dense inputs is written here in TorchScript's typed subset, following
-``hashrec.models.feature_groups``: a DEEP group concatenates its features in
-order; a SEQUENCE group concatenates its query features, pads and
+The towers are the trained model's own modules (MLP, DINAttention, Linear, and
+the dense networks of the models that have one, such as ``WideDeepNet``); only
+the glue that assembles feature groups from the embedding outputs and the dense
+inputs is written here in TorchScript's typed subset, following
+``hashrec.models.feature_groups``: a DEEP (or WIDE) group concatenates its
+features in order; a SEQUENCE group concatenates its query features, pads and
 concatenates its sequence features and takes, per row, the largest length of
 its id sequences.
 
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from hashrec.export.errors import ExportError
-from hashrec.models import MultiTower, MultiTowerDIN
+from hashrec.models import MultiTower, MultiTowerDIN, WideAndDeep
 from hashrec.models.feature_groups import GroupSpec
 
 Tensors = dict[str, torch.Tensor]
@@ -143,7 +144,28 @@ def multi_tower_head(model: MultiTower) -> TowersHead:
     return TowersHead(towers, model.final, model.output)
 
 
-HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head}
+class WideDeepHead(nn.Module):
+    """The WIDE groups (one input) and the DEEP groups (another) through the model's
+    dense network (``WideDeepNet``)."""
+
+    def __init__(self, wide: GroupSpec, deep: GroupSpec, net: nn.Module) -> None:
+        super().__init__()
+        self.wide = DeepGroup(wide)
+        self.deep = DeepGroup(deep)
+        self.net = net
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
+        return self.net(self.wide(pooled, dense), self.deep(pooled, dense))
+
+
+def wide_and_deep_head(model: WideAndDeep) -> WideDeepHead:
+    """WideAndDeep's dense network."""
+    return WideDeepHead(model.wide_group, model.deep_group, model.net)
+
+
+HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head,
+         WideAndDeep: wide_and_deep_head}
 
 
 def dense_head(model: nn.Module) -> nn.Module:
