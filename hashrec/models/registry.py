@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hashrec.models.deepfm import DeepFM
 from hashrec.models.errors import ModelError
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
@@ -9,6 +10,7 @@ from hashrec.models.rank_model import RankModel
 from hashrec.models.wide_and_deep import WideAndDeep
 
 MODELS: dict[str, type[RankModel]] = {
+    "deepfm": DeepFM,
     "multi_tower": MultiTower,
     "multi_tower_din": MultiTowerDIN,
     "wide_and_deep": WideAndDeep,

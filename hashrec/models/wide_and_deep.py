@@ -25,32 +25,43 @@ from torch import nn
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import DEEP, WIDE, GroupSpec, deep_input
 from hashrec.models.rank_model import RankModel, mlp_options, optional_mlp
-from hashrec.modules import MLP
+from hashrec.modules import MLP, FactorizationMachine
 
 
 class WideDeepNet(nn.Module):
-    """The dense network of WideAndDeep, shared by the eager model and its scripted
-    export.
+    """The dense network of WideAndDeep and DeepFM, shared by the eager model and its
+    scripted export.
 
-    ``forward(wide (B, W), deep (B, D)) -> logits (B,)``: the wide logit is ``wide``
-    summed over its columns. With a final MLP: output(final([wide logit, deep MLP
-    output])); without: wide logit + output(deep MLP output).
+    ``forward(wide (B, W), deep (B, D), fm (B, N * d) or None) -> logits (B,)``: the
+    wide logit is ``wide`` summed over its columns. With ``fm_features`` N > 0 the
+    factorization machine reads ``fm`` (``deep`` where ``fm`` is None) as N features of
+    d columns, giving (B, d). With a final MLP the logit is output(final([wide logit,
+    fm output, deep MLP output])); without, wide logit + fm output summed over its
+    columns + output(deep MLP output).
 
     Args:
         deep: the deep MLP.
         final: the final MLP, or None.
         output: the linear layer to one logit.
+        fm_features: N; 0 for no factorization machine (WideAndDeep).
     """
 
-    def __init__(self, deep: nn.Module, final: nn.Module | None, output: nn.Module) -> None:
+    def __init__(self, deep: nn.Module, final: nn.Module | None, output: nn.Module,
+                 fm_features: int = 0) -> None:
         super().__init__()
         self.deep = deep
         self.has_final = final is not None
         self.final = final if final is not None else nn.Identity()
         self.output = output
+        self.fm_features = fm_features
+        self.fm = FactorizationMachine()
 
-    def forward(self, wide: torch.Tensor, deep: torch.Tensor) -> torch.Tensor:
+    def forward(self, wide: torch.Tensor, deep: torch.Tensor,
+                fm: torch.Tensor | None = None) -> torch.Tensor:
         parts = [wide.sum(dim=-1, keepdim=True)]
+        if self.fm_features > 0:
+            flat = deep if fm is None else fm
+            parts.append(self.fm(flat.reshape(flat.shape[0], self.fm_features, -1)))
         hidden = self.deep(deep)
         if self.has_final:
             return self.output(self.final(torch.cat(parts + [hidden], dim=-1))).squeeze(-1)
@@ -71,10 +82,14 @@ class WideAndDeep(RankModel):
     Attributes:
         wide_group: the WIDE groups' features as one group (the wide input).
         deep_group: the DEEP groups' features as one group (the deep MLP's input).
+        fm_group: DeepFM's DEEP group ``fm``, the factorization machine's own input;
+            None without one (and always for WideAndDeep).
         net: the dense network (``WideDeepNet``).
     """
 
     kind = "wide_and_deep"
+    # The DEEP group that feeds the factorization machine instead of the deep MLP (DeepFM).
+    fm_group_name = ""
 
     def __init__(self, model_config, feature_set, sparse_optimizer, device=None,
                  embedding: nn.Module | None = None) -> None:
@@ -83,11 +98,21 @@ class WideAndDeep(RankModel):
         wide, deep = self._split_groups()
         self.wide_group = merged_group("wide", WIDE, wide)
         self.deep_group = merged_group("deep", DEEP, deep)
+        self.fm_group = self.groups[self.fm_group_name] if self._has_fm_group() else None
         deep_mlp = MLP(self.deep_group.dim, mlp_options(config.deep, f"{self.kind}.deep"))
-        final, width = optional_mlp(config, "final", 1 + deep_mlp.output_dim(),
+        fm_features, fm_dim = self._fm_layout()
+        final, width = optional_mlp(config, "final", 1 + fm_dim + deep_mlp.output_dim(),
                                     f"{self.kind}.final")
         output = nn.Linear(width if final is not None else deep_mlp.output_dim(), 1)
-        self.net = WideDeepNet(deep_mlp, final, output)
+        self.net = WideDeepNet(deep_mlp, final, output, fm_features)
+
+    def _has_fm_group(self) -> bool:
+        group = self.groups.get(self.fm_group_name)
+        return group is not None and group.group_type == DEEP
+
+    def _fm_layout(self) -> tuple[int, int]:
+        """(features N, columns d) of the factorization machine; (0, 0): none."""
+        return 0, 0
 
     def _split_groups(self) -> tuple[list[GroupSpec], list[GroupSpec]]:
         """(the WIDE groups, the DEEP groups of the deep MLP), in config order."""
@@ -96,7 +121,8 @@ class WideAndDeep(RankModel):
             if group.group_type == WIDE:
                 wide.append(group)
             elif group.group_type == DEEP:
-                deep.append(group)
+                if name != self.fm_group_name:
+                    deep.append(group)
             else:
                 raise ModelError(
                     f"{self.kind}: feature group {name!r} is {group.group_type}; "
@@ -110,9 +136,13 @@ class WideAndDeep(RankModel):
         return wide, deep
 
     def dense_inputs(self, embedded, batch) -> tuple[torch.Tensor, ...]:
-        """(wide (B, W), deep (B, D)): the WIDE and the DEEP groups concatenated."""
-        return (deep_input(self.wide_group, embedded, batch),
-                deep_input(self.deep_group, embedded, batch))
+        """(wide (B, W), deep (B, D)): the WIDE and the DEEP groups concatenated; then the
+        ``fm`` group (B, N * d) where there is one."""
+        inputs = (deep_input(self.wide_group, embedded, batch),
+                  deep_input(self.deep_group, embedded, batch))
+        if self.fm_group is None:
+            return inputs
+        return (*inputs, deep_input(self.fm_group, embedded, batch))
 
     def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
         """``dense_inputs`` -> logits (B,)."""

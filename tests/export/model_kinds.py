@@ -54,6 +54,18 @@ MODELS = {
     final { hidden_units: [4] }
     wide_embedding_dim: 2
   }""",
+    # the FM pairs the 8-wide embeddings of the DEEP group "fm"; price feeds the deep MLP
+    "deepfm": """
+  feature_groups { group_name: "wide" group_type: WIDE
+    feature_names: ["user_id", "cate_id", "pid"] }
+  feature_groups { group_name: "deep" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "price"] }
+  feature_groups { group_name: "fm" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid"] }
+  deepfm {
+    deep { hidden_units: [16, 8] }
+    final { hidden_units: [4] }
+  }""",
 }
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hashrec.export.errors import ExportError
-from hashrec.models import MultiTower, MultiTowerDIN, WideAndDeep
+from hashrec.models import DeepFM, MultiTower, MultiTowerDIN, WideAndDeep
 from hashrec.models.feature_groups import GroupSpec
 
 Tensors = dict[str, torch.Tensor]
@@ -145,27 +145,34 @@ def multi_tower_head(model: MultiTower) -> TowersHead:
 
 
 class WideDeepHead(nn.Module):
-    """The WIDE groups (one input) and the DEEP groups (another) through the model's
-    dense network (``WideDeepNet``)."""
+    """The WIDE groups (one input), the DEEP groups (another) and DeepFM's ``fm`` group
+    where there is one through the model's dense network (``WideDeepNet``)."""
 
-    def __init__(self, wide: GroupSpec, deep: GroupSpec, net: nn.Module) -> None:
+    def __init__(self, wide: GroupSpec, deep: GroupSpec, fm: GroupSpec | None,
+                 net: nn.Module) -> None:
         super().__init__()
         self.wide = DeepGroup(wide)
         self.deep = DeepGroup(deep)
+        self.has_fm = fm is not None
+        self.fm = DeepGroup(fm if fm is not None else deep)
         self.net = net
 
     def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
                 dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
-        return self.net(self.wide(pooled, dense), self.deep(pooled, dense))
+        wide = self.wide(pooled, dense)
+        deep = self.deep(pooled, dense)
+        if self.has_fm:
+            return self.net(wide, deep, self.fm(pooled, dense))
+        return self.net(wide, deep, None)
 
 
 def wide_and_deep_head(model: WideAndDeep) -> WideDeepHead:
-    """WideAndDeep's dense network."""
-    return WideDeepHead(model.wide_group, model.deep_group, model.net)
+    """WideAndDeep's and DeepFM's dense network."""
+    return WideDeepHead(model.wide_group, model.deep_group, model.fm_group, model.net)
 
 
 HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head,
-         WideAndDeep: wide_and_deep_head}
+         WideAndDeep: wide_and_deep_head, DeepFM: wide_and_deep_head}
 
 
 def dense_head(model: nn.Module) -> nn.Module:
