@@ -1,7 +1,8 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
-DeepFM, ...)."""
+DeepFM, DLRM)."""
 
 from hashrec.models.deepfm import DeepFM
+from hashrec.models.dlrm import DLRM
 from hashrec.models.errors import ModelError
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
@@ -9,5 +10,5 @@ from hashrec.models.rank_model import RankModel
 from hashrec.models.registry import MODELS, create_model
 from hashrec.models.wide_and_deep import WideAndDeep
 
-__all__ = ["DeepFM", "ModelError", "MultiTower", "MultiTowerDIN", "RankModel", "MODELS",
+__all__ = ["DLRM", "DeepFM", "ModelError", "MultiTower", "MultiTowerDIN", "RankModel", "MODELS",
            "WideAndDeep", "create_model"]

@@ -23,8 +23,9 @@ import torch
 from torch import nn
 
 from hashrec.models.errors import ModelError
-from hashrec.models.feature_groups import DEEP, WIDE, GroupSpec, deep_input
-from hashrec.models.rank_model import RankModel, mlp_options, optional_mlp
+from hashrec.models.feature_groups import DEEP, WIDE, GroupSpec
+from hashrec.models.group_net import GroupNetModel
+from hashrec.models.rank_model import mlp_options, optional_mlp
 from hashrec.modules import MLP, FactorizationMachine
 
 
@@ -32,12 +33,12 @@ class WideDeepNet(nn.Module):
     """The dense network of WideAndDeep and DeepFM, shared by the eager model and its
     scripted export.
 
-    ``forward(wide (B, W), deep (B, D), fm (B, N * d) or None) -> logits (B,)``: the
-    wide logit is ``wide`` summed over its columns. With ``fm_features`` N > 0 the
-    factorization machine reads ``fm`` (``deep`` where ``fm`` is None) as N features of
-    d columns, giving (B, d). With a final MLP the logit is output(final([wide logit,
-    fm output, deep MLP output])); without, wide logit + fm output summed over its
-    columns + output(deep MLP output).
+    ``forward([wide (B, W), deep (B, D)] or [wide, deep, fm (B, N * d)]) -> logits
+    (B,)``: the wide logit is ``wide`` summed over its columns. With ``fm_features``
+    N > 0 the factorization machine reads ``fm`` (``deep`` where there is no ``fm``)
+    as N features of d columns, giving (B, d). With a final MLP the logit is
+    output(final([wide logit, fm output, deep MLP output])); without, wide logit + fm
+    output summed over its columns + output(deep MLP output).
 
     Args:
         deep: the deep MLP.
@@ -56,11 +57,11 @@ class WideDeepNet(nn.Module):
         self.fm_features = fm_features
         self.fm = FactorizationMachine()
 
-    def forward(self, wide: torch.Tensor, deep: torch.Tensor,
-                fm: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        wide, deep = inputs[0], inputs[1]
         parts = [wide.sum(dim=-1, keepdim=True)]
         if self.fm_features > 0:
-            flat = deep if fm is None else fm
+            flat = inputs[2] if len(inputs) > 2 else deep
             parts.append(self.fm(flat.reshape(flat.shape[0], self.fm_features, -1)))
         hidden = self.deep(deep)
         if self.has_final:
@@ -76,8 +77,11 @@ def merged_group(name: str, group_type: str, groups: list[GroupSpec]) -> GroupSp
     return GroupSpec(name, group_type, features=tuple(f for g in groups for f in g.features))
 
 
-class WideAndDeep(RankModel):
+class WideAndDeep(GroupNetModel):
     """See the module docstring; arguments as ``RankModel``.
+
+    The dense network's inputs (``input_groups``) are the wide group, the deep group
+    and, where there is one, the fm group.
 
     Attributes:
         wide_group: the WIDE groups' features as one group (the wide input).
@@ -99,6 +103,8 @@ class WideAndDeep(RankModel):
         self.wide_group = merged_group("wide", WIDE, wide)
         self.deep_group = merged_group("deep", DEEP, deep)
         self.fm_group = self.groups[self.fm_group_name] if self._has_fm_group() else None
+        self.input_groups = [self.wide_group, self.deep_group] + (
+            [self.fm_group] if self.fm_group is not None else [])
         deep_mlp = MLP(self.deep_group.dim, mlp_options(config.deep, f"{self.kind}.deep"))
         fm_features, fm_dim = self._fm_layout()
         final, width = optional_mlp(config, "final", 1 + fm_dim + deep_mlp.output_dim(),
@@ -134,16 +140,3 @@ class WideAndDeep(RankModel):
                 raise ModelError(f"{self.kind} needs a {group_type} feature group "
                                  f"({part}); model_config.feature_groups has none")
         return wide, deep
-
-    def dense_inputs(self, embedded, batch) -> tuple[torch.Tensor, ...]:
-        """(wide (B, W), deep (B, D)): the WIDE and the DEEP groups concatenated; then the
-        ``fm`` group (B, N * d) where there is one."""
-        inputs = (deep_input(self.wide_group, embedded, batch),
-                  deep_input(self.deep_group, embedded, batch))
-        if self.fm_group is None:
-            return inputs
-        return (*inputs, deep_input(self.fm_group, embedded, batch))
-
-    def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """``dense_inputs`` -> logits (B,)."""
-        return self.net(*inputs)

@@ -12,6 +12,7 @@ from hashrec.config import model_pb2
 from hashrec.embedding.jagged import KeyedJaggedTensor
 from hashrec.embedding.specs import EmbeddingFeatureSpec
 from hashrec.features.batch import Batch
+from hashrec.models import create_model
 
 DIM = 4
 WIDE_DIM = 2
@@ -36,6 +37,14 @@ metrics { auc {} }
 
 def model_config(text: str = MODEL_CONFIG) -> model_pb2.ModelConfig:
     return text_format.Parse(text, model_pb2.ModelConfig())
+
+
+def fake_model(text: str, wide: tuple[str, ...] = ()):
+    """The registry's model of ``text`` on the fakes (seeded), ``wide`` features having
+    wide embeddings."""
+    torch.manual_seed(0)
+    return create_model(model_config(text), FakeFeatureSet(wide=wide), None,
+                        embedding=FakeEmbedding(wide=wide))
 
 
 @dataclass

@@ -1,15 +1,8 @@
 import pytest
 import torch
-from model_fakes import (
-    DIM,
-    FakeEmbedding,
-    FakeFeatureSet,
-    make_batch,
-    model_config,
-    train_one_batch,
-)
+from model_fakes import DIM, fake_model, make_batch, train_one_batch
 
-from hashrec.models import DeepFM, ModelError, create_model
+from hashrec.models import DeepFM, ModelError
 from hashrec.modules import FactorizationMachine
 
 WIDE = ("user_id", "cate_id")
@@ -32,9 +25,7 @@ feature_groups { group_name: "fm" feature_names: ["user_id", "item_id", "cate_id
 
 
 def _model(text=CONFIG):
-    torch.manual_seed(0)
-    return create_model(model_config(text), FakeFeatureSet(wide=WIDE), None,
-                        embedding=FakeEmbedding(wide=WIDE))
+    return fake_model(text, WIDE)
 
 
 def _pooled(embedded, names):

@@ -1,8 +1,15 @@
 import pytest
 import torch
-from model_fakes import FakeEmbedding, FakeFeatureSet, make_batch, model_config, train_one_batch
+from model_fakes import (
+    FakeEmbedding,
+    FakeFeatureSet,
+    fake_model,
+    make_batch,
+    model_config,
+    train_one_batch,
+)
 
-from hashrec.models import ModelError, MultiTower, MultiTowerDIN, create_model
+from hashrec.models import ModelError, MultiTower, MultiTowerDIN
 
 CONFIG = """
 feature_groups { group_name: "user" feature_names: ["user_id", "price"] group_type: DEEP }
@@ -17,8 +24,7 @@ losses { binary_cross_entropy {} }
 
 
 def _model(text=CONFIG):
-    torch.manual_seed(0)
-    return create_model(model_config(text), FakeFeatureSet(), None, embedding=FakeEmbedding())
+    return fake_model(text)
 
 
 def test_registry_builds_multi_tower():

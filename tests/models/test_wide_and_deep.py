@@ -1,15 +1,8 @@
 import pytest
 import torch
-from model_fakes import (
-    WIDE_DIM,
-    FakeEmbedding,
-    FakeFeatureSet,
-    make_batch,
-    model_config,
-    train_one_batch,
-)
+from model_fakes import WIDE_DIM, fake_model, make_batch, train_one_batch
 
-from hashrec.models import ModelError, WideAndDeep, create_model
+from hashrec.models import ModelError, WideAndDeep
 
 WIDE = ("user_id", "item_id", "cate_id")
 CONFIG = """
@@ -27,9 +20,7 @@ NO_FINAL = CONFIG.replace("final { hidden_units: [4] }", "")
 
 
 def _model(text=CONFIG):
-    torch.manual_seed(0)
-    return create_model(model_config(text), FakeFeatureSet(wide=WIDE), None,
-                        embedding=FakeEmbedding(wide=WIDE))
+    return fake_model(text, WIDE)
 
 
 def test_registry_builds_wide_and_deep_from_the_groups():

@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from hashrec.export.errors import ExportError
-from hashrec.models import DeepFM, MultiTower, MultiTowerDIN, WideAndDeep
+from hashrec.models import DLRM, DeepFM, MultiTower, MultiTowerDIN, WideAndDeep
 from hashrec.models.feature_groups import GroupSpec
+from hashrec.models.group_net import GroupNetModel
 
 Tensors = dict[str, torch.Tensor]
 
@@ -144,35 +145,30 @@ def multi_tower_head(model: MultiTower) -> TowersHead:
     return TowersHead(towers, model.final, model.output)
 
 
-class WideDeepHead(nn.Module):
-    """The WIDE groups (one input), the DEEP groups (another) and DeepFM's ``fm`` group
-    where there is one through the model's dense network (``WideDeepNet``)."""
+class GroupsHead(nn.Module):
+    """Feature groups, each concatenated into one input, through a model's dense network
+    that takes the list of them (``GroupNetModel.net``: ``WideDeepNet``, ``DLRMNet``)."""
 
-    def __init__(self, wide: GroupSpec, deep: GroupSpec, fm: GroupSpec | None,
-                 net: nn.Module) -> None:
+    def __init__(self, groups: list[GroupSpec], net: nn.Module) -> None:
         super().__init__()
-        self.wide = DeepGroup(wide)
-        self.deep = DeepGroup(deep)
-        self.has_fm = fm is not None
-        self.fm = DeepGroup(fm if fm is not None else deep)
+        self.groups = nn.ModuleList([DeepGroup(group) for group in groups])
         self.net = net
 
     def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
                 dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
-        wide = self.wide(pooled, dense)
-        deep = self.deep(pooled, dense)
-        if self.has_fm:
-            return self.net(wide, deep, self.fm(pooled, dense))
-        return self.net(wide, deep, None)
+        inputs: list[torch.Tensor] = []
+        for group in self.groups:
+            inputs.append(group(pooled, dense))
+        return self.net(inputs)
 
 
-def wide_and_deep_head(model: WideAndDeep) -> WideDeepHead:
-    """WideAndDeep's and DeepFM's dense network."""
-    return WideDeepHead(model.wide_group, model.deep_group, model.fm_group, model.net)
+def groups_head(model: GroupNetModel) -> GroupsHead:
+    """WideAndDeep's, DeepFM's and DLRM's dense network."""
+    return GroupsHead(model.input_groups, model.net)
 
 
 HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head,
-         WideAndDeep: wide_and_deep_head, DeepFM: wide_and_deep_head}
+         WideAndDeep: groups_head, DeepFM: groups_head, DLRM: groups_head}
 
 
 def dense_head(model: nn.Module) -> nn.Module:

@@ -66,6 +66,15 @@ MODELS = {
     deep { hidden_units: [16, 8] }
     final { hidden_units: [4] }
   }""",
+    # the dense MLP's output (8 wide) interacts with the five 8-wide embeddings
+    "dlrm": """
+  feature_groups { group_name: "sparse" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid"] }
+  feature_groups { group_name: "dense" group_type: DEEP feature_names: ["price"] }
+  dlrm {
+    dense_mlp { hidden_units: [16, 8] }
+    final { hidden_units: [16, 8] }
+  }""",
 }
 
 
