@@ -196,7 +196,7 @@ def predict(export_dir: str, input_path: str, output_path: str,
     output = _output_file(output_path, overwrite)
     run_on = resolve_device(device)
     config, feature_set, model = _load(export_dir, run_on)
-    weighted = {f.name for f in feature_set.embedding_features() if f.weighted}
+    weighted = {f.input_key for f in feature_set.embedding_features() if f.weighted}
     loader = create_dataloader(_input_data_config(config.data_config, input_path), feature_set,
                                input_path, "predict", batch_size=batch_size,
                                reserved_columns=reserved_columns)

@@ -298,7 +298,8 @@ class EmbeddingCollection(nn.Module):
     def _feature_ids(self, storages: list[Storage], kjt: KeyedJaggedTensor
                      ) -> list[list[list[FeatureIds]]]:
         bags = kjt.to_dict()
-        return [[[feature_ids(f, bags[f.name]) for f in fs] for fs in self._readers[s.name]]
+        return [[[feature_ids(f, bags[f.input_key]) for f in fs]
+                 for fs in self._readers[s.name]]
                 for s in storages]
 
     def _joins(self, storages: list[Storage]) -> list[tuple[int, ...]]:
@@ -444,7 +445,9 @@ class EmbeddingCollection(nn.Module):
                                {s.name: s.plan.fused for s in self._units})
 
     def _check_input(self, kjt: KeyedJaggedTensor) -> None:
-        missing = [name for name in self._features if name not in kjt.keys()]
+        keys = set(kjt.keys())
+        missing = list(dict.fromkeys(f.input_key for f in self._features.values()
+                                     if f.input_key not in keys))
         if missing:
             raise EmbeddingError(f"KeyedJaggedTensor lacks features {missing}; "
                                  f"it has {kjt.keys()}")

@@ -19,12 +19,16 @@ class EmbeddingFeatureSpec:
     """One sparse input (a KeyedJaggedTensor key) and how its bags become embeddings.
 
     Attributes:
-        name: KeyedJaggedTensor key, e.g. ``user_id`` or ``click_50_seq__brand``.
+        name: output name, and the KeyedJaggedTensor key it reads unless ``key`` is set,
+            e.g. ``user_id`` or ``click_50_seq__brand``.
         table: name of the table it reads.
         pooling: ``sum`` or ``mean`` over the bag (pooled features).
         is_sequence: True -> padded (B, max_length, dim) output plus lengths.
         max_length: sequence length (sequence features only).
         weighted: bags carry per-id weights (weighted pooling).
+        key: the KeyedJaggedTensor key whose bags it reads when that is not ``name``:
+            one input embedded by two tables (a feature of a WIDE feature group, see
+            ``hashrec.features.wide``) has a second spec with a name of its own.
     """
 
     name: str
@@ -33,6 +37,12 @@ class EmbeddingFeatureSpec:
     is_sequence: bool = False
     max_length: int = 0
     weighted: bool = False
+    key: str = ""
+
+    @property
+    def input_key(self) -> str:
+        """The KeyedJaggedTensor key it reads."""
+        return self.key or self.name
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from hashrec.features.raw_feature import build_raw_feature
 from hashrec.features.sequence_feature import build_sequence_group, build_top_level_sequence
 from hashrec.features.tables import build_tables, tables_read_by
 from hashrec.features.tokens import get_column
+from hashrec.features.wide import WideEmbeddings, build_wide_embeddings
 
 
 class FeatureSet:
@@ -49,14 +50,19 @@ class FeatureSet:
             them), in config order.
         unembedded: id features parsed into the batch but not embedded (a grouped_auc
             metric's grouping key that no feature group names): no table, no lookup.
+        wide: the wide tables of the model's WIDE feature groups and the specs reading
+            them (``hashrec.features.wide``); ``tables`` are the others.
     """
 
     def __init__(self, features: list[Feature], tables: list[EmbeddingTableSpec],
                  label_fields: list[str], binary_labels: tuple[str, ...] = (),
                  sample_weight_field: str | None = None,
-                 left_out: tuple[str, ...] = (), unembedded: tuple[str, ...] = ()) -> None:
+                 left_out: tuple[str, ...] = (), unembedded: tuple[str, ...] = (),
+                 wide: WideEmbeddings | None = None) -> None:
         self.features = {f.name: f for f in features}
         self._tables = list(tables)
+        self._wide = wide or WideEmbeddings()
+        self._wide_names = frozenset(spec.name for spec in self._wide.features)
         self.label_fields = list(label_fields)
         self.binary_labels = frozenset(binary_labels)
         self.sample_weight_field = sample_weight_field or None
@@ -72,13 +78,17 @@ class FeatureSet:
         self.input_columns = list(dict.fromkeys(self.feature_columns + self.target_columns))
 
     def embedding_tables(self) -> list[EmbeddingTableSpec]:
-        return list(self._tables)
+        """The features' tables, then the wide tables."""
+        return self._tables + list(self._wide.tables)
 
     def embedding_features(self) -> list[EmbeddingFeatureSpec]:
-        """One spec per embedded KeyedJaggedTensor key, in key order."""
+        """One spec per embedded KeyedJaggedTensor key, in key order, except the features
+        that only WIDE groups read; then one per feature of a WIDE group (its wide
+        embedding)."""
         return [EmbeddingFeatureSpec(f.name, f.table.name, f.pooling, f.is_sequence,
                                      f.sequence_length, f.weighted) for f in self._sparse
-                if f.name not in self.unembedded]
+                if f.name not in self.unembedded and f.name not in self._wide.wide_only] \
+            + list(self._wide.features)
 
     def id_features(self) -> list[str]:
         """The non-sequence sparse features parsed into the batch, embedded or not."""
@@ -100,7 +110,9 @@ class FeatureSet:
         return {f.name: f.sequence_name for f in self.features.values() if f.is_sequence}
 
     def output_dim(self, feature_name: str) -> int:
-        """Width of a feature's contribution to a feature group."""
+        """Width of a feature's (or a wide embedding's) contribution to a feature group."""
+        if feature_name in self._wide_names:
+            return self._wide.dim
         if feature_name not in self.features:
             raise ConfigError(f"feature {feature_name!r} is not configured (features: "
                               f"{', '.join(self.features)})")
@@ -236,8 +248,10 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
     unembedded = tuple(f.name for f in kept if read is not None and f.name not in read)
     left_out = tuple(f.name for f in features if f not in kept)
     embedded = {f.name for f in kept} - set(unembedded)
-    return FeatureSet(kept, tables_read_by(tables, embedded), labels,
-                      _binary_labels(labels, model_config), weight, left_out, unembedded)
+    wide = build_wide_embeddings(features, tables, model_config)
+    return FeatureSet(kept, wide.own_tables(tables_read_by(tables, embedded)), labels,
+                      _binary_labels(labels, model_config), weight, left_out, unembedded,
+                      wide)
 
 
 def _sample_weight_field(data_config, label_fields: list[str]) -> str | None:

@@ -36,11 +36,13 @@ _PREFIXES = ("torch.nn.init.", "nn.init.")
 
 def init_fn_of(cfg, feature: str) -> InitializerArgs | None:
     """The InitializerArgs of a feature config's ``init_fn``, or None when it sets none."""
-    return parse_init_fn(cfg.init_fn, feature) if cfg.init_fn else None
+    return parse_init_fn(cfg.init_fn, f"feature {feature!r}: init_fn") if cfg.init_fn else None
 
 
-def parse_init_fn(text: str, feature: str) -> InitializerArgs:
-    """``init_fn`` text -> InitializerArgs (see the module docstring).
+def parse_init_fn(text: str, where: str) -> InitializerArgs:
+    """An init function's text -> InitializerArgs (see the module docstring); ``where``
+    names the setting in messages (``feature 'f': init_fn``,
+    ``model_config.deepfm.wide_init_fn``).
 
     Raises:
         ConfigError: a function HashRec does not draw, or arguments it cannot read.
@@ -51,7 +53,7 @@ def parse_init_fn(text: str, feature: str) -> InitializerArgs:
         name = name.removeprefix(prefix)
     if name not in _FUNCTIONS:
         raise ConfigError(
-            f"feature {feature!r}: init_fn {text!r}: {parts[0]!r} is not supported; allowed: "
+            f"{where} {text!r}: {parts[0]!r} is not supported; allowed: "
             f"{', '.join('nn.init.' + f for f in _FUNCTIONS)} (or dynamicemb "
             f"initializer_args for dynamic tables)")
     args = dict(_FUNCTIONS[name])
@@ -60,23 +62,23 @@ def parse_init_fn(text: str, feature: str) -> InitializerArgs:
         key = key.strip()
         if not sep or key not in args:
             raise ConfigError(
-                f"feature {feature!r}: init_fn {text!r}: {part!r} is not a keyword argument "
+                f"{where} {text!r}: {part!r} is not a keyword argument "
                 f"of {name} (allowed: {', '.join(args) or 'none'}; write key=value)")
         try:
             args[key] = float(value)
         except ValueError:
-            raise ConfigError(f"feature {feature!r}: init_fn {text!r}: {key}={value.strip()!r} "
+            raise ConfigError(f"{where} {text!r}: {key}={value.strip()!r} "
                               f"is not a number") from None
         if not math.isfinite(args[key]):
-            raise ConfigError(f"feature {feature!r}: init_fn {text!r}: {key} must be finite")
+            raise ConfigError(f"{where} {text!r}: {key} must be finite")
     missing = [k for k, v in args.items() if v is None]
     if missing:
-        raise ConfigError(f"feature {feature!r}: init_fn {text!r}: {name} needs "
+        raise ConfigError(f"{where} {text!r}: {name} needs "
                           f"{', '.join(k + '=...' for k in missing)}")
     try:
         return _initializer(name, args)
     except ValueError as err:
-        raise ConfigError(f"feature {feature!r}: init_fn {text!r}: {err}") from None
+        raise ConfigError(f"{where} {text!r}: {err}") from None
 
 
 def _initializer(name: str, args: dict[str, float]) -> InitializerArgs:

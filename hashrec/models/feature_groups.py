@@ -16,6 +16,9 @@ row, which this keeps. Features of different sequences (two top-level sequence
 features, or sub-features of two ``sequence_feature`` configs) are paired
 position by position just the same, which means something only where their
 lengths agree: building such a group logs a warning.
+
+A WIDE group concatenates, like a DEEP group, its features' wide embeddings
+(``hashrec.features.wide``: ``<feature>@wide``, (B, wide_embedding_dim) each).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
+from hashrec.features.wide import wide_name
 from hashrec.models.errors import ModelError
 
 DEEP = "DEEP"
 SEQUENCE = "SEQUENCE"
+WIDE = "WIDE"
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +61,8 @@ class FeatureInfo:
 
 @dataclass(frozen=True)
 class GroupSpec:
-    """One feature group: ``features`` for DEEP; ``query`` and ``sequence`` for SEQUENCE."""
+    """One feature group: ``features`` for DEEP and WIDE; ``query`` and ``sequence`` for
+    SEQUENCE."""
 
     name: str
     group_type: str
@@ -66,7 +72,7 @@ class GroupSpec:
 
     @property
     def dim(self) -> int:
-        """DEEP width D."""
+        """DEEP (or WIDE) width D."""
         return sum(f.dim for f in self.features)
 
     @property
@@ -100,12 +106,16 @@ def build_group_spec(group_config, infos: Mapping[str, FeatureInfo],
 
     Raises:
         ModelError: unknown feature, empty group, a sequence in a DEEP group, a
-            SEQUENCE group without query or sequence features, or an unsupported type.
+            SEQUENCE group without query or sequence features, a WIDE group feature
+            without a wide embedding, or an unsupported type.
     """
     name = group_config.group_name
     group_type = _group_type_name(group_config)
     if not group_config.feature_names:
         raise ModelError(f"feature group {name!r} lists no feature_names")
+    if group_type == WIDE:
+        return GroupSpec(name, WIDE, features=tuple(
+            _wide_feature(name, feature, infos) for feature in group_config.feature_names))
     resolved = []
     for feature in group_config.feature_names:
         if feature not in infos:
@@ -136,7 +146,22 @@ def build_group_spec(group_config, infos: Mapping[str, FeatureInfo],
         return GroupSpec(name, SEQUENCE, query=query, sequence=sequence)
     raise ModelError(
         f"feature group {name!r}: group_type {group_type} is not supported; allowed: DEEP, "
-        f"SEQUENCE")
+        f"WIDE, SEQUENCE")
+
+
+def _wide_feature(group: str, feature: str, infos: Mapping[str, FeatureInfo]) -> FeatureInfo:
+    """The wide embedding of a WIDE group's ``feature``."""
+    if wide_name(feature) in infos:
+        return infos[wide_name(feature)]
+    if feature not in infos:
+        known = sorted(n for n in infos if not n.endswith(wide_name("")))
+        raise ModelError(f"WIDE feature group {group!r}: feature {feature!r} is not defined in "
+                         f"feature_configs (known: {', '.join(known)})")
+    kind = "a sequence feature" if infos[feature].is_sequence else \
+        "a raw feature without boundaries (no embedding table)"
+    raise ModelError(f"WIDE feature group {group!r}: feature {feature!r} is {kind}; a WIDE "
+                     f"group sums the embeddings of pooled id features and of raw features "
+                     f"with boundaries: put it in a DEEP or SEQUENCE group")
 
 
 def _warn_mixed_sequences(group: str, sequence: tuple[FeatureInfo, ...]) -> None:

@@ -15,7 +15,7 @@ from torch import nn
 
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import GroupSpec, build_group_spec, feature_infos
-from hashrec.modules import MLPOptions
+from hashrec.modules import MLP, MLPOptions
 
 SUPPORTED_LOSSES = ("binary_cross_entropy",)
 
@@ -39,6 +39,15 @@ def mlp_options(mlp_config, where: str) -> MLPOptions:
         )
     except ValueError as err:
         raise ModelError(f"{where}: {err}") from err
+
+
+def optional_mlp(config, field: str, width: int, where: str) -> tuple[MLP | None, int]:
+    """The MLP of the optional ``MLP`` field ``config.<field>`` over ``width`` inputs:
+    (the MLP, its output width), or (None, ``width``) where the field is unset."""
+    if not config.HasField(field):
+        return None, width
+    mlp = MLP(width, mlp_options(getattr(config, field), where))
+    return mlp, mlp.output_dim()
 
 
 class RankModel(nn.Module):

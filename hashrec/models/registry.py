@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from hashrec.models.deepfm import DeepFM
+from hashrec.models.dlrm import DLRM
 from hashrec.models.errors import ModelError
+from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
 from hashrec.models.rank_model import RankModel
+from hashrec.models.wide_and_deep import WideAndDeep
 
 MODELS: dict[str, type[RankModel]] = {
+    "deepfm": DeepFM,
+    "dlrm": DLRM,
+    "multi_tower": MultiTower,
     "multi_tower_din": MultiTowerDIN,
+    "wide_and_deep": WideAndDeep,
 }
 
 

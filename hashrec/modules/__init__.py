@@ -1,10 +1,13 @@
-"""Small neural-network building blocks: MLP and DIN attention."""
+"""Small neural-network building blocks: MLP, DIN attention, factorization machine,
+pairwise dot interactions."""
 
 from hashrec.modules.activation import ACTIVATIONS, Dice, create_activation
 from hashrec.modules.din import NORMALIZERS, DINAttention, sequence_mask
+from hashrec.modules.fm import FactorizationMachine
+from hashrec.modules.interaction import PairwiseDot
 from hashrec.modules.mlp import MLP, MLPOptions
 
 __all__ = [
     "ACTIVATIONS", "Dice", "create_activation", "NORMALIZERS", "DINAttention",
-    "sequence_mask", "MLP", "MLPOptions",
+    "sequence_mask", "FactorizationMachine", "MLP", "MLPOptions", "PairwiseDot",
 ]

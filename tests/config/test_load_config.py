@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
 from hashrec.config import (
     ConfigError,
@@ -40,11 +41,23 @@ def test_taobao_config_parses_verbatim(caplog):
 
 
 @pytest.mark.parametrize("name", ["multi_tower_din_taobao.config",
-                                  "multi_tower_din_taobao_dynamicemb.config"])
+                                  "multi_tower_din_taobao_dynamicemb.config",
+                                  "wide_and_deep_taobao_dynamicemb.config"])
 def test_examples_parse(name):
     config = load_pipeline_config(EXAMPLES / name)
     assert config.data_config.dataset_type == data_pb2.ParquetDataset
     assert len(config.model_config.feature_groups[0].feature_names) == 16
+
+
+def test_wide_and_deep_example_builds_its_wide_tables():
+    from hashrec.train.session import build_session
+
+    config = load_pipeline_config(EXAMPLES / "wide_and_deep_taobao_dynamicemb.config")
+    session = build_session(config, device=torch.device("cpu"))
+    tables = {t.name: t for t in session.feature_set.embedding_tables()}
+    assert len(tables) == 2 * 16
+    assert tables["user_id_wide"].is_dynamic and tables["user_id_wide"].dim == 4
+    assert tables["price_wide"].num_rows == tables["price"].num_rows
 
 
 def test_unknown_field_names_line_and_field(tmp_path):

@@ -118,6 +118,33 @@ def test_mixed_dense_and_dynamic_with_mean_and_weighted_pooling():
     assert list(collection.dynamic_tables()) == ["t"]
 
 
+def test_a_spec_with_a_key_reads_another_features_ids():
+    # A WIDE group's feature: its ids are embedded by its own table and by a second one.
+    tables = [EmbeddingTableSpec("d", DIM, num_rows=5,
+                                 initializer=InitializerArgs(mode="CONSTANT", value=1.0)),
+              _dynamic("d_wide")]
+    features = [EmbeddingFeatureSpec("f", "d"),
+                EmbeddingFeatureSpec("f@wide", "d_wide", weighted=True, key="f")]
+    collection = EmbeddingCollection(tables, features, SparseSGD(lr=0.5))
+    kjt = KeyedJaggedTensor.from_lengths(["f"], torch.tensor([1, 2, 3]), torch.tensor([2, 1]),
+                                         torch.tensor([1.0, 2.0, 0.5]))
+    out = collection(kjt)
+    assert set(out.pooled) == {"f", "f@wide"}
+    torch.testing.assert_close(out.pooled["f"], torch.full((2, DIM), 2.0).index_fill(
+        0, torch.tensor([1]), 1.0))
+    wide = collection.dynamic_tables()["d_wide"]
+    assert wide.size() == 3 and wide.contains(torch.tensor([1, 2, 3])).all()
+    rows, _ = wide.find(torch.tensor([1, 2, 3]))
+    torch.testing.assert_close(out.pooled["f@wide"],
+                               torch.stack([rows[0] + 2 * rows[1], 0.5 * rows[2]]))
+    out.pooled["f@wide"].sum().backward()  # trains d_wide only
+    moved, _ = wide.find(torch.tensor([1]))
+    torch.testing.assert_close(moved[0], rows[0] - 0.5)
+    assert (collection.dense_tables["d"].rows[:, :DIM] == 1.0).all()
+    with pytest.raises(EmbeddingError, match=r"lacks features \['f'\]"):
+        collection(_kjt({"g": [[1]]}))
+
+
 @pytest.mark.parametrize("build, message", [
     (lambda: EmbeddingCollection([_dynamic()], [EmbeddingFeatureSpec("f", "nope")],
                                  SparseSGD()), "unknown table 'nope'"),

@@ -30,7 +30,7 @@ def _id(name: str, options: str) -> str:
 ], ids=["uniform", "uniform-defaults", "normal", "normal-mean", "trunc-normal", "constant",
         "zeros", "ones"])
 def test_supported_functions(text, expected):
-    assert parse_init_fn(text, "f") == expected
+    assert parse_init_fn(text, "feature 'f': init_fn") == expected
 
 
 @pytest.mark.parametrize("text, message", [
@@ -45,7 +45,7 @@ def test_supported_functions(text, expected):
 ], ids=["xavier", "positional", "keyword", "number", "nan", "missing", "bounds", "cut"])
 def test_refusals_name_the_feature(text, message):
     with pytest.raises(ConfigError, match=f"feature 'f': init_fn .*{message}"):
-        parse_init_fn(text, "f")
+        parse_init_fn(text, "feature 'f': init_fn")
 
 
 def test_dense_tables_start_from_the_init_fn(feature_set):

@@ -12,8 +12,10 @@ from hashrec.config import model_pb2
 from hashrec.embedding.jagged import KeyedJaggedTensor
 from hashrec.embedding.specs import EmbeddingFeatureSpec
 from hashrec.features.batch import Batch
+from hashrec.models import create_model
 
 DIM = 4
+WIDE_DIM = 2
 SEQ_LEN = 5
 POOLED = ("user_id", "item_id", "cate_id")
 SEQUENCES = ("click_seq__item_id", "click_seq__cate_id")
@@ -37,6 +39,14 @@ def model_config(text: str = MODEL_CONFIG) -> model_pb2.ModelConfig:
     return text_format.Parse(text, model_pb2.ModelConfig())
 
 
+def fake_model(text: str, wide: tuple[str, ...] = ()):
+    """The registry's model of ``text`` on the fakes (seeded), ``wide`` features having
+    wide embeddings."""
+    torch.manual_seed(0)
+    return create_model(model_config(text), FakeFeatureSet(wide=wide), None,
+                        embedding=FakeEmbedding(wide=wide))
+
+
 @dataclass
 class FakeFeatureSet:
     label_fields: list[str] = field(default_factory=lambda: ["clk"])
@@ -44,11 +54,14 @@ class FakeFeatureSet:
     sequence_of: dict[str, str] = field(
         default_factory=lambda: dict.fromkeys(SEQUENCES, "click_seq"))
     left_out: tuple[str, ...] = ()
+    # pooled features with a wide embedding ``<name>@wide`` (WIDE_DIM columns) besides
+    wide: tuple[str, ...] = ()
 
     def embedding_features(self):
         return ([EmbeddingFeatureSpec(n, n) for n in POOLED]
                 + [EmbeddingFeatureSpec(n, n, is_sequence=True, max_length=SEQ_LEN)
-                   for n in SEQUENCES])
+                   for n in SEQUENCES]
+                + [EmbeddingFeatureSpec(f"{n}@wide", f"{n}_wide", key=n) for n in self.wide])
 
     def embedding_tables(self):
         return []
@@ -63,6 +76,8 @@ class FakeFeatureSet:
         return dict(self.sequence_of)
 
     def output_dim(self, name):
+        if name.endswith("@wide"):
+            return WIDE_DIM
         return 1 if name == "price" else DIM
 
 
@@ -73,20 +88,29 @@ class FakeOutput:
 
 
 class FakeEmbedding(nn.Module):
-    """One trainable nn.Embedding per feature, sum pooling, padded sequences."""
+    """One trainable nn.Embedding per feature (and per wide embedding ``<name>@wide`` of
+    the ``wide`` features, in table ``<name>_wide``), sum pooling, padded sequences."""
 
-    def __init__(self, num_rows: int = 50, pad_noise: float = 0.0) -> None:
+    def __init__(self, num_rows: int = 50, pad_noise: float = 0.0,
+                 wide: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.pad_noise = pad_noise
+        self.wide = wide
         self.tables = nn.ModuleDict({n: nn.Embedding(num_rows, DIM) for n in POOLED + SEQUENCES})
+        self.tables.update({f"{n}_wide": nn.Embedding(num_rows, WIDE_DIM) for n in wide})
+
+    @staticmethod
+    def _pooled(table: nn.Embedding, bags) -> torch.Tensor:
+        rows = torch.repeat_interleave(torch.arange(bags.lengths.numel()), bags.lengths)
+        out = torch.zeros(bags.lengths.numel(), table.embedding_dim)
+        return out.index_add(0, rows, table(bags.values))
 
     def forward(self, kjt: KeyedJaggedTensor) -> FakeOutput:
         pooled, sequences = {}, {}
         for name in POOLED:
-            bags = kjt[name]
-            rows = torch.repeat_interleave(torch.arange(bags.lengths.numel()), bags.lengths)
-            out = torch.zeros(bags.lengths.numel(), DIM)
-            pooled[name] = out.index_add(0, rows, self.tables[name](bags.values))
+            pooled[name] = self._pooled(self.tables[name], kjt[name])
+        for name in self.wide:
+            pooled[f"{name}@wide"] = self._pooled(self.tables[f"{name}_wide"], kjt[name])
         for name in SEQUENCES:
             bags = kjt[name]
             ids = bags.to_padded(SEQ_LEN)
@@ -117,3 +141,17 @@ def make_batch(batch_size: int = 6, seed: int = 0, lengths=None,
     labels = {"clk": torch.randint(0, 2, (batch_size,), generator=gen).float()}
     dense = {"price": torch.rand(batch_size, 1, generator=gen)}
     return Batch(kjt, dense=dense, labels=labels, batch_size=batch_size)
+
+
+def train_one_batch(model, batch_size: int = 6) -> None:
+    """One forward and backward on a random batch: (B,) logits, a loss that is the binary
+    cross-entropy of the probabilities, a gradient on every dense parameter."""
+    batch = make_batch(batch_size)
+    predictions = model(batch)
+    assert predictions["logits"].shape == (batch_size,)
+    p, y = predictions["probs"], batch.labels["clk"]
+    loss = model.loss(predictions, batch)["binary_cross_entropy"]
+    assert torch.allclose(loss, -(y * p.log() + (1 - y) * (1 - p).log()).mean(), atol=1e-5)
+    loss.backward()
+    assert all(p.grad is not None for n, p in model.named_parameters()
+               if not n.startswith("embedding"))

@@ -11,8 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from model_kinds import MODELS, pipeline_text
 
-from hashrec.config import apply_edit_config_json, load_pipeline_config
+from hashrec.config import apply_edit_config_json, load_pipeline_config, parse_pipeline_config
 from hashrec.tools.gen_taobao_data import main as generate
 from hashrec.train import checkpoints
 from hashrec.train.loop import LoopOptions, TrainLoop
@@ -26,14 +27,16 @@ CONFIG = os.path.join(ROOT, "examples", "multi_tower_din_taobao.config")
 STEPS = 6
 
 
-def _losses(data: str, tmp_path, graphs: bool, precision: str, weighted: bool = False):
+def _losses(data: str, tmp_path, graphs: bool, precision: str, weighted: bool = False,
+            base=None):
+    """The first STEPS training losses of ``base`` (default: the example config)."""
     edits = {"data_config.batch_size": 256, "data_config.num_workers": 0,
              "data_config.sample_weight_fields": ["w"] if weighted else [],
              "train_config.num_steps": STEPS, "eval_input_path": "",
              "train_config.mixed_precision": precision,
              "train_config.dense_cuda_graph": graphs,
              "model_dir": str(tmp_path / f"model_{graphs}_{precision}")}
-    config = apply_edit_config_json(load_pipeline_config(CONFIG), edits)
+    config = apply_edit_config_json(base or load_pipeline_config(CONFIG), edits)
     torch.manual_seed(0)
     session = build_session(config)
     loop = TrainLoop(session, LoopOptions.from_config(config), checkpoints.Resume())
@@ -73,6 +76,18 @@ def test_graphed_dense_network_trains_like_eager(tmp_path, precision, weighted):
     assert not [w for w in caught if "AccumulateGrad" in str(w.message)]
     tolerance = 1e-4 if precision == "" else 2e-2
     assert graphed == pytest.approx(eager, rel=tolerance)
+    assert eager[-1] != eager[0]
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_each_model_kind_trains_graphed_like_eager(kind, tmp_path):
+    data = str(tmp_path / "data")
+    generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])
+    base = parse_pipeline_config(pipeline_text(kind, data, tmp_path / "model"))
+    eager, none = _losses(data, tmp_path, False, "", base=base)
+    graphed, captured = _losses(data, tmp_path, True, "", base=base)
+    assert none == 0 and captured == 1
+    assert graphed == pytest.approx(eager, rel=1e-4)
     assert eager[-1] != eager[0]
 
 

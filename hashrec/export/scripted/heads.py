@@ -1,10 +1,11 @@
 """Scriptable dense networks: feature-group assembly and the models' towers.
 
-The towers are the trained model's own modules (MLP, DINAttention, Linear);
-only the glue that assembles feature groups from the embedding outputs and the
-dense inputs is written here in TorchScript's typed subset, following
-``hashrec.models.feature_groups``: a DEEP group concatenates its features in
-order; a SEQUENCE group concatenates its query features, pads and
+The towers are the trained model's own modules (MLP, DINAttention, Linear, and
+the dense networks of the models that have one, such as ``WideDeepNet``); only
+the glue that assembles feature groups from the embedding outputs and the dense
+inputs is written here in TorchScript's typed subset, following
+``hashrec.models.feature_groups``: a DEEP (or WIDE) group concatenates its
+features in order; a SEQUENCE group concatenates its query features, pads and
 concatenates its sequence features and takes, per row, the largest length of
 its id sequences.
 
@@ -17,8 +18,9 @@ import torch
 from torch import nn
 
 from hashrec.export.errors import ExportError
-from hashrec.models import MultiTowerDIN
+from hashrec.models import DLRM, DeepFM, MultiTower, MultiTowerDIN, WideAndDeep
 from hashrec.models.feature_groups import GroupSpec
+from hashrec.models.group_net import GroupNetModel
 
 Tensors = dict[str, torch.Tensor]
 
@@ -132,16 +134,41 @@ class TowersHead(nn.Module):
         return self.output(hidden).squeeze(-1)
 
 
-def multi_tower_din_head(model: MultiTowerDIN) -> TowersHead:
-    """MultiTowerDIN's dense network (towers, then DIN towers, as the model orders them)."""
+def multi_tower_head(model: MultiTower) -> TowersHead:
+    """MultiTower's and MultiTowerDIN's dense network (MLP towers, then DIN towers, as the
+    model orders them)."""
     towers: list[nn.Module] = [MLPTower(model.groups[name], mlp)
                                for name, mlp in model.towers.items()]
-    towers += [DINTower(model.groups[name], attention)
-               for name, attention in model.din_towers.items()]
+    if isinstance(model, MultiTowerDIN):
+        towers += [DINTower(model.groups[name], attention)
+                   for name, attention in model.din_towers.items()]
     return TowersHead(towers, model.final, model.output)
 
 
-HEADS = {MultiTowerDIN: multi_tower_din_head}
+class GroupsHead(nn.Module):
+    """Feature groups, each concatenated into one input, through a model's dense network
+    that takes the list of them (``GroupNetModel.net``: ``WideDeepNet``, ``DLRMNet``)."""
+
+    def __init__(self, groups: list[GroupSpec], net: nn.Module) -> None:
+        super().__init__()
+        self.groups = nn.ModuleList([DeepGroup(group) for group in groups])
+        self.net = net
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
+        inputs: list[torch.Tensor] = []
+        for group in self.groups:
+            inputs.append(group(pooled, dense))
+        return self.net(inputs)
+
+
+def groups_head(model: GroupNetModel) -> GroupsHead:
+    """WideAndDeep's, DeepFM's and DLRM's dense network."""
+    return GroupsHead(model.input_groups, model.net)
+
+
+HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head,
+         WideAndDeep: groups_head, DeepFM: groups_head, DLRM: groups_head}
 
 
 def dense_head(model: nn.Module) -> nn.Module:

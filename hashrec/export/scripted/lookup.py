@@ -8,7 +8,8 @@ matrix and indexes it directly; ids outside [0, num_rows) raise.
 ``EmbeddingLookup`` reproduces the eval-mode embedding collection: pooled
 features sum (or average, optionally weighted) their bags; sequence features
 keep their first ``max_length`` ids and pad to (B, max_length, dim) with zeros.
-Its inputs are per-feature ``values`` (n,) and ``lengths`` (B,) tensors.
+Its inputs are per-feature ``values`` (n,) and ``lengths`` (B,) tensors; a feature
+that two tables embed (a WIDE group's) is read once per table.
 """
 
 
@@ -62,7 +63,8 @@ class TableLookup(nn.Module):
 
 @dataclass(frozen=True)
 class FeatureLayout:
-    """How one sparse feature reads its table (mirrors EmbeddingFeatureSpec)."""
+    """How one sparse feature reads its table (mirrors EmbeddingFeatureSpec; ``key``: the
+    input it reads when that is not ``name``)."""
 
     name: str
     table: str
@@ -70,6 +72,7 @@ class FeatureLayout:
     is_sequence: bool = False
     max_length: int = 0
     weighted: bool = False
+    key: str = ""
 
 
 def _offsets(lengths: torch.Tensor) -> torch.Tensor:
@@ -87,6 +90,7 @@ class EmbeddingLookup(nn.Module):
     """
 
     feature_names: list[str]
+    input_keys: list[str]
     mean: list[bool]
     is_sequence: list[bool]
     max_length: list[int]
@@ -98,6 +102,7 @@ class EmbeddingLookup(nn.Module):
         self.tables = nn.ModuleList(tables)
         index = {table.name: i for i, table in enumerate(tables)}
         self.feature_names = [f.name for f in features]
+        self.input_keys = [f.key or f.name for f in features]
         self.mean = [f.mean for f in features]
         self.is_sequence = [f.is_sequence for f in features]
         self.max_length = [f.max_length for f in features]
@@ -109,7 +114,7 @@ class EmbeddingLookup(nn.Module):
     def _pool(self, i: int, rows: torch.Tensor, lengths: torch.Tensor,
               weights: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.weighted[i]:
-            rows = rows * weights[self.feature_names[i]].float().unsqueeze(1)
+            rows = rows * weights[self.input_keys[i]].float().unsqueeze(1)
         batch = lengths.numel()
         bags = torch.repeat_interleave(torch.arange(batch, device=rows.device), lengths)
         out = torch.zeros(batch, rows.shape[1], dtype=torch.float32, device=rows.device)
@@ -149,10 +154,11 @@ class EmbeddingLookup(nn.Module):
         for t, table in enumerate(self.tables):
             for i in self.readers[t]:
                 name = self.feature_names[i]
-                if name not in values or name not in lengths:
-                    raise RuntimeError("missing input values/lengths of feature " + name)
-                ids = values[name].to(torch.int64)
-                bag_lengths = lengths[name].to(torch.int64)
+                key = self.input_keys[i]
+                if key not in values or key not in lengths:
+                    raise RuntimeError("missing input values/lengths of feature " + key)
+                ids = values[key].to(torch.int64)
+                bag_lengths = lengths[key].to(torch.int64)
                 if self.is_sequence[i]:
                     ids, position, bag_lengths = self._truncate(i, ids, bag_lengths)
                     sequences[name] = self._pad(i, table(ids), position, bag_lengths)

@@ -51,12 +51,14 @@ _SEPARATORS = (",", " ", ";", "|", "\t", ":")
 
 
 def init_tables_of(feature_set) -> dict[str, str]:
-    """Logical table -> init_table path, for dynamic tables that set one."""
+    """Logical table -> init_table path, for dynamic tables that set one (and that exist:
+    the table of a feature only WIDE groups read is not built)."""
+    built = {table.name for table in feature_set.embedding_tables()}
     found: dict[str, str] = {}
     for feature in feature_set.features.values():
         request = feature.table
         if request is not None and request.dynamicemb is not None \
-                and request.dynamicemb.init_table:
+                and request.dynamicemb.init_table and request.name in built:
             found.setdefault(request.name, request.dynamicemb.init_table)
     return found
 

@@ -241,3 +241,21 @@ def test_csv_embeddings_of_one_value(tmp_path):
     [(ids, embeddings, _)] = list(read_init_table(str(path), report, 1))
     assert ids.tolist() == [3, 4] and embeddings.tolist() == [[0.5], [-2.0]]
     assert (report.rows_read, report.bad_rows) == (3, 1)
+
+
+def test_init_tables_leave_out_the_table_of_a_feature_only_wide_groups_read():
+    from hashrec.config import parse_pipeline_config
+    from hashrec.features import build_feature_set
+    from hashrec.tools.dynamicemb.create_dynamicemb_init_ckpt import init_tables_of
+
+    features = "".join(
+        f'feature_configs {{ id_feature {{ feature_name: "{name}" expression: "user:{name}" '
+        f'embedding_dim: 8 dynamicemb {{ max_capacity: 64 init_table: "{name}.parquet" }} }} }}\n'
+        for name in ("user_id", "item_id"))
+    model = ('model_config { feature_groups { group_name: "wide" group_type: WIDE '
+             'feature_names: ["user_id", "item_id"] } feature_groups { group_name: "deep" '
+             'group_type: DEEP feature_names: ["user_id"] } '
+             'wide_and_deep { deep { hidden_units: [4] } } }')
+    feature_set = build_feature_set(parse_pipeline_config(f'model_dir: "m"\n{features}{model}'))
+    # item_id has only its wide table (of another dimension than the init table's rows)
+    assert init_tables_of(feature_set) == {"user_id": "user_id.parquet"}

@@ -1,0 +1,85 @@
+"""Pipeline configs of every ranking model kind on generated Taobao-like columns."""
+
+from __future__ import annotations
+
+FEATURES = """
+train_config {
+  sparse_optimizer { adagrad_optimizer { lr: 0.05 } constant_learning_rate {} }
+  dense_optimizer { adam_optimizer { lr: 0.003 } constant_learning_rate {} }
+  num_epochs: 1
+}
+data_config {
+  batch_size: 128
+  dataset_type: ParquetDataset
+  label_fields: "clk"
+  num_workers: 0
+}
+feature_configs { id_feature { feature_name: "user_id" expression: "user:user_id"
+  embedding_dim: 8
+  dynamicemb { max_capacity: 4096 init_capacity_per_rank: 1024
+               initializer_args { mode: "NORMAL" std_dev: 0.05 } } } }
+feature_configs { id_feature { feature_name: "adgroup_id" expression: "item:adgroup_id"
+  embedding_dim: 8
+  dynamicemb { max_capacity: 4096 init_capacity_per_rank: 1024
+               initializer_args { mode: "NORMAL" std_dev: 0.05 } } } }
+feature_configs { id_feature { feature_name: "cate_id" expression: "item:cate_id"
+  hash_bucket_size: 500 embedding_dim: 8 } }
+feature_configs { id_feature { feature_name: "cms_segid" expression: "user:cms_segid"
+  num_buckets: 98 embedding_dim: 8 } }
+feature_configs { id_feature { feature_name: "pid" expression: "context:pid"
+  hash_bucket_size: 20 embedding_dim: 8 } }
+feature_configs { raw_feature { feature_name: "price" expression: "item:price" } }
+"""
+
+MODELS = {
+    "multi_tower": """
+  feature_groups { group_name: "user" group_type: DEEP
+    feature_names: ["user_id", "cms_segid", "pid"] }
+  feature_groups { group_name: "item" group_type: DEEP
+    feature_names: ["adgroup_id", "cate_id", "price"] }
+  multi_tower {
+    towers { input: "user" mlp { hidden_units: [16, 8] } }
+    towers { input: "item" mlp { hidden_units: [8] } }
+    final { hidden_units: [8] }
+  }""",
+    # user_id and adgroup_id (dynamic) and cate_id have a wide table besides their own;
+    # pid is only in the WIDE group: it has its wide table alone.
+    "wide_and_deep": """
+  feature_groups { group_name: "wide" group_type: WIDE
+    feature_names: ["user_id", "adgroup_id", "cate_id", "pid"] }
+  feature_groups { group_name: "deep" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "price"] }
+  wide_and_deep {
+    deep { hidden_units: [16, 8] }
+    final { hidden_units: [4] }
+    wide_embedding_dim: 2
+  }""",
+    # the FM pairs the 8-wide embeddings of the DEEP group "fm"; price feeds the deep MLP
+    "deepfm": """
+  feature_groups { group_name: "wide" group_type: WIDE
+    feature_names: ["user_id", "cate_id", "pid"] }
+  feature_groups { group_name: "deep" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "price"] }
+  feature_groups { group_name: "fm" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid"] }
+  deepfm {
+    deep { hidden_units: [16, 8] }
+    final { hidden_units: [4] }
+  }""",
+    # the dense MLP's output (8 wide) interacts with the five 8-wide embeddings
+    "dlrm": """
+  feature_groups { group_name: "sparse" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid"] }
+  feature_groups { group_name: "dense" group_type: DEEP feature_names: ["price"] }
+  dlrm {
+    dense_mlp { hidden_units: [16, 8] }
+    final { hidden_units: [16, 8] }
+  }""",
+}
+
+
+def pipeline_text(model: str, data_dir, model_dir) -> str:
+    """The pipeline config of model kind ``model`` (a key of ``MODELS``)."""
+    return (f'train_input_path: "{data_dir}/train"\neval_input_path: "{data_dir}/eval"\n'
+            f'model_dir: "{model_dir}"\n{FEATURES}\nmodel_config {{{MODELS[model]}\n'
+            f'  metrics {{ auc {{}} }}\n  losses {{ binary_cross_entropy {{}} }}\n}}\n')

@@ -1,0 +1,40 @@
+"""Every model's dense network as the CUDA graphs run it: inputs of shapes fixed by the
+batch size, no operator whose result the host reads, the same logits as the forward."""
+
+from __future__ import annotations
+
+import pytest
+import test_deepfm
+import test_dlrm
+import test_multi_tower
+import test_wide_and_deep
+import torch
+from host_reads import HostReads
+from model_fakes import MODEL_CONFIG, fake_model, make_batch
+
+KINDS = {
+    "multi_tower": (test_multi_tower.CONFIG, ()),
+    "multi_tower_din": (MODEL_CONFIG, ()),
+    "wide_and_deep": (test_wide_and_deep.CONFIG, test_wide_and_deep.WIDE),
+    "deepfm": (test_deepfm.FM_GROUP, test_deepfm.WIDE),
+    "deepfm-no-fm-group": (test_deepfm.CONFIG, test_deepfm.WIDE),
+    "dlrm": (test_dlrm.CONFIG, ()),
+    "dlrm-sparse-only": (test_dlrm.SPARSE_ONLY, ()),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_dense_network_reads_nothing_on_the_host(kind):
+    text, wide = KINDS[kind]
+    model = fake_model(text, wide)
+    shapes = []
+    for seed in (1, 2):
+        batch = make_batch(6, seed=seed)
+        inputs = model.dense_inputs(model.embedding(batch.sparse), batch)
+        shapes.append([tuple(x.shape) for x in inputs])
+        with HostReads() as reads:
+            logits = model.dense_from_inputs(*inputs)
+            logits.sum().backward()
+        assert dict(reads.counts) == {}
+        torch.testing.assert_close(logits, model(batch)["logits"])
+    assert shapes[0] == shapes[1]
