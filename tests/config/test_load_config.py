@@ -40,13 +40,20 @@ def test_taobao_config_parses_verbatim(caplog):
     assert "adjacent strings" in caplog.text
 
 
-@pytest.mark.parametrize("name", ["multi_tower_din_taobao.config",
-                                  "multi_tower_din_taobao_dynamicemb.config",
-                                  "wide_and_deep_taobao_dynamicemb.config"])
-def test_examples_parse(name):
+@pytest.mark.parametrize("name, features", [("multi_tower_din_taobao.config", 16),
+                                            ("multi_tower_din_taobao_dynamicemb.config", 16),
+                                            ("wide_and_deep_taobao_dynamicemb.config", 16),
+                                            ("dlrm_criteo_dynamicemb.config", 13)])
+def test_examples_parse(name, features):
     config = load_pipeline_config(EXAMPLES / name)
     assert config.data_config.dataset_type == data_pb2.ParquetDataset
-    assert len(config.model_config.feature_groups[0].feature_names) == 16
+    assert len(config.model_config.feature_groups[0].feature_names) == features
+
+
+def test_every_example_is_tested():
+    tested = {"multi_tower_din_taobao.config", "multi_tower_din_taobao_dynamicemb.config",
+              "wide_and_deep_taobao_dynamicemb.config", "dlrm_criteo_dynamicemb.config"}
+    assert {p.name for p in EXAMPLES.glob("*.config")} == tested
 
 
 def test_wide_and_deep_example_builds_its_wide_tables():

@@ -60,3 +60,18 @@ def test_a_foreign_directory_is_refused(tmp_path, capsys):
     assert (out / "notes.txt").exists() and (out / "part-00000.parquet").exists()
     with pytest.raises(SystemExit):
         main(["--output_dir", str(out), "--num_rows", "0"])
+
+
+def test_the_dlrm_example_learns_the_generated_data(tmp_path):
+    from hashrec.config import apply_edit_config_json, load_pipeline_config
+    from hashrec.train import train_and_evaluate
+
+    generate(str(tmp_path / "d"), 30000, eval_rows=5000, seed=5, quiet=True)
+    config = apply_edit_config_json(
+        load_pipeline_config("examples/dlrm_criteo_dynamicemb.config"),
+        {"train_input_path": str(tmp_path / "d" / "train"),
+         "eval_input_path": str(tmp_path / "d" / "eval"), "model_dir": str(tmp_path / "m"),
+         "data_config.batch_size": 1024, "data_config.num_workers": 0,
+         "train_config.num_epochs": 2})
+    result = train_and_evaluate(config)
+    assert result["num_examples"] == 5000 and result["auc"] > 0.6
