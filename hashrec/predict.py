@@ -8,9 +8,9 @@ Usage::
 
 The input is read and parsed with the exported pipeline config's data and
 feature settings; the parsed tensors feed ``scripted_model.pt``. The output
-holds the reserved columns, then ``probs`` and ``logits`` (one row per input
-row). ``--predict_output_path`` ending in ``.parquet`` names the file; any
-other path is a directory that receives ``part-00000.parquet``. The rows go to a
+holds the reserved columns, then ``probs`` (``y`` for a regression model, l2_loss) and
+``logits``, one row per input row. ``--predict_output_path`` ending in ``.parquet``
+names the file; any other path is a directory that receives ``part-00000.parquet``. The rows go to a
 hidden temporary file next to the output, renamed to it once every row is
 written, so a failed run leaves no partial output (and an output it was to
 replace is kept). An existing output file, or a directory output that holds
@@ -35,7 +35,9 @@ from hashrec.export.errors import ExportError
 
 logger = logging.getLogger("hashrec.predict")
 
-PREDICTION_COLUMNS = ("probs", "logits")
+# The model's prediction (``probs`` of a classifier, ``y`` of a regression model), then
+# its logits; the output holds the ones the exported model gives.
+PREDICTION_COLUMNS = ("probs", "y", "logits")
 PART_FILE = "part-00000.parquet"
 DEVICES = "auto, cpu, cuda or cuda:<index>"
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
@@ -229,7 +231,8 @@ def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
                 out = model(*model_inputs(batch.to(run_on), weighted))
                 columns = {name: batch.reserved[name] for name in reserved_columns}
                 for name in PREDICTION_COLUMNS:
-                    columns[name] = pa.array(out[name].float().cpu().numpy())
+                    if name in out:
+                        columns[name] = pa.array(out[name].float().cpu().numpy())
                 table = pa.table(columns)
                 if writer is None:
                     writer = pq.ParquetWriter(path, table.schema)
@@ -249,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hashrec.predict",
         description="Predict with an exported model; writes parquet with the reserved columns "
-                    "and probs, logits.")
+                    "and probs, logits (a regression model: y, logits).")
     parser.add_argument("--scripted_model_path", required=True,
                         help="export directory (scripted_model.pt and pipeline.config)")
     parser.add_argument("--predict_input_path", required=True,

@@ -21,7 +21,7 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
 # The models hashrec.models.registry builds (tests/models/test_registry.py keeps the two
 # equal; the config layer must not import the models above it).
 SUPPORTED_MODELS = ("deepfm", "dlrm", "multi_tower", "multi_tower_din", "wide_and_deep")
-SUPPORTED_LOSSES = ("binary_cross_entropy",)
+SUPPORTED_LOSSES = ("binary_cross_entropy", "l2_loss")
 # The metrics hashrec.train.metrics builds (tests/config/test_validate.py keeps the two
 # equal).
 SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_error",

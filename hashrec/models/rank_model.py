@@ -17,7 +17,7 @@ from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import GroupSpec, build_group_spec, feature_infos
 from hashrec.modules import MLP, MLPOptions
 
-SUPPORTED_LOSSES = ("binary_cross_entropy",)
+SUPPORTED_LOSSES = ("binary_cross_entropy", "l2_loss")
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,10 @@ class RankModel(nn.Module):
         # Each row's loss weight (data_config.sample_weight_fields), or None.
         self.weight_name = getattr(feature_set, "sample_weight_field", None)
         self.losses = self._loss_names(model_config)
+        # l2_loss: a regression model, whose prediction ``y`` is the logit itself;
+        # binary_cross_entropy: a classifier, whose prediction ``probs`` is its sigmoid.
+        self.regression = self.losses == ("l2_loss",)
+        self.prediction = "y" if self.regression else "probs"
         self.groups = self._build_groups(model_config, feature_set)
         if embedding is None:
             from hashrec.embedding import EmbeddingCollection
@@ -95,6 +99,11 @@ class RankModel(nn.Module):
                 raise ModelError(
                     f"model_config.losses: {name!r} is not supported; allowed: "
                     f"{', '.join(SUPPORTED_LOSSES)}")
+        names = tuple(dict.fromkeys(names))
+        if len(names) > 1:
+            raise ModelError(f"model_config.losses: {' and '.join(names)} together; a model "
+                             f"predicts probabilities (binary_cross_entropy) or values "
+                             f"(l2_loss): keep one")
         return names or ("binary_cross_entropy",)
 
     @staticmethod
@@ -156,7 +165,8 @@ class RankModel(nn.Module):
         return [m for name, m in self.named_children() if name != "embedding"]
 
     def forward(self, batch, embedding_hook=None) -> dict[str, torch.Tensor]:
-        """Batch -> {"logits": (B,) float32, "probs": (B,) float32}.
+        """Batch -> {"logits": (B,) float32, "probs": (B,) float32}; a regression model
+        (l2_loss) gives {"logits", "y"}, ``y`` the logits themselves.
 
         Args:
             batch: a ``Batch`` on the model's device.
@@ -164,6 +174,8 @@ class RankModel(nn.Module):
                 dense network (the trainer's FP16 gradient unscaling).
         """
         logits = self.dense_forward(self.embed(batch, embedding_hook), batch).float()
+        if self.regression:
+            return {"logits": logits, "y": logits}
         return {"logits": logits, "probs": torch.sigmoid(logits)}
 
     def labels(self, batch) -> torch.Tensor:
@@ -190,14 +202,18 @@ class RankModel(nn.Module):
     def losses_from_logits(self, logits: torch.Tensor, labels: torch.Tensor,
                            weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Per-loss scalar tensors (float32): the mean over the batch, or with ``weights``
-        (B,) the weighted mean sum(w * loss) / sum(w) (0 when every weight is 0)."""
-        if weights is None:
-            return {name: nn.functional.binary_cross_entropy_with_logits(logits, labels)
-                    for name in self.losses}
-        total = weights.sum().clamp_min(torch.finfo(torch.float32).tiny)
-        return {name: (nn.functional.binary_cross_entropy_with_logits(
-                    logits, labels, reduction="none") * weights).sum() / total
-                for name in self.losses}
+        (B,) the weighted mean sum(w * loss) / sum(w) (0 when every weight is 0).
+        binary_cross_entropy on the logits; l2_loss: (logit - label) ** 2."""
+        reduction = "mean" if weights is None else "none"
+        out = {}
+        for name in self.losses:
+            loss = nn.functional.mse_loss(logits, labels, reduction=reduction) \
+                if name == "l2_loss" else \
+                nn.functional.binary_cross_entropy_with_logits(logits, labels,
+                                                               reduction=reduction)
+            out[name] = loss if weights is None else (loss * weights).sum() / \
+                weights.sum().clamp_min(torch.finfo(torch.float32).tiny)
+        return out
 
     def loss(self, predictions: dict[str, torch.Tensor], batch) -> dict[str, torch.Tensor]:
         """Per-loss scalar tensors (float32), averaged over the batch (weighted by the

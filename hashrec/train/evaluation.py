@@ -55,7 +55,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
     model = session.model
     log_every = session.config.eval_config.log_step_count_steps if session.is_chief else 0
     metrics = build_metrics(session.config.model_config.metrics, session.device,
-                            session.feature_set)
+                            session.feature_set, model.regression)
     mean_loss = MeanLoss(session.device)
     was_training = model.training
     model.eval()
@@ -71,10 +71,10 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
                 labels = batch.labels[model.label_name]
                 for metric in metrics.values():
                     if isinstance(metric, GroupedAUC):
-                        metric.update(predictions["probs"], labels,
+                        metric.update(predictions[model.prediction], labels,
                                       grouping_ids(batch, metric.grouping_key))
                     else:
-                        metric.update(predictions["probs"], labels)
+                        metric.update(predictions[model.prediction], labels)
                 loss = sum(model.loss(predictions, batch).values())
                 weights = model.sample_weights(batch)
                 mean_loss.add(loss, batch.batch_size,

@@ -133,8 +133,10 @@ SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_err
                      "grouped_auc")
 
 
-def build_metrics(metric_configs, device=None, feature_set=None) -> dict:
-    """Metric name -> metric object from ``model_config.metrics`` (default: auc).
+def build_metrics(metric_configs, device=None, feature_set=None,
+                  regression: bool = False) -> dict:
+    """Metric name -> metric object from ``model_config.metrics`` (default: auc; for a
+    ``regression`` model, mean_squared_error).
 
     ``feature_set``: when given, a grouped_auc's grouping_key must be one of its id
     features (one id per row, checked as rows arrive).
@@ -162,7 +164,11 @@ def build_metrics(metric_configs, device=None, feature_set=None) -> dict:
         else:
             raise TrainError(f"model_config.metrics: {kind!r} is not supported; allowed: "
                              f"{', '.join(SUPPORTED_METRICS)}")
-    return metrics or {"auc": BinnedAUC(200, device)}
+    if metrics:
+        return metrics
+    if regression:
+        return {"mean_squared_error": MeanSquaredError(device)}
+    return {"auc": BinnedAUC(200, device)}
 
 
 def check_metrics(metric_configs, feature_set) -> None:

@@ -45,7 +45,8 @@ def test_unsupported_features(feature, message):
     ("model_config { losses { binary_cross_entropy {} } }",
      "model_config sets no model; supported models: deepfm, dlrm, multi_tower, "
      "multi_tower_din, wide_and_deep$"),
-    ("model_config { multi_tower_din {} losses { l2_loss {} } }", "l2_loss is not supported"),
+    ("model_config { multi_tower_din {} losses { softmax_cross_entropy {} } }",
+     "softmax_cross_entropy is not supported"),
     ("train_config { sparse_optimizer { lamb_optimizer { lr: 1 } } dense_optimizer { "
      "adam_optimizer { lr: 1 } } }", "lamb_optimizer is not supported"),
     ("data_config { dataset_type: KafkaDataset }", "KafkaDataset is not supported"),

@@ -72,13 +72,16 @@ def test_bf16_autocast_runs_dense_part():
     (MODEL_CONFIG.replace('"cate_id", "price"', '"cate_id", "ghost"'), "ghost"),
     (MODEL_CONFIG.replace('"item_id", "cate_id",\n                 "click_seq', '"click_seq'),
      "query"),
-    (MODEL_CONFIG.replace("binary_cross_entropy {}", "l2_loss {}"), "l2_loss"),
+    (MODEL_CONFIG.replace("binary_cross_entropy {}", "softmax_cross_entropy {}"),
+     "softmax_cross_entropy"),
+    (MODEL_CONFIG.replace("binary_cross_entropy {}", "binary_cross_entropy {} } losses { "
+                          "l2_loss {}"), "binary_cross_entropy and l2_loss together"),
     (MODEL_CONFIG + "num_class: 3", "num_class"),
     (MODEL_CONFIG.replace("hidden_units: [8, 4]", "hidden_units: []"), "towers"),
     ('feature_groups { group_name: "wide" feature_names: ["user_id"] group_type: DEEP }\n'
      + MODEL_CONFIG, r"\['wide'\] feed no tower"),
 ], ids=["unknown-group", "wrong-group-type", "sequence-in-deep", "unknown-feature",
-        "no-query", "loss", "num-class", "empty-mlp", "group-without-tower"])
+        "no-query", "loss", "mixed-losses", "num-class", "empty-mlp", "group-without-tower"])
 def test_config_errors_name_the_problem(text, match):
     with pytest.raises(ModelError, match=match):
         _model(text)

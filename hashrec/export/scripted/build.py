@@ -21,7 +21,8 @@ from hashrec.export.scripted.lookup import EmbeddingLookup, FeatureLayout, Table
 
 
 class InferenceModel(nn.Module):
-    """Parsed inputs -> {"logits": (B,), "probs": (B,)}.
+    """Parsed inputs -> {"logits": (B,), "probs": (B,)}; a regression model's (l2_loss)
+    -> {"logits": (B,), "y": (B,)}, ``y`` the logits themselves.
 
     Inputs (name -> tensor): ``values`` (n,) int64 ids and ``lengths`` (B,) bag
     sizes of every sparse feature; ``weights`` (n,) of weighted features;
@@ -29,16 +30,22 @@ class InferenceModel(nn.Module):
     (B, L, value_dim) float32 raw sequence features.
     """
 
-    def __init__(self, embedding: EmbeddingLookup, head: nn.Module) -> None:
+    regression: bool
+
+    def __init__(self, embedding: EmbeddingLookup, head: nn.Module,
+                 regression: bool = False) -> None:
         super().__init__()
         self.embedding = embedding
         self.head = head
+        self.regression = regression
 
     def forward(self, values: dict[str, torch.Tensor], lengths: dict[str, torch.Tensor],
                 weights: dict[str, torch.Tensor], dense: dict[str, torch.Tensor],
                 sequence_dense: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         pooled, sequences, sequence_lengths = self.embedding(values, lengths, weights)
         logits = self.head(pooled, sequences, sequence_lengths, dense, sequence_dense).float()
+        if self.regression:
+            return {"logits": logits, "y": logits}
         return {"logits": logits, "probs": torch.sigmoid(logits)}
 
 
@@ -98,7 +105,8 @@ def build_inference_model(model: nn.Module, feature_set,
                               f.max_length, f.weighted, f.input_key)
                 for f in feature_set.embedding_features()]
     head = copy.deepcopy(dense_head(model)).cpu().eval()
-    return InferenceModel(EmbeddingLookup(lookups, features), head).eval()
+    return InferenceModel(EmbeddingLookup(lookups, features), head,
+                          bool(getattr(model, "regression", False))).eval()
 
 
 def save_scripted(module: InferenceModel, path: str) -> torch.jit.ScriptModule:
