@@ -156,7 +156,7 @@ class EmbeddingCollection(nn.Module):
             else:
                 spec = plan.tables[0]
                 table = DenseTable(spec.name, spec.num_rows, spec.dim, sparse_optimizer,
-                                   spec.initializer, self._device)
+                                   spec.initializer, self._device, spec.row_dtype)
                 self.dense_tables[spec.name] = table
                 # Without ZCH every id is checked to be a row (_check_dense_ids).
                 table.keys_may_be_negative = spec.zch is not None
