@@ -15,7 +15,8 @@ import torch
 import xxhash
 
 from hashrec.checkpoint.errors import CheckpointError, disk_full_hint
-from hashrec.checkpoint.table_io import optimizer_description
+from hashrec.checkpoint.shard_file import dtype_name
+from hashrec.checkpoint.table_io import log_dtype_conversion, optimizer_description
 from hashrec.embedding.dense_table import DenseTable
 
 logger = logging.getLogger(__name__)
@@ -82,9 +83,10 @@ def dense_table_modules(model: torch.nn.Module) -> dict[str, DenseTable]:
 
 
 def describe_dense_tables(model: torch.nn.Module) -> dict[str, Any]:
-    """Rows key -> {"table", "dim", "row_dim", "optimizer"} for meta.json: the rows hold
-    optimizer columns after the embedding, so a reader needs the dim to separate them."""
+    """Rows key -> {"table", "dim", "row_dim", "dtype", "optimizer"} for meta.json: the rows
+    hold optimizer columns after the embedding, so a reader needs the dim to separate them."""
     return {key: {"table": t.name, "dim": int(t.dim), "row_dim": int(t.row_dim),
+                  "dtype": dtype_name(t.rows.dtype),
                   "optimizer": optimizer_description(t.optimizer)}
             for key, t in dense_table_modules(model).items()}
 
@@ -104,8 +106,9 @@ def _saved_dim(table: DenseTable, saved: torch.Tensor, described: dict | None) -
 
 def _dense_rows(path: str, key: str, table: DenseTable, saved: torch.Tensor,
                 restore_optimizer: bool, described: dict | None) -> torch.Tensor:
-    """The saved rows of a dense table as the model needs them, or a CheckpointError in
-    config terms (torch's size mismatch counts optimizer columns as embedding)."""
+    """The saved rows of a dense table as the model needs them (in the table's dtype, with
+    an INFO line when saved in another), or a CheckpointError in config terms (torch's
+    size mismatch counts optimizer columns as embedding)."""
     where = f"{path}: dense table {table.name!r} ({key})"
     config = "restore with the feature configs it was saved with (the model_dir's pipeline.config)"
     if saved.dim() != 2 or int(saved.shape[0]) != table.num_rows:
@@ -119,6 +122,9 @@ def _dense_rows(path: str, key: str, table: DenseTable, saved: torch.Tensor,
         raise CheckpointError(
             f"{where}: embedding_dim {shown} in the checkpoint, {table.dim} in the config "
             f"(rows {int(saved.shape[1])} wide with sparse optimizer state); {config}")
+    if saved.dtype != table.rows.dtype:
+        log_dtype_conversion(table.name, dtype_name(saved.dtype), dtype_name(table.rows.dtype))
+        saved = saved.to(table.rows.dtype)
     if restore_optimizer:
         if int(saved.shape[1]) != table.row_dim:
             saved_opt = ((described or {}).get("optimizer") or {}).get("type", "another")
