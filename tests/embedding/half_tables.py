@@ -109,14 +109,3 @@ def linear_loss(out) -> torch.Tensor:
         t = out.sequences[name][0]
         loss = loss + (t * torch.randn(t.shape, generator=g).to(t.device)).sum()
     return loss
-
-
-def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
-    """The largest distance between ``a`` and ``b`` in units in the last place of their
-    16-bit dtype (1: neighbouring values)."""
-    def ordered(x):
-        bits = x.contiguous().view(torch.int16).to(torch.int32)
-        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
-
-    assert a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16)
-    return int((ordered(a) - ordered(b)).abs().max()) if a.numel() else 0

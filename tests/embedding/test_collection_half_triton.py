@@ -31,6 +31,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton is not installed")
 
 import half_tables as ht  # noqa: E402
+from half_precision import ulps  # noqa: E402
 from host_reads import forced_triton  # noqa: E402
 
 # Stored values of the Triton path may differ from the reference's by this many ulps.
@@ -57,7 +58,7 @@ def _step(collection, kjt):
 def _compare(got: dict, want: dict, dtype: torch.dtype, allowed: int) -> None:
     for name, rows in want.items():
         assert got[name].dtype == dtype and got[name].shape == rows.shape, name
-        assert ht.ulps(got[name], rows) <= allowed, name
+        assert ulps(got[name], rows) <= allowed, name
 
 
 def _one_step(optimizer, dtype, make_kjt, device: str, context=contextlib.nullcontext):
