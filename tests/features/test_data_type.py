@@ -93,3 +93,19 @@ def test_sequence_sub_features_take_or_share_the_owner_data_type(feature_set):
     assert fs.embedding_tables()[0].row_dtype == torch.float16
     with pytest.raises(ConfigError, match="share table 'item' but have data_type FP16 and FP32"):
         feature_set(owner + _sequence('data_type: "FP32"'))
+
+
+def test_tables_of_a_group_fuse_only_with_the_same_data_type(feature_set):
+    model = ('model_config { feature_groups { group_name: "deep" feature_names: '
+             '["a", "b", "c", "d", "e"] group_type: DEEP } }')
+    fs = feature_set(_id("a", f'{DYNAMIC} data_type: "FP16"')
+                     + _id("b", f'{DYNAMIC} data_type: "FP16"') + _id("c", DYNAMIC)
+                     + _id("d", f'{DYNAMIC} data_type: "BF16"') + _id("e", DYNAMIC), model)
+    collection = EmbeddingCollection(fs.embedding_tables(), fs.embedding_features(),
+                                     SparseAdam())
+    storages = {name: (table.options.dtype, table.options.max_capacity)
+                for name, table in collection.dynamic_tables().items()}
+    assert storages == {"deep_0": (torch.float16, 128), "deep_1": (torch.float32, 128),
+                        "d": (torch.bfloat16, 64)}
+    assert {t: s for t, (s, _) in collection.table_locations().items()} == {
+        "a": "deep_0", "b": "deep_0", "c": "deep_1", "e": "deep_1", "d": "d"}

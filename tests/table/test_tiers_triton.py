@@ -15,9 +15,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed")
 
+from half_precision import ulps  # noqa: E402
+
 from hashrec.table.optim import SparseAdagrad, SparseAdam, SparseRowWiseAdagrad, SparseSGD  # noqa: E402, I001
 from hashrec.table.tiers.two_part import UVA, TwoPartRows, allocate_host  # noqa: E402
-from half_precision import ulps  # noqa: E402, I001
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SPECS = {"sgd": SparseSGD(lr=0.1), "adagrad": SparseAdagrad(lr=0.1),
