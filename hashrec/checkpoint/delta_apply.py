@@ -31,6 +31,8 @@ from hashrec.checkpoint.tags import TAG_TABLES
 from hashrec.table.hashing import owner_of
 
 _ROW_FIELDS = ("keys", "tags", "rows", "scores")
+_DTYPE_CHANGED = ("; its features' data_type changed between them: a run's dumps start with a "
+                  "full one, apply that run's deltas onto it")
 
 
 @dataclass
@@ -84,8 +86,9 @@ def _check_chain(base: str, base_meta: dict[str, Any],
 def _check_table(path: str, name: str, base: dict[str, Any], delta: dict[str, Any]) -> None:
     for field in ("dim", "row_dim", "dtype"):
         if base[field] != delta[field]:
-            raise CheckpointError(
-                f"{path}: table {name!r} has {field} {delta[field]}, the base has {base[field]}")
+            hint = _DTYPE_CHANGED if field == "dtype" else ""
+            raise CheckpointError(f"{path}: table {name!r} has {field} {delta[field]}, the "
+                                  f"base has {base[field]}{hint}")
     # Tags are positions; where both record their tables, they must name the same ones.
     if TAG_TABLES in base and TAG_TABLES in delta and base[TAG_TABLES] != delta[TAG_TABLES]:
         raise CheckpointError(

@@ -15,7 +15,8 @@ import torch
 import xxhash
 
 from hashrec.checkpoint.errors import CheckpointError, disk_full_hint
-from hashrec.checkpoint.table_io import optimizer_description
+from hashrec.checkpoint.shard_file import dtype_name
+from hashrec.checkpoint.table_io import log_dtype_conversion, optimizer_description
 from hashrec.embedding.dense_table import DenseTable
 
 logger = logging.getLogger(__name__)
@@ -83,9 +84,10 @@ def dense_table_modules(model: torch.nn.Module) -> dict[str, DenseTable]:
 
 
 def describe_dense_tables(model: torch.nn.Module) -> dict[str, Any]:
-    """Rows key -> {"table", "dim", "row_dim", "optimizer"} for meta.json: the rows hold
-    optimizer columns after the embedding, so a reader needs the dim to separate them."""
+    """Rows key -> {"table", "dim", "row_dim", "dtype", "optimizer"} for meta.json: the rows
+    hold optimizer columns after the embedding, so a reader needs the dim to separate them."""
     return {key: {"table": t.name, "dim": int(t.dim), "row_dim": int(t.row_dim),
+                  "dtype": dtype_name(t.rows.dtype),
                   "optimizer": optimizer_description(t.optimizer)}
             for key, t in dense_table_modules(model).items()}
 
@@ -118,17 +120,26 @@ def rows_difference(table: DenseTable, saved: torch.Tensor, described: dict | No
     return None
 
 
+def in_table_dtype(table: DenseTable, saved: torch.Tensor) -> torch.Tensor:
+    """Saved rows in the table's dtype, with an INFO line when saved in another."""
+    if saved.dtype == table.rows.dtype:
+        return saved
+    log_dtype_conversion(table.name, dtype_name(saved.dtype), dtype_name(table.rows.dtype))
+    return saved.to(table.rows.dtype)
+
+
 def embedding_rows(table: DenseTable, saved: torch.Tensor) -> torch.Tensor:
-    """Saved rows that fit ``table`` with their optimizer columns reset to the model's
-    sparse optimizer's initial state."""
+    """Saved rows that fit ``table``, in its dtype, with their optimizer columns reset to
+    the model's sparse optimizer's initial state."""
+    saved = in_table_dtype(table, saved)
     state = table.optimizer.initial_state(table.dim).reshape(1, -1).to(saved.dtype)
     return torch.cat([saved[:, :table.dim], state.expand(saved.shape[0], state.shape[1])], 1)
 
 
 def _dense_rows(path: str, key: str, table: DenseTable, saved: torch.Tensor,
                 restore_optimizer: bool, described: dict | None) -> torch.Tensor:
-    """The saved rows of a dense table as the model needs them, or a CheckpointError in
-    config terms."""
+    """The saved rows of a dense table as the model needs them (in the table's dtype, with
+    an INFO line when saved in another), or a CheckpointError in config terms."""
     where = f"{path}: dense table {table.name!r} ({key})"
     difference = rows_difference(table, saved, described)
     if difference is not None:
@@ -143,7 +154,7 @@ def _dense_rows(path: str, key: str, table: DenseTable, saved: torch.Tensor,
             f"state columns) in the checkpoint, {type(table.optimizer).__name__} "
             f"({table.row_dim - table.dim}) in the model; restore without optimizer "
             f"state (--ignore_restore_optimizer) to reset it")
-    return saved
+    return in_table_dtype(table, saved)
 
 
 def _pop_unread_tables(state: dict[str, Any], model: torch.nn.Module) -> list[str]:

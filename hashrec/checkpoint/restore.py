@@ -107,7 +107,7 @@ def check_tables_present(path: str, meta: dict[str, Any], dynamic_tables: dict[s
             elif table in where:
                 lines.append(f"table {table!r} is stored with other tables now (storage "
                              f"{name!r}) than in the checkpoint (storage {where[table][0]!r}); "
-                             f"its dynamicemb options or fusion differ")
+                             f"its dynamicemb options, data_type or fusion differ")
             else:
                 lines.append(f"dynamic table {table!r} (embedding_dim {dim}) is not in the "
                              f"checkpoint")

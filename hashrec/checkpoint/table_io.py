@@ -113,6 +113,12 @@ def check_compatible(reader: ShardReader, name: str, table: Any,
             f"without optimizer state (--ignore_restore_optimizer) to reset it")
 
 
+def log_dtype_conversion(table: str, saved: str, wanted: str) -> None:
+    """One INFO line: ``table``'s rows, saved as ``saved``, load converted to ``wanted``."""
+    logger.info("table %r: rows saved as %s are converted to %s, the dtype the model's "
+                "table stores (its features' data_type)", table, saved, wanted)
+
+
 def _initial_state_columns(table: Any) -> torch.Tensor:
     spec = table.options.optimizer
     if spec is None:
@@ -157,7 +163,8 @@ def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
                remap: torch.Tensor | None = None) -> dict[str, int]:
     """Loads the owned entries of every shard in ``readers`` into ``table``.
 
-    The next chunk is read and verified on a background thread while the table
+    Rows saved in another dtype than the table's (a feature's ``data_type`` changed since
+    the save) are converted, with one INFO line. The next chunk is read and verified on a background thread while the table
     inserts the current one (read into page-locked memory for a CUDA table). A
     ``rows`` section holds each (key, tag) once (an export of one table), so the
     table skips deduplication. ``remap`` maps saved tags to the table's tags (tables
@@ -172,6 +179,10 @@ def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
     """
     for reader in readers:
         check_compatible(reader, name, table, restore_optimizer)
+    wanted = dtype_name(table.options.dtype)
+    saved = sorted({str(r.attrs.get("dtype", wanted)) for r in readers} - {wanted})
+    if saved:
+        log_dtype_conversion(name, "/".join(saved), wanted)
     size_before = int(table.size())
     loaded = 0
     device = torch.device(table.device)

@@ -21,7 +21,6 @@ _REFUSED = {
 }
 _FEATURE_REFUSED = {
     "use_mask": (bool, "no feature masking"),
-    "data_type": (lambda v: v != "FP32", "embeddings are float32"),
     "sequence_fields": (bool, "declare sequences as sequence features"),
     "fg_encoded_default_value": (bool, "missing values take the feature's default"),
     "asset_dir": (bool, "no feature assets are read"),

@@ -66,13 +66,13 @@ from hashrec.embedding.joint import (
 )
 from hashrec.embedding.lookup import Storage, lookup_rows
 from hashrec.embedding.output import EmbeddingOutput
-from hashrec.embedding.plan import plan_storages
+from hashrec.embedding.plan import StoragePlan, plan_storages
 from hashrec.embedding.sharded import Request, ShardedLookups
 from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
 from hashrec.embedding.stats import collection_stats, record_lookups
 from hashrec.embedding.zch import ZchRemapper
 from hashrec.table import HashTable
-from hashrec.table.optim import OPTIMIZER_SPECS, OptimizerSpec
+from hashrec.table.optim import OPTIMIZER_SPECS, OptimizerSpec, float16_state_floor
 
 # All-gather into one flat tensor (newer torch names it all_gather_single).
 _all_gather_flat = getattr(torch.distributed, "all_gather_single", None) or \
@@ -105,6 +105,18 @@ def _check_specs(tables: list[EmbeddingTableSpec], features: list[EmbeddingFeatu
         if f.pooling not in ("sum", "mean"):
             raise EmbeddingError(f"feature {f.name!r}: pooling={f.pooling!r} is not valid; "
                                  f"allowed: sum, mean")
+
+
+def _note_float16_state(plan: StoragePlan, sparse_optimizer: OptimizerSpec) -> None:
+    """Warns when a float16 storage keeps squared gradients (Adagrad, Adam) in float16."""
+    optimizer = plan.options.optimizer if plan.is_dynamic else sparse_optimizer
+    floor = float16_state_floor(optimizer) if plan.dtype == torch.float16 else None
+    if floor is not None:
+        logger.warning(
+            "storage %r keeps its %s state in float16 (data_type FP16): from gradients "
+            "below about %.0e the squared-gradient state rounds to 0 and the updates grow "
+            "(Adagrad's to lr a step); BF16 keeps float32's range", plan.name,
+            type(optimizer).__name__, floor)
 
 
 class EmbeddingCollection(nn.Module):
@@ -156,13 +168,14 @@ class EmbeddingCollection(nn.Module):
             else:
                 spec = plan.tables[0]
                 table = DenseTable(spec.name, spec.num_rows, spec.dim, sparse_optimizer,
-                                   spec.initializer, self._device)
+                                   spec.initializer, self._device, spec.row_dtype)
                 self.dense_tables[spec.name] = table
                 # Without ZCH every id is checked to be a row (_check_dense_ids).
                 table.keys_may_be_negative = spec.zch is not None
                 if spec.zch is not None:
                     self.zch_remappers[spec.name] = ZchRemapper(spec.zch, spec.name,
                                                                 self._device)
+            _note_float16_state(plan, sparse_optimizer)
             self._storages.append(Storage(plan, table))
             for tag, spec in enumerate(plan.tables):
                 self._locations[spec.name] = (plan.name, tag)

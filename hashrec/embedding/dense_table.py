@@ -3,7 +3,9 @@
 A dense table (``num_buckets``, ``hash_bucket_size``, vocab or boundaries
 features) stores its rows in one registered buffer ``rows`` of shape
 (num_rows, dim + state_dim): the embedding followed by the optimizer state, the
-same row layout as a dynamic table. Being a buffer, it travels in the model's
+same row layout as a dynamic table, in the table's dtype (float32, or float16 /
+bfloat16 for a feature's ``data_type``: lookups return float32, updates compute in
+float32 and store rounded). Being a buffer, it travels in the model's
 ``state_dict`` together with its optimizer state, and the dense optimizer never
 sees it: backward updates it in place with
 ``hashrec.table.ops.optimizer.apply_sparse_update``, exactly like dynamic rows.
@@ -24,11 +26,12 @@ from torch import nn
 from hashrec.table.initializers import initial_values
 from hashrec.table.ops.optimizer import apply_sparse_update
 from hashrec.table.optim import OptimizerSpec
-from hashrec.table.options import InitializerArgs
+from hashrec.table.options import ROW_DTYPES, InitializerArgs
 
 
 class DenseLookup(NamedTuple):
-    """Result of ``DenseTable.lookup``: slots (u,) int64 (the ids) and values (u, dim) float32."""
+    """Result of ``DenseTable.lookup``: slots (u,) int64 (the ids) and values (u, dim) float32
+    (whatever the rows' dtype)."""
 
     slots: torch.Tensor
     values: torch.Tensor
@@ -56,6 +59,8 @@ class DenseTable(nn.Module):
         optimizer: sparse optimizer spec; decides the state columns.
         initializer: None -> uniform +-sqrt(1 / num_rows) (TorchRec's default).
         device: where ``rows`` lives.
+        dtype: dtype of ``rows`` (embedding and optimizer state): float32, float16,
+            bfloat16 or float64.
 
     Attributes:
         keys_may_be_negative: True (the default) when lookups may carry negative
@@ -65,12 +70,16 @@ class DenseTable(nn.Module):
 
     def __init__(self, name: str, num_rows: int, dim: int, optimizer: OptimizerSpec,
                  initializer: InitializerArgs | None = None,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
+        if dtype not in ROW_DTYPES:
+            raise ValueError(f"dense table {name!r}: dtype={dtype!r} is not valid; allowed: "
+                             f"{', '.join(str(d) for d in ROW_DTYPES)}")
         self.name, self.num_rows, self.dim, self.optimizer = name, num_rows, dim, optimizer
         self.keys_may_be_negative = True
         state_dim = optimizer.state_dim(dim)
-        rows = torch.empty(num_rows, dim + state_dim, dtype=torch.float32, device=device)
+        rows = torch.empty(num_rows, dim + state_dim, dtype=dtype, device=device)
         self._init_args = (initializer or InitializerArgs()).resolved(dim, num_rows)
         self.register_buffer("rows", rows)
         self.reset_rows(torch.arange(num_rows, dtype=torch.int64, device=device))
@@ -148,4 +157,5 @@ class DenseTable(nn.Module):
         return {"size": self.num_rows, "capacity": self.num_rows, "load_factor": 1.0}
 
     def extra_repr(self) -> str:
-        return f"name={self.name!r}, num_rows={self.num_rows}, dim={self.dim}"
+        return (f"name={self.name!r}, num_rows={self.num_rows}, dim={self.dim}, "
+                f"dtype={self.rows.dtype}")

@@ -50,6 +50,11 @@ class StoragePlan:
     def trainable(self) -> bool:
         return self.tables[0].trainable
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the storage keeps its rows in."""
+        return self.options.dtype if self.options is not None else self.tables[0].row_dtype
+
 
 def _dynamic_options(spec: EmbeddingTableSpec, optimizer: OptimizerSpec,
                      device: torch.device) -> TableOptions:

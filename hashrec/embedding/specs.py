@@ -10,8 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
+
 from hashrec.embedding.zch import ZchOptions
 from hashrec.table import InitializerArgs, TableOptions
+from hashrec.table.options import ROW_DTYPES
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class EmbeddingTableSpec:
         features: names of the features that read this table.
         fusion_group: dynamic tables with the same non-None fusion_group, dim,
             optimizer and dtype may share one storage (with separate key spaces).
+        dtype: dense tables only: dtype of the rows (embedding and optimizer state);
+            None -> float32. Dynamic tables use ``dynamic.dtype``.
         trainable: False freezes the table (no sparse updates).
         initializer: dense tables only: how rows start; None -> uniform in
             +-sqrt(1 / num_rows) (TorchRec's default). Dynamic tables use
@@ -74,6 +79,7 @@ class EmbeddingTableSpec:
     trainable: bool = True
     initializer: InitializerArgs | None = None
     zch: ZchOptions | None = None
+    dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         if (self.num_rows is None) == (self.dynamic is None):
@@ -86,6 +92,12 @@ class EmbeddingTableSpec:
             raise ValueError(
                 f"table {self.name!r}: initializer is for dense tables; set "
                 f"dynamic.initializer instead")
+        if self.dtype is not None and self.dynamic is not None:
+            raise ValueError(
+                f"table {self.name!r}: dtype is for dense tables; set dynamic.dtype instead")
+        if self.dtype is not None and self.dtype not in ROW_DTYPES:
+            raise ValueError(f"table {self.name!r}: dtype={self.dtype!r} is not valid; "
+                             f"allowed: {ROW_DTYPES}")
         if self.zch is not None and self.num_rows != self.zch.zch_size:
             raise ValueError(
                 f"table {self.name!r}: zch needs num_rows == zch.zch_size, got num_rows="
@@ -96,3 +108,10 @@ class EmbeddingTableSpec:
     @property
     def is_dynamic(self) -> bool:
         return self.dynamic is not None
+
+    @property
+    def row_dtype(self) -> torch.dtype:
+        """The dtype the table's rows are stored in."""
+        if self.dynamic is not None:
+            return self.dynamic.dtype
+        return torch.float32 if self.dtype is None else self.dtype

@@ -12,6 +12,8 @@ entry per exported item, keyed by the item's name::
 
 Dense network tensors have ``dense: true``; dense embedding tables are
 ``dense: false`` matrices (``is_hashmap: false``) of their embedding columns.
+``dtype`` is the tensor's: a table's values are in the dtype it stores its rows in
+(``float16`` / ``bfloat16`` for a feature's ``data_type``, else ``float32``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Writing one rank's part of an export: ``model-<rank>-of-<world>.safetensors`` + meta JSON.
 
 Rank 0 writes the dense network and the dense embedding tables; every rank
-writes the keys and values of the dynamic tables it holds. Tables are read
+writes the keys and values of the dynamic tables it holds. Tables keep the dtype
+they store their rows in. Tables are read
 twice in chunks (count, then write), so memory stays at one chunk whatever the
 table size.
 """
@@ -26,7 +27,8 @@ class PartContents:
 
     Attributes:
         dense_network: name -> tensor of the dense network (``dense: true``).
-        dense_tables: table name -> (num_rows, dim) embedding matrix (``dense: false``).
+        dense_tables: table name -> (num_rows, dim) embedding matrix (``dense: false``), in
+            the table's dtype.
         dynamic_tables: the logical dynamic tables whose keys this rank holds.
     """
 
@@ -44,14 +46,14 @@ def _declare(contents: PartContents, counts: dict[str, int], rank: int, world_si
         entries[name] = meta.tensor_entry(name, tensor.dtype, tuple(tensor.shape), dense=True)
     for table, weight in contents.dense_tables.items():
         name = meta.dense_table_tensor_name(table)
-        tensors[name] = (torch.float32, tuple(weight.shape))
-        entries[table] = meta.tensor_entry(name, torch.float32, tuple(weight.shape), dense=False)
+        tensors[name] = (weight.dtype, tuple(weight.shape))
+        entries[table] = meta.tensor_entry(name, weight.dtype, tuple(weight.shape), dense=False)
     for view in contents.dynamic_tables:
         keys, values = meta.hashmap_tensor_names(view.name, rank, world_size)
         tensors[keys] = (torch.int64, (counts[view.name],))
-        tensors[values] = (torch.float32, (counts[view.name], view.dim))
+        tensors[values] = (view.dtype, (counts[view.name], view.dim))
         entries[view.name] = meta.hashmap_entry(view.name, rank, world_size,
-                                                counts[view.name], view.dim)
+                                                counts[view.name], view.dim, view.dtype)
     return tensors, entries
 
 

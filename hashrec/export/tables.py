@@ -3,7 +3,9 @@
 A dynamic storage may serve several logical tables (table fusion, one tag per
 table); export splits it back into one (keys, values) pair per logical table,
 so that a serving platform builds one hash map per table. Dense tables are
-exported as their embedding columns (``rows[:, :dim]``, no optimizer state).
+exported as their embedding columns (``rows[:, :dim]``, no optimizer state). Every
+table is exported in the dtype it stores its rows in (float16 / bfloat16 for a
+feature's ``data_type``), which the meta names.
 """
 
 from __future__ import annotations
@@ -38,9 +40,14 @@ class DynamicTableView:
     def dim(self) -> int:
         return self.table.dim
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.table.options.dtype
+
     def chunks(self, chunk_rows: int = DEFAULT_CHUNK_ROWS
                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Yields (keys (k,) int64, embeddings (k, dim)) in slot order, k <= chunk_rows."""
+        """Yields (keys (k,) int64, embeddings (k, dim) in ``dtype``) in slot order,
+        k <= chunk_rows."""
         for keys, tags, rows, _ in self.table.export_state(chunk_rows):
             if self.tag is not None:
                 mine = tags == self.tag
@@ -83,6 +90,10 @@ class ZchTableView:
     def dim(self) -> int:
         return self.table.dim
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.table.rows.dtype
+
     def chunks(self, chunk_rows: int = DEFAULT_CHUNK_ROWS
                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         keys, slots, _, _ = self.remapper.assigned()
@@ -120,11 +131,11 @@ def dynamic_table_views(embedding) -> list[DynamicTableView | ZchTableView]:
 
 
 def dense_table_weights(embedding) -> dict[str, torch.Tensor]:
-    """Dense tables' embedding columns: table name -> (num_rows, dim) float32 (own memory:
-    a table's rows may be a view into a group's matrix)."""
+    """Dense tables' embedding columns: table name -> (num_rows, dim) in the rows' dtype (own
+    memory: a table's rows may be a view into a group's matrix)."""
     tables = getattr(embedding, "dense_tables", {})
     zch = getattr(embedding, "zch_remappers", {})
-    return {name: table.rows[:, :table.dim].detach().float().clone()
+    return {name: table.rows[:, :table.dim].detach().clone()
             for name, table in tables.items() if name not in zch}
 
 

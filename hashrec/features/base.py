@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import torch
 
 from hashrec.config.errors import ConfigError
 
@@ -34,6 +35,7 @@ class TableRequest:
         initializer: InitializerArgs from the feature's ``init_fn``, else None (the
             table's default: dense tables uniform +-sqrt(1 / num_rows), dynamic tables
             their ``initializer_args``).
+        dtype: dtype the table stores its rows in (the feature's ``data_type``).
     """
 
     name: str
@@ -43,6 +45,7 @@ class TableRequest:
     trainable: bool = True
     zch: object | None = None
     initializer: object | None = None
+    dtype: torch.dtype = torch.float32
 
 
 class Feature:

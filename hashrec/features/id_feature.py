@@ -19,6 +19,7 @@ from hashrec.features.base import (
     column_of,
 )
 from hashrec.features.bucketize import Bucketizer, bucketizer_from_config
+from hashrec.features.data_type import data_type_of
 from hashrec.features.errors import FeatureError
 from hashrec.features.init_fn import init_fn_of
 from hashrec.features.tokens import Bags, column_bags, get_column, truncate
@@ -117,7 +118,7 @@ def table_request(cfg, name: str, num_rows: int | None,
     dynamicemb = cfg.dynamicemb if cfg.HasField("dynamicemb") else None
     return TableRequest(table, check_dim(cfg.embedding_dim, name), num_rows, dynamicemb,
                         cfg.trainable, getattr(bucketizer, "options", None),
-                        init_fn_of(cfg, name))
+                        init_fn_of(cfg, name), data_type_of(cfg, name))
 
 
 def build_id_feature(cfg) -> IdFeature:

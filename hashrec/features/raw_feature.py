@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 
 from hashrec.config.errors import ConfigError
 from hashrec.features.base import (
@@ -18,6 +19,7 @@ from hashrec.features.base import (
     check_pooling,
     column_of,
 )
+from hashrec.features.data_type import data_type_of
 from hashrec.features.errors import FeatureError
 from hashrec.features.init_fn import init_fn_of
 from hashrec.features.tokens import Bags, column_bags, get_column, truncate
@@ -197,10 +199,14 @@ def build_raw_feature(cfg, name: str | None = None, column: str | None = None,
     if boundaries:
         table = TableRequest(cfg.embedding_name or name, check_dim(cfg.embedding_dim, name),
                              len(boundaries) + 1, None, cfg.trainable,
-                             initializer=init_fn_of(cfg, name))
+                             initializer=init_fn_of(cfg, name), dtype=data_type_of(cfg, name))
     elif cfg.init_fn:
         raise ConfigError(f"feature {name!r}: init_fn initializes an embedding, and a "
                           f"raw_feature without boundaries has none; remove it")
+    elif data_type_of(cfg, name) != torch.float32:
+        raise ConfigError(f"feature {name!r}: data_type {cfg.data_type} sets how an "
+                          f"embedding is stored, and a raw_feature without boundaries has "
+                          f"none; remove it")
     normalizer = Normalizer.parse(cfg.normalizer, name) if cfg.normalizer else None
     separator = sequence_delim if sequence_length else cfg.separator
     default = "" if sequence_length else cfg.default_value

@@ -10,7 +10,8 @@ A sub-feature without its own bucketization (no hash_bucket_size,
 num_buckets, vocab or dynamicemb) and without embedding_name shares the
 table and the bucketization of the top-level id feature reading the same
 field (or, failing that, of the same name): ``click_50_seq__adgroup_id``
-reads ``adgroup_id``'s table.
+reads ``adgroup_id``'s table, in that table's ``data_type`` unless it sets one
+of its own (which must then agree).
 
 The sub-features of one ``sequence_feature`` read one sequence (their
 ``sequence_name`` is its name); a top-level sequence_id/raw feature is a
@@ -24,6 +25,7 @@ import dataclasses
 from hashrec.config.errors import ConfigError
 from hashrec.features.base import TableRequest, check_dim, column_of
 from hashrec.features.bucketize import bucketizer_from_config
+from hashrec.features.data_type import data_type_of
 from hashrec.features.id_feature import IdFeature, build_sequence_id_feature, table_request
 from hashrec.features.init_fn import init_fn_of
 from hashrec.features.raw_feature import RawFeature, build_raw_feature
@@ -50,13 +52,14 @@ def _sequence_id(cfg, name: str, column: str, length: int, delim: str,
     if bucketizer is None:
         owner = _shared_top_level(cfg, top_level, name)
         init = init_fn_of(cfg, name)
+        dtype = data_type_of(cfg, name) if cfg.HasField("data_type") else owner.table.dtype
         if cfg.embedding_name:  # a table of its own, bucketized and drawn like the owner's
             table = TableRequest(cfg.embedding_name, owner.table.dim, owner.table.num_rows,
                                  owner.table.dynamicemb, cfg.trainable, owner.table.zch,
-                                 init or owner.table.initializer)
-        else:  # the owner's table: an init_fn of its own must agree (checked by tables.py)
-            table = owner.table if init is None else dataclasses.replace(owner.table,
-                                                                         initializer=init)
+                                 init or owner.table.initializer, dtype)
+        else:  # the owner's table: an init_fn or data_type of its own must agree (tables.py)
+            table = dataclasses.replace(owner.table, initializer=init or owner.table.initializer,
+                                        dtype=dtype)
         return build_sequence_id_feature(cfg, name, column, length, delim, owner.bucketizer,
                                          table, sequence_name)
     return build_sequence_id_feature(cfg, name, column, length, delim, bucketizer,

@@ -1,13 +1,21 @@
-"""Features -> embedding tables: ``embedding_name`` sharing, dynamic options, fusion groups."""
+"""Features -> embedding tables: ``embedding_name`` sharing, dynamic options, fusion groups.
+
+Features sharing a table must agree on what it is: embedding_dim, rows, dense or
+dynamic, dynamicemb settings, zch, init_fn and data_type (the dtype its rows are
+stored in).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Set
 
+import torch
+
 from hashrec.config.errors import ConfigError
 from hashrec.embedding.specs import EmbeddingTableSpec
 from hashrec.features.base import Feature, TableRequest
+from hashrec.features.data_type import data_type_name
 from hashrec.table.options import AdmissionOptions, InitializerArgs, TableOptions
 
 
@@ -23,8 +31,10 @@ def initializer_args(cfg, default_mode: str) -> InitializerArgs:
     )
 
 
-def table_options(dynamicemb, dim: int, table: str) -> TableOptions:
-    """TableOptions of a dynamic table from its DynamicEmbedding message.
+def table_options(dynamicemb, dim: int, table: str,
+                  dtype: torch.dtype = torch.float32) -> TableOptions:
+    """TableOptions of a dynamic table from its DynamicEmbedding message; ``dtype`` (its
+    features' ``data_type``) stores the rows.
 
     The sparse optimizer is left unset: the embedding layer fills it from
     ``train_config.sparse_optimizer``. ``evict_strategy`` and ``init_table``
@@ -54,6 +64,7 @@ def table_options(dynamicemb, dim: int, table: str) -> TableOptions:
             cache_load_factor=dynamicemb.cache_load_factor
             if dynamicemb.HasField("cache_load_factor") else 1.0,
             caching=dynamicemb.caching,
+            dtype=dtype,
             name=table,
         )
     except ValueError as err:
@@ -80,6 +91,11 @@ def _merge(requests: list[tuple[str, TableRequest]]) -> TableRequest:
             raise ConfigError(f"features {dynamic[0][0]!r} and {feature!r} share table "
                               f"{first.name!r} with different dynamicemb settings")
     for feature, req in requests[1:]:
+        if req.dtype != first.dtype:
+            raise ConfigError(
+                f"features {first_feature!r} and {feature!r} share table {first.name!r} but "
+                f"have data_type {data_type_name(first.dtype)} and {data_type_name(req.dtype)}; "
+                f"set the same data_type on every feature of the table")
         if req.zch != first.zch:
             raise ConfigError(f"features {first_feature!r} and {feature!r} share table "
                               f"{first.name!r} with different zch settings")
@@ -91,7 +107,7 @@ def _merge(requests: list[tuple[str, TableRequest]]) -> TableRequest:
     trainable = all(r.trainable for _, r in requests)
     return TableRequest(first.name, first.dim, first.num_rows,
                         dynamic[0][1].dynamicemb if dynamic else None, trainable, first.zch,
-                        initialized[0][1] if initialized else None)
+                        initialized[0][1] if initialized else None, first.dtype)
 
 
 def fusion_groups(model_config) -> dict[str, str]:
@@ -119,10 +135,10 @@ def build_tables(features: list[Feature], model_config=None) -> list[EmbeddingTa
         if req.dynamicemb is None:
             specs.append(EmbeddingTableSpec(name, req.dim, num_rows=req.num_rows, features=names,
                                             trainable=req.trainable, zch=req.zch,
-                                            initializer=req.initializer))
+                                            initializer=req.initializer, dtype=req.dtype))
             continue
         fused = {groups[f] for f in names if f in groups}
-        options = table_options(req.dynamicemb, req.dim, name)
+        options = table_options(req.dynamicemb, req.dim, name, req.dtype)
         if req.initializer is not None:
             if req.dynamicemb.HasField("initializer_args"):
                 raise ConfigError(f"table {name!r}: init_fn and dynamicemb.initializer_args "

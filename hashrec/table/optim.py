@@ -109,5 +109,20 @@ class SparseAdam:
         return torch.zeros(2 * dim)
 
 
+# The smallest float16 value (a subnormal); anything under half of it rounds to zero.
+FLOAT16_TINY = 2.0 ** -24
+
+
+def float16_state_floor(spec) -> float | None:
+    """Gradient magnitude under which ``spec``'s squared-gradient state, stored in float16
+    and starting at 0, rounds back to 0 after an update (Adagrad's accumulator, Adam's
+    second moment); None for optimizers without such state (SGD)."""
+    if isinstance(spec, SparseAdam):
+        return math.sqrt(FLOAT16_TINY / 2 / (1.0 - spec.beta2))
+    if isinstance(spec, _AdagradFields):
+        return math.sqrt(FLOAT16_TINY / 2)
+    return None
+
+
 OptimizerSpec = SparseSGD | SparseAdagrad | SparseRowWiseAdagrad | SparseAdam
 OPTIMIZER_SPECS = (SparseSGD, SparseAdagrad, SparseRowWiseAdagrad, SparseAdam)

@@ -51,7 +51,8 @@ class StorageMode(enum.Enum):
     CACHING = "CACHING"
 
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# Dtypes a table stores its rows (embedding and optimizer state) in.
+ROW_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def coerce_enum(enum_cls: type[enum.Enum], value: Any, field_name: str) -> enum.Enum:
@@ -210,7 +211,8 @@ class TableOptions:
             memory; CACHING keeps every row in host memory and the hot ones in a
             device cache (see ``hashrec.table.tiers``).
         check_mode: what a refused insert does: ERROR | WARNING | IGNORE.
-        dtype: dtype of embeddings and optimizer state.
+        dtype: dtype of embeddings and optimizer state (lookups return float32 rows;
+            optimizer updates compute in float32 and store rounded to this dtype).
         device: device of the storage (None -> CPU).
         max_load_factor: load factor past which the table doubles (until max_capacity).
         seed: seed of the table's random generator for initializers; None uses
@@ -273,8 +275,8 @@ class TableOptions:
                 f"max_load_factor={self.max_load_factor!r} is not valid; allowed: (0, 1]")
         if not isinstance(self.caching, bool):
             raise ValueError(f"caching={self.caching!r} is not valid; allowed: True, False")
-        if self.dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is not valid; allowed: {_FLOAT_DTYPES}")
+        if self.dtype not in ROW_DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not valid; allowed: {ROW_DTYPES}")
         _check_int("seed", self.seed, minimum=0, optional=True, maximum=SEED_LIMIT - 1)
         if not isinstance(self.name, str):
             raise ValueError(f"name={self.name!r} is not valid; allowed: a str")

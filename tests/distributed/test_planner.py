@@ -2,6 +2,7 @@ import dataclasses
 import itertools
 
 import pytest
+import torch
 
 from hashrec.distributed.cost_model import CostModel
 from hashrec.distributed.errors import PlannerError
@@ -241,3 +242,35 @@ def test_plan_to_table_lists_every_table():
         row = next(line for line in lines if line.startswith(entry.name + " "))
         assert entry.variant.mode.value in row and str(entry.variant.gpu_bytes) in row
     assert any(line.startswith("total") for line in lines)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_tables_need_half_the_value_bytes(dtype):
+    full, half = _table(dim=16), _table(dim=16, dtype=dtype)  # Adam rows: 48 columns
+    assert (full.element_bytes, half.element_bytes) == (4, 2)
+    assert half.full_estimate()["values"] * 2 == full.full_estimate()["values"]
+    assert half.full_estimate()["index"] == full.full_estimate()["index"]
+    for mode, factor in ((StorageMode.HYBRID, 0.3), (StorageMode.CACHING, 0.5)):
+        half_host, full_host = (variant_bytes(t, mode, factor)[1] for t in (half, full))
+        assert abs(half_host * 2 - full_host) <= 1  # (the device share is rounded down)
+
+
+def test_a_data_type_fp16_table_fits_where_its_float32_twin_does_not(monkeypatch):
+    from hashrec.config import parse_pipeline_config
+    from hashrec.features import build_feature_set
+    from hashrec.train.distributed import plan_storage_modes
+
+    def feature(name, data_type):
+        return (f'feature_configs {{ id_feature {{ feature_name: "{name}" expression: '
+                f'"user:{name}" embedding_dim: 16 data_type: "{data_type}" dynamicemb {{ '
+                f'max_capacity: 65536 }} }} }}\n')
+
+    # Adam rows of 48 columns: 6 MiB of values in float16, 12 in float32, plus 1.3 MiB of
+    # index each; a 10 MiB GPU budget holds the first whole, the second in part.
+    monkeypatch.setenv("HASHREC_GPU_MEMORY_BYTES", str(10 * MiB))
+    monkeypatch.setenv("HASHREC_HOST_MEMORY_BYTES", str(1 << 30))
+    for data_type, whole in (("FP16", True), ("FP32", False)):
+        feature_set = build_feature_set(parse_pipeline_config(
+            'model_dir: "m"\n' + feature("a", data_type)))
+        modes = plan_storage_modes(feature_set, SparseAdam(lr=0.01), 256, None)
+        assert (modes["a"][0] == 1.0) is whole, (data_type, modes)

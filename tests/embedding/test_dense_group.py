@@ -22,8 +22,9 @@ def _kjt(bags_by_key):
                                           torch.tensor(lengths))
 
 
-def _collection(optimizer, dims=(4, 4, 4)):
-    tables = [EmbeddingTableSpec(f"t{i}", dim, num_rows=5 + i) for i, dim in enumerate(dims)]
+def _collection(optimizer, dims=(4, 4, 4), dtypes=(None, None, None)):
+    tables = [EmbeddingTableSpec(f"t{i}", dim, num_rows=5 + i, dtype=dtype)
+              for i, (dim, dtype) in enumerate(zip(dims, dtypes))]
     features = [EmbeddingFeatureSpec(f"f{i}", f"t{i}", pooling="mean" if i else "sum")
                 for i in range(len(dims))]
     return EmbeddingCollection(tables, features, optimizer)
@@ -74,6 +75,22 @@ def test_only_matching_layouts_are_grouped():
     collection = _collection(SparseSGD(lr=0.1), dims=(4, 8, 4))
     names = sorted(s.name for s in collection._units)
     assert names == ["dense_group:t0,t2", "t1"]
+    collection = _collection(SparseSGD(lr=0.1), dtypes=(torch.float16, None, torch.float16))
+    names = sorted(s.name for s in collection._units)
+    assert names == ["dense_group:t0,t2", "t1"]  # a row dtype of its own
+
+
+def test_half_tables_group_in_a_half_matrix_and_train_like_separate_ones():
+    half = (torch.bfloat16,) * 3
+    grouped = _collection(SparseAdam(lr=0.1), dtypes=half)
+    (unit,) = grouped._units
+    assert unit.table.rows.dtype == torch.bfloat16
+    separate = _collection(SparseAdam(lr=0.1), dtypes=half)
+    separate._units = list(separate._storages)
+    separate.load_state_dict(grouped.state_dict())
+    got, want = _train(grouped), _train(separate)
+    for name in want:
+        assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], want[name])
 
 
 def test_bad_id_in_a_grouped_table_names_it():

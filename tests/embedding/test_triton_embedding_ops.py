@@ -15,6 +15,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton", reason="triton is not installed")
 
+from half_precision import ulps  # noqa: E402
+
 from hashrec.embedding.ops.fused import bag_of_positions, dedup, group_positions  # noqa: E402
 from hashrec.embedding.ops.fused import triton as fused_tt  # noqa: E402
 from hashrec.embedding.ops.pooling import reference as pool_ref  # noqa: E402
@@ -87,13 +89,18 @@ def test_dedup_groups_positions_by_unique_id():
         assert torch.equal(pos, torch.sort(pos).values)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("dim", [4, 64], ids=["d4", "d64"])
-def test_pool_from_table_reads_slots_and_fallback(dim):
+def test_pool_from_table_reads_slots_and_fallback(dim, dtype):
+    """Table rows of any dtype (half: loaded apart from the float32 fallback rows) are
+    pooled in float32."""
     inverse, offsets, weights, gen = _bags(9, 3, 6, seed=3)
-    table = torch.randn(20, dim + 3, generator=gen).to(DEVICE)  # dim + 3 state columns
+    table = torch.randn(20, dim + 3, generator=gen).to(dtype).to(DEVICE)  # + 3 state columns
     slots = torch.tensor([4, -1, 0, 19, -1, 7], device=DEVICE)
     fallback = torch.randn(6, dim, generator=gen).to(DEVICE)
-    rows = torch.where((slots >= 0)[:, None], table[slots.clamp(min=0), :dim], fallback)
+    rows = torch.where((slots >= 0)[:, None], table[slots.clamp(min=0), :dim].float(),
+                       fallback)
     got = fused_tt.pool_rows_with_fallback(table, inverse, offsets, weights, True, slots,
                                            fallback, dim=dim)
     torch.testing.assert_close(got, pool_ref.pool_forward(rows, inverse, offsets, weights, True))
@@ -175,6 +182,29 @@ def test_reduce_and_apply_matches_reference_update(monkeypatch, spec, mean, dim,
                               weights, offsets if mean else None)
     torch.testing.assert_close(table, expected, rtol=1e-5, atol=1e-6)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("spec", SPECS, ids=["sgd", "adagrad", "rowwise", "adam"])
+def test_reduce_and_apply_to_half_rows_stores_the_float32_update_rounded(spec, dtype):
+    """The update of a float16 / bfloat16 table computes in float32 from its rows and the
+    summed gradients, then stores rounded: float16 as the reference does; bfloat16 within
+    one ulp (the interpreter truncates float32 to bfloat16 where PyTorch rounds to nearest;
+    compiled, the fast float32 square root and division may tip a rounding either way)."""
+    num_rows, dim = 8, 6
+    inverse, offsets, weights, gen = _bags(11, 3, num_rows, seed=9)
+    table = torch.rand(30, dim + spec.state_dim(dim), generator=gen).to(dtype).to(DEVICE)
+    slots = torch.randperm(30, generator=gen)[:num_rows].to(DEVICE)
+    grad = torch.randn(11, dim, generator=gen).to(DEVICE)
+    row_grads = pool_ref.pool_backward(grad, inverse, offsets, weights, False, num_rows)
+    before, expected = table.clone(), table.clone()
+    optim_ref.apply_sparse_update(expected, slots, row_grads, spec, lr=0.05, step=2)
+    order, row_start = group_positions(inverse, num_rows)
+    fused_tt.reduce_and_apply(grad, bag_of_positions(offsets, inverse.numel()), order,
+                              row_start, slots, table, spec, 0.05, 2, weights)
+    assert table.dtype == dtype and not torch.equal(table, before)
+    allowed = 0 if dtype == torch.float16 and DEVICE.type == "cpu" else 1
+    assert ulps(table.cpu(), expected.cpu()) <= allowed
 
 
 def _hot_ids(n: int, num_rows: int, seed: int) -> torch.Tensor:

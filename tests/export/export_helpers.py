@@ -79,12 +79,19 @@ model_config {
     return text
 
 
-def write_config(directory, data_dir, model_dir, dynamic: bool = True) -> str:
+def write_config(directory, data_dir, model_dir, dynamic: bool = True,
+                 data_types: dict[str, str] | None = None) -> str:
+    """``config_text(dynamic)`` with its paths; ``data_types``: feature name -> data_type
+    (set on every feature of that name: sequence sub-features share the table)."""
     path = os.path.join(str(directory), "dynamic.config" if dynamic else "dense.config")
     paths = (f'train_input_path: "{data_dir}/train"\neval_input_path: "{data_dir}/eval"\n'
              f'model_dir: "{model_dir}"\n')
+    text = config_text(dynamic)
+    for name, data_type in (data_types or {}).items():
+        text = text.replace(f'feature_name: "{name}"',
+                            f'feature_name: "{name}" data_type: "{data_type}"')
     with open(path, "w", encoding="utf-8") as f:
-        f.write(paths + config_text(dynamic))
+        f.write(paths + text)
     return path
 
 

@@ -114,12 +114,15 @@ def test_growth_doubles_and_loses_nothing():
     assert torch.equal(found_values, values)
 
 
-def test_growth_keeps_scores_and_optimizer_state():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp16", "bf16"])
+def test_growth_keeps_scores_and_optimizer_state(dtype):
     opts = TableOptions(dim=2, max_capacity=1024, init_capacity=64, bucket_capacity=16,
-                        score_strategy="CUSTOMIZED", optimizer=SparseAdagrad(lr=0.1))
+                        score_strategy="CUSTOMIZED", optimizer=SparseAdagrad(lr=0.1),
+                        dtype=dtype)
     table = HashTable(opts)
     keys = torch.arange(40)
-    rows = torch.randn(40, opts.row_dim)
+    rows = torch.randn(40, opts.row_dim).to(dtype)
     table.load_state(keys, None, rows, torch.arange(40) * 3)
     table.insert_or_assign(torch.arange(100, 700), torch.zeros(600, 2),
                            scores=torch.zeros(600, dtype=torch.int64))

@@ -161,6 +161,15 @@ def test_padded_lookup_equals_eager(small_classes, strategy, initializer, tagged
     assert graphs.replays >= 3
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_padded_lookup_of_half_rows_equals_eager(small_classes, dtype):
+    """Rows stored in a feature's data_type: the padded lookup reads and initializes them
+    as the eager one does, and returns them as float32."""
+    options = dataclasses.replace(_options("LFU", HASHED), dtype=dtype)
+    graphs = _compare(options, capture=False, tagged=True, masked=True, steps=5)
+    assert graphs.replays >= 2
+
+
 def test_no_padded_lookup_below_max_capacity_or_for_computed_initializers(small_classes):
     options = dataclasses.replace(_options("LFU", HASHED), max_capacity=4096)
     assert _compare(options, capture=False).replays == 0
@@ -197,6 +206,17 @@ def test_replayed_lookup_equals_eager_on_gpu(strategy, initializer):
     graphs = _compare(_options(strategy, initializer, scale=512, device="cuda"), capture=True,
                       tagged=True, masked=strategy == "LFU", steps=12, keys_per_batch=20_000,
                       key_range=120_000)
+    assert graphs.replays >= 6
+    assert all(entry.graph is not None for entry in graphs._lookups.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_replayed_lookup_of_half_rows_equals_eager_on_gpu(dtype):
+    options = dataclasses.replace(_options("LFU", RANDOM, scale=512, device="cuda"), dtype=dtype)
+    graphs = _compare(options, capture=True, tagged=True, masked=True, steps=12,
+                      keys_per_batch=20_000, key_range=120_000)
     assert graphs.replays >= 6
     assert all(entry.graph is not None for entry in graphs._lookups.values())
 

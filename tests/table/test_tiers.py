@@ -80,12 +80,12 @@ OPTIMIZERS = {"sgd": SparseSGD(lr=0.1), "rowwise": SparseRowWiseAdagrad(lr=0.1),
               "adam": SparseAdam(lr=0.01)}
 
 
-@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
-@pytest.mark.parametrize("optimizer", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
-def test_modes_train_identically(optimizer, tagged):
+def _modes_train_identically(optimizer, tagged: bool, **overrides) -> dict[str, HashTable]:
+    """Trains a table in every mode on one stream (growing, evicting, admitting); asserts
+    that they read, store and count the same. Returns the tables by mode."""
     batches = _stream(12, 300, 3000)
-    tables = {name: HashTable(_options(clf, caching, optimizer)) for name, (clf, caching)
-              in MODES.items()}
+    tables = {name: HashTable(_options(clf, caching, optimizer, **overrides))
+              for name, (clf, caching) in MODES.items()}
     seen = {name: _train(t, batches, tagged) for name, t in tables.items()}
     stats = {name: t.stats() for name, t in tables.items()}
     assert stats["hbm"]["growths"] > 0 and stats["hbm"]["evictions"] > 0
@@ -94,6 +94,23 @@ def test_modes_train_identically(optimizer, tagged):
         _assert_same(seen[name], seen["hbm"])
         _assert_same(_export(tables[name]), _export(tables["hbm"]))
         assert {k: stats[name][k] for k in LOGICAL} == {k: stats["hbm"][k] for k in LOGICAL}
+    return tables
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
+def test_modes_train_identically(optimizer, tagged):
+    _modes_train_identically(optimizer, tagged)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_rows_train_identically_in_every_mode(dtype):
+    """The host and cache tiers hold (and move) rows in the table's dtype."""
+    tables = _modes_train_identically(SparseAdam(lr=0.01), True, dtype=dtype)
+    for table in tables.values():
+        assert _export(table)[2].dtype == dtype
+    tiers = [tables[name]._rows.rows for name in ("hybrid", "caching")]
+    assert {part.dtype for rows in tiers for part in (rows.first, rows.second)} == {dtype}
 
 
 @pytest.mark.parametrize("strategy", ["LFU", "NO_EVICTION"])
@@ -162,13 +179,14 @@ def test_checkpoint_moves_between_modes():
         assert all(torch.equal(got[k], r) for k, r in zip(keys.tolist(), rows))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("name", MODES)
-def test_memory_report_per_mode(name):
+def test_memory_report_per_mode(name, dtype):
     clf, caching = MODES[name]
-    options = _options(clf, caching, SparseAdam(lr=0.01), init_capacity=None)
+    options = _options(clf, caching, SparseAdam(lr=0.01), init_capacity=None, dtype=dtype)
     table = HashTable(options)
     report = table.memory_report()
-    row_bytes = options.row_dim * 4
+    row_bytes = options.row_dim * dtype.itemsize
     values = table.capacity() * row_bytes
     assert report["mode"] == options.storage_mode.value
     assert table.memory_bytes() == {"gpu": 0, "host": report["gpu_tier"] + report["host_tier"]}
@@ -177,8 +195,9 @@ def test_memory_report_per_mode(name):
     assert report["host_tier"] == {"hbm": 0, "hybrid": values - device_buckets(16, clf) * 16
                                    * row_bytes, "caching": values}[name]
     assert index >= table.capacity() * (8 + 4 + 1 + 8)
-    assert report["estimate_host"] == {"hbm": 0, "hybrid": values - int(clf * values),
-                                       "caching": values}[name]
+    estimated = table.capacity() * -(-row_bytes // 16) * 16  # rows aligned to 16 bytes
+    assert report["estimate_host"] == {"hbm": 0, "hybrid": estimated - int(clf * estimated),
+                                       "caching": estimated}[name]
 
 
 def _collection(clf: float, caching: bool) -> EmbeddingCollection:

@@ -46,6 +46,15 @@ def test_rehash_matches_reference(cap, num_buckets, n, factor, row_dim, tagged):
     assert_same_storage(got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_rehash_moves_half_rows_bit_for_bit(dtype):
+    old, _, _ = filled(3, 16, 60, seed=9, tagged=True, row_dim=5, dtype=dtype)
+    want = rehash_ref.rehash(clone_with_flag(old), 12)
+    got = rehash_tt.rehash(clone_with_flag(old), 12)
+    assert got.values.dtype == want.values.dtype == dtype
+    assert_same_storage(got, want)
+
+
 def test_reference_moves_rows_in_chunks(monkeypatch):
     old, _, _ = filled(4, 16, 50, seed=5, tagged=True, row_dim=6)
     want = rehash_tt.rehash(clone_with_flag(old), 8)

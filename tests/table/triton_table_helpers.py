@@ -24,10 +24,12 @@ def random_keys(n: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def filled(num_buckets: int, cap: int, n: int, seed: int, tagged: bool = False,
-           row_dim: int = 4) -> tuple[TableStorage, torch.Tensor, torch.Tensor | None]:
-    """A storage filled through the reference insert, plus the keys (and tags) offered."""
+           row_dim: int = 4, dtype: torch.dtype = torch.float32
+           ) -> tuple[TableStorage, torch.Tensor, torch.Tensor | None]:
+    """A storage (rows in ``dtype``) filled through the reference insert, plus the keys
+    (and tags) offered."""
     gen = torch.Generator().manual_seed(seed)
-    storage = TableStorage.empty(num_buckets, cap, row_dim, device=DEVICE)
+    storage = TableStorage.empty(num_buckets, cap, row_dim, dtype, device=DEVICE)
     keys = random_keys(n, gen)
     tags = torch.randint(0, 3, keys.shape, dtype=torch.int32, generator=gen) if tagged else None
     scores = torch.randint(0, 5, keys.shape, dtype=torch.int64, generator=gen)

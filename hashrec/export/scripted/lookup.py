@@ -1,6 +1,8 @@
 """Scriptable embedding lookups: tables as tensors, features pooled or padded.
 
-``TableLookup`` maps ids (n,) int64 to rows (n, dim). A hash map table holds
+``TableLookup`` maps ids (n,) int64 to float32 rows (n, dim); it keeps the table in the
+dtype it was trained in (float16 / bfloat16 tables stay half the size) and converts
+the rows it reads. A hash map table holds
 its keys sorted and finds each id with ``torch.searchsorted``; an id that is not
 stored reads as ``missing`` (the eval initializer). A dense table holds its
 matrix and indexes it directly; ids outside [0, num_rows) raise.
@@ -24,7 +26,7 @@ class TableLookup(nn.Module):
 
     Args:
         name: table name (error messages).
-        values: (rows, dim) float32 embeddings.
+        values: (rows, dim) embeddings, float32, float16 or bfloat16 (kept as given).
         keys: hash map tables: (rows,) int64 keys sorted ascending, parallel to
             ``values``; None for a dense table (row i is id i).
         missing: what an absent key reads as (hash maps only).
@@ -39,7 +41,7 @@ class TableLookup(nn.Module):
         self.name = name
         self.is_hashmap = keys is not None
         dim = values.shape[1]
-        self.register_buffer("values", values.float().contiguous())
+        self.register_buffer("values", values.contiguous())
         self.register_buffer("keys", (keys if keys is not None
                                       else torch.empty(0, dtype=torch.int64)).contiguous())
         self.register_buffer("missing", torch.full((1, dim), float(missing)))
@@ -51,13 +53,13 @@ class TableLookup(nn.Module):
             if ids.numel() > 0 and bool(((ids < 0) | (ids >= num_rows)).any()):
                 raise RuntimeError("table " + self.name + ": ids outside [0, "
                                    + str(num_rows) + ")")
-            return self.values.index_select(0, ids)
+            return self.values.index_select(0, ids).float()
         count = self.keys.numel()
         if count == 0:
             return self.missing.expand(ids.numel(), self.missing.shape[1]).clone()
         position = torch.searchsorted(self.keys, ids).clamp_(max=count - 1)
         found = self.keys.index_select(0, position) == ids
-        rows = self.values.index_select(0, position)
+        rows = self.values.index_select(0, position).float()
         return torch.where(found.unsqueeze(1), rows, self.missing)
 
 

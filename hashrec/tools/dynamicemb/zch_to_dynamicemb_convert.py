@@ -120,6 +120,10 @@ def _dense_state(source_model, target_model, zch_tables: list[str]) -> dict[str,
         elif value.shape != initial.shape:
             raise MigrationError(f"{key}: shape {tuple(value.shape)} in the source, "
                                  f"{tuple(initial.shape)} in the target model")
+        elif value.dtype != initial.dtype:  # a dense table's data_type changed
+            logger.info("%s: %s in the source, stored as %s for the target", key,
+                        value.dtype, initial.dtype)
+            value = value.to(initial.dtype)
         state[key] = value
     if source:
         logger.warning("dropped %d source entries the target model lacks: %s", len(source),

@@ -21,16 +21,20 @@ def sorted_table(view) -> tuple[torch.Tensor, torch.Tensor]:
     return keys[order], values[order]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("missing", [0.0, 0.5], ids=["missing0", "missing0.5"])
-def test_hashmap_lookup_matches_eval_hash_table(missing):
-    options = TableOptions(dim=4, max_capacity=512, bucket_capacity=16,
+def test_hashmap_lookup_matches_eval_hash_table(missing, dtype):
+    options = TableOptions(dim=4, max_capacity=512, bucket_capacity=16, dtype=dtype,
                            eval_initializer=InitializerArgs(mode="CONSTANT", value=missing))
     table = HashTable(options)
     stored = torch.unique(torch.randint(-(2**62), 2**62, (300,), dtype=torch.int64))
     table.insert_or_assign(stored, torch.randn(stored.numel(), 4))
     views = dynamic_table_views(_Single(table))
     keys, values = sorted_table(views[0])
+    assert views[0].dtype == dtype and values.dtype == dtype  # exported as stored
     lookup = TableLookup("t", values, keys, views[0].missing_value())
+    assert lookup.values.dtype == dtype  # kept at its size
     queries = torch.cat([stored[::3], torch.randint(-(2**62), 2**62, (50,)),
                          torch.tensor([-(2**63), 2**63 - 1, 0])])
     expected = table.lookup(torch.unique(queries), train=False).values
@@ -61,6 +65,9 @@ def test_empty_hashmap_reads_missing_value():
 def test_dense_lookup_rejects_ids_outside_the_table():
     lookup = torch.jit.script(TableLookup("small", torch.randn(4, 2)))
     assert lookup(torch.tensor([3, 0])).shape == (2, 2)
+    half = torch.randn(4, 2).to(torch.bfloat16)
+    rows = torch.jit.script(TableLookup("half", half))(torch.tensor([3, 0]))
+    assert rows.dtype == torch.float32 and torch.equal(rows, half[[3, 0]].float())
     with pytest.raises((RuntimeError, torch.jit.Error), match="table small: ids outside"):
         lookup(torch.tensor([4]))
 

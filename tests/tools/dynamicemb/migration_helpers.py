@@ -28,10 +28,11 @@ def zch_block(size: int = 32, interval: int = 2, policy: str = "lfu {}") -> str:
 
 
 def write_config(path: str, user_ids: str, item_ids: str, model_dir: str = "",
-                 train_path: str = "", sparse_optimizer: str = "adagrad_optimizer") -> str:
+                 train_path: str = "", sparse_optimizer: str = "adagrad_optimizer",
+                 cate: str = "num_buckets: 5") -> str:
     """A MultiTowerDIN config on columns user_id, item_id, cate, clk.
 
-    ``user_ids`` / ``item_ids`` are the bucketization blocks of the two id features.
+    ``user_ids`` / ``item_ids`` / ``cate`` are the table settings of the three id features.
     """
     text = f"""
 model_dir: "{model_dir}"
@@ -53,7 +54,7 @@ feature_configs {{ id_feature {{ feature_name: "user_id" expression: "user:user_
 feature_configs {{ id_feature {{ feature_name: "item_id" expression: "item:item_id"
   embedding_dim: {DIM} {item_ids} }} }}
 feature_configs {{ id_feature {{ feature_name: "cate" expression: "item:cate"
-  embedding_dim: {DIM} num_buckets: 5 }} }}
+  embedding_dim: {DIM} {cate} }} }}
 model_config {{
   feature_groups {{ group_name: "deep" feature_names: ["user_id", "item_id", "cate"]
     group_type: DEEP }}

@@ -79,6 +79,20 @@ def test_fine_tune_start_reads_init_table_rows(tmp_path, world_size, fmt):
     np.testing.assert_allclose(looked_up.numpy(), emb, rtol=1e-6)
 
 
+def test_rows_are_written_in_the_tables_data_type(tmp_path):
+    emb = _embeddings()
+    init = _write_init(str(tmp_path / "init.parquet"), ITEMS, emb)
+    config = write_config(str(tmp_path / "c.config"), dynamicemb_block(),
+                          dynamicemb_block(init) + ' data_type: "FP16"')
+    ckpt, _ = create_init_checkpoint(load_pipeline_config(config), 1, str(tmp_path / "s"))
+    with open(os.path.join(ckpt, "meta.json"), encoding="utf-8") as f:
+        tables = json.load(f)["tables"]
+    assert {name: t["dtype"] for name, t in tables.items()} == {
+        "user_id": "float32", "item_id": "float16"}
+    looked_up = _lookup(config, ckpt, ITEMS)
+    assert torch.equal(looked_up, torch.from_numpy(emb).half().float())
+
+
 def test_rows_hold_optimizer_initial_state_and_lfu_scores(tmp_path):
     init = _write_init(str(tmp_path / "init.parquet"), ITEMS, _embeddings())
     config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
@@ -107,6 +108,33 @@ def test_converter_keeps_dense_and_non_zch_state(trained, tmp_path):
                 .export_state(1000) for k, tag, r in zip(k, t, rows) if tag == 1}
     assert src_rows.keys() == dst_rows.keys()
     assert all(torch.equal(src_rows[k], dst_rows[k]) for k in src_rows)  # with Adagrad state
+
+
+def test_rows_are_written_in_the_targets_data_type(trained, tmp_path, caplog):
+    _, source_config, source = trained
+    target_config = write_config(str(tmp_path / "half.config"),
+                                 dynamicemb_block() + ' data_type: "BF16"', dynamicemb_block(),
+                                 cate='num_buckets: 5 data_type: "FP16"')
+    with caplog.at_level(logging.INFO):
+        converted = convert(source, load_pipeline_config(source_config),
+                            load_pipeline_config(target_config), str(tmp_path / "c"))
+    with open(os.path.join(converted, "meta.json"), encoding="utf-8") as f:
+        tables = json.load(f)["tables"]
+    assert {name: t["dtype"] for name, t in tables.items()} == {
+        "user_id": "bfloat16", "item_id": "float32"}  # of other dtypes: not fused
+    assert any("cate.rows" in r.getMessage() and "torch.float16" in r.getMessage()
+               for r in caplog.records)
+    src = session_of(source_config)
+    restore_checkpoint(source, src.model, None, src.model.embedding.dynamic_tables())
+    dst = session_of(target_config)
+    restore_checkpoint(converted, dst.model, None, dst.model.embedding.dynamic_tables())
+    cate = dst.model.embedding.dense_tables["cate"].rows
+    assert cate.dtype == torch.float16
+    assert torch.equal(cate, src.model.embedding.dense_tables["cate"].rows.half())
+    keys, slots, _, _ = src.model.embedding.zch_remappers["user_id"].assigned()
+    want = src.model.embedding.dense_tables["user_id"].rows[slots, :4].to(torch.bfloat16)
+    got, found = dst.model.embedding.dynamic_tables()["user_id"].find(keys)
+    assert bool(found.all()) and torch.equal(got, want.float())
 
 
 def test_target_must_make_zch_tables_dynamic(trained, tmp_path):
