@@ -157,9 +157,22 @@ def _dense_rows(path: str, key: str, table: DenseTable, saved: torch.Tensor,
     return in_table_dtype(table, saved)
 
 
+def _tables_held(modules: dict[str, torch.nn.Module], parent: str) -> set[str]:
+    """The tables of the embedding module at ``parent``: dense (``num_buckets``) and ZCH."""
+    held: set[str] = set()
+    for name in TABLE_DICTS:
+        holder = modules.get(f"{parent}.{name}" if parent else name)
+        if isinstance(holder, torch.nn.ModuleDict):
+            held.update(holder.keys())
+    return held
+
+
 def _pop_unread_tables(state: dict[str, Any], model: torch.nn.Module) -> list[str]:
     """Removes from ``state`` the entries of dense and ZCH tables that the model has none
-    of (a table no feature of the model reads); returns those tables' names, sorted."""
+    of (a table no feature of the model reads); returns those tables' names, sorted.
+
+    A table the model still has, as another kind (a ZCH table that is a ``num_buckets``
+    one now), keeps its entries: the strict load then names them as unexpected."""
     modules = dict(model.named_modules())
     expected = model.state_dict().keys()
     unread = set()
@@ -168,7 +181,7 @@ def _pop_unread_tables(state: dict[str, Any], model: torch.nn.Module) -> list[st
         for i, part in enumerate(parts[:-2]):
             holder = modules.get(".".join(parts[:i + 1])) if part in TABLE_DICTS else None
             if isinstance(holder, torch.nn.ModuleDict):
-                if parts[i + 1] not in holder:
+                if parts[i + 1] not in _tables_held(modules, ".".join(parts[:i])):
                     unread.add(parts[i + 1])
                     del state[key]
                 break

@@ -120,6 +120,18 @@ def test_a_dense_table_missing_from_the_checkpoint_is_an_error(tmp_path):
         restore_checkpoint(path, _Model(SparseAdagrad(lr=0.1), left_out=True), None, {})
 
 
+def test_a_zch_table_now_num_buckets_is_an_error_not_a_skipped_table(tmp_path, caplog):
+    old = _Model(SparseAdagrad(lr=0.1), left_out=True)
+    path = save_checkpoint(str(tmp_path), 5, old, None, {})
+    new = _Model(SparseAdagrad(lr=0.1), seed=1, left_out=True)
+    del new.embedding.zch_remappers["pid"]  # pid's ids are rows now, not ZCH slots
+    with caplog.at_level("WARNING", logger="hashrec.checkpoint.restore"), \
+            pytest.raises(CheckpointError, match=r"(?s)does not match the model.*Unexpected "
+                                                 r"key.*zch_remappers\.pid\."):
+        restore_checkpoint(path, new, None, {})
+    assert "not restored" not in caplog.text
+
+
 def test_changed_num_buckets_is_named(tmp_path):
     _, path = _trained(tmp_path)
     with pytest.raises(CheckpointError, match=r"'cms_segid'.*10 rows in the checkpoint, 12 "
