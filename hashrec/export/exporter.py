@@ -129,7 +129,7 @@ def _export_into(config, staging: str, checkpoint_path: str | None, chunk_rows: 
         (checkpoint path, step, files written by this rank).
     """
     session, path, step = _restored_session(config, checkpoint_path, rank, world_size)
-    views = dynamic_table_views(session.model.embedding)
+    views = dynamic_table_views(session.model.embedding, rank, world_size)
     contents = PartContents(
         dense_network_tensors(session.model) if rank == 0 else {},
         dense_table_weights(session.model.embedding) if rank == 0 else {},

@@ -1,7 +1,8 @@
 """Writing one rank's part of an export: ``model-<rank>-of-<world>.safetensors`` + meta JSON.
 
 Rank 0 writes the dense network and the dense embedding tables; every rank
-writes the keys and values of the dynamic tables it holds. Tables keep the dtype
+writes the keys and values of the dynamic tables it holds (and of the ZCH ids it
+owns: ``hashrec.export.tables``). Tables keep the dtype
 they store their rows in. Tables are read
 twice in chunks (count, then write), so memory stays at one chunk whatever the
 table size.

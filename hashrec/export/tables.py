@@ -5,7 +5,9 @@ table); export splits it back into one (keys, values) pair per logical table,
 so that a serving platform builds one hash map per table. Dense tables are
 exported as their embedding columns (``rows[:, :dim]``, no optimizer state). Every
 table is exported in the dtype it stores its rows in (float16 / bfloat16 for a
-feature's ``data_type``), which the meta names.
+feature's ``data_type``), which the meta names. Zero-collision-hash tables are hash
+maps too; every rank holds the whole (replicated) table, so each rank's part holds the
+ids that rank owns as it would own dynamic keys, and the parts hold each id once.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from hashrec.export.errors import ExportError
 from hashrec.table import HashTable
+from hashrec.table.hashing import owner_of
 from hashrec.table.options import InitializerMode
 
 DEFAULT_CHUNK_ROWS = 1 << 20
@@ -79,12 +82,16 @@ class DynamicTableView:
 class ZchTableView:
     """A zero-collision-hash table exported as a hash map: raw id -> its slot's row.
 
-    Ids without a slot read zeros, as in eval.
+    Ids without a slot read zeros, as in eval. Every rank holds the whole table; the
+    view holds the ids that ``rank`` of ``world_size`` owns (``owner_of``), so that the
+    parts of an export on several ranks hold each id once.
     """
 
     name: str
     table: object  # DenseTable
     remapper: object  # ZchRemapper
+    rank: int = 0
+    world_size: int = 1
 
     @property
     def dim(self) -> int:
@@ -94,29 +101,39 @@ class ZchTableView:
     def dtype(self) -> torch.dtype:
         return self.table.rows.dtype
 
+    def _owned(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(raw ids, their slots) of this rank's part."""
+        keys, slots, _, _ = self.remapper.assigned()
+        if self.world_size > 1:
+            mine = owner_of(keys, self.world_size) == self.rank
+            keys, slots = keys[mine], slots[mine]
+        return keys, slots
+
     def chunks(self, chunk_rows: int = DEFAULT_CHUNK_ROWS
                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        keys, slots, _, _ = self.remapper.assigned()
+        keys, slots = self._owned()
         for start in range(0, int(keys.numel()), chunk_rows):
             part = slots[start:start + chunk_rows]
             yield keys[start:start + chunk_rows], self.table.rows[part, :self.dim].detach()
 
     def count(self, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> int:
-        return int(self.remapper.slot_used.sum())
+        return int(self._owned()[0].numel())
 
     def missing_value(self) -> float:
         return 0.0
 
 
-def _zch_views(embedding) -> list[ZchTableView]:
+def _zch_views(embedding, rank: int, world_size: int) -> list[ZchTableView]:
     remappers = getattr(embedding, "zch_remappers", {})
-    return [ZchTableView(name, embedding.dense_tables[name], remapper)
+    return [ZchTableView(name, embedding.dense_tables[name], remapper, rank, world_size)
             for name, remapper in remappers.items()]
 
 
-def dynamic_table_views(embedding) -> list[DynamicTableView | ZchTableView]:
+def dynamic_table_views(embedding, rank: int = 0, world_size: int = 1
+                        ) -> list[DynamicTableView | ZchTableView]:
     """Logical dynamic tables of an ``EmbeddingCollection``, in table order, then its
-    zero-collision-hash tables (exported as hash maps too)."""
+    zero-collision-hash tables (exported as hash maps too), as rank ``rank`` of
+    ``world_size`` exports them: the dynamic rows it holds, the ZCH ids it owns."""
     storages = embedding.dynamic_tables()
     locations = embedding.table_locations()
     sharing: dict[str, int] = {}
@@ -127,7 +144,7 @@ def dynamic_table_views(embedding) -> list[DynamicTableView | ZchTableView]:
         if storage in storages:
             views.append(DynamicTableView(name, storages[storage],
                                           tag if sharing[storage] > 1 else None))
-    return views + _zch_views(embedding)
+    return views + _zch_views(embedding, rank, world_size)
 
 
 def dense_table_weights(embedding) -> dict[str, torch.Tensor]:

@@ -9,11 +9,15 @@ import torch
 from safetensors.torch import load_file
 
 from hashrec.embedding.collection import EmbeddingCollection
+from hashrec.embedding.jagged import KeyedJaggedTensor
 from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
+from hashrec.embedding.zch import ZchOptions
 from hashrec.export.errors import ExportError
 from hashrec.export.part_writer import PartContents, write_part
+from hashrec.export.scripted.build import load_hashmaps
 from hashrec.export.tables import dense_table_weights, dynamic_table_views
 from hashrec.table import InitializerArgs, TableOptions
+from hashrec.table.hashing import owner_of
 from hashrec.table.optim import SparseAdam
 
 
@@ -60,3 +64,23 @@ def test_random_eval_initializer_cannot_be_exported():
     ec = fused_collection(InitializerArgs(mode="NORMAL", std_dev=0.1))
     with pytest.raises(ExportError, match="table 'a': eval_initializer mode NORMAL"):
         dynamic_table_views(ec)[0].missing_value()
+
+
+def test_parts_of_several_ranks_hold_each_zch_id_once(tmp_path):
+    # Every rank holds the whole replicated ZCH table; its parts split the ids by owner.
+    ec = EmbeddingCollection([EmbeddingTableSpec("z", 2, num_rows=16,
+                                                 zch=ZchOptions(zch_size=16))],
+                             [EmbeddingFeatureSpec("fz", "z")], SparseAdam(lr=0.1))
+    ids = torch.arange(100, 112, dtype=torch.int64)
+    ec(KeyedJaggedTensor.from_lengths(["fz"], ids, torch.ones(12, dtype=torch.int64)))
+    assigned, slots, _, _ = ec.zch_remappers["z"].assigned()
+    assert assigned.numel() == 12
+    for rank in range(2):
+        views = dynamic_table_views(ec, rank=rank, world_size=2)
+        entries = write_part(str(tmp_path), PartContents({}, {}, views), rank, 2)
+        owned = int((owner_of(assigned, 2) == rank).sum())
+        assert 0 < owned < 12 and entries["z"]["shape"] == [owned, 2]
+    keys, values = load_hashmaps(str(tmp_path), 2, ["z"])["z"]
+    order = assigned.argsort()
+    assert torch.equal(keys, assigned[order])
+    assert torch.equal(values, ec.dense_tables["z"].rows[slots[order], :2])
