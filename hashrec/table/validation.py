@@ -15,7 +15,10 @@ def input_checks_forced() -> bool:
     counts >= 1, slots below capacity) on every path, not only on the CPU reference
     path. Each check sorts or reads the device back, so lookups are then not captured
     as CUDA graphs either: for debugging, not for speed."""
-    return os.environ.get("HASHREC_CHECK_INPUTS", "0") == "1"
+    setting = os.environ.get("HASHREC_CHECK_INPUTS", "")
+    if setting not in ("", "0", "1"):
+        raise ValueError(f"HASHREC_CHECK_INPUTS={setting!r}: expected 0 or 1")
+    return setting == "1"
 
 
 def _describe(value: object) -> str:

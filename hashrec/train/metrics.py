@@ -14,12 +14,16 @@ all-reduce per metric.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.distributed as dist
 
 from hashrec.distributed.metrics import auc_from_histograms
 from hashrec.train.errors import TrainError
 from hashrec.train.grouped_auc import GroupedAUC
+
+logger = logging.getLogger("hashrec.train")
 
 
 def _all_reduce(tensors: list[torch.Tensor]) -> None:
@@ -171,12 +175,25 @@ def build_metrics(metric_configs, device=None, feature_set=None,
     return {"auc": BinnedAUC(200, device)}
 
 
-def check_metrics(metric_configs, feature_set) -> None:
+def check_metrics(model_config, feature_set) -> None:
     """Refuses, before any training, metric settings the evaluation could not run: a
-    grouped_auc grouping_key that is not an id feature of ``feature_set``."""
-    for config in metric_configs:
+    metric listed twice (a result holds one value a metric), a grouped_auc grouping_key
+    that is not an id feature of ``feature_set``; warns about metrics of binary labels
+    on a regression model (l2_loss)."""
+    kinds = [config.WhichOneof("metric") for config in model_config.metrics]
+    twice = sorted({kind for kind in kinds if kinds.count(kind) > 1})
+    if twice:
+        raise TrainError(f"model_config.metrics lists {', '.join(twice)} more than once; an "
+                         f"evaluation result holds one value a metric: keep one")
+    for config in model_config.metrics:
         if config.WhichOneof("metric") == "grouped_auc":
             _check_grouping_key(config.grouped_auc.grouping_key, feature_set)
+    losses = {loss.WhichOneof("loss") for loss in model_config.losses}
+    binary = [kind for kind in kinds if kind in ("auc", "grouped_auc", "accuracy")]
+    if losses == {"l2_loss"} and binary:
+        logger.warning("model_config.metrics: %s on a regression model (l2_loss) count "
+                       "labels above 0.5 as positives and read its prediction y as a "
+                       "probability (the AUC bins clamp it into [0, 1])", ", ".join(binary))
 
 
 def _check_grouping_key(key: str, feature_set) -> None:

@@ -129,7 +129,7 @@ def build_session(config, rank: int = 0, world_size: int = 1,
     torch.manual_seed(SEED)
     train_config = config.train_config
     feature_set = build_feature_set(config)
-    check_metrics(config.model_config.metrics, feature_set)
+    check_metrics(config.model_config, feature_set)
     sparse_spec = sparse_optimizer_spec(train_config.sparse_optimizer)
     modes = plan_storage_modes(feature_set, sparse_spec, int(config.data_config.batch_size), ctx)
     embedding = EmbeddingCollection(feature_set.embedding_tables(),

@@ -44,3 +44,13 @@ def test_checked_lookups_are_not_captured(monkeypatch):
     assert graphs_enabled(torch.device("cuda"))
     monkeypatch.setenv("HASHREC_CHECK_INPUTS", "1")
     assert not graphs_enabled(torch.device("cuda"))
+
+
+def test_other_settings_are_refused(monkeypatch):
+    from hashrec.table.validation import input_checks_forced
+
+    monkeypatch.setenv("HASHREC_CHECK_INPUTS", "true")
+    with pytest.raises(ValueError, match="HASHREC_CHECK_INPUTS='true': expected 0 or 1"):
+        input_checks_forced()
+    monkeypatch.setenv("HASHREC_CHECK_INPUTS", "0")
+    assert not input_checks_forced()

@@ -137,3 +137,18 @@ def test_a_grouping_key_in_no_feature_group_is_read_but_not_embedded(tmp_path):
         probs = session.model(batch)["probs"]
     expected = grouped_auc(probs, batch.labels["clk"] > 0.5, batch.sparse["session"].values)
     assert result["grouped_auc"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_metric_listed_twice_is_refused(tmp_path):
+    text = CONFIG.format(model_dir=tmp_path / "m", key="user_id").replace(
+        "metrics { auc {} }", "metrics { auc {} } metrics { auc {} }")
+    with pytest.raises(TrainError, match="lists auc more than once"):
+        build_session(parse_pipeline_config(text), device=torch.device("cpu"))
+
+
+def test_binary_metrics_on_a_regression_model_are_warned_about(tmp_path, caplog):
+    text = CONFIG.format(model_dir=tmp_path / "m", key="user_id").replace(
+        "multi_tower_din {", "losses { l2_loss {} } multi_tower_din {")
+    with caplog.at_level("WARNING", logger="hashrec.train"):
+        build_session(parse_pipeline_config(text), device=torch.device("cpu"))
+    assert "auc, grouped_auc on a regression model (l2_loss)" in caplog.text
