@@ -57,9 +57,15 @@ def init_tables_of(feature_set) -> dict[str, str]:
     found: dict[str, str] = {}
     for feature in feature_set.features.values():
         request = feature.table
-        if request is not None and request.dynamicemb is not None \
-                and request.dynamicemb.init_table and request.name in built:
+        if request is None or request.dynamicemb is None or not request.dynamicemb.init_table:
+            continue
+        if request.name in built:
             found.setdefault(request.name, request.dynamicemb.init_table)
+        else:
+            logger.warning("table %r: init_table %s is not read: only WIDE feature groups "
+                           "name feature %r, so its own table is not built (its wide table "
+                           "starts as configured)", request.name,
+                           request.dynamicemb.init_table, feature.name)
     return found
 
 

@@ -257,7 +257,7 @@ def test_csv_embeddings_of_one_value(tmp_path):
     assert (report.rows_read, report.bad_rows) == (3, 1)
 
 
-def test_init_tables_leave_out_the_table_of_a_feature_only_wide_groups_read():
+def test_init_tables_leave_out_the_table_of_a_feature_only_wide_groups_read(caplog):
     from hashrec.config import parse_pipeline_config
     from hashrec.features import build_feature_set
     from hashrec.tools.dynamicemb.create_dynamicemb_init_ckpt import init_tables_of
@@ -272,4 +272,6 @@ def test_init_tables_leave_out_the_table_of_a_feature_only_wide_groups_read():
              'wide_and_deep { deep { hidden_units: [4] } } }')
     feature_set = build_feature_set(parse_pipeline_config(f'model_dir: "m"\n{features}{model}'))
     # item_id has only its wide table (of another dimension than the init table's rows)
-    assert init_tables_of(feature_set) == {"user_id": "user_id.parquet"}
+    with caplog.at_level("WARNING", logger="hashrec.tools"):
+        assert init_tables_of(feature_set) == {"user_id": "user_id.parquet"}
+    assert "table 'item_id': init_table item_id.parquet is not read" in caplog.text
