@@ -163,3 +163,13 @@ def generator_parser(name: str, description: str, marker: str, scale_default: fl
                         "either way")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     return p
+
+
+def run_generator(name: str, generate) -> int:
+    """Runs ``generate()``; a GeneratorError becomes one error line and exit status 1."""
+    try:
+        generate()
+    except GeneratorError as err:
+        print(f"{name}: error: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -40,11 +40,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hashrec.tools.gen_output import (
-    GeneratorError,
     Progress,
     generator_parser,
     output_dirs,
     prepare_dir,
+    run_generator,
     write_marker,
 )
 from hashrec.tools.taobao_world import (
@@ -182,14 +182,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        generate(args.output_dir, args.num_rows, args.num_files, args.seed, args.scale,
-                 args.eval_rows, args.row_group_size, args.quiet, args.sequence_format,
-                 args.overwrite)
-    except GeneratorError as err:
-        print(f"gen_taobao_data: error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run_generator("gen_taobao_data", lambda: generate(
+        args.output_dir, args.num_rows, args.num_files, args.seed, args.scale, args.eval_rows,
+        args.row_group_size, args.quiet, args.sequence_format, args.overwrite))
 
 
 if __name__ == "__main__":

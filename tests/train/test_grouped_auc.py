@@ -103,15 +103,21 @@ def _write(path, tags) -> pa.Table:
     return table
 
 
-def test_evaluation_reports_grouped_auc_by_the_key_feature(tmp_path):
-    session = _session(tmp_path, "user_id")
-    table = _write(tmp_path / "eval.parquet", [f"{i % 7}|{i % 5}" for i in range(70)])
-    result = evaluate(session, str(tmp_path / "eval.parquet"), step=0)
+def _evaluated(session, table: pa.Table, path, key: str) -> tuple[dict, float]:
+    """The evaluation result on ``path`` (holding ``table``) and the grouped AUC of the
+    model's predictions on those rows grouped by feature ``key``."""
+    result = evaluate(session, str(path), step=0)
     session.model.eval()
     with torch.no_grad():
         batch = session.feature_set.parse(table)
         probs = session.model(batch)["probs"]
-    expected = grouped_auc(probs, batch.labels["clk"] > 0.5, batch.sparse["user_id"].values)
+    return result, grouped_auc(probs, batch.labels["clk"] > 0.5, batch.sparse[key].values)
+
+
+def test_evaluation_reports_grouped_auc_by_the_key_feature(tmp_path):
+    session = _session(tmp_path, "user_id")
+    table = _write(tmp_path / "eval.parquet", [f"{i % 7}|{i % 5}" for i in range(70)])
+    result, expected = _evaluated(session, table, tmp_path / "eval.parquet", "user_id")
     assert result["grouped_auc"] == pytest.approx(expected, abs=1e-12)
     assert 0.0 <= result["grouped_auc"] <= 1.0 and result["auc"] != result["grouped_auc"]
 
@@ -130,12 +136,7 @@ def test_a_grouping_key_in_no_feature_group_is_read_but_not_embedded(tmp_path):
     assert "session" in session.feature_set.features
     assert "session" not in session.model.embedding.table_locations()
     table = _write(tmp_path / "eval.parquet", [f"{i % 7}" for i in range(40)])
-    result = evaluate(session, str(tmp_path / "eval.parquet"), step=0)
-    session.model.eval()
-    with torch.no_grad():
-        batch = session.feature_set.parse(table)
-        probs = session.model(batch)["probs"]
-    expected = grouped_auc(probs, batch.labels["clk"] > 0.5, batch.sparse["session"].values)
+    result, expected = _evaluated(session, table, tmp_path / "eval.parquet", "session")
     assert result["grouped_auc"] == pytest.approx(expected, abs=1e-12)
 
 
