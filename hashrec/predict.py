@@ -9,7 +9,8 @@ Usage::
 The input is read and parsed with the exported pipeline config's data and
 feature settings; the parsed tensors feed ``scripted_model.pt``. The output
 holds the reserved columns, then ``probs`` (``y`` for a regression model, l2_loss) and
-``logits``, one row per input row. ``--predict_output_path`` ending in ``.parquet``
+``logits``, one row per input row; a multi-task model's output holds each task's
+``probs_<tower_name>`` (or ``y_<tower_name>``), then each task's ``logits_<tower_name>``. ``--predict_output_path`` ending in ``.parquet``
 names the file; any other path is a directory that receives ``part-00000.parquet``. The rows go to a
 hidden temporary file next to the output, renamed to it once every row is
 written, so a failed run leaves no partial output (and an output it was to
@@ -35,8 +36,9 @@ from hashrec.export.errors import ExportError
 
 logger = logging.getLogger("hashrec.predict")
 
-# The model's prediction (``probs`` of a classifier, ``y`` of a regression model), then
-# its logits; the output holds the ones the exported model gives.
+# A single-task model's prediction (``probs`` of a classifier, ``y`` of a regression
+# model), then its logits; the output holds the ones the exported model gives (a
+# multi-task model's: hashrec.models.tasks.prediction_columns).
 PREDICTION_COLUMNS = ("probs", "y", "logits")
 PART_FILE = "part-00000.parquet"
 DEVICES = "auto, cpu, cuda or cuda:<index>"
@@ -170,13 +172,24 @@ def _input_data_config(data_config, input_path: str):
     return switched
 
 
-def _check_reserved(reserved: tuple[str, ...]) -> None:
-    clash = [c for c in reserved if c in PREDICTION_COLUMNS]
+def _check_reserved(reserved: tuple[str, ...],
+                    columns: tuple[str, ...] = PREDICTION_COLUMNS) -> None:
+    clash = [c for c in reserved if c in columns]
     if clash:
         raise ExportError(f"--reserved_columns {clash} collide with the prediction columns "
-                          f"{list(PREDICTION_COLUMNS)}")
+                          f"{list(columns)}")
     if len(set(reserved)) != len(reserved):
         raise ExportError(f"--reserved_columns lists a column twice: {list(reserved)}")
+
+
+def _prediction_columns(config) -> tuple[str, ...]:
+    """The columns the exported model of ``config`` may give, in output order."""
+    from hashrec.models.tasks import MULTI_TASK_MODELS, model_tasks, prediction_columns
+
+    model_config = config.model_config
+    if model_config.WhichOneof("model") not in MULTI_TASK_MODELS:
+        return PREDICTION_COLUMNS
+    return prediction_columns(model_tasks(model_config, config.data_config.label_fields))
 
 
 def predict(export_dir: str, input_path: str, output_path: str,
@@ -198,6 +211,8 @@ def predict(export_dir: str, input_path: str, output_path: str,
     output = _output_file(output_path, overwrite)
     run_on = resolve_device(device)
     config, feature_set, model = _load(export_dir, run_on)
+    columns = _prediction_columns(config)
+    _check_reserved(reserved_columns, columns)
     weighted = {f.input_key for f in feature_set.embedding_features() if f.weighted}
     loader = create_dataloader(_input_data_config(config.data_config, input_path), feature_set,
                                input_path, "predict", batch_size=batch_size,
@@ -205,8 +220,8 @@ def predict(export_dir: str, input_path: str, output_path: str,
     staging = _staging_file(output)
     start = time.perf_counter()
     try:
-        rows = _write_predictions(model, loader, weighted, run_on, reserved_columns, staging,
-                                  log_every_s)
+        rows = _write_predictions(model, loader, weighted, run_on, reserved_columns, columns,
+                                  staging, log_every_s)
         if rows == 0:
             raise ExportError(f"--predict_input_path {input_path!r} holds no rows")
         os.replace(staging, output)
@@ -221,16 +236,18 @@ def predict(export_dir: str, input_path: str, output_path: str,
 
 
 def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
-                       reserved_columns: tuple[str, ...], path: str, log_every_s: float) -> int:
-    """Runs ``model`` on every batch of ``loader`` into the parquet file ``path``; returns
-    the number of rows (0: no file written)."""
+                       reserved_columns: tuple[str, ...], names: tuple[str, ...], path: str,
+                       log_every_s: float) -> int:
+    """Runs ``model`` on every batch of ``loader`` into the parquet file ``path`` (the
+    reserved columns, then those of the prediction columns ``names`` that the model
+    gives); returns the number of rows (0: no file written)."""
     writer, rows, start, last_log = None, 0, time.perf_counter(), time.perf_counter()
     try:
         with torch.inference_mode():
             for batch in loader:
                 out = model(*model_inputs(batch.to(run_on), weighted))
                 columns = {name: batch.reserved[name] for name in reserved_columns}
-                for name in PREDICTION_COLUMNS:
+                for name in names:
                     if name in out:
                         columns[name] = pa.array(out[name].float().cpu().numpy())
                 table = pa.table(columns)

@@ -20,7 +20,8 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
                                "rowwise_adagrad_optimizer")
 # The models hashrec.models.registry builds (tests/models/test_registry.py keeps the two
 # equal; the config layer must not import the models above it).
-SUPPORTED_MODELS = ("deepfm", "dlrm", "multi_tower", "multi_tower_din", "wide_and_deep")
+SUPPORTED_MODELS = ("deepfm", "dlrm", "mmoe", "multi_tower", "multi_tower_din",
+                    "wide_and_deep")
 SUPPORTED_LOSSES = ("binary_cross_entropy", "l2_loss")
 # The metrics hashrec.train.metrics builds (tests/config/test_validate.py keeps the two
 # equal).
@@ -108,15 +109,27 @@ def _model_problems(model_config) -> list[str]:
     elif model not in SUPPORTED_MODELS:
         problems.append(f"model_config.{model} is not supported; supported models: "
                         f"{', '.join(SUPPORTED_MODELS)}")
-    for i, loss in enumerate(model_config.losses):
+    places = [("model_config", model_config)]
+    if model == "mmoe":
+        places += [(f"mmoe.task_towers[{i}]", tower)
+                   for i, tower in enumerate(model_config.mmoe.task_towers)]
+    for where, config in places:
+        problems += _loss_metric_problems(where, config)
+    return problems
+
+
+def _loss_metric_problems(where: str, config) -> list[str]:
+    """Unsupported kinds among ``config.losses`` and ``config.metrics``."""
+    problems = []
+    for i, loss in enumerate(config.losses):
         kind = loss.WhichOneof("loss")
         if kind not in SUPPORTED_LOSSES:
-            problems.append(f"model_config.losses[{i}].{kind} is not supported; supported: "
+            problems.append(f"{where}.losses[{i}].{kind} is not supported; supported: "
                             f"{', '.join(SUPPORTED_LOSSES)}")
-    for i, metric in enumerate(model_config.metrics):
+    for i, metric in enumerate(config.metrics):
         kind = metric.WhichOneof("metric")
         if kind not in SUPPORTED_METRICS:
-            problems.append(f"model_config.metrics[{i}].{kind} is not supported; supported: "
+            problems.append(f"{where}.metrics[{i}].{kind} is not supported; supported: "
                             f"{', '.join(SUPPORTED_METRICS)}")
     return problems
 

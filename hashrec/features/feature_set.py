@@ -282,12 +282,25 @@ def _grouping_keys(model_config) -> set[str]:
 
 
 def _binary_labels(label_fields: list[str], model_config) -> tuple[str, ...]:
-    """The label columns a binary cross-entropy loss trains on: the ranking models'
-    loss reads ``label_fields[0]``, and a model without ``losses`` uses that loss."""
+    """The label columns a binary cross-entropy loss trains on: a single-task model's
+    loss reads ``label_fields[0]``, a multi-task model's each task's ``label_name``, and
+    a model or task without ``losses`` uses that loss."""
     if not label_fields or model_config is None:
         return ()
-    losses = {loss.WhichOneof("loss") for loss in model_config.losses}
-    return (label_fields[0],) if not losses or "binary_cross_entropy" in losses else ()
+    from hashrec.models.tasks import MULTI_TASK_MODELS
+
+    kind = model_config.WhichOneof("model")
+    if kind in MULTI_TASK_MODELS:
+        towers = getattr(model_config, kind).task_towers
+        names = [t.label_name for t in towers if t.label_name in label_fields and
+                 _binary_losses(t.losses)]
+        return tuple(dict.fromkeys(names))
+    return (label_fields[0],) if _binary_losses(model_config.losses) else ()
+
+
+def _binary_losses(loss_configs) -> bool:
+    losses = {loss.WhichOneof("loss") for loss in loss_configs}
+    return not losses or "binary_cross_entropy" in losses
 
 
 def _check_names(features: list[Feature], label_fields: list[str],

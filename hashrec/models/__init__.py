@@ -1,14 +1,15 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
-DeepFM, DLRM)."""
+DeepFM, DLRM) and multi-task ones (MMoE)."""
 
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
 from hashrec.models.errors import ModelError
+from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
 from hashrec.models.rank_model import RankModel
 from hashrec.models.registry import MODELS, create_model
 from hashrec.models.wide_and_deep import WideAndDeep
 
-__all__ = ["DLRM", "DeepFM", "ModelError", "MultiTower", "MultiTowerDIN", "RankModel", "MODELS",
-           "WideAndDeep", "create_model"]
+__all__ = ["DLRM", "DeepFM", "MMoE", "ModelError", "MultiTower", "MultiTowerDIN", "RankModel",
+           "MODELS", "WideAndDeep", "create_model"]

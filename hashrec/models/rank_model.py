@@ -15,9 +15,8 @@ from torch import nn
 
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import GroupSpec, build_group_spec, feature_infos
+from hashrec.models.tasks import MULTI_TASK_MODELS, model_tasks
 from hashrec.modules import MLP, MLPOptions
-
-SUPPORTED_LOSSES = ("binary_cross_entropy", "l2_loss")
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ def optional_mlp(config, field: str, width: int, where: str) -> tuple[MLP | None
 
 
 class RankModel(nn.Module):
-    """Base of binary ranking models (one logit per row).
+    """Base of ranking models (one logit per row and task, see ``hashrec.models.tasks``).
 
     Args:
         model_config: the pipeline's ``ModelConfig`` message.
@@ -62,7 +61,8 @@ class RankModel(nn.Module):
         embedding: a prebuilt embedding module (``EmbeddingCollection`` interface);
             None builds an ``EmbeddingCollection`` from ``feature_set``.
 
-    Subclasses implement ``dense_forward(embedded, batch) -> logits (B,)``.
+    Subclasses implement ``dense_inputs`` and ``dense_from_inputs``: logits (B,), or
+    (B, tasks) of a multi-task model.
     """
 
     def __init__(self, model_config, feature_set, sparse_optimizer, device=None,
@@ -72,16 +72,20 @@ class RankModel(nn.Module):
             raise ModelError(
                 f"model_config.num_class={model_config.num_class}; only 1 (binary ranking) "
                 f"is supported")
-        if not feature_set.label_fields:
-            raise ModelError("data_config.label_fields is empty; a ranking model needs a label")
-        self.label_name = feature_set.label_fields[0]
+        # What each logit predicts (hashrec.models.tasks): one task, on label_fields[0],
+        # for a single-task model.
+        self.tasks = model_tasks(model_config, feature_set.label_fields)
+        self.multi_task = model_config.WhichOneof("model") in MULTI_TASK_MODELS
+        self.label_name = self.tasks[0].label_name
         # Each row's loss weight (data_config.sample_weight_fields), or None.
         self.weight_name = getattr(feature_set, "sample_weight_field", None)
-        self.losses = self._loss_names(model_config)
-        # l2_loss: a regression model, whose prediction ``y`` is the logit itself;
-        # binary_cross_entropy: a classifier, whose prediction ``probs`` is its sigmoid.
-        self.regression = self.losses == ("l2_loss",)
-        self.prediction = "y" if self.regression else "probs"
+        # The keys of the losses, in task order.
+        self.losses = tuple(task.loss_name for task in self.tasks)
+        # A single-task model's l2_loss makes it a regression model, whose prediction
+        # ``y`` is the logit itself; binary_cross_entropy: a classifier, whose prediction
+        # ``probs`` is its sigmoid.
+        self.regression = self.tasks[0].regression
+        self.prediction = self.tasks[0].prediction
         self.groups = self._build_groups(model_config, feature_set)
         if embedding is None:
             from hashrec.embedding import EmbeddingCollection
@@ -90,21 +94,6 @@ class RankModel(nn.Module):
                 feature_set.embedding_tables(), feature_set.embedding_features(),
                 sparse_optimizer, device)
         self.embedding = embedding
-
-    @staticmethod
-    def _loss_names(model_config) -> tuple[str, ...]:
-        names = tuple(loss.WhichOneof("loss") for loss in model_config.losses)
-        for name in names:
-            if name not in SUPPORTED_LOSSES:
-                raise ModelError(
-                    f"model_config.losses: {name!r} is not supported; allowed: "
-                    f"{', '.join(SUPPORTED_LOSSES)}")
-        names = tuple(dict.fromkeys(names))
-        if len(names) > 1:
-            raise ModelError(f"model_config.losses: {' and '.join(names)} together; a model "
-                             f"predicts probabilities (binary_cross_entropy) or values "
-                             f"(l2_loss): keep one")
-        return names or ("binary_cross_entropy",)
 
     @staticmethod
     def _build_groups(model_config, feature_set) -> dict[str, GroupSpec]:
@@ -157,7 +146,7 @@ class RankModel(nn.Module):
         raise NotImplementedError
 
     def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """``dense_inputs`` -> logits (B,); only tensor ops of fixed shapes, no host reads."""
+        """``dense_inputs`` -> logits (B,) or (B, tasks); only tensor ops of fixed shapes, no host reads."""
         raise NotImplementedError
 
     def dense_modules(self) -> list[nn.Module]:
@@ -166,7 +155,9 @@ class RankModel(nn.Module):
 
     def forward(self, batch, embedding_hook=None) -> dict[str, torch.Tensor]:
         """Batch -> {"logits": (B,) float32, "probs": (B,) float32}; a regression model
-        (l2_loss) gives {"logits", "y"}, ``y`` the logits themselves.
+        (l2_loss) gives {"logits", "y"}, ``y`` the logits themselves. A multi-task model
+        gives each task's ``logits_<tower_name>`` and ``probs_<tower_name>`` (or
+        ``y_<tower_name>``).
 
         Args:
             batch: a ``Batch`` on the model's device.
@@ -174,13 +165,26 @@ class RankModel(nn.Module):
                 dense network (the trainer's FP16 gradient unscaling).
         """
         logits = self.dense_forward(self.embed(batch, embedding_hook), batch).float()
-        if self.regression:
-            return {"logits": logits, "y": logits}
-        return {"logits": logits, "probs": torch.sigmoid(logits)}
+        return self.predictions(logits)
+
+    def predictions(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Logits (B,), or (B, tasks) of a multi-task model -> each task's logits and
+        prediction, (B,) each."""
+        out = {}
+        for i, task in enumerate(self.tasks):
+            task_logits = logits[:, i] if self.multi_task else logits
+            out[task.logits] = task_logits
+            out[task.prediction] = task_logits if task.regression else \
+                torch.sigmoid(task_logits)
+        return out
 
     def labels(self, batch) -> torch.Tensor:
-        """The batch's (B,) float32 labels of ``label_fields[0]``."""
-        return self._target(batch, self.label_name, "label")
+        """The batch's (B,) float32 labels of ``label_fields[0]``; a multi-task model's
+        (B, tasks), each task's label column in task order."""
+        if not self.multi_task:
+            return self._target(batch, self.label_name, "label")
+        return torch.stack([self._target(batch, task.label_name, "label")
+                            for task in self.tasks], dim=-1)
 
     def sample_weights(self, batch) -> torch.Tensor | None:
         """The batch's (B,) float32 sample weights, or None without a weight column."""
@@ -201,22 +205,34 @@ class RankModel(nn.Module):
 
     def losses_from_logits(self, logits: torch.Tensor, labels: torch.Tensor,
                            weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Per-loss scalar tensors (float32): the mean over the batch, or with ``weights``
-        (B,) the weighted mean sum(w * loss) / sum(w) (0 when every weight is 0).
-        binary_cross_entropy on the logits; l2_loss: (logit - label) ** 2."""
-        reduction = "mean" if weights is None else "none"
+        """Per-loss scalar tensors (float32) of logits and labels (B,), or (B, tasks) of
+        a multi-task model, whose task losses are each multiplied by the task's weight.
+        See :func:`task_loss` for one loss."""
         out = {}
-        for name in self.losses:
-            loss = nn.functional.mse_loss(logits, labels, reduction=reduction) \
-                if name == "l2_loss" else \
-                nn.functional.binary_cross_entropy_with_logits(logits, labels,
-                                                               reduction=reduction)
-            out[name] = loss if weights is None else (loss * weights).sum() / \
-                weights.sum().clamp_min(torch.finfo(torch.float32).tiny)
+        for i, task in enumerate(self.tasks):
+            if not self.multi_task:
+                out[task.loss_name] = task_loss(task.loss, logits, labels, weights)
+                continue
+            loss = task_loss(task.loss, logits[:, i], labels[:, i], weights)
+            out[task.loss_name] = task.weight * loss
         return out
 
     def loss(self, predictions: dict[str, torch.Tensor], batch) -> dict[str, torch.Tensor]:
         """Per-loss scalar tensors (float32), averaged over the batch (weighted by the
         sample weights when the data has them)."""
-        return self.losses_from_logits(predictions["logits"], *self.targets(batch))
+        logits = torch.stack([predictions[task.logits] for task in self.tasks], dim=-1) \
+            if self.multi_task else predictions["logits"]
+        return self.losses_from_logits(logits, *self.targets(batch))
 
+
+def task_loss(name: str, logits: torch.Tensor, labels: torch.Tensor,
+              weights: torch.Tensor | None = None) -> torch.Tensor:
+    """One loss (float32 scalar) of logits and labels (B,): the mean over the batch, or
+    with ``weights`` (B,) the weighted mean sum(w * loss) / sum(w) (0 when every weight
+    is 0). binary_cross_entropy on the logits; l2_loss: (logit - label) ** 2."""
+    reduction = "mean" if weights is None else "none"
+    loss = nn.functional.mse_loss(logits, labels, reduction=reduction) \
+        if name == "l2_loss" else \
+        nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction=reduction)
+    return loss if weights is None else (loss * weights).sum() / \
+        weights.sum().clamp_min(torch.finfo(torch.float32).tiny)

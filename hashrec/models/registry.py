@@ -5,6 +5,7 @@ from __future__ import annotations
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
 from hashrec.models.errors import ModelError
+from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
 from hashrec.models.rank_model import RankModel
@@ -13,6 +14,7 @@ from hashrec.models.wide_and_deep import WideAndDeep
 MODELS: dict[str, type[RankModel]] = {
     "deepfm": DeepFM,
     "dlrm": DLRM,
+    "mmoe": MMoE,
     "multi_tower": MultiTower,
     "multi_tower_din": MultiTowerDIN,
     "wide_and_deep": WideAndDeep,

@@ -41,7 +41,9 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
     Logs the batches done every ``eval_config.log_step_count_steps`` (rank 0).
 
     Returns:
-        ``{"step": step, "<metric>": value, ..., "loss": mean loss, "num_examples": n}``.
+        ``{"step": step, "<metric>": value, ..., "loss": mean loss, "num_examples": n}``;
+        a multi-task model's metrics are ``<metric>_<tower_name>``, and ``loss`` the mean
+        of the weighted sum of the task losses.
     """
     # Evaluating draws from torch's random generators (the eval loader's seed, say), which
     # new rows' initial values in training also draw from: their states are put back after,
@@ -54,8 +56,12 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
 def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
     model = session.model
     log_every = session.config.eval_config.log_step_count_steps if session.is_chief else 0
-    metrics = build_metrics(session.config.model_config.metrics, session.device,
-                            session.feature_set, model.regression)
+    # (task, metric) per result key: <metric>, or <metric>_<tower_name> of a multi-task
+    # model's task.
+    metrics = {name + task.suffix: (task, metric) for task in model.tasks
+               for name, metric in build_metrics(task.metric_configs, session.device,
+                                                 session.feature_set,
+                                                 task.regression).items()}
     mean_loss = MeanLoss(session.device)
     was_training = model.training
     model.eval()
@@ -68,13 +74,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
                 batch = batch.to(session.device)
                 with session.precision.autocast():
                     predictions = model(batch)
-                labels = batch.labels[model.label_name]
-                for metric in metrics.values():
-                    if isinstance(metric, GroupedAUC):
-                        metric.update(predictions[model.prediction], labels,
-                                      grouping_ids(batch, metric.grouping_key))
-                    else:
-                        metric.update(predictions[model.prediction], labels)
+                _update_metrics(metrics.values(), predictions, batch)
                 loss = sum(model.loss(predictions, batch).values())
                 weights = model.sample_weights(batch)
                 mean_loss.add(loss, batch.batch_size,
@@ -86,7 +86,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
     finally:
         model.train(was_training)
     result: dict = {"step": int(step)}
-    for name, metric in [*metrics.items(), ("loss", mean_loss)]:
+    for name, metric in [*((k, m) for k, (_, m) in metrics.items()), ("loss", mean_loss)]:
         metric.sync()
         result[name] = metric.compute()
     result["num_examples"] = mean_loss.examples
@@ -95,6 +95,17 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
                 ", ".join(f"{k} {v:.5f}" for k, v in result.items()
                           if k not in ("step", "num_examples")))
     return result
+
+
+def _update_metrics(metrics, predictions: dict, batch) -> None:
+    """Adds a batch to each (task, metric): the task's prediction against its label."""
+    for task, metric in metrics:
+        labels = batch.labels[task.label_name]
+        if isinstance(metric, GroupedAUC):
+            metric.update(predictions[task.prediction], labels,
+                          grouping_ids(batch, metric.grouping_key))
+        else:
+            metric.update(predictions[task.prediction], labels)
 
 
 def write_eval_result(model_dir: str, result: dict, rank: int = 0,

@@ -179,21 +179,28 @@ def check_metrics(model_config, feature_set) -> None:
     """Refuses, before any training, metric settings the evaluation could not run: a
     metric listed twice (a result holds one value a metric), a grouped_auc grouping_key
     that is not an id feature of ``feature_set``; warns about metrics of binary labels
-    on a regression model (l2_loss)."""
-    kinds = [config.WhichOneof("metric") for config in model_config.metrics]
+    on a regression model (l2_loss); each task's of a multi-task model."""
+    from hashrec.models.tasks import model_tasks
+
+    for task in model_tasks(model_config, feature_set.label_fields):
+        _check_task_metrics(task, feature_set)
+
+
+def _check_task_metrics(task, feature_set) -> None:
+    kinds = [config.WhichOneof("metric") for config in task.metric_configs]
     twice = sorted({kind for kind in kinds if kinds.count(kind) > 1})
     if twice:
-        raise TrainError(f"model_config.metrics lists {', '.join(twice)} more than once; an "
+        raise TrainError(f"{task.where}.metrics lists {', '.join(twice)} more than once; an "
                          f"evaluation result holds one value a metric: keep one")
-    for config in model_config.metrics:
+    for config in task.metric_configs:
         if config.WhichOneof("metric") == "grouped_auc":
             _check_grouping_key(config.grouped_auc.grouping_key, feature_set)
-    losses = {loss.WhichOneof("loss") for loss in model_config.losses}
     binary = [kind for kind in kinds if kind in ("auc", "grouped_auc", "accuracy")]
-    if losses == {"l2_loss"} and binary:
-        logger.warning("model_config.metrics: %s on a regression model (l2_loss) count "
+    if task.regression and binary:
+        logger.warning("%s.metrics: %s on a regression model (l2_loss) count "
                        "labels above 0.5 as positives and read its prediction y as a "
-                       "probability (the AUC bins clamp it into [0, 1])", ", ".join(binary))
+                       "probability (the AUC bins clamp it into [0, 1])", task.where,
+                       ", ".join(binary))
 
 
 def _check_grouping_key(key: str, feature_set) -> None:

@@ -39,11 +39,11 @@ def model_config(text: str = MODEL_CONFIG) -> model_pb2.ModelConfig:
     return text_format.Parse(text, model_pb2.ModelConfig())
 
 
-def fake_model(text: str, wide: tuple[str, ...] = ()):
+def fake_model(text: str, wide: tuple[str, ...] = (), labels: tuple[str, ...] = ("clk",)):
     """The registry's model of ``text`` on the fakes (seeded), ``wide`` features having
-    wide embeddings."""
+    wide embeddings, ``labels`` the label fields."""
     torch.manual_seed(0)
-    return create_model(model_config(text), FakeFeatureSet(wide=wide), None,
+    return create_model(model_config(text), FakeFeatureSet(list(labels), wide=wide), None,
                         embedding=FakeEmbedding(wide=wide))
 
 
@@ -122,9 +122,9 @@ class FakeEmbedding(nn.Module):
 
 
 def make_batch(batch_size: int = 6, seed: int = 0, lengths=None,
-               feature_lengths: dict | None = None) -> Batch:
+               feature_lengths: dict | None = None, more_labels: tuple[str, ...] = ()) -> Batch:
     """Random ids; every sequence feature has ``lengths`` (random if None) unless
-    ``feature_lengths`` gives its own."""
+    ``feature_lengths`` gives its own; random 0/1 labels ``clk`` and ``more_labels``."""
     gen = torch.Generator().manual_seed(seed)
     values, all_lengths = [], []
     for _ in POOLED:
@@ -140,6 +140,8 @@ def make_batch(batch_size: int = 6, seed: int = 0, lengths=None,
                                          torch.cat(all_lengths))
     labels = {"clk": torch.randint(0, 2, (batch_size,), generator=gen).float()}
     dense = {"price": torch.rand(batch_size, 1, generator=gen)}
+    for name in more_labels:
+        labels[name] = torch.randint(0, 2, (batch_size,), generator=gen).float()
     return Batch(kjt, dense=dense, labels=labels, batch_size=batch_size)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import test_deepfm
 import test_dlrm
+import test_mmoe
 import test_multi_tower
 import test_wide_and_deep
 import torch
@@ -20,13 +21,24 @@ KINDS = {
     "deepfm-no-fm-group": (test_deepfm.CONFIG, test_deepfm.WIDE),
     "dlrm": (test_dlrm.CONFIG, ()),
     "dlrm-sparse-only": (test_dlrm.SPARSE_ONLY, ()),
+    "mmoe": (test_mmoe.CONFIG, ()),
 }
+# The label fields of the models that read more than ``clk``.
+LABELS = {"mmoe": test_mmoe.LABELS}
+
+
+def all_logits(model, batch) -> torch.Tensor:
+    """The forward's logits: (B,), or (B, tasks) of a multi-task model."""
+    out = model(batch)
+    if not model.multi_task:
+        return out["logits"]
+    return torch.stack([out[task.logits] for task in model.tasks], dim=-1)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_dense_network_reads_nothing_on_the_host(kind):
     text, wide = KINDS[kind]
-    model = fake_model(text, wide)
+    model = fake_model(text, wide, LABELS.get(kind, ("clk",)))
     shapes = []
     for seed in (1, 2):
         batch = make_batch(6, seed=seed)
@@ -36,5 +48,5 @@ def test_dense_network_reads_nothing_on_the_host(kind):
             logits = model.dense_from_inputs(*inputs)
             logits.sum().backward()
         assert dict(reads.counts) == {}
-        torch.testing.assert_close(logits, model(batch)["logits"])
+        torch.testing.assert_close(logits, all_logits(model, batch))
     assert shapes[0] == shapes[1]

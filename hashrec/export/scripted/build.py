@@ -22,7 +22,9 @@ from hashrec.export.scripted.lookup import EmbeddingLookup, FeatureLayout, Table
 
 class InferenceModel(nn.Module):
     """Parsed inputs -> {"logits": (B,), "probs": (B,)}; a regression model's (l2_loss)
-    -> {"logits": (B,), "y": (B,)}, ``y`` the logits themselves.
+    -> {"logits": (B,), "y": (B,)}, ``y`` the logits themselves. A multi-task model's
+    head gives (B, tasks) logits: each task's ``logits<suffix>`` and ``probs<suffix>``
+    (``y<suffix>``), suffix ``_<tower_name>`` (``hashrec.models.tasks``).
 
     Inputs (name -> tensor): ``values`` (n,) int64 ids and ``lengths`` (B,) bag
     sizes of every sparse feature; ``weights`` (n,) of weighted features;
@@ -30,23 +32,34 @@ class InferenceModel(nn.Module):
     (B, L, value_dim) float32 raw sequence features.
     """
 
-    regression: bool
+    suffixes: list[str]
+    regression: list[bool]
+    multi_task: bool
 
     def __init__(self, embedding: EmbeddingLookup, head: nn.Module,
-                 regression: bool = False) -> None:
+                 regression: bool = False, tasks=None) -> None:
         super().__init__()
         self.embedding = embedding
         self.head = head
-        self.regression = regression
+        # tasks (hashrec.models.tasks.Task): a multi-task model's, in logit order.
+        self.multi_task = tasks is not None
+        self.suffixes = [t.suffix for t in tasks] if tasks is not None else [""]
+        self.regression = [t.regression for t in tasks] if tasks is not None else [regression]
 
     def forward(self, values: dict[str, torch.Tensor], lengths: dict[str, torch.Tensor],
                 weights: dict[str, torch.Tensor], dense: dict[str, torch.Tensor],
                 sequence_dense: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         pooled, sequences, sequence_lengths = self.embedding(values, lengths, weights)
         logits = self.head(pooled, sequences, sequence_lengths, dense, sequence_dense).float()
-        if self.regression:
-            return {"logits": logits, "y": logits}
-        return {"logits": logits, "probs": torch.sigmoid(logits)}
+        out: dict[str, torch.Tensor] = {}
+        for i, suffix in enumerate(self.suffixes):
+            task_logits = logits[:, i] if self.multi_task else logits
+            out["logits" + suffix] = task_logits
+            if self.regression[i]:
+                out["y" + suffix] = task_logits
+            else:
+                out["probs" + suffix] = torch.sigmoid(task_logits)
+        return out
 
 
 def load_hashmaps(export_dir: str, world_size: int, tables: list[str]
@@ -105,8 +118,9 @@ def build_inference_model(model: nn.Module, feature_set,
                               f.max_length, f.weighted, f.input_key)
                 for f in feature_set.embedding_features()]
     head = copy.deepcopy(dense_head(model)).cpu().eval()
+    tasks = model.tasks if getattr(model, "multi_task", False) else None
     return InferenceModel(EmbeddingLookup(lookups, features), head,
-                          bool(getattr(model, "regression", False))).eval()
+                          bool(getattr(model, "regression", False)), tasks).eval()
 
 
 def save_scripted(module: InferenceModel, path: str) -> torch.jit.ScriptModule:

@@ -1,0 +1,84 @@
+"""MMoE: multi-gate mixture of experts, a multi-task ranking model (one logit a task).
+
+The DEEP feature groups, concatenated in group order (B, D), feed ``num_expert``
+expert MLPs (``expert_mlp`` each) and, per task, a gate: the optional ``gate_mlp``
+then a linear layer to ``num_expert`` scores and a softmax over them. A task's input
+is its gate's weighted sum of the experts' outputs; it goes through the task tower's
+optional ``mlp`` and a linear layer to the task's logit. The tasks, their labels,
+losses and metrics are ``task_towers`` (see ``hashrec.models.tasks``); the total loss
+is the sum over tasks of ``weight`` times the task's loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hashrec.models.errors import ModelError
+from hashrec.models.feature_groups import DEEP
+from hashrec.models.group_net import GroupNetModel
+from hashrec.models.rank_model import mlp_options, optional_mlp
+from hashrec.models.wide_and_deep import merged_group
+from hashrec.modules import MLP
+
+
+class MMoENet(nn.Module):
+    """MMoE's dense network, shared by the eager model and its scripted export.
+
+    ``forward([features (B, D)]) -> logits (B, tasks)``.
+
+    Args:
+        experts: the expert MLPs, each (B, D) -> (B, E).
+        gates: per task, (B, D) -> (B, len(experts)) scores (before the softmax).
+        towers: per task, (B, E) -> (B, 1) logits.
+    """
+
+    def __init__(self, experts: list[nn.Module], gates: list[nn.Module],
+                 towers: list[nn.Module]) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(experts)
+        self.gates = nn.ModuleList(gates)
+        self.towers = nn.ModuleList(towers)
+
+    def forward(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        features = inputs[0]
+        experts = torch.stack([expert(features) for expert in self.experts], dim=1)
+        logits: list[torch.Tensor] = []
+        for gate, tower in zip(self.gates, self.towers):
+            mix = torch.softmax(gate(features), dim=-1).unsqueeze(-1)  # (B, experts, 1)
+            logits.append(tower((mix * experts).sum(dim=1)))
+        return torch.cat(logits, dim=-1)
+
+
+class MMoE(GroupNetModel):
+    """See the module docstring; arguments as ``RankModel``.
+
+    Attributes:
+        deep_group: the DEEP groups' features as one group (the experts' and the
+            gates' input).
+    """
+
+    def __init__(self, model_config, feature_set, sparse_optimizer, device=None,
+                 embedding: nn.Module | None = None) -> None:
+        super().__init__(model_config, feature_set, sparse_optimizer, device, embedding)
+        config = model_config.mmoe
+        other = [g.name for g in self.groups.values() if g.group_type != DEEP]
+        if other or not self.groups:
+            raise ModelError(f"mmoe reads DEEP feature groups only (got {other or 'none'}); "
+                             f"make every feature group DEEP")
+        if config.num_expert < 1:
+            raise ModelError(f"mmoe.num_expert={config.num_expert}; allowed: 1 or more")
+        self.deep_group = merged_group("mmoe", DEEP, list(self.groups.values()))
+        self.input_groups = [self.deep_group]
+        width = self.deep_group.dim
+        experts = [MLP(width, mlp_options(config.expert_mlp, "mmoe.expert_mlp"))
+                   for _ in range(config.num_expert)]
+        expert_width = experts[0].output_dim()
+        gates, towers = [], []
+        for task, tower in zip(self.tasks, config.task_towers):
+            gate, gate_width = optional_mlp(config, "gate_mlp", width, "mmoe.gate_mlp")
+            gates.append(nn.Sequential(gate or nn.Identity(),
+                                       nn.Linear(gate_width, config.num_expert)))
+            mlp, tower_width = optional_mlp(tower, "mlp", expert_width, f"{task.where}.mlp")
+            towers.append(nn.Sequential(mlp or nn.Identity(), nn.Linear(tower_width, 1)))
+        self.net = MMoENet(experts, gates, towers)

@@ -1,0 +1,131 @@
+"""The tasks of a ranking model: what each of its logits predicts, from which label.
+
+A single-task model has one task without a name: it trains on ``label_fields[0]``
+with ``model_config.losses`` and reports ``model_config.metrics``, its outputs are
+``logits`` and ``probs`` (``y`` with l2_loss). A multi-task model (MMoE) has one task
+per ``task_towers`` entry, each with its own label, loss, loss weight and metrics;
+the task's outputs, loss and metrics carry the suffix ``_<tower_name>``
+(``probs_ctr``, ``logits_ctr``, ``binary_cross_entropy_ctr``, ``auc_ctr``), as in
+TorchEasyRec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hashrec.models.errors import ModelError
+
+SUPPORTED_LOSSES = ("binary_cross_entropy", "l2_loss")
+# The model_config oneof names of the models whose config lists task_towers.
+MULTI_TASK_MODELS = ("mmoe",)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One logit of a model and how it is trained and evaluated."""
+
+    # The tower name; "" for the one task of a single-task model.
+    name: str = ""
+    # The label column the loss and the metrics read.
+    label_name: str = ""
+    # binary_cross_entropy (prediction probs, the logit's sigmoid) or l2_loss
+    # (prediction y, the logit itself).
+    loss: str = "binary_cross_entropy"
+    # The task loss's weight in the total loss.
+    weight: float = 1.0
+    # The task's MetricConfig messages (empty: the default metric).
+    metric_configs: tuple = field(default=(), compare=False)
+    # Where the task is configured, for messages.
+    where: str = "model_config"
+
+    def __post_init__(self) -> None:
+        if self.loss not in SUPPORTED_LOSSES:
+            raise ValueError(f"Task.loss={self.loss!r}; allowed: {', '.join(SUPPORTED_LOSSES)}")
+
+    @property
+    def suffix(self) -> str:
+        """``_<name>``, or "" for a single-task model's task."""
+        return f"_{self.name}" if self.name else ""
+
+    @property
+    def regression(self) -> bool:
+        return self.loss == "l2_loss"
+
+    @property
+    def prediction(self) -> str:
+        """The prediction's output name: ``probs<suffix>`` or ``y<suffix>``."""
+        return ("y" if self.regression else "probs") + self.suffix
+
+    @property
+    def logits(self) -> str:
+        return "logits" + self.suffix
+
+    @property
+    def loss_name(self) -> str:
+        """The key of the task's loss among the model's losses."""
+        return self.loss + self.suffix
+
+
+def loss_name(loss_configs, where: str) -> str:
+    """The one loss kind of ``loss_configs`` (binary_cross_entropy when there is none).
+
+    Raises:
+        ModelError: an unsupported kind, or two kinds together.
+    """
+    names = tuple(dict.fromkeys(loss.WhichOneof("loss") for loss in loss_configs))
+    for name in names:
+        if name not in SUPPORTED_LOSSES:
+            raise ModelError(f"{where}.losses: {name!r} is not supported; allowed: "
+                             f"{', '.join(SUPPORTED_LOSSES)}")
+    if len(names) > 1:
+        raise ModelError(f"{where}.losses: {' and '.join(names)} together; a model "
+                         f"predicts probabilities (binary_cross_entropy) or values "
+                         f"(l2_loss): keep one")
+    return names[0] if names else "binary_cross_entropy"
+
+
+def model_tasks(model_config, label_fields) -> tuple[Task, ...]:
+    """The tasks of the model ``model_config`` sets, over the label columns
+    ``label_fields`` (``data_config.label_fields``).
+
+    Raises:
+        ModelError: no label; a multi-task model without task towers, with two towers of
+            one name, with a label that is not a label field, or with model-level losses
+            or metrics (they belong to the task towers).
+    """
+    labels = list(label_fields)
+    if not labels:
+        raise ModelError("data_config.label_fields is empty; a ranking model needs a label")
+    kind = model_config.WhichOneof("model")
+    if kind not in MULTI_TASK_MODELS:
+        return (Task("", labels[0], loss_name(model_config.losses, "model_config"), 1.0,
+                     tuple(model_config.metrics)),)
+    for what in ("losses", "metrics"):
+        if len(getattr(model_config, what)):
+            raise ModelError(f"model_config.{what} is set on the multi-task model {kind}; "
+                             f"set {what} on each of {kind}.task_towers instead")
+    towers = getattr(model_config, kind).task_towers
+    if not towers:
+        raise ModelError(f"{kind} has no task_towers; add one per task (tower_name, "
+                         f"label_name)")
+    tasks = []
+    for tower in towers:
+        where = f"{kind}.task_towers[{tower.tower_name!r}]"
+        if not tower.tower_name:
+            raise ModelError(f"{kind}.task_towers: a tower has an empty tower_name")
+        if any(task.name == tower.tower_name for task in tasks):
+            raise ModelError(f"{where} is defined twice; tower names must be unique")
+        if tower.label_name not in labels:
+            raise ModelError(f"{where}.label_name {tower.label_name!r} is not one of "
+                             f"data_config.label_fields ({', '.join(labels)}); add it there")
+        if tower.num_class != 1:
+            raise ModelError(f"{where}.num_class={tower.num_class}; only 1 (one logit) is "
+                             f"supported")
+        tasks.append(Task(tower.tower_name, tower.label_name, loss_name(tower.losses, where),
+                          float(tower.weight), tuple(tower.metrics), where))
+    return tuple(tasks)
+
+
+def prediction_columns(tasks) -> tuple[str, ...]:
+    """The output columns of a model with ``tasks``: every prediction, then every logit."""
+    return tuple(t.prediction for t in tasks) + tuple(t.logits for t in tasks)

@@ -1,0 +1,83 @@
+"""MMoE on the fakes: one logit per task, per-task losses weighted into the total,
+config errors that name the tower."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_fakes import fake_model, make_batch
+
+from hashrec.models import MMoE, ModelError
+
+LABELS = ("clk", "buy")
+CONFIG = """
+feature_groups { group_name: "all" feature_names: ["user_id", "item_id", "cate_id", "price"]
+                 group_type: DEEP }
+mmoe {
+  expert_mlp { hidden_units: [8, 4] }
+  gate_mlp { hidden_units: [4] }
+  num_expert: 3
+  task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [4] }
+                metrics { auc {} } }
+  task_towers { tower_name: "cvr" label_name: "buy" weight: 0.5
+                losses { l2_loss {} } metrics { mean_squared_error {} } }
+}
+"""
+
+
+def test_one_logit_and_prediction_per_task():
+    model = fake_model(CONFIG, labels=LABELS)
+    assert isinstance(model, MMoE)
+    out = model(make_batch(6, more_labels=("buy",)))
+    assert set(out) == {"logits_ctr", "probs_ctr", "logits_cvr", "y_cvr"}
+    assert all(v.shape == (6,) for v in out.values())
+    torch.testing.assert_close(out["probs_ctr"], torch.sigmoid(out["logits_ctr"]))
+    torch.testing.assert_close(out["y_cvr"], out["logits_cvr"])
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "sample-weights"])
+def test_total_loss_is_the_weighted_sum_of_the_task_losses(weighted):
+    model = fake_model(CONFIG, labels=LABELS)
+    batch = make_batch(6, more_labels=("buy",))
+    if weighted:
+        model.weight_name = "w"
+        batch.labels["w"] = torch.tensor([1.0, 0.0, 2.0, 1.0, 3.0, 0.5])
+    out = model(batch)
+    losses = model.loss(out, batch)
+    assert list(losses) == ["binary_cross_entropy_ctr", "l2_loss_cvr"]
+    w = batch.labels["w"] if weighted else torch.ones(6)
+    p, clk, buy = out["probs_ctr"], batch.labels["clk"], batch.labels["buy"]
+    bce = -(clk * p.log() + (1 - clk) * (1 - p).log())
+    l2 = (out["y_cvr"] - buy) ** 2
+    torch.testing.assert_close(losses["binary_cross_entropy_ctr"], (w * bce).sum() / w.sum())
+    torch.testing.assert_close(losses["l2_loss_cvr"], 0.5 * (w * l2).sum() / w.sum())
+    sum(losses.values()).backward()
+    assert all(p.grad is not None for n, p in model.named_parameters()
+               if not n.startswith("embedding"))
+
+
+def test_each_task_trains_on_its_own_label():
+    model = fake_model(CONFIG, labels=LABELS)
+    batch = make_batch(6, more_labels=("buy",))
+    out = model(batch)
+    before = model.loss(out, batch)
+    batch.labels["buy"] = 1 - batch.labels["buy"]
+    after = model.loss(out, batch)
+    assert before["binary_cross_entropy_ctr"] == after["binary_cross_entropy_ctr"]
+    assert before["l2_loss_cvr"] != after["l2_loss_cvr"]
+
+
+@pytest.mark.parametrize("text,message", [
+    (CONFIG.replace('label_name: "buy"', 'label_name: "pay"'),
+     "task_towers['cvr'].label_name 'pay' is not one of data_config.label_fields"),
+    (CONFIG[:CONFIG.index("  task_towers")] + "}\n", "mmoe has no task_towers"),
+    (CONFIG.replace('"cvr"', '"ctr"'), "task_towers['ctr'] is defined twice"),
+    (CONFIG + "metrics { auc {} }\n", "set metrics on each of mmoe.task_towers"),
+    (CONFIG.replace("losses { l2_loss {} }", "losses { l2_loss {} } num_class: 2"),
+     "task_towers['cvr'].num_class=2"),
+    ('feature_groups { group_name: "seq" feature_names: ["item_id", "click_seq__item_id"] '
+     'group_type: SEQUENCE }' + CONFIG, "DEEP feature groups only"),
+], ids=["unknown-label", "no-tasks", "tower-twice", "model-metrics", "num-class", "sequence"])
+def test_config_errors(text, message):
+    with pytest.raises(ModelError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        fake_model(text, labels=LABELS)
