@@ -287,11 +287,10 @@ def _binary_labels(label_fields: list[str], model_config) -> tuple[str, ...]:
     a model or task without ``losses`` uses that loss."""
     if not label_fields or model_config is None:
         return ()
-    from hashrec.models.tasks import MULTI_TASK_MODELS
-
     kind = model_config.WhichOneof("model")
-    if kind in MULTI_TASK_MODELS:
-        towers = getattr(model_config, kind).task_towers
+    model = getattr(model_config, kind) if kind else None
+    if model is not None and "task_towers" in model.DESCRIPTOR.fields_by_name:  # multi-task
+        towers = model.task_towers
         names = [t.label_name for t in towers if t.label_name in label_fields and
                  _binary_losses(t.losses)]
         return tuple(dict.fromkeys(names))

@@ -81,3 +81,28 @@ def test_each_task_trains_on_its_own_label():
 def test_config_errors(text, message):
     with pytest.raises(ModelError, match=message.replace("[", r"\[").replace("(", r"\(")):
         fake_model(text, labels=LABELS)
+
+
+def test_binary_cross_entropy_tasks_check_their_labels_are_0_or_1():
+    import pyarrow as pa
+
+    from hashrec.config import parse_pipeline_config
+    from hashrec.features import FeatureError, build_feature_set
+
+    config = parse_pipeline_config('''
+model_dir: "m"
+data_config { dataset_type: ParquetDataset label_fields: ["clk", "minutes"] }
+feature_configs { id_feature { feature_name: "u" expression: "user:u" embedding_dim: 4
+  num_buckets: 10 } }
+model_config {
+  feature_groups { group_name: "all" feature_names: ["u"] group_type: DEEP }
+  mmoe { expert_mlp { hidden_units: [4] } num_expert: 2
+    task_towers { tower_name: "ctr" label_name: "clk" losses { binary_cross_entropy {} } }
+    task_towers { tower_name: "time" label_name: "minutes" losses { l2_loss {} } } }
+}''')
+    features = build_feature_set(config)
+    assert features.binary_labels == {"clk"}
+    table = pa.table({"u": [1, 2], "clk": [1, 0], "minutes": [3.5, 7.0]})
+    assert features.parse(table).labels["minutes"].tolist() == [3.5, 7.0]
+    with pytest.raises(FeatureError, match="label column 'clk' row 1: value 2 is not 0 or 1"):
+        features.parse(table.set_column(1, "clk", pa.array([1, 2])))
