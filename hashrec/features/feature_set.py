@@ -276,9 +276,23 @@ def _read_features(model_config, keep: Iterable[str]) -> frozenset[str] | None:
 
 
 def _grouping_keys(model_config) -> set[str]:
-    """The features the grouped_auc metrics group rows by."""
-    return {m.grouped_auc.grouping_key for m in model_config.metrics
+    """The features the grouped_auc metrics group rows by (a multi-task model's metrics
+    are its task towers')."""
+    towers = _task_towers(model_config)
+    configs = model_config.metrics if towers is None else \
+        [m for tower in towers for m in tower.metrics]
+    return {m.grouped_auc.grouping_key for m in configs
             if m.WhichOneof("metric") == "grouped_auc"}
+
+
+def _task_towers(model_config):
+    """A multi-task model's ``task_towers`` (told by the field, so that the feature layer
+    needs no import of the models layer), or None for a single-task model."""
+    kind = model_config.WhichOneof("model")
+    model = getattr(model_config, kind) if kind else None
+    if model is not None and "task_towers" in model.DESCRIPTOR.fields_by_name:
+        return model.task_towers
+    return None
 
 
 def _binary_labels(label_fields: list[str], model_config) -> tuple[str, ...]:
@@ -287,10 +301,8 @@ def _binary_labels(label_fields: list[str], model_config) -> tuple[str, ...]:
     a model or task without ``losses`` uses that loss."""
     if not label_fields or model_config is None:
         return ()
-    kind = model_config.WhichOneof("model")
-    model = getattr(model_config, kind) if kind else None
-    if model is not None and "task_towers" in model.DESCRIPTOR.fields_by_name:  # multi-task
-        towers = model.task_towers
+    towers = _task_towers(model_config)
+    if towers is not None:
         names = [t.label_name for t in towers if t.label_name in label_fields and
                  _binary_losses(t.losses)]
         return tuple(dict.fromkeys(names))

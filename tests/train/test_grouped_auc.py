@@ -103,14 +103,15 @@ def _write(path, tags) -> pa.Table:
     return table
 
 
-def _evaluated(session, table: pa.Table, path, key: str) -> tuple[dict, float]:
+def _evaluated(session, table: pa.Table, path, key: str,
+               prediction: str = "probs") -> tuple[dict, float]:
     """The evaluation result on ``path`` (holding ``table``) and the grouped AUC of the
-    model's predictions on those rows grouped by feature ``key``."""
+    model's ``prediction`` on those rows grouped by feature ``key``."""
     result = evaluate(session, str(path), step=0)
     session.model.eval()
     with torch.no_grad():
         batch = session.feature_set.parse(table)
-        probs = session.model(batch)["probs"]
+        probs = session.model(batch)[prediction]
     return result, grouped_auc(probs, batch.labels["clk"] > 0.5, batch.sparse[key].values)
 
 
@@ -153,3 +154,20 @@ def test_binary_metrics_on_a_regression_model_are_warned_about(tmp_path, caplog)
     with caplog.at_level("WARNING", logger="hashrec.train"):
         build_session(parse_pipeline_config(text), device=torch.device("cpu"))
     assert "auc, grouped_auc on a regression model (l2_loss)" in caplog.text
+
+
+def test_a_task_towers_grouping_key_in_no_feature_group_is_read(tmp_path):
+    text = CONFIG.format(model_dir=tmp_path / "m", key="session")
+    text = text[:text.index("  multi_tower_din")] + """  mmoe {
+    expert_mlp { hidden_units: [4] } num_expert: 2
+    task_towers { tower_name: "ctr" label_name: "clk" metrics { auc {} }
+                  metrics { grouped_auc { grouping_key: "session" } } }
+  }
+}
+"""
+    session = build_session(parse_pipeline_config(text), device=torch.device("cpu"))
+    assert "session" in session.feature_set.features
+    table = _write(tmp_path / "eval.parquet", [f"{i % 7}" for i in range(40)])
+    result, expected = _evaluated(session, table, tmp_path / "eval.parquet", "session",
+                                  "probs_ctr")
+    assert result["grouped_auc_ctr"] == pytest.approx(expected, abs=1e-12)
