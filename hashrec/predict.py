@@ -207,10 +207,10 @@ def predict(export_dir: str, input_path: str, output_path: str,
     """
     from hashrec.data import create_dataloader
 
-    _check_reserved(reserved_columns)
     output = _output_file(output_path, overwrite)
     run_on = resolve_device(device)
     config, feature_set, model = _load(export_dir, run_on)
+    # The model's own columns: a multi-task model's input may keep a column named probs.
     columns = _prediction_columns(config)
     _check_reserved(reserved_columns, columns)
     weighted = {f.input_key for f in feature_set.embedding_features() if f.weighted}

@@ -20,6 +20,7 @@ from model_kinds import FEATURES
 
 from hashrec.checkpoint import latest_checkpoint, restore_checkpoint
 from hashrec.config import load_pipeline_config
+from hashrec.export.errors import ExportError
 from hashrec.export.exporter import export_model
 from hashrec.predict import predict
 from hashrec.tools.gen_taobao_data import generate
@@ -77,6 +78,7 @@ def test_mmoe_trains_evaluates_exports_and_predicts(data_dir, tmp_path):
     predict(str(tmp_path / "export"), str(data_dir / "eval"), str(tmp_path / "pred.parquet"))
     written = pq.read_table(tmp_path / "pred.parquet")
     assert written.column_names == ["probs_ctr", "probs_cvr", "logits_ctr", "logits_cvr"]
+    _check_reserved_columns(data_dir, tmp_path)
 
     session = build_session(config, device=torch.device("cpu"))
     restore_checkpoint(checkpoint, session.model, None,
@@ -90,3 +92,19 @@ def test_mmoe_trains_evaluates_exports_and_predicts(data_dir, tmp_path):
         got = torch.from_numpy(written[name].to_numpy())
         assert got.shape == expected.shape == (300,)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def _check_reserved_columns(data_dir, tmp_path):
+    """The reserved columns may not be named like one of the model's prediction columns;
+    a single-task model's names (probs, y, logits) are free."""
+    table = pq.read_table(data_dir / "eval" / "part-00000.parquet")
+    table = table.append_column("probs", table["clk"]).append_column("y", table["buy"])
+    pq.write_table(table, tmp_path / "input.parquet")
+    predict(str(tmp_path / "export"), str(tmp_path / "input.parquet"),
+            str(tmp_path / "kept.parquet"), reserved_columns=("probs", "y"))
+    kept = pq.read_table(tmp_path / "kept.parquet")
+    assert kept.column_names[:3] == ["probs", "y", "probs_ctr"]
+    assert kept["probs"].equals(table["clk"]) and kept["y"].equals(table["buy"])
+    with pytest.raises(ExportError, match="collide with the prediction columns"):
+        predict(str(tmp_path / "export"), str(tmp_path / "input.parquet"),
+                str(tmp_path / "clash.parquet"), reserved_columns=("logits_cvr",))
