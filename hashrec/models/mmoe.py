@@ -11,6 +11,8 @@ is the sum over tasks of ``weight`` times the task's loss.
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
@@ -21,6 +23,28 @@ from hashrec.models.rank_model import mlp_options, optional_mlp
 from hashrec.models.wide_and_deep import merged_group
 from hashrec.modules import MLP
 
+_MODULE_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class MMoETask(nn.Module):
+    """One task of MMoE: its gate mixes the experts' outputs, its tower makes the logit.
+
+    ``forward(features (B, D), experts (B, num_expert, E)) -> logit (B, 1)``.
+
+    Args:
+        gate: (B, D) -> (B, num_expert) scores (before the softmax).
+        tower: (B, E) -> (B, 1) logits.
+    """
+
+    def __init__(self, gate: nn.Module, tower: nn.Module) -> None:
+        super().__init__()
+        self.gate = gate
+        self.tower = tower
+
+    def forward(self, features: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        mix = torch.softmax(self.gate(features), dim=-1).unsqueeze(-1)  # (B, experts, 1)
+        return self.tower((mix * experts).sum(dim=1))
+
 
 class MMoENet(nn.Module):
     """MMoE's dense network, shared by the eager model and its scripted export.
@@ -29,24 +53,22 @@ class MMoENet(nn.Module):
 
     Args:
         experts: the expert MLPs, each (B, D) -> (B, E).
-        gates: per task, (B, D) -> (B, len(experts)) scores (before the softmax).
-        towers: per task, (B, E) -> (B, 1) logits.
+        tasks: tower_name -> ``MMoETask``, in task order. Keyed by name, so that a
+            fine-tune start restores each task's gate and tower from the checkpoint's
+            task of the same name, whatever the towers' order.
     """
 
-    def __init__(self, experts: list[nn.Module], gates: list[nn.Module],
-                 towers: list[nn.Module]) -> None:
+    def __init__(self, experts: list[nn.Module], tasks: dict[str, nn.Module]) -> None:
         super().__init__()
         self.experts = nn.ModuleList(experts)
-        self.gates = nn.ModuleList(gates)
-        self.towers = nn.ModuleList(towers)
+        self.tasks = nn.ModuleDict(tasks)
 
     def forward(self, inputs: list[torch.Tensor]) -> torch.Tensor:
         features = inputs[0]
         experts = torch.stack([expert(features) for expert in self.experts], dim=1)
         logits: list[torch.Tensor] = []
-        for gate, tower in zip(self.gates, self.towers):
-            mix = torch.softmax(gate(features), dim=-1).unsqueeze(-1)  # (B, experts, 1)
-            logits.append(tower((mix * experts).sum(dim=1)))
+        for task in self.tasks.values():
+            logits.append(task(features, experts))
         return torch.cat(logits, dim=-1)
 
 
@@ -74,11 +96,21 @@ class MMoE(GroupNetModel):
         experts = [MLP(width, mlp_options(config.expert_mlp, "mmoe.expert_mlp"))
                    for _ in range(config.num_expert)]
         expert_width = experts[0].output_dim()
-        gates, towers = [], []
+        tasks = {}
         for task, tower in zip(self.tasks, config.task_towers):
+            _check_module_name(task)
             gate, gate_width = optional_mlp(config, "gate_mlp", width, "mmoe.gate_mlp")
-            gates.append(nn.Sequential(gate or nn.Identity(),
-                                       nn.Linear(gate_width, config.num_expert)))
             mlp, tower_width = optional_mlp(tower, "mlp", expert_width, f"{task.where}.mlp")
-            towers.append(nn.Sequential(mlp or nn.Identity(), nn.Linear(tower_width, 1)))
-        self.net = MMoENet(experts, gates, towers)
+            tasks[task.name] = MMoETask(
+                nn.Sequential(gate or nn.Identity(), nn.Linear(gate_width, config.num_expert)),
+                nn.Sequential(mlp or nn.Identity(), nn.Linear(tower_width, 1)))
+        self.net = MMoENet(experts, tasks)
+
+
+def _check_module_name(task) -> None:
+    """A tower_name names the task's module (its state_dict keys, its attribute in the
+    scripted export): letters, digits, _ and -, and no attribute of nn.ModuleDict."""
+    if not _MODULE_NAME.fullmatch(task.name) or hasattr(nn.ModuleDict(), task.name):
+        raise ModelError(f"{task.where}.tower_name {task.name!r} cannot name the task's "
+                         f"module; use letters, digits, _ and - (and no name of torch's "
+                         f"nn.ModuleDict attributes, such as keys or training)")

@@ -77,7 +77,11 @@ def test_each_task_trains_on_its_own_label():
      "task_towers['cvr'].num_class=2"),
     ('feature_groups { group_name: "seq" feature_names: ["item_id", "click_seq__item_id"] '
      'group_type: SEQUENCE }' + CONFIG, "DEEP feature groups only"),
-], ids=["unknown-label", "no-tasks", "tower-twice", "model-metrics", "num-class", "sequence"])
+    (CONFIG.replace('"cvr"', '"cvr.v2"'), "task_towers['cvr.v2'].tower_name 'cvr.v2' cannot "
+     "name the task's module"),
+    (CONFIG.replace('"cvr"', '"keys"'), "tower_name 'keys' cannot name the task's module"),
+], ids=["unknown-label", "no-tasks", "tower-twice", "model-metrics", "num-class", "sequence",
+        "dot-in-tower-name", "module-dict-attribute"])
 def test_config_errors(text, message):
     with pytest.raises(ModelError, match=message.replace("[", r"\[").replace("(", r"\(")):
         fake_model(text, labels=LABELS)
@@ -106,3 +110,17 @@ model_config {
     assert features.parse(table).labels["minutes"].tolist() == [3.5, 7.0]
     with pytest.raises(FeatureError, match="label column 'clk' row 1: value 2 is not 0 or 1"):
         features.parse(table.set_column(1, "clk", pa.array([1, 2])))
+
+
+def test_fine_tune_restores_each_tasks_gate_and_tower_by_tower_name(tmp_path):
+    from hashrec.checkpoint import restore_fine_tune, save_checkpoint
+
+    ctr = CONFIG[CONFIG.index('  task_towers { tower_name: "ctr"'):
+                 CONFIG.index('  task_towers { tower_name: "cvr"')]
+    saved = fake_model(CONFIG, labels=LABELS)
+    path = save_checkpoint(str(tmp_path), 1, saved, None, {})
+    # The ctr task removed: cvr, now the first task, keeps its own gate and tower.
+    model = fake_model(CONFIG.replace(ctr, ""), labels=LABELS)
+    restore_fine_tune(path, model, {})
+    batch = make_batch(6, more_labels=("buy",))
+    torch.testing.assert_close(model(batch)["y_cvr"], saved(batch)["y_cvr"])
