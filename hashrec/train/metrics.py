@@ -194,7 +194,7 @@ def _check_task_metrics(task, feature_set) -> None:
                          f"evaluation result holds one value a metric: keep one")
     for config in task.metric_configs:
         if config.WhichOneof("metric") == "grouped_auc":
-            _check_grouping_key(config.grouped_auc.grouping_key, feature_set)
+            _check_grouping_key(config.grouped_auc.grouping_key, feature_set, task.where)
     binary = [kind for kind in kinds if kind in ("auc", "grouped_auc", "accuracy")]
     if task.regression and binary:
         logger.warning("%s.metrics: %s on a regression model (l2_loss) count "
@@ -203,10 +203,10 @@ def _check_task_metrics(task, feature_set) -> None:
                        ", ".join(binary))
 
 
-def _check_grouping_key(key: str, feature_set) -> None:
+def _check_grouping_key(key: str, feature_set, where: str = "model_config") -> None:
     ids = feature_set.id_features()
     if key not in ids:
-        raise TrainError(f"model_config.metrics: grouped_auc grouping_key {key!r} is not an id "
+        raise TrainError(f"{where}.metrics: grouped_auc grouping_key {key!r} is not an id "
                          f"feature; it must name one of feature_configs' id features "
                          f"({', '.join(ids) or 'none'}), whose id groups the rows")
 

@@ -156,18 +156,30 @@ def test_binary_metrics_on_a_regression_model_are_warned_about(tmp_path, caplog)
     assert "auc, grouped_auc on a regression model (l2_loss)" in caplog.text
 
 
-def test_a_task_towers_grouping_key_in_no_feature_group_is_read(tmp_path):
-    text = CONFIG.format(model_dir=tmp_path / "m", key="session")
+def _mmoe_session(tmp_path, key: str):
+    """The session of CONFIG's features as an MMoE whose ctr task reports grouped_auc
+    by ``key``."""
+    text = CONFIG.format(model_dir=tmp_path / "m", key=key)
     text = text[:text.index("  multi_tower_din")] + """  mmoe {
     expert_mlp { hidden_units: [4] } num_expert: 2
     task_towers { tower_name: "ctr" label_name: "clk" metrics { auc {} }
-                  metrics { grouped_auc { grouping_key: "session" } } }
+                  metrics { grouped_auc { grouping_key: "KEY" } } }
   }
 }
-"""
-    session = build_session(parse_pipeline_config(text), device=torch.device("cpu"))
+""".replace("KEY", key)
+    return build_session(parse_pipeline_config(text), device=torch.device("cpu"))
+
+
+def test_a_task_towers_grouping_key_in_no_feature_group_is_read(tmp_path):
+    session = _mmoe_session(tmp_path, "session")
     assert "session" in session.feature_set.features
     table = _write(tmp_path / "eval.parquet", [f"{i % 7}" for i in range(40)])
     result, expected = _evaluated(session, table, tmp_path / "eval.parquet", "session",
                                   "probs_ctr")
     assert result["grouped_auc_ctr"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_task_towers_bad_grouping_key_is_refused_naming_the_tower(tmp_path):
+    with pytest.raises(TrainError, match=r"^mmoe.task_towers\['ctr'\].metrics: grouped_auc "
+                                         r"grouping_key 'nope' is not an id feature"):
+        _mmoe_session(tmp_path, "nope")
