@@ -35,13 +35,20 @@ def test_one_logit_and_prediction_per_task():
     torch.testing.assert_close(out["y_cvr"], out["logits_cvr"])
 
 
-@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "sample-weights"])
-def test_total_loss_is_the_weighted_sum_of_the_task_losses(weighted):
+def _model_and_batch(weighted: bool):
+    """CONFIG's model and a batch with both labels (and sample weights ``w`` if
+    ``weighted``)."""
     model = fake_model(CONFIG, labels=LABELS)
     batch = make_batch(6, more_labels=("buy",))
     if weighted:
         model.weight_name = "w"
         batch.labels["w"] = torch.tensor([1.0, 0.0, 2.0, 1.0, 3.0, 0.5])
+    return model, batch
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "sample-weights"])
+def test_total_loss_is_the_weighted_sum_of_the_task_losses(weighted):
+    model, batch = _model_and_batch(weighted)
     out = model(batch)
     losses = model.loss(out, batch)
     assert list(losses) == ["binary_cross_entropy_ctr", "l2_loss_cvr"]
@@ -124,3 +131,18 @@ def test_fine_tune_restores_each_tasks_gate_and_tower_by_tower_name(tmp_path):
     restore_fine_tune(path, model, {})
     batch = make_batch(6, more_labels=("buy",))
     torch.testing.assert_close(model(batch)["y_cvr"], saved(batch)["y_cvr"])
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "sample-weights"])
+def test_the_graphed_loss_module_gives_the_models_losses(weighted):
+    # What a CUDA graph captures (hashrec.train.graphs), run eagerly on the CPU: the
+    # dense network's (B, tasks) logits and the task losses from (B, tasks) labels.
+    from hashrec.train.graphs import _DenseLoss
+
+    model, batch = _model_and_batch(weighted)
+    embedded = model.embed(batch)
+    logits, losses = _DenseLoss(model)(*model.dense_inputs(embedded, batch),
+                                       *model.targets(batch))
+    out = model(batch)
+    torch.testing.assert_close(logits, torch.stack([out["logits_ctr"], out["logits_cvr"]], -1))
+    torch.testing.assert_close(losses, torch.stack(list(model.loss(out, batch).values())))

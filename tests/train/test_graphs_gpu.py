@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from model_kinds import MODELS, pipeline_text
+from model_kinds import FEATURES, MODELS, pipeline_text
 
 from hashrec.config import apply_edit_config_json, load_pipeline_config, parse_pipeline_config
 from hashrec.tools.gen_taobao_data import main as generate
@@ -86,6 +86,40 @@ def test_each_model_kind_trains_graphed_like_eager(kind, tmp_path):
     base = parse_pipeline_config(pipeline_text(kind, data, tmp_path / "model"))
     eager, none = _losses(data, tmp_path, False, "", base=base)
     graphed, captured = _losses(data, tmp_path, True, "", base=base)
+    assert none == 0 and captured == 1
+    assert graphed == pytest.approx(eager, rel=1e-4)
+    assert eager[-1] != eager[0]
+
+
+MMOE = """
+model_config {
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  mmoe {
+    expert_mlp { hidden_units: [16, 8] } gate_mlp { hidden_units: [8] } num_expert: 3
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] } }
+    task_towers { tower_name: "score" label_name: "score" weight: 0.5
+                  losses { l2_loss {} } }
+  }
+}
+"""
+
+
+def test_multi_task_model_trains_graphed_like_eager(tmp_path):
+    # (B, tasks) logits and labels, an l2_loss task weighted 0.5 and sample weights
+    # through the captured loss.
+    data = str(tmp_path / "data")
+    generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])
+    _add_weights(data)
+    for path in glob.glob(os.path.join(data, "*.parquet")):
+        table = pq.read_table(path)
+        score = np.random.default_rng(1).normal(2.0, 1.0, table.num_rows).astype(np.float32)
+        pq.write_table(table.append_column("score", pa.array(score)), path)
+    text = f'model_dir: "{tmp_path}/model"\n{FEATURES}{MMOE}'.replace(
+        'label_fields: "clk"', 'label_fields: ["clk", "score"]')
+    base = parse_pipeline_config(text)
+    eager, none = _losses(data, tmp_path, False, "", weighted=True, base=base)
+    graphed, captured = _losses(data, tmp_path, True, "", weighted=True, base=base)
     assert none == 0 and captured == 1
     assert graphed == pytest.approx(eager, rel=1e-4)
     assert eager[-1] != eager[0]
