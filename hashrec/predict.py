@@ -10,8 +10,9 @@ The input is read and parsed with the exported pipeline config's data and
 feature settings; the parsed tensors feed ``scripted_model.pt``. The output
 holds the reserved columns, then ``probs`` (``y`` for a regression model, l2_loss) and
 ``logits``, one row per input row; a multi-task model's output holds each task's
-``probs_<tower_name>`` (or ``y_<tower_name>``), then each task's ``logits_<tower_name>``. ``--predict_output_path`` ending in ``.parquet``
-names the file; any other path is a directory that receives ``part-00000.parquet``. The rows go to a
+``probs_<tower_name>`` (or ``y_<tower_name>``), then each task's ``logits_<tower_name>``.
+``--predict_output_path`` ending in ``.parquet`` names the file; any other path is a
+directory that receives ``part-00000.parquet``. The rows go to a
 hidden temporary file next to the output, renamed to it once every row is
 written, so a failed run leaves no partial output (and an output it was to
 replace is kept). An existing output file, or a directory output that holds
@@ -269,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hashrec.predict",
         description="Predict with an exported model; writes parquet with the reserved columns "
-                    "and probs, logits (a regression model: y, logits).")
+                    "and probs, logits (a regression model: y, logits; a multi-task model: "
+                    "probs_<tower_name> or y_<tower_name>, then logits_<tower_name>).")
     parser.add_argument("--scripted_model_path", required=True,
                         help="export directory (scripted_model.pt and pipeline.config)")
     parser.add_argument("--predict_input_path", required=True,

@@ -146,7 +146,8 @@ class RankModel(nn.Module):
         raise NotImplementedError
 
     def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """``dense_inputs`` -> logits (B,) or (B, tasks); only tensor ops of fixed shapes, no host reads."""
+        """``dense_inputs`` -> logits (B,) or (B, tasks); only tensor ops of fixed shapes, no
+        host reads."""
         raise NotImplementedError
 
     def dense_modules(self) -> list[nn.Module]:

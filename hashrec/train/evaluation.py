@@ -3,8 +3,9 @@
 The model runs in eval mode (dynamic tables read-only: unseen ids read as the
 eval initializer) under ``torch.no_grad``. Metrics keep fixed-size state (see
 ``hashrec.train.metrics``), so evaluation memory does not grow with the input.
-Each evaluation appends one JSON object, at least ``{"step", "auc"}`` and the
-checkpoint's path, to ``<model_dir>/eval_result.txt`` (rank 0). Under several ranks each rank
+Each evaluation appends one JSON object, at least ``{"step", "auc"}`` (a multi-task
+model's ``auc_<tower_name>``) and the checkpoint's path, to ``<model_dir>/eval_result.txt``
+(rank 0). Under several ranks each rank
 evaluates its share of the input; a rank that runs out first keeps serving its
 peers' embedding lookups until all are done, and the metrics are summed over ranks.
 """
