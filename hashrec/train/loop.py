@@ -429,7 +429,7 @@ class TrainLoop:
                 s.model.embedding.prepare(after.sparse)
         timer.mark("optimizer")
         self.step += 1
-        self.progress.record(batch.batch_size, loss.detach())
+        self.progress.record(batch.batch_size, loss.detach(), losses)
         if self.progress.due(self.step):
             counters = global_table_counters(
                 table_counters(s.model.embedding.dynamic_tables()), self.ctx)

@@ -63,12 +63,18 @@ class ProgressLog:
         self._samples = 0
         self._loss_sum = 0.0
         self._loss_steps = 0
+        self._part_sums: dict = {}
 
-    def record(self, batch_size: int, loss) -> None:
-        """Count one step; ``loss`` may be a device tensor (read only when reporting)."""
+    def record(self, batch_size: int, loss, parts: dict | None = None) -> None:
+        """Count one step; ``loss`` may be a device tensor (read only when reporting).
+        ``parts``: the losses summed into ``loss`` by name (a multi-task model's per
+        task), reported beside it when there are several."""
         self._samples += batch_size
         self._loss_sum += loss
         self._loss_steps += 1
+        if parts is not None and len(parts) > 1:
+            for name, value in parts.items():
+                self._part_sums[name] = self._part_sums.get(name, 0.0) + value.detach()
 
     def check_finite(self, step: int) -> None:
         """Raise TrainError when the loss of the steps since the last report is NaN or
@@ -104,20 +110,27 @@ class ProgressLog:
         elapsed = max(time.perf_counter() - self._since, 1e-9)
         window = {"samples": float(self._samples), "loss_sum": float(self._loss_sum),
                   "loss_steps": float(self._loss_steps), "elapsed": elapsed,
-                  "comm_seconds": comm[0] if comm else 0.0, "ranks": 1.0}
+                  "comm_seconds": comm[0] if comm else 0.0, "ranks": 1.0,
+                  **{f"part/{name}": float(v) for name, v in self._part_sums.items()}}
         if self.reduce is not None:
             window = self.reduce(window)
         ranks = window["ranks"]
         loss = window["loss_sum"] / max(window["loss_steps"], 1)
         self._raise_if_diverged(step, loss, window["loss_steps"] / ranks)
         rate = window["samples"] / (window["elapsed"] / ranks)
-        out = {"loss": loss, "samples_per_second": rate}
+        parts = {name: window[f"part/{name}"] / max(window["loss_steps"], 1)
+                 for name in self._part_sums}
+        out = {"loss": loss, **{f"loss/{name}": v for name, v in parts.items()},
+               "samples_per_second": rate}
         steps = window["loss_steps"] / ranks
         if comm is not None and comm[1] and steps:
             out["a2a_ms_per_step"] = 1000.0 * window["comm_seconds"] / ranks / steps
         if self.rank == 0:
             lr_text = " ".join(f"{k} {v:.6g}" for k, v in lrs.items())
-            line = f"step {step} | loss {loss:.5f} | {rate:.1f} samples/s | lr {lr_text}"
+            shown = " (" + ", ".join(f"{k} {v:.5f}" for k, v in parts.items()) + ")" \
+                if parts else ""
+            line = (f"step {step} | loss {loss:.5f}{shown} | {rate:.1f} samples/s | "
+                    f"lr {lr_text}")
             if "a2a_ms_per_step" in out:
                 line += f" | a2a {out['a2a_ms_per_step']:.3f} ms/step"
             tables = format_tables(counters)
@@ -125,4 +138,5 @@ class ProgressLog:
         self._since = time.perf_counter()
         self._samples = self._loss_steps = 0
         self._loss_sum = 0.0
+        self._part_sums = {}
         return out

@@ -43,7 +43,8 @@ def _losses(data: str, tmp_path, graphs: bool, precision: str, weighted: bool = 
     session.model.train()
     losses = []
     record = loop.progress.record
-    loop.progress.record = lambda n, loss: (losses.append(float(loss)), record(n, loss))
+    loop.progress.record = lambda n, loss, parts=None: (losses.append(float(loss)),
+                                                        record(n, loss, parts))
     for step, batch in enumerate(session.loader(data, "train")):
         if step == STEPS:
             break

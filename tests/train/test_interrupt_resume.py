@@ -198,8 +198,8 @@ def test_a_diverged_model_is_not_saved(data_dir, tmp_path):
     model_dir = tmp_path / "model"
     loop = small_loop(model_dir, edits=edits)
     record = loop.progress.record
-    loop.progress.record = lambda size, loss: record(
-        size, loss if loop.step < 3 else loss * float("nan"))
+    loop.progress.record = lambda size, loss, parts=None: record(
+        size, loss if loop.step < 3 else loss * float("nan"), parts)
     with pytest.raises(TrainError, match="loss is nan at step 4"):
         loop.run(str(data_dir))
     assert latest_checkpoint(str(model_dir)).endswith("model.ckpt-2")

@@ -102,6 +102,23 @@ def test_progress_throttle_and_line(caplog):
     assert "user_id size 5 load 0.62 evict 1 reject 3" in caplog.text
 
 
+def test_progress_shows_each_tasks_loss(caplog):
+    progress = ProgressLog(every=2)
+    progress.record(10, torch.tensor(0.5), {"binary_cross_entropy_ctr": torch.tensor(0.2),
+                                            "l2_loss_time": torch.tensor(0.3)})
+    progress.record(10, torch.tensor(0.7), {"binary_cross_entropy_ctr": torch.tensor(0.4),
+                                            "l2_loss_time": torch.tensor(0.3)})
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        window = progress.report(2, {"dense": 0.1}, {})
+    assert window["loss/binary_cross_entropy_ctr"] == pytest.approx(0.3)
+    assert ("loss 0.60000 (binary_cross_entropy_ctr 0.30000, l2_loss_time 0.30000)"
+            in caplog.text)
+    progress.record(10, 0.5, {"binary_cross_entropy": torch.tensor(0.5)})  # one: no parts
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        assert set(progress.report(4, {}, {})) == {"loss", "samples_per_second"}
+    assert "step 4 | loss 0.50000 |" in caplog.text
+
+
 def test_progress_silent_off_rank_zero(caplog):
     progress = ProgressLog(every=1, rank=1)
     progress.record(1, 0.1)
