@@ -11,6 +11,7 @@ TorchEasyRec.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from hashrec.models.errors import ModelError
@@ -121,6 +122,9 @@ def model_tasks(model_config, label_fields) -> tuple[Task, ...]:
         if tower.num_class != 1:
             raise ModelError(f"{where}.num_class={tower.num_class}; only 1 (one logit) is "
                              f"supported")
+        if not (math.isfinite(tower.weight) and tower.weight >= 0):
+            raise ModelError(f"{where}.weight={tower.weight}; the task loss's weight must be "
+                             f"a finite number >= 0")
         tasks.append(Task(tower.tower_name, tower.label_name, loss_name(tower.losses, where),
                           float(tower.weight), tuple(tower.metrics), where))
     return tuple(tasks)

@@ -87,8 +87,10 @@ def test_each_task_trains_on_its_own_label():
     (CONFIG.replace('"cvr"', '"cvr.v2"'), "task_towers['cvr.v2'].tower_name 'cvr.v2' cannot "
      "name the task's module"),
     (CONFIG.replace('"cvr"', '"keys"'), "tower_name 'keys' cannot name the task's module"),
+    (CONFIG.replace("weight: 0.5", "weight: -1"),
+     "task_towers['cvr'].weight=-1.0; the task loss's weight must be a finite number >= 0"),
 ], ids=["unknown-label", "no-tasks", "tower-twice", "model-metrics", "num-class", "sequence",
-        "dot-in-tower-name", "module-dict-attribute"])
+        "dot-in-tower-name", "module-dict-attribute", "negative-weight"])
 def test_config_errors(text, message):
     with pytest.raises(ModelError, match=message.replace("[", r"\[").replace("(", r"\(")):
         fake_model(text, labels=LABELS)
