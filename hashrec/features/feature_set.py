@@ -303,8 +303,12 @@ def _binary_labels(label_fields: list[str], model_config) -> tuple[str, ...]:
         return ()
     towers = _task_towers(model_config)
     if towers is not None:
-        names = [t.label_name for t in towers if t.label_name in label_fields and
-                 _binary_losses(t.losses)]
+        # As hashrec.models.tasks: a tower without label_name (DBMTL's may leave it out)
+        # reads the label field of its position.
+        names = [t.label_name if t.HasField("label_name") or i >= len(label_fields)
+                 else label_fields[i] for i, t in enumerate(towers)
+                 if _binary_losses(t.losses)]
+        names = [name for name in names if name in label_fields]
         return tuple(dict.fromkeys(names))
     return (label_fields[0],) if _binary_losses(model_config.losses) else ()
 

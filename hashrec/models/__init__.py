@@ -1,6 +1,7 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
-DeepFM, DLRM) and multi-task ones (MMoE)."""
+DeepFM, DLRM) and multi-task ones (MMoE, DBMTL)."""
 
+from hashrec.models.dbmtl import DBMTL
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
 from hashrec.models.errors import ModelError
@@ -11,5 +12,5 @@ from hashrec.models.rank_model import RankModel
 from hashrec.models.registry import MODELS, create_model
 from hashrec.models.wide_and_deep import WideAndDeep
 
-__all__ = ["DLRM", "DeepFM", "MMoE", "ModelError", "MultiTower", "MultiTowerDIN", "RankModel",
-           "MODELS", "WideAndDeep", "create_model"]
+__all__ = ["DBMTL", "DLRM", "DeepFM", "MMoE", "ModelError", "MultiTower", "MultiTowerDIN",
+           "RankModel", "MODELS", "WideAndDeep", "create_model"]

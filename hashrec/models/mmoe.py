@@ -84,13 +84,9 @@ class MMoE(GroupNetModel):
                  embedding: nn.Module | None = None) -> None:
         super().__init__(model_config, feature_set, sparse_optimizer, device, embedding)
         config = model_config.mmoe
-        other = [g.name for g in self.groups.values() if g.group_type != DEEP]
-        if other or not self.groups:
-            raise ModelError(f"mmoe reads DEEP feature groups only (got {other or 'none'}); "
-                             f"make every feature group DEEP")
+        self.deep_group = deep_groups_merged(self, "mmoe")
         if config.num_expert < 1:
             raise ModelError(f"mmoe.num_expert={config.num_expert}; allowed: 1 or more")
-        self.deep_group = merged_group("mmoe", DEEP, list(self.groups.values()))
         self.input_groups = [self.deep_group]
         width = self.deep_group.dim
         experts = [MLP(width, mlp_options(config.expert_mlp, "mmoe.expert_mlp"))
@@ -98,7 +94,7 @@ class MMoE(GroupNetModel):
         expert_width = experts[0].output_dim()
         tasks = {}
         for task, tower in zip(self.tasks, config.task_towers):
-            _check_module_name(task)
+            check_module_name(task)
             gate, gate_width = optional_mlp(config, "gate_mlp", width, "mmoe.gate_mlp")
             mlp, tower_width = optional_mlp(tower, "mlp", expert_width, f"{task.where}.mlp")
             tasks[task.name] = MMoETask(
@@ -107,7 +103,21 @@ class MMoE(GroupNetModel):
         self.net = MMoENet(experts, tasks)
 
 
-def _check_module_name(task) -> None:
+def deep_groups_merged(model, kind: str):
+    """The feature groups of ``model`` as one DEEP group (the input of a multi-task
+    model ``kind`` that reads DEEP groups only).
+
+    Raises:
+        ModelError: a group that is not DEEP, or no group.
+    """
+    other = [g.name for g in model.groups.values() if g.group_type != DEEP]
+    if other or not model.groups:
+        raise ModelError(f"{kind} reads DEEP feature groups only (got {other or 'none'}); "
+                         f"make every feature group DEEP")
+    return merged_group(kind, DEEP, list(model.groups.values()))
+
+
+def check_module_name(task) -> None:
     """A tower_name names the task's module (its state_dict keys, its attribute in the
     scripted export): letters, digits, _ and -, and no attribute of nn.ModuleDict."""
     if not _MODULE_NAME.fullmatch(task.name) or hasattr(nn.ModuleDict(), task.name):

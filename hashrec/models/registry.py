@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hashrec.models.dbmtl import DBMTL
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
 from hashrec.models.errors import ModelError
@@ -12,6 +13,7 @@ from hashrec.models.rank_model import RankModel
 from hashrec.models.wide_and_deep import WideAndDeep
 
 MODELS: dict[str, type[RankModel]] = {
+    "dbmtl": DBMTL,
     "deepfm": DeepFM,
     "dlrm": DLRM,
     "mmoe": MMoE,

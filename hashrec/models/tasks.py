@@ -2,8 +2,8 @@
 
 A single-task model has one task without a name: it trains on ``label_fields[0]``
 with ``model_config.losses`` and reports ``model_config.metrics``, its outputs are
-``logits`` and ``probs`` (``y`` with l2_loss). A multi-task model (MMoE) has one task
-per ``task_towers`` entry, each with its own label, loss, loss weight and metrics;
+``logits`` and ``probs`` (``y`` with l2_loss). A multi-task model (MMoE, DBMTL) has one
+task per ``task_towers`` entry, each with its own label, loss, loss weight and metrics;
 the task's outputs, loss and metrics carry the suffix ``_<tower_name>``
 (``probs_ctr``, ``logits_ctr``, ``binary_cross_entropy_ctr``, ``auc_ctr``), as in
 TorchEasyRec.
@@ -18,7 +18,7 @@ from hashrec.models.errors import ModelError
 
 SUPPORTED_LOSSES = ("binary_cross_entropy", "l2_loss")
 # The model_config oneof names of the models whose config lists task_towers.
-MULTI_TASK_MODELS = ("mmoe",)
+MULTI_TASK_MODELS = ("mmoe", "dbmtl")
 
 
 @dataclass(frozen=True)
@@ -110,14 +110,17 @@ def model_tasks(model_config, label_fields) -> tuple[Task, ...]:
         raise ModelError(f"{kind} has no task_towers; add one per task (tower_name, "
                          f"label_name)")
     tasks = []
-    for tower in towers:
+    for i, tower in enumerate(towers):
         where = f"{kind}.task_towers[{tower.tower_name!r}]"
         if not tower.tower_name:
             raise ModelError(f"{kind}.task_towers: a tower has an empty tower_name")
         if any(task.name == tower.tower_name for task in tasks):
             raise ModelError(f"{where} is defined twice; tower names must be unique")
-        if tower.label_name not in labels:
-            raise ModelError(f"{where}.label_name {tower.label_name!r} is not one of "
+        # A DBMTL tower without label_name reads the label field of its position.
+        label = tower.label_name if tower.HasField("label_name") or i >= len(labels) \
+            else labels[i]
+        if label not in labels:
+            raise ModelError(f"{where}.label_name {label!r} is not one of "
                              f"data_config.label_fields ({', '.join(labels)}); add it there")
         if tower.num_class != 1:
             raise ModelError(f"{where}.num_class={tower.num_class}; only 1 (one logit) is "
@@ -125,7 +128,7 @@ def model_tasks(model_config, label_fields) -> tuple[Task, ...]:
         if not (math.isfinite(tower.weight) and tower.weight >= 0):
             raise ModelError(f"{where}.weight={tower.weight}; the task loss's weight must be "
                              f"a finite number >= 0")
-        tasks.append(Task(tower.tower_name, tower.label_name, loss_name(tower.losses, where),
+        tasks.append(Task(tower.tower_name, label, loss_name(tower.losses, where),
                           float(tower.weight), tuple(tower.metrics), where))
     return tuple(tasks)
 

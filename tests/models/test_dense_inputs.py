@@ -4,6 +4,7 @@ batch size, no operator whose result the host reads, the same logits as the forw
 from __future__ import annotations
 
 import pytest
+import test_dbmtl
 import test_deepfm
 import test_dlrm
 import test_mmoe
@@ -22,9 +23,12 @@ KINDS = {
     "dlrm": (test_dlrm.CONFIG, ()),
     "dlrm-sparse-only": (test_dlrm.SPARSE_ONLY, ()),
     "mmoe": (test_mmoe.CONFIG, ()),
+    "dbmtl": (test_dbmtl.CONFIG, ()),
+    "dbmtl-experts": (test_dbmtl.EXPERTS, ()),
 }
 # The label fields of the models that read more than ``clk``.
-LABELS = {"mmoe": test_mmoe.LABELS}
+LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,
+          "dbmtl-experts": test_dbmtl.LABELS}
 
 
 def all_logits(model, batch) -> torch.Tensor:

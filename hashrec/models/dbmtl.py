@@ -1,0 +1,179 @@
+"""DBMTL: deep Bayesian multi-target learning, a multi-task ranking model whose tasks
+may read earlier tasks' outputs (one logit a task).
+
+The DEEP feature groups, concatenated in group order (B, D), go through the optional
+shared ``bottom_mlp``. Each task reads the result, or, with ``expert_mlp``, its gate's
+mix of ``num_expert`` experts over it (as MMoE), then its tower's optional ``mlp``. A
+task's *tower output* is that, concatenated with the tower outputs of the tasks named in
+its ``relation_tower_names`` (earlier tasks, in that order), through its optional
+``relation_mlp``; a linear layer maps it to the task's logit. The tasks, their labels,
+losses and metrics are ``task_towers`` (see ``hashrec.models.tasks``).
+"""
+
+import torch
+from torch import nn
+
+from hashrec.models.errors import ModelError
+from hashrec.models.group_net import GroupNetModel
+from hashrec.models.mmoe import MMoETask, check_module_name, deep_groups_merged
+from hashrec.models.rank_model import mlp_options, optional_mlp
+from hashrec.modules import MLP
+
+
+class SharedInput(nn.Module):
+    """A task input without experts: ``forward(features (B, D), experts) -> tower(features)``
+    (``experts`` unused; the signature is ``MMoETask``'s)."""
+
+    def __init__(self, tower: nn.Module) -> None:
+        super().__init__()
+        self.tower = tower
+
+    def forward(self, features: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        return self.tower(features)
+
+
+class DBMTLTask(nn.Module):
+    """One task of DBMTL.
+
+    ``forward(features (B, D), experts (B, num_expert, E), outputs) -> tower output
+    (B, H)``, ``outputs`` the earlier tasks' tower outputs by tower name; ``logit`` maps
+    the tower output to (B, 1).
+
+    Args:
+        task_input: ``MMoETask`` (gate and mlp) or ``SharedInput`` (mlp).
+        relations: the tower names whose outputs follow the task's own in the
+            relation input.
+        relation: the relation MLP (or identity) over that concatenation.
+        logit: (B, H) -> (B, 1).
+    """
+
+    # Evaluated, not text (no __future__ annotations here): TorchScript types the
+    # attribute from it, even when the list is empty.
+    relations: list[str]
+
+    def __init__(self, task_input: nn.Module, relations: list[str], relation: nn.Module,
+                 logit: nn.Module) -> None:
+        super().__init__()
+        self.task_input = task_input
+        self.relations = relations
+        self.relation = relation
+        self.logit = logit
+
+    def forward(self, features: torch.Tensor, experts: torch.Tensor,
+                outputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = [self.task_input(features, experts)]
+        for name in self.relations:
+            parts.append(outputs[name])
+        return self.relation(torch.cat(parts, dim=-1))
+
+
+class DBMTLNet(nn.Module):
+    """DBMTL's dense network, shared by the eager model and its scripted export.
+
+    ``forward([features (B, D)]) -> logits (B, tasks)``.
+
+    Args:
+        bottom: the shared bottom MLP (or identity), (B, D) -> (B, D').
+        experts: the expert MLPs, each (B, D') -> (B, E); empty without experts.
+        tasks: tower_name -> ``DBMTLTask``, in task order (keyed by name, so that a
+            fine-tune start restores each task from the checkpoint's task of that name).
+    """
+
+    def __init__(self, bottom: nn.Module, experts: list[nn.Module],
+                 tasks: dict[str, nn.Module]) -> None:
+        super().__init__()
+        self.bottom = bottom
+        self.experts = nn.ModuleList(experts)
+        self.has_experts = len(experts) > 0
+        self.tasks = nn.ModuleDict(tasks)
+
+    def forward(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        features = self.bottom(inputs[0])
+        experts = features.unsqueeze(1)  # read by the tasks' gates only
+        if self.has_experts:
+            experts = torch.stack([expert(features) for expert in self.experts], dim=1)
+        outputs: dict[str, torch.Tensor] = {}
+        logits: list[torch.Tensor] = []
+        for name, task in self.tasks.items():
+            output = task(features, experts, outputs)
+            outputs[name] = output
+            logits.append(task.logit(output))
+        return torch.cat(logits, dim=-1)
+
+
+class DBMTL(GroupNetModel):
+    """See the module docstring; arguments as ``RankModel``.
+
+    Attributes:
+        deep_group: the DEEP groups' features as one group (the bottom's input).
+    """
+
+    def __init__(self, model_config, feature_set, sparse_optimizer, device=None,
+                 embedding: nn.Module | None = None) -> None:
+        super().__init__(model_config, feature_set, sparse_optimizer, device, embedding)
+        config = model_config.dbmtl
+        self.deep_group = deep_groups_merged(self, "dbmtl")
+        self.input_groups = [self.deep_group]
+        bottom, width = optional_mlp(config, "bottom_mlp", self.deep_group.dim,
+                                     "dbmtl.bottom_mlp")
+        experts, input_width = _experts(config, width)
+        tasks: dict[str, nn.Module] = {}
+        widths: dict[str, int] = {}
+        for task, tower in zip(self.tasks, config.task_towers):
+            check_module_name(task)
+            _check_relations(task, tower, widths)
+            mlp, tower_width = optional_mlp(tower, "mlp", input_width, f"{task.where}.mlp")
+            mlp = mlp or nn.Identity()
+            if experts:
+                gate, gate_width = optional_mlp(config, "gate_mlp", width, "dbmtl.gate_mlp")
+                task_input = MMoETask(nn.Sequential(gate or nn.Identity(),
+                                                    nn.Linear(gate_width, config.num_expert)),
+                                      mlp)
+            else:
+                task_input = SharedInput(mlp)
+            relation_width = tower_width + sum(widths[n] for n in tower.relation_tower_names)
+            relation, widths[task.name] = optional_mlp(tower, "relation_mlp", relation_width,
+                                                       f"{task.where}.relation_mlp")
+            tasks[task.name] = DBMTLTask(task_input, list(tower.relation_tower_names),
+                                         relation or nn.Identity(),
+                                         nn.Linear(widths[task.name], 1))
+        self.net = DBMTLNet(bottom or nn.Identity(), experts, tasks)
+
+
+def _experts(config, width: int) -> tuple[list[nn.Module], int]:
+    """The expert MLPs over ``width`` inputs (none without expert_mlp) and the width of a
+    task's input.
+
+    Raises:
+        ModelError: num_expert < 1 with expert_mlp, or gate_mlp without expert_mlp.
+    """
+    if not config.HasField("expert_mlp"):
+        if config.HasField("gate_mlp"):
+            raise ModelError("dbmtl.gate_mlp is set without dbmtl.expert_mlp; the gates mix "
+                             "experts: set expert_mlp (and num_expert) or drop gate_mlp")
+        return [], width
+    if config.num_expert < 1:
+        raise ModelError(f"dbmtl.num_expert={config.num_expert}; allowed: 1 or more")
+    experts = [MLP(width, mlp_options(config.expert_mlp, "dbmtl.expert_mlp"))
+               for _ in range(config.num_expert)]
+    return experts, experts[0].output_dim()
+
+
+def _check_relations(task, tower, earlier: dict[str, int]) -> None:
+    """Each relation tower names an earlier task (``earlier``), once.
+
+    Raises:
+        ModelError: the task itself, a later or unknown task, or a name twice.
+    """
+    names = list(tower.relation_tower_names)
+    for name in names:
+        if name in earlier and names.count(name) == 1:
+            continue
+        if name == task.name:
+            why = "is the task itself"
+        elif name in earlier:
+            why = "is named twice"
+        else:
+            why = "is not an earlier task (a task reads the towers defined before it)"
+        raise ModelError(f"{task.where}.relation_tower_names: {name!r} {why}; earlier "
+                         f"tasks: {', '.join(earlier) or 'none'}")
