@@ -1,4 +1,4 @@
-"""Integration: MMoE with two labels through train_eval, export and predict.
+"""Integration: MMoE and DBMTL with two labels through train_eval, export and predict.
 
 Generated Taobao-like data gets a second label ``buy`` (a clicked row bought, from its
 price); the model trains one epoch with the train_eval command line, its evaluation
@@ -42,6 +42,23 @@ model_config {
   }
 }
 """
+# DBMTL with MMoE experts; cvr reads ctr's tower output.
+DBMTL = """
+model_config {
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  dbmtl {
+    bottom_mlp { hidden_units: [16] }
+    expert_mlp { hidden_units: [8] }
+    num_expert: 2
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] }
+                  metrics { auc {} } }
+    task_towers { tower_name: "cvr" label_name: "buy" weight: 0.5 mlp { hidden_units: [8] }
+                  relation_tower_names: "ctr" relation_mlp { hidden_units: [4] }
+                  metrics { auc {} } metrics { accuracy {} } }
+  }
+}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +74,12 @@ def data_dir(tmp_path_factory):
     return out
 
 
-def test_mmoe_trains_evaluates_exports_and_predicts(data_dir, tmp_path):
+@pytest.mark.parametrize("model", [MODEL, DBMTL], ids=["mmoe", "dbmtl"])
+def test_trains_evaluates_exports_and_predicts(data_dir, tmp_path, model):
     text = (f'train_input_path: "{data_dir}/train"\neval_input_path: "{data_dir}/eval"\n'
-            f'model_dir: "{tmp_path}/model"\n{FEATURES}{MODEL}')
+            f'model_dir: "{tmp_path}/model"\n{FEATURES}{model}')
     text = text.replace('label_fields: "clk"', 'label_fields: ["clk", "buy"]')
-    config_path = str(tmp_path / "mmoe.config")
+    config_path = str(tmp_path / "pipeline.config")
     with open(config_path, "w", encoding="utf-8") as f:
         f.write(text)
     proc = run_module("hashrec.train_eval", "--pipeline_config_path", config_path)
