@@ -89,7 +89,7 @@ def test_config_errors_name_the_problem(text, match):
 
 def test_no_model_kind():
     text = MODEL_CONFIG.split("multi_tower_din")[0]
-    with pytest.raises(ModelError, match="model_config sets no model; allowed: deepfm, dlrm, "):
+    with pytest.raises(ModelError, match="model_config sets no model; allowed: dbmtl, deepfm, dlrm, "):
         _model(text)
 
 
