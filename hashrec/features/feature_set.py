@@ -247,9 +247,10 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
     kept = [f for f in features if read is None or f.name in read or f.name in keys]
     unembedded = tuple(f.name for f in kept if read is not None and f.name not in read)
     left_out = tuple(f.name for f in features if f not in kept)
-    embedded = {f.name for f in kept} - set(unembedded)
     wide = build_wide_embeddings(features, tables, model_config)
-    return FeatureSet(kept, wide.own_tables(tables_read_by(tables, embedded)), labels,
+    # Features only WIDE groups name read their wide table alone.
+    embedded = {f.name for f in kept} - set(unembedded) - wide.wide_only
+    return FeatureSet(kept, tables_read_by(tables, embedded), labels,
                       _binary_labels(labels, model_config), weight, left_out, unembedded,
                       wide)
 

@@ -54,17 +54,6 @@ class WideEmbeddings:
     dim: int = DEFAULT_WIDE_DIM
     wide_only: frozenset[str] = frozenset()
 
-    def own_tables(self, tables: list[EmbeddingTableSpec]) -> list[EmbeddingTableSpec]:
-        """``tables`` without ``wide_only`` among their readers; a table no feature reads
-        any more is left out."""
-        kept = []
-        for spec in tables:
-            readers = tuple(f for f in spec.features if f not in self.wide_only)
-            if readers:
-                kept.append(spec if readers == spec.features
-                            else dataclasses.replace(spec, features=readers))
-        return kept
-
 
 def build_wide_embeddings(features: list[Feature], tables: list[EmbeddingTableSpec],
                           model_config) -> WideEmbeddings:
