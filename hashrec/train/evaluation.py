@@ -61,7 +61,6 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
     # model's task.
     metrics = {name + task.suffix: (task, metric) for task in model.tasks
                for name, metric in build_metrics(task.metric_configs, session.device,
-                                                 session.feature_set,
                                                  task.regression).items()}
     mean_loss = MeanLoss(session.device)
     was_training = model.training

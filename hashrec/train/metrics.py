@@ -137,17 +137,13 @@ SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_err
                      "grouped_auc")
 
 
-def build_metrics(metric_configs, device=None, feature_set=None,
-                  regression: bool = False) -> dict:
+def build_metrics(metric_configs, device=None, regression: bool = False) -> dict:
     """Metric name -> metric object from ``model_config.metrics`` (default: auc; for a
-    ``regression`` model, mean_squared_error).
-
-    ``feature_set``: when given, a grouped_auc's grouping_key must be one of its id
-    features (one id per row, checked as rows arrive).
+    ``regression`` model, mean_squared_error). The settings were checked when the session
+    was built (:func:`check_metrics`).
 
     Raises:
-        TrainError: a metric kind that is not supported, or a grouping_key that is not
-            an id feature.
+        TrainError: a metric kind that is not supported.
     """
     metrics: dict = {}
     for config in metric_configs:
@@ -161,10 +157,7 @@ def build_metrics(metric_configs, device=None, feature_set=None,
         elif kind == "mean_absolute_error":
             metrics["mean_absolute_error"] = MeanAbsoluteError(device)
         elif kind == "grouped_auc":
-            key = config.grouped_auc.grouping_key
-            if feature_set is not None:
-                _check_grouping_key(key, feature_set)
-            metrics["grouped_auc"] = GroupedAUC(key, device)
+            metrics["grouped_auc"] = GroupedAUC(config.grouped_auc.grouping_key, device)
         else:
             raise TrainError(f"model_config.metrics: {kind!r} is not supported; allowed: "
                              f"{', '.join(SUPPORTED_METRICS)}")
