@@ -37,10 +37,6 @@ from hashrec.export.errors import ExportError
 
 logger = logging.getLogger("hashrec.predict")
 
-# A single-task model's prediction (``probs`` of a classifier, ``y`` of a regression
-# model), then its logits; the output holds the ones the exported model gives (a
-# multi-task model's: hashrec.models.tasks.prediction_columns).
-PREDICTION_COLUMNS = ("probs", "y", "logits")
 PART_FILE = "part-00000.parquet"
 DEVICES = "auto, cpu, cuda or cuda:<index>"
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
@@ -173,8 +169,7 @@ def _input_data_config(data_config, input_path: str):
     return switched
 
 
-def _check_reserved(reserved: tuple[str, ...],
-                    columns: tuple[str, ...] = PREDICTION_COLUMNS) -> None:
+def _check_reserved(reserved: tuple[str, ...], columns: tuple[str, ...]) -> None:
     clash = [c for c in reserved if c in columns]
     if clash:
         raise ExportError(f"--reserved_columns {clash} collide with the prediction columns "
@@ -184,13 +179,13 @@ def _check_reserved(reserved: tuple[str, ...],
 
 
 def _prediction_columns(config) -> tuple[str, ...]:
-    """The columns the exported model of ``config`` may give, in output order."""
-    from hashrec.models.tasks import MULTI_TASK_MODELS, model_tasks, prediction_columns
+    """The columns the exported model of ``config`` gives, in output order: each task's
+    prediction (``probs`` or ``y``, suffixed ``_<tower_name>`` in a multi-task model),
+    then each task's logits."""
+    from hashrec.models.tasks import model_tasks, prediction_columns
 
-    model_config = config.model_config
-    if model_config.WhichOneof("model") not in MULTI_TASK_MODELS:
-        return PREDICTION_COLUMNS
-    return prediction_columns(model_tasks(model_config, config.data_config.label_fields))
+    return prediction_columns(model_tasks(config.model_config,
+                                          config.data_config.label_fields))
 
 
 def predict(export_dir: str, input_path: str, output_path: str,
@@ -211,7 +206,7 @@ def predict(export_dir: str, input_path: str, output_path: str,
     output = _output_file(output_path, overwrite)
     run_on = resolve_device(device)
     config, feature_set, model = _load(export_dir, run_on)
-    # The model's own columns: a multi-task model's input may keep a column named probs.
+    # The model's own columns: an input column named like another model's may be kept.
     columns = _prediction_columns(config)
     _check_reserved(reserved_columns, columns)
     weighted = {f.input_key for f in feature_set.embedding_features() if f.weighted}
@@ -249,8 +244,7 @@ def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
                 out = model(*model_inputs(batch.to(run_on), weighted))
                 columns = {name: batch.reserved[name] for name in reserved_columns}
                 for name in names:
-                    if name in out:
-                        columns[name] = pa.array(out[name].float().cpu().numpy())
+                    columns[name] = pa.array(out[name].float().cpu().numpy())
                 table = pa.table(columns)
                 if writer is None:
                     writer = pq.ParquetWriter(path, table.schema)
