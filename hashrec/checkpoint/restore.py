@@ -22,6 +22,7 @@ from hashrec.checkpoint import layout
 from hashrec.checkpoint.dense import restore_model, restore_optimizer_state
 from hashrec.checkpoint.dist_util import barrier, rank_and_world, run_on_all_ranks
 from hashrec.checkpoint.errors import CheckpointError
+from hashrec.checkpoint.partial_tables import saved_logical_tables
 from hashrec.checkpoint.shard_file import ShardReader
 from hashrec.checkpoint.table_io import ADMISSION, ROWS, load_table
 from hashrec.checkpoint.tags import TAG_TABLES, model_tag_tables, tag_remap
@@ -93,10 +94,8 @@ def check_tables_present(path: str, meta: dict[str, Any], dynamic_tables: dict[s
     missing = [name for name in sorted(dynamic_tables) if name not in saved]
     if not missing:
         return
-    where: dict[str, tuple[str, int]] = {}
-    for storage, described in saved.items():
-        for table in described.get(TAG_TABLES) or [storage]:
-            where[table] = (storage, int(described["dim"]))
+    where = {table: (storage, int(saved[storage]["dim"]))
+             for table, (storage, _) in saved_logical_tables(saved).items()}
     lines = []
     for name in missing:
         for table in tag_tables.get(name) or [name]:
