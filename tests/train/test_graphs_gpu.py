@@ -104,9 +104,24 @@ model_config {
   }
 }
 """
+# DBMTL: bottom MLP, MMoE experts, and the regression tower reading the ctr tower's output.
+DBMTL = """
+model_config {
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  dbmtl {
+    bottom_mlp { hidden_units: [16] } expert_mlp { hidden_units: [8] } num_expert: 2
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] } }
+    task_towers { tower_name: "score" label_name: "score" weight: 0.5
+                  mlp { hidden_units: [8] } relation_tower_names: "ctr"
+                  relation_mlp { hidden_units: [4] } losses { l2_loss {} } }
+  }
+}
+"""
 
 
-def test_multi_task_model_trains_graphed_like_eager(tmp_path):
+@pytest.mark.parametrize("model", [MMOE, DBMTL], ids=["mmoe", "dbmtl"])
+def test_multi_task_model_trains_graphed_like_eager(tmp_path, model):
     # (B, tasks) logits and labels, an l2_loss task weighted 0.5 and sample weights
     # through the captured loss.
     data = str(tmp_path / "data")
@@ -116,7 +131,7 @@ def test_multi_task_model_trains_graphed_like_eager(tmp_path):
         table = pq.read_table(path)
         score = np.random.default_rng(1).normal(2.0, 1.0, table.num_rows).astype(np.float32)
         pq.write_table(table.append_column("score", pa.array(score)), path)
-    text = f'model_dir: "{tmp_path}/model"\n{FEATURES}{MMOE}'.replace(
+    text = f'model_dir: "{tmp_path}/model"\n{FEATURES}{model}'.replace(
         'label_fields: "clk"', 'label_fields: ["clk", "score"]')
     base = parse_pipeline_config(text)
     eager, none = _losses(data, tmp_path, False, "", weighted=True, base=base)
