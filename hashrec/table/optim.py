@@ -116,10 +116,13 @@ FLOAT16_TINY = 2.0 ** -24
 def float16_state_floor(spec) -> float | None:
     """Gradient magnitude under which ``spec``'s squared-gradient state, stored in float16
     and starting at 0, rounds back to 0 after an update (Adagrad's accumulator, Adam's
-    second moment); None for optimizers without such state (SGD)."""
+    second moment); None for optimizers without such state (SGD), and for Adagrad whose
+    accumulator starts at a value float16 keeps (it only grows from there)."""
     if isinstance(spec, SparseAdam):
         return math.sqrt(FLOAT16_TINY / 2 / (1.0 - spec.beta2))
     if isinstance(spec, _AdagradFields):
+        if spec.initial_accumulator_value > FLOAT16_TINY / 2:
+            return None  # rounds to at least the smallest float16 above 0
         return math.sqrt(FLOAT16_TINY / 2)
     return None
 

@@ -9,6 +9,7 @@ is stored in the table's dtype too, so float16 loses squared gradients below its
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -87,6 +88,13 @@ def test_float16_squared_gradient_state_is_lost_below_the_floor_it_warns_of(name
 
 def test_no_warning_for_bfloat16_or_stateless_float16(caplog):
     assert float16_state_floor(OPTIMIZERS["sgd"]) is None
+    # An accumulator starting at a float16 value above 0 never rounds back to 0.
+    for name in ("adagrad", "rowwise_adagrad"):
+        kept = dataclasses.replace(OPTIMIZERS[name], initial_accumulator_value=0.1)
+        assert float16_state_floor(kept) is None
+        tiny = dataclasses.replace(OPTIMIZERS[name], initial_accumulator_value=2.0 ** -26)
+        assert torch.tensor(2.0 ** -26, dtype=torch.float16) == 0
+        assert float16_state_floor(tiny) is not None
     with caplog.at_level(logging.WARNING):
         half_collection(torch.bfloat16, OPTIMIZERS["adam"])
         half_collection(torch.float16, OPTIMIZERS["sgd"])
