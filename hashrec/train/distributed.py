@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 
+import torch
 import torch.distributed as dist
 
 from hashrec.distributed import (
@@ -146,3 +147,32 @@ def global_table_counters(counters: dict[str, dict[str, float]], ctx: DistContex
     for c in out.values():
         c["load_factor"] = c["size"] / c["capacity"] if c.get("capacity") else 0.0
     return out
+
+
+class WeightedLossScale:
+    """Makes the ranks' weighted-mean losses average to the global weighted mean.
+
+    With sample weights each rank's loss is its rows' weighted mean sum(w * l) / W_r;
+    the dense gradients are then averaged over ranks, which weighs every rank alike.
+    Scaling rank r's loss by ``world * W_r / W`` (W the weights' sum over all ranks)
+    makes that average sum over every row of w * l, divided by W: the loss one process
+    reading the global batch trains on. ``start`` sends this rank's sum (an
+    asynchronous all-reduce, overlapping the forward); ``scale`` waits for it.
+    """
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
+        self._local = self._total = self._work = None
+
+    def start(self, weights: torch.Tensor) -> None:
+        self._local = weights.sum(dtype=torch.float32)
+        self._total = self._local.clone()
+        self._work = dist.all_reduce(self._total, op=dist.ReduceOp.SUM, async_op=True)
+
+    def scale(self, losses: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``losses`` times this step's factor (0 on a rank whose weights are all 0)."""
+        self._work.wait()
+        tiny = torch.finfo(torch.float32).tiny
+        factor = self._local * self.ctx.world_size / self._total.clamp_min(tiny)
+        self._work = None
+        return {name: loss * factor for name, loss in losses.items()}

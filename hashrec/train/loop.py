@@ -8,7 +8,9 @@ gradients, dense optimizer step.
 Under torchrun every rank runs the same steps (``EpochStream``: each epoch the
 number of batches the rank with the fewest has, known from the row count): dense
 gradients are averaged over ranks after backward, before clipping; sparse
-updates are exchanged inside backward by the embedding collection. The progress
+updates are exchanged inside backward by the embedding collection; with sample
+weights each rank's loss is first scaled so that the ranks' average is the global
+batch's weighted mean (``WeightedLossScale``). The progress
 line then shows global loss, samples/s and table counters, plus the time the
 embedding exchanges took per step (``a2a ... ms/step``).
 
@@ -60,7 +62,11 @@ from hashrec.distributed.data_parallel import FlatGradients
 from hashrec.distributed.process_group import all_gather_objects, all_reduce_int_async
 from hashrec.train import checkpoints
 from hashrec.train.collection_schedule import CollectionSchedule
-from hashrec.train.distributed import global_table_counters, min_over_ranks
+from hashrec.train.distributed import (
+    WeightedLossScale,
+    global_table_counters,
+    min_over_ranks,
+)
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import evaluate as evaluate_model
 from hashrec.train.evaluation import write_eval_result
@@ -196,6 +202,10 @@ class TrainLoop:
             if lowest != highest:
                 raise TrainError(f"{PREPARE_AHEAD_ENV} differs between ranks ({lowest} to "
                                  f"{highest}); set it alike on every rank")
+        # Several ranks with sample weights: the losses scaled to the global weighted mean.
+        weighted = getattr(session.model, "weight_name", None) is not None
+        self.weighted_loss = WeightedLossScale(self.ctx) \
+            if weighted and self.ctx.is_distributed else None
         # Several ranks: the dense gradients live in one buffer that one all-reduce averages.
         self.gradients = FlatGradients(self.parameters, self.ctx) \
             if self.ctx.is_distributed else None
@@ -408,12 +418,16 @@ class TrainLoop:
         following = upcoming() if upcoming is not None else None
         if following is not None and not s.model.embedding.is_prepared(following.sparse):
             s.model.embedding.prepare(following.sparse)
+        if self.weighted_loss is not None:
+            self.weighted_loss.start(s.model.sample_weights(batch))
         lrs = s.set_learning_rates(self.step, self.epoch)
         if self.gradients is None:
             s.dense.optimizer.zero_grad(set_to_none=True)
         else:
             self.gradients.zero()
         losses = self.dense_graphs(s.model.embed(batch, self.embedding_hook), batch)
+        if self.weighted_loss is not None:
+            losses = self.weighted_loss.scale(losses)
         loss = sum(losses.values())
         timer.mark("dense_forward")
         s.precision.backward(loss)

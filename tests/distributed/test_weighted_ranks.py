@@ -1,0 +1,101 @@
+"""Sample weights on 2 gloo ranks: the ranks train on the global weighted-mean loss.
+
+Each rank's loss is its rows' weighted mean; the trainer scales it by
+world * W_r / W (``WeightedLossScale``) before the gradients are averaged over ranks.
+Rank r takes rows [r * B, (r + 1) * B) of each global batch of 2 * B rows, the second
+rank's weights several times the first's: with the scale the two ranks must equal one
+process trained on the global batches' weighted mean (head and table rows), without
+it they must not.
+"""
+
+from __future__ import annotations
+
+import torch
+from dist_workers import run_world
+
+from hashrec.distributed.data_parallel import all_reduce_gradients
+from hashrec.embedding import (
+    EmbeddingCollection,
+    EmbeddingFeatureSpec,
+    EmbeddingTableSpec,
+    KeyedJaggedTensor,
+)
+from hashrec.models.rank_model import task_loss
+from hashrec.table import InitializerArgs, SparseSGD
+from hashrec.train.distributed import WeightedLossScale
+
+WORLD, ROWS, STEPS, DIM = 2, 8, 5, 4
+
+
+def _global_batch(step: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(300 + step)
+    n = WORLD * ROWS
+    ids = torch.randint(0, 12, (n,), generator=g)
+    labels = torch.randint(0, 2, (n,), generator=g).float()
+    weights = torch.randint(0, 4, (n,), generator=g).float()
+    weights[ROWS:] *= 5  # the second rank's rows weigh more
+    return ids.tolist(), labels, weights
+
+
+def _train(ctx=None, scaled: bool = True) -> dict:
+    device = ctx.device if ctx is not None else torch.device("cpu")
+    init = InitializerArgs(mode="NORMAL", std_dev=0.1, key_seed=3)
+    collection = EmbeddingCollection([EmbeddingTableSpec("t", DIM, num_rows=12,
+                                                         initializer=init)],
+                                     [EmbeddingFeatureSpec("u", "t")], SparseSGD(lr=0.5),
+                                     device, dist=ctx)
+    torch.manual_seed(0)
+    head = torch.nn.Linear(DIM, 1).to(device)
+    optimizer = torch.optim.SGD(head.parameters(), lr=0.5)
+    rows = slice(ctx.rank * ROWS, (ctx.rank + 1) * ROWS) if ctx is not None else slice(None)
+    scale = WeightedLossScale(ctx) if ctx is not None and scaled else None
+    for step in range(STEPS):
+        ids, labels, weights = _global_batch(step)
+        ids = ids[rows]
+        kjt = KeyedJaggedTensor.from_lengths(["u"], torch.tensor(ids, dtype=torch.int64),
+                                             torch.ones(len(ids), dtype=torch.int64))
+        weights = weights[rows].to(device)
+        if scale is not None:
+            scale.start(weights)
+        optimizer.zero_grad()
+        logits = head(collection(kjt.to(device)).pooled["u"]).squeeze(1)
+        losses = {"loss": task_loss("binary_cross_entropy", logits, labels[rows].to(device),
+                                    weights)}
+        if scale is not None:
+            losses = scale.scale(losses)
+        losses["loss"].backward()
+        if ctx is not None:
+            all_reduce_gradients(list(head.parameters()), ctx)
+        optimizer.step()
+    state = {k: v.cpu().clone() for k, v in collection.state_dict().items()
+             if v.dtype.is_floating_point}
+    return {"state": state, "head": [p.detach().cpu().clone() for p in head.parameters()]}
+
+
+def scenario_scaled(ctx):
+    return _train(ctx, scaled=True)
+
+
+def scenario_unscaled(ctx):
+    return _train(ctx, scaled=False)
+
+
+def _close(a: dict, b: dict) -> bool:
+    return all(torch.allclose(x, y, atol=1e-6, rtol=1e-5)
+               for x, y in zip(a["head"], b["head"])) and a["state"].keys() == \
+        b["state"].keys() and all(torch.allclose(a["state"][k], b["state"][k], atol=1e-6,
+                                                 rtol=1e-5) for k in a["state"])
+
+
+def test_ranks_train_on_the_global_weighted_mean(tmp_path):
+    worlds = run_world({"scaled": scenario_scaled, "unscaled": scenario_unscaled}, WORLD,
+                       tmp_path)
+    for ranks in worlds.values():
+        for r in ranks:
+            if isinstance(r, Exception):
+                raise r
+    reference = _train()
+    assert reference["state"]
+    for r in worlds["scaled"]:
+        assert _close(r, reference)
+    assert not any(_close(r, reference) for r in worlds["unscaled"])
