@@ -42,8 +42,14 @@ class MMoETask(nn.Module):
         self.tower = tower
 
     def forward(self, features: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        mix = torch.softmax(self.gate(features), dim=-1).unsqueeze(-1)  # (B, experts, 1)
-        return self.tower((mix * experts).sum(dim=1))
+        return self.tower(gate_mix(self.gate(features), experts))
+
+
+def gate_mix(scores: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """A gate's mix of experts: ``scores (B, n), experts (B, n, E) -> (B, E)``, the
+    experts weighted by the softmax of the scores."""
+    mix = torch.softmax(scores, dim=-1).unsqueeze(-1)  # (B, n, 1)
+    return (mix * experts).sum(dim=1)
 
 
 class MMoENet(nn.Module):
@@ -96,11 +102,17 @@ class MMoE(GroupNetModel):
         for task, tower in zip(self.tasks, config.task_towers):
             check_module_name(task)
             gate, gate_width = optional_mlp(config, "gate_mlp", width, "mmoe.gate_mlp")
-            mlp, tower_width = optional_mlp(tower, "mlp", expert_width, f"{task.where}.mlp")
             tasks[task.name] = MMoETask(
                 nn.Sequential(gate or nn.Identity(), nn.Linear(gate_width, config.num_expert)),
-                nn.Sequential(mlp or nn.Identity(), nn.Linear(tower_width, 1)))
+                task_tower(task, tower, expert_width))
         self.net = MMoENet(experts, tasks)
+
+
+def task_tower(task, tower, width: int) -> nn.Module:
+    """The tower of ``task`` (its ``TaskTower`` message ``tower``) over ``width`` inputs:
+    the optional ``mlp``, then a linear layer to the task's logit, (B, width) -> (B, 1)."""
+    mlp, tower_width = optional_mlp(tower, "mlp", width, f"{task.where}.mlp")
+    return nn.Sequential(mlp or nn.Identity(), nn.Linear(tower_width, 1))
 
 
 def deep_groups_merged(model, kind: str):

@@ -6,6 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from model_fakes import fake_model, make_batch
+from multi_task_checks import (
+    check_one_logit_and_prediction_per_task,
+    check_task_losses_and_gradients,
+)
 from torch import nn
 
 from hashrec.models import DBMTL, ModelError
@@ -34,26 +38,12 @@ VARIANTS = {"bottom": CONFIG, "experts": EXPERTS}
 def test_one_logit_and_prediction_per_task(kind):
     model = fake_model(VARIANTS[kind], labels=LABELS)
     assert isinstance(model, DBMTL)
-    out = model(make_batch(6, more_labels=("buy",)))
-    assert set(out) == {"logits_ctr", "probs_ctr", "logits_cvr", "y_cvr"}
-    assert all(v.shape == (6,) for v in out.values())
-    torch.testing.assert_close(out["probs_ctr"], torch.sigmoid(out["logits_ctr"]))
-    torch.testing.assert_close(out["y_cvr"], out["logits_cvr"])
+    check_one_logit_and_prediction_per_task(model)
 
 
 def test_total_loss_is_the_weighted_sum_of_the_task_losses():
     model = fake_model(EXPERTS, labels=LABELS)
-    batch = make_batch(6, more_labels=("buy",))
-    out = model(batch)
-    losses = model.loss(out, batch)
-    assert list(losses) == ["binary_cross_entropy_ctr", "l2_loss_cvr"]
-    p, clk, buy = out["probs_ctr"], batch.labels["clk"], batch.labels["buy"]
-    bce = -(clk * p.log() + (1 - clk) * (1 - p).log())
-    torch.testing.assert_close(losses["binary_cross_entropy_ctr"], bce.mean())
-    torch.testing.assert_close(losses["l2_loss_cvr"], 0.5 * ((out["y_cvr"] - buy) ** 2).mean())
-    sum(losses.values()).backward()
-    assert all(p.grad is not None for n, p in model.named_parameters()
-               if not n.startswith("embedding"))
+    check_task_losses_and_gradients(model)
 
 
 @pytest.mark.parametrize("kind", list(VARIANTS))

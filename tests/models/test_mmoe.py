@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from model_fakes import fake_model, make_batch
+from multi_task_checks import check_one_logit_and_prediction_per_task
 
 from hashrec.models import MMoE, ModelError
 
@@ -28,11 +29,7 @@ mmoe {
 def test_one_logit_and_prediction_per_task():
     model = fake_model(CONFIG, labels=LABELS)
     assert isinstance(model, MMoE)
-    out = model(make_batch(6, more_labels=("buy",)))
-    assert set(out) == {"logits_ctr", "probs_ctr", "logits_cvr", "y_cvr"}
-    assert all(v.shape == (6,) for v in out.values())
-    torch.testing.assert_close(out["probs_ctr"], torch.sigmoid(out["logits_ctr"]))
-    torch.testing.assert_close(out["y_cvr"], out["logits_cvr"])
+    check_one_logit_and_prediction_per_task(model)
 
 
 def _model_and_batch(weighted: bool):
