@@ -21,7 +21,7 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
 # The models hashrec.models.registry builds (tests/models/test_registry.py keeps the two
 # equal; the config layer must not import the models above it).
 SUPPORTED_MODELS = ("dbmtl", "deepfm", "dlrm", "mmoe", "multi_tower", "multi_tower_din",
-                    "wide_and_deep")
+                    "ple", "wide_and_deep")
 SUPPORTED_LOSSES = ("binary_cross_entropy", "l2_loss")
 # The metrics hashrec.train.metrics builds (tests/config/test_validate.py keeps the two
 # equal).
@@ -110,7 +110,7 @@ def _model_problems(model_config) -> list[str]:
         problems.append(f"model_config.{model} is not supported; supported models: "
                         f"{', '.join(SUPPORTED_MODELS)}")
     places = [("model_config", model_config)]
-    if model in ("mmoe", "dbmtl"):
+    if model in ("mmoe", "dbmtl", "ple"):
         places += [(f"{model}.task_towers[{i}]", tower)
                    for i, tower in enumerate(getattr(model_config, model).task_towers)]
     for where, config in places:

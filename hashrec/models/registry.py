@@ -9,6 +9,7 @@ from hashrec.models.errors import ModelError
 from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
+from hashrec.models.ple import PLE
 from hashrec.models.rank_model import RankModel
 from hashrec.models.wide_and_deep import WideAndDeep
 
@@ -19,6 +20,7 @@ MODELS: dict[str, type[RankModel]] = {
     "mmoe": MMoE,
     "multi_tower": MultiTower,
     "multi_tower_din": MultiTowerDIN,
+    "ple": PLE,
     "wide_and_deep": WideAndDeep,
 }
 

@@ -2,7 +2,7 @@
 
 A single-task model has one task without a name: it trains on ``label_fields[0]``
 with ``model_config.losses`` and reports ``model_config.metrics``, its outputs are
-``logits`` and ``probs`` (``y`` with l2_loss). A multi-task model (MMoE, DBMTL) has one
+``logits`` and ``probs`` (``y`` with l2_loss). A multi-task model (MMoE, DBMTL, PLE) has one
 task per ``task_towers`` entry, each with its own label, loss, loss weight and metrics;
 the task's outputs, loss and metrics carry the suffix ``_<tower_name>``
 (``probs_ctr``, ``logits_ctr``, ``binary_cross_entropy_ctr``, ``auc_ctr``), as in
@@ -18,7 +18,7 @@ from hashrec.models.errors import ModelError
 
 SUPPORTED_LOSSES = ("binary_cross_entropy", "l2_loss")
 # The model_config oneof names of the models whose config lists task_towers.
-MULTI_TASK_MODELS = ("mmoe", "dbmtl")
+MULTI_TASK_MODELS = ("mmoe", "dbmtl", "ple")
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def test_unsupported_features(feature, message):
 @pytest.mark.parametrize("text, message", [
     ("model_config { losses { binary_cross_entropy {} } }",
      "model_config sets no model; supported models: dbmtl, deepfm, dlrm, mmoe, multi_tower, "
-     "multi_tower_din, wide_and_deep$"),
+     "multi_tower_din, ple, wide_and_deep$"),
     ("model_config { multi_tower_din {} losses { softmax_cross_entropy {} } }",
      "softmax_cross_entropy is not supported"),
     ("train_config { sparse_optimizer { lamb_optimizer { lr: 1 } } dense_optimizer { "

@@ -1,4 +1,4 @@
-"""Integration: MMoE and DBMTL with two labels through train_eval, export and predict.
+"""Integration: MMoE, DBMTL and PLE with two labels through train_eval, export and predict.
 
 Generated Taobao-like data gets a second label ``buy`` (a clicked row bought, from its
 price); the model trains one epoch with the train_eval command line, its evaluation
@@ -59,6 +59,25 @@ model_config {
   }
 }
 """
+# PLE: two levels, shared experts in both (the first level's shared gate feeds the second).
+PLE = """
+model_config {
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  ple {
+    extraction_networks { network_name: "layer1" expert_num_per_task: 2 share_num: 1
+                          task_expert_net { hidden_units: [16] }
+                          share_expert_net { hidden_units: [16] } }
+    extraction_networks { network_name: "layer2" expert_num_per_task: 1 share_num: 2
+                          task_expert_net { hidden_units: [8] }
+                          share_expert_net { hidden_units: [8] } }
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] }
+                  metrics { auc {} } }
+    task_towers { tower_name: "cvr" label_name: "buy" weight: 0.5 metrics { auc {} }
+                  metrics { accuracy {} } }
+  }
+}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +93,7 @@ def data_dir(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("model", [MODEL, DBMTL], ids=["mmoe", "dbmtl"])
+@pytest.mark.parametrize("model", [MODEL, DBMTL, PLE], ids=["mmoe", "dbmtl", "ple"])
 def test_trains_evaluates_exports_and_predicts(data_dir, tmp_path, model):
     text = (f'train_input_path: "{data_dir}/train"\neval_input_path: "{data_dir}/eval"\n'
             f'model_dir: "{tmp_path}/model"\n{FEATURES}{model}')

@@ -9,6 +9,7 @@ import test_deepfm
 import test_dlrm
 import test_mmoe
 import test_multi_tower
+import test_ple
 import test_wide_and_deep
 import torch
 from host_reads import HostReads
@@ -25,10 +26,13 @@ KINDS = {
     "mmoe": (test_mmoe.CONFIG, ()),
     "dbmtl": (test_dbmtl.CONFIG, ()),
     "dbmtl-experts": (test_dbmtl.EXPERTS, ()),
+    "ple": (test_ple.CONFIG, ()),
+    "ple-no-shared": (test_ple.NO_SHARED, ()),
 }
 # The label fields of the models that read more than ``clk``.
 LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,
-          "dbmtl-experts": test_dbmtl.LABELS}
+          "dbmtl-experts": test_dbmtl.LABELS, "ple": test_ple.LABELS,
+          "ple-no-shared": test_ple.LABELS}
 
 
 def all_logits(model, batch) -> torch.Tensor:

@@ -118,9 +118,27 @@ model_config {
   }
 }
 """
+# PLE: two levels with shared experts; the first level's shared gate feeds the second.
+PLE = """
+model_config {
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  ple {
+    extraction_networks { network_name: "layer1" expert_num_per_task: 2 share_num: 2
+                          task_expert_net { hidden_units: [16] }
+                          share_expert_net { hidden_units: [16] } }
+    extraction_networks { network_name: "layer2" expert_num_per_task: 1 share_num: 1
+                          task_expert_net { hidden_units: [8] }
+                          share_expert_net { hidden_units: [8] } }
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] } }
+    task_towers { tower_name: "score" label_name: "score" weight: 0.5
+                  losses { l2_loss {} } }
+  }
+}
+"""
 
 
-@pytest.mark.parametrize("model", [MMOE, DBMTL], ids=["mmoe", "dbmtl"])
+@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE], ids=["mmoe", "dbmtl", "ple"])
 def test_multi_task_model_trains_graphed_like_eager(tmp_path, model):
     # (B, tasks) logits and labels, an l2_loss task weighted 0.5 and sample weights
     # through the captured loss.

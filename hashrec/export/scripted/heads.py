@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hashrec.export.errors import ExportError
-from hashrec.models import DBMTL, DLRM, DeepFM, MMoE, MultiTower, MultiTowerDIN, WideAndDeep
+from hashrec.models import DBMTL, DLRM, PLE, DeepFM, MMoE, MultiTower, MultiTowerDIN, WideAndDeep
 from hashrec.models.feature_groups import GroupSpec
 from hashrec.models.group_net import GroupNetModel
 
@@ -163,13 +163,13 @@ class GroupsHead(nn.Module):
 
 
 def groups_head(model: GroupNetModel) -> GroupsHead:
-    """WideAndDeep's, DeepFM's, DLRM's, MMoE's and DBMTL's dense network."""
+    """WideAndDeep's, DeepFM's, DLRM's, MMoE's, DBMTL's and PLE's dense network."""
     return GroupsHead(model.input_groups, model.net)
 
 
 HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head,
          WideAndDeep: groups_head, DeepFM: groups_head, DLRM: groups_head, MMoE: groups_head,
-         DBMTL: groups_head}
+         DBMTL: groups_head, PLE: groups_head}
 
 
 def dense_head(model: nn.Module) -> nn.Module:
