@@ -6,6 +6,7 @@ import functools
 import multiprocessing
 import os
 import signal
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -147,13 +148,29 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
     init = functools.partial(_init_worker, tuple(worker_cores) if worker_cores else None)
     return BatchLoader(dataset, batch_size=None, num_workers=int(workers), pin_memory=pin,
                        prefetch_factor=4 if workers else None, multiprocessing_context=context,
-                       worker_init_fn=init)
+                       worker_init_fn=init, worker_cores=tuple(worker_cores) if worker_cores
+                       else None)
 
 
 class BatchLoader(DataLoader):
     """A DataLoader of a :class:`FileDataset`: a DataError raised reading in a worker
     is raised again by the iterator as it was raised (its type and message, rather
-    than a new exception holding the worker's traceback; see ``WorkerFailure``)."""
+    than a new exception holding the worker's traceback; see ``WorkerFailure``).
+
+    ``worker_cores``: the cores the workers run on, when not this process's; torch's
+    check of the worker count then counts those rather than this process's own."""
+
+    def __init__(self, *args, worker_cores: tuple[int, ...] | None = None, **kwargs) -> None:
+        self.worker_cores = worker_cores
+        super().__init__(*args, **kwargs)
+
+    def check_worker_number_rationality(self) -> None:
+        if self.worker_cores is None:
+            super().check_worker_number_rationality()
+        elif self.num_workers > len(self.worker_cores):
+            warnings.warn(f"{self.num_workers} loader workers share {len(self.worker_cores)} "
+                          f"cores; data_config.num_workers above the core count only adds "
+                          f"contention", stacklevel=2)
 
     def __iter__(self) -> ReceivedItems:
         return ReceivedItems(super().__iter__())

@@ -102,6 +102,23 @@ def test_workers_run_on_the_given_cores(taobao, tmp_path):
         assert (tmp_path / name).read_text() == str(cores[0])
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs sched_getaffinity")
+def test_the_worker_count_is_checked_against_the_workers_cores():
+    import warnings
+
+    from hashrec.data.loader import BatchLoader
+
+    more = len(os.sched_getaffinity(0)) + 1  # more workers than this process's cores
+    with pytest.warns(UserWarning, match="suggested max number of worker"):
+        BatchLoader(list(range(4)), batch_size=None, num_workers=more)
+    with warnings.catch_warnings():  # the workers have cores of their own: no warning
+        warnings.simplefilter("error")
+        BatchLoader(list(range(4)), batch_size=None, num_workers=more,
+                    worker_cores=tuple(range(more)))
+    with pytest.warns(UserWarning, match="3 loader workers share 1 cores"):
+        BatchLoader(list(range(4)), batch_size=None, num_workers=3, worker_cores=(0,))
+
+
 def _signalled_worker(conn) -> None:
     import os
     import signal
