@@ -24,8 +24,11 @@ brand (int64), price (float64), pid (string), click_50_seq__adgroup_id,
 click_50_seq__cate_id, click_50_seq__brand (strings of IDs joined by ``|``, or
 list<int64> with ``--sequence_format list``,
 most recent click first, at most 50, empty string when the user has no
-clicks yet) and clk (int64 0/1). Rows are in time order. See
-:mod:`hashrec.tools.taobao_world` for the ID spaces and the click model.
+clicks yet), clk (int64 0/1) and buy (int64 0/1: a conversion, only ever on a clicked
+row; the label of a multi-task example's second task). Rows are in time order. See
+:mod:`hashrec.tools.taobao_world` for the ID spaces and the click and conversion models.
+``buy`` is drawn last from a generator of its own: the other columns are the same as
+before it was added, for the same arguments.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from hashrec.tools.taobao_world import (
     build_users,
     simulate,
     space_sizes,
+    with_conversions,
 )
 
 USER_COLUMNS = ("cms_segid", "cms_group_id", "final_gender_code", "age_level",
@@ -63,7 +67,7 @@ USER_COLUMNS = ("cms_segid", "cms_group_id", "final_gender_code", "age_level",
 ITEM_COLUMNS = ("adgroup_id", "cate_id", "campaign_id", "customer", "brand")
 SEQUENCE_FIELDS = ("adgroup_id", "cate_id", "brand")
 COLUMNS = ("user_id", *USER_COLUMNS, *ITEM_COLUMNS, "price", "pid",
-           *(f"click_50_seq__{f}" for f in SEQUENCE_FIELDS), "clk")
+           *(f"click_50_seq__{f}" for f in SEQUENCE_FIELDS), "clk", "buy")
 
 
 SEQUENCE_FORMATS = ("string", "list")
@@ -99,6 +103,7 @@ def impressions_table(users: Users, catalog: Catalog, imp: Impressions,
         cols[f"click_50_seq__{name}"] = _sequence_column(offsets, getattr(catalog, name)[seq],
                                                          sequence_format)
     cols["clk"] = pa.array(imp.clk[lo:hi], pa.int64())
+    cols["buy"] = pa.array(imp.buy[lo:hi], pa.int64())
     return pa.table([cols[c] for c in COLUMNS], names=list(COLUMNS))
 
 
@@ -150,7 +155,8 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
                          f"{', '.join(SEQUENCE_FORMATS)}")
     dirs, stale = output_dirs(output_dir, eval_rows, overwrite, MARKER)
     log = Progress("gen_taobao_data", quiet)
-    world_seed, rows_seed = np.random.SeedSequence(seed).spawn(2)
+    # The third child (conversions) came later; spawning it leaves the first two as they were.
+    world_seed, rows_seed, buy_seed = np.random.SeedSequence(seed).spawn(3)
     world_rng = np.random.default_rng(world_seed)
     spaces = space_sizes(scale)
     log(f"ID spaces {spaces}")
@@ -158,7 +164,9 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
     users = build_users(world_rng, spaces)
     log("built catalog and users")
     imp = simulate(np.random.default_rng(rows_seed), users, catalog, num_rows + eval_rows)
+    imp = with_conversions(np.random.default_rng(buy_seed), users, catalog, imp)
     log(f"simulated {num_rows + eval_rows} impressions, CTR {imp.clk.mean():.4f}, "
+        f"conversions per click {imp.buy.sum() / max(imp.clk.sum(), 1):.4f}, "
         f"mean history length {imp.seq_offsets[-1] / max(imp.clk.size, 1):.1f}")
     eval_files = max(1, min(num_files, round(num_files * eval_rows / num_rows)))
     spans = {"data": (0, num_rows, num_files), "train": (0, num_rows, num_files),
