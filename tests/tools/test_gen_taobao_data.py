@@ -267,3 +267,24 @@ def test_adding_buy_left_the_other_columns_as_they_were(tmp_path):
     assert (table.column("clk").to_numpy().sum(), digest.hexdigest()[:16]) == (
         204, "896df3e2aefb0ffc")
 
+
+def test_the_mmoe_example_learns_clicks_and_conversions(tmp_path):
+    import json
+    import os
+
+    from hashrec import train_eval
+
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples",
+                           "mmoe_taobao_dynamicemb.config")
+    data = tmp_path / "data"
+    generate(str(data), 40_000, seed=2, scale=SCALE, eval_rows=10_000, quiet=True)
+    edits = {"data_config.batch_size": 1024, "data_config.num_workers": 0,
+             "train_config.num_epochs": 2}
+    assert train_eval.main([
+        "--pipeline_config_path", example, "--model_dir", str(tmp_path / "model"),
+        "--train_input_path", str(data / "train"), "--eval_input_path", str(data / "eval"),
+        "--edit_config_json", json.dumps(edits)]) == 0
+    with open(tmp_path / "model" / "eval_result.txt", encoding="utf-8") as f:
+        result = json.loads(f.read().splitlines()[-1])
+    assert result["num_examples"] == 10_000 and "auc" not in result
+    assert result["auc_ctr"] > 0.6 and result["auc_cvr"] > 0.6
