@@ -40,6 +40,7 @@ from hashrec.distributed import (
 )
 from hashrec.distributed.errors import DistributedError
 from hashrec.distributed.process_group import all_reduce_int
+from hashrec.distributed.side_exchange import run_aside
 from hashrec.embedding.plan import plan_storages
 
 logger = logging.getLogger("hashrec.train")
@@ -156,23 +157,36 @@ class WeightedLossScale:
     the dense gradients are then averaged over ranks, which weighs every rank alike.
     Scaling rank r's loss by ``world * W_r / W`` (W the weights' sum over all ranks)
     makes that average sum over every row of w * l, divided by W: the loss one process
-    reading the global batch trains on. ``start`` sends this rank's sum (an
-    asynchronous all-reduce, overlapping the forward); ``scale`` waits for it.
+    reading the global batch trains on. ``start`` sends this rank's sum: on CUDA an
+    all-reduce on the side stream of ``hashrec.distributed.side_exchange`` (the step's
+    forward goes on, and the captured exchanges it replays are ordered after it, as
+    two collectives of one communicator must never overlap); ``scale`` orders the
+    training stream after it.
     """
 
     def __init__(self, ctx: DistContext) -> None:
         self.ctx = ctx
-        self._local = self._total = self._work = None
+        self._local = self._total = self._event = None
 
     def start(self, weights: torch.Tensor) -> None:
-        self._local = weights.sum(dtype=torch.float32)
-        self._total = self._local.clone()
-        self._work = dist.all_reduce(self._total, op=dist.ReduceOp.SUM, async_op=True)
+        self._local = weights.sum(dtype=torch.float32).reshape(1)
+
+        def reduce() -> torch.Tensor:
+            total = self._local.clone()
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)
+            return total
+
+        if self._local.is_cuda:
+            self._total, self._event = run_aside(self._local.device, reduce, (self._local,))
+        else:
+            self._total = reduce()
 
     def scale(self, losses: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``losses`` times this step's factor (0 on a rank whose weights are all 0)."""
-        self._work.wait()
+        if self._event is not None:
+            torch.cuda.current_stream(self._local.device).wait_event(self._event)
+            self._total.record_stream(torch.cuda.current_stream(self._local.device))
+            self._event = None
         tiny = torch.finfo(torch.float32).tiny
-        factor = self._local * self.ctx.world_size / self._total.clamp_min(tiny)
-        self._work = None
+        factor = self._local[0] * self.ctx.world_size / self._total[0].clamp_min(tiny)
         return {name: loss * factor for name, loss in losses.items()}

@@ -10,6 +10,7 @@ it they must not.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from dist_workers import run_world
 
@@ -80,16 +81,14 @@ def scenario_unscaled(ctx):
     return _train(ctx, scaled=False)
 
 
-def _close(a: dict, b: dict) -> bool:
-    return all(torch.allclose(x, y, atol=1e-6, rtol=1e-5)
+def _close(a: dict, b: dict, atol: float = 1e-6) -> bool:
+    return all(torch.allclose(x, y, atol=atol, rtol=1e-5)
                for x, y in zip(a["head"], b["head"])) and a["state"].keys() == \
-        b["state"].keys() and all(torch.allclose(a["state"][k], b["state"][k], atol=1e-6,
+        b["state"].keys() and all(torch.allclose(a["state"][k], b["state"][k], atol=atol,
                                                  rtol=1e-5) for k in a["state"])
 
 
-def test_ranks_train_on_the_global_weighted_mean(tmp_path):
-    worlds = run_world({"scaled": scenario_scaled, "unscaled": scenario_unscaled}, WORLD,
-                       tmp_path)
+def _check(worlds: dict, atol: float = 1e-6) -> None:
     for ranks in worlds.values():
         for r in ranks:
             if isinstance(r, Exception):
@@ -97,5 +96,37 @@ def test_ranks_train_on_the_global_weighted_mean(tmp_path):
     reference = _train()
     assert reference["state"]
     for r in worlds["scaled"]:
-        assert _close(r, reference)
-    assert not any(_close(r, reference) for r in worlds["unscaled"])
+        assert _close(r, reference, atol)
+    assert not any(_close(r, reference, atol) for r in worlds["unscaled"])
+
+
+def test_ranks_train_on_the_global_weighted_mean(tmp_path):
+    _check(run_world({"scaled": scenario_scaled, "unscaled": scenario_unscaled}, WORLD,
+                     tmp_path))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_gpus_train_on_the_global_weighted_mean(tmp_path):
+    """Two ranks on two GPUs (NCCL): the weights' sum reduced on the side stream."""
+    _check(run_world({"scaled": scenario_scaled, "unscaled": scenario_unscaled}, WORLD,
+                     tmp_path, cuda=True), atol=1e-5)
+
+
+def scenario_one_rank_scale(ctx):
+    scale = WeightedLossScale(ctx)
+    scale.start(torch.tensor([0.0, 1.5, 2.5], device=ctx.device))
+    loss = torch.tensor(3.0, device=ctx.device, requires_grad=True)
+    scaled = scale.scale({"loss": loss})["loss"]
+    scaled.backward()
+    return float(scaled), float(loss.grad)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_one_gpu_rank_reduces_the_weights_aside(tmp_path):
+    """One NCCL rank: the side stream's all-reduce reaches the scale (a factor of 1)."""
+    result = run_world({"one": scenario_one_rank_scale}, 1, tmp_path, cuda=True)["one"][0]
+    if isinstance(result, Exception):
+        raise result
+    assert result == (3.0, 1.0)
