@@ -184,8 +184,9 @@ def _prediction_columns(config) -> tuple[str, ...]:
     then each task's logits."""
     from hashrec.models.tasks import model_tasks, prediction_columns
 
-    return prediction_columns(model_tasks(config.model_config,
-                                          config.data_config.label_fields))
+    data = config.data_config
+    return prediction_columns(model_tasks(config.model_config, data.label_fields,
+                                          data.sample_weight_fields))
 
 
 def predict(export_dir: str, input_path: str, output_path: str,

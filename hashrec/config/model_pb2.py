@@ -13,15 +13,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ahashrec/config/model.proto\x12\x0ehashrec.protos\"\x91\x01\n\x03MLP\x12\x14\n\x0chidden_units\x18\x01 \x03(\r\x12\x15\n\rdropout_ratio\x18\x02 \x03(\x02\x12\x1b\n\nactivation\x18\x03 \x01(\t:\x07nn.ReLU\x12\x15\n\x06use_bn\x18\x04 \x01(\x08:\x05\x66\x61lse\x12\x12\n\x04\x62ias\x18\x05 \x01(\x08:\x04true\x12\x15\n\x06use_ln\x18\x06 \x01(\x08:\x05\x66\x61lse\"8\n\x05Tower\x12\r\n\x05input\x18\x01 \x02(\t\x12 \n\x03mlp\x18\x02 \x02(\x0b\x32\x13.hashrec.protos.MLP\"@\n\x08\x44INTower\x12\r\n\x05input\x18\x01 \x02(\t\x12%\n\x08\x61ttn_mlp\x18\x02 \x02(\x0b\x32\x13.hashrec.protos.MLP\"\x88\x01\n\rMultiTowerDIN\x12%\n\x06towers\x18\x01 \x03(\x0b\x32\x15.hashrec.protos.Tower\x12,\n\ndin_towers\x18\x02 \x03(\x0b\x32\x18.hashrec.protos.DINTower\x12\"\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x13.hashrec.protos.MLP\"W\n\nMultiTower\x12%\n\x06towers\x18\x01 \x03(\x0b\x32\x15.hashrec.protos.Tower\x12\"\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x13.hashrec.protos.MLP\"\x84\x01\n\x06\x44\x65\x65pFM\x12!\n\x04\x64\x65\x65p\x18\x01 \x02(\x0b\x32\x13.hashrec.protos.MLP\x12\"\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x1d\n\x12wide_embedding_dim\x18\x03 \x01(\r:\x01\x34\x12\x14\n\x0cwide_init_fn\x18\x04 \x01(\t\"r\n\x04\x44LRM\x12&\n\tdense_mlp\x18\x01 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x1e\n\x10\x61rch_with_sparse\x18\x02 \x01(\x08:\x04true\x12\"\n\x05\x66inal\x18\x03 \x02(\x0b\x32\x13.hashrec.protos.MLP\"\x89\x01\n\x0bWideAndDeep\x12!\n\x04\x64\x65\x65p\x18\x01 \x02(\x0b\x32\x13.hashrec.protos.MLP\x12\"\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x1d\n\x12wide_embedding_dim\x18\x03 \x01(\r:\x01\x34\x12\x14\n\x0cwide_init_fn\x18\x04 \x01(\t\"\xd9\x01\n\tTaskTower\x12\x12\n\ntower_name\x18\x01 \x02(\t\x12\x12\n\nlabel_name\x18\x02 \x02(\t\x12-\n\x07metrics\x18\x03 \x03(\x0b\x32\x1c.hashrec.protos.MetricConfig\x12*\n\x06losses\x18\x04 \x03(\x0b\x32\x1a.hashrec.protos.LossConfig\x12\x14\n\tnum_class\x18\x05 \x01(\r:\x01\x31\x12 \n\x03mlp\x18\x06 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x11\n\x06weight\x18\x07 \x01(\x02:\x01\x31\"\x9d\x01\n\x04MMoE\x12\'\n\nexpert_mlp\x18\x01 \x02(\x0b\x32\x13.hashrec.protos.MLP\x12%\n\x08gate_mlp\x18\x02 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x15\n\nnum_expert\x18\x03 \x02(\r:\x01\x33\x12.\n\x0btask_towers\x18\x04 \x03(\x0b\x32\x19.hashrec.protos.TaskTower\"\xa7\x02\n\x0e\x42\x61yesTaskTower\x12\x12\n\ntower_name\x18\x01 \x02(\t\x12\x12\n\nlabel_name\x18\x02 \x01(\t\x12-\n\x07metrics\x18\x03 \x03(\x0b\x32\x1c.hashrec.protos.MetricConfig\x12*\n\x06losses\x18\x04 \x03(\x0b\x32\x1a.hashrec.protos.LossConfig\x12\x14\n\tnum_class\x18\x05 \x01(\r:\x01\x31\x12 \n\x03mlp\x18\x06 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x11\n\x06weight\x18\x07 \x01(\x02:\x01\x31\x12\x1c\n\x14relation_tower_names\x18\x08 \x03(\t\x12)\n\x0crelation_mlp\x18\t \x01(\x0b\x32\x13.hashrec.protos.MLP\"\xcc\x01\n\x05\x44\x42MTL\x12\'\n\nbottom_mlp\x18\x01 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\'\n\nexpert_mlp\x18\x02 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12%\n\x08gate_mlp\x18\x03 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x15\n\nnum_expert\x18\x04 \x01(\r:\x01\x33\x12\x33\n\x0btask_towers\x18\x05 \x03(\x0b\x32\x1e.hashrec.protos.BayesTaskTower\"\xb6\x01\n\x11\x45xtractionNetwork\x12\x14\n\x0cnetwork_name\x18\x01 \x02(\t\x12\x1b\n\x13\x65xpert_num_per_task\x18\x02 \x02(\r\x12\x11\n\tshare_num\x18\x03 \x01(\r\x12,\n\x0ftask_expert_net\x18\x04 \x02(\x0b\x32\x13.hashrec.protos.MLP\x12-\n\x10share_expert_net\x18\x05 \x01(\x0b\x32\x13.hashrec.protos.MLP\"u\n\x03PLE\x12>\n\x13\x65xtraction_networks\x18\x01 \x03(\x0b\x32!.hashrec.protos.ExtractionNetwork\x12.\n\x0btask_towers\x18\x02 \x03(\x0b\x32\x19.hashrec.protos.TaskTower\";\n\x0eSeqGroupConfig\x12\x12\n\ngroup_name\x18\x01 \x01(\t\x12\x15\n\rfeature_names\x18\x02 \x03(\t\"\xb4\x01\n\x12\x46\x65\x61tureGroupConfig\x12\x12\n\ngroup_name\x18\x01 \x02(\t\x12\x15\n\rfeature_names\x18\x02 \x03(\t\x12:\n\ngroup_type\x18\x03 \x02(\x0e\x32 .hashrec.protos.FeatureGroupType:\x04\x44\x45\x45P\x12\x37\n\x0fsequence_groups\x18\x04 \x03(\x0b\x32\x1e.hashrec.protos.SeqGroupConfig\"\x14\n\x12\x42inaryCrossEntropy\"1\n\x13SoftmaxCrossEntropy\x12\x1a\n\x0flabel_smoothing\x18\x01 \x01(\x02:\x01\x30\"\x08\n\x06L2Loss\"\xc9\x01\n\nLossConfig\x12\x42\n\x14\x62inary_cross_entropy\x18\x01 \x01(\x0b\x32\".hashrec.protos.BinaryCrossEntropyH\x00\x12\x44\n\x15softmax_cross_entropy\x18\x02 \x01(\x0b\x32#.hashrec.protos.SoftmaxCrossEntropyH\x00\x12)\n\x07l2_loss\x18\x03 \x01(\x0b\x32\x16.hashrec.protos.L2LossH\x00\x42\x06\n\x04loss\"\x1e\n\x03\x41UC\x12\x17\n\nthresholds\x18\x01 \x01(\r:\x03\x32\x30\x30\"\x13\n\x11MeanAbsoluteError\"\x12\n\x10MeanSquaredError\"\"\n\x08\x41\x63\x63uracy\x12\x16\n\tthreshold\x18\x01 \x01(\x02:\x03\x30.5\"\"\n\nGroupedAUC\x12\x14\n\x0cgrouping_key\x18\x01 \x02(\t\"\x9f\x02\n\x0cMetricConfig\x12\"\n\x03\x61uc\x18\x01 \x01(\x0b\x32\x13.hashrec.protos.AUCH\x00\x12@\n\x13mean_absolute_error\x18\x02 \x01(\x0b\x32!.hashrec.protos.MeanAbsoluteErrorH\x00\x12>\n\x12mean_squared_error\x18\x03 \x01(\x0b\x32 .hashrec.protos.MeanSquaredErrorH\x00\x12,\n\x08\x61\x63\x63uracy\x18\x04 \x01(\x0b\x32\x18.hashrec.protos.AccuracyH\x00\x12\x31\n\x0bgrouped_auc\x18\x05 \x01(\x0b\x32\x1a.hashrec.protos.GroupedAUCH\x00\x42\x08\n\x06metric\"\xb0\x04\n\x0bModelConfig\x12:\n\x0e\x66\x65\x61ture_groups\x18\x01 \x03(\x0b\x32\".hashrec.protos.FeatureGroupConfig\x12%\n\x04\x64lrm\x18\xe9\x07 \x01(\x0b\x32\x14.hashrec.protos.DLRMH\x00\x12)\n\x06\x64\x65\x65pfm\x18\xea\x07 \x01(\x0b\x32\x16.hashrec.protos.DeepFMH\x00\x12\x32\n\x0bmulti_tower\x18\xeb\x07 \x01(\x0b\x32\x1a.hashrec.protos.MultiTowerH\x00\x12\x39\n\x0fmulti_tower_din\x18\xec\x07 \x01(\x0b\x32\x1d.hashrec.protos.MultiTowerDINH\x00\x12\x35\n\rwide_and_deep\x18\xed\x07 \x01(\x0b\x32\x1b.hashrec.protos.WideAndDeepH\x00\x12%\n\x04mmoe\x18\xd1\x0f \x01(\x0b\x32\x14.hashrec.protos.MMoEH\x00\x12\'\n\x05\x64\x62mtl\x18\xd2\x0f \x01(\x0b\x32\x15.hashrec.protos.DBMTLH\x00\x12#\n\x03ple\x18\xd3\x0f \x01(\x0b\x32\x13.hashrec.protos.PLEH\x00\x12\x14\n\tnum_class\x18\x02 \x01(\r:\x01\x31\x12*\n\x06losses\x18\x03 \x03(\x0b\x32\x1a.hashrec.protos.LossConfig\x12-\n\x07metrics\x18\x04 \x03(\x0b\x32\x1c.hashrec.protos.MetricConfigB\x07\n\x05model*I\n\x10\x46\x65\x61tureGroupType\x12\x08\n\x04\x44\x45\x45P\x10\x00\x12\x08\n\x04WIDE\x10\x01\x12\x0c\n\x08SEQUENCE\x10\x02\x12\x13\n\x0fJAGGED_SEQUENCE\x10\x03')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ahashrec/config/model.proto\x12\x0ehashrec.protos\"\x91\x01\n\x03MLP\x12\x14\n\x0chidden_units\x18\x01 \x03(\r\x12\x15\n\rdropout_ratio\x18\x02 \x03(\x02\x12\x1b\n\nactivation\x18\x03 \x01(\t:\x07nn.ReLU\x12\x15\n\x06use_bn\x18\x04 \x01(\x08:\x05\x66\x61lse\x12\x12\n\x04\x62ias\x18\x05 \x01(\x08:\x04true\x12\x15\n\x06use_ln\x18\x06 \x01(\x08:\x05\x66\x61lse\"8\n\x05Tower\x12\r\n\x05input\x18\x01 \x02(\t\x12 \n\x03mlp\x18\x02 \x02(\x0b\x32\x13.hashrec.protos.MLP\"@\n\x08\x44INTower\x12\r\n\x05input\x18\x01 \x02(\t\x12%\n\x08\x61ttn_mlp\x18\x02 \x02(\x0b\x32\x13.hashrec.protos.MLP\"\x88\x01\n\rMultiTowerDIN\x12%\n\x06towers\x18\x01 \x03(\x0b\x32\x15.hashrec.protos.Tower\x12,\n\ndin_towers\x18\x02 \x03(\x0b\x32\x18.hashrec.protos.DINTower\x12\"\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x13.hashrec.protos.MLP\"W\n\nMultiTower\x12%\n\x06towers\x18\x01 \x03(\x0b\x32\x15.hashrec.protos.Tower\x12\"\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x13.hashrec.protos.MLP\"\x84\x01\n\x06\x44\x65\x65pFM\x12!\n\x04\x64\x65\x65p\x18\x01 \x02(\x0b\x32\x13.hashrec.protos.MLP\x12\"\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x1d\n\x12wide_embedding_dim\x18\x03 \x01(\r:\x01\x34\x12\x14\n\x0cwide_init_fn\x18\x04 \x01(\t\"r\n\x04\x44LRM\x12&\n\tdense_mlp\x18\x01 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x1e\n\x10\x61rch_with_sparse\x18\x02 \x01(\x08:\x04true\x12\"\n\x05\x66inal\x18\x03 \x02(\x0b\x32\x13.hashrec.protos.MLP\"\x89\x01\n\x0bWideAndDeep\x12!\n\x04\x64\x65\x65p\x18\x01 \x02(\x0b\x32\x13.hashrec.protos.MLP\x12\"\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x1d\n\x12wide_embedding_dim\x18\x03 \x01(\r:\x01\x34\x12\x14\n\x0cwide_init_fn\x18\x04 \x01(\t\"\xdc\x02\n\tTaskTower\x12\x12\n\ntower_name\x18\x01 \x02(\t\x12\x12\n\nlabel_name\x18\x02 \x02(\t\x12-\n\x07metrics\x18\x03 \x03(\x0b\x32\x1c.hashrec.protos.MetricConfig\x12*\n\x06losses\x18\x04 \x03(\x0b\x32\x1a.hashrec.protos.LossConfig\x12\x14\n\tnum_class\x18\x05 \x01(\r:\x01\x31\x12 \n\x03mlp\x18\x06 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x11\n\x06weight\x18\x07 \x01(\x02:\x01\x31\x12\x1a\n\x12sample_weight_name\x18\x08 \x01(\t\x12\"\n\x1atask_space_indicator_label\x18\t \x01(\t\x12\x1f\n\x14in_task_space_weight\x18\n \x01(\x02:\x01\x31\x12 \n\x15out_task_space_weight\x18\x0b \x01(\x02:\x01\x31\"\x9d\x01\n\x04MMoE\x12\'\n\nexpert_mlp\x18\x01 \x02(\x0b\x32\x13.hashrec.protos.MLP\x12%\n\x08gate_mlp\x18\x02 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x15\n\nnum_expert\x18\x03 \x02(\r:\x01\x33\x12.\n\x0btask_towers\x18\x04 \x03(\x0b\x32\x19.hashrec.protos.TaskTower\"\xaa\x03\n\x0e\x42\x61yesTaskTower\x12\x12\n\ntower_name\x18\x01 \x02(\t\x12\x12\n\nlabel_name\x18\x02 \x01(\t\x12-\n\x07metrics\x18\x03 \x03(\x0b\x32\x1c.hashrec.protos.MetricConfig\x12*\n\x06losses\x18\x04 \x03(\x0b\x32\x1a.hashrec.protos.LossConfig\x12\x14\n\tnum_class\x18\x05 \x01(\r:\x01\x31\x12 \n\x03mlp\x18\x06 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x11\n\x06weight\x18\x07 \x01(\x02:\x01\x31\x12\x1c\n\x14relation_tower_names\x18\x08 \x03(\t\x12)\n\x0crelation_mlp\x18\t \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x1a\n\x12sample_weight_name\x18\n \x01(\t\x12\"\n\x1atask_space_indicator_label\x18\x0b \x01(\t\x12\x1f\n\x14in_task_space_weight\x18\x0c \x01(\x02:\x01\x31\x12 \n\x15out_task_space_weight\x18\r \x01(\x02:\x01\x31\"\xcc\x01\n\x05\x44\x42MTL\x12\'\n\nbottom_mlp\x18\x01 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\'\n\nexpert_mlp\x18\x02 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12%\n\x08gate_mlp\x18\x03 \x01(\x0b\x32\x13.hashrec.protos.MLP\x12\x15\n\nnum_expert\x18\x04 \x01(\r:\x01\x33\x12\x33\n\x0btask_towers\x18\x05 \x03(\x0b\x32\x1e.hashrec.protos.BayesTaskTower\"\xb6\x01\n\x11\x45xtractionNetwork\x12\x14\n\x0cnetwork_name\x18\x01 \x02(\t\x12\x1b\n\x13\x65xpert_num_per_task\x18\x02 \x02(\r\x12\x11\n\tshare_num\x18\x03 \x01(\r\x12,\n\x0ftask_expert_net\x18\x04 \x02(\x0b\x32\x13.hashrec.protos.MLP\x12-\n\x10share_expert_net\x18\x05 \x01(\x0b\x32\x13.hashrec.protos.MLP\"u\n\x03PLE\x12>\n\x13\x65xtraction_networks\x18\x01 \x03(\x0b\x32!.hashrec.protos.ExtractionNetwork\x12.\n\x0btask_towers\x18\x02 \x03(\x0b\x32\x19.hashrec.protos.TaskTower\";\n\x0eSeqGroupConfig\x12\x12\n\ngroup_name\x18\x01 \x01(\t\x12\x15\n\rfeature_names\x18\x02 \x03(\t\"\xb4\x01\n\x12\x46\x65\x61tureGroupConfig\x12\x12\n\ngroup_name\x18\x01 \x02(\t\x12\x15\n\rfeature_names\x18\x02 \x03(\t\x12:\n\ngroup_type\x18\x03 \x02(\x0e\x32 .hashrec.protos.FeatureGroupType:\x04\x44\x45\x45P\x12\x37\n\x0fsequence_groups\x18\x04 \x03(\x0b\x32\x1e.hashrec.protos.SeqGroupConfig\"\x14\n\x12\x42inaryCrossEntropy\"1\n\x13SoftmaxCrossEntropy\x12\x1a\n\x0flabel_smoothing\x18\x01 \x01(\x02:\x01\x30\"\x08\n\x06L2Loss\"\xc9\x01\n\nLossConfig\x12\x42\n\x14\x62inary_cross_entropy\x18\x01 \x01(\x0b\x32\".hashrec.protos.BinaryCrossEntropyH\x00\x12\x44\n\x15softmax_cross_entropy\x18\x02 \x01(\x0b\x32#.hashrec.protos.SoftmaxCrossEntropyH\x00\x12)\n\x07l2_loss\x18\x03 \x01(\x0b\x32\x16.hashrec.protos.L2LossH\x00\x42\x06\n\x04loss\"\x1e\n\x03\x41UC\x12\x17\n\nthresholds\x18\x01 \x01(\r:\x03\x32\x30\x30\"\x13\n\x11MeanAbsoluteError\"\x12\n\x10MeanSquaredError\"\"\n\x08\x41\x63\x63uracy\x12\x16\n\tthreshold\x18\x01 \x01(\x02:\x03\x30.5\"\"\n\nGroupedAUC\x12\x14\n\x0cgrouping_key\x18\x01 \x02(\t\"\x9f\x02\n\x0cMetricConfig\x12\"\n\x03\x61uc\x18\x01 \x01(\x0b\x32\x13.hashrec.protos.AUCH\x00\x12@\n\x13mean_absolute_error\x18\x02 \x01(\x0b\x32!.hashrec.protos.MeanAbsoluteErrorH\x00\x12>\n\x12mean_squared_error\x18\x03 \x01(\x0b\x32 .hashrec.protos.MeanSquaredErrorH\x00\x12,\n\x08\x61\x63\x63uracy\x18\x04 \x01(\x0b\x32\x18.hashrec.protos.AccuracyH\x00\x12\x31\n\x0bgrouped_auc\x18\x05 \x01(\x0b\x32\x1a.hashrec.protos.GroupedAUCH\x00\x42\x08\n\x06metric\"\xb0\x04\n\x0bModelConfig\x12:\n\x0e\x66\x65\x61ture_groups\x18\x01 \x03(\x0b\x32\".hashrec.protos.FeatureGroupConfig\x12%\n\x04\x64lrm\x18\xe9\x07 \x01(\x0b\x32\x14.hashrec.protos.DLRMH\x00\x12)\n\x06\x64\x65\x65pfm\x18\xea\x07 \x01(\x0b\x32\x16.hashrec.protos.DeepFMH\x00\x12\x32\n\x0bmulti_tower\x18\xeb\x07 \x01(\x0b\x32\x1a.hashrec.protos.MultiTowerH\x00\x12\x39\n\x0fmulti_tower_din\x18\xec\x07 \x01(\x0b\x32\x1d.hashrec.protos.MultiTowerDINH\x00\x12\x35\n\rwide_and_deep\x18\xed\x07 \x01(\x0b\x32\x1b.hashrec.protos.WideAndDeepH\x00\x12%\n\x04mmoe\x18\xd1\x0f \x01(\x0b\x32\x14.hashrec.protos.MMoEH\x00\x12\'\n\x05\x64\x62mtl\x18\xd2\x0f \x01(\x0b\x32\x15.hashrec.protos.DBMTLH\x00\x12#\n\x03ple\x18\xd3\x0f \x01(\x0b\x32\x13.hashrec.protos.PLEH\x00\x12\x14\n\tnum_class\x18\x02 \x01(\r:\x01\x31\x12*\n\x06losses\x18\x03 \x03(\x0b\x32\x1a.hashrec.protos.LossConfig\x12-\n\x07metrics\x18\x04 \x03(\x0b\x32\x1c.hashrec.protos.MetricConfigB\x07\n\x05model*I\n\x10\x46\x65\x61tureGroupType\x12\x08\n\x04\x44\x45\x45P\x10\x00\x12\x08\n\x04WIDE\x10\x01\x12\x0c\n\x08SEQUENCE\x10\x02\x12\x13\n\x0fJAGGED_SEQUENCE\x10\x03')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hashrec.config.model_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FEATUREGROUPTYPE']._serialized_start=3655
-  _globals['_FEATUREGROUPTYPE']._serialized_end=3728
+  _globals['_FEATUREGROUPTYPE']._serialized_start=3917
+  _globals['_FEATUREGROUPTYPE']._serialized_end=3990
   _globals['_MLP']._serialized_start=47
   _globals['_MLP']._serialized_end=192
   _globals['_TOWER']._serialized_start=194
@@ -39,41 +39,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WIDEANDDEEP']._serialized_start=798
   _globals['_WIDEANDDEEP']._serialized_end=935
   _globals['_TASKTOWER']._serialized_start=938
-  _globals['_TASKTOWER']._serialized_end=1155
-  _globals['_MMOE']._serialized_start=1158
-  _globals['_MMOE']._serialized_end=1315
-  _globals['_BAYESTASKTOWER']._serialized_start=1318
-  _globals['_BAYESTASKTOWER']._serialized_end=1613
-  _globals['_DBMTL']._serialized_start=1616
-  _globals['_DBMTL']._serialized_end=1820
-  _globals['_EXTRACTIONNETWORK']._serialized_start=1823
-  _globals['_EXTRACTIONNETWORK']._serialized_end=2005
-  _globals['_PLE']._serialized_start=2007
-  _globals['_PLE']._serialized_end=2124
-  _globals['_SEQGROUPCONFIG']._serialized_start=2126
-  _globals['_SEQGROUPCONFIG']._serialized_end=2185
-  _globals['_FEATUREGROUPCONFIG']._serialized_start=2188
-  _globals['_FEATUREGROUPCONFIG']._serialized_end=2368
-  _globals['_BINARYCROSSENTROPY']._serialized_start=2370
-  _globals['_BINARYCROSSENTROPY']._serialized_end=2390
-  _globals['_SOFTMAXCROSSENTROPY']._serialized_start=2392
-  _globals['_SOFTMAXCROSSENTROPY']._serialized_end=2441
-  _globals['_L2LOSS']._serialized_start=2443
-  _globals['_L2LOSS']._serialized_end=2451
-  _globals['_LOSSCONFIG']._serialized_start=2454
-  _globals['_LOSSCONFIG']._serialized_end=2655
-  _globals['_AUC']._serialized_start=2657
-  _globals['_AUC']._serialized_end=2687
-  _globals['_MEANABSOLUTEERROR']._serialized_start=2689
-  _globals['_MEANABSOLUTEERROR']._serialized_end=2708
-  _globals['_MEANSQUAREDERROR']._serialized_start=2710
-  _globals['_MEANSQUAREDERROR']._serialized_end=2728
-  _globals['_ACCURACY']._serialized_start=2730
-  _globals['_ACCURACY']._serialized_end=2764
-  _globals['_GROUPEDAUC']._serialized_start=2766
-  _globals['_GROUPEDAUC']._serialized_end=2800
-  _globals['_METRICCONFIG']._serialized_start=2803
-  _globals['_METRICCONFIG']._serialized_end=3090
-  _globals['_MODELCONFIG']._serialized_start=3093
-  _globals['_MODELCONFIG']._serialized_end=3653
+  _globals['_TASKTOWER']._serialized_end=1286
+  _globals['_MMOE']._serialized_start=1289
+  _globals['_MMOE']._serialized_end=1446
+  _globals['_BAYESTASKTOWER']._serialized_start=1449
+  _globals['_BAYESTASKTOWER']._serialized_end=1875
+  _globals['_DBMTL']._serialized_start=1878
+  _globals['_DBMTL']._serialized_end=2082
+  _globals['_EXTRACTIONNETWORK']._serialized_start=2085
+  _globals['_EXTRACTIONNETWORK']._serialized_end=2267
+  _globals['_PLE']._serialized_start=2269
+  _globals['_PLE']._serialized_end=2386
+  _globals['_SEQGROUPCONFIG']._serialized_start=2388
+  _globals['_SEQGROUPCONFIG']._serialized_end=2447
+  _globals['_FEATUREGROUPCONFIG']._serialized_start=2450
+  _globals['_FEATUREGROUPCONFIG']._serialized_end=2630
+  _globals['_BINARYCROSSENTROPY']._serialized_start=2632
+  _globals['_BINARYCROSSENTROPY']._serialized_end=2652
+  _globals['_SOFTMAXCROSSENTROPY']._serialized_start=2654
+  _globals['_SOFTMAXCROSSENTROPY']._serialized_end=2703
+  _globals['_L2LOSS']._serialized_start=2705
+  _globals['_L2LOSS']._serialized_end=2713
+  _globals['_LOSSCONFIG']._serialized_start=2716
+  _globals['_LOSSCONFIG']._serialized_end=2917
+  _globals['_AUC']._serialized_start=2919
+  _globals['_AUC']._serialized_end=2949
+  _globals['_MEANABSOLUTEERROR']._serialized_start=2951
+  _globals['_MEANABSOLUTEERROR']._serialized_end=2970
+  _globals['_MEANSQUAREDERROR']._serialized_start=2972
+  _globals['_MEANSQUAREDERROR']._serialized_end=2990
+  _globals['_ACCURACY']._serialized_start=2992
+  _globals['_ACCURACY']._serialized_end=3026
+  _globals['_GROUPEDAUC']._serialized_start=3028
+  _globals['_GROUPEDAUC']._serialized_end=3062
+  _globals['_METRICCONFIG']._serialized_start=3065
+  _globals['_METRICCONFIG']._serialized_end=3352
+  _globals['_MODELCONFIG']._serialized_start=3355
+  _globals['_MODELCONFIG']._serialized_end=3915
 # @@protoc_insertion_point(module_scope)

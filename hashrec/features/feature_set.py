@@ -43,9 +43,10 @@ class FeatureSet:
         label_fields: label columns.
         binary_labels: label columns whose values must be 0 or 1 (those a binary
             cross-entropy loss trains on).
-        sample_weight_field: column of each row's loss weight (finite, >= 0), or None.
-            Read, like the labels, only where labels are (``parse(with_labels=True)``),
-            into ``Batch.labels`` under its name.
+        sample_weight_fields: columns of row loss weights (finite, >= 0): a task's
+            ``sample_weight_name``, or the first for a task without one. Read, like the
+            labels, only where labels are (``parse(with_labels=True)``), into
+            ``Batch.labels`` under their names.
         left_out: configured features that are not in the set (no feature group names
             them), in config order.
         unembedded: id features parsed into the batch but not embedded (a grouped_auc
@@ -56,7 +57,7 @@ class FeatureSet:
 
     def __init__(self, features: list[Feature], tables: list[EmbeddingTableSpec],
                  label_fields: list[str], binary_labels: tuple[str, ...] = (),
-                 sample_weight_field: str | None = None,
+                 sample_weight_fields: Iterable[str] = (),
                  left_out: tuple[str, ...] = (), unembedded: tuple[str, ...] = (),
                  wide: WideEmbeddings | None = None) -> None:
         self.features = {f.name: f for f in features}
@@ -65,10 +66,9 @@ class FeatureSet:
         self._wide_names = frozenset(spec.name for spec in self._wide.features)
         self.label_fields = list(label_fields)
         self.binary_labels = frozenset(binary_labels)
-        self.sample_weight_field = sample_weight_field or None
-        # Columns read only with the labels: the labels and the sample weight.
-        self.target_columns = self.label_fields + (
-            [sample_weight_field] if sample_weight_field else [])
+        self.sample_weight_fields = tuple(sample_weight_fields)
+        # Columns read only with the labels: the labels and the sample weights.
+        self.target_columns = self.label_fields + list(self.sample_weight_fields)
         self.left_out = tuple(left_out)
         self.unembedded = frozenset(unembedded)
         self._sparse = [f for f in features if f.is_sparse]
@@ -149,8 +149,7 @@ class FeatureSet:
     def _labels(self, table) -> dict[str, torch.Tensor]:
         labels = {name: self._label(get_column(table, name, f"label {name}"), name)
                   for name in self.label_fields}
-        weight = self.sample_weight_field
-        if weight:
+        for weight in self.sample_weight_fields:
             labels[weight] = self._weight(get_column(table, weight, f"sample weight {weight}"),
                                           weight)
         return labels
@@ -235,8 +234,8 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
     for kind, cfg in configs:
         features += _build(kind, cfg, top_level)
     labels = list(pipeline_config.data_config.label_fields)
-    weight = _sample_weight_field(pipeline_config.data_config, labels)
-    _check_names(features, labels, weight)
+    weights = _sample_weight_fields(pipeline_config.data_config, labels)
+    _check_names(features, labels, weights)
     model_config = pipeline_config.model_config if pipeline_config.HasField("model_config") \
         else None
     # Tables come from every feature, so that features sharing a table are checked to
@@ -251,20 +250,21 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
     # Features only WIDE groups name read their wide table alone.
     embedded = {f.name for f in kept} - set(unembedded) - wide.wide_only
     return FeatureSet(kept, tables_read_by(tables, embedded), labels,
-                      _binary_labels(labels, model_config), weight, left_out, unembedded,
+                      _binary_labels(labels, model_config), weights, left_out, unembedded,
                       wide)
 
 
-def _sample_weight_field(data_config, label_fields: list[str]) -> str | None:
-    """``data_config.sample_weight_fields``' one column (the models have one loss), or None."""
-    fields = list(data_config.sample_weight_fields)
-    if len(fields) > 1:
-        raise ConfigError(f"data_config.sample_weight_fields lists {len(fields)} columns "
-                          f"{fields}; the ranking models have one loss: give one column")
-    if fields and fields[0] in label_fields:
-        raise ConfigError(f"data_config.sample_weight_fields: {fields[0]!r} is a label field; "
-                          f"give the column of each row's loss weight")
-    return fields[0] if fields else None
+def _sample_weight_fields(data_config, label_fields: list[str]) -> tuple[str, ...]:
+    """``data_config.sample_weight_fields``, checked: no label field, no column twice."""
+    fields = tuple(data_config.sample_weight_fields)
+    for name in fields:
+        if name in label_fields:
+            raise ConfigError(f"data_config.sample_weight_fields: {name!r} is a label field; "
+                              f"give the column of each row's loss weight")
+        if fields.count(name) > 1:
+            raise ConfigError(f"data_config.sample_weight_fields lists {name!r} twice; "
+                              f"list each column once")
+    return fields
 
 
 def _read_features(model_config, keep: Iterable[str]) -> frozenset[str] | None:
@@ -320,13 +320,12 @@ def _binary_losses(loss_configs) -> bool:
 
 
 def _check_names(features: list[Feature], label_fields: list[str],
-                 weight: str | None = None) -> None:
+                 weights: Iterable[str] = ()) -> None:
     """Feature names are unique, and neither a feature name nor an input is a label or
-    the sample ``weight`` column."""
+    a sample weight column (``weights``)."""
     seen: set[str] = set()
     targets = {name: "label" for name in label_fields}
-    if weight:
-        targets[weight] = "sample weight"
+    targets.update((name, "sample weight") for name in weights)
     for feature in features:
         if feature.name in seen:
             raise ConfigError(f"feature name {feature.name!r} is used twice")

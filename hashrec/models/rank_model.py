@@ -74,11 +74,12 @@ class RankModel(nn.Module):
                 f"is supported")
         # What each logit predicts (hashrec.models.tasks): one task, on label_fields[0],
         # for a single-task model.
-        self.tasks = model_tasks(model_config, feature_set.label_fields)
+        self.tasks = model_tasks(model_config, feature_set.label_fields,
+                                 getattr(feature_set, "sample_weight_fields", ()))
         self.multi_task = model_config.WhichOneof("model") in MULTI_TASK_MODELS
         self.label_name = self.tasks[0].label_name
-        # Each row's loss weight (data_config.sample_weight_fields), or None.
-        self.weight_name = getattr(feature_set, "sample_weight_field", None)
+        # Whether the losses are weighted means over the rows (``sample_weights``).
+        self.weighted = any(task.row_weighted for task in self.tasks)
         # The keys of the losses, in task order.
         self.losses = tuple(task.loss_name for task in self.tasks)
         # A single-task model's l2_loss makes it a regression model, whose prediction
@@ -188,13 +189,30 @@ class RankModel(nn.Module):
                             for task in self.tasks], dim=-1)
 
     def sample_weights(self, batch) -> torch.Tensor | None:
-        """The batch's (B,) float32 sample weights, or None without a weight column."""
-        if self.weight_name is None:
+        """The batch's float32 row loss weights: (B,), or (B, tasks) of a multi-task
+        model, a task's column its sample weight (``Task.sample_weight_name``; 1 without)
+        times its task-space factor; None where no task weighs its rows."""
+        if not self.weighted:
             return None
-        return self._target(batch, self.weight_name, "sample weight")
+        columns = [self._task_weights(batch, task) for task in self.tasks]
+        return torch.stack(columns, dim=-1) if self.multi_task else columns[0]
+
+    def _task_weights(self, batch, task) -> torch.Tensor:
+        """One task's row weights (B,)."""
+        weights = self._target(batch, task.sample_weight_name, "sample weight") \
+            if task.sample_weight_name else None
+        if task.task_space_label:
+            indicator = self._target(batch, task.task_space_label, "label")
+            space = torch.full_like(indicator, task.in_task_space_weight).where(
+                indicator > 0, task.out_task_space_weight)
+            weights = space if weights is None else weights * space
+        if weights is None:
+            weights = torch.ones_like(self._target(batch, task.label_name, "label"))
+        return weights
 
     def targets(self, batch) -> tuple[torch.Tensor, ...]:
-        """What the loss reads besides the logits: (labels,) or (labels, weights)."""
+        """What the loss reads besides the logits: (labels,) or (labels, weights), both
+        (B,) or (B, tasks)."""
         weights = self.sample_weights(batch)
         return (self.labels(batch),) if weights is None else (self.labels(batch), weights)
 
@@ -207,20 +225,22 @@ class RankModel(nn.Module):
     def losses_from_logits(self, logits: torch.Tensor, labels: torch.Tensor,
                            weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Per-loss scalar tensors (float32) of logits and labels (B,), or (B, tasks) of
-        a multi-task model, whose task losses are each multiplied by the task's weight.
-        See :func:`task_loss` for one loss."""
+        a multi-task model, whose task losses are each multiplied by the task's weight;
+        ``weights`` as ``labels`` (see ``sample_weights``). See :func:`task_loss` for one
+        loss."""
         out = {}
         for i, task in enumerate(self.tasks):
             if not self.multi_task:
                 out[task.loss_name] = task_loss(task.loss, logits, labels, weights)
                 continue
-            loss = task_loss(task.loss, logits[:, i], labels[:, i], weights)
+            loss = task_loss(task.loss, logits[:, i], labels[:, i],
+                             None if weights is None else weights[:, i])
             out[task.loss_name] = task.weight * loss
         return out
 
     def loss(self, predictions: dict[str, torch.Tensor], batch) -> dict[str, torch.Tensor]:
         """Per-loss scalar tensors (float32), averaged over the batch (weighted by the
-        sample weights when the data has them)."""
+        row weights where the tasks have them, see ``sample_weights``)."""
         logits = torch.stack([predictions[task.logits] for task in self.tasks], dim=-1) \
             if self.multi_task else predictions["logits"]
         return self.losses_from_logits(logits, *self.targets(batch))

@@ -38,10 +38,28 @@ class Task:
     metric_configs: tuple = field(default=(), compare=False)
     # Where the task is configured, for messages.
     where: str = "model_config"
+    # The column of the task's row loss weights; "" weighs every row 1.
+    sample_weight_name: str = ""
+    # The label column whose values > 0 mark the task's space; "" puts every row in it.
+    task_space_label: str = ""
+    # The row weight's factor in the task's space.
+    in_task_space_weight: float = 1.0
+    # The row weight's factor out of the task's space.
+    out_task_space_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.loss not in SUPPORTED_LOSSES:
             raise ValueError(f"Task.loss={self.loss!r}; allowed: {', '.join(SUPPORTED_LOSSES)}")
+        for name in ("in_task_space_weight", "out_task_space_weight"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"Task.{name}={value}; allowed: a finite number >= 0")
+
+    @property
+    def row_weighted(self) -> bool:
+        """Whether the task's loss is a weighted mean over the rows (a sample weight
+        column or a task space), not a plain mean."""
+        return bool(self.sample_weight_name or self.task_space_label)
 
     @property
     def suffix(self) -> str:
@@ -85,22 +103,27 @@ def loss_name(loss_configs, where: str) -> str:
     return names[0] if names else "binary_cross_entropy"
 
 
-def model_tasks(model_config, label_fields) -> tuple[Task, ...]:
+def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Task, ...]:
     """The tasks of the model ``model_config`` sets, over the label columns
-    ``label_fields`` (``data_config.label_fields``).
+    ``label_fields`` (``data_config.label_fields``) and the sample weight columns
+    ``sample_weight_fields`` (``data_config.sample_weight_fields``: a task without its
+    own ``sample_weight_name`` is weighted by the first, if any).
 
     Raises:
         ModelError: no label; a multi-task model without task towers, with two towers of
-            one name, with a label that is not a label field, or with model-level losses
-            or metrics (they belong to the task towers).
+            one name, with a label that is not a label field, with model-level losses
+            or metrics (they belong to the task towers), or with task loss weighting
+            that names unknown columns or a negative factor.
     """
     labels = list(label_fields)
     if not labels:
         raise ModelError("data_config.label_fields is empty; a ranking model needs a label")
+    weights = list(sample_weight_fields)
+    default_weight = weights[0] if weights else ""
     kind = model_config.WhichOneof("model")
     if kind not in MULTI_TASK_MODELS:
         return (Task("", labels[0], loss_name(model_config.losses, "model_config"), 1.0,
-                     tuple(model_config.metrics)),)
+                     tuple(model_config.metrics), sample_weight_name=default_weight),)
     for what in ("losses", "metrics"):
         if len(getattr(model_config, what)):
             raise ModelError(f"model_config.{what} is set on the multi-task model {kind}; "
@@ -129,8 +152,32 @@ def model_tasks(model_config, label_fields) -> tuple[Task, ...]:
             raise ModelError(f"{where}.weight={tower.weight}; the task loss's weight must be "
                              f"a finite number >= 0")
         tasks.append(Task(tower.tower_name, label, loss_name(tower.losses, where),
-                          float(tower.weight), tuple(tower.metrics), where))
+                          float(tower.weight), tuple(tower.metrics), where,
+                          **_row_weighting(tower, where, labels, weights)))
     return tuple(tasks)
+
+
+def _row_weighting(tower, where: str, labels: list[str], weights: list[str]) -> dict:
+    """The Task fields of a tower's row loss weights, checked against the label columns
+    ``labels`` and the sample weight columns ``weights``."""
+    name = tower.sample_weight_name
+    if name and name not in weights:
+        raise ModelError(f"{where}.sample_weight_name {name!r} is not one of "
+                         f"data_config.sample_weight_fields ({', '.join(weights) or 'none'}); "
+                         f"add it there")
+    space = tower.task_space_indicator_label
+    if space and space not in labels:
+        raise ModelError(f"{where}.task_space_indicator_label {space!r} is not one of "
+                         f"data_config.label_fields ({', '.join(labels)}); add it there")
+    factors = {}
+    for field_name in ("in_task_space_weight", "out_task_space_weight"):
+        value = float(getattr(tower, field_name))
+        if not (math.isfinite(value) and value >= 0):
+            raise ModelError(f"{where}.{field_name}={value}; a row loss weight's factor "
+                             f"must be a finite number >= 0")
+        factors[field_name] = value
+    return {"sample_weight_name": name or (weights[0] if weights else ""),
+            "task_space_label": space, **factors}
 
 
 def prediction_columns(tasks) -> tuple[str, ...]:

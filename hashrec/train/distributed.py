@@ -157,7 +157,9 @@ class WeightedLossScale:
     the dense gradients are then averaged over ranks, which weighs every rank alike.
     Scaling rank r's loss by ``world * W_r / W`` (W the weights' sum over all ranks)
     makes that average sum over every row of w * l, divided by W: the loss one process
-    reading the global batch trains on. ``start`` sends this rank's sum: on CUDA an
+    reading the global batch trains on. A multi-task model's weights (B, tasks) give
+    each task its own factor, applied to its loss (the losses in task order).
+    ``start`` sends this rank's sums: on CUDA an
     all-reduce on the side stream of ``hashrec.distributed.side_exchange`` (the step's
     forward goes on, and the captured exchanges it replays are ordered after it, as
     two collectives of one communicator must never overlap); ``scale`` orders the
@@ -169,7 +171,8 @@ class WeightedLossScale:
         self._local = self._total = self._event = None
 
     def start(self, weights: torch.Tensor) -> None:
-        self._local = weights.sum(dtype=torch.float32).reshape(1)
+        """Sends this rank's weight sums: weights (B,) -> (1,), (B, tasks) -> (tasks,)."""
+        self._local = weights.sum(dim=0, dtype=torch.float32).reshape(-1)
 
         def reduce() -> torch.Tensor:
             total = self._local.clone()
@@ -182,11 +185,16 @@ class WeightedLossScale:
             self._total = reduce()
 
     def scale(self, losses: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """``losses`` times this step's factor (0 on a rank whose weights are all 0)."""
+        """``losses`` times this step's factors, one per loss in order, or one for all
+        (0 on a rank whose weights, or the task's, are all 0)."""
         if self._event is not None:
             torch.cuda.current_stream(self._local.device).wait_event(self._event)
             self._total.record_stream(torch.cuda.current_stream(self._local.device))
             self._event = None
         tiny = torch.finfo(torch.float32).tiny
-        factor = self._local[0] * self.ctx.world_size / self._total[0].clamp_min(tiny)
-        return {name: loss * factor for name, loss in losses.items()}
+        factors = self._local * self.ctx.world_size / self._total.clamp_min(tiny)
+        if len(factors) not in (1, len(losses)):
+            raise ValueError(f"WeightedLossScale: {len(factors)} weight columns for "
+                             f"{len(losses)} losses; expected 1 or one per loss")
+        return {name: loss * factors[i if len(factors) > 1 else 0]
+                for i, (name, loss) in enumerate(losses.items())}

@@ -62,7 +62,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
     metrics = {name + task.suffix: (task, metric) for task in model.tasks
                for name, metric in build_metrics(task.metric_configs, session.device,
                                                  task.regression).items()}
-    mean_loss = MeanLoss(session.device)
+    mean_loss = MeanLoss(session.device, len(model.losses))
     was_training = model.training
     model.eval()
     start, batches = time.perf_counter(), 0
@@ -75,10 +75,11 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
                 with session.precision.autocast():
                     predictions = model(batch)
                 _update_metrics(metrics.values(), predictions, batch)
-                loss = sum(model.loss(predictions, batch).values())
+                # Each loss term (a task's) is averaged over the rows with its weights.
+                losses = torch.stack(list(model.loss(predictions, batch).values()))
                 weights = model.sample_weights(batch)
-                mean_loss.add(loss, batch.batch_size,
-                              None if weights is None else weights.sum())
+                mean_loss.add(losses, batch.batch_size,
+                              None if weights is None else weights.sum(dim=0))
                 batches += 1
                 if log_every and batches % log_every == 0:
                     logger.info("eval at step %d: %d batches (%.1fs)", step, batches,

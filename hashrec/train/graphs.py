@@ -81,13 +81,14 @@ def quiet_warmup_streams():
 
 class _DenseLoss(nn.Module):
     """The dense network and the loss as one module of tensors: (*inputs, *targets) ->
-    (logits (B,) detached, losses (n,)); targets: labels, then sample weights if any."""
+    (logits (B,) detached, losses (n,)); targets: labels, then row weights if any, (B,)
+    or (B, tasks) each."""
 
     def __init__(self, model) -> None:
         super().__init__()
         self.parts = nn.ModuleList(model.dense_modules())
         self._model = (model,)  # not a submodule: the embedding stays out
-        self._targets = 1 if getattr(model, "weight_name", None) is None else 2
+        self._targets = 2 if getattr(model, "weighted", False) else 1
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         model = self._model[0]

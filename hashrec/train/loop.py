@@ -202,8 +202,8 @@ class TrainLoop:
             if lowest != highest:
                 raise TrainError(f"{PREPARE_AHEAD_ENV} differs between ranks ({lowest} to "
                                  f"{highest}); set it alike on every rank")
-        # Several ranks with sample weights: the losses scaled to the global weighted mean.
-        weighted = getattr(session.model, "weight_name", None) is not None
+        # Several ranks with row weights: each loss scaled to its global weighted mean.
+        weighted = getattr(session.model, "weighted", False)
         self.weighted_loss = WeightedLossScale(self.ctx) \
             if weighted and self.ctx.is_distributed else None
         # Several ranks: the dense gradients live in one buffer that one all-reduce averages.

@@ -110,27 +110,37 @@ class MeanAbsoluteError(_MeanOf):
 
 
 class MeanLoss(_MeanOf):
-    """Mean of per-batch loss values weighted by each batch's size, or by the sum of its
-    sample weights (see ``add``); also counts the examples."""
+    """Sum over ``terms`` loss terms (a multi-task model's task losses) of each term's
+    mean of per-batch values, weighted by each batch's size or by the sum of its row
+    weights (see ``add``); a term whose weights sum to 0 adds 0. Also counts the
+    examples."""
 
-    def __init__(self, device=None) -> None:
+    def __init__(self, device=None, terms: int = 1) -> None:
         super().__init__(device)
-        self.total = torch.zeros(3, dtype=torch.float64, device=device)
+        # Rows: sum of loss x weight, sum of weight, rows; a column per term.
+        self.total = torch.zeros(3, terms, dtype=torch.float64, device=device)
 
     def add(self, loss: float | torch.Tensor, count: int,
             weight: torch.Tensor | None = None) -> None:
-        """Add a batch's mean ``loss`` (a float or a device scalar, not read back) over
-        ``count`` rows; ``weight``: the sum of its rows' sample weights, when the loss is
-        their weighted mean."""
-        loss = torch.as_tensor(loss, device=self.total.device).detach().to(torch.float64)
-        weight = torch.ones_like(loss) * count if weight is None else \
-            torch.as_tensor(weight, device=self.total.device).detach().to(torch.float64)
-        self.total += torch.stack([loss * weight, weight, torch.ones_like(loss) * count])
+        """Add a batch's mean ``loss`` (a float, a device scalar or (terms,), not read
+        back) over ``count`` rows; ``weight``: the sum of its rows' weights (scalar or
+        (terms,)), when the loss is their weighted mean."""
+        device = self.total.device
+        loss = torch.as_tensor(loss, device=device).detach().to(torch.float64).reshape(-1)
+        weight = torch.full_like(loss, float(count)) if weight is None else \
+            torch.as_tensor(weight, device=device).detach().to(torch.float64).reshape(-1)
+        self.total += torch.stack([loss * weight, weight, torch.full_like(loss, count)])
+
+    def compute(self) -> float:
+        if self.total[2, 0] <= 0:
+            return float("nan")
+        tiny = torch.finfo(torch.float64).tiny
+        return float((self.total[0] / self.total[1].clamp_min(tiny)).sum())
 
     @property
     def examples(self) -> int:
         """Rows added (summed over ranks after ``sync``)."""
-        return int(self.total[2])
+        return int(self.total[2, 0])
 
 
 SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_error",
@@ -175,7 +185,8 @@ def check_metrics(model_config, feature_set) -> None:
     on a regression model (l2_loss); each task's of a multi-task model."""
     from hashrec.models.tasks import model_tasks
 
-    for task in model_tasks(model_config, feature_set.label_fields):
+    for task in model_tasks(model_config, feature_set.label_fields,
+                            feature_set.sample_weight_fields):
         _check_task_metrics(task, feature_set)
 
 

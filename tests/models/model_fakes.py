@@ -39,11 +39,13 @@ def model_config(text: str = MODEL_CONFIG) -> model_pb2.ModelConfig:
     return text_format.Parse(text, model_pb2.ModelConfig())
 
 
-def fake_model(text: str, wide: tuple[str, ...] = (), labels: tuple[str, ...] = ("clk",)):
+def fake_model(text: str, wide: tuple[str, ...] = (), labels: tuple[str, ...] = ("clk",),
+               weights: tuple[str, ...] = ()):
     """The registry's model of ``text`` on the fakes (seeded), ``wide`` features having
-    wide embeddings, ``labels`` the label fields."""
+    wide embeddings, ``labels`` the label fields, ``weights`` the sample weight fields."""
     torch.manual_seed(0)
-    return create_model(model_config(text), FakeFeatureSet(list(labels), wide=wide), None,
+    features = FakeFeatureSet(list(labels), wide=wide, sample_weight_fields=weights)
+    return create_model(model_config(text), features, None,
                         embedding=FakeEmbedding(wide=wide))
 
 
@@ -56,6 +58,8 @@ class FakeFeatureSet:
     left_out: tuple[str, ...] = ()
     # pooled features with a wide embedding ``<name>@wide`` (WIDE_DIM columns) besides
     wide: tuple[str, ...] = ()
+    # data_config.sample_weight_fields
+    sample_weight_fields: tuple[str, ...] = ()
 
     def embedding_features(self):
         return ([EmbeddingFeatureSpec(n, n) for n in POOLED]

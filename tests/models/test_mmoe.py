@@ -35,10 +35,9 @@ def test_one_logit_and_prediction_per_task():
 def _model_and_batch(weighted: bool):
     """CONFIG's model and a batch with both labels (and sample weights ``w`` if
     ``weighted``)."""
-    model = fake_model(CONFIG, labels=LABELS)
+    model = fake_model(CONFIG, labels=LABELS, weights=("w",) if weighted else ())
     batch = make_batch(6, more_labels=("buy",))
     if weighted:
-        model.weight_name = "w"
         batch.labels["w"] = torch.tensor([1.0, 0.0, 2.0, 1.0, 3.0, 0.5])
     return model, batch
 

@@ -53,7 +53,7 @@ def _table(rows: int, seed: int = 0, weights=None) -> pa.Table:
 
 def test_weights_are_parsed_with_the_labels_only(tmp_path):
     features = build_feature_set(_config(tmp_path))
-    assert features.sample_weight_field == "w" and "w" in features.input_columns
+    assert features.sample_weight_fields == ("w",) and "w" in features.input_columns
     batch = features.parse(_table(5, weights=[0.0, 1.0, 2.5, 0.0, 7.0]))
     assert batch.labels["w"].tolist() == [0.0, 1.0, 2.5, 0.0, 7.0]
     assert batch.labels["w"].dtype == torch.float32
@@ -76,11 +76,11 @@ def test_bad_weights_are_named_by_row(tmp_path, weights, row):
 
 
 @pytest.mark.parametrize("edit, message", [
-    ({"data_config.sample_weight_fields": ["w", "v"]}, "lists 2 columns"),
+    ({"data_config.sample_weight_fields": ["w", "w"]}, "lists 'w' twice"),
     ({"data_config.sample_weight_fields": ["clk"]}, "'clk' is a label field"),
     ({"feature_configs[1].raw_feature.expression": "item:w"},
      "reads sample weight column 'w'; a sample weight cannot be a model input"),
-], ids=["two-columns", "label", "feature-input"])
+], ids=["twice", "label", "feature-input"])
 def test_weight_columns_are_checked(tmp_path, edit, message):
     with pytest.raises(ConfigError, match=message):
         build_feature_set(apply_edit_config_json(_config(tmp_path), edit))
@@ -143,3 +143,68 @@ def test_training_and_evaluation_use_the_weights(tmp_path):
     w = batch.labels["w"]
     assert result["loss"] == pytest.approx(float((each * w).sum() / w.sum()), rel=1e-4)
     assert result["num_examples"] == 640
+
+
+MULTI_TASK = """
+data_config {{ label_fields: "buy" sample_weight_fields: "v" }}
+model_config {{
+  feature_groups {{ group_name: "deep" feature_names: ["user_id", "price"] group_type: DEEP }}
+  mmoe {{ expert_mlp {{ hidden_units: [8] }} num_expert: 2
+    task_towers {{ tower_name: "ctr" label_name: "clk" sample_weight_name: "v" }}
+    task_towers {{ tower_name: "cvr" label_name: "buy" weight: 0.5
+      task_space_indicator_label: "clk" in_task_space_weight: 2 out_task_space_weight: 0 }}
+  }}
+}}
+"""
+
+
+def _multi_task_config(tmp_path, data: str = ""):
+    from google.protobuf import text_format
+
+    config = _config(tmp_path, data)
+    config.model_config.Clear()
+    return text_format.Merge(MULTI_TASK.format(), config)
+
+
+def _multi_task_table(rows: int, seed: int) -> pa.Table:
+    table = _table(rows, seed)
+    rng = np.random.default_rng(seed + 100)
+    clk = table.column("clk").to_numpy()
+    return table.append_column("buy", pa.array(clk * (rng.random(rows) < 0.5)
+                                              .astype(np.int64))) \
+        .append_column("v", pa.array(rng.integers(0, 3, rows).astype(np.float64)))
+
+
+def test_a_multi_task_evaluation_loss_weighs_each_task_with_its_own_weights(tmp_path):
+    data = tmp_path / "eval"
+    data.mkdir()
+    table = _multi_task_table(320, seed=4)
+    pq.write_table(table, data / "part-0.parquet")
+    config = _multi_task_config(tmp_path)
+    session = build_session(config, device=torch.device("cpu"))
+    assert session.feature_set.sample_weight_fields == ("w", "v")
+    result = evaluate(session, str(data), step=0)
+    with torch.no_grad():
+        batch = session.feature_set.parse(table)
+        out = session.model(batch)
+    labels = batch.labels
+
+    def mean(task: str, label: str, w: torch.Tensor) -> float:
+        each = torch.nn.functional.binary_cross_entropy_with_logits(
+            out[f"logits_{task}"], labels[label], reduction="none")
+        return float((each * w).sum() / w.sum())
+
+    expected = mean("ctr", "clk", labels["v"]) + 0.5 * mean(
+        "cvr", "buy", labels["w"] * torch.where(labels["clk"] > 0, 2.0, 0.0))
+    assert result["loss"] == pytest.approx(expected, rel=1e-4)
+    assert result["num_examples"] == 320
+
+
+def test_a_multi_task_model_trains_with_task_weights(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(_multi_task_table(256, seed=5), data / "part-0.parquet")
+    config = _multi_task_config(tmp_path, str(data))
+    config.eval_input_path = str(data)
+    train_and_evaluate(config)
+    assert latest_checkpoint(str(tmp_path / "m")) is not None

@@ -1,0 +1,169 @@
+"""A multi-task model's row loss weights per task: each tower's ``sample_weight_name``
+column (default: the first sample weight field) times its task-space factor
+(``in_task_space_weight`` where ``task_space_indicator_label`` is > 0, else
+``out_task_space_weight``); each task loss is its rows' weighted mean."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_fakes import fake_model, make_batch
+from multi_task_checks import DEEP_GROUP
+
+from hashrec.models import ModelError
+
+LABELS = ("clk", "buy")
+BATCH = 8
+
+
+def _config(ctr: str = "", cvr: str = "", kind: str = "mmoe") -> str:
+    head = "expert_mlp { hidden_units: [8] } num_expert: 2" if kind == "mmoe" else \
+        "bottom_mlp { hidden_units: [8] }"
+    return f"""{DEEP_GROUP}
+{kind} {{
+  {head}
+  task_towers {{ tower_name: "ctr" label_name: "clk" mlp {{ hidden_units: [4] }} {ctr} }}
+  task_towers {{ tower_name: "cvr" label_name: "buy" mlp {{ hidden_units: [4] }} {cvr} }}
+}}
+"""
+
+
+SPACE = 'task_space_indicator_label: "clk" out_task_space_weight: 0'
+
+
+def _batch(**weights) -> object:
+    batch = make_batch(BATCH, seed=3, more_labels=("buy",))
+    batch.labels["clk"] = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0])
+    for name, values in weights.items():
+        batch.labels[name] = torch.tensor(values)
+    return batch
+
+
+def _bce(out, batch, task: str, label: str) -> torch.Tensor:
+    return torch.nn.functional.binary_cross_entropy_with_logits(
+        out[f"logits_{task}"], batch.labels[label], reduction="none")
+
+
+def _weighted_mean(each: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (each * w).sum() / w.sum()
+
+
+@pytest.mark.parametrize("kind", ["mmoe", "dbmtl"])
+def test_a_task_space_task_trains_on_its_space_only(kind):
+    model = fake_model(_config(cvr=SPACE, kind=kind), labels=LABELS)
+    batch = _batch()
+    out = model(batch)
+    losses = model.loss(out, batch)
+    clk = batch.labels["clk"]
+    torch.testing.assert_close(losses["binary_cross_entropy_ctr"],
+                               _bce(out, batch, "ctr", "clk").mean())
+    torch.testing.assert_close(losses["binary_cross_entropy_cvr"],
+                               _weighted_mean(_bce(out, batch, "cvr", "buy"), clk))
+    assert model.sample_weights(batch).tolist() == [[1.0, c] for c in clk.tolist()]
+
+    def cvr_gradients(labels: torch.Tensor) -> list[torch.Tensor]:
+        model.zero_grad()
+        flipped = _batch()
+        flipped.labels["buy"] = labels
+        model.loss(model(flipped), flipped)["binary_cross_entropy_cvr"].backward()
+        return [p.grad.clone() for n, p in model.named_parameters()
+                if p.grad is not None and not n.startswith("embedding")]
+
+    buy = batch.labels["buy"]
+    before = cvr_gradients(buy)
+    # Rows out of the space (no click) contribute nothing, whatever their label ...
+    after = cvr_gradients(torch.where(clk > 0, buy, 1 - buy))
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    # ... and those in it do.
+    changed = cvr_gradients(torch.where(clk > 0, 1 - buy, buy))
+    assert not all(torch.allclose(a, b) for a, b in zip(before, changed))
+
+
+def test_in_and_out_factors_multiply_the_sample_weight():
+    cvr = 'task_space_indicator_label: "clk" in_task_space_weight: 3 out_task_space_weight: 0.5'
+    model = fake_model(_config(cvr=cvr), labels=LABELS, weights=("w",))
+    w = [1.0, 2.0, 0.0, 1.0, 4.0, 0.5, 1.0, 2.0]
+    batch = _batch(w=w)
+    out = model(batch)
+    losses = model.loss(out, batch)
+    space = torch.where(batch.labels["clk"] > 0, 3.0, 0.5)
+    row = torch.tensor(w)
+    torch.testing.assert_close(losses["binary_cross_entropy_ctr"],
+                               _weighted_mean(_bce(out, batch, "ctr", "clk"), row))
+    torch.testing.assert_close(losses["binary_cross_entropy_cvr"],
+                               _weighted_mean(_bce(out, batch, "cvr", "buy"), row * space))
+
+
+def test_each_task_reads_its_own_sample_weight_column():
+    model = fake_model(_config(ctr='sample_weight_name: "v"', cvr='sample_weight_name: "w"'),
+                       labels=LABELS, weights=("w", "v"))
+    w = [1.0, 0.0, 2.0, 1.0, 3.0, 0.5, 0.0, 1.0]
+    v = [0.0, 5.0, 1.0, 1.0, 0.0, 2.0, 1.0, 0.0]
+    batch = _batch(w=w, v=v)
+    out = model(batch)
+    losses = model.loss(out, batch)
+    torch.testing.assert_close(losses["binary_cross_entropy_ctr"],
+                               _weighted_mean(_bce(out, batch, "ctr", "clk"), torch.tensor(v)))
+    torch.testing.assert_close(losses["binary_cross_entropy_cvr"],
+                               _weighted_mean(_bce(out, batch, "cvr", "buy"), torch.tensor(w)))
+    # A tower without sample_weight_name reads the first column.
+    default = fake_model(_config(ctr='sample_weight_name: "v"'), labels=LABELS,
+                         weights=("w", "v"))
+    assert [t.sample_weight_name for t in default.tasks] == ["v", "w"]
+    assert torch.equal(default.sample_weights(batch), torch.tensor([v, w]).T)
+
+
+def test_unweighted_towers_give_no_weights():
+    model = fake_model(_config(), labels=LABELS)
+    assert not model.weighted and model.sample_weights(_batch()) is None
+    _, *targets = model.targets(_batch())
+    assert targets == []
+
+
+def test_all_weights_zero_gives_a_zero_loss():
+    model = fake_model(_config(cvr=SPACE), labels=LABELS)
+    batch = _batch()
+    batch.labels["clk"] = torch.zeros(BATCH)
+    losses = model.loss(model(batch), batch)
+    assert float(losses["binary_cross_entropy_cvr"].detach()) == 0.0
+
+
+def test_the_own_label_may_mark_the_space():
+    model = fake_model(_config(cvr='task_space_indicator_label: "buy"'), labels=LABELS)
+    assert model.tasks[1].task_space_label == "buy"
+
+
+@pytest.mark.parametrize("cvr, message", [
+    ('sample_weight_name: "v"', r"task_towers\['cvr'\].sample_weight_name 'v' is not one of "
+                                r"data_config.sample_weight_fields \(w\)"),
+    ('task_space_indicator_label: "pay"',
+     r"task_towers\['cvr'\].task_space_indicator_label 'pay' is not one of "
+     r"data_config.label_fields \(clk, buy\)"),
+    ("in_task_space_weight: -1", r"in_task_space_weight=-1.0; a row loss weight's factor must "
+                                 r"be a finite number >= 0"),
+    ("out_task_space_weight: nan", r"out_task_space_weight=nan"),
+], ids=["unknown-weight", "unknown-space-label", "negative-in", "nan-out"])
+def test_bad_task_weighting_is_refused(cvr, message):
+    with pytest.raises(ModelError, match=message):
+        fake_model(_config(cvr=cvr), labels=LABELS, weights=("w",))
+
+
+def test_sample_weight_name_without_weight_fields_is_refused():
+    with pytest.raises(ModelError, match=r"sample_weight_fields \(none\); add it there"):
+        fake_model(_config(cvr='sample_weight_name: "w"'), labels=LABELS)
+
+
+def test_the_graph_module_takes_the_weights_as_targets():
+    """``hashrec.train.graphs`` runs the loss on (labels, weights), (B, tasks) each: the
+    same task losses as the eager loss."""
+    from hashrec.train.graphs import _DenseLoss
+
+    model = fake_model(_config(ctr='sample_weight_name: "w"', cvr=SPACE), labels=LABELS,
+                       weights=("w",))
+    batch = _batch(w=[1.0, 0.0, 2.0, 1.0, 3.0, 0.5, 0.0, 1.0])
+    labels, weights = model.targets(batch)
+    assert labels.shape == weights.shape == (BATCH, 2)
+    inputs = model.dense_inputs(model.embed(batch), batch)
+    _, losses = _DenseLoss(model)(*inputs, labels, weights)
+    eager = model.loss(model(batch), batch)
+    torch.testing.assert_close(losses, torch.stack(list(eager.values())))
