@@ -100,7 +100,8 @@ model_config {
     expert_mlp { hidden_units: [16, 8] } gate_mlp { hidden_units: [8] } num_expert: 3
     task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] } }
     task_towers { tower_name: "score" label_name: "score" weight: 0.5
-                  losses { l2_loss {} } }
+                  losses { l2_loss {} } task_space_indicator_label: "clk"
+                  out_task_space_weight: 0.25 }
   }
 }
 """
@@ -140,8 +141,8 @@ model_config {
 
 @pytest.mark.parametrize("model", [MMOE, DBMTL, PLE], ids=["mmoe", "dbmtl", "ple"])
 def test_multi_task_model_trains_graphed_like_eager(tmp_path, model):
-    # (B, tasks) logits and labels, an l2_loss task weighted 0.5 and sample weights
-    # through the captured loss.
+    # (B, tasks) logits, labels and row weights (sample weights; MMoE's score task also
+    # in the click space), an l2_loss task weighted 0.5, through the captured loss.
     data = str(tmp_path / "data")
     generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])
     _add_weights(data)
