@@ -2,7 +2,8 @@
 may read earlier tasks' outputs (one logit a task).
 
 The DEEP feature groups, concatenated in group order (B, D), go through the optional
-shared ``bottom_mlp``. Each task reads the result, or, with ``expert_mlp``, its gate's
+``mask_net`` (a MaskNet, see ``hashrec.modules.masknet``), then the optional shared
+``bottom_mlp``. Each task reads the result, or, with ``expert_mlp``, its gate's
 mix of ``num_expert`` experts over it (as MMoE), then its tower's optional ``mlp``. A
 task's *tower output* is that, concatenated with the tower outputs of the tasks named in
 its ``relation_tower_names`` (earlier tasks, in that order), through its optional
@@ -17,7 +18,7 @@ from hashrec.models.errors import ModelError
 from hashrec.models.group_net import GroupNetModel
 from hashrec.models.mmoe import MMoETask, check_module_name, deep_groups_merged
 from hashrec.models.rank_model import mlp_options, optional_mlp
-from hashrec.modules import MLP
+from hashrec.modules import MLP, MaskBlockOptions, MaskNet
 
 
 class SharedInput(nn.Module):
@@ -73,7 +74,8 @@ class DBMTLNet(nn.Module):
     ``forward([features (B, D)]) -> logits (B, tasks)``.
 
     Args:
-        bottom: the shared bottom MLP (or identity), (B, D) -> (B, D').
+        bottom: the mask net, then the shared bottom MLP (either, both in an
+            ``nn.Sequential``, or identity), (B, D) -> (B, D').
         experts: the expert MLPs, each (B, D') -> (B, E); empty without experts.
         tasks: tower_name -> ``DBMTLTask``, in task order (keyed by name, so that a
             fine-tune start restores each task from the checkpoint's task of that name).
@@ -114,8 +116,10 @@ class DBMTL(GroupNetModel):
         config = model_config.dbmtl
         self.deep_group = deep_groups_merged(self, "dbmtl")
         self.input_groups = [self.deep_group]
-        bottom, width = optional_mlp(config, "bottom_mlp", self.deep_group.dim,
-                                     "dbmtl.bottom_mlp")
+        mask_net, width = _mask_net(config, self.deep_group.dim)
+        bottom, width = optional_mlp(config, "bottom_mlp", width, "dbmtl.bottom_mlp")
+        if mask_net is not None:
+            bottom = nn.Sequential(mask_net, bottom) if bottom is not None else mask_net
         experts, input_width = _experts(config, width)
         tasks: dict[str, nn.Module] = {}
         widths: dict[str, int] = {}
@@ -138,6 +142,31 @@ class DBMTL(GroupNetModel):
                                          relation or nn.Identity(),
                                          nn.Linear(widths[task.name], 1))
         self.net = DBMTLNet(bottom or nn.Identity(), experts, tasks)
+
+
+def _mask_net(config, width: int) -> tuple[MaskNet | None, int]:
+    """The MaskNet of ``config.mask_net`` over ``width`` inputs and its output width, or
+    (None, ``width``) where it is unset.
+
+    Raises:
+        ModelError: n_mask_blocks, hidden_dim or the aggregation width below 1, or an
+            invalid top_mlp.
+    """
+    if not config.HasField("mask_net"):
+        return None, width
+    mask_net = config.mask_net
+    block = mask_net.mask_block
+    top = mlp_options(mask_net.top_mlp, "dbmtl.mask_net.top_mlp") \
+        if mask_net.HasField("top_mlp") else None
+    try:
+        options = MaskBlockOptions(
+            hidden_dim=block.hidden_dim, reduction_ratio=block.reduction_ratio,
+            aggregation_dim=block.aggregation_dim if block.HasField("aggregation_dim")
+            else None)
+        net = MaskNet(width, mask_net.n_mask_blocks, options, top, mask_net.use_parallel)
+    except ValueError as err:
+        raise ModelError(f"dbmtl.mask_net: {err}") from err
+    return net, net.output_dim()
 
 
 def _experts(config, width: int) -> tuple[list[nn.Module], int]:

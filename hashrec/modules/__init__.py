@@ -1,13 +1,15 @@
 """Small neural-network building blocks: MLP, DIN attention, factorization machine,
-pairwise dot interactions."""
+pairwise dot interactions, MaskNet."""
 
 from hashrec.modules.activation import ACTIVATIONS, Dice, create_activation
 from hashrec.modules.din import NORMALIZERS, DINAttention, sequence_mask
 from hashrec.modules.fm import FactorizationMachine
 from hashrec.modules.interaction import PairwiseDot
+from hashrec.modules.masknet import MaskBlockOptions, MaskNet
 from hashrec.modules.mlp import MLP, MLPOptions
 
 __all__ = [
     "ACTIVATIONS", "Dice", "create_activation", "NORMALIZERS", "DINAttention",
     "sequence_mask", "FactorizationMachine", "MLP", "MLPOptions", "PairwiseDot",
+    "MaskBlockOptions", "MaskNet",
 ]

@@ -60,6 +60,9 @@ model_config {
   }
 }
 """
+# DBMTL with a parallel MaskNet before its bottom MLP.
+DBMTL_MASK_NET = DBMTL.replace("    bottom_mlp", "    mask_net { n_mask_blocks: 2 mask_block "
+                               "{ reduction_ratio: 0.5 hidden_dim: 8 } }\n    bottom_mlp", 1)
 # PLE: two levels, shared experts in both (the first level's shared gate feeds the second).
 PLE = """
 model_config {
@@ -95,7 +98,8 @@ def data_dir(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("model", [MODEL, DBMTL, PLE], ids=["mmoe", "dbmtl", "ple"])
+@pytest.mark.parametrize("model", [MODEL, DBMTL, DBMTL_MASK_NET, PLE],
+                         ids=["mmoe", "dbmtl", "dbmtl-mask-net", "ple"])
 def test_trains_evaluates_exports_and_predicts(data_dir, tmp_path, model):
     text = (f'train_input_path: "{data_dir}/train"\neval_input_path: "{data_dir}/eval"\n'
             f'model_dir: "{tmp_path}/model"\n{FEATURES}{model}')

@@ -13,6 +13,7 @@ from multi_task_checks import (
 from torch import nn
 
 from hashrec.models import DBMTL, ModelError
+from hashrec.modules import MaskNet
 
 LABELS = ("clk", "buy")
 CONFIG = """
@@ -31,7 +32,14 @@ dbmtl {
 EXPERTS = CONFIG.replace("  task_towers", "  expert_mlp { hidden_units: [6] } num_expert: 2\n"
                          "  gate_mlp { hidden_units: [4] }\n  task_towers", 1) \
     .replace(" relation_mlp { hidden_units: [3] }", "")
-VARIANTS = {"bottom": CONFIG, "experts": EXPERTS}
+# A parallel MaskNet before the bottom MLP; serial blocks with a top MLP before experts.
+MASK_NET = CONFIG.replace("  bottom_mlp", "  mask_net { n_mask_blocks: 2 mask_block "
+                          "{ reduction_ratio: 0.5 hidden_dim: 5 } }\n  bottom_mlp", 1)
+MASK_NET_SERIAL = EXPERTS.replace("  bottom_mlp { hidden_units: [8] }\n", "").replace(
+    "  expert_mlp", "  mask_net { n_mask_blocks: 3 use_parallel: false mask_block "
+    "{ aggregation_dim: 4 hidden_dim: 6 } top_mlp { hidden_units: [7] } }\n  expert_mlp", 1)
+VARIANTS = {"bottom": CONFIG, "experts": EXPERTS, "mask-net": MASK_NET,
+            "mask-net-serial": MASK_NET_SERIAL}
 
 
 @pytest.mark.parametrize("kind", list(VARIANTS))
@@ -41,9 +49,34 @@ def test_one_logit_and_prediction_per_task(kind):
     check_one_logit_and_prediction_per_task(model)
 
 
-def test_total_loss_is_the_weighted_sum_of_the_task_losses():
-    model = fake_model(EXPERTS, labels=LABELS)
+@pytest.mark.parametrize("kind", ["experts", "mask-net", "mask-net-serial"])
+def test_total_loss_is_the_weighted_sum_of_the_task_losses(kind):
+    model = fake_model(VARIANTS[kind], labels=LABELS)
     check_task_losses_and_gradients(model)
+
+
+@pytest.mark.parametrize("kind", ["mask-net", "mask-net-serial"])
+def test_the_mask_net_reads_the_deep_groups_and_feeds_the_bottom(kind):
+    model = fake_model(VARIANTS[kind], labels=LABELS)
+    bottom = model.net.bottom
+    mask_net = bottom[0] if kind == "mask-net" else bottom
+    assert isinstance(mask_net, MaskNet)
+    assert mask_net.norm.normalized_shape == (model.deep_group.dim,)
+    if kind == "mask-net":  # two parallel blocks of 5 columns, then the bottom MLP
+        assert [b.mask[0].out_features for b in mask_net.blocks] == \
+            [model.deep_group.dim // 2] * 2
+        assert bottom[1].first_weight().shape == (8, 10)
+    else:  # the top MLP's 7 columns are every expert's input
+        assert [b.hidden.in_features for b in mask_net.blocks] == \
+            [model.deep_group.dim, 6, 6]
+        assert model.net.experts[0].first_weight().shape == (6, 7)
+    batch = make_batch(6, more_labels=("buy",))
+    inputs = list(model.dense_inputs(model.embed(batch), batch))
+    with torch.no_grad():
+        before = model.net(inputs)
+        mask_net.blocks[-1].mask[2].bias.add_(1.0)
+        after = model.net(inputs)
+    assert not torch.allclose(before, after)
 
 
 @pytest.mark.parametrize("kind", list(VARIANTS))
@@ -99,9 +132,21 @@ def test_missing_label_name_reads_the_label_field_of_the_towers_position():
     ('feature_groups { group_name: "seq" feature_names: ["item_id", "click_seq__item_id"] '
      'group_type: SEQUENCE }' + CONFIG, "dbmtl reads DEEP feature groups only"),
     (CONFIG.replace('"cvr"', '"keys"'), "tower_name 'keys' cannot name the task's module"),
+    (MASK_NET.replace("n_mask_blocks: 2", "n_mask_blocks: 0"),
+     "dbmtl.mask_net: n_mask_blocks=0; allowed: 1 or more"),
+    (MASK_NET.replace("hidden_dim: 5", "hidden_dim: 0"),
+     "dbmtl.mask_net: mask_block.hidden_dim=0"),
+    (MASK_NET.replace("reduction_ratio: 0.5", "reduction_ratio: 0.01"),
+     "dbmtl.mask_net: mask_block.reduction_ratio=0.01 over 13 input columns gives an "
+     "aggregation width of 0"),
+    (MASK_NET.replace("reduction_ratio: 0.5", "aggregation_dim: 0"),
+     "dbmtl.mask_net: mask_block.aggregation_dim=0"),
+    (MASK_NET_SERIAL.replace("top_mlp { hidden_units: [7] }", "top_mlp {}"),
+     "dbmtl.mask_net.top_mlp: MLPOptions.hidden_units must name at least one layer"),
 ], ids=["unknown-relation", "self-relation", "later-relation", "relation-twice",
         "no-experts", "gate-without-experts", "unknown-label", "model-losses", "sequence",
-        "module-dict-attribute"])
+        "module-dict-attribute", "mask-net-no-blocks", "mask-net-hidden-dim-0",
+        "mask-net-small-ratio", "mask-net-aggregation-dim-0", "mask-net-empty-top-mlp"])
 def test_config_errors(text, message):
     with pytest.raises(ModelError, match=message.replace("[", r"\[").replace("(", r"\(")):
         fake_model(text, labels=LABELS)

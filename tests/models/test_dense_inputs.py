@@ -26,12 +26,15 @@ KINDS = {
     "mmoe": (test_mmoe.CONFIG, ()),
     "dbmtl": (test_dbmtl.CONFIG, ()),
     "dbmtl-experts": (test_dbmtl.EXPERTS, ()),
+    "dbmtl-mask-net": (test_dbmtl.MASK_NET, ()),
+    "dbmtl-mask-net-serial": (test_dbmtl.MASK_NET_SERIAL, ()),
     "ple": (test_ple.CONFIG, ()),
     "ple-no-shared": (test_ple.NO_SHARED, ()),
 }
 # The label fields of the models that read more than ``clk``.
 LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,
-          "dbmtl-experts": test_dbmtl.LABELS, "ple": test_ple.LABELS,
+          "dbmtl-experts": test_dbmtl.LABELS, "dbmtl-mask-net": test_dbmtl.LABELS,
+          "dbmtl-mask-net-serial": test_dbmtl.LABELS, "ple": test_ple.LABELS,
           "ple-no-shared": test_ple.LABELS}
 
 

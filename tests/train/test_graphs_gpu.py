@@ -105,12 +105,14 @@ model_config {
   }
 }
 """
-# DBMTL: bottom MLP, MMoE experts, and the regression tower reading the ctr tower's output.
+# DBMTL: a MaskNet, bottom MLP, MMoE experts, and the regression tower reading the ctr
+# tower's output.
 DBMTL = """
 model_config {
   feature_groups { group_name: "all" group_type: DEEP
     feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
   dbmtl {
+    mask_net { n_mask_blocks: 2 mask_block { reduction_ratio: 1 hidden_dim: 8 } }
     bottom_mlp { hidden_units: [16] } expert_mlp { hidden_units: [8] } num_expert: 2
     task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] } }
     task_towers { tower_name: "score" label_name: "score" weight: 0.5
