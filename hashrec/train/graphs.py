@@ -138,15 +138,17 @@ class DenseGraphs:
         """How many input shapes have a graph."""
         return len(self._graphs)
 
-    def __call__(self, embedded, batch) -> dict[str, torch.Tensor]:
-        """Per-loss scalar tensors of the step (the dense forward run or replayed)."""
+    def __call__(self, embedded, batch, targets=None) -> dict[str, torch.Tensor]:
+        """Per-loss scalar tensors of the step (the dense forward run or replayed);
+        ``targets``: the batch's ``model.targets(batch)``, when the caller has them."""
         model = self.model
+        targets = model.targets(batch) if targets is None else targets
         if not self.enabled:
             with self.autocast():
                 logits = model.dense_forward(embedded, batch).float()
-            return model.losses_from_logits(logits, *model.targets(batch))
+            return model.losses_from_logits(logits, *targets)
         with self.autocast():
-            inputs = (*model.dense_inputs(embedded, batch), *model.targets(batch))
+            inputs = (*model.dense_inputs(embedded, batch), *targets)
         graph = self._graph_for(inputs)
         if graph is None:
             with self.autocast():
