@@ -238,12 +238,14 @@ class RankModel(nn.Module):
             out[task.loss_name] = task.weight * loss
         return out
 
-    def loss(self, predictions: dict[str, torch.Tensor], batch) -> dict[str, torch.Tensor]:
+    def loss(self, predictions: dict[str, torch.Tensor], batch,
+             targets: tuple[torch.Tensor, ...] | None = None) -> dict[str, torch.Tensor]:
         """Per-loss scalar tensors (float32), averaged over the batch (weighted by the
-        row weights where the tasks have them, see ``sample_weights``)."""
+        row weights where the tasks have them, see ``sample_weights``); ``targets``: the
+        batch's ``targets(batch)`` where the caller has them already."""
         logits = torch.stack([predictions[task.logits] for task in self.tasks], dim=-1) \
             if self.multi_task else predictions["logits"]
-        return self.losses_from_logits(logits, *self.targets(batch))
+        return self.losses_from_logits(logits, *(targets or self.targets(batch)))
 
 
 def task_loss(name: str, logits: torch.Tensor, labels: torch.Tensor,

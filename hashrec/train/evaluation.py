@@ -76,10 +76,10 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
                     predictions = model(batch)
                 _update_metrics(metrics.values(), predictions, batch)
                 # Each loss term (a task's) is averaged over the rows with its weights.
-                losses = torch.stack(list(model.loss(predictions, batch).values()))
-                weights = model.sample_weights(batch)
+                targets = model.targets(batch)  # (labels,) or (labels, row weights)
+                losses = torch.stack(list(model.loss(predictions, batch, targets).values()))
                 mean_loss.add(losses, batch.batch_size,
-                              None if weights is None else weights.sum(dim=0))
+                              targets[1].sum(dim=0) if len(targets) > 1 else None)
                 batches += 1
                 if log_every and batches % log_every == 0:
                     logger.info("eval at step %d: %d batches (%.1fs)", step, batches,
