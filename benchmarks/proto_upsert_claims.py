@@ -73,7 +73,8 @@ LOW = 0xFFFFFFFF
 
 @triton.jit(do_not_specialize=["n", "gen"])
 def _claim_probe_kernel(keys_ptr, t_keys, t_tags, t_line, slots_ptr, claims, over, n, num_buckets,
-                        gen, C: tl.constexpr, CAP: tl.constexpr, LINE: tl.constexpr,
+                        gen, C: tl.constexpr, CARRY: tl.constexpr, CAP: tl.constexpr,
+                        LINE: tl.constexpr,
                         WORDS: tl.constexpr, POW2: tl.constexpr, ROUND: tl.constexpr,
                         MASKS: tl.constexpr, BY_WORD: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -94,7 +95,8 @@ def _claim_probe_kernel(keys_ptr, t_keys, t_tags, t_line, slots_ptr, claims, ove
             old = tl.atomic_max(claims + bucket * C + j, carry, mask=active)
             free = (old >> 32) < g  # a word of an earlier call: taken, done
             on = active & ~free  # an earlier position holds it (go on) or a later (carry it)
-            carry = tl.where(on & (old < carry), old, carry)
+            if CARRY:  # off: the mutation the checks must catch
+                carry = tl.where(on & (old < carry), old, carry)
             j = j + on.to(tl.int64)
             tl.store(over + bucket, gen, mask=on & (j >= C))
             active = on & (j < C)
@@ -150,8 +152,8 @@ def _claim_digest_kernel(keys_ptr, slots_ptr, created_ptr, t_digests, n, BLOCK: 
 class ClaimUpsert:
     """The claims form on one storage: ``__call__(keys, scores)`` -> (slots, created)."""
 
-    def __init__(self, storage, claims: int):
-        self.storage, self.c, self.gen = storage, claims, 0
+    def __init__(self, storage, claims: int, carry: bool = True):
+        self.storage, self.c, self.gen, self.carry = storage, claims, 0, carry
         nb = storage.num_buckets
         self.claims = torch.zeros(nb * claims, dtype=torch.int64, device=storage.device)
         self.over = torch.zeros(nb, dtype=torch.int32, device=storage.device)
@@ -165,9 +167,9 @@ class ClaimUpsert:
         created = torch.empty(n, dtype=torch.int8, device=keys.device)
         block = probe_block(self.probe.tile, 1, 32)
         _claim_probe_kernel[(cdiv(n, block),)](
-            keys, s.keys, s.probe_tags(None), self.probe.line, slots, self.claims, self.over, n, s.num_buckets,
-            self.gen, C=self.c, BY_WORD=self.probe.by_word(), BLOCK=block, num_warps=1,
-            **self.probe.constexprs)
+            keys, s.keys, s.probe_tags(None), self.probe.line, slots, self.claims, self.over,
+            n, s.num_buckets, self.gen, C=self.c, CARRY=self.carry, BY_WORD=self.probe.by_word(),
+            BLOCK=block, num_warps=1, **self.probe.constexprs)
         cap = s.bucket_capacity
         _claim_place_kernel[(cdiv(n, 128),)](
             keys, scores, s.keys, s.scores, s.digests, self.words, slots, created, self.claims,
@@ -232,6 +234,8 @@ def _row(lf: float) -> dict:
     claim = ClaimUpsert(storage, ARGS.claims)
     check = _check(storage, saved, stored, claim)
     print(f"load factor {lf}: {check}", flush=True)
+    mutated = _check(storage, saved, stored, ClaimUpsert(storage, ARGS.claims, carry=False))
+    print(f"  without the carry (a mutation the checks must catch): {mutated}", flush=True)
     batches = [_batch(stored) for _ in range(2 * (ARGS.reps + 2))]
     ones = torch.ones(ARGS.batch, dtype=torch.int64, device=DEVICE)
 
@@ -245,7 +249,7 @@ def _row(lf: float) -> dict:
                                                                    True))):
         times[name] = time_device_ms(fn, ARGS.reps, setup=fresh)
         print(f"  {name}: {times[name]['device_ms']:.4f} ms", flush=True)
-    return {"load_factor": lf, "check": check,
+    return {"load_factor": lf, "check": check, "check_without_carry": mutated,
             **{f"{k}_ms": v["device_ms"] for k, v in times.items()}}
 
 
