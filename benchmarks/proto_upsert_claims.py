@@ -68,7 +68,7 @@ from hashrec.table.ops.insert.upsert_lanes import nth_bit  # noqa: E402
 from hashrec.table.ops.launch import cdiv  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() and not ARGS.smoke else "cpu")
-LOW = 0xFFFFFFFF
+LOW = tl.constexpr(0xFFFFFFFF)
 
 
 @triton.jit(do_not_specialize=["n", "gen"])
