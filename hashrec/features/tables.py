@@ -31,15 +31,48 @@ def initializer_args(cfg, default_mode: str) -> InitializerArgs:
     )
 
 
+# What each evict_strategy of the seeds' message asks of the scores: the score strategies
+# that evict that way (the first when score_strategy is unset).
+_EVICT_SCORES = {"LRU": ("STEP", "TIMESTAMP"), "LFU": ("LFU",), "CUSTOMIZED": ("CUSTOMIZED",)}
+
+
+def score_strategy(dynamicemb, table: str) -> str:
+    """The table's score strategy: ``score_strategy``, or the one ``evict_strategy``
+    implies where only that is set (LRU: STEP, LFU: LFU, CUSTOMIZED: CUSTOMIZED).
+
+    Raises:
+        ConfigError: evict_strategy is not one of those (EPOCH_LRU and EPOCH_LFU are
+            not built), or disagrees with an explicit score_strategy.
+    """
+    score = dynamicemb.score_strategy
+    if not dynamicemb.HasField("evict_strategy"):
+        return score
+    evict = dynamicemb.evict_strategy.strip().upper()
+    if evict not in _EVICT_SCORES:
+        raise ConfigError(
+            f"table {table!r}: dynamicemb.evict_strategy {dynamicemb.evict_strategy!r} is not "
+            f"supported; supported: {', '.join(_EVICT_SCORES)} (or leave it unset and set "
+            f"score_strategy: STEP | TIMESTAMP | LFU | CUSTOMIZED | NO_EVICTION)")
+    scores = _EVICT_SCORES[evict]
+    if not dynamicemb.HasField("score_strategy"):
+        return scores[0]
+    if score.strip().upper() not in scores:
+        raise ConfigError(
+            f"table {table!r}: dynamicemb.evict_strategy {evict} and score_strategy {score} "
+            f"disagree: {evict} eviction takes score_strategy {' or '.join(scores)}; set one "
+            f"of them alone")
+    return score
+
+
 def table_options(dynamicemb, dim: int, table: str,
                   dtype: torch.dtype = torch.float32) -> TableOptions:
     """TableOptions of a dynamic table from its DynamicEmbedding message; ``dtype`` (its
     features' ``data_type``) stores the rows.
 
     The sparse optimizer is left unset: the embedding layer fills it from
-    ``train_config.sparse_optimizer``. ``evict_strategy`` and ``init_table``
-    do not enter the options (eviction follows ``score_strategy``; the init
-    table is read by ``create_dynamicemb_init_ckpt``).
+    ``train_config.sparse_optimizer``. ``evict_strategy`` enters through the score
+    strategy (``score_strategy``); ``init_table`` does not enter the options (it is
+    read by ``create_dynamicemb_init_ckpt``).
     """
     try:
         admission = None
@@ -57,7 +90,7 @@ def table_options(dynamicemb, dim: int, table: str,
             init_capacity=int(dynamicemb.init_capacity_per_rank)
             if dynamicemb.HasField("init_capacity_per_rank") else None,
             bucket_capacity=int(dynamicemb.bucket_capacity),
-            score_strategy=dynamicemb.score_strategy,
+            score_strategy=score_strategy(dynamicemb, table),
             initializer=initializer_args(dynamicemb.initializer_args, "UNIFORM"),
             eval_initializer=initializer_args(dynamicemb.eval_initializer_args, "CONSTANT"),
             admission=admission,

@@ -79,3 +79,27 @@ def test_fusion_group_is_the_single_deep_group(feature_set):
     groups = {t.name: t.fusion_group for t in fs.embedding_tables()}
     assert groups == {"a": "deep", "b": "deep", "c": None}
     assert fs.left_out == ("d", "n")  # in no group: no table at all
+
+
+@pytest.mark.parametrize("options, strategy", [
+    ('evict_strategy: "LFU"', ScoreStrategy.LFU),
+    ('evict_strategy: "lru"', ScoreStrategy.STEP),
+    ('evict_strategy: "LRU" score_strategy: "TIMESTAMP"', ScoreStrategy.TIMESTAMP),
+    ('evict_strategy: "CUSTOMIZED"', ScoreStrategy.CUSTOMIZED),
+    ('evict_strategy: "LFU" score_strategy: "LFU"', ScoreStrategy.LFU),
+], ids=["lfu", "lru", "lru-timestamp", "customized", "both-lfu"])
+def test_evict_strategy_sets_the_scores(feature_set, options, strategy):
+    fs = feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
+    assert fs.embedding_tables()[0].dynamic.score_strategy == strategy
+
+
+@pytest.mark.parametrize("options, message", [
+    ('evict_strategy: "LFU" score_strategy: "STEP"', "evict_strategy LFU and score_strategy "
+     "STEP disagree"),
+    ('evict_strategy: "LRU" score_strategy: "LFU"', "LRU eviction takes score_strategy STEP or "
+     "TIMESTAMP"),
+    ('evict_strategy: "EPOCH_LRU"', "evict_strategy 'EPOCH_LRU' is not supported"),
+], ids=["lfu-step", "lru-lfu", "epoch"])
+def test_evict_strategy_errors(feature_set, options, message):
+    with pytest.raises(ConfigError, match=f"table 'u'.*{message}"):
+        feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
