@@ -32,17 +32,22 @@ def initializer_args(cfg, default_mode: str) -> InitializerArgs:
 
 
 # What each evict_strategy of the seeds' message asks of the scores: the score strategies
-# that evict that way (the first when score_strategy is unset).
-_EVICT_SCORES = {"LRU": ("STEP", "TIMESTAMP"), "LFU": ("LFU",), "CUSTOMIZED": ("CUSTOMIZED",)}
+# that evict that way (the first when score_strategy is unset). EPOCH_LRU (the epoch
+# above the last access's time) evicts as LRU does where the clock never runs backwards,
+# as the step and the wall clock do not: an earlier epoch's last access is the earlier.
+# EPOCH_LFU (an access count under the epoch) is not built.
+_EVICT_SCORES = {"LRU": ("STEP", "TIMESTAMP"), "EPOCH_LRU": ("STEP", "TIMESTAMP"),
+                 "LFU": ("LFU",), "CUSTOMIZED": ("CUSTOMIZED",)}
 
 
 def score_strategy(dynamicemb, table: str) -> str:
     """The table's score strategy: ``score_strategy``, or the one ``evict_strategy``
-    implies where only that is set (LRU: STEP, LFU: LFU, CUSTOMIZED: CUSTOMIZED).
+    implies where only that is set (LRU and EPOCH_LRU: STEP, LFU: LFU, CUSTOMIZED:
+    CUSTOMIZED).
 
     Raises:
-        ConfigError: evict_strategy is not one of those (EPOCH_LRU and EPOCH_LFU are
-            not built), or disagrees with an explicit score_strategy.
+        ConfigError: evict_strategy is not one of those (EPOCH_LFU is not built), or
+            disagrees with an explicit score_strategy.
     """
     score = dynamicemb.score_strategy
     if not dynamicemb.HasField("evict_strategy"):

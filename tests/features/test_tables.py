@@ -87,7 +87,8 @@ def test_fusion_group_is_the_single_deep_group(feature_set):
     ('evict_strategy: "LRU" score_strategy: "TIMESTAMP"', ScoreStrategy.TIMESTAMP),
     ('evict_strategy: "CUSTOMIZED"', ScoreStrategy.CUSTOMIZED),
     ('evict_strategy: "LFU" score_strategy: "LFU"', ScoreStrategy.LFU),
-], ids=["lfu", "lru", "lru-timestamp", "customized", "both-lfu"])
+    ('evict_strategy: "EPOCH_LRU"', ScoreStrategy.STEP),
+], ids=["lfu", "lru", "lru-timestamp", "customized", "both-lfu", "epoch-lru"])
 def test_evict_strategy_sets_the_scores(feature_set, options, strategy):
     fs = feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
     assert fs.embedding_tables()[0].dynamic.score_strategy == strategy
@@ -98,7 +99,7 @@ def test_evict_strategy_sets_the_scores(feature_set, options, strategy):
      "STEP disagree"),
     ('evict_strategy: "LRU" score_strategy: "LFU"', "LRU eviction takes score_strategy STEP or "
      "TIMESTAMP"),
-    ('evict_strategy: "EPOCH_LRU"', "evict_strategy 'EPOCH_LRU' is not supported"),
+    ('evict_strategy: "EPOCH_LFU"', "evict_strategy 'EPOCH_LFU' is not supported"),
 ], ids=["lfu-step", "lru-lfu", "epoch"])
 def test_evict_strategy_errors(feature_set, options, message):
     with pytest.raises(ConfigError, match=f"table 'u'.*{message}"):
