@@ -18,6 +18,11 @@ _REFUSED = {
     "FeatureGroupConfig": {
         "sequence_groups": (bool, "sequences are grouped by their feature group"),
     },
+    "GradClipping": {
+        "enable_global_grad_clip": (bool, "the clipping norm is the dense gradients' after "
+                                    "their all-reduce; sparse rows are updated inside the "
+                                    "backward, unclipped"),
+    },
 }
 _FEATURE_REFUSED = {
     "use_mask": (bool, "no feature masking"),
@@ -49,6 +54,8 @@ def _messages(config):
     for name in ("train_config", "data_config", "export_config"):
         if config.HasField(name):
             yield name, getattr(config, name)
+    if config.HasField("train_config") and config.train_config.HasField("grad_clipping"):
+        yield "train_config.grad_clipping", config.train_config.grad_clipping
     if config.HasField("model_config"):
         for i, group in enumerate(config.model_config.feature_groups):
             yield f"model_config.feature_groups[{i}]", group

@@ -26,7 +26,9 @@ def example_with(text: str):
      'feature_name: "i" use_mask: true } } } }', "feature 's__i'.*use_mask"),
     ('model_config { feature_groups { group_name: "g" group_type: SEQUENCE sequence_groups { '
      'group_name: "q" } } }', "model_config.feature_groups\\[\\d+\\].sequence_groups"),
-], ids=["accumulation", "sequence-mask", "sequence-groups"])
+    ('train_config { grad_clipping { clipping_type: "norm" enable_global_grad_clip: true } }',
+     "train_config.grad_clipping.enable_global_grad_clip is not supported"),
+], ids=["accumulation", "sequence-mask", "sequence-groups", "global-clip"])
 def test_fields_that_would_change_the_model_are_refused(text, message):
     problems = unused_field_problems(example_with(text))
     assert len(problems) == 1
@@ -35,6 +37,7 @@ def test_fields_that_would_change_the_model_are_refused(text, message):
 
 def test_defaults_and_harmless_values_pass():
     text = ("train_config { gradient_accumulation_steps: 1 }\n"
+            "train_config { grad_clipping { enable_global_grad_clip: false } }\n"
             'train_config { fine_tune_ckpt_param_map: "map.txt" }\n'
             'feature_configs { raw_feature { feature_name: "p" use_mask: false } }')
     assert unused_field_problems(example_with(text)) == []
