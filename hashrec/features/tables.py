@@ -31,10 +31,10 @@ def initializer_args(cfg, default_mode: str) -> InitializerArgs:
     )
 
 
-# What each evict_strategy of the seeds' message asks of the scores: the score strategies
+# What each of dynamicemb's evict strategies asks of the scores: the score strategies
 # that evict that way (the first when score_strategy is unset). EPOCH_LRU (the epoch
-# above the last access's time) evicts as LRU does where the clock never runs backwards,
-# as the step and the wall clock do not: an earlier epoch's last access is the earlier.
+# above the last access's time) orders entries as LRU does under a clock that never runs
+# backwards, as the step does: an earlier epoch's last access is the earlier one.
 # EPOCH_LFU (an access count under the epoch) is not built.
 _EVICT_SCORES = {"LRU": ("STEP", "TIMESTAMP"), "EPOCH_LRU": ("STEP", "TIMESTAMP"),
                  "LFU": ("LFU",), "CUSTOMIZED": ("CUSTOMIZED",)}
