@@ -92,8 +92,12 @@ def test_torchrun_train_eval_writes_per_rank_shards_and_one_result(tmp_path):
     assert results[1]["loss"] == pytest.approx(trained["loss"], rel=1e-5)
 
 
-def _torchrun_cmd(module: str, *args: str, edits: dict) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+def _torchrun_cmd(module: str, *args: str, edits: dict,
+                  monitor_s: float | None = None) -> list[str]:
+    """torchrun of ``module`` on two ranks; ``monitor_s``: how often torchrun looks at its
+    workers (it ends the others as soon as it sees one gone)."""
+    monitor = ["--monitor-interval", str(monitor_s)] if monitor_s is not None else []
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *monitor,
             "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", module,
             *args, "--edit_config_json", json.dumps({**EDITS, **edits})]
 
@@ -168,10 +172,13 @@ def test_an_error_on_one_rank_ends_every_rank(tmp_path):
     pq.write_table(table.set_column(table.schema.get_field_index("price"), "price",
                                     pa.array(price)), part)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    # torchrun ends the other rank as soon as it sees rank 1 gone (every 0.1 s by default),
+    # which on a busy host can come before rank 0 reaches its next collective and says
+    # why it stops: it looks every 5 s here, while rank 0 steps in milliseconds.
     run = subprocess.run(
         _torchrun_cmd("hashrec.train_eval", "--pipeline_config_path", CONFIG, "--model_dir",
                       str(tmp_path / "model"), "--train_input_path", str(data / "train"),
-                      edits={"eval_input_path": ""}),
+                      edits={"eval_input_path": ""}, monitor_s=5),
         cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
     assert run.returncode != 0
     errors = [line for line in run.stderr.splitlines() if " ERROR hashrec [rank " in line]
