@@ -30,11 +30,13 @@ def _worker(rank: int, world_size: int, port: int, scenarios: dict[str, Callable
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    phase = _Phases(out_dir, rank)
     # Generous: on CPU the ranks share the cores with the other test workers.
     ctx = init_distributed(use_cuda=cuda, timeout_s=180)
     results = {}
     try:
         for name, scenario in scenarios.items():
+            phase(f"scenario {name}")
             try:
                 results[name] = scenario(ctx)
             except Exception:  # noqa: BLE001 - reported to the parent test
@@ -42,7 +44,32 @@ def _worker(rank: int, world_size: int, port: int, scenarios: dict[str, Callable
                 break  # the peers may now be stuck in a collective: stop here
     finally:
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        phase("teardown")
         teardown(ctx)
+        phase("exit")
+
+
+class _Phases:
+    """Each rank's last phase (a scenario, the teardown, the interpreter's exit) in a file,
+    which the parent reads when a rank dies without an exception (a native abort)."""
+
+    def __init__(self, out_dir: str, rank: int):
+        self.path = os.path.join(out_dir, f"rank{rank}.phase")
+
+    def __call__(self, name: str) -> None:
+        with open(self.path, "w", encoding="utf-8") as f:
+            f.write(name)
+
+
+def _last_phases(out_dir: str, world_size: int) -> str:
+    phases = []
+    for r in range(world_size):
+        try:
+            with open(os.path.join(out_dir, f"rank{r}.phase"), encoding="utf-8") as f:
+                phases.append(f"rank {r}: {f.read()}")
+        except OSError:
+            phases.append(f"rank {r}: before its first scenario")
+    return "; ".join(phases)
 
 
 def run_world(scenarios: dict[str, Callable], world_size: int, out_dir: str,
@@ -50,8 +77,12 @@ def run_world(scenarios: dict[str, Callable], world_size: int, out_dir: str,
     """Run every scenario on ``world_size`` gloo ranks; returns name -> per-rank results.
     ``env``: environment variables the ranks set before anything else (this process's
     own environment is left alone). ``cuda``: rank r computes on cuda:r over NCCL."""
-    mp.spawn(_worker, args=(world_size, free_port(), scenarios, str(out_dir), env, cuda),
-             nprocs=world_size, join=True)
+    try:
+        mp.spawn(_worker, args=(world_size, free_port(), scenarios, str(out_dir), env, cuda),
+                 nprocs=world_size, join=True)
+    except mp.ProcessExitedException as err:  # a native abort: say where each rank was
+        raise RuntimeError(f"{err}; last phases: {_last_phases(str(out_dir), world_size)}") \
+            from err
     per_rank = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
                 for r in range(world_size)]
     return {name: [results.get(name) for results in per_rank] for name in scenarios}
