@@ -186,11 +186,11 @@ def _check(storage, saved, stored, claim: ClaimUpsert) -> dict:
     _restore(storage, saved)
     keys = _batch(stored)
     scores = torch.ones_like(keys)
+    misses = int((find_slots(storage, keys) < 0).sum())
     slots, created = claim(keys, scores)
     first = (slots.clone(), storage.keys.clone(), storage.digests.clone())
     found = find_slots(storage, keys)
     placed = created > 0
-    misses = int((find_slots_before(saved, storage, keys) < 0).sum())
     ok = bool(torch.equal(found[placed], slots[placed]))
     held = slots[slots >= 0]
     unique = held.unique().numel() == held.numel()
@@ -206,14 +206,6 @@ def _check(storage, saved, stored, claim: ClaimUpsert) -> dict:
             "placed_found_at_their_slots": ok, "slots_distinct": bool(unique),
             "present_keys_unmoved": bool(torch.equal(before, after)),
             "deterministic": bool(same)}
-
-
-def find_slots_before(saved, storage, keys):
-    current = [t.clone() for t in (storage.keys, storage.tags, storage.digests, storage.scores)]
-    _restore(storage, saved)
-    out = find_slots(storage, keys)
-    _restore(storage, current)
-    return out
 
 
 def _restore(storage, saved) -> None:

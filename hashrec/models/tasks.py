@@ -153,13 +153,15 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
                              f"a finite number >= 0")
         tasks.append(Task(tower.tower_name, label, loss_name(tower.losses, where),
                           float(tower.weight), tuple(tower.metrics), where,
-                          **_row_weighting(tower, where, labels, weights)))
+                          **_row_weighting(tower, where, labels, weights, default_weight)))
     return tuple(tasks)
 
 
-def _row_weighting(tower, where: str, labels: list[str], weights: list[str]) -> dict:
+def _row_weighting(tower, where: str, labels: list[str], weights: list[str],
+                   default_weight: str) -> dict:
     """The Task fields of a tower's row loss weights, checked against the label columns
-    ``labels`` and the sample weight columns ``weights``."""
+    ``labels`` and the sample weight columns ``weights`` (``default_weight`` where the
+    tower names none)."""
     name = tower.sample_weight_name
     if name and name not in weights:
         raise ModelError(f"{where}.sample_weight_name {name!r} is not one of "
@@ -176,7 +178,7 @@ def _row_weighting(tower, where: str, labels: list[str], weights: list[str]) -> 
             raise ModelError(f"{where}.{field_name}={value}; a row loss weight's factor "
                              f"must be a finite number >= 0")
         factors[field_name] = value
-    return {"sample_weight_name": name or (weights[0] if weights else ""),
+    return {"sample_weight_name": name or default_weight,
             "task_space_label": space, **factors}
 
 

@@ -30,7 +30,11 @@ def _worker(rank: int, world_size: int, port: int, scenarios: dict[str, Callable
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    phase = _Phases(out_dir, rank)
+
+    def phase(name: str) -> None:  # this rank's last phase, read if it dies natively
+        with open(_phase_path(out_dir, rank), "w", encoding="utf-8") as f:
+            f.write(name)
+
     # Generous: on CPU the ranks share the cores with the other test workers.
     ctx = init_distributed(use_cuda=cuda, timeout_s=180)
     results = {}
@@ -49,23 +53,17 @@ def _worker(rank: int, world_size: int, port: int, scenarios: dict[str, Callable
         phase("exit")
 
 
-class _Phases:
-    """Each rank's last phase (a scenario, the teardown, the interpreter's exit) in a file,
+def _phase_path(out_dir: str, rank: int) -> str:
+    """Where a rank keeps its last phase (a scenario, the teardown, the interpreter's exit),
     which the parent reads when a rank dies without an exception (a native abort)."""
-
-    def __init__(self, out_dir: str, rank: int):
-        self.path = os.path.join(out_dir, f"rank{rank}.phase")
-
-    def __call__(self, name: str) -> None:
-        with open(self.path, "w", encoding="utf-8") as f:
-            f.write(name)
+    return os.path.join(out_dir, f"rank{rank}.phase")
 
 
 def _last_phases(out_dir: str, world_size: int) -> str:
     phases = []
     for r in range(world_size):
         try:
-            with open(os.path.join(out_dir, f"rank{r}.phase"), encoding="utf-8") as f:
+            with open(_phase_path(out_dir, r), encoding="utf-8") as f:
                 phases.append(f"rank {r}: {f.read()}")
         except OSError:
             phases.append(f"rank {r}: before its first scenario")
