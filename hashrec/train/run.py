@@ -41,12 +41,15 @@ def train_and_evaluate(config, continue_train: bool = False,
             or an invalid training setting.
         CheckpointError: an unreadable or malformed ``fine_tune_ckpt_param_map``, or one
             naming what the model or the checkpoint does not hold.
-        DataError: the eval input path names nothing (checked before training).
+        DataError: an input path names nothing (checked before the model is built).
         TrainInterrupted: SIGINT or SIGTERM stopped training (after a checkpoint).
     """
     model_dir = config.model_dir
     checkpoints.check_model_dir(model_dir, continue_train)
-    if config.eval_input_path:  # a typo there found now, not after hours of training
+    # A typo in an input path found now, not after building the tables (or, for the
+    # eval path, after hours of training).
+    expand_input_path(config.train_input_path)
+    if config.eval_input_path:
         expand_input_path(config.eval_input_path)
     map_path = config.train_config.fine_tune_ckpt_param_map
     param_map = read_param_map(map_path) if map_path else None  # a bad file found now
@@ -83,6 +86,7 @@ def evaluate_checkpoint(config, checkpoint_path: str | None = None, rank: int = 
     """
     source = checkpoint_path or config.model_dir
     checkpoints.resolve_checkpoint(source)  # nothing there: say so before building
+    expand_input_path(config.eval_input_path)
     session = build_session(config, rank, world_size, ctx=ctx)
     path, meta = checkpoints.restore_resolved(
         source, lambda path: restore_checkpoint(path, session.model, None,

@@ -3,9 +3,12 @@ import logging
 import pytest
 import torch
 from google.protobuf import text_format
+from small_din import CONFIG
 
 from hashrec.checkpoint import CheckpointError
-from hashrec.config import train_pb2
+from hashrec.config import apply_edit_config_json, load_pipeline_config, train_pb2
+from hashrec.data.errors import DataError
+from hashrec.train import run
 from hashrec.train.checkpoints import check_model_dir, resolve_checkpoint, restore_resolved
 from hashrec.train.errors import TrainError
 from hashrec.train.loop import LoopOptions, clip_gradients
@@ -58,6 +61,29 @@ def test_check_model_dir(tmp_path):
     with pytest.raises(TrainError, match="--continue_train"):
         check_model_dir(str(tmp_path), continue_train=False)
     check_model_dir(str(tmp_path), continue_train=True)
+
+
+@pytest.mark.parametrize("which", ["train", "eval"])
+def test_a_missing_input_path_is_reported_before_the_model_is_built(which, tmp_path,
+                                                                    monkeypatch):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "part-0.parquet").touch()
+    paths = {"train": str(tmp_path / "data"), "eval": str(tmp_path / "data")}
+    paths[which] = str(tmp_path / "nope")
+    config = apply_edit_config_json(load_pipeline_config(CONFIG), {
+        "model_dir": str(tmp_path / "model"), "train_input_path": paths["train"],
+        "eval_input_path": paths["eval"]})
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the input paths were checked")
+
+    monkeypatch.setattr(run, "build_session", no_model)
+    with pytest.raises(DataError, match="nope' does not exist"):
+        run.train_and_evaluate(config)
+    if which == "eval":
+        monkeypatch.setattr(run.checkpoints, "resolve_checkpoint", lambda path: path)
+        with pytest.raises(DataError, match="nope' does not exist"):
+            run.evaluate_checkpoint(config)
 
 
 def test_resolve_checkpoint_errors(tmp_path):
