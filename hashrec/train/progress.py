@@ -6,7 +6,9 @@ Every ``log_step_count_steps`` steps rank 0 logs one line::
     user_id size 9120 load 0.56 evict 0 reject 3200
 
 with, per dynamic table, its size, load factor, evictions and admission
-rejections (cumulative since the table was built). Under several ranks, loss,
+rejections (ids not yet seen often enough to enter the table), cumulative since the
+table was built, and its refused inserts (full buckets that kept their entries) once
+there are any. Under several ranks, loss,
 samples/s and counters are global (summed through ``reduce``), and the line adds
 the embedding exchange time per step: ``a2a 3.21 ms/step``.
 """
@@ -39,10 +41,15 @@ def table_counters(dynamic_tables: dict) -> dict[str, dict[str, float]]:
 
 
 def format_tables(counters: dict[str, dict[str, float]]) -> str:
-    return " | ".join(
-        f"{name} size {int(c['size'])} load {c['load_factor']:.2f} "
-        f"evict {int(c['evictions'])} reject {int(c['admission_rejected'])}"
-        for name, c in counters.items())
+    """``name size S load L evict E reject R``, plus ``refused F`` once a table has
+    refused inserts (keys that then read as the initializer and are not trained)."""
+    def line(name: str, c: dict[str, float]) -> str:
+        text = (f"{name} size {int(c['size'])} load {c['load_factor']:.2f} "
+                f"evict {int(c['evictions'])} reject {int(c['admission_rejected'])}")
+        refused = int(c.get("refused", 0))
+        return f"{text} refused {refused}" if refused else text
+
+    return " | ".join(line(name, c) for name, c in counters.items())
 
 
 class ProgressLog:

@@ -125,7 +125,9 @@ def test_progress_throttle_and_line(caplog):
         window = progress.report(2, {"dense": 0.1}, counters)
     assert window["loss"] == pytest.approx(0.6)
     assert "step 2 | loss 0.60000" in caplog.text
-    assert "user_id size 5 load 0.62 evict 1 reject 3" in caplog.text
+    assert "user_id size 5 load 0.62 evict 1 reject 3\n" in caplog.text
+    counters["user_id"]["refused"] = 4
+    assert format_tables(counters) == "user_id size 5 load 0.62 evict 1 reject 3 refused 4"
 
 
 def test_progress_shows_each_tasks_loss(caplog):
