@@ -63,3 +63,9 @@ def test_admission_benchmark_compares_the_probe_forms():
     assert out.count("'same': True") == 2 and out.count("'reference': True") == 2
     table = (ROOT / "build" / "admission_smoke.md").read_text()
     assert "| 1.00 | count |" in table
+
+
+def test_fused_insert_bound_holds_its_checks(tmp_path):
+    out = _smoke("proto_upsert_fused.py", "--out", str(tmp_path / "bound"))
+    assert "| 0.5 | 8 |" in out and "all hold; 0 keys left out |" in out
+    assert (tmp_path / "bound.json").exists()
