@@ -12,6 +12,15 @@ row's sequence length are masked out. The weights are then
 
 A row with an empty sequence gets a zero vector.
 
+Off CUDA the attention MLP runs on the valid positions alone, packed: a behaviour
+sequence is mostly padding (the generated Taobao data's histories average 10 of 50
+positions; at that mean the attention's forward and backward took 5x less time on two
+CPU cores).
+Each position's score depends on that position alone, so this changes nothing but the
+time, unless the MLP normalizes over the batch (``use_bn``, ``nn.Dice``), whose
+statistics the padded positions are part of: such an MLP runs padded everywhere. On
+CUDA it runs padded, at the fixed shapes a CUDA graph needs.
+
 The query is zero-padded up to the sequence width when it is narrower (a group
 may list fewer query features than sequence features); a wider query is an error.
 """
@@ -21,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hashrec.modules.activation import canonical_activation
 from hashrec.modules.mlp import MLP, MLPOptions
 
 NORMALIZERS = ("softmax", "none")
@@ -72,34 +82,66 @@ class DINAttention(nn.Module):
         self.normalizer = normalizer
         self.mlp = MLP(4 * sequence_dim, attn_mlp)
         self.score = nn.Linear(self.mlp.output_dim(), 1)
+        # Off CUDA, score the valid positions alone (see the module docstring).
+        self.packs = not attn_mlp.use_bn and canonical_activation(attn_mlp.activation) != "Dice"
 
     def output_dim(self) -> int:
         return self.sequence_dim
 
-    def _first_layer(self, query: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
-        """The attention MLP's first linear layer on [q, k, q - k, q * k], factored.
-
-        With W = [W1 W2 W3 W4] over the four blocks, W [q, k, q - k, q * k] equals
-        (W1 + W3) q + (W2 - W3) k + W4 (q * k): the query term is computed once per
-        row instead of once per position, and the (B, L, 4 D) input is never built.
-        """
+    def _first_layer_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first linear layer's weight W = [W1 W2 W3 W4] over [q, k, q - k, q * k],
+        factored: (W1 + W3) for q, [W2 - W3, W4] for [k, q * k]."""
         d = self.sequence_dim
         w = self.mlp.first_weight()
         w_query = w[:, :d] + w[:, 2 * d:3 * d]
-        w_item = torch.cat([w[:, d:2 * d] - w[:, 2 * d:3 * d], w[:, 3 * d:]], 1)
+        return w_query, torch.cat([w[:, d:2 * d] - w[:, 2 * d:3 * d], w[:, 3 * d:]], 1)
+
+    def _first_layer(self, query: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
+        """The attention MLP's first linear layer on [q, k, q - k, q * k], factored.
+
+        W [q, k, q - k, q * k] equals (W1 + W3) q + (W2 - W3) k + W4 (q * k): the query
+        term is computed once per row instead of once per position, and the (B, L, 4 D)
+        input is never built.
+        """
+        w_query, w_item = self._first_layer_weights()
         per_row = nn.functional.linear(query, w_query, self.mlp.first_bias())
         items = torch.cat([sequence, query.unsqueeze(1) * sequence], -1)
         return nn.functional.linear(items, w_item) + per_row.unsqueeze(1)
+
+    def _scores(self, query: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
+        """Scores (B, L) of every position, padded ones included."""
+        return self.score(self.mlp.after_first_linear(
+            self._first_layer(query, sequence))).squeeze(-1)
+
+    def _packed_scores(self, query: torch.Tensor, sequence: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor:
+        """Scores (B, L) of the valid positions, computed on those alone; the padded ones
+        hold the value the normalizer masks them with."""
+        batch, max_length = mask.shape
+        at = torch.nonzero(mask.reshape(-1)).squeeze(1)
+        rows = torch.div(at, max_length, rounding_mode="floor")
+        items = sequence.reshape(batch * max_length, sequence.shape[2]).index_select(0, at)
+        w_query, w_item = self._first_layer_weights()
+        per_row = nn.functional.linear(query, w_query, self.mlp.first_bias())
+        query_at = query.index_select(0, rows)
+        first = (nn.functional.linear(torch.cat([items, query_at * items], -1), w_item)
+                 + per_row.index_select(0, rows))
+        packed = self.score(self.mlp.after_first_linear(first)).squeeze(-1)
+        fill = lowest_value(packed.dtype) if self.normalizer == "softmax" else 0.0
+        scores = torch.full([batch * max_length], fill, dtype=packed.dtype,
+                            device=packed.device)
+        return scores.index_copy(0, at, packed).view(batch, max_length)
 
     def attention_weights(self, query: torch.Tensor, sequence: torch.Tensor,
                           lengths: torch.Tensor) -> torch.Tensor:
         """Masked attention weights (B, L); zero on padded positions."""
         if self.query_dim < self.sequence_dim:
             query = nn.functional.pad(query, (0, self.sequence_dim - self.query_dim))
-        max_length = sequence.shape[1]
-        scores = self.score(self.mlp.after_first_linear(
-            self._first_layer(query, sequence))).squeeze(-1)
-        mask = sequence_mask(lengths, max_length)
+        mask = sequence_mask(lengths, sequence.shape[1])
+        if self.packs and not sequence.is_cuda:
+            scores = self._packed_scores(query, sequence, mask)
+        else:
+            scores = self._scores(query, sequence)
         if self.normalizer == "softmax":
             scores = scores.masked_fill(~mask, lowest_value(scores.dtype))
             weights = torch.softmax(scores, dim=-1)

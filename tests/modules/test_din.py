@@ -79,3 +79,42 @@ def test_factored_first_layer_equals_the_concatenated_input(use_bn):
                                                 float("-inf")), -1).nan_to_num(0.0)
     torch.testing.assert_close(att.attention_weights(query, seq, torch.tensor([7, 2, 0])),
                                expected)
+
+
+@pytest.mark.parametrize("normalizer", ["softmax", "none"])
+@pytest.mark.parametrize("query_dim", [5, 3], ids=["query", "narrow-query"])
+def test_packed_positions_score_as_the_padded_ones(normalizer, query_dim):
+    torch.manual_seed(0)
+    att = DINAttention(query_dim, 5, MLPOptions(hidden_units=(8, 4), dropout_ratio=0.0),
+                       normalizer).double()
+    assert att.packs
+    query = torch.randn(4, query_dim, dtype=torch.float64, requires_grad=True)
+    seq = torch.randn(4, 6, 5, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([6, 2, 0, 1])
+    results = []
+    for packs in (True, False):
+        att.packs = packs
+        att.zero_grad()
+        out = att(query, seq, lengths)
+        grads = torch.autograd.grad(out.square().sum(), [query, seq, *att.parameters()])
+        results.append((out, grads))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for packed, padded in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(packed, padded)
+    assert torch.equal(results[0][0][2], torch.zeros(5, dtype=torch.float64))
+
+
+def test_packed_scores_leave_the_padded_positions_out_of_the_mlp(monkeypatch):
+    att = _attention()
+    seen = []
+    forward = att.score.forward
+    monkeypatch.setattr(att.score, "forward", lambda x: seen.append(x.shape[0]) or forward(x))
+    att(torch.randn(3, 4), torch.randn(3, 5, 4), torch.tensor([5, 2, 0]))
+    assert seen == [7]
+
+
+@pytest.mark.parametrize("options", [MLPOptions(hidden_units=(8,), use_bn=True),
+                                     MLPOptions(hidden_units=(8,), activation="nn.Dice")],
+                         ids=["batch-norm", "dice"])
+def test_an_mlp_with_batch_statistics_runs_padded(options):
+    assert not DINAttention(4, 4, options).packs
