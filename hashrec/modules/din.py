@@ -14,12 +14,12 @@ A row with an empty sequence gets a zero vector.
 
 Off CUDA the attention MLP runs on the valid positions alone, packed: a behaviour
 sequence is mostly padding (the generated Taobao data's histories average 10 of 50
-positions; at that mean the attention's forward and backward took 5x less time on two
-CPU cores).
-Each position's score depends on that position alone, so this changes nothing but the
-time, unless the MLP normalizes over the batch (``use_bn``, ``nn.Dice``), whose
-statistics the padded positions are part of: such an MLP runs padded everywhere. On
-CUDA it runs padded, at the fixed shapes a CUDA graph needs.
+positions, and there the attention's forward and backward took 6.7x less time on two CPU
+cores, ``benchmarks/results/din_cpu.md``). Each position's score depends on that
+position alone, so this changes nothing but the time, unless the MLP normalizes over the
+batch (``use_bn``, ``nn.Dice``), whose statistics the padded positions are part of: such
+an MLP runs padded everywhere. On CUDA it runs padded, at the fixed shapes a CUDA graph
+needs.
 
 The query is zero-padded up to the sequence width when it is narrower (a group
 may list fewer query features than sequence features); a wider query is an error.

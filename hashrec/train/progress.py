@@ -5,12 +5,12 @@ Every ``log_step_count_steps`` steps rank 0 logs one line::
     step 200 | loss 0.61234 | 10520.3 samples/s | lr dense 0.001 sparse 0.01 |
     user_id size 9120 load 0.56 evict 0 reject 3200
 
-with, per dynamic table, its size, load factor, evictions and admission
-rejections (ids not yet seen often enough to enter the table), cumulative since the
-table was built, and its refused inserts (full buckets that kept their entries) once
-there are any. Under several ranks, loss,
-samples/s and counters are global (summed through ``reduce``), and the line adds
-the embedding exchange time per step: ``a2a 3.21 ms/step``.
+with, per dynamic table, its size, load factor, evictions and admission rejections
+(ids not yet seen often enough to enter the table), cumulative since the table was
+built, and its refused inserts (full buckets that kept their entries) once there are
+any. Under several ranks, loss, samples/s and counters are global (summed through
+``reduce``), and the line adds the embedding exchange time per step:
+``a2a 3.21 ms/step``.
 """
 
 from __future__ import annotations
