@@ -15,6 +15,14 @@ def random_keys(n: int, device: torch.device) -> torch.Tensor:
     return torch.randint(I64.min, I64.max, (n,), dtype=torch.int64, device=device)
 
 
+def mixed_batch(stored: torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
+    """``n`` distinct keys, benchmark A's insert batch: 60% drawn from ``stored`` (present),
+    the rest random (new)."""
+    hits = int(0.6 * n)
+    pick = stored[torch.randperm(stored.numel(), device=device)[:hits]]
+    return torch.cat([pick, random_keys(n - hits, device)])
+
+
 def _rank_in_bucket(buckets: torch.Tensor) -> torch.Tensor:
     """Position of each entry among the equal values of sorted ``buckets``."""
     first = torch.searchsorted(buckets, buckets, right=False)

@@ -57,7 +57,7 @@ ARGS = _args()
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from _table_fill import filled_index, random_keys  # noqa: E402
+from _table_fill import filled_index, mixed_batch  # noqa: E402
 from _timing import command_line, environment, time_device_ms  # noqa: E402
 
 from hashrec.table._triton_hash import bucket_of_fast, digest_of, tagged_hash  # noqa: E402
@@ -184,7 +184,7 @@ def _check(storage, saved, stored, claim: ClaimUpsert) -> dict:
     """Outcome of one call from the filled index, twice: every placed key found at its
     slot, the present keys where they were, no slot taken twice, the same both times."""
     _restore(storage, saved)
-    keys = _batch(stored)
+    keys = mixed_batch(stored, ARGS.batch, DEVICE)
     scores = torch.ones_like(keys)
     misses = int((find_slots(storage, keys) < 0).sum())
     slots, created = claim(keys, scores)
@@ -213,12 +213,6 @@ def _restore(storage, saved) -> None:
         dst.copy_(src)
 
 
-def _batch(stored: torch.Tensor) -> torch.Tensor:
-    n = ARGS.batch
-    hits = int(0.6 * n)
-    pick = stored[torch.randperm(stored.numel(), device=DEVICE)[:hits]]
-    return torch.cat([pick, random_keys(n - hits, DEVICE)])
-
 
 def _row(lf: float) -> dict:
     storage, stored = filled_index(ARGS.slots, lf, DEVICE)
@@ -228,7 +222,7 @@ def _row(lf: float) -> dict:
     print(f"load factor {lf}: {check}", flush=True)
     mutated = _check(storage, saved, stored, ClaimUpsert(storage, ARGS.claims, carry=False))
     print(f"  without the carry (a mutation the checks must catch): {mutated}", flush=True)
-    batches = [_batch(stored) for _ in range(2 * (ARGS.reps + 2))]
+    batches = [mixed_batch(stored, ARGS.batch, DEVICE) for _ in range(2 * (ARGS.reps + 2))]
     ones = torch.ones(ARGS.batch, dtype=torch.int64, device=DEVICE)
 
     def fresh(i: int) -> torch.Tensor:

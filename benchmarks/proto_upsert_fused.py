@@ -57,7 +57,7 @@ ARGS = _args()
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from _table_fill import filled_index, random_keys  # noqa: E402
+from _table_fill import filled_index, mixed_batch  # noqa: E402
 from _timing import command_line, environment, time_device_ms  # noqa: E402
 
 from hashrec.table._triton_hash import bucket_of_fast, digest_of, tagged_hash  # noqa: E402
@@ -134,17 +134,12 @@ def _restore(storage: TableStorage, saved: list) -> None:
         dst.copy_(src)
 
 
-def _batch(stored: torch.Tensor) -> torch.Tensor:
-    hits = int(0.6 * ARGS.batch)
-    pick = stored[torch.randperm(stored.numel(), device=DEVICE)[:hits]]
-    return torch.cat([pick, random_keys(ARGS.batch - hits, DEVICE)])
-
 
 def _check(storage: TableStorage, saved: list, stored: torch.Tensor, form) -> dict:
     """One call from the filled index: placed keys found at their slots, no slot taken
     twice, present keys unmoved, a sample of rows equal to the batch's."""
     _restore(storage, saved)
-    keys = _batch(stored)
+    keys = mixed_batch(stored, ARGS.batch, DEVICE)
     ones = torch.ones_like(keys)
     rows = torch.randn(keys.numel(), storage.values.shape[1], device=DEVICE)
     misses = int((find_slots(storage, keys) < 0).sum())
@@ -170,7 +165,7 @@ def _row(storage: TableStorage, saved: list, stored: torch.Tensor, lf: float, di
     for name, form in forms.items():
         checks[name] = _check(storage, saved, stored, form)
         print(f"load factor {lf}, dim {dim}, {name}: {checks[name]}", flush=True)
-    batches = [_batch(stored) for _ in range(2 * (ARGS.reps + 2))]
+    batches = [mixed_batch(stored, ARGS.batch, DEVICE) for _ in range(2 * (ARGS.reps + 2))]
     ones = torch.ones(n, dtype=torch.int64, device=DEVICE)
     rows = torch.randn(n, dim, device=DEVICE)
 

@@ -116,7 +116,7 @@ class DINAttention(nn.Module):
     def _packed_scores(self, query: torch.Tensor, sequence: torch.Tensor,
                        mask: torch.Tensor) -> torch.Tensor:
         """Scores (B, L) of the valid positions, computed on those alone; the padded ones
-        hold the value the normalizer masks them with."""
+        hold 0 (``attention_weights`` masks them either way)."""
         batch, max_length = mask.shape
         at = torch.nonzero(mask.reshape(-1)).squeeze(1)
         rows = torch.div(at, max_length, rounding_mode="floor")
@@ -127,9 +127,7 @@ class DINAttention(nn.Module):
         first = (nn.functional.linear(torch.cat([items, query_at * items], -1), w_item)
                  + per_row.index_select(0, rows))
         packed = self.score(self.mlp.after_first_linear(first)).squeeze(-1)
-        fill = lowest_value(packed.dtype) if self.normalizer == "softmax" else 0.0
-        scores = torch.full([batch * max_length], fill, dtype=packed.dtype,
-                            device=packed.device)
+        scores = packed.new_zeros(batch * max_length)
         return scores.index_copy(0, at, packed).view(batch, max_length)
 
     def attention_weights(self, query: torch.Tensor, sequence: torch.Tensor,
