@@ -10,7 +10,14 @@ take, to see whether the target is within reach of such a design at all:
   ``probe_bucket``), places each miss at the next free slot of its bucket by an
   ``atomic_add`` on a per-bucket fill count, writes the miss's key, score and digest,
   and then copies every key's row from the batch into its slot;
-* ``atomic_index``: the same kernel without the rows, then the library's ``write_rows``.
+* ``atomic_index``: the same kernel without the rows, then the library's ``write_rows``;
+* ``paired`` (``paired_index``: without the rows, then ``write_rows``): the same kernel
+  writing each miss's key and score side by side as one 16-byte entry of a pairs array,
+  the layout whose placing floor is the lowest (``bench_table_floor.py``'s
+  ``place_pairs_digests``), which the table does not have. It probes the table's own key
+  array, as a probe of the pairs would (a present key's confirming read is one sector
+  either way), so its time is that layout's; its checks read the placed keys and scores
+  from the pairs.
 
 Both are lower bounds, not designs: which new key takes which slot depends on thread
 timing (the library's placing does not), there is no eviction (a miss whose bucket is
@@ -61,6 +68,8 @@ from _table_fill import filled_index, mixed_batch  # noqa: E402
 from _timing import command_line, environment, time_device_ms  # noqa: E402
 
 from hashrec.table._triton_hash import bucket_of_fast, digest_of, tagged_hash  # noqa: E402
+from hashrec.table.hashing import digest_of as digest_ref  # noqa: E402
+from hashrec.table.hashing import mix64  # noqa: E402
 from hashrec.table.ops.find.probe import probe_bucket  # noqa: E402
 from hashrec.table.ops.find.triton import find_slots, probe_launch  # noqa: E402
 from hashrec.table.ops.insert.rows import write_rows  # noqa: E402
@@ -73,10 +82,11 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() and not ARGS.smoke els
 
 @triton.jit(do_not_specialize=["n"])
 def _fused_kernel(keys_ptr, scores_ptr, vals_ptr, t_keys, t_tags, t_line, t_scores, t_digests,
-                  t_rows, fill, slots_ptr, n, num_buckets, CAP: tl.constexpr,
+                  t_rows, t_pairs, fill, slots_ptr, n, num_buckets, CAP: tl.constexpr,
                   LINE: tl.constexpr, WORDS: tl.constexpr, POW2: tl.constexpr,
                   ROUND: tl.constexpr, MASKS: tl.constexpr, BY_WORD: tl.constexpr,
-                  ROWS: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr):
+                  ROWS: tl.constexpr, PAIRED: tl.constexpr, DIM: tl.constexpr,
+                  BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     key = tl.load(keys_ptr + offs, mask=mask, other=0)
@@ -90,8 +100,14 @@ def _fused_kernel(keys_ptr, scores_ptr, vals_ptr, t_keys, t_tags, t_line, t_scor
         at = tl.atomic_add(fill + bucket, tl.full([BLOCK], 1, tl.int32), mask=miss)
         ok = miss & (at < CAP)
         placed = bucket * CAP + at.to(tl.int64)
-        tl.store(t_keys + placed, key, mask=ok)
-        tl.store(t_scores + placed, tl.load(scores_ptr + offs, mask=ok, other=0), mask=ok)
+        score = tl.load(scores_ptr + offs, mask=ok, other=0)
+        if PAIRED:  # key and score as one 16-byte entry
+            half = tl.arange(0, 2)
+            pair = tl.where(half[None, :] == 0, key[:, None], score[:, None])
+            tl.store(t_pairs + placed[:, None] * 2 + half[None, :], pair, mask=ok[:, None])
+        else:
+            tl.store(t_keys + placed, key, mask=ok)
+            tl.store(t_scores + placed, score, mask=ok)
         tl.store(t_digests + placed, digest_of(h).to(tl.uint8), mask=ok)
         slot = tl.where(ok, placed, slot)
     tl.store(slots_ptr + offs, slot, mask=mask)
@@ -105,17 +121,19 @@ def _fused_kernel(keys_ptr, scores_ptr, vals_ptr, t_keys, t_tags, t_line, t_scor
 class FusedUpsert:
     """The bound's kernel on one storage: ``__call__(keys, scores, rows)`` -> slots."""
 
-    def __init__(self, storage: TableStorage, fill: torch.Tensor, with_rows: bool, warps: int):
+    def __init__(self, storage: TableStorage, fill: torch.Tensor, with_rows: bool, warps: int,
+                 pairs: torch.Tensor | None = None):
         self.storage, self.fill, self.with_rows, self.warps = storage, fill, with_rows, warps
-        self.probe = probe_launch(storage)
+        self.probe, self.pairs = probe_launch(storage), pairs
 
     def __call__(self, keys: torch.Tensor, scores: torch.Tensor, rows: torch.Tensor):
         s, n, dim = self.storage, keys.numel(), rows.shape[1]
         slots = torch.empty(n, dtype=torch.int64, device=keys.device)
         _fused_kernel[(cdiv(n, ARGS.block),)](
             keys, scores, rows, s.keys, s.probe_tags(None), self.probe.line, s.scores, s.digests,
-            s.values, self.fill, slots, n, s.num_buckets, BY_WORD=self.probe.by_word(),
-            ROWS=self.with_rows, DIM=dim, BLOCK=ARGS.block, num_warps=self.warps,
+            s.values, self.pairs if self.pairs is not None else s.keys, self.fill, slots, n,
+            s.num_buckets, BY_WORD=self.probe.by_word(), ROWS=self.with_rows,
+            PAIRED=self.pairs is not None, DIM=dim, BLOCK=ARGS.block, num_warps=self.warps,
             **self.probe.constexprs)
         if not self.with_rows:
             write_rows(s.values, slots, None, rows)
@@ -134,24 +152,35 @@ def _restore(storage: TableStorage, saved: list) -> None:
         dst.copy_(src)
 
 
-
 def _check(storage: TableStorage, saved: list, stored: torch.Tensor, form) -> dict:
-    """One call from the filled index: placed keys found at their slots, no slot taken
-    twice, present keys unmoved, a sample of rows equal to the batch's."""
+    """One call from the filled index: each new key's key, score and digest at its slot
+    (found there by ``find_slots``, or read from the pairs), no slot taken twice, the
+    present keys unmoved, a sample of rows equal to the batch's."""
     _restore(storage, saved)
     keys = mixed_batch(stored, ARGS.batch, DEVICE)
     ones = torch.ones_like(keys)
     rows = torch.randn(keys.numel(), storage.values.shape[1], device=DEVICE)
-    misses = int((find_slots(storage, keys) < 0).sum())
+    was = find_slots(storage, keys)
     old = stored[:min(stored.numel(), 100_000)]
     before = find_slots(storage, old)
     slots = form(keys, ones, rows)
     placed = slots >= 0
-    found = find_slots(storage, keys)
+    new = placed & (was < 0)
+    at = slots[new]
     held = slots[placed]
+    if form.pairs is None:
+        entries = torch.stack([storage.keys[at], storage.scores[at]], 1)
+        found = bool(torch.equal(find_slots(storage, keys)[placed], held))
+    else:
+        entries = form.pairs[at]
+        found = bool(torch.equal(slots[was >= 0], was[was >= 0]))
     sample = torch.nonzero(placed).flatten()[:4096]
-    return {"misses": misses, "left_out": int((~placed).sum()),
-            "placed_found_at_their_slots": bool(torch.equal(found[placed], held)),
+    return {"misses": int((was < 0).sum()), "left_out": int((~placed).sum()),
+            "placed_found_at_their_slots": found,
+            "new_entries_written": bool(torch.equal(entries, torch.stack(
+                [keys[new], ones[new]], 1))),
+            "new_digests_written": bool(torch.equal(storage.digests[at],
+                                                    digest_ref(mix64(keys[new])))),
             "slots_distinct": held.unique().numel() == held.numel(),
             "present_keys_unmoved": bool(torch.equal(before, find_slots(storage, old))),
             "rows_stored": bool(torch.equal(storage.values[slots[sample]], rows[sample]))}
@@ -161,6 +190,10 @@ def _row(storage: TableStorage, saved: list, stored: torch.Tensor, lf: float, di
     n = ARGS.batch
     forms = {f"fused_w{w}": FusedUpsert(storage, storage.fill, True, w) for w in ARGS.warps}
     forms["atomic_index"] = FusedUpsert(storage, storage.fill, False, ARGS.warps[0])
+    pairs = torch.zeros(storage.capacity, 2, dtype=torch.int64, device=DEVICE)
+    forms.update({f"paired_w{w}": FusedUpsert(storage, storage.fill, True, w, pairs)
+                  for w in ARGS.warps})
+    forms["paired_index"] = FusedUpsert(storage, storage.fill, False, ARGS.warps[0], pairs)
     checks = {}
     for name, form in forms.items():
         checks[name] = _check(storage, saved, stored, form)
@@ -204,7 +237,7 @@ def main() -> None:
         return
     with open(f"{ARGS.out}.json", "w") as f:
         json.dump(results, f, indent=1)
-    forms = [k[:-3] for k in rows[0] if k.endswith("_ms") and k.startswith(("fused", "atomic"))]
+    forms = [k[:-3] for k in rows[0] if k.endswith("_ms") and k.startswith(("fused", "atomic", "paired"))]
     lines = [f"Command: `{results['command']}`", "",
              f"Date {results.get('date')}, GPU {results.get('gpu')}, torch "
              f"{results.get('torch')}, triton {results.get('triton')}; {ARGS.slots} slots, "
