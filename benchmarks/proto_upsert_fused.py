@@ -221,9 +221,11 @@ def main() -> None:
     for lf in ARGS.load_factors:
         index, stored = filled_index(ARGS.slots, lf, DEVICE)
         for dim in ARGS.dims:
+            # Untagged, as benchmark A's table (``bench_table_gpu.py``): no probe reads tags.
             storage = TableStorage(index.num_buckets, index.bucket_capacity, index.keys,
                                    index.tags, index.digests, index.scores,
-                                   torch.empty(index.capacity, dim, device=DEVICE))
+                                   torch.empty(index.capacity, dim, device=DEVICE),
+                                   tagged=False)
             storage.fill = _fill_counts(storage)
             saved = [t.clone() for t in (storage.keys, storage.tags, storage.digests,
                                          storage.scores, storage.fill)]
