@@ -10,6 +10,10 @@ as the tag). Timed, each the median over steps with distinct id batches:
 * backward + SGD / + Adam: per-unique-id gradient reduction fused with the
   optimizer update of embedding and state (``reduce_and_apply``).
 
+``--data-types float16 bfloat16`` also times the layer with its tables stored in half
+precision (``TableOptions.dtype``: rows and optimizer state in that type, lookups and
+updates computed in float32), against the float32 layer of the same run.
+
 The same steps are also timed through the trainer's layer, ``EmbeddingCollection``
 (10 dynamic tables in one fusion group, one sum-pooled feature each): its one-pass
 dedup sort, captured training lookups (find, insert, row initialization), pooling
@@ -61,6 +65,10 @@ def _args() -> argparse.Namespace:
                         "ahead and write every kernel per step, and the device's busy time "
                         "against its span, to OUT_trace.txt (with --fresh, the same for "
                         "batches with new ids to OUT_fresh_trace.txt)")
+    p.add_argument("--data-types", nargs="*", default=[], choices=["float16", "bfloat16"],
+                   help="also time the layer (forward with the next deduplication ahead, "
+                        "backward + SGD, backward + Adam) with its tables' rows and optimizer "
+                        "state stored in these types (the float32 layer is the baseline)")
     p.add_argument("--host-profile", action="store_true",
                    help="also profile the host side of the layer's SGD forward (cProfile, "
                         "functions by own and by cumulative time) into OUT_host_profile.txt")
@@ -230,8 +238,10 @@ def _forwards_ahead(layer, forward, inputs, batches, names, lengths, sgd: bool) 
     return ahead, one_stream, fresh
 
 
-def _collection(optimizer, batches, grads) -> dict:
-    """Forward and backward ms of the step through ``EmbeddingCollection``."""
+def _collection(optimizer, batches, grads, dtype: str = "float32", brief: bool = False) -> dict:
+    """Forward and backward ms of the step through ``EmbeddingCollection``, its tables
+    stored in ``dtype``. ``brief``: the forward with the next dedup ahead alone, none of
+    the extra timings (sweeps, profiles, one stream, fresh ids)."""
     from hashrec.embedding import (
         EmbeddingCollection,
         EmbeddingFeatureSpec,
@@ -243,7 +253,7 @@ def _collection(optimizer, batches, grads) -> dict:
     options = TableOptions(dim=ARGS.dim, max_capacity=ARGS.capacity,
                            init_capacity=ARGS.capacity, bucket_capacity=128,
                            initializer=InitializerArgs(mode="UNIFORM", lower=-0.05, upper=0.05),
-                           device=DEVICE)
+                           dtype=getattr(torch, dtype), device=DEVICE)
     names = [f"f{t}" for t in range(ARGS.tables)]
     layer = EmbeddingCollection(
         [EmbeddingTableSpec(f"t{t}", ARGS.dim, dynamic=options, fusion_group="all")
@@ -267,6 +277,11 @@ def _collection(optimizer, batches, grads) -> dict:
     k = len(inputs)
     fwd = time_device_ms(forward, k - 2, setup=lambda i: inputs[i % k])
     bwd = time_device_ms(backward, k - 2, setup=lambda i: forward(inputs[i % k]))
+    if brief:
+        ahead = time_device_ms(lambda i: _forward_prepared(layer, forward, inputs, i), k - 2,
+                               setup=lambda i: i)
+        return {"forward_ms": fwd["device_ms"], "forward_ahead_ms": ahead["device_ms"],
+                "backward_ms": bwd["device_ms"]}
     sweep = {}
     for cfg in ARGS.reduce_configs if isinstance(optimizer, SparseSGD) else []:
         _use_reduce_config(cfg)
@@ -412,6 +427,17 @@ def main() -> None:
     layer_sgd = _collection(SparseSGD(lr=0.01), batches, grads)
     layer_adam = _collection(SparseAdam(lr=0.001), batches, grads)
     base_sgd, base_adam = _baseline("sgd", batches, grads), _baseline("adam", batches, grads)
+    by_type = {"float32": {"forward_ms": layer_sgd["forward_ms"],
+                           "forward_ahead_ms": layer_sgd["forward_ahead_ms"],
+                           "backward_sgd_ms": layer_sgd["backward_ms"],
+                           "backward_adam_ms": layer_adam["backward_ms"]}}
+    for dtype in ARGS.data_types:
+        half_sgd = _collection(SparseSGD(lr=0.01), batches, grads, dtype, brief=True)
+        half_adam = _collection(SparseAdam(lr=0.001), batches, grads, dtype, brief=True)
+        by_type[dtype] = {"forward_ms": half_sgd["forward_ms"],
+                          "forward_ahead_ms": half_sgd["forward_ahead_ms"],
+                          "backward_sgd_ms": half_sgd["backward_ms"],
+                          "backward_adam_ms": half_adam["backward_ms"]}
     u = sgd["unique_ids"]
     rows = _phase_rows({"forward": (sgd, layer_sgd, "forward", base_sgd),
                         "backward_sgd": (sgd, layer_sgd, "backward", base_sgd),
@@ -434,6 +460,7 @@ def main() -> None:
                "backward_sweep_ms": {"sgd": sgd["backward_sweep_ms"],
                                      "adam": adam["backward_sweep_ms"],
                                      "layer_sgd": layer_sgd["backward_sweep_ms"]},
+               "layer_by_data_type": by_type,
                "copy_bandwidth_Bps": bw, "rows": rows, "dedup_sorts": _dedup_counts(),
                "notes": "HashRec kernels: hashrec.embedding.ops.fused kernels over one "
                         f"fused TableStorage ({ARGS.tables} tables as tags), driven "
@@ -461,6 +488,22 @@ def _sweep_lines(results: dict) -> list[str]:
     for cfg in ARGS.reduce_configs:
         lines.append(f"| {cfg} | " + " | ".join(
             f"{sweep[k][cfg]['device_ms']:.3f}" for k in ("sgd", "adam", "layer_sgd")) + " |")
+    return lines
+
+
+def _data_type_lines(by_type: dict) -> list[str]:
+    """The layer's device ms by the tables' storage type, each with its speed-up over
+    float32 in this run."""
+    parts = (("forward_ms", "forward"), ("forward_ahead_ms", "forward, next dedup ahead"),
+             ("backward_sgd_ms", "backward + SGD"), ("backward_adam_ms", "backward + Adam"))
+    base = by_type["float32"]
+    lines = ["", "The layer with its tables stored in each type (device ms; in brackets the "
+             "float32 layer's time over this one's):", "",
+             "| tables | " + " | ".join(name for _, name in parts) + " |",
+             "| --- |" + " --- |" * len(parts)]
+    for dtype, t in by_type.items():
+        lines.append(f"| {dtype} | " + " | ".join(
+            f"{t[k]:.3f} ({base[k] / t[k]:.2f}x)" for k, _ in parts) + " |")
     return lines
 
 
@@ -502,6 +545,8 @@ def _write(results: dict) -> None:
               "one call)."]
     if ARGS.reduce_configs:
         lines += _sweep_lines(results)
+    if ARGS.data_types:
+        lines += _data_type_lines(results["layer_by_data_type"])
     table = "\n".join(lines)
     print(json.dumps(results), flush=True)
     print(table)

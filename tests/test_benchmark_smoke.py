@@ -36,9 +36,11 @@ def test_sweep_rows_runs_every_kernel_under_each_config():
 
 
 def test_embedding_layer_benchmark_runs():
-    out = _smoke("bench_embedding_layer.py", "--reduce-configs", "1024x2")
+    out = _smoke("bench_embedding_layer.py", "--reduce-configs", "1024x2",
+                 "--data-types", "float16")
     assert "Layer forward with the next batch's deduplication started ahead" in out
     assert "| 1024x2 |" in out  # the backward timed at another tile
+    assert "| float32 |" in out and "| float16 |" in out  # the layer by table type
 
 
 def test_table_floor_benchmark_runs():
