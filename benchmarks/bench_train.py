@@ -1,8 +1,9 @@
-"""End-to-end training throughput of MultiTowerDIN on Taobao-like data.
+"""End-to-end training throughput of the Taobao-like example configs.
 
 Generates Taobao-like parquet at scale 1 (``hashrec.tools.gen_taobao_data``;
-reused when present), then trains the dynamicemb example config and the
-num_buckets example config in the same run through the real trainer
+reused when present), then trains the MultiTowerDIN dynamicemb example config and
+the num_buckets example config (``--configs`` adds the MMoE and WideAndDeep
+examples, ``mmoe`` and ``wide_and_deep``) in the same run through the real trainer
 (``hashrec.train_eval``) with step timing on (``HASHREC_STEP_TIMING``). Each run
 reports samples/s after warm-up (the first ``--warmup_steps`` steps are left
 out), the per-phase milliseconds per step (data wait, embedding forward,
@@ -38,6 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
     "dynamicemb": os.path.join(ROOT, "examples", "multi_tower_din_taobao_dynamicemb.config"),
     "num_buckets": os.path.join(ROOT, "examples", "multi_tower_din_taobao.config"),
+    "mmoe": os.path.join(ROOT, "examples", "mmoe_taobao_dynamicemb.config"),
+    "wide_and_deep": os.path.join(ROOT, "examples", "wide_and_deep_taobao_dynamicemb.config"),
 }
 TIMING_FILE = "step_timing.json"
 A2A_PATTERN = re.compile(r"step (\d+) \|.*\| a2a ([0-9.]+) ms/step")
@@ -353,7 +356,7 @@ def _rank_lines(runs: dict) -> list[str]:
 
 def markdown(report: dict) -> str:
     env, runs = report["environment"], report["runs"]
-    lines = ["# End-to-end training throughput (MultiTowerDIN, Taobao-like data)", "",
+    lines = ["# End-to-end training throughput (Taobao-like data)", "",
              f"{env['date']}, GPU {env['gpu']} x {report['nproc']}, {env['cpus']} CPUs, "
              f"torch {env['torch']}, triton {env['triton']}, python {env['python']}.", "",
              f"Command: `{report['command']}`", "",
