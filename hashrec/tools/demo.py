@@ -12,6 +12,8 @@ planted click model under ``<work_dir>/data``; ``hashrec.train_eval`` trains
 multi-task model). ``--config`` trains another Taobao example on the same data, e.g.
 ``examples/mmoe_taobao_dynamicemb.config``; only the edits that apply to it are made.
 The GPU is used when one is present. A rerun replaces the demo's own model directory.
+The default config is read from ``examples/`` under the working directory, else from the
+source checkout HashRec runs from; the config is read before any data is generated.
 """
 
 from __future__ import annotations
@@ -27,6 +29,18 @@ import torch
 
 EXAMPLE_CONFIG = os.path.join("examples", "multi_tower_din_taobao_dynamicemb.config")
 MARKER = ".hashrec_demo"
+# The source checkout's root, where the package runs from one (an editable install).
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def config_path(path: str) -> str:
+    """``path``, or for the default example config missing from the working directory,
+    the checkout's copy where there is one."""
+    if path == EXAMPLE_CONFIG and not os.path.exists(path):
+        beside = os.path.join(CHECKOUT, EXAMPLE_CONFIG)
+        if os.path.exists(beside):
+            return beside
+    return path
 
 
 def demo_edits(batch_size: int, num_epochs: int, config=None) -> dict:
@@ -95,9 +109,17 @@ def _prepare_work_dir(work_dir: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from hashrec import train_eval
-    from hashrec.config import load_pipeline_config
+    from hashrec.config import ConfigError, load_pipeline_config
     from hashrec.tools.gen_taobao_data import generate
 
+    path = config_path(args.config)
+    try:
+        config = load_pipeline_config(path)
+    except ConfigError as err:
+        hint = (" (run from the repository root, or pass --config)"
+                if args.config == EXAMPLE_CONFIG else "")
+        print(f"[demo] error: {err}{hint}", file=sys.stderr, flush=True)
+        return 1
     _prepare_work_dir(args.work_dir)
     data_dir = os.path.join(args.work_dir, "data")
     model_dir = os.path.join(args.work_dir, "model")
@@ -108,13 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(data_dir, ignore_errors=True)
     generate(data_dir, args.num_rows, seed=0, scale=args.scale, eval_rows=args.eval_rows,
              quiet=True)
-    print(f"[demo] training {args.config} on {device}", flush=True)
+    print(f"[demo] training {path} on {device}", flush=True)
     code = train_eval.main([
-        "--pipeline_config_path", args.config, "--model_dir", model_dir,
+        "--pipeline_config_path", path, "--model_dir", model_dir,
         "--train_input_path", os.path.join(data_dir, "train"),
         "--eval_input_path", os.path.join(data_dir, "eval"),
         "--edit_config_json", json.dumps(demo_edits(args.batch_size, args.num_epochs,
-                                                    load_pipeline_config(args.config)))])
+                                                    config))])
     if code != 0:
         return code
     with open(os.path.join(model_dir, "eval_result.txt"), encoding="utf-8") as f:

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from hashrec.config import apply_edit_config_json, load_pipeline_config
-from hashrec.tools.demo import auc_summary, demo_edits, main
+from hashrec.tools.demo import EXAMPLE_CONFIG, auc_summary, config_path, demo_edits, main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SEQUENCE = "feature_configs[sequence_name=click_50_seq].sequence_feature.sequence_length"
@@ -41,3 +41,21 @@ def test_the_demo_trains_the_multi_task_example(tmp_path, capsys, monkeypatch):
     assert code == 0
     done = [line for line in capsys.readouterr().out.splitlines() if "[demo] done" in line]
     assert len(done) == 1 and "auc_ctr" in done[0] and "auc_cvr" in done[0]
+
+
+def test_the_default_config_is_found_outside_the_repository_root(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert config_path(EXAMPLE_CONFIG) == os.path.join(ROOT, EXAMPLE_CONFIG)
+    assert config_path("other.config") == "other.config"  # any other path as given
+    (tmp_path / "examples").mkdir()
+    (tmp_path / EXAMPLE_CONFIG).write_text("")  # the working directory's copy comes first
+    assert config_path(EXAMPLE_CONFIG) == EXAMPLE_CONFIG
+
+
+def test_an_unreadable_config_ends_the_demo_before_any_data_is_made(tmp_path, capsys):
+    work = tmp_path / "demo"
+    code = main(["--work_dir", str(work), "--config", str(tmp_path / "missing.config")])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "[demo] error: cannot read pipeline config" in err and "missing.config" in err
+    assert not work.exists()
