@@ -3,7 +3,9 @@
 Generates Taobao-like parquet at scale 1 (``hashrec.tools.gen_taobao_data``;
 reused when present), then trains the MultiTowerDIN dynamicemb example config and
 the num_buckets example config (``--configs`` adds the MMoE and WideAndDeep
-examples, ``mmoe`` and ``wide_and_deep``) in the same run through the real trainer
+examples, ``mmoe`` and ``wide_and_deep``, and the DLRM example ``dlrm`` on Criteo-like
+data, generated the same way at the example's scale) in the same run through the real
+trainer
 (``hashrec.train_eval``) with step timing on (``HASHREC_STEP_TIMING``). Each run
 reports samples/s after warm-up (the first ``--warmup_steps`` steps are left
 out), the per-phase milliseconds per step (data wait, embedding forward,
@@ -41,7 +43,10 @@ CONFIGS = {
     "num_buckets": os.path.join(ROOT, "examples", "multi_tower_din_taobao.config"),
     "mmoe": os.path.join(ROOT, "examples", "mmoe_taobao_dynamicemb.config"),
     "wide_and_deep": os.path.join(ROOT, "examples", "wide_and_deep_taobao_dynamicemb.config"),
+    "dlrm": os.path.join(ROOT, "examples", "dlrm_criteo_dynamicemb.config"),
 }
+# The data each config trains on (Taobao-like unless named here).
+CRITEO = ("dlrm",)
 TIMING_FILE = "step_timing.json"
 A2A_PATTERN = re.compile(r"step (\d+) \|.*\| a2a ([0-9.]+) ms/step")
 PHASE_ORDER = ("data_wait", "embedding_forward", "dense_forward", "dense_backward",
@@ -109,12 +114,17 @@ def default_workers(nproc: int) -> int:
     return max(0, min(8, cpus // max(nproc, 1) - 2))
 
 
-def ensure_data(args) -> str:
-    """Training parquet folder, generated unless it already holds parquet files."""
-    folder = args.data_dir or os.path.join(ROOT, "data", f"bench_train_{args.num_rows}")
+def ensure_data(args, criteo: bool = False) -> str:
+    """Training parquet folder, generated unless it already holds parquet files: Taobao-like
+    (``--data_dir``, else generated at scale 1), or with ``criteo`` Criteo-like (generated at
+    the generator's default scale, which the DLRM example's capacities fit)."""
+    if criteo:
+        folder = os.path.join(ROOT, "data", f"bench_train_criteo_{args.num_rows}")
+    else:
+        folder = args.data_dir or os.path.join(ROOT, "data", f"bench_train_{args.num_rows}")
     done = os.path.join(folder, "_COMPLETE")
     rank, _ = world()
-    present = os.path.exists(done) or bool(args.data_dir and _has_parquet(folder))
+    present = os.path.exists(done) or bool(args.data_dir and not criteo and _has_parquet(folder))
     if rank != 0:
         while not present and not os.path.exists(done):
             time.sleep(1.0)
@@ -122,12 +132,14 @@ def ensure_data(args) -> str:
     if present:
         log(f"reusing data in {folder}")
         return folder
-    log(f"generating {args.num_rows} rows (scale 1) into {folder}")
+    log(f"generating {args.num_rows} {'Criteo' if criteo else 'Taobao'}-like rows into {folder}")
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "hashrec.tools.gen_taobao_data", "--output_dir",
-                    folder, "--num_rows", str(args.num_rows), "--num_files",
-                    str(args.num_files), "--scale", "1", "--sequence_format",
-                    args.sequence_format], check=True, cwd=ROOT)
+    generator = ["hashrec.tools.gen_criteo_data", "--overwrite"] if criteo else [
+        "hashrec.tools.gen_taobao_data", "--scale", "1", "--sequence_format",
+        args.sequence_format]
+    subprocess.run([sys.executable, "-m", *generator, "--output_dir", folder, "--num_rows",
+                    str(args.num_rows), "--num_files", str(args.num_files)],
+                   check=True, cwd=ROOT)
     with open(done, "w", encoding="utf-8") as f:
         f.write(f"{args.num_rows}\n")
     log(f"data generated in {time.perf_counter() - start:.1f}s")
@@ -354,16 +366,27 @@ def _rank_lines(runs: dict) -> list[str]:
     return lines
 
 
+def _data_text(report: dict) -> list[str]:
+    """What the runs trained on: Taobao-like data (its sequences' storage), Criteo-like."""
+    texts = []
+    if report.get("sequence_format", "string") is not None:
+        texts.append(f"Taobao-like data at scale 1 (behaviour sequences stored as "
+                     f"{report.get('sequence_format', 'string')}s)")
+    if any(name in CRITEO for name in report["runs"]):
+        texts.append("Criteo-like data at scale 0.01 for " + ", ".join(
+            name for name in report["runs"] if name in CRITEO))
+    return texts
+
+
 def markdown(report: dict) -> str:
     env, runs = report["environment"], report["runs"]
-    lines = ["# End-to-end training throughput (Taobao-like data)", "",
+    lines = ["# End-to-end training throughput (generated data)", "",
              f"{env['date']}, GPU {env['gpu']} x {report['nproc']}, {env['cpus']} CPUs, "
              f"torch {env['torch']}, triton {env['triton']}, python {env['python']}.", "",
              f"Command: `{report['command']}`", "",
              f"{report['num_rows']} training samples per config (steps = samples / global "
-             f"batch; the data loops when it holds fewer rows), Taobao-like data at scale 1 "
-             f"(behaviour sequences stored as {report.get('sequence_format', 'string')}s), "
-             f"per-GPU batch "
+             f"batch; the data loops when it holds fewer rows), "
+             + ", ".join(_data_text(report)) + ", per-GPU batch "
              f"{report['batch_size']}, {report['mixed_precision']}, "
              f"{report['num_workers']} loader workers per rank, sequence length 100; "
              f"the first {report['warmup_steps']} steps are left out.", "",
@@ -404,12 +427,14 @@ def main(argv=None) -> int:
     nproc = world_size if world_size > 1 else args.nproc
     if args.num_workers is None:
         args.num_workers = default_workers(nproc)
-    data = ensure_data(args)
+    names = args.configs.split(",")
+    data = ensure_data(args) if any(n not in CRITEO for n in names) else None
+    criteo = ensure_data(args, criteo=True) if any(n in CRITEO for n in names) else None
     runs = {}
-    for name in args.configs.split(","):
+    for name in names:
         if rank == 0:
             log(f"training {name} ({nproc} process(es), batch {args.batch_size} per rank)")
-        runs[name] = run_config(args, name, data, nproc)
+        runs[name] = run_config(args, name, criteo if name in CRITEO else data, nproc)
         if rank == 0:
             r = runs[name]
             log(f"{name}: {r.get('global_samples_per_second', 0.0):,.0f} samples/s over "
@@ -422,7 +447,7 @@ def main(argv=None) -> int:
               "environment": environment(), "nproc": nproc, "num_rows": args.num_rows,
               "batch_size": args.batch_size, "mixed_precision": args.mixed_precision,
               "num_workers": args.num_workers, "warmup_steps": args.warmup_steps,
-              "sequence_format": sequence_format(data), "runs": runs}
+              "sequence_format": sequence_format(data) if data else None, "runs": runs}
     rates = {k: v.get("global_samples_per_second") for k, v in runs.items()}
     if rates.get("dynamicemb") and rates.get("num_buckets"):
         report["ratio_dynamicemb_over_num_buckets"] = rates["dynamicemb"] / rates["num_buckets"]
