@@ -17,26 +17,25 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import xxhash
 
 from hashrec.config.errors import ConfigError
 from hashrec.features.errors import FeatureError
 from hashrec.features.tokens import Bags, string_offsets
+from hashrec.features.xxh64 import xxh64_tokens
 
-_INT_TEXT = r"^[+-]?[0-9]+$"
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
 def hash_tokens(values: pa.Array) -> np.ndarray:
     """xxhash64 of every token's text: (n,) arrow array -> (n,) int64 (two's complement)."""
     if len(values) == 0:
         return np.zeros(0, dtype=np.int64)
-    text = values if pa.types.is_string(values.type) else values.cast(pa.string())
-    encoded = pc.dictionary_encode(text)
-    uniques = encoded.dictionary.to_pylist()
-    digests = np.fromiter((xxhash.xxh64_intdigest(s.encode("utf-8")) for s in uniques),
-                          dtype=np.uint64, count=len(uniques)).view(np.int64)
-    return digests[encoded.indices.to_numpy(zero_copy_only=False)]
+    text = values if _is_text(values.type) else values.cast(pa.string())
+    return xxh64_tokens(text).view(np.int64)
 
 
 def _error_at(bags: Bags, position: int, feature: str, column: str, what: str) -> FeatureError:
@@ -45,38 +44,50 @@ def _error_at(bags: Bags, position: int, feature: str, column: str, what: str) -
                         f"{what} (value {value!r})")
 
 
-def _has_x(values: pa.Array) -> bool:
-    """Whether any token holds an ``x`` or ``X`` (Arrow's integer cast reads ``0x..`` as hex)."""
+def _integer_text(values: pa.Array) -> np.ndarray:
+    """(n,) bool: which tokens of a string array are decimal integer texts (``^[+-]?[0-9]+$``),
+    read from the data buffer's bytes: a token is one when its bytes are all ASCII digits
+    but for an optional leading sign, with at least one digit (null cells are not)."""
+    offsets = string_offsets(values).astype(np.int64)
+    lengths = np.diff(offsets)
     buffer = values.buffers()[2]
-    if buffer is None:
-        return False
-    offsets = string_offsets(values)
+    if buffer is None or offsets[-1] == offsets[0]:  # no token holds a byte
+        return np.zeros(len(values), dtype=bool)
     data = np.frombuffer(buffer, dtype=np.uint8)[offsets[0]:offsets[-1]]
-    return bool(((data | 0x20) == ord("x")).any())
+    starts = offsets[:-1] - offsets[0]
+    nondigits = np.concatenate(([0], np.cumsum((data < 48) | (data > 57), dtype=np.int64)))
+    bad = nondigits[starts + lengths] - nondigits[starts]
+    first = data[np.minimum(starts, len(data) - 1)]
+    signed = (lengths >= 2) & ((first == ord("+")) | (first == ord("-")))
+    is_int = (lengths >= 1) & ((bad == 0) | ((bad == 1) & signed))
+    if values.null_count:
+        is_int &= pc.is_valid(values).to_numpy(zero_copy_only=False)
+    return is_int
 
 
 def int_tokens(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Which string tokens are decimal integers in the int64 range, and their values.
 
+    Which tokens are integer texts is read from their bytes (``_integer_text``); only
+    those go through Arrow's integer cast, so that no cast of a column of other strings
+    (hex ids, say) runs to its failure, which took most of a Criteo-like batch's parsing.
+
     Returns:
         (is_int (n,) bool, ints (n,) int64): ``ints`` holds the value where ``is_int``.
     """
-    if len(values) and not _has_x(values):
-        try:  # the common case, every token an integer, in one cast
-            ints = pc.cast(values, pa.int64()).to_numpy(zero_copy_only=False)
-            return np.ones(len(values), dtype=bool), ints
-        except pa.ArrowInvalid:
-            pass
-    is_int = np.array(pc.match_substring_regex(values, _INT_TEXT).to_numpy(zero_copy_only=False),
-                      dtype=bool)
+    is_int = _integer_text(values)
     ints = np.zeros(len(values), dtype=np.int64)
     if not is_int.any():
         return is_int, ints
-    where = np.flatnonzero(is_int)
-    text = pc.replace_substring_regex(values.filter(pa.array(is_int)), r"^\+", "")
+    every = bool(is_int.all())
+    text = values if every else values.filter(pa.array(is_int))
+    if bool(pc.any(pc.starts_with(text, "+")).as_py()):  # Arrow's cast reads no "+"
+        text = pc.replace_substring_regex(text, r"^\+", "")
+    where = slice(None) if every else np.flatnonzero(is_int)
     try:
         ints[where] = pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False)
     except pa.ArrowInvalid:  # some overflow int64: those are not integer ids
+        where = np.flatnonzero(is_int)
         parsed = [int(t) for t in text.to_pylist()]
         fits = np.array([_INT64_MIN <= v <= _INT64_MAX for v in parsed], dtype=bool)
         ints[where[fits]] = [v for v, ok in zip(parsed, fits) if ok]

@@ -189,3 +189,29 @@ def test_vocab_default_value_reads_as_id_0(feature_set, vocab, want):
     fs = feature_set(_id(f'{vocab} default_value: "d"'))
     batch = fs.parse(pa.table({"c": ["b", None, "", "d", "zz"]}))
     assert _bags(batch, "f") == (want, [1, 1, 1, 1, 1])
+
+
+def test_integer_tokens_are_read_from_their_bytes_as_the_rule_states():
+    """``int_tokens`` (which reads the tokens' bytes, not a regex) against the rule
+    ``^[+-]?[0-9]+$`` within int64, on random tokens of digits, signs, letters, spaces and
+    multi-byte digits, with nulls, in sliced and large string arrays."""
+    import random
+    import re
+
+    from hashrec.features.bucketize import int_tokens
+
+    rule = re.compile(r"[+-]?[0-9]+\Z")
+    alphabet = [*"0123456789+- xaf", "７", "é", "99999999999"]
+    rng = random.Random(0)
+    for _ in range(400):
+        tokens = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5)))
+                  if rng.random() > 0.1 else None for _ in range(rng.randint(1, 10))]
+        array = pa.array(tokens, pa.string())
+        for values in (array, array.slice(1), pa.array(tokens, pa.large_string())):
+            is_int, ints = int_tokens(values)
+            for token, got, value in zip(values.to_pylist(), is_int, ints):
+                want = token is not None and bool(rule.match(token)) and \
+                    -(2**63) <= int(token) < 2**63
+                assert bool(got) == want, token
+                if want:
+                    assert int(value) == int(token), token
