@@ -35,13 +35,29 @@ def hash_tokens(values: pa.Array) -> np.ndarray:
     if len(values) == 0:
         return np.zeros(0, dtype=np.int64)
     text = values if _is_text(values.type) else values.cast(pa.string())
-    return xxh64_tokens(text).view(np.int64)
+    encoded = pc.dictionary_encode(text)  # each distinct token hashed once
+    digests = xxh64_tokens(encoded.dictionary).view(np.int64)
+    return digests[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
 def _error_at(bags: Bags, position: int, feature: str, column: str, what: str) -> FeatureError:
     value = bags.values[position].as_py()
     return FeatureError(f"feature {feature!r}: column {column!r}", bags.row_of(position),
                         f"{what} (value {value!r})")
+
+
+_DIGIT_OR_SIGN = np.zeros(256, dtype=bool)
+_DIGIT_OR_SIGN[[*range(ord("0"), ord("9") + 1), ord("+"), ord("-")]] = True
+
+
+def _digits_and_signs_only(values: pa.Array) -> bool:
+    """Whether every byte of a string array's tokens is an ASCII digit, ``+`` or ``-``."""
+    offsets = string_offsets(values)
+    buffer = values.buffers()[2]
+    if buffer is None:
+        return False
+    return bool(_DIGIT_OR_SIGN[np.frombuffer(buffer, dtype=np.uint8)[
+        offsets[0]:offsets[-1]]].all())
 
 
 def _integer_text(values: pa.Array) -> np.ndarray:
@@ -68,13 +84,21 @@ def _integer_text(values: pa.Array) -> np.ndarray:
 def int_tokens(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Which string tokens are decimal integers in the int64 range, and their values.
 
-    Which tokens are integer texts is read from their bytes (``_integer_text``); only
-    those go through Arrow's integer cast, so that no cast of a column of other strings
-    (hex ids, say) runs to its failure, which took most of a Criteo-like batch's parsing.
+    A column whose bytes are all digits and signs (the common case: integer ids stored
+    as text) is cast whole, as one Arrow cast. Otherwise which tokens are integer texts
+    is read from their bytes (``_integer_text``) and only those are cast, so that no cast
+    of a column of other strings (hex ids, say) runs to its failure, which took most of
+    a Criteo-like batch's parsing.
 
     Returns:
         (is_int (n,) bool, ints (n,) int64): ``ints`` holds the value where ``is_int``.
     """
+    if len(values) and not values.null_count and _digits_and_signs_only(values):
+        try:  # every token an integer text, in one cast (a stray sign or overflow fails it)
+            ints = pc.cast(values, pa.int64()).to_numpy(zero_copy_only=False)
+            return np.ones(len(values), dtype=bool), ints
+        except pa.ArrowInvalid:
+            pass
     is_int = _integer_text(values)
     ints = np.zeros(len(values), dtype=np.int64)
     if not is_int.any():
