@@ -192,18 +192,21 @@ def test_vocab_default_value_reads_as_id_0(feature_set, vocab, want):
 
 
 def test_integer_tokens_are_read_from_their_bytes_as_the_rule_states():
-    """``int_tokens`` (which reads the tokens' bytes, not a regex) against the rule
-    ``^[+-]?[0-9]+$`` within int64, on random tokens of digits, signs, letters, spaces and
-    multi-byte digits, with nulls, in sliced and large string arrays."""
+    """``int_tokens`` (a whole-column cast where no byte is a letter, else the tokens'
+    bytes, not a regex) against the rule ``^[+-]?[0-9]+$`` within int64, on random tokens
+    of digits, signs, dots, spaces, letters and multi-byte digits, with nulls, in sliced
+    and large string arrays."""
     import random
     import re
 
     from hashrec.features.bucketize import int_tokens
 
     rule = re.compile(r"[+-]?[0-9]+\Z")
-    alphabet = [*"0123456789+- xaf", "７", "é", "99999999999"]
+    letters = [*"0123456789+- xaf", "７", "é", "99999999999"]
+    no_letters = [*"0123456789+- .", "99999999999"]  # columns the whole-column cast takes
     rng = random.Random(0)
-    for _ in range(400):
+    for trial in range(800):
+        alphabet = letters if trial % 2 else no_letters
         tokens = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5)))
                   if rng.random() > 0.1 else None for _ in range(rng.randint(1, 10))]
         array = pa.array(tokens, pa.string())
