@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 import xxhash
 
-from hashrec.features.xxh64 import SHORT, xxh64_tokens
+from hashrec.features.xxh64 import LONG, STRIPE, xxh64_tokens
 
 ALPHABET = "abcXYZ0189+- é７"  # one-, two- and three-byte UTF-8
 
@@ -27,17 +27,29 @@ def _package(tokens: list) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", [pa.string(), pa.large_string()], ids=["string", "large"])
 def test_every_length_hashes_as_the_package_does(kind):
-    # characters, not bytes: multi-byte ones take tokens past every lane boundary
-    tokens = _tokens(0, range(SHORT + 9), 12)
+    # characters, not bytes: multi-byte ones take tokens past every lane boundary; up to
+    # two stripes and a tail, then tokens around and past the vectorized path's limit
+    tokens = _tokens(0, range(2 * STRIPE + 17), 8) + _tokens(1, range(LONG - 90, LONG + 3), 1)
     array = pa.array(tokens, kind)
     assert np.array_equal(xxh64_tokens(array), _package(tokens))
 
 
 def test_slices_nulls_and_empty_arrays():
-    tokens = _tokens(1, range(12), 3)
+    tokens = _tokens(2, range(40), 1)
     array = pa.array(tokens)
     assert np.array_equal(xxh64_tokens(array.slice(5, 20)), _package(tokens[5:25]))
     with_nulls = ["ab", None, "", "abcdefghi"]
     assert np.array_equal(xxh64_tokens(pa.array(with_nulls)), _package(with_nulls))
     assert xxh64_tokens(pa.array([], pa.string())).shape == (0,)
     assert np.array_equal(xxh64_tokens(pa.array(["", ""])), _package(["", ""]))
+
+
+def test_random_arrays_and_their_slices():
+    # the last token of an array reads the lanes nearest the data's end
+    rng = random.Random(3)
+    for _ in range(200):
+        tokens = _tokens(rng.randint(0, 10**6), range(rng.randint(0, 90), 91), 1)[:30]
+        array = pa.array(tokens, pa.string())
+        start = rng.randint(0, len(tokens) - 1)
+        assert np.array_equal(xxh64_tokens(array), _package(tokens))
+        assert np.array_equal(xxh64_tokens(array.slice(start)), _package(tokens[start:]))
