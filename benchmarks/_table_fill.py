@@ -23,6 +23,17 @@ def mixed_batch(stored: torch.Tensor, n: int, device: torch.device) -> torch.Ten
     return torch.cat([pick, random_keys(n - hits, device)])
 
 
+def snapshot(storage: TableStorage) -> list[torch.Tensor]:
+    """Copies of an index's keys, tags, digests and scores, for ``restore``."""
+    return [t.clone() for t in (storage.keys, storage.tags, storage.digests, storage.scores)]
+
+
+def restore(storage: TableStorage, saved: list[torch.Tensor]) -> None:
+    """Puts a ``snapshot`` back (an insert benchmark's calls each start from one index)."""
+    for dst, src in zip((storage.keys, storage.tags, storage.digests, storage.scores), saved):
+        dst.copy_(src)
+
+
 def _rank_in_bucket(buckets: torch.Tensor) -> torch.Tensor:
     """Position of each entry among the equal values of sorted ``buckets``."""
     first = torch.searchsorted(buckets, buckets, right=False)

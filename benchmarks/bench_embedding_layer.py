@@ -427,17 +427,11 @@ def main() -> None:
     layer_sgd = _collection(SparseSGD(lr=0.01), batches, grads)
     layer_adam = _collection(SparseAdam(lr=0.001), batches, grads)
     base_sgd, base_adam = _baseline("sgd", batches, grads), _baseline("adam", batches, grads)
-    by_type = {"float32": {"forward_ms": layer_sgd["forward_ms"],
-                           "forward_ahead_ms": layer_sgd["forward_ahead_ms"],
-                           "backward_sgd_ms": layer_sgd["backward_ms"],
-                           "backward_adam_ms": layer_adam["backward_ms"]}}
+    by_type = {"float32": _type_row(layer_sgd, layer_adam)}
     for dtype in ARGS.data_types:
-        half_sgd = _collection(SparseSGD(lr=0.01), batches, grads, dtype, brief=True)
-        half_adam = _collection(SparseAdam(lr=0.001), batches, grads, dtype, brief=True)
-        by_type[dtype] = {"forward_ms": half_sgd["forward_ms"],
-                          "forward_ahead_ms": half_sgd["forward_ahead_ms"],
-                          "backward_sgd_ms": half_sgd["backward_ms"],
-                          "backward_adam_ms": half_adam["backward_ms"]}
+        by_type[dtype] = _type_row(
+            _collection(SparseSGD(lr=0.01), batches, grads, dtype, brief=True),
+            _collection(SparseAdam(lr=0.001), batches, grads, dtype, brief=True))
     u = sgd["unique_ids"]
     rows = _phase_rows({"forward": (sgd, layer_sgd, "forward", base_sgd),
                         "backward_sgd": (sgd, layer_sgd, "backward", base_sgd),
@@ -489,6 +483,12 @@ def _sweep_lines(results: dict) -> list[str]:
         lines.append(f"| {cfg} | " + " | ".join(
             f"{sweep[k][cfg]['device_ms']:.3f}" for k in ("sgd", "adam", "layer_sgd")) + " |")
     return lines
+
+
+def _type_row(sgd: dict, adam: dict) -> dict:
+    """One table type's row of ``layer_by_data_type`` from its SGD and Adam layers' times."""
+    return {"forward_ms": sgd["forward_ms"], "forward_ahead_ms": sgd["forward_ahead_ms"],
+            "backward_sgd_ms": sgd["backward_ms"], "backward_adam_ms": adam["backward_ms"]}
 
 
 def _data_type_lines(by_type: dict) -> list[str]:

@@ -121,6 +121,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _l2  # noqa: E402
 import torch  # noqa: E402
+from _table_fill import restore, snapshot  # noqa: E402
 from _timing import command_line, environment, time_device_ms, write_results  # noqa: E402
 
 from hashrec.table.ops.export.triton import occupied_slots  # noqa: E402
@@ -175,14 +176,9 @@ def _find_or_insert(storage: TableStorage, keys: torch.Tensor,
                              0.0, 0.01, seed=0)[1]
 
 
-def _restore(index: TableStorage, saved: list) -> None:
-    for dst, src in zip((index.keys, index.tags, index.digests, index.scores), saved):
-        dst.copy_(src)
-
-
 def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int,
                lf: float) -> dict:
-    _restore(index, saved)
+    restore(index, saved)
     storage = TableStorage(index.num_buckets, index.bucket_capacity, index.keys, index.tags,
                            index.digests, index.scores,
                            torch.randn(index.capacity, dim, device=DEVICE),
@@ -207,7 +203,7 @@ def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int,
 
     def fresh(i: int) -> torch.Tensor:
         if not ARGS.no_restore:
-            _restore(index, saved)
+            restore(index, saved)
         return batches[i]
     vals = torch.randn(n, dim, device=DEVICE)
     ones = None if ARGS.scores_in_call else torch.ones(n, dtype=torch.int64, device=DEVICE)
@@ -217,7 +213,7 @@ def _bench_dim(index: TableStorage, saved: list, stored: torch.Tensor, dim: int,
     if ARGS.profile and DEVICE.type == "cuda" and dim in (ARGS.dims[0], ARGS.dims[-1]):
         print(f"profile: load factor {lf}, dim {dim}, a fresh batch from the filled index",
               flush=True)
-        _restore(index, saved)
+        restore(index, saved)
         _profile(storage, _batch(stored, n), _batch(stored, n), vals)
     row = {"dim": dim, "find_hit_rate": hit_rate, "find_sweep_bkvs": sweep,
            "find_other_tagged_ms": other["device_ms"]}
@@ -275,7 +271,7 @@ def main() -> None:
         offered = _fill(index, lf)
         real_lf = index.size() / index.capacity
         stored = index.keys[occupied_slots(index, 0, index.capacity)]
-        saved = [t.clone() for t in (index.keys, index.tags, index.digests, index.scores)]
+        saved = snapshot(index)
         l2 = _l2.persist(index.digests, ARGS.l2_share) if ARGS.l2_digests else None
         for dim in ARGS.dims:
             row = {"load_factor": lf, "measured_load_factor": real_lf, "keys_offered": offered}

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _table_fill import filled_index  # noqa: E402
+from _table_fill import filled_index, restore, snapshot  # noqa: E402
 from _timing import environment, write_results  # noqa: E402
 
 from hashrec.table.ops.find.triton import find_values  # noqa: E402
@@ -55,11 +55,11 @@ def _keys(n: int, device: torch.device) -> torch.Tensor:
     return torch.randint(I64.min, I64.max, (n,), dtype=torch.int64, device=device)
 
 
-def _issue_ms(fn, reps: int, restore=None) -> list[float]:
+def _issue_ms(fn, reps: int, reset=None) -> list[float]:
     out = []
     for i in range(reps + 2):
-        if restore is not None:
-            restore()
+        if reset is not None:
+            reset()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
@@ -69,10 +69,10 @@ def _issue_ms(fn, reps: int, restore=None) -> list[float]:
     return out
 
 
-def _profile(fn, calls: int, top: int, restore) -> tuple[str, list[dict]]:
+def _profile(fn, calls: int, top: int, reset) -> tuple[str, list[dict]]:
     prof = cProfile.Profile()
     for _ in range(calls):
-        restore()
+        reset()
         torch.cuda.synchronize()
         prof.enable()
         fn()
@@ -99,11 +99,10 @@ def main() -> None:
     storage = TableStorage(index.num_buckets, index.bucket_capacity, index.keys, index.tags,
                            index.digests, index.scores,
                            torch.randn(index.capacity, args.dim, device=device))
-    saved = [t.clone() for t in (index.keys, index.tags, index.digests, index.scores)]
+    saved = snapshot(index)
 
-    def restore() -> None:  # every insert call starts from the filled index
-        for dst, src in zip((index.keys, index.tags, index.digests, index.scores), saved):
-            dst.copy_(src)
+    def reset() -> None:  # every insert call starts from the filled index
+        restore(index, saved)
 
     n, hits = args.batch, int(0.6 * args.batch)
     ones = torch.ones(n, dtype=torch.int64, device=device)
@@ -127,11 +126,11 @@ def main() -> None:
                "batch_draw_issue_ms": statistics.median(_issue_ms(batch, args.reps)),
                "ops": {}}
     for name, fn in ops.items():
-        issue = _issue_ms(fn, args.reps, restore)
+        issue = _issue_ms(fn, args.reps, reset)
         entry = {"issue_ms": statistics.median(issue), "issue_min_ms": min(issue)}
         if name != "find":
             entry["profile_text"], entry["profile"] = _profile(fn, args.profile_calls,
-                                                               args.top, restore)
+                                                               args.top, reset)
         results["ops"][name] = entry
         print(name, json.dumps({k: v for k, v in entry.items() if k != "profile_text"}),
               flush=True)

@@ -57,8 +57,8 @@ ARGS = _args()
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from _table_fill import filled_index, mixed_batch  # noqa: E402
-from _timing import command_line, environment, time_device_ms  # noqa: E402
+from _table_fill import filled_index, mixed_batch, restore, snapshot  # noqa: E402
+from _timing import command_line, environment, time_device_ms, write_results  # noqa: E402
 
 from hashrec.table._triton_hash import bucket_of_fast, digest_of, tagged_hash  # noqa: E402
 from hashrec.table.ops.find.probe import line_masks, popcount64, probe_bucket  # noqa: E402
@@ -183,7 +183,7 @@ class ClaimUpsert:
 def _check(storage, saved, stored, claim: ClaimUpsert) -> dict:
     """Outcome of one call from the filled index, twice: every placed key found at its
     slot, the present keys where they were, no slot taken twice, the same both times."""
-    _restore(storage, saved)
+    restore(storage, saved)
     keys = mixed_batch(stored, ARGS.batch, DEVICE)
     scores = torch.ones_like(keys)
     misses = int((find_slots(storage, keys) < 0).sum())
@@ -195,7 +195,7 @@ def _check(storage, saved, stored, claim: ClaimUpsert) -> dict:
     held = slots[slots >= 0]
     unique = held.unique().numel() == held.numel()
     old_stored = stored[:min(stored.numel(), 100_000)]
-    _restore(storage, saved)
+    restore(storage, saved)
     before = find_slots(storage, old_stored)
     slots2, _ = claim(keys, scores)
     after = find_slots(storage, old_stored)
@@ -208,15 +208,9 @@ def _check(storage, saved, stored, claim: ClaimUpsert) -> dict:
             "deterministic": bool(same)}
 
 
-def _restore(storage, saved) -> None:
-    for dst, src in zip((storage.keys, storage.tags, storage.digests, storage.scores), saved):
-        dst.copy_(src)
-
-
-
 def _row(lf: float) -> dict:
     storage, stored = filled_index(ARGS.slots, lf, DEVICE)
-    saved = [t.clone() for t in (storage.keys, storage.tags, storage.digests, storage.scores)]
+    saved = snapshot(storage)
     claim = ClaimUpsert(storage, ARGS.claims)
     check = _check(storage, saved, stored, claim)
     print(f"load factor {lf}: {check}", flush=True)
@@ -226,7 +220,7 @@ def _row(lf: float) -> dict:
     ones = torch.ones(ARGS.batch, dtype=torch.int64, device=DEVICE)
 
     def fresh(i: int) -> torch.Tensor:
-        _restore(storage, saved)
+        restore(storage, saved)
         return batches[i]
     times = {}
     for name, fn in (("upsert_slots", lambda k: upsert_slots(storage, k, None, ones, True)),
@@ -246,8 +240,6 @@ def main() -> None:
     if not ARGS.out:
         print(json.dumps(results, indent=1))
         return
-    with open(f"{ARGS.out}.json", "w") as f:
-        json.dump(results, f, indent=1)
     lines = [f"Command: `{results['command']}`", "",
              f"Date {results.get('date')}, GPU {results.get('gpu')}, torch "
              f"{results.get('torch')}, triton {results.get('triton')}; {ARGS.slots} slots, "
@@ -261,8 +253,7 @@ def main() -> None:
         lines.append(f"| {r['load_factor']} | {r['upsert_slots_ms']:.4f} | {r['claims_ms']:.4f} "
                      f"| {r['upsert_slots_again_ms']:.4f} | {c['left_to_sorted_path']} of "
                      f"{c['misses']} | {'all hold' if good else c} |")
-    with open(f"{ARGS.out}.md", "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_results(ARGS.out, results, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -64,8 +64,8 @@ ARGS = _args()
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from _table_fill import filled_index, mixed_batch  # noqa: E402
-from _timing import command_line, environment, time_device_ms  # noqa: E402
+from _table_fill import filled_index, mixed_batch, restore, snapshot  # noqa: E402
+from _timing import command_line, environment, time_device_ms, write_results  # noqa: E402
 
 from hashrec.table._triton_hash import bucket_of_fast, digest_of, tagged_hash  # noqa: E402
 from hashrec.table.hashing import digest_of as digest_ref  # noqa: E402
@@ -146,17 +146,11 @@ def _fill_counts(storage: TableStorage) -> torch.Tensor:
     return (lines != 0).sum(1).to(torch.int32)
 
 
-def _restore(storage: TableStorage, saved: list) -> None:
-    for dst, src in zip((storage.keys, storage.tags, storage.digests, storage.scores,
-                         storage.fill), saved):
-        dst.copy_(src)
-
-
-def _check(storage: TableStorage, saved: list, stored: torch.Tensor, form) -> dict:
+def _check(storage: TableStorage, reset, stored: torch.Tensor, form) -> dict:
     """One call from the filled index: each new key's key, score and digest at its slot
     (found there by ``find_slots``, or read from the pairs), no slot taken twice, the
     present keys unmoved, a sample of rows equal to the batch's."""
-    _restore(storage, saved)
+    reset()
     keys = mixed_batch(stored, ARGS.batch, DEVICE)
     ones = torch.ones_like(keys)
     rows = torch.randn(keys.numel(), storage.values.shape[1], device=DEVICE)
@@ -186,24 +180,30 @@ def _check(storage: TableStorage, saved: list, stored: torch.Tensor, form) -> di
             "rows_stored": bool(torch.equal(storage.values[slots[sample]], rows[sample]))}
 
 
-def _row(storage: TableStorage, saved: list, stored: torch.Tensor, lf: float, dim: int) -> dict:
+def _row(storage: TableStorage, stored: torch.Tensor, lf: float, dim: int) -> dict:
     n = ARGS.batch
-    forms = {f"fused_w{w}": FusedUpsert(storage, storage.fill, True, w) for w in ARGS.warps}
-    forms["atomic_index"] = FusedUpsert(storage, storage.fill, False, ARGS.warps[0])
+    fill = _fill_counts(storage)
+    saved, saved_fill = snapshot(storage), fill.clone()
+
+    def reset() -> None:  # every call starts from the filled index
+        restore(storage, saved)
+        fill.copy_(saved_fill)
+    forms = {f"fused_w{w}": FusedUpsert(storage, fill, True, w) for w in ARGS.warps}
+    forms["atomic_index"] = FusedUpsert(storage, fill, False, ARGS.warps[0])
     pairs = torch.zeros(storage.capacity, 2, dtype=torch.int64, device=DEVICE)
-    forms.update({f"paired_w{w}": FusedUpsert(storage, storage.fill, True, w, pairs)
+    forms.update({f"paired_w{w}": FusedUpsert(storage, fill, True, w, pairs)
                   for w in ARGS.warps})
-    forms["paired_index"] = FusedUpsert(storage, storage.fill, False, ARGS.warps[0], pairs)
+    forms["paired_index"] = FusedUpsert(storage, fill, False, ARGS.warps[0], pairs)
     checks = {}
     for name, form in forms.items():
-        checks[name] = _check(storage, saved, stored, form)
+        checks[name] = _check(storage, reset, stored, form)
         print(f"load factor {lf}, dim {dim}, {name}: {checks[name]}", flush=True)
     batches = [mixed_batch(stored, ARGS.batch, DEVICE) for _ in range(2 * (ARGS.reps + 2))]
     ones = torch.ones(n, dtype=torch.int64, device=DEVICE)
     rows = torch.randn(n, dim, device=DEVICE)
 
     def fresh(i: int) -> torch.Tensor:
-        _restore(storage, saved)
+        reset()
         return batches[i]
     library = ("upsert_assign", lambda k: upsert_assign(storage, k, None, ones, rows, True))
     times = {}
@@ -226,19 +226,14 @@ def main() -> None:
                                    index.tags, index.digests, index.scores,
                                    torch.empty(index.capacity, dim, device=DEVICE),
                                    tagged=False)
-            storage.fill = _fill_counts(storage)
-            saved = [t.clone() for t in (storage.keys, storage.tags, storage.digests,
-                                         storage.scores, storage.fill)]
-            rows.append(_row(storage, saved, stored, lf, dim))
-            del storage, saved
+            rows.append(_row(storage, stored, lf, dim))
+            del storage
         del index, stored
     results = {"command": command_line(), **environment(), "slots": ARGS.slots,
                "batch": ARGS.batch, "block": ARGS.block, "reps": ARGS.reps, "rows": rows}
     if not ARGS.out:
         print(json.dumps(results, indent=1))
         return
-    with open(f"{ARGS.out}.json", "w") as f:
-        json.dump(results, f, indent=1)
     forms = [k[:-3] for k in rows[0] if k.endswith("_ms") and k.startswith(("fused", "atomic", "paired"))]
     lines = [f"Command: `{results['command']}`", "",
              f"Date {results.get('date')}, GPU {results.get('gpu')}, torch "
@@ -256,8 +251,7 @@ def main() -> None:
         lines.append(f"| {r['load_factor']} | {r['dim']} | " + " | ".join(cells[:-1])
                      + f" | {cells[-1]} | {'all hold' if good else r['checks']}; "
                      f"{left} keys left out |")
-    with open(f"{ARGS.out}.md", "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_results(ARGS.out, results, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from hashrec.config.errors import ConfigError
 from hashrec.features.errors import FeatureError
-from hashrec.features.tokens import Bags, string_offsets
+from hashrec.features.tokens import Bags, string_bytes
 from hashrec.features.xxh64 import xxh64_tokens
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -50,24 +50,18 @@ def _no_letters(values: pa.Array) -> bool:
     """Whether no byte of a string array's tokens lies above ``9`` in ASCII (no letter, no
     multi-byte character): the tokens may all be integer texts. One max over the bytes,
     cheap beside a cast (a table lookup a byte cost 100x as much)."""
-    offsets = string_offsets(values)
-    buffer = values.buffers()[2]
-    if buffer is None or offsets[-1] == offsets[0]:
-        return False
-    return int(np.frombuffer(buffer, dtype=np.uint8)[offsets[0]:offsets[-1]].max()) <= ord("9")
+    data = string_bytes(values)[1]
+    return len(data) > 0 and int(data.max()) <= ord("9")
 
 
 def _integer_text(values: pa.Array) -> np.ndarray:
     """(n,) bool: which tokens of a string array are decimal integer texts (``^[+-]?[0-9]+$``),
     read from the data buffer's bytes: a token is one when its bytes are all ASCII digits
     but for an optional leading sign, with at least one digit (null cells are not)."""
-    offsets = string_offsets(values).astype(np.int64)
-    lengths = np.diff(offsets)
-    buffer = values.buffers()[2]
-    if buffer is None or offsets[-1] == offsets[0]:  # no token holds a byte
+    offsets, data = string_bytes(values)
+    if not len(data):  # no token holds a byte
         return np.zeros(len(values), dtype=bool)
-    data = np.frombuffer(buffer, dtype=np.uint8)[offsets[0]:offsets[-1]]
-    starts = offsets[:-1] - offsets[0]
+    starts, lengths = offsets[:-1], np.diff(offsets)
     nondigits = np.concatenate(([0], np.cumsum((data < 48) | (data > 57), dtype=np.int64)))
     bad = nondigits[starts + lengths] - nondigits[starts]
     first = data[np.minimum(starts, len(data) - 1)]
@@ -101,15 +95,13 @@ def int_tokens(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     ints = np.zeros(len(values), dtype=np.int64)
     if not is_int.any():
         return is_int, ints
-    every = bool(is_int.all())
-    text = values if every else values.filter(pa.array(is_int))
+    where = np.flatnonzero(is_int)
+    text = values if len(where) == len(values) else values.filter(pa.array(is_int))
     if bool(pc.any(pc.starts_with(text, "+")).as_py()):  # Arrow's cast reads no "+"
         text = pc.replace_substring_regex(text, r"^\+", "")
-    where = slice(None) if every else np.flatnonzero(is_int)
     try:
         ints[where] = pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False)
     except pa.ArrowInvalid:  # some overflow int64: those are not integer ids
-        where = np.flatnonzero(is_int)
         parsed = [int(t) for t in text.to_pylist()]
         fits = np.array([_INT64_MIN <= v <= _INT64_MAX for v in parsed], dtype=bool)
         ints[where[fits]] = [v for v, ok in zip(parsed, fits) if ok]

@@ -62,6 +62,17 @@ def string_offsets(values: pa.Array) -> np.ndarray:
                          offset=values.offset * width.itemsize)
 
 
+def string_bytes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets (n + 1,) int64 from 0, data (offsets[-1],) uint8): a string array's cells'
+    bytes, read in place from its data buffer (slices respected)."""
+    offsets = string_offsets(values).astype(np.int64)
+    buffer = values.buffers()[2] if len(values) else None
+    if buffer is None:
+        return offsets - offsets[0], np.zeros(0, dtype=np.uint8)
+    data = np.frombuffer(buffer, dtype=np.uint8)[offsets[0]:offsets[-1]]
+    return offsets - offsets[0], data
+
+
 def list_lengths(array: pa.Array) -> np.ndarray:
     """(B,) int64 sizes of a list array's cells; null cells have size 0."""
     if array.null_count:

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from hashrec.features.tokens import string_offsets
+from hashrec.features.tokens import string_bytes
 
 _P1 = np.uint64(0x9E3779B185EBCA87)
 _P2 = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -99,15 +99,11 @@ def xxh64_tokens(values: pa.Array) -> np.ndarray:
 
         xxh64_tokens(pa.array(["abc", ""]))[0] == xxhash.xxh64_intdigest(b"abc")
     """
-    offsets = string_offsets(values).astype(np.int64)
-    lengths = np.diff(offsets)
-    buffer = values.buffers()[2] if len(lengths) else None
-    raw = np.frombuffer(buffer, dtype=np.uint8)[offsets[0]:offsets[-1]] if buffer is not None \
-        else np.zeros(0, dtype=np.uint8)
+    offsets, raw = string_bytes(values)
+    at, lengths = offsets[:-1], np.diff(offsets)
     # whole 8-byte words, and one past the last lane's
     data = np.concatenate([raw, np.zeros(16 - len(raw) % 8, dtype=np.uint8)])
     words = data.view("<u8")
-    at = offsets[:-1] - offsets[0]
     with np.errstate(over="ignore"):
         h = np.full(len(lengths), _P5)
         long = np.flatnonzero((lengths >= STRIPE) & (lengths <= LONG))
