@@ -9,6 +9,7 @@ import pyarrow as pa
 import torch
 
 from hashrec.config.errors import ConfigError
+from hashrec.features.tokens import Bags
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,15 @@ class Feature:
     def parse(self, table: pa.Table | pa.RecordBatch) -> SparseIds | np.ndarray:
         """Sparse features -> SparseIds; dense -> (B, value_dim) or (B, L, value_dim) float32."""
         raise NotImplementedError(f"{type(self).__name__}.parse")
+
+    def items(self, table: pa.Table | pa.RecordBatch) -> Bags:
+        """A sequence feature's items, every position kept (``tokens.sequence_items``):
+        the missing ones (no default_value to take) are nulls."""
+        raise NotImplementedError(f"{type(self).__name__}.items")
+
+    def finish(self, items: Bags) -> SparseIds | np.ndarray:
+        """A sequence feature's output from its items without nulls (truncated here)."""
+        raise NotImplementedError(f"{type(self).__name__}.finish")
 
 
 def column_of(expression: str, feature: str) -> str:

@@ -1,12 +1,12 @@
 """Tokens -> int64 ids: num_buckets, hash_bucket_size, vocabularies, dynamic (raw) ids.
 
 Hashing is xxhash64 of the token's UTF-8 text (an integer token is hashed by
-its decimal text, so ``123`` and ``"123"`` agree), stable across processes
-and runs. Dynamic-embedding features keep integer ids as they are; a string
+its decimal text, so ``123``, ``123.0`` and ``"123"`` agree: ``tokens.token_text``),
+stable across processes and runs. Dynamic-embedding features keep integer ids as they are; a string
 token that is a decimal integer in the int64 range (optional sign, digits
 only) is read as that integer and any other string is replaced by its 64-bit
 hash, so a sequence column of ``"12|7"`` strings and an int64 column name the
-same keys. Which of the two a token gets depends on the token alone, never on
+same keys (a uint64 id past the int64 range is hashed like its text). Which of the two a token gets depends on the token alone, never on
 the other tokens of its batch.
 """
 
@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from hashrec.config.errors import ConfigError
 from hashrec.features.errors import FeatureError
-from hashrec.features.tokens import Bags, string_bytes
+from hashrec.features.tokens import Bags, string_bytes, token_text
 from hashrec.features.xxh64 import xxh64_tokens
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -34,8 +34,7 @@ def hash_tokens(values: pa.Array) -> np.ndarray:
     """xxhash64 of every token's text: (n,) arrow array -> (n,) int64 (two's complement)."""
     if len(values) == 0:
         return np.zeros(0, dtype=np.int64)
-    text = values if _is_text(values.type) else values.cast(pa.string())
-    encoded = pc.dictionary_encode(text)  # each distinct token hashed once
+    encoded = pc.dictionary_encode(token_text(values))  # each distinct token hashed once
     digests = xxh64_tokens(encoded.dictionary).view(np.int64)
     return digests[encoded.indices.to_numpy(zero_copy_only=False)]
 
@@ -128,7 +127,14 @@ def raw_int64_ids(bags: Bags) -> np.ndarray:
     """Dynamic ids: integers kept, integer strings parsed, other strings hashed."""
     values = bags.values
     if pa.types.is_integer(values.type):
-        return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        ints = values.to_numpy(zero_copy_only=False)
+        if ints.dtype == np.uint64 and len(ints) and int(ints.max()) > _INT64_MAX:
+            # past int64 an id's text is hashed (``int_tokens``): so is its integer
+            big = ints > np.uint64(_INT64_MAX)
+            ids = ints.astype(np.int64)
+            ids[big] = hash_tokens(values.filter(pa.array(big)))
+            return ids
+        return ints.astype(np.int64, copy=False)
     if pa.types.is_floating(values.type):
         raise FeatureError("float ids are not supported; cast the column to int64 or string")
     if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
@@ -194,8 +200,7 @@ class Vocab:
     num_rows: int = field(default=0)
 
     def ids(self, bags: Bags, feature: str, column: str) -> np.ndarray:
-        text = bags.values if pa.types.is_string(bags.values.type) else \
-            bags.values.cast(pa.string())
+        text = token_text(bags.values)
         index = pc.index_in(text, value_set=pa.array(self.tokens, pa.string()))
         table = np.append(np.asarray(self.token_ids, dtype=np.int64), self.oov_id)
         return table[pc.fill_null(index, len(self.tokens)).to_numpy(zero_copy_only=False)]

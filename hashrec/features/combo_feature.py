@@ -10,7 +10,7 @@ from hashrec.config.errors import ConfigError
 from hashrec.features.base import Feature, SparseIds, check_pooling, column_of
 from hashrec.features.bucketize import NumBuckets, bucketizer_from_config
 from hashrec.features.id_feature import table_request
-from hashrec.features.tokens import Bags, column_bags, get_column
+from hashrec.features.tokens import Bags, column_bags, get_column, token_text
 
 # Joins crossed tokens; a control character that does not occur in ids.
 CROSS_JOINER = "\x1f"
@@ -27,8 +27,7 @@ def cross(left: Bags, right: Bags) -> Bags:
     width = np.repeat(right.lengths, lengths)
     li = np.repeat(left_off, lengths) + local // np.maximum(width, 1)
     ri = np.repeat(right_off, lengths) + local % np.maximum(width, 1)
-    text = [b.values if pa.types.is_string(b.values.type) else b.values.cast(pa.string())
-            for b in (left, right)]
+    text = [token_text(b.values) for b in (left, right)]
     joined = pc.binary_join_element_wise(text[0].take(pa.array(li)), text[1].take(pa.array(ri)),
                                          CROSS_JOINER)
     return Bags(joined, lengths.astype(np.int64))

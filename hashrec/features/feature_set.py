@@ -28,7 +28,11 @@ from hashrec.features.combo_feature import build_combo_feature
 from hashrec.features.errors import FeatureError
 from hashrec.features.id_feature import IdFeature, build_id_feature
 from hashrec.features.raw_feature import build_raw_feature
-from hashrec.features.sequence_feature import build_sequence_group, build_top_level_sequence
+from hashrec.features.sequence_feature import (
+    build_sequence_group,
+    build_top_level_sequence,
+    parse_sequence,
+)
 from hashrec.features.tables import build_tables, tables_read_by
 from hashrec.features.tokens import get_column
 from hashrec.features.wide import WideEmbeddings, build_wide_embeddings
@@ -73,6 +77,12 @@ class FeatureSet:
         self.unembedded = frozenset(unembedded)
         self._sparse = [f for f in features if f.is_sparse]
         self._sparse_keys = [f.name for f in self._sparse]
+        by_sequence: dict[str, list[Feature]] = {}
+        for f in features:
+            if f.is_sequence:
+                by_sequence.setdefault(f.sequence_name, []).append(f)
+        # sequences of several sub-features, parsed together (``parse_sequence``)
+        self._sequences = [group for group in by_sequence.values() if len(group) > 1]
         columns = [c for f in features for c in f.columns]
         self.feature_columns = list(dict.fromkeys(columns))
         self.input_columns = list(dict.fromkeys(self.feature_columns + self.target_columns))
@@ -124,8 +134,11 @@ class FeatureSet:
         values, lengths, weights = [], [], []
         dense, sequence_dense = {}, {}
         weighted = any(f.weighted for f in self._sparse)
+        outputs = {}
+        for group in self._sequences:
+            outputs.update(parse_sequence(group, table))
         for feature in self.features.values():
-            out = feature.parse(table)
+            out = outputs[feature.name] if feature.name in outputs else feature.parse(table)
             if isinstance(out, SparseIds):
                 values.append(out.values)
                 lengths.append(out.lengths)

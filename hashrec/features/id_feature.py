@@ -22,7 +22,15 @@ from hashrec.features.bucketize import Bucketizer, bucketizer_from_config
 from hashrec.features.data_type import data_type_of
 from hashrec.features.errors import FeatureError
 from hashrec.features.init_fn import init_fn_of
-from hashrec.features.tokens import Bags, column_bags, get_column, truncate
+from hashrec.features.tokens import (
+    Bags,
+    column_bags,
+    get_column,
+    keep_items,
+    present,
+    sequence_items,
+    truncate,
+)
 
 _WEIGHTED = r"^(?P<id>.*):(?P<weight>[^:]*)$"
 
@@ -99,11 +107,24 @@ class IdFeature(Feature):
         self.sequence_name = (sequence_name or name) if self.is_sequence else ""
 
     def parse(self, table: pa.Table | pa.RecordBatch) -> SparseIds:
+        if self.is_sequence:
+            items = self.items(table)
+            return self.finish(keep_items(items, present(items.values)))
         column = self.columns[0]
         bags = column_bags(get_column(table, column, self.name), self.name, column,
                            self.separator, self.default)
-        if self.is_sequence:
-            bags = truncate(bags, self.sequence_length)
+        return self._ids(bags)
+
+    def items(self, table: pa.Table | pa.RecordBatch) -> Bags:
+        column = self.columns[0]
+        return sequence_items(get_column(table, column, self.name), self.name, column,
+                              self.separator, self.default)
+
+    def finish(self, items: Bags) -> SparseIds:
+        return self._ids(truncate(items, self.sequence_length))
+
+    def _ids(self, bags: Bags) -> SparseIds:
+        column = self.columns[0]
         weights = None
         if self.weighted:
             bags, weights = split_weighted(bags, self.name, column)

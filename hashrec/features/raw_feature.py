@@ -22,7 +22,15 @@ from hashrec.features.base import (
 from hashrec.features.data_type import data_type_of
 from hashrec.features.errors import FeatureError
 from hashrec.features.init_fn import init_fn_of
-from hashrec.features.tokens import Bags, column_bags, get_column, truncate
+from hashrec.features.tokens import (
+    Bags,
+    column_bags,
+    get_column,
+    keep_items,
+    present,
+    sequence_items,
+    truncate,
+)
 
 
 @dataclass(frozen=True)
@@ -116,19 +124,30 @@ class RawFeature(Feature):
         self.sequence_length = sequence_length
         self.sequence_name = (sequence_name or name) if self.is_sequence else ""
 
-    def _values(self, table) -> tuple[Bags, np.ndarray]:
-        column = self.columns[0]
-        bags = column_bags(get_column(table, column, self.name), self.name, column,
-                           self.separator, self.default)
-        if self.is_sequence:
-            bags = truncate(bags, self.sequence_length)
-        values = float_values(bags, self.name, column)
+    def _values(self, bags: Bags) -> np.ndarray:
+        values = float_values(bags, self.name, self.columns[0])
         if self.normalizer is not None:
             values = self.normalizer(values)
-        return bags, values
+        return values
+
+    def items(self, table) -> Bags:
+        column = self.columns[0]
+        return sequence_items(get_column(table, column, self.name), self.name, column,
+                              self.separator, self.default)
+
+    def finish(self, items: Bags) -> SparseIds | np.ndarray:
+        return self._output(truncate(items, self.sequence_length))
 
     def parse(self, table) -> SparseIds | np.ndarray:
-        bags, values = self._values(table)
+        if self.is_sequence:
+            items = self.items(table)
+            return self.finish(keep_items(items, present(items.values)))
+        column = self.columns[0]
+        return self._output(column_bags(get_column(table, column, self.name), self.name,
+                                        column, self.separator, self.default))
+
+    def _output(self, bags: Bags) -> SparseIds | np.ndarray:
+        values = self._values(bags)
         if self.table is not None:
             ids = np.searchsorted(self.boundaries, values, side="right").astype(np.int64)
             return SparseIds(ids, bags.lengths)
@@ -209,7 +228,6 @@ def build_raw_feature(cfg, name: str | None = None, column: str | None = None,
                           f"none; remove it")
     normalizer = Normalizer.parse(cfg.normalizer, name) if cfg.normalizer else None
     separator = sequence_delim if sequence_length else cfg.separator
-    default = "" if sequence_length else cfg.default_value
-    return RawFeature(name, column, int(cfg.value_dim), default, separator,
+    return RawFeature(name, column, int(cfg.value_dim), cfg.default_value, separator,
                       normalizer, boundaries, table, cfg.pooling, sequence_length,
                       sequence_name)

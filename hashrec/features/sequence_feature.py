@@ -15,20 +15,29 @@ of its own (which must then agree).
 
 The sub-features of one ``sequence_feature`` read one sequence (their
 ``sequence_name`` is its name); a top-level sequence_id/raw feature is a
-sequence of its own.
+sequence of its own. Item i of every sub-feature describes the same item, so
+the sub-features are parsed together (``parse_sequence``): every row must hold
+as many items in each of their columns, and an item missing in one of them (empty
+or null, with no default_value to take) is dropped from all of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
 
 from hashrec.config.errors import ConfigError
-from hashrec.features.base import TableRequest, check_dim, column_of
+from hashrec.features.base import Feature, SparseIds, TableRequest, check_dim, column_of
 from hashrec.features.bucketize import bucketizer_from_config
 from hashrec.features.data_type import data_type_of
+from hashrec.features.errors import FeatureError
 from hashrec.features.id_feature import IdFeature, build_sequence_id_feature, table_request
 from hashrec.features.init_fn import init_fn_of
 from hashrec.features.raw_feature import RawFeature, build_raw_feature
+from hashrec.features.tokens import keep_items, present
 
 
 def _shared_top_level(cfg, top_level: dict[str, IdFeature], name: str) -> IdFeature:
@@ -100,3 +109,27 @@ def build_top_level_sequence(kind: str, cfg, top_level: dict[str, IdFeature]):
     if kind == "sequence_id_feature":
         return _sequence_id(cfg, name, column, length, cfg.sequence_delim, top_level)
     return build_raw_feature(cfg, name, column, length, cfg.sequence_delim)
+
+
+def parse_sequence(features: Sequence[Feature], table: pa.Table | pa.RecordBatch
+                   ) -> dict[str, SparseIds | np.ndarray]:
+    """The outputs of the sub-features of one sequence, by name, parsed together.
+
+    Raises:
+        FeatureError: a row holds a different number of items in two of the columns.
+    """
+    items = [f.items(table) for f in features]
+    first = items[0].lengths
+    keep = None
+    for feature, bags in zip(features, items):
+        if not np.array_equal(bags.lengths, first):
+            row = int(np.flatnonzero(bags.lengths != first)[0])
+            raise FeatureError(
+                f"sequence {features[0].sequence_name!r}: columns {features[0].columns[0]!r} "
+                f"and {feature.columns[0]!r}", row,
+                f"{first[row]} against {bags.lengths[row]} items; the sub-features of one "
+                f"sequence describe the same items, so each row needs as many in every column")
+        mask = present(bags.values)
+        if mask is not None:
+            keep = mask if keep is None else keep & mask
+    return {f.name: f.finish(keep_items(bags, keep)) for f, bags in zip(features, items)}

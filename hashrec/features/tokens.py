@@ -5,6 +5,10 @@ or int64) and ``lengths`` (B,) int64. Nulls and empty strings are missing
 values; a missing value becomes ``default`` when one is given, otherwise an
 empty bag. String cells are split on the separator (multi-value features) or
 on the sequence delimiter (sequences); ``list<>`` columns are used as they are.
+
+A sequence's items keep their positions (``sequence_items``): a missing item
+becomes its feature's ``default`` or stays a null, and the caller drops the null
+positions from every sub-feature of the sequence at once (``keep_items``).
 """
 
 from __future__ import annotations
@@ -73,6 +77,25 @@ def string_bytes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return offsets - offsets[0], data
 
 
+def token_text(values: pa.Array) -> pa.Array:
+    """Tokens as strings, for hashing and vocabularies: text as it is, integers in decimal,
+    integral floats as the integer they hold (``98765432101.0`` -> ``"98765432101"``: an
+    integer id column with a missing value reaches parquet as floats) and other floats in
+    Arrow's text (``1.5``)."""
+    if _is_string(values.type):
+        return values
+    text = values.cast(pa.string())
+    if not pa.types.is_floating(values.type) or not len(values):
+        return text
+    x = values.to_numpy(zero_copy_only=False).astype(np.float64)  # nulls read as NaN
+    with np.errstate(invalid="ignore"):
+        integral = np.isfinite(x) & (np.floor(x) == x) & (np.abs(x) < 2.0**63)
+    if not integral.any():
+        return text
+    ints = pa.array(np.where(integral, x, 0).astype(np.int64)).cast(pa.string())
+    return pc.if_else(pa.array(integral), ints, text)
+
+
 def list_lengths(array: pa.Array) -> np.ndarray:
     """(B,) int64 sizes of a list array's cells; null cells have size 0."""
     if array.null_count:
@@ -88,12 +111,7 @@ def _drop_empty(values: pa.Array, lengths: np.ndarray) -> Bags:
     if _is_string(values.type):
         filled = np.diff(string_offsets(values)) != 0
         keep = filled if keep is None else keep & filled
-    if keep is None or keep.all():
-        return Bags(values, lengths)
-    kept_before = np.concatenate([[0], np.cumsum(keep)])
-    bag_ends = np.concatenate([[0], np.cumsum(lengths)])
-    new_lengths = np.diff(kept_before[bag_ends]).astype(np.int64)
-    return Bags(values.filter(pa.array(keep)), new_lengths)
+    return keep_items(Bags(values, lengths), keep)
 
 
 def _fill_missing(array: pa.Array, default: str, separator: str | None, feature: str,
@@ -162,6 +180,66 @@ def column_bags(array: pa.Array, feature: str, column: str, separator: str | Non
     valid = pc.is_valid(array)
     return _drop_empty(array.filter(valid),
                        valid.to_numpy(zero_copy_only=False).astype(np.int64))
+
+
+def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
+                   default: str = "") -> Bags:
+    """Split one sequence column into its items, keeping every position.
+
+    A string cell is split on ``delim``; a ``list<>`` cell's entries are its items; any
+    other cell is one item. A null or empty cell has no items. An empty or null item
+    inside a cell stays in place as a null, or as ``default`` when one is given, so that
+    item i of every sub-feature of one sequence still describes the same item: dropping
+    the missing ones is for the caller (``keep_items``), together across the sequence.
+    """
+    if pa.types.is_null(array.type):
+        array = array.cast(pa.string())
+    array = _decode_dictionary(array)
+    if pa.types.is_fixed_size_list(array.type):
+        array = array.cast(pa.list_(array.type.value_type))
+    t = array.type
+    if _is_list(t):
+        values, lengths = pc.list_flatten(array), list_lengths(array)
+    elif _is_string(t):
+        if len(array) and (np.diff(string_offsets(array)) == 0).any():  # null or empty
+            array = pc.if_else(pc.equal(array, ""), pa.scalar(None, t), array)
+        split = pc.split_pattern(array, delim)
+        values, lengths = pc.list_flatten(split), list_lengths(split)
+    elif pa.types.is_integer(t) or pa.types.is_floating(t):
+        values, lengths = array, np.ones(len(array), dtype=np.int64)
+    else:
+        raise FeatureError(f"feature {feature!r}: column {column!r} has type {t}; expected "
+                           f"integers, floats, strings or lists of them")
+    if _is_string(values.type) and len(values):
+        empty = np.diff(string_offsets(values)) == 0  # nulls too: they stay null
+        if empty.any():
+            values = pc.if_else(pa.array(empty), pa.scalar(None, values.type), values)
+    if default and values.null_count:
+        try:
+            fill = pa.scalar(default).cast(values.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise FeatureError(f"feature {feature!r}: default_value {default!r} does not fit "
+                               f"the items of column {column!r} ({values.type})") from None
+        values = pc.fill_null(values, fill)
+    return Bags(values, lengths)
+
+
+def keep_items(bags: Bags, keep: np.ndarray | None) -> Bags:
+    """``bags`` with only the tokens where ``keep`` (n,) is true (None: all), each row's
+    length counting its kept ones."""
+    if keep is None or keep.all():
+        return bags
+    kept_before = np.concatenate([[0], np.cumsum(keep)])
+    bag_ends = np.concatenate([[0], np.cumsum(bags.lengths)])
+    new_lengths = np.diff(kept_before[bag_ends]).astype(np.int64)
+    return Bags(bags.values.filter(pa.array(keep)), new_lengths)
+
+
+def present(values: pa.Array) -> np.ndarray | None:
+    """(n,) bool: the tokens that are not null (None: all are)."""
+    if not values.null_count:
+        return None
+    return pc.is_valid(values).to_numpy(zero_copy_only=False)
 
 
 def truncate(bags: Bags, max_length: int) -> Bags:

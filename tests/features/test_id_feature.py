@@ -81,6 +81,28 @@ def test_dynamicemb_keeps_raw_ids_and_hashes_strings(feature_set):
     assert batch.sparse["f"].values.tolist() == [17, int(want)]
 
 
+def test_uint64_ids_past_int64_are_the_keys_of_their_text(feature_set):
+    fs = feature_set(_id("dynamicemb { max_capacity: 100 }"))
+    ids = [2**63 + 5, 7, 2**64 - 1]
+    from_ints = fs.parse(pa.table({"c": pa.array(ids, pa.uint64())})).sparse["f"].values
+    from_text = fs.parse(pa.table({"c": [str(i) for i in ids]})).sparse["f"].values
+    assert from_ints.tolist() == from_text.tolist()
+    assert from_ints.tolist()[1] == 7
+
+
+@pytest.mark.parametrize("options", ["hash_bucket_size: 1000000", 'vocab_list: ["3", "98765432101"]'])
+def test_integral_float_ids_read_as_their_integer(feature_set, options):
+    # pandas writes an integer id column with a missing value as floats; Arrow's text of
+    # 98765432101.0 is 9.8765432101e+10
+    fs = feature_set(_id(options))
+    ints = fs.parse(pa.table({"c": pa.array([3, 98765432101, 10**15], pa.int64())}))
+    floats = fs.parse(pa.table({"c": [3.0, 98765432101.0, 1e15, None]}))
+    assert floats.sparse["f"].values.tolist() == ints.sparse["f"].values.tolist()
+    assert floats.sparse["f"].lengths.tolist() == [1, 1, 1, 0]
+    halves = fs.parse(pa.table({"c": [1.5]})).sparse["f"].values.tolist()
+    assert halves == fs.parse(pa.table({"c": ["1.5"]})).sparse["f"].values.tolist()
+
+
 def test_multi_value_nulls_and_empty_bags(feature_set):
     fs = feature_set(_id('num_buckets: 100 separator: "|"'))
     batch = fs.parse(pa.table({"c": ["1|2|3", None, "", "4||5"]}))

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pytest
 
 from hashrec.config import ConfigError
+from hashrec.features import FeatureError
 
 TOP = ('feature_configs { id_feature { feature_name: "item" expression: "item:item" '
        'embedding_dim: 4 dynamicemb { max_capacity: 100 } } }\n')
@@ -41,9 +42,65 @@ def test_list_columns(feature_set):
     batch = fs.parse(pa.table({
         "item": [1],
         "s__item": pa.array([[9, 8, 7, 6]], pa.list_(pa.int64())),
-        "s__price": pa.array([[1.0]], pa.list_(pa.float64())),
+        "s__price": pa.array([[1.0, 2.0, 3.0, 4.0]], pa.list_(pa.float64())),
     }))
     assert batch.sparse["s__item"].values.tolist() == [9, 8, 7]
+    assert batch.sequence_dense["s__price"][0, :, 0].tolist() == [1, 2, 3]
+
+
+CATE = SEQ.replace('features { raw_feature', 'features { id_feature { feature_name: "cate" '
+                   'expression: "item:cate" embedding_dim: 4 num_buckets: 100 } } '
+                   'features { raw_feature')
+
+
+def test_missing_items_drop_from_every_sub_feature(feature_set):
+    # item 0 has no category and item 1 no price (which takes its default, 0): the category
+    # and price of each kept item stay beside it, in string and list columns alike
+    fs = feature_set(TOP + CATE.replace("sequence_length: 3", "sequence_length: 5"))
+    for cate, price in ((["|22|23", "", None, "3|4"], ["1.0||3.0", "", None, "5|"]),
+                        (pa.array([[None, 22, 23], [], None, [3, 4]], pa.list_(pa.int64())),
+                         pa.array([[1.0, None, 3.0], [], None, [5.0, None]]))):
+        batch = fs.parse(pa.table({"item": [1, 2, 3, 4], "s__item": ["11|12|13", "", None, "1|2"],
+                                   "s__cate": cate, "s__price": price}))
+        for name, values in (("s__item", [12, 13, 1, 2]), ("s__cate", [22, 23, 3, 4])):
+            assert batch.sparse[name].values.tolist() == values
+            assert batch.sparse[name].lengths.tolist() == [2, 0, 0, 2]
+        assert batch.sequence_dense["s__price"][:, :3, 0].tolist() == \
+            [[0, 3, 0], [0, 0, 0], [0, 0, 0], [5, 0, 0]]
+
+
+def test_missing_items_are_dropped_before_truncation(feature_set):
+    fs = feature_set(TOP + CATE)
+    batch = fs.parse(pa.table({"item": [1], "s__item": ["1||3|4|5"], "s__cate": ["6|7|8|9|10"],
+                               "s__price": ["1|2|3|4|5"]}))
+    assert batch.sparse["s__item"].values.tolist() == [1, 3, 4]
+    assert batch.sparse["s__cate"].values.tolist() == [6, 8, 9]
+    assert batch.sequence_dense["s__price"][0, :, 0].tolist() == [1, 3, 4]
+
+
+def test_sub_feature_default_fills_its_missing_items(feature_set):
+    fs = feature_set(TOP + CATE.replace("num_buckets: 100", 'num_buckets: 100 default_value: "0"'))
+    batch = fs.parse(pa.table({"item": [1], "s__item": ["11|12"], "s__cate": ["|22"],
+                               "s__price": ["1|2"]}))
+    assert batch.sparse["s__item"].values.tolist() == [11, 12]
+    assert batch.sparse["s__cate"].values.tolist() == [0, 22]
+
+
+def test_sub_features_with_different_item_counts_are_an_error(feature_set):
+    fs = feature_set(TOP + CATE)
+    with pytest.raises(FeatureError, match=r"sequence 's'.*'s__item' and 's__cate' row 1: "
+                                           r"2 against 1 items"):
+        fs.parse(pa.table({"item": [1, 2], "s__item": ["1", "2|3"], "s__cate": ["4", "5"],
+                           "s__price": ["1", "2|3"]}))
+
+
+def test_top_level_sequence_keeps_items_beside_missing_ones(feature_set):
+    seq = ('feature_configs { sequence_id_feature { feature_name: "hist" expression: '
+           '"user:hist" sequence_length: 4 sequence_delim: "|" embedding_dim: 4 '
+           'num_buckets: 100 } }\n')
+    batch = feature_set(seq).parse(pa.table({"hist": ["1||3|", "", None]}), with_labels=False)
+    assert batch.sparse["hist"].values.tolist() == [1, 3]
+    assert batch.sparse["hist"].lengths.tolist() == [2, 0, 0]
 
 
 def test_shared_num_buckets_are_checked(feature_set):
