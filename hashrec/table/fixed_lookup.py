@@ -87,6 +87,10 @@ class FixedSizeLookup:
     # Captured training lookups (LookupGraphs); False where they are not used.
     _lookup_graphs = None
     _operation = "lookup"  # the public write call running (named by refusal errors)
+    # Set while a call that writes rows after placing keys runs: a refusal error waits here
+    # until the placed keys' rows are written (``_raise_deferred_refusal``).
+    _defer_refusal: bool = False
+    _deferred_refusal: TableFullError | None = None
 
     def _announce_refused(self, refused: int) -> None:
         """Raises (ERROR) or warns (WARNING: at most once a minute, with the count since
@@ -102,9 +106,18 @@ class FixedSizeLookup:
                    f"); {self._what_refused_means(mode)}. Raise max_capacity or "
                    f"bucket_capacity{self._refusal_hint()}.")
         if mode is CheckMode.ERROR:
-            raise TableFullError(message)
+            if not self._defer_refusal:
+                raise TableFullError(message)
+            self._deferred_refusal = TableFullError(message)
         if mode is CheckMode.WARNING:
             logger.warning(message)
+
+    def _raise_deferred_refusal(self) -> None:
+        """Raises the refusal error a deferred call met, once its stored keys' rows are
+        written (ERROR); clears the deferral."""
+        error, self._deferred_refusal, self._defer_refusal = self._deferred_refusal, None, False
+        if error is not None:
+            raise error
 
     def _why_refused(self) -> str:
         strategy = self.options.score_strategy

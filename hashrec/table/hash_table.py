@@ -482,7 +482,17 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
                 scores: torch.Tensor | None, exact: bool, assume_unique: bool = False) -> None:
         """Writes ``rows`` of keys (n,); the last duplicate wins. ``exact`` (full rows
         with their scores) stores ``scores`` as given; ``assume_unique`` skips the
-        deduplication for callers whose keys are unique by construction."""
+        deduplication for callers whose keys are unique by construction. Under
+        check_mode ERROR a refusal raises after the stored keys' rows are written."""
+        self._defer_refusal = True
+        try:
+            self._assign_rows(keys, tags, rows, scores, exact, assume_unique)
+        finally:
+            self._defer_refusal = False
+        self._raise_deferred_refusal()
+
+    def _assign_rows(self, keys: torch.Tensor, tags: torch.Tensor | None, rows: torch.Tensor,
+                     scores: torch.Tensor | None, exact: bool, assume_unique: bool) -> None:
         self._rows.begin_batch()
         if assume_unique:
             counts = torch.ones_like(keys)

@@ -28,9 +28,12 @@ def _describe(value: object) -> str:
 
 
 def concrete_device(device: torch.device) -> torch.device:
-    """``cuda`` -> ``cuda:<current>``, so that tensors made on it compare equal to it."""
+    """``cuda`` -> ``cuda:<current>`` and ``cpu:<n>`` -> ``cpu``, so that tensors made on
+    it compare equal to it (a CPU tensor's device has no index)."""
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cpu" and device.index is not None:
+        return torch.device("cpu")
     return device
 
 

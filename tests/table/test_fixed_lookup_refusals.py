@@ -29,6 +29,29 @@ def test_refused_inserts_raise_with_check_mode_error():
                 table.lookup(keys, tags, train=True, counts=counts)
 
 
+@pytest.mark.parametrize("triton", [False, True], ids=["reference", "triton"])
+@pytest.mark.parametrize("operation", ["insert_or_assign", "load_state"])
+def test_refusal_error_comes_after_the_stored_keys_rows(triton, operation):
+    """A write that stores some keys and refuses others raises with the stored keys
+    holding their own rows, never the rows of the keys they evicted."""
+    from hashrec.table import TableFullError, TableOptions
+
+    with backend(triton):
+        table = HashTable(TableOptions(dim=2, max_capacity=4, bucket_capacity=4,
+                                       check_mode="ERROR"))
+        table.insert_or_assign(torch.arange(10, 14), torch.arange(10, 14.0).repeat(2, 1).T)
+        table.advance_step()
+        keys, rows = torch.arange(1, 6), torch.arange(10.0).reshape(5, 2)
+        with pytest.raises(TableFullError, match=f"1 inserts refused.*in {operation}"):
+            if operation == "insert_or_assign":
+                table.insert_or_assign(keys, rows)
+            else:
+                table.load_state(keys, None, rows, torch.full((5,), 100, dtype=torch.int64))
+        values, found = table.find(keys)
+    assert found.tolist() == [True] * 4 + [False]
+    assert torch.equal(values[:4], rows[:4])
+
+
 def test_warning_mode_reads_and_reports_refusals_once_a_minute(caplog, monkeypatch):
     import logging
     import time

@@ -508,6 +508,14 @@ def test_load_state_of_another_row_width_explains_row_dim():
     assert "SparseAdagrad" in message and "export_state" in message
 
 
+@pytest.mark.parametrize("device", ["cpu:0", torch.device("cpu", 0)])
+def test_indexed_cpu_device_takes_cpu_tensors(device):
+    table = HashTable(TableOptions(dim=2, max_capacity=64, device=device))
+    values, found = table.find_or_insert(torch.tensor([1, 2]))
+    assert values.device == torch.device("cpu") and found.tolist() == [False, False]
+    assert table.contains(torch.tensor([1, 3])).tolist() == [True, False]
+
+
 def test_device_this_torch_cannot_use_raises_table_error():
     with pytest.raises(TableError, match="'t': device='meta' is not usable"):
         HashTable(TableOptions(dim=2, max_capacity=64, device="meta", name="t"))
