@@ -8,7 +8,8 @@ Usage::
 
 The input is read and parsed with the exported pipeline config's data and
 feature settings; the parsed tensors feed ``scripted_model.pt``. The output
-holds the reserved columns, then ``probs`` (``y`` for a regression model, l2_loss) and
+holds the reserved columns as read (a CSV column whose type ``input_fields`` does
+not give, as its text), then ``probs`` (``y`` for a regression model, l2_loss) and
 ``logits``, one row per input row; a multi-task model's output holds each task's
 ``probs_<tower_name>`` (or ``y_<tower_name>``), then each task's ``logits_<tower_name>``.
 ``--predict_output_path`` ending in ``.parquet`` names the file; any other path is a

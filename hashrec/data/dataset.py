@@ -25,8 +25,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from hashrec.data.batching import rebatch, shuffle_rebatch
 from hashrec.data.errors import DataError
+from hashrec.data.schema import common_schema, conform
 from hashrec.data.sharding import epoch_order, slot_batches, slot_ranges
-from hashrec.data.sources import CsvFormat, CsvSource, ParquetSource, Piece, conform
+from hashrec.data.sources import CsvFormat, CsvSource, ParquetSource, Piece
 from hashrec.data.transfer import BatchSender
 from hashrec.features.errors import FeatureError
 
@@ -111,10 +112,12 @@ class FileDataset(IterableDataset):
         pin_memory: the loader pins batches (workers then hand them over in
             pinned memory directly).
 
-    Files without rows are skipped (with a warning).
+    Files without rows are skipped (with a warning). Every file is read as the files'
+    common schema (:func:`hashrec.data.schema.common_schema`), whatever their order.
 
     Raises:
-        DataError: a file is unreadable or lacks a needed column, or no file has rows.
+        DataError: a file is unreadable or lacks a needed column, a column's types in
+            two files have no common type, or no file has rows.
     """
 
     def __init__(self, files: Sequence[str], feature_set, options: ReadOptions, source,
@@ -125,15 +128,14 @@ class FileDataset(IterableDataset):
         self.source = source
         self.pin_memory = pin_memory
         self.pieces: list[Piece] = []
-        self.schema: pa.Schema | None = None
-        empty = []
+        schemas, empty = [], []
         for path in files:
             pieces, schema = source.pieces(path)
             if not pieces:  # Spark writes one such file per empty partition
                 empty.append(path)
                 continue
             self.pieces.extend(pieces)
-            self.schema = self.schema or schema
+            schemas.append((path, schema))
         self.num_rows = sum(p.num_rows for p in self.pieces)
         if not self.pieces:
             more = f" and {len(empty) - 1} other files" if len(empty) > 1 else ""
@@ -142,6 +144,8 @@ class FileDataset(IterableDataset):
         if empty:
             logger.warning("skipping %d of %d input files that have no rows (first: %s)",
                            len(empty), len(files), empty[0])
+        # Every piece is cast to it, so that batches spanning files concatenate.
+        self.schema: pa.Schema = common_schema(schemas)
 
     @staticmethod
     def needed_columns(feature_set, options: ReadOptions) -> list[str]:

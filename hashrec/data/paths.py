@@ -30,7 +30,9 @@ def expand_input_path(input_path: str) -> list[str]:
         input_path: comma-separated entries, each a file, a directory (all
             files below it, recursively, in sorted order, skipping names that
             start with ``.`` or ``_``) or a glob pattern (``**`` recurses;
-            matched directories expand as above).
+            matched files whose names start with ``.`` or ``_``, such as Spark's
+            ``_SUCCESS`` marker, are skipped; matched directories expand as
+            above). A file named by itself is read whatever its name.
 
     Returns:
         Files in entry order; a file named by several entries is kept once
@@ -46,9 +48,12 @@ def expand_input_path(input_path: str) -> list[str]:
     files: list[str] = []
     for entry in entries:
         if _GLOB_CHARS & set(entry):
-            matches = sorted(glob.glob(entry, recursive=True))
+            found = sorted(glob.glob(entry, recursive=True))
+            matches = [m for m in found if os.path.isdir(m) or _visible(os.path.basename(m))]
             if not matches:
-                raise DataError(f"input pattern {entry!r} matches no files")
+                skipped = (f" but {len(found)} whose names start with '.' or '_' (hidden "
+                           f"files and markers, skipped)") if found else ""
+                raise DataError(f"input pattern {entry!r} matches no files{skipped}")
         elif os.path.exists(entry):
             matches = [entry]
         else:

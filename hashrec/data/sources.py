@@ -2,8 +2,14 @@
 
 A *piece* is a parquet row group or a whole CSV file. Sources check, when the
 pieces are listed, that every file has the needed columns with supported
-types; a file without rows has no pieces. Later reads cast every piece to one
-file's schema so that batches spanning files concatenate.
+types; a file without rows has no pieces. Later reads cast every piece to the
+files' common schema (:mod:`hashrec.data.schema`) so that batches spanning files
+concatenate.
+
+CSV cells mean the same whatever the other rows hold: a column whose type
+``input_fields`` does not give is read as text (the features, labels and sample
+weights parse text), and only an empty cell is missing (``NA``, ``null`` or
+``NaN`` are text, and ``NaN`` in a numeric column is the number NaN).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from hashrec.data.errors import DataError
+from hashrec.data.schema import check_columns
 
 
 @dataclass(frozen=True)
@@ -34,52 +41,6 @@ class Piece:
     index: int
     num_rows: int
     first_row: int = 0
-
-
-def _supported(t: pa.DataType) -> bool:
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return _supported(t.value_type) and not pa.types.is_list(t.value_type)
-    if pa.types.is_dictionary(t):
-        return _supported(t.value_type)
-    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
-            or pa.types.is_large_string(t) or pa.types.is_boolean(t) or pa.types.is_null(t))
-
-
-SUPPORTED_TYPES = "integers, floats, booleans, strings and list<> of those"
-
-
-def check_columns(path: str, schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
-    """The schema of ``columns`` in ``schema``; DataError on a missing or unsupported column."""
-    fields = []
-    for name in columns:
-        index = schema.get_field_index(name)
-        if index < 0:
-            raise DataError(f"{path}: column {name!r} is missing (the file has "
-                            f"{schema.names})")
-        field = schema.field(index)
-        if not _supported(field.type):
-            raise DataError(f"{path}: column {name!r} has type {field.type}; supported are "
-                            f"{SUPPORTED_TYPES}")
-        fields.append(field)
-    return pa.schema(fields)
-
-
-def conform(table: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
-    """Cast ``table`` to ``schema`` (column order and types); DataError naming file and column."""
-    if table.schema.equals(schema):
-        return table
-    arrays = []
-    for field in schema:
-        column = table.column(field.name)
-        if column.type != field.type:
-            try:
-                column = column.cast(field.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise DataError(
-                    f"{path}: column {field.name!r} has type {column.type}, other files have "
-                    f"{field.type}, and it does not convert: {e}") from e
-        arrays.append(column)
-    return pa.table(arrays, schema=schema)
 
 
 class ParquetSource:
@@ -131,8 +92,9 @@ class CsvFormat:
 
     Attributes:
         input_fields: (name, type name) per column in file order; type names are
-            the DataConfig FieldType names (INT64, STRING, ...) or None to infer.
-            Empty: names come from the header row and types are inferred.
+            the DataConfig FieldType names (INT64, STRING, ...) or None to read the
+            column as text. Empty: names come from the header row and every column
+            is read as text.
         delimiter: one-character field delimiter.
         with_header: the first line holds column names.
     """
@@ -152,6 +114,19 @@ class CsvFormat:
                                  f"{sorted(_CSV_TYPES)}")
 
 
+def _blank(path: str) -> bool:
+    """Whether ``path`` holds (once decompressed, as the CSV reader does) no more than
+    line breaks."""
+    try:
+        with pa.input_stream(path, compression="detect") as stream:
+            while chunk := stream.read(1 << 16):
+                if chunk.strip(b"\r\n"):
+                    return False
+    except (OSError, pa.ArrowException):
+        return False
+    return True
+
+
 class CsvSource:
     """CSV files; each file is one piece (its rows are counted when listed).
 
@@ -167,10 +142,15 @@ class CsvSource:
     def _open(self, path: str, columns: Sequence[str], use_threads: bool = True):
         names = [n for n, _ in self.fmt.input_fields]
         types = {n: _CSV_TYPES[k] for n, k in self.fmt.input_fields if k is not None}
+        # Untyped columns are text: pyarrow would guess their types from the first block
+        # alone, and a later cell that does not fit the guess would fail the read.
+        types.update({n: pa.string() for n in self.columns if n not in types})
         read = pacsv.ReadOptions(column_names=names or None, use_threads=use_threads,
                                  skip_rows=1 if self.fmt.with_header and names else 0)
+        # Only an empty cell is missing: pyarrow's default null texts (NA, NULL, NaN, ...)
+        # would turn a raw feature's NaN into its default value.
         convert = pacsv.ConvertOptions(column_types=types, include_columns=list(columns),
-                                       strings_can_be_null=False)
+                                       null_values=[""], strings_can_be_null=False)
         parse = pacsv.ParseOptions(delimiter=self.fmt.delimiter)
         try:
             return pacsv.open_csv(path, read_options=read, parse_options=parse,
@@ -192,8 +172,14 @@ class CsvSource:
 
     def pieces(self, path: str) -> tuple[list[Piece], pa.Schema]:
         """The file as one piece (rows counted by parsing its first needed column; no
-        piece when the file has no rows)."""
-        schema = check_columns(path, self._open(path, []).schema, self.columns)
+        piece when the file has no rows, and an empty schema when it has no lines)."""
+        try:
+            reader = self._open(path, [])
+        except DataError:
+            if _blank(path):  # pyarrow refuses a file without a line
+                return [], pa.schema([])
+            raise
+        schema = check_columns(path, reader.schema, self.columns)
         rows = sum(b.num_rows for b in self._batches(path, self.columns[:1]))
         return ([Piece(path, 0, rows)] if rows else []), schema
 

@@ -169,14 +169,18 @@ class FeatureSet:
 
     @staticmethod
     def _weight(array: pa.Array, name: str) -> torch.Tensor:
-        """The sample weight column as (B,) float32; FeatureError naming the first bad row."""
-        if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
+        """The sample weight column (numbers, or their texts) as (B,) float32; FeatureError
+        naming the first bad row."""
+        numbers = array
+        if _is_text(array.type):
+            numbers = _text_numbers(array, f"sample weight column {name!r}")
+        elif not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
             raise FeatureError(f"sample weight column {name!r} has type {array.type}; "
                                f"expected numbers")
-        values = pc.cast(array, pa.float32()).to_numpy(zero_copy_only=False).copy()
+        values = pc.cast(numbers, pa.float32()).to_numpy(zero_copy_only=False).copy()
         bad = ~(np.isfinite(values) & (values >= 0))  # NaN (nulls included) fails both
-        if array.null_count:
-            bad |= pc.is_null(array).to_numpy(zero_copy_only=False)
+        if numbers.null_count:
+            bad |= pc.is_null(numbers).to_numpy(zero_copy_only=False)
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise FeatureError(f"sample weight column {name!r}", row,
@@ -184,15 +188,19 @@ class FeatureSet:
         return torch.from_numpy(values)
 
     def _label(self, array: pa.Array, name: str) -> torch.Tensor:
-        """One label column as (B,) float32; FeatureError naming the first bad row."""
-        if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
-                or pa.types.is_boolean(array.type)):
+        """One label column (numbers, booleans, or their texts) as (B,) float32;
+        FeatureError naming the first bad row."""
+        numbers = array
+        if _is_text(array.type):
+            numbers = _text_numbers(array, f"label column {name!r}", booleans=True)
+        elif not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
+                  or pa.types.is_boolean(array.type)):
             raise FeatureError(f"label column {name!r} has type {array.type}; expected "
                                f"numbers")
-        if array.null_count:
-            row = int(np.flatnonzero(pc.is_null(array).to_numpy(zero_copy_only=False))[0])
+        if numbers.null_count:
+            row = int(np.flatnonzero(pc.is_null(numbers).to_numpy(zero_copy_only=False))[0])
             raise FeatureError(f"label column {name!r}", row, "the label is null")
-        values = pc.cast(array, pa.float32()).to_numpy(zero_copy_only=False).copy()
+        values = pc.cast(numbers, pa.float32()).to_numpy(zero_copy_only=False).copy()
         if name in self.binary_labels:
             bad = (values != 0) & (values != 1)  # NaN included
             if bad.any():
@@ -202,6 +210,38 @@ class FeatureSet:
                     f"value {array[row].as_py()!r} is not 0 or 1; binary_cross_entropy "
                     f"trains on 0/1 labels (fix the data or choose another label column)")
         return torch.from_numpy(values)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+# The texts of booleans that a label may hold (those pyarrow's CSV reader takes).
+_TRUE_TEXTS, _FALSE_TEXTS = ["true", "True", "TRUE"], ["false", "False", "FALSE"]
+
+
+def _text_numbers(array: pa.Array, subject: str, booleans: bool = False) -> pa.Array:
+    """A text column (a CSV column without a type) as float64: an empty cell is null and,
+    with ``booleans``, true/false texts are 1/0. FeatureError naming the first cell that
+    is not a number."""
+    text = pc.if_else(pc.equal(array, ""), pa.scalar(None, array.type), array)
+    if booleans:
+        for texts, number in ((_TRUE_TEXTS, "1"), (_FALSE_TEXTS, "0")):
+            text = pc.if_else(pc.is_in(text, value_set=pa.array(texts, array.type)),
+                              pa.scalar(number, array.type), text)
+    try:
+        return pc.cast(text, pa.float64())
+    except pa.ArrowInvalid:
+        pass
+    lo, hi = 0, len(text)  # the first cell that does not convert is in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            pc.cast(text.slice(lo, mid - lo), pa.float64())
+            lo = mid
+        except pa.ArrowInvalid:
+            hi = mid
+    raise FeatureError(subject, lo, f"value {array[lo].as_py()!r} is not a number")
 
 
 def _build(kind: str, cfg, top_level: dict[str, IdFeature]) -> list[Feature]:

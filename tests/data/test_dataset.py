@@ -3,10 +3,13 @@ import logging
 import os
 import re
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
-from data_fakes import FakeFeatureSet, data_config, row_ids, write_parquet
+import torch
+from data_fakes import FakeFeatureSet, data_config, input_field, row_ids, write_parquet
 
 from hashrec.config import load_pipeline_config
 from hashrec.data import DataError, create_dataloader
@@ -221,9 +224,19 @@ def _with_value(table, tmp_path, column: str, row: int, value) -> str:
     return path
 
 
-def _taobao_read(path, features, workers, shuffle=False):
-    cfg = data_config(num_workers=workers, batch_size=512, shuffle=shuffle)
+def _taobao_read(path, features, workers, shuffle=False, **layout):
+    cfg = data_config(num_workers=workers, batch_size=512, shuffle=shuffle, **layout)
     return list(create_dataloader(cfg, features, path, "train"))
+
+
+def _csv_layout(table: pa.Table, typed: bool) -> dict:
+    """data_config fields of a CSV file written from ``table`` with a header row; with
+    ``typed``, input_fields give every column's type."""
+    if not typed:
+        return dict(dataset_type="CsvDataset", with_header=True)
+    kinds = {pa.int64(): "INT64", pa.float64(): "DOUBLE", pa.string(): "STRING"}
+    return dict(dataset_type="CsvDataset", with_header=True,
+                input_fields=[input_field(f.name, kinds[f.type]) for f in table.schema])
 
 
 @pytest.mark.parametrize("workers,shuffle", [(0, False), (2, False), (2, True)],
@@ -244,3 +257,46 @@ def test_a_label_outside_0_and_1_names_file_column_row_and_value(taobao_table, t
     with pytest.raises(DataError, match=rf"^{re.escape(path)}: label column 'clk' row 1234: "
                                         rf"value {value} is not 0 or 1; binary_cross_entropy"):
         _taobao_read(path, taobao_table[1], workers=0)
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["text-columns", "typed-columns"])
+def test_nan_text_in_a_csv_raw_feature_names_its_row_as_in_parquet(taobao_table, tmp_path,
+                                                                    typed):
+    table, features = taobao_table
+    prices = table.column("price").cast(pa.string()).to_pylist()
+    prices[2500] = "NaN"
+    path = str(tmp_path / "bad.csv")
+    pacsv.write_csv(table.set_column(table.schema.get_field_index("price"), "price",
+                                     pa.array(prices)), path)
+    with pytest.raises(DataError) as raised:
+        _taobao_read(path, features, 0, **_csv_layout(table, typed))
+    assert str(raised.value) == (f"{path}: feature 'price': column 'price' row 2500: value "
+                                 f"nan is not finite (NaN/inf are not allowed)")
+
+
+def _assert_same_batches(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.sparse.keys() == b.sparse.keys() and a.batch_size == b.batch_size
+        assert torch.equal(a.sparse.values(), b.sparse.values())
+        assert torch.equal(a.sparse.lengths(), b.sparse.lengths())
+        for part in ("dense", "sequence_dense", "labels"):
+            x, y = getattr(a, part), getattr(b, part)
+            assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), part
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["text-columns", "typed-columns"])
+def test_csv_reads_as_the_same_batches_as_parquet(taobao_table, tmp_path, typed):
+    rng = np.random.default_rng(0)
+    table = taobao_table[0].append_column("w", pa.array(rng.integers(0, 9, 3000) / 4))
+    config = load_pipeline_config(EXAMPLE)
+    config.data_config.sample_weight_fields.append("w")
+    raw = config.feature_configs.add().raw_feature  # a dense raw feature too
+    raw.feature_name, raw.expression = "price_raw", "item:price"
+    features = build_feature_set(config, keep=["price_raw"])
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=700)
+    pacsv.write_csv(table, tmp_path / "t.csv")
+    want = _taobao_read(str(tmp_path / "t.parquet"), features, 0)
+    got = _taobao_read(str(tmp_path / "t.csv"), features, 0, **_csv_layout(table, typed))
+    assert set(want[0].labels) == {"clk", "w"} and set(want[0].dense) == {"price_raw"}
+    _assert_same_batches(got, want)

@@ -36,6 +36,27 @@ def test_recursive_glob(tree):
     assert expand_input_path(f"{root}/**/c.parquet") == [c]
 
 
+@pytest.mark.parametrize("pattern", ["*", "**", "*/"], ids=["star", "recursive", "dirs"])
+def test_globs_skip_hidden_files_and_markers_as_directories_do(tree, pattern):
+    root, (b, a, c) = tree
+    _touch(str(root / "sub" / "_SUCCESS"))
+    _touch(str(root / "sub" / ".c.parquet.crc"))
+    want = [a, b, c] if pattern != "*/" else [c]
+    assert sorted(expand_input_path(f"{root}/{pattern}")) == want
+
+
+@pytest.mark.parametrize("pattern", ["_*", ".*"], ids=["markers", "hidden"])
+def test_glob_matching_only_hidden_files_and_markers_says_so(tree, pattern):
+    root, _ = tree
+    with pytest.raises(DataError, match=r"matches no files but 1 whose names start with"):
+        expand_input_path(f"{root}/{pattern}")
+
+
+def test_a_file_named_by_itself_is_read_whatever_its_name(tree):
+    root, _ = tree
+    assert expand_input_path(str(root / "_SUCCESS")) == [str(root / "_SUCCESS")]
+
+
 @pytest.mark.parametrize("entry", ["missing.parquet", "nothing-*.parquet", "", " , "],
                          ids=["missing-file", "unmatched-glob", "empty", "only-commas"])
 def test_paths_that_name_nothing_raise(tmp_path, entry):

@@ -1,10 +1,14 @@
+import logging
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from data_fakes import FakeFeatureSet, data_config, input_field, row_ids, write_parquet
 
+from hashrec.config import parse_pipeline_config
 from hashrec.data import CsvFormat, DataError, create_dataloader
 from hashrec.data.sources import ParquetSource
+from hashrec.features import build_feature_set
 
 CSV_FIELDS = [input_field("row_id", "INT64"), input_field("clk", "INT32"),
               input_field("name", "STRING"), input_field("seq", "ARRAY_INT64")]
@@ -19,9 +23,15 @@ def _csv(tmp_path, name, lines):
 def _load(path, mode="train", **overrides):
     features = overrides.pop("features", FakeFeatureSet())
     world_size = overrides.pop("world_size", 1)
+    reserved = overrides.pop("reserved_columns", ())
     cfg = data_config(**overrides)
-    return [list(create_dataloader(cfg, features, path, mode, rank=r, world_size=world_size))
+    return [list(create_dataloader(cfg, features, path, mode, rank=r, world_size=world_size,
+                                   reserved_columns=reserved))
             for r in range(world_size)]
+
+
+def _reserved(batches, column):
+    return [v for b in batches for v in b.reserved[column].to_pylist()]
 
 
 @pytest.mark.parametrize("delimiter", [",", "\t", ";"], ids=["comma", "tab", "semicolon"])
@@ -37,10 +47,41 @@ def test_csv_with_input_fields_and_delimiter(tmp_path, delimiter):
     assert batches[0].labels["clk"].tolist() == [0.0, 1.0, 0.0, 1.0]
 
 
-def test_csv_with_header_and_no_input_fields_infers_types(tmp_path):
+def test_csv_with_header_and_no_input_fields_reads_every_column_as_text(tmp_path):
     path = _csv(tmp_path, "h.csv", ["clk,row_id,extra"] + [f"{i % 2},{i},x" for i in range(7)])
     (batches,) = _load(path, dataset_type="CsvDataset", with_header=True)
     assert row_ids(batches) == list(range(7))
+
+
+@pytest.mark.parametrize("early", ["", "7"], ids=["empty-then-text", "digits-then-text"])
+def test_csv_column_whose_text_starts_after_the_first_block_loads(tmp_path, early):
+    # pyarrow guesses an untyped column's type from the first block (1 MiB) alone.
+    rows = 200_000
+    lines = [f"{i},{early if i < rows - 10 else 'abc'},{i % 2}" for i in range(rows)]
+    path = _csv(tmp_path, "late.csv", ["row_id,o,clk"] + lines)
+    (batches,) = _load(path, dataset_type="CsvDataset", with_header=True, batch_size=50_000,
+                       reserved_columns=("o",))
+    values = _reserved(batches, "o")
+    assert row_ids(batches) == list(range(rows))
+    assert values[:rows - 10] == [early] * (rows - 10) and values[rows - 10:] == ["abc"] * 10
+
+
+@pytest.mark.parametrize("other", ["1", "x"], ids=["beside-digits", "beside-text"])
+def test_csv_cells_mean_the_same_whatever_the_other_rows_hold(tmp_path, other):
+    cells = [other, "NA", "null", "NaN", "", "N/A"]
+    path = _csv(tmp_path, "c.csv", ["row_id,clk,c"] + [f"{i},0,{c}" for i, c in enumerate(cells)])
+    (batches,) = _load(path, dataset_type="CsvDataset", with_header=True,
+                       reserved_columns=("c",))
+    assert _reserved(batches, "c") == cells
+
+
+def test_csv_typed_columns_keep_their_types(tmp_path):
+    path = _csv(tmp_path, "t.csv", ["1,0,n,1|2", "2,1,,3"])
+    (batches,) = _load(path, dataset_type="CsvDataset", input_fields=CSV_FIELDS,
+                       reserved_columns=("row_id", "name", "seq"))
+    assert batches[0].reserved["row_id"].type == pa.int64()
+    assert _reserved(batches, "name") == ["n", ""]
+    assert _reserved(batches, "seq") == ["1|2", "3"]
 
 
 def test_csv_header_is_skipped_when_input_fields_name_the_columns(tmp_path):
@@ -81,10 +122,33 @@ def test_csv_format_validation(kwargs, match):
         CsvFormat(**kwargs)
 
 
-def test_empty_csv_file_is_an_error(tmp_path):
-    path = _csv(tmp_path, "empty.csv", ["row_id,clk"])
+@pytest.mark.parametrize("lines", [["row_id,clk"], [], [""]],
+                         ids=["header-only", "zero-bytes", "blank-line"])
+def test_empty_csv_file_is_an_error(tmp_path, lines):
+    path = _csv(tmp_path, "empty.csv", lines)
     with pytest.raises(DataError, match=r"empty\.csv.*no rows"):
         _load(path, dataset_type="CsvDataset", with_header=True)
+
+
+@pytest.mark.parametrize("layout", [dict(with_header=True),
+                                    dict(input_fields=CSV_FIELDS[:2], with_header=True),
+                                    dict(input_fields=CSV_FIELDS[:2])],
+                         ids=["header", "header-and-fields", "fields"])
+def test_zero_byte_csv_file_is_skipped(tmp_path, caplog, layout):
+    header = ["row_id,clk"] if layout.get("with_header") else []
+    _csv(tmp_path, "a.csv", header + ["1,0", "2,1"])
+    (tmp_path / "b.csv").write_bytes(b"")
+    _csv(tmp_path, "c.csv", header + ["3,1"])
+    with caplog.at_level(logging.WARNING, logger="hashrec.data"):
+        (batches,) = _load(str(tmp_path), dataset_type="CsvDataset", **layout)
+    assert row_ids(batches) == [1, 2, 3]
+    assert "skipping 1 of 3 input files that have no rows" in caplog.text
+
+
+def test_csv_file_the_reader_refuses_is_an_error(tmp_path):
+    path = _csv(tmp_path, "wide.csv", ["", "1,0,7"])
+    with pytest.raises(DataError, match=r"wide\.csv: cannot read as CSV.*Expected 2 columns"):
+        _load(path, dataset_type="CsvDataset", input_fields=CSV_FIELDS[:2])
 
 
 def test_csv_file_with_only_a_header_is_skipped(tmp_path):
@@ -141,6 +205,63 @@ def test_files_with_inconvertible_types_name_the_file_and_column(tmp_path):
     pq.write_table(pa.table({"row_id": ["x", "y"], "clk": [0, 1]}), tmp_path / "b.parquet")
     with pytest.raises(DataError, match=r"b\.parquet.*'row_id'"):
         _load(str(tmp_path))
+
+
+def _parquet_with(path, column):
+    """A parquet file of len(column) rows: row_id 0.., clk, and ``column`` as v."""
+    rows = len(column)
+    pq.write_table(pa.table({"row_id": list(range(rows)), "clk": [0] * rows, "v": column}),
+                   path)
+    return str(path)
+
+
+ORDER_CASES = {
+    "null-then-string": (pa.array([None, None], pa.null()), pa.array(["x", "y"])),
+    "dict8-then-dict16": (
+        pa.array(["a", "b"]).dictionary_encode().cast(pa.dictionary(pa.int8(), pa.string())),
+        pa.array([f"w{i}" for i in range(300)]).dictionary_encode().cast(
+            pa.dictionary(pa.int16(), pa.string()))),
+    "dict-then-string": (pa.array(["a", "b"]).dictionary_encode(), pa.array(["c"])),
+    "int32-then-float": (pa.array([1, 2], pa.int32()), pa.array([2.5])),
+    "string-then-large": (pa.array(["a"]), pa.array(["b", "c"], pa.large_string())),
+    "bool-then-int": (pa.array([True, False]), pa.array([7], pa.int64())),
+    "fixed-then-list": (pa.array([[1, 2]], pa.list_(pa.int64(), 2)),
+                        pa.array([[3], [4, 5, 6]], pa.list_(pa.int64()))),
+}
+
+
+@pytest.mark.parametrize("case", ORDER_CASES)
+@pytest.mark.parametrize("order", ["ab", "ba"])
+def test_files_read_alike_whatever_their_order(tmp_path, case, order):
+    columns = dict(zip("ab", ORDER_CASES[case]))
+    paths = {k: _parquet_with(tmp_path / f"{k}.parquet", c) for k, c in columns.items()}
+    (batches,) = _load(",".join(paths[k] for k in order), reserved_columns=("v",))
+    want = [v for k in order for v in columns[k].to_pylist()]
+    if case == "bool-then-int":
+        want = [int(v) for v in want]
+    assert _reserved(batches, "v") == want
+
+
+@pytest.mark.parametrize("order", ["ab", "ba"])
+def test_files_whose_types_have_no_common_type_name_a_file_and_the_column(tmp_path, order):
+    paths = {"a": _parquet_with(tmp_path / "a.parquet", pa.array(["x"])),
+             "b": _parquet_with(tmp_path / "b.parquet", pa.array([[1]]))}
+    second = paths[order[1]]
+    with pytest.raises(DataError, match=rf"^{second}: column 'v' has type .*, and "
+                                        rf"{paths[order[0]]} has .*no common type"):
+        _load(",".join(paths[k] for k in order), reserved_columns=("v",))
+
+
+def test_fixed_size_list_column_feeds_a_raw_feature(tmp_path):
+    config = parse_pipeline_config(
+        'model_dir: "m" data_config { batch_size: 2 dataset_type: ParquetDataset '
+        'label_fields: "clk" } feature_configs { raw_feature { feature_name: "v" '
+        'expression: "item:v" value_dim: 2 } }')
+    values = pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.float32(), 2))
+    pq.write_table(pa.table({"v": values, "clk": [0, 1, 0]}), tmp_path / "f.parquet")
+    (batches,) = _load(str(tmp_path / "f.parquet"), features=build_feature_set(config),
+                       batch_size=2)
+    assert [b.dense["v"].tolist() for b in batches] == [[[1, 2], [3, 4]], [[5, 6]]]
 
 
 def test_unsupported_dataset_type_is_named(tmp_path):

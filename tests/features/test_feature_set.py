@@ -95,6 +95,23 @@ def test_label_errors(taobao_set):
         taobao_set.parse(bad)
 
 
+def test_labels_from_text_read_as_numbers(taobao_set):
+    # A CSV column without a type is text; true/false are the texts CSV readers take.
+    text = taobao_table(5).set_column(19, "clk", pa.array(["1", "0", "true", "FALSE", "1.0"]))
+    assert taobao_set.parse(text).labels["clk"].tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("cells,row,detail", [
+    (["1", "", "0"], 1, "the label is null"),
+    (["0", "1", "yes"], 2, "value 'yes' is not a number"),
+    (["NaN", "1", "0"], 0, "value 'NaN' is not 0 or 1"),
+], ids=["empty", "word", "nan"])
+def test_label_text_that_is_not_a_label_names_its_row(taobao_set, cells, row, detail):
+    text = taobao_table(3).set_column(19, "clk", pa.array(cells, pa.large_string()))
+    with pytest.raises(FeatureError, match=rf"^label column 'clk' row {row}: {detail}"):
+        taobao_set.parse(text)
+
+
 def test_unknown_feature_name(taobao_set):
     with pytest.raises(ConfigError, match="'nope' is not configured"):
         taobao_set.output_dim("nope")

@@ -70,9 +70,28 @@ def test_bad_weights_are_named_by_row(tmp_path, weights, row):
     with pytest.raises(FeatureError, match=rf"sample weight column 'w' row {row}: value "
                                            rf".* is not a finite weight >= 0"):
         features.parse(table)
-    text = _table(3).set_column(3, "w", pa.array(["1", "2", "3"]))
-    with pytest.raises(FeatureError, match="sample weight column 'w' has type string"):
-        features.parse(text)
+    listed = _table(3).set_column(3, "w", pa.array([[1.0], [2.0], [3.0]]))
+    with pytest.raises(FeatureError, match="sample weight column 'w' has type list"):
+        features.parse(listed)
+
+
+def test_weights_from_text_read_as_numbers(tmp_path):
+    # A CSV column without a type is text.
+    features = build_feature_set(_config(tmp_path))
+    table = _table(3).set_column(3, "w", pa.array(["1", "2.5", "0"]))
+    assert features.parse(table).labels["w"].tolist() == [1.0, 2.5, 0.0]
+
+
+@pytest.mark.parametrize("cells, detail", [
+    (["1", "x", "1"], "row 1: value 'x' is not a number"),
+    (["1", "1", ""], "row 2: value '' is not a finite weight >= 0"),
+    (["-1", "1", "1"], "row 0: value '-1' is not a finite weight >= 0"),
+], ids=["word", "empty", "negative"])
+def test_weight_text_that_is_not_a_weight_names_its_row(tmp_path, cells, detail):
+    features = build_feature_set(_config(tmp_path))
+    table = _table(3).set_column(3, "w", pa.array(cells))
+    with pytest.raises(FeatureError, match=rf"^sample weight column 'w' {detail}"):
+        features.parse(table)
 
 
 @pytest.mark.parametrize("edit, message", [
