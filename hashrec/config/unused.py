@@ -4,8 +4,8 @@ A config that sets one of them to something other than its default would train
 another model than its author meant without a word, so
 :func:`unused_field_problems` reports it (``validate_pipeline_config`` refuses the
 config). Fields whose absence changes nothing the model learns (profiling,
-summaries, export selection) are only warned about, once per config
-(:func:`ignored_field_notes`).
+summaries, export selection, feature generation's settings) are only warned
+about, once per config (:func:`ignored_field_notes`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,21 @@ _IGNORED = {
     # HashRec's loader turns the input columns into features itself, whatever these say.
     "DataConfig": ("fg_mode", "fg_encoded", "fg_threads", "fg_encoded_multival_sep"),
     "ExportConfig": ("exporter_type", "best_exporter_metric", "metric_larger_is_better"),
+    # Feature generation's join key of a sequence; the columns are read as they are.
+    "SequenceFeature": ("sequence_pk",),
+    # The mode of a weight decay that must be 0 (optimizers.py refuses any other).
+    "FusedRowWiseAdagradOptimizer": ("weight_decay_mode",),
 }
-_FEATURE_KINDS = ("id_feature", "raw_feature", "combo_feature")
+# Per feature message: fields of feature generation (the output layout of an id column,
+# its value type, intermediate-only features), which HashRec does not run: a feature's
+# values are its input column's.
+_FEATURE_IGNORED = {
+    "IdFeature": ("value_dim", "fg_value_type", "stub_type"),
+    "ComboFeature": ("value_dim", "stub_type"),
+    "RawFeature": ("stub_type",),
+}
+_FEATURE_KINDS = ("id_feature", "raw_feature", "combo_feature", "sequence_id_feature",
+                  "sequence_raw_feature")
 
 
 def _is_set(message, name: str) -> bool:
@@ -54,8 +67,17 @@ def _messages(config):
     for name in ("train_config", "data_config", "export_config"):
         if config.HasField(name):
             yield name, getattr(config, name)
-    if config.HasField("train_config") and config.train_config.HasField("grad_clipping"):
-        yield "train_config.grad_clipping", config.train_config.grad_clipping
+    if config.HasField("train_config"):
+        train = config.train_config
+        if train.HasField("grad_clipping"):
+            yield "train_config.grad_clipping", train.grad_clipping
+        sparse = train.sparse_optimizer.WhichOneof("optimizer")
+        if sparse is not None:
+            yield (f"train_config.sparse_optimizer.{sparse}",
+                   getattr(train.sparse_optimizer, sparse))
+    for i, fc in enumerate(config.feature_configs):
+        if fc.WhichOneof("feature") == "sequence_feature":
+            yield f"feature_configs[{i}].sequence_feature", fc.sequence_feature
     if config.HasField("model_config"):
         for i, group in enumerate(config.model_config.feature_groups):
             yield f"model_config.feature_groups[{i}]", group
@@ -91,15 +113,24 @@ def unused_field_problems(config) -> list[str]:
     return problems
 
 
+def _set_off_default(message, name: str) -> bool:
+    """Whether ``message`` sets field ``name`` to other than its default."""
+    field = message.DESCRIPTOR.fields_by_name.get(name)
+    return _is_set(message, name) and (field.default_value != getattr(message, name)
+                                       or isinstance(field.default_value, list))
+
+
 def ignored_field_notes(config) -> list[str]:
     """The fields set, to other than their defaults, that HashRec ignores without
-    changing what a model learns."""
+    changing what a model learns (``train_config.is_profiling``, ``value_dim of feature
+    'cate' (feature_configs[3])``)."""
     notes = []
     for path, message in _messages(config):
         for name in _IGNORED.get(message.DESCRIPTOR.name, ()):
-            field = message.DESCRIPTOR.fields_by_name.get(name)
-            if _is_set(message, name) and (
-                    field.default_value != getattr(message, name) or isinstance(
-                        field.default_value, list)):
+            if _set_off_default(message, name):
                 notes.append(f"{path}.{name}")
+    for label, feature in _features(config):
+        for name in _FEATURE_IGNORED.get(feature.DESCRIPTOR.name, ()):
+            if _set_off_default(feature, name):
+                notes.append(f"{name} of {label}")
     return notes

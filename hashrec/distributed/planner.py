@@ -51,10 +51,17 @@ class Variant:
 
 @dataclass(frozen=True)
 class TablePlan:
-    """The variant chosen for one table."""
+    """The variant chosen for one table.
+
+    Attributes:
+        name: table (storage) name.
+        variant: the chosen storage variant.
+        rows: the table's rows on each rank (its max_capacity divided over the ranks).
+    """
 
     name: str
     variant: Variant
+    rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -161,7 +168,7 @@ def plan_tables(tables: list[PlannerTable], topology: Topology, batch_size: int,
         _check_fits(tables, grid.gpu, topology.gpu_bytes, "GPU")
         _check_fits(tables, grid.host, topology.host_bytes, "host")
         _raise_joint(tables, grid, topology)
-    chosen = tuple(TablePlan(name=t.name, variant=variants[i][int(choice[i])])
+    chosen = tuple(TablePlan(name=t.name, variant=variants[i][int(choice[i])], rows=t.rows)
                    for i, t in enumerate(tables))
     return Plan(tables=chosen, topology=topology, batch_size=batch_size)
 
@@ -179,21 +186,34 @@ def _check_fits(tables: list[PlannerTable], usage: np.ndarray, budget: int, labe
     if smallest.sum() <= budget:
         return
     # Place the smallest tables first: the ones left over are those that do not fit.
-    left, missing = float(budget), []
+    left, missing, fixed = float(budget), [], False
     for i in np.argsort(smallest, kind="stable"):
         need = float(smallest[i])
         if need <= left:
             left -= need
         else:
+            note = _fixed_note(tables[i])
+            fixed = fixed or bool(note)
             missing.append(f"{tables[i].name} (needs {_fmt_bytes(need)}, "
-                           f"short by {_fmt_bytes(need - left)})")
+                           f"short by {_fmt_bytes(need - left)}{note})")
             left = 0.0
+    unfix = (", or leave the fixed cache_load_factor / caching unset so that the planner may "
+             "choose them" if fixed else "")
     raise PlannerError(
         f"the dynamic tables do not fit the {label} budget of {_fmt_bytes(budget)} per rank "
         f"even at their smallest variants (together {_fmt_bytes(smallest.sum())}, short by "
         f"{_fmt_bytes(smallest.sum() - budget)}); tables that do not fit: {'; '.join(missing)}. "
         f"Lower max_capacity, use more ranks, or raise the budget "
-        f"(HASHREC_GPU_MEMORY_BYTES / HASHREC_HOST_MEMORY_BYTES).")
+        f"(HASHREC_GPU_MEMORY_BYTES / HASHREC_HOST_MEMORY_BYTES){unfix}.")
+
+
+def _fixed_note(table: PlannerTable) -> str:
+    """What of the table's storage the user fixed, for error messages ('' for nothing)."""
+    fixed = [] if table.cache_load_factor is None else \
+        [f"cache_load_factor {table.cache_load_factor:g}"]
+    if table.caching is not None:
+        fixed.append(f"caching {str(table.caching).lower()}")
+    return f"; fixed: {' and '.join(fixed)}" if fixed else ""
 
 
 def _raise_joint(tables: list[PlannerTable], grid: Grid, topology: Topology) -> None:
@@ -212,14 +232,16 @@ def _raise_joint(tables: list[PlannerTable], grid: Grid, topology: Topology) -> 
 
 
 def plan_to_table(plan: Plan) -> str:
-    """The plan as a printable table: table, mode, load factor, GPU bytes, host bytes, cost."""
-    header = ("table", "mode", "load factor", "GPU bytes", "host bytes", "est. cost (us/step)")
-    rows = [(t.name, t.variant.mode.value, f"{t.variant.cache_load_factor:.1f}",
+    """The plan as a printable table: table, mode, load factor, rows per rank, GPU bytes,
+    host bytes, cost."""
+    header = ("table", "mode", "load factor", "rows/rank", "GPU bytes", "host bytes",
+              "est. cost (us/step)")
+    rows = [(t.name, t.variant.mode.value, f"{t.variant.cache_load_factor:.1f}", str(t.rows),
              str(t.variant.gpu_bytes), str(t.variant.host_bytes), f"{t.variant.cost * 1e6:.2f}")
             for t in plan.tables]
-    rows.append(("total", "", "", str(plan.gpu_bytes), str(plan.host_bytes),
+    rows.append(("total", "", "", "", str(plan.gpu_bytes), str(plan.host_bytes),
                  f"{plan.cost * 1e6:.2f}"))
-    rows.append(("budget/rank", "", "", str(plan.topology.gpu_bytes),
+    rows.append(("budget/rank", "", "", "", str(plan.topology.gpu_bytes),
                  str(plan.topology.host_bytes), ""))
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
     lines = ["  ".join(cell.ljust(w) if c < 3 else cell.rjust(w)

@@ -58,19 +58,32 @@ class StoragePlan:
 
 def _dynamic_options(spec: EmbeddingTableSpec, optimizer: OptimizerSpec,
                      device: torch.device) -> TableOptions:
-    """The table's options with optimizer, device, name and capacity-dependent defaults set."""
+    """The table's options with optimizer, device, name and capacity-dependent defaults set.
+
+    Raises:
+        EmbeddingError: the dims disagree, or an initializer's UNIFORM bound set on one side
+            crosses the other side's default (naming the table and the initializer).
+    """
     options = spec.dynamic
     if options.dim != spec.dim:
         raise EmbeddingError(
             f"table {spec.name!r}: dim={spec.dim} but its TableOptions.dim={options.dim}")
-    resolve = lambda args: args.resolved(options.dim, options.max_capacity)  # noqa: E731
+
+    def resolve(args: InitializerArgs, field_name: str) -> InitializerArgs:
+        try:
+            return args.resolved(options.dim, options.max_capacity, field_name)
+        except ValueError as err:
+            raise EmbeddingError(f"table {spec.name!r}: {err}") from None
+
     admission = options.admission
     if admission is not None:
-        admission = dataclasses.replace(admission, initializer=resolve(admission.initializer))
+        admission = dataclasses.replace(
+            admission, initializer=resolve(admission.initializer, "admission.initializer"))
     return dataclasses.replace(
         options, optimizer=options.optimizer or optimizer, device=device, name=spec.name,
-        initializer=resolve(options.initializer),
-        eval_initializer=resolve(options.eval_initializer), admission=admission)
+        initializer=resolve(options.initializer, "initializer"),
+        eval_initializer=resolve(options.eval_initializer, "eval_initializer"),
+        admission=admission)
 
 
 def _effective(args: InitializerArgs) -> InitializerArgs:

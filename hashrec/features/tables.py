@@ -16,20 +16,53 @@ from hashrec.config.errors import ConfigError
 from hashrec.embedding.specs import EmbeddingTableSpec
 from hashrec.features.base import Feature, TableRequest
 from hashrec.features.data_type import data_type_name
-from hashrec.table.options import AdmissionOptions, InitializerArgs, TableOptions
+from hashrec.table.options import (
+    STORAGE_CHOICES,
+    AdmissionOptions,
+    InitializerArgs,
+    TableOptions,
+)
 
 
-def initializer_args(cfg, default_mode: str) -> InitializerArgs:
-    """InitializerArgs from a DynamicEmbInitializerArgs message (unset mode -> ``default_mode``)."""
-    return InitializerArgs(
-        mode=cfg.mode.upper() if cfg.mode else default_mode,
-        mean=cfg.mean,
-        std_dev=cfg.std_dev if cfg.HasField("std_dev") else None,
-        lower=cfg.lower if cfg.HasField("lower") else None,
-        upper=cfg.upper if cfg.HasField("upper") else None,
-        value=cfg.value,
-    )
+def initializer_args(cfg, default_mode: str, where: str, dim: int,
+                     max_capacity: int) -> InitializerArgs:
+    """InitializerArgs from a DynamicEmbInitializerArgs message (unset mode -> ``default_mode``).
 
+    Args:
+        cfg: the message.
+        default_mode: the mode where ``cfg`` sets none.
+        where: the block, as errors name it (``table 'u': dynamicemb.initializer_args``).
+        dim, max_capacity: the table's, for the defaults of unset bounds.
+
+    Raises:
+        ConfigError: naming ``where``: an unknown mode, a bad value, or a UNIFORM bound set
+            on one side only that crosses the other side's default.
+    """
+    try:
+        args = InitializerArgs(
+            mode=cfg.mode.upper() if cfg.mode else default_mode,
+            mean=cfg.mean,
+            std_dev=cfg.std_dev if cfg.HasField("std_dev") else None,
+            lower=cfg.lower if cfg.HasField("lower") else None,
+            upper=cfg.upper if cfg.HasField("upper") else None,
+            value=cfg.value,
+        )
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    try:
+        # The embedding layer fills in the same defaults; a crossing is found here, at load.
+        args.resolved(dim, max_capacity, field_name=where)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return args
+
+
+# Score strategies a config may name. CUSTOMIZED is left out: its scores are passed by
+# the caller of every lookup, which the Python API (``hashrec.table``) does and a config
+# cannot.
+CONFIG_SCORE_STRATEGIES = ("STEP", "TIMESTAMP", "LFU", "NO_EVICTION")
+_CUSTOMIZED = ("is not available in a config: CUSTOMIZED scores are passed by the caller of "
+               "every lookup (the Python API, hashrec.table), which a config cannot do")
 
 # What each of dynamicemb's evict strategies asks of the scores: the score strategies
 # that evict that way (the first when score_strategy is unset). EPOCH_LRU (the epoch
@@ -37,76 +70,122 @@ def initializer_args(cfg, default_mode: str) -> InitializerArgs:
 # backwards, as the step does: an earlier epoch's last access is the earlier one.
 # EPOCH_LFU (an access count under the epoch) is not built.
 _EVICT_SCORES = {"LRU": ("STEP", "TIMESTAMP"), "EPOCH_LRU": ("STEP", "TIMESTAMP"),
-                 "LFU": ("LFU",), "CUSTOMIZED": ("CUSTOMIZED",)}
+                 "LFU": ("LFU",)}
 
 
-def score_strategy(dynamicemb, table: str) -> str:
+def score_strategy(dynamicemb, where: str) -> str:
     """The table's score strategy: ``score_strategy``, or the one ``evict_strategy``
-    implies where only that is set (LRU and EPOCH_LRU: STEP, LFU: LFU, CUSTOMIZED:
-    CUSTOMIZED).
+    implies where only that is set (LRU and EPOCH_LRU: STEP, LFU: LFU). ``where`` names
+    the block in errors (``table 'u': dynamicemb``).
 
     Raises:
-        ConfigError: evict_strategy is not one of those (EPOCH_LFU is not built), or
-            disagrees with an explicit score_strategy.
+        ConfigError: score_strategy is not one of ``CONFIG_SCORE_STRATEGIES`` (CUSTOMIZED
+            included), evict_strategy is not one of LRU, EPOCH_LRU, LFU (EPOCH_LFU is not
+            built), or the two disagree.
     """
-    score = dynamicemb.score_strategy
+    allowed = ", ".join(CONFIG_SCORE_STRATEGIES)
+    score = dynamicemb.score_strategy.strip().upper()
+    if score == "CUSTOMIZED":
+        raise ConfigError(f"{where}.score_strategy CUSTOMIZED {_CUSTOMIZED}; allowed: {allowed}")
+    if score not in CONFIG_SCORE_STRATEGIES:
+        raise ConfigError(f"{where}.score_strategy {dynamicemb.score_strategy!r} is not "
+                          f"supported; allowed: {allowed}")
     if not dynamicemb.HasField("evict_strategy"):
         return score
     evict = dynamicemb.evict_strategy.strip().upper()
+    instead = (f"allowed: {', '.join(_EVICT_SCORES)} (or leave it unset and set "
+               f"score_strategy: {' | '.join(CONFIG_SCORE_STRATEGIES)})")
+    if evict == "CUSTOMIZED":
+        raise ConfigError(f"{where}.evict_strategy CUSTOMIZED {_CUSTOMIZED}; {instead}")
     if evict not in _EVICT_SCORES:
-        raise ConfigError(
-            f"table {table!r}: dynamicemb.evict_strategy {dynamicemb.evict_strategy!r} is not "
-            f"supported; supported: {', '.join(_EVICT_SCORES)} (or leave it unset and set "
-            f"score_strategy: STEP | TIMESTAMP | LFU | CUSTOMIZED | NO_EVICTION)")
+        raise ConfigError(f"{where}.evict_strategy {dynamicemb.evict_strategy!r} is not "
+                          f"supported; {instead}")
     scores = _EVICT_SCORES[evict]
     if not dynamicemb.HasField("score_strategy"):
         return scores[0]
-    if score.strip().upper() not in scores:
+    if score not in scores:
         raise ConfigError(
-            f"table {table!r}: dynamicemb.evict_strategy {evict} and score_strategy {score} "
-            f"disagree: {evict} eviction takes score_strategy {' or '.join(scores)}; set one "
-            f"of them alone")
+            f"{where}.evict_strategy {evict} and score_strategy {score} disagree: {evict} "
+            f"eviction takes score_strategy {' or '.join(scores)}; set one of them alone")
     return score
 
 
-def table_options(dynamicemb, dim: int, table: str,
-                  dtype: torch.dtype = torch.float32) -> TableOptions:
+def _admission(dynamicemb, where: str, dim: int, max_capacity: int) -> AdmissionOptions:
+    """AdmissionOptions of a ``frequency_admission_strategy`` block."""
+    fa = dynamicemb.frequency_admission_strategy
+    block = f"{where}.frequency_admission_strategy"
+    initializer = initializer_args(fa.initializer_args, "CONSTANT", f"{block}.initializer_args",
+                                   dim, max_capacity)
+    try:
+        return AdmissionOptions(
+            threshold=int(fa.threshold),
+            counter_capacity=int(fa.counter_capacity) if fa.HasField("counter_capacity")
+            else None,
+            counter_bucket_capacity=int(fa.counter_bucket_capacity), initializer=initializer)
+    except ValueError as err:
+        raise ConfigError(f"{block}: {err}") from None
+
+
+def _capacities(dynamicemb, where: str) -> tuple[int, int | None]:
+    """(max_capacity, init_capacity_per_rank or None), checked under their config names."""
+    max_capacity = int(dynamicemb.max_capacity)
+    if max_capacity < 1:
+        raise ConfigError(f"{where}.max_capacity={max_capacity} is not valid; allowed: an int "
+                          f">= 1 (the table's rows over all ranks)")
+    if not dynamicemb.HasField("init_capacity_per_rank"):
+        return max_capacity, None
+    init = int(dynamicemb.init_capacity_per_rank)
+    if not 1 <= init <= max_capacity:
+        raise ConfigError(
+            f"{where}.init_capacity_per_rank={init} is not valid; allowed: 1 to max_capacity "
+            f"({max_capacity}); leave it unset to allocate each rank's whole share at start")
+    return max_capacity, init
+
+
+def _table_label(table: str, features: tuple[str, ...]) -> str:
+    """``table 't'``, with its features where the table is not named after its one feature."""
+    if not features or features == (table,):
+        return f"table {table!r}"
+    return (f"table {table!r} (feature{'s' if len(features) > 1 else ''} "
+            f"{', '.join(map(repr, features))})")
+
+
+def table_options(dynamicemb, dim: int, table: str, dtype: torch.dtype = torch.float32,
+                  features: tuple[str, ...] = ()) -> TableOptions:
     """TableOptions of a dynamic table from its DynamicEmbedding message; ``dtype`` (its
-    features' ``data_type``) stores the rows.
+    features' ``data_type``) stores the rows; errors name ``features``, those reading it.
 
     The sparse optimizer is left unset: the embedding layer fills it from
     ``train_config.sparse_optimizer``. ``evict_strategy`` enters through the score
     strategy (``score_strategy``); ``init_table`` does not enter the options (it is
-    read by ``create_dynamicemb_init_ckpt``).
+    read by ``create_dynamicemb_init_ckpt``). ``cache_load_factor`` and ``caching`` are
+    recorded in ``set_by_user`` where the message sets them: the storage planner keeps
+    those and chooses the others.
+
+    Raises:
+        ConfigError: an invalid field, named as the config names it.
     """
+    where = f"{_table_label(table, features)}: dynamicemb"
+    max_capacity, init_capacity = _capacities(dynamicemb, where)
+    strategy = score_strategy(dynamicemb, where)
+    admission = _admission(dynamicemb, where, dim, max_capacity) \
+        if dynamicemb.HasField("frequency_admission_strategy") else None
+    initializer = initializer_args(dynamicemb.initializer_args, "UNIFORM",
+                                   f"{where}.initializer_args", dim, max_capacity)
+    eval_initializer = initializer_args(dynamicemb.eval_initializer_args, "CONSTANT",
+                                        f"{where}.eval_initializer_args", dim, max_capacity)
     try:
-        admission = None
-        if dynamicemb.HasField("frequency_admission_strategy"):
-            fa = dynamicemb.frequency_admission_strategy
-            admission = AdmissionOptions(
-                threshold=int(fa.threshold),
-                counter_capacity=int(fa.counter_capacity) if fa.HasField("counter_capacity")
-                else None,
-                counter_bucket_capacity=int(fa.counter_bucket_capacity),
-                initializer=initializer_args(fa.initializer_args, "CONSTANT"))
         return TableOptions(
-            dim=dim,
-            max_capacity=int(dynamicemb.max_capacity),
-            init_capacity=int(dynamicemb.init_capacity_per_rank)
-            if dynamicemb.HasField("init_capacity_per_rank") else None,
-            bucket_capacity=int(dynamicemb.bucket_capacity),
-            score_strategy=score_strategy(dynamicemb, table),
-            initializer=initializer_args(dynamicemb.initializer_args, "UNIFORM"),
-            eval_initializer=initializer_args(dynamicemb.eval_initializer_args, "CONSTANT"),
-            admission=admission,
+            dim=dim, max_capacity=max_capacity, init_capacity=init_capacity,
+            bucket_capacity=int(dynamicemb.bucket_capacity), score_strategy=strategy,
+            initializer=initializer, eval_initializer=eval_initializer, admission=admission,
             cache_load_factor=dynamicemb.cache_load_factor
             if dynamicemb.HasField("cache_load_factor") else 1.0,
-            caching=dynamicemb.caching,
-            dtype=dtype,
-            name=table,
-        )
+            caching=dynamicemb.caching, dtype=dtype, name=table,
+            set_by_user=frozenset(name for name in STORAGE_CHOICES
+                                  if dynamicemb.HasField(name)))
     except ValueError as err:
-        raise ConfigError(f"table {table!r}: dynamicemb: {err}") from None
+        raise ConfigError(f"{where}: {err}") from None
 
 
 def _merge(requests: list[tuple[str, TableRequest]]) -> TableRequest:
@@ -176,7 +255,7 @@ def build_tables(features: list[Feature], model_config=None) -> list[EmbeddingTa
                                             initializer=req.initializer, dtype=req.dtype))
             continue
         fused = {groups[f] for f in names if f in groups}
-        options = table_options(req.dynamicemb, req.dim, name, req.dtype)
+        options = table_options(req.dynamicemb, req.dim, name, req.dtype, names)
         if req.initializer is not None:
             if req.dynamicemb.HasField("initializer_args"):
                 raise ConfigError(f"table {name!r}: init_fn and dynamicemb.initializer_args "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,6 +52,9 @@ class StorageMode(enum.Enum):
     CACHING = "CACHING"
 
 
+# The options the storage planner chooses unless the user did (``TableOptions.set_by_user``).
+STORAGE_CHOICES = ("cache_load_factor", "caching")
+
 # Dtypes a table stores its rows (embedding and optimizer state) in.
 ROW_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -73,21 +77,32 @@ SEED_LIMIT = 2 ** 63  # seeds are int64 (torch generators, the key hash): [0, 2*
 
 
 def _check_int(field_name: str, value: Any, minimum: int, optional: bool = False,
-               maximum: int | None = None) -> None:
+               maximum: int | None = None) -> int | None:
+    """``value`` as a plain int (NumPy integers accepted, bools refused), or None."""
     if optional and value is None:
-        return
-    if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
+        return None
+    if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum
             or (maximum is not None and value > maximum)):
         allowed = f"an int >= {minimum}" if maximum is None else \
             f"an int in [{minimum}, {maximum}]"
         raise ValueError(f"{field_name}={value!r} is not valid; allowed: {allowed}")
+    return int(value)
 
 
-def _check_float(field_name: str, value: Any, optional: bool = False) -> None:
+def _check_float(field_name: str, value: Any, optional: bool = False) -> float | int | None:
+    """``value`` as a plain Python number (NumPy scalars accepted, bools refused), or None."""
     if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(value)):
         raise ValueError(f"{field_name}={value!r} is not valid; allowed: a finite number")
+    return value if type(value) in (int, float) else float(value)
+
+
+def _set_checked(options: Any, checks: dict[str, Any]) -> None:
+    """Stores each checked value (a plain Python number) on the frozen ``options``."""
+    for name, value in checks.items():
+        object.__setattr__(options, name, value)
 
 
 @dataclass(frozen=True)
@@ -117,18 +132,19 @@ class InitializerArgs:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", coerce_enum(InitializerMode, self.mode, "mode"))
-        _check_float("mean", self.mean)
-        _check_float("std_dev", self.std_dev, optional=True)
-        _check_float("lower", self.lower, optional=True)
-        _check_float("upper", self.upper, optional=True)
-        _check_float("value", self.value)
+        _set_checked(self, {
+            "mean": _check_float("mean", self.mean),
+            "std_dev": _check_float("std_dev", self.std_dev, optional=True),
+            "lower": _check_float("lower", self.lower, optional=True),
+            "upper": _check_float("upper", self.upper, optional=True),
+            "value": _check_float("value", self.value)})
         if self.std_dev is not None and self.std_dev < 0:
             raise ValueError(f"std_dev={self.std_dev!r} is not valid; allowed: >= 0")
         if self.lower is not None and self.upper is not None and self.lower > self.upper:
             raise ValueError(
                 f"lower={self.lower!r} is not valid; allowed: lower <= upper ({self.upper!r})")
-        _check_int("key_seed", self.key_seed, minimum=0, optional=True,
-                   maximum=SEED_LIMIT - 1)
+        object.__setattr__(self, "key_seed", _check_int("key_seed", self.key_seed, minimum=0,
+                                                        optional=True, maximum=SEED_LIMIT - 1))
 
     def resolved(self, dim: int, max_capacity: int, field_name: str = "initializer"
                  ) -> InitializerArgs:
@@ -177,9 +193,12 @@ class AdmissionOptions:
     initializer: InitializerArgs = field(default_factory=_constant_zero)
 
     def __post_init__(self) -> None:
-        _check_int("threshold", self.threshold, minimum=1)
-        _check_int("counter_capacity", self.counter_capacity, minimum=1, optional=True)
-        _check_int("counter_bucket_capacity", self.counter_bucket_capacity, minimum=1)
+        _set_checked(self, {
+            "threshold": _check_int("threshold", self.threshold, minimum=1),
+            "counter_capacity": _check_int("counter_capacity", self.counter_capacity,
+                                           minimum=1, optional=True),
+            "counter_bucket_capacity": _check_int("counter_bucket_capacity",
+                                                  self.counter_bucket_capacity, minimum=1)})
         if not isinstance(self.initializer, InitializerArgs):
             raise ValueError(
                 f"initializer={self.initializer!r} is not valid; allowed: InitializerArgs")
@@ -187,19 +206,27 @@ class AdmissionOptions:
 
 @dataclass(frozen=True)
 class TableOptions:
-    """Options of one dynamic table (per rank).
+    """Options of one dynamic table.
+
+    A ``HashTable`` built from them holds up to ``max_capacity`` entries. An embedding
+    collection sharded over N ranks reads ``max_capacity`` (and the admission
+    ``counter_capacity``) as the whole table's: each rank's shard holds
+    ceil(max_capacity / N) entries, as TorchEasyRec shards its tables row-wise, while
+    ``init_capacity`` is per rank.
 
     Attributes:
         dim: embedding dimension.
-        max_capacity: most entries the table holds; rounded up to whole buckets.
-        init_capacity: entries allocated at start, per rank (None -> max_capacity). Rounded up
-            to the smallest divisor of max_capacity's bucket count that holds it; growth then
-            doubles, or multiplies by the smallest factor left where the count is odd, up to
-            that bucket count exactly (max_capacity 10,000,000 = 78,125 buckets of 128 with
-            init_capacity 1,000,000 starts at 2,000,000 slots and grows 5x once). An INFO log line
-            says when this allocates more than twice init_capacity.
+        max_capacity: most entries the table holds, over all ranks when sharded; rounded up
+            to whole buckets.
+        init_capacity: entries allocated at start, per rank (None -> the rank's share of
+            max_capacity). Rounded up to the smallest divisor of max_capacity's bucket count
+            that holds it; growth then doubles, or multiplies by the smallest factor left where
+            the count is odd, up to that bucket count exactly (max_capacity 10,000,000 = 78,125
+            buckets of 128 with init_capacity 1,000,000 starts at 2,000,000 slots and grows 5x
+            once). An INFO log line says when this allocates more than twice init_capacity.
         bucket_capacity: slots per bucket; a key lives only in its bucket.
-        score_strategy: STEP | TIMESTAMP | LFU | CUSTOMIZED | NO_EVICTION.
+        score_strategy: STEP | TIMESTAMP | LFU | CUSTOMIZED | NO_EVICTION (CUSTOMIZED: the
+            caller passes every lookup's scores, so a pipeline config cannot name it).
         initializer: how admitted keys' embeddings start (training).
         eval_initializer: what missing keys read as in evaluation (CONSTANT 0).
         admission: None admits every key; AdmissionOptions counts first.
@@ -218,6 +245,9 @@ class TableOptions:
         seed: seed of the table's random generator for initializers; None uses
             torch's global generator.
         name: table name used in error messages.
+        set_by_user: which of ``cache_load_factor`` and ``caching`` the user chose (those a
+            config sets). The storage planner of a training run keeps these and chooses the
+            others (empty: both); a table built directly uses both as given.
     """
 
     dim: int
@@ -237,12 +267,15 @@ class TableOptions:
     max_load_factor: float = 0.75
     seed: int | None = None
     name: str = "table"
+    set_by_user: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        _check_int("dim", self.dim, minimum=1)
-        _check_int("max_capacity", self.max_capacity, minimum=1)
-        _check_int("init_capacity", self.init_capacity, minimum=1, optional=True)
-        _check_int("bucket_capacity", self.bucket_capacity, minimum=1)
+        _set_checked(self, {
+            "dim": _check_int("dim", self.dim, minimum=1),
+            "max_capacity": _check_int("max_capacity", self.max_capacity, minimum=1),
+            "init_capacity": _check_int("init_capacity", self.init_capacity, minimum=1,
+                                        optional=True),
+            "bucket_capacity": _check_int("bucket_capacity", self.bucket_capacity, minimum=1)})
         if self.init_capacity is not None and self.init_capacity > self.max_capacity:
             raise ValueError(
                 f"init_capacity={self.init_capacity!r} is not valid; allowed: "
@@ -265,11 +298,12 @@ class TableOptions:
         self._check_floats_and_device()
 
     def _check_floats_and_device(self) -> None:
-        _check_float("cache_load_factor", self.cache_load_factor)
+        _set_checked(self, {
+            "cache_load_factor": _check_float("cache_load_factor", self.cache_load_factor),
+            "max_load_factor": _check_float("max_load_factor", self.max_load_factor)})
         if not 0.0 < self.cache_load_factor <= 1.0:
             raise ValueError(
                 f"cache_load_factor={self.cache_load_factor!r} is not valid; allowed: (0, 1]")
-        _check_float("max_load_factor", self.max_load_factor)
         if not 0.0 < self.max_load_factor <= 1.0:
             raise ValueError(
                 f"max_load_factor={self.max_load_factor!r} is not valid; allowed: (0, 1]")
@@ -277,7 +311,8 @@ class TableOptions:
             raise ValueError(f"caching={self.caching!r} is not valid; allowed: True, False")
         if self.dtype not in ROW_DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not valid; allowed: {ROW_DTYPES}")
-        _check_int("seed", self.seed, minimum=0, optional=True, maximum=SEED_LIMIT - 1)
+        object.__setattr__(self, "seed", _check_int("seed", self.seed, minimum=0, optional=True,
+                                                    maximum=SEED_LIMIT - 1))
         if not isinstance(self.name, str):
             raise ValueError(f"name={self.name!r} is not valid; allowed: a str")
         try:
@@ -286,6 +321,15 @@ class TableOptions:
             raise ValueError(f"device={self.device!r} is not valid; allowed: a torch "
                              f"device") from exc
         object.__setattr__(self, "device", device)
+        self._check_set_by_user()
+
+    def _check_set_by_user(self) -> None:
+        chosen = self.set_by_user
+        if isinstance(chosen, str) or not isinstance(chosen, (set, frozenset, tuple, list)) \
+                or not set(chosen) <= set(STORAGE_CHOICES):
+            raise ValueError(f"set_by_user={chosen!r} is not valid; allowed: a set of "
+                             f"{', '.join(map(repr, STORAGE_CHOICES))}")
+        object.__setattr__(self, "set_by_user", frozenset(chosen))
 
     @property
     def storage_mode(self) -> StorageMode:

@@ -133,6 +133,25 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
     return Resume()
 
 
+def note_unread_init_tables(feature_set) -> None:
+    """Warn, once, that the dynamicemb ``init_table`` the features set is not read: a run
+    that starts fresh, not from a fine-tune checkpoint, starts its tables as their
+    initializers say. The ``create_dynamicemb_init_ckpt`` tool reads it into a checkpoint,
+    which ``--fine_tune_checkpoint`` then starts from."""
+    named = [name for name, feature in feature_set.features.items()
+             if feature.table is not None and feature.table.dynamicemb is not None
+             and feature.table.dynamicemb.init_table]
+    if not named:
+        return
+    logger.warning(
+        "dynamicemb.init_table of feature%s %s is not read by training: the run starts fresh, "
+        "with rows drawn by the initializers. To start from it, write a checkpoint of it with "
+        "python -m hashrec.tools.dynamicemb.create_dynamicemb_init_ckpt "
+        "--pipeline_config_path <this config> --world_size <ranks> --save_dir <dir>, then "
+        "train with --fine_tune_checkpoint <dir>/model.ckpt-0",
+        "s" if len(named) > 1 else "", ", ".join(map(repr, named)))
+
+
 def _note_skipped(model_dir: str, latest: str) -> None:
     """Warn about checkpoints after ``latest`` that are incomplete (a save interrupted)."""
     names = [os.path.basename(p) for p in existing_checkpoints(model_dir)]  # by step

@@ -96,12 +96,12 @@ def _planner_tables(feature_set, sparse_spec, ctx: DistContext) -> list[PlannerT
         if not plan.is_dynamic:
             continue
         options = plan.options
-        # The options cannot tell an explicit cache_load_factor 1.0 from the default;
-        # a factor below 1 or caching on is the user's choice and is kept.
+        # What the config sets is kept (an explicit cache_load_factor 1.0 included); the
+        # planner chooses the rest.
         out.append(PlannerTable.sharded(
             plan.name, options, ctx.world_size,
-            fixed_cache_load_factor=options.cache_load_factor < 1.0,
-            fixed_caching=options.caching,
+            fixed_cache_load_factor="cache_load_factor" in options.set_by_user,
+            fixed_caching="caching" in options.set_by_user,
             ids_per_sample=float(sum(readers.get(t.name, 0) for t in plan.tables))))
     return out
 

@@ -58,6 +58,8 @@ def train_and_evaluate(config, continue_train: bool = False,
         model_dir, session.model, session.dense, continue_train,
         fine_tune_checkpoint or config.train_config.fine_tune_checkpoint or None,
         restore_optimizer=not ignore_restore_optimizer, param_map=param_map)
+    if resume.path is None and session.is_chief:
+        checkpoints.note_unread_init_tables(session.feature_set)
     # Only a config its checkpoints fit replaces the model_dir's copy.
     write_pipeline_config(config, model_dir, session.rank)
     # Replicas start equal: dense network, dense tables and their optimizer rows.

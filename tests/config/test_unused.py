@@ -51,3 +51,42 @@ def test_ignored_fields_are_noted():
         "data_config { fg_mode: FG_DAG fg_encoded: true }"))
     assert notes == ["train_config.is_profiling", "train_config.tensorboard_summaries",
                      "data_config.fg_mode"]
+
+
+def test_fields_of_feature_generation_are_noted():
+    config = example_with(
+        'feature_configs { id_feature { feature_name: "i" expression: "item:i" embedding_dim: 4 '
+        'num_buckets: 8 value_dim: 1 fg_value_type: "int64" stub_type: true } }\n'
+        'feature_configs { combo_feature { feature_name: "c" expression: ["user:a", "item:b"] '
+        'embedding_dim: 4 hash_bucket_size: 8 value_dim: 1 } }\n'
+        'feature_configs { raw_feature { feature_name: "r" expression: "item:r" value_dim: 3 '
+        'stub_type: true } }\n'
+        'feature_configs { sequence_id_feature { feature_name: "q" expression: "user:q" '
+        'embedding_dim: 4 num_buckets: 8 stub_type: true } }\n'
+        'feature_configs { sequence_feature { sequence_name: "s" sequence_length: 5 '
+        'sequence_delim: ";" sequence_pk: "user:clk_seq" features { id_feature { '
+        'feature_name: "b" expression: "item:b" embedding_dim: 4 num_buckets: 8 '
+        'value_dim: 1 } } } }\n'
+        "train_config { sparse_optimizer { rowwise_adagrad_optimizer { lr: 0.1 "
+        "weight_decay_mode: DECOUPLE } } }")
+    first = len(load_pipeline_config(EXAMPLE).feature_configs)
+    notes = ignored_field_notes(config)
+    assert notes == [
+        "train_config.sparse_optimizer.rowwise_adagrad_optimizer.weight_decay_mode",
+        f"feature_configs[{first + 4}].sequence_feature.sequence_pk",
+        f"value_dim of feature 'i' (feature_configs[{first}])",
+        f"fg_value_type of feature 'i' (feature_configs[{first}])",
+        f"stub_type of feature 'i' (feature_configs[{first}])",
+        f"value_dim of feature 'c' (feature_configs[{first + 1}])",
+        f"stub_type of feature 'r' (feature_configs[{first + 2}])",  # its value_dim is read
+        f"stub_type of feature 'q' (feature_configs[{first + 3}])",
+        f"value_dim of feature 's__b' (feature_configs[{first + 4}])"]
+    assert unused_field_problems(config) == []
+
+
+def test_feature_generation_fields_at_their_defaults_are_not_noted():
+    assert ignored_field_notes(example_with(
+        'feature_configs { id_feature { feature_name: "i" expression: "item:i" embedding_dim: 4 '
+        'num_buckets: 8 value_dim: 0 stub_type: false } }\n'
+        "train_config { sparse_optimizer { rowwise_adagrad_optimizer { lr: 0.1 "
+        "weight_decay_mode: NONE } } }")) == []

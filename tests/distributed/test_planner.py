@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hashrec.distributed.cost_model import CostModel
-from hashrec.distributed.errors import PlannerError
+from hashrec.distributed.errors import DistributedError, PlannerError
 from hashrec.distributed.planner import (
     LOAD_FACTORS,
     enumerate_variants,
@@ -235,12 +235,17 @@ def test_sharded_divides_capacities_and_keeps_fixed_choices():
 
 
 def test_plan_to_table_lists_every_table():
-    plan = plan_tables(_tables(3), Topology(gpu_bytes=1 << 40, host_bytes=1 << 40), 512)
+    tables = [*_tables(2), PlannerTable.sharded("sharded", TableOptions(dim=8, max_capacity=1001),
+                                                world_size=4)]
+    plan = plan_tables(tables, Topology(gpu_bytes=1 << 40, host_bytes=1 << 40), 512)
     lines = plan_to_table(plan).splitlines()
-    assert lines[0].split()[:3] == ["table", "mode", "load"]
+    assert lines[0].split()[:5] == ["table", "mode", "load", "factor", "rows/rank"]
+    assert [entry.rows for entry in plan.tables] == [1 << 18, 2 << 18, 251]
     for entry in plan.tables:
         row = next(line for line in lines if line.startswith(entry.name + " "))
-        assert entry.variant.mode.value in row and str(entry.variant.gpu_bytes) in row
+        assert row.split()[:4] == [entry.name, entry.variant.mode.value,
+                                   f"{entry.variant.cache_load_factor:.1f}", str(entry.rows)]
+        assert str(entry.variant.gpu_bytes) in row
     assert any(line.startswith("total") for line in lines)
 
 
@@ -274,3 +279,48 @@ def test_a_data_type_fp16_table_fits_where_its_float32_twin_does_not(monkeypatch
             'model_dir: "m"\n' + feature("a", data_type)))
         modes = plan_storage_modes(feature_set, SparseAdam(lr=0.01), 256, None)
         assert (modes["a"][0] == 1.0) is whole, (data_type, modes)
+
+
+def _planned_from_config(monkeypatch, dynamicemb: str, gpu_bytes: int = 1 << 40):
+    """plan_storage_modes of a one-feature config (the path train_eval takes)."""
+    from hashrec.config import parse_pipeline_config
+    from hashrec.features import build_feature_set
+    from hashrec.train.distributed import plan_storage_modes
+
+    monkeypatch.setenv("HASHREC_GPU_MEMORY_BYTES", str(gpu_bytes))
+    monkeypatch.setenv("HASHREC_HOST_MEMORY_BYTES", str(1 << 40))
+    feature_set = build_feature_set(parse_pipeline_config(
+        'model_dir: "m"\nfeature_configs { id_feature { feature_name: "user_id" expression: '
+        '"user:user_id" embedding_dim: 16 dynamicemb { max_capacity: 65536 '
+        f'{dynamicemb} }} }} }}'))
+    return plan_storage_modes(feature_set, SparseAdam(lr=0.01), 256, None)["user_id"]
+
+
+@pytest.mark.parametrize("dynamicemb, planned", [
+    ("cache_load_factor: 0.5 caching: false", (0.5, False)),
+    ("cache_load_factor: 0.5 caching: true", (0.5, True)),
+], ids=["hybrid", "caching"])
+def test_a_config_fixing_factor_and_mode_gets_both(monkeypatch, dynamicemb, planned):
+    # Unconstrained, the planner prices CACHING at 0.5 below HYBRID: only the fixed mode
+    # makes it HYBRID.
+    assert _planned_from_config(monkeypatch, "cache_load_factor: 0.5") == (0.5, True)
+    assert _planned_from_config(monkeypatch, dynamicemb) == planned
+
+
+# 2.9 MB: the 13.3 MiB table fits only partly on the GPU (its 1.3 MiB index included).
+SMALL_GPU = 3_000_000
+
+
+def test_an_explicit_cache_load_factor_of_one_is_kept(monkeypatch):
+    factor, _ = _planned_from_config(monkeypatch, "", SMALL_GPU)
+    assert factor < 1.0  # left to the planner, the table spills to host memory
+    with pytest.raises(DistributedError, match=r"user_id \(needs .*fixed: cache_load_factor 1\)"
+                                               r".*leave the fixed cache_load_factor"):
+        _planned_from_config(monkeypatch, "cache_load_factor: 1.0", SMALL_GPU)
+
+
+@pytest.mark.parametrize("caching", [False, True], ids=["hybrid", "caching"])
+def test_an_explicit_caching_alone_fixes_the_mode(monkeypatch, caching):
+    factor, planned = _planned_from_config(monkeypatch, f"caching: {str(caching).lower()}",
+                                           SMALL_GPU)
+    assert factor < 1.0 and planned is caching

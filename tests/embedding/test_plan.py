@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.plan import plan_storages
 from hashrec.embedding.specs import EmbeddingTableSpec
 from hashrec.table import (
@@ -69,3 +70,16 @@ def test_default_uniform_bounds_follow_each_tables_capacity():
 
     assert _layout([uniform("a", 64), uniform("b", 128)]) == {"a": ["a"], "b": ["b"]}
     assert _layout([uniform("a", 64), uniform("b", 64)]) == {"g": ["a", "b"]}
+
+
+@pytest.mark.parametrize("field", ["initializer", "eval_initializer", "admission.initializer"])
+def test_a_crossed_uniform_bound_names_the_table_and_initializer(field):
+    crossed = InitializerArgs(mode="UNIFORM", upper=-0.5)  # below the default lower bound
+    if field == "admission.initializer":
+        kwargs = {"admission": AdmissionOptions(threshold=2, initializer=crossed)}
+    else:
+        kwargs = {field: crossed}
+    options = TableOptions(dim=8, max_capacity=1000, **kwargs)
+    with pytest.raises(EmbeddingError, match=rf"^table 'user_id': {field}: lower=-0.03"):
+        plan_storages([EmbeddingTableSpec("user_id", 8, dynamic=options)], SparseSGD(),
+                      torch.device("cpu"))

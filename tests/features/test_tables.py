@@ -85,10 +85,9 @@ def test_fusion_group_is_the_single_deep_group(feature_set):
     ('evict_strategy: "LFU"', ScoreStrategy.LFU),
     ('evict_strategy: "lru"', ScoreStrategy.STEP),
     ('evict_strategy: "LRU" score_strategy: "TIMESTAMP"', ScoreStrategy.TIMESTAMP),
-    ('evict_strategy: "CUSTOMIZED"', ScoreStrategy.CUSTOMIZED),
     ('evict_strategy: "LFU" score_strategy: "LFU"', ScoreStrategy.LFU),
     ('evict_strategy: "EPOCH_LRU"', ScoreStrategy.STEP),
-], ids=["lfu", "lru", "lru-timestamp", "customized", "both-lfu", "epoch-lru"])
+], ids=["lfu", "lru", "lru-timestamp", "both-lfu", "epoch-lru"])
 def test_evict_strategy_sets_the_scores(feature_set, options, strategy):
     fs = feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
     assert fs.embedding_tables()[0].dynamic.score_strategy == strategy
@@ -102,5 +101,77 @@ def test_evict_strategy_sets_the_scores(feature_set, options, strategy):
     ('evict_strategy: "EPOCH_LFU"', "evict_strategy 'EPOCH_LFU' is not supported"),
 ], ids=["lfu-step", "lru-lfu", "epoch"])
 def test_evict_strategy_errors(feature_set, options, message):
-    with pytest.raises(ConfigError, match=f"table 'u'.*{message}"):
+    with pytest.raises(ConfigError, match=f"table 'u'.*{message}") as info:
         feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
+    assert str(info.value).count("table 'u'") == 1
+
+
+@pytest.mark.parametrize("options, field, allowed", [
+    ('score_strategy: "CUSTOMIZED"', "score_strategy", "STEP, TIMESTAMP, LFU, NO_EVICTION"),
+    ('score_strategy: "customized"', "score_strategy", "STEP, TIMESTAMP, LFU, NO_EVICTION"),
+    ('evict_strategy: "CUSTOMIZED"', "evict_strategy", "LRU, EPOCH_LRU, LFU"),
+    ('evict_strategy: "CUSTOMIZED" score_strategy: "CUSTOMIZED"', "score_strategy",
+     "STEP, TIMESTAMP, LFU, NO_EVICTION"),
+], ids=["score", "score-lower-case", "evict", "both"])
+def test_customized_scores_are_refused_in_configs(feature_set, options, field, allowed):
+    # A config cannot pass the per-lookup scores CUSTOMIZED needs (the Python API can).
+    with pytest.raises(ConfigError) as info:
+        feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
+    message = str(info.value)
+    assert message.startswith(f"table 'u': dynamicemb.{field} CUSTOMIZED is not available in "
+                              f"a config")
+    assert f"allowed: {allowed}" in message and "hashrec.table" in message
+
+
+def test_errors_of_a_shared_table_name_its_features(feature_set):
+    dyn = 'embedding_dim: 8 embedding_name: "t" dynamicemb { max_capacity: 100 ' \
+          'score_strategy: "CUSTOMIZED" }'
+    with pytest.raises(ConfigError, match=r"^table 't' \(features 'a', 'b'\): dynamicemb\."
+                                          r"score_strategy CUSTOMIZED"):
+        feature_set(_id("a", dyn) + _id("b", dyn))
+
+
+@pytest.mark.parametrize("block", [
+    "initializer_args", "eval_initializer_args",
+    "frequency_admission_strategy.initializer_args",
+], ids=["initializer", "eval", "admission"])
+@pytest.mark.parametrize("args, message", [
+    ('mode: "XAVIER"', "mode='XAVIER' is not valid; allowed: NORMAL, TRUNCATED_NORMAL"),
+    ('mode: "UNIFORM" upper: -0.5', "lower=-0.1 > upper=-0.5, where lower=-0.1 is the default"),
+    ("std_dev: -1", "std_dev=-1.0 is not valid"),
+], ids=["mode", "crossed-bound", "std-dev"])
+def test_initializer_errors_name_the_block(feature_set, block, args, message):
+    nested = f"{block.replace('.', ' { threshold: 2 ')} {{ {args} }}" + (
+        " }" if "." in block else "")
+    with pytest.raises(ConfigError) as info:
+        feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {nested} }}"))
+    assert str(info.value).startswith(f"table 'u': dynamicemb.{block}: {message}")
+
+
+@pytest.mark.parametrize("options, message", [
+    ("max_capacity: 1000 init_capacity_per_rank: 5000",
+     "dynamicemb.init_capacity_per_rank=5000 is not valid; allowed: 1 to max_capacity (1000)"),
+    ("max_capacity: 1000 init_capacity_per_rank: 0",
+     "dynamicemb.init_capacity_per_rank=0 is not valid"),
+    ("max_capacity: 0", "dynamicemb.max_capacity=0 is not valid; allowed: an int >= 1"),
+    ("max_capacity: 10 bucket_capacity: 0", "dynamicemb: bucket_capacity=0 is not valid"),
+    ("max_capacity: 10 cache_load_factor: 1.5", "dynamicemb: cache_load_factor=1.5 is not "
+     "valid; allowed: (0, 1]"),
+    ("max_capacity: 10 frequency_admission_strategy { threshold: 0 }",
+     "dynamicemb.frequency_admission_strategy: threshold=0 is not valid"),
+], ids=["init-above-max", "init-zero", "max-zero", "bucket", "cache-load-factor", "threshold"])
+def test_capacity_errors_use_the_config_names(feature_set, options, message):
+    with pytest.raises(ConfigError) as info:
+        feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ {options} }}"))
+    assert str(info.value).startswith(f"table 'u': {message}")
+
+
+@pytest.mark.parametrize("options, chosen", [
+    ("", frozenset()),
+    ("cache_load_factor: 1.0", {"cache_load_factor"}),
+    ("caching: false", {"caching"}),
+    ("cache_load_factor: 0.5 caching: true", {"cache_load_factor", "caching"}),
+], ids=["none", "factor-one", "caching-false", "both"])
+def test_storage_fields_the_config_sets_are_recorded(feature_set, options, chosen):
+    fs = feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
+    assert fs.embedding_tables()[0].dynamic.set_by_user == chosen

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -42,6 +43,12 @@ def test_enums_accept_strings_any_case():
         ({"seed": 2**70}, "seed", str(2**70)),
         ({"seed": 2**63}, "seed", str(2**63)),
         ({"name": 3}, "name", "3"),
+        ({"max_capacity": True}, "max_capacity", "True"),
+        ({"max_capacity": np.bool_(True)}, "max_capacity", "np.True_"),
+        ({"dim": np.float32(8.0)}, "dim", "np.float32(8.0)"),
+        ({"cache_load_factor": np.float32("nan")}, "cache_load_factor", "np.float32(nan)"),
+        ({"set_by_user": "caching"}, "set_by_user", "'caching'"),
+        ({"set_by_user": {"dim"}}, "set_by_user", "{'dim'}"),
     ],
     ids=lambda v: str(v) if not isinstance(v, dict) else "-".join(v),
 )
@@ -104,3 +111,34 @@ def test_row_dim_includes_optimizer_state():
 def test_largest_seeds_are_accepted():
     TableOptions(dim=2, max_capacity=64, seed=2**63 - 1,
                  initializer=InitializerArgs(key_seed=2**63 - 1))
+
+
+def test_numpy_scalars_are_accepted_and_stored_as_python_numbers():
+    opts = TableOptions(dim=np.int32(8), max_capacity=np.int64(100),
+                        init_capacity=np.uint16(10), bucket_capacity=np.int64(32),
+                        cache_load_factor=np.float32(0.5), max_load_factor=np.float64(0.5),
+                        seed=np.int64(7),
+                        initializer=InitializerArgs(lower=np.float32(-0.25), upper=np.int8(1),
+                                                    key_seed=np.uint64(3)),
+                        admission=AdmissionOptions(threshold=np.int64(2),
+                                                   counter_capacity=np.int32(64)))
+    plain = [(opts.dim, int), (opts.max_capacity, int), (opts.init_capacity, int),
+             (opts.bucket_capacity, int), (opts.seed, int), (opts.cache_load_factor, float),
+             (opts.max_load_factor, float), (opts.initializer.lower, float),
+             (opts.initializer.upper, float), (opts.initializer.key_seed, int),
+             (opts.admission.threshold, int), (opts.admission.counter_capacity, int)]
+    assert [type(value) for value, _ in plain] == [kind for _, kind in plain]
+    assert (opts.max_capacity, opts.cache_load_factor, opts.initializer.lower) == (100, 0.5,
+                                                                                  -0.25)
+    assert opts.storage_mode is StorageMode.HYBRID
+    assert opts == TableOptions(dim=8, max_capacity=100, init_capacity=10, bucket_capacity=32,
+                                cache_load_factor=0.5, max_load_factor=0.5, seed=7,
+                                initializer=InitializerArgs(lower=-0.25, upper=1, key_seed=3),
+                                admission=AdmissionOptions(threshold=2, counter_capacity=64))
+
+
+def test_set_by_user_is_a_frozenset_of_the_storage_choices():
+    assert TableOptions(dim=4, max_capacity=8).set_by_user == frozenset()
+    opts = TableOptions(dim=4, max_capacity=8, set_by_user=["caching", "cache_load_factor"])
+    assert opts.set_by_user == frozenset({"caching", "cache_load_factor"})
+    hash(opts)  # options stay hashable (table fusion groups by them)

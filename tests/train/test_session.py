@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from hashrec.config import load_pipeline_config
+from hashrec.table import StorageMode
 from hashrec.train.session import build_session
 
 CONFIG = """
@@ -45,3 +46,21 @@ def test_features_in_no_group_get_no_table(tmp_path):
     assert not [k for k in session.model.state_dict() if "age_level" in k or "pid" in k]
     assert session.feature_set.left_out == ("brand", "age_level", "pid")
     assert session.feature_set.input_columns == ["user_id", "clk"]
+
+
+def test_the_tables_keep_the_storage_their_config_sets(tmp_path, monkeypatch):
+    # Unconstrained, the planner prices CACHING below HYBRID at a factor of 0.5.
+    monkeypatch.setenv("HASHREC_GPU_MEMORY_BYTES", str(1 << 40))
+    monkeypatch.setenv("HASHREC_HOST_MEMORY_BYTES", str(1 << 40))
+    feature = ('feature_configs { id_feature { feature_name: "brand" expression: "item:brand" '
+               'embedding_dim: 4 dynamicemb { max_capacity: 1024 %s } } }\n')
+    modes = {}
+    for name, storage in (("free", "cache_load_factor: 0.5"),
+                          ("hybrid", "cache_load_factor: 0.5 caching: false")):
+        path = tmp_path / f"{name}.config"
+        path.write_text(CONFIG.replace("model_config {", feature % storage + "model_config {")
+                        .replace('feature_names: ["user_id"]', 'feature_names: ["user_id", '
+                                                                 '"brand"]'))
+        session = build_session(load_pipeline_config(str(path)), device=torch.device("cpu"))
+        modes[name] = session.model.embedding.dynamic_tables()["brand"].options.storage_mode
+    assert modes == {"free": StorageMode.CACHING, "hybrid": StorageMode.HYBRID}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -107,7 +108,10 @@ def test_rows_hold_optimizer_initial_state_and_lfu_scores(tmp_path):
     assert torch.all(scores == 1)
 
 
-def test_training_from_the_init_checkpoint_moves_the_rows(tmp_path):
+UNREAD = "dynamicemb.init_table of feature 'item_id' is not read by training"
+
+
+def test_training_from_the_init_checkpoint_moves_the_rows(tmp_path, caplog):
     emb = _embeddings()
     init = _write_init(str(tmp_path / "init.parquet"), ITEMS, emb)
     data = write_data(str(tmp_path / "data" / "train.parquet"), rows=128)
@@ -116,12 +120,29 @@ def test_training_from_the_init_checkpoint_moves_the_rows(tmp_path):
     ckpt, _ = create_init_checkpoint(load_pipeline_config(config), 1, str(tmp_path / "s"))
     from hashrec.train import train_and_evaluate
 
-    train_and_evaluate(load_pipeline_config(config), fine_tune_checkpoint=ckpt)
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        train_and_evaluate(load_pipeline_config(config), fine_tune_checkpoint=ckpt)
+    assert UNREAD not in caplog.text  # the run starts from it
     trained = _lookup(config, str(tmp_path / "m"), ITEMS)
     seen = np.isin(ITEMS, pq.read_table(data).column("item_id").to_numpy())
     assert seen.any()
     assert not np.allclose(trained.numpy()[seen], emb[seen])
     np.testing.assert_allclose(trained.numpy()[~seen], emb[~seen], rtol=1e-6)
+
+
+def test_training_without_the_init_checkpoint_says_how_to_use_init_table(tmp_path, caplog):
+    init = _write_init(str(tmp_path / "init.parquet"), ITEMS, _embeddings())
+    data = write_data(str(tmp_path / "data" / "train.parquet"), rows=64)
+    config = write_config(str(tmp_path / "c.config"), dynamicemb_block(),
+                          dynamicemb_block(init), str(tmp_path / "m"), os.path.dirname(data))
+    from hashrec.train import train_and_evaluate
+
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        train_and_evaluate(load_pipeline_config(config))
+    warnings = [r.getMessage() for r in caplog.records if UNREAD in r.getMessage()]
+    assert len(warnings) == 1
+    assert "create_dynamicemb_init_ckpt" in warnings[0]
+    assert "--fine_tune_checkpoint <dir>/model.ckpt-0" in warnings[0]
 
 
 def test_duplicates_and_bad_rows_are_counted_and_reported(tmp_path, caplog):
