@@ -23,6 +23,25 @@ def _files_under(directory: str) -> list[str]:
     return found
 
 
+def _fixed_part(pattern: str) -> str:
+    """The directories of a glob pattern before its first component with a wildcard."""
+    parts = pattern.split(os.sep)
+    fixed = []
+    for part in parts[:-1]:
+        if _GLOB_CHARS & set(part):
+            break
+        fixed.append(part)
+    return os.sep.join(fixed) or ("." if not pattern.startswith(os.sep) else os.sep)
+
+
+def _visible_match(match: str, fixed: str) -> bool:
+    """Whether a glob match is data: no name below the pattern's fixed directories (Spark's
+    ``_temporary`` directory, a ``.checkpoint`` one, the ``_SUCCESS`` marker) starts with
+    ``.`` or ``_``."""
+    below = os.path.relpath(match, fixed).split(os.sep)
+    return all(_visible(name) for name in below if name not in (".", ".."))
+
+
 def expand_input_path(input_path: str) -> list[str]:
     """Expand ``input_path`` into the data files it names.
 
@@ -30,8 +49,9 @@ def expand_input_path(input_path: str) -> list[str]:
         input_path: comma-separated entries, each a file, a directory (all
             files below it, recursively, in sorted order, skipping names that
             start with ``.`` or ``_``) or a glob pattern (``**`` recurses;
-            matched files whose names start with ``.`` or ``_``, such as Spark's
-            ``_SUCCESS`` marker, are skipped; matched directories expand as
+            matches with a name below the pattern's fixed directories that starts
+            with ``.`` or ``_``, such as Spark's ``_SUCCESS`` marker or the files in
+            its ``_temporary`` directory, are skipped; matched directories expand as
             above). A file named by itself is read whatever its name.
 
     Returns:
@@ -49,7 +69,8 @@ def expand_input_path(input_path: str) -> list[str]:
     for entry in entries:
         if _GLOB_CHARS & set(entry):
             found = sorted(glob.glob(entry, recursive=True))
-            matches = [m for m in found if os.path.isdir(m) or _visible(os.path.basename(m))]
+            fixed = _fixed_part(entry)
+            matches = [m for m in found if _visible_match(m, fixed)]
             if not matches:
                 skipped = (f" but {len(found)} whose names start with '.' or '_' (hidden "
                            f"files and markers, skipped)") if found else ""

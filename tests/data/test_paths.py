@@ -45,6 +45,22 @@ def test_globs_skip_hidden_files_and_markers_as_directories_do(tree, pattern):
     assert sorted(expand_input_path(f"{root}/{pattern}")) == want
 
 
+@pytest.mark.parametrize("pattern", ["*", "**", "**/*.parquet", "*/*.parquet"])
+def test_globs_skip_files_in_hidden_and_marker_directories(tree, pattern):
+    # Spark writes parts under _temporary/ until its job commits
+    root, (b, a, c) = tree
+    _touch(str(root / "_temporary" / "0" / "part-0.parquet"))
+    _touch(str(root / ".cache" / "x.parquet"))
+    want = {"*": [a, b, c], "**": [a, b, c], "**/*.parquet": [a, b, c], "*/*.parquet": [c]}
+    assert sorted(expand_input_path(f"{root}/{pattern}")) == want[pattern]
+
+
+def test_glob_below_a_named_marker_directory_reads_it(tree):
+    root, _ = tree
+    part = _touch(str(root / "_staging" / "part-0.parquet"))
+    assert expand_input_path(f"{root}/_staging/*.parquet") == [part]
+
+
 @pytest.mark.parametrize("pattern", ["_*", ".*"], ids=["markers", "hidden"])
 def test_glob_matching_only_hidden_files_and_markers_says_so(tree, pattern):
     root, _ = tree

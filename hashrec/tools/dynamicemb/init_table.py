@@ -77,8 +77,9 @@ class ParsedBlock:
 
 def _csv_blocks(path: str, where: str, dim: int, separator: str
                 ) -> Iterator[pa.RecordBatch]:
-    """A csv file's blocks, the embedding column read as strings (null where empty):
-    inferred, a one-value embedding would read as a float column."""
+    """A csv file's blocks, the id and embedding columns read as strings (null where
+    empty): inferred from the first block, ids would turn from integers to text past it
+    (a conversion error) and a one-value embedding would read as a float column."""
     read = pcsv.ReadOptions(block_size=1 << 22)
     try:
         names = pcsv.open_csv(path, read_options=read).schema.names
@@ -88,7 +89,7 @@ def _csv_blocks(path: str, where: str, dim: int, separator: str
         raise MigrationError(
             f"{where}: the first line {','.join(names)!r} is a row, not a header; csv init "
             f"tables need a header line naming the id and embedding columns")
-    convert = pcsv.ConvertOptions(column_types={n: pa.string() for n in names[1:2]},
+    convert = pcsv.ConvertOptions(column_types={n: pa.string() for n in names[:2]},
                                   strings_can_be_null=True)
     try:
         yield from pcsv.open_csv(path, read_options=read, convert_options=convert)

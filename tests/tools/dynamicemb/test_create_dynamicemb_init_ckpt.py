@@ -22,6 +22,8 @@ from migration_helpers import (
 
 from hashrec.checkpoint import CheckpointError, restore_checkpoint
 from hashrec.config import load_pipeline_config
+from hashrec.features.bucketize import raw_int64_ids
+from hashrec.features.tokens import Bags
 from hashrec.tools.dynamicemb.create_dynamicemb_init_ckpt import create_init_checkpoint, main
 from hashrec.tools.dynamicemb.errors import MigrationError
 from hashrec.tools.dynamicemb.init_table import InitTableReport, read_init_table
@@ -276,6 +278,19 @@ def test_csv_embeddings_of_one_value(tmp_path):
     [(ids, embeddings, _)] = list(read_init_table(str(path), report, 1))
     assert ids.tolist() == [3, 4] and embeddings.tolist() == [[0.5], [-2.0]]
     assert (report.rows_read, report.bad_rows) == (3, 1)
+
+
+def test_csv_ids_that_turn_to_text_past_the_first_block(tmp_path):
+    # 600,000 integer ids (more than one 4 MiB block) then text ids: read as their keys
+    path = tmp_path / "init.csv"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("id,emb\n" + "".join(f"{i},0.5\n" for i in range(600_000)) + "ab,1\n7x,2\n")
+    report = InitTableReport("item_id")
+    ids = np.concatenate([block[0] for block in read_init_table(str(path), report, 1)])
+    text_ids = raw_int64_ids(Bags(pa.array(["ab", "7x"]), np.ones(2, dtype=np.int64)))
+    assert ids[:600_000].tolist() == list(range(600_000))
+    assert ids[600_000:].tolist() == text_ids.tolist()
+    assert (report.rows_read, report.bad_rows) == (600_002, 0)
 
 
 def test_init_tables_leave_out_the_table_of_a_feature_only_wide_groups_read(caplog):
