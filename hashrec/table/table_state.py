@@ -27,7 +27,12 @@ class TableState:
     def _export_slots(self, batch_size: int) -> Iterator[torch.Tensor]:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} is not valid; allowed: an int >= 1")
+        version = self.version
         for start in range(0, self.storage.capacity, batch_size):
+            if self.version != version:  # growth moved every entry: the rest would be lost
+                raise TableError(
+                    f"table {self.options.name!r}: the table grew while being exported, which "
+                    f"moves every entry; export it again with no writes between the batches")
             slots = occupied_slots(self.storage, start,
                                    min(start + batch_size, self.storage.capacity))
             if slots.numel():
@@ -38,7 +43,8 @@ class TableState:
         """Yields (keys (k,), values (k, dim) float32, scores (k,)) with k <= batch_size.
 
         ``tag`` (an int32 namespace) keeps only that namespace; batches left empty by it
-        are skipped. The table must not change while iterating.
+        are skipped. The table must not change while iterating (a growth in between
+        raises ``TableError``).
         """
         tag = self._checked_tag(tag)
         for slots in self._export_slots(batch_size):

@@ -508,6 +508,18 @@ def test_load_state_of_another_row_width_explains_row_dim():
     assert "SparseAdagrad" in message and "export_state" in message
 
 
+def test_export_batch_refuses_to_go_on_after_a_growth():
+    table = HashTable(TableOptions(dim=2, max_capacity=4096, init_capacity=64,
+                                   bucket_capacity=16))
+    table.insert_or_assign(torch.arange(40), torch.zeros(40, 2))
+    batches = table.export_batch(8)
+    next(batches)
+    table.insert_or_assign(torch.arange(100, 400), torch.zeros(300, 2))  # grows
+    with pytest.raises(TableError, match="grew while being exported"):
+        list(batches)
+    assert sum(k.numel() for k, _, _ in table.export_batch(8)) == 340
+
+
 @pytest.mark.parametrize("device", ["cpu:0", torch.device("cpu", 0)])
 def test_indexed_cpu_device_takes_cpu_tensors(device):
     table = HashTable(TableOptions(dim=2, max_capacity=64, device=device))
