@@ -62,14 +62,15 @@ class GroupedAUC:
 
 
 def grouped_auc(probs: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> float:
-    """Mean over groups with both classes of each group's AUC (ties 1/2), else NaN.
+    """Mean over groups with both classes of each group's AUC (ties 1/2), else NaN (and
+    NaN when a score is not finite).
 
     Args:
         probs: (n,) scores.
         labels: (n,) bool, True for positives.
         groups: (n,) int64 group ids.
     """
-    if probs.numel() == 0:
+    if probs.numel() == 0 or not bool(torch.isfinite(probs).all()):
         return float("nan")
     # Rows ordered by group, then score: each group's rows form one run.
     order = torch.argsort(probs.double(), stable=True)

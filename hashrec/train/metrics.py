@@ -46,6 +46,8 @@ class BinnedAUC:
         self.num_bins = num_bins
         self.positives = torch.zeros(num_bins, dtype=torch.float64, device=device)
         self.negatives = torch.zeros(num_bins, dtype=torch.float64, device=device)
+        # predictions that were NaN or infinite: they make the AUC NaN, not a bin's count
+        self.nonfinite = torch.zeros(1, dtype=torch.float64, device=device)
 
     def update(self, probs: torch.Tensor, labels: torch.Tensor) -> None:
         """Add probabilities (n,) in [0, 1] and binary labels (n,)."""
@@ -56,13 +58,14 @@ class BinnedAUC:
         # index_add_ reads nothing back (bincount and boolean masks wait for the device).
         self.positives.index_add_(0, bins, positive)
         self.negatives.index_add_(0, bins, 1.0 - positive)
+        self.nonfinite += (~torch.isfinite(probs)).sum()
 
     def sync(self) -> None:
-        _all_reduce([self.positives, self.negatives])
+        _all_reduce([self.positives, self.negatives, self.nonfinite])
 
     def compute(self) -> float:
-        """AUC in [0, 1]; NaN when one class is absent."""
-        if self.positives.sum() == 0 or self.negatives.sum() == 0:
+        """AUC in [0, 1]; NaN when one class is absent or a prediction was not finite."""
+        if self.positives.sum() == 0 or self.negatives.sum() == 0 or self.nonfinite.item():
             return float("nan")
         return auc_from_histograms(self.positives, self.negatives)
 
@@ -96,7 +99,8 @@ class Accuracy(_MeanOf):
         self.threshold = threshold
 
     def values(self, probs, labels):
-        return ((probs > self.threshold).float() == (labels > 0.5).float()).float()
+        right = ((probs > self.threshold).float() == (labels > 0.5).float()).float()
+        return torch.where(torch.isfinite(probs), right, torch.nan)  # NaN in, NaN out
 
 
 class MeanSquaredError(_MeanOf):

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -75,6 +77,21 @@ def test_mean_metrics():
     assert acc.compute() == pytest.approx(1 / 3)
     assert mse.compute() == pytest.approx((0.01 + 0.64 + 0.36) / 3)
     assert mae.compute() == pytest.approx((0.1 + 0.8 + 0.6) / 3)
+
+
+@pytest.mark.parametrize("metric", [BinnedAUC, Accuracy, MeanSquaredError, "grouped_auc"])
+def test_a_prediction_that_is_not_finite_makes_the_metric_nan(metric):
+    # one NaN among good predictions (a diverged evaluation) must not read as a score
+    probs, labels = torch.tensor([float("nan"), 0.9, 0.2, 0.7]), torch.tensor([1., 1., 0., 0.])
+    if metric == "grouped_auc":
+        from hashrec.train.grouped_auc import grouped_auc
+
+        assert math.isnan(grouped_auc(probs, labels > 0.5, torch.zeros(4, dtype=torch.long)))
+        return
+    m = metric()
+    m.update(probs[2:], labels[2:])
+    m.update(probs[:2], labels[:2])
+    assert math.isnan(m.compute())
 
 
 def test_build_metrics_default_and_thresholds():
