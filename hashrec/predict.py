@@ -10,7 +10,9 @@ The input is read and parsed with the exported pipeline config's data and
 feature settings; the parsed tensors feed ``scripted_model.pt``. The output
 holds the reserved columns as read (a CSV column whose type ``input_fields`` does
 not give, as its text), then ``probs`` (``y`` for a regression model, l2_loss) and
-``logits``, one row per input row; a multi-task model's output holds each task's
+``logits``, one row per input row, in input order (files in the order the input
+path lists them, a directory's files sorted, rows as stored), whatever
+``data_config.num_workers``; a multi-task model's output holds each task's
 ``probs_<tower_name>`` (or ``y_<tower_name>``), then each task's ``logits_<tower_name>``.
 ``--predict_output_path`` ending in ``.parquet`` names the file; any other path is a
 directory that receives ``part-00000.parquet``. The rows go to a
@@ -196,7 +198,9 @@ def predict(export_dir: str, input_path: str, output_path: str,
             overwrite: bool = False) -> dict:
     """Predict every row of ``input_path``; returns {"rows", "seconds", "output"}.
 
-    The output appears only when every row is predicted (see the module docstring).
+    The output rows follow the input rows' order; the exported ``data_config.num_workers``
+    loader workers parse the batches in turn. The output appears only when every row
+    is predicted (see the module docstring).
 
     Raises:
         ExportError: not an export directory, reserved columns that clash, a bad device,
@@ -267,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m hashrec.predict",
         description="Predict with an exported model; writes parquet with the reserved columns "
                     "and probs, logits (a regression model: y, logits; a multi-task model: "
-                    "probs_<tower_name> or y_<tower_name>, then logits_<tower_name>).")
+                    "probs_<tower_name> or y_<tower_name>, then logits_<tower_name>), one "
+                    "row per input row in input order.")
     parser.add_argument("--scripted_model_path", required=True,
                         help="export directory (scripted_model.pt and pipeline.config)")
     parser.add_argument("--predict_input_path", required=True,

@@ -1,4 +1,5 @@
-"""python -m hashrec.predict: output layout, batch sizes, reserved columns, clear errors."""
+"""python -m hashrec.predict: output layout and row order, batch sizes, reserved columns, clear
+errors."""
 
 from __future__ import annotations
 
@@ -211,15 +212,21 @@ def test_cuda_device_without_cuda_is_one_error(caplog, exported, tmp_path, monke
         resolve_device("tpu")
 
 
-@pytest.mark.parametrize("workers", [0, 2], ids=["main", "workers2"])
-def test_a_bad_value_is_one_clear_error_with_or_without_workers(caplog, exported, tmp_path,
-                                                                 workers):
-    export = tmp_path / "export"
+def _with_workers(exported, tmp_path, workers: int) -> str:
+    """A copy of the export whose pipeline.config has ``workers`` loader workers."""
+    export = tmp_path / f"export{workers}"
     shutil.copytree(exported / "export", export)
     config = export / "pipeline.config"
     text = config.read_text()
     assert "num_workers: 0" in text
     config.write_text(text.replace("num_workers: 0", f"num_workers: {workers}"))
+    return str(export)
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["main", "workers2"])
+def test_a_bad_value_is_one_clear_error_with_or_without_workers(caplog, exported, tmp_path,
+                                                                 workers):
+    export = _with_workers(exported, tmp_path, workers)
     (part,) = sorted((exported / "data" / "eval").glob("*.parquet"))
     table = pq.read_table(part)
     price = table.column("price").to_numpy().copy()
@@ -227,13 +234,30 @@ def test_a_bad_value_is_one_clear_error_with_or_without_workers(caplog, exported
     bad = tmp_path / "bad.parquet"
     pq.write_table(table.set_column(table.schema.get_field_index("price"), "price",
                                     pa.array(price)), bad)
-    code, _ = run_main(caplog, "--scripted_model_path", str(export), "--predict_input_path",
+    code, _ = run_main(caplog, "--scripted_model_path", export, "--predict_input_path",
                        str(bad), "--predict_output_path", str(tmp_path / "o.parquet"),
                        "--batch_size", "32")
     assert code == 1
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [f"DataError: {bad}: feature 'price': column 'price' row 100: value nan "
                       f"is not finite (NaN/inf are not allowed)"]
+
+
+def test_rows_keep_the_input_order_with_loader_workers(exported, tmp_path):
+    (train,) = sorted((exported / "data" / "train").glob("*.parquet"))
+    inputs = f"{train},{exported / 'data' / 'eval'}"  # two files, in the listed order
+    keys = ("user_id", "adgroup_id", "price")
+    want = pa.concat_tables([pq.read_table(train, columns=list(keys)),
+                             pq.read_table(exported / "data" / "eval", columns=list(keys))])
+    outputs = {}
+    for workers in (0, 2):
+        out = predict(_with_workers(exported, tmp_path, workers), inputs,
+                      str(tmp_path / f"w{workers}.parquet"), keys, batch_size=7)
+        outputs[workers] = pq.read_table(out["output"])
+        assert outputs[workers].select(list(keys)).to_pylist() == want.to_pylist()
+    torch.testing.assert_close(torch.from_numpy(outputs[2]["probs"].to_numpy()),
+                               torch.from_numpy(outputs[0]["probs"].to_numpy()),
+                               atol=1e-6, rtol=0)
 
 
 def test_refuses_to_run_under_several_ranks(caplog, monkeypatch, tmp_path):

@@ -6,7 +6,8 @@ Public API::
                     keep_checkpoint_max=0, extra=None) -> path
     latest_checkpoint(model_dir) -> path | None      (complete checkpoints only)
     restore_checkpoint(path, model, dense_optimizer, dynamic_tables,
-                       restore_optimizer=True) -> meta      (strict: the model saved)
+                       restore_optimizer=True, read_rank_state=False) -> meta
+                       (strict: the model saved; the rank state only when asked, to resume)
     restore_fine_tune(path, model, dynamic_tables, param_map=None) -> meta
                        (what fits a changed model; the rest starts fresh)
     read_param_map(path) -> ParamMap                 (fine_tune_ckpt_param_map)

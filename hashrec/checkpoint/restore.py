@@ -167,7 +167,8 @@ def set_table_step(table: Any, saved_step: int | None) -> None:
 def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer: Any,
                        dynamic_tables: dict[str, Any], restore_optimizer: bool = True,
                        strict: bool = True,
-                       tag_tables: dict[str, list[str]] | None = None) -> dict[str, Any]:
+                       tag_tables: dict[str, list[str]] | None = None,
+                       read_rank_state: bool = False) -> dict[str, Any]:
     """Restores a complete checkpoint saved on any number of ranks.
 
     Call it on every rank (a collective under torch.distributed). Each rank loads
@@ -188,16 +189,21 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
         tag_tables: {table: logical table names in tag order} of the fused tables; rows
             are restored to the tag of the table with the saved name. None takes them
             from ``model.embedding.table_locations()`` when the model has one.
+        read_rank_state: read this rank's own state (``save_checkpoint(rank_state=...)``),
+            which only a resumed training run uses; False (evaluation, export) leaves
+            the file unread, so a damaged one does not stop the restore.
 
     Returns:
         The checkpoint meta (``step``, ``world_size``, ``extra``, ``tables`` ...) plus
         ``loaded``: {table: {"rows": n, "admission": m}} loaded on this rank, and
-        ``rank_state``: this rank's ``save_checkpoint(rank_state=...)``, or None where the
-        checkpoint holds none or was saved by another number of ranks.
+        ``rank_state``: this rank's ``save_checkpoint(rank_state=...)``, or None where
+        ``read_rank_state`` is False, or the checkpoint holds none or was saved by another
+        number of ranks.
 
     Raises:
-        CheckpointError: incomplete, missing, truncated or corrupt files, or dims /
-            optimizer that do not match; the message names the file and table.
+        CheckpointError: incomplete, missing, truncated or corrupt files (the rank state
+            file only with ``read_rank_state``), or dims / optimizer that do not match;
+            the message names the file and table.
     """
     meta = read_complete_meta(path)
     rank, world_size = rank_and_world()
@@ -216,7 +222,8 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
             loaded[name] = load_table(readers[name], name, table, rank, world_size,
                                       restore_optimizer, remap)
             set_table_step(table, meta["tables"][name].get("table_step"))
-        return loaded, _read_rank_state(path, meta, rank, world_size)
+        state = _read_rank_state(path, meta, rank, world_size) if read_rank_state else None
+        return loaded, state
 
     loaded, rank_state = run_on_all_ranks(load, f"restoring {path}", CheckpointError)
     barrier()
@@ -232,4 +239,10 @@ def _read_rank_state(path: str, meta: dict[str, Any], rank: int,
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
-        raise CheckpointError(f"{file}: unreadable ({type(e).__name__}: {e})") from None
+        lines = str(e).strip().splitlines()  # the first line: errors are one line
+        detail = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+        raise CheckpointError(
+            f"{file}: unreadable ({detail}); it holds this rank's random "
+            f"generator states for resuming: restore it from a copy, or delete it to resume "
+            f"with fresh ones (the run then draws other random numbers than an "
+            f"uninterrupted one would)") from None

@@ -1,9 +1,10 @@
 """Iterable datasets that read parquet or CSV files into :class:`Batch` objects.
 
-Each DataLoader worker of each rank reads its own slice of the rows (see
-:mod:`hashrec.data.sharding`), cuts it into batches, parses every batch with
-the feature set and yields the parsed :class:`Batch`; the DataLoader runs with
-``batch_size=None`` so batches pass through unchanged. Workers hand batches to
+Each DataLoader worker of each rank reads its own share of the rows (see
+:mod:`hashrec.data.sharding`: a contiguous slice, or with ``in_order`` every
+``num_workers``-th batch of the rank), cuts it into batches, parses every batch
+with the feature set and yields the parsed :class:`Batch`; the DataLoader runs
+with ``batch_size=None`` so batches pass through unchanged. Workers hand batches to
 the main process through reused shared buffers (:mod:`hashrec.data.transfer`),
 and a DataError as a :class:`WorkerFailure` item.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -26,7 +28,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from hashrec.data.batching import rebatch, shuffle_rebatch
 from hashrec.data.errors import DataError
 from hashrec.data.schema import common_schema, conform
-from hashrec.data.sharding import epoch_order, slot_batches, slot_ranges
+from hashrec.data.sharding import epoch_order, slot_batches, slot_ranges, turn_ranges
 from hashrec.data.sources import CsvFormat, CsvSource, ParquetSource, Piece
 from hashrec.data.transfer import BatchSender
 from hashrec.features.errors import FeatureError
@@ -74,6 +76,15 @@ class ReadOptions:
         world_size: number of ranks that split the rows.
         with_labels: parse label fields (False for prediction).
         reserved_columns: columns passed through untouched in ``Batch.reserved``.
+        in_order: the readers of a rank take its batches in turn (batch j to
+            DataLoader worker ``j % num_workers``) rather than a contiguous slice each,
+            so the DataLoader, which takes its workers' items in turn, yields the rank's
+            batches in file order (files as listed, rows as stored) whatever its worker
+            count; the ranks' shares stay contiguous, rank 0's first. A worker decodes
+            each row group that holds one of its batches (a CSV file: up to its last
+            such row): with row groups of more than ``num_workers`` batches, every
+            worker decodes all of them, while parsing the features, the larger cost,
+            stays split. Not with ``shuffle`` or ``tag_epochs``.
     """
 
     batch_size: int = 1024
@@ -87,6 +98,7 @@ class ReadOptions:
     with_labels: bool = True
     reserved_columns: tuple[str, ...] = ()
     tag_epochs: bool = False
+    in_order: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "shuffle_buffer_size", "num_epochs", "world_size"):
@@ -98,6 +110,9 @@ class ReadOptions:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), "
                              f"got {self.rank}")
+        if self.in_order and (self.shuffle or self.tag_epochs):
+            raise ValueError(f"in_order reads one pass in file order; shuffle="
+                             f"{self.shuffle} and tag_epochs={self.tag_epochs} must be False")
 
 
 class FileDataset(IterableDataset):
@@ -157,14 +172,17 @@ class FileDataset(IterableDataset):
         return list(dict.fromkeys([*columns, *options.reserved_columns]))
 
     def _chunks(self, ranges, use_threads: bool) -> Iterator[pa.Table]:
+        """The rows of the (piece, start, stop) ``ranges``, with the hidden origin columns;
+        consecutive ranges of one piece are read in one pass."""
         paths = {p.path: i for i, p in enumerate(self.pieces)}
-        for piece, start, stop in ranges:
-            table = conform(self.source.read(piece, start, stop, use_threads),
-                            self.schema, piece.path)
-            tag = pa.array(np.full(table.num_rows, paths[piece.path], dtype=np.int32))
-            first = piece.first_row + start
-            rows = pa.array(np.arange(first, first + table.num_rows, dtype=np.int64))
-            yield table.append_column(_FILE_COLUMN, tag).append_column(_ROW_COLUMN, rows)
+        for piece, group in itertools.groupby(ranges, key=operator.itemgetter(0)):
+            spans = [(start, stop) for _, start, stop in group]
+            for start, table in self.source.read_spans(piece, spans, use_threads):
+                table = conform(table, self.schema, piece.path)
+                tag = pa.array(np.full(table.num_rows, paths[piece.path], dtype=np.int32))
+                first = piece.first_row + start
+                rows = pa.array(np.arange(first, first + table.num_rows, dtype=np.int64))
+                yield table.append_column(_FILE_COLUMN, tag).append_column(_ROW_COLUMN, rows)
 
     def _parse(self, table: pa.Table):
         origin = table.select([_FILE_COLUMN, _ROW_COLUMN])
@@ -193,17 +211,13 @@ class FileDataset(IterableDataset):
         return DataError(f"parsing a batch with rows from {names} failed: "
                          f"{type(error).__name__}: {error}")
 
-    def _slot(self) -> tuple[int, int, bool]:
-        info = get_worker_info()
-        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        return self.options.rank * workers + worker, self.options.world_size * workers, \
-            info is None
-
     def __iter__(self):
-        slot, num_slots, main_process = self._slot()
+        info = get_worker_info()
+        main_process = info is None
+        worker, workers = (0, 1) if main_process else (info.id, info.num_workers)
         sender = None if main_process else BatchSender(self.pin_memory)
         try:
-            yield from self._batches(slot, num_slots, main_process, sender)
+            yield from self._batches(worker, workers, main_process, sender)
         except DataError as e:
             if main_process:
                 raise
@@ -215,25 +229,40 @@ class FileDataset(IterableDataset):
     def reader_batches(self, rank: int, num_workers: int) -> list[int]:
         """Batches each reader (DataLoader worker; one without workers) of ``rank``
         yields per pass, from the row count alone."""
+        opts = self.options
         workers = max(num_workers, 1)
-        slots = self.options.world_size * workers
-        return [slot_batches(self.num_rows, rank * workers + w, slots,
-                             self.options.batch_size, self.options.drop_remainder)
+        if opts.in_order:
+            batches = slot_batches(self.num_rows, rank, opts.world_size, opts.batch_size,
+                                   opts.drop_remainder)
+            return [len(range(w, batches, workers)) for w in range(workers)]
+        slots = opts.world_size * workers
+        return [slot_batches(self.num_rows, rank * workers + w, slots, opts.batch_size,
+                             opts.drop_remainder)
                 for w in range(workers)]
 
-    def _batches(self, slot: int, num_slots: int, main_process: bool, sender):
+    def _ranges(self, order: Sequence[Piece], worker: int, workers: int
+                ) -> list[tuple[Piece, int, int]]:
+        """The (piece, start, stop) row ranges that ``worker`` of ``workers`` of this rank
+        reads from the pieces in ``order``."""
+        opts = self.options
+        if opts.in_order:
+            rank_rows = slot_ranges(order, opts.rank, opts.world_size, opts.batch_size)
+            return turn_ranges(rank_rows, worker, workers, opts.batch_size)
+        return slot_ranges(order, opts.rank * workers + worker, opts.world_size * workers,
+                           opts.batch_size)
+
+    def _batches(self, worker: int, workers: int, main_process: bool, sender):
         opts = self.options
         passes = itertools.count() if opts.num_epochs is None else range(opts.num_epochs)
+        slot = opts.rank * workers + worker
         items = 0
         if opts.tag_epochs:  # every reader of the rank: the most batches of any of them
-            workers = num_slots // opts.world_size
             items = max(self.reader_batches(opts.rank, workers))
         # Workers read single-threaded: the DataLoader already runs one per core.
         for p in passes:
             seed, epoch = (opts.seed + p, 0) if opts.tag_epochs else (opts.seed, p)
             order = epoch_order(self.pieces, opts.shuffle, seed, epoch)
-            chunks = self._chunks(slot_ranges(order, slot, num_slots, opts.batch_size),
-                                  main_process)
+            chunks = self._chunks(self._ranges(order, worker, workers), main_process)
             if opts.shuffle:
                 rng = np.random.default_rng([seed, epoch, slot])
                 tables = shuffle_rebatch(chunks, opts.batch_size, opts.drop_remainder,

@@ -65,7 +65,10 @@ def read_options(data_config, mode: str, rank: int = 0, world_size: int = 1,
                  num_epochs: int | None = 1, seed: int = 0,
                  tag_epochs: bool = False) -> ReadOptions:
     """ReadOptions for ``mode``: train shuffles and drops remainders as configured;
-    eval and predict read every row once, in file order."""
+    eval and predict read every row once. Predict reads ``in_order``: the loader yields
+    the batches in file order (files as listed, rows as stored) whatever its worker
+    count. Eval does not: each worker reads its rows in file order, and the loader
+    interleaves the workers' batches (metrics do not depend on the order)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "train" and (num_epochs != 1 or tag_epochs):
@@ -80,7 +83,7 @@ def read_options(data_config, mode: str, rank: int = 0, world_size: int = 1,
         drop_remainder=train and bool(data_config.drop_remainder),
         num_epochs=num_epochs, seed=seed, rank=rank, world_size=world_size,
         with_labels=mode != "predict", reserved_columns=tuple(reserved_columns),
-        tag_epochs=tag_epochs)
+        tag_epochs=tag_epochs, in_order=mode == "predict")
 
 
 def build_dataset(data_config, feature_set, input_path: str, options: ReadOptions,
@@ -112,8 +115,10 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
         feature_set: FeatureSet that parses pyarrow tables into batches.
         input_path: comma-separated files, directories and glob patterns.
         mode: ``train`` (configured shuffle and drop_remainder, ``num_epochs``
-            passes), ``eval`` (every row once, labels parsed) or ``predict``
-            (every row once, no labels, ``reserved_columns`` passed through).
+            passes), ``eval`` (every row once, labels parsed; with workers, their
+            batches interleaved) or ``predict`` (every row once in file order,
+            whatever the worker count; no labels, ``reserved_columns`` passed through;
+            see ``ReadOptions.in_order``).
         rank, world_size: this process's share of the rows.
         batch_size: overrides the configured (eval) batch size.
         reserved_columns: columns copied into ``Batch.reserved``.
@@ -156,6 +161,9 @@ class BatchLoader(DataLoader):
     """A DataLoader of a :class:`FileDataset`: a DataError raised reading in a worker
     is raised again by the iterator as it was raised (its type and message, rather
     than a new exception holding the worker's traceback; see ``WorkerFailure``).
+
+    It takes its workers' items in turn (torch's in-order round robin, which skips a
+    worker once it has ended): ``ReadOptions.in_order`` and ``tag_epochs`` rely on it.
 
     ``worker_cores``: the cores the workers run on, when not this process's; torch's
     check of the worker count then counts those rather than this process's own."""

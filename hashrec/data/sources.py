@@ -67,14 +67,19 @@ class ParquetSource:
         return [Piece(path, i, n, first) for i, (n, first) in enumerate(zip(sizes, starts))
                 if n], schema
 
-    def read(self, piece: Piece, start: int, stop: int, use_threads: bool) -> pa.Table:
-        """Rows [start, stop) of ``piece``."""
+    def read_spans(self, piece: Piece, spans: Sequence[tuple[int, int]], use_threads: bool
+                   ) -> Iterator[tuple[int, pa.Table]]:
+        """The rows of each of ``spans`` (ascending, disjoint [start, stop) row ranges of
+        ``piece``) as (start, table) pairs; the row group is decoded once."""
+        if not spans:
+            return
         try:
             table = pq.ParquetFile(piece.path).read_row_group(
                 piece.index, columns=self.columns, use_threads=use_threads)
         except (OSError, pa.ArrowException) as e:
             raise DataError(f"{piece.path}: reading row group {piece.index} failed: {e}") from e
-        return table.slice(start, stop - start)
+        for start, stop in spans:
+            yield start, table.slice(start, stop - start)
 
 
 _CSV_TYPES = {
@@ -183,17 +188,25 @@ class CsvSource:
         rows = sum(b.num_rows for b in self._batches(path, self.columns[:1]))
         return ([Piece(path, 0, rows)] if rows else []), schema
 
-    def read(self, piece: Piece, start: int, stop: int, use_threads: bool) -> pa.Table:
-        """Rows [start, stop) of the file (earlier rows are parsed and skipped)."""
-        parts, seen = [], 0
+    def read_spans(self, piece: Piece, spans: Sequence[tuple[int, int]], use_threads: bool
+                   ) -> Iterator[tuple[int, pa.Table]]:
+        """The rows of each of ``spans`` (ascending, disjoint [start, stop) row ranges of
+        the file) as (start, table) pairs, a span in one or more tables, in one pass over
+        the file up to the last span (rows outside the spans are parsed and skipped)."""
+        if not spans:
+            return
+        at, seen = 0, 0  # the next span, rows parsed
         for batch in self._batches(piece.path, self.columns, use_threads):
-            lo, hi = max(start - seen, 0), min(stop - seen, batch.num_rows)
-            if lo < hi:
-                parts.append(batch.slice(lo, hi - lo))
-            seen += batch.num_rows
-            if seen >= stop:
-                break
-        if seen < stop:
-            raise DataError(f"{piece.path}: the file has {seen} rows, expected {piece.num_rows}"
-                            f" (it changed while being read?)")
-        return pa.Table.from_batches(parts, schema=parts[0].schema if parts else None)
+            end = seen + batch.num_rows
+            while at < len(spans) and spans[at][0] < end:
+                start, stop = spans[at]
+                lo, hi = max(start, seen), min(stop, end)
+                yield lo, pa.Table.from_batches([batch.slice(lo - seen, hi - lo)])
+                if stop > end:  # the span goes on in the next batch
+                    break
+                at += 1
+            seen = end
+            if at == len(spans):
+                return
+        raise DataError(f"{piece.path}: the file has {seen} rows, expected {piece.num_rows}"
+                        f" (it changed while being read?)")

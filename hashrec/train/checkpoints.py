@@ -96,7 +96,8 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
         path = latest_checkpoint(model_dir)
         if path is not None:
             meta = restore_checkpoint(path, model, dense_optimizer.optimizer, tables,
-                                      restore_optimizer=restore_optimizer)
+                                      restore_optimizer=restore_optimizer,
+                                      read_rank_state=True)
             extra = meta.get("extra") or {}
             _note_skipped(model_dir, path)
             logger.info("continuing from %s (step %d)", path, int(meta["step"]))

@@ -161,19 +161,41 @@ def test_rank_state_round_trip_and_other_world_sizes(tmp_path):
     state = {"cpu": torch.get_rng_state(), "note": "x", "tables": {"t": torch.arange(3)}}
     path = save_checkpoint(str(tmp_path), 3, None, None, {"t": table}, rank_state=state)
     assert os.path.isfile(os.path.join(path, "rank_state", "rank-00000-of-00001.pt"))
-    meta = restore_checkpoint(path, None, None, {"t": HashTable(table_options())})
+    meta = restore_checkpoint(path, None, None, {"t": HashTable(table_options())},
+                              read_rank_state=True)
     got = meta["rank_state"]
     assert torch.equal(got["cpu"], state["cpu"]) and got["note"] == "x"
     assert torch.equal(got["tables"]["t"], torch.arange(3))
+    # Not asked for: not read.
+    assert restore_checkpoint(path, None, None, {"t": HashTable(table_options())}
+                              )["rank_state"] is None
     # No state saved: None.
     plain = save_checkpoint(str(tmp_path), 4, None, None, {"t": table})
-    assert restore_checkpoint(plain, None, None, {"t": HashTable(table_options())}
-                              )["rank_state"] is None
-    # A damaged state file names itself.
-    with open(os.path.join(path, "rank_state", "rank-00000-of-00001.pt"), "wb") as f:
-        f.write(b"not a torch file")
-    with pytest.raises(CheckpointError, match="rank-00000-of-00001.pt: unreadable"):
-        restore_checkpoint(path, None, None, {"t": HashTable(table_options())})
+    assert restore_checkpoint(plain, None, None, {"t": HashTable(table_options())},
+                              read_rank_state=True)["rank_state"] is None
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-torch"])
+def test_a_damaged_rank_state_fails_only_a_restore_that_reads_it(tmp_path, damage):
+    table = trained_table()
+    path = save_checkpoint(str(tmp_path), 3, None, None, {"t": table},
+                           rank_state={"cpu": torch.get_rng_state()})
+    file = os.path.join(path, "rank_state", "rank-00000-of-00001.pt")
+    with open(file, "r+b") as f:
+        if damage == "truncated":
+            f.truncate(os.path.getsize(file) // 2)
+        else:
+            f.write(b"not a torch file")
+            f.truncate()
+    restored = HashTable(table_options())
+    meta = restore_checkpoint(path, None, None, {"t": restored})
+    assert meta["rank_state"] is None and meta["loaded"]["t"]["rows"] == table.size()
+    assert_same(snapshot(restored), snapshot(table))
+    with pytest.raises(CheckpointError, match=rf"^{file}: unreadable \(.*\); it holds this "
+                                              r"rank's random generator states for resuming: "
+                                              r"restore it from a copy, or delete it"):
+        restore_checkpoint(path, None, None, {"t": HashTable(table_options())},
+                           read_rank_state=True)
 
 
 def test_rank_state_of_another_world_size_is_not_read(tmp_path):

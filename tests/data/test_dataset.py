@@ -31,7 +31,8 @@ def files(tmp_path):
 
 
 def _read(files, mode="train", world_size=1, workers=0, **kwargs):
-    cfg_keys = {"shuffle", "drop_remainder", "batch_size", "eval_batch_size"}
+    cfg_keys = {"shuffle", "drop_remainder", "batch_size", "eval_batch_size", "dataset_type",
+                "with_header"}
     cfg = data_config(num_workers=workers, **{k: v for k, v in kwargs.items() if k in cfg_keys})
     rest = {k: v for k, v in kwargs.items() if k not in cfg_keys}
     features = rest.pop("features", FakeFeatureSet(bags=["tags"]))
@@ -101,6 +102,44 @@ def test_eval_reads_everything_once_in_order_despite_train_settings(files):
                        eval_batch_size=10)
     assert row_ids(batches) == list(range(sum(SIZES)))
     assert [b.batch_size for b in batches] == [10] * 7
+
+
+@pytest.mark.parametrize("world_size,workers", [(1, 0), (1, 2), (1, 3), (2, 2)], ids=str)
+@pytest.mark.parametrize("batch_size", [3, 10], ids=["batch3", "batch10"])
+def test_predict_yields_the_rows_in_file_order_whatever_the_workers(files, world_size,
+                                                                     workers, batch_size):
+    per_rank = _read(files, mode="predict", world_size=world_size, workers=workers,
+                     eval_batch_size=batch_size, features=FakeFeatureSet(bags=["tags"]))
+    # Files as listed, rows as stored; rank 0 reads the first share.
+    assert [i for batches in per_rank for i in row_ids(batches)] == list(range(sum(SIZES)))
+    sizes = [b.batch_size for batches in per_rank for b in batches]
+    assert set(sizes[:len(per_rank[0]) - 1] + sizes[len(per_rank[0]):]) == {batch_size}
+    cfg = data_config(num_workers=workers, eval_batch_size=batch_size)
+    for rank, batches in enumerate(per_rank):
+        loader = create_dataloader(cfg, FakeFeatureSet(), files, "predict", rank=rank,
+                                   world_size=world_size)
+        readers = loader.dataset.reader_batches(rank, workers)
+        assert sum(readers) == len(batches) and max(readers) - min(readers) <= 1
+
+
+def test_predict_in_file_order_reads_csv_like_parquet(files, tmp_path):
+    for i, path in enumerate(sorted(os.listdir(files))):
+        table = pq.read_table(os.path.join(files, path)).drop_columns(["tags"])
+        pacsv.write_csv(table, tmp_path / f"part-{i}.csv")
+    # Listed last file first: the listed order is the order.
+    csv = ",".join(str(tmp_path / f"part-{i}.csv") for i in reversed(range(len(SIZES))))
+    (batches,) = _read(csv, mode="predict", workers=2, eval_batch_size=3,
+                       dataset_type="CsvDataset", with_header=True, features=FakeFeatureSet())
+    starts = np.cumsum((0, *SIZES))
+    assert row_ids(batches) == [i for k in reversed(range(len(SIZES)))
+                                for i in range(starts[k], starts[k + 1])]
+
+
+def test_in_order_reading_cannot_shuffle():
+    from hashrec.data import ReadOptions
+
+    with pytest.raises(ValueError, match="in_order reads one pass in file order; shuffle=True"):
+        ReadOptions(in_order=True, shuffle=True)
 
 
 def test_eval_rejects_several_epochs(files):

@@ -7,7 +7,7 @@ from data_fakes import FakeFeatureSet, data_config, input_field, row_ids, write_
 
 from hashrec.config import parse_pipeline_config
 from hashrec.data import CsvFormat, DataError, create_dataloader
-from hashrec.data.sources import ParquetSource
+from hashrec.data.sources import CsvSource, ParquetSource, Piece
 from hashrec.features import build_feature_set
 
 CSV_FIELDS = [input_field("row_id", "INT64"), input_field("clk", "INT32"),
@@ -98,6 +98,38 @@ def test_csv_rows_split_across_ranks_without_loss(tmp_path):
                      world_size=4)
     ids = [i for batches in per_rank for i in row_ids(batches)]
     assert sorted(ids) == list(range(18))
+
+
+def _spans_rows(source, piece, spans):
+    """(row_id values, the number of tables) that ``read_spans`` gives for ``spans``."""
+    rows, tables = [], 0
+    for start, table in source.read_spans(piece, spans, use_threads=False):
+        ids = [int(v) for v in table.column("row_id").to_pylist()]
+        assert ids[0] == piece.first_row + start  # row_id counts the file's rows
+        rows.extend(ids)
+        tables += 1
+    return rows, tables
+
+
+def test_csv_spans_read_across_blocks_in_one_pass(tmp_path):
+    rows = 300_000  # several blocks of 1 MiB, as the reader parses them
+    path = _csv(tmp_path, "s.csv", ["row_id,clk"] + [f"{i},{i % 2}" for i in range(rows)])
+    source = CsvSource(["row_id", "clk"], CsvFormat(with_header=True))
+    (piece,), _ = source.pieces(path)
+    spans = [(0, 3), (10, 250_000), (250_001, 250_002), (rows - 5, rows)]
+    got, tables = _spans_rows(source, piece, spans)
+    assert got == [i for start, stop in spans for i in range(start, stop)]
+    assert tables > len(spans)  # the long span came in several blocks
+    with pytest.raises(DataError, match=r"s\.csv: the file has 300000 rows, expected 300001"):
+        list(source.read_spans(Piece(path, 0, rows + 1), [(rows - 1, rows + 1)], False))
+
+
+def test_parquet_spans_are_slices_of_their_row_group(tmp_path):
+    write_parquet(str(tmp_path / "g.parquet"), 0, 17, row_group_size=7)
+    source = ParquetSource(["row_id"])
+    pieces, _ = source.pieces(str(tmp_path / "g.parquet"))
+    assert _spans_rows(source, pieces[1], [(0, 2), (5, 7)]) == ([7, 8, 12, 13], 2)
+    assert _spans_rows(source, pieces[1], []) == ([], 0)
 
 
 def test_csv_bad_value_names_the_file(tmp_path):

@@ -102,6 +102,27 @@ def test_signal_saves_and_the_resumed_run_trains_the_rest_of_the_epoch(data_dir,
         assert torch.equal(want[name], got[name]), name
 
 
+def test_a_damaged_rank_state_stops_a_resume_but_not_eval_or_export(data_dir, tmp_path):
+    from hashrec.checkpoint import CheckpointError
+    from hashrec.config import apply_edit_config_json
+    from hashrec.export import export_model
+    from hashrec.train import evaluate_checkpoint
+
+    model_dir = tmp_path / "model"
+    loop = small_loop(model_dir, edits={**EPOCH, "train_config.num_steps": 2})
+    loop.run(str(data_dir))
+    path = latest_checkpoint(str(model_dir))
+    state = os.path.join(path, "rank_state", "rank-00000-of-00001.pt")
+    with open(state, "r+b") as f:
+        f.truncate(os.path.getsize(state) // 2)
+    config = apply_edit_config_json(loop.session.config, {"eval_input_path": str(data_dir)})
+    assert evaluate_checkpoint(config, path)["step"] == 2
+    assert export_model(config, str(tmp_path / "export"), path).step == 2
+    with pytest.raises(CheckpointError, match=rf"^{state}: unreadable .* delete it to resume"):
+        small_loop(model_dir, edits={**EPOCH, "train_config.num_steps": 4},
+                   continue_train=True)
+
+
 def test_other_reader_layout_is_warned(data_dir, tmp_path, caplog):
     model_dir = tmp_path / "model"
     small_loop(model_dir, edits={**EPOCH, "train_config.num_steps": 2}).run(str(data_dir))
