@@ -60,7 +60,9 @@ def existing_checkpoints(model_dir: str) -> list[str]:
 
 
 def check_model_dir(model_dir: str, continue_train: bool) -> None:
-    """Refuse to train over an existing run unless asked to continue it.
+    """Refuse to train over an existing run unless asked to continue it. Incremental
+    dumps without a checkpoint (a run killed before its first save) are no reason to
+    refuse: the training loop moves them aside before its first dump.
 
     Raises:
         TrainError: ``model_dir`` is a file, or it holds checkpoints and

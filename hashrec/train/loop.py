@@ -41,7 +41,9 @@ set, whichever comes first; the log says which ended the run. SIGINT and SIGTERM
 end it after the current step with a checkpoint (``hashrec.train.interrupt``).
 A resumed run continues in the epoch it stopped in, past the batches it trained
 (``hashrec.train.checkpoints``); its incremental dumps after the restored step, which
-belong to the interrupted run, are moved aside and the next dump is full.
+belong to the interrupted run, are moved aside and the next dump is full. A run that
+starts at step 0 moves every dump it finds aside (a run killed before its first
+checkpoint leaves dumps but nothing to continue).
 """
 
 from __future__ import annotations
@@ -227,15 +229,22 @@ class TrainLoop:
                 resume.path, self.readers, tuple(resume.readers), self._skip, self.epoch)
 
     def _dumper(self, resume: checkpoints.Resume) -> IncrementalDumper:
-        """The incremental dumper, once the dumps of an interrupted run are moved aside."""
+        """The incremental dumper, once the dumps of an earlier run that this one does not
+        continue are moved aside: those after the restored step, or, starting fresh (no
+        checkpoint, or a fine-tune start), every one (a run killed before its first
+        checkpoint leaves dumps and nothing to resume)."""
         session = self.session
         dumps = os.path.join(session.model_dir, INCREMENTAL_DIR)
-        if session.is_chief and resume.path is not None:
+        if session.is_chief:
             moved = discard_dumps_after(dumps, resume.step)
-            if moved:
+            if moved and resume.path is not None and resume.step:
                 logger.warning("incremental dumps after step %d belong to the run that was "
                                "interrupted; moved to %s (the next dump is full)",
                                resume.step, moved)
+            elif moved:
+                logger.warning("incremental dumps in %s belong to an earlier run that this "
+                               "one, starting at step 0, does not continue; moved to %s (the "
+                               "next dump is full)", dumps, moved)
         return IncrementalDumper(dumps, session.model.embedding.dynamic_tables(),
                                  self.options.incremental_dump_steps,
                                  tag_tables=model_tag_tables(session.model))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 
 import pytest
@@ -128,6 +129,29 @@ def test_resumed_run_moves_the_lost_dumps_aside(data_dir, tmp_path):
     loop.run(str(data_dir))
     with open(os.path.join(dump_path(str(dumps), 3), "meta.json"), encoding="utf-8") as f:
         assert json.load(f)["kind"] == "full"  # a new chain starts after a resume
+
+
+@pytest.mark.parametrize("continue_train", [True, False], ids=["continue", "fresh"])
+def test_a_fresh_start_moves_the_dumps_of_a_run_without_checkpoint_aside(
+        data_dir, tmp_path, caplog, continue_train):
+    model_dir = tmp_path / "model"
+    edits = {**EPOCH, "train_config.incremental_dump_steps": 1,
+             "train_config.save_checkpoints_steps": 100, "train_config.num_steps": 2}
+    small_loop(model_dir, edits=edits).run(str(data_dir))
+    dumps = model_dir / "incremental"
+    # As if the run had been killed after dumping steps 1 and 2 but before any save:
+    shutil.rmtree(model_dir / "model.ckpt-2")
+    assert latest_checkpoint(str(model_dir)) is None
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        loop = small_loop(model_dir, edits=edits, continue_train=continue_train)
+        loop.run(str(data_dir))
+    (moved,) = [p for p in os.listdir(dumps) if p.startswith("discarded-")]
+    assert sorted(os.listdir(dumps / moved)) == [
+        os.path.basename(dump_path(str(dumps), step)) for step in (1, 2)]
+    assert f"moved to {dumps / moved}" in caplog.text
+    assert loop.step == 2
+    with open(os.path.join(dump_path(str(dumps), 1), "meta.json"), encoding="utf-8") as f:
+        assert json.load(f)["kind"] == "full"
 
 
 def test_discard_dumps_after_leaves_earlier_ones(tmp_path):
