@@ -103,13 +103,33 @@ def test_signal_saves_and_the_resumed_run_trains_the_rest_of_the_epoch(data_dir,
         assert torch.equal(want[name], got[name]), name
 
 
-def test_other_reader_layout_is_warned(data_dir, tmp_path, caplog):
+def test_another_batch_size_skips_as_many_rows_as_were_trained(data_dir, tmp_path, caplog):
     model_dir = tmp_path / "model"
-    small_loop(model_dir, edits={**EPOCH, "train_config.num_steps": 2}).run(str(data_dir))
+    small = {**EPOCH, "data_config.batch_size": 128}
+    small_loop(model_dir, edits={**small, "train_config.num_steps": 3}).run(str(data_dir))
+    # 3 batches of 128 trained: the first batch of 256 is skipped (128 rows train again).
     with caplog.at_level(logging.WARNING, logger="hashrec.train"):
-        small_loop(model_dir, edits={**EPOCH, "data_config.batch_size": 128},
-                   continue_train=True)
-    assert "skipped by count" in caplog.text
+        loop = small_loop(model_dir, edits={**EPOCH, "train_config.num_steps": 5},
+                          continue_train=True)
+    assert ("(ranks, loader workers, batch size: (1, 0, 256), were (1, 0, 128)): the "
+            "resumption is only approximate. Epoch 0 had trained 3 batches per rank (384 "
+            "rows); each rank skips the first 1 batches of its share now (256 rows)"
+            ) in caplog.text
+    loop.run(str(data_dir))
+    path = latest_checkpoint(str(model_dir))
+    with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
+        extra = json.load(f)["extra"]
+    assert (extra["epoch_step"], extra["readers"]) == (3, [1, 0, 256])  # in 256-row batches
+    # The same layout again: the 3 batches saved are skipped, the epoch's last 3 trained.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        last = small_loop(model_dir, edits=EPOCH, continue_train=True)
+    sizes = []
+    last.train_step = lambda batch, upcoming=None, step=last.train_step: (
+        sizes.append(batch.batch_size), step(batch, upcoming))
+    last.run(str(data_dir))
+    assert "approximate" not in caplog.text
+    assert sizes == [256, 256, 220] and (last.step, last.epoch) == (8, 1)
 
 
 def test_resumed_run_moves_the_lost_dumps_aside(data_dir, tmp_path):
