@@ -41,10 +41,10 @@ set, whichever comes first; the log says which ended the run. SIGINT and SIGTERM
 end it after the current step with a checkpoint (``hashrec.train.interrupt``).
 A resumed run continues in the epoch it stopped in, past the batches it trained
 (``hashrec.train.checkpoints``; only approximately where the number of ranks, loader
-workers or the batch size changed: ``resumed_batches``); its incremental dumps after the restored step, which
-belong to the interrupted run, are moved aside and the next dump is full. A run that
-starts at step 0 moves every dump it finds aside (a run killed before its first
-checkpoint leaves dumps but nothing to continue).
+workers or the batch size changed: ``resumed_batches``); its incremental dumps after
+the restored step, which belong to the interrupted run, are moved aside and the next
+dump is full. A run that starts at step 0 moves every dump it finds aside (a run killed
+before its first checkpoint leaves dumps but nothing to continue).
 """
 
 from __future__ import annotations
