@@ -142,8 +142,8 @@ class IncrementalDumper:
                 if os.path.exists(final):
                     raise CheckpointError(
                         f"{final}: already exists (a dump of another run); not overwritten: "
-                        f"move it out of {self.output_dir} ({discard_dumps_after.__name__} "
-                        f"does) before dumping step {step} again")
+                        f"move it out of {self.output_dir} (as discard_dumps_after does) "
+                        f"before dumping step {step} again")
                 prepare_temp_dir(tmp, names)
 
         run_on_all_ranks(prepare, f"preparing {tmp}", CheckpointError)
