@@ -166,13 +166,14 @@ def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
     """Loads the owned entries of every shard in ``readers`` into ``table``.
 
     Rows saved in another dtype than the table's (a feature's ``data_type`` changed since
-    the save) are converted, with one INFO line. The next chunk is read and verified on a background thread while the table
-    inserts the current one (read into page-locked memory for a CUDA table). A
-    ``rows`` section holds each (key, tag) once (an export of one table), so the
-    table skips deduplication. ``remap`` maps saved tags to the table's tags (tables
-    of a fused storage matched by name); None loads tags as saved. ``check_held``:
-    check that a table that started empty holds every row (``check_all_held``); a
-    caller loading several checkpoint tables into one checks after the last.
+    the save) are converted, with one INFO line. The next chunk is read and verified on a
+    background thread while the table inserts the current one (read into page-locked
+    memory for a CUDA table). A ``rows`` section holds each (key, tag) once (an export
+    of one table), so the table skips deduplication. ``remap`` maps saved tags to the
+    table's tags (tables of a fused storage matched by name); None loads tags as saved.
+    ``check_held``: check that a table that started empty holds every row
+    (``check_all_held``); a caller loading several checkpoint tables into one checks
+    after the last.
 
     Returns:
         {"rows": rows loaded, "admission": counters loaded}.
