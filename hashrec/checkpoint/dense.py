@@ -7,6 +7,7 @@ the file.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
@@ -24,6 +25,12 @@ logger = logging.getLogger(__name__)
 _READ_BLOCK = 16 << 20
 DENSE_TABLES = "dense_tables"
 ZCH_REMAPPERS = "zch_remappers"
+# Optimizer settings that are no hyperparameters: the parameters, what torch's learning-rate
+# schedulers add, and implementation flags that follow the device (``fused`` on GPUs).
+_NOT_HYPERPARAMETERS = frozenset({"params", "initial_lr", "foreach", "fused", "capturable",
+                                  "differentiable"})
+# The torch optimizers ``_saved_kind`` tells apart (the trainer's dense optimizers).
+_TOLD_APART = frozenset({"SGD", "Adagrad", "Adam", "AdamW"})
 # Module dicts of an embedding collection holding state per table: dense (``num_buckets``)
 # tables' rows and ZCH tables' remappers.
 TABLE_DICTS = (DENSE_TABLES, ZCH_REMAPPERS)
@@ -222,12 +229,108 @@ def restore_model(root: str, entry: dict[str, Any], model: torch.nn.Module,
     return unread
 
 
+def describe_optimizer(optimizer: Any) -> dict[str, Any]:
+    """{"type": class name, "hyperparameters": its settings} of a torch optimizer for
+    meta.json: what a restore checks the configured optimizer against."""
+    return {"type": type(optimizer).__name__,
+            "hyperparameters": _hyperparameters(optimizer.defaults)}
+
+
+def _hyperparameters(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings of an optimizer (or one of its param_groups) that say what it computes,
+    as JSON holds them (tuples as lists): not its parameters, not the implementation flags
+    that follow the device, not values JSON cannot hold."""
+    found = {}
+    for key, value in settings.items():
+        if key in _NOT_HYPERPARAMETERS:
+            continue
+        value = list(value) if isinstance(value, tuple) else value
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        found[key] = value
+    return found
+
+
+def _saved_kind(groups: Any) -> str | None:
+    """The class of the torch optimizer that saved ``groups`` (its param_groups), told by
+    the settings only it has among the dense optimizers the trainer builds: for
+    checkpoints that do not record it. None where they do not tell."""
+    group = groups[0] if isinstance(groups, list) and groups else None
+    if not isinstance(group, dict):
+        return None
+    if "momentum" in group and "dampening" in group:
+        return "SGD"
+    if "lr_decay" in group:
+        return "Adagrad"
+    if "betas" in group and "decoupled_weight_decay" in group:  # torch >= 2.6 saves it
+        return "AdamW" if group["decoupled_weight_decay"] else "Adam"
+    return None
+
+
+def _check_kind(path: str, entry: dict[str, Any], state: Any, optimizer: Any) -> None:
+    """Raises CheckpointError when the saved dense optimizer is of another kind."""
+    wanted = type(optimizer).__name__
+    saved = entry.get("type")
+    if saved is None and wanted in _TOLD_APART:
+        saved = _saved_kind(state.get("param_groups") if isinstance(state, dict) else None)
+    if saved is not None and saved != wanted:
+        raise CheckpointError(
+            f"{path}: dense optimizer {saved} in the checkpoint, {wanted} in the model "
+            f"(train_config.dense_optimizer); restore without optimizer state "
+            f"(--ignore_restore_optimizer) to start {wanted} fresh, or configure {saved} "
+            f"to continue its state")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return "(" + ", ".join(_shown(v) for v in value) + ")"
+    return str(value)
+
+
+def _note_changed(path: str, before: dict[str, Any], after: dict[str, Any]) -> None:
+    """One INFO line naming the hyperparameters that the configured optimizer changes."""
+    changed = [f"{key} {_shown(after[key])} (checkpoint {_shown(before[key])})"
+               for key in sorted(after) if key in before and before[key] != after[key]]
+    if changed:
+        logger.info("%s: the dense optimizer's state is restored with the configured "
+                    "hyperparameters, not the saved ones: %s", path, ", ".join(changed))
+
+
 def restore_optimizer_state(root: str, entry: dict[str, Any], optimizer: Any) -> None:
-    """Loads the dense optimizer state file into ``optimizer``."""
+    """Loads the dense optimizer state file into ``optimizer``.
+
+    The optimizer must be of the kind saved (its class, in meta.json since it is
+    recorded; in older checkpoints told from the saved settings' names). The state per
+    parameter (moments, step counts, momentum buffers) is the checkpoint's; the
+    hyperparameters (lr, weight_decay, betas, eps, momentum ...) stay those ``optimizer``
+    was built with, with one INFO line naming those that differ from the saved ones
+    (older checkpoints record the learning rate of their last step only, which the
+    schedule sets anew at every step: it is not compared there).
+
+    Raises:
+        CheckpointError: another kind of optimizer, or state that does not fit the
+            parameters; the message names the file and says how to start it fresh.
+    """
+    path = os.path.join(root, entry["file"])
     state = load_state(root, entry)
+    _check_kind(path, entry, state, optimizer)
+    configured = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     try:
         optimizer.load_state_dict(state)
     except (ValueError, KeyError, RuntimeError) as e:
         raise CheckpointError(
-            f"{os.path.join(root, entry['file'])}: does not match the dense optimizer ({e}); "
-            f"restore without optimizer state to start it fresh") from None
+            f"{path}: does not match the dense optimizer ({e}); restore without optimizer "
+            f"state (--ignore_restore_optimizer) to start it fresh") from None
+    for group, settings in zip(optimizer.param_groups, configured):
+        group.update(settings)
+    if "hyperparameters" in entry:
+        _note_changed(path, entry["hyperparameters"], _hyperparameters(optimizer.defaults))
+    elif configured:  # the settings as saved (load_state_dict fills in what they lack)
+        before, after = _hyperparameters(state["param_groups"][0]), _hyperparameters(
+            configured[0])
+        before.pop("lr", None)
+        _note_changed(path, before, after)

@@ -83,10 +83,11 @@ def _load_tables(meta: dict[str, Any], dynamic_tables: dict[str, Any],
         counts = {"rows": 0, "admission": 0}
         for source in storage_sources:
             got = load_table(readers[source.storage], storage, table, rank, world_size,
-                             restore_optimizer=False, remap=source.remap)
+                             restore_optimizer=False, remap=source.remap, check_held=False)
             counts = {key: counts[key] + got[key] for key in counts}
         if empty and storage_sources:
-            check_all_held(storage, table, counts["rows"], readers[storage_sources[0].storage])
+            check_all_held(storage, table, counts["rows"], readers[storage_sources[0].storage],
+                           rank, world_size)
         steps = [meta["tables"][s.storage].get("table_step") for s in storage_sources]
         steps = [int(step) for step in steps if step is not None]
         set_table_step(table, max(steps) if steps else None)

@@ -140,7 +140,10 @@ class IncrementalDumper:
             if rank == 0:
                 os.makedirs(self.output_dir, exist_ok=True)
                 if os.path.exists(final):
-                    raise CheckpointError(f"{final}: already exists; not overwritten")
+                    raise CheckpointError(
+                        f"{final}: already exists (a dump of another run); not overwritten: "
+                        f"move it out of {self.output_dir} (as discard_dumps_after does) "
+                        f"before dumping step {step} again")
                 prepare_temp_dir(tmp, names)
 
         run_on_all_ranks(prepare, f"preparing {tmp}", CheckpointError)

@@ -30,7 +30,12 @@ from typing import Any
 import torch
 
 from hashrec.checkpoint import layout
-from hashrec.checkpoint.dense import DENSE_TABLES, describe_dense_tables, save_state
+from hashrec.checkpoint.dense import (
+    DENSE_TABLES,
+    describe_dense_tables,
+    describe_optimizer,
+    save_state,
+)
 from hashrec.checkpoint.dist_util import gather_counts, rank_and_world, run_on_all_ranks
 from hashrec.checkpoint.errors import CheckpointError, disk_full_hint
 from hashrec.checkpoint.shard_file import fsync_dir
@@ -105,8 +110,9 @@ def _write_rank_files(tmp: str, tables: dict[str, Any], model: torch.nn.Module |
         if described:
             dense["model"][DENSE_TABLES] = described
     if rank == 0 and dense_optimizer is not None:
-        dense["optimizer"] = save_state(
-            dense_optimizer.state_dict(), os.path.join(tmp, layout.OPTIMIZER_FILE))
+        dense["optimizer"] = {**save_state(dense_optimizer.state_dict(),
+                                           os.path.join(tmp, layout.OPTIMIZER_FILE)),
+                              **describe_optimizer(dense_optimizer)}
     _pause_for_tests()
     return counts, dense
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,7 @@ from hashrec.checkpoint.pipeline import read_ahead
 from hashrec.checkpoint.shard_file import ShardReader, ShardWriter, dtype_name
 from hashrec.checkpoint.tags import TAG_TABLES, remap_chunk
 from hashrec.table.hashing import owner_of
+from hashrec.table.options import ScoreStrategy
 
 logger = logging.getLogger(__name__)
 
@@ -160,22 +162,27 @@ def iter_owned_rows(readers: list[ShardReader], rank: int, world_size: int,
 
 def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
                world_size: int, restore_optimizer: bool = True,
-               remap: torch.Tensor | None = None) -> dict[str, int]:
+               remap: torch.Tensor | None = None, check_held: bool = True) -> dict[str, int]:
     """Loads the owned entries of every shard in ``readers`` into ``table``.
 
     Rows saved in another dtype than the table's (a feature's ``data_type`` changed since
-    the save) are converted, with one INFO line. The next chunk is read and verified on a background thread while the table
-    inserts the current one (read into page-locked memory for a CUDA table). A
-    ``rows`` section holds each (key, tag) once (an export of one table), so the
-    table skips deduplication. ``remap`` maps saved tags to the table's tags (tables
-    of a fused storage matched by name); None loads tags as saved.
+    the save) are converted, with one INFO line. The next chunk is read and verified on a
+    background thread while the table inserts the current one (read into page-locked
+    memory for a CUDA table). A ``rows`` section holds each (key, tag) once (an export
+    of one table), so the table skips deduplication. ``remap`` maps saved tags to the
+    table's tags (tables of a fused storage matched by name); None loads tags as saved.
+    ``check_held``: check that a table that started empty holds every row
+    (``check_all_held``); a caller loading several checkpoint tables into one checks
+    after the last.
 
     Returns:
         {"rows": rows loaded, "admission": counters loaded}.
 
     Raises:
-        CheckpointError: incompatible dims/optimizer, corrupt data, or a table too
-            small to hold the rows (checked when the table started empty).
+        CheckpointError: incompatible dims/optimizer, corrupt data, or a NO_EVICTION
+            table too small to hold the rows (checked when the table started empty;
+            another table keeps the highest-scored rows, with a warning:
+            ``check_all_held``).
     """
     for reader in readers:
         check_compatible(reader, name, table, restore_optimizer)
@@ -193,20 +200,52 @@ def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
         table.load_state(chunk["keys"].to(device), chunk["tags"].to(device), rows,
                          chunk["scores"].to(device), assume_unique=True)
         loaded += int(chunk["keys"].shape[0])
-    if size_before == 0:
-        check_all_held(name, table, loaded, readers)
+    if check_held and size_before == 0:
+        check_all_held(name, table, loaded, readers, rank, world_size)
     counters = _load_admission(readers, name, table, rank, world_size, remap)
     return {"rows": loaded, "admission": counters}
 
 
-def check_all_held(name: str, table: Any, loaded: int, readers: list[ShardReader]) -> None:
-    """Raises CheckpointError when ``table``, empty before ``loaded`` rows went in from
-    ``readers``, holds fewer (it is too small for them)."""
-    if int(table.size()) != loaded:
+def check_all_held(name: str, table: Any, loaded: int, readers: list[ShardReader],
+                   rank: int = 0, world_size: int = 1) -> int:
+    """Reports the rows of ``readers`` that ``table``, empty before ``loaded`` rows went in,
+    does not hold. Their keys fall into buckets that were full (the checkpoint's table
+    was nearly full, and the keys spread over the buckets otherwise under another number
+    of ranks, or max_capacity is smaller now): there, as in training, the lowest score
+    gave way (evicted, or refused where the incoming row scored lowest). That is a
+    WARNING per table naming the rows loaded, held and lost, and loading goes on: under
+    any number of ranks the highest-scored rows of each bucket are kept.
+
+    Returns:
+        The rows not held (0 when the table holds every row loaded).
+
+    Raises:
+        CheckpointError: rows were lost in a table whose score_strategy is NO_EVICTION:
+            it refused rows in the order they were read, not by score, and never drops
+            a row it holds, so the loss would break its promise.
+    """
+    held = int(table.size())
+    lost = loaded - held
+    if lost <= 0:
+        return 0
+    source = os.path.dirname(readers[0].stem) if readers else "the checkpoint"
+    where = f" on rank {rank} of {world_size}" if world_size > 1 else ""
+    capacity = int(table.options.max_capacity)
+    room = f"room for {capacity}" + (
+        "" if loaded > capacity else ", but the keys fill its buckets unevenly")
+    advice = ("raise its max_capacity (the dynamicemb.max_capacity of its features, counted "
+              "over all ranks)")
+    if table.options.score_strategy is ScoreStrategy.NO_EVICTION:
         raise CheckpointError(
-            f"table {name!r}: loaded {loaded} rows from {readers[0].stem if readers else '?'} "
-            f"and its siblings but the table holds {int(table.size())}; raise its "
-            f"max_capacity (or use more ranks)")
+            f"table {name!r}{where}: {loaded} rows of {source} belong here but the table "
+            f"holds {held} ({room}) and, with score_strategy NO_EVICTION, refused the other "
+            f"{lost} in the order they were read; {advice}")
+    logger.warning(
+        "table %r%s: %d rows of %s belong here, the table holds %d (%s): the %d rows "
+        "(%.1f%%) that scored lowest in full buckets are not restored, as training would "
+        "evict them; %s to keep every row", name, where, loaded, source, held, room, lost,
+        100.0 * lost / loaded, advice)
+    return lost
 
 
 def _load_admission(readers: list[ShardReader], name: str, table: Any, rank: int,

@@ -6,10 +6,19 @@ Checkpoint ``extra`` carries the epoch count and the batches trained of the epoc
 in progress, so a resumed run continues where it stopped: the partly trained
 epoch's first batches are read again (the order of the rest depends on them) but
 not trained. They are the same batches when the readers are laid out as before
-(ranks, loader workers, batch size; also in ``extra``); otherwise the count is
-skipped and a warning says the batches differ. Each rank also saves its random
-generators' states (torch's CPU generator, the training GPU's, and the dynamic tables'
-own: ``TableOptions.seed``'s generator and the in-kernel initializers' seeds), put back before the resumed run's first step: dropout
+(ranks, loader workers, batch size; also in ``extra``). Otherwise the resumption is
+approximate, and a warning says so: each rank skips as many of its batches as cover
+the rows trained in the epoch (``hashrec.train.loop.resumed_batches``: the saved
+count x ranks x batch size then, over ranks x batch size now, rounded down), so that
+the epoch trains at least its row count in all, but not the same rows. Each reader
+(``hashrec.data.sharding``) reads a contiguous range of the rows, cut by the number
+of ranks and loader workers (and, with ``shuffle``, mixes it by a seed of its own), so
+a new layout skips the first rows of each new range: some rows trained before are
+trained again, and up to as many others are not trained in that epoch.
+
+Each rank also saves its random generators' states (torch's CPU generator, the training
+GPU's, and the dynamic tables' own: ``TableOptions.seed``'s generator and the in-kernel
+initializers' seeds), put back before the resumed run's first step: dropout
 and the initial values of rows inserted later draw what an uninterrupted run would
 have, so resuming on the same device and number of ranks trains the same model bit
 for bit (compared on the CPU in the tests). Under another number of ranks (or from a
@@ -60,7 +69,9 @@ def existing_checkpoints(model_dir: str) -> list[str]:
 
 
 def check_model_dir(model_dir: str, continue_train: bool) -> None:
-    """Refuse to train over an existing run unless asked to continue it.
+    """Refuse to train over an existing run unless asked to continue it. Incremental
+    dumps without a checkpoint (a run killed before its first save) are no reason to
+    refuse: the training loop moves them aside before its first dump.
 
     Raises:
         TrainError: ``model_dir`` is a file, or it holds checkpoints and

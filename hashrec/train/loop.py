@@ -40,8 +40,11 @@ set, else ``num_epochs`` (default 1) passes over the training input. With both
 set, whichever comes first; the log says which ended the run. SIGINT and SIGTERM
 end it after the current step with a checkpoint (``hashrec.train.interrupt``).
 A resumed run continues in the epoch it stopped in, past the batches it trained
-(``hashrec.train.checkpoints``); its incremental dumps after the restored step, which
-belong to the interrupted run, are moved aside and the next dump is full.
+(``hashrec.train.checkpoints``; only approximately where the number of ranks, loader
+workers or the batch size changed: ``resumed_batches``); its incremental dumps after
+the restored step, which belong to the interrupted run, are moved aside and the next
+dump is full. A run that starts at step 0 moves every dump it finds aside (a run killed
+before its first checkpoint leaves dumps but nothing to continue).
 """
 
 from __future__ import annotations
@@ -144,6 +147,18 @@ def check_same_input(dataset, path: str, ctx) -> None:
                         f"system)")
 
 
+def resumed_batches(resume: checkpoints.Resume, readers: tuple[int, int, int]) -> int:
+    """Batches per rank of the resumed epoch that a run reading with ``readers`` (ranks,
+    loader workers, batch size) skips: the checkpoint's count, or, where it read with
+    another number of ranks or batch size, as many of this run's batches as cover the
+    rows trained in the epoch, ``epoch_step x ranks x batch size`` then, rounded down
+    (rows may be trained twice, the count never falls short of the epoch's rows)."""
+    if not resume.epoch_step or resume.readers is None:
+        return resume.epoch_step
+    world, _, batch = (int(n) for n in resume.readers)
+    return resume.epoch_step * world * batch // (readers[0] * readers[2])
+
+
 def clip_gradients(parameters, grad_clipping) -> None:
     """Apply ``train_config.grad_clipping`` (norm | value | none) to dense gradients."""
     if grad_clipping is None:
@@ -169,15 +184,15 @@ class TrainLoop:
         self.options = options
         self.step = resume.step
         self.epoch = resume.epoch
-        # Batches trained of the epoch in progress; a resumed run's first epoch skips
-        # those its checkpoint had trained.
-        self.epoch_step = resume.epoch_step
-        self._skip = resume.epoch_step
-        # A resumed run's random generator states, put back before its first step.
-        self._random_state = resume.random_state
         data = session.config.data_config
         self.readers = (session.world_size, int(data.num_workers), int(data.batch_size))
-        self._check_readers(resume)
+        # Batches (per rank) trained of the epoch in progress; a resumed run's first
+        # epoch skips those its checkpoint had trained, counted in this run's batches.
+        self.epoch_step = self._skip = resumed_batches(resume, self.readers)
+        if session.is_chief:
+            self._note_layout(resume)
+        # A resumed run's random generator states, put back before its first step.
+        self._random_state = resume.random_state
         self._signals: StopSignals | None = None
         self._stop_reduction = None  # under several ranks: the last step's, unread
         # Training input per epoch, the next epoch's loader started ahead (run_epoch).
@@ -217,25 +232,39 @@ class TrainLoop:
         self.collections = CollectionSchedule()
         self.dumper = self._dumper(resume) if options.incremental_dump_steps else None
 
-    def _check_readers(self, resume: checkpoints.Resume) -> None:
+    def _note_layout(self, resume: checkpoints.Resume) -> None:
         """Warn when a partly trained epoch is resumed with its batches laid out anew."""
-        if self._skip and resume.readers is not None and tuple(resume.readers) != self.readers:
-            logger.warning(
-                "the training input is read by another layout than when %s was saved "
-                "(ranks, loader workers, batch size: %s, were %s): the first %d batches of "
-                "epoch %d are skipped by count, and they are not the batches trained then",
-                resume.path, self.readers, tuple(resume.readers), self._skip, self.epoch)
+        if not resume.epoch_step or resume.readers is None \
+                or tuple(resume.readers) == self.readers:
+            return
+        world, _, batch = resume.readers
+        logger.warning(
+            "the training input is read by another layout than when %s was saved (ranks, "
+            "loader workers, batch size: %s, were %s): the resumption is only approximate. "
+            "Epoch %d had trained %d batches per rank (%d rows); each rank skips the first "
+            "%d batches of its share now (%d rows), and those are other rows than the ones "
+            "trained: some rows of the epoch are trained twice, others not at all",
+            resume.path, self.readers, tuple(resume.readers), self.epoch, resume.epoch_step,
+            resume.epoch_step * world * batch, self._skip,
+            self._skip * self.readers[0] * self.readers[2])
 
     def _dumper(self, resume: checkpoints.Resume) -> IncrementalDumper:
-        """The incremental dumper, once the dumps of an interrupted run are moved aside."""
+        """The incremental dumper, once the dumps of an earlier run that this one does not
+        continue are moved aside: those after the restored step, or, starting fresh (no
+        checkpoint, or a fine-tune start), every one (a run killed before its first
+        checkpoint leaves dumps and nothing to resume)."""
         session = self.session
         dumps = os.path.join(session.model_dir, INCREMENTAL_DIR)
-        if session.is_chief and resume.path is not None:
+        if session.is_chief:
             moved = discard_dumps_after(dumps, resume.step)
-            if moved:
+            if moved and resume.path is not None and resume.step:
                 logger.warning("incremental dumps after step %d belong to the run that was "
                                "interrupted; moved to %s (the next dump is full)",
                                resume.step, moved)
+            elif moved:
+                logger.warning("incremental dumps in %s belong to an earlier run that this "
+                               "one, starting at step 0, does not continue; moved to %s (the "
+                               "next dump is full)", dumps, moved)
         return IncrementalDumper(dumps, session.model.embedding.dynamic_tables(),
                                  self.options.incremental_dump_steps,
                                  tag_tables=model_tag_tables(session.model))

@@ -1,7 +1,9 @@
-"""Resharding under torch.distributed (gloo, CPU): saved on 2 ranks, loaded on 1 and 4."""
+"""Resharding under torch.distributed (gloo, CPU): saved on 2 ranks, loaded on 1 and 4; a
+nearly full table saved on 2 ranks loads on 1 (its keys fill the buckets unevenly there)."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -14,14 +16,17 @@ from checkpoint_helpers import (
     merge_snapshots,
     snapshot,
     table_options,
+    train_steps,
     trained_table,
 )
 
 from hashrec.checkpoint import CheckpointError, restore_checkpoint, save_checkpoint
+from hashrec.checkpoint.restore import read_complete_meta
 from hashrec.table import HashTable
 from hashrec.table.hashing import owner_of
 
 SAVE_WORLD = 2
+FULL_CAPACITY = 512  # rows over all ranks, as a feature's max_capacity counts them
 
 
 def _init(rank: int, world_size: int, store: str) -> None:
@@ -116,3 +121,34 @@ def test_one_rank_failing_fails_every_rank(saved):
     errors = [torch.load(root / f"failed-{r}.pt")["error"] for r in range(SAVE_WORLD)]
     assert "embedding dim 4" in errors[1]
     assert "another rank" in errors[0]
+
+
+def _full_table(world_size: int) -> HashTable:
+    """A rank's share of a table of FULL_CAPACITY rows over ``world_size`` ranks."""
+    return HashTable(table_options(admission=False,
+                                   max_capacity=math.ceil(FULL_CAPACITY / world_size)))
+
+
+def _save_full_worker(rank: int, world_size: int, store: str, model_dir: str) -> None:
+    _init(rank, world_size, store)
+    table = _full_table(world_size)
+    train_steps(table, 1, 20, rank=rank, world_size=world_size)  # about 650 keys
+    save_checkpoint(model_dir, 20, None, None, {"t": table})
+    dist.destroy_process_group()
+
+
+def test_a_nearly_full_table_saved_on_two_ranks_loads_on_one_with_a_warning(tmp_path, caplog):
+    model_dir = str(tmp_path / "model")
+    mp.spawn(_save_full_worker, args=(SAVE_WORLD, str(tmp_path / "store"), model_dir),
+             nprocs=SAVE_WORLD, join=True)
+    path = os.path.join(model_dir, "model.ckpt-20")
+    saved = read_complete_meta(path)["tables"]["t"]["num_rows"]
+    assert saved > 0.95 * FULL_CAPACITY
+    table = _full_table(1)
+    with caplog.at_level("WARNING", logger="hashrec.checkpoint.table_io"):
+        meta = restore_checkpoint(path, None, None, {"t": table})
+    held = int(table.size())
+    assert meta["loaded"]["t"]["rows"] == saved and held < saved
+    assert (f"table 't': {saved} rows of {path}/dynamicemb/t belong here, the table holds "
+            f"{held} (room for {FULL_CAPACITY}, but the keys fill its buckets unevenly): the "
+            f"{saved - held} rows") in caplog.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 
@@ -97,11 +98,59 @@ def test_unknown_table_and_missing_dense_state(tmp_path):
         restore_checkpoint(path, torch.nn.Linear(2, 2), None, {})
 
 
-def test_table_too_small_is_an_error(tmp_path):
-    table = trained_table()
-    path = save_checkpoint(str(tmp_path), 1, None, None, {"t": table})
-    small = HashTable(table_options(max_capacity=32))
-    with pytest.raises(CheckpointError, match=r"table 't': loaded \d+ rows .* max_capacity"):
+def _scored_table(rows: int, options) -> HashTable:
+    """A table of ``rows`` keys whose scores are a permutation of 1..rows."""
+    table = HashTable(options)
+    keys = torch.randperm(10 * rows, generator=torch.Generator().manual_seed(3))[:rows]
+    scores = torch.randperm(rows, generator=torch.Generator().manual_seed(4)) + 1
+    values = torch.randn(rows, table.row_dim, generator=torch.Generator().manual_seed(5))
+    table.load_state(keys, None, values, scores)
+    return table
+
+
+@pytest.mark.parametrize("capacity", [256, 608], ids=["cap256", "cap608"])
+def test_a_table_too_small_keeps_the_highest_scored_rows_with_a_warning(tmp_path, caplog,
+                                                                        capacity):
+    # 600 rows into room for 256 (max_capacity lowered), or for 608 in buckets that the
+    # keys fill unevenly (as under another number of ranks).
+    options = table_options(admission=False, max_capacity=4096)
+    saved = _scored_table(600, options)
+    path = save_checkpoint(str(tmp_path), 1, None, None, {"t": saved})
+    small = HashTable(table_options(admission=False, max_capacity=capacity))
+    with caplog.at_level("WARNING", logger="hashrec.checkpoint.table_io"):
+        meta = restore_checkpoint(path, None, None, {"t": small})
+    held = int(small.size())
+    assert meta["loaded"]["t"]["rows"] == 600 and 0 < held < 600
+    assert (f"table 't': 600 rows of {path}/dynamicemb/t belong here, the table holds "
+            f"{held} (room for {capacity}") in caplog.text
+    assert (f"the {600 - held} rows ({100 * (600 - held) / 600:.1f}%) that scored lowest in "
+            f"full buckets are not restored") in caplog.text
+    assert "raise its max_capacity (the dynamicemb.max_capacity" in caplog.text
+    # The rows kept are the saved rows, and mostly those of the highest scores.
+    want, got = snapshot(saved), snapshot(small)
+    at = {int(k): i for i, k in enumerate(want["keys"])}
+    index = torch.tensor([at[int(k)] for k in got["keys"]])
+    assert torch.equal(got["rows"], want["rows"][index])
+    assert torch.equal(got["scores"], want["scores"][index])
+    kept = set(index.tolist())
+
+    def kept_share(scores: torch.Tensor) -> float:
+        chosen = set(torch.topk(scores, held // 2).indices.tolist())
+        return len(chosen & kept) / len(chosen)
+
+    top, bottom = kept_share(want["scores"]), kept_share(-want["scores"])
+    assert top >= 0.95 and bottom < top - 0.1, (top, bottom)
+
+
+def test_a_no_eviction_table_too_small_is_an_error(tmp_path):
+    options = table_options(admission=False, max_capacity=4096)
+    path = save_checkpoint(str(tmp_path), 1, None, None, {"t": _scored_table(600, options)})
+    small = HashTable(dataclasses.replace(options, max_capacity=256,
+                                          score_strategy="NO_EVICTION"))
+    with pytest.raises(CheckpointError, match=(
+            r"table 't': 600 rows of .*/dynamicemb/t belong here but the table holds \d+ "
+            r"\(room for 256\) and, with score_strategy NO_EVICTION, refused the other \d+ "
+            r"in the order they were read; raise its max_capacity")):
         restore_checkpoint(path, None, None, {"t": small})
 
 

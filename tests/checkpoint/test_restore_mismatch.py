@@ -1,5 +1,6 @@
-"""Restoring into a changed model: dense tables with another sparse optimizer, changed
-dims named in config terms, and paths that are not one checkpoint."""
+"""Restoring into a changed model: dense tables with another sparse optimizer, another
+dense optimizer or its hyperparameters changed, changed dims named in config terms, and
+paths that are not one checkpoint."""
 
 from __future__ import annotations
 
@@ -74,6 +75,85 @@ def test_changed_sparse_optimizer_with_optimizer_names_the_flag(tmp_path):
     with pytest.raises(CheckpointError, match=r"dense table 'cms_segid'.*SparseAdagrad.*"
                                               r"SparseAdam.*--ignore_restore_optimizer"):
         restore_checkpoint(path, _Model(SparseAdam(lr=0.01)), None, {})
+
+
+def _stepped(optimizer_class, **settings) -> tuple[_Model, torch.optim.Optimizer]:
+    """A model whose dense layer took two steps of ``optimizer_class(**settings)``."""
+    model = _Model(SparseAdagrad(lr=0.1), seed=2)
+    optimizer = optimizer_class(model.linear.parameters(), **settings)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model.linear(torch.ones(3, 4)).sum().backward()
+        optimizer.step()
+    return model, optimizer
+
+
+def _forget_optimizer_record(path: str) -> None:
+    """Make ``path`` look like a checkpoint of a version that did not record the dense
+    optimizer's kind and hyperparameters."""
+    meta_path = os.path.join(path, "meta.json")
+    with open(meta_path, encoding="utf-8") as f:
+        meta = json.load(f)
+    for key in ("type", "hyperparameters"):
+        del meta["dense"]["optimizer"][key]
+    with open(meta_path, "w", encoding="utf-8") as f:
+        json.dump(meta, f)
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "before-record"])
+@pytest.mark.parametrize("saved, configured", [
+    ((torch.optim.Adam, "Adam"), (torch.optim.SGD, "SGD")),
+    ((torch.optim.SGD, "SGD"), (torch.optim.Adagrad, "Adagrad")),
+    ((torch.optim.Adam, "Adam"), (torch.optim.AdamW, "AdamW")),
+], ids=["adam-sgd", "sgd-adagrad", "adam-adamw"])
+def test_another_dense_optimizer_is_named_with_the_flag(tmp_path, recorded, saved,
+                                                        configured):
+    model, optimizer = _stepped(saved[0], lr=0.01)
+    path = save_checkpoint(str(tmp_path), 2, model, optimizer, {})
+    if not recorded:
+        _forget_optimizer_record(path)
+    new = _Model(SparseAdagrad(lr=0.1), seed=3)
+    other = configured[0](new.linear.parameters(), lr=0.01)
+    with pytest.raises(CheckpointError, match=(
+            rf"{path}/optimizer\.pt: dense optimizer {saved[1]} in the checkpoint, "
+            rf"{configured[1]} in the model \(train_config\.dense_optimizer\); restore "
+            rf"without optimizer state \(--ignore_restore_optimizer\)")):
+        restore_checkpoint(path, new, other, {})
+    # Without optimizer state the model is restored and the configured optimizer steps.
+    restore_checkpoint(path, new, other, {}, restore_optimizer=False)
+    assert torch.equal(new.linear.weight, model.linear.weight)
+    new.linear(torch.ones(3, 4)).sum().backward()
+    other.step()
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "before-record"])
+def test_the_configured_dense_hyperparameters_win_over_the_saved_ones(tmp_path, caplog,
+                                                                      recorded):
+    model, optimizer = _stepped(torch.optim.AdamW, lr=0.01, weight_decay=0.0)
+    path = save_checkpoint(str(tmp_path), 2, model, optimizer, {})
+    if not recorded:
+        _forget_optimizer_record(path)
+    new = _Model(SparseAdagrad(lr=0.1), seed=3)
+    changed = torch.optim.AdamW(new.linear.parameters(), lr=0.02, weight_decay=0.5,
+                                betas=(0.8, 0.999))
+    with caplog.at_level("INFO", logger="hashrec.checkpoint.dense"):
+        restore_checkpoint(path, new, changed, {})
+    (group,) = changed.param_groups
+    assert (group["lr"], group["weight_decay"], group["betas"]) == (0.02, 0.5, (0.8, 0.999))
+    saved_state = optimizer.state[optimizer.param_groups[0]["params"][0]]
+    state = changed.state[group["params"][0]]
+    assert torch.equal(state["exp_avg"], saved_state["exp_avg"])
+    assert float(state["step"]) == 2
+    lr = "lr 0.02 (checkpoint 0.01), " if recorded else ""  # older ones: the step's lr
+    assert (f"{path}/optimizer.pt: the dense optimizer's state is restored with the "
+            f"configured hyperparameters, not the saved ones: betas (0.8, 0.999) (checkpoint "
+            f"(0.9, 0.999)), {lr}weight_decay 0.5 (checkpoint 0)") in caplog.text
+    caplog.clear()
+    same = _Model(SparseAdagrad(lr=0.1), seed=3)
+    with caplog.at_level("INFO", logger="hashrec.checkpoint.dense"):
+        restore_checkpoint(path, same, torch.optim.AdamW(same.linear.parameters(), lr=0.01,
+                                                         weight_decay=0.0), {})
+    assert "hyperparameters" not in caplog.text
 
 
 @pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "before-record"])

@@ -213,3 +213,35 @@ def test_ranks_reading_other_files_are_refused(tmp_path):
                          env={**env, "PYTHONPATH": ROOT})
     assert run.returncode != 0
     assert "differs between ranks (rank 0: 2 files" in run.stderr, run.stderr[-4000:]
+
+
+def _train_on(ranks: int, model_dir, data, edits: dict, *args: str
+              ) -> subprocess.CompletedProcess:
+    """train_eval on ``ranks`` CPU ranks (1: a plain process) of the 801 rows of ``data``."""
+    module = ("hashrec.train_eval", "--pipeline_config_path", CONFIG, "--model_dir",
+              str(model_dir), "--train_input_path", str(data / "train"), *args)
+    edits = {"eval_input_path": "", **edits}
+    cmd = _torchrun_cmd(*module, edits=edits) if ranks == 2 else [
+        sys.executable, "-m", *module, "--edit_config_json", json.dumps({**EDITS, **edits})]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
+
+
+@pytest.mark.parametrize("before, after, trained, steps", [(1, 2, 4, 2), (2, 1, 2, 5)],
+                         ids=["1to2", "2to1"])
+def test_resuming_on_other_ranks_skips_the_rows_trained(tmp_path, before, after, trained,
+                                                        steps):
+    # 801 rows in batches of 100: one rank reads 9 batches an epoch, two ranks 4 each
+    # (5 and 4). The epoch's rows trained before the stop (trained x before x 100) are
+    # skipped as whole batches of the new layout: 1 -> 2 ranks skips 2 of 4, 2 -> 1 ranks
+    # 4 of 9.
+    data = tmp_path / "data"
+    generate(str(data), 801, seed=5, scale=0.001, eval_rows=EVAL_ROWS, quiet=True)
+    model_dir = tmp_path / "model"
+    first = _train_on(before, model_dir, data, {"train_config.num_steps": trained})
+    assert first.returncode == 0, first.stderr[-4000:]
+    again = _train_on(after, model_dir, data, {}, "--continue_train")
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "the resumption is only approximate" in again.stderr
+    assert f"training ends at step {trained + steps}: 1 of num_epochs 1 done" in again.stderr
+    assert os.path.isfile(model_dir / f"model.ckpt-{trained + steps}" / "DONE")

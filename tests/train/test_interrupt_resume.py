@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 
 import pytest
@@ -123,13 +124,33 @@ def test_a_damaged_rank_state_stops_a_resume_but_not_eval_or_export(data_dir, tm
                    continue_train=True)
 
 
-def test_other_reader_layout_is_warned(data_dir, tmp_path, caplog):
+def test_another_batch_size_skips_as_many_rows_as_were_trained(data_dir, tmp_path, caplog):
     model_dir = tmp_path / "model"
-    small_loop(model_dir, edits={**EPOCH, "train_config.num_steps": 2}).run(str(data_dir))
+    small = {**EPOCH, "data_config.batch_size": 128}
+    small_loop(model_dir, edits={**small, "train_config.num_steps": 3}).run(str(data_dir))
+    # 3 batches of 128 trained: the first batch of 256 is skipped (128 rows train again).
     with caplog.at_level(logging.WARNING, logger="hashrec.train"):
-        small_loop(model_dir, edits={**EPOCH, "data_config.batch_size": 128},
-                   continue_train=True)
-    assert "skipped by count" in caplog.text
+        loop = small_loop(model_dir, edits={**EPOCH, "train_config.num_steps": 5},
+                          continue_train=True)
+    assert ("(ranks, loader workers, batch size: (1, 0, 256), were (1, 0, 128)): the "
+            "resumption is only approximate. Epoch 0 had trained 3 batches per rank (384 "
+            "rows); each rank skips the first 1 batches of its share now (256 rows)"
+            ) in caplog.text
+    loop.run(str(data_dir))
+    path = latest_checkpoint(str(model_dir))
+    with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
+        extra = json.load(f)["extra"]
+    assert (extra["epoch_step"], extra["readers"]) == (3, [1, 0, 256])  # in 256-row batches
+    # The same layout again: the 3 batches saved are skipped, the epoch's last 3 trained.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        last = small_loop(model_dir, edits=EPOCH, continue_train=True)
+    sizes = []
+    last.train_step = lambda batch, upcoming=None, step=last.train_step: (
+        sizes.append(batch.batch_size), step(batch, upcoming))
+    last.run(str(data_dir))
+    assert "approximate" not in caplog.text
+    assert sizes == [256, 256, 220] and (last.step, last.epoch) == (8, 1)
 
 
 def test_resumed_run_moves_the_lost_dumps_aside(data_dir, tmp_path):
@@ -149,6 +170,29 @@ def test_resumed_run_moves_the_lost_dumps_aside(data_dir, tmp_path):
     loop.run(str(data_dir))
     with open(os.path.join(dump_path(str(dumps), 3), "meta.json"), encoding="utf-8") as f:
         assert json.load(f)["kind"] == "full"  # a new chain starts after a resume
+
+
+@pytest.mark.parametrize("continue_train", [True, False], ids=["continue", "fresh"])
+def test_a_fresh_start_moves_the_dumps_of_a_run_without_checkpoint_aside(
+        data_dir, tmp_path, caplog, continue_train):
+    model_dir = tmp_path / "model"
+    edits = {**EPOCH, "train_config.incremental_dump_steps": 1,
+             "train_config.save_checkpoints_steps": 100, "train_config.num_steps": 2}
+    small_loop(model_dir, edits=edits).run(str(data_dir))
+    dumps = model_dir / "incremental"
+    # As if the run had been killed after dumping steps 1 and 2 but before any save:
+    shutil.rmtree(model_dir / "model.ckpt-2")
+    assert latest_checkpoint(str(model_dir)) is None
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        loop = small_loop(model_dir, edits=edits, continue_train=continue_train)
+        loop.run(str(data_dir))
+    (moved,) = [p for p in os.listdir(dumps) if p.startswith("discarded-")]
+    assert sorted(os.listdir(dumps / moved)) == [
+        os.path.basename(dump_path(str(dumps), step)) for step in (1, 2)]
+    assert f"moved to {dumps / moved}" in caplog.text
+    assert loop.step == 2
+    with open(os.path.join(dump_path(str(dumps), 1), "meta.json"), encoding="utf-8") as f:
+        assert json.load(f)["kind"] == "full"
 
 
 def test_discard_dumps_after_leaves_earlier_ones(tmp_path):
