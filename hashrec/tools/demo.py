@@ -27,6 +27,8 @@ import time
 
 import torch
 
+from hashrec.tools.gen_output import count, positive_float
+
 EXAMPLE_CONFIG = os.path.join("examples", "multi_tower_din_taobao_dynamicemb.config")
 MARKER = ".hashrec_demo"
 # The source checkout's root, where the package runs from one (an editable install).
@@ -68,12 +70,22 @@ def demo_edits(batch_size: int, num_epochs: int, config=None) -> dict:
 
 
 def auc_summary(result: dict) -> str:
-    """``eval AUC 0.6441``, or each task's (``eval auc_ctr 0.61, auc_cvr 0.66``)."""
+    """``eval AUC 0.6441``, or each task's (``eval auc_ctr 0.61, auc_cvr 0.66``); an AUC
+    the evaluation left undefined (null: its rows hold one class) reads ``n/a``."""
     if "auc" in result:
-        return f"eval AUC {result['auc']:.4f}"
-    aucs = [f"{key} {value:.4f}" for key, value in result.items()
-            if key.startswith("auc") and isinstance(value, float)]
-    return "eval " + ", ".join(aucs) if aucs else "no AUC in the evaluation"
+        aucs = {"AUC": result["auc"]}
+    else:
+        aucs = {key: value for key, value in result.items()
+                if key.startswith("auc") and (value is None or isinstance(value, float))}
+    if not aucs:
+        return "no AUC in the evaluation"
+    shown = "eval " + ", ".join(f"{key} {'n/a' if value is None else f'{value:.4f}'}"
+                                for key, value in aucs.items())
+    if None not in aucs.values():
+        return shown
+    if len(aucs) == 1:
+        return f"{shown} (the evaluation rows hold one class)"
+    return f"{shown} (n/a: the evaluation rows hold one class of that task's label)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -86,13 +98,29 @@ def _parser() -> argparse.ArgumentParser:
                         help="where data/ and model/ go (default demo_output)")
     parser.add_argument("--config", default=EXAMPLE_CONFIG,
                         help=f"pipeline config to train (default {EXAMPLE_CONFIG})")
-    parser.add_argument("--num_rows", type=int, default=60000, help="training rows")
-    parser.add_argument("--eval_rows", type=int, default=15000, help="evaluation rows")
-    parser.add_argument("--scale", type=float, default=0.002,
+    parser.add_argument("--num_rows", type=count(), default=60000,
+                        help="training rows (default 60000)")
+    parser.add_argument("--eval_rows", type=count(), default=15000,
+                        help="evaluation rows (default 15000)")
+    parser.add_argument("--scale", type=positive_float, default=0.002,
                         help="ID-space scale of the generator (1 = Taobao sizes)")
-    parser.add_argument("--batch_size", type=int, default=1024)
-    parser.add_argument("--num_epochs", type=int, default=2)
+    parser.add_argument("--batch_size", type=count(), default=1024,
+                        help="rows per batch (default 1024)")
+    parser.add_argument("--num_epochs", type=count(), default=2,
+                        help="passes over the training rows (default 2)")
     return parser
+
+
+def _check_work_dir(parser: argparse.ArgumentParser, work_dir: str) -> None:
+    """Exit 2 (a usage error) when ``work_dir`` cannot be a directory: it, or the
+    nearest of its parents that exists, is not one."""
+    existing = os.path.abspath(work_dir)
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        what = "is a file" if existing == os.path.abspath(work_dir) else \
+            f"is below the file {existing}"
+        parser.error(f"--work_dir {work_dir!r} {what}; name a directory")
 
 
 def _prepare_work_dir(work_dir: str) -> None:
@@ -107,7 +135,9 @@ def _prepare_work_dir(work_dir: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_work_dir(parser, args.work_dir)
     from hashrec import train_eval
     from hashrec.config import ConfigError, load_pipeline_config
     from hashrec.tools.gen_taobao_data import generate

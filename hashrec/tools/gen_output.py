@@ -149,8 +149,12 @@ def generator_parser(name: str, description: str, marker: str, scale_default: fl
                    help="rows to write (training rows when --eval_rows is given); "
                         "whole numbers in e-notation such as 1e6 are accepted")
     p.add_argument("--num_files", type=count(), default=1,
-                   help="parquet files per split (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+                   help="parquet files of the training split, or of the one split without "
+                        "--eval_rows (default 1); the eval split gets files in proportion "
+                        "to its rows: round(num_files * eval_rows / num_rows), at least 1 "
+                        "and at most num_files")
+    p.add_argument("--seed", type=count(0), default=0,
+                   help="random seed, a whole number >= 0 (default 0)")
     p.add_argument("--scale", type=positive_float, default=scale_default, help=scale_help)
     p.add_argument("--eval_rows", type=count(0), default=0, help=eval_help)
     p.add_argument("--row_group_size", type=count(), default=65536,

@@ -33,6 +33,53 @@ def test_auc_summary_names_each_task():
     assert auc_summary({"mean_squared_error": 1.5}) == "no AUC in the evaluation"
 
 
+def test_an_undefined_auc_reads_n_a():
+    # eval_result.txt holds null for the AUC of rows of one class.
+    assert auc_summary({"auc": None, "step": 2}) == \
+        "eval AUC n/a (the evaluation rows hold one class)"
+    assert auc_summary({"auc_ctr": 0.61, "auc_cvr": None}) == (
+        "eval auc_ctr 0.6100, auc_cvr n/a (n/a: the evaluation rows hold one class of that "
+        "task's label)")
+
+
+def test_three_evaluation_rows_of_one_class_end_with_n_a(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    code = main(["--work_dir", str(tmp_path / "demo"), "--num_rows", "200", "--eval_rows",
+                 "3", "--num_epochs", "1"])
+    assert code == 0
+    (done,) = [line for line in capsys.readouterr().out.splitlines() if "[demo] done" in line]
+    assert "eval AUC n/a (the evaluation rows hold one class) at step 1 on 3 rows" in done
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num_rows", "-5"], "argument --num_rows: must be >= 1, got -5"),
+    (["--num_rows", "0"], "argument --num_rows: must be >= 1, got 0"),
+    (["--eval_rows", "0"], "argument --eval_rows: must be >= 1, got 0"),
+    (["--batch_size", "-1"], "argument --batch_size: must be >= 1, got -1"),
+    (["--num_epochs", "0"], "argument --num_epochs: must be >= 1, got 0"),
+    (["--scale", "0"], "argument --scale: must be > 0, got 0"),
+], ids=["negative-rows", "no-rows", "no-eval-rows", "negative-batch", "no-epochs", "scale0"])
+def test_bad_sizes_are_usage_errors_before_any_work(tmp_path, capsys, args, message):
+    work = tmp_path / "demo"
+    with pytest.raises(SystemExit) as stop:
+        main(["--work_dir", str(work), *args])
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not work.exists()
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["file", "below-a-file"])
+def test_a_work_dir_that_cannot_be_a_directory_is_a_usage_error(tmp_path, capsys, below):
+    (tmp_path / "afile").write_text("")
+    work = tmp_path / "afile" / "demo" if below else tmp_path / "afile"
+    with pytest.raises(SystemExit) as stop:
+        main(["--work_dir", str(work)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--work_dir '{work}' " in err and "name a directory" in err
+    assert (tmp_path / "afile").read_text() == ""
+
+
 def test_the_demo_trains_the_multi_task_example(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     code = main(["--work_dir", str(tmp_path / "demo"), "--num_rows", "4000", "--eval_rows",

@@ -75,3 +75,11 @@ def test_the_dlrm_example_learns_the_generated_data(tmp_path):
          "train_config.num_epochs": 2})
     result = train_and_evaluate(config)
     assert result["num_examples"] == 5000 and result["auc"] > 0.6
+
+
+def test_a_negative_seed_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--output_dir", str(tmp_path / "d"), "--num_rows", "10", "--seed", "-1"])
+    assert stop.value.code == 2
+    assert "argument --seed: must be >= 0, got -1" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()

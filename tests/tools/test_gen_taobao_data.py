@@ -205,8 +205,9 @@ def test_row_counts_accept_whole_numbers_in_e_notation(tmp_path):
     (["--num_rows", "5", "--scale", "-1"], "--scale: must be > 0, got -1"),
     (["--num_rows", "5", "--scale", "x"], "--scale: expected a number, got 'x'"),
     (["--num_rows", "5", "--eval_rows", "-2"], "--eval_rows: must be >= 0, got -2"),
+    (["--num_rows", "5", "--seed", "-1"], "--seed: must be >= 0, got -1"),
 ], ids=["zero-rows", "fractional-rows", "word-rows", "negative-scale", "word-scale",
-        "negative-eval-rows"])
+        "negative-eval-rows", "negative-seed"])
 def test_command_line_rejects_bad_arguments(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit):
         main(["--output_dir", str(tmp_path), *args])
