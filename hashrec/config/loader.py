@@ -33,12 +33,21 @@ def parse_pipeline_config(text: str, source: str = "<string>") -> EasyRecConfig:
 
 
 def load_pipeline_config(path: str | Path) -> EasyRecConfig:
-    """Read a pipeline config file (strict; see :func:`parse_pipeline_config`)."""
+    """Read a pipeline config file (strict; see :func:`parse_pipeline_config`).
+
+    Raises:
+        ConfigError: the file cannot be read, is not UTF-8 text, or does not parse;
+            the message names the file.
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read pipeline config {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"cannot read pipeline config {path}: not UTF-8 text (byte "
+                          f"0x{err.object[err.start]:02x} at offset {err.start}); save it "
+                          f"as UTF-8 protobuf text format") from None
     return parse_pipeline_config(text, str(path))
 
 

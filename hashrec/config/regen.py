@@ -1,6 +1,7 @@
 """Regenerate the committed ``*_pb2.py`` modules from the ``.proto`` files.
 
-Run from anywhere (needs ``grpcio-tools``, a test dependency)::
+Run from anywhere (needs ``grpcio-tools``, which ``make test`` does not install:
+``pip install grpcio-tools``; without it the tests skip the staleness check)::
 
     python -m hashrec.config.regen            # rewrite hashrec/config/*_pb2.py
     python -m hashrec.config.regen --check    # exit 1 when the committed code is stale
@@ -33,6 +34,10 @@ _VERSION_LINES = re.compile(r"^# (?:NO CHECKED-IN PROTOBUF GENCODE|Protobuf Pyth
                             re.MULTILINE)
 
 
+class RegenError(RuntimeError):
+    """The generated code cannot be made here (no grpcio-tools, protoc failed)."""
+
+
 def proto_files() -> list[Path]:
     """The schema's ``.proto`` files, sorted."""
     return sorted(CONFIG_DIR.glob("*.proto"))
@@ -50,17 +55,22 @@ def make_portable(source: str) -> str:
 
 
 def generate() -> dict[str, str]:
-    """Compile every ``.proto`` with grpc_tools' protoc: {module file name: portable source}."""
+    """Compile every ``.proto`` with grpc_tools' protoc: {module file name: portable source}.
+
+    Raises:
+        RegenError: grpcio-tools is not installed, or protoc failed.
+    """
     try:
         from grpc_tools import protoc
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise RuntimeError("regenerating the schema needs grpcio-tools "
-                           "(pip install grpcio-tools)") from err
+    except ImportError:
+        raise RegenError("regenerating the config code needs grpcio-tools, which is not "
+                         "installed; pip install grpcio-tools") from None
     with tempfile.TemporaryDirectory() as out:
         args = ["protoc", f"-I{REPO_ROOT}", f"--python_out={out}"]
         args += [str(p.relative_to(REPO_ROOT)) for p in proto_files()]
         if protoc.main(args) != 0:
-            raise RuntimeError(f"protoc failed on {[p.name for p in proto_files()]}")
+            raise RegenError(f"protoc failed on {[p.name for p in proto_files()]} (its "
+                             f"messages are above)")
         generated = Path(out) / CONFIG_DIR.relative_to(REPO_ROOT)
         return {p.name: make_portable(p.read_text()) for p in sorted(generated.glob("*_pb2.py"))}
 
@@ -78,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="only report stale modules; exit 1 if any")
     args = parser.parse_args(argv)
-    generated = generate()
+    try:
+        generated = generate()
+    except RegenError as err:
+        print(f"python -m hashrec.config.regen: error: {err}", file=sys.stderr)
+        return 1
     stale = stale_modules(generated)
     if args.check:
         if stale:

@@ -91,6 +91,14 @@ def test_missing_file(tmp_path):
         load_pipeline_config(tmp_path / "nope.config")
 
 
+def test_a_file_that_is_not_utf8_names_the_file_and_the_byte(tmp_path):
+    path = tmp_path / "latin1.config"
+    path.write_bytes('model_dir: "m"\n# caf\xe9\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match=rf"^cannot read pipeline config {path}: not UTF-8 "
+                                          rf"text \(byte 0xe9 at offset 20\)"):
+        load_pipeline_config(path)
+
+
 def test_save_round_trip(tmp_path):
     config = load_pipeline_config(TAOBAO_CONFIG)
     save_pipeline_config(config, tmp_path / "sub" / "saved.config")

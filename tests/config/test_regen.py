@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from hashrec.config import regen
@@ -11,6 +13,14 @@ def test_committed_code_is_fresh():
     pytest.importorskip("grpc_tools")
     stale = regen.stale_modules(regen.generate())
     assert stale == [], f"run python -m hashrec.config.regen (stale: {stale})"
+
+
+def test_without_grpcio_tools_the_command_says_to_install_it(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "grpc_tools", None)  # as if not installed
+    assert regen.main(["--check"]) == 1
+    assert capsys.readouterr().err == (
+        "python -m hashrec.config.regen: error: regenerating the config code needs "
+        "grpcio-tools, which is not installed; pip install grpcio-tools\n")
 
 
 def test_generated_code_has_no_runtime_version_check():

@@ -218,6 +218,17 @@ def test_embeddings_joined_by_another_separator_fail_and_name_it(tmp_path, capsy
     assert os.path.isdir(tmp_path / "s" / "model.ckpt-0")
 
 
+def test_a_config_that_is_not_utf8_is_one_error_naming_it(tmp_path, capsys):
+    config = tmp_path / "c.config"
+    config.write_bytes(b"\xff")
+    assert main(["--pipeline_config_path", str(config), "--world_size", "1", "--save_dir",
+                 str(tmp_path / "s")]) == 1
+    assert capsys.readouterr().err == (f"error: cannot read pipeline config {config}: not "
+                                       f"UTF-8 text (byte 0xff at offset 0); save it as UTF-8 "
+                                       f"protobuf text format\n")
+    assert not (tmp_path / "s").exists()
+
+
 def test_mostly_bad_rows_warn_with_a_bad_value(tmp_path, caplog):
     emb = _embeddings(10)
     rows = [(";" if i < 6 else ",").join(f"{v:.3f}" for v in r) for i, r in enumerate(emb)]
