@@ -22,7 +22,7 @@ import torch
 from hashrec.checkpoint import layout
 from hashrec.checkpoint.errors import CheckpointError
 from hashrec.checkpoint.identity import IdentityIndex
-from hashrec.checkpoint.incremental import EVICTED
+from hashrec.checkpoint.incremental import DUMP_PREFIX, EVICTED
 from hashrec.checkpoint.restore import open_table_shards, read_complete_meta
 from hashrec.checkpoint.save import commit_directory, prepare_temp_dir
 from hashrec.checkpoint.shard_file import ShardReader, ShardWriter
@@ -169,6 +169,14 @@ def _apply_table(tmp: str, name: str, base: str, base_meta: dict[str, Any],
     return shards
 
 
+def _base_kind(path: str) -> str:
+    """What the base directory is called in an error, as far as its name tells."""
+    name = os.path.basename(os.path.normpath(path))
+    if name.startswith(DUMP_PREFIX):
+        return "dump"
+    return "checkpoint" if layout.is_checkpoint_name(name) else "full dump or checkpoint"
+
+
 def apply_deltas(base: str, deltas: list[str], output: str,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS) -> str:
     """Writes ``output``: the base dump or checkpoint with ``deltas`` applied in order.
@@ -190,12 +198,16 @@ def apply_deltas(base: str, deltas: list[str], output: str,
     """
     if os.path.exists(output):
         raise CheckpointError(f"{output}: already exists; not overwritten")
-    base_meta = read_complete_meta(base)
-    delta_metas = [(path, read_complete_meta(path)) for path in deltas]
+    base_meta = read_complete_meta(base, _base_kind(base))
+    delta_metas = [(path, read_complete_meta(path, "dump")) for path in deltas]
     _check_chain(base, base_meta, delta_metas)
     names = sorted(base_meta["tables"])
     tmp = output.rstrip(os.sep) + layout.TEMP_SUFFIX
-    prepare_temp_dir(tmp, names)
+    try:
+        prepare_temp_dir(tmp, names)
+    except OSError as err:  # a file where a folder of the path should be, no permission
+        raise CheckpointError(f"cannot create {output}: {err.strerror}; name a new path in "
+                              f"a directory you can write") from None
     tables = {}
     for name in names:
         shards = _apply_table(tmp, name, base, base_meta, delta_metas, chunk_rows)

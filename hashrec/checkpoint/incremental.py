@@ -12,7 +12,8 @@ The first dump has no previous state and is therefore a full dump (so is the fir
 of a resumed run, which moves the dumps after its checkpoint's step aside first:
 ``discard_dumps_after``). Layout::
 
-    output_dir/dump-<step>/meta.json  (kind "full" or "delta", step, base_step)
+    output_dir/dump-<step>/meta.json  (kind "full" or "delta", step, base_step; <step> is
+                                       zero-padded to 12 digits: dump-000000000200)
     output_dir/dump-<step>/dynamicemb/<table>/rank-<r>-of-<n>.{json,bin}
     output_dir/dump-<step>/DONE       written last
 

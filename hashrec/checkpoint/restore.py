@@ -56,15 +56,16 @@ def open_table_shards(path: str, meta: dict[str, Any], name: str) -> list[ShardR
     return readers
 
 
-def read_complete_meta(path: str) -> dict[str, Any]:
-    """meta.json of a checkpoint (or dump) that has its completion marker.
+def read_complete_meta(path: str, kind: str = "checkpoint") -> dict[str, Any]:
+    """meta.json of a checkpoint (or dump) that has its completion marker; ``kind`` is
+    what a missing ``path`` is called in the error ("checkpoint", "dump", ...).
 
     Raises:
         CheckpointError: ``path`` is missing, a model_dir or dump directory rather than
             one checkpoint, or an interrupted save; the message names what to pass.
     """
     if not os.path.isdir(path):
-        raise CheckpointError(f"{path}: checkpoint directory does not exist")
+        raise CheckpointError(f"{path}: {kind} directory does not exist")
     if not layout.is_complete(path):
         raise CheckpointError(_not_complete_message(path))
     return layout.read_meta(path)

@@ -8,7 +8,9 @@ Usage::
 earlier output of this tool) or a ``model.ckpt-<step>`` checkpoint, never a
 delta; the deltas are ``dump-<step>`` directories in step order, the first one
 taken against the base's step (a checkpoint of the step of a dump), each next
-one against the previous one's step. ``OUT`` must not exist.
+one against the previous one's step. A dump's step is written with 12 digits
+(``incremental/dump-000000000200`` is the dump of step 200). ``OUT`` must not exist;
+its parent folder is created where missing.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from hashrec.checkpoint.table_io import DEFAULT_CHUNK_ROWS
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hashrec.tools.apply_delta",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--base", required=True, help="full dump or checkpoint directory")
+    parser.add_argument("--base", required=True,
+                        help="full dump (<model_dir>/incremental/dump-<step, 12 digits>) or "
+                             "checkpoint (<model_dir>/model.ckpt-<step>) directory")
     parser.add_argument("--delta", action="append", default=[], required=True,
-                        help="delta directory; repeat in step order")
+                        help="delta dump directory (<model_dir>/incremental/dump-<step, 12 "
+                             "digits>, e.g. dump-000000000200); repeat in step order")
     parser.add_argument("--output", required=True, help="directory to create")
     parser.add_argument("--chunk_rows", type=int, default=DEFAULT_CHUNK_ROWS,
                         help="rows per streamed chunk")

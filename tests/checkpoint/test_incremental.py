@@ -110,6 +110,34 @@ def test_tool_applies_in_two_rounds_and_rejects_gaps(dumped, capsys):
                              "--output", second]) == 1  # never overwritten
 
 
+@pytest.mark.parametrize("where", ["below-a-file", "new-parent"])
+def test_tool_output_below_a_file_is_one_error_line(dumped, capsys, tmp_path, where):
+    _, paths, states, _ = dumped
+    (tmp_path / "afile").write_text("")
+    parent = tmp_path / ("afile" if where == "below-a-file" else "new")
+    args = ["--base", paths[0], "--delta", paths[1], "--output", str(parent / "out")]
+    if where == "new-parent":  # a missing parent folder is made
+        assert apply_delta_main(args) == 0
+        assert _read_dump(str(parent / "out"))[0] == states[1]
+        return
+    assert apply_delta_main(args) == 1
+    assert capsys.readouterr().err == (f"apply_delta: cannot create {parent / 'out'}: Not a "
+                                       f"directory; name a new path in a directory you can "
+                                       f"write\n")
+    assert sorted(os.listdir(tmp_path)) == ["afile"]
+
+
+def test_tool_says_which_dump_is_missing(dumped, capsys, tmp_path):
+    _, paths, _, _ = dumped
+    missing = os.path.join(os.path.dirname(paths[1]), "dump-000000000099")
+    out = str(tmp_path / "out")
+    assert apply_delta_main(["--base", paths[0], "--delta", missing, "--output", out]) == 1
+    assert capsys.readouterr().err == f"apply_delta: {missing}: dump directory does not exist\n"
+    assert apply_delta_main(["--base", missing, "--delta", paths[1], "--output", out]) == 1
+    assert capsys.readouterr().err == f"apply_delta: {missing}: dump directory does not exist\n"
+    assert not os.path.exists(out)
+
+
 def test_dump_step_must_increase(tmp_path):
     dumper = IncrementalDumper(str(tmp_path), {"t": _small_table()}, interval_steps=1)
     dumper.dump(5)
