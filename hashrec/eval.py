@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         evaluate_checkpoint(config, args.checkpoint_path, ctx=ctx)
 
     return run_distributed(args, {"eval_input_path": args.eval_input_path,
-                                  "model_dir": args.model_dir}, run)
+                                  "model_dir": args.model_dir}, run,
+                           interrupted="no eval result written")
 
 
 if __name__ == "__main__":

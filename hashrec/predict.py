@@ -15,11 +15,11 @@ path lists them, a directory's files sorted, rows as stored), whatever
 ``data_config.num_workers``; a multi-task model's output holds each task's
 ``probs_<tower_name>`` (or ``y_<tower_name>``), then each task's ``logits_<tower_name>``.
 ``--predict_output_path`` ending in ``.parquet`` names the file; any other path is a
-directory that receives ``part-00000.parquet``. The rows go to a
-hidden temporary file next to the output, renamed to it once every row is
-written, so a failed run leaves no partial output (and an output it was to
-replace is kept). An existing output file, or a directory output that holds
-files, is refused unless ``--overwrite`` is given.
+directory that receives ``part-00000.parquet``. The rows go to a hidden temporary file
+next to the output, renamed to it once every row is written, so a failed or interrupted
+run (Ctrl-C, or SIGTERM to the command) leaves no partial output, nor the folders it
+made for it (and an output it was to replace is kept). An existing output file, or a
+directory output that holds files, is refused unless ``--overwrite`` is given.
 """
 
 from __future__ import annotations
@@ -85,20 +85,39 @@ def _output_file(path: str, overwrite: bool) -> str:
     return os.path.join(path, PART_FILE)
 
 
-def _staging_file(output: str) -> str:
-    """A hidden sibling of ``output`` for the rows until all are written; creates the
-    output's directory.
+def _staging_file(output: str) -> tuple[str, str | None]:
+    """A hidden sibling of ``output`` for the rows until all are written, and the
+    outermost folder created for it (None: the output's directory existed).
 
     Raises:
         ExportError: the directory cannot be created.
     """
-    directory = os.path.dirname(output)
+    directory = os.path.abspath(os.path.dirname(output) or ".")
+    created = None
+    parent = directory
+    while not os.path.exists(parent):
+        created, parent = parent, os.path.dirname(parent)
     try:
-        os.makedirs(directory or ".", exist_ok=True)
+        os.makedirs(directory, exist_ok=True)
     except OSError as err:
         raise ExportError(f"--predict_output_path: cannot create {directory}: "
                           f"{err.strerror}") from None
-    return os.path.join(directory, f".{os.path.basename(output)}.tmp")
+    return os.path.join(os.path.dirname(output), f".{os.path.basename(output)}.tmp"), created
+
+
+def _discard(staging: str, created: str | None) -> None:
+    """Remove the staging file and the (empty) folders made for the output."""
+    if os.path.exists(staging):
+        os.remove(staging)
+    folder = os.path.dirname(os.path.abspath(staging))
+    while created is not None:
+        try:
+            os.rmdir(folder)
+        except OSError:  # no longer empty: something else writes there
+            return
+        if folder == created:
+            return
+        folder = os.path.dirname(folder)
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -133,7 +152,14 @@ def _load(export_dir: str, device: torch.device):
     from hashrec.config import load_pipeline_config
 
     config = load_pipeline_config(config_path)
-    model = torch.jit.load(model_path, map_location=device)
+    try:
+        model = torch.jit.load(model_path, map_location=device)
+    except RuntimeError as err:  # a truncated or overwritten file: torch's reader fails
+        # torch's first sentence says what failed; the rest is generic advice.
+        reason = str(err).strip().split(". ")[0].splitlines()[0][:200] or "unreadable"
+        raise ExportError(f"{model_path} cannot be loaded ({reason}); the file is damaged "
+                          f"or incomplete: export the model again with python -m "
+                          f"hashrec.export") from None
     return config, _feature_set(config, model, model_path), model
 
 
@@ -219,7 +245,7 @@ def predict(export_dir: str, input_path: str, output_path: str,
     loader = create_dataloader(_input_data_config(config.data_config, input_path), feature_set,
                                input_path, "predict", batch_size=batch_size,
                                reserved_columns=reserved_columns)
-    staging = _staging_file(output)
+    staging, created = _staging_file(output)
     start = time.perf_counter()
     try:
         rows = _write_predictions(model, loader, weighted, run_on, reserved_columns, columns,
@@ -227,9 +253,8 @@ def predict(export_dir: str, input_path: str, output_path: str,
         if rows == 0:
             raise ExportError(f"--predict_input_path {input_path!r} holds no rows")
         os.replace(staging, output)
-    except BaseException:
-        if os.path.exists(staging):
-            os.remove(staging)
+    except BaseException:  # Ctrl-C and, under the command line, SIGTERM included
+        _discard(staging, created)
         raise
     seconds = time.perf_counter() - start
     logger.info("predicted %d rows in %.1fs (%.0f rows/s) -> %s", rows, seconds,
@@ -304,6 +329,7 @@ def _device_arg(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from hashrec.train.cli import run_main, setup_logging
+    from hashrec.train.interrupt import terminate_raises
 
     setup_logging(0)
     world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -316,9 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("--batch_size must be >= 1, got %d", args.batch_size)
         return 1
     reserved = tuple(c.strip() for c in args.reserved_columns.split(",") if c.strip())
-    return run_main(lambda: predict(args.scripted_model_path, args.predict_input_path,
-                                    args.predict_output_path, reserved, args.batch_size,
-                                    args.device, overwrite=args.overwrite))
+    # SIGTERM (a scheduler's stop) cleans up as Ctrl-C does: no temporary file is left.
+    with terminate_raises():
+        return run_main(lambda: predict(args.scripted_model_path, args.predict_input_path,
+                                        args.predict_output_path, reserved, args.batch_size,
+                                        args.device, overwrite=args.overwrite),
+                        interrupted="no predictions written; an earlier output is kept")
 
 
 if __name__ == "__main__":

@@ -29,8 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "end); each evaluation appends a JSON line to <model_dir>/eval_result.txt; "
                     "the effective config is written to <model_dir>/pipeline.config once "
                     "its checkpoints fit it. Ctrl-C or SIGTERM stops after the current "
-                    "step with a checkpoint (exit 130 / 143); --continue_train then resumes "
-                    "inside the epoch, past the batches already trained.")
+                    "step with a checkpoint, or an evaluation (which follows a checkpoint) "
+                    "at its next batch without a result (exit 130 / 143); --continue_train "
+                    "then resumes inside the epoch, past the batches already trained.")
     add_config_arguments(parser)
     parser.add_argument("--model_dir", default=None,
                         help="overrides the config's model_dir")
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
     return run_distributed(args, {
         "model_dir": args.model_dir, "train_input_path": args.train_input_path,
-        "eval_input_path": args.eval_input_path}, run)
+        "eval_input_path": args.eval_input_path}, run,
+        interrupted="nothing saved since the last checkpoint")
 
 
 if __name__ == "__main__":

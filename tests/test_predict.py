@@ -267,3 +267,56 @@ def test_refuses_to_run_under_several_ranks(caplog, monkeypatch, tmp_path):
                      str(tmp_path), "--predict_output_path", str(tmp_path / "o.parquet")]) == 1
     assert "runs as one process (WORLD_SIZE is 2 here)" in caplog.text
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_damaged_scripted_model_is_one_error_naming_it(caplog, exported, tmp_path):
+    export = tmp_path / "export"
+    shutil.copytree(exported / "export", export)
+    model = export / "scripted_model.pt"
+    with open(model, "r+b") as f:
+        f.truncate(model.stat().st_size // 2)
+    code, log = run_main(caplog, "--scripted_model_path", str(export),
+                         "--predict_input_path", str(exported / "data" / "eval"),
+                         "--predict_output_path", str(tmp_path / "o.parquet"))
+    assert code == 1 and "Traceback" not in log
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith(f"ExportError: {model} cannot be loaded (")
+    assert errors[0].endswith("the file is damaged or incomplete: export the model again with "
+                              "python -m hashrec.export")
+    assert not (tmp_path / "o.parquet").exists()
+
+
+@pytest.mark.parametrize("signum, code, message", [
+    ("SIGTERM", 143, "stopped by SIGTERM (no predictions written; an earlier output is kept)"),
+    ("SIGINT", 130, "interrupted (no predictions written; an earlier output is kept)"),
+], ids=["sigterm", "sigint"])
+def test_a_stop_signal_leaves_no_output_behind(caplog, exported, tmp_path, monkeypatch,
+                                               signum, code, message):
+    import signal
+
+    import hashrec.predict
+
+    signum = getattr(signal, signum)
+    written = hashrec.predict._write_predictions
+
+    def write_then_stop(*args):
+        rows = written(*args)
+        assert os.path.isfile(args[-2])  # the temporary file holds every row
+        os.kill(os.getpid(), signum)
+        return rows
+
+    monkeypatch.setattr(hashrec.predict, "_write_predictions", write_then_stop)
+    # Outside the command this test's handler would see the SIGTERM: a failure, not an exit.
+    def unhandled(*_):
+        pytest.fail("SIGTERM not handled by the command")
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        status, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
+                               "--predict_input_path", str(exported / "data" / "eval"),
+                               "--predict_output_path", str(tmp_path / "new" / "out"))
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # the command's handler is gone
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert status == code and message in log and "Traceback" not in log
+    assert os.listdir(tmp_path) == []

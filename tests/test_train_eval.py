@@ -191,6 +191,20 @@ def test_a_missing_eval_input_is_found_before_training(data_dir, tmp_path):
     assert "Traceback" not in proc.stderr and checkpoint_steps(model_dir) == []
 
 
+def test_eval_without_an_eval_input_names_the_setting(tmp_path, caplog):
+    import logging
+
+    from hashrec.eval import main
+
+    with caplog.at_level(logging.ERROR):
+        code = main(["--pipeline_config_path", CONFIG, "--model_dir", str(tmp_path),
+                     "--edit_config_json", '{"eval_input_path": ""}'])
+    assert code == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        "TrainError: no eval input: set eval_input_path in the config or pass "
+        "--eval_input_path"]
+
+
 @pytest.mark.parametrize("module", ["hashrec.train_eval", "hashrec.eval"])
 def test_help(module):
     proc = run(module, "--help")

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
         export_model(config, args.export_dir, args.checkpoint_path)
 
-    return run_distributed(args, {}, run)
+    return run_distributed(args, {}, run, interrupted="nothing exported")
 
 
 if __name__ == "__main__":

@@ -81,10 +81,12 @@ def _lost_peer(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and any(text in str(err) for text in _PEER_GONE)
 
 
-def run_main(main: Callable[[], object]) -> int:
+def run_main(main: Callable[[], object], interrupted: str | None = None) -> int:
     """Run ``main``; user errors (config, data, features, embeddings, tables, model,
     checkpoint, export) exit 1 with one message; a run stopped by a signal exits with
-    128 + its number (130 for Ctrl-C), also with one message."""
+    128 + its number (130 for Ctrl-C), also with one message, which after a Ctrl-C (or
+    a SIGTERM that raised ``Terminated``) ends with ``interrupted``: what the command
+    left undone, e.g. "nothing saved since the last checkpoint"."""
     from hashrec.checkpoint import CheckpointError
     from hashrec.data import DataError
     from hashrec.distributed import DistributedError
@@ -93,17 +95,20 @@ def run_main(main: Callable[[], object]) -> int:
     from hashrec.features import FeatureError
     from hashrec.models import ModelError
     from hashrec.table import TableError
-    from hashrec.train.interrupt import TrainInterrupted
+    from hashrec.train.interrupt import Terminated, TrainInterrupted
 
+    undone = f" ({interrupted})" if interrupted else ""
     try:
         main()
     except TrainInterrupted as stop:
         logging.getLogger("hashrec").warning("%s", stop)
         return stop.exit_code
     except KeyboardInterrupt:
-        logging.getLogger("hashrec").warning("interrupted (nothing saved since the last "
-                                             "checkpoint)")
+        logging.getLogger("hashrec").warning("interrupted%s", undone)
         return 130
+    except Terminated as stop:
+        logging.getLogger("hashrec").warning("stopped by SIGTERM%s", undone)
+        return stop.exit_code
     except (ConfigError, TrainError, ModelError, FeatureError, DataError, EmbeddingError,
             TableError, CheckpointError, DistributedError, ExportError) as err:
         logging.getLogger("hashrec").error("%s: %s", type(err).__name__, err)
@@ -112,8 +117,10 @@ def run_main(main: Callable[[], object]) -> int:
 
 
 def run_distributed(args: argparse.Namespace, overrides: dict[str, str | None],
-                    body: Callable[[object, object], object]) -> int:
-    """Run ``body(config, ctx)`` as a (possibly torchrun) worker of a config command.
+                    body: Callable[[object, object], object],
+                    interrupted: str | None = None) -> int:
+    """Run ``body(config, ctx)`` as a (possibly torchrun) worker of a config command;
+    ``interrupted`` as in :func:`run_main`.
 
     Joins the process group, logs on rank 0 (warnings and errors on every rank), loads
     the effective config (``load_effective_config(args, overrides)``) and leaves the
@@ -153,7 +160,7 @@ def run_distributed(args: argparse.Namespace, overrides: dict[str, str | None],
             raise
         teardown(ctx)
 
-    code = run_main(run)
+    code = run_main(run, interrupted)
     if world_size > 1:
         # A torchrun worker's work is complete and its process group is gone; some
         # native library threads still abort now and then during interpreter teardown

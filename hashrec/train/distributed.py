@@ -14,7 +14,8 @@ counts:
   ``drop_remainder``;
 * evaluation runs until every rank is done; a rank whose input ran out serves
   its peers' lookups with no batch of its own (:func:`eval_batches`), so no row
-  is left out of the metrics.
+  is left out of the metrics. The same per-batch reduction carries the stop signal
+  of an evaluation inside training: all ranks stop before the same batch.
 
 The storage planner runs on rank 0 at start; its choice (HBM_ONLY, HYBRID or
 CACHING and the cache_load_factor of each dynamic storage) is broadcast and
@@ -42,14 +43,9 @@ from hashrec.distributed.errors import DistributedError
 from hashrec.distributed.process_group import all_reduce_int
 from hashrec.distributed.side_exchange import run_aside
 from hashrec.embedding.plan import plan_storages
+from hashrec.train.interrupt import StopSignals
 
 logger = logging.getLogger("hashrec.train")
-
-
-def _flag_on_all_ranks(flag: bool, ctx: DistContext, op) -> bool:
-    """``flag`` reduced over ranks; under NCCL through a host-side gloo group, so the
-    per-step test does not wait for the device's queued work."""
-    return bool(all_reduce_int(int(flag), ctx, op))
 
 
 def min_over_ranks(value: int, ctx: DistContext) -> int:
@@ -58,7 +54,7 @@ def min_over_ranks(value: int, ctx: DistContext) -> int:
 
 
 def eval_batches(batches: Iterable, ctx: DistContext, idle: Callable[[], None],
-                 max_steps: int = 0) -> Iterator:
+                 max_steps: int = 0, signals: StopSignals | None = None) -> Iterator:
     """Yield this rank's batches until every rank is done; call ``idle`` when only peers have one.
 
     Args:
@@ -66,11 +62,21 @@ def eval_batches(batches: Iterable, ctx: DistContext, idle: Callable[[], None],
         ctx: the worker's context.
         idle: serves the peers' collectives for one step (``EmbeddingCollection.idle_lookups``).
         max_steps: stop after this many steps on every rank (0: the whole input).
+        signals: the run's stop signals (an evaluation inside training): once any rank has
+            received one, every rank stops before the same batch and ``signals.agreed``
+            names the signal (the largest number where ranks received different ones).
     """
     iterator, steps = iter(batches), 0
     while not max_steps or steps < max_steps:
         batch = next(iterator, None)
-        if not _flag_on_all_ranks(batch is not None, ctx, dist.ReduceOp.MAX):
+        # One host-side reduction per batch answers both questions: the largest over
+        # ranks of (signal << 1) | has a batch.
+        received = (signals.received or 0) if signals is not None else 0
+        state = all_reduce_int((received << 1) | (batch is not None), ctx, dist.ReduceOp.MAX)
+        if state >> 1:
+            signals.agreed = state >> 1
+            return
+        if not state & 1:
             return
         steps += 1
         if batch is None:

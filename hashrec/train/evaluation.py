@@ -8,6 +8,8 @@ model's ``auc_<tower_name>``) and the checkpoint's path, to ``<model_dir>/eval_r
 (rank 0). Under several ranks each rank
 evaluates its share of the input; a rank that runs out first keeps serving its
 peers' embedding lookups until all are done, and the metrics are summed over ranks.
+An evaluation inside training stops at its next batch when a stop signal arrives (on any
+rank: every rank stops at the same batch) and gives no result.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from hashrec.distributed import single_process_context
 from hashrec.train.distributed import eval_batches
 from hashrec.train.grouped_auc import GroupedAUC
+from hashrec.train.interrupt import StopSignals
 from hashrec.train.metrics import MeanLoss, build_metrics, grouping_ids
 
 logger = logging.getLogger("hashrec.train")
@@ -30,7 +33,8 @@ logger = logging.getLogger("hashrec.train")
 EVAL_RESULT_FILE = "eval_result.txt"
 
 
-def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
+def evaluate(session, input_path: str, step: int, max_steps: int = 0,
+             signals: StopSignals | None = None) -> dict | None:
     """Metrics of ``session.model`` on ``input_path``.
 
     Args:
@@ -38,23 +42,26 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0) -> dict:
         input_path: comma-separated files, directories or globs.
         step: the global step being evaluated (recorded in the result).
         max_steps: evaluate at most this many batches (0 = the whole input).
+        signals: the training run's stop signals: a signal received (by any rank) stops
+            the evaluation before its next batch, and ``signals.agreed`` is set.
 
     Logs the batches done every ``eval_config.log_step_count_steps`` (rank 0).
 
     Returns:
         ``{"step": step, "<metric>": value, ..., "loss": mean loss, "num_examples": n}``;
         a multi-task model's metrics are ``<metric>_<tower_name>``, and ``loss`` the mean
-        of the weighted sum of the task losses.
+        of the weighted sum of the task losses. None when a signal cut it short.
     """
     # Evaluating draws from torch's random generators (the eval loader's seed, say), which
     # new rows' initial values in training also draw from: their states are put back after,
     # so that an evaluation leaves the training run as it was.
     devices = [session.device] if session.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        return _evaluate(session, input_path, step, max_steps)
+        return _evaluate(session, input_path, step, max_steps, signals)
 
 
-def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
+def _evaluate(session, input_path: str, step: int, max_steps: int,
+              signals: StopSignals | None) -> dict | None:
     model = session.model
     log_every = session.config.eval_config.log_step_count_steps if session.is_chief else 0
     # (task, metric) per result key: <metric>, or <metric>_<tower_name> of a multi-task
@@ -70,7 +77,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
         with torch.no_grad():
             ctx = session.ctx or single_process_context(session.device)
             for batch in eval_batches(session.loader(input_path, "eval"), ctx,
-                                      model.embedding.idle_lookups, max_steps):
+                                      model.embedding.idle_lookups, max_steps, signals):
                 batch = batch.to(session.device)
                 with session.precision.autocast():
                     predictions = model(batch)
@@ -86,6 +93,12 @@ def _evaluate(session, input_path: str, step: int, max_steps: int) -> dict:
                                 time.perf_counter() - start)
     finally:
         model.train(was_training)
+    if signals is not None and signals.agreed is not None:
+        if session.is_chief:
+            logger.warning("eval at step %d cut short by %s after %d batches (%.1fs); no "
+                           "result is written for a partial evaluation", step, signals.name,
+                           batches, time.perf_counter() - start)
+        return None
     result: dict = {"step": int(step)}
     for name, metric in [*((k, m) for k, (_, m) in metrics.items()), ("loss", mean_loss)]:
         metric.sync()

@@ -6,6 +6,12 @@ loop finishes the step it is in, saves a checkpoint and ends with
 128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as a killed process
 would. A second signal of either kind acts at once (SIGINT raises KeyboardInterrupt,
 SIGTERM ends the process) for a user who does not want to wait for the save.
+A signal that comes during an evaluation (which follows a save) stops it before its
+next batch, without a result, and the run ends the same way.
+
+Commands that train nothing and clean up after a Ctrl-C (``hashrec.predict`` removes its
+temporary output) handle SIGTERM alike inside :func:`terminate_raises`: it raises
+:class:`Terminated`, which the command line reports as one line, exiting 143.
 
 Under several ranks a signal may reach some ranks only, or the ranks at different
 steps: every step each rank starts a host-side reduction of the signal it holds and
@@ -17,10 +23,12 @@ process stops them when it is done with them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
+from collections.abc import Iterator
 
 from hashrec.train.errors import TrainError
 
@@ -35,6 +43,35 @@ class TrainInterrupted(TrainError):
         super().__init__(message)
         self.signum = signum
         self.exit_code = 128 + int(signum)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread inside :func:`terminate_raises` (a
+    ``BaseException``, as ``KeyboardInterrupt`` is); ``exit_code`` is 143."""
+
+    exit_code = 128 + int(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def terminate_raises() -> Iterator[None]:
+    """While entered, SIGTERM raises :class:`Terminated` in the main thread as SIGINT
+    raises ``KeyboardInterrupt``, so ``finally`` blocks and cleanups on ``BaseException``
+    run (elsewhere than in the main thread: a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pid = os.getpid()
+
+    def raise_terminated(signum: int, frame) -> None:
+        del signum, frame
+        if os.getpid() == pid:  # not in a loader worker forked meanwhile
+            raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class StopSignals:
@@ -79,7 +116,8 @@ class StopSignals:
             signal.raise_signal(signum)
             return
         self.received = signum
-        logger.warning("%s received: stopping after this step and saving a checkpoint "
-                       "(send it again to stop at once, without saving)",
+        logger.warning("%s received: stopping after this step and saving a checkpoint, or "
+                       "in an evaluation at its next batch (send it again to stop at once, "
+                       "without saving)",
                        signal.Signals(signum).name)
 

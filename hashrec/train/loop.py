@@ -28,8 +28,8 @@ after warm-up in ``TrainLoop.step_timing`` and writes it to
 
 Incremental dumps (``train_config.incremental_dump_steps``): every N steps the
 dynamic tables' changed rows and evicted keys since the previous dump go to
-``<model_dir>/incremental/dump-<step>`` (``hashrec.checkpoint.IncrementalDumper``;
-the first dump of a run is full).
+``<model_dir>/incremental/dump-<step, 12 digits>``
+(``hashrec.checkpoint.IncrementalDumper``; the first dump of a run is full).
 
 Python's cyclic garbage collector runs on a step schedule while training
 (``hashrec.train.collection_schedule``): a full collection at an arbitrary step
@@ -38,7 +38,9 @@ stalls one rank and, under torchrun, every rank waiting for it.
 Stopping: ``num_steps`` (total steps, including those of a resumed run) when
 set, else ``num_epochs`` (default 1) passes over the training input. With both
 set, whichever comes first; the log says which ended the run. SIGINT and SIGTERM
-end it after the current step with a checkpoint (``hashrec.train.interrupt``).
+end it after the current step with a checkpoint (``hashrec.train.interrupt``); one that
+comes during an evaluation (which follows a save) stops it before its next batch, and the
+run ends without a result for it.
 A resumed run continues in the epoch it stopped in, past the batches it trained
 (``hashrec.train.checkpoints``; only approximately where the number of ranks, loader
 workers or the batch size changed: ``resumed_batches``); its incremental dumps after
@@ -195,6 +197,7 @@ class TrainLoop:
         self._random_state = resume.random_state
         self._signals: StopSignals | None = None
         self._stop_reduction = None  # under several ranks: the last step's, unread
+        self._evaluation_cut = False  # a stop signal ended an evaluation
         # Training input per epoch, the next epoch's loader started ahead (run_epoch).
         self._inputs: EpochStream | None = None
         self._inputs_path: str | None = None
@@ -304,16 +307,26 @@ class TrainLoop:
                 self._inputs.close()
             self.summaries.close()
         if self.stopping:
-            raise TrainInterrupted(
-                f"stopped by {self._signals.name} at step {self.step}; the checkpoint of "
-                f"step {self.step} is saved; run again with --continue_train to resume",
-                self._signals.agreed)
+            raise TrainInterrupted(self._stop_message(), self._signals.agreed)
         self._log_end("")
         return result
 
+    def _stop_message(self) -> str:
+        step = self.step
+        where = " in the evaluation" if self._evaluation_cut else ""
+        head = f"stopped by {self._signals.name}{where} at step {step}; "
+        if not self.done():
+            return head + (f"the checkpoint of step {step} is saved; run again with "
+                           f"--continue_train to resume")
+        rest = f"training is complete and the checkpoint of step {step} is saved"
+        if self.options.eval_input_path:
+            rest += "; evaluate it with python -m hashrec.eval"
+        return head + rest
+
     @property
     def stopping(self) -> bool:
-        """A stop signal was agreed on (see ``_check_signals``)."""
+        """A stop signal was agreed on (see ``_check_signals``; in an evaluation,
+        ``eval_batches``)."""
         return self._signals is not None and self._signals.agreed is not None
 
     def _check_signals(self) -> bool:
@@ -323,6 +336,8 @@ class TrainLoop:
         signals = self._signals
         if signals is None:
             return False
+        if self.stopping:  # agreed in an evaluation (every rank alike)
+            return True
         if not self.ctx.is_distributed:
             signals.agreed = signals.received
             return self.stopping
@@ -501,7 +516,10 @@ class TrainLoop:
         if not (evaluate and self.options.eval_input_path):
             return None
         result = evaluate_model(s, self.options.eval_input_path, self.step,
-                                self.options.eval_num_steps)
+                                self.options.eval_num_steps, self._signals)
+        if result is None:  # a stop signal cut it short: ``stopping`` now
+            self._evaluation_cut = True
+            return None
         write_eval_result(s.model_dir, result, s.rank, path)
         self.summaries.scalars(self.step, {k: v for k, v in result.items() if k != "step"},
                                prefix="eval/")

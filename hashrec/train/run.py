@@ -8,6 +8,7 @@ from hashrec.checkpoint import read_param_map, restore_checkpoint
 from hashrec.data.paths import expand_input_path
 from hashrec.distributed.data_parallel import broadcast_state
 from hashrec.train import checkpoints
+from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import evaluate, write_eval_result
 from hashrec.train.loop import LoopOptions, TrainLoop
 from hashrec.train.session import build_session, write_pipeline_config
@@ -85,7 +86,13 @@ def evaluate_checkpoint(config, checkpoint_path: str | None = None, rank: int = 
     Returns:
         The result also appended to ``<model_dir>/eval_result.txt`` (with the
         checkpoint's path).
+
+    Raises:
+        TrainError: ``config.eval_input_path`` is empty.
     """
+    if not config.eval_input_path:
+        raise TrainError("no eval input: set eval_input_path in the config or pass "
+                         "--eval_input_path")
     source = checkpoint_path or config.model_dir
     checkpoints.resolve_checkpoint(source)  # nothing there: say so before building
     expand_input_path(config.eval_input_path)

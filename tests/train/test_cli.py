@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 import pytest
 
@@ -11,6 +12,9 @@ from hashrec.embedding import EmbeddingError
 from hashrec.export.errors import ExportError
 from hashrec.table import TableFullError
 from hashrec.train.cli import run_distributed, run_main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(ROOT, "examples", "multi_tower_din_taobao_dynamicemb.config")
 
 
 def _raises(err: Exception):
@@ -55,3 +59,32 @@ def test_a_run_stopped_by_a_signal_exits_128_plus_its_number(caplog):
         assert run_main(_raises(KeyboardInterrupt())) == 130
     assert "stopped by SIGTERM at step 3" in caplog.text
     assert "interrupted" in caplog.text and "Traceback" not in caplog.text
+
+
+def test_sigterm_raised_as_terminated_exits_143_saying_what_is_undone(caplog):
+    from hashrec.train.interrupt import Terminated
+
+    with caplog.at_level(logging.WARNING):
+        assert run_main(_raises(Terminated()), interrupted="no predictions written") == 143
+    assert caplog.records[-1].getMessage() == "stopped by SIGTERM (no predictions written)"
+
+
+@pytest.mark.parametrize("module, target, args, undone", [
+    ("hashrec.train_eval", "hashrec.train.train_and_evaluate", [],
+     "nothing saved since the last checkpoint"),
+    ("hashrec.eval", "hashrec.train.evaluate_checkpoint", [], "no eval result written"),
+    ("hashrec.export.__main__", "hashrec.export.exporter.export_model",
+     ["--export_dir", "unused"], "nothing exported"),
+], ids=["train_eval", "eval", "export"])
+def test_ctrl_c_says_what_the_command_left_undone(caplog, monkeypatch, module, target, args,
+                                                  undone):
+    import importlib
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(target, interrupted)
+    main = importlib.import_module(module).main
+    with caplog.at_level(logging.WARNING):
+        assert main(["--pipeline_config_path", CONFIG, *args]) == 130
+    assert caplog.records[-1].getMessage() == f"interrupted ({undone})"

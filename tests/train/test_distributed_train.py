@@ -2,7 +2,8 @@
 
 The row counts are odd so the ranks' shares differ by one row: training stops
 every rank together, and evaluation still covers every eval row (the rank that
-runs out first serves its peer's lookups).
+runs out first serves its peer's lookups). A stop signal that one rank receives in an
+evaluation stops every rank's before the same batch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import sys
 import pytest
 
 from hashrec.tools.gen_taobao_data import generate
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                "distributed"))
+from dist_workers import run_world  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "examples", "multi_tower_din_taobao_dynamicemb.config")
@@ -245,3 +250,41 @@ def test_resuming_on_other_ranks_skips_the_rows_trained(tmp_path, before, after,
     assert "the resumption is only approximate" in again.stderr
     assert f"training ends at step {trained + steps}: 1 of num_epochs 1 done" in again.stderr
     assert os.path.isfile(model_dir / f"model.ckpt-{trained + steps}" / "DONE")
+
+
+def scenario_eval_stop(ctx) -> dict:
+    """Rank 0 holds 5 eval batches, rank 1 holds 3 and receives SIGTERM while reading its
+    second; returns the batches each rank yielded, its idle steps and the agreed signal."""
+    import signal
+
+    from hashrec.train.distributed import eval_batches
+    from hashrec.train.interrupt import StopSignals
+
+    signals, idle = StopSignals(), []
+
+    def batches():
+        for i in range(5 if ctx.rank == 0 else 3):
+            if ctx.rank == 1 and i == 1:
+                signals.received = signal.SIGTERM
+            yield i
+
+    def without_signal():
+        return list(eval_batches(iter(range(5 if ctx.rank == 0 else 3)), ctx,
+                                 lambda: idle.append(1)))
+
+    return {"stopped": list(eval_batches(batches(), ctx, lambda: idle.append(1), 0,
+                                         signals)),
+            "agreed": signals.agreed, "whole": without_signal(), "idle": len(idle)}
+
+
+def test_a_signal_to_one_rank_stops_every_rank_evaluation_at_the_same_batch(tmp_path):
+    import signal
+
+    (ranks,) = run_world({"eval": scenario_eval_stop}, 2, tmp_path).values()
+    for rank in ranks:
+        assert not isinstance(rank, Exception), rank
+    assert [r["stopped"] for r in ranks] == [[0], [0]]
+    assert [r["agreed"] for r in ranks] == [signal.SIGTERM] * 2
+    # Without a signal every batch is evaluated; rank 1 serves rank 0's last two.
+    assert [r["whole"] for r in ranks] == [[0, 1, 2, 3, 4], [0, 1, 2]]
+    assert [r["idle"] for r in ranks] == [0, 2]

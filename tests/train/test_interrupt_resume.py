@@ -15,7 +15,7 @@ from small_din import generate_data, small_loop, trained_state
 from hashrec.checkpoint import discard_dumps_after, latest_checkpoint
 from hashrec.checkpoint.incremental import dump_path
 from hashrec.train.errors import TrainError
-from hashrec.train.interrupt import StopSignals, TrainInterrupted
+from hashrec.train.interrupt import StopSignals, Terminated, TrainInterrupted, terminate_raises
 from hashrec.train.prefetch import EpochStream
 
 # 1,500 rows in batches of 256: five full batches and one of 220 an epoch.
@@ -51,6 +51,18 @@ def test_stop_signals_note_the_first_and_restore_handlers():
         assert signals.received == signal.SIGTERM and signals.name == "SIGTERM"
         with pytest.raises(KeyboardInterrupt):  # a second signal acts at once
             os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_terminate_raises_turns_sigterm_into_an_exception_while_entered():
+    before = signal.getsignal(signal.SIGTERM)
+    cleaned = []
+    with pytest.raises(Terminated), terminate_raises():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        finally:
+            cleaned.append(True)
+    assert cleaned == [True] and Terminated.exit_code == 143
     assert signal.getsignal(signal.SIGTERM) is before
 
 
@@ -279,3 +291,64 @@ def test_a_diverged_loss_stops_at_the_log_line(data_dir, tmp_path):
                                          r"last 1 step\(s\)\)"):
         loop.run(str(data_dir))
     assert loop.step < 6 and latest_checkpoint(str(tmp_path / "model")) is None
+
+
+def signal_during_evaluation(loop, signum, after: int = 1) -> list[int]:
+    """Send ``signum`` to this process once the evaluation has read ``after`` batches;
+    returns the number of batches each evaluation read."""
+    counts, make = [], loop.session.loader
+
+    def loader(path, mode, epoch=0):
+        batches = make(path, mode, epoch)
+        if mode != "eval":
+            return batches
+
+        def read():
+            counts.append(0)
+            for batch in batches:
+                if counts[-1] == after:
+                    os.kill(os.getpid(), signum)
+                counts[-1] += 1
+                yield batch
+        return read()
+
+    loop.session.loader = loader
+    return counts
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)],
+                         ids=["sigterm", "sigint"])
+def test_a_signal_in_the_final_evaluation_stops_it_and_the_run(data_dir, tmp_path, caplog,
+                                                               signum, code):
+    model_dir = tmp_path / "model"
+    loop = small_loop(model_dir, edits={"train_config.num_steps": 2,
+                                        "eval_input_path": str(data_dir)})
+    counts = signal_during_evaluation(loop, signum)
+    with caplog.at_level(logging.INFO, logger="hashrec.train"), \
+            pytest.raises(TrainInterrupted, match="in the evaluation at step 2; training is "
+                                                  "complete and the checkpoint of step 2 is "
+                                                  "saved; evaluate it with python -m "
+                                                  "hashrec.eval") as stop:
+        loop.run(str(data_dir))
+    assert stop.value.exit_code == code
+    # Of the six eval batches, the second is read with the signal noted and not evaluated.
+    assert counts == [2]
+    assert "eval at step 2 cut short by" in caplog.text
+    assert latest_checkpoint(str(model_dir)).endswith("model.ckpt-2")
+    assert not (model_dir / "eval_result.txt").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_signal_in_an_evaluation_after_a_save_ends_training(data_dir, tmp_path):
+    model_dir = tmp_path / "model"
+    loop = small_loop(model_dir, edits={"train_config.num_steps": 4,
+                                        "train_config.save_checkpoints_steps": 2,
+                                        "eval_input_path": str(data_dir)})
+    counts = signal_during_evaluation(loop, signal.SIGTERM)
+    with pytest.raises(TrainInterrupted, match="stopped by SIGTERM in the evaluation at step "
+                                               "2; the checkpoint of step 2 is saved; run "
+                                               "again with --continue_train"):
+        loop.run(str(data_dir))
+    assert loop.step == 2 and counts == [2]
+    assert sorted(p.name for p in model_dir.glob("model.ckpt-*")) == ["model.ckpt-2"]
+    assert not (model_dir / "eval_result.txt").exists()
