@@ -300,6 +300,18 @@ def _note_changed(path: str, before: dict[str, Any], after: dict[str, Any]) -> N
                     "hyperparameters, not the saved ones: %s", path, ", ".join(changed))
 
 
+def _steps_beside_parameters(optimizer: Any, group: dict) -> None:
+    """Moves the step counts of ``group``'s parameters onto their devices as float32: a
+    fused or capturable group keeps them there, and ``load_state_dict`` left them where
+    the saved settings had them (on the host, for a checkpoint written without a fused
+    optimizer, on the CPU say)."""
+    for param in group["params"]:
+        step = optimizer.state.get(param, {}).get("step")
+        if isinstance(step, torch.Tensor) and (step.device != param.device
+                                               or step.dtype != torch.float32):
+            optimizer.state[param]["step"] = step.to(param.device, torch.float32)
+
+
 def restore_optimizer_state(root: str, entry: dict[str, Any], optimizer: Any) -> None:
     """Loads the dense optimizer state file into ``optimizer``.
 
@@ -327,6 +339,8 @@ def restore_optimizer_state(root: str, entry: dict[str, Any], optimizer: Any) ->
             f"state (--ignore_restore_optimizer) to start it fresh") from None
     for group, settings in zip(optimizer.param_groups, configured):
         group.update(settings)
+        if group.get("fused") or group.get("capturable"):
+            _steps_beside_parameters(optimizer, group)
     if "hyperparameters" in entry:
         _note_changed(path, entry["hyperparameters"], _hyperparameters(optimizer.defaults))
     elif configured:  # the settings as saved (load_state_dict fills in what they lack)

@@ -8,8 +8,10 @@ concatenate.
 
 CSV cells mean the same whatever the other rows hold: a column whose type
 ``input_fields`` does not give is read as text (the features, labels and sample
-weights parse text), and only an empty cell is missing (``NA``, ``null`` or
-``NaN`` are text, and ``NaN`` in a numeric column is the number NaN).
+weights parse text), and a cell is missing when it is empty or one of the null markers
+``CSV_NULL_TEXTS`` (``NA``, ``NULL``, ``null``, ``N/A``, Hive's ``\\N`` ...) in any
+column; ``NaN`` is not one: in a numeric column it is the number NaN, which a raw
+feature refuses naming the row, as it does parquet's NaN.
 """
 
 from __future__ import annotations
@@ -82,6 +84,11 @@ class ParquetSource:
             yield start, table.slice(start, stop - start)
 
 
+# The texts a CSV cell is missing as, in every column: pyarrow's null markers but for its
+# spellings of NaN (a raw feature's NaN is an error naming the row, as in parquet, not its
+# default value), and Hive's \N.
+CSV_NULL_TEXTS = ("", "#N/A", "#N/A N/A", "#NA", "N/A", "n/a", "NA", "NULL", "null", "\\N")
+
 _CSV_TYPES = {
     "INT32": pa.int32(), "INT64": pa.int64(), "STRING": pa.string(), "FLOAT": pa.float32(),
     "DOUBLE": pa.float64(),
@@ -152,10 +159,8 @@ class CsvSource:
         types.update({n: pa.string() for n in self.columns if n not in types})
         read = pacsv.ReadOptions(column_names=names or None, use_threads=use_threads,
                                  skip_rows=1 if self.fmt.with_header and names else 0)
-        # Only an empty cell is missing: pyarrow's default null texts (NA, NULL, NaN, ...)
-        # would turn a raw feature's NaN into its default value.
         convert = pacsv.ConvertOptions(column_types=types, include_columns=list(columns),
-                                       null_values=[""], strings_can_be_null=False)
+                                       null_values=list(CSV_NULL_TEXTS), strings_can_be_null=True)
         parse = pacsv.ParseOptions(delimiter=self.fmt.delimiter)
         try:
             return pacsv.open_csv(path, read_options=read, parse_options=parse,

@@ -104,9 +104,12 @@ def _fusion_key(options: TableOptions) -> TableOptions:
     if admission is not None:
         admission = dataclasses.replace(admission, counter_capacity=None,
                                         initializer=_effective(admission.initializer))
+    # set_by_user says which storage choices are fixed, not what they are: tables whose
+    # options agree fuse whether or not a config spelled a default out
     return dataclasses.replace(options, max_capacity=1, init_capacity=None, name="",
                                admission=admission, initializer=_effective(options.initializer),
-                               eval_initializer=_effective(options.eval_initializer))
+                               eval_initializer=_effective(options.eval_initializer),
+                               set_by_user=frozenset())
 
 
 def _fused_options(name: str, members: list[TableOptions]) -> TableOptions:
@@ -119,7 +122,8 @@ def _fused_options(name: str, members: list[TableOptions]) -> TableOptions:
     if any(o.init_capacity is not None for o in members):
         init = sum(o.init_capacity or o.max_capacity for o in members)
     return dataclasses.replace(first, max_capacity=sum(o.max_capacity for o in members),
-                               init_capacity=init, name=name, admission=admission)
+                               init_capacity=init, name=name, admission=admission,
+                               set_by_user=frozenset().union(*(o.set_by_user for o in members)))
 
 
 def plan_storages(tables: list[EmbeddingTableSpec], optimizer: OptimizerSpec,

@@ -1,13 +1,14 @@
 """Tokens -> int64 ids: num_buckets, hash_bucket_size, vocabularies, dynamic (raw) ids.
 
-Hashing is xxhash64 of the token's UTF-8 text (an integer token is hashed by
-its decimal text, so ``123``, ``123.0`` and ``"123"`` agree: ``tokens.token_text``),
-stable across processes and runs. Dynamic-embedding features keep integer ids as they are; a string
-token that is a decimal integer in the int64 range (optional sign, digits
-only) is read as that integer and any other string is replaced by its 64-bit
-hash, so a sequence column of ``"12|7"`` strings and an int64 column name the
-same keys (a uint64 id past the int64 range is hashed like its text). Which of the two a token gets depends on the token alone, never on
-the other tokens of its batch.
+Hashing is xxhash64 of the token's UTF-8 text (an integer token is hashed by its decimal
+text, so ``123``, ``123.0``, ``"123.0"`` and ``"123"`` agree: ``tokens.token_text``),
+stable across processes and runs. Dynamic-embedding features keep integer ids as they
+are (an integral float too); a string token that is a decimal integer in the int64 range
+(optional sign, digits only, or a zero fraction) is read as that integer and any other
+string is replaced by its 64-bit hash, so a sequence column of ``"12|7"`` strings and an
+int64 column name the same keys (a uint64 id past the int64 range is hashed like its
+text). Which of the two a token gets depends on the token alone, never on the other
+tokens of its batch.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pyarrow.compute as pc
 
 from hashrec.config.errors import ConfigError
 from hashrec.features.errors import FeatureError
-from hashrec.features.tokens import Bags, string_bytes, token_text
+from hashrec.features.tokens import Bags, integral_text, string_bytes, token_text
 from hashrec.features.xxh64 import xxh64_tokens
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -84,6 +85,7 @@ def int_tokens(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     Returns:
         (is_int (n,) bool, ints (n,) int64): ``ints`` holds the value where ``is_int``.
     """
+    values = integral_text(values)
     if len(values) and not values.null_count and _no_letters(values):
         try:  # every token an integer text, in one cast
             ints = pc.cast(values, pa.int64()).to_numpy(zero_copy_only=False)
@@ -108,11 +110,27 @@ def int_tokens(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return is_int, ints
 
 
+def _float_ids(bags: Bags) -> tuple[np.ndarray, int | None]:
+    """(ids (n,) int64, position of the first float that is not an integer id or None):
+    integral floats read as the integer they hold."""
+    x = bags.values.to_numpy(zero_copy_only=False).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(x) & (np.floor(x) == x) & (np.abs(x) < 2.0**63)
+    bad = None if ok.all() else int(np.flatnonzero(~ok)[0])
+    return np.where(ok, x, 0).astype(np.int64), bad
+
+
 def strict_int_ids(bags: Bags, feature: str, column: str) -> np.ndarray:
-    """Integer tokens as int64; floats or non-integer strings are errors naming the row."""
+    """Integer tokens as int64 (integral floats and ``12.0`` texts too); other floats or
+    non-integer strings are errors naming the row."""
     values = bags.values
     if pa.types.is_integer(values.type):
         return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    if pa.types.is_floating(values.type):
+        ids, bad = _float_ids(bags)
+        if bad is not None:
+            raise _error_at(bags, bad, feature, column, "expected an integer id")
+        return ids
     if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
         is_int, ints = int_tokens(values)
         if not is_int.all():
@@ -124,7 +142,8 @@ def strict_int_ids(bags: Bags, feature: str, column: str) -> np.ndarray:
 
 
 def raw_int64_ids(bags: Bags) -> np.ndarray:
-    """Dynamic ids: integers kept, integer strings parsed, other strings hashed."""
+    """Dynamic ids: integers kept (integral floats and ``12.0`` texts too), integer strings
+    parsed, other strings hashed."""
     values = bags.values
     if pa.types.is_integer(values.type):
         ints = values.to_numpy(zero_copy_only=False)
@@ -136,7 +155,11 @@ def raw_int64_ids(bags: Bags) -> np.ndarray:
             return ids
         return ints.astype(np.int64, copy=False)
     if pa.types.is_floating(values.type):
-        raise FeatureError("float ids are not supported; cast the column to int64 or string")
+        ids, bad = _float_ids(bags)
+        if bad is not None:
+            raise FeatureError(f"row {bags.row_of(bad)}: float id {values[bad].as_py()!r} is "
+                               f"not an integer; cast the column to int64 or string")
+        return ids
     if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
         raise FeatureError(f"ids of type {values.type} are not supported; use int64 or string")
     is_int, ints = int_tokens(values)

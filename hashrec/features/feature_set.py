@@ -78,8 +78,8 @@ class FeatureSet:
         self._sparse = [f for f in features if f.is_sparse]
         self._sparse_keys = [f.name for f in self._sparse]
         by_sequence: dict[str, list[Feature]] = {}
-        for f in features:
-            if f.is_sequence:
+        for f in features:  # a sub-feature's sequence is its sequence_feature, never itself
+            if f.is_sequence and f.sequence_name != f.name:
                 by_sequence.setdefault(f.sequence_name, []).append(f)
         # sequences of several sub-features, parsed together (``parse_sequence``)
         self._sequences = [group for group in by_sequence.values() if len(group) > 1]

@@ -77,13 +77,27 @@ def string_bytes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return offsets - offsets[0], data
 
 
-def token_text(values: pa.Array) -> pa.Array:
-    """Tokens as strings, for hashing and vocabularies: text as it is, integers in decimal,
-    integral floats as the integer they hold (``98765432101.0`` -> ``"98765432101"``: an
-    integer id column with a missing value reaches parquet as floats) and other floats in
-    Arrow's text (``1.5``)."""
-    if _is_string(values.type):
+_ZERO_FRACTION = r"^([+-]?[0-9]+)\.0+$"
+
+
+def integral_text(values: pa.Array) -> pa.Array:
+    """A string array with decimal texts of a zero fraction read as the integer's text
+    (``"12.0"`` -> ``"12"``: pandas writes an integer id column with a missing value so,
+    and the float 12.0 is the id 12 too); other tokens unchanged. One pass over the bytes
+    finds whether any token holds a ``.`` before a regular expression runs."""
+    data = string_bytes(values)[1]
+    if not len(data) or not (data == ord(".")).any():
         return values
+    return pc.replace_substring_regex(values, _ZERO_FRACTION, r"\1")
+
+
+def token_text(values: pa.Array) -> pa.Array:
+    """Tokens as strings, for hashing and vocabularies: text as it is but for a zero
+    fraction (``integral_text``), integers in decimal, integral floats as the integer they
+    hold (``98765432101.0`` -> ``"98765432101"``: an integer id column with a missing value
+    reaches parquet as floats) and other floats in Arrow's text (``1.5``)."""
+    if _is_string(values.type):
+        return integral_text(values)
     text = values.cast(pa.string())
     if not pa.types.is_floating(values.type) or not len(values):
         return text

@@ -484,11 +484,12 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
         with their scores) stores ``scores`` as given; ``assume_unique`` skips the
         deduplication for callers whose keys are unique by construction. Under
         check_mode ERROR a refusal raises after the stored keys' rows are written."""
-        self._defer_refusal = True
+        self._defer_refusal, self._deferred_refusal = True, None
         try:
             self._assign_rows(keys, tags, rows, scores, exact, assume_unique)
-        finally:
-            self._defer_refusal = False
+        except BaseException:
+            self._defer_refusal, self._deferred_refusal = False, None
+            raise
         self._raise_deferred_refusal()
 
     def _assign_rows(self, keys: torch.Tensor, tags: torch.Tensor | None, rows: torch.Tensor,

@@ -63,25 +63,28 @@ def test_csv_column_whose_text_starts_after_the_first_block_loads(tmp_path, earl
                        reserved_columns=("o",))
     values = _reserved(batches, "o")
     assert row_ids(batches) == list(range(rows))
-    assert values[:rows - 10] == [early] * (rows - 10) and values[rows - 10:] == ["abc"] * 10
+    want = early or None  # an empty cell is missing
+    assert values[:rows - 10] == [want] * (rows - 10) and values[rows - 10:] == ["abc"] * 10
 
 
 @pytest.mark.parametrize("other", ["1", "x"], ids=["beside-digits", "beside-text"])
 def test_csv_cells_mean_the_same_whatever_the_other_rows_hold(tmp_path, other):
-    cells = [other, "NA", "null", "NaN", "", "N/A"]
+    # the null markers are missing in every column, NaN is text (a number where parsed)
+    cells = [other, "NA", "null", "NaN", "", "N/A", "\\N", "nan"]
     path = _csv(tmp_path, "c.csv", ["row_id,clk,c"] + [f"{i},0,{c}" for i, c in enumerate(cells)])
     (batches,) = _load(path, dataset_type="CsvDataset", with_header=True,
                        reserved_columns=("c",))
-    assert _reserved(batches, "c") == cells
+    assert _reserved(batches, "c") == [other, None, None, "NaN", None, None, None, "nan"]
 
 
 def test_csv_typed_columns_keep_their_types(tmp_path):
-    path = _csv(tmp_path, "t.csv", ["1,0,n,1|2", "2,1,,3"])
+    path = _csv(tmp_path, "t.csv", ["1,0,n,1|2", "2,1,,3", "NULL,0,n,4"])
     (batches,) = _load(path, dataset_type="CsvDataset", input_fields=CSV_FIELDS,
                        reserved_columns=("row_id", "name", "seq"))
     assert batches[0].reserved["row_id"].type == pa.int64()
-    assert _reserved(batches, "name") == ["n", ""]
-    assert _reserved(batches, "seq") == ["1|2", "3"]
+    assert _reserved(batches, "row_id") == [1, 2, None]
+    assert _reserved(batches, "name") == ["n", None, "n"]
+    assert _reserved(batches, "seq") == ["1|2", "3", "4"]
 
 
 def test_csv_header_is_skipped_when_input_fields_name_the_columns(tmp_path):

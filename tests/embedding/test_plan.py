@@ -52,6 +52,14 @@ def test_tables_that_differ_keep_their_own_storage(second, reason):
     assert _layout([_table("a"), second]) == {"a": ["a"], "b": ["b"]}
 
 
+def test_a_storage_choice_spelled_out_does_not_split_a_fusion():
+    # one config sets cache_load_factor: 1.0 (the default) explicitly, the other does not
+    plans = plan_storages([_table("a", set_by_user={"cache_load_factor"}), _table("b")],
+                          SparseSGD(), torch.device("cpu"))
+    assert [[t.name for t in p.tables] for p in plans] == [["a", "b"]]
+    assert plans[0].options.set_by_user == {"cache_load_factor"}
+
+
 def test_several_fusable_subgroups_get_numbered_names():
     tables = [_table("a"), _table("b"), _table("c", dim=4), _table("d", dim=4)]
     assert _layout(tables) == {"g_0": ["a", "b"], "g_1": ["c", "d"]}

@@ -103,6 +103,24 @@ def test_integral_float_ids_read_as_their_integer(feature_set, options):
     assert halves == fs.parse(pa.table({"c": ["1.5"]})).sparse["f"].values.tolist()
 
 
+@pytest.mark.parametrize("options", ["dynamicemb { max_capacity: 100 }", "num_buckets: 100",
+                                     "hash_bucket_size: 1000", 'vocab_list: ["12", "7"]'])
+def test_integral_floats_and_zero_fraction_texts_are_their_integers(feature_set, options):
+    # a parquet file of int64 ids and one written by pandas with a missing value (floats),
+    # or a CSV of the latter (texts "12.0"): one id each
+    fs = feature_set(_id(options))
+    want = fs.parse(pa.table({"c": pa.array([12, 7], pa.int64())})).sparse["f"].values
+    for column in ([12.0, 7.0], ["12.0", "7.00"], ["12", "7.0"]):
+        got = fs.parse(pa.table({"c": column})).sparse["f"].values
+        assert got.tolist() == want.tolist(), column
+
+
+def test_float_ids_with_a_fraction_are_refused_naming_the_row(feature_set):
+    fs = feature_set(_id("dynamicemb { max_capacity: 100 }"))
+    with pytest.raises(FeatureError, match=r"'f'.*'c'.*row 1: float id 2.5 is not an integer"):
+        fs.parse(pa.table({"c": [1.0, 2.5]}))
+
+
 def test_multi_value_nulls_and_empty_bags(feature_set):
     fs = feature_set(_id('num_buckets: 100 separator: "|"'))
     batch = fs.parse(pa.table({"c": ["1|2|3", None, "", "4||5"]}))
@@ -134,8 +152,8 @@ def test_missing_column_and_wrong_dtype(feature_set):
     fs = feature_set(_id("num_buckets: 10"))
     with pytest.raises(FeatureError, match="'f'.*column 'c' is missing"):
         fs.parse(pa.table({"other": [1]}))
-    with pytest.raises(FeatureError, match="'f'.*'c'.*expected integer ids"):
-        fs.parse(pa.table({"c": [1.5]}))
+    with pytest.raises(FeatureError, match="'f'.*'c' row 1: expected an integer id"):
+        fs.parse(pa.table({"c": [2.0, 1.5]}))
     with pytest.raises(FeatureError, match="'f'.*'c' has type bool"):
         fs.parse(pa.table({"c": [True]}))
 
@@ -223,7 +241,7 @@ def test_integer_tokens_are_read_from_their_bytes_as_the_rule_states():
 
     from hashrec.features.bucketize import int_tokens
 
-    rule = re.compile(r"[+-]?[0-9]+\Z")
+    rule = re.compile(r"([+-]?[0-9]+)(\.0+)?\Z")  # a zero fraction reads as the integer
     letters = [*"0123456789+- xaf", "７", "é", "99999999999"]
     no_letters = [*"0123456789+- .", "99999999999"]  # columns the whole-column cast takes
     rng = random.Random(0)
@@ -235,8 +253,8 @@ def test_integer_tokens_are_read_from_their_bytes_as_the_rule_states():
         for values in (array, array.slice(1), pa.array(tokens, pa.large_string())):
             is_int, ints = int_tokens(values)
             for token, got, value in zip(values.to_pylist(), is_int, ints):
-                want = token is not None and bool(rule.match(token)) and \
-                    -(2**63) <= int(token) < 2**63
+                match = rule.match(token) if token is not None else None
+                want = match is not None and -(2**63) <= int(match.group(1)) < 2**63
                 assert bool(got) == want, token
                 if want:
-                    assert int(value) == int(token), token
+                    assert int(value) == int(match.group(1)), token

@@ -94,6 +94,16 @@ def test_sub_features_with_different_item_counts_are_an_error(feature_set):
                            "s__price": ["1", "2|3"]}))
 
 
+def test_a_top_level_sequence_named_like_a_sequence_feature_is_parsed_alone(feature_set):
+    hist = ('feature_configs { sequence_id_feature { feature_name: "s" expression: "user:hist" '
+            'sequence_length: 4 sequence_delim: "|" embedding_dim: 4 num_buckets: 100 } }\n')
+    batch = feature_set(TOP + CATE + hist).parse(pa.table({
+        "item": [1], "s__item": ["1|2|3"], "s__cate": ["4|5|6"], "s__price": ["1|2|3"],
+        "hist": ["7|8"]}))
+    assert batch.sparse["s"].values.tolist() == [7, 8]
+    assert batch.sparse["s__cate"].values.tolist() == [4, 5, 6]
+
+
 def test_top_level_sequence_keeps_items_beside_missing_ones(feature_set):
     seq = ('feature_configs { sequence_id_feature { feature_name: "hist" expression: '
            '"user:hist" sequence_length: 4 sequence_delim: "|" embedding_dim: 4 '

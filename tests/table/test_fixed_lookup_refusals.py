@@ -52,6 +52,24 @@ def test_refusal_error_comes_after_the_stored_keys_rows(triton, operation):
     assert torch.equal(values[:4], rows[:4])
 
 
+def test_a_write_that_fails_leaves_no_refusal_for_the_next(monkeypatch):
+    from hashrec.table import TableFullError, TableOptions
+
+    table = HashTable(TableOptions(dim=2, max_capacity=4, bucket_capacity=4,
+                                   check_mode="ERROR"))
+    table.insert_or_assign(torch.arange(10, 14), torch.zeros(4, 2))
+    table.advance_step()
+    monkeypatch.setattr(table, "_write_assigned", lambda *a: (_ for _ in ()).throw(
+        MemoryError("out of memory")))
+    with pytest.raises(MemoryError):  # refuses one key, then fails writing the rows
+        table.insert_or_assign(torch.arange(1, 6), torch.ones(5, 2))
+    monkeypatch.undo()
+    try:
+        table.insert_or_assign(table.export_batch(1).__next__()[0], torch.ones(1, 2))
+    except TableFullError as e:
+        pytest.fail(f"a refusal of the failed call was raised by the next one: {e}")
+
+
 def test_warning_mode_reads_and_reports_refusals_once_a_minute(caplog, monkeypatch):
     import logging
     import time
