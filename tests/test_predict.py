@@ -311,6 +311,9 @@ def test_a_stop_signal_leaves_no_output_behind(caplog, exported, tmp_path, monke
         pytest.fail("SIGTERM not handled by the command")
 
     previous = signal.signal(signal.SIGTERM, unhandled)
+    # a process started in the background by a shell ignores SIGINT: give it Python's
+    # handler, as an interactive run has
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         status, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
                                "--predict_input_path", str(exported / "data" / "eval"),
@@ -318,5 +321,6 @@ def test_a_stop_signal_leaves_no_output_behind(caplog, exported, tmp_path, monke
         assert signal.getsignal(signal.SIGTERM) is unhandled  # the command's handler is gone
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     assert status == code and message in log and "Traceback" not in log
     assert os.listdir(tmp_path) == []
