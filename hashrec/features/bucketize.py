@@ -21,7 +21,13 @@ import pyarrow.compute as pc
 
 from hashrec.config.errors import ConfigError
 from hashrec.features.errors import FeatureError
-from hashrec.features.tokens import Bags, integral_text, string_bytes, token_text
+from hashrec.features.tokens import (
+    Bags,
+    integral_floats,
+    integral_text,
+    string_bytes,
+    token_text,
+)
 from hashrec.features.xxh64 import xxh64_tokens
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -113,11 +119,8 @@ def int_tokens(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 def _float_ids(bags: Bags) -> tuple[np.ndarray, int | None]:
     """(ids (n,) int64, position of the first float that is not an integer id or None):
     integral floats read as the integer they hold."""
-    x = bags.values.to_numpy(zero_copy_only=False).astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        ok = np.isfinite(x) & (np.floor(x) == x) & (np.abs(x) < 2.0**63)
-    bad = None if ok.all() else int(np.flatnonzero(~ok)[0])
-    return np.where(ok, x, 0).astype(np.int64), bad
+    ids, ok = integral_floats(bags.values)
+    return ids, None if ok.all() else int(np.flatnonzero(~ok)[0])
 
 
 def strict_int_ids(bags: Bags, feature: str, column: str) -> np.ndarray:

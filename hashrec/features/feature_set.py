@@ -34,7 +34,7 @@ from hashrec.features.sequence_feature import (
     parse_sequence,
 )
 from hashrec.features.tables import build_tables, tables_read_by
-from hashrec.features.tokens import get_column
+from hashrec.features.tokens import empty_as_null, get_column
 from hashrec.features.wide import WideEmbeddings, build_wide_embeddings
 
 
@@ -224,7 +224,7 @@ def _text_numbers(array: pa.Array, subject: str, booleans: bool = False) -> pa.A
     """A text column (a CSV column without a type) as float64: an empty cell is null and,
     with ``booleans``, true/false texts are 1/0. FeatureError naming the first cell that
     is not a number."""
-    text = pc.if_else(pc.equal(array, ""), pa.scalar(None, array.type), array)
+    text = empty_as_null(array)
     if booleans:
         for texts, number in ((_TRUE_TEXTS, "1"), (_FALSE_TEXTS, "0")):
             text = pc.if_else(pc.is_in(text, value_set=pa.array(texts, array.type)),

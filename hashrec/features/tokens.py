@@ -101,13 +101,29 @@ def token_text(values: pa.Array) -> pa.Array:
     text = values.cast(pa.string())
     if not pa.types.is_floating(values.type) or not len(values):
         return text
+    ints, integral = integral_floats(values)
+    if not integral.any():
+        return text
+    return pc.if_else(pa.array(integral), pa.array(ints).cast(pa.string()), text)
+
+
+def integral_floats(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A float array's (ints (n,) int64, integral (n,) bool): which values are whole
+    numbers in the int64 range (nulls are not) and, there, the integer (0 elsewhere)."""
     x = values.to_numpy(zero_copy_only=False).astype(np.float64)  # nulls read as NaN
     with np.errstate(invalid="ignore"):
         integral = np.isfinite(x) & (np.floor(x) == x) & (np.abs(x) < 2.0**63)
-    if not integral.any():
-        return text
-    ints = pa.array(np.where(integral, x, 0).astype(np.int64)).cast(pa.string())
-    return pc.if_else(pa.array(integral), ints, text)
+    return np.where(integral, x, 0).astype(np.int64), integral
+
+
+def empty_as_null(strings: pa.Array) -> pa.Array:
+    """A string array with its empty strings as nulls (itself where it holds none)."""
+    if not len(strings):
+        return strings
+    empty = np.diff(string_offsets(strings)) == 0  # nulls too: they stay null
+    if not empty.any():
+        return strings
+    return pc.if_else(pa.array(empty), pa.scalar(None, strings.type), strings)
 
 
 def list_lengths(array: pa.Array) -> np.ndarray:
@@ -119,9 +135,7 @@ def list_lengths(array: pa.Array) -> np.ndarray:
 
 def _drop_empty(values: pa.Array, lengths: np.ndarray) -> Bags:
     """Remove null and empty-string tokens, keeping bag membership."""
-    keep = None
-    if values.null_count:
-        keep = pc.is_valid(values).to_numpy(zero_copy_only=False)
+    keep = present(values)
     if _is_string(values.type):
         filled = np.diff(string_offsets(values)) != 0
         keep = filled if keep is None else keep & filled
@@ -136,7 +150,7 @@ def _fill_missing(array: pa.Array, default: str, separator: str | None, feature:
     if not default:
         return array
     if _is_string(array.type):
-        array = pc.if_else(pc.equal(array, ""), pa.scalar(None, array.type), array)
+        array = empty_as_null(array)
     if array.null_count == 0:
         return array
     try:
@@ -215,19 +229,15 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
     if _is_list(t):
         values, lengths = pc.list_flatten(array), list_lengths(array)
     elif _is_string(t):
-        if len(array) and (np.diff(string_offsets(array)) == 0).any():  # null or empty
-            array = pc.if_else(pc.equal(array, ""), pa.scalar(None, t), array)
-        split = pc.split_pattern(array, delim)
+        split = pc.split_pattern(empty_as_null(array), delim)  # an empty cell has no items
         values, lengths = pc.list_flatten(split), list_lengths(split)
     elif pa.types.is_integer(t) or pa.types.is_floating(t):
         values, lengths = array, np.ones(len(array), dtype=np.int64)
     else:
         raise FeatureError(f"feature {feature!r}: column {column!r} has type {t}; expected "
                            f"integers, floats, strings or lists of them")
-    if _is_string(values.type) and len(values):
-        empty = np.diff(string_offsets(values)) == 0  # nulls too: they stay null
-        if empty.any():
-            values = pc.if_else(pa.array(empty), pa.scalar(None, values.type), values)
+    if _is_string(values.type):
+        values = empty_as_null(values)
     if default and values.null_count:
         try:
             fill = pa.scalar(default).cast(values.type)
