@@ -156,6 +156,28 @@ def test_the_configured_dense_hyperparameters_win_over_the_saved_ones(tmp_path, 
     assert "hyperparameters" not in caplog.text
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("flag", ["fused", "capturable"])
+def test_a_fused_dense_adam_on_cuda_resumes_from_a_cpu_checkpoint(tmp_path, flag):
+    """A checkpoint written by a plain Adam on the CPU keeps its step counts on the host;
+    a fused or capturable Adam on CUDA needs them beside its parameters to step."""
+    model, optimizer = _stepped(torch.optim.Adam, lr=0.01)
+    path = save_checkpoint(str(tmp_path), 2, model, optimizer, {})
+    new = _Model(SparseAdagrad(lr=0.1), seed=3).cuda()
+    adam = torch.optim.Adam(new.linear.parameters(), lr=0.01, **{flag: True})
+    restore_checkpoint(path, new, adam, {})
+    for param in new.linear.parameters():
+        step = adam.state[param]["step"]
+        assert (step.device, step.dtype, float(step)) == (param.device, torch.float32, 2.0)
+    new.linear(torch.ones(3, 4, device="cuda")).sum().backward()
+    adam.step()
+    optimizer.zero_grad()
+    model.linear(torch.ones(3, 4)).sum().backward()
+    optimizer.step()
+    torch.testing.assert_close(new.linear.weight.cpu(), model.linear.weight)
+
+
 @pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "before-record"])
 def test_changed_dense_dim_is_named_in_config_terms(tmp_path, recorded):
     _, path = _trained(tmp_path)
