@@ -15,8 +15,9 @@ path lists them, a directory's files sorted, rows as stored), whatever
 ``data_config.num_workers``; a multi-task model's output holds each task's
 ``probs_<tower_name>`` (or ``y_<tower_name>``), then each task's ``logits_<tower_name>``.
 ``--predict_output_path`` ending in ``.parquet`` names the file; any other path is a
-directory that receives ``part-00000.parquet``. The rows go to a hidden temporary file
-next to the output, renamed to it once every row is written, so a failed or interrupted
+directory that receives ``part-00000.parquet``. The rows go to hidden temporary files
+next to the output (one per loader worker, each reading a contiguous slice of the input),
+joined into the output once every row is written, so a failed or interrupted
 run (Ctrl-C, or SIGTERM to the command) leaves no partial output, nor the folders it
 made for it (and an output it was to replace is kept). An existing output file, or a
 directory output that holds files, is refused unless ``--overwrite`` is given.
@@ -224,9 +225,11 @@ def predict(export_dir: str, input_path: str, output_path: str,
             overwrite: bool = False) -> dict:
     """Predict every row of ``input_path``; returns {"rows", "seconds", "output"}.
 
-    The output rows follow the input rows' order; the exported ``data_config.num_workers``
-    loader workers parse the batches in turn. The output appears only when every row
-    is predicted (see the module docstring).
+    The output rows follow the input rows' order; each of the exported
+    ``data_config.num_workers`` loader workers reads a contiguous slice of the input
+    and writes its predictions to a part file of its own, and the parts are joined in
+    order at the end. The output appears only when every row is predicted (see the
+    module docstring).
 
     Raises:
         ExportError: not an export directory, reserved columns that clash, a bad device,
@@ -246,14 +249,17 @@ def predict(export_dir: str, input_path: str, output_path: str,
                                input_path, "predict", batch_size=batch_size,
                                reserved_columns=reserved_columns)
     staging, created = _staging_file(output)
+    parts = PartFiles(staging, max(loader.num_workers, 1))
     start = time.perf_counter()
     try:
         rows = _write_predictions(model, loader, weighted, run_on, reserved_columns, columns,
-                                  staging, log_every_s)
+                                  parts, log_every_s)
         if rows == 0:
             raise ExportError(f"--predict_input_path {input_path!r} holds no rows")
+        parts.join()
         os.replace(staging, output)
     except BaseException:  # Ctrl-C and, under the command line, SIGTERM included
+        parts.remove()
         _discard(staging, created)
         raise
     seconds = time.perf_counter() - start
@@ -263,32 +269,108 @@ def predict(export_dir: str, input_path: str, output_path: str,
 
 
 def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
-                       reserved_columns: tuple[str, ...], names: tuple[str, ...], path: str,
-                       log_every_s: float) -> int:
-    """Runs ``model`` on every batch of ``loader`` into the parquet file ``path`` (the
-    reserved columns, then those of the prediction columns ``names`` that the model
-    gives); returns the number of rows (0: no file written)."""
-    writer, rows, start, last_log = None, 0, time.perf_counter(), time.perf_counter()
-    try:
-        with torch.inference_mode():
-            for batch in loader:
-                out = model(*model_inputs(batch.to(run_on), weighted))
-                columns = {name: batch.reserved[name] for name in reserved_columns}
-                for name in names:
-                    columns[name] = pa.array(out[name].float().cpu().numpy())
-                table = pa.table(columns)
-                if writer is None:
-                    writer = pq.ParquetWriter(path, table.schema)
-                writer.write_table(table)
-                rows += table.num_rows
-                if time.perf_counter() - last_log >= log_every_s:
-                    last_log = time.perf_counter()
-                    logger.info("predicted %d rows (%.0f rows/s)", rows,
-                                rows / (last_log - start))
-    finally:
-        if writer is not None:
-            writer.close()
+                       reserved_columns: tuple[str, ...], names: tuple[str, ...],
+                       parts: PartFiles, log_every_s: float) -> int:
+    """Runs ``model`` on every batch of ``loader`` into ``parts`` (the reserved columns,
+    then those of the prediction columns ``names`` that the model gives); returns the
+    number of rows. Each loader worker reads a contiguous slice of the input, in file
+    order, and its rows go to its own part.
+
+    Raises:
+        RuntimeError: a worker's rows differ from its slice (the loader did not take
+            its workers' batches in turn).
+    """
+    rows, start, last_log = 0, time.perf_counter(), time.perf_counter()
+    readers = loader.reader_turns()
+    with torch.inference_mode():
+        for batch in loader:
+            out = model(*model_inputs(batch.to(run_on), weighted))
+            columns = {name: batch.reserved[name] for name in reserved_columns}
+            for name in names:
+                columns[name] = pa.array(out[name].float().cpu().numpy())
+            parts.write(next(readers, None), pa.table(columns))
+            rows += batch.batch_size
+            if time.perf_counter() - last_log >= log_every_s:
+                last_log = time.perf_counter()
+                logger.info("predicted %d rows (%.0f rows/s)", rows, rows / (last_log - start))
+    parts.close()
+    expected = loader.dataset.reader_rows(loader.dataset.options.rank, loader.num_workers)
+    if parts.rows != expected:
+        raise RuntimeError(f"the loader's workers gave {parts.rows} rows, their slices hold "
+                           f"{expected}; the output would be out of order")
     return rows
+
+
+class PartFiles:
+    """Parquet parts of one output file, one per loader worker, joined in worker order.
+
+    Args:
+        path: the file the parts join into (the only part for one worker).
+        count: number of parts.
+    """
+
+    def __init__(self, path: str, count: int) -> None:
+        self.path = path
+        self.paths = [path] if count == 1 else [f"{path}.{i}" for i in range(count)]
+        self.rows = [0] * count
+        self._writers: list[pq.ParquetWriter | None] = [None] * count
+
+    def write(self, part: int | None, table: pa.Table) -> None:
+        """Appends ``table`` to part ``part``.
+
+        Raises:
+            RuntimeError: ``part`` is None or out of range (more batches than expected).
+        """
+        if part is None or not 0 <= part < len(self.paths):
+            raise RuntimeError(f"more batches than the loader's workers were to give "
+                               f"(after {sum(self.rows)} rows); the output would be out of "
+                               f"order")
+        if self._writers[part] is None:
+            self._writers[part] = pq.ParquetWriter(self.paths[part], table.schema)
+        self._writers[part].write_table(table)
+        self.rows[part] += table.num_rows
+
+    def close(self) -> None:
+        """Closes the parts' writers."""
+        for i, writer in enumerate(self._writers):
+            if writer is not None:
+                writer.close()
+                self._writers[i] = None
+
+    def join(self) -> None:
+        """Writes the parts' row groups into ``path``, part 0's first, and removes the
+        parts (nothing to do with one part)."""
+        written = [p for p, n in zip(self.paths, self.rows) if n]
+        if len(written) == 1:
+            if written[0] != self.path:
+                os.replace(written[0], self.path)
+            return
+        writer = None
+        try:
+            for part in written:
+                reader = pq.ParquetFile(part)
+                if writer is None:
+                    writer = pq.ParquetWriter(self.path, reader.schema_arrow)
+                for group in range(reader.num_row_groups):
+                    writer.write_table(reader.read_row_group(group))
+        finally:
+            if writer is not None:
+                writer.close()
+        for part in written:
+            os.remove(part)
+
+    def remove(self) -> None:
+        """Closes and deletes every part (and ``path``)."""
+        for writer in self._writers:
+            if writer is not None:
+                try:
+                    writer.close()
+                except Exception:  # noqa: BLE001 - the file is deleted below
+                    pass
+        self._writers = [None] * len(self.paths)
+        for path in {*self.paths, self.path}:
+            if os.path.exists(path):
+                os.remove(path)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -249,12 +249,15 @@ def test_rows_keep_the_input_order_with_loader_workers(exported, tmp_path):
     keys = ("user_id", "adgroup_id", "price")
     want = pa.concat_tables([pq.read_table(train, columns=list(keys)),
                              pq.read_table(exported / "data" / "eval", columns=list(keys))])
-    outputs = {}
-    for workers in (0, 2):
-        out = predict(_with_workers(exported, tmp_path, workers), inputs,
-                      str(tmp_path / f"w{workers}.parquet"), keys, batch_size=7)
+    outputs, exports = {}, {w: _with_workers(exported, tmp_path, w) for w in (0, 2, 3)}
+    # Three workers of one full batch and one row: the first and last write, not the middle.
+    for workers, batch_size in ((0, 7), (2, 7), (3, 7), (3, want.num_rows - 1)):
+        out = predict(exports[workers], inputs,
+                      str(tmp_path / f"w{workers}_{batch_size}.parquet"), keys,
+                      batch_size=batch_size)
         outputs[workers] = pq.read_table(out["output"])
         assert outputs[workers].select(list(keys)).to_pylist() == want.to_pylist()
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []  # no parts left
     torch.testing.assert_close(torch.from_numpy(outputs[2]["probs"].to_numpy()),
                                torch.from_numpy(outputs[0]["probs"].to_numpy()),
                                atol=1e-6, rtol=0)
@@ -301,11 +304,13 @@ def test_a_stop_signal_leaves_no_output_behind(caplog, exported, tmp_path, monke
 
     def write_then_stop(*args):
         rows = written(*args)
-        assert os.path.isfile(args[-2])  # the temporary file holds every row
+        parts = args[-2]  # a part file per loader worker holds its rows
+        assert [os.path.isfile(p) for p in parts.paths] == [True, True]
         os.kill(os.getpid(), signum)
         return rows
 
     monkeypatch.setattr(hashrec.predict, "_write_predictions", write_then_stop)
+    export = _with_workers(exported, tmp_path, 2)
     # Outside the command this test's handler would see the SIGTERM: a failure, not an exit.
     def unhandled(*_):
         pytest.fail("SIGTERM not handled by the command")
@@ -315,12 +320,31 @@ def test_a_stop_signal_leaves_no_output_behind(caplog, exported, tmp_path, monke
     # handler, as an interactive run has
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        status, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
+        status, log = run_main(caplog, "--scripted_model_path", export,
                                "--predict_input_path", str(exported / "data" / "eval"),
-                               "--predict_output_path", str(tmp_path / "new" / "out"))
+                               "--predict_output_path", str(tmp_path / "new" / "out"),
+                               "--batch_size", "7")
         assert signal.getsignal(signal.SIGTERM) is unhandled  # the command's handler is gone
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
     assert status == code and message in log and "Traceback" not in log
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == ["export2"]
+
+
+def test_workers_batches_taken_out_of_turn_fail_rather_than_misorder(exported, tmp_path,
+                                                                    monkeypatch):
+    from hashrec.data.loader import BatchLoader
+
+    export = _with_workers(exported, tmp_path, 2)
+    monkeypatch.setattr(BatchLoader, "reader_turns", lambda self: iter([0] * 10_000))
+    with pytest.raises(RuntimeError, match=r"the loader's workers gave \[\d+, 0\] rows, their "
+                                           r"slices hold \[\d+, \d+\]; the output would be"):
+        predict(export, str(exported / "data" / "eval"), str(tmp_path / "out.parquet"),
+                batch_size=7)
+    monkeypatch.setattr(BatchLoader, "reader_turns", lambda self: iter([0, 1]))
+    with pytest.raises(RuntimeError, match=r"more batches than the loader's workers were to "
+                                           r"give \(after 14 rows\)"):
+        predict(export, str(exported / "data" / "eval"), str(tmp_path / "out.parquet"),
+                batch_size=7)
+    assert os.listdir(tmp_path) == ["export2"]

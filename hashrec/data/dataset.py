@@ -1,8 +1,7 @@
 """Iterable datasets that read parquet or CSV files into :class:`Batch` objects.
 
 Each DataLoader worker of each rank reads its own share of the rows (see
-:mod:`hashrec.data.sharding`: a contiguous slice, or with ``in_order`` every
-``num_workers``-th batch of the rank), cuts it into batches, parses every batch
+:mod:`hashrec.data.sharding`: a contiguous slice), cuts it into batches, parses every batch
 with the feature set and yields the parsed :class:`Batch`; the DataLoader runs
 with ``batch_size=None`` so batches pass through unchanged. Workers hand batches to
 the main process through reused shared buffers (:mod:`hashrec.data.transfer`),
@@ -28,7 +27,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from hashrec.data.batching import rebatch, shuffle_rebatch
 from hashrec.data.errors import DataError
 from hashrec.data.schema import common_schema, conform
-from hashrec.data.sharding import epoch_order, slot_batches, slot_ranges, turn_ranges
+from hashrec.data.sharding import epoch_order, slot_batches, slot_ranges
 from hashrec.data.sources import CsvFormat, CsvSource, ParquetSource, Piece
 from hashrec.data.transfer import BatchSender
 from hashrec.features.errors import FeatureError
@@ -76,15 +75,6 @@ class ReadOptions:
         world_size: number of ranks that split the rows.
         with_labels: parse label fields (False for prediction).
         reserved_columns: columns passed through untouched in ``Batch.reserved``.
-        in_order: the readers of a rank take its batches in turn (batch j to
-            DataLoader worker ``j % num_workers``) rather than a contiguous slice each,
-            so the DataLoader, which takes its workers' items in turn, yields the rank's
-            batches in file order (files as listed, rows as stored) whatever its worker
-            count; the ranks' shares stay contiguous, rank 0's first. A worker decodes
-            each row group that holds one of its batches (a CSV file: up to its last
-            such row): with row groups of more than ``num_workers`` batches, every
-            worker decodes all of them, while parsing the features, the larger cost,
-            stays split. Not with ``shuffle`` or ``tag_epochs``.
     """
 
     batch_size: int = 1024
@@ -98,7 +88,6 @@ class ReadOptions:
     with_labels: bool = True
     reserved_columns: tuple[str, ...] = ()
     tag_epochs: bool = False
-    in_order: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "shuffle_buffer_size", "num_epochs", "world_size"):
@@ -110,9 +99,6 @@ class ReadOptions:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), "
                              f"got {self.rank}")
-        if self.in_order and (self.shuffle or self.tag_epochs):
-            raise ValueError(f"in_order reads one pass in file order; shuffle="
-                             f"{self.shuffle} and tag_epochs={self.tag_epochs} must be False")
 
 
 class FileDataset(IterableDataset):
@@ -231,24 +217,26 @@ class FileDataset(IterableDataset):
         yields per pass, from the row count alone."""
         opts = self.options
         workers = max(num_workers, 1)
-        if opts.in_order:
-            batches = slot_batches(self.num_rows, rank, opts.world_size, opts.batch_size,
-                                   opts.drop_remainder)
-            return [len(range(w, batches, workers)) for w in range(workers)]
         slots = opts.world_size * workers
         return [slot_batches(self.num_rows, rank * workers + w, slots, opts.batch_size,
                              opts.drop_remainder)
                 for w in range(workers)]
 
-    def _ranges(self, order: Sequence[Piece], worker: int, workers: int
-                ) -> list[tuple[Piece, int, int]]:
-        """The (piece, start, stop) row ranges that ``worker`` of ``workers`` of this rank
-        reads from the pieces in ``order``."""
+    def reader_rows(self, rank: int, num_workers: int) -> list[int]:
+        """Rows each reader of ``rank`` reads per pass (before dropping a remainder):
+        contiguous slices in file order, reader 0's first."""
+        workers = max(num_workers, 1)
+        return [sum(stop - start for _, start, stop in self._ranges(self.pieces, w, workers,
+                                                                     rank))
+                for w in range(workers)]
+
+    def _ranges(self, order: Sequence[Piece], worker: int, workers: int,
+                rank: int | None = None) -> list[tuple[Piece, int, int]]:
+        """The (piece, start, stop) row ranges that ``worker`` of ``workers`` of ``rank``
+        (None: this rank) reads from the pieces in ``order``."""
         opts = self.options
-        if opts.in_order:
-            rank_rows = slot_ranges(order, opts.rank, opts.world_size, opts.batch_size)
-            return turn_ranges(rank_rows, worker, workers, opts.batch_size)
-        return slot_ranges(order, opts.rank * workers + worker, opts.world_size * workers,
+        rank = opts.rank if rank is None else rank
+        return slot_ranges(order, rank * workers + worker, opts.world_size * workers,
                            opts.batch_size)
 
     def _batches(self, worker: int, workers: int, main_process: bool, sender):

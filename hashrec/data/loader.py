@@ -7,7 +7,7 @@ import multiprocessing
 import os
 import signal
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader
@@ -65,10 +65,9 @@ def read_options(data_config, mode: str, rank: int = 0, world_size: int = 1,
                  num_epochs: int | None = 1, seed: int = 0,
                  tag_epochs: bool = False) -> ReadOptions:
     """ReadOptions for ``mode``: train shuffles and drops remainders as configured;
-    eval and predict read every row once. Predict reads ``in_order``: the loader yields
-    the batches in file order (files as listed, rows as stored) whatever its worker
-    count. Eval does not: each worker reads its rows in file order, and the loader
-    interleaves the workers' batches (metrics do not depend on the order)."""
+    eval and predict read every row once. Each worker reads a contiguous slice of the
+    rows in file order, and the loader interleaves the workers' batches
+    (``reader_turns`` tells which worker each comes from)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "train" and (num_epochs != 1 or tag_epochs):
@@ -83,7 +82,7 @@ def read_options(data_config, mode: str, rank: int = 0, world_size: int = 1,
         drop_remainder=train and bool(data_config.drop_remainder),
         num_epochs=num_epochs, seed=seed, rank=rank, world_size=world_size,
         with_labels=mode != "predict", reserved_columns=tuple(reserved_columns),
-        tag_epochs=tag_epochs, in_order=mode == "predict")
+        tag_epochs=tag_epochs)
 
 
 def build_dataset(data_config, feature_set, input_path: str, options: ReadOptions,
@@ -116,9 +115,8 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
         input_path: comma-separated files, directories and glob patterns.
         mode: ``train`` (configured shuffle and drop_remainder, ``num_epochs``
             passes), ``eval`` (every row once, labels parsed; with workers, their
-            batches interleaved) or ``predict`` (every row once in file order,
-            whatever the worker count; no labels, ``reserved_columns`` passed through;
-            see ``ReadOptions.in_order``).
+            batches interleaved) or ``predict`` (as eval, without labels,
+            ``reserved_columns`` passed through).
         rank, world_size: this process's share of the rows.
         batch_size: overrides the configured (eval) batch size.
         reserved_columns: columns copied into ``Batch.reserved``.
@@ -163,7 +161,8 @@ class BatchLoader(DataLoader):
     than a new exception holding the worker's traceback; see ``WorkerFailure``).
 
     It takes its workers' items in turn (torch's in-order round robin, which skips a
-    worker once it has ended): ``ReadOptions.in_order`` and ``tag_epochs`` rely on it.
+    worker once it has ended): ``reader_turns`` and ``ReadOptions.tag_epochs`` rely
+    on it.
 
     ``worker_cores``: the cores the workers run on, when not this process's; torch's
     check of the worker count then counts those rather than this process's own."""
@@ -182,6 +181,24 @@ class BatchLoader(DataLoader):
 
     def __iter__(self) -> ReceivedItems:
         return ReceivedItems(super().__iter__())
+
+    def reader_turns(self) -> Iterator[int]:
+        """The reader (worker; 0 without workers) that each batch of one pass comes
+        from, in the order this loader yields them."""
+        dataset = self.dataset
+        return reader_turns(dataset.reader_batches(dataset.options.rank, self.num_workers))
+
+
+def reader_turns(counts: Sequence[int]) -> Iterator[int]:
+    """The readers' indices in the order a loader yields their items, given each
+    reader's item count: in turn, a reader left out once it has ended.
+
+    Example::
+
+        counts [2, 3, 1] -> 0, 1, 2, 0, 1, 1
+    """
+    for turn in range(max(counts, default=0)):
+        yield from (reader for reader, count in enumerate(counts) if turn < count)
 
 
 class ReceivedItems:

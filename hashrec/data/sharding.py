@@ -11,12 +11,6 @@ and ranks, differ by at most one batch, and only slot 0 ends with a partial batc
 (rather than every slot: with 12 workers, 12 ragged steps per epoch).
 How many batches each slot yields follows from the row count alone
 (``slot_batches``), so a reader knows its peers' counts without reading.
-
-Reading in order (prediction), a rank's readers instead take the rank's batches
-in turn (``turn_ranges``): batch j of the rank's range (cut as above, one rank
-being one slot of ``world_size``) goes to worker ``j % num_workers``. A
-DataLoader takes its workers' items in turn too, so it yields the rank's
-batches in file order, whatever its worker count.
 """
 
 from __future__ import annotations
@@ -73,37 +67,3 @@ def slot_batches(total_rows: int, slot: int, num_slots: int, batch_size: int,
     count = (slot + 1) * full // num_slots - slot * full // num_slots
     partial = slot == 0 and total_rows > full * batch_size and not drop_remainder
     return count + int(partial)
-
-
-def turn_ranges(ranges: Sequence[tuple[Piece, int, int]], turn: int, num_turns: int,
-                batch_size: int) -> list[tuple[Piece, int, int]]:
-    """The (piece, start, stop) row ranges of batches ``turn``, ``turn + num_turns``, ...
-    of the rows of ``ranges`` laid end to end, cut into ``batch_size``-row batches (the
-    last one may be partial); in order, a range per batch and piece (a piece's
-    consecutive rows in one range).
-
-    Example::
-
-        pieces of 5 and 4 rows, batch_size 2, 2 turns: batches [0,2) [2,4) [4,6) [6,8) [8,9)
-        turn 0: (p0, 0, 2), (p0, 4, 5), (p1, 0, 1), (p1, 3, 4)   # batches 0, 2, 4
-        turn 1: (p0, 2, 4), (p1, 1, 3)                           # batches 1, 3
-    """
-    if not 0 <= turn < num_turns:
-        raise ValueError(f"turn must be in [0, {num_turns}), got {turn}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    taken: list[tuple[Piece, int, int]] = []
-    pos = 0  # rows before the range
-    for piece, start, stop in ranges:
-        end = pos + stop - start
-        first = pos // batch_size
-        first += (turn - first) % num_turns  # the turn's first batch that may overlap
-        for batch in range(first, -(-end // batch_size), num_turns):
-            lo = start + max(batch * batch_size, pos) - pos
-            hi = start + min((batch + 1) * batch_size, end) - pos
-            if taken and taken[-1][0] == piece and taken[-1][2] == lo:
-                taken[-1] = (piece, taken[-1][1], hi)
-            else:
-                taken.append((piece, lo, hi))
-        pos = end
-    return taken

@@ -104,22 +104,31 @@ def test_eval_reads_everything_once_in_order_despite_train_settings(files):
     assert [b.batch_size for b in batches] == [10] * 7
 
 
+def _in_reader_order(loader) -> list:
+    """The loader's batches of one pass, each reader's together, reader 0's first."""
+    by_reader: dict[int, list] = {}
+    for reader, batch in zip(loader.reader_turns(), loader, strict=True):
+        by_reader.setdefault(reader, []).append(batch)
+    return [b for reader in sorted(by_reader) for b in by_reader[reader]]
+
+
 @pytest.mark.parametrize("world_size,workers", [(1, 0), (1, 2), (1, 3), (2, 2)], ids=str)
-@pytest.mark.parametrize("batch_size", [3, 10], ids=["batch3", "batch10"])
-def test_predict_yields_the_rows_in_file_order_whatever_the_workers(files, world_size,
-                                                                     workers, batch_size):
-    per_rank = _read(files, mode="predict", world_size=world_size, workers=workers,
-                     eval_batch_size=batch_size, features=FakeFeatureSet(bags=["tags"]))
-    # Files as listed, rows as stored; rank 0 reads the first share.
-    assert [i for batches in per_rank for i in row_ids(batches)] == list(range(sum(SIZES)))
-    sizes = [b.batch_size for batches in per_rank for b in batches]
-    assert set(sizes[:len(per_rank[0]) - 1] + sizes[len(per_rank[0]):]) == {batch_size}
+@pytest.mark.parametrize("batch_size", [3, 10, 63], ids=["batch3", "batch10", "batch63"])
+def test_predict_readers_hold_the_rows_in_file_order(files, world_size, workers, batch_size):
+    """Each reader (worker) reads a contiguous slice; the loader's batches taken by
+    reader_turns and put in reader order are the rows in file order, rank 0's first."""
     cfg = data_config(num_workers=workers, eval_batch_size=batch_size)
-    for rank, batches in enumerate(per_rank):
-        loader = create_dataloader(cfg, FakeFeatureSet(), files, "predict", rank=rank,
-                                   world_size=world_size)
+    ids = []
+    for rank in range(world_size):
+        loader = create_dataloader(cfg, FakeFeatureSet(bags=["tags"]), files, "predict",
+                                   rank=rank, world_size=world_size)
+        batches = _in_reader_order(loader)
+        ids += row_ids(batches)
+        rows = loader.dataset.reader_rows(rank, workers)
+        assert sum(rows) == sum(b.batch_size for b in batches)
         readers = loader.dataset.reader_batches(rank, workers)
         assert sum(readers) == len(batches) and max(readers) - min(readers) <= 1
+    assert ids == list(range(sum(SIZES)))
 
 
 def test_predict_in_file_order_reads_csv_like_parquet(files, tmp_path):
@@ -128,18 +137,20 @@ def test_predict_in_file_order_reads_csv_like_parquet(files, tmp_path):
         pacsv.write_csv(table, tmp_path / f"part-{i}.csv")
     # Listed last file first: the listed order is the order.
     csv = ",".join(str(tmp_path / f"part-{i}.csv") for i in reversed(range(len(SIZES))))
-    (batches,) = _read(csv, mode="predict", workers=2, eval_batch_size=3,
-                       dataset_type="CsvDataset", with_header=True, features=FakeFeatureSet())
+    cfg = data_config(num_workers=2, eval_batch_size=3, dataset_type="CsvDataset",
+                      with_header=True)
+    loader = create_dataloader(cfg, FakeFeatureSet(), csv, "predict")
     starts = np.cumsum((0, *SIZES))
-    assert row_ids(batches) == [i for k in reversed(range(len(SIZES)))
-                                for i in range(starts[k], starts[k + 1])]
+    assert row_ids(_in_reader_order(loader)) == [i for k in reversed(range(len(SIZES)))
+                                                 for i in range(starts[k], starts[k + 1])]
 
 
-def test_in_order_reading_cannot_shuffle():
-    from hashrec.data import ReadOptions
+def test_reader_turns_take_the_readers_in_turn_leaving_out_those_ended():
+    from hashrec.data.loader import reader_turns
 
-    with pytest.raises(ValueError, match="in_order reads one pass in file order; shuffle=True"):
-        ReadOptions(in_order=True, shuffle=True)
+    assert list(reader_turns([2, 3, 1])) == [0, 1, 2, 0, 1, 1]
+    assert list(reader_turns([0, 2, 0])) == [1, 1]
+    assert list(reader_turns([])) == []
 
 
 def test_eval_rejects_several_epochs(files):
