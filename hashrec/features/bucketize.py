@@ -39,9 +39,14 @@ def _is_text(kind: pa.DataType) -> bool:
 
 def hash_tokens(values: pa.Array) -> np.ndarray:
     """xxhash64 of every token's text: (n,) arrow array -> (n,) int64 (two's complement)."""
-    if len(values) == 0:
+    return _hash_text(token_text(values))
+
+
+def _hash_text(text: pa.Array) -> np.ndarray:
+    """``hash_tokens`` of a string array already in ``token_text`` form."""
+    if len(text) == 0:
         return np.zeros(0, dtype=np.int64)
-    encoded = pc.dictionary_encode(token_text(values))  # each distinct token hashed once
+    encoded = pc.dictionary_encode(text)  # each distinct token hashed once
     digests = xxh64_tokens(encoded.dictionary).view(np.int64)
     return digests[encoded.indices.to_numpy(zero_copy_only=False)]
 
@@ -91,7 +96,11 @@ def int_tokens(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     Returns:
         (is_int (n,) bool, ints (n,) int64): ``ints`` holds the value where ``is_int``.
     """
-    values = integral_text(values)
+    return _text_ints(integral_text(values))
+
+
+def _text_ints(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``int_tokens`` of a string array already in ``integral_text`` form."""
     if len(values) and not values.null_count and _no_letters(values):
         try:  # every token an integer text, in one cast
             ints = pc.cast(values, pa.int64()).to_numpy(zero_copy_only=False)
@@ -165,10 +174,11 @@ def raw_int64_ids(bags: Bags) -> np.ndarray:
         return ids
     if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
         raise FeatureError(f"ids of type {values.type} are not supported; use int64 or string")
-    is_int, ints = int_tokens(values)
+    text = integral_text(values)  # once, for the integers and the hashes both
+    is_int, ints = _text_ints(text)
     if is_int.all():
         return ints
-    ids = hash_tokens(values)
+    ids = _hash_text(text)
     ids[is_int] = ints[is_int]
     return ids
 
