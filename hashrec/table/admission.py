@@ -3,7 +3,10 @@
 The counter table reuses the table layout (no value columns; the score is the
 count), so a full counter bucket evicts its lowest counts through the same insert
 rule. A key is admitted on the lookup where its count reaches the threshold; its
-counter is then dropped. A key whose counter was evicted starts counting again.
+counter is then dropped. Under LFU the table takes the count as the new key's score,
+and a key the full table refuses gets its counter back (``recount``), so that it keeps
+counting until its count beats the lowest score of its bucket. A key whose counter was
+evicted starts counting again.
 """
 
 from __future__ import annotations
@@ -28,12 +31,15 @@ class AdmissionCounter:
         self.threshold = threshold
         num_buckets = math.ceil(capacity / bucket_capacity)
         self.storage = TableStorage.empty(num_buckets, bucket_capacity, 0, device=device)
-        # Counters evicted by ``count`` (``count_masked`` leaves the count to its caller).
+        # Counters evicted by ``count`` and ``recount`` (``count_masked`` leaves the count
+        # to its caller), and by ``recount_masked``, on the device.
         self.evictions = 0
+        self.device_evictions = torch.zeros((), dtype=torch.int64, device=device)
 
     def count(self, keys: torch.Tensor, tags: torch.Tensor | None,
-              counts: torch.Tensor) -> torch.Tensor:
-        """Adds ``counts`` for unique ``keys``; returns (u,) bool: admitted now.
+              counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Adds ``counts`` for unique ``keys``; returns (admitted now (u,) bool, the
+        keys' counts after this batch (u,) int64).
 
         Args:
             keys: (u,) int64 unique keys absent from the table.
@@ -53,14 +59,23 @@ class AdmissionCounter:
             result = insert_keys(self.storage, keys[new], None if tags is None else tags[new],
                                  totals[new], allow_evict=True)
             self.evictions += int(result.evicted_keys.numel())
-        return admitted
+        return admitted, totals
+
+    def recount(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                totals: torch.Tensor) -> None:
+        """Counters for unique ``keys`` admitted by ``count`` (theirs dropped) that the
+        table refused, holding their ``totals``; a full counter bucket evicts its lowest
+        counts."""
+        if keys.numel():
+            result = insert_keys(self.storage, keys, tags, totals, allow_evict=True)
+            self.evictions += int(result.evicted_keys.numel())
 
     def count_masked(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
-                     active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                     active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``count`` over ``keys[active]`` with every tensor kept at size u: no host sync.
 
-        Same outcome as ``count(keys[active], ...)`` scattered back to (u,) (False
-        where not active), and a (u,) bool mask with one True per counter evicted
+        Same outcome as ``count(keys[active], ...)`` scattered back to (u,) (admitted
+        False where not active), and a (u,) bool mask with one True per counter evicted
         (the caller adds it to ``evictions``' count, with its other counters). Needs
         the Triton kernels (CUDA, or the interpreter).
 
@@ -76,7 +91,17 @@ class AdmissionCounter:
         counted = count_admission(self.storage, keys, tags, counts, active, self.threshold)
         result = upsert_slots(self.storage, keys, tags, counted.totals, allow_evict=True,
                               active=counted.new)
-        return counted.admitted, result.evicted
+        return counted.admitted, counted.totals, result.evicted
+
+    def recount_masked(self, keys: torch.Tensor, tags: torch.Tensor | None,
+                       totals: torch.Tensor, refused: torch.Tensor) -> None:
+        """``recount`` of ``keys[refused]`` with every tensor kept at size u: no host
+        sync; the evicted counters are added to ``device_evictions``."""
+        from hashrec.table.ops.insert.upsert import upsert_slots  # Triton only
+
+        result = upsert_slots(self.storage, keys, tags, totals, allow_evict=True,
+                              active=refused)
+        self.device_evictions += result.evicted.sum()
 
     def state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(keys (c,) int64, tags (c,) int32, counts (c,) int64) of every live counter."""

@@ -312,15 +312,21 @@ class FixedSizeLookup:
             slots, counted = self._find_active(keys, tags, active)
             hit = counted["hits"]
             pending = ~hit if active is None else active & ~hit
+        totals = None  # the counter's counts, the new keys' LFU scores
         if self._counter is not None:
-            admitted, counter_evicted = self._counter.count_masked(keys, tags, counts, pending)
+            admitted, totals, counter_evicted = self._counter.count_masked(keys, tags, counts,
+                                                                           pending)
             counted["admission_rejected"] = pending > admitted  # pending and not admitted
             counted["counter_evictions"] = counter_evicted
             pending = admitted
             if any_pending is not None:  # the admission, not the find, tells what is pending
                 any_pending = pending.any()
         slots, placed, refused, evicted, hit_scores = self._protect_and_insert(
-            keys, tags, counts, given, slots, hit, pending, clock, any_pending, few_misses)
+            keys, tags, counts, given, slots, hit, pending, clock, any_pending, few_misses,
+            totals)
+        # Below max_capacity the table grew for every admitted key.
+        if self._recounts_refused() and self.storage.num_buckets >= self._max_buckets:
+            self._counter.recount_masked(keys, tags, totals, pending > placed)
         seed = self._kernel_seed if seeds is None else _no_seed
         values = finish_rows(
             self.storage, keys, tags, slots, self.dim,
@@ -337,11 +343,13 @@ class FixedSizeLookup:
                             counts: torch.Tensor, given: torch.Tensor | None,
                             slots: torch.Tensor, hit: torch.Tensor, pending: torch.Tensor,
                             clock: torch.Tensor | None, guard: torch.Tensor | None,
-                            few_misses: bool) -> tuple:
+                            few_misses: bool, totals: torch.Tensor | None = None) -> tuple:
         """The write calls' middle: the ``hit`` keys protected, then the ``pending`` ones
         inserted (``_insert_fixed``), growing first where the table may. Returns
         (slots, placed, refused, evicted, the hits' scores after the call, for
-        ``finish_rows``). ``clock`` as ``_train_fixed``'s; ``guard`` as ``protect_hits``'."""
+        ``finish_rows``). ``clock`` as ``_train_fixed``'s; ``guard`` as ``protect_hits``';
+        ``totals``: the admission counter's counts, the new keys' LFU scores (None:
+        ``counts``)."""
         from hashrec.table.ops.insert.train import protect_hits
 
         mode, host_clock = self._hit_score_mode(given)
@@ -354,7 +362,8 @@ class FixedSizeLookup:
         if self._grow_fixed(pending, keys.numel()):  # re-inserts the (protected) hits first
             slots = torch.where(hit, find_slots(self.storage, keys, tags), -1)
         slots, placed, refused, evicted = self._insert_fixed(
-            keys, tags, self._new_scores(counts, given), pending, slots, hit, few_misses)
+            keys, tags, self._new_scores(counts if totals is None else totals, given), pending,
+            slots, hit, few_misses)
         return slots, placed, refused, evicted, hit_scores
 
     def _find_active(self, keys: torch.Tensor, tags: torch.Tensor | None,
@@ -493,7 +502,7 @@ class FixedSizeLookup:
         insert's sorted order, or None when nothing could be evicted)."""
         from hashrec.table.ops.insert.upsert import upsert_slots  # Triton only
 
-        placed = None
+        placed = earlier = None  # earlier: placed before a growth, protected since
         while True:
             at_max = self.storage.num_buckets >= self._max_buckets
             allow = at_max and self.options.score_strategy is not ScoreStrategy.NO_EVICTION
@@ -505,6 +514,7 @@ class FixedSizeLookup:
             placed = result.created if placed is None else placed | result.created
             if at_max:
                 self._size_hint = None  # no growth from here on: the size is not needed
+                self._unprotect(earlier, result.slots, scores)
                 return (result.slots, placed, result.refused[0],
                         result.evicted if allow else None)
             slots = torch.where(pending, result.slots, slots)
@@ -512,9 +522,21 @@ class FixedSizeLookup:
             left, stored = torch.stack([pending.sum(), result.created.sum()]).tolist()
             self._size_hint += stored
             if left == 0:
+                self._unprotect(earlier, slots, scores)
                 return slots, placed, 0, None
             self._rehash(self._next_bucket_count())
             slots = torch.where(hit | placed, find_slots(self.storage, keys, tags), slots)
+            # The keys placed so far are not evicted by the rounds after the growth (as
+            # the call's hits are not); a growth reads back on the host already.
+            earlier = placed
+            self.storage.scores[slots[earlier]] = PROTECTED
+
+    def _unprotect(self, earlier: torch.Tensor | None, slots: torch.Tensor,
+                   scores: torch.Tensor) -> None:
+        """The ``earlier`` (u,) keys (placed before a growth, None: none) at ``slots``
+        get their ``scores`` back."""
+        if earlier is not None:
+            self.storage.scores[slots[earlier]] = scores[earlier]
 
     def _report_refused_fixed(self, refused: torch.Tensor | int | None) -> None:
         """Counts refused inserts on the device; reads the count for every lookup under

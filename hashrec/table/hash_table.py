@@ -193,6 +193,12 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
             return self.storage.scores[slots] + counts
         return self._now(slots.numel())
 
+    def _recounts_refused(self) -> bool:
+        """Whether admitted keys the table refuses get their counters back: under LFU,
+        where the count is the new key's score (``AdmissionCounter.recount``)."""
+        return (self._counter is not None
+                and self.options.score_strategy is ScoreStrategy.LFU)
+
     def _new_scores(self, counts: torch.Tensor, given: torch.Tensor | None) -> torch.Tensor:
         if given is not None:
             return given
@@ -226,10 +232,13 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
 
     def _insert(self, keys: torch.Tensor, tags: torch.Tensor | None,
                 scores: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """Inserts absent unique keys, growing before evicting; returns (slots, rehashed)."""
+        """Inserts absent unique keys, growing before evicting; returns (slots, rehashed).
+        Keys placed before a growth are not evicted by the rounds after it (as the
+        call's hits are not): they hold the protected score until the last round."""
         rehashed = self._grow_for(keys.numel())
         slots = torch.full_like(keys, -1)
         pending = torch.arange(keys.numel(), device=self.device)
+        placed = None
         while True:
             at_max = self.storage.num_buckets >= self._max_buckets
             allow = at_max and self.options.score_strategy is not ScoreStrategy.NO_EVICTION
@@ -244,6 +253,9 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
             rehashed = True
             placed = torch.nonzero(slots >= 0).flatten()
             slots[placed] = find_slots(self.storage, keys[placed], _take(tags, placed))
+            self.storage.scores[slots[placed]] = _PROTECTED
+        if placed is not None:
+            self.storage.scores[slots[placed]] = scores[placed]
         return slots, rehashed
 
     def _report_refused(self, refused: int) -> None:
@@ -274,16 +286,17 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
         hit_slots = slots[hit]
         hit_scores = self._hit_scores(hit_slots, counts[hit], _take(given, hit))
         miss = torch.nonzero(slots < 0).flatten()
+        totals = counts[miss]  # the misses' counts: this batch's, or the counter's
         if admit and self._counter is not None and miss.numel():
-            admitted = self._counter.count(keys[miss], _take(tags, miss), counts[miss])
+            admitted, totals = self._counter.count(keys[miss], _take(tags, miss), totals)
             # Device-side sum: read on the host only by stats().
             self._stats["admission_rejected"] += miss.numel() - admitted.sum()
-            miss = miss[admitted]
+            miss, totals = miss[admitted], totals[admitted]
         stored = 0
         if miss.numel():
             self.storage.scores[hit_slots] = _PROTECTED  # same-call hits are never evicted
             new_slots, rehashed = self._insert(keys[miss], _take(tags, miss),
-                                               self._new_scores(counts[miss], _take(given, miss)))
+                                               self._new_scores(totals, _take(given, miss)))
             if rehashed:
                 hit_slots = find_slots(self.storage, keys[hit], _take(tags, hit))
                 slots[hit] = hit_slots
@@ -294,6 +307,10 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
                                 _take(tags, miss[placed]), admit)
             stored = placed.numel()
             self._stats["inserts"] += stored
+            if admit and self._recounts_refused() and stored < miss.numel():
+                refused = torch.nonzero(new_slots < 0).flatten()
+                self._counter.recount(keys[miss[refused]], _take(tags, miss[refused]),
+                                      totals[refused])
         self.storage.scores[hit_slots] = hit_scores
         self._report_refused(int(miss.numel()) - stored)
         return slots, found
@@ -313,11 +330,17 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
             self._rows.write(slots, rows[:, self.dim:], self.dim, admit=False)
 
     def _read(self, slots: torch.Tensor, keys: torch.Tensor, tags: torch.Tensor | None,
-              missing_args: InitializerArgs) -> torch.Tensor:
-        """Embeddings (n, dim) float32 of slots; -1 reads as ``missing_args``."""
+              missing_args: InitializerArgs, repeats: bool = False) -> torch.Tensor:
+        """Embeddings (n, dim) float32 of slots; -1 reads as ``missing_args``. With
+        ``repeats`` a slot may repeat: each stored row is read once (the rows' tiers take
+        unique slots: a cache gave a repeated slot two cache rows)."""
         found = slots >= 0
         values = torch.empty(slots.numel(), self.dim, dtype=torch.float32, device=self.device)
-        values[found] = self._rows.read(slots[found], 0, self.dim, admit=True).to(torch.float32)
+        stored = slots[found]
+        if repeats:
+            stored, inverse = torch.unique(stored, return_inverse=True)
+        rows = self._rows.read(stored, 0, self.dim, admit=True).to(torch.float32)
+        values[found] = rows[inverse] if repeats else rows
         missing = torch.nonzero(~found).flatten()
         if missing.numel():
             values[missing] = initial_values(missing_args, keys[missing], _take(tags, missing),
@@ -433,7 +456,7 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
             return values, slots >= 0
         slots = find_slots(self.storage, keys, tags)
         self._count_lookups(slots)
-        return self._read(slots, keys, tags, self._eval_initializer), slots >= 0
+        return self._read(slots, keys, tags, self._eval_initializer, repeats=True), slots >= 0
 
     def find_or_insert(self, keys: torch.Tensor, scores: torch.Tensor | None = None,
                        tags: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

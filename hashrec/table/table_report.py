@@ -28,7 +28,8 @@ class TableReport:
             "growths")}
         # ``count`` counts in the counter, the fixed-size path with this table's masks.
         out["counter_evictions"] = (self._counter.evictions + int(
-            self._stats["counter_evictions"])) if self._counter else 0
+            self._stats["counter_evictions"]) + int(self._counter.device_evictions)
+        ) if self._counter else 0
         out["size"] = self.size()
         out["capacity"] = self.capacity()
         out.update(self._rows.stats())

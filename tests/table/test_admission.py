@@ -12,7 +12,8 @@ def test_admitted_on_the_lookup_where_count_reaches_threshold(threshold):
     counts = torch.tensor([1, 2, 3])  # duplicates in one batch count
     admitted_at = {}
     for lookup in range(1, 8):
-        admitted = counter.count(keys, None, counts)
+        admitted, totals = counter.count(keys, None, counts)
+        assert totals.tolist() == [lookup * c for c in counts.tolist()]  # every batch counted
         for key, ok, per_batch in zip(keys.tolist(), admitted.tolist(), counts.tolist()):
             if ok:
                 assert key not in admitted_at
@@ -45,7 +46,8 @@ def test_counter_keeps_tags_apart():
     counter = AdmissionCounter(2, capacity=64, bucket_capacity=16, device=torch.device("cpu"))
     keys = torch.tensor([5, 5])
     tags = torch.tensor([0, 1], dtype=torch.int32)
-    assert counter.count(keys, tags, torch.tensor([1, 1])).tolist() == [False, False]
-    assert counter.count(keys[:1], tags[:1], torch.tensor([1])).tolist() == [True]
+    assert counter.count(keys, tags, torch.tensor([1, 1]))[0].tolist() == [False, False]
+    admitted, totals = counter.count(keys[:1], tags[:1], torch.tensor([1]))
+    assert (admitted.tolist(), totals.tolist()) == ([True], [2])
     remaining, remaining_tags, _ = counter.state()
     assert remaining.tolist() == [5] and remaining_tags.tolist() == [1]

@@ -45,10 +45,11 @@ def test_triton_count_matches_reference_in_wide_buckets(monkeypatch, masks, tagg
     pick = pick[torch.randperm(pick.numel(), generator=gen)]
     batch, batch_tags = keys[pick], None if tags is None else tags[pick]
     counts = torch.randint(1, 5, (pick.numel(),), generator=gen)
-    expected = want.count(batch, batch_tags, counts)
-    admitted, evicted = got.count_masked(batch, batch_tags, counts,  # Triton, interpreted
-                                         torch.ones_like(batch, dtype=torch.bool))
+    expected, expected_totals = want.count(batch, batch_tags, counts)
+    admitted, totals, evicted = got.count_masked(batch, batch_tags, counts,  # Triton
+                                                 torch.ones_like(batch, dtype=torch.bool))
     assert torch.equal(admitted, expected) and bool(expected.any())
+    assert torch.equal(totals, expected_totals)
     assert int(evicted.sum()) == want.evictions > 0
 
     def state(counter):

@@ -256,3 +256,69 @@ def test_stats_count_every_key_of_find_or_insert(triton):
         table.find_or_insert(torch.tensor([1, 3, 1, 1]))
         stats = table.stats()
     assert (stats["lookups"], stats["hits"]) == (7, 3)
+
+
+def _bucket_mates(count: int, num_buckets: tuple[int, ...]) -> torch.Tensor:
+    """``count`` keys that share one bucket at every one of ``num_buckets``."""
+    from hashrec.table.hashing import bucket_of, mix64
+
+    keys = torch.arange(10_000)
+    same = torch.ones_like(keys, dtype=torch.bool)
+    for n in num_buckets:
+        buckets = bucket_of(mix64(keys), n)
+        same &= buckets == buckets[0]
+    return keys[same][:count]
+
+
+@pytest.mark.parametrize("triton", [False, True], ids=["reference", "fixed"])
+@pytest.mark.parametrize("call", ["lookup", "find_or_insert", "insert_or_assign"])
+def test_keys_placed_before_a_growth_are_not_evicted_by_the_same_call(triton, call):
+    """Two keys fill their bucket, the third overflows it, the table grows to its
+    max_capacity and the third still finds the bucket full: it is refused, rather
+    than evicting a key the call placed (which kept its slot: two keys on one row)."""
+    keys = _bucket_mates(3, (2, 4))
+    options = TableOptions(dim=2, max_capacity=8, init_capacity=4, bucket_capacity=2,
+                           initializer=InitializerArgs(mode="CONSTANT", value=1.0))
+    with backend(triton):
+        table = HashTable(options)
+        table.advance_step()
+        if call == "lookup":
+            slots = table.lookup(keys).slots
+        elif call == "find_or_insert":
+            table.find_or_insert(keys)
+        else:
+            table.insert_or_assign(keys, torch.ones(3, 2))
+        if call != "lookup":
+            slots = table.lookup(keys, train=False).slots
+        stats = table.stats()
+    assert slots.tolist()[:2] == [0, 1] and slots[2] == -1
+    assert (stats["inserts"], stats["refused"], stats["evictions"]) == (2, 1, 0)
+    assert table.contains(keys).tolist() == [True, True, False]
+    # The protected score is gone: the placed keys hold this step's.
+    assert table.storage.scores[slots[:2]].tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("triton", [False, True], ids=["reference", "fixed"])
+def test_lfu_admission_scores_the_count_and_a_refused_key_keeps_counting(triton):
+    """An admitted key's LFU score is its count over every lookup (not the admitting
+    batch's alone), and a key the full table refuses keeps its count, so a key seen
+    often enough gets in: it used to restart from zero and never beat the bucket."""
+    options = TableOptions(dim=2, max_capacity=4, bucket_capacity=4, score_strategy="LFU",
+                           admission=AdmissionOptions(threshold=3), check_mode="IGNORE")
+    with backend(triton):
+        table = HashTable(options)
+        table.lookup(torch.arange(4), counts=torch.full((4,), 5))  # scores 5: the bucket
+        assert table.stats()["inserts"] == 4
+        outcomes = []
+        for _ in range(6):
+            table.advance_step()
+            outcomes.append(int(table.lookup(torch.tensor([99])).slots[0]) >= 0)
+        stats = table.stats()
+        keys, scores = [], []
+        for k, _, _, s in table.export_state(16):
+            keys += k.tolist()
+            scores += s.tolist()
+    # Counted 1, 2; 3 and 4 refused (scores below 5); 5 ties the lowest and evicts it.
+    assert outcomes == [False, False, False, False, True, True]
+    assert (stats["admission_rejected"], stats["refused"], stats["evictions"]) == (2, 2, 1)
+    assert dict(zip(keys, scores))[99] == 6  # five counted, one more as a hit

@@ -18,6 +18,7 @@ from hashrec.embedding import (
 from hashrec.table import (
     AdmissionOptions,
     HashTable,
+    InitializerArgs,
     SparseAdam,
     SparseRowWiseAdagrad,
     SparseSGD,
@@ -260,3 +261,24 @@ def test_unstored_slots_get_no_update_in_every_mode(mode):
             else:
                 table.apply_gradients(slots[stored], grads[stored])
     _assert_same(_export(tables[0]), _export(tables[1]))
+
+
+@pytest.mark.parametrize("mode", ["HBM_ONLY", "HYBRID", "CACHING"])
+def test_a_find_with_a_repeated_key_loses_no_later_write(mode):
+    """A repeated key in a find took two cache rows for one slot; when one was evicted
+    the cache forgot the slot while the other, dirty, later overwrote its row."""
+    options = TableOptions(dim=2, max_capacity=64, bucket_capacity=64,
+                           cache_load_factor=1.0 if mode == "HBM_ONLY" else 4 / 64,
+                           caching=mode == "CACHING", optimizer=SparseSGD(lr=1.0),
+                           initializer=InitializerArgs(mode="CONSTANT", value=1.0))
+    table = HashTable(options)
+    table.find_or_insert(torch.arange(10))
+    values, found = table.find(torch.tensor([7, 7, 99]))
+    assert found.tolist() == [True, True, False]
+    assert values[:2].tolist() == [[1.0, 1.0]] * 2
+    table.apply_gradients(table.lookup(torch.tensor([7])).slots, torch.ones(1, 2))
+    table.find(torch.tensor([0, 1, 2]))  # evicts cache rows
+    table.insert_or_assign(torch.tensor([7]), torch.full((1, 2), 5.0))
+    for churn in ([3, 4, 5, 6], [0, 1, 2, 8]):
+        table.find(torch.tensor(churn))
+        assert table.find(torch.tensor([7]))[0].tolist() == [[5.0, 5.0]]
