@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import os
 from pathlib import Path
 
 from google.protobuf import text_format
@@ -54,18 +57,30 @@ def load_pipeline_config(path: str | Path) -> EasyRecConfig:
 def save_pipeline_config(config: EasyRecConfig, path: str | Path) -> None:
     """Write ``config`` as text format (UTF-8) to ``path``, creating parent folders.
 
+    The text goes to a hidden sibling first, flushed to disk and renamed over ``path``:
+    a full disk or a kill midway leaves the file that was there whole.
+
     Raises:
         ConfigError: the file or a parent folder cannot be written (a file stands where
-            a folder is needed, no permission, ...); the message names the path.
+            a folder is needed, no permission, a full disk ...); the message names the path.
     """
     path = Path(path)
+    staging = path.with_name(f".{path.name}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text_format.MessageToString(config, as_utf8=True), encoding="utf-8")
+        with open(staging, "w", encoding="utf-8") as f:
+            f.write(text_format.MessageToString(config, as_utf8=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staging, path)
     except OSError as err:
-        raise ConfigError(f"cannot write pipeline config {path}: {err.strerror} "
-                          f"({err.filename}); check that its folder is a directory you can "
-                          f"write") from None
+        with contextlib.suppress(OSError):
+            staging.unlink()
+        where = f" ({err.filename})" if err.filename and str(err.filename) != str(path) else ""
+        advice = ("free space on its disk" if err.errno in (errno.ENOSPC, errno.EDQUOT)
+                  else "check that its folder is a directory you can write")
+        raise ConfigError(f"cannot write pipeline config {path}: {err.strerror}{where}; "
+                          f"{advice}") from None
 
 
 def _strip_position(message: str) -> str:

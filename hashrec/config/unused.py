@@ -35,7 +35,8 @@ _IGNORED = {
                     "cuda_matmul_allow_tf32"),
     # HashRec's loader turns the input columns into features itself, whatever these say.
     "DataConfig": ("fg_mode", "fg_encoded", "fg_threads", "fg_encoded_multival_sep"),
-    "ExportConfig": ("exporter_type", "best_exporter_metric", "metric_larger_is_better"),
+    "ExportConfig": ("exporter_type", "best_exporter_metric", "metric_larger_is_better",
+                     "mixed_precision"),
     # Feature generation's join key of a sequence; the columns are read as they are.
     "SequenceFeature": ("sequence_pk",),
     # The mode of a weight decay that must be 0 (optimizers.py refuses any other).

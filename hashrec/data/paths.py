@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 from hashrec.data.errors import DataError
 
+# A URL's scheme (odps://, hdfs://, oss://, s3:// ...): tables and stores not read here.
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _GLOB_CHARS = set("*?[")
 
 
@@ -67,6 +70,11 @@ def expand_input_path(input_path: str) -> list[str]:
         raise DataError(f"input path {input_path!r} names no files")
     files: list[str] = []
     for entry in entries:
+        scheme = _SCHEME.match(entry)
+        if scheme:
+            raise DataError(f"input path {entry!r}: {scheme.group(1)}:// paths are not read; "
+                            f"HashRec reads parquet and CSV files on a local or mounted file "
+                            f"system (export the table to parquet first)")
         if _GLOB_CHARS & set(entry):
             found = sorted(glob.glob(entry, recursive=True))
             fixed = _fixed_part(entry)

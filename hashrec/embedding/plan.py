@@ -15,6 +15,7 @@ whose effective initializers differ stay in separate storages.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,8 @@ from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.specs import EmbeddingTableSpec
 from hashrec.table.optim import OptimizerSpec
 from hashrec.table.options import InitializerArgs, InitializerMode, TableOptions
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ def plan_storages(tables: list[EmbeddingTableSpec], optimizer: OptimizerSpec,
         group = spec.fusion_group if spec.fusion_group is not None else ("", spec.name)
         groups.setdefault((group, spec.trainable, _fusion_key(options)), []).append(
             (spec, options))
+    _note_splits(groups)
     per_group: dict[object, int] = {}
     for (group, _, _), members in groups.items():
         if len(members) > 1:
@@ -163,3 +167,26 @@ def plan_storages(tables: list[EmbeddingTableSpec], optimizer: OptimizerSpec,
         options = _fused_options(name, [o for _, o in members])
         plans.append(StoragePlan(name, specs, options, True))
     return plans
+
+
+def _note_splits(groups: dict[tuple, list[tuple[EmbeddingTableSpec, TableOptions]]]) -> None:
+    """One INFO line per fusion group whose dynamic tables take several storages, naming
+    the options (or the trainable flag) that keep them apart."""
+    by_group: dict[str, list[tuple]] = {}
+    for key in groups:
+        if isinstance(key[0], str):  # ("", name) tuples are tables of no fusion group
+            by_group.setdefault(key[0], []).append(key)
+    for group, keys in by_group.items():
+        if len(keys) < 2:
+            continue
+        differ = [f.name for f in dataclasses.fields(TableOptions)
+                  if len({repr(getattr(key[2], f.name)) for key in keys}) > 1]
+        if len({key[1] for key in keys}) > 1:
+            differ.append("trainable")
+        parts = " | ".join(", ".join(spec.name for spec, _ in groups[key]) for key in keys)
+        uniform = "initializer" in differ and all(
+            key[2].initializer.mode is InitializerMode.UNIFORM for key in keys)
+        hint = (" (UNIFORM bounds default to +-sqrt(1/max_capacity): set them, or another "
+                "initializer, alike to fuse the tables)") if uniform else ""
+        logger.info("feature group %r: its dynamic tables take %d storages (%s): their "
+                    "options differ in %s%s", group, len(keys), parts, ", ".join(differ), hint)

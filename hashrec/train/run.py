@@ -11,6 +11,7 @@ from hashrec.train import checkpoints
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import evaluate, write_eval_result
 from hashrec.train.loop import LoopOptions, TrainLoop
+from hashrec.train.model_dir_lock import model_dir_lock
 from hashrec.train.session import build_session, write_pipeline_config
 
 logger = logging.getLogger("hashrec.train")
@@ -38,15 +39,26 @@ def train_and_evaluate(config, continue_train: bool = False,
         The last evaluation result (None without an eval input).
 
     Raises:
-        TrainError: model_dir holds checkpoints and ``continue_train`` is False,
-            or an invalid training setting.
+        TrainError: model_dir holds checkpoints and ``continue_train`` is False, another
+            training run uses model_dir (``model_dir_lock``), or an invalid training
+            setting.
         CheckpointError: an unreadable or malformed ``fine_tune_ckpt_param_map``, or one
             naming what the model or the checkpoint does not hold.
         DataError: an input path names nothing (checked before the model is built).
         TrainInterrupted: SIGINT or SIGTERM stopped training (after a checkpoint).
     """
+    checkpoints.check_model_dir(config.model_dir, continue_train)
+    chief = (ctx.rank if ctx is not None else rank) == 0
+    with model_dir_lock(config.model_dir, held=chief):
+        return _train(config, continue_train, fine_tune_checkpoint, ignore_restore_optimizer,
+                      rank, world_size, ctx)
+
+
+def _train(config, continue_train: bool, fine_tune_checkpoint: str | None,
+           ignore_restore_optimizer: bool, rank: int, world_size: int, ctx) -> dict | None:
+    """``train_and_evaluate`` under the model_dir's lock."""
     model_dir = config.model_dir
-    checkpoints.check_model_dir(model_dir, continue_train)
+    checkpoints.check_model_dir(model_dir, continue_train)  # as it is now, locked
     # A typo in an input path found now, not after building the tables (or, for the
     # eval path, after hours of training).
     expand_input_path(config.train_input_path)

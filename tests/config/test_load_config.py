@@ -113,6 +113,28 @@ def test_save_under_a_file_names_the_path(tmp_path):
                              tmp_path / "model" / "pipeline.config")
 
 
+def test_a_failed_save_keeps_the_file_that_was_there_whole(tmp_path, monkeypatch):
+    """A full disk midway: the old config stays, no staging file is left, and the error
+    says the disk is full (it said to check the folder's permissions)."""
+    import errno
+    import os
+
+    path = tmp_path / "pipeline.config"
+    path.write_text("the old config")
+    real_fsync = os.fsync
+
+    def full(fd):
+        real_fsync(fd)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(ConfigError, match=r"cannot write pipeline config .*pipeline\.config: "
+                                          r"No space left on device; free space on its disk$"):
+        save_pipeline_config(load_pipeline_config(TAOBAO_CONFIG), path)
+    assert path.read_text() == "the old config"
+    assert os.listdir(tmp_path) == ["pipeline.config"]
+
+
 def test_real_concatenation_is_kept_when_it_is_no_split():
     config = parse_pipeline_config(
         'model_dir: "m"\n'

@@ -51,6 +51,8 @@ def test_ignored_fields_are_noted():
         "data_config { fg_mode: FG_DAG fg_encoded: true }"))
     assert notes == ["train_config.is_profiling", "train_config.tensorboard_summaries",
                      "data_config.fg_mode"]
+    notes = ignored_field_notes(example_with('export_config { mixed_precision: "BF16" }'))
+    assert notes == ["export_config.mixed_precision"]  # the export runs in float32
 
 
 def test_fields_of_feature_generation_are_noted():

@@ -85,3 +85,11 @@ def test_empty_directory_raises(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="empty directories"):
         expand_input_path(str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("entry", ["odps://project/tables/users", "hdfs://nn/data/*.parquet"])
+def test_remote_tables_and_stores_are_refused_by_name(tmp_path, entry):
+    (tmp_path / "a.parquet").write_bytes(b"")
+    with pytest.raises(DataError, match=rf"input path '{entry.replace('*', '.')}': "
+                                        rf"{entry.split(':')[0]}:// paths are not read"):
+        expand_input_path(f"{tmp_path / 'a.parquet'},{entry}")

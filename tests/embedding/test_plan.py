@@ -48,8 +48,14 @@ def test_same_group_dim_and_options_fuse_with_summed_capacity():
     (_table("b", dtype=torch.float16), "dtype"),
     (_table("b", score_strategy="LFU"), "score-strategy"),
 ], ids=lambda v: v if isinstance(v, str) else "")
-def test_tables_that_differ_keep_their_own_storage(second, reason):
-    assert _layout([_table("a"), second]) == {"a": ["a"], "b": ["b"]}
+def test_tables_that_differ_keep_their_own_storage(second, reason, caplog):
+    with caplog.at_level("INFO", logger="hashrec.embedding.plan"):
+        assert _layout([_table("a"), second]) == {"a": ["a"], "b": ["b"]}
+    field = {"dim": "dim", "optimizer": "optimizer", "dtype": "dtype",
+             "score-strategy": "score_strategy"}.get(reason)
+    # Tables of one group kept apart say why; tables of other groups say nothing.
+    assert caplog.messages == ([f"feature group 'g': its dynamic tables take 2 storages "
+                                f"(a | b): their options differ in {field}"] if field else [])
 
 
 def test_a_storage_choice_spelled_out_does_not_split_a_fusion():
@@ -71,12 +77,17 @@ def test_frozen_and_trainable_tables_do_not_fuse():
     assert _layout([_table("a"), frozen]) == {"a": ["a"], "b": ["b"]}
 
 
-def test_default_uniform_bounds_follow_each_tables_capacity():
+def test_default_uniform_bounds_follow_each_tables_capacity(caplog):
     def uniform(name, capacity):
         return EmbeddingTableSpec(name, 8, dynamic=TableOptions(dim=8, max_capacity=capacity),
                                   fusion_group="g")
 
-    assert _layout([uniform("a", 64), uniform("b", 128)]) == {"a": ["a"], "b": ["b"]}
+    with caplog.at_level("INFO", logger="hashrec.embedding.plan"):
+        assert _layout([uniform("a", 64), uniform("b", 128)]) == {"a": ["a"], "b": ["b"]}
+    assert caplog.messages == [
+        "feature group 'g': its dynamic tables take 2 storages (a | b): their options differ "
+        "in initializer (UNIFORM bounds default to +-sqrt(1/max_capacity): set them, or "
+        "another initializer, alike to fuse the tables)"]
     assert _layout([uniform("a", 64), uniform("b", 64)]) == {"g": ["a", "b"]}
 
 

@@ -53,7 +53,8 @@ def trained_state(loop: TrainLoop) -> dict[str, torch.Tensor]:
     for name, table in session.model.embedding.dynamic_tables().items():
         keys, tags, rows, scores = (torch.cat(parts) for parts in
                                     zip(*table.export_state(1 << 20)))
-        order = torch.argsort(keys)
+        by_tag = torch.argsort(tags, stable=True)  # then by key: (key, tag) order
+        order = by_tag[torch.argsort(keys[by_tag], stable=True)]
         state[f"table {name}"] = torch.cat([keys[order, None].double(),
                                             tags[order, None].double(), rows[order].double(),
                                             scores[order, None].double()], 1)
