@@ -51,7 +51,6 @@ before its first checkpoint leaves dumps but nothing to continue).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from dataclasses import dataclass
@@ -61,7 +60,6 @@ import torch.distributed as dist
 
 from hashrec.checkpoint import IncrementalDumper, discard_dumps_after
 from hashrec.checkpoint.tags import model_tag_tables
-from hashrec.data import DataError
 from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import FlatGradients
 from hashrec.distributed.process_group import all_gather_objects, all_reduce_int_async
@@ -69,6 +67,7 @@ from hashrec.train import checkpoints
 from hashrec.train.collection_schedule import CollectionSchedule
 from hashrec.train.distributed import (
     WeightedLossScale,
+    check_same_input,
     global_table_counters,
     min_over_ranks,
 )
@@ -127,26 +126,6 @@ def prepare_ahead_from_env() -> int:
     if value not in ("1", "2"):
         raise TrainError(f"{PREPARE_AHEAD_ENV}={value!r}: expected 1 or 2")
     return int(value)
-
-
-def check_same_input(dataset, path: str, ctx) -> None:
-    """Every rank must see the same training input: ranks split its rows by position,
-    so ranks that list other files (a path relative to another working directory, a
-    folder that differs between hosts) would train some rows twice and others never.
-
-    Raises:
-        DataError: the ranks' files (names and row counts, in order) differ.
-    """
-    pieces = [(os.path.basename(p.path), int(p.num_rows)) for p in dataset.pieces]
-    digest = hashlib.sha256(repr(pieces).encode()).hexdigest()[:16]
-    seen = all_gather_objects((digest, len({p.path for p in dataset.pieces}),
-                               int(dataset.num_rows)), ctx)
-    if len({entry[0] for entry in seen}) > 1:
-        ranks = "; ".join(f"rank {r}: {files} files, {rows} rows"
-                          for r, (_, files, rows) in enumerate(seen))
-        raise DataError(f"train input {path!r} differs between ranks ({ranks}); every rank "
-                        f"must read the same files (use an absolute path on a shared file "
-                        f"system)")
 
 
 def resumed_batches(resume: checkpoints.Resume, readers: tuple[int, int, int]) -> int:
@@ -436,7 +415,7 @@ class TrainLoop:
         loader = self.session.train_stream(path, first, count)
         s, workers = self.session, loader.num_workers
         if self.ctx.is_distributed:
-            check_same_input(loader.dataset, path, self.ctx)
+            check_same_input(loader.dataset, path, self.ctx, "train")
         readers = loader.dataset.reader_batches(s.rank, workers)
         steps = min(sum(loader.dataset.reader_batches(rank, workers))
                     for rank in range(s.world_size))

@@ -3,19 +3,23 @@
 The row counts are odd so the ranks' shares differ by one row: training stops
 every rank together, and evaluation still covers every eval row (the rank that
 runs out first serves its peer's lookups). A stop signal that one rank receives in an
-evaluation stops every rank's before the same batch.
+evaluation stops every rank's before the same batch. Ranks whose training or eval input
+lists other files are refused.
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 
 import pytest
+from small_din import generate_data, small_config
 
 from hashrec.tools.gen_taobao_data import generate
 
@@ -288,3 +292,33 @@ def test_a_signal_to_one_rank_stops_every_rank_evaluation_at_the_same_batch(tmp_
     # Without a signal every batch is evaluated; rank 1 serves rank 0's last two.
     assert [r["whole"] for r in ranks] == [[0, 1, 2, 3, 4], [0, 1, 2]]
     assert [r["idle"] for r in ranks] == [0, 2]
+
+
+def scenario_eval_other_files(root: str, ctx) -> str:
+    """Evaluates eval<rank> of ``root``: rank 1's holds a file fewer than rank 0's."""
+    from hashrec.data import DataError
+    from hashrec.train.evaluation import evaluate
+    from hashrec.train.session import build_session
+
+    session = build_session(small_config(os.path.join(root, "model")), ctx=ctx)
+    try:
+        result = evaluate(session, os.path.join(root, f"eval{ctx.rank}"), 0)
+    except DataError as err:
+        return f"DataError: {err}"
+    return f"evaluated {result['num_examples']} rows"
+
+
+def test_ranks_evaluating_other_files_are_refused(tmp_path):
+    generate_data(tmp_path / "data", seed=2)
+    (part,) = sorted((tmp_path / "data").glob("*.parquet"))
+    for rank, files in ((0, 2), (1, 1)):
+        (tmp_path / f"eval{rank}").mkdir()
+        for copy in range(files):
+            shutil.copy(part, tmp_path / f"eval{rank}" / f"part-{copy:05d}.parquet")
+    (ranks,) = run_world({"eval": functools.partial(scenario_eval_other_files,
+                                                    str(tmp_path))}, 2, tmp_path).values()
+    for rank, said in enumerate(ranks):
+        assert not isinstance(said, Exception), said
+        assert said.startswith(f"DataError: eval input {str(tmp_path / f'eval{rank}')!r} "
+                               f"differs between ranks (rank 0: 2 files, 3000 rows; rank 1: 1 "
+                               f"files, 1500 rows); every rank must read the same files"), said
