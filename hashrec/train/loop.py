@@ -303,7 +303,11 @@ class TrainLoop:
                 while not self.done() and not self.stopping:
                     result = self.run_epoch(train_input_path) or result
                     self.collections.full()
-                if self._stop_reduction is not None:  # every rank started it: finish it
+                if self._stop_reduction is not None:
+                    # Every rank started it: finish it. A signal it carries came in the last
+                    # step, as the run ends anyway; every rank reads the same value and
+                    # leaves it alike, so none stops on its own (a final evaluation still
+                    # stops on the signal, every rank before the same batch).
                     self._stop_reduction()
                     self._stop_reduction = None
                 self._finish_timing()
