@@ -44,6 +44,42 @@ def gather_counts(counts: list[int]) -> list[list[int]]:
     return [t.cpu().tolist() for t in out]
 
 
+def run_on_rank_zero(fn, what: str, error_type: type[Exception]):
+    """Runs ``fn()`` on rank 0 alone and gives its (picklable) result to every rank.
+
+    For a decision all ranks must share, such as which checkpoint of a model_dir is the
+    latest: ranks looking on their own, at slightly different moments, could decide
+    differently while another run writes there. An error raised on rank 0 is raised on
+    every rank (as itself on rank 0, as ``error_type`` with its message on the others),
+    so that none waits for a result that never comes.
+
+    Args:
+        fn: the work; its result is returned on every rank.
+        what: names the work in the error raised on the other ranks.
+        error_type: exception class raised on the other ranks (the subsystem's error base).
+    """
+    rank, world_size = rank_and_world()
+    if world_size == 1:
+        return fn()
+    error: BaseException | None = None
+    reply: tuple = (None, None)
+    if rank == 0:
+        try:
+            reply = (fn(), None)
+        except Exception as e:  # noqa: BLE001 - re-raised below on every rank
+            error = e
+            reply = (None, str(e) if isinstance(e, error_type)
+                     else f"{what} failed on rank 0: {e}")
+    box = [reply]
+    dist.broadcast_object_list(box, src=0, device=_collective_device())
+    if error is not None:
+        raise error
+    result, message = box[0]
+    if message is not None:
+        raise error_type(message)
+    return result
+
+
 def run_on_all_ranks(fn, what: str, error_type: type[Exception]):
     """Runs ``fn()`` on this rank and raises on every rank if it failed on any.
 

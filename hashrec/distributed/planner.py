@@ -6,8 +6,11 @@ the user's fixed factor / mode - and prices each by its per-rank GPU and host
 bytes (:mod:`hashrec.distributed.storage_estimate`) and its step time
 (:mod:`hashrec.distributed.cost_model`). :mod:`hashrec.distributed.plan_search`
 then picks one variant per table: the cheapest plan its heuristics find within
-both per-rank budgets. When no plan fits, :class:`PlannerError` names the tables
-that do not fit and by how many bytes.
+both per-rank budgets. Without CUDA (``Topology.shared_memory``) both tiers are host
+memory, so the host budget bounds a plan's GPU and host bytes together (the search's
+second resource is then a variant's whole size) and the GPU budget its GPU bytes alone.
+When no plan fits, :class:`PlannerError` names the tables that do not fit and by how
+many bytes.
 """
 
 from __future__ import annotations
@@ -147,7 +150,9 @@ def plan_tables(tables: list[PlannerTable], topology: Topology, batch_size: int,
         cost_model: bandwidths and skew; default :class:`CostModel`.
 
     Returns:
-        The cheapest plan the greedy search finds within both budgets.
+        The cheapest plan the greedy search finds within both budgets (with
+        ``topology.shared_memory``: GPU bytes within ``gpu_bytes``, GPU and host bytes
+        together within ``host_bytes``).
 
     Raises:
         PlannerError: no plan fits; names the tables that do not fit and by how much.
@@ -162,11 +167,15 @@ def plan_tables(tables: list[PlannerTable], topology: Topology, batch_size: int,
     if not tables:
         return Plan(tables=(), topology=topology, batch_size=batch_size)
     variants = [enumerate_variants(t, batch_size, cost_model) for t in tables]
-    grid = Grid.build([[(v.gpu_bytes, v.host_bytes, v.cost) for v in row] for row in variants])
+    # One memory behind both tiers: what the host budget bounds is a variant's whole size.
+    shared = topology.shared_memory
+    grid = Grid.build([[(v.gpu_bytes, v.host_bytes + (v.gpu_bytes if shared else 0), v.cost)
+                        for v in row] for row in variants])
     choice = search(grid, topology.gpu_bytes, topology.host_bytes)
     if choice is None:
         _check_fits(tables, grid.gpu, topology.gpu_bytes, "GPU")
-        _check_fits(tables, grid.host, topology.host_bytes, "host")
+        _check_fits(tables, grid.host, topology.host_bytes,
+                    "host (without CUDA: GPU and host tiers together)" if shared else "host")
         _raise_joint(tables, grid, topology)
     chosen = tuple(TablePlan(name=t.name, variant=variants[i][int(choice[i])], rows=t.rows)
                    for i, t in enumerate(tables))
@@ -218,8 +227,12 @@ def _fixed_note(table: PlannerTable) -> str:
 
 def _raise_joint(tables: list[PlannerTable], grid: Grid, topology: Topology) -> None:
     """Each budget alone can be met, but no plan found meets both: name the largest tables."""
-    both = np.where(np.isfinite(grid.gpu), grid.gpu + grid.host, np.inf).min(axis=1)
-    short = both.sum() - (topology.gpu_bytes + topology.host_bytes)
+    if topology.shared_memory:  # grid.host holds both tiers, within the host budget
+        both, budget = grid.host.min(axis=1), topology.host_bytes
+    else:
+        both = np.where(np.isfinite(grid.gpu), grid.gpu + grid.host, np.inf).min(axis=1)
+        budget = topology.gpu_bytes + topology.host_bytes
+    short = both.sum() - budget
     largest = [f"{tables[i].name} (at least {_fmt_bytes(both[i])} on GPU and host together)"
                for i in np.argsort(-both, kind="stable")[:5]]
     shortfall = (f"together the tables need at least {_fmt_bytes(both.sum())}, short by "
@@ -247,6 +260,9 @@ def plan_to_table(plan: Plan) -> str:
     lines = ["  ".join(cell.ljust(w) if c < 3 else cell.rjust(w)
                        for c, (cell, w) in enumerate(zip(r, widths))) for r in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if plan.topology.shared_memory:
+        lines.append(f"(no CUDA: both tiers are host memory; GPU + host bytes "
+                     f"{plan.gpu_bytes + plan.host_bytes} within the host budget)")
     return "\n".join(lines)
 
 

@@ -5,8 +5,10 @@ bytes per rank) override detection. Detection takes the free GPU memory of the
 rank's device (``torch.cuda.mem_get_info``) and the host's physical memory
 divided among the ranks on the host (``LOCAL_WORLD_SIZE``), each times a
 headroom fraction that leaves room for the dense model, activations and data
-loading. Without CUDA, values live in host memory whatever the mode, so the
-"GPU" budget is the rank's host share as well.
+loading. Without CUDA (a rank computing on the CPU) both tiers of a table live in host
+memory whatever the mode: the planner then fits their bytes together within the host
+budget (``Topology.shared_memory``), and the "GPU" budget, the host budget unless set,
+bounds the device tier alone.
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ class Topology:
         gpu_bytes: GPU memory budget per rank.
         host_bytes: host memory budget per rank.
         world_size: number of ranks (for the printed plan).
+        shared_memory: the "GPU" tier is host memory too (no CUDA device): a plan's GPU
+            and host bytes together must fit ``host_bytes``, its GPU bytes ``gpu_bytes``.
     """
 
     gpu_bytes: int
     host_bytes: int
     world_size: int = 1
+    shared_memory: bool = False
 
     def __post_init__(self) -> None:
         for name in ("gpu_bytes", "host_bytes"):
@@ -43,6 +48,9 @@ class Topology:
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) \
                 or self.world_size < 1:
             raise ValueError(f"world_size={self.world_size!r} is not valid; allowed: an int >= 1")
+        if not isinstance(self.shared_memory, bool):
+            raise ValueError(f"shared_memory={self.shared_memory!r} is not valid; allowed: a "
+                             f"bool")
 
 
 def _env_bytes(env: Mapping[str, str], name: str) -> int | None:
@@ -75,7 +83,9 @@ def detect_topology(world_size: int = 1, device: torch.device | str | None = Non
 
     Args:
         world_size: ranks in the job.
-        device: the rank's device; CUDA devices are measured with ``mem_get_info``.
+        device: the rank's device; CUDA devices are measured with ``mem_get_info``. Any
+            other (default: the CPU) gives a ``shared_memory`` topology whose GPU budget
+            defaults to the host budget.
         gpu_bytes: explicit GPU budget (a command-line flag), bytes per rank.
         host_bytes: explicit host budget, bytes per rank.
         gpu_headroom: share of the free GPU memory given to dynamic tables.
@@ -90,13 +100,14 @@ def detect_topology(world_size: int = 1, device: torch.device | str | None = Non
         host_bytes = _env_bytes(env, HOST_MEMORY_ENV)
     if host_bytes is None:
         host_bytes = int(host_memory_per_rank(env) * host_headroom)
+    device = torch.device("cpu" if device is None else device)
     if gpu_bytes is None:
         gpu_bytes = _env_bytes(env, GPU_MEMORY_ENV)
     if gpu_bytes is None:
-        device = torch.device("cpu" if device is None else device)
         if device.type == "cuda":
             free, _total = torch.cuda.mem_get_info(device)
             gpu_bytes = int(free * gpu_headroom)
         else:
             gpu_bytes = host_bytes
-    return Topology(gpu_bytes=gpu_bytes, host_bytes=host_bytes, world_size=world_size)
+    return Topology(gpu_bytes=gpu_bytes, host_bytes=host_bytes, world_size=world_size,
+                    shared_memory=device.type != "cuda")

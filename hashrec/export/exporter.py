@@ -1,10 +1,10 @@
 """Export a checkpoint: safetensors parts with meta JSON, the pipeline config, a scripted model.
 
-Under ``torchrun`` every rank restores the checkpoint (keeping the dynamic keys
-it owns) and writes its own part; after a barrier rank 0 writes the pipeline
-config and builds the scripted model from all parts. Everything is written into
-a staging directory that is renamed to the export directory at the end (see
-``staging.py``).
+Under ``torchrun`` every rank restores the checkpoint (of a model_dir, the latest as
+rank 0 finds it), keeping the dynamic keys it owns, and writes its own part; after a
+barrier rank 0 writes the pipeline config and builds the scripted model from all parts.
+Everything is written into a staging directory that is renamed to the export directory
+at the end (see ``staging.py``).
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ class ExportResult:
 
 
 def _restored_session(config, checkpoint_path: str | None, rank: int, world_size: int):
-    from hashrec.train.checkpoints import resolve_checkpoint, restore_resolved
+    from hashrec.train.checkpoints import agreed_checkpoint, restore_resolved
     from hashrec.train.session import build_session
 
     source = checkpoint_path or config.model_dir
-    resolve_checkpoint(source)  # nothing there: say so before building
+    agreed_checkpoint(source)  # nothing there: say so before building
     session = build_session(config, rank, world_size)
     path, meta_json = restore_resolved(
         source, lambda path: restore_checkpoint(path, session.model, None,

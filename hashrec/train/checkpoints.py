@@ -23,6 +23,11 @@ and the initial values of rows inserted later draw what an uninterrupted run wou
 have, so resuming on the same device and number of ranks trains the same model bit
 for bit (compared on the CPU in the tests). Under another number of ranks (or from a
 GPU run onto the CPU) the states do not apply; the run then draws others and says so.
+
+Under several ranks "the latest checkpoint" of a model_dir (``--continue_train``, a
+fine-tune start, eval and export of a model_dir) is looked up by rank 0 alone and its
+path given to every rank: a run still training there may commit a new one between two
+ranks' looks, and ranks restoring different checkpoints would evaluate or export a mix.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from hashrec.checkpoint import (
     restore_fine_tune,
     save_checkpoint,
 )
+from hashrec.checkpoint.dist_util import run_on_rank_zero
 from hashrec.checkpoint.layout import checkpoint_dirs
 from hashrec.table import TableError
 from hashrec.train.errors import TrainError
@@ -100,11 +106,13 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
     checkpoint directory, or a model_dir whose latest checkpoint is taken) initializes
     what of the model and tables it holds in the same shape, under the names
     ``param_map`` gives (``hashrec.checkpoint.fine_tune``); the rest starts fresh and
-    training starts at step 0.
+    training starts at step 0. Under several ranks the latest checkpoint of a model_dir
+    is the one rank 0 finds, on every rank.
     """
     tables = model.embedding.dynamic_tables()
     if continue_train:
-        path = latest_checkpoint(model_dir)
+        path = run_on_rank_zero(lambda: latest_checkpoint(model_dir),
+                                f"finding the latest checkpoint of {model_dir}", TrainError)
         if path is not None:
             meta = restore_checkpoint(path, model, dense_optimizer.optimizer, tables,
                                       restore_optimizer=restore_optimizer,
@@ -135,7 +143,7 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
         logger.warning("--ignore_restore_optimizer has no effect without --continue_train "
                        "(a fine-tune start never restores optimizer state)")
     if fine_tune_checkpoint:
-        path = resolve_checkpoint(fine_tune_checkpoint)
+        path = agreed_checkpoint(fine_tune_checkpoint)
         restore_fine_tune(path, model, tables, param_map)
         return Resume(0, 0, path)
     if param_map is not None:
@@ -190,16 +198,28 @@ def resolve_checkpoint(path: str) -> str:
     return latest
 
 
+def agreed_checkpoint(path: str) -> str:
+    """``resolve_checkpoint(path)`` as rank 0 finds it, on every rank (one lookup, so
+    that all ranks take the same checkpoint while a run may be writing new ones).
+
+    Raises:
+        TrainError: nothing restorable at ``path`` (on every rank).
+    """
+    return run_on_rank_zero(lambda: resolve_checkpoint(path), f"finding a checkpoint at {path}",
+                            TrainError)
+
+
 def restore_resolved(path: str, restore):
     """``restore(checkpoint)`` of the checkpoint ``path`` names: itself, or a model_dir's
-    latest complete one, taken as late as possible (after the model is built) since a
-    run still training there may prune it. Returns (checkpoint, what ``restore`` gave).
+    latest complete one (as rank 0 finds it, on every rank: :func:`agreed_checkpoint`),
+    taken as late as possible (after the model is built) since a run still training
+    there may prune it. Returns (checkpoint, what ``restore`` gave).
 
     Raises:
         TrainError: nothing restorable at ``path``, or the checkpoint taken was removed
             while it was read.
     """
-    checkpoint = resolve_checkpoint(path)
+    checkpoint = agreed_checkpoint(path)
     try:
         return checkpoint, restore(checkpoint)
     except CheckpointError:

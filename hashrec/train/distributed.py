@@ -4,12 +4,13 @@ Every rank runs the same steps: embedding lookups and the dense-gradient
 all-reduce are collectives. The data loader gives each rank's workers contiguous
 shares of the rows cut at whole batches (``hashrec.data.sharding``: ranks differ
 by at most one batch), so ranks may still end an epoch with different batch
-counts:
+counts. The training and the eval input are checked, as they start, to be the same
+files on every rank (:func:`check_same_input`), since the shares are cut by position:
 
 * training runs, every epoch, as many steps as the rank with the fewest batches
   has: the counts follow from the row count (``hashrec.data.sharding.slot_batches``),
   so every rank knows them without a per-step exchange (one :func:`min_over_ranks`
-  when the training input starts guards against ranks that see different files);
+  when the training input starts);
   the at most one extra batch of the other ranks is skipped, as with
   ``drop_remainder``;
 * evaluation runs until every rank is done; a rank whose input ran out serves
@@ -24,12 +25,15 @@ applied to every rank's tables, and the plan is logged as a table.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
+from hashrec.data import DataError
 from hashrec.distributed import (
     DistContext,
     PlannerTable,
@@ -40,7 +44,7 @@ from hashrec.distributed import (
     single_process_context,
 )
 from hashrec.distributed.errors import DistributedError
-from hashrec.distributed.process_group import all_reduce_int
+from hashrec.distributed.process_group import all_gather_objects, all_reduce_int
 from hashrec.distributed.side_exchange import run_aside
 from hashrec.embedding.plan import plan_storages
 from hashrec.train.interrupt import StopSignals
@@ -51,6 +55,27 @@ logger = logging.getLogger("hashrec.train")
 def min_over_ranks(value: int, ctx: DistContext) -> int:
     """The smallest of every rank's ``value`` (``value`` itself on one rank)."""
     return all_reduce_int(value, ctx, dist.ReduceOp.MIN)
+
+
+def check_same_input(dataset, path: str, ctx: DistContext, mode: str) -> None:
+    """Every rank must see the same input (``mode`` train or eval): ranks split its rows
+    by position, so ranks that list other files (a path relative to another working
+    directory, a folder that differs between hosts) would train or count some rows twice
+    and others never. A collective: every rank calls it for the same input.
+
+    Raises:
+        DataError: the ranks' files (names and row counts, in order) differ.
+    """
+    pieces = [(os.path.basename(p.path), int(p.num_rows)) for p in dataset.pieces]
+    digest = hashlib.sha256(repr(pieces).encode()).hexdigest()[:16]
+    seen = all_gather_objects((digest, len({p.path for p in dataset.pieces}),
+                               int(dataset.num_rows)), ctx)
+    if len({entry[0] for entry in seen}) > 1:
+        ranks = "; ".join(f"rank {r}: {files} files, {rows} rows"
+                          for r, (_, files, rows) in enumerate(seen))
+        raise DataError(f"{mode} input {path!r} differs between ranks ({ranks}); every rank "
+                        f"must read the same files (use an absolute path on a shared file "
+                        f"system)")
 
 
 def eval_batches(batches: Iterable, ctx: DistContext, idle: Callable[[], None],

@@ -6,7 +6,8 @@ eval initializer) under ``torch.no_grad``. Metrics keep fixed-size state (see
 Each evaluation appends one JSON object, at least ``{"step", "auc"}`` (a multi-task
 model's ``auc_<tower_name>``) and the checkpoint's path, to ``<model_dir>/eval_result.txt``
 (rank 0). Under several ranks each rank
-evaluates its share of the input; a rank that runs out first keeps serving its
+evaluates its share of the input (every rank must list the same files, or the evaluation
+fails with a ``DataError`` before its first batch); a rank that runs out first keeps serving its
 peers' embedding lookups until all are done, and the metrics are summed over ranks.
 An evaluation inside training stops at its next batch when a stop signal arrives (on any
 rank: every rank stops at the same batch) and gives no result.
@@ -23,7 +24,7 @@ import time
 import torch
 
 from hashrec.distributed import single_process_context
-from hashrec.train.distributed import eval_batches
+from hashrec.train.distributed import check_same_input, eval_batches
 from hashrec.train.grouped_auc import GroupedAUC
 from hashrec.train.interrupt import StopSignals
 from hashrec.train.metrics import MeanLoss, build_metrics, grouping_ids
@@ -76,8 +77,11 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
     try:
         with torch.no_grad():
             ctx = session.ctx or single_process_context(session.device)
-            for batch in eval_batches(session.loader(input_path, "eval"), ctx,
-                                      model.embedding.idle_lookups, max_steps, signals):
+            loader = session.loader(input_path, "eval")
+            if ctx.is_distributed:
+                check_same_input(loader.dataset, input_path, ctx, "eval")
+            for batch in eval_batches(loader, ctx, model.embedding.idle_lookups, max_steps,
+                                      signals):
                 batch = batch.to(session.device)
                 with session.precision.autocast():
                     predictions = model(batch)

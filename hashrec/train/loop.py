@@ -51,7 +51,6 @@ before its first checkpoint leaves dumps but nothing to continue).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from dataclasses import dataclass
@@ -61,7 +60,6 @@ import torch.distributed as dist
 
 from hashrec.checkpoint import IncrementalDumper, discard_dumps_after
 from hashrec.checkpoint.tags import model_tag_tables
-from hashrec.data import DataError
 from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import FlatGradients
 from hashrec.distributed.process_group import all_gather_objects, all_reduce_int_async
@@ -69,6 +67,7 @@ from hashrec.train import checkpoints
 from hashrec.train.collection_schedule import CollectionSchedule
 from hashrec.train.distributed import (
     WeightedLossScale,
+    check_same_input,
     global_table_counters,
     min_over_ranks,
 )
@@ -129,26 +128,6 @@ def prepare_ahead_from_env() -> int:
     return int(value)
 
 
-def check_same_input(dataset, path: str, ctx) -> None:
-    """Every rank must see the same training input: ranks split its rows by position,
-    so ranks that list other files (a path relative to another working directory, a
-    folder that differs between hosts) would train some rows twice and others never.
-
-    Raises:
-        DataError: the ranks' files (names and row counts, in order) differ.
-    """
-    pieces = [(os.path.basename(p.path), int(p.num_rows)) for p in dataset.pieces]
-    digest = hashlib.sha256(repr(pieces).encode()).hexdigest()[:16]
-    seen = all_gather_objects((digest, len({p.path for p in dataset.pieces}),
-                               int(dataset.num_rows)), ctx)
-    if len({entry[0] for entry in seen}) > 1:
-        ranks = "; ".join(f"rank {r}: {files} files, {rows} rows"
-                          for r, (_, files, rows) in enumerate(seen))
-        raise DataError(f"train input {path!r} differs between ranks ({ranks}); every rank "
-                        f"must read the same files (use an absolute path on a shared file "
-                        f"system)")
-
-
 def resumed_batches(resume: checkpoints.Resume, readers: tuple[int, int, int]) -> int:
     """Batches per rank of the resumed epoch that a run reading with ``readers`` (ranks,
     loader workers, batch size) skips: the checkpoint's count, or, where it read with
@@ -159,6 +138,33 @@ def resumed_batches(resume: checkpoints.Resume, readers: tuple[int, int, int]) -
         return resume.epoch_step
     world, _, batch = (int(n) for n in resume.readers)
     return resume.epoch_step * world * batch // (readers[0] * readers[2])
+
+
+def empty_shares(rows: int, batch_size: int, workers: int, per_rank: list[int],
+                 drop_remainder: bool = False) -> str:
+    """Why some of the ranks have no batch of the input's ``rows`` (``per_rank``: each
+    rank's batches per epoch) and what to change. Its readers (each rank's loader workers,
+    or the rank itself without workers) share out the input's full batches
+    (``hashrec.data.sharding``); with fewer full batches than readers some get none, and
+    every rank trains as many steps as the one with the fewest."""
+    ranks, full = len(per_rank), rows // batch_size
+    readers = ranks * max(workers, 1)
+    empty = [rank for rank, count in enumerate(per_rank) if count == 0]
+    who = (f"rank {empty[0]}" if len(empty) == 1
+           else "ranks " + ", ".join(str(rank) for rank in empty))
+    rest = rows - full * batch_size
+    partial = "" if not rest else (f" (the {rest} rows left over are dropped: drop_remainder)"
+                                   if drop_remainder else
+                                   f" (plus {rest} rows, a partial batch of rank 0)")
+    layout = (f"{ranks} ranks x {workers} loader workers" if workers
+              else f"{ranks} ranks without loader workers")
+    more = "ranks or loader workers" if workers else "ranks"
+    fix = (f"lower data_config.batch_size to at most {rows // readers}, or use fewer {more}"
+           if rows >= readers else f"use fewer {more}")
+    return (f"{who} of {ranks} got no batch, and every rank trains as many steps as the rank "
+            f"with the fewest. The shares are cut at whole batches: the {rows} rows make "
+            f"{full} full batch{'' if full == 1 else 'es'} of data_config.batch_size "
+            f"{batch_size}{partial} for {readers} readers ({layout}); {fix}")
 
 
 def clip_gradients(parameters, grad_clipping) -> None:
@@ -201,6 +207,8 @@ class TrainLoop:
         # Training input per epoch, the next epoch's loader started ahead (run_epoch).
         self._inputs: EpochStream | None = None
         self._inputs_path: str | None = None
+        # The training input's ``empty_shares`` arguments, for an epoch without a step.
+        self._shares: tuple | None = None
         self.last_saved = resume.step if resume.path and resume.step else -1
         self.ctx = session.ctx or single_process_context(session.device)
         self.progress = ProgressLog(options.log_step_count_steps, session.rank,
@@ -295,7 +303,11 @@ class TrainLoop:
                 while not self.done() and not self.stopping:
                     result = self.run_epoch(train_input_path) or result
                     self.collections.full()
-                if self._stop_reduction is not None:  # every rank started it: finish it
+                if self._stop_reduction is not None:
+                    # Every rank started it: finish it. A signal it carries came in the last
+                    # step, as the run ends anyway; every rank reads the same value and
+                    # leaves it alike, so none stops on its own (a final evaluation still
+                    # stops on the signal, every rank before the same batch).
                     self._stop_reduction()
                     self._stop_reduction = None
                 self._finish_timing()
@@ -417,12 +429,7 @@ class TrainLoop:
                     or self._check_signals():
                 return result
         if batches == 0 and not skip:
-            share = (f" (each of the {self.session.world_size} ranks reads about 1/"
-                     f"{self.session.world_size} of the rows)"
-                     if self.session.world_size > 1 else "")
-            raise TrainError(f"train input {train_input_path!r} gave no batches in epoch "
-                             f"{self.epoch}{share}; check the path and "
-                             f"data_config.batch_size")
+            raise self._no_batches(train_input_path)
         self.epoch += 1
         self.epoch_step = 0
         if self._due_epochs() and self.last_saved != self.step:
@@ -430,17 +437,26 @@ class TrainLoop:
                 result = self.checkpoint_and_evaluate() or result
         return result
 
+    def _no_batches(self, path: str) -> TrainError:
+        """The error of an epoch without a step: under several ranks, one that says why a
+        rank's share of the input can be empty."""
+        head = f"train input {path!r} gave no batches in epoch {self.epoch}"
+        if self.session.world_size == 1 or self._shares is None or min(self._shares[3]):
+            return TrainError(f"{head}; check the path and data_config.batch_size")
+        return TrainError(f"{head}: {empty_shares(*self._shares)}")
+
     def train_stream(self, path: str, first: int, count: int | None):
         """``EpochStream``'s loader from epoch ``first`` on, its items per epoch and the
         batches per epoch of every rank (the fewest any rank has)."""
         loader = self.session.train_stream(path, first, count)
-        s, workers = self.session, loader.num_workers
+        s, workers, dataset = self.session, loader.num_workers, loader.dataset
         if self.ctx.is_distributed:
-            check_same_input(loader.dataset, path, self.ctx)
-        readers = loader.dataset.reader_batches(s.rank, workers)
-        steps = min(sum(loader.dataset.reader_batches(rank, workers))
-                    for rank in range(s.world_size))
-        return loader, max(readers) * max(workers, 1), min_over_ranks(steps, self.ctx)
+            check_same_input(dataset, path, self.ctx, "train")
+        readers = dataset.reader_batches(s.rank, workers)
+        per_rank = [sum(dataset.reader_batches(rank, workers)) for rank in range(s.world_size)]
+        self._shares = (int(dataset.num_rows), int(dataset.options.batch_size), workers,
+                        per_rank, bool(dataset.options.drop_remainder))
+        return loader, max(readers) * max(workers, 1), min_over_ranks(min(per_rank), self.ctx)
 
     def _due_steps(self) -> bool:
         every = self.options.save_checkpoints_steps

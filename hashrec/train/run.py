@@ -92,7 +92,8 @@ def evaluate_checkpoint(config, checkpoint_path: str | None = None, rank: int = 
     Args:
         config: the effective EasyRecConfig.
         checkpoint_path: a ``model.ckpt-<step>`` directory or a model_dir; default
-            the latest complete checkpoint of ``config.model_dir``.
+            the latest complete checkpoint of ``config.model_dir`` (a model_dir's latest
+            as rank 0 finds it, on every rank).
         rank, world_size, ctx: as in :func:`train_and_evaluate`.
 
     Returns:
@@ -106,7 +107,7 @@ def evaluate_checkpoint(config, checkpoint_path: str | None = None, rank: int = 
         raise TrainError("no eval input: set eval_input_path in the config or pass "
                          "--eval_input_path")
     source = checkpoint_path or config.model_dir
-    checkpoints.resolve_checkpoint(source)  # nothing there: say so before building
+    checkpoints.agreed_checkpoint(source)  # nothing there: say so before building
     expand_input_path(config.eval_input_path)
     session = build_session(config, rank, world_size, ctx=ctx)
     path, meta = checkpoints.restore_resolved(

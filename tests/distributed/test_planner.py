@@ -13,7 +13,7 @@ from hashrec.distributed.planner import (
     plan_to_table,
 )
 from hashrec.distributed.storage_estimate import PlannerTable, variant_bytes
-from hashrec.distributed.topology import Topology
+from hashrec.distributed.topology import Topology, detect_topology
 from hashrec.table import (
     AdmissionOptions,
     SparseAdam,
@@ -247,6 +247,29 @@ def test_plan_to_table_lists_every_table():
                                    f"{entry.variant.cache_load_factor:.1f}", str(entry.rows)]
         assert str(entry.variant.gpu_bytes) in row
     assert any(line.startswith("total") for line in lines)
+
+
+def test_without_cuda_both_tiers_fit_the_one_host_budget():
+    # On the CPU a HYBRID table's two tiers are the same memory: a budget of 3/4 of the
+    # table's bytes holds no split of it (with two budgets, one on a GPU, 0.5 would fit).
+    table = _table(rows=1 << 18)
+    whole = sum(variant_bytes(table, StorageMode.HBM_ONLY, 1.0))
+    cpu = detect_topology(1, "cpu", env={"HASHREC_HOST_MEMORY_BYTES": str(whole * 3 // 4)})
+    with pytest.raises(PlannerError, match=r"host \(without CUDA: GPU and host tiers together\) "
+                                           r"budget .* short by"):
+        plan_tables([table], cpu, 1024)
+    assert cpu.shared_memory and cpu.gpu_bytes == cpu.host_bytes
+    split = plan_tables([table], dataclasses.replace(cpu, shared_memory=False), 1024)
+    assert split.for_table("t").mode is not StorageMode.HBM_ONLY
+    assert split.gpu_bytes + split.host_bytes > cpu.host_bytes
+    # A GPU budget set on the CPU bounds the device tier; the host budget bounds both.
+    cpu = detect_topology(1, "cpu", env={"HASHREC_HOST_MEMORY_BYTES": str(whole * 3 // 2),
+                                         "HASHREC_GPU_MEMORY_BYTES": str(whole // 2)})
+    plan = plan_tables([table], cpu, 1024)
+    assert plan.gpu_bytes <= whole // 2 < whole <= plan.gpu_bytes + plan.host_bytes
+    assert plan.gpu_bytes + plan.host_bytes <= whole * 3 // 2
+    assert f"GPU + host bytes {plan.gpu_bytes + plan.host_bytes} within the host budget" \
+        in plan_to_table(plan)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

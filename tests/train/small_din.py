@@ -23,10 +23,8 @@ def generate_data(out, seed: int) -> None:
     generate(str(out), 1500, seed=seed, scale=0.001, quiet=True)
 
 
-def small_loop(model_dir, device: str = "cpu", edits: dict | None = None,
-               continue_train: bool = False) -> TrainLoop:
-    """A TrainLoop of STEPS steps of 256 samples, sequences of 8, narrow towers
-    (``edits`` change the config; ``continue_train`` resumes from ``model_dir``)."""
+def small_config(model_dir, edits: dict | None = None):
+    """The config of :func:`small_loop` (``edits`` change it)."""
     edits = {"data_config.batch_size": 256, "data_config.num_workers": 0,
              "train_config.num_steps": STEPS, "eval_input_path": "",
              "model_dir": str(model_dir),
@@ -34,9 +32,18 @@ def small_loop(model_dir, device: str = "cpu", edits: dict | None = None,
              "model_config.multi_tower_din.towers[0].mlp.hidden_units": [8],
              "model_config.multi_tower_din.din_towers[0].attn_mlp.hidden_units": [8],
              "model_config.multi_tower_din.final.hidden_units": [4], **(edits or {})}
-    config = apply_edit_config_json(load_pipeline_config(CONFIG), edits)
+    return apply_edit_config_json(load_pipeline_config(CONFIG), edits)
+
+
+def small_loop(model_dir, device: str = "cpu", edits: dict | None = None,
+               continue_train: bool = False, world_size: int = 1, ctx=None) -> TrainLoop:
+    """A TrainLoop of STEPS steps of 256 samples, sequences of 8, narrow towers
+    (``edits`` change the config; ``continue_train`` resumes from ``model_dir``;
+    ``world_size``: this process reads rank 0's share of that many; ``ctx``: a rank of a
+    process group, which sets the device and the ranks)."""
+    config = small_config(model_dir, edits)
     torch.manual_seed(0)
-    session = build_session(config, device=torch.device(device))
+    session = build_session(config, 0, world_size, device=torch.device(device), ctx=ctx)
     resume = checkpoints.Resume()
     if continue_train:
         resume = checkpoints.restore_for_training(str(model_dir), session.model,

@@ -3,19 +3,23 @@
 The row counts are odd so the ranks' shares differ by one row: training stops
 every rank together, and evaluation still covers every eval row (the rank that
 runs out first serves its peer's lookups). A stop signal that one rank receives in an
-evaluation stops every rank's before the same batch.
+evaluation stops every rank's before the same batch, and one received in the last step
+ends every rank alike. Ranks whose training or eval input lists other files are refused.
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 
 import pytest
+from small_din import generate_data, small_config, small_loop
 
 from hashrec.tools.gen_taobao_data import generate
 
@@ -288,3 +292,83 @@ def test_a_signal_to_one_rank_stops_every_rank_evaluation_at_the_same_batch(tmp_
     # Without a signal every batch is evaluated; rank 1 serves rank 0's last two.
     assert [r["whole"] for r in ranks] == [[0, 1, 2, 3, 4], [0, 1, 2]]
     assert [r["idle"] for r in ranks] == [0, 2]
+
+
+def scenario_eval_other_files(root: str, ctx) -> str:
+    """Evaluates eval<rank> of ``root``: rank 1's holds a file fewer than rank 0's."""
+    from hashrec.data import DataError
+    from hashrec.train.evaluation import evaluate
+    from hashrec.train.session import build_session
+
+    session = build_session(small_config(os.path.join(root, "model")), ctx=ctx)
+    try:
+        result = evaluate(session, os.path.join(root, f"eval{ctx.rank}"), 0)
+    except DataError as err:
+        return f"DataError: {err}"
+    return f"evaluated {result['num_examples']} rows"
+
+
+def test_ranks_evaluating_other_files_are_refused(tmp_path):
+    generate_data(tmp_path / "data", seed=2)
+    (part,) = sorted((tmp_path / "data").glob("*.parquet"))
+    for rank, files in ((0, 2), (1, 1)):
+        (tmp_path / f"eval{rank}").mkdir()
+        for copy in range(files):
+            shutil.copy(part, tmp_path / f"eval{rank}" / f"part-{copy:05d}.parquet")
+    (ranks,) = run_world({"eval": functools.partial(scenario_eval_other_files,
+                                                    str(tmp_path))}, 2, tmp_path).values()
+    for rank, said in enumerate(ranks):
+        assert not isinstance(said, Exception), said
+        assert said.startswith(f"DataError: eval input {str(tmp_path / f'eval{rank}')!r} "
+                               f"differs between ranks (rank 0: 2 files, 3000 rows; rank 1: 1 "
+                               f"files, 1500 rows); every rank must read the same files"), said
+
+
+def scenario_signal_in_the_last_step(root: str, ctx) -> dict:
+    """Trains ``root``/data to the end (without eval) by num_steps, then by the end of the
+    epoch, rank 1 receiving SIGTERM in the last step each time; how each run ended."""
+    import signal
+
+    from hashrec.train.interrupt import TrainInterrupted
+
+    ends, received = {}, {}
+    # 1,500 rows in batches of 256 on 2 ranks: 3 batches each an epoch.
+    for name, edits, last in (("num_steps", {"train_config.num_steps": 2}, 2),
+                              ("epoch", {"train_config.num_steps": 0,
+                                         "train_config.num_epochs": 1}, 3)):
+        loop = small_loop(os.path.join(root, name), edits=edits, ctx=ctx)
+        step = loop.train_step
+
+        def signalled(batch, upcoming=None, loop=loop, step=step, last=last):
+            step(batch, upcoming)
+            if ctx.rank == 1 and loop.step == last:
+                signal.raise_signal(signal.SIGTERM)
+
+        loop.train_step = signalled
+        try:
+            loop.run(os.path.join(root, "data"))
+            ends[name] = ("finished", loop.step)
+        except TrainInterrupted as stop:
+            ends[name] = (f"stopped, exit {stop.exit_code}", loop.step)
+        received[name] = loop._signals.received
+    return {"ends": ends, "received": received}
+
+
+def test_a_signal_in_the_last_step_ends_every_rank_alike(tmp_path):
+    # The last step's signal reduction is read after the loop by every rank alike: no rank
+    # may stop (exit 143) while another finishes (exit 0).
+    generate_data(tmp_path / "data", seed=2)
+    (ranks,) = run_world({"stop": functools.partial(scenario_signal_in_the_last_step,
+                                                    str(tmp_path))}, 2, tmp_path).values()
+    import signal
+
+    for rank in ranks:
+        assert not isinstance(rank, Exception), rank
+    assert [r["received"] for r in ranks] == [{"num_steps": None, "epoch": None},
+                                              {"num_steps": signal.SIGTERM,
+                                               "epoch": signal.SIGTERM}]
+    assert ranks[0]["ends"] == ranks[1]["ends"], ranks
+    assert {name: step for name, (_, step) in ranks[0]["ends"].items()} == {"num_steps": 2,
+                                                                           "epoch": 3}
+    for name, step in (("num_steps", 2), ("epoch", 3)):
+        assert os.path.isfile(tmp_path / name / f"model.ckpt-{step}" / "DONE")

@@ -3,15 +3,16 @@ import logging
 import pytest
 import torch
 from google.protobuf import text_format
-from small_din import CONFIG
+from small_din import CONFIG, small_loop
 
 from hashrec.checkpoint import CheckpointError
 from hashrec.config import apply_edit_config_json, load_pipeline_config, train_pb2
 from hashrec.data.errors import DataError
+from hashrec.tools.gen_taobao_data import generate
 from hashrec.train import run
 from hashrec.train.checkpoints import check_model_dir, resolve_checkpoint, restore_resolved
 from hashrec.train.errors import TrainError
-from hashrec.train.loop import LoopOptions, clip_gradients
+from hashrec.train.loop import LoopOptions, clip_gradients, empty_shares
 from hashrec.train.progress import ProgressLog, format_tables
 
 
@@ -171,3 +172,35 @@ def test_restore_for_training_says_what_it_did_without_a_checkpoint(tmp_path, ca
                                     restore_optimizer=False) == Resume()
     assert "holds no checkpoint yet; starting fresh" in caplog.text
     assert "--ignore_restore_optimizer has no effect without --continue_train" in caplog.text
+
+
+def test_a_rank_without_a_batch_is_told_that_shares_are_cut_at_whole_batches(tmp_path):
+    # 1000 rows in batches of 512 over 3 ranks: one full batch, and shares of 488 (the
+    # rows left over), 0 and 512 rows; every rank trains as many steps as the fewest, none.
+    # One process reading rank 0's share stands in: the counts follow from the row count.
+    generate(str(tmp_path / "data"), 1000, seed=3, scale=0.001, quiet=True)
+    loop = small_loop(tmp_path / "model", edits={"data_config.batch_size": 512}, world_size=3)
+    with pytest.raises(TrainError) as info:
+        loop.run(str(tmp_path / "data"))
+    assert str(info.value) == (
+        f"train input {str(tmp_path / 'data')!r} gave no batches in epoch 0: rank 1 of 3 got "
+        f"no batch, and every rank trains as many steps as the rank with the fewest. The "
+        f"shares are cut at whole batches: the 1000 rows make 1 full batch of "
+        f"data_config.batch_size 512 (plus 488 rows, a partial batch of rank 0) for 3 readers "
+        f"(3 ranks without loader workers); lower data_config.batch_size to at most 333, or "
+        f"use fewer ranks")
+
+
+@pytest.mark.parametrize("rows, workers, per_rank, drop, expected", [
+    (1000, 2, [1, 0], False, "rank 1 of 2 got no batch, and every rank trains as many steps as "
+     "the rank with the fewest. The shares are cut at whole batches: the 1000 rows make 1 full "
+     "batch of data_config.batch_size 512 (plus 488 rows, a partial batch of rank 0) for 4 "
+     "readers (2 ranks x 2 loader workers); lower data_config.batch_size to at most 250, or "
+     "use fewer ranks or loader workers"),
+    (2, 0, [0, 0, 0], True, "ranks 0, 1, 2 of 3 got no batch, and every rank trains as many "
+     "steps as the rank with the fewest. The shares are cut at whole batches: the 2 rows make "
+     "0 full batches of data_config.batch_size 512 (the 2 rows left over are dropped: "
+     "drop_remainder) for 3 readers (3 ranks without loader workers); use fewer ranks"),
+], ids=["workers", "fewer-rows-than-readers"])
+def test_empty_shares_names_the_split_and_a_way_out(rows, workers, per_rank, drop, expected):
+    assert empty_shares(rows, 512, workers, per_rank, drop) == expected
