@@ -138,5 +138,30 @@ def write_eval_result(model_dir: str, result: dict, rank: int = 0,
     result = {k: None if isinstance(v, float) and not math.isfinite(v) else v
               for k, v in result.items()}
     os.makedirs(model_dir, exist_ok=True)
-    with open(os.path.join(model_dir, EVAL_RESULT_FILE), "a", encoding="utf-8") as f:
-        f.write(json.dumps(result, sort_keys=True) + "\n")
+    path = os.path.join(model_dir, EVAL_RESULT_FILE)
+    with open(path, "a+b") as f:
+        cut = False
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            cut = f.read(1) != b"\n"
+        # A line a crash cut short stays a line of its own, not the start of this one.
+        f.write((("\n" if cut else "") + json.dumps(result, sort_keys=True) + "\n").encode())
+
+
+def evaluated(model_dir: str, checkpoint: str) -> bool:
+    """Whether ``<model_dir>/eval_result.txt`` holds a result of ``checkpoint`` (a line
+    naming a checkpoint of its name; a line cut short, as a crash may leave, is none)."""
+    name = os.path.basename(os.path.normpath(checkpoint))
+    try:
+        with open(os.path.join(model_dir, EVAL_RESULT_FILE), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return False
+    for line in lines:
+        try:
+            recorded = json.loads(line).get("checkpoint")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(recorded, str) and os.path.basename(os.path.normpath(recorded)) == name:
+            return True
+    return False

@@ -40,7 +40,10 @@ set, else ``num_epochs`` (default 1) passes over the training input. With both
 set, whichever comes first; the log says which ended the run. SIGINT and SIGTERM
 end it after the current step with a checkpoint (``hashrec.train.interrupt``); one that
 comes during an evaluation (which follows a save) stops it before its next batch, and the
-run ends without a result for it.
+run ends without a result for it. A resumed run whose checkpoint is one the schedule
+evaluates (a step or epoch checkpoint, or the last) but has no line in eval_result.txt
+evaluates it before training on (``_unevaluated_resume``): a stop or crash in an
+evaluation leaves no hole in the results.
 A resumed run continues in the epoch it stopped in, past the batches it trained
 (``hashrec.train.checkpoints``; only approximately where the number of ranks, loader
 workers or the batch size changed: ``resumed_batches``); its incremental dumps after
@@ -59,6 +62,7 @@ import torch
 import torch.distributed as dist
 
 from hashrec.checkpoint import IncrementalDumper, discard_dumps_after
+from hashrec.checkpoint.dist_util import run_on_rank_zero
 from hashrec.checkpoint.tags import model_tag_tables
 from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import FlatGradients
@@ -73,7 +77,7 @@ from hashrec.train.distributed import (
 )
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import evaluate as evaluate_model
-from hashrec.train.evaluation import write_eval_result
+from hashrec.train.evaluation import evaluated, write_eval_result
 from hashrec.train.graphs import DenseGraphs
 from hashrec.train.interrupt import StopSignals, TrainInterrupted
 from hashrec.train.placement import gil_switch_interval
@@ -210,6 +214,7 @@ class TrainLoop:
         # The training input's ``empty_shares`` arguments, for an epoch without a step.
         self._shares: tuple | None = None
         self.last_saved = resume.step if resume.path and resume.step else -1
+        self._resumed_from = resume.path if resume.step else None
         self.ctx = session.ctx or single_process_context(session.device)
         self.progress = ProgressLog(options.log_step_count_steps, session.rank,
                                     reduce=lambda values: all_reduce_scalars(values, self.ctx))
@@ -294,12 +299,19 @@ class TrainLoop:
         """
         self.session.model.train()
         result = None
-        if self.done():
+        unevaluated = self._unevaluated_resume()
+        if self.done() and not unevaluated:
             self._log_end("nothing to train: ")
             return None
         try:
             with self.collections, gil_switch_interval(self.session.device.type), \
                     StopSignals() as self._signals:
+                if unevaluated:
+                    if self.session.is_chief:
+                        logger.info("%s has no evaluation result (its run stopped in it): "
+                                    "evaluating it first", self._resumed_from)
+                    result = self._evaluate(self._resumed_from)
+                    self.session.model.train()
                 while not self.done() and not self.stopping:
                     result = self.run_epoch(train_input_path) or result
                     self.collections.full()
@@ -332,7 +344,7 @@ class TrainLoop:
                            f"--continue_train to resume")
         rest = f"training is complete and the checkpoint of step {step} is saved"
         if self.options.eval_input_path:
-            rest += "; evaluate it with python -m hashrec.eval"
+            rest += "; run again with --continue_train (or python -m hashrec.eval) to evaluate it"
         return head + rest
 
     @property
@@ -458,6 +470,20 @@ class TrainLoop:
                         per_rank, bool(dataset.options.drop_remainder))
         return loader, max(readers) * max(workers, 1), min_over_ranks(min(per_rank), self.ctx)
 
+    def _unevaluated_resume(self) -> bool:
+        """Whether the checkpoint this run resumes from is one its schedule evaluates (a
+        step or epoch checkpoint, or the last) whose evaluation left no result in
+        eval_result.txt: the run before stopped, or was killed, in it. Rank 0 reads the
+        file; every rank takes its answer."""
+        if self._resumed_from is None or not self.options.eval_input_path:
+            return False
+        due = self._due_steps() or self.done() or (not self.epoch_step and self._due_epochs())
+        if not due:  # a checkpoint saved on a stop signal, not evaluated by design
+            return False
+        path, model_dir = self._resumed_from, self.session.model_dir
+        return run_on_rank_zero(lambda: not evaluated(model_dir, path),
+                                "reading eval_result.txt", TrainError)
+
     def _due_steps(self) -> bool:
         every = self.options.save_checkpoints_steps
         return bool(every) and self.step % every == 0
@@ -531,6 +557,12 @@ class TrainLoop:
         self.last_saved = self.step
         if not (evaluate and self.options.eval_input_path):
             return None
+        return self._evaluate(path)
+
+    def _evaluate(self, path: str) -> dict | None:
+        """Evaluates the model (the checkpoint ``path`` of this step) and records the
+        result; None when a stop signal cut it short."""
+        s = self.session
         result = evaluate_model(s, self.options.eval_input_path, self.step,
                                 self.options.eval_num_steps, self._signals)
         if result is None:  # a stop signal cut it short: ``stopping`` now

@@ -325,10 +325,11 @@ def test_a_signal_in_the_final_evaluation_stops_it_and_the_run(data_dir, tmp_pat
                                         "eval_input_path": str(data_dir)})
     counts = signal_during_evaluation(loop, signum)
     with caplog.at_level(logging.INFO, logger="hashrec.train"), \
-            pytest.raises(TrainInterrupted, match="in the evaluation at step 2; training is "
-                                                  "complete and the checkpoint of step 2 is "
-                                                  "saved; evaluate it with python -m "
-                                                  "hashrec.eval") as stop:
+            pytest.raises(TrainInterrupted, match=r"in the evaluation at step 2; training is "
+                                                  r"complete and the checkpoint of step 2 is "
+                                                  r"saved; run again with --continue_train "
+                                                  r"\(or python -m hashrec.eval\) to "
+                                                  r"evaluate it") as stop:
         loop.run(str(data_dir))
     assert stop.value.exit_code == code
     # Of the six eval batches, the second is read with the signal noted and not evaluated.
@@ -352,3 +353,42 @@ def test_a_signal_in_an_evaluation_after_a_save_ends_training(data_dir, tmp_path
     assert loop.step == 2 and counts == [2]
     assert sorted(p.name for p in model_dir.glob("model.ckpt-*")) == ["model.ckpt-2"]
     assert not (model_dir / "eval_result.txt").exists()
+    # The resumed run evaluates the checkpoint whose evaluation was cut, then trains on.
+    again = small_loop(model_dir, edits={"train_config.num_steps": 4,
+                                         "train_config.save_checkpoints_steps": 2,
+                                         "eval_input_path": str(data_dir)},
+                       continue_train=True)
+    again.run(str(data_dir))
+    results = [json.loads(line) for line in (model_dir / "eval_result.txt").read_text()
+               .splitlines()]
+    assert [(r["step"], os.path.basename(r["checkpoint"])) for r in results] == [
+        (2, "model.ckpt-2"), (4, "model.ckpt-4")]
+
+
+def test_a_resume_evaluates_only_a_due_checkpoint_without_a_result(data_dir, tmp_path):
+    """A final checkpoint whose evaluation never ran (a crash) is evaluated by the resumed
+    run, which has nothing left to train; one saved on a stop signal between the
+    scheduled saves is not (the schedule never evaluates it)."""
+    edits = {"train_config.num_steps": 3, "train_config.save_checkpoints_steps": 2,
+             "eval_input_path": str(data_dir)}
+    stopped = small_loop(tmp_path / "stopped", edits=edits)
+    record_batches(stopped, lambda step: step == 1 and os.kill(os.getpid(), signal.SIGTERM))
+    with pytest.raises(TrainInterrupted, match="at step 1; the checkpoint of step 1"):
+        stopped.run(str(data_dir))
+    assert not (tmp_path / "stopped" / "eval_result.txt").exists()
+    resumed = small_loop(tmp_path / "stopped", edits=edits, continue_train=True)
+    resumed.run(str(data_dir))
+    results = (tmp_path / "stopped" / "eval_result.txt").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in results] == [2, 3]
+
+    crashed = tmp_path / "crashed"
+    small_loop(crashed, edits={**edits, "eval_input_path": ""}).run(str(data_dir))
+    assert not (crashed / "eval_result.txt").exists()  # as if killed in the evaluations
+    (crashed / "eval_result.txt").write_text('{"step": 2, "checkpoint": "x/model.ckpt-2"}\n'
+                                             '{"step": 3, "checkpo')  # a line cut short
+    final = small_loop(crashed, edits=edits, continue_train=True)
+    assert final.done()
+    final.run(str(data_dir))
+    lines = (crashed / "eval_result.txt").read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[-1])["step"] == 3
+
