@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from hashrec.checkpoint.errors import disk_full_hint
 from hashrec.export import meta
 from hashrec.export.errors import ExportError
 
@@ -233,7 +234,8 @@ def predict(export_dir: str, input_path: str, output_path: str,
 
     Raises:
         ExportError: not an export directory, reserved columns that clash, a bad device,
-            or an output path that exists (without ``overwrite``) or is of the wrong kind.
+            an output path that exists (without ``overwrite``) or is of the wrong kind, or
+            a failed write of the output (named, with a hint when the disk looks full).
         DataError, FeatureError: unreadable input or missing columns (they name the file).
     """
     from hashrec.data import create_dataloader
@@ -257,7 +259,10 @@ def predict(export_dir: str, input_path: str, output_path: str,
         if rows == 0:
             raise ExportError(f"--predict_input_path {input_path!r} holds no rows")
         parts.join()
-        os.replace(staging, output)
+        try:
+            os.replace(staging, output)
+        except OSError as err:
+            raise _write_error(output, err) from err
     except BaseException:  # Ctrl-C and, under the command line, SIGTERM included
         parts.remove()
         _discard(staging, created)
@@ -301,8 +306,18 @@ def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
     return rows
 
 
+def _write_error(path: str, err: OSError) -> ExportError:
+    """One line for a failed write of the predictions into ``path`` (a full disk says so)."""
+    reason = os.strerror(err.errno) if err.errno else str(err)
+    hint = disk_full_hint(err, "another --predict_output_path", "predict again")
+    return ExportError(f"cannot write the predictions to {path}: {reason}{hint}")
+
+
 class PartFiles:
     """Parquet parts of one output file, one per loader worker, joined in worker order.
+
+    A failed write (a full disk, say) raises an ExportError naming the file; the caller
+    removes the parts (``remove``).
 
     Args:
         path: the file the parts join into (the only part for one worker).
@@ -325,16 +340,22 @@ class PartFiles:
             raise RuntimeError(f"more batches than the loader's workers were to give "
                                f"(after {sum(self.rows)} rows); the output would be out of "
                                f"order")
-        if self._writers[part] is None:
-            self._writers[part] = pq.ParquetWriter(self.paths[part], table.schema)
-        self._writers[part].write_table(table)
+        try:
+            if self._writers[part] is None:
+                self._writers[part] = pq.ParquetWriter(self.paths[part], table.schema)
+            self._writers[part].write_table(table)
+        except OSError as err:
+            raise _write_error(self.paths[part], err) from err
         self.rows[part] += table.num_rows
 
     def close(self) -> None:
         """Closes the parts' writers."""
         for i, writer in enumerate(self._writers):
             if writer is not None:
-                writer.close()
+                try:
+                    writer.close()  # writes the file's footer
+                except OSError as err:
+                    raise _write_error(self.paths[i], err) from err
                 self._writers[i] = None
 
     def join(self) -> None:
@@ -347,15 +368,18 @@ class PartFiles:
             return
         writer = None
         try:
-            for part in written:
-                reader = pq.ParquetFile(part)
-                if writer is None:
-                    writer = pq.ParquetWriter(self.path, reader.schema_arrow)
-                for group in range(reader.num_row_groups):
-                    writer.write_table(reader.read_row_group(group))
-        finally:
-            if writer is not None:
-                writer.close()
+            try:
+                for part in written:
+                    reader = pq.ParquetFile(part)
+                    if writer is None:
+                        writer = pq.ParquetWriter(self.path, reader.schema_arrow)
+                    for group in range(reader.num_row_groups):
+                        writer.write_table(reader.read_row_group(group))
+            finally:
+                if writer is not None:
+                    writer.close()
+        except OSError as err:
+            raise _write_error(self.path, err) from err
         for part in written:
             os.remove(part)
 

@@ -136,6 +136,27 @@ def test_failed_predict_leaves_no_partial_output(exported, tmp_path, existing):
         assert output.read_bytes() == b"earlier predictions"
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("workers", [0, 2], ids=["rows", "join"])
+def test_a_full_disk_is_one_error_and_leaves_nothing(caplog, exported, tmp_path, workers):
+    export = _with_workers(exported, tmp_path, workers)
+    out = tmp_path / "out"
+    out.mkdir()
+    # /dev/full fails every write with ENOSPC, as a full disk does. Without loader workers
+    # the rows go straight to the staging file; two workers' parts are joined into it.
+    fails = out / ".o.parquet.tmp"
+    os.symlink("/dev/full", fails)
+    code, _ = run_main(caplog, "--scripted_model_path", export, "--predict_input_path",
+                       str(exported / "data" / "eval"), "--predict_output_path",
+                       str(out / "o.parquet"), "--batch_size", "32")
+    assert code == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [f"ExportError: cannot write the predictions to {fails}: No space "
+                      f"left on device; the disk may be full: free space (or use another "
+                      f"--predict_output_path) and predict again"]
+    assert os.listdir(out) == []
+
+
 def test_existing_output_file_is_refused_unless_overwrite(caplog, exported, tmp_path):
     output = tmp_path / "o.parquet"
     args = ["--scripted_model_path", str(exported / "export"), "--predict_input_path",

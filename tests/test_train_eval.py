@@ -158,6 +158,35 @@ def test_eval_restores_the_checkpoint_exactly(trained):
     assert again["loss"] == pytest.approx(last["loss"], rel=1e-5)
 
 
+def test_eval_into_an_unwritable_result_file_is_one_error_line(trained, tmp_path):
+    model_dir, _ = trained
+    (tmp_path / "eval_result.txt").mkdir()  # cannot be appended to, even by root
+    proc = run("hashrec.eval", "--pipeline_config_path", str(model_dir / "pipeline.config"),
+               "--model_dir", str(tmp_path), "--checkpoint_path", str(model_dir))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and errors[0].endswith(
+        f"TrainError: cannot append the evaluation result of step {checkpoint_steps(model_dir)[-1]}"
+        f" to {tmp_path / 'eval_result.txt'}: Is a directory; the result is in the log line "
+        f"above")
+    assert "INFO hashrec.train: eval at step" in proc.stderr
+
+
+def test_train_eval_into_an_unwritable_result_file_keeps_the_checkpoint(data_dir, tmp_path):
+    model_dir = tmp_path / "model"
+    (model_dir / "eval_result.txt").mkdir(parents=True)
+    proc = run("hashrec.train_eval", *train_args(data_dir, model_dir),
+               edits={**EDITS, "train_config.num_steps": 20})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and errors[0].endswith(
+        f"Is a directory; the result is in the log line above; the checkpoint "
+        f"{model_dir / 'model.ckpt-20'} is saved (--continue_train resumes from it)")
+    assert checkpoint_steps(model_dir) == [20]
+
+
 def test_continue_train_resumes_from_latest(trained, data_dir):
     model_dir, _ = trained
     latest = checkpoint_steps(model_dir)[-1]

@@ -32,9 +32,14 @@ import torch
 
 from hashrec.checkpoint import layout
 from hashrec.checkpoint.dist_util import gather_counts, rank_and_world, run_on_all_ranks
-from hashrec.checkpoint.errors import CheckpointError
+from hashrec.checkpoint.errors import CheckpointError, disk_full_hint
 from hashrec.checkpoint.identity import IdentityIndex, row_fingerprint
-from hashrec.checkpoint.save import check_table_names, commit_directory, prepare_temp_dir
+from hashrec.checkpoint.save import (
+    check_table_names,
+    clean_failed_save,
+    commit_directory,
+    prepare_temp_dir,
+)
 from hashrec.checkpoint.shard_file import ShardWriter
 from hashrec.checkpoint.table_io import DEFAULT_CHUNK_ROWS, ROWS, table_description
 
@@ -128,7 +133,16 @@ class IncrementalDumper:
         return self.dump(step)
 
     def dump(self, step: int) -> str:
-        """Writes ``dump-<step>`` now (full the first time, a delta afterwards)."""
+        """Writes ``dump-<step>`` now (full the first time, a delta afterwards).
+
+        Call it on every rank (a collective under torch.distributed). A dump that fails
+        removes what it wrote, so that the next dump (or a resumed run) finds no partial
+        one, and says when the disk may be full.
+
+        Raises:
+            CheckpointError: ``step`` is not after the previous dump's, ``dump-<step>``
+                exists already, or writing failed on any rank (on every rank).
+        """
         if self.last_step is not None and step <= self.last_step:
             raise CheckpointError(
                 f"dump step {step} is not after the previous dump's step {self.last_step}")
@@ -149,13 +163,19 @@ class IncrementalDumper:
 
         run_on_all_ranks(prepare, f"preparing {tmp}", CheckpointError)
         snapshots: dict[str, _Snapshot] = {}
-        counts = run_on_all_ranks(
-            lambda: self._write_rank(tmp, rank, world_size, snapshots),
-            f"writing {tmp}", CheckpointError)
-        all_counts = gather_counts(counts)
-        meta = self._meta(step, world_size, all_counts)
-        run_on_all_ranks(lambda: commit_directory(self.output_dir, tmp, final, meta)
-                         if rank == 0 else None, f"committing {final}", CheckpointError)
+        try:
+            counts = run_on_all_ranks(
+                lambda: self._write_rank(tmp, rank, world_size, snapshots),
+                f"writing {tmp}", CheckpointError)
+            all_counts = gather_counts(counts)
+            meta = self._meta(step, world_size, all_counts)
+            run_on_all_ranks(lambda: commit_directory(self.output_dir, tmp, final, meta)
+                             if rank == 0 else None, f"committing {final}", CheckpointError)
+        except CheckpointError as e:
+            if rank == 0:  # every rank has stopped writing: run_on_all_ranks raised on all
+                clean_failed_save(tmp, final)  # ``final`` did not exist before (prepare)
+            raise CheckpointError(f"{e}{disk_full_hint(e)} (the partial dump of step {step} "
+                                  f"was removed; the previous dumps are kept)") from e
         self._snapshots = snapshots
         self.last_step = step
         return final

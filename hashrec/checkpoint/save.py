@@ -226,7 +226,7 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
                           dynamic_tables, extra, chunk_rows, tag_tables, rank_state)
     except CheckpointError as e:
         if rank == 0:  # every rank has stopped writing: run_on_all_ranks raised on all
-            _clean_failed_save(tmp, final)
+            clean_failed_save(tmp, final)
         hint = "" if "disk may be full" in str(e) else disk_full_hint(e)
         raise CheckpointError(f"{e}{hint} (the partial {tmp} was removed; the previous "
                               f"checkpoints are kept)") from e
@@ -262,9 +262,10 @@ def _write_and_commit(model_dir: str, step: int, tmp: str, final: str,
     run_on_all_ranks(commit, f"committing {final}", CheckpointError)
 
 
-def _clean_failed_save(tmp: str, final: str) -> None:
-    """Removes what a failed save wrote (a full disk stays full otherwise) and puts back a
-    previous copy of the same step moved aside by ``commit_directory``."""
+def clean_failed_save(tmp: str, final: str) -> None:
+    """Removes what a failed save (or incremental dump) wrote, a full disk stays full
+    otherwise: ``tmp``, and ``final`` unless complete; puts back a previous copy of the
+    same step moved aside by ``commit_directory``."""
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         if layout.is_complete(final):

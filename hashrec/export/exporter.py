@@ -95,8 +95,9 @@ def export_model(config, export_dir: str, checkpoint_path: str | None = None,
 
     Raises:
         ExportError: export_dir is a file or not empty, a table cannot be exported,
-            or the model has no scripted form. (TrainError, CheckpointError and
-            ConfigError from the layers below pass through.)
+            the model has no scripted form, or a file cannot be written (a full disk
+            says so). (TrainError, CheckpointError and ConfigError from the layers below
+            pass through.)
     """
     rank, world_size = rank_and_world()
     start = time.perf_counter()

@@ -47,7 +47,7 @@ from hashrec.checkpoint import (
     save_checkpoint,
 )
 from hashrec.checkpoint.dist_util import run_on_rank_zero
-from hashrec.checkpoint.layout import checkpoint_dirs
+from hashrec.checkpoint.layout import CHECKPOINT_PREFIX, checkpoint_dirs, complete_checkpoints
 from hashrec.table import TableError
 from hashrec.train.errors import TrainError
 
@@ -70,8 +70,15 @@ class Resume:
 
 def existing_checkpoints(model_dir: str) -> list[str]:
     """Every ``model.ckpt-<step>`` directory in ``model_dir`` (complete or not; saves in
-    progress or abandoned, ``.tmp``, are not checkpoints), oldest first."""
-    return checkpoint_dirs(model_dir)
+    progress or abandoned, ``.tmp``, are not checkpoints), oldest first. A step whose only
+    complete copy is ``model.ckpt-<step>.replaced`` (a save of that step interrupted while
+    swapping copies) is listed as that copy: it is the step's checkpoint, and the next save
+    renames it back (``layout.remove_leftovers``)."""
+    found = {int(os.path.basename(p)[len(CHECKPOINT_PREFIX):]): p
+             for p in checkpoint_dirs(model_dir)}
+    for step, path in complete_checkpoints(model_dir):
+        found.setdefault(step, path)
+    return [found[step] for step in sorted(found)]
 
 
 def check_model_dir(model_dir: str, continue_train: bool) -> None:
@@ -88,10 +95,10 @@ def check_model_dir(model_dir: str, continue_train: bool) -> None:
                          f"config) must name a directory")
     found = existing_checkpoints(model_dir)
     if found and not continue_train:
-        raise TrainError(
-            f"model_dir {model_dir!r} already holds checkpoints ({os.path.basename(found[-1])}"
-            f"{' and more' if len(found) > 1 else ''}); pass --continue_train to resume it, "
-            f"or choose an empty --model_dir")
+        held = (f"a checkpoint ({os.path.basename(found[0])})" if len(found) == 1 else
+                f"{len(found)} checkpoints (the latest {os.path.basename(found[-1])})")
+        raise TrainError(f"model_dir {model_dir!r} already holds {held}; pass --continue_train "
+                         f"to resume it, or choose an empty --model_dir")
 
 
 def restore_for_training(model_dir: str, model, dense_optimizer, continue_train: bool,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -81,13 +82,21 @@ def _lost_peer(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and any(text in str(err) for text in _PEER_GONE)
 
 
+def _file_system_problem(err: OSError) -> bool:
+    """Whether ``err`` is about the files the user pointed to (it names its file) or the
+    disk they are on (full, over quota, read-only), not a failure of the program."""
+    return err.filename is not None or err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
 def run_main(main: Callable[[], object], interrupted: str | None = None) -> int:
     """Run ``main``; user errors (config, data, features, embeddings, tables, model,
-    checkpoint, export) exit 1 with one message; a run stopped by a signal exits with
-    128 + its number (130 for Ctrl-C), also with one message, which after a Ctrl-C (or
-    a SIGTERM that raised ``Terminated``) ends with ``interrupted``: what the command
-    left undone, e.g. "nothing saved since the last checkpoint"."""
+    checkpoint, export, and an OSError naming its file or a full or read-only disk) exit
+    1 with one message (other errors keep their traceback); a run stopped by a signal
+    exits with 128 + its number (130 for Ctrl-C), also with one message, which after a
+    Ctrl-C (or a SIGTERM that raised ``Terminated``) ends with ``interrupted``: what the
+    command left undone, e.g. "nothing saved since the last checkpoint"."""
     from hashrec.checkpoint import CheckpointError
+    from hashrec.checkpoint.errors import disk_full_hint
     from hashrec.data import DataError
     from hashrec.distributed import DistributedError
     from hashrec.embedding import EmbeddingError
@@ -112,6 +121,12 @@ def run_main(main: Callable[[], object], interrupted: str | None = None) -> int:
     except (ConfigError, TrainError, ModelError, FeatureError, DataError, EmbeddingError,
             TableError, CheckpointError, DistributedError, ExportError) as err:
         logging.getLogger("hashrec").error("%s: %s", type(err).__name__, err)
+        return 1
+    except OSError as err:
+        if not _file_system_problem(err):
+            raise
+        logging.getLogger("hashrec").error("%s: %s%s", type(err).__name__, err,
+                                           disk_full_hint(err, None, "run again"))
         return 1
     return 0
 

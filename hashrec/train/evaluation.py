@@ -23,8 +23,11 @@ import time
 
 import torch
 
+from hashrec.checkpoint.dist_util import run_on_all_ranks
+from hashrec.checkpoint.errors import disk_full_hint
 from hashrec.distributed import single_process_context
 from hashrec.train.distributed import check_same_input, eval_batches
+from hashrec.train.errors import TrainError
 from hashrec.train.grouped_auc import GroupedAUC
 from hashrec.train.interrupt import StopSignals
 from hashrec.train.metrics import MeanLoss, build_metrics, grouping_ids
@@ -129,23 +132,41 @@ def _update_metrics(metrics, predictions: dict, batch) -> None:
 def write_eval_result(model_dir: str, result: dict, rank: int = 0,
                       checkpoint: str | None = None) -> None:
     """Append ``result`` as one JSON line to ``<model_dir>/eval_result.txt`` (rank 0),
-    with the path of the ``checkpoint`` evaluated when given."""
-    if rank != 0:
-        return
+    with the path of the ``checkpoint`` evaluated when given.
+
+    Call it on every rank (a collective under torch.distributed), so that a failed
+    write stops every rank, not rank 0 alone.
+
+    Raises:
+        TrainError: the file cannot be written; the message names it (the result itself
+            is in the log line of the evaluation).
+    """
+    run_on_all_ranks(lambda: _append_result(model_dir, result, checkpoint) if rank == 0
+                     else None, f"writing {EVAL_RESULT_FILE} in {model_dir}", TrainError)
+
+
+def _append_result(model_dir: str, result: dict, checkpoint: str | None) -> None:
+    path = os.path.join(model_dir, EVAL_RESULT_FILE)
     if checkpoint is not None:
         result = {**result, "checkpoint": os.path.abspath(checkpoint)}
     # JSON has no NaN (an AUC of a single class is undefined): null instead.
     result = {k: None if isinstance(v, float) and not math.isfinite(v) else v
               for k, v in result.items()}
-    os.makedirs(model_dir, exist_ok=True)
-    path = os.path.join(model_dir, EVAL_RESULT_FILE)
-    with open(path, "a+b") as f:
-        cut = False
-        if f.seek(0, os.SEEK_END) > 0:
-            f.seek(-1, os.SEEK_END)
-            cut = f.read(1) != b"\n"
-        # A line a crash cut short stays a line of its own, not the start of this one.
-        f.write((("\n" if cut else "") + json.dumps(result, sort_keys=True) + "\n").encode())
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+        with open(path, "a+b") as f:
+            cut = False
+            if f.seek(0, os.SEEK_END) > 0:
+                f.seek(-1, os.SEEK_END)
+                cut = f.read(1) != b"\n"
+            # A line a crash cut short stays a line of its own, not the start of this one.
+            f.write((("\n" if cut else "") + json.dumps(result, sort_keys=True) + "\n")
+                    .encode())
+    except OSError as err:
+        raise TrainError(f"cannot append the evaluation result of step {result.get('step')} "
+                         f"to {path}: {err.strerror or err}"
+                         f"{disk_full_hint(err, None, 'run again')}; the result is in the log "
+                         f"line above") from None
 
 
 def evaluated(model_dir: str, checkpoint: str) -> bool:

@@ -568,7 +568,11 @@ class TrainLoop:
         if result is None:  # a stop signal cut it short: ``stopping`` now
             self._evaluation_cut = True
             return None
-        write_eval_result(s.model_dir, result, s.rank, path)
+        try:
+            write_eval_result(s.model_dir, result, s.rank, path)
+        except TrainError as err:  # the checkpoint it evaluated is complete: say so
+            raise TrainError(f"{err}; the checkpoint {path} is saved (--continue_train "
+                             f"resumes from it)") from None
         self.summaries.scalars(self.step, {k: v for k, v in result.items() if k != "step"},
                                prefix="eval/")
         self.summaries.flush()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -10,9 +11,16 @@ import pytest
 import torch
 from checkpoint_helpers import snapshot, table_options, train_steps
 
-from hashrec.checkpoint import CheckpointError, IncrementalDumper, apply_deltas, save_checkpoint
+from hashrec.checkpoint import (
+    CheckpointError,
+    IncrementalDumper,
+    apply_deltas,
+    layout,
+    save_checkpoint,
+)
 from hashrec.checkpoint.layout import read_meta
 from hashrec.checkpoint.restore import open_table_shards, restore_checkpoint
+from hashrec.checkpoint.shard_file import ShardWriter
 from hashrec.table import HashTable
 from hashrec.tools.apply_delta import main as apply_delta_main
 
@@ -143,6 +151,33 @@ def test_dump_step_must_increase(tmp_path):
     dumper.dump(5)
     with pytest.raises(CheckpointError, match="not after"):
         dumper.dump(5)
+
+
+@pytest.mark.parametrize("where", ["shard", "marker"])
+def test_failed_dump_is_removed_and_says_the_disk_may_be_full(tmp_path, monkeypatch, where):
+    table = _small_table()
+    dumper = IncrementalDumper(str(tmp_path), {"t": table}, interval_steps=1)
+    train_steps(table, 1, 2, tagged=True)
+    dumper.dump(2)
+
+    def no_space(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if where == "shard":
+        monkeypatch.setattr(ShardWriter, "write_chunk", no_space)
+    else:  # the dump is renamed into place; its completion marker fails
+        monkeypatch.setattr(layout, "write_marker", no_space)
+    train_steps(table, 3, 4, tagged=True)
+    with pytest.raises(CheckpointError, match=r"dump-000000000004.*No space left.*disk may be "
+                                              r"full.*partial dump of step 4 was removed"):
+        dumper.dump(4)
+    assert os.listdir(tmp_path) == ["dump-000000000002"]
+    monkeypatch.undo()
+    # The dumper carries on from its last complete dump.
+    path = dumper.dump(5)
+    assert (read_meta(path)["kind"], read_meta(path)["base_step"]) == ("delta", 2)
+    rows, _ = _read_dump(path)
+    assert rows and set(rows.items()) <= set(_as_dict(snapshot(table)).items())
 
 
 @pytest.mark.parametrize("interval", [0, -2, True])

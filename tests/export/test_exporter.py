@@ -240,6 +240,31 @@ def test_killed_export_leaves_no_export_dir_and_a_rerun_succeeds(flow, tmp_path)
     assert not os.path.exists(f"{export_dir}.tmp")
 
 
+FULL_DISK_EXPORT = """
+import sys
+import hashrec.export.exporter as exporter
+from hashrec.export.__main__ import main
+save_scripted = exporter.save_scripted
+# /dev/full fails every write with ENOSPC, as a full disk does.
+exporter.save_scripted = lambda module, path: save_scripted(module, "/dev/full")
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_scripted_model_on_a_full_disk_is_one_error_and_leaves_nothing(flow, tmp_path):
+    export_dir = tmp_path / "export"
+    proc = subprocess.run([sys.executable, "-c", FULL_DISK_EXPORT, "--pipeline_config_path",
+                           flow["config"], "--export_dir", str(export_dir)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # not a C++ abort (-6)
+    errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "ExportError: cannot write the scripted model /dev/full: No space left" in errors[0]
+    assert "the disk may be full: free space (or use another --export_dir)" in errors[0]
+    assert os.listdir(tmp_path) == []  # neither export_dir nor its staging directory
+
+
 def test_failed_export_removes_its_staging_directory(flow, tmp_path, monkeypatch):
     from hashrec.export import ExportError, exporter
 

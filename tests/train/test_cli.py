@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 
@@ -31,6 +32,24 @@ def test_user_errors_exit_1_with_one_message(caplog, err):
     with caplog.at_level(logging.ERROR):
         assert run_main(_raises(err)) == 1
     assert caplog.records[-1].getMessage() == f"{type(err).__name__}: {err}"
+
+
+@pytest.mark.parametrize("err, message", [
+    (PermissionError(errno.EACCES, "Permission denied", "/data/model/eval_result.txt"),
+     "PermissionError: [Errno 13] Permission denied: '/data/model/eval_result.txt'"),
+    (OSError(errno.ENOSPC, "No space left on device"),
+     "OSError: [Errno 28] No space left on device; the disk may be full: free space and run "
+     "again"),
+], ids=["names-its-file", "full-disk"])
+def test_file_system_errors_exit_1_with_one_message(caplog, err, message):
+    with caplog.at_level(logging.ERROR):
+        assert run_main(_raises(err)) == 1
+    assert [r.getMessage() for r in caplog.records] == [message]
+
+
+def test_an_os_error_of_no_file_propagates():
+    with pytest.raises(BrokenPipeError):
+        run_main(_raises(BrokenPipeError(errno.EPIPE, "Broken pipe")))
 
 
 def test_other_errors_propagate():

@@ -64,6 +64,36 @@ def test_check_model_dir(tmp_path):
     check_model_dir(str(tmp_path), continue_train=True)
 
 
+def _checkpoint(path, complete: bool = True) -> None:
+    path.mkdir()
+    if complete:
+        (path / "DONE").write_text("{}")
+
+
+def test_check_model_dir_names_the_latest_of_several(tmp_path):
+    for step in (5, 40, 100):
+        _checkpoint(tmp_path / f"model.ckpt-{step}", complete=step != 100)
+    with pytest.raises(TrainError, match=r"already holds 3 checkpoints \(the latest "
+                                         r"model\.ckpt-100\); pass --continue_train"):
+        check_model_dir(str(tmp_path), continue_train=False)
+
+
+def test_check_model_dir_counts_a_replaced_copy(tmp_path):
+    # A save of step 40 again, interrupted while swapping the copies: the old copy aside
+    # is the step's checkpoint, which the next save would rename back.
+    _checkpoint(tmp_path / "model.ckpt-40.replaced")
+    _checkpoint(tmp_path / "model.ckpt-40.tmp")
+    with pytest.raises(TrainError, match=r"already holds a checkpoint "
+                                         r"\(model\.ckpt-40\.replaced\)"):
+        check_model_dir(str(tmp_path), continue_train=False)
+    check_model_dir(str(tmp_path), continue_train=True)
+
+
+def test_check_model_dir_ignores_an_incomplete_replaced_copy(tmp_path):
+    _checkpoint(tmp_path / "model.ckpt-40.replaced", complete=False)  # the next save drops it
+    check_model_dir(str(tmp_path), continue_train=False)
+
+
 @pytest.mark.parametrize("which", ["train", "eval"])
 def test_a_missing_input_path_is_reported_before_the_model_is_built(which, tmp_path,
                                                                     monkeypatch):

@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from hashrec.checkpoint.errors import disk_full_hint
 from hashrec.export import meta
 from hashrec.export.errors import ExportError
 from hashrec.export.scripted.heads import dense_head
@@ -124,10 +125,26 @@ def build_inference_model(model: nn.Module, feature_set,
 
 
 def save_scripted(module: InferenceModel, path: str) -> torch.jit.ScriptModule:
-    """Compiles ``module`` with TorchScript and saves it to ``path``."""
+    """Compiles ``module`` with TorchScript and saves it to ``path``.
+
+    The model is serialized in memory and written by Python (for a moment one more copy
+    of its size, tables included): TorchScript's own writer to a path aborts the whole
+    process (C++ ``terminate``, no Python error, no cleanup) when a write fails, as on
+    a full disk.
+
+    Raises:
+        ExportError: the model does not compile, or ``path`` cannot be written (with a
+            hint when the disk looks full).
+    """
     try:
         scripted = torch.jit.script(module)
     except Exception as err:  # noqa: BLE001 - any compiler failure becomes one clear error
         raise ExportError(f"TorchScript could not compile the inference model: {err}") from err
-    scripted.save(path)
+    try:
+        with open(path, "wb") as f:
+            f.write(scripted.save_to_buffer())
+    except OSError as err:
+        hint = disk_full_hint(err, "another --export_dir", "export again")
+        raise ExportError(f"cannot write the scripted model {path}: "
+                          f"{err.strerror or err}{hint}") from err
     return scripted
