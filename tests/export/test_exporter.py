@@ -265,6 +265,29 @@ def test_scripted_model_on_a_full_disk_is_one_error_and_leaves_nothing(flow, tmp
     assert os.listdir(tmp_path) == []  # neither export_dir nor its staging directory
 
 
+def test_a_large_model_on_a_disk_without_room_is_one_error_before_writing(flow, tmp_path,
+                                                                          monkeypatch):
+    """A model past the in-memory size streams from TorchScript's writer, which aborts
+    the process on a failed write: a disk without room for it is refused first."""
+    import shutil
+
+    from hashrec.export import ExportError, exporter
+    from hashrec.export.scripted import build
+
+    monkeypatch.setattr(build, "IN_MEMORY_SAVE_BYTES", 0)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(
+        1 << 30, 1 << 30, 1 << 20))  # 1 MiB free
+    export_dir = tmp_path / "export"
+    with pytest.raises(ExportError, match=r"scripted_model\.pt: it needs about 0\.0\d GiB, its "
+                                          r"disk has 0\.00 GiB free; the disk may be full"):
+        exporter.export_model(load_pipeline_config(flow["config"]), str(export_dir))
+    assert os.listdir(tmp_path) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(build, "IN_MEMORY_SAVE_BYTES", 0)  # streamed where there is room
+    exporter.export_model(load_pipeline_config(flow["config"]), str(export_dir))
+    assert (export_dir / "scripted_model.pt").stat().st_size > 0
+
+
 def test_failed_export_removes_its_staging_directory(flow, tmp_path, monkeypatch):
     from hashrec.export import ExportError, exporter
 

@@ -7,8 +7,10 @@ exports; dense tables and the dense network come from the model in memory.
 
 
 import copy
+import itertools
 import json
 import os
+import shutil
 
 import torch
 from safetensors import safe_open
@@ -124,27 +126,46 @@ def build_inference_model(model: nn.Module, feature_set,
                           bool(getattr(model, "regression", False)), tasks).eval()
 
 
+# Models up to this size are serialized in memory and written by Python; larger ones
+# (tables of millions of rows) stream from TorchScript's writer, as a copy in memory would
+# take three times their size on the host.
+IN_MEMORY_SAVE_BYTES = 256 << 20
+
+
 def save_scripted(module: InferenceModel, path: str) -> torch.jit.ScriptModule:
     """Compiles ``module`` with TorchScript and saves it to ``path``.
 
-    The model is serialized in memory and written by Python (for a moment one more copy
-    of its size, tables included): TorchScript's own writer to a path aborts the whole
-    process (C++ ``terminate``, no Python error, no cleanup) when a write fails, as on
-    a full disk.
+    TorchScript's own writer to a path aborts the whole process (C++ ``terminate``, no
+    Python error, no cleanup) when a write fails, as on a full disk. A model of up to
+    ``IN_MEMORY_SAVE_BYTES`` is therefore serialized in memory and written by Python; a
+    larger one streams from TorchScript's writer once the disk is seen to have room for
+    it (so only a disk that fills while it is written still aborts).
 
     Raises:
-        ExportError: the model does not compile, or ``path`` cannot be written (with a
-            hint when the disk looks full).
+        ExportError: the model does not compile, or ``path`` cannot be written or its
+            disk has no room for the model (with a hint when the disk looks full).
     """
     try:
         scripted = torch.jit.script(module)
     except Exception as err:  # noqa: BLE001 - any compiler failure becomes one clear error
         raise ExportError(f"TorchScript could not compile the inference model: {err}") from err
+    size = sum(t.numel() * t.element_size()
+               for t in itertools.chain(scripted.parameters(), scripted.buffers()))
+    hint = "; the disk may be full: free space (or use another --export_dir) and export again"
     try:
-        with open(path, "wb") as f:
-            f.write(scripted.save_to_buffer())
+        if size <= IN_MEMORY_SAVE_BYTES:
+            with open(path, "wb") as f:
+                f.write(scripted.save_to_buffer())
+            return scripted
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+        needed = size + size // 100 + (16 << 20)  # the archive's headers and code
+        if free < needed:
+            raise ExportError(f"cannot write the scripted model {path}: it needs about "
+                              f"{needed / 2**30:.2f} GiB, its disk has {free / 2**30:.2f} GiB "
+                              f"free{hint}")
+        scripted.save(path)
     except OSError as err:
-        hint = disk_full_hint(err, "another --export_dir", "export again")
-        raise ExportError(f"cannot write the scripted model {path}: "
-                          f"{err.strerror or err}{hint}") from err
+        raise ExportError(f"cannot write the scripted model {path}: {err.strerror or err}"
+                          f"{disk_full_hint(err, 'another --export_dir', 'export again')}"
+                          ) from err
     return scripted
