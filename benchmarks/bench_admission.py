@@ -165,7 +165,7 @@ def _matches_reference(keys: torch.Tensor, saved, outcome) -> bool:
     ref = AdmissionCounter(THRESHOLD, ARGS.slots, ARGS.bucket, torch.device("cpu"))
     for field, value in zip((ref.storage.keys, ref.storage.digests, ref.storage.scores), saved):
         field.copy_(value.cpu())
-    expected = ref.count(keys.cpu(), None, torch.ones(keys.numel(), dtype=torch.int64))
+    expected, _ = ref.count(keys.cpu(), None, torch.ones(keys.numel(), dtype=torch.int64))
     _, admitted, evicted, *after = outcome
     return (torch.equal(expected, admitted.cpu()) and int(evicted.sum()) == ref.evictions
             and _occupied(after) == _occupied(_snapshot(ref.storage)))
@@ -175,7 +175,7 @@ def _outcome(counter: AdmissionCounter, keys: torch.Tensor, saved) -> tuple[torc
     """Everything the forms must agree on: the slots found, then after one count the
     admitted keys, evicted counters and the counter table."""
     slots = find_tt.find_slots(counter.storage, keys, None)
-    admitted, evicted = _count(counter, keys)
+    admitted, _, evicted = _count(counter, keys)
     after = _snapshot(counter.storage)
     _restore(counter.storage, saved)
     return (slots, admitted, evicted) + after
