@@ -115,15 +115,41 @@ def _context_from_group(local_rank: int, use_cuda: bool) -> DistContext:
                        owns_group=False)
 
 
+# How long a collective waits for the other ranks before the job fails, unless
+# HASHREC_COLLECTIVE_TIMEOUT_S says otherwise: a rank that hangs (rather than dies) holds
+# the others this long.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+
+
+def collective_timeout_s(env: Mapping[str, str]) -> float:
+    """``HASHREC_COLLECTIVE_TIMEOUT_S`` from ``env`` (seconds > 0), or the default.
+
+    Raises:
+        DistributedError: the value is not a positive number.
+    """
+    text = env.get("HASHREC_COLLECTIVE_TIMEOUT_S")
+    if text is None or not text.strip():
+        return DEFAULT_COLLECTIVE_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise DistributedError(f"HASHREC_COLLECTIVE_TIMEOUT_S={text!r}: expected a number of "
+                               f"seconds > 0")
+    return value
+
+
 def init_distributed(backend: str | None = None, use_cuda: bool | None = None,
-                     timeout_s: float = 1800.0,
+                     timeout_s: float | None = None,
                      env: Mapping[str, str] | None = None) -> DistContext:
     """Join the job that torchrun started, or run alone when there is none.
 
     Args:
         backend: ``nccl`` or ``gloo``; default NCCL when CUDA is used, else gloo.
         use_cuda: compute on ``cuda:LOCAL_RANK``; default: whenever CUDA is available.
-        timeout_s: collective timeout of the process group.
+        timeout_s: collective timeout of the process group; default
+            ``HASHREC_COLLECTIVE_TIMEOUT_S`` from ``env``, else 30 minutes.
         env: environment to read (default ``os.environ``).
 
     Returns:
@@ -155,6 +181,8 @@ def init_distributed(backend: str | None = None, use_cuda: bool | None = None,
     if dist.is_initialized():
         return _context_from_group(local_rank, use_cuda)
     chosen = _pick_backend(backend, use_cuda)
+    if timeout_s is None:
+        timeout_s = collective_timeout_s(env)
     dist.init_process_group(backend=chosen, init_method=_tcp_address(env), rank=rank,
                             world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))

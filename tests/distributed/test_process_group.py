@@ -47,3 +47,28 @@ def test_context_validation(kwargs, field):
 
 def test_single_process_context_device():
     assert single_process_context("cpu").device == torch.device("cpu")
+
+
+@pytest.mark.parametrize("value, seconds", [(None, 1800.0), ("", 1800.0), ("90", 90.0),
+                                            ("2.5", 2.5)])
+def test_the_collective_timeout_comes_from_the_environment(monkeypatch, value, seconds):
+    import torch.distributed as dist
+
+    given = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda **kwargs: given.update(timeout=kwargs["timeout"]))
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    if value is not None:
+        env["HASHREC_COLLECTIVE_TIMEOUT_S"] = value
+    init_distributed(use_cuda=False, env=env)
+    assert given["timeout"].total_seconds() == seconds
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "inf", "nan"])
+def test_a_bad_collective_timeout_is_refused_by_name(value):
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+           "HASHREC_COLLECTIVE_TIMEOUT_S": value}
+    with pytest.raises(DistributedError, match=rf"HASHREC_COLLECTIVE_TIMEOUT_S='{value}': "
+                                               rf"expected a number of seconds > 0"):
+        init_distributed(use_cuda=False, env=env)
