@@ -249,7 +249,7 @@ def plan_to_table(plan: Plan) -> str:
     host bytes, cost."""
     header = ("table", "mode", "load factor", "rows/rank", "GPU bytes", "host bytes",
               "est. cost (us/step)")
-    rows = [(t.name, t.variant.mode.value, f"{t.variant.cache_load_factor:.1f}", str(t.rows),
+    rows = [(t.name, t.variant.mode.value, f"{t.variant.cache_load_factor:g}", str(t.rows),
              str(t.variant.gpu_bytes), str(t.variant.host_bytes), f"{t.variant.cost * 1e6:.2f}")
             for t in plan.tables]
     rows.append(("total", "", "", "", str(plan.gpu_bytes), str(plan.host_bytes),

@@ -244,9 +244,13 @@ def test_plan_to_table_lists_every_table():
     for entry in plan.tables:
         row = next(line for line in lines if line.startswith(entry.name + " "))
         assert row.split()[:4] == [entry.name, entry.variant.mode.value,
-                                   f"{entry.variant.cache_load_factor:.1f}", str(entry.rows)]
+                                   f"{entry.variant.cache_load_factor:g}", str(entry.rows)]
         assert str(entry.variant.gpu_bytes) in row
     assert any(line.startswith("total") for line in lines)
+    quarter = dataclasses.replace(plan.tables[0], variant=dataclasses.replace(
+        plan.tables[0].variant, cache_load_factor=0.25))
+    row = plan_to_table(dataclasses.replace(plan, tables=(quarter,))).splitlines()[2]
+    assert row.split()[2] == "0.25"  # as the table keeps it, not rounded to 0.2
 
 
 def test_without_cuda_both_tiers_fit_the_one_host_budget():
