@@ -29,17 +29,17 @@ from typing import NamedTuple
 import torch
 
 from hashrec.table.admission import AdmissionCounter
-from hashrec.table.capacity import initial_buckets, next_buckets, note_init_capacity_unmet
+from hashrec.table.capacity import initial_buckets, note_init_capacity_unmet
 from hashrec.table.errors import TableError
 from hashrec.table.fixed_lookup import PROTECTED as _PROTECTED
 from hashrec.table.fixed_lookup import FixedSizeLookup
 from hashrec.table.initializers import initial_values
 from hashrec.table.ops.erase import erase_slots
 from hashrec.table.ops.find import find_slots
-from hashrec.table.ops.insert import insert_keys
-from hashrec.table.ops.rehash import rehash
 from hashrec.table.options import InitializerArgs, ScoreStrategy, TableOptions
 from hashrec.table.storage import TableStorage
+from hashrec.table.table_growth import TableGrowth
+from hashrec.table.table_growth import take as _take
 from hashrec.table.table_report import TableReport
 from hashrec.table.table_state import TableState
 from hashrec.table.tiers import index_row_dim, make_row_store
@@ -74,7 +74,7 @@ class LookupResult(NamedTuple):
     version: int = -1
 
 
-class HashTable(FixedSizeLookup, TableState, TableReport):
+class HashTable(FixedSizeLookup, TableGrowth, TableState, TableReport):
     """Dynamic embedding table (see the module docstring for scores and growth).
 
     Args:
@@ -205,58 +205,6 @@ class HashTable(FixedSizeLookup, TableState, TableReport):
         if self.options.score_strategy is ScoreStrategy.LFU:
             return counts  # read only: the insert copies scores into the table
         return self._now(counts.numel())
-
-    # ---------------------------------------------------------------- growth
-    def _next_bucket_count(self) -> int:
-        return next_buckets(self.storage.num_buckets, self._max_buckets)
-
-    def _rehash(self, num_buckets: int) -> None:
-        old = self.storage
-        self.storage = rehash(old, num_buckets)
-        self._rows.regrow(old, self.storage)
-        self._stats["growths"] += 1
-        self.version += 1
-
-    def _grow_for(self, incoming: int, size: int | None = None) -> bool:
-        grown = False
-        limit = self.options.max_load_factor
-        num_buckets = self.storage.num_buckets
-        size = self.size() if size is None and num_buckets < self._max_buckets else size
-        while (num_buckets < self._max_buckets
-               and size + incoming > limit * num_buckets * self.storage.bucket_capacity):
-            num_buckets = next_buckets(num_buckets, self._max_buckets)
-            grown = True
-        if grown:
-            self._rehash(num_buckets)
-        return grown
-
-    def _insert(self, keys: torch.Tensor, tags: torch.Tensor | None,
-                scores: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """Inserts absent unique keys, growing before evicting; returns (slots, rehashed).
-        Keys placed before a growth are not evicted by the rounds after it (as the
-        call's hits are not): they hold the protected score until the last round."""
-        rehashed = self._grow_for(keys.numel())
-        slots = torch.full_like(keys, -1)
-        pending = torch.arange(keys.numel(), device=self.device)
-        placed = None
-        while True:
-            at_max = self.storage.num_buckets >= self._max_buckets
-            allow = at_max and self.options.score_strategy is not ScoreStrategy.NO_EVICTION
-            result = insert_keys(self.storage, keys[pending], _take(tags, pending),
-                                 scores[pending], allow)
-            slots[pending] = result.slots
-            self._stats["evictions"] += int(result.evicted_keys.numel())
-            pending = pending[result.slots < 0]
-            if at_max or pending.numel() == 0:
-                break
-            self._rehash(next_buckets(self.storage.num_buckets, self._max_buckets))
-            rehashed = True
-            placed = torch.nonzero(slots >= 0).flatten()
-            slots[placed] = find_slots(self.storage, keys[placed], _take(tags, placed))
-            self.storage.scores[slots[placed]] = _PROTECTED
-        if placed is not None:
-            self.storage.scores[slots[placed]] = scores[placed]
-        return slots, rehashed
 
     def _report_refused(self, refused: int) -> None:
         if refused == 0:
@@ -605,7 +553,3 @@ def _largest(scores: torch.Tensor | None, unique: torch.Tensor,
         return None
     return torch.full_like(unique, torch.iinfo(torch.int64).min).scatter_reduce_(
         0, inverse, scores, "amax")
-
-
-def _take(tensor: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
-    return None if tensor is None else tensor[index]
