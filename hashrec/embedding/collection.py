@@ -472,14 +472,16 @@ class EmbeddingCollection(nn.Module):
     def _remap_zch(self, storage: Storage, ids: list[FeatureIds]) -> None:
         """Raw ids of a ZCH table -> its slots (-1 without one), in place.
 
-        Several ranks, training: every rank remaps the global batch's ids in rank
-        order (one all-gather), so the replicated remappers stay identical, and the
-        rows an eviction re-initializes are rank 0's (one broadcast on those steps).
+        Several ranks, training a trainable table: every rank remaps the global batch's
+        ids in rank order (one all-gather), so the replicated remappers stay identical,
+        and the rows an eviction re-initializes are rank 0's (one broadcast on those
+        steps). A frozen table remaps as in evaluation (no new ids, no evictions).
         """
         raw = torch.cat([f.values for f in ids])
         remapper = self.zch_remappers[storage.name]
-        if not (self.training and self._sharded is not None):
-            slots, reset = remapper.remap(raw, self.training)
+        train = storage.changes_in(self.training)
+        if not (train and self._sharded is not None):
+            slots, reset = remapper.remap(raw, train)
             storage.table.reset_rows(reset)
         else:
             ctx, group = self._sharded.ctx, self._sharded.group

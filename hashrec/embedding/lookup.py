@@ -59,6 +59,13 @@ class Storage:
     def name(self) -> str:
         return self.plan.name
 
+    def changes_in(self, training: bool) -> bool:
+        """Whether lookups in this mode may change the table (insert, admit, evict,
+        update scores): training lookups of a trainable storage. A frozen storage
+        (``trainable`` false) is read as in evaluation: its keys and rows stay as
+        loaded, and keys it lacks read the eval initializer."""
+        return training and self.plan.trainable
+
     def skips_stored_rows(self) -> bool:
         """Whether a lookup may leave stored rows out for reading by slot: a dynamic
         table whose rows all lie in ``storage.values`` and whose lookups run the Triton
@@ -112,10 +119,12 @@ def lookup_rows(storage: Storage, keys: torch.Tensor, tags: torch.Tensor | None,
     the rows of keys stored before the call are undefined; read them from the table by
     slot.
 
-    ``rows`` requires grad when grad mode is on and the storage is trainable; its
-    backward applies the sparse optimizer to the storage.
+    ``train``: the collection's mode; a frozen storage is looked up as in evaluation
+    (``Storage.changes_in``). ``rows`` requires grad when grad mode is on and the
+    storage is trainable; its backward applies the sparse optimizer to the storage.
     """
     extra = {} if stored_rows else {"stored_rows": False}
+    train = storage.changes_in(train)
     anchor = None
     if torch.is_grad_enabled() and storage.plan.trainable:
         anchor = torch.empty(0, device=keys.device, requires_grad=True)

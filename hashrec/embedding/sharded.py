@@ -112,20 +112,26 @@ class ShardedLookups:
 
     def _forward(self, requests: list[Request], train: bool) -> list[tuple]:
         dynamic = [r for r in requests if r.storage.name in self.sharded]
-        results = iter(lookup_many(
-            [self.sharded[r.storage.name] for r in dynamic],
-            [TableRequest(r.keys, r.tags, r.counts, r.storage.lr, r.send_counts,
-                          r.recv_counts, sorted_pairs=True, pair_max=r.pair_max)
-             for r in dynamic],
-            train, self.group))
+        # Frozen storages are read as in evaluation (``Storage.changes_in``): their
+        # exchanges run after the others', in the storages' order on every rank.
+        results = {}
+        for mode in (train, False) if train else (False,):
+            part = [r for r in dynamic if r.storage.changes_in(train) == mode]
+            results.update(zip((r.storage.name for r in part), lookup_many(
+                [self.sharded[r.storage.name] for r in part],
+                [TableRequest(r.keys, r.tags, r.counts, r.storage.lr, r.send_counts,
+                              r.recv_counts, sorted_pairs=True, pair_max=r.pair_max)
+                 for r in part],
+                mode, self.group)))
         out = []
         for r in requests:
             if r.storage.name not in self.sharded:  # a replicated dense table
-                result = r.storage.table.lookup(r.keys, tags=r.tags, train=train,
+                result = r.storage.table.lookup(r.keys, tags=r.tags,
+                                                train=r.storage.changes_in(train),
                                                 counts=r.counts)
                 out.append((result.values.float(), result.slots, None))
                 continue
-            result = next(results)
+            result = results[r.storage.name]
             slots = torch.where(result.stored, 0, -1).to(torch.int64)
             out.append((result.values.float(), slots, result.state))
         return out

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hashrec.embedding import EmbeddingCollection, EmbeddingFeatureSpec, EmbeddingTableSpec
+from hashrec.embedding.zch import ZchOptions
 from hashrec.table import (
     SparseAdagrad,
     SparseAdam,
@@ -170,3 +171,47 @@ def test_backward_after_the_table_grew_refuses_the_stale_slots(make_kjt):
     torch.testing.assert_close(_dynamic_rows(collection), before)
     second.pooled["f_sum"].sum().backward()  # the latest lookup's slots still apply
     assert not torch.equal(_dynamic_rows(collection), before)
+
+
+def test_frozen_dynamic_table_is_read_as_in_evaluation(make_kjt):
+    """Training lookups of a frozen dynamic table neither insert the keys it lacks nor
+    touch the rows, keys and scores it holds; its missing keys read the eval initializer
+    (zeros by default), as in evaluation."""
+    options = TableOptions(dim=DIM, max_capacity=256, bucket_capacity=32,
+                           score_strategy="STEP")
+    collection = EmbeddingCollection(
+        [EmbeddingTableSpec("t", DIM, dynamic=options, trainable=False)], FEATURES,
+        SparseSGD(lr=1.0))
+    table = collection.dynamic_tables()["t"]
+    known = torch.arange(0, NUM_IDS, 2)
+    rows = torch.randn(known.numel(), DIM)
+    table.load_state(known, None, rows, torch.full((known.numel(),), 7))
+    before = list(table.export_state(1 << 20))
+    kjt = make_kjt(KEYS, BATCH, NUM_IDS, seed=0, weighted=True)
+    collection.train()
+    out = collection(kjt)
+    collection.eval()
+    with torch.no_grad():
+        evaluated = collection(kjt)
+    for name in out.pooled:
+        assert not out.pooled[name].requires_grad
+        torch.testing.assert_close(out.pooled[name], evaluated.pooled[name])
+    after = list(table.export_state(1 << 20))
+    assert len(after) == len(before) == 1
+    for was, now in zip(before[0], after[0]):
+        if was is not None:
+            torch.testing.assert_close(now, was)
+    assert table.size() == known.numel()
+
+
+def test_frozen_zch_table_assigns_no_slots_in_training(make_kjt):
+    """A frozen ZCH table's remapper keeps its state in training: no new ids, no counts."""
+    table = EmbeddingTableSpec("t", DIM, num_rows=8, zch=ZchOptions(8, 1, "LFU", 1.0),
+                               trainable=False)
+    collection = EmbeddingCollection([table], FEATURES[:1], SparseSGD(lr=1.0))
+    remapper = collection.zch_remappers["t"]
+    before = {name: b.clone() for name, b in remapper.state_dict().items()}
+    collection.train()
+    collection(make_kjt(KEYS[:1], BATCH, NUM_IDS, seed=0, weighted=True))
+    for name, buffer in remapper.state_dict().items():
+        torch.testing.assert_close(buffer, before[name], msg=name)
