@@ -155,7 +155,7 @@ class EmbeddingCollection(nn.Module):
         world = dist.world_size if dist is not None and dist.is_distributed else 1
         self.comm_timer = CommTimer(self._device, enabled=world > 1)
         sharded: dict[str, ShardedTable] = {}
-        for plan in plan_storages(tables, sparse_optimizer, self._device):
+        for plan in plan_storages(tables, sparse_optimizer, self._device, world):
             if plan.is_dynamic:
                 options = plan.options
                 if storage_modes and plan.name in storage_modes:

@@ -7,7 +7,7 @@ the same ``trainable`` flag and the same options apart from capacities and name
 share one ``HashTable``: one storage, one admission counter, with independent
 key spaces through tags (tag = position of the logical table in the storage).
 The fused storage's ``max_capacity`` (and ``init_capacity``, admission
-``counter_capacity``) is the sum of its tables'. Initializers whose defaults
+``counter_capacity``) is the sum of its tables' (``init_capacity`` per rank). Initializers whose defaults
 depend on capacity are resolved per logical table before comparing, so tables
 whose effective initializers differ stay in separate storages.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
@@ -115,7 +116,10 @@ def _fusion_key(options: TableOptions) -> TableOptions:
                                set_by_user=frozenset())
 
 
-def _fused_options(name: str, members: list[TableOptions]) -> TableOptions:
+def _fused_options(name: str, members: list[TableOptions], world_size: int) -> TableOptions:
+    """The fused storage's options: capacities summed. ``init_capacity`` is per rank (the
+    config's ``init_capacity_per_rank``): a member without one starts full, its share
+    of a rank's rows (``max_capacity / world_size``)."""
     first = members[0]
     admission = first.admission
     if admission is not None:
@@ -123,15 +127,18 @@ def _fused_options(name: str, members: list[TableOptions]) -> TableOptions:
         admission = dataclasses.replace(admission, counter_capacity=counters)
     init = None
     if any(o.init_capacity is not None for o in members):
-        init = sum(o.init_capacity or o.max_capacity for o in members)
+        init = sum(o.init_capacity if o.init_capacity is not None
+                   else math.ceil(o.max_capacity / world_size) for o in members)
     return dataclasses.replace(first, max_capacity=sum(o.max_capacity for o in members),
                                init_capacity=init, name=name, admission=admission,
                                set_by_user=frozenset().union(*(o.set_by_user for o in members)))
 
 
 def plan_storages(tables: list[EmbeddingTableSpec], optimizer: OptimizerSpec,
-                  device: torch.device) -> list[StoragePlan]:
-    """Groups tables into storages, in the order tables are given.
+                  device: torch.device, world_size: int = 1) -> list[StoragePlan]:
+    """Groups tables into storages, in the order tables are given. ``world_size``: the
+    ranks the dynamic storages are sharded over (a fused storage's per-rank
+    ``init_capacity`` depends on it).
 
     Raises:
         EmbeddingError: a fused storage's name collides with a table name.
@@ -164,7 +171,7 @@ def plan_storages(tables: list[EmbeddingTableSpec], optimizer: OptimizerSpec,
             raise EmbeddingError(
                 f"fused storage name {name!r} (fusion_group {group!r}) equals a table "
                 f"name; rename the fusion_group or the table")
-        options = _fused_options(name, [o for _, o in members])
+        options = _fused_options(name, [o for _, o in members], world_size)
         plans.append(StoragePlan(name, specs, options, True))
     return plans
 

@@ -123,7 +123,8 @@ def _planner_tables(feature_set, sparse_spec, ctx: DistContext) -> list[PlannerT
     for feature in feature_set.embedding_features():
         readers[feature.table] = readers.get(feature.table, 0) + 1
     out = []
-    for plan in plan_storages(feature_set.embedding_tables(), sparse_spec, ctx.device):
+    for plan in plan_storages(feature_set.embedding_tables(), sparse_spec, ctx.device,
+                              ctx.world_size):
         if not plan.is_dynamic:
             continue
         options = plan.options

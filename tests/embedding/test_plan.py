@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from hashrec.distributed.storage_estimate import per_rank_options
 from hashrec.embedding.errors import EmbeddingError
 from hashrec.embedding.plan import plan_storages
 from hashrec.embedding.specs import EmbeddingTableSpec
@@ -38,6 +39,18 @@ def test_same_group_dim_and_options_fuse_with_summed_capacity():
     assert fused.options.admission.counter_capacity == 200
     assert isinstance(fused.options.optimizer, SparseSGD)
     assert not plans[0].is_dynamic
+
+
+@pytest.mark.parametrize("world, per_rank_init", [(1, 64 + 4096), (4, 64 + 1024)])
+def test_fused_init_capacity_is_per_rank(world, per_rank_init):
+    """A member without init_capacity (init_capacity_per_rank) starts full: its share of
+    a rank's rows joins the others' per-rank init capacities."""
+    plans = plan_storages([_table("a", capacity=4096, init_capacity=64),
+                           _table("b", capacity=4096)], SparseSGD(), torch.device("cpu"),
+                          world)
+    (fused,) = plans
+    assert fused.options.init_capacity == per_rank_init
+    assert per_rank_options(fused.options, world).init_capacity == per_rank_init
 
 
 @pytest.mark.parametrize("second, reason", [
