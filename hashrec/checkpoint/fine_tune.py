@@ -35,13 +35,13 @@ from hashrec.checkpoint.param_map import (
 from hashrec.checkpoint.partial_dense import DensePlan, plan_dense, table_kinds
 from hashrec.checkpoint.partial_tables import (
     TableSource,
+    load_sources,
     model_logical_tables,
     plan_tables,
     saved_logical_tables,
 )
-from hashrec.checkpoint.restore import open_table_shards, read_complete_meta, set_table_step
+from hashrec.checkpoint.restore import open_table_shards, read_complete_meta
 from hashrec.checkpoint.shard_file import ShardReader
-from hashrec.checkpoint.table_io import check_all_held, load_table
 from hashrec.checkpoint.tags import model_tag_tables
 
 logger = logging.getLogger(__name__)
@@ -75,24 +75,12 @@ def _kinds_differ(model: Names, checkpoint: Names, resolved: ResolvedMap) -> dic
 def _load_tables(meta: dict[str, Any], dynamic_tables: dict[str, Any],
                  sources: dict[str, list[TableSource]], readers: dict[str, list[ShardReader]],
                  rank: int, world_size: int) -> dict[str, dict[str, int]]:
-    """Loads each model storage's sources; returns {storage: {"rows", "admission"}}."""
-    loaded = {}
-    for storage, storage_sources in sorted(sources.items()):
-        table = dynamic_tables[storage]
-        empty = int(table.size()) == 0
-        counts = {"rows": 0, "admission": 0}
-        for source in storage_sources:
-            got = load_table(readers[source.storage], storage, table, rank, world_size,
-                             restore_optimizer=False, remap=source.remap, check_held=False)
-            counts = {key: counts[key] + got[key] for key in counts}
-        if empty and storage_sources:
-            check_all_held(storage, table, counts["rows"], readers[storage_sources[0].storage],
-                           rank, world_size)
-        steps = [meta["tables"][s.storage].get("table_step") for s in storage_sources]
-        steps = [int(step) for step in steps if step is not None]
-        set_table_step(table, max(steps) if steps else None)
-        loaded[storage] = counts
-    return loaded
+    """Loads each model storage's sources, optimizer state reset; returns {storage:
+    {"rows", "admission"}}."""
+    return {storage: load_sources(meta["tables"], storage, dynamic_tables[storage],
+                                  storage_sources, readers, rank, world_size,
+                                  restore_optimizer=False)
+            for storage, storage_sources in sorted(sources.items())}
 
 
 def restore_fine_tune(path: str, model: torch.nn.Module | None,

@@ -22,6 +22,8 @@ import torch
 
 from hashrec.checkpoint.fine_tune_report import Outcome
 from hashrec.checkpoint.param_map import ResolvedMap
+from hashrec.checkpoint.shard_file import ShardReader
+from hashrec.checkpoint.table_io import check_all_held, load_table, set_table_step
 from hashrec.checkpoint.tags import TAG_TABLES
 
 
@@ -102,7 +104,7 @@ def _add(remaps: dict[str, list[list[int]]], width: int, storage: str, saved_tag
     remaps[storage].append(remap)
 
 
-def _plan_by_name(names: list[str], dim: int, meta_tables: dict[str, Any],
+def plan_by_name(names: list[str], dim: int, meta_tables: dict[str, Any],
                   resolved: ResolvedMap, kinds_differ: dict[str, str],
                   outcome: Outcome) -> tuple[list[TableSource], set[str]]:
     """A storage whose logical tables are each looked up by (mapped) name."""
@@ -160,8 +162,34 @@ def plan_tables(meta_tables: dict[str, Any], dynamic_tables: dict[str, Any],
             sources[storage], found = _plan_whole(storage, names, dim, meta_tables, resolved,
                                                   outcome)
         else:
-            sources[storage], found = _plan_by_name(names, dim, meta_tables, resolved,
+            sources[storage], found = plan_by_name(names, dim, meta_tables, resolved,
                                                     kinds_differ, outcome)
         read |= found
     outcome.unused = sorted(set(saved_logical_tables(meta_tables)) - read)
     return sources, outcome
+
+
+def load_sources(meta_tables: dict[str, Any], storage: str, table: Any,
+                 sources: list[TableSource], readers: dict[str, list[ShardReader]],
+                 rank: int, world_size: int, restore_optimizer: bool) -> dict[str, int]:
+    """Loads model ``storage`` (``table``) from its checkpoint ``sources``, each read through
+    ``readers[source.storage]``; its STEP clock is set to the latest of theirs.
+    ``restore_optimizer`` False resets the optimizer-state columns.
+
+    Returns:
+        {"rows": rows loaded, "admission": counters loaded} on this rank.
+    """
+    empty = int(table.size()) == 0
+    counts = {"rows": 0, "admission": 0}
+    for source in sources:
+        got = load_table(readers[source.storage], storage, table, rank, world_size,
+                         restore_optimizer=restore_optimizer, remap=source.remap,
+                         check_held=False)
+        counts = {key: counts[key] + got[key] for key in counts}
+    if empty and sources:
+        check_all_held(storage, table, counts["rows"], readers[sources[0].storage], rank,
+                       world_size)
+    steps = [meta_tables[s.storage].get("table_step") for s in sources]
+    steps = [int(step) for step in steps if step is not None]
+    set_table_step(table, max(steps) if steps else None)
+    return counts

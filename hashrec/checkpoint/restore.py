@@ -22,9 +22,16 @@ from hashrec.checkpoint import layout
 from hashrec.checkpoint.dense import restore_model, restore_optimizer_state
 from hashrec.checkpoint.dist_util import barrier, rank_and_world, run_on_all_ranks
 from hashrec.checkpoint.errors import CheckpointError
-from hashrec.checkpoint.partial_tables import saved_logical_tables
+from hashrec.checkpoint.fine_tune_report import Outcome
+from hashrec.checkpoint.param_map import ResolvedMap
+from hashrec.checkpoint.partial_tables import (
+    TableSource,
+    load_sources,
+    plan_by_name,
+    saved_logical_tables,
+)
 from hashrec.checkpoint.shard_file import ShardReader
-from hashrec.checkpoint.table_io import ADMISSION, ROWS, load_table
+from hashrec.checkpoint.table_io import ADMISSION, ROWS, load_table, set_table_step
 from hashrec.checkpoint.tags import TAG_TABLES, model_tag_tables, tag_remap
 
 _SECTIONS = (ROWS, ADMISSION, "evicted")
@@ -137,11 +144,39 @@ def _restore_dense(path: str, meta: dict[str, Any], model: torch.nn.Module | Non
     return unread
 
 
-def _note_unread_tables(path: str, saved: dict[str, Any], dynamic_tables: dict[str, Any],
+def _regrouped(meta_tables: dict[str, Any], dynamic_tables: dict[str, Any],
+               tag_tables: dict[str, list[str]]) -> dict[str, list[TableSource]]:
+    """{model storage: its checkpoint sources} of the dynamic storages that the checkpoint
+    lacks by name but holds table by table elsewhere: every logical table of the storage
+    saved with its embedding_dim under another storage (the checkpoint grouped its tables
+    into fused storages otherwise, as versions before SEQUENCE-group fusion did). They
+    restore whole, optimizer state included; the rest is ``check_tables_present``'s."""
+    out = {}
+    for storage in sorted(set(dynamic_tables) - set(meta_tables)):
+        names = tag_tables.get(storage) or [storage]
+        outcome = Outcome()
+        sources, _ = plan_by_name(names, int(dynamic_tables[storage].dim), meta_tables,
+                                  ResolvedMap(), {}, outcome)
+        if sources and not outcome.missing and not outcome.differs:
+            out[storage] = sources
+    return out
+
+
+def _note_regrouped(path: str, regrouped: dict[str, list[TableSource]],
+                    tag_tables: dict[str, list[str]]) -> None:
+    for storage, sources in sorted(regrouped.items()):
+        logger.info("%s: tables %s of storage %r restored from the checkpoint's storages %s, "
+                    "which group the tables otherwise", path,
+                    ", ".join(tag_tables.get(storage) or [storage]), storage,
+                    ", ".join(sorted({repr(source.storage) for source in sources})))
+
+
+def _note_unread_tables(path: str, saved: dict[str, Any], read: set[str],
                         dense: list[str]) -> None:
-    """Warns about saved tables the model has none of (they are not restored)."""
+    """Warns about saved tables the model has none of (they are not restored); ``read``:
+    the saved dynamic storages that the model reads from."""
     named = []
-    for storage in sorted(set(saved) - set(dynamic_tables)):
+    for storage in sorted(set(saved) - read):
         fused = saved[storage].get(TAG_TABLES) or [storage]
         named.append(f"{storage!r} (dynamic)" if fused == [storage]
                      else f"{storage!r} (dynamic, tables {', '.join(fused)})")
@@ -152,17 +187,6 @@ def _note_unread_tables(path: str, saved: dict[str, Any], dynamic_tables: dict[s
             "Checkpoints of HashRec versions that embedded features in no feature group "
             "hold those features' tables; otherwise the feature configs dropped these "
             "tables since the checkpoint was saved", path, ", ".join(named))
-
-
-def set_table_step(table: Any, saved_step: int | None) -> None:
-    """Puts a table's STEP clock back where it was, if the table exposes a setter."""
-    if saved_step is None or not hasattr(table, "step"):
-        return
-    try:
-        table.step = saved_step
-    except AttributeError:
-        while int(table.step) < saved_step and hasattr(table, "advance_step"):
-            table.advance_step()
 
 
 def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer: Any,
@@ -211,13 +235,22 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
     tag_tables = model_tag_tables(model) if tag_tables is None else tag_tables
 
     def load() -> dict[str, Any]:
-        check_tables_present(path, meta, dynamic_tables, tag_tables)
-        readers = {name: open_table_shards(path, meta, name) for name in sorted(dynamic_tables)}
+        regrouped = _regrouped(meta["tables"], dynamic_tables, tag_tables)
+        check_tables_present(path, meta, {name: table for name, table in dynamic_tables.items()
+                                          if name not in regrouped}, tag_tables)
+        read = [name for name in dynamic_tables if name not in regrouped]
+        read += [source.storage for sources in regrouped.values() for source in sources]
+        readers = {name: open_table_shards(path, meta, name) for name in sorted(set(read))}
         unread = _restore_dense(path, meta, model, dense_optimizer, restore_optimizer, strict)
         if rank == 0:
-            _note_unread_tables(path, meta["tables"], dynamic_tables, unread)
+            _note_unread_tables(path, meta["tables"], set(read), unread)
+            _note_regrouped(path, regrouped, tag_tables)
         loaded = {}
         for name, table in sorted(dynamic_tables.items()):
+            if name in regrouped:
+                loaded[name] = load_sources(meta["tables"], name, table, regrouped[name],
+                                            readers, rank, world_size, restore_optimizer)
+                continue
             where = f"{os.path.join(path, layout.META_NAME)} (table {name!r})"
             remap = tag_remap(where, meta["tables"][name].get(TAG_TABLES), tag_tables.get(name))
             loaded[name] = load_table(readers[name], name, table, rank, world_size,

@@ -248,6 +248,17 @@ def check_all_held(name: str, table: Any, loaded: int, readers: list[ShardReader
     return lost
 
 
+def set_table_step(table: Any, saved_step: int | None) -> None:
+    """Puts a table's STEP clock back where it was, if the table exposes a setter."""
+    if saved_step is None or not hasattr(table, "step"):
+        return
+    try:
+        table.step = saved_step
+    except AttributeError:
+        while int(table.step) < saved_step and hasattr(table, "advance_step"):
+            table.advance_step()
+
+
 def _load_admission(readers: list[ShardReader], name: str, table: Any, rank: int,
                     world_size: int, remap: torch.Tensor | None) -> int:
     if not any(r.count(ADMISSION) for r in readers):

@@ -227,15 +227,27 @@ def _merge(requests: list[tuple[str, TableRequest]]) -> TableRequest:
                         initialized[0][1] if initialized else None, first.dtype)
 
 
-def fusion_groups(model_config) -> dict[str, str]:
-    """feature name -> name of the single DEEP group holding it (features in 2+ DEEP groups
-    are left out)."""
-    owners: dict[str, set[str]] = {}
-    for group in model_config.feature_groups:
-        if group.group_type == 0:  # DEEP
-            for name in group.feature_names:
-                owners.setdefault(name, set()).add(group.group_name)
-    return {name: next(iter(groups)) for name, groups in owners.items() if len(groups) == 1}
+# Group types whose dynamic tables fuse, in the order they decide a table's group: DEEP,
+# then SEQUENCE and JAGGED_SEQUENCE (WIDE groups' tables are their own: features/wide.py).
+_FUSING_TYPES = ((0,), (2, 3))
+
+
+def fusion_group(features: tuple[str, ...], model_config) -> str | None:
+    """The feature group whose dynamic tables fuse with the table ``features`` read: the
+    one DEEP group holding some of them, else the one SEQUENCE (or JAGGED_SEQUENCE)
+    group. A feature in two groups of the deciding type counts for neither; None when
+    the features lie in several groups of that type, or in none."""
+    for types in _FUSING_TYPES:
+        owners: dict[str, set[str]] = {}
+        for group in model_config.feature_groups:
+            if group.group_type in types:
+                for name in group.feature_names:
+                    if name in features:
+                        owners.setdefault(name, set()).add(group.group_name)
+        if owners:
+            held = {next(iter(groups)) for groups in owners.values() if len(groups) == 1}
+            return held.pop() if len(held) == 1 else None
+    return None
 
 
 def build_tables(features: list[Feature], model_config=None) -> list[EmbeddingTableSpec]:
@@ -244,7 +256,6 @@ def build_tables(features: list[Feature], model_config=None) -> list[EmbeddingTa
     for feature in features:
         if feature.table is not None:
             by_table.setdefault(feature.table.name, []).append((feature.name, feature.table))
-    groups = fusion_groups(model_config) if model_config is not None else {}
     specs = []
     for name, requests in by_table.items():
         req = _merge(requests)
@@ -254,7 +265,6 @@ def build_tables(features: list[Feature], model_config=None) -> list[EmbeddingTa
                                             trainable=req.trainable, zch=req.zch,
                                             initializer=req.initializer, dtype=req.dtype))
             continue
-        fused = {groups[f] for f in names if f in groups}
         options = table_options(req.dynamicemb, req.dim, name, req.dtype, names)
         if req.initializer is not None:
             if req.dynamicemb.HasField("initializer_args"):
@@ -263,7 +273,8 @@ def build_tables(features: list[Feature], model_config=None) -> list[EmbeddingTa
             options = dataclasses.replace(options, initializer=req.initializer)
         specs.append(EmbeddingTableSpec(
             name, req.dim, dynamic=options, features=names,
-            fusion_group=fused.pop() if len(fused) == 1 else None, trainable=req.trainable))
+            fusion_group=fusion_group(names, model_config) if model_config is not None
+            else None, trainable=req.trainable))
     return specs
 
 

@@ -130,3 +130,47 @@ def test_damaged_record_is_an_error(tmp_path, names):
     with pytest.raises(CheckpointError, match="names a table twice"):
         restore_checkpoint(path, None, None, {"deep": HashTable(table_options())},
                            tag_tables={"deep": ["b", "a"]})
+
+
+@pytest.mark.parametrize("direction", ["join", "split"])
+def test_a_storage_grouped_otherwise_restores_whole_with_optimizer_state(tmp_path, caplog,
+                                                                          direction):
+    """Tables saved in storages of their own restore into one fused storage (and back),
+    rows, optimizer state, scores and admission counters alike, as a release that fuses
+    another group's tables resumes the checkpoints of one that did not."""
+    names = ["seq_a", "seq_b"]
+    fused = trained_table(tagged=True)  # tags 0..2: two tables and a third, left out
+    parts = {name: HashTable(table_options()) for name in names}
+    snap = snapshot(fused)
+    for tag, name in enumerate(names):
+        mine = snap["tags"] == tag
+        parts[name].load_state(snap["keys"][mine], None, snap["rows"][mine],
+                               snap["scores"][mine])
+        counted = snap["counter_tags"] == tag
+        parts[name].load_admission_state(snap["counter_keys"][counted], None,
+                                         snap["counts"][counted])
+    if direction == "join":
+        path = save_checkpoint(str(tmp_path), 8, None, None, parts)
+        restored = {"seq": HashTable(table_options())}
+        tag_tables = {"seq": names}
+    else:
+        path = save_checkpoint(str(tmp_path), 8, None, None, {"seq": fused},
+                               tag_tables={"seq": names + ["gone"]})
+        restored = {name: HashTable(table_options()) for name in names}
+        tag_tables = {name: [name] for name in names}
+    with caplog.at_level("INFO", logger="hashrec.checkpoint.restore"):
+        meta = restore_checkpoint(path, None, None, restored, tag_tables=tag_tables)
+    assert any("group the tables otherwise" in m for m in caplog.messages)
+    for tag, name in enumerate(names):
+        if direction == "join":
+            got = {key: row for (key, t), row in _entries(restored["seq"]).items() if t == tag}
+            counts = {key: c for (key, t), c in _counters(restored["seq"]).items() if t == tag}
+        else:
+            got = {key: row for (key, _), row in _entries(restored[name]).items()}
+            counts = {key: c for (key, _), c in _counters(restored[name]).items()}
+        want = {key: row for (key, t), row in _entries(fused).items() if t == tag}
+        assert got.keys() == want.keys() and got
+        assert all(torch.equal(got[key], want[key]) for key in want)  # optimizer columns too
+        assert counts == {key: c for (key, t), c in _counters(fused).items() if t == tag}
+    assert sum(n["rows"] for n in meta["loaded"].values()) == sum(
+        int((snap["tags"] == tag).sum()) for tag in range(len(names)))

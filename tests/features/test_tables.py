@@ -68,16 +68,19 @@ def test_bad_dynamic_option_names_table(feature_set):
                              'score_strategy: "OLDEST" }'))
 
 
-def test_fusion_group_is_the_single_deep_group(feature_set):
+def test_fusion_group_is_the_single_deep_group_else_the_sequence_group(feature_set):
+    """A table's DEEP group decides; a table read in SEQUENCE groups only fuses there."""
     dyn = "embedding_dim: 4 dynamicemb { max_capacity: 10 }"
     model = ('model_config { feature_groups { group_name: "deep" feature_names: ["a", "b", "c"] '
              'group_type: DEEP } feature_groups { group_name: "deep2" feature_names: ["c"] '
-             'group_type: DEEP } feature_groups { group_name: "seq" feature_names: ["a"] '
-             'group_type: SEQUENCE } }')
-    fs = feature_set(_id("a", dyn) + _id("b", dyn) + _id("c", dyn) + _id("d", dyn)
+             'group_type: DEEP } feature_groups { group_name: "seq" feature_names: ["a", "e", '
+             '"f"] group_type: SEQUENCE } feature_groups { group_name: "seq2" feature_names: '
+             '["g", "f"] group_type: SEQUENCE } }')
+    fs = feature_set("".join(_id(name, dyn) for name in "abcdefg")
                      + _id("n", "embedding_dim: 4 num_buckets: 3"), model)
     groups = {t.name: t.fusion_group for t in fs.embedding_tables()}
-    assert groups == {"a": "deep", "b": "deep", "c": None}
+    assert groups == {"a": "deep", "b": "deep", "c": None, "e": "seq", "f": None,
+                      "g": "seq2"}
     assert fs.left_out == ("d", "n")  # in no group: no table at all
 
 
