@@ -245,6 +245,8 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
         if rank == 0:
             _note_unread_tables(path, meta["tables"], set(read), unread)
             _note_regrouped(path, regrouped, tag_tables)
+        moved = frozenset(table for storage in regrouped
+                          for table in tag_tables.get(storage) or [storage])
         loaded = {}
         for name, table in sorted(dynamic_tables.items()):
             if name in regrouped:
@@ -252,7 +254,8 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
                                             readers, rank, world_size, restore_optimizer)
                 continue
             where = f"{os.path.join(path, layout.META_NAME)} (table {name!r})"
-            remap = tag_remap(where, meta["tables"][name].get(TAG_TABLES), tag_tables.get(name))
+            remap = tag_remap(where, meta["tables"][name].get(TAG_TABLES), tag_tables.get(name),
+                              moved)
             loaded[name] = load_table(readers[name], name, table, rank, world_size,
                                       restore_optimizer, remap)
             set_table_step(table, meta["tables"][name].get("table_step"))

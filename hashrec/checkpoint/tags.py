@@ -38,8 +38,8 @@ def model_tag_tables(model: Any) -> dict[str, list[str]]:
     return {storage: [tags[t] for t in sorted(tags)] for storage, tags in by_storage.items()}
 
 
-def tag_remap(where: str, saved: list[str] | None, current: list[str] | None
-              ) -> torch.Tensor | None:
+def tag_remap(where: str, saved: list[str] | None, current: list[str] | None,
+              elsewhere: frozenset[str] = frozenset()) -> torch.Tensor | None:
     """Saved tag -> current tag (-1: the table is no longer in the storage), or None
     when the tags are to be loaded as they are (same order, or either side unknown).
 
@@ -47,6 +47,7 @@ def tag_remap(where: str, saved: list[str] | None, current: list[str] | None
         where: the storage and file, for log messages and errors.
         saved: table names in tag order as the checkpoint recorded them.
         current: table names in tag order in the model.
+        elsewhere: tables the model holds in another storage, restored there.
 
     Raises:
         CheckpointError: a recorded name appears twice (a damaged record).
@@ -57,13 +58,15 @@ def tag_remap(where: str, saved: list[str] | None, current: list[str] | None
         raise CheckpointError(f"{where}: {TAG_TABLES} {saved} names a table twice")
     position = {name: tag for tag, name in enumerate(current)}
     remap = torch.tensor([position.get(name, -1) for name in saved], dtype=torch.int32)
-    dropped = [name for name in saved if name not in position]
+    moved = [name for name in saved if name not in position and name in elsewhere]
+    dropped = [name for name in saved if name not in position and name not in elsewhere]
     added = [name for name in current if name not in set(saved)]
     # A reorder alone loses nothing; a table dropped or added is worth a warning.
     level = logging.WARNING if dropped or added else logging.INFO
     logger.log(
         level, "%s: tables in tag order were %s when saved and are %s now; rows are "
-        "restored by table name%s%s", where, list(saved), list(current),
+        "restored by table name%s%s%s", where, list(saved), list(current),
+        f"; restored into another storage: {moved}" if moved else "",
         f"; not in the model, skipped: {dropped}" if dropped else "",
         f"; not in the checkpoint, start empty: {added}" if added else "")
     return remap

@@ -179,6 +179,23 @@ def note_unread_init_tables(feature_set) -> None:
         "s" if len(named) > 1 else "", ", ".join(map(repr, named)))
 
 
+def note_empty_frozen_tables(feature_set) -> None:
+    """Warn about the frozen (``trainable: false``) dynamic tables of a run that starts
+    fresh: they start empty and training never inserts a key into them, so every lookup
+    reads the eval initializer."""
+    named = [spec.name for spec in feature_set.embedding_tables()
+             if spec.is_dynamic and not spec.trainable]
+    if not named:
+        return
+    logger.warning(
+        "frozen dynamic table%s %s (trainable: false) start%s empty and training inserts "
+        "no key into a frozen table: every lookup reads its eval initializer. Start from a "
+        "checkpoint that holds %s (--fine_tune_checkpoint), or make %s trainable",
+        "s" if len(named) > 1 else "", ", ".join(map(repr, named)),
+        "" if len(named) > 1 else "s", "them" if len(named) > 1 else "it",
+        "them" if len(named) > 1 else "it")
+
+
 def _note_skipped(model_dir: str, latest: str) -> None:
     """Warn about checkpoints after ``latest`` that are incomplete (a save interrupted)."""
     names = [os.path.basename(p) for p in existing_checkpoints(model_dir)]  # by step

@@ -73,6 +73,7 @@ def _train(config, continue_train: bool, fine_tune_checkpoint: str | None,
         restore_optimizer=not ignore_restore_optimizer, param_map=param_map)
     if resume.path is None and session.is_chief:
         checkpoints.note_unread_init_tables(session.feature_set)
+        checkpoints.note_empty_frozen_tables(session.feature_set)
     # Only a config its checkpoints fit replaces the model_dir's copy.
     write_pipeline_config(config, model_dir, session.rank)
     # Replicas start equal: dense network, dense tables and their optimizer rows.

@@ -9,7 +9,7 @@ import pytest
 import torch
 from small_din import generate_data, small_loop
 
-from hashrec.checkpoint import CheckpointError, latest_checkpoint
+from hashrec.checkpoint import latest_checkpoint
 from hashrec.checkpoint.layout import read_meta
 
 DYNAMIC = ("user_id", "adgroup_id", "brand", "campaign_id", "customer", "cate_id")
@@ -66,11 +66,21 @@ def test_half_tables_train_save_and_continue_as_float32(data_dir, tmp_path, capl
     assert meta["step"] == 6 and meta["tables"]["deep"]["dtype"] == "float32"
 
 
-def test_a_data_type_that_splits_a_fused_storage_is_refused_on_restore(data_dir, tmp_path):
+def test_a_data_type_that_splits_a_fused_storage_restores_table_by_table(data_dir, tmp_path,
+                                                                          caplog):
+    """user_id leaves the fused storage for one of its own (float32 now): its rows come
+    from the checkpoint's 'deep' storage, converted; the storage it left names it as
+    restored elsewhere, not as skipped."""
     model_dir = tmp_path / "model"
     small_loop(model_dir, edits={**HALF, "train_config.num_steps": 2}).run(str(data_dir))
+    saved = read_meta(latest_checkpoint(str(model_dir)))["tables"]
+    assert "user_id" in saved["deep"]["tag_tables"] and "user_id" not in saved
     edits = {**HALF, "feature_configs[feature_name=user_id].id_feature.data_type": "FP32"}
-    with pytest.raises(CheckpointError, match="table 'user_id' is stored with other tables "
-                                              "now .* its dynamicemb options, data_type or "
-                                              "fusion differ"):
-        small_loop(model_dir, edits=edits, continue_train=True)
+    with caplog.at_level(logging.INFO):
+        resumed = small_loop(model_dir, edits=edits, continue_train=True)
+    tables = resumed.session.model.embedding.dynamic_tables()
+    assert tables["user_id"].options.dtype == torch.float32 and tables["user_id"].size() > 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("restored into another storage: ['user_id']" in m for m in messages)
+    assert not any("skipped" in m for m in messages)
+    assert any("group the tables otherwise" in m for m in messages)

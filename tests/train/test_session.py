@@ -64,3 +64,25 @@ def test_the_tables_keep_the_storage_their_config_sets(tmp_path, monkeypatch):
         session = build_session(load_pipeline_config(str(path)), device=torch.device("cpu"))
         modes[name] = session.model.embedding.dynamic_tables()["brand"].options.storage_mode
     assert modes == {"free": StorageMode.CACHING, "hybrid": StorageMode.HYBRID}
+
+
+def test_a_fresh_run_warns_of_its_empty_frozen_dynamic_tables(tmp_path, caplog):
+    """A frozen dynamic table starts empty and training inserts nothing into it: a fresh
+    run says so; a resumed one, whose checkpoint holds the table, does not."""
+    from small_din import generate_data, small_config
+
+    from hashrec.train.run import train_and_evaluate
+
+    generate_data(tmp_path / "data", seed=0)
+    config = small_config(tmp_path / "model", {
+        "train_input_path": str(tmp_path / "data"),
+        "feature_configs[feature_name=user_id].id_feature.trainable": False})
+    with caplog.at_level("WARNING", logger="hashrec.train"):
+        train_and_evaluate(config)
+    warned = [m for m in caplog.messages if "frozen dynamic table" in m]
+    assert len(warned) == 1 and "'user_id'" in warned[0]
+    caplog.clear()
+    config.train_config.num_steps = 6
+    with caplog.at_level("WARNING", logger="hashrec.train"):
+        train_and_evaluate(config, continue_train=True)
+    assert not [m for m in caplog.messages if "frozen dynamic table" in m]
