@@ -145,30 +145,51 @@ def _restore_dense(path: str, meta: dict[str, Any], model: torch.nn.Module | Non
 
 
 def _regrouped(meta_tables: dict[str, Any], dynamic_tables: dict[str, Any],
-               tag_tables: dict[str, list[str]]) -> dict[str, list[TableSource]]:
-    """{model storage: its checkpoint sources} of the dynamic storages that the checkpoint
-    lacks by name but holds table by table elsewhere: every logical table of the storage
-    saved with its embedding_dim under another storage (the checkpoint grouped its tables
-    into fused storages otherwise, as versions before SEQUENCE-group fusion did). They
-    restore whole, optimizer state included; the rest is ``check_tables_present``'s."""
+               tag_tables: dict[str, list[str]]
+               ) -> dict[str, tuple[list[TableSource], list[str]]]:
+    """{model storage: (its checkpoint sources, its tables the checkpoint lacks)} of the
+    dynamic storages whose tables the checkpoint groups otherwise (as versions before
+    SEQUENCE-group fusion did, or before a data_type change split or joined fused
+    tables): a storage the checkpoint lacks by name but holds every table of, saved with
+    its embedding_dim under other storages, or a storage of the checkpoint that one of
+    its tables joins from another. They restore table by table, optimizer state
+    included; a table of a storage the checkpoint holds by name that it lacks starts
+    empty, as in a whole storage. Everything else is ``check_tables_present``'s."""
+    where = saved_logical_tables(meta_tables)
     out = {}
-    for storage in sorted(set(dynamic_tables) - set(meta_tables)):
+    for storage in sorted(dynamic_tables):
         names = tag_tables.get(storage) or [storage]
+        kept = storage in meta_tables
+        if kept and all(where.get(name, (storage,))[0] == storage for name in names):
+            continue  # restored whole, tags remapped by name
         outcome = Outcome()
         sources, _ = plan_by_name(names, int(dynamic_tables[storage].dim), meta_tables,
                                   ResolvedMap(), {}, outcome)
-        if sources and not outcome.missing and not outcome.differs:
-            out[storage] = sources
+        if sources and not outcome.differs and (kept or not outcome.missing):
+            out[storage] = (sources, outcome.missing)
     return out
 
 
-def _note_regrouped(path: str, regrouped: dict[str, list[TableSource]],
-                    tag_tables: dict[str, list[str]]) -> None:
-    for storage, sources in sorted(regrouped.items()):
-        logger.info("%s: tables %s of storage %r restored from the checkpoint's storages %s, "
-                    "which group the tables otherwise", path,
-                    ", ".join(tag_tables.get(storage) or [storage]), storage,
-                    ", ".join(sorted({repr(source.storage) for source in sources})))
+def _moved(regrouped: dict[str, tuple[list[TableSource], list[str]]],
+           meta_tables: dict[str, Any], tag_tables: dict[str, list[str]]
+           ) -> dict[str, str]:
+    """{table: its storage in the checkpoint} of the tables restored into another one."""
+    where = saved_logical_tables(meta_tables)
+    return {name: where[name][0] for storage in regrouped
+            for name in tag_tables.get(storage) or [storage]
+            if name in where and where[name][0] != storage}
+
+
+def _note_regrouped(path: str, regrouped: dict[str, tuple[list[TableSource], list[str]]],
+                    moved: dict[str, str], tag_tables: dict[str, list[str]]) -> None:
+    for storage, (_, missing) in sorted(regrouped.items()):
+        joined = [f"{name} (from {moved[name]!r})"
+                  for name in tag_tables.get(storage) or [storage] if name in moved]
+        logger.info("%s: storage %r restored table by table, the checkpoint grouping its "
+                    "tables otherwise: %s", path, storage, ", ".join(joined))
+        if missing:
+            logger.warning("%s: storage %r: tables not in the checkpoint, start empty: %s",
+                           path, storage, missing)
 
 
 def _note_unread_tables(path: str, saved: dict[str, Any], read: set[str],
@@ -239,23 +260,22 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
         check_tables_present(path, meta, {name: table for name, table in dynamic_tables.items()
                                           if name not in regrouped}, tag_tables)
         read = [name for name in dynamic_tables if name not in regrouped]
-        read += [source.storage for sources in regrouped.values() for source in sources]
+        read += [source.storage for sources, _ in regrouped.values() for source in sources]
         readers = {name: open_table_shards(path, meta, name) for name in sorted(set(read))}
         unread = _restore_dense(path, meta, model, dense_optimizer, restore_optimizer, strict)
+        moved = _moved(regrouped, meta["tables"], tag_tables)
         if rank == 0:
             _note_unread_tables(path, meta["tables"], set(read), unread)
-            _note_regrouped(path, regrouped, tag_tables)
-        moved = frozenset(table for storage in regrouped
-                          for table in tag_tables.get(storage) or [storage])
+            _note_regrouped(path, regrouped, moved, tag_tables)
         loaded = {}
         for name, table in sorted(dynamic_tables.items()):
             if name in regrouped:
-                loaded[name] = load_sources(meta["tables"], name, table, regrouped[name],
+                loaded[name] = load_sources(meta["tables"], name, table, regrouped[name][0],
                                             readers, rank, world_size, restore_optimizer)
                 continue
             where = f"{os.path.join(path, layout.META_NAME)} (table {name!r})"
             remap = tag_remap(where, meta["tables"][name].get(TAG_TABLES), tag_tables.get(name),
-                              moved)
+                              frozenset(moved))
             loaded[name] = load_table(readers[name], name, table, rank, world_size,
                                       restore_optimizer, remap)
             set_table_step(table, meta["tables"][name].get("table_step"))

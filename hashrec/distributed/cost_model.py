@@ -86,6 +86,8 @@ class AccessProfile:
         row_traffic_bytes: value bytes moved per touch (embedding read, plus the
             optimizer's read and write of embedding and state when training).
         row_bytes: bytes of one stored row (what a cache miss fetches or writes back).
+        written: the step writes the rows it touches (training a trainable table): a
+            CACHING miss then also writes the evicted dirty row back.
     """
 
     touches: float
@@ -93,6 +95,7 @@ class AccessProfile:
     index_bytes: float
     row_traffic_bytes: float
     row_bytes: float
+    written: bool = True
 
 
 def step_cost(profile: AccessProfile, mode: StorageMode, cache_load_factor: float,
@@ -109,5 +112,5 @@ def step_cost(profile: AccessProfile, mode: StorageMode, cache_load_factor: floa
     hit = hot_set_hit_rate(cache_load_factor * profile.rows, profile.rows, model.zipf_exponent)
     misses = profile.touches * (1.0 - hit)
     fetch = profile.row_bytes * (1.0 / host + 1.0 / hbm)  # host -> GPU, then into the cache
-    write_back = profile.row_bytes / host if model.training else 0.0
+    write_back = profile.row_bytes / host if model.training and profile.written else 0.0
     return index + traffic / hbm + misses * (fetch + write_back)

@@ -105,10 +105,11 @@ class Plan:
 def _access_profile(table: PlannerTable, batch_size: int, model: CostModel) -> AccessProfile:
     options = table.options
     row_bytes = options.row_dim * table.element_bytes
-    traffic = options.dim * table.element_bytes + (2 * row_bytes if model.training else 0)
+    written = model.training and table.trainable  # a frozen table is only read
+    traffic = options.dim * table.element_bytes + (2 * row_bytes if written else 0)
     return AccessProfile(touches=batch_size * table.ids_per_sample, rows=table.rows,
                          index_bytes=options.bucket_capacity + 16, row_traffic_bytes=traffic,
-                         row_bytes=row_bytes)
+                         row_bytes=row_bytes, written=written)
 
 
 def enumerate_variants(table: PlannerTable, batch_size: int,

@@ -27,6 +27,7 @@ class PlannerTable:
             instead of sweeping 0.1 .. 1.0.
         fixed_caching: the user set ``options.caching``; keep that mode.
         ids_per_sample: average ids per sample that read this table (prices lookups).
+        trainable: False (a frozen table) prices training lookups as reads only.
     """
 
     name: str
@@ -34,13 +35,14 @@ class PlannerTable:
     fixed_cache_load_factor: bool = False
     fixed_caching: bool = False
     ids_per_sample: float = 1.0
+    trainable: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name={self.name!r} is not valid; allowed: a non-empty string")
         if not isinstance(self.options, TableOptions):
             raise ValueError(f"options={self.options!r} is not valid; allowed: TableOptions")
-        for flag in ("fixed_cache_load_factor", "fixed_caching"):
+        for flag in ("fixed_cache_load_factor", "fixed_caching", "trainable"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag}={getattr(self, flag)!r} is not valid; allowed: True, "
                                  f"False")

@@ -225,7 +225,8 @@ class EmbeddingCollection(nn.Module):
         self._check_input(kjt)
         if self.training:
             for storage in self._storages:
-                storage.table.advance_step()
+                if storage.plan.trainable:  # a frozen table's STEP clock stays as loaded
+                    storage.table.advance_step()
         storages = self._read_storages()
         ready = [i for i, entry in enumerate(self._ahead) if entry[0] is kjt]
         if ready:

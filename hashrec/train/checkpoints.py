@@ -180,20 +180,28 @@ def note_unread_init_tables(feature_set) -> None:
 
 
 def note_empty_frozen_tables(feature_set) -> None:
-    """Warn about the frozen (``trainable: false``) dynamic tables of a run that starts
-    fresh: they start empty and training never inserts a key into them, so every lookup
-    reads the eval initializer."""
-    named = [spec.name for spec in feature_set.embedding_tables()
-             if spec.is_dynamic and not spec.trainable]
-    if not named:
+    """Warn about the frozen (``trainable: false``) dynamic and ZCH tables of a run that
+    starts fresh: they start empty and training adds no id to a frozen table, so every
+    lookup reads the eval initializer (dynamic) or zeros (ZCH, no slot assigned)."""
+    frozen = [spec for spec in feature_set.embedding_tables() if not spec.trainable]
+    dynamic = [spec.name for spec in frozen if spec.is_dynamic]
+    zch = [spec.name for spec in frozen if spec.zch is not None]
+    if not dynamic and not zch:
         return
+    reads = []
+    if dynamic:
+        reads.append(f"{_names(dynamic)} read the eval initializer")
+    if zch:
+        reads.append(f"{_names(zch)} (ZCH) read zeros")
     logger.warning(
-        "frozen dynamic table%s %s (trainable: false) start%s empty and training inserts "
-        "no key into a frozen table: every lookup reads its eval initializer. Start from a "
-        "checkpoint that holds %s (--fine_tune_checkpoint), or make %s trainable",
-        "s" if len(named) > 1 else "", ", ".join(map(repr, named)),
-        "" if len(named) > 1 else "s", "them" if len(named) > 1 else "it",
-        "them" if len(named) > 1 else "it")
+        "frozen table%s %s (trainable: false) start empty and training adds no id to a "
+        "frozen table: %s for every id. Start from a checkpoint that holds them "
+        "(--fine_tune_checkpoint), or make them trainable",
+        "s" if len(dynamic) + len(zch) > 1 else "", _names(dynamic + zch), "; ".join(reads))
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(map(repr, names))
 
 
 def _note_skipped(model_dir: str, latest: str) -> None:

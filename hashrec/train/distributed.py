@@ -134,7 +134,8 @@ def _planner_tables(feature_set, sparse_spec, ctx: DistContext) -> list[PlannerT
             plan.name, options, ctx.world_size,
             fixed_cache_load_factor="cache_load_factor" in options.set_by_user,
             fixed_caching="caching" in options.set_by_user,
-            ids_per_sample=float(sum(readers.get(t.name, 0) for t in plan.tables))))
+            ids_per_sample=float(sum(readers.get(t.name, 0) for t in plan.tables)),
+            trainable=plan.trainable))
     return out
 
 

@@ -160,7 +160,7 @@ def test_a_storage_grouped_otherwise_restores_whole_with_optimizer_state(tmp_pat
         tag_tables = {name: [name] for name in names}
     with caplog.at_level("INFO", logger="hashrec.checkpoint.restore"):
         meta = restore_checkpoint(path, None, None, restored, tag_tables=tag_tables)
-    assert any("group the tables otherwise" in m for m in caplog.messages)
+    assert any("restored table by table" in m for m in caplog.messages)
     for tag, name in enumerate(names):
         if direction == "join":
             got = {key: row for (key, t), row in _entries(restored["seq"]).items() if t == tag}
@@ -174,3 +174,29 @@ def test_a_storage_grouped_otherwise_restores_whole_with_optimizer_state(tmp_pat
         assert counts == {key: c for (key, t), c in _counters(fused).items() if t == tag}
     assert sum(n["rows"] for n in meta["loaded"].values()) == sum(
         int((snap["tags"] == tag).sum()) for tag in range(len(names)))
+
+
+def test_a_table_moving_between_storages_the_checkpoint_holds_by_name(tmp_path, caplog):
+    """Saved deep_0 = [a, b], deep_1 = [c]; now deep_0 = [a], deep_1 = [b, c, new]: b's rows
+    follow it into deep_1, new starts empty, and nothing is called skipped."""
+    src = trained_table(tagged=True)  # tags 0..2: a, b, c
+    snap = snapshot(src)
+    first, second = HashTable(table_options()), HashTable(table_options())
+    ab = snap["tags"] <= 1
+    first.load_state(snap["keys"][ab], snap["tags"][ab], snap["rows"][ab], snap["scores"][ab])
+    second.load_state(snap["keys"][~ab], torch.zeros_like(snap["tags"][~ab]),
+                      snap["rows"][~ab], snap["scores"][~ab])
+    path = save_checkpoint(str(tmp_path), 8, None, None, {"deep_0": first, "deep_1": second},
+                           tag_tables={"deep_0": ["a", "b"], "deep_1": ["c"]})
+    now = {"deep_0": ["a"], "deep_1": ["b", "c", "new"]}
+    restored = {name: HashTable(table_options()) for name in now}
+    with caplog.at_level("INFO", logger="hashrec.checkpoint"):
+        restore_checkpoint(path, None, None, restored, tag_tables=now)
+    saved = _by_name(_entries(src), ["a", "b", "c"])
+    got = {**_by_name(_entries(restored["deep_0"]), now["deep_0"]),
+           **_by_name(_entries(restored["deep_1"]), now["deep_1"])}
+    assert got.keys() == saved.keys()
+    assert all(torch.equal(got[k], saved[k]) for k in saved)
+    text = "\n".join(caplog.messages)
+    assert "b (from 'deep_0')" in text and "restored into another storage: ['b']" in text
+    assert "start empty: ['new']" in text and "skipped" not in text

@@ -120,6 +120,20 @@ def test_costs_order_modes():
     assert hbm < min(caching)
 
 
+def test_a_frozen_table_is_priced_as_reads():
+    """Training lookups of a frozen table read rows: no optimizer traffic, no write-back;
+    they cost what an evaluation's lookups of the trained twin cost."""
+    trained = dataclasses.replace(_table(), name="trained")
+    frozen = dataclasses.replace(trained, name="frozen", trainable=False)
+    evaluated = enumerate_variants(trained, 8192, CostModel(training=False))
+    for mine, twin, read in zip(enumerate_variants(frozen, 8192),
+                                enumerate_variants(trained, 8192), evaluated):
+        assert (mine.mode, mine.cache_load_factor) == (twin.mode, twin.cache_load_factor)
+        assert mine.cost == pytest.approx(read.cost) and mine.cost < twin.cost
+    with pytest.raises(ValueError, match="trainable"):
+        dataclasses.replace(trained, trainable=1)
+
+
 def test_generous_budgets_give_hbm_only():
     plan = plan_tables(_tables(10), Topology(gpu_bytes=1 << 40, host_bytes=1 << 40), 4096)
     assert {t.variant.mode for t in plan.tables} == {StorageMode.HBM_ONLY}

@@ -201,7 +201,7 @@ def test_frozen_dynamic_table_is_read_as_in_evaluation(make_kjt):
     for was, now in zip(before[0], after[0]):
         if was is not None:
             torch.testing.assert_close(now, was)
-    assert table.size() == known.numel()
+    assert table.size() == known.numel() and table.step == 0  # its STEP clock too
 
 
 def test_frozen_zch_table_assigns_no_slots_in_training(make_kjt):

@@ -83,4 +83,4 @@ def test_a_data_type_that_splits_a_fused_storage_restores_table_by_table(data_di
     messages = [r.getMessage() for r in caplog.records]
     assert any("restored into another storage: ['user_id']" in m for m in messages)
     assert not any("skipped" in m for m in messages)
-    assert any("group the tables otherwise" in m for m in messages)
+    assert any("restored table by table" in m for m in messages)

@@ -79,10 +79,28 @@ def test_a_fresh_run_warns_of_its_empty_frozen_dynamic_tables(tmp_path, caplog):
         "feature_configs[feature_name=user_id].id_feature.trainable": False})
     with caplog.at_level("WARNING", logger="hashrec.train"):
         train_and_evaluate(config)
-    warned = [m for m in caplog.messages if "frozen dynamic table" in m]
+    warned = [m for m in caplog.messages if "frozen table" in m]
     assert len(warned) == 1 and "'user_id'" in warned[0]
     caplog.clear()
     config.train_config.num_steps = 6
     with caplog.at_level("WARNING", logger="hashrec.train"):
         train_and_evaluate(config, continue_train=True)
-    assert not [m for m in caplog.messages if "frozen dynamic table" in m]
+    assert not [m for m in caplog.messages if "frozen table" in m]
+
+
+def test_the_warning_names_frozen_zch_tables_too(caplog):
+    from types import SimpleNamespace
+
+    from hashrec.embedding import EmbeddingTableSpec
+    from hashrec.embedding.zch import ZchOptions
+    from hashrec.train.checkpoints import note_empty_frozen_tables
+
+    tables = [EmbeddingTableSpec("z", 4, num_rows=8, zch=ZchOptions(8, 1, "LFU", 1.0),
+                                 trainable=False),
+              EmbeddingTableSpec("d", 4, num_rows=8, trainable=False),  # dense: keeps rows
+              EmbeddingTableSpec("t", 4, num_rows=8)]
+    with caplog.at_level("WARNING", logger="hashrec.train"):
+        note_empty_frozen_tables(SimpleNamespace(embedding_tables=lambda: tables))
+    (message,) = caplog.messages
+    assert "frozen table 'z'" in message and "'z' (ZCH) read zeros" in message
+    assert "'d'" not in message and "'t'" not in message

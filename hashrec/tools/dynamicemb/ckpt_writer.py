@@ -11,6 +11,7 @@ directory, ``meta.json``, a rename, the completion marker last.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -113,19 +114,21 @@ class CheckpointBuilder:
             self.rows_per_rank[storage][rank] += int(mine.sum())
 
     def check_capacity(self) -> None:
-        """Every rank's share must fit its storage's ``max_capacity``.
+        """Every rank's share must fit a rank's part of its storage's ``max_capacity``
+        (the capacity over all ranks: a rank holds ``ceil(max_capacity / world_size)``).
 
         Raises:
             CheckpointError: naming the storage, the rank and the counts.
         """
         for name, counts in self.rows_per_rank.items():
-            capacity = int(self.storages[name].options.max_capacity)
+            total = int(self.storages[name].options.max_capacity)
+            capacity = math.ceil(total / self.world_size)
             worst = max(range(self.world_size), key=lambda r: counts[r])
             if counts[worst] > capacity:
                 raise CheckpointError(
                     f"storage {name!r}: rank {worst} of {self.world_size} would hold "
-                    f"{counts[worst]} rows but max_capacity is {capacity}; raise max_capacity "
-                    f"or use a larger --world_size")
+                    f"{counts[worst]} rows but a rank holds at most {capacity} (max_capacity "
+                    f"{total} over {self.world_size} ranks); raise max_capacity")
 
     def abort(self) -> None:
         """Closes the shards and removes the temporary directory (nothing is committed)."""

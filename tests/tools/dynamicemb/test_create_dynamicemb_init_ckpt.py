@@ -195,8 +195,14 @@ def test_errors_without_init_table_existing_target_and_over_capacity(tmp_path):
     init = _write_init(str(tmp_path / "init.parquet"), ITEMS, _embeddings())
     small = dynamicemb_block(init).replace("max_capacity: 1000", "max_capacity: 16")
     config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000", small)
-    with pytest.raises(CheckpointError, match="max_capacity is 16"):
+    with pytest.raises(CheckpointError, match=r"at most 16 \(max_capacity 16 over 1 ranks"):
         create_init_checkpoint(load_pipeline_config(config), 1, str(tmp_path / "s"))
+    # max_capacity counts over all ranks: 4 ranks hold 4 rows each, not 16
+    with pytest.raises(CheckpointError, match=r"at most 4 \(max_capacity 16 over 4 ranks"):
+        create_init_checkpoint(load_pipeline_config(config), 4, str(tmp_path / "s"))
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",
+                          dynamicemb_block(init).replace("max_capacity: 1000",
+                                                         "max_capacity: 120"))
     create_init_checkpoint(load_pipeline_config(config), 4, str(tmp_path / "s"))
     with pytest.raises(CheckpointError, match="already exists"):
         create_init_checkpoint(load_pipeline_config(config), 4, str(tmp_path / "s"))
