@@ -35,7 +35,8 @@ class StoragePlan:
 
     Attributes:
         name: storage name (the table name when unfused; ``<fusion_group>`` or
-            ``<fusion_group>_<k>`` when fused).
+            ``<fusion_group>_<k>`` when fused, ``_fused`` appended where a table has
+            that name).
         tables: logical tables served; the index of a table is its tag.
         options: TableOptions of a dynamic storage; None for a dense table.
         fused: True when several logical tables share the storage (tags are passed).
@@ -140,8 +141,7 @@ def plan_storages(tables: list[EmbeddingTableSpec], optimizer: OptimizerSpec,
     ranks the dynamic storages are sharded over (a fused storage's per-rank
     ``init_capacity`` depends on it).
 
-    Raises:
-        EmbeddingError: a fused storage's name collides with a table name.
+    A fused storage whose name a table (or another storage) has takes ``_fused`` after it.
     """
     plans: list[StoragePlan] = []
     groups: dict[tuple, list[tuple[EmbeddingTableSpec, TableOptions]]] = {}
@@ -159,7 +159,7 @@ def plan_storages(tables: list[EmbeddingTableSpec], optimizer: OptimizerSpec,
         if len(members) > 1:
             per_group[group] = per_group.get(group, 0) + 1
     seen: dict[object, int] = {}
-    table_names = {spec.name for spec in tables}
+    taken = {spec.name for spec in tables}  # unfused storages take their table's name
     for (group, _, _), members in groups.items():
         specs = tuple(spec for spec, _ in members)
         if len(members) == 1:
@@ -167,10 +167,9 @@ def plan_storages(tables: list[EmbeddingTableSpec], optimizer: OptimizerSpec,
             continue
         name = group if per_group[group] == 1 else f"{group}_{seen.get(group, 0)}"
         seen[group] = seen.get(group, 0) + 1
-        if name in table_names:
-            raise EmbeddingError(
-                f"fused storage name {name!r} (fusion_group {group!r}) equals a table "
-                f"name; rename the fusion_group or the table")
+        while name in taken:  # a table (or another group's storage) has the group's name
+            name += "_fused"
+        taken.add(name)
         options = _fused_options(name, [o for _, o in members], world_size)
         plans.append(StoragePlan(name, specs, options, True))
     return plans

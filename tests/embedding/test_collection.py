@@ -154,13 +154,20 @@ def test_a_spec_with_a_key_reads_another_features_ids():
                                                                      is_sequence=True)],
                                  SparseSGD()), "max_length must be > 0"),
     (lambda: EmbeddingCollection([_dynamic()], [], "adagrad"), "sparse_optimizer"),
-    (lambda: EmbeddingCollection([_dynamic("a", "g"), _dynamic("b", "g"), _dynamic("g")], [],
-                                 SparseSGD()), "equals a table name"),
-], ids=["unknown-table", "duplicate-table", "sequence-length", "bad-optimizer",
-        "fused-name-collision"])
+], ids=["unknown-table", "duplicate-table", "sequence-length", "bad-optimizer"])
 def test_bad_configuration_raises(build, message):
     with pytest.raises(EmbeddingError, match=message):
         build()
+
+
+def test_a_fused_storage_named_like_a_table_takes_another_name():
+    """Group 'g' fuses a and b while a table is named 'g' (and a group 'g_fused' exists)."""
+    tables = [_dynamic("a", "g"), _dynamic("b", "g"), _dynamic("g"),
+              _dynamic("c", "g_fused"), _dynamic("d", "g_fused")]
+    collection = EmbeddingCollection(tables, [], SparseSGD())
+    assert collection.table_locations() == {
+        "a": ("g_fused", 0), "b": ("g_fused", 1), "g": ("g", 0),
+        "c": ("g_fused_fused", 0), "d": ("g_fused_fused", 1)}
 
 
 def test_bad_batches_name_the_feature():
