@@ -21,8 +21,10 @@ from hashrec.train.cli import add_config_arguments, run_distributed
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hashrec.eval",
-        description="Evaluate a checkpoint on eval_input_path. The metrics (at least auc and "
-                    "step) are logged and appended as one JSON line to "
+        description="Evaluate a checkpoint on eval_input_path. The step, the model's metrics "
+                    "(model_config.metrics, or each task tower's with the tower name after "
+                    "them; auc by default, mean_squared_error for l2_loss), the loss and the "
+                    "rows evaluated are logged and appended as one JSON line to "
                     "<model_dir>/eval_result.txt.")
     add_config_arguments(parser)
     parser.add_argument("--checkpoint_path", default=None,

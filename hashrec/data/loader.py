@@ -99,6 +99,17 @@ def build_dataset(data_config, feature_set, input_path: str, options: ReadOption
     return ParquetDataset(files, feature_set, options, pin_memory)
 
 
+def check_input(data_config, feature_set, input_path: str, mode: str) -> None:
+    """What ``mode``'s loader of ``input_path`` checks when it is built (the files, their
+    format and needed columns, an input without rows), without reading rows: for an
+    input first read later, as the evaluation's after training.
+
+    Raises:
+        DataError: as :func:`create_dataloader`.
+    """
+    build_dataset(data_config, feature_set, input_path, read_options(data_config, mode))
+
+
 def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank: int = 0,
                       world_size: int = 1, batch_size: int | None = None,
                       reserved_columns: Sequence[str] = (), num_epochs: int | None = 1,

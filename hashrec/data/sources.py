@@ -62,7 +62,10 @@ class ParquetSource:
             meta = pq.read_metadata(path)
             schema = meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as e:
-            raise DataError(f"{path}: not a readable parquet file: {e}") from e
+            hint = ("; it looks like text: for CSV input set data_config.dataset_type: "
+                    "CsvDataset (with input_fields or with_header)"
+                    if _looks_like_text(path) else "")
+            raise DataError(f"{path}: not a readable parquet file: {e}{hint}") from e
         schema = check_columns(path, schema, self.columns)
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         starts = itertools.accumulate(sizes, initial=0)
@@ -126,6 +129,32 @@ class CsvFormat:
                                  f"{sorted(_CSV_TYPES)}")
 
 
+def _head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of ``path`` as stored (b"" when unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(size)
+    except OSError:
+        return b""
+
+
+def _is_parquet(path: str) -> bool:
+    """Whether ``path`` starts as parquet files do (magic ``PAR1``)."""
+    return _head(path, 4) == b"PAR1"
+
+
+def _looks_like_text(path: str) -> bool:
+    """Whether the start of ``path`` is printable UTF-8 text (a CSV file, for one)."""
+    head = _head(path, 4096)
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:  # a character cut at the end of the sample is fine
+        if e.start < len(head) - 3:
+            return False
+        text = head[:e.start].decode("utf-8")
+    return bool(text) and all(c.isprintable() or c in "\t\r\n" for c in text)
+
+
 def _blank(path: str) -> bool:
     """Whether ``path`` holds (once decompressed, as the CSV reader does) no more than
     line breaks."""
@@ -162,6 +191,9 @@ class CsvSource:
         convert = pacsv.ConvertOptions(column_types=types, include_columns=list(columns),
                                        null_values=list(CSV_NULL_TEXTS), strings_can_be_null=True)
         parse = pacsv.ParseOptions(delimiter=self.fmt.delimiter)
+        if _is_parquet(path):
+            raise DataError(f"{path}: a parquet file, read as CSV; for parquet input set "
+                            f"data_config.dataset_type: ParquetDataset (the default)")
         try:
             return pacsv.open_csv(path, read_options=read, parse_options=parse,
                                   convert_options=convert)

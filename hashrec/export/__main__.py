@@ -19,7 +19,8 @@ from hashrec.train.cli import add_config_arguments, run_distributed
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hashrec.export",
-        description="Write model-<rank>-of-<world>.safetensors with JSON meta (dynamic tables "
+        description="Write model-<rank>-of-<world>.safetensors (six-digit numbers: "
+                    "model-000000-of-000001 on one rank) with JSON meta (dynamic tables "
                     "as is_hashmap key/value pairs), the pipeline config and a TorchScript "
                     "inference model (scripted_model.pt) into --export_dir.")
     add_config_arguments(parser)

@@ -8,7 +8,9 @@ function, and accepts the functions whose draw it implements:
 * ``uniform_`` (a=0, b=1): UNIFORM in [a, b];
 * ``normal_`` (mean=0, std=1): NORMAL;
 * ``trunc_normal_`` (mean=0, std=1, a=-2, b=2): TRUNCATED_NORMAL, whose cut is at
-  mean +- 2 std, so a and b must be mean -+ 2 std;
+  mean +- 2 std, so a and b must be mean -+ 2 std, or NORMAL where a and b lie 6 std
+  or more from the mean (torch's defaults with std 0.02, say: a cut no float32 draw
+  shows);
 * ``constant_`` (val), ``zeros_``, ``ones_``: CONSTANT.
 
 Anything else (fan-based initializers, positional arguments, unknown keywords) is a
@@ -32,6 +34,8 @@ _FUNCTIONS: dict[str, dict[str, float | None]] = {
     "ones_": {},
 }
 _PREFIXES = ("torch.nn.init.", "nn.init.")
+# A truncated normal cut this many std or more from its mean draws as a normal one.
+_UNCUT = 6.0
 
 
 def init_fn_of(cfg, feature: str) -> InitializerArgs | None:
@@ -87,12 +91,17 @@ def _initializer(name: str, args: dict[str, float]) -> InitializerArgs:
     if name == "normal_":
         return InitializerArgs(mode="NORMAL", mean=args["mean"], std_dev=args["std"])
     if name == "trunc_normal_":
-        mean, std = args["mean"], args["std"]
+        mean, std, a, b = args["mean"], args["std"], args["a"], args["b"]
         cut = (mean - 2 * std, mean + 2 * std)
-        if not all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-12)
-                   for x, y in zip((args["a"], args["b"]), cut)):
-            raise ValueError(f"the truncated normal is cut at mean -+ 2 std ({cut[0]:g}, "
-                             f"{cut[1]:g}); a={args['a']:g}, b={args['b']:g} are not")
-        return InitializerArgs(mode="TRUNCATED_NORMAL", mean=mean, std_dev=std)
+        if all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-12) for x, y in zip((a, b), cut)):
+            return InitializerArgs(mode="TRUNCATED_NORMAL", mean=mean, std_dev=std)
+        if a <= mean - _UNCUT * std and b >= mean + _UNCUT * std:
+            # a cut this far out (torch's defaults -2 and 2 for a small std) changes no
+            # draw a float32 row would tell apart from a normal one
+            return InitializerArgs(mode="NORMAL", mean=mean, std_dev=std)
+        raise ValueError(f"the truncated normal is cut at mean -+ 2 std ({cut[0]:g}, "
+                         f"{cut[1]:g}), or not at all where a and b lie {_UNCUT:g} std or "
+                         f"more from the mean; a={a:g}, b={b:g} cut elsewhere: set "
+                         f"a={cut[0]:g},b={cut[1]:g}")
     value = {"zeros_": 0.0, "ones_": 1.0}.get(name, args.get("val"))
     return InitializerArgs(mode="CONSTANT", value=value)

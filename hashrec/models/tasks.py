@@ -11,10 +11,13 @@ TorchEasyRec.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
 from hashrec.models.errors import ModelError
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_LOSSES = ("binary_cross_entropy", "l2_loss")
 # The model_config oneof names of the models whose config lists task_towers.
@@ -122,6 +125,11 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
     default_weight = weights[0] if weights else ""
     kind = model_config.WhichOneof("model")
     if kind not in MULTI_TASK_MODELS:
+        if len(labels) > 1:
+            logger.warning("data_config.label_fields %s: the single-task model %s trains on "
+                           "the first, %r; the others are read from the input but not used "
+                           "(a multi-task model, mmoe, dbmtl or ple, gives each its task)",
+                           labels, kind, labels[0])
         return (Task("", labels[0], loss_name(model_config.losses, "model_config"), 1.0,
                      tuple(model_config.metrics), sample_weight_name=default_weight),)
     for what in ("losses", "metrics"):

@@ -46,7 +46,7 @@ from hashrec.checkpoint import (
     restore_fine_tune,
     save_checkpoint,
 )
-from hashrec.checkpoint.dist_util import run_on_rank_zero
+from hashrec.checkpoint.dist_util import rank_and_world, run_on_rank_zero
 from hashrec.checkpoint.layout import CHECKPOINT_PREFIX, checkpoint_dirs, complete_checkpoints
 from hashrec.table import TableError
 from hashrec.train.errors import TrainError
@@ -66,6 +66,8 @@ class Resume:
     epoch_step: int = 0
     readers: tuple[int, ...] | None = None
     random_state: dict | None = None
+    # Whether the run that saved it went on to evaluate it (None: not recorded).
+    evaluates: bool | None = None
 
 
 def existing_checkpoints(model_dir: str) -> list[str]:
@@ -129,17 +131,20 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
             logger.info("continuing from %s (step %d)", path, int(meta["step"]))
             readers = extra.get("readers")
             if meta.get("rank_state") is None:
-                logger.info("%s holds no random generator states for this rank (it was "
-                            "saved by %s rank(s), or by a version that did not save them): "
-                            "the resumed run draws other random numbers than an "
-                            "uninterrupted one would", path, meta.get("world_size"))
+                saved, world = int(meta.get("world_size") or 0), rank_and_world()[1]
+                why = (f"they are restored only on as many ranks as saved them ({saved}, "
+                       f"now {world})" if saved and saved != world
+                       else "it holds none for this rank")
+                logger.info("%s: the random generator states are not restored (%s): the "
+                            "resumed run draws other random numbers than an uninterrupted "
+                            "one would", path, why)
             if param_map is not None:
                 logger.info("fine_tune_ckpt_param_map %s is not used: the run continues "
                             "from its own checkpoint", param_map.path)
             return Resume(int(meta["step"]), int(extra.get("epoch", 0)), path,
                           int(extra.get("epoch_step", 0)),
                           tuple(readers) if readers is not None else None,
-                          meta.get("rank_state"))
+                          meta.get("rank_state"), extra.get("evaluates"))
         if existing_checkpoints(model_dir):
             logger.warning("model_dir %s holds no complete checkpoint; starting fresh",
                            model_dir)
@@ -266,10 +271,11 @@ def restore_resolved(path: str, restore):
 
 def save(model_dir: str, step: int, epoch: int, model, dense_optimizer,
          keep_checkpoint_max: int, epoch_step: int = 0,
-         readers: tuple[int, ...] | None = None) -> str:
+         readers: tuple[int, ...] | None = None, evaluates: bool = False) -> str:
     """Write ``model.ckpt-<step>`` (dense state, optimizer, dynamic tables); ``extra``
-    records ``epoch``, ``epoch_step`` and ``readers`` (see :class:`Resume`)."""
-    extra = {"epoch": epoch, "epoch_step": epoch_step}
+    records ``epoch``, ``epoch_step``, ``readers`` and ``evaluates`` (whether an
+    evaluation of it follows; see :class:`Resume`)."""
+    extra = {"epoch": epoch, "epoch_step": epoch_step, "evaluates": bool(evaluates)}
     if readers is not None:
         extra["readers"] = list(readers)
     path = save_checkpoint(model_dir, step, model, dense_optimizer.optimizer,

@@ -40,10 +40,12 @@ set, else ``num_epochs`` (default 1) passes over the training input. With both
 set, whichever comes first; the log says which ended the run. SIGINT and SIGTERM
 end it after the current step with a checkpoint (``hashrec.train.interrupt``); one that
 comes during an evaluation (which follows a save) stops it before its next batch, and the
-run ends without a result for it. A resumed run whose checkpoint is one the schedule
-evaluates (a step or epoch checkpoint, or the last) but has no line in eval_result.txt
-evaluates it before training on (``_unevaluated_resume``): a stop or crash in an
-evaluation leaves no hole in the results.
+run ends without a result for it. A resumed run whose checkpoint has no line in
+eval_result.txt evaluates it before training on (``_unevaluated_resume``) when the run
+that saved it went on to evaluate it (checkpoints record it: with an eval input, every
+one but those saved on a stop signal) or when its own schedule evaluates it (a step or
+epoch checkpoint, or the last): a stop or crash in an evaluation leaves no hole in the
+results, also where the resumed run trains longer.
 A resumed run continues in the epoch it stopped in, past the batches it trained
 (``hashrec.train.checkpoints``; only approximately where the number of ranks, loader
 workers or the batch size changed: ``resumed_batches``); its incremental dumps after
@@ -215,6 +217,7 @@ class TrainLoop:
         self._shares: tuple | None = None
         self.last_saved = resume.step if resume.path and resume.step else -1
         self._resumed_from = resume.path if resume.step else None
+        self._resume_evaluates = resume.evaluates
         self.ctx = session.ctx or single_process_context(session.device)
         self.progress = ProgressLog(options.log_step_count_steps, session.rank,
                                     reduce=lambda values: all_reduce_scalars(values, self.ctx))
@@ -471,13 +474,16 @@ class TrainLoop:
         return loader, max(readers) * max(workers, 1), min_over_ranks(min(per_rank), self.ctx)
 
     def _unevaluated_resume(self) -> bool:
-        """Whether the checkpoint this run resumes from is one its schedule evaluates (a
-        step or epoch checkpoint, or the last) whose evaluation left no result in
-        eval_result.txt: the run before stopped, or was killed, in it. Rank 0 reads the
-        file; every rank takes its answer."""
+        """Whether the checkpoint this run resumes from is one the run that saved it went
+        on to evaluate (its ``evaluates`` record: the last of a run that trained fewer
+        steps counts) or one this run's schedule evaluates (a step or epoch checkpoint,
+        or the last), and its evaluation left no result in eval_result.txt: the run
+        before stopped, or was killed, in it. Rank 0 reads the file; every rank takes
+        its answer."""
         if self._resumed_from is None or not self.options.eval_input_path:
             return False
-        due = self._due_steps() or self.done() or (not self.epoch_step and self._due_epochs())
+        due = bool(self._resume_evaluates) or self._due_steps() or self.done() or (
+            not self.epoch_step and self._due_epochs())
         if not due:  # a checkpoint saved on a stop signal, not evaluated by design
             return False
         path, model_dir = self._resumed_from, self.session.model_dir
@@ -551,11 +557,12 @@ class TrainLoop:
         (and ``evaluate``)."""
         s = self.session
         self.progress.check_finite(self.step)
+        evaluate = evaluate and bool(self.options.eval_input_path)
         path = checkpoints.save(s.model_dir, self.step, self.epoch, s.model, s.dense,
                                 self.options.keep_checkpoint_max, self.epoch_step,
-                                self.readers)
+                                self.readers, evaluates=evaluate)
         self.last_saved = self.step
-        if not (evaluate and self.options.eval_input_path):
+        if not evaluate:
             return None
         return self._evaluate(path)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from hashrec.checkpoint import read_param_map, restore_checkpoint
+from hashrec.data.loader import check_input
 from hashrec.data.paths import expand_input_path
 from hashrec.distributed.data_parallel import broadcast_state
 from hashrec.train import checkpoints
@@ -67,6 +68,8 @@ def _train(config, continue_train: bool, fine_tune_checkpoint: str | None,
     map_path = config.train_config.fine_tune_ckpt_param_map
     param_map = read_param_map(map_path) if map_path else None  # a bad file found now
     session = build_session(config, rank, world_size, ctx=ctx)
+    if config.eval_input_path:  # its format and columns now, not after the first save
+        check_input(config.data_config, session.feature_set, config.eval_input_path, "eval")
     resume = checkpoints.restore_for_training(
         model_dir, session.model, session.dense, continue_train,
         fine_tune_checkpoint or config.train_config.fine_tune_checkpoint or None,

@@ -227,6 +227,24 @@ def test_corrupt_parquet_file_is_an_error(tmp_path):
         _load(str(tmp_path / "c.parquet"))
 
 
+def test_a_csv_file_read_as_parquet_and_a_parquet_file_read_as_csv_say_so(tmp_path):
+    """The error names the dataset_type to set; a parquet file's bytes stay out of it."""
+    csv = _csv(tmp_path, "data.csv", ["row_id,clk", "1,0"])
+    with pytest.raises(DataError, match=r"data\.csv: not a readable parquet.*looks like text: "
+                                        r"for CSV input set data_config\.dataset_type: "
+                                        r"CsvDataset"):
+        _load(csv)
+    write_parquet(str(tmp_path / "p.parquet"), 0, 3)
+    with pytest.raises(DataError) as err:
+        _load(str(tmp_path / "p.parquet"), dataset_type="CsvDataset", with_header=True)
+    assert str(err.value).endswith("p.parquet: a parquet file, read as CSV; for parquet "
+                                   "input set data_config.dataset_type: ParquetDataset (the "
+                                   "default)")
+    (tmp_path / "c.parquet").write_bytes(bytes(range(256)))  # neither: no hint
+    with pytest.raises(DataError, match=r"not a readable parquet file: [^;]*$"):
+        _load(str(tmp_path / "c.parquet"))
+
+
 def test_files_with_different_but_convertible_types_concatenate(tmp_path):
     write_parquet(str(tmp_path / "a.parquet"), 0, 3)
     pq.write_table(pa.table({"row_id": pa.array([3, 4], pa.int32()), "clk": [0, 1]}),

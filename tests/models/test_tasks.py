@@ -167,3 +167,19 @@ def test_the_graph_module_takes_the_weights_as_targets():
     _, losses = _DenseLoss(model)(*inputs, labels, weights)
     eager = model.loss(model(batch), batch)
     torch.testing.assert_close(losses, torch.stack(list(eager.values())))
+
+
+def test_a_single_task_model_with_two_labels_says_which_it_trains_on(caplog):
+    from hashrec.config import parse_pipeline_config
+    from hashrec.models.tasks import model_tasks
+
+    config = parse_pipeline_config(f'model_dir: "m" model_config {{ {DEEP_GROUP} '
+                                   f'multi_tower {{ towers {{ input: "all" mlp {{ '
+                                   f'hidden_units: [4] }} }} }} }}').model_config
+    with caplog.at_level("WARNING", logger="hashrec.models"):
+        (task,) = model_tasks(config, ["buy", "clk"])
+    assert task.label_name == "buy"
+    assert "trains on the first, 'buy'" in caplog.text
+    caplog.clear()
+    model_tasks(config, ["clk"])
+    assert not caplog.text

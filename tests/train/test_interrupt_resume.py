@@ -392,3 +392,33 @@ def test_a_resume_evaluates_only_a_due_checkpoint_without_a_result(data_dir, tmp
     lines = (crashed / "eval_result.txt").read_text().splitlines()
     assert len(lines) == 3 and json.loads(lines[-1])["step"] == 3
 
+
+
+def test_a_longer_resumed_run_evaluates_the_last_checkpoint_a_crash_left_unevaluated(
+        data_dir, tmp_path, monkeypatch):
+    """The run of 3 steps crashed in its final evaluation; the resumed run trains to 6,
+    whose schedule (every 2 steps) never evaluates step 3: the checkpoint's record
+    does."""
+    from hashrec.train import loop as loop_module
+
+    edits = {"train_config.num_steps": 3, "train_config.save_checkpoints_steps": 2,
+             "eval_input_path": str(data_dir)}
+    real = loop_module.evaluate_model
+
+    def crash_at_3(session, path, step, *args):
+        if step == 3:
+            raise RuntimeError("killed in the evaluation")
+        return real(session, path, step, *args)
+
+    monkeypatch.setattr(loop_module, "evaluate_model", crash_at_3)
+    with pytest.raises(RuntimeError, match="killed"):
+        small_loop(tmp_path, edits=edits).run(str(data_dir))
+    monkeypatch.setattr(loop_module, "evaluate_model", real)
+    steps = [json.loads(line)["step"]
+             for line in (tmp_path / "eval_result.txt").read_text().splitlines()]
+    assert steps == [2]
+    small_loop(tmp_path, edits={**edits, "train_config.num_steps": 6},
+               continue_train=True).run(str(data_dir))
+    steps = [json.loads(line)["step"]
+             for line in (tmp_path / "eval_result.txt").read_text().splitlines()]
+    assert steps == [2, 3, 4, 6]

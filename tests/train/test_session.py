@@ -104,3 +104,28 @@ def test_the_warning_names_frozen_zch_tables_too(caplog):
     (message,) = caplog.messages
     assert "frozen table 'z'" in message and "'z' (ZCH) read zeros" in message
     assert "'d'" not in message and "'t'" not in message
+
+
+def test_an_eval_input_the_model_cannot_read_fails_before_training(tmp_path):
+    """A column the evaluation needs (here the sample weight) missing from the eval input
+    is an error at the start, not after the first checkpoint."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import pytest
+    from small_din import generate_data, small_config
+
+    from hashrec.data import DataError
+    from hashrec.train.run import train_and_evaluate
+
+    generate_data(tmp_path / "data", seed=0)
+    (part,) = (tmp_path / "data").glob("*.parquet")
+    table = pq.read_table(part)
+    (tmp_path / "train").mkdir()
+    pq.write_table(table.append_column("w", pa.array([1.0] * table.num_rows)),
+                   tmp_path / "train" / "part-00000.parquet")
+    config = small_config(tmp_path / "model", {
+        "train_input_path": str(tmp_path / "train"), "eval_input_path": str(tmp_path / "data"),
+        "data_config.sample_weight_fields": ["w"]})
+    with pytest.raises(DataError, match=r"part-00000\.parquet.*column 'w' is missing"):
+        train_and_evaluate(config)
+    assert not list((tmp_path / "model").glob("model.ckpt-*"))
