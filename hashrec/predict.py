@@ -15,7 +15,8 @@ path lists them, a directory's files sorted, rows as stored), whatever
 ``data_config.num_workers``; a multi-task model's output holds each task's
 ``probs_<tower_name>`` (or ``y_<tower_name>``), then each task's ``logits_<tower_name>``.
 ``--predict_output_path`` ending in ``.parquet`` names the file; any other path is a
-directory that receives ``part-00000.parquet``. The rows go to hidden temporary files
+directory that receives ``part-00000.parquet`` (a new path ending in ``.csv``, ``.txt``
+or another text format is refused: the output is parquet). The rows go to hidden temporary files
 next to the output (one per loader worker, each reading a contiguous slice of the input),
 joined into the output once every row is written, so a failed or interrupted
 run (Ctrl-C, or SIGTERM to the command) leaves no partial output, nor the folders it
@@ -58,6 +59,10 @@ def model_inputs(batch, weighted: set[str]) -> tuple[dict, dict, dict, dict, dic
     return values, lengths, weights, dict(batch.dense), dict(batch.sequence_dense)
 
 
+# Output paths that ask for a text format, which predict does not write.
+_TEXT_SUFFIXES = frozenset({".csv", ".tsv", ".txt", ".json", ".jsonl"})
+
+
 def _output_file(path: str, overwrite: bool) -> str:
     """The parquet file ``--predict_output_path`` names (checked, nothing created).
 
@@ -77,6 +82,9 @@ def _output_file(path: str, overwrite: bool) -> str:
     if os.path.exists(path) and not os.path.isdir(path):
         raise ExportError(f"{where} is a file; name a directory (for {PART_FILE}) or a "
                           f"file ending in .parquet")
+    if not os.path.isdir(path) and os.path.splitext(path)[1].lower() in _TEXT_SUFFIXES:
+        raise ExportError(f"{where}: predictions are written as parquet; name a file "
+                          f"ending in .parquet, or a directory (for {PART_FILE})")
     # Hidden names (temporary files, markers) are not data to the readers.
     held = sorted(n for n in os.listdir(path) if not n.startswith((".", "_"))) \
         if os.path.isdir(path) else []

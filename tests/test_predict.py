@@ -187,12 +187,15 @@ def test_non_empty_output_directory_is_refused_unless_overwrite(exported, tmp_pa
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt", "part-00000.parquet"]
 
 
-@pytest.mark.parametrize("kind", ["file-for-directory", "directory-for-file"])
+@pytest.mark.parametrize("kind", ["file-for-directory", "directory-for-file", "csv"])
 def test_output_path_of_the_wrong_kind_is_one_error(caplog, exported, tmp_path, kind):
     if kind == "file-for-directory":
         target = tmp_path / "predictions"
         target.write_text("mine")
         message = "is a file; name a directory (for part-00000.parquet)"
+    elif kind == "csv":
+        target = tmp_path / "predictions.csv"
+        message = ": predictions are written as parquet; name a file ending in .parquet"
     else:
         target = tmp_path / "predictions.parquet"
         target.mkdir()
@@ -201,8 +204,9 @@ def test_output_path_of_the_wrong_kind_is_one_error(caplog, exported, tmp_path, 
                          "--predict_input_path", str(exported / "data" / "eval"),
                          "--predict_output_path", str(target), "--overwrite")
     assert code == 1
-    assert f"ExportError: --predict_output_path {str(target)!r} {message}" in log
-    assert "Traceback" not in log
+    assert f"ExportError: --predict_output_path {str(target)!r}{'' if kind == 'csv' else ' '}" \
+           f"{message}" in log
+    assert "Traceback" not in log and (kind != "csv" or not target.exists())
 
 
 def test_unknown_device_is_a_usage_error(capsys, tmp_path):

@@ -218,15 +218,43 @@ def restore_model(root: str, entry: dict[str, Any], model: torch.nn.Module,
     try:
         result = model.load_state_dict(state, strict=strict)
     except RuntimeError as e:
+        detail = _mismatch(state, model) or str(e).strip().splitlines()[0]
         raise CheckpointError(
-            f"{path}: does not match the model ({e}); restore with the config the checkpoint "
-            f"was saved with (the model_dir's pipeline.config)") from None
+            f"{path}: does not match the model ({detail}); restore with the config the "
+            f"checkpoint was saved with (the model_dir's pipeline.config), or start from it "
+            f"with --fine_tune_checkpoint, which restores what fits a changed model") from None
     if result is not None and (result.missing_keys or result.unexpected_keys):
         missing, unexpected = result.missing_keys, result.unexpected_keys
         logger.warning(
             "%s: %d parameters not in checkpoint %s, %d checkpoint entries unused %s",
             entry["file"], len(missing), missing[:5], len(unexpected), unexpected[:5])
     return unread
+
+
+def _mismatch(state: dict[str, Any], model: torch.nn.Module) -> str:
+    """What differs between a saved state and the model's, in a few names: entries the
+    model lacks, entries the checkpoint lacks and shapes that differ, each counted and
+    grouped under their top-level modules ("" when the names and shapes agree)."""
+    own = model.state_dict()
+    parts = []
+    for what, names in (("the model lacks", [k for k in state if k not in own]),
+                        ("the checkpoint lacks", [k for k in own if k not in state])):
+        if names:
+            parts.append(f"{len(names)} entries {what}, under {_prefixes(names)}: "
+                         f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''}")
+    shapes = [f"{k} {tuple(state[k].shape)} saved, {tuple(own[k].shape)} here"
+              for k in state if k in own and hasattr(state[k], "shape")
+              and hasattr(own[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]
+    if shapes:
+        parts.append(f"{len(shapes)} shapes differ: {'; '.join(shapes[:3])}"
+                     f"{'; ...' if len(shapes) > 3 else ''}")
+    return "; ".join(parts)
+
+
+def _prefixes(names: list[str]) -> str:
+    """The distinct first three name parts of ``names`` (``towers.deep.0``), four at most."""
+    found = list(dict.fromkeys(".".join(n.split(".")[:3]) for n in names))
+    return ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
 
 
 def describe_optimizer(optimizer: Any) -> dict[str, Any]:

@@ -217,8 +217,10 @@ def test_saved_tables_the_model_lacks_are_skipped_with_a_warning(tmp_path, caplo
 
 def test_a_dense_table_missing_from_the_checkpoint_is_an_error(tmp_path):
     _, path = _trained(tmp_path)
-    with pytest.raises(CheckpointError, match=r"(?s)does not match the model.*Missing key.*"
-                                              r"dense_tables\.age_level\.rows"):
+    with pytest.raises(CheckpointError, match=r"does not match the model \(\d+ entries the "
+                                              r"checkpoint lacks, under embedding\.dense_tables\."
+                                              r"age_level, .*: embedding\.dense_tables\.age_level\.rows.*"
+                                              r"--fine_tune_checkpoint"):
         restore_checkpoint(path, _Model(SparseAdagrad(lr=0.1), left_out=True), None, {})
 
 
@@ -228,8 +230,9 @@ def test_a_zch_table_now_num_buckets_is_an_error_not_a_skipped_table(tmp_path, c
     new = _Model(SparseAdagrad(lr=0.1), seed=1, left_out=True)
     del new.embedding.zch_remappers["pid"]  # pid's ids are rows now, not ZCH slots
     with caplog.at_level("WARNING", logger="hashrec.checkpoint.restore"), \
-            pytest.raises(CheckpointError, match=r"(?s)does not match the model.*Unexpected "
-                                                 r"key.*zch_remappers\.pid\."):
+            pytest.raises(CheckpointError, match=r"does not match the model \(\d+ entries the "
+                                                 r"model lacks, under embedding\.zch_remappers\.pid: "
+                                                 r"embedding\.zch_remappers\.pid\."):
         restore_checkpoint(path, new, None, {})
     assert "not restored" not in caplog.text
 
@@ -269,3 +272,14 @@ def test_interrupted_save_points_to_a_complete_sibling(tmp_path):
     with pytest.raises(CheckpointError, match=r"not a complete checkpoint") as info:
         read_complete_meta(broken)
     assert latest in str(info.value) and "()" not in str(info.value)
+
+
+def test_a_widened_layer_names_its_shapes_and_the_fine_tune_flag(tmp_path):
+    _, path = _trained(tmp_path)
+    wider = _Model(SparseAdagrad(lr=0.1))
+    wider.linear = nn.Linear(4, 3)
+    with pytest.raises(CheckpointError, match=r"does not match the model \(2 shapes differ: "
+                                              r"linear\.weight \(1, 4\) saved, \(3, 4\) here; "
+                                              r"linear\.bias \(1,\) saved, \(3,\) here\).*"
+                                              r"--fine_tune_checkpoint"):
+        restore_checkpoint(path, wider, None, {})
