@@ -193,14 +193,16 @@ def _note_regrouped(path: str, regrouped: dict[str, tuple[list[TableSource], lis
 
 
 def _note_unread_tables(path: str, saved: dict[str, Any], read: set[str],
-                        dense: list[str]) -> None:
+                        dense: list[str], left: list[str] = ()) -> None:
     """Warns about saved tables the model has none of (they are not restored); ``read``:
-    the saved dynamic storages that the model reads from."""
+    the saved dynamic storages that the model reads from; ``left``: the tables of those
+    read table by table that the model lacks."""
     named = []
     for storage in sorted(set(saved) - read):
         fused = saved[storage].get(TAG_TABLES) or [storage]
         named.append(f"{storage!r} (dynamic)" if fused == [storage]
                      else f"{storage!r} (dynamic, tables {', '.join(fused)})")
+    named += [f"{name!r} (dynamic)" for name in left]
     named += [repr(name) for name in dense]
     if named:
         logger.warning(
@@ -265,7 +267,11 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
         unread = _restore_dense(path, meta, model, dense_optimizer, restore_optimizer, strict)
         moved = _moved(regrouped, meta["tables"], tag_tables)
         if rank == 0:
-            _note_unread_tables(path, meta["tables"], set(read), unread)
+            held = {t for name in dynamic_tables for t in tag_tables.get(name) or [name]}
+            by_name = set(read) - {name for name in dynamic_tables if name not in regrouped}
+            left = [t for name in sorted(by_name)
+                    for t in meta["tables"][name].get(TAG_TABLES) or [name] if t not in held]
+            _note_unread_tables(path, meta["tables"], set(read), unread, left)
             _note_regrouped(path, regrouped, moved, tag_tables)
         loaded = {}
         for name, table in sorted(dynamic_tables.items()):

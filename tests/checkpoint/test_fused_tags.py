@@ -161,6 +161,10 @@ def test_a_storage_grouped_otherwise_restores_whole_with_optimizer_state(tmp_pat
     with caplog.at_level("INFO", logger="hashrec.checkpoint.restore"):
         meta = restore_checkpoint(path, None, None, restored, tag_tables=tag_tables)
     assert any("restored table by table" in m for m in caplog.messages)
+    # the table the model dropped is named as not restored; the others are not
+    unread = [m for m in caplog.messages if "not restored" in m]
+    assert len(unread) == (direction == "split")
+    assert all("not restored: 'gone' (dynamic)." in m for m in unread)
     for tag, name in enumerate(names):
         if direction == "join":
             got = {key: row for (key, t), row in _entries(restored["seq"]).items() if t == tag}
