@@ -27,6 +27,7 @@ from hashrec.checkpoint.param_map import ResolvedMap
 from hashrec.checkpoint.partial_tables import (
     TableSource,
     load_sources,
+    model_logical_tables,
     plan_by_name,
     saved_logical_tables,
 )
@@ -170,14 +171,13 @@ def _regrouped(meta_tables: dict[str, Any], dynamic_tables: dict[str, Any],
     return out
 
 
-def _moved(regrouped: dict[str, tuple[list[TableSource], list[str]]],
-           meta_tables: dict[str, Any], tag_tables: dict[str, list[str]]
-           ) -> dict[str, str]:
-    """{table: its storage in the checkpoint} of the tables restored into another one."""
+def _moved(regrouped: dict[str, tuple[list[TableSource], list[str]]], held: dict[str, str],
+           meta_tables: dict[str, Any]) -> dict[str, str]:
+    """{table: its storage in the checkpoint} of the tables restored into another one;
+    ``held``: {table: its storage in the model}."""
     where = saved_logical_tables(meta_tables)
-    return {name: where[name][0] for storage in regrouped
-            for name in tag_tables.get(storage) or [storage]
-            if name in where and where[name][0] != storage}
+    return {name: where[name][0] for name, storage in held.items()
+            if storage in regrouped and name in where and where[name][0] != storage}
 
 
 def _note_regrouped(path: str, regrouped: dict[str, tuple[list[TableSource], list[str]]],
@@ -259,19 +259,20 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
 
     def load() -> dict[str, Any]:
         regrouped = _regrouped(meta["tables"], dynamic_tables, tag_tables)
-        check_tables_present(path, meta, {name: table for name, table in dynamic_tables.items()
-                                          if name not in regrouped}, tag_tables)
-        read = [name for name in dynamic_tables if name not in regrouped]
-        read += [source.storage for sources, _ in regrouped.values() for source in sources]
-        readers = {name: open_table_shards(path, meta, name) for name in sorted(set(read))}
+        whole = {name: table for name, table in dynamic_tables.items() if name not in regrouped}
+        check_tables_present(path, meta, whole, tag_tables)
+        # saved storages read table by table (by the regrouped storages only)
+        sourced = {source.storage for sources, _ in regrouped.values()
+                   for source in sources} - set(whole)
+        readers = {name: open_table_shards(path, meta, name)
+                   for name in sorted(set(whole) | sourced)}
         unread = _restore_dense(path, meta, model, dense_optimizer, restore_optimizer, strict)
-        moved = _moved(regrouped, meta["tables"], tag_tables)
+        held = model_logical_tables(dynamic_tables, tag_tables)
+        moved = _moved(regrouped, held, meta["tables"])
         if rank == 0:
-            held = {t for name in dynamic_tables for t in tag_tables.get(name) or [name]}
-            by_name = set(read) - {name for name in dynamic_tables if name not in regrouped}
-            left = [t for name in sorted(by_name)
+            left = [t for name in sorted(sourced)
                     for t in meta["tables"][name].get(TAG_TABLES) or [name] if t not in held]
-            _note_unread_tables(path, meta["tables"], set(read), unread, left)
+            _note_unread_tables(path, meta["tables"], set(readers), unread, left)
             _note_regrouped(path, regrouped, moved, tag_tables)
         loaded = {}
         for name, table in sorted(dynamic_tables.items()):
