@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval_input_path", default=None,
                         help="overrides eval_input_path (comma-separated files, dirs, globs)")
     parser.add_argument("--model_dir", default=None,
-                        help="overrides the config's model_dir (where eval_result.txt goes)")
+                        help="overrides the config's model_dir: where eval_result.txt goes "
+                             "and, without --checkpoint_path, the checkpoint is looked up")
     return parser
 
 

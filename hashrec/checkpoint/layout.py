@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from typing import Any
 
 from hashrec.checkpoint.shard_file import fsync_dir, read_versioned_json
@@ -183,17 +184,20 @@ def remove_leftovers(model_dir: str, keep_path: str) -> list[str]:
     return removed
 
 
-def prune_checkpoints(model_dir: str, keep_max: int, keep_path: str) -> list[str]:
+def prune_checkpoints(model_dir: str, keep_max: int, keep_path: str,
+                      keep_also: Sequence[str] = ()) -> list[str]:
     """Deletes the oldest complete checkpoints so that at most ``keep_max`` remain, and
     the leftovers of interrupted saves and prunes (see ``remove_leftovers``).
 
     ``keep_max <= 0`` keeps every complete checkpoint; ``keep_path`` (the checkpoint
-    just written) is never deleted. Returns the deleted paths.
+    just written) is never deleted, nor ``keep_also`` (the best one, kept beside the
+    ``keep_max`` latest). Returns the deleted paths.
     """
     deleted = remove_leftovers(model_dir, keep_path)
     if keep_max <= 0:
         return deleted
-    found = [p for _, p in complete_checkpoints(model_dir)]
+    spared = {os.path.abspath(p) for p in keep_also} - {os.path.abspath(keep_path)}
+    found = [p for _, p in complete_checkpoints(model_dir) if os.path.abspath(p) not in spared]
     removable = [p for p in found if os.path.abspath(p) != os.path.abspath(keep_path)]
     excess = len(found) - keep_max
     for path in removable[:max(excess, 0)]:

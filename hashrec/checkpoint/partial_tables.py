@@ -23,7 +23,13 @@ import torch
 from hashrec.checkpoint.fine_tune_report import Outcome
 from hashrec.checkpoint.param_map import ResolvedMap
 from hashrec.checkpoint.shard_file import ShardReader
-from hashrec.checkpoint.table_io import check_all_held, load_table, set_table_step
+from hashrec.checkpoint.table_io import (
+    check_readers,
+    hold_rows,
+    load_admission,
+    load_rows,
+    set_table_step,
+)
 from hashrec.checkpoint.tags import TAG_TABLES
 
 
@@ -171,25 +177,28 @@ def plan_tables(meta_tables: dict[str, Any], dynamic_tables: dict[str, Any],
 
 def load_sources(meta_tables: dict[str, Any], storage: str, table: Any,
                  sources: list[TableSource], readers: dict[str, list[ShardReader]],
-                 rank: int, world_size: int, restore_optimizer: bool) -> dict[str, int]:
+                 rank: int, world_size: int, restore_optimizer: bool,
+                 keep_every_row: bool = False) -> dict[str, int]:
     """Loads model ``storage`` (``table``) from its checkpoint ``sources``, each read through
     ``readers[source.storage]``; its STEP clock is set to the latest of theirs.
-    ``restore_optimizer`` False resets the optimizer-state columns.
+    ``restore_optimizer`` False resets the optimizer-state columns; ``keep_every_row`` as
+    in ``table_io.hold_rows``.
 
     Returns:
         {"rows": rows loaded, "admission": counters loaded} on this rank.
     """
-    empty = int(table.size()) == 0
-    counts = {"rows": 0, "admission": 0}
     for source in sources:
-        got = load_table(readers[source.storage], storage, table, rank, world_size,
-                         restore_optimizer=restore_optimizer, remap=source.remap,
-                         check_held=False)
-        counts = {key: counts[key] + got[key] for key in counts}
-    if empty and sources:
-        check_all_held(storage, table, counts["rows"], readers[sources[0].storage], rank,
-                       world_size)
+        check_readers(readers[source.storage], storage, table, restore_optimizer)
+
+    def fill() -> int:
+        return sum(load_rows(readers[s.storage], table, rank, world_size, restore_optimizer,
+                             s.remap) for s in sources)
+
+    rows = (hold_rows(storage, table, fill, readers[sources[0].storage], rank, world_size,
+                      keep_every_row) if sources else 0)
+    counters = sum(load_admission(readers[s.storage], storage, table, rank, world_size, s.remap)
+                   for s in sources)
     steps = [meta_tables[s.storage].get("table_step") for s in sources]
     steps = [int(step) for step in steps if step is not None]
     set_table_step(table, max(steps) if steps else None)
-    return counts
+    return {"rows": rows, "admission": counters}

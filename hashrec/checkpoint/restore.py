@@ -216,7 +216,8 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
                        dynamic_tables: dict[str, Any], restore_optimizer: bool = True,
                        strict: bool = True,
                        tag_tables: dict[str, list[str]] | None = None,
-                       read_rank_state: bool = False) -> dict[str, Any]:
+                       read_rank_state: bool = False,
+                       keep_every_row: bool = False) -> dict[str, Any]:
     """Restores a complete checkpoint saved on any number of ranks.
 
     Call it on every rank (a collective under torch.distributed). Each rank loads
@@ -240,6 +241,13 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
         read_rank_state: read this rank's own state (``save_checkpoint(rank_state=...)``),
             which only a resumed training run uses; False (evaluation, export) leaves
             the file unread, so a damaged one does not stop the restore.
+        keep_every_row: for tables nothing trains after the restore (evaluation,
+            export): a table that cannot hold every row it owns, because the checkpoint's
+            table was nearly full and the keys fill its buckets otherwise under this
+            number of ranks (or max_capacity is smaller now), grows past max_capacity
+            until it does (``table_io.hold_rows``). False (resuming, fine-tuning) keeps
+            the table at max_capacity: the lowest-scored rows of full buckets give way,
+            with a warning, as training would evict them.
 
     Returns:
         The checkpoint meta (``step``, ``world_size``, ``extra``, ``tables`` ...) plus
@@ -278,13 +286,14 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
         for name, table in sorted(dynamic_tables.items()):
             if name in regrouped:
                 loaded[name] = load_sources(meta["tables"], name, table, regrouped[name][0],
-                                            readers, rank, world_size, restore_optimizer)
+                                            readers, rank, world_size, restore_optimizer,
+                                            keep_every_row)
                 continue
             where = f"{os.path.join(path, layout.META_NAME)} (table {name!r})"
             remap = tag_remap(where, meta["tables"][name].get(TAG_TABLES), tag_tables.get(name),
                               frozenset(moved))
             loaded[name] = load_table(readers[name], name, table, rank, world_size,
-                                      restore_optimizer, remap)
+                                      restore_optimizer, remap, keep_every_row=keep_every_row)
             set_table_step(table, meta["tables"][name].get("table_step"))
         state = _read_rank_state(path, meta, rank, world_size) if read_rank_state else None
         return loaded, state

@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -175,7 +176,8 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
                     keep_checkpoint_max: int = 0, extra: dict[str, Any] | None = None,
                     chunk_rows: int = DEFAULT_CHUNK_ROWS,
                     tag_tables: dict[str, list[str]] | None = None,
-                    rank_state: dict[str, Any] | None = None) -> str:
+                    rank_state: dict[str, Any] | None = None,
+                    keep: Sequence[str] = ()) -> str:
     """Saves dense state and every rank's dynamic-table shards as ``model.ckpt-<step>``.
 
     Call it on every rank (a collective under torch.distributed). Rank 0 writes
@@ -187,7 +189,8 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
         model: module whose ``state_dict`` is saved (None: no dense state).
         dense_optimizer: torch optimizer whose state is saved, or None.
         dynamic_tables: {table name: HashTable} of this rank, same names on every rank.
-        keep_checkpoint_max: keep at most this many complete checkpoints (0: all).
+        keep_checkpoint_max: keep at most this many complete checkpoints (0: all), and
+            ``keep`` (checkpoint paths never pruned) beside them.
         extra: JSON-serializable data stored in meta.json (and returned by restore).
         chunk_rows: rows per streamed chunk (bounds the memory a save needs).
         tag_tables: {table: logical table names in tag order} of fused tables, recorded
@@ -230,7 +233,7 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
         hint = "" if "disk may be full" in str(e) else disk_full_hint(e)
         raise CheckpointError(f"{e}{hint} (the partial {tmp} was removed; the previous "
                               f"checkpoints are kept)") from e
-    run_on_all_ranks(lambda: layout.prune_checkpoints(model_dir, keep_checkpoint_max, final)
+    run_on_all_ranks(lambda: layout.prune_checkpoints(model_dir, keep_checkpoint_max, final, keep)
                      if rank == 0 else None, f"pruning {model_dir}", CheckpointError)
     return final
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -162,7 +162,8 @@ def iter_owned_rows(readers: list[ShardReader], rank: int, world_size: int,
 
 def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
                world_size: int, restore_optimizer: bool = True,
-               remap: torch.Tensor | None = None, check_held: bool = True) -> dict[str, int]:
+               remap: torch.Tensor | None = None, check_held: bool = True,
+               keep_every_row: bool = False) -> dict[str, int]:
     """Loads the owned entries of every shard in ``readers`` into ``table``.
 
     Rows saved in another dtype than the table's (a feature's ``data_type`` changed since
@@ -172,8 +173,8 @@ def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
     of one table), so the table skips deduplication. ``remap`` maps saved tags to the
     table's tags (tables of a fused storage matched by name); None loads tags as saved.
     ``check_held``: check that a table that started empty holds every row
-    (``check_all_held``); a caller loading several checkpoint tables into one checks
-    after the last.
+    (``hold_rows``); a caller loading several checkpoint tables into one checks
+    after the last. ``keep_every_row``: see ``hold_rows``.
 
     Returns:
         {"rows": rows loaded, "admission": counters loaded}.
@@ -184,13 +185,33 @@ def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
             another table keeps the highest-scored rows, with a warning:
             ``check_all_held``).
     """
+    check_readers(readers, name, table, restore_optimizer)
+
+    def fill() -> int:
+        return load_rows(readers, table, rank, world_size, restore_optimizer, remap)
+
+    rows = (hold_rows(name, table, fill, readers, rank, world_size, keep_every_row)
+            if check_held else fill())
+    counters = load_admission(readers, name, table, rank, world_size, remap)
+    return {"rows": rows, "admission": counters}
+
+
+def check_readers(readers: list[ShardReader], name: str, table: Any,
+                  restore_optimizer: bool) -> None:
+    """Checks that the shards of ``readers`` fit ``table`` (``check_compatible``) and logs a
+    dtype conversion once."""
     for reader in readers:
         check_compatible(reader, name, table, restore_optimizer)
     wanted = dtype_name(table.options.dtype)
     saved = sorted({str(r.attrs.get("dtype", wanted)) for r in readers} - {wanted})
     if saved:
         log_dtype_conversion(name, "/".join(saved), wanted)
-    size_before = int(table.size())
+
+
+def load_rows(readers: list[ShardReader], table: Any, rank: int, world_size: int,
+              restore_optimizer: bool, remap: torch.Tensor | None = None) -> int:
+    """Loads the owned rows of ``readers`` into ``table`` (checked first with
+    ``check_readers``); returns how many."""
     loaded = 0
     device = torch.device(table.device)
     pinned = device.type == "cuda"
@@ -200,10 +221,54 @@ def load_table(readers: list[ShardReader], name: str, table: Any, rank: int,
         table.load_state(chunk["keys"].to(device), chunk["tags"].to(device), rows,
                          chunk["scores"].to(device), assume_unique=True)
         loaded += int(chunk["keys"].shape[0])
-    if check_held and size_before == 0:
+    return loaded
+
+
+# Doublings past max_capacity a restore that keeps every row makes at most. The first
+# takes a full table to half its buckets' room, where 128-slot buckets overflow only
+# by chance; small buckets may need another.
+MAX_WIDENINGS = 3
+
+
+def hold_rows(name: str, table: Any, fill: Callable[[], int], readers: list[ShardReader],
+              rank: int = 0, world_size: int = 1, keep_every_row: bool = False) -> int:
+    """Runs ``fill`` (it loads rows into ``table`` and returns how many) and, where the
+    table started empty, checks that it holds every row (``check_all_held``).
+
+    ``keep_every_row`` (a restore for evaluation or export, where nothing trains): a
+    table that does not hold every row grows past max_capacity
+    (``HashTable.grow_past_max_capacity``, twice the buckets) and ``fill`` runs again,
+    up to ``MAX_WIDENINGS`` times, with an INFO line naming the slots it took; the rows
+    it still cannot hold go as ``check_all_held`` says.
+
+    Returns:
+        The rows loaded (by the last ``fill``).
+    """
+    if int(table.size()) != 0:
+        return fill()
+    if not keep_every_row:
+        loaded = fill()
         check_all_held(name, table, loaded, readers, rank, world_size)
-    counters = _load_admission(readers, name, table, rank, world_size, remap)
-    return {"rows": loaded, "admission": counters}
+        return loaded
+    with table.refusals_counted_only():  # refusals are dealt with here
+        loaded = fill()
+    capacity, widened = int(table.capacity()), 0
+    while int(table.size()) < loaded and widened < MAX_WIDENINGS:
+        held = int(table.size())
+        table.grow_past_max_capacity()
+        widened += 1
+        with table.refusals_counted_only():
+            loaded = fill()
+        logger.info(
+            "table %r%s: %d of the %d rows it owns fit its %d slots (max_capacity %d; the "
+            "keys fill its buckets otherwise than under the checkpoint's ranks); grown to "
+            "%d slots, past max_capacity, to hold every row (nothing trains here): it "
+            "holds %d", name, f" on rank {rank} of {world_size}" if world_size > 1 else "",
+            held, loaded, capacity, int(table.options.max_capacity), int(table.capacity()),
+            int(table.size()))
+        capacity = int(table.capacity())
+    check_all_held(name, table, loaded, readers, rank, world_size)
+    return loaded
 
 
 def check_all_held(name: str, table: Any, loaded: int, readers: list[ShardReader],
@@ -259,7 +324,7 @@ def set_table_step(table: Any, saved_step: int | None) -> None:
             table.advance_step()
 
 
-def _load_admission(readers: list[ShardReader], name: str, table: Any, rank: int,
+def load_admission(readers: list[ShardReader], name: str, table: Any, rank: int,
                     world_size: int, remap: torch.Tensor | None) -> int:
     if not any(r.count(ADMISSION) for r in readers):
         return 0

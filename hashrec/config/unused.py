@@ -4,7 +4,7 @@ A config that sets one of them to something other than its default would train
 another model than its author meant without a word, so
 :func:`unused_field_problems` reports it (``validate_pipeline_config`` refuses the
 config). Fields whose absence changes nothing the model learns (profiling,
-summaries, export selection, feature generation's settings) are only warned
+summaries, feature generation's settings) are only warned
 about, once per config (:func:`ignored_field_notes`).
 """
 
@@ -35,8 +35,7 @@ _IGNORED = {
                     "cuda_matmul_allow_tf32"),
     # HashRec's loader turns the input columns into features itself, whatever these say.
     "DataConfig": ("fg_mode", "fg_encoded", "fg_threads", "fg_encoded_multival_sep"),
-    "ExportConfig": ("exporter_type", "best_exporter_metric", "metric_larger_is_better",
-                     "mixed_precision"),
+    "ExportConfig": ("mixed_precision",),
     # Feature generation's join key of a sequence; the columns are read as they are.
     "SequenceFeature": ("sequence_pk",),
     # The mode of a weight decay that must be 0 (optimizers.py refuses any other).

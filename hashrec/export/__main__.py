@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(parser)
     parser.add_argument("--checkpoint_path", default=None,
                         help="a model.ckpt-<step> directory or a model_dir; default: the latest "
-                             "complete checkpoint of the config's model_dir")
+                             "complete checkpoint of the config's model_dir (of a model_dir, "
+                             "with export_config { exporter_type: \"best\" }, the one "
+                             "eval_result.txt scores best by best_exporter_metric)")
     parser.add_argument("--export_dir", required=True,
                         help="output directory, new or empty; the files are written into "
                              "<export_dir>.tmp, which is renamed to it when complete")
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     def run(config, ctx) -> None:
         from hashrec.export.exporter import export_model
 
-        export_model(config, args.export_dir, args.checkpoint_path)
+        export_model(config, args.export_dir, args.checkpoint_path, ctx=ctx)
 
     return run_distributed(args, {}, run, interrupted="nothing exported")
 

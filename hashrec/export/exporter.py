@@ -1,7 +1,8 @@
 """Export a checkpoint: safetensors parts with meta JSON, the pipeline config, a scripted model.
 
 Under ``torchrun`` every rank restores the checkpoint (of a model_dir, the latest as
-rank 0 finds it), keeping the dynamic keys it owns, and writes its own part; after a
+rank 0 finds it), keeping the dynamic keys it owns (every one of them: a table whose
+buckets cannot hold them all grows past max_capacity), and writes its own part; after a
 barrier rank 0 writes the pipeline config and builds the scripted model from all parts.
 Everything is written into a staging directory that is renamed to the export directory
 at the end (see ``staging.py``).
@@ -49,17 +50,20 @@ class ExportResult:
     files: tuple[str, ...]
 
 
-def _restored_session(config, checkpoint_path: str | None, rank: int, world_size: int):
-    from hashrec.train.checkpoints import agreed_checkpoint, restore_resolved
+def _restored_session(config, checkpoint_path: str | None, rank: int, world_size: int,
+                      ctx=None):
+    from hashrec.train.checkpoints import BestBy, agreed_checkpoint, restore_resolved
     from hashrec.train.session import build_session
 
     source = checkpoint_path or config.model_dir
-    agreed_checkpoint(source)  # nothing there: say so before building
-    session = build_session(config, rank, world_size)
+    best = BestBy.from_config(config)
+    agreed_checkpoint(source, best)  # nothing there: say so before building
+    session = build_session(config, rank, world_size, ctx=ctx)
     path, meta_json = restore_resolved(
         source, lambda path: restore_checkpoint(path, session.model, None,
                                                 session.model.embedding.dynamic_tables(),
-                                                restore_optimizer=False))
+                                                restore_optimizer=False, keep_every_row=True),
+        best)
     session.model.eval()
     return session, path, int(meta_json["step"])
 
@@ -78,7 +82,7 @@ def _write_chief_files(session, export_dir: str, world_size: int) -> list[str]:
 
 
 def export_model(config, export_dir: str, checkpoint_path: str | None = None,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS) -> ExportResult:
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS, ctx=None) -> ExportResult:
     """Export ``config``'s model from a checkpoint into ``export_dir``.
 
     The files are written into ``<export_dir>.tmp`` and that directory is renamed to
@@ -92,6 +96,9 @@ def export_model(config, export_dir: str, checkpoint_path: str | None = None,
         checkpoint_path: a ``model.ckpt-<step>`` directory or a model_dir; default the
             latest complete checkpoint of ``config.model_dir``.
         chunk_rows: rows of a dynamic table read and written at a time.
+        ctx: the ``DistContext`` of a ``torchrun`` worker (``init_distributed``): each rank
+            then holds only its share of the dynamic tables, as in training; None: one
+            process on the default device, or ranks read from the environment.
 
     Raises:
         ExportError: export_dir is a file or not empty, a table cannot be exported,
@@ -107,7 +114,7 @@ def export_model(config, export_dir: str, checkpoint_path: str | None = None,
     barrier()
     try:
         path, step, files = _export_into(config, staging, checkpoint_path, chunk_rows, rank,
-                                         world_size)
+                                         world_size, ctx)
         barrier()
         run_on_all_ranks(lambda: publish(staging, export_dir) if rank == 0 else None,
                          "moving the export into export_dir", ExportError)
@@ -123,13 +130,13 @@ def export_model(config, export_dir: str, checkpoint_path: str | None = None,
 
 
 def _export_into(config, staging: str, checkpoint_path: str | None, chunk_rows: int,
-                 rank: int, world_size: int) -> tuple[str, int, list[str]]:
+                 rank: int, world_size: int, ctx) -> tuple[str, int, list[str]]:
     """Restores the checkpoint and writes every file into ``staging``.
 
     Returns:
         (checkpoint path, step, files written by this rank).
     """
-    session, path, step = _restored_session(config, checkpoint_path, rank, world_size)
+    session, path, step = _restored_session(config, checkpoint_path, rank, world_size, ctx)
     views = dynamic_table_views(session.model.embedding, rank, world_size)
     contents = PartContents(
         dense_network_tensors(session.model) if rank == 0 else {},

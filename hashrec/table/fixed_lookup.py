@@ -40,10 +40,12 @@ initializers (``key_seed``) agree.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -92,9 +94,25 @@ class FixedSizeLookup:
     _defer_refusal: bool = False
     _deferred_refusal: TableFullError | None = None
 
+    # Set by ``refusals_counted_only``: refusals are counted, neither warned nor raised.
+    _refusals_counted_only: bool = False
+
+    @contextlib.contextmanager
+    def refusals_counted_only(self) -> Iterator[None]:
+        """Within: refused inserts are only counted (``stats()["refused"]``), whatever
+        ``check_mode`` says, for a caller that deals with them itself (a restore that
+        grows the table past max_capacity and loads again)."""
+        before, self._refusals_counted_only = self._refusals_counted_only, True
+        try:
+            yield
+        finally:
+            self._refusals_counted_only = before
+
     def _announce_refused(self, refused: int) -> None:
         """Raises (ERROR) or warns (WARNING: at most once a minute, with the count since
         the last warning) about ``refused`` inserts."""
+        if self._refusals_counted_only:
+            return
         mode = self.options.check_mode
         if mode is CheckMode.WARNING:
             self._refused_pending += refused

@@ -30,6 +30,21 @@ class TableGrowth:
         self._stats["growths"] += 1
         self.version += 1
 
+    def grow_past_max_capacity(self) -> int:
+        """Allocates twice the buckets of ``max_capacity`` (or of the last such growth),
+        the table's limit from then on (it evicts there again); returns the slots now
+        allocated.
+
+        For tables nothing trains: a restore for evaluation or export
+        (``restore_checkpoint(keep_every_row=True)``) grows a table whose buckets cannot
+        hold every row of a nearly full checkpoint, because the keys spread over them
+        otherwise under another number of ranks. Every entry keeps its row and score.
+        """
+        num_buckets = self._max_buckets * 2  # a multiple of the count on the way to it
+        self._max_buckets = num_buckets
+        self._rehash(num_buckets)
+        return self.storage.capacity
+
     def _grow_for(self, incoming: int, size: int | None = None) -> bool:
         grown = False
         limit = self.options.max_load_factor

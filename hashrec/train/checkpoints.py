@@ -48,8 +48,10 @@ from hashrec.checkpoint import (
 )
 from hashrec.checkpoint.dist_util import rank_and_world, run_on_rank_zero
 from hashrec.checkpoint.layout import CHECKPOINT_PREFIX, checkpoint_dirs, complete_checkpoints
+from hashrec.config.errors import ConfigError
 from hashrec.table import TableError
 from hashrec.train.errors import TrainError
+from hashrec.train.evaluation import EVAL_RESULT_FILE, best_checkpoint
 
 logger = logging.getLogger("hashrec.train")
 
@@ -219,11 +221,47 @@ def _note_skipped(model_dir: str, latest: str) -> None:
                        "continues from the latest complete checkpoint", ", ".join(later))
 
 
-def resolve_checkpoint(path: str) -> str:
-    """A checkpoint directory itself, or the latest complete one inside a model_dir.
+# Values of export_config.exporter_type: "best" exports the checkpoint that evaluated best
+# (and training keeps it from keep_checkpoint_max's pruning); the others the latest.
+EXPORTER_TYPES = ("latest", "final", "best", "none")
+
+
+@dataclass(frozen=True)
+class BestBy:
+    """export_config's ``exporter_type: "best"``: the metric of eval_result.txt that
+    decides, and whether larger is better."""
+
+    metric: str
+    larger_is_better: bool = True
+
+    @classmethod
+    def from_config(cls, config) -> BestBy | None:
+        """From ``config.export_config`` (None unless exporter_type is "best").
+
+        Raises:
+            ConfigError: an exporter_type HashRec does not know.
+        """
+        export = config.export_config
+        kind = export.exporter_type
+        if kind not in EXPORTER_TYPES:
+            raise ConfigError(f"export_config.exporter_type {kind!r} is not valid; allowed: "
+                              f"{', '.join(EXPORTER_TYPES)}")
+        if kind != "best":
+            return None
+        return cls(export.best_exporter_metric, bool(export.metric_larger_is_better))
+
+    def describe(self) -> str:
+        return f"{'highest' if self.larger_is_better else 'lowest'} {self.metric}"
+
+
+def resolve_checkpoint(path: str, best: BestBy | None = None) -> str:
+    """A checkpoint directory itself, or the latest complete one inside a model_dir (with
+    ``best``, the one evaluated best by its metric; the latest, with a warning, where
+    eval_result.txt names none still there).
 
     Raises:
-        TrainError: nothing restorable at ``path``.
+        TrainError: nothing restorable at ``path``, or ``best``'s metric is in none of
+            the results.
     """
     if not os.path.isdir(path):
         raise TrainError(f"checkpoint path {path!r} does not exist")
@@ -232,31 +270,41 @@ def resolve_checkpoint(path: str) -> str:
     latest = latest_checkpoint(path)
     if latest is None:
         raise TrainError(f"{path!r} holds no complete checkpoint (model.ckpt-<step>/)")
-    return latest
+    if best is None:
+        return latest
+    chosen = best_checkpoint(path, best.metric, best.larger_is_better)
+    if chosen is None:
+        logger.warning("exporter_type best: %s names no checkpoint still in %s; taking the "
+                       "latest, %s", EVAL_RESULT_FILE, path, latest)
+        return latest
+    logger.info("exporter_type best: taking %s, the %s in %s", chosen, best.describe(),
+                EVAL_RESULT_FILE)
+    return chosen
 
 
-def agreed_checkpoint(path: str) -> str:
-    """``resolve_checkpoint(path)`` as rank 0 finds it, on every rank (one lookup, so
+def agreed_checkpoint(path: str, best: BestBy | None = None) -> str:
+    """``resolve_checkpoint(path, best)`` as rank 0 finds it, on every rank (one lookup, so
     that all ranks take the same checkpoint while a run may be writing new ones).
 
     Raises:
         TrainError: nothing restorable at ``path`` (on every rank).
     """
-    return run_on_rank_zero(lambda: resolve_checkpoint(path), f"finding a checkpoint at {path}",
-                            TrainError)
+    return run_on_rank_zero(lambda: resolve_checkpoint(path, best),
+                            f"finding a checkpoint at {path}", TrainError)
 
 
-def restore_resolved(path: str, restore):
+def restore_resolved(path: str, restore, best: BestBy | None = None):
     """``restore(checkpoint)`` of the checkpoint ``path`` names: itself, or a model_dir's
-    latest complete one (as rank 0 finds it, on every rank: :func:`agreed_checkpoint`),
-    taken as late as possible (after the model is built) since a run still training
-    there may prune it. Returns (checkpoint, what ``restore`` gave).
+    latest complete one (or its best: ``best``), as rank 0 finds it, on every rank
+    (:func:`agreed_checkpoint`), taken as late as possible (after the model is built)
+    since a run still training there may prune it. Returns (checkpoint, what ``restore``
+    gave).
 
     Raises:
         TrainError: nothing restorable at ``path``, or the checkpoint taken was removed
             while it was read.
     """
-    checkpoint = agreed_checkpoint(path)
+    checkpoint = agreed_checkpoint(path, best)
     try:
         return checkpoint, restore(checkpoint)
     except CheckpointError:
@@ -269,18 +317,35 @@ def restore_resolved(path: str, restore):
         raise
 
 
+def kept_best(model_dir: str, best: BestBy | None) -> list[str]:
+    """The checkpoint that pruning keeps beside the latest ones under ``exporter_type:
+    "best"`` (none otherwise, or where nothing was evaluated yet); a metric the results
+    lack is warned about, not raised, so that training goes on."""
+    if best is None:
+        return []
+    try:
+        chosen = best_checkpoint(model_dir, best.metric, best.larger_is_better)
+    except TrainError as err:
+        logger.warning("%s; no checkpoint is kept for it beyond keep_checkpoint_max", err)
+        return []
+    return [] if chosen is None else [chosen]
+
+
 def save(model_dir: str, step: int, epoch: int, model, dense_optimizer,
          keep_checkpoint_max: int, epoch_step: int = 0,
-         readers: tuple[int, ...] | None = None, evaluates: bool = False) -> str:
+         readers: tuple[int, ...] | None = None, evaluates: bool = False,
+         keep_best: BestBy | None = None) -> str:
     """Write ``model.ckpt-<step>`` (dense state, optimizer, dynamic tables); ``extra``
     records ``epoch``, ``epoch_step``, ``readers`` and ``evaluates`` (whether an
-    evaluation of it follows; see :class:`Resume`)."""
+    evaluation of it follows; see :class:`Resume`). Pruning to ``keep_checkpoint_max``
+    spares the checkpoint evaluated best so far by ``keep_best`` (:func:`kept_best`)."""
     extra = {"epoch": epoch, "epoch_step": epoch_step, "evaluates": bool(evaluates)}
     if readers is not None:
         extra["readers"] = list(readers)
     path = save_checkpoint(model_dir, step, model, dense_optimizer.optimizer,
                            model.embedding.dynamic_tables(), keep_checkpoint_max,
-                           extra=extra, rank_state=random_states(model))
+                           extra=extra, rank_state=random_states(model),
+                           keep=kept_best(model_dir, keep_best) if keep_checkpoint_max else ())
     logger.info("saved checkpoint %s", path)
     return path
 

@@ -25,6 +25,7 @@ import torch
 
 from hashrec.checkpoint.dist_util import run_on_all_ranks
 from hashrec.checkpoint.errors import disk_full_hint
+from hashrec.checkpoint.layout import complete_checkpoints
 from hashrec.distributed import single_process_context
 from hashrec.train.distributed import check_same_input, eval_batches
 from hashrec.train.errors import TrainError
@@ -173,16 +174,64 @@ def evaluated(model_dir: str, checkpoint: str) -> bool:
     """Whether ``<model_dir>/eval_result.txt`` holds a result of ``checkpoint`` (a line
     naming a checkpoint of its name; a line cut short, as a crash may leave, is none)."""
     name = os.path.basename(os.path.normpath(checkpoint))
+    for record in _results(model_dir):
+        recorded = record.get("checkpoint")
+        if isinstance(recorded, str) and os.path.basename(os.path.normpath(recorded)) == name:
+            return True
+    return False
+
+
+def _results(model_dir: str) -> list[dict]:
+    """The readable JSON objects of ``<model_dir>/eval_result.txt`` (none without the file;
+    a line a crash cut short is skipped)."""
     try:
         with open(os.path.join(model_dir, EVAL_RESULT_FILE), encoding="utf-8") as f:
             lines = f.read().splitlines()
     except FileNotFoundError:
-        return False
+        return []
+    results = []
     for line in lines:
         try:
-            recorded = json.loads(line).get("checkpoint")
-        except (ValueError, AttributeError):
+            record = json.loads(line)
+        except ValueError:
             continue
-        if isinstance(recorded, str) and os.path.basename(os.path.normpath(recorded)) == name:
-            return True
-    return False
+        if isinstance(record, dict):
+            results.append(record)
+    return results
+
+
+def best_checkpoint(model_dir: str, metric: str, larger_is_better: bool = True) -> str | None:
+    """The complete checkpoint of ``model_dir`` whose evaluation in
+    ``<model_dir>/eval_result.txt`` scored best on ``metric`` (export_config's
+    ``exporter_type: "best"``): the latest step among equal scores, a checkpoint's last
+    result where it was evaluated twice. None where no result names a checkpoint still
+    there.
+
+    Raises:
+        TrainError: results name checkpoints still there, but none holds a finite
+            ``metric`` (the message lists the metrics they hold).
+    """
+    steps = {os.path.basename(path): (step, path) for step, path in complete_checkpoints(model_dir)}
+    scores: dict[str, float] = {}
+    held: set[str] = set()
+    for record in _results(model_dir):
+        checkpoint = record.get("checkpoint")
+        name = os.path.basename(os.path.normpath(checkpoint)) if isinstance(checkpoint, str) \
+            else None
+        if name not in steps:
+            continue
+        held |= {k for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        value = record.get(metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value):
+            scores[name] = float(value) if larger_is_better else -float(value)
+    if not scores:
+        if not held:
+            return None
+        raise TrainError(
+            f"export_config.best_exporter_metric {metric!r}: no result in "
+            f"{os.path.join(model_dir, EVAL_RESULT_FILE)} holds it (they hold "
+            f"{', '.join(sorted(held))}); name one of those, or export with "
+            f"--checkpoint_path")
+    name = max(scores, key=lambda n: (scores[n], steps[n][0]))
+    return steps[name][1]

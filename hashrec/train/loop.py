@@ -107,6 +107,7 @@ class LoopOptions:
     eval_input_path: str = ""
     eval_num_steps: int = 0
     incremental_dump_steps: int = 0
+    keep_best: checkpoints.BestBy | None = None  # export_config's exporter_type "best"
 
     @classmethod
     def from_config(cls, config) -> LoopOptions:
@@ -114,7 +115,7 @@ class LoopOptions:
         return cls(t.num_steps, t.num_epochs, t.save_checkpoints_steps,
                    t.save_checkpoints_epochs, t.keep_checkpoint_max, t.log_step_count_steps,
                    t.use_tensorboard, config.eval_input_path, e.num_steps,
-                   t.incremental_dump_steps)
+                   t.incremental_dump_steps, checkpoints.BestBy.from_config(config))
 
     @property
     def max_epochs(self) -> int | None:
@@ -560,7 +561,8 @@ class TrainLoop:
         evaluate = evaluate and bool(self.options.eval_input_path)
         path = checkpoints.save(s.model_dir, self.step, self.epoch, s.model, s.dense,
                                 self.options.keep_checkpoint_max, self.epoch_step,
-                                self.readers, evaluates=evaluate)
+                                self.readers, evaluates=evaluate,
+                                keep_best=self.options.keep_best)
         self.last_saved = self.step
         if not evaluate:
             return None

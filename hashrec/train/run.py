@@ -117,7 +117,7 @@ def evaluate_checkpoint(config, checkpoint_path: str | None = None, rank: int = 
     path, meta = checkpoints.restore_resolved(
         source, lambda path: restore_checkpoint(path, session.model, None,
                                                 session.model.embedding.dynamic_tables(),
-                                                restore_optimizer=False))
+                                                restore_optimizer=False, keep_every_row=True))
     logger.info("evaluating %s", path)
     result = evaluate(session, config.eval_input_path, int(meta["step"]),
                       config.eval_config.num_steps)

@@ -137,7 +137,7 @@ def _save_full_worker(rank: int, world_size: int, store: str, model_dir: str) ->
     dist.destroy_process_group()
 
 
-def test_a_nearly_full_table_saved_on_two_ranks_loads_on_one_with_a_warning(tmp_path, caplog):
+def test_a_nearly_full_table_saved_on_two_ranks_loads_on_one_evicting_or_grown(tmp_path, caplog):
     model_dir = str(tmp_path / "model")
     mp.spawn(_save_full_worker, args=(SAVE_WORLD, str(tmp_path / "store"), model_dir),
              nprocs=SAVE_WORLD, join=True)
@@ -152,3 +152,14 @@ def test_a_nearly_full_table_saved_on_two_ranks_loads_on_one_with_a_warning(tmp_
     assert (f"table 't': {saved} rows of {path}/dynamicemb/t belong here, the table holds "
             f"{held} (room for {FULL_CAPACITY}, but the keys fill its buckets unevenly): the "
             f"{saved - held} rows") in caplog.text
+    # For evaluation and export the table grows past max_capacity and holds every row,
+    # each as saved (a table of room enough restores the same).
+    kept, roomy = _full_table(1), HashTable(table_options(admission=False,
+                                                          max_capacity=4 * FULL_CAPACITY))
+    restore_checkpoint(path, None, None, {"t": kept}, keep_every_row=True)
+    restore_checkpoint(path, None, None, {"t": roomy})
+    assert int(kept.size()) == saved == int(roomy.size()) and kept.capacity() > FULL_CAPACITY
+    want, got = snapshot(roomy), snapshot(kept)
+    order_want, order_got = want["keys"].argsort(), got["keys"].argsort()
+    for field in ("keys", "rows", "scores"):
+        assert torch.equal(got[field][order_got], want[field][order_want])

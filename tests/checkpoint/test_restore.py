@@ -142,6 +142,30 @@ def test_a_table_too_small_keeps_the_highest_scored_rows_with_a_warning(tmp_path
     assert top >= 0.95 and bottom < top - 0.1, (top, bottom)
 
 
+@pytest.mark.parametrize("strategy, check_mode", [("STEP", "WARNING"),
+                                                  ("NO_EVICTION", "WARNING"),
+                                                  ("NO_EVICTION", "ERROR")])
+@pytest.mark.parametrize("capacity", [256, 608], ids=["cap256", "cap608"])
+def test_a_restore_that_keeps_every_row_grows_past_max_capacity(tmp_path, caplog, capacity,
+                                                                 strategy, check_mode):
+    options = table_options(admission=False, max_capacity=4096)
+    saved = _scored_table(600, options)
+    path = save_checkpoint(str(tmp_path), 1, None, None, {"t": saved})
+    small = HashTable(dataclasses.replace(options, max_capacity=capacity,
+                                          score_strategy=strategy, check_mode=check_mode))
+    with caplog.at_level("INFO", logger="hashrec.checkpoint.table_io"):
+        meta = restore_checkpoint(path, None, None, {"t": small}, keep_every_row=True)
+    assert meta["loaded"]["t"]["rows"] == 600 == int(small.size())
+    assert small.capacity() >= 2 * capacity
+    assert "WARNING" not in caplog.text  # neither rows lost nor inserts refused
+    assert (f"grown to {small.capacity()} slots, past max_capacity, to hold every row "
+            f"(nothing trains here): it holds 600") in caplog.text
+    want, got = snapshot(saved), snapshot(small)
+    order_want, order_got = want["keys"].argsort(), got["keys"].argsort()
+    for field in ("keys", "rows", "scores"):
+        assert torch.equal(got[field][order_got], want[field][order_want])
+
+
 def test_a_no_eviction_table_too_small_is_an_error(tmp_path):
     options = table_options(admission=False, max_capacity=4096)
     path = save_checkpoint(str(tmp_path), 1, None, None, {"t": _scored_table(600, options)})

@@ -55,6 +55,19 @@ def test_keep_checkpoint_max_prunes_oldest(tmp_path, keep):
     assert steps == ([10, 20, 30] if keep == 0 else [10, 20, 30][-keep:])
 
 
+def test_pruning_keeps_the_checkpoints_it_is_told_to_beside_the_latest(tmp_path):
+    table = trained_table(steps=2)
+    first = save_checkpoint(str(tmp_path), 10, None, None, {"t": table})
+    for step in (20, 30, 40):
+        save_checkpoint(str(tmp_path), step, None, None, {"t": table}, keep_checkpoint_max=2,
+                        keep=[first])
+    assert [s for s, _ in complete_checkpoints(str(tmp_path))] == [10, 30, 40]
+    # the one kept may be the latest itself: then it counts among keep_checkpoint_max
+    last = save_checkpoint(str(tmp_path), 50, None, None, {"t": table}, keep_checkpoint_max=2,
+                           keep=[os.path.join(str(tmp_path), "model.ckpt-50")])
+    assert [s for s, _ in complete_checkpoints(str(tmp_path))] == [40, 50] and os.path.isdir(last)
+
+
 def test_pruning_never_deletes_the_new_checkpoint(tmp_path):
     table = trained_table(steps=2)
     save_checkpoint(str(tmp_path), 50, None, None, {"t": table})

@@ -14,6 +14,7 @@ from export_helpers import ROOT, eval_predictions, run, write_config
 from safetensors import safe_open
 
 from hashrec.checkpoint import latest_checkpoint
+from hashrec.checkpoint.restore import read_complete_meta
 from hashrec.config import load_pipeline_config
 from hashrec.data import create_dataloader
 from hashrec.features import build_feature_set
@@ -171,6 +172,7 @@ def test_torchrun_export_splits_tables_and_predicts_the_same(flow, tmp_path):
          "--pipeline_config_path", flow["config"], "--export_dir", str(export_dir)],
         capture_output=True, text=True, timeout=300, cwd=str(flow["root"]))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "storage plan for 2 rank(s)" in proc.stderr  # each rank holds its share
     single = read_meta(flow["export"])
     for table in DYNAMIC_TABLES:
         keys = []
@@ -189,6 +191,83 @@ def test_torchrun_export_splits_tables_and_predicts_the_same(flow, tmp_path):
     one = torch.jit.load(str(flow["export"] / "scripted_model.pt"))(*inputs)
     two = torch.jit.load(str(export_dir / "scripted_model.pt"))(*inputs)
     torch.testing.assert_close(two["probs"], one["probs"], atol=0, rtol=0)
+
+
+def _torchrun(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(29000 + os.getpid() % 1000), *args],
+        capture_output=True, text=True, timeout=300, cwd=str(cwd))
+
+
+def _exported_keys(export_dir, world_size: int) -> dict[str, int]:
+    counts = {}
+    for rank in range(world_size):
+        meta = read_meta(export_dir, rank, world_size)
+        path = export_dir / f"model-{rank:06d}-of-{world_size:06d}.safetensors"
+        with safe_open(str(path), "pt") as part:
+            for table in DYNAMIC_TABLES:
+                keys = part.get_tensor(meta[table]["hashmap_key"])
+                counts[table] = counts.get(table, 0) + keys.numel()
+    return counts
+
+
+def test_a_full_table_exports_and_evaluates_every_row_on_another_number_of_ranks(tmp_path):
+    # A fused storage trained full on one process: on two ranks its keys fill each rank's
+    # buckets otherwise, and export and eval grow the table rather than drop rows.
+    generate(str(tmp_path / "data"), 2000, seed=5, scale=0.01, eval_rows=300, quiet=True)
+    config = write_config(tmp_path, tmp_path / "data", tmp_path / "model")
+    with open(config, encoding="utf-8") as f:
+        text = f.read().replace("max_capacity: 20000", "max_capacity: 256")
+    with open(config, "w", encoding="utf-8") as f:
+        f.write(text.replace("init_capacity_per_rank: 1024", ""))
+    proc = run("hashrec.train_eval", "--pipeline_config_path", config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = read_complete_meta(latest_checkpoint(str(tmp_path / "model")))
+    saved = meta["tables"]["deep"]["num_rows"]
+    assert saved >= 0.95 * 3 * 256  # the fused storage of the three tables is full
+    proc = run("hashrec.export", "--pipeline_config_path", config, "--export_dir",
+               str(tmp_path / "one"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = _exported_keys(tmp_path / "one", 1)
+    assert sum(one.values()) == saved
+    proc = _torchrun("-m", "hashrec.export", "--pipeline_config_path", config, "--export_dir",
+                     str(tmp_path / "two"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "storage plan for 2 rank(s)" in proc.stderr
+    assert _exported_keys(tmp_path / "two", 2) == one
+    proc = _torchrun("-m", "hashrec.eval", "--pipeline_config_path", config, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "storage plan for 2 rank(s)" in proc.stderr
+    assert "not restored" not in proc.stderr and "WARNING" not in proc.stderr
+
+
+def test_exporter_type_best_exports_and_keeps_the_checkpoint_evaluated_best(tmp_path):
+    # metric_larger_is_better false on auc: the worst-scored checkpoint, an early one
+    generate(str(tmp_path / "data"), 2000, seed=5, scale=0.01, eval_rows=300, quiet=True)
+    config = write_config(tmp_path, tmp_path / "data", tmp_path / "model")
+    with open(config, encoding="utf-8") as f:
+        text = f.read().replace("num_epochs: 1", "num_epochs: 1\n  save_checkpoints_steps: 2"
+                                                 "\n  keep_checkpoint_max: 1")
+    with open(config, "w", encoding="utf-8") as f:
+        f.write(text + 'export_config { exporter_type: "best" metric_larger_is_better: false }\n')
+    proc = run("hashrec.train_eval", "--pipeline_config_path", config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "model" / "eval_result.txt", encoding="utf-8") as f:
+        results = [json.loads(line) for line in f]
+    assert len(results) >= 4
+    worst = min(results, key=lambda r: (r["auc"], -r["step"]))
+    kept = sorted(os.listdir(tmp_path / "model"))
+    latest = f"model.ckpt-{results[-1]['step']}"
+    assert [n for n in kept if n.startswith("model.ckpt-")] == sorted(
+        {latest, os.path.basename(worst["checkpoint"])})
+    proc = run("hashrec.export", "--pipeline_config_path", config, "--export_dir",
+               str(tmp_path / "export"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (f"exporter_type best: taking {worst['checkpoint']}, the lowest auc in "
+            f"eval_result.txt") in proc.stderr
+    assert f"exported {worst['checkpoint']} (step {worst['step']})" in proc.stderr
+    assert "ignores export_config" not in proc.stderr
 
 
 @pytest.mark.parametrize("target", ["export", "keep-file", "model-dir"])

@@ -180,6 +180,27 @@ def test_checkpoint_moves_between_modes():
         assert all(torch.equal(got[k], r) for k, r in zip(keys.tolist(), rows))
 
 
+@pytest.mark.parametrize("name", MODES)
+def test_growing_past_max_capacity_keeps_every_entry_in_every_mode(name):
+    clf, caching = MODES[name]
+    table = HashTable(_options(clf, caching, SparseAdam(lr=0.01)))
+    _train(table, _stream(12, 300, 3000))
+    assert table.capacity() == 256 and table.stats()["evictions"] > 0  # at max_capacity
+    before = _export(table)
+    assert table.grow_past_max_capacity() == 512 == table.capacity()
+    after = _export(table)
+    at = {int(k): i for i, k in enumerate(after[0])}
+    index = torch.tensor([at[int(k)] for k in before[0]])
+    assert len(at) == before[0].numel()
+    for saved, now in zip(before[1:], after[1:]):
+        assert torch.equal(now[index], saved)
+    # the new count is the limit: new keys fill it without growing, then evict
+    table.lookup(torch.arange(10_000, 10_600), counts=torch.full((600,), 2))
+    assert table.capacity() == 512 and table.size() > 256
+    if name == "hybrid":
+        assert table.stats()["device_rows"] == device_buckets(32, clf) * 16
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("name", MODES)
 def test_memory_report_per_mode(name, dtype):

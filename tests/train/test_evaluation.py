@@ -8,8 +8,9 @@ import os
 
 import pytest
 
+from hashrec.checkpoint.layout import MARKER_NAME
 from hashrec.train.errors import TrainError
-from hashrec.train.evaluation import write_eval_result
+from hashrec.train.evaluation import best_checkpoint, write_eval_result
 
 
 def test_results_are_appended_as_json_lines(tmp_path):
@@ -40,3 +41,38 @@ def test_an_unwritable_result_file_is_one_error_naming_it(tmp_path, target):
         write_eval_result(str(tmp_path), {"step": 5, "auc": 0.75})
     assert str(info.value) == (f"cannot append the evaluation result of step 5 to {path}: "
                                f"{reason}; the result is in the log line above")
+
+
+def _checkpoints(model_dir, steps) -> None:
+    for step in steps:
+        path = model_dir / f"model.ckpt-{step}"
+        path.mkdir(parents=True)
+        (path / MARKER_NAME).write_text("")
+
+
+def _result(model_dir, step: int, **metrics) -> None:
+    write_eval_result(str(model_dir), {"step": step, **metrics},
+                      checkpoint=str(model_dir / f"model.ckpt-{step}"))
+
+
+def test_the_best_checkpoint_is_the_best_evaluated_one_still_there(tmp_path):
+    model = tmp_path / "model"
+    _checkpoints(model, [20, 30, 40])  # 10 was pruned
+    assert best_checkpoint(str(model), "auc") is None  # nothing evaluated yet
+    _result(model, 10, auc=0.9, loss=0.1)
+    assert best_checkpoint(str(model), "auc") is None  # its checkpoint is gone
+    _result(model, 20, auc=0.7, loss=0.3)
+    _result(model, 30, auc=0.8, loss=0.2)
+    _result(model, 40, auc=float("nan"), loss=0.5)  # undefined: never best
+    with open(model / "eval_result.txt", "a", encoding="utf-8") as f:
+        f.write('{"step": 40, "auc": 0.9')  # a line a crash cut short
+    assert best_checkpoint(str(model), "auc") == str(model / "model.ckpt-30")
+    assert best_checkpoint(str(model), "loss", larger_is_better=False) == \
+        str(model / "model.ckpt-30")
+    _result(model, 40, auc=0.8)  # equal scores: the later step
+    assert best_checkpoint(str(model), "auc") == str(model / "model.ckpt-40")
+    _result(model, 30, auc=0.6)  # evaluated again: its last result counts
+    assert best_checkpoint(str(model), "auc") == str(model / "model.ckpt-40")
+    with pytest.raises(TrainError, match=r"best_exporter_metric 'auc_ctr': no result in "
+                                         r".*eval_result.txt holds it \(they hold auc, loss\)"):
+        best_checkpoint(str(model), "auc_ctr")

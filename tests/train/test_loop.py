@@ -112,7 +112,7 @@ def test_a_missing_input_path_is_reported_before_the_model_is_built(which, tmp_p
     with pytest.raises(DataError, match="nope' does not exist"):
         run.train_and_evaluate(config)
     if which == "eval":
-        monkeypatch.setattr(run.checkpoints, "resolve_checkpoint", lambda path: path)
+        monkeypatch.setattr(run.checkpoints, "resolve_checkpoint", lambda path, best=None: path)
         with pytest.raises(DataError, match="nope' does not exist"):
             run.evaluate_checkpoint(config)
 

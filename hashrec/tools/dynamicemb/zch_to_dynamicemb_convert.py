@@ -202,7 +202,10 @@ def convert(source_checkpoint: str, source_config, target_config, save_dir: str,
     world_size = int(world_size or meta["world_size"])
     cpu = torch.device("cpu")
     source = build_session(source_config, device=cpu).model
-    restore_checkpoint(source_checkpoint, source, None, source.embedding.dynamic_tables())
+    # the source is only read: its dynamic tables keep every row, past max_capacity if
+    # the keys of a checkpoint saved on several ranks fill one process's buckets unevenly
+    restore_checkpoint(source_checkpoint, source, None, source.embedding.dynamic_tables(),
+                       keep_every_row=True)
     target = build_session(target_config, device=cpu).model
     zch_tables = list(source.embedding.zch_remappers.keys())
     if not zch_tables:
