@@ -142,9 +142,13 @@ def _write_shard(reader: ShardReader, writer: ShardWriter, composed: _Composed,
             sel = mine[start:start + chunk_rows]
             writer.write_chunk(ROWS, {f: rows[f][sel] for f in _ROW_FIELDS})
     if reader.has_section(ADMISSION):
+        # a key the deltas wrote was admitted since the base (admission drops its counter)
+        written = IdentityIndex(rows["keys"], rows["tags"])
         writer.ensure_section(ADMISSION)
         for chunk in reader.iter_chunks(ADMISSION):
-            writer.write_chunk(ADMISSION, chunk)
+            keep = written.find(chunk["keys"], chunk["tags"]) < 0
+            if bool(keep.any()):
+                writer.write_chunk(ADMISSION, {f: v[keep] for f, v in chunk.items()})
 
 
 def _apply_table(tmp: str, name: str, base: str, base_meta: dict[str, Any],
@@ -212,6 +216,10 @@ def apply_deltas(base: str, deltas: list[str], output: str,
     for name in names:
         shards = _apply_table(tmp, name, base, base_meta, delta_metas, chunk_rows)
         described = {k: v for k, v in base_meta["tables"][name].items() if k != "shards"}
+        steps = [m["tables"][name].get("table_step") for _, m in delta_metas]
+        steps = [step for step in steps if step is not None]
+        if steps:  # the STEP clock of the last dump that recorded one
+            described["table_step"] = steps[-1]
         tables[name] = {**described, "shards": shards,
                         "num_rows": sum(s["rows"] for s in shards)}
     step = delta_metas[-1][1]["step"] if delta_metas else base_meta["step"]

@@ -18,7 +18,9 @@ of a resumed run, which moves the dumps after its checkpoint's step aside first:
     output_dir/dump-<step>/DONE       written last
 
 ``python -m hashrec.tools.apply_delta`` applies deltas onto a full dump (or a
-checkpoint). Admission counters are not part of deltas.
+checkpoint). Each dump records its tables' STEP clocks (``table_step``), as checkpoints
+do. Admission counters are not part of deltas: a dump or checkpoint with deltas applied
+keeps its base's counters, less those of the keys the deltas wrote (admitted since).
 """
 
 from __future__ import annotations
@@ -241,7 +243,8 @@ class IncrementalDumper:
                                "evicted": counts[rank][2 * i + 1]})
             tables[name] = {**table_description(self.tables[name], self.tag_tables.get(name)),
                             "shards": shards,
-                            "num_rows": sum(s["rows"] for s in shards)}
+                            "num_rows": sum(s["rows"] for s in shards),
+                            "table_step": getattr(self.tables[name], "step", None)}
         return {
             "format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION,
             "kind": "full" if self.last_step is None else "delta", "step": step,

@@ -462,8 +462,9 @@ class TrainLoop:
         return TrainError(f"{head}: {empty_shares(*self._shares)}")
 
     def train_stream(self, path: str, first: int, count: int | None):
-        """``EpochStream``'s loader from epoch ``first`` on, its items per epoch and the
-        batches per epoch of every rank (the fewest any rank has)."""
+        """``EpochStream``'s loader from epoch ``first`` on, its items per epoch, the
+        batches per epoch of every rank (the fewest any rank has), this rank's, and the
+        rows of a full batch."""
         loader = self.session.train_stream(path, first, count)
         s, workers, dataset = self.session, loader.num_workers, loader.dataset
         if self.ctx.is_distributed:
@@ -472,7 +473,8 @@ class TrainLoop:
         per_rank = [sum(dataset.reader_batches(rank, workers)) for rank in range(s.world_size)]
         self._shares = (int(dataset.num_rows), int(dataset.options.batch_size), workers,
                         per_rank, bool(dataset.options.drop_remainder))
-        return loader, max(readers) * max(workers, 1), min_over_ranks(min(per_rank), self.ctx)
+        return (loader, max(readers) * max(workers, 1), min_over_ranks(min(per_rank), self.ctx),
+                sum(readers), int(dataset.options.batch_size))
 
     def _unevaluated_resume(self) -> bool:
         """Whether the checkpoint this run resumes from is one the run that saved it went

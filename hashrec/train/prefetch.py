@@ -107,16 +107,21 @@ class EpochStream:
     drops the fillers and any batch beyond that count. Epoch ``e`` reads the same
     batches as a one-epoch loader seeded ``e``.
 
+    A rank with more batches than ``steps`` leaves out its partial batch (the input's
+    last rows, fewer than a batch) before any full one: the rows a rank does not train in
+    an epoch are then at most a batch, the partial one first.
+
     Args:
-        make: ``(first_epoch, num_epochs or None) -> (loader, items, steps)``: the
-            loader from ``first_epoch`` on, its items per epoch, and the batches per
-            epoch every rank trains on.
+        make: ``(first_epoch, num_epochs or None) -> (loader, items, steps[, own,
+            batch_size])``: the loader from ``first_epoch`` on, its items per epoch, the
+            batches per epoch every rank trains on, and this rank's batches per epoch and
+            full batch's rows (without them, no batch is told apart as partial).
     """
 
     def __init__(self, make) -> None:
         self._make = make
         self._iterator: Iterator | None = None
-        self._items = self._steps = 0
+        self._items = self._steps = self._spare = self._batch_size = 0
         self._next_epoch: int | None = None  # the epoch the stream is at, between epochs
 
     @property
@@ -133,20 +138,25 @@ class EpochStream:
         call, a jump, an epoch left unfinished) starts a new one."""
         if self._iterator is None or self._next_epoch != epoch:
             self.close()
-            loader, self._items, self._steps = self._make(
+            loader, self._items, self._steps, *own = self._make(
                 epoch, None if last is None else max(last - epoch, 1))
+            self._spare = max(own[0] - self._steps, 0) if own else 0
+            self._batch_size = own[1] if len(own) > 1 else 0
             self._iterator = iter(loader)
         self._next_epoch = None
         return self._take(epoch, skip)
 
     def _take(self, epoch: int, skip: int) -> Iterator:
-        handed = 0
+        handed, spare = 0, self._spare
         for _ in range(self._items):
             tag, batch = next(self._iterator)
             if tag != epoch:
                 raise RuntimeError(f"the training input gave a batch of epoch {tag} while "
                                    f"epoch {epoch} was read; the loader's readers are out of "
                                    f"step")
+            if batch is not None and spare and batch.batch_size < self._batch_size:
+                spare -= 1  # the partial batch gives way to a full one
+                continue
             if batch is not None and handed < self._steps:
                 handed += 1
                 if handed > skip:

@@ -102,6 +102,38 @@ def test_full_dump_plus_deltas_reproduce_the_table(dumped):
     assert _as_dict(snapshot(restored)) == states[-1]  # the table at the last dump
 
 
+def test_applied_dumps_carry_the_step_clock_and_drop_the_counters_of_admitted_keys(tmp_path):
+    table = HashTable(table_options(max_capacity=4096))  # admission at 2
+    dumper = IncrementalDumper(str(tmp_path / "dumps"), {"t": table}, interval_steps=3)
+    dumps, clocks = [], {}
+    for step in range(1, 8):
+        train_steps(table, step, step, tagged=True)
+        if step == 4:
+            base = save_checkpoint(str(tmp_path / "model"), 4, None, None, {"t": table})
+        path = dumper.maybe_dump(step)
+        if path is not None:
+            dumps.append(path)
+            clocks[path] = int(table.step)
+    assert [read_meta(p)["tables"]["t"]["table_step"] for p in dumps] == list(clocks.values())
+    for applied, source, deltas in (("from_dump", dumps[0], dumps[1:]),
+                                    ("from_checkpoint", base, dumps[2:])):
+        out = apply_deltas(source, deltas, str(tmp_path / applied))
+        restored = HashTable(table_options(max_capacity=4096))
+        restore_checkpoint(out, None, None, {"t": restored})
+        assert int(restored.step) == clocks[dumps[-1]] == 7
+        if source == base:  # counters of the keys admitted since step 4 are dropped
+            counted = _identities(restored.admission_state())
+            at_base = HashTable(table_options(max_capacity=4096))
+            restore_checkpoint(base, None, None, {"t": at_base})
+            assert counted < _identities(at_base.admission_state())
+            assert counted and not counted & _identities(next(restored.export_state(4096)))
+
+
+def _identities(state) -> set[tuple[int, int]]:
+    """(key, tag) pairs of an (keys, tags, ...) tuple."""
+    return set(zip(state[0].tolist(), state[1].tolist()))
+
+
 def test_tool_applies_in_two_rounds_and_rejects_gaps(dumped, capsys):
     _, paths, states, tmp_path = dumped
     first = str(tmp_path / "round1")

@@ -1,6 +1,8 @@
 """DevicePrefetcher: batches pass through in order on the CPU; upcoming shows the next
 (or, deeper, the one after)."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -106,6 +108,22 @@ def test_stream_keeps_the_ranks_common_count():
     stream = EpochStream(_Streams(steps=2))
     assert list(stream.epoch(0)) == [(0, 0), (0, 1)]  # (0, 2) is beyond every rank's count
     assert list(stream.epoch(1)) == [(1, 0), (1, 1)]
+
+
+def test_a_rank_with_a_spare_batch_leaves_out_its_partial_one_first():
+    # Two loader workers in turn: worker 0 ends with the input's partial batch, worker 1
+    # with a full one; every rank trains 3 batches, this one has 4.
+    rows = [100, 100, 100, 1]
+    batches = [SimpleNamespace(batch_size=n, at=i) for i, n in enumerate(rows)]
+    order = [batches[0], batches[1], batches[3], batches[2]]  # the partial comes before
+
+    def make(first, count, *own):
+        return iter([(first, b) for b in order]), 4, 3, *own
+
+    assert [b.at for b in EpochStream(lambda f, c: make(f, c, 4, 100)).epoch(0)] == [0, 1, 2]
+    # without this rank's count, the first 3 are taken (as when no batch is spare)
+    assert [b.at for b in EpochStream(lambda f, c: make(f, c)).epoch(0)] == [0, 1, 3]
+    assert [b.at for b in EpochStream(lambda f, c: make(f, c, 3, 100)).epoch(0)] == [0, 1, 3]
 
 
 def test_stream_restarts_after_a_jump_or_an_unfinished_epoch():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -18,12 +19,19 @@ def run_tool(world_size: int | None, main: Callable[[], object]) -> int:
         main: the tool's work.
 
     Returns:
-        0; 2 for an invalid ``--world_size``; 1 after a migration, checkpoint or
-        value error, printed as one ``error:`` line on stderr.
+        0; 2 for an invalid ``--world_size`` or a start under torchrun (one process
+        writes every rank's shards: several would write the same checkpoint); 1 after a
+        migration, checkpoint or value error, printed as one ``error:`` line on stderr.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if world_size is not None and world_size < 1:
         print(f"error: --world_size={world_size} is not valid; allowed: >= 1", file=sys.stderr)
+        return 2
+    launched = os.environ.get("WORLD_SIZE", "1")
+    if launched != "1":
+        print(f"error: started as {launched} processes (WORLD_SIZE={launched}); run the tool "
+              f"as one process: it writes the shards of all --world_size ranks itself",
+              file=sys.stderr)
         return 2
     try:
         main()

@@ -270,6 +270,18 @@ def test_save_dir_that_is_a_file_is_one_error_line(tmp_path, capsys):
     assert (tmp_path / "s").read_text() == "mine"
 
 
+def test_a_start_under_torchrun_is_refused_before_writing(tmp_path, capsys, monkeypatch):
+    init = _write_init(str(tmp_path / "init.parquet"), ITEMS, _embeddings())
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",
+                          dynamicemb_block(init))
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc_per_node 2 sets it
+    assert main(["--pipeline_config_path", config, "--world_size", "2", "--save_dir",
+                 str(tmp_path / "s")]) == 2
+    assert "started as 2 processes (WORLD_SIZE=2); run the tool as one process" in \
+        capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "s")
+
+
 @pytest.mark.parametrize("text,match", [
     ("", "cannot be read as csv"),
     ('id,emb\n1,"1,2,3,4"\n2,"1,2,3,4",9\n', "Expected 2 columns, got 3"),
