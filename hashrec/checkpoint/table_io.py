@@ -1,9 +1,14 @@
 """Streaming dump of one dynamic table into a shard, and resharding load back.
 
 A shard holds a ``rows`` section (keys int64, tags int32, full rows
-``[embedding | optimizer state]``, scores int64) and, for tables with frequency
-admission, an ``admission`` section (keys, tags, counts). Both go chunk by chunk
-through ``HashTable.export_state`` / ``load_state``, so memory stays at one chunk.
+``[embedding | optimizer state]``, scores int64, slots int64) and, for tables with
+frequency admission, an ``admission`` section (keys, tags, counts, slots). Both go chunk
+by chunk through ``HashTable.export_state`` / ``load_state``, so memory stays at one
+chunk. The slots, with the table's ``num_buckets`` and ``bucket_capacity`` in the shard's
+attributes, put each entry back where it was when a table of that geometry loads it (an
+empty one grows to it first): a full bucket then evicts among equal scores as it would
+have (the slot breaks that tie), so a resumed run evicts as an uninterrupted one. Shards
+without slots (older checkpoints, applied dumps) load as inserts place entries.
 
 Loading reads every shard of a table (saved on any number of ranks) and keeps
 the entries this rank owns under the current world size
@@ -70,22 +75,25 @@ def dump_table(table: Any, stem: str, attrs: dict[str, Any],
     Returns:
         The shard header (counts per section).
     """
-    writer = ShardWriter(stem, {**attrs, **table_description(table)})
+    geometry = {"num_buckets": int(table.storage.num_buckets),
+              "bucket_capacity": int(table.storage.bucket_capacity)}
+    writer = ShardWriter(stem, {**attrs, **table_description(table), **geometry})
     try:
         writer.ensure_section(ROWS)
-        for keys, tags, rows, scores in table.export_state(chunk_rows):
+        for keys, tags, rows, scores, slots in table.export_state(chunk_rows, slots=True):
             writer.write_chunk(ROWS, {
                 "keys": keys, "tags": _tags_or_zeros(tags, keys), "rows": rows,
-                "scores": scores.to(torch.int64)})
+                "scores": scores.to(torch.int64), "slots": slots.to(torch.int64)})
         if table.options.admission is not None:
             writer.ensure_section(ADMISSION)
-            keys, tags, counts = table.admission_state()
+            keys, tags, counts, slots = table.admission_state(slots=True)
             tags = _tags_or_zeros(tags, keys)
             for start in range(0, int(keys.shape[0]), chunk_rows):
                 end = start + chunk_rows
                 writer.write_chunk(ADMISSION, {
                     "keys": keys[start:end], "tags": tags[start:end],
-                    "counts": counts[start:end].to(torch.int64)})
+                    "counts": counts[start:end].to(torch.int64),
+                    "slots": slots[start:end].to(torch.int64)})
     except BaseException:
         writer.abort()
         raise
@@ -215,13 +223,29 @@ def load_rows(readers: list[ShardReader], table: Any, rank: int, world_size: int
     loaded = 0
     device = torch.device(table.device)
     pinned = device.type == "cuda"
+    _grow_to_saved(readers, table)
     for chunk in read_ahead(iter_owned_rows(readers, rank, world_size, pinned, remap)):
         rows = _adapt_rows(chunk["rows"], table, restore_optimizer)
+        slots = chunk.get("slots")
         # synchronous copies: the page-locked chunk is freed (and reused) right after
         table.load_state(chunk["keys"].to(device), chunk["tags"].to(device), rows,
-                         chunk["scores"].to(device), assume_unique=True)
+                         chunk["scores"].to(device), assume_unique=True,
+                         slots=None if slots is None else slots.to(device))
         loaded += int(chunk["keys"].shape[0])
     return loaded
+
+
+def _grow_to_saved(readers: list[ShardReader], table: Any) -> None:
+    """An empty table grows to the bucket count its shards were saved from, where that
+    is on its way to max_capacity, so that each saved row can go back to its slot (an
+    exact layout: ``HashTable.load_state(slots=)``; a row whose slot does not fit is
+    placed as inserts place it)."""
+    counts = {(r.attrs.get("num_buckets"), r.attrs.get("bucket_capacity")) for r in readers}
+    if len(counts) != 1 or int(table.size()) != 0:
+        return
+    num_buckets, bucket_capacity = counts.pop()
+    if num_buckets is not None and bucket_capacity == table.storage.bucket_capacity:
+        table.grow_to(int(num_buckets))
 
 
 # Doublings past max_capacity a restore that keeps every row makes at most. The first
@@ -339,8 +363,10 @@ def load_admission(readers: list[ShardReader], name: str, table: Any, rank: int,
             chunk = remap_chunk(chunk, remap)
             mask = _owned(chunk["keys"], rank, world_size)
             if bool(mask.any()):
+                slots = chunk.get("slots")
                 table.load_admission_state(chunk["keys"][mask].to(device),
                                            chunk["tags"][mask].to(device),
-                                           chunk["counts"][mask].to(device))
+                                           chunk["counts"][mask].to(device),
+                                           None if slots is None else slots[mask].to(device))
                 loaded += int(mask.sum())
     return loaded

@@ -19,6 +19,7 @@ from hashrec.table.ops.erase import erase_slots
 from hashrec.table.ops.export import occupied_slots
 from hashrec.table.ops.find import find_slots
 from hashrec.table.ops.insert import insert_keys
+from hashrec.table.placement import place_at
 from hashrec.table.storage import TableStorage
 
 
@@ -103,14 +104,28 @@ class AdmissionCounter:
                               active=refused)
         self.device_evictions += result.evicted.sum()
 
-    def state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(keys (c,) int64, tags (c,) int32, counts (c,) int64) of every live counter."""
-        slots = occupied_slots(self.storage, 0, self.storage.capacity)
-        return self.storage.keys[slots], self.storage.tags[slots], self.storage.scores[slots]
+    def state(self, slots: bool = False) -> tuple[torch.Tensor, ...]:
+        """(keys (c,) int64, tags (c,) int32, counts (c,) int64) of every live counter, in
+        slot order; with ``slots``, also their slots (c,) int64."""
+        where = occupied_slots(self.storage, 0, self.storage.capacity)
+        state = (self.storage.keys[where], self.storage.tags[where], self.storage.scores[where])
+        return (*state, where) if slots else state
 
     def load_state(self, keys: torch.Tensor, tags: torch.Tensor | None,
-                   counts: torch.Tensor) -> None:
-        """Sets the counters of unique ``keys`` (a full bucket keeps the highest counts)."""
+                   counts: torch.Tensor, slots: torch.Tensor | None = None) -> None:
+        """Sets the counters of unique ``keys`` (a full bucket keeps the highest counts);
+        ``slots`` (from ``state(slots=True)`` of a counter table of this size) puts each
+        absent key's counter back in its slot where that is empty
+        (``hashrec.table.placement``)."""
+        if slots is not None and keys.numel():
+            absent = find_slots(self.storage, keys, tags) < 0
+            placed = torch.zeros_like(absent)
+            placed[absent] = place_at(self.storage, keys[absent],
+                                      None if tags is None else tags[absent],
+                                      counts[absent], slots[absent])
+            rest = ~placed
+            keys, counts = keys[rest], counts[rest]
+            tags = None if tags is None else tags[rest]
         slots = find_slots(self.storage, keys, tags)
         hit = slots >= 0
         self.storage.scores[slots[hit]] = counts[hit]

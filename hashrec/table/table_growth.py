@@ -30,6 +30,19 @@ class TableGrowth:
         self._stats["growths"] += 1
         self.version += 1
 
+    def grow_to(self, num_buckets: int) -> bool:
+        """Grows to ``num_buckets`` where that is on the table's way to max_capacity (a
+        multiple of its bucket count that divides max_capacity's); returns whether the
+        table now has that many buckets. A restore grows an empty table to the count it
+        was saved from, so that its rows go back to their slots."""
+        current = self.storage.num_buckets
+        if num_buckets != current and (num_buckets < current or num_buckets % current
+                                       or self._max_buckets % num_buckets):
+            return False
+        if num_buckets != current:
+            self._rehash(num_buckets)
+        return True
+
     def grow_past_max_capacity(self) -> int:
         """Allocates twice the buckets of ``max_capacity`` (or of the last such growth),
         the table's limit from then on (it evicts there again); returns the slots now

@@ -15,6 +15,8 @@ import torch
 from hashrec.table.errors import TableError
 from hashrec.table.fixed_lookup import PROTECTED as _PROTECTED
 from hashrec.table.ops.export import occupied_slots
+from hashrec.table.ops.find import find_slots
+from hashrec.table.placement import place_at
 from hashrec.table.unique import unique_pairs
 from hashrec.table.validation import check_matrix, check_vector
 
@@ -68,17 +70,20 @@ class TableState:
                              f"[{_INT32_MIN}, {_INT32_MAX}] (tags are int32)")
         return tag
 
-    def export_state(self, batch_size: int
-                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Yields (keys, tags, rows (k, row_dim), scores): full rows for checkpoints."""
-        for slots in self._export_slots(batch_size):  # one compaction, four gathers
+    def export_state(self, batch_size: int, slots: bool = False
+                     ) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Yields (keys, tags, rows (k, row_dim), scores): full rows for checkpoints, in
+        slot order; with ``slots``, also each entry's slot (for ``load_state(slots=)``)."""
+        for where in self._export_slots(batch_size):  # one compaction, four gathers
             storage = self.storage
-            yield (storage.keys.index_select(0, slots), storage.tags.index_select(0, slots),
-                   self._rows.read(slots, 0, self.row_dim, admit=False),
-                   storage.scores.index_select(0, slots))
+            state = (storage.keys.index_select(0, where), storage.tags.index_select(0, where),
+                     self._rows.read(where, 0, self.row_dim, admit=False),
+                     storage.scores.index_select(0, where))
+            yield (*state, where) if slots else state
 
     def load_state(self, keys: torch.Tensor, tags: torch.Tensor | None, rows: torch.Tensor,
-                   scores: torch.Tensor, assume_unique: bool = False) -> None:
+                   scores: torch.Tensor, assume_unique: bool = False,
+                   slots: torch.Tensor | None = None) -> None:
         """insert_or_assign of full rows (embedding + optimizer state) with their scores.
 
         Args:
@@ -89,6 +94,12 @@ class TableState:
             assume_unique: the caller guarantees that the (key, tag) pairs of this call
                 are unique (checkpoint shards are, by construction); skips the
                 deduplication. Duplicates passed with True corrupt the index.
+            slots: (n,) int64 the slots the entries held when exported
+                (``export_state(slots=True)``) from a table of this bucket count and
+                bucket size, with ``assume_unique``: each key absent from this table
+                goes back to its slot where that slot is empty, in its bucket (an exact
+                layout: ties of equal scores evict as they would have); the others are
+                placed as inserts place them (``hashrec.table.placement``).
         """
         keys, tags = self._keys(keys, tags)
         self._check_row_width(rows)
@@ -96,9 +107,28 @@ class TableState:
                             self.device)
         scores = check_vector(self.options.name, "scores", scores, torch.int64, self.device,
                               keys.numel())
+        scores = scores.clamp(max=_PROTECTED - 1)
         self._operation = "load_state"
-        self._assign(keys, tags, rows, scores.clamp(max=_PROTECTED - 1), exact=True,
-                     assume_unique=bool(assume_unique))
+        if slots is not None and keys.numel():
+            if not assume_unique:
+                raise ValueError(f"table {self.options.name!r}: load_state places rows at "
+                                 f"their slots only with assume_unique=True")
+            slots = check_vector(self.options.name, "slots", slots, torch.int64, self.device,
+                                 keys.numel())
+            absent = find_slots(self.storage, keys, tags) < 0  # present keys are assigned
+            placed = torch.zeros_like(absent)
+            placed[absent] = place_at(self.storage, keys[absent],
+                                      None if tags is None else tags[absent], scores[absent],
+                                      slots[absent])
+            self._size_hint = None
+            self._rows.begin_batch()
+            self._write_full(slots[placed], rows[placed], None)
+            if bool(placed.all()):
+                return
+            rest = ~placed
+            keys, rows, scores = keys[rest], rows[rest], scores[rest]
+            tags = None if tags is None else tags[rest]
+        self._assign(keys, tags, rows, scores, exact=True, assume_unique=bool(assume_unique))
 
     def _check_row_width(self, rows: object) -> None:
         """ValueError explaining row_dim when ``rows`` is a matrix of another width. Equal
@@ -116,16 +146,20 @@ class TableState:
             f"another dim or optimizer. Load rows that this table's export_state wrote, or "
             f"build the table with the dim and optimizer of the saved one")
 
-    def admission_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(keys, tags, counts) of the admission counters (empty without admission)."""
+    def admission_state(self, slots: bool = False) -> tuple[torch.Tensor, ...]:
+        """(keys, tags, counts) of the admission counters (empty without admission); with
+        ``slots``, also each counter's slot in the counter table."""
         if self._counter is None:
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
-            return empty, empty.to(torch.int32), empty
-        return self._counter.state()
+            state = (empty, empty.to(torch.int32), empty)
+            return (*state, empty) if slots else state
+        return self._counter.state(slots)
 
     def load_admission_state(self, keys: torch.Tensor, tags: torch.Tensor | None,
-                             counts: torch.Tensor) -> None:
-        """Restores admission counters of unique (key, tag) pairs with counts >= 1."""
+                             counts: torch.Tensor, slots: torch.Tensor | None = None) -> None:
+        """Restores admission counters of unique (key, tag) pairs with counts >= 1;
+        ``slots`` (from ``admission_state(slots=True)`` of a counter table of this size)
+        puts each back in its slot where that is empty (see ``load_state``)."""
         keys, tags = self._keys(keys, tags)
         name = self.options.name
         counts = check_vector(name, "counts", counts, torch.int64, self.device, keys.numel())
@@ -141,7 +175,9 @@ class TableState:
                 raise TableError(f"table {self.options.name!r} has no admission; cannot load "
                                  f"{keys.numel()} admission counters")
             return
-        self._counter.load_state(keys, tags, counts)
+        if slots is not None:
+            slots = check_vector(name, "slots", slots, torch.int64, self.device, keys.numel())
+        self._counter.load_state(keys, tags, counts, slots)
 
     def random_state(self) -> dict | None:
         """Where the table's random initial values come from next, to put back with

@@ -21,9 +21,9 @@ GPU's, and the dynamic tables' own: ``TableOptions.seed``'s generator and the in
 initializers' seeds), put back before the resumed run's first step: dropout
 and the initial values of rows inserted later draw what an uninterrupted run would
 have, so resuming on the same device and number of ranks trains the same model bit
-for bit (compared on the CPU in the tests) until a full bucket evicts among equal lowest
-scores: the slot breaks that tie, and a restore does not put rows back in their saved
-slots. Under another number of ranks (or from a
+for bit (compared on the CPU in the tests), full tables too: a restore on as many ranks
+puts every entry back in its slot, which breaks ties of equal scores when a full bucket
+evicts (``hashrec.checkpoint.table_io``). Under another number of ranks (or from a
 GPU run onto the CPU) the states do not apply; the run then draws others and says so.
 
 Under several ranks "the latest checkpoint" of a model_dir (``--continue_train``, a

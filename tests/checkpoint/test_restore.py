@@ -11,6 +11,8 @@ import torch
 from checkpoint_helpers import (
     adam_options,
     assert_same,
+    batch_keys,
+    gradients,
     snapshot,
     table_options,
     train_steps,
@@ -18,7 +20,7 @@ from checkpoint_helpers import (
 )
 
 from hashrec.checkpoint import CheckpointError, restore_checkpoint, save_checkpoint
-from hashrec.table import HashTable, SparseSGD
+from hashrec.table import AdmissionOptions, HashTable, SparseSGD
 
 
 def _dense(seed: int):
@@ -227,6 +229,60 @@ def test_continued_updates_equal_uninterrupted(tmp_path, options):
     train_steps(uninterrupted, 7, 14)
     train_steps(resumed, 7, 14)
     assert_same(snapshot(resumed), snapshot(uninterrupted))
+
+
+@pytest.mark.parametrize("init_capacity", [None, 32], ids=["at-max", "grown"])
+@pytest.mark.parametrize("strategy", ["STEP", "LFU"])
+def test_a_full_table_evicting_among_equal_scores_resumes_as_uninterrupted(
+        tmp_path, strategy, init_capacity):
+    # 6 buckets of 16 for about 64 keys a step: full buckets evict (and admission counters
+    # are dropped and evicted) among equal scores from the second step on; an erase
+    # leaves holes. The slot breaks those ties, so the restore puts entries back in theirs.
+    options = dataclasses.replace(
+        table_options(max_capacity=96), score_strategy=strategy, init_capacity=init_capacity,
+        admission=AdmissionOptions(threshold=2, counter_capacity=192, counter_bucket_capacity=16))
+    uninterrupted = trained_table(steps=10, options=options)
+    keys, tags, _, _ = next(uninterrupted.export_state(8))
+    uninterrupted.erase(keys[:3], tags[:3])
+    stats = uninterrupted.stats()
+    assert stats["evictions"] > 0 and stats["counter_evictions"] > 0
+    path = save_checkpoint(str(tmp_path), 10, None, None, {"t": uninterrupted})
+    resumed = HashTable(options)
+    restore_checkpoint(path, None, None, {"t": resumed})
+    assert_same(snapshot(resumed), snapshot(uninterrupted))
+    for table in (uninterrupted, resumed):
+        train_steps(table, 11, 20)
+    assert_same(snapshot(resumed), snapshot(uninterrupted))
+    assert torch.equal(resumed.storage.keys, uninterrupted.storage.keys)  # slot for slot
+
+
+def _cuda_steps(table: HashTable, first: int, last: int) -> None:
+    """``train_steps`` on a CUDA table (the Triton kernels, the fixed-size path at max)."""
+    for step in range(first, last + 1):
+        keys = batch_keys(step, 0).cuda()
+        table.advance_step()
+        result = table.lookup(keys, train=True)
+        grads = gradients(keys.cpu(), step, table.dim).cuda()
+        table.apply_gradients(result.slots, grads)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("strategy", ["STEP", "LFU"])
+def test_a_full_cuda_table_resumes_as_uninterrupted(tmp_path, strategy):
+    options = dataclasses.replace(
+        table_options(max_capacity=96), score_strategy=strategy, device="cuda",
+        admission=AdmissionOptions(threshold=2, counter_capacity=192, counter_bucket_capacity=16))
+    uninterrupted = HashTable(options)
+    _cuda_steps(uninterrupted, 1, 20)
+    assert uninterrupted.stats()["evictions"] > 0
+    path = save_checkpoint(str(tmp_path), 20, None, None, {"t": uninterrupted})
+    resumed = HashTable(options)
+    restore_checkpoint(path, None, None, {"t": resumed})
+    for table in (uninterrupted, resumed):
+        _cuda_steps(table, 21, 40)
+    assert_same(snapshot(resumed), snapshot(uninterrupted))
+    assert torch.equal(resumed.storage.keys, uninterrupted.storage.keys)
 
 
 def test_rank_state_round_trip_and_other_world_sizes(tmp_path):
