@@ -8,16 +8,19 @@ import pyarrow.compute as pc
 
 from hashrec.config.errors import ConfigError
 from hashrec.features.base import Feature, SparseIds, check_pooling, column_of
-from hashrec.features.bucketize import NumBuckets, bucketizer_from_config
+from hashrec.features.bucketize import NumBuckets, Vocab, bucketizer_from_config
 from hashrec.features.id_feature import table_request
 from hashrec.features.tokens import Bags, column_bags, get_column, token_text
 
-# Joins crossed tokens; a control character that does not occur in ids.
+# Joins crossed tokens that are hashed; a control character that does not occur in ids.
 CROSS_JOINER = "\x1f"
+# Joins crossed tokens looked up in a vocabulary (vocab_list / vocab_dict / vocab_file),
+# whose entries name crosses as TorchEasyRec's feature generation writes them: "a_b".
+VOCAB_JOINER = "_"
 
 
-def cross(left: Bags, right: Bags) -> Bags:
-    """Per row, every (left, right) token pair joined by CROSS_JOINER; left-major order."""
+def cross(left: Bags, right: Bags, joiner: str = CROSS_JOINER) -> Bags:
+    """Per row, every (left, right) token pair joined by ``joiner``; left-major order."""
     lengths = left.lengths * right.lengths
     total = int(lengths.sum())
     left_off = np.concatenate([[0], np.cumsum(left.lengths)[:-1]])
@@ -29,7 +32,7 @@ def cross(left: Bags, right: Bags) -> Bags:
     ri = np.repeat(right_off, lengths) + local % np.maximum(width, 1)
     text = [token_text(b.values) for b in (left, right)]
     joined = pc.binary_join_element_wise(text[0].take(pa.array(li)), text[1].take(pa.array(ri)),
-                                         CROSS_JOINER)
+                                         joiner)
     return Bags(joined, lengths.astype(np.int64))
 
 
@@ -48,10 +51,11 @@ class ComboFeature(Feature):
 
     def parse(self, table: pa.Table | pa.RecordBatch) -> SparseIds:
         bags = None
+        joiner = VOCAB_JOINER if isinstance(self.bucketizer, Vocab) else CROSS_JOINER
         for column in self.columns:
             part = column_bags(get_column(table, column, self.name), self.name, column,
                                self.separator, self.default)
-            bags = part if bags is None else cross(bags, part)
+            bags = part if bags is None else cross(bags, part, joiner)
         ids = self.bucketizer.ids(bags, self.name, ",".join(self.columns))
         return SparseIds(ids, bags.lengths)
 

@@ -124,10 +124,16 @@ class RawFeature(Feature):
         self.sequence_length = sequence_length
         self.sequence_name = (sequence_name or name) if self.is_sequence else ""
 
-    def _values(self, bags: Bags) -> np.ndarray:
+    def _values(self, bags: Bags, defaulted: np.ndarray | None = None) -> np.ndarray:
+        """The bags' values, normalized but where ``defaulted`` (a (B,) bool of rows that
+        took ``default_value``): as in TorchEasyRec, the default is not normalized."""
         values = float_values(bags, self.name, self.columns[0])
         if self.normalizer is not None:
-            values = self.normalizer(values)
+            normalized = self.normalizer(values)
+            if defaulted is not None and defaulted.any():
+                kept = np.repeat(defaulted, bags.lengths)
+                normalized = np.where(kept, values, normalized)
+            values = normalized
         return values
 
     def items(self, table) -> Bags:
@@ -143,11 +149,15 @@ class RawFeature(Feature):
             items = self.items(table)
             return self.finish(keep_items(items, present(items.values)))
         column = self.columns[0]
-        return self._output(column_bags(get_column(table, column, self.name), self.name,
-                                        column, self.separator, self.default))
+        array = get_column(table, column, self.name)
+        bags = column_bags(array, self.name, column, self.separator, self.default)
+        defaulted = None
+        if self.normalizer is not None and self.default:  # rows of missing cells
+            defaulted = column_bags(array, self.name, column, self.separator).lengths == 0
+        return self._output(bags, defaulted)
 
-    def _output(self, bags: Bags) -> SparseIds | np.ndarray:
-        values = self._values(bags)
+    def _output(self, bags: Bags, defaulted: np.ndarray | None = None) -> SparseIds | np.ndarray:
+        values = self._values(bags, defaulted)
         if self.table is not None:
             ids = np.searchsorted(self.boundaries, values, side="right").astype(np.int64)
             return SparseIds(ids, bags.lengths)

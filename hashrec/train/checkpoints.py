@@ -1,7 +1,8 @@
 """When and what the trainer saves and restores (the format is hashrec.checkpoint's).
 
 A run writes ``model_dir/model.ckpt-<step>/`` every ``save_checkpoints_steps``
-steps and/or every ``save_checkpoints_epochs`` epochs, and once at the end.
+steps, or every ``save_checkpoints_epochs`` epochs where that is set (it replaces the step
+interval, as in TorchEasyRec), and once at the end.
 Checkpoint ``extra`` carries the epoch count and the batches trained of the epoch
 in progress, so a resumed run continues where it stopped: the partly trained
 epoch's first batches are read again (the order of the rest depends on them) but

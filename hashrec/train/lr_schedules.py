@@ -6,11 +6,14 @@ optimizer (``EmbeddingCollection.set_learning_rate``), so a resumed run gets
 the same learning rate as an uninterrupted one from the step alone.
 
 ``step`` is the number of training steps already taken (0 for the first) and
-``epoch`` the number of completed epochs; ``by_epoch`` schedules count epochs.
+``epoch`` the number of completed epochs; ``by_epoch`` schedules count epochs. An
+optimizer whose ``lr`` is 0 keeps 0 under every schedule (as in TorchEasyRec: a zero
+rate freezes what it updates).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -57,6 +60,8 @@ class ExponentialDecaySchedule:
 
     def __call__(self, step: int, epoch: int = 0) -> float:
         t = epoch if self.by_epoch else step
+        if self.base_lr == 0:
+            return 0.0
         if t < self.warmup_size:
             frac = t / self.warmup_size
             return self.warmup_learning_rate + (self.base_lr - self.warmup_learning_rate) * frac
@@ -68,10 +73,12 @@ class ExponentialDecaySchedule:
 
 @dataclass(frozen=True)
 class ManualStepSchedule:
-    """``learning_rates[i]`` from ``schedule_sizes[i]`` on; ``base_lr`` before the first.
+    """``learning_rates[i]`` once ``t`` is past ``schedule_sizes[i]`` (``t >
+    schedule_sizes[i]``, as TorchEasyRec's ManualStepLR counts); ``base_lr`` up to the
+    first boundary.
 
-    With ``warmup`` the rate before the first boundary ramps linearly from 0 to
-    ``base_lr`` instead of staying at ``base_lr``.
+    With ``warmup`` the rate up to the first boundary goes linearly from ``base_lr`` (at
+    ``t`` 0) to ``learning_rates[0]`` (at the boundary) instead of staying at ``base_lr``.
     """
 
     base_lr: float
@@ -94,13 +101,15 @@ class ManualStepSchedule:
 
     def __call__(self, step: int, epoch: int = 0) -> float:
         t = epoch if self.by_epoch else step
-        lr = self.base_lr
-        for boundary, value in zip(self.schedule_sizes, self.learning_rates):
-            if t >= boundary:
-                lr = value
-        if self.warmup and t < self.schedule_sizes[0]:
-            lr = self.base_lr * t / self.schedule_sizes[0]
-        return lr
+        if self.base_lr == 0:
+            return 0.0
+        passed = bisect.bisect_left(self.schedule_sizes, t)  # boundaries below t
+        if passed:
+            return self.learning_rates[passed - 1]
+        if self.warmup:
+            frac = t / self.schedule_sizes[0]
+            return self.base_lr + (self.learning_rates[0] - self.base_lr) * frac
+        return self.base_lr
 
 
 def build_schedule(optimizer_config, base_lr: float, where: str):

@@ -44,6 +44,14 @@ def test_int_columns_cross_like_their_text(feature_set):
     assert ints == text == [_h(1, 2, 50)]
 
 
+def test_a_vocabulary_names_crosses_joined_by_an_underscore(feature_set):
+    # as TorchEasyRec's feature generation writes them (its combo_feature_test vectors)
+    fs = feature_set(_combo('vocab_list: ["ua_ia", "ua_ib", "ub_ia"]'))
+    batch = fs.parse(pa.table({"a": ["ua", "ua,ub", "uc"], "b": ["ia", "ib,ia", "ia"]}))
+    # ids: 0 default, 1 out of vocabulary, then the list's entries from 2
+    assert batch.sparse["x"].values.tolist() == [2, 3, 2, 1, 4, 1]
+
+
 def test_needs_two_inputs(feature_set):
     with pytest.raises(ConfigError, match="at least two"):
         feature_set('feature_configs { combo_feature { feature_name: "x" expression: "user:a" '

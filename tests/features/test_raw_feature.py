@@ -64,6 +64,18 @@ def test_normalizers(feature_set, normalizer, values, want):
     assert np.allclose(got, want)
 
 
+def test_a_missing_cells_default_is_not_normalized(feature_set):
+    # as in TorchEasyRec: the normalizer applies to the values read, not to default_value
+    fs = feature_set(_raw('default_value: "0.01" '
+                          'normalizer: "method=log10,threshold=0.05,default=-5"'))
+    got = fs.parse(pa.table({"c": ["0.1", "", "10", None]})).dense["r"][:, 0].tolist()
+    assert np.allclose(got, [-1.0, 0.01, 1.0, 0.01])
+    pair = feature_set(_raw('value_dim: 2 separator: "," default_value: "0.1,0.4" '
+                            'normalizer: "method=minmax,min=0,max=0.5"'))
+    got = pair.parse(pa.table({"c": ["0.2,0.3", None]})).dense["r"].tolist()
+    assert np.allclose(got, [[0.4, 0.6], [0.1, 0.4]])
+
+
 def test_boundaries_bucketize(feature_set):
     fs = feature_set(_raw("boundaries: [1, 2, 5] embedding_dim: 8"))
     batch = fs.parse(pa.table({"c": [0.5, 1.0, 4.9, 5.0, 100.0]}))

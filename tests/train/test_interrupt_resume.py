@@ -217,12 +217,14 @@ def test_discard_dumps_after_leaves_earlier_ones(tmp_path):
     assert discard_dumps_after(str(tmp_path / "none"), 0) is None
 
 
-def test_one_save_when_step_and_epoch_intervals_meet(data_dir, tmp_path, caplog):
-    edits = {**EPOCH, "train_config.save_checkpoints_steps": 6,
+def test_save_checkpoints_epochs_replaces_the_step_interval(data_dir, tmp_path, caplog):
+    # as in TorchEasyRec: with save_checkpoints_epochs set, no save every 2 steps
+    edits = {**EPOCH, "train_config.save_checkpoints_steps": 2,
              "train_config.save_checkpoints_epochs": 1}
     with caplog.at_level(logging.INFO, logger="hashrec.train"):
         small_loop(tmp_path / "model", edits=edits).run(str(data_dir))
     assert caplog.text.count("saved checkpoint") == 1
+    assert "model.ckpt-6" in caplog.text
     assert "training ends at step 6: 1 of num_epochs 1 done" in caplog.text
 
 

@@ -38,14 +38,17 @@ def test_exponential_decay_by_epoch_ignores_step():
     assert sched(0, epoch=2) == pytest.approx(0.01)
 
 
-def test_manual_step():
+def test_manual_step_switches_past_each_boundary():
+    # TorchEasyRec's ManualStepLR: learning_rates[i] once t > schedule_sizes[i]
     sched = ManualStepSchedule(1.0, (10, 20), (0.5, 0.1))
-    assert [sched(s) for s in (0, 9, 10, 19, 20, 500)] == [1.0, 1.0, 0.5, 0.5, 0.1, 0.1]
+    assert [sched(s) for s in (0, 9, 10, 11, 20, 21, 500)] == [1.0, 1.0, 1.0, 0.5, 0.5, 0.1,
+                                                                 0.1]
 
 
-def test_manual_step_warmup_ramps_to_base():
-    sched = ManualStepSchedule(1.0, (10, 20), (0.5, 0.1), warmup=True)
-    assert sched(0) == 0.0 and sched(5) == pytest.approx(0.5) and sched(10) == 0.5
+def test_manual_step_warmup_goes_from_base_to_the_first_rate():
+    sched = ManualStepSchedule(0.1, (4, 8), (0.01, 0.001), warmup=True)
+    assert [sched(t) for t in range(10)] == pytest.approx(
+        [0.1, 0.0775, 0.055, 0.0325, 0.01, 0.01, 0.01, 0.01, 0.01, 0.001])
 
 
 @pytest.mark.parametrize("make", [
@@ -72,10 +75,17 @@ def test_build_from_config():
     manual = build_schedule(_dense(
         "sgd_optimizer { lr: 1.0 } manual_step_learning_rate { schedule_sizes: [3] "
         "learning_rates: [0.5] }"), 1.0, "x")
-    assert manual(2) == 1.0 and manual(3) == 0.5
+    assert manual(3) == 1.0 and manual(4) == 0.5
 
 
 def test_build_error_names_where():
     with pytest.raises(TrainError, match="train_config.dense_optimizer.*decay_size"):
         build_schedule(_dense("adam_optimizer { lr: 0.1 } exponential_decay_learning_rate {}"),
                        0.1, "train_config.dense_optimizer")
+
+
+def test_a_zero_base_rate_stays_zero_under_every_schedule():
+    assert ExponentialDecaySchedule(0.0, decay_size=5, warmup_learning_rate=0.1,
+                                    warmup_size=3)(1) == 0.0
+    assert ManualStepSchedule(0.0, (2,), (0.5,))(5) == 0.0
+    assert ManualStepSchedule(0.0, (2,), (0.5,), warmup=True)(1) == 0.0

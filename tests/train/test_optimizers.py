@@ -48,7 +48,7 @@ def test_sparse_spec_errors(text, match):
 def test_sparse_schedule_uses_sparse_lr():
     sched = sparse_schedule(_sparse("adagrad_optimizer { lr: 0.2 } manual_step_learning_rate "
                                     "{ schedule_sizes: [5] learning_rates: [0.02] }"))
-    assert sched(0) == pytest.approx(0.2) and sched(5) == pytest.approx(0.02)
+    assert sched(5) == pytest.approx(0.2) and sched(6) == pytest.approx(0.02)
 
 
 @pytest.mark.parametrize("text,cls", [
