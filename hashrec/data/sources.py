@@ -111,7 +111,8 @@ class CsvFormat:
             column as text. Empty: names come from the header row and every column
             is read as text.
         delimiter: one-character field delimiter.
-        with_header: the first line holds column names.
+        with_header: the first line holds column names; they name the columns (as in
+            TorchEasyRec), and ``input_fields`` then only gives types, by name.
     """
 
     input_fields: tuple[tuple[str, str | None], ...] = ()
@@ -186,8 +187,8 @@ class CsvSource:
         # Untyped columns are text: pyarrow would guess their types from the first block
         # alone, and a later cell that does not fit the guess would fail the read.
         types.update({n: pa.string() for n in self.columns if n not in types})
-        read = pacsv.ReadOptions(column_names=names or None, use_threads=use_threads,
-                                 skip_rows=1 if self.fmt.with_header and names else 0)
+        read = pacsv.ReadOptions(column_names=None if self.fmt.with_header else names,
+                                 use_threads=use_threads)
         convert = pacsv.ConvertOptions(column_types=types, include_columns=list(columns),
                                        null_values=list(CSV_NULL_TEXTS), strings_can_be_null=True)
         parse = pacsv.ParseOptions(delimiter=self.fmt.delimiter)

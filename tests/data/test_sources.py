@@ -87,11 +87,15 @@ def test_csv_typed_columns_keep_their_types(tmp_path):
     assert _reserved(batches, "seq") == ["1|2", "3", "4"]
 
 
-def test_csv_header_is_skipped_when_input_fields_name_the_columns(tmp_path):
-    path = _csv(tmp_path, "h.csv", ["a,b,c,d"] + [f"{i},{i % 2},n,1" for i in range(5)])
+def test_csv_header_names_the_columns_and_input_fields_type_them_by_name(tmp_path):
+    # as in TorchEasyRec: with with_header the header names the columns, in its order
+    path = _csv(tmp_path, "h.csv", ["seq,clk,name,row_id"] + [f"1,{i % 2},n,{i}"
+                                                               for i in range(5)])
     (batches,) = _load(path, dataset_type="CsvDataset", with_header=True,
-                       input_fields=CSV_FIELDS)
+                       input_fields=CSV_FIELDS, reserved_columns=("row_id",))
     assert row_ids(batches) == list(range(5))
+    assert batches[0].reserved["row_id"].type == pa.int64()  # typed by input_fields
+    assert [v for b in batches for v in b.labels["clk"].tolist()] == [0.0, 1.0, 0.0, 1.0, 0.0]
 
 
 def test_csv_rows_split_across_ranks_without_loss(tmp_path):
