@@ -54,10 +54,27 @@ class ComboFeature(Feature):
         joiner = VOCAB_JOINER if isinstance(self.bucketizer, Vocab) else CROSS_JOINER
         for column in self.columns:
             part = column_bags(get_column(table, column, self.name), self.name, column,
-                               self.separator, self.default)
+                               self.separator)
             bags = part if bags is None else cross(bags, part, joiner)
+        if self.default:  # as in TorchEasyRec: a row missing any input is the default
+            bags = fill_empty(bags, self.default)
         ids = self.bucketizer.ids(bags, self.name, ",".join(self.columns))
         return SparseIds(ids, bags.lengths)
+
+
+def fill_empty(bags: Bags, token: str) -> Bags:
+    """``bags`` with ``token`` as the one token of each empty bag."""
+    empty = bags.lengths == 0
+    if not empty.any():
+        return bags
+    lengths = np.where(empty, 1, bags.lengths)
+    starts = np.cumsum(bags.lengths) - bags.lengths
+    row = np.repeat(np.arange(bags.batch_size), lengths)
+    local = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    values = token_text(bags.values)
+    take = np.where(empty[row], len(values), starts[row] + local)
+    filled = pa.concat_arrays([values, pa.array([token], pa.string())]).take(pa.array(take))
+    return Bags(filled, lengths.astype(np.int64))
 
 
 def build_combo_feature(cfg) -> ComboFeature:

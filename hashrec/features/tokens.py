@@ -144,13 +144,17 @@ def _drop_empty(values: pa.Array, lengths: np.ndarray) -> Bags:
 
 def _fill_missing(array: pa.Array, default: str, separator: str | None, feature: str,
                   column: str) -> pa.Array:
-    """Missing cells (null or empty string) -> ``default``; without one, cells are kept
-    (empty strings and nulls become empty bags later, when tokens are dropped). A list
+    """Missing cells (null, empty string or empty list) -> ``default``; without one,
+    cells are kept (they become empty bags later, when tokens are dropped). A list
     column's missing cells get the default's tokens (split on ``separator``)."""
     if not default:
         return array
     if _is_string(array.type):
         array = empty_as_null(array)
+    elif _is_list(array.type):  # an empty list is missing too, as in TorchEasyRec
+        empty = pc.equal(pc.list_value_length(array), 0)
+        if pc.any(empty).as_py():
+            array = pc.if_else(empty, pa.scalar(None, type=array.type), array)
     if array.null_count == 0:
         return array
     try:

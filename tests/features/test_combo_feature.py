@@ -52,6 +52,17 @@ def test_a_vocabulary_names_crosses_joined_by_an_underscore(feature_set):
     assert batch.sparse["x"].values.tolist() == [2, 3, 2, 1, 4, 1]
 
 
+def test_a_row_missing_an_input_is_the_default_as_a_whole(feature_set):
+    # as in TorchEasyRec: the default is not crossed with the other input's tokens
+    fs = feature_set(_combo('vocab_list: ["ua_ia", "ua_ib", "ub_ia"] default_value: "xyz"'))
+    batch = fs.parse(pa.table({"a": ["ua,ub", "ua,ub", "ua"], "b": ["ia,ib", "", None]}))
+    assert batch.sparse["x"].lengths.tolist() == [4, 1, 1]
+    assert batch.sparse["x"].values.tolist() == [2, 3, 4, 1, 0, 0]  # 0: the default's id
+    hashed = feature_set(_combo('hash_bucket_size: 97 default_value: "xyz"'))
+    got = hashed.parse(pa.table({"a": ["u1"], "b": [None]})).sparse["x"].values.tolist()
+    assert got == [xxhash.xxh64_intdigest(b"xyz") % 97]
+
+
 def test_needs_two_inputs(feature_set):
     with pytest.raises(ConfigError, match="at least two"):
         feature_set('feature_configs { combo_feature { feature_name: "x" expression: "user:a" '

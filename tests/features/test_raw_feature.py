@@ -76,6 +76,15 @@ def test_a_missing_cells_default_is_not_normalized(feature_set):
     assert np.allclose(got, [[0.4, 0.6], [0.1, 0.4]])
 
 
+def test_an_empty_list_cell_takes_the_default(feature_set):
+    # as in TorchEasyRec (its raw_feature_test with boundaries): an empty list is missing
+    fs = feature_set(_raw('boundaries: [0.05, 0.15, 0.25] value_dim: 2 separator: "," '
+                          'default_value: "0.1,0.4" embedding_dim: 4'))
+    cells = pa.array([["0.2", "0.5"], [], ["0.3", "0.6"]], pa.list_(pa.string()))
+    ids = fs.parse(pa.table({"c": cells})).sparse["r"]
+    assert ids.values.tolist() == [2, 3, 1, 3, 3, 3] and ids.lengths.tolist() == [2, 2, 2]
+
+
 def test_boundaries_bucketize(feature_set):
     fs = feature_set(_raw("boundaries: [1, 2, 5] embedding_dim: 8"))
     batch = fs.parse(pa.table({"c": [0.5, 1.0, 4.9, 5.0, 100.0]}))

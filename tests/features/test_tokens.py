@@ -11,11 +11,12 @@ from hashrec.features.tokens import column_bags, list_lengths, string_offsets, t
 
 
 def reference_bags(cells: list, separator: str | None, default: str = "") -> list[list]:
-    """Plain-Python statement of the rules: missing cells take ``default`` (or are
-    empty bags), string cells split on the separator, empty tokens are dropped."""
+    """Plain-Python statement of the rules: missing cells (null, "" or an empty list)
+    take ``default`` (or are empty bags), string cells split on the separator, empty
+    tokens are dropped."""
     bags = []
     for cell in cells:
-        if cell is None or cell == "":
+        if cell is None or cell == "" or cell == []:
             cell = default or None
         if cell is None:
             bags.append([])
