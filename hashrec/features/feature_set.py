@@ -11,6 +11,7 @@ sequence sub-feature sharing a top-level feature's table, or a shared
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import numpy as np
@@ -33,9 +34,11 @@ from hashrec.features.sequence_feature import (
     build_top_level_sequence,
     parse_sequence,
 )
-from hashrec.features.tables import build_tables, tables_read_by
+from hashrec.features.tables import alias_emb_names, build_tables, tables_read_by
 from hashrec.features.tokens import empty_as_null, get_column
 from hashrec.features.wide import WideEmbeddings, build_wide_embeddings
+
+logger = logging.getLogger("hashrec.features")
 
 
 class FeatureSet:
@@ -293,6 +296,9 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
         else None
     # Tables come from every feature, so that features sharing a table are checked to
     # agree whether or not a group names them; only the tables read are kept.
+    for name, table in alias_emb_names(features).items():
+        logger.info("feature %r: embedding_name %r is feature %r's own table (TorchEasyRec's "
+                    "name for it), shared", name, f"{table}_emb", table)
     tables = build_tables(features, model_config)
     read = _read_features(model_config, keep)
     keys = _grouping_keys(model_config) if metric_keys and read is not None else set()

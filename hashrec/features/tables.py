@@ -2,7 +2,8 @@
 
 Features sharing a table must agree on what it is: embedding_dim, rows, dense or
 dynamic, dynamicemb settings, zch, init_fn and data_type (the dtype its rows are
-stored in).
+stored in). A feature's own table is named after it; TorchEasyRec calls it
+``<feature>_emb``, so an ``embedding_name`` of that form shares it (``alias_emb_names``).
 """
 
 from __future__ import annotations
@@ -248,6 +249,26 @@ def fusion_group(features: tuple[str, ...], model_config) -> str | None:
             held = {next(iter(groups)) for groups in owners.values() if len(groups) == 1}
             return held.pop() if len(held) == 1 else None
     return None
+
+
+EMB_SUFFIX = "_emb"
+
+
+def alias_emb_names(features: list[Feature]) -> dict[str, str]:
+    """Points an ``embedding_name`` ``<feature>_emb`` at the table of that feature where
+    its table is its own (named after it, as HashRec names a feature's own table), as
+    TorchEasyRec names it so and shares it; returns {feature: table it now reads}."""
+    own = {f.name for f in features if f.table is not None and f.table.name == f.name}
+    moved = {}
+    for feature in features:
+        table = feature.table
+        if table is None or not table.name.endswith(EMB_SUFFIX):
+            continue
+        owner = table.name[:-len(EMB_SUFFIX)]
+        if owner in own and owner != feature.name:
+            feature.table = dataclasses.replace(table, name=owner)
+            moved[feature.name] = owner
+    return moved
 
 
 def build_tables(features: list[Feature], model_config=None) -> list[EmbeddingTableSpec]:

@@ -21,6 +21,15 @@ def test_embedding_name_shares_a_dense_table(feature_set):
     assert [f.table for f in fs.embedding_features()] == ["t", "t"]
 
 
+def test_an_embedding_name_of_a_features_own_table_in_torcheasyrec_shares_it(feature_set):
+    # TorchEasyRec names feature a's own table "a_emb": b names it and shares it
+    fs = feature_set(_id("a", "embedding_dim: 4 num_buckets: 9")
+                     + _id("b", 'embedding_dim: 4 num_buckets: 9 embedding_name: "a_emb"')
+                     + _id("c", 'embedding_dim: 4 num_buckets: 9 embedding_name: "x_emb"'))
+    assert [(t.name, t.features) for t in fs.embedding_tables()] == [("a", ("a", "b")),
+                                                                      ("x_emb", ("c",))]
+
+
 @pytest.mark.parametrize("b_options, message", [
     ('embedding_dim: 8 num_buckets: 9 embedding_name: "t"', "embedding_dim 4 and 8"),
     ('embedding_dim: 4 num_buckets: 3 embedding_name: "t"', "9 and 3 rows"),
