@@ -83,7 +83,13 @@ def score_histograms(scores: torch.Tensor, labels: torch.Tensor,
 
     Summing these over ranks (:func:`all_reduce_sum`) and calling
     :func:`auc_from_histograms` gives the global AUC up to the bin width.
+
+    Raises:
+        ValueError: a score is NaN (it falls in no bin).
     """
+    if bool(torch.isnan(scores).any()):
+        raise ValueError(f"score_histograms: {int(torch.isnan(scores).sum())} of "
+                         f"{scores.numel()} scores are NaN")
     bins = (scores.detach().clamp(0.0, 1.0) * num_bins).to(torch.int64).clamp_(max=num_bins - 1)
     is_pos = labels.detach().reshape(-1) > 0.5
     bins = bins.reshape(-1)

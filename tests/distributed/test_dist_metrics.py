@@ -36,6 +36,11 @@ def test_auc_degenerate_classes():
     assert auc_from_histograms(pos, neg) == 0.5
 
 
+def test_a_nan_score_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="1 of 3 scores are NaN"):
+        score_histograms(torch.tensor([0.2, float("nan"), 0.9]), torch.tensor([1, 0, 1]))
+
+
 def test_scalar_sums_without_process_group():
     ctx = single_process_context("cpu")
     assert all_reduce_scalars({"loss": 3.0, "n": 4}, ctx) == {"loss": 3.0, "n": 4.0}
