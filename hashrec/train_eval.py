@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m hashrec.train_eval",
         description="Train the pipeline config's model. Checkpoints go to "
                     "<model_dir>/model.ckpt-<step>/ every save_checkpoints_steps, or every "
-                    "save_checkpoints_epochs where set (and at the end); each evaluation appends a JSON line to <model_dir>/eval_result.txt; "
+                    "save_checkpoints_epochs where set (and at the end); each evaluation "
+                    "appends a JSON line to <model_dir>/eval_result.txt; "
                     "the effective config is written to <model_dir>/pipeline.config once "
                     "its checkpoints fit it. Ctrl-C or SIGTERM stops after the current "
                     "step with a checkpoint, or an evaluation (which follows a checkpoint) "

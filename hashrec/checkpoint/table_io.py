@@ -17,6 +17,7 @@ the entries this rank owns under the current world size
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -270,18 +271,16 @@ def hold_rows(name: str, table: Any, fill: Callable[[], int], readers: list[Shar
     """
     if int(table.size()) != 0:
         return fill()
-    if not keep_every_row:
+    # refusals of a table that grows are dealt with here
+    quiet = table.refusals_counted_only if keep_every_row else contextlib.nullcontext
+    with quiet():
         loaded = fill()
-        check_all_held(name, table, loaded, readers, rank, world_size)
-        return loaded
-    with table.refusals_counted_only():  # refusals are dealt with here
-        loaded = fill()
-    capacity, widened = int(table.capacity()), 0
-    while int(table.size()) < loaded and widened < MAX_WIDENINGS:
-        held = int(table.size())
+    widened = 0
+    while keep_every_row and int(table.size()) < loaded and widened < MAX_WIDENINGS:
+        held, capacity = int(table.size()), int(table.capacity())
         table.grow_past_max_capacity()
         widened += 1
-        with table.refusals_counted_only():
+        with quiet():
             loaded = fill()
         logger.info(
             "table %r%s: %d of the %d rows it owns fit its %d slots (max_capacity %d; the "
@@ -290,7 +289,6 @@ def hold_rows(name: str, table: Any, fill: Callable[[], int], readers: list[Shar
             "holds %d", name, f" on rank {rank} of {world_size}" if world_size > 1 else "",
             held, loaded, capacity, int(table.options.max_capacity), int(table.capacity()),
             int(table.size()))
-        capacity = int(table.capacity())
     check_all_held(name, table, loaded, readers, rank, world_size)
     return loaded
 

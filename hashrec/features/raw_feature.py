@@ -27,6 +27,7 @@ from hashrec.features.tokens import (
     column_bags,
     get_column,
     keep_items,
+    missing_cells,
     present,
     sequence_items,
     truncate,
@@ -151,9 +152,8 @@ class RawFeature(Feature):
         column = self.columns[0]
         array = get_column(table, column, self.name)
         bags = column_bags(array, self.name, column, self.separator, self.default)
-        defaulted = None
-        if self.normalizer is not None and self.default:  # rows of missing cells
-            defaulted = column_bags(array, self.name, column, self.separator).lengths == 0
+        defaulted = missing_cells(array) if self.normalizer is not None and self.default \
+            else None
         return self._output(bags, defaulted)
 
     def _output(self, bags: Bags, defaulted: np.ndarray | None = None) -> SparseIds | np.ndarray:

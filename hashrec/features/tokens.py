@@ -149,12 +149,7 @@ def _fill_missing(array: pa.Array, default: str, separator: str | None, feature:
     column's missing cells get the default's tokens (split on ``separator``)."""
     if not default:
         return array
-    if _is_string(array.type):
-        array = empty_as_null(array)
-    elif _is_list(array.type):  # an empty list is missing too, as in TorchEasyRec
-        empty = pc.equal(pc.list_value_length(array), 0)
-        if pc.any(empty).as_py():
-            array = pc.if_else(empty, pa.scalar(None, type=array.type), array)
+    array = _missing_as_null(array)
     if array.null_count == 0:
         return array
     try:
@@ -167,6 +162,36 @@ def _fill_missing(array: pa.Array, default: str, separator: str | None, feature:
         raise FeatureError(f"feature {feature!r}: default_value {default!r} does not fit "
                            f"column {column!r} of type {array.type}") from None
     return pc.fill_null(array, fill)
+
+
+def _missing_as_null(array: pa.Array) -> pa.Array:
+    """``array`` with its missing cells as nulls: empty strings, and empty lists (missing
+    too, as in TorchEasyRec)."""
+    if _is_string(array.type):
+        return empty_as_null(array)
+    if _is_list(array.type):
+        empty = pc.equal(pc.list_value_length(array), 0)
+        if pc.any(empty).as_py():
+            return pc.if_else(empty, pa.scalar(None, type=array.type), array)
+    return array
+
+
+def missing_cells(array: pa.Array) -> np.ndarray:
+    """(B,) bool: the cells of a column that ``default_value`` fills (``column_bags``):
+    null, an empty string or an empty list."""
+    missing = pc.is_null(_missing_as_null(_plain(array)))
+    return missing.to_numpy(zero_copy_only=False)
+
+
+def _plain(array: pa.Array) -> pa.Array:
+    """A column as ``column_bags`` reads it: an all-null column as strings, dictionary
+    cells decoded, fixed-size lists as lists."""
+    if pa.types.is_null(array.type):  # an all-null column without a type
+        array = array.cast(pa.string())
+    array = _decode_dictionary(array)
+    if pa.types.is_fixed_size_list(array.type):
+        array = array.cast(pa.list_(array.type.value_type))
+    return array
 
 
 def _decode_dictionary(array: pa.Array) -> pa.Array:
@@ -191,12 +216,7 @@ def column_bags(array: pa.Array, feature: str, column: str, separator: str | Non
         separator: split string cells on it (None: one token per cell).
         default: token for missing cells ("" -> empty bag).
     """
-    if pa.types.is_null(array.type):  # an all-null column without a type
-        array = array.cast(pa.string())
-    array = _decode_dictionary(array)
-    if pa.types.is_fixed_size_list(array.type):
-        array = array.cast(pa.list_(array.type.value_type))
-    array = _fill_missing(array, default, separator, feature, column)
+    array = _fill_missing(_plain(array), default, separator, feature, column)
     t = array.type
     if _is_list(t):
         return _drop_empty(pc.list_flatten(array), list_lengths(array))

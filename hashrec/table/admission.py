@@ -118,12 +118,7 @@ class AdmissionCounter:
         absent key's counter back in its slot where that is empty
         (``hashrec.table.placement``)."""
         if slots is not None and keys.numel():
-            absent = find_slots(self.storage, keys, tags) < 0
-            placed = torch.zeros_like(absent)
-            placed[absent] = place_at(self.storage, keys[absent],
-                                      None if tags is None else tags[absent],
-                                      counts[absent], slots[absent])
-            rest = ~placed
+            rest = ~place_at(self.storage, keys, tags, counts, slots)
             keys, counts = keys[rest], counts[rest]
             tags = None if tags is None else tags[rest]
         slots = find_slots(self.storage, keys, tags)

@@ -13,22 +13,23 @@ from __future__ import annotations
 import torch
 
 from hashrec.table.hashing import bucket_of, digest_of, mix_tagged
+from hashrec.table.ops.find import find_slots
 from hashrec.table.storage import TableStorage
 
 
 def place_at(storage: TableStorage, keys: torch.Tensor, tags: torch.Tensor | None,
              scores: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Writes the index fields of entries (keys (n,) int64, tags (n,) int32 | None, scores
-    (n,) int64) into ``slots`` (n,) int64 where each slot is empty, in the entry's bucket
-    and named once; returns (n,) bool, the entries so placed (the caller inserts the
-    others as usual and writes the placed ones' rows).
+    (n,) int64) absent from ``storage`` into ``slots`` (n,) int64 where each slot is
+    empty, in the entry's bucket and named once; returns (n,) bool, the entries so placed
+    (the caller assigns or inserts the others as usual and writes the placed ones' rows).
     """
     capacity = storage.capacity
     h = mix_tagged(keys, tags)
     inside = (slots >= 0) & (slots < capacity)
     at = slots.clamp(0, max(capacity - 1, 0))
     ok = inside & (bucket_of(h, storage.num_buckets) == at // storage.bucket_capacity)
-    ok &= storage.digests[at] == 0
+    ok &= (storage.digests[at] == 0) & (find_slots(storage, keys, tags) < 0)
     # a slot named twice keeps neither entry there (the inserts place both)
     chosen = torch.nonzero(ok).flatten()
     if chosen.numel() > 1:

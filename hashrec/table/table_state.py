@@ -15,7 +15,6 @@ import torch
 from hashrec.table.errors import TableError
 from hashrec.table.fixed_lookup import PROTECTED as _PROTECTED
 from hashrec.table.ops.export import occupied_slots
-from hashrec.table.ops.find import find_slots
 from hashrec.table.placement import place_at
 from hashrec.table.unique import unique_pairs
 from hashrec.table.validation import check_matrix, check_vector
@@ -115,11 +114,7 @@ class TableState:
                                  f"their slots only with assume_unique=True")
             slots = check_vector(self.options.name, "slots", slots, torch.int64, self.device,
                                  keys.numel())
-            absent = find_slots(self.storage, keys, tags) < 0  # present keys are assigned
-            placed = torch.zeros_like(absent)
-            placed[absent] = place_at(self.storage, keys[absent],
-                                      None if tags is None else tags[absent], scores[absent],
-                                      slots[absent])
+            placed = place_at(self.storage, keys, tags, scores, slots)
             self._size_hint = None
             self._rows.begin_batch()
             self._write_full(slots[placed], rows[placed], None)

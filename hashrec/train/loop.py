@@ -114,9 +114,10 @@ class LoopOptions:
         t, e = config.train_config, config.eval_config
         # As in TorchEasyRec, save_checkpoints_epochs replaces save_checkpoints_steps
         steps = 0 if t.save_checkpoints_epochs else t.save_checkpoints_steps
-        return cls(t.num_steps, t.num_epochs, steps, t.save_checkpoints_epochs, t.keep_checkpoint_max, t.log_step_count_steps,
-                   t.use_tensorboard, config.eval_input_path, e.num_steps,
-                   t.incremental_dump_steps, checkpoints.BestBy.from_config(config))
+        return cls(t.num_steps, t.num_epochs, steps, t.save_checkpoints_epochs,
+                   t.keep_checkpoint_max, t.log_step_count_steps, t.use_tensorboard,
+                   config.eval_input_path, e.num_steps, t.incremental_dump_steps,
+                   checkpoints.BestBy.from_config(config))
 
     @property
     def max_epochs(self) -> int | None:
