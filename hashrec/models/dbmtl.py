@@ -6,10 +6,14 @@ The DEEP feature groups, concatenated in group order (B, D), go through the opti
 ``bottom_mlp``. Each task reads the result, or, with ``expert_mlp``, its gate's
 mix of ``num_expert`` experts over it (as MMoE), then its tower's optional ``mlp``. A
 task's *tower output* is that, concatenated with the tower outputs of the tasks named in
-its ``relation_tower_names`` (earlier tasks, in that order), through its optional
-``relation_mlp``; a linear layer maps it to the task's logit. The tasks, their labels,
+its ``relation_tower_names`` (earlier tasks, in that order), through its
+``relation_mlp``; a linear layer maps it to the task's logit. Without ``relation_mlp``
+the relation towers are not read (as in TorchEasyRec; a warning says so): the tower
+output is the task's own. The tasks, their labels,
 losses and metrics are ``task_towers`` (see ``hashrec.models.tasks``).
 """
+
+import logging
 
 import torch
 from torch import nn
@@ -19,6 +23,8 @@ from hashrec.models.group_net import GroupNetModel
 from hashrec.models.mmoe import MMoETask, check_module_name, deep_groups_merged
 from hashrec.models.rank_model import mlp_options, optional_mlp
 from hashrec.modules import MLP, MaskBlockOptions, MaskNet
+
+logger = logging.getLogger(__name__)
 
 
 class SharedInput(nn.Module):
@@ -135,11 +141,11 @@ class DBMTL(GroupNetModel):
                                       mlp)
             else:
                 task_input = SharedInput(mlp)
-            relation_width = tower_width + sum(widths[n] for n in tower.relation_tower_names)
+            relations = _relations(task, tower)
+            relation_width = tower_width + sum(widths[n] for n in relations)
             relation, widths[task.name] = optional_mlp(tower, "relation_mlp", relation_width,
                                                        f"{task.where}.relation_mlp")
-            tasks[task.name] = DBMTLTask(task_input, list(tower.relation_tower_names),
-                                         relation or nn.Identity(),
+            tasks[task.name] = DBMTLTask(task_input, relations, relation or nn.Identity(),
                                          nn.Linear(widths[task.name], 1))
         self.net = DBMTLNet(bottom or nn.Identity(), experts, tasks)
 
@@ -186,6 +192,18 @@ def _experts(config, width: int) -> tuple[list[nn.Module], int]:
     experts = [MLP(width, mlp_options(config.expert_mlp, "dbmtl.expert_mlp"))
                for _ in range(config.num_expert)]
     return experts, experts[0].output_dim()
+
+
+def _relations(task, tower) -> list[str]:
+    """The towers whose outputs the task's relation MLP reads: none without one, as in
+    TorchEasyRec (its relation_tower_names then have no effect: said in a warning)."""
+    names = list(tower.relation_tower_names)
+    if names and not tower.HasField("relation_mlp"):
+        logger.warning("%s.relation_tower_names %s: not read without relation_mlp (as in "
+                       "TorchEasyRec); the task's logit reads its own tower. Add a "
+                       "relation_mlp to feed the task from those towers", task.where, names)
+        return []
+    return names
 
 
 def _check_relations(task, tower, earlier: dict[str, int]) -> None:

@@ -109,8 +109,9 @@ def loss_name(loss_configs, where: str) -> str:
 def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Task, ...]:
     """The tasks of the model ``model_config`` sets, over the label columns
     ``label_fields`` (``data_config.label_fields``) and the sample weight columns
-    ``sample_weight_fields`` (``data_config.sample_weight_fields``: a task without its
-    own ``sample_weight_name`` is weighted by the first, if any).
+    ``sample_weight_fields`` (``data_config.sample_weight_fields``: the first weighs a
+    single-task model's rows; a task tower is weighted by its own ``sample_weight_name``
+    alone, as in TorchEasyRec).
 
     Raises:
         ModelError: no label; a multi-task model without task towers, with two towers of
@@ -161,15 +162,14 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
                              f"a finite number >= 0")
         tasks.append(Task(tower.tower_name, label, loss_name(tower.losses, where),
                           float(tower.weight), tuple(tower.metrics), where,
-                          **_row_weighting(tower, where, labels, weights, default_weight)))
+                          **_row_weighting(tower, where, labels, weights)))
     return tuple(tasks)
 
 
-def _row_weighting(tower, where: str, labels: list[str], weights: list[str],
-                   default_weight: str) -> dict:
+def _row_weighting(tower, where: str, labels: list[str], weights: list[str]) -> dict:
     """The Task fields of a tower's row loss weights, checked against the label columns
-    ``labels`` and the sample weight columns ``weights`` (``default_weight`` where the
-    tower names none)."""
+    ``labels`` and the sample weight columns ``weights`` (a tower naming no column has
+    none: its rows weigh 1, times its task-space factor)."""
     name = tower.sample_weight_name
     if name and name not in weights:
         raise ModelError(f"{where}.sample_weight_name {name!r} is not one of "
@@ -186,7 +186,7 @@ def _row_weighting(tower, where: str, labels: list[str], weights: list[str],
             raise ModelError(f"{where}.{field_name}={value}; a row loss weight's factor "
                              f"must be a finite number >= 0")
         factors[field_name] = value
-    return {"sample_weight_name": name or default_weight,
+    return {"sample_weight_name": name,
             "task_space_label": space, **factors}
 
 

@@ -3,6 +3,8 @@ logits, per-task losses weighted into the total, config errors that name the tow
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from model_fakes import fake_model, make_batch
@@ -28,10 +30,9 @@ dbmtl {
                 losses { l2_loss {} } metrics { mean_squared_error {} } }
 }
 """
-# MMoE experts under the bottom, a gate MLP, and a relation without a relation_mlp.
+# MMoE experts under the bottom and a gate MLP.
 EXPERTS = CONFIG.replace("  task_towers", "  expert_mlp { hidden_units: [6] } num_expert: 2\n"
-                         "  gate_mlp { hidden_units: [4] }\n  task_towers", 1) \
-    .replace(" relation_mlp { hidden_units: [3] }", "")
+                         "  gate_mlp { hidden_units: [4] }\n  task_towers", 1)
 # A parallel MaskNet before the bottom MLP; serial blocks with a top MLP before experts.
 MASK_NET = CONFIG.replace("  bottom_mlp", "  mask_net { n_mask_blocks: 2 mask_block "
                           "{ reduction_ratio: 0.5 hidden_dim: 5 } }\n  bottom_mlp", 1)
@@ -107,6 +108,25 @@ def test_without_relations_a_tasks_logit_ignores_the_other_towers():
         for p in model.net.tasks["ctr"].task_input.parameters():
             p.add_(1.0)
     torch.testing.assert_close(model(batch)["logits_cvr"], before["logits_cvr"])
+
+
+@pytest.mark.parametrize("kind", ["bottom", "experts"])
+def test_relation_towers_without_a_relation_mlp_are_not_read(kind, caplog):
+    # TorchEasyRec's DBMTL reads relation_tower_names only through a relation_mlp.
+    config = VARIANTS[kind].replace(" relation_mlp { hidden_units: [3] }", "")
+    with caplog.at_level(logging.WARNING, logger="hashrec.models.dbmtl"):
+        model = fake_model(config, labels=LABELS)
+    assert "task_towers['cvr'].relation_tower_names ['ctr']: not read without " \
+        "relation_mlp" in caplog.text
+    assert model.net.tasks["cvr"].logit.in_features == 4  # cvr's own mlp
+    batch = make_batch(6, more_labels=("buy",))
+    before = model(batch)
+    with torch.no_grad():
+        for p in model.net.tasks["ctr"].parameters():
+            p.add_(1.0)
+    after = model(batch)
+    torch.testing.assert_close(after["logits_cvr"], before["logits_cvr"])
+    assert not torch.allclose(after["logits_ctr"], before["logits_ctr"])
 
 
 def test_missing_label_name_reads_the_label_field_of_the_towers_position():

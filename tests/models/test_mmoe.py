@@ -35,7 +35,10 @@ def test_one_logit_and_prediction_per_task():
 def _model_and_batch(weighted: bool):
     """CONFIG's model and a batch with both labels (and sample weights ``w`` if
     ``weighted``)."""
-    model = fake_model(CONFIG, labels=LABELS, weights=("w",) if weighted else ())
+    # Each tower names its weight column (a tower naming none weighs its rows 1).
+    config = CONFIG.replace('label_name: "clk"', 'label_name: "clk" sample_weight_name: "w"') \
+        .replace('weight: 0.5', 'weight: 0.5 sample_weight_name: "w"') if weighted else CONFIG
+    model = fake_model(config, labels=LABELS, weights=("w",) if weighted else ())
     batch = make_batch(6, more_labels=("buy",))
     if weighted:
         batch.labels["w"] = torch.tensor([1.0, 0.0, 2.0, 1.0, 3.0, 0.5])

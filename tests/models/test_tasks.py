@@ -1,5 +1,5 @@
 """A multi-task model's row loss weights per task: each tower's ``sample_weight_name``
-column (default: the first sample weight field) times its task-space factor
+column (unset: 1, the first sample weight field not read, as in TorchEasyRec) times its task-space factor
 (``in_task_space_weight`` where ``task_space_indicator_label`` is > 0, else
 ``out_task_space_weight``); each task loss is its rows' weighted mean."""
 
@@ -80,8 +80,10 @@ def test_a_task_space_task_trains_on_its_space_only(kind):
 
 
 def test_in_and_out_factors_multiply_the_sample_weight():
-    cvr = 'task_space_indicator_label: "clk" in_task_space_weight: 3 out_task_space_weight: 0.5'
-    model = fake_model(_config(cvr=cvr), labels=LABELS, weights=("w",))
+    cvr = ('sample_weight_name: "w" task_space_indicator_label: "clk" '
+           'in_task_space_weight: 3 out_task_space_weight: 0.5')
+    model = fake_model(_config(ctr='sample_weight_name: "w"', cvr=cvr), labels=LABELS,
+                       weights=("w",))
     w = [1.0, 2.0, 0.0, 1.0, 4.0, 0.5, 1.0, 2.0]
     batch = _batch(w=w)
     out = model(batch)
@@ -106,11 +108,15 @@ def test_each_task_reads_its_own_sample_weight_column():
                                _weighted_mean(_bce(out, batch, "ctr", "clk"), torch.tensor(v)))
     torch.testing.assert_close(losses["binary_cross_entropy_cvr"],
                                _weighted_mean(_bce(out, batch, "cvr", "buy"), torch.tensor(w)))
-    # A tower without sample_weight_name reads the first column.
+    # A tower without sample_weight_name weighs its rows 1 (TorchEasyRec's
+    # MultiTaskRank): the first sample weight field is the single-task models' only.
     default = fake_model(_config(ctr='sample_weight_name: "v"'), labels=LABELS,
                          weights=("w", "v"))
-    assert [t.sample_weight_name for t in default.tasks] == ["v", "w"]
-    assert torch.equal(default.sample_weights(batch), torch.tensor([v, w]).T)
+    assert [t.sample_weight_name for t in default.tasks] == ["v", ""]
+    assert torch.equal(default.sample_weights(batch), torch.tensor([v, [1.0] * len(w)]).T)
+    out = default(batch)
+    torch.testing.assert_close(default.loss(out, batch)["binary_cross_entropy_cvr"],
+                               _bce(out, batch, "cvr", "buy").mean())
 
 
 def test_unweighted_towers_give_no_weights():

@@ -98,7 +98,8 @@ model_config {
     feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
   mmoe {
     expert_mlp { hidden_units: [16, 8] } gate_mlp { hidden_units: [8] } num_expert: 3
-    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] } }
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] }
+                  sample_weight_name: "w" }
     task_towers { tower_name: "score" label_name: "score" weight: 0.5
                   losses { l2_loss {} } task_space_indicator_label: "clk"
                   out_task_space_weight: 0.25 }
@@ -114,7 +115,8 @@ model_config {
   dbmtl {
     mask_net { n_mask_blocks: 2 mask_block { reduction_ratio: 1 hidden_dim: 8 } }
     bottom_mlp { hidden_units: [16] } expert_mlp { hidden_units: [8] } num_expert: 2
-    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] } }
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] }
+                  sample_weight_name: "w" }
     task_towers { tower_name: "score" label_name: "score" weight: 0.5
                   mlp { hidden_units: [8] } relation_tower_names: "ctr"
                   relation_mlp { hidden_units: [4] } losses { l2_loss {} } }
@@ -133,7 +135,8 @@ model_config {
     extraction_networks { network_name: "layer2" expert_num_per_task: 1 share_num: 1
                           task_expert_net { hidden_units: [8] }
                           share_expert_net { hidden_units: [8] } }
-    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] } }
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] }
+                  sample_weight_name: "w" }
     task_towers { tower_name: "score" label_name: "score" weight: 0.5
                   losses { l2_loss {} } }
   }

@@ -170,7 +170,7 @@ model_config {{
   feature_groups {{ group_name: "deep" feature_names: ["user_id", "price"] group_type: DEEP }}
   mmoe {{ expert_mlp {{ hidden_units: [8] }} num_expert: 2
     task_towers {{ tower_name: "ctr" label_name: "clk" sample_weight_name: "v" }}
-    task_towers {{ tower_name: "cvr" label_name: "buy" weight: 0.5
+    task_towers {{ tower_name: "cvr" label_name: "buy" weight: 0.5 sample_weight_name: "w"
       task_space_indicator_label: "clk" in_task_space_weight: 2 out_task_space_weight: 0 }}
   }}
 }}
