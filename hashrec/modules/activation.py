@@ -27,17 +27,18 @@ def single_row_batch_norm(x: torch.Tensor, running_mean: torch.Tensor | None,
 class Dice(nn.Module):
     """DIN's data-adaptive activation: ``p * x + (1 - p) * alpha * x``.
 
-    ``p = sigmoid(batch_norm(x))`` with a non-affine batch norm over the last
-    dimension, so the rectifier point follows the input distribution.
+    ``p = sigmoid(batch_norm(x))`` with a batch norm over the last dimension (learned
+    scale and shift, eps 1e-5: TorchEasyRec's Dice), so the rectifier point follows the
+    input distribution; ``alpha`` starts at 0.
 
     Args:
         dim: size of the last input dimension.
         eps: batch-norm epsilon.
     """
 
-    def __init__(self, dim: int, eps: float = 1e-9) -> None:
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
-        self.norm = nn.BatchNorm1d(dim, eps=eps, affine=False)
+        self.norm = nn.BatchNorm1d(dim, eps=eps)
         self.alpha = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

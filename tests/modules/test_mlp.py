@@ -73,6 +73,28 @@ def test_dice_gates_between_identity_and_alpha():
     assert y[0, 0] > 0 and y[0, 1] <= 0
 
 
+def test_dice_is_torcheasyrecs_with_a_learned_batch_norm():
+    # TorchEasyRec's Dice: BatchNorm1d(dim) (affine, eps 1e-5), alpha from 0.
+    torch.manual_seed(0)
+    dice = create_activation("nn.Dice", 4)
+    assert sorted(n for n, _ in dice.named_parameters()) == \
+        ["alpha", "norm.bias", "norm.weight"]
+    assert not dice.alpha.any()
+    with torch.no_grad():
+        dice.alpha.copy_(torch.tensor([0.1, -0.2, 0.3, 0.5]))
+        dice.norm.weight.copy_(torch.tensor([1.0, 2.0, 0.5, -1.0]))
+        dice.norm.bias.copy_(torch.tensor([0.0, 0.3, -0.4, 1.0]))
+    x = torch.randn(6, 4) * 1e-3  # small inputs: eps 1e-5 against 1e-9 shows
+    mean, var = x.mean(0), x.var(0, unbiased=False)
+    p = torch.sigmoid((x - mean) / torch.sqrt(var + 1e-5) * dice.norm.weight + dice.norm.bias)
+    expected = p * x + (1 - p) * dice.alpha * x
+    torch.testing.assert_close(dice(x), expected)
+    # A sequence (B, L, dim) normalizes over every row of every item, as TorchEasyRec's
+    # (B, dim, L) batch norm does.
+    seq = torch.randn(2, 3, 4)
+    torch.testing.assert_close(dice(seq), dice(seq.reshape(6, 4)).reshape(2, 3, 4))
+
+
 @pytest.mark.parametrize("options", [
     MLPOptions(hidden_units=(3,), use_bn=True, activation=""),
     MLPOptions(hidden_units=(3,), activation="nn.Dice"),
