@@ -220,15 +220,22 @@ def _check_grouping_key(key: str, feature_set, where: str = "model_config") -> N
 
 
 def grouping_ids(batch, key: str) -> torch.Tensor:
-    """Each row's id of feature ``key`` (B,) int64, for grouped_auc.
-
-    Raises:
-        TrainError: a row has no id or several.
-    """
+    """Each row's id of feature ``key`` (B,) int64, for grouped_auc: its first id, 0 for a
+    row without one (TorchEasyRec's rule; a warning says so, once a key)."""
     bags = batch.sparse[key]
-    if bags.values.numel() != batch.batch_size or bool((bags.lengths != 1).any()):
-        raise TrainError(f"grouped_auc: feature {key!r} must give every row exactly one id "
-                         f"to group it by (a row has {int(bags.lengths.min())} to "
-                         f"{int(bags.lengths.max())}); give the feature a default_value or "
-                         f"group by another feature")
-    return bags.values
+    lengths = bags.lengths
+    if bags.values.numel() == batch.batch_size and bool((lengths == 1).all()):
+        return bags.values
+    if key not in _GROUPING_WARNED:
+        _GROUPING_WARNED.add(key)
+        logger.warning("grouped_auc: feature %r gives a row %d to %d ids; rows are grouped "
+                       "by their first id, rows without one as id 0 (as in TorchEasyRec)",
+                       key, int(lengths.min()), int(lengths.max()))
+    starts = torch.cumsum(lengths, 0) - lengths
+    first = bags.values[starts.clamp(max=max(bags.values.numel() - 1, 0))] \
+        if bags.values.numel() else torch.zeros_like(lengths, dtype=torch.int64)
+    return torch.where(lengths > 0, first, torch.zeros_like(first))
+
+
+# Grouping keys whose rows were not one id each, warned about once.
+_GROUPING_WARNED: set[str] = set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -123,13 +124,31 @@ def test_evaluation_reports_grouped_auc_by_the_key_feature(tmp_path):
     assert 0.0 <= result["grouped_auc"] <= 1.0 and result["auc"] != result["grouped_auc"]
 
 
-def test_grouping_key_must_be_one_id_per_row(tmp_path):
+def test_grouping_key_must_be_an_id_feature(tmp_path):
     with pytest.raises(TrainError, match="grouping_key 'nope' is not an id feature"):
         _session(tmp_path, "nope")
+
+
+def test_rows_of_several_ids_or_none_group_by_the_first_or_zero(tmp_path, caplog):
+    # TorchEasyRec groups by the key's bags padded to one column: first id, 0 if empty.
     session = _session(tmp_path, "tags")
-    _write(tmp_path / "eval.parquet", ["1|2", "3", "4"] * 5)
-    with pytest.raises(TrainError, match="feature 'tags' must give every row exactly one id"):
-        evaluate(session, str(tmp_path / "eval.parquet"), step=0)
+    tags = ["1|2", "3", "", "0", "3|1", "", "2|2", "1"] * 6
+    table = _write(tmp_path / "eval.parquet", tags)
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        result = evaluate(session, str(tmp_path / "eval.parquet"), step=0)
+    assert "rows are grouped by their first id" in caplog.text
+    session.model.eval()
+    with torch.no_grad():
+        batch = session.feature_set.parse(table)
+        probs = session.model(batch)["probs"]
+    bags = batch.sparse["tags"]
+    first, at = [], 0
+    for n in bags.lengths.tolist():
+        first.append(int(bags.values[at]) if n else 0)
+        at += n
+    assert first[:8] == [1, 3, 0, 0, 3, 0, 2, 1]
+    expected = grouped_auc(probs, batch.labels["clk"] > 0.5, torch.tensor(first))
+    assert result["grouped_auc"] == pytest.approx(expected, abs=1e-12)
 
 
 def test_a_grouping_key_in_no_feature_group_is_read_but_not_embedded(tmp_path):
