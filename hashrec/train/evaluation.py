@@ -53,9 +53,11 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0,
     Logs the batches done every ``eval_config.log_step_count_steps`` (rank 0).
 
     Returns:
-        ``{"step": step, "<metric>": value, ..., "loss": mean loss, "num_examples": n}``;
-        a multi-task model's metrics are ``<metric>_<tower_name>``, and ``loss`` the mean
-        of the weighted sum of the task losses. None when a signal cut it short.
+        ``{"step": step, "<metric>": value, ..., "loss": mean loss, "<loss name>": its
+        mean, ..., "num_examples": n}``; a multi-task model's metrics are
+        ``<metric>_<tower_name>``, its loss names ``<loss>_<tower_name>`` (each task loss
+        times the task's weight), and ``loss`` their sum. None when a signal cut it
+        short.
     """
     # Evaluating draws from torch's random generators (the eval loader's seed, say), which
     # new rows' initial values in training also draw from: their states are put back after,
@@ -111,6 +113,9 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
     for name, metric in [*((k, m) for k, (_, m) in metrics.items()), ("loss", mean_loss)]:
         metric.sync()
         result[name] = metric.compute()
+    # Each loss term under its name too (binary_cross_entropy, l2_loss_<tower_name>, ...),
+    # as TorchEasyRec reports them; "loss" is their sum.
+    result.update(zip(model.losses, mean_loss.terms()))
     result["num_examples"] = mean_loss.examples
     logger.info("eval at step %d on %d examples (%.1fs): %s", step, result["num_examples"],
                 time.perf_counter() - start,

@@ -136,10 +136,14 @@ class MeanLoss(_MeanOf):
         self.total += torch.stack([loss * weight, weight, torch.full_like(loss, count)])
 
     def compute(self) -> float:
+        return float(sum(self.terms()))
+
+    def terms(self) -> list[float]:
+        """Each term's mean (NaN for every term where no example was added)."""
         if self.total[2, 0] <= 0:
-            return float("nan")
+            return [float("nan")] * self.total.shape[1]
         tiny = torch.finfo(torch.float64).tiny
-        return float((self.total[0] / self.total[1].clamp_min(tiny)).sum())
+        return (self.total[0] / self.total[1].clamp_min(tiny)).tolist()
 
     @property
     def examples(self) -> int:

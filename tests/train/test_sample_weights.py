@@ -161,6 +161,7 @@ def test_training_and_evaluation_use_the_weights(tmp_path):
                                                     reduction="none")
     w = batch.labels["w"]
     assert result["loss"] == pytest.approx(float((each * w).sum() / w.sum()), rel=1e-4)
+    assert result["binary_cross_entropy"] == result["loss"]
     assert result["num_examples"] == 640
 
 
@@ -213,9 +214,12 @@ def test_a_multi_task_evaluation_loss_weighs_each_task_with_its_own_weights(tmp_
             out[f"logits_{task}"], labels[label], reduction="none")
         return float((each * w).sum() / w.sum())
 
-    expected = mean("ctr", "clk", labels["v"]) + 0.5 * mean(
-        "cvr", "buy", labels["w"] * torch.where(labels["clk"] > 0, 2.0, 0.0))
-    assert result["loss"] == pytest.approx(expected, rel=1e-4)
+    ctr = mean("ctr", "clk", labels["v"])
+    cvr = 0.5 * mean("cvr", "buy", labels["w"] * torch.where(labels["clk"] > 0, 2.0, 0.0))
+    assert result["loss"] == pytest.approx(ctr + cvr, rel=1e-4)
+    # Each task loss under its name too, as TorchEasyRec reports them.
+    assert result["binary_cross_entropy_ctr"] == pytest.approx(ctr, rel=1e-4)
+    assert result["binary_cross_entropy_cvr"] == pytest.approx(cvr, rel=1e-4)
     assert result["num_examples"] == 320
 
 
