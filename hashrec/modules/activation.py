@@ -1,11 +1,13 @@
 """Activation functions named the way TorchEasyRec configs name them.
 
-Configs write ``activation: "nn.ReLU"``; the ``nn.`` prefix is optional and an
-empty string means no activation.
+Configs write ``activation: "nn.ReLU"`` or, with keyword arguments,
+``"nn.LeakyReLU(negative_slope=0.2)"``; the ``nn.`` prefix is optional and an empty string
+means no activation.
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable
 
 import torch
@@ -54,40 +56,77 @@ class Dice(nn.Module):
         return p * x + (1.0 - p) * self.alpha * x
 
 
-_SIMPLE: dict[str, Callable[[], nn.Module]] = {
-    "ReLU": nn.ReLU,
-    "LeakyReLU": nn.LeakyReLU,
-    "PReLU": nn.PReLU,
-    "ELU": nn.ELU,
-    "GELU": nn.GELU,
-    "SiLU": nn.SiLU,
-    "Sigmoid": nn.Sigmoid,
-    "Tanh": nn.Tanh,
-    "Identity": nn.Identity,
-}
+# Element-wise activations of torch.nn, by class name (each keeps its input's shape).
+_SIMPLE: dict[str, Callable[..., nn.Module]] = {name: getattr(nn, name) for name in (
+    "CELU", "ELU", "GELU", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "Identity",
+    "LeakyReLU", "LogSigmoid", "Mish", "PReLU", "ReLU", "ReLU6", "RReLU", "SELU", "SiLU",
+    "Sigmoid", "Softplus", "Softshrink", "Softsign", "Tanh", "Tanhshrink", "Threshold")}
 
 ACTIVATIONS = tuple(sorted([*_SIMPLE, "Dice"]))
 
 
-def canonical_activation(name: str | None) -> str:
-    """``"nn.ReLU"`` -> ``"ReLU"``; empty or None -> ``"Identity"``.
+def parse_activation(name: str | None) -> tuple[str, dict]:
+    """``"nn.LeakyReLU(negative_slope=0.2)"`` -> ``("LeakyReLU", {"negative_slope": 0.2})``,
+    TorchEasyRec's form: an optional ``nn.`` or ``torch.nn.`` prefix, then keyword
+    arguments of literal values; empty or None -> ``("Identity", {})``.
 
     Raises:
-        ValueError: the name is not one of ``ACTIVATIONS``.
+        ValueError: the name is not one of ``ACTIVATIONS``, or its arguments do not parse
+            or are not the activation's.
     """
-    if not name:
-        return "Identity"
-    short = name[3:] if name.startswith("nn.") else name
+    text = (name or "").strip()
+    if not text:
+        return "Identity", {}
+    short, _, args = text.partition("(")
+    short = short.strip()
+    for prefix in ("torch.nn.", "nn."):
+        if short.startswith(prefix):
+            short = short[len(prefix):]
+            break
     if short not in ACTIVATIONS:
         raise ValueError(
             f"activation={name!r} is not supported; allowed: "
-            f"{', '.join('nn.' + a for a in ACTIVATIONS)} or empty for none")
-    return short
+            f"{', '.join('nn.' + a for a in ACTIVATIONS)} (with keyword arguments, such as "
+            f"nn.LeakyReLU(negative_slope=0.2)) or empty for none")
+    kwargs = _keyword_arguments(name, args) if args or text.endswith(")") else {}
+    if kwargs and short == "Dice":
+        raise ValueError(f"activation={name!r}: Dice takes no arguments")
+    if short != "Dice":
+        try:
+            _SIMPLE[short](**kwargs)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"activation={name!r}: {err}") from None
+    return short, kwargs
+
+
+def _keyword_arguments(name: str, args: str) -> dict:
+    """The keyword arguments of ``name(args`` (``args`` ends with ``)``)."""
+    if not args.rstrip().endswith(")"):
+        raise ValueError(f"activation={name!r}: the arguments' parenthesis is not closed")
+    try:
+        call = ast.parse(f"f({args.rstrip()[:-1]})", mode="eval").body
+        if not isinstance(call, ast.Call) or call.args:
+            raise ValueError("positional argument")
+        return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+    except (SyntaxError, ValueError, TypeError) as err:
+        raise ValueError(f"activation={name!r}: arguments must be keyword=literal pairs, "
+                         f"such as negative_slope=0.2 ({err})") from None
+
+
+def canonical_activation(name: str | None) -> str:
+    """``"nn.ReLU"`` -> ``"ReLU"``; empty or None -> ``"Identity"`` (arguments checked and
+    left out: see ``parse_activation``).
+
+    Raises:
+        ValueError: as ``parse_activation``.
+    """
+    return parse_activation(name)[0]
 
 
 def create_activation(name: str | None, dim: int) -> nn.Module:
-    """Build the activation module ``name`` for inputs whose last dimension is ``dim``."""
-    short = canonical_activation(name)
+    """Build the activation module ``name`` (with its arguments) for inputs whose last
+    dimension is ``dim``."""
+    short, kwargs = parse_activation(name)
     if short == "Dice":
         return Dice(dim)
-    return _SIMPLE[short]()
+    return _SIMPLE[short](**kwargs)

@@ -73,6 +73,22 @@ def test_dice_gates_between_identity_and_alpha():
     assert y[0, 0] > 0 and y[0, 1] <= 0
 
 
+def test_activations_take_torcheasyrecs_names_and_keyword_arguments():
+    leaky = create_activation("nn.LeakyReLU(negative_slope=0.2)", 4)
+    assert isinstance(leaky, torch.nn.LeakyReLU) and leaky.negative_slope == 0.2
+    assert isinstance(create_activation("torch.nn.Softplus(beta=2)", 4), torch.nn.Softplus)
+    assert isinstance(create_activation(" nn.SELU ", 4), torch.nn.SELU)
+    mlp = MLP(6, MLPOptions(hidden_units=(5, 5), activation="nn.PReLU(num_parameters=5)"))
+    assert mlp(torch.randn(2, 6)).shape == (2, 5)
+    torch.jit.script(mlp)  # exportable
+    for bad, why in [("nn.Softmax2d", "not supported"), ("nn.LeakyReLU(0.2)", "keyword"),
+                     ("nn.LeakyReLU(slope=0.2)", "slope"), ("nn.ELU(alpha=1.0", "closed"),
+                     ("nn.Dice(eps=1)", "no arguments"), ("nn.Threshold", "threshold"),
+                     ("nn.ReLU(inplace=x)", "literal")]:
+        with pytest.raises(ValueError, match=why):
+            MLPOptions(hidden_units=(3,), activation=bad)
+
+
 def test_dice_is_torcheasyrecs_with_a_learned_batch_norm():
     # TorchEasyRec's Dice: BatchNorm1d(dim) (affine, eps 1e-5), alpha from 0.
     torch.manual_seed(0)
