@@ -26,8 +26,10 @@ class MaskBlockOptions:
 
     Attributes:
         hidden_dim: the block's output width (1 or more).
-        reduction_ratio: the mask's aggregation width over the net's input width D
-            (``int(reduction_ratio * D)``; used without aggregation_dim).
+        reduction_ratio: the mask's aggregation width over the block's hidden input
+            width D_h (``int(reduction_ratio * D_h)``: the net's input width D in parallel
+            blocks and the first serial one, hidden_dim in the later serial ones; used
+            without aggregation_dim).
         aggregation_dim: the mask's aggregation width (1 or more); None for
             reduction_ratio's.
     """
@@ -44,7 +46,7 @@ class MaskBlockOptions:
                              "1 or more (or unset, for reduction_ratio's)")
 
     def aggregation_width(self, input_dim: int) -> int:
-        """The mask's aggregation width over a net input of ``input_dim`` columns.
+        """The mask's aggregation width over a hidden input of ``input_dim`` columns.
 
         Raises:
             ValueError: the width is below 1.
@@ -73,7 +75,9 @@ class MaskBlock(nn.Module):
     def __init__(self, input_dim: int, hidden_input_dim: int,
                  options: MaskBlockOptions) -> None:
         super().__init__()
-        aggregation = options.aggregation_width(input_dim)
+        # reduction_ratio scales the hidden input's width, as TorchEasyRec's MaskBlock
+        # does (the net's input in parallel and in the first serial block).
+        aggregation = options.aggregation_width(hidden_input_dim)
         self.mask = nn.Sequential(nn.Linear(input_dim, aggregation), nn.ReLU(),
                                   nn.Linear(aggregation, hidden_input_dim))
         self.hidden = nn.Linear(hidden_input_dim, options.hidden_dim)

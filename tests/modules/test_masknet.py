@@ -47,8 +47,10 @@ def test_blocks_read_the_normalized_input_in_parallel_or_chain(parallel):
     out = net(x)
     assert out.shape == (5, net.output_dim()) == (5, 12 if parallel else 4)
     torch.testing.assert_close(out, expected)
-    # Every block's mask reads the raw input, aggregated to int(0.5 * 6) columns.
-    assert [block.mask[0].weight.shape for block in net.blocks] == [(3, 6)] * 3
+    # Every block's mask reads the raw input, aggregated to int(0.5 * D_h) columns of its
+    # hidden input's width D_h (TorchEasyRec's MaskBlock): 6, or 4 in later serial blocks.
+    assert [block.mask[0].weight.shape for block in net.blocks] == \
+        ([(3, 6)] * 3 if parallel else [(3, 6), (2, 6), (2, 6)])
     widths = [block.hidden.in_features for block in net.blocks]
     assert widths == ([6, 6, 6] if parallel else [6, 4, 4])
 
