@@ -20,8 +20,9 @@ in training every rank remaps the global batch's ids (``_remap_zch``), so they
 assign and evict alike. World size 1 takes the local path.
 
 Step clock: every training-mode forward advances the step of every storage once
-before its lookups (STEP scores, Adam bias correction); eval-mode forwards do
-not. Train mode admits, inserts and updates scores; eval mode is read-only and
+before its lookups (STEP scores, Adam bias correction), after the batch's ids passed
+their checks (a refused batch takes no step); eval-mode forwards do not. Train mode
+admits, inserts and updates scores; eval mode is read-only and
 missing keys read as the table's ``eval_initializer``.
 """
 
@@ -223,10 +224,6 @@ class EmbeddingCollection(nn.Module):
             ``sequences[name]`` ((B, max_length, dim), lengths (B,)).
         """
         self._check_input(kjt)
-        if self.training:
-            for storage in self._storages:
-                if storage.plan.trainable:  # a frozen table's STEP clock stays as loaded
-                    storage.table.advance_step()
         storages = self._read_storages()
         ready = [i for i, entry in enumerate(self._ahead) if entry[0] is kjt]
         if ready:
@@ -235,9 +232,13 @@ class EmbeddingCollection(nn.Module):
             del self._ahead[0]
         else:
             ids, pending = self._feature_ids(storages, kjt), None
+        checked = self._dedup(storages, ids, pending)
+        if self.training:  # the ids passed their checks: no step for a refused batch
+            for storage in self._storages:
+                if storage.plan.trainable:  # a frozen table's STEP clock stays as loaded
+                    storage.table.advance_step()
         out = EmbeddingOutput()
-        for batch, rows, table in self._lookups(storages, ids,
-                                                *self._dedup(storages, ids, pending)):
+        for batch, rows, table in self._lookups(storages, ids, *checked):
             for f, value in zip(batch.features, emit_storage(rows, batch, table)):
                 if f.spec.is_sequence:
                     out.sequences[f.spec.name] = (value, f.lengths)

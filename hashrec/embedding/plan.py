@@ -99,6 +99,9 @@ def _effective(args: InitializerArgs) -> InitializerArgs:
     if args.mode is InitializerMode.UNIFORM:
         return InitializerArgs(mode=args.mode, lower=args.lower, upper=args.upper,
                                key_seed=args.key_seed)
+    if args.mode is InitializerMode.TRUNCATED_NORMAL:  # its bounds are its cut
+        return InitializerArgs(mode=args.mode, mean=args.mean, std_dev=args.std_dev,
+                               lower=args.lower, upper=args.upper, key_seed=args.key_seed)
     return InitializerArgs(mode=args.mode, mean=args.mean, std_dev=args.std_dev,
                            key_seed=args.key_seed)
 

@@ -1,7 +1,9 @@
 """Initial embeddings of new rows (and what missing keys read as).
 
-Every mode is a transform of uniforms in (0, 1): UNIFORM scales them, NORMAL and
-TRUNCATED_NORMAL (cut at mean +- 2 std) apply the normal quantile function. The
+Every mode is a transform of uniforms in (0, 1): UNIFORM scales them, NORMAL applies
+the normal quantile function, and TRUNCATED_NORMAL applies it to uniforms scaled into
+[Phi(a), Phi(b)], a and b its bounds [lower, upper] standardized (mean +- 2 std when
+neither is set; an unset one does not cut), as dynamicemb's truncated normal. The
 uniforms come from a random generator, or, with ``key_seed`` set, from a
 counter-based hash of (key_seed, key, tag, column), which makes a key's initial
 vector independent of batch order, batch composition and rank.
@@ -39,7 +41,29 @@ def _random_uniforms(n: int, dim: int, device: torch.device,
 
 
 def _normal_cdf(x: float) -> float:
-    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))  # precise far below the mean too
+
+
+def _truncated_normal(u: torch.Tensor, args: InitializerArgs) -> torch.Tensor:
+    """Uniforms ``u`` in (0, 1) (float64, in place) -> draws of a normal (mean, std_dev)
+    cut at [lower, upper]; with neither bound set at mean +- 2 std."""
+    lower, upper = args.lower, args.upper
+    if lower is None and upper is None:
+        a, b = -_TRUNCATION, _TRUNCATION
+    elif args.std_dev == 0:
+        return u.fill_(args.mean).clamp_(lower, upper)
+    else:
+        a = -math.inf if lower is None else (lower - args.mean) / args.std_dev
+        b = math.inf if upper is None else (upper - args.mean) / args.std_dev
+    # A cut lying mostly above the mean is drawn mirrored below it, where the CDF keeps
+    # its precision (above, it rounds to 1 and the quantile to infinity).
+    sign = -1.0 if a + b > 0 else 1.0
+    if sign < 0:
+        a, b = -b, -a
+    low, high = _normal_cdf(a), _normal_cdf(b)
+    z = torch.special.ndtri(u.mul_(high - low).add_(low)).clamp_(a, b)
+    out = z.mul_(sign * args.std_dev).add_(args.mean)
+    return out if lower is None and upper is None else out.clamp_(lower, upper)
 
 
 def initial_values(args: InitializerArgs, keys: torch.Tensor, tags: torch.Tensor | None,
@@ -64,9 +88,8 @@ def initial_values(args: InitializerArgs, keys: torch.Tensor, tags: torch.Tensor
         u = hashed_uniforms(keys, tags, dim, args.key_seed)
     if args.mode is InitializerMode.UNIFORM:
         out = u.mul_(args.upper - args.lower).add_(args.lower)
+    elif args.mode is InitializerMode.TRUNCATED_NORMAL:
+        out = _truncated_normal(u, args)
     else:
-        if args.mode is InitializerMode.TRUNCATED_NORMAL:
-            low = _normal_cdf(-_TRUNCATION)
-            u = u.mul_(_normal_cdf(_TRUNCATION) - low).add_(low)
         out = torch.special.ndtri(u).mul_(args.std_dev).add_(args.mean)
     return out.to(dtype)

@@ -77,13 +77,18 @@ class SparseRowWiseAdagrad(_AdagradFields):
 
 @dataclass(frozen=True)
 class SparseAdam:
-    """Adam on touched rows, as ``torch.optim.SparseAdam``; state = [m (dim) | v (dim)].
+    """Adam on touched rows, as dynamicemb's and FBGEMM TBE's; state = [m (dim) | v (dim)].
 
-    Bias correction uses the global step passed to the update (1-based), which equals
-    ``torch.optim.SparseAdam`` when every row is touched each step; rows touched less
-    often are corrected as if the step counter ran for them too (as SparseAdam does,
-    whose step counter is per parameter, not per row). ``weight_decay`` adds
-    ``weight_decay * w`` to the gradient of touched rows (L2, as in ``torch.optim.Adam``).
+    Per element, with the global 1-based step t passed to the update::
+
+        m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g
+        m_hat = m / (1 - beta1^t);  v_hat = v / (1 - beta2^t)
+        w -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * w)
+
+    ``eps`` is added after the bias correction, and ``weight_decay`` is decoupled: it
+    shrinks the weight before the update directly, never enters g, m or v, and applies
+    to touched rows only. Rows touched less often are corrected as if the step counter
+    ran for them too (one counter for the table, as in those backends).
     """
 
     lr: float = 0.001
@@ -107,6 +112,13 @@ class SparseAdam:
 
     def initial_state(self, dim: int) -> torch.Tensor:
         return torch.zeros(2 * dim)
+
+    def folded_corrections(self, step: int) -> tuple[float, float]:
+        """(scale, eps') at 1-based ``step`` with which ``scale * m / (sqrt(v) + eps')``
+        equals ``m_hat / (sqrt(v_hat) + eps)``: the bias corrections folded into two
+        scalars, so that an update reads the raw moments once."""
+        root2 = math.sqrt(1.0 - self.beta2 ** step)
+        return root2 / (1.0 - self.beta1 ** step), self.eps * root2
 
 
 # The smallest float16 value (a subnormal); anything under half of it rounds to zero.

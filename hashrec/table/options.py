@@ -113,9 +113,11 @@ class InitializerArgs:
         mode: NORMAL | TRUNCATED_NORMAL | UNIFORM | CONSTANT.
         mean: mean of NORMAL and TRUNCATED_NORMAL.
         std_dev: standard deviation of NORMAL / TRUNCATED_NORMAL; None -> sqrt(1 / dim).
-            TRUNCATED_NORMAL cuts at mean +- 2 * std_dev.
         lower: UNIFORM lower bound; None -> -sqrt(1 / max_capacity).
         upper: UNIFORM upper bound; None -> +sqrt(1 / max_capacity).
+            TRUNCATED_NORMAL cuts at the absolute bounds [lower, upper] (dynamicemb's
+            cut; lower < upper): an unset bound leaves its side uncut, and with neither
+            set the cut is at mean +- 2 * std_dev.
         value: CONSTANT value.
         key_seed: None draws from a random generator (depends on batch order). An int
             makes initialization per-key deterministic: the vector is a hash of
@@ -140,9 +142,13 @@ class InitializerArgs:
             "value": _check_float("value", self.value)})
         if self.std_dev is not None and self.std_dev < 0:
             raise ValueError(f"std_dev={self.std_dev!r} is not valid; allowed: >= 0")
-        if self.lower is not None and self.upper is not None and self.lower > self.upper:
-            raise ValueError(
-                f"lower={self.lower!r} is not valid; allowed: lower <= upper ({self.upper!r})")
+        if self.lower is not None and self.upper is not None:
+            # a truncated normal cut to one point has no probability left to draw from
+            truncated = self.mode is InitializerMode.TRUNCATED_NORMAL
+            if self.lower > self.upper or (truncated and self.lower == self.upper):
+                allowed = f"lower {'<' if truncated else '<='} upper ({self.upper!r})"
+                raise ValueError(f"lower={self.lower!r} is not valid; allowed: {allowed}"
+                                 + (" for TRUNCATED_NORMAL" if truncated else ""))
         object.__setattr__(self, "key_seed", _check_int("key_seed", self.key_seed, minimum=0,
                                                         optional=True, maximum=SEED_LIMIT - 1))
 
@@ -150,10 +156,15 @@ class InitializerArgs:
                  ) -> InitializerArgs:
         """Returns a copy with dynamicemb's defaults filled in for this table.
 
+        A TRUNCATED_NORMAL keeps its unset bounds None (no cut on that side).
+
         Raises:
             ValueError: a UNIFORM bound set on one side only crosses the other side's
                 default, +-sqrt(1 / max_capacity) (naming ``field_name``).
         """
+        std_dev = math.sqrt(1.0 / dim) if self.std_dev is None else self.std_dev
+        if self.mode is InitializerMode.TRUNCATED_NORMAL:
+            return replace(self, std_dev=std_dev)
         bound = math.sqrt(1.0 / max_capacity)
         lower = -bound if self.lower is None else self.lower
         upper = bound if self.upper is None else self.upper
@@ -165,7 +176,7 @@ class InitializerArgs:
                 f"max_capacity={max_capacity}; allowed: lower <= upper, so set {side} too")
         return replace(
             self,
-            std_dev=math.sqrt(1.0 / dim) if self.std_dev is None else self.std_dev,
+            std_dev=std_dev,
             lower=-bound if self.lower is None else self.lower,
             upper=bound if self.upper is None else self.upper,
         )

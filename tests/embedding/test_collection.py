@@ -186,6 +186,26 @@ def test_bad_batches_name_the_feature():
     assert plain.dynamic_tables()["t"].size() == 0  # nothing was inserted before the error
 
 
+@pytest.mark.parametrize("prepared", [False, True], ids=["plain", "prepared"])
+def test_a_batch_refused_for_its_ids_takes_no_step(prepared):
+    """The step clocks (STEP scores, Adam's bias correction) stay where they were."""
+    tables = [EmbeddingTableSpec("d", DIM, num_rows=5), _dynamic()]
+    features = [EmbeddingFeatureSpec("gender", "d"), EmbeddingFeatureSpec("w", "t")]
+    collection = EmbeddingCollection(tables, features, SparseSGD())
+    dense, dynamic = collection.dense_tables["d"], collection.dynamic_tables()["t"]
+    for ids, refused, steps in (([5], True, 0), ([4], False, 1), ([-1], True, 1),
+                                ([0], False, 2)):
+        kjt = _kjt({"gender": [ids], "w": [[1]]})
+        if prepared:
+            collection.prepare(kjt)
+        if refused:
+            with pytest.raises(EmbeddingError, match="are outside"):
+                collection(kjt)
+        else:
+            collection(kjt)
+        assert (dense.step, dynamic.step) == (steps, steps)
+
+
 def test_empty_batches_give_empty_or_zero_outputs():
     features = [EmbeddingFeatureSpec("f", "t", pooling="mean"),
                 EmbeddingFeatureSpec("s", "t", is_sequence=True, max_length=2)]

@@ -90,6 +90,16 @@ def test_frozen_and_trainable_tables_do_not_fuse():
     assert _layout([_table("a"), frozen]) == {"a": ["a"], "b": ["b"]}
 
 
+def test_truncated_normals_cut_elsewhere_keep_their_own_storage():
+    def truncated(name, **bounds):
+        init = InitializerArgs(mode="TRUNCATED_NORMAL", std_dev=0.05, **bounds)
+        return EmbeddingTableSpec(name, 8, fusion_group="g", dynamic=TableOptions(
+            dim=8, max_capacity=128, initializer=init))
+
+    assert _layout([truncated("a", lower=0.0), truncated("b")]) == {"a": ["a"], "b": ["b"]}
+    assert _layout([truncated("a", lower=0.0), truncated("b", lower=0.0)]) == {"g": ["a", "b"]}
+
+
 def test_default_uniform_bounds_follow_each_tables_capacity(caplog):
     def uniform(name, capacity):
         return EmbeddingTableSpec(name, 8, dynamic=TableOptions(dim=8, max_capacity=capacity),

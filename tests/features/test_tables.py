@@ -151,7 +151,9 @@ def test_errors_of_a_shared_table_name_its_features(feature_set):
     ('mode: "XAVIER"', "mode='XAVIER' is not valid; allowed: NORMAL, TRUNCATED_NORMAL"),
     ('mode: "UNIFORM" upper: -0.5', "lower=-0.1 > upper=-0.5, where lower=-0.1 is the default"),
     ("std_dev: -1", "std_dev=-1.0 is not valid"),
-], ids=["mode", "crossed-bound", "std-dev"])
+    ('mode: "TRUNCATED_NORMAL" lower: 0.5 upper: 0.5',
+     "lower=0.5 is not valid; allowed: lower < upper (0.5) for TRUNCATED_NORMAL"),
+], ids=["mode", "crossed-bound", "std-dev", "truncated-bounds"])
 def test_initializer_errors_name_the_block(feature_set, block, args, message):
     nested = f"{block.replace('.', ' { threshold: 2 ')} {{ {args} }}" + (
         " }" if "." in block else "")

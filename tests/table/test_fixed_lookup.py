@@ -115,12 +115,13 @@ def test_write_calls_on_cuda_match_the_cpu_reference(call, full):
 @pytest.mark.parametrize("optimizer", [SparseAdagrad(lr=0.1, initial_accumulator_value=0.25),
                                        SparseAdam(lr=0.1)], ids=["adagrad", "adam"])
 def test_computed_and_hashed_initializers_and_optimizer_state_match_reference(optimizer):
-    """TRUNCATED_NORMAL (values computed outside the kernel) for new rows, a hashed
-    UNIFORM admission initializer for keys not admitted, optimizer state columns (one
-    state vector, or Adam's two, which the kernel writes in two tiles)."""
+    """TRUNCATED_NORMAL cut at bounds of its own (values computed outside the kernel) for
+    new rows, a hashed UNIFORM admission initializer for keys not admitted, optimizer
+    state columns (one state vector, or Adam's two, which the kernel writes in two tiles)."""
     options = dataclasses.replace(
         table_options("LFU", True, True),
-        initializer=InitializerArgs(mode="TRUNCATED_NORMAL", std_dev=0.3, key_seed=5),
+        initializer=InitializerArgs(mode="TRUNCATED_NORMAL", std_dev=0.3, lower=-0.1,
+                                    key_seed=5),
         optimizer=optimizer,
         admission=AdmissionOptions(threshold=2, counter_capacity=48, counter_bucket_capacity=8,
                                    initializer=InitializerArgs(mode="UNIFORM", lower=-1.0,

@@ -71,3 +71,63 @@ def test_random_state_puts_back_the_tables_own_draws():
     assert shared.random_state() is None
     with pytest.raises(TableError, match="no generator of its own"):
         shared.set_random_state(state)
+
+
+def _truncated_mean(mean: float, std: float, lower: float | None, upper: float | None) -> float:
+    """Mean of a normal (mean, std) cut at [lower, upper] (None: not cut on that side)."""
+    def pdf(z):
+        return math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+
+    def cdf(z):
+        return 0.5 * math.erfc(-z / math.sqrt(2))
+
+    a = -math.inf if lower is None else (lower - mean) / std
+    b = math.inf if upper is None else (upper - mean) / std
+    pa, pb = (0.0 if a == -math.inf else pdf(a)), (0.0 if b == math.inf else pdf(b))
+    if a > 0:  # the upper tail: the CDF's complement keeps its precision
+        mass = cdf(-a) - cdf(-b)
+    else:
+        mass = cdf(b) - cdf(a)
+    return mean + std * (pa - pb) / mass
+
+
+@pytest.mark.parametrize("key_seed", [None, 11], ids=["random", "per-key"])
+@pytest.mark.parametrize("lower, upper", [
+    (-0.25, 0.5),  # inside mean -+ 2 std on the left, outside on the right
+    (0.5, None),  # one-sided at the mean: a half normal
+    (None, -0.5),  # one-sided 3 std below the mean: the lower tail only
+    (1.5, None),  # 7 std above the mean: far in the upper tail
+], ids=["both", "lower-at-mean", "upper-only", "far-tail"])
+def test_truncated_normal_cuts_at_the_bounds_set(key_seed, lower, upper):
+    mean, std = 0.1, 0.2
+    drawn = _draw("TRUNCATED_NORMAL", key_seed, mean=mean, std_dev=std, lower=lower,
+                  upper=upper).double()
+    assert bool(drawn.isfinite().all())
+    if lower is not None:
+        assert float(drawn.min()) >= lower
+    if upper is not None:
+        assert float(drawn.max()) <= upper
+    want = _truncated_mean(mean, std, lower, upper)
+    assert float(drawn.mean()) == pytest.approx(want, abs=0.005 * std)
+    if upper is None and lower <= mean:  # the open side is not cut at mean + 2 std
+        assert float(drawn.max()) > mean + 3 * std
+
+
+def test_truncated_normal_without_bounds_cuts_at_two_std():
+    drawn = _draw("TRUNCATED_NORMAL", 5, mean=0.5, std_dev=0.1).double()
+    assert float(drawn.min()) >= 0.3 - 1e-6 and float(drawn.max()) <= 0.7 + 1e-6
+    assert float(drawn.min()) < 0.31 and float(drawn.max()) > 0.69
+    assert float(drawn.mean()) == pytest.approx(0.5, abs=0.001)
+
+
+def test_truncated_normal_of_zero_std_draws_the_mean_within_the_bounds():
+    assert bool((_draw("TRUNCATED_NORMAL", mean=0.5, std_dev=0.0, upper=0.25) == 0.25).all())
+    assert bool((_draw("TRUNCATED_NORMAL", mean=0.5, std_dev=0.0, lower=0.0) == 0.5).all())
+
+
+@pytest.mark.parametrize("lower, upper", [(0.5, 0.5), (0.5, -0.5)], ids=["equal", "crossed"])
+def test_truncated_normal_bounds_must_leave_an_interval(lower, upper):
+    with pytest.raises(ValueError, match=rf"^lower={lower} is not valid; allowed: lower < "
+                                         rf"upper \({upper}\) for TRUNCATED_NORMAL"):
+        InitializerArgs(mode="TRUNCATED_NORMAL", lower=lower, upper=upper)
+    InitializerArgs(mode="UNIFORM", lower=0.5, upper=0.5)  # a constant draw, allowed

@@ -331,10 +331,12 @@ def test_erase_and_export_match_reference(cap):
 
 SPECS = [SparseSGD(lr=0.1), SparseAdagrad(lr=0.1, initial_accumulator_value=0.1),
          SparseRowWiseAdagrad(lr=0.1, initial_accumulator_value=0.1),
-         SparseAdam(lr=0.01), SparseAdam(lr=0.01, weight_decay=0.1)]
+         SparseAdam(lr=0.01), SparseAdam(lr=0.01, weight_decay=0.1),
+         SparseAdam(lr=0.01, eps=0.5)]  # eps near sqrt(v): its place in the formula shows
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=["sgd", "adagrad", "rowwise", "adam", "adam-wd"])
+@pytest.mark.parametrize("spec", SPECS,
+                         ids=["sgd", "adagrad", "rowwise", "adam", "adam-wd", "adam-eps"])
 @pytest.mark.parametrize("dim", [1, 5, 16])
 def test_optimizer_matches_reference(spec, dim):
     gen = torch.Generator().manual_seed(dim)

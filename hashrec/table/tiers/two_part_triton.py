@@ -61,7 +61,7 @@ def _scatter_kernel(first, second, split, index_ptr, rows_ptr, n, row_dim, start
 @fast_launch
 @triton.jit(do_not_specialize=["u"])
 def _update_kernel(first, second, split, index_ptr, grads_ptr, u, row_dim, dim, lr, eps, beta1,
-                   beta2, wd, adam_step, OPT: tl.constexpr, DIM_P2: tl.constexpr,
+                   beta2, wd, adam_scale, OPT: tl.constexpr, DIM_P2: tl.constexpr,
                    BLOCK: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     rmask = rows < u
@@ -71,9 +71,9 @@ def _update_kernel(first, second, split, index_ptr, grads_ptr, u, row_dim, dim, 
     g = tl.load(grads_ptr + rows[:, None] * dim + col[None, :],
                 mask=rmask[:, None] & (col[None, :] < dim), other=0.0).to(tl.float32)
     update_rows(first, tl.where(near, idx, 0), rmask & near, g, row_dim, dim, lr, eps, beta1,
-                beta2, wd, adam_step, OPT, DIM_P2)
+                beta2, wd, adam_scale, OPT, DIM_P2)
     update_rows(second, tl.where(near, 0, idx - split), rmask & ~near, g, row_dim, dim, lr, eps,
-                beta1, beta2, wd, adam_step, OPT, DIM_P2)
+                beta1, beta2, wd, adam_scale, OPT, DIM_P2)
 
 
 def _tiles(n: int, width: int) -> tuple[int, int, tuple[int, int]]:
@@ -122,7 +122,7 @@ def update(first: torch.Tensor, second: torch.Tensor, split: int, index: torch.T
     block = rows_per_program(dim_p2)
     _update_kernel[(cdiv(u, block),)](
         first, second, split, index.contiguous(), grads.contiguous().float(), u, first.shape[1],
-        dim, hp.lr, hp.eps, hp.beta1, hp.beta2, hp.weight_decay, hp.adam_step,
+        dim, hp.lr, hp.eps, hp.beta1, hp.beta2, hp.weight_decay, hp.adam_scale,
         OPT=hp.kind, DIM_P2=dim_p2, BLOCK=block)
 
 

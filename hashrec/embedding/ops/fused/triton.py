@@ -205,13 +205,13 @@ def _position_grads(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, p, 
 
 @triton.jit
 def _finish_rows(acc, rows, done, col, out_ptr, slots_ptr, t_values, dim, row_dim, lr, eps,
-                 beta1, beta2, wd, adam_step, APPLY: tl.constexpr, OPT: tl.constexpr,
+                 beta1, beta2, wd, adam_scale, APPLY: tl.constexpr, OPT: tl.constexpr,
                  DIM_P2: tl.constexpr, EVEN: tl.constexpr):
     """Writes the summed gradient of unique rows ``rows`` where ``done``, or applies it."""
     if APPLY:
         slot = tl.load(slots_ptr + rows, mask=done, other=-1)
         update_rows(t_values, slot, done & (slot >= 0), acc, row_dim, dim, lr, eps, beta1,
-                    beta2, wd, adam_step, OPT, DIM_P2, EVEN)
+                    beta2, wd, adam_scale, OPT, DIM_P2, EVEN)
     else:
         tl.store(out_ptr + rows[:, None] * dim + col[None, :], acc,
                  mask=done[:, None] & (col[None, :] < dim))
@@ -253,7 +253,7 @@ def _chunk_spans(c, n, bounds_ptr, row_start_ptr, groups, GROUPS: tl.constexpr,
 @triton.jit(do_not_specialize=["n", "dim", "groups"])
 def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_ptr,
                   row_start_ptr, bounds_ptr, part_ptr, out_ptr, slots_ptr, t_values, n,
-                  groups, dim, row_dim, lr, eps, beta1, beta2, wd, adam_step,
+                  groups, dim, row_dim, lr, eps, beta1, beta2, wd, adam_scale,
                   HAS_W: tl.constexpr, MEAN: tl.constexpr, SORTED: tl.constexpr,
                   APPLY: tl.constexpr, OPT: tl.constexpr, DIM_P2: tl.constexpr,
                   EVEN: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
@@ -286,7 +286,7 @@ def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_p
     last = tl.load(row_start_ptr + r + 1, mask=ends, other=0)
     inside = ends & (first >= lo) & (last <= hi)
     _finish_rows(acc, r, inside, col, out_ptr, slots_ptr, t_values, dim, row_dim, lr, eps,
-                 beta1, beta2, wd, adam_step, APPLY, OPT, DIM_P2, EVEN)
+                 beta1, beta2, wd, adam_scale, APPLY, OPT, DIM_P2, EVEN)
     which = tl.where(first < lo, 0, 1)
     tl.store(part_ptr + ((c * 2 + which) * DIM_P2)[:, None] + col[None, :], acc,
              mask=(ends & ~inside)[:, None])
@@ -297,7 +297,7 @@ def _chunk_kernel(grad_ptr, gidx_ptr, weights_ptr, offsets_ptr, order_ptr, seg_p
 @fast_launch
 @triton.jit(do_not_specialize=["n", "dim", "groups", "chunks"])
 def _combine_kernel(seg_ptr, row_start_ptr, bounds_ptr, part_ptr, out_ptr, slots_ptr, t_values,
-                    n, chunks, groups, dim, row_dim, lr, eps, beta1, beta2, wd, adam_step,
+                    n, chunks, groups, dim, row_dim, lr, eps, beta1, beta2, wd, adam_scale,
                     APPLY: tl.constexpr, OPT: tl.constexpr, DIM_P2: tl.constexpr,
                     EVEN: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
                     CH: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr):
@@ -325,20 +325,20 @@ def _combine_kernel(seg_ptr, row_start_ptr, bounds_ptr, part_ptr, out_ptr, slots
     heads += tl.load(part_ptr + (((c + 2) * 2) * DIM_P2)[:, None] + col[None, :],
                      mask=(near & (end_chunk == c + 2))[:, None], other=0.0)
     _finish_rows(acc + heads, r, near, col, out_ptr, slots_ptr, t_values, dim, row_dim, lr,
-                 eps, beta1, beta2, wd, adam_step, APPLY, OPT, DIM_P2, EVEN)
+                 eps, beta1, beta2, wd, adam_scale, APPLY, OPT, DIM_P2, EVEN)
     far = tail & ~near
     while tl.sum(far.to(tl.int32), 0) > 0:
         pick = lane == tl.min(tl.where(far, lane, CB), 0)
         _finish_far(tl.sum(tl.where(pick, c, 0), 0), tl.sum(tl.where(pick, end_chunk, 0), 0),
                     tl.sum(tl.where(pick, r, 0), 0), col, part_ptr, out_ptr, slots_ptr,
-                    t_values, dim, row_dim, lr, eps, beta1, beta2, wd, adam_step, APPLY, OPT,
+                    t_values, dim, row_dim, lr, eps, beta1, beta2, wd, adam_scale, APPLY, OPT,
                     DIM_P2, EVEN, BK)
         far = far & ~pick
 
 
 @triton.jit
 def _finish_far(c, end_chunk, r, col, part_ptr, out_ptr, slots_ptr, t_values, dim, row_dim, lr,
-                eps, beta1, beta2, wd, adam_step, APPLY: tl.constexpr, OPT: tl.constexpr,
+                eps, beta1, beta2, wd, adam_scale, APPLY: tl.constexpr, OPT: tl.constexpr,
                 DIM_P2: tl.constexpr, EVEN: tl.constexpr, BK: tl.constexpr):
     """Finishes the segment ``r`` that leaves chunk ``c`` and ends in chunk ``end_chunk``:
     its tail partial plus the head partials of the chunks after, BK at a time."""
@@ -355,7 +355,7 @@ def _finish_far(c, end_chunk, r, col, part_ptr, out_ptr, slots_ptr, t_values, di
         acc += tl.sum(heads, axis=0)[None, :]
         k0 += BK
     _finish_rows(acc, r + two * 0, one, col, out_ptr, slots_ptr, t_values, dim, row_dim, lr,
-                 eps, beta1, beta2, wd, adam_step, APPLY, OPT, DIM_P2, EVEN)
+                 eps, beta1, beta2, wd, adam_scale, APPLY, OPT, DIM_P2, EVEN)
 
 
 # dim is not specialized: a dim divisible by 16 failed to compile (triton 3.6, sm_90);
@@ -363,7 +363,7 @@ def _finish_far(c, end_chunk, r, col, part_ptr, out_ptr, slots_ptr, t_values, di
 @fast_launch
 @triton.jit(do_not_specialize=["u", "dim"])
 def _empty_rows_kernel(row_start_ptr, out_ptr, slots_ptr, t_values, u, dim, row_dim, lr, eps,
-                       beta1, beta2, wd, adam_step, APPLY: tl.constexpr, OPT: tl.constexpr,
+                       beta1, beta2, wd, adam_scale, APPLY: tl.constexpr, OPT: tl.constexpr,
                        DIM_P2: tl.constexpr, EVEN: tl.constexpr, BR: tl.constexpr):
     """Unique rows with no position get a zero gradient (written, or applied)."""
     if EVEN:
@@ -375,7 +375,7 @@ def _empty_rows_kernel(row_start_ptr, out_ptr, slots_ptr, t_values, u, dim, row_
     col = tl.arange(0, DIM_P2)
     _finish_rows(tl.zeros([BR, DIM_P2], dtype=tl.float32), rows, rmask & (count == 0), col,
                  out_ptr, slots_ptr, t_values, dim, row_dim, lr, eps, beta1, beta2, wd,
-                 adam_step, APPLY, OPT, DIM_P2, EVEN)
+                 adam_scale, APPLY, OPT, DIM_P2, EVEN)
 
 
 def _sorted_rows(row_start: torch.Tensor, n: int) -> torch.Tensor:
@@ -451,7 +451,7 @@ def _launch_reduce(grads: torch.Tensor, gidx: torch.Tensor, weights: torch.Tenso
     target = (out if out is not None else dummy, slots if slots is not None else gidx,
               table_values if apply else dummy)
     scalars = (table_values.shape[1] if apply else dim, hp.lr, hp.eps, hp.beta1, hp.beta2,
-               hp.weight_decay, hp.adam_step)
+               hp.weight_decay, hp.adam_scale)
     row_start = row_start.contiguous()
     if not covered:
         br = max(1, 4096 // dim_p2)

@@ -1,8 +1,9 @@
 """Reference sparse optimizer math on rows ``[embedding (dim) | state]``.
 
-Computed in float32 and written back in the storage dtype. Matches torch.optim:
-SGD; Adagrad with sparse gradients; SparseAdam (global step bias correction);
-row-wise Adagrad feeds the accumulator the mean of the squared gradient.
+Computed in float32 and written back in the storage dtype. SGD and Adagrad match
+torch.optim (Adagrad with sparse gradients); row-wise Adagrad feeds the accumulator the
+mean of the squared gradient; Adam is dynamicemb's and FBGEMM TBE's (global step bias
+correction, eps after it, decoupled weight decay; ``SparseAdam``'s docstring).
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from hashrec.table.optim import (
 def _adam(rows: torch.Tensor, g: torch.Tensor, spec: SparseAdam, lr: float, step: int) -> None:
     dim = g.shape[1]
     w, m, v = rows[:, :dim], rows[:, dim:2 * dim], rows[:, 2 * dim:3 * dim]
-    if spec.weight_decay:
-        g = g + spec.weight_decay * w
     m.mul_(spec.beta1).add_(g, alpha=1.0 - spec.beta1)
     v.mul_(spec.beta2).addcmul_(g, g, value=1.0 - spec.beta2)
-    bias1 = 1.0 - spec.beta1 ** step
-    bias2 = 1.0 - spec.beta2 ** step
-    step_size = lr * bias2 ** 0.5 / bias1
-    w.addcdiv_(m, v.sqrt().add_(spec.eps), value=-step_size)
+    # m_hat / (sqrt(v_hat) + eps) as the Triton kernel computes it, one rounding an
+    # operation in the same order, so that half-precision rows round alike on both paths.
+    scale, eps = spec.folded_corrections(step)
+    update = (m * scale).div_(v.sqrt().add_(eps))
+    if spec.weight_decay:
+        update.add_(w * spec.weight_decay)  # of the weight before this update
+    w.sub_(update.mul_(lr))
 
 
 def apply_sparse_update(values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor,

@@ -8,9 +8,11 @@ table dtype):
 * SGD:      ``w -= lr * g``
 * Adagrad:  ``s += g * g; w -= lr * g / (sqrt(s) + eps)``
 * RowWise:  ``s += mean(g * g); w -= lr * g / (sqrt(s) + eps)``
-* Adam:     ``g += wd * w; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-  w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)`` with the global step t
-  (``torch.optim.SparseAdam``'s form).
+* Adam:     ``m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+  w -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)`` with ``m_hat = m / (1 - b1^t)``,
+  ``v_hat = v / (1 - b2^t)`` and the global step t (dynamicemb's and FBGEMM TBE's form:
+  eps after the bias correction, weight decay decoupled). The kernel folds both
+  corrections into ``adam_scale`` and the eps it is given (``SparseAdam.folded_corrections``).
 """
 
 from __future__ import annotations
@@ -34,11 +36,11 @@ class KernelHyper:
 
     kind: int
     lr: float
-    eps: float = 0.0
+    eps: float = 0.0  # Adam: eps * sqrt(1 - beta2 ** step), eps folded onto sqrt(v)
     beta1: float = 0.0
     beta2: float = 0.0
     weight_decay: float = 0.0
-    adam_step: float = 0.0  # lr * sqrt(1 - beta2 ** step) / (1 - beta1 ** step)
+    adam_scale: float = 0.0  # sqrt(1 - beta2 ** step) / (1 - beta1 ** step)
 
 
 def kernel_hyper(spec, lr: float | None, step: int) -> KernelHyper:
@@ -53,16 +55,16 @@ def kernel_hyper(spec, lr: float | None, step: int) -> KernelHyper:
     if isinstance(spec, SparseAdam):
         if step < 1:
             raise ValueError(f"step={step} is not valid for Adam; allowed: >= 1 (1-based)")
-        adam_step = lr * (1.0 - spec.beta2 ** step) ** 0.5 / (1.0 - spec.beta1 ** step)
-        return KernelHyper(OPT_ADAM, lr, spec.eps, spec.beta1, spec.beta2, spec.weight_decay,
-                           adam_step)
+        adam_scale, eps = spec.folded_corrections(step)
+        return KernelHyper(OPT_ADAM, lr, eps, spec.beta1, spec.beta2, spec.weight_decay,
+                           adam_scale)
     raise ValueError(f"optimizer spec {spec!r} is not supported; allowed: SparseSGD, "
                      "SparseAdagrad, SparseRowWiseAdagrad, SparseAdam")
 
 
 @triton.jit
 def update_rows(t_values, slot, rmask, g, row_dim, dim, lr, eps, beta1, beta2, wd,
-                adam_step, OPT: tl.constexpr, DIM_P2: tl.constexpr, EVEN: tl.constexpr = False):
+                adam_scale, OPT: tl.constexpr, DIM_P2: tl.constexpr, EVEN: tl.constexpr = False):
     """Applies one optimizer step to rows ``slot`` (R,) given fp32 grads g (R, DIM_P2).
 
     EVEN: ``dim`` is the constexpr DIM_P2, and rows are read as whole vectors
@@ -86,28 +88,29 @@ def update_rows(t_values, slot, rmask, g, row_dim, dim, lr, eps, beta1, beta2, w
         tl.store(sp, s.to(w_raw.dtype), mask=rmask)
         w = w - lr * g / (tl.sqrt(s)[:, None] + eps)
     else:
-        g = g + wd * w
         m = load_rows(t_values + dim, slot, row_dim, col, rmask, cmask, EVEN).to(tl.float32)
         v = load_rows(t_values + 2 * dim, slot, row_dim, col, rmask, cmask, EVEN).to(tl.float32)
         m = beta1 * m + (1.0 - beta1) * g
         v = beta2 * v + (1.0 - beta2) * g * g
         tl.store(base + dim + col[None, :], m.to(w_raw.dtype), mask=m2)
         tl.store(base + 2 * dim + col[None, :], v.to(w_raw.dtype), mask=m2)
-        w = w - adam_step * m / (tl.sqrt(v) + eps)
+        # The reference's operations in its order (float16 rows round alike); w on the
+        # right is the weight before this update (decoupled weight decay).
+        w = w - lr * (adam_scale * m / (tl.sqrt(v) + eps) + wd * w)
     tl.store(base + col[None, :], w.to(w_raw.dtype), mask=m2)
 
 
 @fast_launch
 @triton.jit(do_not_specialize=["u"])
 def _apply_kernel(t_values, slots_ptr, grads_ptr, u, row_dim, dim, lr, eps, beta1, beta2, wd,
-                  adam_step, OPT: tl.constexpr, DIM_P2: tl.constexpr, BLOCK: tl.constexpr):
+                  adam_scale, OPT: tl.constexpr, DIM_P2: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     slot = tl.load(slots_ptr + rows, mask=rows < u, other=-1)
     rmask = (rows < u) & (slot >= 0)  # a negative slot has no stored row: no update
     col = tl.arange(0, DIM_P2)
     g = tl.load(grads_ptr + rows[:, None] * dim + col[None, :],
                 mask=rmask[:, None] & (col[None, :] < dim), other=0.0).to(tl.float32)
-    update_rows(t_values, slot, rmask, g, row_dim, dim, lr, eps, beta1, beta2, wd, adam_step,
+    update_rows(t_values, slot, rmask, g, row_dim, dim, lr, eps, beta1, beta2, wd, adam_scale,
                 OPT, DIM_P2)
 
 
@@ -146,5 +149,5 @@ def apply_sparse_update(values: torch.Tensor, slots: torch.Tensor, grads: torch.
     block = config["rows"]
     _apply_kernel[(cdiv(u, block),)](
         values, slots.contiguous(), grads.contiguous().float(), u, values.shape[1], dim,
-        hp.lr, hp.eps, hp.beta1, hp.beta2, hp.weight_decay, hp.adam_step,
+        hp.lr, hp.eps, hp.beta1, hp.beta2, hp.weight_decay, hp.adam_scale,
         OPT=hp.kind, DIM_P2=dim_p2, BLOCK=block, num_warps=config["num_warps"])
