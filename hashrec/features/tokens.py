@@ -184,10 +184,15 @@ def missing_cells(array: pa.Array) -> np.ndarray:
 
 
 def _plain(array: pa.Array) -> pa.Array:
-    """A column as ``column_bags`` reads it: an all-null column as strings, dictionary
-    cells decoded, fixed-size lists as lists."""
+    """A column as ``column_bags`` and ``sequence_items`` read it: an all-null column as
+    strings, a list column of null items as all-missing string lists, dictionary cells
+    decoded, fixed-size lists as lists."""
     if pa.types.is_null(array.type):  # an all-null column without a type
         array = array.cast(pa.string())
+    elif _is_list(array.type) and pa.types.is_null(array.type.value_type):
+        # pyarrow infers list<null> where every list of a file is empty or null: no cell
+        # holds a value, so every cell is missing (it takes the default, if any)
+        array = pa.nulls(len(array), pa.list_(pa.string()))
     array = _decode_dictionary(array)
     if pa.types.is_fixed_size_list(array.type):
         array = array.cast(pa.list_(array.type.value_type))
@@ -244,11 +249,7 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
     item i of every sub-feature of one sequence still describes the same item: dropping
     the missing ones is for the caller (``keep_items``), together across the sequence.
     """
-    if pa.types.is_null(array.type):
-        array = array.cast(pa.string())
-    array = _decode_dictionary(array)
-    if pa.types.is_fixed_size_list(array.type):
-        array = array.cast(pa.list_(array.type.value_type))
+    array = _plain(array)
     t = array.type
     if _is_list(t):
         values, lengths = pc.list_flatten(array), list_lengths(array)

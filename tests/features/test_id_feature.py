@@ -258,3 +258,19 @@ def test_integer_tokens_are_read_from_their_bytes_as_the_rule_states():
                 assert bool(got) == want, token
                 if want:
                     assert int(value) == int(match.group(1)), token
+
+
+@pytest.mark.parametrize("options", ["num_buckets: 10", "hash_bucket_size: 10",
+                                     "dynamicemb { max_capacity: 10 }", "zch { zch_size: 10 }",
+                                     'vocab_list: ["7"]'],
+                         ids=["num-buckets", "hash", "dynamicemb", "zch", "vocab"])
+@pytest.mark.parametrize("list_type", [pa.list_(pa.null()), pa.large_list(pa.null())],
+                         ids=["list", "large-list"])
+def test_a_list_column_of_nulls_is_all_missing_cells(feature_set, options, list_type):
+    # pyarrow infers list<null> for a column whose lists are all empty or null
+    column = pa.array([[], None, []], list_type)
+    assert _bags(feature_set(_id(options)).parse(pa.table({"c": column})), "f") == \
+        ([], [0, 0, 0])
+    with_default = feature_set(_id(f'{options} default_value: "7"'))
+    want = _bags(with_default.parse(pa.table({"c": ["7", "7", "7"]})), "f")
+    assert _bags(with_default.parse(pa.table({"c": column})), "f") == want
