@@ -77,18 +77,24 @@ def string_bytes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return offsets - offsets[0], data
 
 
-_ZERO_FRACTION = r"^([+-]?[0-9]+)\.0+$"
+# An integer's canonical decimal text (no "+", no leading zero, no "-0") and a zero fraction.
+_ZERO_FRACTION = r"^(0|-?[1-9][0-9]*)\.0+$"
+# Any decimal integer text and a zero fraction (num_buckets reads "+7.0" and "007.0" as 7).
+_ANY_ZERO_FRACTION = r"^([+-]?[0-9]+)\.0+$"
 
 
-def integral_text(values: pa.Array) -> pa.Array:
-    """A string array with decimal texts of a zero fraction read as the integer's text
-    (``"12.0"`` -> ``"12"``: pandas writes an integer id column with a missing value so,
-    and the float 12.0 is the id 12 too); other tokens unchanged. One pass over the bytes
-    finds whether any token holds a ``.`` before a regular expression runs."""
+def integral_text(values: pa.Array, canonical: bool = True) -> pa.Array:
+    """A string array with an integer's decimal text followed by a zero fraction read as
+    that text (``"12.0"`` -> ``"12"``: pandas writes an integer id column with a missing
+    value so, and the float 12.0 is the id 12 too); other tokens unchanged. ``canonical``:
+    only the integer's canonical text (``"012.0"``, ``"+12.0"`` and ``"-0.0"`` stay as
+    they are); else any (``"+7.0"`` -> ``"+7"``). One pass over the bytes finds whether any
+    token holds a ``.`` before a regular expression runs."""
     data = string_bytes(values)[1]
     if not len(data) or not (data == ord(".")).any():
         return values
-    return pc.replace_substring_regex(values, _ZERO_FRACTION, r"\1")
+    return pc.replace_substring_regex(values, _ZERO_FRACTION if canonical else
+                                      _ANY_ZERO_FRACTION, r"\1")
 
 
 def token_text(values: pa.Array) -> pa.Array:
