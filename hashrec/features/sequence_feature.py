@@ -4,7 +4,10 @@ Sub-feature ``f`` of ``sequence_feature`` ``s`` is named ``s__f`` and reads
 column ``s__<field>`` (``<field>`` from its expression). Cells are split on
 ``sequence_delim`` (or are ``list<>`` columns) and truncated to the first
 ``sequence_length`` items; sequences are stored most recent first, so the
-most recent items are kept.
+most recent items are kept. An id item of several values (split on the
+sub-feature's ``separator``) is its first value (``value_dim`` 1, a sequence's
+default in TorchEasyRec; other value_dims are refused); a raw item of several
+values is an error.
 
 A sub-feature without its own bucketization (no hash_bucket_size,
 num_buckets, vocab or dynamicemb) and without embedding_name shares the

@@ -246,14 +246,16 @@ def column_bags(array: pa.Array, feature: str, column: str, separator: str | Non
 
 
 def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
-                   default: str = "") -> Bags:
+                   default: str = "", separator: str | None = None) -> Bags:
     """Split one sequence column into its items, keeping every position.
 
     A string cell is split on ``delim``; a ``list<>`` cell's entries are its items; any
-    other cell is one item. A null or empty cell has no items. An empty or null item
-    inside a cell stays in place as a null, or as ``default`` when one is given, so that
-    item i of every sub-feature of one sequence still describes the same item: dropping
-    the missing ones is for the caller (``keep_items``), together across the sequence.
+    other cell is one item. A null or empty cell has no items. With ``separator``, a
+    string item holding several values (``"4\x1d5"``) is its first value (``"4"``: an id
+    sequence's ``value_dim`` 1). An empty or null item inside a cell stays in place as a
+    null, or as ``default`` when one is given, so that item i of every sub-feature of one
+    sequence still describes the same item: dropping the missing ones is for the caller
+    (``keep_items``), together across the sequence.
     """
     array = _plain(array)
     t = array.type
@@ -268,7 +270,7 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
         raise FeatureError(f"feature {feature!r}: column {column!r} has type {t}; expected "
                            f"integers, floats, strings or lists of them")
     if _is_string(values.type):
-        values = empty_as_null(values)
+        values = empty_as_null(first_values(values, separator) if separator else values)
     if default and values.null_count:
         try:
             fill = pa.scalar(default).cast(values.type)
@@ -277,6 +279,21 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
                                f"the items of column {column!r} ({values.type})") from None
         values = pc.fill_null(values, fill)
     return Bags(values, lengths)
+
+
+def first_values(items: pa.Array, separator: str) -> pa.Array:
+    """Each string item's first value on ``separator``, empty values skipped (``"a"`` of
+    ``"a\x1db"`` and of ``"\x1da"``); an item without any is null."""
+    if not pc.any(pc.match_substring(items, separator)).as_py():
+        return items
+    split = pc.split_pattern(items, separator)
+    values, lengths = pc.list_flatten(split), list_lengths(split)
+    filled = np.flatnonzero(np.diff(string_offsets(values)) != 0)
+    owner = np.repeat(np.arange(len(items)), lengths)[filled]
+    rows, at = np.unique(owner, return_index=True)  # each item's first filled value
+    first = np.full(len(items), -1, dtype=np.int64)
+    first[rows] = filled[at]
+    return values.take(pa.array(first, mask=first < 0))
 
 
 def keep_items(bags: Bags, keep: np.ndarray | None) -> Bags:

@@ -179,3 +179,48 @@ def test_sequence_length_on_a_plain_feature_is_refused(feature_set, kind, option
 def test_weighted_sequence_is_refused(feature_set, config):
     with pytest.raises(ConfigError, match="weighted is not supported on sequence features"):
         feature_set(f"feature_configs {{ {config} }}")
+
+
+def _one_id_sequence(options: str) -> str:
+    return ('feature_configs { sequence_feature { sequence_name: "s" sequence_length: 5 '
+            'sequence_delim: ";" features { id_feature { feature_name: "i" expression: '
+            f'"item:i" embedding_dim: 4 {options} }} }} }} }}')
+
+
+@pytest.mark.parametrize("options", ["hash_bucket_size: 100", "num_buckets: 100",
+                                     "dynamicemb { max_capacity: 10 }",
+                                     "num_buckets: 100 value_dim: 1"],
+                         ids=["hash", "num-buckets", "dynamicemb", "value-dim-1"])
+def test_an_item_of_several_values_is_its_first_value(feature_set, options):
+    # TorchEasyRec splits an item on the separator ("\x1d"); a sequence's value_dim is 1
+    fs = feature_set(_one_id_sequence(options))
+    want = fs.parse(pa.table({"s__i": ["4;6", "7"]})).sparse["s__i"]
+    for column in (["4\x1d5;6", "7"], ["\x1d4\x1d5;6", "7\x1d"],
+                   pa.array([["4\x1d5", "6"], ["7"]], pa.list_(pa.string()))):
+        got = fs.parse(pa.table({"s__i": column})).sparse["s__i"]
+        assert got.values.tolist() == want.values.tolist(), column
+        assert got.lengths.tolist() == [2, 1]
+
+
+def test_a_top_level_sequence_splits_items_on_its_separator(feature_set):
+    fs = feature_set('feature_configs { sequence_id_feature { feature_name: "h" expression: '
+                     '"user:h" embedding_dim: 4 num_buckets: 50 sequence_length: 4 '
+                     'sequence_delim: ";" separator: "," } }')
+    batch = fs.parse(pa.table({"h": ["1,2;3", "4,5"]}))
+    assert batch.sparse["h"].values.tolist() == [1, 3, 4]
+    assert batch.sparse["h"].lengths.tolist() == [2, 1]
+
+
+@pytest.mark.parametrize("value_dim", [0, 2])
+def test_several_ids_per_sequence_item_are_refused(feature_set, value_dim):
+    with pytest.raises(ConfigError, match=rf"'s__i': value_dim {value_dim} .*multi-value "
+                                          r"sequence items are not supported"):
+        feature_set(_one_id_sequence(f"num_buckets: 10 value_dim: {value_dim}"))
+
+
+def test_a_raw_item_of_several_values_names_its_row(feature_set):
+    fs = feature_set(TOP + SEQ)
+    with pytest.raises(FeatureError, match=r"'s__price': column 's__price' row 1: item "
+                                           r"'0.1\\x1d1.1' holds several values"):
+        fs.parse(pa.table({"item": [1, 2], "s__item": ["1|2", "3"],
+                           "s__price": ["1|2", "0.1\x1d1.1"]}))

@@ -9,6 +9,7 @@ import pytest
 from hashrec.features.errors import FeatureError
 from hashrec.features.tokens import (
     column_bags,
+    first_values,
     list_lengths,
     missing_cells,
     sequence_items,
@@ -127,3 +128,11 @@ def test_lists_of_nulls_are_missing_cells(kind, default):
     assert missing_cells(array).tolist() == [True] * 3
     items = sequence_items(array, "f", "c", "|", default)
     assert items.lengths.tolist() == [0, 0, 0] and len(items.values) == 0
+
+
+@pytest.mark.parametrize("string_type", [pa.string(), pa.large_string()],
+                         ids=["string", "large-string"])
+def test_first_values_skip_empty_ones(string_type):
+    items = pa.array(["x", "a,b", ",c,d", None, "", ",", "e,"], string_type)
+    assert first_values(items, ",").to_pylist() == ["x", "a", "c", None, None, None, "e"]
+    assert first_values(items.slice(2, 3), ",").to_pylist() == ["c", None, None]
