@@ -291,7 +291,7 @@ class DynamicIds:
 Bucketizer = NumBuckets | HashBuckets | Vocab | DynamicIds
 
 
-def _vocab(cfg, feature: str) -> Vocab:
+def _vocab(cfg, feature: str, default_value: str) -> Vocab:
     has_default = cfg.HasField("default_bucketize_value")
     if len(cfg.vocab_list):
         tokens = tuple(cfg.vocab_list)
@@ -304,22 +304,24 @@ def _vocab(cfg, feature: str) -> Vocab:
         raise ConfigError(f"feature {feature!r}: vocabulary has duplicate entries")
     # TorchEasyRec's vocab_list is [default_value, "<OOV>", *vocab_list], in which an entry
     # equal to default_value keeps its own id; its vocab_dict sets default_value's id to 0.
-    in_list = len(cfg.vocab_list) and cfg.default_value in tokens
-    if not has_default and cfg.default_value and not in_list:
-        keep = [i for i, t in enumerate(tokens) if t != cfg.default_value]
-        tokens = (cfg.default_value, *(tokens[i] for i in keep))
+    in_list = len(cfg.vocab_list) and default_value in tokens
+    if not has_default and default_value and not in_list:
+        keep = [i for i, t in enumerate(tokens) if t != default_value]
+        tokens = (default_value, *(tokens[i] for i in keep))
         token_ids = (0, *(token_ids[i] for i in keep))
     oov = int(cfg.default_bucketize_value) if has_default else 1
     num_rows = max([oov, *token_ids, 1]) + 1
     return Vocab(tokens, token_ids, oov, num_rows)
 
 
-def bucketizer_from_config(cfg, feature: str, required: bool = True) -> Bucketizer | None:
+def bucketizer_from_config(cfg, feature: str, required: bool = True,
+                           default_value: str | None = None) -> Bucketizer | None:
     """The bucketizer an id/combo feature config asks for.
 
     Exactly one of hash_bucket_size, num_buckets, vocab_list, vocab_dict,
     dynamicemb and zch must be set; with ``required=False`` none may be set (returns
-    None: the caller inherits one).
+    None: the caller inherits one). ``default_value``: the feature's default where it is
+    not the config's (a sequence's ``"0"``), for the vocabularies' id 0.
     """
     fields = cfg.DESCRIPTOR.fields_by_name
     chosen = [name for name in ("hash_bucket_size", "num_buckets", "dynamicemb", "zch")
@@ -345,4 +347,4 @@ def bucketizer_from_config(cfg, feature: str, required: bool = True) -> Bucketiz
         from hashrec.features.zch import ZchIds, zch_options  # zch builds on this module
 
         return ZchIds(zch_options(cfg.zch, feature))
-    return _vocab(cfg, feature)
+    return _vocab(cfg, feature, cfg.default_value if default_value is None else default_value)

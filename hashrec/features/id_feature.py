@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -33,6 +34,11 @@ from hashrec.features.tokens import (
 )
 
 _WEIGHTED = r"^(?P<id>.*):(?P<weight>[^:]*)$"
+# What a missing item of a sequence id feature without default_value reads as (TorchEasyRec
+# resets such a default_value to it).
+SEQUENCE_DEFAULT = "0"
+
+logger = logging.getLogger("hashrec.features")
 
 
 def _is_finite_number(text: str) -> bool:
@@ -155,11 +161,23 @@ def build_id_feature(cfg) -> IdFeature:
                      cfg.separator, cfg.default_value, cfg.weighted)
 
 
+def sequence_default(cfg, name: str) -> str:
+    """A sequence id feature's default_value: the config's, or ``SEQUENCE_DEFAULT`` where it
+    is empty, as TorchEasyRec resets it (an empty or null cell is then one "0" item)."""
+    if cfg.default_value:
+        return cfg.default_value
+    logger.info("feature %r: a sequence id feature without default_value reads missing "
+                "items and empty cells as %r, as TorchEasyRec does", name, SEQUENCE_DEFAULT)
+    return SEQUENCE_DEFAULT
+
+
 def build_sequence_id_feature(cfg, name: str, column: str, sequence_length: int,
                               sequence_delim: str, bucketizer: Bucketizer,
-                              table: TableRequest, sequence_name: str = "") -> IdFeature:
+                              table: TableRequest, sequence_name: str = "",
+                              default: str | None = None) -> IdFeature:
     """IdFeature read as a sequence: items split on ``sequence_delim``, each its first value
-    on ``separator`` (a sequence's ``value_dim`` is 1 unless set, as in TorchEasyRec);
+    on ``separator`` (a sequence's ``value_dim`` is 1 unless set, as in TorchEasyRec); a
+    missing item or cell reads as ``default`` (None: ``sequence_default``);
     ``sequence_name`` is its ``sequence_feature``'s name (empty for a top-level sequence
     feature)."""
     if sequence_length <= 0:
@@ -173,6 +191,7 @@ def build_sequence_id_feature(cfg, name: str, column: str, sequence_length: int,
                           f"per sequence item, and multi-value sequence items are not "
                           f"supported; set value_dim 1 (or leave it unset) to read each "
                           f"item's first value")
-    return IdFeature(name, column, bucketizer, table, cfg.pooling, sequence_delim,
-                     cfg.default_value, False, sequence_length, sequence_name,
-                     cfg.separator or None)
+    if default is None:
+        default = sequence_default(cfg, name)
+    return IdFeature(name, column, bucketizer, table, cfg.pooling, sequence_delim, default,
+                     False, sequence_length, sequence_name, cfg.separator or None)

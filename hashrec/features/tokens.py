@@ -8,7 +8,8 @@ on the sequence delimiter (sequences); ``list<>`` columns are used as they are.
 
 A sequence's items keep their positions (``sequence_items``): a missing item
 becomes its feature's ``default`` or stays a null, and the caller drops the null
-positions from every sub-feature of the sequence at once (``keep_items``).
+positions from every sub-feature of the sequence at once (``keep_items``); a missing
+cell is one ``default`` item, or has none.
 """
 
 from __future__ import annotations
@@ -250,19 +251,24 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
     """Split one sequence column into its items, keeping every position.
 
     A string cell is split on ``delim``; a ``list<>`` cell's entries are its items; any
-    other cell is one item. A null or empty cell has no items. With ``separator``, a
-    string item holding several values (``"4\x1d5"``) is its first value (``"4"``: an id
-    sequence's ``value_dim`` 1). An empty or null item inside a cell stays in place as a
-    null, or as ``default`` when one is given, so that item i of every sub-feature of one
-    sequence still describes the same item: dropping the missing ones is for the caller
-    (``keep_items``), together across the sequence.
+    other cell is one item. A null or empty cell (an empty list too) is one ``default``
+    item when a default is given (as in TorchEasyRec), else it has no items. With
+    ``separator``, a string item holding several values (``"4\x1d5"``) is its first value
+    (``"4"``: an id sequence's ``value_dim`` 1). An empty or null item inside a cell stays
+    in place as a null, or as ``default`` when one is given, so that item i of every
+    sub-feature of one sequence still describes the same item: dropping the missing ones
+    is for the caller (``keep_items``), together across the sequence.
     """
-    array = _plain(array)
+    array = _missing_as_null(_plain(array))
+    if default and array.null_count and _is_list(array.type):
+        array = pc.fill_null(array, pa.scalar([None], array.type))  # one item, filled below
     t = array.type
     if _is_list(t):
         values, lengths = pc.list_flatten(array), list_lengths(array)
     elif _is_string(t):
-        split = pc.split_pattern(empty_as_null(array), delim)  # an empty cell has no items
+        if default and array.null_count:
+            array = pc.fill_null(array, pa.scalar("", t))  # one item, filled below
+        split = pc.split_pattern(array, delim)  # a null cell has no items
         values, lengths = pc.list_flatten(split), list_lengths(split)
     elif pa.types.is_integer(t) or pa.types.is_floating(t):
         values, lengths = array, np.ones(len(array), dtype=np.int64)
