@@ -49,6 +49,9 @@ _FEATURE_IGNORED = {
     "ComboFeature": ("value_dim", "stub_type"),
     "RawFeature": ("stub_type",),
 }
+# Of those, the fields a sequence's features act on: an id sequence's value_dim (1 reads
+# an item's first value, other values are refused).
+_SEQUENCE_READS = ("value_dim",)
 _FEATURE_KINDS = ("id_feature", "raw_feature", "combo_feature", "sequence_id_feature",
                   "sequence_raw_feature")
 
@@ -84,19 +87,21 @@ def _messages(config):
 
 
 def _features(config):
-    """(label, feature message) of every id, raw and combo feature, sequences' included."""
+    """(label, feature message, whether a sequence reads it) of every id, raw and combo
+    feature, sequences' included."""
     for i, fc in enumerate(config.feature_configs):
         kind = fc.WhichOneof("feature")
         if kind in _FEATURE_KINDS:
             sub = getattr(fc, kind)
-            yield f"feature {sub.feature_name!r} (feature_configs[{i}])", sub
+            yield (f"feature {sub.feature_name!r} (feature_configs[{i}])", sub,
+                   kind.startswith("sequence_"))
         elif kind == "sequence_feature":
             for seq_fc in fc.sequence_feature.features:
                 seq_kind = seq_fc.WhichOneof("feature")
                 if seq_kind in _FEATURE_KINDS:
                     sub = getattr(seq_fc, seq_kind)
                     name = f"{fc.sequence_feature.sequence_name}__{sub.feature_name}"
-                    yield f"feature {name!r} (feature_configs[{i}])", sub
+                    yield f"feature {name!r} (feature_configs[{i}])", sub, True
 
 
 def unused_field_problems(config) -> list[str]:
@@ -106,7 +111,7 @@ def unused_field_problems(config) -> list[str]:
         for name, (differs, instead) in _REFUSED.get(message.DESCRIPTOR.name, {}).items():
             if _is_set(message, name) and differs(getattr(message, name)):
                 problems.append(f"{path}.{name} is not supported ({instead}); remove it")
-    for label, feature in _features(config):
+    for label, feature, _ in _features(config):
         for name, (differs, instead) in _FEATURE_REFUSED.items():
             if _is_set(feature, name) and differs(getattr(feature, name)):
                 problems.append(f"{label}: {name} is not supported ({instead}); remove it")
@@ -123,14 +128,15 @@ def _set_off_default(message, name: str) -> bool:
 def ignored_field_notes(config) -> list[str]:
     """The fields set, to other than their defaults, that HashRec ignores without
     changing what a model learns (``train_config.is_profiling``, ``value_dim of feature
-    'cate' (feature_configs[3])``)."""
+    'cate' (feature_configs[3])``; a sequence's features read their value_dim)."""
     notes = []
     for path, message in _messages(config):
         for name in _IGNORED.get(message.DESCRIPTOR.name, ()):
             if _set_off_default(message, name):
                 notes.append(f"{path}.{name}")
-    for label, feature in _features(config):
+    for label, feature, in_sequence in _features(config):
         for name in _FEATURE_IGNORED.get(feature.DESCRIPTOR.name, ()):
-            if _set_off_default(feature, name):
+            if _set_off_default(feature, name) and not (in_sequence
+                                                        and name in _SEQUENCE_READS):
                 notes.append(f"{name} of {label}")
     return notes

@@ -3,12 +3,14 @@
 Hashing is xxhash64 of the token's UTF-8 text (an integer token is hashed by its decimal
 text, so ``123``, ``123.0``, ``"123.0"`` and ``"123"`` agree: ``tokens.token_text``),
 stable across processes and runs. Dynamic-embedding features keep integer ids as they
-are (an integral float too); a string token that is a decimal integer in the int64 range
-(optional sign, digits only, or a zero fraction) is read as that integer and any other
-string is replaced by its 64-bit hash, so a sequence column of ``"12|7"`` strings and an
-int64 column name the same keys (a uint64 id past the int64 range is hashed like its
-text). Which of the two a token gets depends on the token alone, never on the other
-tokens of its batch.
+are (an integral float too); a string token that is the canonical decimal text of an
+integer in the int64 range (``"12"``, ``"-3"``, ``"0"``, or that with a zero fraction:
+``"12.0"``) is read as that integer and any other string is replaced by its 64-bit hash,
+so a sequence column of ``"12|7"`` strings and an int64 column name the same keys while
+``"012"``, ``"+12"`` and ``"-0"`` stay keys of their own, as distinct strings (a uint64
+id past the int64 range is hashed like its text). Which of the two a token gets depends
+on the token alone, never on the other tokens of its batch. num_buckets features, which
+take integers only, read any decimal integer text (``"+7"``, ``"007"``: 7).
 """
 
 from __future__ import annotations
@@ -65,56 +67,83 @@ def _no_letters(values: pa.Array) -> bool:
     return len(data) > 0 and int(data.max()) <= ord("9")
 
 
-def _integer_text(values: pa.Array) -> np.ndarray:
-    """(n,) bool: which tokens of a string array are decimal integer texts (``^[+-]?[0-9]+$``),
-    read from the data buffer's bytes: a token is one when its bytes are all ASCII digits
-    but for an optional leading sign, with at least one digit (null cells are not)."""
+def _integer_text(values: pa.Array, canonical: bool) -> np.ndarray:
+    """(n,) bool: which tokens of a string array are decimal integer texts, read from the
+    data buffer's bytes (null cells are not). ``canonical``: an integer's canonical text
+    (``^(0|-?[1-9][0-9]*)$``: ASCII digits after an optional ``-``, no leading zero, no
+    ``-0``); else any decimal integer text (``^[+-]?[0-9]+$``)."""
     offsets, data = string_bytes(values)
     if not len(data):  # no token holds a byte
         return np.zeros(len(values), dtype=bool)
     starts, lengths = offsets[:-1], np.diff(offsets)
     nondigits = np.concatenate(([0], np.cumsum((data < 48) | (data > 57), dtype=np.int64)))
     bad = nondigits[starts + lengths] - nondigits[starts]
-    first = data[np.minimum(starts, len(data) - 1)]
-    signed = (lengths >= 2) & ((first == ord("+")) | (first == ord("-")))
+    last = len(data) - 1
+    first = data[np.minimum(starts, last)]
+    signs = (ord("-"),) if canonical else (ord("-"), ord("+"))
+    signed = (lengths >= 2) & np.isin(first, signs)
     is_int = (lengths >= 1) & ((bad == 0) | ((bad == 1) & signed))
+    if canonical:  # the first digit is a 0 only in "0"
+        lead = data[np.minimum(starts + signed, last)]
+        is_int &= (lead != ord("0")) | ((lengths == 1) & ~signed)
     if values.null_count:
         is_int &= pc.is_valid(values).to_numpy(zero_copy_only=False)
     return is_int
 
 
-def int_tokens(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Which string tokens are decimal integers in the int64 range, and their values.
+def _zero_led(values: pa.Array) -> bool:
+    """Whether a token of a string array starts with ``+`` or (being longer than one
+    byte) ``0``, or with ``-0``: one that no canonical integer text does."""
+    offsets, data = string_bytes(values)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    if not len(data):
+        return False
+    first = data[np.minimum(starts, len(data) - 1)]
+    second = data[np.minimum(starts + 1, len(data) - 1)]
+    multi = lengths >= 2
+    return bool((((lengths >= 1) & (first == ord("+"))) | (multi & (first == ord("0")))
+                 | (multi & (first == ord("-")) & (second == ord("0")))).any())
 
-    A column with no byte above ``9`` (the common case: integer ids stored as text) is
-    cast whole, as one Arrow cast, which fails on anything else it holds (a space, a
-    stray sign, an overflow), leaving it to the token-wise path. There, which tokens are
-    integer texts is read from their bytes (``_integer_text``) and only those are cast,
-    so that no cast of a column of other strings (hex ids, say) runs to its failure,
-    which took most of a Criteo-like batch's parsing.
+
+def int_tokens(values: pa.Array, canonical: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Which string tokens are integer ids in the int64 range, and their values.
+
+    ``canonical`` (dynamic keys): a token is one when it is an integer's canonical decimal
+    text, or that with a zero fraction (``"12"``, ``"-3"``, ``"12.0"``; not ``"012"``,
+    ``"+12"``, ``"-0"``); else (num_buckets) any decimal integer text, with or without a
+    zero fraction.
+
+    A column with no byte above ``9`` (the common case: integer ids stored as text), and
+    in canonical mode none led by ``+``, ``0`` or ``-0`` (``_zero_led``), is cast whole, as
+    one Arrow cast, which fails on anything else it holds (a space, a stray sign, an
+    overflow), leaving it to the token-wise path. There, which tokens are integer texts is
+    read from their bytes (``_integer_text``) and only those are cast, so that no cast of
+    a column of other strings (hex ids, say) runs to its failure, which took most of a
+    Criteo-like batch's parsing.
 
     Returns:
         (is_int (n,) bool, ints (n,) int64): ``ints`` holds the value where ``is_int``.
     """
-    return _text_ints(integral_text(values))
+    return _text_ints(integral_text(values, canonical), canonical)
 
 
-def _text_ints(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+def _text_ints(values: pa.Array, canonical: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``int_tokens`` of a string array already in ``integral_text`` form."""
-    if len(values) and not values.null_count and _no_letters(values):
+    if len(values) and not values.null_count and _no_letters(values) \
+            and not (canonical and _zero_led(values)):
         try:  # every token an integer text, in one cast
             ints = pc.cast(values, pa.int64()).to_numpy(zero_copy_only=False)
             return np.ones(len(values), dtype=bool), ints
         except pa.ArrowInvalid:
             pass
-    is_int = _integer_text(values)
+    is_int = _integer_text(values, canonical)
     ints = np.zeros(len(values), dtype=np.int64)
     if not is_int.any():
         return is_int, ints
     where = np.flatnonzero(is_int)
     text = values if len(where) == len(values) else values.filter(pa.array(is_int))
-    if bool(pc.any(pc.starts_with(text, "+")).as_py()):  # Arrow's cast reads no "+"
-        text = pc.replace_substring_regex(text, r"^\+", "")
+    if not canonical and bool(pc.any(pc.starts_with(text, "+")).as_py()):
+        text = pc.replace_substring_regex(text, r"^\+", "")  # Arrow's cast reads no "+"
     try:
         ints[where] = pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False)
     except pa.ArrowInvalid:  # some overflow int64: those are not integer ids
@@ -133,8 +162,9 @@ def _float_ids(bags: Bags) -> tuple[np.ndarray, int | None]:
 
 
 def strict_int_ids(bags: Bags, feature: str, column: str) -> np.ndarray:
-    """Integer tokens as int64 (integral floats and ``12.0`` texts too); other floats or
-    non-integer strings are errors naming the row."""
+    """Integer tokens as int64 (integral floats, and any decimal integer text with or
+    without a zero fraction: ``"+7"``, ``"007.0"``); other floats or non-integer strings
+    are errors naming the row."""
     values = bags.values
     if pa.types.is_integer(values.type):
         return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
@@ -144,7 +174,7 @@ def strict_int_ids(bags: Bags, feature: str, column: str) -> np.ndarray:
             raise _error_at(bags, bad, feature, column, "expected an integer id")
         return ids
     if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
-        is_int, ints = int_tokens(values)
+        is_int, ints = int_tokens(values, canonical=False)  # "007" is 7: only ints are ids
         if not is_int.all():
             pos = int(np.flatnonzero(~is_int)[0])
             raise _error_at(bags, pos, feature, column, "expected an integer id")
@@ -154,8 +184,8 @@ def strict_int_ids(bags: Bags, feature: str, column: str) -> np.ndarray:
 
 
 def raw_int64_ids(bags: Bags) -> np.ndarray:
-    """Dynamic ids: integers kept (integral floats and ``12.0`` texts too), integer strings
-    parsed, other strings hashed."""
+    """Dynamic ids: integers kept (integral floats too), an integer's canonical decimal
+    text parsed (``"12"``, ``"12.0"``), other strings hashed (``"012"``, ``"+12"``)."""
     values = bags.values
     if pa.types.is_integer(values.type):
         ints = values.to_numpy(zero_copy_only=False)
@@ -224,10 +254,11 @@ class Vocab:
 
     Without ``default_bucketize_value`` (TorchEasyRec's convention) vocab_list
     entry i gets id i + 2, the feature's default_value (what missing cells
-    read as) gets id 0 and out-of-vocabulary tokens id 1; with it, entry i
-    gets id i and unknown tokens get default_bucketize_value. vocab_dict maps
-    tokens to the ids it names (and, without default_bucketize_value, the
-    default_value to 0 and unknown tokens to 1).
+    read as) gets id 0 unless it is itself an entry (which keeps its id i + 2)
+    and out-of-vocabulary tokens id 1; with it, entry i gets id i and unknown
+    tokens get default_bucketize_value. vocab_dict maps tokens to the ids it
+    names (and, without default_bucketize_value, the default_value to 0, also
+    where it names another, and unknown tokens to 1).
     """
 
     tokens: tuple[str, ...]
@@ -260,7 +291,7 @@ class DynamicIds:
 Bucketizer = NumBuckets | HashBuckets | Vocab | DynamicIds
 
 
-def _vocab(cfg, feature: str) -> Vocab:
+def _vocab(cfg, feature: str, default_value: str) -> Vocab:
     has_default = cfg.HasField("default_bucketize_value")
     if len(cfg.vocab_list):
         tokens = tuple(cfg.vocab_list)
@@ -271,21 +302,26 @@ def _vocab(cfg, feature: str) -> Vocab:
         token_ids = tuple(int(cfg.vocab_dict[t]) for t in tokens)
     if len(set(tokens)) != len(tokens):
         raise ConfigError(f"feature {feature!r}: vocabulary has duplicate entries")
-    if not has_default and cfg.default_value:
-        keep = [i for i, t in enumerate(tokens) if t != cfg.default_value]
-        tokens = (cfg.default_value, *(tokens[i] for i in keep))
+    # TorchEasyRec's vocab_list is [default_value, "<OOV>", *vocab_list], in which an entry
+    # equal to default_value keeps its own id; its vocab_dict sets default_value's id to 0.
+    in_list = len(cfg.vocab_list) and default_value in tokens
+    if not has_default and default_value and not in_list:
+        keep = [i for i, t in enumerate(tokens) if t != default_value]
+        tokens = (default_value, *(tokens[i] for i in keep))
         token_ids = (0, *(token_ids[i] for i in keep))
     oov = int(cfg.default_bucketize_value) if has_default else 1
     num_rows = max([oov, *token_ids, 1]) + 1
     return Vocab(tokens, token_ids, oov, num_rows)
 
 
-def bucketizer_from_config(cfg, feature: str, required: bool = True) -> Bucketizer | None:
+def bucketizer_from_config(cfg, feature: str, required: bool = True,
+                           default_value: str | None = None) -> Bucketizer | None:
     """The bucketizer an id/combo feature config asks for.
 
     Exactly one of hash_bucket_size, num_buckets, vocab_list, vocab_dict,
     dynamicemb and zch must be set; with ``required=False`` none may be set (returns
-    None: the caller inherits one).
+    None: the caller inherits one). ``default_value``: the feature's default where it is
+    not the config's (a sequence's ``"0"``), for the vocabularies' id 0.
     """
     fields = cfg.DESCRIPTOR.fields_by_name
     chosen = [name for name in ("hash_bucket_size", "num_buckets", "dynamicemb", "zch")
@@ -311,4 +347,4 @@ def bucketizer_from_config(cfg, feature: str, required: bool = True) -> Bucketiz
         from hashrec.features.zch import ZchIds, zch_options  # zch builds on this module
 
         return ZchIds(zch_options(cfg.zch, feature))
-    return _vocab(cfg, feature)
+    return _vocab(cfg, feature, cfg.default_value if default_value is None else default_value)

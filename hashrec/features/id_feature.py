@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -33,6 +34,11 @@ from hashrec.features.tokens import (
 )
 
 _WEIGHTED = r"^(?P<id>.*):(?P<weight>[^:]*)$"
+# What a missing item of a sequence id feature without default_value reads as (TorchEasyRec
+# resets such a default_value to it).
+SEQUENCE_DEFAULT = "0"
+
+logger = logging.getLogger("hashrec.features")
 
 
 def _is_finite_number(text: str) -> bool:
@@ -87,12 +93,14 @@ class IdFeature(Feature):
         sequence_length: > 0 makes it a sequence (split on ``separator``,
             truncated to the first ``sequence_length`` items: the most recent).
         sequence_name: the sequence it reads items of (see ``Feature``); empty -> ``name``.
+        value_separator: of a sequence, what separates the values of one item; an item
+            is its first value (``value_dim`` 1).
     """
 
     def __init__(self, name: str, column: str, bucketizer: Bucketizer, table: TableRequest,
                  pooling: str = "sum", separator: str | None = None, default: str = "",
                  weighted: bool = False, sequence_length: int = 0,
-                 sequence_name: str = "") -> None:
+                 sequence_name: str = "", value_separator: str | None = None) -> None:
         self.name = name
         self.columns = (column,)
         self.bucketizer = bucketizer
@@ -105,6 +113,7 @@ class IdFeature(Feature):
         self.is_sequence = sequence_length > 0
         self.sequence_length = sequence_length
         self.sequence_name = (sequence_name or name) if self.is_sequence else ""
+        self.value_separator = value_separator
 
     def parse(self, table: pa.Table | pa.RecordBatch) -> SparseIds:
         if self.is_sequence:
@@ -118,7 +127,7 @@ class IdFeature(Feature):
     def items(self, table: pa.Table | pa.RecordBatch) -> Bags:
         column = self.columns[0]
         return sequence_items(get_column(table, column, self.name), self.name, column,
-                              self.separator, self.default)
+                              self.separator, self.default, self.value_separator)
 
     def finish(self, items: Bags) -> SparseIds:
         return self._ids(truncate(items, self.sequence_length))
@@ -152,16 +161,37 @@ def build_id_feature(cfg) -> IdFeature:
                      cfg.separator, cfg.default_value, cfg.weighted)
 
 
+def sequence_default(cfg, name: str) -> str:
+    """A sequence id feature's default_value: the config's, or ``SEQUENCE_DEFAULT`` where it
+    is empty, as TorchEasyRec resets it (an empty or null cell is then one "0" item)."""
+    if cfg.default_value:
+        return cfg.default_value
+    logger.info("feature %r: a sequence id feature without default_value reads missing "
+                "items and empty cells as %r, as TorchEasyRec does", name, SEQUENCE_DEFAULT)
+    return SEQUENCE_DEFAULT
+
+
 def build_sequence_id_feature(cfg, name: str, column: str, sequence_length: int,
                               sequence_delim: str, bucketizer: Bucketizer,
-                              table: TableRequest, sequence_name: str = "") -> IdFeature:
-    """IdFeature read as a sequence: items split on ``sequence_delim``; ``sequence_name``
-    is its ``sequence_feature``'s name (empty for a top-level sequence feature)."""
+                              table: TableRequest, sequence_name: str = "",
+                              default: str | None = None) -> IdFeature:
+    """IdFeature read as a sequence: items split on ``sequence_delim``, each its first value
+    on ``separator`` (a sequence's ``value_dim`` is 1 unless set, as in TorchEasyRec); a
+    missing item or cell reads as ``default`` (None: ``sequence_default``);
+    ``sequence_name`` is its ``sequence_feature``'s name (empty for a top-level sequence
+    feature)."""
     if sequence_length <= 0:
         raise ConfigError(f"feature {name!r}: sequence_length must be > 0")
     if cfg.weighted:
         # the items would be read as ids, "7:0.5" hashed whole
         raise ConfigError(f"feature {name!r}: weighted is not supported on sequence "
                           f"features; remove it")
-    return IdFeature(name, column, bucketizer, table, cfg.pooling, sequence_delim,
-                     cfg.default_value, False, sequence_length, sequence_name)
+    if cfg.HasField("value_dim") and cfg.value_dim != 1:
+        raise ConfigError(f"feature {name!r}: value_dim {cfg.value_dim} asks for several ids "
+                          f"per sequence item, and multi-value sequence items are not "
+                          f"supported; set value_dim 1 (or leave it unset) to read each "
+                          f"item's first value")
+    if default is None:
+        default = sequence_default(cfg, name)
+    return IdFeature(name, column, bucketizer, table, cfg.pooling, sequence_delim, default,
+                     False, sequence_length, sequence_name, cfg.separator or None)

@@ -104,14 +104,15 @@ class RawFeature(Feature):
 
     Bucket ids: value v -> the number of boundaries <= v, in [0, len(boundaries)].
     A sequence (``sequence_length`` > 0) reads the items of ``sequence_name`` (see
-    ``Feature``; empty -> ``name``).
+    ``Feature``; empty -> ``name``), one value each: an item holding several values
+    (separated by ``value_separator``) is an error naming its row.
     """
 
     def __init__(self, name: str, column: str, value_dim: int, default: str,
                  separator: str | None, normalizer: Normalizer | None = None,
                  boundaries: tuple[float, ...] = (), table: TableRequest | None = None,
                  pooling: str = "sum", sequence_length: int = 0,
-                 sequence_name: str = "") -> None:
+                 sequence_name: str = "", value_separator: str | None = None) -> None:
         self.name = name
         self.columns = (column,)
         self.value_dim = value_dim
@@ -124,6 +125,7 @@ class RawFeature(Feature):
         self.is_sequence = sequence_length > 0
         self.sequence_length = sequence_length
         self.sequence_name = (sequence_name or name) if self.is_sequence else ""
+        self.value_separator = value_separator
 
     def _values(self, bags: Bags, defaulted: np.ndarray | None = None) -> np.ndarray:
         """The bags' values, normalized but where ``defaulted`` (a (B,) bool of rows that
@@ -139,8 +141,20 @@ class RawFeature(Feature):
 
     def items(self, table) -> Bags:
         column = self.columns[0]
-        return sequence_items(get_column(table, column, self.name), self.name, column,
-                              self.separator, self.default)
+        items = sequence_items(get_column(table, column, self.name), self.name, column,
+                               self.separator, self.default)
+        text = items.values
+        if self.value_separator and (pa.types.is_string(text.type)
+                                     or pa.types.is_large_string(text.type)):
+            several = pc.fill_null(pc.match_substring(text, self.value_separator), False)
+            if pc.any(several).as_py():
+                pos = int(np.flatnonzero(several.to_numpy(zero_copy_only=False))[0])
+                raise FeatureError(
+                    f"feature {self.name!r}: column {column!r}", items.row_of(pos),
+                    f"item {text[pos].as_py()!r} holds several values (separated by "
+                    f"{self.value_separator!r}); a sequence raw feature reads one value "
+                    f"per item (value_dim 1)")
+        return items
 
     def finish(self, items: Bags) -> SparseIds | np.ndarray:
         return self._output(truncate(items, self.sequence_length))
@@ -240,4 +254,4 @@ def build_raw_feature(cfg, name: str | None = None, column: str | None = None,
     separator = sequence_delim if sequence_length else cfg.separator
     return RawFeature(name, column, int(cfg.value_dim), cfg.default_value, separator,
                       normalizer, boundaries, table, cfg.pooling, sequence_length,
-                      sequence_name)
+                      sequence_name, (cfg.separator or None) if sequence_length else None)

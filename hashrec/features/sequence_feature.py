@@ -4,7 +4,10 @@ Sub-feature ``f`` of ``sequence_feature`` ``s`` is named ``s__f`` and reads
 column ``s__<field>`` (``<field>`` from its expression). Cells are split on
 ``sequence_delim`` (or are ``list<>`` columns) and truncated to the first
 ``sequence_length`` items; sequences are stored most recent first, so the
-most recent items are kept.
+most recent items are kept. An id item of several values (split on the
+sub-feature's ``separator``) is its first value (``value_dim`` 1, a sequence's
+default in TorchEasyRec; other value_dims are refused); a raw item of several
+values is an error.
 
 A sub-feature without its own bucketization (no hash_bucket_size,
 num_buckets, vocab or dynamicemb) and without embedding_name shares the
@@ -19,6 +22,11 @@ sequence of its own. Item i of every sub-feature describes the same item, so
 the sub-features are parsed together (``parse_sequence``): every row must hold
 as many items in each of their columns, and an item missing in one of them (empty
 or null, with no default_value to take) is dropped from all of them.
+
+As in TorchEasyRec, a missing item, and an empty or null cell, is one item of the
+sub-feature's default_value: an id feature's is "0" where unset (TorchEasyRec resets
+an empty one so), a raw feature's "0" unless set to "". A row whose cell is empty in
+a sub-feature without a default has no item that sub-feature describes: it keeps none.
 """
 
 from __future__ import annotations
@@ -34,7 +42,12 @@ from hashrec.features.base import Feature, SparseIds, TableRequest, check_dim, c
 from hashrec.features.bucketize import bucketizer_from_config
 from hashrec.features.data_type import data_type_of
 from hashrec.features.errors import FeatureError
-from hashrec.features.id_feature import IdFeature, build_sequence_id_feature, table_request
+from hashrec.features.id_feature import (
+    IdFeature,
+    build_sequence_id_feature,
+    sequence_default,
+    table_request,
+)
 from hashrec.features.init_fn import init_fn_of
 from hashrec.features.raw_feature import RawFeature, build_raw_feature
 from hashrec.features.tokens import keep_items, present
@@ -57,7 +70,8 @@ def _shared_top_level(cfg, top_level: dict[str, IdFeature], name: str) -> IdFeat
 
 def _sequence_id(cfg, name: str, column: str, length: int, delim: str,
                  top_level: dict[str, IdFeature], sequence_name: str = "") -> IdFeature:
-    bucketizer = bucketizer_from_config(cfg, name, required=False)
+    default = sequence_default(cfg, name)  # a shared vocabulary reads it as its own token
+    bucketizer = bucketizer_from_config(cfg, name, required=False, default_value=default)
     if bucketizer is None:
         owner = _shared_top_level(cfg, top_level, name)
         init = init_fn_of(cfg, name)
@@ -70,10 +84,10 @@ def _sequence_id(cfg, name: str, column: str, length: int, delim: str,
             table = dataclasses.replace(owner.table, initializer=init or owner.table.initializer,
                                         dtype=dtype)
         return build_sequence_id_feature(cfg, name, column, length, delim, owner.bucketizer,
-                                         table, sequence_name)
+                                         table, sequence_name, default)
     return build_sequence_id_feature(cfg, name, column, length, delim, bucketizer,
                                      table_request(cfg, name, bucketizer.num_rows, bucketizer),
-                                     sequence_name)
+                                     sequence_name, default)
 
 
 def build_sequence_group(cfg, top_level: dict[str, IdFeature]) -> list[IdFeature | RawFeature]:
@@ -119,6 +133,11 @@ def parse_sequence(features: Sequence[Feature], table: pa.Table | pa.RecordBatch
         FeatureError: a row holds a different number of items in two of the columns.
     """
     items = [f.items(table) for f in features]
+    # A row without items in one column (an empty or null cell without a default_value to
+    # take) has no item that column describes: the row keeps none.
+    empty = np.logical_or.reduce([bags.lengths == 0 for bags in items])
+    if empty.any():
+        items = [keep_items(bags, ~np.repeat(empty, bags.lengths)) for bags in items]
     first = items[0].lengths
     keep = None
     for feature, bags in zip(features, items):

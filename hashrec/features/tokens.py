@@ -8,7 +8,8 @@ on the sequence delimiter (sequences); ``list<>`` columns are used as they are.
 
 A sequence's items keep their positions (``sequence_items``): a missing item
 becomes its feature's ``default`` or stays a null, and the caller drops the null
-positions from every sub-feature of the sequence at once (``keep_items``).
+positions from every sub-feature of the sequence at once (``keep_items``); a missing
+cell is one ``default`` item, or has none.
 """
 
 from __future__ import annotations
@@ -77,18 +78,24 @@ def string_bytes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return offsets - offsets[0], data
 
 
-_ZERO_FRACTION = r"^([+-]?[0-9]+)\.0+$"
+# An integer's canonical decimal text (no "+", no leading zero, no "-0") and a zero fraction.
+_ZERO_FRACTION = r"^(0|-?[1-9][0-9]*)\.0+$"
+# Any decimal integer text and a zero fraction (num_buckets reads "+7.0" and "007.0" as 7).
+_ANY_ZERO_FRACTION = r"^([+-]?[0-9]+)\.0+$"
 
 
-def integral_text(values: pa.Array) -> pa.Array:
-    """A string array with decimal texts of a zero fraction read as the integer's text
-    (``"12.0"`` -> ``"12"``: pandas writes an integer id column with a missing value so,
-    and the float 12.0 is the id 12 too); other tokens unchanged. One pass over the bytes
-    finds whether any token holds a ``.`` before a regular expression runs."""
+def integral_text(values: pa.Array, canonical: bool = True) -> pa.Array:
+    """A string array with an integer's decimal text followed by a zero fraction read as
+    that text (``"12.0"`` -> ``"12"``: pandas writes an integer id column with a missing
+    value so, and the float 12.0 is the id 12 too); other tokens unchanged. ``canonical``:
+    only the integer's canonical text (``"012.0"``, ``"+12.0"`` and ``"-0.0"`` stay as
+    they are); else any (``"+7.0"`` -> ``"+7"``). One pass over the bytes finds whether any
+    token holds a ``.`` before a regular expression runs."""
     data = string_bytes(values)[1]
     if not len(data) or not (data == ord(".")).any():
         return values
-    return pc.replace_substring_regex(values, _ZERO_FRACTION, r"\1")
+    return pc.replace_substring_regex(values, _ZERO_FRACTION if canonical else
+                                      _ANY_ZERO_FRACTION, r"\1")
 
 
 def token_text(values: pa.Array) -> pa.Array:
@@ -184,10 +191,15 @@ def missing_cells(array: pa.Array) -> np.ndarray:
 
 
 def _plain(array: pa.Array) -> pa.Array:
-    """A column as ``column_bags`` reads it: an all-null column as strings, dictionary
-    cells decoded, fixed-size lists as lists."""
+    """A column as ``column_bags`` and ``sequence_items`` read it: an all-null column as
+    strings, a list column of null items as all-missing string lists, dictionary cells
+    decoded, fixed-size lists as lists."""
     if pa.types.is_null(array.type):  # an all-null column without a type
         array = array.cast(pa.string())
+    elif _is_list(array.type) and pa.types.is_null(array.type.value_type):
+        # pyarrow infers list<null> where every list of a file is empty or null: no cell
+        # holds a value, so every cell is missing (it takes the default, if any)
+        array = pa.nulls(len(array), pa.list_(pa.string()))
     array = _decode_dictionary(array)
     if pa.types.is_fixed_size_list(array.type):
         array = array.cast(pa.list_(array.type.value_type))
@@ -235,25 +247,28 @@ def column_bags(array: pa.Array, feature: str, column: str, separator: str | Non
 
 
 def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
-                   default: str = "") -> Bags:
+                   default: str = "", separator: str | None = None) -> Bags:
     """Split one sequence column into its items, keeping every position.
 
     A string cell is split on ``delim``; a ``list<>`` cell's entries are its items; any
-    other cell is one item. A null or empty cell has no items. An empty or null item
-    inside a cell stays in place as a null, or as ``default`` when one is given, so that
-    item i of every sub-feature of one sequence still describes the same item: dropping
-    the missing ones is for the caller (``keep_items``), together across the sequence.
+    other cell is one item. A null or empty cell (an empty list too) is one ``default``
+    item when a default is given (as in TorchEasyRec), else it has no items. With
+    ``separator``, a string item holding several values (``"4\x1d5"``) is its first value
+    (``"4"``: an id sequence's ``value_dim`` 1). An empty or null item inside a cell stays
+    in place as a null, or as ``default`` when one is given, so that item i of every
+    sub-feature of one sequence still describes the same item: dropping the missing ones
+    is for the caller (``keep_items``), together across the sequence.
     """
-    if pa.types.is_null(array.type):
-        array = array.cast(pa.string())
-    array = _decode_dictionary(array)
-    if pa.types.is_fixed_size_list(array.type):
-        array = array.cast(pa.list_(array.type.value_type))
+    array = _missing_as_null(_plain(array))
+    if default and array.null_count and _is_list(array.type):
+        array = pc.fill_null(array, pa.scalar([None], array.type))  # one item, filled below
     t = array.type
     if _is_list(t):
         values, lengths = pc.list_flatten(array), list_lengths(array)
     elif _is_string(t):
-        split = pc.split_pattern(empty_as_null(array), delim)  # an empty cell has no items
+        if default and array.null_count:
+            array = pc.fill_null(array, pa.scalar("", t))  # one item, filled below
+        split = pc.split_pattern(array, delim)  # a null cell has no items
         values, lengths = pc.list_flatten(split), list_lengths(split)
     elif pa.types.is_integer(t) or pa.types.is_floating(t):
         values, lengths = array, np.ones(len(array), dtype=np.int64)
@@ -261,7 +276,7 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
         raise FeatureError(f"feature {feature!r}: column {column!r} has type {t}; expected "
                            f"integers, floats, strings or lists of them")
     if _is_string(values.type):
-        values = empty_as_null(values)
+        values = empty_as_null(first_values(values, separator) if separator else values)
     if default and values.null_count:
         try:
             fill = pa.scalar(default).cast(values.type)
@@ -270,6 +285,21 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
                                f"the items of column {column!r} ({values.type})") from None
         values = pc.fill_null(values, fill)
     return Bags(values, lengths)
+
+
+def first_values(items: pa.Array, separator: str) -> pa.Array:
+    """Each string item's first value on ``separator``, empty values skipped (``"a"`` of
+    ``"a\x1db"`` and of ``"\x1da"``); an item without any is null."""
+    if not pc.any(pc.match_substring(items, separator)).as_py():
+        return items
+    split = pc.split_pattern(items, separator)
+    values, lengths = pc.list_flatten(split), list_lengths(split)
+    filled = np.flatnonzero(np.diff(string_offsets(values)) != 0)
+    owner = np.repeat(np.arange(len(items)), lengths)[filled]
+    rows, at = np.unique(owner, return_index=True)  # each item's first filled value
+    first = np.full(len(items), -1, dtype=np.int64)
+    first[rows] = filled[at]
+    return values.take(pa.array(first, mask=first < 0))
 
 
 def keep_items(bags: Bags, keep: np.ndarray | None) -> Bags:

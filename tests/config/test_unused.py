@@ -64,7 +64,7 @@ def test_fields_of_feature_generation_are_noted():
         'feature_configs { raw_feature { feature_name: "r" expression: "item:r" value_dim: 3 '
         'stub_type: true } }\n'
         'feature_configs { sequence_id_feature { feature_name: "q" expression: "user:q" '
-        'embedding_dim: 4 num_buckets: 8 stub_type: true } }\n'
+        'embedding_dim: 4 num_buckets: 8 stub_type: true value_dim: 1 } }\n'
         'feature_configs { sequence_feature { sequence_name: "s" sequence_length: 5 '
         'sequence_delim: ";" sequence_pk: "user:clk_seq" features { id_feature { '
         'feature_name: "b" expression: "item:b" embedding_dim: 4 num_buckets: 8 '
@@ -81,8 +81,7 @@ def test_fields_of_feature_generation_are_noted():
         f"stub_type of feature 'i' (feature_configs[{first}])",
         f"value_dim of feature 'c' (feature_configs[{first + 1}])",
         f"stub_type of feature 'r' (feature_configs[{first + 2}])",  # its value_dim is read
-        f"stub_type of feature 'q' (feature_configs[{first + 3}])",
-        f"value_dim of feature 's__b' (feature_configs[{first + 4}])"]
+        f"stub_type of feature 'q' (feature_configs[{first + 3}])"]  # sequences read value_dim
     assert unused_field_problems(config) == []
 
 

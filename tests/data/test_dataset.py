@@ -11,7 +11,7 @@ import pytest
 import torch
 from data_fakes import FakeFeatureSet, data_config, input_field, row_ids, write_parquet
 
-from hashrec.config import load_pipeline_config
+from hashrec.config import load_pipeline_config, parse_pipeline_config
 from hashrec.data import DataError, create_dataloader
 from hashrec.features import build_feature_set
 from hashrec.tools.gen_taobao_data import generate
@@ -350,3 +350,21 @@ def test_csv_reads_as_the_same_batches_as_parquet(taobao_table, tmp_path, typed)
     got = _taobao_read(str(tmp_path / "t.csv"), features, 0, **_csv_layout(table, typed))
     assert set(want[0].labels) == {"clk", "w"} and set(want[0].dense) == {"price_raw"}
     _assert_same_batches(got, want)
+
+
+def test_a_file_whose_list_column_is_all_empty_reads_as_missing_cells(tmp_path):
+    # pyarrow writes such a column as list<null>; alone, or beside a file of list<int64>
+    config = ('model_dir: "m"\ndata_config { label_fields: "clk" dataset_type: '
+              'ParquetDataset }\nfeature_configs { id_feature { feature_name: "tags" '
+              'expression: "user:tags" embedding_dim: 4 dynamicemb { max_capacity: 10 } } }')
+    features = build_feature_set(parse_pipeline_config(config))
+    (tmp_path / "in").mkdir()
+    empty = pa.table({"tags": pa.array([[], None, []], pa.list_(pa.null())), "clk": [0, 1, 0]})
+    pq.write_table(empty, tmp_path / "in" / "part-0.parquet")
+    (batch,) = _read(str(tmp_path / "in"), features=features, batch_size=8)[0]
+    assert batch.sparse["tags"].lengths.tolist() == [0, 0, 0]
+    pq.write_table(pa.table({"tags": pa.array([[5, 6]], pa.list_(pa.int64())), "clk": [1]}),
+                   tmp_path / "in" / "part-1.parquet")
+    (batch,) = _read(str(tmp_path / "in"), features=features, batch_size=8)[0]
+    assert batch.sparse["tags"].values.tolist() == [5, 6]
+    assert batch.sparse["tags"].lengths.tolist() == [0, 0, 0, 2]

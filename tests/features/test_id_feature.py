@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -170,18 +172,32 @@ def test_config_errors(feature_set, options, message):
 
 
 # Tokens at the edges of "is this a decimal int64": signs, leading zeros, 19 digits,
-# the int64 limits, overflow, and texts Arrow's integer cast would read (hex).
-INT_EDGE_TOKENS = ["7", "+7", "-7", "007", "-0", "1234567890123456789",
+# the int64 limits, overflow, zero fractions and texts Arrow's integer cast would read (hex).
+INT_EDGE_TOKENS = ["7", "+7", "-7", "007", "0", "00", "-0", "-07", "1234567890123456789",
                    str(2**63 - 1), str(-(2**63)), str(2**63), "99999999999999999999",
-                   "0x10", "1e3", " 7", "７", "abc"]
+                   "12.0", "012.0", "+12.0", "-0.0", "0x10", "1e3", " 7", "７", "abc"]
 
 
 def _reference_key(token: str) -> int:
-    """A dynamic key as the module docstring states it: decimal int64 or xxhash64."""
-    text = token[1:] if token[:1] in "+-" else token
-    if text.isascii() and text.isdigit() and -(2**63) <= int(token) < 2**63:
-        return int(token)
+    """A dynamic key as the module docstring states it: the int64 of an integer's canonical
+    decimal text (with or without a zero fraction), else the xxhash64 of the text."""
+    match = re.fullmatch(r"(0|-?[1-9][0-9]*)(\.0+)?", token)
+    if match and -(2**63) <= int(match.group(1)) < 2**63:
+        return int(match.group(1))
     return int(np.array([xxhash.xxh64_intdigest(token.encode())], np.uint64).view(np.int64)[0])
+
+
+@pytest.mark.parametrize("options", ["dynamicemb { max_capacity: 100 }", "zch { zch_size: 10 }"],
+                         ids=["dynamicemb", "zch"])
+def test_distinct_strings_are_distinct_dynamic_keys(feature_set, options):
+    # "01234" is not the text "1234" of the integer 1234, nor "+5" that of 5
+    fs = feature_set(_id(options))
+    tokens = ["01234", "1234", "+5", "5", "-0", "0", "012.0", "12", "12.0"]
+    keys = fs.parse(pa.table({"c": tokens})).sparse["f"].values.tolist()
+    assert len(set(keys[:-1])) == len(tokens) - 1 and keys[-1] == keys[-2] == 12
+    for column in (["01234", "0"], ["1234", "5"]):  # digits-only columns, whole or not
+        assert fs.parse(pa.table({"c": column})).sparse["f"].values.tolist() == \
+            [_reference_key(t) for t in column]
 
 
 @pytest.mark.parametrize("token", INT_EDGE_TOKENS)
@@ -197,6 +213,7 @@ def test_dynamic_key_depends_on_the_token_alone(feature_set, token):
 def test_num_buckets_reads_exactly_decimal_ints(feature_set):
     fs = feature_set(_id('num_buckets: 100 separator: ","'))
     assert _bags(fs.parse(pa.table({"c": ["+7,-0,007"]})), "f") == ([7, 0, 7], [3])
+    assert _bags(fs.parse(pa.table({"c": ["+7.0,-0.0,007.0"]})), "f") == ([7, 0, 7], [3])
     with pytest.raises(FeatureError, match=r"row 1: expected an integer id \(value '0x10'\)"):
         fs.parse(pa.table({"c": ["1", "0x10"]}))
 
@@ -231,17 +248,45 @@ def test_vocab_default_value_reads_as_id_0(feature_set, vocab, want):
     assert _bags(batch, "f") == (want, [1, 1, 1, 1, 1])
 
 
-def test_integer_tokens_are_read_from_their_bytes_as_the_rule_states():
+@pytest.mark.parametrize("default, vocab, bucketize, values, lengths", [
+    ("", ["abc", "efg"], None, [2, 3, 1], [2, 0, 1]),
+    ("xyz", ["abc", "efg"], None, [2, 3, 0, 1], [2, 1, 1]),
+    ("abc", ["abc", "efg"], None, [2, 3, 2, 1], [2, 1, 1]),
+    ("", ["xyz", "abc", "efg"], 0, [1, 2, 0], [2, 0, 1]),
+    ("xyz", ["xyz", "abc", "efg"], 0, [1, 2, 0, 0], [2, 1, 1]),
+], ids=["no-default", "default", "default-in-list", "bucketize-value",
+        "bucketize-value-default"])
+def test_vocab_list_as_torcheasyrec(feature_set, default, vocab, bucketize, values, lengths):
+    # TorchEasyRec's id_feature_test cases: a default_value in vocab_list keeps its list id
+    options = f'vocab_list: {vocab} default_value: "{default}"'.replace("'", '"')
+    if bucketize is not None:
+        options += f" default_bucketize_value: {bucketize}"
+    fs = feature_set(_id(options))
+    assert _bags(fs.parse(pa.table({"c": ["abc\x1defg", "", "hij"]})), "f") == (values, lengths)
+    assert fs.embedding_tables()[0].num_rows == (4 if bucketize is None else 3)
+
+
+def test_vocab_dict_sets_default_value_id_0_where_it_names_another(feature_set):
+    # TorchEasyRec: vocab_dict[default_value] = 0, unlike vocab_list
+    fs = feature_set(_id('vocab_dict { key: "a" value: 2 } vocab_dict { key: "b" value: 3 } '
+                         'default_value: "a"'))
+    assert _bags(fs.parse(pa.table({"c": ["a", "b", None, "q"]})), "f") == \
+        ([0, 3, 0, 1], [1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("canonical", [True, False], ids=["canonical", "any-decimal"])
+def test_integer_tokens_are_read_from_their_bytes_as_the_rule_states(canonical):
     """``int_tokens`` (a whole-column cast where no byte is a letter, else the tokens'
-    bytes, not a regex) against the rule ``^[+-]?[0-9]+$`` within int64, on random tokens
-    of digits, signs, dots, spaces, letters and multi-byte digits, with nulls, in sliced
-    and large string arrays."""
+    bytes, not a regex) against its rule within int64 (``^(0|-?[1-9][0-9]*)$``, dynamic
+    keys, or ``^[+-]?[0-9]+$``, num_buckets; a zero fraction reads as the integer), on
+    random tokens of digits, signs, dots, spaces, letters and multi-byte digits, with
+    nulls, in sliced and large string arrays."""
     import random
-    import re
 
     from hashrec.features.bucketize import int_tokens
 
-    rule = re.compile(r"([+-]?[0-9]+)(\.0+)?\Z")  # a zero fraction reads as the integer
+    integer = r"(0|-?[1-9][0-9]*)" if canonical else r"([+-]?[0-9]+)"
+    rule = re.compile(integer + r"(\.0+)?\Z")
     letters = [*"0123456789+- xaf", "７", "é", "99999999999"]
     no_letters = [*"0123456789+- .", "99999999999"]  # columns the whole-column cast takes
     rng = random.Random(0)
@@ -251,10 +296,26 @@ def test_integer_tokens_are_read_from_their_bytes_as_the_rule_states():
                   if rng.random() > 0.1 else None for _ in range(rng.randint(1, 10))]
         array = pa.array(tokens, pa.string())
         for values in (array, array.slice(1), pa.array(tokens, pa.large_string())):
-            is_int, ints = int_tokens(values)
+            is_int, ints = int_tokens(values, canonical)
             for token, got, value in zip(values.to_pylist(), is_int, ints):
                 match = rule.match(token) if token is not None else None
                 want = match is not None and -(2**63) <= int(match.group(1)) < 2**63
                 assert bool(got) == want, token
                 if want:
                     assert int(value) == int(match.group(1)), token
+
+
+@pytest.mark.parametrize("options", ["num_buckets: 10", "hash_bucket_size: 10",
+                                     "dynamicemb { max_capacity: 10 }", "zch { zch_size: 10 }",
+                                     'vocab_list: ["7"]'],
+                         ids=["num-buckets", "hash", "dynamicemb", "zch", "vocab"])
+@pytest.mark.parametrize("list_type", [pa.list_(pa.null()), pa.large_list(pa.null())],
+                         ids=["list", "large-list"])
+def test_a_list_column_of_nulls_is_all_missing_cells(feature_set, options, list_type):
+    # pyarrow infers list<null> for a column whose lists are all empty or null
+    column = pa.array([[], None, []], list_type)
+    assert _bags(feature_set(_id(options)).parse(pa.table({"c": column})), "f") == \
+        ([], [0, 0, 0])
+    with_default = feature_set(_id(f'{options} default_value: "7"'))
+    want = _bags(with_default.parse(pa.table({"c": ["7", "7", "7"]})), "f")
+    assert _bags(with_default.parse(pa.table({"c": column})), "f") == want

@@ -146,3 +146,15 @@ def test_value_dim_list_column_takes_its_default_for_null_cells(feature_set):
     fs = feature_set(_raw('value_dim: 2 separator: "," default_value: "0,-1"'))
     lists = pa.array([[1.0, 2.0], None], pa.list_(pa.float64()))
     assert fs.parse(pa.table({"c": lists})).dense["r"].tolist() == [[1, 2], [0, -1]]
+
+
+@pytest.mark.parametrize("options, want", [("", [[0.0]] * 3),
+                                           ('default_value: "2.5"', [[2.5]] * 3)],
+                         ids=["config-default", "default"])
+def test_a_list_column_of_nulls_takes_the_default(feature_set, options, want):
+    # pyarrow infers list<null> for a column whose lists are all empty or null
+    column = pa.array([[], None, []], pa.list_(pa.null()))
+    assert feature_set(_raw(options)).parse(pa.table({"c": column})).dense["r"].tolist() == want
+    bucketized = feature_set(_raw(f"{options} boundaries: [1.0] embedding_dim: 4"))
+    assert bucketized.parse(pa.table({"c": column})).sparse["r"].values.tolist() == \
+        [int(row[0] >= 1.0) for row in want]

@@ -7,7 +7,15 @@ import pyarrow as pa
 import pytest
 
 from hashrec.features.errors import FeatureError
-from hashrec.features.tokens import column_bags, list_lengths, string_offsets, truncate
+from hashrec.features.tokens import (
+    column_bags,
+    first_values,
+    list_lengths,
+    missing_cells,
+    sequence_items,
+    string_offsets,
+    truncate,
+)
 
 
 def reference_bags(cells: list, separator: str | None, default: str = "") -> list[list]:
@@ -103,3 +111,29 @@ def test_list_column_default_that_does_not_fit_names_feature_and_column():
     array = pa.array([[1], None], pa.list_(pa.int64()))
     with pytest.raises(FeatureError, match=r"'f': default_value 'x' does not fit column 'c'"):
         column_bags(array, "f", "c", None, "x")
+
+
+NULL_LISTS = {"list": pa.list_(pa.null()), "large-list": pa.large_list(pa.null()),
+              "fixed-size-list": pa.list_(pa.null(), 2)}
+
+
+@pytest.mark.parametrize("kind", NULL_LISTS)
+@pytest.mark.parametrize("default", ["", "7"], ids=["no-default", "default"])
+def test_lists_of_nulls_are_missing_cells(kind, default):
+    # pyarrow infers list<null> for a column whose lists are all empty or null
+    size = NULL_LISTS[kind].list_size if kind == "fixed-size-list" else 0
+    array = pa.array([[None] * size, None, [None] * size], NULL_LISTS[kind])
+    assert as_lists(column_bags(array, "f", "c", ",", default)) == \
+        [[default] if default else []] * 3
+    assert missing_cells(array).tolist() == [True] * 3
+    items = sequence_items(array, "f", "c", "|", default)  # a missing cell: one default item
+    assert items.values.to_pylist() == ([default] * 3 if default else [])
+    assert items.lengths.tolist() == [1 if default else 0] * 3
+
+
+@pytest.mark.parametrize("string_type", [pa.string(), pa.large_string()],
+                         ids=["string", "large-string"])
+def test_first_values_skip_empty_ones(string_type):
+    items = pa.array(["x", "a,b", ",c,d", None, "", ",", "e,"], string_type)
+    assert first_values(items, ",").to_pylist() == ["x", "a", "c", None, None, None, "e"]
+    assert first_values(items.slice(2, 3), ",").to_pylist() == ["c", None, None]

@@ -2,9 +2,9 @@
 
 An init table is a parquet or csv file set (comma-separated files, directories and
 globs, like input paths). Its first column holds the ids (integers, or strings read
-as a dynamic-embedding feature reads them: decimal integers parsed, other strings
-hashed); its second column the embedding, as a list of floats or as a string of
-floats joined by ``separator``. CSV files have a header row (a first line that reads
+as a dynamic-embedding feature reads them: an integer's canonical decimal text parsed,
+other strings hashed); its second column the embedding, as a list of floats or as a
+string of floats joined by ``separator``. CSV files have a header row (a first line that reads
 like a row is an error).
 
 Rows are handled as follows (and counted in :class:`InitTableReport`):
