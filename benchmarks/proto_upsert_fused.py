@@ -54,7 +54,7 @@ def _args() -> argparse.Namespace:
     add_out_and_smoke(p)
     args = parse_with_smoke(p)
     if args.smoke:
-        args.slots, args.batch, args.reps, args.dims = 1 << 14, 512, 1, [8]
+        args.slots, args.batch, args.reps, args.dims = 1 << 12, 256, 1, [8]
         args.load_factors, args.warps = args.load_factors[:1], args.warps[:1]
     return args
 
