@@ -159,7 +159,7 @@ def test_random_initializers_draw_in_the_kernel(mode):
     options = TableOptions(dim=16, max_capacity=8192, init_capacity=8192, bucket_capacity=32,
                            score_strategy="LFU", seed=3, initializer=init,
                            optimizer=SparseAdagrad(lr=0.1, initial_accumulator_value=0.25))
-    keys = torch.arange(2000)
+    keys = torch.arange(1000)  # 16,000 draws: the means within 0.002 (one sigma)
     drawn = []
     for _ in range(2):
         with backend(True):
