@@ -7,10 +7,9 @@ function, and accepts the functions whose draw it implements:
 
 * ``uniform_`` (a=0, b=1): UNIFORM in [a, b];
 * ``normal_`` (mean=0, std=1): NORMAL;
-* ``trunc_normal_`` (mean=0, std=1, a=-2, b=2): TRUNCATED_NORMAL, whose cut is at
-  mean +- 2 std, so a and b must be mean -+ 2 std, or NORMAL where a and b lie 6 std
-  or more from the mean (torch's defaults with std 0.02, say: a cut no float32 draw
-  shows);
+* ``trunc_normal_`` (mean=0, std=1, a=-2, b=2): TRUNCATED_NORMAL cut at a and b, or
+  NORMAL where a and b lie 6 std or more from the mean (torch's defaults with std 0.02,
+  say: a cut no float32 draw shows);
 * ``constant_`` (val), ``zeros_``, ``ones_``: CONSTANT.
 
 Anything else (fan-based initializers, positional arguments, unknown keywords) is a
@@ -99,9 +98,9 @@ def _initializer(name: str, args: dict[str, float]) -> InitializerArgs:
             # a cut this far out (torch's defaults -2 and 2 for a small std) changes no
             # draw a float32 row would tell apart from a normal one
             return InitializerArgs(mode="NORMAL", mean=mean, std_dev=std)
-        raise ValueError(f"the truncated normal is cut at mean -+ 2 std ({cut[0]:g}, "
-                         f"{cut[1]:g}), or not at all where a and b lie {_UNCUT:g} std or "
-                         f"more from the mean; a={a:g}, b={b:g} cut elsewhere: set "
-                         f"a={cut[0]:g},b={cut[1]:g}")
+        if not a < b:
+            raise ValueError(f"a={a:g} must be below b={b:g}")
+        return InitializerArgs(mode="TRUNCATED_NORMAL", mean=mean, std_dev=std, lower=a,
+                               upper=b)
     value = {"zeros_": 0.0, "ones_": 1.0}.get(name, args.get("val"))
     return InitializerArgs(mode="CONSTANT", value=value)
