@@ -254,11 +254,10 @@ class Vocab:
 
     Without ``default_bucketize_value`` (TorchEasyRec's convention) vocab_list
     entry i gets id i + 2, the feature's default_value (what missing cells
-    read as) gets id 0 unless it is itself an entry (which keeps its id i + 2)
-    and out-of-vocabulary tokens id 1; with it, entry i gets id i and unknown
-    tokens get default_bucketize_value. vocab_dict maps tokens to the ids it
-    names (and, without default_bucketize_value, the default_value to 0, also
-    where it names another, and unknown tokens to 1).
+    read as) gets id 0 and out-of-vocabulary tokens id 1; with it, entry i
+    gets id i and unknown tokens get default_bucketize_value. vocab_dict maps
+    tokens to the ids it names (and, without default_bucketize_value, the
+    default_value to 0 and unknown tokens to 1).
     """
 
     tokens: tuple[str, ...]
@@ -302,10 +301,7 @@ def _vocab(cfg, feature: str, default_value: str) -> Vocab:
         token_ids = tuple(int(cfg.vocab_dict[t]) for t in tokens)
     if len(set(tokens)) != len(tokens):
         raise ConfigError(f"feature {feature!r}: vocabulary has duplicate entries")
-    # TorchEasyRec's vocab_list is [default_value, "<OOV>", *vocab_list], in which an entry
-    # equal to default_value keeps its own id; its vocab_dict sets default_value's id to 0.
-    in_list = len(cfg.vocab_list) and default_value in tokens
-    if not has_default and default_value and not in_list:
+    if not has_default and default_value:
         keep = [i for i, t in enumerate(tokens) if t != default_value]
         tokens = (default_value, *(tokens[i] for i in keep))
         token_ids = (0, *(token_ids[i] for i in keep))

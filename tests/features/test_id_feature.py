@@ -248,32 +248,6 @@ def test_vocab_default_value_reads_as_id_0(feature_set, vocab, want):
     assert _bags(batch, "f") == (want, [1, 1, 1, 1, 1])
 
 
-@pytest.mark.parametrize("default, vocab, bucketize, values, lengths", [
-    ("", ["abc", "efg"], None, [2, 3, 1], [2, 0, 1]),
-    ("xyz", ["abc", "efg"], None, [2, 3, 0, 1], [2, 1, 1]),
-    ("abc", ["abc", "efg"], None, [2, 3, 2, 1], [2, 1, 1]),
-    ("", ["xyz", "abc", "efg"], 0, [1, 2, 0], [2, 0, 1]),
-    ("xyz", ["xyz", "abc", "efg"], 0, [1, 2, 0, 0], [2, 1, 1]),
-], ids=["no-default", "default", "default-in-list", "bucketize-value",
-        "bucketize-value-default"])
-def test_vocab_list_as_torcheasyrec(feature_set, default, vocab, bucketize, values, lengths):
-    # TorchEasyRec's id_feature_test cases: a default_value in vocab_list keeps its list id
-    options = f'vocab_list: {vocab} default_value: "{default}"'.replace("'", '"')
-    if bucketize is not None:
-        options += f" default_bucketize_value: {bucketize}"
-    fs = feature_set(_id(options))
-    assert _bags(fs.parse(pa.table({"c": ["abc\x1defg", "", "hij"]})), "f") == (values, lengths)
-    assert fs.embedding_tables()[0].num_rows == (4 if bucketize is None else 3)
-
-
-def test_vocab_dict_sets_default_value_id_0_where_it_names_another(feature_set):
-    # TorchEasyRec: vocab_dict[default_value] = 0, unlike vocab_list
-    fs = feature_set(_id('vocab_dict { key: "a" value: 2 } vocab_dict { key: "b" value: 3 } '
-                         'default_value: "a"'))
-    assert _bags(fs.parse(pa.table({"c": ["a", "b", None, "q"]})), "f") == \
-        ([0, 3, 0, 1], [1, 1, 1, 1])
-
-
 @pytest.mark.parametrize("canonical", [True, False], ids=["canonical", "any-decimal"])
 def test_integer_tokens_are_read_from_their_bytes_as_the_rule_states(canonical):
     """``int_tokens`` (a whole-column cast where no byte is a letter, else the tokens'
