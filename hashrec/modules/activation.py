@@ -43,6 +43,15 @@ class Dice(nn.Module):
         self.norm = nn.BatchNorm1d(dim, eps=eps)
         self.alpha = nn.Parameter(torch.zeros(dim))
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # A checkpoint written before the batch norm learned a scale and shift holds
+        # neither: it loads as scale 1 and shift 0, the function it was trained as (but
+        # for the larger eps).
+        if prefix + "norm.running_mean" in state_dict:
+            state_dict.setdefault(prefix + "norm.weight", torch.ones_like(self.norm.weight))
+            state_dict.setdefault(prefix + "norm.bias", torch.zeros_like(self.norm.bias))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., dim) -> (..., dim)."""
         flat = x.reshape(-1, x.shape[-1])

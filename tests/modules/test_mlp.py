@@ -111,6 +111,26 @@ def test_dice_is_torcheasyrecs_with_a_learned_batch_norm():
     torch.testing.assert_close(dice(seq), dice(seq.reshape(6, 4)).reshape(2, 3, 4))
 
 
+def test_dice_restores_a_state_saved_without_its_scale_and_shift():
+    # Saved before Dice's batch norm was affine: no norm.weight / norm.bias.
+    mlp = MLP(4, MLPOptions(hidden_units=(3, 2), activation="nn.Dice"))
+    old = {k: v for k, v in mlp.state_dict().items()
+           if not k.endswith(("norm.weight", "norm.bias"))}
+    assert len(old) == len(mlp.state_dict()) - 4
+    fresh = MLP(4, MLPOptions(hidden_units=(3, 2), activation="nn.Dice"))
+    with torch.no_grad():
+        for name, p in fresh.named_parameters():
+            p.fill_(7.0)
+    fresh.load_state_dict(old)  # strict
+    for name, value in fresh.state_dict().items():
+        if name.endswith("norm.weight"):
+            assert torch.equal(value, torch.ones_like(value)), name
+        elif name.endswith("norm.bias"):
+            assert torch.equal(value, torch.zeros_like(value)), name
+        else:
+            assert torch.equal(value, old[name]), name
+
+
 @pytest.mark.parametrize("options", [
     MLPOptions(hidden_units=(3,), use_bn=True, activation=""),
     MLPOptions(hidden_units=(3,), activation="nn.Dice"),
