@@ -119,7 +119,7 @@ def test_dice_restores_a_state_saved_without_its_scale_and_shift():
     assert len(old) == len(mlp.state_dict()) - 4
     fresh = MLP(4, MLPOptions(hidden_units=(3, 2), activation="nn.Dice"))
     with torch.no_grad():
-        for name, p in fresh.named_parameters():
+        for p in fresh.parameters():
             p.fill_(7.0)
     fresh.load_state_dict(old)  # strict
     for name, value in fresh.state_dict().items():
