@@ -95,14 +95,19 @@ def _zero_led(values: pa.Array) -> bool:
     """Whether a token of a string array starts with ``+`` or (being longer than one
     byte) ``0``, or with ``-0``: one that no canonical integer text does."""
     offsets, data = string_bytes(values)
-    starts, lengths = offsets[:-1], np.diff(offsets)
     if not len(data):
         return False
-    first = data[np.minimum(starts, len(data) - 1)]
-    second = data[np.minimum(starts + 1, len(data) - 1)]
-    multi = lengths >= 2
-    return bool((((lengths >= 1) & (first == ord("+"))) | (multi & (first == ord("0")))
-                 | (multi & (first == ord("-")) & (second == ord("0")))).any())
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    if int(lengths.min()) == 0:  # an empty token has no first byte
+        starts, lengths = starts[lengths > 0], lengths[lengths > 0]
+    first = data[starts]
+    if bool((first == ord("+")).any()):
+        return True
+    # Few tokens start with 0 or - and are longer than one byte: test those alone.
+    led = np.flatnonzero(((first == ord("0")) | (first == ord("-"))) & (lengths >= 2))
+    if not led.size:
+        return False
+    return bool(((first[led] == ord("0")) | (data[starts[led] + 1] == ord("0"))).any())
 
 
 def int_tokens(values: pa.Array, canonical: bool = True) -> tuple[np.ndarray, np.ndarray]:

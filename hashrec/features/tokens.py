@@ -266,7 +266,9 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
     if _is_list(t):
         values, lengths = pc.list_flatten(array), list_lengths(array)
     elif _is_string(t):
-        if default and array.null_count:
+        if default and array.null_count and delim not in default:
+            array = pc.fill_null(array, pa.scalar(default, t))  # one item: the default
+        elif default and array.null_count:
             array = pc.fill_null(array, pa.scalar("", t))  # one item, filled below
         split = pc.split_pattern(array, delim)  # a null cell has no items
         values, lengths = pc.list_flatten(split), list_lengths(split)
@@ -287,10 +289,20 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
     return Bags(values, lengths)
 
 
+def _holds(items: pa.Array, separator: str) -> bool:
+    """Whether any string of ``items`` holds ``separator`` (a one-byte one by a scan of
+    the bytes, much faster than a substring search per string)."""
+    sep = separator.encode()
+    if len(sep) == 1 and _is_string(items.type):
+        data = string_bytes(items)[1]
+        return bool(len(data)) and bool((data == sep[0]).any())
+    return bool(pc.any(pc.match_substring(items, separator)).as_py())
+
+
 def first_values(items: pa.Array, separator: str) -> pa.Array:
     """Each string item's first value on ``separator``, empty values skipped (``"a"`` of
     ``"a\x1db"`` and of ``"\x1da"``); an item without any is null."""
-    if not pc.any(pc.match_substring(items, separator)).as_py():
+    if not _holds(items, separator):
         return items
     split = pc.split_pattern(items, separator)
     values, lengths = pc.list_flatten(split), list_lengths(split)
