@@ -129,8 +129,7 @@ def _update_metrics(metrics, predictions: dict, batch) -> None:
     for task, metric in metrics:
         labels = batch.labels[task.label_name]
         if isinstance(metric, GroupedAUC):
-            metric.update(predictions[task.prediction], labels,
-                          grouping_ids(batch, metric.grouping_key))
+            metric.update(predictions[task.prediction], labels, grouping_ids(batch, metric))
         else:
             metric.update(predictions[task.prediction], labels)
 

@@ -28,6 +28,8 @@ class GroupedAUC:
     def __init__(self, grouping_key: str, device=None) -> None:
         self.grouping_key = grouping_key
         self.device = device
+        # Whether rows without one id each were warned about (``metrics.grouping_ids``).
+        self.warned = False
         self._parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def update(self, probs: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> None:

@@ -223,15 +223,16 @@ def _check_grouping_key(key: str, feature_set, where: str = "model_config") -> N
                          f"({', '.join(ids) or 'none'}), whose id groups the rows")
 
 
-def grouping_ids(batch, key: str) -> torch.Tensor:
-    """Each row's id of feature ``key`` (B,) int64, for grouped_auc: its first id, 0 for a
-    row without one (TorchEasyRec's rule; a warning says so, once a key)."""
+def grouping_ids(batch, metric: GroupedAUC) -> torch.Tensor:
+    """Each row's id of the metric's feature (B,) int64, for grouped_auc: its first id, 0
+    for a row without one (TorchEasyRec's rule; a warning says so, once a metric)."""
+    key = metric.grouping_key
     bags = batch.sparse[key]
     lengths = bags.lengths
     if bags.values.numel() == batch.batch_size and bool((lengths == 1).all()):
         return bags.values
-    if key not in _GROUPING_WARNED:
-        _GROUPING_WARNED.add(key)
+    if not metric.warned:
+        metric.warned = True
         logger.warning("grouped_auc: feature %r gives a row %d to %d ids; rows are grouped "
                        "by their first id, rows without one as id 0 (as in TorchEasyRec)",
                        key, int(lengths.min()), int(lengths.max()))
@@ -239,7 +240,3 @@ def grouping_ids(batch, key: str) -> torch.Tensor:
     first = bags.values[starts.clamp(max=max(bags.values.numel() - 1, 0))] \
         if bags.values.numel() else torch.zeros_like(lengths, dtype=torch.int64)
     return torch.where(lengths > 0, first, torch.zeros_like(first))
-
-
-# Grouping keys whose rows were not one id each, warned about once.
-_GROUPING_WARNED: set[str] = set()
