@@ -3,7 +3,8 @@
 Every mode is a transform of uniforms in (0, 1): UNIFORM scales them, NORMAL applies
 the normal quantile function, and TRUNCATED_NORMAL applies it to uniforms scaled into
 [Phi(a), Phi(b)], a and b its bounds [lower, upper] standardized (mean +- 2 std when
-neither is set; an unset one does not cut), as dynamicemb's truncated normal. The
+neither is set; an unset one does not cut), as dynamicemb's truncated normal where both
+are set (dynamicemb cuts an unset lower at 0 and an unset upper at 1). The
 uniforms come from a random generator, or, with ``key_seed`` set, from a
 counter-based hash of (key_seed, key, tag, column), which makes a key's initial
 vector independent of batch order, batch composition and rank.
