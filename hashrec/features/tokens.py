@@ -78,6 +78,12 @@ def string_bytes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return offsets - offsets[0], data
 
 
+def holds_byte(values: pa.Array, byte: int) -> bool:
+    """Whether a cell of a string array holds the byte ``byte``: one scan of its bytes."""
+    data = string_bytes(values)[1]
+    return bool(len(data)) and bool((data == byte).any())
+
+
 # An integer's canonical decimal text (no "+", no leading zero, no "-0") and a zero fraction.
 _ZERO_FRACTION = r"^(0|-?[1-9][0-9]*)\.0+$"
 # Any decimal integer text and a zero fraction (num_buckets reads "+7.0" and "007.0" as 7).
@@ -91,8 +97,7 @@ def integral_text(values: pa.Array, canonical: bool = True) -> pa.Array:
     only the integer's canonical text (``"012.0"``, ``"+12.0"`` and ``"-0.0"`` stay as
     they are); else any (``"+7.0"`` -> ``"+7"``). One pass over the bytes finds whether any
     token holds a ``.`` before a regular expression runs."""
-    data = string_bytes(values)[1]
-    if not len(data) or not (data == ord(".")).any():
+    if not holds_byte(values, ord(".")):
         return values
     return pc.replace_substring_regex(values, _ZERO_FRACTION if canonical else
                                       _ANY_ZERO_FRACTION, r"\1")
@@ -294,8 +299,7 @@ def _holds(items: pa.Array, separator: str) -> bool:
     the bytes, much faster than a substring search per string)."""
     sep = separator.encode()
     if len(sep) == 1 and _is_string(items.type):
-        data = string_bytes(items)[1]
-        return bool(len(data)) and bool((data == sep[0]).any())
+        return holds_byte(items, sep[0])
     return bool(pc.any(pc.match_substring(items, separator)).as_py())
 
 
