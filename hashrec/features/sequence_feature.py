@@ -79,7 +79,7 @@ def _shared_bucketizer(bucketizer: Bucketizer, default: str) -> Bucketizer:
 
 def _sequence_id(cfg, name: str, column: str, length: int, delim: str,
                  top_level: dict[str, IdFeature], sequence_name: str = "") -> IdFeature:
-    default = sequence_default(cfg, name)  # a shared vocabulary reads it as its own token
+    default = sequence_default(cfg, name)  # a vocabulary, its own or shared, reads it as id 0
     bucketizer = bucketizer_from_config(cfg, name, required=False, default_value=default)
     if bucketizer is None:
         owner = _shared_top_level(cfg, top_level, name)
