@@ -49,6 +49,9 @@ _FEATURE_IGNORED = {
     "ComboFeature": ("value_dim", "stub_type"),
     "RawFeature": ("stub_type",),
 }
+# The embedding's fields of a raw feature, which has an embedding only with boundaries (as in
+# TorchEasyRec; init_fn and data_type there are errors, features/raw_feature.py).
+_RAW_EMBEDDING = ("embedding_dim", "embedding_name", "pooling", "trainable")
 # Of those, the fields a sequence's features act on: an id sequence's value_dim (1 reads
 # an item's first value, other values are refused).
 _SEQUENCE_READS = ("value_dim",)
@@ -128,7 +131,8 @@ def _set_off_default(message, name: str) -> bool:
 def ignored_field_notes(config) -> list[str]:
     """The fields set, to other than their defaults, that HashRec ignores without
     changing what a model learns (``train_config.is_profiling``, ``value_dim of feature
-    'cate' (feature_configs[3])``; a sequence's features read their value_dim)."""
+    'cate' (feature_configs[3])``; a sequence's features read their value_dim; the
+    embedding's fields of a raw feature without boundaries)."""
     notes = []
     for path, message in _messages(config):
         for name in _IGNORED.get(message.DESCRIPTOR.name, ()):
@@ -139,4 +143,7 @@ def ignored_field_notes(config) -> list[str]:
             if _set_off_default(feature, name) and not (in_sequence
                                                         and name in _SEQUENCE_READS):
                 notes.append(f"{name} of {label}")
+        if feature.DESCRIPTOR.name == "RawFeature" and not len(feature.boundaries):
+            notes += [f"{name} of {label} (no boundaries, so no embedding)"
+                      for name in _RAW_EMBEDDING if _set_off_default(feature, name)]
     return notes

@@ -263,18 +263,33 @@ class Vocab:
     gets id i and unknown tokens get default_bucketize_value. vocab_dict maps
     tokens to the ids it names (and, without default_bucketize_value, the
     default_value to 0 and unknown tokens to 1).
+
+    ``entries`` / ``entry_ids`` are the configured vocabulary before the default_value
+    took id 0, and ``default_at_zero`` says whether it does (no default_bucketize_value):
+    ``with_default`` reads the same vocabulary for a feature of another default_value.
     """
 
     tokens: tuple[str, ...]
     token_ids: tuple[int, ...]
     oov_id: int
     num_rows: int = field(default=0)
+    entries: tuple[str, ...] = ()
+    entry_ids: tuple[int, ...] = ()
+    default_at_zero: bool = True
 
     def ids(self, bags: Bags, feature: str, column: str) -> np.ndarray:
         text = token_text(bags.values)
         index = pc.index_in(text, value_set=pa.array(self.tokens, pa.string()))
         table = np.append(np.asarray(self.token_ids, dtype=np.int64), self.oov_id)
         return table[pc.fill_null(index, len(self.tokens)).to_numpy(zero_copy_only=False)]
+
+    def with_default(self, default_value: str) -> Vocab:
+        """This vocabulary as a feature whose default_value is ``default_value`` reads it
+        (that default id 0 where this one's default is): what a sequence sub-feature that
+        shares a top-level feature's vocabulary reads, as if it repeated the vocabulary in
+        its own config. The ids of the entries, the OOV id and the rows stay."""
+        return _vocab_of(self.entries, self.entry_ids,
+                         None if self.default_at_zero else self.oov_id, default_value)
 
 
 @dataclass(frozen=True)
@@ -306,13 +321,22 @@ def _vocab(cfg, feature: str, default_value: str) -> Vocab:
         token_ids = tuple(int(cfg.vocab_dict[t]) for t in tokens)
     if len(set(tokens)) != len(tokens):
         raise ConfigError(f"feature {feature!r}: vocabulary has duplicate entries")
-    if not has_default and default_value:
+    return _vocab_of(tokens, token_ids, int(cfg.default_bucketize_value) if has_default else None,
+                     default_value)
+
+
+def _vocab_of(entries: tuple[str, ...], entry_ids: tuple[int, ...], bucketize_default: int | None,
+              default_value: str) -> Vocab:
+    """Vocab of configured entries; ``bucketize_default`` None: the default_value is id 0
+    and unknown tokens id 1."""
+    tokens, token_ids = entries, entry_ids
+    if bucketize_default is None and default_value:
         keep = [i for i, t in enumerate(tokens) if t != default_value]
         tokens = (default_value, *(tokens[i] for i in keep))
         token_ids = (0, *(token_ids[i] for i in keep))
-    oov = int(cfg.default_bucketize_value) if has_default else 1
+    oov = 1 if bucketize_default is None else bucketize_default
     num_rows = max([oov, *token_ids, 1]) + 1
-    return Vocab(tokens, token_ids, oov, num_rows)
+    return Vocab(tokens, token_ids, oov, num_rows, entries, entry_ids, bucketize_default is None)
 
 
 def bucketizer_from_config(cfg, feature: str, required: bool = True,

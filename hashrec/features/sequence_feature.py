@@ -14,7 +14,8 @@ num_buckets, vocab or dynamicemb) and without embedding_name shares the
 table and the bucketization of the top-level id feature reading the same
 field (or, failing that, of the same name): ``click_50_seq__adgroup_id``
 reads ``adgroup_id``'s table, in that table's ``data_type`` unless it sets one
-of its own (which must then agree).
+of its own (which must then agree). A shared vocabulary is read as if the sub-feature
+listed it itself: the sub-feature's default_value (not the owner's) is its id 0.
 
 The sub-features of one ``sequence_feature`` read one sequence (their
 ``sequence_name`` is its name); a top-level sequence_id/raw feature is a
@@ -39,7 +40,7 @@ import pyarrow as pa
 
 from hashrec.config.errors import ConfigError
 from hashrec.features.base import Feature, SparseIds, TableRequest, check_dim, column_of
-from hashrec.features.bucketize import bucketizer_from_config
+from hashrec.features.bucketize import Bucketizer, Vocab, bucketizer_from_config
 from hashrec.features.data_type import data_type_of
 from hashrec.features.errors import FeatureError
 from hashrec.features.id_feature import (
@@ -68,9 +69,17 @@ def _shared_top_level(cfg, top_level: dict[str, IdFeature], name: str) -> IdFeat
     return owner
 
 
+def _shared_bucketizer(bucketizer: Bucketizer, default: str) -> Bucketizer:
+    """The owner's bucketization as the sub-feature reads it: a vocabulary gives the
+    sub-feature's own default (``"0"`` where unset) id 0, as it would were the vocabulary
+    repeated in the sub-feature's config (TorchEasyRec, where each feature lists its own
+    vocabulary, puts a sequence feature's default_value at id 0)."""
+    return bucketizer.with_default(default) if isinstance(bucketizer, Vocab) else bucketizer
+
+
 def _sequence_id(cfg, name: str, column: str, length: int, delim: str,
                  top_level: dict[str, IdFeature], sequence_name: str = "") -> IdFeature:
-    default = sequence_default(cfg, name)  # a shared vocabulary reads it as its own token
+    default = sequence_default(cfg, name)  # a vocabulary, its own or shared, reads it as id 0
     bucketizer = bucketizer_from_config(cfg, name, required=False, default_value=default)
     if bucketizer is None:
         owner = _shared_top_level(cfg, top_level, name)
@@ -83,7 +92,8 @@ def _sequence_id(cfg, name: str, column: str, length: int, delim: str,
         else:  # the owner's table: an init_fn or data_type of its own must agree (tables.py)
             table = dataclasses.replace(owner.table, initializer=init or owner.table.initializer,
                                         dtype=dtype)
-        return build_sequence_id_feature(cfg, name, column, length, delim, owner.bucketizer,
+        return build_sequence_id_feature(cfg, name, column, length, delim,
+                                         _shared_bucketizer(owner.bucketizer, default),
                                          table, sequence_name, default)
     return build_sequence_id_feature(cfg, name, column, length, delim, bucketizer,
                                      table_request(cfg, name, bucketizer.num_rows, bucketizer),

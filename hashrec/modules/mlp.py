@@ -1,6 +1,8 @@
 """Multi-layer perceptron with TorchEasyRec's MLP options.
 
-Each layer is ``Linear -> [BatchNorm | LayerNorm] -> activation -> [Dropout]``.
+Each layer is ``Linear -> [BatchNorm | LayerNorm] -> activation -> [Dropout]``; a linear
+layer followed by batch norm has no bias (the norm's shift takes its place), as in
+TorchEasyRec.
 Inputs may have extra leading dimensions, (..., in_features): the norms see
 them flattened, so a (B, L, D) attention input normalizes over all B * L rows.
 """
@@ -29,7 +31,8 @@ class MLPOptions:
         activation: activation after each layer (``nn.ReLU``, ``nn.Dice``, ...).
         use_bn: batch norm after each linear layer.
         use_ln: layer norm after each linear layer (not together with use_bn).
-        bias: linear layers have a bias term.
+        bias: linear layers have a bias term (not those followed by batch norm, whose shift
+            would cancel it).
     """
 
     hidden_units: tuple[int, ...] = (64,)
@@ -95,7 +98,8 @@ class Perceptron(nn.Module):
     def __init__(self, in_features: int, out_features: int, options: MLPOptions,
                  layer: int) -> None:
         super().__init__()
-        parts: list[nn.Module] = [nn.Linear(in_features, out_features, bias=options.bias)]
+        bias = options.bias and not options.use_bn
+        parts: list[nn.Module] = [nn.Linear(in_features, out_features, bias=bias)]
         if options.use_bn:
             parts.append(_FlatNorm(nn.BatchNorm1d(out_features)))
         if options.use_ln:
@@ -105,6 +109,15 @@ class Perceptron(nn.Module):
         if ratio > 0:
             parts.append(nn.Dropout(ratio))
         self.layers = nn.Sequential(*parts)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # A checkpoint written when a linear layer kept its bias before batch norm holds
+        # one: folded into the norm's running mean it computes the same function (the
+        # batch's mean cancels it in training, where it received no gradient either).
+        bias, mean = prefix + "layers.0.bias", prefix + "layers.1.norm.running_mean"
+        if self.layers[0].bias is None and bias in state_dict and mean in state_dict:
+            state_dict[mean] = state_dict[mean] - state_dict.pop(bias).to(state_dict[mean])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)

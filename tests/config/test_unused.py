@@ -85,6 +85,21 @@ def test_fields_of_feature_generation_are_noted():
     assert unused_field_problems(config) == []
 
 
+def test_embedding_fields_of_a_raw_feature_without_boundaries_are_noted():
+    # a raw feature has an embedding only with boundaries: without, these set nothing
+    fields = 'embedding_dim: 8 embedding_name: "e" pooling: "mean" trainable: false'
+    config = example_with(
+        f'feature_configs {{ raw_feature {{ feature_name: "r" expression: "item:r" {fields} }} }}'
+        f'\nfeature_configs {{ raw_feature {{ feature_name: "b" expression: "item:b" '
+        f'boundaries: [1, 2] {fields} }} }}\n'
+        'feature_configs { raw_feature { feature_name: "d" expression: "item:d" '
+        'pooling: "sum" trainable: true } }')
+    first = len(load_pipeline_config(EXAMPLE).feature_configs)
+    assert ignored_field_notes(config) == [
+        f"{name} of feature 'r' (feature_configs[{first}]) (no boundaries, so no embedding)"
+        for name in ("embedding_dim", "embedding_name", "pooling", "trainable")]
+
+
 def test_feature_generation_fields_at_their_defaults_are_not_noted():
     assert ignored_field_notes(example_with(
         'feature_configs { id_feature { feature_name: "i" expression: "item:i" embedding_dim: 4 '

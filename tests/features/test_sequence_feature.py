@@ -149,6 +149,29 @@ def test_sequence_vocab_list_as_torcheasyrec(feature_set, default):
     assert jt.lengths.tolist() == [6, 1, 4]
 
 
+@pytest.mark.parametrize("vocab", ['vocab_list: ["a", "b"]',
+                                   'vocab_dict { key: "a" value: 2 } vocab_dict { key: "b" '
+                                   'value: 3 }'], ids=["list", "dict"])
+@pytest.mark.parametrize("share", ["", 'embedding_name: "item_emb"'], ids=["table", "name"])
+@pytest.mark.parametrize("owner_default", ["", 'default_value: "d"'], ids=["unset", "d"])
+def test_a_shared_vocabulary_reads_the_sub_feature_default_as_id_0(feature_set, vocab, share,
+                                                                   owner_default):
+    # as were the vocabulary repeated in the sub-feature's config: its default "0" (an empty
+    # cell's item) is id 0 and the owner's default_value, which it does not list, is OOV
+    top = ('feature_configs { id_feature { feature_name: "item" expression: "item:item" '
+           f'embedding_dim: 4 {vocab} {owner_default} }} }}\n')
+    seq = ('feature_configs { sequence_feature { sequence_name: "s" sequence_length: 4 '
+           'sequence_delim: "|" features { id_feature { feature_name: "item" '
+           'expression: "item:item" embedding_dim: 4 OPTIONS } } } }\n')
+    own = seq.replace("OPTIONS", vocab)
+    seq = seq.replace("OPTIONS", share)
+    columns = {"item": ["a", "b"], "s__item": ["b|a|d|x", ""]}
+    shared = feature_set(top + seq).parse(pa.table(columns)).sparse["s__item"]
+    alone = feature_set(top + own).parse(pa.table(columns)).sparse["s__item"]
+    assert shared.values.tolist() == alone.values.tolist() == [3, 2, 1, 1, 0]
+    assert shared.lengths.tolist() == [4, 1]
+
+
 @pytest.mark.parametrize("default, token", [("", "0"), ("xyz", "xyz")], ids=["unset", "xyz"])
 def test_sequence_hash_bucket_as_torcheasyrec(feature_set, default, token):
     fs = feature_set(_one_id_sequence(f'hash_bucket_size: 100 default_value: "{default}"'))

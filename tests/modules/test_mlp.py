@@ -31,6 +31,42 @@ def test_mlp_layer_structure():
     assert mlp.layers[0].layers[0].bias is None
 
 
+@pytest.mark.parametrize("norm, has_bias", [({}, True), ({"use_bn": True}, False),
+                                            ({"use_ln": True}, True)], ids=["none", "bn", "ln"])
+def test_a_linear_layer_before_batch_norm_has_no_bias(norm, has_bias):
+    # TorchEasyRec's Perceptron: Linear(bias=False if use_bn else bias); layer norm keeps it
+    mlp = MLP(4, MLPOptions(hidden_units=(3, 2), **norm))
+    assert [layer.layers[0].bias is not None for layer in mlp.layers] == [has_bias] * 2
+    assert (mlp.first_bias() is not None) == has_bias
+
+
+def test_a_state_with_a_bias_before_batch_norm_restores_as_the_same_function():
+    # Saved when the linear layer kept its bias before batch norm: the bias is folded into
+    # the running mean, so that evaluation computes what the saved model did.
+    torch.manual_seed(0)
+    mlp = MLP(4, MLPOptions(hidden_units=(3, 2), use_bn=True, activation="nn.Dice"))
+    mlp.train()
+    for _ in range(3):
+        mlp(torch.randn(16, 4) * 2 + 1)
+    old = {}
+    for name, value in mlp.state_dict().items():
+        old[name] = value
+        if name.endswith("layers.0.weight"):
+            old[name.replace("weight", "bias")] = torch.randn(value.shape[0])
+    mlp.eval()
+    x = want = torch.randn(5, 4)
+    with torch.no_grad():  # the saved model: each linear layer with its bias
+        for i, layer in enumerate(mlp.layers):
+            linear = torch.nn.functional.linear(want, layer.linear_weight(),
+                                                old[f"layers.{i}.layers.0.bias"])
+            want = layer.after_linear(linear)
+    fresh = MLP(4, MLPOptions(hidden_units=(3, 2), use_bn=True, activation="nn.Dice"))
+    fresh.load_state_dict(old)  # strict: the biases are consumed
+    fresh.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), want)
+
+
 def test_mlp_bn_flattens_leading_dims():
     mlp = MLP(4, MLPOptions(hidden_units=(3,), use_bn=True, activation=""))
     mlp.train()
