@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 import torch
 
@@ -46,3 +48,23 @@ def test_bf16_autocast_context():
         out = layer(torch.randn(2, 4))
     assert out.dtype == torch.bfloat16
 
+
+
+@pytest.mark.parametrize("mode", ["", "BF16"], ids=["float32", "bf16"])
+def test_grad_scaler_without_fp16_is_named_as_ignored(mode, caplog):
+    from hashrec.config.train_pb2 import GradScaler
+
+    scaler_config = GradScaler(init_scale=1024.0)
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        mp = MixedPrecision.create(mode, torch.device("cpu"), scaler_config)
+    assert mp.scaler is None
+    assert "train_config.grad_scaler is ignored" in caplog.text
+
+
+def test_grad_scaler_under_fp16_is_used_without_warning(caplog):
+    from hashrec.config.train_pb2 import GradScaler
+
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        mp = MixedPrecision.create("FP16", torch.device("cpu"), GradScaler(init_scale=1024.0))
+    assert mp.scaler.get_scale() == 1024.0
+    assert "grad_scaler" not in caplog.text
