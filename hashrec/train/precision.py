@@ -29,6 +29,18 @@ logger = logging.getLogger("hashrec.train")
 PRECISIONS = {"": None, "BF16": torch.bfloat16, "FP16": torch.float16}
 
 
+def apply_tf32(train_config, device: torch.device) -> None:
+    """Set torch's TF32 switches that ``train_config`` sets (``cudnn_allow_tf32``,
+    ``cuda_matmul_allow_tf32``) on a GPU run, as TorchEasyRec does; an unset field
+    leaves torch's own default (cuDNN on, matmul off: the fields' defaults too)."""
+    if device.type != "cuda":
+        return
+    if train_config.HasField("cudnn_allow_tf32"):
+        torch.backends.cudnn.allow_tf32 = train_config.cudnn_allow_tf32
+    if train_config.HasField("cuda_matmul_allow_tf32"):
+        torch.backends.cuda.matmul.allow_tf32 = train_config.cuda_matmul_allow_tf32
+
+
 class _UnscaleGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, scaler) -> torch.Tensor:
