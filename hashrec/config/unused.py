@@ -31,8 +31,7 @@ _FEATURE_REFUSED = {
     "asset_dir": (bool, "no feature assets are read"),
 }
 _IGNORED = {
-    "TrainConfig": ("is_profiling", "tensorboard_summaries", "cudnn_allow_tf32",
-                    "cuda_matmul_allow_tf32"),
+    "TrainConfig": ("is_profiling", "tensorboard_summaries"),
     # HashRec's loader turns the input columns into features itself, whatever these say.
     "DataConfig": ("fg_mode", "fg_encoded", "fg_threads", "fg_encoded_multival_sep"),
     "ExportConfig": ("mixed_precision",),

@@ -17,13 +17,28 @@ for SGD and Adagrad; Adam's moments still decay one step).
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, replace
 
 import torch
 
 from hashrec.train.errors import TrainError
 
+logger = logging.getLogger("hashrec.train")
+
 PRECISIONS = {"": None, "BF16": torch.bfloat16, "FP16": torch.float16}
+
+
+def apply_tf32(train_config, device: torch.device) -> None:
+    """Set torch's TF32 switches that ``train_config`` sets (``cudnn_allow_tf32``,
+    ``cuda_matmul_allow_tf32``) on a GPU run, as TorchEasyRec does; an unset field
+    leaves torch's own default (cuDNN on, matmul off: the fields' defaults too)."""
+    if device.type != "cuda":
+        return
+    if train_config.HasField("cudnn_allow_tf32"):
+        torch.backends.cudnn.allow_tf32 = train_config.cudnn_allow_tf32
+    if train_config.HasField("cuda_matmul_allow_tf32"):
+        torch.backends.cuda.matmul.allow_tf32 = train_config.cuda_matmul_allow_tf32
 
 
 class _UnscaleGrad(torch.autograd.Function):
@@ -66,6 +81,11 @@ class MixedPrecision:
             raise TrainError(f"train_config.mixed_precision={mode!r}; allowed: BF16, FP16 or "
                              f"empty")
         scaler = None
+        if scaler_config is not None and key != "FP16":
+            # TorchEasyRec scales whatever the precision; float32 and BF16 gradients
+            # neither underflow nor gain from it here, so the setting goes unused: say so.
+            logger.warning("train_config.grad_scaler is ignored: HashRec scales the loss only "
+                           "under mixed_precision FP16 (this run: %s)", key or "float32")
         if key == "FP16":
             kwargs = {}
             if scaler_config is not None:

@@ -34,7 +34,7 @@ from hashrec.train.optimizers import (
     sparse_schedule,
 )
 from hashrec.train.placement import CpuPlacement, place_training_process
-from hashrec.train.precision import MixedPrecision
+from hashrec.train.precision import MixedPrecision, apply_tf32
 
 logger = logging.getLogger("hashrec.train")
 
@@ -128,6 +128,7 @@ def build_session(config, rank: int = 0, world_size: int = 1,
     # One fixed seed: runs of the same config and data start from the same weights.
     torch.manual_seed(SEED)
     train_config = config.train_config
+    apply_tf32(train_config, device)
     feature_set = build_feature_set(config)
     check_metrics(config.model_config, feature_set)
     sparse_spec = sparse_optimizer_spec(train_config.sparse_optimizer)

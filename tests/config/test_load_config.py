@@ -144,3 +144,36 @@ def test_real_concatenation_is_kept_when_it_is_no_split():
         'model_config { feature_groups { group_name: "g" feature_names: "a" "b" '
         'group_type: DEEP } }')
     assert list(config.model_config.feature_groups[0].feature_names) == ["ab"]
+
+
+# Defaults of fields whose TorchEasyRec defaults a config relies on when it leaves them out.
+_TORCHEASYREC_DEFAULTS = [
+    ("eval_config.log_step_count_steps", 10),
+    ("eval_config.num_steps", 0),
+    ("train_config.log_step_count_steps", 100),
+    ("train_config.save_checkpoints_steps", 1000),
+    ("train_config.keep_checkpoint_max", 0),
+    ("train_config.use_tensorboard", True),
+    ("data_config.batch_size", 1024),
+    ("data_config.num_workers", 8),
+    ("data_config.drop_remainder", False),
+    ("data_config.shuffle", False),
+    ("data_config.shuffle_buffer_size", 32),
+    ("train_config.dense_optimizer.sgd_optimizer.momentum", pytest.approx(0.9)),
+    ("train_config.dense_optimizer.adam_optimizer.beta2", pytest.approx(0.999)),
+    ("train_config.dense_optimizer.adamw_optimizer.weight_decay", 0.0),
+    ("train_config.dense_optimizer.exponential_decay_learning_rate.decay_factor",
+     pytest.approx(0.95)),
+    ("train_config.dense_optimizer.exponential_decay_learning_rate.staircase", True),
+]
+
+
+@pytest.mark.parametrize("path,expected", _TORCHEASYREC_DEFAULTS,
+                         ids=[path for path, _ in _TORCHEASYREC_DEFAULTS])
+def test_defaults_are_torcheasyrecs(path, expected):
+    from hashrec.config.pipeline_pb2 import EasyRecConfig
+
+    value = EasyRecConfig()
+    for name in path.split("."):
+        value = getattr(value, name)
+    assert value == expected

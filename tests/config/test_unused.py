@@ -55,6 +55,13 @@ def test_ignored_fields_are_noted():
     assert notes == ["export_config.mixed_precision"]  # the export runs in float32
 
 
+def test_tf32_switches_are_not_noted_as_ignored():
+    # The trainer applies them on a GPU (hashrec.train.precision.apply_tf32).
+    config = example_with("train_config { cudnn_allow_tf32: false "
+                          "cuda_matmul_allow_tf32: true }")
+    assert ignored_field_notes(config) == []
+
+
 def test_fields_of_feature_generation_are_noted():
     config = example_with(
         'feature_configs { id_feature { feature_name: "i" expression: "item:i" embedding_dim: 4 '

@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 import torch
 
@@ -46,3 +48,55 @@ def test_bf16_autocast_context():
         out = layer(torch.randn(2, 4))
     assert out.dtype == torch.bfloat16
 
+
+
+@pytest.mark.parametrize("mode", ["", "BF16"], ids=["float32", "bf16"])
+def test_grad_scaler_without_fp16_is_named_as_ignored(mode, caplog):
+    from hashrec.config.train_pb2 import GradScaler
+
+    scaler_config = GradScaler(init_scale=1024.0)
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        mp = MixedPrecision.create(mode, torch.device("cpu"), scaler_config)
+    assert mp.scaler is None
+    assert "train_config.grad_scaler is ignored" in caplog.text
+
+
+def test_grad_scaler_under_fp16_is_used_without_warning(caplog):
+    from hashrec.config.train_pb2 import GradScaler
+
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        mp = MixedPrecision.create("FP16", torch.device("cpu"), GradScaler(init_scale=1024.0))
+    assert mp.scaler.get_scale() == 1024.0
+    assert "grad_scaler" not in caplog.text
+
+
+@pytest.fixture
+def tf32_switches():
+    """Torch's TF32 switches, put back after the test."""
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.parametrize("cudnn, matmul", [(False, True), (True, False)],
+                         ids=["matmul-on", "cudnn-off-matmul-off"])
+def test_tf32_switches_follow_train_config_on_a_gpu(tf32_switches, cudnn, matmul):
+    from hashrec.config.train_pb2 import TrainConfig
+    from hashrec.train.precision import apply_tf32
+
+    torch.backends.cudnn.allow_tf32 = not cudnn
+    torch.backends.cuda.matmul.allow_tf32 = not matmul
+    apply_tf32(TrainConfig(cudnn_allow_tf32=cudnn, cuda_matmul_allow_tf32=matmul),
+               torch.device("cuda", 0))
+    assert torch.backends.cudnn.allow_tf32 is cudnn
+    assert torch.backends.cuda.matmul.allow_tf32 is matmul
+
+
+def test_tf32_switches_unset_or_on_the_cpu_stay_as_they_are(tf32_switches):
+    from hashrec.config.train_pb2 import TrainConfig
+    from hashrec.train.precision import apply_tf32
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    apply_tf32(TrainConfig(), torch.device("cuda", 0))  # unset: torch's setting stays
+    apply_tf32(TrainConfig(cuda_matmul_allow_tf32=False), torch.device("cpu"))
+    assert torch.backends.cuda.matmul.allow_tf32 is True
