@@ -34,6 +34,14 @@ def test_sparse_spec(text, expected):
     assert spec.lr == pytest.approx(expected.lr)
 
 
+@pytest.mark.parametrize("kind", ["adagrad_optimizer", "rowwise_adagrad_optimizer",
+                                  "adam_optimizer"])
+def test_sparse_eps_defaults_to_dynamicembs(kind):
+    # TorchEasyRec passes no eps, so its tables train with dynamicemb's / FBGEMM TBE's 1e-8.
+    spec = sparse_optimizer_spec(_sparse(f"{kind} {{ lr: 0.1 }}"))
+    assert spec.eps == pytest.approx(1e-8, rel=1e-6)
+
+
 @pytest.mark.parametrize("text,match", [
     ("lamb_optimizer { lr: 0.1 }", "lamb_optimizer"),
     ("sgd_optimizer { lr: 0.1 gradient_clipping: true }", "gradient_clipping"),
