@@ -175,6 +175,13 @@ def table_options(dynamicemb, dim: int, table: str, dtype: torch.dtype = torch.f
                                    f"{where}.initializer_args", dim, max_capacity)
     eval_initializer = initializer_args(dynamicemb.eval_initializer_args, "CONSTANT",
                                         f"{where}.eval_initializer_args", dim, max_capacity)
+    if eval_initializer.mode.name != "CONSTANT":
+        # As dynamicemb, which refuses any other: evaluation and export read an id the
+        # table lacks as one fixed value.
+        raise ConfigError(
+            f"{where}.eval_initializer_args.mode {eval_initializer.mode.name} is not "
+            f"supported; allowed: CONSTANT (what an id the table lacks reads as in "
+            f"evaluation and in an export; value default 0)")
     try:
         return TableOptions(
             dim=dim, max_capacity=max_capacity, init_capacity=init_capacity,

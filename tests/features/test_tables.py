@@ -189,3 +189,13 @@ def test_capacity_errors_use_the_config_names(feature_set, options, message):
 def test_storage_fields_the_config_sets_are_recorded(feature_set, options, chosen):
     fs = feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
     assert fs.embedding_tables()[0].dynamic.set_by_user == chosen
+
+
+@pytest.mark.parametrize("mode", ["NORMAL", "UNIFORM", "TRUNCATED_NORMAL"])
+def test_a_random_eval_initializer_is_refused(feature_set, mode):
+    # dynamicemb refuses it too: evaluation and export read a missing id as one value
+    with pytest.raises(ConfigError, match=rf"^table 'u': dynamicemb\.eval_initializer_args\."
+                                          rf"mode {mode} is not supported; allowed: CONSTANT"):
+        feature_set(_id("u", f'embedding_dim: 8 dynamicemb {{ max_capacity: 100 '
+                             f'eval_initializer_args {{ mode: "{mode}" }} }}'))
+
