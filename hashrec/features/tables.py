@@ -9,6 +9,7 @@ stored in). A feature's own table is named after it; TorchEasyRec calls it
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Set
 
 import torch
@@ -23,6 +24,14 @@ from hashrec.table.options import (
     InitializerArgs,
     TableOptions,
 )
+
+logger = logging.getLogger("hashrec.features")
+
+# The fields of a DynamicEmbInitializerArgs message each mode draws from (dynamicemb's
+# and TorchEasyRec's reading); a field set beside another mode is not read.
+_MODE_FIELDS = {"NORMAL": ("mean", "std_dev"),
+                "TRUNCATED_NORMAL": ("mean", "std_dev", "lower", "upper"),
+                "UNIFORM": ("lower", "upper"), "CONSTANT": ("value",)}
 
 
 def initializer_args(cfg, default_mode: str, where: str, dim: int,
@@ -55,6 +64,13 @@ def initializer_args(cfg, default_mode: str, where: str, dim: int,
         args.resolved(dim, max_capacity, field_name=where)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    unread = [name for name in ("mean", "std_dev", "lower", "upper", "value")
+              if cfg.HasField(name) and name not in _MODE_FIELDS[args.mode.name]]
+    if unread:
+        logger.warning("%s: mode %s does not read %s (it reads %s), which %s ignored",
+                       where, args.mode.name, ", ".join(unread),
+                       ", ".join(_MODE_FIELDS[args.mode.name]),
+                       "is" if len(unread) == 1 else "are")
     return args
 
 

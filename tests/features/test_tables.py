@@ -199,3 +199,30 @@ def test_a_random_eval_initializer_is_refused(feature_set, mode):
         feature_set(_id("u", f'embedding_dim: 8 dynamicemb {{ max_capacity: 100 '
                              f'eval_initializer_args {{ mode: "{mode}" }} }}'))
 
+
+@pytest.mark.parametrize("block", [
+    "initializer_args", "frequency_admission_strategy.initializer_args",
+], ids=["initializer", "admission"])
+@pytest.mark.parametrize("args, unread", [
+    ('mode: "NORMAL" std_dev: 0.1 lower: -0.5 upper: 0.5', "lower, upper"),
+    ('mode: "UNIFORM" mean: 1.0 std_dev: 0.1', "mean, std_dev"),
+    ('mode: "CONSTANT" value: 0.5 std_dev: 0.1', "std_dev"),
+    ('mode: "TRUNCATED_NORMAL" value: 0.5', "value"),
+], ids=["normal-bounds", "uniform-moments", "constant-std", "truncated-value"])
+def test_initializer_fields_the_mode_does_not_read_are_named(feature_set, caplog, block, args,
+                                                             unread):
+    nested = f"{block.replace('.', ' { threshold: 2 ')} {{ {args} }}" + (
+        " }" if "." in block else "")
+    with caplog.at_level("WARNING", logger="hashrec.features"):
+        feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {nested} }}"))
+    assert f"table 'u': dynamicemb.{block}: mode " in caplog.text
+    assert f"does not read {unread} (it reads" in caplog.text
+
+
+def test_initializer_fields_the_mode_reads_draw_no_warning(feature_set, caplog):
+    with caplog.at_level("WARNING", logger="hashrec.features"):
+        feature_set(_id("u", 'embedding_dim: 8 dynamicemb { max_capacity: 100 '
+                             'initializer_args { mode: "TRUNCATED_NORMAL" mean: 0.1 '
+                             'std_dev: 0.1 lower: -0.2 upper: 0.3 } '
+                             'eval_initializer_args { value: 0.5 } }'))
+    assert "does not read" not in caplog.text
