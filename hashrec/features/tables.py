@@ -31,7 +31,7 @@ logger = logging.getLogger("hashrec.features")
 # and TorchEasyRec's reading); a field set beside another mode is not read.
 _MODE_FIELDS = {"NORMAL": ("mean", "std_dev"),
                 "TRUNCATED_NORMAL": ("mean", "std_dev", "lower", "upper"),
-                "UNIFORM": ("lower", "upper"), "CONSTANT": ("value",)}
+                "UNIFORM": ("lower", "upper"), "CONSTANT": ("value",), "DEBUG": ()}
 
 
 def initializer_args(cfg, default_mode: str, where: str, dim: int,
@@ -69,7 +69,7 @@ def initializer_args(cfg, default_mode: str, where: str, dim: int,
     if unread:
         logger.warning("%s: mode %s does not read %s (it reads %s), which %s ignored",
                        where, args.mode.name, ", ".join(unread),
-                       ", ".join(_MODE_FIELDS[args.mode.name]),
+                       ", ".join(_MODE_FIELDS[args.mode.name]) or "none",
                        "is" if len(unread) == 1 else "are")
     return args
 

@@ -34,6 +34,7 @@ class InitializerMode(enum.Enum):
     TRUNCATED_NORMAL = "TRUNCATED_NORMAL"
     UNIFORM = "UNIFORM"
     CONSTANT = "CONSTANT"
+    DEBUG = "DEBUG"  # every column float(key mod 100000), the key read as uint64 (dynamicemb's)
 
 
 class CheckMode(enum.Enum):
@@ -110,7 +111,9 @@ class InitializerArgs:
     """How new rows' embeddings are drawn (dynamicemb's ``initializer_args``).
 
     Attributes:
-        mode: NORMAL | TRUNCATED_NORMAL | UNIFORM | CONSTANT.
+        mode: NORMAL | TRUNCATED_NORMAL | UNIFORM | CONSTANT | DEBUG (every column of a
+            key's row is float(key mod 100000), the key read as an unsigned 64-bit number,
+            as dynamicemb's DEBUG mode: rows that tell their keys, for tests).
         mean: mean of NORMAL and TRUNCATED_NORMAL.
         std_dev: standard deviation of NORMAL / TRUNCATED_NORMAL; None -> sqrt(1 / dim).
         lower: UNIFORM lower bound; None -> -sqrt(1 / max_capacity).

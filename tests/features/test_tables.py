@@ -226,3 +226,11 @@ def test_initializer_fields_the_mode_reads_draw_no_warning(feature_set, caplog):
                              'std_dev: 0.1 lower: -0.2 upper: 0.3 } '
                              'eval_initializer_args { value: 0.5 } }'))
     assert "does not read" not in caplog.text
+
+
+def test_a_debug_initializer_is_read_from_the_config(feature_set, caplog):
+    with caplog.at_level("WARNING", logger="hashrec.features"):
+        fs = feature_set(_id("u", 'embedding_dim: 8 dynamicemb { max_capacity: 100 '
+                                  'initializer_args { mode: "DEBUG" std_dev: 0.1 } }'))
+    assert fs.embedding_tables()[0].dynamic.initializer.mode == InitializerMode.DEBUG
+    assert "mode DEBUG does not read std_dev (it reads none)" in caplog.text
