@@ -194,7 +194,8 @@ class AdmissionOptions:
     """Frequency admission: a key is stored once its counted frequency reaches ``threshold``.
 
     Attributes:
-        threshold: occurrences (duplicates in one batch count) needed to admit a key.
+        threshold: occurrences (duplicates in one batch count) needed to admit a key; 0
+            admits every key where first seen, as 1 does (dynamicemb takes both).
         counter_capacity: slots of the bounded counter table; None -> max_capacity.
         counter_bucket_capacity: slots per counter bucket; a full bucket evicts its
             lowest counts.
@@ -208,7 +209,7 @@ class AdmissionOptions:
 
     def __post_init__(self) -> None:
         _set_checked(self, {
-            "threshold": _check_int("threshold", self.threshold, minimum=1),
+            "threshold": _check_int("threshold", self.threshold, minimum=0),
             "counter_capacity": _check_int("counter_capacity", self.counter_capacity,
                                            minimum=1, optional=True),
             "counter_bucket_capacity": _check_int("counter_bucket_capacity",

@@ -171,9 +171,7 @@ def test_initializer_errors_name_the_block(feature_set, block, args, message):
     ("max_capacity: 10 bucket_capacity: 0", "dynamicemb: bucket_capacity=0 is not valid"),
     ("max_capacity: 10 cache_load_factor: 1.5", "dynamicemb: cache_load_factor=1.5 is not "
      "valid; allowed: (0, 1]"),
-    ("max_capacity: 10 frequency_admission_strategy { threshold: 0 }",
-     "dynamicemb.frequency_admission_strategy: threshold=0 is not valid"),
-], ids=["init-above-max", "init-zero", "max-zero", "bucket", "cache-load-factor", "threshold"])
+], ids=["init-above-max", "init-zero", "max-zero", "bucket", "cache-load-factor"])
 def test_capacity_errors_use_the_config_names(feature_set, options, message):
     with pytest.raises(ConfigError) as info:
         feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ {options} }}"))
@@ -234,3 +232,10 @@ def test_a_debug_initializer_is_read_from_the_config(feature_set, caplog):
                                   'initializer_args { mode: "DEBUG" std_dev: 0.1 } }'))
     assert fs.embedding_tables()[0].dynamic.initializer.mode == InitializerMode.DEBUG
     assert "mode DEBUG does not read std_dev (it reads none)" in caplog.text
+
+
+def test_an_admission_threshold_of_zero_admits_as_one_does(feature_set):
+    # dynamicemb admits a count >= threshold, so 0 (a uint64 of TorchEasyRec's) is accepted
+    fs = feature_set(_id("u", "embedding_dim: 8 dynamicemb { max_capacity: 100 "
+                              "frequency_admission_strategy { threshold: 0 } }"))
+    assert fs.embedding_tables()[0].dynamic.admission.threshold == 0

@@ -347,3 +347,18 @@ def test_debug_rows_on_the_fixed_path_tell_their_keys():
     want = torch.tensor([51615.0, 7.0, 3.0, 75808.0, 75807.0])[:, None].expand(5, 3)
     for values in rows:
         torch.testing.assert_close(values, want)
+
+
+@pytest.mark.parametrize("threshold", [0, 1])
+def test_admission_thresholds_zero_and_one_admit_at_first_sight(threshold):
+    options = dataclasses.replace(
+        table_options("STEP", True, False),
+        admission=AdmissionOptions(threshold=threshold, counter_capacity=48,
+                                   counter_bucket_capacity=8))
+    keys = torch.tensor([-5, 3, 11, 2 ** 40])
+    for triton in (False, True):
+        with backend(triton):
+            table = HashTable(options)
+            table.advance_step()
+            assert bool((table.lookup(keys).slots >= 0).all()), f"triton={triton}"
+            assert table.stats()["admission_rejected"] == 0
