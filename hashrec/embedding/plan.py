@@ -96,6 +96,8 @@ def _effective(args: InitializerArgs) -> InitializerArgs:
     with capacity and do not matter)."""
     if args.mode is InitializerMode.CONSTANT:
         return InitializerArgs(mode=args.mode, value=args.value, key_seed=args.key_seed)
+    if args.mode is InitializerMode.DEBUG:
+        return InitializerArgs(mode=args.mode)
     if args.mode is InitializerMode.UNIFORM:
         return InitializerArgs(mode=args.mode, lower=args.lower, upper=args.upper,
                                key_seed=args.key_seed)

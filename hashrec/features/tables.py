@@ -9,6 +9,7 @@ stored in). A feature's own table is named after it; TorchEasyRec calls it
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Set
 
 import torch
@@ -23,6 +24,14 @@ from hashrec.table.options import (
     InitializerArgs,
     TableOptions,
 )
+
+logger = logging.getLogger("hashrec.features")
+
+# The fields of a DynamicEmbInitializerArgs message each mode draws from (dynamicemb's
+# and TorchEasyRec's reading); a field set beside another mode is not read.
+_MODE_FIELDS = {"NORMAL": ("mean", "std_dev"),
+                "TRUNCATED_NORMAL": ("mean", "std_dev", "lower", "upper"),
+                "UNIFORM": ("lower", "upper"), "CONSTANT": ("value",), "DEBUG": ()}
 
 
 def initializer_args(cfg, default_mode: str, where: str, dim: int,
@@ -55,6 +64,13 @@ def initializer_args(cfg, default_mode: str, where: str, dim: int,
         args.resolved(dim, max_capacity, field_name=where)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    unread = [name for name in ("mean", "std_dev", "lower", "upper", "value")
+              if cfg.HasField(name) and name not in _MODE_FIELDS[args.mode.name]]
+    if unread:
+        logger.warning("%s: mode %s does not read %s (it reads %s), which %s ignored",
+                       where, args.mode.name, ", ".join(unread),
+                       ", ".join(_MODE_FIELDS[args.mode.name]) or "none",
+                       "is" if len(unread) == 1 else "are")
     return args
 
 
@@ -175,6 +191,13 @@ def table_options(dynamicemb, dim: int, table: str, dtype: torch.dtype = torch.f
                                    f"{where}.initializer_args", dim, max_capacity)
     eval_initializer = initializer_args(dynamicemb.eval_initializer_args, "CONSTANT",
                                         f"{where}.eval_initializer_args", dim, max_capacity)
+    if eval_initializer.mode.name != "CONSTANT":
+        # As dynamicemb, which refuses any other: evaluation and export read an id the
+        # table lacks as one fixed value.
+        raise ConfigError(
+            f"{where}.eval_initializer_args.mode {eval_initializer.mode.name} is not "
+            f"supported; allowed: CONSTANT (what an id the table lacks reads as in "
+            f"evaluation and in an export; value default 0)")
     try:
         return TableOptions(
             dim=dim, max_capacity=max_capacity, init_capacity=init_capacity,

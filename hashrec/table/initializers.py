@@ -7,7 +7,8 @@ neither is set; an unset one does not cut), as dynamicemb's truncated normal whe
 are set (dynamicemb cuts an unset lower at 0 and an unset upper at 1). The
 uniforms come from a random generator, or, with ``key_seed`` set, from a
 counter-based hash of (key_seed, key, tag, column), which makes a key's initial
-vector independent of batch order, batch composition and rank.
+vector independent of batch order, batch composition and rank. DEBUG draws nothing:
+every column is the key modulo 100000 (dynamicemb's debug rows).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ _COLUMN_STRIDE = 0x9E3779B97F4A7C15 - (1 << 64)
 _SEED_STRIDE = 0xD1B54A32D192ED03 - (1 << 64)
 _TRUNCATION = 2.0
 _MANTISSA = 1 << 53
+# DEBUG rows: key mod 100000 of the key as uint64 (dynamicemb's debug initializer);
+# a negative key is key + 2**64, whose residue adds 2**64 mod 100000.
+DEBUG_MOD = 100_000
+_DEBUG_WRAP = (1 << 64) % DEBUG_MOD
 
 
 def hashed_uniforms(keys: torch.Tensor, tags: torch.Tensor | None, dim: int,
@@ -83,6 +88,9 @@ def initial_values(args: InitializerArgs, keys: torch.Tensor, tags: torch.Tensor
     n = keys.numel()
     if args.mode is InitializerMode.CONSTANT:
         return torch.full((n, dim), float(args.value), dtype=dtype, device=keys.device)
+    if args.mode is InitializerMode.DEBUG:
+        residue = (keys.remainder(DEBUG_MOD) + (keys < 0) * _DEBUG_WRAP).remainder_(DEBUG_MOD)
+        return residue.to(torch.float64)[:, None].expand(n, dim).to(dtype)
     if args.key_seed is None:
         u = _random_uniforms(n, dim, keys.device, generator)
     else:

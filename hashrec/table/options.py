@@ -34,6 +34,7 @@ class InitializerMode(enum.Enum):
     TRUNCATED_NORMAL = "TRUNCATED_NORMAL"
     UNIFORM = "UNIFORM"
     CONSTANT = "CONSTANT"
+    DEBUG = "DEBUG"  # every column float(key mod 100000), the key read as uint64 (dynamicemb's)
 
 
 class CheckMode(enum.Enum):
@@ -110,7 +111,9 @@ class InitializerArgs:
     """How new rows' embeddings are drawn (dynamicemb's ``initializer_args``).
 
     Attributes:
-        mode: NORMAL | TRUNCATED_NORMAL | UNIFORM | CONSTANT.
+        mode: NORMAL | TRUNCATED_NORMAL | UNIFORM | CONSTANT | DEBUG (every column of a
+            key's row is float(key mod 100000), the key read as an unsigned 64-bit number,
+            as dynamicemb's DEBUG mode: rows that tell their keys, for tests).
         mean: mean of NORMAL and TRUNCATED_NORMAL.
         std_dev: standard deviation of NORMAL / TRUNCATED_NORMAL; None -> sqrt(1 / dim).
         lower: UNIFORM lower bound; None -> -sqrt(1 / max_capacity).
@@ -191,7 +194,8 @@ class AdmissionOptions:
     """Frequency admission: a key is stored once its counted frequency reaches ``threshold``.
 
     Attributes:
-        threshold: occurrences (duplicates in one batch count) needed to admit a key.
+        threshold: occurrences (duplicates in one batch count) needed to admit a key; 0
+            admits every key where first seen, as 1 does (dynamicemb takes both).
         counter_capacity: slots of the bounded counter table; None -> max_capacity.
         counter_bucket_capacity: slots per counter bucket; a full bucket evicts its
             lowest counts.
@@ -205,7 +209,7 @@ class AdmissionOptions:
 
     def __post_init__(self) -> None:
         _set_checked(self, {
-            "threshold": _check_int("threshold", self.threshold, minimum=1),
+            "threshold": _check_int("threshold", self.threshold, minimum=0),
             "counter_capacity": _check_int("counter_capacity", self.counter_capacity,
                                            minimum=1, optional=True),
             "counter_bucket_capacity": _check_int("counter_bucket_capacity",

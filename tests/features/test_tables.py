@@ -171,9 +171,7 @@ def test_initializer_errors_name_the_block(feature_set, block, args, message):
     ("max_capacity: 10 bucket_capacity: 0", "dynamicemb: bucket_capacity=0 is not valid"),
     ("max_capacity: 10 cache_load_factor: 1.5", "dynamicemb: cache_load_factor=1.5 is not "
      "valid; allowed: (0, 1]"),
-    ("max_capacity: 10 frequency_admission_strategy { threshold: 0 }",
-     "dynamicemb.frequency_admission_strategy: threshold=0 is not valid"),
-], ids=["init-above-max", "init-zero", "max-zero", "bucket", "cache-load-factor", "threshold"])
+], ids=["init-above-max", "init-zero", "max-zero", "bucket", "cache-load-factor"])
 def test_capacity_errors_use_the_config_names(feature_set, options, message):
     with pytest.raises(ConfigError) as info:
         feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ {options} }}"))
@@ -189,3 +187,55 @@ def test_capacity_errors_use_the_config_names(feature_set, options, message):
 def test_storage_fields_the_config_sets_are_recorded(feature_set, options, chosen):
     fs = feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
     assert fs.embedding_tables()[0].dynamic.set_by_user == chosen
+
+
+@pytest.mark.parametrize("mode", ["NORMAL", "UNIFORM", "TRUNCATED_NORMAL"])
+def test_a_random_eval_initializer_is_refused(feature_set, mode):
+    # dynamicemb refuses it too: evaluation and export read a missing id as one value
+    with pytest.raises(ConfigError, match=rf"^table 'u': dynamicemb\.eval_initializer_args\."
+                                          rf"mode {mode} is not supported; allowed: CONSTANT"):
+        feature_set(_id("u", f'embedding_dim: 8 dynamicemb {{ max_capacity: 100 '
+                             f'eval_initializer_args {{ mode: "{mode}" }} }}'))
+
+
+@pytest.mark.parametrize("block", [
+    "initializer_args", "frequency_admission_strategy.initializer_args",
+], ids=["initializer", "admission"])
+@pytest.mark.parametrize("args, unread", [
+    ('mode: "NORMAL" std_dev: 0.1 lower: -0.5 upper: 0.5', "lower, upper"),
+    ('mode: "UNIFORM" mean: 1.0 std_dev: 0.1', "mean, std_dev"),
+    ('mode: "CONSTANT" value: 0.5 std_dev: 0.1', "std_dev"),
+    ('mode: "TRUNCATED_NORMAL" value: 0.5', "value"),
+], ids=["normal-bounds", "uniform-moments", "constant-std", "truncated-value"])
+def test_initializer_fields_the_mode_does_not_read_are_named(feature_set, caplog, block, args,
+                                                             unread):
+    nested = f"{block.replace('.', ' { threshold: 2 ')} {{ {args} }}" + (
+        " }" if "." in block else "")
+    with caplog.at_level("WARNING", logger="hashrec.features"):
+        feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {nested} }}"))
+    assert f"table 'u': dynamicemb.{block}: mode " in caplog.text
+    assert f"does not read {unread} (it reads" in caplog.text
+
+
+def test_initializer_fields_the_mode_reads_draw_no_warning(feature_set, caplog):
+    with caplog.at_level("WARNING", logger="hashrec.features"):
+        feature_set(_id("u", 'embedding_dim: 8 dynamicemb { max_capacity: 100 '
+                             'initializer_args { mode: "TRUNCATED_NORMAL" mean: 0.1 '
+                             'std_dev: 0.1 lower: -0.2 upper: 0.3 } '
+                             'eval_initializer_args { value: 0.5 } }'))
+    assert "does not read" not in caplog.text
+
+
+def test_a_debug_initializer_is_read_from_the_config(feature_set, caplog):
+    with caplog.at_level("WARNING", logger="hashrec.features"):
+        fs = feature_set(_id("u", 'embedding_dim: 8 dynamicemb { max_capacity: 100 '
+                                  'initializer_args { mode: "DEBUG" std_dev: 0.1 } }'))
+    assert fs.embedding_tables()[0].dynamic.initializer.mode == InitializerMode.DEBUG
+    assert "mode DEBUG does not read std_dev (it reads none)" in caplog.text
+
+
+def test_an_admission_threshold_of_zero_admits_as_one_does(feature_set):
+    # dynamicemb admits a count >= threshold, so 0 (a uint64 of TorchEasyRec's) is accepted
+    fs = feature_set(_id("u", "embedding_dim: 8 dynamicemb { max_capacity: 100 "
+                              "frequency_admission_strategy { threshold: 0 } }"))
+    assert fs.embedding_tables()[0].dynamic.admission.threshold == 0

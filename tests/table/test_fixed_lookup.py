@@ -323,3 +323,42 @@ def test_lfu_admission_scores_the_count_and_a_refused_key_keeps_counting(triton)
     assert outcomes == [False, False, False, False, True, True]
     assert (stats["admission_rejected"], stats["refused"], stats["evictions"]) == (2, 2, 1)
     assert dict(zip(keys, scores))[99] == 6  # five counted, one more as a hit
+
+
+def test_debug_rows_on_the_fixed_path_tell_their_keys():
+    """DEBUG rows (each column the key mod 100000, as uint64) are the reference's on the
+    Triton path, negative keys and the admission initializer's rows included."""
+    debug = InitializerArgs(mode="DEBUG")
+    options = dataclasses.replace(
+        table_options("STEP", True, False), initializer=debug,
+        admission=AdmissionOptions(threshold=2, counter_capacity=48, counter_bucket_capacity=8,
+                                   initializer=debug))
+    keys = torch.tensor([-1, 7, 100_003, -(2 ** 63), 2 ** 63 - 1])
+    rows = []
+    for triton in (False, True):
+        with backend(triton):
+            table = HashTable(options)
+            assert table._fixed_path() is triton
+            for stored in (False, True):  # counted (admission's rows), then admitted
+                table.advance_step()
+                result = table.lookup(keys)
+                assert bool((result.slots >= 0).all()) is stored
+                rows.append(result.values)
+    want = torch.tensor([51615.0, 7.0, 3.0, 75808.0, 75807.0])[:, None].expand(5, 3)
+    for values in rows:
+        torch.testing.assert_close(values, want)
+
+
+@pytest.mark.parametrize("threshold", [0, 1])
+def test_admission_thresholds_zero_and_one_admit_at_first_sight(threshold):
+    options = dataclasses.replace(
+        table_options("STEP", True, False),
+        admission=AdmissionOptions(threshold=threshold, counter_capacity=48,
+                                   counter_bucket_capacity=8))
+    keys = torch.tensor([-5, 3, 11, 2 ** 40])
+    for triton in (False, True):
+        with backend(triton):
+            table = HashTable(options)
+            table.advance_step()
+            assert bool((table.lookup(keys).slots >= 0).all()), f"triton={triton}"
+            assert table.stats()["admission_rejected"] == 0

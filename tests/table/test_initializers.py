@@ -131,3 +131,17 @@ def test_truncated_normal_bounds_must_leave_an_interval(lower, upper):
                                          rf"upper \({upper}\) for TRUNCATED_NORMAL"):
         InitializerArgs(mode="TRUNCATED_NORMAL", lower=lower, upper=upper)
     InitializerArgs(mode="UNIFORM", lower=0.5, upper=0.5)  # a constant draw, allowed
+
+
+def test_debug_rows_are_the_key_modulo_100000_as_uint64():
+    # dynamicemb's DEBUG initializer: key % 100000 with the key read as uint64
+    keys = torch.tensor([0, 99_999, 100_000, 123_456_789, -1, -100_000, -(2 ** 63), 2 ** 63 - 1])
+    args = InitializerArgs(mode="DEBUG").resolved(4, 1000)
+    values = initial_values(args, keys, None, 4, torch.float32)
+    want = torch.tensor([(k + 2 ** 64) % 100_000 if k < 0 else k % 100_000
+                         for k in keys.tolist()], dtype=torch.float32)
+    assert torch.equal(values, want[:, None].expand(8, 4))
+    assert want.tolist()[4:7] == [51615.0, 51616.0, 75808.0]
+    table = HashTable(TableOptions(dim=4, max_capacity=128, initializer=args))
+    rows, founds = table.find_or_insert(keys)
+    assert not bool(founds.any()) and torch.equal(rows, values)

@@ -68,7 +68,7 @@ def test_invalid_table_options_name_field_and_value(kwargs, field, value):
         (lambda: InitializerArgs(std_dev=-1.0), "std_dev"),
         (lambda: InitializerArgs(lower=1.0, upper=0.0), "lower"),
         (lambda: InitializerArgs(mean=float("nan")), "mean"),
-        (lambda: AdmissionOptions(threshold=0), "threshold"),
+        (lambda: AdmissionOptions(threshold=-1), "threshold"),
         (lambda: AdmissionOptions(threshold=2, counter_bucket_capacity=0),
          "counter_bucket_capacity"),
         (lambda: SparseAdam(beta1=1.0), "beta1"),
