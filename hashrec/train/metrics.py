@@ -1,12 +1,13 @@
 """Streaming evaluation metrics whose memory does not grow with the data.
 
-``BinnedAUC`` keeps two histograms (positives and negatives) of the predicted
-probability over ``num_bins`` equal-width bins of [0, 1] and computes the
-Mann-Whitney statistic on them: a negative in a lower bin than a positive counts
-1, one in the same bin counts 1/2 (the ROC curve at ``num_bins`` thresholds
-with the trapezoid rule). It equals the exact AUC when no bin holds both a
-positive and a negative; otherwise the error is at most half the share of
-positive-negative pairs that fall in one bin (the statistic is
+``BinnedAUC`` is the ROC curve at ``thresholds`` evenly spaced thresholds from 0 to 1
+(both included), integrated with the trapezoid rule, as TorchEasyRec's
+``torchmetrics.AUROC(thresholds=...)``: a probability p lies in bin
+floor(p * (thresholds - 1)) (so 1.0 has a bin of its own), and the two histograms
+(positives and negatives) give the Mann-Whitney statistic, a negative in a lower bin
+than a positive counting 1, one in the same bin 1/2. It equals the exact AUC when no
+bin holds both a positive and a negative; otherwise the error is at most half the share
+of positive-negative pairs that fall in one bin (the statistic is
 ``hashrec.distributed.metrics.auc_from_histograms``). Every metric's state is a
 few tensors that ``sync`` sums across ranks, so distributed evaluation needs one
 all-reduce per metric.
@@ -36,7 +37,8 @@ class BinnedAUC:
     """Area under the ROC curve from score histograms.
 
     Args:
-        num_bins: histogram resolution over [0, 1].
+        num_bins: the number of thresholds (``auc.thresholds``), evenly spaced over
+            [0, 1] from 0 to 1: as many bins, the last one holding 1.0 alone.
         device: where the histograms live (the predictions' device).
     """
 
@@ -53,7 +55,9 @@ class BinnedAUC:
         """Add probabilities (n,) in [0, 1] and binary labels (n,)."""
         probs = probs.detach().float().reshape(-1).to(self.positives.device)
         labels = labels.detach().reshape(-1).to(self.positives.device)
-        bins = (probs * self.num_bins).long().clamp_(0, self.num_bins - 1)
+        # Bin k holds [k, k + 1) / (num_bins - 1): the probabilities that the k-th
+        # threshold, k / (num_bins - 1), calls positive and the next one does not.
+        bins = (probs * (self.num_bins - 1)).long().clamp_(0, self.num_bins - 1)
         positive = (labels > 0.5).to(torch.float64)
         # index_add_ reads nothing back (bincount and boolean masks wait for the device).
         self.positives.index_add_(0, bins, positive)

@@ -24,10 +24,11 @@ def exact_auc(probs, labels):
 def test_binned_auc_matches_exact_when_bins_separate_scores(seed):
     gen = torch.Generator().manual_seed(seed)
     n = 300
-    # Distinct scores at bin centres: with 1000 bins every score has its own bin.
+    # Distinct scores between thresholds: with 1001 (a step of 1/1000) every score has
+    # its own bin.
     probs = (torch.randperm(1000, generator=gen)[:n].double() + 0.5) / 1000
     labels = (torch.rand(n, generator=gen, dtype=torch.float64) < probs).double()
-    auc = BinnedAUC(1000)
+    auc = BinnedAUC(1001)
     for chunk in range(0, n, 64):
         auc.update(probs[chunk:chunk + 64], labels[chunk:chunk + 64])
     assert auc.compute() == pytest.approx(exact_auc(probs.tolist(), labels.tolist()), abs=1e-12)
@@ -38,6 +39,29 @@ def test_binned_auc_ties_in_a_bin_count_half():
     auc.update(torch.tensor([0.51, 0.55, 0.9, 0.1]), torch.tensor([1.0, 0.0, 1.0, 0.0]))
     # pos {0.51, 0.9} vs neg {0.55, 0.1}: 0.51 shares a bin with 0.55 -> 1/2.
     assert auc.compute() == pytest.approx((0.5 + 1 + 1 + 1) / 4)
+
+
+@pytest.mark.parametrize("thresholds", [2, 3, 7, 200])
+def test_binned_auc_is_torchmetrics_auroc_at_as_many_thresholds(thresholds):
+    # TorchEasyRec's auc is torchmetrics' binary AUROC at `thresholds` thresholds
+    # linspace(0, 1, thresholds): thresholds=3 ties 0.6 with 0.8 (both in [0.5, 1)).
+    from torchmetrics.functional.classification import binary_auroc
+
+    gen = torch.Generator().manual_seed(thresholds)
+    probs = torch.cat([torch.tensor([0.6, 0.8, 0.3, 0.55]), torch.rand(500, generator=gen)])
+    labels = torch.cat([torch.tensor([0, 1, 0, 1]),
+                        (torch.rand(500, generator=gen) < probs[4:]).long()])
+    auc = BinnedAUC(thresholds)
+    auc.update(probs, labels)
+    expected = float(binary_auroc(probs, labels, thresholds=thresholds))
+    assert auc.compute() == pytest.approx(expected, abs=1e-6)
+
+
+def test_binned_auc_a_probability_of_one_is_above_the_last_step():
+    auc = BinnedAUC(3)  # thresholds 0, 0.5, 1
+    auc.update(torch.tensor([1.0, 0.9, 0.6, 0.8]), torch.tensor([1, 0, 1, 0]))
+    # 1.0 alone reaches the last threshold; 0.9, 0.6 and 0.8 tie.
+    assert auc.compute() == pytest.approx((1 + 1 + 0.5 + 0.5) / 4)
 
 
 def test_binned_auc_close_to_exact_on_continuous_scores():
