@@ -123,14 +123,25 @@ def _loss_metric_problems(where: str, config) -> list[str]:
     problems = []
     for i, loss in enumerate(config.losses):
         kind = loss.WhichOneof("loss")
-        if kind not in SUPPORTED_LOSSES:
+        if kind is None:
+            problems.append(f"{where}.losses[{i}] sets no loss; set one of "
+                            f"{', '.join(SUPPORTED_LOSSES)}")
+        elif kind not in SUPPORTED_LOSSES:
             problems.append(f"{where}.losses[{i}].{kind} is not supported; supported: "
                             f"{', '.join(SUPPORTED_LOSSES)}")
     for i, metric in enumerate(config.metrics):
         kind = metric.WhichOneof("metric")
-        if kind not in SUPPORTED_METRICS:
+        if kind is None:
+            problems.append(f"{where}.metrics[{i}] sets no metric; set one of "
+                            f"{', '.join(SUPPORTED_METRICS)}")
+        elif kind not in SUPPORTED_METRICS:
             problems.append(f"{where}.metrics[{i}].{kind} is not supported; supported: "
                             f"{', '.join(SUPPORTED_METRICS)}")
+        elif kind == "accuracy" and metric.accuracy.top_k != 1:
+            # TorchEasyRec's binary accuracy does not read it either, without a word.
+            problems.append(f"{where}.metrics[{i}].accuracy.top_k={metric.accuracy.top_k} "
+                            f"is not supported: a model has one logit a task, so top_k is "
+                            f"1 (leave it unset)")
     return problems
 
 

@@ -96,6 +96,9 @@ def loss_name(loss_configs, where: str) -> str:
     """
     names = tuple(dict.fromkeys(loss.WhichOneof("loss") for loss in loss_configs))
     for name in names:
+        if name is None:
+            raise ModelError(f"{where}.losses: a loss config sets no loss; set one of "
+                             f"{', '.join(SUPPORTED_LOSSES)}")
         if name not in SUPPORTED_LOSSES:
             raise ModelError(f"{where}.losses: {name!r} is not supported; allowed: "
                              f"{', '.join(SUPPORTED_LOSSES)}")

@@ -50,12 +50,38 @@ def test_unsupported_features(feature, message):
     ("train_config { sparse_optimizer { lamb_optimizer { lr: 1 } } dense_optimizer { "
      "adam_optimizer { lr: 1 } } }", "lamb_optimizer is not supported"),
     ("data_config { dataset_type: KafkaDataset }", "KafkaDataset is not supported"),
+    ("model_config { multi_tower_din {} losses { jrc_loss { session_name: \"u\" } } }",
+     r"model_config.losses\[0\].jrc_loss is not supported; supported: "
+     r"binary_cross_entropy, l2_loss"),
+    ("model_config { multi_tower_din {} losses { binary_focal_loss { gamma: 1 } } }",
+     r"model_config.losses\[0\].binary_focal_loss is not supported"),
+    ("model_config { multi_tower_din {} losses {} }",
+     r"model_config.losses\[0\] sets no loss; set one of binary_cross_entropy, l2_loss"),
+    ("model_config { multi_tower_din {} metrics { auc {} } metrics { recall_at_k {} } }",
+     r"model_config.metrics\[1\].recall_at_k is not supported; supported: auc, "),
+    ("model_config { multi_tower_din {} metrics { multiclass_auc { average: 'macro' } } }",
+     r"model_config.metrics\[0\].multiclass_auc is not supported"),
+    ("model_config { multi_tower_din {} metrics {} }",
+     r"model_config.metrics\[0\] sets no metric; set one of auc, "),
+    ("model_config { multi_tower_din {} metrics { accuracy { top_k: 3 } } }",
+     r"model_config.metrics\[0\].accuracy.top_k=3 is not supported"),
+    ("model_config { mmoe { expert_mlp { hidden_units: [4] } num_expert: 2 "
+     "task_towers { tower_name: 'ctr' label_name: 'clk' "
+     "losses { jrc_loss { session_name: 'u' } } } } }",
+     r"mmoe.task_towers\[0\].losses\[0\].jrc_loss is not supported"),
 ], ids=["no-model", "loss", "sparse-optimizer",
-        "dataset"])
+        "dataset", "jrc-loss", "focal-loss", "empty-loss", "recall-at-k", "multiclass-auc",
+        "empty-metric", "accuracy-top-k", "task-jrc-loss"])
 def test_unsupported_fields(text, message):
     config = parse_pipeline_config(f'model_dir: "m"\n{text}')
     with pytest.raises(ConfigError, match=message):
         validate_pipeline_config(config)
+
+
+def test_accuracy_top_k_of_one_is_accepted():
+    config = parse_pipeline_config('model_dir: "m"\nmodel_config { multi_tower_din {} '
+                                   'metrics { accuracy { threshold: 0.4 top_k: 1 } } }')
+    validate_pipeline_config(config)
 
 
 

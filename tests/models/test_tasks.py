@@ -189,3 +189,20 @@ def test_a_single_task_model_with_two_labels_says_which_it_trains_on(caplog):
     caplog.clear()
     model_tasks(config, ["clk"])
     assert not caplog.text
+
+
+@pytest.mark.parametrize("losses, message", [
+    ("losses {}", r"model_config.losses: a loss config sets no loss; set one of "
+                  r"binary_cross_entropy, l2_loss"),
+    ('losses { jrc_loss { session_name: "u" } }',
+     r"model_config.losses: 'jrc_loss' is not supported"),
+], ids=["empty", "jrc"])
+def test_a_loss_kind_not_supported_is_named(losses, message):
+    from hashrec.config import parse_pipeline_config
+    from hashrec.models.tasks import model_tasks
+
+    config = parse_pipeline_config(f'model_dir: "m" model_config {{ {DEEP_GROUP} '
+                                   f'multi_tower {{ towers {{ input: "all" mlp {{ '
+                                   f'hidden_units: [4] }} }} }} {losses} }}').model_config
+    with pytest.raises(ModelError, match=message):
+        model_tasks(config, ["clk"])
