@@ -4,16 +4,18 @@ Usage::
 
     python -m hashrec.predict --scripted_model_path <export_dir> \\
         --predict_input_path <files, dirs or globs> --predict_output_path <out> \\
-        [--reserved_columns a,b] [--batch_size N] [--device auto|cpu|cuda[:i]] [--overwrite]
+        [--reserved_columns a,b] [--output_columns c,d] [--batch_size N]
+        [--device auto|cpu|cuda[:i]] [--overwrite]
 
 The input is read and parsed with the exported pipeline config's data and
 feature settings; the parsed tensors feed ``scripted_model.pt``. The output
-holds the reserved columns as read (a CSV column whose type ``input_fields`` does
-not give, as its text), then ``probs`` (``y`` for a regression model, l2_loss) and
-``logits``, one row per input row, in input order (files in the order the input
-path lists them, a directory's files sorted, rows as stored), whatever
-``data_config.num_workers``; a multi-task model's output holds each task's
-``probs_<tower_name>`` (or ``y_<tower_name>``), then each task's ``logits_<tower_name>``.
+holds the model's prediction columns, then the reserved columns as read (a CSV column
+whose type ``input_fields`` does not give, as its text), one row per input row, in input
+order (files in the order the input path lists them, a directory's files sorted, rows as
+stored), whatever ``data_config.num_workers``. As in TorchEasyRec, the prediction columns
+are those ``--output_columns`` lists, in its order, or by default all of them sorted by
+name: ``logits`` and ``probs`` (``y`` for a regression model, l2_loss); a multi-task
+model's ``logits_<tower_name>`` and ``probs_<tower_name>`` (or ``y_<tower_name>``).
 ``--predict_output_path`` ending in ``.parquet`` names the file; any other path is a
 directory that receives ``part-00000.parquet`` (a new path ending in ``.csv``, ``.txt``
 or another text format is refused: the output is parquet). The rows go to hidden temporary files
@@ -208,6 +210,24 @@ def _input_data_config(data_config, input_path: str):
     return switched
 
 
+def _output_columns(wanted: tuple[str, ...] | None, columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The prediction columns to write: ``wanted`` (``--output_columns``) checked against
+    the model's ``columns``, or all of them sorted by name (TorchEasyRec's default).
+
+    Raises:
+        ExportError: a wanted column the model does not give, or one listed twice.
+    """
+    if not wanted:
+        return tuple(sorted(columns))
+    unknown = [c for c in wanted if c not in columns]
+    if unknown:
+        raise ExportError(f"--output_columns {unknown} are not columns of the model; it gives "
+                          f"{', '.join(sorted(columns))}")
+    if len(set(wanted)) != len(wanted):
+        raise ExportError(f"--output_columns lists a column twice: {list(wanted)}")
+    return tuple(wanted)
+
+
 def _check_reserved(reserved: tuple[str, ...], columns: tuple[str, ...]) -> None:
     clash = [c for c in reserved if c in columns]
     if clash:
@@ -231,17 +251,19 @@ def _prediction_columns(config) -> tuple[str, ...]:
 def predict(export_dir: str, input_path: str, output_path: str,
             reserved_columns: tuple[str, ...] = (), batch_size: int | None = None,
             device: str | None = None, log_every_s: float = 10.0,
-            overwrite: bool = False) -> dict:
+            overwrite: bool = False, output_columns: tuple[str, ...] | None = None) -> dict:
     """Predict every row of ``input_path``; returns {"rows", "seconds", "output"}.
 
     The output rows follow the input rows' order; each of the exported
     ``data_config.num_workers`` loader workers reads a contiguous slice of the input
     and writes its predictions to a part file of its own, and the parts are joined in
     order at the end. The output appears only when every row is predicted (see the
-    module docstring).
+    module docstring). ``output_columns``: the prediction columns to write, in order
+    (None or empty: all, sorted by name).
 
     Raises:
-        ExportError: not an export directory, reserved columns that clash, a bad device,
+        ExportError: not an export directory, output columns the model does not give,
+            reserved columns that clash with them, a bad device,
             an output path that exists (without ``overwrite``) or is of the wrong kind, or
             a failed write of the output (named, with a hint when the disk looks full).
         DataError, FeatureError: unreadable input or missing columns (they name the file).
@@ -252,7 +274,7 @@ def predict(export_dir: str, input_path: str, output_path: str,
     run_on = resolve_device(device)
     config, feature_set, model = _load(export_dir, run_on)
     # The model's own columns: an input column named like another model's may be kept.
-    columns = _prediction_columns(config)
+    columns = _output_columns(output_columns, _prediction_columns(config))
     _check_reserved(reserved_columns, columns)
     weighted = {f.input_key for f in feature_set.embedding_features() if f.weighted}
     loader = create_dataloader(_input_data_config(config.data_config, input_path), feature_set,
@@ -284,8 +306,8 @@ def predict(export_dir: str, input_path: str, output_path: str,
 def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
                        reserved_columns: tuple[str, ...], names: tuple[str, ...],
                        parts: PartFiles, log_every_s: float) -> int:
-    """Runs ``model`` on every batch of ``loader`` into ``parts`` (the reserved columns,
-    then those of the prediction columns ``names`` that the model gives); returns the
+    """Runs ``model`` on every batch of ``loader`` into ``parts`` (the prediction columns
+    ``names``, then the reserved columns); returns the
     number of rows. Each loader worker reads a contiguous slice of the input, in file
     order, and its rows go to its own part.
 
@@ -298,9 +320,8 @@ def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
     with torch.inference_mode():
         for batch in loader:
             out = model(*model_inputs(batch.to(run_on), weighted))
-            columns = {name: batch.reserved[name] for name in reserved_columns}
-            for name in names:
-                columns[name] = pa.array(out[name].float().cpu().numpy())
+            columns = {name: pa.array(out[name].float().cpu().numpy()) for name in names}
+            columns.update((name, batch.reserved[name]) for name in reserved_columns)
             parts.write(next(readers, None), pa.table(columns))
             rows += batch.batch_size
             if time.perf_counter() - last_log >= log_every_s:
@@ -408,10 +429,11 @@ class PartFiles:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hashrec.predict",
-        description="Predict with an exported model; writes parquet with the reserved columns "
-                    "and probs, logits (a regression model: y, logits; a multi-task model: "
-                    "probs_<tower_name> or y_<tower_name>, then logits_<tower_name>), one "
-                    "row per input row in input order.")
+        description="Predict with an exported model; writes parquet with the prediction "
+                    "columns (logits, probs; a regression model: logits, y; a multi-task "
+                    "model: logits_<tower_name>, probs_<tower_name> or y_<tower_name>; "
+                    "sorted by name, or as --output_columns lists them), then the reserved "
+                    "columns, one row per input row in input order.")
     parser.add_argument("--scripted_model_path", required=True,
                         help="export directory (scripted_model.pt and pipeline.config)")
     parser.add_argument("--predict_input_path", required=True,
@@ -422,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "written only when every row is predicted")
     parser.add_argument("--reserved_columns", default="",
                         help="comma-separated input columns copied to the output")
+    parser.add_argument("--output_columns", default="",
+                        help="comma-separated prediction columns to write, in this order "
+                             "(default: all of them, sorted by name)")
     parser.add_argument("--batch_size", type=int, default=None,
                         help="rows per batch (default: data_config.eval_batch_size or "
                              "batch_size)")
@@ -456,11 +481,13 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("--batch_size must be >= 1, got %d", args.batch_size)
         return 1
     reserved = tuple(c.strip() for c in args.reserved_columns.split(",") if c.strip())
+    outputs = tuple(c.strip() for c in args.output_columns.split(",") if c.strip())
     # SIGTERM (a scheduler's stop) cleans up as Ctrl-C does: no temporary file is left.
     with terminate_raises():
         return run_main(lambda: predict(args.scripted_model_path, args.predict_input_path,
                                         args.predict_output_path, reserved, args.batch_size,
-                                        args.device, overwrite=args.overwrite),
+                                        args.device, overwrite=args.overwrite,
+                                        output_columns=outputs),
                         interrupted="no predictions written; an earlier output is kept")
 
 

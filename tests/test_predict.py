@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import sys
 
@@ -45,10 +46,10 @@ def test_predictions_do_not_depend_on_batch_size(exported, tmp_path, batch_size)
                   str(tmp_path / "out"), ("clk", "user_id"), batch_size)
     assert out["rows"] == 130 and out["output"] == str(tmp_path / "out" / "part-00000.parquet")
     table = pq.read_table(out["output"])
-    assert table.column_names == ["clk", "user_id", "probs", "logits"]
+    assert table.column_names == ["logits", "probs", "clk", "user_id"]
     reference = predict(str(exported / "export"), str(exported / "data" / "eval"),
                         str(tmp_path / "ref.parquet"), (), 64)
-    assert pq.read_table(reference["output"]).column_names == ["probs", "logits"]
+    assert pq.read_table(reference["output"]).column_names == ["logits", "probs"]
     torch.testing.assert_close(torch.from_numpy(table["probs"].to_numpy()),
                                torch.from_numpy(pq.read_table(reference["output"])[
                                    "probs"].to_numpy()), atol=1e-6, rtol=0)
@@ -169,7 +170,7 @@ def test_existing_output_file_is_refused_unless_overwrite(caplog, exported, tmp_
     assert f"--predict_output_path {str(output)!r} exists; pass --overwrite" in log
     assert output.read_bytes() == first
     assert run_main(caplog, *args, "--reserved_columns", "user_id", "--overwrite")[0] == 0
-    assert pq.read_table(output).column_names == ["user_id", "probs", "logits"]
+    assert pq.read_table(output).column_names == ["logits", "probs", "user_id"]
 
 
 def test_non_empty_output_directory_is_refused_unless_overwrite(exported, tmp_path):
@@ -373,3 +374,29 @@ def test_workers_batches_taken_out_of_turn_fail_rather_than_misorder(exported, t
         predict(export, str(exported / "data" / "eval"), str(tmp_path / "out.parquet"),
                 batch_size=7)
     assert os.listdir(tmp_path) == ["export2"]
+
+
+def test_output_columns_pick_and_order_the_predictions(caplog, exported, tmp_path):
+    # As in TorchEasyRec: the prediction columns (all, sorted by name, unless
+    # --output_columns lists some), then the reserved columns.
+    output = tmp_path / "o.parquet"
+    args = ["--scripted_model_path", str(exported / "export"), "--predict_input_path",
+            str(exported / "data" / "eval"), "--predict_output_path", str(output)]
+    assert run_main(caplog, *args, "--output_columns", "probs", "--reserved_columns",
+                    "user_id,clk")[0] == 0
+    assert pq.read_table(output).column_names == ["probs", "user_id", "clk"]
+    assert run_main(caplog, *args, "--output_columns", "probs, logits", "--overwrite")[0] == 0
+    assert pq.read_table(output).column_names == ["probs", "logits"]
+
+
+@pytest.mark.parametrize("columns, message", [
+    ("probs,y", r"--output_columns \['y'\] are not columns of the model; it gives logits, "
+                r"probs"),
+    ("probs,probs", r"--output_columns lists a column twice: \['probs', 'probs'\]"),
+], ids=["unknown", "twice"])
+def test_bad_output_columns_are_one_error(caplog, exported, tmp_path, columns, message):
+    output = tmp_path / "o.parquet"
+    code, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
+                         "--predict_input_path", str(exported / "data" / "eval"),
+                         "--predict_output_path", str(output), "--output_columns", columns)
+    assert code == 1 and re.search(message, log) and not output.exists()

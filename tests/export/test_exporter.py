@@ -120,7 +120,7 @@ def test_hashmap_parts_hold_the_trained_tables(flow):
 
 def test_predict_equals_eval_predictions(flow, expected):
     table = pq.read_table(flow["output"])
-    assert table.column_names == ["user_id", "clk", "probs", "logits"]
+    assert table.column_names == ["logits", "probs", "user_id", "clk"]
     probs = torch.from_numpy(table["probs"].to_numpy())
     assert probs.shape == expected.shape == (500,)
     torch.testing.assert_close(probs, expected, atol=1e-5, rtol=0)

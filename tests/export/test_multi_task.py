@@ -120,7 +120,7 @@ def test_trains_evaluates_exports_and_predicts(data_dir, tmp_path, model):
     export_model(config, str(tmp_path / "export"), checkpoint)
     predict(str(tmp_path / "export"), str(data_dir / "eval"), str(tmp_path / "pred.parquet"))
     written = pq.read_table(tmp_path / "pred.parquet")
-    assert written.column_names == ["probs_ctr", "probs_cvr", "logits_ctr", "logits_cvr"]
+    assert written.column_names == ["logits_ctr", "logits_cvr", "probs_ctr", "probs_cvr"]
     _check_reserved_columns(data_dir, tmp_path)
 
     session = build_session(config, device=torch.device("cpu"))
@@ -146,7 +146,7 @@ def _check_reserved_columns(data_dir, tmp_path):
     predict(str(tmp_path / "export"), str(tmp_path / "input.parquet"),
             str(tmp_path / "kept.parquet"), reserved_columns=("probs", "y"))
     kept = pq.read_table(tmp_path / "kept.parquet")
-    assert kept.column_names[:3] == ["probs", "y", "probs_ctr"]
+    assert kept.column_names[-3:] == ["probs_cvr", "probs", "y"]
     assert kept["probs"].equals(table["clk"]) and kept["y"].equals(table["buy"])
     with pytest.raises(ExportError, match="collide with the prediction columns"):
         predict(str(tmp_path / "export"), str(tmp_path / "input.parquet"),

@@ -84,7 +84,7 @@ def test_export_and_predict_write_y(trained, tmp_path):
     out = predict(str(tmp_path / "e"), str(root / "data" / "eval.parquet"),
                   str(tmp_path / "p.parquet"), reserved_columns=("minutes",))
     table = pq.read_table(out["output"])
-    assert table.column_names == ["minutes", "y", "logits"]
+    assert table.column_names == ["logits", "y", "minutes"]
     y = table.column("y").to_numpy()
     assert np.mean((y - table.column("minutes").to_numpy()) ** 2) < 1.0
     with open(os.path.join(tmp_path, "e", "pipeline.config"), encoding="utf-8") as f:
