@@ -65,13 +65,15 @@ def test_unsupported_features(feature, message):
      r"model_config.metrics\[0\] sets no metric; set one of auc, "),
     ("model_config { multi_tower_din {} metrics { accuracy { top_k: 3 } } }",
      r"model_config.metrics\[0\].accuracy.top_k=3 is not supported"),
+    ("model_config { multi_tower_din {} metrics { auc { thresholds: 1 } } }",
+     r"model_config.metrics\[0\].auc.thresholds=1; allowed: 2 or more \(default 200\)"),
     ("model_config { mmoe { expert_mlp { hidden_units: [4] } num_expert: 2 "
      "task_towers { tower_name: 'ctr' label_name: 'clk' "
      "losses { jrc_loss { session_name: 'u' } } } } }",
      r"mmoe.task_towers\[0\].losses\[0\].jrc_loss is not supported"),
 ], ids=["no-model", "loss", "sparse-optimizer",
         "dataset", "jrc-loss", "focal-loss", "empty-loss", "recall-at-k", "multiclass-auc",
-        "empty-metric", "accuracy-top-k", "task-jrc-loss"])
+        "empty-metric", "accuracy-top-k", "auc-thresholds", "task-jrc-loss"])
 def test_unsupported_fields(text, message):
     config = parse_pipeline_config(f'model_dir: "m"\n{text}')
     with pytest.raises(ConfigError, match=message):
