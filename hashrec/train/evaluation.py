@@ -4,7 +4,8 @@ The model runs in eval mode (dynamic tables read-only: unseen ids read as the
 eval initializer) under ``torch.no_grad``. Metrics keep fixed-size state (see
 ``hashrec.train.metrics``), so evaluation memory does not grow with the input.
 Each evaluation appends one JSON object, at least ``{"step", "auc"}`` (a multi-task
-model's ``auc_<tower_name>``) and the checkpoint's path, to ``<model_dir>/eval_result.txt``
+model's ``auc_<tower_name>``), the step again as ``global_step`` (TorchEasyRec's key) and
+the checkpoint's path, to ``<model_dir>/eval_result.txt``
 (rank 0). Under several ranks each rank
 evaluates its share of the input (every rank must list the same files, or the evaluation
 fails with a ``DataError`` before its first batch); a rank that runs out first keeps serving its
@@ -152,6 +153,9 @@ def write_eval_result(model_dir: str, result: dict, rank: int = 0,
 
 def _append_result(model_dir: str, result: dict, checkpoint: str | None) -> None:
     path = os.path.join(model_dir, EVAL_RESULT_FILE)
+    if "step" in result:
+        # TorchEasyRec's name of the step, for what reads its result files.
+        result = {**result, "global_step": result["step"]}
     if checkpoint is not None:
         result = {**result, "checkpoint": os.path.abspath(checkpoint)}
     # JSON has no NaN (an AUC of a single class is undefined): null instead.
@@ -224,7 +228,8 @@ def best_checkpoint(model_dir: str, metric: str, larger_is_better: bool = True) 
             else None
         if name not in steps:
             continue
-        held |= {k for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        held |= {k for k, v in record.items() if isinstance(v, (int, float))
+                 and k not in ("step", "global_step")}
         value = record.get(metric)
         if isinstance(value, (int, float)) and not isinstance(value, bool) \
                 and math.isfinite(value):

@@ -21,8 +21,9 @@ def test_results_are_appended_as_json_lines(tmp_path):
     write_eval_result(str(model_dir), {"step": 9, "auc": 0.5}, rank=1)  # rank 0 writes
     lines = (model_dir / "eval_result.txt").read_text().splitlines()
     assert [json.loads(line) for line in lines] == [
-        {"step": 5, "auc": None, "loss": 0.5, "checkpoint": str(model_dir / "model.ckpt-5")},
-        {"step": 9, "auc": 0.75, "loss": 0.25}]
+        {"step": 5, "global_step": 5, "auc": None, "loss": 0.5,
+         "checkpoint": str(model_dir / "model.ckpt-5")},
+        {"step": 9, "global_step": 9, "auc": 0.75, "loss": 0.25}]
 
 
 @pytest.mark.parametrize("target", ["directory", "full-disk"])
