@@ -142,6 +142,10 @@ def _loss_metric_problems(where: str, config) -> list[str]:
             problems.append(f"{where}.metrics[{i}].accuracy.top_k={metric.accuracy.top_k} "
                             f"is not supported: a model has one logit a task, so top_k is "
                             f"1 (leave it unset)")
+        elif kind == "auc" and metric.auc.thresholds < 2:
+            # Checked here, not only at the first evaluation after training to a save.
+            problems.append(f"{where}.metrics[{i}].auc.thresholds={metric.auc.thresholds}; "
+                            f"allowed: 2 or more (default 200)")
     return problems
 
 
