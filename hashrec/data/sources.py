@@ -1,8 +1,9 @@
 """File formats: list a file's independently readable pieces and read row ranges of them.
 
 A *piece* is a parquet row group or a whole CSV file. Sources check, when the
-pieces are listed, that every file has the needed columns with supported
-types; a file without rows has no pieces. Later reads cast every piece to the
+pieces are listed, that every file with rows has the needed columns with
+supported types; a file without rows (zero bytes, a parquet footer counting no rows, a
+CSV header alone) has no pieces, whatever its columns. Later reads cast every piece to the
 files' common schema (:mod:`hashrec.data.schema`) so that batches spanning files
 concatenate.
 
@@ -17,6 +18,7 @@ feature refuses naming the row, as it does parquet's NaN.
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -56,8 +58,11 @@ class ParquetSource:
         self.columns = list(columns)
 
     def pieces(self, path: str) -> tuple[list[Piece], pa.Schema]:
-        """Non-empty row groups of ``path`` (none when the file has no rows) and the
-        schema of the needed columns."""
+        """Non-empty row groups of ``path`` and the schema of the needed columns; a file
+        without rows (zero bytes, or a footer counting no rows, whatever its columns)
+        has no pieces and an empty schema, as a CSV file without rows."""
+        if _size(path) == 0:
+            return [], pa.schema([])
         try:
             meta = pq.read_metadata(path)
             schema = meta.schema.to_arrow_schema()
@@ -66,6 +71,8 @@ class ParquetSource:
                     "CsvDataset (with input_fields or with_header)"
                     if _looks_like_text(path) else "")
             raise DataError(f"{path}: not a readable parquet file: {e}{hint}") from e
+        if meta.num_rows == 0:
+            return [], pa.schema([])
         schema = check_columns(path, schema, self.columns)
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         starts = itertools.accumulate(sizes, initial=0)
@@ -137,6 +144,14 @@ def _head(path: str, size: int) -> bytes:
             return f.read(size)
     except OSError:
         return b""
+
+
+def _size(path: str) -> int | None:
+    """Bytes in ``path`` (None when it cannot be read)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
 
 
 def _is_parquet(path: str) -> bool:
@@ -214,17 +229,27 @@ class CsvSource:
             yield batch
 
     def pieces(self, path: str) -> tuple[list[Piece], pa.Schema]:
-        """The file as one piece (rows counted by parsing its first needed column; no
-        piece when the file has no rows, and an empty schema when it has no lines)."""
+        """The file as one piece (rows counted by parsing its first needed column); no
+        piece and an empty schema when the file has no rows, whatever its columns."""
         try:
             reader = self._open(path, [])
         except DataError:
             if _blank(path):  # pyarrow refuses a file without a line
                 return [], pa.schema([])
             raise
-        schema = check_columns(path, reader.schema, self.columns)
-        rows = sum(b.num_rows for b in self._batches(path, self.columns[:1]))
+        try:
+            schema = check_columns(path, reader.schema, self.columns)
+        except DataError:
+            # A file without rows (a header alone) is skipped whatever its columns.
+            if reader.schema.names and not self._count(path, reader.schema.names[:1]):
+                return [], pa.schema([])
+            raise
+        rows = self._count(path, self.columns[:1])
         return ([Piece(path, 0, rows)] if rows else []), schema
+
+    def _count(self, path: str, columns: Sequence[str]) -> int:
+        """Rows of ``path``, parsing ``columns`` alone."""
+        return sum(b.num_rows for b in self._batches(path, columns))
 
     def read_spans(self, piece: Piece, spans: Sequence[tuple[int, int]], use_threads: bool
                    ) -> Iterator[tuple[int, pa.Table]]:

@@ -199,6 +199,36 @@ def test_csv_file_with_only_a_header_is_skipped(tmp_path):
     assert row_ids(batches) == [1, 2, 3]
 
 
+def _no_rows(tmp_path, kind: str) -> None:
+    """A file without rows in ``tmp_path / "in"``, lacking the columns the others have."""
+    if kind == "parquet-zero-bytes":
+        (tmp_path / "in" / "b.parquet").write_bytes(b"")
+    elif kind == "parquet-other-columns":
+        pq.write_table(pa.table({"other": pa.array([], pa.string())}),
+                       tmp_path / "in" / "b.parquet")
+    else:
+        _csv(tmp_path / "in", "b.csv", ["other"])
+
+
+@pytest.mark.parametrize("kind", ["parquet-zero-bytes", "parquet-other-columns",
+                                  "csv-header-of-other-columns"])
+def test_a_file_without_rows_is_skipped_whatever_its_columns(tmp_path, caplog, kind):
+    (tmp_path / "in").mkdir()
+    layout = {}
+    if kind.startswith("csv"):
+        layout = dict(dataset_type="CsvDataset", with_header=True)
+        _csv(tmp_path / "in", "a.csv", ["row_id,clk", "1,0", "2,1"])
+        _csv(tmp_path / "in", "c.csv", ["row_id,clk", "3,1"])
+    else:
+        write_parquet(str(tmp_path / "in" / "a.parquet"), 1, 2)
+        write_parquet(str(tmp_path / "in" / "c.parquet"), 3, 1)
+    _no_rows(tmp_path, kind)
+    with caplog.at_level(logging.WARNING, logger="hashrec.data"):
+        (batches,) = _load(str(tmp_path / "in"), **layout)
+    assert row_ids(batches) == [1, 2, 3]
+    assert "skipping 1 of 3 input files that have no rows" in caplog.text
+
+
 def test_parquet_row_groups_know_their_first_row(tmp_path):
     write_parquet(str(tmp_path / "g.parquet"), 0, 17, row_group_size=7)
     pieces, _ = ParquetSource(["row_id"]).pieces(str(tmp_path / "g.parquet"))
