@@ -163,11 +163,11 @@ class FeatureSet:
         return Batch(sparse, dense, sequence_dense, labels, batch_size)
 
     def _labels(self, table) -> dict[str, torch.Tensor]:
-        labels = {name: self._label(get_column(table, name, f"label {name}"), name)
+        labels = {name: self._label(_decoded(get_column(table, name, f"label {name}")), name)
                   for name in self.label_fields}
         for weight in self.sample_weight_fields:
-            labels[weight] = self._weight(get_column(table, weight, f"sample weight {weight}"),
-                                          weight)
+            column = get_column(table, weight, f"sample weight {weight}")
+            labels[weight] = self._weight(_decoded(column), weight)
         return labels
 
     @staticmethod
@@ -213,6 +213,11 @@ class FeatureSet:
                     f"value {array[row].as_py()!r} is not 0 or 1; binary_cross_entropy "
                     f"trains on 0/1 labels (fix the data or choose another label column)")
         return torch.from_numpy(values)
+
+
+def _decoded(array: pa.Array) -> pa.Array:
+    """A dictionary-encoded column (pandas' categoricals) as its values' type."""
+    return array.dictionary_decode() if pa.types.is_dictionary(array.type) else array
 
 
 def _is_text(t: pa.DataType) -> bool:

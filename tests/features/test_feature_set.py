@@ -101,6 +101,20 @@ def test_labels_from_text_read_as_numbers(taobao_set):
     assert taobao_set.parse(text).labels["clk"].tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]
 
 
+@pytest.mark.parametrize("values", [["1", "0", "1"], [1, 0, 1]], ids=["text", "int"])
+def test_dictionary_encoded_labels_and_weights_read_as_their_values(values):
+    # pandas writes a categorical column as a dictionary
+    config = load_pipeline_config(TAOBAO_CONFIG)
+    config.data_config.sample_weight_fields.append("w")
+    features = build_feature_set(config)
+    weights = [str(2 * int(v)) if isinstance(v, str) else 2 * v for v in values]
+    table = taobao_table(3).set_column(19, "clk", pa.array(values).dictionary_encode())
+    table = table.append_column("w", pa.array(weights).dictionary_encode())
+    labels = features.parse(table).labels
+    assert labels["clk"].tolist() == [1.0, 0.0, 1.0]
+    assert labels["w"].tolist() == [2.0, 0.0, 2.0]
+
+
 @pytest.mark.parametrize("cells,row,detail", [
     (["1", "", "0"], 1, "the label is null"),
     (["0", "1", "yes"], 2, "value 'yes' is not a number"),
