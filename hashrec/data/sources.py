@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -82,16 +82,63 @@ class ParquetSource:
     def read_spans(self, piece: Piece, spans: Sequence[tuple[int, int]], use_threads: bool
                    ) -> Iterator[tuple[int, pa.Table]]:
         """The rows of each of ``spans`` (ascending, disjoint [start, stop) row ranges of
-        ``piece``) as (start, table) pairs; the row group is decoded once."""
+        ``piece``) as (start, table) pairs. A row group read whole is decoded at once;
+        one read in part (another reader has the rest) is decoded in blocks of
+        ``PARQUET_BLOCK_ROWS`` up to the last span, so that readers sharing a large row
+        group neither decode its rows past their own nor hold all of it in memory."""
         if not spans:
             return
+        whole = spans[0][0] == 0 and spans[-1][1] == piece.num_rows
         try:
-            table = pq.ParquetFile(piece.path).read_row_group(
-                piece.index, columns=self.columns, use_threads=use_threads)
+            file = pq.ParquetFile(piece.path)
+            if whole:
+                blocks = [file.read_row_group(piece.index, columns=self.columns,
+                                              use_threads=use_threads)]
+            else:
+                blocks = file.iter_batches(PARQUET_BLOCK_ROWS, row_groups=[piece.index],
+                                           columns=self.columns, use_threads=use_threads)
+            yield from _cut_spans(blocks, spans)
         except (OSError, pa.ArrowException) as e:
             raise DataError(f"{piece.path}: reading row group {piece.index} failed: {e}") from e
-        for start, stop in spans:
-            yield start, table.slice(start, stop - start)
+        except _Short as short:
+            raise DataError(f"{piece.path}: row group {piece.index} has {short.rows} rows, "
+                            f"expected {piece.num_rows} (the file changed while being "
+                            f"read?)") from None
+
+
+# Rows a parquet row group read in part is decoded in at a time (``read_spans``).
+PARQUET_BLOCK_ROWS = 1 << 16
+
+
+def _cut_spans(blocks: Iterable[pa.Table | pa.RecordBatch], spans: Sequence[tuple[int, int]]
+               ) -> Iterator[tuple[int, pa.Table]]:
+    """The rows of each of ``spans`` (ascending, disjoint [start, stop) ranges of the rows
+    of ``blocks`` laid end to end) as (start, table) pairs, a span in one or more tables;
+    ``blocks`` is read up to the last span's end. Raises _Short when the blocks end
+    first."""
+    at, seen = 0, 0  # the next span, rows before the block
+    for block in blocks:
+        end = seen + block.num_rows
+        while at < len(spans) and spans[at][0] < end:
+            start, stop = spans[at]
+            lo, hi = max(start, seen), min(stop, end)
+            part = block.slice(lo - seen, hi - lo)
+            yield lo, part if isinstance(part, pa.Table) else pa.Table.from_batches([part])
+            if stop > end:  # the span goes on in the next block
+                break
+            at += 1
+        seen = end
+        if at == len(spans):
+            return
+    raise _Short(seen)
+
+
+class _Short(Exception):
+    """Blocks ended before the last span: ``rows`` rows were read."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__(rows)
+        self.rows = rows
 
 
 # The texts a CSV cell is missing as, in every column: pyarrow's null markers but for its
@@ -258,18 +305,8 @@ class CsvSource:
         the file up to the last span (rows outside the spans are parsed and skipped)."""
         if not spans:
             return
-        at, seen = 0, 0  # the next span, rows parsed
-        for batch in self._batches(piece.path, self.columns, use_threads):
-            end = seen + batch.num_rows
-            while at < len(spans) and spans[at][0] < end:
-                start, stop = spans[at]
-                lo, hi = max(start, seen), min(stop, end)
-                yield lo, pa.Table.from_batches([batch.slice(lo - seen, hi - lo)])
-                if stop > end:  # the span goes on in the next batch
-                    break
-                at += 1
-            seen = end
-            if at == len(spans):
-                return
-        raise DataError(f"{piece.path}: the file has {seen} rows, expected {piece.num_rows}"
-                        f" (it changed while being read?)")
+        try:
+            yield from _cut_spans(self._batches(piece.path, self.columns, use_threads), spans)
+        except _Short as short:
+            raise DataError(f"{piece.path}: the file has {short.rows} rows, expected "
+                            f"{piece.num_rows} (it changed while being read?)") from None

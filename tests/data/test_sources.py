@@ -1,12 +1,13 @@
 import logging
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from data_fakes import FakeFeatureSet, data_config, input_field, row_ids, write_parquet
 
 from hashrec.config import parse_pipeline_config
-from hashrec.data import CsvFormat, DataError, create_dataloader
+from hashrec.data import CsvFormat, DataError, create_dataloader, sources
 from hashrec.data.sources import CsvSource, ParquetSource, Piece
 from hashrec.features import build_feature_set
 
@@ -227,6 +228,46 @@ def test_a_file_without_rows_is_skipped_whatever_its_columns(tmp_path, caplog, k
         (batches,) = _load(str(tmp_path / "in"), **layout)
     assert row_ids(batches) == [1, 2, 3]
     assert "skipping 1 of 3 input files that have no rows" in caplog.text
+
+
+def test_a_row_group_read_in_part_is_decoded_up_to_the_span_alone(tmp_path, monkeypatch):
+    rows = 3 * sources.PARQUET_BLOCK_ROWS
+    path = str(tmp_path / "big.parquet")
+    pq.write_table(pa.table({"row_id": np.arange(rows)}), path, row_group_size=rows)
+    decoded = []
+
+    class CountingFile(pq.ParquetFile):
+        def read_row_group(self, *args, **kwargs):
+            table = super().read_row_group(*args, **kwargs)
+            decoded.append(table.num_rows)
+            return table
+
+        def iter_batches(self, *args, **kwargs):
+            for batch in super().iter_batches(*args, **kwargs):
+                decoded.append(batch.num_rows)
+                yield batch
+
+    monkeypatch.setattr(pq, "ParquetFile", CountingFile)
+    source = ParquetSource(["row_id"])
+    (piece,), _ = source.pieces(path)
+    edge = sources.PARQUET_BLOCK_ROWS
+    read = list(source.read_spans(piece, [(10, 20), (edge - 3, edge + 2)], False))
+    assert [start for start, _ in read] == [10, edge - 3, edge]  # the second in two blocks
+    ids = [i for _, table in read for i in table.column("row_id").to_pylist()]
+    assert ids == [*range(10, 20), *range(edge - 3, edge + 2)]
+    assert sum(decoded) == 2 * sources.PARQUET_BLOCK_ROWS  # not the third block
+    decoded.clear()
+    (whole,) = source.read_spans(piece, [(0, rows)], False)
+    assert whole[1].num_rows == rows and decoded == [rows]
+
+
+@pytest.mark.parametrize("world_size", [1, 3], ids=["ranks1", "ranks3"])
+def test_readers_sharing_row_groups_read_every_row_once(tmp_path, monkeypatch, world_size):
+    monkeypatch.setattr(sources, "PARQUET_BLOCK_ROWS", 3)  # spans cross decoding blocks
+    write_parquet(str(tmp_path / "in" / "a.parquet"), 0, 40, row_group_size=17)
+    write_parquet(str(tmp_path / "in" / "b.parquet"), 40, 9, row_group_size=17)
+    per_rank = _load(str(tmp_path / "in"), world_size=world_size, batch_size=5)
+    assert sorted(i for batches in per_rank for i in row_ids(batches)) == list(range(49))
 
 
 def test_parquet_row_groups_know_their_first_row(tmp_path):
