@@ -137,6 +137,10 @@ def ignored_field_notes(config) -> list[str]:
         for name in _IGNORED.get(message.DESCRIPTOR.name, ()):
             if _set_off_default(message, name):
                 notes.append(f"{path}.{name}")
+    if config.HasField("data_config"):
+        data = config.data_config
+        if not data.shuffle and _set_off_default(data, "shuffle_buffer_size"):
+            notes.append("data_config.shuffle_buffer_size (shuffle is false)")
     for label, feature, in_sequence in _features(config):
         for name in _FEATURE_IGNORED.get(feature.DESCRIPTOR.name, ()):
             if _set_off_default(feature, name) and not (in_sequence

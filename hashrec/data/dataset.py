@@ -60,7 +60,8 @@ class ReadOptions:
     Attributes:
         batch_size: rows per batch (the last batch of each reader may be smaller).
         shuffle: permute the piece order per epoch and shuffle rows through a buffer.
-        shuffle_buffer_size: shuffle buffer size in batches.
+        shuffle_buffer_size: shuffle buffer size in batches (0: no buffer, rows keep
+            their order within the shuffled pieces).
         drop_remainder: drop each reader's last, partial batch.
         num_epochs: passes over the data in one iteration (None: without end, with
             ``tag_epochs`` only).
@@ -90,7 +91,9 @@ class ReadOptions:
     tag_epochs: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "shuffle_buffer_size", "num_epochs", "world_size"):
+        if self.shuffle_buffer_size < 0:
+            raise ValueError(f"shuffle_buffer_size must be >= 0, got {self.shuffle_buffer_size}")
+        for name in ("batch_size", "num_epochs", "world_size"):
             value = getattr(self, name)
             if name == "num_epochs" and value is None and self.tag_epochs:
                 continue
@@ -251,7 +254,7 @@ class FileDataset(IterableDataset):
             seed, epoch = (opts.seed + p, 0) if opts.tag_epochs else (opts.seed, p)
             order = epoch_order(self.pieces, opts.shuffle, seed, epoch)
             chunks = self._chunks(self._ranges(order, worker, workers), main_process)
-            if opts.shuffle:
+            if opts.shuffle and opts.shuffle_buffer_size:
                 rng = np.random.default_rng([seed, epoch, slot])
                 tables = shuffle_rebatch(chunks, opts.batch_size, opts.drop_remainder,
                                          opts.batch_size * opts.shuffle_buffer_size, rng)

@@ -78,7 +78,7 @@ def read_options(data_config, mode: str, rank: int = 0, world_size: int = 1,
     return ReadOptions(
         batch_size=size or data_config.batch_size,
         shuffle=train and bool(getattr(data_config, "shuffle", False)),
-        shuffle_buffer_size=getattr(data_config, "shuffle_buffer_size", 32) or 32,
+        shuffle_buffer_size=getattr(data_config, "shuffle_buffer_size", 32),
         drop_remainder=train and bool(data_config.drop_remainder),
         num_epochs=num_epochs, seed=seed, rank=rank, world_size=world_size,
         with_labels=mode != "predict", reserved_columns=tuple(reserved_columns),

@@ -55,6 +55,13 @@ def test_ignored_fields_are_noted():
     assert notes == ["export_config.mixed_precision"]  # the export runs in float32
 
 
+def test_a_shuffle_buffer_without_shuffle_is_noted():
+    assert ignored_field_notes(example_with("data_config { shuffle_buffer_size: 64 }")) == [
+        "data_config.shuffle_buffer_size (shuffle is false)"]
+    shuffled = example_with("data_config { shuffle: true shuffle_buffer_size: 64 }")
+    assert ignored_field_notes(shuffled) == []
+
+
 def test_tf32_switches_are_not_noted_as_ignored():
     # The trainer applies them on a GPU (hashrec.train.precision.apply_tf32).
     config = example_with("train_config { cudnn_allow_tf32: false "

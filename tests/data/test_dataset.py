@@ -32,7 +32,7 @@ def files(tmp_path):
 
 def _read(files, mode="train", world_size=1, workers=0, **kwargs):
     cfg_keys = {"shuffle", "drop_remainder", "batch_size", "eval_batch_size", "dataset_type",
-                "with_header"}
+                "with_header", "shuffle_buffer_size"}
     cfg = data_config(num_workers=workers, **{k: v for k, v in kwargs.items() if k in cfg_keys})
     rest = {k: v for k, v in kwargs.items() if k not in cfg_keys}
     features = rest.pop("features", FakeFeatureSet(bags=["tags"]))
@@ -79,6 +79,24 @@ def test_shuffle_is_deterministic_per_seed_and_varies_by_epoch(files):
     assert epoch0 != list(range(total)) and epoch0 != epoch1
     assert first == run(3)
     assert first != run(4)
+
+
+def test_shuffle_without_a_buffer_shuffles_row_groups_alone(files):
+    """shuffle_buffer_size 0 (as in TorchEasyRec, no buffer): the row groups come in a new
+    order each epoch, each one's rows in file order."""
+    ids = row_ids(_read(files, shuffle=True, shuffle_buffer_size=0, seed=3, num_epochs=2)[0])
+    total = sum(SIZES)
+    epochs = [ids[:total], ids[total:]]
+    starts = np.cumsum((0,) + SIZES[:-1])
+    groups = [range(first + lo, first + min(lo + 7, n))  # row groups of 7 rows
+              for first, n in zip(starts, SIZES) for lo in range(0, n, 7)]
+    for epoch in epochs:
+        assert sorted(epoch) == list(range(total)) and epoch != list(range(total))
+        at = {row: i for i, row in enumerate(epoch)}
+        for group in groups:
+            assert [at[row] for row in group] == list(range(at[group[0]],
+                                                            at[group[0]] + len(group)))
+    assert epochs[0] != epochs[1]
 
 
 def test_shuffle_with_workers_is_deterministic(files):
