@@ -55,7 +55,9 @@ def expand_input_path(input_path: str) -> list[str]:
             matches with a name below the pattern's fixed directories that starts
             with ``.`` or ``_``, such as Spark's ``_SUCCESS`` marker or the files in
             its ``_temporary`` directory, are skipped; matched directories expand as
-            above). A file named by itself is read whatever its name.
+            above). A file named by itself is read whatever its name; an entry that
+            names an existing file or directory is that path, even where its name holds
+            glob characters (``day[1]``).
 
     Returns:
         Files in entry order; a file named by several entries is kept once
@@ -75,7 +77,7 @@ def expand_input_path(input_path: str) -> list[str]:
             raise DataError(f"input path {entry!r}: {scheme.group(1)}:// paths are not read; "
                             f"HashRec reads parquet and CSV files on a local or mounted file "
                             f"system (export the table to parquet first)")
-        if _GLOB_CHARS & set(entry):
+        if _GLOB_CHARS & set(entry) and not os.path.exists(entry):
             found = sorted(glob.glob(entry, recursive=True))
             fixed = _fixed_part(entry)
             matches = [m for m in found if _visible_match(m, fixed)]

@@ -73,6 +73,12 @@ def test_a_file_named_by_itself_is_read_whatever_its_name(tree):
     assert expand_input_path(str(root / "_SUCCESS")) == [str(root / "_SUCCESS")]
 
 
+def test_a_path_whose_name_holds_glob_characters_is_that_path(tmp_path):
+    folder = _touch(str(tmp_path / "day[1]" / "a.parquet"))
+    file = _touch(str(tmp_path / "b[x]*.parquet"))
+    assert expand_input_path(f"{tmp_path}/day[1],{file}") == [folder, file]
+
+
 @pytest.mark.parametrize("entry", ["missing.parquet", "nothing-*.parquet", "", " , "],
                          ids=["missing-file", "unmatched-glob", "empty", "only-commas"])
 def test_paths_that_name_nothing_raise(tmp_path, entry):
