@@ -1,7 +1,7 @@
-"""Input pipeline throughput: rows/s of Taobao-schema parquet into parsed Batch objects.
+"""Input pipeline throughput: rows/s of parquet into parsed Batch objects.
 
 For each worker count, iterates one full pass of ``create_dataloader`` (train
-mode, no shuffle) over generated data and reports rows per second, counting
+mode, no shuffle) over ``--data`` or generated data and reports rows per second, counting
 from the first ``iter()`` (worker start-up included) to the last batch, and
 rows per CPU second (the loop's process plus its workers), which is steadier
 than wall time when other jobs share the machine.
@@ -98,7 +98,8 @@ def markdown(report: dict) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=DEFAULT_CONFIG, help="pipeline config (features)")
-    p.add_argument("--data", default=None, help="existing parquet input path; else generated")
+    p.add_argument("--data", default=None, help="existing parquet input path (needed for a config of other "
+                   "features); else Taobao-like rows are generated")
     p.add_argument("--num_rows", type=int, default=1_000_000, help="rows to generate")
     p.add_argument("--num_files", type=int, default=16, help="files to generate")
     p.add_argument("--scale", type=float, default=1.0, help="generator ID-space scale")

@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--factors", default="0.1,0.25,0.5", help="cache_load_factors to run")
     p.add_argument("--steps", type=int, default=8, help="timed steps per mode")
     p.add_argument("--out", default=None, help="path prefix of the .json and .md results")

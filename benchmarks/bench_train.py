@@ -1,4 +1,4 @@
-"""End-to-end training throughput of the Taobao-like example configs.
+"""End-to-end training throughput of the example configs on generated data.
 
 Generates Taobao-like parquet at scale 1 (``hashrec.tools.gen_taobao_data``;
 reused when present), then trains the MultiTowerDIN dynamicemb example config and
@@ -70,7 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "else from the CPU count)")
     p.add_argument("--sequence_format", default="list", choices=("list", "string"),
                    help="how generated data stores the behaviour sequences (parquet "
-                        "list<int64>, or ';'-joined strings); existing data is reused as is")
+                        "list<int64>, or IDs joined by '|'); existing data is reused as is")
     p.add_argument("--mixed_precision", default=None, choices=("BF16", "FP16", "FP32"),
                    help="default BF16 (FP32 with --smoke: BF16 is slow on CPUs)")
     p.add_argument("--configs", default="dynamicemb,num_buckets",

@@ -84,7 +84,8 @@ def stale_modules(generated: dict[str, str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hashrec.config.regen",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
                         help="only report stale modules; exit 1 if any")
     args = parser.parse_args(argv)

@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
                              "digits>, e.g. dump-000000000200); repeat in step order")
     parser.add_argument("--output", required=True, help="directory to create")
     parser.add_argument("--chunk_rows", type=int, default=DEFAULT_CHUNK_ROWS,
-                        help="rows per streamed chunk")
+                        help=f"rows per streamed chunk (default {DEFAULT_CHUNK_ROWS})")
     return parser
 
 

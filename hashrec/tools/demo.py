@@ -103,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval_rows", type=count(), default=15000,
                         help="evaluation rows (default 15000)")
     parser.add_argument("--scale", type=positive_float, default=0.002,
-                        help="ID-space scale of the generator (1 = Taobao sizes)")
+                        help="ID-space scale of the generator (default 0.002; 1 = Taobao sizes)")
     parser.add_argument("--batch_size", type=count(), default=1024,
                         help="rows per batch (default 1024)")
     parser.add_argument("--num_epochs", type=count(), default=2,
