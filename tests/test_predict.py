@@ -74,6 +74,26 @@ def test_csv_input_predicts_like_parquet(exported, tmp_path):
                                torch.from_numpy(b["probs"].to_numpy()), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("header", [False, True], ids=["no-header", "header"])
+def test_csv_without_a_header_line_says_so(caplog, exported, tmp_path, header):
+    import pyarrow.csv as pacsv
+
+    rows = pq.read_table(sorted((exported / "data" / "eval").glob("*.parquet"))[0])
+    rows = rows.drop(["user_id"]) if header else rows  # a header without user_id
+    path = tmp_path / "rows.csv"
+    pacsv.write_csv(rows, path, pacsv.WriteOptions(include_header=header))
+    code, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
+                         "--predict_input_path", str(path),
+                         "--predict_output_path", str(tmp_path / "out.parquet"))
+    assert code == 1 and "Traceback" not in log
+    assert f"DataError: {path}: column 'user_id' is missing (the file has [" in log
+    hint = ("; its first line reads like a row, not a header: give the file a header line "
+            "naming the columns (a CsvDataset config can name them in data_config.input_fields "
+            "instead, with with_header: false)")
+    assert (hint in log) == (not header)
+    assert not (tmp_path / "out.parquet").exists()
+
+
 def run_main(caplog, *args: str) -> tuple[int, str]:
     with caplog.at_level(logging.INFO):
         code = main(list(args))
