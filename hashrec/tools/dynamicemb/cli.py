@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 
 from hashrec.checkpoint import CheckpointError
+from hashrec.distributed import DistributedError
+from hashrec.table import TableError
 from hashrec.tools.dynamicemb.errors import MigrationError
 
 
@@ -21,7 +23,8 @@ def run_tool(world_size: int | None, main: Callable[[], object]) -> int:
     Returns:
         0; 2 for an invalid ``--world_size`` or a start under torchrun (one process
         writes every rank's shards: several would write the same checkpoint); 1 after a
-        migration, checkpoint or value error, printed as one ``error:`` line on stderr.
+        migration, checkpoint, config (any ValueError), storage planning or table error,
+        printed as one ``error:`` line on stderr.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if world_size is not None and world_size < 1:
@@ -35,7 +38,7 @@ def run_tool(world_size: int | None, main: Callable[[], object]) -> int:
         return 2
     try:
         main()
-    except (MigrationError, CheckpointError, ValueError) as err:
+    except (MigrationError, CheckpointError, ValueError, DistributedError, TableError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
