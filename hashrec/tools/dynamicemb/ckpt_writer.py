@@ -86,18 +86,21 @@ class CheckpointBuilder:
         except OSError as err:
             raise CheckpointError(f"--save_dir {save_dir!r}: cannot create it: "
                                   f"{err.strerror}") from None
-        prepare_temp_dir(self.tmp, sorted(storages))
         self._writers: dict[str, list[ShardWriter]] = {}
         self.table_steps: dict[str, int] = {name: 0 for name in storages}
-        for name, table in storages.items():
-            writers = []
-            for rank in range(world_size):
-                stem = layout.shard_stem(self.tmp, name, rank, world_size)
-                attrs = {"table": name, "rank": rank, "world_size": world_size,
-                         **table_description(table, self.tag_tables.get(name))}
-                writers.append(ShardWriter(stem, attrs))
-                writers[-1].ensure_section(ROWS)
-            self._writers[name] = writers
+        try:  # a Ctrl-C meanwhile leaves no temporary directory
+            prepare_temp_dir(self.tmp, sorted(storages))
+            for name, table in storages.items():
+                writers = self._writers.setdefault(name, [])
+                for rank in range(world_size):
+                    stem = layout.shard_stem(self.tmp, name, rank, world_size)
+                    attrs = {"table": name, "rank": rank, "world_size": world_size,
+                             **table_description(table, self.tag_tables.get(name))}
+                    writers.append(ShardWriter(stem, attrs))
+                    writers[-1].ensure_section(ROWS)
+        except BaseException:
+            self.abort()
+            raise
         self.rows_per_rank = {name: [0] * world_size for name in storages}
 
     def write_rows(self, storage: str, keys: torch.Tensor, tags: torch.Tensor,
