@@ -35,6 +35,7 @@ ranks' looks, and ranks restoring different checkpoints would evaluate or export
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -51,7 +52,13 @@ from hashrec.checkpoint import (
 )
 from hashrec.checkpoint.dist_util import rank_and_world, run_on_rank_zero
 from hashrec.checkpoint.errors import CheckpointDamagedError
-from hashrec.checkpoint.layout import CHECKPOINT_PREFIX, checkpoint_dirs, complete_checkpoints
+from hashrec.checkpoint.layout import (
+    CHECKPOINT_PREFIX,
+    checkpoint_dirs,
+    complete_checkpoints,
+    is_complete,
+    read_meta,
+)
 from hashrec.config.errors import ConfigError
 from hashrec.table import TableError
 from hashrec.train.errors import TrainError
@@ -300,7 +307,7 @@ def resolve_checkpoint(path: str, best: BestBy | None = None) -> str:
         return path
     latest = latest_checkpoint(path)
     if latest is None:
-        raise TrainError(f"{path!r} holds no complete checkpoint (model.ckpt-<step>/)")
+        raise TrainError(_not_a_checkpoint(path))
     if best is None:
         return latest
     chosen = best_checkpoint(path, best.metric, best.larger_is_better)
@@ -311,6 +318,21 @@ def resolve_checkpoint(path: str, best: BestBy | None = None) -> str:
     logger.info("exporter_type best: taking %s, the %s in %s", chosen, best.describe(),
                 EVAL_RESULT_FILE)
     return chosen
+
+
+def _not_a_checkpoint(path: str) -> str:
+    """Why ``path``, a directory without a complete checkpoint in it, cannot be restored,
+    and what to pass instead."""
+    instead = "pass a model_dir or one of its model.ckpt-<step> directories"
+    if is_complete(path):
+        with contextlib.suppress(CheckpointError):
+            kind = read_meta(path).get("kind")
+            if kind in ("full", "delta"):
+                return (f"{path!r} is an incremental dump or an apply_delta output ({kind}): "
+                        f"dynamic tables without the dense model, not a checkpoint; "
+                        f"{instead}")
+    return (f"{path!r} holds no complete checkpoint (model.ckpt-<step>/); {instead} (an "
+            f"export directory is not one)")
 
 
 def agreed_checkpoint(path: str, best: BestBy | None = None) -> str:

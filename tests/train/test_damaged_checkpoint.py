@@ -1,5 +1,6 @@
 """Integration: train_eval, eval and export on a model_dir whose latest checkpoint has a
-truncated or corrupted file name that file and the complete checkpoint before it."""
+truncated or corrupted file name that file and the complete checkpoint before it; a dump
+or an export directory given as a checkpoint is named as what it is."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONFIG = os.path.join(ROOT, "examples", "multi_tower_din_taobao_dynamicemb.config")
 EDITS = {"eval_input_path": "", "data_config.batch_size": 256, "data_config.num_workers": 0,
          "train_config.num_steps": 4, "train_config.save_checkpoints_steps": 2,
+         "train_config.incremental_dump_steps": 2,
          "train_config.log_step_count_steps": 100,
          "feature_configs[sequence_name=click_50_seq].sequence_feature.sequence_length": 8,
          "model_config.multi_tower_din.towers[0].mlp.hidden_units": [8],
@@ -118,3 +120,30 @@ def test_the_only_checkpoint_damaged_says_there_is_none_before(trained, tmp_path
     [message] = _errors(caplog)
     assert message.endswith(f"model.ckpt-4 is damaged: restore the file from a copy (there is "
                             f"no complete checkpoint before it in {model_dir})")
+
+
+def test_a_dump_or_an_export_given_as_a_checkpoint_says_what_to_pass(trained, tmp_path,
+                                                                     caplog):
+    from hashrec.tools.apply_delta import main as apply_delta_main
+
+    dumps = trained[0] / "incremental"
+    applied = tmp_path / "applied"
+    assert apply_delta_main(["--base", str(dumps / "dump-000000000002"), "--delta",
+                             str(dumps / "dump-000000000004"), "--output", str(applied)]) == 0
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "scripted_model.pt").write_text("")
+    paths = [dumps / "dump-000000000004", applied, tmp_path / "export"]
+    with caplog.at_level(logging.ERROR):
+        for path in paths:
+            assert eval_cli.main(["--pipeline_config_path", CONFIG, "--checkpoint_path",
+                                  str(path), "--model_dir", str(tmp_path / "m"),
+                                  "--eval_input_path", str(trained[1]),
+                                  "--edit_config_json", json.dumps(EDITS)]) == 1
+    instead = "pass a model_dir or one of its model.ckpt-<step> directories"
+    dump = ("is an incremental dump or an apply_delta output ({}): dynamic tables without the "
+            f"dense model, not a checkpoint; {instead}")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        f"TrainError: {str(paths[0])!r} {dump.format('delta')}",
+        f"TrainError: {str(paths[1])!r} {dump.format('full')}",
+        f"TrainError: {str(paths[2])!r} holds no complete checkpoint (model.ckpt-<step>/); "
+        f"{instead} (an export directory is not one)"]
