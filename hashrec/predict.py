@@ -190,11 +190,24 @@ def _feature_set(config, model, model_path: str):
 
 def _input_data_config(data_config, input_path: str):
     """The exported data_config, switched to the input's format when every input file
-    says otherwise by its extension (.csv with a header row, or .parquet)."""
+    says otherwise by its extension (.csv with a header row, or .parquet).
+
+    Raises:
+        DataError: the input holds both .csv and .parquet files.
+    """
     from hashrec.config import data_pb2
+    from hashrec.data import DataError
     from hashrec.data.paths import expand_input_path
 
-    suffixes = frozenset(os.path.splitext(f)[1].lower() for f in expand_input_path(input_path))
+    files = expand_input_path(input_path)
+    suffixes = frozenset(os.path.splitext(f)[1].lower() for f in files)
+    if {".csv", ".parquet"} <= suffixes:
+        first = {suffix: next(f for f in files if f.lower().endswith(suffix))
+                 for suffix in (".csv", ".parquet")}
+        raise DataError(f"--predict_input_path {input_path!r} holds both .csv files (such as "
+                        f"{first['.csv']}) and .parquet files (such as {first['.parquet']}); "
+                        f"predict reads one format a run: predict the CSV and the parquet "
+                        f"files apart")
     kind = {frozenset({".csv"}): data_pb2.CsvDataset,
             frozenset({".parquet"}): data_pb2.ParquetDataset}.get(suffixes)
     if kind is None or kind == data_config.dataset_type:
@@ -415,8 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scripted_model_path", required=True,
                         help="export directory (scripted_model.pt and pipeline.config)")
     parser.add_argument("--predict_input_path", required=True,
-                        help="comma-separated parquet/csv files, directories and globs; .csv files "
-                             "of a parquet-trained model need a header row")
+                        help="comma-separated parquet/csv files, directories and globs, of "
+                             "one format a run; .csv files of a parquet-trained model need a "
+                             "header row")
     parser.add_argument("--predict_output_path", required=True,
                         help="output .parquet file, or a directory for part-00000.parquet; "
                              "written only when every row is predicted")

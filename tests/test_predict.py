@@ -94,6 +94,22 @@ def test_csv_without_a_header_line_says_so(caplog, exported, tmp_path, header):
     assert not (tmp_path / "out.parquet").exists()
 
 
+def test_csv_and_parquet_input_together_is_one_error(caplog, exported, tmp_path):
+    import pyarrow.csv as pacsv
+
+    parquet = sorted((exported / "data" / "eval").glob("*.parquet"))[0]
+    pacsv.write_csv(pq.read_table(parquet), tmp_path / "rows.csv")
+    code, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
+                         "--predict_input_path", f"{parquet},{tmp_path / 'rows.csv'}",
+                         "--predict_output_path", str(tmp_path / "out.parquet"))
+    assert code == 1 and "Traceback" not in log
+    assert (f"DataError: --predict_input_path '{parquet},{tmp_path / 'rows.csv'}' holds both "
+            f".csv files (such as {tmp_path / 'rows.csv'}) and .parquet files (such as "
+            f"{parquet}); predict reads one format a run: predict the CSV and the parquet files "
+            f"apart") in log
+    assert sorted(os.listdir(tmp_path)) == ["rows.csv"]
+
+
 def run_main(caplog, *args: str) -> tuple[int, str]:
     with caplog.at_level(logging.INFO):
         code = main(list(args))
