@@ -1,6 +1,7 @@
 """Integration: train_eval, eval and export on a model_dir whose latest checkpoint has a
 truncated or corrupted file name that file and the complete checkpoint before it; a dump
-or an export directory given as a checkpoint is named as what it is."""
+or an export directory given as a checkpoint is named as what it is, and another model's
+checkpoint given to fine-tune from is refused."""
 
 from __future__ import annotations
 
@@ -147,3 +148,31 @@ def test_a_dump_or_an_export_given_as_a_checkpoint_says_what_to_pass(trained, tm
         f"TrainError: {str(paths[1])!r} {dump.format('full')}",
         f"TrainError: {str(paths[2])!r} holds no complete checkpoint (model.ckpt-<step>/); "
         f"{instead} (an export directory is not one)"]
+
+
+def test_fine_tune_from_another_models_checkpoint_is_an_error(trained, tmp_path, caplog):
+    """A checkpoint that holds nothing of the model (a DLRM one on Criteo-like data given
+    to the DIN config) would train from scratch under the name of a fine-tune: refused,
+    before anything is trained or written."""
+    from hashrec.tools.gen_criteo_data import generate as generate_criteo
+
+    generate_criteo(str(tmp_path / "criteo"), 300, quiet=True)
+    dlrm = os.path.join(ROOT, "examples", "dlrm_criteo_dynamicemb.config")
+    other = tmp_path / "other"
+    assert train_eval.main([
+        "--pipeline_config_path", dlrm, "--model_dir", str(other), "--train_input_path",
+        str(tmp_path / "criteo"), "--edit_config_json", json.dumps({
+            "eval_input_path": "", "data_config.batch_size": 64, "data_config.num_workers": 0,
+            "train_config.num_steps": 1})]) == 0
+    with caplog.at_level(logging.ERROR):
+        code = train_eval.main(_args(tmp_path / "new", trained[1],
+                                     "--fine_tune_checkpoint", str(other)))
+    assert code == 1
+    [message] = _errors(caplog)
+    assert message == (
+        f"CheckpointError: {other / 'model.ckpt-1'}: fine-tuning would restore nothing: the "
+        f"checkpoint holds none of this model's layers or tables in the same shape under the "
+        f"same names (a checkpoint of another model?); pass a checkpoint of this model, map "
+        f"renamed parts with train_config.fine_tune_ckpt_param_map, or leave the fine-tune "
+        f"checkpoint out to start fresh")
+    assert _checkpoints(tmp_path / "new") == []
