@@ -27,6 +27,7 @@ directory output that holds files, is refused unless ``--overwrite`` is given.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
@@ -93,6 +94,24 @@ def _output_file(path: str, overwrite: bool) -> str:
                           f"--overwrite to replace {PART_FILE} there, or choose another "
                           f"directory")
     return os.path.join(path, PART_FILE)
+
+
+def _check_not_an_input(output: str, input_path: str) -> None:
+    """Refuse an output file that is one of the input files, ``--overwrite`` or not: the
+    predictions would replace the data they were made from.
+
+    Raises:
+        ExportError: naming the file.
+    """
+    from hashrec.data.paths import expand_input_path
+
+    if not os.path.exists(output):
+        return
+    with contextlib.suppress(ValueError, OSError):  # unreadable inputs are reported later
+        if any(os.path.samefile(output, f) for f in expand_input_path(input_path)):
+            raise ExportError(f"--predict_output_path: {output} is one of the input files "
+                              f"(--predict_input_path {input_path!r}); predictions never "
+                              f"replace their input: choose another output path")
 
 
 def _staging_file(output: str) -> tuple[str, str | None]:
@@ -262,6 +281,7 @@ def predict(export_dir: str, input_path: str, output_path: str,
     from hashrec.data import create_dataloader
 
     output = _output_file(output_path, overwrite)
+    _check_not_an_input(output, input_path)
     run_on = resolve_device(device)
     config, feature_set, model = _load(export_dir, run_on)
     # The model's own columns: an input column named like another model's may be kept.
@@ -443,8 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"{DEVICES} (default auto: cuda if present, else cpu)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing output file (in a directory output: "
-                             f"{PART_FILE}, other files there are kept); without it an "
-                             "existing output file or a non-empty output directory is refused")
+                             f"{PART_FILE}, other files there are kept), never one of the "
+                             "input files; without it an existing output file or a non-empty "
+                             "output directory is refused")
     return parser
 
 

@@ -110,6 +110,25 @@ def test_csv_and_parquet_input_together_is_one_error(caplog, exported, tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["rows.csv"]
 
 
+@pytest.mark.parametrize("output", ["directory", "file"])
+def test_an_input_file_is_never_the_output_even_with_overwrite(caplog, exported, tmp_path,
+                                                               output):
+    data = tmp_path / "data"
+    data.mkdir()
+    part = data / "part-00000.parquet"
+    shutil.copy(sorted((exported / "data" / "eval").glob("*.parquet"))[0], part)
+    before = part.read_bytes()
+    target = data if output == "directory" else part
+    code, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
+                         "--predict_input_path", str(data), "--predict_output_path",
+                         str(target), "--overwrite")
+    assert code == 1 and "Traceback" not in log
+    assert (f"ExportError: --predict_output_path: {part} is one of the input files "
+            f"(--predict_input_path {str(data)!r}); predictions never replace their input: "
+            f"choose another output path") in log
+    assert part.read_bytes() == before and os.listdir(data) == [part.name]
+
+
 def run_main(caplog, *args: str) -> tuple[int, str]:
     with caplog.at_level(logging.INFO):
         code = main(list(args))
