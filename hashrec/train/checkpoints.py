@@ -60,6 +60,7 @@ from hashrec.checkpoint.layout import (
     read_meta,
 )
 from hashrec.config.errors import ConfigError
+from hashrec.data.paths import relative_to_cwd
 from hashrec.table import TableError
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import EVAL_RESULT_FILE, best_checkpoint
@@ -302,7 +303,7 @@ def resolve_checkpoint(path: str, best: BestBy | None = None) -> str:
             the results.
     """
     if not os.path.isdir(path):
-        raise TrainError(f"checkpoint path {path!r} does not exist")
+        raise TrainError(f"checkpoint path {path!r} does not exist{relative_to_cwd(path)}")
     if os.path.basename(os.path.normpath(path)).startswith("model.ckpt-"):
         return path
     latest = latest_checkpoint(path)
