@@ -46,9 +46,13 @@ def main(argv: list[str] | None = None) -> int:
 
         evaluate_checkpoint(config, args.checkpoint_path, ctx=ctx)
 
-    return run_distributed(args, {"eval_input_path": args.eval_input_path,
-                                  "model_dir": args.model_dir}, run,
-                           interrupted="no eval result written")
+    from hashrec.train.interrupt import terminate_raises
+
+    # SIGTERM (a scheduler's stop) ends it as Ctrl-C does: one line, no result written.
+    with terminate_raises():
+        return run_distributed(args, {"eval_input_path": args.eval_input_path,
+                                      "model_dir": args.model_dir}, run,
+                               interrupted="no eval result written")
 
 
 if __name__ == "__main__":

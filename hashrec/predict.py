@@ -29,6 +29,7 @@ directory output that holds files, is refused unless ``--overwrite`` is given.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
@@ -95,6 +96,24 @@ def _output_file(path: str, overwrite: bool) -> str:
                           f"--overwrite to replace {PART_FILE} there, or choose another "
                           f"directory")
     return os.path.join(path, PART_FILE)
+
+
+def _check_not_an_input(output: str, input_path: str) -> None:
+    """Refuse an output file that is one of the input files, ``--overwrite`` or not: the
+    predictions would replace the data they were made from.
+
+    Raises:
+        ExportError: naming the file.
+    """
+    from hashrec.data.paths import expand_input_path
+
+    if not os.path.exists(output):
+        return
+    with contextlib.suppress(ValueError, OSError):  # unreadable inputs are reported later
+        if any(os.path.samefile(output, f) for f in expand_input_path(input_path)):
+            raise ExportError(f"--predict_output_path: {output} is one of the input files "
+                              f"(--predict_input_path {input_path!r}); predictions never "
+                              f"replace their input: choose another output path")
 
 
 def _staging_file(output: str) -> tuple[str, str | None]:
@@ -192,11 +211,24 @@ def _feature_set(config, model, model_path: str):
 
 def _input_data_config(data_config, input_path: str):
     """The exported data_config, switched to the input's format when every input file
-    says otherwise by its extension (.csv with a header row, or .parquet)."""
+    says otherwise by its extension (.csv with a header row, or .parquet).
+
+    Raises:
+        DataError: the input holds both .csv and .parquet files.
+    """
     from hashrec.config import data_pb2
+    from hashrec.data import DataError
     from hashrec.data.paths import expand_input_path
 
-    suffixes = frozenset(os.path.splitext(f)[1].lower() for f in expand_input_path(input_path))
+    files = expand_input_path(input_path)
+    suffixes = frozenset(os.path.splitext(f)[1].lower() for f in files)
+    if {".csv", ".parquet"} <= suffixes:
+        first = {suffix: next(f for f in files if f.lower().endswith(suffix))
+                 for suffix in (".csv", ".parquet")}
+        raise DataError(f"--predict_input_path {input_path!r} holds both .csv files (such as "
+                        f"{first['.csv']}) and .parquet files (such as {first['.parquet']}); "
+                        f"predict reads one format a run: predict the CSV and the parquet "
+                        f"files apart")
     kind = {frozenset({".csv"}): data_pb2.CsvDataset,
             frozenset({".parquet"}): data_pb2.ParquetDataset}.get(suffixes)
     if kind is None or kind == data_config.dataset_type:
@@ -271,6 +303,7 @@ def predict(export_dir: str, input_path: str, output_path: str,
     from hashrec.data import create_dataloader
 
     output = _output_file(output_path, overwrite)
+    _check_not_an_input(output, input_path)
     run_on = resolve_device(device)
     config, feature_set, model = _load(export_dir, run_on)
     # The model's own columns: an input column named like another model's may be kept.
@@ -437,8 +470,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scripted_model_path", required=True,
                         help="export directory (scripted_model.pt and pipeline.config)")
     parser.add_argument("--predict_input_path", required=True,
-                        help="comma-separated parquet/csv files, directories and globs; .csv files "
-                             "of a parquet-trained model need a header row")
+                        help="comma-separated parquet/csv files, directories and globs, of "
+                             "one format a run; .csv files of a parquet-trained model need a "
+                             "header row")
     parser.add_argument("--predict_output_path", required=True,
                         help="output .parquet file, or a directory for part-00000.parquet; "
                              "written only when every row is predicted")
@@ -454,8 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"{DEVICES} (default auto: cuda if present, else cpu)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing output file (in a directory output: "
-                             f"{PART_FILE}, other files there are kept); without it an "
-                             "existing output file or a non-empty output directory is refused")
+                             f"{PART_FILE}, other files there are kept), never one of the "
+                             "input files; without it an existing output file or a non-empty "
+                             "output directory is refused")
     return parser
 
 

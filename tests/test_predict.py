@@ -75,6 +75,61 @@ def test_csv_input_predicts_like_parquet(exported, tmp_path):
                                torch.from_numpy(b["probs"].to_numpy()), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("header", [False, True], ids=["no-header", "header"])
+def test_csv_without_a_header_line_says_so(caplog, exported, tmp_path, header):
+    import pyarrow.csv as pacsv
+
+    rows = pq.read_table(sorted((exported / "data" / "eval").glob("*.parquet"))[0])
+    rows = rows.drop(["user_id"]) if header else rows  # a header without user_id
+    path = tmp_path / "rows.csv"
+    pacsv.write_csv(rows, path, pacsv.WriteOptions(include_header=header))
+    code, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
+                         "--predict_input_path", str(path),
+                         "--predict_output_path", str(tmp_path / "out.parquet"))
+    assert code == 1 and "Traceback" not in log
+    assert f"DataError: {path}: column 'user_id' is missing (the file has [" in log
+    hint = ("; its first line reads like a row, not a header: give the file a header line "
+            "naming the columns (a CsvDataset config can name them in data_config.input_fields "
+            "instead, with with_header: false)")
+    assert (hint in log) == (not header)
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_csv_and_parquet_input_together_is_one_error(caplog, exported, tmp_path):
+    import pyarrow.csv as pacsv
+
+    parquet = sorted((exported / "data" / "eval").glob("*.parquet"))[0]
+    pacsv.write_csv(pq.read_table(parquet), tmp_path / "rows.csv")
+    code, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
+                         "--predict_input_path", f"{parquet},{tmp_path / 'rows.csv'}",
+                         "--predict_output_path", str(tmp_path / "out.parquet"))
+    assert code == 1 and "Traceback" not in log
+    assert (f"DataError: --predict_input_path '{parquet},{tmp_path / 'rows.csv'}' holds both "
+            f".csv files (such as {tmp_path / 'rows.csv'}) and .parquet files (such as "
+            f"{parquet}); predict reads one format a run: predict the CSV and the parquet files "
+            f"apart") in log
+    assert sorted(os.listdir(tmp_path)) == ["rows.csv"]
+
+
+@pytest.mark.parametrize("output", ["directory", "file"])
+def test_an_input_file_is_never_the_output_even_with_overwrite(caplog, exported, tmp_path,
+                                                               output):
+    data = tmp_path / "data"
+    data.mkdir()
+    part = data / "part-00000.parquet"
+    shutil.copy(sorted((exported / "data" / "eval").glob("*.parquet"))[0], part)
+    before = part.read_bytes()
+    target = data if output == "directory" else part
+    code, log = run_main(caplog, "--scripted_model_path", str(exported / "export"),
+                         "--predict_input_path", str(data), "--predict_output_path",
+                         str(target), "--overwrite")
+    assert code == 1 and "Traceback" not in log
+    assert (f"ExportError: --predict_output_path: {part} is one of the input files "
+            f"(--predict_input_path {str(data)!r}); predictions never replace their input: "
+            f"choose another output path") in log
+    assert part.read_bytes() == before and os.listdir(data) == [part.name]
+
+
 def run_main(caplog, *args: str) -> tuple[int, str]:
     with caplog.at_level(logging.INFO):
         code = main(list(args))

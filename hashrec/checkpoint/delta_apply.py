@@ -24,7 +24,7 @@ from hashrec.checkpoint.errors import CheckpointError
 from hashrec.checkpoint.identity import IdentityIndex
 from hashrec.checkpoint.incremental import DUMP_PREFIX, EVICTED
 from hashrec.checkpoint.restore import open_table_shards, read_complete_meta
-from hashrec.checkpoint.save import commit_directory, prepare_temp_dir
+from hashrec.checkpoint.save import clean_failed_save, commit_directory, prepare_temp_dir
 from hashrec.checkpoint.shard_file import ShardReader, ShardWriter
 from hashrec.checkpoint.table_io import ADMISSION, DEFAULT_CHUNK_ROWS, ROWS
 from hashrec.checkpoint.tags import TAG_TABLES
@@ -212,8 +212,20 @@ def apply_deltas(base: str, deltas: list[str], output: str,
     except OSError as err:  # a file where a folder of the path should be, no permission
         raise CheckpointError(f"cannot create {output}: {err.strerror}; name a new path in "
                               f"a directory you can write") from None
+    try:  # a failure (a corrupt delta, a full disk, Ctrl-C) leaves no partial output
+        _write_output(tmp, output, base, base_meta, delta_metas, chunk_rows)
+    except BaseException:
+        clean_failed_save(tmp, output)
+        raise
+    return output
+
+
+def _write_output(tmp: str, output: str, base: str, base_meta: dict[str, Any],
+                  delta_metas: list[tuple[str, dict[str, Any]]], chunk_rows: int) -> None:
+    """Writes every table of the base with the deltas applied into ``tmp``, then commits
+    it as ``output``."""
     tables = {}
-    for name in names:
+    for name in sorted(base_meta["tables"]):
         shards = _apply_table(tmp, name, base, base_meta, delta_metas, chunk_rows)
         described = {k: v for k, v in base_meta["tables"][name].items() if k != "shards"}
         steps = [m["tables"][name].get("table_step") for _, m in delta_metas]
@@ -231,4 +243,3 @@ def apply_deltas(base: str, deltas: list[str], output: str,
     }
     parent = os.path.dirname(os.path.abspath(output))
     commit_directory(parent, tmp, output, meta)
-    return output

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import xxhash
 
-from hashrec.checkpoint.errors import CheckpointError, disk_full_hint
+from hashrec.checkpoint.errors import CheckpointDamagedError, CheckpointError, disk_full_hint
 from hashrec.checkpoint.shard_file import dtype_name
 from hashrec.checkpoint.table_io import log_dtype_conversion, optimizer_description
 from hashrec.embedding.dense_table import DenseTable
@@ -72,16 +72,17 @@ def load_state(root: str, entry: dict[str, Any]) -> dict[str, Any]:
     try:
         size = os.path.getsize(path)
     except OSError:
-        raise CheckpointError(f"{path}: dense state file is missing") from None
+        raise CheckpointDamagedError(f"{path}: dense state file is missing") from None
     if size != entry["bytes"]:
-        raise CheckpointError(
+        raise CheckpointDamagedError(
             f"{path}: {size} bytes, meta.json says {entry['bytes']} (truncated or overwritten)")
     if file_digest(path) != entry["xxh3_64"]:
-        raise CheckpointError(f"{path}: checksum mismatch (file corrupted)")
+        raise CheckpointDamagedError(f"{path}: checksum mismatch (file corrupted)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad file
-        raise CheckpointError(f"{path}: cannot be read as weights-only state ({e})") from None
+        raise CheckpointDamagedError(
+            f"{path}: cannot be read as weights-only state ({e})") from None
 
 
 def dense_table_modules(model: torch.nn.Module) -> dict[str, DenseTable]:

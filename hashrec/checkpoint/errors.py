@@ -9,6 +9,12 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message names the file or table."""
 
 
+class CheckpointDamagedError(CheckpointError):
+    """A file of a complete checkpoint is missing, truncated or fails its checksum: the
+    checkpoint itself is damaged (unlike one that is merely another model's), so the
+    next step is an earlier checkpoint."""
+
+
 def disk_full_hint(error: BaseException, instead: str | None = "another model_dir",
                    retry: str = "save again") -> str:
     """``"; the disk may be full ..."`` when ``error`` (or its cause) looks like a full disk.

@@ -83,6 +83,16 @@ def _load_tables(meta: dict[str, Any], dynamic_tables: dict[str, Any],
             for storage, storage_sources in sorted(sources.items())}
 
 
+def _nothing_fits(path: str) -> str:
+    """The error of a fine-tune checkpoint that holds no part of the model (another
+    model's, as a rule): training from it would be training from scratch."""
+    return (f"{path}: fine-tuning would restore nothing: the checkpoint holds none of this "
+            f"model's layers or tables in the same shape under the same names (a checkpoint "
+            f"of another model?); pass a checkpoint of this model, map renamed parts with "
+            f"train_config.fine_tune_ckpt_param_map, or leave the fine-tune checkpoint out "
+            f"to start fresh")
+
+
 def restore_fine_tune(path: str, model: torch.nn.Module | None,
                       dynamic_tables: dict[str, Any], param_map: ParamMap | None = None,
                       tag_tables: dict[str, list[str]] | None = None) -> dict[str, Any]:
@@ -125,6 +135,9 @@ def restore_fine_tune(path: str, model: torch.nn.Module | None,
                                dense_table_modules(model), differ)
         sources, tables = plan_tables(meta["tables"], dynamic_tables, tag_tables, resolved,
                                       differ)
+        if not any((dense.modules.restored, dense.modules.renamed, dense.tables.restored,
+                    dense.tables.renamed, tables.restored, tables.renamed)):
+            raise CheckpointError(_nothing_fits(path))
         # every shard checked before anything of the model changes
         readers = {source.storage: open_table_shards(path, meta, source.storage)
                    for storage_sources in sources.values() for source in storage_sources}

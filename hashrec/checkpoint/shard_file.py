@@ -28,7 +28,7 @@ import torch
 import xxhash
 
 from hashrec.checkpoint.chunk_write import start_writeback, submit, write_chunk_arrays
-from hashrec.checkpoint.errors import CheckpointError
+from hashrec.checkpoint.errors import CheckpointDamagedError, CheckpointError
 from hashrec.checkpoint.pipeline import WriteBehind
 
 SHARD_FORMAT = "hashrec-shard"
@@ -223,9 +223,9 @@ def read_versioned_json(path: str, format_name: str, version: int,
         with open(path, encoding="utf-8") as f:
             content = json.load(f)
     except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing{missing_hint}") from None
+        raise CheckpointDamagedError(f"{path}: missing{missing_hint}") from None
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: unreadable or truncated ({e})") from None
+        raise CheckpointDamagedError(f"{path}: unreadable or truncated ({e})") from None
     if not isinstance(content, dict) or content.get("format") != format_name:
         raise CheckpointError(f"{path}: not a {format_name} file")
     if content.get("version") != version:
@@ -253,9 +253,9 @@ class ShardReader:
         try:
             size = os.path.getsize(self.data_path)
         except OSError:
-            raise CheckpointError(f"{self.data_path}: shard data file is missing") from None
+            raise CheckpointDamagedError(f"{self.data_path}: shard data file is missing") from None
         if size != self.header["data_bytes"]:
-            raise CheckpointError(
+            raise CheckpointDamagedError(
                 f"{self.data_path}: shard data is {size} bytes, header says "
                 f"{self.header['data_bytes']} (truncated or overwritten)")
 
@@ -299,7 +299,8 @@ class ShardReader:
         while view.nbytes:  # a raw read may return fewer bytes than asked
             got = f.readinto(view)
             if not got:
-                raise CheckpointError(f"{self.data_path}: unexpected end of data (truncated)")
+                raise CheckpointDamagedError(
+                    f"{self.data_path}: unexpected end of data (truncated)")
             view = view[got:]
         out = {}
         for name, spec in arrays.items():
@@ -312,7 +313,7 @@ class ShardReader:
         _, np_dtype, view_dtype = _DTYPES[spec["dtype"]]
         raw = buffer[spec["offset"] - start: spec["offset"] - start + spec["nbytes"]]
         if xxhash.xxh3_64_hexdigest(raw) != spec["xxh3_64"]:
-            raise CheckpointError(
+            raise CheckpointDamagedError(
                 f"{self.data_path}: checksum mismatch in array {name!r} at byte "
                 f"{spec['offset']} (file corrupted)")
         array = raw.view(np.dtype(np_dtype))
@@ -320,7 +321,7 @@ class ShardReader:
             array = array.astype(np.dtype(np_dtype).newbyteorder("="))
         numel = int(np.prod(spec["shape"])) if spec["shape"] else 1
         if array.size != numel:
-            raise CheckpointError(
+            raise CheckpointDamagedError(
                 f"{self.data_path}: array {name!r} has {array.size} elements, shape "
                 f"{spec['shape']} needs {numel}")
         tensor = torch.from_numpy(array).view(view_dtype).reshape(spec["shape"])

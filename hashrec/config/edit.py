@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import re
 
@@ -31,6 +32,7 @@ from google.protobuf.message import Message
 from hashrec.config.errors import ConfigError
 from hashrec.config.pipeline_pb2 import EasyRecConfig
 
+logger = logging.getLogger("hashrec.config")
 _STEP = re.compile(r"^(\w+)(?:\[([^\]]*)\])?$")
 # Integer field types -> (type name, smallest, largest value).
 _INTS = {
@@ -85,8 +87,10 @@ def _apply(config: Message, path: str, value) -> None:
         next_targets = []
         for msg in targets:
             field = _field(msg, name, path)
-            if selected and _other_oneof_member(msg, field):
-                continue
+            if _other_oneof_member(msg, field):
+                if selected:
+                    continue
+                _warn_replaced(msg, field, path)
             if last and selector is None:
                 _assign(msg, field, value, path)
                 continue
@@ -112,6 +116,26 @@ def _other_oneof_member(msg: Message, field: FieldDescriptor) -> bool:
     """True when ``field`` is in a oneof of ``msg`` whose set member is another field."""
     oneof = field.containing_oneof
     return oneof is not None and msg.WhichOneof(oneof.name) not in (None, field.name)
+
+
+def _warn_replaced(msg: Message, field: FieldDescriptor, path: str) -> None:
+    """Setting ``field`` clears the other member of its oneof that ``msg`` holds (an
+    index that names another feature than meant, or a switch of optimizer): say which."""
+    oneof = field.containing_oneof
+    held = msg.WhichOneof(oneof.name)
+    logger.warning("edit_config_json path %r: sets %s of %s, which replaces its %s (one "
+                   "oneof '%s' holds either)%s", path, field.name, msg.DESCRIPTOR.name, held,
+                   oneof.name, _named(msg, held))
+
+
+def _named(msg: Message, member: str) -> str:
+    """`` of feature 'x'``-like words naming the replaced member, where it has a name."""
+    held = getattr(msg, member)
+    for key in ("feature_name", "sequence_name", "name"):
+        if isinstance(held, Message) and key in held.DESCRIPTOR.fields_by_name \
+                and getattr(held, key):
+            return f"; the replaced {member} had {key} {getattr(held, key)!r}"
+    return ""
 
 
 def _repeated(field: FieldDescriptor) -> bool:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import logging
 import os
+import re
 from pathlib import Path
 
-from google.protobuf import text_format
+from google.protobuf import descriptor_pool, text_format
 
 from hashrec.config.errors import ConfigError
 from hashrec.config.pipeline_pb2 import EasyRecConfig
@@ -27,7 +29,8 @@ def parse_pipeline_config(text: str, source: str = "<string>") -> EasyRecConfig:
         text_format.Parse(text, config)
     except text_format.ParseError as err:
         where = f"{source}:{err.GetLine()}" if err.GetLine() else source
-        raise ConfigError(f"{where}: {_strip_position(str(err))}") from None
+        message = _strip_position(str(err))
+        raise ConfigError(f"{where}: {message}{_close_name(message)}") from None
     missing = config.FindInitializationErrors()
     if missing:
         raise ConfigError(f"{source}: required fields are not set: {', '.join(missing)}")
@@ -81,6 +84,25 @@ def save_pipeline_config(config: EasyRecConfig, path: str | Path) -> None:
                   else "check that its folder is a directory you can write")
         raise ConfigError(f"cannot write pipeline config {path}: {err.strerror}{where}; "
                           f"{advice}") from None
+
+
+_UNKNOWN_FIELD = re.compile(r'Message type "([\w.]+)" has no field named "(\w+)"')
+_UNKNOWN_ENUM = re.compile(r'Enum type "([\w.]+)" has no value named (\w+)')
+
+
+def _close_name(message: str) -> str:
+    """`` Did you mean "x"?`` for an unknown field or enum value of a ParseError message
+    that is close to one the message or enum type has; "" otherwise."""
+    pool = descriptor_pool.Default()
+    names: list[str] = []
+    if match := _UNKNOWN_FIELD.search(message):
+        with contextlib.suppress(KeyError):
+            names = list(pool.FindMessageTypeByName(match.group(1)).fields_by_name)
+    elif match := _UNKNOWN_ENUM.search(message):
+        with contextlib.suppress(KeyError):
+            names = list(pool.FindEnumTypeByName(match.group(1)).values_by_name)
+    close = difflib.get_close_matches(match.group(2), names, n=1) if match else []
+    return f' Did you mean "{close[0]}"?' if close else ""
 
 
 def _strip_position(message: str) -> str:

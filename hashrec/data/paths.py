@@ -45,6 +45,12 @@ def _visible_match(match: str, fixed: str) -> bool:
     return all(_visible(name) for name in below if name not in (".", ".."))
 
 
+def relative_to_cwd(path: str) -> str:
+    """`` (relative to the working directory D)`` for a relative ``path``, else "": where a
+    relative path in a config was looked for, when it is not found there."""
+    return "" if os.path.isabs(path) else f" (relative to the working directory {os.getcwd()})"
+
+
 def expand_input_path(input_path: str) -> list[str]:
     """Expand ``input_path`` into the data files it names.
 
@@ -88,7 +94,7 @@ def expand_input_path(input_path: str) -> list[str]:
         elif os.path.exists(entry):
             matches = [entry]
         else:
-            raise DataError(f"input path {entry!r} does not exist")
+            raise DataError(f"input path {entry!r} does not exist{relative_to_cwd(entry)}")
         for match in matches:
             files.extend(_files_under(match) if os.path.isdir(match) else [match])
     unique = list(dict.fromkeys(os.path.abspath(f) for f in files))

@@ -13,6 +13,7 @@ naming a file and the column.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -43,8 +44,10 @@ def check_columns(path: str, schema: pa.Schema, columns: Sequence[str]) -> pa.Sc
     for name in columns:
         index = schema.get_field_index(name)
         if index < 0:
+            close = difflib.get_close_matches(name, schema.names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
             raise DataError(f"{path}: column {name!r} is missing (the file has "
-                            f"{schema.names})")
+                            f"{schema.names}){hint}")
         field = schema.field(index)
         if not _supported(field.type):
             raise DataError(f"{path}: column {name!r} has type {field.type}; supported are "

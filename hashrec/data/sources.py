@@ -231,6 +231,18 @@ def _blank(path: str) -> bool:
     return True
 
 
+def _reads_like_row(names: Sequence[str]) -> bool:
+    """Whether a CSV header is rather a row of data: half or more of its names are numbers
+    (column names rarely are; a row of ids, counts and prices mostly is)."""
+    def number(name: str) -> bool:
+        try:
+            float(name)
+        except ValueError:
+            return False
+        return True
+    return bool(names) and 2 * sum(map(number, names)) >= len(names)
+
+
 class CsvSource:
     """CSV files; each file is one piece (its rows are counted when listed).
 
@@ -286,10 +298,15 @@ class CsvSource:
             raise
         try:
             schema = check_columns(path, reader.schema, self.columns)
-        except DataError:
+        except DataError as e:
             # A file without rows (a header alone) is skipped whatever its columns.
             if reader.schema.names and not self._count(path, reader.schema.names[:1]):
                 return [], pa.schema([])
+            if self.fmt.with_header and _reads_like_row(reader.schema.names):
+                raise DataError(
+                    f"{e}; its first line reads like a row, not a header: give the file a "
+                    f"header line naming the columns (a CsvDataset config can name them in "
+                    f"data_config.input_fields instead, with with_header: false)") from None
             raise
         rows = self._count(path, self.columns[:1])
         return ([Piece(path, 0, rows)] if rows else []), schema

@@ -43,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
 
         export_model(config, args.export_dir, args.checkpoint_path, ctx=ctx)
 
-    return run_distributed(args, {}, run, interrupted="nothing exported")
+    from hashrec.train.interrupt import terminate_raises
+
+    # SIGTERM (a scheduler's stop) cleans up as Ctrl-C does: the staging directory goes.
+    with terminate_raises():
+        return run_distributed(args, {}, run, interrupted="nothing exported")
 
 
 if __name__ == "__main__":

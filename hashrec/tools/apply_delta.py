@@ -10,7 +10,8 @@ delta; the deltas are ``dump-<step>`` directories in step order, the first one
 taken against the base's step (a checkpoint of the step of a dump), each next
 one against the previous one's step. A dump's step is written with 12 digits
 (``incremental/dump-000000000200`` is the dump of step 200). ``OUT`` must not exist;
-its parent folder is created where missing.
+its parent folder is created where missing. The tables are written into ``OUT.tmp``,
+renamed to ``OUT`` when complete; a failure, Ctrl-C or SIGTERM removes it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 
 from hashrec.checkpoint import CheckpointError, apply_deltas
 from hashrec.checkpoint.table_io import DEFAULT_CHUNK_ROWS
+from hashrec.train.interrupt import Terminated, terminate_raises
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,10 +46,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--chunk_rows={args.chunk_rows} is not valid; allowed: >= 1", file=sys.stderr)
         return 2
     try:
-        out = apply_deltas(args.base, args.delta, args.output, chunk_rows=args.chunk_rows)
+        # SIGTERM (a scheduler's stop) cleans up as Ctrl-C does: no partial output.
+        with terminate_raises():
+            out = apply_deltas(args.base, args.delta, args.output, chunk_rows=args.chunk_rows)
     except CheckpointError as e:
         print(f"apply_delta: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("apply_delta: interrupted (no output written)", file=sys.stderr)
+        return 130
+    except Terminated as stop:
+        print("apply_delta: stopped by SIGTERM (no output written)", file=sys.stderr)
+        return stop.exit_code
     print(out)
     return 0
 

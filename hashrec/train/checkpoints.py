@@ -35,6 +35,7 @@ ranks' looks, and ranks restoring different checkpoints would evaluate or export
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -50,8 +51,16 @@ from hashrec.checkpoint import (
     save_checkpoint,
 )
 from hashrec.checkpoint.dist_util import rank_and_world, run_on_rank_zero
-from hashrec.checkpoint.layout import CHECKPOINT_PREFIX, checkpoint_dirs, complete_checkpoints
+from hashrec.checkpoint.errors import CheckpointDamagedError
+from hashrec.checkpoint.layout import (
+    CHECKPOINT_PREFIX,
+    checkpoint_dirs,
+    complete_checkpoints,
+    is_complete,
+    read_meta,
+)
 from hashrec.config.errors import ConfigError
+from hashrec.data.paths import relative_to_cwd
 from hashrec.table import TableError
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import EVAL_RESULT_FILE, best_checkpoint
@@ -128,9 +137,12 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
         path = run_on_rank_zero(lambda: latest_checkpoint(model_dir),
                                 f"finding the latest checkpoint of {model_dir}", TrainError)
         if path is not None:
-            meta = restore_checkpoint(path, model, dense_optimizer.optimizer, tables,
-                                      restore_optimizer=restore_optimizer,
-                                      read_rank_state=True)
+            try:
+                meta = restore_checkpoint(path, model, dense_optimizer.optimizer, tables,
+                                          restore_optimizer=restore_optimizer,
+                                          read_rank_state=True)
+            except CheckpointDamagedError as err:
+                raise CheckpointDamagedError(f"{err}{damaged_hint(path, None)}") from None
             extra = meta.get("extra") or {}
             _note_skipped(model_dir, path)
             logger.info("continuing from %s (step %d)", path, int(meta["step"]))
@@ -161,13 +173,37 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
                        "(a fine-tune start never restores optimizer state)")
     if fine_tune_checkpoint:
         path = agreed_checkpoint(fine_tune_checkpoint)
-        restore_fine_tune(path, model, tables, param_map)
+        try:
+            restore_fine_tune(path, model, tables, param_map)
+        except CheckpointDamagedError as err:
+            raise CheckpointDamagedError(
+                f"{err}{damaged_hint(path, '--fine_tune_checkpoint')}") from None
         return Resume(0, 0, path)
     if param_map is not None:
         logger.warning("fine_tune_ckpt_param_map %s has no effect without a fine-tune "
                        "checkpoint (train_config.fine_tune_checkpoint or "
                        "--fine_tune_checkpoint)", param_map.path)
     return Resume()
+
+
+def damaged_hint(checkpoint: str, option: str | None) -> str:
+    """What to do about ``checkpoint`` once a file of it proved damaged: restore the file
+    from a copy, or take the complete checkpoint before it in its model_dir, through
+    ``option`` (``"--checkpoint_path"``), or, resuming (``option`` None), by moving the
+    damaged one out of the model_dir so that ``--continue_train`` finds the one before."""
+    checkpoint = os.path.normpath(checkpoint)
+    model_dir, name = os.path.split(checkpoint)
+    found = complete_checkpoints(model_dir)
+    step = next((s for s, p in found if os.path.normpath(p) == checkpoint), None)
+    earlier = [p for s, p in found if step is not None and s < step]
+    hint = f"; {name} is damaged: restore the file from a copy"
+    if not earlier:
+        return f"{hint} (there is no complete checkpoint before it in {model_dir})"
+    if option is None:
+        return (f"{hint}, or move {name} out of {model_dir} and run again with "
+                f"--continue_train to resume from {os.path.basename(earlier[-1])}, the "
+                f"complete checkpoint before it")
+    return f"{hint}, or pass {option} {earlier[-1]} (the complete checkpoint before it)"
 
 
 def note_unread_init_tables(feature_set) -> None:
@@ -267,12 +303,12 @@ def resolve_checkpoint(path: str, best: BestBy | None = None) -> str:
             the results.
     """
     if not os.path.isdir(path):
-        raise TrainError(f"checkpoint path {path!r} does not exist")
+        raise TrainError(f"checkpoint path {path!r} does not exist{relative_to_cwd(path)}")
     if os.path.basename(os.path.normpath(path)).startswith("model.ckpt-"):
         return path
     latest = latest_checkpoint(path)
     if latest is None:
-        raise TrainError(f"{path!r} holds no complete checkpoint (model.ckpt-<step>/)")
+        raise TrainError(_not_a_checkpoint(path))
     if best is None:
         return latest
     chosen = best_checkpoint(path, best.metric, best.larger_is_better)
@@ -283,6 +319,21 @@ def resolve_checkpoint(path: str, best: BestBy | None = None) -> str:
     logger.info("exporter_type best: taking %s, the %s in %s", chosen, best.describe(),
                 EVAL_RESULT_FILE)
     return chosen
+
+
+def _not_a_checkpoint(path: str) -> str:
+    """Why ``path``, a directory without a complete checkpoint in it, cannot be restored,
+    and what to pass instead."""
+    instead = "pass a model_dir or one of its model.ckpt-<step> directories"
+    if is_complete(path):
+        with contextlib.suppress(CheckpointError):
+            kind = read_meta(path).get("kind")
+            if kind in ("full", "delta"):
+                return (f"{path!r} is an incremental dump or an apply_delta output ({kind}): "
+                        f"dynamic tables without the dense model, not a checkpoint; "
+                        f"{instead}")
+    return (f"{path!r} holds no complete checkpoint (model.ckpt-<step>/); {instead} (an "
+            f"export directory is not one)")
 
 
 def agreed_checkpoint(path: str, best: BestBy | None = None) -> str:
@@ -310,13 +361,16 @@ def restore_resolved(path: str, restore, best: BestBy | None = None):
     checkpoint = agreed_checkpoint(path, best)
     try:
         return checkpoint, restore(checkpoint)
-    except CheckpointError:
+    except CheckpointError as err:
         if os.path.normpath(checkpoint) != os.path.normpath(path) \
                 and not os.path.isdir(checkpoint):
             raise TrainError(
                 f"{checkpoint} was removed while it was read: a run training into {path} "
                 f"with keep_checkpoint_max deletes older checkpoints; run again (the latest "
                 f"is taken then), or name a checkpoint that run keeps") from None
+        if isinstance(err, CheckpointDamagedError):
+            raise CheckpointDamagedError(
+                f"{err}{damaged_hint(checkpoint, '--checkpoint_path')}") from None
         raise
 
 

@@ -10,7 +10,8 @@ A signal that comes during an evaluation (which follows a save) stops it before 
 next batch, without a result, and the run ends the same way.
 
 Commands that train nothing and clean up after a Ctrl-C (``hashrec.predict`` removes its
-temporary output) handle SIGTERM alike inside :func:`terminate_raises`: it raises
+temporary output, ``hashrec.export`` its staging directory) handle SIGTERM alike inside
+:func:`terminate_raises`: it raises
 :class:`Terminated`, which the command line reports as one line, exiting 143.
 
 Under several ranks a signal may reach some ranks only, or the ranks at different

@@ -167,6 +167,38 @@ def test_tool_output_below_a_file_is_one_error_line(dumped, capsys, tmp_path, wh
     assert sorted(os.listdir(tmp_path)) == ["afile"]
 
 
+def test_tool_failing_on_a_corrupt_delta_leaves_no_output(dumped, capsys, tmp_path):
+    _, paths, _, _ = dumped
+    delta = tmp_path / "dumps" / os.path.basename(paths[1])
+    shutil.copytree(paths[1], delta)
+    [data] = [os.path.join(d, f) for d, _, files in os.walk(delta) for f in files
+              if f.endswith(".bin")]
+    with open(data, "r+b") as f:  # the first array of the first chunk
+        byte = f.read(1)
+        f.seek(0)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    out = tmp_path / "out"
+    assert apply_delta_main(["--base", paths[0], "--delta", str(delta), "--output",
+                             str(out)]) == 1
+    assert capsys.readouterr().err.startswith(f"apply_delta: {data}: checksum mismatch")
+    assert sorted(os.listdir(tmp_path)) == ["dumps"]  # neither out nor out.tmp
+
+
+def test_tool_interrupted_leaves_no_output(dumped, capsys, tmp_path, monkeypatch):
+    import hashrec.checkpoint.delta_apply as delta_apply
+
+    _, paths, _, _ = dumped
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(delta_apply, "_write_shard", interrupted)
+    assert apply_delta_main(["--base", paths[0], "--delta", paths[1], "--output",
+                             str(tmp_path / "out")]) == 130
+    assert capsys.readouterr().err == "apply_delta: interrupted (no output written)\n"
+    assert os.listdir(tmp_path) == []
+
+
 def test_tool_says_which_dump_is_missing(dumped, capsys, tmp_path):
     _, paths, _, _ = dumped
     missing = os.path.join(os.path.dirname(paths[1]), "dump-000000000099")

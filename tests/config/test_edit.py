@@ -63,6 +63,28 @@ def test_wildcard_keeps_each_elements_oneof_member(config):
         apply_edit_config_json(config, {"feature_configs[:].combo_feature.embedding_dim": 4})
 
 
+def test_an_index_into_another_oneof_member_warns_of_what_it_replaces(config, caplog):
+    import logging
+
+    kind = config.feature_configs[0].WhichOneof("feature")
+    assert kind == "id_feature"
+    with caplog.at_level(logging.WARNING, logger="hashrec.config"):
+        edited = apply_edit_config_json(
+            config, {"feature_configs[0].raw_feature.embedding_dim": 8,
+                     "feature_configs[0].raw_feature.boundaries": [1, 2]})
+    assert edited.feature_configs[0].WhichOneof("feature") == "raw_feature"
+    name = config.feature_configs[0].id_feature.feature_name
+    assert [r.getMessage() for r in caplog.records] == [
+        "edit_config_json path 'feature_configs[0].raw_feature.embedding_dim': sets "
+        "raw_feature of FeatureConfig, which replaces its id_feature (one oneof 'feature' "
+        f"holds either); the replaced id_feature had feature_name {name!r}"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hashrec.config"):
+        apply_edit_config_json(config, {"feature_configs[0].id_feature.embedding_dim": 8,
+                                        "train_config.sparse_optimizer.adagrad_optimizer.lr": 1})
+    assert caplog.records == []
+
+
 def test_message_and_list_values(config):
     edited = apply_edit_config_json(config, {
         "model_config.multi_tower_din.final": {"hidden_units": [8, 4]},

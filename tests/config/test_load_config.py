@@ -76,6 +76,27 @@ def test_unknown_field_names_line_and_field(tmp_path):
         load_pipeline_config(path)
 
 
+@pytest.mark.parametrize("line,error", [
+    ("  lable_fields: \"clk\"", 'Message type "hashrec.protos.DataConfig" has no field named '
+                                 '"lable_fields". Did you mean "label_fields"?'),
+    ("  dataset_type: ParquetDatset", "'  dataset_type: ParquetDatset': Enum type "
+                                      '"hashrec.protos.DatasetType" has no value named '
+                                      'ParquetDatset. Did you mean "ParquetDataset"?'),
+    ("  zzz: 1", 'Message type "hashrec.protos.DataConfig" has no field named "zzz".'),
+], ids=["field", "enum-value", "nothing-close"])
+def test_a_misspelt_name_suggests_the_closest(tmp_path, caplog, line, error):
+    import logging
+
+    from hashrec import train_eval
+
+    path = tmp_path / "bad.config"
+    path.write_text(f'model_dir: "m"\ndata_config {{\n  batch_size: 4\n{line}\n}}\n')
+    with caplog.at_level(logging.ERROR):
+        assert train_eval.main(["--pipeline_config_path", str(path)]) == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        f"ConfigError: {path}:4: {error}"]
+
+
 def test_bad_value_names_line():
     with pytest.raises(ConfigError, match=r"<string>:2: .*batch_size"):
         parse_pipeline_config('model_dir: "m"\ndata_config { batch_size: "many" }')

@@ -61,3 +61,14 @@ def test_fixed_size_lists_are_supported_but_not_nested_lists():
     assert check_columns("f", schema, ["v"]).field(0).type == pa.list_(pa.float32(), 2)
     with pytest.raises(DataError, match=r"^f: column 'w' has type fixed_size_list"):
         check_columns("f", schema, ["w"])
+
+
+@pytest.mark.parametrize("wanted,hint", [("usr_id", "; did you mean 'user_id'?"),
+                                         ("click", "; did you mean 'clk'?"),
+                                         ("zzz", "")])
+def test_a_missing_column_suggests_the_closest_name(wanted, hint):
+    schema = pa.schema([("user_id", pa.int64()), ("clk", pa.int64()), ("price", pa.float64())])
+    with pytest.raises(DataError) as err:
+        check_columns("f.parquet", schema, ["price", wanted])
+    assert str(err.value) == (f"f.parquet: column {wanted!r} is missing (the file has "
+                              f"['user_id', 'clk', 'price']){hint}")

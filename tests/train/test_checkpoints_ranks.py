@@ -82,4 +82,6 @@ def test_every_rank_restores_the_latest_checkpoint_rank_zero_finds(tmp_path):
                         "restored": ["model.ckpt-5", "model.ckpt-5", "model.ckpt-5"]}
     # Rank 0's error, on every rank (rank 1 alone would have found a checkpoint).
     assert results["none"] == [f"TrainError: {str(tmp_path / 'model')!r} holds no complete "
-                               f"checkpoint (model.ckpt-<step>/)"] * 2
+                               f"checkpoint (model.ckpt-<step>/); pass a model_dir or one of "
+                               f"its model.ckpt-<step> directories (an export directory is "
+                               f"not one)"] * 2

@@ -8,7 +8,10 @@ import sys
 from collections.abc import Callable
 
 from hashrec.checkpoint import CheckpointError
+from hashrec.distributed import DistributedError
+from hashrec.table import TableError
 from hashrec.tools.dynamicemb.errors import MigrationError
+from hashrec.train.interrupt import Terminated, terminate_raises
 
 
 def run_tool(world_size: int | None, main: Callable[[], object]) -> int:
@@ -21,7 +24,9 @@ def run_tool(world_size: int | None, main: Callable[[], object]) -> int:
     Returns:
         0; 2 for an invalid ``--world_size`` or a start under torchrun (one process
         writes every rank's shards: several would write the same checkpoint); 1 after a
-        migration, checkpoint or value error, printed as one ``error:`` line on stderr.
+        migration, checkpoint, config (any ValueError), storage planning or table error,
+        printed as one ``error:`` line on stderr; 130 after Ctrl-C, 143 after SIGTERM,
+        also as one line (the tools remove their partial checkpoint).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if world_size is not None and world_size < 1:
@@ -34,8 +39,16 @@ def run_tool(world_size: int | None, main: Callable[[], object]) -> int:
               file=sys.stderr)
         return 2
     try:
-        main()
-    except (MigrationError, CheckpointError, ValueError) as err:
+        # SIGTERM (a scheduler's stop) cleans up as Ctrl-C does: no partial checkpoint.
+        with terminate_raises():
+            main()
+    except (MigrationError, CheckpointError, ValueError, DistributedError, TableError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted (no checkpoint written)", file=sys.stderr)
+        return 130
+    except Terminated as stop:
+        print("stopped by SIGTERM (no checkpoint written)", file=sys.stderr)
+        return stop.exit_code
     return 0

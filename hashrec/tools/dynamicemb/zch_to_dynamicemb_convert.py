@@ -202,20 +202,24 @@ def convert(source_checkpoint: str, source_config, target_config, save_dir: str,
     world_size = int(world_size or meta["world_size"])
     cpu = torch.device("cpu")
     source = build_session(source_config, device=cpu).model
-    # the source is only read: its dynamic tables keep every row, past max_capacity if
-    # the keys of a checkpoint saved on several ranks fill one process's buckets unevenly
-    restore_checkpoint(source_checkpoint, source, None, source.embedding.dynamic_tables(),
-                       keep_every_row=True)
-    target = build_session(target_config, device=cpu).model
+    # The configs are checked before the source is read: restored into a model that is
+    # not the source's (the configs swapped, say), it would only warn of tables it lacks.
     zch_tables = list(source.embedding.zch_remappers.keys())
     if not zch_tables:
-        raise MigrationError("the source config has no zch feature; nothing to convert")
+        raise MigrationError("the source config has no zch feature; nothing to convert "
+                             "(--source_pipeline_config_path is the config with zch, "
+                             "--target_pipeline_config_path the one with dynamicemb)")
+    target = build_session(target_config, device=cpu).model
     storages = target.embedding.dynamic_tables()
     locations = target.embedding.table_locations()
     for name in zch_tables:
         if name not in locations or locations[name][0] not in storages:
             raise MigrationError(f"table {name!r}: zch in the source but not a dynamicemb table "
                                  f"in the target config; replace zch by dynamicemb on it")
+    # the source is only read: its dynamic tables keep every row, past max_capacity if
+    # the keys of a checkpoint saved on several ranks fill one process's buckets unevenly
+    restore_checkpoint(source_checkpoint, source, None, source.embedding.dynamic_tables(),
+                       keep_every_row=True)
     builder = CheckpointBuilder(save_dir, world_size, storages,
                                 tag_tables=model_tag_tables(target))
     try:

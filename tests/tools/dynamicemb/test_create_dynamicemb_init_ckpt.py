@@ -270,6 +270,20 @@ def test_save_dir_that_is_a_file_is_one_error_line(tmp_path, capsys):
     assert (tmp_path / "s").read_text() == "mine"
 
 
+def test_tables_over_the_memory_budget_are_one_error_line(tmp_path, capsys, monkeypatch):
+    init = _write_init(str(tmp_path / "init.parquet"), ITEMS, _embeddings())
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",
+                          dynamicemb_block(init))
+    monkeypatch.setenv("HASHREC_GPU_MEMORY_BYTES", "1000")
+    monkeypatch.setenv("HASHREC_HOST_MEMORY_BYTES", "1000")
+    assert main(["--pipeline_config_path", config, "--world_size", "1", "--save_dir",
+                 str(tmp_path / "s")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: storage planning failed: PlannerError: the dynamic tables "
+                          "do not fit") and err.count("\n") == 1
+    assert not os.path.exists(tmp_path / "s")
+
+
 def test_a_start_under_torchrun_is_refused_before_writing(tmp_path, capsys, monkeypatch):
     init = _write_init(str(tmp_path / "init.parquet"), ITEMS, _embeddings())
     config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",

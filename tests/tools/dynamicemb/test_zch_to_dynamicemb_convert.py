@@ -148,6 +148,23 @@ def test_target_must_make_zch_tables_dynamic(trained, tmp_path):
     assert not os.path.exists(tmp_path / "c" / "model.ckpt-0")
 
 
+def test_swapped_configs_are_one_error_before_the_source_is_read(trained, tmp_path, capsys,
+                                                                 caplog):
+    root, source_config, source = trained
+    target_config = write_config(str(tmp_path / "t.config"), dynamicemb_block(),
+                                 dynamicemb_block())
+    with caplog.at_level(logging.WARNING):
+        assert main(["--source_checkpoint_path", source, "--source_pipeline_config_path",
+                     target_config, "--target_pipeline_config_path", source_config,
+                     "--save_dir", str(tmp_path / "c")]) == 1
+    assert capsys.readouterr().err == (
+        "error: the source config has no zch feature; nothing to convert "
+        "(--source_pipeline_config_path is the config with zch, "
+        "--target_pipeline_config_path the one with dynamicemb)\n")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert not os.path.exists(tmp_path / "c")
+
+
 def test_zch_model_exports_hash_maps_and_predicts_like_eval(trained, tmp_path):
     from hashrec.data import create_dataloader
     from hashrec.export import export_model
