@@ -197,7 +197,8 @@ def _pop_unread_tables(state: dict[str, Any], model: torch.nn.Module) -> list[st
 
 
 def restore_model(root: str, entry: dict[str, Any], model: torch.nn.Module,
-                  strict: bool, restore_optimizer: bool = True) -> list[str]:
+                  strict: bool, restore_optimizer: bool = True
+                  ) -> tuple[list[str], list[str]]:
     """Loads the model state file into ``model``; mismatched names raise CheckpointError.
 
     Dense (``num_buckets``) tables keep optimizer columns in their rows; with
@@ -206,11 +207,16 @@ def restore_model(root: str, entry: dict[str, Any], model: torch.nn.Module,
     Saved dense and ZCH tables that the model has none of are not loaded.
 
     Returns:
-        The names of the saved dense and ZCH tables not loaded.
+        The names of the saved dense and ZCH tables not loaded, and the saved entries
+        that a module's load hook took in although the model holds no such entry (a
+        bias an MLP's linear layer before batch norm had: the norm's running mean takes
+        it).
     """
     path = os.path.join(root, entry["file"])
     state = load_state(root, entry)
     unread = _pop_unread_tables(state, model)
+    own = model.state_dict()
+    absorbed = [key for key in state if key not in own]
     described = entry.get(DENSE_TABLES) or {}
     for key, table in dense_table_modules(model).items():
         if key in state:
@@ -229,7 +235,35 @@ def restore_model(root: str, entry: dict[str, Any], model: torch.nn.Module,
         logger.warning(
             "%s: %d parameters not in checkpoint %s, %d checkpoint entries unused %s",
             entry["file"], len(missing), missing[:5], len(unexpected), unexpected[:5])
-    return unread
+    unused = set(result.unexpected_keys) if result is not None else set()
+    return unread, [key for key in absorbed if key not in unused]
+
+
+def _without_absorbed(state: dict[str, Any], optimizer: Any, model: torch.nn.Module | None,
+                      absorbed: list[str]) -> dict[str, Any]:
+    """The saved optimizer state without the entries of the ``absorbed`` parameters (the
+    biases of linear layers before batch norm, which the model no longer has): each sat
+    right after its layer's weight, in the order of ``model.named_parameters()``. The
+    state as saved when the saved groups do not have that layout."""
+    if model is None or not absorbed:
+        return state
+    names = {id(p): name for name, p in model.named_parameters()}
+    dropped, groups = set(), []
+    for saved, group in zip(state["param_groups"], optimizer.param_groups):
+        old = []
+        for param in group["params"]:
+            name = names.get(id(param), "")
+            old.append(name)
+            bias = name[:-len("weight")] + "bias" if name.endswith(".weight") else None
+            if bias in absorbed:
+                old.append(bias)
+        if len(old) != len(saved["params"]):
+            return state
+        kept = [i for i, name in zip(saved["params"], old) if name not in absorbed]
+        dropped.update(i for i in saved["params"] if i not in kept)
+        groups.append({**saved, "params": kept})
+    return {**state, "param_groups": groups,
+            "state": {i: v for i, v in state["state"].items() if i not in dropped}}
 
 
 def _mismatch(state: dict[str, Any], model: torch.nn.Module) -> str:
@@ -341,7 +375,9 @@ def _steps_beside_parameters(optimizer: Any, group: dict) -> None:
             optimizer.state[param]["step"] = step.to(param.device, torch.float32)
 
 
-def restore_optimizer_state(root: str, entry: dict[str, Any], optimizer: Any) -> None:
+def restore_optimizer_state(root: str, entry: dict[str, Any], optimizer: Any,
+                            model: torch.nn.Module | None = None,
+                            absorbed: list[str] | None = None) -> None:
     """Loads the dense optimizer state file into ``optimizer``.
 
     The optimizer must be of the kind saved (its class, in meta.json since it is
@@ -352,12 +388,15 @@ def restore_optimizer_state(root: str, entry: dict[str, Any], optimizer: Any) ->
     (older checkpoints record the learning rate of their last step only, which the
     schedule sets anew at every step: it is not compared there).
 
+    ``absorbed`` (with ``model``): saved model entries that the model took in otherwise
+    (``restore_model``); their parameters' state is dropped.
+
     Raises:
         CheckpointError: another kind of optimizer, or state that does not fit the
             parameters; the message names the file and says how to start it fresh.
     """
     path = os.path.join(root, entry["file"])
-    state = load_state(root, entry)
+    state = _without_absorbed(load_state(root, entry), optimizer, model, absorbed or [])
     _check_kind(path, entry, state, optimizer)
     configured = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     try:

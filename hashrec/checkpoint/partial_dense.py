@@ -137,6 +137,24 @@ def _note_restored(outcome: Outcome, part: str, keys: list[str], sources: dict[s
             # a key under no map line (its part's other keys are mapped) reads its own name
 
 
+def _entries_it_dropped(key: str, source: str, own: dict[str, Any], saved: dict[str, Any]
+                        ) -> dict[str, Any]:
+    """The checkpoint's entries of the module that restores model key ``key`` (from
+    ``source``) which the model's module no longer holds, under the model's names: a bias
+    an MLP's linear layer before batch norm had, which the module's load hook folds into
+    the norm's running mean (``load_state_dict(strict=False)`` skips those no hook takes)."""
+    own_module, _, _ = key.rpartition(".")
+    saved_module, _, _ = source.rpartition(".")
+    if not own_module or not saved_module:
+        return {}
+    found = {}
+    for name, value in saved.items():
+        module, _, leaf = name.rpartition(".")
+        if module == saved_module and f"{own_module}.{leaf}" not in own:
+            found[f"{own_module}.{leaf}"] = value
+    return found
+
+
 def plan_dense(own: dict[str, Any], saved: dict[str, Any], described: dict[str, Any],
                resolved: ResolvedMap, rows_tables: dict[str, DenseTable],
                kinds_differ: dict[str, str]) -> DensePlan:
@@ -170,6 +188,8 @@ def plan_dense(own: dict[str, Any], saved: dict[str, Any], described: dict[str, 
                 outcome.differs[part] = why
                 continue
             plan.state.update(values)
+            if not is_table:
+                plan.state.update(_entries_it_dropped(keys[0], sources[keys[0]], own, saved))
             _note_restored(outcome, part, keys, sources, resolved, is_table)
     saved_modules, saved_tables = split_parts(saved)
     plan.saved_modules = sorted(saved_modules)

@@ -132,16 +132,17 @@ def _restore_dense(path: str, meta: dict[str, Any], model: torch.nn.Module | Non
                    dense_optimizer: Any, restore_optimizer: bool, strict: bool) -> list[str]:
     """Loads the dense state; returns the saved dense and ZCH tables not loaded."""
     dense = meta["dense"]
-    unread = []
+    unread, absorbed = [], []
     if model is not None:
         if dense["model"] is None:
             raise CheckpointError(f"{path}: holds no dense model state")
-        unread = restore_model(path, dense["model"], model, strict, restore_optimizer)
+        unread, absorbed = restore_model(path, dense["model"], model, strict,
+                                         restore_optimizer)
     if dense_optimizer is not None and restore_optimizer:
         if dense["optimizer"] is None:
             raise CheckpointError(
                 f"{path}: holds no dense optimizer state; restore without optimizer state")
-        restore_optimizer_state(path, dense["optimizer"], dense_optimizer)
+        restore_optimizer_state(path, dense["optimizer"], dense_optimizer, model, absorbed)
     return unread
 
 
