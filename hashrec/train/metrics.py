@@ -2,8 +2,8 @@
 
 ``BinnedAUC`` is the ROC curve at ``thresholds`` evenly spaced thresholds from 0 to 1
 (both included), integrated with the trapezoid rule, as TorchEasyRec's
-``torchmetrics.AUROC(thresholds=...)``: a probability p lies in bin
-floor(p * (thresholds - 1)) (so 1.0 has a bin of its own), and the two histograms
+``torchmetrics.AUROC(thresholds=...)``: a probability p lies in the bin of the highest
+threshold at or below it (so 1.0 has a bin of its own), and the two histograms
 (positives and negatives) give the Mann-Whitney statistic, a negative in a lower bin
 than a positive counting 1, one in the same bin 1/2. It equals the exact AUC when no
 bin holds both a positive and a negative; otherwise the error is at most half the share
@@ -46,6 +46,10 @@ class BinnedAUC:
         if num_bins < 2:
             raise TrainError(f"auc thresholds={num_bins}; allowed: >= 2")
         self.num_bins = num_bins
+        # The thresholds as torchmetrics makes them (float32), so that a probability equal
+        # to one lands where torchmetrics' comparison puts it; p * (num_bins - 1) rounded
+        # down can fall one bin short there.
+        self.thresholds = torch.linspace(0, 1, num_bins, device=device)
         self.positives = torch.zeros(num_bins, dtype=torch.float64, device=device)
         self.negatives = torch.zeros(num_bins, dtype=torch.float64, device=device)
         # predictions that were NaN or infinite: they make the AUC NaN, not a bin's count
@@ -55,9 +59,10 @@ class BinnedAUC:
         """Add probabilities (n,) in [0, 1] and binary labels (n,)."""
         probs = probs.detach().float().reshape(-1).to(self.positives.device)
         labels = labels.detach().reshape(-1).to(self.positives.device)
-        # Bin k holds [k, k + 1) / (num_bins - 1): the probabilities that the k-th
-        # threshold, k / (num_bins - 1), calls positive and the next one does not.
-        bins = (probs * (self.num_bins - 1)).long().clamp_(0, self.num_bins - 1)
+        # Bin k holds the probabilities that the k-th threshold, k / (num_bins - 1),
+        # calls positive (p >= it) and the next one does not.
+        bins = (torch.bucketize(probs, self.thresholds, right=True) - 1).clamp_(
+            0, self.num_bins - 1)
         positive = (labels > 0.5).to(torch.float64)
         # index_add_ reads nothing back (bincount and boolean masks wait for the device).
         self.positives.index_add_(0, bins, positive)

@@ -57,6 +57,22 @@ def test_binned_auc_is_torchmetrics_auroc_at_as_many_thresholds(thresholds):
     assert auc.compute() == pytest.approx(expected, abs=1e-6)
 
 
+@pytest.mark.parametrize("thresholds", [200, 1000])
+def test_binned_auc_probabilities_on_the_thresholds_are_torchmetrics_auroc(thresholds):
+    # A probability equal to a threshold is called positive by it; k / (n - 1) times
+    # (n - 1) rounds below k for some k, which would put it one bin short.
+    from torchmetrics.functional.classification import binary_auroc
+
+    steps = torch.linspace(0, 1, thresholds)
+    # positives on the thresholds, each negative between the threshold below and its own
+    probs = torch.cat([steps[1:], (steps[1:] + steps[:-1]) / 2])
+    labels = torch.cat([torch.ones(thresholds - 1), torch.zeros(thresholds - 1)]).long()
+    auc = BinnedAUC(thresholds)
+    auc.update(probs, labels)
+    expected = float(binary_auroc(probs, labels, thresholds=thresholds))
+    assert auc.compute() == pytest.approx(expected, abs=1e-6)  # torchmetrics: float32
+
+
 def test_binned_auc_a_probability_of_one_is_above_the_last_step():
     auc = BinnedAUC(3)  # thresholds 0, 0.5, 1
     auc.update(torch.tensor([1.0, 0.9, 0.6, 0.8]), torch.tensor([1, 0, 1, 0]))
