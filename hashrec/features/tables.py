@@ -152,10 +152,16 @@ def _capacities(dynamicemb, where: str) -> tuple[int, int | None]:
     if not dynamicemb.HasField("init_capacity_per_rank"):
         return max_capacity, None
     init = int(dynamicemb.init_capacity_per_rank)
-    if not 1 <= init <= max_capacity:
+    if init < 1:
         raise ConfigError(
-            f"{where}.init_capacity_per_rank={init} is not valid; allowed: 1 to max_capacity "
-            f"({max_capacity}); leave it unset to allocate each rank's whole share at start")
+            f"{where}.init_capacity_per_rank={init} is not valid; allowed: an int >= 1; leave "
+            f"it unset to allocate each rank's whole share at start")
+    if init > max_capacity:
+        # As dynamicemb clamps its init_capacity: a rank never starts above what the whole
+        # table may hold (a shard's smaller share bounds it again per rank).
+        logger.info("%s.init_capacity_per_rank=%d is above max_capacity (%d): the table "
+                    "starts at max_capacity", where, init, max_capacity)
+        init = max_capacity
     return max_capacity, init
 
 
