@@ -99,7 +99,12 @@ def test_fusion_group_is_the_single_deep_group_else_the_sequence_group(feature_s
     ('evict_strategy: "LRU" score_strategy: "TIMESTAMP"', ScoreStrategy.TIMESTAMP),
     ('evict_strategy: "LFU" score_strategy: "LFU"', ScoreStrategy.LFU),
     ('evict_strategy: "EPOCH_LRU"', ScoreStrategy.STEP),
-], ids=["lfu", "lru", "lru-timestamp", "both-lfu", "epoch-lru"])
+    # dynamicemb's proto stores the strategy as its enum number: 0 LRU, 1 LFU, 2 EPOCH_LRU
+    ("evict_strategy: 0", ScoreStrategy.STEP),
+    ("evict_strategy: 1", ScoreStrategy.LFU),
+    ('evict_strategy:2 score_strategy: "TIMESTAMP"', ScoreStrategy.TIMESTAMP),
+], ids=["lfu", "lru", "lru-timestamp", "both-lfu", "epoch-lru", "number-lru", "number-lfu",
+        "number-epoch-lru"])
 def test_evict_strategy_sets_the_scores(feature_set, options, strategy):
     fs = feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
     assert fs.embedding_tables()[0].dynamic.score_strategy == strategy
@@ -111,7 +116,12 @@ def test_evict_strategy_sets_the_scores(feature_set, options, strategy):
     ('evict_strategy: "LRU" score_strategy: "LFU"', "LRU eviction takes score_strategy STEP or "
      "TIMESTAMP"),
     ('evict_strategy: "EPOCH_LFU"', "evict_strategy 'EPOCH_LFU' is not supported"),
-], ids=["lfu-step", "lru-lfu", "epoch"])
+    ("evict_strategy: 3", r"evict_strategy '3' \(EPOCH_LFU\) is not supported; allowed: "
+     r"LRU, EPOCH_LRU, LFU \(dynamicemb's numbers 0, 2, 1;"),
+    ("evict_strategy: 9", "evict_strategy '9' is not supported"),
+    ('evict_strategy: 1 score_strategy: "STEP"', "evict_strategy LFU and score_strategy "
+     "STEP disagree"),
+], ids=["lfu-step", "lru-lfu", "epoch", "number-epoch-lfu", "number-unknown", "number-lfu-step"])
 def test_evict_strategy_errors(feature_set, options, message):
     with pytest.raises(ConfigError, match=f"table 'u'.*{message}") as info:
         feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
