@@ -158,10 +158,11 @@ def _capacities(dynamicemb, where: str) -> tuple[int, int | None]:
     if not dynamicemb.HasField("init_capacity_per_rank"):
         return max_capacity, None
     init = int(dynamicemb.init_capacity_per_rank)
-    if init < 1:
-        raise ConfigError(
-            f"{where}.init_capacity_per_rank={init} is not valid; allowed: an int >= 1; leave "
-            f"it unset to allocate each rank's whole share at start")
+    if init == 0:
+        # As TorchEasyRec reads it (a zero initial capacity is no initial capacity).
+        logger.info("%s.init_capacity_per_rank=0 is read as unset: each rank allocates its "
+                    "whole share of max_capacity at start", where)
+        return max_capacity, None
     if init > max_capacity:
         # As dynamicemb clamps its init_capacity: a rank never starts above what the whole
         # table may hold (a shard's smaller share bounds it again per rank).

@@ -173,13 +173,11 @@ def test_initializer_errors_name_the_block(feature_set, block, args, message):
 
 
 @pytest.mark.parametrize("options, message", [
-    ("max_capacity: 1000 init_capacity_per_rank: 0",
-     "dynamicemb.init_capacity_per_rank=0 is not valid"),
     ("max_capacity: 0", "dynamicemb.max_capacity=0 is not valid; allowed: an int >= 1"),
     ("max_capacity: 10 bucket_capacity: 0", "dynamicemb: bucket_capacity=0 is not valid"),
     ("max_capacity: 10 cache_load_factor: 1.5", "dynamicemb: cache_load_factor=1.5 is not "
      "valid; allowed: (0, 1]"),
-], ids=["init-zero", "max-zero", "bucket", "cache-load-factor"])
+], ids=["max-zero", "bucket", "cache-load-factor"])
 def test_capacity_errors_use_the_config_names(feature_set, options, message):
     with pytest.raises(ConfigError) as info:
         feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ {options} }}"))
@@ -194,6 +192,15 @@ def test_init_capacity_above_max_capacity_starts_at_max_capacity(feature_set, ca
     opts = fs.embedding_tables()[0].dynamic
     assert (opts.max_capacity, opts.init_capacity) == (500, 500)
     assert "init_capacity_per_rank=1024 is above max_capacity (500)" in caplog.text
+
+
+def test_init_capacity_zero_reads_as_unset(feature_set, caplog):
+    # TorchEasyRec passes a zero init_capacity_per_rank on as no initial capacity
+    with caplog.at_level("INFO", logger="hashrec.features"):
+        fs = feature_set(_id("u", "embedding_dim: 8 dynamicemb { max_capacity: 500 "
+                                  "init_capacity_per_rank: 0 }"))
+    assert fs.embedding_tables()[0].dynamic.init_capacity is None
+    assert "init_capacity_per_rank=0 is read as unset" in caplog.text
 
 
 @pytest.mark.parametrize("options, chosen", [
