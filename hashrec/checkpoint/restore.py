@@ -79,7 +79,21 @@ def read_complete_meta(path: str, kind: str = "checkpoint") -> dict[str, Any]:
     return layout.read_meta(path)
 
 
+def _is_distributed_checkpoint(path: str) -> bool:
+    """Whether ``path`` holds torch.distributed.checkpoint shards (``model/*.distcp``), as
+    TorchEasyRec saves its checkpoints."""
+    model = os.path.join(path, "model")
+    return os.path.isdir(model) and any(
+        name.endswith(".distcp") or name == ".metadata" for name in os.listdir(model))
+
+
 def _not_complete_message(path: str) -> str:
+    if _is_distributed_checkpoint(path) and not os.path.exists(
+            os.path.join(path, layout.META_NAME)):
+        return (f"{path}: holds torch.distributed.checkpoint shards (model/*.distcp), as "
+                f"TorchEasyRec writes its checkpoints; HashRec reads only checkpoints it wrote "
+                f"(meta.json, model.pt, dynamicemb/, DONE): train the model with HashRec, or "
+                f"start it fresh")
     inside = layout.complete_children(path)
     if inside:
         return (f"{path}: is a model_dir (or dump directory), not a checkpoint; pass one of "

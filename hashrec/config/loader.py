@@ -18,6 +18,12 @@ from hashrec.config.pipeline_pb2 import EasyRecConfig
 logger = logging.getLogger(__name__)
 
 
+# dynamicemb types ``evict_strategy`` as an int (its DynamicEmbEvictStrategy number) where
+# HashRec's field is a string naming it: a bare integer there is quoted so that both parse
+# (the number is read in hashrec.features.tables). No line changes, so errors keep their lines.
+_EVICT_NUMBER = re.compile(r"(?<![\w.])(evict_strategy\s*:\s*)(\d+)(?![\w.])")
+
+
 def parse_pipeline_config(text: str, source: str = "<string>") -> EasyRecConfig:
     """Parse text-format ``text`` into an EasyRecConfig.
 
@@ -26,7 +32,7 @@ def parse_pipeline_config(text: str, source: str = "<string>") -> EasyRecConfig:
     """
     config = EasyRecConfig()
     try:
-        text_format.Parse(text, config)
+        text_format.Parse(_EVICT_NUMBER.sub(r'\1"\2"', text), config)
     except text_format.ParseError as err:
         where = f"{source}:{err.GetLine()}" if err.GetLine() else source
         message = _strip_position(str(err))

@@ -88,6 +88,8 @@ _CUSTOMIZED = ("is not available in a config: CUSTOMIZED scores are passed by th
 # EPOCH_LFU (an access count under the epoch) is not built.
 _EVICT_SCORES = {"LRU": ("STEP", "TIMESTAMP"), "EPOCH_LRU": ("STEP", "TIMESTAMP"),
                  "LFU": ("LFU",)}
+# dynamicemb's numbering of its evict strategies, which its proto stores as an int.
+_EVICT_NUMBERS = {"0": "LRU", "1": "LFU", "2": "EPOCH_LRU", "3": "EPOCH_LFU", "4": "CUSTOMIZED"}
 
 
 def score_strategy(dynamicemb, where: str) -> str:
@@ -98,7 +100,7 @@ def score_strategy(dynamicemb, where: str) -> str:
     Raises:
         ConfigError: score_strategy is not one of ``CONFIG_SCORE_STRATEGIES`` (CUSTOMIZED
             included), evict_strategy is not one of LRU, EPOCH_LRU, LFU (EPOCH_LFU is not
-            built), or the two disagree.
+            built) or their dynamicemb numbers 0, 2, 1, or the two disagree.
     """
     allowed = ", ".join(CONFIG_SCORE_STRATEGIES)
     score = dynamicemb.score_strategy.strip().upper()
@@ -109,13 +111,17 @@ def score_strategy(dynamicemb, where: str) -> str:
                           f"supported; allowed: {allowed}")
     if not dynamicemb.HasField("evict_strategy"):
         return score
-    evict = dynamicemb.evict_strategy.strip().upper()
-    instead = (f"allowed: {', '.join(_EVICT_SCORES)} (or leave it unset and set "
-               f"score_strategy: {' | '.join(CONFIG_SCORE_STRATEGIES)})")
+    raw = dynamicemb.evict_strategy.strip().upper()
+    evict = _EVICT_NUMBERS.get(raw, raw)
+    numbers = {name: number for number, name in _EVICT_NUMBERS.items()}
+    instead = (f"allowed: {', '.join(_EVICT_SCORES)} (dynamicemb's numbers "
+               f"{', '.join(numbers[name] for name in _EVICT_SCORES)}; or leave it unset and "
+               f"set score_strategy: {' | '.join(CONFIG_SCORE_STRATEGIES)})")
     if evict == "CUSTOMIZED":
         raise ConfigError(f"{where}.evict_strategy CUSTOMIZED {_CUSTOMIZED}; {instead}")
     if evict not in _EVICT_SCORES:
-        raise ConfigError(f"{where}.evict_strategy {dynamicemb.evict_strategy!r} is not "
+        named = f" ({evict})" if raw in _EVICT_NUMBERS else ""
+        raise ConfigError(f"{where}.evict_strategy {dynamicemb.evict_strategy!r}{named} is not "
                           f"supported; {instead}")
     scores = _EVICT_SCORES[evict]
     if not dynamicemb.HasField("score_strategy"):
@@ -152,10 +158,17 @@ def _capacities(dynamicemb, where: str) -> tuple[int, int | None]:
     if not dynamicemb.HasField("init_capacity_per_rank"):
         return max_capacity, None
     init = int(dynamicemb.init_capacity_per_rank)
-    if not 1 <= init <= max_capacity:
-        raise ConfigError(
-            f"{where}.init_capacity_per_rank={init} is not valid; allowed: 1 to max_capacity "
-            f"({max_capacity}); leave it unset to allocate each rank's whole share at start")
+    if init == 0:
+        # As TorchEasyRec reads it (a zero initial capacity is no initial capacity).
+        logger.info("%s.init_capacity_per_rank=0 is read as unset: each rank allocates its "
+                    "whole share of max_capacity at start", where)
+        return max_capacity, None
+    if init > max_capacity:
+        # As dynamicemb clamps its init_capacity: a rank never starts above what the whole
+        # table may hold (a shard's smaller share bounds it again per rank).
+        logger.info("%s.init_capacity_per_rank=%d is above max_capacity (%d): the table "
+                    "starts at max_capacity", where, init, max_capacity)
+        init = max_capacity
     return max_capacity, init
 
 

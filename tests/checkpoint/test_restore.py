@@ -220,6 +220,17 @@ def test_damaged_checkpoint_names_the_file(tmp_path, target):
     assert after == before  # nothing rewritten by the failed restore
 
 
+def test_a_torcheasyrec_checkpoint_is_named_as_one(tmp_path):
+    # torch.distributed.checkpoint shards under model/, as TorchEasyRec saves a checkpoint
+    path = tmp_path / "model.ckpt-10"
+    (path / "model").mkdir(parents=True)
+    for name in ("__0_0.distcp", ".metadata"):
+        (path / "model" / name).write_bytes(b"\0")
+    with pytest.raises(CheckpointError, match=r"model\.ckpt-10: holds torch\.distributed\."
+                       r"checkpoint shards \(model/\*\.distcp\), as TorchEasyRec writes"):
+        restore_checkpoint(str(path), *_dense(1), {"t": HashTable(table_options())})
+
+
 @pytest.mark.parametrize("options", [table_options(), adam_options()], ids=["adagrad", "adam"])
 def test_continued_updates_equal_uninterrupted(tmp_path, options):
     uninterrupted = trained_table(steps=6, options=options)

@@ -102,6 +102,19 @@ def test_bad_value_names_line():
         parse_pipeline_config('model_dir: "m"\ndata_config { batch_size: "many" }')
 
 
+def test_evict_strategy_as_dynamicembs_enum_number_parses():
+    # dynamicemb's proto types evict_strategy as an int; the number is kept as its text
+    feature = ('feature_configs {{ id_feature {{ feature_name: "{0}" expression: "user:{0}"\n'
+               '  embedding_dim: 4 dynamicemb {{ max_capacity: 10 evict_strategy: {1} }} }} }}\n')
+    text = 'model_dir: "m"\n' + feature.format("u", "1") + feature.format("v", '"LRU"')
+    config = parse_pipeline_config(text)
+    evicts = [fc.id_feature.dynamicemb.evict_strategy for fc in config.feature_configs]
+    assert evicts == ["1", "LRU"]
+    # the lines after it keep their numbers in errors
+    with pytest.raises(ConfigError, match=r"<string>:7: .*batch_size"):
+        parse_pipeline_config(text + 'data_config {\n batch_size: "many" }')
+
+
 def test_missing_required_field():
     with pytest.raises(ConfigError, match="model_dir"):
         parse_pipeline_config("data_config { batch_size: 4 }")

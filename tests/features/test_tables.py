@@ -99,7 +99,12 @@ def test_fusion_group_is_the_single_deep_group_else_the_sequence_group(feature_s
     ('evict_strategy: "LRU" score_strategy: "TIMESTAMP"', ScoreStrategy.TIMESTAMP),
     ('evict_strategy: "LFU" score_strategy: "LFU"', ScoreStrategy.LFU),
     ('evict_strategy: "EPOCH_LRU"', ScoreStrategy.STEP),
-], ids=["lfu", "lru", "lru-timestamp", "both-lfu", "epoch-lru"])
+    # dynamicemb's proto stores the strategy as its enum number: 0 LRU, 1 LFU, 2 EPOCH_LRU
+    ("evict_strategy: 0", ScoreStrategy.STEP),
+    ("evict_strategy: 1", ScoreStrategy.LFU),
+    ('evict_strategy:2 score_strategy: "TIMESTAMP"', ScoreStrategy.TIMESTAMP),
+], ids=["lfu", "lru", "lru-timestamp", "both-lfu", "epoch-lru", "number-lru", "number-lfu",
+        "number-epoch-lru"])
 def test_evict_strategy_sets_the_scores(feature_set, options, strategy):
     fs = feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
     assert fs.embedding_tables()[0].dynamic.score_strategy == strategy
@@ -111,7 +116,12 @@ def test_evict_strategy_sets_the_scores(feature_set, options, strategy):
     ('evict_strategy: "LRU" score_strategy: "LFU"', "LRU eviction takes score_strategy STEP or "
      "TIMESTAMP"),
     ('evict_strategy: "EPOCH_LFU"', "evict_strategy 'EPOCH_LFU' is not supported"),
-], ids=["lfu-step", "lru-lfu", "epoch"])
+    ("evict_strategy: 3", r"evict_strategy '3' \(EPOCH_LFU\) is not supported; allowed: "
+     r"LRU, EPOCH_LRU, LFU \(dynamicemb's numbers 0, 2, 1;"),
+    ("evict_strategy: 9", "evict_strategy '9' is not supported"),
+    ('evict_strategy: 1 score_strategy: "STEP"', "evict_strategy LFU and score_strategy "
+     "STEP disagree"),
+], ids=["lfu-step", "lru-lfu", "epoch", "number-epoch-lfu", "number-unknown", "number-lfu-step"])
 def test_evict_strategy_errors(feature_set, options, message):
     with pytest.raises(ConfigError, match=f"table 'u'.*{message}") as info:
         feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
@@ -163,19 +173,34 @@ def test_initializer_errors_name_the_block(feature_set, block, args, message):
 
 
 @pytest.mark.parametrize("options, message", [
-    ("max_capacity: 1000 init_capacity_per_rank: 5000",
-     "dynamicemb.init_capacity_per_rank=5000 is not valid; allowed: 1 to max_capacity (1000)"),
-    ("max_capacity: 1000 init_capacity_per_rank: 0",
-     "dynamicemb.init_capacity_per_rank=0 is not valid"),
     ("max_capacity: 0", "dynamicemb.max_capacity=0 is not valid; allowed: an int >= 1"),
     ("max_capacity: 10 bucket_capacity: 0", "dynamicemb: bucket_capacity=0 is not valid"),
     ("max_capacity: 10 cache_load_factor: 1.5", "dynamicemb: cache_load_factor=1.5 is not "
      "valid; allowed: (0, 1]"),
-], ids=["init-above-max", "init-zero", "max-zero", "bucket", "cache-load-factor"])
+], ids=["max-zero", "bucket", "cache-load-factor"])
 def test_capacity_errors_use_the_config_names(feature_set, options, message):
     with pytest.raises(ConfigError) as info:
         feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ {options} }}"))
     assert str(info.value).startswith(f"table 'u': {message}")
+
+
+def test_init_capacity_above_max_capacity_starts_at_max_capacity(feature_set, caplog):
+    # A small table given the init_capacity_per_rank of the large ones (dynamicemb clamps).
+    with caplog.at_level("INFO", logger="hashrec.features"):
+        fs = feature_set(_id("u", "embedding_dim: 8 dynamicemb { max_capacity: 500 "
+                                  "init_capacity_per_rank: 1024 }"))
+    opts = fs.embedding_tables()[0].dynamic
+    assert (opts.max_capacity, opts.init_capacity) == (500, 500)
+    assert "init_capacity_per_rank=1024 is above max_capacity (500)" in caplog.text
+
+
+def test_init_capacity_zero_reads_as_unset(feature_set, caplog):
+    # TorchEasyRec passes a zero init_capacity_per_rank on as no initial capacity
+    with caplog.at_level("INFO", logger="hashrec.features"):
+        fs = feature_set(_id("u", "embedding_dim: 8 dynamicemb { max_capacity: 500 "
+                                  "init_capacity_per_rank: 0 }"))
+    assert fs.embedding_tables()[0].dynamic.init_capacity is None
+    assert "init_capacity_per_rank=0 is read as unset" in caplog.text
 
 
 @pytest.mark.parametrize("options, chosen", [

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -12,6 +14,19 @@ from hashrec.distributed import DistributedError
 from hashrec.table import TableError
 from hashrec.tools.dynamicemb.errors import MigrationError
 from hashrec.train.interrupt import Terminated, terminate_raises
+
+
+def world_size_arg(text: str) -> int:
+    """``--world_size``: an int, or a product of ints as ``nnodes*nproc-per-node`` reads
+    (``2*8``: a shell leaves ``$NNODES*$NPROC_PER_NODE`` unmultiplied)."""
+    factors = text.split("*")
+    try:
+        values = [int(factor.strip()) for factor in factors]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}; allowed: an int, or a product of ints such as "
+            f"2*8 (nnodes * nproc-per-node)") from None
+    return math.prod(values)
 
 
 def run_tool(world_size: int | None, main: Callable[[], object]) -> int:

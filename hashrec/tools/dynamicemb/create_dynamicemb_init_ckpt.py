@@ -39,7 +39,7 @@ from hashrec.tools.dynamicemb.ckpt_writer import (
     initial_scores,
     initial_state_rows,
 )
-from hashrec.tools.dynamicemb.cli import run_tool
+from hashrec.tools.dynamicemb.cli import run_tool, world_size_arg
 from hashrec.tools.dynamicemb.errors import MigrationError
 from hashrec.tools.dynamicemb.init_table import InitTableReport, read_init_table
 
@@ -186,8 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "train_eval --fine_tune_checkpoint <save_dir>/model.ckpt-0.")
     parser.add_argument("--pipeline_config_path", required=True,
                         help="training config whose dynamicemb features set init_table")
-    parser.add_argument("--world_size", type=int, required=True,
-                        help="number of training processes (nnodes * nproc-per-node)")
+    parser.add_argument("--world_size", type=world_size_arg, required=True,
+                        help="number of training processes (nnodes * nproc-per-node; "
+                             "a product such as 2*8 is multiplied)")
     parser.add_argument("--save_dir", required=True, help="directory of the new checkpoint")
     parser.add_argument("--reader_worker_num", type=int, default=None,
                         help="files read in parallel (default: from the CPU count)")

@@ -48,7 +48,7 @@ from hashrec.tools.dynamicemb.ckpt_writer import (
     initial_scores,
     initial_state_rows,
 )
-from hashrec.tools.dynamicemb.cli import run_tool
+from hashrec.tools.dynamicemb.cli import run_tool, world_size_arg
 from hashrec.tools.dynamicemb.errors import MigrationError
 
 logger = logging.getLogger("hashrec.tools")
@@ -248,8 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target_pipeline_config_path", required=True,
                         help="the same config with zch replaced by dynamicemb")
     parser.add_argument("--save_dir", required=True, help="directory of the new checkpoint")
-    parser.add_argument("--world_size", type=int, default=None,
-                        help="shards of the new checkpoint (default: the source's world size)")
+    parser.add_argument("--world_size", type=world_size_arg, default=None,
+                        help="shards of the new checkpoint (default: the source's world size; "
+                             "a product such as 2*8 is multiplied)")
     return parser
 
 

@@ -354,3 +354,18 @@ def test_init_tables_leave_out_the_table_of_a_feature_only_wide_groups_read(capl
     with caplog.at_level("WARNING", logger="hashrec.tools"):
         assert init_tables_of(feature_set) == {"user_id": "user_id.parquet"}
     assert "table 'item_id': init_table item_id.parquet is not read" in caplog.text
+
+
+def test_world_size_as_nnodes_times_nproc_is_multiplied(tmp_path, capsys):
+    # The documented launch line passes $NNODES*$NPROC_PER_NODE, which a shell leaves as 2*2.
+    init = _write_init(str(tmp_path / "init.parquet"), ITEMS, _embeddings())
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000",
+                          dynamicemb_block(init))
+    args = ["--pipeline_config_path", config, "--save_dir", str(tmp_path / "s")]
+    assert main(args + ["--world_size", "2*2"]) == 0
+    with open(tmp_path / "s" / "model.ckpt-0" / "meta.json", encoding="utf-8") as f:
+        assert json.load(f)["world_size"] == 4
+    with pytest.raises(SystemExit) as info:
+        main(args + ["--world_size", "2*x"])
+    assert info.value.code == 2
+    assert "invalid value '2*x'; allowed: an int, or a product of ints" in capsys.readouterr().err

@@ -22,7 +22,7 @@ from migration_helpers import (
 from hashrec.checkpoint import latest_checkpoint, restore_checkpoint
 from hashrec.config import load_pipeline_config
 from hashrec.tools.dynamicemb.errors import MigrationError
-from hashrec.tools.dynamicemb.zch_to_dynamicemb_convert import convert, main
+from hashrec.tools.dynamicemb.zch_to_dynamicemb_convert import build_parser, convert, main
 from hashrec.train import train_and_evaluate
 
 USERS = list(range(1000, 1000 + NUM_USERS + 2))
@@ -187,3 +187,10 @@ def test_zch_model_exports_hash_maps_and_predicts_like_eval(trained, tmp_path):
             probs.append(scripted(*model_inputs(batch, set()))["probs"])
             expected.append(session.model(batch)["probs"])
     torch.testing.assert_close(torch.cat(probs), torch.cat(expected), atol=1e-5, rtol=0)
+
+
+def test_world_size_as_nnodes_times_nproc_is_multiplied():
+    required = ["--source_checkpoint_path", "c", "--source_pipeline_config_path", "p1",
+                "--target_pipeline_config_path", "p2", "--save_dir", "s"]
+    assert build_parser().parse_args(required + ["--world_size", "2 * 4"]).world_size == 8
+    assert build_parser().parse_args(required).world_size is None
