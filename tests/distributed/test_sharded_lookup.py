@@ -28,7 +28,7 @@ from hashrec.table.hash_table import HashTable
 from hashrec.table.hashing import owner_of
 
 WORLD = 2
-STEPS = 4
+STEPS = 3
 DIM = 4
 
 
