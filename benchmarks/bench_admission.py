@@ -61,7 +61,7 @@ def _args() -> argparse.Namespace:
     add_out_and_smoke(p)
     args = parse_with_smoke(p)
     if args.smoke:  # interpreted on CPU tensors, tiny sizes
-        args.slots, args.bucket, args.batch, args.reps, args.rounds = 4096, 256, 256, 1, 1
+        args.slots, args.bucket, args.batch, args.reps, args.rounds = 4096, 256, 64, 1, 1
         args.load_factors = [0.5, 1.0]
     return args
 

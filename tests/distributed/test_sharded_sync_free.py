@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 
+import pytest
 import torch
 from dist_workers import run_world
 from host_reads import HostReads, interpreted_triton
@@ -130,19 +131,23 @@ def _run(out_dir, fixed: bool, scenario=scenario_steps):
     return ranks
 
 
-def test_fixed_path_step_reads_nothing_and_trains_like_the_reference(tmp_path):
-    fixed = _run(tmp_path / "fixed", True)
+@pytest.fixture(scope="module")
+def fixed_steps(tmp_path_factory):
+    """The steps on the fixed-size path, run once for the tests that read them."""
+    return _run(tmp_path_factory.mktemp("steps") / "fixed", True)
+
+
+def test_fixed_path_step_reads_nothing_and_trains_like_the_reference(fixed_steps, tmp_path):
     reference = _run(tmp_path / "reference", False)
-    for got, want in zip(fixed, reference):
+    for got, want in zip(fixed_steps, reference):
         assert got["reads"] == {}, got["reads"]
         torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want["losses"]),
                                    rtol=1e-4, atol=1e-5)
     assert any(r["reads"] for r in reference)  # the reference path does read back
 
 
-def test_prepared_steps_share_sizes_ahead(tmp_path):
-    ranks = _run(tmp_path / "fixed", True)
-    for r in ranks:
+def test_prepared_steps_share_sizes_ahead(fixed_steps):
+    for r in fixed_steps:
         # The first step's batch was not prepared; every later one was.
         assert r["exchanges"][0] > 0 and r["exchanges"][1:] == [0] * (STEPS - 1), r["exchanges"]
 
