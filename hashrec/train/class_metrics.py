@@ -9,7 +9,9 @@ all-reduce, as the binary metrics of ``hashrec.train.metrics`` do.
 column at ``thresholds`` evenly spaced thresholds from 0 to 1, computed as
 ``BinnedAUC`` does for one column, then averaged over the classes whose AUC is defined
 (rows of the class and rows of others both present): ``macro`` alike, ``weighted`` by
-each class's support (its rows).
+each class's support (its rows). A class without rows has no AUC and stays out of the
+average (torchmetrics gives it 0 and so lowers a macro average; its weight in a weighted
+one is 0 either way); with no class defined the metric is NaN, as ``auc`` of one label.
 
 ``TopKAccuracy`` is torchmetrics' ``MulticlassAccuracy(top_k=k)`` with its default
 micro average (TorchEasyRec's ``accuracy`` of a multi-class task): the share of rows whose

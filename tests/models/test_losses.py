@@ -69,7 +69,7 @@ def _jrc_by_hand(logits, labels, sessions, alpha):
     """Each row: alpha * its cross entropy + (1 - alpha) * minus the log of its softmax
     among itself and the rows of its session of the other label, on its label's logit."""
     rows = []
-    for i, (z, y, s) in enumerate(zip(logits, labels, sessions)):
+    for z, y, s in zip(logits, labels, sessions):
         k = int(y)
         ce = -(z[k] - math.log(math.exp(z[0]) + math.exp(z[1])))
         rivals = [logits[j][k] for j in range(len(labels))
