@@ -42,8 +42,8 @@ class Task:
     label_name: str = ""
     # The loss: binary_cross_entropy or binary_focal_loss (prediction probs, the logit's
     # sigmoid), softmax_cross_entropy or jrc_loss (probs, the logits' softmax) or l2_loss
-    # (prediction y, the logit itself). A name is read as its LossSpec with defaults.
-    loss: LossSpec | str = field(default_factory=LossSpec)
+    # (prediction y, the logit itself), with its options.
+    loss: LossSpec = field(default_factory=LossSpec)
     # The task loss's weight in the total loss.
     weight: float = 1.0
     # The task's MetricConfig messages (empty: the default metric).
@@ -63,8 +63,6 @@ class Task:
     num_class: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.loss, str):
-            object.__setattr__(self, "loss", LossSpec(self.loss))
         for name in ("in_task_space_weight", "out_task_space_weight"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
