@@ -213,9 +213,10 @@ def build_metrics(metric_configs, device=None, regression: bool = False,
 def check_metrics(model_config, feature_set) -> None:
     """Refuses, before any training, metric settings the evaluation could not run: a
     metric listed twice (a result holds one value a metric), a grouped_auc grouping_key
-    that is not an id feature of ``feature_set``, a metric that does not fit the task's
-    classes (see :func:`_class_problem`); warns about metrics of binary labels on a
-    regression model (l2_loss); each task's of a multi-task model."""
+    (or a jrc_loss session_name) that is not an id feature of ``feature_set``, a metric
+    that does not fit the task's classes (see :func:`_class_problem`); warns about
+    metrics of binary labels on a regression model (l2_loss); each task's of a multi-task
+    model."""
     from hashrec.models.tasks import model_tasks
 
     for task in model_tasks(model_config, feature_set.label_fields,
@@ -234,7 +235,13 @@ def _check_task_metrics(task, feature_set) -> None:
         if problem:
             raise TrainError(f"{task.where}.metrics: {problem}")
         if config.WhichOneof("metric") == "grouped_auc":
-            _check_grouping_key(config.grouped_auc.grouping_key, feature_set, task.where)
+            _check_id_feature(config.grouped_auc.grouping_key, feature_set,
+                              f"{task.where}.metrics: grouped_auc grouping_key",
+                              "whose id groups the rows")
+    if task.loss.name == "jrc_loss":
+        _check_id_feature(task.loss.session_name, feature_set,
+                          f"{task.where}.losses: jrc_loss session_name",
+                          "whose first id a row is the row's session")
     binary = [kind for kind in kinds if kind in ("auc", "grouped_auc", "accuracy")]
     if task.regression and binary:
         logger.warning("%s.metrics: %s on a regression model (l2_loss) count "
@@ -268,12 +275,13 @@ def _class_problem(config, num_class: int) -> str:
     return ""
 
 
-def _check_grouping_key(key: str, feature_set, where: str = "model_config") -> None:
+def _check_id_feature(key: str, feature_set, what: str, why: str) -> None:
+    """``key`` names an id feature of ``feature_set``; else a TrainError naming ``what``
+    (the field, where it is set) and ``why`` it needs one."""
     ids = feature_set.id_features()
     if key not in ids:
-        raise TrainError(f"{where}.metrics: grouped_auc grouping_key {key!r} is not an id "
-                         f"feature; it must name one of feature_configs' id features "
-                         f"({', '.join(ids) or 'none'}), whose id groups the rows")
+        raise TrainError(f"{what} {key!r} is not an id feature; it must name one of "
+                         f"feature_configs' id features ({', '.join(ids) or 'none'}), {why}")
 
 
 def grouping_ids(batch, metric: GroupedAUC) -> torch.Tensor:

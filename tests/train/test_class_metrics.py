@@ -154,3 +154,10 @@ def test_metrics_that_do_not_fit_the_classes_are_refused(metrics, num_class, los
 def test_two_classes_take_auc_and_grouped_auc():
     _check("metrics { auc {} } metrics { grouped_auc { grouping_key: 'user_id' } } "
            "metrics { accuracy { top_k: 2 } }", 2, "jrc_loss { session_name: 'user_id' }")
+
+
+def test_a_jrc_session_name_that_is_no_id_feature_is_refused():
+    with pytest.raises(TrainError, match=r"model_config.losses: jrc_loss session_name "
+                                         r"'price' is not an id feature; it must name one "
+                                         r"of feature_configs' id features \(user_id\)"):
+        _check("", 2, "jrc_loss { session_name: 'price' }")
