@@ -12,7 +12,7 @@ sequence sub-feature sharing a top-level feature's table, or a shared
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -49,7 +49,8 @@ class FeatureSet:
         tables: the embedding tables they read.
         label_fields: label columns.
         binary_labels: label columns whose values must be 0 or 1 (those a binary
-            cross-entropy or focal loss trains on).
+            cross-entropy or focal loss trains on); a mapping gives each its loss, for
+            messages.
         class_labels: label column -> C, for the columns whose values must be class ids
             0 .. C-1 (those a task of C > 1 classes trains on; the fewest classes where
             tasks of several counts read one column).
@@ -67,7 +68,8 @@ class FeatureSet:
     """
 
     def __init__(self, features: list[Feature], tables: list[EmbeddingTableSpec],
-                 label_fields: list[str], binary_labels: tuple[str, ...] = (),
+                 label_fields: list[str],
+                 binary_labels: Iterable[str] | Mapping[str, str] = (),
                  sample_weight_fields: Iterable[str] = (),
                  left_out: tuple[str, ...] = (), unembedded: tuple[str, ...] = (),
                  wide: WideEmbeddings | None = None,
@@ -78,6 +80,8 @@ class FeatureSet:
         self._wide_names = frozenset(spec.name for spec in self._wide.features)
         self.label_fields = list(label_fields)
         self.binary_labels = frozenset(binary_labels)
+        self._binary_losses = dict(binary_labels) if isinstance(binary_labels, Mapping) \
+            else {}
         self.class_labels = dict(class_labels or {})
         self.sample_weight_fields = tuple(sample_weight_fields)
         # Columns read only with the labels: the labels and the sample weights.
@@ -211,9 +215,10 @@ class FeatureSet:
             raise FeatureError(f"label column {name!r}", row, "the label is null")
         values = pc.cast(numbers, pa.float32()).to_numpy(zero_copy_only=False).copy()
         if name in self.binary_labels:
+            loss = self._binary_losses.get(name, "binary_cross_entropy")
             _check_label(array, name, (values != 0) & (values != 1),  # NaN included
-                         "is not 0 or 1; binary_cross_entropy and binary_focal_loss train "
-                         "on 0/1 labels (fix the data or choose another label column)")
+                         f"is not 0 or 1; {loss} trains on 0/1 labels (fix the data or "
+                         f"choose another label column)")
         classes = self.class_labels.get(name)
         if classes is not None:  # NaN fails every comparison, so it is bad too
             _check_label(array, name,
@@ -379,19 +384,22 @@ def _task_towers(model_config):
     return None
 
 
-def _binary_labels(label_fields: list[str], model_config) -> tuple[str, ...]:
-    """The label columns a binary cross-entropy loss trains on: a single-task model's
-    loss reads ``label_fields[0]``, a multi-task model's each task's ``label_name``, and
-    a model or task without ``losses`` uses that loss."""
+def _binary_labels(label_fields: list[str], model_config) -> dict[str, str]:
+    """The label columns a binary loss (cross entropy or focal) trains on -> that loss
+    (the first, where tasks of two read one column): a single-task model's loss reads
+    ``label_fields[0]``, a multi-task model's each task's ``label_name``, and a model or
+    task without ``losses`` uses binary_cross_entropy."""
     if not label_fields or model_config is None:
-        return ()
+        return {}
     towers = _task_towers(model_config)
-    if towers is not None:
-        names = [_tower_label(t, i, label_fields) for i, t in enumerate(towers)
-                 if _binary_losses(t.losses)]
-        names = [name for name in names if name in label_fields]
-        return tuple(dict.fromkeys(names))
-    return (label_fields[0],) if _binary_losses(model_config.losses) else ()
+    pairs = [(label_fields[0], _binary_loss(model_config.losses))] if towers is None else \
+        [(_tower_label(t, i, label_fields), _binary_loss(t.losses))
+         for i, t in enumerate(towers)]
+    out: dict[str, str] = {}
+    for name, loss in pairs:
+        if loss and name in label_fields:
+            out.setdefault(name, loss)
+    return out
 
 
 def _class_labels(label_fields: list[str], model_config) -> dict[str, int]:
@@ -420,9 +428,12 @@ def _tower_label(tower, position: int, label_fields: list[str]) -> str:
     return label_fields[position]
 
 
-def _binary_losses(loss_configs) -> bool:
-    losses = {loss.WhichOneof("loss") for loss in loss_configs}
-    return not losses or bool(losses & {"binary_cross_entropy", "binary_focal_loss"})
+def _binary_loss(loss_configs) -> str:
+    """The binary loss among ``loss_configs`` (binary_cross_entropy where there is none),
+    or "" where they train on another."""
+    losses = [loss.WhichOneof("loss") for loss in loss_configs] or ["binary_cross_entropy"]
+    return next((loss for loss in losses
+                 if loss in ("binary_cross_entropy", "binary_focal_loss")), "")
 
 
 def _check_names(features: list[Feature], label_fields: list[str],
