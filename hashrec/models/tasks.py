@@ -190,10 +190,11 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
     alone, as in TorchEasyRec).
 
     Raises:
-        ModelError: no label; a multi-task model without task towers, with two towers of
-            one name, with a label that is not a label field, with model-level losses
-            or metrics (they belong to the task towers), or with task loss weighting
-            that names unknown columns or a negative factor.
+        ModelError: no label; a loss that does not fit its num_class or has an option
+            out of range (:func:`loss_spec`); a multi-task model without task towers,
+            with two towers of one name, with a label that is not a label field, with
+            model-level losses, metrics or num_class (they belong to the task towers),
+            or with task loss weighting that names unknown columns or a negative factor.
     """
     labels = list(label_fields)
     if not labels:
