@@ -15,7 +15,10 @@ order (files in the order the input path lists them, a directory's files sorted,
 stored), whatever ``data_config.num_workers``. As in TorchEasyRec, the prediction columns
 are those ``--output_columns`` lists, in its order, or by default all of them sorted by
 name: ``logits`` and ``probs`` (``y`` for a regression model, l2_loss); a multi-task
-model's ``logits_<tower_name>`` and ``probs_<tower_name>`` (or ``y_<tower_name>``).
+model's ``logits_<tower_name>`` and ``probs_<tower_name>`` (or ``y_<tower_name>``). A
+model of C > 1 classes (softmax_cross_entropy, jrc_loss) writes its ``logits`` and
+``probs`` as a list of C float32 a row (parquet ``list<float>``, as TorchEasyRec writes
+them), and with two classes also ``probs1`` (probs[:, 1], one float32).
 ``--predict_output_path`` ending in ``.parquet`` names the file; any other path is a
 directory that receives ``part-00000.parquet`` (a new path ending in ``.csv``, ``.txt``
 or another text format is refused: the output is parquet). The rows go to hidden temporary files
@@ -353,7 +356,7 @@ def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
     with torch.inference_mode():
         for batch in loader:
             out = model(*model_inputs(batch.to(run_on), weighted))
-            columns = {name: pa.array(out[name].float().cpu().numpy()) for name in names}
+            columns = {name: prediction_array(out[name]) for name in names}
             columns.update((name, batch.reserved[name]) for name in reserved_columns)
             parts.write(next(readers, None), pa.table(columns))
             rows += batch.batch_size
@@ -366,6 +369,18 @@ def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
         raise RuntimeError(f"the loader's workers gave {parts.rows} rows, their slices hold "
                            f"{expected}; the output would be out of order")
     return rows
+
+
+def prediction_array(values: torch.Tensor) -> pa.Array:
+    """One prediction column: (B,) -> float32; (B, C) (a multi-class model's logits and
+    probs) -> a list of C float32 a row, as TorchEasyRec writes a tensor of two
+    dimensions (a list per row)."""
+    flat = values.detach().float().cpu()
+    if flat.dim() == 1:
+        return pa.array(flat.numpy())
+    width = flat.shape[1]
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1).numpy()), width) \
+        .cast(pa.list_(pa.float32()))
 
 
 def _write_error(path: str, err: OSError) -> ExportError:
@@ -463,10 +478,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hashrec.predict",
         description="Predict with an exported model; writes parquet with the prediction "
-                    "columns (logits, probs; a regression model: logits, y; a multi-task "
-                    "model: logits_<tower_name>, probs_<tower_name> or y_<tower_name>; "
-                    "sorted by name, or as --output_columns lists them), then the reserved "
-                    "columns, one row per input row in input order.")
+                    "columns (logits, probs; a regression model: logits, y; a model of "
+                    "several classes: logits and probs as a list of floats a row, and "
+                    "with two classes probs1; a multi-task model: each of these with the "
+                    "suffix _<tower_name>; sorted by name, or as --output_columns lists "
+                    "them), then the reserved columns, one row per input row in input "
+                    "order.")
     parser.add_argument("--scripted_model_path", required=True,
                         help="export directory (scripted_model.pt and pipeline.config)")
     parser.add_argument("--predict_input_path", required=True,

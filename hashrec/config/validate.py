@@ -22,11 +22,16 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
 # equal; the config layer must not import the models above it).
 SUPPORTED_MODELS = ("dbmtl", "deepfm", "dlrm", "mmoe", "multi_tower", "multi_tower_din",
                     "ple", "wide_and_deep")
-SUPPORTED_LOSSES = ("binary_cross_entropy", "l2_loss")
+# The losses hashrec.models.losses computes (tests/config/test_validate.py keeps the two
+# equal).
+SUPPORTED_LOSSES = ("binary_cross_entropy", "binary_focal_loss", "softmax_cross_entropy",
+                    "jrc_loss", "l2_loss")
 # The metrics hashrec.train.metrics builds (tests/config/test_validate.py keeps the two
 # equal).
 SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_error",
-                     "grouped_auc")
+                     "grouped_auc", "multiclass_auc")
+# multiclass_auc's averages (TorchEasyRec documents these two).
+MULTICLASS_AUC_AVERAGES = ("macro", "weighted")
 
 
 def feature_problems(config: EasyRecConfig) -> list[str]:
@@ -130,23 +135,36 @@ def _loss_metric_problems(where: str, config) -> list[str]:
             problems.append(f"{where}.losses[{i}].{kind} is not supported; supported: "
                             f"{', '.join(SUPPORTED_LOSSES)}")
     for i, metric in enumerate(config.metrics):
-        kind = metric.WhichOneof("metric")
-        if kind is None:
-            problems.append(f"{where}.metrics[{i}] sets no metric; set one of "
-                            f"{', '.join(SUPPORTED_METRICS)}")
-        elif kind not in SUPPORTED_METRICS:
-            problems.append(f"{where}.metrics[{i}].{kind} is not supported; supported: "
-                            f"{', '.join(SUPPORTED_METRICS)}")
-        elif kind == "accuracy" and metric.accuracy.top_k != 1:
-            # TorchEasyRec's binary accuracy does not read it either, without a word.
-            problems.append(f"{where}.metrics[{i}].accuracy.top_k={metric.accuracy.top_k} "
-                            f"is not supported: a model has one logit a task, so top_k is "
-                            f"1 (leave it unset)")
-        elif kind == "auc" and metric.auc.thresholds < 2:
-            # Checked here, not only at the first evaluation after training to a save.
-            problems.append(f"{where}.metrics[{i}].auc.thresholds={metric.auc.thresholds}; "
-                            f"allowed: 2 or more (default 200)")
+        problems += _metric_problems(f"{where}.metrics[{i}]", metric)
     return problems
+
+
+def _metric_problems(where: str, metric) -> list[str]:
+    """Why ``metric`` cannot run (whether it fits the task's classes is checked when the
+    model is built, hashrec.train.metrics.check_metrics)."""
+    kind = metric.WhichOneof("metric")
+    if kind is None:
+        return [f"{where} sets no metric; set one of {', '.join(SUPPORTED_METRICS)}"]
+    if kind == "recall_at_k":
+        # TorchEasyRec computes it on the similarities of a match model's user and item
+        # towers; its ranking models refuse it too.
+        return [f"{where}.recall_at_k is not supported: it is a metric of TorchEasyRec's "
+                f"match (retrieval) models, which rank items by user-item similarity, and "
+                f"HashRec has ranking models only; use auc, grouped_auc or, for classes, "
+                f"accuracy with top_k"]
+    if kind not in SUPPORTED_METRICS:
+        return [f"{where}.{kind} is not supported; supported: {', '.join(SUPPORTED_METRICS)}"]
+    options = getattr(metric, kind)
+    # Checked here, not only at the first evaluation after training to a save.
+    if kind in ("auc", "multiclass_auc") and options.thresholds < 2:
+        return [f"{where}.{kind}.thresholds={options.thresholds}; allowed: 2 or more "
+                f"(default 200)"]
+    if kind == "multiclass_auc" and options.average not in MULTICLASS_AUC_AVERAGES:
+        return [f"{where}.multiclass_auc.average={options.average!r}; allowed: "
+                f"{', '.join(MULTICLASS_AUC_AVERAGES)}"]
+    if kind == "accuracy" and options.top_k < 1:
+        return [f"{where}.accuracy.top_k={options.top_k}; allowed: 1 or more (default 1)"]
+    return []
 
 
 def validate_pipeline_config(config: EasyRecConfig) -> None:

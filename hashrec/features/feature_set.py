@@ -12,7 +12,7 @@ sequence sub-feature sharing a top-level feature's table, or a shared
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -49,7 +49,11 @@ class FeatureSet:
         tables: the embedding tables they read.
         label_fields: label columns.
         binary_labels: label columns whose values must be 0 or 1 (those a binary
-            cross-entropy loss trains on).
+            cross-entropy or focal loss trains on); a mapping gives each its loss, for
+            messages.
+        class_labels: label column -> C, for the columns whose values must be class ids
+            0 .. C-1 (those a task of C > 1 classes trains on; the fewest classes where
+            tasks of several counts read one column).
         sample_weight_fields: columns of row loss weights (finite, >= 0): a task's
             ``sample_weight_name``, or the first for a task without one. Read, like the
             labels, only where labels are (``parse(with_labels=True)``), into
@@ -57,22 +61,28 @@ class FeatureSet:
         left_out: configured features that are not in the set (no feature group names
             them), in config order.
         unembedded: id features parsed into the batch but not embedded (a grouped_auc
-            metric's grouping key that no feature group names): no table, no lookup.
+            metric's grouping key or a jrc_loss's session feature that no feature group
+            names): no table, no lookup.
         wide: the wide tables of the model's WIDE feature groups and the specs reading
             them (``hashrec.features.wide``); ``tables`` are the others.
     """
 
     def __init__(self, features: list[Feature], tables: list[EmbeddingTableSpec],
-                 label_fields: list[str], binary_labels: tuple[str, ...] = (),
+                 label_fields: list[str],
+                 binary_labels: Iterable[str] | Mapping[str, str] = (),
                  sample_weight_fields: Iterable[str] = (),
                  left_out: tuple[str, ...] = (), unembedded: tuple[str, ...] = (),
-                 wide: WideEmbeddings | None = None) -> None:
+                 wide: WideEmbeddings | None = None,
+                 class_labels: dict[str, int] | None = None) -> None:
         self.features = {f.name: f for f in features}
         self._tables = list(tables)
         self._wide = wide or WideEmbeddings()
         self._wide_names = frozenset(spec.name for spec in self._wide.features)
         self.label_fields = list(label_fields)
         self.binary_labels = frozenset(binary_labels)
+        self._binary_losses = dict(binary_labels) if isinstance(binary_labels, Mapping) \
+            else {}
+        self.class_labels = dict(class_labels or {})
         self.sample_weight_fields = tuple(sample_weight_fields)
         # Columns read only with the labels: the labels and the sample weights.
         self.target_columns = self.label_fields + list(self.sample_weight_fields)
@@ -205,14 +215,26 @@ class FeatureSet:
             raise FeatureError(f"label column {name!r}", row, "the label is null")
         values = pc.cast(numbers, pa.float32()).to_numpy(zero_copy_only=False).copy()
         if name in self.binary_labels:
-            bad = (values != 0) & (values != 1)  # NaN included
-            if bad.any():
-                row = int(np.flatnonzero(bad)[0])
-                raise FeatureError(
-                    f"label column {name!r}", row,
-                    f"value {array[row].as_py()!r} is not 0 or 1; binary_cross_entropy "
-                    f"trains on 0/1 labels (fix the data or choose another label column)")
+            loss = self._binary_losses.get(name, "binary_cross_entropy")
+            _check_label(array, name, (values != 0) & (values != 1),  # NaN included
+                         f"is not 0 or 1; {loss} trains on 0/1 labels (fix the data or "
+                         f"choose another label column)")
+        classes = self.class_labels.get(name)
+        if classes is not None:  # NaN fails every comparison, so it is bad too
+            _check_label(array, name,
+                         ~((values >= 0) & (values < classes) & (np.floor(values) == values)),
+                         f"is not a class id in [0, {classes}); a task of num_class "
+                         f"{classes} trains on the class ids 0 to {classes - 1} (fix the "
+                         f"data, or the num_class)")
         return torch.from_numpy(values)
+
+
+def _check_label(array: pa.Array, name: str, bad: np.ndarray, why: str) -> None:
+    """FeatureError naming the first row of label column ``name`` that ``bad`` marks."""
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise FeatureError(f"label column {name!r}", row,
+                           f"value {array[row].as_py()!r} {why}")
 
 
 def _decoded(array: pa.Array) -> pa.Array:
@@ -274,9 +296,10 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
         pipeline_config: the EasyRecConfig.
         keep: feature names kept although no feature group names them (an inference
             model exported before such features were left out still reads them).
-        metric_keys: the grouped_auc metrics' grouping keys are parsed too, and those no
-            group names are not embedded (``FeatureSet.unembedded``); False (prediction,
-            which computes no metric) leaves them out like any ungrouped feature.
+        metric_keys: the grouped_auc metrics' grouping keys and the jrc_loss session
+            features are parsed too, and those no group names are not embedded
+            (``FeatureSet.unembedded``); False (prediction, which computes no metric and
+            no loss) leaves them out like any ungrouped feature.
 
     Raises:
         ConfigError: an unsupported feature kind or option, a feature without
@@ -306,7 +329,7 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
                     "name for it), shared", name, f"{table}_emb", table)
     tables = build_tables(features, model_config)
     read = _read_features(model_config, keep)
-    keys = _grouping_keys(model_config) if metric_keys and read is not None else set()
+    keys = _label_keys(model_config) if metric_keys and read is not None else set()
     kept = [f for f in features if read is None or f.name in read or f.name in keys]
     unembedded = tuple(f.name for f in kept if read is not None and f.name not in read)
     left_out = tuple(f.name for f in features if f not in kept)
@@ -315,7 +338,7 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
     embedded = {f.name for f in kept} - set(unembedded) - wide.wide_only
     return FeatureSet(kept, tables_read_by(tables, embedded), labels,
                       _binary_labels(labels, model_config), weights, left_out, unembedded,
-                      wide)
+                      wide, _class_labels(labels, model_config))
 
 
 def _sample_weight_fields(data_config, label_fields: list[str]) -> tuple[str, ...]:
@@ -340,14 +363,15 @@ def _read_features(model_config, keep: Iterable[str]) -> frozenset[str] | None:
                      for name in group.feature_names).union(keep)
 
 
-def _grouping_keys(model_config) -> set[str]:
-    """The features the grouped_auc metrics group rows by (a multi-task model's metrics
-    are its task towers')."""
+def _label_keys(model_config) -> set[str]:
+    """The features the grouped_auc metrics group rows by and those the jrc_loss losses
+    read sessions from (a multi-task model's metrics and losses are its task towers')."""
     towers = _task_towers(model_config)
-    configs = model_config.metrics if towers is None else \
-        [m for tower in towers for m in tower.metrics]
-    return {m.grouped_auc.grouping_key for m in configs
+    holders = [model_config] if towers is None else list(towers)
+    keys = {m.grouped_auc.grouping_key for h in holders for m in h.metrics
             if m.WhichOneof("metric") == "grouped_auc"}
+    return keys | {loss.jrc_loss.session_name for h in holders for loss in h.losses
+                   if loss.WhichOneof("loss") == "jrc_loss"}
 
 
 def _task_towers(model_config):
@@ -360,27 +384,56 @@ def _task_towers(model_config):
     return None
 
 
-def _binary_labels(label_fields: list[str], model_config) -> tuple[str, ...]:
-    """The label columns a binary cross-entropy loss trains on: a single-task model's
-    loss reads ``label_fields[0]``, a multi-task model's each task's ``label_name``, and
-    a model or task without ``losses`` uses that loss."""
+def _binary_labels(label_fields: list[str], model_config) -> dict[str, str]:
+    """The label columns a binary loss (cross entropy or focal) trains on -> that loss
+    (the first, where tasks of two read one column): a single-task model's loss reads
+    ``label_fields[0]``, a multi-task model's each task's ``label_name``, and a model or
+    task without ``losses`` uses binary_cross_entropy."""
     if not label_fields or model_config is None:
-        return ()
+        return {}
     towers = _task_towers(model_config)
-    if towers is not None:
-        # As hashrec.models.tasks: a tower without label_name (DBMTL's may leave it out)
-        # reads the label field of its position.
-        names = [t.label_name if t.HasField("label_name") or i >= len(label_fields)
-                 else label_fields[i] for i, t in enumerate(towers)
-                 if _binary_losses(t.losses)]
-        names = [name for name in names if name in label_fields]
-        return tuple(dict.fromkeys(names))
-    return (label_fields[0],) if _binary_losses(model_config.losses) else ()
+    pairs = [(label_fields[0], _binary_loss(model_config.losses))] if towers is None else \
+        [(_tower_label(t, i, label_fields), _binary_loss(t.losses))
+         for i, t in enumerate(towers)]
+    out: dict[str, str] = {}
+    for name, loss in pairs:
+        if loss and name in label_fields:
+            out.setdefault(name, loss)
+    return out
 
 
-def _binary_losses(loss_configs) -> bool:
-    losses = {loss.WhichOneof("loss") for loss in loss_configs}
-    return not losses or "binary_cross_entropy" in losses
+def _class_labels(label_fields: list[str], model_config) -> dict[str, int]:
+    """The label columns of the tasks of C > 1 classes -> C (the fewest where tasks of
+    several counts read one column)."""
+    if not label_fields or model_config is None:
+        return {}
+    towers = _task_towers(model_config)
+    if towers is None:
+        pairs = [(label_fields[0], int(model_config.num_class))]
+    else:
+        pairs = [(_tower_label(t, i, label_fields), int(t.num_class))
+                 for i, t in enumerate(towers)]
+    out: dict[str, int] = {}
+    for name, classes in pairs:
+        if classes > 1 and name in label_fields:
+            out[name] = min(classes, out.get(name, classes))
+    return out
+
+
+def _tower_label(tower, position: int, label_fields: list[str]) -> str:
+    """A task tower's label column: as hashrec.models.tasks, a tower without label_name
+    (DBMTL's may leave it out) reads the label field of its position."""
+    if tower.HasField("label_name") or position >= len(label_fields):
+        return tower.label_name
+    return label_fields[position]
+
+
+def _binary_loss(loss_configs) -> str:
+    """The binary loss among ``loss_configs`` (binary_cross_entropy where there is none),
+    or "" where they train on another."""
+    losses = [loss.WhichOneof("loss") for loss in loss_configs] or ["binary_cross_entropy"]
+    return next((loss for loss in losses
+                 if loss in ("binary_cross_entropy", "binary_focal_loss")), "")
 
 
 def _check_names(features: list[Feature], label_fields: list[str],

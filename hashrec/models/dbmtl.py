@@ -1,5 +1,5 @@
 """DBMTL: deep Bayesian multi-target learning, a multi-task ranking model whose tasks
-may read earlier tasks' outputs (one logit a task).
+may read earlier tasks' outputs (a task's ``num_class`` logits a row).
 
 The DEEP feature groups, concatenated in group order (B, D), go through the optional
 ``mask_net`` (a MaskNet, see ``hashrec.modules.masknet``), then the optional shared
@@ -44,14 +44,14 @@ class DBMTLTask(nn.Module):
 
     ``forward(features (B, D), experts (B, num_expert, E), outputs) -> tower output
     (B, H)``, ``outputs`` the earlier tasks' tower outputs by tower name; ``logit`` maps
-    the tower output to (B, 1).
+    the tower output to (B, num_class).
 
     Args:
         task_input: ``MMoETask`` (gate and mlp) or ``SharedInput`` (mlp).
         relations: the tower names whose outputs follow the task's own in the
             relation input.
         relation: the relation MLP (or identity) over that concatenation.
-        logit: (B, H) -> (B, 1).
+        logit: (B, H) -> (B, num_class).
     """
 
     # Evaluated, not text (no __future__ annotations here): TorchScript types the
@@ -77,7 +77,7 @@ class DBMTLTask(nn.Module):
 class DBMTLNet(nn.Module):
     """DBMTL's dense network, shared by the eager model and its scripted export.
 
-    ``forward([features (B, D)]) -> logits (B, tasks)``.
+    ``forward([features (B, D)]) -> logits (B, sum of the tasks' num_class)``.
 
     Args:
         bottom: the mask net, then the shared bottom MLP (either, both in an
@@ -146,7 +146,7 @@ class DBMTL(GroupNetModel):
             relation, widths[task.name] = optional_mlp(tower, "relation_mlp", relation_width,
                                                        f"{task.where}.relation_mlp")
             tasks[task.name] = DBMTLTask(task_input, relations, relation or nn.Identity(),
-                                         nn.Linear(widths[task.name], 1))
+                                         nn.Linear(widths[task.name], task.num_class))
         self.net = DBMTLNet(bottom or nn.Identity(), experts, tasks)
 
 

@@ -38,7 +38,7 @@ class DLRMNet(nn.Module):
         num_sparse: N.
         dense_mlp: the dense MLP, or None without a dense group.
         final: the final MLP.
-        output: the linear layer to one logit.
+        output: the linear layer to the logit (``num_class`` logits with classes).
         arch_with_sparse: the final MLP reads the sparse features too.
     """
 
@@ -101,7 +101,8 @@ class DLRM(GroupNetModel):
                 f"set arch_with_sparse")
         final = MLP(final_width, mlp_options(config.final, f"{self.kind}.final"))
         self.net = DLRMNet(len(self.sparse_group.features), dense_mlp, final,
-                           nn.Linear(final.output_dim(), 1), config.arch_with_sparse)
+                           nn.Linear(final.output_dim(), self.num_class),
+                           config.arch_with_sparse)
 
     def _sparse_and_dense(self) -> tuple[GroupSpec, GroupSpec | None]:
         for name, group in self.groups.items():

@@ -28,5 +28,5 @@ class GroupNetModel(RankModel):
         return tuple(deep_input(group, embedded, batch) for group in self.input_groups)
 
     def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """``dense_inputs`` -> logits (B,)."""
+        """``dense_inputs`` -> logits (see ``RankModel.dense_from_inputs``)."""
         return self.net(list(inputs))

@@ -1,4 +1,5 @@
-"""MMoE: multi-gate mixture of experts, a multi-task ranking model (one logit a task).
+"""MMoE: multi-gate mixture of experts, a multi-task ranking model (``num_class`` logits a
+task, one unless a task has classes).
 
 The DEEP feature groups, concatenated in group order (B, D), feed ``num_expert``
 expert MLPs (``expert_mlp`` each) and, per task, a gate: the optional ``gate_mlp``
@@ -29,11 +30,11 @@ _MODULE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 class MMoETask(nn.Module):
     """One task of MMoE: its gate mixes the experts' outputs, its tower makes the logit.
 
-    ``forward(features (B, D), experts (B, num_expert, E)) -> logit (B, 1)``.
+    ``forward(features (B, D), experts (B, num_expert, E)) -> logits (B, num_class)``.
 
     Args:
         gate: (B, D) -> (B, num_expert) scores (before the softmax).
-        tower: (B, E) -> (B, 1) logits.
+        tower: (B, E) -> (B, num_class) logits.
     """
 
     def __init__(self, gate: nn.Module, tower: nn.Module) -> None:
@@ -55,7 +56,7 @@ def gate_mix(scores: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
 class MMoENet(nn.Module):
     """MMoE's dense network, shared by the eager model and its scripted export.
 
-    ``forward([features (B, D)]) -> logits (B, tasks)``.
+    ``forward([features (B, D)]) -> logits (B, sum of the tasks' num_class)``.
 
     Args:
         experts: the expert MLPs, each (B, D) -> (B, E).
@@ -110,9 +111,10 @@ class MMoE(GroupNetModel):
 
 def task_tower(task, tower, width: int) -> nn.Module:
     """The tower of ``task`` (its ``TaskTower`` message ``tower``) over ``width`` inputs:
-    the optional ``mlp``, then a linear layer to the task's logit, (B, width) -> (B, 1)."""
+    the optional ``mlp``, then a linear layer to the task's logits, (B, width) ->
+    (B, num_class)."""
     mlp, tower_width = optional_mlp(tower, "mlp", width, f"{task.where}.mlp")
-    return nn.Sequential(mlp or nn.Identity(), nn.Linear(tower_width, 1))
+    return nn.Sequential(mlp or nn.Identity(), nn.Linear(tower_width, task.num_class))
 
 
 def deep_groups_merged(model, kind: str):

@@ -4,7 +4,8 @@ Every feature group feeds exactly one tower: a group that no tower names is an e
 rather than a part of the config that is silently left out.
 
 The towers' outputs are concatenated, passed through the optional ``final`` MLP
-and a linear layer to one logit per row; the prediction is its sigmoid.
+and a linear layer to one logit per row (``num_class`` with classes); the prediction is
+its sigmoid (their softmax).
 ``MultiTowerDIN`` is this model with DIN towers over SEQUENCE groups besides.
 """
 
@@ -42,7 +43,7 @@ class MultiTower(RankModel):
                 f"of the model; add a {self._tower_hint()} entry with that input, or remove "
                 f"the group")
         self.final, width = optional_mlp(config, "final", width, f"{self.kind}.final")
-        self.output = nn.Linear(width, 1)
+        self.output = nn.Linear(width, self.num_class)
 
     def _build_towers(self, config) -> int:
         """Builds the towers of ``config``; returns the width of their outputs together."""
@@ -73,7 +74,7 @@ class MultiTower(RankModel):
         return [tower(x) for tower, x in zip(self.towers.values(), inputs[:len(self.towers)])]
 
     def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """Tower outputs -> final MLP -> logits (B,)."""
+        """Tower outputs -> final MLP -> logits (B,), or (B, num_class)."""
         hidden = torch.cat(self._tower_outputs(inputs), dim=-1)
         if self.final is not None:
             hidden = self.final(hidden)

@@ -1,4 +1,5 @@
-"""PLE: progressive layered extraction, a multi-task ranking model (one logit a task).
+"""PLE: progressive layered extraction, a multi-task ranking model (``num_class`` logits a
+task).
 
 The DEEP feature groups, concatenated in group order (B, D), are the first level's
 input of every task and of the shared branch. Each level (``extraction_networks``) has,
@@ -93,11 +94,11 @@ class ExtractionLevel(nn.Module):
 class PLENet(nn.Module):
     """PLE's dense network, shared by the eager model and its scripted export.
 
-    ``forward([features (B, D)]) -> logits (B, tasks)``.
+    ``forward([features (B, D)]) -> logits (B, sum of the tasks' num_class)``.
 
     Args:
         levels: the ``ExtractionLevel`` modules, first to last.
-        towers: tower_name -> the task's tower, (B, E) -> (B, 1), in task order.
+        towers: tower_name -> the task's tower, (B, E) -> (B, num_class), in task order.
     """
 
     def __init__(self, levels: list[nn.Module], towers: dict[str, nn.Module]) -> None:

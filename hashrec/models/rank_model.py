@@ -15,6 +15,7 @@ from torch import nn
 
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import GroupSpec, build_group_spec, feature_infos
+from hashrec.models.losses import task_loss
 from hashrec.models.tasks import MULTI_TASK_MODELS, model_tasks
 from hashrec.modules import MLP, MLPOptions
 
@@ -50,7 +51,8 @@ def optional_mlp(config, field: str, width: int, where: str) -> tuple[MLP | None
 
 
 class RankModel(nn.Module):
-    """Base of ranking models (one logit per row and task, see ``hashrec.models.tasks``).
+    """Base of ranking models (``num_class`` logits per row and task, see
+    ``hashrec.models.tasks``).
 
     Args:
         model_config: the pipeline's ``ModelConfig`` message.
@@ -61,17 +63,14 @@ class RankModel(nn.Module):
         embedding: a prebuilt embedding module (``EmbeddingCollection`` interface);
             None builds an ``EmbeddingCollection`` from ``feature_set``.
 
-    Subclasses implement ``dense_inputs`` and ``dense_from_inputs``: logits (B,), or
-    (B, tasks) of a multi-task model.
+    Subclasses implement ``dense_inputs`` and ``dense_from_inputs``: logits (B,), (B, C)
+    of a model of C classes, or (B, logits) of a multi-task model, each task's
+    ``num_class`` columns in task order.
     """
 
     def __init__(self, model_config, feature_set, sparse_optimizer, device=None,
                  embedding: nn.Module | None = None) -> None:
         super().__init__()
-        if model_config.num_class != 1:
-            raise ModelError(
-                f"model_config.num_class={model_config.num_class}; only 1 (binary ranking) "
-                f"is supported")
         # What each logit predicts (hashrec.models.tasks): one task, on label_fields[0],
         # for a single-task model.
         self.tasks = model_tasks(model_config, feature_set.label_fields,
@@ -87,6 +86,12 @@ class RankModel(nn.Module):
         # ``probs`` is its sigmoid.
         self.regression = self.tasks[0].regression
         self.prediction = self.tasks[0].prediction
+        # A single-task model's logits a row (its output layer's width).
+        self.num_class = self.tasks[0].num_class
+        # The id features whose first id per row is a jrc_loss task's session, once each
+        # (the targets carry their ids, ``session_ids``).
+        self.session_names = tuple(dict.fromkeys(
+            t.loss.session_name for t in self.tasks if t.loss.name == "jrc_loss"))
         self.groups = self._build_groups(model_config, feature_set)
         if embedding is None:
             from hashrec.embedding import EmbeddingCollection
@@ -137,7 +142,7 @@ class RankModel(nn.Module):
         return embedded if embedding_hook is None else embedding_hook(embedded)
 
     def dense_forward(self, embedded, batch) -> torch.Tensor:
-        """The dense network: embedding output -> logits (B,)."""
+        """The dense network: embedding output -> logits (see ``dense_from_inputs``)."""
         return self.dense_from_inputs(*self.dense_inputs(embedded, batch))
 
     def dense_inputs(self, embedded, batch) -> tuple[torch.Tensor, ...]:
@@ -147,8 +152,8 @@ class RankModel(nn.Module):
         raise NotImplementedError
 
     def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """``dense_inputs`` -> logits (B,) or (B, tasks); only tensor ops of fixed shapes, no
-        host reads."""
+        """``dense_inputs`` -> logits (B,), (B, C) or (B, logits of every task); only tensor
+        ops of fixed shapes, no host reads."""
         raise NotImplementedError
 
     def dense_modules(self) -> list[nn.Module]:
@@ -157,9 +162,10 @@ class RankModel(nn.Module):
 
     def forward(self, batch, embedding_hook=None) -> dict[str, torch.Tensor]:
         """Batch -> {"logits": (B,) float32, "probs": (B,) float32}; a regression model
-        (l2_loss) gives {"logits", "y"}, ``y`` the logits themselves. A multi-task model
-        gives each task's ``logits_<tower_name>`` and ``probs_<tower_name>`` (or
-        ``y_<tower_name>``).
+        (l2_loss) gives {"logits", "y"}, ``y`` the logits themselves; a model of C > 1
+        classes {"logits": (B, C), "probs": (B, C) their softmax} and with two classes
+        "probs1": probs[:, 1]. A multi-task model gives each task's outputs with the
+        suffix ``_<tower_name>`` (``Task.outputs``).
 
         Args:
             batch: a ``Batch`` on the model's device.
@@ -169,15 +175,31 @@ class RankModel(nn.Module):
         logits = self.dense_forward(self.embed(batch, embedding_hook), batch).float()
         return self.predictions(logits)
 
+    def task_logits(self, logits: torch.Tensor) -> list[torch.Tensor]:
+        """The dense network's logits -> each task's: (B,) for one logit, (B, C) for C
+        classes."""
+        if not self.multi_task:
+            return [logits]
+        out, start = [], 0
+        for task in self.tasks:
+            width = task.num_class
+            out.append(logits[:, start] if width == 1 else logits[:, start:start + width])
+            start += width
+        return out
+
     def predictions(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Logits (B,), or (B, tasks) of a multi-task model -> each task's logits and
-        prediction, (B,) each."""
+        """The dense network's logits -> each task's outputs (``forward``)."""
         out = {}
-        for i, task in enumerate(self.tasks):
-            task_logits = logits[:, i] if self.multi_task else logits
+        for task, task_logits in zip(self.tasks, self.task_logits(logits)):
             out[task.logits] = task_logits
-            out[task.prediction] = task_logits if task.regression else \
-                torch.sigmoid(task_logits)
+            if task.regression:
+                out[task.prediction] = task_logits
+            elif task.multi_class:
+                out[task.prediction] = torch.softmax(task_logits, dim=-1)
+                if task.num_class == 2:
+                    out[task.positive_probs] = out[task.prediction][:, 1]
+            else:
+                out[task.prediction] = torch.sigmoid(task_logits)
         return out
 
     def labels(self, batch) -> torch.Tensor:
@@ -210,11 +232,57 @@ class RankModel(nn.Module):
             weights = torch.ones_like(self._target(batch, task.label_name, "label"))
         return weights
 
+    def session_ids(self, batch) -> torch.Tensor | None:
+        """The batch's (B, len(session_names)) int64 session ids of the jrc_loss tasks: a
+        row's first id of each session feature, 0 for a row without one (as TorchEasyRec
+        reads a grouping feature); None without a jrc_loss task.
+
+        Raises:
+            ModelError: the batch has no such feature (a feature config names it?).
+        """
+        if not self.session_names:
+            return None
+        columns = []
+        for name in self.session_names:
+            if name not in batch.sparse.keys():
+                raise ModelError(f"jrc_loss session_name {name!r} is not a feature of the "
+                                 f"batch (sparse features: {', '.join(batch.sparse.keys())}); "
+                                 f"name an id feature of feature_configs")
+            columns.append(first_ids(batch.sparse[name]))
+        return torch.stack(columns, dim=-1)
+
     def targets(self, batch) -> tuple[torch.Tensor, ...]:
-        """What the loss reads besides the logits: (labels,) or (labels, weights), both
-        (B,) or (B, tasks)."""
+        """What the loss reads besides the logits: the labels, then the row weights where
+        the tasks weigh rows (``weighted``), then the session ids where a task trains on
+        jrc_loss (``session_ids``); labels and weights (B,) or (B, tasks) each."""
         weights = self.sample_weights(batch)
-        return (self.labels(batch),) if weights is None else (self.labels(batch), weights)
+        sessions = self.session_ids(batch)
+        return (self.labels(batch), *(t for t in (weights, sessions) if t is not None))
+
+    def target_weights(self, targets: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+        """The row weights among ``targets`` (``targets(batch)``), None without."""
+        return targets[1] if self.weighted else None
+
+    def losses_from_logits(self, logits: torch.Tensor, labels: torch.Tensor,
+                           *rest: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-loss scalar tensors (float32) of the dense network's logits and the
+        ``targets``, ``labels`` then ``rest`` (the weights, the session ids, as
+        ``targets`` gives them); a multi-task model's task losses are each multiplied by
+        the task's weight. See :func:`hashrec.models.losses.task_loss` for one loss."""
+        weights = rest[0] if self.weighted else None
+        sessions = rest[-1] if self.session_names else None
+        out = {}
+        for i, (task, task_logits) in enumerate(zip(self.tasks, self.task_logits(logits))):
+            task_sessions = None if task.loss.name != "jrc_loss" else \
+                sessions[:, self.session_names.index(task.loss.session_name)]
+            if not self.multi_task:
+                out[task.loss_name] = task_loss(task.loss, task_logits, labels, weights,
+                                                task_sessions)
+                continue
+            loss = task_loss(task.loss, task_logits, labels[:, i],
+                             None if weights is None else weights[:, i], task_sessions)
+            out[task.loss_name] = task.weight * loss
+        return out
 
     @staticmethod
     def _target(batch, name: str, what: str) -> torch.Tensor:
@@ -222,40 +290,22 @@ class RankModel(nn.Module):
             raise ModelError(f"batch has no {what} {name!r} (labels: {list(batch.labels)})")
         return batch.labels[name].float()
 
-    def losses_from_logits(self, logits: torch.Tensor, labels: torch.Tensor,
-                           weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Per-loss scalar tensors (float32) of logits and labels (B,), or (B, tasks) of
-        a multi-task model, whose task losses are each multiplied by the task's weight;
-        ``weights`` as ``labels`` (see ``sample_weights``). See :func:`task_loss` for one
-        loss."""
-        out = {}
-        for i, task in enumerate(self.tasks):
-            if not self.multi_task:
-                out[task.loss_name] = task_loss(task.loss, logits, labels, weights)
-                continue
-            loss = task_loss(task.loss, logits[:, i], labels[:, i],
-                             None if weights is None else weights[:, i])
-            out[task.loss_name] = task.weight * loss
-        return out
-
     def loss(self, predictions: dict[str, torch.Tensor], batch,
              targets: tuple[torch.Tensor, ...] | None = None) -> dict[str, torch.Tensor]:
         """Per-loss scalar tensors (float32), averaged over the batch (weighted by the
         row weights where the tasks have them, see ``sample_weights``); ``targets``: the
         batch's ``targets(batch)`` where the caller has them already."""
-        logits = torch.stack([predictions[task.logits] for task in self.tasks], dim=-1) \
-            if self.multi_task else predictions["logits"]
+        parts = [predictions[task.logits] for task in self.tasks]
+        logits = torch.cat([p if p.dim() == 2 else p.unsqueeze(-1) for p in parts], dim=-1) \
+            if self.multi_task else parts[0]
         return self.losses_from_logits(logits, *(targets or self.targets(batch)))
 
 
-def task_loss(name: str, logits: torch.Tensor, labels: torch.Tensor,
-              weights: torch.Tensor | None = None) -> torch.Tensor:
-    """One loss (float32 scalar) of logits and labels (B,): the mean over the batch, or
-    with ``weights`` (B,) the weighted mean sum(w * loss) / sum(w) (0 when every weight
-    is 0). binary_cross_entropy on the logits; l2_loss: (logit - label) ** 2."""
-    reduction = "mean" if weights is None else "none"
-    loss = nn.functional.mse_loss(logits, labels, reduction=reduction) \
-        if name == "l2_loss" else \
-        nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction=reduction)
-    return loss if weights is None else (loss * weights).sum() / \
-        weights.sum().clamp_min(torch.finfo(torch.float32).tiny)
+def first_ids(bags) -> torch.Tensor:
+    """Each row's first id of a jagged feature (B,) int64, 0 for a row without one; no
+    host reads."""
+    lengths = bags.lengths
+    if bags.values.numel() == 0:
+        return torch.zeros_like(lengths, dtype=torch.int64)
+    starts = (torch.cumsum(lengths, 0) - lengths).clamp(max=bags.values.numel() - 1)
+    return torch.where(lengths > 0, bags.values[starts], torch.zeros_like(lengths))

@@ -7,6 +7,13 @@ task per ``task_towers`` entry, each with its own label, loss, loss weight and m
 the task's outputs, loss and metrics carry the suffix ``_<tower_name>``
 (``probs_ctr``, ``logits_ctr``, ``binary_cross_entropy_ctr``, ``auc_ctr``), as in
 TorchEasyRec.
+
+A task has ``num_class`` logits (``model_config.num_class``, a task tower's
+``num_class``): 1 with binary_cross_entropy, binary_focal_loss (predictions ``logits``
+and ``probs`` = sigmoid, (B,)) or l2_loss (``y``); C > 1 with softmax_cross_entropy,
+2 with jrc_loss (``logits`` (B, C) and ``probs`` = their softmax (B, C), and with two
+classes ``probs1`` = probs[:, 1], (B,)), as in TorchEasyRec; the label is then the class
+id 0 .. C-1.
 """
 
 from __future__ import annotations
@@ -16,25 +23,27 @@ import math
 from dataclasses import dataclass, field
 
 from hashrec.models.errors import ModelError
+from hashrec.models.losses import BINARY_LOSSES, CLASS_LOSSES, LOSSES, LossSpec
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_LOSSES = ("binary_cross_entropy", "l2_loss")
+SUPPORTED_LOSSES = LOSSES
 # The model_config oneof names of the models whose config lists task_towers.
 MULTI_TASK_MODELS = ("mmoe", "dbmtl", "ple")
 
 
 @dataclass(frozen=True)
 class Task:
-    """One logit of a model and how it is trained and evaluated."""
+    """One task of a model: its logits, and how they are trained and evaluated."""
 
     # The tower name; "" for the one task of a single-task model.
     name: str = ""
     # The label column the loss and the metrics read.
     label_name: str = ""
-    # binary_cross_entropy (prediction probs, the logit's sigmoid) or l2_loss
-    # (prediction y, the logit itself).
-    loss: str = "binary_cross_entropy"
+    # The loss: binary_cross_entropy or binary_focal_loss (prediction probs, the logit's
+    # sigmoid), softmax_cross_entropy or jrc_loss (probs, the logits' softmax) or l2_loss
+    # (prediction y, the logit itself), with its options.
+    loss: LossSpec = field(default_factory=LossSpec)
     # The task loss's weight in the total loss.
     weight: float = 1.0
     # The task's MetricConfig messages (empty: the default metric).
@@ -49,14 +58,19 @@ class Task:
     in_task_space_weight: float = 1.0
     # The row weight's factor out of the task's space.
     out_task_space_weight: float = 1.0
+    # The task's logits a row: 1, or the classes of softmax_cross_entropy (2 or more) and
+    # jrc_loss (2).
+    num_class: int = 1
 
     def __post_init__(self) -> None:
-        if self.loss not in SUPPORTED_LOSSES:
-            raise ValueError(f"Task.loss={self.loss!r}; allowed: {', '.join(SUPPORTED_LOSSES)}")
         for name in ("in_task_space_weight", "out_task_space_weight"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"Task.{name}={value}; allowed: a finite number >= 0")
+        if not num_class_fits(self.loss.name, self.num_class):
+            raise ValueError(f"Task.num_class={self.num_class} does not fit "
+                             f"{self.loss.name} (jrc_loss: 2; softmax_cross_entropy: 2 or "
+                             f"more; the others: 1)")
 
     @property
     def row_weighted(self) -> bool:
@@ -71,7 +85,12 @@ class Task:
 
     @property
     def regression(self) -> bool:
-        return self.loss == "l2_loss"
+        return self.loss.name == "l2_loss"
+
+    @property
+    def multi_class(self) -> bool:
+        """Whether the task has several logits a row (softmax over classes)."""
+        return self.num_class > 1
 
     @property
     def prediction(self) -> str:
@@ -79,20 +98,45 @@ class Task:
         return ("y" if self.regression else "probs") + self.suffix
 
     @property
+    def positive_probs(self) -> str:
+        """The output holding each row's probability of the positive class (what auc and
+        grouped_auc read): ``probs1<suffix>`` with two classes, else the prediction."""
+        return "probs1" + self.suffix if self.num_class == 2 else self.prediction
+
+    @property
     def logits(self) -> str:
         return "logits" + self.suffix
 
     @property
+    def outputs(self) -> tuple[str, ...]:
+        """The task's output names: its prediction, ``probs1<suffix>`` with two classes,
+        then its logits."""
+        second = (self.positive_probs,) if self.num_class == 2 else ()
+        return (self.prediction, *second, self.logits)
+
+    @property
     def loss_name(self) -> str:
         """The key of the task's loss among the model's losses."""
-        return self.loss + self.suffix
+        return self.loss.name + self.suffix
 
 
-def loss_name(loss_configs, where: str) -> str:
-    """The one loss kind of ``loss_configs`` (binary_cross_entropy when there is none).
+def num_class_fits(loss: str, num_class: int) -> bool:
+    """Whether a task of ``num_class`` logits can train on ``loss``: 2 for jrc_loss, 2 or
+    more for softmax_cross_entropy, 1 for the others."""
+    if loss == "jrc_loss":
+        return num_class == 2
+    if loss == "softmax_cross_entropy":
+        return num_class >= 2
+    return num_class == 1
+
+
+def loss_spec(loss_configs, where: str, num_class: int = 1) -> LossSpec:
+    """The one loss of ``loss_configs`` with its options, for a task of ``num_class``
+    logits (binary_cross_entropy when there is none).
 
     Raises:
-        ModelError: an unsupported kind, or two kinds together.
+        ModelError: no loss kind set, two kinds together, a num_class the loss does not
+            take, or an option out of its range.
     """
     names = tuple(dict.fromkeys(loss.WhichOneof("loss") for loss in loss_configs))
     for name in names:
@@ -103,10 +147,39 @@ def loss_name(loss_configs, where: str) -> str:
             raise ModelError(f"{where}.losses: {name!r} is not supported; allowed: "
                              f"{', '.join(SUPPORTED_LOSSES)}")
     if len(names) > 1:
-        raise ModelError(f"{where}.losses: {' and '.join(names)} together; a model "
-                         f"predicts probabilities (binary_cross_entropy) or values "
-                         f"(l2_loss): keep one")
-    return names[0] if names else "binary_cross_entropy"
+        raise ModelError(f"{where}.losses: {' and '.join(names)} together; a task trains "
+                         f"on one loss (its predictions are that loss's): keep one")
+    if not names:
+        spec = LossSpec()
+    else:
+        spec = _spec_of(loss_configs[0], names[0], where)
+    _check_num_class(spec.name, num_class, where)
+    return spec
+
+
+def _spec_of(config, name: str, where: str) -> LossSpec:
+    options = getattr(config, name)
+    kwargs = {field_name: getattr(options, field_name)
+              for field_name in ("gamma", "alpha", "label_smoothing", "session_name")
+              if field_name in options.DESCRIPTOR.fields_by_name}
+    try:
+        return LossSpec(name, **kwargs)
+    except ValueError as err:
+        raise ModelError(f"{where}.losses.{name}: "
+                         f"{str(err).removeprefix('LossSpec.')}") from None
+
+
+def _check_num_class(loss: str, num_class: int, where: str) -> None:
+    if num_class_fits(loss, num_class):
+        return
+    if loss in CLASS_LOSSES:
+        need = "2 (two classes)" if loss == "jrc_loss" else "2 or more (the classes)"
+        raise ModelError(f"{where}.num_class={num_class} with {loss}; {loss} needs "
+                         f"num_class {need}")
+    kind = "one logit (a 0/1 label)" if loss in BINARY_LOSSES else "one value a row"
+    hint = "; for several classes use softmax_cross_entropy" if loss in BINARY_LOSSES else ""
+    raise ModelError(f"{where}.num_class={num_class} with {loss}, which trains {kind}: set "
+                     f"num_class 1{hint}")
 
 
 def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Task, ...]:
@@ -117,10 +190,11 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
     alone, as in TorchEasyRec).
 
     Raises:
-        ModelError: no label; a multi-task model without task towers, with two towers of
-            one name, with a label that is not a label field, with model-level losses
-            or metrics (they belong to the task towers), or with task loss weighting
-            that names unknown columns or a negative factor.
+        ModelError: no label; a loss that does not fit its num_class or has an option
+            out of range (:func:`loss_spec`); a multi-task model without task towers,
+            with two towers of one name, with a label that is not a label field, with
+            model-level losses, metrics or num_class (they belong to the task towers),
+            or with task loss weighting that names unknown columns or a negative factor.
     """
     labels = list(label_fields)
     if not labels:
@@ -134,8 +208,14 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
                            "the first, %r; the others are read from the input but not used "
                            "(a multi-task model, mmoe, dbmtl or ple, gives each its task)",
                            labels, kind, labels[0])
-        return (Task("", labels[0], loss_name(model_config.losses, "model_config"), 1.0,
-                     tuple(model_config.metrics), sample_weight_name=default_weight),)
+        num_class = int(model_config.num_class)
+        return (Task("", labels[0], loss_spec(model_config.losses, "model_config", num_class),
+                     1.0, tuple(model_config.metrics), sample_weight_name=default_weight,
+                     num_class=num_class),)
+    if model_config.num_class != 1:
+        raise ModelError(f"model_config.num_class={model_config.num_class} is set on the "
+                         f"multi-task model {kind}; set num_class on each of "
+                         f"{kind}.task_towers instead")
     for what in ("losses", "metrics"):
         if len(getattr(model_config, what)):
             raise ModelError(f"model_config.{what} is set on the multi-task model {kind}; "
@@ -157,15 +237,14 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
         if label not in labels:
             raise ModelError(f"{where}.label_name {label!r} is not one of "
                              f"data_config.label_fields ({', '.join(labels)}); add it there")
-        if tower.num_class != 1:
-            raise ModelError(f"{where}.num_class={tower.num_class}; only 1 (one logit) is "
-                             f"supported")
         if not (math.isfinite(tower.weight) and tower.weight >= 0):
             raise ModelError(f"{where}.weight={tower.weight}; the task loss's weight must be "
                              f"a finite number >= 0")
-        tasks.append(Task(tower.tower_name, label, loss_name(tower.losses, where),
+        tasks.append(Task(tower.tower_name, label,
+                          loss_spec(tower.losses, where, int(tower.num_class)),
                           float(tower.weight), tuple(tower.metrics), where,
-                          **_row_weighting(tower, where, labels, weights)))
+                          **_row_weighting(tower, where, labels, weights),
+                          num_class=int(tower.num_class)))
     return tuple(tasks)
 
 
@@ -194,5 +273,7 @@ def _row_weighting(tower, where: str, labels: list[str], weights: list[str]) -> 
 
 
 def prediction_columns(tasks) -> tuple[str, ...]:
-    """The output columns of a model with ``tasks``: every prediction, then every logit."""
-    return tuple(t.prediction for t in tasks) + tuple(t.logits for t in tasks)
+    """The output columns of a model with ``tasks``: every prediction (and ``probs1`` of a
+    two-class task after its ``probs``), then every logit."""
+    return tuple(name for t in tasks for name in t.outputs[:-1]) + \
+        tuple(t.logits for t in tasks)

@@ -43,7 +43,8 @@ class WideDeepNet(nn.Module):
     Args:
         deep: the deep MLP.
         final: the final MLP, or None.
-        output: the linear layer to one logit.
+        output: the linear layer to the logit (``num_class`` logits with classes, to
+            each of which the wide logit is added, as in TorchEasyRec).
         fm_features: N; 0 for no factorization machine (WideAndDeep).
     """
 
@@ -109,7 +110,8 @@ class WideAndDeep(GroupNetModel):
         fm_features, fm_dim = self._fm_layout()
         final, width = optional_mlp(config, "final", 1 + fm_dim + deep_mlp.output_dim(),
                                     f"{self.kind}.final")
-        output = nn.Linear(width if final is not None else deep_mlp.output_dim(), 1)
+        output = nn.Linear(width if final is not None else deep_mlp.output_dim(),
+                           self.num_class)
         self.net = WideDeepNet(deep_mlp, final, output, fm_features)
 
     def _has_fm_group(self) -> bool:

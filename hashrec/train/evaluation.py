@@ -4,7 +4,8 @@ The model runs in eval mode (dynamic tables read-only: unseen ids read as the
 eval initializer) under ``torch.no_grad``. Metrics keep fixed-size state (see
 ``hashrec.train.metrics``), so evaluation memory does not grow with the input.
 Each evaluation appends one JSON object, at least ``{"step", "auc"}`` (a multi-task
-model's ``auc_<tower_name>``), the step again as ``global_step`` (TorchEasyRec's key) and
+model's ``auc_<tower_name>``; a model of more than two classes reports ``multiclass_auc``
+instead unless its metrics say otherwise), the step again as ``global_step`` (TorchEasyRec's key) and
 the checkpoint's path, to ``<model_dir>/eval_result.txt``
 (rank 0). Under several ranks each rank
 evaluates its share of the input (every rank must list the same files, or the evaluation
@@ -32,7 +33,7 @@ from hashrec.train.distributed import check_same_input, eval_batches
 from hashrec.train.errors import TrainError
 from hashrec.train.grouped_auc import GroupedAUC
 from hashrec.train.interrupt import StopSignals
-from hashrec.train.metrics import MeanLoss, build_metrics, grouping_ids
+from hashrec.train.metrics import BinnedAUC, MeanLoss, build_metrics, grouping_ids
 
 logger = logging.getLogger("hashrec.train")
 
@@ -76,7 +77,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
     # model's task.
     metrics = {name + task.suffix: (task, metric) for task in model.tasks
                for name, metric in build_metrics(task.metric_configs, session.device,
-                                                 task.regression).items()}
+                                                 task.regression, task.num_class).items()}
     mean_loss = MeanLoss(session.device, len(model.losses))
     was_training = model.training
     model.eval()
@@ -94,10 +95,11 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
                     predictions = model(batch)
                 _update_metrics(metrics.values(), predictions, batch)
                 # Each loss term (a task's) is averaged over the rows with its weights.
-                targets = model.targets(batch)  # (labels,) or (labels, row weights)
+                targets = model.targets(batch)  # labels, then row weights if any, ...
                 losses = torch.stack(list(model.loss(predictions, batch, targets).values()))
+                weights = model.target_weights(targets)
                 mean_loss.add(losses, batch.batch_size,
-                              targets[1].sum(dim=0) if len(targets) > 1 else None)
+                              weights.sum(dim=0) if weights is not None else None)
                 batches += 1
                 if log_every and batches % log_every == 0:
                     logger.info("eval at step %d: %d batches (%.1fs)", step, batches,
@@ -126,11 +128,14 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
 
 
 def _update_metrics(metrics, predictions: dict, batch) -> None:
-    """Adds a batch to each (task, metric): the task's prediction against its label."""
+    """Adds a batch to each (task, metric): the task's prediction against its label (the
+    AUCs of one probability a row read a two-class task's ``probs1``)."""
     for task, metric in metrics:
         labels = batch.labels[task.label_name]
         if isinstance(metric, GroupedAUC):
-            metric.update(predictions[task.prediction], labels, grouping_ids(batch, metric))
+            metric.update(predictions[task.positive_probs], labels, grouping_ids(batch, metric))
+        elif isinstance(metric, BinnedAUC):
+            metric.update(predictions[task.positive_probs], labels)
         else:
             metric.update(predictions[task.prediction], labels)
 

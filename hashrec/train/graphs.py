@@ -81,14 +81,15 @@ def quiet_warmup_streams():
 
 class _DenseLoss(nn.Module):
     """The dense network and the loss as one module of tensors: (*inputs, *targets) ->
-    (logits (B,) detached, losses (n,)); targets: labels, then row weights if any, (B,)
-    or (B, tasks) each."""
+    (logits detached, losses (n,)); targets: ``model.targets(batch)`` (labels, then row
+    weights and session ids where the model has them)."""
 
     def __init__(self, model) -> None:
         super().__init__()
         self.parts = nn.ModuleList(model.dense_modules())
         self._model = (model,)  # not a submodule: the embedding stays out
-        self._targets = 2 if getattr(model, "weighted", False) else 1
+        self._targets = 1 + bool(getattr(model, "weighted", False)) + \
+            bool(getattr(model, "session_names", ()))
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         model = self._model[0]

@@ -515,9 +515,9 @@ class TrainLoop:
         following = upcoming() if upcoming is not None else None
         if following is not None and not s.model.embedding.is_prepared(following.sparse):
             s.model.embedding.prepare(following.sparse)
-        targets = s.model.targets(batch)  # labels, then the row weights if any
+        targets = s.model.targets(batch)  # labels, then the row weights if any, ...
         if self.weighted_loss is not None:
-            self.weighted_loss.start(targets[-1])
+            self.weighted_loss.start(s.model.target_weights(targets))
         lrs = s.set_learning_rates(self.step, self.epoch)
         if self.gradients is None:
             s.dense.optimizer.zero_grad(set_to_none=True)

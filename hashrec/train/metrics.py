@@ -10,7 +10,8 @@ bin holds both a positive and a negative; otherwise the error is at most half th
 of positive-negative pairs that fall in one bin (the statistic is
 ``hashrec.distributed.metrics.auc_from_histograms``). Every metric's state is a
 few tensors that ``sync`` sums across ranks, so distributed evaluation needs one
-all-reduce per metric.
+all-reduce per metric. The metrics of a task of several classes (``multiclass_auc``, a
+multi-class ``accuracy``) are in ``hashrec.train.class_metrics``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from hashrec.train.grouped_auc import GroupedAUC
 logger = logging.getLogger("hashrec.train")
 
 
-def _all_reduce(tensors: list[torch.Tensor]) -> None:
+def all_reduce_tensors(tensors: list[torch.Tensor]) -> None:
+    """Sums each tensor over the ranks in place (nothing outside torch.distributed)."""
     if dist.is_available() and dist.is_initialized():
         for t in tensors:
             dist.all_reduce(t)
@@ -70,7 +72,7 @@ class BinnedAUC:
         self.nonfinite += (~torch.isfinite(probs)).sum()
 
     def sync(self) -> None:
-        _all_reduce([self.positives, self.negatives, self.nonfinite])
+        all_reduce_tensors([self.positives, self.negatives, self.nonfinite])
 
     def compute(self) -> float:
         """AUC in [0, 1]; NaN when one class is absent or a prediction was not finite."""
@@ -94,7 +96,7 @@ class _MeanOf:
         self.total += torch.stack([v.double().sum(), count]).to(self.total.device)
 
     def sync(self) -> None:
-        _all_reduce([self.total])
+        all_reduce_tensors([self.total])
 
     def compute(self) -> float:
         return float(self.total[0] / self.total[1]) if self.total[1] > 0 else float("nan")
@@ -161,24 +163,35 @@ class MeanLoss(_MeanOf):
 
 
 SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_error",
-                     "grouped_auc")
+                     "grouped_auc", "multiclass_auc")
 
 
-def build_metrics(metric_configs, device=None, regression: bool = False) -> dict:
-    """Metric name -> metric object from ``model_config.metrics`` (default: auc; for a
-    ``regression`` model, mean_squared_error). The settings were checked when the session
-    was built (:func:`check_metrics`).
+def build_metrics(metric_configs, device=None, regression: bool = False,
+                  num_class: int = 1) -> dict:
+    """Metric name -> metric object from a task's ``metrics`` (default: auc; for a
+    ``regression`` model, mean_squared_error; for a task of ``num_class`` > 2 classes,
+    multiclass_auc, macro-averaged at 200 thresholds). With two classes auc reads the
+    second class's probability (``probs1``), as in TorchEasyRec; with classes accuracy is
+    the top-k accuracy. The settings were checked when the session was built
+    (:func:`check_metrics`).
 
     Raises:
         TrainError: a metric kind that is not supported.
     """
+    from hashrec.train.class_metrics import MulticlassBinnedAUC, TopKAccuracy
+
     metrics: dict = {}
     for config in metric_configs:
         kind = config.WhichOneof("metric")
         if kind == "auc":
             metrics["auc"] = BinnedAUC(int(config.auc.thresholds), device)
+        elif kind == "multiclass_auc":
+            metrics["multiclass_auc"] = MulticlassBinnedAUC(
+                num_class, int(config.multiclass_auc.thresholds),
+                config.multiclass_auc.average, device)
         elif kind == "accuracy":
-            metrics["accuracy"] = Accuracy(config.accuracy.threshold, device)
+            metrics["accuracy"] = Accuracy(config.accuracy.threshold, device) \
+                if num_class == 1 else TopKAccuracy(num_class, config.accuracy.top_k, device)
         elif kind == "mean_squared_error":
             metrics["mean_squared_error"] = MeanSquaredError(device)
         elif kind == "mean_absolute_error":
@@ -192,14 +205,18 @@ def build_metrics(metric_configs, device=None, regression: bool = False) -> dict
         return metrics
     if regression:
         return {"mean_squared_error": MeanSquaredError(device)}
+    if num_class > 2:
+        return {"multiclass_auc": MulticlassBinnedAUC(num_class, 200, "macro", device)}
     return {"auc": BinnedAUC(200, device)}
 
 
 def check_metrics(model_config, feature_set) -> None:
     """Refuses, before any training, metric settings the evaluation could not run: a
     metric listed twice (a result holds one value a metric), a grouped_auc grouping_key
-    that is not an id feature of ``feature_set``; warns about metrics of binary labels
-    on a regression model (l2_loss); each task's of a multi-task model."""
+    (or a jrc_loss session_name) that is not an id feature of ``feature_set``, a metric
+    that does not fit the task's classes (see :func:`_class_problem`); warns about
+    metrics of binary labels on a regression model (l2_loss); each task's of a multi-task
+    model."""
     from hashrec.models.tasks import model_tasks
 
     for task in model_tasks(model_config, feature_set.label_fields,
@@ -214,8 +231,17 @@ def _check_task_metrics(task, feature_set) -> None:
         raise TrainError(f"{task.where}.metrics lists {', '.join(twice)} more than once; an "
                          f"evaluation result holds one value a metric: keep one")
     for config in task.metric_configs:
+        problem = _class_problem(config, task.num_class)
+        if problem:
+            raise TrainError(f"{task.where}.metrics: {problem}")
         if config.WhichOneof("metric") == "grouped_auc":
-            _check_grouping_key(config.grouped_auc.grouping_key, feature_set, task.where)
+            _check_id_feature(config.grouped_auc.grouping_key, feature_set,
+                              f"{task.where}.metrics: grouped_auc grouping_key",
+                              "whose id groups the rows")
+    if task.loss.name == "jrc_loss":
+        _check_id_feature(task.loss.session_name, feature_set,
+                          f"{task.where}.losses: jrc_loss session_name",
+                          "whose first id a row is the row's session")
     binary = [kind for kind in kinds if kind in ("auc", "grouped_auc", "accuracy")]
     if task.regression and binary:
         logger.warning("%s.metrics: %s on a regression model (l2_loss) count "
@@ -224,17 +250,45 @@ def _check_task_metrics(task, feature_set) -> None:
                        ", ".join(binary))
 
 
-def _check_grouping_key(key: str, feature_set, where: str = "model_config") -> None:
+def _class_problem(config, num_class: int) -> str:
+    """Why a metric does not fit a task of ``num_class`` logits ("" where it does): auc and
+    grouped_auc read one probability a row (num_class 1, or 2: the second class's, as
+    TorchEasyRec allows); multiclass_auc needs classes; a multi-class task has no value
+    ``y`` for mean_squared_error and mean_absolute_error; accuracy's top_k ranks classes."""
+    kind = config.WhichOneof("metric")
+    if kind in ("auc", "grouped_auc") and num_class > 2:
+        return (f"{kind} reads one probability a row; the task has {num_class} classes: use "
+                f"multiclass_auc")
+    if kind == "multiclass_auc" and num_class == 1:
+        return ("multiclass_auc needs a task of classes (num_class 2 or more, "
+                "softmax_cross_entropy); this task has one logit: use auc")
+    if kind in ("mean_squared_error", "mean_absolute_error") and num_class > 1:
+        return (f"{kind} compares a value y with the label; a task of {num_class} classes "
+                f"predicts probabilities: use accuracy or multiclass_auc")
+    if kind == "accuracy":
+        top_k = config.accuracy.top_k
+        if num_class == 1 and top_k != 1:
+            return (f"accuracy.top_k={top_k}: the task has one logit, so top_k is 1 (leave it "
+                    f"unset); top_k ranks the classes of a task with num_class > 1")
+        if not 1 <= top_k <= max(num_class, 1):
+            return f"accuracy.top_k={top_k}; allowed: 1 to num_class ({num_class})"
+    return ""
+
+
+def _check_id_feature(key: str, feature_set, what: str, why: str) -> None:
+    """``key`` names an id feature of ``feature_set``; else a TrainError naming ``what``
+    (the field, where it is set) and ``why`` it needs one."""
     ids = feature_set.id_features()
     if key not in ids:
-        raise TrainError(f"{where}.metrics: grouped_auc grouping_key {key!r} is not an id "
-                         f"feature; it must name one of feature_configs' id features "
-                         f"({', '.join(ids) or 'none'}), whose id groups the rows")
+        raise TrainError(f"{what} {key!r} is not an id feature; it must name one of "
+                         f"feature_configs' id features ({', '.join(ids) or 'none'}), {why}")
 
 
 def grouping_ids(batch, metric: GroupedAUC) -> torch.Tensor:
     """Each row's id of the metric's feature (B,) int64, for grouped_auc: its first id, 0
     for a row without one (TorchEasyRec's rule; a warning says so, once a metric)."""
+    from hashrec.models.rank_model import first_ids
+
     key = metric.grouping_key
     bags = batch.sparse[key]
     lengths = bags.lengths
@@ -245,7 +299,4 @@ def grouping_ids(batch, metric: GroupedAUC) -> torch.Tensor:
         logger.warning("grouped_auc: feature %r gives a row %d to %d ids; rows are grouped "
                        "by their first id, rows without one as id 0 (as in TorchEasyRec)",
                        key, int(lengths.min()), int(lengths.max()))
-    starts = torch.cumsum(lengths, 0) - lengths
-    first = bags.values[starts.clamp(max=max(bags.values.numel() - 1, 0))] \
-        if bags.values.numel() else torch.zeros_like(lengths, dtype=torch.int64)
-    return torch.where(lengths > 0, first, torch.zeros_like(first))
+    return first_ids(bags)

@@ -45,39 +45,55 @@ def test_unsupported_features(feature, message):
     ("model_config { losses { binary_cross_entropy {} } }",
      "model_config sets no model; supported models: dbmtl, deepfm, dlrm, mmoe, multi_tower, "
      "multi_tower_din, ple, wide_and_deep$"),
-    ("model_config { multi_tower_din {} losses { softmax_cross_entropy {} } }",
-     "softmax_cross_entropy is not supported"),
     ("train_config { sparse_optimizer { lamb_optimizer { lr: 1 } } dense_optimizer { "
      "adam_optimizer { lr: 1 } } }", "lamb_optimizer is not supported"),
     ("data_config { dataset_type: KafkaDataset }", "KafkaDataset is not supported"),
-    ("model_config { multi_tower_din {} losses { jrc_loss { session_name: \"u\" } } }",
-     r"model_config.losses\[0\].jrc_loss is not supported; supported: "
-     r"binary_cross_entropy, l2_loss"),
-    ("model_config { multi_tower_din {} losses { binary_focal_loss { gamma: 1 } } }",
-     r"model_config.losses\[0\].binary_focal_loss is not supported"),
     ("model_config { multi_tower_din {} losses {} }",
-     r"model_config.losses\[0\] sets no loss; set one of binary_cross_entropy, l2_loss"),
+     r"model_config.losses\[0\] sets no loss; set one of binary_cross_entropy, "
+     r"binary_focal_loss, softmax_cross_entropy, jrc_loss, l2_loss"),
     ("model_config { multi_tower_din {} metrics { auc {} } metrics { recall_at_k {} } }",
-     r"model_config.metrics\[1\].recall_at_k is not supported; supported: auc, "),
-    ("model_config { multi_tower_din {} metrics { multiclass_auc { average: 'macro' } } }",
-     r"model_config.metrics\[0\].multiclass_auc is not supported"),
+     r"model_config.metrics\[1\].recall_at_k is not supported: it is a metric of "
+     r"TorchEasyRec's match \(retrieval\) models, .* HashRec has ranking models only"),
+    ("model_config { mmoe { expert_mlp { hidden_units: [4] } num_expert: 2 "
+     "task_towers { tower_name: 'ctr' label_name: 'clk' metrics { recall_at_k {} } } } }",
+     r"mmoe.task_towers\[0\].metrics\[0\].recall_at_k is not supported: it is a metric of "
+     r"TorchEasyRec's match"),
+    ("model_config { multi_tower_din {} metrics { multiclass_auc { average: 'micro' } } }",
+     r"model_config.metrics\[0\].multiclass_auc.average='micro'; allowed: macro, weighted"),
+    ("model_config { multi_tower_din {} metrics { multiclass_auc { thresholds: 1 } } }",
+     r"model_config.metrics\[0\].multiclass_auc.thresholds=1; allowed: 2 or more"),
     ("model_config { multi_tower_din {} metrics {} }",
      r"model_config.metrics\[0\] sets no metric; set one of auc, "),
-    ("model_config { multi_tower_din {} metrics { accuracy { top_k: 3 } } }",
-     r"model_config.metrics\[0\].accuracy.top_k=3 is not supported"),
+    ("model_config { multi_tower_din {} metrics { accuracy { top_k: 0 } } }",
+     r"model_config.metrics\[0\].accuracy.top_k=0; allowed: 1 or more"),
     ("model_config { multi_tower_din {} metrics { auc { thresholds: 1 } } }",
      r"model_config.metrics\[0\].auc.thresholds=1; allowed: 2 or more \(default 200\)"),
-    ("model_config { mmoe { expert_mlp { hidden_units: [4] } num_expert: 2 "
-     "task_towers { tower_name: 'ctr' label_name: 'clk' "
-     "losses { jrc_loss { session_name: 'u' } } } } }",
-     r"mmoe.task_towers\[0\].losses\[0\].jrc_loss is not supported"),
-], ids=["no-model", "loss", "sparse-optimizer",
-        "dataset", "jrc-loss", "focal-loss", "empty-loss", "recall-at-k", "multiclass-auc",
-        "empty-metric", "accuracy-top-k", "auc-thresholds", "task-jrc-loss"])
+], ids=["no-model", "sparse-optimizer", "dataset", "empty-loss", "recall-at-k",
+        "task-recall-at-k", "multiclass-auc-average", "multiclass-auc-thresholds",
+        "empty-metric", "accuracy-top-k-0", "auc-thresholds"])
 def test_unsupported_fields(text, message):
     config = parse_pipeline_config(f'model_dir: "m"\n{text}')
     with pytest.raises(ConfigError, match=message):
         validate_pipeline_config(config)
+
+
+def test_the_losses_and_metrics_listed_are_those_built():
+    from hashrec.config import validate
+    from hashrec.models.losses import LOSSES
+    from hashrec.train.metrics import SUPPORTED_METRICS as BUILT
+
+    assert validate.SUPPORTED_LOSSES == LOSSES
+    assert validate.SUPPORTED_METRICS == BUILT
+
+
+@pytest.mark.parametrize("loss", ["binary_focal_loss { gamma: 1 alpha: 0.25 }",
+                                  "softmax_cross_entropy { label_smoothing: 0.1 }",
+                                  "jrc_loss { session_name: 'u' alpha: 0.3 }"])
+def test_torcheasyrec_losses_are_accepted(loss):
+    config = parse_pipeline_config(f'model_dir: "m"\nmodel_config {{ multi_tower_din {{}} '
+                                   f'losses {{ {loss} }} metrics {{ accuracy {{ top_k: 3 }} }} '
+                                   f'metrics {{ multiclass_auc {{ average: "weighted" }} }} }}')
+    validate_pipeline_config(config)
 
 
 def test_accuracy_top_k_of_one_is_accepted():

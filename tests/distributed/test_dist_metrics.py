@@ -86,3 +86,51 @@ def test_grouped_auc_gathers_every_rank_rows(tmp_path):
     (ranks,) = run_world({"gauc": scenario_grouped_auc}, 2, tmp_path).values()
     expected = grouped_auc(*_grouped_rows())
     assert ranks == [pytest.approx(expected, abs=1e-12)] * 2
+
+
+def _class_rows():
+    gen = torch.Generator().manual_seed(5)
+    labels = torch.randint(0, 3, (50,), generator=gen)
+    probs = torch.softmax(torch.randn(50, 3, generator=gen) + 2.0 * torch.nn.functional.one_hot(
+        labels, 3), dim=-1)
+    return probs, labels.float()
+
+
+def scenario_class_metrics(ctx):
+    import torch.distributed as dist
+
+    from hashrec.train.class_metrics import MulticlassBinnedAUC, TopKAccuracy
+
+    probs, labels = _class_rows()
+    mine = slice(0, 30) if ctx.rank == 0 else slice(30, 50)  # unequal shares
+    calls = []
+    reduce = dist.all_reduce
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return reduce(*args, **kwargs)
+
+    dist.all_reduce = counted
+    results = []
+    try:
+        for metric in (MulticlassBinnedAUC(3, 50, "weighted"), TopKAccuracy(3, 2)):
+            metric.update(probs[mine], labels[mine])
+            before = len(calls)
+            metric.sync()
+            results.append((metric.compute(), len(calls) - before))
+    finally:
+        dist.all_reduce = reduce
+    return results
+
+
+def test_class_metrics_sum_every_rank_rows_in_one_all_reduce(tmp_path):
+    from dist_workers import run_world
+
+    from hashrec.train.class_metrics import MulticlassBinnedAUC, TopKAccuracy
+
+    (ranks,) = run_world({"class": scenario_class_metrics}, 2, tmp_path).values()
+    expected = []
+    for metric in (MulticlassBinnedAUC(3, 50, "weighted"), TopKAccuracy(3, 2)):
+        metric.update(*_class_rows())
+        expected.append((pytest.approx(metric.compute(), abs=1e-12), 1))
+    assert ranks == [expected] * 2

@@ -144,19 +144,41 @@ model_config {
 """
 
 
-@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE], ids=["mmoe", "dbmtl", "ple"])
+# MMoE with a tower of three classes and a jrc_loss tower (two classes, sessions of the
+# user_id feature, row weights): the captured loss reads the sessions as a target.
+CLASSES = """
+model_config {
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  mmoe {
+    expert_mlp { hidden_units: [16, 8] } num_expert: 2
+    task_towers { tower_name: "level" label_name: "level" num_class: 3
+                  losses { softmax_cross_entropy { label_smoothing: 0.1 } } }
+    task_towers { tower_name: "jrc" label_name: "clk" num_class: 2 sample_weight_name: "w"
+                  losses { jrc_loss { session_name: "user_id" alpha: 0.3 } } }
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE, CLASSES],
+                         ids=["mmoe", "dbmtl", "ple", "classes"])
 def test_multi_task_model_trains_graphed_like_eager(tmp_path, model):
-    # (B, tasks) logits, labels and row weights (sample weights; MMoE's score task also
-    # in the click space), an l2_loss task weighted 0.5, through the captured loss.
+    # (B, logits) logits, labels and row weights (sample weights; MMoE's score task also
+    # in the click space), an l2_loss task weighted 0.5, towers of classes, through the
+    # captured loss.
     data = str(tmp_path / "data")
     generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])
     _add_weights(data)
     for path in glob.glob(os.path.join(data, "*.parquet")):
         table = pq.read_table(path)
-        score = np.random.default_rng(1).normal(2.0, 1.0, table.num_rows).astype(np.float32)
-        pq.write_table(table.append_column("score", pa.array(score)), path)
+        rng = np.random.default_rng(1)
+        score = rng.normal(2.0, 1.0, table.num_rows).astype(np.float32)
+        level = rng.integers(0, 3, table.num_rows)
+        pq.write_table(table.append_column("score", pa.array(score))
+                       .append_column("level", pa.array(level)), path)
     text = f'model_dir: "{tmp_path}/model"\n{FEATURES}{model}'.replace(
-        'label_fields: "clk"', 'label_fields: ["clk", "score"]')
+        'label_fields: "clk"', 'label_fields: ["clk", "score", "level"]')
     base = parse_pipeline_config(text)
     eager, none = _losses(data, tmp_path, False, "", weighted=True, base=base)
     graphed, captured = _losses(data, tmp_path, True, "", weighted=True, base=base)

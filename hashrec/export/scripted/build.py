@@ -25,9 +25,11 @@ from hashrec.export.scripted.lookup import EmbeddingLookup, FeatureLayout, Table
 
 class InferenceModel(nn.Module):
     """Parsed inputs -> {"logits": (B,), "probs": (B,)}; a regression model's (l2_loss)
-    -> {"logits": (B,), "y": (B,)}, ``y`` the logits themselves. A multi-task model's
-    head gives (B, tasks) logits: each task's ``logits<suffix>`` and ``probs<suffix>``
-    (``y<suffix>``), suffix ``_<tower_name>`` (``hashrec.models.tasks``).
+    -> {"logits": (B,), "y": (B,)}, ``y`` the logits themselves; a model of C > 1 classes
+    -> {"logits": (B, C), "probs": (B, C) their softmax} and with two classes "probs1"
+    (B,), probs[:, 1]. A multi-task model's head gives each task's ``num_class`` logits
+    side by side: each task's outputs as a single-task model's, suffix ``_<tower_name>``
+    (``hashrec.models.tasks``).
 
     Inputs (name -> tensor): ``values`` (n,) int64 ids and ``lengths`` (B,) bag
     sizes of every sparse feature; ``weights`` (n,) of weighted features;
@@ -37,10 +39,11 @@ class InferenceModel(nn.Module):
 
     suffixes: list[str]
     regression: list[bool]
+    num_classes: list[int]
     multi_task: bool
 
     def __init__(self, embedding: EmbeddingLookup, head: nn.Module,
-                 regression: bool = False, tasks=None) -> None:
+                 regression: bool = False, tasks=None, num_class: int = 1) -> None:
         super().__init__()
         self.embedding = embedding
         self.head = head
@@ -48,6 +51,7 @@ class InferenceModel(nn.Module):
         self.multi_task = tasks is not None
         self.suffixes = [t.suffix for t in tasks] if tasks is not None else [""]
         self.regression = [t.regression for t in tasks] if tasks is not None else [regression]
+        self.num_classes = [t.num_class for t in tasks] if tasks is not None else [num_class]
 
     def forward(self, values: dict[str, torch.Tensor], lengths: dict[str, torch.Tensor],
                 weights: dict[str, torch.Tensor], dense: dict[str, torch.Tensor],
@@ -55,11 +59,22 @@ class InferenceModel(nn.Module):
         pooled, sequences, sequence_lengths = self.embedding(values, lengths, weights)
         logits = self.head(pooled, sequences, sequence_lengths, dense, sequence_dense).float()
         out: dict[str, torch.Tensor] = {}
+        start = 0
         for i, suffix in enumerate(self.suffixes):
-            task_logits = logits[:, i] if self.multi_task else logits
+            width = self.num_classes[i]
+            task_logits = logits
+            if self.multi_task:
+                task_logits = logits[:, start] if width == 1 else \
+                    logits[:, start:start + width]
+            start += width
             out["logits" + suffix] = task_logits
             if self.regression[i]:
                 out["y" + suffix] = task_logits
+            elif width > 1:
+                probs = torch.softmax(task_logits, dim=-1)
+                out["probs" + suffix] = probs
+                if width == 2:
+                    out["probs1" + suffix] = probs[:, 1]
             else:
                 out["probs" + suffix] = torch.sigmoid(task_logits)
         return out
@@ -123,7 +138,8 @@ def build_inference_model(model: nn.Module, feature_set,
     head = copy.deepcopy(dense_head(model)).cpu().eval()
     tasks = model.tasks if getattr(model, "multi_task", False) else None
     return InferenceModel(EmbeddingLookup(lookups, features), head,
-                          bool(getattr(model, "regression", False)), tasks).eval()
+                          bool(getattr(model, "regression", False)), tasks,
+                          int(getattr(model, "num_class", 1))).eval()
 
 
 # Models up to this size are serialized in memory and written by Python; larger ones

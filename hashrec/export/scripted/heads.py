@@ -116,7 +116,8 @@ class DINTower(nn.Module):
 
 
 class TowersHead(nn.Module):
-    """Towers' outputs concatenated -> final MLP (or identity) -> linear -> logits (B,)."""
+    """Towers' outputs concatenated -> final MLP (or identity) -> linear -> logits (B,), or
+    (B, num_class)."""
 
     def __init__(self, towers: list[nn.Module], final: nn.Module | None,
                  output: nn.Module) -> None:
