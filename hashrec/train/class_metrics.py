@@ -62,7 +62,7 @@ class MulticlassBinnedAUC:
     def update(self, probs: torch.Tensor, labels: torch.Tensor) -> None:
         """Add probabilities (n, C) and class ids (n,)."""
         device = self.state.device
-        probs = probs.detach().float().reshape(-1, self.num_classes).to(device)
+        probs = probs.detach().float().reshape(-1, self.num_classes).to(device).contiguous()
         classes = labels.detach().reshape(-1).to(device).long()
         bins = (torch.bucketize(probs, self.thresholds, right=True) - 1).clamp_(
             0, self.num_bins - 1)
@@ -114,7 +114,7 @@ class TopKAccuracy:
     def update(self, probs: torch.Tensor, labels: torch.Tensor) -> None:
         """Add probabilities (n, C) and class ids (n,)."""
         device = self.state.device
-        probs = probs.detach().float().reshape(-1, self.num_classes).to(device)
+        probs = probs.detach().float().reshape(-1, self.num_classes).to(device).contiguous()
         classes = labels.detach().reshape(-1).to(device).long()
         if self.top_k == 1:
             right = probs.argmax(dim=-1) == classes

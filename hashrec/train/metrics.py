@@ -59,7 +59,9 @@ class BinnedAUC:
 
     def update(self, probs: torch.Tensor, labels: torch.Tensor) -> None:
         """Add probabilities (n,) in [0, 1] and binary labels (n,)."""
-        probs = probs.detach().float().reshape(-1).to(self.positives.device)
+        # contiguous: a two-class task's probs1 is a strided column, which bucketize
+        # would copy with a UserWarning
+        probs = probs.detach().float().reshape(-1).to(self.positives.device).contiguous()
         labels = labels.detach().reshape(-1).to(self.positives.device)
         # Bin k holds the probabilities that the k-th threshold, k / (num_bins - 1),
         # calls positive (p >= it) and the next one does not.

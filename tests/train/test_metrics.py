@@ -1,8 +1,10 @@
 import math
+import warnings
 
 import pytest
 import torch
 
+from hashrec.train.class_metrics import MulticlassBinnedAUC
 from hashrec.train.metrics import (
     Accuracy,
     BinnedAUC,
@@ -144,3 +146,21 @@ def test_build_metrics_default_and_thresholds():
     metrics = build_metrics(config.metrics)
     assert set(metrics) == {"auc", "accuracy"} and metrics["auc"].num_bins == 64
     assert set(build_metrics([])) == {"auc"}
+
+
+@pytest.mark.parametrize("metric", [BinnedAUC(), MulticlassBinnedAUC(2, 200, "macro")],
+                         ids=["auc", "multiclass_auc"])
+def test_strided_probabilities_bin_without_a_torch_warning(metric):
+    # A two-class task's auc reads probs1 = probs[:, 1], a strided view: binning it as is
+    # made torch warn (searchsorted's non-contiguous input) in every evaluation's log.
+    probs = torch.softmax(torch.randn(64, 4), dim=1)
+    strided = probs[:, 1] if isinstance(metric, BinnedAUC) else probs[:, ::2]
+    labels = (torch.arange(64) % 2).double()
+    torch.set_warn_always(True)  # torch warns once a process; a test before may have
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            metric.update(strided, labels)
+    finally:
+        torch.set_warn_always(False)
+    assert math.isfinite(metric.compute())
