@@ -23,9 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m hashrec.eval",
         description="Evaluate a checkpoint on eval_input_path. The step, the model's metrics "
                     "(model_config.metrics, or each task tower's with the tower name after "
-                    "them; auc by default, mean_squared_error for l2_loss), the loss and the "
-                    "rows evaluated are logged and appended as one JSON line to "
-                    "<model_dir>/eval_result.txt.")
+                    "them; by default auc, multiclass_auc for more than two classes, "
+                    "mean_squared_error for l2_loss), the loss (the total that training minimizes), each "
+                    "loss under its name and the rows evaluated are logged and appended as one "
+                    "JSON line to <model_dir>/eval_result.txt.")
     add_config_arguments(parser)
     parser.add_argument("--checkpoint_path", default=None,
                         help="a model.ckpt-<step> directory or a model_dir; default: the latest "

@@ -50,3 +50,15 @@ def test_links_and_named_results_exist(doc):
         if not any((where / name).exists() for where in (results, ROOT, base)):
             missing.append(name)
     assert missing == []
+
+
+def test_eval_help_names_every_default_metric():
+    from hashrec.eval import build_parser
+    from hashrec.train.metrics import build_metrics
+
+    text = " ".join(build_parser().format_help().split())
+    defaults = {name for regression, num_class in ((False, 1), (False, 2), (False, 3),
+                                                   (True, 1))
+                for name in build_metrics([], regression=regression, num_class=num_class)}
+    assert {"auc", "multiclass_auc", "mean_squared_error"} == defaults
+    assert [name for name in sorted(defaults) if f" {name}" not in text] == []
