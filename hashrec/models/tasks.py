@@ -22,6 +22,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 
+from hashrec.config.floats import proto_float
 from hashrec.models.errors import ModelError
 from hashrec.models.losses import BINARY_LOSSES, CLASS_LOSSES, LOSSES, LossSpec
 
@@ -162,6 +163,8 @@ def _spec_of(config, name: str, where: str) -> LossSpec:
     kwargs = {field_name: getattr(options, field_name)
               for field_name in ("gamma", "alpha", "label_smoothing", "session_name")
               if field_name in options.DESCRIPTOR.fields_by_name}
+    # float fields hold float32: take the value the config wrote (0.1, not 0.100000001)
+    kwargs = {k: proto_float(v) if isinstance(v, float) else v for k, v in kwargs.items()}
     try:
         return LossSpec(name, **kwargs)
     except ValueError as err:
@@ -263,7 +266,7 @@ def _row_weighting(tower, where: str, labels: list[str], weights: list[str]) -> 
                          f"data_config.label_fields ({', '.join(labels)}); add it there")
     factors = {}
     for field_name in ("in_task_space_weight", "out_task_space_weight"):
-        value = float(getattr(tower, field_name))
+        value = proto_float(float(getattr(tower, field_name)))
         if not (math.isfinite(value) and value >= 0):
             raise ModelError(f"{where}.{field_name}={value}; a row loss weight's factor "
                              f"must be a finite number >= 0")

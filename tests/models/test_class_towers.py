@@ -131,7 +131,13 @@ def test_a_single_task_model_of_two_classes_gives_probs1():
      r"task_towers\['t'\].losses.binary_focal_loss: alpha=0.0; allowed: a number in "
      r"\(0, 1\)"),
     ("num_class: 2 losses { jrc_loss { session_name: '' } }", r"session_name is empty"),
-], ids=["bce-3", "softmax-1", "jrc-3", "l2-2", "focal-alpha", "jrc-no-session"])
+    # a float field holds float32: the message names the -0.1 written, not -0.100000001
+    ("num_class: 3 losses { softmax_cross_entropy { label_smoothing: -0.1 } }",
+     r"softmax_cross_entropy: label_smoothing=-0.1; allowed: a number in \[0, 1\]$"),
+    ("task_space_indicator_label: 'clk' out_task_space_weight: -0.1",
+     r"out_task_space_weight=-0.1; a row loss weight's factor must be a finite number"),
+], ids=["bce-3", "softmax-1", "jrc-3", "l2-2", "focal-alpha", "jrc-no-session",
+        "smoothing-float32", "task-space-float32"])
 def test_loss_and_num_class_that_do_not_fit_are_refused(tower, message):
     with pytest.raises(ModelError, match=message):
         _model("mmoe", f'task_towers {{ tower_name: "t" label_name: "clk" {tower} }}')
