@@ -282,8 +282,11 @@ def _check_id_feature(key: str, feature_set, what: str, why: str) -> None:
     (the field, where it is set) and ``why`` it needs one."""
     ids = feature_set.id_features()
     if key not in ids:
+        # The features giving ids are id and combo features and raw features bucketized by
+        # boundaries: the list says so, so that a raw feature in it is no surprise.
         raise TrainError(f"{what} {key!r} is not an id feature; it must name one of "
-                         f"feature_configs' id features ({', '.join(ids) or 'none'}), {why}")
+                         f"feature_configs' features that give ids (id features, or raw "
+                         f"features with boundaries: {', '.join(ids) or 'none'}), {why}")
 
 
 def grouping_ids(batch, metric: GroupedAUC) -> torch.Tensor:

@@ -159,5 +159,7 @@ def test_two_classes_take_auc_and_grouped_auc():
 def test_a_jrc_session_name_that_is_no_id_feature_is_refused():
     with pytest.raises(TrainError, match=r"model_config.losses: jrc_loss session_name "
                                          r"'price' is not an id feature; it must name one "
-                                         r"of feature_configs' id features \(user_id\)"):
+                                         r"of feature_configs' features that give ids \(id "
+                                         r"features, or raw features with boundaries: "
+                                         r"user_id\), whose first id"):
         _check("", 2, "jrc_loss { session_name: 'price' }")
