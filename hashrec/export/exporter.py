@@ -57,7 +57,8 @@ def _restored_session(config, checkpoint_path: str | None, rank: int, world_size
 
     source = checkpoint_path or config.model_dir
     best = BestBy.from_config(config)
-    agreed_checkpoint(source, best)  # nothing there: say so before building
+    # Nothing there: say so before building (the best one is chosen, and named, after).
+    agreed_checkpoint(source)
     session = build_session(config, rank, world_size, ctx=ctx)
     path, meta_json = restore_resolved(
         source, lambda path: restore_checkpoint(path, session.model, None,
