@@ -49,8 +49,7 @@ class FeatureSet:
         tables: the embedding tables they read.
         label_fields: label columns.
         binary_labels: label columns whose values must be 0 or 1 (those a binary
-            cross-entropy or focal loss trains on); a mapping gives each its loss, for
-            messages.
+            cross-entropy or focal loss trains on) -> that loss, named by the error.
         class_labels: label column -> C, for the columns whose values must be class ids
             0 .. C-1 (those a task of C > 1 classes trains on; the fewest classes where
             tasks of several counts read one column).
@@ -69,7 +68,7 @@ class FeatureSet:
 
     def __init__(self, features: list[Feature], tables: list[EmbeddingTableSpec],
                  label_fields: list[str],
-                 binary_labels: Iterable[str] | Mapping[str, str] = (),
+                 binary_labels: Mapping[str, str] | None = None,
                  sample_weight_fields: Iterable[str] = (),
                  left_out: tuple[str, ...] = (), unembedded: tuple[str, ...] = (),
                  wide: WideEmbeddings | None = None,
@@ -79,9 +78,7 @@ class FeatureSet:
         self._wide = wide or WideEmbeddings()
         self._wide_names = frozenset(spec.name for spec in self._wide.features)
         self.label_fields = list(label_fields)
-        self.binary_labels = frozenset(binary_labels)
-        self._binary_losses = dict(binary_labels) if isinstance(binary_labels, Mapping) \
-            else {}
+        self.binary_losses = dict(binary_labels or {})
         self.class_labels = dict(class_labels or {})
         self.sample_weight_fields = tuple(sample_weight_fields)
         # Columns read only with the labels: the labels and the sample weights.
@@ -99,6 +96,11 @@ class FeatureSet:
         columns = [c for f in features for c in f.columns]
         self.feature_columns = list(dict.fromkeys(columns))
         self.input_columns = list(dict.fromkeys(self.feature_columns + self.target_columns))
+
+    @property
+    def binary_labels(self) -> frozenset[str]:
+        """The label columns whose values must be 0 or 1."""
+        return frozenset(self.binary_losses)
 
     def embedding_tables(self) -> list[EmbeddingTableSpec]:
         """The features' tables, then the wide tables."""
@@ -214,8 +216,8 @@ class FeatureSet:
             row = int(np.flatnonzero(pc.is_null(numbers).to_numpy(zero_copy_only=False))[0])
             raise FeatureError(f"label column {name!r}", row, "the label is null")
         values = pc.cast(numbers, pa.float32()).to_numpy(zero_copy_only=False).copy()
-        if name in self.binary_labels:
-            loss = self._binary_losses.get(name, "binary_cross_entropy")
+        loss = self.binary_losses.get(name)
+        if loss is not None:
             _check_label(array, name, (values != 0) & (values != 1),  # NaN included
                          f"is not 0 or 1; {loss} trains on 0/1 labels (fix the data or "
                          f"choose another label column)")

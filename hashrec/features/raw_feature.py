@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 import torch
 
 from hashrec.config.errors import ConfigError
+from hashrec.config.floats import proto_float
 from hashrec.features.base import (
     Feature,
     SparseIds,
@@ -211,13 +212,13 @@ def _boundaries(values, feature: str) -> tuple[float, ...]:
 
     The config field is float32, so ``0.1`` arrives as 0.10000000149; compared with
     float64 values as it is, a value of exactly 0.1 would fall below its boundary.
-    Each boundary is read back as the shortest decimal of its float32.
+    Each boundary is read back as the shortest decimal of its float32 (``proto_float``).
     """
     out = []
     for value in values:
         if not math.isfinite(value):
             raise ConfigError(f"feature {feature!r}: boundaries must be finite, got {value}")
-        out.append(float(str(np.float32(value))))
+        out.append(proto_float(value))
     for before, after in zip(out, out[1:]):
         if after <= before:
             raise ConfigError(f"feature {feature!r}: boundaries must be strictly ascending, "

@@ -16,6 +16,7 @@ from torch import nn
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import GroupSpec, build_group_spec, feature_infos
 from hashrec.models.losses import task_loss
+from hashrec.models.outputs import split_task_logits, task_outputs
 from hashrec.models.tasks import MULTI_TASK_MODELS, model_tasks
 from hashrec.modules import MLP, MLPOptions
 
@@ -178,29 +179,12 @@ class RankModel(nn.Module):
     def task_logits(self, logits: torch.Tensor) -> list[torch.Tensor]:
         """The dense network's logits -> each task's: (B,) for one logit, (B, C) for C
         classes."""
-        if not self.multi_task:
-            return [logits]
-        out, start = [], 0
-        for task in self.tasks:
-            width = task.num_class
-            out.append(logits[:, start] if width == 1 else logits[:, start:start + width])
-            start += width
-        return out
+        return split_task_logits(logits, [t.num_class for t in self.tasks], self.multi_task)
 
     def predictions(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
         """The dense network's logits -> each task's outputs (``forward``)."""
-        out = {}
-        for task, task_logits in zip(self.tasks, self.task_logits(logits)):
-            out[task.logits] = task_logits
-            if task.regression:
-                out[task.prediction] = task_logits
-            elif task.multi_class:
-                out[task.prediction] = torch.softmax(task_logits, dim=-1)
-                if task.num_class == 2:
-                    out[task.positive_probs] = out[task.prediction][:, 1]
-            else:
-                out[task.prediction] = torch.sigmoid(task_logits)
-        return out
+        return task_outputs(self.task_logits(logits), [t.suffix for t in self.tasks],
+                            [t.regression for t in self.tasks])
 
     def labels(self, batch) -> torch.Tensor:
         """The batch's (B,) float32 labels of ``label_fields[0]``; a multi-task model's

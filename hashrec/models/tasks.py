@@ -89,11 +89,6 @@ class Task:
         return self.loss.name == "l2_loss"
 
     @property
-    def multi_class(self) -> bool:
-        """Whether the task has several logits a row (softmax over classes)."""
-        return self.num_class > 1
-
-    @property
     def prediction(self) -> str:
         """The prediction's output name: ``probs<suffix>`` or ``y<suffix>``."""
         return ("y" if self.regression else "probs") + self.suffix

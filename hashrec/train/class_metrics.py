@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import torch
 
+from hashrec.config.validate import MULTICLASS_AUC_AVERAGES
 from hashrec.train.errors import TrainError
 from hashrec.train.metrics import all_reduce_tensors
-
-# multiclass_auc's averages, as TorchEasyRec documents them.
-AVERAGES = ("macro", "weighted")
 
 
 class MulticlassBinnedAUC:
@@ -47,9 +45,9 @@ class MulticlassBinnedAUC:
             raise TrainError(f"multiclass_auc of {num_classes} class; allowed: 2 or more")
         if num_bins < 2:
             raise TrainError(f"multiclass_auc thresholds={num_bins}; allowed: >= 2")
-        if average not in AVERAGES:
+        if average not in MULTICLASS_AUC_AVERAGES:
             raise TrainError(f"multiclass_auc average={average!r}; allowed: "
-                             f"{', '.join(AVERAGES)}")
+                             f"{', '.join(MULTICLASS_AUC_AVERAGES)}")
         self.num_classes, self.num_bins, self.average = num_classes, num_bins, average
         # torchmetrics' float32 thresholds, so that a probability on one falls where
         # torchmetrics puts it (as BinnedAUC).

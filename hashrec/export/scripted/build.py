@@ -21,6 +21,7 @@ from hashrec.export import meta
 from hashrec.export.errors import ExportError
 from hashrec.export.scripted.heads import dense_head
 from hashrec.export.scripted.lookup import EmbeddingLookup, FeatureLayout, TableLookup
+from hashrec.models.outputs import split_task_logits, task_outputs
 
 
 class InferenceModel(nn.Module):
@@ -58,26 +59,8 @@ class InferenceModel(nn.Module):
                 sequence_dense: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         pooled, sequences, sequence_lengths = self.embedding(values, lengths, weights)
         logits = self.head(pooled, sequences, sequence_lengths, dense, sequence_dense).float()
-        out: dict[str, torch.Tensor] = {}
-        start = 0
-        for i, suffix in enumerate(self.suffixes):
-            width = self.num_classes[i]
-            task_logits = logits
-            if self.multi_task:
-                task_logits = logits[:, start] if width == 1 else \
-                    logits[:, start:start + width]
-            start += width
-            out["logits" + suffix] = task_logits
-            if self.regression[i]:
-                out["y" + suffix] = task_logits
-            elif width > 1:
-                probs = torch.softmax(task_logits, dim=-1)
-                out["probs" + suffix] = probs
-                if width == 2:
-                    out["probs1" + suffix] = probs[:, 1]
-            else:
-                out["probs" + suffix] = torch.sigmoid(task_logits)
-        return out
+        return task_outputs(split_task_logits(logits, self.num_classes, self.multi_task),
+                            self.suffixes, self.regression)
 
 
 def load_hashmaps(export_dir: str, world_size: int, tables: list[str]
