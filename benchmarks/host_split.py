@@ -57,7 +57,7 @@ def _targets():
         sharded_lookup,
     )
     from hashrec.embedding import batching, collection, dedup_graphs, emit, lookup, sharded
-    from hashrec.table import fixed_lookup, hash_table, lookup_graphs
+    from hashrec.table import fixed_lookup, hash_table, lookup_graphs, table_refusals
     from hashrec.train import graphs, loop, precision, prefetch
 
     return [
@@ -78,7 +78,7 @@ def _targets():
         (lookup_graphs.LookupGraphs, "_replay", None),
         (lookup_graphs.LookupGraphs, "_check_owner", None),
         (fixed_lookup.FixedSizeLookup, "_add_device_counts", None),
-        (fixed_lookup.FixedSizeLookup, "_report_refused_fixed", None),
+        (table_refusals.TableRefusals, "_report_refused_fixed", None),
         (dedup_graphs.DedupGraphs, "sort", None),
         (torch.cuda.CUDAGraph, "replay", None),
         (collection, "emit_storage", None),

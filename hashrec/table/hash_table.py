@@ -40,6 +40,7 @@ from hashrec.table.options import InitializerArgs, ScoreStrategy, TableOptions
 from hashrec.table.storage import TableStorage
 from hashrec.table.table_growth import TableGrowth
 from hashrec.table.table_growth import take as _take
+from hashrec.table.table_refusals import TableRefusals
 from hashrec.table.table_report import TableReport
 from hashrec.table.table_state import TableState
 from hashrec.table.tiers import index_row_dim, make_row_store
@@ -74,7 +75,7 @@ class LookupResult(NamedTuple):
     version: int = -1
 
 
-class HashTable(FixedSizeLookup, TableGrowth, TableState, TableReport):
+class HashTable(FixedSizeLookup, TableGrowth, TableState, TableRefusals, TableReport):
     """Dynamic embedding table (see the module docstring for scores and growth).
 
     Args:
@@ -205,12 +206,6 @@ class HashTable(FixedSizeLookup, TableGrowth, TableState, TableReport):
         if self.options.score_strategy is ScoreStrategy.LFU:
             return counts  # read only: the insert copies scores into the table
         return self._now(counts.numel())
-
-    def _report_refused(self, refused: int) -> None:
-        if refused == 0:
-            return
-        self._stats["refused"] += refused
-        self._announce_refused(refused)
 
     # ------------------------------------------------------------ core write
     def _upsert(self, keys: torch.Tensor, tags: torch.Tensor | None, counts: torch.Tensor,
