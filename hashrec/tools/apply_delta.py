@@ -21,7 +21,7 @@ import sys
 
 from hashrec.checkpoint import CheckpointError, apply_deltas
 from hashrec.checkpoint.table_io import DEFAULT_CHUNK_ROWS
-from hashrec.train.interrupt import Terminated, terminate_raises
+from hashrec.train.interrupt import Terminated, report_stop, terminate_raises
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,12 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as e:
         print(f"apply_delta: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("apply_delta: interrupted (no output written)", file=sys.stderr)
-        return 130
-    except Terminated as stop:
-        print("apply_delta: stopped by SIGTERM (no output written)", file=sys.stderr)
-        return stop.exit_code
+    except (KeyboardInterrupt, Terminated) as stop:
+        return report_stop(stop, "no output written", prefix="apply_delta: ")
     print(out)
     return 0
 

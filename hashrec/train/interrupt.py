@@ -28,6 +28,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -73,6 +74,17 @@ def terminate_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def report_stop(stop: KeyboardInterrupt | Terminated, undone: str, prefix: str = "") -> int:
+    """Prints a command's stop by Ctrl-C or SIGTERM as one stderr line (``prefix``, then
+    ``interrupted`` or ``stopped by SIGTERM``, then ``(undone)``) and returns its exit
+    code: 130 or 143."""
+    if isinstance(stop, Terminated):
+        print(f"{prefix}stopped by SIGTERM ({undone})", file=sys.stderr)
+        return stop.exit_code
+    print(f"{prefix}interrupted ({undone})", file=sys.stderr)
+    return 128 + int(signal.SIGINT)
 
 
 class StopSignals:

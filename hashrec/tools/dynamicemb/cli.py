@@ -13,7 +13,7 @@ from hashrec.checkpoint import CheckpointError
 from hashrec.distributed import DistributedError
 from hashrec.table import TableError
 from hashrec.tools.dynamicemb.errors import MigrationError
-from hashrec.train.interrupt import Terminated, terminate_raises
+from hashrec.train.interrupt import Terminated, report_stop, terminate_raises
 
 
 def world_size_arg(text: str) -> int:
@@ -60,10 +60,6 @@ def run_tool(world_size: int | None, main: Callable[[], object]) -> int:
     except (MigrationError, CheckpointError, ValueError, DistributedError, TableError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted (no checkpoint written)", file=sys.stderr)
-        return 130
-    except Terminated as stop:
-        print("stopped by SIGTERM (no checkpoint written)", file=sys.stderr)
-        return stop.exit_code
+    except (KeyboardInterrupt, Terminated) as stop:
+        return report_stop(stop, "no checkpoint written")
     return 0
