@@ -15,6 +15,7 @@ take integers only, read any decimal integer text (``"+7"``, ``"007"``: 7).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +34,8 @@ from hashrec.features.tokens import (
 from hashrec.features.xxh64 import xxh64_tokens
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+logger = logging.getLogger("hashrec.features")
 
 
 def _is_text(kind: pa.DataType) -> bool:
@@ -319,10 +322,27 @@ def _vocab(cfg, feature: str, default_value: str) -> Vocab:
     else:
         tokens = tuple(cfg.vocab_dict.keys())
         token_ids = tuple(int(cfg.vocab_dict[t]) for t in tokens)
+        if not has_default:
+            _warn_reserved_ids(tokens, token_ids, feature, default_value)
     if len(set(tokens)) != len(tokens):
         raise ConfigError(f"feature {feature!r}: vocabulary has duplicate entries")
     return _vocab_of(tokens, token_ids, int(cfg.default_bucketize_value) if has_default else None,
                      default_value)
+
+
+def _warn_reserved_ids(tokens: tuple[str, ...], token_ids: tuple[int, ...], feature: str,
+                       default_value: str) -> None:
+    """Warn of vocab_dict entries on the rows that, without default_bucketize_value, the
+    out-of-vocabulary tokens (id 1) and a non-empty default_value (id 0) read, as
+    TorchEasyRec warns of ids below 2: such an entry trains one row with them."""
+    rows = {0: "the default_value's row", 1: "the out-of-vocabulary tokens' row"}
+    shared = [f"{token!r} on id {i}, {rows[i]}" for token, i in zip(tokens, token_ids)
+              if token != default_value and (i == 1 or (i == 0 and default_value))]
+    if shared:
+        logger.warning(
+            "feature %r: vocab_dict puts %s, which it then shares; without "
+            "default_bucketize_value ids 0 and 1 are those rows (as in TorchEasyRec): start "
+            "the ids at 2 or set default_bucketize_value", feature, "; ".join(shared))
 
 
 def _vocab_of(entries: tuple[str, ...], entry_ids: tuple[int, ...], bucketize_default: int | None,

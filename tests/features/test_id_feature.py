@@ -74,6 +74,25 @@ def test_vocab_dict(feature_set):
     assert fs.embedding_tables()[0].num_rows == 6
 
 
+@pytest.mark.parametrize("options, shared", [
+    ('vocab_dict { key: "x" value: 1 } vocab_dict { key: "y" value: 2 }', ["'x' on id 1"]),
+    ('default_value: "d" vocab_dict { key: "x" value: 0 } vocab_dict { key: "y" value: 3 }',
+     ["'x' on id 0"]),
+    ('vocab_dict { key: "x" value: 0 } vocab_dict { key: "y" value: 2 }', []),
+    ('default_value: "x" vocab_dict { key: "x" value: 1 } vocab_dict { key: "y" value: 2 }', []),
+    ('vocab_dict { key: "x" value: 1 } default_bucketize_value: 0', []),
+], ids=["oov-row", "default-row", "empty-default-no-row", "default-entry", "bucketize-value"])
+def test_vocab_dict_ids_on_default_or_oov_row_warn(feature_set, caplog, options, shared):
+    # TorchEasyRec warns of vocab_dict ids below 2 without default_bucketize_value: id 0
+    # is the default_value's row and id 1 the out-of-vocabulary tokens'.
+    with caplog.at_level("WARNING", logger="hashrec.features"):
+        feature_set(_id(options))
+    warned = [r.getMessage() for r in caplog.records if "vocab_dict puts" in r.getMessage()]
+    assert len(warned) == (1 if shared else 0)
+    for entry in shared:
+        assert entry in warned[0] and "'f'" in warned[0]
+
+
 def test_dynamicemb_keeps_raw_ids_and_hashes_strings(feature_set):
     fs = feature_set(_id("dynamicemb { max_capacity: 100 }"))
     big = 2**40 + 3
