@@ -32,8 +32,8 @@ _FEATURE_REFUSED = {
 }
 _IGNORED = {
     "TrainConfig": ("is_profiling", "tensorboard_summaries"),
-    # HashRec's loader turns the input columns into features itself, whatever these say.
-    "DataConfig": ("fg_mode", "fg_encoded", "fg_threads", "fg_encoded_multival_sep"),
+    # HashRec's loader turns the input columns into features itself (fg_mode_note).
+    "DataConfig": ("fg_threads", "fg_encoded_multival_sep"),
     "ExportConfig": ("mixed_precision",),
     # Feature generation's join key of a sequence; the columns are read as they are.
     "SequenceFeature": ("sequence_pk",),
@@ -150,3 +150,29 @@ def ignored_field_notes(config) -> list[str]:
             notes += [f"{name} of {label} (no boundaries, so no embedding)"
                       for name in _RAW_EMBEDDING if _set_off_default(feature, name)]
     return notes
+
+
+def fg_mode_note(config) -> str | None:
+    """A warning where the config says its input is already encoded by a feature
+    generation (``fg_mode`` FG_NONE or FG_BUCKETIZE set, or ``fg_encoded: true`` without
+    a mode): HashRec generates the features from raw input itself, as TorchEasyRec's
+    FG_DAG (and FG_NORMAL) does, so encoded ids would be hashed or bucketized again. None
+    for FG_DAG, FG_NORMAL or neither field set."""
+    if not config.HasField("data_config"):
+        return None
+    data = config.data_config
+    if data.HasField("fg_mode"):
+        mode = data.DESCRIPTOR.fields_by_name["fg_mode"].enum_type.values_by_number[
+            data.fg_mode].name
+        if mode in ("FG_DAG", "FG_NORMAL"):
+            return None
+        said = f"data_config.fg_mode is {mode}"
+    elif data.HasField("fg_encoded") and data.fg_encoded:
+        said = "data_config.fg_encoded is true"
+    else:
+        return None
+    return (f"{said} (input that a feature generation already encoded), but HashRec "
+            f"generates the features from raw input itself, as TorchEasyRec's FG_DAG does (a "
+            f"feature reads the column its expression names and hashes, bucketizes or "
+            f"normalizes it): encoded ids would be bucketized again and values joined by "
+            f"fg_encoded_multival_sep read as one; give it raw input and set fg_mode: FG_DAG")

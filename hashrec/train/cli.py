@@ -16,7 +16,7 @@ from hashrec.config import (
     load_pipeline_config,
     validate_pipeline_config,
 )
-from hashrec.config.unused import ignored_field_notes
+from hashrec.config.unused import fg_mode_note, ignored_field_notes
 from hashrec.train.errors import TrainError
 
 
@@ -46,6 +46,9 @@ def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | N
         logging.getLogger("hashrec").warning(
             "%s: HashRec ignores %s (they change nothing it trains)",
             args.pipeline_config_path, ", ".join(ignored))
+    encoded = fg_mode_note(config)
+    if encoded:
+        logging.getLogger("hashrec").warning("%s: %s", args.pipeline_config_path, encoded)
     return config
 
 

@@ -9,7 +9,7 @@ import pytest
 from google.protobuf import text_format
 
 from hashrec.config import load_pipeline_config
-from hashrec.config.unused import ignored_field_notes, unused_field_problems
+from hashrec.config.unused import fg_mode_note, ignored_field_notes, unused_field_problems
 
 EXAMPLE = "examples/multi_tower_din_taobao_dynamicemb.config"
 
@@ -45,14 +45,35 @@ def test_defaults_and_harmless_values_pass():
 
 
 def test_ignored_fields_are_noted():
-    assert ignored_field_notes(load_pipeline_config(EXAMPLE)) == []  # fg_mode: FG_NONE
+    assert ignored_field_notes(load_pipeline_config(EXAMPLE)) == []  # fg_mode: FG_DAG
     notes = ignored_field_notes(example_with(
         'train_config { is_profiling: true tensorboard_summaries: "loss" }\n'
-        "data_config { fg_mode: FG_DAG fg_encoded: true }"))
+        'data_config { fg_mode: FG_NONE fg_threads: 4 fg_encoded_multival_sep: "," }'))
     assert notes == ["train_config.is_profiling", "train_config.tensorboard_summaries",
-                     "data_config.fg_mode"]
+                     "data_config.fg_threads", "data_config.fg_encoded_multival_sep"]
     notes = ignored_field_notes(example_with('export_config { mixed_precision: "BF16" }'))
     assert notes == ["export_config.mixed_precision"]  # the export runs in float32
+
+
+@pytest.mark.parametrize("text, said", [
+    ("data_config { fg_mode: FG_NONE }", "fg_mode is FG_NONE"),
+    ("data_config { fg_mode: FG_BUCKETIZE }", "fg_mode is FG_BUCKETIZE"),
+    ("data_config { fg_encoded: true }", "fg_encoded is true"),
+    ("data_config { fg_mode: FG_NORMAL }", None),
+    ("data_config { fg_encoded: false }", None),
+    ("data_config { fg_mode: FG_DAG fg_encoded: true }", None),
+], ids=["none", "bucketize", "encoded", "normal", "not-encoded", "dag"])
+def test_input_said_to_be_encoded_is_warned_of(text, said):
+    # HashRec generates the features from raw input as FG_DAG does; a config that says
+    # its input is already encoded would have its ids bucketized again.
+    config = example_with(text)
+    config.data_config.ClearField("fg_mode")
+    note = fg_mode_note(text_format.Merge(text, config))
+    if said is None:
+        assert note is None
+    else:
+        assert said in note and "set fg_mode: FG_DAG" in note
+    assert fg_mode_note(load_pipeline_config(EXAMPLE)) is None
 
 
 def test_a_shuffle_buffer_without_shuffle_is_noted():
