@@ -44,8 +44,8 @@ def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | N
     ignored = ignored_field_notes(config)
     if ignored:
         logging.getLogger("hashrec").warning(
-            "%s: HashRec ignores %s (they change nothing it trains)",
-            args.pipeline_config_path, ", ".join(ignored))
+            "%s: HashRec ignores %s (%s nothing it trains)", args.pipeline_config_path,
+            ", ".join(ignored), "it changes" if len(ignored) == 1 else "they change")
     encoded = fg_mode_note(config)
     if encoded:
         logging.getLogger("hashrec").warning("%s: %s", args.pipeline_config_path, encoded)

@@ -141,3 +141,23 @@ def test_feature_generation_fields_at_their_defaults_are_not_noted():
         'num_buckets: 8 value_dim: 0 stub_type: false } }\n'
         "train_config { sparse_optimizer { rowwise_adagrad_optimizer { lr: 0.1 "
         "weight_decay_mode: NONE } } }")) == []
+
+
+@pytest.mark.parametrize("text, phrase", [
+    ("train_config { is_profiling: true }", "is_profiling (it changes nothing"),
+    ("train_config { is_profiling: true }\ndata_config { fg_threads: 2 }",
+     "fg_threads (they change nothing"),
+], ids=["one", "two"])
+def test_the_commands_log_ignored_fields_and_encoded_input(tmp_path, caplog, text, phrase):
+    import argparse
+    import logging
+
+    from hashrec.train.cli import load_effective_config
+
+    path = tmp_path / "pipeline.config"
+    config = example_with(text + "\ndata_config { fg_mode: FG_NONE }")
+    path.write_text(text_format.MessageToString(config))
+    args = argparse.Namespace(pipeline_config_path=str(path), edit_config_json=None)
+    with caplog.at_level(logging.WARNING, logger="hashrec"):
+        load_effective_config(args, {})
+    assert phrase in caplog.text and "fg_mode is FG_NONE" in caplog.text
