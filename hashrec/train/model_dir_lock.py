@@ -7,7 +7,9 @@ chief (rank 0) of a training run holds an advisory lock on ``<model_dir>/.hashre
 (``flock``) from before it reads the model_dir until it ends; a second run asking for it
 is refused at once, naming the holder. The operating system drops the lock when the
 process ends, however it ends, so a killed run leaves nothing to clean up (the file
-stays, unlocked).
+stays, unlocked). A ``flock`` belongs to the open file, which a forked child (a loader
+worker) shares: children close their copy at once, or a worker outliving a killed chief
+(it notices within seconds) would keep the model_dir locked.
 """
 
 from __future__ import annotations
@@ -23,6 +25,24 @@ from collections.abc import Iterator
 from hashrec.train.errors import TrainError
 
 LOCK_FILE = ".hashrec_lock"
+
+_held_fds: set[int] = set()  # lock files this process holds open, closed in forked children
+_fork_hook_registered = False
+
+
+def _close_in_child() -> None:
+    for fd in _held_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)  # the parent's copy keeps the lock
+    _held_fds.clear()
+
+
+def _close_on_fork(fd: int) -> None:
+    global _fork_hook_registered
+    if not _fork_hook_registered:
+        os.register_at_fork(after_in_child=_close_in_child)
+        _fork_hook_registered = True
+    _held_fds.add(fd)
 
 
 @contextlib.contextmanager
@@ -44,6 +64,7 @@ def model_dir_lock(model_dir: str, held: bool = True) -> Iterator[None]:
         raise TrainError(f"model_dir {model_dir!r}: cannot create its lock file "
                          f"{LOCK_FILE} ({err.strerror}); --model_dir must name a directory "
                          f"you can write") from None
+    _close_on_fork(fd)
     try:
         locked = True
         try:
@@ -58,6 +79,7 @@ def model_dir_lock(model_dir: str, held: bool = True) -> Iterator[None]:
             _record(fd)
         yield
     finally:
+        _held_fds.discard(fd)
         os.close(fd)  # drops the lock
 
 

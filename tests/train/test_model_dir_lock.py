@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from small_din import CONFIG
@@ -52,3 +54,26 @@ def test_train_and_evaluate_is_refused_while_another_process_trains_there(tmp_pa
         holder.wait()
     with model_dir_lock(str(model_dir)):
         pass
+
+
+def _sleep_after_start(started) -> None:
+    started.set()
+    time.sleep(60)
+
+
+def test_a_forked_child_does_not_keep_the_lock_after_its_parent_lets_go(tmp_path):
+    # A loader worker is forked while the chief holds the lock; a chief killed with
+    # SIGKILL leaves such a worker alive for seconds, which must not hold the model_dir.
+    model_dir = str(tmp_path / "m")
+    context = multiprocessing.get_context("fork")
+    started = context.Event()
+    with model_dir_lock(model_dir):
+        child = context.Process(target=_sleep_after_start, args=(started,), daemon=True)
+        child.start()
+        assert started.wait(30)
+    try:
+        with model_dir_lock(model_dir):  # the child is still alive
+            assert child.is_alive()
+    finally:
+        child.kill()
+        child.join()
