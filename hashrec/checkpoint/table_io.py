@@ -12,7 +12,9 @@ without slots (older checkpoints, applied dumps) load as inserts place entries.
 
 Loading reads every shard of a table (saved on any number of ranks) and keeps
 the entries this rank owns under the current world size
-(``owner_of(keys, world_size) == rank``), so N saving ranks load on M ranks.
+(``owner_of(keys, world_size) == rank``), so N saving ranks load on M ranks. Scores
+mean what the saving table's score_strategy made them (a step, microseconds, a count):
+a table of another strategy loads the rows with fresh scores (``initial_scores``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -57,10 +60,35 @@ def table_description(table: Any, tag_tables: list[str] | None = None) -> dict[s
         "dtype": dtype_name(options.dtype),
         "optimizer": optimizer_description(options.optimizer),
         "admission": options.admission is not None,
+        "score_strategy": options.score_strategy.value,
     }
     if tag_tables is not None:
         described[TAG_TABLES] = list(tag_tables)
     return described
+
+
+def initial_scores(table: Any, n: int) -> torch.Tensor:
+    """Scores of rows a table did not see being trained: LFU 1, TIMESTAMP now, else 0."""
+    strategy = table.options.score_strategy
+    if strategy is ScoreStrategy.LFU:
+        return torch.ones(n, dtype=torch.int64)
+    if strategy is ScoreStrategy.TIMESTAMP:
+        return torch.full((n,), time.time_ns() // 1000, dtype=torch.int64)
+    return torch.zeros(n, dtype=torch.int64)
+
+
+# What a score counts under each strategy (NO_EVICTION scores like STEP).
+_SCORE_UNITS = {"STEP": "step", "NO_EVICTION": "step", "TIMESTAMP": "microseconds",
+                "LFU": "accesses", "CUSTOMIZED": "the caller's"}
+
+
+def other_score_strategy(readers: list[ShardReader], table: Any) -> str | None:
+    """The score_strategy the shards of ``readers`` were saved with where its scores mean
+    something else in ``table`` (LFU counts read as steps, say), else None (also for
+    shards that do not record it)."""
+    saved = {r.attrs.get("score_strategy") for r in readers} - {None}
+    wanted = _SCORE_UNITS[table.options.score_strategy.value]
+    return next((s for s in sorted(saved) if _SCORE_UNITS.get(s, s) != wanted), None)
 
 
 def _tags_or_zeros(tags: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:
@@ -215,6 +243,11 @@ def check_readers(readers: list[ShardReader], name: str, table: Any,
     saved = sorted({str(r.attrs.get("dtype", wanted)) for r in readers} - {wanted})
     if saved:
         log_dtype_conversion(name, "/".join(saved), wanted)
+    strategy = other_score_strategy(readers, table)
+    if strategy is not None:
+        logger.warning("table %r: rows saved under score_strategy %s load with fresh %s "
+                       "scores (saved scores count %s)", name, strategy,
+                       table.options.score_strategy.value, _SCORE_UNITS.get(strategy, strategy))
 
 
 def load_rows(readers: list[ShardReader], table: Any, rank: int, world_size: int,
@@ -224,13 +257,16 @@ def load_rows(readers: list[ShardReader], table: Any, rank: int, world_size: int
     loaded = 0
     device = torch.device(table.device)
     pinned = device.type == "cuda"
+    fresh_scores = other_score_strategy(readers, table) is not None
     _grow_to_saved(readers, table)
     for chunk in read_ahead(iter_owned_rows(readers, rank, world_size, pinned, remap)):
         rows = _adapt_rows(chunk["rows"], table, restore_optimizer)
         slots = chunk.get("slots")
+        scores = (initial_scores(table, int(chunk["keys"].shape[0])) if fresh_scores
+                  else chunk["scores"])
         # synchronous copies: the page-locked chunk is freed (and reused) right after
         table.load_state(chunk["keys"].to(device), chunk["tags"].to(device), rows,
-                         chunk["scores"].to(device), assume_unique=True,
+                         scores.to(device), assume_unique=True,
                          slots=None if slots is None else slots.to(device))
         loaded += int(chunk["keys"].shape[0])
     return loaded

@@ -144,6 +144,29 @@ def test_a_table_too_small_keeps_the_highest_scored_rows_with_a_warning(tmp_path
     assert top >= 0.95 and bottom < top - 0.1, (top, bottom)
 
 
+@pytest.mark.parametrize("saved, loaded, fresh", [
+    ("TIMESTAMP", "STEP", 0), ("LFU", "STEP", 0), ("STEP", "LFU", 1), ("LFU", "LFU", None),
+    ("STEP", "NO_EVICTION", None)],
+    ids=["timestamp-to-step", "lfu-to-step", "step-to-lfu", "lfu-kept", "step-kept"])
+def test_scores_of_another_score_strategy_load_fresh(tmp_path, caplog, saved, loaded, fresh):
+    # A TIMESTAMP score (microseconds) read as a STEP score would outrank every step to
+    # come: a row never looked up again would never be evicted.
+    options = table_options(admission=False)
+    table = _scored_table(100, dataclasses.replace(options, score_strategy=saved))
+    path = save_checkpoint(str(tmp_path), 1, None, None, {"t": table})
+    restored = HashTable(dataclasses.replace(options, score_strategy=loaded))
+    with caplog.at_level("WARNING", logger="hashrec.checkpoint.table_io"):
+        restore_checkpoint(path, None, None, {"t": restored})
+    want, got = snapshot(table), snapshot(restored)
+    assert torch.equal(got["keys"], want["keys"]) and torch.equal(got["rows"], want["rows"])
+    if fresh is None:
+        assert torch.equal(got["scores"], want["scores"]) and not caplog.text
+    else:
+        assert bool((got["scores"] == fresh).all())
+        assert (f"table 't': rows saved under score_strategy {saved} load with fresh "
+                f"{loaded} scores") in caplog.text
+
+
 @pytest.mark.parametrize("strategy, check_mode", [("STEP", "WARNING"),
                                                   ("NO_EVICTION", "WARNING"),
                                                   ("NO_EVICTION", "ERROR")])

@@ -25,17 +25,6 @@ from hashrec.checkpoint.save import check_table_names, commit_directory, prepare
 from hashrec.checkpoint.shard_file import ShardWriter
 from hashrec.checkpoint.table_io import ROWS, table_description
 from hashrec.table.hashing import owner_of
-from hashrec.table.options import ScoreStrategy
-
-
-def initial_scores(table: Any, n: int) -> torch.Tensor:
-    """Scores of rows a table did not see being trained: LFU 1, TIMESTAMP now, else 0."""
-    strategy = table.options.score_strategy
-    if strategy is ScoreStrategy.LFU:
-        return torch.ones(n, dtype=torch.int64)
-    if strategy is ScoreStrategy.TIMESTAMP:
-        return torch.full((n,), time.time_ns() // 1000, dtype=torch.int64)
-    return torch.zeros(n, dtype=torch.int64)
 
 
 def initial_state_rows(table: Any, embeddings: torch.Tensor) -> torch.Tensor:

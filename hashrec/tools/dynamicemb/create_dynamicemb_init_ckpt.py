@@ -32,13 +32,10 @@ import sys
 
 import torch
 
+from hashrec.checkpoint.table_io import initial_scores
 from hashrec.checkpoint.tags import model_tag_tables
 from hashrec.config import load_pipeline_config
-from hashrec.tools.dynamicemb.ckpt_writer import (
-    CheckpointBuilder,
-    initial_scores,
-    initial_state_rows,
-)
+from hashrec.tools.dynamicemb.ckpt_writer import CheckpointBuilder, initial_state_rows
 from hashrec.tools.dynamicemb.cli import run_tool, world_size_arg
 from hashrec.tools.dynamicemb.errors import MigrationError
 from hashrec.tools.dynamicemb.init_table import InitTableReport, read_init_table

@@ -40,14 +40,11 @@ import torch
 from hashrec.checkpoint import restore_checkpoint
 from hashrec.checkpoint.dense import load_state
 from hashrec.checkpoint.restore import read_complete_meta
+from hashrec.checkpoint.table_io import initial_scores
 from hashrec.checkpoint.tags import model_tag_tables
 from hashrec.config import load_pipeline_config
 from hashrec.table.options import ScoreStrategy
-from hashrec.tools.dynamicemb.ckpt_writer import (
-    CheckpointBuilder,
-    initial_scores,
-    initial_state_rows,
-)
+from hashrec.tools.dynamicemb.ckpt_writer import CheckpointBuilder, initial_state_rows
 from hashrec.tools.dynamicemb.cli import run_tool, world_size_arg
 from hashrec.tools.dynamicemb.errors import MigrationError
 
