@@ -155,6 +155,9 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
                 logger.info("%s: the random generator states are not restored (%s): the "
                             "resumed run draws other random numbers than an uninterrupted "
                             "one would", path, why)
+            if fine_tune_checkpoint:
+                logger.info("fine-tune checkpoint %s is not used: the run continues from its "
+                            "own checkpoint", fine_tune_checkpoint)
             if param_map is not None:
                 logger.info("fine_tune_ckpt_param_map %s is not used: the run continues "
                             "from its own checkpoint", param_map.path)

@@ -204,6 +204,26 @@ def test_restore_for_training_says_what_it_did_without_a_checkpoint(tmp_path, ca
     assert "--ignore_restore_optimizer has no effect without --continue_train" in caplog.text
 
 
+def test_restore_for_training_says_that_a_resumed_run_does_not_fine_tune(tmp_path, caplog):
+    from hashrec.checkpoint import save_checkpoint
+    from hashrec.train.checkpoints import restore_for_training
+
+    class Model(torch.nn.Linear):
+        class embedding:  # noqa: N801 - stands in for the model's attribute
+            @staticmethod
+            def dynamic_tables():
+                return {}
+
+    model_dir, other = str(tmp_path / "m"), str(tmp_path / "other")
+    save_checkpoint(model_dir, 5, Model(2, 2), None, {})
+    dense = type("Dense", (), {"optimizer": None})
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        resume = restore_for_training(model_dir, Model(2, 2), dense, True, other)
+    assert resume.step == 5
+    assert (f"fine-tune checkpoint {other} is not used: the run continues from its own "
+            f"checkpoint") in caplog.text
+
+
 def test_a_rank_without_a_batch_is_told_that_shares_are_cut_at_whole_batches(tmp_path):
     # 1000 rows in batches of 512 over 3 ranks: one full batch, and shares of 488 (the
     # rows left over), 0 and 512 rows; every rank trains as many steps as the fewest, none.
