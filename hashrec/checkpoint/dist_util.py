@@ -44,6 +44,15 @@ def gather_counts(counts: list[int]) -> list[list[int]]:
     return [t.cpu().tolist() for t in out]
 
 
+def gather_objects(obj):
+    """All-gathers a picklable object: result[rank] is that rank's (one process: [obj])."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def run_on_rank_zero(fn, what: str, error_type: type[Exception]):
     """Runs ``fn()`` on rank 0 alone and gives its (picklable) result to every rank.
 

@@ -4,7 +4,8 @@
 
     model_dir/
       model.ckpt-<step>/            complete once DONE exists (written last)
-        meta.json                   step, world size, tables, dims, format version
+        meta.json                   step, world size, tables, dims, format version; sizes
+                                    and checksums of the .pt files (shards: their .json)
         model.pt  optimizer.pt      dense state (torch.save; read with weights_only=True)
         dynamicemb/<table>/rank-<r>-of-<n>.{json,bin}   one shard per saving rank
         rank_state/rank-<r>-of-<n>.pt   each rank's own state, when the saver gives one
@@ -34,6 +35,7 @@ MARKER_NAME = "DONE"
 META_NAME = "meta.json"
 TABLES_DIR = "dynamicemb"
 RANK_STATE_DIR = "rank_state"
+RANK_STATE_FILES = "rank_state_files"  # meta.json: each rank's file, bytes and xxh3_64
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
 FORMAT_NAME = "hashrec-checkpoint"

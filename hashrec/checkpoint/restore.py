@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from hashrec.checkpoint import layout
-from hashrec.checkpoint.dense import restore_model, restore_optimizer_state
+from hashrec.checkpoint.dense import load_state, restore_model, restore_optimizer_state
 from hashrec.checkpoint.dist_util import barrier, rank_and_world, run_on_all_ranks
-from hashrec.checkpoint.errors import CheckpointError
+from hashrec.checkpoint.errors import CheckpointDamagedError, CheckpointError
 from hashrec.checkpoint.fine_tune_report import Outcome
 from hashrec.checkpoint.param_map import ResolvedMap
 from hashrec.checkpoint.partial_tables import (
@@ -320,17 +320,23 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
 
 def _read_rank_state(path: str, meta: dict[str, Any], rank: int,
                      world_size: int) -> dict[str, Any] | None:
-    """This rank's saved own state, when the checkpoint was saved by as many ranks."""
+    """This rank's saved own state, when the checkpoint was saved by as many ranks; its
+    size and checksum are verified where meta.json records them."""
     file = layout.rank_state_path(path, rank, world_size)
     if int(meta["world_size"]) != world_size or not os.path.isfile(file):
         return None
+    advice = ("it holds this rank's random generator states for resuming: restore it from "
+              "a copy, or delete it to resume with fresh ones (the run then draws other "
+              "random numbers than an uninterrupted one would)")
+    recorded = meta.get(layout.RANK_STATE_FILES) or []
+    if rank < len(recorded) and recorded[rank] is not None:
+        try:
+            return load_state(os.path.dirname(file), recorded[rank])
+        except CheckpointDamagedError as e:
+            raise CheckpointError(f"{e}; {advice}") from None
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
         lines = str(e).strip().splitlines()  # the first line: errors are one line
         detail = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
-        raise CheckpointError(
-            f"{file}: unreadable ({detail}); it holds this rank's random "
-            f"generator states for resuming: restore it from a copy, or delete it to resume "
-            f"with fresh ones (the run then draws other random numbers than an "
-            f"uninterrupted one would)") from None
+        raise CheckpointError(f"{file}: unreadable ({detail}); {advice}") from None

@@ -6,7 +6,8 @@ Order of a save (no complete checkpoint is ever modified in place):
 2. every rank streams its shard of each dynamic table into it and fsyncs;
    rank 0 also writes the dense model and optimizer state, and each rank its own
    ``rank_state`` when given;
-3. once every rank succeeded, rank 0 writes ``meta.json``, fsyncs the
+3. once every rank succeeded, rank 0 writes ``meta.json`` (with the sizes and checksums
+   of every rank's ``rank_state`` file), fsyncs the
    directories, renames the temporary directory to ``model.ckpt-<step>``, writes
    the completion marker last, then prunes the oldest complete checkpoints
    beyond ``keep_checkpoint_max`` and what interrupted saves and prunes left.
@@ -37,7 +38,12 @@ from hashrec.checkpoint.dense import (
     describe_optimizer,
     save_state,
 )
-from hashrec.checkpoint.dist_util import gather_counts, rank_and_world, run_on_all_ranks
+from hashrec.checkpoint.dist_util import (
+    gather_counts,
+    gather_objects,
+    rank_and_world,
+    run_on_all_ranks,
+)
 from hashrec.checkpoint.errors import CheckpointError, disk_full_hint
 from hashrec.checkpoint.shard_file import fsync_dir
 from hashrec.checkpoint.table_io import (
@@ -119,8 +125,8 @@ def _write_rank_files(tmp: str, tables: dict[str, Any], model: torch.nn.Module |
 
 
 def _meta(step: int, world_size: int, tables: dict[str, Any], counts: list[list[int]],
-          dense: dict[str, Any], extra: dict[str, Any], tag_tables: dict[str, list[str]]
-          ) -> dict[str, Any]:
+          dense: dict[str, Any], extra: dict[str, Any], tag_tables: dict[str, list[str]],
+          rank_files: list[dict[str, Any] | None]) -> dict[str, Any]:
     described = {}
     for i, name in enumerate(sorted(tables)):
         shards = []
@@ -132,11 +138,14 @@ def _meta(step: int, world_size: int, tables: dict[str, Any], counts: list[list[
                            "shards": shards,
                            "num_rows": sum(s["rows"] for s in shards),
                            "table_step": getattr(tables[name], "step", None)}
-    return {
+    meta = {
         "format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION, "step": step,
         "world_size": world_size, "created_unix": time.time(), "tables": described,
         "dense": dense, "extra": extra,
     }
+    if any(rank_files):
+        meta[layout.RANK_STATE_FILES] = rank_files  # per rank: file, bytes, xxh3_64 (or None)
+    return meta
 
 
 def commit_directory(model_dir: str, tmp: str, final: str, meta: dict[str, Any]) -> None:
@@ -246,21 +255,25 @@ def _write_and_commit(model_dir: str, step: int, tmp: str, final: str,
     """Steps 2 and 3 of a save (see the module docstring), on every rank."""
     rank, world_size = rank_and_world()
 
-    def write() -> tuple[list[int], dict[str, Any]]:
+    def write() -> tuple[list[int], dict[str, Any], dict[str, Any] | None]:
+        rank_file = None
         if rank_state is not None:
             path = layout.rank_state_path(tmp, rank, world_size)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            save_state(rank_state, path)
-        return _write_rank_files(tmp, dynamic_tables, model, dense_optimizer, rank,
-                                 world_size, chunk_rows, tag_tables)
+            rank_file = save_state(rank_state, path)
+        return (*_write_rank_files(tmp, dynamic_tables, model, dense_optimizer, rank,
+                                   world_size, chunk_rows, tag_tables), rank_file)
 
-    counts, dense = run_on_all_ranks(write, f"writing shards into {tmp}", CheckpointError)
+    counts, dense, rank_file = run_on_all_ranks(write, f"writing shards into {tmp}",
+                                                CheckpointError)
     all_counts = gather_counts(counts)
+    rank_files = gather_objects(rank_file)
 
     def commit() -> None:
         if rank == 0:
             commit_directory(model_dir, tmp, final, _meta(
-                step, world_size, dynamic_tables, all_counts, dense, extra, tag_tables))
+                step, world_size, dynamic_tables, all_counts, dense, extra, tag_tables,
+                rank_files))
 
     run_on_all_ranks(commit, f"committing {final}", CheckpointError)
 

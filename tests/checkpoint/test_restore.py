@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 
 import pytest
@@ -338,8 +339,14 @@ def test_rank_state_round_trip_and_other_world_sizes(tmp_path):
                               read_rank_state=True)["rank_state"] is None
 
 
-@pytest.mark.parametrize("damage", ["truncated", "not-torch"])
-def test_a_damaged_rank_state_fails_only_a_restore_that_reads_it(tmp_path, damage):
+@pytest.mark.parametrize("damage, says", [
+    ("truncated", r"\d+ bytes, meta.json says \d+ \(truncated or overwritten\)"),
+    ("not-torch", r"\d+ bytes, meta.json says \d+ \(truncated or overwritten\)"),
+    ("flipped", r"checksum mismatch \(file corrupted\)"),
+    ("unrecorded", r"unreadable \(.*\)")], ids=["truncated", "not-torch", "flipped", "unrecorded"])
+def test_a_damaged_rank_state_fails_only_a_restore_that_reads_it(tmp_path, damage, says):
+    # "flipped" still loads as a torch file: only its checksum tells. "unrecorded": a
+    # checkpoint whose meta.json has no checksums (older ones) is read as it is.
     table = trained_table()
     path = save_checkpoint(str(tmp_path), 3, None, None, {"t": table},
                            rank_state={"cpu": torch.get_rng_state()})
@@ -347,14 +354,26 @@ def test_a_damaged_rank_state_fails_only_a_restore_that_reads_it(tmp_path, damag
     with open(file, "r+b") as f:
         if damage == "truncated":
             f.truncate(os.path.getsize(file) // 2)
+        elif damage == "flipped":
+            data = bytearray(f.read())
+            data[len(data) // 2] ^= 0xFF  # inside the generator state's bytes
+            f.seek(0)
+            f.write(data)
         else:
             f.write(b"not a torch file")
             f.truncate()
+    if damage == "unrecorded":
+        meta_file = os.path.join(path, "meta.json")
+        with open(meta_file, encoding="utf-8") as f:
+            meta = json.load(f)
+        del meta["rank_state_files"]
+        with open(meta_file, "w", encoding="utf-8") as f:
+            json.dump(meta, f)
     restored = HashTable(table_options())
     meta = restore_checkpoint(path, None, None, {"t": restored})
     assert meta["rank_state"] is None and meta["loaded"]["t"]["rows"] == table.size()
     assert_same(snapshot(restored), snapshot(table))
-    with pytest.raises(CheckpointError, match=rf"^{file}: unreadable \(.*\); it holds this "
+    with pytest.raises(CheckpointError, match=rf"^{file}: {says}; it holds this "
                                               r"rank's random generator states for resuming: "
                                               r"restore it from a copy, or delete it"):
         restore_checkpoint(path, None, None, {"t": HashTable(table_options())},
