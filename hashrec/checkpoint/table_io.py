@@ -318,12 +318,14 @@ def hold_rows(name: str, table: Any, fill: Callable[[], int], readers: list[Shar
         widened += 1
         with quiet():
             loaded = fill()
+        max_capacity = int(table.options.max_capacity)
+        why = ("fewer slots than rows" if loaded > capacity else "the keys fill its buckets "
+               "unevenly: another number of ranks or bucket_capacity than the checkpoint's")
         logger.info(
-            "table %r%s: %d of the %d rows it owns fit its %d slots (max_capacity %d; the "
-            "keys fill its buckets otherwise than under the checkpoint's ranks); grown to "
-            "%d slots, past max_capacity, to hold every row (nothing trains here): it "
-            "holds %d", name, f" on rank {rank} of {world_size}" if world_size > 1 else "",
-            held, loaded, capacity, int(table.options.max_capacity), int(table.capacity()),
+            "table %r%s: %d of the %d rows it owns fit its %d slots (max_capacity %d; %s); "
+            "grown to %d slots, past max_capacity, to hold every row (nothing trains here): "
+            "it holds %d", name, f" on rank {rank} of {world_size}" if world_size > 1 else "",
+            held, loaded, capacity, max_capacity, why, int(table.capacity()),
             int(table.size()))
     check_all_held(name, table, loaded, readers, rank, world_size)
     return loaded

@@ -184,6 +184,9 @@ def test_a_restore_that_keeps_every_row_grows_past_max_capacity(tmp_path, caplog
     assert meta["loaded"]["t"]["rows"] == 600 == int(small.size())
     assert small.capacity() >= 2 * capacity
     assert "WARNING" not in caplog.text  # neither rows lost nor inserts refused
+    why = ("fewer slots than rows" if capacity < 600 else "the keys fill its buckets "
+           "unevenly: another number of ranks or bucket_capacity than the checkpoint's")
+    assert f"fit its {capacity} slots (max_capacity {capacity}; {why}); grown to " in caplog.text
     assert (f"grown to {small.capacity()} slots, past max_capacity, to hold every row "
             f"(nothing trains here): it holds 600") in caplog.text
     want, got = snapshot(saved), snapshot(small)
