@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "eval_result.txt scores best by best_exporter_metric)")
     parser.add_argument("--export_dir", required=True,
                         help="output directory, new or empty; the files are written into "
-                             "<export_dir>.tmp, which is renamed to it when complete")
+                             "<export_dir>.tmp, which is renamed to it when complete (a "
+                             "second export into it meanwhile is refused)")
     return parser
 
 

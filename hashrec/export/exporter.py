@@ -89,7 +89,8 @@ def export_model(config, export_dir: str, checkpoint_path: str | None = None,
     The files are written into ``<export_dir>.tmp`` and that directory is renamed to
     ``export_dir`` when all of them are complete, so ``export_dir`` never holds a partial
     export; a failed export removes its staging directory, and one left by a killed
-    export is removed by the next export of the same ``export_dir``.
+    export is removed by the next export of the same ``export_dir`` (one still running
+    there is an error).
 
     Args:
         config: the pipeline config (EasyRecConfig).
@@ -102,16 +103,16 @@ def export_model(config, export_dir: str, checkpoint_path: str | None = None,
             process on the default device, or ranks read from the environment.
 
     Raises:
-        ExportError: export_dir is a file or not empty, a table cannot be exported,
-            the model has no scripted form, or a file cannot be written (a full disk
-            says so). (TrainError, CheckpointError and ConfigError from the layers below
-            pass through.)
+        ExportError: export_dir is a file or not empty, another export into it is
+            running, a table cannot be exported, the model has no scripted form, or a
+            file cannot be written (a full disk says so). (TrainError, CheckpointError
+            and ConfigError from the layers below pass through.)
     """
     rank, world_size = rank_and_world()
     start = time.perf_counter()
     staging = staging_dir(export_dir)
-    run_on_all_ranks(lambda: prepare_staging(export_dir) if rank == 0 else None,
-                     "preparing export_dir", ExportError)
+    lock = run_on_all_ranks(lambda: prepare_staging(export_dir) if rank == 0 else None,
+                            "preparing export_dir", ExportError)
     barrier()
     try:
         path, step, files = _export_into(config, staging, checkpoint_path, chunk_rows, rank,
@@ -123,6 +124,9 @@ def export_model(config, export_dir: str, checkpoint_path: str | None = None,
         if rank == 0:
             discard(staging)
         raise
+    finally:
+        if lock is not None:
+            os.close(lock)  # another export of export_dir may start now
     if rank == 0:
         logger.info("exported %s (step %d) to %s in %.1fs", path, step, export_dir,
                     time.perf_counter() - start)

@@ -391,3 +391,22 @@ def test_a_foreign_directory_named_like_the_staging_one_is_kept(flow, tmp_path):
     with pytest.raises(ExportError, match="not made by an export"):
         export_model(load_pipeline_config(flow["config"]), str(tmp_path / "export"))
     assert (foreign / "data.txt").read_text() == "mine"
+
+
+def test_a_second_export_into_the_same_export_dir_is_refused_while_the_first_runs(tmp_path):
+    from hashrec.export import ExportError
+    from hashrec.export.staging import STAGING_MARKER, prepare_staging
+
+    export_dir = str(tmp_path / "export")
+    first = prepare_staging(export_dir)  # the first export, still writing
+    (tmp_path / "export.tmp" / "part").write_text("first")
+    try:
+        with pytest.raises(ExportError, match=rf"another export into --export_dir "
+                                              rf"'{export_dir}' is running \(it writes "
+                                              rf"{export_dir}\.tmp\); wait for it to end"):
+            prepare_staging(export_dir)
+        assert (tmp_path / "export.tmp" / "part").read_text() == "first"
+    finally:
+        os.close(first)  # the first export ends (here: killed, its staging left behind)
+    os.close(prepare_staging(export_dir))  # a killed export's staging is removed
+    assert os.listdir(tmp_path / "export.tmp") == [STAGING_MARKER]
