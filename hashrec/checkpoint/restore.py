@@ -87,13 +87,28 @@ def _is_distributed_checkpoint(path: str) -> bool:
         name.endswith(".distcp") or name == ".metadata" for name in os.listdir(model))
 
 
+def torcheasyrec_message(path: str) -> str | None:
+    """The error for ``path`` where it is a TorchEasyRec checkpoint (one HashRec does not
+    read), or a model_dir whose checkpoints are such; None otherwise."""
+    if not os.path.isdir(path):
+        return None
+    inside = [os.path.join(path, n) for n in sorted(os.listdir(path))
+              if layout.is_checkpoint_name(n)]
+    found = next((c for c in [path, *inside] if _is_distributed_checkpoint(c)
+                  and not os.path.exists(os.path.join(c, layout.META_NAME))), None)
+    if found is None:
+        return None
+    where = path if found == path else f"{path} (its {os.path.basename(found)})"
+    return (f"{where}: holds torch.distributed.checkpoint shards (model/*.distcp), as "
+            f"TorchEasyRec writes its checkpoints; HashRec reads only checkpoints it wrote "
+            f"(meta.json, model.pt, dynamicemb/, DONE): train the model with HashRec, or "
+            f"start it fresh")
+
+
 def _not_complete_message(path: str) -> str:
-    if _is_distributed_checkpoint(path) and not os.path.exists(
-            os.path.join(path, layout.META_NAME)):
-        return (f"{path}: holds torch.distributed.checkpoint shards (model/*.distcp), as "
-                f"TorchEasyRec writes its checkpoints; HashRec reads only checkpoints it wrote "
-                f"(meta.json, model.pt, dynamicemb/, DONE): train the model with HashRec, or "
-                f"start it fresh")
+    foreign = torcheasyrec_message(path)
+    if foreign is not None:
+        return foreign
     inside = layout.complete_children(path)
     if inside:
         return (f"{path}: is a model_dir (or dump directory), not a checkpoint; pass one of "

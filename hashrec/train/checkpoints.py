@@ -59,6 +59,7 @@ from hashrec.checkpoint.layout import (
     is_complete,
     read_meta,
 )
+from hashrec.checkpoint.restore import torcheasyrec_message
 from hashrec.config.errors import ConfigError
 from hashrec.data.paths import relative_to_cwd
 from hashrec.table import TableError
@@ -335,6 +336,9 @@ def _not_a_checkpoint(path: str) -> str:
                 return (f"{path!r} is an incremental dump or an apply_delta output ({kind}): "
                         f"dynamic tables without the dense model, not a checkpoint; "
                         f"{instead}")
+    foreign = torcheasyrec_message(path)
+    if foreign is not None:
+        return foreign
     return (f"{path!r} holds no complete checkpoint (model.ckpt-<step>/); {instead} (an "
             f"export directory is not one)")
 

@@ -256,6 +256,10 @@ def test_a_torcheasyrec_checkpoint_is_named_as_one(tmp_path):
     with pytest.raises(CheckpointError, match=r"model\.ckpt-10: holds torch\.distributed\."
                        r"checkpoint shards \(model/\*\.distcp\), as TorchEasyRec writes"):
         restore_checkpoint(str(path), *_dense(1), {"t": HashTable(table_options())})
+    # its model_dir, as TorchEasyRec's --fine_tune_checkpoint takes it
+    with pytest.raises(CheckpointError, match=rf"^{tmp_path} \(its model\.ckpt-10\): holds "
+                                              r"torch\.distributed\.checkpoint shards"):
+        restore_checkpoint(str(tmp_path), *_dense(1), {"t": HashTable(table_options())})
 
 
 @pytest.mark.parametrize("options", [table_options(), adam_options()], ids=["adagrad", "adam"])

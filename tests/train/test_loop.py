@@ -124,6 +124,11 @@ def test_resolve_checkpoint_errors(tmp_path):
         resolve_checkpoint(str(tmp_path))
     (tmp_path / "model.ckpt-5").mkdir()
     assert resolve_checkpoint(str(tmp_path / "model.ckpt-5")).endswith("model.ckpt-5")
+    (tmp_path / "model.ckpt-5" / "model").mkdir()  # a TorchEasyRec checkpoint
+    (tmp_path / "model.ckpt-5" / "model" / ".metadata").write_bytes(b"\0")
+    with pytest.raises(TrainError, match=rf"^{tmp_path} \(its model\.ckpt-5\): holds "
+                                         r"torch\.distributed\.checkpoint shards"):
+        resolve_checkpoint(str(tmp_path))
 
 
 def test_restore_resolved_names_a_checkpoint_pruned_while_read(tmp_path):
