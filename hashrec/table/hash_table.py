@@ -36,7 +36,7 @@ from hashrec.table.fixed_lookup import FixedSizeLookup
 from hashrec.table.initializers import initial_values
 from hashrec.table.ops.erase import erase_slots
 from hashrec.table.ops.find import find_slots
-from hashrec.table.options import InitializerArgs, ScoreStrategy, TableOptions
+from hashrec.table.options import InitializerArgs, InitializerMode, ScoreStrategy, TableOptions
 from hashrec.table.storage import TableStorage
 from hashrec.table.table_growth import TableGrowth
 from hashrec.table.table_growth import take as _take
@@ -391,8 +391,21 @@ class HashTable(FixedSizeLookup, TableGrowth, TableState, TableRefusals, TableRe
     def find(self, keys: torch.Tensor,
              tags: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """keys (n,) int64 -> (values (n, dim) float32, founds (n,) bool). Read-only;
-        missing keys read as eval_initializer."""
+        missing keys read as eval_initializer, a key repeated in the batch as one value
+        (as in ``find_or_insert``)."""
         keys, tags = self._keys(keys, tags)
+        if keys.numel() and _draws_per_row(self._eval_initializer):
+            # A random draw per row would give a repeated missing key several values.
+            unique, utags, inverse, _ = unique_pairs(keys, tags)
+            if unique.numel() < keys.numel():
+                values, founds = self._find(unique, utags)
+                self._stats["lookups"] += keys.numel() - unique.numel()  # device-side sums
+                self._stats["hits"] += founds[inverse].sum() - founds.sum()
+                return values[inverse], founds[inverse]
+        return self._find(keys, tags)
+
+    def _find(self, keys: torch.Tensor,
+              tags: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         self._rows.begin_batch()
         if self._fixed_path():  # one kernel reads every row, nothing read back on the host
             slots, values = self._lookup_fixed(keys, tags, None, None, train=False)
@@ -539,6 +552,12 @@ class HashTable(FixedSizeLookup, TableGrowth, TableState, TableRefusals, TableRe
                              f"of this table's latest lookup")
         self._rows.update(slots, grads, spec, checked_lr(name, spec.lr if lr is None else lr),
                           max(self.step, 1) if step is None else checked_step(name, step))
+
+
+def _draws_per_row(args: InitializerArgs) -> bool:
+    """Whether ``args`` gives each row a random draw of its own (no ``key_seed``)."""
+    return args.key_seed is None and args.mode in (
+        InitializerMode.NORMAL, InitializerMode.TRUNCATED_NORMAL, InitializerMode.UNIFORM)
 
 
 def _largest(scores: torch.Tensor | None, unique: torch.Tensor,

@@ -229,6 +229,21 @@ def test_eval_lookup_is_read_only():
     assert bool((result.values == 0.5).all()) and table.size() == 0
 
 
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+def test_find_reads_a_repeated_missing_key_as_one_random_value(tagged):
+    table = HashTable(TableOptions(dim=3, max_capacity=64, seed=1, eval_initializer=(
+        InitializerArgs(mode="NORMAL", std_dev=1.0))))
+    table.insert_or_assign(torch.tensor([7]), torch.ones(1, 3),
+                           tags=torch.tensor([0], dtype=torch.int32) if tagged else None)
+    keys = torch.tensor([1, 1, 2, 7, 1, 7])
+    tags = torch.zeros(6, dtype=torch.int32) if tagged else None
+    values, founds = table.find(keys, tags=tags)
+    assert founds.tolist() == [False, False, False, True, False, True]
+    assert torch.equal(values[0], values[1]) and torch.equal(values[0], values[4])
+    assert not torch.equal(values[0], values[2]) and bool((values[3] == 1).all())
+    assert (table.stats()["lookups"], table.stats()["hits"]) == (6, 2)
+
+
 def test_admission_through_lookup():
     opts = TableOptions(dim=2, max_capacity=64, admission=AdmissionOptions(
         threshold=3, initializer=InitializerArgs(mode="CONSTANT", value=-1.0)))
