@@ -502,12 +502,19 @@ class HashTable(FixedSizeLookup, TableGrowth, TableState, TableRefusals, TableRe
             self.storage.scores.index_copy_(0, slots, scores)
 
     def erase(self, keys: torch.Tensor, tags: torch.Tensor | None = None) -> None:
-        """Removes keys (absent keys are ignored)."""
+        """Removes keys (absent keys are ignored); ``stats()["erased"]`` counts the keys
+        removed (a key repeated in ``keys`` once)."""
         keys, tags = self._keys(keys, tags)
         self._size_hint = None
+        slots = find_slots(self.storage, keys, tags)
+        # Distinct stored slots, counted on the device (read by stats() only).
+        ordered = torch.sort(slots).values
+        first = torch.ones_like(ordered, dtype=torch.bool)
+        first[1:] = ordered[1:] != ordered[:-1]
+        self._stats["erased"] += ((ordered >= 0) & first).sum()
         # Absent keys' slots (-1) are skipped by the op itself: no boolean indexing
         # (a host read on a GPU).
-        erase_slots(self.storage, find_slots(self.storage, keys, tags))
+        erase_slots(self.storage, slots)
 
     def contains(self, keys: torch.Tensor, tags: torch.Tensor | None = None) -> torch.Tensor:
         """keys (n,) int64 -> (n,) bool."""

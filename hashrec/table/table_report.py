@@ -15,17 +15,18 @@ class TableReport:
     """Mixin of ``HashTable``: what it counted and what it allocated."""
 
     def stats(self) -> dict[str, int | float]:
-        """Counters: lookups, hits, inserts, evictions, refused, admission_rejected,
-        counter_evictions, growths, plus size and capacity. ``lookups`` counts every key
-        passed to ``lookup`` (the active ones), ``find`` and ``find_or_insert``,
-        duplicates included; ``hits`` those of them stored before the call. HYBRID adds
-        device_rows and host_rows, CACHING adds cache_rows, cache_lookups, cache_hits,
-        cache_hit_rate, fetched_rows, prefetched_rows, written_back_rows and
-        host_direct_rows."""
+        """Counters: lookups, hits, inserts, evictions, erased, refused,
+        admission_rejected, counter_evictions, growths, plus size and capacity.
+        ``lookups`` counts every key passed to ``lookup`` (the active ones), ``find`` and
+        ``find_or_insert``, duplicates included; ``hits`` those of them stored before the
+        call; ``erased`` the keys ``erase`` removed, so that inserts - evictions - erased
+        is the size. HYBRID adds device_rows and host_rows, CACHING adds cache_rows,
+        cache_lookups, cache_hits, cache_hit_rate, fetched_rows, prefetched_rows,
+        written_back_rows and host_direct_rows."""
         self._fold_device_counts()
         out = {name: int(self._stats[name]) for name in (
-            "lookups", "hits", "inserts", "evictions", "refused", "admission_rejected",
-            "growths")}
+            "lookups", "hits", "inserts", "evictions", "erased", "refused",
+            "admission_rejected", "growths")}
         # ``count`` counts in the counter, the fixed-size path with this table's masks.
         out["counter_evictions"] = (self._counter.evictions + int(
             self._stats["counter_evictions"]) + int(self._counter.device_evictions)

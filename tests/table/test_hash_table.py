@@ -513,6 +513,27 @@ def test_stats_count_every_key_of_find_and_find_or_insert():
     assert (table.stats()["lookups"], table.stats()["hits"]) == (9, 4)
 
 
+@pytest.mark.parametrize("strategy", ["STEP", "LFU"])
+def test_inserts_less_evictions_and_erased_keys_are_the_size(strategy):
+    table = HashTable(TableOptions(dim=2, max_capacity=128, bucket_capacity=16,
+                                   init_capacity=32, score_strategy=strategy))
+    gen = torch.Generator().manual_seed(3)
+    for i in range(24):
+        keys = torch.randint(0, 400, (60,), generator=gen)
+        if i % 3 == 0:
+            table.find_or_insert(keys)
+        elif i % 3 == 1:
+            unique = torch.unique(keys)
+            table.insert_or_assign(unique, torch.ones(unique.numel(), 2))
+        else:
+            before = table.size()
+            table.erase(torch.cat([keys[:20], keys[:5]]))  # repeats erase one key once
+            assert table.stats()["erased"] >= before - table.size() > 0
+        stats = table.stats()
+        assert stats["inserts"] - stats["evictions"] - stats["erased"] == stats["size"]
+    assert table.stats()["evictions"] > 0
+
+
 def test_load_state_of_another_row_width_explains_row_dim():
     table = HashTable(TableOptions(dim=4, max_capacity=64, optimizer=SparseAdagrad(),
                                    name="user_id"))
