@@ -107,8 +107,11 @@ def score_strategy(dynamicemb, where: str) -> str:
     if score == "CUSTOMIZED":
         raise ConfigError(f"{where}.score_strategy CUSTOMIZED {_CUSTOMIZED}; allowed: {allowed}")
     if score not in CONFIG_SCORE_STRATEGIES:
+        hint = (f" ({score} is an evict_strategy, which picks score_strategy "
+                f"{' or '.join(_EVICT_SCORES[score])}: set evict_strategy: \"{score}\" instead)"
+                if score in _EVICT_SCORES else "")
         raise ConfigError(f"{where}.score_strategy {dynamicemb.score_strategy!r} is not "
-                          f"supported; allowed: {allowed}")
+                          f"supported; allowed: {allowed}{hint}")
     if not dynamicemb.HasField("evict_strategy"):
         return score
     raw = dynamicemb.evict_strategy.strip().upper()

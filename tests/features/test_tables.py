@@ -121,7 +121,13 @@ def test_evict_strategy_sets_the_scores(feature_set, options, strategy):
     ("evict_strategy: 9", "evict_strategy '9' is not supported"),
     ('evict_strategy: 1 score_strategy: "STEP"', "evict_strategy LFU and score_strategy "
      "STEP disagree"),
-], ids=["lfu-step", "lru-lfu", "epoch", "number-epoch-lfu", "number-unknown", "number-lfu-step"])
+    ('score_strategy: "lru"', "score_strategy 'lru' is not supported; allowed: STEP, "
+     r"TIMESTAMP, LFU, NO_EVICTION \(LRU is an evict_strategy, which picks score_strategy "
+     'STEP or TIMESTAMP: set evict_strategy: "LRU" instead\\)'),
+    ('score_strategy: "SIZE"', r"score_strategy 'SIZE' is not supported; allowed: STEP, "
+     "TIMESTAMP, LFU, NO_EVICTION$"),
+], ids=["lfu-step", "lru-lfu", "epoch", "number-epoch-lfu", "number-unknown", "number-lfu-step",
+        "score-lru", "score-unknown"])
 def test_evict_strategy_errors(feature_set, options, message):
     with pytest.raises(ConfigError, match=f"table 'u'.*{message}") as info:
         feature_set(_id("u", f"embedding_dim: 8 dynamicemb {{ max_capacity: 100 {options} }}"))
