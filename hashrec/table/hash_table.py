@@ -531,7 +531,9 @@ class HashTable(FixedSizeLookup, TableGrowth, TableState, TableRefusals, TableRe
         (``LookupResult``): a stale slot updates whichever key holds it now.
 
         Args:
-            slots: (u,) int64 below capacity(). Checked on the CPU reference path
+            slots: (u,) int64 below capacity(), each stored row once (a row's gradients
+                summed into one: a repeated slot would lose all but one of them; negative
+                slots may repeat). Checked on the CPU reference path
                 (everywhere under HASHREC_CHECK_INPUTS=1); elsewhere not (that would
                 read the device back at every step), and a larger slot writes out of
                 bounds.
@@ -553,12 +555,25 @@ class HashTable(FixedSizeLookup, TableGrowth, TableState, TableRefusals, TableRe
                              f"entry; look the keys up again before applying gradients")
         slots = check_vector(name, "slots", slots, torch.int64, self.device)
         grads = check_matrix(name, "grads", grads, slots.numel(), self.dim, self.device)
-        if slots.numel() and self._checks_values(slots) and int(slots.max()) >= self.capacity():
-            raise ValueError(f"table {name!r}: slots must be < capacity() "
-                             f"({self.capacity()}), got {int(slots.max())}; pass the slots "
-                             f"of this table's latest lookup")
+        if slots.numel() and self._checks_values(slots):
+            _check_slots(name, slots, self.capacity())
         self._rows.update(slots, grads, spec, checked_lr(name, spec.lr if lr is None else lr),
                           max(self.step, 1) if step is None else checked_step(name, step))
+
+
+def _check_slots(table: str, slots: torch.Tensor, capacity: int) -> None:
+    """Raises ValueError where ``slots`` hold one at or past ``capacity``, or a stored row
+    (a slot >= 0) more than once."""
+    if int(slots.max()) >= capacity:
+        raise ValueError(f"table {table!r}: slots must be < capacity() ({capacity}), got "
+                         f"{int(slots.max())}; pass the slots of this table's latest lookup")
+    ordered = torch.sort(slots).values
+    repeated = ordered[1:][(ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)]
+    if repeated.numel():
+        raise ValueError(f"table {table!r}: slots must name each row once, got "
+                         f"{repeated.unique().numel()} repeated (slot {int(repeated[0])} "
+                         f"{int((slots == repeated[0]).sum())} times); sum a row's gradients "
+                         f"into one (the lookup's slots of unique keys are)")
 
 
 def _draws_per_row(args: InitializerArgs) -> bool:

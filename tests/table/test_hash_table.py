@@ -10,6 +10,7 @@ from hashrec.table import (
     HashTable,
     InitializerArgs,
     SparseAdagrad,
+    SparseSGD,
     TableError,
     TableFullError,
     TableOptions,
@@ -420,6 +421,18 @@ def test_values_that_require_grad_are_copied_in_detached():
     assert not table.storage.values.requires_grad
     values, _ = table.find(torch.tensor([1, 2, 3]))
     assert values.grad_fn is None and not values.requires_grad
+
+
+def test_apply_gradients_refuses_a_stored_row_twice_not_unstored_keys():
+    table = HashTable(TableOptions(dim=2, max_capacity=64, optimizer=SparseSGD(lr=1.0),
+                                   name="user_id"))
+    slots = table.lookup(torch.tensor([5, 6])).slots
+    with pytest.raises(ValueError, match=r"'user_id': slots must name each row once, got 1 "
+                                         r"repeated \(slot \d+ 2 times\)"):
+        table.apply_gradients(torch.stack([slots[0], slots[1], slots[0]]), torch.ones(3, 2))
+    before = table.find(torch.tensor([5, 6]))[0]
+    table.apply_gradients(torch.cat([slots, torch.tensor([-1, -1])]), torch.ones(4, 2))
+    assert torch.equal(table.find(torch.tensor([5, 6]))[0], before - 1)
 
 
 @pytest.mark.parametrize("kwargs, match", [
