@@ -253,12 +253,14 @@ def check_readers(readers: list[ShardReader], name: str, table: Any,
 def load_rows(readers: list[ShardReader], table: Any, rank: int, world_size: int,
               restore_optimizer: bool, remap: torch.Tensor | None = None) -> int:
     """Loads the owned rows of ``readers`` into ``table`` (checked first with
-    ``check_readers``); returns how many."""
+    ``check_readers``); returns how many. A load that takes longer than
+    ``PROGRESS_INTERVAL_S`` logs its progress that often, and its end."""
     loaded = 0
     device = torch.device(table.device)
     pinned = device.type == "cuda"
     fresh_scores = other_score_strategy(readers, table) is not None
     _grow_to_saved(readers, table)
+    progress = _LoadProgress(table.options.name, sum(r.count(ROWS) for r in readers))
     for chunk in read_ahead(iter_owned_rows(readers, rank, world_size, pinned, remap)):
         rows = _adapt_rows(chunk["rows"], table, restore_optimizer)
         slots = chunk.get("slots")
@@ -269,7 +271,34 @@ def load_rows(readers: list[ShardReader], table: Any, rank: int, world_size: int
                          scores.to(device), assume_unique=True,
                          slots=None if slots is None else slots.to(device))
         loaded += int(chunk["keys"].shape[0])
+        progress.note(loaded)
+    progress.end(loaded)
     return loaded
+
+
+# Seconds between two progress lines of a table's load (none for a shorter load).
+PROGRESS_INTERVAL_S = 10.0
+
+
+class _LoadProgress:
+    """INFO lines of a long table load: the rows loaded so far, every
+    ``PROGRESS_INTERVAL_S``, then the total."""
+
+    def __init__(self, name: str, saved: int) -> None:
+        self._name, self._saved = name, saved
+        self._start = self._last = time.monotonic()
+
+    def note(self, loaded: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= PROGRESS_INTERVAL_S:
+            self._last = now
+            logger.info("table %r: %d rows loaded in %.0fs (the checkpoint holds %d, over "
+                        "all ranks)", self._name, loaded, now - self._start, self._saved)
+
+    def end(self, loaded: int) -> None:
+        took = time.monotonic() - self._start
+        if took >= PROGRESS_INTERVAL_S:
+            logger.info("table %r: %d rows loaded in %.1fs", self._name, loaded, took)
 
 
 def _grow_to_saved(readers: list[ShardReader], table: Any) -> None:

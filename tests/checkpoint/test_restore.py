@@ -60,6 +60,27 @@ def test_full_round_trip(tmp_path, options):
         assert torch.equal(a, b)
 
 
+def test_a_long_table_load_logs_its_progress(tmp_path, caplog, monkeypatch):
+    import logging
+
+    from hashrec.checkpoint import table_io
+
+    table = trained_table(options=table_options())
+    path = save_checkpoint(str(tmp_path), 8, None, None, {"t": table}, chunk_rows=7)
+    with caplog.at_level(logging.INFO, logger="hashrec.checkpoint"):
+        restore_checkpoint(path, None, None, {"t": HashTable(table_options())})
+    assert "rows loaded" not in caplog.text  # a short load says nothing
+    monkeypatch.setattr(table_io, "PROGRESS_INTERVAL_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="hashrec.checkpoint"):
+        restore_checkpoint(path, None, None, {"t": HashTable(table_options())})
+    size = table.size()
+    lines = [r.getMessage() for r in caplog.records if "rows loaded" in r.getMessage()]
+    counts = [int(line.split(": ")[1].split(" ")[0]) for line in lines]
+    assert len(lines) > 2 and counts == sorted(counts) and counts[-1] == size
+    assert f"(the checkpoint holds {size}, over all ranks)" in lines[0]
+    assert lines[-1].startswith(f"table {table.options.name!r}: {size} rows loaded in ")
+
+
 def test_fine_tune_resets_optimizer_state(tmp_path):
     model, optimizer = _dense(0)
     _train_dense(model, optimizer)
