@@ -46,6 +46,7 @@ import torch
 from hashrec.checkpoint.errors import disk_full_hint
 from hashrec.export import meta
 from hashrec.export.errors import ExportError
+from hashrec.export.output_lock import OutputLock
 
 logger = logging.getLogger("hashrec.predict")
 
@@ -299,7 +300,8 @@ def predict(export_dir: str, input_path: str, output_path: str,
     Raises:
         ExportError: not an export directory, output columns the model does not give,
             reserved columns that clash with them, a bad device,
-            an output path that exists (without ``overwrite``) or is of the wrong kind, or
+            an output path that exists (without ``overwrite``) or is of the wrong kind,
+            another predict writing the same output (``hashrec.export.output_lock``), or
             a failed write of the output (named, with a hint when the disk looks full).
         DataError, FeatureError: unreadable input or missing columns (they name the file).
     """
@@ -317,6 +319,7 @@ def predict(export_dir: str, input_path: str, output_path: str,
                                input_path, "predict", batch_size=batch_size,
                                reserved_columns=reserved_columns)
     staging, created = _staging_file(output)
+    lock = OutputLock(output)  # before anything is written or discarded
     parts = PartFiles(staging, max(loader.num_workers, 1))
     start = time.perf_counter()
     try:
@@ -331,8 +334,10 @@ def predict(export_dir: str, input_path: str, output_path: str,
             raise _write_error(output, err) from err
     except BaseException:  # Ctrl-C and, under the command line, SIGTERM included
         parts.remove()
+        lock.release()
         _discard(staging, created)
         raise
+    lock.release()
     seconds = time.perf_counter() - start
     logger.info("predicted %d rows in %.1fs (%.0f rows/s) -> %s", rows, seconds,
                 rows / max(seconds, 1e-9), output)

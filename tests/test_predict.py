@@ -243,6 +243,23 @@ def test_non_empty_output_directory_is_refused_unless_overwrite(exported, tmp_pa
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt", "part-00000.parquet"]
 
 
+def test_a_second_predict_into_one_output_is_refused_while_the_first_writes(exported,
+                                                                            tmp_path):
+    from hashrec.export import ExportError
+    from hashrec.export.output_lock import OutputLock
+
+    output = tmp_path / "o.parquet"
+    args = (str(exported / "export"), str(exported / "data" / "eval"), str(output))
+    running = OutputLock(str(output))  # as a predict writing there holds it
+    (tmp_path / ".o.parquet.tmp").write_bytes(b"the running predict's rows")
+    with pytest.raises(ExportError, match=r"another predict is writing .*o\.parquet"):
+        predict(*args)
+    assert (tmp_path / ".o.parquet.tmp").read_bytes() == b"the running predict's rows"
+    running.release()
+    assert predict(*args)["rows"] == 130
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.parquet"]  # no lock file left
+
+
 @pytest.mark.parametrize("kind", ["file-for-directory", "directory-for-file", "csv"])
 def test_output_path_of_the_wrong_kind_is_one_error(caplog, exported, tmp_path, kind):
     if kind == "file-for-directory":

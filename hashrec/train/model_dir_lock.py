@@ -37,12 +37,20 @@ def _close_in_child() -> None:
     _held_fds.clear()
 
 
-def _close_on_fork(fd: int) -> None:
+def close_in_forked_children(fd: int) -> None:
+    """Forked children (loader workers) close their copy of ``fd`` at once, until
+    ``keep_in_forked_children(fd)``: a ``flock`` held through ``fd`` then goes with this
+    process alone."""
     global _fork_hook_registered
     if not _fork_hook_registered:
         os.register_at_fork(after_in_child=_close_in_child)
         _fork_hook_registered = True
     _held_fds.add(fd)
+
+
+def keep_in_forked_children(fd: int) -> None:
+    """Undoes ``close_in_forked_children(fd)`` (before ``fd`` is closed)."""
+    _held_fds.discard(fd)
 
 
 @contextlib.contextmanager
@@ -64,7 +72,7 @@ def model_dir_lock(model_dir: str, held: bool = True) -> Iterator[None]:
         raise TrainError(f"model_dir {model_dir!r}: cannot create its lock file "
                          f"{LOCK_FILE} ({err.strerror}); --model_dir must name a directory "
                          f"you can write") from None
-    _close_on_fork(fd)
+    close_in_forked_children(fd)
     try:
         locked = True
         try:
@@ -79,7 +87,7 @@ def model_dir_lock(model_dir: str, held: bool = True) -> Iterator[None]:
             _record(fd)
         yield
     finally:
-        _held_fds.discard(fd)
+        keep_in_forked_children(fd)
         os.close(fd)  # drops the lock
 
 
