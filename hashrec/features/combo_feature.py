@@ -31,8 +31,10 @@ def cross(left: Bags, right: Bags, joiner: str = CROSS_JOINER) -> Bags:
     li = np.repeat(left_off, lengths) + local // np.maximum(width, 1)
     ri = np.repeat(right_off, lengths) + local % np.maximum(width, 1)
     text = [token_text(b.values) for b in (left, right)]
+    if text[0].type != text[1].type:  # a large_string token joins a string one as large
+        text = [t.cast(pa.large_string()) for t in text]
     joined = pc.binary_join_element_wise(text[0].take(pa.array(li)), text[1].take(pa.array(ri)),
-                                         joiner)
+                                         pa.scalar(joiner, text[0].type))
     return Bags(joined, lengths.astype(np.int64))
 
 
@@ -73,7 +75,7 @@ def fill_empty(bags: Bags, token: str) -> Bags:
     local = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     values = token_text(bags.values)
     take = np.where(empty[row], len(values), starts[row] + local)
-    filled = pa.concat_arrays([values, pa.array([token], pa.string())]).take(pa.array(take))
+    filled = pa.concat_arrays([values, pa.array([token], values.type)]).take(pa.array(take))
     return Bags(filled, lengths.astype(np.int64))
 
 

@@ -67,3 +67,18 @@ def test_needs_two_inputs(feature_set):
     with pytest.raises(ConfigError, match="at least two"):
         feature_set('feature_configs { combo_feature { feature_name: "x" expression: "user:a" '
                     'hash_bucket_size: 3 embedding_dim: 4 } }')
+
+
+@pytest.mark.parametrize("kinds", [("large_string", "string"), ("string", "large_string"),
+                                   ("large_string", "large_string")],
+                         ids=["large-string", "string-large", "large-large"])
+def test_large_string_columns_cross_like_strings(feature_set, kinds):
+    # a large_string column (polars and pyarrow's large types write them) crossed with a
+    # string one failed the batch; with a default, the filled row failed as well
+    fs = feature_set(_combo('hash_bucket_size: 97 default_value: "xyz"'))
+    a, b = (["u1,u2", "u3"], ["i1", None])
+    strings = fs.parse(pa.table({"a": a, "b": b})).sparse["x"]
+    large = fs.parse(pa.table({"a": pa.array(a, kinds[0]),
+                               "b": pa.array(b, kinds[1])})).sparse["x"]
+    assert large.values.tolist() == strings.values.tolist()
+    assert large.lengths.tolist() == strings.lengths.tolist() == [2, 1]
