@@ -39,10 +39,16 @@ SUPPORTED_TYPES = ("integers, floats, booleans, strings and lists (list<>, large
 
 
 def check_columns(path: str, schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
-    """The schema of ``columns`` in ``schema``; DataError on a missing or unsupported column."""
+    """The schema of ``columns`` in ``schema``; DataError on a missing, repeated or unsupported
+    column."""
     fields = []
     for name in columns:
         index = schema.get_field_index(name)
+        repeats = schema.get_all_field_indices(name)
+        if len(repeats) > 1:
+            where = " and ".join(str(i + 1) for i in repeats)
+            raise DataError(f"{path}: column {name!r} appears {len(repeats)} times (columns "
+                            f"{where} of {schema.names}): name each column once")
         if index < 0:
             close = difflib.get_close_matches(name, schema.names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -72,3 +72,12 @@ def test_a_missing_column_suggests_the_closest_name(wanted, hint):
         check_columns("f.parquet", schema, ["price", wanted])
     assert str(err.value) == (f"f.parquet: column {wanted!r} is missing (the file has "
                               f"['user_id', 'clk', 'price']){hint}")
+
+
+def test_a_column_named_twice_is_named_so_not_missing():
+    # a CSV header (or a parquet file) naming a column twice was reported as missing it
+    schema = pa.schema([("clk", pa.int64()), ("user_id", pa.int64()), ("clk", pa.string())])
+    with pytest.raises(DataError) as err:
+        check_columns("f.csv", schema, ["user_id", "clk"])
+    assert str(err.value) == ("f.csv: column 'clk' appears 2 times (columns 1 and 3 of "
+                              "['clk', 'user_id', 'clk']): name each column once")
