@@ -35,7 +35,7 @@ from hashrec.features.sequence_feature import (
     parse_sequence,
 )
 from hashrec.features.tables import alias_emb_names, build_tables, tables_read_by
-from hashrec.features.tokens import empty_as_null, get_column
+from hashrec.features.tokens import empty_as_null, first_not_converting, get_column
 from hashrec.features.wide import WideEmbeddings, build_wide_embeddings
 
 logger = logging.getLogger("hashrec.features")
@@ -264,16 +264,8 @@ def _text_numbers(array: pa.Array, subject: str, booleans: bool = False) -> pa.A
     try:
         return pc.cast(text, pa.float64())
     except pa.ArrowInvalid:
-        pass
-    lo, hi = 0, len(text)  # the first cell that does not convert is in [lo, hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        try:
-            pc.cast(text.slice(lo, mid - lo), pa.float64())
-            lo = mid
-        except pa.ArrowInvalid:
-            hi = mid
-    raise FeatureError(subject, lo, f"value {array[lo].as_py()!r} is not a number")
+        row = first_not_converting(text, pa.float64())
+    raise FeatureError(subject, row, f"value {array[row].as_py()!r} is not a number")
 
 
 def _build(kind: str, cfg, top_level: dict[str, IdFeature]) -> list[Feature]:

@@ -26,6 +26,7 @@ from hashrec.features.init_fn import init_fn_of
 from hashrec.features.tokens import (
     Bags,
     column_bags,
+    first_not_converting,
     get_column,
     keep_items,
     missing_cells,
@@ -89,9 +90,13 @@ def float_values(bags: Bags, feature: str, column: str) -> np.ndarray:
     """Tokens as float64; non-numbers, NaN and inf are errors naming the row."""
     try:
         values = pc.cast(bags.values, pa.float64()).to_numpy(zero_copy_only=False)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+    except pa.ArrowNotImplementedError:
         raise FeatureError(f"feature {feature!r}: column {column!r} holds values that are not "
                            f"numbers ({bags.values.type})") from None
+    except pa.ArrowInvalid:
+        pos = first_not_converting(bags.values, pa.float64())
+        raise FeatureError(f"feature {feature!r}: column {column!r}", bags.row_of(pos),
+                           f"value {bags.values[pos].as_py()!r} is not a number") from None
     bad = ~np.isfinite(values)
     if bad.any():
         pos = int(np.flatnonzero(bad)[0])

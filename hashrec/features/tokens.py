@@ -119,6 +119,20 @@ def token_text(values: pa.Array) -> pa.Array:
     return pc.if_else(pa.array(integral), pa.array(ints).cast(pa.string()), text)
 
 
+def first_not_converting(values: pa.Array, to: pa.DataType) -> int:
+    """The position of the first value of ``values`` that does not cast to ``to``, given
+    that the whole array does not: a bisection over slices (a cast per halving)."""
+    lo, hi = 0, len(values)  # the first value that does not convert is in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            pc.cast(values.slice(lo, mid - lo), to)
+            lo = mid
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            hi = mid
+    return lo
+
+
 def integral_floats(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A float array's (ints (n,) int64, integral (n,) bool): which values are whole
     numbers in the int64 range (nulls are not) and, there, the integer (0 elsewhere)."""

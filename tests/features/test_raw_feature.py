@@ -48,9 +48,13 @@ def test_non_finite_values_name_feature_and_row(feature_set, bad):
         fs.parse(pa.table({"c": [1.0, 2.0, bad]}))
 
 
-def test_non_numeric_strings(feature_set):
-    with pytest.raises(FeatureError, match="not numbers"):
+def test_non_numeric_strings_name_the_row_and_the_value(feature_set):
+    # the row was not named, only the column's type ("holds values that are not numbers")
+    with pytest.raises(FeatureError, match=r"'r': column 'c' row 1: value 'x' is not a number"):
         feature_set(_raw()).parse(pa.table({"c": ["1", "x"]}))
+    cells = ["1,2", None, "3, 4", "5,6"]  # " 4": a space is not read as a number
+    with pytest.raises(FeatureError, match=r"'c' row 2: value ' 4' is not a number"):
+        feature_set(_raw('value_dim: 2 separator: ","')).parse(pa.table({"c": cells}))
 
 
 @pytest.mark.parametrize("normalizer, values, want", [
