@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import stat
 
 from hashrec.data.errors import DataError
 
@@ -70,8 +71,8 @@ def expand_input_path(input_path: str) -> list[str]:
         (at its first position).
 
     Raises:
-        DataError: when the path is empty, an entry names nothing, or nothing
-            at all is found.
+        DataError: when the path is empty, an entry names nothing, nothing at all
+            is found, or a file found is not a regular file (a named pipe, say).
     """
     entries = [e.strip() for e in (input_path or "").split(",") if e.strip()]
     if not entries:
@@ -100,4 +101,20 @@ def expand_input_path(input_path: str) -> list[str]:
     unique = list(dict.fromkeys(os.path.abspath(f) for f in files))
     if not unique:
         raise DataError(f"input path {input_path!r} names only empty directories")
+    for path in unique:
+        _check_regular(path)
     return unique
+
+
+def _check_regular(path: str) -> None:
+    """DataError unless ``path`` is a regular file (or a link to one): a named pipe, a
+    socket or a device would be waited on, and a file is read more than once (its rows
+    are counted when the input is listed)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise DataError(f"input file {path} cannot be read: {e}") from e
+    if not stat.S_ISREG(mode):
+        raise DataError(f"input file {path} is not a regular file (a named pipe, socket or "
+                        f"device); input files are read more than once: copy it to a file "
+                        f"or leave it out of the input path")

@@ -99,3 +99,14 @@ def test_remote_tables_and_stores_are_refused_by_name(tmp_path, entry):
     with pytest.raises(DataError, match=rf"input path '{entry.replace('*', '.')}': "
                                         rf"{entry.split(':')[0]}:// paths are not read"):
         expand_input_path(f"{tmp_path / 'a.parquet'},{entry}")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+@pytest.mark.parametrize("named", [False, True], ids=["in-directory", "named"])
+def test_a_named_pipe_is_refused_naming_it(tmp_path, named):
+    # reading one hung: a CSV file's rows are counted when listed, then read again
+    _touch(str(tmp_path / "d" / "a.csv"))
+    pipe = str(tmp_path / "d" / "b.csv")
+    os.mkfifo(pipe)
+    with pytest.raises(DataError, match=r"b\.csv is not a regular file"):
+        expand_input_path(pipe if named else str(tmp_path / "d"))
