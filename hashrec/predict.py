@@ -8,7 +8,8 @@ Usage::
         [--device auto|cpu|cuda[:i]] [--overwrite]
 
 The input is read and parsed with the exported pipeline config's data and
-feature settings; the parsed tensors feed ``scripted_model.pt``. The output
+feature settings (parquet or CSV as the files' extensions, else their first bytes, tell);
+the parsed tensors feed ``scripted_model.pt``. The output
 holds the model's prediction columns, then the reserved columns as read (a CSV column
 whose type ``input_fields`` does not give, as its text), one row per input row, in input
 order (files in the order the input path lists them, a directory's files sorted, rows as
@@ -215,7 +216,10 @@ def _feature_set(config, model, model_path: str):
 
 def _input_data_config(data_config, input_path: str):
     """The exported data_config, switched to the input's format when every input file
-    says otherwise by its extension (.csv with a header row, or .parquet).
+    says otherwise by its extension (.csv with a header row, or .parquet) or, where the
+    extensions tell nothing (.txt, .tsv, none), by its first bytes: parquet files start
+    with ``PAR1``, and files that do not, given to a parquet-trained model, are read as
+    CSV with a header row.
 
     Raises:
         DataError: the input holds both .csv and .parquet files.
@@ -223,6 +227,7 @@ def _input_data_config(data_config, input_path: str):
     from hashrec.config import data_pb2
     from hashrec.data import DataError
     from hashrec.data.paths import expand_input_path
+    from hashrec.data.sources import is_parquet_file
 
     files = expand_input_path(input_path)
     suffixes = frozenset(os.path.splitext(f)[1].lower() for f in files)
@@ -235,6 +240,10 @@ def _input_data_config(data_config, input_path: str):
                         f"files apart")
     kind = {frozenset({".csv"}): data_pb2.CsvDataset,
             frozenset({".parquet"}): data_pb2.ParquetDataset}.get(suffixes)
+    if kind is None and not suffixes & {".csv", ".parquet"}:
+        parquet = {is_parquet_file(f) for f in files}
+        kind = data_pb2.ParquetDataset if parquet == {True} else (
+            data_pb2.CsvDataset if parquet == {False} else None)
     if kind is None or kind == data_config.dataset_type:
         return data_config
     switched = type(data_config)()
@@ -493,8 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="export directory (scripted_model.pt and pipeline.config)")
     parser.add_argument("--predict_input_path", required=True,
                         help="comma-separated parquet/csv files, directories and globs, of "
-                             "one format a run; .csv files of a parquet-trained model need a "
-                             "header row")
+                             "one format a run (told by the .csv / .parquet extensions, else "
+                             "by the files' first bytes); CSV files of a parquet-trained model "
+                             "need a header row")
     parser.add_argument("--predict_output_path", required=True,
                         help="output .parquet file, or a directory for part-00000.parquet; "
                              "written only when every row is predicted")

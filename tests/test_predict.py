@@ -75,6 +75,28 @@ def test_csv_input_predicts_like_parquet(exported, tmp_path):
                                torch.from_numpy(b["probs"].to_numpy()), atol=1e-6, rtol=0)
 
 
+def test_input_without_a_known_extension_is_told_by_its_first_bytes(exported, tmp_path):
+    import shutil
+
+    import pyarrow.csv as pacsv
+
+    parquet_dir = exported / "data" / "eval"
+    text_dir, bare_dir = tmp_path / "text", tmp_path / "bare"
+    text_dir.mkdir()
+    bare_dir.mkdir()
+    for i, part in enumerate(sorted(parquet_dir.glob("*.parquet"))):
+        pacsv.write_csv(pq.read_table(part), text_dir / f"part-{i}.txt")  # CSV, header row
+        shutil.copy(part, bare_dir / f"part-{i}")  # parquet without its extension
+    want = pq.read_table(predict(str(exported / "export"), str(parquet_dir),
+                                 str(tmp_path / "pq.parquet"))["output"])
+    for name, folder in [("text", text_dir), ("bare", bare_dir)]:
+        got = pq.read_table(predict(str(exported / "export"), str(folder),
+                                    str(tmp_path / f"{name}.parquet"))["output"])
+        torch.testing.assert_close(torch.from_numpy(got["probs"].to_numpy()),
+                                   torch.from_numpy(want["probs"].to_numpy()), atol=1e-6,
+                                   rtol=0)
+
+
 @pytest.mark.parametrize("header", [False, True], ids=["no-header", "header"])
 def test_csv_without_a_header_line_says_so(caplog, exported, tmp_path, header):
     import pyarrow.csv as pacsv

@@ -201,7 +201,7 @@ def _size(path: str) -> int | None:
         return None
 
 
-def _is_parquet(path: str) -> bool:
+def is_parquet_file(path: str) -> bool:
     """Whether ``path`` starts as parquet files do (magic ``PAR1``)."""
     return _head(path, 4) == b"PAR1"
 
@@ -266,7 +266,7 @@ class CsvSource:
         convert = pacsv.ConvertOptions(column_types=types, include_columns=list(columns),
                                        null_values=list(CSV_NULL_TEXTS), strings_can_be_null=True)
         parse = pacsv.ParseOptions(delimiter=self.fmt.delimiter)
-        if _is_parquet(path):
+        if is_parquet_file(path):
             raise DataError(f"{path}: a parquet file, read as CSV; for parquet input set "
                             f"data_config.dataset_type: ParquetDataset (the default)")
         try:
