@@ -17,8 +17,10 @@ feature refuses naming the row, as it does parquet's NaN.
 
 from __future__ import annotations
 
+import csv
 import itertools
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -273,7 +275,7 @@ class CsvSource:
             return pacsv.open_csv(path, read_options=read, parse_options=parse,
                                   convert_options=convert)
         except (OSError, pa.ArrowException) as e:
-            raise DataError(f"{path}: cannot read as CSV: {e}") from e
+            raise DataError(f"{path}: cannot read as CSV: {self._named(path, e)}") from e
 
     def _batches(self, path: str, columns: Sequence[str], use_threads: bool = True
                  ) -> Iterator[pa.RecordBatch]:
@@ -284,8 +286,25 @@ class CsvSource:
             except StopIteration:
                 return
             except pa.ArrowException as e:
-                raise DataError(f"{path}: CSV parse error (columns {self.columns}): {e}") from e
+                raise DataError(f"{path}: CSV parse error (columns {self.columns}): "
+                                f"{self._named(path, e)}") from e
             yield batch
+
+    def _named(self, path: str, error: Exception) -> str:
+        """``error``'s text, with the name of the column pyarrow gives by its position
+        (``In CSV column #3: ...``) where the header line or input_fields name it."""
+        found = re.search(r"CSV column #(\d+)", str(error))
+        if found is None:
+            return str(error)
+        if self.fmt.with_header:
+            with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+                names = next(csv.reader(f, delimiter=self.fmt.delimiter), [])
+        else:
+            names = [name for name, _ in self.fmt.input_fields]
+        position = int(found.group(1))
+        if position >= len(names):
+            return str(error)
+        return f"{error} (column {names[position]!r})"
 
     def pieces(self, path: str) -> tuple[list[Piece], pa.Schema]:
         """The file as one piece (rows counted by parsing its first needed column); no

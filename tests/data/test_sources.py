@@ -191,6 +191,16 @@ def test_csv_file_the_reader_refuses_is_an_error(tmp_path):
         _load(path, dataset_type="CsvDataset", input_fields=CSV_FIELDS[:2])
 
 
+@pytest.mark.parametrize("layout", [dict(with_header=True, input_fields=CSV_FIELDS[:2]),
+                                    dict(input_fields=CSV_FIELDS[:2])],
+                         ids=["header", "fields"])
+def test_a_typed_csv_value_that_does_not_convert_names_its_column(tmp_path, layout):
+    header = ["row_id,clk"] if layout.get("with_header") else []
+    path = _csv(tmp_path, "typed.csv", header + ["1,0", "2,x7"])
+    with pytest.raises(DataError, match=r"typed\.csv: .*CSV column #1.*'x7' \(column 'clk'\)"):
+        _load(path, dataset_type="CsvDataset", **layout)
+
+
 def test_csv_file_with_only_a_header_is_skipped(tmp_path):
     (tmp_path / "in").mkdir()
     _csv(tmp_path / "in", "a.csv", ["row_id,clk", "1,0", "2,1"])
