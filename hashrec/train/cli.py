@@ -74,6 +74,9 @@ def setup_logging(rank: int, world_size: int = 1) -> None:
 
 # Texts of gloo's errors when a peer's process ended (they come as plain RuntimeErrors).
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+# Gloo's text when a collective waited past the process group's timeout for a peer that
+# is alive but does not answer (hung, stopped, or far behind).
+_TIMED_OUT = "Timed out waiting"
 
 
 def _lost_peer(err: BaseException) -> bool:
@@ -83,6 +86,29 @@ def _lost_peer(err: BaseException) -> bool:
     if isinstance(err, getattr(dist, "DistError", ())):
         return True
     return isinstance(err, RuntimeError) and any(text in str(err) for text in _PEER_GONE)
+
+
+def _collective_failure(err: BaseException, rank: int) -> Exception | None:
+    """The one-line ``DistributedError`` of a collective that failed on ``rank`` because
+    another rank is gone or did not answer within ``HASHREC_COLLECTIVE_TIMEOUT_S``; None
+    for other errors."""
+    from hashrec.distributed import DistributedError
+    from hashrec.distributed.process_group import collective_timeout_s
+
+    first = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+    if isinstance(err, RuntimeError) and _TIMED_OUT in str(err):
+        try:
+            waited = f"{collective_timeout_s(os.environ):g} s"
+        except DistributedError:
+            waited = "its timeout"
+        return DistributedError(
+            f"rank {rank}: a collective waited {waited} (HASHREC_COLLECTIVE_TIMEOUT_S) for "
+            f"another rank that did not answer ({first}); a rank that hangs or is stopped "
+            f"holds the others this long: the other ranks' logs say where it stopped")
+    if _lost_peer(err):
+        return DistributedError(f"rank {rank}: a collective failed because another rank is "
+                                f"gone ({first}); its log says why")
+    return None
 
 
 def _file_system_problem(err: OSError) -> bool:
@@ -145,13 +171,14 @@ def run_distributed(args: argparse.Namespace, overrides: dict[str, str | None],
     process group again. After an error under several ranks it leaves at once, without
     the barrier of a clean teardown: the error may be this rank's alone while the others
     wait in a collective, and they learn of it when this process exits (torchrun ends
-    them; under gloo their collectives fail, which they report as a lost peer).
+    them; under gloo their collectives fail, which they report as a lost peer). A peer
+    that is alive but does not answer (hung or stopped) fails the others' collectives
+    after ``HASHREC_COLLECTIVE_TIMEOUT_S``, which they report in one line too.
 
     Returns:
         The exit code of :func:`run_main`: 0, 1 after a user error, 128 + the signal
         after a signal stopped training.
     """
-    from hashrec.distributed import DistributedError
     from hashrec.train.interrupt import TrainInterrupted
 
     world_size = 1
@@ -169,10 +196,9 @@ def run_distributed(args: argparse.Namespace, overrides: dict[str, str | None],
             teardown(ctx)
             raise
         except BaseException as err:
-            if ctx.world_size > 1 and _lost_peer(err):
-                raise DistributedError(
-                    f"rank {ctx.rank}: a collective failed because another rank is gone "
-                    f"({str(err).splitlines()[0][:200]}); its log says why") from None
+            failure = _collective_failure(err, ctx.rank) if ctx.world_size > 1 else None
+            if failure is not None:
+                raise failure from None
             if ctx.world_size == 1:
                 teardown(ctx)
             raise

@@ -107,3 +107,39 @@ def test_ctrl_c_says_what_the_command_left_undone(caplog, monkeypatch, module, t
     with caplog.at_level(logging.WARNING):
         assert main(["--pipeline_config_path", CONFIG, *args]) == 130
     assert caplog.records[-1].getMessage() == f"interrupted ({undone})"
+
+
+
+@pytest.mark.parametrize("err, says", [
+    (RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 8000ms for "
+                  "send operation to complete"),
+     "DistributedError: rank 0: a collective waited 8 s (HASHREC_COLLECTIVE_TIMEOUT_S) for "
+     "another rank that did not answer ([gloo/transport/tcp/unbound_buffer.cc:129] Timed out"),
+    (RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1"),
+     "DistributedError: rank 0: a collective failed because another rank is gone ([gloo/"),
+], ids=["timed-out", "peer-gone"])
+def test_a_failed_collective_under_several_ranks_exits_1_with_one_line(caplog, monkeypatch,
+                                                                        err, says):
+    """A peer that hangs fails this rank's collective after HASHREC_COLLECTIVE_TIMEOUT_S:
+    one error line, as for a peer that is gone, not gloo's traceback."""
+    import torch
+
+    from hashrec.distributed import DistContext
+    from hashrec.train import cli
+
+    ctx = DistContext(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"),
+                      is_main=True, backend="gloo", owns_group=True)
+    exits = []
+    monkeypatch.setattr(cli, "distributed_context", lambda: ctx)
+    monkeypatch.setattr(cli, "load_effective_config", lambda args, overrides: None)
+    monkeypatch.setattr(cli.os, "_exit", exits.append)
+    monkeypatch.setenv("HASHREC_COLLECTIVE_TIMEOUT_S", "8")
+
+    def body(config, ctx):
+        raise err
+
+    with caplog.at_level(logging.ERROR):
+        cli.run_distributed(argparse.Namespace(), {}, body)
+    assert exits == [1]
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert line.startswith(says) and "Traceback" not in caplog.text
