@@ -141,10 +141,14 @@ def _fused_options(name: str, members: list[TableOptions], world_size: int) -> T
 
 
 def plan_storages(tables: list[EmbeddingTableSpec], optimizer: OptimizerSpec,
-                  device: torch.device, world_size: int = 1) -> list[StoragePlan]:
+                  device: torch.device, world_size: int = 1,
+                  note_splits: bool = True) -> list[StoragePlan]:
     """Groups tables into storages, in the order tables are given. ``world_size``: the
     ranks the dynamic storages are sharded over (a fused storage's per-rank
-    ``init_capacity`` depends on it).
+    ``init_capacity`` depends on it). ``note_splits``: log one INFO line per feature
+    group whose tables take several storages (the storage planner, which plans the
+    same storages before the embedding collection builds them, leaves it to the
+    collection).
 
     A fused storage whose name a table (or another storage) has takes ``_fused`` after it.
     """
@@ -158,7 +162,8 @@ def plan_storages(tables: list[EmbeddingTableSpec], optimizer: OptimizerSpec,
         group = spec.fusion_group if spec.fusion_group is not None else ("", spec.name)
         groups.setdefault((group, spec.trainable, _fusion_key(options)), []).append(
             (spec, options))
-    _note_splits(groups)
+    if note_splits:
+        _note_splits(groups)
     per_group: dict[object, int] = {}
     for (group, _, _), members in groups.items():
         if len(members) > 1:

@@ -124,7 +124,7 @@ def _planner_tables(feature_set, sparse_spec, ctx: DistContext) -> list[PlannerT
         readers[feature.table] = readers.get(feature.table, 0) + 1
     out = []
     for plan in plan_storages(feature_set.embedding_tables(), sparse_spec, ctx.device,
-                              ctx.world_size):
+                              ctx.world_size, note_splits=False):
         if not plan.is_dynamic:
             continue
         options = plan.options

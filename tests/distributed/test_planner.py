@@ -365,3 +365,28 @@ def test_an_explicit_caching_alone_fixes_the_mode(monkeypatch, caching):
     factor, planned = _planned_from_config(monkeypatch, f"caching: {str(caching).lower()}",
                                            SMALL_GPU)
     assert factor < 1.0 and planned is caching
+
+
+def test_planning_leaves_the_fusion_split_note_to_the_collection(monkeypatch, caplog):
+    """The planner plans the storages that the embedding collection then builds: the line
+    saying why a group's tables take several storages is logged once, by the collection."""
+    from hashrec.config import parse_pipeline_config
+    from hashrec.embedding import EmbeddingCollection
+    from hashrec.features import build_feature_set
+    from hashrec.train.distributed import plan_storage_modes
+
+    monkeypatch.setenv("HASHREC_HOST_MEMORY_BYTES", str(1 << 40))
+    features = "".join(
+        f'feature_configs {{ id_feature {{ feature_name: "{name}" expression: "user:{name}" '
+        f'embedding_dim: 8 dynamicemb {{ max_capacity: 1024 score_strategy: "{strategy}" }} '
+        f'}} }}\n' for name, strategy in (("a", "LFU"), ("b", "STEP")))
+    group = ('model_config { feature_groups { group_name: "g" feature_names: ["a", "b"] '
+             'group_type: DEEP } }\n')
+    feature_set = build_feature_set(parse_pipeline_config('model_dir: "m"\n' + features + group))
+    with caplog.at_level("INFO", logger="hashrec.embedding.plan"):
+        modes = plan_storage_modes(feature_set, SparseAdam(lr=0.01), 256, None)
+        EmbeddingCollection(feature_set.embedding_tables(), feature_set.embedding_features(),
+                            SparseAdam(lr=0.01), torch.device("cpu"), storage_modes=modes)
+    notes = [m for m in caplog.messages if "take 2 storages" in m]
+    assert notes == ["feature group 'g': its dynamic tables take 2 storages (a | b): their "
+                     "options differ in score_strategy"]
