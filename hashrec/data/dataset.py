@@ -116,7 +116,7 @@ class FileDataset(IterableDataset):
         pin_memory: the loader pins batches (workers then hand them over in
             pinned memory directly).
 
-    Files without rows are skipped (with a warning). Every file is read as the files'
+    Files without rows are skipped (with a warning, on rank 0). Every file is read as the files'
     common schema (:func:`hashrec.data.schema.common_schema`), whatever their order.
 
     Raises:
@@ -145,7 +145,7 @@ class FileDataset(IterableDataset):
             more = f" and {len(empty) - 1} other files" if len(empty) > 1 else ""
             raise DataError(f"{empty[0]}{more}: no rows in the input (every file is empty); "
                             f"check the input path")
-        if empty:
+        if empty and options.rank == 0:  # every rank lists the same input: say it once
             logger.warning("skipping %d of %d input files that have no rows (first: %s)",
                            len(empty), len(files), empty[0])
         # Every piece is cast to it, so that batches spanning files concatenate.
