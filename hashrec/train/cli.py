@@ -28,8 +28,11 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                              '\'{"train_config.num_steps": 100, "data_config.batch_size": 256}\'')
 
 
-def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | None]):
+def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | None],
+                          warn: bool = True):
     """Load the config, apply ``--edit_config_json``, then non-empty path overrides.
+    ``warn``: log the config's ignored fields and encoded-input mode (every rank loads
+    the same config: rank 0 says it).
 
     Raises:
         ConfigError: unreadable config, a bad edit, or an unsupported setting.
@@ -41,6 +44,8 @@ def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | N
         if value:
             setattr(config, field, value)
     validate_pipeline_config(config)
+    if not warn:
+        return config
     ignored = ignored_field_notes(config)
     if ignored:
         logging.getLogger("hashrec").warning(
@@ -166,8 +171,8 @@ def run_distributed(args: argparse.Namespace, overrides: dict[str, str | None],
     """Run ``body(config, ctx)`` as a (possibly torchrun) worker of a config command;
     ``interrupted`` as in :func:`run_main`.
 
-    Joins the process group, logs on rank 0 (warnings and errors on every rank), loads
-    the effective config (``load_effective_config(args, overrides)``) and leaves the
+    Joins the process group, logs on rank 0 (warnings and errors on every rank; the
+    config's warnings, the same on every rank, on rank 0), loads the effective config (``load_effective_config(args, overrides)``) and leaves the
     process group again. After an error under several ranks it leaves at once, without
     the barrier of a clean teardown: the error may be this rank's alone while the others
     wait in a collective, and they learn of it when this process exits (torchrun ends
@@ -191,7 +196,7 @@ def run_distributed(args: argparse.Namespace, overrides: dict[str, str | None],
         world_size = ctx.world_size
         setup_logging(ctx.rank, ctx.world_size)
         try:
-            body(load_effective_config(args, overrides), ctx)
+            body(load_effective_config(args, overrides, warn=ctx.rank == 0), ctx)
         except TrainInterrupted:  # every rank stopped after the same step
             teardown(ctx)
             raise

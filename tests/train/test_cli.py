@@ -131,7 +131,7 @@ def test_a_failed_collective_under_several_ranks_exits_1_with_one_line(caplog, m
                       is_main=True, backend="gloo", owns_group=True)
     exits = []
     monkeypatch.setattr(cli, "distributed_context", lambda: ctx)
-    monkeypatch.setattr(cli, "load_effective_config", lambda args, overrides: None)
+    monkeypatch.setattr(cli, "load_effective_config", lambda args, overrides, warn: None)
     monkeypatch.setattr(cli.os, "_exit", exits.append)
     monkeypatch.setenv("HASHREC_COLLECTIVE_TIMEOUT_S", "8")
 
@@ -143,3 +143,28 @@ def test_a_failed_collective_under_several_ranks_exits_1_with_one_line(caplog, m
     assert exits == [1]
     (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert line.startswith(says) and "Traceback" not in caplog.text
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_configs_warnings_come_from_rank_0_alone(caplog, monkeypatch, tmp_path, rank):
+    """Every rank loads the same config: its ignored fields are named once, not per rank."""
+    import torch
+
+    import hashrec.distributed
+    from hashrec.distributed import DistContext
+    from hashrec.train import cli
+
+    path = tmp_path / "pipeline.config"
+    with open(CONFIG, encoding="utf-8") as f:
+        path.write_text(f.read().replace("train_config {", "train_config {\n  is_profiling: true",
+                                         1))
+    ctx = DistContext(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"),
+                      is_main=rank == 0, backend="gloo", owns_group=True)
+    monkeypatch.setattr(cli, "distributed_context", lambda: ctx)
+    monkeypatch.setattr(hashrec.distributed, "teardown", lambda ctx: None)
+    monkeypatch.setattr(cli.os, "_exit", lambda code: None)
+    args = argparse.Namespace(pipeline_config_path=str(path), edit_config_json=None)
+    with caplog.at_level(logging.WARNING, logger="hashrec"):
+        cli.run_distributed(args, {}, lambda config, ctx: None)
+    warned = [m for m in caplog.messages if "HashRec ignores train_config.is_profiling" in m]
+    assert len(warned) == (1 if rank == 0 else 0)
