@@ -176,7 +176,8 @@ class EmbeddingCollection(nn.Module):
                 if spec.zch is not None:
                     self.zch_remappers[spec.name] = ZchRemapper(spec.zch, spec.name,
                                                                 self._device)
-            _note_float16_state(plan, sparse_optimizer)
+            if dist is None or dist.is_main:  # every rank builds the same storages
+                _note_float16_state(plan, sparse_optimizer)
             self._storages.append(Storage(plan, table))
             for tag, spec in enumerate(plan.tables):
                 self._locations[spec.name] = (plan.name, tag)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import sys
 
 import pytest
 import torch
@@ -99,3 +101,34 @@ def test_no_warning_for_bfloat16_or_stateless_float16(caplog):
         half_collection(torch.bfloat16, OPTIMIZERS["adam"])
         half_collection(torch.float16, OPTIMIZERS["sgd"])
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def _float16_warnings(ctx) -> list[str]:
+    """The float16-state warnings of building the half collection on this rank."""
+    from hashrec.embedding import EmbeddingCollection, EmbeddingFeatureSpec, EmbeddingTableSpec
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    keep = Keep(logging.WARNING)
+    logging.getLogger("hashrec").addHandler(keep)
+    try:
+        EmbeddingCollection([EmbeddingTableSpec("cate", 4, num_rows=8, dtype=torch.float16)],
+                            [EmbeddingFeatureSpec("c", "cate")], OPTIMIZERS["adam"], "cpu",
+                            dist=ctx)
+    finally:
+        logging.getLogger("hashrec").removeHandler(keep)
+    return [m for m in seen if "float16" in m]
+
+
+def test_float16_state_warning_comes_from_rank_0_alone(tmp_path):
+    """Every rank builds the same storages: the warning is logged once, not per rank."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                    "distributed"))
+    from dist_workers import run_world
+
+    warned = run_world({"build": _float16_warnings}, 2, tmp_path)["build"]
+    assert [len(w) for w in warned] == [1, 0], warned
