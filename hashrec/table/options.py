@@ -145,8 +145,11 @@ class InitializerArgs:
             "value": _check_float("value", self.value)})
         if self.std_dev is not None and self.std_dev < 0:
             raise ValueError(f"std_dev={self.std_dev!r} is not valid; allowed: >= 0")
-        if self.lower is not None and self.upper is not None:
-            # a truncated normal cut to one point has no probability left to draw from
+        # Only these modes read the bounds (another mode's are ignored, with a warning where
+        # a config sets them); a truncated normal cut to one point has no probability left
+        # to draw from.
+        bounded = self.mode in (InitializerMode.UNIFORM, InitializerMode.TRUNCATED_NORMAL)
+        if bounded and self.lower is not None and self.upper is not None:
             truncated = self.mode is InitializerMode.TRUNCATED_NORMAL
             if self.lower > self.upper or (truncated and self.lower == self.upper):
                 allowed = f"lower {'<' if truncated else '<='} upper ({self.upper!r})"
@@ -171,7 +174,7 @@ class InitializerArgs:
         bound = math.sqrt(1.0 / max_capacity)
         lower = -bound if self.lower is None else self.lower
         upper = bound if self.upper is None else self.upper
-        if lower > upper:
+        if self.mode is InitializerMode.UNIFORM and lower > upper:
             side, value = ("upper", upper) if self.upper is None else ("lower", lower)
             raise ValueError(
                 f"{field_name}: lower={lower!r} > upper={upper!r}, where {side}={value!r} is "

@@ -234,10 +234,14 @@ def test_a_random_eval_initializer_is_refused(feature_set, mode):
 ], ids=["initializer", "admission"])
 @pytest.mark.parametrize("args, unread", [
     ('mode: "NORMAL" std_dev: 0.1 lower: -0.5 upper: 0.5', "lower, upper"),
+    # bounds NORMAL does not read are not checked against each other or their defaults
+    ('mode: "NORMAL" std_dev: 0.1 lower: 1.0', "lower"),
+    ('mode: "CONSTANT" lower: 1.0 upper: 0.5', "lower, upper"),
     ('mode: "UNIFORM" mean: 1.0 std_dev: 0.1', "mean, std_dev"),
     ('mode: "CONSTANT" value: 0.5 std_dev: 0.1', "std_dev"),
     ('mode: "TRUNCATED_NORMAL" value: 0.5', "value"),
-], ids=["normal-bounds", "uniform-moments", "constant-std", "truncated-value"])
+], ids=["normal-bounds", "normal-lower-past-default", "constant-crossed-bounds",
+        "uniform-moments", "constant-std", "truncated-value"])
 def test_initializer_fields_the_mode_does_not_read_are_named(feature_set, caplog, block, args,
                                                              unread):
     nested = f"{block.replace('.', ' { threshold: 2 ')} {{ {args} }}" + (
