@@ -172,13 +172,14 @@ def run_distributed(args: argparse.Namespace, overrides: dict[str, str | None],
     ``interrupted`` as in :func:`run_main`.
 
     Joins the process group, logs on rank 0 (warnings and errors on every rank; the
-    config's warnings, the same on every rank, on rank 0), loads the effective config (``load_effective_config(args, overrides)``) and leaves the
-    process group again. After an error under several ranks it leaves at once, without
-    the barrier of a clean teardown: the error may be this rank's alone while the others
-    wait in a collective, and they learn of it when this process exits (torchrun ends
-    them; under gloo their collectives fail, which they report as a lost peer). A peer
-    that is alive but does not answer (hung or stopped) fails the others' collectives
-    after ``HASHREC_COLLECTIVE_TIMEOUT_S``, which they report in one line too.
+    config's warnings, the same on every rank, on rank 0), loads the effective config
+    (``load_effective_config(args, overrides)``) and leaves the process group again.
+    After an error under several ranks it leaves at once, without the barrier of a clean
+    teardown: the error may be this rank's alone while the others wait in a collective,
+    and they learn of it when this process exits (torchrun ends them; under gloo their
+    collectives fail, which they report as a lost peer). A peer that is alive but does
+    not answer (hung or stopped) fails the others' collectives after
+    ``HASHREC_COLLECTIVE_TIMEOUT_S``, which they report in one line too.
 
     Returns:
         The exit code of :func:`run_main`: 0, 1 after a user error, 128 + the signal
