@@ -68,13 +68,22 @@ def distributed_context():
     return init_distributed()
 
 
+# Loggers whose warnings every rank derives alike from the same config (a field a mode
+# does not read, a vocabulary's ids): ranks other than 0 log only their errors.
+CONFIG_LOGGERS = ("hashrec.config", "hashrec.features")
+
+
 def setup_logging(rank: int, world_size: int = 1) -> None:
-    """INFO on rank 0, WARNING on the others; under several ranks each line names its
-    rank, so the warnings and errors of ranks other than 0 are told apart."""
+    """INFO on rank 0, WARNING on the others (ERROR for ``CONFIG_LOGGERS``, whose
+    warnings rank 0 gives); under several ranks each line names its rank, so the
+    warnings and errors of ranks other than 0 are told apart."""
     where = f" [rank {rank}]" if world_size > 1 else ""
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s",
                         stream=sys.stderr)
+    if rank != 0:
+        for name in CONFIG_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 # Texts of gloo's errors when a peer's process ended (they come as plain RuntimeErrors).

@@ -154,7 +154,7 @@ def plan_storage_modes(feature_set, sparse_spec, batch_size: int, ctx: DistConte
             if tables:
                 plan = plan_tables(tables, detect_topology(ctx.world_size, ctx.device),
                                    max(1, batch_size))
-                logger.info("storage plan for %d rank(s), batch %d per rank:\n%s",
+                logger.info("storage plan for %d rank(s), training batch %d per rank:\n%s",
                             ctx.world_size, batch_size, plan_to_table(plan))
                 reply = ({t.name: (t.variant.cache_load_factor, t.variant.caching)
                           for t in plan.tables}, None)

@@ -168,3 +168,24 @@ def test_the_configs_warnings_come_from_rank_0_alone(caplog, monkeypatch, tmp_pa
         cli.run_distributed(args, {}, lambda config, ctx: None)
     warned = [m for m in caplog.messages if "HashRec ignores train_config.is_profiling" in m]
     assert len(warned) == (1 if rank == 0 else 0)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_feature_warnings_of_the_config_come_from_rank_0_alone(caplog, rank):
+    """The feature layer's warnings restate the config, the same on every rank."""
+    from hashrec.config import parse_pipeline_config
+    from hashrec.features import build_feature_set
+    from hashrec.train import cli
+
+    with open(CONFIG, encoding="utf-8") as f:
+        text = f.read().replace('{ mode: "NORMAL"; std_dev: 0.05 }',
+                                '{ mode: "NORMAL"; std_dev: 0.05; lower: -1 }', 1)
+    try:
+        cli.setup_logging(rank, 2)
+        with caplog.at_level(logging.WARNING, logger="hashrec"):
+            build_feature_set(parse_pipeline_config(text))
+    finally:
+        for name in cli.CONFIG_LOGGERS:
+            logging.getLogger(name).setLevel(logging.NOTSET)
+    warned = [m for m in caplog.messages if "mode NORMAL does not read lower" in m]
+    assert len(warned) == (1 if rank == 0 else 0)
