@@ -81,9 +81,8 @@ def setup_logging(rank: int, world_size: int = 1) -> None:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s",
                         stream=sys.stderr)
-    if rank != 0:
-        for name in CONFIG_LOGGERS:
-            logging.getLogger(name).setLevel(logging.ERROR)
+    for name in CONFIG_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if rank == 0 else logging.ERROR)
 
 
 # Texts of gloo's errors when a peer's process ended (they come as plain RuntimeErrors).

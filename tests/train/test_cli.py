@@ -24,6 +24,16 @@ def _raises(err: Exception):
     return main
 
 
+@pytest.fixture(autouse=True)
+def _config_loggers_restored():
+    """setup_logging of a rank other than 0 quiets the config loggers: not past a test."""
+    yield
+    from hashrec.train.cli import CONFIG_LOGGERS
+
+    for name in CONFIG_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET)
+
+
 @pytest.mark.parametrize("err", [EmbeddingError("feature 'f': ids [7] are outside [0, 4)"),
                                  TableFullError("table 't': bucket full"),
                                  ExportError("scripted_model.pt does not exist")],
@@ -180,12 +190,8 @@ def test_feature_warnings_of_the_config_come_from_rank_0_alone(caplog, rank):
     with open(CONFIG, encoding="utf-8") as f:
         text = f.read().replace('{ mode: "NORMAL"; std_dev: 0.05 }',
                                 '{ mode: "NORMAL"; std_dev: 0.05; lower: -1 }', 1)
-    try:
-        cli.setup_logging(rank, 2)
-        with caplog.at_level(logging.WARNING, logger="hashrec"):
-            build_feature_set(parse_pipeline_config(text))
-    finally:
-        for name in cli.CONFIG_LOGGERS:
-            logging.getLogger(name).setLevel(logging.NOTSET)
+    cli.setup_logging(rank, 2)
+    with caplog.at_level(logging.WARNING, logger="hashrec"):
+        build_feature_set(parse_pipeline_config(text))
     warned = [m for m in caplog.messages if "mode NORMAL does not read lower" in m]
     assert len(warned) == (1 if rank == 0 else 0)
