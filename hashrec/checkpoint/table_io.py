@@ -19,7 +19,6 @@ a table of another strategy loads the rows with fresh scores (``initial_scores``
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -336,8 +335,8 @@ def hold_rows(name: str, table: Any, fill: Callable[[], int], readers: list[Shar
     """
     if int(table.size()) != 0:
         return fill()
-    # refusals of a table that grows are dealt with here
-    quiet = table.refusals_counted_only if keep_every_row else contextlib.nullcontext
+    # The rows a full bucket refuses are reported here (check_all_held), not by the table
+    quiet = table.refusals_counted_only
     with quiet():
         loaded = fill()
     widened = 0
