@@ -238,16 +238,21 @@ def note_empty_frozen_tables(feature_set) -> None:
     zch = [spec.name for spec in frozen if spec.zch is not None]
     if not dynamic and not zch:
         return
+    def verb(names: list[str], plural: str, singular: str) -> str:
+        return plural if len(names) > 1 else singular
+
     reads = []
     if dynamic:
-        reads.append(f"{_names(dynamic)} read the eval initializer")
+        reads.append(f"{_names(dynamic)} {verb(dynamic, 'read', 'reads')} the eval initializer")
     if zch:
-        reads.append(f"{_names(zch)} (ZCH) read zeros")
+        reads.append(f"{_names(zch)} (ZCH) {verb(zch, 'read', 'reads')} zeros")
+    both = dynamic + zch
     logger.warning(
-        "frozen table%s %s (trainable: false) start empty and training adds no id to a "
-        "frozen table: %s for every id. Start from a checkpoint that holds them "
-        "(--fine_tune_checkpoint), or make them trainable",
-        "s" if len(dynamic) + len(zch) > 1 else "", _names(dynamic + zch), "; ".join(reads))
+        "frozen table%s %s (trainable: false) %s empty and training adds no id to a "
+        "frozen table: %s for every id. Start from a checkpoint that holds %s "
+        "(--fine_tune_checkpoint), or make %s trainable", verb(both, "s", ""), _names(both),
+        verb(both, "start", "starts"), "; ".join(reads), verb(both, "them", "it"),
+        verb(both, "them", "it"))
 
 
 def _names(names: list[str]) -> str:

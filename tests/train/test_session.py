@@ -102,8 +102,17 @@ def test_the_warning_names_frozen_zch_tables_too(caplog):
     with caplog.at_level("WARNING", logger="hashrec.train"):
         note_empty_frozen_tables(SimpleNamespace(embedding_tables=lambda: tables))
     (message,) = caplog.messages
-    assert "frozen table 'z'" in message and "'z' (ZCH) read zeros" in message
+    assert message.startswith("frozen table 'z' (trainable: false) starts empty")
+    assert "'z' (ZCH) reads zeros" in message and "make it trainable" in message
     assert "'d'" not in message and "'t'" not in message
+    tables.append(EmbeddingTableSpec("y", 4, num_rows=8, trainable=False,
+                                     zch=ZchOptions(8, 1, "LFU", 1.0)))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hashrec.train"):
+        note_empty_frozen_tables(SimpleNamespace(embedding_tables=lambda: tables))
+    (message,) = caplog.messages
+    assert message.startswith("frozen tables 'z', 'y' (trainable: false) start empty")
+    assert "'z', 'y' (ZCH) read zeros" in message and "make them trainable" in message
 
 
 def test_an_eval_input_the_model_cannot_read_fails_before_training(tmp_path):
