@@ -336,15 +336,14 @@ def hold_rows(name: str, table: Any, fill: Callable[[], int], readers: list[Shar
     if int(table.size()) != 0:
         return fill()
     # The rows a full bucket refuses are reported here (check_all_held), not by the table
-    quiet = table.refusals_counted_only
-    with quiet():
+    with table.refusals_counted_only():
         loaded = fill()
     widened = 0
     while keep_every_row and int(table.size()) < loaded and widened < MAX_WIDENINGS:
         held, capacity = int(table.size()), int(table.capacity())
         table.grow_past_max_capacity()
         widened += 1
-        with quiet():
+        with table.refusals_counted_only():
             loaded = fill()
         max_capacity = int(table.options.max_capacity)
         why = ("fewer slots than rows" if loaded > capacity else "the keys fill its buckets "

@@ -43,18 +43,17 @@ def check_columns(path: str, schema: pa.Schema, columns: Sequence[str]) -> pa.Sc
     column."""
     fields = []
     for name in columns:
-        index = schema.get_field_index(name)
-        repeats = schema.get_all_field_indices(name)
-        if len(repeats) > 1:
-            where = " and ".join(str(i + 1) for i in repeats)
-            raise DataError(f"{path}: column {name!r} appears {len(repeats)} times (columns "
+        found = schema.get_all_field_indices(name)
+        if len(found) > 1:
+            where = " and ".join(str(i + 1) for i in found)
+            raise DataError(f"{path}: column {name!r} appears {len(found)} times (columns "
                             f"{where} of {schema.names}): name each column once")
-        if index < 0:
+        if not found:
             close = difflib.get_close_matches(name, schema.names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise DataError(f"{path}: column {name!r} is missing (the file has "
                             f"{schema.names}){hint}")
-        field = schema.field(index)
+        field = schema.field(found[0])
         if not _supported(field.type):
             raise DataError(f"{path}: column {name!r} has type {field.type}; supported are "
                             f"{SUPPORTED_TYPES}")

@@ -28,11 +28,10 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                              '\'{"train_config.num_steps": 100, "data_config.batch_size": 256}\'')
 
 
-def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | None],
-                          warn: bool = True):
-    """Load the config, apply ``--edit_config_json``, then non-empty path overrides.
-    ``warn``: log the config's ignored fields and encoded-input mode (every rank loads
-    the same config: rank 0 says it).
+def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | None]):
+    """Load the config, apply ``--edit_config_json``, then non-empty path overrides; warn
+    of the fields HashRec ignores and of an encoded-input fg_mode (on the
+    ``hashrec.config`` logger, which ranks other than 0 keep quiet: ``setup_logging``).
 
     Raises:
         ConfigError: unreadable config, a bad edit, or an unsupported setting.
@@ -44,16 +43,15 @@ def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | N
         if value:
             setattr(config, field, value)
     validate_pipeline_config(config)
-    if not warn:
-        return config
     ignored = ignored_field_notes(config)
     if ignored:
-        logging.getLogger("hashrec").warning(
+        logging.getLogger("hashrec.config").warning(
             "%s: HashRec ignores %s (%s nothing it trains)", args.pipeline_config_path,
             ", ".join(ignored), "it changes" if len(ignored) == 1 else "they change")
     encoded = fg_mode_note(config)
     if encoded:
-        logging.getLogger("hashrec").warning("%s: %s", args.pipeline_config_path, encoded)
+        logging.getLogger("hashrec.config").warning("%s: %s", args.pipeline_config_path,
+                                                    encoded)
     return config
 
 
@@ -69,7 +67,8 @@ def distributed_context():
 
 
 # Loggers whose warnings every rank derives alike from the same config (a field a mode
-# does not read, a vocabulary's ids): ranks other than 0 log only their errors.
+# does not read, a vocabulary's ids, the fields HashRec ignores): ranks other than 0 log
+# only their errors.
 CONFIG_LOGGERS = ("hashrec.config", "hashrec.features")
 
 
@@ -205,7 +204,7 @@ def run_distributed(args: argparse.Namespace, overrides: dict[str, str | None],
         world_size = ctx.world_size
         setup_logging(ctx.rank, ctx.world_size)
         try:
-            body(load_effective_config(args, overrides, warn=ctx.rank == 0), ctx)
+            body(load_effective_config(args, overrides), ctx)
         except TrainInterrupted:  # every rank stopped after the same step
             teardown(ctx)
             raise

@@ -141,7 +141,7 @@ def test_a_failed_collective_under_several_ranks_exits_1_with_one_line(caplog, m
                       is_main=True, backend="gloo", owns_group=True)
     exits = []
     monkeypatch.setattr(cli, "distributed_context", lambda: ctx)
-    monkeypatch.setattr(cli, "load_effective_config", lambda args, overrides, warn: None)
+    monkeypatch.setattr(cli, "load_effective_config", lambda args, overrides: None)
     monkeypatch.setattr(cli.os, "_exit", exits.append)
     monkeypatch.setenv("HASHREC_COLLECTIVE_TIMEOUT_S", "8")
 
