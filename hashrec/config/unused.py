@@ -10,6 +10,8 @@ about, once per config (:func:`ignored_field_notes`).
 
 from __future__ import annotations
 
+from hashrec.config.fg_mode import ENCODED, RAW, fg_input, fg_mode_name
+
 # Per message: field -> (what counts as set to something HashRec does not do, why).
 _REFUSED = {
     "TrainConfig": {
@@ -27,13 +29,13 @@ _REFUSED = {
 _FEATURE_REFUSED = {
     "use_mask": (bool, "no feature masking"),
     "sequence_fields": (bool, "declare sequences as sequence features"),
-    "fg_encoded_default_value": (bool, "missing values take the feature's default"),
     "asset_dir": (bool, "no feature assets are read"),
 }
 _IGNORED = {
     "TrainConfig": ("is_profiling", "tensorboard_summaries"),
-    # HashRec's loader turns the input columns into features itself (fg_mode_note).
-    "DataConfig": ("fg_threads", "fg_encoded_multival_sep"),
+    # HashRec's loader turns the input columns into features itself: it runs no threads
+    # of a feature generation.
+    "DataConfig": ("fg_threads",),
     "ExportConfig": ("mixed_precision",),
     # Feature generation's join key of a sequence; the columns are read as they are.
     "SequenceFeature": ("sequence_pk",),
@@ -137,15 +139,20 @@ def ignored_field_notes(config) -> list[str]:
         for name in _IGNORED.get(message.DESCRIPTOR.name, ()):
             if _set_off_default(message, name):
                 notes.append(f"{path}.{name}")
-    if config.HasField("data_config"):
-        data = config.data_config
+    data = config.data_config if config.HasField("data_config") else None
+    raw = fg_input(data) == RAW
+    if data is not None:
         if not data.shuffle and _set_off_default(data, "shuffle_buffer_size"):
             notes.append("data_config.shuffle_buffer_size (shuffle is false)")
+        if raw and _set_off_default(data, "fg_encoded_multival_sep"):
+            notes.append("data_config.fg_encoded_multival_sep (the input is raw)")
     for label, feature, in_sequence in _features(config):
         for name in _FEATURE_IGNORED.get(feature.DESCRIPTOR.name, ()):
             if _set_off_default(feature, name) and not (in_sequence
                                                         and name in _SEQUENCE_READS):
                 notes.append(f"{name} of {label}")
+        if raw and _is_set(feature, "fg_encoded_default_value"):
+            notes.append(f"fg_encoded_default_value of {label} (the input is raw)")
         if feature.DESCRIPTOR.name == "RawFeature" and not len(feature.boundaries):
             notes += [f"{name} of {label} (no boundaries, so no embedding)"
                       for name in _RAW_EMBEDDING if _set_off_default(feature, name)]
@@ -153,26 +160,18 @@ def ignored_field_notes(config) -> list[str]:
 
 
 def fg_mode_note(config) -> str | None:
-    """A warning where the config says its input is already encoded by a feature
-    generation (``fg_mode`` FG_NONE or FG_BUCKETIZE set, or ``fg_encoded: true`` without
-    a mode): HashRec generates the features from raw input itself, as TorchEasyRec's
-    FG_DAG (and FG_NORMAL) does, so encoded ids would be hashed or bucketized again. None
-    for FG_DAG, FG_NORMAL or neither field set."""
-    if not config.HasField("data_config"):
+    """What a config whose input a feature generation already wrote (``fg_mode`` FG_NONE
+    or FG_BUCKETIZE, or ``fg_encoded: true`` without a mode) makes the features read,
+    for the log; None for raw input (``hashrec.features.encoded`` reads the others)."""
+    data = config.data_config if config.HasField("data_config") else None
+    mode = fg_input(data)
+    if mode == RAW:
         return None
-    data = config.data_config
-    if data.HasField("fg_mode"):
-        mode = data.DESCRIPTOR.fields_by_name["fg_mode"].enum_type.values_by_number[
-            data.fg_mode].name
-        if mode in ("FG_DAG", "FG_NORMAL"):
-            return None
-        said = f"data_config.fg_mode is {mode}"
-    elif data.HasField("fg_encoded") and data.fg_encoded:
-        said = "data_config.fg_encoded is true"
-    else:
-        return None
-    return (f"{said} (input that a feature generation already encoded), but HashRec "
-            f"generates the features from raw input itself, as TorchEasyRec's FG_DAG does (a "
-            f"feature reads the column its expression names and hashes, bucketizes or "
-            f"normalizes it): encoded ids would be bucketized again and values joined by "
-            f"fg_encoded_multival_sep read as one; give it raw input and set fg_mode: FG_DAG")
+    said = f"data_config.fg_mode is {fg_mode_name(data)}" if fg_mode_name(data) else \
+        "data_config.fg_encoded is true"
+    what = ("ids as the generation bucketized them (rows of their tables, keys of dynamic "
+            "tables), values as it normalized them" if mode == ENCODED else
+            "tokens bucketized here as from raw input, values not normalized again")
+    return (f"{said}: each feature reads the column named as the feature (not its "
+            f"expression's field), {what}; several values a cell joined by "
+            f"{data.fg_encoded_multival_sep!r}")

@@ -56,7 +56,7 @@ def _hash_text(text: pa.Array) -> np.ndarray:
     return digests[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
-def _error_at(bags: Bags, position: int, feature: str, column: str, what: str) -> FeatureError:
+def error_at(bags: Bags, position: int, feature: str, column: str, what: str) -> FeatureError:
     value = bags.values[position].as_py()
     return FeatureError(f"feature {feature!r}: column {column!r}", bags.row_of(position),
                         f"{what} (value {value!r})")
@@ -179,16 +179,27 @@ def strict_int_ids(bags: Bags, feature: str, column: str) -> np.ndarray:
     if pa.types.is_floating(values.type):
         ids, bad = _float_ids(bags)
         if bad is not None:
-            raise _error_at(bags, bad, feature, column, "expected an integer id")
+            raise error_at(bags, bad, feature, column, "expected an integer id")
         return ids
     if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
         is_int, ints = int_tokens(values, canonical=False)  # "007" is 7: only ints are ids
         if not is_int.all():
             pos = int(np.flatnonzero(~is_int)[0])
-            raise _error_at(bags, pos, feature, column, "expected an integer id")
+            raise error_at(bags, pos, feature, column, "expected an integer id")
         return ints
     raise FeatureError(f"feature {feature!r}: column {column!r} holds {values.type}; "
                        f"expected integer ids (or strings of them)")
+
+
+def ids_below(bags: Bags, feature: str, column: str, limit: int, span: str) -> np.ndarray:
+    """Integer tokens (``strict_int_ids``) that must lie in [0, ``limit``); one outside
+    is an error naming its row and ``span`` (how the config says the range)."""
+    ids = strict_int_ids(bags, feature, column)
+    bad = (ids < 0) | (ids >= limit)
+    if bad.any():
+        pos = int(np.flatnonzero(bad)[0])
+        raise error_at(bags, pos, feature, column, f"id outside {span}")
+    return ids
 
 
 def raw_int64_ids(bags: Bags) -> np.ndarray:
@@ -232,13 +243,8 @@ class NumBuckets:
         return self.num_buckets
 
     def ids(self, bags: Bags, feature: str, column: str) -> np.ndarray:
-        ids = strict_int_ids(bags, feature, column)
-        bad = (ids < 0) | (ids >= self.num_buckets)
-        if bad.any():
-            pos = int(np.flatnonzero(bad)[0])
-            raise _error_at(bags, pos, feature, column,
-                            f"id outside [0, num_buckets={self.num_buckets})")
-        return ids
+        return ids_below(bags, feature, column, self.num_buckets,
+                         f"[0, num_buckets={self.num_buckets})")
 
 
 @dataclass(frozen=True)

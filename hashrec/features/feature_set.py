@@ -26,6 +26,7 @@ from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
 from hashrec.features.base import Feature, SparseIds, check_not_sequence
 from hashrec.features.batch import Batch
 from hashrec.features.combo_feature import build_combo_feature
+from hashrec.features.encoded import read_as_generated
 from hashrec.features.errors import FeatureError
 from hashrec.features.id_feature import IdFeature, build_id_feature
 from hashrec.features.raw_feature import build_raw_feature
@@ -311,6 +312,8 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
     features: list[Feature] = []
     for kind, cfg in configs:
         features += _build(kind, cfg, top_level)
+    features = read_as_generated(features, configs, pipeline_config.data_config
+                                 if pipeline_config.HasField("data_config") else None)
     labels = list(pipeline_config.data_config.label_fields)
     weights = _sample_weight_fields(pipeline_config.data_config, labels)
     _check_names(features, labels, weights)

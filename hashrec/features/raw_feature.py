@@ -118,7 +118,8 @@ class RawFeature(Feature):
                  separator: str | None, normalizer: Normalizer | None = None,
                  boundaries: tuple[float, ...] = (), table: TableRequest | None = None,
                  pooling: str = "sum", sequence_length: int = 0,
-                 sequence_name: str = "", value_separator: str | None = None) -> None:
+                 sequence_name: str = "", value_separator: str | None = None,
+                 default_field: str = "default_value") -> None:
         self.name = name
         self.columns = (column,)
         self.value_dim = value_dim
@@ -132,6 +133,7 @@ class RawFeature(Feature):
         self.sequence_length = sequence_length
         self.sequence_name = (sequence_name or name) if self.is_sequence else ""
         self.value_separator = value_separator
+        self.default_field = default_field
 
     def _values(self, bags: Bags, defaulted: np.ndarray | None = None) -> np.ndarray:
         """The bags' values, normalized but where ``defaulted`` (a (B,) bool of rows that
@@ -194,13 +196,13 @@ class RawFeature(Feature):
     def _default_hint(self) -> str:
         """What to set so that missing cells give value_dim values."""
         if not self.default:
-            return " (set default_value for missing cells)"
+            return f" (set {self.default_field} for missing cells)"
         items = len(self.default.split(self.separator)) if self.separator else 1
         if items == self.value_dim:
             return ""
         sep = f" separated by {self.separator!r}" if self.separator else \
             " (and a separator to split them)"
-        return (f" (a missing cell takes default_value {self.default!r}, {items} value(s); "
+        return (f" (a missing cell takes {self.default_field} {self.default!r}, {items} value(s); "
                 f"give it {self.value_dim} values{sep})")
 
     def _padded(self, bags: Bags, values: np.ndarray) -> np.ndarray:

@@ -50,8 +50,7 @@ def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | N
             ", ".join(ignored), "it changes" if len(ignored) == 1 else "they change")
     encoded = fg_mode_note(config)
     if encoded:
-        logging.getLogger("hashrec.config").warning("%s: %s", args.pipeline_config_path,
-                                                    encoded)
+        logging.getLogger("hashrec.config").info("%s: %s", args.pipeline_config_path, encoded)
     return config
 
 

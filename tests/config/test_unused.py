@@ -49,30 +49,44 @@ def test_ignored_fields_are_noted():
     notes = ignored_field_notes(example_with(
         'train_config { is_profiling: true tensorboard_summaries: "loss" }\n'
         'data_config { fg_mode: FG_NONE fg_threads: 4 fg_encoded_multival_sep: "," }'))
+    # encoded input (FG_NONE) reads its separator
     assert notes == ["train_config.is_profiling", "train_config.tensorboard_summaries",
-                     "data_config.fg_threads", "data_config.fg_encoded_multival_sep"]
+                     "data_config.fg_threads"]
     notes = ignored_field_notes(example_with('export_config { mixed_precision: "BF16" }'))
     assert notes == ["export_config.mixed_precision"]  # the export runs in float32
 
 
-@pytest.mark.parametrize("text, said", [
-    ("data_config { fg_mode: FG_NONE }", "fg_mode is FG_NONE"),
-    ("data_config { fg_mode: FG_BUCKETIZE }", "fg_mode is FG_BUCKETIZE"),
-    ("data_config { fg_encoded: true }", "fg_encoded is true"),
-    ("data_config { fg_mode: FG_NORMAL }", None),
-    ("data_config { fg_encoded: false }", None),
-    ("data_config { fg_mode: FG_DAG fg_encoded: true }", None),
+def test_the_fields_of_the_other_input_mode_are_noted():
+    # raw input (FG_DAG) reads neither the encoded input's separator nor its defaults
+    notes = ignored_field_notes(example_with(
+        'data_config { fg_encoded_multival_sep: "," }\n'
+        'feature_configs { id_feature { feature_name: "i" expression: "item:i" embedding_dim: 4 '
+        'num_buckets: 8 fg_encoded_default_value: "0" } }'))
+    assert notes == ["data_config.fg_encoded_multival_sep (the input is raw)",
+                     "fg_encoded_default_value of feature 'i' (feature_configs[17]) (the "
+                     "input is raw)"]
+    assert unused_field_problems(example_with(
+        'feature_configs { id_feature { feature_name: "i" fg_encoded_default_value: "0" } }'
+        "\ndata_config { fg_mode: FG_NONE }")) == []
+
+
+@pytest.mark.parametrize("text, said, what", [
+    ("data_config { fg_mode: FG_NONE }", "fg_mode is FG_NONE", "as the generation bucketized"),
+    ("data_config { fg_mode: FG_BUCKETIZE }", "fg_mode is FG_BUCKETIZE", "bucketized here"),
+    ("data_config { fg_encoded: true }", "fg_encoded is true", "as the generation bucketized"),
+    ("data_config { fg_mode: FG_NORMAL }", None, None),
+    ("data_config { fg_encoded: false }", None, None),
+    ("data_config { fg_mode: FG_DAG fg_encoded: true }", None, None),
 ], ids=["none", "bucketize", "encoded", "normal", "not-encoded", "dag"])
-def test_input_said_to_be_encoded_is_warned_of(text, said):
-    # HashRec generates the features from raw input as FG_DAG does; a config that says
-    # its input is already encoded would have its ids bucketized again.
+def test_encoded_input_is_said_how_it_is_read(text, said, what):
     config = example_with(text)
     config.data_config.ClearField("fg_mode")
     note = fg_mode_note(text_format.Merge(text, config))
     if said is None:
         assert note is None
     else:
-        assert said in note and "set fg_mode: FG_DAG" in note
+        assert said in note and what in note
+        assert "reads the column named as the feature" in note
     assert fg_mode_note(load_pipeline_config(EXAMPLE)) is None
 
 
@@ -158,6 +172,6 @@ def test_the_commands_log_ignored_fields_and_encoded_input(tmp_path, caplog, tex
     config = example_with(text + "\ndata_config { fg_mode: FG_NONE }")
     path.write_text(text_format.MessageToString(config))
     args = argparse.Namespace(pipeline_config_path=str(path), edit_config_json=None)
-    with caplog.at_level(logging.WARNING, logger="hashrec"):
+    with caplog.at_level(logging.INFO, logger="hashrec"):
         load_effective_config(args, {})
     assert phrase in caplog.text and "fg_mode is FG_NONE" in caplog.text
