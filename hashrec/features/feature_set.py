@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import torch
 
 from hashrec.config.errors import ConfigError
+from hashrec.config.fg_mode import RAW, fg_input
 from hashrec.config.validate import feature_problems
 from hashrec.embedding.jagged import KeyedJaggedTensor
 from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
@@ -33,6 +34,7 @@ from hashrec.features.raw_feature import build_raw_feature
 from hashrec.features.sequence_feature import (
     build_sequence_group,
     build_top_level_sequence,
+    note_sequence_defaults,
     parse_sequence,
 )
 from hashrec.features.tables import alias_emb_names, build_tables, tables_read_by
@@ -312,8 +314,11 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
     features: list[Feature] = []
     for kind, cfg in configs:
         features += _build(kind, cfg, top_level)
-    features = read_as_generated(features, configs, pipeline_config.data_config
-                                 if pipeline_config.HasField("data_config") else None)
+    data_config = pipeline_config.data_config if pipeline_config.HasField("data_config") \
+        else None
+    if fg_input(data_config) == RAW:  # encoded input's missing items are no "0"
+        note_sequence_defaults(configs)
+    features = read_as_generated(features, configs, data_config)
     labels = list(pipeline_config.data_config.label_fields)
     weights = _sample_weight_fields(pipeline_config.data_config, labels)
     _check_names(features, labels, weights)

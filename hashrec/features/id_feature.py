@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 
 import numpy as np
@@ -37,8 +36,6 @@ _WEIGHTED = r"^(?P<id>.*):(?P<weight>[^:]*)$"
 # What a missing item of a sequence id feature without default_value reads as (TorchEasyRec
 # resets such a default_value to it).
 SEQUENCE_DEFAULT = "0"
-
-logger = logging.getLogger("hashrec.features")
 
 
 def _is_finite_number(text: str) -> bool:
@@ -164,11 +161,7 @@ def build_id_feature(cfg) -> IdFeature:
 def sequence_default(cfg, name: str) -> str:
     """A sequence id feature's default_value: the config's, or ``SEQUENCE_DEFAULT`` where it
     is empty, as TorchEasyRec resets it (an empty or null cell is then one "0" item)."""
-    if cfg.default_value:
-        return cfg.default_value
-    logger.info("feature %r: a sequence id feature without default_value reads missing "
-                "items and empty cells as %r, as TorchEasyRec does", name, SEQUENCE_DEFAULT)
-    return SEQUENCE_DEFAULT
+    return cfg.default_value or SEQUENCE_DEFAULT
 
 
 def build_sequence_id_feature(cfg, name: str, column: str, sequence_length: int,

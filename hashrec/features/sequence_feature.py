@@ -33,6 +33,7 @@ a sub-feature without a default has no item that sub-feature describes: it keeps
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -44,6 +45,7 @@ from hashrec.features.bucketize import Bucketizer, Vocab, bucketizer_from_config
 from hashrec.features.data_type import data_type_of
 from hashrec.features.errors import FeatureError
 from hashrec.features.id_feature import (
+    SEQUENCE_DEFAULT,
     IdFeature,
     build_sequence_id_feature,
     sequence_default,
@@ -52,6 +54,8 @@ from hashrec.features.id_feature import (
 from hashrec.features.init_fn import init_fn_of
 from hashrec.features.raw_feature import RawFeature, build_raw_feature
 from hashrec.features.tokens import keep_items, present
+
+logger = logging.getLogger("hashrec.features")
 
 
 def _shared_top_level(cfg, top_level: dict[str, IdFeature], name: str) -> IdFeature:
@@ -133,6 +137,25 @@ def build_top_level_sequence(kind: str, cfg, top_level: dict[str, IdFeature]):
     if kind == "sequence_id_feature":
         return _sequence_id(cfg, name, column, length, cfg.sequence_delim, top_level)
     return build_raw_feature(cfg, name, column, length, cfg.sequence_delim)
+
+
+def note_sequence_defaults(configs) -> None:
+    """Log the sequence id features of raw input that read missing items as
+    ``SEQUENCE_DEFAULT`` for want of a default_value; ``configs`` are ``(kind, config)``
+    of the feature configs."""
+    for kind, cfg in configs:
+        if kind == "sequence_id_feature":
+            subs = [(cfg.feature_name, cfg)]
+        elif kind == "sequence_feature":
+            subs = [(f"{cfg.sequence_name}__{sub.id_feature.feature_name}", sub.id_feature)
+                    for sub in cfg.features if sub.WhichOneof("feature") == "id_feature"]
+        else:
+            continue
+        for name, sub in subs:
+            if not sub.default_value:
+                logger.info("feature %r: a sequence id feature without default_value reads "
+                            "missing items and empty cells as %r, as TorchEasyRec does", name,
+                            SEQUENCE_DEFAULT)
 
 
 def parse_sequence(features: Sequence[Feature], table: pa.Table | pa.RecordBatch

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -135,6 +137,14 @@ def test_sequence_sub_features_read_columns_named_as_themselves(feature_set):
     assert _sparse(batch, "s__item") == ([5, 7, 8, 3], [3, 0, 1])
     assert batch.sequence_dense["s__t"][:, :, 0].tolist() == [[1, 2, 3], [0, 0, 0],
                                                               [0.5, 0, 0]]
+
+
+def test_only_raw_input_says_missing_items_read_as_0(feature_set, caplog):
+    with caplog.at_level(logging.INFO, logger="hashrec.features"):
+        feature_set(SEQUENCE, NONE)
+        assert "reads missing items" not in caplog.text  # encoded: none, or its default
+        feature_set(SEQUENCE)
+    assert "feature 's__item': a sequence id feature without default_value" in caplog.text
 
 
 def test_bucketize_mode_bucketizes_the_generated_tokens(feature_set):
