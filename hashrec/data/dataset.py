@@ -26,7 +26,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from hashrec.data.batching import rebatch, shuffle_rebatch
 from hashrec.data.errors import DataError
-from hashrec.data.schema import common_schema, conform
+from hashrec.data.schema import common_schema, conform, integers_read_as_text
 from hashrec.data.sharding import epoch_order, slot_batches, slot_ranges
 from hashrec.data.sources import CsvFormat, CsvSource, ParquetSource, Piece
 from hashrec.data.transfer import BatchSender
@@ -150,6 +150,9 @@ class FileDataset(IterableDataset):
                            len(empty), len(files), empty[0])
         # Every piece is cast to it, so that batches spanning files concatenate.
         self.schema: pa.Schema = common_schema(schemas)
+        if options.rank == 0:
+            for note in integers_read_as_text(schemas, self.schema):
+                logger.warning("%s", note)
 
     @staticmethod
     def needed_columns(feature_set, options: ReadOptions) -> list[str]:

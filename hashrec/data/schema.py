@@ -6,9 +6,12 @@ column, the type that holds every file's values. A column of nulls alone takes t
 other files' type, integer widths widen, integers and floats meet as floats,
 string and large_string as large_string, list items as their items do; dictionary
 columns keep their dictionary where every file has one (the widest index) and
-otherwise become their values' type; booleans meet numbers as those numbers. Types
-without a common type (a string and a list, a string and a number) are a DataError
-naming a file and the column.
+otherwise become their values' type; booleans meet numbers as those numbers. Integers
+meet strings as strings, and uint64 meets signed integers as strings too (no integer
+type holds both): an integer's decimal text reads as the same id, value or label as the integer
+does (``integers_read_as_text`` names such columns, slower to parse). Types without a
+common type (a string and a list, a string and a float) are a DataError naming a file
+and the column.
 """
 
 from __future__ import annotations
@@ -74,11 +77,34 @@ def _number(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t)
 
 
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _integer_text(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The text type integers of one of ``a`` / ``b`` and the other's values meet as: the
+    other's string type where it is text, a string where the two are uint64 and a signed
+    integer (lists of them likewise); None otherwise."""
+    a, b = _plain(a), _plain(b)
+    if _is_list(a) and _is_list(b):
+        item = _integer_text(a.value_type, b.value_type)
+        return None if item is None else pa.list_(item)
+    for x, y in ((a, b), (b, a)):
+        if pa.types.is_integer(x) and _is_text(y):
+            return y
+        if pa.types.is_uint64(x) and pa.types.is_signed_integer(y):
+            return pa.string()
+    return None
+
+
 def common_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     """The type that holds values of types ``a`` and ``b`` (see the module docstring);
     None when there is none."""
     if a == b:
         return a
+    text = _integer_text(a, b)
+    if text is not None:
+        return text
     for x, y in ((a, b), (_plain(a), _plain(b))):
         try:
             unified = pa.unify_schemas([pa.schema([("c", x)]), pa.schema([("c", y)])],
@@ -124,6 +150,30 @@ def common_schema(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:
     """
     return pa.schema([_common_field([(path, schema.field(i)) for path, schema in schemas])
                       for i in range(len(schemas[0][1]))])
+
+
+def integers_read_as_text(schemas: Sequence[tuple[str, pa.Schema]], schema: pa.Schema
+                          ) -> list[str]:
+    """Per column that some file holds as integers and ``schema`` (their common schema)
+    reads as text, a note naming it and a file of each type."""
+    notes = []
+    for i, field in enumerate(schema):
+        if not _is_text(field.type) and not (_is_list(field.type)
+                                             and _is_text(field.type.value_type)):
+            continue
+        kinds: dict[pa.DataType, str] = {}  # item type -> a file holding it
+        for path, file_schema in schemas:
+            t = _plain(file_schema.field(i).type)
+            t = t.value_type if _is_list(t) else t
+            if not pa.types.is_null(t):  # a file of nulls holds no values to read
+                kinds.setdefault(t, path)
+        integer = next((t for t in kinds if pa.types.is_integer(t)), None)
+        if integer is not None and len(kinds) > 1:
+            other = next(t for t in kinds if t != integer)
+            notes.append(f"column {field.name!r} holds {integer} in {kinds[integer]} and "
+                         f"{other} in {kinds[other]}: read as strings, which read as the "
+                         f"same ids and values, parsed more slowly; write one type")
+    return notes
 
 
 def conform(table: pa.Table, schema: pa.Schema, path: str) -> pa.Table:

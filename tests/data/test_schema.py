@@ -21,6 +21,13 @@ COMMON = {
     "bool-int": (pa.bool_(), pa.int32(), pa.int32()),
     "fixed-list": (pa.list_(pa.float32(), 2), pa.list_(pa.float32()), pa.list_(pa.float32())),
     "list-widths": (pa.list_(pa.int32()), pa.list_(pa.int64()), pa.list_(pa.int64())),
+    # an integer's text reads as the same id, value or label
+    "int-string": (pa.int64(), pa.string(), pa.string()),
+    "uint8-large-string": (pa.uint8(), pa.large_string(), pa.large_string()),
+    "int-dict": (pa.int32(), DICT8, pa.string()),
+    "int64-uint64": (pa.int64(), pa.uint64(), pa.string()),
+    "int8-uint64": (pa.int8(), pa.uint64(), pa.string()),
+    "list-int-list-string": (pa.list_(pa.int64()), pa.list_(pa.string()), pa.list_(pa.string())),
 }
 
 
@@ -30,9 +37,10 @@ def test_common_type_holds_both_types_in_either_order(case):
     assert common_type(a, b) == want and common_type(b, a) == want
 
 
-@pytest.mark.parametrize("a,b", [(pa.string(), pa.list_(pa.string())), (pa.int64(), pa.string()),
-                                 (pa.bool_(), pa.string())], ids=["string-list", "int-string",
-                                                                  "bool-string"])
+@pytest.mark.parametrize("a,b", [(pa.string(), pa.list_(pa.string())),
+                                 (pa.float64(), pa.string()), (pa.bool_(), pa.string()),
+                                 (pa.int64(), pa.list_(pa.string()))],
+                         ids=["string-list", "float-string", "bool-string", "int-list"])
 def test_types_without_a_common_type(a, b):
     assert common_type(a, b) is None and common_type(b, a) is None
 

@@ -338,10 +338,11 @@ def test_files_with_different_but_convertible_types_concatenate(tmp_path):
     assert row_ids(batches) == [0, 1, 2, 3, 4]
 
 
-def test_files_with_inconvertible_types_name_the_file_and_column(tmp_path):
+def test_a_value_that_does_not_parse_names_the_files_of_its_batch(tmp_path):
+    # integers and strings meet as strings; the strings here are no row ids
     write_parquet(str(tmp_path / "a.parquet"), 0, 3)
     pq.write_table(pa.table({"row_id": ["x", "y"], "clk": [0, 1]}), tmp_path / "b.parquet")
-    with pytest.raises(DataError, match=r"b\.parquet.*'row_id'"):
+    with pytest.raises(DataError, match=r"a\.parquet, .*b\.parquet failed: .*'x'"):
         _load(str(tmp_path))
 
 
@@ -400,6 +401,29 @@ def test_fixed_size_list_column_feeds_a_raw_feature(tmp_path):
     (batches,) = _load(str(tmp_path / "f.parquet"), features=build_feature_set(config),
                        batch_size=2)
     assert [b.dense["v"].tolist() for b in batches] == [[[1, 2], [3, 4]], [[5, 6]]]
+
+
+@pytest.mark.parametrize("ints", [pa.int64(), pa.uint64()], ids=["int64", "uint64"])
+def test_integer_and_string_ids_in_two_files_read_as_the_same_ids(tmp_path, caplog, ints):
+    # one day's export wrote the ids as integers, another's as strings (or int64 as uint64)
+    config = parse_pipeline_config(
+        'model_dir: "m" data_config { batch_size: 8 dataset_type: ParquetDataset '
+        'label_fields: "clk" } feature_configs { id_feature { feature_name: "u" '
+        'expression: "user:u" embedding_dim: 4 dynamicemb { max_capacity: 64 } } } '
+        'feature_configs { id_feature { feature_name: "h" expression: "user:u" '
+        'embedding_dim: 4 hash_bucket_size: 1000 } }')
+    features = build_feature_set(config)
+    ids = [7, 2**40, 3]
+    other = pa.array(ids, pa.int64()) if ints == pa.uint64() else pa.array(map(str, ids))
+    pq.write_table(pa.table({"u": pa.array(ids, ints), "clk": [0, 1, 0]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"u": other, "clk": [1, 0, 1]}), tmp_path / "b.parquet")
+    with caplog.at_level("WARNING", logger="hashrec.data"):
+        (batches,) = _load(str(tmp_path), features=features, batch_size=8)
+    (batch,) = batches
+    assert batch.sparse["u"].values.tolist() == ids + ids
+    hashed = batch.sparse["h"].values.tolist()
+    assert hashed[:3] == hashed[3:]
+    assert "column 'u' holds " in caplog.text and "read as strings" in caplog.text
 
 
 def test_unsupported_dataset_type_is_named(tmp_path):
