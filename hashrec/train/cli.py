@@ -30,7 +30,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | None]):
     """Load the config, apply ``--edit_config_json``, then non-empty path overrides; warn
-    of the fields HashRec ignores and of an encoded-input fg_mode (on the
+    of the fields HashRec ignores and say how an encoded-input fg_mode is read (on the
     ``hashrec.config`` logger, which ranks other than 0 keep quiet: ``setup_logging``).
 
     Raises:

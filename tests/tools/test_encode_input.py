@@ -1,0 +1,124 @@
+"""encode_input: raw input written as FG_NONE columns reads back to the same batches."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hashrec.config import load_pipeline_config, parse_pipeline_config
+from hashrec.features import build_feature_set
+from hashrec.tools.encode_input import encode, main
+from hashrec.tools.gen_output import GeneratorError
+from tests.features.test_feature_set import TAOBAO_CONFIG, taobao_table
+
+FEATURES = '''
+model_dir: "m"
+data_config { batch_size: 4 dataset_type: ParquetDataset label_fields: "clk"
+              sample_weight_fields: "w" fg_mode: FG_DAG }
+feature_configs { id_feature { feature_name: "tags" expression: "item:tags" embedding_dim: 4
+                  hash_bucket_size: 50 weighted: true separator: "," } }
+feature_configs { raw_feature { feature_name: "p" expression: "item:p" value_dim: 2
+                  separator: "," normalizer: "method=log10" } }
+feature_configs { raw_feature { feature_name: "q" expression: "item:q" default_value: "7" } }
+feature_configs { sequence_feature { sequence_name: "s" sequence_length: 2 sequence_delim: ";"
+                  features { id_feature { feature_name: "i" expression: "item:i"
+                                          embedding_dim: 4 num_buckets: 10 } }
+                  features { raw_feature { feature_name: "t" expression: "item:t" } } } }
+'''
+
+
+def _table(rows: int) -> pa.Table:
+    return pa.table({
+        "tags": [f"a:0.5,b:{r}" if r % 3 else "" for r in range(rows)],
+        "p": [f"{r + 1},{2 * r + 1}" for r in range(rows)],
+        "q": [float(r) if r % 2 else None for r in range(rows)],
+        "s__i": [";".join(str((r + k) % 10) for k in range(r % 4)) for r in range(rows)],
+        "s__t": [";".join(f"{r}.{k}" for k in range(r % 4)) for r in range(rows)],
+        "clk": [r % 2 for r in range(rows)],
+        "w": [1.0 + r for r in range(rows)],
+        "uid": [f"u{r}" for r in range(rows)],
+    })
+
+
+def _batches_equal(a, b) -> None:
+    assert a.sparse.keys() == b.sparse.keys()
+    assert a.sparse.values().equal(b.sparse.values())
+    assert a.sparse.lengths().equal(b.sparse.lengths())
+    weights = a.sparse.weights_or_none(), b.sparse.weights_or_none()
+    assert (weights[0] is None) == (weights[1] is None)
+    if weights[0] is not None:
+        assert weights[0].equal(weights[1])
+    for x, y in ((a.dense, b.dense), (a.sequence_dense, b.sequence_dense), (a.labels, b.labels)):
+        assert x.keys() == y.keys()
+        assert all(x[k].equal(y[k]) for k in x)
+
+
+def _encoded(tmp_path, config, table, **kwargs):
+    pq.write_table(table, tmp_path / "raw.parquet")
+    rows, names = encode(config, str(tmp_path / "raw.parquet"), str(tmp_path / "out"),
+                         quiet=True, **kwargs)
+    return rows, names, pa.concat_tables(pq.read_table(tmp_path / "out" / n) for n in names)
+
+
+def test_weighted_dense_and_sequence_features_read_back_the_same(tmp_path):
+    config = parse_pipeline_config(FEATURES)
+    table = _table(11)
+    rows, names, out = _encoded(tmp_path, config, table, reserved=("uid",), rows_per_file=4)
+    assert rows == 11 and names == ["part-00000.parquet", "part-00001.parquet",
+                                    "part-00002.parquet"]
+    marker = json.loads((tmp_path / "out" / "_encode_input.json").read_text())
+    assert marker == {"files": names, "rows": 11, "complete": True}
+    assert set(out.column_names) == {"tags", "p", "q", "s__i", "s__t", "clk", "w", "uid"}
+    assert out["uid"].to_pylist() == table["uid"].to_pylist()
+    raw = build_feature_set(config).parse(table)
+    config.data_config.fg_mode = 1  # FG_NONE
+    _batches_equal(build_feature_set(config).parse(out), raw)
+
+
+def test_the_taobao_example_reads_back_the_same(tmp_path):
+    config = load_pipeline_config(TAOBAO_CONFIG)
+    config.data_config.dataset_type = 2  # ParquetDataset
+    table = taobao_table(300, seed=4)
+    raw = build_feature_set(config).parse(table)
+    _, _, out = _encoded(tmp_path, config, table, batch_size=64)
+    config.data_config.fg_mode = 1
+    _batches_equal(build_feature_set(config).parse(out), raw)
+
+
+def test_encoded_input_is_not_encoded_again(tmp_path):
+    config = parse_pipeline_config(FEATURES.replace("fg_mode: FG_DAG", "fg_mode: FG_NONE"))
+    with pytest.raises(ValueError, match="encoded already"):
+        _encoded(tmp_path, config, _table(3))
+
+
+def test_a_sequence_raw_feature_without_an_id_feature_is_refused(tmp_path):
+    text = FEATURES.replace('''features { id_feature { feature_name: "i" expression: "item:i"
+                                          embedding_dim: 4 num_buckets: 10 } }''', "")
+    with pytest.raises(ValueError, match="feature 's__t': .*sequence 's' has none"):
+        _encoded(tmp_path, parse_pipeline_config(text), _table(3))
+
+
+def test_a_directory_of_other_files_is_refused(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(GeneratorError, match="not empty"):
+        _encoded(tmp_path, parse_pipeline_config(FEATURES), _table(3))
+    assert os.listdir(tmp_path / "out") == ["notes.txt"]
+
+
+def test_the_command_line(tmp_path, capsys):
+    config = tmp_path / "pipeline.config"
+    config.write_text(FEATURES)
+    pq.write_table(_table(5), tmp_path / "raw.parquet")
+    args = ["--pipeline_config_path", str(config), "--input_path", str(tmp_path / "raw.parquet"),
+            "--output_dir", str(tmp_path / "out"), "--quiet"]
+    assert main(args) == 0
+    assert "wrote 5 rows in 1 files" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*args, "--rows_per_file", "0"])
+    assert main(["--pipeline_config_path", str(config), "--output_dir", str(tmp_path / "o")]) == 1
+    assert "no input: pass --input_path" in capsys.readouterr().err
