@@ -8,6 +8,10 @@ than wall time when other jobs share the machine.
 
     python benchmarks/bench_data.py --num_rows 1000000 \\
         --json benchmarks/results/data_cpu.json --markdown benchmarks/results/data_cpu.md
+
+With ``--encoded`` the same rows are also written as a feature generation encodes them
+(``hashrec.tools.encode_input``) and read with ``fg_mode: FG_NONE``, each worker count
+right after the raw input's, so the two compare within one run.
 """
 
 from __future__ import annotations
@@ -84,12 +88,13 @@ def markdown(report: dict) -> str:
         f"batch size {setup['batch_size']}, config `{setup['config']}`; one pass per row "
         "below, worker start-up included.", "",
         f"Command: `{report['command']}`", "",
-        "| workers | rows/s | seconds | first batch (s) | batches | CPU s | main CPU s |"
+        "| input | workers | rows/s | seconds | first batch (s) | batches | CPU s | main CPU s |"
         " rows per CPU s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
-        lines.append(f"| {r['workers']} | {r['rows_per_second']:,} | {r['seconds']} | "
+        lines.append(f"| {r.get('input', 'raw')} | {r['workers']} | {r['rows_per_second']:,} | "
+                     f"{r['seconds']} | "
                      f"{r['first_batch_seconds']} | {r['batches']} | {r['cpu_seconds']} | "
                      f"{r.get('main_cpu_seconds', '-')} | {r['rows_per_cpu_second']:,} |")
     return "\n".join(lines) + "\n"
@@ -106,9 +111,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=8192)
     p.add_argument("--workers", default="0,2,4,8,16",
                    help="comma-separated worker counts; those above the CPU count are skipped")
+    p.add_argument("--encoded", action="store_true",
+                   help="also read the rows encoded by encode_input (fg_mode FG_NONE)")
     p.add_argument("--json", default=None, help="write the report here")
     p.add_argument("--markdown", default=None, help="write a markdown table here")
     return p
+
+
+def _encoded(config_path: str, path: str, out: str):
+    """(config, feature set, path) of ``path`` encoded into ``out``, read as FG_NONE."""
+    from hashrec.tools.encode_input import encode
+
+    encode(load_pipeline_config(config_path), path, out, quiet=True)
+    config = load_pipeline_config(config_path)
+    config.data_config.fg_mode = 1  # FG_NONE
+    config.data_config.dataset_type = 2  # ParquetDataset
+    return config, build_feature_set(config), out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,10 +140,15 @@ def main(argv: list[str] | None = None) -> int:
             path = os.path.join(tmp, "taobao")
             generate(path, args.num_rows, args.num_files, seed=0, scale=args.scale, quiet=True)
         files = expand_input_path(path)
+        inputs = [("raw", config, feature_set, path)]
+        if args.encoded:
+            inputs.append(("encoded", *_encoded(args.config, path, os.path.join(tmp, "enc"))))
         results = []
         for workers in counts:
-            results.append(measure(config, feature_set, path, workers, args.batch_size))
-            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+            for name, cfg, features, where in inputs:
+                results.append({"input": name,
+                                **measure(cfg, features, where, workers, args.batch_size)})
+                print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     report = {
         "benchmark": "bench_data", "environment": environment(),
         "command": " ".join(["python", os.path.relpath(__file__), *sys.argv[1:]]),
