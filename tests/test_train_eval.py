@@ -333,6 +333,7 @@ def test_a_bad_value_read_in_a_worker_is_one_clear_error(small_parts, tmp_path):
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert errors[0].endswith(f"DataError: {bad}: label column 'clk' row 300: value 2 is not 0 "
-                              f"or 1; binary_cross_entropy trains on 0/1 labels (fix the data "
-                              f"or choose another label column)")
+    assert errors[0].endswith(f"DataError: {bad}: label column 'clk' row 300: value 2 is not in "
+                              f"[0, 1]; binary_cross_entropy trains on labels in [0, 1] (0/1, "
+                              f"or a soft label such as a rate; fix the data or choose another "
+                              f"label column)")

@@ -51,8 +51,9 @@ class FeatureSet:
         features: features in config order (sequence sub-features in place).
         tables: the embedding tables they read.
         label_fields: label columns.
-        binary_labels: label columns whose values must be 0 or 1 (those a binary
-            cross-entropy or focal loss trains on) -> that loss, named by the error.
+        binary_labels: label columns whose values must be in [0, 1] (those a binary
+            cross-entropy or focal loss trains on: 0/1, or soft labels) -> that loss,
+            named by the error.
         class_labels: label column -> C, for the columns whose values must be class ids
             0 .. C-1 (those a task of C > 1 classes trains on; the fewest classes where
             tasks of several counts read one column).
@@ -102,7 +103,7 @@ class FeatureSet:
 
     @property
     def binary_labels(self) -> frozenset[str]:
-        """The label columns whose values must be 0 or 1."""
+        """The label columns whose values must be in [0, 1]."""
         return frozenset(self.binary_losses)
 
     def embedding_tables(self) -> list[EmbeddingTableSpec]:
@@ -221,9 +222,10 @@ class FeatureSet:
         values = pc.cast(numbers, pa.float32()).to_numpy(zero_copy_only=False).copy()
         loss = self.binary_losses.get(name)
         if loss is not None:
-            _check_label(array, name, (values != 0) & (values != 1),  # NaN included
-                         f"is not 0 or 1; {loss} trains on 0/1 labels (fix the data or "
-                         f"choose another label column)")
+            _check_label(array, name, ~((values >= 0) & (values <= 1)),  # NaN included
+                         f"is not in [0, 1]; {loss} trains on labels in [0, 1] (0/1, or "
+                         f"a soft label such as a rate; fix the data or choose another "
+                         f"label column)")
         classes = self.class_labels.get(name)
         if classes is not None:  # NaN fails every comparison, so it is bad too
             _check_label(array, name,

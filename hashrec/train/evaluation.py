@@ -29,11 +29,19 @@ from hashrec.checkpoint.dist_util import run_on_all_ranks
 from hashrec.checkpoint.errors import disk_full_hint
 from hashrec.checkpoint.layout import complete_checkpoints
 from hashrec.distributed import single_process_context
+from hashrec.models.losses import BINARY_LOSSES
 from hashrec.train.distributed import check_same_input, eval_batches
 from hashrec.train.errors import TrainError
 from hashrec.train.grouped_auc import GroupedAUC
 from hashrec.train.interrupt import StopSignals
-from hashrec.train.metrics import BinnedAUC, MeanLoss, build_metrics, grouping_ids
+from hashrec.train.metrics import (
+    Accuracy,
+    BinnedAUC,
+    MeanLoss,
+    SoftLabels,
+    build_metrics,
+    grouping_ids,
+)
 
 logger = logging.getLogger("hashrec.train")
 
@@ -78,6 +86,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
     metrics = {name + task.suffix: (task, metric) for task in model.tasks
                for name, metric in build_metrics(task.metric_configs, session.device,
                                                  task.regression, task.num_class).items()}
+    soft_labels = _soft_label_counters(metrics, session.device)
     mean_loss = MeanLoss(session.device, len(model.losses))
     was_training = model.training
     model.eval()
@@ -94,6 +103,8 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
                 with session.precision.autocast():
                     predictions = model(batch)
                 _update_metrics(metrics.values(), predictions, batch)
+                for task, (counter, _) in soft_labels.items():
+                    counter.update(batch.labels[task.label_name])
                 # Each loss term (a task's) is averaged over the rows with its weights.
                 targets = model.targets(batch)  # labels, then row weights if any, ...
                 losses = torch.stack(list(model.loss(predictions, batch, targets).values()))
@@ -112,10 +123,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
                            "result is written for a partial evaluation", step, signals.name,
                            batches, time.perf_counter() - start)
         return None
-    result: dict = {"step": int(step)}
-    for name, metric in [*((k, m) for k, (_, m) in metrics.items()), ("loss", mean_loss)]:
-        metric.sync()
-        result[name] = metric.compute()
+    result = _result(step, metrics, mean_loss, soft_labels, session.is_chief)
     # Each loss term under its name too (binary_cross_entropy, l2_loss_<tower_name>, ...),
     # as TorchEasyRec reports them; "loss" is their sum.
     result.update(zip(model.losses, mean_loss.terms()))
@@ -124,6 +132,36 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
                 time.perf_counter() - start,
                 ", ".join(f"{k} {v:.5f}" for k, v in result.items()
                           if k not in ("step", "num_examples")))
+    return result
+
+
+def _soft_label_counters(metrics: dict, device) -> dict:
+    """Task -> (a SoftLabels counter, the result keys of its metrics that read the label as
+    a class) for each task of a binary loss (whose labels may be soft) with such metrics."""
+    counters: dict = {}
+    for name, (task, metric) in metrics.items():
+        if task.loss.name in BINARY_LOSSES and isinstance(metric, (BinnedAUC, GroupedAUC,
+                                                                   Accuracy)):
+            counters.setdefault(task, (SoftLabels(device), []))[1].append(name)
+    return counters
+
+
+def _result(step: int, metrics: dict, mean_loss: MeanLoss, soft_labels: dict,
+            chief: bool) -> dict:
+    """The metrics' values, synced over the ranks, then the loss; warnings (rank 0) for
+    soft labels the metrics thresholded and for metrics that are undefined (NaN)."""
+    result: dict = {"step": int(step)}
+    for name, metric in [*((k, m) for k, (_, m) in metrics.items()), ("loss", mean_loss)]:
+        metric.sync()
+        result[name] = metric.compute()
+        why = metric.undefined_reason() if math.isnan(result[name]) and \
+            hasattr(metric, "undefined_reason") else ""
+        if why and chief:
+            logger.warning("eval at step %d: %s is undefined (NaN): %s", step, name, why)
+    for task, (counter, names) in soft_labels.items():
+        counter.sync()
+        if chief:
+            counter.warn(task.label_name, names)
     return result
 
 

@@ -13,6 +13,8 @@ ranks ``sync`` gathers all rows on every rank.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -61,6 +63,16 @@ class GroupedAUC:
         """The mean AUC of the groups holding both classes; NaN when none does."""
         probs, labels, groups = (t.cpu() for t in self._rows())
         return grouped_auc(probs, labels, groups)
+
+    def undefined_reason(self) -> str:
+        """Why the grouped AUC is NaN ("" where it is not)."""
+        probs, labels, groups = (t.cpu() for t in self._rows())
+        if not bool(torch.isfinite(probs).all()):
+            return f"{int((~torch.isfinite(probs)).sum())} predictions were NaN or infinite"
+        if math.isnan(grouped_auc(probs, labels, groups)):
+            return (f"no group of {self.grouping_key!r} holds both a positive and a negative "
+                    f"row ({int(labels.sum())} positive rows of {labels.numel()})")
+        return ""
 
 
 def grouped_auc(probs: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> float:

@@ -77,10 +77,47 @@ class BinnedAUC:
         all_reduce_tensors([self.positives, self.negatives, self.nonfinite])
 
     def compute(self) -> float:
-        """AUC in [0, 1]; NaN when one class is absent or a prediction was not finite."""
-        if self.positives.sum() == 0 or self.negatives.sum() == 0 or self.nonfinite.item():
+        """AUC in [0, 1]; NaN when one class is absent or a prediction was not finite
+        (``undefined_reason`` says which)."""
+        if self.undefined_reason():
             return float("nan")
         return auc_from_histograms(self.positives, self.negatives)
+
+    def undefined_reason(self) -> str:
+        """Why the AUC is NaN ("" where it is not)."""
+        positives, negatives = int(self.positives.sum()), int(self.negatives.sum())
+        if self.nonfinite.item():
+            return f"{int(self.nonfinite.item())} predictions were NaN or infinite"
+        if positives == 0 or negatives == 0:
+            return (f"the evaluation has {positives} positive and {negatives} negative rows; "
+                    f"an AUC needs both")
+        return ""
+
+
+class SoftLabels:
+    """Counts the rows whose label lies strictly between 0 and 1 (soft labels, which
+    binary_cross_entropy and binary_focal_loss train on), for the metrics that read a
+    label as a class (auc, grouped_auc, accuracy: positive where it is > 0.5)."""
+
+    def __init__(self, device=None) -> None:
+        self.total = torch.zeros(2, dtype=torch.float64, device=device)  # soft, rows
+
+    def update(self, labels: torch.Tensor) -> None:
+        labels = labels.detach().reshape(-1).to(self.total.device)
+        soft = ((labels > 0) & (labels < 1)).sum().to(torch.float64)
+        self.total += torch.stack([soft, torch.full_like(soft, labels.numel())])
+
+    def sync(self) -> None:
+        all_reduce_tensors([self.total])
+
+    def warn(self, label_name: str, metric_names: list[str]) -> None:
+        """One warning naming the metrics that threshold the soft labels, if any were
+        added."""
+        soft, rows = (int(v) for v in self.total.tolist())
+        if soft:
+            logger.warning("label column %r: %d of %d evaluated rows hold a soft label "
+                           "(strictly between 0 and 1); %s count a row positive where its "
+                           "label is > 0.5", label_name, soft, rows, ", ".join(metric_names))
 
 
 class _MeanOf:

@@ -324,7 +324,7 @@ def test_a_label_outside_0_and_1_names_file_column_row_and_value(taobao_table, t
                                                                   value):
     path = _with_value(taobao_table[0], tmp_path, "clk", 1234, value)
     with pytest.raises(DataError, match=rf"^{re.escape(path)}: label column 'clk' row 1234: "
-                                        rf"value {value} is not 0 or 1; binary_cross_entropy"):
+                                        rf"value {value} is not in \[0, 1\]; binary_cross_entropy"):
         _taobao_read(path, taobao_table[1], workers=0)
 
 

@@ -118,7 +118,7 @@ def test_dictionary_encoded_labels_and_weights_read_as_their_values(values):
 @pytest.mark.parametrize("cells,row,detail", [
     (["1", "", "0"], 1, "the label is null"),
     (["0", "1", "yes"], 2, "value 'yes' is not a number"),
-    (["NaN", "1", "0"], 0, "value 'NaN' is not 0 or 1"),
+    (["NaN", "1", "0"], 0, r"value 'NaN' is not in \[0, 1\]"),
 ], ids=["empty", "word", "nan"])
 def test_label_text_that_is_not_a_label_names_its_row(taobao_set, cells, row, detail):
     text = taobao_table(3).set_column(19, "clk", pa.array(cells, pa.large_string()))
@@ -139,16 +139,24 @@ def test_unsupported_feature_kind_is_named():
         build_feature_set(config)
 
 
-@pytest.mark.parametrize("clk,row", [([1, 0, 2], 2), ([0.5, 1, 0], 0), ([1, float("nan"), 0], 1)],
-                         ids=["two", "half", "nan"])
-def test_binary_cross_entropy_labels_are_0_or_1(taobao_set, clk, row):
+@pytest.mark.parametrize("clk,row", [([1, 0, 2], 2), ([-0.5, 1, 0], 0), ([1, float("nan"), 0], 1),
+                                     ([0, 1.0001, 1], 1)],
+                         ids=["two", "negative", "nan", "above-one"])
+def test_binary_cross_entropy_labels_are_in_0_1(taobao_set, clk, row):
     bad = taobao_table(3).set_column(19, "clk", pa.array(clk))
-    with pytest.raises(FeatureError, match=rf"label column 'clk' row {row}: value .* is not 0 "
-                                           rf"or 1") as raised:
+    with pytest.raises(FeatureError, match=rf"label column 'clk' row {row}: value .* is not in "
+                                           rf"\[0, 1\]; binary_cross_entropy trains on labels "
+                                           rf"in \[0, 1\] \(0/1, or a soft label") as raised:
         taobao_set.parse(bad)
     assert raised.value.row == row
     good = taobao_table(3).set_column(19, "clk", pa.array([True, False, True]))
     assert taobao_set.parse(good).labels["clk"].tolist() == [1.0, 0.0, 1.0]
+
+
+def test_binary_cross_entropy_takes_soft_labels(taobao_set):
+    # A rate or a teacher's probability, as TorchEasyRec's BCEWithLogitsLoss takes it.
+    soft = taobao_table(4).set_column(19, "clk", pa.array([0.25, 1.0, 0.0, 0.5]))
+    assert taobao_set.parse(soft).labels["clk"].tolist() == [0.25, 1.0, 0.0, 0.5]
 
 
 def test_labels_are_checked_only_for_binary_cross_entropy():

@@ -155,9 +155,9 @@ def test_a_multi_task_model_of_classes_trains_exports_and_predicts(multi_task, t
         np.testing.assert_allclose(got, eager[name].numpy(), atol=1e-5, err_msg=name)
 
 
-def test_focal_loss_labels_must_be_0_or_1(focal):
+def test_focal_loss_labels_must_be_in_0_1(focal):
     _, config, _ = focal
     bad = _table(4, 2).set_column(3, "clk", pa.array([0, 1, 2, 1]))
-    with pytest.raises(FeatureError, match=r"row 2.* value 2 is not 0 or 1; binary_focal_loss "
-                                           r"trains on 0/1 labels"):
+    with pytest.raises(FeatureError, match=r"row 2.* value 2 is not in \[0, 1\]; "
+                                           r"binary_focal_loss trains on labels in \[0, 1\]"):
         build_feature_set(config).parse(bad)

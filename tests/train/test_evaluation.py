@@ -1,16 +1,25 @@
 """The evaluation result file: one JSON line per evaluation, and one clear error when it
-cannot be written."""
+cannot be written; the warnings of an evaluation of soft labels or of one class."""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import torch
+from tiny_pipeline import MULTI_TOWER, pipeline_text
 
 from hashrec.checkpoint.layout import MARKER_NAME
+from hashrec.config import parse_pipeline_config
 from hashrec.train.errors import TrainError
-from hashrec.train.evaluation import best_checkpoint, write_eval_result
+from hashrec.train.evaluation import best_checkpoint, evaluate, write_eval_result
+from hashrec.train.session import build_session
 
 
 def test_results_are_appended_as_json_lines(tmp_path):
@@ -77,3 +86,54 @@ def test_the_best_checkpoint_is_the_best_evaluated_one_still_there(tmp_path):
     with pytest.raises(TrainError, match=r"best_exporter_metric 'auc_ctr': no result in "
                                          r".*eval_result.txt holds it \(they hold auc, loss\)"):
         best_checkpoint(str(model), "auc_ctr")
+
+
+def _tiny_session(root, clk, metrics: str = "metrics { auc {} } metrics { accuracy {} }"):
+    """A session of a tiny MultiTower and an eval file of ``clk`` labels (its rows' users
+    and prices drawn at random)."""
+    (root / "data").mkdir()
+    rng = np.random.default_rng(0)
+    pq.write_table(pa.table({"user_id": rng.integers(0, 20, len(clk)),
+                             "price": rng.random(len(clk)), "clk": clk}),
+                   root / "data" / "eval.parquet")
+    config = parse_pipeline_config(pipeline_text(root, '"clk"', f"{MULTI_TOWER} {metrics}"))
+    return build_session(config, device=torch.device("cpu"))
+
+
+def test_soft_labels_train_the_loss_and_are_thresholded_by_the_metrics(tmp_path, caplog):
+    clk = np.random.default_rng(1).random(150)  # rates in (0, 1), as a distilled teacher's
+    session = _tiny_session(tmp_path, clk)
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        result = evaluate(session, str(tmp_path / "data" / "eval.parquet"), step=0)
+    session.model.eval()
+    with torch.no_grad():
+        batch = session.feature_set.parse(pq.read_table(tmp_path / "data" / "eval.parquet"))
+        out = session.model(batch)
+    labels = batch.labels["clk"]
+    assert labels.tolist() == pytest.approx(clk.tolist())
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(out["logits"], labels)
+    assert result["binary_cross_entropy"] == pytest.approx(float(bce), rel=1e-5)
+    hard = (labels > 0.5).float()
+    assert result["accuracy"] == pytest.approx(float(((out["probs"] > 0.5) == hard).float()
+                                                     .mean()))
+    assert 0 < result["auc"] < 1
+    assert "label column 'clk': 150 of 150 evaluated rows hold a soft label (strictly " \
+           "between 0 and 1); auc, accuracy count a row positive where its label is > 0.5" \
+           in caplog.text
+
+
+@pytest.mark.parametrize("label", [0, 1], ids=["negatives", "positives"])
+def test_an_auc_of_one_class_is_nan_with_a_warning_saying_why(tmp_path, caplog, label):
+    session = _tiny_session(tmp_path, np.full(40, label),
+                            'metrics { auc {} } metrics { grouped_auc { grouping_key: '
+                            '"user_id" } }')
+    with caplog.at_level(logging.WARNING, logger="hashrec.train"):
+        result = evaluate(session, str(tmp_path / "data" / "eval.parquet"), step=3)
+    assert math.isnan(result["auc"]) and math.isnan(result["grouped_auc"])
+    counts = (40, 0) if label else (0, 40)
+    assert (f"eval at step 3: auc is undefined (NaN): the evaluation has {counts[0]} positive "
+            f"and {counts[1]} negative rows; an AUC needs both") in caplog.text
+    assert (f"eval at step 3: grouped_auc is undefined (NaN): no group of 'user_id' holds "
+            f"both a positive and a negative row ({counts[0]} positive rows of 40)") \
+        in caplog.text
+    assert "soft label" not in caplog.text

@@ -134,6 +134,8 @@ def test_a_prediction_that_is_not_finite_makes_the_metric_nan(metric):
     m.update(probs[2:], labels[2:])
     m.update(probs[:2], labels[:2])
     assert math.isnan(m.compute())
+    if metric is BinnedAUC:
+        assert m.undefined_reason() == "1 predictions were NaN or infinite"
 
 
 def test_build_metrics_default_and_thresholds():
