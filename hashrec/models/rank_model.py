@@ -80,8 +80,8 @@ class RankModel(nn.Module):
         self.label_name = self.tasks[0].label_name
         # Whether the losses are weighted means over the rows (``sample_weights``).
         self.weighted = any(task.row_weighted for task in self.tasks)
-        # The keys of the losses, in task order.
-        self.losses = tuple(task.loss_name for task in self.tasks)
+        # The keys of the losses, in task order (a task's in its ``losses`` order).
+        self.losses = tuple(name for task in self.tasks for name in task.loss_names)
         # A single-task model's l2_loss makes it a regression model, whose prediction
         # ``y`` is the logit itself; binary_cross_entropy: a classifier, whose prediction
         # ``probs`` is its sigmoid.
@@ -92,7 +92,8 @@ class RankModel(nn.Module):
         # The id features whose first id per row is a jrc_loss task's session, once each
         # (the targets carry their ids, ``session_ids``).
         self.session_names = tuple(dict.fromkeys(
-            t.loss.session_name for t in self.tasks if t.loss.name == "jrc_loss"))
+            spec.session_name for t in self.tasks for spec in t.losses
+            if spec.name == "jrc_loss"))
         self.groups = self._build_groups(model_config, feature_set)
         if embedding is None:
             from hashrec.embedding import EmbeddingCollection
@@ -244,28 +245,36 @@ class RankModel(nn.Module):
         return (self.labels(batch), *(t for t in (weights, sessions) if t is not None))
 
     def target_weights(self, targets: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
-        """The row weights among ``targets`` (``targets(batch)``), None without."""
-        return targets[1] if self.weighted else None
+        """The row weights among ``targets`` (``targets(batch)``), None without: (B,) of a
+        single-task model (its every loss's), else (B, losses), a column per loss of
+        ``losses`` (its task's weights)."""
+        if not self.weighted:
+            return None
+        weights = targets[1]
+        if weights.dim() == 1 or weights.shape[1] == len(self.losses):
+            return weights
+        # slices, not an index tensor: nothing is copied to the device
+        return torch.cat([weights[:, i:i + 1].expand(-1, len(task.losses))
+                          for i, task in enumerate(self.tasks)], dim=1)
 
     def losses_from_logits(self, logits: torch.Tensor, labels: torch.Tensor,
                            *rest: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-loss scalar tensors (float32) of the dense network's logits and the
         ``targets``, ``labels`` then ``rest`` (the weights, the session ids, as
         ``targets`` gives them); a multi-task model's task losses are each multiplied by
-        the task's weight. See :func:`hashrec.models.losses.task_loss` for one loss."""
+        the task's weight; a task of several losses has each under its key. See
+        :func:`hashrec.models.losses.task_loss` for one loss."""
         weights = rest[0] if self.weighted else None
         sessions = rest[-1] if self.session_names else None
         out = {}
         for i, (task, task_logits) in enumerate(zip(self.tasks, self.task_logits(logits))):
-            task_sessions = None if task.loss.name != "jrc_loss" else \
-                sessions[:, self.session_names.index(task.loss.session_name)]
-            if not self.multi_task:
-                out[task.loss_name] = task_loss(task.loss, task_logits, labels, weights,
-                                                task_sessions)
-                continue
-            loss = task_loss(task.loss, task_logits, labels[:, i],
-                             None if weights is None else weights[:, i], task_sessions)
-            out[task.loss_name] = task.weight * loss
+            task_labels, task_weights = (labels, weights) if not self.multi_task else \
+                (labels[:, i], None if weights is None else weights[:, i])
+            for spec, name in zip(task.losses, task.loss_names):
+                task_sessions = None if spec.name != "jrc_loss" else \
+                    sessions[:, self.session_names.index(spec.session_name)]
+                loss = task_loss(spec, task_logits, task_labels, task_weights, task_sessions)
+                out[name] = task.weight * loss if self.multi_task else loss
         return out
 
     @staticmethod

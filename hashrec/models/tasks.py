@@ -3,7 +3,7 @@
 A single-task model has one task without a name: it trains on ``label_fields[0]``
 with ``model_config.losses`` and reports ``model_config.metrics``, its outputs are
 ``logits`` and ``probs`` (``y`` with l2_loss). A multi-task model (MMoE, DBMTL, PLE) has one
-task per ``task_towers`` entry, each with its own label, loss, loss weight and metrics;
+task per ``task_towers`` entry, each with its own label, losses, loss weight and metrics;
 the task's outputs, loss and metrics carry the suffix ``_<tower_name>``
 (``probs_ctr``, ``logits_ctr``, ``binary_cross_entropy_ctr``, ``auc_ctr``), as in
 TorchEasyRec.
@@ -13,7 +13,9 @@ A task has ``num_class`` logits (``model_config.num_class``, a task tower's
 and ``probs`` = sigmoid, (B,)) or l2_loss (``y``); C > 1 with softmax_cross_entropy,
 2 with jrc_loss (``logits`` (B, C) and ``probs`` = their softmax (B, C), and with two
 classes ``probs1`` = probs[:, 1], (B,)), as in TorchEasyRec; the label is then the class
-id 0 .. C-1.
+id 0 .. C-1. A task of several losses (``losses`` listing more than one) trains on their
+sum, each under its key (``binary_cross_entropy_ctr``, ``binary_focal_loss_ctr``), as in
+TorchEasyRec; they must make one prediction (:func:`losses_problem`).
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ class Task:
     name: str = ""
     # The label column the loss and the metrics read.
     label_name: str = ""
-    # The loss: binary_cross_entropy or binary_focal_loss (prediction probs, the logit's
-    # sigmoid), softmax_cross_entropy or jrc_loss (probs, the logits' softmax) or l2_loss
-    # (prediction y, the logit itself), with its options.
+    # The (first) loss: binary_cross_entropy or binary_focal_loss (prediction probs, the
+    # logit's sigmoid), softmax_cross_entropy or jrc_loss (probs, the logits' softmax) or
+    # l2_loss (prediction y, the logit itself), with its options.
     loss: LossSpec = field(default_factory=LossSpec)
     # The task loss's weight in the total loss.
     weight: float = 1.0
@@ -62,16 +64,29 @@ class Task:
     # The task's logits a row: 1, or the classes of softmax_cross_entropy (2 or more) and
     # jrc_loss (2).
     num_class: int = 1
+    # The losses the task trains on besides ``loss``, summed with it (each of another kind,
+    # of the same prediction: binary_focal_loss beside binary_cross_entropy, jrc_loss beside
+    # softmax_cross_entropy).
+    more_losses: tuple[LossSpec, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("in_task_space_weight", "out_task_space_weight"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"Task.{name}={value}; allowed: a finite number >= 0")
-        if not num_class_fits(self.loss.name, self.num_class):
-            raise ValueError(f"Task.num_class={self.num_class} does not fit "
-                             f"{self.loss.name} (jrc_loss: 2; softmax_cross_entropy: 2 or "
-                             f"more; the others: 1)")
+        problem = losses_problem(tuple(spec.name for spec in self.losses))
+        if problem:
+            raise ValueError(f"Task.more_losses: {problem}")
+        for spec in self.losses:
+            if not num_class_fits(spec.name, self.num_class):
+                raise ValueError(f"Task.num_class={self.num_class} does not fit "
+                                 f"{spec.name} (jrc_loss: 2; softmax_cross_entropy: 2 or "
+                                 f"more; the others: 1)")
+
+    @property
+    def losses(self) -> tuple[LossSpec, ...]:
+        """Every loss the task trains on, ``loss`` first."""
+        return (self.loss, *self.more_losses)
 
     @property
     def row_weighted(self) -> bool:
@@ -111,9 +126,13 @@ class Task:
         return (self.prediction, *second, self.logits)
 
     @property
-    def loss_name(self) -> str:
-        """The key of the task's loss among the model's losses."""
-        return self.loss.name + self.suffix
+    def loss_names(self) -> tuple[str, ...]:
+        """The keys of the task's losses among the model's losses, in ``losses`` order."""
+        return tuple(spec.name + self.suffix for spec in self.losses)
+
+    def loss_of(self, name: str) -> LossSpec | None:
+        """The task's loss of kind ``name``, None where it has none."""
+        return next((spec for spec in self.losses if spec.name == name), None)
 
 
 def num_class_fits(loss: str, num_class: int) -> bool:
@@ -126,15 +145,36 @@ def num_class_fits(loss: str, num_class: int) -> bool:
     return num_class == 1
 
 
-def loss_spec(loss_configs, where: str, num_class: int = 1) -> LossSpec:
-    """The one loss of ``loss_configs`` with its options, for a task of ``num_class``
-    logits (binary_cross_entropy when there is none).
+# The losses that may train one task together: those of one prediction.
+_LOSS_FAMILIES = (BINARY_LOSSES, CLASS_LOSSES, ("l2_loss",))
+
+
+def losses_problem(names: tuple[str, ...]) -> str:
+    """Why the losses ``names`` cannot train one task together ("" where they can): a
+    kind twice (its key would name two losses), or kinds of different predictions."""
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        return (f"{', '.join(twice)} listed twice; a task's losses are reported by kind: "
+                f"list each kind once")
+    if not any(set(names) <= set(family) for family in _LOSS_FAMILIES):
+        return (f"{' and '.join(names)} together; the losses of a task must make one "
+                f"prediction (binary_cross_entropy and binary_focal_loss: probs, the "
+                f"sigmoid; softmax_cross_entropy and jrc_loss: probs, the softmax; l2_loss: "
+                f"y): keep those of one, or give the other its own task tower")
+    return ""
+
+
+def loss_specs(loss_configs, where: str, num_class: int = 1) -> tuple[LossSpec, ...]:
+    """The losses of ``loss_configs`` with their options, in config order, for a task of
+    ``num_class`` logits (binary_cross_entropy when there is none). The task trains on
+    their sum, as TorchEasyRec's; the first decides its predictions.
 
     Raises:
-        ModelError: no loss kind set, two kinds together, a num_class the loss does not
-            take, or an option out of its range.
+        ModelError: no loss kind set, a kind twice, kinds of different predictions
+            (:func:`losses_problem`), a num_class a loss does not take, or an option out
+            of its range.
     """
-    names = tuple(dict.fromkeys(loss.WhichOneof("loss") for loss in loss_configs))
+    names = tuple(loss.WhichOneof("loss") for loss in loss_configs)
     for name in names:
         if name is None:
             raise ModelError(f"{where}.losses: a loss config sets no loss; set one of "
@@ -142,15 +182,14 @@ def loss_spec(loss_configs, where: str, num_class: int = 1) -> LossSpec:
         if name not in SUPPORTED_LOSSES:
             raise ModelError(f"{where}.losses: {name!r} is not supported; allowed: "
                              f"{', '.join(SUPPORTED_LOSSES)}")
-    if len(names) > 1:
-        raise ModelError(f"{where}.losses: {' and '.join(names)} together; a task trains "
-                         f"on one loss (its predictions are that loss's): keep one")
-    if not names:
-        spec = LossSpec()
-    else:
-        spec = _spec_of(loss_configs[0], names[0], where)
-    _check_num_class(spec.name, num_class, where)
-    return spec
+    problem = losses_problem(names)
+    if problem:
+        raise ModelError(f"{where}.losses: {problem}")
+    specs = tuple(_spec_of(config, name, where) for config, name in zip(loss_configs, names))
+    specs = specs or (LossSpec(),)
+    for spec in specs:
+        _check_num_class(spec.name, num_class, where)
+    return specs
 
 
 def _spec_of(config, name: str, where: str) -> LossSpec:
@@ -189,7 +228,7 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
 
     Raises:
         ModelError: no label; a loss that does not fit its num_class or has an option
-            out of range (:func:`loss_spec`); a multi-task model without task towers,
+            out of range (:func:`loss_specs`); a multi-task model without task towers,
             with two towers of one name, with a label that is not a label field, with
             model-level losses, metrics or num_class (they belong to the task towers),
             or with task loss weighting that names unknown columns or a negative factor.
@@ -207,9 +246,10 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
                            "(a multi-task model, mmoe, dbmtl or ple, gives each its task)",
                            labels, kind, labels[0])
         num_class = int(model_config.num_class)
-        return (Task("", labels[0], loss_spec(model_config.losses, "model_config", num_class),
-                     1.0, tuple(model_config.metrics), sample_weight_name=default_weight,
-                     num_class=num_class),)
+        first, *more = loss_specs(model_config.losses, "model_config", num_class)
+        return (Task("", labels[0], first, 1.0, tuple(model_config.metrics),
+                     sample_weight_name=default_weight, num_class=num_class,
+                     more_losses=tuple(more)),)
     if model_config.num_class != 1:
         raise ModelError(f"model_config.num_class={model_config.num_class} is set on the "
                          f"multi-task model {kind}; set num_class on each of "
@@ -238,11 +278,11 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
         if not (math.isfinite(tower.weight) and tower.weight >= 0):
             raise ModelError(f"{where}.weight={tower.weight}; the task loss's weight must be "
                              f"a finite number >= 0")
-        tasks.append(Task(tower.tower_name, label,
-                          loss_spec(tower.losses, where, int(tower.num_class)),
-                          float(tower.weight), tuple(tower.metrics), where,
+        first, *more = loss_specs(tower.losses, where, int(tower.num_class))
+        tasks.append(Task(tower.tower_name, label, first, float(tower.weight),
+                          tuple(tower.metrics), where,
                           **_row_weighting(tower, where, labels, weights),
-                          num_class=int(tower.num_class)))
+                          num_class=int(tower.num_class), more_losses=tuple(more)))
     return tuple(tasks)
 
 

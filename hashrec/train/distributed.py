@@ -190,8 +190,8 @@ class WeightedLossScale:
     the dense gradients are then averaged over ranks, which weighs every rank alike.
     Scaling rank r's loss by ``world * W_r / W`` (W the weights' sum over all ranks)
     makes that average sum over every row of w * l, divided by W: the loss one process
-    reading the global batch trains on. A multi-task model's weights (B, tasks) give
-    each task its own factor, applied to its loss (the losses in task order).
+    reading the global batch trains on. A multi-task model's weights (B, losses), a
+    column per loss (``RankModel.target_weights``), give each loss its own factor.
     ``start`` sends this rank's sums: on CUDA an
     all-reduce on the side stream of ``hashrec.distributed.side_exchange`` (the step's
     forward goes on, and the captured exchanges it replays are ordered after it, as
@@ -204,7 +204,7 @@ class WeightedLossScale:
         self._local = self._total = self._event = None
 
     def start(self, weights: torch.Tensor) -> None:
-        """Sends this rank's weight sums: weights (B,) -> (1,), (B, tasks) -> (tasks,)."""
+        """Sends this rank's weight sums: weights (B,) -> (1,), (B, losses) -> (losses,)."""
         self._local = weights.sum(dim=0, dtype=torch.float32).reshape(-1)
 
         def reduce() -> torch.Tensor:

@@ -183,6 +183,7 @@ class MeanLoss(_MeanOf):
         loss = torch.as_tensor(loss, device=device).detach().to(torch.float64).reshape(-1)
         weight = torch.full_like(loss, float(count)) if weight is None else \
             torch.as_tensor(weight, device=device).detach().to(torch.float64).reshape(-1)
+        weight = weight.expand_as(loss)  # one weight sum for every term (a single task's)
         self.total += torch.stack([loss * weight, weight, torch.full_like(loss, count)])
 
     def compute(self) -> float:
@@ -277,8 +278,9 @@ def _check_task_metrics(task, feature_set) -> None:
             _check_id_feature(config.grouped_auc.grouping_key, feature_set,
                               f"{task.where}.metrics: grouped_auc grouping_key",
                               "whose id groups the rows")
-    if task.loss.name == "jrc_loss":
-        _check_id_feature(task.loss.session_name, feature_set,
+    jrc = task.loss_of("jrc_loss")
+    if jrc is not None:
+        _check_id_feature(jrc.session_name, feature_set,
                           f"{task.where}.losses: jrc_loss session_name",
                           "whose first id a row is the row's session")
     binary = [kind for kind in kinds if kind in ("auc", "grouped_auc", "accuracy")]

@@ -205,3 +205,63 @@ def test_a_loss_kind_not_supported_is_named(losses, message):
                                    f'hidden_units: [4] }} }} }} {losses} }}').model_config
     with pytest.raises(ModelError, match=message):
         model_tasks(config, ["clk"])
+
+
+FOCAL = "losses { binary_cross_entropy {} } losses { binary_focal_loss { gamma: 1 } }"
+
+
+def _focal(out, batch, task: str, label: str) -> torch.Tensor:
+    from hashrec.models.losses import binary_focal_rows
+
+    return binary_focal_rows(out[f"logits_{task}"], batch.labels[label], 1.0, 0.5)
+
+
+def test_a_task_of_several_losses_trains_on_each_times_its_weight():
+    # TorchEasyRec sums a tower's losses, each times the tower's weight, under its key.
+    cvr = f"{FOCAL} weight: 2 {SPACE}"
+    model = fake_model(_config(cvr=cvr), labels=LABELS)
+    assert model.losses == ("binary_cross_entropy_ctr", "binary_cross_entropy_cvr",
+                            "binary_focal_loss_cvr")
+    batch = _batch()
+    out = model(batch)
+    losses = model.loss(out, batch)
+    clk = batch.labels["clk"]
+    torch.testing.assert_close(losses["binary_cross_entropy_cvr"],
+                               2 * _weighted_mean(_bce(out, batch, "cvr", "buy"), clk))
+    torch.testing.assert_close(losses["binary_focal_loss_cvr"],
+                               2 * _weighted_mean(_focal(out, batch, "cvr", "buy"), clk))
+    # a column of row weights per loss, for the evaluation's means and the ranks' scale
+    weights = model.target_weights(model.targets(batch))
+    assert weights.tolist() == [[1.0, c, c] for c in clk.tolist()]
+    assert set(out) == {"logits_ctr", "probs_ctr", "logits_cvr", "probs_cvr"}
+
+
+def test_a_single_task_model_of_several_losses_reports_each():
+    model = fake_model(f"{DEEP_GROUP} multi_tower {{ towers {{ input: \"all\" mlp {{ "
+                       f"hidden_units: [4] }} }} }} {FOCAL}")
+    assert model.losses == ("binary_cross_entropy", "binary_focal_loss")
+    batch = _batch()
+    out = model(batch)
+    losses = model.loss(out, batch)
+    logits, clk = out["logits"], batch.labels["clk"]
+    torch.testing.assert_close(
+        losses["binary_cross_entropy"],
+        torch.nn.functional.binary_cross_entropy_with_logits(logits, clk))
+    from hashrec.models.losses import binary_focal_rows
+
+    torch.testing.assert_close(losses["binary_focal_loss"],
+                               binary_focal_rows(logits, clk, 1.0, 0.5).mean())
+
+
+@pytest.mark.parametrize("losses, message", [
+    ("losses { binary_cross_entropy {} } losses { l2_loss {} }",
+     r"binary_cross_entropy and l2_loss together; the losses of a task must make one "
+     r"prediction"),
+    ("losses { binary_cross_entropy {} } losses { binary_cross_entropy {} }",
+     r"binary_cross_entropy listed twice"),
+    ("num_class: 2 losses { softmax_cross_entropy {} } losses { binary_focal_loss {} }",
+     r"softmax_cross_entropy and binary_focal_loss together"),
+], ids=["binary-and-l2", "twice", "classes-and-binary"])
+def test_losses_of_different_predictions_or_a_kind_twice_are_refused(losses, message):
+    with pytest.raises(ModelError, match=r"mmoe.task_towers\['cvr'\].losses: " + message):
+        fake_model(_config(cvr=losses), labels=LABELS)

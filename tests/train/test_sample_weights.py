@@ -165,6 +165,32 @@ def test_training_and_evaluation_use_the_weights(tmp_path):
     assert result["num_examples"] == 640
 
 
+def test_the_evaluation_weighs_each_of_several_losses(tmp_path):
+    # binary_cross_entropy and binary_focal_loss on one logit: each loss is its rows'
+    # weighted mean, and the evaluation's loss their sum.
+    config = apply_edit_config_json(_config(tmp_path), {
+        "model_config.losses": ["binary_cross_entropy {}",
+                                "binary_focal_loss { gamma: 1 alpha: 0.25 }"]})
+    session = build_session(config, device=torch.device("cpu"))
+    (tmp_path / "eval").mkdir()
+    table = _table(100, seed=4)
+    pq.write_table(table, tmp_path / "eval" / "part-0.parquet")
+    result = evaluate(session, str(tmp_path / "eval"), step=0)
+    session.model.eval()
+    with torch.no_grad():
+        batch = session.feature_set.parse(table)
+        logits = session.model(batch)["logits"]
+    y, w = batch.labels["clk"], batch.labels["w"]
+    from hashrec.models.losses import binary_focal_rows
+
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none")
+    expected = {"binary_cross_entropy": float((bce * w).sum() / w.sum()),
+                "binary_focal_loss": float((binary_focal_rows(logits, y, 1.0, 0.25) * w).sum()
+                                           / w.sum())}
+    assert {k: result[k] for k in expected} == pytest.approx(expected, rel=1e-5)
+    assert result["loss"] == pytest.approx(sum(expected.values()), rel=1e-5)
+
+
 MULTI_TASK = """
 data_config {{ label_fields: "buy" sample_weight_fields: "v" }}
 model_config {{
