@@ -233,6 +233,10 @@ class FeatureSet:
                          f"is not a class id in [0, {classes}); a task of num_class "
                          f"{classes} trains on the class ids 0 to {classes - 1} (fix the "
                          f"data, or the num_class)")
+        # A regression label (l2_loss), or one no loss reads: NaN or inf would make the
+        # loss NaN, a divergence at the next log line that names no row.
+        _check_label(array, name, ~np.isfinite(values),
+                     "is not a finite number; a label must be finite (fix the data)")
         return torch.from_numpy(values)
 
 

@@ -169,6 +169,18 @@ def test_labels_are_checked_only_for_binary_cross_entropy():
     assert regression.parse(table).labels["clk"].tolist() == [0.0, 2.5, 7.0]
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e39], ids=["nan", "inf",
+                                                                         "float32-overflow"])
+def test_a_regression_label_that_is_not_finite_names_its_row(value):
+    # l2_loss reads any number, but NaN or inf made the loss NaN with no row named.
+    config = load_pipeline_config(TAOBAO_CONFIG)
+    config.model_config.losses[0].l2_loss.SetInParent()
+    table = taobao_table(3).set_column(19, "clk", pa.array([0.5, 3.0, value]))
+    with pytest.raises(FeatureError, match=r"^label column 'clk' row 2: value .* is not a "
+                                           r"finite number; a label must be finite"):
+        build_feature_set(config).parse(table)
+
+
 def test_duplicate_feature_names():
     config = load_pipeline_config(TAOBAO_CONFIG)
     config = apply_edit_config_json(config, {
