@@ -3,7 +3,8 @@
 Usage::
 
     python -m hashrec.eval --pipeline_config_path <model_dir>/pipeline.config \\
-        [--checkpoint_path <model_dir>/model.ckpt-<step>] [--eval_input_path P]
+        [--checkpoint_path <model_dir>/model.ckpt-<step>] [--eval_input_path P] \\
+        [--eval_result_filename F]
 
 Under ``torchrun`` every rank evaluates its share of the input with the
 checkpoint's dynamic tables resharded to the ranks; metrics are summed over the
@@ -16,6 +17,7 @@ import argparse
 import sys
 
 from hashrec.train.cli import add_config_arguments, run_distributed
+from hashrec.train.evaluation import EVAL_RESULT_FILE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,9 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Evaluate a checkpoint on eval_input_path. The step, the model's metrics "
                     "(model_config.metrics, or each task tower's with the tower name after "
                     "them; by default auc, multiclass_auc for more than two classes, "
-                    "mean_squared_error for l2_loss), the loss (the total that training minimizes), each "
-                    "loss under its name and the rows evaluated are logged and appended as one "
-                    "JSON line to <model_dir>/eval_result.txt.")
+                    "mean_squared_error for l2_loss), the loss (the total that training "
+                    "minimizes), each loss under its name and the rows evaluated are logged "
+                    "and appended as one JSON line to <model_dir>/eval_result.txt (or "
+                    "--eval_result_filename).")
     add_config_arguments(parser)
     parser.add_argument("--checkpoint_path", default=None,
                         help="a model.ckpt-<step> directory or a model_dir; default: the latest "
@@ -36,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model_dir", default=None,
                         help="overrides the config's model_dir: where eval_result.txt goes "
                              "and, without --checkpoint_path, the checkpoint is looked up")
+    parser.add_argument("--eval_result_filename", default=EVAL_RESULT_FILE,
+                        help="the file, in model_dir, that the result line is appended to "
+                             "(default %(default)s, which the best exporter and "
+                             "--continue_train read: name another for an evaluation on "
+                             "other input, as TorchEasyRec's eval does)")
     return parser
 
 
@@ -45,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     def run(config, ctx) -> None:
         from hashrec.train import evaluate_checkpoint
 
-        evaluate_checkpoint(config, args.checkpoint_path, ctx=ctx)
+        evaluate_checkpoint(config, args.checkpoint_path, ctx=ctx,
+                            result_filename=args.eval_result_filename)
 
     from hashrec.train.interrupt import terminate_raises
 

@@ -158,6 +158,20 @@ def test_eval_restores_the_checkpoint_exactly(trained):
     assert again["loss"] == pytest.approx(last["loss"], rel=1e-5)
 
 
+def test_eval_result_filename_keeps_another_evaluation_out_of_eval_result(trained):
+    # eval_result.txt picks the best checkpoint and tells --continue_train what was
+    # evaluated: an evaluation of other input goes to a file of its own (TorchEasyRec's
+    # --eval_result_filename).
+    model_dir, _ = trained
+    before = (model_dir / "eval_result.txt").read_text()
+    proc = run("hashrec.eval", "--pipeline_config_path", str(model_dir / "pipeline.config"),
+               "--eval_result_filename", "holdout/eval_result_b.txt")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (model_dir / "eval_result.txt").read_text() == before
+    lines = (model_dir / "holdout" / "eval_result_b.txt").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["step"] == checkpoint_steps(model_dir)[-1]
+
+
 def test_eval_into_an_unwritable_result_file_is_one_error_line(trained, tmp_path):
     model_dir, _ = trained
     (tmp_path / "eval_result.txt").mkdir()  # cannot be appended to, even by root

@@ -5,9 +5,9 @@ eval initializer) under ``torch.no_grad``. Metrics keep fixed-size state (see
 ``hashrec.train.metrics``), so evaluation memory does not grow with the input.
 Each evaluation appends one JSON object, at least ``{"step", "auc"}`` (a multi-task
 model's ``auc_<tower_name>``; a model of more than two classes reports ``multiclass_auc``
-instead unless its metrics say otherwise), the step again as ``global_step`` (TorchEasyRec's key) and
-the checkpoint's path, to ``<model_dir>/eval_result.txt``
-(rank 0). Under several ranks each rank
+instead unless its metrics say otherwise), the step again as ``global_step``
+(TorchEasyRec's key) and the checkpoint's path, to ``<model_dir>/eval_result.txt`` (rank 0;
+``hashrec.eval --eval_result_filename`` names another file). Under several ranks each rank
 evaluates its share of the input (every rank must list the same files, or the evaluation
 fails with a ``DataError`` before its first batch); a rank that runs out first keeps serving its
 peers' embedding lookups until all are done, and the metrics are summed over ranks.
@@ -179,9 +179,9 @@ def _update_metrics(metrics, predictions: dict, batch) -> None:
 
 
 def write_eval_result(model_dir: str, result: dict, rank: int = 0,
-                      checkpoint: str | None = None) -> None:
-    """Append ``result`` as one JSON line to ``<model_dir>/eval_result.txt`` (rank 0),
-    with the path of the ``checkpoint`` evaluated when given.
+                      checkpoint: str | None = None, filename: str = EVAL_RESULT_FILE) -> None:
+    """Append ``result`` as one JSON line to ``<model_dir>/<filename>`` (rank 0; default
+    eval_result.txt), with the path of the ``checkpoint`` evaluated when given.
 
     Call it on every rank (a collective under torch.distributed), so that a failed
     write stops every rank, not rank 0 alone.
@@ -190,12 +190,13 @@ def write_eval_result(model_dir: str, result: dict, rank: int = 0,
         TrainError: the file cannot be written; the message names it (the result itself
             is in the log line of the evaluation).
     """
-    run_on_all_ranks(lambda: _append_result(model_dir, result, checkpoint) if rank == 0
-                     else None, f"writing {EVAL_RESULT_FILE} in {model_dir}", TrainError)
+    run_on_all_ranks(lambda: _append_result(model_dir, result, checkpoint, filename)
+                     if rank == 0 else None, f"writing {filename} in {model_dir}", TrainError)
 
 
-def _append_result(model_dir: str, result: dict, checkpoint: str | None) -> None:
-    path = os.path.join(model_dir, EVAL_RESULT_FILE)
+def _append_result(model_dir: str, result: dict, checkpoint: str | None,
+                   filename: str) -> None:
+    path = os.path.join(model_dir, filename)
     if "step" in result:
         # TorchEasyRec's name of the step, for what reads its result files.
         result = {**result, "global_step": result["step"]}
@@ -205,7 +206,7 @@ def _append_result(model_dir: str, result: dict, checkpoint: str | None) -> None
     result = {k: None if isinstance(v, float) and not math.isfinite(v) else v
               for k, v in result.items()}
     try:
-        os.makedirs(model_dir, exist_ok=True)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "a+b") as f:
             cut = False
             if f.seek(0, os.SEEK_END) > 0:

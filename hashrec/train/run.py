@@ -10,7 +10,7 @@ from hashrec.data.paths import expand_input_path
 from hashrec.distributed.data_parallel import broadcast_state
 from hashrec.train import checkpoints
 from hashrec.train.errors import TrainError
-from hashrec.train.evaluation import evaluate, write_eval_result
+from hashrec.train.evaluation import EVAL_RESULT_FILE, evaluate, write_eval_result
 from hashrec.train.loop import LoopOptions, TrainLoop
 from hashrec.train.model_dir_lock import model_dir_lock
 from hashrec.train.session import build_session, write_pipeline_config
@@ -90,7 +90,8 @@ def _train(config, continue_train: bool, fine_tune_checkpoint: str | None,
 
 
 def evaluate_checkpoint(config, checkpoint_path: str | None = None, rank: int = 0,
-                        world_size: int = 1, ctx=None) -> dict:
+                        world_size: int = 1, ctx=None,
+                        result_filename: str = EVAL_RESULT_FILE) -> dict:
     """Evaluate a checkpoint on ``config.eval_input_path`` and record the result.
 
     Args:
@@ -99,9 +100,12 @@ def evaluate_checkpoint(config, checkpoint_path: str | None = None, rank: int = 
             the latest complete checkpoint of ``config.model_dir`` (a model_dir's latest
             as rank 0 finds it, on every rank).
         rank, world_size, ctx: as in :func:`train_and_evaluate`.
+        result_filename: the file under ``config.model_dir`` the result is appended to
+            (eval_result.txt, which the best exporter and ``--continue_train`` read, by
+            default).
 
     Returns:
-        The result also appended to ``<model_dir>/eval_result.txt`` (with the
+        The result also appended to ``<model_dir>/<result_filename>`` (with the
         checkpoint's path).
 
     Raises:
@@ -121,5 +125,5 @@ def evaluate_checkpoint(config, checkpoint_path: str | None = None, rank: int = 
     logger.info("evaluating %s", path)
     result = evaluate(session, config.eval_input_path, int(meta["step"]),
                       config.eval_config.num_steps)
-    write_eval_result(config.model_dir, result, session.rank, path)
+    write_eval_result(config.model_dir, result, session.rank, path, result_filename)
     return result
