@@ -272,6 +272,10 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
         # A DBMTL tower without label_name reads the label field of its position.
         label = tower.label_name if tower.HasField("label_name") or i >= len(labels) \
             else labels[i]
+        if not label:
+            raise ModelError(f"{where} has no label_name, and data_config.label_fields has no "
+                             f"field at its position {i} (it lists {', '.join(labels)}): set "
+                             f"label_name")
         if label not in labels:
             raise ModelError(f"{where}.label_name {label!r} is not one of "
                              f"data_config.label_fields ({', '.join(labels)}); add it there")

@@ -265,3 +265,17 @@ def test_a_single_task_model_of_several_losses_reports_each():
 def test_losses_of_different_predictions_or_a_kind_twice_are_refused(losses, message):
     with pytest.raises(ModelError, match=r"mmoe.task_towers\['cvr'\].losses: " + message):
         fake_model(_config(cvr=losses), labels=LABELS)
+
+
+def test_a_tower_past_the_label_fields_without_label_name_is_told_to_set_one():
+    # DBMTL reads the label field of a tower's position where label_name is unset.
+    from hashrec.config import parse_pipeline_config
+    from hashrec.models.tasks import model_tasks
+
+    towers = "".join(f'task_towers {{ tower_name: "{name}" }} ' for name in ("a", "b", "c"))
+    config = parse_pipeline_config(f'model_dir: "m" model_config {{ {DEEP_GROUP} dbmtl {{ '
+                                   f'bottom_mlp {{ hidden_units: [4] }} {towers} }} }}')
+    with pytest.raises(ModelError, match=r"^dbmtl.task_towers\['c'\] has no label_name, and "
+                                         r"data_config.label_fields has no field at its "
+                                         r"position 2 \(it lists clk, buy\): set label_name$"):
+        model_tasks(config.model_config, ["clk", "buy"])
