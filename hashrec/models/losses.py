@@ -1,7 +1,7 @@
 """The losses a task trains on, row by row, and their mean over a batch.
 
 Shapes: logits (B,) for a task of one logit, (B, C) for a task of C classes; labels
-(B,) float32 (0/1, a value, or a class id 0 .. C-1); row weights (B,); session ids (B,)
+(B,) float32 (in [0, 1], a value, or a class id 0 .. C-1); row weights (B,); session ids (B,)
 int64. With p = sigmoid(logit) and y the label:
 
 * ``binary_cross_entropy``: -[y log p + (1 - y) log(1 - p)].
@@ -81,7 +81,7 @@ class LossSpec:
 
 def binary_focal_rows(logits: torch.Tensor, labels: torch.Tensor, gamma: float,
                       alpha: float) -> torch.Tensor:
-    """Focal loss of logits and 0/1 labels (B,) -> (B,) (see the module docstring)."""
+    """Focal loss of logits and labels in [0, 1] (B,) -> (B,) (see the module docstring)."""
     p = torch.sigmoid(logits)
     factor = alpha * labels * (1 - p) ** gamma + (1 - alpha) * (1 - labels) * p ** gamma
     return factor.detach() * F.binary_cross_entropy_with_logits(logits, labels,

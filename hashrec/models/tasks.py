@@ -213,7 +213,7 @@ def _check_num_class(loss: str, num_class: int, where: str) -> None:
         need = "2 (two classes)" if loss == "jrc_loss" else "2 or more (the classes)"
         raise ModelError(f"{where}.num_class={num_class} with {loss}; {loss} needs "
                          f"num_class {need}")
-    kind = "one logit (a 0/1 label)" if loss in BINARY_LOSSES else "one value a row"
+    kind = "one logit (a label in [0, 1])" if loss in BINARY_LOSSES else "one value a row"
     hint = "; for several classes use softmax_cross_entropy" if loss in BINARY_LOSSES else ""
     raise ModelError(f"{where}.num_class={num_class} with {loss}, which trains {kind}: set "
                      f"num_class 1{hint}")

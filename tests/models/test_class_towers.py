@@ -118,8 +118,8 @@ def test_a_single_task_model_of_two_classes_gives_probs1():
 
 @pytest.mark.parametrize("tower, message", [
     ("num_class: 3", r"task_towers\['t'\].num_class=3 with binary_cross_entropy, which "
-                     r"trains one logit \(a 0/1 label\): set num_class 1; for several classes "
-                     r"use softmax_cross_entropy"),
+                     r"trains one logit \(a label in \[0, 1\]\): set num_class 1; for several "
+                     r"classes use softmax_cross_entropy"),
     ("losses { softmax_cross_entropy {} }",
      r"num_class=1 with softmax_cross_entropy; softmax_cross_entropy needs num_class 2 or "
      r"more"),
