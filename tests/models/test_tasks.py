@@ -29,6 +29,7 @@ def _config(ctr: str = "", cvr: str = "", kind: str = "mmoe") -> str:
 
 
 SPACE = 'task_space_indicator_label: "clk" out_task_space_weight: 0'
+FOCAL_LOSSES = "losses { binary_cross_entropy {} } losses { binary_focal_loss { gamma: 1 } }"
 
 
 def _batch(**weights) -> object:
@@ -159,12 +160,14 @@ def test_sample_weight_name_without_weight_fields_is_refused():
         fake_model(_config(cvr='sample_weight_name: "w"'), labels=LABELS)
 
 
-def test_the_graph_module_takes_the_weights_as_targets():
+@pytest.mark.parametrize("cvr", [SPACE, f"{SPACE} {FOCAL_LOSSES}"], ids=["one-loss",
+                                                                       "two-losses"])
+def test_the_graph_module_takes_the_weights_as_targets(cvr):
     """``hashrec.train.graphs`` runs the loss on (labels, weights), (B, tasks) each: the
-    same task losses as the eager loss."""
+    same task losses as the eager loss (a task of two losses: both)."""
     from hashrec.train.graphs import _DenseLoss
 
-    model = fake_model(_config(ctr='sample_weight_name: "w"', cvr=SPACE), labels=LABELS,
+    model = fake_model(_config(ctr='sample_weight_name: "w"', cvr=cvr), labels=LABELS,
                        weights=("w",))
     batch = _batch(w=[1.0, 0.0, 2.0, 1.0, 3.0, 0.5, 0.0, 1.0])
     labels, weights = model.targets(batch)
@@ -207,9 +210,6 @@ def test_a_loss_kind_not_supported_is_named(losses, message):
         model_tasks(config, ["clk"])
 
 
-FOCAL = "losses { binary_cross_entropy {} } losses { binary_focal_loss { gamma: 1 } }"
-
-
 def _focal(out, batch, task: str, label: str) -> torch.Tensor:
     from hashrec.models.losses import binary_focal_rows
 
@@ -218,7 +218,7 @@ def _focal(out, batch, task: str, label: str) -> torch.Tensor:
 
 def test_a_task_of_several_losses_trains_on_each_times_its_weight():
     # TorchEasyRec sums a tower's losses, each times the tower's weight, under its key.
-    cvr = f"{FOCAL} weight: 2 {SPACE}"
+    cvr = f"{FOCAL_LOSSES} weight: 2 {SPACE}"
     model = fake_model(_config(cvr=cvr), labels=LABELS)
     assert model.losses == ("binary_cross_entropy_ctr", "binary_cross_entropy_cvr",
                             "binary_focal_loss_cvr")
@@ -238,7 +238,7 @@ def test_a_task_of_several_losses_trains_on_each_times_its_weight():
 
 def test_a_single_task_model_of_several_losses_reports_each():
     model = fake_model(f"{DEEP_GROUP} multi_tower {{ towers {{ input: \"all\" mlp {{ "
-                       f"hidden_units: [4] }} }} }} {FOCAL}")
+                       f"hidden_units: [4] }} }} }} {FOCAL_LOSSES}")
     assert model.losses == ("binary_cross_entropy", "binary_focal_loss")
     batch = _batch()
     out = model(batch)

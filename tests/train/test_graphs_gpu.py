@@ -144,25 +144,39 @@ model_config {
 """
 
 
-# MMoE with a tower of three classes and a jrc_loss tower (two classes, sessions of the
-# user_id feature, row weights): the captured loss reads the sessions as a target.
-CLASSES = """
-model_config {
-  feature_groups { group_name: "all" group_type: DEEP
-    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
-  mmoe {
-    expert_mlp { hidden_units: [16, 8] } num_expert: 2
-    task_towers { tower_name: "level" label_name: "level" num_class: 3
-                  losses { softmax_cross_entropy { label_smoothing: 0.1 } } }
-    task_towers { tower_name: "jrc" label_name: "clk" num_class: 2 sample_weight_name: "w"
-                  losses { jrc_loss { session_name: "user_id" alpha: 0.3 } } }
-  }
-}
+def _mmoe(towers: str) -> str:
+    """The model config of an MMoE of two experts with ``towers``."""
+    return f"""
+model_config {{
+  feature_groups {{ group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }}
+  mmoe {{
+    expert_mlp {{ hidden_units: [16, 8] }} num_expert: 2
+{towers}
+  }}
+}}
 """
 
 
-@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE, CLASSES],
-                         ids=["mmoe", "dbmtl", "ple", "classes"])
+# MMoE with a tower of three classes and a jrc_loss tower (two classes, sessions of the
+# user_id feature, row weights): the captured loss reads the sessions as a target.
+CLASSES = _mmoe("""    task_towers { tower_name: "level" label_name: "level" num_class: 3
+                  losses { softmax_cross_entropy { label_smoothing: 0.1 } } }
+    task_towers { tower_name: "jrc" label_name: "clk" num_class: 2 sample_weight_name: "w"
+                  losses { jrc_loss { session_name: "user_id" alpha: 0.3 } } }""")
+
+
+# MMoE with towers of several losses: binary cross entropy and focal loss on row weights,
+# softmax cross entropy and jrc_loss on two classes (a weight column per loss).
+SEVERAL = _mmoe("""    task_towers { tower_name: "ctr" label_name: "clk" sample_weight_name: "w"
+                  losses { binary_cross_entropy {} } losses { binary_focal_loss {} } }
+    task_towers { tower_name: "jrc" label_name: "clk" num_class: 2 weight: 0.5
+                  losses { softmax_cross_entropy {} }
+                  losses { jrc_loss { session_name: "user_id" } } }""")
+
+
+@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE, CLASSES, SEVERAL],
+                         ids=["mmoe", "dbmtl", "ple", "classes", "several-losses"])
 def test_multi_task_model_trains_graphed_like_eager(tmp_path, model):
     # (B, logits) logits, labels and row weights (sample weights; MMoE's score task also
     # in the click space), an l2_loss task weighted 0.5, towers of classes, through the
