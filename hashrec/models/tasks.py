@@ -262,32 +262,37 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
     if not towers:
         raise ModelError(f"{kind} has no task_towers; add one per task (tower_name, "
                          f"label_name)")
-    tasks = []
+    tasks: list[Task] = []
     for i, tower in enumerate(towers):
         where = f"{kind}.task_towers[{tower.tower_name!r}]"
         if not tower.tower_name:
             raise ModelError(f"{kind}.task_towers: a tower has an empty tower_name")
         if any(task.name == tower.tower_name for task in tasks):
             raise ModelError(f"{where} is defined twice; tower names must be unique")
-        # A DBMTL tower without label_name reads the label field of its position.
-        label = tower.label_name if tower.HasField("label_name") or i >= len(labels) \
-            else labels[i]
-        if not label:
-            raise ModelError(f"{where} has no label_name, and data_config.label_fields has no "
-                             f"field at its position {i} (it lists {', '.join(labels)}): set "
-                             f"label_name")
-        if label not in labels:
-            raise ModelError(f"{where}.label_name {label!r} is not one of "
-                             f"data_config.label_fields ({', '.join(labels)}); add it there")
-        if not (math.isfinite(tower.weight) and tower.weight >= 0):
-            raise ModelError(f"{where}.weight={tower.weight}; the task loss's weight must be "
-                             f"a finite number >= 0")
-        first, *more = loss_specs(tower.losses, where, int(tower.num_class))
-        tasks.append(Task(tower.tower_name, label, first, float(tower.weight),
-                          tuple(tower.metrics), where,
-                          **_row_weighting(tower, where, labels, weights),
-                          num_class=int(tower.num_class), more_losses=tuple(more)))
+        tasks.append(_tower_task(tower, i, where, labels, weights))
     return tuple(tasks)
+
+
+def _tower_task(tower, i: int, where: str, labels: list[str], weights: list[str]) -> Task:
+    """The task of task tower ``tower``, the ``i``-th (configured at ``where``), over the
+    label columns ``labels`` and the sample weight columns ``weights``."""
+    # A DBMTL tower without label_name reads the label field of its position.
+    label = tower.label_name if tower.HasField("label_name") or i >= len(labels) \
+        else labels[i]
+    if not label:
+        raise ModelError(f"{where} has no label_name, and data_config.label_fields has no "
+                         f"field at its position {i} (it lists {', '.join(labels)}): set "
+                         f"label_name")
+    if label not in labels:
+        raise ModelError(f"{where}.label_name {label!r} is not one of "
+                         f"data_config.label_fields ({', '.join(labels)}); add it there")
+    if not (math.isfinite(tower.weight) and tower.weight >= 0):
+        raise ModelError(f"{where}.weight={tower.weight}; the task loss's weight must be "
+                         f"a finite number >= 0")
+    first, *more = loss_specs(tower.losses, where, int(tower.num_class))
+    return Task(tower.tower_name, label, first, float(tower.weight), tuple(tower.metrics),
+                where, **_row_weighting(tower, where, labels, weights),
+                num_class=int(tower.num_class), more_losses=tuple(more))
 
 
 def _row_weighting(tower, where: str, labels: list[str], weights: list[str]) -> dict:
