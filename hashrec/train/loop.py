@@ -316,7 +316,8 @@ class TrainLoop:
                     if self.session.is_chief:
                         logger.info("%s has no evaluation result (its run stopped in it): "
                                     "evaluating it first", self._resumed_from)
-                    result = self._evaluate(self._resumed_from)
+                    with self.progress.paused():
+                        result = self._evaluate(self._resumed_from)
                     self.session.model.train()
                 while not self.done() and not self.stopping:
                     result = self.run_epoch(train_input_path) or result
@@ -438,7 +439,7 @@ class TrainLoop:
             self.epoch_step += 1
             self.collections.step(self.step)
             if self.dumper is not None and self.step % self.dumper.interval_steps == 0:
-                with self.collections.automatic():
+                with self.collections.automatic(), self.progress.paused():
                     logger.info("incremental dump %s", self.dumper.dump(self.step))
             if self._due_steps():
                 with self.collections.automatic():
@@ -559,18 +560,17 @@ class TrainLoop:
 
     def checkpoint_and_evaluate(self, evaluate: bool = True) -> dict | None:
         """Save a checkpoint at the current step, then evaluate when an eval input is set
-        (and ``evaluate``)."""
+        (and ``evaluate``), outside the progress line's samples/s."""
         s = self.session
         self.progress.check_finite(self.step)
         evaluate = evaluate and bool(self.options.eval_input_path)
-        path = checkpoints.save(s.model_dir, self.step, self.epoch, s.model, s.dense,
-                                self.options.keep_checkpoint_max, self.epoch_step,
-                                self.readers, evaluates=evaluate,
-                                keep_best=self.options.keep_best)
-        self.last_saved = self.step
-        if not evaluate:
-            return None
-        return self._evaluate(path)
+        with self.progress.paused():
+            path = checkpoints.save(s.model_dir, self.step, self.epoch, s.model, s.dense,
+                                    self.options.keep_checkpoint_max, self.epoch_step,
+                                    self.readers, evaluates=evaluate,
+                                    keep_best=self.options.keep_best)
+            self.last_saved = self.step
+            return self._evaluate(path) if evaluate else None
 
     def _evaluate(self, path: str) -> dict | None:
         """Evaluates the model (the checkpoint ``path`` of this step) and records the

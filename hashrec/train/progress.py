@@ -1,6 +1,7 @@
 """The throttled training progress line and table counters.
 
-Every ``log_step_count_steps`` steps rank 0 logs one line::
+Every ``log_step_count_steps`` steps rank 0 logs one line (samples/s over the time of the
+steps since the last line: checkpoints, evaluations and incremental dumps left out)::
 
     step 200 | loss 0.61234 | 10520.3 samples/s | lr dense 0.001 sparse 0.01 |
     user_id size 9120 load 0.56 evict 0 reject 3200
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from contextlib import contextmanager
 
 from hashrec.train.errors import TrainError
 
@@ -67,10 +69,21 @@ class ProgressLog:
         self.rank = rank
         self.reduce = reduce
         self._since = time.perf_counter()
+        self._paused = 0.0  # seconds of the window spent outside training steps
         self._samples = 0
         self._loss_sum = 0.0
         self._loss_steps = 0
         self._part_sums: dict = {}
+
+    @contextmanager
+    def paused(self):
+        """Leave the time of the block (a checkpoint, an evaluation, a dump) out of the
+        window's samples/s, which counts the training steps' time only."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._paused += time.perf_counter() - start
 
     def record(self, batch_size: int, loss, parts: dict | None = None) -> None:
         """Count one step; ``loss`` may be a device tensor (read only when reporting).
@@ -114,7 +127,7 @@ class ProgressLog:
         ``comm``: (seconds, regions) the embedding exchanges took in the window
         (``CommTimer.drain``); shown per step when any exchange ran.
         """
-        elapsed = max(time.perf_counter() - self._since, 1e-9)
+        elapsed = max(time.perf_counter() - self._since - self._paused, 1e-9)
         window = {"samples": float(self._samples), "loss_sum": float(self._loss_sum),
                   "loss_steps": float(self._loss_steps), "elapsed": elapsed,
                   "comm_seconds": comm[0] if comm else 0.0, "ranks": 1.0,
@@ -143,6 +156,7 @@ class ProgressLog:
             tables = format_tables(counters)
             logger.info(line + (f" | {tables}" if tables else ""))
         self._since = time.perf_counter()
+        self._paused = 0.0
         self._samples = self._loss_steps = 0
         self._loss_sum = 0.0
         self._part_sums = {}

@@ -1,0 +1,73 @@
+"""The training progress line: its samples/s counts the training steps' time only."""
+
+from __future__ import annotations
+
+import logging
+import re
+import types
+
+import pytest
+from small_din import generate_data, small_loop
+
+from hashrec.train import loop as loop_module
+from hashrec.train import progress as progress_module
+from hashrec.train.progress import ProgressLog
+
+
+class FakeClock:
+    """A ``time`` stand-in for the progress module: ``now`` moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(progress_module, "time", types.SimpleNamespace(
+        perf_counter=fake.perf_counter))
+    return fake
+
+
+def test_a_paused_block_is_left_out_of_the_rate(clock):
+    progress = ProgressLog(every=2)
+    progress.record(10, 0.5)
+    clock.now += 1.0
+    with progress.paused():  # a checkpoint and its evaluation
+        clock.now += 50.0
+    progress.record(10, 0.5)
+    clock.now += 1.0
+    assert progress.report(2, {}, {})["samples_per_second"] == pytest.approx(10.0)
+    progress.record(10, 0.5)  # the next window starts with nothing paused
+    clock.now += 4.0
+    assert progress.report(3, {}, {})["samples_per_second"] == pytest.approx(2.5)
+
+
+def test_checkpoints_and_evaluations_do_not_lower_the_logged_rate(tmp_path, clock, caplog,
+                                                                  monkeypatch):
+    generate_data(tmp_path / "data", seed=0)
+    data = str(tmp_path / "data")
+    save = loop_module.checkpoints.save
+
+    def slow_save(*args, **kwargs):  # a save that takes 1000 s on the progress clock
+        clock.now += 1000.0
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(loop_module.checkpoints, "save", slow_save)
+    edits = {"train_config.save_checkpoints_steps": 1, "train_config.log_step_count_steps": 2,
+             "eval_input_path": data, "eval_config.num_steps": 1}
+    loop = small_loop(tmp_path / "m", edits=edits)
+    original = loop.train_step
+
+    def step(*args, **kwargs):  # each step takes 1 s on the progress clock
+        clock.now += 1.0
+        return original(*args, **kwargs)
+
+    loop.train_step = step
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        loop.run(data)
+    rates = [float(r) for r in re.findall(r"\| ([0-9.]+) samples/s", caplog.text)]
+    assert rates == [pytest.approx(256.0)] * 2  # 2 steps of 256 rows in 2 s, each line
