@@ -221,6 +221,7 @@ class TrainLoop:
         self.last_saved = resume.step if resume.path and resume.step else -1
         self._resumed_from = resume.path if resume.step else None
         self._resume_evaluates = resume.evaluates
+        self._lrs: dict[str, float] = {}  # the last step's learning rates, for its line
         self.ctx = session.ctx or single_process_context(session.device)
         self.progress = ProgressLog(options.log_step_count_steps, session.rank,
                                     reduce=lambda values: all_reduce_scalars(values, self.ctx))
@@ -329,6 +330,8 @@ class TrainLoop:
                     # stops on the signal, every rank before the same batch).
                     self._stop_reduction()
                     self._stop_reduction = None
+                if self.progress.pending:  # the last steps' line (every rank alike)
+                    self._report_progress()
                 self._finish_timing()
                 if self.last_saved != self.step:
                     result = self.checkpoint_and_evaluate(evaluate=not self.stopping) \
@@ -543,20 +546,25 @@ class TrainLoop:
         timer.mark("optimizer")
         self.step += 1
         self.progress.record(batch.batch_size, loss.detach(), losses)
+        self._lrs = lrs
         if self.progress.due(self.step):
-            counters = global_table_counters(
-                table_counters(s.model.embedding.dynamic_tables()), self.ctx)
-            window = self.progress.report(self.step, lrs, counters,
-                                          comm=s.model.embedding.comm_timer.drain())
-            self.summaries.scalars(self.step, {**window, **{f"lr/{k}": v for k, v in
-                                                            lrs.items()}})
-            self.summaries.tables(self.step, counters)
-            if timer.enabled:
-                phases = timer.drain()
-                logger.info("step %d | %s", self.step, format_phases(phases))
-                self.summaries.scalars(self.step, phases, prefix="step_ms/")
+            self._report_progress()
         timer.mark("logging")
         timer.end_step(batch.batch_size)
+
+    def _report_progress(self) -> None:
+        """The progress line of the steps since the last one, with its summaries."""
+        s, timer, lrs = self.session, self.timer, self._lrs
+        counters = global_table_counters(
+            table_counters(s.model.embedding.dynamic_tables()), self.ctx)
+        window = self.progress.report(self.step, lrs, counters,
+                                      comm=s.model.embedding.comm_timer.drain())
+        self.summaries.scalars(self.step, {**window, **{f"lr/{k}": v for k, v in lrs.items()}})
+        self.summaries.tables(self.step, counters)
+        if timer.enabled:
+            phases = timer.drain()
+            logger.info("step %d | %s", self.step, format_phases(phases))
+            self.summaries.scalars(self.step, phases, prefix="step_ms/")
 
     def checkpoint_and_evaluate(self, evaluate: bool = True) -> dict | None:
         """Save a checkpoint at the current step, then evaluate when an eval input is set

@@ -1,7 +1,8 @@
 """The throttled training progress line and table counters.
 
-Every ``log_step_count_steps`` steps rank 0 logs one line (samples/s over the time of the
-steps since the last line: checkpoints, evaluations and incremental dumps left out)::
+Every ``log_step_count_steps`` steps, and after the last step of a run, rank 0 logs one
+line (samples/s over the time of the steps since the last line: checkpoints, evaluations
+and incremental dumps left out)::
 
     step 200 | loss 0.61234 | 10520.3 samples/s | lr dense 0.001 sparse 0.01 |
     user_id size 9120 load 0.56 evict 0 reject 3200
@@ -119,6 +120,12 @@ class ProgressLog:
 
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
+
+    @property
+    def pending(self) -> bool:
+        """Steps recorded since the last line, which the run's end reports (unless every
+        is 0)."""
+        return self.every > 0 and self._loss_steps > 0
 
     def report(self, step: int, lrs: dict[str, float], counters: dict,
                comm: tuple[float, int] | None = None) -> dict[str, float]:

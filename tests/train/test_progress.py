@@ -71,3 +71,16 @@ def test_checkpoints_and_evaluations_do_not_lower_the_logged_rate(tmp_path, cloc
         loop.run(data)
     rates = [float(r) for r in re.findall(r"\| ([0-9.]+) samples/s", caplog.text)]
     assert rates == [pytest.approx(256.0)] * 2  # 2 steps of 256 rows in 2 s, each line
+
+
+def test_the_last_steps_get_a_line_at_the_end(tmp_path, caplog):
+    generate_data(tmp_path / "data", seed=0)
+    edits = {"train_config.num_steps": 3, "train_config.log_step_count_steps": 2}
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        small_loop(tmp_path / "m", edits=edits).run(str(tmp_path / "data"))
+    assert re.findall(r"step (\d+) \| loss", caplog.text) == ["2", "3"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):  # nothing left: no line
+        small_loop(tmp_path / "m2", edits={**edits, "train_config.num_steps": 4}).run(
+            str(tmp_path / "data"))
+    assert re.findall(r"step (\d+) \| loss", caplog.text) == ["2", "4"]
