@@ -343,15 +343,17 @@ class EmbeddingCollection(nn.Module):
 
     def _widen(self, name: str, batch: StorageBatch) -> None:
         """After a batch whose ids did not fit the one-pass keys it tried: int64 keys
-        from now if it tried int32 keys and its ids fit int64 ones, else two passes."""
+        from now if it tried int32 keys and its ids fit int64 ones, else two passes. A
+        batch prepared ahead tried the keys of before: a move it repeats is not logged."""
         ranges = batch.key_ranges or []
         limit = 1 << pad_bits(len(ranges))  # the stricter, padded form
         if batch.wide_ids == COMPACT and all(0 <= r[0] and r[1] < limit
                                              for r in ranges if r is not None):
+            if name not in self._long_ids and name not in self._wide_ids:
+                logger.info("storage %r: an id past the dedup sort's int32 keys; sorting "
+                            "int64 keys from now", name)
             self._long_ids.add(name)
-            logger.info("storage %r: an id past the dedup sort's int32 keys; sorting int64 "
-                        "keys from now", name)
-        else:
+        elif name not in self._wide_ids:
             self._wide_ids.add(name)
             logger.info("storage %r: an id past the dedup sort's one-pass keys; sorting in "
                         "two passes from now", name)

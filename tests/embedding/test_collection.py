@@ -239,3 +239,21 @@ def test_stored_counts_of_fused_and_dense_tables_over_steps():
     assert (stats["b"]["stored"], stats["b"]["unique_ids"], stats["b"]["lookups"]) == (1, 2, 2)
     assert (stats["d1"]["stored"], stats["d1"]["unique_ids"]) == (4, 4)
     assert (stats["d2"]["stored"], stats["d2"]["unique_ids"]) == (4, 4)
+
+
+@pytest.mark.parametrize("big", [1 << 40, -3], ids=["int64-keys", "two-passes"])
+def test_a_batch_prepared_before_its_sort_widened_logs_the_move_once(caplog, big):
+    """Ids past a fused storage's int32 one-pass keys move it to wider keys; the next
+    batch, prepared before that with the narrow keys, repeats the move without a line."""
+    collection = EmbeddingCollection([_dynamic("a", "g"), _dynamic("b", "g")],
+                                     [EmbeddingFeatureSpec("fa", "a"),
+                                      EmbeddingFeatureSpec("fb", "b")], SparseSGD(lr=0.1))
+    batches = [_kjt({"fa": [[big, 1]], "fb": [[2]]}), _kjt({"fa": [[big + 1]], "fb": [[3]]})]
+    with caplog.at_level("INFO", logger="hashrec.embedding"):
+        collection.prepare(batches[0])
+        collection.prepare(batches[1])
+        for batch in batches:
+            collection(batch)
+    moves = [r.getMessage() for r in caplog.records if "dedup sort's" in r.getMessage()]
+    assert len(moves) == 1, moves
+    assert ("sorting int64 keys" if big > 0 else "two passes") in moves[0]
