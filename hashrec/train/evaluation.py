@@ -60,7 +60,8 @@ def evaluate(session, input_path: str, step: int, max_steps: int = 0,
         signals: the training run's stop signals: a signal received (by any rank) stops
             the evaluation before its next batch, and ``signals.agreed`` is set.
 
-    Logs the batches done every ``eval_config.log_step_count_steps`` (rank 0).
+    Logs the batches done (of this rank's, with the time left at the rate so far) every
+    ``eval_config.log_step_count_steps`` (rank 0).
 
     Returns:
         ``{"step": step, "<metric>": value, ..., "loss": mean loss, "<loss name>": its
@@ -97,6 +98,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
             loader = session.loader(input_path, "eval")
             if ctx.is_distributed:
                 check_same_input(loader.dataset, input_path, ctx, "eval")
+            total = own_batches(loader, session.rank, max_steps) if log_every else 0
             for batch in eval_batches(loader, ctx, model.embedding.idle_lookups, max_steps,
                                       signals):
                 batch = batch.to(session.device)
@@ -113,8 +115,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
                               weights.sum(dim=0) if weights is not None else None)
                 batches += 1
                 if log_every and batches % log_every == 0:
-                    logger.info("eval at step %d: %d batches (%.1fs)", step, batches,
-                                time.perf_counter() - start)
+                    _log_progress(step, batches, total, time.perf_counter() - start)
     finally:
         model.train(was_training)
     if signals is not None and signals.agreed is not None:
@@ -163,6 +164,23 @@ def _result(step: int, metrics: dict, mean_loss: MeanLoss, soft_labels: dict,
         if chief:
             counter.warn(task.label_name, names)
     return result
+
+
+def own_batches(loader, rank: int, max_steps: int = 0) -> int:
+    """The batches this rank evaluates: its share of the input, at most ``max_steps``."""
+    total = sum(loader.dataset.reader_batches(rank, loader.num_workers))
+    return min(total, max_steps) if max_steps else total
+
+
+def _log_progress(step: int, batches: int, total: int, seconds: float) -> None:
+    """``eval at step S: B of N batches (T s, about L s left)``, the time left at the
+    rate so far (rank 0's batches: its share of the input)."""
+    if batches >= total:
+        logger.info("eval at step %d: %d of %d batches (%.1fs)", step, batches, total,
+                    seconds)
+        return
+    logger.info("eval at step %d: %d of %d batches (%.1fs, about %.0fs left)", step,
+                batches, total, seconds, seconds / batches * (total - batches))
 
 
 def _update_metrics(metrics, predictions: dict, batch) -> None:

@@ -7,12 +7,14 @@ import json
 import logging
 import math
 import os
+import re
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from small_din import generate_data, small_loop
 from tiny_pipeline import MULTI_TOWER, pipeline_text
 
 from hashrec.checkpoint.layout import MARKER_NAME
@@ -137,3 +139,19 @@ def test_an_auc_of_one_class_is_nan_with_a_warning_saying_why(tmp_path, caplog, 
             f"both a positive and a negative row ({counts[0]} positive rows of 40)") \
         in caplog.text
     assert "soft label" not in caplog.text
+
+
+@pytest.mark.parametrize("max_steps,expected", [
+    (0, [("2", "6"), ("4", "6"), ("6", "6")]), (3, [("2", "3")])], ids=["all", "num_steps3"])
+def test_the_progress_lines_count_the_batches_of_the_evaluation(tmp_path, caplog, max_steps,
+                                                                expected):
+    generate_data(tmp_path / "data", seed=0)  # 1,500 rows: 6 batches of 256
+    session = small_loop(tmp_path / "m", edits={
+        "eval_config.log_step_count_steps": 2, "data_config.eval_batch_size": 256}).session
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        evaluate(session, str(tmp_path / "data"), 0, max_steps)
+    lines = [r.getMessage() for r in caplog.records
+             if r.getMessage().startswith("eval at step 0: ")]
+    assert [re.match(r"eval at step 0: (\d+) of (\d+) batches", line).groups()
+            for line in lines] == expected
+    assert ["left)" in line for line in lines] == [a != b for a, b in expected]

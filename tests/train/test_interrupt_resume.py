@@ -247,8 +247,8 @@ def test_evaluation_logs_its_progress(data_dir, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="hashrec.train"):
         result = evaluate(loop.session, str(data_dir), 0)
     assert result["num_examples"] == 1500
-    assert "eval at step 0: 2 batches" in caplog.text
-    assert "eval at step 0: 6 batches" in caplog.text
+    assert "eval at step 0: 2 of 6 batches" in caplog.text
+    assert "eval at step 0: 6 of 6 batches" in caplog.text
 
 
 def test_evaluating_on_the_way_leaves_the_training_run_as_it_was(data_dir, tmp_path):
@@ -307,14 +307,17 @@ def signal_during_evaluation(loop, signum, after: int = 1) -> list[int]:
         if mode != "eval":
             return batches
 
-        def read():
-            counts.append(0)
-            for batch in batches:
-                if counts[-1] == after:
-                    os.kill(os.getpid(), signum)
-                counts[-1] += 1
-                yield batch
-        return read()
+        class Counted:  # the eval loader, its batches counted
+            dataset, num_workers = batches.dataset, batches.num_workers
+
+            def __iter__(self):
+                counts.append(0)
+                for batch in batches:
+                    if counts[-1] == after:
+                        os.kill(os.getpid(), signum)
+                    counts[-1] += 1
+                    yield batch
+        return Counted()
 
     loop.session.loader = loader
     return counts
