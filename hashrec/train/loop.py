@@ -84,7 +84,7 @@ from hashrec.train.graphs import DenseGraphs
 from hashrec.train.interrupt import StopSignals, TrainInterrupted
 from hashrec.train.placement import gil_switch_interval
 from hashrec.train.prefetch import DevicePrefetcher, EpochStream
-from hashrec.train.progress import ProgressLog, table_counters
+from hashrec.train.progress import ProgressLog, table_counters, total_steps
 from hashrec.train.summaries import Summaries
 from hashrec.train.timing import StepTimer, format_phases
 
@@ -557,8 +557,10 @@ class TrainLoop:
         s, timer, lrs = self.session, self.timer, self._lrs
         counters = global_table_counters(
             table_counters(s.model.embedding.dynamic_tables()), self.ctx)
+        o, inputs = self.options, self._inputs
+        total = total_steps(o.num_steps, o.max_epochs, inputs.steps if inputs else 0)
         window = self.progress.report(self.step, lrs, counters,
-                                      comm=s.model.embedding.comm_timer.drain())
+                                      comm=s.model.embedding.comm_timer.drain(), total=total)
         self.summaries.scalars(self.step, {**window, **{f"lr/{k}": v for k, v in lrs.items()}})
         self.summaries.tables(self.step, counters)
         if timer.enabled:

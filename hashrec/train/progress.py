@@ -4,10 +4,12 @@ Every ``log_step_count_steps`` steps, and after the last step of a run, rank 0 l
 line (samples/s over the time of the steps since the last line: checkpoints, evaluations
 and incremental dumps left out)::
 
-    step 200 | loss 0.61234 | 10520.3 samples/s | lr dense 0.001 sparse 0.01 |
-    user_id size 9120 load 0.56 evict 0 reject 3200
+    step 200 | loss 0.61234 | 10520.3 samples/s | 200/1220 steps, about 1m 39s left |
+    lr dense 0.001 sparse 0.01 | user_id size 9120 load 0.56 evict 0 reject 3200
 
-with, per dynamic table, its size, load factor, evictions and admission rejections
+with the steps the run trains in all (``num_steps``, or ``num_epochs`` epochs once the
+steps of an epoch are known) and the time those left take at the line's rate, and, per
+dynamic table, its size, load factor, evictions and admission rejections
 (ids not yet seen often enough to enter the table), cumulative since the table was
 built, and its refused inserts (full buckets that kept their entries) once there are
 any. Under several ranks, loss, samples/s and counters are global (summed through
@@ -53,6 +55,24 @@ def format_tables(counters: dict[str, dict[str, float]]) -> str:
         return f"{text} refused {refused}" if refused else text
 
     return " | ".join(line(name, c) for name, c in counters.items())
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``12m 5s`` or ``3h 07m``."""
+    seconds = max(int(round(seconds)), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
+def total_steps(num_steps: int, max_epochs: int | None, epoch_steps: int) -> int:
+    """The steps a run trains in all: ``num_steps``, or ``max_epochs`` epochs of
+    ``epoch_steps`` (0: not known yet), whichever ends it first; 0 when not known."""
+    by_epochs = max_epochs * epoch_steps if max_epochs and epoch_steps else 0
+    ends = [n for n in (num_steps, by_epochs) if n]
+    return min(ends) if ends and (by_epochs or not max_epochs) else 0
 
 
 class ProgressLog:
@@ -128,11 +148,14 @@ class ProgressLog:
         return self.every > 0 and self._loss_steps > 0
 
     def report(self, step: int, lrs: dict[str, float], counters: dict,
-               comm: tuple[float, int] | None = None) -> dict[str, float]:
+               comm: tuple[float, int] | None = None, total: int = 0) -> dict[str, float]:
         """Log the line for ``step`` and reset the window; returns the window's scalars.
 
         ``comm``: (seconds, regions) the embedding exchanges took in the window
-        (``CommTimer.drain``); shown per step when any exchange ran.
+        (``CommTimer.drain``); shown per step when any exchange ran. ``total``: the steps
+        the run trains in all (0: not known), shown with the time the steps left take
+        at the window's rate (``200/1220 steps, about 12m 5s left``; checkpoints and
+        evaluations to come not counted).
         """
         elapsed = max(time.perf_counter() - self._since - self._paused, 1e-9)
         window = {"samples": float(self._samples), "loss_sum": float(self._loss_sum),
@@ -156,8 +179,11 @@ class ProgressLog:
             lr_text = " ".join(f"{k} {v:.6g}" for k, v in lrs.items())
             shown = " (" + ", ".join(f"{k} {v:.5f}" for k, v in parts.items()) + ")" \
                 if parts else ""
-            line = (f"step {step} | loss {loss:.5f}{shown} | {rate:.1f} samples/s | "
-                    f"lr {lr_text}")
+            line = f"step {step} | loss {loss:.5f}{shown} | {rate:.1f} samples/s | "
+            if total > step and steps:
+                left = (total - step) * window["elapsed"] / ranks / steps
+                line += f"{step}/{total} steps, about {duration(left)} left | "
+            line += f"lr {lr_text}"
             if "a2a_ms_per_step" in out:
                 line += f" | a2a {out['a2a_ms_per_step']:.3f} ms/step"
             tables = format_tables(counters)

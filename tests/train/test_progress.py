@@ -11,7 +11,7 @@ from small_din import generate_data, small_loop
 
 from hashrec.train import loop as loop_module
 from hashrec.train import progress as progress_module
-from hashrec.train.progress import ProgressLog
+from hashrec.train.progress import ProgressLog, duration, total_steps
 
 
 class FakeClock:
@@ -84,3 +84,43 @@ def test_the_last_steps_get_a_line_at_the_end(tmp_path, caplog):
         small_loop(tmp_path / "m2", edits={**edits, "train_config.num_steps": 4}).run(
             str(tmp_path / "data"))
     assert re.findall(r"step (\d+) \| loss", caplog.text) == ["2", "4"]
+
+
+@pytest.mark.parametrize("seconds,text", [(0.4, "0s"), (45, "45s"), (725, "12m 5s"),
+                                          (11220, "3h 07m")])
+def test_duration(seconds, text):
+    assert duration(seconds) == text
+
+
+@pytest.mark.parametrize("num_steps,max_epochs,epoch_steps,total", [
+    (100, None, 0, 100), (0, 2, 30, 60), (100, 2, 30, 60), (50, 2, 30, 50),
+    (100, 2, 0, 0), (0, 1, 0, 0)])
+def test_total_steps(num_steps, max_epochs, epoch_steps, total):
+    assert total_steps(num_steps, max_epochs, epoch_steps) == total
+
+
+def test_the_line_gives_the_steps_and_the_time_left(clock, caplog):
+    progress = ProgressLog(every=2)
+    for _ in range(2):
+        progress.record(10, 0.5)
+        clock.now += 3.0
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        progress.report(2, {}, {}, total=42)  # 40 steps left at 3 s a step
+        progress.record(10, 0.5)
+        clock.now += 2.0
+        progress.report(3, {}, {})  # total not known
+    assert "| 3.3 samples/s | 2/42 steps, about 2m 0s left | lr" in caplog.text
+    assert "| 5.0 samples/s | lr" in caplog.text
+
+
+@pytest.mark.parametrize("edits,total", [
+    ({"train_config.num_steps": 4}, 4),
+    ({"train_config.num_steps": 0, "train_config.num_epochs": 2}, 12)],
+    ids=["num_steps", "num_epochs"])
+def test_the_loop_gives_its_lines_the_steps_in_all(tmp_path, caplog, edits, total):
+    generate_data(tmp_path / "data", seed=0)  # 1,500 rows: 6 batches of 256 an epoch
+    edits = {**edits, "train_config.log_step_count_steps": 2}
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        small_loop(tmp_path / "m", edits=edits).run(str(tmp_path / "data"))
+    assert f"| 2/{total} steps, about " in caplog.text
+    assert f"{total}/{total} steps" not in caplog.text  # nothing left: no time left shown
