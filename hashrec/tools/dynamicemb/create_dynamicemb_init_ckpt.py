@@ -31,6 +31,7 @@ import os
 import sys
 
 import torch
+from google.protobuf.message import Message
 
 from hashrec.checkpoint.table_io import initial_scores
 from hashrec.checkpoint.tags import model_tag_tables
@@ -45,6 +46,21 @@ logger = logging.getLogger("hashrec.tools")
 # Above this share of bad rows the table is more likely misread than dirty: warn loudly.
 BAD_SHARE_WARNING = 0.5
 _SEPARATORS = (",", " ", ";", "|", "\t", ":")
+
+
+NO_INIT_TABLE = "no dynamicemb feature sets init_table; nothing to initialize"
+
+
+def _sets_init_table(message) -> bool:
+    """Whether a config message (a feature config) sets an ``init_table`` anywhere."""
+    for field, value in message.ListFields():
+        if field.name == "init_table" and value:
+            return True
+        if field.type == field.TYPE_MESSAGE:
+            values = [value] if isinstance(value, Message) else value  # else repeated
+            if any(_sets_init_table(v) for v in values):
+                return True
+    return False
 
 
 def init_tables_of(feature_set) -> dict[str, str]:
@@ -149,11 +165,13 @@ def create_init_checkpoint(config, world_size: int, save_dir: str,
     """
     from hashrec.train.session import build_session
 
+    if not any(_sets_init_table(feature) for feature in config.feature_configs):
+        raise MigrationError(NO_INIT_TABLE)  # said before the model is built
     session = build_session(config, device=torch.device("cpu"))
     embedding = session.model.embedding
     paths = init_tables_of(session.feature_set)
     if not paths:
-        raise MigrationError("no dynamicemb feature sets init_table; nothing to initialize")
+        raise MigrationError(NO_INIT_TABLE)
     storages = embedding.dynamic_tables()
     locations = embedding.table_locations()
     workers = reader_worker_num or min(8, os.cpu_count() or 1)

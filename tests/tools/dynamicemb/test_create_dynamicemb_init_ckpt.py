@@ -188,6 +188,16 @@ def test_wrong_dim_names_table_file_and_row(tmp_path):
     assert not os.path.exists(tmp_path / "s" / "model.ckpt-0.tmp")
 
 
+def test_a_config_without_init_table_is_refused_before_the_model_is_built(tmp_path,
+                                                                        monkeypatch):
+    from hashrec.train import session
+
+    config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000", dynamicemb_block())
+    monkeypatch.setattr(session, "build_session", lambda *a, **k: pytest.fail("built"))
+    with pytest.raises(MigrationError, match="no dynamicemb feature sets init_table"):
+        create_init_checkpoint(load_pipeline_config(config), 1, str(tmp_path / "s"))
+
+
 def test_errors_without_init_table_existing_target_and_over_capacity(tmp_path):
     config = write_config(str(tmp_path / "c.config"), "num_buckets: 2000", dynamicemb_block())
     with pytest.raises(MigrationError, match="no dynamicemb feature sets init_table"):
