@@ -434,6 +434,7 @@ class TrainLoop:
         prefetcher = DevicePrefetcher(batches_in, self.session.device, self.prepare_ahead)
         for batch in prefetcher:
             self.timer.batch_ready()
+            self.progress.start()
             if self._random_state is not None:
                 checkpoints.set_random_states(self.session.model, self._random_state)
                 self._random_state = None

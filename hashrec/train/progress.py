@@ -91,10 +91,19 @@ class ProgressLog:
         self.reduce = reduce
         self._since = time.perf_counter()
         self._paused = 0.0  # seconds of the window spent outside training steps
+        self._started = False
         self._samples = 0
         self._loss_sum = 0.0
         self._loss_steps = 0
         self._part_sums: dict = {}
+
+    def start(self) -> None:
+        """The first batch is ready: the first window's clock starts here, not at the
+        setup before it (loader workers starting, a resumed epoch's batches skipped).
+        Later calls do nothing."""
+        if not self._started:
+            self._started = True
+            self._since, self._paused = time.perf_counter(), 0.0
 
     @contextmanager
     def paused(self):

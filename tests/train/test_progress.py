@@ -124,3 +124,34 @@ def test_the_loop_gives_its_lines_the_steps_in_all(tmp_path, caplog, edits, tota
         small_loop(tmp_path / "m", edits=edits).run(str(tmp_path / "data"))
     assert f"| 2/{total} steps, about " in caplog.text
     assert f"{total}/{total} steps" not in caplog.text  # nothing left: no time left shown
+
+
+def test_the_first_window_starts_with_the_first_batch(clock):
+    progress = ProgressLog(every=2)
+    clock.now += 100.0  # loader workers starting, a resumed epoch's batches skipped
+    progress.start()
+    for _ in range(2):
+        clock.now += 1.0
+        progress.record(10, 0.5)
+    progress.start()  # a later call changes nothing
+    assert progress.report(2, {}, {})["samples_per_second"] == pytest.approx(10.0)
+
+
+def test_the_loader_start_is_left_out_of_the_first_rate(tmp_path, clock, caplog):
+    generate_data(tmp_path / "data", seed=0)
+    loop = small_loop(tmp_path / "m", edits={"train_config.log_step_count_steps": 2,
+                                             "train_config.num_steps": 2})
+    session, original = loop.session, loop.train_step
+
+    def slow_stream(*args, **kwargs):  # a loader that takes 1000 s to start
+        clock.now += 1000.0
+        return type(session).train_stream(session, *args, **kwargs)
+
+    def step(*args, **kwargs):
+        clock.now += 1.0
+        return original(*args, **kwargs)
+
+    session.train_stream, loop.train_step = slow_stream, step
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        loop.run(str(tmp_path / "data"))
+    assert "| 256.0 samples/s |" in caplog.text
