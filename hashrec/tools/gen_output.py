@@ -44,8 +44,27 @@ def _previous_output(out_dir: str, marker: str) -> set[str]:
         return set()
 
 
-def stale_files(out_dir: str, overwrite: bool, marker: str) -> list[str]:
-    """The files in ``out_dir`` to delete before writing a split into it.
+def _previous_splits(out_dir: str, marker: str, overwrite: bool) -> list[str]:
+    """The files of an earlier run with --eval_rows in the ``train`` and ``eval``
+    folders of ``out_dir``, as paths relative to it: a folder holding nothing else
+    goes too (after its files); with ``overwrite`` the run's files go from one that
+    holds other files too, which stay."""
+    found = []
+    for split in ("train", "eval"):
+        folder = os.path.join(out_dir, split)
+        ours = _previous_output(folder, marker) if os.path.isdir(folder) else set()
+        entries = set(os.listdir(folder)) if ours else set()
+        if ours and (entries <= ours or overwrite):
+            found += [os.path.join(split, name) for name in sorted(entries & ours)]
+            found += [split] if entries <= ours else []
+    return found
+
+
+def stale_files(out_dir: str, overwrite: bool, marker: str, splits: bool = False
+                ) -> list[str]:
+    """The files in ``out_dir`` to delete before writing a split into it. ``splits``:
+    the earlier run's ``train`` and ``eval`` folders are stale too (a run without
+    --eval_rows, which reads ``out_dir`` whole, writes into it).
 
     Raises:
         GeneratorError: ``out_dir`` is a file, or it holds files that an earlier run did
@@ -56,15 +75,16 @@ def stale_files(out_dir: str, overwrite: bool, marker: str) -> list[str]:
     if not os.path.isdir(out_dir):
         return []
     entries = sorted(os.listdir(out_dir))
-    ours = _previous_output(out_dir, marker)
+    earlier = _previous_splits(out_dir, marker, overwrite) if splits else []
+    ours = _previous_output(out_dir, marker) | set(earlier)
     foreign = [e for e in entries if e not in ours]
     if foreign and not overwrite:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         raise GeneratorError(f"{out_dir} is not empty (it holds {shown}); choose another "
                              f"--output_dir, or pass --overwrite to replace its "
                              f"part-*.parquet files")
-    return [e for e in entries
-            if e in ours or (e.startswith("part-") and e.endswith(".parquet"))]
+    return [e for e in entries if e in ours and e not in earlier
+            or (e.startswith("part-") and e.endswith(".parquet"))] + earlier
 
 
 def prepare_dir(out_dir: str, stale: tuple[str, ...], log) -> None:
@@ -73,10 +93,16 @@ def prepare_dir(out_dir: str, stale: tuple[str, ...], log) -> None:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as err:
         raise GeneratorError(f"cannot create {out_dir}: {err.strerror}") from None
-    for name in stale:
-        os.remove(os.path.join(out_dir, name))
-    if stale:
-        log(f"removed {len(stale)} old files in {out_dir}")
+    files = 0
+    for name in stale:  # an earlier run's split folder comes after its files
+        path = os.path.join(out_dir, name)
+        if os.path.isdir(path):
+            os.rmdir(path)
+        else:
+            os.remove(path)
+            files += 1
+    if files:
+        log(f"removed {files} old files in {out_dir}")
 
 
 def write_marker(out_dir: str, marker: str, names: list[str], rows: int,
@@ -134,7 +160,8 @@ def output_dirs(output_dir: str, eval_rows: int, overwrite: bool, marker: str
             "eval": os.path.join(output_dir, "eval")} if eval_rows else {"data": output_dir}
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise GeneratorError(f"{output_dir} is a file; --output_dir must name a directory")
-    return dirs, {split: tuple(stale_files(d, overwrite, marker)) for split, d in dirs.items()}
+    return dirs, {split: tuple(stale_files(d, overwrite, marker, splits=split == "data"))
+                  for split, d in dirs.items()}
 
 
 def generator_parser(name: str, description: str, marker: str, scale_default: float,
