@@ -140,6 +140,7 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
         written[split] = []
         for i, name in enumerate(names):
             path = os.path.join(out_dir, name)
+            log(f"generating {path} ({int(bounds[i + 1] - bounds[i])} rows)")
             table = rows_table(world, rng, int(bounds[i + 1] - bounds[i]))
             pq.write_table(table, path, row_group_size=row_group_size)
             written[split].append(path)

@@ -162,7 +162,7 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
     log(f"ID spaces {spaces}")
     catalog = build_catalog(world_rng, spaces)
     users = build_users(world_rng, spaces)
-    log("built catalog and users")
+    log(f"built catalog and users; simulating {num_rows + eval_rows} impressions")
     imp = simulate(np.random.default_rng(rows_seed), users, catalog, num_rows + eval_rows)
     imp = with_conversions(np.random.default_rng(buy_seed), users, catalog, imp)
     log(f"simulated {num_rows + eval_rows} impressions, CTR {imp.clk.mean():.4f}, "

@@ -83,3 +83,12 @@ def test_a_negative_seed_is_a_usage_error(tmp_path, capsys):
     assert stop.value.code == 2
     assert "argument --seed: must be >= 0, got -1" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
+
+
+def test_each_file_is_announced_before_its_rows_are_drawn(tmp_path, capsys):
+    assert main(["--output_dir", str(tmp_path / "d"), "--num_rows", "300",
+                 "--num_files", "2"]) == 0
+    lines = [line.split("] ", 1)[1] for line in capsys.readouterr().err.splitlines()]
+    first = str(tmp_path / "d" / "part-00000.parquet")
+    assert lines[0] == f"generating {first} (150 rows)"
+    assert lines[1].startswith(f"wrote {first} (150 rows, click rate ")

@@ -145,7 +145,9 @@ def test_command_line_writes_files_and_replaces_its_own_earlier_output(tmp_path,
     out = tmp_path / "out"
     assert main(["--output_dir", str(out), "--num_rows", "500", "--num_files", "3",
                  "--scale", "0.001"]) == 0
-    assert "wrote" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "wrote" in err
+    assert "built catalog and users; simulating 500 impressions\n" in err  # before it runs
     assert sorted(p.name for p in out.iterdir()) == [
         "_gen_taobao_data.json", "part-00000.parquet", "part-00001.parquet",
         "part-00002.parquet"]
