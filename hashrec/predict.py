@@ -366,6 +366,7 @@ def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
             its workers' batches in turn).
     """
     rows, start, last_log = 0, time.perf_counter(), time.perf_counter()
+    total = int(loader.dataset.num_rows)
     readers = loader.reader_turns()
     with torch.inference_mode():
         for batch in loader:
@@ -376,7 +377,9 @@ def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
             rows += batch.batch_size
             if time.perf_counter() - last_log >= log_every_s:
                 last_log = time.perf_counter()
-                logger.info("predicted %d rows (%.0f rows/s)", rows, rows / (last_log - start))
+                rate = rows / max(last_log - start, 1e-9)
+                left = f", about {(total - rows) / rate:.0f}s left" if rows < total else ""
+                logger.info("predicted %d of %d rows (%.0f rows/s%s)", rows, total, rate, left)
     parts.close()
     expected = loader.dataset.reader_rows(loader.dataset.options.rank, loader.num_workers)
     if parts.rows != expected:

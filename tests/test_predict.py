@@ -55,6 +55,16 @@ def test_predictions_do_not_depend_on_batch_size(exported, tmp_path, batch_size)
                                    "probs"].to_numpy()), atol=1e-6, rtol=0)
 
 
+def test_the_progress_lines_count_the_rows_of_the_input(exported, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="hashrec.predict"):
+        predict(str(exported / "export"), str(exported / "data" / "eval"),
+                str(tmp_path / "out.parquet"), batch_size=50, log_every_s=0)
+    lines = [r.getMessage() for r in caplog.records if " of 130 rows (" in r.getMessage()]
+    assert [line.split(" (")[0] for line in lines] == [
+        "predicted 50 of 130 rows", "predicted 100 of 130 rows", "predicted 130 of 130 rows"]
+    assert ["s left)" in line for line in lines] == [True, True, False]
+
+
 def test_csv_input_predicts_like_parquet(exported, tmp_path):
     import pyarrow.csv as pacsv
 
