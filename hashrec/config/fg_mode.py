@@ -3,10 +3,12 @@
 
 - ``RAW`` (FG_DAG, FG_NORMAL, or neither field set): raw input; a feature reads the column
   its expression names and hashes, looks up, bucketizes or normalizes it itself.
-- ``ENCODED`` (FG_NONE, or ``fg_encoded: true`` without a mode): the input is a feature
-  generation's output, bucketized: a feature reads the column named as the feature.
+- ``ENCODED`` (FG_NONE, or ``fg_encoded: true``): the input is a feature generation's
+  output, bucketized: a feature reads the column named as the feature.
 - ``BUCKETIZE`` (FG_BUCKETIZE): the same columns, generated but not bucketized.
 
+As in TorchEasyRec, ``fg_encoded`` decides where set (true: FG_NONE, false: raw input),
+whatever ``fg_mode`` says; ``fg_mode_conflict`` words the warning where the two disagree.
 HashRec differs from TorchEasyRec in one default only: a config that sets neither field
 reads raw input (TorchEasyRec's proto defaults to FG_NONE), which is what a config
 without feature generation settings is written for.
@@ -33,9 +35,32 @@ def fg_input(data_config) -> str:
     """``RAW``, ``ENCODED`` or ``BUCKETIZE`` for a DataConfig (None: ``RAW``)."""
     if data_config is None:
         return RAW
+    if data_config.HasField("fg_encoded"):  # the older field decides, as in TorchEasyRec
+        return ENCODED if data_config.fg_encoded else RAW
     name = fg_mode_name(data_config)
-    if name is not None:
-        return _OF_MODE[name]
-    if data_config.HasField("fg_encoded") and data_config.fg_encoded:
-        return ENCODED
-    return RAW
+    return RAW if name is None else _OF_MODE[name]
+
+
+def fg_input_setting(data_config) -> str:
+    """The setting ``fg_input`` follows, as logs and errors name it
+    (``data_config.fg_mode is FG_NONE``, ``data_config.fg_encoded is true``)."""
+    if data_config is not None and data_config.HasField("fg_encoded"):
+        return f"data_config.fg_encoded is {str(data_config.fg_encoded).lower()}"
+    name = None if data_config is None else fg_mode_name(data_config)
+    return f"data_config.fg_mode is {name}" if name else \
+        "neither data_config.fg_mode nor fg_encoded is set"
+
+
+def fg_mode_conflict(data_config) -> str | None:
+    """A warning where ``fg_encoded`` and ``fg_mode`` are both set and disagree about the
+    input (``fg_encoded`` decides), else None."""
+    if data_config is None or not data_config.HasField("fg_encoded"):
+        return None
+    name = fg_mode_name(data_config)
+    if name is None or _OF_MODE[name] == fg_input(data_config):
+        return None
+    read = "encoded (as FG_NONE)" if data_config.fg_encoded else "raw (as FG_DAG)"
+    return (f"data_config.fg_encoded is {str(data_config.fg_encoded).lower()} and fg_mode "
+            f"is {name}: fg_encoded decides, as in TorchEasyRec, so the input is read as "
+            f"{read}; remove fg_encoded (TorchEasyRec deprecates it) to read it as fg_mode "
+            f"says")

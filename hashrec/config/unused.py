@@ -10,7 +10,7 @@ about, once per config (:func:`ignored_field_notes`).
 
 from __future__ import annotations
 
-from hashrec.config.fg_mode import ENCODED, RAW, fg_input, fg_mode_name
+from hashrec.config.fg_mode import ENCODED, RAW, fg_input, fg_input_setting
 
 # Per message: field -> (what counts as set to something HashRec does not do, why).
 _REFUSED = {
@@ -161,14 +161,13 @@ def ignored_field_notes(config) -> list[str]:
 
 def fg_mode_note(config) -> str | None:
     """What a config whose input a feature generation already wrote (``fg_mode`` FG_NONE
-    or FG_BUCKETIZE, or ``fg_encoded: true`` without a mode) makes the features read,
+    or FG_BUCKETIZE, or ``fg_encoded: true``) makes the features read,
     for the log; None for raw input (``hashrec.features.encoded`` reads the others)."""
     data = config.data_config if config.HasField("data_config") else None
     mode = fg_input(data)
     if mode == RAW:
         return None
-    said = f"data_config.fg_mode is {fg_mode_name(data)}" if fg_mode_name(data) else \
-        "data_config.fg_encoded is true"
+    said = fg_input_setting(data)
     what = ("ids as the generation bucketized them (rows of their tables, keys of dynamic "
             "tables), values as it normalized them" if mode == ENCODED else
             "tokens bucketized here as from raw input, values not normalized again")

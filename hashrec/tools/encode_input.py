@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hashrec.config import load_pipeline_config
-from hashrec.config.fg_mode import RAW, fg_input, fg_mode_name
+from hashrec.config.fg_mode import RAW, fg_input, fg_input_setting, fg_mode_conflict
 from hashrec.tools.gen_output import (
     GeneratorError,
     Progress,
@@ -112,9 +112,12 @@ def encode(config, input_path: str, output_dir: str, reserved: tuple[str, ...] =
     from hashrec.features import build_feature_set
 
     if fg_input(config.data_config) != RAW:
-        raise ValueError(f"data_config.fg_mode is {fg_mode_name(config.data_config) or 'unset'}"
-                         f" with fg_encoded: its input is encoded already; encode_input "
-                         f"reads raw input (fg_mode FG_DAG)")
+        raise ValueError(f"{fg_input_setting(config.data_config)}: the config reads input a "
+                         f"feature generation encoded already; encode_input reads raw input "
+                         f"(fg_mode FG_DAG, and fg_encoded false or unset)")
+    conflict = fg_mode_conflict(config.data_config)
+    if conflict:
+        logging.getLogger("hashrec.config").warning("%s", conflict)
     log = Progress(NAME, quiet)
     stale = tuple(stale_files(output_dir, overwrite, MARKER))
     feature_set = build_feature_set(config)

@@ -16,6 +16,7 @@ from hashrec.config import (
     load_pipeline_config,
     validate_pipeline_config,
 )
+from hashrec.config.fg_mode import fg_mode_conflict
 from hashrec.config.unused import fg_mode_note, ignored_field_notes
 from hashrec.train.errors import TrainError
 
@@ -48,6 +49,10 @@ def load_effective_config(args: argparse.Namespace, overrides: dict[str, str | N
         logging.getLogger("hashrec.config").warning(
             "%s: HashRec ignores %s (%s nothing it trains)", args.pipeline_config_path,
             ", ".join(ignored), "it changes" if len(ignored) == 1 else "they change")
+    conflict = fg_mode_conflict(config.data_config if config.HasField("data_config") else None)
+    if conflict:
+        logging.getLogger("hashrec.config").warning("%s: %s", args.pipeline_config_path,
+                                                    conflict)
     encoded = fg_mode_note(config)
     if encoded:
         logging.getLogger("hashrec.config").info("%s: %s", args.pipeline_config_path, encoded)

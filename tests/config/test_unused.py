@@ -76,8 +76,11 @@ def test_the_fields_of_the_other_input_mode_are_noted():
     ("data_config { fg_encoded: true }", "fg_encoded is true", "as the generation bucketized"),
     ("data_config { fg_mode: FG_NORMAL }", None, None),
     ("data_config { fg_encoded: false }", None, None),
-    ("data_config { fg_mode: FG_DAG fg_encoded: true }", None, None),
-], ids=["none", "bucketize", "encoded", "normal", "not-encoded", "dag"])
+    # fg_encoded decides where set, as in TorchEasyRec
+    ("data_config { fg_mode: FG_DAG fg_encoded: true }", "fg_encoded is true",
+     "as the generation bucketized"),
+    ("data_config { fg_mode: FG_NONE fg_encoded: false }", None, None),
+], ids=["none", "bucketize", "encoded", "normal", "not-encoded", "dag-encoded", "none-raw"])
 def test_encoded_input_is_said_how_it_is_read(text, said, what):
     config = example_with(text)
     config.data_config.ClearField("fg_mode")
