@@ -109,7 +109,7 @@ class FileDataset(IterableDataset):
 
     Args:
         files: data files (see :func:`hashrec.data.paths.expand_input_path`).
-        feature_set: has ``input_columns``, ``target_columns`` and
+        feature_set: has ``input_columns``, ``target_columns``, ``column_notes`` and
             ``parse(table, with_labels) -> Batch``.
         options: how to walk the rows.
         source: the file format.
@@ -282,7 +282,8 @@ class ParquetDataset(FileDataset):
 
     def __init__(self, files: Sequence[str], feature_set, options: ReadOptions,
                  pin_memory: bool = False) -> None:
-        source = ParquetSource(self.needed_columns(feature_set, options))
+        source = ParquetSource(self.needed_columns(feature_set, options),
+                               feature_set.column_notes)
         super().__init__(files, feature_set, options, source, pin_memory)
 
 
@@ -291,6 +292,7 @@ class CsvDataset(FileDataset):
 
     def __init__(self, files: Sequence[str], feature_set, options: ReadOptions,
                  fmt: CsvFormat, pin_memory: bool = False) -> None:
-        source = CsvSource(self.needed_columns(feature_set, options), fmt)
+        source = CsvSource(self.needed_columns(feature_set, options), fmt,
+                           feature_set.column_notes)
         super().__init__(files, feature_set, options, source, pin_memory)
 

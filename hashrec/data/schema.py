@@ -17,7 +17,7 @@ and the column.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
@@ -41,9 +41,11 @@ SUPPORTED_TYPES = ("integers, floats, booleans, strings and lists (list<>, large
                    "fixed_size_list<>) of those")
 
 
-def check_columns(path: str, schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
+def check_columns(path: str, schema: pa.Schema, columns: Sequence[str],
+                  notes: Mapping[str, str] | None = None) -> pa.Schema:
     """The schema of ``columns`` in ``schema``; DataError on a missing, repeated or unsupported
-    column."""
+    column (a missing one's error says its ``notes`` entry, where it has one, else the
+    closest name the file has)."""
     fields = []
     for name in columns:
         found = schema.get_all_field_indices(name)
@@ -54,6 +56,8 @@ def check_columns(path: str, schema: pa.Schema, columns: Sequence[str]) -> pa.Sc
         if not found:
             close = difflib.get_close_matches(name, schema.names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
+            if notes and name in notes:
+                hint = f"; {notes[name]}"
             raise DataError(f"{path}: column {name!r} is missing (the file has "
                             f"{schema.names}){hint}")
         field = schema.field(found[0])

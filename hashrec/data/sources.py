@@ -21,7 +21,7 @@ import csv
 import itertools
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -54,10 +54,12 @@ class ParquetSource:
 
     Args:
         columns: columns to read.
+        notes: column -> why it is read, for the error of a file without it.
     """
 
-    def __init__(self, columns: Sequence[str]) -> None:
+    def __init__(self, columns: Sequence[str], notes: Mapping[str, str] | None = None) -> None:
         self.columns = list(columns)
+        self.notes = dict(notes or {})
 
     def pieces(self, path: str) -> tuple[list[Piece], pa.Schema]:
         """Non-empty row groups of ``path`` and the schema of the needed columns; a file
@@ -75,7 +77,7 @@ class ParquetSource:
             raise DataError(f"{path}: not a readable parquet file: {e}{hint}") from e
         if meta.num_rows == 0:
             return [], pa.schema([])
-        schema = check_columns(path, schema, self.columns)
+        schema = check_columns(path, schema, self.columns, self.notes)
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         starts = itertools.accumulate(sizes, initial=0)
         return [Piece(path, i, n, first) for i, (n, first) in enumerate(zip(sizes, starts))
@@ -251,10 +253,13 @@ class CsvSource:
     Args:
         columns: columns to read.
         fmt: the CSV layout.
+        notes: column -> why it is read, for the error of a file without it.
     """
 
-    def __init__(self, columns: Sequence[str], fmt: CsvFormat) -> None:
+    def __init__(self, columns: Sequence[str], fmt: CsvFormat,
+                 notes: Mapping[str, str] | None = None) -> None:
         self.columns = list(columns)
+        self.notes = dict(notes or {})
         self.fmt = fmt
 
     def _open(self, path: str, columns: Sequence[str], use_threads: bool = True):
@@ -316,7 +321,7 @@ class CsvSource:
                 return [], pa.schema([])
             raise
         try:
-            schema = check_columns(path, reader.schema, self.columns)
+            schema = check_columns(path, reader.schema, self.columns, self.notes)
         except DataError as e:
             # A file without rows (a header alone) is skipped whatever its columns.
             if reader.schema.names and not self._count(path, reader.schema.names[:1]):

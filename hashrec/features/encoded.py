@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hashrec.config.fg_mode import BUCKETIZE, ENCODED, RAW, fg_input
+from hashrec.config.fg_mode import BUCKETIZE, ENCODED, RAW, fg_input, fg_input_setting
 from hashrec.features.base import Feature
 from hashrec.features.bucketize import ids_below, strict_int_ids
 from hashrec.features.combo_feature import ComboFeature
@@ -130,3 +130,22 @@ def read_as_generated(features: list[Feature], configs, data_config) -> list[Fea
     by_name = _configs_by_name(configs)
     return [encoded_feature(f, by_name[f.name], mode, data_config.fg_encoded_multival_sep)
             for f in features]
+
+
+def encoded_column_notes(features: list[Feature], data_config) -> dict[str, str]:
+    """Column -> why it is read, for encoded input: each of ``features`` (as built for raw
+    input) reads the column named as itself, not its expression's fields; empty for raw
+    input. A file without the column names this in its error."""
+    if fg_input(data_config) == RAW:
+        return {}
+    setting = fg_input_setting(data_config)
+    notes = {}
+    for f in features:
+        fields = [c for c in f.columns if c != f.name]
+        instead = f", not its expression's {'field' if len(fields) == 1 else 'fields'} " \
+            f"{', '.join(map(repr, fields))} (raw input's)" if fields else ""
+        notes[f.name] = (f"{setting}, so feature {f.name!r} reads the column named as "
+                         f"itself, as a feature generation writes it{instead}: read raw "
+                         f"input with fg_mode FG_DAG, or encode it with "
+                         f"python -m hashrec.tools.encode_input")
+    return notes

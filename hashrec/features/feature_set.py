@@ -27,7 +27,7 @@ from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
 from hashrec.features.base import Feature, SparseIds, check_not_sequence
 from hashrec.features.batch import Batch
 from hashrec.features.combo_feature import build_combo_feature
-from hashrec.features.encoded import read_as_generated
+from hashrec.features.encoded import encoded_column_notes, read_as_generated
 from hashrec.features.errors import FeatureError
 from hashrec.features.id_feature import IdFeature, build_id_feature
 from hashrec.features.raw_feature import build_raw_feature
@@ -68,6 +68,9 @@ class FeatureSet:
             names): no table, no lookup.
         wide: the wide tables of the model's WIDE feature groups and the specs reading
             them (``hashrec.features.wide``); ``tables`` are the others.
+        column_notes: input column -> why a feature reads it, where the reason is not the
+            column its expression names (input a feature generation encoded), for the
+            error of a file without it.
     """
 
     def __init__(self, features: list[Feature], tables: list[EmbeddingTableSpec],
@@ -76,8 +79,10 @@ class FeatureSet:
                  sample_weight_fields: Iterable[str] = (),
                  left_out: tuple[str, ...] = (), unembedded: tuple[str, ...] = (),
                  wide: WideEmbeddings | None = None,
-                 class_labels: dict[str, int] | None = None) -> None:
+                 class_labels: dict[str, int] | None = None,
+                 column_notes: Mapping[str, str] | None = None) -> None:
         self.features = {f.name: f for f in features}
+        self.column_notes = dict(column_notes or {})
         self._tables = list(tables)
         self._wide = wide or WideEmbeddings()
         self._wide_names = frozenset(spec.name for spec in self._wide.features)
@@ -324,6 +329,7 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
         else None
     if fg_input(data_config) == RAW:  # encoded input's missing items are no "0"
         note_sequence_defaults(configs)
+    notes = encoded_column_notes(features, data_config)
     features = read_as_generated(features, configs, data_config)
     labels = list(pipeline_config.data_config.label_fields)
     weights = _sample_weight_fields(pipeline_config.data_config, labels)
@@ -346,7 +352,7 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
     embedded = {f.name for f in kept} - set(unembedded) - wide.wide_only
     return FeatureSet(kept, tables_read_by(tables, embedded), labels,
                       _binary_labels(labels, model_config), weights, left_out, unembedded,
-                      wide, _class_labels(labels, model_config))
+                      wide, _class_labels(labels, model_config), notes)
 
 
 def _sample_weight_fields(data_config, label_fields: list[str]) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ class FakeFeatureSet:
         self.ids, self.bags, self.label_fields = list(ids), list(bags), list(labels)
         self.target_columns = list(self.label_fields)
         self.input_columns = [*self.ids, *self.bags, *self.label_fields]
+        self.column_notes: dict[str, str] = {}
         self.poison = poison
 
     @staticmethod

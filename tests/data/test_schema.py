@@ -89,3 +89,11 @@ def test_a_column_named_twice_is_named_so_not_missing():
         check_columns("f.csv", schema, ["user_id", "clk"])
     assert str(err.value) == ("f.csv: column 'clk' appears 2 times (columns 1 and 3 of "
                               "['clk', 'user_id', 'clk']): name each column once")
+
+
+def test_a_missing_column_with_a_note_says_the_note_instead_of_a_guess():
+    schema = pa.schema([("user_id", pa.int64()), ("clk", pa.int64())])
+    with pytest.raises(DataError) as err:
+        check_columns("f.parquet", schema, ["uid"], {"uid": "feature 'uid' reads it"})
+    assert str(err.value) == ("f.parquet: column 'uid' is missing (the file has "
+                              "['user_id', 'clk']); feature 'uid' reads it")

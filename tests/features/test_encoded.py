@@ -6,10 +6,13 @@ import logging
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 import pytest
 import xxhash
 
-from hashrec.config import load_pipeline_config
+from hashrec.config import load_pipeline_config, parse_pipeline_config
+from hashrec.data import DataError, create_dataloader
 from hashrec.features import FeatureError, build_feature_set
 from tests.features.test_feature_set import TAOBAO_CONFIG, taobao_table
 
@@ -178,3 +181,21 @@ def test_encoding_the_taobao_ids_reads_back_the_same_batch():
     assert again.sparse.values().equal(raw.sparse.values())
     assert again.sparse.lengths().equal(raw.sparse.lengths())
     assert again.labels["clk"].equal(raw.labels["clk"])
+
+
+@pytest.mark.parametrize("dataset", ["ParquetDataset", "CsvDataset"])
+def test_a_file_without_the_feature_named_column_says_why_it_is_read(feature_set, tmp_path,
+                                                                      dataset):
+    # a file written for raw input has the expression's field, not the feature's name
+    table = pa.table({"cate_field": ["1"], "clk": [0]})
+    path = tmp_path / f"raw.{'csv' if dataset == 'CsvDataset' else 'parquet'}"
+    (pacsv.write_csv if dataset == "CsvDataset" else pq.write_table)(table, str(path))
+    data = (f"data_config {{ dataset_type: {dataset} with_header: true fg_mode: FG_NONE "
+            f"label_fields: 'clk' }}")
+    fs = feature_set(_id("num_buckets: 10"), data)
+    config = parse_pipeline_config(f'model_dir: "m"\n{data}')
+    with pytest.raises(DataError, match="column 'cate' is missing .*fg_mode is FG_NONE, so "
+                                        "feature 'cate' reads the column named as itself.*"
+                                        "not its expression's field 'cate_field'"):
+        create_dataloader(config.data_config, fs, str(path), "eval")
+    assert feature_set(_id("num_buckets: 10")).column_notes == {}  # raw input
