@@ -12,8 +12,9 @@ FG_NONE (encoded): every id is an integer and taken as it is: a row of a table o
 num_buckets, hash_bucket_size, vocabulary or boundaries rows (it must lie below that), or
 the raw key of a dynamic or ZCH table. A raw feature's values are used as they are (the
 generation normalized them); with boundaries its cells hold bucket ids. A missing cell
-reads as the feature's ``fg_encoded_default_value`` where set, else as nothing (an empty
-bag; a dense raw feature then refuses the row).
+reads as the feature's ``fg_encoded_default_value`` where set (it must read as a cell
+would: checked when the feature is built), else as nothing (an empty bag; a dense raw
+feature then refuses the row).
 
 FG_BUCKETIZE: the generation left the bucketization to training: tokens are hashed, looked
 up or bounded as from raw input, and a missing cell takes the feature's ``default_value``;
@@ -22,14 +23,18 @@ a raw feature's values are not normalized again.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
+from hashrec.config.errors import ConfigError
 from hashrec.config.fg_mode import BUCKETIZE, ENCODED, RAW, fg_input, fg_input_setting
 from hashrec.features.base import Feature
 from hashrec.features.bucketize import ids_below, strict_int_ids
 from hashrec.features.combo_feature import ComboFeature
+from hashrec.features.errors import FeatureError
 from hashrec.features.id_feature import IdFeature
 from hashrec.features.raw_feature import RawFeature
 from hashrec.features.tokens import Bags
@@ -66,7 +71,12 @@ def _limit(feature: Feature) -> int | None:
 
 def encoded_feature(feature: Feature, cfg, mode: str, multival_sep: str) -> Feature:
     """``feature`` (built from config ``cfg``) as it reads input of fg input ``mode``
-    (``ENCODED`` or ``BUCKETIZE``)."""
+    (``ENCODED`` or ``BUCKETIZE``).
+
+    Raises:
+        ConfigError: an ``fg_encoded_default_value`` that no cell of the feature could hold
+            (an id that is no row, a word where numbers go, too few values).
+    """
     sep = multival_sep or DEFAULT_MULTIVAL_SEP
     if mode == ENCODED:
         default = cfg.fg_encoded_default_value if cfg.HasField("fg_encoded_default_value") \
@@ -78,6 +88,16 @@ def encoded_feature(feature: Feature, cfg, mode: str, multival_sep: str) -> Feat
     # a sequence splits cells into items on its delimiter, an item's values on ``sep``
     outer = feature.separator if feature.is_sequence else sep
     inner = sep if feature.is_sequence else None
+    encoded = _encoded_form(feature, mode, default, outer, inner)
+    if mode == ENCODED and default:
+        _check_default(encoded, default)
+    return encoded
+
+
+def _encoded_form(feature: Feature, mode: str, default: str, outer: str,
+                  inner: str | None) -> Feature:
+    """``feature`` reading the encoded column named after it, cells cut as ``outer`` and
+    ``inner`` say, a missing one taking ``default``."""
     if isinstance(feature, RawFeature):
         if mode == ENCODED and feature.table is not None:  # cells hold bucket ids
             return IdFeature(feature.name, feature.name, EncodedIds(feature.table.num_rows),
@@ -95,6 +115,17 @@ def encoded_feature(feature: Feature, cfg, mode: str, multival_sep: str) -> Feat
     return IdFeature(feature.name, feature.name, bucketizer, feature.table, feature.pooling,
                      outer, default, feature.weighted, feature.sequence_length,
                      feature.sequence_name, inner)
+
+
+def _check_default(feature: Feature, default: str) -> None:
+    """A missing cell of ``feature`` takes ``default``: it must read as a cell would."""
+    try:
+        feature.parse(pa.table({feature.name: pa.array([None], pa.string())}))
+    except FeatureError as err:
+        # the error names the one-row table's row 0; the default is the config's
+        detail = re.sub(r"^feature .*?: column .*? row 0: ", "", str(err))
+        raise ConfigError(f"feature {feature.name!r}: fg_encoded_default_value {default!r} "
+                          f"does not read as a cell of the feature: {detail}") from None
 
 
 def _default_field(mode: str) -> str:

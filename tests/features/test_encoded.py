@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import xxhash
 
-from hashrec.config import load_pipeline_config, parse_pipeline_config
+from hashrec.config import ConfigError, load_pipeline_config, parse_pipeline_config
 from hashrec.data import DataError, create_dataloader
 from hashrec.features import FeatureError, build_feature_set
 from tests.features.test_feature_set import TAOBAO_CONFIG, taobao_table
@@ -199,3 +199,19 @@ def test_a_file_without_the_feature_named_column_says_why_it_is_read(feature_set
                                         "not its expression's field 'cate_field'"):
         create_dataloader(config.data_config, fs, str(path), "eval")
     assert feature_set(_id("num_buckets: 10")).column_notes == {}  # raw input
+
+
+@pytest.mark.parametrize("features, detail", [
+    (_id('num_buckets: 10 fg_encoded_default_value: "11"'),
+     "'cate': fg_encoded_default_value '11' .*id outside the table's 10 rows"),
+    (_id('num_buckets: 10 fg_encoded_default_value: "abc"'),
+     "'cate': fg_encoded_default_value 'abc' .*expected an integer id"),
+    (_raw('value_dim: 2 fg_encoded_default_value: "0"'),
+     "'price': fg_encoded_default_value '0' .*expected value_dim=2"),
+    (SEQUENCE.replace("num_buckets: 100", 'num_buckets: 100 fg_encoded_default_value: "100"'),
+     "'s__item': fg_encoded_default_value '100' .*id outside the table's 100 rows"),
+], ids=["past-rows", "not-an-integer", "too-few-values", "sequence-past-rows"])
+def test_a_default_no_cell_could_hold_is_a_config_error(feature_set, features, detail):
+    # before, the first missing cell failed, naming a row whose cell is empty
+    with pytest.raises(ConfigError, match=f"^feature {detail}"):
+        feature_set(features, NONE)
