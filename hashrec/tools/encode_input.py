@@ -3,7 +3,8 @@
 Usage::
 
     python -m hashrec.tools.encode_input --pipeline_config_path P --output_dir D \\
-        [--input_path I] [--reserved_columns a,b] [--rows_per_file N] [--overwrite]
+        [--edit_config_json J] [--input_path I] [--reserved_columns a,b] \\
+        [--rows_per_file N] [--overwrite]
 
 The config's features parse the input (its ``train_input_path`` unless ``--input_path``
 names another), as training on raw input would, and each feature's output is written
@@ -33,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hashrec.config import load_pipeline_config
+from hashrec.config import apply_edit_config_json, load_pipeline_config
 from hashrec.config.fg_mode import RAW, fg_input, fg_input_setting, fg_mode_conflict
 from hashrec.tools.gen_output import (
     GeneratorError,
@@ -160,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline_config_path", required=True,
                    help="the pipeline config whose features encode the input (raw input: "
                         "fg_mode FG_DAG, FG_NORMAL or unset)")
+    p.add_argument("--edit_config_json", default=None,
+                   help="JSON object of dotted config overrides, as train_eval takes them, "
+                        "e.g. '{\"data_config.dataset_type\": \"CsvDataset\"}'")
     p.add_argument("--input_path", default=None,
                    help="files, directories or glob patterns, comma-separated (default: the "
                         "config's train_input_path)")
@@ -185,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     try:
         config = load_pipeline_config(args.pipeline_config_path)
+        if args.edit_config_json:
+            config = apply_edit_config_json(config, args.edit_config_json)
         input_path = args.input_path or config.train_input_path
         if not input_path:
             raise ValueError("no input: pass --input_path or set train_input_path")

@@ -6,6 +6,7 @@ import json
 import os
 
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
@@ -122,3 +123,15 @@ def test_the_command_line(tmp_path, capsys):
         main([*args, "--rows_per_file", "0"])
     assert main(["--pipeline_config_path", str(config), "--output_dir", str(tmp_path / "o")]) == 1
     assert "no input: pass --input_path" in capsys.readouterr().err
+
+
+def test_the_command_line_edits_the_config(tmp_path):
+    # the CSV input of a parquet config, as train_eval's --edit_config_json reads it
+    config = tmp_path / "pipeline.config"
+    config.write_text(FEATURES)
+    pacsv.write_csv(_table(5), tmp_path / "raw.csv")
+    edits = {"data_config.dataset_type": "CsvDataset", "data_config.with_header": True}
+    assert main(["--pipeline_config_path", str(config), "--input_path",
+                 str(tmp_path / "raw.csv"), "--output_dir", str(tmp_path / "out"), "--quiet",
+                 "--edit_config_json", json.dumps(edits)]) == 0
+    assert pq.read_table(tmp_path / "out").num_rows == 5
