@@ -140,7 +140,8 @@ def ignored_field_notes(config) -> list[str]:
             if _set_off_default(message, name):
                 notes.append(f"{path}.{name}")
     data = config.data_config if config.HasField("data_config") else None
-    raw = fg_input(data) == RAW
+    mode = fg_input(data)
+    raw = mode == RAW
     if data is not None:
         if not data.shuffle and _set_off_default(data, "shuffle_buffer_size"):
             notes.append("data_config.shuffle_buffer_size (shuffle is false)")
@@ -151,12 +152,24 @@ def ignored_field_notes(config) -> list[str]:
             if _set_off_default(feature, name) and not (in_sequence
                                                         and name in _SEQUENCE_READS):
                 notes.append(f"{name} of {label}")
-        if raw and _is_set(feature, "fg_encoded_default_value"):
-            notes.append(f"fg_encoded_default_value of {label} (the input is raw)")
+        notes += _unread_default_notes(feature, label, mode)
         if feature.DESCRIPTOR.name == "RawFeature" and not len(feature.boundaries):
             notes += [f"{name} of {label} (no boundaries, so no embedding)"
                       for name in _RAW_EMBEDDING if _set_off_default(feature, name)]
     return notes
+
+
+def _unread_default_notes(feature, label: str, mode: str) -> list[str]:
+    """The missing-cell default that input of fg input ``mode`` does not read: FG_NONE
+    reads ``fg_encoded_default_value``, raw input and FG_BUCKETIZE ``default_value``."""
+    if mode == ENCODED and _is_set(feature, "default_value"):
+        return [f"default_value of {label} (the input is encoded: fg_encoded_default_value "
+                f"fills its missing cells)"]
+    if mode != ENCODED and _is_set(feature, "fg_encoded_default_value"):
+        why = "the input is raw" if mode == RAW else \
+            "FG_BUCKETIZE fills missing cells with default_value"
+        return [f"fg_encoded_default_value of {label} ({why})"]
+    return []
 
 
 def fg_mode_note(config) -> str | None:

@@ -70,6 +70,22 @@ def test_the_fields_of_the_other_input_mode_are_noted():
         "\ndata_config { fg_mode: FG_NONE }")) == []
 
 
+@pytest.mark.parametrize("mode, note", [
+    ("FG_NONE", "default_value of feature 'i' (feature_configs[17]) (the input is encoded: "
+                "fg_encoded_default_value fills its missing cells)"),
+    ("FG_BUCKETIZE", "fg_encoded_default_value of feature 'i' (feature_configs[17]) "
+                     "(FG_BUCKETIZE fills missing cells with default_value)"),
+], ids=["none", "bucketize"])
+def test_the_default_an_encoded_input_does_not_read_is_noted(mode, note):
+    # FG_NONE fills a missing cell with fg_encoded_default_value, FG_BUCKETIZE with
+    # default_value: the other one changes nothing
+    notes = ignored_field_notes(example_with(
+        f'data_config {{ fg_mode: {mode} }}\n'
+        'feature_configs { id_feature { feature_name: "i" expression: "item:i" embedding_dim: 4 '
+        'num_buckets: 8 default_value: "1" fg_encoded_default_value: "0" } }'))
+    assert notes == [note]
+
+
 @pytest.mark.parametrize("text, said, what", [
     ("data_config { fg_mode: FG_NONE }", "fg_mode is FG_NONE", "as the generation bucketized"),
     ("data_config { fg_mode: FG_BUCKETIZE }", "fg_mode is FG_BUCKETIZE", "bucketized here"),
