@@ -299,8 +299,10 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
     if _is_string(values.type):
         values = empty_as_null(first_values(values, separator) if separator else values)
     if default and values.null_count:
+        # a missing item takes the default's first value, as a cell's item would
+        item = default.split(separator, 1)[0] if separator else default
         try:
-            fill = pa.scalar(default).cast(values.type)
+            fill = pa.scalar(item).cast(values.type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             raise FeatureError(f"feature {feature!r}: default_value {default!r} does not fit "
                                f"the items of column {column!r} ({values.type})") from None

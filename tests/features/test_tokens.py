@@ -137,3 +137,11 @@ def test_first_values_skip_empty_ones(string_type):
     items = pa.array(["x", "a,b", ",c,d", None, "", ",", "e,"], string_type)
     assert first_values(items, ",").to_pylist() == ["x", "a", "c", None, None, None, "e"]
     assert first_values(items.slice(2, 3), ",").to_pylist() == ["c", None, None]
+
+
+def test_a_missing_item_takes_the_first_value_of_a_default_of_several():
+    # "5\x036" is an item of two values, of which an id sequence reads the first: a missing
+    # item reads it so too, as the missing cell does (before, it failed as one token)
+    items = sequence_items(pa.array(["1;;2", None]), "f", "c", ";", "5\x036", "\x03")
+    assert items.values.to_pylist() == ["1", "5", "2", "5"]
+    assert items.lengths.tolist() == [3, 1]
