@@ -3,7 +3,7 @@
 Usage::
 
     python -m hashrec.tools.encode_input --pipeline_config_path P --output_dir D \\
-        [--edit_config_json J] [--input_path I] [--reserved_columns a,b] \\
+        [--edit_config_json J] [--input_path I] [--reserved_columns a,b] [--no_labels] \\
         [--rows_per_file N] [--overwrite]
 
 The config's features parse the input (its ``train_input_path`` unless ``--input_path``
@@ -12,7 +12,8 @@ as a parquet column named after the feature (``hashrec.features.encoded`` reads 
 back): a sparse feature's ids as ``list<int64>`` (rows of its table, or keys of a dynamic
 one), a weighted one's as ``list<string>`` of ``id:weight``, a dense raw feature's values
 as ``float32`` (value_dim 1) or ``list<float32>``, a sequence raw feature's items as
-``list<float32>``. The labels, the sample weights and ``--reserved_columns`` are copied.
+``list<float32>``. The labels, the sample weights (but with ``--no_labels``, for
+prediction input) and ``--reserved_columns`` are copied.
 Training on the output with ``data_config { fg_mode: FG_NONE dataset_type:
 ParquetDataset }`` learns what training on the raw input does, without generating the
 features every epoch. The features no feature group reads are not written.
@@ -98,20 +99,19 @@ def encoded_columns(batch, feature_set) -> dict[str, pa.Array]:
 
 def encode(config, input_path: str, output_dir: str, reserved: tuple[str, ...] = (),
            rows_per_file: int = 1_000_000, batch_size: int = 8192, overwrite: bool = False,
-           quiet: bool = False) -> tuple[int, list[str]]:
-    """Encode ``input_path`` into parquet parts in ``output_dir``.
+           quiet: bool = False, labels: bool = True) -> tuple[int, list[str]]:
+    """Encode ``input_path`` into parquet parts in ``output_dir``; ``labels`` False: the
+    input has no labels and sample weights (prediction input), none are read or written.
 
     Returns:
         (rows written, part file names).
 
     Raises:
         GeneratorError: the output directory is a file or holds files of its own.
-        ValueError: the config reads encoded input already, or the input does not parse
-            (ConfigError, DataError, FeatureError name the setting, file or row).
+        ValueError: the config reads encoded input already, a reserved column is named as
+            a feature, or the input does not parse (ConfigError, DataError, FeatureError
+            name the setting, file or row).
     """
-    from hashrec.data import create_dataloader
-    from hashrec.features import build_feature_set
-
     if fg_input(config.data_config) != RAW:
         raise ValueError(f"{fg_input_setting(config.data_config)}: the config reads input a "
                          f"feature generation encoded already; encode_input reads raw input "
@@ -121,10 +121,7 @@ def encode(config, input_path: str, output_dir: str, reserved: tuple[str, ...] =
         logging.getLogger("hashrec.config").warning("%s", conflict)
     log = Progress(NAME, quiet)
     stale = tuple(stale_files(output_dir, overwrite, MARKER))
-    feature_set = build_feature_set(config)
-    keep = tuple(dict.fromkeys([*feature_set.target_columns, *reserved]))
-    loader = create_dataloader(config.data_config, feature_set, input_path, "eval",
-                               batch_size=batch_size, reserved_columns=keep, num_workers=0)
+    feature_set, keep, loader = _reader(config, input_path, reserved, labels, batch_size)
     prepare_dir(output_dir, stale, log)
     names: list[str] = []
     writer, in_file, rows = None, 0, 0
@@ -152,6 +149,26 @@ def encode(config, input_path: str, output_dir: str, reserved: tuple[str, ...] =
     return rows, names
 
 
+def _reader(config, input_path: str, reserved: tuple[str, ...], labels: bool,
+            batch_size: int):
+    """The feature set, the columns copied and a loader of the input's blocks."""
+    from hashrec.data import create_dataloader
+    from hashrec.features import build_feature_set
+
+    feature_set = build_feature_set(config)
+    clash = [c for c in reserved if c in feature_set.features]
+    if clash:
+        raise ValueError(f"reserved column {clash[0]!r} is named as a feature, whose encoded "
+                         f"column the output holds under that name: leave it out of "
+                         f"--reserved_columns")
+    targets = feature_set.target_columns if labels else []
+    keep = tuple(dict.fromkeys([*targets, *reserved]))
+    loader = create_dataloader(config.data_config, feature_set, input_path,
+                               "eval" if labels else "predict", batch_size=batch_size,
+                               reserved_columns=keep, num_workers=0)
+    return feature_set, keep, loader
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"python -m hashrec.tools.{NAME}",
@@ -173,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reserved_columns", default="",
                    help="input columns copied as they are, comma-separated (the labels and "
                         "sample weights are copied always)")
+    p.add_argument("--no_labels", action="store_true",
+                   help="the input has no label or sample weight columns (prediction "
+                        "input): none are read or written")
     p.add_argument("--rows_per_file", type=count(), default=1_000_000,
                    help="rows of each output file (default 1000000)")
     p.add_argument("--batch_size", type=count(), default=8192,
@@ -196,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("no input: pass --input_path or set train_input_path")
         reserved = tuple(c for c in args.reserved_columns.split(",") if c)
         rows, names = encode(config, input_path, args.output_dir, reserved, args.rows_per_file,
-                             args.batch_size, args.overwrite, args.quiet)
+                             args.batch_size, args.overwrite, args.quiet,
+                             labels=not args.no_labels)
     except (GeneratorError, ValueError) as err:
         print(f"{NAME}: error: {err}", file=sys.stderr)
         return 1

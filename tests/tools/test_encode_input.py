@@ -135,3 +135,21 @@ def test_the_command_line_edits_the_config(tmp_path):
                  str(tmp_path / "raw.csv"), "--output_dir", str(tmp_path / "out"), "--quiet",
                  "--edit_config_json", json.dumps(edits)]) == 0
     assert pq.read_table(tmp_path / "out").num_rows == 5
+
+
+def test_a_reserved_column_named_as_a_feature_is_refused(tmp_path):
+    # it would replace the feature's encoded column with the raw one
+    with pytest.raises(ValueError, match="reserved column 'tags' is named as a feature"):
+        _encoded(tmp_path, parse_pipeline_config(FEATURES), _table(3), reserved=("uid", "tags"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_prediction_input_without_labels_is_encoded_without_them(tmp_path):
+    config = parse_pipeline_config(FEATURES)
+    table = _table(5).drop(["clk", "w"])
+    rows, _, out = _encoded(tmp_path, config, table, reserved=("uid",), labels=False)
+    assert rows == 5
+    assert set(out.column_names) == {"tags", "p", "q", "s__i", "s__t", "uid"}
+    raw = build_feature_set(config).parse(table, with_labels=False)
+    config.data_config.fg_mode = 1  # FG_NONE
+    _batches_equal(build_feature_set(config).parse(out, with_labels=False), raw)
