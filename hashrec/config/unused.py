@@ -182,8 +182,11 @@ def fg_mode_note(config) -> str | None:
         return None
     said = fg_input_setting(data)
     what = ("ids as the generation bucketized them (rows of their tables, keys of dynamic "
-            "tables), values as it normalized them" if mode == ENCODED else
-            "tokens bucketized here as from raw input, values not normalized again")
+            "and ZCH tables), values as it normalized them, missing cells as "
+            "fg_encoded_default_value" if mode == ENCODED else
+            "tokens bucketized here as from raw input, values not normalized again, missing "
+            "cells as default_value")
     return (f"{said}: each feature reads the column named as the feature (not its "
-            f"expression's field), {what}; several values a cell joined by "
-            f"{data.fg_encoded_multival_sep!r}")
+            f"expression's field), {what}; a cell's values joined by "
+            f"{data.fg_encoded_multival_sep!r} or a list, a sequence's items split on its "
+            f"sequence_delim first")

@@ -106,6 +106,9 @@ def test_encoded_input_is_said_how_it_is_read(text, said, what):
     else:
         assert said in note and what in note
         assert "reads the column named as the feature" in note
+        assert "a sequence's items split on its sequence_delim" in note
+        default = "default_value" if "bucketized here" in what else "fg_encoded_default_value"
+        assert f"missing cells as {default}" in note
     assert fg_mode_note(load_pipeline_config(EXAMPLE)) is None
 
 
