@@ -165,16 +165,16 @@ def read_as_generated(features: list[Feature], configs, data_config) -> list[Fea
 
 def encoded_column_notes(features: list[Feature], data_config) -> dict[str, str]:
     """Column -> why it is read, for encoded input: each of ``features`` (as built for raw
-    input) reads the column named as itself, not its expression's fields; empty for raw
-    input. A file without the column names this in its error."""
+    input) reads the column named as itself, not those it reads from raw input; empty for
+    raw input. A file without the column names this in its error."""
     if fg_input(data_config) == RAW:
         return {}
     setting = fg_input_setting(data_config)
     notes = {}
     for f in features:
         fields = [c for c in f.columns if c != f.name]
-        instead = f", not its expression's {'field' if len(fields) == 1 else 'fields'} " \
-            f"{', '.join(map(repr, fields))} (raw input's)" if fields else ""
+        instead = f", not the {'column' if len(fields) == 1 else 'columns'} raw input " \
+            f"would read ({', '.join(map(repr, fields))})" if fields else ""
         notes[f.name] = (f"{setting}, so feature {f.name!r} reads the column named as "
                          f"itself, as a feature generation writes it{instead}: read raw "
                          f"input with fg_mode FG_DAG, or encode it with "

@@ -196,7 +196,7 @@ def test_a_file_without_the_feature_named_column_says_why_it_is_read(feature_set
     config = parse_pipeline_config(f'model_dir: "m"\n{data}')
     with pytest.raises(DataError, match="column 'cate' is missing .*fg_mode is FG_NONE, so "
                                         "feature 'cate' reads the column named as itself.*"
-                                        "not its expression's field 'cate_field'"):
+                                        "not the column raw input would read \\('cate_field'\\)"):
         create_dataloader(config.data_config, fs, str(path), "eval")
     assert feature_set(_id("num_buckets: 10")).column_notes == {}  # raw input
 
