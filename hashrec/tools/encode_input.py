@@ -225,9 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{NAME}: stopped; {args.output_dir} holds a partial output (its marker "
               f"{MARKER} says complete: false)", file=sys.stderr)
         return 130
-    print(f"{NAME}: wrote {rows} rows in {len(names)} files to {args.output_dir}; train on "
-          f"them with data_config {{ fg_mode: FG_NONE dataset_type: ParquetDataset }}",
-          file=sys.stderr)
+    use = "predict on them with a model exported from a config of" if args.no_labels else \
+        "train on them with"
+    print(f"{NAME}: wrote {rows} rows in {len(names)} files to {args.output_dir}; {use} "
+          f"data_config {{ fg_mode: FG_NONE dataset_type: ParquetDataset }}", file=sys.stderr)
     return 0
 
 

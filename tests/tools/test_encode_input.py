@@ -153,3 +153,15 @@ def test_prediction_input_without_labels_is_encoded_without_them(tmp_path):
     raw = build_feature_set(config).parse(table, with_labels=False)
     config.data_config.fg_mode = 1  # FG_NONE
     _batches_equal(build_feature_set(config).parse(out, with_labels=False), raw)
+
+
+def test_the_command_line_says_prediction_input_is_for_prediction(tmp_path, capsys):
+    config = tmp_path / "pipeline.config"
+    config.write_text(FEATURES)
+    pq.write_table(_table(4).drop(["clk", "w"]), tmp_path / "raw.parquet")
+    assert main(["--pipeline_config_path", str(config), "--input_path",
+                 str(tmp_path / "raw.parquet"), "--output_dir", str(tmp_path / "out"),
+                 "--quiet", "--no_labels"]) == 0
+    said = capsys.readouterr().err
+    assert "wrote 4 rows in 1 files" in said and "predict on them" in said
+    assert "train on them" not in said
