@@ -11,10 +11,12 @@ with the steps the run trains in all (``num_steps``, or ``num_epochs`` epochs on
 steps of an epoch are known) and the time those left take at the line's rate, and, per
 dynamic table, its size, load factor, evictions and admission rejections
 (ids not yet seen often enough to enter the table), cumulative since the table was
-built, and its refused inserts (full buckets that kept their entries) once there are
-any. Under several ranks, loss, samples/s and counters are global (summed through
-``reduce``), and the line adds the embedding exchange time per step:
-``a2a 3.21 ms/step``.
+built, its refused inserts (full buckets that kept their entries) once there are
+any, and its admission counts evicted once there are any (``counter_evict``: ids
+whose count the full counter table, of ``counter_capacity`` slots, dropped, its
+lowest, to count other ids; they start counting again). Under several ranks, loss,
+samples/s and counters are global (summed through ``reduce``), and the line adds the
+embedding exchange time per step: ``a2a 3.21 ms/step``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ logger = logging.getLogger("hashrec.train")
 
 
 def table_counters(dynamic_tables: dict) -> dict[str, dict[str, float]]:
-    """Per dynamic table: size, capacity, load_factor, evictions, refused, admission_rejected."""
+    """Per dynamic table: size, capacity, load_factor, evictions, refused,
+    admission_rejected, counter_evictions."""
     out = {}
     for name, table in dynamic_tables.items():
         stats = table.stats()
@@ -41,18 +44,22 @@ def table_counters(dynamic_tables: dict) -> dict[str, dict[str, float]]:
             "evictions": float(stats.get("evictions", 0)),
             "refused": float(stats.get("refused", 0)),
             "admission_rejected": float(stats.get("admission_rejected", 0)),
+            "counter_evictions": float(stats.get("counter_evictions", 0)),
         }
     return out
 
 
 def format_tables(counters: dict[str, dict[str, float]]) -> str:
     """``name size S load L evict E reject R``, plus ``refused F`` once a table has
-    refused inserts (keys that then read as the initializer and are not trained)."""
+    refused inserts (keys that then read as the initializer and are not trained) and
+    ``counter_evict C`` once its admission counter has evicted counts."""
     def line(name: str, c: dict[str, float]) -> str:
         text = (f"{name} size {int(c['size'])} load {c['load_factor']:.2f} "
                 f"evict {int(c['evictions'])} reject {int(c['admission_rejected'])}")
-        refused = int(c.get("refused", 0))
-        return f"{text} refused {refused}" if refused else text
+        for key, label in (("refused", "refused"), ("counter_evictions", "counter_evict")):
+            if int(c.get(key, 0)):
+                text += f" {label} {int(c[key])}"
+        return text
 
     return " | ".join(line(name, c) for name, c in counters.items())
 

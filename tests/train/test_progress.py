@@ -7,11 +7,19 @@ import re
 import types
 
 import pytest
+import torch
 from small_din import generate_data, small_loop
 
+from hashrec.table import AdmissionOptions, HashTable, TableOptions
 from hashrec.train import loop as loop_module
 from hashrec.train import progress as progress_module
-from hashrec.train.progress import ProgressLog, duration, total_steps
+from hashrec.train.progress import (
+    ProgressLog,
+    duration,
+    format_tables,
+    table_counters,
+    total_steps,
+)
 
 
 class FakeClock:
@@ -155,3 +163,23 @@ def test_the_loader_start_is_left_out_of_the_first_rate(tmp_path, clock, caplog)
     with caplog.at_level(logging.INFO, logger="hashrec.train"):
         loop.run(str(tmp_path / "data"))
     assert "| 256.0 samples/s |" in caplog.text
+
+
+def test_a_full_admission_counter_shows_its_evicted_counts(caplog):
+    # 8 counter slots, threshold 3: 8 batches of 8 new ids push counts out of the counter
+    admission = AdmissionOptions(threshold=3, counter_capacity=8, counter_bucket_capacity=8)
+    table = HashTable(TableOptions(dim=4, max_capacity=256, score_strategy="LFU",
+                                   admission=admission))
+    for batch in torch.arange(64).view(8, 8):
+        table.find_or_insert(batch)
+    counters = table_counters({"user_id": table})["user_id"]
+    stats = table.stats()
+    assert counters["counter_evictions"] == stats["counter_evictions"] == 64 - 8
+    assert counters["admission_rejected"] == 64 and counters["size"] == 0
+    progress = ProgressLog(every=1)
+    progress.record(64, 0.5)
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        progress.report(1, {}, {"user_id": counters})
+    assert "user_id size 0 load 0.00 evict 0 reject 64 counter_evict 56" in caplog.text
+    counters["counter_evictions"] = 0  # shown only once there are any
+    assert format_tables({"user_id": counters}).endswith("reject 64")
