@@ -102,7 +102,7 @@ def per_rank_options(options: TableOptions, world_size: int) -> TableOptions:
     init = options.init_capacity
     return replace(options, max_capacity=max_capacity,
                    init_capacity=None if init is None else min(init, max_capacity),
-                   admission=admission)
+                   admission=admission, whole_max_capacity=options.max_capacity)
 
 
 def variant_bytes(table: PlannerTable, mode: StorageMode,

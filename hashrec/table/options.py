@@ -266,6 +266,8 @@ class TableOptions:
         set_by_user: which of ``cache_load_factor`` and ``caching`` the user chose (those a
             config sets). The storage planner of a training run keeps these and chooses the
             others (empty: both); a table built directly uses both as given.
+        whole_max_capacity: the whole table's max_capacity where this table is one rank's
+            row-wise shard of it (messages name both); None: the table is whole.
     """
 
     dim: int
@@ -286,11 +288,14 @@ class TableOptions:
     seed: int | None = None
     name: str = "table"
     set_by_user: frozenset[str] = frozenset()
+    whole_max_capacity: int | None = None
 
     def __post_init__(self) -> None:
         _set_checked(self, {
             "dim": _check_int("dim", self.dim, minimum=1),
             "max_capacity": _check_int("max_capacity", self.max_capacity, minimum=1),
+            "whole_max_capacity": _check_int("whole_max_capacity", self.whole_max_capacity,
+                                             minimum=self.max_capacity, optional=True),
             "init_capacity": _check_int("init_capacity", self.init_capacity, minimum=1,
                                         optional=True),
             "bucket_capacity": _check_int("bucket_capacity", self.bucket_capacity, minimum=1)})

@@ -86,6 +86,9 @@ class TableRefusals:
     def _why_refused(self) -> str:
         strategy = self.options.score_strategy
         full = f"their buckets are full at max_capacity={self.options.max_capacity}"
+        if self.options.whole_max_capacity is not None:
+            full += (f" (this rank's shard of the table's max_capacity "
+                     f"{self.options.whole_max_capacity} over all ranks)")
         if strategy is ScoreStrategy.NO_EVICTION:
             return f"{full} and score_strategy=NO_EVICTION never evicts"
         return (f"{full} and every entry there is one this call touched or scores higher than "

@@ -150,6 +150,22 @@ def test_no_eviction_refuses_exactly_past_capacity(caplog):
     assert table.stats()["refused"] == 72 and table.size() == 64
 
 
+def test_a_rank_shards_refusal_names_the_whole_tables_max_capacity(caplog):
+    from hashrec.distributed.storage_estimate import per_rank_options
+
+    # The config's max_capacity 128 over 2 ranks: each rank's shard holds 64
+    whole = TableOptions(dim=2, max_capacity=128, bucket_capacity=64,
+                         score_strategy="NO_EVICTION", name="campaign_id")
+    table = HashTable(per_rank_options(whole, 2))
+    with caplog.at_level(logging.WARNING):
+        table.find_or_insert(torch.arange(100, dtype=torch.int64) * 7919)
+    assert ("their buckets are full at max_capacity=64 (this rank's shard of the table's "
+            "max_capacity 128 over all ranks)") in caplog.text
+    assert per_rank_options(whole, 1).whole_max_capacity is None  # a whole table
+    with pytest.raises(ValueError, match="whole_max_capacity=32 is not valid"):
+        TableOptions(dim=2, max_capacity=64, whole_max_capacity=32)
+
+
 def test_refusal_warnings_are_rate_limited_and_keep_the_count(caplog, monkeypatch):
     import hashrec.table.hash_table as module
     clock = [1000.0]
