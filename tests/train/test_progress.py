@@ -183,3 +183,19 @@ def test_a_full_admission_counter_shows_its_evicted_counts(caplog):
     assert "user_id size 0 load 0.00 evict 0 reject 64 counter_evict 56" in caplog.text
     counters["counter_evictions"] = 0  # shown only once there are any
     assert format_tables({"user_id": counters}).endswith("reject 64")
+
+
+def test_a_caching_table_shows_its_cache_hit_rate(caplog):
+    table = HashTable(TableOptions(dim=4, max_capacity=1024, cache_load_factor=0.25,
+                                   caching=True))
+    keys = torch.arange(64)
+    for _ in range(4):  # the same 64 keys: the cache holds them after the first read
+        table.find_or_insert(keys)
+    counters = table_counters({"item": table})["item"]
+    stats = table.stats()
+    assert counters["cache_lookups"] == stats["cache_lookups"] > 0
+    assert counters["cache_hits"] == stats["cache_hits"] > 0
+    rate = stats["cache_hits"] / stats["cache_lookups"]
+    assert format_tables({"item": counters}).endswith(f"reject 0 cache_hit {rate:.2f}")
+    whole = HashTable(TableOptions(dim=4, max_capacity=1024))  # no cache: nothing shown
+    assert "cache" not in format_tables(table_counters({"whole": whole}))
