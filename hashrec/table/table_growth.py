@@ -7,6 +7,8 @@ keys overflow a bucket grows the table and places the rest again.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from hashrec.table.capacity import next_buckets
@@ -16,6 +18,8 @@ from hashrec.table.ops.insert import insert_keys
 from hashrec.table.ops.rehash import rehash
 from hashrec.table.options import ScoreStrategy
 
+logger = logging.getLogger("hashrec.table.hash_table")
+
 
 class TableGrowth:
     """Mixin of ``HashTable``: the bucket count, rehashing and the growing insert."""
@@ -23,12 +27,21 @@ class TableGrowth:
     def _next_bucket_count(self) -> int:
         return next_buckets(self.storage.num_buckets, self._max_buckets)
 
-    def _rehash(self, num_buckets: int) -> None:
+    def _rehash(self, num_buckets: int, note: bool = True) -> None:
+        """Moves every entry into ``num_buckets`` buckets; ``note``: log the growth (one
+        INFO line where inserts grew it; a restore or an export says what it does itself)."""
         old = self.storage
         self.storage = rehash(old, num_buckets)
         self._rows.regrow(old, self.storage)
         self._stats["growths"] += 1
         self.version += 1
+        if note:
+            o = self.options
+            limit = f"max_capacity {o.max_capacity}"
+            if o.whole_max_capacity is not None:
+                limit += f" on this rank, {o.whole_max_capacity} over all ranks"
+            logger.info("table %r grew from %d to %d slots (%s)", o.name,
+                        old.capacity, self.storage.capacity, limit)
 
     def grow_to(self, num_buckets: int) -> bool:
         """Grows to ``num_buckets`` where that is on the table's way to max_capacity (a
@@ -40,7 +53,7 @@ class TableGrowth:
                                        or self._max_buckets % num_buckets):
             return False
         if num_buckets != current:
-            self._rehash(num_buckets)
+            self._rehash(num_buckets, note=False)
         return True
 
     def grow_past_max_capacity(self) -> int:
@@ -55,7 +68,7 @@ class TableGrowth:
         """
         num_buckets = self._max_buckets * 2  # a multiple of the count on the way to it
         self._max_buckets = num_buckets
-        self._rehash(num_buckets)
+        self._rehash(num_buckets, note=False)
         return self.storage.capacity
 
     def _grow_for(self, incoming: int, size: int | None = None) -> bool:
