@@ -25,6 +25,7 @@ from hashrec.checkpoint.save import check_table_names, commit_directory, prepare
 from hashrec.checkpoint.shard_file import ShardWriter
 from hashrec.checkpoint.table_io import ROWS, table_description
 from hashrec.table.hashing import owner_of
+from hashrec.table.options import ScoreStrategy
 
 
 def initial_state_rows(table: Any, embeddings: torch.Tensor) -> torch.Tensor:
@@ -110,17 +111,28 @@ class CheckpointBuilder:
         (the capacity over all ranks: a rank holds ``ceil(max_capacity / world_size)``).
 
         Raises:
-            CheckpointError: naming the storage, the rank and the counts.
+            CheckpointError: naming each storage over, its fullest rank and the counts;
+                where every such storage's rows fit one rank and it evicts, that way
+                round (a restore on more ranks keeps each rank's highest-scored rows).
         """
+        over, one_rank = [], True
         for name, counts in self.rows_per_rank.items():
-            total = int(self.storages[name].options.max_capacity)
+            options = self.storages[name].options
+            total = int(options.max_capacity)
             capacity = math.ceil(total / self.world_size)
             worst = max(range(self.world_size), key=lambda r: counts[r])
             if counts[worst] > capacity:
-                raise CheckpointError(
-                    f"storage {name!r}: rank {worst} of {self.world_size} would hold "
-                    f"{counts[worst]} rows but a rank holds at most {capacity} (max_capacity "
-                    f"{total} over {self.world_size} ranks); raise max_capacity")
+                over.append(f"storage {name!r}: rank {worst} of {self.world_size} would hold "
+                            f"{counts[worst]} rows but a rank holds at most {capacity} "
+                            f"(max_capacity {total} over {self.world_size} ranks)")
+                one_rank = one_rank and sum(counts) <= total and \
+                    options.score_strategy is not ScoreStrategy.NO_EVICTION
+        if over:
+            raise CheckpointError("; ".join(over) + "; raise max_capacity" + (
+                f", or write the checkpoint for one rank (--world_size 1), which holds "
+                f"every row, and restore that on {self.world_size}: a restore keeps each "
+                f"rank's highest-scored rows, with a warning naming those lost"
+                if one_rank else ""))
 
     def abort(self) -> None:
         """Closes the shards and removes the temporary directory (nothing is committed)."""
