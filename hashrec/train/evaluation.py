@@ -7,7 +7,10 @@ Each evaluation appends one JSON object, at least ``{"step", "auc"}`` (a multi-t
 model's ``auc_<tower_name>``; a model of more than two classes reports ``multiclass_auc``
 instead unless its metrics say otherwise), the step again as ``global_step``
 (TorchEasyRec's key) and the checkpoint's path, to ``<model_dir>/eval_result.txt`` (rank 0;
-``hashrec.eval --eval_result_filename`` names another file). Under several ranks each rank
+``hashrec.eval --eval_result_filename`` names another file), and logs, per dynamic or ZCH
+table, the share of the evaluated ids (unique ids a batch) that had a row: the others,
+unseen in training, evicted or not yet admitted, read the eval initializer. Under several
+ranks each rank
 evaluates its share of the input (every rank must list the same files, or the evaluation
 fails with a ``DataError`` before its first batch); a rank that runs out first keeps serving its
 peers' embedding lookups until all are done, and the metrics are summed over ranks.
@@ -28,7 +31,7 @@ import torch
 from hashrec.checkpoint.dist_util import run_on_all_ranks
 from hashrec.checkpoint.errors import disk_full_hint
 from hashrec.checkpoint.layout import complete_checkpoints
-from hashrec.distributed import single_process_context
+from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.models.losses import BINARY_LOSSES
 from hashrec.train.distributed import check_same_input, eval_batches
 from hashrec.train.errors import TrainError
@@ -92,6 +95,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
     was_training = model.training
     model.eval()
     start, batches = time.perf_counter(), 0
+    ids_before = _table_ids(model.embedding)
     try:
         with torch.no_grad():
             ctx = session.ctx or single_process_context(session.device)
@@ -133,6 +137,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
                 time.perf_counter() - start,
                 ", ".join(f"{k} {v:.5f}" for k, v in result.items()
                           if k not in ("step", "num_examples")))
+    _log_ids_found(session, step, ids_before)
     return result
 
 
@@ -181,6 +186,34 @@ def _log_progress(step: int, batches: int, total: int, seconds: float) -> None:
         return
     logger.info("eval at step %d: %d of %d batches (%.1fs, about %.0fs left)", step,
                 batches, total, seconds, seconds / batches * (total - batches))
+
+
+def _table_ids(embedding) -> dict[str, float]:
+    """Per dynamic or ZCH table, the unique ids its lookups read so far (``ids/<table>``)
+    and those of them that had a row (``found/<table>``)."""
+    dynamic = set(embedding.dynamic_tables())
+    out = {}
+    for name, stats in embedding.stats()["tables"].items():
+        if stats["storage"] in dynamic or name in embedding.zch_remappers:
+            out[f"ids/{name}"] = float(stats["unique_ids"])
+            out[f"found/{name}"] = float(stats["stored"])
+    return out
+
+
+def _log_ids_found(session, step: int, before: dict[str, float]) -> None:
+    """Logs (rank 0) the share of each table's evaluated ids that had a row; the others
+    read the eval initializer (ids unseen in training, evicted, or not yet admitted).
+    Under several ranks a collective every rank calls."""
+    after = _table_ids(session.model.embedding)
+    counts = {key: after[key] - before.get(key, 0.0) for key in after}
+    if session.ctx is not None and session.ctx.is_distributed:
+        counts = all_reduce_scalars(counts, session.ctx)
+    tables = [key[len("ids/"):] for key in counts if key.startswith("ids/")]
+    shares = [f"{t} {counts['found/' + t] / counts['ids/' + t]:.1%}" for t in tables
+              if counts["ids/" + t]]
+    if shares and session.is_chief:
+        logger.info("eval at step %d: evaluated ids found in the tables (unique ids a batch; "
+                    "the others read the eval initializer): %s", step, ", ".join(shares))
 
 
 def _update_metrics(metrics, predictions: dict, batch) -> None:

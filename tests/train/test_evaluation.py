@@ -155,3 +155,28 @@ def test_the_progress_lines_count_the_batches_of_the_evaluation(tmp_path, caplog
     assert [re.match(r"eval at step 0: (\d+) of (\d+) batches", line).groups()
             for line in lines] == expected
     assert ["left)" in line for line in lines] == [a != b for a, b in expected]
+
+
+def test_evaluation_logs_the_share_of_ids_each_dynamic_table_found(tmp_path, caplog):
+    from small_din import generate_data, small_loop
+
+    from hashrec.train.evaluation import evaluate
+
+    generate_data(tmp_path / "data", seed=5)
+    loop = small_loop(tmp_path / "m")
+    data = str(tmp_path / "data")
+
+    def shares() -> dict[str, float]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="hashrec.train"):
+            assert evaluate(loop.session, data, loop.step)["num_examples"] == 1500
+        (line,) = [r.getMessage() for r in caplog.records if "ids found" in r.getMessage()]
+        listed = line.split("eval initializer): ")[1].split(", ")
+        return {name: float(share[:-1]) for name, share in (t.split(" ") for t in listed)}
+
+    fresh = shares()  # nothing trained: every table is empty
+    assert fresh == dict.fromkeys(["user_id", "adgroup_id", "brand", "campaign_id",
+                                   "customer", "cate_id"], 0.0)  # dynamic tables only
+    loop.run(data)
+    trained = shares()  # after 4 steps on these rows: some ids admitted (threshold 3)
+    assert set(trained) == set(fresh) and 0 < trained["cate_id"] <= 100
