@@ -104,19 +104,27 @@ class TableRefusals:
     def _what_refused_means(self, mode: CheckMode) -> str:
         """What the refused keys became: by operation under ERROR (raised by the call
         that refused), for every operation under WARNING (a sum over a minute)."""
+        initializer = self._refused_read_as()
         effects = {
-            "lookup": "the refused keys read as the admission / eval initializer value and "
-                      "get no gradient update",
-            "find_or_insert": "the refused keys read as the admission / eval initializer "
-                              "value and are not stored",
+            "lookup": f"the refused keys read as {initializer} and get no gradient update",
+            "find_or_insert": f"the refused keys read as {initializer} and are not stored",
             "insert_or_assign": "the refused keys' values were not stored",
             "load_state": "the refused keys' rows were not loaded and are lost from this "
                           "table",
         }
         if mode is CheckMode.ERROR:
             return f"in {self._operation}, {effects[self._operation]}"
-        return ("refused keys of lookup and find_or_insert read as the admission / eval "
-                "initializer value; those of insert_or_assign and load_state were not stored")
+        return (f"refused keys of lookup and find_or_insert read as {initializer}; those "
+                f"of insert_or_assign and load_state were not stored")
+
+    def _refused_read_as(self) -> str:
+        """The initializer a refused key of a training lookup reads (``_train_missing_args``):
+        the admission one of a table with admission, else the eval one."""
+        which = "admission" if self.options.admission is not None else "eval"
+        args = self._train_missing_args()
+        mode = args.mode.value
+        return f"the {which} initializer ({mode} {args.value:g})" if mode == "CONSTANT" \
+            else f"the {which} initializer ({mode})"
 
     def _report_refused(self, refused: int) -> None:
         """Counts and announces ``refused`` inserts read on the host."""

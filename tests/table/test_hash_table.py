@@ -140,6 +140,7 @@ def test_no_eviction_refuses_exactly_past_capacity(caplog):
     with caplog.at_level(logging.WARNING):
         values, founds = table.find_or_insert(keys)
     assert "36 inserts refused" in caplog.text
+    assert "find_or_insert read as the eval initializer (CONSTANT 0);" in caplog.text
     assert table.size() == 64 and table.stats()["refused"] == 36
     assert table.stats()["evictions"] == 0
     stored = table.contains(keys)
@@ -164,6 +165,17 @@ def test_a_rank_shards_refusal_names_the_whole_tables_max_capacity(caplog):
     assert per_rank_options(whole, 1).whole_max_capacity is None  # a whole table
     with pytest.raises(ValueError, match="whole_max_capacity=32 is not valid"):
         TableOptions(dim=2, max_capacity=64, whole_max_capacity=32)
+
+
+def test_a_refusal_names_the_admission_initializer_its_keys_read():
+    admission = AdmissionOptions(threshold=1, initializer=InitializerArgs(mode="CONSTANT",
+                                                                         value=0.5))
+    table = HashTable(TableOptions(dim=2, max_capacity=64, bucket_capacity=64,
+                                   score_strategy="NO_EVICTION", check_mode="ERROR",
+                                   admission=admission))
+    with pytest.raises(TableFullError, match=r"in find_or_insert, the refused keys read as "
+                                             r"the admission initializer \(CONSTANT 0.5\)"):
+        table.find_or_insert(torch.arange(100, dtype=torch.int64) * 7919)
 
 
 def test_refusal_warnings_are_rate_limited_and_keep_the_count(caplog, monkeypatch):
