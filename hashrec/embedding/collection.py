@@ -70,7 +70,7 @@ from hashrec.embedding.output import EmbeddingOutput
 from hashrec.embedding.plan import StoragePlan, plan_storages
 from hashrec.embedding.sharded import Request, ShardedLookups
 from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
-from hashrec.embedding.stats import collection_stats, record_lookups
+from hashrec.embedding.stats import collection_stats, fused_table_sizes, record_lookups
 from hashrec.embedding.zch import ZchRemapper
 from hashrec.table import HashTable
 from hashrec.table.optim import OPTIMIZER_SPECS, OptimizerSpec, float16_state_floor
@@ -549,6 +549,10 @@ class EmbeddingCollection(nn.Module):
     def dynamic_tables(self) -> dict[str, HashTable]:
         """Dynamic storages by storage name (a fused storage serves several tables)."""
         return {s.name: s.table for s in self._storages if s.plan.is_dynamic}
+
+    def fused_table_sizes(self) -> dict[str, dict[str, int]]:
+        """Entries of each table of a fused dynamic storage: {storage: {table: size}}."""
+        return fused_table_sizes(self._storages)
 
     def table_locations(self) -> dict[str, tuple[str, int]]:
         """Logical table -> (storage name, tag); dense tables map to (their name, 0)."""

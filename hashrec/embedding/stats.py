@@ -86,6 +86,12 @@ def _per_tag_sizes(storage) -> list[int]:
     return torch.bincount(tags, minlength=len(tables)).tolist()
 
 
+def fused_table_sizes(storages) -> dict[str, dict[str, int]]:
+    """{fused dynamic storage: {table: entries carrying its tag}}, tables in tag order."""
+    return {s.name: dict(zip((spec.name for spec in s.plan.tables), _per_tag_sizes(s)))
+            for s in storages if s.plan.is_dynamic and s.plan.fused}
+
+
 def table_stats(counters: TableCounters, storage, tag: int, size: int) -> dict[str, float]:
     """One logical table's counters: storage, tag, size, lookups, ids, unique_ids, stored,
     stored_rate."""

@@ -556,8 +556,8 @@ class TrainLoop:
     def _report_progress(self) -> None:
         """The progress line of the steps since the last one, with its summaries."""
         s, timer, lrs = self.session, self.timer, self._lrs
-        counters = global_table_counters(
-            table_counters(s.model.embedding.dynamic_tables()), self.ctx)
+        counters = global_table_counters(table_counters(
+            s.model.embedding.dynamic_tables(), s.model.embedding.fused_table_sizes()), self.ctx)
         o, inputs = self.options, self._inputs
         total = total_steps(o.num_steps, o.max_epochs, inputs.steps if inputs else 0)
         window = self.progress.report(self.step, lrs, counters,

@@ -9,16 +9,17 @@ and incremental dumps left out)::
 
 with the steps the run trains in all (``num_steps``, or ``num_epochs`` epochs once the
 steps of an epoch are known) and the time those left take at the line's rate, and, per
-dynamic table, its size, load factor, evictions and admission rejections
-(ids not yet seen often enough to enter the table), cumulative since the table was
-built, its refused inserts (full buckets that kept their entries) once there are
-any, and its admission counts evicted once there are any (``counter_evict``: ids
-whose count the full counter table, of ``counter_capacity`` slots, dropped, its
-lowest, to count other ids; they start counting again). A CACHING table (host rows
-with a device cache) adds its cache hit rate over the rows its lookups read
-(``cache_hit 0.87``). Under several ranks, loss,
-samples/s and counters are global (summed through ``reduce``), and the line adds the
-embedding exchange time per step: ``a2a 3.21 ms/step``.
+dynamic table, its size (a fused storage's followed by each of its tables':
+``deep size 9 (user_id 4, cate_id 5)``; they share the storage's capacity, the sum of
+their max_capacity), load factor, evictions and admission rejections (ids not yet seen
+often enough to enter the table), cumulative since the table was built, its refused
+inserts (full buckets that kept their entries) once there are any, and its admission
+counts evicted once there are any (``counter_evict``: ids whose count the full counter
+table, of ``counter_capacity`` slots, dropped, its lowest, to count other ids; they
+start counting again). A CACHING table (host rows with a device cache) adds its cache
+hit rate over the rows its lookups read (``cache_hit 0.87``). Under several ranks,
+loss, samples/s and counters are global (summed through ``reduce``), and the line adds
+the embedding exchange time per step: ``a2a 3.21 ms/step``.
 """
 
 from __future__ import annotations
@@ -33,9 +34,12 @@ from hashrec.train.errors import TrainError
 logger = logging.getLogger("hashrec.train")
 
 
-def table_counters(dynamic_tables: dict) -> dict[str, dict[str, float]]:
+def table_counters(dynamic_tables: dict, fused_sizes: dict | None = None
+                   ) -> dict[str, dict[str, float]]:
     """Per dynamic table: size, capacity, load_factor, evictions, refused,
-    admission_rejected, counter_evictions; a CACHING table's cache_lookups and cache_hits."""
+    admission_rejected, counter_evictions; a CACHING table's cache_lookups and cache_hits;
+    a fused storage's ``size/<table>`` per table of ``fused_sizes`` ({storage: {table:
+    size}}, ``EmbeddingCollection.fused_table_sizes``)."""
     out = {}
     for name, table in dynamic_tables.items():
         stats = table.stats()
@@ -48,6 +52,8 @@ def table_counters(dynamic_tables: dict) -> dict[str, dict[str, float]]:
             "admission_rejected": float(stats.get("admission_rejected", 0)),
             "counter_evictions": float(stats.get("counter_evictions", 0)),
         }
+        for table, size in (fused_sizes or {}).get(name, {}).items():
+            out[name][f"size/{table}"] = float(size)
         if "cache_lookups" in stats:
             out[name].update(cache_lookups=float(stats["cache_lookups"]),
                              cache_hits=float(stats["cache_hits"]))
@@ -55,12 +61,16 @@ def table_counters(dynamic_tables: dict) -> dict[str, dict[str, float]]:
 
 
 def format_tables(counters: dict[str, dict[str, float]]) -> str:
-    """``name size S load L evict E reject R``, plus ``refused F`` once a table has
+    """``name size S load L evict E reject R`` (a fused storage's size followed by its
+    tables', ``deep size 9 (user_id 4, cate_id 5)``), plus ``refused F`` once a table has
     refused inserts (keys that then read as the initializer and are not trained) and
     ``counter_evict C`` once its admission counter has evicted counts, and ``cache_hit H``
     (hits / lookups) once a CACHING table's cache was read."""
     def line(name: str, c: dict[str, float]) -> str:
-        text = (f"{name} size {int(c['size'])} load {c['load_factor']:.2f} "
+        members = ", ".join(f"{key[5:]} {int(v)}" for key, v in c.items()
+                            if key.startswith("size/"))
+        text = (f"{name} size {int(c['size'])}{f' ({members})' if members else ''} "
+                f"load {c['load_factor']:.2f} "
                 f"evict {int(c['evictions'])} reject {int(c['admission_rejected'])}")
         for key, label in (("refused", "refused"), ("counter_evictions", "counter_evict")):
             if int(c.get(key, 0)):

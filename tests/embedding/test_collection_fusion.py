@@ -66,6 +66,8 @@ def test_fused_tables_never_mix_keys(make_kjt):
     stats = fused.stats()
     assert stats["tables"]["user_t"]["size"] == 2 and stats["tables"]["item_t"]["size"] == 2
     assert stats["storages"]["deep"]["size"] == 4
+    assert fused.fused_table_sizes() == {"deep": {"user_t": 2, "item_t": 2}}
+    assert _collection(False, SparseSGD(lr=0.1)).fused_table_sizes() == {}  # none fused
     (out.pooled["user"].sum() * 0).backward()  # graph is well formed with a zero gradient
 
 

@@ -199,3 +199,13 @@ def test_a_caching_table_shows_its_cache_hit_rate(caplog):
     assert format_tables({"item": counters}).endswith(f"reject 0 cache_hit {rate:.2f}")
     whole = HashTable(TableOptions(dim=4, max_capacity=1024))  # no cache: nothing shown
     assert "cache" not in format_tables(table_counters({"whole": whole}))
+
+
+def test_a_fused_storage_shows_each_of_its_tables_sizes():
+    table = HashTable(TableOptions(dim=4, max_capacity=256))
+    table.find_or_insert(torch.arange(9))
+    sizes = {"deep": {"user_id": 4, "cate_id": 5}}
+    counters = table_counters({"deep": table, "item": HashTable(TableOptions(2, 64))}, sizes)
+    assert counters["deep"]["size/user_id"] == 4 and counters["deep"]["size/cate_id"] == 5
+    assert format_tables(counters) == ("deep size 9 (user_id 4, cate_id 5) load 0.04 evict 0 "
+                                       "reject 0 | item size 0 load 0.00 evict 0 reject 0")
