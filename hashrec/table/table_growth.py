@@ -36,12 +36,22 @@ class TableGrowth:
         self._stats["growths"] += 1
         self.version += 1
         if note:
-            o = self.options
-            limit = f"max_capacity {o.max_capacity}"
-            if o.whole_max_capacity is not None:
-                limit += f" on this rank, {o.whole_max_capacity} over all ranks"
-            logger.info("table %r grew from %d to %d slots (%s)", o.name,
-                        old.capacity, self.storage.capacity, limit)
+            self._note_growth(old.num_buckets, num_buckets)
+
+    def _note_growth(self, before: int, after: int) -> None:
+        """One INFO line on a growth from ``before`` to ``after`` buckets; one by more than
+        twice says why (the bucket counts on the way divide max_capacity's)."""
+        o, slots = self.options, self.storage.bucket_capacity
+        limit = f"max_capacity {o.max_capacity}"
+        if o.whole_max_capacity is not None:
+            limit += f" on this rank, {o.whole_max_capacity} over all ranks"
+        why = ""
+        if after > 2 * before:
+            why = (f"; x{after // before} at once: max_capacity's {self._max_buckets} buckets of "
+                   f"{slots} have no smaller multiple of {before}. A max_capacity (of a fused "
+                   f"storage: its tables' sum) of {before * slots} * 2**k slots grows by doubling")
+        logger.info("table %r grew from %d to %d slots (%s)%s", o.name, before * slots,
+                    after * slots, limit, why)
 
     def grow_to(self, num_buckets: int) -> bool:
         """Grows to ``num_buckets`` where that is on the table's way to max_capacity (a
