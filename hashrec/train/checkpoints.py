@@ -9,7 +9,7 @@ epoch's first batches are read again (the order of the rest depends on them) but
 not trained. They are the same batches when the readers are laid out as before
 (ranks, loader workers, batch size; also in ``extra``). Otherwise the resumption is
 approximate, and a warning says so: each rank skips as many of its batches as cover
-the rows trained in the epoch (``hashrec.train.loop.resumed_batches``: the saved
+the rows trained in the epoch (``hashrec.train.batch_shares.resumed_batches``: the saved
 count x ranks x batch size then, over ranks x batch size now, rounded down), so that
 the epoch trains at least its row count in all, but not the same rows. Each reader
 (``hashrec.data.sharding``) reads a contiguous range of the rows, cut by the number

@@ -60,7 +60,6 @@ import logging
 import os
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
 from hashrec.checkpoint import IncrementalDumper, discard_dumps_after
@@ -70,6 +69,7 @@ from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import FlatGradients
 from hashrec.distributed.process_group import all_gather_objects, all_reduce_int_async
 from hashrec.train import checkpoints
+from hashrec.train.batch_shares import empty_shares, resumed_batches
 from hashrec.train.collection_schedule import CollectionSchedule
 from hashrec.train.distributed import (
     WeightedLossScale,
@@ -82,6 +82,7 @@ from hashrec.train.evaluation import evaluate as evaluate_model
 from hashrec.train.evaluation import evaluated, write_eval_result
 from hashrec.train.graphs import DenseGraphs
 from hashrec.train.interrupt import StopSignals, TrainInterrupted
+from hashrec.train.optimizers import clip_gradients
 from hashrec.train.placement import gil_switch_interval
 from hashrec.train.prefetch import DevicePrefetcher, EpochStream
 from hashrec.train.progress import ProgressLog, table_counters, total_steps
@@ -135,62 +136,6 @@ def prepare_ahead_from_env() -> int:
     if value not in ("1", "2"):
         raise TrainError(f"{PREPARE_AHEAD_ENV}={value!r}: expected 1 or 2")
     return int(value)
-
-
-def resumed_batches(resume: checkpoints.Resume, readers: tuple[int, int, int]) -> int:
-    """Batches per rank of the resumed epoch that a run reading with ``readers`` (ranks,
-    loader workers, batch size) skips: the checkpoint's count, or, where it read with
-    another number of ranks or batch size, as many of this run's batches as cover the
-    rows trained in the epoch, ``epoch_step x ranks x batch size`` then, rounded down
-    (rows may be trained twice, the count never falls short of the epoch's rows)."""
-    if not resume.epoch_step or resume.readers is None:
-        return resume.epoch_step
-    world, _, batch = (int(n) for n in resume.readers)
-    return resume.epoch_step * world * batch // (readers[0] * readers[2])
-
-
-def empty_shares(rows: int, batch_size: int, workers: int, per_rank: list[int],
-                 drop_remainder: bool = False) -> str:
-    """Why some of the ranks have no batch of the input's ``rows`` (``per_rank``: each
-    rank's batches per epoch) and what to change. Its readers (each rank's loader workers,
-    or the rank itself without workers) share out the input's full batches
-    (``hashrec.data.sharding``); with fewer full batches than readers some get none, and
-    every rank trains as many steps as the one with the fewest."""
-    ranks, full = len(per_rank), rows // batch_size
-    readers = ranks * max(workers, 1)
-    empty = [rank for rank, count in enumerate(per_rank) if count == 0]
-    who = (f"rank {empty[0]}" if len(empty) == 1
-           else "ranks " + ", ".join(str(rank) for rank in empty))
-    rest = rows - full * batch_size
-    partial = "" if not rest else (f" (the {rest} rows left over are dropped: drop_remainder)"
-                                   if drop_remainder else
-                                   f" (plus {rest} rows, a partial batch of rank 0)")
-    layout = (f"{ranks} ranks x {workers} loader workers" if workers
-              else f"{ranks} ranks without loader workers")
-    more = "ranks or loader workers" if workers else "ranks"
-    fix = (f"lower data_config.batch_size to at most {rows // readers}, or use fewer {more}"
-           if rows >= readers else f"use fewer {more}")
-    return (f"{who} of {ranks} got no batch, and every rank trains as many steps as the rank "
-            f"with the fewest. The shares are cut at whole batches: the {rows} rows make "
-            f"{full} full batch{'' if full == 1 else 'es'} of data_config.batch_size "
-            f"{batch_size}{partial} for {readers} readers ({layout}); {fix}")
-
-
-def clip_gradients(parameters, grad_clipping) -> None:
-    """Apply ``train_config.grad_clipping`` (norm | value | none) to dense gradients."""
-    if grad_clipping is None:
-        return
-    kind = grad_clipping.clipping_type.lower()
-    if kind in ("", "none"):
-        return
-    if kind == "norm":
-        torch.nn.utils.clip_grad_norm_(parameters, grad_clipping.max_gradient,
-                                       norm_type=grad_clipping.norm_type)
-    elif kind == "value":
-        torch.nn.utils.clip_grad_value_(parameters, grad_clipping.max_gradient)
-    else:
-        raise TrainError(f"train_config.grad_clipping.clipping_type={kind!r}; allowed: norm, "
-                         f"value, none")
 
 
 class TrainLoop:

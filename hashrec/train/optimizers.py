@@ -113,3 +113,20 @@ def build_dense_optimizer(dense_config, parameters: list[nn.Parameter]) -> Dense
     except ValueError as err:
         raise TrainError(f"{DENSE_WHERE}.{kind}: {err}") from err
     return DenseOptimizer(optimizer, build_schedule(dense_config, c.lr, DENSE_WHERE))
+
+
+def clip_gradients(parameters, grad_clipping) -> None:
+    """Apply ``train_config.grad_clipping`` (norm | value | none) to dense gradients."""
+    if grad_clipping is None:
+        return
+    kind = grad_clipping.clipping_type.lower()
+    if kind in ("", "none"):
+        return
+    if kind == "norm":
+        torch.nn.utils.clip_grad_norm_(parameters, grad_clipping.max_gradient,
+                                       norm_type=grad_clipping.norm_type)
+    elif kind == "value":
+        torch.nn.utils.clip_grad_value_(parameters, grad_clipping.max_gradient)
+    else:
+        raise TrainError(f"train_config.grad_clipping.clipping_type={kind!r}; allowed: norm, "
+                         f"value, none")

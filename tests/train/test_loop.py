@@ -2,49 +2,17 @@ import logging
 
 import pytest
 import torch
-from google.protobuf import text_format
 from small_din import CONFIG, small_loop
 
 from hashrec.checkpoint import CheckpointError
-from hashrec.config import apply_edit_config_json, load_pipeline_config, train_pb2
+from hashrec.config import apply_edit_config_json, load_pipeline_config
 from hashrec.data.errors import DataError
 from hashrec.tools.gen_taobao_data import generate
 from hashrec.train import run
 from hashrec.train.checkpoints import check_model_dir, resolve_checkpoint, restore_resolved
 from hashrec.train.errors import TrainError
-from hashrec.train.loop import LoopOptions, clip_gradients, empty_shares
+from hashrec.train.loop import LoopOptions
 from hashrec.train.progress import ProgressLog, format_tables
-
-
-def _clipping(text):
-    return text_format.Parse(text, train_pb2.GradClipping())
-
-
-def _params_with_grad(values):
-    p = torch.nn.Parameter(torch.zeros(len(values)))
-    p.grad = torch.tensor(values)
-    return [p]
-
-
-def test_clip_by_norm():
-    params = _params_with_grad([3.0, 4.0])
-    clip_gradients(params, _clipping('clipping_type: "norm" max_gradient: 1.0'))
-    assert torch.allclose(params[0].grad.norm(), torch.tensor(1.0), atol=1e-5)
-
-
-def test_clip_by_value_and_none():
-    params = _params_with_grad([3.0, -4.0, 0.5])
-    clip_gradients(params, _clipping('clipping_type: "value" max_gradient: 1.0'))
-    assert params[0].grad.tolist() == [1.0, -1.0, 0.5]
-    params = _params_with_grad([3.0])
-    clip_gradients(params, _clipping('clipping_type: "none"'))
-    clip_gradients(params, None)
-    assert params[0].grad.tolist() == [3.0]
-
-
-def test_clip_unknown_type():
-    with pytest.raises(TrainError, match="clipping_type"):
-        clip_gradients(_params_with_grad([1.0]), _clipping('clipping_type: "l3"'))
 
 
 @pytest.mark.parametrize("steps,epochs,expected", [(0, 0, 1), (100, 0, None), (100, 3, 3),
@@ -244,18 +212,3 @@ def test_a_rank_without_a_batch_is_told_that_shares_are_cut_at_whole_batches(tmp
         f"data_config.batch_size 512 (plus 488 rows, a partial batch of rank 0) for 3 readers "
         f"(3 ranks without loader workers); lower data_config.batch_size to at most 333, or "
         f"use fewer ranks")
-
-
-@pytest.mark.parametrize("rows, workers, per_rank, drop, expected", [
-    (1000, 2, [1, 0], False, "rank 1 of 2 got no batch, and every rank trains as many steps as "
-     "the rank with the fewest. The shares are cut at whole batches: the 1000 rows make 1 full "
-     "batch of data_config.batch_size 512 (plus 488 rows, a partial batch of rank 0) for 4 "
-     "readers (2 ranks x 2 loader workers); lower data_config.batch_size to at most 250, or "
-     "use fewer ranks or loader workers"),
-    (2, 0, [0, 0, 0], True, "ranks 0, 1, 2 of 3 got no batch, and every rank trains as many "
-     "steps as the rank with the fewest. The shares are cut at whole batches: the 2 rows make "
-     "0 full batches of data_config.batch_size 512 (the 2 rows left over are dropped: "
-     "drop_remainder) for 3 readers (3 ranks without loader workers); use fewer ranks"),
-], ids=["workers", "fewer-rows-than-readers"])
-def test_empty_shares_names_the_split_and_a_way_out(rows, workers, per_rank, drop, expected):
-    assert empty_shares(rows, 512, workers, per_rank, drop) == expected

@@ -2,11 +2,12 @@ import pytest
 import torch
 from google.protobuf import text_format
 
-from hashrec.config import optimizer_pb2
+from hashrec.config import optimizer_pb2, train_pb2
 from hashrec.table import SparseAdagrad, SparseAdam, SparseRowWiseAdagrad, SparseSGD
 from hashrec.train.errors import TrainError
 from hashrec.train.optimizers import (
     build_dense_optimizer,
+    clip_gradients,
     dense_parameters,
     sparse_optimizer_spec,
     sparse_schedule,
@@ -83,3 +84,34 @@ def test_dense_parameters_skip_embedding():
 def test_dense_optimizer_needs_parameters():
     with pytest.raises(TrainError, match="no dense parameters"):
         build_dense_optimizer(_dense("adam_optimizer { lr: 0.1 }"), [])
+
+
+def _clipping(text):
+    return text_format.Parse(text, train_pb2.GradClipping())
+
+
+def _params_with_grad(values):
+    p = torch.nn.Parameter(torch.zeros(len(values)))
+    p.grad = torch.tensor(values)
+    return [p]
+
+
+def test_clip_by_norm():
+    params = _params_with_grad([3.0, 4.0])
+    clip_gradients(params, _clipping('clipping_type: "norm" max_gradient: 1.0'))
+    assert torch.allclose(params[0].grad.norm(), torch.tensor(1.0), atol=1e-5)
+
+
+def test_clip_by_value_and_none():
+    params = _params_with_grad([3.0, -4.0, 0.5])
+    clip_gradients(params, _clipping('clipping_type: "value" max_gradient: 1.0'))
+    assert params[0].grad.tolist() == [1.0, -1.0, 0.5]
+    params = _params_with_grad([3.0])
+    clip_gradients(params, _clipping('clipping_type: "none"'))
+    clip_gradients(params, None)
+    assert params[0].grad.tolist() == [3.0]
+
+
+def test_clip_unknown_type():
+    with pytest.raises(TrainError, match="clipping_type"):
+        clip_gradients(_params_with_grad([1.0]), _clipping('clipping_type: "l3"'))
