@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_distributed(args, {
         "model_dir": args.model_dir, "train_input_path": args.train_input_path,
         "eval_input_path": args.eval_input_path}, run,
-        interrupted="nothing saved since the last checkpoint")
+        interrupted="the steps after the last checkpoint, if any, are not saved")
 
 
 if __name__ == "__main__":

@@ -139,7 +139,7 @@ def run_main(main: Callable[[], object], interrupted: str | None = None) -> int:
     1 with one message (other errors keep their traceback); a run stopped by a signal
     exits with 128 + its number (130 for Ctrl-C), also with one message, which after a
     Ctrl-C (or a SIGTERM that raised ``Terminated``) ends with ``interrupted``: what the
-    command left undone, e.g. "nothing saved since the last checkpoint"."""
+    command left undone, e.g. "no eval result written"."""
     from hashrec.checkpoint import CheckpointError
     from hashrec.checkpoint.errors import disk_full_hint
     from hashrec.data import DataError

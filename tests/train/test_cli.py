@@ -100,7 +100,7 @@ def test_sigterm_raised_as_terminated_exits_143_saying_what_is_undone(caplog):
 
 @pytest.mark.parametrize("module, target, args, undone", [
     ("hashrec.train_eval", "hashrec.train.train_and_evaluate", [],
-     "nothing saved since the last checkpoint"),
+     "the steps after the last checkpoint, if any, are not saved"),
     ("hashrec.eval", "hashrec.train.evaluate_checkpoint", [], "no eval result written"),
     ("hashrec.export.__main__", "hashrec.export.exporter.export_model",
      ["--export_dir", "unused"], "nothing exported"),
