@@ -33,6 +33,7 @@ import sys
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hashrec.config import apply_edit_config_json, load_pipeline_config
@@ -59,8 +60,10 @@ def _lists(values: np.ndarray | pa.Array, lengths: np.ndarray) -> pa.Array:
 
 
 def _weighted(ids: np.ndarray, weights: np.ndarray) -> pa.Array:
-    text = [f"{i}:{w!r}" for i, w in zip(ids.tolist(), weights.astype(np.float32).tolist())]
-    return pa.array(text, pa.string())
+    """``id:weight`` tokens; a float32 weight's text is its shortest round-trip form."""
+    return pc.binary_join_element_wise(pa.array(ids).cast(pa.string()),
+                                       pa.array(weights.astype(np.float32)).cast(pa.string()),
+                                       ":")
 
 
 def encoded_columns(batch, feature_set) -> dict[str, pa.Array]:

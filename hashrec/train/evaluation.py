@@ -45,6 +45,7 @@ from hashrec.train.metrics import (
     build_metrics,
     grouping_ids,
 )
+from hashrec.train.progress import duration
 
 logger = logging.getLogger("hashrec.train")
 
@@ -178,14 +179,14 @@ def own_batches(loader, rank: int, max_steps: int = 0) -> int:
 
 
 def _log_progress(step: int, batches: int, total: int, seconds: float) -> None:
-    """``eval at step S: B of N batches (T s, about L s left)``, the time left at the
-    rate so far (rank 0's batches: its share of the input)."""
+    """``eval at step S: B of N batches (T s, about L left)``, the time left at the
+    rate so far (rank 0's batches: its share of the input), as the training line says it."""
     if batches >= total:
         logger.info("eval at step %d: %d of %d batches (%.1fs)", step, batches, total,
                     seconds)
         return
-    logger.info("eval at step %d: %d of %d batches (%.1fs, about %.0fs left)", step,
-                batches, total, seconds, seconds / batches * (total - batches))
+    logger.info("eval at step %d: %d of %d batches (%.1fs, about %s left)", step, batches,
+                total, seconds, duration(seconds / batches * (total - batches)))
 
 
 def _table_ids(embedding) -> dict[str, float]:
