@@ -13,13 +13,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bhashrec/config/export.proto\x12\x0ehashrec.protos\"\x92\x01\n\x0c\x45xportConfig\x12\x1d\n\rexporter_type\x18\x01 \x01(\t:\x06latest\x12!\n\x14\x62\x65st_exporter_metric\x18\x02 \x01(\t:\x03\x61uc\x12%\n\x17metric_larger_is_better\x18\x03 \x01(\x08:\x04true\x12\x19\n\x0fmixed_precision\x18\x04 \x01(\t:\x00')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bhashrec/config/export.proto\x12\x0ehashrec.protos\"\x9b\x02\n\x0c\x45xportConfig\x12\x1d\n\rexporter_type\x18\x01 \x01(\t:\x06latest\x12!\n\x14\x62\x65st_exporter_metric\x18\x02 \x01(\t:\x03\x61uc\x12%\n\x17metric_larger_is_better\x18\x03 \x01(\x08:\x04true\x12\x19\n\x0fmixed_precision\x18\x04 \x01(\t:\x00\x12\x1e\n\x10\x63udnn_allow_tf32\x18\x05 \x01(\x08:\x04true\x12%\n\x16\x63uda_matmul_allow_tf32\x18\x06 \x01(\x08:\x05\x66\x61lse\x12@\n\rexport_format\x18\x07 \x01(\x0e\x32\x1c.hashrec.protos.ExportFormat:\x0bTORCHSCRIPT*\'\n\x0c\x45xportFormat\x12\x0f\n\x0bTORCHSCRIPT\x10\x00\x12\x06\n\x02HF\x10\x01')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hashrec.config.export_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_EXPORTFORMAT']._serialized_start=333
+  _globals['_EXPORTFORMAT']._serialized_end=372
   _globals['_EXPORTCONFIG']._serialized_start=48
-  _globals['_EXPORTCONFIG']._serialized_end=194
+  _globals['_EXPORTCONFIG']._serialized_end=331
 # @@protoc_insertion_point(module_scope)

@@ -11,22 +11,23 @@ from google.protobuf.internal import builder as _builder
 _sym_db = _symbol_database.Default()
 
 
+from hashrec.config import feature_pb2 as hashrec_dot_config_dot_feature__pb2
 from hashrec.config import optimizer_pb2 as hashrec_dot_config_dot_optimizer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ahashrec/config/train.proto\x12\x0ehashrec.protos\x1a\x1ehashrec/config/optimizer.proto\"}\n\nGradScaler\x12\x19\n\ninit_scale\x18\x01 \x01(\x02:\x05\x36\x35\x35\x33\x36\x12\x18\n\rgrowth_factor\x18\x02 \x01(\x02:\x01\x32\x12\x1b\n\x0e\x62\x61\x63koff_factor\x18\x03 \x01(\x02:\x03\x30.5\x12\x1d\n\x0fgrowth_interval\x18\x04 \x01(\r:\x04\x32\x30\x30\x30\"\x82\x01\n\x0cGradClipping\x12\x1b\n\rclipping_type\x18\x01 \x01(\t:\x04none\x12\x17\n\x0cmax_gradient\x18\x02 \x01(\x02:\x01\x31\x12\x14\n\tnorm_type\x18\x03 \x01(\x02:\x01\x32\x12&\n\x17\x65nable_global_grad_clip\x18\x04 \x01(\x08:\x05\x66\x61lse\"\xfb\x05\n\x0bTrainConfig\x12\x39\n\x10sparse_optimizer\x18\x01 \x02(\x0b\x32\x1f.hashrec.protos.SparseOptimizer\x12\x37\n\x0f\x64\x65nse_optimizer\x18\x02 \x02(\x0b\x32\x1e.hashrec.protos.DenseOptimizer\x12\x11\n\tnum_steps\x18\x03 \x01(\r\x12\x12\n\nnum_epochs\x18\x04 \x01(\r\x12$\n\x16save_checkpoints_steps\x18\x05 \x01(\r:\x04\x31\x30\x30\x30\x12\x1c\n\x14\x66ine_tune_checkpoint\x18\x06 \x01(\t\x12 \n\x18\x66ine_tune_ckpt_param_map\x18\x07 \x01(\t\x12!\n\x14log_step_count_steps\x18\x08 \x01(\r:\x03\x31\x30\x30\x12\x1b\n\x0cis_profiling\x18\t \x01(\x08:\x05\x66\x61lse\x12\x1d\n\x0fuse_tensorboard\x18\n \x01(\x08:\x04true\x12\x1f\n\x17save_checkpoints_epochs\x18\x0b \x01(\r\x12\x1d\n\x15tensorboard_summaries\x18\x0c \x03(\t\x12\x1e\n\x10\x63udnn_allow_tf32\x18\r \x01(\x08:\x04true\x12%\n\x16\x63uda_matmul_allow_tf32\x18\x0e \x01(\x08:\x05\x66\x61lse\x12\x17\n\x0fmixed_precision\x18\x10 \x01(\t\x12/\n\x0bgrad_scaler\x18\x11 \x01(\x0b\x32\x1a.hashrec.protos.GradScaler\x12#\n\x1bgradient_accumulation_steps\x18\x12 \x01(\r\x12\x33\n\rgrad_clipping\x18\x13 \x01(\x0b\x32\x1c.hashrec.protos.GradClipping\x12\x1e\n\x13keep_checkpoint_max\x18\x14 \x01(\r:\x01\x30\x12!\n\x16incremental_dump_steps\x18\x32 \x01(\r:\x01\x30\x12\x1e\n\x10\x64\x65nse_cuda_graph\x18\x33 \x01(\x08:\x04true\"D\n\nEvalConfig\x12\x14\n\tnum_steps\x18\x01 \x01(\r:\x01\x30\x12 \n\x14log_step_count_steps\x18\x02 \x01(\r:\x02\x31\x30')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ahashrec/config/train.proto\x12\x0ehashrec.protos\x1a\x1chashrec/config/feature.proto\x1a\x1ehashrec/config/optimizer.proto\"}\n\nGradScaler\x12\x19\n\ninit_scale\x18\x01 \x01(\x02:\x05\x36\x35\x35\x33\x36\x12\x18\n\rgrowth_factor\x18\x02 \x01(\x02:\x01\x32\x12\x1b\n\x0e\x62\x61\x63koff_factor\x18\x03 \x01(\x02:\x03\x30.5\x12\x1d\n\x0fgrowth_interval\x18\x04 \x01(\r:\x04\x32\x30\x30\x30\"\x82\x01\n\x0cGradClipping\x12\x1b\n\rclipping_type\x18\x01 \x01(\t:\x04none\x12\x17\n\x0cmax_gradient\x18\x02 \x01(\x02:\x01\x31\x12\x14\n\tnorm_type\x18\x03 \x01(\x02:\x01\x32\x12&\n\x17\x65nable_global_grad_clip\x18\x04 \x01(\x08:\x05\x66\x61lse\"\xc7\x06\n\x0bTrainConfig\x12\x39\n\x10sparse_optimizer\x18\x01 \x02(\x0b\x32\x1f.hashrec.protos.SparseOptimizer\x12\x37\n\x0f\x64\x65nse_optimizer\x18\x02 \x02(\x0b\x32\x1e.hashrec.protos.DenseOptimizer\x12\x11\n\tnum_steps\x18\x03 \x01(\r\x12\x12\n\nnum_epochs\x18\x04 \x01(\r\x12$\n\x16save_checkpoints_steps\x18\x05 \x01(\r:\x04\x31\x30\x30\x30\x12\x1c\n\x14\x66ine_tune_checkpoint\x18\x06 \x01(\t\x12 \n\x18\x66ine_tune_ckpt_param_map\x18\x07 \x01(\t\x12!\n\x14log_step_count_steps\x18\x08 \x01(\r:\x03\x31\x30\x30\x12\x1b\n\x0cis_profiling\x18\t \x01(\x08:\x05\x66\x61lse\x12\x1d\n\x0fuse_tensorboard\x18\n \x01(\x08:\x04true\x12\x1f\n\x17save_checkpoints_epochs\x18\x0b \x01(\r\x12\x1d\n\x15tensorboard_summaries\x18\x0c \x03(\t\x12\x1e\n\x10\x63udnn_allow_tf32\x18\r \x01(\x08:\x04true\x12%\n\x16\x63uda_matmul_allow_tf32\x18\x0e \x01(\x08:\x05\x66\x61lse\x12J\n\x1cglobal_embedding_constraints\x18\x0f \x01(\x0b\x32$.hashrec.protos.ParameterConstraints\x12\x17\n\x0fmixed_precision\x18\x10 \x01(\t\x12/\n\x0bgrad_scaler\x18\x11 \x01(\x0b\x32\x1a.hashrec.protos.GradScaler\x12#\n\x1bgradient_accumulation_steps\x18\x12 \x01(\r\x12\x33\n\rgrad_clipping\x18\x13 \x01(\x0b\x32\x1c.hashrec.protos.GradClipping\x12\x1e\n\x13keep_checkpoint_max\x18\x14 \x01(\r:\x01\x30\x12!\n\x16incremental_dump_steps\x18\x32 \x01(\r:\x01\x30\x12\x1e\n\x10\x64\x65nse_cuda_graph\x18\x33 \x01(\x08:\x04true\"\x80\x01\n\nEvalConfig\x12\x14\n\tnum_steps\x18\x01 \x01(\r:\x01\x30\x12 \n\x14log_step_count_steps\x18\x02 \x01(\r:\x02\x31\x30\x12\x1e\n\x0e\x65valuator_type\x18\x03 \x01(\t:\x06latest\x12\x1a\n\x0b\x65val_online\x18\x04 \x01(\x08:\x05\x66\x61lse')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hashrec.config.train_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GRADSCALER']._serialized_start=78
-  _globals['_GRADSCALER']._serialized_end=203
-  _globals['_GRADCLIPPING']._serialized_start=206
-  _globals['_GRADCLIPPING']._serialized_end=336
-  _globals['_TRAINCONFIG']._serialized_start=339
-  _globals['_TRAINCONFIG']._serialized_end=1102
-  _globals['_EVALCONFIG']._serialized_start=1104
-  _globals['_EVALCONFIG']._serialized_end=1172
+  _globals['_GRADSCALER']._serialized_start=108
+  _globals['_GRADSCALER']._serialized_end=233
+  _globals['_GRADCLIPPING']._serialized_start=236
+  _globals['_GRADCLIPPING']._serialized_end=366
+  _globals['_TRAINCONFIG']._serialized_start=369
+  _globals['_TRAINCONFIG']._serialized_end=1208
+  _globals['_EVALCONFIG']._serialized_start=1211
+  _globals['_EVALCONFIG']._serialized_end=1339
 # @@protoc_insertion_point(module_scope)

@@ -19,6 +19,35 @@ _REFUSED = {
     },
     "FeatureGroupConfig": {
         "sequence_groups": (bool, "sequences are grouped by their feature group"),
+        "embedding_name_suffix": (bool, "features share a table by embedding_name alone: "
+                                  "give the group's features embedding_names of their own"),
+    },
+    "ModelConfig": {
+        "use_pareto_loss_weight": (bool, "the task losses are summed, each times its task "
+                                   "tower's weight: set weight on the task towers instead"),
+    },
+    "DataConfig": {
+        "sample_mask_prob": (lambda v: v > 0, "no samples are masked"),
+        "negative_sample_mask_prob": (lambda v: v > 0, "there is no negative sampling"),
+        "sample_cost_field": (bool, "a batch holds batch_size rows"),
+        "batch_cost_size": (lambda v: v > 0, "a batch holds batch_size rows"),
+        "input_fields_str": (bool, "write the columns as input_fields { input_name: ... "
+                             "input_type: ... } instead"),
+        "min_batch_size": (lambda v: v > 0, "drop_remainder: true drops a short last "
+                           "training batch"),
+    },
+    "EvalConfig": {
+        "evaluator_type": (lambda v: v != "latest", "each saved checkpoint is evaluated; "
+                           "export_config.exporter_type picks the one to export"),
+        "eval_online": (bool, "evaluation reads eval_input_path"),
+    },
+    "ExportConfig": {
+        "export_format": (bool, "export writes safetensors and a scripted model "
+                          "(TORCHSCRIPT)"),
+    },
+    "DenseOptimizer": {
+        "ema": (lambda v: True, "the dense parameters are evaluated and exported as "
+                "trained, without a moving average"),
     },
     "GradClipping": {
         "enable_global_grad_clip": (bool, "the clipping norm is the dense gradients' after "
@@ -32,11 +61,17 @@ _FEATURE_REFUSED = {
     "asset_dir": (bool, "no feature assets are read"),
 }
 _IGNORED = {
-    "TrainConfig": ("is_profiling", "tensorboard_summaries"),
+    # global_embedding_constraints: HashRec's planner shards dynamic tables row-wise and
+    # keeps the others whole on every rank, whatever the constraints.
+    "TrainConfig": ("is_profiling", "tensorboard_summaries", "global_embedding_constraints"),
     # HashRec's loader turns the input columns into features itself: it runs no threads
-    # of a feature generation.
-    "DataConfig": ("fg_threads",),
-    "ExportConfig": ("mixed_precision",),
+    # of a feature generation; it reads local files (no ODPS settings), in order, and has
+    # no negative samplers' data groups.
+    "DataConfig": ("fg_threads", "is_orderby_partition", "odps_data_quota_name",
+                   "odps_data_compression", "in_order", "force_base_data_group"),
+    "ExportConfig": ("mixed_precision", "cudnn_allow_tf32", "cuda_matmul_allow_tf32"),
+    # TorchEasyRec's choice of kernels; HashRec's compute the same.
+    "ModelConfig": ("kernel",),
     # Feature generation's join key of a sequence; the columns are read as they are.
     "SequenceFeature": ("sequence_pk",),
     # The mode of a weight decay that must be 0 (optimizers.py refuses any other).
@@ -45,10 +80,11 @@ _IGNORED = {
 # Per feature message: fields of feature generation (the output layout of an id column,
 # its value type, intermediate-only features), which HashRec does not run: a feature's
 # values are its input column's.
+# embedding_constraints: as TrainConfig's global_embedding_constraints.
 _FEATURE_IGNORED = {
-    "IdFeature": ("value_dim", "fg_value_type", "stub_type"),
-    "ComboFeature": ("value_dim", "stub_type"),
-    "RawFeature": ("stub_type",),
+    "IdFeature": ("value_dim", "fg_value_type", "stub_type", "embedding_constraints"),
+    "ComboFeature": ("value_dim", "stub_type", "embedding_constraints"),
+    "RawFeature": ("stub_type", "embedding_constraints"),
 }
 # The embedding's fields of a raw feature, which has an embedding only with boundaries (as in
 # TorchEasyRec; init_fn and data_type there are errors, features/raw_feature.py).
@@ -71,13 +107,15 @@ def _is_set(message, name: str) -> bool:
 
 def _messages(config):
     """(path, message) of every message the tables above name, in config order."""
-    for name in ("train_config", "data_config", "export_config"):
+    for name in ("train_config", "eval_config", "data_config", "export_config",
+                 "model_config"):
         if config.HasField(name):
             yield name, getattr(config, name)
     if config.HasField("train_config"):
         train = config.train_config
         if train.HasField("grad_clipping"):
             yield "train_config.grad_clipping", train.grad_clipping
+        yield "train_config.dense_optimizer", train.dense_optimizer
         sparse = train.sparse_optimizer.WhichOneof("optimizer")
         if sparse is not None:
             yield (f"train_config.sparse_optimizer.{sparse}",

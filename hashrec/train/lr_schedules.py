@@ -112,11 +112,119 @@ class ManualStepSchedule:
         return self.base_lr
 
 
+def _start(schedule, step: int, epoch: int) -> tuple[int, float | None]:
+    """(t, the rate if it is decided before the decay: 0 for a zero ``base_lr``, or the
+    linear warmup's from ``warmup_learning_rate`` to ``base_lr`` over ``warmup_size``)."""
+    t = epoch if schedule.by_epoch else step
+    if schedule.base_lr == 0:
+        return t, 0.0
+    if t >= schedule.warmup_size:
+        return t, None
+    lr = schedule.warmup_learning_rate + (
+        schedule.base_lr - schedule.warmup_learning_rate) * t / schedule.warmup_size
+    return t, lr
+
+
+def _cosine(base_lr: float, min_learning_rate: float, t: float, period: float) -> float:
+    """Half a cosine from ``base_lr`` (t 0) to ``min_learning_rate`` (t ``period``)."""
+    return min_learning_rate + (base_lr - min_learning_rate) * 0.5 * (
+        1 + math.cos(math.pi * t / period))
+
+
+@dataclass(frozen=True)
+class LinearDecaySchedule:
+    """Linear warmup, then a line from ``base_lr`` to ``min_learning_rate`` at
+    ``total_size`` (warmup included); ``min_learning_rate`` after it."""
+
+    base_lr: float
+    total_size: int
+    min_learning_rate: float = 0.0
+    warmup_learning_rate: float = 0.0
+    warmup_size: int = 0
+    by_epoch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.total_size <= self.warmup_size:
+            raise ValueError(
+                f"linear_decay_learning_rate.total_size={self.total_size}; allowed: above "
+                f"warmup_size ({self.warmup_size})")
+
+    def __call__(self, step: int, epoch: int = 0) -> float:
+        t, early = _start(self, step, epoch)
+        if early is not None:
+            return early
+        span = self.total_size - self.warmup_size
+        left = 1 - min(t - self.warmup_size, span) / span
+        return self.min_learning_rate + (self.base_lr - self.min_learning_rate) * left
+
+
+@dataclass(frozen=True)
+class CosineAnnealingSchedule:
+    """Linear warmup, then half a cosine from ``base_lr`` to ``min_learning_rate`` over
+    ``T_max`` (counted from the warmup's end); ``min_learning_rate`` after it."""
+
+    base_lr: float
+    T_max: int
+    min_learning_rate: float = 0.0
+    warmup_learning_rate: float = 0.0
+    warmup_size: int = 0
+    by_epoch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.T_max <= 0:
+            raise ValueError(f"cosine_annealing_learning_rate.T_max={self.T_max}; allowed: > 0")
+
+    def __call__(self, step: int, epoch: int = 0) -> float:
+        t, early = _start(self, step, epoch)
+        if early is not None:
+            return early
+        return _cosine(self.base_lr, self.min_learning_rate,
+                       min(t - self.warmup_size, self.T_max), self.T_max)
+
+
+@dataclass(frozen=True)
+class CosineAnnealingWarmRestartsSchedule:
+    """Linear warmup, then half-cosines from ``base_lr`` to ``min_learning_rate`` that
+    restart at ``base_lr``: the first over ``T_0``, each next ``T_mult`` times as long."""
+
+    base_lr: float
+    T_0: int
+    T_mult: int = 1
+    min_learning_rate: float = 0.0
+    warmup_learning_rate: float = 0.0
+    warmup_size: int = 0
+    by_epoch: bool = False
+
+    def __post_init__(self) -> None:
+        where = "cosine_annealing_warm_restarts_learning_rate"
+        if self.T_0 <= 0:
+            raise ValueError(f"{where}.T_0={self.T_0}; allowed: > 0")
+        if self.T_mult < 1:
+            raise ValueError(f"{where}.T_mult={self.T_mult}; allowed: 1 or more")
+
+    def __call__(self, step: int, epoch: int = 0) -> float:
+        t, early = _start(self, step, epoch)
+        if early is not None:
+            return early
+        # Walk the periods (integers: no rounding at a restart's boundary).
+        elapsed, period = t - self.warmup_size, self.T_0
+        while elapsed >= period:
+            elapsed -= period
+            period *= self.T_mult
+        return _cosine(self.base_lr, self.min_learning_rate, elapsed, period)
+
+
+SCHEDULES = ("constant_learning_rate", "exponential_decay_learning_rate",
+             "manual_step_learning_rate", "linear_decay_learning_rate",
+             "cosine_annealing_learning_rate", "cosine_annealing_warm_restarts_learning_rate")
+
+
 def build_schedule(optimizer_config, base_lr: float, where: str):
     """The schedule an optimizer config's ``learning_rate`` oneof names.
 
     Args:
-        optimizer_config: a ``SparseOptimizer`` or ``DenseOptimizer`` message.
+        optimizer_config: a message with a ``learning_rate`` oneof (``SparseOptimizer``,
+            ``DenseOptimizer``, ``ParamLearningRate``, ``PartOptimizer``).
         base_lr: the optimizer's ``lr``.
         where: config path for error messages (``train_config.dense_optimizer``).
 
@@ -124,19 +232,27 @@ def build_schedule(optimizer_config, base_lr: float, where: str):
         TrainError: invalid schedule settings.
     """
     kind = optimizer_config.WhichOneof("learning_rate")
+    if kind in (None, "constant_learning_rate"):
+        return ConstantSchedule(base_lr)
+    c = getattr(optimizer_config, kind)
     try:
-        if kind in (None, "constant_learning_rate"):
-            return ConstantSchedule(base_lr)
         if kind == "exponential_decay_learning_rate":
-            c = optimizer_config.exponential_decay_learning_rate
             return ExponentialDecaySchedule(
                 base_lr, c.decay_size, c.decay_factor, c.staircase, c.warmup_learning_rate,
                 c.warmup_size, c.min_learning_rate, c.by_epoch)
         if kind == "manual_step_learning_rate":
-            c = optimizer_config.manual_step_learning_rate
             return ManualStepSchedule(base_lr, tuple(c.schedule_sizes),
                                       tuple(c.learning_rates), c.warmup, c.by_epoch)
+        if kind == "linear_decay_learning_rate":
+            return LinearDecaySchedule(base_lr, c.total_size, c.min_learning_rate,
+                                       c.warmup_learning_rate, c.warmup_size, c.by_epoch)
+        if kind == "cosine_annealing_learning_rate":
+            return CosineAnnealingSchedule(base_lr, c.T_max, c.min_learning_rate,
+                                           c.warmup_learning_rate, c.warmup_size, c.by_epoch)
+        if kind == "cosine_annealing_warm_restarts_learning_rate":
+            return CosineAnnealingWarmRestartsSchedule(
+                base_lr, c.T_0, c.T_mult, c.min_learning_rate, c.warmup_learning_rate,
+                c.warmup_size, c.by_epoch)
     except ValueError as err:
         raise TrainError(f"{where}: {err}") from err
-    raise TrainError(f"{where}.{kind} is not supported; allowed: constant_learning_rate, "
-                     f"exponential_decay_learning_rate, manual_step_learning_rate")
+    raise TrainError(f"{where}.{kind} is not supported; allowed: {', '.join(SCHEDULES)}")

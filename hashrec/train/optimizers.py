@@ -15,6 +15,7 @@ from torch import nn
 from hashrec.table import SparseAdagrad, SparseAdam, SparseRowWiseAdagrad, SparseSGD
 from hashrec.train.errors import TrainError
 from hashrec.train.lr_schedules import build_schedule
+from hashrec.train.param_groups import group_settings, param_groups
 
 SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optimizer",
                      "rowwise_adagrad_optimizer")
@@ -68,51 +69,62 @@ def sparse_schedule(sparse_config):
     return build_schedule(sparse_config, getattr(sparse_config, kind).lr, SPARSE_WHERE)
 
 
-def dense_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """Trainable parameters outside the embedding collection (``model.embedding``)."""
-    return [p for name, p in model.named_parameters()
-            if p.requires_grad and not name.startswith("embedding.")]
+def dense_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Trainable parameters outside the embedding collection (``model.embedding``), by
+    name."""
+    return {name: p for name, p in model.named_parameters()
+            if p.requires_grad and not name.startswith("embedding.")}
 
 
 @dataclass
 class DenseOptimizer:
-    """A torch optimizer over the dense parameters and its learning-rate schedule."""
+    """A torch optimizer over the dense parameters and the schedule of each of its
+    param groups (``schedules[i]`` sets ``optimizer.param_groups[i]``); ``schedule`` is the
+    dense optimizer's own, whose rate the progress line shows."""
 
     optimizer: torch.optim.Optimizer
     schedule: object
+    schedules: tuple = ()
 
-    def set_learning_rate(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+    def set_learning_rates(self, step: int, epoch: int) -> float:
+        """Set every param group's rate for ``step``; returns ``schedule``'s."""
+        schedules = self.schedules or (self.schedule,) * len(self.optimizer.param_groups)
+        for group, schedule in zip(self.optimizer.param_groups, schedules):
+            group["lr"] = schedule(step, epoch)
+        return self.schedule(step, epoch)
 
 
-def build_dense_optimizer(dense_config, parameters: list[nn.Parameter]) -> DenseOptimizer:
-    """Torch optimizer of ``train_config.dense_optimizer`` over ``parameters``.
+def build_dense_optimizer(dense_config, parameters: dict[str, nn.Parameter]) -> DenseOptimizer:
+    """Torch optimizer of ``train_config.dense_optimizer`` over ``parameters`` (name ->
+    parameter), a param group per ``param_optimizers`` entry (hashrec.train.param_groups).
 
     Raises:
-        TrainError: an unsupported optimizer or invalid hyper-parameters.
+        TrainError: an unsupported optimizer, invalid hyper-parameters or param optimizers.
     """
     kind = _kind(dense_config, DENSE_OPTIMIZERS, DENSE_WHERE)
     c = getattr(dense_config, kind)
     if not parameters:
         raise TrainError("the model has no dense parameters for train_config.dense_optimizer")
+    groups = param_groups(dense_config, kind, parameters, DENSE_WHERE)
+    torch_groups = [{"params": list(g.parameters), **g.settings} for g in groups]
+    defaults = group_settings(kind, c)
     # On GPUs Adam's fused kernel updates every parameter in a few launches.
-    fused = {"fused": True} if all(p.is_cuda for p in parameters) else {}
+    fused = {"fused": True} if all(p.is_cuda for p in parameters.values()) else {}
     try:
         if kind == "sgd_optimizer":
-            optimizer = torch.optim.SGD(parameters, lr=c.lr, momentum=c.momentum,
-                                        weight_decay=c.weight_decay)
+            optimizer = torch.optim.SGD(torch_groups, **defaults)
         elif kind == "adagrad_optimizer":
-            optimizer = torch.optim.Adagrad(parameters, lr=c.lr, weight_decay=c.weight_decay)
+            optimizer = torch.optim.Adagrad(torch_groups, **defaults)
         elif kind == "adam_optimizer":
-            optimizer = torch.optim.Adam(parameters, lr=c.lr, betas=(c.beta1, c.beta2),
-                                         weight_decay=c.weight_decay, **fused)
+            optimizer = torch.optim.Adam(torch_groups, **defaults, **fused)
         else:
-            optimizer = torch.optim.AdamW(parameters, lr=c.lr, betas=(c.beta1, c.beta2),
-                                          weight_decay=c.weight_decay, **fused)
+            optimizer = torch.optim.AdamW(torch_groups, **defaults, **fused)
     except ValueError as err:
-        raise TrainError(f"{DENSE_WHERE}.{kind}: {err}") from err
-    return DenseOptimizer(optimizer, build_schedule(dense_config, c.lr, DENSE_WHERE))
+        where = f"{DENSE_WHERE}.{kind}" + (" (or a param_optimizers entry)"
+                                           if len(groups) > 1 else "")
+        raise TrainError(f"{where}: {err}") from err
+    schedule = build_schedule(dense_config, c.lr, DENSE_WHERE)
+    return DenseOptimizer(optimizer, schedule, tuple(g.schedule for g in groups))
 
 
 def clip_gradients(parameters, grad_clipping) -> None:

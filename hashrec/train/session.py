@@ -100,9 +100,8 @@ class Session:
 
     def set_learning_rates(self, step: int, epoch: int) -> dict[str, float]:
         """Apply both schedules for ``step``; returns {"dense": lr, "sparse": lr}."""
-        dense_lr = self.dense.schedule(step, epoch)
+        dense_lr = self.dense.set_learning_rates(step, epoch)
         sparse_lr = self.sparse_schedule(step, epoch)
-        self.dense.set_learning_rate(dense_lr)
         self.model.embedding.set_learning_rate(sparse_lr)
         return {"dense": dense_lr, "sparse": sparse_lr}
 

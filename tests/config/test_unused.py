@@ -28,7 +28,24 @@ def example_with(text: str):
      'group_name: "q" } } }', "model_config.feature_groups\\[\\d+\\].sequence_groups"),
     ('train_config { grad_clipping { clipping_type: "norm" enable_global_grad_clip: true } }',
      "train_config.grad_clipping.enable_global_grad_clip is not supported"),
-], ids=["accumulation", "sequence-mask", "sequence-groups", "global-clip"])
+    ("model_config { use_pareto_loss_weight: true }",
+     "model_config.use_pareto_loss_weight is not supported.*weight on the task towers"),
+    ('model_config { feature_groups { group_name: "g" embedding_name_suffix: "_x" } }',
+     r"model_config.feature_groups\[\d+\].embedding_name_suffix is not supported"),
+    ("data_config { sample_mask_prob: 0.1 }", "data_config.sample_mask_prob is not supported"),
+    ("data_config { min_batch_size: 32 }",
+     "data_config.min_batch_size is not supported.*drop_remainder"),
+    ('data_config { input_fields_str: "a:INT64;b:STRING" }',
+     "data_config.input_fields_str is not supported.*input_fields"),
+    ('data_config { sample_cost_field: "cost" }', "data_config.sample_cost_field"),
+    ('eval_config { evaluator_type: "best" }', "eval_config.evaluator_type is not supported"),
+    ("eval_config { eval_online: true }", "eval_config.eval_online is not supported"),
+    ("export_config { export_format: HF }", "export_config.export_format is not supported"),
+    ("train_config { dense_optimizer { ema { decay: 0.99 } } }",
+     "train_config.dense_optimizer.ema is not supported.*without a moving average"),
+], ids=["accumulation", "sequence-mask", "sequence-groups", "global-clip", "pareto",
+        "name-suffix", "sample-mask", "min-batch", "fields-str", "cost", "best-evaluator",
+        "eval-online", "hf-export", "ema"])
 def test_fields_that_would_change_the_model_are_refused(text, message):
     problems = unused_field_problems(example_with(text))
     assert len(problems) == 1
@@ -39,7 +56,11 @@ def test_defaults_and_harmless_values_pass():
     text = ("train_config { gradient_accumulation_steps: 1 }\n"
             "train_config { grad_clipping { enable_global_grad_clip: false } }\n"
             'train_config { fine_tune_ckpt_param_map: "map.txt" }\n'
-            'feature_configs { raw_feature { feature_name: "p" use_mask: false } }')
+            'feature_configs { raw_feature { feature_name: "p" use_mask: false } }\n'
+            "model_config { use_pareto_loss_weight: false }\n"
+            'eval_config { evaluator_type: "latest" eval_online: false }\n'
+            "data_config { sample_mask_prob: 0 min_batch_size: 0 }\n"
+            "export_config { export_format: TORCHSCRIPT }")
     assert unused_field_problems(example_with(text)) == []
     assert unused_field_problems(load_pipeline_config(EXAMPLE)) == []
 
@@ -54,6 +75,28 @@ def test_ignored_fields_are_noted():
                      "data_config.fg_threads"]
     notes = ignored_field_notes(example_with('export_config { mixed_precision: "BF16" }'))
     assert notes == ["export_config.mixed_precision"]  # the export runs in float32
+
+
+def test_settings_of_torcheasyrecs_planner_and_odps_reader_are_noted():
+    notes = ignored_field_notes(example_with(
+        'train_config { global_embedding_constraints { sharding_types: "row_wise" } }\n'
+        'feature_configs { id_feature { feature_name: "f" embedding_constraints { '
+        'compute_kernels: "fused" } } }\n'
+        'data_config { is_orderby_partition: true odps_data_quota_name: "q" in_order: false '
+        'odps_data_compression: "ZSTD" force_base_data_group: true }\n'
+        "export_config { cudnn_allow_tf32: false cuda_matmul_allow_tf32: true }\n"
+        "model_config { kernel: TRITON }"))
+    assert notes == [
+        "train_config.global_embedding_constraints",
+        "data_config.is_orderby_partition", "data_config.odps_data_quota_name",
+        "data_config.odps_data_compression", "data_config.in_order",
+        "data_config.force_base_data_group", "export_config.cudnn_allow_tf32",
+        "export_config.cuda_matmul_allow_tf32", "model_config.kernel",
+        f"embedding_constraints of feature 'f' (feature_configs[{_last_feature()}])"]
+
+
+def _last_feature() -> int:
+    return len(load_pipeline_config(EXAMPLE).feature_configs)
 
 
 def test_the_fields_of_the_other_input_mode_are_noted():
@@ -197,3 +240,21 @@ def test_the_commands_log_ignored_fields_and_encoded_input(tmp_path, caplog, tex
     with caplog.at_level(logging.INFO, logger="hashrec"):
         load_effective_config(args, {})
     assert phrase in caplog.text and "fg_mode is FG_NONE" in caplog.text
+
+
+def test_torcheasyrec_fields_hashrec_runs_or_notes_pass_validation():
+    from hashrec.config import validate_pipeline_config
+
+    config = example_with("""
+train_config { dense_optimizer {
+  cosine_annealing_learning_rate { T_max: 1000 warmup_size: 10 }
+  param_optimizers { adam_optimizer { lr: 0.01 } regex_pattern: "towers.*"
+    param_learning_rate { linear_decay_learning_rate { total_size: 100 } } }
+  part_optimizers { adam_optimizer { lr: 0.02 } regex_pattern: "final.*" } }
+  global_embedding_constraints { sharding_types: "row_wise" } }
+model_config { use_pareto_loss_weight: false kernel: PYTORCH }
+""")
+    validate_pipeline_config(config)
+    dense = config.train_config.dense_optimizer
+    assert dense.WhichOneof("learning_rate") == "cosine_annealing_learning_rate"
+    assert [p.regex_pattern for p in dense.param_optimizers] == ["towers.*"]

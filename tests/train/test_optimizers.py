@@ -68,22 +68,23 @@ def test_sparse_schedule_uses_sparse_lr():
 ], ids=["sgd", "adagrad", "adam", "adamw"])
 def test_dense_optimizer(text, cls):
     layer = torch.nn.Linear(2, 1)
-    dense = build_dense_optimizer(_dense(text), list(layer.parameters()))
+    dense = build_dense_optimizer(_dense(text), dict(layer.named_parameters()))
     assert isinstance(dense.optimizer, cls)
-    dense.set_learning_rate(0.05)
-    assert all(g["lr"] == 0.05 for g in dense.optimizer.param_groups)
+    assert dense.set_learning_rates(7, 0) == pytest.approx(0.1)
+    assert all(g["lr"] == pytest.approx(0.1) for g in dense.optimizer.param_groups)
 
 
 def test_dense_parameters_skip_embedding():
     model = torch.nn.Module()
     model.embedding = torch.nn.Linear(2, 2)
     model.tower = torch.nn.Linear(2, 1)
-    assert {id(p) for p in dense_parameters(model)} == {id(p) for p in model.tower.parameters()}
+    assert {id(p) for p in dense_parameters(model).values()} == {
+        id(p) for p in model.tower.parameters()}
 
 
 def test_dense_optimizer_needs_parameters():
     with pytest.raises(TrainError, match="no dense parameters"):
-        build_dense_optimizer(_dense("adam_optimizer { lr: 0.1 }"), [])
+        build_dense_optimizer(_dense("adam_optimizer { lr: 0.1 }"), {})
 
 
 def _clipping(text):
