@@ -80,6 +80,20 @@ def test_weighted_dense_and_sequence_features_read_back_the_same(tmp_path):
     _batches_equal(build_feature_set(config).parse(out), raw)
 
 
+def test_sequence_items_of_several_values_read_back_as_raw_input_reads_them(tmp_path):
+    # raw input (value_dim 1) reads an item of several values as its first value; the
+    # output holds that one id per item, which FG_NONE reads (it refuses several)
+    config = parse_pipeline_config(FEATURES)
+    table = _table(6)
+    table = table.set_column(table.schema.get_field_index("s__i"), "s__i",
+                             pa.array(["", "4\x1d9", "5;6\x1d2\x1d3", "7;8;9", "", "1"]))
+    raw = build_feature_set(config).parse(table)
+    assert raw.sparse["s__i"].values.tolist()[:4] == [0, 4, 5, 6]  # "" reads as "0"
+    _, _, out = _encoded(tmp_path, config, table)
+    config.data_config.fg_mode = 1  # FG_NONE
+    _batches_equal(build_feature_set(config).parse(out), raw)
+
+
 def test_the_taobao_example_reads_back_the_same(tmp_path):
     config = load_pipeline_config(TAOBAO_CONFIG)
     config.data_config.dataset_type = 2  # ParquetDataset
