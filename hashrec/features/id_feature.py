@@ -147,7 +147,8 @@ def table_request(cfg, name: str, num_rows: int | None,
                   bucketizer: Bucketizer | None = None) -> TableRequest:
     """TableRequest of an id-like config (embedding_name or the feature name)."""
     table = cfg.embedding_name if cfg.embedding_name else name
-    dynamicemb = cfg.dynamicemb if cfg.HasField("dynamicemb") else None
+    dynamicemb = cfg.dynamicemb if "dynamicemb" in cfg.DESCRIPTOR.fields_by_name and \
+        cfg.HasField("dynamicemb") else None
     return TableRequest(table, check_dim(cfg.embedding_dim, name), num_rows, dynamicemb,
                         cfg.trainable, getattr(bucketizer, "options", None),
                         init_fn_of(cfg, name), data_type_of(cfg, name))
