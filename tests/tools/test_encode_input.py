@@ -151,6 +151,35 @@ def test_the_command_line_edits_the_config(tmp_path):
     assert pq.read_table(tmp_path / "out").num_rows == 5
 
 
+def test_csv_labels_and_weights_are_written_as_numbers(tmp_path):
+    # before, a CSV file's label and weight texts were copied as strings
+    config = tmp_path / "pipeline.config"
+    config.write_text(FEATURES)
+    table = _table(5).set_column(5, "clk", pa.array([0.0, 1.0, 0.25, 1.0, 0.0]))
+    pacsv.write_csv(table, tmp_path / "raw.csv")
+    edits = {"data_config.dataset_type": "CsvDataset", "data_config.with_header": True}
+    assert main(["--pipeline_config_path", str(config), "--input_path",
+                 str(tmp_path / "raw.csv"), "--output_dir", str(tmp_path / "out"), "--quiet",
+                 "--reserved_columns", "uid,clk", "--edit_config_json",
+                 json.dumps(edits)]) == 0
+    out = pq.read_table(tmp_path / "out")
+    assert out.schema.field("clk").type == pa.float32()
+    assert out.schema.field("w").type == pa.float32()
+    assert out["clk"].to_pylist() == [0.0, 1.0, 0.25, 1.0, 0.0]
+    assert out["w"].to_pylist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert out["uid"].to_pylist() == [f"u{r}" for r in range(5)]  # reserved: as it is
+
+
+def test_a_class_label_is_written_as_an_integer(tmp_path):
+    text = FEATURES + ('model_config { feature_groups { group_name: "g" feature_names: "q" '
+                       'group_type: DEEP } num_class: 3 losses { softmax_cross_entropy {} } '
+                       'multi_tower { towers { input: "g" mlp { hidden_units: [4] } } } }')
+    table = _table(4).set_column(5, "clk", pa.array(["2", "0", "1", "2"]))
+    _, _, out = _encoded(tmp_path, parse_pipeline_config(text), table)
+    assert out.schema.field("clk").type == pa.int64()
+    assert out["clk"].to_pylist() == [2, 0, 1, 2]
+
+
 def test_a_reserved_column_named_as_a_feature_is_refused(tmp_path):
     # it would replace the feature's encoded column with the raw one
     with pytest.raises(ValueError, match="reserved column 'tags' is named as a feature"):
