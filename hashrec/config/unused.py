@@ -96,7 +96,9 @@ _FEATURE_KINDS = ("id_feature", "raw_feature", "combo_feature", "sequence_id_fea
                   "sequence_raw_feature")
 
 
-def _is_set(message, name: str) -> bool:
+def is_set(message, name: str) -> bool:
+    """Whether ``message`` sets field ``name`` (False where it has no such field; a repeated
+    or map field is set when it holds anything)."""
     if name not in message.DESCRIPTOR.fields_by_name:
         return False
     try:
@@ -151,11 +153,11 @@ def unused_field_problems(config) -> list[str]:
     problems = []
     for path, message in _messages(config):
         for name, (differs, instead) in _REFUSED.get(message.DESCRIPTOR.name, {}).items():
-            if _is_set(message, name) and differs(getattr(message, name)):
+            if is_set(message, name) and differs(getattr(message, name)):
                 problems.append(f"{path}.{name} is not supported ({instead}); remove it")
     for label, feature, _ in _features(config):
         for name, (differs, instead) in _FEATURE_REFUSED.items():
-            if _is_set(feature, name) and differs(getattr(feature, name)):
+            if is_set(feature, name) and differs(getattr(feature, name)):
                 problems.append(f"{label}: {name} is not supported ({instead}); remove it")
     return problems
 
@@ -163,7 +165,7 @@ def unused_field_problems(config) -> list[str]:
 def _set_off_default(message, name: str) -> bool:
     """Whether ``message`` sets field ``name`` to other than its default."""
     field = message.DESCRIPTOR.fields_by_name.get(name)
-    return _is_set(message, name) and (field.default_value != getattr(message, name)
+    return is_set(message, name) and (field.default_value != getattr(message, name)
                                        or isinstance(field.default_value, list))
 
 
@@ -200,10 +202,10 @@ def ignored_field_notes(config) -> list[str]:
 def _unread_default_notes(feature, label: str, mode: str) -> list[str]:
     """The missing-cell default that input of fg input ``mode`` does not read: FG_NONE
     reads ``fg_encoded_default_value``, raw input and FG_BUCKETIZE ``default_value``."""
-    if mode == ENCODED and _is_set(feature, "default_value"):
+    if mode == ENCODED and is_set(feature, "default_value"):
         return [f"default_value of {label} (the input is encoded: fg_encoded_default_value "
                 f"fills its missing cells)"]
-    if mode != ENCODED and _is_set(feature, "fg_encoded_default_value"):
+    if mode != ENCODED and is_set(feature, "fg_encoded_default_value"):
         why = "the input is raw" if mode == RAW else \
             "FG_BUCKETIZE fills missing cells with default_value"
         return [f"fg_encoded_default_value of {label} ({why})"]

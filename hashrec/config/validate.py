@@ -9,12 +9,18 @@ naming every offending feature or field.
 from __future__ import annotations
 
 from hashrec.config.errors import ConfigError
+from hashrec.config.fg_mode import RAW, fg_input
 from hashrec.config.pipeline_pb2 import EasyRecConfig
 from hashrec.config.unused import unused_field_problems
 
 SUPPORTED_FEATURE_KINDS = ("id_feature", "raw_feature", "combo_feature", "sequence_feature",
                            "sequence_id_feature", "sequence_raw_feature")
 SUPPORTED_SEQUENCE_SUB_KINDS = ("id_feature", "raw_feature")
+# Kinds only a feature generation computes: read from encoded input, refused for raw input
+# (hashrec.features.generated, which the config layer does not import, lists them too;
+# tests/features/test_generated.py keeps the two equal).
+GENERATED_KINDS = ("lookup_feature", "match_feature", "expr_feature", "overlap_feature",
+                   "kv_dot_product", "bool_mask_feature", "combine_feature", "custom_feature")
 SUPPORTED_DATASETS = ("ParquetDataset", "CsvDataset")
 SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optimizer",
                                "rowwise_adagrad_optimizer")
@@ -37,15 +43,25 @@ MULTICLASS_AUC_AVERAGES = ("macro", "weighted")
 def feature_problems(config: EasyRecConfig) -> list[str]:
     """One message per feature config whose kind (or an option of it) is not supported."""
     problems = []
+    raw = fg_input(config.data_config if config.HasField("data_config") else None) == RAW
     for i, fc in enumerate(config.feature_configs):
         kind = fc.WhichOneof("feature")
         if kind is None:
             problems.append(f"feature_configs[{i}] sets no feature kind")
             continue
         sub = getattr(fc, kind)
-        if kind not in SUPPORTED_FEATURE_KINDS:
+        if kind in GENERATED_KINDS and raw:
+            problems.append(f"feature {sub.feature_name!r} (feature_configs[{i}]): {kind} is "
+                            f"computed by a feature generation, which HashRec does not run "
+                            f"for it; read the generation's output, whose column "
+                            f"{sub.feature_name!r} holds it, with data_config.fg_mode "
+                            f"FG_NONE (or FG_BUCKETIZE)")
+            continue
+        if kind not in SUPPORTED_FEATURE_KINDS and kind not in GENERATED_KINDS:
             problems.append(f"feature {sub.feature_name!r} (feature_configs[{i}]): {kind} is not "
-                            f"supported; supported kinds: {', '.join(SUPPORTED_FEATURE_KINDS)}")
+                            f"supported; supported kinds: {', '.join(SUPPORTED_FEATURE_KINDS)}"
+                            f", and under fg_mode FG_NONE or FG_BUCKETIZE "
+                            f"{', '.join(GENERATED_KINDS)}")
             continue
         if kind == "sequence_feature":
             for j, seq_fc in enumerate(sub.features):

@@ -320,7 +320,8 @@ Bucketizer = NumBuckets | HashBuckets | Vocab | DynamicIds
 
 
 def _vocab(cfg, feature: str, default_value: str) -> Vocab:
-    has_default = cfg.HasField("default_bucketize_value")
+    has_default = "default_bucketize_value" in cfg.DESCRIPTOR.fields_by_name and \
+        cfg.HasField("default_bucketize_value")
     if len(cfg.vocab_list):
         tokens = tuple(cfg.vocab_list)
         first = 0 if has_default else 2
@@ -377,7 +378,8 @@ def bucketizer_from_config(cfg, feature: str, required: bool = True,
     fields = cfg.DESCRIPTOR.fields_by_name
     chosen = [name for name in ("hash_bucket_size", "num_buckets", "dynamicemb", "zch")
               if name in fields and cfg.HasField(name)]
-    chosen += [name for name in ("vocab_list", "vocab_dict") if len(getattr(cfg, name))]
+    chosen += [name for name in ("vocab_list", "vocab_dict")
+               if name in fields and len(getattr(cfg, name))]
     if len(chosen) > 1:
         raise ConfigError(f"feature {feature!r}: set only one of {', '.join(chosen)}")
     if not chosen:

@@ -5,8 +5,11 @@ A feature then reads the column named as the feature itself, not its expression'
 ``cate`` reads ``cate``, sub-feature ``f`` of sequence ``s`` reads ``s__f``, and a combo
 feature reads its one crossed column. A cell's values are separated by
 ``fg_encoded_multival_sep`` (chr(3) by default) or are a list cell; a sequence's items by
-its ``sequence_delim``, an item's values by ``fg_encoded_multival_sep`` (an id item reads
-its first value).
+its ``sequence_delim``, an item's values by ``fg_encoded_multival_sep``, or a
+``list<list<>>`` cell's lists are its items. A sequence item holds one value (the
+sequence's value_dim 1): an item of several values, which a generation of value_dim 0
+writes and TorchEasyRec pools into one embedding per item, is an error naming its row, as
+HashRec's sequences carry one id per item (``SEVERAL_VALUES``).
 
 FG_NONE (encoded): every id is an integer and taken as it is: a row of a table of
 num_buckets, hash_bucket_size, vocabulary or boundaries rows (it must lie below that), or
@@ -40,6 +43,13 @@ from hashrec.features.raw_feature import RawFeature
 from hashrec.features.tokens import Bags
 
 DEFAULT_MULTIVAL_SEP = "\x03"
+# Why an encoded sequence item of several values is refused, not read as its first value.
+SEVERAL_VALUES = ("a sequence item holds one value here (value_dim 1, the sequence's "
+                  "default): several values per item are what a feature generation of "
+                  "value_dim 0 writes, and TorchEasyRec pools them into one embedding per "
+                  "item, which HashRec's sequence features do not do; generate the sequence "
+                  "with value_dim 1 (each item's first value), or read it as raw input "
+                  "(fg_mode FG_DAG), where an item is its first value")
 
 
 @dataclass(frozen=True)
@@ -103,7 +113,8 @@ def _encoded_form(feature: Feature, mode: str, default: str, outer: str,
             return IdFeature(feature.name, feature.name, EncodedIds(feature.table.num_rows),
                              feature.table, feature.pooling, outer, default,
                              sequence_length=feature.sequence_length,
-                             sequence_name=feature.sequence_name, value_separator=inner)
+                             sequence_name=feature.sequence_name, value_separator=inner,
+                             several=_several(feature))
         return RawFeature(feature.name, feature.name, feature.value_dim, default, outer,
                           None, tuple(feature.boundaries), feature.table, feature.pooling,
                           feature.sequence_length, feature.sequence_name, inner,
@@ -114,7 +125,12 @@ def _encoded_form(feature: Feature, mode: str, default: str, outer: str,
     bucketizer = EncodedIds(_limit(feature)) if mode == ENCODED else feature.bucketizer
     return IdFeature(feature.name, feature.name, bucketizer, feature.table, feature.pooling,
                      outer, default, feature.weighted, feature.sequence_length,
-                     feature.sequence_name, inner)
+                     feature.sequence_name, inner, _several(feature))
+
+
+def _several(feature: Feature) -> str:
+    """What an encoded sequence item of several values is refused with ("": no sequence)."""
+    return SEVERAL_VALUES if feature.is_sequence else ""
 
 
 def _check_default(feature: Feature, default: str) -> None:

@@ -29,6 +29,7 @@ from hashrec.features.batch import Batch
 from hashrec.features.combo_feature import build_combo_feature
 from hashrec.features.encoded import encoded_column_notes, read_as_generated
 from hashrec.features.errors import FeatureError
+from hashrec.features.generated import GENERATED_KINDS, build_generated_feature
 from hashrec.features.id_feature import IdFeature, build_id_feature
 from hashrec.features.raw_feature import build_raw_feature
 from hashrec.features.sequence_feature import (
@@ -292,6 +293,8 @@ def _build(kind: str, cfg, top_level: dict[str, IdFeature]) -> list[Feature]:
         return [build_combo_feature(cfg)]
     if kind == "sequence_feature":
         return build_sequence_group(cfg, top_level)
+    if kind in GENERATED_KINDS:
+        return [build_generated_feature(kind, cfg)]
     return [build_top_level_sequence(kind, cfg, top_level)]
 
 

@@ -92,12 +92,15 @@ class IdFeature(Feature):
         sequence_name: the sequence it reads items of (see ``Feature``); empty -> ``name``.
         value_separator: of a sequence, what separates the values of one item; an item
             is its first value (``value_dim`` 1).
+        several: of a sequence, why an item of several values cannot be read: such an
+            item is then an error naming its row, not its first value ("": first value).
     """
 
     def __init__(self, name: str, column: str, bucketizer: Bucketizer, table: TableRequest,
                  pooling: str = "sum", separator: str | None = None, default: str = "",
                  weighted: bool = False, sequence_length: int = 0,
-                 sequence_name: str = "", value_separator: str | None = None) -> None:
+                 sequence_name: str = "", value_separator: str | None = None,
+                 several: str = "") -> None:
         self.name = name
         self.columns = (column,)
         self.bucketizer = bucketizer
@@ -111,6 +114,7 @@ class IdFeature(Feature):
         self.sequence_length = sequence_length
         self.sequence_name = (sequence_name or name) if self.is_sequence else ""
         self.value_separator = value_separator
+        self.several = several
 
     def parse(self, table: pa.Table | pa.RecordBatch) -> SparseIds:
         if self.is_sequence:
@@ -124,7 +128,8 @@ class IdFeature(Feature):
     def items(self, table: pa.Table | pa.RecordBatch) -> Bags:
         column = self.columns[0]
         return sequence_items(get_column(table, column, self.name), self.name, column,
-                              self.separator, self.default, self.value_separator)
+                              self.separator, self.default, self.value_separator,
+                              self.several)
 
     def finish(self, items: Bags) -> SparseIds:
         return self._ids(truncate(items, self.sequence_length))
@@ -142,7 +147,8 @@ def table_request(cfg, name: str, num_rows: int | None,
                   bucketizer: Bucketizer | None = None) -> TableRequest:
     """TableRequest of an id-like config (embedding_name or the feature name)."""
     table = cfg.embedding_name if cfg.embedding_name else name
-    dynamicemb = cfg.dynamicemb if cfg.HasField("dynamicemb") else None
+    dynamicemb = cfg.dynamicemb if "dynamicemb" in cfg.DESCRIPTOR.fields_by_name and \
+        cfg.HasField("dynamicemb") else None
     return TableRequest(table, check_dim(cfg.embedding_dim, name), num_rows, dynamicemb,
                         cfg.trainable, getattr(bucketizer, "options", None),
                         init_fn_of(cfg, name), data_type_of(cfg, name))
@@ -181,8 +187,9 @@ def build_sequence_id_feature(cfg, name: str, column: str, sequence_length: int,
                           f"features; remove it")
     if cfg.HasField("value_dim") and cfg.value_dim != 1:
         raise ConfigError(f"feature {name!r}: value_dim {cfg.value_dim} asks for several ids "
-                          f"per sequence item, and multi-value sequence items are not "
-                          f"supported; set value_dim 1 (or leave it unset) to read each "
+                          f"per sequence item, which TorchEasyRec pools into one embedding per "
+                          f"item and HashRec's sequence features, of one id per item, do "
+                          f"not carry; set value_dim 1 (or leave it unset) to read each "
                           f"item's first value")
     if default is None:
         default = sequence_default(cfg, name)

@@ -214,7 +214,7 @@ class RawFeature(Feature):
         return out
 
 
-def _boundaries(values, feature: str) -> tuple[float, ...]:
+def boundaries_of(values, feature: str) -> tuple[float, ...]:
     """The configured boundaries as the decimals written in the config.
 
     The config field is float32, so ``0.1`` arrives as 0.10000000149; compared with
@@ -233,6 +233,24 @@ def _boundaries(values, feature: str) -> tuple[float, ...]:
     return tuple(out)
 
 
+def bucket_table(cfg, name: str, boundaries: tuple[float, ...]) -> TableRequest:
+    """The table of the bucket ids that ``boundaries`` cut feature ``name``'s values into."""
+    return TableRequest(cfg.embedding_name or name, check_dim(cfg.embedding_dim, name),
+                        len(boundaries) + 1, None, cfg.trainable,
+                        initializer=init_fn_of(cfg, name), dtype=data_type_of(cfg, name))
+
+
+def check_no_embedding(cfg, name: str, what: str) -> None:
+    """A feature of dense values (``what``: which) has no embedding: its init_fn or
+    data_type would do nothing, so setting one is a ConfigError."""
+    if cfg.init_fn:
+        raise ConfigError(f"feature {name!r}: init_fn initializes an embedding, and {what} "
+                          f"has none; remove it")
+    if data_type_of(cfg, name) != torch.float32:
+        raise ConfigError(f"feature {name!r}: data_type {cfg.data_type} sets how an "
+                          f"embedding is stored, and {what} has none; remove it")
+
+
 def build_raw_feature(cfg, name: str | None = None, column: str | None = None,
                       sequence_length: int = 0, sequence_delim: str | None = None,
                       sequence_name: str = "") -> RawFeature:
@@ -240,24 +258,15 @@ def build_raw_feature(cfg, name: str | None = None, column: str | None = None,
     ``sequence_feature`` named ``sequence_name``)."""
     name = name or cfg.feature_name
     column = column or column_of(cfg.expression, name)
-    boundaries = _boundaries(cfg.boundaries, name)
+    boundaries = boundaries_of(cfg.boundaries, name)
     if cfg.value_dim < 1:
         raise ConfigError(f"feature {name!r}: value_dim must be >= 1, got {cfg.value_dim}")
     if sequence_length and cfg.value_dim != 1:
         raise ConfigError(f"feature {name!r}: sequence raw features with value_dim > 1 are not "
                           f"supported")
-    table = None
-    if boundaries:
-        table = TableRequest(cfg.embedding_name or name, check_dim(cfg.embedding_dim, name),
-                             len(boundaries) + 1, None, cfg.trainable,
-                             initializer=init_fn_of(cfg, name), dtype=data_type_of(cfg, name))
-    elif cfg.init_fn:
-        raise ConfigError(f"feature {name!r}: init_fn initializes an embedding, and a "
-                          f"raw_feature without boundaries has none; remove it")
-    elif data_type_of(cfg, name) != torch.float32:
-        raise ConfigError(f"feature {name!r}: data_type {cfg.data_type} sets how an "
-                          f"embedding is stored, and a raw_feature without boundaries has "
-                          f"none; remove it")
+    table = bucket_table(cfg, name, boundaries) if boundaries else None
+    if not boundaries:
+        check_no_embedding(cfg, name, "a raw_feature without boundaries")
     normalizer = Normalizer.parse(cfg.normalizer, name) if cfg.normalizer else None
     separator = sequence_delim if sequence_length else cfg.separator
     return RawFeature(name, column, int(cfg.value_dim), cfg.default_value, separator,

@@ -266,14 +266,18 @@ def column_bags(array: pa.Array, feature: str, column: str, separator: str | Non
 
 
 def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
-                   default: str = "", separator: str | None = None) -> Bags:
+                   default: str = "", separator: str | None = None,
+                   several: str = "") -> Bags:
     """Split one sequence column into its items, keeping every position.
 
     A string cell is split on ``delim``; a ``list<>`` cell's entries are its items; any
     other cell is one item. A null or empty cell (an empty list too) is one ``default``
     item when a default is given (as in TorchEasyRec), else it has no items. With
     ``separator``, a string item holding several values (``"4\x1d5"``) is its first value
-    (``"4"``: an id sequence's ``value_dim`` 1). An empty or null item inside a cell stays
+    (``"4"``: an id sequence's ``value_dim`` 1); with ``several`` (why such an item cannot
+    be read), an item of several values is a FeatureError naming its row instead. An item
+    of a ``list<list<>>`` cell is its list, read the same way. An empty or null item inside
+    a cell stays
     in place as a null, or as ``default`` when one is given, so that item i of every
     sub-feature of one sequence still describes the same item: dropping the missing ones
     is for the caller (``keep_items``), together across the sequence.
@@ -296,7 +300,11 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
     else:
         raise FeatureError(f"feature {feature!r}: column {column!r} has type {t}; expected "
                            f"integers, floats, strings or lists of them")
-    if _is_string(values.type):
+    if several:
+        _refuse_several(Bags(values, lengths), separator, feature, column, several)
+    if _is_list(values.type):
+        values = _first_of_lists(values)
+    elif _is_string(values.type):
         values = empty_as_null(first_values(values, separator) if separator else values)
     if default and values.null_count:
         # a missing item takes the default's first value, as a cell's item would
@@ -308,6 +316,48 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
                                f"the items of column {column!r} ({values.type})") from None
         values = pc.fill_null(values, fill)
     return Bags(values, lengths)
+
+
+def _values_per_item(items: pa.Array, separator: str | None) -> np.ndarray:
+    """(n,) int64: how many values each item holds (``list<>`` items: their non-null
+    entries; string items: their non-empty values on ``separator``; others: one)."""
+    if _is_list(items.type):
+        flat = pc.list_flatten(items)
+        owner = pc.list_parent_indices(items).to_numpy(zero_copy_only=False)
+        keep = present(flat)
+        return np.bincount(owner if keep is None else owner[keep], minlength=len(items))
+    if not (_is_string(items.type) and separator and _holds(items, separator)):
+        return np.ones(len(items), dtype=np.int64)
+    split = pc.split_pattern(items, separator)
+    filled = np.diff(string_offsets(pc.list_flatten(split))) != 0
+    owner = np.repeat(np.arange(len(items)), list_lengths(split))
+    return np.bincount(owner[filled], minlength=len(items))
+
+
+def _refuse_several(items: Bags, separator: str | None, feature: str, column: str,
+                    why: str) -> None:
+    """FeatureError naming the row of the first item of ``items`` holding several values."""
+    counts = _values_per_item(items.values, separator)
+    several = np.flatnonzero(counts > 1)
+    if len(several):
+        pos = int(several[0])
+        sep = f" (separated by {separator!r})" if separator and \
+            not _is_list(items.values.type) else ""
+        raise FeatureError(f"feature {feature!r}: column {column!r}", items.row_of(pos),
+                           f"item {items.values[pos].as_py()!r} holds {counts[pos]} "
+                           f"values{sep}; {why}")
+
+
+def _first_of_lists(items: pa.Array) -> pa.Array:
+    """Each ``list<>`` item's first non-null entry; an item without any is null."""
+    flat = pc.list_flatten(items)
+    owner = pc.list_parent_indices(items).to_numpy(zero_copy_only=False)
+    keep = present(flat)
+    at = np.arange(len(flat)) if keep is None else np.flatnonzero(keep)
+    rows, first = np.unique(owner[at], return_index=True)
+    index = np.full(len(items), -1, dtype=np.int64)
+    index[rows] = at[first]
+    return flat.take(pa.array(index, mask=index < 0))
 
 
 def _holds(items: pa.Array, separator: str) -> bool:

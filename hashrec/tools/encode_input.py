@@ -12,8 +12,11 @@ as a parquet column named after the feature (``hashrec.features.encoded`` reads 
 back): a sparse feature's ids as ``list<int64>`` (rows of its table, or keys of a dynamic
 one), a weighted one's as ``list<string>`` of ``id:weight``, a dense raw feature's values
 as ``float32`` (value_dim 1) or ``list<float32>``, a sequence raw feature's items as
-``list<float32>``. The labels, the sample weights (but with ``--no_labels``, for
-prediction input) and ``--reserved_columns`` are copied.
+``list<float32>``. The labels and the sample weights (but with ``--no_labels``, for
+prediction input) are written as numbers, as training read them from the input (a CSV
+file's text too): a class label of a task of several classes as ``int64``, the other
+labels and the sample weights as ``float32``. ``--reserved_columns`` are copied as they
+are.
 Training on the output with ``data_config { fg_mode: FG_NONE dataset_type:
 ParquetDataset }`` learns what training on the raw input does, without generating the
 features every epoch. The features no feature group reads are not written.
@@ -100,6 +103,18 @@ def encoded_columns(batch, feature_set) -> dict[str, pa.Array]:
     return columns
 
 
+def target_columns(batch, feature_set, targets) -> dict[str, pa.Array]:
+    """The labels and sample weights ``targets`` of one parsed block, as the numbers
+    training read (checked: a label in range, a weight finite and >= 0): a class label
+    of a task of several classes as int64, the others as float32."""
+    columns = {}
+    for name in targets:
+        values = batch.labels[name].numpy()
+        columns[name] = pa.array(values.astype(np.int64) if name in feature_set.class_labels
+                                 else values)
+    return columns
+
+
 def encode(config, input_path: str, output_dir: str, reserved: tuple[str, ...] = (),
            rows_per_file: int = 1_000_000, batch_size: int = 8192, overwrite: bool = False,
            quiet: bool = False, labels: bool = True) -> tuple[int, list[str]]:
@@ -125,12 +140,14 @@ def encode(config, input_path: str, output_dir: str, reserved: tuple[str, ...] =
     log = Progress(NAME, quiet)
     stale = tuple(stale_files(output_dir, overwrite, MARKER))
     feature_set, keep, loader = _reader(config, input_path, reserved, labels, batch_size)
+    targets = feature_set.target_columns if labels else []
     prepare_dir(output_dir, stale, log)
     names: list[str] = []
     writer, in_file, rows = None, 0, 0
     try:
         for batch in loader:
             table = pa.table({**encoded_columns(batch, feature_set),
+                              **target_columns(batch, feature_set, targets),
                               **{c: batch.reserved[c] for c in keep}})
             start = 0
             while start < table.num_rows:
@@ -165,7 +182,7 @@ def _reader(config, input_path: str, reserved: tuple[str, ...], labels: bool,
                          f"column the output holds under that name: leave it out of "
                          f"--reserved_columns")
     targets = feature_set.target_columns if labels else []
-    keep = tuple(dict.fromkeys([*targets, *reserved]))
+    keep = tuple(c for c in dict.fromkeys(reserved) if c not in targets)
     loader = create_dataloader(config.data_config, feature_set, input_path,
                                "eval" if labels else "predict", batch_size=batch_size,
                                reserved_columns=keep, num_workers=0)
@@ -192,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "an earlier run wrote (its files are replaced); see --overwrite")
     p.add_argument("--reserved_columns", default="",
                    help="input columns copied as they are, comma-separated (the labels and "
-                        "sample weights are copied always)")
+                        "sample weights are written always, as numbers)")
     p.add_argument("--no_labels", action="store_true",
                    help="the input has no label or sample weight columns (prediction "
                         "input): none are read or written")

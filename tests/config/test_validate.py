@@ -41,6 +41,22 @@ def test_unsupported_features(feature, message):
         validate_pipeline_config(config)
 
 
+def test_generated_kinds_are_accepted_for_encoded_input_only():
+    text = ('model_dir: "m"\nfeature_configs { lookup_feature { feature_name: "lk" '
+            'map: "item:m" key: "user:k" } }\n')
+    for mode in ("FG_NONE", "FG_BUCKETIZE"):
+        validate_pipeline_config(parse_pipeline_config(
+            f"{text}data_config {{ dataset_type: ParquetDataset fg_mode: {mode} }}"))
+    with pytest.raises(ConfigError, match="'lk'.*computed by a feature generation.*FG_NONE"):
+        validate_pipeline_config(parse_pipeline_config(
+            f"{text}data_config {{ dataset_type: ParquetDataset fg_mode: FG_DAG }}"))
+    tokenize = ('model_dir: "m"\ndata_config { dataset_type: ParquetDataset fg_mode: FG_NONE }'
+                '\nfeature_configs { tokenize_feature { feature_name: "tk" expression: "a" } }')
+    with pytest.raises(ConfigError, match="'tk'.*tokenize_feature is not supported.*under "
+                                          "fg_mode FG_NONE.*lookup_feature"):
+        validate_pipeline_config(parse_pipeline_config(tokenize))
+
+
 @pytest.mark.parametrize("text, message", [
     ("model_config { losses { binary_cross_entropy {} } }",
      "model_config sets no model; supported models: dbmtl, deepfm, dlrm, mmoe, multi_tower, "

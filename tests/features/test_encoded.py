@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -134,12 +135,51 @@ SEQUENCE = ('feature_configs { sequence_feature { sequence_name: "s" sequence_le
 def test_sequence_sub_features_read_columns_named_as_themselves(feature_set):
     fs = feature_set(SEQUENCE, NONE)
     assert fs.input_columns == ["s__item", "s__t"]
-    batch = fs.parse(pa.table({"s__item": [f"5{SEP}6;7;8;9", "", "3"],
+    batch = fs.parse(pa.table({"s__item": [f"5{SEP};7;8;9", "", "3"],
                                "s__t": ["1;2;3;4", "", "0.5"]}))
     # items split on the sequence's delimiter, an item's values on the separator
     assert _sparse(batch, "s__item") == ([5, 7, 8, 3], [3, 0, 1])
     assert batch.sequence_dense["s__t"][:, :, 0].tolist() == [[1, 2, 3], [0, 0, 0],
                                                               [0.5, 0, 0]]
+
+
+@pytest.mark.parametrize("mode", [NONE, BUCKETIZE], ids=["none", "bucketize"])
+@pytest.mark.parametrize("cells, item", [
+    (["7", f"5{SEP}6;7"], f"{f'5{SEP}6'!r} holds 2 values (separated by {SEP!r})"),
+    ([[[7]], [[5, 6], [7]]], "[5, 6] holds 2 values;"),
+], ids=["joined-strings", "list-of-lists"])
+def test_a_sequence_item_of_several_values_is_refused(feature_set, mode, cells, item):
+    # before, the item read as its first value: a generation of value_dim 0 wrote values
+    # that TorchEasyRec pools per item, which HashRec's sequences do not carry
+    fs = feature_set(SEQUENCE, mode)
+    with pytest.raises(FeatureError, match=f"'s__item'.*row 1: item {re.escape(item)}.*"
+                                           f"value_dim 0.*TorchEasyRec pools"):
+        fs.parse(pa.table({"s__item": cells, "s__t": ["1", "1;2"]}))
+
+
+def test_list_of_list_items_of_one_value_read_as_that_value(feature_set):
+    fs = feature_set(SEQUENCE, NONE)
+    batch = fs.parse(pa.table({"s__item": [[[5], [None, 7]], [], [[3]]],
+                               "s__t": [[1.0, 2.0], [], [0.5]]}))
+    assert _sparse(batch, "s__item") == ([5, 7, 3], [2, 0, 1])
+
+
+def test_a_bucketized_raw_sequence_item_of_several_values_is_refused(feature_set):
+    seq = ('feature_configs { sequence_raw_feature { feature_name: "ts" expression: '
+           '"user:ts" sequence_length: 4 boundaries: [1, 10] embedding_dim: 4 } }')
+    fs = feature_set(seq, NONE)
+    assert _sparse(fs.parse(pa.table({"ts": ["0;2"]})), "ts") == ([0, 2], [2])
+    with pytest.raises(FeatureError, match=f"'ts'.*row 0: item "
+                                           f"{re.escape(repr(f'1{SEP}2'))} holds 2 values"):
+        fs.parse(pa.table({"ts": [f"1{SEP}2;0"]}))
+
+
+def test_raw_input_reads_a_sequence_item_as_its_first_value(feature_set):
+    # fg_mode FG_DAG: value_dim 1 keeps an item's first value, as TorchEasyRec's
+    # generation does
+    fs = feature_set(SEQUENCE)
+    batch = fs.parse(pa.table({"s__item_id": ["5\x1d6;7"], "s__ts": ["1;2"]}))
+    assert batch.sparse["s__item"].lengths.tolist() == [2]
 
 
 def test_only_raw_input_says_missing_items_read_as_0(feature_set, caplog):

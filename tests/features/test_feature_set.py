@@ -135,7 +135,8 @@ def test_unsupported_feature_kind_is_named():
     config = load_pipeline_config(TAOBAO_CONFIG)
     config = apply_edit_config_json(config, {
         "feature_configs[0]": 'lookup_feature { feature_name: "kv" map: "a" key: "b" }'})
-    with pytest.raises(ConfigError, match="'kv'.*lookup_feature is not supported"):
+    with pytest.raises(ConfigError, match="'kv'.*lookup_feature is computed by a feature "
+                                          "generation.*fg_mode FG_NONE"):
         build_feature_set(config)
 
 

@@ -80,6 +80,20 @@ def test_weighted_dense_and_sequence_features_read_back_the_same(tmp_path):
     _batches_equal(build_feature_set(config).parse(out), raw)
 
 
+def test_sequence_items_of_several_values_read_back_as_raw_input_reads_them(tmp_path):
+    # raw input (value_dim 1) reads an item of several values as its first value; the
+    # output holds that one id per item, which FG_NONE reads (it refuses several)
+    config = parse_pipeline_config(FEATURES)
+    table = _table(6)
+    table = table.set_column(table.schema.get_field_index("s__i"), "s__i",
+                             pa.array(["", "4\x1d9", "5;6\x1d2\x1d3", "7;8;9", "", "1"]))
+    raw = build_feature_set(config).parse(table)
+    assert raw.sparse["s__i"].values.tolist()[:4] == [0, 4, 5, 6]  # "" reads as "0"
+    _, _, out = _encoded(tmp_path, config, table)
+    config.data_config.fg_mode = 1  # FG_NONE
+    _batches_equal(build_feature_set(config).parse(out), raw)
+
+
 def test_the_taobao_example_reads_back_the_same(tmp_path):
     config = load_pipeline_config(TAOBAO_CONFIG)
     config.data_config.dataset_type = 2  # ParquetDataset
@@ -135,6 +149,35 @@ def test_the_command_line_edits_the_config(tmp_path):
                  str(tmp_path / "raw.csv"), "--output_dir", str(tmp_path / "out"), "--quiet",
                  "--edit_config_json", json.dumps(edits)]) == 0
     assert pq.read_table(tmp_path / "out").num_rows == 5
+
+
+def test_csv_labels_and_weights_are_written_as_numbers(tmp_path):
+    # before, a CSV file's label and weight texts were copied as strings
+    config = tmp_path / "pipeline.config"
+    config.write_text(FEATURES)
+    table = _table(5).set_column(5, "clk", pa.array([0.0, 1.0, 0.25, 1.0, 0.0]))
+    pacsv.write_csv(table, tmp_path / "raw.csv")
+    edits = {"data_config.dataset_type": "CsvDataset", "data_config.with_header": True}
+    assert main(["--pipeline_config_path", str(config), "--input_path",
+                 str(tmp_path / "raw.csv"), "--output_dir", str(tmp_path / "out"), "--quiet",
+                 "--reserved_columns", "uid,clk", "--edit_config_json",
+                 json.dumps(edits)]) == 0
+    out = pq.read_table(tmp_path / "out")
+    assert out.schema.field("clk").type == pa.float32()
+    assert out.schema.field("w").type == pa.float32()
+    assert out["clk"].to_pylist() == [0.0, 1.0, 0.25, 1.0, 0.0]
+    assert out["w"].to_pylist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert out["uid"].to_pylist() == [f"u{r}" for r in range(5)]  # reserved: as it is
+
+
+def test_a_class_label_is_written_as_an_integer(tmp_path):
+    text = FEATURES + ('model_config { feature_groups { group_name: "g" feature_names: "q" '
+                       'group_type: DEEP } num_class: 3 losses { softmax_cross_entropy {} } '
+                       'multi_tower { towers { input: "g" mlp { hidden_units: [4] } } } }')
+    table = _table(4).set_column(5, "clk", pa.array(["2", "0", "1", "2"]))
+    _, _, out = _encoded(tmp_path, parse_pipeline_config(text), table)
+    assert out.schema.field("clk").type == pa.int64()
+    assert out["clk"].to_pylist() == [2, 0, 1, 2]
 
 
 def test_a_reserved_column_named_as_a_feature_is_refused(tmp_path):
