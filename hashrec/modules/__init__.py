@@ -1,7 +1,9 @@
 """Small neural-network building blocks: MLP, DIN attention, factorization machine,
-pairwise dot interactions, MaskNet."""
+pairwise dot interactions, MaskNet, cross networks (DCN v1, v2) and CIN (xDeepFM)."""
 
 from hashrec.modules.activation import ACTIVATIONS, Dice, create_activation
+from hashrec.modules.cin import CIN
+from hashrec.modules.cross import Cross, CrossV2
 from hashrec.modules.din import NORMALIZERS, DINAttention, sequence_mask
 from hashrec.modules.fm import FactorizationMachine
 from hashrec.modules.interaction import PairwiseDot
@@ -11,5 +13,5 @@ from hashrec.modules.mlp import MLP, MLPOptions
 __all__ = [
     "ACTIVATIONS", "Dice", "create_activation", "NORMALIZERS", "DINAttention",
     "sequence_mask", "FactorizationMachine", "MLP", "MLPOptions", "PairwiseDot",
-    "MaskBlockOptions", "MaskNet",
+    "MaskBlockOptions", "MaskNet", "CIN", "Cross", "CrossV2",
 ]
