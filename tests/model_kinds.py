@@ -75,6 +75,49 @@ MODELS = {
     dense_mlp { hidden_units: [16, 8] }
     final { hidden_units: [16, 8] }
   }""",
+    # the cross network reads the 41-wide concatenation (five embeddings and price)
+    "dcn_v1": """
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  dcn_v1 {
+    cross_tower { cross_num: 2 }
+    deep_tower { hidden_units: [16, 8] }
+    final_dnn { hidden_units: [8] }
+  }""",
+    # the backbone narrows the input to 16 columns before the rank-4 cross network
+    "dcn_v2": """
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  dcn_v2 {
+    backbone { hidden_units: [16] }
+    cross { cross_num: 2 low_rank: 4 }
+    deep { hidden_units: [16, 8] }
+    final { hidden_units: [8] }
+  }""",
+    # serial blocks, with batch norm in the top MLP (its statistics are exported too)
+    "mask_net": """
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  mask_net {
+    mask_net_module {
+      n_mask_blocks: 2
+      mask_block { reduction_ratio: 0.5 hidden_dim: 16 }
+      top_mlp { hidden_units: [8] use_bn: true }
+      use_parallel: false
+    }
+  }""",
+    # the CIN crosses the four wide embeddings (2 columns each; pid has its wide table alone)
+    "xdeepfm": """
+  feature_groups { group_name: "wide" group_type: WIDE
+    feature_names: ["user_id", "adgroup_id", "cate_id", "pid"] }
+  feature_groups { group_name: "deep" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "price"] }
+  xdeepfm {
+    cin { cin_layer_size: [8, 4] }
+    deep { hidden_units: [16, 8] }
+    final { hidden_units: [8] }
+    wide_embedding_dim: 2
+  }""",
 }
 
 

@@ -26,8 +26,12 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
                                "rowwise_adagrad_optimizer")
 # The models hashrec.models.registry builds (tests/models/test_registry.py keeps the two
 # equal; the config layer must not import the models above it).
-SUPPORTED_MODELS = ("dbmtl", "deepfm", "dlrm", "mmoe", "multi_tower", "multi_tower_din",
-                    "ple", "wide_and_deep")
+SUPPORTED_MODELS = ("dbmtl", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "mask_net", "mmoe",
+                    "multi_tower", "multi_tower_din", "ple", "simple_multi_task",
+                    "wide_and_deep", "xdeepfm")
+# The models whose config lists task_towers (hashrec.models.tasks.MULTI_TASK_MODELS;
+# tests/models/test_registry.py keeps the two equal).
+MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple")
 # The losses hashrec.models.losses computes (tests/config/test_validate.py keeps the two
 # equal).
 SUPPORTED_LOSSES = ("binary_cross_entropy", "binary_focal_loss", "softmax_cross_entropy",
@@ -131,7 +135,7 @@ def _model_problems(model_config) -> list[str]:
         problems.append(f"model_config.{model} is not supported; supported models: "
                         f"{', '.join(SUPPORTED_MODELS)}")
     places = [("model_config", model_config)]
-    if model in ("mmoe", "dbmtl", "ple"):
+    if model in MULTI_TASK_MODELS:
         places += [(f"{model}.task_towers[{i}]", tower)
                    for i, tower in enumerate(getattr(model_config, model).task_towers)]
     for where, config in places:

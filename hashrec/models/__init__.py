@@ -1,17 +1,23 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
-DeepFM, DLRM) and multi-task ones (MMoE, DBMTL, PLE)."""
+DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM) and multi-task ones (SimpleMultiTask,
+MMoE, DBMTL, PLE)."""
 
 from hashrec.models.dbmtl import DBMTL
+from hashrec.models.dcn import DCNV1, DCNV2
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
 from hashrec.models.errors import ModelError
+from hashrec.models.mask_net import MaskNet
 from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
 from hashrec.models.ple import PLE
 from hashrec.models.rank_model import RankModel
 from hashrec.models.registry import MODELS, create_model
+from hashrec.models.simple_multi_task import SimpleMultiTask
 from hashrec.models.wide_and_deep import WideAndDeep
+from hashrec.models.xdeepfm import XDeepFM
 
-__all__ = ["DBMTL", "DLRM", "DeepFM", "MMoE", "ModelError", "MultiTower", "MultiTowerDIN",
-           "PLE", "RankModel", "MODELS", "WideAndDeep", "create_model"]
+__all__ = ["DBMTL", "DCNV1", "DCNV2", "DLRM", "DeepFM", "MMoE", "MaskNet", "ModelError",
+           "MultiTower", "MultiTowerDIN", "PLE", "RankModel", "MODELS", "SimpleMultiTask",
+           "WideAndDeep", "XDeepFM", "create_model"]

@@ -20,9 +20,10 @@ from torch import nn
 
 from hashrec.models.errors import ModelError
 from hashrec.models.group_net import GroupNetModel
+from hashrec.models.mask_net import build_mask_net
 from hashrec.models.mmoe import MMoETask, check_module_name, deep_groups_merged
 from hashrec.models.rank_model import mlp_options, optional_mlp
-from hashrec.modules import MLP, MaskBlockOptions, MaskNet
+from hashrec.modules import MLP, MaskNet
 
 logger = logging.getLogger(__name__)
 
@@ -152,26 +153,10 @@ class DBMTL(GroupNetModel):
 
 def _mask_net(config, width: int) -> tuple[MaskNet | None, int]:
     """The MaskNet of ``config.mask_net`` over ``width`` inputs and its output width, or
-    (None, ``width``) where it is unset.
-
-    Raises:
-        ModelError: n_mask_blocks, hidden_dim or the aggregation width below 1, or an
-            invalid top_mlp.
-    """
+    (None, ``width``) where it is unset (errors: ``build_mask_net``)."""
     if not config.HasField("mask_net"):
         return None, width
-    mask_net = config.mask_net
-    block = mask_net.mask_block
-    top = mlp_options(mask_net.top_mlp, "dbmtl.mask_net.top_mlp") \
-        if mask_net.HasField("top_mlp") else None
-    try:
-        options = MaskBlockOptions(
-            hidden_dim=block.hidden_dim, reduction_ratio=block.reduction_ratio,
-            aggregation_dim=block.aggregation_dim if block.HasField("aggregation_dim")
-            else None)
-        net = MaskNet(width, mask_net.n_mask_blocks, options, top, mask_net.use_parallel)
-    except ValueError as err:
-        raise ModelError(f"dbmtl.mask_net: {err}") from err
+    net = build_mask_net(config.mask_net, width, "dbmtl.mask_net")
     return net, net.output_dim()
 
 

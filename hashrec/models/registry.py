@@ -3,25 +3,34 @@
 from __future__ import annotations
 
 from hashrec.models.dbmtl import DBMTL
+from hashrec.models.dcn import DCNV1, DCNV2
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
 from hashrec.models.errors import ModelError
+from hashrec.models.mask_net import MaskNet
 from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
 from hashrec.models.ple import PLE
 from hashrec.models.rank_model import RankModel
+from hashrec.models.simple_multi_task import SimpleMultiTask
 from hashrec.models.wide_and_deep import WideAndDeep
+from hashrec.models.xdeepfm import XDeepFM
 
 MODELS: dict[str, type[RankModel]] = {
     "dbmtl": DBMTL,
+    "dcn_v1": DCNV1,
+    "dcn_v2": DCNV2,
     "deepfm": DeepFM,
     "dlrm": DLRM,
+    "mask_net": MaskNet,
     "mmoe": MMoE,
     "multi_tower": MultiTower,
     "multi_tower_din": MultiTowerDIN,
     "ple": PLE,
+    "simple_multi_task": SimpleMultiTask,
     "wide_and_deep": WideAndDeep,
+    "xdeepfm": XDeepFM,
 }
 
 

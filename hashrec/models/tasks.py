@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_LOSSES = LOSSES
 # The model_config oneof names of the models whose config lists task_towers.
-MULTI_TASK_MODELS = ("mmoe", "dbmtl", "ple")
+MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple")
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,8 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
         if len(labels) > 1:
             logger.warning("data_config.label_fields %s: the single-task model %s trains on "
                            "the first, %r; the others are read from the input but not used "
-                           "(a multi-task model, mmoe, dbmtl or ple, gives each its task)",
+                           "(a multi-task model, simple_multi_task, mmoe, dbmtl or ple, gives "
+                           "each its task)",
                            labels, kind, labels[0])
         num_class = int(model_config.num_class)
         first, *more = loss_specs(model_config.losses, "model_config", num_class)

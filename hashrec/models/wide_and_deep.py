@@ -124,21 +124,33 @@ class WideAndDeep(GroupNetModel):
 
     def _split_groups(self) -> tuple[list[GroupSpec], list[GroupSpec]]:
         """(the WIDE groups, the DEEP groups of the deep MLP), in config order."""
-        wide, deep = [], []
-        for name, group in self.groups.items():
-            if group.group_type == WIDE:
-                wide.append(group)
-            elif group.group_type == DEEP:
-                if name != self.fm_group_name:
-                    deep.append(group)
-            else:
-                raise ModelError(
-                    f"{self.kind}: feature group {name!r} is {group.group_type}; "
-                    f"{self.kind} reads WIDE groups (the wide logit) and DEEP groups (the "
-                    f"deep MLP)")
-        for groups, group_type, part in ((wide, WIDE, "the wide logit"),
-                                         (deep, DEEP, "the deep MLP's input")):
-            if not groups:
-                raise ModelError(f"{self.kind} needs a {group_type} feature group "
-                                 f"({part}); model_config.feature_groups has none")
-        return wide, deep
+        return split_wide_deep(self.groups, self.kind, skip=self.fm_group_name)
+
+
+def split_wide_deep(groups: dict[str, GroupSpec], kind: str, skip: str = "",
+                    wide_part: str = "the wide logit"
+                    ) -> tuple[list[GroupSpec], list[GroupSpec]]:
+    """(the WIDE groups, the DEEP groups but ``skip``) of a model ``kind`` that reads
+    WIDE groups (``wide_part``, in messages) and DEEP groups (the deep MLP's input), in
+    config order.
+
+    Raises:
+        ModelError: a group of another type, or no WIDE or no DEEP group.
+    """
+    wide, deep = [], []
+    for name, group in groups.items():
+        if group.group_type == WIDE:
+            wide.append(group)
+        elif group.group_type == DEEP:
+            if name != skip:
+                deep.append(group)
+        else:
+            raise ModelError(
+                f"{kind}: feature group {name!r} is {group.group_type}; {kind} reads WIDE "
+                f"groups ({wide_part}) and DEEP groups (the deep MLP)")
+    for found, group_type, part in ((wide, WIDE, wide_part),
+                                    (deep, DEEP, "the deep MLP's input")):
+        if not found:
+            raise ModelError(f"{kind} needs a {group_type} feature group ({part}); "
+                             f"model_config.feature_groups has none")
+    return wide, deep

@@ -59,8 +59,9 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
 
 @pytest.mark.parametrize("text, message", [
     ("model_config { losses { binary_cross_entropy {} } }",
-     "model_config sets no model; supported models: dbmtl, deepfm, dlrm, mmoe, multi_tower, "
-     "multi_tower_din, ple, wide_and_deep$"),
+     "model_config sets no model; supported models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, "
+     "mask_net, mmoe, multi_tower, multi_tower_din, ple, simple_multi_task, wide_and_deep, "
+     "xdeepfm$"),
     ("train_config { sparse_optimizer { lamb_optimizer { lr: 1 } } dense_optimizer { "
      "adam_optimizer { lr: 1 } } }", "lamb_optimizer is not supported"),
     ("data_config { dataset_type: KafkaDataset }", "KafkaDataset is not supported"),
@@ -74,6 +75,8 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
      "task_towers { tower_name: 'ctr' label_name: 'clk' metrics { recall_at_k {} } } } }",
      r"mmoe.task_towers\[0\].metrics\[0\].recall_at_k is not supported: it is a metric of "
      r"TorchEasyRec's match"),
+    ("model_config { simple_multi_task { task_towers { tower_name: 'ctr' label_name: 'clk' "
+     "losses { } } } }", r"simple_multi_task.task_towers\[0\].losses\[0\] sets no loss"),
     ("model_config { multi_tower_din {} metrics { multiclass_auc { average: 'micro' } } }",
      r"model_config.metrics\[0\].multiclass_auc.average='micro'; allowed: macro, weighted"),
     ("model_config { multi_tower_din {} metrics { multiclass_auc { thresholds: 1 } } }",
@@ -85,7 +88,7 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
     ("model_config { multi_tower_din {} metrics { auc { thresholds: 1 } } }",
      r"model_config.metrics\[0\].auc.thresholds=1; allowed: 2 or more \(default 200\)"),
 ], ids=["no-model", "sparse-optimizer", "dataset", "empty-loss", "recall-at-k",
-        "task-recall-at-k", "multiclass-auc-average", "multiclass-auc-thresholds",
+        "task-recall-at-k", "simple-multi-task-empty-loss", "multiclass-auc-average", "multiclass-auc-thresholds",
         "empty-metric", "accuracy-top-k-0", "auc-thresholds"])
 def test_unsupported_fields(text, message):
     config = parse_pipeline_config(f'model_dir: "m"\n{text}')

@@ -1,4 +1,4 @@
-"""Integration: MMoE, DBMTL and PLE with two labels through train_eval, export and predict.
+"""Integration: SimpleMultiTask, MMoE, DBMTL and PLE with two labels through train_eval, export and predict.
 
 Generated Taobao-like data has its second label ``buy`` replaced by a denser one (a
 clicked row under a price bought), so that 300 evaluation rows hold enough of them; the
@@ -82,6 +82,19 @@ model_config {
   }
 }
 """
+# SimpleMultiTask: each tower reads the DEEP group itself.
+SIMPLE = """
+model_config {
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  simple_multi_task {
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [16, 8] }
+                  metrics { auc {} } }
+    task_towers { tower_name: "cvr" label_name: "buy" weight: 0.5 mlp { hidden_units: [8] }
+                  metrics { auc {} } metrics { accuracy {} } }
+  }
+}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +111,8 @@ def data_dir(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("model", [MODEL, DBMTL, DBMTL_MASK_NET, PLE],
-                         ids=["mmoe", "dbmtl", "dbmtl-mask-net", "ple"])
+@pytest.mark.parametrize("model", [MODEL, DBMTL, DBMTL_MASK_NET, PLE, SIMPLE],
+                         ids=["mmoe", "dbmtl", "dbmtl-mask-net", "ple", "simple-multi-task"])
 def test_trains_evaluates_exports_and_predicts(data_dir, tmp_path, model):
     text = (f'train_input_path: "{data_dir}/train"\neval_input_path: "{data_dir}/eval"\n'
             f'model_dir: "{tmp_path}/model"\n{FEATURES}{model}')

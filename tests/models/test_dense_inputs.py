@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import pytest
 import test_dbmtl
+import test_dcn
 import test_deepfm
 import test_dlrm
+import test_mask_net
 import test_mmoe
 import test_multi_tower
 import test_ple
+import test_simple_multi_task
 import test_wide_and_deep
+import test_xdeepfm
 import torch
 from host_reads import HostReads
 from model_fakes import MODEL_CONFIG, fake_model, make_batch
@@ -32,12 +36,19 @@ KINDS = {
     "dbmtl-mask-net-serial": (test_dbmtl.MASK_NET_SERIAL, ()),
     "ple": (test_ple.CONFIG, ()),
     "ple-no-shared": (test_ple.NO_SHARED, ()),
+    "dcn_v1": (test_dcn.V1, ()),
+    "dcn_v2": (test_dcn.V2, ()),
+    "dcn_v2-cross-only": (test_dcn.V2_BARE, ()),
+    "mask_net": (test_mask_net.CONFIG, ()),
+    "mask_net-serial": (test_mask_net.SERIAL, ()),
+    "xdeepfm": (test_xdeepfm.CONFIG, test_xdeepfm.WIDE),
+    "simple_multi_task": (test_simple_multi_task.CONFIG, ()),
 }
 # The label fields of the models that read more than ``clk``.
 LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,
           "dbmtl-experts": test_dbmtl.LABELS, "dbmtl-mask-net": test_dbmtl.LABELS,
           "dbmtl-mask-net-serial": test_dbmtl.LABELS, "ple": test_ple.LABELS,
-          "ple-no-shared": test_ple.LABELS}
+          "ple-no-shared": test_ple.LABELS, "simple_multi_task": test_simple_multi_task.LABELS}
 
 
 def all_logits(model, batch) -> torch.Tensor:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from hashrec.config.validate import MULTI_TASK_MODELS as VALIDATED_MULTI_TASK
 from hashrec.config.validate import SUPPORTED_MODELS
 from hashrec.models.registry import MODELS
+from hashrec.models.tasks import MULTI_TASK_MODELS
 
 
 def test_validator_accepts_exactly_the_registered_models():
     assert SUPPORTED_MODELS == tuple(MODELS)
+
+
+def test_validator_and_tasks_name_the_same_multi_task_models():
+    assert VALIDATED_MULTI_TASK == MULTI_TASK_MODELS

@@ -142,6 +142,19 @@ model_config {
   }
 }
 """
+# SimpleMultiTask: a classifier and a regression tower over the DEEP group, row weights.
+SIMPLE = """
+model_config {
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  simple_multi_task {
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [16, 8] }
+                  sample_weight_name: "w" }
+    task_towers { tower_name: "score" label_name: "score" weight: 0.5
+                  mlp { hidden_units: [8] } losses { l2_loss {} } }
+  }
+}
+"""
 
 
 def _mmoe(towers: str) -> str:
@@ -175,8 +188,9 @@ SEVERAL = _mmoe("""    task_towers { tower_name: "ctr" label_name: "clk" sample_
                   losses { jrc_loss { session_name: "user_id" } } }""")
 
 
-@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE, CLASSES, SEVERAL],
-                         ids=["mmoe", "dbmtl", "ple", "classes", "several-losses"])
+@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE, SIMPLE, CLASSES, SEVERAL],
+                         ids=["mmoe", "dbmtl", "ple", "simple-multi-task", "classes",
+                              "several-losses"])
 def test_multi_task_model_trains_graphed_like_eager(tmp_path, model):
     # (B, logits) logits, labels and row weights (sample weights; MMoE's score task also
     # in the click space), an l2_loss task weighted 0.5, towers of classes, through the

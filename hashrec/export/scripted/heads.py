@@ -18,7 +18,21 @@ import torch
 from torch import nn
 
 from hashrec.export.errors import ExportError
-from hashrec.models import DBMTL, DLRM, PLE, DeepFM, MMoE, MultiTower, MultiTowerDIN, WideAndDeep
+from hashrec.models import (
+    DBMTL,
+    DCNV1,
+    DCNV2,
+    DLRM,
+    PLE,
+    DeepFM,
+    MaskNet,
+    MMoE,
+    MultiTower,
+    MultiTowerDIN,
+    SimpleMultiTask,
+    WideAndDeep,
+    XDeepFM,
+)
 from hashrec.models.feature_groups import GroupSpec
 from hashrec.models.group_net import GroupNetModel
 
@@ -164,13 +178,16 @@ class GroupsHead(nn.Module):
 
 
 def groups_head(model: GroupNetModel) -> GroupsHead:
-    """WideAndDeep's, DeepFM's, DLRM's, MMoE's, DBMTL's and PLE's dense network."""
+    """The dense network of the models that read whole feature groups
+    (``GroupNetModel``: WideAndDeep, DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM,
+    SimpleMultiTask, MMoE, DBMTL, PLE)."""
     return GroupsHead(model.input_groups, model.net)
 
 
 HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head,
          WideAndDeep: groups_head, DeepFM: groups_head, DLRM: groups_head, MMoE: groups_head,
-         DBMTL: groups_head, PLE: groups_head}
+         DBMTL: groups_head, PLE: groups_head, DCNV1: groups_head, DCNV2: groups_head,
+         MaskNet: groups_head, XDeepFM: groups_head, SimpleMultiTask: groups_head}
 
 
 def dense_head(model: nn.Module) -> nn.Module:
