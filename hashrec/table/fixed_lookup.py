@@ -49,11 +49,11 @@ from hashrec.table.ops.dispatch import backend
 from hashrec.table.ops.find import find_slots
 from hashrec.table.ops.insert import reference as insert_reference
 from hashrec.table.options import CheckMode, InitializerArgs, ScoreStrategy, StorageMode
+from hashrec.table.storage import PROTECTED
 
 if TYPE_CHECKING:
     from hashrec.table.ops.dedup import FixedUnique
 
-PROTECTED = torch.iinfo(torch.int64).max
 
 
 def _no_seed() -> int:
@@ -446,12 +446,12 @@ class FixedSizeLookup:
             if left == 0:
                 self._unprotect(earlier, slots, scores)
                 return slots, placed, 0, None
-            self._rehash(self._next_bucket_count())
-            slots = torch.where(hit | placed, find_slots(self.storage, keys, tags), slots)
-            # The keys placed so far are not evicted by the rounds after the growth (as
-            # the call's hits are not); a growth reads back on the host already.
+            # The keys placed so far are not evicted by the growth or the rounds after it
+            # (as the call's hits are not); a growth reads back on the host already.
             earlier = placed
             self.storage.scores[slots[earlier]] = PROTECTED
+            self._rehash(self._next_bucket_count())
+            slots = torch.where(hit | placed, find_slots(self.storage, keys, tags), slots)
 
     def _unprotect(self, earlier: torch.Tensor | None, slots: torch.Tensor,
                    scores: torch.Tensor) -> None:

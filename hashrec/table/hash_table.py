@@ -6,12 +6,12 @@ scores are the table's step at the last access, TIMESTAMP the wall clock in
 microseconds, LFU the access count, CUSTOMIZED the caller's score; NO_EVICTION
 scores like STEP but refuses instead of evicting.
 
-Capacity starts near ``init_capacity`` and grows (rehashing, losing nothing) when
+Capacity starts at ``init_capacity`` and grows (rehashing, losing nothing) when
 the load factor would pass ``max_load_factor`` or a bucket overflows, up to
-``max_capacity``; only then do inserts evict. Growth doubles the bucket count, or
-multiplies it by the smallest factor left of max_capacity's bucket count where that
-is odd (``TableOptions.init_capacity``). Rows are ``[embedding | optimizer
-state]``. Where rows live follows ``options.storage_mode`` (see
+``max_capacity``; only then do inserts evict. Growth doubles the bucket count, the
+last growth going to max_capacity's exactly (where that is no multiple of the count,
+crowded buckets evict as inserts at max_capacity do: ``hashrec.table.capacity``). Rows are
+``[embedding | optimizer state]``. Where rows live follows ``options.storage_mode`` (see
 ``hashrec.table.tiers``): HBM_ONLY keeps them on ``options.device``; HYBRID
 splits them by bucket between the device and pinned host memory; CACHING keeps
 all of them in host memory and the hot ones in a device cache. The index stays
@@ -29,14 +29,14 @@ from typing import NamedTuple
 import torch
 
 from hashrec.table.admission import AdmissionCounter
-from hashrec.table.capacity import initial_buckets, note_init_capacity_unmet
+from hashrec.table.capacity import initial_buckets
 from hashrec.table.errors import TableError
-from hashrec.table.fixed_lookup import PROTECTED as _PROTECTED
 from hashrec.table.fixed_lookup import FixedSizeLookup
 from hashrec.table.initializers import initial_values
 from hashrec.table.ops.erase import erase_slots
 from hashrec.table.ops.find import find_slots
 from hashrec.table.options import InitializerArgs, InitializerMode, ScoreStrategy, TableOptions
+from hashrec.table.storage import PROTECTED as _PROTECTED
 from hashrec.table.storage import TableStorage
 from hashrec.table.table_growth import TableGrowth
 from hashrec.table.table_growth import take as _take
@@ -91,7 +91,6 @@ class HashTable(FixedSizeLookup, TableGrowth, TableState, TableRefusals, TableRe
         self.device = build_device(options)
         self.step = 0
         initial, self._max_buckets = initial_buckets(options)
-        note_init_capacity_unmet(options, initial)
         self.version = 0  # bumped by growth, which moves every slot (LookupResult.version)
         self.storage = TableStorage.empty(initial, options.bucket_capacity,
                                           index_row_dim(options), options.dtype, self.device)

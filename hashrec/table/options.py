@@ -237,11 +237,9 @@ class TableOptions:
         max_capacity: most entries the table holds, over all ranks when sharded; rounded up
             to whole buckets.
         init_capacity: entries allocated at start, per rank (None -> the rank's share of
-            max_capacity). Rounded up to the smallest divisor of max_capacity's bucket count
-            that holds it; growth then doubles, or multiplies by the smallest factor left where
-            the count is odd, up to that bucket count exactly (max_capacity 10,000,000 = 78,125
-            buckets of 128 with init_capacity 1,000,000 starts at 2,000,000 slots and grows 5x
-            once). An INFO log line says when this allocates more than twice init_capacity.
+            max_capacity). Rounded up to whole buckets (max_capacity's count where that
+            leaves less than 1.5x to grow); growth then doubles, the last growth going to
+            max_capacity's bucket count exactly, 1.5x to 3x (``hashrec.table.capacity``).
         bucket_capacity: slots per bucket; a key lives only in its bucket.
         score_strategy: STEP | TIMESTAMP | LFU | CUSTOMIZED | NO_EVICTION (CUSTOMIZED: the
             caller passes every lookup's scores, so a pipeline config cannot name it).

@@ -25,6 +25,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+# The score of entries an insert must not evict (the call's hits, and its keys placed
+# before a growth) while the call runs: the largest int64.
+PROTECTED = torch.iinfo(torch.int64).max
+
 
 @dataclass
 class TableStorage:

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import torch
 
 from hashrec.table.errors import TableError
-from hashrec.table.fixed_lookup import PROTECTED as _PROTECTED
 from hashrec.table.ops.export import occupied_slots
 from hashrec.table.placement import place_at
+from hashrec.table.storage import PROTECTED as _PROTECTED
 from hashrec.table.unique import unique_pairs
 from hashrec.table.validation import check_matrix, check_vector
 

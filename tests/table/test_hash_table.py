@@ -399,9 +399,10 @@ def test_load_state_last_duplicate_wins_across_tags():
 
 
 @pytest.mark.parametrize("max_capacity, init, start", [
-    (10_000_000, 1_000_000, 2_000_000), (8192, 256, 256), (1536, 200, 256), (1280, 128, 128)],
-    ids=["decimal-10m", "pow2", "three-times-pow2", "five-times-pow2"])
-def test_init_capacity_starts_near_init_and_grows_to_max(max_capacity, init, start):
+    (10_000_000, 1_000_000, 1_000_064), (8192, 256, 256), (1536, 200, 256), (1280, 128, 128),
+    (128_000, 100_000, 128_000), (1270 * 128, 100 * 128, 100 * 128)],
+    ids=["decimal-10m", "pow2", "three-times-pow2", "five-times-pow2", "near-max", "prime"])
+def test_init_capacity_starts_at_init_and_doubles_to_max(max_capacity, init, start):
     from hashrec.table.capacity import initial_buckets, next_buckets
 
     opts = TableOptions(dim=1, max_capacity=max_capacity, init_capacity=init)
@@ -410,31 +411,25 @@ def test_init_capacity_starts_near_init_and_grows_to_max(max_capacity, init, sta
     counts = [initial]
     while counts[-1] < max_buckets:
         counts.append(next_buckets(counts[-1], max_buckets))
-        assert counts[-1] % counts[-2] == 0  # rehash needs a multiple
     assert counts[-1] == max_buckets
+    steps = [b / a for a, b in zip(counts, counts[1:])]
+    assert all(step == 2 for step in steps[:-1])  # doublings, then one last growth
+    assert not steps or 1.5 <= steps[-1] <= 3
 
 
 def test_growth_of_a_decimal_max_capacity_keeps_every_entry():
     table = HashTable(TableOptions(dim=2, max_capacity=2000, init_capacity=200,
                                    bucket_capacity=20, check_mode="ERROR"))
-    keys = torch.randint(INT64_MIN, INT64_MAX, (360,), generator=torch.Generator().manual_seed(3))
-    values = torch.randn(360, 2)
+    keys = torch.randint(INT64_MIN, INT64_MAX, (720,), generator=torch.Generator().manual_seed(3))
+    values = torch.randn(720, 2)
     capacities = [table.capacity()]
-    for start in range(0, 360, 60):
+    for start in range(0, 720, 60):
         table.insert_or_assign(keys[start:start + 60], values[start:start + 60])
         capacities.append(table.capacity())
-    assert sorted(set(capacities)) == [200, 400, 2000]  # 10 buckets, x2, then x5
+    assert sorted(set(capacities)) == [200, 400, 800, 2000]  # 10 buckets, x2, x2, then 2.5x
     assert table.stats()["evictions"] == 0
     found_values, founds = table.find(keys)
     assert bool(founds.all()) and torch.equal(found_values, values)
-
-
-def test_init_capacity_far_from_any_divisor_is_logged(caplog):
-    with caplog.at_level(logging.INFO):
-        table = HashTable(TableOptions(dim=1, max_capacity=1270, init_capacity=100,
-                                       bucket_capacity=10, name="prime"))
-    assert table.capacity() == 1270  # 127 buckets: prime
-    assert "'prime': init_capacity=100 allocates 1270 slots" in caplog.text
 
 
 def test_values_that_require_grad_are_copied_in_detached():

@@ -31,16 +31,3 @@ def test_a_restore_growing_to_the_saved_size_logs_no_growth(caplog):
         assert table.grow_to(8)  # what a restore does before loading rows
         table.grow_past_max_capacity()  # an export keeping every row (logs its own line)
     assert table.capacity() == 2048 and caplog.messages == []
-
-
-def test_a_growth_by_more_than_twice_says_why(caplog):
-    # max_capacity 64 * 15 slots: 15 buckets, so 3 grow to 15 (x5) at once
-    table = HashTable(TableOptions(dim=2, max_capacity=64 * 15, init_capacity=3 * 64,
-                                   bucket_capacity=64, name="deep"))
-    assert table.capacity() == 3 * 64
-    with caplog.at_level(logging.INFO, logger="hashrec.table.hash_table"):
-        table.find_or_insert(torch.arange(200))
-    assert caplog.messages == [
-        "table 'deep' grew from 192 to 960 slots (max_capacity 960); x5 at once: "
-        "max_capacity's 15 buckets of 64 have no smaller multiple of 3. A max_capacity (of a "
-        "fused storage: its tables' sum) of 192 * 2**k slots grows by doubling"]

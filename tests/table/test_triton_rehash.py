@@ -104,10 +104,17 @@ def test_rehash_of_an_empty_storage(tagged):
 
 
 @pytest.mark.parametrize("op", [rehash_ref.rehash, rehash_tt.rehash], ids=["reference", "triton"])
-def test_rehash_to_a_count_that_is_not_a_multiple_is_refused(op):
+def test_rehash_to_fewer_buckets_is_refused(op):
     old, _, _ = filled(4, 8, 12, seed=3)
-    with pytest.raises(ValueError, match="must be a multiple of the storage's 4"):
-        op(old, 6)
+    with pytest.raises(ValueError, match="needs at least the storage's 4"):
+        op(old, 3)
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+def test_rehash_to_a_count_that_is_not_a_multiple_equals_the_reference(tagged):
+    old, _, _ = filled(4, 16, 40, seed=6, tagged=tagged, row_dim=3)
+    assert_same_storage(rehash_tt.rehash(clone_with_flag(old), 7),
+                        rehash_ref.rehash(clone_with_flag(old), 7))
 
 
 def test_rehash_of_bucket_widths_the_tile_cannot_take_equals_the_reference():

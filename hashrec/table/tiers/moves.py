@@ -12,9 +12,13 @@ MOVE_CHUNK = 1 << 16
 
 
 def rehash_moves(old: TableStorage, new: TableStorage) -> tuple[torch.Tensor, torch.Tensor]:
-    """(old slots (k,), new slots (k,)) of every entry carried from ``old`` to ``new``."""
+    """(old slots (k,), new slots (k,)) of every entry carried from ``old`` to ``new``
+    (not those a last growth dropped from crowded buckets)."""
     before = occupied_slots(old, 0, old.capacity)
     after = find_slots(new, old.keys[before], old.tags[before])
+    if new.num_buckets % old.num_buckets:
+        kept = after >= 0
+        before, after = before[kept], after[kept]
     return before, after
 
 

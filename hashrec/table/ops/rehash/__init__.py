@@ -8,7 +8,9 @@ from hashrec.table.storage import TableStorage
 
 
 def rehash(storage: TableStorage, num_buckets: int) -> TableStorage:
-    """A storage with ``num_buckets`` buckets holding every entry of ``storage``."""
+    """A storage with ``num_buckets`` buckets (at least ``storage``'s) holding its entries:
+    every one where the count is a multiple, else each new bucket's highest-scored ones
+    that fit (see ``reference``)."""
     return backend(__name__, reference, storage.device).rehash(storage, num_buckets)
 
 

@@ -1,10 +1,11 @@
 """Triton rehash: one program per old bucket splits its entries over the new buckets.
 
-The new bucket count is a multiple of the old one, so each new bucket receives the
-entries of one old bucket only (``reference.py``) and the old buckets split
-independently: no probing, no atomics, no sort. An entry's slot in its new bucket is
-its rank among the old bucket's entries sent there, in old slot order, as in the
-reference; the rows move in the same program.
+Where the new bucket count is a multiple of the old one (a split), each new bucket
+receives the entries of one old bucket only (``reference.py``) and the old buckets split
+independently: no probing, no atomics, no sort. An entry's slot in its new bucket is its
+rank among the old bucket's entries sent there, in old slot order, as in the reference;
+the rows move in the same program. Other growths (a table's last, to a max_capacity
+whose bucket count is no multiple) run the reference's torch ops.
 """
 
 from __future__ import annotations
@@ -68,10 +69,12 @@ def _split_kernel(o_keys, o_tags, o_digests, o_scores, o_values,
 
 
 def rehash(storage: TableStorage, num_buckets: int) -> TableStorage:
-    """Returns a storage with ``num_buckets`` buckets (a multiple of the old count)
-    holding every entry of ``storage``, slot for slot as the reference places them."""
+    """Returns a storage with ``num_buckets`` buckets (at least the old count) holding
+    the entries of ``storage``, slot for slot as the reference places them."""
     cap = storage.bucket_capacity
-    reference.check_multiple(storage, num_buckets)
+    reference.check_growth(storage, num_buckets)
+    if num_buckets % storage.num_buckets:
+        return reference.rehash(storage, num_buckets)  # a last growth: not a split
     if next_pow2(cap) != cap or not storage.values.is_contiguous():
         return reference.rehash(storage, num_buckets)  # bucket widths the tile cannot take
     grown = TableStorage.empty(num_buckets, cap, storage.row_dim, storage.values.dtype,
