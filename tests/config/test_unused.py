@@ -51,7 +51,7 @@ def example_with(text: str):
     ("model_config { variational_dropout { regularization_lambda: 0.01 } }",
      "model_config.variational_dropout is not supported.*dropout_ratio"),
     ('model_config { feature_groups { group_name: "g" sequence_encoders { din_encoder { '
-     'input: "seq" attn_mlp { hidden_units: 8 } } } sequence_encoders { pooling_encoder { '
+     'attn_mlp { hidden_units: 8 } } } sequence_encoders { pooling_encoder { '
      'input: "seq" } } } }',
      r"feature_groups\[\d+\] \('g'\).sequence_encoders \(din_encoder, pooling_encoder\) is "
      r"not supported.*din_towers"),
