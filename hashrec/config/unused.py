@@ -12,10 +12,22 @@ from __future__ import annotations
 
 from hashrec.config.fg_mode import ENCODED, RAW, fg_input, fg_input_setting
 
+_NO_EVENT_TIME = ("its input is files, whose rows carry no event time: save_checkpoints_steps "
+                  "or save_checkpoints_epochs set when checkpoints are saved")
+_NO_TRAIN_METRICS = ("training reports the loss in the progress line and TensorBoard; "
+                     "the metrics are computed on eval_input_path at each checkpoint: "
+                     "list them under metrics")
 # Per message: field -> (what counts as set to something HashRec does not do, why).
 _REFUSED = {
     "TrainConfig": {
         "gradient_accumulation_steps": (lambda v: v > 1, "each step applies its own gradients"),
+        "save_checkpoints_timestamp_interval": (lambda v: v > 0, _NO_EVENT_TIME),
+        "save_checkpoints_timestamps": (bool, _NO_EVENT_TIME),
+        "delta_embedding_dump_config": (
+            lambda v: True, "HashRec's dumps of changed rows are train_config."
+            "incremental_dump_steps: every N steps <model_dir>/incremental/dump-<step> holds "
+            "the dynamic tables' rows changed and keys evicted since the previous dump, applied "
+            "with python -m hashrec.tools.apply_delta; set that instead"),
     },
     "FeatureGroupConfig": {
         "sequence_groups": (bool, "sequences are grouped by their feature group"),
@@ -25,7 +37,13 @@ _REFUSED = {
     "ModelConfig": {
         "use_pareto_loss_weight": (bool, "the task losses are summed, each times its task "
                                    "tower's weight: set weight on the task towers instead"),
+        "train_metrics": (bool, _NO_TRAIN_METRICS),
+        "variational_dropout": (lambda v: True, "a feature group's embeddings reach the "
+                                "towers without learned dropout; set dropout_ratio on the "
+                                "MLPs instead"),
     },
+    "TaskTower": {"train_metrics": (bool, _NO_TRAIN_METRICS)},
+    "BayesTaskTower": {"train_metrics": (bool, _NO_TRAIN_METRICS)},
     "DataConfig": {
         "sample_mask_prob": (lambda v: v > 0, "no samples are masked"),
         "negative_sample_mask_prob": (lambda v: v > 0, "there is no negative sampling"),
@@ -63,7 +81,11 @@ _FEATURE_REFUSED = {
 _IGNORED = {
     # global_embedding_constraints: HashRec's planner shards dynamic tables row-wise and
     # keeps the others whole on every rank, whatever the constraints.
-    "TrainConfig": ("is_profiling", "tensorboard_summaries", "global_embedding_constraints"),
+    # save_checkpoints_timestamp_quorum: of the timestamp checkpoints, refused above.
+    "TrainConfig": ("is_profiling", "tensorboard_summaries", "global_embedding_constraints",
+                    "save_checkpoints_timestamp_quorum"),
+    # The decay of TorchEasyRec's training metrics; evaluation metrics are not decayed.
+    "MetricConfig": ("step_decay_rate",),
     # HashRec's loader turns the input columns into features itself: it runs no threads
     # of a feature generation; it reads local files (no ODPS settings), in order, and has
     # no negative samplers' data groups.
@@ -126,8 +148,22 @@ def _messages(config):
         if fc.WhichOneof("feature") == "sequence_feature":
             yield f"feature_configs[{i}].sequence_feature", fc.sequence_feature
     if config.HasField("model_config"):
-        for i, group in enumerate(config.model_config.feature_groups):
+        model_config = config.model_config
+        for i, group in enumerate(model_config.feature_groups):
             yield f"model_config.feature_groups[{i}]", group
+        yield from _metric_messages("model_config", model_config)
+        model = model_config.WhichOneof("model")
+        if model and "task_towers" in getattr(model_config, model).DESCRIPTOR.fields_by_name:
+            for i, tower in enumerate(getattr(model_config, model).task_towers):
+                where = f"model_config.{model}.task_towers[{i}]"
+                yield where, tower
+                yield from _metric_messages(where, tower)
+
+
+def _metric_messages(where: str, holder):
+    """(path, metric config) of ``holder``'s metrics."""
+    for i, metric in enumerate(holder.metrics):
+        yield f"{where}.metrics[{i}]", metric
 
 
 def _features(config):
@@ -155,10 +191,28 @@ def unused_field_problems(config) -> list[str]:
         for name, (differs, instead) in _REFUSED.get(message.DESCRIPTOR.name, {}).items():
             if is_set(message, name) and differs(getattr(message, name)):
                 problems.append(f"{path}.{name} is not supported ({instead}); remove it")
+    problems += _sequence_encoder_problems(config)
     for label, feature, _ in _features(config):
         for name, (differs, instead) in _FEATURE_REFUSED.items():
             if is_set(feature, name) and differs(getattr(feature, name)):
                 problems.append(f"{label}: {name} is not supported ({instead}); remove it")
+    return problems
+
+
+def _sequence_encoder_problems(config) -> list[str]:
+    """One message per feature group listing sequence_encoders, naming the encoders."""
+    problems = []
+    groups = config.model_config.feature_groups if config.HasField("model_config") else ()
+    for i, group in enumerate(groups):
+        kinds = [encoder.WhichOneof("seq_module") or "an empty entry"
+                 for encoder in group.sequence_encoders]
+        if kinds:
+            problems.append(
+                f"model_config.feature_groups[{i}] ({group.group_name!r}).sequence_encoders "
+                f"({', '.join(kinds)}) is not supported: HashRec's target attention over a "
+                f"sequence is multi_tower_din's din_towers, each reading a SEQUENCE feature "
+                f"group (a DIN encoder's attn_mlp there); remove the encoders and give the "
+                f"sequences a SEQUENCE group read by a din_tower")
     return problems
 
 

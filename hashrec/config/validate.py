@@ -39,7 +39,7 @@ SUPPORTED_LOSSES = ("binary_cross_entropy", "binary_focal_loss", "softmax_cross_
 # The metrics hashrec.train.metrics builds (tests/config/test_validate.py keeps the two
 # equal).
 SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_error",
-                     "grouped_auc", "multiclass_auc")
+                     "grouped_auc", "multiclass_auc", "xauc", "grouped_xauc")
 # multiclass_auc's averages (TorchEasyRec documents these two).
 MULTICLASS_AUC_AVERAGES = ("macro", "weighted")
 
@@ -92,7 +92,11 @@ def _option_problems(name: str, sub) -> list[str]:
                         f"vocab_dict")
     for dense_emb in ("autodis", "mlp"):
         if dense_emb in fields and sub.HasField(dense_emb):
-            problems.append(f"feature {name!r}: {dense_emb} dense embedding is not supported")
+            problems.append(f"feature {name!r}: the {dense_emb} embedding of a raw value is not "
+                            f"supported (HashRec embeds a raw value through boundaries: "
+                            f"bucketized into len(boundaries) + 1 ids of an embedding_dim "
+                            f"table); remove {dense_emb}, and set boundaries to embed the "
+                            f"value or leave them out to feed it to the towers as it is")
     return problems
 
 
@@ -184,6 +188,12 @@ def _metric_problems(where: str, metric) -> list[str]:
                 f"{', '.join(MULTICLASS_AUC_AVERAGES)}"]
     if kind == "accuracy" and options.top_k < 1:
         return [f"{where}.accuracy.top_k={options.top_k}; allowed: 1 or more (default 1)"]
+    if kind == "xauc" and not 0 < options.sample_ratio <= 1:
+        return [f"{where}.xauc.sample_ratio={options.sample_ratio:g}; allowed: above 0, at "
+                f"most 1 (default 0.001; or set max_pairs)"]
+    if kind == "grouped_xauc" and options.max_pairs_per_group < 1:
+        return [f"{where}.grouped_xauc.max_pairs_per_group={options.max_pairs_per_group}; "
+                f"allowed: 1 or more (default 100)"]
     return []
 
 

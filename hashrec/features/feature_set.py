@@ -381,12 +381,13 @@ def _read_features(model_config, keep: Iterable[str]) -> frozenset[str] | None:
 
 
 def _label_keys(model_config) -> set[str]:
-    """The features the grouped_auc metrics group rows by and those the jrc_loss losses
-    read sessions from (a multi-task model's metrics and losses are its task towers')."""
+    """The features the grouped_auc and grouped_xauc metrics group rows by and those the
+    jrc_loss losses read sessions from (a multi-task model's metrics and losses are its task
+    towers')."""
     towers = _task_towers(model_config)
     holders = [model_config] if towers is None else list(towers)
-    keys = {m.grouped_auc.grouping_key for h in holders for m in h.metrics
-            if m.WhichOneof("metric") == "grouped_auc"}
+    keys = {getattr(m, m.WhichOneof("metric")).grouping_key for h in holders
+            for m in h.metrics if m.WhichOneof("metric") in ("grouped_auc", "grouped_xauc")}
     return keys | {loss.jrc_loss.session_name for h in holders for loss in h.losses
                    if loss.WhichOneof("loss") == "jrc_loss"}
 

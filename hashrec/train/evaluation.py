@@ -46,6 +46,7 @@ from hashrec.train.metrics import (
     grouping_ids,
 )
 from hashrec.train.progress import duration
+from hashrec.train.xauc import XAUC, GroupedXAUC
 
 logger = logging.getLogger("hashrec.train")
 
@@ -219,12 +220,12 @@ def _log_ids_found(session, step: int, before: dict[str, float]) -> None:
 
 def _update_metrics(metrics, predictions: dict, batch) -> None:
     """Adds a batch to each (task, metric): the task's prediction against its label (the
-    AUCs of one probability a row read a two-class task's ``probs1``)."""
+    AUCs and XAUCs of one probability a row read a two-class task's ``probs1``)."""
     for task, metric in metrics:
         labels = batch.labels[task.label_name]
-        if isinstance(metric, GroupedAUC):
+        if isinstance(metric, (GroupedAUC, GroupedXAUC)):
             metric.update(predictions[task.positive_probs], labels, grouping_ids(batch, metric))
-        elif isinstance(metric, BinnedAUC):
+        elif isinstance(metric, (BinnedAUC, XAUC)):
             metric.update(predictions[task.positive_probs], labels)
         else:
             metric.update(predictions[task.prediction], labels)

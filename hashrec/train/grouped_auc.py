@@ -51,13 +51,7 @@ class GroupedAUC:
 
     def sync(self) -> None:
         """Every rank's rows on every rank (a no-op without a process group)."""
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return
-        mine = [t.cpu() for t in self._rows()]
-        gathered: list = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, mine)
-        device = self._rows()[0].device
-        self._parts = [tuple(t.to(device) for t in part) for part in gathered]
+        self._parts = [tuple(gather_rows(list(self._rows())))]
 
     def compute(self) -> float:
         """The mean AUC of the groups holding both classes; NaN when none does."""
@@ -73,6 +67,17 @@ class GroupedAUC:
             return (f"no group of {self.grouping_key!r} holds both a positive and a negative "
                     f"row ({int(labels.sum())} positive rows of {labels.numel()})")
         return ""
+
+
+def gather_rows(columns: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each column (n_rank, ...) concatenated over the ranks in rank order, on every rank and
+    on the column's device; the columns themselves without a process group of several."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return columns
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, [t.cpu() for t in columns])
+    return [torch.cat([part[c] for part in gathered]).to(column.device)
+            for c, column in enumerate(columns)]
 
 
 def grouped_auc(probs: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> float:

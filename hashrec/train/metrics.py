@@ -24,6 +24,7 @@ import torch.distributed as dist
 from hashrec.distributed.metrics import auc_from_histograms
 from hashrec.train.errors import TrainError
 from hashrec.train.grouped_auc import GroupedAUC
+from hashrec.train.xauc import XAUC, GroupedXAUC
 
 logger = logging.getLogger("hashrec.train")
 
@@ -203,7 +204,7 @@ class MeanLoss(_MeanOf):
 
 
 SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_error",
-                     "grouped_auc", "multiclass_auc")
+                     "grouped_auc", "multiclass_auc", "xauc", "grouped_xauc")
 
 
 def build_metrics(metric_configs, device=None, regression: bool = False,
@@ -238,6 +239,14 @@ def build_metrics(metric_configs, device=None, regression: bool = False,
             metrics["mean_absolute_error"] = MeanAbsoluteError(device)
         elif kind == "grouped_auc":
             metrics["grouped_auc"] = GroupedAUC(config.grouped_auc.grouping_key, device)
+        elif kind == "xauc":
+            options = config.xauc
+            metrics["xauc"] = XAUC(options.sample_ratio, options.max_pairs, options.in_batch,
+                                   device)
+        elif kind == "grouped_xauc":
+            options = config.grouped_xauc
+            metrics["grouped_xauc"] = GroupedXAUC(options.grouping_key,
+                                                  options.max_pairs_per_group, device)
         else:
             raise TrainError(f"model_config.metrics: {kind!r} is not supported; allowed: "
                              f"{', '.join(SUPPORTED_METRICS)}")
@@ -274,9 +283,10 @@ def _check_task_metrics(task, feature_set) -> None:
         problem = _class_problem(config, task.num_class)
         if problem:
             raise TrainError(f"{task.where}.metrics: {problem}")
-        if config.WhichOneof("metric") == "grouped_auc":
-            _check_id_feature(config.grouped_auc.grouping_key, feature_set,
-                              f"{task.where}.metrics: grouped_auc grouping_key",
+        kind = config.WhichOneof("metric")
+        if kind in ("grouped_auc", "grouped_xauc"):
+            _check_id_feature(getattr(config, kind).grouping_key, feature_set,
+                              f"{task.where}.metrics: {kind} grouping_key",
                               "whose id groups the rows")
     jrc = task.loss_of("jrc_loss")
     if jrc is not None:
@@ -295,9 +305,10 @@ def _class_problem(config, num_class: int) -> str:
     """Why a metric does not fit a task of ``num_class`` logits ("" where it does): auc and
     grouped_auc read one probability a row (num_class 1, or 2: the second class's, as
     TorchEasyRec allows); multiclass_auc needs classes; a multi-class task has no value
-    ``y`` for mean_squared_error and mean_absolute_error; accuracy's top_k ranks classes."""
+    ``y`` for mean_squared_error and mean_absolute_error; accuracy's top_k ranks classes; xauc
+    and grouped_xauc order rows by one prediction a row, as auc."""
     kind = config.WhichOneof("metric")
-    if kind in ("auc", "grouped_auc") and num_class > 2:
+    if kind in ("auc", "grouped_auc", "xauc", "grouped_xauc") and num_class > 2:
         return (f"{kind} reads one probability a row; the task has {num_class} classes: use "
                 f"multiclass_auc")
     if kind == "multiclass_auc" and num_class == 1:
@@ -328,9 +339,10 @@ def _check_id_feature(key: str, feature_set, what: str, why: str) -> None:
                          f"features with boundaries: {', '.join(ids) or 'none'}), {why}")
 
 
-def grouping_ids(batch, metric: GroupedAUC) -> torch.Tensor:
-    """Each row's id of the metric's feature (B,) int64, for grouped_auc: its first id, 0
-    for a row without one (TorchEasyRec's rule; a warning says so, once a metric)."""
+def grouping_ids(batch, metric: GroupedAUC | GroupedXAUC) -> torch.Tensor:
+    """Each row's id of the metric's feature (B,) int64, for grouped_auc and grouped_xauc:
+    its first id, 0 for a row without one (TorchEasyRec's rule; a warning says so, once a
+    metric)."""
     from hashrec.models.rank_model import first_ids
 
     key = metric.grouping_key
@@ -340,7 +352,7 @@ def grouping_ids(batch, metric: GroupedAUC) -> torch.Tensor:
         return bags.values
     if not metric.warned:
         metric.warned = True
-        logger.warning("grouped_auc: feature %r gives a row %d to %d ids; rows are grouped "
-                       "by their first id, rows without one as id 0 (as in TorchEasyRec)",
-                       key, int(lengths.min()), int(lengths.max()))
+        logger.warning("%s: feature %r gives a row %d to %d ids; rows are grouped by their "
+                       "first id, rows without one as id 0 (as in TorchEasyRec)",
+                       "grouped_auc" if isinstance(metric, GroupedAUC) else "grouped_xauc", key, int(lengths.min()), int(lengths.max()))
     return first_ids(bags)

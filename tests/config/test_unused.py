@@ -43,9 +43,29 @@ def example_with(text: str):
     ("export_config { export_format: HF }", "export_config.export_format is not supported"),
     ("train_config { dense_optimizer { ema { decay: 0.99 } } }",
      "train_config.dense_optimizer.ema is not supported.*without a moving average"),
+    ("model_config { train_metrics { auc {} decay_rate: 0.9 decay_step: 100 } }",
+     "model_config.train_metrics is not supported.*eval_input_path"),
+    ("model_config { mmoe { task_towers { tower_name: 'ctr' label_name: 'clk' "
+     "train_metrics { auc {} } } } }",
+     r"model_config.mmoe.task_towers\[0\].train_metrics is not supported"),
+    ("model_config { variational_dropout { regularization_lambda: 0.01 } }",
+     "model_config.variational_dropout is not supported.*dropout_ratio"),
+    ('model_config { feature_groups { group_name: "g" sequence_encoders { din_encoder { '
+     'attn_mlp { hidden_units: 8 } } } sequence_encoders { pooling_encoder { '
+     'input: "seq" } } } }',
+     r"feature_groups\[\d+\] \('g'\).sequence_encoders \(din_encoder, pooling_encoder\) is "
+     r"not supported.*din_towers"),
+    ("train_config { save_checkpoints_timestamp_interval: 3600 }",
+     "train_config.save_checkpoints_timestamp_interval is not supported.*no event time"),
+    ("train_config { save_checkpoints_timestamps: [1700000000] }",
+     "train_config.save_checkpoints_timestamps is not supported"),
+    ("train_config { delta_embedding_dump_config { dump_interval_steps: 100 } }",
+     "train_config.delta_embedding_dump_config is not supported.*incremental_dump_steps"),
 ], ids=["accumulation", "sequence-mask", "sequence-groups", "global-clip", "pareto",
         "name-suffix", "sample-mask", "min-batch", "fields-str", "cost", "best-evaluator",
-        "eval-online", "hf-export", "ema"])
+        "eval-online", "hf-export", "ema", "train-metrics", "task-train-metrics",
+        "variational-dropout", "sequence-encoders", "timestamp-interval", "timestamps",
+        "delta-dump"])
 def test_fields_that_would_change_the_model_are_refused(text, message):
     problems = unused_field_problems(example_with(text))
     assert len(problems) == 1
@@ -75,6 +95,15 @@ def test_ignored_fields_are_noted():
                      "data_config.fg_threads"]
     notes = ignored_field_notes(example_with('export_config { mixed_precision: "BF16" }'))
     assert notes == ["export_config.mixed_precision"]  # the export runs in float32
+
+
+def test_decay_of_training_metrics_is_noted():
+    notes = ignored_field_notes(example_with(
+        "model_config { metrics { auc {} step_decay_rate: 0.5 } }\n"
+        "train_config { save_checkpoints_timestamp_quorum: 1.0 }"))
+    metric = len(load_pipeline_config(EXAMPLE).model_config.metrics)
+    assert notes == ["train_config.save_checkpoints_timestamp_quorum",
+                     f"model_config.metrics[{metric}].step_decay_rate"]
 
 
 def test_settings_of_torcheasyrecs_planner_and_odps_reader_are_noted():

@@ -87,9 +87,21 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
      r"model_config.metrics\[0\].accuracy.top_k=0; allowed: 1 or more"),
     ("model_config { multi_tower_din {} metrics { auc { thresholds: 1 } } }",
      r"model_config.metrics\[0\].auc.thresholds=1; allowed: 2 or more \(default 200\)"),
+    ("model_config { multi_tower_din {} metrics { xauc { sample_ratio: 0 } } }",
+     r"model_config.metrics\[0\].xauc.sample_ratio=0; allowed: above 0, at most 1"),
+    ("model_config { multi_tower_din {} metrics { grouped_xauc { grouping_key: 'u' "
+     "max_pairs_per_group: 0 } } }",
+     r"model_config.metrics\[0\].grouped_xauc.max_pairs_per_group=0; allowed: 1 or more"),
+    ('feature_configs { raw_feature { feature_name: "price" expression: "item:price" '
+     'embedding_dim: 8 autodis { num_channels: 3 temperature: 0.1 keep_prob: 0.8 } } }',
+     r"feature 'price': the autodis embedding of a raw value is not supported .*boundaries"),
+    ('feature_configs { raw_feature { feature_name: "price" expression: "item:price" '
+     'embedding_dim: 8 mlp {} } }',
+     r"feature 'price': the mlp embedding of a raw value is not supported"),
 ], ids=["no-model", "sparse-optimizer", "dataset", "empty-loss", "recall-at-k",
-        "task-recall-at-k", "simple-multi-task-empty-loss", "multiclass-auc-average", "multiclass-auc-thresholds",
-        "empty-metric", "accuracy-top-k-0", "auc-thresholds"])
+        "task-recall-at-k", "simple-multi-task-empty-loss", "multiclass-auc-average",
+        "multiclass-auc-thresholds", "empty-metric", "accuracy-top-k-0", "auc-thresholds",
+        "xauc-sample-ratio", "grouped-xauc-pairs", "autodis", "mlp-embedding"])
 def test_unsupported_fields(text, message):
     config = parse_pipeline_config(f'model_dir: "m"\n{text}')
     with pytest.raises(ConfigError, match=message):
