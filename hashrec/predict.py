@@ -365,6 +365,8 @@ def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
         RuntimeError: a worker's rows differ from its slice (the loader did not take
             its workers' batches in turn).
     """
+    from hashrec.train.progress import duration
+
     rows, start, last_log = 0, time.perf_counter(), time.perf_counter()
     total = int(loader.dataset.num_rows)
     readers = loader.reader_turns()
@@ -378,7 +380,7 @@ def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
             if time.perf_counter() - last_log >= log_every_s:
                 last_log = time.perf_counter()
                 rate = rows / max(last_log - start, 1e-9)
-                left = f", about {(total - rows) / rate:.0f}s left" if rows < total else ""
+                left = f", about {duration((total - rows) / rate)} left" if rows < total else ""
                 logger.info("predicted %d of %d rows (%.0f rows/s%s)", rows, total, rate, left)
     parts.close()
     expected = loader.dataset.reader_rows(loader.dataset.options.rank, loader.num_workers)

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import sys
+import types
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -63,6 +64,18 @@ def test_the_progress_lines_count_the_rows_of_the_input(exported, tmp_path, capl
     assert [line.split(" (")[0] for line in lines] == [
         "predicted 50 of 130 rows", "predicted 100 of 130 rows", "predicted 130 of 130 rows"]
     assert ["s left)" in line for line in lines] == [True, True, False]
+
+
+def test_a_long_prediction_says_its_time_left_in_minutes(exported, tmp_path, caplog,
+                                                          monkeypatch):
+    clock = iter(range(0, 10 ** 6, 100))  # every reading 100 s after the one before
+    slow = types.SimpleNamespace(perf_counter=lambda: float(next(clock)))
+    monkeypatch.setattr("hashrec.predict.time", slow)
+    with caplog.at_level(logging.INFO, logger="hashrec.predict"):
+        predict(str(exported / "export"), str(exported / "data" / "eval"),
+                str(tmp_path / "out.parquet"), batch_size=50, log_every_s=0)
+    first = next(r.getMessage() for r in caplog.records if " of 130 rows (" in r.getMessage())
+    assert re.search(r", about \d+m \d+s left\)$", first), first
 
 
 def test_csv_input_predicts_like_parquet(exported, tmp_path):
