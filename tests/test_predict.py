@@ -517,3 +517,27 @@ def test_bad_output_columns_are_one_error(caplog, exported, tmp_path, columns, m
                          "--predict_input_path", str(exported / "data" / "eval"),
                          "--predict_output_path", str(output), "--output_columns", columns)
     assert code == 1 and re.search(message, log) and not output.exists()
+
+
+def test_a_config_of_encoded_input_without_expressions_exports_and_predicts(exported,
+                                                                             tmp_path):
+    # TorchEasyRec's configs of encoded input leave expression out; the same checkpoint
+    # exported with such a config predicts the encoded rows as the raw export the raw rows
+    from hashrec.tools.encode_input import encode
+
+    raw_config = load_pipeline_config(exported / "dense.config")
+    encode(raw_config, str(exported / "data" / "eval"), str(tmp_path / "encoded"), quiet=True)
+    text = (exported / "dense.config").read_text()
+    text = re.sub(r'expression: "\w+:\w+"', "", text).replace(
+        "label_fields:", "fg_mode: FG_NONE label_fields:")
+    assert "expression" not in text
+    (tmp_path / "encoded.config").write_text(text)
+    export_model(load_pipeline_config(tmp_path / "encoded.config"), str(tmp_path / "export"))
+    encoded = predict(str(tmp_path / "export"), str(tmp_path / "encoded"),
+                      str(tmp_path / "encoded.parquet"))
+    raw = predict(str(exported / "export"), str(exported / "data" / "eval"),
+                  str(tmp_path / "raw.parquet"))
+    assert encoded["rows"] == raw["rows"] == 130
+    torch.testing.assert_close(
+        torch.from_numpy(pq.read_table(encoded["output"])["probs"].to_numpy()),
+        torch.from_numpy(pq.read_table(raw["output"])["probs"].to_numpy()))

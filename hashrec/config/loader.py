@@ -14,6 +14,7 @@ from google.protobuf import descriptor_pool, text_format
 
 from hashrec.config.errors import ConfigError
 from hashrec.config.pipeline_pb2 import EasyRecConfig
+from hashrec.config.validate import SUPPORTED_MODELS
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,9 @@ def parse_pipeline_config(text: str, source: str = "<string>") -> EasyRecConfig:
     except text_format.ParseError as err:
         where = f"{source}:{err.GetLine()}" if err.GetLine() else source
         message = _strip_position(str(err))
-        raise ConfigError(f"{where}: {message}{_close_name(message)}") from None
+        # a TorchEasyRec model HashRec lacks is said so, not likened to a model it has
+        hint = _unimplemented_model(message) or _close_name(message)
+        raise ConfigError(f"{where}: {message}{hint}") from None
     missing = config.FindInitializationErrors()
     if missing:
         raise ConfigError(f"{source}: required fields are not set: {', '.join(missing)}")
@@ -109,6 +112,31 @@ def _close_name(message: str) -> str:
             names = list(pool.FindEnumTypeByName(match.group(1)).values_by_name)
     close = difflib.get_close_matches(match.group(2), names, n=1) if match else []
     return f' Did you mean "{close[0]}"?' if close else ""
+
+
+# TorchEasyRec's models that HashRec's ModelConfig does not parse: its configurable
+# backbones (blocks of modules wired by name) and its match, generative and HSTU models.
+_UNPARSED_MODELS = {
+    "backbone": "configurable backbone", "rank_backbone": "configurable backbone",
+    "multi_task_backbone": "configurable backbone", "match_backbone": "configurable backbone",
+    "dssm": "match model", "dssm_v2": "match model", "dat": "match model",
+    "hstu_match": "match model", "mind": "match model", "tdm": "match model",
+    "dc2vr": "multi-task model", "dlrm_hstu": "generative ranking model",
+    "ultra_hstu": "generative ranking model", "sid_rqvae": "semantic id model",
+    "sid_rqkmeans": "semantic id model", "generative_qwen": "generative model",
+    "prompt_generative_qwen": "generative model",
+}
+
+
+def _unimplemented_model(message: str) -> str:
+    """For an unknown ``model_config`` field that is a TorchEasyRec model: that HashRec does
+    not implement it, and the models it does; "" otherwise."""
+    match = _UNKNOWN_FIELD.search(message)
+    if not match or not match.group(1).endswith(".ModelConfig") \
+            or match.group(2) not in _UNPARSED_MODELS:
+        return ""
+    return (f" It is TorchEasyRec's {_UNPARSED_MODELS[match.group(2)]} {match.group(2)}, "
+            f"which HashRec does not implement; HashRec's models: {', '.join(SUPPORTED_MODELS)}")
 
 
 def _strip_position(message: str) -> str:

@@ -8,8 +8,9 @@ naming every offending feature or field.
 
 from __future__ import annotations
 
+from hashrec.config.aliases import alias_problems
 from hashrec.config.errors import ConfigError
-from hashrec.config.fg_mode import RAW, fg_input
+from hashrec.config.fg_mode import RAW, fg_input, fg_input_setting
 from hashrec.config.pipeline_pb2 import EasyRecConfig
 from hashrec.config.unused import unused_field_problems
 
@@ -47,7 +48,8 @@ MULTICLASS_AUC_AVERAGES = ("macro", "weighted")
 def feature_problems(config: EasyRecConfig) -> list[str]:
     """One message per feature config whose kind (or an option of it) is not supported."""
     problems = []
-    raw = fg_input(config.data_config if config.HasField("data_config") else None) == RAW
+    data_config = config.data_config if config.HasField("data_config") else None
+    raw = fg_input(data_config) == RAW
     for i, fc in enumerate(config.feature_configs):
         kind = fc.WhichOneof("feature")
         if kind is None:
@@ -77,11 +79,34 @@ def feature_problems(config: EasyRecConfig) -> list[str]:
                         f"sub-feature kind {seq_kind} is not supported; supported: "
                         f"{', '.join(SUPPORTED_SEQUENCE_SUB_KINDS)}")
                 else:
-                    problems += _option_problems(f"{sub.sequence_name}__{name}",
-                                                 getattr(seq_fc, seq_kind))
+                    full = f"{sub.sequence_name}__{name}"
+                    problems += _option_problems(full, getattr(seq_fc, seq_kind))
+                    if raw:
+                        problems += _expression_problems(
+                            full, i, getattr(seq_fc, seq_kind), data_config)
         else:
             problems += _option_problems(sub.feature_name, sub)
+            if raw:
+                problems += _expression_problems(sub.feature_name, i, sub, data_config)
     return problems
+
+
+def _expression_problems(name: str, index: int, sub, data_config) -> list[str]:
+    """Raw input reads a feature from the column its expression names: a feature config
+    without one (encoded input's configs leave it out) cannot be read."""
+    if sub.DESCRIPTOR.name == "ComboFeature":  # expression is repeated there
+        if len(sub.expression):
+            return []
+        example = "expression: [\"user:a\", \"item:b\"], the inputs crossed"
+    elif sub.HasField("expression"):
+        return []
+    else:
+        example = f"expression: \"user:{sub.feature_name}\""
+    return [f"feature {name!r} (feature_configs[{index}]) sets no expression, which names "
+            f"the input column that raw input ({fg_input_setting(data_config)}) reads it "
+            f"from; add one, e.g. {example}, or read input a feature generation encoded, "
+            f"which holds the feature in the column named after it, with data_config.fg_mode "
+            f"FG_NONE"]
 
 
 def _option_problems(name: str, sub) -> list[str]:
@@ -138,6 +163,8 @@ def _model_problems(model_config) -> list[str]:
     elif model not in SUPPORTED_MODELS:
         problems.append(f"model_config.{model} is not supported; supported models: "
                         f"{', '.join(SUPPORTED_MODELS)}")
+    if model is not None:
+        problems += alias_problems(f"model_config.{model}", getattr(model_config, model))
     places = [("model_config", model_config)]
     if model in MULTI_TASK_MODELS:
         places += [(f"{model}.task_towers[{i}]", tower)

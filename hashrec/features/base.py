@@ -99,6 +99,19 @@ class Feature:
         raise NotImplementedError(f"{type(self).__name__}.finish")
 
 
+def expression_field(cfg, feature: str) -> str:
+    """The input field a feature config's ``expression`` names (see :func:`column_of`), or
+    the config's own ``feature_name`` where it sets no expression.
+
+    Only configs of encoded input (fg_mode FG_NONE or FG_BUCKETIZE) may leave expression
+    out, and that input holds the feature in the column named after it, which the field
+    then names; raw input without expression is refused before any feature is built
+    (``hashrec.config.validate.feature_problems``)."""
+    if not cfg.HasField("expression"):
+        return cfg.feature_name
+    return column_of(cfg.expression, feature)
+
+
 def column_of(expression: str, feature: str) -> str:
     """Input column named by an expression ``side:field`` (or a bare field)."""
     field = expression.split(":", 1)[1] if ":" in expression else expression

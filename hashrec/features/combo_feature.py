@@ -82,13 +82,15 @@ def fill_empty(bags: Bags, token: str) -> Bags:
 def build_combo_feature(cfg) -> ComboFeature:
     """ComboFeature from a ``combo_feature`` config."""
     name = cfg.feature_name
-    if len(cfg.expression) < 2:
+    # None: encoded input, which holds the crosses in the column named after the feature
+    # (raw input without expressions is refused by validate.feature_problems).
+    if len(cfg.expression) == 1:
         raise ConfigError(f"feature {name!r}: combo_feature needs at least two expressions")
     bucketizer = bucketizer_from_config(cfg, name)
     if isinstance(bucketizer, NumBuckets):
         raise ConfigError(f"feature {name!r}: combo_feature takes hash_bucket_size, vocab or "
                           f"dynamicemb, not num_buckets")
-    columns = tuple(column_of(e, name) for e in cfg.expression)
+    columns = tuple(column_of(e, name) for e in cfg.expression) or (name,)
     table = table_request(cfg, name, bucketizer.num_rows, bucketizer)
     return ComboFeature(name, columns, bucketizer, table, cfg.pooling, cfg.separator,
                         cfg.default_value)

@@ -16,7 +16,7 @@ from hashrec.features.base import (
     check_dim,
     check_not_sequence,
     check_pooling,
-    column_of,
+    expression_field,
 )
 from hashrec.features.bucketize import Bucketizer, bucketizer_from_config
 from hashrec.features.data_type import data_type_of
@@ -158,7 +158,7 @@ def build_id_feature(cfg) -> IdFeature:
     """IdFeature from an ``id_feature`` config."""
     check_not_sequence(cfg, "id_feature")
     bucketizer = bucketizer_from_config(cfg, cfg.feature_name)
-    return IdFeature(cfg.feature_name, column_of(cfg.expression, cfg.feature_name), bucketizer,
+    return IdFeature(cfg.feature_name, expression_field(cfg, cfg.feature_name), bucketizer,
                      table_request(cfg, cfg.feature_name, bucketizer.num_rows, bucketizer),
                      cfg.pooling,
                      cfg.separator, cfg.default_value, cfg.weighted)

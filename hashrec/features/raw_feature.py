@@ -18,7 +18,7 @@ from hashrec.features.base import (
     TableRequest,
     check_dim,
     check_pooling,
-    column_of,
+    expression_field,
 )
 from hashrec.features.data_type import data_type_of
 from hashrec.features.errors import FeatureError
@@ -257,7 +257,7 @@ def build_raw_feature(cfg, name: str | None = None, column: str | None = None,
     """RawFeature from a ``raw_feature`` config (or a sequence's raw sub-feature, of the
     ``sequence_feature`` named ``sequence_name``)."""
     name = name or cfg.feature_name
-    column = column or column_of(cfg.expression, name)
+    column = column or expression_field(cfg, name)
     boundaries = boundaries_of(cfg.boundaries, name)
     if cfg.value_dim < 1:
         raise ConfigError(f"feature {name!r}: value_dim must be >= 1, got {cfg.value_dim}")

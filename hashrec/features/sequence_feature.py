@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from hashrec.config.errors import ConfigError
-from hashrec.features.base import Feature, SparseIds, TableRequest, check_dim, column_of
+from hashrec.features.base import Feature, SparseIds, TableRequest, check_dim, expression_field
 from hashrec.features.bucketize import Bucketizer, Vocab, bucketizer_from_config
 from hashrec.features.data_type import data_type_of
 from hashrec.features.errors import FeatureError
@@ -59,7 +59,7 @@ logger = logging.getLogger("hashrec.features")
 
 
 def _shared_top_level(cfg, top_level: dict[str, IdFeature], name: str) -> IdFeature:
-    field = column_of(cfg.expression, name)
+    field = expression_field(cfg, name)
     by_field = [f for f in top_level.values() if f.columns[0] == field]
     owner = by_field[0] if len(by_field) == 1 else top_level.get(cfg.feature_name)
     if owner is None:
@@ -114,7 +114,7 @@ def build_sequence_group(cfg, top_level: dict[str, IdFeature]) -> list[IdFeature
         kind = sub_cfg.WhichOneof("feature")
         sub = getattr(sub_cfg, kind)
         name = f"{seq}__{sub.feature_name}"
-        column = f"{seq}__{column_of(sub.expression, name)}"
+        column = f"{seq}__{expression_field(sub, name)}"
         if kind == "id_feature":
             features.append(_sequence_id(sub, name, column, cfg.sequence_length,
                                          cfg.sequence_delim, top_level, seq))
@@ -130,7 +130,7 @@ def build_sequence_group(cfg, top_level: dict[str, IdFeature]) -> list[IdFeature
 def build_top_level_sequence(kind: str, cfg, top_level: dict[str, IdFeature]):
     """A ``sequence_id_feature`` or ``sequence_raw_feature`` config's feature."""
     name = cfg.feature_name
-    column = column_of(cfg.expression, name)
+    column = expression_field(cfg, name)
     length = cfg.sequence_length
     if length <= 0:
         raise ConfigError(f"feature {name!r}: {kind} needs sequence_length > 0")

@@ -3,7 +3,9 @@
 Groups, as in TorchEasyRec (all DEEP): with one feature group, that group is the
 sparse part; with two, the group ``sparse`` is and the group ``dense`` (raw features,
 typically) feeds the ``dense_mlp``, whose last layer must have the sparse
-features' width d. The sparse group's N features must all have width d.
+features' width d. The sparse group's N features must all have width d. ``bot_mlp``
+and ``top_mlp``, the names TorchEasyRec's example dlrm_criteo writes, are second names
+of ``dense_mlp`` and ``final`` (``hashrec.config.aliases``).
 
 The interaction takes F vectors of d columns, the dense MLP's output (where there
 is a dense group) and then the N sparse features, and gives the dot products of
@@ -18,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hashrec.config.aliases import aliased
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import DEEP, GroupSpec
 from hashrec.models.group_net import GroupNetModel
@@ -99,7 +102,8 @@ class DLRM(GroupNetModel):
                 f"{self.kind}: the final MLP would read nothing: the one sparse feature has "
                 f"no pair to interact with and arch_with_sparse is false; add features or "
                 f"set arch_with_sparse")
-        final = MLP(final_width, mlp_options(config.final, f"{self.kind}.final"))
+        final_config = aliased(config, "final", self.kind, ModelError)
+        final = MLP(final_width, mlp_options(final_config, f"{self.kind}.final"))
         self.net = DLRMNet(len(self.sparse_group.features), dense_mlp, final,
                            nn.Linear(final.output_dim(), self.num_class),
                            config.arch_with_sparse)
@@ -130,15 +134,16 @@ class DLRM(GroupNetModel):
 
     def _dense_mlp(self, config, width: int) -> MLP | None:
         where = f"{self.kind}.dense_mlp"
+        dense_config = aliased(config, "dense_mlp", self.kind, ModelError)
         if self.dense_group is None:
-            if config.HasField("dense_mlp"):
+            if dense_config is not None:
                 raise ModelError(f"{where} is set but there is no feature group {DENSE!r} "
                                  f"(beside the group {SPARSE!r}) for it to read")
             return None
-        if not config.HasField("dense_mlp"):
+        if dense_config is None:
             raise ModelError(f"{where} is needed for the feature group {DENSE!r}; set it, "
                              f"its last hidden unit {width} (the sparse features' width)")
-        mlp = MLP(self.dense_group.dim, mlp_options(config.dense_mlp, where))
+        mlp = MLP(self.dense_group.dim, mlp_options(dense_config, where))
         if mlp.output_dim() != width:
             raise ModelError(
                 f"{where}.hidden_units ends in {mlp.output_dim()}; the dense MLP's output "

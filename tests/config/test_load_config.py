@@ -97,6 +97,23 @@ def test_a_misspelt_name_suggests_the_closest(tmp_path, caplog, line, error):
         f"ConfigError: {path}:4: {error}"]
 
 
+@pytest.mark.parametrize("model, kind", [
+    ("rank_backbone { backbone { concat_blocks: 'mlp' } }", "configurable backbone"),
+    ("multi_task_backbone { }", "configurable backbone"),
+    ("dssm { }", "match model"),
+])
+def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(model, kind):
+    # TorchEasyRec's examples under component/ and modular/ configure backbones
+    with pytest.raises(ConfigError) as err:
+        parse_pipeline_config(f'model_dir: "m"\nmodel_config {{\n  {model}\n}}')
+    name = model.split()[0]
+    assert str(err.value) == (
+        f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
+        f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
+        f"models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, mask_net, mmoe, multi_tower, "
+        f"multi_tower_din, ple, simple_multi_task, wide_and_deep, xdeepfm")
+
+
 def test_bad_value_names_line():
     with pytest.raises(ConfigError, match=r"<string>:2: .*batch_size"):
         parse_pipeline_config('model_dir: "m"\ndata_config { batch_size: "many" }')

@@ -141,3 +141,61 @@ def test_zero_batch_size_is_rejected_naming_the_field():
     zero = apply_edit_config_json(config, {"data_config.batch_size": 0})
     with pytest.raises(ConfigError, match=r"data_config.batch_size is 0; allowed: 1 or more"):
         validate_pipeline_config(zero)
+
+
+# Model configs as TorchEasyRec's examples write them (pepnet_taobao, wukong_criteo,
+# rocket_launching_criteo): they load and are refused as models HashRec does not implement
+# (before, unknown fields).
+_GROUP = 'feature_groups { group_name: "all" feature_names: "u" group_type: DEEP }'
+_TOWER = ('task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] } '
+          'metrics { auc {} } losses { binary_cross_entropy {} } }')
+
+
+@pytest.mark.parametrize("model", [
+    f'pepnet {{ main_group_name: "all" domain_group_name: "domain" epnet_hidden_unit: 128, '
+    f'uia_group_name: "uia" ppnet_hidden_units: [512, 256] ppnet_dropout_ratio: [0.1, 0.1] '
+    f'{_TOWER} }}',
+    f'pepnet {{ epnet_gamma: 2.0 ppnet_activation: "nn.ReLU" ppnet_gamma: 2.0 '
+    f'domain_input_name: "domain" task_domain_num: 3 {_TOWER} }}',
+    'wukong { dense_mlp { hidden_units: 512 } wukong_layers { lcb_feature_num: 16 '
+    'fmb_feature_num: 16 compressed_feature_num: 24 feature_num_mlp { hidden_units: 512 } } '
+    'final { hidden_units: 64 } } metrics { auc {} } losses { binary_cross_entropy {} }',
+    'rocket_launching { booster_mlp { hidden_units: [256, 128] } light_mlp { hidden_units: '
+    '[96, 64] } feature_based_distillation: true } losses { binary_cross_entropy {} }',
+], ids=["pepnet-named-groups", "pepnet-domain-towers", "wukong", "rocket-launching"])
+def test_torcheasyrec_models_load_and_are_refused_as_not_implemented(model):
+    config = parse_pipeline_config(f'model_dir: "m"\nmodel_config {{ {_GROUP} {model} }}')
+    kind = config.model_config.WhichOneof("model")
+    with pytest.raises(ConfigError) as err:
+        validate_pipeline_config(config)
+    assert str(err.value).splitlines()[1:] == [
+        f"  model_config.{kind} is not supported; supported models: dbmtl, dcn_v1, dcn_v2, "
+        f"deepfm, dlrm, mask_net, mmoe, multi_tower, multi_tower_din, ple, "
+        f"simple_multi_task, wide_and_deep, xdeepfm"]
+
+
+_DLRM = ('model_config { feature_groups { group_name: "sparse" feature_names: "u" '
+         'group_type: DEEP } dlrm { %s arch_with_sparse: true } }')
+
+
+def test_dlrm_takes_the_names_torcheasyrecs_example_writes():
+    # dlrm_criteo: bot_mlp and top_mlp, second names of dense_mlp and final
+    validate_pipeline_config(parse_pipeline_config(
+        'model_dir: "m"\n' + _DLRM % "bot_mlp { hidden_units: 16 } top_mlp { hidden_units: 32 }"))
+    validate_pipeline_config(parse_pipeline_config(
+        'model_dir: "m"\n' + _DLRM % "dense_mlp { hidden_units: 16 } final { hidden_units: 32 }"))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ("dense_mlp { hidden_units: 4 } bot_mlp { hidden_units: 4 } final { hidden_units: 8 }",
+     "model_config.dlrm sets both dense_mlp and bot_mlp, which is a second name of "
+     r"dense_mlp \(TorchEasyRec's examples write it\); keep one"),
+    ("final { hidden_units: 8 } top_mlp { hidden_units: 8 }",
+     "model_config.dlrm sets both final and top_mlp"),
+    ("dense_mlp { hidden_units: 4 }",
+     r"model_config.dlrm.final \(or its second name top_mlp\) is not set; set it"),
+], ids=["both-dense", "both-final", "no-final"])
+def test_dlrm_refuses_a_name_with_its_second_name(fields, message):
+    config = parse_pipeline_config('model_dir: "m"\n' + _DLRM % fields)
+    with pytest.raises(ConfigError, match=message):
+        validate_pipeline_config(config)

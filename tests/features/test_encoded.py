@@ -255,3 +255,44 @@ def test_a_default_no_cell_could_hold_is_a_config_error(feature_set, features, d
     # before, the first missing cell failed, naming a row whose cell is empty
     with pytest.raises(ConfigError, match=f"^feature {detail}"):
         feature_set(features, NONE)
+
+
+# TorchEasyRec's examples of encoded input leave expression out (deepfm_criteo,
+# dbmtl_taobao_seq): before, such a config did not parse (expression was required).
+NO_EXPRESSIONS = (
+    'feature_configs { id_feature { feature_name: "cate" embedding_dim: 4 '
+    'num_buckets: 10 } }\n'
+    'feature_configs { raw_feature { feature_name: "price" } }\n'
+    'feature_configs { combo_feature { feature_name: "x" embedding_dim: 4 '
+    'hash_bucket_size: 50 } }\n'
+    'feature_configs { sequence_id_feature { feature_name: "hist" sequence_length: 2 '
+    'embedding_dim: 4 num_buckets: 10 } }\n'
+    'feature_configs { sequence_feature { sequence_name: "s" sequence_length: 2 '
+    'sequence_delim: ";" features { id_feature { feature_name: "cate" embedding_dim: 4 } } '
+    'features { raw_feature { feature_name: "t" } } } }')
+
+
+@pytest.mark.parametrize("mode", [NONE, BUCKETIZE], ids=["none", "bucketize"])
+def test_encoded_input_needs_no_expression(feature_set, mode):
+    fs = feature_set(NO_EXPRESSIONS, mode)
+    assert fs.input_columns == ["cate", "price", "x", "hist", "s__cate", "s__t"]
+    # the sequence's cate, without a bucketization of its own, shares the feature cate's
+    assert fs.features["s__cate"].table.name == fs.features["cate"].table.name
+    # no column of raw input to name beside the feature's own
+    assert "raw input would read" not in " ".join(fs.column_notes.values())
+    batch = fs.parse(pa.table({"cate": ["3"], "price": ["0.5"], "x": ["4"], "hist": ["1;2"],
+                               "s__cate": ["5;6"], "s__t": ["1;2"]}))
+    assert _sparse(batch, "s__cate") == ([5, 6], [2])
+    assert batch.dense["price"].tolist() == [[0.5]]
+
+
+def test_raw_input_refuses_a_feature_without_expression(feature_set):
+    with pytest.raises(ConfigError) as err:
+        feature_set(NO_EXPRESSIONS, NONE.replace("FG_NONE", "FG_DAG"))
+    for name in ("'cate'", "'price'", "'x'", "'hist'", "'s__cate'", "'s__t'"):
+        assert f"feature {name} (feature_configs[" in str(err.value)
+    assert ("'cate' (feature_configs[0]) sets no expression, which names the input column "
+            "that raw input (data_config.fg_mode is FG_DAG) reads it from; add one, e.g. "
+            "expression: \"user:cate\", or read input a feature generation encoded, which "
+            "holds the feature in the column named after it, with data_config.fg_mode "
+            "FG_NONE") in str(err.value)

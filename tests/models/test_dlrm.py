@@ -94,3 +94,29 @@ def test_one_group_is_the_sparse_group():
 def test_config_errors_name_the_field(text, match):
     with pytest.raises(ModelError, match=match):
         _model(text)
+
+
+def test_torcheasyrec_example_names_bot_mlp_and_top_mlp_build_the_same_net():
+    # TorchEasyRec's example dlrm_criteo writes them (before, an unknown field)
+    torch.manual_seed(0)
+    ours = _model()
+    torch.manual_seed(0)
+    theirs = _model(CONFIG.replace("dense_mlp {", "bot_mlp {").replace("final {", "top_mlp {"))
+    assert theirs.net.dense_mlp is not None
+    for (name, a), (other, b) in zip(ours.net.named_parameters(),
+                                     theirs.net.named_parameters(), strict=True):
+        assert name == other and a.shape == b.shape
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("text,match", [
+    (CONFIG.replace("dlrm {", "dlrm { bot_mlp { hidden_units: [4] }"),
+     "^dlrm sets both dense_mlp and bot_mlp, which is a second name of dense_mlp"),
+    (CONFIG.replace("dlrm {", "dlrm { top_mlp { hidden_units: [4] }"),
+     "^dlrm sets both final and top_mlp"),
+    (CONFIG.replace("final { hidden_units: [8, 4] }", ""),
+     r"^dlrm.final \(or its second name top_mlp\) is not set; set it"),
+], ids=["both-dense", "both-final", "no-final"])
+def test_a_name_and_its_second_name_are_not_both_set(text, match):
+    with pytest.raises(ModelError, match=match):
+        _model(text)

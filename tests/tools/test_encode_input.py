@@ -10,7 +10,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from hashrec.config import load_pipeline_config, parse_pipeline_config
+from hashrec.config import ConfigError, load_pipeline_config, parse_pipeline_config
 from hashrec.features import build_feature_set
 from hashrec.tools.encode_input import encode, main
 from hashrec.tools.gen_output import GeneratorError
@@ -115,6 +115,15 @@ def test_a_sequence_raw_feature_without_an_id_feature_is_refused(tmp_path):
                                           embedding_dim: 4 num_buckets: 10 } }''', "")
     with pytest.raises(ValueError, match="feature 's__t': .*sequence 's' has none"):
         _encoded(tmp_path, parse_pipeline_config(text), _table(3))
+
+
+def test_a_feature_without_expression_is_refused_before_writing(tmp_path):
+    # raw input's column comes from the expression, which encoded input's configs leave out
+    config = parse_pipeline_config(FEATURES.replace(' expression: "item:q"', ""))
+    with pytest.raises(ConfigError, match="feature 'q' .*sets no expression.*raw input "
+                                          "\\(data_config.fg_mode is FG_DAG\\).*add one"):
+        _encoded(tmp_path, config, _table(3))
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_directory_of_other_files_is_refused(tmp_path):
