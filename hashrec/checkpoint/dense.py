@@ -29,6 +29,11 @@ ZCH_REMAPPERS = "zch_remappers"
 # schedulers add, and implementation flags that follow the device (``fused`` on GPUs).
 _NOT_HYPERPARAMETERS = frozenset({"params", "initial_lr", "foreach", "fused", "capturable",
                                   "differentiable"})
+# Keys of the param group of a ``param_optimizers`` entry: the entry's config path and its
+# configured lr (the group's ``lr`` is the schedule's rate of the last step), so that a restore
+# names what the config changed per entry.
+GROUP_WHERE = "config_path"
+GROUP_BASE_LR = "base_lr"
 # The torch optimizers ``_saved_kind`` tells apart (the trainer's dense optimizers).
 _TOLD_APART = frozenset({"SGD", "Adagrad", "Adam", "AdamW"})
 # Module dicts of an embedding collection holding state per table: dense (``num_buckets``)
@@ -354,13 +359,29 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def _note_changed(path: str, before: dict[str, Any], after: dict[str, Any]) -> None:
-    """One INFO line naming the hyperparameters that the configured optimizer changes."""
+def _note_changed(path: str, before: dict[str, Any], after: dict[str, Any],
+                  where: str = "") -> None:
+    """One INFO line naming the hyperparameters that the configured optimizer (``where``:
+    a param group of it) changes."""
     changed = [f"{key} {_shown(after[key])} (checkpoint {_shown(before[key])})"
                for key in sorted(after) if key in before and before[key] != after[key]]
     if changed:
         logger.info("%s: the dense optimizer's state is restored with the configured "
-                    "hyperparameters, not the saved ones: %s", path, ", ".join(changed))
+                    "hyperparameters, not the saved ones%s: %s", path,
+                    f" (of {where})" if where else "", ", ".join(changed))
+
+
+def _note_changed_groups(path: str, saved: list[dict], configured: list[dict]) -> None:
+    """One INFO line per ``param_optimizers`` entry whose hyperparameters the config
+    changed (its lr: the configured one, not the scheduled rate of the saved step)."""
+    for before, after in zip(saved, configured):
+        where = after.get(GROUP_WHERE)
+        if where is None or before.get(GROUP_WHERE) != where:
+            continue
+        settings = [{("lr" if k == GROUP_BASE_LR else k): v
+                     for k, v in _hyperparameters(group).items() if k not in ("lr", GROUP_WHERE)}
+                    for group in (before, after)]
+        _note_changed(path, *settings, where=where)
 
 
 def _steps_beside_parameters(optimizer: Any, group: dict) -> None:
@@ -384,8 +405,8 @@ def restore_optimizer_state(root: str, entry: dict[str, Any], optimizer: Any,
     recorded; in older checkpoints told from the saved settings' names). The state per
     parameter (moments, step counts, momentum buffers) is the checkpoint's; the
     hyperparameters (lr, weight_decay, betas, eps, momentum ...) stay those ``optimizer``
-    was built with, with one INFO line naming those that differ from the saved ones
-    (older checkpoints record the learning rate of their last step only, which the
+    was built with, with one INFO line naming those that differ from the saved ones, and
+    one per ``param_optimizers`` entry whose own differ (older checkpoints record the learning rate of their last step only, which the
     schedule sets anew at every step: it is not compared there).
 
     ``absorbed`` (with ``model``): saved model entries that the model took in otherwise
@@ -409,6 +430,7 @@ def restore_optimizer_state(root: str, entry: dict[str, Any], optimizer: Any,
         group.update(settings)
         if group.get("fused") or group.get("capturable"):
             _steps_beside_parameters(optimizer, group)
+    _note_changed_groups(path, state["param_groups"], configured)
     if "hyperparameters" in entry:
         _note_changed(path, entry["hyperparameters"], _hyperparameters(optimizer.defaults))
     elif configured:  # the settings as saved (load_state_dict fills in what they lack)

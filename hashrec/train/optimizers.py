@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hashrec.checkpoint.dense import GROUP_BASE_LR, GROUP_WHERE
 from hashrec.table import SparseAdagrad, SparseAdam, SparseRowWiseAdagrad, SparseSGD
 from hashrec.train.errors import TrainError
 from hashrec.train.lr_schedules import build_schedule
@@ -106,7 +107,11 @@ def build_dense_optimizer(dense_config, parameters: dict[str, nn.Parameter]) -> 
     if not parameters:
         raise TrainError("the model has no dense parameters for train_config.dense_optimizer")
     groups = param_groups(dense_config, kind, parameters, DENSE_WHERE)
-    torch_groups = [{"params": list(g.parameters), **g.settings} for g in groups]
+    # An entry's group carries its config path and configured lr for the checkpoints.
+    torch_groups = [{"params": list(g.parameters), **g.settings}
+                    | ({GROUP_WHERE: g.where, GROUP_BASE_LR: g.settings["lr"]}
+                       if g.where != DENSE_WHERE else {})
+                    for g in groups]
     defaults = group_settings(kind, c)
     # On GPUs Adam's fused kernel updates every parameter in a few launches.
     fused = {"fused": True} if all(p.is_cuda for p in parameters.values()) else {}

@@ -10,14 +10,17 @@ import os
 import pytest
 import torch
 from checkpoint_helpers import table_options, trained_table
+from google.protobuf import text_format
 from torch import nn
 
 from hashrec.checkpoint import CheckpointError, restore_checkpoint, save_checkpoint
 from hashrec.checkpoint.dense import DENSE_TABLES
 from hashrec.checkpoint.restore import read_complete_meta
+from hashrec.config import optimizer_pb2
 from hashrec.embedding.dense_table import DenseTable
 from hashrec.embedding.zch import ZchOptions, ZchRemapper
 from hashrec.table import HashTable, SparseAdagrad, SparseAdam
+from hashrec.train.optimizers import build_dense_optimizer, dense_parameters
 
 
 class _Model(nn.Module):
@@ -283,3 +286,45 @@ def test_a_widened_layer_names_its_shapes_and_the_fine_tune_flag(tmp_path):
                                               r"linear\.bias \(1,\) saved, \(3,\) here\).*"
                                               r"--fine_tune_checkpoint"):
         restore_checkpoint(path, wider, None, {})
+
+
+def _entry_optimizer(model: _Model, entry_lr: float, beta1: float):
+    """The trainer's dense Adam over ``model``'s layer, its weight in a param_optimizers
+    entry of lr ``entry_lr`` and beta1 ``beta1``."""
+    config = text_format.Parse(f"""
+        adam_optimizer {{ lr: 0.01 }}
+        param_optimizers {{
+          regex_pattern: "linear\\\\.weight"
+          adam_optimizer {{ lr: {entry_lr} beta1: {beta1} }}
+          param_learning_rate {{ cosine_annealing_learning_rate {{ T_max: 10 }} }}
+        }}""", optimizer_pb2.DenseOptimizer())
+    return build_dense_optimizer(config, dense_parameters(model))
+
+
+def test_a_param_optimizers_entry_names_its_changed_hyperparameters(tmp_path, caplog):
+    """An entry's group keeps its configured settings on a restore, and the INFO line names
+    the entry and what changed there (its lr the configured one, not the scheduled rate)."""
+    model = _Model(SparseAdagrad(lr=0.1), seed=2)
+    dense = _entry_optimizer(model, entry_lr=0.05, beta1=0.9)
+    for step in range(2):
+        dense.set_learning_rates(step, 0)
+        dense.optimizer.zero_grad()
+        model.linear(torch.ones(3, 4)).sum().backward()
+        dense.optimizer.step()
+    path = save_checkpoint(str(tmp_path), 2, model, dense.optimizer, {})
+    new = _Model(SparseAdagrad(lr=0.1), seed=3)
+    changed = _entry_optimizer(new, entry_lr=0.02, beta1=0.8)
+    with caplog.at_level("INFO", logger="hashrec.checkpoint.dense"):
+        restore_checkpoint(path, new, changed.optimizer, {})
+    entry, rest = changed.optimizer.param_groups
+    assert [entry["lr"], *entry["betas"], rest["lr"], *rest["betas"]] == pytest.approx(
+        [0.02, 0.8, 0.999, 0.01, 0.9, 0.999])
+    assert (f"{path}/optimizer.pt: the dense optimizer's state is restored with the "
+            f"configured hyperparameters, not the saved ones (of train_config.dense_optimizer."
+            f"param_optimizers[0]): betas (0.8, 0.999) (checkpoint (0.9, 0.999)), lr 0.02 "
+            f"(checkpoint 0.05)") in caplog.text
+    caplog.clear()
+    same = _Model(SparseAdagrad(lr=0.1), seed=3)
+    with caplog.at_level("INFO", logger="hashrec.checkpoint.dense"):
+        restore_checkpoint(path, same, _entry_optimizer(same, 0.05, 0.9).optimizer, {})
+    assert "hyperparameters" not in caplog.text
