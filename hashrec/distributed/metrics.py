@@ -43,12 +43,13 @@ def all_reduce_scalars(values: Mapping[str, float], ctx: DistContext,
         ctx: the worker's context.
 
     Returns:
-        name -> sum over ranks (float64 arithmetic), same on every rank.
+        name -> sum over ranks (float64 arithmetic), same on every rank, in the order of
+        ``values`` (which the ranks need not share: the collective sums them by name).
     """
     names = sorted(values)
     local = torch.tensor([float(values[name]) for name in names], dtype=torch.float64)
-    total = all_reduce_sum(local, ctx, group).cpu().tolist()
-    return dict(zip(names, total))
+    summed = dict(zip(names, all_reduce_sum(local, ctx, group).cpu().tolist()))
+    return {name: summed[name] for name in values}
 
 
 def mean_over_ranks(total: float, count: float, ctx: DistContext,

@@ -48,6 +48,14 @@ def test_scalar_sums_without_process_group():
     assert mean_over_ranks(0.0, 0, ctx) == 0.0
 
 
+def test_scalar_sums_keep_the_order_given():
+    """The progress line and the evaluation's ids-found line list the tables in this order
+    (the model's), under torchrun as in one process."""
+    ctx = single_process_context("cpu")
+    names = ["user_id\tsize", "adgroup_id\tsize", "cate_id\tsize"]
+    assert list(all_reduce_scalars(dict.fromkeys(names, 1.0), ctx)) == names
+
+
 def test_rank_zero_logger_is_silent_elsewhere(caplog):
     logger = logging.getLogger("hashrec.test.rank_zero")
     main, other = DistContext(), DistContext(rank=1, world_size=2, is_main=False)
