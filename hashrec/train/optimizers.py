@@ -94,6 +94,12 @@ class DenseOptimizer:
             group["lr"] = schedule(step, epoch)
         return self.schedule(step, epoch)
 
+    def entry_rates(self) -> dict[str, float]:
+        """The rate each ``param_optimizers`` / ``part_optimizers`` entry's group has now,
+        by the entry's name (``param_optimizers[0]``), for the progress line."""
+        return {group[GROUP_WHERE].removeprefix(DENSE_WHERE + "."): group["lr"]
+                for group in self.optimizer.param_groups if GROUP_WHERE in group}
+
 
 def build_dense_optimizer(dense_config, parameters: dict[str, nn.Parameter]) -> DenseOptimizer:
     """Torch optimizer of ``train_config.dense_optimizer`` over ``parameters`` (name ->

@@ -99,11 +99,12 @@ class Session:
         return self.cpu_placement.workers if self.cpu_placement is not None else None
 
     def set_learning_rates(self, step: int, epoch: int) -> dict[str, float]:
-        """Apply both schedules for ``step``; returns {"dense": lr, "sparse": lr}."""
+        """Apply both schedules for ``step``; returns {"dense": lr, "sparse": lr}, with each
+        ``param_optimizers`` entry's rate after the dense one (``param_optimizers[0]``)."""
         dense_lr = self.dense.set_learning_rates(step, epoch)
         sparse_lr = self.sparse_schedule(step, epoch)
         self.model.embedding.set_learning_rate(sparse_lr)
-        return {"dense": dense_lr, "sparse": sparse_lr}
+        return {"dense": dense_lr, **self.dense.entry_rates(), "sparse": sparse_lr}
 
 
 def build_session(config, rank: int = 0, world_size: int = 1,

@@ -117,3 +117,16 @@ def test_a_frozen_pattern_keeps_its_parameters_through_training(tmp_path):
     for name, value in before.items():
         same = torch.equal(after[name], value)
         assert same == name.startswith("towers."), name
+
+
+def test_the_progress_line_shows_each_patterns_rate(tmp_path):
+    """Where param_optimizers take parameters, the rates of the step name each entry beside
+    the dense optimizer's own (which may train no parameter at all)."""
+    dense = "adam_optimizer { lr: 0.01 } constant_learning_rate {}"
+    text = pipeline_text(tmp_path, '"y"', MULTI_TOWER).replace(dense, dense + """
+        param_optimizers { adam_optimizer { lr: 0.5 } regex_pattern: ".*"
+          param_learning_rate { cosine_annealing_learning_rate { T_max: 4 } } }""")
+    session = build_session(parse_pipeline_config(text), device=torch.device("cpu"))
+    rates = session.set_learning_rates(2, 0)
+    assert list(rates) == ["dense", "param_optimizers[0]", "sparse"]
+    assert (rates["dense"], rates["param_optimizers[0]"]) == pytest.approx((0.01, 0.25))
