@@ -38,7 +38,7 @@ def parse_pipeline_config(text: str, source: str = "<string>") -> EasyRecConfig:
         where = f"{source}:{err.GetLine()}" if err.GetLine() else source
         message = _strip_position(str(err))
         # a TorchEasyRec model HashRec lacks is said so, not likened to a model it has
-        hint = _unimplemented_model(message) or _close_name(message)
+        hint = _unimplemented_model(message) or _nested_field(message) or _close_name(message)
         raise ConfigError(f"{where}: {message}{hint}") from None
     missing = config.FindInitializationErrors()
     if missing:
@@ -112,6 +112,23 @@ def _close_name(message: str) -> str:
             names = list(pool.FindEnumTypeByName(match.group(1)).values_by_name)
     close = difflib.get_close_matches(match.group(2), names, n=1) if match else []
     return f' Did you mean "{close[0]}"?' if close else ""
+
+
+def _nested_field(message: str) -> str:
+    """For an unknown field that a message field of the same message holds (MaskNet's
+    ``n_mask_blocks``, which TorchEasyRec's configs once wrote straight under ``mask_net``
+    and now write in its ``mask_net_module``): where to write it; "" otherwise."""
+    match = _UNKNOWN_FIELD.search(message)
+    if not match:
+        return ""
+    with contextlib.suppress(KeyError):
+        holder = descriptor_pool.Default().FindMessageTypeByName(match.group(1))
+        inner = [f.name for f in holder.fields if f.message_type is not None
+                 and match.group(2) in f.message_type.fields_by_name]
+        if len(inner) == 1:
+            return (f" It belongs inside {inner[0]}: write {inner[0]} {{ "
+                    f"{match.group(2)}: ... }}")
+    return ""
 
 
 # TorchEasyRec's models that HashRec's ModelConfig does not parse: its configurable

@@ -228,3 +228,15 @@ def test_defaults_are_torcheasyrecs(path, expected):
     for name in path.split("."):
         value = getattr(value, name)
     assert value == expected
+
+
+def test_a_field_of_a_nested_message_says_where_it_belongs():
+    """TorchEasyRec's configs once wrote MaskNet's settings straight under mask_net, where
+    they now go in its mask_net_module: the error says so."""
+    with pytest.raises(ConfigError) as err:
+        parse_pipeline_config('model_dir: "m"\nmodel_config {\n  mask_net {\n'
+                              '    n_mask_blocks: 3\n  }\n}')
+    assert str(err.value) == (
+        '<string>:4: Message type "hashrec.protos.MaskNet" has no field named '
+        '"n_mask_blocks". It belongs inside mask_net_module: write mask_net_module { '
+        'n_mask_blocks: ... }')
