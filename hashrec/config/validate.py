@@ -11,6 +11,7 @@ from __future__ import annotations
 from hashrec.config.aliases import alias_problems
 from hashrec.config.errors import ConfigError
 from hashrec.config.fg_mode import RAW, fg_input, fg_input_setting
+from hashrec.config.normalizer import Normalizer
 from hashrec.config.pipeline_pb2 import EasyRecConfig
 from hashrec.config.unused import unused_field_problems
 
@@ -122,6 +123,11 @@ def _option_problems(name: str, sub) -> list[str]:
                             f"bucketized into len(boundaries) + 1 ids of an embedding_dim "
                             f"table); remove {dense_emb}, and set boundaries to embed the "
                             f"value or leave them out to feed it to the towers as it is")
+    if sub.DESCRIPTOR.name == "RawFeature" and sub.normalizer:
+        try:  # checked here, before any data is read, not only when features are built
+            Normalizer.parse(sub.normalizer, name)
+        except ConfigError as err:
+            problems.append(str(err))
     return problems
 
 

@@ -199,3 +199,73 @@ def test_dlrm_refuses_a_name_with_its_second_name(fields, message):
     config = parse_pipeline_config('model_dir: "m"\n' + _DLRM % fields)
     with pytest.raises(ConfigError, match=message):
         validate_pipeline_config(config)
+
+
+@pytest.mark.parametrize("feature, message", [
+    ('raw_feature { feature_name: "p" expression: "item:p" '
+     'normalizer: "method=expression,expr=lg(x+3)" }',
+     r"feature 'p': normalizer 'method=expression,expr=lg\(x\+3\)': expression 'lg\(x\+3\)': "
+     r"unknown function 'lg'"),
+    ('raw_feature { feature_name: "p" expression: "item:p" normalizer: "method=zscore,mean=1" }',
+     r"feature 'p': normalizer 'method=zscore,mean=1': zscore needs \['standard_deviation'\]"),
+    ('raw_feature { feature_name: "p" expression: "item:p" normalizer: "method=box_cox" }',
+     "feature 'p': normalizer 'method=box_cox': method must be one of"),
+    ('raw_feature { feature_name: "p" expression: "item:p" '
+     'normalizer: "method=minmax,min=1,max=1" }', r"feature 'p': .*bad max \(must be > min\)"),
+    ('sequence_raw_feature { feature_name: "sp" expression: "user:sp" sequence_length: 3 '
+     'normalizer: "method=expression,expr=x**2" }',
+     r"feature 'sp': .*expression 'x\*\*2': unexpected '\*\*'"),
+    ('sequence_feature { sequence_name: "s" sequence_length: 3 sequence_delim: ";" features { '
+     'raw_feature { feature_name: "t" expression: "item:t" '
+     'normalizer: "method=expression,expr=rnd()" } } }',
+     "feature 's__t': .*function 'rnd' .* is not supported in a normalizer"),
+], ids=["unknown-function", "zscore-missing", "method", "minmax", "sequence-raw",
+        "sequence-sub-feature"])
+def test_normalizer_problems_are_found_by_validation(feature, message):
+    """Before a run reads any data, not only when the features are built."""
+    config = parse_pipeline_config(f'model_dir: "m"\nfeature_configs {{ {feature} }}')
+    with pytest.raises(ConfigError, match=f"does not support:\n  {message}"):
+        validate_pipeline_config(config)
+
+
+def test_every_bad_normalizer_is_listed_and_good_ones_pass():
+    good = ('feature_configs { raw_feature { feature_name: "a" expression: "item:a" '
+            'normalizer: "method=expression,expr=log(x+3)" } }\n'
+            'feature_configs { raw_feature { feature_name: "b" expression: "item:b" '
+            'normalizer: "method=log10,threshold=1e-10,default=0" } }\n')
+    validate_pipeline_config(parse_pipeline_config(f'model_dir: "m"\n{good}'))
+    bad = ('feature_configs { raw_feature { feature_name: "c" expression: "item:c" '
+           'normalizer: "method=expression,expr=y" } }\n'
+           'feature_configs { raw_feature { feature_name: "d" expression: "item:d" '
+           'normalizer: "method=zscore" } }\n')
+    with pytest.raises(ConfigError) as err:
+        validate_pipeline_config(parse_pipeline_config(f'model_dir: "m"\n{good}{bad}'))
+    assert [line.split(":")[0] for line in str(err.value).splitlines()[1:]] == [
+        "  feature 'c'", "  feature 'd'"]
+
+
+def test_train_eval_stops_at_a_bad_normalizer_before_reading_data(tmp_path, caplog):
+    import logging
+
+    from hashrec.train_eval import main
+
+    config = tmp_path / "p.config"
+    config.write_text(
+        f'model_dir: "{tmp_path}/m"\ntrain_input_path: "{tmp_path}/missing.parquet"\n'
+        f'eval_input_path: "{tmp_path}/missing.parquet"\n'
+        'train_config { sparse_optimizer { sgd_optimizer { lr: 0.1 } '
+        'constant_learning_rate {} } dense_optimizer { adam_optimizer { lr: 0.01 } '
+        'constant_learning_rate {} } }\n'
+        'data_config { batch_size: 8 dataset_type: ParquetDataset label_fields: "y" }\n'
+        'feature_configs { raw_feature { feature_name: "p" expression: "item:p" '
+        'normalizer: "method=expression,expr=log(x+3" } }\n'
+        'model_config { feature_groups { group_name: "g" feature_names: "p" '
+        'group_type: DEEP } multi_tower { towers { input: "g" mlp { hidden_units: [4] } } } '
+        'losses { binary_cross_entropy {} } }\n', encoding="utf-8")
+    with caplog.at_level(logging.ERROR):
+        assert main(["--pipeline_config_path", str(config)]) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "missing.parquet" not in errors[0]
+    assert "feature 'p': normalizer 'method=expression,expr=log(x+3': expression " \
+           "'log(x+3': it ends early: expected ')'" in errors[0]
+    assert not (tmp_path / "m").exists()
