@@ -106,6 +106,20 @@ MODELS = {
       use_parallel: false
     }
   }""",
+    # the dense MLP's 8-wide output and the five embeddings: 6 rows -> 5 (residual
+    # projected) -> 5 (residual the identity), then the final MLP over 5 x 8
+    "wukong": """
+  feature_groups { group_name: "sparse" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid"] }
+  feature_groups { group_name: "dense" group_type: DEEP feature_names: ["price"] }
+  wukong {
+    dense_mlp { hidden_units: [16, 8] }
+    wukong_layers { lcb_feature_num: 2 fmb_feature_num: 3 compressed_feature_num: 4
+                    feature_num_mlp { hidden_units: [16] } }
+    wukong_layers { lcb_feature_num: 3 fmb_feature_num: 2 compressed_feature_num: 4
+                    feature_num_mlp { hidden_units: [16] } }
+    final { hidden_units: [8] }
+  }""",
     # the CIN crosses the four wide embeddings (2 columns each; pid has its wide table alone)
     "xdeepfm": """
   feature_groups { group_name: "wide" group_type: WIDE

@@ -11,6 +11,7 @@ from __future__ import annotations
 from hashrec.config.aliases import alias_problems
 from hashrec.config.errors import ConfigError
 from hashrec.config.fg_mode import RAW, fg_input, fg_input_setting
+from hashrec.config.normalizer import Normalizer
 from hashrec.config.pipeline_pb2 import EasyRecConfig
 from hashrec.config.unused import unused_field_problems
 
@@ -29,7 +30,7 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
 # equal; the config layer must not import the models above it).
 SUPPORTED_MODELS = ("dbmtl", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "mask_net", "mmoe",
                     "multi_tower", "multi_tower_din", "ple", "simple_multi_task",
-                    "wide_and_deep", "xdeepfm")
+                    "wide_and_deep", "wukong", "xdeepfm")
 # The models whose config lists task_towers (hashrec.models.tasks.MULTI_TASK_MODELS;
 # tests/models/test_registry.py keeps the two equal).
 MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple")
@@ -122,6 +123,11 @@ def _option_problems(name: str, sub) -> list[str]:
                             f"bucketized into len(boundaries) + 1 ids of an embedding_dim "
                             f"table); remove {dense_emb}, and set boundaries to embed the "
                             f"value or leave them out to feed it to the towers as it is")
+    if sub.DESCRIPTOR.name == "RawFeature" and sub.normalizer:
+        try:  # checked here, before any data is read, not only when features are built
+            Normalizer.parse(sub.normalizer, name)
+        except ConfigError as err:
+            problems.append(str(err))
     return problems
 
 

@@ -59,7 +59,7 @@ def _restored_session(config, checkpoint_path: str | None, rank: int, world_size
     best = BestBy.from_config(config)
     # Nothing there: say so before building (the best one is chosen, and named, after).
     agreed_checkpoint(source)
-    session = build_session(config, rank, world_size, ctx=ctx)
+    session = build_session(config, rank, world_size, ctx=ctx, purpose="export")
     path, meta_json = restore_resolved(
         source, lambda path: restore_checkpoint(path, session.model, None,
                                                 session.model.embedding.dynamic_tables(),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +11,7 @@ import torch
 
 from hashrec.config.errors import ConfigError
 from hashrec.config.floats import proto_float
+from hashrec.config.normalizer import Normalizer
 from hashrec.features.base import (
     Feature,
     SparseIds,
@@ -35,55 +35,7 @@ from hashrec.features.tokens import (
     truncate,
 )
 
-
-@dataclass(frozen=True)
-class Normalizer:
-    """fg normalizer: ``method=log10,threshold=..,default=..`` | ``method=zscore,mean=..,
-    standard_deviation=..`` | ``method=minmax,min=..,max=..``."""
-
-    method: str
-    params: tuple[tuple[str, float], ...]
-
-    @classmethod
-    def parse(cls, text: str, feature: str) -> Normalizer:
-        items = {k.strip(): v.strip() for k, v in
-                 (part.split("=", 1) for part in text.split(",") if "=" in part)}
-        method = items.pop("method", "")
-        needed = {"log10": (), "zscore": ("mean", "standard_deviation"), "minmax": ("min", "max")}
-        allowed = {**needed, "log10": ("threshold", "default")}
-        if method not in needed:
-            raise ConfigError(f"feature {feature!r}: normalizer {text!r}: method must be one of "
-                              f"{', '.join(needed)}")
-        try:
-            params = {k: float(v) for k, v in items.items()}
-        except ValueError:
-            raise ConfigError(f"feature {feature!r}: normalizer {text!r} has a non-numeric "
-                              f"parameter") from None
-        missing = [k for k in needed[method] if k not in params]
-        if missing:
-            raise ConfigError(f"feature {feature!r}: normalizer {text!r} needs {missing}")
-        unknown = sorted(set(params) - set(allowed[method]))
-        if unknown:
-            raise ConfigError(f"feature {feature!r}: normalizer {text!r}: {unknown} are not "
-                              f"parameters of {method}; allowed: {list(allowed[method])}")
-        bad = [k for k, v in params.items() if not math.isfinite(v)]
-        if method == "zscore" and params["standard_deviation"] <= 0:
-            bad.append("standard_deviation (must be > 0)")
-        if method == "minmax" and params["max"] <= params["min"]:
-            bad.append("max (must be > min)")
-        if bad:
-            raise ConfigError(f"feature {feature!r}: normalizer {text!r}: bad {', '.join(bad)}; "
-                              f"it would turn values into NaN or inf")
-        return cls(method, tuple(sorted(params.items())))
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        p = dict(self.params)
-        if self.method == "log10":
-            threshold, default = p.get("threshold", 1e-10), p.get("default", -10.0)
-            return np.where(x > threshold, np.log10(np.maximum(x, threshold)), default)
-        if self.method == "zscore":
-            return (x - p["mean"]) / p["standard_deviation"]
-        return (x - p["min"]) / (p["max"] - p["min"])
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def float_values(bags: Bags, feature: str, column: str) -> np.ndarray:
@@ -137,15 +89,33 @@ class RawFeature(Feature):
 
     def _values(self, bags: Bags, defaulted: np.ndarray | None = None) -> np.ndarray:
         """The bags' values, normalized but where ``defaulted`` (a (B,) bool of rows that
-        took ``default_value``): as in TorchEasyRec, the default is not normalized."""
+        took ``default_value``): as in TorchEasyRec, the default is not normalized.
+
+        A value the normalizer turns into NaN or an infinity (an expression's ``log(0)``),
+        or, fed to the model as it is, into more than float32 holds, is an error naming
+        the row, as a NaN read from the column is."""
         values = float_values(bags, self.name, self.columns[0])
-        if self.normalizer is not None:
-            normalized = self.normalizer(values)
-            if defaulted is not None and defaulted.any():
-                kept = np.repeat(defaulted, bags.lengths)
-                normalized = np.where(kept, values, normalized)
-            values = normalized
-        return values
+        if self.normalizer is None:
+            return values
+        normalized = self.normalizer(values)
+        if defaulted is not None and defaulted.any():
+            kept = np.repeat(defaulted, bags.lengths)
+            normalized = np.where(kept, values, normalized)
+        bad = ~np.isfinite(normalized)
+        if self.table is None:  # fed to the model as float32
+            bad |= np.abs(normalized) > _FLOAT32_MAX
+        if bad.any():
+            pos = int(np.flatnonzero(bad)[0])
+            beyond = "" if self.table is not None else " or beyond float32's range"
+            fix = "make the expression finite for every value the column holds (e.g. " \
+                "x > 0 ? log(x) : 0)" if self.normalizer.method == "expression" else \
+                "check the normalizer's parameters"
+            raise FeatureError(
+                f"feature {self.name!r}: column {self.columns[0]!r}", bags.row_of(pos),
+                f"value {values[pos]:g} becomes {normalized[pos]:g} under normalizer "
+                f"{self.normalizer.text!r}, which is not finite{beyond}; {fix}, or clean "
+                f"the input")
+        return normalized
 
     def items(self, table) -> Bags:
         column = self.columns[0]

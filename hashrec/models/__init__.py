@@ -1,5 +1,5 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
-DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM) and multi-task ones (SimpleMultiTask,
+DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong) and multi-task ones (SimpleMultiTask,
 MMoE, DBMTL, PLE)."""
 
 from hashrec.models.dbmtl import DBMTL
@@ -16,8 +16,9 @@ from hashrec.models.rank_model import RankModel
 from hashrec.models.registry import MODELS, create_model
 from hashrec.models.simple_multi_task import SimpleMultiTask
 from hashrec.models.wide_and_deep import WideAndDeep
+from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
 
 __all__ = ["DBMTL", "DCNV1", "DCNV2", "DLRM", "DeepFM", "MMoE", "MaskNet", "ModelError",
            "MultiTower", "MultiTowerDIN", "PLE", "RankModel", "MODELS", "SimpleMultiTask",
-           "WideAndDeep", "XDeepFM", "create_model"]
+           "WideAndDeep", "WuKong", "XDeepFM", "create_model"]

@@ -22,13 +22,17 @@ from torch import nn
 
 from hashrec.config.aliases import aliased
 from hashrec.models.errors import ModelError
-from hashrec.models.feature_groups import DEEP, GroupSpec
 from hashrec.models.group_net import GroupNetModel
 from hashrec.models.rank_model import mlp_options
+from hashrec.models.sparse_dense import (
+    dense_mlp_to_width,
+    sparse_and_dense_groups,
+    sparse_width,
+)
 from hashrec.modules import MLP, PairwiseDot
 
-SPARSE = "sparse"
-DENSE = "dense"
+# How DLRM's vectors meet, for the width errors.
+_DOTS = "interact by dot products"
 
 
 class DLRMNet(nn.Module):
@@ -86,11 +90,11 @@ class DLRM(GroupNetModel):
                  embedding: nn.Module | None = None) -> None:
         super().__init__(model_config, feature_set, sparse_optimizer, device, embedding)
         config = model_config.dlrm
-        self.sparse_group, self.dense_group = self._sparse_and_dense()
+        self.sparse_group, self.dense_group = sparse_and_dense_groups(self)
         self.input_groups = [self.sparse_group] + (
             [self.dense_group] if self.dense_group is not None else [])
-        width = self._sparse_width()
-        dense_mlp = self._dense_mlp(config, width)
+        width = sparse_width(self, _DOTS)
+        dense_mlp = dense_mlp_to_width(self, config, width, _DOTS)
         num_vectors = len(self.sparse_group.features) + int(dense_mlp is not None)
         final_width = num_vectors * (num_vectors - 1) // 2
         if dense_mlp is not None:
@@ -107,46 +111,3 @@ class DLRM(GroupNetModel):
         self.net = DLRMNet(len(self.sparse_group.features), dense_mlp, final,
                            nn.Linear(final.output_dim(), self.num_class),
                            config.arch_with_sparse)
-
-    def _sparse_and_dense(self) -> tuple[GroupSpec, GroupSpec | None]:
-        for name, group in self.groups.items():
-            if group.group_type != DEEP:
-                raise ModelError(f"{self.kind}: feature group {name!r} is {group.group_type}; "
-                                 f"{self.kind} reads DEEP groups")
-        if len(self.groups) == 1:
-            return next(iter(self.groups.values())), None
-        unknown = [name for name in self.groups if name not in (SPARSE, DENSE)]
-        if unknown or SPARSE not in self.groups:
-            raise ModelError(
-                f"{self.kind} with several feature groups reads the group {SPARSE!r} (the "
-                f"embeddings that interact) and the group {DENSE!r} (the dense MLP's input); "
-                f"got groups {list(self.groups)}")
-        return self.groups[SPARSE], self.groups[DENSE]
-
-    def _sparse_width(self) -> int:
-        widths = {f.dim for f in self.sparse_group.features}
-        if len(widths) > 1:
-            listed = ", ".join(f"{f.name} {f.dim}" for f in self.sparse_group.features)
-            raise ModelError(
-                f"{self.kind}: the features of the sparse group {self.sparse_group.name!r} "
-                f"interact by dot products and need one width; they have {listed}")
-        return widths.pop()
-
-    def _dense_mlp(self, config, width: int) -> MLP | None:
-        where = f"{self.kind}.dense_mlp"
-        dense_config = aliased(config, "dense_mlp", self.kind, ModelError)
-        if self.dense_group is None:
-            if dense_config is not None:
-                raise ModelError(f"{where} is set but there is no feature group {DENSE!r} "
-                                 f"(beside the group {SPARSE!r}) for it to read")
-            return None
-        if dense_config is None:
-            raise ModelError(f"{where} is needed for the feature group {DENSE!r}; set it, "
-                             f"its last hidden unit {width} (the sparse features' width)")
-        mlp = MLP(self.dense_group.dim, mlp_options(dense_config, where))
-        if mlp.output_dim() != width:
-            raise ModelError(
-                f"{where}.hidden_units ends in {mlp.output_dim()}; the dense MLP's output "
-                f"interacts with the sparse features by dot products and needs their width "
-                f"{width} as its last hidden unit")
-        return mlp

@@ -15,6 +15,7 @@ from hashrec.models.ple import PLE
 from hashrec.models.rank_model import RankModel
 from hashrec.models.simple_multi_task import SimpleMultiTask
 from hashrec.models.wide_and_deep import WideAndDeep
+from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
 
 MODELS: dict[str, type[RankModel]] = {
@@ -30,6 +31,7 @@ MODELS: dict[str, type[RankModel]] = {
     "ple": PLE,
     "simple_multi_task": SimpleMultiTask,
     "wide_and_deep": WideAndDeep,
+    "wukong": WuKong,
     "xdeepfm": XDeepFM,
 }
 

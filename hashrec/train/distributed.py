@@ -139,9 +139,10 @@ def _planner_tables(feature_set, sparse_spec, ctx: DistContext) -> list[PlannerT
     return out
 
 
-def plan_storage_modes(feature_set, sparse_spec, batch_size: int, ctx: DistContext | None
-                       ) -> dict[str, tuple[float, bool]]:
-    """Storage name -> (cache_load_factor, caching) the planner chose (same on every rank).
+def plan_storage_modes(feature_set, sparse_spec, batch_size: int, ctx: DistContext | None,
+                       purpose: str = "training") -> dict[str, tuple[float, bool]]:
+    """Storage name -> (cache_load_factor, caching) the planner chose (same on every rank);
+    ``purpose`` (training, evaluation, export, a tool's name) labels the plan's log line.
 
     Raises:
         DistributedError: no plan fits (a ``PlannerError`` naming the tables), on every rank.
@@ -154,8 +155,8 @@ def plan_storage_modes(feature_set, sparse_spec, batch_size: int, ctx: DistConte
             if tables:
                 plan = plan_tables(tables, detect_topology(ctx.world_size, ctx.device),
                                    max(1, batch_size))
-                logger.info("storage plan for %d rank(s), training batch %d per rank:\n%s",
-                            ctx.world_size, batch_size, plan_to_table(plan))
+                logger.info("storage plan for %d rank(s), %s:\n%s", ctx.world_size,
+                            _plan_label(purpose, batch_size), plan_to_table(plan))
                 reply = ({t.name: (t.variant.cache_load_factor, t.variant.caching)
                           for t in plan.tables}, None)
         except (DistributedError, ValueError) as err:
@@ -164,6 +165,14 @@ def plan_storage_modes(feature_set, sparse_spec, batch_size: int, ctx: DistConte
     if error is not None:
         raise DistributedError(f"storage planning failed: {error}")
     return choice
+
+
+def _plan_label(purpose: str, batch_size: int) -> str:
+    """What a storage plan is for: ``training batch 1024 per rank``; a process that runs
+    no batches of its own (export, a tool) says the batch its costs assume."""
+    if purpose in ("training", "evaluation"):
+        return f"{purpose} batch {batch_size} per rank"
+    return f"{purpose} (costs estimated at batch {batch_size} per rank)"
 
 
 def global_table_counters(counters: dict[str, dict[str, float]], ctx: DistContext

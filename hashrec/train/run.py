@@ -117,7 +117,7 @@ def evaluate_checkpoint(config, checkpoint_path: str | None = None, rank: int = 
     source = checkpoint_path or config.model_dir
     checkpoints.agreed_checkpoint(source)  # nothing there: say so before building
     expand_input_path(config.eval_input_path)
-    session = build_session(config, rank, world_size, ctx=ctx)
+    session = build_session(config, rank, world_size, ctx=ctx, purpose="evaluation")
     path, meta = checkpoints.restore_resolved(
         source, lambda path: restore_checkpoint(path, session.model, None,
                                                 session.model.embedding.dynamic_tables(),

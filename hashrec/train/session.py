@@ -109,11 +109,13 @@ class Session:
 
 def build_session(config, rank: int = 0, world_size: int = 1,
                   device: torch.device | None = None,
-                  ctx: DistContext | None = None) -> Session:
+                  ctx: DistContext | None = None, purpose: str = "training") -> Session:
     """Build the feature set, model, optimizers and precision of ``config``.
 
     ``ctx`` (from ``init_distributed``) overrides ``rank``, ``world_size`` and
     ``device``; with world size > 1 the dynamic tables are sharded over the ranks.
+    ``purpose`` (training, evaluation, export, a tool's name) labels the storage plan's
+    log line.
 
     Raises:
         TrainError: train_config missing or invalid (ModelError, FeatureError and
@@ -132,7 +134,8 @@ def build_session(config, rank: int = 0, world_size: int = 1,
     feature_set = build_feature_set(config)
     check_metrics(config.model_config, feature_set)
     sparse_spec = sparse_optimizer_spec(train_config.sparse_optimizer)
-    modes = plan_storage_modes(feature_set, sparse_spec, int(config.data_config.batch_size), ctx)
+    modes = plan_storage_modes(feature_set, sparse_spec, int(config.data_config.batch_size), ctx,
+                               purpose)
     embedding = EmbeddingCollection(feature_set.embedding_tables(),
                                     feature_set.embedding_features(), sparse_spec, device,
                                     dist=ctx, storage_modes=modes)
@@ -145,8 +148,9 @@ def build_session(config, rank: int = 0, world_size: int = 1,
     precision = MixedPrecision.create(
         train_config.mixed_precision, device,
         train_config.grad_scaler if train_config.HasField("grad_scaler") else None)
-    return Session(config, feature_set, model, dense, sparse_schedule(train_config.sparse_optimizer),
-                   precision, device, rank, world_size, ctx, placement)
+    return Session(config, feature_set, model, dense,
+                   sparse_schedule(train_config.sparse_optimizer), precision, device, rank,
+                   world_size, ctx, placement)
 
 
 def _limit_host_threads(device: torch.device, loader_workers: int) -> None:

@@ -15,6 +15,7 @@ from hashrec.config import (
 )
 
 TAOBAO_CONFIG = Path(__file__).parent / "testdata" / "torcheasyrec_dynamicemb_taobao.config"
+WUKONG_CONFIG = Path(__file__).parent / "testdata" / "torcheasyrec_wukong_criteo.config"
 
 
 def test_taobao_config_needs_a_supported_dataset():
@@ -61,7 +62,7 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
     ("model_config { losses { binary_cross_entropy {} } }",
      "model_config sets no model; supported models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, "
      "mask_net, mmoe, multi_tower, multi_tower_din, ple, simple_multi_task, wide_and_deep, "
-     "xdeepfm$"),
+     "wukong, xdeepfm$"),
     ("train_config { sparse_optimizer { lamb_optimizer { lr: 1 } } dense_optimizer { "
      "adam_optimizer { lr: 1 } } }", "lamb_optimizer is not supported"),
     ("data_config { dataset_type: KafkaDataset }", "KafkaDataset is not supported"),
@@ -143,7 +144,7 @@ def test_zero_batch_size_is_rejected_naming_the_field():
         validate_pipeline_config(zero)
 
 
-# Model configs as TorchEasyRec's examples write them (pepnet_taobao, wukong_criteo,
+# Model configs as TorchEasyRec's examples write them (pepnet_taobao,
 # rocket_launching_criteo): they load and are refused as models HashRec does not implement
 # (before, unknown fields).
 _GROUP = 'feature_groups { group_name: "all" feature_names: "u" group_type: DEEP }'
@@ -157,12 +158,9 @@ _TOWER = ('task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units:
     f'{_TOWER} }}',
     f'pepnet {{ epnet_gamma: 2.0 ppnet_activation: "nn.ReLU" ppnet_gamma: 2.0 '
     f'domain_input_name: "domain" task_domain_num: 3 {_TOWER} }}',
-    'wukong { dense_mlp { hidden_units: 512 } wukong_layers { lcb_feature_num: 16 '
-    'fmb_feature_num: 16 compressed_feature_num: 24 feature_num_mlp { hidden_units: 512 } } '
-    'final { hidden_units: 64 } } metrics { auc {} } losses { binary_cross_entropy {} }',
     'rocket_launching { booster_mlp { hidden_units: [256, 128] } light_mlp { hidden_units: '
     '[96, 64] } feature_based_distillation: true } losses { binary_cross_entropy {} }',
-], ids=["pepnet-named-groups", "pepnet-domain-towers", "wukong", "rocket-launching"])
+], ids=["pepnet-named-groups", "pepnet-domain-towers", "rocket-launching"])
 def test_torcheasyrec_models_load_and_are_refused_as_not_implemented(model):
     config = parse_pipeline_config(f'model_dir: "m"\nmodel_config {{ {_GROUP} {model} }}')
     kind = config.model_config.WhichOneof("model")
@@ -171,7 +169,20 @@ def test_torcheasyrec_models_load_and_are_refused_as_not_implemented(model):
     assert str(err.value).splitlines()[1:] == [
         f"  model_config.{kind} is not supported; supported models: dbmtl, dcn_v1, dcn_v2, "
         f"deepfm, dlrm, mask_net, mmoe, multi_tower, multi_tower_din, ple, "
-        f"simple_multi_task, wide_and_deep, xdeepfm"]
+        f"simple_multi_task, wide_and_deep, wukong, xdeepfm"]
+
+
+def test_torcheasyrecs_wukong_example_passes_validation():
+    # wukong_criteo reads ODPS, the one thing HashRec refuses in it (before, the model too)
+    config = load_pipeline_config(WUKONG_CONFIG)
+    with pytest.raises(ConfigError) as err:
+        validate_pipeline_config(config)
+    assert [line.strip() for line in str(err.value).splitlines()[1:]] == [
+        "data_config.dataset_type OdpsDataset is not supported; use ParquetDataset or "
+        "CsvDataset (and local paths)"]
+    validate_pipeline_config(
+        apply_edit_config_json(config, {"data_config.dataset_type": "ParquetDataset"}))
+    assert len(config.model_config.wukong.wukong_layers) == 2
 
 
 _DLRM = ('model_config { feature_groups { group_name: "sparse" feature_names: "u" '
@@ -199,3 +210,73 @@ def test_dlrm_refuses_a_name_with_its_second_name(fields, message):
     config = parse_pipeline_config('model_dir: "m"\n' + _DLRM % fields)
     with pytest.raises(ConfigError, match=message):
         validate_pipeline_config(config)
+
+
+@pytest.mark.parametrize("feature, message", [
+    ('raw_feature { feature_name: "p" expression: "item:p" '
+     'normalizer: "method=expression,expr=lg(x+3)" }',
+     r"feature 'p': normalizer 'method=expression,expr=lg\(x\+3\)': expression 'lg\(x\+3\)': "
+     r"unknown function 'lg'"),
+    ('raw_feature { feature_name: "p" expression: "item:p" normalizer: "method=zscore,mean=1" }',
+     r"feature 'p': normalizer 'method=zscore,mean=1': zscore needs \['standard_deviation'\]"),
+    ('raw_feature { feature_name: "p" expression: "item:p" normalizer: "method=box_cox" }',
+     "feature 'p': normalizer 'method=box_cox': method must be one of"),
+    ('raw_feature { feature_name: "p" expression: "item:p" '
+     'normalizer: "method=minmax,min=1,max=1" }', r"feature 'p': .*bad max \(must be > min\)"),
+    ('sequence_raw_feature { feature_name: "sp" expression: "user:sp" sequence_length: 3 '
+     'normalizer: "method=expression,expr=x**2" }',
+     r"feature 'sp': .*expression 'x\*\*2': unexpected '\*\*'"),
+    ('sequence_feature { sequence_name: "s" sequence_length: 3 sequence_delim: ";" features { '
+     'raw_feature { feature_name: "t" expression: "item:t" '
+     'normalizer: "method=expression,expr=rnd()" } } }',
+     "feature 's__t': .*function 'rnd' .* is not supported in a normalizer"),
+], ids=["unknown-function", "zscore-missing", "method", "minmax", "sequence-raw",
+        "sequence-sub-feature"])
+def test_normalizer_problems_are_found_by_validation(feature, message):
+    """Before a run reads any data, not only when the features are built."""
+    config = parse_pipeline_config(f'model_dir: "m"\nfeature_configs {{ {feature} }}')
+    with pytest.raises(ConfigError, match=f"does not support:\n  {message}"):
+        validate_pipeline_config(config)
+
+
+def test_every_bad_normalizer_is_listed_and_good_ones_pass():
+    good = ('feature_configs { raw_feature { feature_name: "a" expression: "item:a" '
+            'normalizer: "method=expression,expr=log(x+3)" } }\n'
+            'feature_configs { raw_feature { feature_name: "b" expression: "item:b" '
+            'normalizer: "method=log10,threshold=1e-10,default=0" } }\n')
+    validate_pipeline_config(parse_pipeline_config(f'model_dir: "m"\n{good}'))
+    bad = ('feature_configs { raw_feature { feature_name: "c" expression: "item:c" '
+           'normalizer: "method=expression,expr=y" } }\n'
+           'feature_configs { raw_feature { feature_name: "d" expression: "item:d" '
+           'normalizer: "method=zscore" } }\n')
+    with pytest.raises(ConfigError) as err:
+        validate_pipeline_config(parse_pipeline_config(f'model_dir: "m"\n{good}{bad}'))
+    assert [line.split(":")[0] for line in str(err.value).splitlines()[1:]] == [
+        "  feature 'c'", "  feature 'd'"]
+
+
+def test_train_eval_stops_at_a_bad_normalizer_before_reading_data(tmp_path, caplog):
+    import logging
+
+    from hashrec.train_eval import main
+
+    config = tmp_path / "p.config"
+    config.write_text(
+        f'model_dir: "{tmp_path}/m"\ntrain_input_path: "{tmp_path}/missing.parquet"\n'
+        f'eval_input_path: "{tmp_path}/missing.parquet"\n'
+        'train_config { sparse_optimizer { sgd_optimizer { lr: 0.1 } '
+        'constant_learning_rate {} } dense_optimizer { adam_optimizer { lr: 0.01 } '
+        'constant_learning_rate {} } }\n'
+        'data_config { batch_size: 8 dataset_type: ParquetDataset label_fields: "y" }\n'
+        'feature_configs { raw_feature { feature_name: "p" expression: "item:p" '
+        'normalizer: "method=expression,expr=log(x+3" } }\n'
+        'model_config { feature_groups { group_name: "g" feature_names: "p" '
+        'group_type: DEEP } multi_tower { towers { input: "g" mlp { hidden_units: [4] } } } '
+        'losses { binary_cross_entropy {} } }\n', encoding="utf-8")
+    with caplog.at_level(logging.ERROR):
+        assert main(["--pipeline_config_path", str(config)]) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "missing.parquet" not in errors[0]
+    assert "feature 'p': normalizer 'method=expression,expr=log(x+3': expression " \
+           "'log(x+3': it ends early: expected ')'" in errors[0]
+    assert not (tmp_path / "m").exists()

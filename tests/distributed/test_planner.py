@@ -1,5 +1,6 @@
 import dataclasses
 import itertools
+import logging
 
 import pytest
 import torch
@@ -335,6 +336,25 @@ def _planned_from_config(monkeypatch, dynamicemb: str, gpu_bytes: int = 1 << 40)
         '"user:user_id" embedding_dim: 16 dynamicemb { max_capacity: 65536 '
         f'{dynamicemb} }} }} }}'))
     return plan_storage_modes(feature_set, SparseAdam(lr=0.01), 256, None)["user_id"]
+
+
+@pytest.mark.parametrize("purpose, label", [
+    ("training", "training batch 256 per rank"),
+    ("evaluation", "evaluation batch 256 per rank"),
+    ("export", "export (costs estimated at batch 256 per rank)")])
+def test_the_plan_line_says_what_the_process_plans_for(monkeypatch, caplog, purpose, label):
+    from hashrec.config import parse_pipeline_config
+    from hashrec.features import build_feature_set
+    from hashrec.train.distributed import plan_storage_modes
+
+    monkeypatch.setenv("HASHREC_HOST_MEMORY_BYTES", str(1 << 40))
+    feature_set = build_feature_set(parse_pipeline_config(
+        'model_dir: "m"\nfeature_configs { id_feature { feature_name: "user_id" expression: '
+        '"user:user_id" embedding_dim: 16 dynamicemb { max_capacity: 65536 } } }'))
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        plan_storage_modes(feature_set, SparseAdam(lr=0.01), 256, None, purpose)
+    assert [m.split(":")[0] for m in caplog.messages if m.startswith("storage plan")] == [
+        f"storage plan for 1 rank(s), {label}"]
 
 
 @pytest.mark.parametrize("dynamicemb, planned", [

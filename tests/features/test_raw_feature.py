@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -61,7 +62,9 @@ def test_non_numeric_strings_name_the_row_and_the_value(feature_set):
     ("method=log10,threshold=1e-10,default=-10", [100.0, 0.0], [2.0, -10.0]),
     ("method=zscore,mean=1,standard_deviation=2", [5.0, 1.0], [2.0, 0.0]),
     ("method=minmax,min=2,max=4", [3.0, 4.0], [0.5, 1.0]),
-], ids=["log10", "zscore", "minmax"])
+    ("method=expression,expr=log(x+3)", [-2.0, 1.0], [0.0, math.log(4.0)]),
+    ("method=expression,expr=x > 1 ? sqrt(x) : -x^2", [4.0, -3.0], [2.0, -9.0]),
+], ids=["log10", "zscore", "minmax", "expression", "expression-condition"])
 def test_normalizers(feature_set, normalizer, values, want):
     fs = feature_set(_raw(f'normalizer: "{normalizer}"'))
     got = fs.parse(pa.table({"c": values})).dense["r"][:, 0].tolist()
@@ -101,7 +104,7 @@ def test_boundaries_bucketize(feature_set):
 @pytest.mark.parametrize("options, message", [
     ("boundaries: [3, 1] embedding_dim: 4", "ascending"),
     ("boundaries: [1, 2]", "embedding_dim must be > 0"),
-    ('normalizer: "method=expression,expr=x"', "method must be one of"),
+    ('normalizer: "method=expression,expr=foo(x)"', "unknown function 'foo'"),
     ('normalizer: "method=zscore,mean=1"', "needs"),
     ("value_dim: 0", "value_dim must be >= 1"),
 ], ids=["unsorted", "no-dim", "expression", "zscore-missing", "zero-dim"])
@@ -162,3 +165,53 @@ def test_a_list_column_of_nulls_takes_the_default(feature_set, options, want):
     bucketized = feature_set(_raw(f"{options} boundaries: [1.0] embedding_dim: 4"))
     assert bucketized.parse(pa.table({"c": column})).sparse["r"].values.tolist() == \
         [int(row[0] >= 1.0) for row in want]
+
+
+def test_an_expression_normalizes_each_value_and_not_the_default(feature_set):
+    fs = feature_set(_raw('value_dim: 2 separator: "," default_value: "-3,0" '
+                          'normalizer: "method=expression,expr=log(x+3)"'))
+    got = fs.parse(pa.table({"c": ["-2,1", None, "0,5"]})).dense["r"].tolist()
+    # the default -3 would be log(0), -inf: it is taken as it is, as TorchEasyRec does
+    assert np.allclose(got, [[0.0, math.log(4)], [-3.0, 0.0], [math.log(3), math.log(8)]])
+
+
+def test_an_expression_normalizes_before_bucketizing(feature_set):
+    fs = feature_set(_raw('boundaries: [1, 2] embedding_dim: 4 '
+                          'normalizer: "method=expression,expr=log10(x)"'))
+    ids = fs.parse(pa.table({"c": [5.0, 10.0, 99.0, 100.0, 1e300]})).sparse["r"]
+    assert ids.values.tolist() == [0, 1, 1, 2, 2]
+
+
+def test_an_expression_normalizes_a_sequence(feature_set):
+    fs = feature_set('feature_configs { sequence_raw_feature { feature_name: "s" '
+                     'expression: "user:s" sequence_length: 3 sequence_delim: ";" '
+                     'normalizer: "method=expression,expr=2*x^2" } }')
+    got = fs.parse(pa.table({"s": ["1;-2", "3"]})).sequence_dense["s"][:, :, 0].tolist()
+    assert got == [[2.0, 8.0, 0.0], [18.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("normalizer, values, message", [
+    ("method=expression,expr=log(x+3)", [1.0, -3.0], r"value -3 becomes -inf"),
+    ("method=expression,expr=log(x)", [1.0, -1.0], r"value -1 becomes nan"),
+    ("method=expression,expr=1/x", [1.0, 0.0], r"value 0 becomes inf"),
+    ("method=expression,expr=exp(x)", [1.0, 100.0],
+     r"value 100 becomes 2.68812e\+43"),
+    ("method=zscore,mean=0,standard_deviation=1e-300", [0.0, 1e10], r"value 1e\+10 becomes inf"),
+], ids=["log-zero", "log-negative", "divide-by-zero", "float32-overflow", "zscore-overflow"])
+def test_a_value_the_normalizer_makes_not_finite_names_the_row(feature_set, normalizer, values,
+                                                               message):
+    fix = r"check the normalizer's parameters, or clean the input$" if "zscore" in normalizer \
+        else r"make the expression finite for every value the column holds \(e.g. x > 0 \? "
+    fs = feature_set(_raw(f'normalizer: "{normalizer}"'))
+    with pytest.raises(FeatureError, match=rf"^feature 'r': column 'c' row 1: {message} under "
+                                           rf"normalizer '{re.escape(normalizer)}', which is "
+                                           rf"not finite or beyond float32's range; {fix}"):
+        fs.parse(pa.table({"c": values}))
+
+
+def test_a_bucketized_value_may_exceed_float32_but_not_be_infinite(feature_set):
+    fs = feature_set(_raw('boundaries: [1] embedding_dim: 4 '
+                          'normalizer: "method=expression,expr=exp(x)"'))
+    assert fs.parse(pa.table({"c": [-1.0, 100.0]})).sparse["r"].values.tolist() == [0, 1]
+    with pytest.raises(FeatureError, match="row 0: value 1000 becomes inf"):
+        fs.parse(pa.table({"c": [1000.0]}))

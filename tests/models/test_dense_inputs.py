@@ -14,6 +14,7 @@ import test_multi_tower
 import test_ple
 import test_simple_multi_task
 import test_wide_and_deep
+import test_wukong
 import test_xdeepfm
 import torch
 from host_reads import HostReads
@@ -43,6 +44,8 @@ KINDS = {
     "mask_net-serial": (test_mask_net.SERIAL, ()),
     "xdeepfm": (test_xdeepfm.CONFIG, test_xdeepfm.WIDE),
     "simple_multi_task": (test_simple_multi_task.CONFIG, ()),
+    "wukong": (test_wukong.CONFIG, ()),
+    "wukong-sparse-only": (test_wukong.SPARSE_ONLY, ()),
 }
 # The label fields of the models that read more than ``clk``.
 LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,

@@ -13,12 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from tiny_pipeline import MULTI_TOWER, exported_predictions, pipeline_text, restored_outputs
+from tiny_pipeline import MULTI_TOWER, exported_predictions, restored_outputs, train_tiny
 
-from hashrec.config import parse_pipeline_config
 from hashrec.features import build_feature_set
 from hashrec.features.errors import FeatureError
-from hashrec.train import train_and_evaluate
 
 CLASSES = MULTI_TOWER + """ num_class: 3
   losses { softmax_cross_entropy { label_smoothing: 0.1 } }
@@ -49,11 +47,7 @@ def _table(rows: int, seed: int) -> pa.Table:
 
 
 def _trained(root, labels: str, model: str, **kwargs):
-    (root / "data").mkdir()
-    pq.write_table(_table(1280, 0), root / "data" / "train.parquet")
-    pq.write_table(_table(320, 1), root / "data" / "eval.parquet")
-    config = parse_pipeline_config(pipeline_text(root, labels, model, **kwargs))
-    return root, config, train_and_evaluate(config)
+    return train_tiny(root, _table, labels, model, **kwargs)
 
 
 @pytest.fixture(scope="module")

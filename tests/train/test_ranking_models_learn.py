@@ -1,4 +1,4 @@
-"""DCN v1, DCN v2, MaskNet, xDeepFM and SimpleMultiTask learn a planted signal end to end
+"""DCN v1, DCN v2, MaskNet, xDeepFM, WuKong and SimpleMultiTask learn a planted signal end to end
 (train_and_evaluate on generated parquet): the evaluation AUC is well above chance and
 the evaluation loss below that of predicting the label's base rate."""
 
@@ -27,6 +27,12 @@ MODELS = {
                    group_type: WIDE }
   xdeepfm { cin { cin_layer_size: [4] } deep { hidden_units: [8] }
     final { hidden_units: [8] } }""",
+    # the user's embedding and the dense MLP's output over the price as two 4-wide rows
+    # (the groups "sparse" and "dense" replace the template's group "deep")
+    "wukong": """wukong { dense_mlp { hidden_units: [8, 4] }
+    wukong_layers { lcb_feature_num: 2 fmb_feature_num: 2 compressed_feature_num: 2
+                    feature_num_mlp { hidden_units: [8] } }
+    final { hidden_units: [8] } }""",
     # the same signal twice, weighted differently
     "simple_multi_task": """simple_multi_task {
     task_towers { tower_name: "a" label_name: "clk" mlp { hidden_units: [16, 8] } }
@@ -34,6 +40,11 @@ MODELS = {
                   weight: 0.5 }
   }""",
 }
+
+_DEEP_GROUP = 'feature_groups { group_name: "deep" feature_names: ["user_id", "price"]'
+_SPARSE_AND_DENSE = ('feature_groups { group_name: "sparse" feature_names: ["user_id"] '
+                     'group_type: DEEP }\n  feature_groups { group_name: "dense" '
+                     'feature_names: ["price"]')
 
 
 def _table(rows: int, seed: int) -> pa.Table:
@@ -59,7 +70,10 @@ def test_model_learns_the_planted_signal(kind, tmp_path):
     pq.write_table(evaluation, tmp_path / "data" / "eval.parquet")
     multi = kind == "simple_multi_task"
     labels = '["clk", "clk2"]' if multi else '"clk"'
-    config = parse_pipeline_config(pipeline_text(tmp_path, labels, MODELS[kind], epochs=4))
+    text = pipeline_text(tmp_path, labels, MODELS[kind], epochs=4)
+    if kind == "wukong":
+        text = text.replace(_DEEP_GROUP, _SPARSE_AND_DENSE)
+    config = parse_pipeline_config(text)
     result = train_and_evaluate(config)
     aucs = [result["auc_a"], result["auc_b"]] if multi else [result["auc"]]
     assert min(aucs) > 0.8  # chance: 0.5

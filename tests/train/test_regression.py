@@ -11,10 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from tiny_pipeline import MULTI_TOWER, exported_predictions, pipeline_text, restored_outputs
-
-from hashrec.config import parse_pipeline_config
-from hashrec.train import train_and_evaluate
+from tiny_pipeline import MULTI_TOWER, exported_predictions, restored_outputs, train_tiny
 
 
 def _table(rows: int, seed: int) -> pa.Table:
@@ -28,13 +25,8 @@ def _table(rows: int, seed: int) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("regression")
-    (root / "data").mkdir()
-    pq.write_table(_table(1280, 0), root / "data" / "train.parquet")
-    pq.write_table(_table(320, 1), root / "data" / "eval.parquet")
-    config = parse_pipeline_config(pipeline_text(root, '"minutes"',
-                                                 MULTI_TOWER + " losses { l2_loss {} }"))
-    return root, config, train_and_evaluate(config)
+    return train_tiny(tmp_path_factory.mktemp("regression"), _table, '"minutes"',
+                      MULTI_TOWER + " losses { l2_loss {} }")
 
 
 def test_the_model_learns_values_and_reports_mean_squared_error(trained):

@@ -167,7 +167,8 @@ def create_init_checkpoint(config, world_size: int, save_dir: str,
 
     if not any(_sets_init_table(feature) for feature in config.feature_configs):
         raise MigrationError(NO_INIT_TABLE)  # said before the model is built
-    session = build_session(config, device=torch.device("cpu"))
+    session = build_session(config, device=torch.device("cpu"),
+                            purpose="create_dynamicemb_init_ckpt")
     embedding = session.model.embedding
     paths = init_tables_of(session.feature_set)
     if not paths:

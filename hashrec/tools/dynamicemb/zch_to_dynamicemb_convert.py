@@ -198,7 +198,7 @@ def convert(source_checkpoint: str, source_config, target_config, save_dir: str,
     meta = read_complete_meta(source_checkpoint)
     world_size = int(world_size or meta["world_size"])
     cpu = torch.device("cpu")
-    source = build_session(source_config, device=cpu).model
+    source = build_session(source_config, device=cpu, purpose="zch_to_dynamicemb_convert").model
     # The configs are checked before the source is read: restored into a model that is
     # not the source's (the configs swapped, say), it would only warn of tables it lacks.
     zch_tables = list(source.embedding.zch_remappers.keys())
@@ -206,7 +206,7 @@ def convert(source_checkpoint: str, source_config, target_config, save_dir: str,
         raise MigrationError("the source config has no zch feature; nothing to convert "
                              "(--source_pipeline_config_path is the config with zch, "
                              "--target_pipeline_config_path the one with dynamicemb)")
-    target = build_session(target_config, device=cpu).model
+    target = build_session(target_config, device=cpu, purpose="zch_to_dynamicemb_convert").model
     storages = target.embedding.dynamic_tables()
     locations = target.embedding.table_locations()
     for name in zch_tables:
