@@ -85,7 +85,7 @@ def _targets():
         (collection, "record_lookups", None),
         (emit, "reduce_feature_grads", None),
         (lookup.Storage, "apply_gradients", _label_storage),  # args[0]: the storage
-        (graphs.DenseGraphs, "__call__", None),
+        (graphs.DenseGraphs, "losses_and_logits", None),
         (precision.MixedPrecision, "backward", None),
         (precision.MixedPrecision, "step", None),
         # Several ranks: the sharded lookups, their exchanges and the dense all-reduce.

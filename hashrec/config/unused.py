@@ -14,9 +14,6 @@ from hashrec.config.fg_mode import ENCODED, RAW, fg_input, fg_input_setting
 
 _NO_EVENT_TIME = ("its input is files, whose rows carry no event time: save_checkpoints_steps "
                   "or save_checkpoints_epochs set when checkpoints are saved")
-_NO_TRAIN_METRICS = ("training reports the loss in the progress line and TensorBoard; "
-                     "the metrics are computed on eval_input_path at each checkpoint: "
-                     "list them under metrics")
 # Per message: field -> (what counts as set to something HashRec does not do, why).
 _REFUSED = {
     "TrainConfig": {
@@ -37,13 +34,10 @@ _REFUSED = {
     "ModelConfig": {
         "use_pareto_loss_weight": (bool, "the task losses are summed, each times its task "
                                    "tower's weight: set weight on the task towers instead"),
-        "train_metrics": (bool, _NO_TRAIN_METRICS),
         "variational_dropout": (lambda v: True, "a feature group's embeddings reach the "
                                 "towers without learned dropout; set dropout_ratio on the "
                                 "MLPs instead"),
     },
-    "TaskTower": {"train_metrics": (bool, _NO_TRAIN_METRICS)},
-    "BayesTaskTower": {"train_metrics": (bool, _NO_TRAIN_METRICS)},
     "DataConfig": {
         "sample_mask_prob": (lambda v: v > 0, "no samples are masked"),
         "negative_sample_mask_prob": (lambda v: v > 0, "there is no negative sampling"),
@@ -84,7 +78,8 @@ _IGNORED = {
     # save_checkpoints_timestamp_quorum: of the timestamp checkpoints, refused above.
     "TrainConfig": ("is_profiling", "tensorboard_summaries", "global_embedding_constraints",
                     "save_checkpoints_timestamp_quorum"),
-    # The decay of TorchEasyRec's training metrics; evaluation metrics are not decayed.
+    # A decay rate on an evaluation metric, which is not decayed (the train metrics'
+    # is TrainMetricConfig.decay_rate).
     "MetricConfig": ("step_decay_rate",),
     # HashRec's loader turns the input columns into features itself: it runs no threads
     # of a feature generation; it reads local files (no ODPS settings), in order, and has

@@ -68,6 +68,9 @@ class Task:
     # of the same prediction: binary_focal_loss beside binary_cross_entropy, jrc_loss beside
     # softmax_cross_entropy).
     more_losses: tuple[LossSpec, ...] = ()
+    # The task's TrainMetricConfig messages: metrics of the training batches
+    # (``hashrec.train.train_metrics``; empty: none).
+    train_metric_configs: tuple = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         for name in ("in_task_space_weight", "out_task_space_weight"):
@@ -230,7 +233,8 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
         ModelError: no label; a loss that does not fit its num_class or has an option
             out of range (:func:`loss_specs`); a multi-task model without task towers,
             with two towers of one name, with a label that is not a label field, with
-            model-level losses, metrics or num_class (they belong to the task towers),
+            model-level losses, metrics, train_metrics or num_class (they belong to the
+            task towers),
             or with task loss weighting that names unknown columns or a negative factor.
     """
     labels = list(label_fields)
@@ -250,12 +254,13 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
         first, *more = loss_specs(model_config.losses, "model_config", num_class)
         return (Task("", labels[0], first, 1.0, tuple(model_config.metrics),
                      sample_weight_name=default_weight, num_class=num_class,
-                     more_losses=tuple(more)),)
+                     more_losses=tuple(more),
+                     train_metric_configs=tuple(model_config.train_metrics)),)
     if model_config.num_class != 1:
         raise ModelError(f"model_config.num_class={model_config.num_class} is set on the "
                          f"multi-task model {kind}; set num_class on each of "
                          f"{kind}.task_towers instead")
-    for what in ("losses", "metrics"):
+    for what in ("losses", "metrics", "train_metrics"):
         if len(getattr(model_config, what)):
             raise ModelError(f"model_config.{what} is set on the multi-task model {kind}; "
                              f"set {what} on each of {kind}.task_towers instead")
@@ -293,7 +298,8 @@ def _tower_task(tower, i: int, where: str, labels: list[str], weights: list[str]
     first, *more = loss_specs(tower.losses, where, int(tower.num_class))
     return Task(tower.tower_name, label, first, float(tower.weight), tuple(tower.metrics),
                 where, **_row_weighting(tower, where, labels, weights),
-                num_class=int(tower.num_class), more_losses=tuple(more))
+                num_class=int(tower.num_class), more_losses=tuple(more),
+                train_metric_configs=tuple(tower.train_metrics))
 
 
 def _row_weighting(tower, where: str, labels: list[str], weights: list[str]) -> dict:

@@ -110,7 +110,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
                 batch = batch.to(session.device)
                 with session.precision.autocast():
                     predictions = model(batch)
-                _update_metrics(metrics.values(), predictions, batch)
+                update_metrics(metrics.values(), predictions, batch)
                 for task, (counter, _) in soft_labels.items():
                     counter.update(batch.labels[task.label_name])
                 # Each loss term (a task's) is averaged over the rows with its weights.
@@ -218,7 +218,7 @@ def _log_ids_found(session, step: int, before: dict[str, float]) -> None:
                     "the others read the eval initializer): %s", step, ", ".join(shares))
 
 
-def _update_metrics(metrics, predictions: dict, batch) -> None:
+def update_metrics(metrics, predictions: dict, batch) -> None:
     """Adds a batch to each (task, metric): the task's prediction against its label (the
     AUCs and XAUCs of one probability a row read a two-class task's ``probs1``)."""
     for task, metric in metrics:

@@ -142,21 +142,28 @@ class DenseGraphs:
     def __call__(self, embedded, batch, targets=None) -> dict[str, torch.Tensor]:
         """Per-loss scalar tensors of the step (the dense forward run or replayed);
         ``targets``: the batch's ``model.targets(batch)``, when the caller has them."""
+        return self.losses_and_logits(embedded, batch, targets)[0]
+
+    def losses_and_logits(self, embedded, batch, targets=None
+                          ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """As ``__call__``, and the step's float32 logits, detached (what the train metrics
+        read). A replayed graph's logits are its output buffer, of a fixed shape, which
+        the next replay overwrites: read them (on the device) before it."""
         model = self.model
         targets = model.targets(batch) if targets is None else targets
         if not self.enabled:
             with self.autocast():
                 logits = model.dense_forward(embedded, batch).float()
-            return model.losses_from_logits(logits, *targets)
+            return model.losses_from_logits(logits, *targets), logits.detach()
         with self.autocast():
             inputs = (*model.dense_inputs(embedded, batch), *targets)
         graph = self._graph_for(inputs)
         if graph is None:
             with self.autocast():
-                _, losses = self._eager(*inputs)
+                logits, losses = self._eager(*inputs)
         else:
-            _, losses = graph(*inputs)
-        return dict(zip(model.losses, losses.unbind(0)))
+            logits, losses = graph(*inputs)
+        return dict(zip(model.losses, losses.unbind(0))), logits
 
     def _graph_for(self, inputs) -> nn.Module | None:
         key = _signature(inputs)

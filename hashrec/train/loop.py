@@ -67,6 +67,7 @@ from hashrec.checkpoint.dist_util import run_on_rank_zero
 from hashrec.checkpoint.tags import model_tag_tables
 from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import FlatGradients
+from hashrec.distributed.metrics import all_reduce_sum
 from hashrec.distributed.process_group import all_gather_objects, all_reduce_int_async
 from hashrec.train import checkpoints
 from hashrec.train.batch_shares import empty_shares, resumed_batches
@@ -88,6 +89,7 @@ from hashrec.train.prefetch import DevicePrefetcher, EpochStream
 from hashrec.train.progress import ProgressLog, table_counters, total_steps
 from hashrec.train.summaries import Summaries
 from hashrec.train.timing import StepTimer, format_phases
+from hashrec.train.train_metrics import TrainMetrics
 
 logger = logging.getLogger("hashrec.train")
 INCREMENTAL_DIR = "incremental"
@@ -196,6 +198,10 @@ class TrainLoop:
             session.model.embedding.carry_network_gradients(self.gradients)
         self.dense_graphs = DenseGraphs(session.model, session.precision.autocast,
                                         config.dense_cuda_graph)
+        # Metrics of the training batches, their windows summed over ranks when folded.
+        self.train_metrics = TrainMetrics(
+            session.model.tasks, session.device,
+            (lambda t: all_reduce_sum(t, self.ctx)) if self.ctx.is_distributed else None)
         # Python's garbage collection at fixed steps while training (same on every rank).
         self.collections = CollectionSchedule()
         self.dumper = self._dumper(resume) if options.incremental_dump_steps else None
@@ -473,7 +479,10 @@ class TrainLoop:
             s.dense.optimizer.zero_grad(set_to_none=True)
         else:
             self.gradients.zero()
-        losses = self.dense_graphs(s.model.embed(batch, self.embedding_hook), batch, targets)
+        losses, logits = self.dense_graphs.losses_and_logits(
+            s.model.embed(batch, self.embedding_hook), batch, targets)
+        if self.train_metrics:  # before the next replay overwrites a graph's logits
+            self.train_metrics.update(s.model.predictions(logits), batch, self.step + 1)
         if self.weighted_loss is not None:
             losses = self.weighted_loss.scale(losses)
         loss = sum(losses.values())
@@ -506,7 +515,8 @@ class TrainLoop:
         o, inputs = self.options, self._inputs
         total = total_steps(o.num_steps, o.max_epochs, inputs.steps if inputs else 0)
         window = self.progress.report(self.step, lrs, counters,
-                                      comm=s.model.embedding.comm_timer.drain(), total=total)
+                                      comm=s.model.embedding.comm_timer.drain(), total=total,
+                                      metrics=self.train_metrics.values())
         self.summaries.scalars(self.step, {**window, **{f"lr/{k}": v for k, v in lrs.items()}})
         self.summaries.tables(self.step, counters)
         if timer.enabled:

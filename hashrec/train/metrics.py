@@ -263,26 +263,37 @@ def check_metrics(model_config, feature_set) -> None:
     """Refuses, before any training, metric settings the evaluation could not run: a
     metric listed twice (a result holds one value a metric), a grouped_auc grouping_key
     (or a jrc_loss session_name) that is not an id feature of ``feature_set``, a metric
-    that does not fit the task's classes (see :func:`_class_problem`); warns about
+    that does not fit the task's classes (see :func:`class_problem`); warns about
     metrics of binary labels on a regression model (l2_loss); each task's of a multi-task
-    model."""
+    model; and train_metrics training could not compute (``check_train_metrics``)."""
     from hashrec.models.tasks import model_tasks
+    from hashrec.train.train_metrics import check_train_metrics
 
     for task in model_tasks(model_config, feature_set.label_fields,
                             feature_set.sample_weight_fields):
         _check_task_metrics(task, feature_set)
+        check_train_metrics(task)
+
+
+def check_listed(configs, num_class: int, where: str, shown: str) -> None:
+    """Refuses a metric that ``configs`` (listed at ``where``) hold twice (``shown``: where
+    its one value goes) or that does not fit a task of ``num_class`` logits."""
+    kinds = [config.WhichOneof("metric") for config in configs]
+    twice = sorted({kind for kind in kinds if kinds.count(kind) > 1})
+    if twice:
+        raise TrainError(f"{where} lists {', '.join(twice)} more than once; {shown} holds "
+                         f"one value a metric: keep one")
+    for config in configs:
+        problem = class_problem(config, num_class)
+        if problem:
+            raise TrainError(f"{where}: {problem}")
 
 
 def _check_task_metrics(task, feature_set) -> None:
     kinds = [config.WhichOneof("metric") for config in task.metric_configs]
-    twice = sorted({kind for kind in kinds if kinds.count(kind) > 1})
-    if twice:
-        raise TrainError(f"{task.where}.metrics lists {', '.join(twice)} more than once; an "
-                         f"evaluation result holds one value a metric: keep one")
+    check_listed(task.metric_configs, task.num_class, f"{task.where}.metrics",
+                 "an evaluation result")
     for config in task.metric_configs:
-        problem = _class_problem(config, task.num_class)
-        if problem:
-            raise TrainError(f"{task.where}.metrics: {problem}")
         kind = config.WhichOneof("metric")
         if kind in ("grouped_auc", "grouped_xauc"):
             _check_id_feature(getattr(config, kind).grouping_key, feature_set,
@@ -301,7 +312,7 @@ def _check_task_metrics(task, feature_set) -> None:
                        ", ".join(binary))
 
 
-def _class_problem(config, num_class: int) -> str:
+def class_problem(config, num_class: int) -> str:
     """Why a metric does not fit a task of ``num_class`` logits ("" where it does): auc and
     grouped_auc read one probability a row (num_class 1, or 2: the second class's, as
     TorchEasyRec allows); multiclass_auc needs classes; a multi-class task has no value

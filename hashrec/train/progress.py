@@ -7,6 +7,8 @@ and incremental dumps left out)::
     step 200 | loss 0.61234 | 10520.3 samples/s | 200/1220 steps, about 1m 39s left |
     lr dense 0.001 sparse 0.01 | user_id size 9120 load 0.56 evict 0 reject 3200
 
+(with ``train_metrics``, their decayed values after the loss: ``| train auc 0.71234 |``)
+
 with the steps the run trains in all (``num_steps``, or ``num_epochs`` epochs once the
 steps of an epoch are known) and the time those left take at the line's rate, and, per
 dynamic table, its size (a fused storage's followed by each of its tables':
@@ -182,14 +184,17 @@ class ProgressLog:
         return self.every > 0 and self._loss_steps > 0
 
     def report(self, step: int, lrs: dict[str, float], counters: dict,
-               comm: tuple[float, int] | None = None, total: int = 0) -> dict[str, float]:
+               comm: tuple[float, int] | None = None, total: int = 0,
+               metrics: dict[str, float] | None = None) -> dict[str, float]:
         """Log the line for ``step`` and reset the window; returns the window's scalars.
 
         ``comm``: (seconds, regions) the embedding exchanges took in the window
         (``CommTimer.drain``); shown per step when any exchange ran. ``total``: the steps
         the run trains in all (0: not known), shown with the time the steps left take
         at the window's rate (``200/1220 steps, about 12m 5s left``; checkpoints and
-        evaluations to come not counted).
+        evaluations to come not counted). ``metrics``: the train metrics' decayed values
+        (``TrainMetrics.values``, global already), shown after the loss (``| train auc
+        0.71234``) and returned as ``train_metric/<name>``.
         """
         elapsed = max(time.perf_counter() - self._since - self._paused, 1e-9)
         window = {"samples": float(self._samples), "loss_sum": float(self._loss_sum),
@@ -205,7 +210,8 @@ class ProgressLog:
         parts = {name: window[f"part/{name}"] / max(window["loss_steps"], 1)
                  for name in self._part_sums}
         out = {"loss": loss, **{f"loss/{name}": v for name, v in parts.items()},
-               "samples_per_second": rate}
+               "samples_per_second": rate,
+               **{f"train_metric/{name}": v for name, v in (metrics or {}).items()}}
         steps = window["loss_steps"] / ranks
         if comm is not None and comm[1] and steps:
             out["a2a_ms_per_step"] = 1000.0 * window["comm_seconds"] / ranks / steps
@@ -213,7 +219,10 @@ class ProgressLog:
             lr_text = " ".join(f"{k} {v:.6g}" for k, v in lrs.items())
             shown = " (" + ", ".join(f"{k} {v:.5f}" for k, v in parts.items()) + ")" \
                 if parts else ""
-            line = f"step {step} | loss {loss:.5f}{shown} | {rate:.1f} samples/s | "
+            line = f"step {step} | loss {loss:.5f}{shown} | "
+            if metrics:
+                line += "train " + " ".join(f"{k} {v:.5f}" for k, v in metrics.items()) + " | "
+            line += f"{rate:.1f} samples/s | "
             if total > step and steps:
                 left = (total - step) * window["elapsed"] / ranks / steps
                 line += f"{step}/{total} steps, about {duration(left)} left | "

@@ -43,11 +43,6 @@ def example_with(text: str):
     ("export_config { export_format: HF }", "export_config.export_format is not supported"),
     ("train_config { dense_optimizer { ema { decay: 0.99 } } }",
      "train_config.dense_optimizer.ema is not supported.*without a moving average"),
-    ("model_config { train_metrics { auc {} decay_rate: 0.9 decay_step: 100 } }",
-     "model_config.train_metrics is not supported.*eval_input_path"),
-    ("model_config { mmoe { task_towers { tower_name: 'ctr' label_name: 'clk' "
-     "train_metrics { auc {} } } } }",
-     r"model_config.mmoe.task_towers\[0\].train_metrics is not supported"),
     ("model_config { variational_dropout { regularization_lambda: 0.01 } }",
      "model_config.variational_dropout is not supported.*dropout_ratio"),
     ('model_config { feature_groups { group_name: "g" sequence_encoders { din_encoder { '
@@ -63,7 +58,7 @@ def example_with(text: str):
      "train_config.delta_embedding_dump_config is not supported.*incremental_dump_steps"),
 ], ids=["accumulation", "sequence-mask", "sequence-groups", "global-clip", "pareto",
         "name-suffix", "sample-mask", "min-batch", "fields-str", "cost", "best-evaluator",
-        "eval-online", "hf-export", "ema", "train-metrics", "task-train-metrics",
+        "eval-online", "hf-export", "ema",
         "variational-dropout", "sequence-encoders", "timestamp-interval", "timestamps",
         "delta-dump"])
 def test_fields_that_would_change_the_model_are_refused(text, message):
@@ -97,7 +92,18 @@ def test_ignored_fields_are_noted():
     assert notes == ["export_config.mixed_precision"]  # the export runs in float32
 
 
-def test_decay_of_training_metrics_is_noted():
+def test_train_metrics_are_no_longer_refused():
+    config = example_with(
+        "model_config { train_metrics { auc {} decay_rate: 0.9 decay_step: 100 } }")
+    assert config.model_config.train_metrics[0].decay_step == 100
+    assert unused_field_problems(config) == []
+    towers = example_with("model_config { mmoe { task_towers { tower_name: 'ctr' "
+                          "label_name: 'clk' train_metrics { auc {} } } } }")
+    assert unused_field_problems(towers) == []
+    assert ignored_field_notes(towers) == []
+
+
+def test_decay_of_an_evaluation_metric_is_noted():
     notes = ignored_field_notes(example_with(
         "model_config { metrics { auc {} step_decay_rate: 0.5 } }\n"
         "train_config { save_checkpoints_timestamp_quorum: 1.0 }"))

@@ -1,3 +1,4 @@
+import contextlib
 import logging
 
 import pytest
@@ -104,13 +105,11 @@ def _class_rows():
     return probs, labels.float()
 
 
-def scenario_class_metrics(ctx):
+@contextlib.contextmanager
+def _counted_all_reduces():
+    """A list that gets an item per ``dist.all_reduce`` call inside the block."""
     import torch.distributed as dist
 
-    from hashrec.train.class_metrics import MulticlassBinnedAUC, TopKAccuracy
-
-    probs, labels = _class_rows()
-    mine = slice(0, 30) if ctx.rank == 0 else slice(30, 50)  # unequal shares
     calls = []
     reduce = dist.all_reduce
 
@@ -119,15 +118,24 @@ def scenario_class_metrics(ctx):
         return reduce(*args, **kwargs)
 
     dist.all_reduce = counted
-    results = []
     try:
+        yield calls
+    finally:
+        dist.all_reduce = reduce
+
+
+def scenario_class_metrics(ctx):
+    from hashrec.train.class_metrics import MulticlassBinnedAUC, TopKAccuracy
+
+    probs, labels = _class_rows()
+    mine = slice(0, 30) if ctx.rank == 0 else slice(30, 50)  # unequal shares
+    results = []
+    with _counted_all_reduces() as calls:
         for metric in (MulticlassBinnedAUC(3, 50, "weighted"), TopKAccuracy(3, 2)):
             metric.update(probs[mine], labels[mine])
             before = len(calls)
             metric.sync()
             results.append((metric.compute(), len(calls) - before))
-    finally:
-        dist.all_reduce = reduce
     return results
 
 
@@ -142,3 +150,54 @@ def test_class_metrics_sum_every_rank_rows_in_one_all_reduce(tmp_path):
         metric.update(*_class_rows())
         expected.append((pytest.approx(metric.compute(), abs=1e-12), 1))
     assert ranks == [expected] * 2
+
+
+def _train_metric_task():
+    from google.protobuf import text_format
+
+    from hashrec.config import model_pb2
+    from hashrec.models.tasks import Task
+
+    configs = tuple(text_format.Parse(f"{metric} decay_rate: 0.5 decay_step: 2",
+                                      model_pb2.TrainMetricConfig())
+                    for metric in ("auc { thresholds: 20 }", "accuracy {}",
+                                   "mean_squared_error {}"))
+    return Task("", "clk", train_metric_configs=configs)
+
+
+def _train_metric_steps():
+    """Four steps of 12 rows: (probs, labels)."""
+    gen = torch.Generator().manual_seed(7)
+    labels = (torch.rand(4, 12, generator=gen) < 0.4).float()
+    return torch.rand(4, 12, generator=gen) * 0.6 + 0.4 * labels, labels
+
+
+def _run_train_metrics(rows: slice, reduce=None) -> dict:
+    from hashrec.train.train_metrics import TrainMetrics
+
+    metrics = TrainMetrics([_train_metric_task()], reduce=reduce)
+    probs, labels = _train_metric_steps()
+    for step in range(4):
+        batch = type("Batch", (), {"labels": {"clk": labels[step, rows]}})()
+        metrics.update({"probs": probs[step, rows]}, batch, step + 1)
+    return metrics.values()
+
+
+def scenario_train_metrics(ctx):
+    from hashrec.distributed.metrics import all_reduce_sum
+
+    mine = slice(0, 7) if ctx.rank == 0 else slice(7, 12)  # unequal shares
+    with _counted_all_reduces() as calls:
+        values = _run_train_metrics(mine, lambda t: all_reduce_sum(t, ctx))
+    return values, len(calls)
+
+
+def test_train_metrics_fold_every_ranks_window_in_one_all_reduce(tmp_path):
+    from dist_workers import run_world
+
+    (ranks,) = run_world({"train": scenario_train_metrics}, 2, tmp_path).values()
+    expected = _run_train_metrics(slice(0, 12))
+    assert set(expected) == {"auc", "accuracy", "mean_squared_error"}
+    for values, calls in ranks:
+        assert values == pytest.approx(expected, abs=1e-12)
+        assert calls == 2  # one a fold: steps 2 and 4

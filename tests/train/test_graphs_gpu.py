@@ -30,6 +30,13 @@ STEPS = 6
 def _losses(data: str, tmp_path, graphs: bool, precision: str, weighted: bool = False,
             base=None):
     """The first STEPS training losses of ``base`` (default: the example config)."""
+    losses, loop = _train(data, tmp_path, graphs, precision, weighted, base)
+    return losses, loop.dense_graphs.captured
+
+
+def _train(data: str, tmp_path, graphs: bool, precision: str, weighted: bool = False,
+           base=None):
+    """(the first STEPS training losses, the loop) of ``base`` (see ``_losses``)."""
     edits = {"data_config.batch_size": 256, "data_config.num_workers": 0,
              "data_config.sample_weight_fields": ["w"] if weighted else [],
              "train_config.num_steps": STEPS, "eval_input_path": "",
@@ -49,7 +56,22 @@ def _losses(data: str, tmp_path, graphs: bool, precision: str, weighted: bool = 
         if step == STEPS:
             break
         loop.train_step(batch.to(session.device))
-    return losses, loop.dense_graphs.captured
+    return losses, loop
+
+
+def test_graphed_dense_network_gives_the_train_metrics_of_eager(tmp_path):
+    data = str(tmp_path / "data")
+    generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])
+    config = load_pipeline_config(CONFIG)
+    for metric in ("auc", "accuracy", "mean_absolute_error"):
+        train_metric = config.model_config.train_metrics.add(decay_rate=0.5, decay_step=2)
+        getattr(train_metric, metric).SetInParent()
+    _, eager = _train(data, tmp_path, False, "", base=config)
+    _, graphed = _train(data, tmp_path, True, "", base=config)
+    assert eager.dense_graphs.captured == 0 and graphed.dense_graphs.captured == 1
+    values = eager.train_metrics.values()
+    assert set(values) == {"auc", "accuracy", "mean_absolute_error"}
+    assert graphed.train_metrics.values() == pytest.approx(values, rel=1e-4)
 
 
 def _add_weights(data: str) -> None:
