@@ -30,6 +30,9 @@ def _worker(rank: int, world_size: int, port: int, scenarios: dict[str, Callable
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    if os.environ.get("TRITON_INTERPRET") == "1":  # the kernels will be interpreted
+        import interpreter_patch_once
+        interpreter_patch_once.install()
 
     def phase(name: str) -> None:  # this rank's last phase, read if it dies natively
         with open(_phase_path(out_dir, rank), "w", encoding="utf-8") as f:

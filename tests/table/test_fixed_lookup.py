@@ -33,11 +33,19 @@ from fixed_lookup_helpers import (  # noqa: E402
 from hashrec.table import HashTable, SparseAdagrad, SparseAdam, TableOptions  # noqa: E402
 from hashrec.table.options import AdmissionOptions, InitializerArgs  # noqa: E402
 
+# Every combination of any three of strategy, admission, full and tagging, not all four:
+# each strategy growing and evicting, each of those with and without admission, its
+# taggings paired with admission one way when growing and the other when evicting (and
+# the other way round for the next strategy).
+MATCH_CASES = [pytest.param(strategy, admission, full, tagged, id="-".join([
+    strategy, "admission" if admission else "no_admission", "evicting" if full else "growing",
+    "tagged" if tagged else "untagged"]))
+    for i, strategy in enumerate(["STEP", "LFU", "CUSTOMIZED", "NO_EVICTION"])
+    for full in (False, True) for admission in (False, True)
+    for tagged in [admission == ((i + full) % 2 == 0)]]
 
-@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
-@pytest.mark.parametrize("full", [False, True], ids=["growing", "evicting"])
-@pytest.mark.parametrize("admission", [False, True], ids=["no_admission", "admission"])
-@pytest.mark.parametrize("strategy", ["STEP", "LFU", "CUSTOMIZED", "NO_EVICTION"])
+
+@pytest.mark.parametrize("strategy,admission,full,tagged", MATCH_CASES)
 def test_fixed_lookup_matches_reference(strategy, admission, full, tagged):
     options = table_options(strategy, admission, full)
     want, got = run_batches(options, False, tagged), run_batches(options, True, tagged)

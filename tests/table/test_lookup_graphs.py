@@ -181,16 +181,20 @@ def test_padded_lookup_of_half_rows_equals_eager(small_classes, dtype):
     assert graphs.replays >= 2
 
 
+# With a kernel-computed initializer, at max_capacity and at most MAX_KEYS keys, the
+# third and fourth lookups would be padded (``test_padded_lookup_equals_eager``): four
+# steps show it where the table is at max_capacity. Below it, eight: the growing table
+# then takes launch variants of its own (sizes that are multiples of 16).
 def test_no_padded_lookup_below_max_capacity_or_for_computed_initializers(small_classes):
     options = dataclasses.replace(_options("LFU", HASHED), max_capacity=4096)
     assert _compare(options, capture=False).replays == 0
     options = _options("LFU", InitializerArgs(mode="TRUNCATED_NORMAL", std_dev=0.3))
-    assert _compare(options, capture=False).replays == 0
+    assert _compare(options, capture=False, steps=4).replays == 0
 
 
 def test_no_padded_lookup_above_max_keys(small_classes, monkeypatch):
     monkeypatch.setattr("hashrec.table.lookup_graphs.MAX_KEYS", 32)
-    assert _compare(_options("LFU", HASHED), capture=False).replays == 0
+    assert _compare(_options("LFU", HASHED), capture=False, steps=4).replays == 0
 
 
 def test_size_classes():
@@ -312,13 +316,13 @@ def test_size_classes_that_displace_each_other_stop_being_captured(small_classes
         eager, padded = HashTable(_options("LFU", HASHED)), HashTable(_options("LFU", HASHED))
         eager._lookup_graphs = False
         padded._lookup_graphs = graphs = LookupGraphs(padded, capture=False)
-        for size in [20, 40, 60] * 6:  # classes 32, 48 and 64
+        for size in [20, 40, 60] * 4:  # classes 32, 48 and 64
             keys = torch.randperm(160, generator=gen)[:size].to(DEVICE)
             want, got = (t.lookup(keys, train=True) for t in (eager, padded))
             assert torch.equal(got.slots, want.slots) and torch.equal(got.values, want.values)
         assert _state(padded) == _state(eager)
     assert graphs.captures == 2 and len(graphs._lookups) == 1
-    assert 0 < graphs.replays < 12
+    assert 0 < graphs.replays < 8  # of 12 lookups: the displaced classes stay eager
 
 
 def _refusal_warnings(caplog) -> list[int]:
