@@ -65,6 +65,13 @@ _patched = False
 def pytest_runtest_setup(item):  # noqa: ARG001 - the pytest hook's signature
     """Logs launches from the first test on: by then the test modules are imported, and
     each kernel module was built under the settings its tests chose."""
+    install_launch_log()
+
+
+def install_launch_log() -> None:
+    """Appends each distinct interpreted launch of a project kernel to the file that
+    ``HASHREC_LAUNCH_LOG`` names (nothing where it is unset); once a process. The test
+    workers of several ranks call it too, so that their launches are compiled as well."""
     global _patched
     path = os.environ.get(_LOG_ENV)
     if _patched or not path:

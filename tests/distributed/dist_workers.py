@@ -33,6 +33,9 @@ def _worker(rank: int, world_size: int, port: int, scenarios: dict[str, Callable
     if os.environ.get("TRITON_INTERPRET") == "1":  # the kernels will be interpreted
         import interpreter_patch_once
         interpreter_patch_once.install()
+        import compile_check  # their launches go to the compile check's log, where set
+
+        compile_check.install_launch_log()
 
     def phase(name: str) -> None:  # this rank's last phase, read if it dies natively
         with open(_phase_path(out_dir, rank), "w", encoding="utf-8") as f:
