@@ -406,8 +406,9 @@ def restore_optimizer_state(root: str, entry: dict[str, Any], optimizer: Any,
     parameter (moments, step counts, momentum buffers) is the checkpoint's; the
     hyperparameters (lr, weight_decay, betas, eps, momentum ...) stay those ``optimizer``
     was built with, with one INFO line naming those that differ from the saved ones, and
-    one per ``param_optimizers`` entry whose own differ (older checkpoints record the learning rate of their last step only, which the
-    schedule sets anew at every step: it is not compared there).
+    one per ``param_optimizers`` entry whose own differ (older checkpoints record the
+    learning rate of their last step only, which the schedule sets anew at every step: it
+    is not compared there).
 
     ``absorbed`` (with ``model``): saved model entries that the model took in otherwise
     (``restore_model``); their parameters' state is dropped.

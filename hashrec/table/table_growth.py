@@ -97,8 +97,8 @@ class TableGrowth:
 
     def grow_past_max_capacity(self) -> int:
         """Allocates twice the buckets of ``max_capacity`` (or of the last such growth; the
-        least multiple of the count now from there), the table's limit from then on (it evicts there again); returns the slots now
-        allocated.
+        least multiple of the count now from there), the table's limit from then on (it
+        evicts there again); returns the slots now allocated.
 
         For tables nothing trains: a restore for evaluation or export
         (``restore_checkpoint(keep_every_row=True)``) grows a table whose buckets cannot

@@ -363,7 +363,8 @@ def grouping_ids(batch, metric: GroupedAUC | GroupedXAUC) -> torch.Tensor:
         return bags.values
     if not metric.warned:
         metric.warned = True
+        kind = "grouped_auc" if isinstance(metric, GroupedAUC) else "grouped_xauc"
         logger.warning("%s: feature %r gives a row %d to %d ids; rows are grouped by their "
                        "first id, rows without one as id 0 (as in TorchEasyRec)",
-                       "grouped_auc" if isinstance(metric, GroupedAUC) else "grouped_xauc", key, int(lengths.min()), int(lengths.max()))
+                       kind, key, int(lengths.min()), int(lengths.max()))
     return first_ids(bags)

@@ -85,12 +85,11 @@ class DenseOptimizer:
 
     optimizer: torch.optim.Optimizer
     schedule: object
-    schedules: tuple = ()
+    schedules: tuple
 
     def set_learning_rates(self, step: int, epoch: int) -> float:
         """Set every param group's rate for ``step``; returns ``schedule``'s."""
-        schedules = self.schedules or (self.schedule,) * len(self.optimizer.param_groups)
-        for group, schedule in zip(self.optimizer.param_groups, schedules):
+        for group, schedule in zip(self.optimizer.param_groups, self.schedules):
             group["lr"] = schedule(step, epoch)
         return self.schedule(step, epoch)
 
