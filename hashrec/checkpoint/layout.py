@@ -7,6 +7,8 @@
         meta.json                   step, world size, tables, dims, format version; sizes
                                     and checksums of the .pt files (shards: their .json)
         model.pt  optimizer.pt      dense state (torch.save; read with weights_only=True)
+        train_metrics.pt            the trainer's train metrics, summed over the ranks, when
+                                    the saver gives them (checkpoints before have none)
         dynamicemb/<table>/rank-<r>-of-<n>.{json,bin}   one shard per saving rank
         rank_state/rank-<r>-of-<n>.pt   each rank's own state, when the saver gives one
                                     (the trainer's random generator states)
@@ -38,6 +40,8 @@ RANK_STATE_DIR = "rank_state"
 RANK_STATE_FILES = "rank_state_files"  # meta.json: each rank's file, bytes and xxh3_64
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
+TRAIN_METRICS_FILE = "train_metrics.pt"
+TRAIN_METRICS = "train_metrics"  # meta.json: the file's name, bytes and xxh3_64
 FORMAT_NAME = "hashrec-checkpoint"
 FORMAT_VERSION = 1
 

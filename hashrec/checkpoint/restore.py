@@ -247,7 +247,8 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
                        strict: bool = True,
                        tag_tables: dict[str, list[str]] | None = None,
                        read_rank_state: bool = False,
-                       keep_every_row: bool = False) -> dict[str, Any]:
+                       keep_every_row: bool = False,
+                       read_train_metrics: bool = False) -> dict[str, Any]:
     """Restores a complete checkpoint saved on any number of ranks.
 
     Call it on every rank (a collective under torch.distributed). Each rank loads
@@ -278,13 +279,18 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
             until it does (``table_io.hold_rows``). False (resuming, fine-tuning) keeps
             the table at max_capacity: the lowest-scored rows of full buckets give way,
             with a warning, as training would evict them.
+        read_train_metrics: read the trainer's train metric state
+            (``save_checkpoint(train_metrics=...)``), which only a resumed training run
+            uses; False leaves the file unread.
 
     Returns:
         The checkpoint meta (``step``, ``world_size``, ``extra``, ``tables`` ...) plus
         ``loaded``: {table: {"rows": n, "admission": m}} loaded on this rank, and
         ``rank_state``: this rank's ``save_checkpoint(rank_state=...)``, or None where
         ``read_rank_state`` is False, or the checkpoint holds none or was saved by another
-        number of ranks.
+        number of ranks; and ``train_metrics_state``: the saved train metric state, or
+        None where ``read_train_metrics`` is False or the checkpoint holds none (one
+        saved before checkpoints carried it).
 
     Raises:
         CheckpointError: incomplete, missing, truncated or corrupt files (the rank state
@@ -326,11 +332,14 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
                                       restore_optimizer, remap, keep_every_row=keep_every_row)
             set_table_step(table, meta["tables"][name].get("table_step"))
         state = _read_rank_state(path, meta, rank, world_size) if read_rank_state else None
-        return loaded, state
+        metrics = meta.get(layout.TRAIN_METRICS)
+        metrics = load_state(path, metrics) if read_train_metrics and metrics else None
+        return loaded, state, metrics
 
-    loaded, rank_state = run_on_all_ranks(load, f"restoring {path}", CheckpointError)
+    loaded, rank_state, metrics = run_on_all_ranks(load, f"restoring {path}", CheckpointError)
     barrier()
-    return {**meta, "loaded": loaded, "rank_state": rank_state}
+    return {**meta, "loaded": loaded, "rank_state": rank_state,
+            "train_metrics_state": metrics}
 
 
 def _read_rank_state(path: str, meta: dict[str, Any], rank: int,

@@ -4,8 +4,8 @@ Order of a save (no complete checkpoint is ever modified in place):
 
 1. rank 0 creates ``model.ckpt-<step>.tmp`` (a stale one from a crash is removed);
 2. every rank streams its shard of each dynamic table into it and fsyncs;
-   rank 0 also writes the dense model and optimizer state, and each rank its own
-   ``rank_state`` when given;
+   rank 0 also writes the dense model and optimizer state and the ``train_metrics``
+   when given, and each rank its own ``rank_state`` when given;
 3. once every rank succeeded, rank 0 writes ``meta.json`` (with the sizes and checksums
    of every rank's ``rank_state`` file), fsyncs the
    directories, renames the temporary directory to ``model.ckpt-<step>``, writes
@@ -100,7 +100,8 @@ def _pause_for_tests() -> None:
 
 def _write_rank_files(tmp: str, tables: dict[str, Any], model: torch.nn.Module | None,
                       dense_optimizer: Any, rank: int, world_size: int, chunk_rows: int,
-                      tag_tables: dict[str, list[str]]) -> tuple[list[int], dict[str, Any]]:
+                      tag_tables: dict[str, list[str]], train_metrics: dict[str, Any] | None
+                      ) -> tuple[list[int], dict[str, Any]]:
     counts: list[int] = []
     for name in sorted(tables):
         stem = layout.shard_stem(tmp, name, rank, world_size)
@@ -120,6 +121,9 @@ def _write_rank_files(tmp: str, tables: dict[str, Any], model: torch.nn.Module |
         dense["optimizer"] = {**save_state(dense_optimizer.state_dict(),
                                            os.path.join(tmp, layout.OPTIMIZER_FILE)),
                               **describe_optimizer(dense_optimizer)}
+    if rank == 0 and train_metrics is not None:
+        dense[layout.TRAIN_METRICS] = save_state(
+            train_metrics, os.path.join(tmp, layout.TRAIN_METRICS_FILE))
     _pause_for_tests()
     return counts, dense
 
@@ -138,11 +142,14 @@ def _meta(step: int, world_size: int, tables: dict[str, Any], counts: list[list[
                            "shards": shards,
                            "num_rows": sum(s["rows"] for s in shards),
                            "table_step": getattr(tables[name], "step", None)}
+    metrics = dense.pop(layout.TRAIN_METRICS, None)
     meta = {
         "format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION, "step": step,
         "world_size": world_size, "created_unix": time.time(), "tables": described,
         "dense": dense, "extra": extra,
     }
+    if metrics is not None:
+        meta[layout.TRAIN_METRICS] = metrics  # file, bytes, xxh3_64
     if any(rank_files):
         meta[layout.RANK_STATE_FILES] = rank_files  # per rank: file, bytes, xxh3_64 (or None)
     return meta
@@ -186,7 +193,8 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
                     chunk_rows: int = DEFAULT_CHUNK_ROWS,
                     tag_tables: dict[str, list[str]] | None = None,
                     rank_state: dict[str, Any] | None = None,
-                    keep: Sequence[str] = ()) -> str:
+                    keep: Sequence[str] = (),
+                    train_metrics: dict[str, Any] | None = None) -> str:
     """Saves dense state and every rank's dynamic-table shards as ``model.ckpt-<step>``.
 
     Call it on every rank (a collective under torch.distributed). Rank 0 writes
@@ -208,6 +216,10 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
         rank_state: this rank's own state (tensors, numbers, strings, in dicts and
             lists; e.g. random generator states), written per rank; ``restore_checkpoint``
             returns it under the same world size. None: none.
+        train_metrics: the trainer's train metric state, the same on every rank
+            (``TrainMetrics.state_dict``, summed over the ranks), written by rank 0 as
+            ``train_metrics.pt``; ``restore_checkpoint(read_train_metrics=True)`` returns
+            it under any world size. None: none.
 
     Returns:
         Path of the complete checkpoint.
@@ -235,7 +247,8 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
     run_on_all_ranks(prepare, f"preparing {tmp}", CheckpointError)
     try:
         _write_and_commit(model_dir, step, tmp, final, model, dense_optimizer,
-                          dynamic_tables, extra, chunk_rows, tag_tables, rank_state)
+                          dynamic_tables, extra, chunk_rows, tag_tables, rank_state,
+                          train_metrics)
     except CheckpointError as e:
         if rank == 0:  # every rank has stopped writing: run_on_all_ranks raised on all
             clean_failed_save(tmp, final)
@@ -251,7 +264,8 @@ def _write_and_commit(model_dir: str, step: int, tmp: str, final: str,
                       model: torch.nn.Module | None, dense_optimizer: Any,
                       dynamic_tables: dict[str, Any], extra: dict[str, Any], chunk_rows: int,
                       tag_tables: dict[str, list[str]],
-                      rank_state: dict[str, Any] | None) -> None:
+                      rank_state: dict[str, Any] | None,
+                      train_metrics: dict[str, Any] | None = None) -> None:
     """Steps 2 and 3 of a save (see the module docstring), on every rank."""
     rank, world_size = rank_and_world()
 
@@ -262,7 +276,8 @@ def _write_and_commit(model_dir: str, step: int, tmp: str, final: str,
             os.makedirs(os.path.dirname(path), exist_ok=True)
             rank_file = save_state(rank_state, path)
         return (*_write_rank_files(tmp, dynamic_tables, model, dense_optimizer, rank,
-                                   world_size, chunk_rows, tag_tables), rank_file)
+                                   world_size, chunk_rows, tag_tables, train_metrics),
+                rank_file)
 
     counts, dense, rank_file = run_on_all_ranks(write, f"writing shards into {tmp}",
                                                 CheckpointError)

@@ -83,6 +83,10 @@ class Resume:
     random_state: dict | None = None
     # Whether the run that saved it went on to evaluate it (None: not recorded).
     evaluates: bool | None = None
+    # A run continued from its own checkpoint (not a fresh or fine-tune start), and the
+    # checkpoint's train metric state (None: it holds none).
+    continued: bool = False
+    train_metrics: dict | None = None
 
 
 def existing_checkpoints(model_dir: str) -> list[str]:
@@ -141,7 +145,7 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
             try:
                 meta = restore_checkpoint(path, model, dense_optimizer.optimizer, tables,
                                           restore_optimizer=restore_optimizer,
-                                          read_rank_state=True)
+                                          read_rank_state=True, read_train_metrics=True)
             except CheckpointDamagedError as err:
                 raise CheckpointDamagedError(f"{err}{damaged_hint(path, None)}") from None
             extra = meta.get("extra") or {}
@@ -165,7 +169,8 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
             return Resume(int(meta["step"]), int(extra.get("epoch", 0)), path,
                           int(extra.get("epoch_step", 0)),
                           tuple(readers) if readers is not None else None,
-                          meta.get("rank_state"), extra.get("evaluates"))
+                          meta.get("rank_state"), extra.get("evaluates"), continued=True,
+                          train_metrics=meta.get("train_metrics_state"))
         if existing_checkpoints(model_dir):
             logger.warning("model_dir %s holds no complete checkpoint; starting fresh",
                            model_dir)
@@ -403,18 +408,20 @@ def kept_best(model_dir: str, best: BestBy | None) -> list[str]:
 def save(model_dir: str, step: int, epoch: int, model, dense_optimizer,
          keep_checkpoint_max: int, epoch_step: int = 0,
          readers: tuple[int, ...] | None = None, evaluates: bool = False,
-         keep_best: BestBy | None = None) -> str:
-    """Write ``model.ckpt-<step>`` (dense state, optimizer, dynamic tables); ``extra``
-    records ``epoch``, ``epoch_step``, ``readers`` and ``evaluates`` (whether an
-    evaluation of it follows; see :class:`Resume`). Pruning to ``keep_checkpoint_max``
-    spares the checkpoint evaluated best so far by ``keep_best`` (:func:`kept_best`)."""
+         keep_best: BestBy | None = None, train_metrics: dict | None = None) -> str:
+    """Write ``model.ckpt-<step>`` (dense state, optimizer, dynamic tables, the
+    ``train_metrics`` state when given); ``extra`` records ``epoch``, ``epoch_step``,
+    ``readers`` and ``evaluates`` (whether an evaluation of it follows; see
+    :class:`Resume`). Pruning to ``keep_checkpoint_max`` spares the checkpoint evaluated
+    best so far by ``keep_best`` (:func:`kept_best`)."""
     extra = {"epoch": epoch, "epoch_step": epoch_step, "evaluates": bool(evaluates)}
     if readers is not None:
         extra["readers"] = list(readers)
     path = save_checkpoint(model_dir, step, model, dense_optimizer.optimizer,
                            model.embedding.dynamic_tables(), keep_checkpoint_max,
                            extra=extra, rank_state=random_states(model),
-                           keep=kept_best(model_dir, keep_best) if keep_checkpoint_max else ())
+                           keep=kept_best(model_dir, keep_best) if keep_checkpoint_max else (),
+                           train_metrics=train_metrics)
     logger.info("saved checkpoint %s", path)
     return path
 

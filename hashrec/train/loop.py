@@ -202,6 +202,8 @@ class TrainLoop:
         self.train_metrics = TrainMetrics(
             session.model.tasks, session.device,
             (lambda t: all_reduce_sum(t, self.ctx)) if self.ctx.is_distributed else None)
+        if resume.continued:  # a resumed run continues them (checkpoints carry them)
+            self.train_metrics.load_state_dict(resume.train_metrics, session.rank, resume.path)
         # Python's garbage collection at fixed steps while training (same on every rank).
         self.collections = CollectionSchedule()
         self.dumper = self._dumper(resume) if options.incremental_dump_steps else None
@@ -534,7 +536,9 @@ class TrainLoop:
             path = checkpoints.save(s.model_dir, self.step, self.epoch, s.model, s.dense,
                                     self.options.keep_checkpoint_max, self.epoch_step,
                                     self.readers, evaluates=evaluate,
-                                    keep_best=self.options.keep_best)
+                                    keep_best=self.options.keep_best,
+                                    train_metrics=self.train_metrics.state_dict()
+                                    if self.train_metrics else None)
             self.last_saved = self.step
             return self._evaluate(path) if evaluate else None
 

@@ -13,14 +13,22 @@ due at that step) and folded into the metric's running value, then cleared:
   window's as they are) and the AUC is that of the decayed histograms.
 
 No step reads anything back to the host: ``values`` does, at the progress line. A metric
-has a value from its first ``decay_step`` steps on (a run's count, restarting with a
-resumed run); the steps after the last fold wait for the next. ``grouped_auc``, ``xauc``,
+has a value from its first fold on (at the steps divisible by ``decay_step``); the steps
+after the last fold wait for the next.
+
+Checkpoints carry the state (``state_dict``: per metric its kind, settings, folds, decayed
+value or histograms, and the window of the steps since the last fold, summed over the
+ranks), and a resumed run continues it (``load_state_dict``: the decayed state on every
+rank, the window on rank 0 alone, so that the next fold's sum over the ranks holds it once,
+under any number of ranks). A metric the checkpoint lacks, or holds with another kind or
+other settings, starts fresh. ``grouped_auc``, ``xauc``,
 ``grouped_xauc`` and ``recall_at_k`` are refused here (their state grows with the rows or
 groups): they are evaluation metrics (``metrics``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -29,6 +37,9 @@ from hashrec.train.class_metrics import MulticlassBinnedAUC, TopKAccuracy
 from hashrec.train.errors import TrainError
 from hashrec.train.evaluation import update_metrics
 from hashrec.train.metrics import BinnedAUC, build_metrics, check_listed
+
+logger = logging.getLogger("hashrec.train")
+STATE_VERSION = 1  # of ``TrainMetrics.state_dict``
 
 TRAIN_METRICS = ("auc", "multiclass_auc", "accuracy", "mean_squared_error",
                  "mean_absolute_error")
@@ -77,6 +88,11 @@ class DecayedMetric:
         def build():
             return next(iter(build_metrics([config], device, regression, num_class).values()))
 
+        self.kind = config.WhichOneof("metric")
+        # The metric's own settings (thresholds, top_k ...; defaults filled in): a saved
+        # state continues only a metric of the same kind and settings.
+        own = getattr(config, self.kind)
+        self.settings = {f.name: getattr(own, f.name) for f in own.DESCRIPTOR.fields}
         self.rate = float(config.decay_rate)
         self.every = int(config.decay_step)
         self.window = build()
@@ -109,6 +125,20 @@ class DecayedMetric:
         if not self.folds:
             return None
         return self.decayed.compute() if self.histograms else float(self.decayed)
+
+    @property
+    def decayed_states(self) -> list[torch.Tensor]:
+        return _states(self.decayed) if self.histograms else [self.decayed]
+
+    def load(self, saved: dict, window: bool) -> None:
+        """Takes the state ``state_dict`` saved (shapes checked by the caller): the
+        decayed state and folds, and the saved window where ``window`` (else an empty
+        one); copied into the tensors in place."""
+        for mine, theirs in zip(self.decayed_states, saved["decayed"]):
+            mine.copy_(theirs)
+        for mine, theirs in zip(self.states, saved["window"]):
+            mine.copy_(theirs) if window else mine.zero_()
+        self.folds = int(saved["folds"])
 
 
 def _window_value(metric, window: list[torch.Tensor]) -> torch.Tensor:
@@ -156,6 +186,56 @@ class TrainMetrics:
             mine, states = states[:len(metric.states)], states[len(metric.states):]
             metric.fold(mine)
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps (CPU tensors): per metric name its kind, settings,
+        folds, decayed state and window, the windows summed over the ranks. Under several
+        ranks a collective (one all-reduce): every rank calls it, and each gets the sum."""
+        windows = [state for _, metric in self.metrics.values() for state in metric.states]
+        if self.reduce is not None and windows:
+            flat = self.reduce(torch.cat([s.reshape(-1) for s in windows]))
+            windows = [part.view_as(s).to(s.dtype) for part, s in
+                       zip(flat.split([s.numel() for s in windows]), windows)]
+        out = {}
+        for name, (_, metric) in self.metrics.items():
+            mine, windows = windows[:len(metric.states)], windows[len(metric.states):]
+            out[name] = {"kind": metric.kind, "settings": dict(metric.settings),
+                         "folds": metric.folds,
+                         "decayed": [t.detach().cpu().clone() for t in metric.decayed_states],
+                         "window": [t.detach().cpu().clone() for t in mine]}
+        return {"version": STATE_VERSION, "metrics": out}
+
+    def load_state_dict(self, state: dict | None, rank: int = 0, where: str = "") -> None:
+        """Continues the metrics of ``state_dict`` (None: a checkpoint without it, saved
+        before checkpoints carried train metrics: all start fresh). A metric continues
+        where the state holds its name with its kind, settings and state shapes; the others
+        start fresh. Every rank takes the decayed state, rank 0 alone the window (the
+        ranks' sum). Rank 0 logs one INFO line of what continues and what starts fresh."""
+        if not self.metrics:
+            return
+        say = logger.info if rank == 0 else (lambda *args: None)
+        if state is None:
+            say("%s holds no train metric state (saved before checkpoints carried it, or by "
+                "a run without train_metrics): the train metrics start fresh", where)
+            return
+        saved = dict(state.get("metrics", {}))
+        continued, fresh = [], []
+        for name, (_, metric) in self.metrics.items():
+            why = _mismatch(metric, saved.pop(name, None))
+            if why is None:
+                metric.load(state["metrics"][name], window=rank == 0)
+                continued.append(name)
+            else:
+                fresh.append(f"{name} ({why})")
+        parts = []
+        if continued:
+            parts.append(f"continue {', '.join(continued)}")
+        if fresh:
+            parts.append(f"start fresh: {', '.join(fresh)}")
+        if saved:
+            parts.append(f"the checkpoint's {', '.join(sorted(saved))} "
+                         f"{'are' if len(saved) > 1 else 'is'} not in the config, dropped")
+        say("%s: train metrics %s", where, "; ".join(parts))
+
     def values(self) -> dict[str, float]:
         """Name -> decayed value of the metrics folded at least once (host reads)."""
         out = {}
@@ -164,3 +244,20 @@ class TrainMetrics:
             if value is not None:
                 out[name] = value
         return out
+
+
+def _mismatch(metric: DecayedMetric, saved: dict | None) -> str | None:
+    """Why ``metric`` cannot continue ``saved`` (its entry of ``state_dict``), or None."""
+    if saved is None:
+        return "not in the checkpoint"
+    if saved["kind"] != metric.kind:
+        return f"saved as {saved['kind']}"
+    if saved["settings"] != metric.settings:
+        changed = sorted(k for k in set(saved["settings"]) | set(metric.settings)
+                         if saved["settings"].get(k) != metric.settings.get(k))
+        return "saved with " + ", ".join(
+            f"{k} {saved['settings'].get(k)}, now {metric.settings.get(k)}" for k in changed)
+    shapes = [tuple(t.shape) for t in saved["decayed"] + saved["window"]]
+    if shapes != [tuple(t.shape) for t in metric.decayed_states + metric.states]:
+        return "saved with another number of classes"
+    return None

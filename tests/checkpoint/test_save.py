@@ -104,3 +104,26 @@ def test_rejected_inputs_write_nothing(tmp_path, bad):
         save_checkpoint(str(tmp_path), bad.get("step", 1), None, None, tables,
                         extra=bad.get("extra"))
     assert os.listdir(tmp_path) == []
+
+
+def test_train_metrics_round_trip_read_only_when_asked(tmp_path):
+    """Rank 0's train metric state goes to train_metrics.pt, checksummed in meta.json; a
+    restore reads it only when asked, and a damaged one then names the file."""
+    from hashrec.checkpoint.errors import CheckpointDamagedError
+
+    state = {"version": 1, "metrics": {"auc": {"folds": 2, "window": [torch.arange(3.0)]}}}
+    path = save_checkpoint(str(tmp_path), 5, None, None, {}, train_metrics=state)
+    got = restore_checkpoint(path, None, None, {}, read_train_metrics=True)
+    assert got["train_metrics"]["file"] == "train_metrics.pt"
+    saved = got["train_metrics_state"]["metrics"]["auc"]
+    assert saved["folds"] == 2 and torch.equal(saved["window"][0], torch.arange(3.0))
+    assert restore_checkpoint(path, None, None, {})["train_metrics_state"] is None
+    plain = save_checkpoint(str(tmp_path), 6, None, None, {})  # as checkpoints before
+    assert restore_checkpoint(plain, None, None, {},
+                              read_train_metrics=True)["train_metrics_state"] is None
+    file = os.path.join(path, "train_metrics.pt")
+    with open(file, "r+b") as f:
+        f.truncate(os.path.getsize(file) // 2)
+    restore_checkpoint(path, None, None, {})  # not read
+    with pytest.raises(CheckpointDamagedError, match=f"{file}: .* bytes, meta.json says"):
+        restore_checkpoint(path, None, None, {}, read_train_metrics=True)

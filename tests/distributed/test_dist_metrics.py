@@ -172,32 +172,49 @@ def _train_metric_steps():
     return torch.rand(4, 12, generator=gen) * 0.6 + 0.4 * labels, labels
 
 
-def _run_train_metrics(rows: slice, reduce=None) -> dict:
+def _run_train_metrics(rows: slice, reduce=None, steps=range(4), state=None, rank=0):
     from hashrec.train.train_metrics import TrainMetrics
 
     metrics = TrainMetrics([_train_metric_task()], reduce=reduce)
+    if state is not None:
+        metrics.load_state_dict(state, rank)
     probs, labels = _train_metric_steps()
-    for step in range(4):
+    for step in steps:
         batch = type("Batch", (), {"labels": {"clk": labels[step, rows]}})()
         metrics.update({"probs": probs[step, rows]}, batch, step + 1)
-    return metrics.values()
+    return metrics
 
 
 def scenario_train_metrics(ctx):
     from hashrec.distributed.metrics import all_reduce_sum
 
     mine = slice(0, 7) if ctx.rank == 0 else slice(7, 12)  # unequal shares
+    reduce = lambda t: all_reduce_sum(t, ctx)  # noqa: E731
     with _counted_all_reduces() as calls:
-        values = _run_train_metrics(mine, lambda t: all_reduce_sum(t, ctx))
-    return values, len(calls)
+        values = _run_train_metrics(mine, reduce).values()
+    # A checkpoint after step 3 (the window of step 3 pending), resumed on these ranks.
+    state = _run_train_metrics(mine, reduce, range(3)).state_dict()
+    resumed = _run_train_metrics(mine, reduce, range(3, 4), state, ctx.rank).values()
+    return values, len(calls), state, resumed
 
 
 def test_train_metrics_fold_every_ranks_window_in_one_all_reduce(tmp_path):
+    """Also: the state a checkpoint keeps holds the ranks' windows summed, and a run
+    resumed from it on two ranks or on one gets the uninterrupted run's values."""
     from dist_workers import run_world
 
     (ranks,) = run_world({"train": scenario_train_metrics}, 2, tmp_path).values()
-    expected = _run_train_metrics(slice(0, 12))
+    expected = _run_train_metrics(slice(0, 12)).values()
     assert set(expected) == {"auc", "accuracy", "mean_squared_error"}
-    for values, calls in ranks:
+    for values, calls, _, resumed in ranks:
         assert values == pytest.approx(expected, abs=1e-12)
         assert calls == 2  # one a fold: steps 2 and 4
+        assert resumed == pytest.approx(expected, abs=1e-12)
+    state = ranks[0][2]
+    one = _run_train_metrics(slice(0, 12), steps=range(3)).state_dict()
+    for name, saved in state["metrics"].items():
+        for mine, theirs in zip(saved["window"] + saved["decayed"],
+                                one["metrics"][name]["window"] + one["metrics"][name]["decayed"]):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)
+    assert _run_train_metrics(slice(0, 12), steps=range(3, 4),
+                              state=state).values() == pytest.approx(expected, abs=1e-12)

@@ -170,3 +170,67 @@ def test_model_level_train_metrics_of_a_multi_task_model_are_refused():
     with pytest.raises(ModelError, match="model_config.train_metrics is set on the multi-task"
                                          " model simple_multi_task; set train_metrics on"):
         model_tasks(_config("/r", model).model_config, ["clk"])
+
+
+def _probe_steps(loops, first: int, last: int) -> None:
+    """The same predictions and labels for ``loops``' train metrics, steps first..last."""
+    gen = torch.Generator().manual_seed(first)
+    for step in range(first, last + 1):
+        labels = (torch.rand(16, generator=gen) < 0.4).double()
+        probs = torch.rand(16, generator=gen) * 0.6 + 0.4 * labels
+        batch = type("Batch", (), {"labels": {"clk": labels}})()
+        for loop in loops:
+            loop.train_metrics.update({"probs": probs}, batch, step)
+
+
+def _resumed_loop(config, model_dir):
+    session = build_session(config, device=torch.device("cpu"))
+    resume = checkpoints.restore_for_training(model_dir, session.model, session.dense, True,
+                                              None)
+    return TrainLoop(session, LoopOptions.from_config(config), resume)
+
+
+def test_a_resumed_run_continues_them_from_the_checkpoint(trained, tmp_path, caplog):
+    """The checkpoint of step 10 (three folds, the window of step 10 pending) carries the
+    metrics; the resumed run's values, and those after its next fold, are the
+    uninterrupted run's."""
+    loop, _ = trained
+    config = loop.session.config
+    config.model_dir = str(tmp_path)  # the session's model_dir
+    loop.checkpoint_and_evaluate(evaluate=False)
+    assert (tmp_path / "model.ckpt-10" / "train_metrics.pt").is_file()
+    before = loop.train_metrics.values()
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        resumed = _resumed_loop(config, str(tmp_path))
+    assert "train metrics continue auc, accuracy, mean_absolute_error" in caplog.text
+    assert resumed.train_metrics.values() == before
+    _probe_steps([loop, resumed], 11, 12)  # the fold of step 12 holds step 10's window
+    assert resumed.train_metrics.values() == loop.train_metrics.values() != before
+
+
+def test_a_checkpoint_without_them_restores_and_starts_them_fresh(trained, tmp_path, caplog):
+    loop, _ = trained
+    s = loop.session
+    checkpoints.save(str(tmp_path), 10, 0, s.model, s.dense, 0)  # as checkpoints before
+    assert not (tmp_path / "model.ckpt-10" / "train_metrics.pt").exists()
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        resumed = _resumed_loop(s.config, str(tmp_path))
+    assert "holds no train metric state" in caplog.text and "start fresh" in caplog.text
+    assert resumed.step == 10 and resumed.train_metrics.values() == {}
+
+
+def test_a_changed_config_continues_the_metrics_that_match(caplog):
+    saved = TrainMetrics(model_tasks(_config("/r").model_config, ["clk"]))
+    _probe_steps([type("Loop", (), {"train_metrics": saved})()], 1, EVERY)
+    state = saved.state_dict()
+    changed = ("train_metrics { auc { thresholds: 20 } decay_step: 3 } "
+               "train_metrics { accuracy {} decay_rate: 0.5 decay_step: 3 } "
+               "train_metrics { mean_squared_error {} decay_step: 3 }")
+    metrics = TrainMetrics(model_tasks(_config("/r", MULTI_TOWER + " " + changed).model_config,
+                                       ["clk"]))
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        metrics.load_state_dict(state, where="model.ckpt-3")
+    assert ("model.ckpt-3: train metrics continue accuracy; start fresh: auc (saved with "
+            "thresholds 50, now 20), mean_squared_error (not in the checkpoint); the "
+            "checkpoint's mean_absolute_error is not in the config, dropped") in caplog.text
+    assert metrics.values() == {"accuracy": saved.values()["accuracy"]}
