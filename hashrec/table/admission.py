@@ -7,14 +7,22 @@ counter is then dropped. Under LFU the table takes the count as the new key's sc
 and a key the full table refuses gets its counter back (``recount``), so that it keeps
 counting until its count beats the lowest score of its bucket. A key whose counter was
 evicted starts counting again.
+
+The counter table holds the slots asked for (``counter_capacity``, or a rank's share of
+it) as closely as its layout allows (``counter_layout``): the fewest buckets of at most
+``counter_bucket_capacity`` slots that hold them, each of the same size, a multiple of
+the 128-slot segments the GPU probe reads (of gcd(bucket capacity, 128) slots in
+general). A table whose counter differs from what was asked says so once, at INFO.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 
+from hashrec.table.capacity import COUNTER_SEGMENT, counter_layout
 from hashrec.table.ops.erase import erase_slots
 from hashrec.table.ops.export import occupied_slots
 from hashrec.table.ops.find import find_slots
@@ -22,16 +30,25 @@ from hashrec.table.ops.insert import insert_keys
 from hashrec.table.placement import place_at
 from hashrec.table.storage import TableStorage
 
+logger = logging.getLogger(__name__)
 
 class AdmissionCounter:
-    """Counts occurrences of keys not yet in the table, in ``capacity`` slots (rounded up
-    to whole buckets of ``bucket_capacity``)."""
+    """Counts occurrences of keys not yet in the table, in ``capacity`` slots, or the
+    closest ``counter_layout`` allows with buckets of at most ``bucket_capacity``;
+    ``name``: the table's, for the INFO line where the two differ."""
 
     def __init__(self, threshold: int, capacity: int, bucket_capacity: int,
-                 device: torch.device) -> None:
+                 device: torch.device, name: str = "") -> None:
         self.threshold = threshold
-        num_buckets = math.ceil(capacity / bucket_capacity)
-        self.storage = TableStorage.empty(num_buckets, bucket_capacity, 0, device=device)
+        num_buckets, slots = counter_layout(capacity, bucket_capacity)
+        if num_buckets * slots != capacity:
+            logger.info("table %r: its admission counter holds %d slots (%d bucket%s of %d) "
+                        "for the %d asked (counter_capacity, per rank where sharded): its "
+                        "buckets hold at most counter_bucket_capacity %d slots, in multiples "
+                        "of %d", name, num_buckets * slots, num_buckets,
+                        "s" if num_buckets > 1 else "", slots, capacity, bucket_capacity,
+                        math.gcd(bucket_capacity, COUNTER_SEGMENT))
+        self.storage = TableStorage.empty(num_buckets, slots, 0, device=device)
         # Counters evicted by ``count`` and ``recount`` (``count_masked`` leaves the count
         # to its caller), and by ``recount_masked``, on the device.
         self.evictions = 0

@@ -42,3 +42,24 @@ def next_buckets(num_buckets: int, max_buckets: int) -> int:
     if 2 * num_buckets * LAST_GROWTH <= max_buckets:
         return 2 * num_buckets
     return max_buckets
+
+
+COUNTER_SEGMENT = 128  # slots of a bucket segment the GPU probe reads at once
+
+
+def counter_layout(capacity: int, bucket_capacity: int) -> tuple[int, int]:
+    """(buckets, slots per bucket) of a counter table asked for ``capacity`` slots in
+    buckets of at most ``bucket_capacity``: the fewest buckets that hold them, each of
+    ceil(capacity / buckets) slots rounded up to a multiple of gcd(bucket_capacity, 128),
+    so that the total exceeds ``capacity`` by less than one such multiple a bucket.
+
+    Example::
+
+        counter_layout(2500, 1024) == (3, 896)    # 2688 slots (1024-slot buckets: 3072)
+        counter_layout(500, 1024) == (1, 512)
+        counter_layout(4096, 1024) == (4, 1024)
+    """
+    buckets = math.ceil(capacity / bucket_capacity)
+    grain = math.gcd(bucket_capacity, COUNTER_SEGMENT)
+    slots = math.ceil(math.ceil(capacity / buckets) / grain) * grain
+    return buckets, min(slots, bucket_capacity)

@@ -103,7 +103,8 @@ class HashTable(FixedSizeLookup, TableGrowth, TableState, TableRefusals, TableRe
             adm = options.admission
             self._counter = AdmissionCounter(adm.threshold,
                                              adm.counter_capacity or options.max_capacity,
-                                             adm.counter_bucket_capacity, self.device)
+                                             adm.counter_bucket_capacity, self.device,
+                                             options.name)
             self._admission_initializer = self._resolve(adm.initializer,
                                                         "admission.initializer")
         self._generator = None

@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from hashrec.table.capacity import counter_layout
 from hashrec.table.options import StorageMode, TableOptions
 
 KEY_BYTES = 8
@@ -40,8 +41,8 @@ def _counter_bytes(options: TableOptions) -> int:
     if options.admission is None:
         return 0
     capacity = options.admission.counter_capacity or options.max_capacity
-    bucket = options.admission.counter_bucket_capacity
-    slots = math.ceil(capacity / bucket) * bucket
+    buckets, per_bucket = counter_layout(capacity, options.admission.counter_bucket_capacity)
+    slots = buckets * per_bucket
     return slots * (KEY_BYTES + TAG_BYTES + DIGEST_BYTES + SCORE_BYTES)
 
 

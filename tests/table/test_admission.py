@@ -51,3 +51,37 @@ def test_counter_keeps_tags_apart():
     assert (admitted.tolist(), totals.tolist()) == ([True], [2])
     remaining, remaining_tags, _ = counter.state()
     assert remaining.tolist() == [5] and remaining_tags.tolist() == [1]
+
+
+@pytest.mark.parametrize("capacity, bucket, buckets, slots, logged", [
+    (500, 1024, 1, 512, True),     # a rank's share of 1000 over 2 ranks (was 1024)
+    (2500, 1024, 3, 896, True),    # was 3 x 1024
+    (4096, 1024, 4, 1024, False),  # exactly what was asked
+    (48, 8, 6, 8, False),
+    (100, 12, 9, 12, True)], ids=["half", "odd", "exact", "small", "grain4"])
+def test_the_counter_holds_what_was_asked_as_closely_as_its_buckets_allow(
+        capacity, bucket, buckets, slots, logged, caplog):
+    """Fewest buckets of at most ``bucket`` slots, of one size, a multiple of
+    gcd(bucket, 128): less than that multiple a bucket over, and one INFO line where the
+    counter holds another number than asked."""
+    import logging
+    import math
+
+    from hashrec.table import HashTable, TableOptions
+    from hashrec.table.memory import estimate_table_bytes
+    from hashrec.table.options import AdmissionOptions
+
+    options = TableOptions(dim=4, max_capacity=64, bucket_capacity=16, name="user_id",
+                           admission=AdmissionOptions(threshold=2, counter_capacity=capacity,
+                                                      counter_bucket_capacity=bucket))
+    with caplog.at_level(logging.INFO, logger="hashrec.table"):
+        storage = HashTable(options)._counter.storage
+    assert (storage.num_buckets, storage.bucket_capacity) == (buckets, slots)
+    assert capacity <= storage.capacity < capacity + buckets * math.gcd(bucket, 128)
+    said = (f"table 'user_id': its admission counter holds {buckets * slots} slots "
+            f"({buckets} bucket")
+    assert (said in caplog.text) == logged
+    without = TableOptions(dim=4, max_capacity=64, bucket_capacity=16)
+    counter_bytes = (estimate_table_bytes(options)["index"]
+                     - estimate_table_bytes(without)["index"])
+    assert counter_bytes == storage.capacity * (8 + 4 + 1 + 8)
