@@ -26,6 +26,12 @@ they receive no gradient. The remapper's state (slot ids, counts, last steps,
 pending candidates, step) lives in registered buffers, so it travels in the
 model's ``state_dict`` and therefore in checkpoints.
 
+Progress counters (``counters``, cumulative since the remapper was built, not in the
+state_dict, as a dynamic table's): ``assigned`` ids given a row (a free one or, at an
+eviction round, a held one), ``evictions`` rows given to another id at eviction rounds,
+``without_row`` unique ids of a training step left without a row (read as zeros),
+``hits`` unique ids that held a row, ``lookups`` unique ids, and ``size`` / ``capacity``.
+
 Several ranks: the table and its remapper are replicated. In training every rank
 remaps the ids of the whole global batch, in rank order (the embedding
 collection all-gathers them), so the replicas count, assign and evict exactly as
@@ -35,6 +41,7 @@ are rank 0's, broadcast. Evaluation maps each rank's own ids (read-only).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -118,6 +125,19 @@ class ZchRemapper(nn.Module):
         self.register_buffer("pending_size", torch.zeros((), **i64))
         self.register_buffer("step", torch.zeros((), **i64))
         self._index: tuple[torch.Tensor, torch.Tensor] | None = None
+        # The progress counters (ints, or 0-d device tensors read by ``counters``).
+        self._counts: Counter = Counter()
+
+    def counters(self) -> dict[str, float]:
+        """size, capacity, load_factor, assigned, evictions, without_row, hits, lookups
+        (see the module docstring); a host read."""
+        size = int(self.slot_used.sum())
+        capacity = self.options.zch_size
+        out = {"size": float(size), "capacity": float(capacity),
+               "load_factor": size / capacity}
+        for name in ("assigned", "evictions", "without_row", "hits", "lookups"):
+            out[name] = float(self._counts[name])
+        return out
 
     # -- lookup structure -----------------------------------------------------------
     def _load_from_state_dict(self, *args, **kwargs) -> None:
@@ -168,6 +188,8 @@ class ZchRemapper(nn.Module):
         unique, counts = torch.unique(ids, return_counts=True)
         slots = self.find(unique)
         hit = slots >= 0
+        self._counts["lookups"] += unique.numel()
+        self._counts["hits"] += hit.sum()
         self.slot_counts[slots[hit]] += counts[hit].to(torch.float64)
         self.slot_last_step[slots[hit]] = step
         new_keys, new_counts = unique[~hit], counts[~hit].to(torch.float64)
@@ -176,6 +198,9 @@ class ZchRemapper(nn.Module):
         reset = empty
         if step % self.options.eviction_interval == 0:
             reset = self._evict(step)
+            self._counts["assigned"] += reset.numel()
+            self._counts["evictions"] += reset.numel()
+        self._counts["without_row"] += (self.find(unique) < 0).sum()
         return self.find(ids), reset
 
     def _take_slots(self, slots: torch.Tensor, keys: torch.Tensor, counts: torch.Tensor,
@@ -196,6 +221,7 @@ class ZchRemapper(nn.Module):
         taken = min(free.numel(), keys.numel())
         chosen = order[:taken]
         self._take_slots(free[:taken], keys[chosen], counts[chosen], step)
+        self._counts["assigned"] += taken
         rest = order[taken:]
         return keys[rest], counts[rest]
 

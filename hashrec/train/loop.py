@@ -86,7 +86,7 @@ from hashrec.train.interrupt import StopSignals, TrainInterrupted
 from hashrec.train.optimizers import clip_gradients
 from hashrec.train.placement import gil_switch_interval
 from hashrec.train.prefetch import DevicePrefetcher, EpochStream
-from hashrec.train.progress import ProgressLog, table_counters, total_steps
+from hashrec.train.progress import ProgressLog, table_counters, total_steps, zch_counters
 from hashrec.train.summaries import Summaries
 from hashrec.train.timing import StepTimer, format_phases
 from hashrec.train.train_metrics import TrainMetrics
@@ -512,8 +512,10 @@ class TrainLoop:
     def _report_progress(self) -> None:
         """The progress line of the steps since the last one, with its summaries."""
         s, timer, lrs = self.session, self.timer, self._lrs
+        embedding = s.model.embedding
         counters = global_table_counters(table_counters(
-            s.model.embedding.dynamic_tables(), s.model.embedding.fused_table_sizes()), self.ctx)
+            embedding.dynamic_tables(), embedding.fused_table_sizes()), self.ctx)
+        counters.update(zch_counters(embedding.zch_remappers))  # replicated: not summed
         o, inputs = self.options, self._inputs
         total = total_steps(o.num_steps, o.max_epochs, inputs.steps if inputs else 0)
         window = self.progress.report(self.step, lrs, counters,

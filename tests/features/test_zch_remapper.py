@@ -107,3 +107,26 @@ def test_collection_reads_zeros_without_a_slot_and_resets_evicted_rows():
         kjt = KeyedJaggedTensor.from_lengths(["u"], ids(11), torch.ones(1, dtype=torch.int64))
         assert torch.all(collection(kjt).pooled["u"] == 0)
     assert "zch_remappers.u.slot_keys" in collection.state_dict()
+
+
+def test_progress_counters_count_assignments_evictions_and_ids_without_a_row():
+    """Step 1: 5 (twice), 1, 2, 3 take the four free rows, 4 and 6 wait; step 2 (an
+    eviction round): 4 and 6 outscore the rows of 1 and 2 and take them. Evaluation and
+    the state_dict leave the counters alone."""
+    from hashrec.train.progress import format_tables, zch_counters
+
+    remapper = ZchRemapper(ZchOptions(zch_size=4, eviction_interval=2), "item_id")
+    remapper.remap(ids(1, 2, 3, 4, 5, 5, 6), train=True)
+    counted = remapper.counters()
+    assert (counted["assigned"], counted["without_row"], counted["hits"],
+            counted["lookups"], counted["evictions"]) == (4, 2, 0, 6, 0)
+    remapper.remap(ids(5, 5, 5, 4, 4, 4, 6), train=True)
+    remapper.remap(ids(7, 8), train=False)
+    assert remapper.counters() == {"size": 4.0, "capacity": 4.0, "load_factor": 1.0,
+                                   "assigned": 6.0, "evictions": 2.0, "without_row": 2.0,
+                                   "hits": 1.0, "lookups": 9.0}
+    assert set(remapper.state_dict()) == {  # the remapper's state, not its counters
+        "slot_keys", "slot_used", "slot_counts", "slot_last_step", "pending_keys",
+        "pending_counts", "pending_last_step", "pending_size", "step"}
+    counters = zch_counters({"item_id": remapper})
+    assert format_tables(counters) == "item_id size 4 load 1.00 assigned 6 evict 2 no_row 2"

@@ -212,3 +212,31 @@ def test_a_rank_without_a_batch_is_told_that_shares_are_cut_at_whole_batches(tmp
         f"data_config.batch_size 512 (plus 488 rows, a partial batch of rank 0) for 3 readers "
         f"(3 ranks without loader workers); lower data_config.batch_size to at most 333, or "
         f"use fewer ranks")
+
+
+def test_the_progress_line_and_tensorboard_give_zch_tables_counters(tmp_path, caplog,
+                                                                     monkeypatch):
+    """A ZCH table's counters join the dynamic tables' in the line and under
+    table/<name>/ in TensorBoard, as rank 0 counts them (the table is replicated)."""
+    from test_session import CONFIG as ZCH_CONFIG
+
+    from hashrec.train.checkpoints import Resume
+    from hashrec.train.loop import TrainLoop
+    from hashrec.train.session import build_session
+
+    path = tmp_path / "zch.config"
+    path.write_text(ZCH_CONFIG)
+    config = load_pipeline_config(str(path))
+    config.model_dir = str(tmp_path / "model")
+    session = build_session(config, device=torch.device("cpu"))
+    loop = TrainLoop(session, LoopOptions.from_config(config), Resume())
+    remapper = session.model.embedding.zch_remappers["user_id"]
+    remapper.remap(torch.arange(20), train=True)  # 16 rows for 20 ids: 4 wait
+    written = {}
+    monkeypatch.setattr(loop.summaries, "tables",
+                        lambda step, counters: written.update(counters))
+    loop.progress.record(8, torch.tensor(0.5))
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        loop._report_progress()
+    assert "| user_id size 16 load 1.00 assigned 16 evict 0 no_row 4" in caplog.text
+    assert written["user_id"]["without_row"] == 4 and written["user_id"]["assigned"] == 16
