@@ -30,6 +30,16 @@ feature_configs { id_feature { feature_name: "pid" expression: "context:pid"
   hash_bucket_size: 20 embedding_dim: 8 } }
 feature_configs { raw_feature { feature_name: "price" expression: "item:price" } }
 """
+# The click sequence over the candidate's tables (its sub-features share them).
+CLICK_SEQUENCE = """
+feature_configs { sequence_feature { sequence_name: "click_50_seq" sequence_length: 10
+  sequence_delim: "|"
+  features { id_feature { feature_name: "adgroup_id" expression: "item:adgroup_id"
+    embedding_dim: 8 } }
+  features { id_feature { feature_name: "cate_id" expression: "item:cate_id"
+    embedding_dim: 8 } } } }
+"""
+FEATURES += CLICK_SEQUENCE
 
 MODELS = {
     "multi_tower": """
@@ -42,6 +52,18 @@ MODELS = {
     towers { input: "item" mlp { hidden_units: [8] } }
     final { hidden_units: [8] }
   }""",
+    # the click sequence (sharing the candidate's tables) through three of TorchEasyRec's
+    # sequence encoders, whose outputs (8, 8 x 3 and 8 wide) follow the group's features
+    "multi_tower_seq_encoders": """
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "cms_segid", "pid", "adgroup_id", "cate_id", "price"]
+    sequence_groups { feature_names: ["adgroup_id", "cate_id", "click_50_seq__adgroup_id",
+                                      "click_50_seq__cate_id"] }
+    sequence_encoders { din_encoder { attn_mlp { hidden_units: [8] } } }
+    sequence_encoders { multi_window_din_encoder { attn_mlp { hidden_units: [8] }
+                                                   windows_len: [2, 8] } }
+    sequence_encoders { pooling_encoder { pooling_type: "mean" } } }
+  multi_tower { towers { input: "all" mlp { hidden_units: [16, 8] } } }""",
     # user_id and adgroup_id (dynamic) and cate_id have a wide table besides their own;
     # pid is only in the WIDE group: it has its wide table alone.
     "wide_and_deep": """

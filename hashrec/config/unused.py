@@ -27,7 +27,6 @@ _REFUSED = {
             "with python -m hashrec.tools.apply_delta; set that instead"),
     },
     "FeatureGroupConfig": {
-        "sequence_groups": (bool, "sequences are grouped by their feature group"),
         "embedding_name_suffix": (bool, "features share a table by embedding_name alone: "
                                   "give the group's features embedding_names of their own"),
     },
@@ -186,28 +185,10 @@ def unused_field_problems(config) -> list[str]:
         for name, (differs, instead) in _REFUSED.get(message.DESCRIPTOR.name, {}).items():
             if is_set(message, name) and differs(getattr(message, name)):
                 problems.append(f"{path}.{name} is not supported ({instead}); remove it")
-    problems += _sequence_encoder_problems(config)
     for label, feature, _ in _features(config):
         for name, (differs, instead) in _FEATURE_REFUSED.items():
             if is_set(feature, name) and differs(getattr(feature, name)):
                 problems.append(f"{label}: {name} is not supported ({instead}); remove it")
-    return problems
-
-
-def _sequence_encoder_problems(config) -> list[str]:
-    """One message per feature group listing sequence_encoders, naming the encoders."""
-    problems = []
-    groups = config.model_config.feature_groups if config.HasField("model_config") else ()
-    for i, group in enumerate(groups):
-        kinds = [encoder.WhichOneof("seq_module") or "an empty entry"
-                 for encoder in group.sequence_encoders]
-        if kinds:
-            problems.append(
-                f"model_config.feature_groups[{i}] ({group.group_name!r}).sequence_encoders "
-                f"({', '.join(kinds)}) is not supported: HashRec's target attention over a "
-                f"sequence is multi_tower_din's din_towers, each reading a SEQUENCE feature "
-                f"group (a DIN encoder's attn_mlp there); remove the encoders and give the "
-                f"sequences a SEQUENCE group read by a din_tower")
     return problems
 
 

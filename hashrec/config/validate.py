@@ -13,6 +13,7 @@ from hashrec.config.errors import ConfigError
 from hashrec.config.fg_mode import RAW, fg_input, fg_input_setting
 from hashrec.config.normalizer import Normalizer
 from hashrec.config.pipeline_pb2 import EasyRecConfig
+from hashrec.config.sequence_groups import sequence_encoder_problems
 from hashrec.config.unused import unused_field_problems
 
 SUPPORTED_FEATURE_KINDS = ("id_feature", "raw_feature", "combo_feature", "sequence_feature",
@@ -177,7 +178,7 @@ def _model_problems(model_config) -> list[str]:
                    for i, tower in enumerate(getattr(model_config, model).task_towers)]
     for where, config in places:
         problems += _loss_metric_problems(where, config)
-    return problems
+    return problems + sequence_encoder_problems(model_config)
 
 
 def _loss_metric_problems(where: str, config) -> list[str]:

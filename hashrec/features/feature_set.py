@@ -21,6 +21,7 @@ import torch
 
 from hashrec.config.errors import ConfigError
 from hashrec.config.fg_mode import RAW, fg_input
+from hashrec.config.sequence_groups import group_feature_names
 from hashrec.config.validate import feature_problems
 from hashrec.embedding.jagged import KeyedJaggedTensor
 from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
@@ -372,12 +373,12 @@ def _sample_weight_fields(data_config, label_fields: list[str]) -> tuple[str, ..
 
 
 def _read_features(model_config, keep: Iterable[str]) -> frozenset[str] | None:
-    """Names the model's feature groups list, plus ``keep``; None (every feature) where
-    there is no model config or it has no feature group."""
+    """Names the model's feature groups list (their sequence groups' too), plus ``keep``;
+    None (every feature) where there is no model config or it has no feature group."""
     if model_config is None or not model_config.feature_groups:
         return None
     return frozenset(name for group in model_config.feature_groups
-                     for name in group.feature_names).union(keep)
+                     for name in group_feature_names(group)).union(keep)
 
 
 def _label_keys(model_config) -> set[str]:

@@ -15,6 +15,7 @@ from collections.abc import Set
 import torch
 
 from hashrec.config.errors import ConfigError
+from hashrec.config.sequence_groups import group_feature_names
 from hashrec.embedding.specs import EmbeddingTableSpec
 from hashrec.features.base import Feature, TableRequest
 from hashrec.features.data_type import data_type_name
@@ -281,7 +282,7 @@ def fusion_group(features: tuple[str, ...], model_config) -> str | None:
         owners: dict[str, set[str]] = {}
         for group in model_config.feature_groups:
             if group.group_type in types:
-                for name in group.feature_names:
+                for name in group_feature_names(group):
                     if name in features:
                         owners.setdefault(name, set()).add(group.group_name)
         if owners:

@@ -21,8 +21,8 @@ from torch import nn
 from hashrec.models.errors import ModelError
 from hashrec.models.group_net import GroupNetModel
 from hashrec.models.mask_net import build_mask_net
+from hashrec.models.mlp_config import mlp_options, optional_mlp
 from hashrec.models.mmoe import MMoETask, check_module_name, deep_groups_merged
-from hashrec.models.rank_model import mlp_options, optional_mlp
 from hashrec.modules import MLP, MaskNet
 
 logger = logging.getLogger(__name__)

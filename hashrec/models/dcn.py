@@ -22,8 +22,8 @@ from torch import nn
 
 from hashrec.models.errors import ModelError
 from hashrec.models.group_net import GroupNetModel
+from hashrec.models.mlp_config import mlp_options, optional_mlp
 from hashrec.models.mmoe import deep_groups_merged
-from hashrec.models.rank_model import mlp_options, optional_mlp
 from hashrec.modules import MLP, Cross, CrossV2
 
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from hashrec.config.sequence_groups import encoder_input, encoder_kind, sequence_group_names
 from hashrec.features.wide import wide_name
 from hashrec.models.errors import ModelError
 
@@ -50,6 +51,8 @@ class FeatureInfo:
         is_sequence: a padded (B, L, dim) sequence (else a (B, dim) vector).
         sequence: of a sequence feature, the sequence whose items it holds (its
             ``sequence_feature``'s name, or its own name for a top-level one); else empty.
+        source: of a sequence encoder's output, the DEEP feature group whose encoder
+            gives it (see ``encoded``); else empty.
     """
 
     name: str
@@ -57,18 +60,49 @@ class FeatureInfo:
     embedded: bool
     is_sequence: bool
     sequence: str = ""
+    source: str = ""
+
+    @property
+    def encoded(self) -> bool:
+        """An encoder's output (``<group>_seq_encoder_<i>``, (B, dim)), computed by the
+        sequence encoders of the feature group ``source`` inside the dense network."""
+        return bool(self.source)
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """One of a DEEP group's ``sequence_encoders``.
+
+    Attributes:
+        kind: ``din_encoder``, ``simple_attention``, ``pooling_encoder`` or
+            ``multi_window_din_encoder``.
+        where: the config path of the encoder (for errors).
+        input: index of the sequence group it reads in the group's ``sequence_groups``.
+        dim: width of its output.
+        options: the encoder's config message (attn_mlp, pooling_type, windows_len).
+    """
+
+    kind: str
+    where: str
+    input: int
+    dim: int
+    options: object = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True)
 class GroupSpec:
     """One feature group: ``features`` for DEEP and WIDE; ``query`` and ``sequence`` for
-    SEQUENCE."""
+    SEQUENCE. A DEEP group with sequence encoders also has ``sequence_groups`` (SEQUENCE
+    specs, whose query may be empty) and ``encoders``; its ``features`` end with the
+    encoders' outputs (``FeatureInfo.encoded``)."""
 
     name: str
     group_type: str
     features: tuple[FeatureInfo, ...] = ()
     query: tuple[FeatureInfo, ...] = ()
     sequence: tuple[FeatureInfo, ...] = ()
+    sequence_groups: tuple[GroupSpec, ...] = ()
+    encoders: tuple[EncoderSpec, ...] = ()
 
     @property
     def dim(self) -> int:
@@ -116,37 +150,78 @@ def build_group_spec(group_config, infos: Mapping[str, FeatureInfo],
     if group_type == WIDE:
         return GroupSpec(name, WIDE, features=tuple(
             _wide_feature(name, feature, infos) for feature in group_config.feature_names))
-    resolved = []
-    for feature in group_config.feature_names:
-        if feature not in infos:
-            raise ModelError(
-                f"feature group {name!r}: feature {feature!r} is not defined in "
-                f"feature_configs (known: {', '.join(sorted({*infos, *left_out}))})")
-        resolved.append(infos[feature])
+    resolved = [_known(f"feature group {name!r}", feature, infos, left_out)
+                for feature in group_config.feature_names]
     if group_type == DEEP:
         sequences = [f.name for f in resolved if f.is_sequence]
         if sequences:
             raise ModelError(
                 f"DEEP feature group {name!r} holds sequence features {sequences}; "
-                f"put them in a SEQUENCE group")
+                f"put them in a SEQUENCE group, or in a sequence_groups entry of this "
+                f"group read by sequence_encoders")
+        if group_config.sequence_groups:
+            return _encoded_group(group_config, tuple(resolved), infos, left_out)
         return GroupSpec(name, DEEP, features=tuple(resolved))
     if group_type == SEQUENCE:
-        query = tuple(f for f in resolved if not f.is_sequence)
-        sequence = tuple(f for f in resolved if f.is_sequence)
-        if not query or not sequence:
-            raise ModelError(
-                f"SEQUENCE feature group {name!r} needs query (non-sequence) and sequence "
-                f"features; got query={[f.name for f in query]} "
-                f"sequence={[f.name for f in sequence]}")
-        if not any(f.embedded for f in sequence):
-            raise ModelError(
-                f"SEQUENCE feature group {name!r} needs at least one id sequence feature "
-                f"to give the sequence lengths")
-        _warn_mixed_sequences(name, sequence)
-        return GroupSpec(name, SEQUENCE, query=query, sequence=sequence)
+        return _sequence_group(f"SEQUENCE feature group {name!r}", name, resolved)
     raise ModelError(
         f"feature group {name!r}: group_type {group_type} is not supported; allowed: DEEP, "
         f"WIDE, SEQUENCE")
+
+
+def _sequence_group(label: str, name: str, resolved: list[FeatureInfo],
+                    needs_query: bool = True) -> GroupSpec:
+    """The SEQUENCE spec of ``resolved`` (query features, sequence features); ``label``
+    names the group in errors."""
+    query = tuple(f for f in resolved if not f.is_sequence)
+    sequence = tuple(f for f in resolved if f.is_sequence)
+    if (needs_query and not query) or not sequence:
+        raise ModelError(
+            f"{label} needs query (non-sequence) and sequence features; got "
+            f"query={[f.name for f in query]} sequence={[f.name for f in sequence]}")
+    if not any(f.embedded for f in sequence):
+        raise ModelError(f"{label} needs at least one id sequence feature to give the "
+                         f"sequence lengths")
+    _warn_mixed_sequences(name, sequence)
+    return GroupSpec(name, SEQUENCE, query=query, sequence=sequence)
+
+
+def _encoded_group(group_config, features: tuple[FeatureInfo, ...],
+                   infos: Mapping[str, FeatureInfo], left_out: Iterable[str]) -> GroupSpec:
+    """A DEEP group with sequence groups and encoders (``hashrec.config.sequence_groups``;
+    the config's validation has checked their structure)."""
+    name = group_config.group_name
+    names = sequence_group_names(group_config)
+    readers = {n: [encoder_kind(e) for e in group_config.sequence_encoders
+                   if encoder_input(group_config, e) == n] for n in names}
+    sequence_groups = []
+    for i, (seq_name, seq_config) in enumerate(zip(names, group_config.sequence_groups)):
+        label = f"feature group {name!r} sequence_groups[{i}] ({seq_name!r})"
+        resolved = [_known(label, f, infos, left_out) for f in seq_config.feature_names]
+        needs_query = any(kind != "pooling_encoder" for kind in readers[seq_name])
+        sequence_groups.append(_sequence_group(label, seq_name, resolved, needs_query))
+    encoders = []
+    for i, encoder in enumerate(group_config.sequence_encoders):
+        kind = encoder_kind(encoder)
+        index = names.index(encoder_input(group_config, encoder))
+        options = getattr(encoder, kind)
+        width = sequence_groups[index].sequence_dim
+        windows = len(options.windows_len) if kind == "multi_window_din_encoder" else 0
+        encoders.append(EncoderSpec(
+            kind, f"feature group {name!r} sequence_encoders[{i}].{kind}", index,
+            width * (windows + 1), options))
+    outputs = tuple(FeatureInfo(f"{name}_seq_encoder_{i}", e.dim, False, False, source=name)
+                    for i, e in enumerate(encoders))
+    return GroupSpec(name, DEEP, features=features + outputs,
+                     sequence_groups=tuple(sequence_groups), encoders=tuple(encoders))
+
+
+def _known(label: str, feature: str, infos: Mapping[str, FeatureInfo],
+           left_out: Iterable[str]) -> FeatureInfo:
+    if feature not in infos:
+        raise ModelError(f"{label}: feature {feature!r} is not defined in feature_configs "
+                         f"(known: {', '.join(sorted({*infos, *left_out}))})")
+    return infos[feature]
 
 
 def _wide_feature(group: str, feature: str, infos: Mapping[str, FeatureInfo]) -> FeatureInfo:
@@ -199,13 +274,15 @@ def deep_input(group: GroupSpec, embedded, batch) -> torch.Tensor:
 
 
 def sequence_input(group: GroupSpec, embedded,
-                   batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A SEQUENCE group's (query (B, Dq), sequence (B, L, Ds), lengths (B,)).
+                   batch) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """A SEQUENCE group's (query (B, Dq), sequence (B, L, Ds), lengths (B,)); the query is
+    None for a sequence group without query features (one that pooling alone reads).
 
     ``lengths`` is, per row, the largest of the id sequence features' lengths (an
     elementwise maximum on the device: no host read), clamped to L.
     """
-    query = torch.cat([_vector(f, embedded, batch) for f in group.query], dim=-1)
+    query = torch.cat([_vector(f, embedded, batch) for f in group.query], dim=-1) \
+        if group.query else None
     parts, lengths = [], None
     for info in group.sequence:
         if info.embedded:

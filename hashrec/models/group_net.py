@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hashrec.models.feature_groups import GroupSpec, deep_input
+from hashrec.models.feature_groups import GroupSpec
 from hashrec.models.rank_model import RankModel
 
 
@@ -24,9 +24,10 @@ class GroupNetModel(RankModel):
     net: nn.Module
 
     def dense_inputs(self, embedded, batch) -> tuple[torch.Tensor, ...]:
-        """Each of ``input_groups`` concatenated, (B, its width)."""
-        return tuple(deep_input(group, embedded, batch) for group in self.input_groups)
+        """Each of ``input_groups`` concatenated, (B, its width); a group with sequence
+        encoders as the tensors they read (``RankModel.group_inputs``)."""
+        return self.group_inputs(self.input_groups, embedded, batch)
 
     def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
         """``dense_inputs`` -> logits (see ``RankModel.dense_from_inputs``)."""
-        return self.net(list(inputs))
+        return self.net(self.groups_from_inputs(self.input_groups, inputs))

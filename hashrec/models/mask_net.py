@@ -14,8 +14,8 @@ from torch import nn
 
 from hashrec.models.errors import ModelError
 from hashrec.models.group_net import GroupNetModel
+from hashrec.models.mlp_config import mlp_options
 from hashrec.models.mmoe import deep_groups_merged
-from hashrec.models.rank_model import mlp_options
 from hashrec.modules import MaskBlockOptions
 from hashrec.modules import MaskNet as MaskNetModule
 

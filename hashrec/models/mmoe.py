@@ -20,7 +20,7 @@ from torch import nn
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import DEEP
 from hashrec.models.group_net import GroupNetModel
-from hashrec.models.rank_model import mlp_options, optional_mlp
+from hashrec.models.mlp_config import mlp_options, optional_mlp
 from hashrec.models.wide_and_deep import merged_group
 from hashrec.modules import MLP
 

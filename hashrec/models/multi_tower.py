@@ -15,8 +15,10 @@ import torch
 from torch import nn
 
 from hashrec.models.errors import ModelError
-from hashrec.models.feature_groups import DEEP, deep_input
-from hashrec.models.rank_model import RankModel, mlp_options, optional_mlp
+from hashrec.models.feature_groups import DEEP
+from hashrec.models.group_encoders import input_count
+from hashrec.models.mlp_config import mlp_options, optional_mlp
+from hashrec.models.rank_model import RankModel
 from hashrec.modules import MLP
 
 
@@ -66,12 +68,21 @@ class MultiTower(RankModel):
         if self._feeds_a_tower(name):
             raise ModelError(f"{self.kind}: feature group {name!r} feeds two towers")
 
+    def _tower_groups(self) -> list:
+        return [self.groups[name] for name in self.towers]
+
     def dense_inputs(self, embedded, batch) -> tuple[torch.Tensor, ...]:
-        """Each MLP tower's input (B, group width), in tower order."""
-        return tuple(deep_input(self.groups[name], embedded, batch) for name in self.towers)
+        """Each MLP tower's input (B, group width), in tower order; a group with sequence
+        encoders as the tensors they read (``RankModel.group_inputs``)."""
+        return self.group_inputs(self._tower_groups(), embedded, batch)
+
+    def _tower_inputs_count(self) -> int:
+        """How many of ``dense_inputs`` the MLP towers take."""
+        return sum(input_count(g, self.sequence_encoders) for g in self._tower_groups())
 
     def _tower_outputs(self, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
-        return [tower(x) for tower, x in zip(self.towers.values(), inputs[:len(self.towers)])]
+        groups = self.groups_from_inputs(self._tower_groups(), inputs)
+        return [tower(x) for tower, x in zip(self.towers.values(), groups)]
 
     def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
         """Tower outputs -> final MLP -> logits (B,), or (B, num_class)."""

@@ -15,8 +15,8 @@ from torch import nn
 
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import SEQUENCE, sequence_input
+from hashrec.models.mlp_config import mlp_options
 from hashrec.models.multi_tower import MultiTower
-from hashrec.models.rank_model import mlp_options
 from hashrec.modules import DINAttention
 
 
@@ -69,7 +69,7 @@ class MultiTowerDIN(MultiTower):
 
     def _tower_outputs(self, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         outputs = super()._tower_outputs(inputs)
-        count = len(self.towers)
+        count = self._tower_inputs_count()
         for i, attention in enumerate(self.din_towers.values()):
             query, sequence, lengths = inputs[count + 3 * i:count + 3 * i + 3]
             outputs.append(attention(query, sequence, lengths))

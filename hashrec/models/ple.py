@@ -20,8 +20,8 @@ from torch import nn
 
 from hashrec.models.errors import ModelError
 from hashrec.models.group_net import GroupNetModel
+from hashrec.models.mlp_config import mlp_options
 from hashrec.models.mmoe import check_module_name, deep_groups_merged, gate_mix, task_tower
-from hashrec.models.rank_model import mlp_options
 from hashrec.modules import MLP
 
 

@@ -9,46 +9,24 @@ runs in reduced precision under mixed precision training.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import GroupSpec, build_group_spec, feature_infos
+from hashrec.models.group_encoders import (
+    build_group_encoders,
+    group_from_inputs,
+    group_inputs,
+    input_count,
+)
 from hashrec.models.losses import task_loss
 from hashrec.models.outputs import split_task_logits, task_outputs
 from hashrec.models.tasks import MULTI_TASK_MODELS, model_tasks
-from hashrec.modules import MLP, MLPOptions
 
 logger = logging.getLogger(__name__)
-
-
-def mlp_options(mlp_config, where: str) -> MLPOptions:
-    """Convert an ``MLP`` config message into MLPOptions.
-
-    Raises:
-        ModelError: the options are invalid; the message names ``where``.
-    """
-    try:
-        return MLPOptions(
-            hidden_units=tuple(mlp_config.hidden_units),
-            dropout_ratio=tuple(mlp_config.dropout_ratio),
-            activation=mlp_config.activation,
-            use_bn=mlp_config.use_bn,
-            use_ln=mlp_config.use_ln,
-            bias=mlp_config.bias,
-        )
-    except ValueError as err:
-        raise ModelError(f"{where}: {err}") from err
-
-
-def optional_mlp(config, field: str, width: int, where: str) -> tuple[MLP | None, int]:
-    """The MLP of the optional ``MLP`` field ``config.<field>`` over ``width`` inputs:
-    (the MLP, its output width), or (None, ``width``) where the field is unset."""
-    if not config.HasField(field):
-        return None, width
-    mlp = MLP(width, mlp_options(getattr(config, field), where))
-    return mlp, mlp.output_dim()
 
 
 class RankModel(nn.Module):
@@ -95,6 +73,8 @@ class RankModel(nn.Module):
             spec.session_name for t in self.tasks for spec in t.losses
             if spec.name == "jrc_loss"))
         self.groups = self._build_groups(model_config, feature_set)
+        # The DEEP groups' sequence encoders (hashrec.models.group_encoders), by group.
+        self.sequence_encoders = build_group_encoders(self.groups)
         if embedding is None:
             from hashrec.embedding import EmbeddingCollection
 
@@ -134,6 +114,25 @@ class RankModel(nn.Module):
                 f"{where}: feature group {name!r} is {group.group_type}, expected "
                 f"{expected_type}")
         return group
+
+    def group_inputs(self, groups: Sequence[GroupSpec], embedded,
+                     batch) -> tuple[torch.Tensor, ...]:
+        """The tensors of DEEP (or WIDE) ``groups``, one after another, from which
+        ``groups_from_inputs`` builds each group's (B, group.dim) inside the dense
+        network: one tensor a group, or more where it has sequence encoders."""
+        return tuple(t for group in groups
+                     for t in group_inputs(group, self.groups, embedded, batch))
+
+    def groups_from_inputs(self, groups: Sequence[GroupSpec],
+                           inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Each of ``groups`` (B, group.dim) from ``inputs``, which begin with their
+        ``group_inputs``."""
+        out, at = [], 0
+        for group in groups:
+            count = input_count(group, self.sequence_encoders)
+            out.append(group_from_inputs(group, inputs[at:at + count], self.sequence_encoders))
+            at += count
+        return out
 
     def embed(self, batch, embedding_hook=None):
         """Embedding lookups in float32 (autocast is switched off here), then

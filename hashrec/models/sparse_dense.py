@@ -9,7 +9,7 @@ from __future__ import annotations
 from hashrec.config.aliases import aliased
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import DEEP, GroupSpec
-from hashrec.models.rank_model import mlp_options
+from hashrec.models.mlp_config import mlp_options
 from hashrec.modules import MLP
 
 SPARSE = "sparse"

@@ -25,7 +25,7 @@ from torch import nn
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import DEEP, WIDE, GroupSpec
 from hashrec.models.group_net import GroupNetModel
-from hashrec.models.rank_model import mlp_options, optional_mlp
+from hashrec.models.mlp_config import mlp_options, optional_mlp
 from hashrec.modules import MLP, FactorizationMachine
 
 

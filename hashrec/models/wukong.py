@@ -20,7 +20,7 @@ from torch import nn
 
 from hashrec.models.errors import ModelError
 from hashrec.models.group_net import GroupNetModel
-from hashrec.models.rank_model import mlp_options
+from hashrec.models.mlp_config import mlp_options
 from hashrec.models.sparse_dense import (
     dense_mlp_to_width,
     sparse_and_dense_groups,

@@ -18,7 +18,7 @@ from torch import nn
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import DEEP, WIDE
 from hashrec.models.group_net import GroupNetModel
-from hashrec.models.rank_model import mlp_options
+from hashrec.models.mlp_config import mlp_options
 from hashrec.models.wide_and_deep import merged_group, split_wide_deep
 from hashrec.modules import CIN, MLP
 

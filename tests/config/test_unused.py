@@ -24,8 +24,6 @@ def example_with(text: str):
      "train_config.gradient_accumulation_steps is not supported"),
     ('feature_configs { sequence_feature { sequence_name: "s" features { id_feature { '
      'feature_name: "i" use_mask: true } } } }', "feature 's__i'.*use_mask"),
-    ('model_config { feature_groups { group_name: "g" group_type: SEQUENCE sequence_groups { '
-     'group_name: "q" } } }', "model_config.feature_groups\\[\\d+\\].sequence_groups"),
     ('train_config { grad_clipping { clipping_type: "norm" enable_global_grad_clip: true } }',
      "train_config.grad_clipping.enable_global_grad_clip is not supported"),
     ("model_config { use_pareto_loss_weight: true }",
@@ -45,21 +43,16 @@ def example_with(text: str):
      "train_config.dense_optimizer.ema is not supported.*without a moving average"),
     ("model_config { variational_dropout { regularization_lambda: 0.01 } }",
      "model_config.variational_dropout is not supported.*dropout_ratio"),
-    ('model_config { feature_groups { group_name: "g" sequence_encoders { din_encoder { '
-     'attn_mlp { hidden_units: 8 } } } sequence_encoders { pooling_encoder { '
-     'input: "seq" } } } }',
-     r"feature_groups\[\d+\] \('g'\).sequence_encoders \(din_encoder, pooling_encoder\) is "
-     r"not supported.*din_towers"),
     ("train_config { save_checkpoints_timestamp_interval: 3600 }",
      "train_config.save_checkpoints_timestamp_interval is not supported.*no event time"),
     ("train_config { save_checkpoints_timestamps: [1700000000] }",
      "train_config.save_checkpoints_timestamps is not supported"),
     ("train_config { delta_embedding_dump_config { dump_interval_steps: 100 } }",
      "train_config.delta_embedding_dump_config is not supported.*incremental_dump_steps"),
-], ids=["accumulation", "sequence-mask", "sequence-groups", "global-clip", "pareto",
+], ids=["accumulation", "sequence-mask", "global-clip", "pareto",
         "name-suffix", "sample-mask", "min-batch", "fields-str", "cost", "best-evaluator",
         "eval-online", "hf-export", "ema",
-        "variational-dropout", "sequence-encoders", "timestamp-interval", "timestamps",
+        "variational-dropout", "timestamp-interval", "timestamps",
         "delta-dump"])
 def test_fields_that_would_change_the_model_are_refused(text, message):
     problems = unused_field_problems(example_with(text))

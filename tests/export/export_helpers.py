@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import torch
+from model_kinds import CLICK_SEQUENCE
 
 from hashrec.config import load_pipeline_config
 
@@ -55,12 +56,7 @@ feature_configs { id_feature { feature_name: "cms_segid" expression: "user:cms_s
 feature_configs { id_feature { feature_name: "pid" expression: "context:pid"
   hash_bucket_size: 20 embedding_dim: 8 } }
 feature_configs { raw_feature { feature_name: "price" expression: "item:price" } }
-feature_configs { sequence_feature { sequence_name: "click_50_seq" sequence_length: 10
-  sequence_delim: "|"
-  features { id_feature { feature_name: "adgroup_id" expression: "item:adgroup_id"
-    embedding_dim: 8 } }
-  features { id_feature { feature_name: "cate_id" expression: "item:cate_id"
-    embedding_dim: 8 } } } }
+""" + CLICK_SEQUENCE + """
 model_config {
   feature_groups { group_name: "deep" group_type: DEEP
     feature_names: ["user_id", "cms_segid", "pid", "price", "adgroup_id", "cate_id"] }

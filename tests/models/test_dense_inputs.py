@@ -8,6 +8,7 @@ import test_dbmtl
 import test_dcn
 import test_deepfm
 import test_dlrm
+import test_group_encoders
 import test_mask_net
 import test_mmoe
 import test_multi_tower
@@ -46,6 +47,8 @@ KINDS = {
     "simple_multi_task": (test_simple_multi_task.CONFIG, ()),
     "wukong": (test_wukong.CONFIG, ()),
     "wukong-sparse-only": (test_wukong.SPARSE_ONLY, ()),
+    "multi_tower-sequence-encoders": (test_group_encoders.MULTI_TOWER, ()),
+    "mmoe-sequence-encoders": (test_group_encoders.MMOE, ()),
 }
 # The label fields of the models that read more than ``clk``.
 LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,

@@ -5,7 +5,8 @@ the dense networks of the models that have one, such as ``WideDeepNet``); only
 the glue that assembles feature groups from the embedding outputs and the dense
 inputs is written here in TorchScript's typed subset, following
 ``hashrec.models.feature_groups``: a DEEP (or WIDE) group concatenates its
-features in order; a SEQUENCE group concatenates its query features, pads and
+features in order (a group's sequence encoders' outputs after its features, through the
+model's encoders); a SEQUENCE group concatenates its query features, pads and
 concatenates its sequence features and takes, per row, the largest length of
 its id sequences.
 
@@ -35,6 +36,7 @@ from hashrec.models import (
     XDeepFM,
 )
 from hashrec.models.feature_groups import GroupSpec
+from hashrec.models.group_encoders import segments
 from hashrec.models.group_net import GroupNetModel
 
 Tensors = dict[str, torch.Tensor]
@@ -46,30 +48,78 @@ def _pick(name: str, embedded: bool, pooled: Tensors, dense: Tensors) -> torch.T
     return dense[name]
 
 
-class DeepGroup(nn.Module):
-    """A DEEP group: (B, sum of feature widths)."""
+class PlainFeatures(nn.Module):
+    """A run of a DEEP group's features: (B, sum of their widths)."""
 
     names: list[str]
     embedded: list[bool]
 
-    def __init__(self, group: GroupSpec) -> None:
+    def __init__(self, features) -> None:
         super().__init__()
-        self.names = [f.name for f in group.features]
-        self.embedded = [f.embedded for f in group.features]
+        self.names = [f.name for f in features]
+        self.embedded = [f.embedded for f in features]
 
-    def forward(self, pooled: Tensors, dense: Tensors) -> torch.Tensor:
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
         parts = [_pick(name, self.embedded[i], pooled, dense)
                  for i, name in enumerate(self.names)]
         return torch.cat(parts, dim=-1)
 
 
+class EncodedFeatures(nn.Module):
+    """A DEEP group's sequence encoders' outputs: its sequence groups' tensors through the
+    model's ``GroupEncoders`` (``hashrec.models.group_encoders``)."""
+
+    def __init__(self, source: GroupSpec, encoders: nn.Module) -> None:
+        super().__init__()
+        self.sequence_groups = nn.ModuleList([SequenceGroup(g) for g in source.sequence_groups])
+        self.encoders = encoders
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
+        inputs: list[torch.Tensor] = []
+        for group in self.sequence_groups:
+            query, sequence, lengths = group(pooled, sequences, sequence_lengths, dense,
+                                             sequence_dense)
+            if group.has_query:
+                inputs.append(query)
+            inputs.append(sequence)
+            inputs.append(lengths)
+        return self.encoders(inputs)
+
+
+class DeepGroup(nn.Module):
+    """A DEEP group: (B, sum of feature widths), its sequence encoders' outputs among
+    them."""
+
+    def __init__(self, group: GroupSpec, model: nn.Module) -> None:
+        super().__init__()
+        parts: list[nn.Module] = []
+        for source, infos in segments(group):
+            if source:
+                parts.append(EncodedFeatures(model.groups[source],
+                                             model.sequence_encoders[source]))
+            else:
+                parts.append(PlainFeatures(infos))
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
+        outputs: list[torch.Tensor] = []
+        for part in self.parts:
+            outputs.append(part(pooled, sequences, sequence_lengths, dense, sequence_dense))
+        return torch.cat(outputs, dim=-1)
+
+
 class SequenceGroup(nn.Module):
-    """A SEQUENCE group: (query (B, Dq), sequence (B, L, Ds), lengths (B,))."""
+    """A SEQUENCE group: (query (B, Dq), sequence (B, L, Ds), lengths (B,)); a sequence
+    group without query features (``has_query`` false) gives an empty query."""
 
     query_names: list[str]
     query_embedded: list[bool]
     sequence_names: list[str]
     sequence_embedded: list[bool]
+    has_query: bool
 
     def __init__(self, group: GroupSpec) -> None:
         super().__init__()
@@ -77,12 +127,15 @@ class SequenceGroup(nn.Module):
         self.query_embedded = [f.embedded for f in group.query]
         self.sequence_names = [f.name for f in group.sequence]
         self.sequence_embedded = [f.embedded for f in group.sequence]
+        self.has_query = bool(group.query)
 
     def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
                 dense: Tensors, sequence_dense: Tensors
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        query = torch.cat([_pick(name, self.query_embedded[i], pooled, dense)
-                           for i, name in enumerate(self.query_names)], dim=-1)
+        query = torch.empty(0)
+        if self.has_query:
+            query = torch.cat([_pick(name, self.query_embedded[i], pooled, dense)
+                               for i, name in enumerate(self.query_names)], dim=-1)
         parts: list[torch.Tensor] = []
         lengths = torch.empty(0)
         found = False
@@ -105,14 +158,15 @@ class SequenceGroup(nn.Module):
 class MLPTower(nn.Module):
     """A DEEP group through an MLP."""
 
-    def __init__(self, group: GroupSpec, mlp: nn.Module) -> None:
+    def __init__(self, group: GroupSpec, mlp: nn.Module, model: nn.Module) -> None:
         super().__init__()
-        self.group = DeepGroup(group)
+        self.group = DeepGroup(group, model)
         self.mlp = mlp
 
     def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
                 dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
-        return self.mlp(self.group(pooled, dense))
+        return self.mlp(self.group(pooled, sequences, sequence_lengths, dense,
+                                   sequence_dense))
 
 
 class DINTower(nn.Module):
@@ -153,7 +207,7 @@ class TowersHead(nn.Module):
 def multi_tower_head(model: MultiTower) -> TowersHead:
     """MultiTower's and MultiTowerDIN's dense network (MLP towers, then DIN towers, as the
     model orders them)."""
-    towers: list[nn.Module] = [MLPTower(model.groups[name], mlp)
+    towers: list[nn.Module] = [MLPTower(model.groups[name], mlp, model)
                                for name, mlp in model.towers.items()]
     if isinstance(model, MultiTowerDIN):
         towers += [DINTower(model.groups[name], attention)
@@ -165,16 +219,16 @@ class GroupsHead(nn.Module):
     """Feature groups, each concatenated into one input, through a model's dense network
     that takes the list of them (``GroupNetModel.net``: ``WideDeepNet``, ``DLRMNet``)."""
 
-    def __init__(self, groups: list[GroupSpec], net: nn.Module) -> None:
+    def __init__(self, groups: list[GroupSpec], net: nn.Module, model: nn.Module) -> None:
         super().__init__()
-        self.groups = nn.ModuleList([DeepGroup(group) for group in groups])
+        self.groups = nn.ModuleList([DeepGroup(group, model) for group in groups])
         self.net = net
 
     def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
                 dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
         inputs: list[torch.Tensor] = []
         for group in self.groups:
-            inputs.append(group(pooled, dense))
+            inputs.append(group(pooled, sequences, sequence_lengths, dense, sequence_dense))
         return self.net(inputs)
 
 
@@ -182,7 +236,7 @@ def groups_head(model: GroupNetModel) -> GroupsHead:
     """The dense network of the models that read whole feature groups
     (``GroupNetModel``: WideAndDeep, DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM,
     WuKong, SimpleMultiTask, MMoE, DBMTL, PLE)."""
-    return GroupsHead(model.input_groups, model.net)
+    return GroupsHead(model.input_groups, model.net, model)
 
 
 HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head,
