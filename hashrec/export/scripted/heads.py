@@ -187,21 +187,29 @@ def groups_head(model: GroupNetModel) -> GroupsHead:
     return GroupsHead(model.input_groups, model.net)
 
 
-class DeepGroupTensors(DeepGroup):
+class DeepGroupTensors(nn.Module):
     """A DEEP or WIDE group as a list of its one tensor (B, D)."""
 
+    def __init__(self, group: GroupSpec) -> None:
+        super().__init__()
+        self.group = DeepGroup(group)
+
     def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
                 dense: Tensors, sequence_dense: Tensors) -> list[torch.Tensor]:
-        return [super().forward(pooled, dense)]
+        return [self.group(pooled, dense)]
 
 
-class SequenceGroupTensors(SequenceGroup):
+class SequenceGroupTensors(nn.Module):
     """A SEQUENCE group as the list [query, sequence, lengths]."""
 
+    def __init__(self, group: GroupSpec) -> None:
+        super().__init__()
+        self.group = SequenceGroup(group)
+
     def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
                 dense: Tensors, sequence_dense: Tensors) -> list[torch.Tensor]:
-        query, sequence, lengths = super().forward(pooled, sequences, sequence_lengths,
-                                                   dense, sequence_dense)
+        query, sequence, lengths = self.group(pooled, sequences, sequence_lengths, dense,
+                                              sequence_dense)
         return [query, sequence, lengths]
 
 

@@ -12,9 +12,10 @@ the block's layer (``module``, ``lambda``, ``repeat``, ``recurrent``, or the seq
 block follows its inputs (config order among the ready ones).
 
 The backbone's output is the ``output_blocks``' outputs as a list, else the
-``concat_blocks``' outputs concatenated on the last axis (lists joined), else, as in
-TorchEasyRec, that of every block no other block reads; ``top_mlp`` then maps it
-(a list concatenated first).
+``concat_blocks``' outputs (else, as in TorchEasyRec, those of every block no other block
+reads) concatenated on the last axis where all are tensors, joined into one list where
+some are lists (an ``MMoE`` module's); ``top_mlp`` then maps it (a list concatenated
+first).
 
 Modules are sized by running each block once on example inputs of two rows while the
 DAG is built; the network itself only runs tensor ops of fixed shapes (no host reads),
@@ -189,6 +190,8 @@ def build_backbone(config, groups: dict[str, GroupSpec], where: str
         nodes.append(node)
     names, concat = _outputs(config, order, where)
     outputs = [slots[f"block:{n}"] for n in names]
+    # as TorchEasyRec merges outputs: tensors concatenated, any list joins them into one
+    concat = concat and all(values[slot].kind == TENSOR for slot in outputs)
     out = [t for slot in outputs for t in values[slot].tensors]
     top = None
     if config.HasField("top_mlp"):

@@ -149,6 +149,8 @@ def build_layer(config, value: Value, where: str) -> tuple[nn.Module, str]:
                          f"one (use DEEP groups for {name})")
     try:
         return _BUILDERS.get(name, _torch_layer)(config, value, where)
+    except ModelError:
+        raise
     except ValueError as err:
         raise ModelError(f"{where} ({name}): {err}") from None
 
