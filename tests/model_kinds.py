@@ -154,6 +154,23 @@ MODELS = {
     final { hidden_units: [8] }
     wide_embedding_dim: 2
   }""",
+    # a backbone: the cross network (two recurrent steps over [x_0, x_l]) beside an MLP
+    # of the user group, their outputs concatenated into the final MLP
+    "rank_backbone": """
+  feature_groups { group_name: "user" group_type: DEEP
+    feature_names: ["user_id", "cms_segid", "pid"] }
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  rank_backbone { backbone {
+    blocks { name: "cross" inputs { feature_group_name: "all" input_fn: "lambda x: [x, x]" }
+             recurrent { num_steps: 2 fixed_input_index: 0
+                         module { class_name: "Cross" cross { cross_num: 1 } } } }
+    blocks { name: "user" inputs { feature_group_name: "user" }
+             module { class_name: "MLP" mlp { hidden_units: [8] } } }
+    blocks { name: "final" inputs { block_name: "cross" } inputs { block_name: "user" }
+             module { class_name: "MLP" mlp { hidden_units: [8] } } }
+    concat_blocks: "final"
+  } }""",
 }
 
 

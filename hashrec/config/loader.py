@@ -44,6 +44,7 @@ def parse_pipeline_config(text: str, source: str = "<string>") -> EasyRecConfig:
     if missing:
         raise ConfigError(f"{source}: required fields are not set: {', '.join(missing)}")
     _split_concatenated_feature_names(config, source)
+    _move_backbone_task_towers(config, source)
     return config
 
 
@@ -131,11 +132,11 @@ def _nested_field(message: str) -> str:
     return ""
 
 
-# TorchEasyRec's models that HashRec's ModelConfig does not parse: its configurable
-# backbones (blocks of modules wired by name) and its match, generative and HSTU models.
+# TorchEasyRec's models that HashRec's ModelConfig does not parse: the older form of its
+# configurable backbone, its match backbone and its match, generative and HSTU models.
 _UNPARSED_MODELS = {
-    "backbone": "configurable backbone", "rank_backbone": "configurable backbone",
-    "multi_task_backbone": "configurable backbone", "match_backbone": "configurable backbone",
+    "backbone": "configurable backbone (an older form; write rank_backbone { backbone { "
+                "blocks ... } })", "match_backbone": "configurable backbone of a match model",
     "dssm": "match model", "dssm_v2": "match model", "dat": "match model",
     "hstu_match": "match model", "mind": "match model", "tdm": "match model",
     "dc2vr": "multi-task model", "dlrm_hstu": "generative ranking model",
@@ -215,3 +216,28 @@ def _split_concatenated_feature_names(config: EasyRecConfig, source: str) -> Non
         if fixed != names:
             del group.feature_names[:]
             group.feature_names.extend(fixed)
+
+
+def _move_backbone_task_towers(config: EasyRecConfig, source: str) -> None:
+    """``multi_task_backbone.model_params.task_towers`` (TorchEasyRec's place) into
+    ``multi_task_backbone.task_towers``, where HashRec reads every multi-task model's
+    towers; the two equal (older examples write both) are one list, with a warning.
+
+    Raises:
+        ConfigError: both lists set and different.
+    """
+    if config.model_config.WhichOneof("model") != "multi_task_backbone":
+        return
+    model = config.model_config.multi_task_backbone
+    params = model.model_params.task_towers
+    if not params:
+        return
+    if model.task_towers and list(model.task_towers) != list(params):
+        raise ConfigError(f"{source}: multi_task_backbone sets task_towers and "
+                          f"model_params.task_towers differently; keep one of the two")
+    if model.task_towers:
+        logger.warning("%s: multi_task_backbone sets task_towers and "
+                       "model_params.task_towers alike; reading them once", source)
+    else:
+        model.task_towers.extend(params)
+    model.ClearField("model_params")

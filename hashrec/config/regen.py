@@ -66,7 +66,9 @@ def generate() -> dict[str, str]:
         raise RegenError("regenerating the config code needs grpcio-tools, which is not "
                          "installed; pip install grpcio-tools") from None
     with tempfile.TemporaryDirectory() as out:
-        args = ["protoc", f"-I{REPO_ROOT}", f"--python_out={out}"]
+        # grpc_tools ships the well-known types (google/protobuf/struct.proto)
+        well_known = Path(protoc.__file__).resolve().parent / "_proto"
+        args = ["protoc", f"-I{REPO_ROOT}", f"-I{well_known}", f"--python_out={out}"]
         args += [str(p.relative_to(REPO_ROOT)) for p in proto_files()]
         if protoc.main(args) != 0:
             raise RegenError(f"protoc failed on {[p.name for p in proto_files()]} (its "

@@ -130,6 +130,8 @@ def _wide_settings(model_config) -> tuple[int, InitializerArgs | None]:
     without these fields gets the default dimension."""
     kind = model_config.WhichOneof("model")
     model = getattr(model_config, kind) if kind else None
+    if kind in ("rank_backbone", "multi_task_backbone"):
+        return _backbone_wide_dim(model.backbone, f"model_config.{kind}.backbone"), None
     fields = model.DESCRIPTOR.fields_by_name if model is not None else {}
     if "wide_embedding_dim" not in fields:
         return DEFAULT_WIDE_DIM, None
@@ -141,3 +143,22 @@ def _wide_settings(model_config) -> tuple[int, InitializerArgs | None]:
     if model.wide_init_fn:
         initializer = parse_init_fn(model.wide_init_fn, f"{where}.wide_init_fn")
     return int(model.wide_embedding_dim), initializer
+
+
+def _backbone_wide_dim(backbone, where: str) -> int:
+    """A backbone's wide embedding width: its input_layer blocks' ``wide_output_dim``
+    (one value), else the default.
+
+    Raises:
+        ConfigError: two different values, or 0.
+    """
+    dims = {block.input_layer.wide_output_dim for block in backbone.blocks
+            if block.WhichOneof("layer") == "input_layer"
+            and block.input_layer.HasField("wide_output_dim")}
+    if len(dims) > 1:
+        raise ConfigError(f"{where}: input_layer blocks set wide_output_dim {sorted(dims)}; "
+                          f"the wide embeddings have one width: set one value")
+    dim = dims.pop() if dims else DEFAULT_WIDE_DIM
+    if dim < 1:
+        raise ConfigError(f"{where}: input_layer wide_output_dim is 0; allowed: 1 or more")
+    return int(dim)

@@ -1,6 +1,6 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
-DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong) and multi-task ones (SimpleMultiTask,
-MMoE, DBMTL, PLE)."""
+DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RankBackbone) and multi-task ones
+(SimpleMultiTask, MMoE, DBMTL, PLE, MultiTaskBackbone)."""
 
 from hashrec.models.dbmtl import DBMTL
 from hashrec.models.dcn import DCNV1, DCNV2
@@ -12,6 +12,7 @@ from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
 from hashrec.models.ple import PLE
+from hashrec.models.rank_backbone import MultiTaskBackbone, RankBackbone
 from hashrec.models.rank_model import RankModel
 from hashrec.models.registry import MODELS, create_model
 from hashrec.models.simple_multi_task import SimpleMultiTask
@@ -20,5 +21,6 @@ from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
 
 __all__ = ["DBMTL", "DCNV1", "DCNV2", "DLRM", "DeepFM", "MMoE", "MaskNet", "ModelError",
-           "MultiTower", "MultiTowerDIN", "PLE", "RankModel", "MODELS", "SimpleMultiTask",
+           "MultiTaskBackbone", "MultiTower", "MultiTowerDIN", "PLE", "RankBackbone",
+           "RankModel", "MODELS", "SimpleMultiTask",
            "WideAndDeep", "WuKong", "XDeepFM", "create_model"]

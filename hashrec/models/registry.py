@@ -12,6 +12,7 @@ from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
 from hashrec.models.ple import PLE
+from hashrec.models.rank_backbone import MultiTaskBackbone, RankBackbone
 from hashrec.models.rank_model import RankModel
 from hashrec.models.simple_multi_task import SimpleMultiTask
 from hashrec.models.wide_and_deep import WideAndDeep
@@ -26,9 +27,11 @@ MODELS: dict[str, type[RankModel]] = {
     "dlrm": DLRM,
     "mask_net": MaskNet,
     "mmoe": MMoE,
+    "multi_task_backbone": MultiTaskBackbone,
     "multi_tower": MultiTower,
     "multi_tower_din": MultiTowerDIN,
     "ple": PLE,
+    "rank_backbone": RankBackbone,
     "simple_multi_task": SimpleMultiTask,
     "wide_and_deep": WideAndDeep,
     "wukong": WuKong,

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_LOSSES = LOSSES
 # The model_config oneof names of the models whose config lists task_towers.
-MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple")
+MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "multi_task_backbone")
 
 
 @dataclass(frozen=True)

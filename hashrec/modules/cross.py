@@ -51,8 +51,10 @@ class Cross(nn.Module):
         """D: the cross network keeps its input's width."""
         return self._output_dim
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = x
+    def forward(self, x: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
+        """x_0 = ``x``; the layers update x_l from ``start`` (default ``x``): a backbone's
+        recurrent block passes the previous step's output there."""
+        out = x if start is None else start
         for layer, bias in zip(self.weights, self.biases):
             out = x * layer(out) + bias + out
         return out

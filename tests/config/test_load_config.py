@@ -98,20 +98,47 @@ def test_a_misspelt_name_suggests_the_closest(tmp_path, caplog, line, error):
 
 
 @pytest.mark.parametrize("model, kind", [
-    ("rank_backbone { backbone { concat_blocks: 'mlp' } }", "configurable backbone"),
-    ("multi_task_backbone { }", "configurable backbone"),
+    ("backbone { }", "configurable backbone (an older form; write rank_backbone { backbone { "
+                     "blocks ... } })"),
+    ("match_backbone { }", "configurable backbone of a match model"),
     ("dssm { }", "match model"),
 ])
 def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(model, kind):
-    # TorchEasyRec's examples under component/ and modular/ configure backbones
     with pytest.raises(ConfigError) as err:
         parse_pipeline_config(f'model_dir: "m"\nmodel_config {{\n  {model}\n}}')
     name = model.split()[0]
     assert str(err.value) == (
         f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
-        f"models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, mask_net, mmoe, multi_tower, "
-        f"multi_tower_din, ple, simple_multi_task, wide_and_deep, wukong, xdeepfm")
+        f"models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, mask_net, mmoe, multi_task_backbone, "
+        f"multi_tower, multi_tower_din, ple, rank_backbone, simple_multi_task, "
+        f"wide_and_deep, wukong, xdeepfm")
+
+
+_TOWER = 'tower_name: "ctr" label_name: "clk"'
+
+
+@pytest.mark.parametrize("towers, kept", [
+    (f"model_params {{ task_towers {{ {_TOWER} }} }}", 1),
+    (f"model_params {{ task_towers {{ {_TOWER} }} }} task_towers {{ {_TOWER} }}", 1),
+], ids=["model-params", "both-alike"])
+def test_backbone_task_towers_are_read_from_model_params(towers, kept):
+    # TorchEasyRec's multi_task_backbone lists its towers in model_params; HashRec reads
+    # every multi-task model's task_towers
+    config = parse_pipeline_config(
+        f'model_dir: "m"\nmodel_config {{ multi_task_backbone {{ backbone {{ }} {towers} }} }}')
+    model = config.model_config.multi_task_backbone
+    assert [t.tower_name for t in model.task_towers] == ["ctr"] * kept
+    assert not model.HasField("model_params")
+
+
+def test_backbone_task_towers_set_twice_differently_are_refused():
+    towers = (f"model_params {{ task_towers {{ {_TOWER} }} }} "
+              'task_towers { tower_name: "cvr" label_name: "buy" }')
+    with pytest.raises(ConfigError, match="task_towers and model_params.task_towers "
+                                          "differently; keep one of the two"):
+        parse_pipeline_config(
+            f'model_dir: "m"\nmodel_config {{ multi_task_backbone {{ backbone {{ }} {towers} }} }}')
 
 
 def test_bad_value_names_line():

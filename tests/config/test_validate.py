@@ -61,8 +61,8 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
 @pytest.mark.parametrize("text, message", [
     ("model_config { losses { binary_cross_entropy {} } }",
      "model_config sets no model; supported models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, "
-     "mask_net, mmoe, multi_tower, multi_tower_din, ple, simple_multi_task, wide_and_deep, "
-     "wukong, xdeepfm$"),
+     "mask_net, mmoe, multi_task_backbone, multi_tower, multi_tower_din, ple, rank_backbone, "
+     "simple_multi_task, wide_and_deep, wukong, xdeepfm$"),
     ("train_config { sparse_optimizer { lamb_optimizer { lr: 1 } } dense_optimizer { "
      "adam_optimizer { lr: 1 } } }", "lamb_optimizer is not supported"),
     ("data_config { dataset_type: KafkaDataset }", "KafkaDataset is not supported"),
@@ -168,8 +168,8 @@ def test_torcheasyrec_models_load_and_are_refused_as_not_implemented(model):
         validate_pipeline_config(config)
     assert str(err.value).splitlines()[1:] == [
         f"  model_config.{kind} is not supported; supported models: dbmtl, dcn_v1, dcn_v2, "
-        f"deepfm, dlrm, mask_net, mmoe, multi_tower, multi_tower_din, ple, "
-        f"simple_multi_task, wide_and_deep, wukong, xdeepfm"]
+        f"deepfm, dlrm, mask_net, mmoe, multi_task_backbone, multi_tower, multi_tower_din, "
+        f"ple, rank_backbone, simple_multi_task, wide_and_deep, wukong, xdeepfm"]
 
 
 def test_torcheasyrecs_wukong_example_passes_validation():

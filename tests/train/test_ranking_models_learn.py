@@ -33,6 +33,25 @@ MODELS = {
     wukong_layers { lcb_feature_num: 2 fmb_feature_num: 2 compressed_feature_num: 2
                     feature_num_mlp { hidden_units: [8] } }
     final { hidden_units: [8] } }""",
+    # a backbone: an MLP over the group and its FM-free cross, the sum a lambda
+    "rank_backbone": """rank_backbone { backbone {
+    blocks { name: "deep" inputs { feature_group_name: "deep" }
+             module { class_name: "MLP" mlp { hidden_units: [16, 8] } } }
+    blocks { name: "cross" inputs { feature_group_name: "deep" }
+             module { class_name: "Cross" cross { cross_num: 2 } } }
+    blocks { name: "both" inputs { block_name: "deep" } inputs { block_name: "cross" }
+             merge_inputs_into_list: true
+             lambda { expression: "lambda xs: torch.cat(xs, dim=-1)" } }
+  } }""",
+    # an MMoE module's two mixes, one per task tower
+    "multi_task_backbone": """multi_task_backbone {
+    backbone { blocks { name: "mmoe" inputs { feature_group_name: "deep" }
+      module { class_name: "MMoE" mmoe { expert_mlp { hidden_units: [16, 8] } num_expert: 2
+                                        num_task: 2 } } } }
+    model_params {
+      task_towers { tower_name: "a" label_name: "clk" mlp { hidden_units: [8] } }
+      task_towers { tower_name: "b" label_name: "clk2" weight: 0.5 } }
+  }""",
     # the same signal twice, weighted differently
     "simple_multi_task": """simple_multi_task {
     task_towers { tower_name: "a" label_name: "clk" mlp { hidden_units: [16, 8] } }
@@ -68,7 +87,7 @@ def test_model_learns_the_planted_signal(kind, tmp_path):
     pq.write_table(_table(1280, 0), tmp_path / "data" / "train.parquet")
     evaluation = _table(320, 1)
     pq.write_table(evaluation, tmp_path / "data" / "eval.parquet")
-    multi = kind == "simple_multi_task"
+    multi = kind in ("simple_multi_task", "multi_task_backbone")
     labels = '["clk", "clk2"]' if multi else '"clk"'
     text = pipeline_text(tmp_path, labels, MODELS[kind], epochs=4)
     if kind == "wukong":

@@ -28,8 +28,10 @@ from hashrec.models import (
     DeepFM,
     MaskNet,
     MMoE,
+    MultiTaskBackbone,
     MultiTower,
     MultiTowerDIN,
+    RankBackbone,
     SimpleMultiTask,
     WideAndDeep,
     WuKong,
@@ -239,11 +241,61 @@ def groups_head(model: GroupNetModel) -> GroupsHead:
     return GroupsHead(model.input_groups, model.net, model)
 
 
+class DeepGroupTensors(nn.Module):
+    """A DEEP or WIDE group as a list of its one tensor (B, D)."""
+
+    def __init__(self, group: GroupSpec) -> None:
+        super().__init__()
+        self.group = DeepGroup(group)
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> list[torch.Tensor]:
+        return [self.group(pooled, dense)]
+
+
+class SequenceGroupTensors(nn.Module):
+    """A SEQUENCE group as the list [query, sequence, lengths]."""
+
+    def __init__(self, group: GroupSpec) -> None:
+        super().__init__()
+        self.group = SequenceGroup(group)
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> list[torch.Tensor]:
+        query, sequence, lengths = self.group(pooled, sequences, sequence_lengths, dense,
+                                              sequence_dense)
+        return [query, sequence, lengths]
+
+
+class BackboneHead(nn.Module):
+    """The groups a backbone reads, as its flat list of inputs, through its network."""
+
+    def __init__(self, groups: list[GroupSpec], net: nn.Module) -> None:
+        super().__init__()
+        self.groups = nn.ModuleList([SequenceGroupTensors(group)
+                                     if group.group_type == "SEQUENCE"
+                                     else DeepGroupTensors(group) for group in groups])
+        self.net = net
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
+        inputs: list[torch.Tensor] = []
+        for group in self.groups:
+            inputs.extend(group(pooled, sequences, sequence_lengths, dense, sequence_dense))
+        return self.net(inputs)
+
+
+def backbone_head(model: RankBackbone) -> BackboneHead:
+    """The dense network of RankBackbone and MultiTaskBackbone."""
+    return BackboneHead(model.input_groups, model.net)
+
+
 HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head,
          WideAndDeep: groups_head, DeepFM: groups_head, DLRM: groups_head, MMoE: groups_head,
          DBMTL: groups_head, PLE: groups_head, DCNV1: groups_head, DCNV2: groups_head,
          MaskNet: groups_head, XDeepFM: groups_head, SimpleMultiTask: groups_head,
-         WuKong: groups_head}
+         WuKong: groups_head, RankBackbone: backbone_head,
+         MultiTaskBackbone: backbone_head}
 
 
 def dense_head(model: nn.Module) -> nn.Module:
