@@ -155,12 +155,15 @@ MODELS = {
     wide_embedding_dim: 2
   }""",
     # a backbone: the cross network (two recurrent steps over [x_0, x_l]) beside an MLP
-    # of the user group, their outputs concatenated into the final MLP
+    # of the user group, their outputs concatenated into the final MLP; the cross
+    # network's group ends in its click sequence's mean (a sequence encoder)
     "rank_backbone": """
   feature_groups { group_name: "user" group_type: DEEP
     feature_names: ["user_id", "cms_segid", "pid"] }
   feature_groups { group_name: "all" group_type: DEEP
-    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"]
+    sequence_groups { feature_names: ["click_50_seq__adgroup_id", "click_50_seq__cate_id"] }
+    sequence_encoders { pooling_encoder { pooling_type: "mean" } } }
   rank_backbone { backbone {
     blocks { name: "cross" inputs { feature_group_name: "all" input_fn: "lambda x: [x, x]" }
              recurrent { num_steps: 2 fixed_input_index: 0

@@ -10,8 +10,8 @@
   multi-task models (``hashrec.models.tasks``).
 
 The dense network's inputs are the feature groups the blocks read, in the order they
-are first read: (B, D) for a DEEP or WIDE group, (query, sequence, lengths) for a
-SEQUENCE group.
+are first read: (B, D) for a DEEP or WIDE group (its sequence encoders' outputs among its
+columns), (query, sequence, lengths) for a SEQUENCE group.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from torch import nn
 from hashrec.models.backbone.dag import build_backbone
 from hashrec.models.backbone.lambdas import LIST
 from hashrec.models.errors import ModelError
-from hashrec.models.feature_groups import SEQUENCE, deep_input, sequence_input
+from hashrec.models.feature_groups import SEQUENCE, sequence_input
+from hashrec.models.group_encoders import input_count
 from hashrec.models.mmoe import check_module_name, task_tower
 from hashrec.models.rank_model import RankModel
 
@@ -83,18 +84,30 @@ class RankBackbone(RankModel):
         return [nn.Linear(_width(example.tensors[0], where), self.num_class)], False
 
     def dense_inputs(self, embedded, batch) -> tuple[torch.Tensor, ...]:
-        """Each input group's tensors: (B, D), or a SEQUENCE group's three."""
+        """Each input group's tensors: a SEQUENCE group's three, a DEEP or WIDE group's
+        ``group_inputs`` (one, or more where it has sequence encoders)."""
         out: list[torch.Tensor] = []
         for group in self.input_groups:
             if group.group_type == SEQUENCE:
                 out.extend(sequence_input(group, embedded, batch))
             else:
-                out.append(deep_input(group, embedded, batch))
+                out.extend(self.group_inputs([group], embedded, batch))
         return tuple(out)
 
     def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """``dense_inputs`` -> logits (see ``RankModel.dense_from_inputs``)."""
-        return self.net(list(inputs))
+        """``dense_inputs`` -> logits (see ``RankModel.dense_from_inputs``): each DEEP or
+        WIDE group's tensors made its (B, D), its sequence encoders run, then the net."""
+        net_inputs: list[torch.Tensor] = []
+        at = 0
+        for group in self.input_groups:
+            if group.group_type == SEQUENCE:
+                net_inputs.extend(inputs[at:at + 3])
+                at += 3
+                continue
+            count = input_count(group, self.sequence_encoders)
+            net_inputs.extend(self.groups_from_inputs([group], inputs[at:at + count]))
+            at += count
+        return self.net(net_inputs)
 
 
 class MultiTaskBackbone(RankBackbone):

@@ -244,13 +244,13 @@ def groups_head(model: GroupNetModel) -> GroupsHead:
 class DeepGroupTensors(nn.Module):
     """A DEEP or WIDE group as a list of its one tensor (B, D)."""
 
-    def __init__(self, group: GroupSpec) -> None:
+    def __init__(self, group: GroupSpec, model: nn.Module) -> None:
         super().__init__()
-        self.group = DeepGroup(group)
+        self.group = DeepGroup(group, model)
 
     def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
                 dense: Tensors, sequence_dense: Tensors) -> list[torch.Tensor]:
-        return [self.group(pooled, dense)]
+        return [self.group(pooled, sequences, sequence_lengths, dense, sequence_dense)]
 
 
 class SequenceGroupTensors(nn.Module):
@@ -270,11 +270,11 @@ class SequenceGroupTensors(nn.Module):
 class BackboneHead(nn.Module):
     """The groups a backbone reads, as its flat list of inputs, through its network."""
 
-    def __init__(self, groups: list[GroupSpec], net: nn.Module) -> None:
+    def __init__(self, groups: list[GroupSpec], net: nn.Module, model: nn.Module) -> None:
         super().__init__()
         self.groups = nn.ModuleList([SequenceGroupTensors(group)
                                      if group.group_type == "SEQUENCE"
-                                     else DeepGroupTensors(group) for group in groups])
+                                     else DeepGroupTensors(group, model) for group in groups])
         self.net = net
 
     def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
@@ -287,7 +287,7 @@ class BackboneHead(nn.Module):
 
 def backbone_head(model: RankBackbone) -> BackboneHead:
     """The dense network of RankBackbone and MultiTaskBackbone."""
-    return BackboneHead(model.input_groups, model.net)
+    return BackboneHead(model.input_groups, model.net, model)
 
 
 HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head,

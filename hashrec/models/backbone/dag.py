@@ -32,6 +32,7 @@ from hashrec.models.backbone.lambdas import LIST, TENSOR
 from hashrec.models.backbone.layers import SEQUENCE, Value
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import DEEP, WIDE, GroupSpec
+from hashrec.models.mlp_config import mlp_options
 from hashrec.modules import MLP
 
 logger = logging.getLogger(__name__)
@@ -195,7 +196,6 @@ def build_backbone(config, groups: dict[str, GroupSpec], where: str
     out = [t for slot in outputs for t in values[slot].tensors]
     top = None
     if config.HasField("top_mlp"):
-        from hashrec.models.rank_model import mlp_options
 
         width = _concat_width(out, where + ".top_mlp")
         top = MLP(width, mlp_options(config.top_mlp, where + ".top_mlp"))

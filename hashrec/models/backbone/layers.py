@@ -27,6 +27,7 @@ from torch import nn
 
 from hashrec.models.backbone.lambdas import LIST, TENSOR
 from hashrec.models.errors import ModelError
+from hashrec.models.mlp_config import mlp_options, optional_mlp
 from hashrec.models.mmoe import gate_mix
 from hashrec.modules import MLP, CrossV2, DINAttention, FactorizationMachine
 from hashrec.modules.cross import Cross
@@ -168,7 +169,6 @@ def _tensor_width(value: Value, where: str, name: str, rank: int = 2) -> int:
 
 
 def _mlp(config, value, where):
-    from hashrec.models.rank_model import mlp_options
 
     mlp = MLP(_tensor_width(value, where, "MLP"), mlp_options(config.mlp, where + ".mlp"))
     return OnTensor(mlp), TENSOR
@@ -219,7 +219,6 @@ def _mask_block(config, value, where):
 
 
 def _mmoe(config, value, where):
-    from hashrec.models.rank_model import mlp_options, optional_mlp
 
     options = config.mmoe
     width = _tensor_width(value, where, "MMoE")
@@ -237,7 +236,6 @@ def _mmoe(config, value, where):
 
 
 def _din(config, value, where):
-    from hashrec.models.rank_model import mlp_options
 
     if value.kind != SEQUENCE:
         raise ModelError(f"{where}: DIN reads a SEQUENCE feature group (its query and "
