@@ -134,6 +134,15 @@ MODELS = {
   }""",
 }
 
+# PEPNet's groups (the multi-task tests' models): EPNet gated by the context (pid), a
+# PPNet per task gated by the user and the item.
+PEPNET_GROUPS = """
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  feature_groups { group_name: "domain" group_type: DEEP feature_names: ["pid"] }
+  feature_groups { group_name: "uia" group_type: DEEP feature_names: ["user_id", "adgroup_id"] }
+"""
+
 
 def pipeline_text(model: str, data_dir, model_dir) -> str:
     """The pipeline config of model kind ``model`` (a key of ``MODELS``)."""

@@ -29,11 +29,11 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
 # The models hashrec.models.registry builds (tests/models/test_registry.py keeps the two
 # equal; the config layer must not import the models above it).
 SUPPORTED_MODELS = ("dbmtl", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "mask_net", "mmoe",
-                    "multi_tower", "multi_tower_din", "ple", "simple_multi_task",
+                    "multi_tower", "multi_tower_din", "pepnet", "ple", "simple_multi_task",
                     "wide_and_deep", "wukong", "xdeepfm")
 # The models whose config lists task_towers (hashrec.models.tasks.MULTI_TASK_MODELS;
 # tests/models/test_registry.py keeps the two equal).
-MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple")
+MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet")
 # The losses hashrec.models.losses computes (tests/config/test_validate.py keeps the two
 # equal).
 SUPPORTED_LOSSES = ("binary_cross_entropy", "binary_focal_loss", "softmax_cross_entropy",

@@ -1,6 +1,6 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
 DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong) and multi-task ones (SimpleMultiTask,
-MMoE, DBMTL, PLE)."""
+MMoE, DBMTL, PLE, PEPNet)."""
 
 from hashrec.models.dbmtl import DBMTL
 from hashrec.models.dcn import DCNV1, DCNV2
@@ -11,6 +11,7 @@ from hashrec.models.mask_net import MaskNet
 from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
+from hashrec.models.pepnet import PEPNet
 from hashrec.models.ple import PLE
 from hashrec.models.rank_model import RankModel
 from hashrec.models.registry import MODELS, create_model
@@ -20,5 +21,5 @@ from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
 
 __all__ = ["DBMTL", "DCNV1", "DCNV2", "DLRM", "DeepFM", "MMoE", "MaskNet", "ModelError",
-           "MultiTower", "MultiTowerDIN", "PLE", "RankModel", "MODELS", "SimpleMultiTask",
-           "WideAndDeep", "WuKong", "XDeepFM", "create_model"]
+           "MultiTower", "MultiTowerDIN", "PEPNet", "PLE", "RankModel", "MODELS",
+           "SimpleMultiTask", "WideAndDeep", "WuKong", "XDeepFM", "create_model"]

@@ -11,6 +11,7 @@ from hashrec.models.mask_net import MaskNet
 from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
+from hashrec.models.pepnet import PEPNet
 from hashrec.models.ple import PLE
 from hashrec.models.rank_model import RankModel
 from hashrec.models.simple_multi_task import SimpleMultiTask
@@ -28,6 +29,7 @@ MODELS: dict[str, type[RankModel]] = {
     "mmoe": MMoE,
     "multi_tower": MultiTower,
     "multi_tower_din": MultiTowerDIN,
+    "pepnet": PEPNet,
     "ple": PLE,
     "simple_multi_task": SimpleMultiTask,
     "wide_and_deep": WideAndDeep,

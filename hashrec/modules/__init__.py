@@ -1,6 +1,6 @@
 """Small neural-network building blocks: MLP, DIN attention, factorization machine,
-pairwise dot interactions, MaskNet, cross networks (DCN v1, v2), CIN (xDeepFM) and
-WuKong layers."""
+pairwise dot interactions, MaskNet, cross networks (DCN v1, v2), CIN (xDeepFM), WuKong
+layers and PEPNet's gates."""
 
 from hashrec.modules.activation import ACTIVATIONS, Dice, create_activation
 from hashrec.modules.cin import CIN
@@ -10,11 +10,12 @@ from hashrec.modules.fm import FactorizationMachine
 from hashrec.modules.interaction import PairwiseDot
 from hashrec.modules.masknet import MaskBlockOptions, MaskNet
 from hashrec.modules.mlp import MLP, MLPOptions
+from hashrec.modules.personalized import EPNet, GateNU, PPNet
 from hashrec.modules.wukong import FactorizationMachineBlock, LinearCompress, WuKongLayer
 
 __all__ = [
     "ACTIVATIONS", "Dice", "create_activation", "NORMALIZERS", "DINAttention",
     "sequence_mask", "FactorizationMachine", "MLP", "MLPOptions", "PairwiseDot",
     "MaskBlockOptions", "MaskNet", "CIN", "Cross", "CrossV2",
-    "FactorizationMachineBlock", "LinearCompress", "WuKongLayer",
+    "FactorizationMachineBlock", "LinearCompress", "WuKongLayer", "EPNet", "GateNU", "PPNet",
 ]

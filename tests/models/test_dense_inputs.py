@@ -11,6 +11,7 @@ import test_dlrm
 import test_mask_net
 import test_mmoe
 import test_multi_tower
+import test_pepnet
 import test_ple
 import test_simple_multi_task
 import test_wide_and_deep
@@ -46,12 +47,15 @@ KINDS = {
     "simple_multi_task": (test_simple_multi_task.CONFIG, ()),
     "wukong": (test_wukong.CONFIG, ()),
     "wukong-sparse-only": (test_wukong.SPARSE_ONLY, ()),
+    "pepnet": (test_pepnet.DEFAULT_NAMES, ()),  # no dropout: the forward repeats
+    "pepnet-main-only": (test_pepnet.MAIN_ONLY, ()),
 }
 # The label fields of the models that read more than ``clk``.
 LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,
           "dbmtl-experts": test_dbmtl.LABELS, "dbmtl-mask-net": test_dbmtl.LABELS,
           "dbmtl-mask-net-serial": test_dbmtl.LABELS, "ple": test_ple.LABELS,
-          "ple-no-shared": test_ple.LABELS, "simple_multi_task": test_simple_multi_task.LABELS}
+          "ple-no-shared": test_ple.LABELS, "simple_multi_task": test_simple_multi_task.LABELS,
+          "pepnet": test_pepnet.LABELS, "pepnet-main-only": test_pepnet.LABELS}
 
 
 def all_logits(model, batch) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""DCN v1, DCN v2, MaskNet, xDeepFM, WuKong and SimpleMultiTask learn a planted signal end to end
-(train_and_evaluate on generated parquet): the evaluation AUC is well above chance and
-the evaluation loss below that of predicting the label's base rate."""
+"""DCN v1, DCN v2, MaskNet, xDeepFM, WuKong, SimpleMultiTask and PEPNet learn a planted
+signal end to end (train_and_evaluate on generated parquet): the evaluation AUC is well
+above chance and the evaluation loss below that of predicting the label's base rate."""
 
 from __future__ import annotations
 
@@ -39,6 +39,14 @@ MODELS = {
     task_towers { tower_name: "b" label_name: "clk2" mlp { hidden_units: [16, 8] }
                   weight: 0.5 }
   }""",
+    # the price is the domain that gates the embeddings, the user the PPNet's prior
+    "pepnet": """feature_groups { group_name: "domain" feature_names: ["price"]
+                   group_type: DEEP }
+  feature_groups { group_name: "uia" feature_names: ["user_id"] group_type: DEEP }
+  pepnet { main_group_name: "deep" ppnet_hidden_units: [16, 8]
+    task_towers { tower_name: "a" label_name: "clk" mlp { hidden_units: [8] } }
+    task_towers { tower_name: "b" label_name: "clk2" weight: 0.5 }
+  }""",
 }
 
 _DEEP_GROUP = 'feature_groups { group_name: "deep" feature_names: ["user_id", "price"]'
@@ -68,7 +76,7 @@ def test_model_learns_the_planted_signal(kind, tmp_path):
     pq.write_table(_table(1280, 0), tmp_path / "data" / "train.parquet")
     evaluation = _table(320, 1)
     pq.write_table(evaluation, tmp_path / "data" / "eval.parquet")
-    multi = kind == "simple_multi_task"
+    multi = kind in ("simple_multi_task", "pepnet")
     labels = '["clk", "clk2"]' if multi else '"clk"'
     text = pipeline_text(tmp_path, labels, MODELS[kind], epochs=4)
     if kind == "wukong":

@@ -29,6 +29,7 @@ from hashrec.models import (
     MMoE,
     MultiTower,
     MultiTowerDIN,
+    PEPNet,
     SimpleMultiTask,
     WideAndDeep,
     WuKong,
@@ -181,7 +182,7 @@ class GroupsHead(nn.Module):
 def groups_head(model: GroupNetModel) -> GroupsHead:
     """The dense network of the models that read whole feature groups
     (``GroupNetModel``: WideAndDeep, DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM,
-    WuKong, SimpleMultiTask, MMoE, DBMTL, PLE)."""
+    WuKong, SimpleMultiTask, MMoE, DBMTL, PLE, PEPNet)."""
     return GroupsHead(model.input_groups, model.net)
 
 
@@ -189,7 +190,7 @@ HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head,
          WideAndDeep: groups_head, DeepFM: groups_head, DLRM: groups_head, MMoE: groups_head,
          DBMTL: groups_head, PLE: groups_head, DCNV1: groups_head, DCNV2: groups_head,
          MaskNet: groups_head, XDeepFM: groups_head, SimpleMultiTask: groups_head,
-         WuKong: groups_head}
+         WuKong: groups_head, PEPNet: groups_head}
 
 
 def dense_head(model: nn.Module) -> nn.Module:
