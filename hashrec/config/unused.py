@@ -94,6 +94,8 @@ _IGNORED = {
     "ExportConfig": ("mixed_precision", "cudnn_allow_tf32", "cuda_matmul_allow_tf32"),
     # TorchEasyRec's choice of kernels; HashRec's compute the same.
     "ModelConfig": ("kernel",),
+    # Parsed by TorchEasyRec's RocketLaunching and read by none of its code.
+    "RocketLaunching": ("l2_regularization",),
     # Feature generation's join key of a sequence; the columns are read as they are.
     "SequenceFeature": ("sequence_pk",),
     # The mode of a weight decay that must be 0 (optimizers.py refuses any other).

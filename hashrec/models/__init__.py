@@ -1,5 +1,5 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
-DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong) and multi-task ones (SimpleMultiTask,
+DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RocketLaunching) and multi-task ones (SimpleMultiTask,
 MMoE, DBMTL, PLE, PEPNet)."""
 
 from hashrec.models.dbmtl import DBMTL
@@ -15,6 +15,7 @@ from hashrec.models.pepnet import PEPNet
 from hashrec.models.ple import PLE
 from hashrec.models.rank_model import RankModel
 from hashrec.models.registry import MODELS, create_model
+from hashrec.models.rocket_launching import RocketLaunching
 from hashrec.models.simple_multi_task import SimpleMultiTask
 from hashrec.models.wide_and_deep import WideAndDeep
 from hashrec.models.wukong import WuKong
@@ -22,4 +23,4 @@ from hashrec.models.xdeepfm import XDeepFM
 
 __all__ = ["DBMTL", "DCNV1", "DCNV2", "DLRM", "DeepFM", "MMoE", "MaskNet", "ModelError",
            "MultiTower", "MultiTowerDIN", "PEPNet", "PLE", "RankModel", "MODELS",
-           "SimpleMultiTask", "WideAndDeep", "WuKong", "XDeepFM", "create_model"]
+           "RocketLaunching", "SimpleMultiTask", "WideAndDeep", "WuKong", "XDeepFM", "create_model"]

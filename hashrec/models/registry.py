@@ -14,6 +14,7 @@ from hashrec.models.multi_tower_din import MultiTowerDIN
 from hashrec.models.pepnet import PEPNet
 from hashrec.models.ple import PLE
 from hashrec.models.rank_model import RankModel
+from hashrec.models.rocket_launching import RocketLaunching
 from hashrec.models.simple_multi_task import SimpleMultiTask
 from hashrec.models.wide_and_deep import WideAndDeep
 from hashrec.models.wukong import WuKong
@@ -31,6 +32,7 @@ MODELS: dict[str, type[RankModel]] = {
     "multi_tower_din": MultiTowerDIN,
     "pepnet": PEPNet,
     "ple": PLE,
+    "rocket_launching": RocketLaunching,
     "simple_multi_task": SimpleMultiTask,
     "wide_and_deep": WideAndDeep,
     "wukong": WuKong,

@@ -253,7 +253,10 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
                            labels, kind, labels[0])
         num_class = int(model_config.num_class)
         first, *more = loss_specs(model_config.losses, "model_config", num_class)
-        return (Task("", labels[0], first, 1.0, tuple(model_config.metrics),
+        # RocketLaunching's predictions, losses and metrics are its light network's, named
+        # so (probs_light, auc_light), as in TorchEasyRec.
+        name = "light" if kind == "rocket_launching" else ""
+        return (Task(name, labels[0], first, 1.0, tuple(model_config.metrics),
                      sample_weight_name=default_weight, num_class=num_class,
                      more_losses=tuple(more),
                      train_metric_configs=tuple(model_config.train_metrics)),)

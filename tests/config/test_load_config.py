@@ -111,7 +111,8 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
         f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
         f"models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, mask_net, mmoe, multi_tower, "
-        f"multi_tower_din, pepnet, ple, simple_multi_task, wide_and_deep, wukong, xdeepfm")
+        f"multi_tower_din, pepnet, ple, rocket_launching, simple_multi_task, wide_and_deep, "
+        f"wukong, xdeepfm")
 
 
 def test_bad_value_names_line():

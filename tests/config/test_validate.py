@@ -20,6 +20,8 @@ from hashrec.models import create_model
 TAOBAO_CONFIG = Path(__file__).parent / "testdata" / "torcheasyrec_dynamicemb_taobao.config"
 WUKONG_CONFIG = Path(__file__).parent / "testdata" / "torcheasyrec_wukong_criteo.config"
 PEPNET_CONFIG = Path(__file__).parent / "testdata" / "torcheasyrec_pepnet_taobao.config"
+ROCKET_CONFIG = (Path(__file__).parent / "testdata"
+                 / "torcheasyrec_rocket_launching_criteo.config")
 
 
 def test_taobao_config_needs_a_supported_dataset():
@@ -65,8 +67,8 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
 @pytest.mark.parametrize("text, message", [
     ("model_config { losses { binary_cross_entropy {} } }",
      "model_config sets no model; supported models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, "
-     "mask_net, mmoe, multi_tower, multi_tower_din, pepnet, ple, simple_multi_task, "
-     "wide_and_deep, wukong, xdeepfm$"),
+     "mask_net, mmoe, multi_tower, multi_tower_din, pepnet, ple, rocket_launching, "
+     "simple_multi_task, wide_and_deep, wukong, xdeepfm$"),
     ("train_config { sparse_optimizer { lamb_optimizer { lr: 1 } } dense_optimizer { "
      "adam_optimizer { lr: 1 } } }", "lamb_optimizer is not supported"),
     ("data_config { dataset_type: KafkaDataset }", "KafkaDataset is not supported"),
@@ -179,16 +181,36 @@ def test_pepnet_towers_per_domain_are_refused_naming_the_fields():
         "every domain); remove it"]
 
 
-def test_rocket_launching_is_refused_as_not_implemented():
-    config = _model_config(
-        'rocket_launching { booster_mlp { hidden_units: [256, 128] } light_mlp { hidden_units: '
-        '[96, 64] } feature_based_distillation: true } losses { binary_cross_entropy {} }')
+def test_rocket_launching_inner_product_distillation_is_refused():
+    text = ('rocket_launching { booster_mlp { hidden_units: [256, 128] } light_mlp { '
+            'hidden_units: [96, 64] } feature_based_distillation: true %s } '
+            'losses { binary_cross_entropy {} }')
+    validate_pipeline_config(_model_config(text % ""))
+    validate_pipeline_config(_model_config(
+        text.replace("feature_based_distillation: true", "") % "feature_distillation_function: "
+        "INNER_PRODUCT"))
     with pytest.raises(ConfigError) as err:
-        validate_pipeline_config(config)
+        validate_pipeline_config(_model_config(
+            text % "feature_distillation_function: INNER_PRODUCT"))
     assert str(err.value).splitlines()[1:] == [
-        "  model_config.rocket_launching is not supported; supported models: dbmtl, dcn_v1, "
-        "dcn_v2, deepfm, dlrm, mask_net, mmoe, multi_tower, multi_tower_din, pepnet, ple, "
-        "simple_multi_task, wide_and_deep, wukong, xdeepfm"]
+        "  model_config.rocket_launching.feature_distillation_function INNER_PRODUCT is not "
+        "supported (TorchEasyRec computes the Euclidean distance for it, not an inner "
+        "product); set EUCLID for that distance, or COSINE"]
+
+
+def test_torcheasyrecs_rocket_launching_example_passes_validation_and_builds():
+    # rocket_launching_criteo reads ODPS, the one thing HashRec refuses in it
+    config = load_pipeline_config(ROCKET_CONFIG)
+    with pytest.raises(ConfigError, match="data_config.dataset_type OdpsDataset"):
+        validate_pipeline_config(config)
+    config = apply_edit_config_json(config, {"data_config.dataset_type": "ParquetDataset"})
+    validate_pipeline_config(config)
+    model = create_model(config.model_config, build_feature_set(config), None,
+                         embedding=torch.nn.Identity())
+    # light 96, 64, 32 pair with the booster's 64 and 32; 96 has no booster layer
+    assert model.similarity_pairs == [(1, 2), (2, 3)]
+    assert model.eval_losses == ("binary_cross_entropy_light",)
+    assert model.net.light.first_weight().shape == (96, 13 + 26 * 16)
 
 
 def test_torcheasyrecs_pepnet_example_passes_validation_and_builds():

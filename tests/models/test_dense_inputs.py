@@ -13,6 +13,7 @@ import test_mmoe
 import test_multi_tower
 import test_pepnet
 import test_ple
+import test_rocket_launching
 import test_simple_multi_task
 import test_wide_and_deep
 import test_wukong
@@ -49,6 +50,8 @@ KINDS = {
     "wukong-sparse-only": (test_wukong.SPARSE_ONLY, ()),
     "pepnet": (test_pepnet.DEFAULT_NAMES, ()),  # no dropout: the forward repeats
     "pepnet-main-only": (test_pepnet.MAIN_ONLY, ()),
+    "rocket_launching": (test_rocket_launching.CONFIG, ()),
+    "rocket_launching-euclid": (test_rocket_launching.EUCLID, ()),
 }
 # The label fields of the models that read more than ``clk``.
 LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,
@@ -58,12 +61,13 @@ LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,
           "pepnet": test_pepnet.LABELS, "pepnet-main-only": test_pepnet.LABELS}
 
 
-def all_logits(model, batch) -> torch.Tensor:
-    """The forward's logits: (B,), or (B, tasks) of a multi-task model."""
+def check_forward_logits(model, batch, logits) -> None:
+    """The dense network's ``logits`` give each task the logits of the forward (read
+    through ``predictions``: a RocketLaunching's train-mode output holds more)."""
     out = model(batch)
-    if not model.multi_task:
-        return out["logits"]
-    return torch.stack([out[task.logits] for task in model.tasks], dim=-1)
+    from_dense = model.predictions(logits)
+    for task in model.tasks:
+        torch.testing.assert_close(from_dense[task.logits], out[task.logits])
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -82,5 +86,5 @@ def test_dense_network_reads_nothing_on_the_host(kind):
             logits = model.dense_from_inputs(*inputs)
             logits.sum().backward()
         assert dict(reads.counts) == {}
-        torch.testing.assert_close(logits, all_logits(model, batch))
+        check_forward_logits(model, batch, logits)
     assert shapes[0] == shapes[1]
