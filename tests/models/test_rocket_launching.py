@@ -152,6 +152,20 @@ def test_classes_give_each_network_its_logits():
     assert model(batch)["logits_light"].shape == (4, 3)
 
 
+def test_train_metrics_read_the_light_network():
+    from hashrec.train.train_metrics import TrainMetrics
+
+    model = _model(CONFIG + "train_metrics { auc {} decay_step: 1 }")
+    batch = make_batch(8)
+    clk = torch.tensor([0.0, 1.0] * 4)
+    batch.labels["clk"] = clk
+    # a train-mode output whose light logits rank every row right, the booster's wrong
+    packed = torch.stack([4 * clk - 2, 2 - 4 * clk, torch.zeros(8), torch.zeros(8)], dim=1)
+    metrics = TrainMetrics(model.tasks)
+    metrics.update(model.predictions(packed), batch, 1)
+    assert metrics.values() == {"auc_light": pytest.approx(1.0)}
+
+
 def test_loss_of_training_predictions_is_refused():
     model = _model()
     batch = make_batch(3)
