@@ -174,7 +174,28 @@ MODELS = {
              module { class_name: "MLP" mlp { hidden_units: [8] } } }
     concat_blocks: "final"
   } }""",
+    # the light network pairs its 8-wide layer with the booster's second (cosine hint)
+    "rocket_launching": """
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  rocket_launching {
+    share_mlp { hidden_units: [32] }
+    booster_mlp { hidden_units: [16, 8, 8] }
+    light_mlp { hidden_units: [8] }
+    feature_based_distillation: true
+  }""",
 }
+# The suffix of the models' outputs and metrics (probs_light, auc_light) where they have one.
+SUFFIX = {"rocket_launching": "_light"}
+
+# PEPNet's groups (the multi-task tests' models): EPNet gated by the context (pid), a
+# PPNet per task gated by the user and the item.
+PEPNET_GROUPS = """
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  feature_groups { group_name: "domain" group_type: DEEP feature_names: ["pid"] }
+  feature_groups { group_name: "uia" group_type: DEEP feature_names: ["user_id", "adgroup_id"] }
+"""
 
 
 def pipeline_text(model: str, data_dir, model_dir) -> str:

@@ -37,6 +37,11 @@ _REFUSED = {
                                 "towers without learned dropout; set dropout_ratio on the "
                                 "MLPs instead"),
     },
+    "PEPNet": {
+        "domain_input_name": (bool, "each task has one tower for every domain, not a tower "
+                              "per domain chosen by a domain label"),
+        "task_domain_num": (lambda v: v != 1, "each task has one tower for every domain"),
+    },
     "DataConfig": {
         "sample_mask_prob": (lambda v: v > 0, "no samples are masked"),
         "negative_sample_mask_prob": (lambda v: v > 0, "there is no negative sampling"),
@@ -88,6 +93,8 @@ _IGNORED = {
     "ExportConfig": ("mixed_precision", "cudnn_allow_tf32", "cuda_matmul_allow_tf32"),
     # TorchEasyRec's choice of kernels; HashRec's compute the same.
     "ModelConfig": ("kernel",),
+    # Parsed by TorchEasyRec's RocketLaunching and read by none of its code.
+    "RocketLaunching": ("l2_regularization",),
     # Feature generation's join key of a sequence; the columns are read as they are.
     "SequenceFeature": ("sequence_pk",),
     # The mode of a weight decay that must be 0 (optimizers.py refuses any other).
@@ -147,6 +154,8 @@ def _messages(config):
             yield f"model_config.feature_groups[{i}]", group
         yield from _metric_messages("model_config", model_config)
         model = model_config.WhichOneof("model")
+        if model:
+            yield f"model_config.{model}", getattr(model_config, model)
         if model and "task_towers" in getattr(model_config, model).DESCRIPTOR.fields_by_name:
             for i, tower in enumerate(getattr(model_config, model).task_towers):
                 where = f"model_config.{model}.task_towers[{i}]"

@@ -30,12 +30,13 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
 # The models hashrec.models.registry builds (tests/models/test_registry.py keeps the two
 # equal; the config layer must not import the models above it).
 SUPPORTED_MODELS = ("dbmtl", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "mask_net", "mmoe",
-                    "multi_task_backbone", "multi_tower", "multi_tower_din", "ple",
-                    "rank_backbone", "simple_multi_task", "wide_and_deep", "wukong",
-                    "xdeepfm")
+                    "multi_task_backbone", "multi_tower", "multi_tower_din", "pepnet", "ple",
+                    "rank_backbone", "rocket_launching", "simple_multi_task", "wide_and_deep",
+                    "wukong", "xdeepfm")
 # The models whose config lists task_towers (hashrec.models.tasks.MULTI_TASK_MODELS;
 # tests/models/test_registry.py keeps the two equal).
-MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "multi_task_backbone")
+MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
+                     "multi_task_backbone")
 # The losses hashrec.models.losses computes (tests/config/test_validate.py keeps the two
 # equal).
 SUPPORTED_LOSSES = ("binary_cross_entropy", "binary_focal_loss", "softmax_cross_entropy",
@@ -173,6 +174,8 @@ def _model_problems(model_config) -> list[str]:
                         f"{', '.join(SUPPORTED_MODELS)}")
     if model is not None:
         problems += alias_problems(f"model_config.{model}", getattr(model_config, model))
+    if model == "rocket_launching":
+        problems += _rocket_problems(model_config.rocket_launching)
     places = [("model_config", model_config)]
     if model in MULTI_TASK_MODELS:
         places += [(f"{model}.task_towers[{i}]", tower)
@@ -180,6 +183,18 @@ def _model_problems(model_config) -> list[str]:
     for where, config in places:
         problems += _loss_metric_problems(where, config)
     return problems + sequence_encoder_problems(model_config)
+
+
+def _rocket_problems(config) -> list[str]:
+    """RocketLaunching's feature distillation by INNER_PRODUCT, which TorchEasyRec computes
+    as the Euclidean distance (its code tells COSINE from the rest alone)."""
+    function = config.DESCRIPTOR.fields_by_name["feature_distillation_function"] \
+        .enum_type.values_by_number[config.feature_distillation_function].name
+    if config.feature_based_distillation and function == "INNER_PRODUCT":
+        return ["model_config.rocket_launching.feature_distillation_function INNER_PRODUCT is "
+                "not supported (TorchEasyRec computes the Euclidean distance for it, not an "
+                "inner product); set EUCLID for that distance, or COSINE"]
+    return []
 
 
 def _loss_metric_problems(where: str, config) -> list[str]:

@@ -1,6 +1,6 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
-DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RankBackbone) and multi-task ones
-(SimpleMultiTask, MMoE, DBMTL, PLE, MultiTaskBackbone)."""
+DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RocketLaunching, RankBackbone) and
+multi-task ones (SimpleMultiTask, MMoE, DBMTL, PLE, PEPNet, MultiTaskBackbone)."""
 
 from hashrec.models.dbmtl import DBMTL
 from hashrec.models.dcn import DCNV1, DCNV2
@@ -11,16 +11,18 @@ from hashrec.models.mask_net import MaskNet
 from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
+from hashrec.models.pepnet import PEPNet
 from hashrec.models.ple import PLE
 from hashrec.models.rank_backbone import MultiTaskBackbone, RankBackbone
 from hashrec.models.rank_model import RankModel
 from hashrec.models.registry import MODELS, create_model
+from hashrec.models.rocket_launching import RocketLaunching
 from hashrec.models.simple_multi_task import SimpleMultiTask
 from hashrec.models.wide_and_deep import WideAndDeep
 from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
 
 __all__ = ["DBMTL", "DCNV1", "DCNV2", "DLRM", "DeepFM", "MMoE", "MaskNet", "ModelError",
-           "MultiTaskBackbone", "MultiTower", "MultiTowerDIN", "PLE", "RankBackbone",
-           "RankModel", "MODELS", "SimpleMultiTask",
+           "MultiTaskBackbone", "MultiTower", "MultiTowerDIN", "PEPNet", "PLE", "RankBackbone",
+           "RankModel", "MODELS", "RocketLaunching", "SimpleMultiTask",
            "WideAndDeep", "WuKong", "XDeepFM", "create_model"]

@@ -60,6 +60,9 @@ class RankModel(nn.Module):
         self.weighted = any(task.row_weighted for task in self.tasks)
         # The keys of the losses, in task order (a task's in its ``losses`` order).
         self.losses = tuple(name for task in self.tasks for name in task.loss_names)
+        # The keys of the losses an evaluation reports (a model that trains on more, such
+        # as RocketLaunching's booster, sets its own).
+        self.eval_losses = self.losses
         # A single-task model's l2_loss makes it a regression model, whose prediction
         # ``y`` is the logit itself; binary_cross_entropy: a classifier, whose prediction
         # ``probs`` is its sigmoid.

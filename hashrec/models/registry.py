@@ -11,9 +11,11 @@ from hashrec.models.mask_net import MaskNet
 from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
+from hashrec.models.pepnet import PEPNet
 from hashrec.models.ple import PLE
 from hashrec.models.rank_backbone import MultiTaskBackbone, RankBackbone
 from hashrec.models.rank_model import RankModel
+from hashrec.models.rocket_launching import RocketLaunching
 from hashrec.models.simple_multi_task import SimpleMultiTask
 from hashrec.models.wide_and_deep import WideAndDeep
 from hashrec.models.wukong import WuKong
@@ -30,8 +32,10 @@ MODELS: dict[str, type[RankModel]] = {
     "multi_task_backbone": MultiTaskBackbone,
     "multi_tower": MultiTower,
     "multi_tower_din": MultiTowerDIN,
+    "pepnet": PEPNet,
     "ple": PLE,
     "rank_backbone": RankBackbone,
+    "rocket_launching": RocketLaunching,
     "simple_multi_task": SimpleMultiTask,
     "wide_and_deep": WideAndDeep,
     "wukong": WuKong,

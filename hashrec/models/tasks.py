@@ -2,9 +2,10 @@
 
 A single-task model has one task without a name: it trains on ``label_fields[0]``
 with ``model_config.losses`` and reports ``model_config.metrics``, its outputs are
-``logits`` and ``probs`` (``y`` with l2_loss). A multi-task model (MMoE, DBMTL, PLE) has one
-task per ``task_towers`` entry, each with its own label, losses, loss weight and metrics;
-the task's outputs, loss and metrics carry the suffix ``_<tower_name>``
+``logits`` and ``probs`` (``y`` with l2_loss). A multi-task model (SimpleMultiTask, MMoE,
+DBMTL, PLE, PEPNet) has one task per ``task_towers`` entry, each with its own label,
+losses, loss weight and metrics; the task's outputs, loss and metrics carry the suffix
+``_<tower_name>``
 (``probs_ctr``, ``logits_ctr``, ``binary_cross_entropy_ctr``, ``auc_ctr``), as in
 TorchEasyRec.
 
@@ -32,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_LOSSES = LOSSES
 # The model_config oneof names of the models whose config lists task_towers.
-MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "multi_task_backbone")
+MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
+                     "multi_task_backbone")
 
 
 @dataclass(frozen=True)
@@ -247,12 +249,15 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
         if len(labels) > 1:
             logger.warning("data_config.label_fields %s: the single-task model %s trains on "
                            "the first, %r; the others are read from the input but not used "
-                           "(a multi-task model, simple_multi_task, mmoe, dbmtl or ple, gives "
-                           "each its task)",
+                           "(a multi-task model, simple_multi_task, mmoe, dbmtl, ple or "
+                           "pepnet, gives each its task)",
                            labels, kind, labels[0])
         num_class = int(model_config.num_class)
         first, *more = loss_specs(model_config.losses, "model_config", num_class)
-        return (Task("", labels[0], first, 1.0, tuple(model_config.metrics),
+        # RocketLaunching's predictions, losses and metrics are its light network's, named
+        # so (probs_light, auc_light), as in TorchEasyRec.
+        name = "light" if kind == "rocket_launching" else ""
+        return (Task(name, labels[0], first, 1.0, tuple(model_config.metrics),
                      sample_weight_name=default_weight, num_class=num_class,
                      more_losses=tuple(more),
                      train_metric_configs=tuple(model_config.train_metrics)),)

@@ -1,6 +1,6 @@
 """Small neural-network building blocks: MLP, DIN attention, factorization machine,
 pairwise dot interactions, MaskNet, cross networks (DCN v1, v2), CIN (xDeepFM), WuKong
-layers and sequence encoders (simple attention, pooling, multi-window DIN)."""
+layers, sequence encoders (simple attention, pooling, multi-window DIN) and PEPNet's gates."""
 
 from hashrec.modules.activation import ACTIVATIONS, Dice, create_activation
 from hashrec.modules.cin import CIN
@@ -10,6 +10,7 @@ from hashrec.modules.fm import FactorizationMachine
 from hashrec.modules.interaction import PairwiseDot
 from hashrec.modules.masknet import MaskBlockOptions, MaskNet
 from hashrec.modules.mlp import MLP, MLPOptions
+from hashrec.modules.personalized import EPNet, GateNU, PPNet
 from hashrec.modules.sequence_encoders import MultiWindowDIN, SequencePooling, SimpleAttention
 from hashrec.modules.wukong import FactorizationMachineBlock, LinearCompress, WuKongLayer
 
@@ -17,6 +18,6 @@ __all__ = [
     "ACTIVATIONS", "Dice", "create_activation", "NORMALIZERS", "DINAttention",
     "sequence_mask", "FactorizationMachine", "MLP", "MLPOptions", "PairwiseDot",
     "MaskBlockOptions", "MaskNet", "CIN", "Cross", "CrossV2",
-    "FactorizationMachineBlock", "LinearCompress", "WuKongLayer", "MultiWindowDIN",
-    "SequencePooling", "SimpleAttention",
+    "FactorizationMachineBlock", "LinearCompress", "WuKongLayer", "EPNet", "GateNU", "PPNet",
+    "MultiWindowDIN", "SequencePooling", "SimpleAttention",
 ]

@@ -163,6 +163,14 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
 
+    def hidden_outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Each layer's output, in order (the last is ``forward``'s)."""
+        outputs: list[torch.Tensor] = []
+        for layer in self.layers:
+            x = layer(x)
+            outputs.append(x)
+        return outputs
+
     def first_weight(self) -> torch.Tensor:
         """Weight of the first linear layer (callers may compute its output their own way)."""
         return self.layers[0].linear_weight()

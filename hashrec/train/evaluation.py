@@ -93,7 +93,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
                for name, metric in build_metrics(task.metric_configs, session.device,
                                                  task.regression, task.num_class).items()}
     soft_labels = _soft_label_counters(metrics, session.device)
-    mean_loss = MeanLoss(session.device, len(model.losses))
+    mean_loss = MeanLoss(session.device, len(model.eval_losses))
     was_training = model.training
     model.eval()
     start, batches = time.perf_counter(), 0
@@ -133,7 +133,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
     result = _result(step, metrics, mean_loss, soft_labels, session.is_chief)
     # Each loss term under its name too (binary_cross_entropy, l2_loss_<tower_name>, ...),
     # as TorchEasyRec reports them; "loss" is their sum.
-    result.update(zip(model.losses, mean_loss.terms()))
+    result.update(zip(model.eval_losses, mean_loss.terms()))
     result["num_examples"] = mean_loss.examples
     logger.info("eval at step %d on %d examples (%.1fs): %s", step, result["num_examples"],
                 time.perf_counter() - start,

@@ -31,7 +31,8 @@ def test_taobao_config_parses_verbatim(caplog):
     assert user_id.dynamicemb.init_capacity_per_rank == 1024
     assert len(config.feature_configs) == 17
     seq = config.feature_configs[-1].sequence_feature
-    assert (seq.sequence_name, seq.sequence_length, seq.sequence_delim) == ("click_50_seq", 100, "|")
+    assert (seq.sequence_name, seq.sequence_length, seq.sequence_delim) == (
+        "click_50_seq", 100, "|")
     assert config.model_config.multi_tower_din.din_towers[0].attn_mlp.hidden_units == [256, 64]
     # adjacent string literals are joined by the text format, then split back into names
     deep = config.model_config.feature_groups[0].feature_names
@@ -111,8 +112,8 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
         f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
         f"models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, mask_net, mmoe, multi_task_backbone, "
-        f"multi_tower, multi_tower_din, ple, rank_backbone, simple_multi_task, "
-        f"wide_and_deep, wukong, xdeepfm")
+        f"multi_tower, multi_tower_din, pepnet, ple, rank_backbone, rocket_launching, "
+        f"simple_multi_task, wide_and_deep, wukong, xdeepfm")
 
 
 _TOWER = 'tower_name: "ctr" label_name: "clk"'

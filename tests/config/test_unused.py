@@ -96,6 +96,15 @@ def test_train_metrics_are_no_longer_refused():
     assert ignored_field_notes(towers) == []
 
 
+def test_rocket_launchings_l2_regularization_is_noted():
+    # TorchEasyRec parses it and reads it nowhere
+    text = ("model_config { rocket_launching { booster_mlp { hidden_units: [8] } "
+            "light_mlp { hidden_units: [4] } %s } }")
+    assert ignored_field_notes(example_with(text % "")) == []
+    assert ignored_field_notes(example_with(text % "l2_regularization: 0.01")) == [
+        "model_config.rocket_launching.l2_regularization"]
+
+
 def test_decay_of_an_evaluation_metric_is_noted():
     notes = ignored_field_notes(example_with(
         "model_config { metrics { auc {} step_decay_rate: 0.5 } }\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from hashrec.config import (
     ConfigError,
@@ -13,9 +14,14 @@ from hashrec.config import (
     parse_pipeline_config,
     validate_pipeline_config,
 )
+from hashrec.features.feature_set import build_feature_set
+from hashrec.models import create_model
 
 TAOBAO_CONFIG = Path(__file__).parent / "testdata" / "torcheasyrec_dynamicemb_taobao.config"
 WUKONG_CONFIG = Path(__file__).parent / "testdata" / "torcheasyrec_wukong_criteo.config"
+PEPNET_CONFIG = Path(__file__).parent / "testdata" / "torcheasyrec_pepnet_taobao.config"
+ROCKET_CONFIG = (Path(__file__).parent / "testdata"
+                 / "torcheasyrec_rocket_launching_criteo.config")
 
 
 def test_taobao_config_needs_a_supported_dataset():
@@ -61,7 +67,8 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
 @pytest.mark.parametrize("text, message", [
     ("model_config { losses { binary_cross_entropy {} } }",
      "model_config sets no model; supported models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, "
-     "mask_net, mmoe, multi_task_backbone, multi_tower, multi_tower_din, ple, rank_backbone, "
+     "mask_net, mmoe, multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, "
+     "rank_backbone, rocket_launching, "
      "simple_multi_task, wide_and_deep, wukong, xdeepfm$"),
     ("train_config { sparse_optimizer { lamb_optimizer { lr: 1 } } dense_optimizer { "
      "adam_optimizer { lr: 1 } } }", "lamb_optimizer is not supported"),
@@ -145,31 +152,85 @@ def test_zero_batch_size_is_rejected_naming_the_field():
 
 
 # Model configs as TorchEasyRec's examples write them (pepnet_taobao,
-# rocket_launching_criteo): they load and are refused as models HashRec does not implement
-# (before, unknown fields).
+# rocket_launching_criteo).
 _GROUP = 'feature_groups { group_name: "all" feature_names: "u" group_type: DEEP }'
 _TOWER = ('task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] } '
           'metrics { auc {} } losses { binary_cross_entropy {} } }')
 
 
-@pytest.mark.parametrize("model", [
-    f'pepnet {{ main_group_name: "all" domain_group_name: "domain" epnet_hidden_unit: 128, '
-    f'uia_group_name: "uia" ppnet_hidden_units: [512, 256] ppnet_dropout_ratio: [0.1, 0.1] '
-    f'{_TOWER} }}',
-    f'pepnet {{ epnet_gamma: 2.0 ppnet_activation: "nn.ReLU" ppnet_gamma: 2.0 '
-    f'domain_input_name: "domain" task_domain_num: 3 {_TOWER} }}',
-    'rocket_launching { booster_mlp { hidden_units: [256, 128] } light_mlp { hidden_units: '
-    '[96, 64] } feature_based_distillation: true } losses { binary_cross_entropy {} }',
-], ids=["pepnet-named-groups", "pepnet-domain-towers", "rocket-launching"])
-def test_torcheasyrec_models_load_and_are_refused_as_not_implemented(model):
-    config = parse_pipeline_config(f'model_dir: "m"\nmodel_config {{ {_GROUP} {model} }}')
-    kind = config.model_config.WhichOneof("model")
+def _model_config(model: str):
+    return parse_pipeline_config(f'model_dir: "m"\nmodel_config {{ {_GROUP} {model} }}')
+
+
+def test_pepnet_with_named_groups_passes_validation():
+    validate_pipeline_config(_model_config(
+        f'pepnet {{ main_group_name: "all" domain_group_name: "domain" epnet_hidden_unit: 128, '
+        f'uia_group_name: "uia" ppnet_hidden_units: [512, 256] ppnet_dropout_ratio: [0.1, 0.1] '
+        f'{_TOWER} }}'))
+
+
+def test_pepnet_towers_per_domain_are_refused_naming_the_fields():
+    config = _model_config(f'pepnet {{ epnet_gamma: 2.0 ppnet_activation: "nn.ReLU" '
+                           f'ppnet_gamma: 2.0 domain_input_name: "domain" task_domain_num: 3 '
+                           f'{_TOWER} }}')
     with pytest.raises(ConfigError) as err:
         validate_pipeline_config(config)
     assert str(err.value).splitlines()[1:] == [
-        f"  model_config.{kind} is not supported; supported models: dbmtl, dcn_v1, dcn_v2, "
-        f"deepfm, dlrm, mask_net, mmoe, multi_task_backbone, multi_tower, multi_tower_din, "
-        f"ple, rank_backbone, simple_multi_task, wide_and_deep, wukong, xdeepfm"]
+        "  model_config.pepnet.domain_input_name is not supported (each task has one tower "
+        "for every domain, not a tower per domain chosen by a domain label); remove it",
+        "  model_config.pepnet.task_domain_num is not supported (each task has one tower for "
+        "every domain); remove it"]
+
+
+def test_rocket_launching_inner_product_distillation_is_refused():
+    text = ('rocket_launching { booster_mlp { hidden_units: [256, 128] } light_mlp { '
+            'hidden_units: [96, 64] } feature_based_distillation: true %s } '
+            'losses { binary_cross_entropy {} }')
+    validate_pipeline_config(_model_config(text % ""))
+    validate_pipeline_config(_model_config(
+        text.replace("feature_based_distillation: true", "") % "feature_distillation_function: "
+        "INNER_PRODUCT"))
+    with pytest.raises(ConfigError) as err:
+        validate_pipeline_config(_model_config(
+            text % "feature_distillation_function: INNER_PRODUCT"))
+    assert str(err.value).splitlines()[1:] == [
+        "  model_config.rocket_launching.feature_distillation_function INNER_PRODUCT is not "
+        "supported (TorchEasyRec computes the Euclidean distance for it, not an inner "
+        "product); set EUCLID for that distance, or COSINE"]
+
+
+def test_torcheasyrecs_rocket_launching_example_passes_validation_and_builds():
+    # rocket_launching_criteo reads ODPS, the one thing HashRec refuses in it
+    config = load_pipeline_config(ROCKET_CONFIG)
+    with pytest.raises(ConfigError, match="data_config.dataset_type OdpsDataset"):
+        validate_pipeline_config(config)
+    config = apply_edit_config_json(config, {"data_config.dataset_type": "ParquetDataset"})
+    validate_pipeline_config(config)
+    model = create_model(config.model_config, build_feature_set(config), None,
+                         embedding=torch.nn.Identity())
+    # light 96, 64, 32 pair with the booster's 64 and 32; 96 has no booster layer
+    assert model.similarity_pairs == [(1, 2), (2, 3)]
+    assert model.eval_losses == ("binary_cross_entropy_light",)
+    assert model.net.light.first_weight().shape == (96, 13 + 26 * 16)
+
+
+def test_torcheasyrecs_pepnet_example_passes_validation_and_builds():
+    # pepnet_taobao reads ODPS, the one thing HashRec refuses in it
+    config = load_pipeline_config(PEPNET_CONFIG)
+    with pytest.raises(ConfigError, match="data_config.dataset_type OdpsDataset"):
+        validate_pipeline_config(config)
+    config = apply_edit_config_json(config, {"data_config.dataset_type": "ParquetDataset"})
+    validate_pipeline_config(config)
+    # the model over the features' widths (an identity stands for the tables: no rows)
+    model = create_model(config.model_config, build_feature_set(config), None,
+                         embedding=torch.nn.Identity())
+    assert [g.name for g in model.input_groups] == ["all", "domain", "uia"]
+    assert [t.name for t in model.tasks] == ["ctr", "cvr"]
+    assert model.tasks[1].task_space_label == "clk"
+    # 16 features of 16 columns; EPNet's gate 16 + 256 -> 128 -> 256
+    assert model.net.epnet.gate.hidden.weight.shape == (128, 16 + 256)
+    assert [layer.linear.out_features for layer in model.net.tasks["cvr"].ppnet.layers] \
+        == [512, 256]
 
 
 def test_torcheasyrecs_wukong_example_passes_validation():

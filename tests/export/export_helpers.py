@@ -98,7 +98,8 @@ def run(module: str, *args: str, env: dict | None = None) -> subprocess.Complete
 
 
 def eval_predictions(config_path: str, checkpoint: str, input_path: str) -> torch.Tensor:
-    """The trained model's eval-mode probs on ``input_path``, in file order."""
+    """The trained model's eval-mode predictions (``probs``, RocketLaunching's
+    ``probs_light``) on ``input_path``, in file order."""
     from hashrec.checkpoint import restore_checkpoint
     from hashrec.train.session import build_session
 
@@ -109,5 +110,5 @@ def eval_predictions(config_path: str, checkpoint: str, input_path: str) -> torc
     probs = []
     with torch.no_grad():
         for batch in session.loader(input_path, "eval"):
-            probs.append(session.model(batch)["probs"])
+            probs.append(session.model(batch)[session.model.prediction])
     return torch.cat(probs)

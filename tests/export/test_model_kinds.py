@@ -18,7 +18,7 @@ import pytest
 import torch
 from export_helpers import eval_predictions
 from export_helpers import run as run_module
-from model_kinds import MODELS, pipeline_text
+from model_kinds import MODELS, SUFFIX, pipeline_text
 
 from hashrec.checkpoint import latest_checkpoint
 from hashrec.config import load_pipeline_config
@@ -60,16 +60,18 @@ def test_trains_evaluates_exports_and_predicts_like_eval(model, data_dir, tmp_pa
     config_path = write_config(tmp_path, data_dir, model)
     run("hashrec.train_eval", "--pipeline_config_path", config_path)
     trained = eval_results(tmp_path / "model")[-1]
-    assert 0.0 <= trained["auc"] <= 1.0 and trained["step"] == 5  # 600 rows / 128
+    auc = "auc" + SUFFIX.get(model, "")
+    assert 0.0 <= trained[auc] <= 1.0 and trained["step"] == 5  # 600 rows / 128
     config = load_pipeline_config(config_path)
     checkpoint = latest_checkpoint(str(tmp_path / "model"))
     again = evaluate_checkpoint(config, checkpoint)
-    assert again["auc"] == pytest.approx(trained["auc"], abs=1e-9)
+    assert again[auc] == pytest.approx(trained[auc], abs=1e-9)
     assert again["loss"] == pytest.approx(trained["loss"], rel=1e-5)
 
     export_model(config, str(tmp_path / "export"), checkpoint)
     predict(str(tmp_path / "export"), str(data_dir / "eval"), str(tmp_path / "pred.parquet"))
-    probs = torch.from_numpy(pq.read_table(tmp_path / "pred.parquet")["probs"].to_numpy())
+    written = pq.read_table(tmp_path / "pred.parquet")
+    probs = torch.from_numpy(written["probs" + SUFFIX.get(model, "")].to_numpy())
     expected = eval_predictions(config_path, checkpoint, str(data_dir / "eval")).float()
     assert probs.shape == expected.shape == (300,)
     torch.testing.assert_close(probs, expected, atol=1e-5, rtol=0)

@@ -1,4 +1,5 @@
-"""Integration: SimpleMultiTask, MMoE, DBMTL and PLE with two labels through train_eval, export and predict.
+"""Integration: SimpleMultiTask, MMoE, DBMTL, PLE and PEPNet with two labels through
+train_eval, export and predict.
 
 Generated Taobao-like data has its second label ``buy`` replaced by a denser one (a
 clicked row under a price bought), so that 300 evaluation rows hold enough of them; the
@@ -17,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from export_helpers import run as run_module
-from model_kinds import FEATURES
+from model_kinds import FEATURES, PEPNET_GROUPS
 
 from hashrec.checkpoint import latest_checkpoint, restore_checkpoint
 from hashrec.config import load_pipeline_config
@@ -95,6 +96,18 @@ model_config {
   }
 }
 """
+# PEPNet over model_kinds.PEPNET_GROUPS.
+PEPNET = """
+model_config {""" + PEPNET_GROUPS + """  pepnet {
+    epnet_hidden_unit: 16
+    ppnet_hidden_units: [16, 8]
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] }
+                  metrics { auc {} } }
+    task_towers { tower_name: "cvr" label_name: "buy" weight: 0.5 metrics { auc {} }
+                  metrics { accuracy {} } }
+  }
+}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +124,9 @@ def data_dir(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("model", [MODEL, DBMTL, DBMTL_MASK_NET, PLE, SIMPLE],
-                         ids=["mmoe", "dbmtl", "dbmtl-mask-net", "ple", "simple-multi-task"])
+@pytest.mark.parametrize("model", [MODEL, DBMTL, DBMTL_MASK_NET, PLE, SIMPLE, PEPNET],
+                         ids=["mmoe", "dbmtl", "dbmtl-mask-net", "ple", "simple-multi-task",
+                              "pepnet"])
 def test_trains_evaluates_exports_and_predicts(data_dir, tmp_path, model):
     text = (f'train_input_path: "{data_dir}/train"\neval_input_path: "{data_dir}/eval"\n'
             f'model_dir: "{tmp_path}/model"\n{FEATURES}{model}')

@@ -12,7 +12,9 @@ import test_group_encoders
 import test_mask_net
 import test_mmoe
 import test_multi_tower
+import test_pepnet
 import test_ple
+import test_rocket_launching
 import test_simple_multi_task
 import test_wide_and_deep
 import test_wukong
@@ -49,20 +51,26 @@ KINDS = {
     "wukong-sparse-only": (test_wukong.SPARSE_ONLY, ()),
     "multi_tower-sequence-encoders": (test_group_encoders.MULTI_TOWER, ()),
     "mmoe-sequence-encoders": (test_group_encoders.MMOE, ()),
+    "pepnet": (test_pepnet.DEFAULT_NAMES, ()),  # no dropout: the forward repeats
+    "pepnet-main-only": (test_pepnet.MAIN_ONLY, ()),
+    "rocket_launching": (test_rocket_launching.CONFIG, ()),
+    "rocket_launching-euclid": (test_rocket_launching.EUCLID, ()),
 }
 # The label fields of the models that read more than ``clk``.
 LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,
           "dbmtl-experts": test_dbmtl.LABELS, "dbmtl-mask-net": test_dbmtl.LABELS,
           "dbmtl-mask-net-serial": test_dbmtl.LABELS, "ple": test_ple.LABELS,
-          "ple-no-shared": test_ple.LABELS, "simple_multi_task": test_simple_multi_task.LABELS}
+          "ple-no-shared": test_ple.LABELS, "simple_multi_task": test_simple_multi_task.LABELS,
+          "pepnet": test_pepnet.LABELS, "pepnet-main-only": test_pepnet.LABELS}
 
 
-def all_logits(model, batch) -> torch.Tensor:
-    """The forward's logits: (B,), or (B, tasks) of a multi-task model."""
+def check_forward_logits(model, batch, logits) -> None:
+    """The dense network's ``logits`` give each task the logits of the forward (read
+    through ``predictions``: a RocketLaunching's train-mode output holds more)."""
     out = model(batch)
-    if not model.multi_task:
-        return out["logits"]
-    return torch.stack([out[task.logits] for task in model.tasks], dim=-1)
+    from_dense = model.predictions(logits)
+    for task in model.tasks:
+        torch.testing.assert_close(from_dense[task.logits], out[task.logits])
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -81,5 +89,5 @@ def test_dense_network_reads_nothing_on_the_host(kind):
             logits = model.dense_from_inputs(*inputs)
             logits.sum().backward()
         assert dict(reads.counts) == {}
-        torch.testing.assert_close(logits, all_logits(model, batch))
+        check_forward_logits(model, batch, logits)
     assert shapes[0] == shapes[1]

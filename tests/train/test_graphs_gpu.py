@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from model_kinds import FEATURES, MODELS, pipeline_text
+from model_kinds import FEATURES, MODELS, PEPNET_GROUPS, pipeline_text
 
 from hashrec.config import apply_edit_config_json, load_pipeline_config, parse_pipeline_config
 from hashrec.tools.gen_taobao_data import main as generate
@@ -177,6 +177,17 @@ model_config {
   }
 }
 """
+# PEPNet over model_kinds.PEPNET_GROUPS, row weights.
+PEPNET = """
+model_config {""" + PEPNET_GROUPS + """  pepnet {
+    ppnet_hidden_units: [16, 8]
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] }
+                  sample_weight_name: "w" }
+    task_towers { tower_name: "score" label_name: "score" weight: 0.5
+                  losses { l2_loss {} } }
+  }
+}
+"""
 
 
 def _mmoe(towers: str) -> str:
@@ -210,8 +221,8 @@ SEVERAL = _mmoe("""    task_towers { tower_name: "ctr" label_name: "clk" sample_
                   losses { jrc_loss { session_name: "user_id" } } }""")
 
 
-@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE, SIMPLE, CLASSES, SEVERAL],
-                         ids=["mmoe", "dbmtl", "ple", "simple-multi-task", "classes",
+@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE, SIMPLE, PEPNET, CLASSES, SEVERAL],
+                         ids=["mmoe", "dbmtl", "ple", "simple-multi-task", "pepnet", "classes",
                               "several-losses"])
 def test_multi_task_model_trains_graphed_like_eager(tmp_path, model):
     # (B, logits) logits, labels and row weights (sample weights; MMoE's score task also

@@ -44,13 +44,15 @@ class InferenceModel(nn.Module):
     multi_task: bool
 
     def __init__(self, embedding: EmbeddingLookup, head: nn.Module,
-                 regression: bool = False, tasks=None, num_class: int = 1) -> None:
+                 regression: bool = False, tasks=None, num_class: int = 1,
+                 suffix: str = "") -> None:
         super().__init__()
         self.embedding = embedding
         self.head = head
         # tasks (hashrec.models.tasks.Task): a multi-task model's, in logit order.
         self.multi_task = tasks is not None
-        self.suffixes = [t.suffix for t in tasks] if tasks is not None else [""]
+        # suffix: a single-task model's outputs' (RocketLaunching's "_light").
+        self.suffixes = [t.suffix for t in tasks] if tasks is not None else [suffix]
         self.regression = [t.regression for t in tasks] if tasks is not None else [regression]
         self.num_classes = [t.num_class for t in tasks] if tasks is not None else [num_class]
 
@@ -120,9 +122,10 @@ def build_inference_model(model: nn.Module, feature_set,
                 for f in feature_set.embedding_features()]
     head = copy.deepcopy(dense_head(model)).cpu().eval()
     tasks = model.tasks if getattr(model, "multi_task", False) else None
+    suffix = model.tasks[0].suffix if getattr(model, "tasks", None) else ""
     return InferenceModel(EmbeddingLookup(lookups, features), head,
                           bool(getattr(model, "regression", False)), tasks,
-                          int(getattr(model, "num_class", 1))).eval()
+                          int(getattr(model, "num_class", 1)), suffix).eval()
 
 
 # Models up to this size are serialized in memory and written by Python; larger ones

@@ -31,7 +31,9 @@ from hashrec.models import (
     MultiTaskBackbone,
     MultiTower,
     MultiTowerDIN,
+    PEPNet,
     RankBackbone,
+    RocketLaunching,
     SimpleMultiTask,
     WideAndDeep,
     WuKong,
@@ -237,7 +239,8 @@ class GroupsHead(nn.Module):
 def groups_head(model: GroupNetModel) -> GroupsHead:
     """The dense network of the models that read whole feature groups
     (``GroupNetModel``: WideAndDeep, DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM,
-    WuKong, SimpleMultiTask, MMoE, DBMTL, PLE)."""
+    WuKong, RocketLaunching (its light network), SimpleMultiTask, MMoE, DBMTL, PLE,
+    PEPNet)."""
     return GroupsHead(model.input_groups, model.net, model)
 
 
@@ -294,8 +297,8 @@ HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head,
          WideAndDeep: groups_head, DeepFM: groups_head, DLRM: groups_head, MMoE: groups_head,
          DBMTL: groups_head, PLE: groups_head, DCNV1: groups_head, DCNV2: groups_head,
          MaskNet: groups_head, XDeepFM: groups_head, SimpleMultiTask: groups_head,
-         WuKong: groups_head, RankBackbone: backbone_head,
-         MultiTaskBackbone: backbone_head}
+         WuKong: groups_head, PEPNet: groups_head, RocketLaunching: groups_head,
+         RankBackbone: backbone_head, MultiTaskBackbone: backbone_head}
 
 
 def dense_head(model: nn.Module) -> nn.Module:
