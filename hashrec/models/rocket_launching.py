@@ -43,9 +43,9 @@ from torch.nn import functional as F
 from hashrec.models.errors import ModelError
 from hashrec.models.group_net import GroupNetModel
 from hashrec.models.losses import task_loss
+from hashrec.models.mlp_config import mlp_options, optional_mlp
 from hashrec.models.mmoe import deep_groups_merged
 from hashrec.models.outputs import task_outputs
-from hashrec.models.rank_model import mlp_options, optional_mlp
 from hashrec.modules import MLP
 
 HINT_LOSS = "hint_l2_loss"
