@@ -101,7 +101,7 @@ def test_a_misspelt_name_suggests_the_closest(tmp_path, caplog, line, error):
     ("backbone { }", "configurable backbone (an older form; write rank_backbone { backbone { "
                      "blocks ... } })"),
     ("match_backbone { }", "configurable backbone of a match model"),
-    ("dssm { }", "match model"),
+    ("mind { }", "match model"),
 ])
 def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(model, kind):
     with pytest.raises(ConfigError) as err:
@@ -110,7 +110,8 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
     assert str(err.value) == (
         f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
-        f"models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, mask_net, mmoe, multi_task_backbone, "
+        f"models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, mmoe, "
+        f"multi_task_backbone, "
         f"multi_tower, multi_tower_din, ple, rank_backbone, simple_multi_task, "
         f"wide_and_deep, wukong, xdeepfm")
 
