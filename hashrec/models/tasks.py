@@ -41,6 +41,9 @@ MATCH_MODELS = ("dssm", "dssm_v2")
 # item, then the sampled negatives).
 MATCH_DIAGONAL = "diagonal"
 MATCH_FIRST = "first"
+# The columns a match model's export predicts for each row: the row's user and item
+# embedded by their towers, and their similarity (over the temperature).
+MATCH_OUTPUTS = ("user_tower_emb", "item_tower_emb", "similarity")
 
 
 @dataclass(frozen=True)
@@ -368,6 +371,9 @@ def _row_weighting(tower, where: str, labels: list[str], weights: list[str]) -> 
 
 def prediction_columns(tasks) -> tuple[str, ...]:
     """The output columns of a model with ``tasks``: every prediction (and ``probs1`` of a
-    two-class task after its ``probs``), then every logit."""
+    two-class task after its ``probs``), then every logit; a match model's exported form
+    gives ``MATCH_OUTPUTS``."""
+    if tasks and tasks[0].match:
+        return MATCH_OUTPUTS
     return tuple(name for t in tasks for name in t.outputs[:-1]) + \
         tuple(t.logits for t in tasks)
