@@ -133,11 +133,12 @@ def _nested_field(message: str) -> str:
 
 
 # TorchEasyRec's models that HashRec's ModelConfig does not parse: the older form of its
-# configurable backbone, its match backbone and its match, generative and HSTU models.
+# configurable backbone, its match backbone and its match models but DSSM, its
+# generative and HSTU models.
 _UNPARSED_MODELS = {
     "backbone": "configurable backbone (an older form; write rank_backbone { backbone { "
                 "blocks ... } })", "match_backbone": "configurable backbone of a match model",
-    "dssm": "match model", "dssm_v2": "match model", "dat": "match model",
+    "dat": "match model",
     "hstu_match": "match model", "mind": "match model", "tdm": "match model",
     "dc2vr": "multi-task model", "dlrm_hstu": "generative ranking model",
     "ultra_hstu": "generative ranking model", "sid_rqvae": "semantic id model",

@@ -29,14 +29,17 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
                                "rowwise_adagrad_optimizer")
 # The models hashrec.models.registry builds (tests/models/test_registry.py keeps the two
 # equal; the config layer must not import the models above it).
-SUPPORTED_MODELS = ("dbmtl", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "mask_net", "mmoe",
-                    "multi_task_backbone", "multi_tower", "multi_tower_din", "pepnet", "ple",
-                    "rank_backbone", "rocket_launching", "simple_multi_task", "wide_and_deep",
-                    "wukong", "xdeepfm")
+SUPPORTED_MODELS = ("dbmtl", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "dssm", "dssm_v2",
+                    "mask_net", "mmoe", "multi_task_backbone", "multi_tower",
+                    "multi_tower_din", "pepnet", "ple", "rank_backbone", "rocket_launching",
+                    "simple_multi_task", "wide_and_deep", "wukong", "xdeepfm")
 # The models whose config lists task_towers (hashrec.models.tasks.MULTI_TASK_MODELS;
 # tests/models/test_registry.py keeps the two equal).
 MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
                      "multi_task_backbone")
+# The match (retrieval) models (hashrec.models.tasks.MATCH_MODELS; tests/models/
+# test_registry.py keeps the two equal): softmax_cross_entropy and recall_at_k only.
+MATCH_MODELS = ("dssm", "dssm_v2")
 # The losses hashrec.models.losses computes (tests/config/test_validate.py keeps the two
 # equal).
 SUPPORTED_LOSSES = ("binary_cross_entropy", "binary_focal_loss", "softmax_cross_entropy",
@@ -147,7 +150,22 @@ def pipeline_problems(config: EasyRecConfig) -> list[str]:
     problems += feature_problems(config)
     if config.HasField("model_config"):
         problems += _model_problems(config.model_config)
-    return problems + unused_field_problems(config)
+    return problems + _negative_problems(config) + unused_field_problems(config)
+
+
+def _negative_problems(config: EasyRecConfig) -> list[str]:
+    """A match model needs negatives (in-batch, or a negative_sampler); a sampler feeds a
+    match model's item tower only."""
+    model = config.model_config.WhichOneof("model")
+    sampled = config.data_config.HasField("negative_sampler")
+    if model in MATCH_MODELS:
+        if not sampled and not getattr(config.model_config, model).in_batch_negative:
+            return [f"model_config.{model} has no negatives: set in_batch_negative: true "
+                    f"(the batch's other items) or data_config.negative_sampler"]
+    elif sampled and model is not None:
+        return [f"data_config.negative_sampler feeds a match model's item tower; "
+                f"model_config.{model} does not read it: remove it"]
+    return []
 
 
 def _data_problems(data_config) -> list[str]:
@@ -160,6 +178,10 @@ def _data_problems(data_config) -> list[str]:
     if data_config.batch_size < 1:
         problems.append(f"data_config.batch_size is {data_config.batch_size}; allowed: 1 or "
                         f"more rows per batch (leave it out for the default 1024)")
+    sampler = data_config.WhichOneof("sampler")
+    if sampler is not None and sampler != "negative_sampler":
+        problems.append(f"data_config.{sampler} is not supported; HashRec samples negatives "
+                        f"with negative_sampler (items by weight, redrawing the batch's)")
     return problems
 
 
@@ -180,8 +202,11 @@ def _model_problems(model_config) -> list[str]:
     if model in MULTI_TASK_MODELS:
         places += [(f"{model}.task_towers[{i}]", tower)
                    for i, tower in enumerate(getattr(model_config, model).task_towers)]
-    for where, config in places:
-        problems += _loss_metric_problems(where, config)
+    if model in MATCH_MODELS:
+        problems += _match_problems(model_config)
+    else:
+        for where, config in places:
+            problems += _loss_metric_problems(where, config)
     return problems + sequence_encoder_problems(model_config)
 
 
@@ -195,6 +220,29 @@ def _rocket_problems(config) -> list[str]:
                 "not supported (TorchEasyRec computes the Euclidean distance for it, not an "
                 "inner product); set EUCLID for that distance, or COSINE"]
     return []
+
+
+def _match_problems(model_config) -> list[str]:
+    """A match model trains on softmax_cross_entropy alone and reports recall_at_k alone,
+    as TorchEasyRec's."""
+    problems = []
+    kinds = [loss.WhichOneof("loss") for loss in model_config.losses]
+    if kinds not in ([], ["softmax_cross_entropy"]):
+        problems.append(f"model_config.losses lists {', '.join(map(str, kinds))}; a match "
+                        f"model trains on one softmax_cross_entropy (its positive item "
+                        f"against the negatives): list that one, or none")
+    for i, metric in enumerate(model_config.metrics):
+        kind = metric.WhichOneof("metric")
+        if kind != "recall_at_k":
+            problems.append(f"model_config.metrics[{i}].{kind} is not supported for a match "
+                            f"model; use recall_at_k {{ top_k }}")
+        elif metric.recall_at_k.top_k < 1:
+            problems.append(f"model_config.metrics[{i}].recall_at_k.top_k="
+                            f"{metric.recall_at_k.top_k}; allowed: 1 or more (default 5)")
+    if len(model_config.train_metrics):
+        problems.append("model_config.train_metrics is set on a match model; its batches "
+                        "have no such metrics: remove it")
+    return problems
 
 
 def _loss_metric_problems(where: str, config) -> list[str]:
@@ -222,9 +270,9 @@ def _metric_problems(where: str, metric) -> list[str]:
     if kind == "recall_at_k":
         # TorchEasyRec computes it on the similarities of a match model's user and item
         # towers; its ranking models refuse it too.
-        return [f"{where}.recall_at_k is not supported: it is a metric of TorchEasyRec's "
-                f"match (retrieval) models, which rank items by user-item similarity, and "
-                f"HashRec has ranking models only; use auc, grouped_auc or, for classes, "
+        return [f"{where}.recall_at_k is not supported here: it is a metric of match "
+                f"(retrieval) models (dssm, dssm_v2), which rank items by user-item "
+                f"similarity; for a ranking model use auc, grouped_auc or, for classes, "
                 f"accuracy with top_k"]
     if kind not in SUPPORTED_METRICS:
         return [f"{where}.{kind} is not supported; supported: {', '.join(SUPPORTED_METRICS)}"]

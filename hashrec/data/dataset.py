@@ -115,6 +115,9 @@ class FileDataset(IterableDataset):
         source: the file format.
         pin_memory: the loader pins batches (workers then hand them over in
             pinned memory directly).
+        sampler: a ``hashrec.data.sampler.NegativeSampler`` whose negative rows follow
+            each batch's (``Batch.negatives``), drawn from a generator seeded by the
+            options' seed, the epoch and the reader; None for none.
 
     Files without rows are skipped (with a warning, on rank 0). Every file is read as the files'
     common schema (:func:`hashrec.data.schema.common_schema`), whatever their order.
@@ -125,8 +128,9 @@ class FileDataset(IterableDataset):
     """
 
     def __init__(self, files: Sequence[str], feature_set, options: ReadOptions, source,
-                 pin_memory: bool = False) -> None:
+                 pin_memory: bool = False, sampler=None) -> None:
         super().__init__()
+        self.sampler = sampler
         self.feature_set = feature_set
         self.options = options
         self.source = source
@@ -155,13 +159,14 @@ class FileDataset(IterableDataset):
                 logger.warning("%s", note)
 
     @staticmethod
-    def needed_columns(feature_set, options: ReadOptions) -> list[str]:
+    def needed_columns(feature_set, options: ReadOptions, sampler=None) -> list[str]:
         """Columns to read: the features' inputs (labels and the sample weight only when
-        parsed) and reserved ones."""
+        parsed), reserved ones and the sampler's item id."""
         labels = set(feature_set.target_columns)
         columns = [c for c in feature_set.input_columns
                    if options.with_labels or c not in labels]
-        return list(dict.fromkeys([*columns, *options.reserved_columns]))
+        item_id = [sampler.item_id_field] if sampler is not None else []
+        return list(dict.fromkeys([*columns, *options.reserved_columns, *item_id]))
 
     def _chunks(self, ranges, use_threads: bool) -> Iterator[pa.Table]:
         """The rows of the (piece, start, stop) ``ranges``, with the hidden origin columns;
@@ -176,11 +181,14 @@ class FileDataset(IterableDataset):
                 rows = pa.array(np.arange(first, first + table.num_rows, dtype=np.int64))
                 yield table.append_column(_FILE_COLUMN, tag).append_column(_ROW_COLUMN, rows)
 
-    def _parse(self, table: pa.Table):
+    def _parse(self, table: pa.Table, sample_rng: np.random.Generator | None = None):
         origin = table.select([_FILE_COLUMN, _ROW_COLUMN])
         table = table.drop_columns([_FILE_COLUMN, _ROW_COLUMN]).combine_chunks()
+        sampled = {} if self.sampler is None else \
+            {"negatives": self.sampler.sample(table, sample_rng)}
         try:
-            batch = self.feature_set.parse(table, with_labels=self.options.with_labels)
+            batch = self.feature_set.parse(table, with_labels=self.options.with_labels,
+                                           **sampled)
         except Exception as e:
             raise self._parse_error(e, origin) from e
         if self.options.reserved_columns:
@@ -264,8 +272,9 @@ class FileDataset(IterableDataset):
             else:
                 tables = rebatch(chunks, opts.batch_size, opts.drop_remainder)
             count = 0
+            sample_rng = np.random.default_rng([seed, epoch, slot, 1])
             for table in tables:
-                batch = self._parse(table)
+                batch = self._parse(table, sample_rng)
                 item = batch if sender is None else sender.pack(batch)
                 yield (seed, item) if opts.tag_epochs else item
                 count += 1
@@ -281,18 +290,18 @@ class ParquetDataset(FileDataset):
     """Parquet files; row groups are the unit of reading."""
 
     def __init__(self, files: Sequence[str], feature_set, options: ReadOptions,
-                 pin_memory: bool = False) -> None:
-        source = ParquetSource(self.needed_columns(feature_set, options),
+                 pin_memory: bool = False, sampler=None) -> None:
+        source = ParquetSource(self.needed_columns(feature_set, options, sampler),
                                feature_set.column_notes)
-        super().__init__(files, feature_set, options, source, pin_memory)
+        super().__init__(files, feature_set, options, source, pin_memory, sampler)
 
 
 class CsvDataset(FileDataset):
     """Delimited text files laid out as ``fmt`` says."""
 
     def __init__(self, files: Sequence[str], feature_set, options: ReadOptions,
-                 fmt: CsvFormat, pin_memory: bool = False) -> None:
-        source = CsvSource(self.needed_columns(feature_set, options), fmt,
+                 fmt: CsvFormat, pin_memory: bool = False, sampler=None) -> None:
+        source = CsvSource(self.needed_columns(feature_set, options, sampler), fmt,
                            feature_set.column_notes)
-        super().__init__(files, feature_set, options, source, pin_memory)
+        super().__init__(files, feature_set, options, source, pin_memory, sampler)
 

@@ -21,6 +21,7 @@ from hashrec.data.dataset import (
 )
 from hashrec.data.errors import DataError
 from hashrec.data.paths import expand_input_path
+from hashrec.data.sampler import negative_sampler
 from hashrec.data.sources import CsvFormat
 
 MODES = ("train", "eval", "predict")
@@ -86,17 +87,19 @@ def read_options(data_config, mode: str, rank: int = 0, world_size: int = 1,
 
 
 def build_dataset(data_config, feature_set, input_path: str, options: ReadOptions,
-                  pin_memory: bool = False) -> FileDataset:
+                  pin_memory: bool = False, sampler=None) -> FileDataset:
     """The dataset ``data_config.dataset_type`` names, over the files of ``input_path``
-    (``pin_memory``: the loader pins its batches)."""
+    (``pin_memory``: the loader pins its batches; ``sampler``: a NegativeSampler whose
+    negatives follow each batch's rows)."""
     kind = _enum_name(data_config, "dataset_type")
     if kind not in DATASET_TYPES:
         raise DataError(f"data_config.dataset_type {kind} is not supported; use one of "
                         f"{DATASET_TYPES}")
     files = expand_input_path(input_path)
     if kind == "CsvDataset":
-        return CsvDataset(files, feature_set, options, csv_format(data_config), pin_memory)
-    return ParquetDataset(files, feature_set, options, pin_memory)
+        return CsvDataset(files, feature_set, options, csv_format(data_config), pin_memory,
+                          sampler)
+    return ParquetDataset(files, feature_set, options, pin_memory, sampler)
 
 
 def check_input(data_config, feature_set, input_path: str, mode: str) -> None:
@@ -107,7 +110,8 @@ def check_input(data_config, feature_set, input_path: str, mode: str) -> None:
     Raises:
         DataError: as :func:`create_dataloader`.
     """
-    build_dataset(data_config, feature_set, input_path, read_options(data_config, mode))
+    build_dataset(data_config, feature_set, input_path, read_options(data_config, mode),
+                  sampler=negative_sampler(data_config, mode))
 
 
 def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank: int = 0,
@@ -157,7 +161,8 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
                            reserved_columns, num_epochs, seed, tag_epochs)
     workers = data_config.num_workers if num_workers is None else num_workers
     pin = bool(getattr(data_config, "pin_memory", False)) and torch.cuda.is_available()
-    dataset = build_dataset(data_config, feature_set, input_path, options, pin)
+    dataset = build_dataset(data_config, feature_set, input_path, options, pin,
+                            negative_sampler(data_config, mode))
     context = _worker_context(start_method) if workers else None
     init = functools.partial(_init_worker, tuple(worker_cores) if worker_cores else None)
     return BatchLoader(dataset, batch_size=None, num_workers=int(workers), pin_memory=pin,

@@ -61,6 +61,7 @@ class BatchLayout:
         dense, sequence_dense, labels: (name, spec) pairs in the Batch's order.
         batch_size: rows.
         nbytes: payload size.
+        negatives: sampled negative rows after the batch's rows.
     """
 
     keys: tuple[str, ...]
@@ -71,6 +72,7 @@ class BatchLayout:
     labels: tuple[tuple[str, TensorSpec], ...]
     batch_size: int
     nbytes: int
+    negatives: int = 0
 
     def specs(self) -> list[TensorSpec]:
         """Specs of every packed tensor, in payload order."""
@@ -102,7 +104,7 @@ def plan(batch: Batch) -> tuple[BatchLayout, list[torch.Tensor]]:
     groups = [tuple((name, place(t)) for name, t in group.items())
               for group in (batch.dense, batch.sequence_dense, batch.labels)]
     layout = BatchLayout(tuple(kjt.keys()), sparse, _jagged_layout(kjt), *groups,
-                         batch.batch_size, end)
+                         batch.batch_size, end, batch.negatives)
     return layout, tensors
 
 
@@ -127,7 +129,7 @@ def unpack(buffer: torch.Tensor, layout: BatchLayout, reserved: dict | None = No
     kjt.set_host_layout(layout.jagged_layout)  # the sender's, from the same tensors
     group = lambda pairs: {name: _view(buffer, spec) for name, spec in pairs}  # noqa: E731
     return Batch(kjt, group(layout.dense), group(layout.sequence_dense), group(layout.labels),
-                 layout.batch_size, reserved or {},
+                 layout.batch_size, reserved or {}, negatives=layout.negatives,
                  packed=(buffer, functools.partial(unpack, layout=layout, reserved=reserved)))
 
 

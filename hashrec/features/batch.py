@@ -21,7 +21,10 @@ class Batch:
         sequence_dense: raw sequence sub-features without boundaries:
             name -> (B, L, value_dim) float32, zero padded.
         labels: label field -> (B,) float32.
-        batch_size: B.
+        batch_size: B, the input rows.
+        negatives: N, the rows of sampled negative items after the B rows in ``sparse``,
+            ``dense`` and ``sequence_dense`` (a match model's ``negative_sampler``; their
+            other features are empty or default); 0 without a sampler.
         reserved: untouched input columns kept for prediction output
             (pyarrow arrays by column name), empty during training.
         packed: ``(buffer, rebuild)`` when every tensor is a view of the uint8
@@ -38,6 +41,7 @@ class Batch:
     batch_size: int = 0
     reserved: dict = field(default_factory=dict)
     packed: tuple | None = field(default=None, repr=False, compare=False)
+    negatives: int = 0
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """This batch on ``device``: itself when every tensor is already there (so a
@@ -47,12 +51,13 @@ class Batch:
             buffer, rebuild = self.packed
             moved = buffer.to(device, non_blocking=non_blocking)
             return self if moved is buffer else rebuild(moved)
-        mv = lambda d: {k: v.to(device, non_blocking=non_blocking) for k, v in d.items()}  # noqa: E731
         groups = (self.dense, self.sequence_dense, self.labels)
-        sparse, moved = self.sparse.to(device, non_blocking), [mv(d) for d in groups]
+        moved = [{k: v.to(device, non_blocking=non_blocking) for k, v in d.items()}
+                 for d in groups]
+        sparse = self.sparse.to(device, non_blocking)
         if sparse is self.sparse and all(m[k] is d[k] for m, d in zip(moved, groups) for k in d):
             return self
-        return Batch(sparse, *moved, self.batch_size, self.reserved)
+        return Batch(sparse, *moved, self.batch_size, self.reserved, negatives=self.negatives)
 
     def pin_memory(self) -> Batch:
         """This batch in pinned memory: itself when it already is (a packed batch whose
@@ -62,4 +67,5 @@ class Batch:
             return self if buffer.is_pinned() else rebuild(buffer.pin_memory())
         pin = lambda d: {k: v.pin_memory() for k, v in d.items()}  # noqa: E731
         return Batch(self.sparse.pin_memory(), pin(self.dense), pin(self.sequence_dense),
-                     pin(self.labels), self.batch_size, self.reserved)
+                     pin(self.labels), self.batch_size, self.reserved,
+                     negatives=self.negatives)

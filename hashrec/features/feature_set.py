@@ -22,7 +22,7 @@ import torch
 from hashrec.config.errors import ConfigError
 from hashrec.config.fg_mode import RAW, fg_input
 from hashrec.config.sequence_groups import group_feature_names
-from hashrec.config.validate import feature_problems
+from hashrec.config.validate import MATCH_MODELS, feature_problems
 from hashrec.embedding.jagged import KeyedJaggedTensor
 from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
 from hashrec.features.base import Feature, SparseIds, check_not_sequence
@@ -154,9 +154,16 @@ class FeatureSet:
                               f"{', '.join(self.features)})")
         return self.features[feature_name].output_dim
 
-    def parse(self, table: pa.Table | pa.RecordBatch, with_labels: bool = True) -> Batch:
-        """Turn one block of rows into a Batch (sparse ids, dense values, labels)."""
+    def parse(self, table: pa.Table | pa.RecordBatch, with_labels: bool = True,
+              negatives: pa.Table | None = None) -> Batch:
+        """Turn one block of rows into a Batch (sparse ids, dense values, labels);
+        ``negatives``: sampled item rows (``table``'s columns) whose features follow the
+        block's (``Batch.negatives``), without labels."""
         batch_size = table.num_rows
+        labeled = table
+        if negatives is not None:
+            head = table if isinstance(table, pa.Table) else pa.Table.from_batches([table])
+            table = pa.concat_tables([head, negatives]).combine_chunks()
         values, lengths, weights = [], [], []
         dense, sequence_dense = {}, {}
         weighted = any(f.weighted for f in self._sparse)
@@ -182,8 +189,9 @@ class FeatureSet:
             torch.from_numpy(np.concatenate(values) if values else np.zeros(0, np.int64)),
             torch.from_numpy(np.concatenate(lengths) if lengths else np.zeros(0, np.int64)),
             torch.from_numpy(np.concatenate(weights)) if weighted else None, validate=False)
-        labels = self._labels(table) if with_labels else {}
-        return Batch(sparse, dense, sequence_dense, labels, batch_size)
+        labels = self._labels(labeled) if with_labels else {}
+        return Batch(sparse, dense, sequence_dense, labels, batch_size,
+                     negatives=0 if negatives is None else negatives.num_rows)
 
     def _labels(self, table) -> dict[str, torch.Tensor]:
         labels = {name: self._label(_decoded(get_column(table, name, f"label {name}")), name)
@@ -408,7 +416,8 @@ def _binary_labels(label_fields: list[str], model_config) -> dict[str, str]:
     (the first, where tasks of two read one column): a single-task model's loss reads
     ``label_fields[0]``, a multi-task model's each task's ``label_name``, and a model or
     task without ``losses`` uses binary_cross_entropy."""
-    if not label_fields or model_config is None:
+    if not label_fields or model_config is None \
+            or model_config.WhichOneof("model") in MATCH_MODELS:  # their loss reads no label
         return {}
     towers = _task_towers(model_config)
     pairs = [(label_fields[0], _binary_loss(model_config.losses))] if towers is None else \

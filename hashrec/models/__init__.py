@@ -1,11 +1,13 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
-DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RocketLaunching, RankBackbone) and
-multi-task ones (SimpleMultiTask, MMoE, DBMTL, PLE, PEPNet, MultiTaskBackbone)."""
+DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RocketLaunching, RankBackbone),
+multi-task ones (SimpleMultiTask, MMoE, DBMTL, PLE, PEPNet, MultiTaskBackbone) and the match
+model DSSM."""
 
 from hashrec.models.dbmtl import DBMTL
 from hashrec.models.dcn import DCNV1, DCNV2
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
+from hashrec.models.dssm import DSSM
 from hashrec.models.errors import ModelError
 from hashrec.models.mask_net import MaskNet
 from hashrec.models.mmoe import MMoE
@@ -22,7 +24,7 @@ from hashrec.models.wide_and_deep import WideAndDeep
 from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
 
-__all__ = ["DBMTL", "DCNV1", "DCNV2", "DLRM", "DeepFM", "MMoE", "MaskNet", "ModelError",
+__all__ = ["DBMTL", "DCNV1", "DCNV2", "DLRM", "DSSM", "DeepFM", "MMoE", "MaskNet", "ModelError",
            "MultiTaskBackbone", "MultiTower", "MultiTowerDIN", "PEPNet", "PLE", "RankBackbone",
            "RankModel", "MODELS", "RocketLaunching", "SimpleMultiTask",
            "WideAndDeep", "WuKong", "XDeepFM", "create_model"]

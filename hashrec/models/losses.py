@@ -162,3 +162,19 @@ def task_loss(spec: LossSpec | str, logits: torch.Tensor, labels: torch.Tensor,
     if weights is None:
         return rows.mean()
     return (rows * weights).sum() / weights.sum().clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def match_loss(similarity: torch.Tensor, positive: str, weights: torch.Tensor | None = None,
+               label_smoothing: float = 0.0) -> torch.Tensor:
+    """A match model's softmax cross entropy (float32 scalar) of its (B, K) similarities,
+    each row's positive at column i of row i (``positive`` "diagonal", in-batch negatives)
+    or at column 0 ("first"); the mean over the rows, or with ``weights`` (B,) the
+    weighted mean (0 when every weight is 0). No host reads."""
+    rows = similarity.shape[0]
+    target = torch.arange(rows, device=similarity.device) if positive == "diagonal" \
+        else torch.zeros(rows, dtype=torch.int64, device=similarity.device)
+    per_row = torch.nn.functional.cross_entropy(similarity.float(), target, reduction="none",
+                                                label_smoothing=label_smoothing)
+    if weights is None:
+        return per_row.mean()
+    return (per_row * weights).sum() / weights.sum().clamp_min(torch.finfo(torch.float32).tiny)

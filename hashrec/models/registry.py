@@ -6,6 +6,7 @@ from hashrec.models.dbmtl import DBMTL
 from hashrec.models.dcn import DCNV1, DCNV2
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
+from hashrec.models.dssm import DSSM
 from hashrec.models.errors import ModelError
 from hashrec.models.mask_net import MaskNet
 from hashrec.models.mmoe import MMoE
@@ -27,6 +28,8 @@ MODELS: dict[str, type[RankModel]] = {
     "dcn_v2": DCNV2,
     "deepfm": DeepFM,
     "dlrm": DLRM,
+    "dssm": DSSM,
+    "dssm_v2": DSSM,
     "mask_net": MaskNet,
     "mmoe": MMoE,
     "multi_task_backbone": MultiTaskBackbone,

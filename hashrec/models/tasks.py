@@ -35,6 +35,17 @@ SUPPORTED_LOSSES = LOSSES
 # The model_config oneof names of the models whose config lists task_towers.
 MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
                      "multi_task_backbone")
+# The model_config oneof names of the match (retrieval) models: one task whose output is
+# the similarity of each row's user to its positive item and the negatives.
+MATCH_MODELS = ("dssm", "dssm_v2")
+# Where a match task's positive item sits in a row of its similarities: column i of row i
+# (in-batch negatives: every item of the batch is a column), or column 0 (the row's own
+# item, then the sampled negatives).
+MATCH_DIAGONAL = "diagonal"
+MATCH_FIRST = "first"
+# The columns a match model's export predicts for each row: the row's user and item
+# embedded by their towers, and their similarity (over the temperature).
+MATCH_OUTPUTS = ("user_tower_emb", "item_tower_emb", "similarity")
 
 
 @dataclass(frozen=True)
@@ -73,8 +84,16 @@ class Task:
     # The task's TrainMetricConfig messages: metrics of the training batches
     # (``hashrec.train.train_metrics``; empty: none).
     train_metric_configs: tuple = field(default=(), compare=False)
+    # A match model's task: where each row's positive sits among its similarities
+    # (MATCH_DIAGONAL or MATCH_FIRST); "" for a ranking task.
+    match: str = ""
 
     def __post_init__(self) -> None:
+        if self.match:
+            if self.match not in (MATCH_DIAGONAL, MATCH_FIRST):
+                raise ValueError(f"Task.match={self.match!r}; allowed: {MATCH_DIAGONAL}, "
+                                 f"{MATCH_FIRST} or '' (a ranking task)")
+            return
         for name in ("in_task_space_weight", "out_task_space_weight"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -110,7 +129,10 @@ class Task:
 
     @property
     def prediction(self) -> str:
-        """The prediction's output name: ``probs<suffix>`` or ``y<suffix>``."""
+        """The prediction's output name: ``probs<suffix>`` or ``y<suffix>``; a match
+        task's ``similarity``."""
+        if self.match:
+            return "similarity"
         return ("y" if self.regression else "probs") + self.suffix
 
     @property
@@ -121,12 +143,14 @@ class Task:
 
     @property
     def logits(self) -> str:
-        return "logits" + self.suffix
+        return "similarity" if self.match else "logits" + self.suffix
 
     @property
     def outputs(self) -> tuple[str, ...]:
         """The task's output names: its prediction, ``probs1<suffix>`` with two classes,
         then its logits."""
+        if self.match:
+            return (self.prediction,)
         second = (self.positive_probs,) if self.num_class == 2 else ()
         return (self.prediction, *second, self.logits)
 
@@ -245,6 +269,8 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
     weights = list(sample_weight_fields)
     default_weight = weights[0] if weights else ""
     kind = model_config.WhichOneof("model")
+    if kind in MATCH_MODELS:
+        return (_match_task(model_config, kind, labels[0], default_weight),)
     if kind not in MULTI_TASK_MODELS:
         if len(labels) > 1:
             logger.warning("data_config.label_fields %s: the single-task model %s trains on "
@@ -282,6 +308,23 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
             raise ModelError(f"{where} is defined twice; tower names must be unique")
         tasks.append(_tower_task(tower, i, where, labels, weights))
     return tuple(tasks)
+
+
+def _match_task(model_config, kind: str, label: str, weight: str) -> Task:
+    """The one task of the match model ``kind``: softmax_cross_entropy of each row's
+    similarities, its positive at column 0 or, with in_batch_negative, at column i. The
+    label column is read (as TorchEasyRec reads it) but does not enter the loss."""
+    names = [loss.WhichOneof("loss") for loss in model_config.losses]
+    if names not in ([], ["softmax_cross_entropy"]):
+        raise ModelError(f"model_config.losses lists {', '.join(map(str, names))}; {kind} "
+                         f"trains on one softmax_cross_entropy")
+    smoothing = proto_float(model_config.losses[0].softmax_cross_entropy.label_smoothing) \
+        if names else 0.0
+    spec = LossSpec("softmax_cross_entropy", label_smoothing=smoothing)
+    in_batch = getattr(model_config, kind).in_batch_negative
+    return Task("", label, spec, 1.0, tuple(model_config.metrics),
+                sample_weight_name=weight,
+                match=MATCH_DIAGONAL if in_batch else MATCH_FIRST)
 
 
 def _tower_task(tower, i: int, where: str, labels: list[str], weights: list[str]) -> Task:
@@ -333,6 +376,9 @@ def _row_weighting(tower, where: str, labels: list[str], weights: list[str]) -> 
 
 def prediction_columns(tasks) -> tuple[str, ...]:
     """The output columns of a model with ``tasks``: every prediction (and ``probs1`` of a
-    two-class task after its ``probs``), then every logit."""
+    two-class task after its ``probs``), then every logit; a match model's exported form
+    gives ``MATCH_OUTPUTS``."""
+    if tasks and tasks[0].match:
+        return MATCH_OUTPUTS
     return tuple(name for t in tasks for name in t.outputs[:-1]) + \
         tuple(t.logits for t in tasks)

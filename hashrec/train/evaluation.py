@@ -41,6 +41,7 @@ from hashrec.train.metrics import (
     Accuracy,
     BinnedAUC,
     MeanLoss,
+    RecallAtK,
     SoftLabels,
     build_metrics,
     grouping_ids,
@@ -91,7 +92,8 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
     # model's task.
     metrics = {name + task.suffix: (task, metric) for task in model.tasks
                for name, metric in build_metrics(task.metric_configs, session.device,
-                                                 task.regression, task.num_class).items()}
+                                                 task.regression, task.num_class,
+                                                 bool(task.match)).items()}
     soft_labels = _soft_label_counters(metrics, session.device)
     mean_loss = MeanLoss(session.device, len(model.eval_losses))
     was_training = model.training
@@ -223,7 +225,9 @@ def update_metrics(metrics, predictions: dict, batch) -> None:
     AUCs and XAUCs of one probability a row read a two-class task's ``probs1``)."""
     for task, metric in metrics:
         labels = batch.labels[task.label_name]
-        if isinstance(metric, (GroupedAUC, GroupedXAUC)):
+        if isinstance(metric, RecallAtK):
+            metric.update(predictions[task.prediction], task.match)
+        elif isinstance(metric, (GroupedAUC, GroupedXAUC)):
             metric.update(predictions[task.positive_probs], labels, grouping_ids(batch, metric))
         elif isinstance(metric, (BinnedAUC, XAUC)):
             metric.update(predictions[task.positive_probs], labels)

@@ -142,6 +142,34 @@ class _MeanOf:
         return float(self.total[0] / self.total[1]) if self.total[1] > 0 else float("nan")
 
 
+class RecallAtK(_MeanOf):
+    """A match model's recall@k, as TorchEasyRec computes it: the share of rows whose
+    positive item is among the k items of highest similarity (k at most the columns)."""
+
+    def __init__(self, top_k: int, device=None) -> None:
+        super().__init__(device)
+        self.top_k = top_k
+
+    def update(self, similarity: torch.Tensor, positive: str) -> None:
+        """``similarity`` (B, K); ``positive``: each row's positive at column i of row i
+        ("diagonal") or at column 0 ("first"), as ``hashrec.models.losses.match_loss``."""
+        similarity = similarity.detach().float()
+        rows = similarity.shape[0]
+        top = torch.topk(similarity, min(self.top_k, similarity.shape[1]), dim=1).indices
+        target = torch.arange(rows, device=top.device) if positive == "diagonal" \
+            else torch.zeros(rows, dtype=top.dtype, device=top.device)
+        hits = (top == target.unsqueeze(1)).any(dim=1)
+        count = torch.full((), float(rows), dtype=torch.float64, device=top.device)
+        self.total += torch.stack([hits.double().sum(), count]).to(self.total.device)
+
+
+def metric_key(config) -> str:
+    """A metric's result key (before a task's suffix): its kind; ``recall@<top_k>`` for
+    recall_at_k, as TorchEasyRec names it (several top_k may be listed)."""
+    kind = config.WhichOneof("metric")
+    return f"recall@{config.recall_at_k.top_k}" if kind == "recall_at_k" else kind
+
+
 class Accuracy(_MeanOf):
     """Share of rows whose thresholded probability equals the label."""
 
@@ -208,10 +236,11 @@ SUPPORTED_METRICS = ("auc", "accuracy", "mean_squared_error", "mean_absolute_err
 
 
 def build_metrics(metric_configs, device=None, regression: bool = False,
-                  num_class: int = 1) -> dict:
+                  num_class: int = 1, match: bool = False) -> dict:
     """Metric name -> metric object from a task's ``metrics`` (default: auc; for a
     ``regression`` model, mean_squared_error; for a task of ``num_class`` > 2 classes,
-    multiclass_auc, macro-averaged at 200 thresholds). With two classes auc reads the
+    multiclass_auc, macro-averaged at 200 thresholds; for a ``match`` task, none, as
+    TorchEasyRec's match models report none unless listed). With two classes auc reads the
     second class's probability (``probs1``), as in TorchEasyRec; with classes accuracy is
     the top-k accuracy. The settings were checked when the session was built
     (:func:`check_metrics`).
@@ -247,10 +276,12 @@ def build_metrics(metric_configs, device=None, regression: bool = False,
             options = config.grouped_xauc
             metrics["grouped_xauc"] = GroupedXAUC(options.grouping_key,
                                                   options.max_pairs_per_group, device)
+        elif kind == "recall_at_k" and match:
+            metrics[metric_key(config)] = RecallAtK(int(config.recall_at_k.top_k), device)
         else:
             raise TrainError(f"model_config.metrics: {kind!r} is not supported; allowed: "
                              f"{', '.join(SUPPORTED_METRICS)}")
-    if metrics:
+    if metrics or match:
         return metrics
     if regression:
         return {"mean_squared_error": MeanSquaredError(device)}
@@ -278,7 +309,7 @@ def check_metrics(model_config, feature_set) -> None:
 def check_listed(configs, num_class: int, where: str, shown: str) -> None:
     """Refuses a metric that ``configs`` (listed at ``where``) hold twice (``shown``: where
     its one value goes) or that does not fit a task of ``num_class`` logits."""
-    kinds = [config.WhichOneof("metric") for config in configs]
+    kinds = [metric_key(config) for config in configs]
     twice = sorted({kind for kind in kinds if kinds.count(kind) > 1})
     if twice:
         raise TrainError(f"{where} lists {', '.join(twice)} more than once; {shown} holds "

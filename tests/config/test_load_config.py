@@ -102,7 +102,7 @@ def test_a_misspelt_name_suggests_the_closest(tmp_path, caplog, line, error):
     ("backbone { }", "configurable backbone (an older form; write rank_backbone { backbone { "
                      "blocks ... } })"),
     ("match_backbone { }", "configurable backbone of a match model"),
-    ("dssm { }", "match model"),
+    ("mind { }", "match model"),
 ])
 def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(model, kind):
     with pytest.raises(ConfigError) as err:
@@ -111,9 +111,9 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
     assert str(err.value) == (
         f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
-        f"models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, mask_net, mmoe, multi_task_backbone, "
-        f"multi_tower, multi_tower_din, pepnet, ple, rank_backbone, rocket_launching, "
-        f"simple_multi_task, wide_and_deep, wukong, xdeepfm")
+        f"models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, mmoe, "
+        f"multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, rank_backbone, "
+        f"rocket_launching, simple_multi_task, wide_and_deep, wukong, xdeepfm")
 
 
 _TOWER = 'tower_name: "ctr" label_name: "clk"'

@@ -67,8 +67,8 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
 @pytest.mark.parametrize("text, message", [
     ("model_config { losses { binary_cross_entropy {} } }",
      "model_config sets no model; supported models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, "
-     "mask_net, mmoe, multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, "
-     "rank_backbone, rocket_launching, "
+     "dssm, dssm_v2, mask_net, mmoe, multi_task_backbone, multi_tower, multi_tower_din, "
+     "pepnet, ple, rank_backbone, rocket_launching, "
      "simple_multi_task, wide_and_deep, wukong, xdeepfm$"),
     ("train_config { sparse_optimizer { lamb_optimizer { lr: 1 } } dense_optimizer { "
      "adam_optimizer { lr: 1 } } }", "lamb_optimizer is not supported"),
@@ -77,12 +77,27 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
      r"model_config.losses\[0\] sets no loss; set one of binary_cross_entropy, "
      r"binary_focal_loss, softmax_cross_entropy, jrc_loss, l2_loss"),
     ("model_config { multi_tower_din {} metrics { auc {} } metrics { recall_at_k {} } }",
-     r"model_config.metrics\[1\].recall_at_k is not supported: it is a metric of "
-     r"TorchEasyRec's match \(retrieval\) models, .* HashRec has ranking models only"),
+     r"model_config.metrics\[1\].recall_at_k is not supported here: it is a metric of "
+     r"match \(retrieval\) models \(dssm, dssm_v2\), .* for a ranking model use auc"),
+    ("model_config { dssm { user_tower { input: 'u' mlp {} } item_tower { input: 'i' mlp {} } "
+     "output_dim: 4 } metrics { auc {} } }",
+     r"model_config.metrics\[0\].auc is not supported for a match model; use recall_at_k"),
+    ("model_config { dssm { user_tower { input: 'u' mlp {} } item_tower { input: 'i' mlp {} } "
+     "output_dim: 4 } losses { binary_cross_entropy {} } }",
+     r"model_config.losses lists binary_cross_entropy; a match model trains on one "
+     r"softmax_cross_entropy"),
+    ("model_config { dssm { user_tower { input: 'u' mlp {} } item_tower { input: 'i' mlp {} } "
+     "output_dim: 4 } metrics { recall_at_k { top_k: 0 } } }",
+     r"model_config.metrics\[0\].recall_at_k.top_k=0; allowed: 1 or more"),
+    ("data_config { dataset_type: ParquetDataset negative_sampler_v2 { user_input_path: 'u' "
+     "item_input_path: 'i' "
+     "pos_edge_input_path: 'e' num_sample: 2 item_id_field: 'a' user_id_field: 'b' } }",
+     r"data_config.negative_sampler_v2 is not supported; HashRec samples negatives with "
+     r"negative_sampler"),
     ("model_config { mmoe { expert_mlp { hidden_units: [4] } num_expert: 2 "
      "task_towers { tower_name: 'ctr' label_name: 'clk' metrics { recall_at_k {} } } } }",
-     r"mmoe.task_towers\[0\].metrics\[0\].recall_at_k is not supported: it is a metric of "
-     r"TorchEasyRec's match"),
+     r"mmoe.task_towers\[0\].metrics\[0\].recall_at_k is not supported here: it is a metric of "
+     r"match"),
     ("model_config { simple_multi_task { task_towers { tower_name: 'ctr' label_name: 'clk' "
      "losses { } } } }", r"simple_multi_task.task_towers\[0\].losses\[0\] sets no loss"),
     ("model_config { multi_tower_din {} metrics { multiclass_auc { average: 'micro' } } }",
@@ -107,6 +122,7 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
      'embedding_dim: 8 mlp {} } }',
      r"feature 'price': the mlp embedding of a raw value is not supported"),
 ], ids=["no-model", "sparse-optimizer", "dataset", "empty-loss", "recall-at-k",
+        "dssm-auc", "dssm-bce", "dssm-recall-top-k-0", "negative-sampler-v2",
         "task-recall-at-k", "simple-multi-task-empty-loss", "multiclass-auc-average",
         "multiclass-auc-thresholds", "empty-metric", "accuracy-top-k-0", "auc-thresholds",
         "xauc-sample-ratio", "grouped-xauc-pairs", "autodis", "mlp-embedding"])

@@ -21,6 +21,8 @@ from hashrec.export import meta
 from hashrec.export.errors import ExportError
 from hashrec.export.scripted.heads import dense_head
 from hashrec.export.scripted.lookup import EmbeddingLookup, FeatureLayout, TableLookup
+from hashrec.export.scripted.match_head import MatchHead, match_outputs
+from hashrec.models import DSSM
 from hashrec.models.outputs import split_task_logits, task_outputs
 
 
@@ -30,7 +32,9 @@ class InferenceModel(nn.Module):
     -> {"logits": (B, C), "probs": (B, C) their softmax} and with two classes "probs1"
     (B,), probs[:, 1]. A multi-task model's head gives each task's ``num_class`` logits
     side by side: each task's outputs as a single-task model's, suffix ``_<tower_name>``
-    (``hashrec.models.tasks``).
+    (``hashrec.models.tasks``). A match model (DSSM, ``match_dim`` its embeddings' width)
+    -> {"user_tower_emb": (B, D), "item_tower_emb": (B, D), "similarity": (B,)}, each row's
+    user and item embedded and their similarity over the temperature.
 
     Inputs (name -> tensor): ``values`` (n,) int64 ids and ``lengths`` (B,) bag
     sizes of every sparse feature; ``weights`` (n,) of weighted features;
@@ -42,11 +46,13 @@ class InferenceModel(nn.Module):
     regression: list[bool]
     num_classes: list[int]
     multi_task: bool
+    match_dim: int
 
     def __init__(self, embedding: EmbeddingLookup, head: nn.Module,
                  regression: bool = False, tasks=None, num_class: int = 1,
-                 suffix: str = "") -> None:
+                 suffix: str = "", match_dim: int = 0) -> None:
         super().__init__()
+        self.match_dim = match_dim
         self.embedding = embedding
         self.head = head
         # tasks (hashrec.models.tasks.Task): a multi-task model's, in logit order.
@@ -61,6 +67,8 @@ class InferenceModel(nn.Module):
                 sequence_dense: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         pooled, sequences, sequence_lengths = self.embedding(values, lengths, weights)
         logits = self.head(pooled, sequences, sequence_lengths, dense, sequence_dense).float()
+        if self.match_dim > 0:
+            return match_outputs(logits, self.match_dim)
         return task_outputs(split_task_logits(logits, self.num_classes, self.multi_task),
                             self.suffixes, self.regression)
 
@@ -120,12 +128,14 @@ def build_inference_model(model: nn.Module, feature_set,
     features = [FeatureLayout(f.name, f.table, f.pooling == "mean", f.is_sequence,
                               f.max_length, f.weighted, f.input_key)
                 for f in feature_set.embedding_features()]
-    head = copy.deepcopy(dense_head(model)).cpu().eval()
+    match = isinstance(model, DSSM)
+    head = copy.deepcopy(MatchHead(model) if match else dense_head(model)).cpu().eval()
     tasks = model.tasks if getattr(model, "multi_task", False) else None
     suffix = model.tasks[0].suffix if getattr(model, "tasks", None) else ""
     return InferenceModel(EmbeddingLookup(lookups, features), head,
                           bool(getattr(model, "regression", False)), tasks,
-                          int(getattr(model, "num_class", 1)), suffix).eval()
+                          int(getattr(model, "num_class", 1)), suffix,
+                          model.user_tower.dim if match else 0).eval()
 
 
 # Models up to this size are serialized in memory and written by Python; larger ones

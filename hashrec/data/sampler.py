@@ -1,0 +1,240 @@
+"""``data_config.negative_sampler``: negative items for a match model's batches.
+
+The item table has TorchEasyRec's schema: a row per item with ``id`` (int64), ``weight``
+(a number >= 0) and ``attrs`` (the values of ``attr_fields``, in that order, joined by
+``attr_delimiter``). TorchEasyRec reads it from ODPS or a local text file through
+GraphLearn; HashRec reads local files: parquet (``.parquet``) or delimited text whose
+first line names the columns (``id:int64<TAB>weight:float<TAB>attrs:string``, the types
+after ``:`` optional; ``field_delimiter``, default tab). ``input_path`` takes files,
+directories and globs as the input paths do.
+
+Each batch gets ``num_sample`` items (``num_eval_sample`` in evaluation where set), each
+drawn with probability proportional to its weight, with replacement; a draw of an item
+whose id is among the batch's ``item_id_field`` values is drawn again (up to
+``REDRAWS`` times, so that a table of few items still fills the batch), as TorchEasyRec's
+sampler avoids the batch's items. The draws come from the generator the caller passes:
+the same seed gives the same negatives. The sampled rows carry the attr fields as input
+columns (text cast to the input column's type; empty text read as missing; list columns
+split on ``\\x1d``), every other column missing, so that item features read them and
+user features see empty rows.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from hashrec.data.errors import DataError
+from hashrec.data.paths import expand_input_path
+
+logger = logging.getLogger(__name__)
+
+# Times a draw of one of the batch's own items is drawn again.
+REDRAWS = 5
+# Separator of a list column's values in an attr (TorchEasyRec's multi-value separator).
+LIST_SEPARATOR = "\x1d"
+_WHERE = "data_config.negative_sampler"
+
+
+class NegativeSampler:
+    """Items of one item table, drawn by weight.
+
+    Args:
+        config: the ``NegativeSampler`` message.
+        evaluation: draw ``num_eval_sample`` items a batch where it is set.
+
+    Raises:
+        DataError: a setting out of range (naming the field), or an item table that is
+            missing, unreadable or malformed (naming the file, column and row).
+    """
+
+    def __init__(self, config, evaluation: bool = False) -> None:
+        self.num_sample = int(config.num_eval_sample) \
+            if evaluation and config.HasField("num_eval_sample") else int(config.num_sample)
+        if self.num_sample < 1:
+            field = "num_eval_sample" if evaluation and config.HasField("num_eval_sample") \
+                else "num_sample"
+            raise DataError(f"{_WHERE}.{field}={self.num_sample}; allowed: 1 or more "
+                            f"negative items a batch")
+        if not config.attr_fields:
+            raise DataError(f"{_WHERE}.attr_fields is empty; list the item columns that the "
+                            f"item table's attrs hold, in their order")
+        if not config.item_id_field:
+            raise DataError(f"{_WHERE}.item_id_field is empty; name the input column of the "
+                            f"item id")
+        if not config.attr_delimiter:
+            raise DataError(f"{_WHERE}.attr_delimiter is empty; set the separator of the "
+                            f"attrs (default ':')")
+        self.item_id_field = config.item_id_field
+        self.attr_fields = tuple(config.attr_fields)
+        delimiter = config.field_delimiter if config.HasField("field_delimiter") else "\t"
+        self.ids, weights, self.attrs = _load_items(config.input_path, self.attr_fields,
+                                                    config.attr_delimiter, delimiter)
+        self._cumulative = np.cumsum(weights)
+        self._warned: set[str] = set()
+
+    def sample(self, batch: pa.Table, rng: np.random.Generator) -> pa.Table:
+        """The ``num_sample`` negative rows of ``batch`` (an input block): its columns, the
+        attr fields from the drawn items, the others missing.
+
+        Raises:
+            DataError: ``batch`` lacks ``item_id_field``, or an attr does not convert to
+                its input column's type.
+        """
+        if self.item_id_field not in batch.column_names:
+            raise DataError(f"{_WHERE}.item_id_field {self.item_id_field!r} is not a column "
+                            f"of the input (columns: {', '.join(batch.column_names)})")
+        rows = self.draw(_ids_of(batch.column(self.item_id_field), self.item_id_field), rng)
+        taken = pa.array(rows)
+        columns = []
+        for field in batch.schema:
+            if field.name in self.attrs:
+                columns.append(_as_type(self.attrs[field.name].take(taken), field))
+            else:
+                columns.append(pa.nulls(len(rows), field.type))
+        unused = [f for f in self.attr_fields if f not in batch.column_names
+                  and f not in self._warned]
+        if unused:
+            self._warned.update(unused)
+            logger.warning("%s.attr_fields %s are not input columns of the model's features; "
+                           "they are left out (as in TorchEasyRec)", _WHERE, unused)
+        return pa.Table.from_arrays(columns, schema=batch.schema)
+
+    def draw(self, batch_ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Rows of the item table (``num_sample``,) int64: by weight, items whose id is in
+        ``batch_ids`` drawn again up to ``REDRAWS`` times."""
+        total = self._cumulative[-1]
+        rows = np.searchsorted(self._cumulative, rng.random(self.num_sample) * total,
+                               side="right")
+        for _ in range(REDRAWS):
+            again = np.flatnonzero(np.isin(self.ids[rows], batch_ids))
+            if not len(again):
+                break
+            rows[again] = np.searchsorted(self._cumulative, rng.random(len(again)) * total,
+                                          side="right")
+        # rng.random() < 1, but total * u may round up to total
+        return np.minimum(rows, len(self.ids) - 1).astype(np.int64)
+
+
+def _ids_of(column, name: str) -> np.ndarray:
+    try:
+        ids = pc.cast(column, pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+        raise DataError(f"{_WHERE}.item_id_field {name!r}: the input column holds "
+                        f"{column.type}, not integer ids ({err})") from None
+    return ids.drop_null().to_numpy()
+
+
+def _as_type(values: pa.Array, field: pa.Field) -> pa.Array:
+    """Attr texts as the input column ``field``'s type."""
+    if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+        return values.cast(field.type)
+    present = pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
+    try:
+        if pa.types.is_list(field.type) or pa.types.is_large_list(field.type):
+            return pc.split_pattern(present, LIST_SEPARATOR).cast(field.type)
+        return present.cast(field.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+        raise DataError(f"{_WHERE}: attr field {field.name!r} of a sampled item does not "
+                        f"convert to its input column's type {field.type}: {err}") from None
+
+
+def _load_items(input_path: str, attr_fields: tuple[str, ...], attr_delimiter: str,
+                field_delimiter: str) -> tuple[np.ndarray, np.ndarray, dict[str, pa.Array]]:
+    """(ids, weights, attr field -> texts) of every item of the files of ``input_path``."""
+    if not input_path:
+        raise DataError(f"{_WHERE}.input_path is empty; name the item table's files")
+    try:
+        files = expand_input_path(input_path)
+    except (OSError, ValueError) as err:
+        raise DataError(f"{_WHERE}.input_path {input_path!r}: {err}") from None
+    ids, weights, attrs = [], [], {name: [] for name in attr_fields}
+    for path in files:
+        table = _read_table(path, field_delimiter)
+        file_ids, file_weights, texts = _items_of(table, path, attr_fields, attr_delimiter)
+        ids.append(file_ids)
+        weights.append(file_weights)
+        for name, column in zip(attr_fields, texts):
+            attrs[name].append(column)
+    count = sum(len(i) for i in ids)
+    if not count:
+        raise DataError(f"{_WHERE}.input_path {input_path!r}: the item table has no rows")
+    weight = np.concatenate(weights)
+    if not weight.sum() > 0:
+        raise DataError(f"{_WHERE}.input_path {input_path!r}: every item's weight is 0; "
+                        f"weights are the items' sampling odds")
+    return (np.concatenate(ids), weight,
+            {name: pa.concat_arrays(parts) for name, parts in attrs.items()})
+
+
+def _read_table(path: str, field_delimiter: str) -> pa.Table:
+    try:
+        if path.endswith(".parquet"):
+            return pq.read_table(path)
+        with open(path, encoding="utf-8") as f:
+            header = f.readline().rstrip("\r\n")
+        names = [name.split(":")[0] for name in header.split(field_delimiter)]
+        types = {"id": pa.int64(), "weight": pa.float64(), "attrs": pa.string()}
+        return pacsv.read_csv(
+            path, read_options=pacsv.ReadOptions(column_names=names, skip_rows=1),
+            parse_options=pacsv.ParseOptions(delimiter=field_delimiter, quote_char=False),
+            convert_options=pacsv.ConvertOptions(
+                column_types={n: t for n, t in types.items() if n in names},
+                strings_can_be_null=False, quoted_strings_can_be_null=False))
+    except (OSError, pa.ArrowInvalid) as err:
+        raise DataError(f"{_WHERE} item table {path}: cannot be read: {err}") from None
+
+
+def _items_of(table: pa.Table, path: str, attr_fields: tuple[str, ...],
+              attr_delimiter: str) -> tuple[np.ndarray, np.ndarray, list[pa.Array]]:
+    missing = [c for c in ("id", "weight", "attrs") if c not in table.column_names]
+    if missing:
+        raise DataError(f"{_WHERE} item table {path}: no column {', '.join(missing)}; it "
+                        f"needs id (int64), weight and attrs (the attr_fields' values joined "
+                        f"by attr_delimiter), as in TorchEasyRec (columns: "
+                        f"{', '.join(table.column_names)})")
+    try:
+        ids = pc.cast(table.column("id"), pa.int64()).combine_chunks()
+        weight = pc.cast(table.column("weight"), pa.float64()).combine_chunks()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+        raise DataError(f"{_WHERE} item table {path}: id must be integers and weight "
+                        f"numbers: {err}") from None
+    weights = weight.to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(~(np.isfinite(weights) & (weights >= 0)) | _nulls(ids) |
+                         _nulls(weight))
+    if len(bad):
+        row = int(bad[0])
+        raise DataError(f"{_WHERE} item table {path} row {row}: id {ids[row].as_py()!r} "
+                        f"weight {weight[row].as_py()!r}; ids must be set and weights finite "
+                        f"numbers >= 0")
+    parts = pc.split_pattern(pc.cast(table.column("attrs"), pa.string()).combine_chunks(),
+                             attr_delimiter)
+    counts = pc.list_value_length(parts).fill_null(0).to_numpy(zero_copy_only=False)
+    wrong = np.flatnonzero(counts != len(attr_fields))
+    if len(wrong):
+        row = int(wrong[0])
+        raise DataError(f"{_WHERE} item table {path} row {row}: attrs "
+                        f"{table.column('attrs')[row].as_py()!r} hold {int(counts[row])} "
+                        f"values split on {attr_delimiter!r}; attr_fields lists "
+                        f"{len(attr_fields)} ({', '.join(attr_fields)})")
+    texts = [pc.list_element(parts, i) for i in range(len(attr_fields))]
+    return ids.to_numpy(), weights, texts
+
+
+def _nulls(array: pa.Array) -> np.ndarray:
+    return pc.is_null(array).to_numpy(zero_copy_only=False)
+
+
+def negative_sampler(data_config, mode: str) -> NegativeSampler | None:
+    """The sampler of ``data_config.negative_sampler`` for a ``mode`` loader (train or
+    eval; none for predict, whose rows are scored as they are); None without one."""
+    has_field = getattr(data_config, "HasField", None)  # a stand-in config may lack it
+    if mode == "predict" or has_field is None or not has_field("negative_sampler"):
+        return None
+    return NegativeSampler(data_config.negative_sampler, evaluation=mode == "eval")
+
