@@ -23,7 +23,18 @@ import torch
 from host_reads import HostReads
 from model_fakes import MODEL_CONFIG, fake_model, make_batch
 
+from hashrec.features.batch import Batch
 from hashrec.modules import DINAttention
+
+# DSSM over the fakes: the user tower reads a dense feature, the item tower two tables.
+DSSM = """
+feature_groups { group_name: "user" feature_names: ["user_id", "price"] group_type: DEEP }
+feature_groups { group_name: "item" feature_names: ["item_id", "cate_id"] group_type: DEEP }
+dssm { user_tower { input: "user" mlp { hidden_units: [8] } }
+       item_tower { input: "item" mlp { hidden_units: [6] } }
+       output_dim: 4 similarity: COSINE temperature: 0.5 %s }
+losses { softmax_cross_entropy {} }
+"""
 
 KINDS = {
     "multi_tower": (test_multi_tower.CONFIG, ()),
@@ -55,7 +66,21 @@ KINDS = {
     "pepnet-main-only": (test_pepnet.MAIN_ONLY, ()),
     "rocket_launching": (test_rocket_launching.CONFIG, ()),
     "rocket_launching-euclid": (test_rocket_launching.EUCLID, ()),
+    "dssm-in-batch": (DSSM % "in_batch_negative: true", ()),
+    "dssm-sampled": (DSSM % "", ()),
 }
+# Sampled negatives: the batch's 6 rows, then 3 sampled items' rows.
+NEGATIVES = {"dssm-sampled": 3}
+
+
+def _batch(kind: str, seed: int) -> Batch:
+    negatives = NEGATIVES.get(kind, 0)
+    batch = make_batch(6 + negatives, seed=seed)
+    if not negatives:
+        return batch
+    labels = {name: label[:6] for name, label in batch.labels.items()}
+    return Batch(batch.sparse, dense=batch.dense, labels=labels, batch_size=6,
+                 negatives=negatives)
 # The label fields of the models that read more than ``clk``.
 LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,
           "dbmtl-experts": test_dbmtl.LABELS, "dbmtl-mask-net": test_dbmtl.LABELS,
@@ -82,7 +107,7 @@ def test_dense_network_reads_nothing_on_the_host(kind):
             module.packs = False
     shapes = []
     for seed in (1, 2):
-        batch = make_batch(6, seed=seed)
+        batch = _batch(kind, seed)
         inputs = model.dense_inputs(model.embedding(batch.sparse), batch)
         shapes.append([tuple(x.shape) for x in inputs])
         with HostReads() as reads:

@@ -248,6 +248,46 @@ def test_multi_task_model_trains_graphed_like_eager(tmp_path, model):
     assert eager[-1] != eager[0]
 
 
+# DSSM: a user and an item tower; in-batch negatives or 32 sampled ones a batch.
+DSSM = """
+model_config {
+  feature_groups { group_name: "user" group_type: DEEP
+    feature_names: ["user_id", "cms_segid", "pid"] }
+  feature_groups { group_name: "item" group_type: DEEP
+    feature_names: ["adgroup_id", "cate_id", "price"] }
+  dssm { user_tower { input: "user" mlp { hidden_units: [16] } }
+         item_tower { input: "item" mlp { hidden_units: [16] } }
+         output_dim: 8 similarity: COSINE temperature: 0.2 %s }
+  metrics { recall_at_k { top_k: 5 } }
+  losses { softmax_cross_entropy {} }
+}
+"""
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["in-batch", "sampled"])
+def test_dssm_trains_graphed_like_eager(tmp_path, sampled):
+    data = str(tmp_path / "data")
+    generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])
+    text = f'model_dir: "{tmp_path}/model"\n{FEATURES}' + DSSM % (
+        "" if sampled else "in_batch_negative: true")
+    if sampled:
+        rows = pq.read_table(glob.glob(os.path.join(data, "*.parquet"))[0]).to_pydict()
+        fields = ("adgroup_id", "cate_id", "price")
+        items = {row[0]: ":".join(map(str, row)) for row in zip(*(rows[f] for f in fields))}
+        pq.write_table(pa.table({"id": list(items), "weight": [1.0] * len(items),
+                                 "attrs": list(items.values())}), tmp_path / "items.parquet")
+        attrs = " ".join(f'attr_fields: "{f}"' for f in fields)
+        text = text.replace('label_fields: "clk"', (
+            f'label_fields: "clk" negative_sampler {{ input_path: "{tmp_path}/items.parquet" '
+            f'num_sample: 32 {attrs} item_id_field: "adgroup_id" }}'))
+    base = parse_pipeline_config(text)
+    eager, none = _losses(data, tmp_path, False, "", base=base)
+    graphed, captured = _losses(data, tmp_path, True, "", base=base)
+    assert none == 0 and captured == 1
+    assert graphed == pytest.approx(eager, rel=1e-4)
+    assert eager[-1] != eager[0]
+
+
 def test_capture_survives_pinned_allocations_on_another_thread():
     # The loader's pin-memory thread allocates pinned memory while the dense network
     # is captured; in the default ("global") capture mode that failed the capture
