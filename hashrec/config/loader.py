@@ -136,8 +136,7 @@ def _nested_field(message: str) -> str:
 # configurable backbone, its match backbone and its match models but DSSM, its
 # generative and HSTU models.
 _UNPARSED_MODELS = {
-    "backbone": "configurable backbone (an older form; write rank_backbone { backbone { "
-                "blocks ... } })", "match_backbone": "configurable backbone of a match model",
+    "match_backbone": "configurable backbone of a match model",
     "dat": "match model",
     "hstu_match": "match model", "mind": "match model", "tdm": "match model",
     "dc2vr": "multi-task model", "dlrm_hstu": "generative ranking model",
@@ -151,8 +150,17 @@ def _unimplemented_model(message: str) -> str:
     """For an unknown ``model_config`` field that is a TorchEasyRec model: that HashRec does
     not implement it, and the models it does; "" otherwise."""
     match = _UNKNOWN_FIELD.search(message)
-    if not match or not match.group(1).endswith(".ModelConfig") \
-            or match.group(2) not in _UNPARSED_MODELS:
+    if not match or not match.group(1).endswith(".ModelConfig"):
+        return ""
+    if match.group(2) == "backbone":
+        return (" It is the older schema of TorchEasyRec's configurable backbone, which "
+                "TorchEasyRec's current model_config does not accept either. Write it as "
+                "rank_backbone { backbone { blocks { name: ... inputs { feature_group_name: "
+                "... } (or inputs { block_name: ... }) module { class_name: ... } } "
+                "concat_blocks: ... } } (multi_task_backbone for several tasks): an inputs "
+                "message per input in place of each string, and module { class_name: 'MLP' "
+                "mlp { ... } } in place of input_layer: 'MLP' with input_layer_args")
+    if match.group(2) not in _UNPARSED_MODELS:
         return ""
     return (f" It is TorchEasyRec's {_UNPARSED_MODELS[match.group(2)]} {match.group(2)}, "
             f"which HashRec does not implement; HashRec's models: {', '.join(SUPPORTED_MODELS)}")

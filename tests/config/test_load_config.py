@@ -99,8 +99,6 @@ def test_a_misspelt_name_suggests_the_closest(tmp_path, caplog, line, error):
 
 
 @pytest.mark.parametrize("model, kind", [
-    ("backbone { }", "configurable backbone (an older form; write rank_backbone { backbone { "
-                     "blocks ... } })"),
     ("match_backbone { }", "configurable backbone of a match model"),
     ("mind { }", "match model"),
 ])
@@ -114,6 +112,20 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
         f"models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, mmoe, "
         f"multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, rank_backbone, "
         f"rocket_launching, simple_multi_task, wide_and_deep, wukong, xdeepfm")
+
+
+def test_the_older_backbone_schema_says_how_to_write_it_as_rank_backbone():
+    # TorchEasyRec's top-level multi_tower_din_taobao_rankbackbone example: string inputs,
+    # input_layer naming a class; TorchEasyRec's ModelConfig has no backbone field either
+    with pytest.raises(ConfigError) as err:
+        parse_pipeline_config('model_dir: "m"\nmodel_config {\n  backbone { blocks { '
+                              'name: "a" inputs: "user" input_layer: "MLP" } }\n}')
+    message = str(err.value)
+    assert message.startswith('<string>:3: Message type "hashrec.protos.ModelConfig" has no '
+                              'field named "backbone". It is the older schema')
+    for part in ("does not accept either", "rank_backbone { backbone { blocks {",
+                 "inputs { feature_group_name:", "in place of input_layer: 'MLP'"):
+        assert part in message
 
 
 _TOWER = 'tower_name: "ctr" label_name: "clk"'

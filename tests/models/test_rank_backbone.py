@@ -143,16 +143,12 @@ def test_inputs_concatenate_or_make_a_list(merge, shape):
      "MLP takes one tensor, got a list of 2; set merge_inputs_into_list: false"),
     ('blocks { name: "out" inputs { feature_group_name: "deep" } '
      'module { class_name: "FM" fm {} } }', "FM (B x N x d"),
-    ('blocks { name: "out" inputs { feature_group_name: "deep" } '
-     'input_layer { do_batch_norm: true } }', "input_layer.do_batch_norm is not implemented"),
-    ('blocks { name: "out" inputs { package_name: "p" } }',
-     "package inputs are not implemented"),
     ('blocks { name: "out" inputs { feature_group_name: "deep" } module { class_name: '
      '"Linear" st_params { fields { key: "in_features" value { number_value: 5 } } '
      'fields { key: "out_features" value { number_value: 2 } } } } }',
      f"Linear in_features=5 but its input has {WIDTH} columns"),
 ], ids=["cycle", "unknown-block", "unknown-group", "no-inputs", "duplicate", "unknown-class",
-        "bad-lambda", "list-into-mlp", "fm-2d", "batch-norm", "package", "linear-width"])
+        "bad-lambda", "list-into-mlp", "fm-2d", "linear-width"])
 def test_config_errors_name_the_block_and_what_to_do(blocks, message):
     with pytest.raises(ModelError, match="model_config.rank_backbone.backbone") as err:
         fake_model(_rank(blocks, groups=_deep_only()))

@@ -3,6 +3,7 @@
 import torch
 from torch import nn
 
+from hashrec.models.backbone.input_layer import NoInputLayer, build_input_layer
 from hashrec.models.backbone.lambdas import (
     LIST,
     TENSOR,
@@ -81,12 +82,14 @@ class RecurrentNode(nn.Module):
 
 
 class BlockNode(nn.Module):
-    """A block: ``forward(values)`` (every earlier value, by slot) -> its value."""
+    """A block: ``forward(values, variant)`` (every earlier value, by slot; the input
+    layer options' variant, see ``input_layer``) -> its value. ``input_layer`` maps the
+    first input before its ``input_slice`` / ``input_fn``."""
 
     slots: list[int]
 
     def __init__(self, slots: list[int], inputs: list[nn.Module], merge: int, axis: int,
-                 extra: nn.Module, layers: list[nn.Module]) -> None:
+                 extra: nn.Module, layers: list[nn.Module], input_layer: nn.Module) -> None:
         super().__init__()
         self.slots = slots
         self.inputs = nn.ModuleList(inputs)
@@ -94,11 +97,16 @@ class BlockNode(nn.Module):
         self.axis = axis
         self.extra = extra
         self.layers = nn.ModuleList(layers)
+        self.input_layer = input_layer
 
-    def forward(self, values: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    def forward(self, values: list[list[torch.Tensor]], variant: int = 0
+                ) -> list[torch.Tensor]:
         parts: list[list[torch.Tensor]] = []
         for j, prepare in enumerate(self.inputs):
-            parts.append(prepare(values[self.slots[j]]))
+            value = values[self.slots[j]]
+            if j == 0:
+                value = self.input_layer(value, variant)
+            parts.append(prepare(value))
         if self.merge == 0:
             value = parts[0]
         elif self.merge == 2:
@@ -239,39 +247,61 @@ def _recurrent(config, value: Value, where: str) -> tuple[nn.Module, Value]:
     return node, _run(node, value, kind)
 
 
-def _input_layer(config, group_types: dict, where: str) -> None:
-    """Check an ``input_layer`` block: one feature group, no options HashRec lacks."""
+def _input_layer(config, groups: dict, resets: list, where: str) -> nn.Module:
+    """Check an ``input_layer`` block (one feature group) and build its options' node."""
     if len(config.inputs) != 1 or config.inputs[0].WhichOneof("name") != \
             "feature_group_name":
         raise ModelError(f"{where}: an input_layer block reads one feature_group_name")
     options = config.input_layer
-    for name in ("do_batch_norm", "do_layer_norm", "dropout_rate", "feature_dropout_rate"):
-        if getattr(options, name):
-            raise ModelError(f"{where}.input_layer.{name} is not implemented in HashRec; "
-                             f"add a module block (BatchNorm1d, LayerNorm, Dropout) after "
-                             f"the input instead")
-    group = config.inputs[0].feature_group_name
-    if options.HasField("wide_output_dim") and group_types[group] != WIDE:
-        raise ModelError(f"{where}.input_layer.wide_output_dim on the {group_types[group]} "
-                         f"group {group!r}; it sets the width of a WIDE group's embeddings")
+    group = groups[config.inputs[0].feature_group_name]
+    if options.HasField("wide_output_dim") and group.group_type != WIDE:
+        raise ModelError(f"{where}.input_layer.wide_output_dim on the {group.group_type} "
+                         f"group {group.name!r}; it sets the width of a WIDE group's "
+                         f"embeddings")
+    return build_input_layer([options] + list(resets), group, where)
 
 
-def build_block(config, slots: dict[str, int], values: list[Value], group_types: dict,
-                where: str) -> tuple[BlockNode, Value]:
+def _input_slot(config, i: int, slots: dict[str, int], input_slots: dict[int, int],
+                where: str) -> int:
+    """The value slot input ``i`` (an ``Input`` message) reads."""
+    source = config.WhichOneof("name")
+    if source != "package_name":
+        for name in ("reset_input", "package_input", "package_input_fn"):
+            if config.HasField(name):
+                raise ModelError(f"{where}.{name} is set on a {source} input; it belongs to "
+                                 f"an input that calls a package (package_name)")
+    if source == "package_name":
+        return input_slots[i]
+    if source == "use_package_input":
+        if "input" not in slots:
+            raise ModelError(f"{where}: use_package_input, but this package's call gives "
+                             f"no package_input; set package_input on the input that calls "
+                             f"it")
+        return slots["input"]
+    name = getattr(config, source)
+    return slots["group:" + name if source == "feature_group_name" else "block:" + name]
+
+
+def build_block(config, slots: dict[str, int], values: list[Value], groups: dict,
+                where: str, input_slots: dict[int, int] | None = None,
+                resets: tuple = ()) -> tuple[BlockNode, Value]:
     """(the node of the ``Block`` message ``config``, an example of its value).
 
-    ``slots``: ``group:<name>`` / ``block:<name>`` -> the slot of its value in ``values``.
+    ``slots``: ``group:<name>`` / ``block:<name>`` (/ ``input``, a package's input) -> the
+    slot of its value in ``values``; ``input_slots``: input index -> the slot of a package
+    call's value; ``groups``: the ``GroupSpec`` of each feature group; ``resets``: the
+    ``reset_input`` messages of the package's calls (its input layers' other variants).
     """
     kind = config.WhichOneof("layer")
+    input_layer = NoInputLayer()
     if kind == "input_layer":
-        _input_layer(config, group_types, where)
+        input_layer = _input_layer(config, groups, list(resets), where)
     if config.layers and kind is not None:
         raise ModelError(f"{where}: both layers and {kind}; put {kind} into layers")
     inputs, parts, slot_list = [], [], []
     for i, input_config in enumerate(config.inputs):
-        source = input_config.WhichOneof("name")
-        name = getattr(input_config, source)
-        slot = slots["group:" + name if source == "feature_group_name" else "block:" + name]
+        slot = _input_slot(input_config, i, slots, input_slots or {},
+                           f"{where}.inputs[{i}]")
         op, value = _prepare(input_config, values[slot], f"{where}.inputs[{i}]")
         if input_config.ignore_input:
             continue
@@ -294,6 +324,7 @@ def build_block(config, slots: dict[str, int], values: list[Value], group_types:
     elif kind not in (None, "input_layer"):
         layer, value = _layer(config, kind, value, where)
         layers.append(layer)
-    node = BlockNode(slot_list, inputs, merge, config.input_concat_axis, extra, layers)
+    node = BlockNode(slot_list, inputs, merge, config.input_concat_axis, extra, layers,
+                     input_layer)
     return node, value
 

@@ -8,8 +8,10 @@ tensors, joined into one list when some are lists, or, with ``merge_inputs_into_
 made a list of the (tensor) inputs. ``extra_input_fn`` then maps the merged input, and
 the block's layer (``module``, ``lambda``, ``repeat``, ``recurrent``, or the sequence of
 ``layers``) maps it to the block's output; a block without one passes it on, and an
-``input_layer`` block passes on its feature group. Blocks run in an order where every
-block follows its inputs (config order among the ready ones).
+``input_layer`` block passes on its feature group (normalized and dropped out as its
+options say, see ``input_layer``). A ``package_name`` input calls a block package (see
+``packages``). Blocks run in an order where every block follows its inputs (config order
+among the ready ones).
 
 The backbone's output is the ``output_blocks``' outputs as a list, else the
 ``concat_blocks``' outputs (else, as in TorchEasyRec, those of every block no other block
@@ -22,87 +24,18 @@ DAG is built; the network itself only runs tensor ops of fixed shapes (no host r
 for the CUDA graphs, and is scriptable for the export.
 """
 
-import logging
-
 import torch
 from torch import nn
 
-from hashrec.models.backbone.blocks import BlockNode, build_block
+from hashrec.models.backbone.blocks import build_block
 from hashrec.models.backbone.lambdas import LIST, TENSOR
 from hashrec.models.backbone.layers import SEQUENCE, Value
+from hashrec.models.backbone.order import block_order, output_blocks
+from hashrec.models.backbone.packages import PackageNet, Packages
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import DEEP, WIDE, GroupSpec
 from hashrec.models.mlp_config import mlp_options
 from hashrec.modules import MLP
-
-logger = logging.getLogger(__name__)
-
-
-def block_order(blocks, groups, where: str) -> list:
-    """The blocks (``Block`` messages) in run order.
-
-    Raises:
-        ModelError: a block without a name or inputs, two blocks of one name, an input
-            naming no feature group or block, a package input, or a cycle (named).
-    """
-    by_name = {}
-    for block in blocks:
-        if not block.name:
-            raise ModelError(f"{where}.blocks: a block has no name")
-        if block.name in by_name:
-            raise ModelError(f"{where}.blocks: two blocks are named {block.name!r}")
-        by_name[block.name] = block
-    needs = {}
-    for block in blocks:
-        if not block.inputs:
-            raise ModelError(f"{where}.blocks[{block.name!r}] has no inputs; give it a "
-                             f"feature_group_name or block_name input")
-        needs[block.name] = [_input_block(i, block.name, by_name, groups, where)
-                             for i in block.inputs]
-    order, done = [], set()
-    while len(order) < len(blocks):
-        ready = [b for b in blocks if b.name not in done
-                 and all(n is None or n in done for n in needs[b.name])]
-        if not ready:
-            cycle = _cycle({n: [m for m in needs[n] if m and m not in done]
-                            for n in needs if n not in done})
-            raise ModelError(f"{where}: blocks {' -> '.join(cycle)} form a cycle; a block "
-                             f"cannot read its own output")
-        order.append(ready[0])
-        done.add(ready[0].name)
-    return order
-
-
-def _input_block(config, block: str, by_name: dict, groups, where: str) -> str | None:
-    """The block an input reads (None for a feature group)."""
-    kind = config.WhichOneof("name")
-    if kind in ("package_name", "use_package_input") or config.HasField("package_input"):
-        raise ModelError(f"{where}.blocks[{block!r}]: package inputs are not implemented "
-                         f"in HashRec; write the package's blocks into the backbone")
-    if kind == "feature_group_name":
-        if config.feature_group_name not in groups:
-            raise ModelError(f"{where}.blocks[{block!r}]: feature_group_name "
-                             f"{config.feature_group_name!r} is not a feature group "
-                             f"(groups: {', '.join(groups) or 'none'})")
-        return None
-    if kind == "block_name":
-        if config.block_name not in by_name:
-            raise ModelError(f"{where}.blocks[{block!r}]: block_name {config.block_name!r} "
-                             f"is not a block (blocks: {', '.join(by_name)})")
-        return config.block_name
-    raise ModelError(f"{where}.blocks[{block!r}]: an input names nothing; set "
-                     f"feature_group_name or block_name")
-
-
-def _cycle(edges: dict[str, list[str]]) -> list[str]:
-    """One cycle of the graph ``edges`` (block -> the blocks it reads), closed."""
-    start = next(iter(edges))
-    path = [start]
-    while True:
-        nxt = edges[path[-1]][0]
-        if nxt in path:
-            return path[path.index(nxt):] + [nxt]
-        path.append(nxt)
 
 
 def group_value(group: GroupSpec) -> Value:
@@ -121,17 +54,25 @@ class BackboneNet(nn.Module):
 
     Args:
         group_sizes: tensors of each group, in slot order.
-        blocks: the ``BlockNode`` of each block, in run order.
+        blocks: the ``BlockNode`` of each block and the ``PackageCall`` of each package
+            call, in run order.
         outputs: the value slots of the output blocks.
         concat: concatenate the outputs on the last axis (else a list).
         top_mlp: the MLP over the (concatenated) output, or None.
+        packages: the packages' ``PackageNet``.
+        calls: for each of ``blocks``, the package it calls (-1: a block) and the
+            variant of the package's input layers for the call.
     """
 
     group_sizes: list[int]
     outputs: list[int]
+    package_of: list[int]
+    variant_of: list[int]
 
-    def __init__(self, group_sizes: list[int], blocks: list[BlockNode], outputs: list[int],
-                 concat: bool, top_mlp: nn.Module | None) -> None:
+    def __init__(self, group_sizes: list[int], blocks: list[nn.Module], outputs: list[int],
+                 concat: bool, top_mlp: nn.Module | None,
+                 packages: list[PackageNet] | None = None,
+                 calls: list[tuple[int, int]] | None = None) -> None:
         super().__init__()
         self.group_sizes = group_sizes
         self.blocks = nn.ModuleList(blocks)
@@ -139,6 +80,10 @@ class BackboneNet(nn.Module):
         self.concat = concat or top_mlp is not None
         self.has_top = top_mlp is not None
         self.top_mlp = top_mlp if top_mlp is not None else nn.Identity()
+        self.packages = nn.ModuleList(packages or [])
+        calls = calls or [(-1, 0)] * len(blocks)
+        self.package_of = [c[0] for c in calls]
+        self.variant_of = [c[1] for c in calls]
 
     def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         values: list[list[torch.Tensor]] = []
@@ -146,8 +91,15 @@ class BackboneNet(nn.Module):
         for size in self.group_sizes:
             values.append(inputs[start:start + size])
             start += size
-        for block in self.blocks:
-            values.append(block(values))
+        groups = values[:len(self.group_sizes)]
+        for i, block in enumerate(self.blocks):
+            value = block(values)
+            package = self.package_of[i]
+            if package >= 0:
+                for j, net in enumerate(self.packages):
+                    if j == package:
+                        value = net(groups, value, self.variant_of[i])
+            values.append(value)
         out: list[torch.Tensor] = []
         for slot in self.outputs:
             out.extend(values[slot])
@@ -163,72 +115,55 @@ def build_backbone(config, groups: dict[str, GroupSpec], where: str
     input order, an example of its output value).
 
     Raises:
-        ModelError: packages, a bad block (see ``block_order`` and ``build_block``), an
-            output naming no block, or a list output into top_mlp of unequal ranks.
+        ModelError: a bad block or package (see ``block_order``, ``build_block`` and
+            ``Packages``), an output naming no block, or a list output into top_mlp of
+            unequal ranks.
     """
-    if config.packages:
-        raise ModelError(f"{where}.packages: block packages are not implemented in "
-                         f"HashRec; write their blocks into {where}.blocks")
     if not config.blocks:
         raise ModelError(f"{where} has no blocks")
-    order = block_order(config.blocks, groups, where)
-    used = [n for n in groups if any(
-        i.WhichOneof("name") == "feature_group_name" and i.feature_group_name == n
-        for b in config.blocks for i in b.inputs)]
+    packages = Packages(config, groups, where)
+    order = block_order(config.blocks, groups, where, packages.names)
+    read = {i.feature_group_name for b in config.blocks for i in b.inputs
+            if i.WhichOneof("name") == "feature_group_name"} | packages.groups_read()
+    used = [n for n in groups if n in read]
     unused = [n for n in groups if n not in used]
     if unused:
         raise ModelError(f"{where}: feature groups {unused} feed no block and would be left "
                          f"out of the model; read them in a block, or remove them")
     slots = {f"group:{n}": i for i, n in enumerate(used)}
     values = [group_value(groups[n]) for n in used]
-    group_types = {n: groups[n].group_type for n in used}
-    nodes = []
-    for block in order:
-        node, value = build_block(block, slots, values, group_types, f"{where}.blocks"
-                                  f"[{block.name!r}]")
-        slots[f"block:{block.name}"] = len(values)
-        values.append(value)
+    nodes, calls = [], []
+
+    def emit(node: nn.Module, package: int, variant: int, value: Value) -> int:
         nodes.append(node)
-    names, concat = _outputs(config, order, where)
+        calls.append((package, variant))
+        values.append(value)
+        return len(values) - 1
+
+    for block in order:
+        at = f"{where}.blocks[{block.name!r}]"
+        input_slots = {i: packages.call(c, slots, values, emit, f"{at}.inputs[{i}]")
+                       for i, c in enumerate(block.inputs)
+                       if c.WhichOneof("name") == "package_name"}
+        node, value = build_block(block, slots, values, groups, at, input_slots)
+        slots[f"block:{block.name}"] = emit(node, -1, 0, value)
+    names, concat = output_blocks(config, order, where)
     outputs = [slots[f"block:{n}"] for n in names]
     # as TorchEasyRec merges outputs: tensors concatenated, any list joins them into one
     concat = concat and all(values[slot].kind == TENSOR for slot in outputs)
     out = [t for slot in outputs for t in values[slot].tensors]
     top = None
     if config.HasField("top_mlp"):
-
         width = _concat_width(out, where + ".top_mlp")
         top = MLP(width, mlp_options(config.top_mlp, where + ".top_mlp"))
     net = BackboneNet([len(v.tensors) for v in values[:len(used)]], nodes, outputs,
-                      concat, top)
+                      concat, top, packages.nets, calls)
     with torch.no_grad():
         net.eval()
         example = net([t for v in values[:len(used)] for t in v.tensors])
         net.train()
     kind = LIST if not net.concat and len(example) > 1 else TENSOR
     return net, used, Value(kind, tuple(example))
-
-
-def _outputs(config, order, where: str) -> tuple[list[str], bool]:
-    """(the output blocks, whether they are concatenated)."""
-    names = {b.name for b in order}
-    chosen, concat = (list(config.output_blocks), False) if config.output_blocks \
-        else (list(config.concat_blocks), True)
-    if config.output_blocks and config.concat_blocks:
-        raise ModelError(f"{where}: both concat_blocks and output_blocks are set; "
-                         f"output_blocks would win (as in TorchEasyRec): keep one")
-    for name in chosen:
-        if name not in names:
-            field = "concat_blocks" if concat else "output_blocks"
-            raise ModelError(f"{where}.{field}: {name!r} is not a block (blocks: "
-                             f"{', '.join(names)})")
-    if not chosen:
-        read = {i.block_name for b in order for i in b.inputs
-                if i.WhichOneof("name") == "block_name"}
-        chosen = [b.name for b in order if b.name not in read]
-        logger.warning("%s sets neither concat_blocks nor output_blocks: concatenating "
-                       "the blocks no other block reads: %s", where, ", ".join(chosen))
-    return chosen, concat
 
 
 def _concat_width(tensors: list[torch.Tensor], where: str) -> int:
