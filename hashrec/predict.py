@@ -19,7 +19,10 @@ name: ``logits`` and ``probs`` (``y`` for a regression model, l2_loss); a multi-
 model's ``logits_<tower_name>`` and ``probs_<tower_name>`` (or ``y_<tower_name>``). A
 model of C > 1 classes (softmax_cross_entropy, jrc_loss) writes its ``logits`` and
 ``probs`` as a list of C float32 a row (parquet ``list<float>``, as TorchEasyRec writes
-them), and with two classes also ``probs1`` (probs[:, 1], one float32).
+them), and with two classes also ``probs1`` (probs[:, 1], one float32); a match model
+(DSSM) writes ``user_tower_emb``, ``item_tower_emb`` and ``similarity``, and one tower's
+export (``<export_dir>/user`` or ``/item``) reads that tower's columns only and writes its
+``<tower>_tower_emb``.
 ``--predict_output_path`` ending in ``.parquet`` names the file; any other path is a
 directory that receives ``part-00000.parquet`` (a new path ending in ``.csv``, ``.txt``
 or another text format is refused: the output is parquet). The rows go to hidden temporary files
@@ -48,6 +51,12 @@ from hashrec.checkpoint.errors import disk_full_hint
 from hashrec.export import meta
 from hashrec.export.errors import ExportError
 from hashrec.export.output_lock import OutputLock
+from hashrec.export.towers import (
+    check_tower_outputs,
+    note_tower_columns,
+    read_tower_meta,
+    tower_feature_set,
+)
 
 logger = logging.getLogger("hashrec.predict")
 
@@ -196,14 +205,18 @@ def _load(export_dir: str, device: torch.device):
         raise ExportError(f"{model_path} cannot be loaded ({reason}); the file is damaged "
                           f"or incomplete: export the model again with python -m "
                           f"hashrec.export") from None
-    return config, _feature_set(config, model, model_path), model
+    tower = read_tower_meta(export_dir, model)
+    return config, _feature_set(config, model, model_path, tower), model, tower
 
 
-def _feature_set(config, model, model_path: str):
-    """The exported config's FeatureSet, with the features in no feature group that
-    ``model`` still looks up (exports of versions that embedded such features)."""
+def _feature_set(config, model, model_path: str, tower: dict | None):
+    """The exported config's FeatureSet (a tower's export: the tower's), with the features
+    in no feature group that ``model`` still looks up (exports of versions that embedded
+    such features)."""
     from hashrec.features import build_feature_set
 
+    if tower is not None:
+        return tower_feature_set(config, tower["tower"])
     feature_set = build_feature_set(config, metric_keys=False)
     looked_up = [n for n in model.embedding.feature_names if n in feature_set.left_out]
     if not looked_up:
@@ -319,9 +332,16 @@ def predict(export_dir: str, input_path: str, output_path: str,
     output = _output_file(output_path, overwrite)
     _check_not_an_input(output, input_path)
     run_on = resolve_device(device)
-    config, feature_set, model = _load(export_dir, run_on)
+    config, feature_set, model, tower = _load(export_dir, run_on)
+    note_tower_columns(feature_set, config, export_dir, tower)
+    if tower is not None:
+        check_tower_outputs(output_columns, tower, export_dir)
+        logger.info("%s is the %s tower of a %s model alone: it reads the columns %s and "
+                    "writes %s", export_dir, tower["tower"], tower["model"],
+                    ", ".join(feature_set.feature_columns), tower["output"])
     # The model's own columns: an input column named like another model's may be kept.
-    columns = _output_columns(output_columns, _prediction_columns(config))
+    columns = _output_columns(output_columns, (tower["output"],) if tower is not None
+                              else _prediction_columns(config))
     _check_reserved(reserved_columns, columns)
     weighted = {f.input_key for f in feature_set.embedding_features() if f.weighted}
     loader = create_dataloader(_input_data_config(config.data_config, input_path), feature_set,
@@ -500,11 +520,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "columns (logits, probs; a regression model: logits, y; a model of "
                     "several classes: logits and probs as a list of floats a row, and "
                     "with two classes probs1; a multi-task model: each of these with the "
-                    "suffix _<tower_name>; sorted by name, or as --output_columns lists "
-                    "them), then the reserved columns, one row per input row in input "
-                    "order.")
+                    "suffix _<tower_name>; a match model: user_tower_emb, item_tower_emb "
+                    "and similarity, the export of one of its towers (<export_dir>/user "
+                    "or /item) that tower's embedding alone, from its columns alone; "
+                    "sorted by name, or as --output_columns lists them), then the "
+                    "reserved columns, one row per input row in input order.")
     parser.add_argument("--scripted_model_path", required=True,
-                        help="export directory (scripted_model.pt and pipeline.config)")
+                        help="export directory (scripted_model.pt and pipeline.config), "
+                             "or a match model's tower export in it (user or item)")
     parser.add_argument("--predict_input_path", required=True,
                         help="comma-separated parquet/csv files, directories and globs, of "
                              "one format a run (told by the .csv / .parquet extensions, else "

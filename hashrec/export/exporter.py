@@ -3,7 +3,9 @@
 Under ``torchrun`` every rank restores the checkpoint (of a model_dir, the latest as
 rank 0 finds it), keeping the dynamic keys it owns (every one of them: a table whose
 buckets cannot hold them all grows past max_capacity), and writes its own part; after a
-barrier rank 0 writes the pipeline config and builds the scripted model from all parts.
+barrier rank 0 writes the pipeline config and builds the scripted model from all parts
+(and, of a match model, each tower's scripted model alone in ``user/`` and ``item/``:
+``towers.py``).
 Everything is written into a staging directory that is renamed to the export directory
 at the end (see ``staging.py``).
 """
@@ -29,6 +31,8 @@ from hashrec.export.tables import (
     dense_table_weights,
     dynamic_table_views,
 )
+from hashrec.export.towers import write_tower_exports
+from hashrec.models import DSSM
 
 logger = logging.getLogger("hashrec.export")
 
@@ -41,7 +45,8 @@ class ExportResult:
         export_dir: the export directory.
         checkpoint: the checkpoint exported.
         step: its training step.
-        files: paths written by this rank (rank 0 also lists config and scripted model).
+        files: paths written by this rank (rank 0 also lists config and scripted model,
+            and a match model's tower exports).
     """
 
     export_dir: str
@@ -70,7 +75,8 @@ def _restored_session(config, checkpoint_path: str | None, rank: int, world_size
 
 
 def _write_chief_files(session, export_dir: str, world_size: int) -> list[str]:
-    """Rank 0: pipeline config and the scripted model built from every part."""
+    """Rank 0: pipeline config and the scripted model built from every part; of a match
+    model, each tower's export too."""
     config_path = os.path.join(export_dir, meta.PIPELINE_CONFIG_FILE)
     save_pipeline_config(session.config, config_path)
     views = dynamic_table_views(session.model.embedding)
@@ -79,7 +85,11 @@ def _write_chief_files(session, export_dir: str, world_size: int) -> list[str]:
     module = build_inference_model(session.model, session.feature_set, hashmaps, missing)
     scripted_path = os.path.join(export_dir, meta.SCRIPTED_MODEL_FILE)
     save_scripted(module, scripted_path)
-    return [config_path, scripted_path]
+    files = [config_path, scripted_path]
+    if isinstance(session.model, DSSM):
+        files += write_tower_exports(session.model, session.config, export_dir, hashmaps,
+                                     missing)
+    return files
 
 
 def export_model(config, export_dir: str, checkpoint_path: str | None = None,
@@ -130,7 +140,7 @@ def export_model(config, export_dir: str, checkpoint_path: str | None = None,
     if rank == 0:
         logger.info("exported %s (step %d) to %s in %.1fs", path, step, export_dir,
                     time.perf_counter() - start)
-    files = [os.path.join(export_dir, os.path.basename(f)) for f in files]
+    files = [os.path.join(export_dir, os.path.relpath(f, staging)) for f in files]
     return ExportResult(export_dir, path, step, tuple(files))
 
 

@@ -22,6 +22,9 @@ import torch
 
 PIPELINE_CONFIG_FILE = "pipeline.config"
 SCRIPTED_MODEL_FILE = "scripted_model.pt"
+# A match model's tower exported alone (``<export_dir>/user``, ``/item``): which tower it is,
+# what it reads and gives (``hashrec.export.towers``).
+TOWER_META_FILE = "tower.json"
 
 
 def part_stem(rank: int, world_size: int) -> str:

@@ -21,7 +21,7 @@ from hashrec.export import meta
 from hashrec.export.errors import ExportError
 from hashrec.export.scripted.heads import dense_head
 from hashrec.export.scripted.lookup import EmbeddingLookup, FeatureLayout, TableLookup
-from hashrec.export.scripted.match_head import MatchHead, match_outputs
+from hashrec.export.scripted.match_head import MatchHead, TowerHead, match_outputs
 from hashrec.models import DSSM
 from hashrec.models.outputs import split_task_logits, task_outputs
 
@@ -34,7 +34,8 @@ class InferenceModel(nn.Module):
     side by side: each task's outputs as a single-task model's, suffix ``_<tower_name>``
     (``hashrec.models.tasks``). A match model (DSSM, ``match_dim`` its embeddings' width)
     -> {"user_tower_emb": (B, D), "item_tower_emb": (B, D), "similarity": (B,)}, each row's
-    user and item embedded and their similarity over the temperature.
+    user and item embedded and their similarity over the temperature; one tower's export
+    (``tower`` "user" or "item") -> {"<tower>_tower_emb": (B, D)}.
 
     Inputs (name -> tensor): ``values`` (n,) int64 ids and ``lengths`` (B,) bag
     sizes of every sparse feature; ``weights`` (n,) of weighted features;
@@ -47,12 +48,15 @@ class InferenceModel(nn.Module):
     num_classes: list[int]
     multi_task: bool
     match_dim: int
+    tower: str
 
     def __init__(self, embedding: EmbeddingLookup, head: nn.Module,
                  regression: bool = False, tasks=None, num_class: int = 1,
-                 suffix: str = "", match_dim: int = 0) -> None:
+                 suffix: str = "", match_dim: int = 0, tower: str = "") -> None:
         super().__init__()
         self.match_dim = match_dim
+        # A match model's tower exported alone ("user" or "item"); "" for a whole model.
+        self.tower = tower
         self.embedding = embedding
         self.head = head
         # tasks (hashrec.models.tasks.Task): a multi-task model's, in logit order.
@@ -68,7 +72,7 @@ class InferenceModel(nn.Module):
         pooled, sequences, sequence_lengths = self.embedding(values, lengths, weights)
         logits = self.head(pooled, sequences, sequence_lengths, dense, sequence_dense).float()
         if self.match_dim > 0:
-            return match_outputs(logits, self.match_dim)
+            return match_outputs(logits, self.match_dim, self.tower)
         return task_outputs(split_task_logits(logits, self.num_classes, self.multi_task),
                             self.suffixes, self.regression)
 
@@ -106,14 +110,16 @@ def load_hashmaps(export_dir: str, world_size: int, tables: list[str]
 
 def build_inference_model(model: nn.Module, feature_set,
                           hashmaps: dict[str, tuple[torch.Tensor, torch.Tensor]],
-                          missing: dict[str, float]) -> InferenceModel:
+                          missing: dict[str, float], tower: str = "") -> InferenceModel:
     """The (not yet compiled) inference model of a trained ``model``.
 
     Args:
         model: the trained RankModel (its dense tables and dense network are used).
-        feature_set: the model's FeatureSet (features and tables).
+        feature_set: the model's FeatureSet (features and tables); for one tower, the
+            tower's (``hashrec.export.towers.tower_feature_set``): its tables only.
         hashmaps: dynamic table -> (keys sorted (n,), values (n, dim)).
         missing: dynamic table -> value of ids it does not hold.
+        tower: "user" or "item": that tower of a match model alone; "" the whole model.
     """
     dense_tables = getattr(model.embedding, "dense_tables", {})
     lookups = []
@@ -129,13 +135,17 @@ def build_inference_model(model: nn.Module, feature_set,
                               f.max_length, f.weighted, f.input_key)
                 for f in feature_set.embedding_features()]
     match = isinstance(model, DSSM)
-    head = copy.deepcopy(MatchHead(model) if match else dense_head(model)).cpu().eval()
+    if tower and not match:
+        raise ExportError(f"only a match model (dssm) exports a {tower} tower alone")
+    head = TowerHead(model, tower) if tower else MatchHead(model) if match else \
+        dense_head(model)
+    head = copy.deepcopy(head).cpu().eval()
     tasks = model.tasks if getattr(model, "multi_task", False) else None
     suffix = model.tasks[0].suffix if getattr(model, "tasks", None) else ""
     return InferenceModel(EmbeddingLookup(lookups, features), head,
                           bool(getattr(model, "regression", False)), tasks,
                           int(getattr(model, "num_class", 1)), suffix,
-                          model.user_tower.dim if match else 0).eval()
+                          model.user_tower.dim if match else 0, tower).eval()
 
 
 # Models up to this size are serialized in memory and written by Python; larger ones

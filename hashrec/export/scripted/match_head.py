@@ -1,6 +1,8 @@
 """The scripted dense network of a match model (DSSM): both towers over a row's user and
-item groups; the inference model splits its output into ``user_tower_emb``,
-``item_tower_emb`` and the row's pair ``similarity`` (``InferenceModel``)."""
+item groups, whose output the inference model splits into ``user_tower_emb``,
+``item_tower_emb`` and the row's pair ``similarity`` (``InferenceModel``); or one tower
+alone over its own group (``TowerHead``), for the tower's own export, whose output is
+``<tower>_tower_emb``."""
 
 import torch
 from torch import nn
@@ -33,8 +35,26 @@ class MatchHead(nn.Module):
         return torch.cat([user, item, similarity.unsqueeze(-1)], dim=-1)
 
 
-def match_outputs(out: torch.Tensor, dim: int) -> dict[str, torch.Tensor]:
+class TowerHead(nn.Module):
+    """One tower of a match model alone (``tower``: "user" or "item"): its group's inputs
+    -> (B, D) embeddings; it reads nothing of the other tower's group."""
+
+    def __init__(self, model, tower: str) -> None:
+        super().__init__()
+        self.group = DeepGroup(getattr(model, f"{tower}_group"), model)
+        self.tower = getattr(model, f"{tower}_tower")
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
+        return self.tower(self.group(pooled, sequences, sequence_lengths, dense,
+                                     sequence_dense))
+
+
+def match_outputs(out: torch.Tensor, dim: int, tower: str) -> dict[str, torch.Tensor]:
     """``MatchHead``'s (B, 2 dim + 1) -> its named outputs, as TorchEasyRec names the
-    towers' embeddings."""
+    towers' embeddings; a ``TowerHead``'s (B, dim) (``tower`` not "") ->
+    ``<tower>_tower_emb``."""
+    if tower != "":
+        return {tower + "_tower_emb": out}
     return {"user_tower_emb": out[:, :dim], "item_tower_emb": out[:, dim:2 * dim],
             "similarity": out[:, 2 * dim]}
