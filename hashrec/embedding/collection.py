@@ -570,9 +570,11 @@ class EmbeddingCollection(nn.Module):
         """Counters to log: {"tables": {table: {...}}, "storages": {storage: {...}}}.
 
         Per logical table: storage, tag, size, lookups (forwards that read it), ids,
-        unique_ids, stored, stored_rate. Per storage: the table's counters (lookups
-        and hits of unique keys, inserts, evictions, refused, admission_rejected,
-        growths, size, capacity) plus load_factor, hit_rate, tables and memory_bytes;
-        fused tables share their storage's. See ``hashrec.embedding.stats``.
+        unique_ids, stored, stored_rate; a dynamic table's admission_rejected and refused
+        (in a fused storage, its own). Per storage: the table's counters (lookups and
+        hits of unique keys, inserts, evictions, refused, admission_rejected, growths,
+        size, capacity; a fused storage's ``admission_rejected/<table>`` and
+        ``refused/<table>``) plus load_factor, hit_rate, tables and memory_bytes. See
+        ``hashrec.embedding.stats``.
         """
         return collection_stats(self._storages)
