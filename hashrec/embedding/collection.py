@@ -574,7 +574,9 @@ class EmbeddingCollection(nn.Module):
         (in a fused storage, its own). Per storage: the table's counters (lookups and
         hits of unique keys, inserts, evictions, refused, admission_rejected, growths,
         size, capacity; a fused storage's ``admission_rejected/<table>`` and
-        ``refused/<table>``) plus load_factor, hit_rate, tables and memory_bytes. See
-        ``hashrec.embedding.stats``.
+        ``refused/<table>``) plus load_factor, hit_rate, tables and memory_bytes; a ZCH
+        table's storage adds its remapper's (``ZchRemapper.counters``: size and load
+        of rows held, assigned, evictions, without_row, hits, lookups) and hit_rate,
+        and its table's size is the rows held. See ``hashrec.embedding.stats``.
         """
-        return collection_stats(self._storages)
+        return collection_stats(self._storages, dict(self.zch_remappers.items()))
