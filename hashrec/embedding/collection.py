@@ -570,9 +570,13 @@ class EmbeddingCollection(nn.Module):
         """Counters to log: {"tables": {table: {...}}, "storages": {storage: {...}}}.
 
         Per logical table: storage, tag, size, lookups (forwards that read it), ids,
-        unique_ids, stored, stored_rate. Per storage: the table's counters (lookups
-        and hits of unique keys, inserts, evictions, refused, admission_rejected,
-        growths, size, capacity) plus load_factor, hit_rate, tables and memory_bytes;
-        fused tables share their storage's. See ``hashrec.embedding.stats``.
+        unique_ids, stored, stored_rate; a dynamic table's admission_rejected and refused
+        (in a fused storage, its own). Per storage: the table's counters (lookups and
+        hits of unique keys, inserts, evictions, refused, admission_rejected, growths,
+        size, capacity; a fused storage's ``admission_rejected/<table>`` and
+        ``refused/<table>``) plus load_factor, hit_rate, tables and memory_bytes; a ZCH
+        table's storage adds its remapper's (``ZchRemapper.counters``: size and load
+        of rows held, assigned, evictions, without_row, hits, lookups) and hit_rate,
+        and its table's size is the rows held. See ``hashrec.embedding.stats``.
         """
-        return collection_stats(self._storages)
+        return collection_stats(self._storages, dict(self.zch_remappers.items()))

@@ -123,9 +123,10 @@ def _fusion_key(options: TableOptions) -> TableOptions:
 
 
 def _fused_options(name: str, members: list[TableOptions], world_size: int) -> TableOptions:
-    """The fused storage's options: capacities summed. ``init_capacity`` is per rank (the
-    config's ``init_capacity_per_rank``): a member without one starts full, its share
-    of a rank's rows (``max_capacity / world_size``)."""
+    """The fused storage's options: capacities summed, the members' names its
+    ``tag_names`` (tags in their order). ``init_capacity`` is per rank (the config's
+    ``init_capacity_per_rank``): a member without one starts full, its share of a rank's
+    rows (``max_capacity / world_size``)."""
     first = members[0]
     admission = first.admission
     if admission is not None:
@@ -137,7 +138,8 @@ def _fused_options(name: str, members: list[TableOptions], world_size: int) -> T
                    else math.ceil(o.max_capacity / world_size) for o in members)
     return dataclasses.replace(first, max_capacity=sum(o.max_capacity for o in members),
                                init_capacity=init, name=name, admission=admission,
-                               set_by_user=frozenset().union(*(o.set_by_user for o in members)))
+                               set_by_user=frozenset().union(*(o.set_by_user for o in members)),
+                               tag_names=tuple(o.name for o in members))
 
 
 def plan_storages(tables: list[EmbeddingTableSpec], optimizer: OptimizerSpec,

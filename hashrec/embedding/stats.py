@@ -1,12 +1,14 @@
 """Counters the trainer logs: per logical table and per storage.
 
 A storage's counters (inserts, evictions, refusals, admission rejections, hits)
-come from its table and are shared by the logical tables fused into it. Per
-logical table the collection counts what it asked for: forwards that read the
-table (``lookups``), ids (with duplicates), unique ids, and unique ids served
-from a stored row (``stored``: hits plus keys inserted by that lookup; keys
-awaiting admission, refused, or missing in eval are not stored). ``size`` per
-logical table counts the entries carrying its tag.
+come from its table and are shared by the logical tables fused into it, but for
+admission rejections and refused inserts, which the table counts by tag too
+(``TableOptions.tag_names``). Per logical table the collection counts what it asked
+for: forwards that read the table (``lookups``), ids (with duplicates), unique ids,
+and unique ids served from a stored row (``stored``: hits plus keys inserted by that
+lookup; keys awaiting admission, refused, or missing in eval are not stored). ``size``
+per logical table counts the entries carrying its tag; a ZCH table's, its rows held (its
+storage's counters are its remapper's).
 """
 
 from __future__ import annotations
@@ -103,24 +105,43 @@ def table_stats(counters: TableCounters, storage, tag: int, size: int) -> dict[s
     }
 
 
-def storage_stats(storage) -> dict[str, float]:
-    """One storage's counters: the table's own (dynamic) plus load_factor and hit_rate."""
+def storage_stats(storage, zch=None) -> dict[str, float]:
+    """One storage's counters: the table's own (dynamic) plus load_factor and hit_rate;
+    a ZCH table's (``zch``: its ``ZchRemapper``) its remapper's counters, counts as ints,
+    plus hit_rate."""
     out = dict(storage.table.stats())
+    if zch is not None:
+        out.update({name: value if name == "load_factor" else int(value)
+                    for name, value in zch.counters().items()})
     if storage.plan.is_dynamic:
         out["load_factor"] = storage.table.load_factor()
+    if storage.plan.is_dynamic or zch is not None:
         out["hit_rate"] = out["hits"] / out["lookups"] if out.get("lookups") else 0.0
     out["tables"] = [spec.name for spec in storage.plan.tables]
     out["memory_bytes"] = storage.table.memory_bytes()
     return out
 
 
-def collection_stats(storages) -> dict[str, dict[str, dict]]:
+def _refusals(storage_out: dict, name: str, fused: bool) -> dict[str, int]:
+    """A dynamic table's admission_rejected and refused: its tag's in a fused storage
+    (``TableOptions.tag_names``), else its storage's."""
+    return {counter: storage_out[f"{counter}/{name}" if fused else counter]
+            for counter in ("admission_rejected", "refused")}
+
+
+def collection_stats(storages, remappers: dict) -> dict[str, dict[str, dict]]:
     """{"tables": {table: table_stats}, "storages": {storage: storage_stats}}; counters per
-    logical table are read from ``storage.counters``."""
+    logical table are read from ``storage.counters``, a dynamic table's rejections and
+    refusals from its storage's table, a ZCH table's (``remappers``: {table:
+    ZchRemapper}) size from its remapper: rows held."""
     tables, storages_out = {}, {}
     for storage in storages:
-        sizes = _per_tag_sizes(storage)
+        zch = None if storage.plan.is_dynamic else remappers.get(storage.name)
+        out = storages_out[storage.name] = storage_stats(storage, zch)
+        sizes = [out["size"]] if zch is not None else _per_tag_sizes(storage)
         for tag, spec in enumerate(storage.plan.tables):
-            tables[spec.name] = table_stats(storage.counters[tag], storage, tag, sizes[tag])
-        storages_out[storage.name] = storage_stats(storage)
+            table = tables[spec.name] = table_stats(storage.counters[tag], storage, tag,
+                                                    sizes[tag])
+            if storage.plan.is_dynamic:
+                table.update(_refusals(out, spec.name, storage.plan.fused))
     return {"tables": tables, "storages": storages_out}

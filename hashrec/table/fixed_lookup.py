@@ -178,6 +178,8 @@ class FixedSizeLookup:
                     new=CONSTANT_ROWS, placed=placed, hit=hit, hit_scores=hit_scores,
                     state=self._state_row if init_rows else None, stored_rows=False,
                     embeddings=False)
+        if self._tag_counts is not None:
+            self._count_by_tag(tags, None, pending > placed)
         counted = {"inserts": placed}
         if evicted is not None:
             counted["evictions"] = evicted
@@ -249,6 +251,8 @@ class FixedSizeLookup:
         # Below max_capacity the table grew for every admitted key.
         if self._recounts_refused() and self.storage.num_buckets >= self._max_buckets:
             self._counter.recount_masked(keys, tags, totals, pending > placed)
+        if self._tag_counts is not None:  # pending > placed: refused (none below max_capacity)
+            self._count_by_tag(tags, counted.get("admission_rejected"), pending > placed)
         seed = self._kernel_seed if seeds is None else _no_seed
         values = finish_rows(
             self.storage, keys, tags, slots, self.dim,

@@ -115,6 +115,9 @@ class HashTable(FixedSizeLookup, TableGrowth, TableState, TableRefusals, TableRe
             self._state_row = options.optimizer.initial_state(options.dim).to(
                 device=self.device, dtype=options.dtype)
         self._stats: Counter[str] = Counter()  # ints, or 0-d device tensors (no host read)
+        if options.tag_names:  # counted apart by tag (TableReport._tag_counts)
+            self._tag_counts = torch.zeros(2, len(options.tag_names) + 1, dtype=torch.int64,
+                                           device=self.device)
         # Input values are checked on the CPU reference path, or on every path
         # (``input_checks_forced``).
         self._check_everywhere = input_checks_forced()
@@ -230,10 +233,12 @@ class HashTable(FixedSizeLookup, TableGrowth, TableState, TableRefusals, TableRe
         hit_scores = self._hit_scores(hit_slots, counts[hit], _take(given, hit))
         miss = torch.nonzero(slots < 0).flatten()
         totals = counts[miss]  # the misses' counts: this batch's, or the counter's
+        rejected = refused = None  # positions of the keys admission rejected, refused
         if admit and self._counter is not None and miss.numel():
             admitted, totals = self._counter.count(keys[miss], _take(tags, miss), totals)
             # Device-side sum: read on the host only by stats().
             self._stats["admission_rejected"] += miss.numel() - admitted.sum()
+            rejected = miss[~admitted]
             miss, totals = miss[admitted], totals[admitted]
         stored = 0
         if miss.numel():
@@ -250,11 +255,13 @@ class HashTable(FixedSizeLookup, TableGrowth, TableState, TableRefusals, TableRe
                                 _take(tags, miss[placed]), admit)
             stored = placed.numel()
             self._stats["inserts"] += stored
-            if admit and self._recounts_refused() and stored < miss.numel():
-                refused = torch.nonzero(new_slots < 0).flatten()
-                self._counter.recount(keys[miss[refused]], _take(tags, miss[refused]),
-                                      totals[refused])
+            if stored < miss.numel():
+                unplaced = torch.nonzero(new_slots < 0).flatten()
+                refused = miss[unplaced]
+                if admit and self._recounts_refused():
+                    self._counter.recount(keys[refused], _take(tags, refused), totals[unplaced])
         self.storage.scores[hit_slots] = hit_scores
+        self._count_by_tag_at(tags, keys.numel(), rejected, refused)
         self._report_refused(int(miss.numel()) - stored)
         return slots, found
 

@@ -266,6 +266,11 @@ class TableOptions:
             others (empty: both); a table built directly uses both as given.
         whole_max_capacity: the whole table's max_capacity where this table is one rank's
             row-wise shard of it (messages name both); None: the table is whole.
+        tag_names: names of the tags 0, 1, ... (the tables fused into this one, each
+            keeping its keys apart by its tag): ``stats()`` then counts each one's
+            admission rejections and refused inserts apart, as
+            ``admission_rejected/<name>`` and ``refused/<name>``; keys of other tags
+            count in the totals alone. Empty: no per-tag counts.
     """
 
     dim: int
@@ -287,6 +292,7 @@ class TableOptions:
     name: str = "table"
     set_by_user: frozenset[str] = frozenset()
     whole_max_capacity: int | None = None
+    tag_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _set_checked(self, {
@@ -343,6 +349,7 @@ class TableOptions:
                              f"device") from exc
         object.__setattr__(self, "device", device)
         self._check_set_by_user()
+        self._check_tag_names()
 
     def _check_set_by_user(self) -> None:
         chosen = self.set_by_user
@@ -351,6 +358,14 @@ class TableOptions:
             raise ValueError(f"set_by_user={chosen!r} is not valid; allowed: a set of "
                              f"{', '.join(map(repr, STORAGE_CHOICES))}")
         object.__setattr__(self, "set_by_user", frozenset(chosen))
+
+    def _check_tag_names(self) -> None:
+        names = self.tag_names
+        if isinstance(names, str) or not isinstance(names, (tuple, list)) or not all(
+                isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+            raise ValueError(f"tag_names={names!r} is not valid; allowed: a tuple of distinct "
+                             f"non-empty table names, one a tag")
+        object.__setattr__(self, "tag_names", tuple(names))
 
     @property
     def storage_mode(self) -> StorageMode:

@@ -9,10 +9,15 @@ from __future__ import annotations
 import torch
 
 from hashrec.table.memory import estimate_table_bytes
+from hashrec.table.ops.tag_counts import add_by_tag
 
 
 class TableReport:
     """Mixin of ``HashTable``: what it counted and what it allocated."""
+
+    # (2, T + 1) int64 on the device, with ``options.tag_names``: admission rejections
+    # (row 0) and refused inserts (row 1) by tag, column T the other tags'.
+    _tag_counts: torch.Tensor | None = None
 
     def stats(self) -> dict[str, int | float]:
         """Counters: lookups, hits, inserts, evictions, erased, refused,
@@ -22,7 +27,9 @@ class TableReport:
         call; ``erased`` the keys ``erase`` removed, so that inserts - evictions - erased
         is the size. HYBRID adds device_rows and host_rows, CACHING adds cache_rows,
         cache_lookups, cache_hits, cache_hit_rate, fetched_rows, prefetched_rows,
-        written_back_rows and host_direct_rows."""
+        written_back_rows and host_direct_rows. With ``options.tag_names``, each tag's
+        admission rejections and refused inserts: ``admission_rejected/<name>``,
+        ``refused/<name>``."""
         self._fold_device_counts()
         out = {name: int(self._stats[name]) for name in (
             "lookups", "hits", "inserts", "evictions", "erased", "refused",
@@ -34,7 +41,40 @@ class TableReport:
         out["size"] = self.size()
         out["capacity"] = self.capacity()
         out.update(self._rows.stats())
+        if self._tag_counts is not None:
+            rejected, refused = self._tag_counts.tolist()
+            for tag, name in enumerate(self.options.tag_names):
+                out[f"admission_rejected/{name}"] = rejected[tag]
+                out[f"refused/{name}"] = refused[tag]
         return out
+
+    def _count_by_tag(self, tags: torch.Tensor | None, rejected: torch.Tensor | None,
+                      refused: torch.Tensor) -> None:
+        """Adds the keys (u,) bool masks flag, ``rejected`` by admission (None: none) and
+        ``refused`` by the full table, to their tags' counts, on the device (nothing
+        without ``options.tag_names``). Keys without tags are tag 0."""
+        if self._tag_counts is None:
+            return
+        masks = [refused] if rejected is None else [rejected, refused]
+        sums = self._tag_counts[2 - len(masks):]
+        if tags is None:
+            sums[:, 0] += torch.stack(masks).sum(1)
+        else:
+            add_by_tag(sums, tags, masks)
+
+    def _count_by_tag_at(self, tags: torch.Tensor | None, n: int,
+                         rejected: torch.Tensor | None, refused: torch.Tensor | None) -> None:
+        """``_count_by_tag`` of positions among n keys (the reference path's form; None:
+        none)."""
+        if self._tag_counts is None:
+            return
+        masks = []
+        for at in (rejected, refused):
+            mask = torch.zeros(n, dtype=torch.bool, device=self._tag_counts.device)
+            if at is not None:
+                mask[at] = True
+            masks.append(mask)
+        self._count_by_tag(tags, *masks)
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes allocated now, by where they live: {"gpu": ..., "host": ...}."""

@@ -15,10 +15,11 @@ dynamic table, its size (a fused storage's followed by each of its tables':
 ``deep size 9 (user_id 4, cate_id 5)``; they share the storage's capacity, the sum of
 their max_capacity), load factor, evictions and admission rejections (ids not yet seen
 often enough to enter the table), cumulative since the table was built, its refused
-inserts (full buckets that kept their entries) once there are any, and its admission
-counts evicted once there are any (``counter_evict``: ids whose count the full counter
-table, of ``counter_capacity`` slots, dropped, its lowest, to count other ids; they
-start counting again). A CACHING table (host rows with a device cache) adds its cache
+inserts (full buckets that kept their entries) once there are any (a fused storage's
+rejections and refusals, once there are any, followed by each of its tables':
+``reject 7 (user_id 2, cate_id 5)``), and its admission counts evicted once there are
+any (``counter_evict``: ids whose count the full counter table, of ``counter_capacity``
+slots, dropped, its lowest, to count other ids; they start counting again). A CACHING table (host rows with a device cache) adds its cache
 hit rate over the rows its lookups read (``cache_hit 0.87``). A ZCH table (``zch``) gives
 its rows held, load, ids given a row, rows given to another id at eviction rounds and
 unique ids of a step left without a row, read as zeros, all since the run started:
@@ -46,7 +47,8 @@ def table_counters(dynamic_tables: dict, fused_sizes: dict | None = None
     """Per dynamic table: size, capacity, load_factor, evictions, refused,
     admission_rejected, counter_evictions; a CACHING table's cache_lookups and cache_hits;
     a fused storage's ``size/<table>`` per table of ``fused_sizes`` ({storage: {table:
-    size}}, ``EmbeddingCollection.fused_table_sizes``)."""
+    size}}, ``EmbeddingCollection.fused_table_sizes``) and, from its table's ``stats()``,
+    ``admission_rejected/<table>`` and ``refused/<table>``."""
     out = {}
     for name, table in dynamic_tables.items():
         stats = table.stats()
@@ -61,6 +63,8 @@ def table_counters(dynamic_tables: dict, fused_sizes: dict | None = None
         }
         for table, size in (fused_sizes or {}).get(name, {}).items():
             out[name][f"size/{table}"] = float(size)
+        out[name].update({key: float(value) for key, value in stats.items()
+                          if key.startswith(("admission_rejected/", "refused/"))})
         if "cache_lookups" in stats:
             out[name].update(cache_lookups=float(stats["cache_lookups"]),
                              cache_hits=float(stats["cache_hits"]))
@@ -75,29 +79,38 @@ def zch_counters(remappers: dict) -> dict[str, dict[str, float]]:
 
 def format_tables(counters: dict[str, dict[str, float]]) -> str:
     """``name size S load L evict E reject R`` (a fused storage's size followed by its
-    tables', ``deep size 9 (user_id 4, cate_id 5)``), plus ``refused F`` once a table has
-    refused inserts (keys that then read as the initializer and are not trained) and
-    ``counter_evict C`` once its admission counter has evicted counts, and ``cache_hit H``
-    (hits / lookups) once a CACHING table's cache was read; a ZCH table's
+    tables', ``deep size 9 (user_id 4, cate_id 5)``, and its rejections and refusals
+    likewise once there are any, ``reject 7 (user_id 2, cate_id 5)``), plus ``refused F``
+    once a table has refused inserts (keys that then read as the initializer and are not
+    trained) and ``counter_evict C`` once its admission counter has evicted counts, and
+    ``cache_hit H`` (hits / lookups) once a CACHING table's cache was read; a ZCH table's
     (``zch_counters``) ``name size S load L assigned A evict E no_row N``."""
     def line(name: str, c: dict[str, float]) -> str:
         if "without_row" in c:  # a ZCH table
             return (f"{name} size {int(c['size'])} load {c['load_factor']:.2f} assigned "
                     f"{int(c['assigned'])} evict {int(c['evictions'])} "
                     f"no_row {int(c['without_row'])}")
-        members = ", ".join(f"{key[5:]} {int(v)}" for key, v in c.items()
-                            if key.startswith("size/"))
-        text = (f"{name} size {int(c['size'])}{f' ({members})' if members else ''} "
-                f"load {c['load_factor']:.2f} "
-                f"evict {int(c['evictions'])} reject {int(c['admission_rejected'])}")
+        text = (f"{name} size {int(c['size'])}{_by_table(c, 'size')} "
+                f"load {c['load_factor']:.2f} evict {int(c['evictions'])} "
+                f"reject {int(c['admission_rejected'])}")
+        if int(c["admission_rejected"]):
+            text += _by_table(c, "admission_rejected")
         for key, label in (("refused", "refused"), ("counter_evictions", "counter_evict")):
             if int(c.get(key, 0)):
-                text += f" {label} {int(c[key])}"
+                text += f" {label} {int(c[key])}{_by_table(c, key)}"
         if c.get("cache_lookups"):
             text += f" cache_hit {c['cache_hits'] / c['cache_lookups']:.2f}"
         return text
 
     return " | ".join(line(name, c) for name, c in counters.items())
+
+
+def _by_table(c: dict[str, float], counter: str) -> str:
+    """`` (user_id 4, cate_id 5)``: a fused storage's ``<counter>/<table>`` figures, or ""."""
+    prefix = counter + "/"
+    members = ", ".join(f"{key[len(prefix):]} {int(v)}" for key, v in c.items()
+                        if key.startswith(prefix))
+    return f" ({members})" if members else ""
 
 
 def duration(seconds: float) -> str:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hashrec.embedding import EmbeddingCollection, EmbeddingFeatureSpec, EmbeddingTableSpec
-from hashrec.table import InitializerArgs, SparseAdam, SparseSGD, TableOptions
+from hashrec.table import AdmissionOptions, InitializerArgs, SparseAdam, SparseSGD, TableOptions
 from hashrec.table.memory import estimate_table_bytes
 
 DIM, NUM_IDS, BATCH = 4, 17, 6
@@ -133,3 +133,43 @@ def test_ids_past_the_one_pass_sort_fall_back_for_good(make_kjt, monkeypatch):
     # try, sort again; step 2 tries int64 keys; step 4 does not try.
     assert tried == [COMPACT, COMPACT] + [COMPACT, False] * 2 + [NARROW, NARROW] \
         + [NARROW, False] * 2 + [False, False]
+
+
+def _admitting(fused, capacity, **kwargs):
+    """``_collection`` with admission at 2 (a counter that holds every id) and
+    ``capacity`` slots a table, in buckets of 16."""
+    admission = AdmissionOptions(threshold=2, counter_capacity=256, counter_bucket_capacity=16)
+    group = "deep" if fused else None
+    tables = [EmbeddingTableSpec(name, DIM, fusion_group=group, dynamic=TableOptions(
+        dim=DIM, max_capacity=capacity, bucket_capacity=16, initializer=SEEDED,
+        admission=admission, check_mode="IGNORE", **kwargs)) for name in ("user_t", "item_t")]
+    return EmbeddingCollection(tables, FEATURES, SparseSGD(lr=0.1))
+
+
+def _train(collection, make_kjt, steps=3):
+    for step in range(steps):
+        out = collection(make_kjt(KEYS, BATCH, NUM_IDS, seed=step))
+        (out.pooled["user"].sum() + out.sequences["hist"][0].sum()).backward()
+    return collection.stats()
+
+
+def test_fused_tables_count_their_own_admission_rejections(make_kjt):
+    """With room for every id, each table's rejections are what it rejects unfused."""
+    fused, unfused = (_train(_admitting(f, 128), make_kjt) for f in (True, False))
+    storage = fused["storages"]["deep"]
+    for name in ("user_t", "item_t"):
+        rejected = unfused["tables"][name]["admission_rejected"]
+        assert rejected == unfused["storages"][name]["admission_rejected"] > 0
+        assert fused["tables"][name]["admission_rejected"] == rejected
+        assert storage[f"admission_rejected/{name}"] == rejected
+        assert fused["tables"][name]["refused"] == 0
+    assert storage["admission_rejected"] == sum(
+        fused["tables"][name]["admission_rejected"] for name in ("user_t", "item_t"))
+
+
+def test_fused_tables_count_their_own_refused_inserts(make_kjt):
+    """A full storage (one bucket of 16 for both tables) refuses keys of both tables: each
+    table's refusals are its keys', and they add up to the storage's."""
+    stats = _train(_admitting(True, 8, score_strategy="NO_EVICTION"), make_kjt, steps=4)
+    refused = [stats["tables"][name]["refused"] for name in ("user_t", "item_t")]
+    assert min(refused) > 0 and sum(refused) == stats["storages"]["deep"]["refused"]

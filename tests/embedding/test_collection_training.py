@@ -215,3 +215,21 @@ def test_frozen_zch_table_assigns_no_slots_in_training(make_kjt):
     collection(make_kjt(KEYS[:1], BATCH, NUM_IDS, seed=0, weighted=True))
     for name, buffer in remapper.state_dict().items():
         torch.testing.assert_close(buffer, before[name], msg=name)
+
+
+def test_stats_give_a_zch_tables_counters_as_a_dynamic_tables(make_kjt):
+    """``stats()`` of a ZCH table: its storage's counters are its remapper's (ints, as a
+    dynamic table's), with the hit rate; its table's size is the rows held."""
+    table = EmbeddingTableSpec("t", DIM, num_rows=8, zch=ZchOptions(8, 1, "LFU", 1.0))
+    collection = EmbeddingCollection([table], FEATURES[:1], SparseSGD(lr=1.0))
+    for step in range(3):  # 23 ids for 8 rows: some wait, evictions at every step
+        collection(make_kjt(KEYS[:1], BATCH, NUM_IDS, seed=step)).pooled["f_sum"].sum().backward()
+    counters = collection.zch_remappers["t"].counters()
+    stats = collection.stats()
+    storage = stats["storages"]["t"]
+    for name, value in counters.items():
+        assert storage[name] == value and type(storage[name]) is type(
+            1.0 if name == "load_factor" else 1), name
+    assert 0 < storage["size"] <= 8 and storage["without_row"] > 0
+    assert storage["hit_rate"] == counters["hits"] / counters["lookups"] > 0
+    assert stats["tables"]["t"]["size"] == storage["size"]

@@ -209,3 +209,19 @@ def test_a_fused_storage_shows_each_of_its_tables_sizes():
     assert counters["deep"]["size/user_id"] == 4 and counters["deep"]["size/cate_id"] == 5
     assert format_tables(counters) == ("deep size 9 (user_id 4, cate_id 5) load 0.04 evict 0 "
                                        "reject 0 | item size 0 load 0.00 evict 0 reject 0")
+
+
+def test_a_fused_storage_shows_each_of_its_tables_rejections_and_refusals():
+    admission = AdmissionOptions(threshold=2, counter_capacity=64, counter_bucket_capacity=64)
+    table = HashTable(TableOptions(dim=4, max_capacity=8, bucket_capacity=8, admission=admission,
+                                   score_strategy="NO_EVICTION", check_mode="IGNORE",
+                                   tag_names=("user_id", "cate_id")))
+    keys, tags = torch.arange(12), (torch.arange(12) % 3 == 0).to(torch.int32)  # 8 and 4
+    table.find_or_insert(keys, tags=tags)  # every key waits
+    table.find_or_insert(keys, tags=tags)  # every key admitted: 8 stored, 4 refused
+    counters = table_counters({"deep": table}, {"deep": {"user_id": 0, "cate_id": 0}})["deep"]
+    refused = counters["refused/user_id"], counters["refused/cate_id"]
+    assert sum(refused) == counters["refused"] == 4
+    assert format_tables({"deep": counters}).endswith(
+        f"reject 12 (user_id 8, cate_id 4) refused 4 (user_id {int(refused[0])}, "
+        f"cate_id {int(refused[1])})")
