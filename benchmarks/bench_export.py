@@ -133,7 +133,7 @@ def bench_inference(num_rows: int, batch_sizes: list[int], workdir: str) -> dict
                                     batch_size=4096))
     sizes = fill_tables(session, parsed)
     os.makedirs(config.model_dir)
-    save_checkpoint(config.model_dir, 0, session.model, session.dense.optimizer,
+    save_checkpoint(config.model_dir, 0, session.model, session.dense.optimizers,
                     session.model.embedding.dynamic_tables())
     export_dir = os.path.join(workdir, "export")
     start = time.perf_counter()

@@ -36,7 +36,7 @@ def exported(tmp_path_factory):
     config = load_pipeline_config(config_path)
     session = build_session(config, device=torch.device("cpu"))
     (root / "model").mkdir()
-    save_checkpoint(str(root / "model"), 0, session.model, session.dense.optimizer, {})
+    save_checkpoint(str(root / "model"), 0, session.model, session.dense.optimizers, {})
     export_model(config, str(root / "export"))
     return root
 

@@ -1,4 +1,4 @@
-"""Dense model and optimizer state: ``torch.save`` files read back with ``weights_only``.
+"""Dense model state: ``torch.save`` files read back with ``weights_only``.
 
 Each file's size and xxh3-64 checksum go into ``meta.json``; loading verifies
 them before ``torch.load(..., weights_only=True)``, which never runs code from
@@ -7,7 +7,6 @@ the file.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any
@@ -25,17 +24,6 @@ logger = logging.getLogger(__name__)
 _READ_BLOCK = 16 << 20
 DENSE_TABLES = "dense_tables"
 ZCH_REMAPPERS = "zch_remappers"
-# Optimizer settings that are no hyperparameters: the parameters, what torch's learning-rate
-# schedulers add, and implementation flags that follow the device (``fused`` on GPUs).
-_NOT_HYPERPARAMETERS = frozenset({"params", "initial_lr", "foreach", "fused", "capturable",
-                                  "differentiable"})
-# Keys of the param group of a ``param_optimizers`` entry: the entry's config path and its
-# configured lr (the group's ``lr`` is the schedule's rate of the last step), so that a restore
-# names what the config changed per entry.
-GROUP_WHERE = "config_path"
-GROUP_BASE_LR = "base_lr"
-# The torch optimizers ``_saved_kind`` tells apart (the trainer's dense optimizers).
-_TOLD_APART = frozenset({"SGD", "Adagrad", "Adam", "AdamW"})
 # Module dicts of an embedding collection holding state per table: dense (``num_buckets``)
 # tables' rows and ZCH tables' remappers.
 TABLE_DICTS = (DENSE_TABLES, ZCH_REMAPPERS)
@@ -244,33 +232,6 @@ def restore_model(root: str, entry: dict[str, Any], model: torch.nn.Module,
     return unread, [key for key in absorbed if key not in unused]
 
 
-def _without_absorbed(state: dict[str, Any], optimizer: Any, model: torch.nn.Module | None,
-                      absorbed: list[str]) -> dict[str, Any]:
-    """The saved optimizer state without the entries of the ``absorbed`` parameters (the
-    biases of linear layers before batch norm, which the model no longer has): each sat
-    right after its layer's weight, in the order of ``model.named_parameters()``. The
-    state as saved when the saved groups do not have that layout."""
-    if model is None or not absorbed:
-        return state
-    names = {id(p): name for name, p in model.named_parameters()}
-    dropped, groups = set(), []
-    for saved, group in zip(state["param_groups"], optimizer.param_groups):
-        old = []
-        for param in group["params"]:
-            name = names.get(id(param), "")
-            old.append(name)
-            bias = name[:-len("weight")] + "bias" if name.endswith(".weight") else None
-            if bias in absorbed:
-                old.append(bias)
-        if len(old) != len(saved["params"]):
-            return state
-        kept = [i for i, name in zip(saved["params"], old) if name not in absorbed]
-        dropped.update(i for i in saved["params"] if i not in kept)
-        groups.append({**saved, "params": kept})
-    return {**state, "param_groups": groups,
-            "state": {i: v for i, v in state["state"].items() if i not in dropped}}
-
-
 def _mismatch(state: dict[str, Any], model: torch.nn.Module) -> str:
     """What differs between a saved state and the model's, in a few names: entries the
     model lacks, entries the checkpoint lacks and shapes that differ, each counted and
@@ -295,147 +256,3 @@ def _prefixes(names: list[str]) -> str:
     """The distinct first three name parts of ``names`` (``towers.deep.0``), four at most."""
     found = list(dict.fromkeys(".".join(n.split(".")[:3]) for n in names))
     return ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
-
-
-def describe_optimizer(optimizer: Any) -> dict[str, Any]:
-    """{"type": class name, "hyperparameters": its settings} of a torch optimizer for
-    meta.json: what a restore checks the configured optimizer against."""
-    return {"type": type(optimizer).__name__,
-            "hyperparameters": _hyperparameters(optimizer.defaults)}
-
-
-def _hyperparameters(settings: dict[str, Any]) -> dict[str, Any]:
-    """The settings of an optimizer (or one of its param_groups) that say what it computes,
-    as JSON holds them (tuples as lists): not its parameters, not the implementation flags
-    that follow the device, not values JSON cannot hold."""
-    found = {}
-    for key, value in settings.items():
-        if key in _NOT_HYPERPARAMETERS:
-            continue
-        value = list(value) if isinstance(value, tuple) else value
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            continue
-        found[key] = value
-    return found
-
-
-def _saved_kind(groups: Any) -> str | None:
-    """The class of the torch optimizer that saved ``groups`` (its param_groups), told by
-    the settings only it has among the dense optimizers the trainer builds: for
-    checkpoints that do not record it. None where they do not tell."""
-    group = groups[0] if isinstance(groups, list) and groups else None
-    if not isinstance(group, dict):
-        return None
-    if "momentum" in group and "dampening" in group:
-        return "SGD"
-    if "lr_decay" in group:
-        return "Adagrad"
-    if "betas" in group and "decoupled_weight_decay" in group:  # torch >= 2.6 saves it
-        return "AdamW" if group["decoupled_weight_decay"] else "Adam"
-    return None
-
-
-def _check_kind(path: str, entry: dict[str, Any], state: Any, optimizer: Any) -> None:
-    """Raises CheckpointError when the saved dense optimizer is of another kind."""
-    wanted = type(optimizer).__name__
-    saved = entry.get("type")
-    if saved is None and wanted in _TOLD_APART:
-        saved = _saved_kind(state.get("param_groups") if isinstance(state, dict) else None)
-    if saved is not None and saved != wanted:
-        raise CheckpointError(
-            f"{path}: dense optimizer {saved} in the checkpoint, {wanted} in the model "
-            f"(train_config.dense_optimizer); restore without optimizer state "
-            f"(--ignore_restore_optimizer) to start {wanted} fresh, or configure {saved} "
-            f"to continue its state")
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, list):
-        return "(" + ", ".join(_shown(v) for v in value) + ")"
-    return str(value)
-
-
-def _note_changed(path: str, before: dict[str, Any], after: dict[str, Any],
-                  where: str = "") -> None:
-    """One INFO line naming the hyperparameters that the configured optimizer (``where``:
-    a param group of it) changes."""
-    changed = [f"{key} {_shown(after[key])} (checkpoint {_shown(before[key])})"
-               for key in sorted(after) if key in before and before[key] != after[key]]
-    if changed:
-        logger.info("%s: the dense optimizer's state is restored with the configured "
-                    "hyperparameters, not the saved ones%s: %s", path,
-                    f" (of {where})" if where else "", ", ".join(changed))
-
-
-def _note_changed_groups(path: str, saved: list[dict], configured: list[dict]) -> None:
-    """One INFO line per ``param_optimizers`` entry whose hyperparameters the config
-    changed (its lr: the configured one, not the scheduled rate of the saved step)."""
-    for before, after in zip(saved, configured):
-        where = after.get(GROUP_WHERE)
-        if where is None or before.get(GROUP_WHERE) != where:
-            continue
-        settings = [{("lr" if k == GROUP_BASE_LR else k): v
-                     for k, v in _hyperparameters(group).items() if k not in ("lr", GROUP_WHERE)}
-                    for group in (before, after)]
-        _note_changed(path, *settings, where=where)
-
-
-def _steps_beside_parameters(optimizer: Any, group: dict) -> None:
-    """Moves the step counts of ``group``'s parameters onto their devices as float32: a
-    fused or capturable group keeps them there, and ``load_state_dict`` left them where
-    the saved settings had them (on the host, for a checkpoint written without a fused
-    optimizer, on the CPU say)."""
-    for param in group["params"]:
-        step = optimizer.state.get(param, {}).get("step")
-        if isinstance(step, torch.Tensor) and (step.device != param.device
-                                               or step.dtype != torch.float32):
-            optimizer.state[param]["step"] = step.to(param.device, torch.float32)
-
-
-def restore_optimizer_state(root: str, entry: dict[str, Any], optimizer: Any,
-                            model: torch.nn.Module | None = None,
-                            absorbed: list[str] | None = None) -> None:
-    """Loads the dense optimizer state file into ``optimizer``.
-
-    The optimizer must be of the kind saved (its class, in meta.json since it is
-    recorded; in older checkpoints told from the saved settings' names). The state per
-    parameter (moments, step counts, momentum buffers) is the checkpoint's; the
-    hyperparameters (lr, weight_decay, betas, eps, momentum ...) stay those ``optimizer``
-    was built with, with one INFO line naming those that differ from the saved ones, and
-    one per ``param_optimizers`` entry whose own differ (older checkpoints record the
-    learning rate of their last step only, which the schedule sets anew at every step: it
-    is not compared there).
-
-    ``absorbed`` (with ``model``): saved model entries that the model took in otherwise
-    (``restore_model``); their parameters' state is dropped.
-
-    Raises:
-        CheckpointError: another kind of optimizer, or state that does not fit the
-            parameters; the message names the file and says how to start it fresh.
-    """
-    path = os.path.join(root, entry["file"])
-    state = _without_absorbed(load_state(root, entry), optimizer, model, absorbed or [])
-    _check_kind(path, entry, state, optimizer)
-    configured = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    try:
-        optimizer.load_state_dict(state)
-    except (ValueError, KeyError, RuntimeError) as e:
-        raise CheckpointError(
-            f"{path}: does not match the dense optimizer ({e}); restore without optimizer "
-            f"state (--ignore_restore_optimizer) to start it fresh") from None
-    for group, settings in zip(optimizer.param_groups, configured):
-        group.update(settings)
-        if group.get("fused") or group.get("capturable"):
-            _steps_beside_parameters(optimizer, group)
-    _note_changed_groups(path, state["param_groups"], configured)
-    if "hyperparameters" in entry:
-        _note_changed(path, entry["hyperparameters"], _hyperparameters(optimizer.defaults))
-    elif configured:  # the settings as saved (load_state_dict fills in what they lack)
-        before, after = _hyperparameters(state["param_groups"][0]), _hyperparameters(
-            configured[0])
-        before.pop("lr", None)
-        _note_changed(path, before, after)

@@ -7,6 +7,7 @@
         meta.json                   step, world size, tables, dims, format version; sizes
                                     and checksums of the .pt files (shards: their .json)
         model.pt  optimizer.pt      dense state (torch.save; read with weights_only=True)
+        optimizer-<i>.pt            the state of the dense optimizers of other kinds, if any
         train_metrics.pt            the trainer's train metrics, summed over the ranks, when
                                     the saver gives them (checkpoints before have none)
         dynamicemb/<table>/rank-<r>-of-<n>.{json,bin}   one shard per saving rank
@@ -49,6 +50,11 @@ _CKPT_RE = re.compile(r"^model\.ckpt-(\d+)$")
 _LEFTOVER_RE = re.compile(r"^model\.ckpt-(\d+)(\.tmp|\.replaced)?$")
 # Checkpoints and incremental dumps (dump-<step>, see hashrec.checkpoint.incremental).
 _ANY_RE = re.compile(r"^(?:model\.ckpt-|dump-)(\d+)$")
+
+
+def optimizer_file(index: int) -> str:
+    """The file of the dense optimizer ``index`` (0: the dense optimizer's own kind)."""
+    return OPTIMIZER_FILE if index == 0 else f"optimizer-{index}.pt"
 
 
 def checkpoint_path(model_dir: str, step: int) -> str:

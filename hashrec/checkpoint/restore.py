@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from hashrec.checkpoint import layout
-from hashrec.checkpoint.dense import load_state, restore_model, restore_optimizer_state
+from hashrec.checkpoint.dense import load_state, restore_model
 from hashrec.checkpoint.dist_util import barrier, rank_and_world, run_on_all_ranks
 from hashrec.checkpoint.errors import CheckpointDamagedError, CheckpointError
 from hashrec.checkpoint.fine_tune_report import Outcome
+from hashrec.checkpoint.optimizer_state import restore_optimizer_state
 from hashrec.checkpoint.param_map import ResolvedMap
 from hashrec.checkpoint.partial_tables import (
     TableSource,
@@ -258,7 +259,8 @@ def restore_checkpoint(path: str, model: torch.nn.Module | None, dense_optimizer
     Args:
         path: a ``model.ckpt-<step>`` directory with its completion marker.
         model: module to load the dense state into (None: skip dense state).
-        dense_optimizer: torch optimizer to load, or None.
+        dense_optimizer: torch optimizer to load (or a sequence of them: the trainer's,
+            one per kind), or None.
         dynamic_tables: {table name: HashTable} of this rank; each must be in the checkpoint.
             Saved tables the model has none of (dynamic ones not in ``dynamic_tables``,
             dense and ZCH ones not in ``model``) are not restored, with a warning.

@@ -32,12 +32,7 @@ from typing import Any
 import torch
 
 from hashrec.checkpoint import layout
-from hashrec.checkpoint.dense import (
-    DENSE_TABLES,
-    describe_dense_tables,
-    describe_optimizer,
-    save_state,
-)
+from hashrec.checkpoint.dense import DENSE_TABLES, describe_dense_tables, save_state
 from hashrec.checkpoint.dist_util import (
     gather_counts,
     gather_objects,
@@ -45,6 +40,11 @@ from hashrec.checkpoint.dist_util import (
     run_on_all_ranks,
 )
 from hashrec.checkpoint.errors import CheckpointError, disk_full_hint
+from hashrec.checkpoint.optimizer_state import (
+    describe_optimizer,
+    optimizer_list,
+    write_optimizer_states,
+)
 from hashrec.checkpoint.shard_file import fsync_dir
 from hashrec.checkpoint.table_io import (
     ADMISSION,
@@ -117,10 +117,10 @@ def _write_rank_files(tmp: str, tables: dict[str, Any], model: torch.nn.Module |
         described = describe_dense_tables(model)
         if described:
             dense["model"][DENSE_TABLES] = described
-    if rank == 0 and dense_optimizer is not None:
-        dense["optimizer"] = {**save_state(dense_optimizer.state_dict(),
-                                           os.path.join(tmp, layout.OPTIMIZER_FILE)),
-                              **describe_optimizer(dense_optimizer)}
+    if rank == 0:
+        dense["optimizer"] = write_optimizer_states(
+            tmp, [(o.state_dict(), describe_optimizer(o))
+                  for o in optimizer_list(dense_optimizer)])
     if rank == 0 and train_metrics is not None:
         dense[layout.TRAIN_METRICS] = save_state(
             train_metrics, os.path.join(tmp, layout.TRAIN_METRICS_FILE))
@@ -204,7 +204,8 @@ def save_checkpoint(model_dir: str, step: int, model: torch.nn.Module | None,
         model_dir: directory holding the checkpoints.
         step: global training step; names the checkpoint.
         model: module whose ``state_dict`` is saved (None: no dense state).
-        dense_optimizer: torch optimizer whose state is saved, or None.
+        dense_optimizer: torch optimizer whose state is saved (or a sequence of them: the
+            trainer's, one per kind), or None.
         dynamic_tables: {table name: HashTable} of this rank, same names on every rank.
         keep_checkpoint_max: keep at most this many complete checkpoints (0: all), and
             ``keep`` (checkpoint paths never pruned) beside them.

@@ -143,7 +143,7 @@ def restore_for_training(model_dir: str, model, dense_optimizer, continue_train:
                                 f"finding the latest checkpoint of {model_dir}", TrainError)
         if path is not None:
             try:
-                meta = restore_checkpoint(path, model, dense_optimizer.optimizer, tables,
+                meta = restore_checkpoint(path, model, dense_optimizer.optimizers, tables,
                                           restore_optimizer=restore_optimizer,
                                           read_rank_state=True, read_train_metrics=True)
             except CheckpointDamagedError as err:
@@ -417,7 +417,7 @@ def save(model_dir: str, step: int, epoch: int, model, dense_optimizer,
     extra = {"epoch": epoch, "epoch_step": epoch_step, "evaluates": bool(evaluates)}
     if readers is not None:
         extra["readers"] = list(readers)
-    path = save_checkpoint(model_dir, step, model, dense_optimizer.optimizer,
+    path = save_checkpoint(model_dir, step, model, dense_optimizer.optimizers,
                            model.embedding.dynamic_tables(), keep_checkpoint_max,
                            extra=extra, rank_state=random_states(model),
                            keep=kept_best(model_dir, keep_best) if keep_checkpoint_max else (),

@@ -3,7 +3,7 @@
 One step: set both learning rates from the schedules, forward (dense network
 under autocast, embeddings in float32), backward (the embedding collection
 applies the fused sparse update for the batch's rows here), clip dense
-gradients, dense optimizer step.
+gradients, dense optimizer step (every dense optimizer's, one per kind).
 
 Under torchrun every rank runs the same steps (``EpochStream``: each epoch the
 number of batches the rank with the fewest has, known from the row count): dense
@@ -85,6 +85,7 @@ from hashrec.train.graphs import DenseGraphs
 from hashrec.train.interrupt import StopSignals, TrainInterrupted
 from hashrec.train.optimizers import clip_gradients
 from hashrec.train.placement import gil_switch_interval
+from hashrec.train.precision import as_one_optimizer
 from hashrec.train.prefetch import DevicePrefetcher, EpochStream
 from hashrec.train.progress import ProgressLog, table_counters, total_steps, zch_counters
 from hashrec.train.summaries import Summaries
@@ -179,7 +180,9 @@ class TrainLoop:
         self.timer = StepTimer.from_env(session.device, session.world_size)
         self.step_timing: dict = {}
         self.embedding_hook = self._timed_hook(session.precision.embedding_hook())
-        self.parameters = [p for g in session.dense.optimizer.param_groups for p in g["params"]]
+        self.parameters = session.dense.parameters()
+        # The dense optimizers (one per kind) unscaled, and stepped or skipped, together.
+        self.dense_optimizer = as_one_optimizer(session.dense.optimizers)
         self.prepare_ahead = prepare_ahead_from_env()
         if self.ctx.is_distributed:  # preparing is a collective: every rank alike
             lowest = min_over_ranks(self.prepare_ahead, self.ctx)
@@ -478,7 +481,7 @@ class TrainLoop:
             self.weighted_loss.start(s.model.target_weights(targets))
         lrs = s.set_learning_rates(self.step, self.epoch)
         if self.gradients is None:
-            s.dense.optimizer.zero_grad(set_to_none=True)
+            s.dense.zero_grad()
         else:
             self.gradients.zero()
         losses, logits = self.dense_graphs.losses_and_logits(
@@ -493,9 +496,9 @@ class TrainLoop:
         timer.mark("backward")
         if self.gradients is not None:
             self.gradients.all_reduce()
-        s.precision.unscale(s.dense.optimizer)
+        s.precision.unscale(self.dense_optimizer)
         clip_gradients(self.parameters, self.grad_clipping)
-        s.precision.step(s.dense.optimizer)
+        s.precision.step(self.dense_optimizer)
         if upcoming is not None and self.prepare_ahead == 2:
             after = upcoming(2)
             if after is not None:

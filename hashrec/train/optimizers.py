@@ -1,4 +1,4 @@
-"""Optimizers from ``train_config``: the fused sparse spec and the torch dense optimizer.
+"""Optimizers from ``train_config``: the fused sparse spec and the torch dense optimizers.
 
 Embedding tables (dense and dynamic) are updated by the sparse optimizer inside
 the backward pass of the embedding collection; every other parameter of the
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hashrec.checkpoint.dense import GROUP_BASE_LR, GROUP_WHERE
+from hashrec.checkpoint.optimizer_state import GROUP_BASE_LR, GROUP_WHERE
 from hashrec.table import SparseAdagrad, SparseAdam, SparseRowWiseAdagrad, SparseSGD
 from hashrec.train.errors import TrainError
 from hashrec.train.lr_schedules import build_schedule
-from hashrec.train.param_groups import group_settings, param_groups
+from hashrec.train.param_groups import ParamGroup, group_settings, param_groups
 
 SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optimizer",
                      "rowwise_adagrad_optimizer")
@@ -77,32 +77,55 @@ def dense_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
             if p.requires_grad and not name.startswith("embedding.")}
 
 
+_TORCH_OPTIMIZERS = {"sgd_optimizer": torch.optim.SGD, "adagrad_optimizer": torch.optim.Adagrad,
+                     "adam_optimizer": torch.optim.Adam, "adamw_optimizer": torch.optim.AdamW}
+
+
 @dataclass
 class DenseOptimizer:
-    """A torch optimizer over the dense parameters and the schedule of each of its
-    param groups (``schedules[i]`` sets ``optimizer.param_groups[i]``); ``schedule`` is the
-    dense optimizer's own, whose rate the progress line shows."""
+    """The torch optimizers over the dense parameters, one per kind (the dense optimizer's
+    own kind first, then each other kind that ``param_optimizers`` entries name, in config
+    order), and the schedule of each of their param groups (``schedules[i]`` sets
+    ``param_groups[i]``); ``schedule`` is the dense optimizer's own, whose rate the progress
+    line shows; ``entries`` names the entries' groups in config order."""
 
-    optimizer: torch.optim.Optimizer
+    optimizers: tuple[torch.optim.Optimizer, ...]
     schedule: object
     schedules: tuple
+    entries: tuple[str, ...] = ()
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """Every optimizer's param groups, in the order of ``optimizers``."""
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    def parameters(self) -> list[nn.Parameter]:
+        """Every dense parameter the optimizers update, in the order of ``param_groups``."""
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
 
     def set_learning_rates(self, step: int, epoch: int) -> float:
         """Set every param group's rate for ``step``; returns ``schedule``'s."""
-        for group, schedule in zip(self.optimizer.param_groups, self.schedules):
+        for group, schedule in zip(self.param_groups, self.schedules):
             group["lr"] = schedule(step, epoch)
         return self.schedule(step, epoch)
 
     def entry_rates(self) -> dict[str, float]:
         """The rate each ``param_optimizers`` / ``part_optimizers`` entry's group has now,
-        by the entry's name (``param_optimizers[0]``), for the progress line."""
-        return {group[GROUP_WHERE].removeprefix(DENSE_WHERE + "."): group["lr"]
-                for group in self.optimizer.param_groups if GROUP_WHERE in group}
+        by the entry's name (``param_optimizers[0]``), in config order, for the progress
+        line."""
+        rates = {group[GROUP_WHERE]: group["lr"] for group in self.param_groups
+                 if GROUP_WHERE in group}
+        return {where.removeprefix(DENSE_WHERE + "."): rates[where] for where in self.entries}
 
 
 def build_dense_optimizer(dense_config, parameters: dict[str, nn.Parameter]) -> DenseOptimizer:
-    """Torch optimizer of ``train_config.dense_optimizer`` over ``parameters`` (name ->
-    parameter), a param group per ``param_optimizers`` entry (hashrec.train.param_groups).
+    """Torch optimizers of ``train_config.dense_optimizer`` over ``parameters`` (name ->
+    parameter): one per kind, a param group per ``param_optimizers`` entry in the one of
+    its kind (hashrec.train.param_groups).
 
     Raises:
         TrainError: an unsupported optimizer, invalid hyper-parameters or param optimizers.
@@ -112,29 +135,36 @@ def build_dense_optimizer(dense_config, parameters: dict[str, nn.Parameter]) -> 
     if not parameters:
         raise TrainError("the model has no dense parameters for train_config.dense_optimizer")
     groups = param_groups(dense_config, kind, parameters, DENSE_WHERE)
-    # An entry's group carries its config path and configured lr for the checkpoints.
+    by_kind: dict[str, list[ParamGroup]] = {kind: []}
+    for group in groups:
+        by_kind.setdefault(group.kind, []).append(group)
+    # On GPUs Adam's fused kernel updates every parameter in a few launches.
+    fused = all(p.is_cuda for p in parameters.values())
+    optimizers, schedules = [], []
+    for each, members in by_kind.items():
+        if members:  # the dense optimizer's kind trains nothing where entries take all
+            defaults = group_settings(kind, c) if each == kind else members[0].settings
+            optimizers.append(_torch_optimizer(each, members, defaults, fused))
+            schedules += [g.schedule for g in members]
+    schedule = build_schedule(dense_config, c.lr, DENSE_WHERE)
+    return DenseOptimizer(tuple(optimizers), schedule, tuple(schedules),
+                          tuple(g.where for g in groups if g.where != DENSE_WHERE))
+
+
+def _torch_optimizer(kind: str, groups: list[ParamGroup], defaults: dict,
+                     fused: bool) -> torch.optim.Optimizer:
+    """The torch optimizer of ``kind`` over ``groups``, an entry's group carrying its config
+    path and configured lr for the checkpoints."""
     torch_groups = [{"params": list(g.parameters), **g.settings}
                     | ({GROUP_WHERE: g.where, GROUP_BASE_LR: g.settings["lr"]}
                        if g.where != DENSE_WHERE else {})
                     for g in groups]
-    defaults = group_settings(kind, c)
-    # On GPUs Adam's fused kernel updates every parameter in a few launches.
-    fused = {"fused": True} if all(p.is_cuda for p in parameters.values()) else {}
+    options = {"fused": True} if fused and kind in ("adam_optimizer", "adamw_optimizer") else {}
     try:
-        if kind == "sgd_optimizer":
-            optimizer = torch.optim.SGD(torch_groups, **defaults)
-        elif kind == "adagrad_optimizer":
-            optimizer = torch.optim.Adagrad(torch_groups, **defaults)
-        elif kind == "adam_optimizer":
-            optimizer = torch.optim.Adam(torch_groups, **defaults, **fused)
-        else:
-            optimizer = torch.optim.AdamW(torch_groups, **defaults, **fused)
+        return _TORCH_OPTIMIZERS[kind](torch_groups, **defaults, **options)
     except ValueError as err:
-        where = f"{DENSE_WHERE}.{kind}" + (" (or a param_optimizers entry)"
-                                           if len(groups) > 1 else "")
+        where = ", ".join(f"{g.where}.{kind}" for g in groups)
         raise TrainError(f"{where}: {err}") from err
-    schedule = build_schedule(dense_config, c.lr, DENSE_WHERE)
-    return DenseOptimizer(optimizer, schedule, tuple(g.schedule for g in groups))
 
 
 def clip_gradients(parameters, grad_clipping) -> None:

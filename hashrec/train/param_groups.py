@@ -2,9 +2,10 @@
 
 Each entry names parameters by a regular expression over their names in
 ``model.named_parameters()`` (matched in full, as TorchEasyRec matches; the first entry
-that matches takes a parameter) and gives them their own settings and schedule. HashRec
-runs one torch optimizer with a param group per entry, so every entry must be of the dense
-optimizer's kind; the parameters no entry takes form the dense optimizer's own group.
+that matches takes a parameter) and gives them their own optimizer kind, settings and
+schedule. Each entry becomes a param group of the torch optimizer of its kind (the trainer
+builds one per kind, hashrec.train.optimizers); the parameters no entry takes form the
+dense optimizer's own group.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from hashrec.train.lr_schedules import build_schedule
 
 @dataclass(frozen=True)
 class ParamGroup:
-    """One param group: where the config sets it, its settings, schedule and parameters."""
+    """One param group: where the config sets it, its optimizer kind (``adam_optimizer``),
+    settings, schedule and parameters."""
 
     where: str
+    kind: str
     settings: dict
     schedule: object
     parameters: tuple[nn.Parameter, ...]
@@ -58,22 +61,22 @@ def _pattern(entry, where: str) -> re.Pattern:
 def param_groups(dense_config, kind: str, named: dict[str, nn.Parameter],
                  where: str) -> list[ParamGroup]:
     """The dense optimizer's param groups over ``named`` (name -> parameter): one per
-    ``param_optimizers`` / ``part_optimizers`` entry, in config order, then the dense
-    optimizer's own (left out when the entries take every parameter).
+    ``param_optimizers`` / ``part_optimizers`` entry, in config order, each of its entry's
+    kind, then the dense optimizer's own, of ``kind`` (left out when the entries take
+    every parameter).
 
     Raises:
-        TrainError: an entry of another optimizer kind (or none), a bad or unmatched
-            ``regex_pattern``; the message names the entry.
+        TrainError: an entry without an optimizer, a bad or unmatched ``regex_pattern``;
+            the message names the entry.
     """
     entries = list(_entries(dense_config, where))
     patterns = []
     for at, entry, _ in entries:
-        other = entry.WhichOneof("optimizer")
-        if other != kind:
+        if entry.WhichOneof("optimizer") is None:
             raise TrainError(
-                f"{at}: {other or 'no optimizer'} is not supported beside the dense "
-                f"optimizer's {kind}; HashRec runs one kind of dense optimizer, with its own "
-                f"settings per regex_pattern: set {kind} {{ lr: ... }} here")
+                f"{at}: no optimizer; set one of sgd_optimizer, adagrad_optimizer, "
+                f"adam_optimizer, adamw_optimizer {{ lr: ... }} here (the dense optimizer's "
+                f"{kind}, or another kind)")
         patterns.append(_pattern(entry, at))
     taken: list[list[nn.Parameter]] = [[] for _ in entries]
     rest: list[nn.Parameter] = []
@@ -88,12 +91,13 @@ def param_groups(dense_config, kind: str, named: dict[str, nn.Parameter],
             raise TrainError(f"{at}.regex_pattern {entry.regex_pattern!r} matches no dense "
                              f"parameter (or only ones an earlier entry took); it must match "
                              f"a whole name, e.g. one of: {shown}")
-        c = getattr(entry, kind)
+        own = entry.WhichOneof("optimizer")
+        c = getattr(entry, own)
         schedule = build_schedule(lr_holder if lr_holder is not None else dense_config,
                                   c.lr, at)
-        groups.append(ParamGroup(at, group_settings(kind, c), schedule, tuple(parameters)))
+        groups.append(ParamGroup(at, own, group_settings(own, c), schedule, tuple(parameters)))
     if rest:
         c = getattr(dense_config, kind)
-        groups.append(ParamGroup(where, group_settings(kind, c),
+        groups.append(ParamGroup(where, kind, group_settings(kind, c),
                                  build_schedule(dense_config, c.lr, where), tuple(rest)))
     return groups

@@ -60,6 +60,34 @@ def unscale_in_backward(tensor: torch.Tensor, scaler) -> torch.Tensor:
     return _UnscaleGrad.apply(tensor, scaler)
 
 
+class Optimizers:
+    """Several torch optimizers as one for the grad scaler: ``GradScaler.unscale_`` checks
+    the gradients of all of them for infs at once, and ``GradScaler.step`` skips all of
+    their steps or none. Scaled one by one, an optimizer whose own gradients are finite
+    would step although clipping by the global norm had just made them NaN (one NaN
+    gradient elsewhere makes the norm NaN).
+
+    Its step reads the inf check on the host, as the scaler does for an optimizer without
+    a step of its own that takes it (SGD, Adagrad).
+    """
+
+    def __init__(self, optimizers) -> None:
+        self.optimizers = tuple(optimizers)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    def step(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+
+def as_one_optimizer(optimizers):
+    """The one optimizer of ``optimizers`` (a sequence), or ``Optimizers`` over them."""
+    return optimizers[0] if len(optimizers) == 1 else Optimizers(optimizers)
+
+
 @dataclass
 class MixedPrecision:
     """Autocast dtype and (FP16) grad scaler of one training run.
@@ -127,12 +155,13 @@ class MixedPrecision:
         else:
             self.scaler.scale(loss).backward()
 
-    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
-        """Unscale dense gradients before clipping (FP16)."""
+    def unscale(self, optimizer: torch.optim.Optimizer | Optimizers) -> None:
+        """Unscale dense gradients before clipping (FP16); ``optimizer``: one torch
+        optimizer, or ``Optimizers`` (the same object in ``step``)."""
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer | Optimizers) -> None:
         if self.scaler is None:
             optimizer.step()
         else:

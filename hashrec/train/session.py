@@ -1,7 +1,7 @@
 """Everything one training or evaluation run is built from a pipeline config.
 
 A ``Session`` holds the feature set, the model (embedding collection on the
-run's device), the dense optimizer and both learning-rate schedules, the mixed
+run's device), the dense optimizers and both learning-rate schedules, the mixed
 precision settings and the data loaders' factory. ``rank`` / ``world_size``
 select this process's share of the data; only rank 0 logs and writes files.
 Under torchrun the ``DistContext`` shards the embedding collection's dynamic

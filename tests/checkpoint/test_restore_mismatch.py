@@ -139,7 +139,7 @@ def test_the_configured_dense_hyperparameters_win_over_the_saved_ones(tmp_path, 
     new = _Model(SparseAdagrad(lr=0.1), seed=3)
     changed = torch.optim.AdamW(new.linear.parameters(), lr=0.02, weight_decay=0.5,
                                 betas=(0.8, 0.999))
-    with caplog.at_level("INFO", logger="hashrec.checkpoint.dense"):
+    with caplog.at_level("INFO", logger="hashrec.checkpoint.optimizer_state"):
         restore_checkpoint(path, new, changed, {})
     (group,) = changed.param_groups
     assert (group["lr"], group["weight_decay"], group["betas"]) == (0.02, 0.5, (0.8, 0.999))
@@ -153,7 +153,7 @@ def test_the_configured_dense_hyperparameters_win_over_the_saved_ones(tmp_path, 
             f"(0.9, 0.999)), {lr}weight_decay 0.5 (checkpoint 0)") in caplog.text
     caplog.clear()
     same = _Model(SparseAdagrad(lr=0.1), seed=3)
-    with caplog.at_level("INFO", logger="hashrec.checkpoint.dense"):
+    with caplog.at_level("INFO", logger="hashrec.checkpoint.optimizer_state"):
         restore_checkpoint(path, same, torch.optim.AdamW(same.linear.parameters(), lr=0.01,
                                                          weight_decay=0.0), {})
     assert "hyperparameters" not in caplog.text
@@ -308,15 +308,15 @@ def test_a_param_optimizers_entry_names_its_changed_hyperparameters(tmp_path, ca
     dense = _entry_optimizer(model, entry_lr=0.05, beta1=0.9)
     for step in range(2):
         dense.set_learning_rates(step, 0)
-        dense.optimizer.zero_grad()
+        dense.zero_grad()
         model.linear(torch.ones(3, 4)).sum().backward()
-        dense.optimizer.step()
-    path = save_checkpoint(str(tmp_path), 2, model, dense.optimizer, {})
+        dense.optimizers[0].step()
+    path = save_checkpoint(str(tmp_path), 2, model, dense.optimizers, {})
     new = _Model(SparseAdagrad(lr=0.1), seed=3)
     changed = _entry_optimizer(new, entry_lr=0.02, beta1=0.8)
-    with caplog.at_level("INFO", logger="hashrec.checkpoint.dense"):
-        restore_checkpoint(path, new, changed.optimizer, {})
-    entry, rest = changed.optimizer.param_groups
+    with caplog.at_level("INFO", logger="hashrec.checkpoint.optimizer_state"):
+        restore_checkpoint(path, new, changed.optimizers, {})
+    entry, rest = changed.param_groups
     assert [entry["lr"], *entry["betas"], rest["lr"], *rest["betas"]] == pytest.approx(
         [0.02, 0.8, 0.999, 0.01, 0.9, 0.999])
     assert (f"{path}/optimizer.pt: the dense optimizer's state is restored with the "
@@ -325,6 +325,6 @@ def test_a_param_optimizers_entry_names_its_changed_hyperparameters(tmp_path, ca
             f"(checkpoint 0.05)") in caplog.text
     caplog.clear()
     same = _Model(SparseAdagrad(lr=0.1), seed=3)
-    with caplog.at_level("INFO", logger="hashrec.checkpoint.dense"):
-        restore_checkpoint(path, same, _entry_optimizer(same, 0.05, 0.9).optimizer, {})
+    with caplog.at_level("INFO", logger="hashrec.checkpoint.optimizer_state"):
+        restore_checkpoint(path, same, _entry_optimizer(same, 0.05, 0.9).optimizers, {})
     assert "hyperparameters" not in caplog.text

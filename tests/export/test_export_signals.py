@@ -33,7 +33,7 @@ def config(tmp_path_factory):
     path = write_config(root, root / "data", root / "model", dynamic=False)
     session = build_session(load_pipeline_config(path), device=torch.device("cpu"))
     (root / "model").mkdir()
-    save_checkpoint(str(root / "model"), 0, session.model, session.dense.optimizer, {})
+    save_checkpoint(str(root / "model"), 0, session.model, session.dense.optimizers, {})
     return path
 
 

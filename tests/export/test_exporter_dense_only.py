@@ -26,7 +26,7 @@ def test_dense_only_model_exports_and_predicts_like_eval(tmp_path):
     assert session.model.embedding.dynamic_tables() == {}
     (tmp_path / "model").mkdir()
     checkpoint = save_checkpoint(str(tmp_path / "model"), 0, session.model,
-                                 session.dense.optimizer, {})
+                                 session.dense.optimizers, {})
     proc = run("hashrec.export", "--pipeline_config_path", config_path, "--export_dir",
                str(tmp_path / "export"))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -44,7 +44,7 @@ def test_half_tables_export_in_their_dtype_and_predict_like_eval(tmp_path):
     embedding = session.model.embedding
     (tmp_path / "model").mkdir()
     checkpoint = save_checkpoint(str(tmp_path / "model"), 3, session.model,
-                                 session.dense.optimizer, embedding.dynamic_tables())
+                                 session.dense.optimizers, embedding.dynamic_tables())
     proc = run("hashrec.export", "--pipeline_config_path", config_path, "--export_dir",
                str(tmp_path / "export"))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -46,7 +46,7 @@ def scenario_latest(root: str, ctx) -> dict:
 
     checkpoints.restore_checkpoint = restore_checkpoint
     checkpoints.restore_fine_tune = lambda path, *args: restored.append(os.path.basename(path))
-    model_dir, dense = os.path.join(root, "model"), SimpleNamespace(optimizer=None)
+    model_dir, dense = os.path.join(root, "model"), SimpleNamespace(optimizers=None)
     resolved, _ = checkpoints.restore_resolved(model_dir, restore_checkpoint)
     continued = checkpoints.restore_for_training(model_dir, _Model, dense, True, None)
     fine_tuned = checkpoints.restore_for_training(os.path.join(root, "fresh"), _Model, dense,

@@ -189,7 +189,7 @@ def test_restore_for_training_says_that_a_resumed_run_does_not_fine_tune(tmp_pat
 
     model_dir, other = str(tmp_path / "m"), str(tmp_path / "other")
     save_checkpoint(model_dir, 5, Model(2, 2), None, {})
-    dense = type("Dense", (), {"optimizer": None})
+    dense = type("Dense", (), {"optimizers": None})
     with caplog.at_level(logging.INFO, logger="hashrec.train"):
         resume = restore_for_training(model_dir, Model(2, 2), dense, True, other)
     assert resume.step == 5

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hashrec.train.errors import TrainError
-from hashrec.train.precision import MixedPrecision, unscale_in_backward
+from hashrec.train.precision import MixedPrecision, as_one_optimizer, unscale_in_backward
 
 
 class _Scale:
@@ -100,3 +100,49 @@ def test_tf32_switches_unset_or_on_the_cpu_stay_as_they_are(tf32_switches):
     apply_tf32(TrainConfig(), torch.device("cuda", 0))  # unset: torch's setting stays
     apply_tf32(TrainConfig(cuda_matmul_allow_tf32=False), torch.device("cpu"))
     assert torch.backends.cuda.matmul.allow_tf32 is True
+
+
+def _two_kinds(scaler_init: float):
+    """An FP16 MixedPrecision on the CPU and an Adam and an SGD over a parameter each."""
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    optimizers = (torch.optim.Adam([a], lr=0.1), torch.optim.SGD([b], lr=0.5))
+    precision = MixedPrecision.create("FP16", torch.device("cpu"))
+    precision.scaler = torch.amp.GradScaler("cpu", init_scale=scaler_init)
+    return a, b, optimizers, precision
+
+
+def _scaled_step(precision, optimizers, parameters, clip_norm=None):
+    together = as_one_optimizer(optimizers)
+    precision.unscale(together)
+    if clip_norm is not None:
+        torch.nn.utils.clip_grad_norm_(parameters, clip_norm)
+    precision.step(together)
+
+
+def test_dense_optimizers_of_several_kinds_unscale_clip_and_step_together():
+    """Unscaled, clipped by the norm over both, then each by its own rule, as hand-built
+    optimizers on the true gradients."""
+    a, b, optimizers, precision = _two_kinds(8.0)
+    ha, hb = (torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2)))
+    hand = (torch.optim.Adam([ha], lr=0.1), torch.optim.SGD([hb], lr=0.5))
+    for _ in range(2):
+        for p in (a, b, ha, hb):
+            p.grad = None
+        precision.backward((a * torch.tensor([1.0, 2.0, 3.0])).sum() + (b * 4.0).sum())
+        ((ha * torch.tensor([1.0, 2.0, 3.0])).sum() + (hb * 4.0).sum()).backward()
+        _scaled_step(precision, optimizers, [a, b], clip_norm=1.0)
+        torch.nn.utils.clip_grad_norm_([ha, hb], 1.0)
+        for optimizer in hand:
+            optimizer.step()
+    assert torch.allclose(a, ha) and torch.allclose(b, hb)
+    assert not torch.equal(b, torch.ones(2))
+
+
+def test_an_overflow_in_one_kinds_gradients_skips_every_kinds_step():
+    """A NaN in the Adam parameter's gradient makes the clipped SGD gradient NaN too: both
+    skip the step (scaled apart, the SGD one would step on NaN), and the scale backs off."""
+    a, b, optimizers, precision = _two_kinds(8.0)
+    precision.backward((a * torch.tensor([1.0, float("nan"), 1.0])).sum() + b.sum())
+    _scaled_step(precision, optimizers, [a, b], clip_norm=1.0)
+    assert torch.equal(a.detach(), torch.ones(3)) and torch.equal(b.detach(), torch.ones(2))
+    assert precision.scaler.get_scale() == 4.0

@@ -21,6 +21,7 @@ import torch
 
 from hashrec.checkpoint import CheckpointError, layout
 from hashrec.checkpoint.dense import save_state
+from hashrec.checkpoint.optimizer_state import write_optimizer_states
 from hashrec.checkpoint.save import check_table_names, commit_directory, prepare_temp_dir
 from hashrec.checkpoint.shard_file import ShardWriter
 from hashrec.checkpoint.table_io import ROWS, table_description
@@ -142,13 +143,14 @@ class CheckpointBuilder:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def commit(self, model_state: dict[str, Any] | None,
-               optimizer_state: dict[str, Any] | None = None,
+               optimizer_states: list[tuple[dict, dict]] | None = None,
                extra: dict[str, Any] | None = None) -> str:
         """Closes the shards, writes the dense state and meta.json, marks the checkpoint done.
 
         Args:
             model_state: the model's ``state_dict`` to store as dense state (None: none).
-            optimizer_state: the dense optimizer's ``state_dict`` to store (None: none).
+            optimizer_states: the dense optimizers' state dicts to store, each with its
+                description (``optimizer_state.describe_optimizer``; None: none).
             extra: JSON-serializable data for meta.json.
 
         Returns:
@@ -169,9 +171,7 @@ class CheckpointBuilder:
         dense: dict[str, Any] = {"model": None, "optimizer": None}
         if model_state is not None:
             dense["model"] = save_state(model_state, os.path.join(self.tmp, layout.MODEL_FILE))
-        if optimizer_state is not None:
-            dense["optimizer"] = save_state(optimizer_state,
-                                            os.path.join(self.tmp, layout.OPTIMIZER_FILE))
+        dense["optimizer"] = write_optimizer_states(self.tmp, optimizer_states or [])
         meta = {"format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION,
                 "step": self.step, "world_size": self.world_size,
                 "created_unix": time.time(), "tables": tables, "dense": dense,

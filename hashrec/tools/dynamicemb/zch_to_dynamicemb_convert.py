@@ -39,6 +39,7 @@ import torch
 
 from hashrec.checkpoint import restore_checkpoint
 from hashrec.checkpoint.dense import load_state
+from hashrec.checkpoint.optimizer_state import saved_optimizers
 from hashrec.checkpoint.restore import read_complete_meta
 from hashrec.checkpoint.table_io import initial_scores
 from hashrec.checkpoint.tags import model_tag_tables
@@ -137,7 +138,9 @@ def _dense_optimizer_state(path: str, meta: dict, source_model, target_model):
         logger.warning("dense parameters differ between source and target; the dense "
                        "optimizer state is not kept")
         return None
-    return load_state(path, entry)
+    return [(load_state(path, saved), {k: saved[k] for k in ("type", "hyperparameters")
+                                       if k in saved})
+            for saved in saved_optimizers(entry)]
 
 
 def _migrate_zch(builder: CheckpointBuilder, name: str, source_embedding, storage: str,
