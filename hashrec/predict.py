@@ -20,9 +20,10 @@ model's ``logits_<tower_name>`` and ``probs_<tower_name>`` (or ``y_<tower_name>`
 model of C > 1 classes (softmax_cross_entropy, jrc_loss) writes its ``logits`` and
 ``probs`` as a list of C float32 a row (parquet ``list<float>``, as TorchEasyRec writes
 them), and with two classes also ``probs1`` (probs[:, 1], one float32); a match model
-(DSSM) writes ``user_tower_emb``, ``item_tower_emb`` and ``similarity``, and one tower's
-export (``<export_dir>/user`` or ``/item``) reads that tower's columns only and writes its
-``<tower>_tower_emb``.
+(DSSM, MIND) writes ``user_tower_emb``, ``item_tower_emb`` and ``similarity``, and one
+tower's export (``<export_dir>/user`` or ``/item``) reads that tower's columns only and
+writes its ``<tower>_tower_emb``; MIND's ``user_tower_emb`` is a list of K interests, each
+a list of D float32 (those beyond a user's count zero).
 ``--predict_output_path`` ending in ``.parquet`` names the file; any other path is a
 directory that receives ``part-00000.parquet`` (a new path ending in ``.csv``, ``.txt``
 or another text format is refused: the output is parquet). The rows go to hidden temporary files
@@ -413,13 +414,16 @@ def _write_predictions(model, loader, weighted: set[str], run_on: torch.device,
 def prediction_array(values: torch.Tensor) -> pa.Array:
     """One prediction column: (B,) -> float32; (B, C) (a multi-class model's logits and
     probs) -> a list of C float32 a row, as TorchEasyRec writes a tensor of two
-    dimensions (a list per row)."""
+    dimensions (a list per row); (B, K, D) (MIND's interests) -> a list of K lists of D
+    float32 a row."""
     flat = values.detach().float().cpu()
     if flat.dim() == 1:
         return pa.array(flat.numpy())
-    width = flat.shape[1]
-    return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1).numpy()), width) \
-        .cast(pa.list_(pa.float32()))
+    array, kind = pa.array(flat.reshape(-1).numpy()), pa.float32()
+    for width in reversed(flat.shape[1:]):
+        array = pa.FixedSizeListArray.from_arrays(array, width)
+        kind = pa.list_(kind)
+    return array.cast(kind)
 
 
 def _write_error(path: str, err: OSError) -> ExportError:
@@ -521,7 +525,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "several classes: logits and probs as a list of floats a row, and "
                     "with two classes probs1; a multi-task model: each of these with the "
                     "suffix _<tower_name>; a match model: user_tower_emb, item_tower_emb "
-                    "and similarity, the export of one of its towers (<export_dir>/user "
+                    "and similarity (MIND's user_tower_emb: a list of max_k interests, each a "
+                    "list of floats), the export of one of its towers (<export_dir>/user "
                     "or /item) that tower's embedding alone, from its columns alone; "
                     "sorted by name, or as --output_columns lists them), then the "
                     "reserved columns, one row per input row in input order.")

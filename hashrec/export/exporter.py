@@ -32,7 +32,7 @@ from hashrec.export.tables import (
     dynamic_table_views,
 )
 from hashrec.export.towers import write_tower_exports
-from hashrec.models import DSSM
+from hashrec.models import MatchModel
 
 logger = logging.getLogger("hashrec.export")
 
@@ -86,7 +86,7 @@ def _write_chief_files(session, export_dir: str, world_size: int) -> list[str]:
     scripted_path = os.path.join(export_dir, meta.SCRIPTED_MODEL_FILE)
     save_scripted(module, scripted_path)
     files = [config_path, scripted_path]
-    if isinstance(session.model, DSSM):
+    if isinstance(session.model, MatchModel):
         files += write_tower_exports(session.model, session.config, export_dir, hashmaps,
                                      missing)
     return files

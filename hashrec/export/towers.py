@@ -1,9 +1,10 @@
 """A match model's towers exported apart: ``<export_dir>/user/`` and ``<export_dir>/item/``.
 
 As TorchEasyRec exports a match model's towers as separate serving models, ``export``
-of a DSSM writes, beside the whole model, one directory per tower. Each holds the
+of a DSSM or a MIND writes, beside the whole model, one directory per tower. Each holds the
 pipeline config, ``scripted_model.pt`` of its tower alone (the tables its feature group
-reads, that group's assembly and the tower's network; nothing of the other tower, whose
+reads, that group's assembly and the tower's network (MIND's user tower reads its user
+group and its behaviour sequence and gives the user's interests, (B, K, D)); nothing of the other tower, whose
 id tables may be huge) and ``tower.json``, which says which tower it is, what it reads
 and what it gives. ``predict`` on such a directory reads the tower's columns only and
 writes ``<tower>_tower_emb``: users embedded from user features alone, an item index
@@ -17,6 +18,7 @@ import json
 import os
 
 from hashrec.config import save_pipeline_config
+from hashrec.config.validate import MATCH_MODELS
 from hashrec.export import meta
 from hashrec.export.errors import ExportError
 
@@ -35,6 +37,16 @@ def tower_group(config, tower: str) -> str:
     return getattr(model, f"{tower}_tower").input
 
 
+def tower_groups(config, tower: str) -> list[str]:
+    """Every feature group ``tower`` reads: its ``input``, and MIND's user tower's
+    ``history_input`` (the behaviour sequence)."""
+    model_config = config.model_config
+    model = getattr(model_config, model_config.WhichOneof("model"))
+    tower_config = getattr(model, f"{tower}_tower")
+    history = getattr(tower_config, "history_input", "")
+    return [tower_config.input] + ([history] if history else [])
+
+
 def tower_feature_set(config, tower: str):
     """The FeatureSet of ``tower`` alone: the features of its group and their tables
     (``config`` with the other feature groups left out; nothing else changed)."""
@@ -42,8 +54,8 @@ def tower_feature_set(config, tower: str):
 
     alone = type(config)()
     alone.CopyFrom(config)
-    group = tower_group(config, tower)
-    kept = [g for g in alone.model_config.feature_groups if g.group_name == group]
+    groups = tower_groups(config, tower)
+    kept = [g for g in alone.model_config.feature_groups if g.group_name in groups]
     del alone.model_config.feature_groups[:]
     alone.model_config.feature_groups.extend(kept)
     return build_feature_set(alone, metric_keys=False)
@@ -55,7 +67,7 @@ def write_tower_exports(model, config, export_dir: str, hashmaps: dict,
     files written.
 
     Args:
-        model: the trained DSSM.
+        model: the trained match model (DSSM, MIND).
         config: its pipeline config.
         export_dir: the export's (staging) directory.
         hashmaps: hash map table -> (keys sorted, values), every part's (at least the
@@ -68,6 +80,8 @@ def write_tower_exports(model, config, export_dir: str, hashmaps: dict,
     from hashrec.export.scripted import build_inference_model, save_scripted
 
     files = []
+    capsule = getattr(model.user_tower, "capsule", None)
+    interests = int(capsule.max_k) if capsule is not None else 0
     for tower in TOWERS:
         directory = os.path.join(export_dir, tower)
         feature_set = tower_feature_set(config, tower)
@@ -83,10 +97,12 @@ def write_tower_exports(model, config, export_dir: str, hashmaps: dict,
         save_scripted(module, scripted_path)
         entry = {"model": config.model_config.WhichOneof("model"), "tower": tower,
                  "feature_group": tower_group(config, tower),
+                 "feature_groups": tower_groups(config, tower),
                  "features": list(feature_set.features),
                  "input_columns": list(feature_set.feature_columns), "tables": tables,
                  "output": f"{tower}_tower_emb", "dimension": int(model.user_tower.dim),
-                 "similarity": "COSINE" if model.user_tower.cosine else "INNER_PRODUCT",
+                 "interests": interests if tower == "user" else 0,
+                 "similarity": "COSINE" if model.cosine else "INNER_PRODUCT",
                  "temperature": float(model.temperature),
                  "other_tower": os.path.join("..", _other(tower)), "whole_model": ".."}
         meta_path = os.path.join(directory, meta.TOWER_META_FILE)
@@ -154,11 +170,11 @@ def note_tower_columns(feature_set, config, export_dir: str, entry: dict | None)
     model's reads both towers' (the error names the tower export that reads fewer)."""
     if entry is not None:
         note = (f"{export_dir} embeds the {entry['tower']} tower alone, which reads the "
-                f"columns {entry['input_columns']} of its feature group "
-                f"{entry['feature_group']!r}")
+                f"columns {entry['input_columns']} of its feature groups "
+                f"{entry.get('feature_groups', [entry['feature_group']])}")
         _add_notes(feature_set, feature_set.feature_columns, note)
         return
-    if config.model_config.WhichOneof("model") not in ("dssm", "dssm_v2"):
+    if config.model_config.WhichOneof("model") not in MATCH_MODELS:
         return
     columns = {tower: tower_feature_set(config, tower).feature_columns for tower in TOWERS}
     for tower in TOWERS:

@@ -1,7 +1,7 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
 DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RocketLaunching, RankBackbone),
 multi-task ones (SimpleMultiTask, MMoE, DBMTL, PLE, PEPNet, MultiTaskBackbone) and the match
-model DSSM."""
+models DSSM and MIND (``MatchModel`` their base)."""
 
 from hashrec.models.dbmtl import DBMTL
 from hashrec.models.dcn import DCNV1, DCNV2
@@ -10,6 +10,8 @@ from hashrec.models.dlrm import DLRM
 from hashrec.models.dssm import DSSM
 from hashrec.models.errors import ModelError
 from hashrec.models.mask_net import MaskNet
+from hashrec.models.match_model import MatchModel
+from hashrec.models.mind import MIND
 from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
@@ -24,7 +26,8 @@ from hashrec.models.wide_and_deep import WideAndDeep
 from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
 
-__all__ = ["DBMTL", "DCNV1", "DCNV2", "DLRM", "DSSM", "DeepFM", "MMoE", "MaskNet", "ModelError",
+__all__ = ["DBMTL", "DCNV1", "DCNV2", "DLRM", "DSSM", "DeepFM", "MIND", "MMoE", "MaskNet",
+           "MatchModel", "ModelError",
            "MultiTaskBackbone", "MultiTower", "MultiTowerDIN", "PEPNet", "PLE", "RankBackbone",
            "RankModel", "MODELS", "RocketLaunching", "SimpleMultiTask",
            "WideAndDeep", "WuKong", "XDeepFM", "create_model"]

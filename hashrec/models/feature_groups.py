@@ -134,9 +134,10 @@ def feature_infos(feature_set) -> dict[str, FeatureInfo]:
 
 
 def build_group_spec(group_config, infos: Mapping[str, FeatureInfo],
-                     left_out: Iterable[str] = ()) -> GroupSpec:
+                     left_out: Iterable[str] = (), sequence_query: bool = True) -> GroupSpec:
     """Resolve one ``feature_groups`` entry against the known features (``left_out``:
-    configured features no group names, listed among the known ones in errors).
+    configured features no group names, listed among the known ones in errors;
+    ``sequence_query``: a SEQUENCE group needs query features).
 
     Raises:
         ModelError: unknown feature, empty group, a sequence in a DEEP group, a
@@ -163,7 +164,8 @@ def build_group_spec(group_config, infos: Mapping[str, FeatureInfo],
             return _encoded_group(group_config, tuple(resolved), infos, left_out)
         return GroupSpec(name, DEEP, features=tuple(resolved))
     if group_type == SEQUENCE:
-        return _sequence_group(f"SEQUENCE feature group {name!r}", name, resolved)
+        return _sequence_group(f"SEQUENCE feature group {name!r}", name, resolved,
+                               sequence_query)
     raise ModelError(
         f"feature group {name!r}: group_type {group_type} is not supported; allowed: DEEP, "
         f"WIDE, SEQUENCE")

@@ -5,6 +5,7 @@ No ``from __future__ import annotations`` here: TorchScript reads these annotati
 types.
 """
 
+
 import torch
 from torch import nn
 
@@ -48,3 +49,50 @@ def batch_similarity(user: torch.Tensor, item: torch.Tensor, in_batch: bool) -> 
 def pair_similarity(user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
     """Each row's user against the row's item: (B, D) x (B, D) -> (B,)."""
     return (user * item).sum(dim=-1)
+
+
+class MINDUserTower(nn.Module):
+    """MIND's user tower (``hashrec.models.mind``): the user's features (B, Du) through
+    ``user_mlp`` (B, U); the behaviour sequence (B, L, Ds) through ``hist_mlp`` and the
+    capsule layer (``hashrec.modules.capsule``) to interests (B, K, H); each interest
+    beside the user's vector through ``concat_mlp`` and ``output`` (a linear layer to
+    ``output_dim``, or none) to (B, K, D), L2-normalized rows where ``cosine``.
+
+    Returns (interests (B, K, D), mask (B, K) bool): the interests beyond a user's count
+    (mask False) are zero.
+    """
+
+    cosine: bool
+
+    def __init__(self, user_mlp: nn.Module, hist_mlp: nn.Module, capsule: nn.Module,
+                 concat_mlp: nn.Module, output: nn.Module, cosine: bool, dim: int) -> None:
+        super().__init__()
+        self.user_mlp = user_mlp
+        self.hist_mlp = hist_mlp
+        self.capsule = capsule
+        self.concat_mlp = concat_mlp
+        self.output = output
+        self.cosine = cosine
+        self.dim = dim
+
+    def forward(self, user: torch.Tensor, sequence: torch.Tensor, lengths: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        capsules, mask = self.capsule(self.hist_mlp(sequence), lengths)
+        vector = self.user_mlp(user).to(capsules.dtype)
+        tiled = vector.unsqueeze(1).expand(-1, capsules.shape[1], -1)
+        interests = self.output(self.concat_mlp(torch.cat([tiled, capsules], dim=-1)))
+        if self.cosine:
+            interests = nn.functional.normalize(interests, p=2.0, dim=-1)
+        return interests * mask.unsqueeze(-1).to(interests.dtype), mask
+
+
+def label_aware_attention(interests: torch.Tensor, mask: torch.Tensor, item: torch.Tensor,
+                          power: float) -> torch.Tensor:
+    """MIND's label-aware attention: interests (B, K, D) of which ``mask`` (B, K) are the
+    user's, each row's item (B, D) -> (B, D), the interests weighed by the softmax over
+    the user's interests of ``power`` x (interest . item) (TorchEasyRec's form of the
+    paper's power)."""
+    scores = power * torch.einsum("bkd,bd->bk", interests, item.to(interests.dtype))
+    scores = scores.masked_fill(torch.logical_not(mask), -1e9)
+    weights = torch.softmax(scores, dim=-1)
+    return torch.einsum("bk,bkd->bd", weights, interests)

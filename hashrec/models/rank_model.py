@@ -86,15 +86,19 @@ class RankModel(nn.Module):
                 sparse_optimizer, device)
         self.embedding = embedding
 
-    @staticmethod
-    def _build_groups(model_config, feature_set) -> dict[str, GroupSpec]:
+    # Whether a SEQUENCE group must hold query features (a DIN's target); MIND reads a
+    # behaviour sequence alone.
+    sequence_query = True
+
+    def _build_groups(self, model_config, feature_set) -> dict[str, GroupSpec]:
         infos = feature_infos(feature_set)
         groups: dict[str, GroupSpec] = {}
         for group_config in model_config.feature_groups:
             if group_config.group_name in groups:
                 raise ModelError(f"feature group {group_config.group_name!r} is defined twice")
             groups[group_config.group_name] = build_group_spec(group_config, infos,
-                                                               feature_set.left_out)
+                                                               feature_set.left_out,
+                                                               self.sequence_query)
         if feature_set.left_out:
             logger.info("features in no feature group, left out (not read from the input, "
                         "not embedded, no table of their own): %s; add them to a "

@@ -9,6 +9,7 @@ from hashrec.models.dlrm import DLRM
 from hashrec.models.dssm import DSSM
 from hashrec.models.errors import ModelError
 from hashrec.models.mask_net import MaskNet
+from hashrec.models.mind import MIND
 from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
 from hashrec.models.multi_tower_din import MultiTowerDIN
@@ -31,6 +32,7 @@ MODELS: dict[str, type[RankModel]] = {
     "dssm": DSSM,
     "dssm_v2": DSSM,
     "mask_net": MaskNet,
+    "mind": MIND,
     "mmoe": MMoE,
     "multi_task_backbone": MultiTaskBackbone,
     "multi_tower": MultiTower,

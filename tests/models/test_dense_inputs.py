@@ -10,6 +10,7 @@ import test_deepfm
 import test_dlrm
 import test_group_encoders
 import test_mask_net
+import test_mind
 import test_mmoe
 import test_multi_tower
 import test_pepnet
@@ -68,9 +69,11 @@ KINDS = {
     "rocket_launching-euclid": (test_rocket_launching.EUCLID, ()),
     "dssm-in-batch": (DSSM % "in_batch_negative: true", ()),
     "dssm-sampled": (DSSM % "", ()),
+    "mind-in-batch": (test_mind.CONFIG % "in_batch_negative: true", ()),
+    "mind-sampled": (test_mind.CONFIG % "", ()),
 }
 # Sampled negatives: the batch's 6 rows, then 3 sampled items' rows.
-NEGATIVES = {"dssm-sampled": 3}
+NEGATIVES = {"dssm-sampled": 3, "mind-sampled": 3}
 
 
 def _batch(kind: str, seed: int) -> Batch:

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from match_examples import local_match_example
 
 from hashrec.checkpoint import latest_checkpoint
 from hashrec.config import parse_pipeline_config, validate_pipeline_config
@@ -114,26 +115,7 @@ def test_the_same_seed_trains_the_same_model(tmp_path, sampled):
 
 
 def test_torcheasyrecs_dssm_taobao_example_loads_and_trains_on_local_files(tmp_path):
-    from pathlib import Path
-
-    from hashrec.config import apply_edit_config_json, load_pipeline_config
-    from hashrec.tools.gen_taobao_data import generate
-
-    example = Path(__file__).parent.parent / "config" / "testdata" / \
-        "torcheasyrec_dssm_taobao.config"
-    generate(str(tmp_path / "data"), 128, seed=1, scale=0.01, eval_rows=64, quiet=True)
-    train = pq.read_table(tmp_path / "data" / "train").to_pydict()
-    fields = ("adgroup_id", "cate_id", "campaign_id", "customer", "brand", "price")
-    attrs = {row[0]: "\x02".join(map(str, row)) for row in zip(*(train[f] for f in fields))}
-    pq.write_table(pa.table({"id": list(attrs), "weight": [1.0] * len(attrs),
-                             "attrs": list(attrs.values())}), tmp_path / "items.parquet")
-    config = apply_edit_config_json(load_pipeline_config(example), {
-        "data_config.dataset_type": "ParquetDataset", "data_config.batch_size": 64,
-        "data_config.num_workers": 0, "data_config.negative_sampler.num_sample": 32,
-        "data_config.negative_sampler.input_path": str(tmp_path / "items.parquet"),
-        "train_config.num_epochs": 1, "model_dir": str(tmp_path / "m"),
-        "train_input_path": str(tmp_path / "data" / "train"),
-        "eval_input_path": str(tmp_path / "data" / "eval")})
+    config = local_match_example(tmp_path, "dssm_taobao")
     validate_pipeline_config(config)
     result = train_and_evaluate(config)
     assert result["step"] == 2 and result["num_examples"] == 64

@@ -21,8 +21,8 @@ from hashrec.export import meta
 from hashrec.export.errors import ExportError
 from hashrec.export.scripted.heads import dense_head
 from hashrec.export.scripted.lookup import EmbeddingLookup, FeatureLayout, TableLookup
-from hashrec.export.scripted.match_head import MatchHead, TowerHead, match_outputs
-from hashrec.models import DSSM
+from hashrec.export.scripted.match_head import match_head, match_outputs
+from hashrec.models import MIND, MatchModel
 from hashrec.models.outputs import split_task_logits, task_outputs
 
 
@@ -35,7 +35,8 @@ class InferenceModel(nn.Module):
     (``hashrec.models.tasks``). A match model (DSSM, ``match_dim`` its embeddings' width)
     -> {"user_tower_emb": (B, D), "item_tower_emb": (B, D), "similarity": (B,)}, each row's
     user and item embedded and their similarity over the temperature; one tower's export
-    (``tower`` "user" or "item") -> {"<tower>_tower_emb": (B, D)}.
+    (``tower`` "user" or "item") -> {"<tower>_tower_emb": (B, D)}. MIND's (``interests``
+    K) user_tower_emb is (B, K, D), its interests (zero beyond a user's count).
 
     Inputs (name -> tensor): ``values`` (n,) int64 ids and ``lengths`` (B,) bag
     sizes of every sparse feature; ``weights`` (n,) of weighted features;
@@ -48,13 +49,17 @@ class InferenceModel(nn.Module):
     num_classes: list[int]
     multi_task: bool
     match_dim: int
+    interests: int
     tower: str
 
     def __init__(self, embedding: EmbeddingLookup, head: nn.Module,
                  regression: bool = False, tasks=None, num_class: int = 1,
-                 suffix: str = "", match_dim: int = 0, tower: str = "") -> None:
+                 suffix: str = "", match_dim: int = 0, tower: str = "",
+                 interests: int = 0) -> None:
         super().__init__()
         self.match_dim = match_dim
+        # MIND's interests a user (0: one embedding, DSSM).
+        self.interests = interests
         # A match model's tower exported alone ("user" or "item"); "" for a whole model.
         self.tower = tower
         self.embedding = embedding
@@ -72,7 +77,7 @@ class InferenceModel(nn.Module):
         pooled, sequences, sequence_lengths = self.embedding(values, lengths, weights)
         logits = self.head(pooled, sequences, sequence_lengths, dense, sequence_dense).float()
         if self.match_dim > 0:
-            return match_outputs(logits, self.match_dim, self.tower)
+            return match_outputs(logits, self.match_dim, self.tower, self.interests)
         return task_outputs(split_task_logits(logits, self.num_classes, self.multi_task),
                             self.suffixes, self.regression)
 
@@ -134,18 +139,19 @@ def build_inference_model(model: nn.Module, feature_set,
     features = [FeatureLayout(f.name, f.table, f.pooling == "mean", f.is_sequence,
                               f.max_length, f.weighted, f.input_key)
                 for f in feature_set.embedding_features()]
-    match = isinstance(model, DSSM)
+    match = isinstance(model, MatchModel)
     if tower and not match:
-        raise ExportError(f"only a match model (dssm) exports a {tower} tower alone")
-    head = TowerHead(model, tower) if tower else MatchHead(model) if match else \
-        dense_head(model)
+        raise ExportError(f"only a match model (dssm, mind) exports a {tower} tower alone")
+    head = match_head(model, tower) if match else dense_head(model)
     head = copy.deepcopy(head).cpu().eval()
     tasks = model.tasks if getattr(model, "multi_task", False) else None
     suffix = model.tasks[0].suffix if getattr(model, "tasks", None) else ""
     return InferenceModel(EmbeddingLookup(lookups, features), head,
                           bool(getattr(model, "regression", False)), tasks,
                           int(getattr(model, "num_class", 1)), suffix,
-                          model.user_tower.dim if match else 0, tower).eval()
+                          model.user_tower.dim if match else 0, tower,
+                          model.user_tower.capsule.max_k if isinstance(model, MIND) else 0
+                          ).eval()
 
 
 # Models up to this size are serialized in memory and written by Python; larger ones
