@@ -264,11 +264,34 @@ model_config {
 """
 
 
-@pytest.mark.parametrize("sampled", [False, True], ids=["in-batch", "sampled"])
-def test_dssm_trains_graphed_like_eager(tmp_path, sampled):
+# MIND: the user group and the click sequence through the capsules, the item tower.
+MIND = """
+model_config {
+  feature_groups { group_name: "user" group_type: DEEP
+    feature_names: ["user_id", "cms_segid", "pid"] }
+  feature_groups { group_name: "hist" group_type: SEQUENCE
+    feature_names: ["click_50_seq__adgroup_id", "click_50_seq__cate_id"] }
+  feature_groups { group_name: "item" group_type: DEEP
+    feature_names: ["adgroup_id", "cate_id", "price"] }
+  mind { user_tower { input: "user" history_input: "hist"
+                      user_mlp { hidden_units: [8] } hist_seq_mlp { hidden_units: [16, 8] }
+                      capsule_config { max_k: 3 max_seq_len: 10 high_dim: 8 }
+                      concat_mlp { hidden_units: [16] } }
+         item_tower { input: "item" mlp { hidden_units: [16] } }
+         output_dim: 8 simi_pow: 20 similarity: COSINE temperature: 0.2 %s }
+  metrics { recall_at_k { top_k: 5 } }
+  losses { softmax_cross_entropy {} }
+}
+"""
+
+
+@pytest.mark.parametrize("model, sampled", [(DSSM, False), (DSSM, True), (MIND, False),
+                                            (MIND, True)],
+                         ids=["dssm-in-batch", "dssm-sampled", "mind-in-batch", "mind-sampled"])
+def test_match_model_trains_graphed_like_eager(tmp_path, model, sampled):
     data = str(tmp_path / "data")
     generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])
-    text = f'model_dir: "{tmp_path}/model"\n{FEATURES}' + DSSM % (
+    text = f'model_dir: "{tmp_path}/model"\n{FEATURES}' + model % (
         "" if sampled else "in_batch_negative: true")
     if sampled:
         rows = pq.read_table(glob.glob(os.path.join(data, "*.parquet"))[0]).to_pydict()
