@@ -70,15 +70,18 @@ def demo_edits(batch_size: int, num_epochs: int, config=None) -> dict:
 
 
 def auc_summary(result: dict) -> str:
-    """``eval AUC 0.6441``, or each task's (``eval auc_ctr 0.61, auc_cvr 0.66``); an AUC
-    the evaluation left undefined (null: its rows hold one class) reads ``n/a``."""
+    """``eval AUC 0.6441``, or each task's (``eval auc_ctr 0.61, auc_cvr 0.66``), or a
+    match model's recalls (``eval recall@1 0.15, recall@5 0.26``); an AUC the evaluation
+    left undefined (null: its rows hold one class) reads ``n/a``."""
     if "auc" in result:
         aucs = {"AUC": result["auc"]}
     else:
         aucs = {key: value for key, value in result.items()
                 if key.startswith("auc") and (value is None or isinstance(value, float))}
     if not aucs:
-        return "no AUC in the evaluation"
+        recalls = [f"{key} {value:.4f}" for key, value in result.items()
+                   if key.startswith("recall@") and isinstance(value, float)]
+        return "eval " + ", ".join(recalls) if recalls else "no AUC in the evaluation"
     shown = "eval " + ", ".join(f"{key} {'n/a' if value is None else f'{value:.4f}'}"
                                 for key, value in aucs.items())
     if None not in aucs.values():
@@ -158,15 +161,19 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     start = time.perf_counter()
     shutil.rmtree(data_dir, ignore_errors=True)
+    # a match model's negative sampler reads the generated item table
+    sampled = config.data_config.HasField("negative_sampler")
     generate(data_dir, args.num_rows, seed=0, scale=args.scale, eval_rows=args.eval_rows,
-             quiet=True)
+             quiet=True, item_table=sampled)
+    edits = demo_edits(args.batch_size, args.num_epochs, config)
+    if sampled:
+        edits["data_config.negative_sampler.input_path"] = os.path.join(data_dir, "items")
     print(f"[demo] training {path} on {device}", flush=True)
     code = train_eval.main([
         "--pipeline_config_path", path, "--model_dir", model_dir,
         "--train_input_path", os.path.join(data_dir, "train"),
         "--eval_input_path", os.path.join(data_dir, "eval"),
-        "--edit_config_json", json.dumps(demo_edits(args.batch_size, args.num_epochs,
-                                                    config))])
+        "--edit_config_json", json.dumps(edits)])
     if code != 0:
         return code
     with open(os.path.join(model_dir, "eval_result.txt"), encoding="utf-8") as f:

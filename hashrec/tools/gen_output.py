@@ -45,12 +45,12 @@ def _previous_output(out_dir: str, marker: str) -> set[str]:
 
 
 def _previous_splits(out_dir: str, marker: str, overwrite: bool) -> list[str]:
-    """The files of an earlier run with --eval_rows in the ``train`` and ``eval``
-    folders of ``out_dir``, as paths relative to it: a folder holding nothing else
-    goes too (after its files); with ``overwrite`` the run's files go from one that
-    holds other files too, which stay."""
+    """The files of an earlier run with --eval_rows in the ``train``, ``eval`` and
+    ``items`` (an item table) folders of ``out_dir``, as paths relative to it: a folder
+    holding nothing else goes too (after its files); with ``overwrite`` the run's files go
+    from one that holds other files too, which stay."""
     found = []
-    for split in ("train", "eval"):
+    for split in ("train", "eval", "items"):
         folder = os.path.join(out_dir, split)
         ours = _previous_output(folder, marker) if os.path.isdir(folder) else set()
         entries = set(os.listdir(folder)) if ours else set()

@@ -29,6 +29,16 @@ row; the label of a multi-task example's second task). Rows are in time order. S
 :mod:`hashrec.tools.taobao_world` for the ID spaces and the click and conversion models.
 ``buy`` is drawn last from a generator of its own: the other columns are the same as
 before it was added, for the same arguments.
+
+With ``--item_table`` (which needs ``--eval_rows``) the catalog also goes to
+``<output_dir>/items``: the item table a match model's ``data_config.negative_sampler``
+reads, one row per ad group with ``id`` (its adgroup_id), ``weight`` (its share of the
+impressions the simulation draws, so negatives come as often as items are shown) and
+``attrs`` (adgroup_id, cate_id, campaign_id, customer, brand and price, joined by ``:``,
+the sampler's default ``attr_delimiter``), then those six as columns of their own, so
+that ``predict`` of an exported item tower over it embeds every item once (an index for
+retrieval). It takes no random draws: the impressions are the same with it as without. A
+later run without it removes an earlier run's item table.
 """
 
 from __future__ import annotations
@@ -43,11 +53,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hashrec.tools.gen_output import (
+    GeneratorError,
     Progress,
     generator_parser,
     output_dirs,
     prepare_dir,
     run_generator,
+    stale_files,
     write_marker,
 )
 from hashrec.tools.taobao_world import (
@@ -68,6 +80,15 @@ ITEM_COLUMNS = ("adgroup_id", "cate_id", "campaign_id", "customer", "brand")
 SEQUENCE_FIELDS = ("adgroup_id", "cate_id", "brand")
 COLUMNS = ("user_id", *USER_COLUMNS, *ITEM_COLUMNS, "price", "pid",
            *(f"click_50_seq__{f}" for f in SEQUENCE_FIELDS), "clk", "buy")
+# The item table's attrs, in order (a negative sampler's attr_fields), and their separator
+# (NegativeSampler's default attr_delimiter).
+ITEM_ATTR_FIELDS = (*ITEM_COLUMNS, "price")
+ITEM_ATTR_DELIMITER = ":"
+ITEMS_DIR = "items"
+ITEM_TABLE_NEEDS_EVAL = (
+    "--item_table needs --eval_rows: the item table goes to OUTPUT_DIR/items beside "
+    "OUTPUT_DIR/train and OUTPUT_DIR/eval (without --eval_rows the rows go to OUTPUT_DIR "
+    "itself, and reading it would read the item table as rows)")
 
 
 SEQUENCE_FORMATS = ("string", "list")
@@ -134,17 +155,71 @@ def write_split(out_dir: str, users: Users, catalog: Catalog, imp: Impressions,
     return paths
 
 
+def catalog_item_table(catalog: Catalog) -> pa.Table:
+    """The negative sampler's item table of ``catalog``, one row per ad group in popularity
+    order: ``id`` (adgroup_id), ``weight`` (the item's impression probability), ``attrs``
+    (``ITEM_ATTR_FIELDS`` as text joined by ``ITEM_ATTR_DELIMITER``), then the same fields
+    as columns typed as in the rows (the sampler reads the first three; the item tower of
+    an export reads the others)."""
+    columns = {name: pa.array(getattr(catalog, name),
+                              pa.float64() if name == "price" else pa.int64())
+               for name in ITEM_ATTR_FIELDS}
+    texts = [pc.cast(column, pa.string()) for column in columns.values()]
+    return pa.table({
+        "id": columns["adgroup_id"],
+        "weight": pa.array(np.diff(catalog.show_cdf, prepend=0.0), pa.float64()),
+        "attrs": pc.binary_join_element_wise(*texts, ITEM_ATTR_DELIMITER), **columns})
+
+
+def write_items(out_dir: str, catalog: Catalog, row_group_size: int, log,
+                stale: tuple[str, ...] = ()) -> list[str]:
+    """Write the item table of ``catalog`` to ``out_dir`` (as :func:`write_split` writes a
+    split: one part file and the marker); return its path in a list."""
+    prepare_dir(out_dir, stale, log)
+    name = "part-00000.parquet"
+    table = catalog_item_table(catalog)
+    write_marker(out_dir, MARKER, [name], table.num_rows, complete=False)
+    path = os.path.join(out_dir, name)
+    pq.write_table(table, path, row_group_size=row_group_size)
+    write_marker(out_dir, MARKER, [name], table.num_rows, complete=True)
+    log(f"wrote {path} ({table.num_rows} items)")
+    return [path]
+
+
+def _earlier_items(items_dir: str) -> tuple[str, ...]:
+    """The files of an earlier run's item table in ``items_dir`` where it holds nothing
+    else (a folder holding other files is left as it is)."""
+    if not os.path.isdir(items_dir) or not os.path.exists(os.path.join(items_dir, MARKER)):
+        return ()
+    try:
+        return tuple(stale_files(items_dir, False, MARKER))
+    except GeneratorError:
+        return ()
+
+
+def _remove_earlier_items(items_dir: str, files: tuple[str, ...], log) -> None:
+    for name in files:
+        os.remove(os.path.join(items_dir, name))
+    if files and not os.listdir(items_dir):
+        os.rmdir(items_dir)
+        log(f"removed the earlier run's item table {items_dir} (pass --item_table to "
+            f"write a new one)")
+
+
 def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
              scale: float = 1.0, eval_rows: int = 0, row_group_size: int = 65536,
              quiet: bool = False, sequence_format: str = "string",
-             overwrite: bool = False) -> dict[str, list[str]]:
-    """Generate the data set; return {"train"|"eval"|"data": [paths]}.
+             overwrite: bool = False, item_table: bool = False) -> dict[str, list[str]]:
+    """Generate the data set; return {"train"|"eval"|"data"|"items": [paths]}.
 
     ``sequence_format``: ``string`` (IDs joined by ``|``, as in the Taobao data) or
     ``list`` (parquet list<int64>, which the reader parses in about half the CPU time).
     ``overwrite``: write into directories holding other files too (their
     ``part-*.parquet`` files are deleted first); otherwise only new or empty
     directories, or ones holding an earlier run's output, are written.
+    ``item_table``: also write the catalog's item table to ``<output_dir>/items`` (see the
+    module docstring); needs ``eval_rows`` (without it ``output_dir`` holds the rows, and
+    reading it would read the item table too).
 
     Raises:
         GeneratorError: an output directory is a file or holds other files (nothing is
@@ -153,7 +228,12 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
     if sequence_format not in SEQUENCE_FORMATS:
         raise ValueError(f"sequence_format={sequence_format!r}; allowed: "
                          f"{', '.join(SEQUENCE_FORMATS)}")
+    if item_table and not eval_rows:
+        raise ValueError(ITEM_TABLE_NEEDS_EVAL)
     dirs, stale = output_dirs(output_dir, eval_rows, overwrite, MARKER)
+    items_dir = os.path.join(output_dir, ITEMS_DIR)
+    items_stale = tuple(stale_files(items_dir, overwrite, MARKER)) if item_table else ()
+    earlier_items = _earlier_items(items_dir) if eval_rows and not item_table else ()
     log = Progress("gen_taobao_data", quiet)
     # The third child (conversions) came later; spawning it leaves the first two as they were.
     world_seed, rows_seed, buy_seed = np.random.SeedSequence(seed).spawn(3)
@@ -171,9 +251,13 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
     eval_files = max(1, min(num_files, round(num_files * eval_rows / num_rows)))
     spans = {"data": (0, num_rows, num_files), "train": (0, num_rows, num_files),
              "eval": (num_rows, num_rows + eval_rows, eval_files)}
-    return {split: write_split(d, users, catalog, imp, *spans[split], row_group_size, log,
-                               sequence_format, stale[split])
-            for split, d in dirs.items()}
+    paths = {split: write_split(d, users, catalog, imp, *spans[split], row_group_size, log,
+                                sequence_format, stale[split])
+             for split, d in dirs.items()}
+    if item_table:
+        paths["items"] = write_items(items_dir, catalog, row_group_size, log, items_stale)
+    _remove_earlier_items(items_dir, earlier_items, log)
+    return paths
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -185,14 +269,23 @@ def _parser() -> argparse.ArgumentParser:
                    help="behaviour sequences as IDs joined by '|' (string, default, as in "
                         "the Taobao data) or as parquet list<int64> (list: parsed in about "
                         "half the CPU time)")
+    p.add_argument("--item_table", action="store_true",
+                   help="also write OUTPUT_DIR/items: one row per ad group (id, weight: its "
+                        "impression share, attrs: adgroup_id:cate_id:campaign_id:customer:"
+                        "brand:price, then those six as columns), the item table of a "
+                        "match model's negative_sampler; needs --eval_rows")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.item_table and not args.eval_rows:
+        parser.error(ITEM_TABLE_NEEDS_EVAL)
     return run_generator("gen_taobao_data", lambda: generate(
         args.output_dir, args.num_rows, args.num_files, args.seed, args.scale, args.eval_rows,
-        args.row_group_size, args.quiet, args.sequence_format, args.overwrite))
+        args.row_group_size, args.quiet, args.sequence_format, args.overwrite,
+        args.item_table))
 
 
 if __name__ == "__main__":

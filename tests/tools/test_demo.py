@@ -31,6 +31,8 @@ def test_auc_summary_names_each_task():
     assert auc_summary({"auc_ctr": 0.61, "auc_cvr": 0.655, "loss": 0.3}) == \
         "eval auc_ctr 0.6100, auc_cvr 0.6550"
     assert auc_summary({"mean_squared_error": 1.5}) == "no AUC in the evaluation"
+    assert auc_summary({"recall@1": 0.15, "recall@5": 0.2612, "loss": 3.2}) == \
+        "eval recall@1 0.1500, recall@5 0.2612"
 
 
 def test_an_undefined_auc_reads_n_a():
@@ -88,6 +90,18 @@ def test_the_demo_trains_the_multi_task_example(tmp_path, capsys, monkeypatch):
     assert code == 0
     done = [line for line in capsys.readouterr().out.splitlines() if "[demo] done" in line]
     assert len(done) == 1 and "auc_ctr" in done[0] and "auc_cvr" in done[0]
+
+
+def test_the_demo_trains_a_match_example_on_the_generated_item_table(tmp_path, capsys,
+                                                                       monkeypatch):
+    monkeypatch.chdir(ROOT)
+    code = main(["--work_dir", str(tmp_path / "demo"), "--num_rows", "200", "--eval_rows",
+                 "50", "--batch_size", "64", "--num_epochs", "1", "--config",
+                 os.path.join("examples", "dssm_taobao_dynamicemb.config")])
+    assert code == 0
+    assert (tmp_path / "demo" / "data" / "items" / "part-00000.parquet").exists()
+    done = [line for line in capsys.readouterr().out.splitlines() if "[demo] done" in line]
+    assert len(done) == 1 and "eval recall@1 " in done[0] and "on 50 rows" in done[0]
 
 
 def test_the_default_config_is_found_outside_the_repository_root(tmp_path, monkeypatch):

@@ -4,7 +4,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from hashrec.tools import taobao_world
-from hashrec.tools.gen_taobao_data import COLUMNS, generate, main
+from hashrec.tools.gen_taobao_data import (
+    COLUMNS,
+    ITEM_ATTR_DELIMITER,
+    ITEM_ATTR_FIELDS,
+    generate,
+    main,
+)
 
 SCALE = 0.002
 SMALL_BUCKETS = {"cms_segid": 98, "cms_group_id": 14, "final_gender_code": 3, "age_level": 8,
@@ -208,8 +214,9 @@ def test_row_counts_accept_whole_numbers_in_e_notation(tmp_path):
     (["--num_rows", "5", "--scale", "x"], "--scale: expected a number, got 'x'"),
     (["--num_rows", "5", "--eval_rows", "-2"], "--eval_rows: must be >= 0, got -2"),
     (["--num_rows", "5", "--seed", "-1"], "--seed: must be >= 0, got -1"),
+    (["--num_rows", "5", "--item_table"], "--item_table needs --eval_rows"),
 ], ids=["zero-rows", "fractional-rows", "word-rows", "negative-scale", "word-scale",
-        "negative-eval-rows", "negative-seed"])
+        "negative-eval-rows", "negative-seed", "item-table-without-eval"])
 def test_command_line_rejects_bad_arguments(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit):
         main(["--output_dir", str(tmp_path), *args])
@@ -320,3 +327,91 @@ def test_the_mmoe_example_trains_conversions_on_clicked_rows(tmp_path):
         result = json.loads(f.read().splitlines()[-1])
     assert result["num_examples"] == 10_000
     assert result["auc_ctr"] > 0.55 and result["auc_cvr"] > 0.6
+
+
+def _sampler_config(input_path: str):
+    from hashrec.config import data_pb2
+
+    return data_pb2.NegativeSampler(input_path=input_path, num_sample=256,
+                                    attr_fields=list(ITEM_ATTR_FIELDS),
+                                    item_id_field="adgroup_id",
+                                    attr_delimiter=ITEM_ATTR_DELIMITER)
+
+
+def test_the_item_table_round_trips_through_the_negative_sampler(tmp_path):
+    """Every ad group once, weighted by how often it is shown; the sampler's rows carry the
+    item columns exactly as the impressions hold them."""
+    from hashrec.data.sampler import NegativeSampler
+
+    paths = generate(str(tmp_path / "d"), 6000, seed=3, scale=SCALE, eval_rows=500,
+                     quiet=True, item_table=True)
+    assert paths["items"] == [str(tmp_path / "d" / "items" / "part-00000.parquet")]
+    items = pq.read_table(tmp_path / "d" / "items")
+    assert items.column_names == ["id", "weight", "attrs", *ITEM_ATTR_FIELDS]
+    assert items.num_rows == taobao_world.space_sizes(SCALE)["adgroup_id"] - 1
+    assert len(set(items.column("id").to_pylist())) == items.num_rows
+    assert items.column("weight").to_numpy().sum() == pytest.approx(1.0)
+    train = pq.read_table(tmp_path / "d" / "train")
+    seen = {row[0]: row for row in zip(*(train.column(f).to_pylist()
+                                         for f in ITEM_ATTR_FIELDS))}
+    assert set(seen) <= set(items.column("id").to_pylist())
+    shown = np.bincount(train.column("adgroup_id").to_numpy())
+    heaviest = items.column("id")[int(np.argmax(items.column("weight").to_numpy()))].as_py()
+    assert heaviest == int(np.argmax(shown))
+
+    sampler = NegativeSampler(_sampler_config(str(tmp_path / "d" / "items")))
+    batch = train.slice(0, 64)
+    negatives = sampler.sample(batch, np.random.default_rng(0))
+    assert negatives.schema == batch.schema and negatives.num_rows == 256
+    assert negatives.column("user_id").null_count == 256  # user side left empty
+    by_id = {row[0]: row for row in zip(*(items.column(f).to_pylist()
+                                          for f in ITEM_ATTR_FIELDS))}
+    drawn = list(zip(*(negatives.column(f).to_pylist() for f in ITEM_ATTR_FIELDS)))
+    assert all(row == by_id[row[0]] for row in drawn)
+    assert sum(row[0] in seen for row in drawn) > 128  # mostly items the rows show
+    assert [row for row in drawn if row[0] in seen] == \
+        [seen[row[0]] for row in drawn if row[0] in seen]
+
+
+def test_the_item_table_leaves_the_impressions_as_they_were(tmp_path):
+    generate(str(tmp_path / "plain"), 2000, seed=6, scale=SCALE, eval_rows=300, quiet=True)
+    generate(str(tmp_path / "items"), 2000, seed=6, scale=SCALE, eval_rows=300, quiet=True,
+             item_table=True)
+    for split in ("train", "eval"):
+        assert pq.read_table(tmp_path / "items" / split).equals(
+            pq.read_table(tmp_path / "plain" / split))
+    assert not (tmp_path / "plain" / "items").exists()
+
+
+def test_a_rerun_replaces_or_removes_the_earlier_item_table(tmp_path, capsys):
+    out = tmp_path / "d"
+    args = ["--output_dir", str(out), "--num_rows", "500", "--eval_rows", "100",
+            "--scale", "0.001"]
+    assert main([*args, "--item_table", "--seed", "1"]) == 0
+    first = pq.read_table(out / "items")
+    assert main([*args, "--item_table", "--seed", "2"]) == 0
+    assert not pq.read_table(out / "items").equals(first)
+    capsys.readouterr()
+    assert main(args) == 0  # without --item_table: the earlier table no longer fits
+    assert not (out / "items").exists()
+    assert "removed the earlier run's item table" in capsys.readouterr().err
+    assert main([*args, "--item_table"]) == 0
+    # a run without --eval_rows writes into the directory itself: the item table goes too
+    assert main(args[:4] + ["--scale", "0.001", "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["_gen_taobao_data.json",
+                                                     "part-00000.parquet"]
+
+
+def test_an_item_folder_holding_other_files_is_refused_unless_overwrite(tmp_path, capsys):
+    out = tmp_path / "d"
+    before = _foreign_parts(out / "items")
+    args = ["--output_dir", str(out), "--num_rows", "500", "--eval_rows", "100",
+            "--scale", "0.001", "--quiet", "--item_table"]
+    assert main(args) == 1
+    assert f"{out / 'items'} is not empty" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (out / "items").iterdir()} == before
+    assert not (out / "train").exists()
+    assert main(args[:-1]) == 0  # without --item_table a folder of other files stays
+    assert {p.name: p.read_bytes() for p in (out / "items").iterdir()} == before
+    assert main(args + ["--overwrite"]) == 0
+    assert (out / "items" / "keep.txt").read_text() == "mine"
