@@ -81,8 +81,9 @@ def test_mind_learns_a_click_sequence_affinity_exports_and_predicts_interests(tm
     config = parse_pipeline_config(CONFIG.format(tmp=tmp_path, items=ITEMS))
     validate_pipeline_config(config)
     result = train_and_evaluate(config)
-    # 32 items a row: chance puts the positive in the top 5 for 5/32 (0.16) of the rows
-    # (this run: 0.46)
+    # 32 items a row: chance puts the positive in the top 5 for 5/32 (0.16) of the rows;
+    # a scorer that knows each row's two groups, and nothing else can tell their items
+    # apart, ranks about 8.8 items first and reaches about 0.61 (this run: 0.46)
     assert result["recall@5"] > 0.35, result
 
     export = tmp_path / "export"
