@@ -185,7 +185,7 @@ class ZchRemapper(nn.Module):
             return self.find(ids), empty
         self.step += 1
         step = int(self.step)
-        unique, counts = torch.unique(ids, return_counts=True)
+        unique, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
         slots = self.find(unique)
         hit = slots >= 0
         self._counts["lookups"] += unique.numel()
@@ -200,8 +200,9 @@ class ZchRemapper(nn.Module):
             reset = self._evict(step)
             self._counts["assigned"] += reset.numel()
             self._counts["evictions"] += reset.numel()
-        self._counts["without_row"] += (self.find(unique) < 0).sum()
-        return self.find(ids), reset
+        slots = self.find(unique)  # after the assignments and evictions above
+        self._counts["without_row"] += (slots < 0).sum()
+        return slots[inverse], reset
 
     def _take_slots(self, slots: torch.Tensor, keys: torch.Tensor, counts: torch.Tensor,
                     last: torch.Tensor | int) -> None:
