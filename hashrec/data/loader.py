@@ -21,7 +21,7 @@ from hashrec.data.dataset import (
 )
 from hashrec.data.errors import DataError
 from hashrec.data.paths import expand_input_path
-from hashrec.data.sampler import negative_sampler
+from hashrec.data.sampler import ItemTable, negative_sampler
 from hashrec.data.sources import CsvFormat
 
 MODES = ("train", "eval", "predict")
@@ -102,16 +102,18 @@ def build_dataset(data_config, feature_set, input_path: str, options: ReadOption
     return ParquetDataset(files, feature_set, options, pin_memory, sampler)
 
 
-def check_input(data_config, feature_set, input_path: str, mode: str) -> None:
+def check_input(data_config, feature_set, input_path: str, mode: str,
+                items: ItemTable | None = None) -> None:
     """What ``mode``'s loader of ``input_path`` checks when it is built (the files, their
     format and needed columns, an input without rows), without reading rows: for an
-    input first read later, as the evaluation's after training.
+    input first read later, as the evaluation's after training. ``items``: as
+    :func:`create_dataloader`'s.
 
     Raises:
         DataError: as :func:`create_dataloader`.
     """
     build_dataset(data_config, feature_set, input_path, read_options(data_config, mode),
-                  sampler=negative_sampler(data_config, mode))
+                  sampler=negative_sampler(data_config, mode, items))
 
 
 def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank: int = 0,
@@ -119,7 +121,8 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
                       reserved_columns: Sequence[str] = (), num_epochs: int | None = 1,
                       seed: int = 0, num_workers: int | None = None,
                       start_method: str | None = None, tag_epochs: bool = False,
-                      worker_cores: tuple[int, ...] | None = None) -> BatchLoader:
+                      worker_cores: tuple[int, ...] | None = None,
+                      items: ItemTable | None = None) -> BatchLoader:
     """An iterable of parsed :class:`Batch` objects for one rank.
 
     Args:
@@ -151,6 +154,9 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
             ``if __name__ == "__main__":`` guard, as with ``spawn``.
         worker_cores: CPU cores the workers run on (Linux; None: those of this
             process).
+        items: the item table of ``data_config.negative_sampler``, read already
+            (``hashrec.data.sampler.negative_items``: a run reads it once for all its
+            loaders); None reads it.
 
     Raises:
         DataError: unreadable or missing files, an input without rows, missing
@@ -162,7 +168,7 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
     workers = data_config.num_workers if num_workers is None else num_workers
     pin = bool(getattr(data_config, "pin_memory", False)) and torch.cuda.is_available()
     dataset = build_dataset(data_config, feature_set, input_path, options, pin,
-                            negative_sampler(data_config, mode))
+                            negative_sampler(data_config, mode, items))
     context = _worker_context(start_method) if workers else None
     init = functools.partial(_init_worker, tuple(worker_cores) if worker_cores else None)
     return BatchLoader(dataset, batch_size=None, num_workers=int(workers), pin_memory=pin,

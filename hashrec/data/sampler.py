@@ -6,7 +6,8 @@ The item table has TorchEasyRec's schema: a row per item with ``id`` (int64), ``
 GraphLearn; HashRec reads local files: parquet (``.parquet``) or delimited text whose
 first line names the columns (``id:int64<TAB>weight:float<TAB>attrs:string``, the types
 after ``:`` optional; ``field_delimiter``, default tab). ``input_path`` takes files,
-directories and globs as the input paths do.
+directories and globs as the input paths do. A training run reads it once
+(``read_item_table``): its training and evaluation samplers share that read.
 
 Each batch gets ``num_sample`` items (``num_eval_sample`` in evaluation where set), each
 drawn with probability proportional to its weight, with replacement; a draw of an item
@@ -22,6 +23,7 @@ user features see empty rows.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -41,19 +43,67 @@ LIST_SEPARATOR = "\x1d"
 _WHERE = "data_config.negative_sampler"
 
 
+@dataclass(frozen=True)
+class ItemTable:
+    """The items of a negative sampler's item table, read and checked once
+    (``read_item_table``) and shared by the samplers of a run (training's and
+    evaluation's draw from the same table).
+
+    Attributes:
+        source: what it was read with: (input_path, attr_fields, attr_delimiter,
+            field_delimiter).
+        ids: (n,) int64 item ids.
+        cumulative: (n,) float64 running sum of the weights (> 0 at the end).
+        attrs: attr field -> (n,) texts of the items' values.
+    """
+
+    source: tuple
+    ids: np.ndarray
+    cumulative: np.ndarray
+    attrs: dict[str, pa.Array]
+
+
+def _source(config) -> tuple:
+    delimiter = config.field_delimiter if config.HasField("field_delimiter") else "\t"
+    return (config.input_path, tuple(config.attr_fields), config.attr_delimiter, delimiter)
+
+
+def read_item_table(config) -> ItemTable:
+    """The item table of the ``NegativeSampler`` message ``config``, read and checked.
+
+    Raises:
+        DataError: a setting the table is read with out of range (naming the field), or an
+            item table that is missing, unreadable or malformed (naming the file, column
+            and row).
+    """
+    if not config.attr_fields:
+        raise DataError(f"{_WHERE}.attr_fields is empty; list the item columns that the "
+                        f"item table's attrs hold, in their order")
+    if not config.attr_delimiter:
+        raise DataError(f"{_WHERE}.attr_delimiter is empty; set the separator of the "
+                        f"attrs (default ':')")
+    source = _source(config)
+    ids, weights, attrs = _load_items(*source)
+    return ItemTable(source, ids, np.cumsum(weights), attrs)
+
+
 class NegativeSampler:
     """Items of one item table, drawn by weight.
 
     Args:
         config: the ``NegativeSampler`` message.
         evaluation: draw ``num_eval_sample`` items a batch where it is set.
+        items: the table ``read_item_table(config)`` gave (a run reads it once for all
+            its samplers); None reads it.
 
     Raises:
         DataError: a setting out of range (naming the field), or an item table that is
             missing, unreadable or malformed (naming the file, column and row).
+        ValueError: ``items`` read with other settings than ``config``'s.
     """
 
-    def __init__(self, config, evaluation: bool = False) -> None:
+    def __init__(self, config, evaluation: bool = False, items: ItemTable | None = None
+                 ) -> None:
         self.num_sample = int(config.num_eval_sample) \
             if evaluation and config.HasField("num_eval_sample") else int(config.num_sample)
         if self.num_sample < 1:
@@ -61,21 +111,17 @@ class NegativeSampler:
                 else "num_sample"
             raise DataError(f"{_WHERE}.{field}={self.num_sample}; allowed: 1 or more "
                             f"negative items a batch")
-        if not config.attr_fields:
-            raise DataError(f"{_WHERE}.attr_fields is empty; list the item columns that the "
-                            f"item table's attrs hold, in their order")
         if not config.item_id_field:
             raise DataError(f"{_WHERE}.item_id_field is empty; name the input column of the "
                             f"item id")
-        if not config.attr_delimiter:
-            raise DataError(f"{_WHERE}.attr_delimiter is empty; set the separator of the "
-                            f"attrs (default ':')")
+        if items is None:
+            items = read_item_table(config)
+        elif items.source != _source(config):
+            raise ValueError(f"items read from {items.source}, not from this sampler's "
+                             f"{_source(config)}")
         self.item_id_field = config.item_id_field
-        self.attr_fields = tuple(config.attr_fields)
-        delimiter = config.field_delimiter if config.HasField("field_delimiter") else "\t"
-        self.ids, weights, self.attrs = _load_items(config.input_path, self.attr_fields,
-                                                    config.attr_delimiter, delimiter)
-        self._cumulative = np.cumsum(weights)
+        self.attr_fields = items.source[1]
+        self.ids, self._cumulative, self.attrs = items.ids, items.cumulative, items.attrs
         self._warned: set[str] = set()
 
     def sample(self, batch: pa.Table, rng: np.random.Generator) -> pa.Table:
@@ -230,11 +276,27 @@ def _nulls(array: pa.Array) -> np.ndarray:
     return pc.is_null(array).to_numpy(zero_copy_only=False)
 
 
-def negative_sampler(data_config, mode: str) -> NegativeSampler | None:
-    """The sampler of ``data_config.negative_sampler`` for a ``mode`` loader (train or
-    eval; none for predict, whose rows are scored as they are); None without one."""
+def _has_sampler(data_config) -> bool:
+    """Whether ``data_config`` sets ``negative_sampler``."""
     has_field = getattr(data_config, "HasField", None)  # a stand-in config may lack it
-    if mode == "predict" or has_field is None or not has_field("negative_sampler"):
+    return has_field is not None and has_field("negative_sampler")
+
+
+def negative_items(data_config) -> ItemTable | None:
+    """The item table of ``data_config.negative_sampler``, read and checked
+    (``read_item_table``); None without a sampler."""
+    if not _has_sampler(data_config):
         return None
-    return NegativeSampler(data_config.negative_sampler, evaluation=mode == "eval")
+    return read_item_table(data_config.negative_sampler)
+
+
+def negative_sampler(data_config, mode: str, items: ItemTable | None = None
+                     ) -> NegativeSampler | None:
+    """The sampler of ``data_config.negative_sampler`` for a ``mode`` loader (train or
+    eval; none for predict, whose rows are scored as they are); None without one.
+    ``items``: its item table, read already (``read_item_table``); None reads it."""
+    if mode == "predict" or not _has_sampler(data_config):
+        return None
+    return NegativeSampler(data_config.negative_sampler, evaluation=mode == "eval",
+                           items=items)
 

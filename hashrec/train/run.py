@@ -69,7 +69,8 @@ def _train(config, continue_train: bool, fine_tune_checkpoint: str | None,
     param_map = read_param_map(map_path) if map_path else None  # a bad file found now
     session = build_session(config, rank, world_size, ctx=ctx)
     if config.eval_input_path:  # its format and columns now, not after the first save
-        check_input(config.data_config, session.feature_set, config.eval_input_path, "eval")
+        check_input(config.data_config, session.feature_set, config.eval_input_path, "eval",
+                    session.negative_items())
     resume = checkpoints.restore_for_training(
         model_dir, session.model, session.dense, continue_train,
         fine_tune_checkpoint or config.train_config.fine_tune_checkpoint or None,

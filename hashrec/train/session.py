@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from hashrec.config import save_pipeline_config
 from hashrec.data import create_dataloader
+from hashrec.data.sampler import negative_items
 from hashrec.distributed import DistContext, single_process_context
 from hashrec.embedding import EmbeddingCollection
 from hashrec.features import build_feature_set
@@ -64,6 +65,8 @@ class Session:
     world_size: int = 1
     ctx: DistContext | None = None
     cpu_placement: CpuPlacement | None = None
+    # (the negative sampler's item table,) once read, (None,) without one: ``negative_items``
+    _items: tuple = field(default=(), init=False, repr=False)
 
     @property
     def model_dir(self) -> str:
@@ -73,14 +76,23 @@ class Session:
     def is_chief(self) -> bool:
         return self.rank == 0
 
+    def negative_items(self):
+        """The item table of ``data_config.negative_sampler`` (None without one), read on
+        first use and kept: the input check, the training loader and every evaluation's
+        share one read."""
+        if not self._items:
+            self._items = (negative_items(self.config.data_config),)
+        return self._items[0]
+
     def loader(self, input_path: str, mode: str, epoch: int = 0):
         """Batches of ``input_path`` for this rank (``mode`` train or eval)."""
         if not input_path:
-            field = "train_input_path" if mode == "train" else "eval_input_path"
-            raise TrainError(f"{field} is empty; set it in the config or on the command line")
+            name = "train_input_path" if mode == "train" else "eval_input_path"
+            raise TrainError(f"{name} is empty; set it in the config or on the command line")
         return create_dataloader(self.config.data_config, self.feature_set, input_path, mode,
                                  rank=self.rank, world_size=self.world_size, seed=epoch,
-                                 worker_cores=self._worker_cores())
+                                 worker_cores=self._worker_cores(),
+                                 items=self.negative_items())
 
     def train_stream(self, input_path: str, first_epoch: int, num_epochs: int | None):
         """One loader of this rank's training batches over epochs ``first_epoch`` on
@@ -93,7 +105,8 @@ class Session:
         return create_dataloader(self.config.data_config, self.feature_set, input_path,
                                  "train", rank=self.rank, world_size=self.world_size,
                                  seed=first_epoch, num_epochs=num_epochs, tag_epochs=True,
-                                 worker_cores=self._worker_cores())
+                                 worker_cores=self._worker_cores(),
+                                 items=self.negative_items())
 
     def _worker_cores(self) -> tuple[int, ...] | None:
         return self.cpu_placement.workers if self.cpu_placement is not None else None

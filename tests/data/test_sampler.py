@@ -10,7 +10,7 @@ import pytest
 
 from hashrec.config.data_pb2 import NegativeSampler as SamplerConfig
 from hashrec.data.errors import DataError
-from hashrec.data.sampler import NegativeSampler
+from hashrec.data.sampler import NegativeSampler, read_item_table
 
 
 def _config(path, num_sample=50, **fields) -> SamplerConfig:
@@ -107,3 +107,14 @@ def test_an_input_without_the_item_id_field_names_it(tmp_path):
     sampler = NegativeSampler(_config(_items(tmp_path), item_id_field="adgroup"))
     with pytest.raises(DataError, match="item_id_field 'adgroup' is not a column"):
         sampler.sample(_batch(), np.random.default_rng(0))
+
+
+def test_samplers_share_a_table_read_once_and_refuse_another_configs(tmp_path):
+    config = _config(_items(tmp_path), num_sample=5, num_eval_sample=3)
+    items = read_item_table(config)
+    train, evaluation = NegativeSampler(config, items=items), \
+        NegativeSampler(config, evaluation=True, items=items)
+    assert train.ids is evaluation.ids is items.ids
+    assert (train.num_sample, evaluation.num_sample) == (5, 3)
+    with pytest.raises(ValueError, match="not from this sampler's"):
+        NegativeSampler(_config(tmp_path / "other.parquet"), items=items)

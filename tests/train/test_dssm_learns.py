@@ -11,6 +11,7 @@ import pytest
 import torch
 from match_examples import local_match_example
 
+import hashrec.data.sampler as sampler_module
 from hashrec.checkpoint import latest_checkpoint
 from hashrec.config import parse_pipeline_config, validate_pipeline_config
 from hashrec.export.exporter import export_model
@@ -97,6 +98,25 @@ def test_dssm_with_sampled_negatives_trains_exports_and_predicts_embeddings(tmp_
     expected = (user * item).sum(dim=1) / 0.1
     torch.testing.assert_close(torch.tensor(out["similarity"].to_pylist()), expected,
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_run_reads_the_item_table_once(tmp_path, monkeypatch):
+    """The eval input's check at startup, the training loader and each evaluation's draw
+    from one read of the item table."""
+    _write_data(tmp_path)
+    path = str(tmp_path / "items.parquet")
+    pq.write_table(pa.table({"id": np.arange(96), "weight": np.ones(96),
+                             "attrs": [str(i) for i in range(96)]}), path)
+    reads = []
+    read_table = sampler_module._read_table
+    monkeypatch.setattr(sampler_module, "_read_table",
+                        lambda file, *rest: reads.append(file) or read_table(file, *rest))
+    sampler = (f'negative_sampler {{ input_path: "{path}" num_sample: 8 '
+               f'attr_fields: "adgroup_id" item_id_field: "adgroup_id" }}')
+    config = parse_pipeline_config(_config(tmp_path, "", 1, sampler))
+    config.train_config.save_checkpoints_steps = 24  # two evaluations
+    assert train_and_evaluate(config)["step"] == 48
+    assert reads == [path]
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["in-batch", "sampled"])
