@@ -298,13 +298,14 @@ def _check_reserved(reserved: tuple[str, ...], columns: tuple[str, ...]) -> None
 
 def _prediction_columns(config) -> tuple[str, ...]:
     """The columns the exported model of ``config`` gives, in output order: each task's
-    prediction (``probs`` or ``y``, suffixed ``_<tower_name>`` in a multi-task model),
-    then each task's logits."""
-    from hashrec.models.tasks import model_tasks, prediction_columns
+    prediction (``probs`` or ``y``, suffixed ``_<tower_name>`` in a multi-task model, and
+    ``_<tower_name>_<k>`` for each domain of a PEPNet's towers per domain), then each
+    task's logits."""
+    from hashrec.models.tasks import model_tasks, output_tasks, prediction_columns, task_domains
 
     data = config.data_config
-    return prediction_columns(model_tasks(config.model_config, data.label_fields,
-                                          data.sample_weight_fields))
+    tasks = model_tasks(config.model_config, data.label_fields, data.sample_weight_fields)
+    return prediction_columns(output_tasks(tasks, task_domains(config.model_config)[1]))
 
 
 def predict(export_dir: str, input_path: str, output_path: str,

@@ -37,11 +37,6 @@ _REFUSED = {
                                 "towers without learned dropout; set dropout_ratio on the "
                                 "MLPs instead"),
     },
-    "PEPNet": {
-        "domain_input_name": (bool, "each task has one tower for every domain, not a tower "
-                              "per domain chosen by a domain label"),
-        "task_domain_num": (lambda v: v != 1, "each task has one tower for every domain"),
-    },
     "DataConfig": {
         "sample_mask_prob": (lambda v: v > 0, "no samples are masked"),
         "negative_sample_mask_prob": (lambda v: v > 0, "there is no negative sampling"),

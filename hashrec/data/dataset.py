@@ -109,8 +109,8 @@ class FileDataset(IterableDataset):
 
     Args:
         files: data files (see :func:`hashrec.data.paths.expand_input_path`).
-        feature_set: has ``input_columns``, ``target_columns``, ``column_notes`` and
-            ``parse(table, with_labels) -> Batch``.
+        feature_set: has ``input_columns``, ``feature_columns``, ``target_columns``,
+            ``column_notes`` and ``parse(table, with_labels) -> Batch``.
         options: how to walk the rows.
         source: the file format.
         pin_memory: the loader pins batches (workers then hand them over in
@@ -161,8 +161,9 @@ class FileDataset(IterableDataset):
     @staticmethod
     def needed_columns(feature_set, options: ReadOptions, sampler=None) -> list[str]:
         """Columns to read: the features' inputs (labels and the sample weight only when
-        parsed), reserved ones and the sampler's item id."""
-        labels = set(feature_set.target_columns)
+        parsed, unless a feature reads them too: a PEPNet's domain label), reserved ones
+        and the sampler's item id."""
+        labels = set(feature_set.target_columns) - set(feature_set.feature_columns)
         columns = [c for c in feature_set.input_columns
                    if options.with_labels or c not in labels]
         item_id = [sampler.item_id_field] if sampler is not None else []

@@ -59,6 +59,10 @@ class FeatureSet:
         class_labels: label column -> C, for the columns whose values must be class ids
             0 .. C-1 (those a task of C > 1 classes trains on; the fewest classes where
             tasks of several counts read one column).
+        domain_label: (column, K) of a PEPNet's towers per domain (``domain_input_name``,
+            ``task_domain_num``): the label column of each row's domain, whose values must
+            be ids 0 .. K-1; it may be a feature's input too (it picks a tower, it is not
+            a target).
         sample_weight_fields: columns of row loss weights (finite, >= 0): a task's
             ``sample_weight_name``, or the first for a task without one. Read, like the
             labels, only where labels are (``parse(with_labels=True)``), into
@@ -82,7 +86,8 @@ class FeatureSet:
                  left_out: tuple[str, ...] = (), unembedded: tuple[str, ...] = (),
                  wide: WideEmbeddings | None = None,
                  class_labels: dict[str, int] | None = None,
-                 column_notes: Mapping[str, str] | None = None) -> None:
+                 column_notes: Mapping[str, str] | None = None,
+                 domain_label: tuple[str, int] | None = None) -> None:
         self.features = {f.name: f for f in features}
         self.column_notes = dict(column_notes or {})
         self._tables = list(tables)
@@ -91,6 +96,7 @@ class FeatureSet:
         self.label_fields = list(label_fields)
         self.binary_losses = dict(binary_labels or {})
         self.class_labels = dict(class_labels or {})
+        self.domain_label = domain_label
         self.sample_weight_fields = tuple(sample_weight_fields)
         # Columns read only with the labels: the labels and the sample weights.
         self.target_columns = self.label_fields + list(self.sample_weight_fields)
@@ -248,6 +254,14 @@ class FeatureSet:
                          f"is not a class id in [0, {classes}); a task of num_class "
                          f"{classes} trains on the class ids 0 to {classes - 1} (fix the "
                          f"data, or the num_class)")
+        if self.domain_label is not None and name == self.domain_label[0]:
+            domains = self.domain_label[1]
+            _check_label(array, name,
+                         ~((values >= 0) & (values < domains) & (np.floor(values) == values)),
+                         f"is not a domain index in [0, {domains}); pepnet.domain_input_name "
+                         f"reads each row's domain, an id 0 to {domains - 1} "
+                         f"(pepnet.task_domain_num {domains}; fix the data, or "
+                         f"task_domain_num)")
         # A regression label (l2_loss), or one no loss reads: NaN or inf would make the
         # loss NaN, a divergence at the next log line that names no row.
         _check_label(array, name, ~np.isfinite(values),
@@ -345,9 +359,11 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
     features = read_as_generated(features, configs, data_config)
     labels = list(pipeline_config.data_config.label_fields)
     weights = _sample_weight_fields(pipeline_config.data_config, labels)
-    _check_names(features, labels, weights)
     model_config = pipeline_config.model_config if pipeline_config.HasField("model_config") \
         else None
+    domain = _domain_label(model_config)
+    _check_names(features, [name for name in labels if domain is None or name != domain[0]],
+                 weights)
     # Tables come from every feature, so that features sharing a table are checked to
     # agree whether or not a group names them; only the tables read are kept.
     for name, table in alias_emb_names(features).items():
@@ -364,7 +380,7 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
     embedded = {f.name for f in kept} - set(unembedded) - wide.wide_only
     return FeatureSet(kept, tables_read_by(tables, embedded), labels,
                       _binary_labels(labels, model_config), weights, left_out, unembedded,
-                      wide, _class_labels(labels, model_config), notes)
+                      wide, _class_labels(labels, model_config), notes, domain)
 
 
 def _sample_weight_fields(data_config, label_fields: list[str]) -> tuple[str, ...]:
@@ -446,6 +462,15 @@ def _class_labels(label_fields: list[str], model_config) -> dict[str, int]:
         if classes > 1 and name in label_fields:
             out[name] = min(classes, out.get(name, classes))
     return out
+
+
+def _domain_label(model_config) -> tuple[str, int] | None:
+    """(``domain_input_name``, ``task_domain_num``) of a PEPNet with towers per domain
+    (told by the fields, as ``_task_towers``; the model checks them), else None."""
+    if model_config is None or model_config.WhichOneof("model") != "pepnet" \
+            or not model_config.pepnet.domain_input_name:
+        return None
+    return model_config.pepnet.domain_input_name, int(model_config.pepnet.task_domain_num)
 
 
 def _tower_label(tower, position: int, label_fields: list[str]) -> str:

@@ -54,6 +54,9 @@ class RankModel(nn.Module):
         # for a single-task model.
         self.tasks = model_tasks(model_config, feature_set.label_fields,
                                  getattr(feature_set, "sample_weight_fields", ()))
+        # The tasks of the outputs, in logit order (a PEPNet's towers per domain have
+        # each task once per domain): what the forward and the export give.
+        self.output_tasks = self.tasks
         self.multi_task = model_config.WhichOneof("model") in MULTI_TASK_MODELS
         self.label_name = self.tasks[0].label_name
         # Whether the losses are weighted means over the rows (``sample_weights``).
@@ -181,7 +184,7 @@ class RankModel(nn.Module):
                 dense network (the trainer's FP16 gradient unscaling).
         """
         logits = self.dense_forward(self.embed(batch, embedding_hook), batch).float()
-        return self.predictions(logits)
+        return self.batch_predictions(logits, batch)
 
     def task_logits(self, logits: torch.Tensor) -> list[torch.Tensor]:
         """The dense network's logits -> each task's: (B,) for one logit, (B, C) for C
@@ -192,6 +195,12 @@ class RankModel(nn.Module):
         """The dense network's logits -> each task's outputs (``forward``)."""
         return task_outputs(self.task_logits(logits), [t.suffix for t in self.tasks],
                             [t.regression for t in self.tasks])
+
+    def batch_predictions(self, logits: torch.Tensor, batch) -> dict[str, torch.Tensor]:
+        """The outputs of ``batch``'s logits, what the metrics read: ``predictions``,
+        and whatever of them depends on the batch's labels (a PEPNet's towers per
+        domain: each task's outputs of the row's domain)."""
+        return self.predictions(logits)
 
     def labels(self, batch) -> torch.Tensor:
         """The batch's (B,) float32 labels of ``label_fields[0]``; a multi-task model's
@@ -249,6 +258,11 @@ class RankModel(nn.Module):
         weights = self.sample_weights(batch)
         sessions = self.session_ids(batch)
         return (self.labels(batch), *(t for t in (weights, sessions) if t is not None))
+
+    @property
+    def target_count(self) -> int:
+        """How many tensors ``targets`` gives."""
+        return 1 + int(self.weighted) + int(bool(self.session_names))
 
     def target_weights(self, targets: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
         """The row weights among ``targets`` (``targets(batch)``), None without: (B,) of a

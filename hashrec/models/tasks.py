@@ -17,10 +17,17 @@ classes ``probs1`` = probs[:, 1], (B,)), as in TorchEasyRec; the label is then t
 id 0 .. C-1. A task of several losses (``losses`` listing more than one) trains on their
 sum, each under its key (``binary_cross_entropy_ctr``, ``binary_focal_loss_ctr``), as in
 TorchEasyRec; they must make one prediction (:func:`losses_problem`).
+
+PEPNet's towers per domain (``domain_input_name``, ``task_domain_num`` K) give each task K
+towers, whose outputs carry the suffix ``_<tower_name>_<k>`` (``probs_ctr_0``), as in
+TorchEasyRec: :func:`task_domains` reads the two fields, :func:`output_tasks` lists the
+outputs' tasks. The task itself (its loss and metrics, ``probs_ctr``) reads, on each row,
+the tower of the row's domain.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -372,6 +379,58 @@ def _row_weighting(tower, where: str, labels: list[str], weights: list[str]) -> 
         factors[field_name] = value
     return {"sample_weight_name": name,
             "task_space_label": space, **factors}
+
+
+def task_domains(model_config, label_fields=None) -> tuple[str, int]:
+    """PEPNet's towers per domain: (``domain_input_name``, the label column holding each
+    row's domain index, ``task_domain_num`` K, the domains); ("", 0) for a model without
+    (every model but a PEPNet that sets ``domain_input_name``). As in TorchEasyRec,
+    ``domain_input_name`` alone makes the towers per domain (K 1 gives each task one,
+    output ``probs_<tower_name>_0``).
+
+    Args:
+        model_config: the pipeline's ``ModelConfig``.
+        label_fields: ``data_config.label_fields``, where the domain column must be; None
+            leaves that unchecked.
+
+    Raises:
+        ModelError: ``task_domain_num`` 0, or other than 1 without ``domain_input_name``
+            (TorchEasyRec would train one tower a task, without a word); an empty
+            ``domain_input_name``, or one that is not a label field.
+    """
+    if model_config.WhichOneof("model") != "pepnet":
+        return "", 0
+    config = model_config.pepnet
+    count = int(config.task_domain_num)
+    if count < 1:
+        raise ModelError(f"pepnet.task_domain_num={count}; allowed: 1 or more (the domains, "
+                         f"each task has a tower per domain)")
+    if not config.HasField("domain_input_name"):
+        if count != 1:
+            raise ModelError(f"pepnet.task_domain_num={count} without domain_input_name: the "
+                             f"towers per domain need each row's domain; set "
+                             f"domain_input_name to the label field holding it (an id in "
+                             f"[0, {count})), or remove task_domain_num")
+        return "", 0
+    name = config.domain_input_name
+    if not name:
+        raise ModelError("pepnet.domain_input_name is empty; name the label field holding "
+                         "each row's domain (an id in [0, task_domain_num))")
+    if label_fields is not None and name not in label_fields:
+        raise ModelError(f"pepnet.domain_input_name {name!r} is not one of "
+                         f"data_config.label_fields ({', '.join(label_fields) or 'none'}); add "
+                         f"it there, as TorchEasyRec reads the row's domain as a label")
+    return name, count
+
+
+def output_tasks(tasks, domains: int) -> tuple[Task, ...]:
+    """The tasks of a model's outputs, in the order of its logits: ``tasks``, or with
+    ``domains`` K > 0 (PEPNet's towers per domain, :func:`task_domains`) each task K
+    times, named ``<tower_name>_<k>`` for k = 0 .. K-1."""
+    if not domains:
+        return tuple(tasks)
+    return tuple(dataclasses.replace(task, name=f"{task.name}_{k}")
+                 for task in tasks for k in range(domains))
 
 
 def prediction_columns(tasks) -> tuple[str, ...]:

@@ -1,6 +1,7 @@
 """Small neural-network building blocks: MLP, DIN attention, factorization machine,
 pairwise dot interactions, MaskNet, cross networks (DCN v1, v2), CIN (xDeepFM), WuKong
-layers, sequence encoders (simple attention, pooling, multi-window DIN) and PEPNet's gates."""
+layers, sequence encoders (simple attention, pooling, multi-window DIN) and PEPNet's gates
+and towers per domain."""
 
 from hashrec.modules.activation import ACTIVATIONS, Dice, create_activation
 from hashrec.modules.cin import CIN
@@ -10,7 +11,7 @@ from hashrec.modules.fm import FactorizationMachine
 from hashrec.modules.interaction import PairwiseDot
 from hashrec.modules.masknet import MaskBlockOptions, MaskNet
 from hashrec.modules.mlp import MLP, MLPOptions
-from hashrec.modules.personalized import EPNet, GateNU, PPNet
+from hashrec.modules.personalized import DomainTowers, EPNet, GateNU, PPNet, pick_domain
 from hashrec.modules.sequence_encoders import MultiWindowDIN, SequencePooling, SimpleAttention
 from hashrec.modules.wukong import FactorizationMachineBlock, LinearCompress, WuKongLayer
 
@@ -19,5 +20,6 @@ __all__ = [
     "sequence_mask", "FactorizationMachine", "MLP", "MLPOptions", "PairwiseDot",
     "MaskBlockOptions", "MaskNet", "CIN", "Cross", "CrossV2",
     "FactorizationMachineBlock", "LinearCompress", "WuKongLayer", "EPNet", "GateNU", "PPNet",
+    "DomainTowers", "pick_domain",
     "MultiWindowDIN", "SequencePooling", "SimpleAttention",
 ]

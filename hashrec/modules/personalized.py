@@ -8,6 +8,9 @@
 * ``PPNet`` (parameter personalization): a task's tower of hidden layers, each
   ``linear -> activation``, times a gate over [user/item/author prior features, the
   tower's input held constant], then dropout.
+* ``DomainTowers`` and ``pick_domain``: a task's tower per domain (TorchEasyRec's
+  ``domain_input_name``), every tower run on every row, and each row's domain's logits
+  picked from them by a gather on the row's domain index (fixed shapes, no host reads).
 
 The gates read the main input without passing it a gradient, as the paper's
 stop-gradient does: the gates personalize the embeddings, they do not train them.
@@ -121,3 +124,31 @@ class PPNet(nn.Module):
         for layer in self.layers:
             x = layer(x, prior)
         return x
+
+
+class DomainTowers(nn.Module):
+    """A task's tower per domain: ``forward(x (B, D)) -> (B, K * C)``, the K towers'
+    logits (C each) side by side, domain 0 first. Every tower reads every row; the loss
+    and the metrics read, on each row, its domain's (``pick_domain``).
+
+    Args:
+        towers: the K towers, (B, D) -> (B, C) each.
+    """
+
+    def __init__(self, towers: list[nn.Module]) -> None:
+        super().__init__()
+        if not towers:
+            raise ValueError("DomainTowers.towers is empty; give one tower per domain")
+        self.towers = nn.ModuleList(towers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([tower(x) for tower in self.towers], dim=-1)
+
+
+def pick_domain(logits: torch.Tensor, domains: torch.Tensor, num_domains: int) -> torch.Tensor:
+    """Each row's domain's logits: ``logits (B, K * C)`` (K domains' C columns side by
+    side, as ``DomainTowers`` gives them), ``domains (B,)`` int64 ids in [0, K) ->
+    (B, C). A gather: the other domains' towers get no gradient from the row."""
+    blocks = logits.reshape(logits.shape[0], num_domains, -1)
+    index = domains.reshape(-1, 1, 1).expand(-1, 1, blocks.shape[2])
+    return blocks.gather(1, index).squeeze(1)

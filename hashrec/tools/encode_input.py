@@ -106,12 +106,15 @@ def encoded_columns(batch, feature_set) -> dict[str, pa.Array]:
 def target_columns(batch, feature_set, targets) -> dict[str, pa.Array]:
     """The labels and sample weights ``targets`` of one parsed block, as the numbers
     training read (checked: a label in range, a weight finite and >= 0): a class label
-    of a task of several classes as int64, the others as float32."""
+    of a task of several classes and a PEPNet's domain index as int64, the others as
+    float32."""
+    ids = set(feature_set.class_labels)
+    if feature_set.domain_label is not None:
+        ids.add(feature_set.domain_label[0])
     columns = {}
     for name in targets:
         values = batch.labels[name].numpy()
-        columns[name] = pa.array(values.astype(np.int64) if name in feature_set.class_labels
-                                 else values)
+        columns[name] = pa.array(values.astype(np.int64) if name in ids else values)
     return columns
 
 
@@ -182,6 +185,11 @@ def _reader(config, input_path: str, reserved: tuple[str, ...], labels: bool,
                          f"column the output holds under that name: leave it out of "
                          f"--reserved_columns")
     targets = feature_set.target_columns if labels else []
+    named = [c for c in targets if c in feature_set.features]
+    if named:  # a PEPNet's domain label may be a feature's name (both read one column)
+        raise ValueError(f"label column {named[0]!r} is named as a feature too, whose encoded "
+                         f"column the output holds under that name: rename the feature "
+                         f"(its expression still reads the column)")
     keep = tuple(c for c in dict.fromkeys(reserved) if c not in targets)
     loader = create_dataloader(config.data_config, feature_set, input_path,
                                "eval" if labels else "predict", batch_size=batch_size,

@@ -88,8 +88,7 @@ class _DenseLoss(nn.Module):
         super().__init__()
         self.parts = nn.ModuleList(model.dense_modules())
         self._model = (model,)  # not a submodule: the embedding stays out
-        self._targets = 1 + bool(getattr(model, "weighted", False)) + \
-            bool(getattr(model, "session_names", ()))
+        self._targets = model.target_count
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         model = self._model[0]

@@ -487,7 +487,8 @@ class TrainLoop:
         losses, logits = self.dense_graphs.losses_and_logits(
             s.model.embed(batch, self.embedding_hook), batch, targets)
         if self.train_metrics:  # before the next replay overwrites a graph's logits
-            self.train_metrics.update(s.model.predictions(logits), batch, self.step + 1)
+            self.train_metrics.update(s.model.batch_predictions(logits, batch), batch,
+                                      self.step + 1)
         if self.weighted_loss is not None:
             losses = self.weighted_loss.scale(losses)
         loss = sum(losses.values())

@@ -170,8 +170,9 @@ class TrainMetrics:
         return bool(self.metrics)
 
     def update(self, predictions: dict, batch, step: int) -> None:
-        """Add the step's predictions (``model.predictions`` of its logits), then fold the
-        windows of the metrics whose ``decay_step`` divides ``step`` (the steps trained)."""
+        """Add the step's predictions (``model.batch_predictions`` of its logits), then
+        fold the windows of the metrics whose ``decay_step`` divides ``step`` (the steps
+        trained)."""
         update_metrics([(task, metric.window) for task, metric in self.metrics.values()],
                        predictions, batch)
         due = [metric for _, metric in self.metrics.values() if step % metric.every == 0]

@@ -185,17 +185,30 @@ def test_pepnet_with_named_groups_passes_validation():
         f'{_TOWER} }}'))
 
 
-def test_pepnet_towers_per_domain_are_refused_naming_the_fields():
-    config = _model_config(f'pepnet {{ epnet_gamma: 2.0 ppnet_activation: "nn.ReLU" '
-                           f'ppnet_gamma: 2.0 domain_input_name: "domain" task_domain_num: 3 '
-                           f'{_TOWER} }}')
-    with pytest.raises(ConfigError) as err:
-        validate_pipeline_config(config)
-    assert str(err.value).splitlines()[1:] == [
-        "  model_config.pepnet.domain_input_name is not supported (each task has one tower "
-        "for every domain, not a tower per domain chosen by a domain label); remove it",
-        "  model_config.pepnet.task_domain_num is not supported (each task has one tower for "
-        "every domain); remove it"]
+def test_pepnet_towers_per_domain_as_torcheasyrec_writes_them_pass_and_build():
+    # TorchEasyRec's PEPNet documentation: domain_input_name names the domain feature,
+    # whose column is a label field too; task_domain_num towers per task
+    text = PEPNET_CONFIG.read_text(encoding="utf-8")
+    text = text.replace('label_fields: "buy"', 'label_fields: "buy"\n    label_fields: '
+                        '"occupation"')
+    text = text.replace("pepnet {", "pepnet {\n        domain_input_name: 'occupation'\n"
+                        "        task_domain_num: 3")
+    config = apply_edit_config_json(parse_pipeline_config(text),
+                                    {"data_config.dataset_type": "ParquetDataset"})
+    assert config.model_config.pepnet.domain_input_name == "occupation"
+    assert config.model_config.pepnet.task_domain_num == 3
+    validate_pipeline_config(config)
+    # the domain column is the occupation feature's input and a label (not refused as a
+    # label read by a feature: it picks a tower, it is no target)
+    features = build_feature_set(config)
+    assert features.domain_label == ("occupation", 3)
+    assert "occupation" in features.features and "occupation" in features.label_fields
+    model = create_model(config.model_config, features, None, embedding=torch.nn.Identity())
+    assert (model.domain_input, model.domains) == ("occupation", 3)
+    assert [t.name for t in model.tasks] == ["ctr", "cvr"]
+    assert [t.name for t in model.output_tasks] == ["ctr_0", "ctr_1", "ctr_2", "cvr_0",
+                                                    "cvr_1", "cvr_2"]
+    assert len(model.net.tasks["cvr"].tower.towers) == 3
 
 
 def test_rocket_launching_inner_product_distillation_is_refused():

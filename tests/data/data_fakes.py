@@ -24,7 +24,8 @@ class FakeFeatureSet:
     def __init__(self, ids=("row_id",), bags=(), labels=("clk",), poison=None):
         self.ids, self.bags, self.label_fields = list(ids), list(bags), list(labels)
         self.target_columns = list(self.label_fields)
-        self.input_columns = [*self.ids, *self.bags, *self.label_fields]
+        self.feature_columns = [*self.ids, *self.bags]
+        self.input_columns = [*self.feature_columns, *self.label_fields]
         self.column_notes: dict[str, str] = {}
         self.poison = poison
 

@@ -1,5 +1,5 @@
-"""Integration: SimpleMultiTask, MMoE, DBMTL, PLE and PEPNet with two labels through
-train_eval, export and predict.
+"""Integration: SimpleMultiTask, MMoE, DBMTL, PLE and PEPNet (also with towers per
+domain) with two labels through train_eval, export and predict.
 
 Generated Taobao-like data has its second label ``buy`` replaced by a denser one (a
 clicked row under a price bought), so that 300 evaluation rows hold enough of them; the
@@ -110,6 +110,29 @@ model_config {""" + PEPNET_GROUPS + """  pepnet {
 """
 
 
+# PEPNet's towers per domain as TorchEasyRec's documentation writes them: the domain is
+# the occupation column (0 or 1 in the generated data), a label field besides the input
+# of the domain group's feature; the training batches' metric reads the rows' domains too.
+PEPNET_DOMAINS = """
+feature_configs { id_feature { feature_name: "occupation" expression: "user:occupation"
+  num_buckets: 3 embedding_dim: 4 } }
+model_config {
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  feature_groups { group_name: "domain" group_type: DEEP feature_names: ["occupation"] }
+  feature_groups { group_name: "uia" group_type: DEEP feature_names: ["user_id", "adgroup_id"] }
+  pepnet {
+    domain_input_name: "occupation"
+    task_domain_num: 2
+    ppnet_hidden_units: [16, 8]
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] }
+                  metrics { auc {} } train_metrics { auc {} } }
+    task_towers { tower_name: "cvr" label_name: "buy" weight: 0.5 metrics { auc {} } }
+  }
+}
+"""
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("taobao2")
@@ -124,20 +147,36 @@ def data_dir(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("model", [MODEL, DBMTL, DBMTL_MASK_NET, PLE, SIMPLE, PEPNET],
-                         ids=["mmoe", "dbmtl", "dbmtl-mask-net", "ple", "simple-multi-task",
-                              "pepnet"])
-def test_trains_evaluates_exports_and_predicts(data_dir, tmp_path, model):
+def _train_eval(data_dir, tmp_path, model: str, labels: str = '["clk", "buy"]'):
+    """Trains ``model`` one epoch with the train_eval command line: (the config's path,
+    the last evaluation's result)."""
     text = (f'train_input_path: "{data_dir}/train"\neval_input_path: "{data_dir}/eval"\n'
             f'model_dir: "{tmp_path}/model"\n{FEATURES}{model}')
-    text = text.replace('label_fields: "clk"', 'label_fields: ["clk", "buy"]')
+    text = text.replace('label_fields: "clk"', f'label_fields: {labels}')
     config_path = str(tmp_path / "pipeline.config")
     with open(config_path, "w", encoding="utf-8") as f:
         f.write(text)
     proc = run_module("hashrec.train_eval", "--pipeline_config_path", config_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(tmp_path / "model" / "eval_result.txt", encoding="utf-8") as f:
-        result = json.loads(f.readlines()[-1])
+        return config_path, json.loads(f.readlines()[-1])
+
+
+def _restored_outputs(config, checkpoint, eval_dir) -> list[dict]:
+    """The restored eager model's outputs of every evaluation batch."""
+    session = build_session(config, device=torch.device("cpu"))
+    restore_checkpoint(checkpoint, session.model, None,
+                       session.model.embedding.dynamic_tables(), restore_optimizer=False)
+    session.model.eval()
+    with torch.no_grad():
+        return [session.model(batch) for batch in session.loader(str(eval_dir), "eval")]
+
+
+@pytest.mark.parametrize("model", [MODEL, DBMTL, DBMTL_MASK_NET, PLE, SIMPLE, PEPNET],
+                         ids=["mmoe", "dbmtl", "dbmtl-mask-net", "ple", "simple-multi-task",
+                              "pepnet"])
+def test_trains_evaluates_exports_and_predicts(data_dir, tmp_path, model):
+    config_path, result = _train_eval(data_dir, tmp_path, model)
     assert {"step", "loss", "num_examples", "auc_ctr", "auc_cvr", "accuracy_cvr"} \
         <= set(result)
     assert "auc" not in result and result["num_examples"] == 300
@@ -150,18 +189,42 @@ def test_trains_evaluates_exports_and_predicts(data_dir, tmp_path, model):
     assert written.column_names == ["logits_ctr", "logits_cvr", "probs_ctr", "probs_cvr"]
     _check_reserved_columns(data_dir, tmp_path)
 
-    session = build_session(config, device=torch.device("cpu"))
-    restore_checkpoint(checkpoint, session.model, None,
-                       session.model.embedding.dynamic_tables(), restore_optimizer=False)
-    session.model.eval()
-    with torch.no_grad():
-        outs = [session.model(batch) for batch in session.loader(str(data_dir / "eval"),
-                                                                  "eval")]
+    outs = _restored_outputs(config, checkpoint, data_dir / "eval")
     for name in written.column_names:
         expected = torch.cat([out[name] for out in outs]).float()
         got = torch.from_numpy(written[name].to_numpy())
         assert got.shape == expected.shape == (300,)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_pepnet_towers_per_domain_train_evaluate_export_and_predict(data_dir, tmp_path):
+    config_path, result = _train_eval(data_dir, tmp_path, PEPNET_DOMAINS,
+                                      '["clk", "buy", "occupation"]')
+    # the tasks' metrics and losses, each row read through its domain's tower
+    assert {"step", "loss", "num_examples", "auc_ctr", "auc_cvr", "binary_cross_entropy_ctr",
+            "binary_cross_entropy_cvr"} <= set(result)
+    assert result["num_examples"] == 300 and 0 <= result["auc_ctr"] <= 1
+    config = load_pipeline_config(config_path)
+    checkpoint = latest_checkpoint(str(tmp_path / "model"))
+    export_model(config, str(tmp_path / "export"), checkpoint)
+    predict(str(tmp_path / "export"), str(data_dir / "eval"), str(tmp_path / "pred.parquet"))
+    written = pq.read_table(tmp_path / "pred.parquet")
+    # every domain's outputs, as TorchEasyRec's export gives them
+    assert written.column_names == [f"{kind}_{task}_{k}" for kind in ("logits", "probs")
+                                    for task in ("ctr", "cvr") for k in (0, 1)]
+    outs = _restored_outputs(config, checkpoint, data_dir / "eval")
+    for name in written.column_names:
+        expected = torch.cat([out[name] for out in outs]).float()
+        torch.testing.assert_close(torch.from_numpy(written[name].to_numpy()), expected,
+                                   atol=1e-5, rtol=0)
+    # the eager model's task outputs (what the metrics read) are the rows' domains'
+    domains = torch.tensor(pq.read_table(data_dir / "eval")["occupation"].to_pylist())
+    assert set(domains.tolist()) == {0, 1}
+    picked = torch.cat([out["probs_ctr"] for out in outs])
+    by_domain = torch.stack([torch.from_numpy(written[f"probs_ctr_{k}"].to_numpy())
+                             for k in (0, 1)], dim=1)
+    torch.testing.assert_close(picked, by_domain[torch.arange(300), domains], atol=1e-5,
+                               rtol=0)
 
 
 def _check_reserved_columns(data_dir, tmp_path):

@@ -268,3 +268,66 @@ def test_features_in_no_group_are_still_checked():
     with pytest.raises(ConfigError, match="'user_id' and 'brand' share table 'user_id' but "
                                           "have embedding_dim 4 and 8"):
         build_feature_set(parse_pipeline_config(text))
+
+
+# PEPNet's towers per domain as TorchEasyRec's documentation writes them: the domain
+# column is a label field and the domain group's feature reads it too.
+DOMAIN_CONFIG = """
+model_dir: "m"
+data_config { dataset_type: ParquetDataset label_fields: ["clk", "occupation"] }
+feature_configs { id_feature { feature_name: "occupation" expression: "user:occupation"
+  embedding_dim: 4 num_buckets: 3 } }
+feature_configs { id_feature { feature_name: "age_level" expression: "user:age_level"
+  embedding_dim: 4 num_buckets: 8 } }
+model_config {
+  feature_groups { group_name: "all" feature_names: ["age_level", "occupation"]
+                   group_type: DEEP }
+  feature_groups { group_name: "domain" feature_names: "occupation" group_type: DEEP }
+  pepnet { domain_input_name: "occupation" task_domain_num: 2
+           task_towers { tower_name: "ctr" label_name: "clk" } }
+}
+"""
+
+
+def _domain_table(occupation) -> pa.Table:
+    rows = len(occupation)
+    return pa.table({"occupation": pa.array(occupation), "age_level": [3] * rows,
+                     "clk": [r % 2 for r in range(rows)]})
+
+
+def test_a_domain_label_may_be_a_features_input_and_is_read_as_an_index():
+    from hashrec.data.dataset import FileDataset, ReadOptions
+
+    features = build_feature_set(parse_pipeline_config(DOMAIN_CONFIG))
+    assert features.domain_label == ("occupation", 2)
+    batch = features.parse(_domain_table([1, 0, 1]))
+    assert batch.labels["occupation"].tolist() == [1.0, 0.0, 1.0]
+    assert batch.sparse["occupation"].values.tolist() == [1, 0, 1]
+    # prediction reads the column for the feature, not the label
+    for with_labels in (True, False):
+        assert "occupation" in FileDataset.needed_columns(
+            features, ReadOptions(with_labels=with_labels))
+    assert "clk" not in FileDataset.needed_columns(features, ReadOptions(with_labels=False))
+    # another label read by a feature is still refused
+    refused = DOMAIN_CONFIG.replace('expression: "user:age_level"', 'expression: "user:clk"')
+    with pytest.raises(ConfigError, match="reads label column 'clk'"):
+        build_feature_set(parse_pipeline_config(refused))
+
+
+@pytest.mark.parametrize("occupation, row", [([0, 2, 1], 1), ([0, 1, -1], 2),
+                                             ([0.5, 1, 0], 0)],
+                         ids=["past-the-domains", "negative", "not-an-integer"])
+def test_a_domain_index_out_of_range_names_its_row(occupation, row):
+    # no feature reads the column here (a feature would refuse -1 first)
+    text = DOMAIN_CONFIG.replace('["age_level", "occupation"]', '"age_level"') \
+        .replace('feature_names: "occupation"', 'feature_names: "age_level"')
+    features = build_feature_set(parse_pipeline_config(text))
+    assert "occupation" not in features.features
+    table = _domain_table(occupation).set_column(0, "occupation", pa.array(occupation,
+                                                                           pa.float64()))
+    with pytest.raises(FeatureError, match=rf"^label column 'occupation' row {row}: value .* "
+                                           rf"is not a domain index in \[0, 2\); "
+                                           rf"pepnet.domain_input_name reads each row's "
+                                           rf"domain") as raised:
+        features.parse(table)
+    assert raised.value.row == row

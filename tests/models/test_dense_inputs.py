@@ -65,6 +65,7 @@ KINDS = {
     "mmoe-sequence-encoders": (test_group_encoders.MMOE, ()),
     "pepnet": (test_pepnet.DEFAULT_NAMES, ()),  # no dropout: the forward repeats
     "pepnet-main-only": (test_pepnet.MAIN_ONLY, ()),
+    "pepnet-domains": (test_pepnet.DOMAINS.replace("ppnet_dropout_ratio: [0.1]", ""), ()),
     "rocket_launching": (test_rocket_launching.CONFIG, ()),
     "rocket_launching-euclid": (test_rocket_launching.EUCLID, ()),
     "dssm-in-batch": (DSSM % "in_batch_negative: true", ()),
@@ -89,15 +90,17 @@ LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,
           "dbmtl-experts": test_dbmtl.LABELS, "dbmtl-mask-net": test_dbmtl.LABELS,
           "dbmtl-mask-net-serial": test_dbmtl.LABELS, "ple": test_ple.LABELS,
           "ple-no-shared": test_ple.LABELS, "simple_multi_task": test_simple_multi_task.LABELS,
-          "pepnet": test_pepnet.LABELS, "pepnet-main-only": test_pepnet.LABELS}
+          "pepnet": test_pepnet.LABELS, "pepnet-main-only": test_pepnet.LABELS,
+          "pepnet-domains": test_pepnet.DOMAIN_LABELS}
 
 
 def check_forward_logits(model, batch, logits) -> None:
     """The dense network's ``logits`` give each task the logits of the forward (read
-    through ``predictions``: a RocketLaunching's train-mode output holds more)."""
+    through ``predictions``: a RocketLaunching's train-mode output holds more; a PEPNet's
+    towers per domain give every domain's)."""
     out = model(batch)
     from_dense = model.predictions(logits)
-    for task in model.tasks:
+    for task in model.output_tasks:
         torch.testing.assert_close(from_dense[task.logits], out[task.logits])
 
 

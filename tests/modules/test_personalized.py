@@ -1,13 +1,13 @@
 """PEPNet's gates against their formulas written out by hand: the gate unit's bound
-gamma, EPNet's column scaling, PPNet's gated layers, and the stop-gradient on the main
-input inside the gates."""
+gamma, EPNet's column scaling, PPNet's gated layers, the stop-gradient on the main
+input inside the gates, and the towers per domain with each row's domain picked."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hashrec.modules.personalized import EPNet, GateNU, PPNet
+from hashrec.modules.personalized import DomainTowers, EPNet, GateNU, PPNet, pick_domain
 
 
 def _gate_by_hand(gate: GateNU, x: torch.Tensor) -> torch.Tensor:
@@ -92,3 +92,35 @@ def test_ppnet_dropout_follows_the_gate_and_is_off_in_eval():
     torch.testing.assert_close(ppnet(x, uia), ppnet(x, uia))
     with pytest.raises(ValueError, match="2 ratios for 1 layers"):
         PPNet(3, 2, (4,), dropout=(0.1, 0.1))
+
+
+def test_domain_towers_side_by_side_and_each_rows_domain_picked_by_hand():
+    torch.manual_seed(0)
+    towers = [torch.nn.Linear(5, 2) for _ in range(3)]
+    x = torch.randn(6, 5)
+    logits = DomainTowers(towers)(x)
+    assert logits.shape == (6, 3 * 2)
+    for k, tower in enumerate(towers):
+        torch.testing.assert_close(logits[:, 2 * k:2 * k + 2], tower(x))
+    domains = torch.tensor([2, 0, 1, 2, 2, 0])
+    picked = pick_domain(logits, domains, 3)
+    by_hand = torch.stack([logits[i, 2 * int(d):2 * int(d) + 2]
+                           for i, d in enumerate(domains)])
+    torch.testing.assert_close(picked, by_hand)
+    # one logit a domain: (B, K) -> (B, 1)
+    torch.testing.assert_close(pick_domain(logits[:, :3], domains, 3).squeeze(-1),
+                               logits[torch.arange(6), domains])
+
+
+def test_pick_domain_passes_gradient_to_each_rows_domain_alone():
+    logits = torch.randn(4, 3, requires_grad=True)
+    domains = torch.tensor([0, 2, 2, 0])
+    pick_domain(logits, domains, 3).sum().backward()
+    expected = torch.zeros(4, 3)
+    expected[torch.arange(4), domains] = 1.0
+    torch.testing.assert_close(logits.grad, expected)
+
+
+def test_domain_towers_need_a_tower():
+    with pytest.raises(ValueError, match="DomainTowers.towers is empty"):
+        DomainTowers([])

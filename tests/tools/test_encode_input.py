@@ -217,3 +217,21 @@ def test_the_command_line_says_prediction_input_is_for_prediction(tmp_path, caps
     said = capsys.readouterr().err
     assert "wrote 4 rows in 1 files" in said and "predict on them" in said
     assert "train on them" not in said
+
+
+def test_a_label_named_as_a_feature_is_refused(tmp_path):
+    # a PEPNet's domain label may be a feature's name; one output column cannot hold both
+    from tests.features.test_feature_set import DOMAIN_CONFIG, _domain_table
+
+    config = parse_pipeline_config(DOMAIN_CONFIG.replace("ParquetDataset",
+                                                         "ParquetDataset fg_mode: FG_DAG"))
+    with pytest.raises(ValueError, match="label column 'occupation' is named as a feature"):
+        _encoded(tmp_path, config, _domain_table([0, 1, 1]))
+    # named apart, the domain index is written as an integer
+    renamed = DOMAIN_CONFIG.replace('feature_name: "occupation"', 'feature_name: "occ"') \
+        .replace('feature_names: ["age_level", "occupation"]', 'feature_names: ["age_level"]') \
+        .replace('feature_names: "occupation"', 'feature_names: "occ"')
+    _, _, out = _encoded(tmp_path, parse_pipeline_config(renamed), _domain_table([0, 1, 1]))
+    assert out.schema.field("occupation").type == pa.int64()
+    assert out["occupation"].to_pylist() == [0, 1, 1]
+    assert out["occ"].to_pylist() == [[0], [1], [1]]

@@ -189,6 +189,11 @@ model_config {""" + PEPNET_GROUPS + """  pepnet {
 }
 """
 
+# PEPNet's towers per domain over the level column (ids 0 to 2): the captured loss reads
+# the rows' domain ids as a target.
+PEPNET_DOMAINS = PEPNET.replace("pepnet {", 'pepnet {\n    domain_input_name: "level" '
+                                'task_domain_num: 3')
+
 
 def _mmoe(towers: str) -> str:
     """The model config of an MMoE of two experts with ``towers``."""
@@ -221,9 +226,10 @@ SEVERAL = _mmoe("""    task_towers { tower_name: "ctr" label_name: "clk" sample_
                   losses { jrc_loss { session_name: "user_id" } } }""")
 
 
-@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE, SIMPLE, PEPNET, CLASSES, SEVERAL],
-                         ids=["mmoe", "dbmtl", "ple", "simple-multi-task", "pepnet", "classes",
-                              "several-losses"])
+@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE, SIMPLE, PEPNET, PEPNET_DOMAINS, CLASSES,
+                                   SEVERAL],
+                         ids=["mmoe", "dbmtl", "ple", "simple-multi-task", "pepnet",
+                              "pepnet-domains", "classes", "several-losses"])
 def test_multi_task_model_trains_graphed_like_eager(tmp_path, model):
     # (B, logits) logits, labels and row weights (sample weights; MMoE's score task also
     # in the click space), an l2_loss task weighted 0.5, towers of classes, through the

@@ -32,7 +32,8 @@ class InferenceModel(nn.Module):
     -> {"logits": (B, C), "probs": (B, C) their softmax} and with two classes "probs1"
     (B,), probs[:, 1]. A multi-task model's head gives each task's ``num_class`` logits
     side by side: each task's outputs as a single-task model's, suffix ``_<tower_name>``
-    (``hashrec.models.tasks``). A match model (DSSM, ``match_dim`` its embeddings' width)
+    (``hashrec.models.tasks``; a PEPNet's towers per domain: every domain's,
+    ``_<tower_name>_<k>``). A match model (DSSM, ``match_dim`` its embeddings' width)
     -> {"user_tower_emb": (B, D), "item_tower_emb": (B, D), "similarity": (B,)}, each row's
     user and item embedded and their similarity over the temperature; one tower's export
     (``tower`` "user" or "item") -> {"<tower>_tower_emb": (B, D)}. MIND's (``interests``
@@ -144,7 +145,9 @@ def build_inference_model(model: nn.Module, feature_set,
         raise ExportError(f"only a match model (dssm, mind) exports a {tower} tower alone")
     head = match_head(model, tower) if match else dense_head(model)
     head = copy.deepcopy(head).cpu().eval()
-    tasks = model.tasks if getattr(model, "multi_task", False) else None
+    # the outputs' tasks: a PEPNet's towers per domain give each task once per domain
+    tasks = getattr(model, "output_tasks", model.tasks) \
+        if getattr(model, "multi_task", False) else None
     suffix = model.tasks[0].suffix if getattr(model, "tasks", None) else ""
     return InferenceModel(EmbeddingLookup(lookups, features), head,
                           bool(getattr(model, "regression", False)), tasks,
