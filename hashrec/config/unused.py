@@ -31,8 +31,6 @@ _REFUSED = {
                                   "give the group's features embedding_names of their own"),
     },
     "ModelConfig": {
-        "use_pareto_loss_weight": (bool, "the task losses are summed, each times its task "
-                                   "tower's weight: set weight on the task towers instead"),
         "variational_dropout": (lambda v: True, "a feature group's embeddings reach the "
                                 "towers without learned dropout; set dropout_ratio on the "
                                 "MLPs instead"),

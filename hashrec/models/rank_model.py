@@ -24,7 +24,7 @@ from hashrec.models.group_encoders import (
 )
 from hashrec.models.losses import task_loss
 from hashrec.models.outputs import split_task_logits, task_outputs
-from hashrec.models.tasks import MULTI_TASK_MODELS, model_tasks
+from hashrec.models.tasks import MULTI_TASK_MODELS, model_tasks, pareto_min_weights
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,9 @@ class RankModel(nn.Module):
         # The keys of the losses an evaluation reports (a model that trains on more, such
         # as RocketLaunching's booster, sets its own).
         self.eval_losses = self.losses
+        # With model_config.use_pareto_loss_weight, the least Pareto weight of each loss of
+        # ``losses`` (the trainer weighs them, hashrec.train.pareto); None: they are summed.
+        self.pareto_min_weights = pareto_min_weights(model_config, self.tasks)
         # A single-task model's l2_loss makes it a regression model, whose prediction
         # ``y`` is the logit itself; binary_cross_entropy: a classifier, whose prediction
         # ``probs`` is its sigmoid.

@@ -23,6 +23,12 @@ towers, whose outputs carry the suffix ``_<tower_name>_<k>`` (``probs_ctr_0``), 
 TorchEasyRec: :func:`task_domains` reads the two fields, :func:`output_tasks` lists the
 outputs' tasks. The task itself (its loss and metrics, ``probs_ctr``) reads, on each row,
 the tower of the row's domain.
+
+A multi-task model's losses are summed, each times its task's ``weight``; with
+``model_config.use_pareto_loss_weight`` the trainer weighs them (each already times its
+task's weight) by Pareto-efficient weights instead, solved every step, each at least its
+tower's ``pareto_min_loss_weight`` (:func:`pareto_min_weights`, ``hashrec.train.pareto``),
+as TorchEasyRec does.
 """
 
 from __future__ import annotations
@@ -94,6 +100,9 @@ class Task:
     # A match model's task: where each row's positive sits among its similarities
     # (MATCH_DIAGONAL or MATCH_FIRST); "" for a ranking task.
     match: str = ""
+    # The least Pareto loss weight of each of the task's losses (the tower's
+    # ``pareto_min_loss_weight``; read with ``model_config.use_pareto_loss_weight``).
+    pareto_min_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.match:
@@ -105,6 +114,9 @@ class Task:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"Task.{name}={value}; allowed: a finite number >= 0")
+        if not (math.isfinite(self.pareto_min_weight) and 0 <= self.pareto_min_weight < 1):
+            raise ValueError(f"Task.pareto_min_weight={self.pareto_min_weight}; allowed: a "
+                             f"number in [0, 1)")
         problem = losses_problem(tuple(spec.name for spec in self.losses))
         if problem:
             raise ValueError(f"Task.more_losses: {problem}")
@@ -268,7 +280,9 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
             with two towers of one name, with a label that is not a label field, with
             model-level losses, metrics, train_metrics or num_class (they belong to the
             task towers),
-            or with task loss weighting that names unknown columns or a negative factor.
+            or with task loss weighting that names unknown columns or a negative factor;
+            ``use_pareto_loss_weight`` on a single-task model, or least Pareto weights
+            (``pareto_min_loss_weight``) out of [0, 1) or summing to 1 or more.
     """
     labels = list(label_fields)
     if not labels:
@@ -276,6 +290,11 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
     weights = list(sample_weight_fields)
     default_weight = weights[0] if weights else ""
     kind = model_config.WhichOneof("model")
+    if kind not in MULTI_TASK_MODELS and model_config.use_pareto_loss_weight:
+        raise ModelError(f"model_config.use_pareto_loss_weight: true is set on the single-task "
+                         f"model {kind}; Pareto loss weights balance the losses of a "
+                         f"multi-task model's task_towers ({', '.join(MULTI_TASK_MODELS)}): "
+                         f"remove it")
     if kind in MATCH_MODELS:
         return (_match_task(model_config, kind, labels[0], default_weight),)
     if kind not in MULTI_TASK_MODELS:
@@ -314,7 +333,36 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
         if any(task.name == tower.tower_name for task in tasks):
             raise ModelError(f"{where} is defined twice; tower names must be unique")
         tasks.append(_tower_task(tower, i, where, labels, weights))
+    if model_config.use_pareto_loss_weight:
+        _check_pareto_min_weights(kind, tasks)
     return tuple(tasks)
+
+
+def _check_pareto_min_weights(kind: str, tasks: list[Task]) -> None:
+    """The least Pareto weights of every loss (a tower's once per loss, as TorchEasyRec
+    counts them) must sum to below 1, leaving the solved weights room."""
+    total = sum(task.pareto_min_weight * len(task.losses) for task in tasks)
+    if total >= 1:
+        parts = ", ".join(f"{task.name} {task.pareto_min_weight:g} x {len(task.losses)}"
+                          for task in tasks if task.pareto_min_weight)
+        raise ModelError(f"{kind}.task_towers: pareto_min_loss_weight sums to {total:g} over "
+                         f"the towers' losses ({parts}); the least weights of "
+                         f"model_config.use_pareto_loss_weight must sum to below 1: lower them")
+
+
+def pareto_min_weights(model_config, tasks) -> tuple[float, ...] | None:
+    """The least Pareto loss weight of each loss of ``tasks`` (``RankModel.losses``
+    order: a tower's ``pareto_min_loss_weight`` for each of its losses), or None where
+    ``model_config.use_pareto_loss_weight`` is off (a tower's pareto_min_loss_weight is
+    then warned of, unused, as TorchEasyRec ignores it)."""
+    if not model_config.use_pareto_loss_weight:
+        unused = [task.where for task in tasks if task.pareto_min_weight]
+        if unused:
+            logger.warning("%s: pareto_min_loss_weight is not used: "
+                           "model_config.use_pareto_loss_weight is false (the losses are "
+                           "summed, each times its tower's weight)", ", ".join(unused))
+        return None
+    return tuple(task.pareto_min_weight for task in tasks for _ in task.losses)
 
 
 def _match_task(model_config, kind: str, label: str, weight: str) -> Task:
@@ -350,11 +398,15 @@ def _tower_task(tower, i: int, where: str, labels: list[str], weights: list[str]
     if not (math.isfinite(tower.weight) and tower.weight >= 0):
         raise ModelError(f"{where}.weight={tower.weight}; the task loss's weight must be "
                          f"a finite number >= 0")
+    least = proto_float(float(tower.pareto_min_loss_weight))
+    if not (math.isfinite(least) and 0 <= least < 1):
+        raise ModelError(f"{where}.pareto_min_loss_weight={least}; the least Pareto loss "
+                         f"weight must be a number in [0, 1)")
     first, *more = loss_specs(tower.losses, where, int(tower.num_class))
     return Task(tower.tower_name, label, first, float(tower.weight), tuple(tower.metrics),
                 where, **_row_weighting(tower, where, labels, weights),
                 num_class=int(tower.num_class), more_losses=tuple(more),
-                train_metric_configs=tuple(tower.train_metrics))
+                train_metric_configs=tuple(tower.train_metrics), pareto_min_weight=least)
 
 
 def _row_weighting(tower, where: str, labels: list[str], weights: list[str]) -> dict:

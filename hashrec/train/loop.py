@@ -3,7 +3,10 @@
 One step: set both learning rates from the schedules, forward (dense network
 under autocast, embeddings in float32), backward (the embedding collection
 applies the fused sparse update for the batch's rows here), clip dense
-gradients, dense optimizer step (every dense optimizer's, one per kind).
+gradients, dense optimizer step (every dense optimizer's, one per kind). With
+``model_config.use_pareto_loss_weight`` the backward takes the losses weighted by their
+Pareto-efficient weights, solved first from each loss's own backward pass through the
+dense network (``hashrec.train.pareto``), instead of their sum.
 
 Under torchrun every rank runs the same steps (``EpochStream``: each epoch the
 number of batches the rank with the fewest has, known from the row count): dense
@@ -84,6 +87,7 @@ from hashrec.train.evaluation import evaluated, write_eval_result
 from hashrec.train.graphs import DenseGraphs
 from hashrec.train.interrupt import StopSignals, TrainInterrupted
 from hashrec.train.optimizers import clip_gradients
+from hashrec.train.pareto import ParetoLossWeights
 from hashrec.train.placement import gil_switch_interval
 from hashrec.train.precision import as_one_optimizer
 from hashrec.train.prefetch import DevicePrefetcher, EpochStream
@@ -201,6 +205,8 @@ class TrainLoop:
             session.model.embedding.carry_network_gradients(self.gradients)
         self.dense_graphs = DenseGraphs(session.model, session.precision.autocast,
                                         config.dense_cuda_graph)
+        # model_config.use_pareto_loss_weight: the losses weighted by their Pareto weights.
+        self.loss_weights = self._pareto(session)
         # Metrics of the training batches, their windows summed over ranks when folded.
         self.train_metrics = TrainMetrics(
             session.model.tasks, session.device,
@@ -210,6 +216,20 @@ class TrainLoop:
         # Python's garbage collection at fixed steps while training (same on every rank).
         self.collections = CollectionSchedule()
         self.dumper = self._dumper(resume) if options.incremental_dump_steps else None
+
+    def _pareto(self, session) -> ParetoLossWeights | None:
+        """The Pareto loss weights of a model that has them (``pareto_min_weights``), their
+        gradients those of the losses the backward takes (scaled under FP16)."""
+        least = getattr(session.model, "pareto_min_weights", None)
+        if least is None:
+            return None
+        scaler = session.precision.scaler
+        if session.is_chief:
+            logger.info("Pareto loss weights of %s, solved every step from their gradients "
+                        "on the dense parameters (least weights %s)",
+                        ", ".join(session.model.losses), ", ".join(f"{w:g}" for w in least))
+        return ParetoLossWeights(session.model.losses, least, self.parameters,
+                                 scaler.scale if scaler is not None else None)
 
     def _note_layout(self, resume: checkpoints.Resume) -> None:
         """Warn when a partly trained epoch is resumed with its batches laid out anew."""
@@ -491,8 +511,13 @@ class TrainLoop:
                                       self.step + 1)
         if self.weighted_loss is not None:
             losses = self.weighted_loss.scale(losses)
-        loss = sum(losses.values())
         timer.mark("dense_forward")
+        weights = None
+        if self.loss_weights is None:
+            loss = sum(losses.values())
+        else:  # its per-loss backward passes count in the backward's time
+            loss, solved = self.loss_weights.weigh(losses)
+            weights = dict(zip(self.loss_weights.names, solved.unbind(0)))
         s.precision.backward(loss)
         timer.mark("backward")
         if self.gradients is not None:
@@ -507,6 +532,8 @@ class TrainLoop:
         timer.mark("optimizer")
         self.step += 1
         self.progress.record(batch.batch_size, loss.detach(), losses)
+        if weights is not None:
+            self.progress.record_weights(weights)
         self._lrs = lrs
         if self.progress.due(self.step):
             self._report_progress()

@@ -7,7 +7,9 @@ and incremental dumps left out)::
     step 200 | loss 0.61234 | 10520.3 samples/s | 200/1220 steps, about 1m 39s left |
     lr dense 0.001 sparse 0.01 | user_id size 9120 load 0.56 evict 0 reject 3200
 
-(with ``train_metrics``, their decayed values after the loss: ``| train auc 0.71234 |``)
+(with ``train_metrics``, their decayed values after the loss: ``| train auc 0.71234 |``;
+with Pareto loss weights, ``hashrec.train.pareto``, their mean over the line's steps after
+the loss: ``| loss weights (binary_cross_entropy_ctr 0.41234, ...) |``)
 
 with the steps the run trains in all (``num_steps``, or ``num_epochs`` epochs once the
 steps of an epoch are known) and the time those left take at the line's rate, and, per
@@ -152,6 +154,7 @@ class ProgressLog:
         self._loss_sum = 0.0
         self._loss_steps = 0
         self._part_sums: dict = {}
+        self._weight_sums: dict = {}
 
     def start(self) -> None:
         """The first batch is ready: the first window's clock starts here, not at the
@@ -181,6 +184,13 @@ class ProgressLog:
         if parts is not None and len(parts) > 1:
             for name, value in parts.items():
                 self._part_sums[name] = self._part_sums.get(name, 0.0) + value.detach()
+
+    def record_weights(self, weights: dict) -> None:
+        """The weights of the losses in the step's ``loss`` by name, where the step solved
+        them (Pareto loss weights; device tensors, read only when reporting), each step
+        with ``record``: reported as their mean over the line's steps."""
+        for name, value in weights.items():
+            self._weight_sums[name] = self._weight_sums.get(name, 0.0) + value.detach()
 
     def check_finite(self, step: int) -> None:
         """Raise TrainError when the loss of the steps since the last report is NaN or
@@ -229,7 +239,8 @@ class ProgressLog:
         window = {"samples": float(self._samples), "loss_sum": float(self._loss_sum),
                   "loss_steps": float(self._loss_steps), "elapsed": elapsed,
                   "comm_seconds": comm[0] if comm else 0.0, "ranks": 1.0,
-                  **{f"part/{name}": float(v) for name, v in self._part_sums.items()}}
+                  **{f"part/{name}": float(v) for name, v in self._part_sums.items()},
+                  **{f"weight/{name}": float(v) for name, v in self._weight_sums.items()}}
         if self.reduce is not None:
             window = self.reduce(window)
         ranks = window["ranks"]
@@ -238,7 +249,10 @@ class ProgressLog:
         rate = window["samples"] / (window["elapsed"] / ranks)
         parts = {name: window[f"part/{name}"] / max(window["loss_steps"], 1)
                  for name in self._part_sums}
+        weights = {name: window[f"weight/{name}"] / max(window["loss_steps"], 1)
+                   for name in self._weight_sums}
         out = {"loss": loss, **{f"loss/{name}": v for name, v in parts.items()},
+               **{f"loss_weight/{name}": v for name, v in weights.items()},
                "samples_per_second": rate,
                **{f"train_metric/{name}": v for name, v in (metrics or {}).items()}}
         steps = window["loss_steps"] / ranks
@@ -249,6 +263,9 @@ class ProgressLog:
             shown = " (" + ", ".join(f"{k} {v:.5f}" for k, v in parts.items()) + ")" \
                 if parts else ""
             line = f"step {step} | loss {loss:.5f}{shown} | "
+            if weights:
+                line += "loss weights (" + ", ".join(
+                    f"{k} {v:.5f}" for k, v in weights.items()) + ") | "
             if metrics:
                 line += "train " + " ".join(f"{k} {v:.5f}" for k, v in metrics.items()) + " | "
             line += f"{rate:.1f} samples/s | "
@@ -265,4 +282,5 @@ class ProgressLog:
         self._samples = self._loss_steps = 0
         self._loss_sum = 0.0
         self._part_sums = {}
+        self._weight_sums = {}
         return out

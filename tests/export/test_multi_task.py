@@ -109,6 +109,10 @@ model_config {""" + PEPNET_GROUPS + """  pepnet {
 }
 """
 
+# MMoE trained on its Pareto-efficient loss weights: the export is the model's, as without.
+MMOE_PARETO = MODEL.replace("weight: 0.5 metrics", "weight: 0.5 pareto_min_loss_weight: 0.2 "
+                            "metrics").rstrip()[:-1] + "  use_pareto_loss_weight: true\n}\n"
+
 
 # PEPNet's towers per domain as TorchEasyRec's documentation writes them: the domain is
 # the occupation column (0 or 1 in the generated data), a label field besides the input
@@ -172,9 +176,10 @@ def _restored_outputs(config, checkpoint, eval_dir) -> list[dict]:
         return [session.model(batch) for batch in session.loader(str(eval_dir), "eval")]
 
 
-@pytest.mark.parametrize("model", [MODEL, DBMTL, DBMTL_MASK_NET, PLE, SIMPLE, PEPNET],
+@pytest.mark.parametrize("model", [MODEL, DBMTL, DBMTL_MASK_NET, PLE, SIMPLE, PEPNET,
+                                   MMOE_PARETO],
                          ids=["mmoe", "dbmtl", "dbmtl-mask-net", "ple", "simple-multi-task",
-                              "pepnet"])
+                              "pepnet", "mmoe-pareto"])
 def test_trains_evaluates_exports_and_predicts(data_dir, tmp_path, model):
     config_path, result = _train_eval(data_dir, tmp_path, model)
     assert {"step", "loss", "num_examples", "auc_ctr", "auc_cvr", "accuracy_cvr"} \

@@ -279,3 +279,60 @@ def test_a_tower_past_the_label_fields_without_label_name_is_told_to_set_one():
                                          r"data_config.label_fields has no field at its "
                                          r"position 2 \(it lists clk, buy\): set label_name$"):
         model_tasks(config.model_config, ["clk", "buy"])
+
+
+PARETO = "use_pareto_loss_weight: true"
+
+
+@pytest.mark.parametrize("kind", ["mmoe", "dbmtl"])
+def test_pareto_least_weights_are_each_losss_towers(kind):
+    # a tower of two losses gives each its least weight (TaskTower, BayesTaskTower)
+    towers = {"ctr": "pareto_min_loss_weight: 0.2",
+              "cvr": f"pareto_min_loss_weight: 0.1 {FOCAL_LOSSES}"}
+    model = fake_model(_config(**towers, kind=kind) + PARETO, labels=LABELS)
+    assert model.losses == ("binary_cross_entropy_ctr", "binary_cross_entropy_cvr",
+                            "binary_focal_loss_cvr")
+    assert model.pareto_min_weights == (0.2, 0.1, 0.1)
+    assert fake_model(_config(kind=kind) + PARETO, labels=LABELS).pareto_min_weights == \
+        (0.0, 0.0)
+
+
+@pytest.mark.parametrize("ctr, cvr, message", [
+    ("pareto_min_loss_weight: 1", "", r"mmoe.task_towers\['ctr'\].pareto_min_loss_weight="
+                                      r"1.0; the least Pareto loss weight must be a number "
+                                      r"in \[0, 1\)"),
+    ("", "pareto_min_loss_weight: -0.1", r"task_towers\['cvr'\].pareto_min_loss_weight=-0.1"),
+    ("pareto_min_loss_weight: 0.5", f"pareto_min_loss_weight: 0.3 {FOCAL_LOSSES}",
+     r"mmoe.task_towers: pareto_min_loss_weight sums to 1.1 over the towers' losses \(ctr "
+     r"0.5 x 1, cvr 0.3 x 2\); the least weights of model_config.use_pareto_loss_weight "
+     r"must sum to below 1"),
+    ("pareto_min_loss_weight: 0.5", "pareto_min_loss_weight: 0.5", r"sums to 1 over"),
+], ids=["one", "negative", "sum-over-losses", "sum-one"])
+def test_bad_pareto_least_weights_are_refused(ctr, cvr, message):
+    with pytest.raises(ModelError, match=message):
+        fake_model(_config(ctr=ctr, cvr=cvr) + PARETO, labels=LABELS)
+
+
+@pytest.mark.parametrize("model", [
+    'multi_tower { towers { input: "all" mlp { hidden_units: [4] } } }',
+    'dssm { user_tower { input: "all" mlp { hidden_units: [4] } } '
+    'item_tower { input: "all" mlp { hidden_units: [4] } } output_dim: 4 }',
+], ids=["multi-tower", "dssm"])
+def test_pareto_loss_weights_on_a_single_task_model_are_refused(model):
+    from hashrec.config import parse_pipeline_config
+    from hashrec.models.tasks import model_tasks
+
+    config = parse_pipeline_config(f'model_dir: "m" model_config {{ {DEEP_GROUP} {model} '
+                                   f'{PARETO} }}').model_config
+    kind = model.split()[0]
+    with pytest.raises(ModelError, match=rf"model_config.use_pareto_loss_weight: true is set "
+                                         rf"on the single-task model {kind}; .*remove it"):
+        model_tasks(config, ["clk"])
+
+
+def test_least_weights_without_pareto_weights_are_warned_of(caplog):
+    with caplog.at_level("WARNING", logger="hashrec.models"):
+        model = fake_model(_config(cvr="pareto_min_loss_weight: 0.2"), labels=LABELS)
+    assert model.pareto_min_weights is None
+    assert ("mmoe.task_towers['cvr']: pareto_min_loss_weight is not used: "
+            "model_config.use_pareto_loss_weight is false") in caplog.text

@@ -5,6 +5,7 @@ every rank together, and evaluation still covers every eval row (the rank that
 runs out first serves its peer's lookups). A stop signal that one rank receives in an
 evaluation stops every rank's before the same batch, and one received in the last step
 ends every rank alike. Ranks whose training or eval input lists other files are refused.
+Two ranks train an MMoE on Pareto loss weights.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import functools
 import glob
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -372,3 +374,32 @@ def test_a_signal_in_the_last_step_ends_every_rank_alike(tmp_path):
                                                                            "epoch": 3}
     for name, step in (("num_steps", 2), ("epoch", 3)):
         assert os.path.isfile(tmp_path / name / f"model.ckpt-{step}" / "DONE")
+
+
+def test_two_ranks_train_on_pareto_loss_weights(tmp_path):
+    # Each rank solves its weights from its own batch; the dense gradients of the weighted
+    # losses are averaged as usual. The line shows the weights' mean over steps and ranks.
+    data = tmp_path / "data"
+    generate(str(data), 801, seed=5, scale=0.001, eval_rows=EVAL_ROWS, quiet=True)
+    edits = {"data_config.batch_size": 100, "data_config.num_workers": 0,
+             "train_config.num_epochs": 1, "train_config.log_step_count_steps": 2,
+             "model_config.use_pareto_loss_weight": True,
+             "model_config.mmoe.task_towers[1].pareto_min_loss_weight": 0.3}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "-m", "hashrec.train_eval", "--pipeline_config_path",
+           os.path.join(ROOT, "examples", "mmoe_taobao_dynamicemb.config"),
+           "--model_dir", str(tmp_path / "model"), "--train_input_path", str(data / "train"),
+           "--eval_input_path", str(data / "eval"), "--edit_config_json", json.dumps(edits)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    lines = re.findall(r"loss weights \(binary_cross_entropy_ctr ([0-9.]+), "
+                       r"binary_cross_entropy_cvr ([0-9.]+)\)", run.stderr)
+    assert len(lines) == 2  # steps 2 and 4
+    for ctr, cvr in lines:
+        assert float(ctr) + float(cvr) == pytest.approx(1.0, abs=1e-4)
+        assert float(cvr) >= 0.3 - 1e-5
+    with open(tmp_path / "model" / "eval_result.txt", encoding="utf-8") as f:
+        (result,) = [json.loads(line) for line in f if line.strip()]
+    assert result["step"] == 4 and "auc_cvr" in result

@@ -226,14 +226,9 @@ SEVERAL = _mmoe("""    task_towers { tower_name: "ctr" label_name: "clk" sample_
                   losses { jrc_loss { session_name: "user_id" } } }""")
 
 
-@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE, SIMPLE, PEPNET, PEPNET_DOMAINS, CLASSES,
-                                   SEVERAL],
-                         ids=["mmoe", "dbmtl", "ple", "simple-multi-task", "pepnet",
-                              "pepnet-domains", "classes", "several-losses"])
-def test_multi_task_model_trains_graphed_like_eager(tmp_path, model):
-    # (B, logits) logits, labels and row weights (sample weights; MMoE's score task also
-    # in the click space), an l2_loss task weighted 0.5, towers of classes, through the
-    # captured loss.
+def _multi_task_data(tmp_path, model: str):
+    """(the data folder, the config of ``model``): generated rows with a sample weight
+    ``w``, a ``score`` to regress and a ``level`` of three classes, as labels."""
     data = str(tmp_path / "data")
     generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])
     _add_weights(data)
@@ -246,12 +241,46 @@ def test_multi_task_model_trains_graphed_like_eager(tmp_path, model):
                        .append_column("level", pa.array(level)), path)
     text = f'model_dir: "{tmp_path}/model"\n{FEATURES}{model}'.replace(
         'label_fields: "clk"', 'label_fields: ["clk", "score", "level"]')
-    base = parse_pipeline_config(text)
+    return data, parse_pipeline_config(text)
+
+
+@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE, SIMPLE, PEPNET, PEPNET_DOMAINS, CLASSES,
+                                   SEVERAL],
+                         ids=["mmoe", "dbmtl", "ple", "simple-multi-task", "pepnet",
+                              "pepnet-domains", "classes", "several-losses"])
+def test_multi_task_model_trains_graphed_like_eager(tmp_path, model):
+    # (B, logits) logits, labels and row weights (sample weights; MMoE's score task also
+    # in the click space), an l2_loss task weighted 0.5, towers of classes, through the
+    # captured loss.
+    data, base = _multi_task_data(tmp_path, model)
     eager, none = _losses(data, tmp_path, False, "", weighted=True, base=base)
     graphed, captured = _losses(data, tmp_path, True, "", weighted=True, base=base)
     assert none == 0 and captured == 1
     assert graphed == pytest.approx(eager, rel=1e-4)
     assert eager[-1] != eager[0]
+
+
+# The MMoE on Pareto-efficient loss weights, the score task's at least 0.2.
+PARETO = MMOE.replace("weight: 0.5", "weight: 0.5 pareto_min_loss_weight: 0.2").rstrip()[:-1] \
+    + "  use_pareto_loss_weight: true\n}\n"
+
+
+@pytest.mark.parametrize("precision", ["", "FP16"], ids=["fp32", "fp16"])
+def test_pareto_weights_are_solved_through_the_graph_like_eager(tmp_path, precision):
+    # Each loss's gradient replays the captured backward; the weights stay on the device.
+    data, base = _multi_task_data(tmp_path, PARETO)
+    eager, eager_loop = _train(data, tmp_path, False, precision, weighted=True, base=base)
+    graphed, graphed_loop = _train(data, tmp_path, True, precision, weighted=True, base=base)
+    assert eager_loop.dense_graphs.captured == 0 and graphed_loop.dense_graphs.captured == 1
+    tolerance = 1e-4 if precision == "" else 2e-2
+    assert graphed == pytest.approx(eager, rel=tolerance)
+    assert all(np.isfinite(graphed)) and eager[-1] != eager[0]
+    sums = [{name: float(v) for name, v in loop.progress._weight_sums.items()}
+            for loop in (eager_loop, graphed_loop)]
+    assert set(sums[0]) == {"binary_cross_entropy_ctr", "l2_loss_score"}
+    assert sum(sums[0].values()) == pytest.approx(STEPS, rel=1e-5)  # each step's sum to 1
+    assert sums[1] == pytest.approx(sums[0], rel=tolerance)
+    assert sums[0]["l2_loss_score"] >= 0.2 * STEPS - 1e-5
 
 
 # DSSM: a user and an item tower; in-batch negatives or 32 sampled ones a batch.

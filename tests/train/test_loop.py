@@ -151,6 +151,25 @@ def test_progress_shows_each_tasks_loss(caplog):
     assert "step 4 | loss 0.50000 |" in caplog.text
 
 
+def test_progress_shows_the_solved_loss_weights(caplog):
+    progress = ProgressLog(every=2)
+    parts = {"binary_cross_entropy_a": torch.tensor(0.2), "binary_cross_entropy_b":
+             torch.tensor(0.4)}
+    for weight in (0.3, 0.5):
+        progress.record(10, torch.tensor(0.3), parts)
+        progress.record_weights({"binary_cross_entropy_a": torch.tensor(weight),
+                                 "binary_cross_entropy_b": torch.tensor(1 - weight)})
+    with caplog.at_level(logging.INFO, logger="hashrec.train"):
+        window = progress.report(2, {"dense": 0.1}, {})
+    assert window["loss_weight/binary_cross_entropy_a"] == pytest.approx(0.4)
+    assert window["loss_weight/binary_cross_entropy_b"] == pytest.approx(0.6)
+    assert ("loss 0.30000 (binary_cross_entropy_a 0.20000, binary_cross_entropy_b 0.40000) | "
+            "loss weights (binary_cross_entropy_a 0.40000, binary_cross_entropy_b 0.60000) | "
+            in caplog.text)
+    progress.record(10, torch.tensor(0.3), parts)  # a window without solved weights
+    assert not any(name.startswith("loss_weight/") for name in progress.report(4, {}, {}))
+
+
 def test_progress_silent_off_rank_zero(caplog):
     progress = ProgressLog(every=1, rank=1)
     progress.record(1, 0.1)
