@@ -64,6 +64,17 @@ MODELS = {
                                                    windows_len: [2, 8] } }
     sequence_encoders { pooling_encoder { pooling_type: "mean" } } }
   multi_tower { towers { input: "all" mlp { hidden_units: [16, 8] } } }""",
+    # the click sequence through TorchEasyRec's hstu_encoder (two HSTU blocks; it reads no
+    # query): its last valid position, 16 wide, follows the group's features. No dropout:
+    # a graphed step draws other random numbers than an eager one.
+    "multi_tower_hstu": """
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "cms_segid", "pid", "adgroup_id", "cate_id", "price"]
+    sequence_groups { feature_names: ["click_50_seq__adgroup_id", "click_50_seq__cate_id"] }
+    sequence_encoders { hstu_encoder { sequence_dim: 16 attn_dim: 8 linear_dim: 8
+      max_seq_length: 10 num_heads: 2 num_blocks: 2 pos_dropout_rate: 0
+      linear_dropout_rate: 0 } } }
+  multi_tower { towers { input: "all" mlp { hidden_units: [16, 8] } } }""",
     # user_id and adgroup_id (dynamic) and cate_id have a wide table besides their own;
     # pid is only in the WIDE group: it has its wide table alone.
     "wide_and_deep": """

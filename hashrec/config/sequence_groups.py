@@ -4,9 +4,9 @@ reads them.
 A DEEP group may list sequence groups, each a set of query features (pooled, such as the
 candidate's ``adgroup_id``) and sequence features (``click_50_seq__adgroup_id``), and
 encoders that reduce a sequence group to one vector a row (DIN target attention, simple
-attention, sum or mean pooling, multi-window DIN). The encoders' outputs join the group's
-output after its own features, in encoder order, so every model reading the group reads
-them too (``hashrec.models.group_encoders`` builds them).
+attention, sum or mean pooling, multi-window DIN, HSTU blocks). The encoders' outputs join
+the group's output after its own features, in encoder order, so every model reading the
+group reads them too (``hashrec.models.group_encoders`` builds them).
 
 As in TorchEasyRec: a lone sequence group without ``group_name`` takes the feature group's
 name, an encoder without ``input`` reads the lone sequence group, several sequence
@@ -16,10 +16,15 @@ encoder. Nothing here mutates the config: the defaults are resolved on reading.
 
 from __future__ import annotations
 
-# The encoders HashRec builds; hstu_encoder (HSTU's jagged transducer blocks) is refused.
 SUPPORTED_ENCODERS = ("din_encoder", "simple_attention", "pooling_encoder",
-                      "multi_window_din_encoder")
+                      "multi_window_din_encoder", "hstu_encoder")
+# The encoders that read no query: a sequence group that only they read needs none.
+QUERYLESS_ENCODERS = ("pooling_encoder", "hstu_encoder")
 POOLING_TYPES = ("sum", "mean")
+# TorchEasyRec's HSTU blocks compute rel_bias and hstu_rel_bias alike (SiLU attention
+# without a bias: the encoder passes no timestamps); softmax_rel_bias needs timestamps.
+HSTU_NORMALIZATIONS = ("rel_bias", "hstu_rel_bias")
+HSTU_LINEAR_ACTIVATIONS = ("silu", "none")
 _DEEP = 0  # FeatureGroupType.DEEP
 
 
@@ -128,4 +133,43 @@ def _encoder_problems(where: str, group, encoder, names: list[str]) -> list[str]
         problems.append(f"{where}.multi_window_din_encoder.windows_len "
                         f"{list(options.windows_len)}; give one or more window lengths, "
                         f"each 1 or more positions")
+    if kind == "hstu_encoder":
+        problems += hstu_problems(f"{where}.hstu_encoder", options)
+    return problems
+
+
+def hstu_problems(where: str, options) -> list[str]:
+    """One message per ``hstu_encoder`` field HashRec cannot honour (``where``: the
+    encoder's config path)."""
+    problems = []
+    for name, what in (("max_seq_length", "it sizes the position embeddings"),
+                       ("attn_dim", "the width of a head's queries and keys"),
+                       ("linear_dim", "the width of a head's values and gates")):
+        if getattr(options, name) < 1:
+            shown = getattr(options, name) if options.HasField(name) else "not set"
+            problems.append(f"{where}.{name} is {shown}; set it to 1 or more ({what})")
+    problems += [f"{where}.{name} is {getattr(options, name)}; it must be {least} or more"
+                 for name, least in (("num_heads", 1), ("num_blocks", 1),
+                                     ("max_output_len", 0))
+                 if getattr(options, name) < least]
+    problems += [f"{where}.{name} is {getattr(options, name):g}; it must be in [0, 1)"
+                 for name in ("pos_dropout_rate", "linear_dropout_rate")
+                 if not 0 <= getattr(options, name) < 1]
+    if options.attn_dropout_rate != 0:
+        problems.append(f"{where}.attn_dropout_rate is {options.attn_dropout_rate:g}; "
+                        f"TorchEasyRec's HSTU blocks read it and apply no dropout to the "
+                        f"attention: remove it (or set 0)")
+    if options.HasField("time_bucket_size"):
+        problems.append(f"{where}.time_bucket_size is not supported: it buckets time "
+                        f"differences for a relative attention bias, and the encoder is "
+                        f"given no timestamps (nor is it in TorchEasyRec); remove it")
+    if options.normalization not in HSTU_NORMALIZATIONS:
+        problems.append(f"{where}.normalization {options.normalization!r}; allowed: "
+                        f"{', '.join(HSTU_NORMALIZATIONS)} (softmax_rel_bias needs "
+                        f"timestamps, which the encoder is not given)")
+    if options.linear_config != "uvqk":
+        problems.append(f"{where}.linear_config {options.linear_config!r}; allowed: uvqk")
+    if options.linear_activation not in HSTU_LINEAR_ACTIVATIONS:
+        problems.append(f"{where}.linear_activation {options.linear_activation!r}; "
+                        f"allowed: {', '.join(HSTU_LINEAR_ACTIVATIONS)}")
     return problems

@@ -29,7 +29,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hashrec.config.sequence_groups import encoder_input, encoder_kind, sequence_group_names
+from hashrec.config.sequence_groups import (
+    QUERYLESS_ENCODERS,
+    encoder_input,
+    encoder_kind,
+    sequence_group_names,
+)
 from hashrec.features.wide import wide_name
 from hashrec.models.errors import ModelError
 
@@ -53,6 +58,8 @@ class FeatureInfo:
             ``sequence_feature``'s name, or its own name for a top-level one); else empty.
         source: of a sequence encoder's output, the DEEP feature group whose encoder
             gives it (see ``encoded``); else empty.
+        length: of a sequence feature, the positions it is padded to (its
+            ``sequence_length``); 0 where unknown.
     """
 
     name: str
@@ -61,6 +68,7 @@ class FeatureInfo:
     is_sequence: bool
     sequence: str = ""
     source: str = ""
+    length: int = 0
 
     @property
     def encoded(self) -> bool:
@@ -74,12 +82,13 @@ class EncoderSpec:
     """One of a DEEP group's ``sequence_encoders``.
 
     Attributes:
-        kind: ``din_encoder``, ``simple_attention``, ``pooling_encoder`` or
-            ``multi_window_din_encoder``.
+        kind: ``din_encoder``, ``simple_attention``, ``pooling_encoder``,
+            ``multi_window_din_encoder`` or ``hstu_encoder``.
         where: the config path of the encoder (for errors).
         input: index of the sequence group it reads in the group's ``sequence_groups``.
         dim: width of its output.
-        options: the encoder's config message (attn_mlp, pooling_type, windows_len).
+        options: the encoder's config message (attn_mlp, pooling_type, windows_len, the
+            HSTU fields).
     """
 
     kind: str
@@ -117,6 +126,12 @@ class GroupSpec:
     def sequence_dim(self) -> int:
         return sum(f.dim for f in self.sequence)
 
+    @property
+    def sequence_length(self) -> int:
+        """The positions L of a SEQUENCE group's (B, L, Ds) sequence: its longest
+        feature's; 0 where unknown."""
+        return max((f.length for f in self.sequence), default=0)
+
 
 def feature_infos(feature_set) -> dict[str, FeatureInfo]:
     """Index the features a FeatureSet produces by name."""
@@ -125,11 +140,13 @@ def feature_infos(feature_set) -> dict[str, FeatureInfo]:
     for spec in feature_set.embedding_features():
         infos[spec.name] = FeatureInfo(spec.name, int(feature_set.output_dim(spec.name)),
                                        True, bool(spec.is_sequence),
-                                       sequences[spec.name] if spec.is_sequence else "")
+                                       sequences[spec.name] if spec.is_sequence else "",
+                                       length=int(spec.max_length) if spec.is_sequence else 0)
     for name, value_dim in feature_set.dense_features().items():
         infos[name] = FeatureInfo(name, int(value_dim), False, False)
     for name, value_dim in feature_set.sequence_dense_features().items():
-        infos[name] = FeatureInfo(name, int(value_dim), False, True, sequences[name])
+        infos[name] = FeatureInfo(name, int(value_dim), False, True, sequences[name],
+                                  length=int(feature_set.features[name].sequence_length))
     return infos
 
 
@@ -200,7 +217,7 @@ def _encoded_group(group_config, features: tuple[FeatureInfo, ...],
     for i, (seq_name, seq_config) in enumerate(zip(names, group_config.sequence_groups)):
         label = f"feature group {name!r} sequence_groups[{i}] ({seq_name!r})"
         resolved = [_known(label, f, infos, left_out) for f in seq_config.feature_names]
-        needs_query = any(kind != "pooling_encoder" for kind in readers[seq_name])
+        needs_query = any(kind not in QUERYLESS_ENCODERS for kind in readers[seq_name])
         sequence_groups.append(_sequence_group(label, seq_name, resolved, needs_query))
     encoders = []
     for i, encoder in enumerate(group_config.sequence_encoders):

@@ -24,7 +24,13 @@ from torch import nn
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import FeatureInfo, GroupSpec, deep_input, sequence_input
 from hashrec.models.mlp_config import mlp_options
-from hashrec.modules import DINAttention, MultiWindowDIN, SequencePooling, SimpleAttention
+from hashrec.modules import (
+    DINAttention,
+    HSTUEncoder,
+    MultiWindowDIN,
+    SequencePooling,
+    SimpleAttention,
+)
 
 
 class GroupEncoders(nn.Module):
@@ -49,7 +55,8 @@ class GroupEncoders(nn.Module):
         outputs: list[torch.Tensor] = []
         for i, encoder in enumerate(self.encoders):
             sequence = inputs[self.sequence_at[i]]
-            # a group without query features feeds pooling alone, which reads no query
+            # a group without query features feeds encoders that read no query (pooling,
+            # HSTU)
             query = inputs[self.query_at[i]] if self.query_at[i] >= 0 else sequence
             outputs.append(encoder(query, sequence, inputs[self.sequence_at[i] + 1]))
         return torch.cat(outputs, dim=-1)
@@ -59,6 +66,8 @@ def _encoder(spec, sequence_group: GroupSpec) -> nn.Module:
     """The module of one encoder spec over ``sequence_group``'s tensors."""
     options = spec.options
     query_dim, sequence_dim = sequence_group.query_dim, sequence_group.sequence_dim
+    if spec.kind == "hstu_encoder":
+        _check_hstu(spec, sequence_group)
     try:
         if spec.kind == "din_encoder":
             return DINAttention(query_dim, sequence_dim,
@@ -70,9 +79,35 @@ def _encoder(spec, sequence_group: GroupSpec) -> nn.Module:
         if spec.kind == "multi_window_din_encoder":
             return MultiWindowDIN(query_dim, sequence_dim, tuple(options.windows_len),
                                   mlp_options(options.attn_mlp, spec.where + ".attn_mlp"))
+        if spec.kind == "hstu_encoder":
+            return HSTUEncoder(sequence_dim, options.attn_dim, options.linear_dim,
+                               options.max_seq_length, num_heads=options.num_heads,
+                               num_blocks=options.num_blocks,
+                               max_output_len=options.max_output_len,
+                               pos_dropout_rate=options.pos_dropout_rate,
+                               linear_dropout_rate=options.linear_dropout_rate,
+                               linear_activation=options.linear_activation)
     except ValueError as err:
         raise ModelError(f"{spec.where}: {err}") from err
     raise ModelError(f"{spec.where}: encoder kind {spec.kind!r} is not supported")
+
+
+def _check_hstu(spec, sequence_group: GroupSpec) -> None:
+    """An ``hstu_encoder`` over ``sequence_group``: the group is as wide as the
+    ``sequence_dim`` given (where one is), its sequences fit the position table."""
+    options, width = spec.options, sequence_group.sequence_dim
+    if options.HasField("sequence_dim") and options.sequence_dim != width:
+        raise ModelError(f"{spec.where}.sequence_dim is {options.sequence_dim}; the sequence "
+                         f"group {sequence_group.name!r} is {width} wide (its sequence "
+                         f"features' dims summed): set {width} or leave it out")
+    positions = options.max_seq_length + options.max_output_len + 1
+    if sequence_group.sequence_length > positions:
+        raise ModelError(
+            f"{spec.where}.max_seq_length is {options.max_seq_length}: with max_output_len "
+            f"{options.max_output_len} the position table holds {positions} positions, and "
+            f"the sequence group {sequence_group.name!r} holds {sequence_group.sequence_length}"
+            f" (its features' sequence_length); set max_seq_length to "
+            f"{sequence_group.sequence_length - options.max_output_len - 1} or more")
 
 
 def build_group_encoders(groups: Mapping[str, GroupSpec]) -> nn.ModuleDict:

@@ -1,13 +1,14 @@
 """Small neural-network building blocks: MLP, DIN attention, factorization machine,
 pairwise dot interactions, MaskNet, cross networks (DCN v1, v2), CIN (xDeepFM), WuKong
-layers, sequence encoders (simple attention, pooling, multi-window DIN) and PEPNet's gates
-and towers per domain."""
+layers, sequence encoders (simple attention, pooling, multi-window DIN, HSTU) and PEPNet's
+gates and towers per domain."""
 
 from hashrec.modules.activation import ACTIVATIONS, Dice, create_activation
 from hashrec.modules.cin import CIN
 from hashrec.modules.cross import Cross, CrossV2
 from hashrec.modules.din import NORMALIZERS, DINAttention, sequence_mask
 from hashrec.modules.fm import FactorizationMachine
+from hashrec.modules.hstu import HSTUBlock, HSTUEncoder
 from hashrec.modules.interaction import PairwiseDot
 from hashrec.modules.masknet import MaskBlockOptions, MaskNet
 from hashrec.modules.mlp import MLP, MLPOptions
@@ -21,5 +22,5 @@ __all__ = [
     "MaskBlockOptions", "MaskNet", "CIN", "Cross", "CrossV2",
     "FactorizationMachineBlock", "LinearCompress", "WuKongLayer", "EPNet", "GateNU", "PPNet",
     "DomainTowers", "pick_domain",
-    "MultiWindowDIN", "SequencePooling", "SimpleAttention",
+    "MultiWindowDIN", "SequencePooling", "SimpleAttention", "HSTUBlock", "HSTUEncoder",
 ]

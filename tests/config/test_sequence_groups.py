@@ -56,9 +56,6 @@ def test_a_lone_sequence_group_takes_the_groups_name_and_its_encoders_read_it():
     ('sequence_groups { feature_names: ["s__i"] } sequence_encoders { '
      'multi_window_din_encoder { attn_mlp { hidden_units: 4 } } }',
      r"sequence_encoders\[0\].multi_window_din_encoder.windows_len \[\]"),
-    ('sequence_groups { feature_names: ["s__i"] } sequence_encoders { hstu_encoder {} }',
-     r"sequence_encoders\[0\].hstu_encoder is not supported; supported: din_encoder, "
-     r"simple_attention, pooling_encoder, multi_window_din_encoder"),
     ('sequence_groups { feature_names: ["s__i"] } sequence_encoders { }',
      r"sequence_encoders\[0\] sets no encoder"),
     ('sequence_groups { group_name: "a" feature_names: ["s__i"] } '
@@ -66,7 +63,7 @@ def test_a_lone_sequence_group_takes_the_groups_name_and_its_encoders_read_it():
      'sequence_encoders { din_encoder { input: "a" attn_mlp { hidden_units: 4 } } }',
      r"sequence_groups 'b': no sequence encoder reads it"),
 ], ids=["no-groups", "no-encoders", "no-input", "unnamed", "unknown-input", "pooling-type",
-        "no-windows", "hstu", "empty", "unread"])
+        "no-windows", "empty", "unread"])
 def test_misuse_is_a_config_error_naming_the_field(body, message):
     config = parse_pipeline_config(
         f'model_dir: "m"\nmodel_config {{ feature_groups {{ group_name: "all" '
@@ -82,3 +79,47 @@ def test_sequence_encoders_belong_to_a_deep_group():
     assert sequence_encoder_problems(model_config) == [
         "model_config.feature_groups[0] ('all'): sequence_groups and sequence_encoders "
         "belong to a DEEP group (as in TorchEasyRec); set group_type: DEEP or move them"]
+
+
+HSTU = 'sequence_groups { feature_names: ["s__i"] } sequence_encoders { hstu_encoder { %s } }'
+HSTU_NEEDS = "attn_dim: 8 linear_dim: 8 max_seq_length: 50"
+
+
+def test_an_hstu_encoder_with_its_sizes_is_valid_and_reads_no_query():
+    model_config = _group(HSTU % f'{HSTU_NEEDS} sequence_dim: 16 num_heads: 1 '
+                                 f'num_blocks: 2 linear_activation: "none" '
+                                 f'normalization: "hstu_rel_bias" max_output_len: 10')
+    assert sequence_encoder_problems(model_config) == []
+
+
+@pytest.mark.parametrize("fields, message", [
+    ("", r"hstu_encoder.max_seq_length is not set; set it to 1 or more \(it sizes the "
+         r"position embeddings\)"),
+    ("attn_dim: 8 max_seq_length: 5", r"hstu_encoder.linear_dim is not set"),
+    ("linear_dim: 8 max_seq_length: 5 attn_dim: 0", r"hstu_encoder.attn_dim is 0; set it"),
+    (f"{HSTU_NEEDS} num_heads: 0", r"hstu_encoder.num_heads is 0; it must be 1 or more"),
+    (f"{HSTU_NEEDS} num_blocks: 0", r"hstu_encoder.num_blocks is 0; it must be 1 or more"),
+    (f"{HSTU_NEEDS} max_output_len: -1", r"hstu_encoder.max_output_len is -1; it must be 0"),
+    (f"{HSTU_NEEDS} pos_dropout_rate: 1", r"hstu_encoder.pos_dropout_rate is 1; it must be"
+                                           r" in \[0, 1\)"),
+    (f"{HSTU_NEEDS} linear_dropout_rate: -0.5", r"hstu_encoder.linear_dropout_rate is -0.5"),
+    (f"{HSTU_NEEDS} attn_dropout_rate: 0.1",
+     r"hstu_encoder.attn_dropout_rate is 0.1; TorchEasyRec's HSTU blocks read it and apply "
+     r"no dropout"),
+    (f"{HSTU_NEEDS} time_bucket_size: 128",
+     r"hstu_encoder.time_bucket_size is not supported: .* given no timestamps"),
+    (f'{HSTU_NEEDS} normalization: "softmax_rel_bias"',
+     r"hstu_encoder.normalization 'softmax_rel_bias'; allowed: rel_bias, hstu_rel_bias"),
+    (f'{HSTU_NEEDS} linear_config: "uv"', r"hstu_encoder.linear_config 'uv'; allowed: uvqk"),
+    (f'{HSTU_NEEDS} linear_activation: "relu"',
+     r"hstu_encoder.linear_activation 'relu'; allowed: silu, none"),
+], ids=["no-max-seq-length", "no-linear-dim", "attn-dim-0", "heads", "blocks", "output-len",
+        "pos-dropout", "linear-dropout", "attn-dropout", "time-buckets", "softmax",
+        "linear-config", "activation"])
+def test_hstu_encoder_misuse_is_a_config_error_naming_the_field(fields, message):
+    config = parse_pipeline_config(
+        f'model_dir: "m"\nmodel_config {{ feature_groups {{ group_name: "all" '
+        f'feature_names: ["u"] group_type: DEEP {HSTU % fields} }} multi_tower {{ towers {{ '
+        f'input: "all" mlp {{ hidden_units: 4 }} }} }} }}')
+    with pytest.raises(ConfigError, match=r"sequence_encoders\[0\]." + message):
+        validate_pipeline_config(config)

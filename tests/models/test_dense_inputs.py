@@ -63,6 +63,7 @@ KINDS = {
     "wukong-sparse-only": (test_wukong.SPARSE_ONLY, ()),
     "multi_tower-sequence-encoders": (test_group_encoders.MULTI_TOWER, ()),
     "mmoe-sequence-encoders": (test_group_encoders.MMOE, ()),
+    "multi_tower-hstu-encoder": (test_group_encoders.HSTU, ()),
     "pepnet": (test_pepnet.DEFAULT_NAMES, ()),  # no dropout: the forward repeats
     "pepnet-main-only": (test_pepnet.MAIN_ONLY, ()),
     "pepnet-domains": (test_pepnet.DOMAINS.replace("ppnet_dropout_ratio: [0.1]", ""), ()),

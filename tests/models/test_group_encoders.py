@@ -121,3 +121,59 @@ def test_simple_attention_needs_a_query_as_wide_as_an_item():
     with pytest.raises(ModelError, match=r"feature group 'all' sequence_encoders\[0\]"
                                          r".simple_attention: .*query_dim=4, sequence_dim=8"):
         fake_model(text)
+
+
+# HSTU over a sequence group without query features (it reads none), then pooling over it;
+# no dropout, so that a training forward repeats
+HSTU_GROUP = """feature_groups { group_name: "all" group_type: DEEP
+  feature_names: ["user_id", "price"]
+  sequence_groups { feature_names: ["click_seq__item_id", "click_seq__cate_id"] }
+  sequence_encoders { hstu_encoder { attn_dim: 4 linear_dim: 3 max_seq_length: 5
+    num_heads: 2 num_blocks: 2 pos_dropout_rate: 0 linear_dropout_rate: 0 %s } }
+  sequence_encoders { pooling_encoder {} } }"""
+HSTU = (HSTU_GROUP % "") + """
+multi_tower { towers { input: "all" mlp { hidden_units: [4] } } }
+losses { binary_cross_entropy {} }
+"""
+
+
+def test_an_hstu_encoder_gives_its_last_valid_position_after_the_groups_features():
+    model = fake_model(HSTU)
+    group = model.groups["all"]
+    assert [(f.name, f.dim) for f in group.features] == [
+        ("user_id", 4), ("price", 1), ("all_seq_encoder_0", 8), ("all_seq_encoder_1", 8)]
+    hstu = model.sequence_encoders["all"].encoders[0]
+    assert (hstu.positions, len(hstu.blocks), hstu.blocks[0].num_heads) == (5 + 2 + 1, 2, 2)
+    batch = make_batch(6, seed=7, lengths=[0, 1, 2, 3, 4, 5])
+    embedded = model.embedding(batch.sparse)
+    inputs = model.dense_inputs(embedded, batch)
+    assert [tuple(t.shape) for t in inputs] == [(6, 5), (6, 5, 8), (6,)]  # no query
+    (got,) = model.groups_from_inputs([group], inputs)
+    torch.testing.assert_close(got, _expected_group(model, batch, "all"))
+    assert torch.equal(got[0, 5:13], torch.zeros(8))  # the empty row
+    norms = got[1:, 5:13].norm(dim=1)
+    torch.testing.assert_close(norms, torch.ones(5))
+
+
+def test_an_hstu_encoder_trains_with_the_model():
+    model = fake_model(HSTU)
+    batch = make_batch(6, seed=8)
+    model.loss(model(batch), batch)["binary_cross_entropy"].backward()
+    hstu = dict(model.sequence_encoders["all"].encoders[0].named_parameters())
+    assert len(hstu) == 1 + 2 * 3  # the positions; each block's uvqk, output weight, bias
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in hstu.values())
+
+
+@pytest.mark.parametrize("fields, message", [
+    ("sequence_dim: 4", r"hstu_encoder.sequence_dim is 4; the sequence group 'all' is 8 "
+                        r"wide .*: set 8 or leave it out"),
+    ("max_output_len: 0 max_seq_length: 2",
+     r"hstu_encoder.max_seq_length is 2: with max_output_len 0 the position table holds 3 "
+     r"positions, and the sequence group 'all' holds 5 .*; set max_seq_length to 4 or more"),
+], ids=["sequence-dim", "too-short"])
+def test_hstu_encoder_errors_name_the_field(fields, message):
+    text = HSTU.replace("max_seq_length: 5", "") if "max_seq_length" in fields else HSTU
+    text = text.replace("linear_dropout_rate: 0 ", f"linear_dropout_rate: 0 {fields} ")
+    with pytest.raises(ModelError, match=r"feature group 'all' sequence_encoders\[0\]."
+                                         + message):
+        fake_model(text)
