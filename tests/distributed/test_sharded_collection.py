@@ -250,16 +250,23 @@ def test_two_ranks_train_like_one_process_on_the_global_batch(tmp_path):
 
 def test_two_ranks_of_half_tables_train_like_one_process(tmp_path):
     """Rows stored in float16 travel between the ranks as float32 and are updated where
-    they are stored, as in one process. (The ranks sum gradients in another order, far
-    below a float16 step: the rows agree as the float32 ones do.)"""
+    they are stored, as in one process. (The ranks sum gradients in another order: far
+    below a float16 step, but an update that lands near a rounding tie can round the other
+    way, so the rows agree within one float16 step.)"""
     (ranks,) = run_world({"half": scenario_train_half}, WORLD, tmp_path).values()
     collection, head, losses, _ = _train(dtype=torch.float16)
     assert {t.options.dtype for t in collection.dynamic_tables().values()} == {torch.float16}
     assert collection.dense_tables["dense"].rows.dtype == torch.float16
-    _check_like_one_process(ranks, collection, head, losses)
+    _check_like_one_process(ranks, collection, head, losses, rows_close=_close_half)
 
 
-def _check_like_one_process(ranks, collection, head, losses) -> None:
+def _close_half(a, b) -> bool:
+    """Within one float16 step (2^-10 of the value) of each other."""
+    return torch.allclose(torch.as_tensor(a).float(), torch.as_tensor(b).float(), atol=2e-5,
+                          rtol=2.0 ** -10)
+
+
+def _check_like_one_process(ranks, collection, head, losses, rows_close=_close) -> None:
     for r in ranks:
         if isinstance(r, Exception):
             raise r
@@ -277,7 +284,7 @@ def _check_like_one_process(ranks, collection, head, losses) -> None:
         assert _close(r["losses"], losses)
         for mine, ref in zip(r["head"], head.parameters()):
             assert _close(mine, ref.detach())
-        assert _close(r["dense"], collection.dense_tables["dense"].rows[:, :DIM])
+        assert rows_close(r["dense"], collection.dense_tables["dense"].rows[:, :DIM])
     for name, table in ref_tables.items():
         expected = _rows(table)
         union = {}
@@ -295,6 +302,6 @@ def _check_like_one_process(ranks, collection, head, losses) -> None:
         else:
             assert set(union) == set(expected), name
         for key in set(union) & set(expected):
-            assert _close(union[key], expected[key]), (name, key)
+            assert rows_close(union[key], expected[key]), (name, key)
     assert ranks[1]["eval"] is None
     assert _close(ranks[0]["eval"], _eval_pooled(collection))
