@@ -155,14 +155,6 @@ def hstu_problems(where: str, options) -> list[str]:
     problems += [f"{where}.{name} is {getattr(options, name):g}; it must be in [0, 1)"
                  for name in ("pos_dropout_rate", "linear_dropout_rate")
                  if not 0 <= getattr(options, name) < 1]
-    if options.attn_dropout_rate != 0:
-        problems.append(f"{where}.attn_dropout_rate is {options.attn_dropout_rate:g}; "
-                        f"TorchEasyRec's HSTU blocks read it and apply no dropout to the "
-                        f"attention: remove it (or set 0)")
-    if options.HasField("time_bucket_size"):
-        problems.append(f"{where}.time_bucket_size is not supported: it buckets time "
-                        f"differences for a relative attention bias, and the encoder is "
-                        f"given no timestamps (nor is it in TorchEasyRec); remove it")
     if options.normalization not in HSTU_NORMALIZATIONS:
         problems.append(f"{where}.normalization {options.normalization!r}; allowed: "
                         f"{', '.join(HSTU_NORMALIZATIONS)} (softmax_rel_bias needs "

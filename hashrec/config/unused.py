@@ -88,6 +88,9 @@ _IGNORED = {
     "ModelConfig": ("kernel",),
     # Parsed by TorchEasyRec's RocketLaunching and read by none of its code.
     "RocketLaunching": ("l2_regularization",),
+    # Read by TorchEasyRec's HSTU encoder and applied nowhere there: the attention's
+    # dropout, and the time buckets of a relative bias that is given no timestamps.
+    "HSTUEncoder": ("attn_dropout_rate", "time_bucket_size"),
     # Feature generation's join key of a sequence; the columns are read as they are.
     "SequenceFeature": ("sequence_pk",),
     # The mode of a weight decay that must be 0 (optimizers.py refuses any other).
@@ -145,6 +148,10 @@ def _messages(config):
         model_config = config.model_config
         for i, group in enumerate(model_config.feature_groups):
             yield f"model_config.feature_groups[{i}]", group
+            for j, encoder in enumerate(group.sequence_encoders):
+                if encoder.WhichOneof("seq_module") == "hstu_encoder":
+                    yield (f"model_config.feature_groups[{i}].sequence_encoders[{j}]."
+                           f"hstu_encoder", encoder.hstu_encoder)
         yield from _metric_messages("model_config", model_config)
         model = model_config.WhichOneof("model")
         if model:

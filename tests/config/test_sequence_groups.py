@@ -103,18 +103,13 @@ def test_an_hstu_encoder_with_its_sizes_is_valid_and_reads_no_query():
     (f"{HSTU_NEEDS} pos_dropout_rate: 1", r"hstu_encoder.pos_dropout_rate is 1; it must be"
                                            r" in \[0, 1\)"),
     (f"{HSTU_NEEDS} linear_dropout_rate: -0.5", r"hstu_encoder.linear_dropout_rate is -0.5"),
-    (f"{HSTU_NEEDS} attn_dropout_rate: 0.1",
-     r"hstu_encoder.attn_dropout_rate is 0.1; TorchEasyRec's HSTU blocks read it and apply "
-     r"no dropout"),
-    (f"{HSTU_NEEDS} time_bucket_size: 128",
-     r"hstu_encoder.time_bucket_size is not supported: .* given no timestamps"),
     (f'{HSTU_NEEDS} normalization: "softmax_rel_bias"',
      r"hstu_encoder.normalization 'softmax_rel_bias'; allowed: rel_bias, hstu_rel_bias"),
     (f'{HSTU_NEEDS} linear_config: "uv"', r"hstu_encoder.linear_config 'uv'; allowed: uvqk"),
     (f'{HSTU_NEEDS} linear_activation: "relu"',
      r"hstu_encoder.linear_activation 'relu'; allowed: silu, none"),
 ], ids=["no-max-seq-length", "no-linear-dim", "attn-dim-0", "heads", "blocks", "output-len",
-        "pos-dropout", "linear-dropout", "attn-dropout", "time-buckets", "softmax",
+        "pos-dropout", "linear-dropout", "softmax",
         "linear-config", "activation"])
 def test_hstu_encoder_misuse_is_a_config_error_naming_the_field(fields, message):
     config = parse_pipeline_config(

@@ -103,6 +103,21 @@ def test_rocket_launchings_l2_regularization_is_noted():
         "model_config.rocket_launching.l2_regularization"]
 
 
+def test_an_hstu_encoders_unapplied_fields_are_noted():
+    # TorchEasyRec's HSTU encoder reads them and applies neither (no attention dropout; no
+    # timestamps for the time buckets' bias): such a config trains the same model here
+    text = ('model_config { feature_groups { group_name: "g" feature_names: ["s__i"] '
+            'sequence_groups { feature_names: ["s__i"] } sequence_encoders { hstu_encoder { '
+            'attn_dim: 8 linear_dim: 8 max_seq_length: 5 %s } } } }')
+    config = example_with(text % "attn_dropout_rate: 0.1 time_bucket_size: 64")
+    assert unused_field_problems(config) == []
+    group = len(config.model_config.feature_groups) - 1
+    where = f"model_config.feature_groups[{group}].sequence_encoders[0].hstu_encoder"
+    assert ignored_field_notes(config) == [f"{where}.attn_dropout_rate",
+                                           f"{where}.time_bucket_size"]
+    assert ignored_field_notes(example_with(text % "attn_dropout_rate: 0")) == []
+
+
 def test_decay_of_an_evaluation_metric_is_noted():
     notes = ignored_field_notes(example_with(
         "model_config { metrics { auc {} step_decay_rate: 0.5 } }\n"
