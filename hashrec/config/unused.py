@@ -109,7 +109,7 @@ _FEATURE_IGNORED = {
 # TorchEasyRec; init_fn and data_type there are errors, features/raw_feature.py).
 _RAW_EMBEDDING = ("embedding_dim", "embedding_name", "pooling", "trainable")
 # Of those, the fields a sequence's features act on: an id sequence's value_dim (1 reads
-# an item's first value, other values are refused).
+# an item's first value, 0 all of its values pooled into one embedding; others are refused).
 _SEQUENCE_READS = ("value_dim",)
 _FEATURE_KINDS = ("id_feature", "raw_feature", "combo_feature", "sequence_id_feature",
                   "sequence_raw_feature")

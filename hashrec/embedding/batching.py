@@ -51,6 +51,8 @@ class FeatureIds:
             ``dedup_storage``).
         max_bag: the longest bag when the host knows it without reading the device,
             else None.
+        item_rows: a multi-value sequence read as one bag per item
+            (``hashrec.embedding.items``): the (B,) items of each row, else None.
     """
 
     spec: EmbeddingFeatureSpec
@@ -60,6 +62,7 @@ class FeatureIds:
     weights: torch.Tensor | None = None
     inverse: torch.Tensor | None = None
     max_bag: int | None = None
+    item_rows: torch.Tensor | None = None
 
 
 @dataclass

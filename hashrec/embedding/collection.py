@@ -56,6 +56,7 @@ from hashrec.embedding.dense_group import group_dense_storages
 from hashrec.embedding.dense_table import DenseTable
 from hashrec.embedding.emit import TableRows, emit_storage
 from hashrec.embedding.errors import EmbeddingError
+from hashrec.embedding.items import item_bag_ids, pad_items
 from hashrec.embedding.jagged import KeyedJaggedTensor
 from hashrec.embedding.joint import (
     joins_enabled,
@@ -69,7 +70,7 @@ from hashrec.embedding.lookup import Storage, lookup_rows
 from hashrec.embedding.output import EmbeddingOutput
 from hashrec.embedding.plan import StoragePlan, plan_storages
 from hashrec.embedding.sharded import Request, ShardedLookups
-from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
+from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec, items_key
 from hashrec.embedding.stats import collection_stats, fused_table_sizes, record_lookups
 from hashrec.embedding.zch import ZchRemapper
 from hashrec.table import HashTable
@@ -241,7 +242,10 @@ class EmbeddingCollection(nn.Module):
         out = EmbeddingOutput()
         for batch, rows, table in self._lookups(storages, ids, *checked):
             for f, value in zip(batch.features, emit_storage(rows, batch, table)):
-                if f.spec.is_sequence:
+                if f.item_rows is not None:
+                    length = self._features[f.spec.name].max_length
+                    out.sequences[f.spec.name] = pad_items(value, f.item_rows, length)
+                elif f.spec.is_sequence:
                     out.sequences[f.spec.name] = (value, f.lengths)
                 else:
                     out.pooled[f.spec.name] = value
@@ -314,7 +318,8 @@ class EmbeddingCollection(nn.Module):
     def _feature_ids(self, storages: list[Storage], kjt: KeyedJaggedTensor
                      ) -> list[list[list[FeatureIds]]]:
         bags = kjt.to_dict()
-        return [[[feature_ids(f, bags[f.input_key]) for f in fs]
+        return [[[item_bag_ids(f, bags[f.input_key], bags[items_key(f.input_key)])
+                  if f.multi_value else feature_ids(f, bags[f.input_key]) for f in fs]
                  for fs in self._readers[s.name]]
                 for s in storages]
 
@@ -464,8 +469,10 @@ class EmbeddingCollection(nn.Module):
 
     def _check_input(self, kjt: KeyedJaggedTensor) -> None:
         keys = set(kjt.keys())
-        missing = list(dict.fromkeys(f.input_key for f in self._features.values()
-                                     if f.input_key not in keys))
+        wanted = [k for f in self._features.values()
+                  for k in ((f.input_key, items_key(f.input_key)) if f.multi_value
+                            else (f.input_key,))]
+        missing = list(dict.fromkeys(k for k in wanted if k not in keys))
         if missing:
             raise EmbeddingError(f"KeyedJaggedTensor lacks features {missing}; "
                                  f"it has {kjt.keys()}")

@@ -32,6 +32,10 @@ class EmbeddingFeatureSpec:
         key: the KeyedJaggedTensor key whose bags it reads when that is not ``name``:
             one input embedded by two tables (a feature of a WIDE feature group, see
             ``hashrec.features.wide``) has a second spec with a name of its own.
+        multi_value: a sequence whose items hold several ids each (an id sequence's
+            ``value_dim`` 0): its key's bags hold every id of a row's items, and key
+            ``items_key(input_key)`` holds, per row, each item's number of ids; an item's
+            ids are pooled (``pooling``) into its row of the (B, max_length, dim) output.
     """
 
     name: str
@@ -41,11 +45,31 @@ class EmbeddingFeatureSpec:
     max_length: int = 0
     weighted: bool = False
     key: str = ""
+    multi_value: bool = False
 
     @property
     def input_key(self) -> str:
         """The KeyedJaggedTensor key it reads."""
         return self.key or self.name
+
+
+# Suffix of the KeyedJaggedTensor key of a multi-value sequence's item sizes.
+ITEMS_SUFFIX = "#items"
+
+
+def items_key(key: str) -> str:
+    """The KeyedJaggedTensor key holding the ids per item of multi-value sequence ``key``.
+
+    Example::
+
+        # s = [[item (7, 8), item (9)], [item (5)]]
+        kjt = KeyedJaggedTensor.from_lengths(
+            keys=["s", "s#items"],
+            values=torch.tensor([7, 8, 9, 5,  2, 1, 1]),
+            lengths=torch.tensor([3, 1,  2, 1]),
+        )
+    """
+    return key + ITEMS_SUFFIX
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,17 @@ from hashrec.features.tokens import Bags
 @dataclass(frozen=True)
 class SparseIds:
     """Parsed ids of one sparse feature: ``values`` (n,) int64, ``lengths`` (B,) int64,
-    ``weights`` (n,) float32 or None."""
+    ``weights`` (n,) float32 or None.
+
+    A sequence whose items hold several values (an id sequence's ``value_dim`` 0) also has
+    ``values_per_item`` (m,) int64, the values of each item in order, and ``items_per_row``
+    (B,) int64, the items of each row; ``lengths`` then counts each row's values."""
 
     values: np.ndarray
     lengths: np.ndarray
     weights: np.ndarray | None = None
+    values_per_item: np.ndarray | None = None
+    items_per_row: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

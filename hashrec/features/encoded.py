@@ -8,8 +8,9 @@ feature reads its one crossed column. A cell's values are separated by
 its ``sequence_delim``, an item's values by ``fg_encoded_multival_sep``, or a
 ``list<list<>>`` cell's lists are its items. A sequence item holds one value (the
 sequence's value_dim 1): an item of several values, which a generation of value_dim 0
-writes and TorchEasyRec pools into one embedding per item, is an error naming its row, as
-HashRec's sequences carry one id per item (``SEVERAL_VALUES``).
+writes, is then an error naming its row (``SEVERAL_VALUES``); an id sequence of value_dim 0
+reads all of an item's values, pooled into one embedding per item (its ``pooling``), as
+TorchEasyRec does.
 
 FG_NONE (encoded): every id is an integer and taken as it is: a row of a table of
 num_buckets, hash_bucket_size, vocabulary or boundaries rows (it must lie below that), or
@@ -46,10 +47,8 @@ DEFAULT_MULTIVAL_SEP = "\x03"
 # Why an encoded sequence item of several values is refused, not read as its first value.
 SEVERAL_VALUES = ("a sequence item holds one value here (value_dim 1, the sequence's "
                   "default): several values per item are what a feature generation of "
-                  "value_dim 0 writes, and TorchEasyRec pools them into one embedding per "
-                  "item, which HashRec's sequence features do not do; generate the sequence "
-                  "with value_dim 1 (each item's first value), or read it as raw input "
-                  "(fg_mode FG_DAG), where an item is its first value")
+                  "value_dim 0 writes; set value_dim 0 on the feature to pool an item's "
+                  "values into one embedding per item, as TorchEasyRec does")
 
 
 @dataclass(frozen=True)
@@ -123,9 +122,11 @@ def _encoded_form(feature: Feature, mode: str, default: str, outer: str,
         raise TypeError(f"feature {feature.name!r}: {type(feature).__name__} has no encoded "
                         f"form")
     bucketizer = EncodedIds(_limit(feature)) if mode == ENCODED else feature.bucketizer
+    multi = getattr(feature, "multi_value", False)
     return IdFeature(feature.name, feature.name, bucketizer, feature.table, feature.pooling,
                      outer, default, feature.weighted, feature.sequence_length,
-                     feature.sequence_name, inner, _several(feature))
+                     feature.sequence_name, inner, "" if multi else _several(feature),
+                     multi_value=multi)
 
 
 def _several(feature: Feature) -> str:

@@ -24,7 +24,7 @@ from hashrec.config.fg_mode import RAW, fg_input
 from hashrec.config.sequence_groups import group_feature_names
 from hashrec.config.validate import MATCH_MODELS, feature_problems
 from hashrec.embedding.jagged import KeyedJaggedTensor
-from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec
+from hashrec.embedding.specs import EmbeddingFeatureSpec, EmbeddingTableSpec, items_key
 from hashrec.features.base import Feature, SparseIds, check_not_sequence
 from hashrec.features.batch import Batch
 from hashrec.features.combo_feature import build_combo_feature
@@ -103,7 +103,14 @@ class FeatureSet:
         self.left_out = tuple(left_out)
         self.unembedded = frozenset(unembedded)
         self._sparse = [f for f in features if f.is_sparse]
-        self._sparse_keys = [f.name for f in self._sparse]
+        # multi-value sequences' item sizes follow every feature's ids (``items_key``)
+        self._multi = [f.name for f in self._sparse if getattr(f, "multi_value", False)]
+        taken = [items_key(n) for n in self._multi if items_key(n) in self.features]
+        if taken:
+            raise ConfigError(f"feature {taken[0]!r}: the name is taken by the item sizes of "
+                              f"sequence {taken[0][:-len(items_key(''))]!r} (value_dim 0); "
+                              f"rename the feature")
+        self._sparse_keys = [f.name for f in self._sparse] + [items_key(n) for n in self._multi]
         by_sequence: dict[str, list[Feature]] = {}
         for f in features:  # a sub-feature's sequence is its sequence_feature, never itself
             if f.is_sequence and f.sequence_name != f.name:
@@ -128,7 +135,8 @@ class FeatureSet:
         that only WIDE groups read; then one per feature of a WIDE group (its wide
         embedding)."""
         return [EmbeddingFeatureSpec(f.name, f.table.name, f.pooling, f.is_sequence,
-                                     f.sequence_length, f.weighted) for f in self._sparse
+                                     f.sequence_length, f.weighted,
+                                     multi_value=f.name in self._multi) for f in self._sparse
                 if f.name not in self.unembedded and f.name not in self._wide.wide_only] \
             + list(self._wide.features)
 
@@ -176,6 +184,7 @@ class FeatureSet:
         outputs = {}
         for group in self._sequences:
             outputs.update(parse_sequence(group, table))
+        items = []
         for feature in self.features.values():
             out = outputs[feature.name] if feature.name in outputs else feature.parse(table)
             if isinstance(out, SparseIds):
@@ -184,10 +193,17 @@ class FeatureSet:
                 if weighted:
                     weights.append(out.weights if out.weights is not None
                                    else np.ones(len(out.values), dtype=np.float32))
+                if out.values_per_item is not None:
+                    items.append(out)
             elif feature.is_sequence:
                 sequence_dense[feature.name] = torch.from_numpy(out)
             else:
                 dense[feature.name] = torch.from_numpy(out)
+        for out in items:  # the item sizes of multi-value sequences, keyed ``items_key``
+            values.append(out.values_per_item)
+            lengths.append(out.items_per_row)
+            if weighted:
+                weights.append(np.ones(len(out.values_per_item), dtype=np.float32))
         # Every feature returns int64 ids and non-negative lengths summing to its id
         # count, so the layout is consistent by construction: no validation pass.
         sparse = KeyedJaggedTensor(

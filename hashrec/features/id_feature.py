@@ -27,6 +27,7 @@ from hashrec.features.tokens import (
     column_bags,
     get_column,
     keep_items,
+    list_lengths,
     present,
     sequence_items,
     truncate,
@@ -91,16 +92,19 @@ class IdFeature(Feature):
             truncated to the first ``sequence_length`` items: the most recent).
         sequence_name: the sequence it reads items of (see ``Feature``); empty -> ``name``.
         value_separator: of a sequence, what separates the values of one item; an item
-            is its first value (``value_dim`` 1).
+            is its first value (``value_dim`` 1), or all of them with ``multi_value``.
         several: of a sequence, why an item of several values cannot be read: such an
             item is then an error naming its row, not its first value ("": first value).
+        multi_value: of a sequence, an item is all its values (``value_dim`` 0), which the
+            embedding pools into one per item (``pooling``); the output then carries
+            ``SparseIds.values_per_item`` and ``items_per_row``.
     """
 
     def __init__(self, name: str, column: str, bucketizer: Bucketizer, table: TableRequest,
                  pooling: str = "sum", separator: str | None = None, default: str = "",
                  weighted: bool = False, sequence_length: int = 0,
                  sequence_name: str = "", value_separator: str | None = None,
-                 several: str = "") -> None:
+                 several: str = "", multi_value: bool = False) -> None:
         self.name = name
         self.columns = (column,)
         self.bucketizer = bucketizer
@@ -115,6 +119,7 @@ class IdFeature(Feature):
         self.sequence_name = (sequence_name or name) if self.is_sequence else ""
         self.value_separator = value_separator
         self.several = several
+        self.multi_value = multi_value and self.is_sequence
 
     def parse(self, table: pa.Table | pa.RecordBatch) -> SparseIds:
         if self.is_sequence:
@@ -129,10 +134,18 @@ class IdFeature(Feature):
         column = self.columns[0]
         return sequence_items(get_column(table, column, self.name), self.name, column,
                               self.separator, self.default, self.value_separator,
-                              self.several)
+                              self.several, self.multi_value)
 
     def finish(self, items: Bags) -> SparseIds:
-        return self._ids(truncate(items, self.sequence_length))
+        items = truncate(items, self.sequence_length)
+        if not self.multi_value:
+            return self._ids(items)
+        sizes = list_lengths(items.values)  # every item holds >= 1 value (item_values)
+        rows = np.repeat(np.arange(items.batch_size), items.lengths)
+        per_row = np.bincount(rows, weights=sizes, minlength=items.batch_size)
+        values = Bags(pc.list_flatten(items.values), per_row.astype(np.int64))
+        ids = self.bucketizer.ids(values, self.name, self.columns[0])
+        return SparseIds(ids, values.lengths, None, sizes, items.lengths)
 
     def _ids(self, bags: Bags) -> SparseIds:
         column = self.columns[0]
@@ -175,7 +188,8 @@ def build_sequence_id_feature(cfg, name: str, column: str, sequence_length: int,
                               table: TableRequest, sequence_name: str = "",
                               default: str | None = None) -> IdFeature:
     """IdFeature read as a sequence: items split on ``sequence_delim``, each its first value
-    on ``separator`` (a sequence's ``value_dim`` is 1 unless set, as in TorchEasyRec); a
+    on ``separator`` (a sequence's ``value_dim`` is 1 unless set, as in TorchEasyRec), or
+    all of them with ``value_dim`` 0 (pooled into one embedding per item); a
     missing item or cell reads as ``default`` (None: ``sequence_default``);
     ``sequence_name`` is its ``sequence_feature``'s name (empty for a top-level sequence
     feature)."""
@@ -185,13 +199,14 @@ def build_sequence_id_feature(cfg, name: str, column: str, sequence_length: int,
         # the items would be read as ids, "7:0.5" hashed whole
         raise ConfigError(f"feature {name!r}: weighted is not supported on sequence "
                           f"features; remove it")
-    if cfg.HasField("value_dim") and cfg.value_dim != 1:
-        raise ConfigError(f"feature {name!r}: value_dim {cfg.value_dim} asks for several ids "
-                          f"per sequence item, which TorchEasyRec pools into one embedding per "
-                          f"item and HashRec's sequence features, of one id per item, do "
-                          f"not carry; set value_dim 1 (or leave it unset) to read each "
-                          f"item's first value")
+    if cfg.HasField("value_dim") and cfg.value_dim > 1:
+        raise ConfigError(f"feature {name!r}: value_dim {cfg.value_dim} is not supported on "
+                          f"sequence features; set 0 (an item is all its values, split on "
+                          f"separator, pooled into one embedding per item) or 1 (each "
+                          f"item's first value, the default)")
     if default is None:
         default = sequence_default(cfg, name)
+    multi = cfg.HasField("value_dim") and cfg.value_dim == 0
     return IdFeature(name, column, bucketizer, table, cfg.pooling, sequence_delim, default,
-                     False, sequence_length, sequence_name, cfg.separator or None)
+                     False, sequence_length, sequence_name, cfg.separator or None,
+                     multi_value=multi)

@@ -6,8 +6,9 @@ column ``s__<field>`` (``<field>`` from its expression). Cells are split on
 ``sequence_length`` items; sequences are stored most recent first, so the
 most recent items are kept. An id item of several values (split on the
 sub-feature's ``separator``) is its first value (``value_dim`` 1, a sequence's
-default in TorchEasyRec; other value_dims are refused); a raw item of several
-values is an error.
+default in TorchEasyRec), or all of its values with ``value_dim`` 0, pooled into one
+embedding per item (other value_dims are refused); a raw item of several values is an
+error.
 
 A sub-feature without its own bucketization (no hash_bucket_size,
 num_buckets, vocab or dynamicemb) and without embedding_name shares the

@@ -267,7 +267,7 @@ def column_bags(array: pa.Array, feature: str, column: str, separator: str | Non
 
 def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
                    default: str = "", separator: str | None = None,
-                   several: str = "") -> Bags:
+                   several: str = "", multi: bool = False) -> Bags:
     """Split one sequence column into its items, keeping every position.
 
     A string cell is split on ``delim``; a ``list<>`` cell's entries are its items; any
@@ -276,7 +276,10 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
     ``separator``, a string item holding several values (``"4\x1d5"``) is its first value
     (``"4"``: an id sequence's ``value_dim`` 1); with ``several`` (why such an item cannot
     be read), an item of several values is a FeatureError naming its row instead. An item
-    of a ``list<list<>>`` cell is its list, read the same way. An empty or null item inside
+    of a ``list<list<>>`` cell is its list, read the same way. With ``multi`` (an id
+    sequence's ``value_dim`` 0) every item is instead a list of all its values
+    (``item_values``), and a missing item takes the default's values. An empty or null
+    item inside
     a cell stays
     in place as a null, or as ``default`` when one is given, so that item i of every
     sub-feature of one sequence still describes the same item: dropping the missing ones
@@ -300,6 +303,9 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
     else:
         raise FeatureError(f"feature {feature!r}: column {column!r} has type {t}; expected "
                            f"integers, floats, strings or lists of them")
+    if multi:
+        return Bags(_default_values(item_values(values, separator), default, separator,
+                                    feature, column), lengths)
     if several:
         _refuse_several(Bags(values, lengths), separator, feature, column, several)
     if _is_list(values.type):
@@ -316,6 +322,50 @@ def sequence_items(array: pa.Array, feature: str, column: str, delim: str,
                                f"the items of column {column!r} ({values.type})") from None
         values = pc.fill_null(values, fill)
     return Bags(values, lengths)
+
+
+def item_values(items: pa.Array, separator: str | None) -> pa.Array:
+    """Each item's values as a ``list<>``: a ``list<>`` item's non-null entries, a string
+    item's non-empty values on ``separator``, any other item itself; an item without any
+    value is null (a missing item).
+
+    Example::
+
+        item_values(pa.array(["4\x1d5", "", "6"]), "\x1d")  # [["4", "5"], None, ["6"]]
+    """
+    if _is_list(items.type):
+        flat = pc.list_flatten(items)
+        owner = pc.list_parent_indices(items).to_numpy(zero_copy_only=False)
+    elif _is_string(items.type) and separator:
+        split = pc.split_pattern(items, separator)
+        flat = pc.list_flatten(split)
+        owner = pc.list_parent_indices(split).to_numpy(zero_copy_only=False)
+    else:
+        flat, owner = items, np.arange(len(items))
+    keep = present(flat)
+    if _is_string(flat.type):
+        filled = np.diff(string_offsets(flat)) != 0
+        keep = filled if keep is None else keep & filled
+    if keep is not None:
+        flat, owner = flat.filter(pa.array(keep)), owner[keep]
+    counts = np.bincount(owner, minlength=len(items)).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat, mask=pa.array(counts == 0))
+
+
+def _default_values(items: pa.Array, default: str, separator: str | None, feature: str,
+                    column: str) -> pa.Array:
+    """``item_values``' lists with each missing item as the values of ``default`` (split on
+    ``separator``); without a default, unchanged."""
+    if not default or not items.null_count:
+        return items
+    tokens = [t for t in default.split(separator) if t] if separator else [default]
+    try:
+        fill = pa.scalar(tokens, pa.list_(pa.string())).cast(items.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise FeatureError(f"feature {feature!r}: default_value {default!r} does not fit "
+                           f"the items of column {column!r} ({items.type})") from None
+    return pc.fill_null(items, fill)
 
 
 def _values_per_item(items: pa.Array, separator: str | None) -> np.ndarray:

@@ -12,7 +12,8 @@ as a parquet column named after the feature (``hashrec.features.encoded`` reads 
 back): a sparse feature's ids as ``list<int64>`` (rows of its table, or keys of a dynamic
 one), a weighted one's as ``list<string>`` of ``id:weight``, a dense raw feature's values
 as ``float32`` (value_dim 1) or ``list<float32>``, a sequence raw feature's items as
-``list<float32>``. The labels and the sample weights (but with ``--no_labels``, for
+``list<float32>``, an id sequence of value_dim 0 as ``list<list<int64>>`` (its items' ids).
+The labels and the sample weights (but with ``--no_labels``, for
 prediction input) are written as numbers, as training read them from the input (a CSV
 file's text too): a class label of a task of several classes as ``int64``, the other
 labels and the sample weights as ``float32``. ``--reserved_columns`` are copied as they
@@ -41,6 +42,7 @@ import pyarrow.parquet as pq
 
 from hashrec.config import apply_edit_config_json, load_pipeline_config
 from hashrec.config.fg_mode import RAW, fg_input, fg_input_setting, fg_mode_conflict
+from hashrec.embedding.specs import items_key
 from hashrec.tools.gen_output import (
     GeneratorError,
     Progress,
@@ -79,10 +81,15 @@ def encoded_columns(batch, feature_set) -> dict[str, pa.Array]:
     lengths_of_sequence: dict[str, np.ndarray] = {}
     sequences = feature_set.sequence_names()
     for name in batch.sparse.keys():
+        if name not in feature_set.features:  # a multi-value sequence's item sizes
+            continue
         jt = batch.sparse[name]
         ids, lengths = jt.values.numpy(), jt.lengths.numpy()
         weighted = feature_set.features[name].weighted  # the others' weights are ones
         items = _weighted(ids, jt.weights.numpy()) if weighted else ids
+        if items_key(name) in batch.sparse.keys():  # value_dim 0: list<list<int64>>
+            sizes = batch.sparse[items_key(name)]
+            items, lengths = _lists(ids, sizes.values.numpy()), sizes.lengths.numpy()
         columns[name] = _lists(items, lengths)
         if name in sequences:
             lengths_of_sequence.setdefault(sequences[name], lengths)

@@ -150,10 +150,10 @@ def test_sequence_sub_features_read_columns_named_as_themselves(feature_set):
 ], ids=["joined-strings", "list-of-lists"])
 def test_a_sequence_item_of_several_values_is_refused(feature_set, mode, cells, item):
     # before, the item read as its first value: a generation of value_dim 0 wrote values
-    # that TorchEasyRec pools per item, which HashRec's sequences do not carry
+    # that TorchEasyRec pools per item, which the feature reads with value_dim 0 only
     fs = feature_set(SEQUENCE, mode)
     with pytest.raises(FeatureError, match=f"'s__item'.*row 1: item {re.escape(item)}.*"
-                                           f"value_dim 0.*TorchEasyRec pools"):
+                                           f"set value_dim 0 on the feature"):
         fs.parse(pa.table({"s__item": cells, "s__t": ["1", "1;2"]}))
 
 

@@ -279,11 +279,10 @@ def test_a_top_level_sequence_splits_items_on_its_separator(feature_set):
     assert batch.sparse["h"].lengths.tolist() == [2, 1]
 
 
-@pytest.mark.parametrize("value_dim", [0, 2])
-def test_several_ids_per_sequence_item_are_refused(feature_set, value_dim):
-    with pytest.raises(ConfigError, match=rf"'s__i': value_dim {value_dim} .*TorchEasyRec "
-                                          r"pools into one embedding per item.*set "
-                                          r"value_dim 1"):
+@pytest.mark.parametrize("value_dim", [2, 3])
+def test_a_sequence_value_dim_other_than_0_or_1_is_refused(feature_set, value_dim):
+    with pytest.raises(ConfigError, match=rf"'s__i': value_dim {value_dim} is not supported "
+                                          r"on sequence features; set 0 .*or 1"):
         feature_set(_one_id_sequence(f"num_buckets: 10 value_dim: {value_dim}"))
 
 

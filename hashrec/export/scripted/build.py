@@ -138,7 +138,7 @@ def build_inference_model(model: nn.Module, feature_set,
             weight = table.rows[:, :table.dim].detach().cpu().clone()  # rows may be a view
             lookups.append(TableLookup(spec.name, weight))
     features = [FeatureLayout(f.name, f.table, f.pooling == "mean", f.is_sequence,
-                              f.max_length, f.weighted, f.input_key)
+                              f.max_length, f.weighted, f.input_key, f.multi_value)
                 for f in feature_set.embedding_features()]
     match = isinstance(model, MatchModel)
     if tower and not match:

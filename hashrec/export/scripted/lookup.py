@@ -9,8 +9,10 @@ matrix and indexes it directly; ids outside [0, num_rows) raise.
 
 ``EmbeddingLookup`` reproduces the eval-mode embedding collection: pooled
 features sum (or average, optionally weighted) their bags; sequence features
-keep their first ``max_length`` ids and pad to (B, max_length, dim) with zeros.
-Its inputs are per-feature ``values`` (n,) and ``lengths`` (B,) tensors; a feature
+keep their first ``max_length`` ids and pad to (B, max_length, dim) with zeros; a
+multi-value sequence (``multi_value``) pools each item's ids (its sizes are input
+``<key>#items``: per item, its ids; per row, its items) and pads the items. Its inputs
+are per-feature ``values`` (n,) and ``lengths`` (B,) tensors; a feature
 that two tables embed (a WIDE group's) is read once per table.
 """
 
@@ -75,6 +77,7 @@ class FeatureLayout:
     max_length: int = 0
     weighted: bool = False
     key: str = ""
+    multi_value: bool = False
 
 
 def _offsets(lengths: torch.Tensor) -> torch.Tensor:
@@ -97,6 +100,7 @@ class EmbeddingLookup(nn.Module):
     is_sequence: list[bool]
     max_length: list[int]
     weighted: list[bool]
+    multi_value: list[bool]
     readers: list[list[int]]
 
     def __init__(self, tables: list[TableLookup], features: list[FeatureLayout]) -> None:
@@ -109,6 +113,7 @@ class EmbeddingLookup(nn.Module):
         self.is_sequence = [f.is_sequence for f in features]
         self.max_length = [f.max_length for f in features]
         self.weighted = [f.weighted for f in features]
+        self.multi_value = [f.multi_value for f in features]
         self.readers = [[] for _ in tables]
         for i, feature in enumerate(features):
             self.readers[index[feature.table]].append(i)
@@ -144,6 +149,23 @@ class EmbeddingLookup(nn.Module):
         out.index_copy_(0, sequence * max_length + position, rows)
         return out.view(batch, max_length, rows.shape[1])
 
+    def _items(self, i: int, rows: torch.Tensor, values: dict[str, torch.Tensor],
+               lengths: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A multi-value sequence: its items' rows pooled, the first max_length items
+        padded -> ((B, max_length, dim), lengths (B,))."""
+        key = self.input_keys[i] + "#items"
+        if key not in values or key not in lengths:
+            raise RuntimeError("missing input values/lengths of feature " + key)
+        sizes = values[key].to(torch.int64)
+        items = lengths[key].to(torch.int64)
+        pooled = self._pool(i, rows, sizes, weights)
+        position = torch.arange(sizes.numel(), device=sizes.device) - \
+            _offsets(items)[:-1].repeat_interleave(items)
+        kept = position < self.max_length[i]
+        items = items.clamp(max=self.max_length[i])
+        return self._pad(i, pooled[kept], position[kept], items), items
+
     def forward(self, values: dict[str, torch.Tensor], lengths: dict[str, torch.Tensor],
                 weights: dict[str, torch.Tensor]
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor],
@@ -161,7 +183,10 @@ class EmbeddingLookup(nn.Module):
                     raise RuntimeError("missing input values/lengths of feature " + key)
                 ids = values[key].to(torch.int64)
                 bag_lengths = lengths[key].to(torch.int64)
-                if self.is_sequence[i]:
+                if self.multi_value[i]:
+                    sequences[name], sequence_lengths[name] = self._items(
+                        i, table(ids), values, lengths, weights)
+                elif self.is_sequence[i]:
                     ids, position, bag_lengths = self._truncate(i, ids, bag_lengths)
                     sequences[name] = self._pad(i, table(ids), position, bag_lengths)
                     sequence_lengths[name] = bag_lengths
