@@ -170,7 +170,10 @@ class ParetoLossWeights:
 
     def weights(self, values: Sequence[torch.Tensor]) -> torch.Tensor:
         """The (K,) float32 weights of the losses ``values`` (in ``names`` order)."""
-        return pareto_weights(gram_matrix(self.gradients(values)), self.min_weights)
+        rows = self.gradients(values)
+        if self.min_weights.device != rows.device:  # once: no host-to-device copy a step
+            self.min_weights = self.min_weights.to(rows.device)
+        return pareto_weights(gram_matrix(rows), self.min_weights)
 
     def weigh(self, losses: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(the weighted loss sum_k w_k L_k, the weights w (K,) float32, detached) of the
