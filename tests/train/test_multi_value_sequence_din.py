@@ -1,6 +1,13 @@
-"""A DIN model over a sequence whose items hold several ids (value_dim 0) trains."""
+"""A DIN model over a sequence whose items hold several ids (value_dim 0) trains, alone and
+on two CPU ranks (gloo), where the dynamic table's rows are sharded."""
 
 from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -79,6 +86,29 @@ def test_din_over_items_of_several_tags_learns_them(tmp_path, pooling):
     # value_dim 0 pools both tags of an item and learns the rule (this run: 1.0); value_dim
     # 1 reads the noise tag alone and stays near chance (this run: 0.52)
     assert auc[0] > 0.9 and auc[1] < 0.7, auc
+
+
+@pytest.mark.slow
+def test_two_ranks_learn_items_of_several_tags(tmp_path):
+    # The tag table is dynamic, so its rows are sharded over the ranks: every item's ids
+    # travel to their owners and back before they are pooled per item.
+    pq.write_table(_rows(2048, 0), tmp_path / "train.parquet")
+    pq.write_table(_rows(512, 1), tmp_path / "eval.parquet")
+    path = tmp_path / "pipeline.config"
+    path.write_text(CONFIG.format(tmp=tmp_path, pooling="sum", value_dim=0), encoding="utf-8")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(port),
+           "-m", "hashrec.train_eval", "--pipeline_config_path", str(path),
+           "--edit_config_json", json.dumps({"data_config.batch_size": 32})]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    with open(tmp_path / "sum0" / "eval_result.txt", encoding="utf-8") as f:
+        result = [json.loads(line) for line in f if line.strip()][-1]
+    assert result["auc"] > 0.9, result  # this run: 0.999
 
 
 def test_the_exported_model_pools_items_as_training_did(tmp_path):
