@@ -167,6 +167,10 @@ class DAT(MatchModel):
         train mode the AMM losses too (read from ``amm_terms``)."""
         logits = predictions["similarity"]
         if self.training:
+            if "amm_terms" not in predictions:
+                raise ModelError("dat's training losses read the AMM terms, which the "
+                                 "train-mode forward gives as 'amm_terms'; pass its "
+                                 "predictions, or switch to eval mode for the softmax loss")
             logits = torch.cat([logits, predictions["amm_terms"]], dim=1)
         return self.losses_from_logits(logits, *(targets or self.targets(batch)))
 
