@@ -20,7 +20,7 @@ model's ``logits_<tower_name>`` and ``probs_<tower_name>`` (or ``y_<tower_name>`
 model of C > 1 classes (softmax_cross_entropy, jrc_loss) writes its ``logits`` and
 ``probs`` as a list of C float32 a row (parquet ``list<float>``, as TorchEasyRec writes
 them), and with two classes also ``probs1`` (probs[:, 1], one float32); a match model
-(DSSM, MIND) writes ``user_tower_emb``, ``item_tower_emb`` and ``similarity``, and one
+(DSSM, DAT, MIND) writes ``user_tower_emb``, ``item_tower_emb`` and ``similarity``, and one
 tower's export (``<export_dir>/user`` or ``/item``) reads that tower's columns only and
 writes its ``<tower>_tower_emb``; MIND's ``user_tower_emb`` is a list of K interests, each
 a list of D float32 (those beyond a user's count zero).

@@ -1,6 +1,6 @@
 """The example configs of the match models and the configurable backbone train a few steps
 on generated Taobao-like data, read from the paths they name (the generator's defaults);
-the DSSM example's towers export and predict apart."""
+the DSSM and DAT examples' towers export and predict apart."""
 
 from __future__ import annotations
 
@@ -43,25 +43,29 @@ def _train(workdir, monkeypatch, name: str, edits: dict) -> dict:
     return result
 
 
-def test_the_dssm_example_trains_and_its_towers_export_and_predict(workdir, monkeypatch):
-    result = _train(workdir, monkeypatch, "dssm_taobao_dynamicemb.config", SAMPLED)
+@pytest.mark.parametrize("name, width", [("dssm", 64), ("dat", 32)])
+def test_the_match_example_trains_and_its_towers_export_and_predict(workdir, monkeypatch,
+                                                                     name, width):
+    result = _train(workdir, monkeypatch, f"{name}_taobao_dynamicemb.config", SAMPLED)
     assert 0 <= result["recall@1"] <= result["recall@5"] <= 1
     assert result["softmax_cross_entropy"] > 0
-    model_dir = workdir / "dssm_taobao_dynamicemb"
+    model_dir = workdir / f"{name}_taobao_dynamicemb"
     assert export_main(["--pipeline_config_path", str(model_dir / "pipeline.config"),
-                       "--export_dir", "export"]) == 0
-    assert predict.main(["--scripted_model_path", "export/user", "--predict_input_path",
-                         "data/taobao/eval", "--predict_output_path", "users.parquet",
+                       "--export_dir", f"export_{name}"]) == 0
+    assert predict.main(["--scripted_model_path", f"export_{name}/user",
+                         "--predict_input_path", "data/taobao/eval",
+                         "--predict_output_path", f"{name}_users.parquet",
                          "--reserved_columns", "user_id"]) == 0
-    assert predict.main(["--scripted_model_path", "export/item", "--predict_input_path",
-                         "data/taobao/items", "--predict_output_path", "items.parquet",
+    assert predict.main(["--scripted_model_path", f"export_{name}/item",
+                         "--predict_input_path", "data/taobao/items",
+                         "--predict_output_path", f"{name}_items.parquet",
                          "--reserved_columns", "adgroup_id"]) == 0
-    users, items = pq.read_table("users.parquet"), pq.read_table("items.parquet")
+    users, items = pq.read_table(f"{name}_users.parquet"), pq.read_table(f"{name}_items.parquet")
     assert users.column_names == ["user_tower_emb", "user_id"] and users.num_rows == 64
     catalog = pq.read_table("data/taobao/items").column("id")
     assert items.column("adgroup_id").equals(catalog)  # one embedding per item
-    assert {len(e) for e in users.column("user_tower_emb").to_pylist()} == {64}
-    assert {len(e) for e in items.column("item_tower_emb").to_pylist()} == {64}
+    assert {len(e) for e in users.column("user_tower_emb").to_pylist()} == {width}
+    assert {len(e) for e in items.column("item_tower_emb").to_pylist()} == {width}
 
 
 def test_the_mind_example_trains_on_the_click_sequence(workdir, monkeypatch):

@@ -29,8 +29,8 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
                                "rowwise_adagrad_optimizer")
 # The models hashrec.models.registry builds (tests/models/test_registry.py keeps the two
 # equal; the config layer must not import the models above it).
-SUPPORTED_MODELS = ("dbmtl", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "dssm", "dssm_v2",
-                    "mask_net", "mind", "mmoe", "multi_task_backbone", "multi_tower",
+SUPPORTED_MODELS = ("dat", "dbmtl", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "dssm",
+                    "dssm_v2", "mask_net", "mind", "mmoe", "multi_task_backbone", "multi_tower",
                     "multi_tower_din", "pepnet", "ple", "rank_backbone", "rocket_launching",
                     "simple_multi_task", "wide_and_deep", "wukong", "xdeepfm")
 # The models whose config lists task_towers (hashrec.models.tasks.MULTI_TASK_MODELS;
@@ -39,7 +39,7 @@ MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
                      "multi_task_backbone")
 # The match (retrieval) models (hashrec.models.tasks.MATCH_MODELS; tests/models/
 # test_registry.py keeps the two equal): softmax_cross_entropy and recall_at_k only.
-MATCH_MODELS = ("dssm", "dssm_v2", "mind")
+MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat")
 # The losses hashrec.models.losses computes (tests/config/test_validate.py keeps the two
 # equal).
 SUPPORTED_LOSSES = ("binary_cross_entropy", "binary_focal_loss", "softmax_cross_entropy",
@@ -271,7 +271,7 @@ def _metric_problems(where: str, metric) -> list[str]:
         # TorchEasyRec computes it on the similarities of a match model's user and item
         # towers; its ranking models refuse it too.
         return [f"{where}.recall_at_k is not supported here: it is a metric of match "
-                f"(retrieval) models (dssm, dssm_v2, mind), which rank items by user-item "
+                f"(retrieval) models (dssm, dssm_v2, mind, dat), which rank items by user-item "
                 f"similarity; for a ranking model use auc, grouped_auc or, for classes, "
                 f"accuracy with top_k"]
     if kind not in SUPPORTED_METRICS:

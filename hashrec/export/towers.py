@@ -1,10 +1,11 @@
 """A match model's towers exported apart: ``<export_dir>/user/`` and ``<export_dir>/item/``.
 
 As TorchEasyRec exports a match model's towers as separate serving models, ``export``
-of a DSSM or a MIND writes, beside the whole model, one directory per tower. Each holds the
+of a DSSM, a DAT or a MIND writes, beside the whole model, one directory per tower. Each holds the
 pipeline config, ``scripted_model.pt`` of its tower alone (the tables its feature group
-reads, that group's assembly and the tower's network (MIND's user tower reads its user
-group and its behaviour sequence and gives the user's interests, (B, K, D)); nothing of the other tower, whose
+reads, that group's assembly and the tower's network (a DAT tower reads its augment group
+too; MIND's user tower reads its user group and its behaviour sequence and gives the
+user's interests, (B, K, D)); nothing of the other tower, whose
 id tables may be huge) and ``tower.json``, which says which tower it is, what it reads
 and what it gives. ``predict`` on such a directory reads the tower's columns only and
 writes ``<tower>_tower_emb``: users embedded from user features alone, an item index
@@ -38,13 +39,13 @@ def tower_group(config, tower: str) -> str:
 
 
 def tower_groups(config, tower: str) -> list[str]:
-    """Every feature group ``tower`` reads: its ``input``, and MIND's user tower's
-    ``history_input`` (the behaviour sequence)."""
+    """Every feature group ``tower`` reads: its ``input``, then a DAT tower's
+    ``augment_input`` and MIND's user tower's ``history_input`` (the behaviour sequence)."""
     model_config = config.model_config
     model = getattr(model_config, model_config.WhichOneof("model"))
     tower_config = getattr(model, f"{tower}_tower")
-    history = getattr(tower_config, "history_input", "")
-    return [tower_config.input] + ([history] if history else [])
+    more = [getattr(tower_config, field, "") for field in ("augment_input", "history_input")]
+    return [tower_config.input] + [group for group in more if group]
 
 
 def tower_feature_set(config, tower: str):
@@ -67,7 +68,7 @@ def write_tower_exports(model, config, export_dir: str, hashmaps: dict,
     files written.
 
     Args:
-        model: the trained match model (DSSM, MIND).
+        model: the trained match model (DSSM, DAT, MIND).
         config: its pipeline config.
         export_dir: the export's (staging) directory.
         hashmaps: hash map table -> (keys sorted, values), every part's (at least the

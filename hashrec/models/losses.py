@@ -178,3 +178,16 @@ def match_loss(similarity: torch.Tensor, positive: str, weights: torch.Tensor | 
     if weights is None:
         return per_row.mean()
     return (per_row * weights).sum() / weights.sum().clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def amm_loss(rows: torch.Tensor, weight: float,
+             weights: torch.Tensor | None = None) -> torch.Tensor:
+    """DAT's adaptive-mimic loss (float32 scalar) of its rows' terms (B,)
+    (``hashrec.models.match.amm_rows``), as TorchEasyRec defines it: ``weight`` times
+    their SUM over the rows (not their mean), or with ``weights`` (B,) ``weight`` times
+    the weighted mean sum(w * term) / sum(w) (0 when every weight is 0). No host reads."""
+    rows = rows.float()
+    if weights is None:
+        return weight * rows.sum()
+    return weight * (rows * weights).sum() / weights.sum().clamp_min(
+        torch.finfo(torch.float32).tiny)

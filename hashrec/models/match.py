@@ -46,6 +46,15 @@ def batch_similarity(user: torch.Tensor, item: torch.Tensor, in_batch: bool) -> 
     return torch.cat([positive, user @ item[rows:].t()], dim=-1)
 
 
+def amm_rows(augment: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """DAT's adaptive-mimic term of each row (B,): the squared distance, summed over the
+    D dimensions, of the row's augment vector L2-normalized (B, D) and the other tower's
+    embedding of the row (B, D), detached: the term trains the augment vector alone,
+    never the tower it mimics."""
+    mimic = nn.functional.normalize(augment.float(), p=2.0, dim=1)
+    return (mimic - target.detach().float()).square().sum(dim=1)
+
+
 def pair_similarity(user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
     """Each row's user against the row's item: (B, D) x (B, D) -> (B,)."""
     return (user * item).sum(dim=-1)

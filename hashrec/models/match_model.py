@@ -1,4 +1,4 @@
-"""The shared part of TorchEasyRec's match (retrieval) models, DSSM and MIND.
+"""The shared part of TorchEasyRec's match (retrieval) models, DSSM, DAT and MIND.
 
 Options every match model has (``similarity``, ``temperature``, ``output_dim``,
 ``in_batch_negative``), its towers' feature groups, its output ``similarity`` (B, 1 + N)
@@ -50,6 +50,12 @@ class MatchModel(RankModel):
                              f"MLPs' last hidden units) or more")
         self.output_dim = int(config.output_dim)
         self.in_batch_negative = bool(config.in_batch_negative)
+
+    def tower_groups(self, tower: str) -> list:
+        """The DEEP groups whose (B, width) side by side are the input of ``tower``'s
+        network (``tower``: "user" or "item"): its ``<tower>_group``, and a DAT's augment
+        group after it (what an export of the tower reads)."""
+        return [getattr(self, f"{tower}_group")]
 
     def _tower_group(self, name: str, field: str, group_type: str = DEEP):
         return self.group(name, group_type, f"{self.kind}.{field}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hashrec.models.dat import DAT
 from hashrec.models.dbmtl import DBMTL
 from hashrec.models.dcn import DCNV1, DCNV2
 from hashrec.models.deepfm import DeepFM
@@ -24,6 +25,7 @@ from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
 
 MODELS: dict[str, type[RankModel]] = {
+    "dat": DAT,
     "dbmtl": DBMTL,
     "dcn_v1": DCNV1,
     "dcn_v2": DCNV2,

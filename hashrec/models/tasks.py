@@ -50,7 +50,7 @@ MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
                      "multi_task_backbone")
 # The model_config oneof names of the match (retrieval) models: one task whose output is
 # the similarity of each row's user to its positive item and the negatives.
-MATCH_MODELS = ("dssm", "dssm_v2", "mind")
+MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat")
 # Where a match task's positive item sits in a row of its similarities: column i of row i
 # (in-batch negatives: every item of the batch is a column), or column 0 (the row's own
 # item, then the sampled negatives).

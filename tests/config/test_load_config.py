@@ -48,6 +48,7 @@ def test_taobao_config_parses_verbatim(caplog):
                                             ("mmoe_taobao_dynamicemb.config", 16),
                                             ("dssm_taobao_dynamicemb.config", 10),
                                             ("mind_taobao_dynamicemb.config", 10),
+                                            ("dat_taobao_dynamicemb.config", 10),
                                             ("dcn_backbone_taobao_dynamicemb.config", 16)])
 def test_examples_parse(name, features):
     config = load_pipeline_config(EXAMPLES / name)
@@ -59,7 +60,8 @@ def test_every_example_is_tested():
     tested = {"multi_tower_din_taobao.config", "multi_tower_din_taobao_dynamicemb.config",
               "wide_and_deep_taobao_dynamicemb.config", "dlrm_criteo_dynamicemb.config",
               "mmoe_taobao_dynamicemb.config", "dssm_taobao_dynamicemb.config",
-              "mind_taobao_dynamicemb.config", "dcn_backbone_taobao_dynamicemb.config"}
+              "mind_taobao_dynamicemb.config", "dcn_backbone_taobao_dynamicemb.config",
+              "dat_taobao_dynamicemb.config"}
     assert {p.name for p in EXAMPLES.glob("*.config")} == tested
 
 
@@ -113,8 +115,8 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
     assert str(err.value) == (
         f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
-        f"models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, mind, mmoe, "
-        f"multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, rank_backbone, "
+        f"models: dat, dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, mind, "
+        f"mmoe, multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, rank_backbone, "
         f"rocket_launching, simple_multi_task, wide_and_deep, wukong, xdeepfm")
 
 

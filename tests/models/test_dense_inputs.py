@@ -4,6 +4,7 @@ batch size, no operator whose result the host reads, the same logits as the forw
 from __future__ import annotations
 
 import pytest
+import test_dat
 import test_dbmtl
 import test_dcn
 import test_deepfm
@@ -73,9 +74,11 @@ KINDS = {
     "dssm-sampled": (DSSM % "", ()),
     "mind-in-batch": (test_mind.CONFIG % "in_batch_negative: true", ()),
     "mind-sampled": (test_mind.CONFIG % "", ()),
+    "dat-in-batch": (test_dat.CONFIG % "in_batch_negative: true", ()),
+    "dat-sampled": (test_dat.CONFIG % "", ()),
 }
 # Sampled negatives: the batch's 6 rows, then 3 sampled items' rows.
-NEGATIVES = {"dssm-sampled": 3, "mind-sampled": 3}
+NEGATIVES = {"dssm-sampled": 3, "mind-sampled": 3, "dat-sampled": 3}
 
 
 def _batch(kind: str, seed: int) -> Batch:

@@ -320,9 +320,29 @@ model_config {
 """
 
 
+# DAT: DSSM's towers, each with its id's embedding (8 wide) as its augment vector; the
+# AMM losses train beside the softmax loss.
+DAT = """
+model_config {
+  feature_groups { group_name: "user" group_type: DEEP
+    feature_names: ["user_id", "cms_segid", "pid"] }
+  feature_groups { group_name: "user_augment" group_type: DEEP feature_names: "user_id" }
+  feature_groups { group_name: "item" group_type: DEEP
+    feature_names: ["adgroup_id", "cate_id", "price"] }
+  feature_groups { group_name: "item_augment" group_type: DEEP feature_names: "adgroup_id" }
+  dat { user_tower { input: "user" augment_input: "user_augment" mlp { hidden_units: [16] } }
+        item_tower { input: "item" augment_input: "item_augment" mlp { hidden_units: [16] } }
+        output_dim: 8 similarity: COSINE temperature: 0.2 %s }
+  metrics { recall_at_k { top_k: 5 } }
+  losses { softmax_cross_entropy {} }
+}
+"""
+
+
 @pytest.mark.parametrize("model, sampled", [(DSSM, False), (DSSM, True), (MIND, False),
-                                            (MIND, True)],
-                         ids=["dssm-in-batch", "dssm-sampled", "mind-in-batch", "mind-sampled"])
+                                            (MIND, True), (DAT, False), (DAT, True)],
+                         ids=["dssm-in-batch", "dssm-sampled", "mind-in-batch", "mind-sampled",
+                              "dat-in-batch", "dat-sampled"])
 def test_match_model_trains_graphed_like_eager(tmp_path, model, sampled):
     data = str(tmp_path / "data")
     generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])

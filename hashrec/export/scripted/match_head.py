@@ -1,5 +1,5 @@
-"""The scripted dense network of a match model (DSSM, MIND): both towers over a row's user
-and item groups, whose output the inference model splits into ``user_tower_emb``,
+"""The scripted dense network of a match model (DSSM, DAT, MIND): both towers over a row's
+user and item groups (a DAT tower's augment group after its group), whose output the inference model splits into ``user_tower_emb``,
 ``item_tower_emb`` and the row's pair ``similarity`` (``InferenceModel``); or one tower
 alone over its own group (``TowerHead``), for the tower's own export, whose output is
 ``<tower>_tower_emb``. MIND's user tower gives its K interests (B, K, D)."""
@@ -12,6 +12,23 @@ from hashrec.models import MIND
 from hashrec.models.match import label_aware_attention, pair_similarity
 
 
+class TowerInput(nn.Module):
+    """The DEEP groups of a match model's tower (``MatchModel.tower_groups``) side by side:
+    (B, sum of their widths), its network's input."""
+
+    def __init__(self, model, tower: str) -> None:
+        super().__init__()
+        self.groups = nn.ModuleList([DeepGroup(group, model)
+                                     for group in model.tower_groups(tower)])
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
+        outputs: list[torch.Tensor] = []
+        for group in self.groups:
+            outputs.append(group(pooled, sequences, sequence_lengths, dense, sequence_dense))
+        return torch.cat(outputs, dim=-1)
+
+
 class MatchHead(nn.Module):
     """Inputs as every head -> (B, 2 D + 1): the user embedding, the item embedding, then
     their similarity over the temperature."""
@@ -20,8 +37,8 @@ class MatchHead(nn.Module):
 
     def __init__(self, model) -> None:
         super().__init__()
-        self.user_group = DeepGroup(model.user_group, model)
-        self.item_group = DeepGroup(model.item_group, model)
+        self.user_group = TowerInput(model, "user")
+        self.item_group = TowerInput(model, "item")
         self.user_tower = model.user_tower
         self.item_tower = model.item_tower
         self.temperature = float(model.temperature)
@@ -37,12 +54,12 @@ class MatchHead(nn.Module):
 
 
 class TowerHead(nn.Module):
-    """One tower of a match model alone (``tower``: "user" or "item"): its group's inputs
-    -> (B, D) embeddings; it reads nothing of the other tower's group."""
+    """One tower of a match model alone (``tower``: "user" or "item"): its groups' inputs
+    -> (B, D) embeddings; it reads nothing of the other tower's groups."""
 
     def __init__(self, model, tower: str) -> None:
         super().__init__()
-        self.group = DeepGroup(getattr(model, f"{tower}_group"), model)
+        self.group = TowerInput(model, tower)
         self.tower = getattr(model, f"{tower}_tower")
 
     def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
