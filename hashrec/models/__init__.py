@@ -1,9 +1,10 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
 DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RocketLaunching, RankBackbone),
-multi-task ones (SimpleMultiTask, MMoE, DBMTL, PLE, PEPNet, MultiTaskBackbone) and the match
+multi-task ones (SimpleMultiTask, MMoE, DBMTL, DC2VR, PLE, PEPNet, MultiTaskBackbone) and the match
 models DSSM and MIND (``MatchModel`` their base)."""
 
 from hashrec.models.dbmtl import DBMTL
+from hashrec.models.dc2vr import DC2VR
 from hashrec.models.dcn import DCNV1, DCNV2
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
@@ -26,7 +27,7 @@ from hashrec.models.wide_and_deep import WideAndDeep
 from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
 
-__all__ = ["DBMTL", "DCNV1", "DCNV2", "DLRM", "DSSM", "DeepFM", "MIND", "MMoE", "MaskNet",
+__all__ = ["DBMTL", "DC2VR", "DCNV1", "DCNV2", "DLRM", "DSSM", "DeepFM", "MIND", "MMoE", "MaskNet",
            "MatchModel", "ModelError",
            "MultiTaskBackbone", "MultiTower", "MultiTowerDIN", "PEPNet", "PLE", "RankBackbone",
            "RankModel", "MODELS", "RocketLaunching", "SimpleMultiTask",

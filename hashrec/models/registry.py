@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hashrec.models.dbmtl import DBMTL
+from hashrec.models.dc2vr import DC2VR
 from hashrec.models.dcn import DCNV1, DCNV2
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
@@ -25,6 +26,7 @@ from hashrec.models.xdeepfm import XDeepFM
 
 MODELS: dict[str, type[RankModel]] = {
     "dbmtl": DBMTL,
+    "dc2vr": DC2VR,
     "dcn_v1": DCNV1,
     "dcn_v2": DCNV2,
     "deepfm": DeepFM,
