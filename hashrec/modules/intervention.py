@@ -7,6 +7,9 @@ where D_s < r), a base ``x_b`` (B, D_b) and a source ``x_s`` (B, D_s)::
     out = x_b + (x_b W_b - sg(x_s) W_s) W_b^T        (B, D_b)
 
 ``sg`` stops the gradient: the source's towers are not trained through the intervention.
+The part of ``x_b`` outside ``W_b``'s columns is kept; the part inside becomes
+``2 x_b W_b - x_s W_s`` (TorchEasyRec's sign: an interchange intervention would set it to
+``x_s W_s``).
 TorchEasyRec keeps ``W_b`` and ``W_s`` orthonormal with torch's orthogonal
 parametrization (its default for a real non-square matrix: Householder reflections with
 trivialization); :class:`OrthonormalMatrix` is that map written in plain tensor operations,
