@@ -138,7 +138,7 @@ def _nested_field(message: str) -> str:
 _UNPARSED_MODELS = {
     "match_backbone": "configurable backbone of a match model",
     "hstu_match": "match model", "tdm": "match model",
-    "dc2vr": "multi-task model", "dlrm_hstu": "generative ranking model",
+    "dlrm_hstu": "generative ranking model",
     "ultra_hstu": "generative ranking model", "sid_rqvae": "semantic id model",
     "sid_rqkmeans": "semantic id model", "generative_qwen": "generative model",
     "prompt_generative_qwen": "generative model",

@@ -29,14 +29,14 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
                                "rowwise_adagrad_optimizer")
 # The models hashrec.models.registry builds (tests/models/test_registry.py keeps the two
 # equal; the config layer must not import the models above it).
-SUPPORTED_MODELS = ("dat", "dbmtl", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "dssm",
+SUPPORTED_MODELS = ("dat", "dbmtl", "dc2vr", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "dssm",
                     "dssm_v2", "mask_net", "mind", "mmoe", "multi_task_backbone", "multi_tower",
                     "multi_tower_din", "pepnet", "ple", "rank_backbone", "rocket_launching",
                     "simple_multi_task", "wide_and_deep", "wukong", "xdeepfm")
 # The models whose config lists task_towers (hashrec.models.tasks.MULTI_TASK_MODELS;
 # tests/models/test_registry.py keeps the two equal).
 MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
-                     "multi_task_backbone")
+                     "multi_task_backbone", "dc2vr")
 # The match (retrieval) models (hashrec.models.tasks.MATCH_MODELS; tests/models/
 # test_registry.py keeps the two equal): softmax_cross_entropy and recall_at_k only.
 MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat")

@@ -491,7 +491,7 @@ def _domain_label(model_config) -> tuple[str, int] | None:
 
 def _tower_label(tower, position: int, label_fields: list[str]) -> str:
     """A task tower's label column: as hashrec.models.tasks, a tower without label_name
-    (DBMTL's may leave it out) reads the label field of its position."""
+    (DBMTL's and DC2VR's may leave it out) reads the label field of its position."""
     if tower.HasField("label_name") or position >= len(label_fields):
         return tower.label_name
     return label_fields[position]

@@ -1,10 +1,11 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
 DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RocketLaunching, RankBackbone),
-multi-task ones (SimpleMultiTask, MMoE, DBMTL, PLE, PEPNet, MultiTaskBackbone) and the match
-models DSSM, DAT and MIND (``MatchModel`` their base)."""
+multi-task ones (SimpleMultiTask, MMoE, DBMTL, DC2VR, PLE, PEPNet, MultiTaskBackbone) and
+the match models DSSM, DAT and MIND (``MatchModel`` their base)."""
 
 from hashrec.models.dat import DAT
 from hashrec.models.dbmtl import DBMTL
+from hashrec.models.dc2vr import DC2VR
 from hashrec.models.dcn import DCNV1, DCNV2
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
@@ -27,7 +28,8 @@ from hashrec.models.wide_and_deep import WideAndDeep
 from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
 
-__all__ = ["DAT", "DBMTL", "DCNV1", "DCNV2", "DLRM", "DSSM", "DeepFM", "MIND", "MMoE", "MaskNet",
+__all__ = ["DAT", "DBMTL", "DC2VR", "DCNV1", "DCNV2", "DLRM", "DSSM", "DeepFM", "MIND", "MMoE",
+           "MaskNet",
            "MatchModel", "ModelError",
            "MultiTaskBackbone", "MultiTower", "MultiTowerDIN", "PEPNet", "PLE", "RankBackbone",
            "RankModel", "MODELS", "RocketLaunching", "SimpleMultiTask",

@@ -76,7 +76,9 @@ class DBMTLTask(nn.Module):
 
 
 class DBMTLNet(nn.Module):
-    """DBMTL's dense network, shared by the eager model and its scripted export.
+    """DBMTL's (and DC2VR's) dense network, shared by the eager model and its scripted
+    export: each task reads the bottom's output (or the experts) and the earlier tasks'
+    tower outputs.
 
     ``forward([features (B, D)]) -> logits (B, sum of the tasks' num_class)``.
 
@@ -84,8 +86,9 @@ class DBMTLNet(nn.Module):
         bottom: the mask net, then the shared bottom MLP (either, both in an
             ``nn.Sequential``, or identity), (B, D) -> (B, D').
         experts: the expert MLPs, each (B, D') -> (B, E); empty without experts.
-        tasks: tower_name -> ``DBMTLTask``, in task order (keyed by name, so that a
-            fine-tune start restores each task from the checkpoint's task of that name).
+        tasks: tower_name -> ``DBMTLTask`` (or ``DC2VRTask``), in task order (keyed by
+            name, so that a fine-tune start restores each task from the checkpoint's task
+            of that name); a task has a ``logit`` module.
     """
 
     def __init__(self, bottom: nn.Module, experts: list[nn.Module],
@@ -127,21 +130,16 @@ class DBMTL(GroupNetModel):
         bottom, width = optional_mlp(config, "bottom_mlp", width, "dbmtl.bottom_mlp")
         if mask_net is not None:
             bottom = nn.Sequential(mask_net, bottom) if bottom is not None else mask_net
-        experts, input_width = _experts(config, width)
+        experts, input_width = experts_of(config, width, "dbmtl")
         tasks: dict[str, nn.Module] = {}
         widths: dict[str, int] = {}
         for task, tower in zip(self.tasks, config.task_towers):
             check_module_name(task)
-            _check_relations(task, tower, widths)
+            check_earlier_towers(task, list(tower.relation_tower_names),
+                                 "relation_tower_names", widths)
             mlp, tower_width = optional_mlp(tower, "mlp", input_width, f"{task.where}.mlp")
             mlp = mlp or nn.Identity()
-            if experts:
-                gate, gate_width = optional_mlp(config, "gate_mlp", width, "dbmtl.gate_mlp")
-                task_input = MMoETask(nn.Sequential(gate or nn.Identity(),
-                                                    nn.Linear(gate_width, config.num_expert)),
-                                      mlp)
-            else:
-                task_input = SharedInput(mlp)
+            task_input = task_input_of(config, experts, width, mlp, "dbmtl")
             relations = _relations(task, tower)
             relation_width = tower_width + sum(widths[n] for n in relations)
             relation, widths[task.name] = optional_mlp(tower, "relation_mlp", relation_width,
@@ -160,23 +158,35 @@ def _mask_net(config, width: int) -> tuple[MaskNet | None, int]:
     return net, net.output_dim()
 
 
-def _experts(config, width: int) -> tuple[list[nn.Module], int]:
-    """The expert MLPs over ``width`` inputs (none without expert_mlp) and the width of a
-    task's input.
+def experts_of(config, width: int, kind: str) -> tuple[list[nn.Module], int]:
+    """The expert MLPs of the model ``kind``'s ``config`` over ``width`` inputs (none
+    without expert_mlp) and the width of a task's input.
 
     Raises:
         ModelError: num_expert < 1 with expert_mlp, or gate_mlp without expert_mlp.
     """
     if not config.HasField("expert_mlp"):
         if config.HasField("gate_mlp"):
-            raise ModelError("dbmtl.gate_mlp is set without dbmtl.expert_mlp; the gates mix "
-                             "experts: set expert_mlp (and num_expert) or drop gate_mlp")
+            raise ModelError(f"{kind}.gate_mlp is set without {kind}.expert_mlp; the gates "
+                             f"mix experts: set expert_mlp (and num_expert) or drop gate_mlp")
         return [], width
     if config.num_expert < 1:
-        raise ModelError(f"dbmtl.num_expert={config.num_expert}; allowed: 1 or more")
-    experts = [MLP(width, mlp_options(config.expert_mlp, "dbmtl.expert_mlp"))
+        raise ModelError(f"{kind}.num_expert={config.num_expert}; allowed: 1 or more")
+    experts = [MLP(width, mlp_options(config.expert_mlp, f"{kind}.expert_mlp"))
                for _ in range(config.num_expert)]
     return experts, experts[0].output_dim()
+
+
+def task_input_of(config, experts: list[nn.Module], width: int, mlp: nn.Module,
+                  kind: str) -> nn.Module:
+    """A task's input module: with ``experts``, its gate (the optional ``gate_mlp`` over
+    ``width`` inputs, then a linear layer to ``num_expert`` scores) mixing them, then
+    ``mlp``; without, ``mlp`` over the shared input."""
+    if not experts:
+        return SharedInput(mlp)
+    gate, gate_width = optional_mlp(config, "gate_mlp", width, f"{kind}.gate_mlp")
+    return MMoETask(nn.Sequential(gate or nn.Identity(),
+                                  nn.Linear(gate_width, config.num_expert)), mlp)
 
 
 def _relations(task, tower) -> list[str]:
@@ -191,13 +201,13 @@ def _relations(task, tower) -> list[str]:
     return names
 
 
-def _check_relations(task, tower, earlier: dict[str, int]) -> None:
-    """Each relation tower names an earlier task (``earlier``), once.
+def check_earlier_towers(task, names: list[str], field: str, earlier: dict[str, int]) -> None:
+    """Each of ``names`` (the tower's field ``field``) names an earlier task
+    (``earlier``), once.
 
     Raises:
         ModelError: the task itself, a later or unknown task, or a name twice.
     """
-    names = list(tower.relation_tower_names)
     for name in names:
         if name in earlier and names.count(name) == 1:
             continue
@@ -207,5 +217,5 @@ def _check_relations(task, tower, earlier: dict[str, int]) -> None:
             why = "is named twice"
         else:
             why = "is not an earlier task (a task reads the towers defined before it)"
-        raise ModelError(f"{task.where}.relation_tower_names: {name!r} {why}; earlier "
+        raise ModelError(f"{task.where}.{field}: {name!r} {why}; earlier "
                          f"tasks: {', '.join(earlier) or 'none'}")

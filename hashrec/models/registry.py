@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hashrec.models.dat import DAT
 from hashrec.models.dbmtl import DBMTL
+from hashrec.models.dc2vr import DC2VR
 from hashrec.models.dcn import DCNV1, DCNV2
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
@@ -27,6 +28,7 @@ from hashrec.models.xdeepfm import XDeepFM
 MODELS: dict[str, type[RankModel]] = {
     "dat": DAT,
     "dbmtl": DBMTL,
+    "dc2vr": DC2VR,
     "dcn_v1": DCNV1,
     "dcn_v2": DCNV2,
     "deepfm": DeepFM,

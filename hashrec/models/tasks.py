@@ -3,7 +3,7 @@
 A single-task model has one task without a name: it trains on ``label_fields[0]``
 with ``model_config.losses`` and reports ``model_config.metrics``, its outputs are
 ``logits`` and ``probs`` (``y`` with l2_loss). A multi-task model (SimpleMultiTask, MMoE,
-DBMTL, PLE, PEPNet) has one task per ``task_towers`` entry, each with its own label,
+DBMTL, DC2VR, PLE, PEPNet) has one task per ``task_towers`` entry, each with its own label,
 losses, loss weight and metrics; the task's outputs, loss and metrics carry the suffix
 ``_<tower_name>``
 (``probs_ctr``, ``logits_ctr``, ``binary_cross_entropy_ctr``, ``auc_ctr``), as in
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 SUPPORTED_LOSSES = LOSSES
 # The model_config oneof names of the models whose config lists task_towers.
 MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
-                     "multi_task_backbone")
+                     "multi_task_backbone", "dc2vr")
 # The model_config oneof names of the match (retrieval) models: one task whose output is
 # the similarity of each row's user to its positive item and the negatives.
 MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat")
@@ -301,7 +301,7 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
         if len(labels) > 1:
             logger.warning("data_config.label_fields %s: the single-task model %s trains on "
                            "the first, %r; the others are read from the input but not used "
-                           "(a multi-task model, simple_multi_task, mmoe, dbmtl, ple or "
+                           "(a multi-task model, simple_multi_task, mmoe, dbmtl, dc2vr, ple or "
                            "pepnet, gives each its task)",
                            labels, kind, labels[0])
         num_class = int(model_config.num_class)
@@ -385,7 +385,7 @@ def _match_task(model_config, kind: str, label: str, weight: str) -> Task:
 def _tower_task(tower, i: int, where: str, labels: list[str], weights: list[str]) -> Task:
     """The task of task tower ``tower``, the ``i``-th (configured at ``where``), over the
     label columns ``labels`` and the sample weight columns ``weights``."""
-    # A DBMTL tower without label_name reads the label field of its position.
+    # A DBMTL or DC2VR tower without label_name reads the label field of its position.
     label = tower.label_name if tower.HasField("label_name") or i >= len(labels) \
         else labels[i]
     if not label:

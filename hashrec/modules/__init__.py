@@ -1,7 +1,7 @@
 """Small neural-network building blocks: MLP, DIN attention, factorization machine,
 pairwise dot interactions, MaskNet, cross networks (DCN v1, v2), CIN (xDeepFM), WuKong
-layers, sequence encoders (simple attention, pooling, multi-window DIN, HSTU) and PEPNet's
-gates and towers per domain."""
+layers, DC2VR's intervention, sequence encoders (simple attention, pooling, multi-window
+DIN, HSTU) and PEPNet's gates and towers per domain."""
 
 from hashrec.modules.activation import ACTIVATIONS, Dice, create_activation
 from hashrec.modules.cin import CIN
@@ -10,6 +10,7 @@ from hashrec.modules.din import NORMALIZERS, DINAttention, sequence_mask
 from hashrec.modules.fm import FactorizationMachine
 from hashrec.modules.hstu import HSTUBlock, HSTUEncoder
 from hashrec.modules.interaction import PairwiseDot
+from hashrec.modules.intervention import Intervention, OrthonormalMatrix
 from hashrec.modules.masknet import MaskBlockOptions, MaskNet
 from hashrec.modules.mlp import MLP, MLPOptions
 from hashrec.modules.personalized import DomainTowers, EPNet, GateNU, PPNet, pick_domain
@@ -18,7 +19,8 @@ from hashrec.modules.wukong import FactorizationMachineBlock, LinearCompress, Wu
 
 __all__ = [
     "ACTIVATIONS", "Dice", "create_activation", "NORMALIZERS", "DINAttention",
-    "sequence_mask", "FactorizationMachine", "MLP", "MLPOptions", "PairwiseDot",
+    "sequence_mask", "FactorizationMachine", "Intervention", "OrthonormalMatrix", "MLP",
+    "MLPOptions", "PairwiseDot",
     "MaskBlockOptions", "MaskNet", "CIN", "Cross", "CrossV2",
     "FactorizationMachineBlock", "LinearCompress", "WuKongLayer", "EPNet", "GateNU", "PPNet",
     "DomainTowers", "pick_domain",

@@ -115,7 +115,8 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
     assert str(err.value) == (
         f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
-        f"models: dat, dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, mind, "
+        f"models: dat, dbmtl, dc2vr, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, "
+        f"mind, "
         f"mmoe, multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, rank_backbone, "
         f"rocket_launching, simple_multi_task, wide_and_deep, wukong, xdeepfm")
 

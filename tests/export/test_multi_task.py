@@ -1,4 +1,4 @@
-"""Integration: SimpleMultiTask, MMoE, DBMTL, PLE and PEPNet (also with towers per
+"""Integration: SimpleMultiTask, MMoE, DBMTL, DC2VR, PLE and PEPNet (also with towers per
 domain) with two labels through train_eval, export and predict.
 
 Generated Taobao-like data has its second label ``buy`` replaced by a denser one (a
@@ -64,6 +64,25 @@ model_config {
 # DBMTL with a parallel MaskNet before its bottom MLP.
 DBMTL_MASK_NET = DBMTL.replace("    bottom_mlp", "    mask_net { n_mask_blocks: 2 mask_block "
                                "{ reduction_ratio: 0.5 hidden_dim: 8 } }\n    bottom_mlp", 1)
+# DC2VR with MMoE experts; cvr's tower is intervened on by ctr's output (as in
+# TorchEasyRec's test, ctr sets no low_rank_dim).
+DC2VR = """
+model_config {
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  dc2vr {
+    bottom_mlp { hidden_units: [16] }
+    expert_mlp { hidden_units: [8] }
+    num_expert: 2
+    gate_mlp { hidden_units: [4] }
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] }
+                  metrics { auc {} } }
+    task_towers { tower_name: "cvr" label_name: "buy" weight: 0.5
+                  intervention_tower_names: "ctr" low_rank_dim: 2
+                  metrics { auc {} } metrics { accuracy {} } }
+  }
+}
+"""
 # PLE: two levels, shared experts in both (the first level's shared gate feeds the second).
 PLE = """
 model_config {
@@ -176,10 +195,10 @@ def _restored_outputs(config, checkpoint, eval_dir) -> list[dict]:
         return [session.model(batch) for batch in session.loader(str(eval_dir), "eval")]
 
 
-@pytest.mark.parametrize("model", [MODEL, DBMTL, DBMTL_MASK_NET, PLE, SIMPLE, PEPNET,
+@pytest.mark.parametrize("model", [MODEL, DBMTL, DBMTL_MASK_NET, DC2VR, PLE, SIMPLE, PEPNET,
                                    MMOE_PARETO],
-                         ids=["mmoe", "dbmtl", "dbmtl-mask-net", "ple", "simple-multi-task",
-                              "pepnet", "mmoe-pareto"])
+                         ids=["mmoe", "dbmtl", "dbmtl-mask-net", "dc2vr", "ple",
+                              "simple-multi-task", "pepnet", "mmoe-pareto"])
 def test_trains_evaluates_exports_and_predicts(data_dir, tmp_path, model):
     config_path, result = _train_eval(data_dir, tmp_path, model)
     assert {"step", "loss", "num_examples", "auc_ctr", "auc_cvr", "accuracy_cvr"} \

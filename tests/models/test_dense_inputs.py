@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import test_dat
 import test_dbmtl
+import test_dc2vr
 import test_dcn
 import test_deepfm
 import test_dlrm
@@ -51,6 +52,8 @@ KINDS = {
     "dbmtl-experts": (test_dbmtl.EXPERTS, ()),
     "dbmtl-mask-net": (test_dbmtl.MASK_NET, ()),
     "dbmtl-mask-net-serial": (test_dbmtl.MASK_NET_SERIAL, ()),
+    "dc2vr": (test_dc2vr.CONFIG, ()),
+    "dc2vr-experts": (test_dc2vr.EXPERTS, ()),
     "ple": (test_ple.CONFIG, ()),
     "ple-no-shared": (test_ple.NO_SHARED, ()),
     "dcn_v1": (test_dcn.V1, ()),
@@ -92,7 +95,8 @@ def _batch(kind: str, seed: int) -> Batch:
 # The label fields of the models that read more than ``clk``.
 LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,
           "dbmtl-experts": test_dbmtl.LABELS, "dbmtl-mask-net": test_dbmtl.LABELS,
-          "dbmtl-mask-net-serial": test_dbmtl.LABELS, "ple": test_ple.LABELS,
+          "dbmtl-mask-net-serial": test_dbmtl.LABELS, "dc2vr": test_dc2vr.LABELS,
+          "dc2vr-experts": test_dc2vr.LABELS, "ple": test_ple.LABELS,
           "ple-no-shared": test_ple.LABELS, "simple_multi_task": test_simple_multi_task.LABELS,
           "pepnet": test_pepnet.LABELS, "pepnet-main-only": test_pepnet.LABELS,
           "pepnet-domains": test_pepnet.DOMAIN_LABELS}

@@ -145,6 +145,22 @@ model_config {
   }
 }
 """
+# DC2VR: bottom MLP, MMoE experts, and the regression tower intervened on by the ctr
+# tower's output (the Householder reflections of its orthonormal matrices in the graph).
+DC2VR = """
+model_config {
+  feature_groups { group_name: "all" group_type: DEEP
+    feature_names: ["user_id", "adgroup_id", "cate_id", "cms_segid", "pid", "price"] }
+  dc2vr {
+    bottom_mlp { hidden_units: [16] } expert_mlp { hidden_units: [8] } num_expert: 2
+    task_towers { tower_name: "ctr" label_name: "clk" mlp { hidden_units: [8] }
+                  sample_weight_name: "w" }
+    task_towers { tower_name: "score" label_name: "score" weight: 0.5
+                  mlp { hidden_units: [8] } intervention_tower_names: "ctr"
+                  low_rank_dim: 4 losses { l2_loss {} } }
+  }
+}
+"""
 # PLE: two levels with shared experts; the first level's shared gate feeds the second.
 PLE = """
 model_config {
@@ -244,9 +260,9 @@ def _multi_task_data(tmp_path, model: str):
     return data, parse_pipeline_config(text)
 
 
-@pytest.mark.parametrize("model", [MMOE, DBMTL, PLE, SIMPLE, PEPNET, PEPNET_DOMAINS, CLASSES,
-                                   SEVERAL],
-                         ids=["mmoe", "dbmtl", "ple", "simple-multi-task", "pepnet",
+@pytest.mark.parametrize("model", [MMOE, DBMTL, DC2VR, PLE, SIMPLE, PEPNET, PEPNET_DOMAINS,
+                                   CLASSES, SEVERAL],
+                         ids=["mmoe", "dbmtl", "dc2vr", "ple", "simple-multi-task", "pepnet",
                               "pepnet-domains", "classes", "several-losses"])
 def test_multi_task_model_trains_graphed_like_eager(tmp_path, model):
     # (B, logits) logits, labels and row weights (sample weights; MMoE's score task also

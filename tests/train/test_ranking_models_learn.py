@@ -1,6 +1,7 @@
-"""DCN v1, DCN v2, MaskNet, xDeepFM, WuKong, SimpleMultiTask, PEPNet, RocketLaunching and
-the configurable backbones learn a planted signal end to end (train_and_evaluate on generated
-parquet): the evaluation AUC is well above chance and the evaluation loss below that of predicting the label's base rate."""
+"""DCN v1, DCN v2, MaskNet, xDeepFM, WuKong, SimpleMultiTask, DC2VR, PEPNet, RocketLaunching
+and the configurable backbones learn a planted signal end to end (train_and_evaluate on
+generated parquet): the evaluation AUC is well above chance and the evaluation loss below
+that of predicting the label's base rate."""
 
 from __future__ import annotations
 
@@ -60,6 +61,12 @@ MODELS = {
     task_towers { tower_name: "b" label_name: "clk2" mlp { hidden_units: [16, 8] }
                   weight: 0.5 }
   }""",
+    # b intervenes on its own tower with a's output in a shared space of 4 columns
+    "dc2vr": """dc2vr { bottom_mlp { hidden_units: [16] }
+    task_towers { tower_name: "a" label_name: "clk" mlp { hidden_units: [8] } }
+    task_towers { tower_name: "b" label_name: "clk2" mlp { hidden_units: [8] } weight: 0.5
+                  intervention_tower_names: "a" low_rank_dim: 4 }
+  }""",
     # the price is the domain that gates the embeddings, the user the PPNet's prior
     "pepnet": """feature_groups { group_name: "domain" feature_names: ["price"]
                    group_type: DEEP }
@@ -105,7 +112,7 @@ def test_model_learns_the_planted_signal(kind, tmp_path):
     pq.write_table(_table(1280, 0), tmp_path / "data" / "train.parquet")
     evaluation = _table(320, 1)
     pq.write_table(evaluation, tmp_path / "data" / "eval.parquet")
-    multi = kind in ("simple_multi_task", "multi_task_backbone", "pepnet")
+    multi = kind in ("simple_multi_task", "multi_task_backbone", "pepnet", "dc2vr")
     labels = '["clk", "clk2"]' if multi else '"clk"'
     text = pipeline_text(tmp_path, labels, MODELS[kind], epochs=EPOCHS.get(kind, 4))
     if kind == "wukong":

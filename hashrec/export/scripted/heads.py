@@ -21,6 +21,7 @@ from torch import nn
 from hashrec.export.errors import ExportError
 from hashrec.models import (
     DBMTL,
+    DC2VR,
     DCNV1,
     DCNV2,
     DLRM,
@@ -239,8 +240,8 @@ class GroupsHead(nn.Module):
 def groups_head(model: GroupNetModel) -> GroupsHead:
     """The dense network of the models that read whole feature groups
     (``GroupNetModel``: WideAndDeep, DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM,
-    WuKong, RocketLaunching (its light network), SimpleMultiTask, MMoE, DBMTL, PLE,
-    PEPNet)."""
+    WuKong, RocketLaunching (its light network), SimpleMultiTask, MMoE, DBMTL, DC2VR,
+    PLE, PEPNet)."""
     return GroupsHead(model.input_groups, model.net, model)
 
 
@@ -295,8 +296,8 @@ def backbone_head(model: RankBackbone) -> BackboneHead:
 
 HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head,
          WideAndDeep: groups_head, DeepFM: groups_head, DLRM: groups_head, MMoE: groups_head,
-         DBMTL: groups_head, PLE: groups_head, DCNV1: groups_head, DCNV2: groups_head,
-         MaskNet: groups_head, XDeepFM: groups_head, SimpleMultiTask: groups_head,
+         DBMTL: groups_head, DC2VR: groups_head, PLE: groups_head, DCNV1: groups_head,
+         DCNV2: groups_head, MaskNet: groups_head, XDeepFM: groups_head, SimpleMultiTask: groups_head,
          WuKong: groups_head, PEPNet: groups_head, RocketLaunching: groups_head,
          RankBackbone: backbone_head, MultiTaskBackbone: backbone_head}
 
