@@ -145,7 +145,10 @@ class ParetoLossWeights:
             raise ValueError(f"ParetoLossWeights: {len(min_weights)} least weights for "
                              f"{len(self.names)} losses; expected one per loss")
         self.parameters = [p for p in parameters if p.requires_grad]
-        self.min_weights = torch.tensor(tuple(min_weights), dtype=torch.float64)
+        # on the parameters' device from the start: a step copies nothing from the host
+        device = self.parameters[0].device if self.parameters else None
+        self.min_weights = torch.tensor(tuple(min_weights), dtype=torch.float64,
+                                        device=device)
         self.scale = scale
 
     def gradients(self, values: Sequence[torch.Tensor]) -> torch.Tensor:
