@@ -104,7 +104,7 @@ def test_a_misspelt_name_suggests_the_closest(tmp_path, caplog, line, error):
 
 @pytest.mark.parametrize("model, kind", [
     ("match_backbone { }", "configurable backbone of a match model"),
-    ("tdm { }", "match model"),
+    ("hstu_match { }", "match model"),
 ])
 def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(model, kind):
     with pytest.raises(ConfigError) as err:
@@ -115,7 +115,7 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
         f"models: dbmtl, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, mind, mmoe, "
         f"multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, rank_backbone, "
-        f"rocket_launching, simple_multi_task, wide_and_deep, wukong, xdeepfm")
+        f"rocket_launching, simple_multi_task, tdm, wide_and_deep, wukong, xdeepfm")
 
 
 def test_the_older_backbone_schema_says_how_to_write_it_as_rank_backbone():
