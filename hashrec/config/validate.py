@@ -32,7 +32,7 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
 SUPPORTED_MODELS = ("dat", "dbmtl", "dc2vr", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "dssm",
                     "dssm_v2", "mask_net", "mind", "mmoe", "multi_task_backbone", "multi_tower",
                     "multi_tower_din", "pepnet", "ple", "rank_backbone", "rocket_launching",
-                    "simple_multi_task", "wide_and_deep", "wukong", "xdeepfm")
+                    "simple_multi_task", "tdm", "wide_and_deep", "wukong", "xdeepfm")
 # The models whose config lists task_towers (hashrec.models.tasks.MULTI_TASK_MODELS;
 # tests/models/test_registry.py keeps the two equal).
 MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
@@ -158,6 +158,12 @@ def _negative_problems(config: EasyRecConfig) -> list[str]:
     match model's item tower only."""
     model = config.model_config.WhichOneof("model")
     sampled = config.data_config.HasField("negative_sampler")
+    tree = config.data_config.HasField("tdm_sampler")
+    if (model == "tdm") != tree and model is not None:
+        return ["model_config.tdm trains on the (user, tree node) rows of "
+                "data_config.tdm_sampler: set both, or neither" if model == "tdm" else
+                f"data_config.tdm_sampler makes a TDM's rows; model_config.{model} does not "
+                f"read them: remove it, or set model_config.tdm"]
     if model in MATCH_MODELS:
         if not sampled and not getattr(config.model_config, model).in_batch_negative:
             return [f"model_config.{model} has no negatives: set in_batch_negative: true "
@@ -179,9 +185,10 @@ def _data_problems(data_config) -> list[str]:
         problems.append(f"data_config.batch_size is {data_config.batch_size}; allowed: 1 or "
                         f"more rows per batch (leave it out for the default 1024)")
     sampler = data_config.WhichOneof("sampler")
-    if sampler is not None and sampler != "negative_sampler":
+    if sampler is not None and sampler not in ("negative_sampler", "tdm_sampler"):
         problems.append(f"data_config.{sampler} is not supported; HashRec samples negatives "
-                        f"with negative_sampler (items by weight, redrawing the batch's)")
+                        f"with negative_sampler (items by weight, redrawing the batch's) and "
+                        f"a TDM's tree nodes with tdm_sampler")
     return problems
 
 

@@ -116,8 +116,10 @@ class FileDataset(IterableDataset):
         pin_memory: the loader pins batches (workers then hand them over in
             pinned memory directly).
         sampler: a ``hashrec.data.sampler.NegativeSampler`` whose negative rows follow
-            each batch's (``Batch.negatives``), drawn from a generator seeded by the
-            options' seed, the epoch and the reader; None for none.
+            each batch's (``Batch.negatives``), or a ``hashrec.data.tdm_sampler.TDMSampler``
+            whose (user, tree node) rows follow the batch's rows in the batch itself;
+            drawn from a generator seeded by the options' seed, the epoch and the reader;
+            None for none.
 
     Files without rows are skipped (with a warning, on rank 0). Every file is read as the files'
     common schema (:func:`hashrec.data.schema.common_schema`), whatever their order.
@@ -185,8 +187,11 @@ class FileDataset(IterableDataset):
     def _parse(self, table: pa.Table, sample_rng: np.random.Generator | None = None):
         origin = table.select([_FILE_COLUMN, _ROW_COLUMN])
         table = table.drop_columns([_FILE_COLUMN, _ROW_COLUMN]).combine_chunks()
-        sampled = {} if self.sampler is None else \
-            {"negatives": self.sampler.sample(table, sample_rng)}
+        sampled = {}
+        if getattr(self.sampler, "expands_rows", False):  # a TDM's rows follow the block's
+            table = self.sampler.expand(table, sample_rng)
+        elif self.sampler is not None:
+            sampled = {"negatives": self.sampler.sample(table, sample_rng)}
         try:
             batch = self.feature_set.parse(table, with_labels=self.options.with_labels,
                                            **sampled)

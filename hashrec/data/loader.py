@@ -21,7 +21,7 @@ from hashrec.data.dataset import (
 )
 from hashrec.data.errors import DataError
 from hashrec.data.paths import expand_input_path
-from hashrec.data.sampler import ItemTable, negative_sampler
+from hashrec.data.sampler import negative_sampler
 from hashrec.data.sources import CsvFormat
 
 MODES = ("train", "eval", "predict")
@@ -103,7 +103,7 @@ def build_dataset(data_config, feature_set, input_path: str, options: ReadOption
 
 
 def check_input(data_config, feature_set, input_path: str, mode: str,
-                items: ItemTable | None = None) -> None:
+                items=None) -> None:
     """What ``mode``'s loader of ``input_path`` checks when it is built (the files, their
     format and needed columns, an input without rows), without reading rows: for an
     input first read later, as the evaluation's after training. ``items``: as
@@ -122,7 +122,7 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
                       seed: int = 0, num_workers: int | None = None,
                       start_method: str | None = None, tag_epochs: bool = False,
                       worker_cores: tuple[int, ...] | None = None,
-                      items: ItemTable | None = None) -> BatchLoader:
+                      items=None) -> BatchLoader:
     """An iterable of parsed :class:`Batch` objects for one rank.
 
     Args:
@@ -154,9 +154,9 @@ def create_dataloader(data_config, feature_set, input_path: str, mode: str, rank
             ``if __name__ == "__main__":`` guard, as with ``spawn``.
         worker_cores: CPU cores the workers run on (Linux; None: those of this
             process).
-        items: the item table of ``data_config.negative_sampler``, read already
-            (``hashrec.data.sampler.negative_items``: a run reads it once for all its
-            loaders); None reads it.
+        items: the item table of ``data_config.negative_sampler`` (the tree of its
+            ``tdm_sampler``), read already (``hashrec.data.sampler.negative_items``: a run
+            reads it once for all its loaders); None reads it.
 
     Raises:
         DataError: unreadable or missing files, an input without rows, missing

@@ -140,7 +140,7 @@ class NegativeSampler:
         columns = []
         for field in batch.schema:
             if field.name in self.attrs:
-                columns.append(_as_type(self.attrs[field.name].take(taken), field))
+                columns.append(as_input_type(self.attrs[field.name].take(taken), field))
             else:
                 columns.append(pa.nulls(len(rows), field.type))
         unused = [f for f in self.attr_fields if f not in batch.column_names
@@ -176,8 +176,9 @@ def _ids_of(column, name: str) -> np.ndarray:
     return ids.drop_null().to_numpy()
 
 
-def _as_type(values: pa.Array, field: pa.Field) -> pa.Array:
-    """Attr texts as the input column ``field``'s type."""
+def as_input_type(values: pa.Array, field: pa.Field, where: str = _WHERE) -> pa.Array:
+    """Attr texts as the input column ``field``'s type (``where``: the sampler's config
+    path, for the error)."""
     if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
         return values.cast(field.type)
     present = pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
@@ -186,7 +187,7 @@ def _as_type(values: pa.Array, field: pa.Field) -> pa.Array:
             return pc.split_pattern(present, LIST_SEPARATOR).cast(field.type)
         return present.cast(field.type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-        raise DataError(f"{_WHERE}: attr field {field.name!r} of a sampled item does not "
+        raise DataError(f"{where}: attr field {field.name!r} of a sampled item does not "
                         f"convert to its input column's type {field.type}: {err}") from None
 
 
@@ -276,26 +277,37 @@ def _nulls(array: pa.Array) -> np.ndarray:
     return pc.is_null(array).to_numpy(zero_copy_only=False)
 
 
-def _has_sampler(data_config) -> bool:
-    """Whether ``data_config`` sets ``negative_sampler``."""
+def _has_sampler(data_config, name: str = "negative_sampler") -> bool:
+    """Whether ``data_config`` sets the sampler ``name``."""
     has_field = getattr(data_config, "HasField", None)  # a stand-in config may lack it
-    return has_field is not None and has_field("negative_sampler")
+    return has_field is not None and has_field(name)
 
 
-def negative_items(data_config) -> ItemTable | None:
-    """The item table of ``data_config.negative_sampler``, read and checked
-    (``read_item_table``); None without a sampler."""
+def negative_items(data_config):
+    """The item table of ``data_config.negative_sampler`` (``read_item_table``), or the
+    tree of its ``tdm_sampler`` (``hashrec.data.tdm_sampler.read_tdm_tree``), read and
+    checked; None without a sampler."""
+    if _has_sampler(data_config, "tdm_sampler"):
+        from hashrec.data.tdm_sampler import read_tdm_tree  # it imports this module
+
+        return read_tdm_tree(data_config.tdm_sampler)
     if not _has_sampler(data_config):
         return None
     return read_item_table(data_config.negative_sampler)
 
 
-def negative_sampler(data_config, mode: str, items: ItemTable | None = None
-                     ) -> NegativeSampler | None:
-    """The sampler of ``data_config.negative_sampler`` for a ``mode`` loader (train or
-    eval; none for predict, whose rows are scored as they are); None without one.
-    ``items``: its item table, read already (``read_item_table``); None reads it."""
-    if mode == "predict" or not _has_sampler(data_config):
+def negative_sampler(data_config, mode: str, items=None):
+    """The sampler of ``data_config.negative_sampler`` (or of its ``tdm_sampler``) for a
+    ``mode`` loader (train or eval; none for predict, whose rows are scored as they are);
+    None without one. ``items``: what ``negative_items`` gave (read already); None reads
+    it."""
+    if mode == "predict":
+        return None
+    if _has_sampler(data_config, "tdm_sampler"):
+        from hashrec.data.tdm_sampler import TDMSampler
+
+        return TDMSampler(data_config.tdm_sampler, data_config.label_fields, tree=items)
+    if not _has_sampler(data_config):
         return None
     return NegativeSampler(data_config.negative_sampler, evaluation=mode == "eval",
                            items=items)

@@ -21,6 +21,7 @@ from hashrec.models.rank_backbone import MultiTaskBackbone, RankBackbone
 from hashrec.models.rank_model import RankModel
 from hashrec.models.rocket_launching import RocketLaunching
 from hashrec.models.simple_multi_task import SimpleMultiTask
+from hashrec.models.tdm import TDM
 from hashrec.models.wide_and_deep import WideAndDeep
 from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
@@ -46,6 +47,7 @@ MODELS: dict[str, type[RankModel]] = {
     "rank_backbone": RankBackbone,
     "rocket_launching": RocketLaunching,
     "simple_multi_task": SimpleMultiTask,
+    "tdm": TDM,
     "wide_and_deep": WideAndDeep,
     "wukong": WuKong,
     "xdeepfm": XDeepFM,

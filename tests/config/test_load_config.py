@@ -106,7 +106,7 @@ def test_a_misspelt_name_suggests_the_closest(tmp_path, caplog, line, error):
 
 @pytest.mark.parametrize("model, kind", [
     ("match_backbone { }", "configurable backbone of a match model"),
-    ("tdm { }", "match model"),
+    ("hstu_match { }", "match model"),
 ])
 def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(model, kind):
     with pytest.raises(ConfigError) as err:
@@ -116,9 +116,9 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
         f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
         f"models: dat, dbmtl, dc2vr, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, "
-        f"mind, "
-        f"mmoe, multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, rank_backbone, "
-        f"rocket_launching, simple_multi_task, wide_and_deep, wukong, xdeepfm")
+        f"mind, mmoe, multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, "
+        f"rank_backbone, rocket_launching, simple_multi_task, tdm, wide_and_deep, wukong, "
+        f"xdeepfm")
 
 
 def test_the_older_backbone_schema_says_how_to_write_it_as_rank_backbone():

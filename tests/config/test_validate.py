@@ -70,7 +70,13 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
      "dlrm, "
      "dssm, dssm_v2, mask_net, mind, mmoe, multi_task_backbone, multi_tower, multi_tower_din, "
      "pepnet, ple, rank_backbone, rocket_launching, "
-     "simple_multi_task, wide_and_deep, wukong, xdeepfm$"),
+     "simple_multi_task, tdm, wide_and_deep, wukong, xdeepfm$"),
+    ("model_config { tdm { multiwindow_din { windows_len: [1] attn_mlp {} } final {} } }",
+     r"model_config.tdm trains on the \(user, tree node\) rows of data_config.tdm_sampler"),
+    ("data_config { dataset_type: ParquetDataset tdm_sampler { item_input_path: 'n' "
+     "edge_input_path: 'e' predict_edge_input_path: 'p' item_id_field: 'i' } } "
+     "model_config { multi_tower_din {} }",
+     r"data_config.tdm_sampler makes a TDM's rows; model_config.multi_tower_din does not"),
     ("train_config { sparse_optimizer { lamb_optimizer { lr: 1 } } dense_optimizer { "
      "adam_optimizer { lr: 1 } } }", "lamb_optimizer is not supported"),
     ("data_config { dataset_type: KafkaDataset }", "KafkaDataset is not supported"),
@@ -122,7 +128,8 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
     ('feature_configs { raw_feature { feature_name: "price" expression: "item:price" '
      'embedding_dim: 8 mlp {} } }',
      r"feature 'price': the mlp embedding of a raw value is not supported"),
-], ids=["no-model", "sparse-optimizer", "dataset", "empty-loss", "recall-at-k",
+], ids=["no-model", "tdm-without-sampler", "tdm-sampler-without-tdm", "sparse-optimizer",
+        "dataset", "empty-loss", "recall-at-k",
         "dssm-auc", "dssm-bce", "dssm-recall-top-k-0", "negative-sampler-v2",
         "task-recall-at-k", "simple-multi-task-empty-loss", "multiclass-auc-average",
         "multiclass-auc-thresholds", "empty-metric", "accuracy-top-k-0", "auc-thresholds",
