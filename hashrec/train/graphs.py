@@ -120,6 +120,7 @@ class DenseGraphs:
         self._eager = _DenseLoss(model)  # uncaptured shapes (captures take fresh copies)
         self._graphs: dict[tuple, nn.Module] = {}
         self._seen: dict[tuple, int] = {}
+        self._replayed = None  # (graph, inputs, random state) of the last replayed step
 
     @staticmethod
     def _supported(model) -> bool:
@@ -157,12 +158,34 @@ class DenseGraphs:
         with self.autocast():
             inputs = (*model.dense_inputs(embedded, batch), *targets)
         graph = self._graph_for(inputs)
+        self._replayed = None
         if graph is None:
             with self.autocast():
                 logits, losses = self._eager(*inputs)
         else:
+            # the generator's state before the replay, for replay_again (host-side: no sync)
+            self._replayed = (graph, inputs, torch.cuda.get_rng_state(inputs[0].device))
             logits, losses = graph(*inputs)
         return dict(zip(model.losses, losses.unbind(0))), logits
+
+    @property
+    def replayed(self) -> bool:
+        """Whether the last ``losses_and_logits`` replayed a graph."""
+        return self._replayed is not None
+
+    def replay_again(self) -> dict[str, torch.Tensor]:
+        """The last step's per-loss tensors once more, from a new replay of its graph on the
+        same inputs and random state (the same values, dropout masks included), for one
+        more backward: a captured backward runs once per forward replay, as its capture
+        reuses the memory of the activations it has read (``make_graphed_callables``
+        captures it without retaining them), so a second backward of one replay reads
+        overwritten activations. The logits buffer is rewritten with the same values."""
+        if self._replayed is None:
+            raise RuntimeError("DenseGraphs.replay_again: the last step replayed no graph")
+        graph, inputs, state = self._replayed
+        torch.cuda.set_rng_state(state, inputs[0].device)
+        _, losses = graph(*inputs)
+        return dict(zip(self.model.losses, losses.unbind(0)))
 
     def _graph_for(self, inputs) -> nn.Module | None:
         key = _signature(inputs)

@@ -516,7 +516,8 @@ class TrainLoop:
         if self.loss_weights is None:
             loss = sum(losses.values())
         else:  # its per-loss backward passes count in the backward's time
-            loss, solved = self.loss_weights.weigh(losses)
+            loss, solved = self.loss_weights.weigh(
+                losses, self._losses_again if self.dense_graphs.replayed else None)
             weights = dict(zip(self.loss_weights.names, solved.unbind(0)))
         s.precision.backward(loss)
         timer.mark("backward")
@@ -539,6 +540,12 @@ class TrainLoop:
             self._report_progress()
         timer.mark("logging")
         timer.end_step(batch.batch_size)
+
+    def _losses_again(self) -> dict:
+        """The step's losses from a new replay of its dense graph, as the step scaled them
+        (``DenseGraphs.replay_again``; for the Pareto weights' backward passes)."""
+        losses = self.dense_graphs.replay_again()
+        return losses if self.weighted_loss is None else self.weighted_loss.scale(losses)
 
     def _report_progress(self) -> None:
         """The progress line of the steps since the last one, with its summaries."""

@@ -151,18 +151,23 @@ class ParetoLossWeights:
                                         device=device)
         self.scale = scale
 
-    def gradients(self, values: Sequence[torch.Tensor]) -> torch.Tensor:
+    def gradients(self, values: Sequence[torch.Tensor],
+                  again: Callable[[], Sequence[torch.Tensor]] | None = None) -> torch.Tensor:
         """(K, P) float32: row k the flattened gradient of ``values[k]`` (scaled by
         ``scale``) on the parameters, in order (zeros where a loss does not reach one).
         The graph is retained for the step's backward; the embedding tables' backward does
-        not run."""
+        not run. ``again``: the losses from a new forward, for each backward after the first
+        (a replayed CUDA graph's backward runs once per forward replay)."""
         params = self.parameters
         device = values[0].device
         rows = torch.empty(len(values), sum(p.numel() for p in params), dtype=torch.float32,
                            device=device)
-        for k, loss in enumerate(values):
+        for k in range(len(values)):
             if not params:
                 break
+            if again is not None and k > 0:
+                values = again()
+            loss = values[k]
             target = loss if self.scale is None else self.scale(loss)
             grads = torch.autograd.grad(target, params, retain_graph=True, allow_unused=True)
             # copied at once: a replayed CUDA graph's gradients are its buffers, which the
@@ -171,17 +176,30 @@ class ParetoLossWeights:
                        for g, p in zip(grads, params)], out=rows[k])
         return rows
 
-    def weights(self, values: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The (K,) float32 weights of the losses ``values`` (in ``names`` order)."""
-        rows = self.gradients(values)
+    def weights(self, values: Sequence[torch.Tensor],
+                again: Callable[[], Sequence[torch.Tensor]] | None = None) -> torch.Tensor:
+        """The (K,) float32 weights of the losses ``values`` (in ``names`` order); ``again``
+        as for ``gradients``."""
+        rows = self.gradients(values, again)
         if self.min_weights.device != rows.device:  # once: no host-to-device copy a step
             self.min_weights = self.min_weights.to(rows.device)
         return pareto_weights(gram_matrix(rows), self.min_weights)
 
-    def weigh(self, losses: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def weigh(self, losses: dict[str, torch.Tensor],
+              again: Callable[[], dict[str, torch.Tensor]] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         """(the weighted loss sum_k w_k L_k, the weights w (K,) float32, detached) of the
-        step's ``losses`` (by key, every one of ``names``)."""
+        step's ``losses`` (by key, every one of ``names``). ``again``: the same losses
+        from a new forward, taken before each backward after the first (a replayed CUDA
+        graph's, ``DenseGraphs.replay_again``); the weighted loss is then of the last."""
         values = [losses[name] for name in self.names]
-        weights = self.weights(values)
+
+        def fresh() -> list[torch.Tensor]:
+            replayed = again()
+            return [replayed[name] for name in self.names]
+
+        weights = self.weights(values, None if again is None else fresh)
+        if again is not None:
+            values = fresh()
         stacked = torch.stack([value.float() for value in values])
         return (stacked * weights).sum(), weights

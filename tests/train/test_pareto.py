@@ -165,6 +165,55 @@ def test_a_step_weighs_its_losses_by_the_solved_weights():
     torch.testing.assert_close(got, weights[0] * expected_rows[0] + weights[1] * expected_rows[1])
 
 
+class _OnceBackward(torch.autograd.Function):
+    """Identity whose backward runs once per forward, as a replayed CUDA graph's captured
+    backward can (its activations' memory is reused while it runs): a second backward of
+    one forward fails."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.state = {"spent": False}
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.state["spent"]:
+            raise RuntimeError("a second backward of one forward")
+        ctx.state["spent"] = True
+        return grad
+
+
+def test_a_backward_once_per_forward_takes_a_new_forward_for_each_loss():
+    model = _TwoHeads()
+    params = list(model.parameters())
+    inputs = torch.randn(16, 4)
+    pareto = ParetoLossWeights(("l2_0", "l2_1"), (0.1, 0.1), params)
+    expected_total, expected = pareto.weigh(model.losses(inputs))
+    expected_total.backward()
+    expected_grads = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+
+    forwards = []
+
+    def forward():  # model.losses with the once-backward between the two layers
+        forwards.append(1)
+        hidden = torch.relu(_OnceBackward.apply(model.shared(inputs)))
+        return {f"l2_{i}": ((head(hidden).squeeze(-1) - i) ** 2).mean()
+                for i, head in enumerate(model.heads)}
+
+    with pytest.raises(RuntimeError, match="a second backward"):
+        pareto.weigh(forward())  # one forward for every backward: fails
+    forwards.clear()
+    total, weights = pareto.weigh(forward(), forward)
+    assert len(forwards) == 3  # the step's, one more for the second loss, one for the step
+    assert torch.equal(weights, expected)
+    torch.testing.assert_close(total, expected_total)
+    total.backward()
+    for p, want in zip(params, expected_grads):
+        torch.testing.assert_close(p.grad, want)
+
+
 def test_scaled_losses_give_the_same_weights_and_repeat_exactly():
     model = _TwoHeads()
     losses = model.losses(torch.randn(16, 4))
