@@ -81,7 +81,7 @@ def model_inputs(batch, weighted: set[str]) -> tuple[dict, dict, dict, dict, dic
 _TEXT_SUFFIXES = frozenset({".csv", ".tsv", ".txt", ".json", ".jsonl"})
 
 
-def _output_file(path: str, overwrite: bool) -> str:
+def output_file(path: str, overwrite: bool) -> str:
     """The parquet file ``--predict_output_path`` names (checked, nothing created).
 
     Raises:
@@ -113,7 +113,7 @@ def _output_file(path: str, overwrite: bool) -> str:
     return os.path.join(path, PART_FILE)
 
 
-def _check_not_an_input(output: str, input_path: str) -> None:
+def check_not_an_input(output: str, input_path: str) -> None:
     """Refuse an output file that is one of the input files, ``--overwrite`` or not: the
     predictions would replace the data they were made from.
 
@@ -188,7 +188,13 @@ def resolve_device(device: str | None) -> torch.device:
     return run_on
 
 
-def _load(export_dir: str, device: torch.device):
+def load_export(export_dir: str, device: torch.device):
+    """(pipeline config, FeatureSet, scripted model on ``device``, tower meta or None) of
+    the export directory ``export_dir``.
+
+    Raises:
+        ExportError: not an export directory, or a scripted model that does not load.
+    """
     model_path = os.path.join(export_dir, meta.SCRIPTED_MODEL_FILE)
     config_path = os.path.join(export_dir, meta.PIPELINE_CONFIG_FILE)
     for needed in (model_path, config_path):
@@ -228,7 +234,7 @@ def _feature_set(config, model, model_path: str, tower: dict | None):
     return build_feature_set(config, keep=looked_up, metric_keys=False)
 
 
-def _input_data_config(data_config, input_path: str):
+def input_data_config(data_config, input_path: str):
     """The exported data_config, switched to the input's format when every input file
     says otherwise by its extension (.csv with a header row, or .parquet) or, where the
     extensions tell nothing (.txt, .tsv, none), by its first bytes: parquet files start
@@ -331,10 +337,10 @@ def predict(export_dir: str, input_path: str, output_path: str,
     """
     from hashrec.data import create_dataloader
 
-    output = _output_file(output_path, overwrite)
-    _check_not_an_input(output, input_path)
+    output = output_file(output_path, overwrite)
+    check_not_an_input(output, input_path)
     run_on = resolve_device(device)
-    config, feature_set, model, tower = _load(export_dir, run_on)
+    config, feature_set, model, tower = load_export(export_dir, run_on)
     note_tower_columns(feature_set, config, export_dir, tower)
     if tower is not None:
         check_tower_outputs(output_columns, tower, export_dir)
@@ -346,7 +352,7 @@ def predict(export_dir: str, input_path: str, output_path: str,
                               else _prediction_columns(config))
     _check_reserved(reserved_columns, columns)
     weighted = {f.input_key for f in feature_set.embedding_features() if f.weighted}
-    loader = create_dataloader(_input_data_config(config.data_config, input_path), feature_set,
+    loader = create_dataloader(input_data_config(config.data_config, input_path), feature_set,
                                input_path, "predict", batch_size=batch_size,
                                reserved_columns=reserved_columns)
     staging, created = _staging_file(output)

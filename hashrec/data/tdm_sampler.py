@@ -93,8 +93,14 @@ def _source(config) -> tuple:
             config.attr_delimiter, delimiter, len(config.layer_num_sample))
 
 
-def _read(path_field: str, input_path: str, delimiter: str, types: list) -> list[pa.Array]:
-    """The first ``len(types)`` columns of the files of ``input_path``, cast to ``types``."""
+def read_columns(path_field: str, input_path: str, delimiter: str, types: list
+                 ) -> list[pa.Array]:
+    """The first ``len(types)`` columns of the files of ``input_path`` (the
+    ``tdm_sampler`` field ``path_field``), cast to ``types``.
+
+    Raises:
+        DataError: no files, an unreadable file or too few columns (naming the field).
+    """
     if not input_path:
         raise DataError(f"{_WHERE}.{path_field} is empty; name the table's files")
     try:
@@ -126,8 +132,24 @@ def _read(path_field: str, input_path: str, delimiter: str, types: list) -> list
     return [pa.concat_arrays(p) for p in parts]
 
 
-def read_tdm_tree(config) -> TDMTree:
-    """The tree of the ``TDMSampler`` message ``config``, read and checked.
+@dataclass(frozen=True)
+class TDMNodes:
+    """The node table of a ``tdm_sampler`` (GraphLearn's root handle left out).
+
+    Attributes:
+        ids: (n,) int64 node ids; levels (n,) int64; weights (n,) float64.
+        attrs: attr field (but ``tree_level``) -> (n,) texts of the nodes' values.
+    """
+
+    ids: np.ndarray
+    levels: np.ndarray
+    weights: np.ndarray
+    attrs: dict[str, pa.Array]
+
+
+def read_tdm_nodes(config) -> TDMNodes:
+    """The node table (``item_input_path``) of the ``TDMSampler`` message ``config``,
+    checked against its ``attr_fields`` and ``layer_num_sample``.
 
     Raises:
         DataError: a setting out of range or a malformed table (naming the field).
@@ -141,9 +163,9 @@ def read_tdm_tree(config) -> TDMTree:
     if levels < 3 or config.layer_num_sample[0] != 0:
         raise DataError(f"{_WHERE}.layer_num_sample {list(config.layer_num_sample)}: one "
                         f"entry a tree level (3 or more), the root's first and 0")
-    source = _source(config)
-    ids, weights, features = _read("item_input_path", config.item_input_path, source[4],
-                                   [pa.int64(), pa.float64(), pa.string()])
+    ids, weights, features = read_columns("item_input_path", config.item_input_path,
+                                          _source(config)[4],
+                                          [pa.int64(), pa.float64(), pa.string()])
     parts = pc.split_pattern(features, config.attr_delimiter)
     counts = pc.list_value_length(parts).to_numpy(zero_copy_only=False)
     if (counts != len(fields)).any():
@@ -159,16 +181,27 @@ def read_tdm_tree(config) -> TDMTree:
                         f"levels are {sorted(set(level.tolist()))}: give one a level")
     attrs = {name: pc.list_element(parts, i).filter(pa.array(kept))
              for i, name in enumerate(fields) if i}
-    leaf_ids, ancestors, leaf_rows = _ancestors(config, source, node_ids, level)
-    return TDMTree(source, node_ids, level, weights.to_numpy()[kept], attrs, leaf_ids,
+    return TDMNodes(node_ids, level, weights.to_numpy()[kept], attrs)
+
+
+def read_tdm_tree(config) -> TDMTree:
+    """The tree of the ``TDMSampler`` message ``config``, read and checked.
+
+    Raises:
+        DataError: a setting out of range or a malformed table (naming the field).
+    """
+    nodes = read_tdm_nodes(config)
+    source = _source(config)
+    leaf_ids, ancestors, leaf_rows = _ancestors(config, source, nodes.ids, nodes.levels)
+    return TDMTree(source, nodes.ids, nodes.levels, nodes.weights, nodes.attrs, leaf_ids,
                    ancestors, leaf_rows)
 
 
 def _ancestors(config, source: tuple, node_ids: np.ndarray, level: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sorted leaf ids, (leaves, levels - 2) ancestor rows, leaf rows) of the edges."""
-    src, dst = _read("edge_input_path", config.edge_input_path, source[4],
-                     [pa.int64(), pa.int64()])
+    src, dst = read_columns("edge_input_path", config.edge_input_path, source[4],
+                            [pa.int64(), pa.int64()])
     src, dst = src.to_numpy(), dst.to_numpy()
     order = np.argsort(node_ids, kind="stable")
     sorted_ids = node_ids[order]

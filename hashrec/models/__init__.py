@@ -1,6 +1,6 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
-DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RocketLaunching, RankBackbone),
-multi-task ones (SimpleMultiTask, MMoE, DBMTL, DC2VR, PLE, PEPNet, MultiTaskBackbone) and
+DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RocketLaunching, RankBackbone,
+TDM), multi-task ones (SimpleMultiTask, MMoE, DBMTL, DC2VR, PLE, PEPNet, MultiTaskBackbone) and
 the match models DSSM, DAT and MIND (``MatchModel`` their base)."""
 
 from hashrec.models.dat import DAT
@@ -24,6 +24,7 @@ from hashrec.models.rank_model import RankModel
 from hashrec.models.registry import MODELS, create_model
 from hashrec.models.rocket_launching import RocketLaunching
 from hashrec.models.simple_multi_task import SimpleMultiTask
+from hashrec.models.tdm import TDM
 from hashrec.models.wide_and_deep import WideAndDeep
 from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
@@ -32,5 +33,5 @@ __all__ = ["DAT", "DBMTL", "DC2VR", "DCNV1", "DCNV2", "DLRM", "DSSM", "DeepFM", 
            "MaskNet",
            "MatchModel", "ModelError",
            "MultiTaskBackbone", "MultiTower", "MultiTowerDIN", "PEPNet", "PLE", "RankBackbone",
-           "RankModel", "MODELS", "RocketLaunching", "SimpleMultiTask",
+           "RankModel", "MODELS", "RocketLaunching", "SimpleMultiTask", "TDM",
            "WideAndDeep", "WuKong", "XDeepFM", "create_model"]

@@ -1,95 +1,101 @@
-"""TDM end to end on a planted affinity: a tree built by init_tree over 64 items of 8
-categories, users who click items of one category (their history too), trained through
-train_eval on tdm_sampler's (user, tree node) rows; the evaluation's rows are told apart
-(AUC far above chance) only by relating the node to the user's history."""
+"""TDM end to end on a planted affinity (``tdm_world``): a tree built by init_tree over 64
+items of 8 categories, users who click items of one category (their history too),
+trained through train_eval on tdm_sampler's (user, tree node) rows; the evaluation's rows
+are told apart (AUC far above chance) only by relating the node to the user's history,
+and the retrieval's beam search down the tree finds the user's category."""
 
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
+import re
+import subprocess
+import sys
 
-from hashrec.config import parse_pipeline_config, validate_pipeline_config
-from hashrec.tools.tdm.init_tree import main as init_tree
+import pyarrow.parquet as pq
+import pytest
+from tdm_world import GROUPS, ITEMS, write_world
+
+from hashrec.config import load_pipeline_config, validate_pipeline_config
+from hashrec.export.exporter import export_model
+from hashrec.tools.tdm.retrieval import main as retrieval
 from hashrec.train import train_and_evaluate
 
-ITEMS, GROUPS = 64, 8
+EVAL_ROWS = 256
 
 
-def _rows(count: int, seed: int) -> pa.Table:
-    """Users 0-47 click items of category user % 8, after 3 clicks of that category."""
-    rng = np.random.default_rng(seed)
-    users = rng.integers(0, 48, count)
-    group = users % GROUPS
-
-    def items() -> np.ndarray:
-        return rng.integers(0, ITEMS // GROUPS, count) * GROUPS + group
-
-    history = np.stack([items() for _ in range(3)], axis=1)
-    return pa.table({
-        "user_id": users, "adgroup_id": items(), "cate_id": group,
-        "click_seq__adgroup_id": ["|".join(map(str, h)) for h in history],
-        "click_seq__cate_id": ["|".join(map(str, h % GROUPS)) for h in history],
-        "clk": np.ones(count, dtype=np.int64)})
-
-
-def _id_feature(name: str, dim: int = 8) -> str:
-    return (f'id_feature {{ feature_name: "{name}" expression: "item:{name}" '
-            f'embedding_dim: {dim} dynamicemb {{ max_capacity: 1024 '
-            f'initializer_args {{ mode: "NORMAL" std_dev: 0.1 }} }} }}')
-
-
-def _config(tmp_path, tree: str) -> str:
-    return f"""
-train_input_path: "{tmp_path}/train.parquet"
-eval_input_path: "{tmp_path}/eval.parquet"
-model_dir: "{tmp_path}/model"
-train_config {{
-  sparse_optimizer {{ adagrad_optimizer {{ lr: 0.1 }} constant_learning_rate {{}} }}
-  dense_optimizer {{ adam_optimizer {{ lr: 0.01 }} constant_learning_rate {{}} }}
-  num_epochs: 4
-}}
-data_config {{ batch_size: 32 dataset_type: ParquetDataset label_fields: "clk" num_workers: 0
-  tdm_sampler {{ item_input_path: "{tree}/node_table.txt"
-    edge_input_path: "{tree}/edge_table.txt"
-    predict_edge_input_path: "{tree}/predict_edge_table.txt"
-    attr_fields: ["tree_level", "adgroup_id", "cate_id"] item_id_field: "adgroup_id"
-    layer_num_sample: [0, 1, 1, 2, 2, 3, 4] attr_delimiter: "," }} }}
-feature_configs {{ id_feature {{ feature_name: "user_id" expression: "user:user_id"
-  embedding_dim: 8 dynamicemb {{ max_capacity: 1024
-  initializer_args {{ mode: "NORMAL" std_dev: 0.1 }} }} }} }}
-feature_configs {{ {_id_feature("adgroup_id")} }}
-feature_configs {{ {_id_feature("cate_id")} }}
-feature_configs {{ sequence_feature {{ sequence_name: "click_seq" sequence_length: 3
-  sequence_delim: "|" features {{ {_id_feature("adgroup_id")} }}
-  features {{ {_id_feature("cate_id")} }} }} }}
-model_config {{
-  feature_groups {{ group_name: "seq" group_type: SEQUENCE
-    feature_names: ["adgroup_id", "cate_id", "click_seq__adgroup_id", "click_seq__cate_id"] }}
-  feature_groups {{ group_name: "user" group_type: DEEP feature_names: "user_id" }}
-  tdm {{ multiwindow_din {{ windows_len: [1, 2] attn_mlp {{ hidden_units: [8] }} }}
-         final {{ hidden_units: [16, 8] }} }}
-  num_class: 2
-  metrics {{ auc {{}} }}
-  losses {{ softmax_cross_entropy {{}} }}
-}}
-"""
-
-
-def test_tdm_learns_which_tree_nodes_lead_to_the_users_items(tmp_path):
-    pq.write_table(pa.table({"item_id": np.arange(ITEMS), "cate_id": np.arange(ITEMS) % GROUPS}),
-                   tmp_path / "items.parquet")
-    tree = str(tmp_path / "tree")
-    assert init_tree(["--item_input_path", str(tmp_path / "items.parquet"),
-                      "--item_id_field", "item_id", "--cate_id_field", "cate_id",
-                      "--attr_fields", "cate_id", "--node_edge_output_file", tree]) == 0
-    pq.write_table(_rows(1024, 0), tmp_path / "train.parquet")
-    pq.write_table(_rows(256, 1), tmp_path / "eval.parquet")
-    config = parse_pipeline_config(_config(tmp_path, tree))
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tdm")
+    config_path = write_world(directory, eval_rows=EVAL_ROWS)
+    config = load_pipeline_config(config_path)
     validate_pipeline_config(config)
-    result = train_and_evaluate(config)
+    return directory, config_path, train_and_evaluate(config)
+
+
+def test_tdm_learns_which_tree_nodes_lead_to_the_users_items(trained):
+    _, _, result = trained
     # 256 rows, each with 5 ancestors and 1 + 1 + 2 + 2 + 3 + 4 negatives
-    assert result["num_examples"] == 256 * (1 + 5 + 13), result
+    assert result["num_examples"] == EVAL_ROWS * (1 + 5 + 13), result
     # a category's 8 leaves fill one subtree of level 3: below it every positive shares
     # the history's category and no negative does; above it the node ids must be learned
     assert result["auc"] > 0.9, result
+
+
+def _clicked_and_retrieved(output, directory) -> tuple[list[int], list[list[int]]]:
+    clicked = pq.read_table(directory / "eval.parquet")["adgroup_id"].to_pylist()
+    written = pq.read_table(output)
+    assert written.column_names == ["user_id", "recall_ids"]
+    assert written["user_id"].to_pylist() == \
+        pq.read_table(directory / "eval.parquet")["user_id"].to_pylist()
+    return clicked, written["recall_ids"].to_pylist()
+
+
+def test_retrieval_finds_the_users_category_down_the_tree(trained):
+    directory, config_path, _ = trained
+    output = directory / "recall.parquet"
+    # beam 8: levels 4 (16 nodes, all scored), 5 and 6 (the 16 children of the 8 kept)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hashrec.tools.tdm.retrieval", "--pipeline_config_path",
+         config_path, "--predict_input_path", str(directory / "eval.parquet"),
+         "--predict_output_path", str(output), "--recall_num", "8", "--beam_size", "8",
+         "--reserved_columns", "user_id", "--device", "cpu"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "searching levels 4 to 6" in proc.stderr
+    clicked, retrieved = _clicked_and_retrieved(output, directory)
+    hits = sum(c in r for c, r in zip(clicked, retrieved))
+    printed = re.search(r"256 rows, recall@8 ([0-9.]+) \((\d+) hits\)", proc.stdout)
+    assert printed and int(printed[2]) == hits, proc.stdout
+    assert all(len(set(r)) == 8 and set(r) <= set(range(ITEMS)) for r in retrieved)
+    # chance: 8 of the 64 items retrieved at random hold the clicked one with odds
+    # 8 / 64 = 0.125; the user's category holds 8 items, all of them the right answer
+    assert hits / EVAL_ROWS > 0.75, proc.stdout
+    same_category = sum(all(i % GROUPS == c % GROUPS for i in r)
+                        for c, r in zip(clicked, retrieved))
+    assert same_category / EVAL_ROWS > 0.75
+
+
+def test_the_exported_tdm_retrieves_what_the_checkpoint_does(trained):
+    directory, config_path, _ = trained
+    export_model(load_pipeline_config(config_path), str(directory / "export"))
+    common = ["--predict_input_path", str(directory / "eval.parquet"), "--recall_num", "8",
+              "--reserved_columns", "user_id", "--device", "cpu"]
+    assert retrieval(["--scripted_model_path", str(directory / "export"),
+                      "--predict_output_path", str(directory / "scripted.parquet"),
+                      *common]) == 0
+    assert retrieval(["--pipeline_config_path", config_path,
+                      "--predict_output_path", str(directory / "eager.parquet"), *common]) == 0
+    _, scripted = _clicked_and_retrieved(directory / "scripted.parquet", directory)
+    _, eager = _clicked_and_retrieved(directory / "eager.parquet", directory)
+    # as sets: the items of one category score alike, their order may differ in the last
+    # bits between the scripted and the eager model
+    assert [sorted(r) for r in scripted] == [sorted(r) for r in eager]
+
+
+def test_a_wrong_n_cluster_is_an_error_naming_the_flag(trained, capsys):
+    directory, config_path, _ = trained
+    assert retrieval(["--pipeline_config_path", config_path, "--predict_input_path",
+                      str(directory / "eval.parquet"), "--predict_output_path",
+                      str(directory / "none.parquet"), "--n_cluster", "3",
+                      "--device", "cpu"]) == 2
+    assert "--n_cluster 3, but the tree's nodes have up to 2 children" in capsys.readouterr().err
+    assert not (directory / "none.parquet").exists()

@@ -26,6 +26,7 @@ from hashrec.models import (
     DCNV2,
     DLRM,
     PLE,
+    TDM,
     DeepFM,
     MaskNet,
     MMoE,
@@ -294,12 +295,38 @@ def backbone_head(model: RankBackbone) -> BackboneHead:
     return BackboneHead(model.input_groups, model.net, model)
 
 
+class TDMHead(nn.Module):
+    """TDM's dense network: the SEQUENCE group through the multi-window DIN, the other
+    (DEEP) groups after it, the final MLP, the linear layer -> logits (B,), or
+    (B, num_class)."""
+
+    def __init__(self, model: TDM) -> None:
+        super().__init__()
+        self.sequence = SequenceGroup(model.groups[model.sequence_group])
+        self.multiwindow_din = model.multiwindow_din
+        self.others = nn.ModuleList([DeepGroup(model.groups[name], model)
+                                     for name in model.other_groups])
+        self.final = model.final
+        self.output = model.output
+
+    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
+                dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
+        query, sequence, lengths = self.sequence(pooled, sequences, sequence_lengths, dense,
+                                                 sequence_dense)
+        first = self.multiwindow_din(query, sequence, lengths)
+        parts: list[torch.Tensor] = [first]
+        for group in self.others:
+            parts.append(group(pooled, sequences, sequence_lengths, dense,
+                               sequence_dense).to(first.dtype))
+        return self.output(self.final(torch.cat(parts, dim=-1))).squeeze(-1)
+
+
 HEADS = {MultiTower: multi_tower_head, MultiTowerDIN: multi_tower_head,
          WideAndDeep: groups_head, DeepFM: groups_head, DLRM: groups_head, MMoE: groups_head,
          DBMTL: groups_head, DC2VR: groups_head, PLE: groups_head, DCNV1: groups_head,
          DCNV2: groups_head, MaskNet: groups_head, XDeepFM: groups_head, SimpleMultiTask: groups_head,
          WuKong: groups_head, PEPNet: groups_head, RocketLaunching: groups_head,
-         RankBackbone: backbone_head, MultiTaskBackbone: backbone_head}
+         RankBackbone: backbone_head, MultiTaskBackbone: backbone_head, TDM: TDMHead}
 
 
 def dense_head(model: nn.Module) -> nn.Module:
