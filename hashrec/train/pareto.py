@@ -32,8 +32,11 @@ How the trainer's step keeps working:
   with the graph retained), so a step costs that many more backward passes of it, and holds
   one flattened copy of the dense gradients per loss while it solves. A step
   whose dense network replays a CUDA graph (``hashrec.train.graphs``) replays its captured
-  backward once per loss; the weights are solved in tensor ops on the device, with no host
-  reads, so nothing opts out of graph capture and the host still runs ahead.
+  forward and backward once per loss and once more for the step's backward (a captured
+  backward runs once per forward replay: its capture reuses the activations' memory; the
+  forward replays again on the same inputs and random state, so each gives the same
+  values); the weights are solved in tensor ops on the device, with no host reads, so
+  nothing opts out of graph capture and the host still runs ahead.
 * FP16: the gradients are those of the grad scaler's scaled losses (the weights do not change
   when every gradient is scaled alike, so they are not unscaled). A Gram matrix that is not
   finite (an overflow of the scaled gradients) gives the weights of orthonormal gradients
