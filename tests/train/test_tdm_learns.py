@@ -12,6 +12,7 @@ import sys
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 from tdm_world import GROUPS, ITEMS, write_world
 
 from hashrec.config import load_pipeline_config, validate_pipeline_config
@@ -99,3 +100,19 @@ def test_a_wrong_n_cluster_is_an_error_naming_the_flag(trained, capsys):
                       "--device", "cpu"]) == 2
     assert "--n_cluster 3, but the tree's nodes have up to 2 children" in capsys.readouterr().err
     assert not (directory / "none.parquet").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_retrieval_on_cuda_retrieves_what_the_cpu_does(trained):
+    directory, config_path, _ = trained
+    common = ["--pipeline_config_path", config_path, "--predict_input_path",
+              str(directory / "eval.parquet"), "--recall_num", "8", "--reserved_columns",
+              "user_id"]
+    for device in ("cpu", "cuda"):
+        assert retrieval([*common, "--predict_output_path",
+                          str(directory / f"on_{device}.parquet"), "--device", device]) == 0
+    _, on_cpu = _clicked_and_retrieved(directory / "on_cpu.parquet", directory)
+    _, on_cuda = _clicked_and_retrieved(directory / "on_cuda.parquet", directory)
+    # as sets, as above: the items of one category score alike
+    assert [sorted(r) for r in on_cuda] == [sorted(r) for r in on_cpu]
