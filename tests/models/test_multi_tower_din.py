@@ -89,8 +89,9 @@ def test_config_errors_name_the_problem(text, match):
 
 def test_no_model_kind():
     text = MODEL_CONFIG.split("multi_tower_din")[0]
-    with pytest.raises(ModelError, match="model_config sets no model; allowed: dbmtl, dcn_v1, "
-                                         "dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, "):
+    with pytest.raises(ModelError, match="model_config sets no model; allowed: dat, dbmtl, "
+                                         "dc2vr, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, "
+                                         "mask_net, "):
         _model(text)
 
 
