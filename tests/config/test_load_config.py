@@ -105,7 +105,7 @@ def test_a_misspelt_name_suggests_the_closest(tmp_path, caplog, line, error):
 
 
 @pytest.mark.parametrize("model, kind", [
-    ("match_backbone { }", "configurable backbone of a match model"),
+    ("dlrm_hstu { }", "generative ranking model"),
     ("hstu_match { }", "match model"),
 ])
 def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(model, kind):
@@ -116,7 +116,7 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
         f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
         f"models: dat, dbmtl, dc2vr, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, "
-        f"mind, mmoe, multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, "
+        f"match_backbone, mind, mmoe, multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, "
         f"rank_backbone, rocket_launching, simple_multi_task, tdm, wide_and_deep, wukong, "
         f"xdeepfm")
 
