@@ -139,3 +139,52 @@ def test_match_backbone_with_sampled_negatives_exports_both_towers_and_each_apar
         model = torch.jit.load(str(export / tower / "scripted_model.pt"))
         tables = sorted(t.name for _, t in model.embedding.tables.named_children())
         assert tables == (["user_id"] if tower == "user" else ["adgroup_id", "cate_id"])
+
+
+# TorchEasyRec's form of a match backbone over its DSSM example's groups (the user group's
+# click sequence mean-pooled among its columns): input layers, then each tower's MLP, and
+# model_params left empty (output_dim 64: both 128-wide MLPs projected).
+EXAMPLE_BACKBONE = """
+backbone {
+  blocks { name: "user" inputs { feature_group_name: "user" } input_layer {} }
+  blocks { name: "item" inputs { feature_group_name: "item" } input_layer {} }
+  blocks { name: "user_tower" inputs { block_name: "user" }
+           module { class_name: "MLP" mlp { hidden_units: [512, 256, 128]
+                    activation: "nn.ReLU" use_bn: false dropout_ratio: [0.0, 0.0, 0.0] } } }
+  blocks { name: "item_tower" inputs { block_name: "item" }
+           module { class_name: "MLP" mlp { hidden_units: [512, 256, 128]
+                    activation: "nn.ReLU" use_bn: false dropout_ratio: [0.0, 0.0, 0.0] } } }
+  output_blocks: "user_tower"
+  output_blocks: "item_tower"
+}
+model_params {
+}
+"""
+
+
+def test_a_torcheasyrec_style_match_backbone_trains_and_exports_its_user_tower(tmp_path):
+    from google.protobuf import text_format
+    from match_examples import local_match_example
+
+    config = local_match_example(tmp_path, "dssm_taobao")
+    config.model_config.ClearField("dssm")
+    text_format.Merge(EXAMPLE_BACKBONE, config.model_config.match_backbone)
+    validate_pipeline_config(config)
+    result = train_and_evaluate(config)
+    assert result["step"] == 2 and result["num_examples"] == 64
+    assert 0 <= result["recall@1"] <= result["recall@5"] <= 1
+    export = tmp_path / "export"
+    export_model(config, str(export), latest_checkpoint(str(tmp_path / "m")))
+    meta = json.loads((export / "user" / "tower.json").read_text())
+    assert meta["feature_groups"] == ["user"] and meta["dimension"] == 64
+    assert "click_50_seq__adgroup_id" in meta["features"]
+    assert not {"campaign_id", "customer", "price"} & set(meta["tables"])  # item-only
+    predict(str(export), str(tmp_path / "data" / "eval"), str(tmp_path / "whole.parquet"))
+    predict(str(export / "user"), str(tmp_path / "data" / "eval"),
+            str(tmp_path / "user.parquet"))
+    whole = torch.tensor(pq.read_table(tmp_path / "whole.parquet")["user_tower_emb"]
+                         .to_pylist())
+    alone = torch.tensor(pq.read_table(tmp_path / "user.parquet")["user_tower_emb"]
+                         .to_pylist())
+    assert alone.shape == (64, 64)
+    torch.testing.assert_close(alone, whole, rtol=0, atol=0)
