@@ -73,7 +73,7 @@ def write_tower_exports(model, config, export_dir: str, hashmaps: dict,
     files written.
 
     Args:
-        model: the trained match model (DSSM, DAT, MIND).
+        model: the trained match model (DSSM, DAT, MIND, MatchBackbone).
         config: its pipeline config.
         export_dir: the export's (staging) directory.
         hashmaps: hash map table -> (keys sorted, values), every part's (at least the
