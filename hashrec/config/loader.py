@@ -133,10 +133,9 @@ def _nested_field(message: str) -> str:
 
 
 # TorchEasyRec's models that HashRec's ModelConfig does not parse: the older form of its
-# configurable backbone, its match backbone and its match models but DSSM, DAT, MIND and TDM,
+# configurable backbone, its match models but DSSM, DAT, MIND, TDM and the match backbone,
 # its generative and HSTU models.
 _UNPARSED_MODELS = {
-    "match_backbone": "configurable backbone of a match model",
     "hstu_match": "match model",
     "dlrm_hstu": "generative ranking model",
     "ultra_hstu": "generative ranking model", "sid_rqvae": "semantic id model",

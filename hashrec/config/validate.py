@@ -11,6 +11,7 @@ from __future__ import annotations
 from hashrec.config.aliases import alias_problems
 from hashrec.config.errors import ConfigError
 from hashrec.config.fg_mode import RAW, fg_input, fg_input_setting
+from hashrec.config.match_params import match_params
 from hashrec.config.normalizer import Normalizer
 from hashrec.config.pipeline_pb2 import EasyRecConfig
 from hashrec.config.sequence_groups import sequence_encoder_problems
@@ -30,16 +31,17 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
 # The models hashrec.models.registry builds (tests/models/test_registry.py keeps the two
 # equal; the config layer must not import the models above it).
 SUPPORTED_MODELS = ("dat", "dbmtl", "dc2vr", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "dssm",
-                    "dssm_v2", "mask_net", "mind", "mmoe", "multi_task_backbone", "multi_tower",
-                    "multi_tower_din", "pepnet", "ple", "rank_backbone", "rocket_launching",
-                    "simple_multi_task", "tdm", "wide_and_deep", "wukong", "xdeepfm")
+                    "dssm_v2", "mask_net", "match_backbone", "mind", "mmoe",
+                    "multi_task_backbone", "multi_tower", "multi_tower_din", "pepnet", "ple",
+                    "rank_backbone", "rocket_launching", "simple_multi_task", "tdm",
+                    "wide_and_deep", "wukong", "xdeepfm")
 # The models whose config lists task_towers (hashrec.models.tasks.MULTI_TASK_MODELS;
 # tests/models/test_registry.py keeps the two equal).
 MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
                      "multi_task_backbone", "dc2vr")
 # The match (retrieval) models (hashrec.models.tasks.MATCH_MODELS; tests/models/
 # test_registry.py keeps the two equal): softmax_cross_entropy and recall_at_k only.
-MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat")
+MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat", "match_backbone")
 # The losses hashrec.models.losses computes (tests/config/test_validate.py keeps the two
 # equal).
 SUPPORTED_LOSSES = ("binary_cross_entropy", "binary_focal_loss", "softmax_cross_entropy",
@@ -165,8 +167,9 @@ def _negative_problems(config: EasyRecConfig) -> list[str]:
                 f"data_config.tdm_sampler makes a TDM's rows; model_config.{model} does not "
                 f"read them: remove it, or set model_config.tdm"]
     if model in MATCH_MODELS:
-        if not sampled and not getattr(config.model_config, model).in_batch_negative:
-            return [f"model_config.{model} has no negatives: set in_batch_negative: true "
+        if not sampled and not match_params(config.model_config).in_batch_negative:
+            where = "model_params." if model == "match_backbone" else ""
+            return [f"model_config.{model} has no negatives: set {where}in_batch_negative: true "
                     f"(the batch's other items) or data_config.negative_sampler"]
     elif sampled and model is not None:
         return [f"data_config.negative_sampler feeds a match model's item tower; "

@@ -1,17 +1,17 @@
 """A match model's towers exported apart: ``<export_dir>/user/`` and ``<export_dir>/item/``.
 
 As TorchEasyRec exports a match model's towers as separate serving models, ``export``
-of a DSSM, a DAT or a MIND writes, beside the whole model, one directory per tower. Each holds the
-pipeline config, ``scripted_model.pt`` of its tower alone (the tables its feature group
-reads, that group's assembly and the tower's network (a DAT tower reads its augment group
-too; MIND's user tower reads its user group and its behaviour sequence and gives the
-user's interests, (B, K, D)); nothing of the other tower, whose
-id tables may be huge) and ``tower.json``, which says which tower it is, what it reads
-and what it gives. ``predict`` on such a directory reads the tower's columns only and
-writes ``<tower>_tower_emb``: users embedded from user features alone, an item index
-(for ANN retrieval) from item features alone. The tables' rows stay in the whole
-model's safetensors parts (``tower.json`` lists the tower's tables), not written twice.
-"""
+of a DSSM, a DAT, a MIND or a match backbone writes, beside the whole model, one
+directory per tower. Each holds the pipeline config, ``scripted_model.pt`` of its tower
+alone (the tables its feature group reads, that group's assembly and the tower's network
+(a DAT tower reads its augment group too; a match backbone's tower the groups its own
+blocks read; MIND's user tower reads its user group and its behaviour sequence and gives
+the user's interests, (B, K, D)); nothing of the other tower, whose id tables may be
+huge) and ``tower.json``, which says which tower it is, what it reads and what it gives.
+``predict`` on such a directory reads the tower's columns only and writes
+``<tower>_tower_emb``: users embedded from user features alone, an item index (for ANN
+retrieval) from item features alone. The tables' rows stay in the whole model's
+safetensors parts (``tower.json`` lists the tower's tables), not written twice."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from hashrec.config import save_pipeline_config
 from hashrec.config.validate import MATCH_MODELS
 from hashrec.export import meta
 from hashrec.export.errors import ExportError
+from hashrec.models.backbone.towers import split_towers
 
 TOWERS = ("user", "item")
 
@@ -31,18 +32,22 @@ def _other(tower: str) -> str:
 
 
 def tower_group(config, tower: str) -> str:
-    """The feature group that ``tower`` ("user" or "item") of ``config``'s match model
-    reads."""
-    model_config = config.model_config
-    model = getattr(model_config, model_config.WhichOneof("model"))
-    return getattr(model, f"{tower}_tower").input
+    """The (first) feature group that ``tower`` ("user" or "item") of ``config``'s match
+    model reads."""
+    return tower_groups(config, tower)[0]
 
 
 def tower_groups(config, tower: str) -> list[str]:
     """Every feature group ``tower`` reads: its ``input``, then a DAT tower's
-    ``augment_input`` and MIND's user tower's ``history_input`` (the behaviour sequence)."""
+    ``augment_input`` and MIND's user tower's ``history_input`` (the behaviour sequence);
+    a match backbone's tower: the groups its blocks read (config order)."""
     model_config = config.model_config
-    model = getattr(model_config, model_config.WhichOneof("model"))
+    kind = model_config.WhichOneof("model")
+    model = getattr(model_config, kind)
+    if kind == "match_backbone":
+        names = [group.group_name for group in model_config.feature_groups]
+        parts = split_towers(model.backbone, names, "model_config.match_backbone.backbone")
+        return list(parts[tower].groups)
     tower_config = getattr(model, f"{tower}_tower")
     more = [getattr(tower_config, field, "") for field in ("augment_input", "history_input")]
     return [tower_config.input] + [group for group in more if group]
@@ -68,7 +73,7 @@ def write_tower_exports(model, config, export_dir: str, hashmaps: dict,
     files written.
 
     Args:
-        model: the trained match model (DSSM, DAT, MIND).
+        model: the trained match model (DSSM, DAT, MIND, MatchBackbone).
         config: its pipeline config.
         export_dir: the export's (staging) directory.
         hashmaps: hash map table -> (keys sorted, values), every part's (at least the

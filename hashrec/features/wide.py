@@ -130,7 +130,7 @@ def _wide_settings(model_config) -> tuple[int, InitializerArgs | None]:
     without these fields gets the default dimension."""
     kind = model_config.WhichOneof("model")
     model = getattr(model_config, kind) if kind else None
-    if kind in ("rank_backbone", "multi_task_backbone"):
+    if kind in ("rank_backbone", "multi_task_backbone", "match_backbone"):
         return _backbone_wide_dim(model.backbone, f"model_config.{kind}.backbone"), None
     fields = model.DESCRIPTOR.fields_by_name if model is not None else {}
     if "wide_embedding_dim" not in fields:

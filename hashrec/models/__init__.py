@@ -1,7 +1,7 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
 DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RocketLaunching, RankBackbone,
 TDM), multi-task ones (SimpleMultiTask, MMoE, DBMTL, DC2VR, PLE, PEPNet, MultiTaskBackbone) and
-the match models DSSM, DAT and MIND (``MatchModel`` their base)."""
+the match models DSSM, DAT, MIND and MatchBackbone (``MatchModel`` their base)."""
 
 from hashrec.models.dat import DAT
 from hashrec.models.dbmtl import DBMTL
@@ -12,6 +12,7 @@ from hashrec.models.dlrm import DLRM
 from hashrec.models.dssm import DSSM
 from hashrec.models.errors import ModelError
 from hashrec.models.mask_net import MaskNet
+from hashrec.models.match_backbone import MatchBackbone
 from hashrec.models.match_model import MatchModel
 from hashrec.models.mind import MIND
 from hashrec.models.mmoe import MMoE
@@ -31,7 +32,7 @@ from hashrec.models.xdeepfm import XDeepFM
 
 __all__ = ["DAT", "DBMTL", "DC2VR", "DCNV1", "DCNV2", "DLRM", "DSSM", "DeepFM", "MIND", "MMoE",
            "MaskNet",
-           "MatchModel", "ModelError",
+           "MatchBackbone", "MatchModel", "ModelError",
            "MultiTaskBackbone", "MultiTower", "MultiTowerDIN", "PEPNet", "PLE", "RankBackbone",
            "RankModel", "MODELS", "RocketLaunching", "SimpleMultiTask", "TDM",
            "WideAndDeep", "WuKong", "XDeepFM", "create_model"]

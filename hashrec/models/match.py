@@ -105,3 +105,26 @@ def label_aware_attention(interests: torch.Tensor, mask: torch.Tensor, item: tor
     scores = scores.masked_fill(torch.logical_not(mask), -1e9)
     weights = torch.softmax(scores, dim=-1)
     return torch.einsum("bk,bkd->bd", weights, interests)
+
+
+class BackboneMatchTower(nn.Module):
+    """A match backbone's tower (``hashrec.models.match_backbone``): its feature groups'
+    tensors -> ``backbone`` (the tower's blocks alone) -> its output block's (B, width)
+    -> a linear layer to ``output_dim`` where width differs from it (none where equal, or
+    where ``output_dim`` is 0) -> (B, D) embeddings, L2-normalized rows where ``cosine``."""
+
+    cosine: bool
+
+    def __init__(self, backbone: nn.Module, width: int, output_dim: int, cosine: bool) -> None:
+        super().__init__()
+        self.backbone = backbone
+        project = output_dim > 0 and output_dim != width
+        self.output = nn.Linear(width, output_dim) if project else nn.Identity()
+        self.cosine = cosine
+        self.dim = output_dim if output_dim > 0 else width
+
+    def forward(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        out = self.output(self.backbone(inputs)[0])
+        if self.cosine:
+            out = nn.functional.normalize(out, p=2.0, dim=1)
+        return out

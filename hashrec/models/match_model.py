@@ -1,4 +1,5 @@
-"""The shared part of TorchEasyRec's match (retrieval) models, DSSM, DAT and MIND.
+"""The shared part of TorchEasyRec's match (retrieval) models, DSSM, DAT, MIND and the
+match backbone.
 
 Options every match model has (``similarity``, ``temperature``, ``output_dim``,
 ``in_batch_negative``), its towers' feature groups, its output ``similarity`` (B, 1 + N)
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from hashrec.config.floats import proto_float
+from hashrec.config.match_params import match_params
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import DEEP
 from hashrec.models.losses import match_loss
@@ -36,18 +38,20 @@ class MatchModel(RankModel):
                  embedding: nn.Module | None = None) -> None:
         super().__init__(model_config, feature_set, sparse_optimizer, device, embedding)
         self.kind = model_config.WhichOneof("model")
-        config = getattr(model_config, self.kind)
+        config = match_params(model_config)
+        # where the options are (a match backbone's in its model_params)
+        at = f"{self.kind}.model_params" if self.kind == "match_backbone" else self.kind
         if config.similarity not in (COSINE, INNER_PRODUCT):
-            raise ModelError(f"{self.kind}.similarity: only COSINE and INNER_PRODUCT are "
+            raise ModelError(f"{at}.similarity: only COSINE and INNER_PRODUCT are "
                              f"supported (as in TorchEasyRec's match models)")
         self.cosine = config.similarity == COSINE
         self.temperature = proto_float(config.temperature)
         if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ModelError(f"{self.kind}.temperature={self.temperature}; allowed: a "
+            raise ModelError(f"{at}.temperature={self.temperature}; allowed: a "
                              f"finite number > 0 (default 1)")
         if config.output_dim < 0:
-            raise ModelError(f"{self.kind}.output_dim={config.output_dim}; allowed: 0 (the "
-                             f"MLPs' last hidden units) or more")
+            raise ModelError(f"{at}.output_dim={config.output_dim}; allowed: 0 (the "
+                             f"towers' own widths) or more")
         self.output_dim = int(config.output_dim)
         self.in_batch_negative = bool(config.in_batch_negative)
 

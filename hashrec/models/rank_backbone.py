@@ -84,30 +84,46 @@ class RankBackbone(RankModel):
         return [nn.Linear(_width(example.tensors[0], where), self.num_class)], False
 
     def dense_inputs(self, embedded, batch) -> tuple[torch.Tensor, ...]:
-        """Each input group's tensors: a SEQUENCE group's three, a DEEP or WIDE group's
-        ``group_inputs`` (one, or more where it has sequence encoders)."""
-        out: list[torch.Tensor] = []
-        for group in self.input_groups:
-            if group.group_type == SEQUENCE:
-                out.extend(sequence_input(group, embedded, batch))
-            else:
-                out.extend(self.group_inputs([group], embedded, batch))
-        return tuple(out)
+        """Each input group's tensors (see ``backbone_inputs``)."""
+        return tuple(backbone_inputs(self, self.input_groups, embedded, batch))
 
     def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """``dense_inputs`` -> logits (see ``RankModel.dense_from_inputs``): each DEEP or
-        WIDE group's tensors made its (B, D), its sequence encoders run, then the net."""
-        net_inputs: list[torch.Tensor] = []
-        at = 0
-        for group in self.input_groups:
-            if group.group_type == SEQUENCE:
-                net_inputs.extend(inputs[at:at + 3])
-                at += 3
-                continue
-            count = input_count(group, self.sequence_encoders)
-            net_inputs.extend(self.groups_from_inputs([group], inputs[at:at + count]))
-            at += count
-        return self.net(net_inputs)
+        """``dense_inputs`` -> logits (see ``RankModel.dense_from_inputs``)."""
+        return self.net(backbone_net_inputs(self, self.input_groups, inputs))
+
+
+def backbone_inputs(model: RankModel, groups, embedded, batch) -> list[torch.Tensor]:
+    """The tensors of the backbone input ``groups``: a SEQUENCE group's three, a DEEP or
+    WIDE group's ``group_inputs`` (one, or more where it has sequence encoders)."""
+    out: list[torch.Tensor] = []
+    for group in groups:
+        if group.group_type == SEQUENCE:
+            out.extend(sequence_input(group, embedded, batch))
+        else:
+            out.extend(model.group_inputs([group], embedded, batch))
+    return out
+
+
+def backbone_input_count(model: RankModel, groups) -> int:
+    """How many tensors ``backbone_inputs`` gives for ``groups``."""
+    return sum(3 if group.group_type == SEQUENCE else input_count(group, model.sequence_encoders)
+               for group in groups)
+
+
+def backbone_net_inputs(model: RankModel, groups, inputs) -> list[torch.Tensor]:
+    """``backbone_inputs`` -> the backbone network's inputs: each DEEP or WIDE group's
+    tensors made its (B, D), its sequence encoders run; a SEQUENCE group's as they are."""
+    net_inputs: list[torch.Tensor] = []
+    at = 0
+    for group in groups:
+        if group.group_type == SEQUENCE:
+            net_inputs.extend(inputs[at:at + 3])
+            at += 3
+            continue
+        count = input_count(group, model.sequence_encoders)
+        net_inputs.extend(model.groups_from_inputs([group], inputs[at:at + count]))
+        at += count
+    return net_inputs
 
 
 class MultiTaskBackbone(RankBackbone):

@@ -11,6 +11,7 @@ from hashrec.models.dlrm import DLRM
 from hashrec.models.dssm import DSSM
 from hashrec.models.errors import ModelError
 from hashrec.models.mask_net import MaskNet
+from hashrec.models.match_backbone import MatchBackbone
 from hashrec.models.mind import MIND
 from hashrec.models.mmoe import MMoE
 from hashrec.models.multi_tower import MultiTower
@@ -37,6 +38,7 @@ MODELS: dict[str, type[RankModel]] = {
     "dssm": DSSM,
     "dssm_v2": DSSM,
     "mask_net": MaskNet,
+    "match_backbone": MatchBackbone,
     "mind": MIND,
     "mmoe": MMoE,
     "multi_task_backbone": MultiTaskBackbone,

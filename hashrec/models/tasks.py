@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass, field
 
 from hashrec.config.floats import proto_float
+from hashrec.config.match_params import match_params
 from hashrec.models.errors import ModelError
 from hashrec.models.losses import BINARY_LOSSES, CLASS_LOSSES, LOSSES, LossSpec
 
@@ -50,7 +51,7 @@ MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
                      "multi_task_backbone", "dc2vr")
 # The model_config oneof names of the match (retrieval) models: one task whose output is
 # the similarity of each row's user to its positive item and the negatives.
-MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat")
+MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat", "match_backbone")
 # Where a match task's positive item sits in a row of its similarities: column i of row i
 # (in-batch negatives: every item of the batch is a column), or column 0 (the row's own
 # item, then the sampled negatives).
@@ -376,7 +377,7 @@ def _match_task(model_config, kind: str, label: str, weight: str) -> Task:
     smoothing = proto_float(model_config.losses[0].softmax_cross_entropy.label_smoothing) \
         if names else 0.0
     spec = LossSpec("softmax_cross_entropy", label_smoothing=smoothing)
-    in_batch = getattr(model_config, kind).in_batch_negative
+    in_batch = match_params(model_config).in_batch_negative
     return Task("", label, spec, 1.0, tuple(model_config.metrics),
                 sample_weight_name=weight,
                 match=MATCH_DIAGONAL if in_batch else MATCH_FIRST)

@@ -49,6 +49,7 @@ def test_taobao_config_parses_verbatim(caplog):
                                             ("dssm_taobao_dynamicemb.config", 10),
                                             ("mind_taobao_dynamicemb.config", 10),
                                             ("dat_taobao_dynamicemb.config", 10),
+                                            ("match_backbone_taobao_dynamicemb.config", 10),
                                             ("dcn_backbone_taobao_dynamicemb.config", 16)])
 def test_examples_parse(name, features):
     config = load_pipeline_config(EXAMPLES / name)
@@ -61,7 +62,7 @@ def test_every_example_is_tested():
               "wide_and_deep_taobao_dynamicemb.config", "dlrm_criteo_dynamicemb.config",
               "mmoe_taobao_dynamicemb.config", "dssm_taobao_dynamicemb.config",
               "mind_taobao_dynamicemb.config", "dcn_backbone_taobao_dynamicemb.config",
-              "dat_taobao_dynamicemb.config"}
+              "dat_taobao_dynamicemb.config", "match_backbone_taobao_dynamicemb.config"}
     assert {p.name for p in EXAMPLES.glob("*.config")} == tested
 
 
@@ -105,7 +106,7 @@ def test_a_misspelt_name_suggests_the_closest(tmp_path, caplog, line, error):
 
 
 @pytest.mark.parametrize("model, kind", [
-    ("match_backbone { }", "configurable backbone of a match model"),
+    ("dlrm_hstu { }", "generative ranking model"),
     ("hstu_match { }", "match model"),
 ])
 def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(model, kind):
@@ -116,7 +117,7 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
         f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
         f"models: dat, dbmtl, dc2vr, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, "
-        f"mind, mmoe, multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, "
+        f"match_backbone, mind, mmoe, multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, "
         f"rank_backbone, rocket_launching, simple_multi_task, tdm, wide_and_deep, wukong, "
         f"xdeepfm")
 

@@ -12,6 +12,7 @@ import test_deepfm
 import test_dlrm
 import test_group_encoders
 import test_mask_net
+import test_match_backbone
 import test_mind
 import test_mmoe
 import test_multi_tower
@@ -79,9 +80,12 @@ KINDS = {
     "mind-sampled": (test_mind.CONFIG % "", ()),
     "dat-in-batch": (test_dat.CONFIG % "in_batch_negative: true", ()),
     "dat-sampled": (test_dat.CONFIG % "", ()),
+    "match_backbone-in-batch": (test_match_backbone.CONFIG % "in_batch_negative: true", ()),
+    "match_backbone-sampled": (test_match_backbone.CONFIG % "", ()),
 }
 # Sampled negatives: the batch's 6 rows, then 3 sampled items' rows.
-NEGATIVES = {"dssm-sampled": 3, "mind-sampled": 3, "dat-sampled": 3}
+NEGATIVES = {"dssm-sampled": 3, "mind-sampled": 3, "dat-sampled": 3,
+             "match_backbone-sampled": 3}
 
 
 def _batch(kind: str, seed: int) -> Batch:

@@ -368,10 +368,37 @@ model_config {
 """
 
 
+# The match backbone: DSSM's towers as backbone blocks, each tower's MLP projected to 8.
+MATCH_BACKBONE = """
+model_config {
+  feature_groups { group_name: "user" group_type: DEEP
+    feature_names: ["user_id", "cms_segid", "pid"] }
+  feature_groups { group_name: "item" group_type: DEEP
+    feature_names: ["adgroup_id", "cate_id", "price"] }
+  match_backbone {
+    backbone {
+      blocks { name: "user" inputs { feature_group_name: "user" } input_layer {} }
+      blocks { name: "item" inputs { feature_group_name: "item" } input_layer {} }
+      blocks { name: "user_tower" inputs { block_name: "user" }
+               module { class_name: "MLP" mlp { hidden_units: [16] } } }
+      blocks { name: "item_tower" inputs { block_name: "item" }
+               module { class_name: "MLP" mlp { hidden_units: [16] } } }
+      output_blocks: "user_tower" output_blocks: "item_tower"
+    }
+    model_params { output_dim: 8 similarity: COSINE temperature: 0.2 %s }
+  }
+  metrics { recall_at_k { top_k: 5 } }
+  losses { softmax_cross_entropy {} }
+}
+"""
+
+
 @pytest.mark.parametrize("model, sampled", [(DSSM, False), (DSSM, True), (MIND, False),
-                                            (MIND, True), (DAT, False), (DAT, True)],
+                                            (MIND, True), (DAT, False), (DAT, True),
+                                            (MATCH_BACKBONE, False), (MATCH_BACKBONE, True)],
                          ids=["dssm-in-batch", "dssm-sampled", "mind-in-batch", "mind-sampled",
-                              "dat-in-batch", "dat-sampled"])
+                              "dat-in-batch", "dat-sampled", "match_backbone-in-batch",
+                              "match_backbone-sampled"])
 def test_match_model_trains_graphed_like_eager(tmp_path, model, sampled):
     data = str(tmp_path / "data")
     generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])

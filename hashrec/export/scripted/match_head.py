@@ -1,5 +1,7 @@
-"""The scripted dense network of a match model (DSSM, DAT, MIND): both towers over a row's
-user and item groups (a DAT tower's augment group after its group), whose output the inference model splits into ``user_tower_emb``,
+"""The scripted dense network of a match model (DSSM, DAT, MIND, the match backbone): both
+towers over a row's user and item groups (a DAT tower's augment group after its group; a
+match backbone's tower over its groups as its backbone reads them), whose output the
+inference model splits into ``user_tower_emb``,
 ``item_tower_emb`` and the row's pair ``similarity`` (``InferenceModel``); or one tower
 alone over its own group (``TowerHead``), for the tower's own export, whose output is
 ``<tower>_tower_emb``. MIND's user tower gives its K interests (B, K, D)."""
@@ -7,8 +9,8 @@ alone over its own group (``TowerHead``), for the tower's own export, whose outp
 import torch
 from torch import nn
 
-from hashrec.export.scripted.heads import DeepGroup, SequenceGroup, Tensors
-from hashrec.models import MIND
+from hashrec.export.scripted.heads import BackboneHead, DeepGroup, SequenceGroup, Tensors
+from hashrec.models import MIND, MatchBackbone
 from hashrec.models.match import label_aware_attention, pair_similarity
 
 
@@ -37,18 +39,14 @@ class MatchHead(nn.Module):
 
     def __init__(self, model) -> None:
         super().__init__()
-        self.user_group = TowerInput(model, "user")
-        self.item_group = TowerInput(model, "item")
-        self.user_tower = model.user_tower
-        self.item_tower = model.item_tower
+        self.user = tower_head(model, "user")
+        self.item = tower_head(model, "item")
         self.temperature = float(model.temperature)
 
     def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
                 dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
-        user = self.user_tower(self.user_group(pooled, sequences, sequence_lengths, dense,
-                                               sequence_dense))
-        item = self.item_tower(self.item_group(pooled, sequences, sequence_lengths, dense,
-                                               sequence_dense))
+        user = self.user(pooled, sequences, sequence_lengths, dense, sequence_dense)
+        item = self.item(pooled, sequences, sequence_lengths, dense, sequence_dense)
         similarity = pair_similarity(user, item) / self.temperature
         return torch.cat([user, item, similarity.unsqueeze(-1)], dim=-1)
 
@@ -66,6 +64,16 @@ class TowerHead(nn.Module):
                 dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
         return self.tower(self.group(pooled, sequences, sequence_lengths, dense,
                                      sequence_dense))
+
+
+def tower_head(model, tower: str) -> nn.Module:
+    """``tower`` ("user" or "item") of a match model alone: a match backbone's tower over
+    its feature groups as its backbone reads them (``BackboneHead``: a SEQUENCE group's
+    three tensors, a DEEP group's (B, D)), another model's over its DEEP groups side by
+    side (``TowerHead``)."""
+    if isinstance(model, MatchBackbone):
+        return BackboneHead(model.tower_groups(tower), getattr(model, f"{tower}_tower"), model)
+    return TowerHead(model, tower)
 
 
 class InterestsTower(nn.Module):
@@ -138,7 +146,7 @@ def match_head(model, tower: str) -> nn.Module:
         if tower == "user":
             return InterestsHead(model)
         return TowerHead(model, tower) if tower else MultiInterestHead(model)
-    return TowerHead(model, tower) if tower else MatchHead(model)
+    return tower_head(model, tower) if tower else MatchHead(model)
 
 
 def match_outputs(out: torch.Tensor, dim: int, tower: str, interests: int
