@@ -41,7 +41,8 @@ from hashrec.data.paths import expand_input_path
 from hashrec.tools.tdm.tree_builder import Tree, build_tree
 
 
-def _fields(text: str | None) -> list[str]:
+def fields(text: str | None) -> list[str]:
+    """The comma-separated names of ``text`` (none: empty)."""
     return [f.strip() for f in text.split(",") if f.strip()] if text else []
 
 
@@ -53,9 +54,23 @@ def read_items(input_path: str, item_id_field: str, cate_id_field: str | None,
     Raises:
         DataError: unreadable files, a missing column (naming the flag), missing ids.
     """
-    wanted = {"--item_id_field": [item_id_field], "--attr_fields": attr_fields,
-              "--raw_attr_fields": raw_attr_fields,
-              "--cate_id_field": [cate_id_field] if cate_id_field else []}
+    table = read_item_table(input_path, {
+        "--item_id_field": [item_id_field], "--attr_fields": attr_fields,
+        "--raw_attr_fields": raw_attr_fields,
+        "--cate_id_field": [cate_id_field] if cate_id_field else []})
+    cates = table.column(cate_id_field).combine_chunks() if cate_id_field else None
+    return (item_ids(table, item_id_field), cates,
+            [table.column(c).combine_chunks() for c in attr_fields],
+            [table.column(c).combine_chunks() for c in raw_attr_fields])
+
+
+def read_item_table(input_path: str, wanted: dict[str, list[str]]) -> pa.Table:
+    """The columns ``wanted`` (flag -> the columns it names) of the parquet item table
+    ``input_path`` (files, directories or globs, comma-separated; ``--item_input_path``).
+
+    Raises:
+        DataError: unreadable files, a missing column (naming its flag).
+    """
     columns = list(dict.fromkeys(c for names in wanted.values() for c in names))
     tables = []
     for path in expand_input_path(input_path):
@@ -70,19 +85,24 @@ def read_items(input_path: str, item_id_field: str, cate_id_field: str | None,
                 raise DataError(f"{flag}: {path} has no column {', '.join(missing)} "
                                 f"(columns: {', '.join(schema.names)})")
         tables.append(pq.read_table(path, columns=columns))
-    table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+    return pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+
+
+def item_ids(table: pa.Table, item_id_field: str) -> np.ndarray:
+    """(n,) int64 ids of the column ``item_id_field`` (``--item_id_field``).
+
+    Raises:
+        DataError: missing ids, or not integers.
+    """
     ids = table.column(item_id_field)
     if ids.null_count:
         raise DataError(f"--item_id_field: column {item_id_field!r} has "
                         f"{ids.null_count} missing ids")
     try:
-        ids = pc.cast(ids, pa.int64()).to_numpy()
+        return pc.cast(ids, pa.int64()).to_numpy()
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
         raise DataError(f"--item_id_field: column {item_id_field!r} does not hold integer "
                         f"ids: {err}") from None
-    cates = table.column(cate_id_field).combine_chunks() if cate_id_field else None
-    return (ids, cates, [table.column(c).combine_chunks() for c in attr_fields],
-            [table.column(c).combine_chunks() for c in raw_attr_fields])
 
 
 def write_tables(tree: Tree, output_dir: str) -> None:
@@ -120,15 +140,8 @@ def write_serving_tree(tree: Tree, output_dir: str) -> None:
             f.write(f"{code} {node_id}\n")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hashrec.tools.tdm.init_tree",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--item_input_path", required=True,
-                        help="parquet item table: files, directories or globs, comma-separated")
-    parser.add_argument("--item_id_field", required=True, help="column of the item ids")
-    parser.add_argument("--cate_id_field", default=None,
-                        help="column of the item categories (ordered as text); without it "
-                             "the items are ordered by id")
+def add_tree_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of a tree's attrs and outputs, shared with ``cluster_tree``."""
     parser.add_argument("--attr_fields", default=None,
                         help="comma-separated columns a node holds the most common value of")
     parser.add_argument("--raw_attr_fields", default=None,
@@ -140,6 +153,29 @@ def _parser() -> argparse.ArgumentParser:
                         help="directory of serving_tree (not written without it)")
     parser.add_argument("--n_cluster", type=int, default=2,
                         help="children a node has at most (default 2)")
+
+
+def write_tree(tree: Tree, args: argparse.Namespace, prog: str) -> None:
+    """The tables (and ``serving_tree`` where asked) of ``tree`` where the flags of
+    ``add_tree_flags`` say; prints what was written."""
+    write_tables(tree, args.node_edge_output_file)
+    if args.tree_output_dir:
+        write_serving_tree(tree, args.tree_output_dir)
+    print(f"{prog}: {len(tree.ids)} nodes, {tree.depth + 1} levels, "
+          f"{int((tree.levels == tree.depth).sum())} leaves -> "
+          f"{args.node_edge_output_file}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hashrec.tools.tdm.init_tree",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--item_input_path", required=True,
+                        help="parquet item table: files, directories or globs, comma-separated")
+    parser.add_argument("--item_id_field", required=True, help="column of the item ids")
+    parser.add_argument("--cate_id_field", default=None,
+                        help="column of the item categories (ordered as text); without it "
+                             "the items are ordered by id")
+    add_tree_flags(parser)
     return parser
 
 
@@ -148,17 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         items = read_items(args.item_input_path, args.item_id_field, args.cate_id_field,
-                           _fields(args.attr_fields), _fields(args.raw_attr_fields))
+                           fields(args.attr_fields), fields(args.raw_attr_fields))
         tree = build_tree(*items, n_cluster=args.n_cluster)
     except (DataError, ValueError) as err:
         print(f"init_tree: {err}", file=sys.stderr)
         return 2
-    write_tables(tree, args.node_edge_output_file)
-    if args.tree_output_dir:
-        write_serving_tree(tree, args.tree_output_dir)
-    print(f"init_tree: {len(tree.ids)} nodes, {tree.depth + 1} levels, "
-          f"{int((tree.levels == tree.depth).sum())} leaves -> "
-          f"{args.node_edge_output_file}")
+    write_tree(tree, args, "init_tree")
     return 0
 
 

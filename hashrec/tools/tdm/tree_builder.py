@@ -75,7 +75,8 @@ def tree_depth(items: int, n_cluster: int) -> int:
 
 
 def leaf_codes(count: int, n_cluster: int) -> np.ndarray:
-    """(count,) codes of ``count`` ordered items' leaves (see the module docstring)."""
+    """(count,) codes of ``count`` ordered items' leaves as the cuts give them, before
+    ``pull_to_last_level`` (see the module docstring)."""
     codes = np.zeros(count, dtype=np.int64)
     stack = [(0, count, 0)]
     while stack:
@@ -88,14 +89,43 @@ def leaf_codes(count: int, n_cluster: int) -> np.ndarray:
             right = int(start + (i + 1) * (end - start) / n_cluster)
             if right > left:
                 stack.append((left, right, n_cluster * code + n_cluster - i))
+    return codes
+
+
+def pull_to_last_level(codes: np.ndarray, n_cluster: int) -> np.ndarray:
+    """``codes`` (n,) of n leaves with every leaf above level ``tree_depth(n, n_cluster)``
+    moved down through first children (``code * n_cluster + 1``) to that level.
+
+    Raises:
+        ValueError: a leaf below that level (the codes are not of a tree that deep).
+    """
+    depth = tree_depth(len(codes), n_cluster)
     # the first code of the last level: (n ** depth - 1) / (n - 1)
-    first_leaf = (n_cluster ** tree_depth(count, n_cluster) - 1) // (n_cluster - 1)
-    for _ in range(tree_depth(count, n_cluster) + 1):
+    first_leaf = (n_cluster ** depth - 1) // (n_cluster - 1)
+    if len(codes) and int(codes.max()) >= first_leaf * n_cluster + 1:
+        raise ValueError(f"leaf code {int(codes.max())} is below level {depth}, the last "
+                         f"level of a tree of {len(codes)} items and {n_cluster} children "
+                         f"a node")
+    codes = codes.copy()
+    for _ in range(depth + 1):
         low = codes < first_leaf
         if not low.any():
             break
         codes[low] = codes[low] * n_cluster + 1
     return codes
+
+
+def check_items(item_ids: np.ndarray, n_cluster: int) -> None:
+    """Raises ValueError for fewer than 2 items, repeated ids or ``n_cluster`` below 2."""
+    if n_cluster < 2:
+        raise ValueError(f"n_cluster={n_cluster}; allowed: 2 or more children a node")
+    count = len(item_ids)
+    if count < 2:
+        raise ValueError(f"the item table has {count} items; a tree needs 2 or more")
+    unique, counts = np.unique(item_ids, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"item id {int(unique[counts > 1][0])} appears "
+                         f"{int(counts[counts > 1][0])} times; ids must be unique")
 
 
 def build_tree(item_ids: np.ndarray, categories: pa.Array | None, attrs: list[pa.Array],
@@ -106,26 +136,35 @@ def build_tree(item_ids: np.ndarray, categories: pa.Array | None, attrs: list[pa
     Raises:
         ValueError: fewer than 2 items, repeated ids, or ``n_cluster`` below 2.
     """
-    if n_cluster < 2:
-        raise ValueError(f"n_cluster={n_cluster}; allowed: 2 or more children a node")
+    check_items(item_ids, n_cluster)
     count = len(item_ids)
-    if count < 2:
-        raise ValueError(f"the item table has {count} items; a tree needs 2 or more")
-    unique, counts = np.unique(item_ids, return_counts=True)
-    if (counts > 1).any():
-        raise ValueError(f"item id {int(unique[counts > 1][0])} appears "
-                         f"{int(counts[counts > 1][0])} times; ids must be unique")
     cates = (pc.cast(categories, pa.string()).fill_null("").to_pylist()
              if categories is not None else [""] * count)
     order = np.array(sorted(range(count), key=lambda i: (cates[i], int(item_ids[i]))),
                      dtype=np.int64)
-    ids = item_ids[order]
-    codes = leaf_codes(count, n_cluster)
+    take = pa.array(order)
+    return tree_of_leaves(item_ids[order], leaf_codes(count, n_cluster),
+                          [a.take(take) for a in attrs], [a.take(take) for a in raw_attrs],
+                          n_cluster)
+
+
+def tree_of_leaves(ids: np.ndarray, codes: np.ndarray, attrs: list[pa.Array],
+                   raw_attrs: list[pa.Array], n_cluster: int) -> Tree:
+    """The tree whose leaves are the items ``ids`` (n,) at ``codes`` (n,), pulled to the
+    last level (``pull_to_last_level``), with their attribute columns (n,) each: a node
+    exists where it is a leaf's ancestor, with the ids and attrs of the module docstring
+    (ties of text modes to the first in this item order).
+
+    Raises:
+        ValueError: a leaf below the last level, or two items at one code.
+    """
+    count = len(ids)
     depth = tree_depth(count, n_cluster)
-    columns = [_texts_by_mode(a.take(pa.array(order)), codes, depth, n_cluster)
-               for a in attrs]
-    columns += [_texts_by_mean(a.take(pa.array(order)), codes, depth, n_cluster)
-                for a in raw_attrs]
+    codes = pull_to_last_level(codes, n_cluster)
+    if len(np.unique(codes)) < count:
+        raise ValueError("two items share a leaf code")
+    columns = [_texts_by_mode(a, codes, depth, n_cluster) for a in attrs]
+    columns += [_texts_by_mean(a, codes, depth, n_cluster) for a in raw_attrs]
     all_codes = np.concatenate([_ancestor_codes(codes, level, n_cluster, depth)[0]
                                 for level in range(depth)] + [codes])
     all_ids = np.concatenate([all_codes[:-count] + max(0, int(ids.max())) + 1, ids])
