@@ -95,7 +95,13 @@ def write_world(directory, train_rows: int = 1024, eval_rows: int = 256,
                 num_epochs: int = 4) -> str:
     """The tree, train.parquet, eval.parquet and ``pipeline.config`` in ``directory``;
     returns the config's path."""
-    tree = build_tree(directory)
+    return write_data(directory, build_tree(directory), train_rows, eval_rows, num_epochs)
+
+
+def write_data(directory, tree: str, train_rows: int = 1024, eval_rows: int = 256,
+               num_epochs: int = 4) -> str:
+    """train.parquet, eval.parquet and ``pipeline.config`` (a TDM over the tree in
+    ``tree``) in ``directory``; returns the config's path."""
     pq.write_table(rows(train_rows, 0), f"{directory}/train.parquet")
     pq.write_table(rows(eval_rows, 1), f"{directory}/eval.parquet")
     path = f"{directory}/pipeline.config"

@@ -292,6 +292,13 @@ def deep_input(group: GroupSpec, embedded, batch) -> torch.Tensor:
     return torch.cat([_vector(f, embedded, batch) for f in group.features], dim=-1)
 
 
+def query_input(group: GroupSpec, embedded, batch) -> torch.Tensor | None:
+    """A SEQUENCE group's query (B, Dq): its query features concatenated; None for a group
+    without query features."""
+    return torch.cat([_vector(f, embedded, batch) for f in group.query], dim=-1) \
+        if group.query else None
+
+
 def sequence_input(group: GroupSpec, embedded,
                    batch) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """A SEQUENCE group's (query (B, Dq), sequence (B, L, Ds), lengths (B,)); the query is
@@ -300,8 +307,7 @@ def sequence_input(group: GroupSpec, embedded,
     ``lengths`` is, per row, the largest of the id sequence features' lengths (an
     elementwise maximum on the device: no host read), clamped to L.
     """
-    query = torch.cat([_vector(f, embedded, batch) for f in group.query], dim=-1) \
-        if group.query else None
+    query = query_input(group, embedded, batch)
     parts, lengths = [], None
     for info in group.sequence:
         if info.embedded:

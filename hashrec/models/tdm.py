@@ -7,7 +7,8 @@ groups (DEEP), as they are, are concatenated to its output, in config order; the
 ``final`` MLP and a linear layer give one logit per row (``num_class`` with classes), as
 TorchEasyRec's TDM. It trains as a ranking model on the rows a ``data_config.tdm_sampler``
 makes: each clicked item's ancestors (label 1) and other nodes of the same levels
-(label 0).
+(label 0). ``item_embedding`` gives a node's query features as the model scores them
+(TorchEasyRec's ``TDMEmbedding``), from which ``cluster_tree`` learns a new tree.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from hashrec.models.errors import ModelError
-from hashrec.models.feature_groups import DEEP, SEQUENCE, sequence_input
+from hashrec.models.feature_groups import DEEP, SEQUENCE, query_input, sequence_input
 from hashrec.models.mlp_config import mlp_options
 from hashrec.models.rank_model import RankModel
 from hashrec.modules import MLP, MultiWindowDIN
@@ -70,3 +71,9 @@ class TDM(RankModel):
                  *self.groups_from_inputs(self._other_specs(), inputs[3:])]
         hidden = torch.cat([p.to(parts[0].dtype) for p in parts], dim=-1)
         return self.output(self.final(hidden)).squeeze(-1)
+
+    def item_embedding(self, batch) -> torch.Tensor:
+        """(B, Dq) float32: each row's candidate node's query features (the SEQUENCE
+        group's query, as ``dense_inputs`` gives it to the multi-window DIN); the row's
+        user-side columns are not read (they may be missing)."""
+        return query_input(self.groups[self.sequence_group], self.embed(batch), batch)

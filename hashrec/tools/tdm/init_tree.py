@@ -64,9 +64,11 @@ def read_items(input_path: str, item_id_field: str, cate_id_field: str | None,
             [table.column(c).combine_chunks() for c in raw_attr_fields])
 
 
-def read_item_table(input_path: str, wanted: dict[str, list[str]]) -> pa.Table:
+def read_item_table(input_path: str, wanted: dict[str, list[str]],
+                    input_flag: str = "--item_input_path") -> pa.Table:
     """The columns ``wanted`` (flag -> the columns it names) of the parquet item table
-    ``input_path`` (files, directories or globs, comma-separated; ``--item_input_path``).
+    ``input_path`` (files, directories or globs, comma-separated; the flag
+    ``input_flag``).
 
     Raises:
         DataError: unreadable files, a missing column (naming its flag).
@@ -77,7 +79,7 @@ def read_item_table(input_path: str, wanted: dict[str, list[str]]) -> pa.Table:
         try:
             schema = pq.read_schema(path)
         except (OSError, pa.ArrowInvalid) as err:
-            raise DataError(f"--item_input_path: {path} is not a readable parquet file: "
+            raise DataError(f"{input_flag}: {path} is not a readable parquet file: "
                             f"{err}") from None
         for flag, names in wanted.items():
             missing = [n for n in names if n not in schema.names]

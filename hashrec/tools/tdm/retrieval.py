@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from hashrec.checkpoint.errors import CheckpointError
 from hashrec.data.errors import DataError
 from hashrec.data.sampler import as_input_type
 from hashrec.export.errors import ExportError
@@ -126,6 +127,19 @@ def scripted_model(export_dir: str, device: torch.device):
 
 def checkpoint_model(config_path: str, checkpoint_path: str | None, device: torch.device):
     """(config, feature set, forward) of a checkpoint restored into the eager model."""
+    config, session = restored_session(config_path, checkpoint_path, device)
+    return config, session.feature_set, lambda batch: positive_scores(
+        session.model(batch)["probs"])
+
+
+def restored_session(config_path: str, checkpoint_path: str | None, device: torch.device):
+    """(config, session) of ``config_path`` on ``device`` with the checkpoint
+    ``checkpoint_path`` (None: the latest of the config's ``model_dir``) restored into its
+    model, in eval mode.
+
+    Raises:
+        RetrievalError: no checkpoint given and none in ``model_dir``.
+    """
     from hashrec.checkpoint import latest_checkpoint, restore_checkpoint
     from hashrec.config import load_pipeline_config
     from hashrec.train.session import build_session
@@ -139,9 +153,8 @@ def checkpoint_model(config_path: str, checkpoint_path: str | None, device: torc
     restore_checkpoint(checkpoint, session.model, None,
                        session.model.embedding.dynamic_tables(), restore_optimizer=False)
     session.model.eval()
-    logger.info("scoring with %s restored from %s", type(session.model).__name__, checkpoint)
-    return config, session.feature_set, lambda batch: positive_scores(
-        session.model(batch)["probs"])
+    logger.info("%s restored from %s", type(session.model).__name__, checkpoint)
+    return config, session
 
 
 def search_tree(config, item_input_path: str | None,
@@ -173,8 +186,8 @@ def retrieve(args: argparse.Namespace) -> dict:
     "recall", "output"}.
 
     Raises:
-        RetrievalError, DataError, ExportError, FeatureError: naming the flag, field or
-            file at fault.
+        RetrievalError, DataError, ExportError, FeatureError, CheckpointError: naming the
+            flag, field or file at fault.
     """
     from hashrec.data import create_dataloader
 
@@ -304,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         result = retrieve(args)
-    except (RetrievalError, DataError, ExportError, FeatureError) as err:
+    except (RetrievalError, DataError, ExportError, FeatureError, CheckpointError) as err:
         print(f"retrieval: {err}", file=sys.stderr)
         return 2
     print(f"retrieval: {result['rows']} rows, recall@{args.recall_num} "
