@@ -13,6 +13,10 @@ code of the last level only for ``n_cluster`` 2; with more children its leaves e
 two levels. Here they are pulled to the last level's first code whatever
 ``n_cluster``: the same tree for 2.)
 
+``tree_of_leaves`` builds the tree from the leaves' codes, however they were placed:
+``build_tree`` places them by these cuts, ``cluster_tree`` by clustering embeddings
+(``hashrec.tools.tdm.tree_cluster``).
+
 A leaf's id is its item id; a node's is ``max(0, largest item id) + code + 1``.
 A node's ``attr_fields`` values are the most common among its leaves' (text: the
 most common non-empty value, ties to the first in item order; numbers: ties to the
