@@ -42,6 +42,9 @@ MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
 # The match (retrieval) models (hashrec.models.tasks.MATCH_MODELS; tests/models/
 # test_registry.py keeps the two equal): softmax_cross_entropy and recall_at_k only.
 MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat", "match_backbone")
+# The data_config samplers of a match model's negatives.
+MATCH_SAMPLERS = ("negative_sampler", "negative_sampler_v2", "hard_negative_sampler",
+                  "hard_negative_sampler_v2")
 # The losses hashrec.models.losses computes (tests/config/test_validate.py keeps the two
 # equal).
 SUPPORTED_LOSSES = ("binary_cross_entropy", "binary_focal_loss", "softmax_cross_entropy",
@@ -156,10 +159,12 @@ def pipeline_problems(config: EasyRecConfig) -> list[str]:
 
 
 def _negative_problems(config: EasyRecConfig) -> list[str]:
-    """A match model needs negatives (in-batch, or a negative_sampler); a sampler feeds a
-    match model's item tower only."""
+    """A match model needs negatives (in-batch, or a sampler: negative_sampler,
+    negative_sampler_v2, hard_negative_sampler or hard_negative_sampler_v2); a sampler
+    feeds a match model's item tower only."""
     model = config.model_config.WhichOneof("model")
-    sampled = config.data_config.HasField("negative_sampler")
+    sampler = config.data_config.WhichOneof("sampler")
+    sampled = sampler in MATCH_SAMPLERS
     tree = config.data_config.HasField("tdm_sampler")
     if (model == "tdm") != tree and model is not None:
         return ["model_config.tdm trains on the (user, tree node) rows of "
@@ -170,9 +175,10 @@ def _negative_problems(config: EasyRecConfig) -> list[str]:
         if not sampled and not match_params(config.model_config).in_batch_negative:
             where = "model_params." if model == "match_backbone" else ""
             return [f"model_config.{model} has no negatives: set {where}in_batch_negative: true "
-                    f"(the batch's other items) or data_config.negative_sampler"]
+                    f"(the batch's other items) or data_config.negative_sampler (or another "
+                    f"of {', '.join(MATCH_SAMPLERS[1:])})"]
     elif sampled and model is not None:
-        return [f"data_config.negative_sampler feeds a match model's item tower; "
+        return [f"data_config.{sampler} feeds a match model's item tower; "
                 f"model_config.{model} does not read it: remove it"]
     return []
 
@@ -187,11 +193,6 @@ def _data_problems(data_config) -> list[str]:
     if data_config.batch_size < 1:
         problems.append(f"data_config.batch_size is {data_config.batch_size}; allowed: 1 or "
                         f"more rows per batch (leave it out for the default 1024)")
-    sampler = data_config.WhichOneof("sampler")
-    if sampler is not None and sampler not in ("negative_sampler", "tdm_sampler"):
-        problems.append(f"data_config.{sampler} is not supported; HashRec samples negatives "
-                        f"with negative_sampler (items by weight, redrawing the batch's) and "
-                        f"a TDM's tree nodes with tdm_sampler")
     return problems
 
 

@@ -164,12 +164,13 @@ class FileDataset(IterableDataset):
     def needed_columns(feature_set, options: ReadOptions, sampler=None) -> list[str]:
         """Columns to read: the features' inputs (labels and the sample weight only when
         parsed, unless a feature reads them too: a PEPNet's domain label), reserved ones
-        and the sampler's item id."""
+        and the sampler's item id (and user id, of a sampler with edge tables)."""
         labels = set(feature_set.target_columns) - set(feature_set.feature_columns)
         columns = [c for c in feature_set.input_columns
                    if options.with_labels or c not in labels]
-        item_id = [sampler.item_id_field] if sampler is not None else []
-        return list(dict.fromkeys([*columns, *options.reserved_columns, *item_id]))
+        ids = [] if sampler is None else [sampler.item_id_field,
+                                          getattr(sampler, "user_id_field", "")]
+        return list(dict.fromkeys([*columns, *options.reserved_columns, *filter(None, ids)]))
 
     def _chunks(self, ranges, use_threads: bool) -> Iterator[pa.Table]:
         """The rows of the (piece, start, stop) ``ranges``, with the hidden origin columns;
@@ -191,7 +192,10 @@ class FileDataset(IterableDataset):
         if getattr(self.sampler, "expands_rows", False):  # a TDM's rows follow the block's
             table = self.sampler.expand(table, sample_rng)
         elif self.sampler is not None:
-            sampled = {"negatives": self.sampler.sample(table, sample_rng)}
+            drawn = self.sampler.sample(table, sample_rng)
+            # a hard-negative sampler's draw is (rows, mask): hashrec.data.edge_sampler
+            sampled = {"negatives": drawn} if isinstance(drawn, pa.Table) else \
+                {"negatives": drawn[0], "hard_negatives": drawn[1]}
         try:
             batch = self.feature_set.parse(table, with_labels=self.options.with_labels,
                                            **sampled)

@@ -41,6 +41,25 @@ REDRAWS = 5
 # Separator of a list column's values in an attr (TorchEasyRec's multi-value separator).
 LIST_SEPARATOR = "\x1d"
 _WHERE = "data_config.negative_sampler"
+# The data_config field of each sampler message (for errors that name the field).
+_FIELDS = {"NegativeSampler": "negative_sampler", "NegativeSamplerV2": "negative_sampler_v2",
+           "HardNegativeSampler": "hard_negative_sampler",
+           "HardNegativeSamplerV2": "hard_negative_sampler_v2"}
+# Types of the columns of the sampler tables' text files where their header leaves them out.
+_TEXT_TYPES = {"id": pa.int64(), "weight": pa.float64(), "attrs": pa.string(),
+               "src_id": pa.int64(), "dst_id": pa.int64()}
+
+
+def sampler_where(config) -> str:
+    """``data_config.<field>`` of the sampler message ``config`` (for errors)."""
+    return f"data_config.{_FIELDS.get(config.DESCRIPTOR.name, config.DESCRIPTOR.name)}"
+
+
+def _path_field(config) -> str:
+    """The field naming the item table: ``input_path`` (negative_sampler) or
+    ``item_input_path`` (the samplers with user and edge tables)."""
+    return "input_path" if "input_path" in config.DESCRIPTOR.fields_by_name \
+        else "item_input_path"
 
 
 @dataclass(frozen=True)
@@ -63,27 +82,34 @@ class ItemTable:
     attrs: dict[str, pa.Array]
 
 
+def field_delimiter(config) -> str:
+    """The sampler tables' text field delimiter of ``config`` (default: tab)."""
+    return config.field_delimiter if config.HasField("field_delimiter") else "\t"
+
+
 def _source(config) -> tuple:
-    delimiter = config.field_delimiter if config.HasField("field_delimiter") else "\t"
-    return (config.input_path, tuple(config.attr_fields), config.attr_delimiter, delimiter)
+    return (getattr(config, _path_field(config)), tuple(config.attr_fields),
+            config.attr_delimiter, field_delimiter(config))
 
 
 def read_item_table(config) -> ItemTable:
-    """The item table of the ``NegativeSampler`` message ``config``, read and checked.
+    """The item table of the sampler message ``config`` (``NegativeSampler``, or the
+    ``item_input_path`` of the samplers with edge tables), read and checked.
 
     Raises:
         DataError: a setting the table is read with out of range (naming the field), or an
             item table that is missing, unreadable or malformed (naming the file, column
             and row).
     """
+    where = sampler_where(config)
     if not config.attr_fields:
-        raise DataError(f"{_WHERE}.attr_fields is empty; list the item columns that the "
+        raise DataError(f"{where}.attr_fields is empty; list the item columns that the "
                         f"item table's attrs hold, in their order")
     if not config.attr_delimiter:
-        raise DataError(f"{_WHERE}.attr_delimiter is empty; set the separator of the "
+        raise DataError(f"{where}.attr_delimiter is empty; set the separator of the "
                         f"attrs (default ':')")
     source = _source(config)
-    ids, weights, attrs = _load_items(*source)
+    ids, weights, attrs = _load_items(*source, where=where, path_field=_path_field(config))
     return ItemTable(source, ids, np.cumsum(weights), attrs)
 
 
@@ -104,15 +130,16 @@ class NegativeSampler:
 
     def __init__(self, config, evaluation: bool = False, items: ItemTable | None = None
                  ) -> None:
+        self.where = where = sampler_where(config)
         self.num_sample = int(config.num_eval_sample) \
             if evaluation and config.HasField("num_eval_sample") else int(config.num_sample)
         if self.num_sample < 1:
             field = "num_eval_sample" if evaluation and config.HasField("num_eval_sample") \
                 else "num_sample"
-            raise DataError(f"{_WHERE}.{field}={self.num_sample}; allowed: 1 or more "
+            raise DataError(f"{where}.{field}={self.num_sample}; allowed: 1 or more "
                             f"negative items a batch")
         if not config.item_id_field:
-            raise DataError(f"{_WHERE}.item_id_field is empty; name the input column of the "
+            raise DataError(f"{where}.item_id_field is empty; name the input column of the "
                             f"item id")
         if items is None:
             items = read_item_table(config)
@@ -132,15 +159,30 @@ class NegativeSampler:
             DataError: ``batch`` lacks ``item_id_field``, or an attr does not convert to
                 its input column's type.
         """
-        if self.item_id_field not in batch.column_names:
-            raise DataError(f"{_WHERE}.item_id_field {self.item_id_field!r} is not a column "
-                            f"of the input (columns: {', '.join(batch.column_names)})")
-        rows = self.draw(_ids_of(batch.column(self.item_id_field), self.item_id_field), rng)
-        taken = pa.array(rows)
+        rows = self.draw(self.batch_ids(batch, self.item_id_field, "item_id_field"), rng)
+        return self.item_rows(batch, pa.array(rows))
+
+    def batch_ids(self, batch: pa.Table, column: str, field: str) -> np.ndarray:
+        """The ids (nulls left out) of ``batch``'s ``column``, which the sampler's
+        ``field`` names.
+
+        Raises:
+            DataError: no such column, or one not of integers.
+        """
+        if column not in batch.column_names:
+            raise DataError(f"{self.where}.{field} {column!r} is not a column of the input "
+                            f"(columns: {', '.join(batch.column_names)})")
+        return _ids_of(batch.column(column), f"{self.where}.{field}", column)
+
+    def item_rows(self, batch: pa.Table, rows: pa.Array) -> pa.Table:
+        """Input rows of ``batch``'s columns for the item table's ``rows`` (int64; a null
+        gives a row of missing values): the attr fields from the items, the others
+        missing."""
         columns = []
         for field in batch.schema:
             if field.name in self.attrs:
-                columns.append(as_input_type(self.attrs[field.name].take(taken), field))
+                columns.append(as_input_type(self.attrs[field.name].take(rows), field,
+                                             self.where))
             else:
                 columns.append(pa.nulls(len(rows), field.type))
         unused = [f for f in self.attr_fields if f not in batch.column_names
@@ -148,7 +190,7 @@ class NegativeSampler:
         if unused:
             self._warned.update(unused)
             logger.warning("%s.attr_fields %s are not input columns of the model's features; "
-                           "they are left out (as in TorchEasyRec)", _WHERE, unused)
+                           "they are left out (as in TorchEasyRec)", self.where, unused)
         return pa.Table.from_arrays(columns, schema=batch.schema)
 
     def draw(self, batch_ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -167,11 +209,11 @@ class NegativeSampler:
         return np.minimum(rows, len(self.ids) - 1).astype(np.int64)
 
 
-def _ids_of(column, name: str) -> np.ndarray:
+def _ids_of(column, field: str, name: str) -> np.ndarray:
     try:
         ids = pc.cast(column, pa.int64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-        raise DataError(f"{_WHERE}.item_id_field {name!r}: the input column holds "
+        raise DataError(f"{field} {name!r}: the input column holds "
                         f"{column.type}, not integer ids ({err})") from None
     return ids.drop_null().to_numpy()
 
@@ -191,57 +233,68 @@ def as_input_type(values: pa.Array, field: pa.Field, where: str = _WHERE) -> pa.
                         f"convert to its input column's type {field.type}: {err}") from None
 
 
-def _load_items(input_path: str, attr_fields: tuple[str, ...], attr_delimiter: str,
-                field_delimiter: str) -> tuple[np.ndarray, np.ndarray, dict[str, pa.Array]]:
-    """(ids, weights, attr field -> texts) of every item of the files of ``input_path``."""
+def table_files(input_path: str, where: str, table: str) -> list[str]:
+    """The files of a sampler table's ``input_path`` (``where``: its field, ``table``:
+    what it holds, for errors)."""
     if not input_path:
-        raise DataError(f"{_WHERE}.input_path is empty; name the item table's files")
+        raise DataError(f"{where} is empty; name the {table}'s files")
     try:
-        files = expand_input_path(input_path)
+        return expand_input_path(input_path)
     except (OSError, ValueError) as err:
-        raise DataError(f"{_WHERE}.input_path {input_path!r}: {err}") from None
+        raise DataError(f"{where} {input_path!r}: {err}") from None
+
+
+def _load_items(input_path: str, attr_fields: tuple[str, ...], attr_delimiter: str,
+                field_delimiter: str, where: str = _WHERE, path_field: str = "input_path"
+                ) -> tuple[np.ndarray, np.ndarray, dict[str, pa.Array]]:
+    """(ids, weights, attr field -> texts) of every item of the files of ``input_path``."""
+    files = table_files(input_path, f"{where}.{path_field}", "item table")
     ids, weights, attrs = [], [], {name: [] for name in attr_fields}
     for path in files:
-        table = _read_table(path, field_delimiter)
-        file_ids, file_weights, texts = _items_of(table, path, attr_fields, attr_delimiter)
+        table = read_table(path, field_delimiter, where)
+        file_ids, file_weights, texts = _items_of(table, path, attr_fields, attr_delimiter,
+                                                  where)
         ids.append(file_ids)
         weights.append(file_weights)
         for name, column in zip(attr_fields, texts):
             attrs[name].append(column)
     count = sum(len(i) for i in ids)
     if not count:
-        raise DataError(f"{_WHERE}.input_path {input_path!r}: the item table has no rows")
+        raise DataError(f"{where}.{path_field} {input_path!r}: the item table has no rows")
     weight = np.concatenate(weights)
     if not weight.sum() > 0:
-        raise DataError(f"{_WHERE}.input_path {input_path!r}: every item's weight is 0; "
+        raise DataError(f"{where}.{path_field} {input_path!r}: every item's weight is 0; "
                         f"weights are the items' sampling odds")
     return (np.concatenate(ids), weight,
             {name: pa.concat_arrays(parts) for name, parts in attrs.items()})
 
 
-def _read_table(path: str, field_delimiter: str) -> pa.Table:
+def read_table(path: str, field_delimiter: str, where: str = _WHERE,
+               table: str = "item table") -> pa.Table:
+    """One file of a sampler ``table``: parquet, or text whose first line names the
+    columns (``name:type``, the type optional)."""
     try:
         if path.endswith(".parquet"):
             return pq.read_table(path)
         with open(path, encoding="utf-8") as f:
             header = f.readline().rstrip("\r\n")
         names = [name.split(":")[0] for name in header.split(field_delimiter)]
-        types = {"id": pa.int64(), "weight": pa.float64(), "attrs": pa.string()}
         return pacsv.read_csv(
             path, read_options=pacsv.ReadOptions(column_names=names, skip_rows=1),
             parse_options=pacsv.ParseOptions(delimiter=field_delimiter, quote_char=False),
             convert_options=pacsv.ConvertOptions(
-                column_types={n: t for n, t in types.items() if n in names},
+                column_types={n: t for n, t in _TEXT_TYPES.items() if n in names},
                 strings_can_be_null=False, quoted_strings_can_be_null=False))
     except (OSError, pa.ArrowInvalid) as err:
-        raise DataError(f"{_WHERE} item table {path}: cannot be read: {err}") from None
+        raise DataError(f"{where} {table} {path}: cannot be read: {err}") from None
 
 
 def _items_of(table: pa.Table, path: str, attr_fields: tuple[str, ...],
-              attr_delimiter: str) -> tuple[np.ndarray, np.ndarray, list[pa.Array]]:
+              attr_delimiter: str, where: str = _WHERE
+              ) -> tuple[np.ndarray, np.ndarray, list[pa.Array]]:
     missing = [c for c in ("id", "weight", "attrs") if c not in table.column_names]
     if missing:
-        raise DataError(f"{_WHERE} item table {path}: no column {', '.join(missing)}; it "
+        raise DataError(f"{where} item table {path}: no column {', '.join(missing)}; it "
                         f"needs id (int64), weight and attrs (the attr_fields' values joined "
                         f"by attr_delimiter), as in TorchEasyRec (columns: "
                         f"{', '.join(table.column_names)})")
@@ -249,14 +302,14 @@ def _items_of(table: pa.Table, path: str, attr_fields: tuple[str, ...],
         ids = pc.cast(table.column("id"), pa.int64()).combine_chunks()
         weight = pc.cast(table.column("weight"), pa.float64()).combine_chunks()
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-        raise DataError(f"{_WHERE} item table {path}: id must be integers and weight "
+        raise DataError(f"{where} item table {path}: id must be integers and weight "
                         f"numbers: {err}") from None
     weights = weight.to_numpy(zero_copy_only=False)
     bad = np.flatnonzero(~(np.isfinite(weights) & (weights >= 0)) | _nulls(ids) |
                          _nulls(weight))
     if len(bad):
         row = int(bad[0])
-        raise DataError(f"{_WHERE} item table {path} row {row}: id {ids[row].as_py()!r} "
+        raise DataError(f"{where} item table {path} row {row}: id {ids[row].as_py()!r} "
                         f"weight {weight[row].as_py()!r}; ids must be set and weights finite "
                         f"numbers >= 0")
     parts = pc.split_pattern(pc.cast(table.column("attrs"), pa.string()).combine_chunks(),
@@ -265,7 +318,7 @@ def _items_of(table: pa.Table, path: str, attr_fields: tuple[str, ...],
     wrong = np.flatnonzero(counts != len(attr_fields))
     if len(wrong):
         row = int(wrong[0])
-        raise DataError(f"{_WHERE} item table {path} row {row}: attrs "
+        raise DataError(f"{where} item table {path} row {row}: attrs "
                         f"{table.column('attrs')[row].as_py()!r} hold {int(counts[row])} "
                         f"values split on {attr_delimiter!r}; attr_fields lists "
                         f"{len(attr_fields)} ({', '.join(attr_fields)})")
@@ -283,32 +336,53 @@ def _has_sampler(data_config, name: str = "negative_sampler") -> bool:
     return has_field is not None and has_field(name)
 
 
+# The samplers of match models' negatives that read user and edge tables
+# (``hashrec.data.edge_sampler``).
+EDGE_SAMPLERS = ("negative_sampler_v2", "hard_negative_sampler", "hard_negative_sampler_v2")
+
+
 def negative_items(data_config):
-    """The item table of ``data_config.negative_sampler`` (``read_item_table``), or the
-    tree of its ``tdm_sampler`` (``hashrec.data.tdm_sampler.read_tdm_tree``), read and
-    checked; None without a sampler."""
+    """What the sampler of ``data_config`` draws from, read and checked: the item table of
+    its ``negative_sampler`` (``read_item_table``), the tables of the samplers with edges
+    (``hashrec.data.edge_sampler.read_sampler_tables``) or the tree of its
+    ``tdm_sampler`` (``hashrec.data.tdm_sampler.read_tdm_tree``); None without a
+    sampler."""
     if _has_sampler(data_config, "tdm_sampler"):
         from hashrec.data.tdm_sampler import read_tdm_tree  # it imports this module
 
         return read_tdm_tree(data_config.tdm_sampler)
+    edges = _edge_sampler(data_config)
+    if edges is not None:
+        from hashrec.data.edge_sampler import read_sampler_tables  # it imports this module
+
+        return read_sampler_tables(getattr(data_config, edges))
     if not _has_sampler(data_config):
         return None
     return read_item_table(data_config.negative_sampler)
 
 
+def _edge_sampler(data_config) -> str | None:
+    return next((name for name in EDGE_SAMPLERS if _has_sampler(data_config, name)), None)
+
+
 def negative_sampler(data_config, mode: str, items=None):
-    """The sampler of ``data_config.negative_sampler`` (or of its ``tdm_sampler``) for a
-    ``mode`` loader (train or eval; none for predict, whose rows are scored as they are);
-    None without one. ``items``: what ``negative_items`` gave (read already); None reads
-    it."""
+    """The sampler of ``data_config``'s negatives (any of the match models' samplers, or
+    its ``tdm_sampler``) for a ``mode`` loader (train or eval; none for predict, whose
+    rows are scored as they are); None without one. ``items``: what ``negative_items``
+    gave (read already); None reads it."""
     if mode == "predict":
         return None
     if _has_sampler(data_config, "tdm_sampler"):
         from hashrec.data.tdm_sampler import TDMSampler
 
         return TDMSampler(data_config.tdm_sampler, data_config.label_fields, tree=items)
+    edges = _edge_sampler(data_config)
+    if edges is not None:
+        from hashrec.data.edge_sampler import EdgeNegativeSampler
+
+        return EdgeNegativeSampler(getattr(data_config, edges), evaluation=mode == "eval",
+                                   tables=items)
     if not _has_sampler(data_config):
         return None
     return NegativeSampler(data_config.negative_sampler, evaluation=mode == "eval",
                            items=items)
-

@@ -62,6 +62,7 @@ class BatchLayout:
         batch_size: rows.
         nbytes: payload size.
         negatives: sampled negative rows after the batch's rows.
+        hard_negatives: the spec of the hard-negative mask (None without one).
     """
 
     keys: tuple[str, ...]
@@ -73,11 +74,13 @@ class BatchLayout:
     batch_size: int
     nbytes: int
     negatives: int = 0
+    hard_negatives: TensorSpec | None = None
 
     def specs(self) -> list[TensorSpec]:
         """Specs of every packed tensor, in payload order."""
         named = [s for group in (self.dense, self.sequence_dense, self.labels) for _, s in group]
-        return [s for s in self.sparse if s is not None] + named
+        hard = [self.hard_negatives] if self.hard_negatives is not None else []
+        return [s for s in self.sparse if s is not None] + named + hard
 
 
 def plan(batch: Batch) -> tuple[BatchLayout, list[torch.Tensor]]:
@@ -103,8 +106,9 @@ def plan(batch: Batch) -> tuple[BatchLayout, list[torch.Tensor]]:
     sparse = tuple(place(t) for t in (kjt.values(), kjt.lengths(), kjt.weights_or_none()))
     groups = [tuple((name, place(t)) for name, t in group.items())
               for group in (batch.dense, batch.sequence_dense, batch.labels)]
+    hard = place(batch.hard_negatives)
     layout = BatchLayout(tuple(kjt.keys()), sparse, _jagged_layout(kjt), *groups,
-                         batch.batch_size, end, batch.negatives)
+                         batch.batch_size, end, batch.negatives, hard)
     return layout, tensors
 
 
@@ -130,6 +134,7 @@ def unpack(buffer: torch.Tensor, layout: BatchLayout, reserved: dict | None = No
     group = lambda pairs: {name: _view(buffer, spec) for name, spec in pairs}  # noqa: E731
     return Batch(kjt, group(layout.dense), group(layout.sequence_dense), group(layout.labels),
                  layout.batch_size, reserved or {}, negatives=layout.negatives,
+                 hard_negatives=_view(buffer, layout.hard_negatives),
                  packed=(buffer, functools.partial(unpack, layout=layout, reserved=reserved)))
 
 

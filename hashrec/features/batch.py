@@ -25,6 +25,9 @@ class Batch:
         negatives: N, the rows of sampled negative items after the B rows in ``sparse``,
             ``dense`` and ``sequence_dense`` (a match model's ``negative_sampler``; their
             other features are empty or default); 0 without a sampler.
+        hard_negatives: (B, H) bool of a hard-negative sampler's batch: which of each
+            row's H hard-negative slots hold an item (row i's slot j is negative row
+            ``negatives - B * H + i * H + j``); None without hard negatives.
         reserved: untouched input columns kept for prediction output
             (pyarrow arrays by column name), empty during training.
         packed: ``(buffer, rebuild)`` when every tensor is a view of the uint8
@@ -42,6 +45,7 @@ class Batch:
     reserved: dict = field(default_factory=dict)
     packed: tuple | None = field(default=None, repr=False, compare=False)
     negatives: int = 0
+    hard_negatives: torch.Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """This batch on ``device``: itself when every tensor is already there (so a
@@ -55,9 +59,14 @@ class Batch:
         moved = [{k: v.to(device, non_blocking=non_blocking) for k, v in d.items()}
                  for d in groups]
         sparse = self.sparse.to(device, non_blocking)
-        if sparse is self.sparse and all(m[k] is d[k] for m, d in zip(moved, groups) for k in d):
+        hard = self.hard_negatives
+        if hard is not None:
+            hard = hard.to(device, non_blocking=non_blocking)
+        if sparse is self.sparse and hard is self.hard_negatives and \
+                all(m[k] is d[k] for m, d in zip(moved, groups) for k in d):
             return self
-        return Batch(sparse, *moved, self.batch_size, self.reserved, negatives=self.negatives)
+        return Batch(sparse, *moved, self.batch_size, self.reserved, negatives=self.negatives,
+                     hard_negatives=hard)
 
     def pin_memory(self) -> Batch:
         """This batch in pinned memory: itself when it already is (a packed batch whose
@@ -66,6 +75,8 @@ class Batch:
             buffer, rebuild = self.packed
             return self if buffer.is_pinned() else rebuild(buffer.pin_memory())
         pin = lambda d: {k: v.pin_memory() for k, v in d.items()}  # noqa: E731
+        hard = self.hard_negatives
         return Batch(self.sparse.pin_memory(), pin(self.dense), pin(self.sequence_dense),
                      pin(self.labels), self.batch_size, self.reserved,
-                     negatives=self.negatives)
+                     negatives=self.negatives,
+                     hard_negatives=None if hard is None else hard.pin_memory())

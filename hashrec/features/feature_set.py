@@ -169,10 +169,11 @@ class FeatureSet:
         return self.features[feature_name].output_dim
 
     def parse(self, table: pa.Table | pa.RecordBatch, with_labels: bool = True,
-              negatives: pa.Table | None = None) -> Batch:
+              negatives: pa.Table | None = None, hard_negatives=None) -> Batch:
         """Turn one block of rows into a Batch (sparse ids, dense values, labels);
         ``negatives``: sampled item rows (``table``'s columns) whose features follow the
-        block's (``Batch.negatives``), without labels."""
+        block's (``Batch.negatives``), without labels; ``hard_negatives``: (B, H) bool
+        numpy mask of the hard-negative slots among them (``Batch.hard_negatives``)."""
         batch_size = table.num_rows
         labeled = table
         if negatives is not None:
@@ -213,7 +214,9 @@ class FeatureSet:
             torch.from_numpy(np.concatenate(weights)) if weighted else None, validate=False)
         labels = self._labels(labeled) if with_labels else {}
         return Batch(sparse, dense, sequence_dense, labels, batch_size,
-                     negatives=0 if negatives is None else negatives.num_rows)
+                     negatives=0 if negatives is None else negatives.num_rows,
+                     hard_negatives=None if hard_negatives is None
+                     else torch.from_numpy(np.ascontiguousarray(hard_negatives)))
 
     def _labels(self, table) -> dict[str, torch.Tensor]:
         labels = {name: self._label(_decoded(get_column(table, name, f"label {name}")), name)

@@ -41,7 +41,12 @@ from hashrec.config.floats import proto_float
 from hashrec.models.errors import ModelError
 from hashrec.models.group_encoders import input_count
 from hashrec.models.losses import amm_loss, match_loss
-from hashrec.models.match import amm_rows, batch_similarity
+from hashrec.models.match import (
+    amm_rows,
+    batch_similarity,
+    hard_negative_input,
+    split_hard_negatives,
+)
 from hashrec.models.match_model import MatchModel
 
 # The AMM losses' keys, after the softmax loss's, in the order of the train-mode output's
@@ -102,7 +107,7 @@ class DAT(MatchModel):
         rows = batch.batch_size
         user = self.group_inputs([self.user_group, self.user_augment_group], embedded, batch)
         item = self.group_inputs([self.item_group, self.item_augment_group], embedded, batch)
-        return (*(t[:rows] for t in user), *item)
+        return (*(t[:rows] for t in user), *item, *hard_negative_input(batch))
 
     def embeddings(self, *inputs: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -121,8 +126,10 @@ class DAT(MatchModel):
         """``dense_inputs`` -> similarities / temperature, (B, 1 + N) or in-batch
         (B, B + N); in train mode followed by each row's AMM terms of the user and the
         item augment vectors, (B, S + 2) float32."""
+        inputs, hard = split_hard_negatives(inputs)
         user, item, user_augment, item_augment = self.embeddings(*inputs)
-        similarity = batch_similarity(user, item, self.in_batch_negative) / self.temperature
+        similarity = batch_similarity(user, item, self.in_batch_negative,
+                                      hard) / self.temperature
         if not self.training:
             return similarity
         rows = user.shape[0]

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hashrec.models.group_encoders import input_count
-from hashrec.models.match import batch_similarity
+from hashrec.models.match import batch_similarity, hard_negative_input, split_hard_negatives
 from hashrec.models.match_model import MatchModel
 
 
@@ -44,7 +44,7 @@ class DSSM(MatchModel):
         rows = batch.batch_size
         user = self.group_inputs([self.user_group], embedded, batch)
         item = self.group_inputs([self.item_group], embedded, batch)
-        return (*(t[:rows] for t in user), *item)
+        return (*(t[:rows] for t in user), *item, *hard_negative_input(batch))
 
     def embeddings(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``dense_inputs`` -> (user embeddings (B, D), item embeddings (B + N, D))."""
@@ -56,5 +56,6 @@ class DSSM(MatchModel):
     def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
         """``dense_inputs`` -> similarities / temperature: (B, 1 + N), or in-batch
         (B, B + N)."""
+        inputs, hard = split_hard_negatives(inputs)
         user, item = self.embeddings(*inputs)
-        return batch_similarity(user, item, self.in_batch_negative) / self.temperature
+        return batch_similarity(user, item, self.in_batch_negative, hard) / self.temperature

@@ -169,12 +169,21 @@ def match_loss(similarity: torch.Tensor, positive: str, weights: torch.Tensor | 
     """A match model's softmax cross entropy (float32 scalar) of its (B, K) similarities,
     each row's positive at column i of row i (``positive`` "diagonal", in-batch negatives)
     or at column 0 ("first"); the mean over the rows, or with ``weights`` (B,) the
-    weighted mean (0 when every weight is 0). No host reads."""
+    weighted mean (0 when every weight is 0). Columns of -inf (a row's empty
+    hard-negative slots) are no candidates: they get no probability, and
+    ``label_smoothing`` spreads its share over each row's finite columns alone. No host
+    reads."""
     rows = similarity.shape[0]
     target = torch.arange(rows, device=similarity.device) if positive == "diagonal" \
         else torch.zeros(rows, dtype=torch.int64, device=similarity.device)
-    per_row = torch.nn.functional.cross_entropy(similarity.float(), target, reduction="none",
-                                                label_smoothing=label_smoothing)
+    similarity = similarity.float()
+    per_row = torch.nn.functional.cross_entropy(similarity, target, reduction="none")
+    if label_smoothing > 0:
+        candidates = torch.isfinite(similarity)
+        log_probs = torch.log_softmax(similarity, dim=-1)
+        spread = -log_probs.masked_fill(torch.logical_not(candidates), 0.0).sum(dim=-1) \
+            / candidates.sum(dim=-1)
+        per_row = (1.0 - label_smoothing) * per_row + label_smoothing * spread
     if weights is None:
         return per_row.mean()
     return (per_row * weights).sum() / weights.sum().clamp_min(torch.finfo(torch.float32).tiny)

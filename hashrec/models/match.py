@@ -31,19 +31,49 @@ class MatchTower(nn.Module):
         return out
 
 
-def batch_similarity(user: torch.Tensor, item: torch.Tensor, in_batch: bool) -> torch.Tensor:
+def batch_similarity(user: torch.Tensor, item: torch.Tensor, in_batch: bool,
+                     hard: torch.Tensor | None = None) -> torch.Tensor:
     """Users (B, D) against items (B + N, D): the batch's B items (row i's positive first)
-    then N sampled negatives.
+    then N sampled negatives; with ``hard`` (B, H) bool, items (B + N + B * H, D), the
+    last B * H each row's H hard-negative slots (row i's at B + N + i * H + j), ``hard``
+    telling the filled ones.
 
     Returns:
         ``in_batch``: (B, B + N), row i against every item (its positive at column i);
-        else (B, 1 + N), row i against its own item (column 0) then the N negatives.
+        else (B, 1 + N), row i against its own item (column 0) then the N negatives;
+        with ``hard``, H more columns: row i against its own hard negatives, -inf in the
+        empty slots (a softmax gives them nothing, a top-k ranks them last).
     """
+    rows = user.shape[0]
+    if hard is not None:
+        slots = hard.shape[1]
+        shared = item.shape[0] - rows * slots
+        own = item[shared:].reshape(rows, slots, -1)
+        own_similarity = (user.unsqueeze(1) * own).sum(dim=-1)
+        own_similarity = own_similarity.masked_fill(torch.logical_not(hard), float("-inf"))
+        return torch.cat([batch_similarity(user, item[:shared], in_batch), own_similarity],
+                         dim=-1)
     if in_batch:
         return user @ item.t()
-    rows = user.shape[0]
     positive = (user * item[:rows]).sum(dim=-1, keepdim=True)
     return torch.cat([positive, user @ item[rows:].t()], dim=-1)
+
+
+def hard_negative_input(batch) -> tuple[torch.Tensor, ...]:
+    """What a match model's ``dense_inputs`` ends with: the batch's hard-negative mask
+    (B, H) bool (``Batch.hard_negatives``), or nothing without hard negatives."""
+    hard = batch.hard_negatives
+    return () if hard is None else (hard,)
+
+
+def split_hard_negatives(inputs: tuple[torch.Tensor, ...]
+                         ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+    """A match model's ``dense_inputs`` -> (the towers' inputs, the hard-negative mask or
+    None): the mask is the last input, the only bool one (the towers' are float
+    embeddings and integer lengths)."""
+    if len(inputs) and inputs[-1].dtype == torch.bool:
+        return inputs[:-1], inputs[-1]
+    return inputs, None
 
 
 def amm_rows(augment: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,12 @@ from hashrec.models.backbone.dag import build_backbone
 from hashrec.models.backbone.lambdas import LIST
 from hashrec.models.backbone.towers import ITEM, USER, split_towers, tower_config
 from hashrec.models.errors import ModelError
-from hashrec.models.match import BackboneMatchTower, batch_similarity
+from hashrec.models.match import (
+    BackboneMatchTower,
+    batch_similarity,
+    hard_negative_input,
+    split_hard_negatives,
+)
 from hashrec.models.match_model import MatchModel
 from hashrec.models.rank_backbone import (
     backbone_input_count,
@@ -83,7 +88,7 @@ class MatchBackbone(MatchModel):
         rows = batch.batch_size
         user = backbone_inputs(self, self.user_groups, embedded, batch)
         item = backbone_inputs(self, self.item_groups, embedded, batch)
-        return (*(t[:rows] for t in user), *item)
+        return (*(t[:rows] for t in user), *item, *hard_negative_input(batch))
 
     def embeddings(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``dense_inputs`` -> (user embeddings (B, D), item embeddings (B + N, D))."""
@@ -95,8 +100,9 @@ class MatchBackbone(MatchModel):
     def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
         """``dense_inputs`` -> similarities / temperature: (B, 1 + N), or in-batch
         (B, B + N)."""
+        inputs, hard = split_hard_negatives(inputs)
         user, item = self.embeddings(*inputs)
-        return batch_similarity(user, item, self.in_batch_negative) / self.temperature
+        return batch_similarity(user, item, self.in_batch_negative, hard) / self.temperature
 
 
 def _width(example, block: str, tower: str, where: str) -> int:

@@ -29,7 +29,13 @@ from hashrec.config.floats import proto_float
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import SEQUENCE, sequence_input
 from hashrec.models.group_encoders import input_count
-from hashrec.models.match import MINDUserTower, batch_similarity, label_aware_attention
+from hashrec.models.match import (
+    MINDUserTower,
+    batch_similarity,
+    hard_negative_input,
+    label_aware_attention,
+    split_hard_negatives,
+)
 from hashrec.models.match_model import MatchModel
 from hashrec.models.mlp_config import mlp_options
 from hashrec.modules import MLP
@@ -104,7 +110,8 @@ class MIND(MatchModel):
         user = self.group_inputs([self.user_group], embedded, batch)
         _, sequence, lengths = sequence_input(self.history_group, embedded, batch)
         item = self.group_inputs([self.item_group], embedded, batch)
-        return (*(t[:rows] for t in user), sequence[:rows], lengths[:rows], *item)
+        return (*(t[:rows] for t in user), sequence[:rows], lengths[:rows], *item,
+                *hard_negative_input(batch))
 
     def embeddings(self, *inputs: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -119,12 +126,13 @@ class MIND(MatchModel):
     def dense_from_inputs(self, *inputs: torch.Tensor) -> torch.Tensor:
         """``dense_inputs`` -> similarities / temperature of each row's interests pooled
         by its item: (B, 1 + N), or in-batch (B, B + N)."""
+        inputs, hard = split_hard_negatives(inputs)
         interests, mask, item = self.embeddings(*inputs)
         user = label_aware_attention(interests, mask, item[:interests.shape[0]],
                                      self.simi_pow)
         if self.cosine:
             user = nn.functional.normalize(user, p=2.0, dim=-1)
-        return batch_similarity(user, item, self.in_batch_negative) / self.temperature
+        return batch_similarity(user, item, self.in_batch_negative, hard) / self.temperature
 
 
 def _mlp_then_linear(config, width: int, where: str, bias: bool) -> nn.Module:

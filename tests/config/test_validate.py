@@ -97,11 +97,6 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
     ("model_config { dssm { user_tower { input: 'u' mlp {} } item_tower { input: 'i' mlp {} } "
      "output_dim: 4 } metrics { recall_at_k { top_k: 0 } } }",
      r"model_config.metrics\[0\].recall_at_k.top_k=0; allowed: 1 or more"),
-    ("data_config { dataset_type: ParquetDataset negative_sampler_v2 { user_input_path: 'u' "
-     "item_input_path: 'i' "
-     "pos_edge_input_path: 'e' num_sample: 2 item_id_field: 'a' user_id_field: 'b' } }",
-     r"data_config.negative_sampler_v2 is not supported; HashRec samples negatives with "
-     r"negative_sampler"),
     ("model_config { mmoe { expert_mlp { hidden_units: [4] } num_expert: 2 "
      "task_towers { tower_name: 'ctr' label_name: 'clk' metrics { recall_at_k {} } } } }",
      r"mmoe.task_towers\[0\].metrics\[0\].recall_at_k is not supported here: it is a metric of "

@@ -108,8 +108,8 @@ def test_a_run_reads_the_item_table_once(tmp_path, monkeypatch):
     pq.write_table(pa.table({"id": np.arange(96), "weight": np.ones(96),
                              "attrs": [str(i) for i in range(96)]}), path)
     reads = []
-    read_table = sampler_module._read_table
-    monkeypatch.setattr(sampler_module, "_read_table",
+    read_table = sampler_module.read_table
+    monkeypatch.setattr(sampler_module, "read_table",
                         lambda file, *rest: reads.append(file) or read_table(file, *rest))
     sampler = (f'negative_sampler {{ input_path: "{path}" num_sample: 8 '
                f'attr_fields: "adgroup_id" item_id_field: "adgroup_id" }}')
