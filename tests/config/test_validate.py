@@ -126,7 +126,7 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
      r"feature 'price': the mlp embedding of a raw value is not supported"),
 ], ids=["no-model", "tdm-without-sampler", "tdm-sampler-without-tdm", "sparse-optimizer",
         "dataset", "empty-loss", "recall-at-k",
-        "dssm-auc", "dssm-bce", "dssm-recall-top-k-0", "negative-sampler-v2",
+        "dssm-auc", "dssm-bce", "dssm-recall-top-k-0",
         "task-recall-at-k", "simple-multi-task-empty-loss", "multiclass-auc-average",
         "multiclass-auc-thresholds", "empty-metric", "accuracy-top-k-0", "auc-thresholds",
         "xauc-sample-ratio", "grouped-xauc-pairs", "autodis", "mlp-embedding"])
