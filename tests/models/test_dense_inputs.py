@@ -82,20 +82,32 @@ KINDS = {
     "dat-sampled": (test_dat.CONFIG % "", ()),
     "match_backbone-in-batch": (test_match_backbone.CONFIG % "in_batch_negative: true", ()),
     "match_backbone-sampled": (test_match_backbone.CONFIG % "", ()),
+    "dssm-hard": (DSSM % "", ()),
+    "dssm-in-batch-hard": (DSSM % "in_batch_negative: true", ()),
+    "mind-hard": (test_mind.CONFIG % "", ()),
+    "dat-hard": (test_dat.CONFIG % "", ()),
+    "match_backbone-hard": (test_match_backbone.CONFIG % "", ()),
 }
 # Sampled negatives: the batch's 6 rows, then 3 sampled items' rows.
 NEGATIVES = {"dssm-sampled": 3, "mind-sampled": 3, "dat-sampled": 3,
              "match_backbone-sampled": 3}
+# Hard negatives: 3 shared negatives, then 2 slots a row (hard_negative_sampler), some
+# empty (the mask differs between the seeds: the shapes do not).
+HARD = {kind: 2 for kind in KINDS if kind.endswith("-hard")}
 
 
 def _batch(kind: str, seed: int) -> Batch:
-    negatives = NEGATIVES.get(kind, 0)
+    slots = HARD.get(kind, 0)
+    negatives = 3 + 6 * slots if slots else NEGATIVES.get(kind, 0)
     batch = make_batch(6 + negatives, seed=seed)
     if not negatives:
         return batch
     labels = {name: label[:6] for name, label in batch.labels.items()}
+    hard = None
+    if slots:
+        hard = torch.rand(6, slots, generator=torch.Generator().manual_seed(seed)) < 0.5
     return Batch(batch.sparse, dense=batch.dense, labels=labels, batch_size=6,
-                 negatives=negatives)
+                 negatives=negatives, hard_negatives=hard)
 # The label fields of the models that read more than ``clk``.
 LABELS = {"mmoe": test_mmoe.LABELS, "dbmtl": test_dbmtl.LABELS,
           "dbmtl-experts": test_dbmtl.LABELS, "dbmtl-mask-net": test_dbmtl.LABELS,
