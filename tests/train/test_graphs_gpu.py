@@ -393,12 +393,13 @@ model_config {
 """
 
 
-@pytest.mark.parametrize("model, sampled", [(DSSM, False), (DSSM, True), (MIND, False),
-                                            (MIND, True), (DAT, False), (DAT, True),
-                                            (MATCH_BACKBONE, False), (MATCH_BACKBONE, True)],
-                         ids=["dssm-in-batch", "dssm-sampled", "mind-in-batch", "mind-sampled",
-                              "dat-in-batch", "dat-sampled", "match_backbone-in-batch",
-                              "match_backbone-sampled"])
+@pytest.mark.parametrize("model, sampled", [(DSSM, False), (DSSM, True), (DSSM, "hard"),
+                                            (MIND, False), (MIND, True), (DAT, False),
+                                            (DAT, True), (MATCH_BACKBONE, False),
+                                            (MATCH_BACKBONE, True)],
+                         ids=["dssm-in-batch", "dssm-sampled", "dssm-hard", "mind-in-batch",
+                              "mind-sampled", "dat-in-batch", "dat-sampled",
+                              "match_backbone-in-batch", "match_backbone-sampled"])
 def test_match_model_trains_graphed_like_eager(tmp_path, model, sampled):
     data = str(tmp_path / "data")
     generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])
@@ -411,15 +412,38 @@ def test_match_model_trains_graphed_like_eager(tmp_path, model, sampled):
         pq.write_table(pa.table({"id": list(items), "weight": [1.0] * len(items),
                                  "attrs": list(items.values())}), tmp_path / "items.parquet")
         attrs = " ".join(f'attr_fields: "{f}"' for f in fields)
-        text = text.replace('label_fields: "clk"', (
-            f'label_fields: "clk" negative_sampler {{ input_path: "{tmp_path}/items.parquet" '
-            f'num_sample: 32 {attrs} item_id_field: "adgroup_id" }}'))
+        sampler = (f'negative_sampler {{ input_path: "{tmp_path}/items.parquet" '
+                   f'num_sample: 32 {attrs} item_id_field: "adgroup_id" }}')
+        if sampled == "hard":  # each batch's (B, 4) hard-negative mask differs, not its shape
+            sampler = _hard_sampler(tmp_path, rows, list(items), attrs)
+        text = text.replace('label_fields: "clk"', f'label_fields: "clk" {sampler}')
     base = parse_pipeline_config(text)
     eager, none = _losses(data, tmp_path, False, "", base=base)
     graphed, captured = _losses(data, tmp_path, True, "", base=base)
     assert none == 0 and captured == 1
     assert graphed == pytest.approx(eager, rel=1e-4)
     assert eager[-1] != eager[0]
+
+
+def _hard_sampler(tmp_path, rows: dict, items: list, attrs: str) -> str:
+    """hard_negative_sampler_v2 over the generated rows: their clicks the positive edges,
+    0 to 6 random items a user its hard edges."""
+    rng = np.random.default_rng(0)
+    users = sorted(set(rows["user_id"]))
+    pq.write_table(pa.table({"id": users, "weight": [1.0] * len(users)}),
+                   tmp_path / "users.parquet")
+    pq.write_table(pa.table({"src_id": rows["user_id"], "dst_id": rows["adgroup_id"]}),
+                   tmp_path / "positive.parquet")
+    counts = rng.integers(0, 7, len(users))
+    pq.write_table(pa.table({"src_id": np.repeat(users, counts),
+                             "dst_id": rng.choice(items, int(counts.sum()))}),
+                   tmp_path / "hard.parquet")
+    return (f'hard_negative_sampler_v2 {{ user_input_path: "{tmp_path}/users.parquet" '
+            f'item_input_path: "{tmp_path}/items.parquet" '
+            f'pos_edge_input_path: "{tmp_path}/positive.parquet" '
+            f'hard_neg_edge_input_path: "{tmp_path}/hard.parquet" num_sample: 32 '
+            f'num_hard_sample: 4 {attrs} item_id_field: "adgroup_id" '
+            f'user_id_field: "user_id" }}')
 
 
 def test_capture_survives_pinned_allocations_on_another_thread():
