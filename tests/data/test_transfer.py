@@ -193,3 +193,24 @@ def test_the_loader_hands_out_packed_batches(taobao):
                                      "train", batch_size=512, num_workers=2))
     assert batches and all(b.packed is not None for b in batches)
     assert all(b.pin_memory() is b for b in batches if b.packed[0].is_pinned())
+
+
+def test_a_hard_negative_mask_travels_packed_and_pinned():
+    batch = _batch(0)
+    hard = torch.tensor([[True, False], [False, False], [True, True], [False, True],
+                         [True, False]])
+    batch = Batch(batch.sparse, batch.dense, batch.sequence_dense, batch.labels,
+                  batch.batch_size, batch.reserved, negatives=10, hard_negatives=hard)
+    layout, tensors = plan(batch)
+    buffer = torch.zeros(layout.nbytes, dtype=torch.uint8)
+    for spec, tensor in zip(layout.specs(), tensors):
+        buffer[spec.offset:spec.offset + spec.nbytes] = tensor.reshape(-1).view(torch.uint8)
+    unpacked = unpack(buffer, layout, batch.reserved)
+    _same(unpacked, batch)
+    assert unpacked.negatives == 10 and unpacked.hard_negatives.dtype == torch.bool
+    assert torch.equal(unpacked.hard_negatives, hard)
+    assert torch.equal(unpacked.packed[1](buffer.clone()).hard_negatives, hard)
+    assert unpacked.hard_negatives.untyped_storage().data_ptr() == \
+        buffer.untyped_storage().data_ptr()
+    assert torch.equal(batch.to("cpu").hard_negatives, hard)
+    assert batch.to("meta").hard_negatives.device.type == "meta"
