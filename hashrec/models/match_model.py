@@ -4,8 +4,10 @@ match backbone.
 Options every match model has (``similarity``, ``temperature``, ``output_dim``,
 ``in_batch_negative``), its towers' feature groups, its output ``similarity`` (B, 1 + N)
 (column 0 the row's item, then the N sampled negatives: ``Batch.negatives``) or, in-batch,
-(B, B + N) (column i row i's item), and its loss: a softmax cross entropy of each row's
-user picking the row's item (``hashrec.models.losses.match_loss``).
+(B, B + N) (column i row i's item), with a hard-negative sampler H more columns (each
+row's own hard negatives, -inf in empty slots: ``hashrec.models.match.batch_similarity``),
+and its loss: a softmax cross entropy of each row's user picking the row's item
+(``hashrec.models.losses.match_loss``).
 """
 
 from __future__ import annotations
