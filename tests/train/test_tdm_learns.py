@@ -112,7 +112,13 @@ def test_retrieval_on_cuda_retrieves_what_the_cpu_does(trained):
     for device in ("cpu", "cuda"):
         assert retrieval([*common, "--predict_output_path",
                           str(directory / f"on_{device}.parquet"), "--device", device]) == 0
-    _, on_cpu = _clicked_and_retrieved(directory / "on_cpu.parquet", directory)
+    clicked, on_cpu = _clicked_and_retrieved(directory / "on_cpu.parquet", directory)
     _, on_cuda = _clicked_and_retrieved(directory / "on_cuda.parquet", directory)
-    # as sets, as above: the items of one category score alike
-    assert [sorted(r) for r in on_cuda] == [sorted(r) for r in on_cpu]
+    # as sets, as above; and the beam's cut may fall between two nodes that score alike to
+    # the last bits, which CUDA's and the CPU's rounding order either way: on an H100 one
+    # row of 256 kept another node there (its items all of the user's category on CUDA,
+    # one of another category on the CPU)
+    differ = sum(sorted(a) != sorted(b) for a, b in zip(on_cuda, on_cpu))
+    assert differ <= EVAL_ROWS // 50, differ
+    hits = [sum(c in r for c, r in zip(clicked, rows)) for rows in (on_cuda, on_cpu)]
+    assert abs(hits[0] - hits[1]) <= differ and hits[0] / EVAL_ROWS > 0.75, hits
