@@ -1,7 +1,12 @@
-"""MIND end to end: a planted affinity between a user's click sequence and the clicked
-item learned through in-batch negatives (recall@5 far above chance), exported and
-predicted, the user tower giving each user's interests (B, max_k, D); TorchEasyRec's
-mind_taobao example loads and trains on local files."""
+"""MIND end to end: trained through in-batch negatives on rows whose click sequence
+holds two item groups and whose clicked item is of either, its label-aware recall
+(TorchEasyRec's evaluation, which pools each row's interests by the row's own item)
+above chance, exported and predicted, the user tower giving each user's interests
+(B, max_k, D); TorchEasyRec's mind_taobao example loads and trains on local files.
+
+The label-aware recall is not evidence that the planted affinity was learned: the
+pooling sees the clicked item, so a MIND trained and evaluated on rows whose item is
+drawn apart from the sequence scores about as high (see the first test's comment)."""
 
 from __future__ import annotations
 
@@ -75,15 +80,21 @@ model_config {{
 """
 
 
-def test_mind_learns_a_click_sequence_affinity_exports_and_predicts_interests(tmp_path):
+def test_mind_trains_on_click_sequences_exports_and_predicts_interests(tmp_path):
     pq.write_table(_rows(1536, 0), tmp_path / "train.parquet")
     pq.write_table(_rows(320, 1), tmp_path / "eval.parquet")
     config = parse_pipeline_config(CONFIG.format(tmp=tmp_path, items=ITEMS))
     validate_pipeline_config(config)
     result = train_and_evaluate(config)
-    # 32 items a row: chance puts the positive in the top 5 for 5/32 (0.16) of the rows;
-    # a scorer that knows each row's two groups, and nothing else can tell their items
-    # apart, ranks about 8.8 items first and reaches about 0.61 (this run: 0.46)
+    # 32 items a row: chance puts the positive in the top 5 for 5/32 (0.16) of the rows.
+    # The recall pools each row's interests by label-aware attention with its own item,
+    # so it sees the label: here 0.52, where the same model trained and evaluated on rows
+    # whose item is drawn apart from the sequence reaches 0.53 (seeds 0-2: 0.33 to 0.53
+    # with the affinity, 0.32 to 0.53 without). Scoring the items, as at serving, by the
+    # best of each user's exported interests gives 0.21 (without the affinity 0.19).
+    # A scorer that knows each row's two groups reaches about 0.61, one that knows the
+    # clicked item's group about 0.89; this model reaches neither, and the assertion
+    # checks only that the metric is the label-aware one and above chance.
     assert result["recall@5"] > 0.35, result
 
     export = tmp_path / "export"
