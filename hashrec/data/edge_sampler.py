@@ -334,14 +334,16 @@ class EdgeNegativeSampler(NegativeSampler):
         which slots are filled (B, H) bool; a row's own first, up to H of them (drawn
         without replacement, kept in edge order, where its user has more)."""
         h = self.num_hard
-        slots = np.zeros((len(users), h), dtype=np.int64)
-        mask = np.zeros((len(users), h), dtype=bool)
+        if not len(self.hard.rows):  # an edge table without edges
+            return np.zeros((len(users), h), dtype=np.int64), np.zeros((len(users), h), bool)
         index = self._user_index(self.hard.users, users, known)
-        for i in np.flatnonzero(index >= 0):
-            start, stop = self.hard.starts[index[i]], self.hard.starts[index[i] + 1]
-            mine = self.hard.rows[start:stop]
-            if len(mine) > h:
-                mine = mine[np.sort(rng.choice(len(mine), h, replace=False))]
-            slots[i, :len(mine)] = mine
-            mask[i, :len(mine)] = True
-        return slots, mask
+        present = index >= 0
+        starts = np.where(present, self.hard.starts[np.maximum(index, 0)], 0)
+        counts = np.where(present, self.hard.starts[np.maximum(index, 0) + 1] - starts, 0)
+        # (B, H) offsets into the user's edges: the first H, or H drawn where it has more
+        offsets = np.broadcast_to(np.arange(h), (len(users), h)).copy()
+        for i in np.flatnonzero(counts > h):  # in row order, as the draws always were
+            offsets[i] = np.sort(rng.choice(counts[i], h, replace=False))
+        mask = offsets < counts[:, None]
+        slots = np.where(mask, self.hard.rows[np.where(mask, starts[:, None] + offsets, 0)], 0)
+        return slots.astype(np.int64), mask

@@ -111,15 +111,19 @@ class DenseGraphs:
         autocast: a callable returning the forward's autocast context (captures run in
             it, so the graph holds the mixed-precision kernels).
         enabled: False (or a model without the split, or a CPU model) runs eagerly.
+        replayable: keep what ``replay_again`` needs of each replayed step (its inputs and
+            random state), for a step that takes more than one backward of its graph.
     """
 
-    def __init__(self, model, autocast, enabled: bool = True) -> None:
+    def __init__(self, model, autocast, enabled: bool = True,
+                 replayable: bool = False) -> None:
         self.model = model
         self.autocast = autocast
         self.enabled = enabled and self._supported(model)
         self._eager = _DenseLoss(model)  # uncaptured shapes (captures take fresh copies)
         self._graphs: dict[tuple, nn.Module] = {}
         self._seen: dict[tuple, int] = {}
+        self.replayable = replayable
         self._replayed = None  # (graph, inputs, random state) of the last replayed step
 
     @staticmethod
@@ -163,14 +167,15 @@ class DenseGraphs:
             with self.autocast():
                 logits, losses = self._eager(*inputs)
         else:
-            # the generator's state before the replay, for replay_again (host-side: no sync)
-            self._replayed = (graph, inputs, torch.cuda.get_rng_state(inputs[0].device))
+            if self.replayable:  # the generator's state before the replay (host-side)
+                self._replayed = (graph, inputs, torch.cuda.get_rng_state(inputs[0].device))
             logits, losses = graph(*inputs)
         return dict(zip(model.losses, losses.unbind(0))), logits
 
     @property
     def replayed(self) -> bool:
-        """Whether the last ``losses_and_logits`` replayed a graph."""
+        """Whether the last ``losses_and_logits`` replayed a graph (known when
+        ``replayable``)."""
         return self._replayed is not None
 
     def replay_again(self) -> dict[str, torch.Tensor]:
@@ -181,7 +186,8 @@ class DenseGraphs:
         captures it without retaining them), so a second backward of one replay reads
         overwritten activations. The logits buffer is rewritten with the same values."""
         if self._replayed is None:
-            raise RuntimeError("DenseGraphs.replay_again: the last step replayed no graph")
+            raise RuntimeError("DenseGraphs.replay_again: the last step replayed no graph, "
+                               "or the graphs were built without replayable")
         graph, inputs, state = self._replayed
         torch.cuda.set_rng_state(state, inputs[0].device)
         _, losses = graph(*inputs)

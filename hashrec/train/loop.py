@@ -203,10 +203,11 @@ class TrainLoop:
             if self.ctx.is_distributed else None
         if self.gradients is not None:  # averaged in the sparse gradient exchange, if any
             session.model.embedding.carry_network_gradients(self.gradients)
-        self.dense_graphs = DenseGraphs(session.model, session.precision.autocast,
-                                        config.dense_cuda_graph)
         # model_config.use_pareto_loss_weight: the losses weighted by their Pareto weights.
         self.loss_weights = self._pareto(session)
+        self.dense_graphs = DenseGraphs(session.model, session.precision.autocast,
+                                        config.dense_cuda_graph,
+                                        replayable=self.loss_weights is not None)
         # Metrics of the training batches, their windows summed over ranks when folded.
         self.train_metrics = TrainMetrics(
             session.model.tasks, session.device,

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from test_dssm_learns import _rows
+from test_dssm_learns import _write_data
 
 from hashrec.checkpoint import latest_checkpoint
 from hashrec.config import parse_pipeline_config, validate_pipeline_config
@@ -58,11 +58,6 @@ model_config {{
   losses {{ softmax_cross_entropy {{}} }}
 }}
 """
-
-
-def _write_data(tmp_path) -> None:
-    pq.write_table(_rows(1536, 0), tmp_path / "train.parquet")
-    pq.write_table(_rows(320, 1), tmp_path / "eval.parquet")
 
 
 def test_dat_learns_a_planted_user_item_affinity_from_in_batch_negatives(tmp_path):

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 from test_dssm_learns import _config as dssm_config
-from test_dssm_learns import _rows as dssm_rows
+from test_dssm_learns import _write_data as write_dssm_data
 from test_mind_learns import CONFIG as MIND_CONFIG
 from test_mind_learns import ITEMS as MIND_ITEMS
 from test_mind_learns import _rows as mind_rows
@@ -49,8 +49,7 @@ def _hitrate(tmp_path, top_k: int, *flags: str) -> str:
 
 
 def test_dssm_towers_retrieve_the_planted_users_items_far_above_chance(tmp_path, capsys):
-    pq.write_table(dssm_rows(1536, 0), tmp_path / "train.parquet")
-    pq.write_table(dssm_rows(320, 1), tmp_path / "eval.parquet")
+    write_dssm_data(tmp_path)
     config = parse_pipeline_config(dssm_config(tmp_path, "in_batch_negative: true", 6))
     from hashrec.train import train_and_evaluate
     train_and_evaluate(config)
