@@ -136,3 +136,33 @@ def test_bad_inputs_are_errors_naming_the_flag_or_column(tmp_path, capsys, chang
     assert code == 2
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "details.parquet").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_retrieves_what_the_cpu_does(tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    items = torch.randn(5000, 16, generator=generator)
+    interests = torch.randn(300, 3, 16, generator=generator)
+    interests[::7, 2] = 0.0
+    users = {"request_id": list(range(300)), "user_tower_emb": interests.tolist(),
+             "gt_items": torch.randint(0, 5000, (300, 4), generator=generator).tolist()}
+    pq.write_table(pa.table(users), tmp_path / "users.parquet")
+    pq.write_table(pa.table({"item_id": list(range(5000)), "item_tower_emb": items.tolist()}),
+                   tmp_path / "items.parquet")
+    found = {}
+    for device in ("cpu", "cuda"):
+        details, total = tmp_path / f"details_{device}.parquet", tmp_path / f"{device}.parquet"
+        assert main(["--user_gt_input", str(tmp_path / "users.parquet"),
+                     "--item_embedding_input", str(tmp_path / "items.parquet"),
+                     "--hitrate_details_output", str(details), "--total_hitrate_output",
+                     str(total), "--request_id_field", "request_id", "--top_k", "50",
+                     "--batch_size", "128", "--item_chunk_size", "1024",
+                     "--device", device]) == 0
+        found[device] = pq.read_table(details), pq.read_table(total)
+    (cpu, cpu_total), (cuda, cuda_total) = found["cpu"], found["cuda"]
+    assert cuda["topk_ids"].to_pylist() == cpu["topk_ids"].to_pylist()
+    assert cuda["hit_ids"].to_pylist() == cpu["hit_ids"].to_pylist()
+    assert cuda_total.to_pylist() == cpu_total.to_pylist()
+    torch.testing.assert_close(torch.tensor(cuda["topk_dists"].to_pylist()),
+                               torch.tensor(cpu["topk_dists"].to_pylist()))
