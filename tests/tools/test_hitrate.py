@@ -161,8 +161,13 @@ def test_cuda_retrieves_what_the_cpu_does(tmp_path):
                      "--device", device]) == 0
         found[device] = pq.read_table(details), pq.read_table(total)
     (cpu, cpu_total), (cuda, cuda_total) = found["cpu"], found["cuda"]
-    assert cuda["topk_ids"].to_pylist() == cpu["topk_ids"].to_pylist()
-    assert cuda["hit_ids"].to_pylist() == cpu["hit_ids"].to_pylist()
+    # the same items and scores; two items of scores equal to the last bits may swap ranks
+    # (CUDA's and the CPU's matmuls round differently: on an H100 one pair of 15,000 did)
+    cpu_ids, cuda_ids = cpu["topk_ids"].to_pylist(), cuda["topk_ids"].to_pylist()
+    assert [sorted(ids) for ids in cuda_ids] == [sorted(ids) for ids in cpu_ids]
+    assert sum(a != b for a, b in zip(cuda_ids, cpu_ids)) <= 3
+    assert [sorted(h) for h in cuda["hit_ids"].to_pylist()] == [
+        sorted(h) for h in cpu["hit_ids"].to_pylist()]
     assert cuda_total.to_pylist() == cpu_total.to_pylist()
     torch.testing.assert_close(torch.tensor(cuda["topk_dists"].to_pylist()),
                                torch.tensor(cpu["topk_dists"].to_pylist()))

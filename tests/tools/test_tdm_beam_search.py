@@ -163,3 +163,28 @@ def test_the_tree_of_init_tree_reads_as_its_edge_table_says(tmp_path):
     # the node table's attrs come along: item i is of category i % 8
     leaf_cates = tree.attrs["cate_id"].take(pa.array(tree.level_rows(6))).to_pylist()
     assert leaf_cates == [str(i % 8) for i in tree.ids[tree.level_rows(6)]]
+
+
+def test_nodes_rank_by_the_logit_margin_where_the_probabilities_round_to_one():
+    from hashrec.models.outputs import task_outputs
+    from hashrec.tools.tdm.retrieval import positive_scores
+    logits = torch.tensor([[0.0, 30.0], [1.0, 41.0], [0.0, -3.0], [5.0, 25.0]])
+    outputs = task_outputs([logits], [""], [False])
+    assert outputs["probs1"][0] == outputs["probs1"][1] == outputs["probs1"][3] == 1.0
+    assert positive_scores(outputs).argsort(descending=True).tolist() == [1, 0, 3, 2]
+    single = task_outputs([torch.tensor([20.0, 30.0, -2.0])], [""], [False])
+    assert single["probs"][0] == single["probs"][1] == 1.0
+    assert positive_scores(single).argsort(descending=True).tolist() == [1, 0, 2]
+
+
+def test_nodes_of_equal_scores_are_kept_in_candidate_order():
+    tree = _tree()
+    # every node alike (as nodes a model never saw in training may score): the first
+    # candidates of each level win, children in their parents' order
+    flat = [{int(i): 0.5 for i in tree.ids}] * 2
+    assert _search(tree, FakeScorer(tree, flat), beam_size=1, recall_num=2) == [[0, 1]] * 2
+    assert _search(tree, FakeScorer(tree, flat), beam_size=2, recall_num=4) == [[0, 1, 2, 3]] * 2
+    # ties below a better node keep their order after it
+    ties = [{**flat[0], 3: 0.9}, {**flat[0], 7: 0.9}]
+    assert _search(tree, FakeScorer(tree, ties), beam_size=100, recall_num=3) == [
+        [3, 0, 1], [7, 0, 1]]

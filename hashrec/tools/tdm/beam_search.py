@@ -12,7 +12,8 @@ a beam would keep nearly every node.
 The search runs on the device of the children table, in fixed shapes: a level's
 candidates are (B, K), K the first level's node count, then ``min(beam_size, K) *
 n_cluster``; a missing child (a node with fewer than ``n_cluster``) is -1, is scored as
-row 0 (every call scores B x K pairs) and is never kept.
+row 0 (every call scores B x K pairs) and is never kept. Candidates of equal scores are
+kept in candidate order (children in their parents' order), on every device alike.
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ def _best(candidates: torch.Tensor, scorer: Scorer, keep: int) -> torch.Tensor:
     user_index = torch.arange(users, device=candidates.device).unsqueeze(1).expand(-1, width)
     scores = scorer(user_index.reshape(-1), candidates.clamp(min=0).reshape(-1))
     scores = scores.reshape(users, width).float().masked_fill(candidates < 0, float("-inf"))
-    best, at = scores.topk(min(keep, width), dim=1)
+    # a stable sort, not topk: nodes of equal scores (a model may score nodes it never saw
+    # in training alike) are kept in candidate order, the same on every device
+    best, at = scores.sort(dim=1, descending=True, stable=True)
+    best, at = best[:, :keep], at[:, :keep]
     return candidates.gather(1, at).masked_fill(best == float("-inf"), -1)
 
 

@@ -22,8 +22,9 @@ Each block of ``--batch_size`` input rows (users) is searched as
 ``hashrec.tools.tdm.beam_search`` describes (``--beam_size`` default ``2 *
 recall_num``, TorchEasyRec's beam): a (user, node) pair is the user's row with the node's
 ``attr_fields`` values in those columns, as the training sampler makes them, parsed by the
-config's features and scored by the model's probability of class 1 (``probs1``; ``probs``
-of a one-class model). The output (parquet: a ``.parquet`` path, or ``part-00000.parquet``
+config's features and ranked by the model's probability of class 1 (``probs1``; ``probs``
+of a one-class model), computed as its logit margin, which orders them alike without the
+probability's rounding to 1.0 (``positive_scores``). The output (parquet: a ``.parquet`` path, or ``part-00000.parquet``
 in a directory) holds, per input row in input order, the ``--reserved_columns`` and
 ``recall_ids``: the retrieved item ids, best first (fewer than ``recall_num`` only where
 the kept nodes hold fewer items). The recall printed is the share of rows whose
@@ -108,9 +109,14 @@ class PairScorer:
         return score
 
 
-def positive_scores(probs: torch.Tensor) -> torch.Tensor:
-    """(M,) class-1 probabilities from a model's ``probs``: (M, 2) or (M,)."""
-    return probs[:, 1] if probs.dim() == 2 else probs
+def positive_scores(outputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(M,) scores of a model's ``outputs`` that order the rows as the probability of class 1
+    does: the logit of class 1 less that of class 0 ((M, 2) logits) or the logit ((M,)).
+    The probability itself rounds to exactly 1.0 in float32 once a node's logit margin
+    passes about 17, so that a well-trained model's best nodes would tie and the beam would
+    keep an arbitrary few of them (differently on the CPU and CUDA)."""
+    logits = outputs["logits"]
+    return logits[:, 1] - logits[:, 0] if logits.dim() == 2 else logits
 
 
 def scripted_model(export_dir: str, device: torch.device):
@@ -122,14 +128,14 @@ def scripted_model(export_dir: str, device: torch.device):
     weighted = {f.input_key for f in feature_set.embedding_features() if f.weighted}
     model.eval()
     return config, feature_set, lambda batch: positive_scores(
-        model(*model_inputs(batch, weighted))["probs"])
+        model(*model_inputs(batch, weighted)))
 
 
 def checkpoint_model(config_path: str, checkpoint_path: str | None, device: torch.device):
     """(config, feature set, forward) of a checkpoint restored into the eager model."""
     config, session = restored_session(config_path, checkpoint_path, device)
     return config, session.feature_set, lambda batch: positive_scores(
-        session.model(batch)["probs"])
+        session.model(batch))
 
 
 def restored_session(config_path: str, checkpoint_path: str | None, device: torch.device):
