@@ -4,6 +4,7 @@ the next GPU run."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -71,3 +72,11 @@ def test_fused_insert_bound_holds_its_checks(tmp_path):
     out = _smoke("proto_upsert_fused.py", "--out", str(tmp_path / "bound"))
     assert "| 0.5 | 8 |" in out and "all hold; 0 keys left out |" in out
     assert (tmp_path / "bound.json").exists()
+
+
+def test_hitrate_benchmark_times_each_way(tmp_path):
+    out = _smoke("bench_hitrate.py", "--out", str(tmp_path / "hitrate"))
+    for way in ("| chunked |", "| one_chunk |", "| matmul_only |"):
+        assert way in out, way
+    assert set(json.loads((tmp_path / "hitrate.json").read_text())["ways"]) == {
+        "chunked", "one_chunk", "matmul_only"}
