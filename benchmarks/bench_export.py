@@ -36,10 +36,11 @@ from hashrec.checkpoint import save_checkpoint  # noqa: E402
 from hashrec.config import apply_edit_config_json, load_pipeline_config  # noqa: E402
 from hashrec.data import create_dataloader  # noqa: E402
 from hashrec.export import export_model  # noqa: E402
+from hashrec.export.loading import model_inputs  # noqa: E402
 from hashrec.export.part_writer import PartContents, write_part  # noqa: E402
 from hashrec.export.scripted import TableLookup, load_hashmaps  # noqa: E402
 from hashrec.export.tables import DynamicTableView, dynamic_table_views  # noqa: E402
-from hashrec.predict import model_inputs, predict  # noqa: E402
+from hashrec.predict import predict  # noqa: E402
 from hashrec.table import HashTable, TableOptions  # noqa: E402
 from hashrec.tools.gen_taobao_data import generate  # noqa: E402
 from hashrec.train.session import build_session  # noqa: E402

@@ -7,9 +7,9 @@ Usage::
         [--reserved_columns a,b] [--output_columns c,d] [--batch_size N]
         [--device auto|cpu|cuda[:i]] [--overwrite]
 
-The input is read and parsed with the exported pipeline config's data and
-feature settings (parquet or CSV as the files' extensions, else their first bytes, tell);
-the parsed tensors feed ``scripted_model.pt``. The output
+The input is read and parsed with the exported pipeline config's data and feature
+settings (``hashrec.export.loading``; parquet or CSV as the files' extensions, else their
+first bytes, tell); the parsed tensors feed ``scripted_model.pt``. The output
 holds the model's prediction columns, then the reserved columns as read (a CSV column
 whose type ``input_fields`` does not give, as its text), one row per input row, in input
 order (files in the order the input path lists them, a directory's files sorted, rows as
@@ -26,9 +26,10 @@ writes its ``<tower>_tower_emb``; MIND's ``user_tower_emb`` is a list of K inter
 a list of D float32 (those beyond a user's count zero).
 ``--predict_output_path`` ending in ``.parquet`` names the file; any other path is a
 directory that receives ``part-00000.parquet`` (a new path ending in ``.csv``, ``.txt``
-or another text format is refused: the output is parquet). The rows go to hidden temporary files
-next to the output (one per loader worker, each reading a contiguous slice of the input),
-joined into the output once every row is written, so a failed or interrupted
+or another text format is refused: the output is parquet). The rows go to hidden temporary
+files next to the output (``hashrec.export.prediction_files``; one per loader worker, each
+reading a contiguous slice of the input), joined into the output once every row is
+written, so a failed or interrupted
 run (Ctrl-C, or SIGTERM to the command) leaves no partial output, nor the folders it
 made for it (and an output it was to replace is kept). An existing output file, or a
 directory output that holds files, is refused unless ``--overwrite`` is given.
@@ -37,242 +38,36 @@ directory output that holds files, is refused unless ``--overwrite`` is given.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
-import re
 import sys
 import time
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
-from hashrec.checkpoint.errors import disk_full_hint
-from hashrec.export import meta
 from hashrec.export.errors import ExportError
-from hashrec.export.output_lock import OutputLock
-from hashrec.export.towers import (
-    check_tower_outputs,
-    note_tower_columns,
-    read_tower_meta,
-    tower_feature_set,
+from hashrec.export.loading import (
+    DEVICES,
+    device_arg,
+    input_data_config,
+    load_export,
+    model_inputs,
+    resolve_device,
 )
+from hashrec.export.output_lock import OutputLock
+from hashrec.export.prediction_files import (
+    PART_FILE,
+    PartFiles,
+    check_not_an_input,
+    discard_staging,
+    output_file,
+    staging_file,
+    write_error,
+)
+from hashrec.export.towers import check_tower_outputs, note_tower_columns
 
 logger = logging.getLogger("hashrec.predict")
-
-PART_FILE = "part-00000.parquet"
-DEVICES = "auto, cpu, cuda or cuda:<index>"
-_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
-
-
-def model_inputs(batch, weighted: set[str]) -> tuple[dict, dict, dict, dict, dict]:
-    """A parsed Batch as the scripted model's five inputs (values, lengths, weights,
-    dense, sequence_dense)."""
-    values, lengths, weights = {}, {}, {}
-    for name, bags in batch.sparse.to_dict().items():
-        values[name], lengths[name] = bags.values, bags.lengths
-        if name in weighted and bags.weights is not None:
-            weights[name] = bags.weights
-    return values, lengths, weights, dict(batch.dense), dict(batch.sequence_dense)
-
-
-# Output paths that ask for a text format, which predict does not write.
-_TEXT_SUFFIXES = frozenset({".csv", ".tsv", ".txt", ".json", ".jsonl"})
-
-
-def output_file(path: str, overwrite: bool) -> str:
-    """The parquet file ``--predict_output_path`` names (checked, nothing created).
-
-    Raises:
-        ExportError: the path is of the other kind (file / directory), or the output
-            exists and ``overwrite`` is False.
-    """
-    where = f"--predict_output_path {path!r}"
-    if path.endswith(".parquet"):
-        if os.path.isdir(path):
-            raise ExportError(f"{where} is a directory; a path ending in .parquet names the "
-                              f"output file")
-        if os.path.exists(path) and not overwrite:
-            raise ExportError(f"{where} exists; pass --overwrite to replace it, or choose "
-                              f"another path")
-        return path
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ExportError(f"{where} is a file; name a directory (for {PART_FILE}) or a "
-                          f"file ending in .parquet")
-    if not os.path.isdir(path) and os.path.splitext(path)[1].lower() in _TEXT_SUFFIXES:
-        raise ExportError(f"{where}: predictions are written as parquet; name a file "
-                          f"ending in .parquet, or a directory (for {PART_FILE})")
-    # Hidden names (temporary files, markers) are not data to the readers.
-    held = sorted(n for n in os.listdir(path) if not n.startswith((".", "_"))) \
-        if os.path.isdir(path) else []
-    if held and not overwrite:
-        raise ExportError(f"{where} is not empty (it holds {', '.join(held[:5])}); pass "
-                          f"--overwrite to replace {PART_FILE} there, or choose another "
-                          f"directory")
-    return os.path.join(path, PART_FILE)
-
-
-def check_not_an_input(output: str, input_path: str) -> None:
-    """Refuse an output file that is one of the input files, ``--overwrite`` or not: the
-    predictions would replace the data they were made from.
-
-    Raises:
-        ExportError: naming the file.
-    """
-    from hashrec.data.paths import expand_input_path
-
-    if not os.path.exists(output):
-        return
-    with contextlib.suppress(ValueError, OSError):  # unreadable inputs are reported later
-        if any(os.path.samefile(output, f) for f in expand_input_path(input_path)):
-            raise ExportError(f"--predict_output_path: {output} is one of the input files "
-                              f"(--predict_input_path {input_path!r}); predictions never "
-                              f"replace their input: choose another output path")
-
-
-def _staging_file(output: str) -> tuple[str, str | None]:
-    """A hidden sibling of ``output`` for the rows until all are written, and the
-    outermost folder created for it (None: the output's directory existed).
-
-    Raises:
-        ExportError: the directory cannot be created.
-    """
-    directory = os.path.abspath(os.path.dirname(output) or ".")
-    created = None
-    parent = directory
-    while not os.path.exists(parent):
-        created, parent = parent, os.path.dirname(parent)
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as err:
-        raise ExportError(f"--predict_output_path: cannot create {directory}: "
-                          f"{err.strerror}") from None
-    return os.path.join(os.path.dirname(output), f".{os.path.basename(output)}.tmp"), created
-
-
-def _discard(staging: str, created: str | None) -> None:
-    """Remove the staging file and the (empty) folders made for the output."""
-    if os.path.exists(staging):
-        os.remove(staging)
-    folder = os.path.dirname(os.path.abspath(staging))
-    while created is not None:
-        try:
-            os.rmdir(folder)
-        except OSError:  # no longer empty: something else writes there
-            return
-        if folder == created:
-            return
-        folder = os.path.dirname(folder)
-
-
-def resolve_device(device: str | None) -> torch.device:
-    """``device`` (auto, cpu, cuda or cuda:<index>; None: auto) as a torch.device.
-
-    Raises:
-        ExportError: another name, or CUDA asked for where it is not available.
-    """
-    name = device or "auto"
-    if not _DEVICE.fullmatch(name):
-        raise ExportError(f"--device {name!r} is not supported; allowed: {DEVICES}")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    run_on = torch.device(name)
-    if run_on.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ExportError(f"--device {name}: CUDA is not available on this machine; use "
-                              f"--device cpu or auto")
-        if run_on.index is not None and run_on.index >= torch.cuda.device_count():
-            raise ExportError(f"--device {name}: this machine has {torch.cuda.device_count()} "
-                              f"CUDA device(s)")
-    return run_on
-
-
-def load_export(export_dir: str, device: torch.device):
-    """(pipeline config, FeatureSet, scripted model on ``device``, tower meta or None) of
-    the export directory ``export_dir``.
-
-    Raises:
-        ExportError: not an export directory, or a scripted model that does not load.
-    """
-    model_path = os.path.join(export_dir, meta.SCRIPTED_MODEL_FILE)
-    config_path = os.path.join(export_dir, meta.PIPELINE_CONFIG_FILE)
-    for needed in (model_path, config_path):
-        if not os.path.isfile(needed):
-            raise ExportError(f"{needed} does not exist; --scripted_model_path must be a "
-                              f"directory written by python -m hashrec.export")
-    from hashrec.config import load_pipeline_config
-
-    config = load_pipeline_config(config_path)
-    try:
-        model = torch.jit.load(model_path, map_location=device)
-    except RuntimeError as err:  # a truncated or overwritten file: torch's reader fails
-        # torch's first sentence says what failed; the rest is generic advice.
-        reason = str(err).strip().split(". ")[0].splitlines()[0][:200] or "unreadable"
-        raise ExportError(f"{model_path} cannot be loaded ({reason}); the file is damaged "
-                          f"or incomplete: export the model again with python -m "
-                          f"hashrec.export") from None
-    tower = read_tower_meta(export_dir, model)
-    return config, _feature_set(config, model, model_path, tower), model, tower
-
-
-def _feature_set(config, model, model_path: str, tower: dict | None):
-    """The exported config's FeatureSet (a tower's export: the tower's), with the features
-    in no feature group that ``model`` still looks up (exports of versions that embedded
-    such features)."""
-    from hashrec.features import build_feature_set
-
-    if tower is not None:
-        return tower_feature_set(config, tower["tower"])
-    feature_set = build_feature_set(config, metric_keys=False)
-    looked_up = [n for n in model.embedding.feature_names if n in feature_set.left_out]
-    if not looked_up:
-        return feature_set
-    logger.info("%s looks up features that no feature group names (it was exported by a "
-                "version that embedded them): %s; they are read from the input for it",
-                model_path, ", ".join(looked_up))
-    return build_feature_set(config, keep=looked_up, metric_keys=False)
-
-
-def input_data_config(data_config, input_path: str):
-    """The exported data_config, switched to the input's format when every input file
-    says otherwise by its extension (.csv with a header row, or .parquet) or, where the
-    extensions tell nothing (.txt, .tsv, none), by its first bytes: parquet files start
-    with ``PAR1``, and files that do not, given to a parquet-trained model, are read as
-    CSV with a header row.
-
-    Raises:
-        DataError: the input holds both .csv and .parquet files.
-    """
-    from hashrec.config import data_pb2
-    from hashrec.data import DataError
-    from hashrec.data.paths import expand_input_path
-    from hashrec.data.sources import is_parquet_file
-
-    files = expand_input_path(input_path)
-    suffixes = frozenset(os.path.splitext(f)[1].lower() for f in files)
-    if {".csv", ".parquet"} <= suffixes:
-        first = {suffix: next(f for f in files if f.lower().endswith(suffix))
-                 for suffix in (".csv", ".parquet")}
-        raise DataError(f"--predict_input_path {input_path!r} holds both .csv files (such as "
-                        f"{first['.csv']}) and .parquet files (such as {first['.parquet']}); "
-                        f"predict reads one format a run: predict the CSV and the parquet "
-                        f"files apart")
-    kind = {frozenset({".csv"}): data_pb2.CsvDataset,
-            frozenset({".parquet"}): data_pb2.ParquetDataset}.get(suffixes)
-    if kind is None and not suffixes & {".csv", ".parquet"}:
-        parquet = {is_parquet_file(f) for f in files}
-        kind = data_pb2.ParquetDataset if parquet == {True} else (
-            data_pb2.CsvDataset if parquet == {False} else None)
-    if kind is None or kind == data_config.dataset_type:
-        return data_config
-    switched = type(data_config)()
-    switched.CopyFrom(data_config)
-    switched.dataset_type = kind
-    if kind == data_pb2.CsvDataset:
-        del switched.input_fields[:]  # column names and types come from the header row
-        switched.with_header = True
-    return switched
 
 
 def _output_columns(wanted: tuple[str, ...] | None, columns: tuple[str, ...]) -> tuple[str, ...]:
@@ -355,7 +150,7 @@ def predict(export_dir: str, input_path: str, output_path: str,
     loader = create_dataloader(input_data_config(config.data_config, input_path), feature_set,
                                input_path, "predict", batch_size=batch_size,
                                reserved_columns=reserved_columns)
-    staging, created = _staging_file(output)
+    staging, created = staging_file(output)
     lock = OutputLock(output)  # before anything is written or discarded
     parts = PartFiles(staging, max(loader.num_workers, 1))
     start = time.perf_counter()
@@ -368,11 +163,11 @@ def predict(export_dir: str, input_path: str, output_path: str,
         try:
             os.replace(staging, output)
         except OSError as err:
-            raise _write_error(output, err) from err
+            raise write_error(output, err) from err
     except BaseException:  # Ctrl-C and, under the command line, SIGTERM included
         parts.remove()
         lock.release()
-        _discard(staging, created)
+        discard_staging(staging, created)
         raise
     lock.release()
     seconds = time.perf_counter() - start
@@ -433,97 +228,6 @@ def prediction_array(values: torch.Tensor) -> pa.Array:
     return array.cast(kind)
 
 
-def _write_error(path: str, err: OSError) -> ExportError:
-    """One line for a failed write of the predictions into ``path`` (a full disk says so)."""
-    reason = os.strerror(err.errno) if err.errno else str(err)
-    hint = disk_full_hint(err, "another --predict_output_path", "predict again")
-    return ExportError(f"cannot write the predictions to {path}: {reason}{hint}")
-
-
-class PartFiles:
-    """Parquet parts of one output file, one per loader worker, joined in worker order.
-
-    A failed write (a full disk, say) raises an ExportError naming the file; the caller
-    removes the parts (``remove``).
-
-    Args:
-        path: the file the parts join into (the only part for one worker).
-        count: number of parts.
-    """
-
-    def __init__(self, path: str, count: int) -> None:
-        self.path = path
-        self.paths = [path] if count == 1 else [f"{path}.{i}" for i in range(count)]
-        self.rows = [0] * count
-        self._writers: list[pq.ParquetWriter | None] = [None] * count
-
-    def write(self, part: int | None, table: pa.Table) -> None:
-        """Appends ``table`` to part ``part``.
-
-        Raises:
-            RuntimeError: ``part`` is None or out of range (more batches than expected).
-        """
-        if part is None or not 0 <= part < len(self.paths):
-            raise RuntimeError(f"more batches than the loader's workers were to give "
-                               f"(after {sum(self.rows)} rows); the output would be out of "
-                               f"order")
-        try:
-            if self._writers[part] is None:
-                self._writers[part] = pq.ParquetWriter(self.paths[part], table.schema)
-            self._writers[part].write_table(table)
-        except OSError as err:
-            raise _write_error(self.paths[part], err) from err
-        self.rows[part] += table.num_rows
-
-    def close(self) -> None:
-        """Closes the parts' writers."""
-        for i, writer in enumerate(self._writers):
-            if writer is not None:
-                try:
-                    writer.close()  # writes the file's footer
-                except OSError as err:
-                    raise _write_error(self.paths[i], err) from err
-                self._writers[i] = None
-
-    def join(self) -> None:
-        """Writes the parts' row groups into ``path``, part 0's first, and removes the
-        parts (nothing to do with one part)."""
-        written = [p for p, n in zip(self.paths, self.rows) if n]
-        if len(written) == 1:
-            if written[0] != self.path:
-                os.replace(written[0], self.path)
-            return
-        writer = None
-        try:
-            try:
-                for part in written:
-                    reader = pq.ParquetFile(part)
-                    if writer is None:
-                        writer = pq.ParquetWriter(self.path, reader.schema_arrow)
-                    for group in range(reader.num_row_groups):
-                        writer.write_table(reader.read_row_group(group))
-            finally:
-                if writer is not None:
-                    writer.close()
-        except OSError as err:
-            raise _write_error(self.path, err) from err
-        for part in written:
-            os.remove(part)
-
-    def remove(self) -> None:
-        """Closes and deletes every part (and ``path``)."""
-        for writer in self._writers:
-            if writer is not None:
-                try:
-                    writer.close()
-                except Exception:  # noqa: BLE001 - the file is deleted below
-                    pass
-        self._writers = [None] * len(self.paths)
-        for path in {*self.paths, self.path}:
-            if os.path.exists(path):
-                os.remove(path)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hashrec.predict",
@@ -556,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch_size", type=int, default=None,
                         help="rows per batch (default: data_config.eval_batch_size or "
                              "batch_size)")
-    parser.add_argument("--device", type=_device_arg, default="auto",
+    parser.add_argument("--device", type=device_arg, default="auto",
                         help=f"{DEVICES} (default auto: cuda if present, else cpu)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing output file (in a directory output: "
@@ -564,12 +268,6 @@ def build_parser() -> argparse.ArgumentParser:
                              "input files; without it an existing output file or a non-empty "
                              "output directory is refused")
     return parser
-
-
-def _device_arg(text: str) -> str:
-    if not _DEVICE.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"expected {DEVICES}, got {text!r}")
-    return text
 
 
 def main(argv: list[str] | None = None) -> int:

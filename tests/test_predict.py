@@ -347,7 +347,7 @@ def test_cuda_device_without_cuda_is_one_error(caplog, exported, tmp_path, monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     from hashrec.export import ExportError
-    from hashrec.predict import resolve_device
+    from hashrec.export.loading import resolve_device
 
     with pytest.raises(ExportError, match="--device cuda:1: this machine has 1 CUDA device"):
         resolve_device("cuda:1")

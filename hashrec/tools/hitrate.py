@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 import torch
 
 from hashrec.export.errors import ExportError
-from hashrec.predict import resolve_device
+from hashrec.export.loading import resolve_device
 
 logger = logging.getLogger("hashrec.tools.hitrate")
 

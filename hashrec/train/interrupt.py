@@ -15,7 +15,7 @@ temporary output, ``hashrec.export`` its staging directory) handle SIGTERM alike
 :class:`Terminated`, which the command line reports as one line, exiting 143.
 
 Under several ranks a signal may reach some ranks only, or the ranks at different
-steps: every step each rank starts a host-side reduction of the signal it holds and
+steps (``hashrec.train.stopping``): every step each rank starts a host-side reduction of the signal it holds and
 reads the previous step's result (so nobody waits for it), and all stop after the
 same step, one step after the first rank noted a signal. Loader workers neither stop
 nor end on the first SIGINT or SIGTERM (``hashrec.data.loader``): the training

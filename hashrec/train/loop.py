@@ -38,17 +38,16 @@ Python's cyclic garbage collector runs on a step schedule while training
 (``hashrec.train.collection_schedule``): a full collection at an arbitrary step
 stalls one rank and, under torchrun, every rank waiting for it.
 
+Checkpoints (every ``save_checkpoints_steps`` or ``save_checkpoints_epochs``, and one at
+the end) are saved and, with an eval input, evaluated as
+``hashrec.train.checkpoint_schedule`` says; a resumed run first evaluates its checkpoint
+when an evaluation due for it left no result (a stop or crash in it).
+
 Stopping: ``num_steps`` (total steps, including those of a resumed run) when
 set, else ``num_epochs`` (default 1) passes over the training input. With both
 set, whichever comes first; the log says which ended the run. SIGINT and SIGTERM
-end it after the current step with a checkpoint (``hashrec.train.interrupt``); one that
-comes during an evaluation (which follows a save) stops it before its next batch, and the
-run ends without a result for it. A resumed run whose checkpoint has no line in
-eval_result.txt evaluates it before training on (``_unevaluated_resume``) when the run
-that saved it went on to evaluate it (checkpoints record it: with an eval input, every
-one but those saved on a stop signal) or when its own schedule evaluates it (a step or
-epoch checkpoint, or the last): a stop or crash in an evaluation leaves no hole in the
-results, also where the resumed run trains longer.
+end it after the current step with a checkpoint, every rank after the same step
+(``hashrec.train.stopping``).
 A resumed run continues in the epoch it stopped in, past the batches it trained
 (``hashrec.train.checkpoints``; only approximately where the number of ranks, loader
 workers or the batch size changed: ``resumed_batches``); its incremental dumps after
@@ -63,17 +62,15 @@ import logging
 import os
 from dataclasses import dataclass
 
-import torch.distributed as dist
-
 from hashrec.checkpoint import IncrementalDumper, discard_dumps_after
-from hashrec.checkpoint.dist_util import run_on_rank_zero
 from hashrec.checkpoint.tags import model_tag_tables
 from hashrec.distributed import all_reduce_scalars, single_process_context
 from hashrec.distributed.data_parallel import FlatGradients
 from hashrec.distributed.metrics import all_reduce_sum
-from hashrec.distributed.process_group import all_gather_objects, all_reduce_int_async
+from hashrec.distributed.process_group import all_gather_objects
 from hashrec.train import checkpoints
 from hashrec.train.batch_shares import empty_shares, resumed_batches
+from hashrec.train.checkpoint_schedule import CheckpointSchedule
 from hashrec.train.collection_schedule import CollectionSchedule
 from hashrec.train.distributed import (
     WeightedLossScale,
@@ -82,16 +79,14 @@ from hashrec.train.distributed import (
     min_over_ranks,
 )
 from hashrec.train.errors import TrainError
-from hashrec.train.evaluation import evaluate as evaluate_model
-from hashrec.train.evaluation import evaluated, write_eval_result
 from hashrec.train.graphs import DenseGraphs
-from hashrec.train.interrupt import StopSignals, TrainInterrupted
 from hashrec.train.optimizers import clip_gradients
 from hashrec.train.pareto import ParetoLossWeights
 from hashrec.train.placement import gil_switch_interval
 from hashrec.train.precision import as_one_optimizer
 from hashrec.train.prefetch import DevicePrefetcher, EpochStream
 from hashrec.train.progress import ProgressLog, table_counters, total_steps, zch_counters
+from hashrec.train.stopping import StopAgreement
 from hashrec.train.summaries import Summaries
 from hashrec.train.timing import StepTimer, format_phases
 from hashrec.train.train_metrics import TrainMetrics
@@ -162,19 +157,14 @@ class TrainLoop:
             self._note_layout(resume)
         # A resumed run's random generator states, put back before its first step.
         self._random_state = resume.random_state
-        self._signals: StopSignals | None = None
-        self._stop_reduction = None  # under several ranks: the last step's, unread
-        self._evaluation_cut = False  # a stop signal ended an evaluation
         # Training input per epoch, the next epoch's loader started ahead (run_epoch).
         self._inputs: EpochStream | None = None
         self._inputs_path: str | None = None
         # The training input's ``empty_shares`` arguments, for an epoch without a step.
         self._shares: tuple | None = None
-        self.last_saved = resume.step if resume.path and resume.step else -1
-        self._resumed_from = resume.path if resume.step else None
-        self._resume_evaluates = resume.evaluates
         self._lrs: dict[str, float] = {}  # the last step's learning rates, for its line
         self.ctx = session.ctx or single_process_context(session.device)
+        self.stop = StopAgreement(self.ctx)
         self.progress = ProgressLog(options.log_step_count_steps, session.rank,
                                     reduce=lambda values: all_reduce_scalars(values, self.ctx))
         self.summaries = Summaries(session.model_dir,
@@ -214,6 +204,8 @@ class TrainLoop:
             (lambda t: all_reduce_sum(t, self.ctx)) if self.ctx.is_distributed else None)
         if resume.continued:  # a resumed run continues them (checkpoints carry them)
             self.train_metrics.load_state_dict(resume.train_metrics, session.rank, resume.path)
+        self.checkpointing = CheckpointSchedule(session, options, resume, self.readers,
+                                                self.train_metrics, self.summaries, self.stop)
         # Python's garbage collection at fixed steps while training (same on every rank).
         self.collections = CollectionSchedule()
         self.dumper = self._dumper(resume) if options.incremental_dump_steps else None
@@ -283,80 +275,41 @@ class TrainLoop:
         """
         self.session.model.train()
         result = None
-        unevaluated = self._unevaluated_resume()
+        unevaluated = self.checkpointing.unevaluated_resume(self.step, self.epoch,
+                                                            self.epoch_step, self.done())
         if self.done() and not unevaluated:
             self._log_end("nothing to train: ")
             return None
         try:
             with self.collections, gil_switch_interval(self.session.device.type), \
-                    StopSignals() as self._signals:
+                    self.stop:
                 if unevaluated:
+                    resumed = self.checkpointing.resumed_from
                     if self.session.is_chief:
                         logger.info("%s has no evaluation result (its run stopped in it): "
-                                    "evaluating it first", self._resumed_from)
+                                    "evaluating it first", resumed)
                     with self.progress.paused():
-                        result = self._evaluate(self._resumed_from)
+                        result = self.checkpointing.evaluate(resumed, self.step)
                     self.session.model.train()
-                while not self.done() and not self.stopping:
+                while not self.done() and not self.stop.stopping:
                     result = self.run_epoch(train_input_path) or result
                     self.collections.full()
-                if self._stop_reduction is not None:
-                    # Every rank started it: finish it. A signal it carries came in the last
-                    # step, as the run ends anyway; every rank reads the same value and
-                    # leaves it alike, so none stops on its own (a final evaluation still
-                    # stops on the signal, every rank before the same batch).
-                    self._stop_reduction()
-                    self._stop_reduction = None
+                self.stop.finish()  # the last step's signal reduction, every rank alike
                 if self.progress.pending:  # the last steps' line (every rank alike)
                     self._report_progress()
                 self._finish_timing()
-                if self.last_saved != self.step:
-                    result = self.checkpoint_and_evaluate(evaluate=not self.stopping) \
+                if self.checkpointing.last_saved != self.step:
+                    result = self.checkpoint_and_evaluate(evaluate=not self.stop.stopping) \
                         or result
         finally:
             if self._inputs is not None:
                 self._inputs.close()
             self.summaries.close()
-        if self.stopping:
-            raise TrainInterrupted(self._stop_message(), self._signals.agreed)
+        if self.stop.stopping:
+            raise self.stop.interrupted(self.step, self.done(),
+                                        bool(self.options.eval_input_path))
         self._log_end("")
         return result
-
-    def _stop_message(self) -> str:
-        step = self.step
-        where = " in the evaluation" if self._evaluation_cut else ""
-        head = f"stopped by {self._signals.name}{where} at step {step}; "
-        if not self.done():
-            return head + (f"the checkpoint of step {step} is saved; run again with "
-                           f"--continue_train to resume")
-        rest = f"training is complete and the checkpoint of step {step} is saved"
-        if self.options.eval_input_path:
-            rest += "; run again with --continue_train (or python -m hashrec.eval) to evaluate it"
-        return head + rest
-
-    @property
-    def stopping(self) -> bool:
-        """A stop signal was agreed on (see ``_check_signals``; in an evaluation,
-        ``eval_batches``)."""
-        return self._signals is not None and self._signals.agreed is not None
-
-    def _check_signals(self) -> bool:
-        """Whether to stop after this step: a signal was received (under several ranks:
-        by any rank as of the previous step, whose reduction this step reads, so that
-        all stop after the same step without waiting for each other)."""
-        signals = self._signals
-        if signals is None:
-            return False
-        if self.stopping:  # agreed in an evaluation (every rank alike)
-            return True
-        if not self.ctx.is_distributed:
-            signals.agreed = signals.received
-            return self.stopping
-        agreed = self._stop_reduction() if self._stop_reduction is not None else 0
-        self._stop_reduction = all_reduce_int_async(signals.received or 0, self.ctx,
-                                                    dist.ReduceOp.MAX)
-        signals.agreed = agreed or None
-        return self.stopping
 
     def _log_end(self, prefix: str) -> None:
         if not self.session.is_chief:
@@ -422,17 +375,18 @@ class TrainLoop:
             if self.dumper is not None and self.step % self.dumper.interval_steps == 0:
                 with self.collections.automatic(), self.progress.paused():
                     logger.info("incremental dump %s", self.dumper.dump(self.step))
-            if self._due_steps():
+            if self.checkpointing.due_at_step(self.step):
                 with self.collections.automatic():
                     result = self.checkpoint_and_evaluate() or result
             if self.options.num_steps and self.step >= self.options.num_steps \
-                    or self._check_signals():
+                    or self.stop.check():
                 return result
         if batches == 0 and not skip:
             raise self._no_batches(train_input_path)
         self.epoch += 1
         self.epoch_step = 0
-        if self._due_epochs() and self.last_saved != self.step:
+        if self.checkpointing.due_at_epoch(self.epoch) \
+                and self.checkpointing.last_saved != self.step:
             with self.collections.automatic():
                 result = self.checkpoint_and_evaluate() or result
         return result
@@ -459,31 +413,6 @@ class TrainLoop:
                         per_rank, bool(dataset.options.drop_remainder))
         return (loader, max(readers) * max(workers, 1), min_over_ranks(min(per_rank), self.ctx),
                 sum(readers), int(dataset.options.batch_size))
-
-    def _unevaluated_resume(self) -> bool:
-        """Whether the checkpoint this run resumes from is one the run that saved it went
-        on to evaluate (its ``evaluates`` record: the last of a run that trained fewer
-        steps counts) or one this run's schedule evaluates (a step or epoch checkpoint,
-        or the last), and its evaluation left no result in eval_result.txt: the run
-        before stopped, or was killed, in it. Rank 0 reads the file; every rank takes
-        its answer."""
-        if self._resumed_from is None or not self.options.eval_input_path:
-            return False
-        due = bool(self._resume_evaluates) or self._due_steps() or self.done() or (
-            not self.epoch_step and self._due_epochs())
-        if not due:  # a checkpoint saved on a stop signal, not evaluated by design
-            return False
-        path, model_dir = self._resumed_from, self.session.model_dir
-        return run_on_rank_zero(lambda: not evaluated(model_dir, path),
-                                "reading eval_result.txt", TrainError)
-
-    def _due_steps(self) -> bool:
-        every = self.options.save_checkpoints_steps
-        return bool(every) and self.step % every == 0
-
-    def _due_epochs(self) -> bool:
-        every = self.options.save_checkpoints_epochs
-        return bool(every) and self.epoch % every == 0
 
     def train_step(self, batch, upcoming=None) -> None:
         """One step on ``batch``; ``upcoming(k)`` gives the k-th batch after it (or None),
@@ -570,34 +499,6 @@ class TrainLoop:
     def checkpoint_and_evaluate(self, evaluate: bool = True) -> dict | None:
         """Save a checkpoint at the current step, then evaluate when an eval input is set
         (and ``evaluate``), outside the progress line's samples/s."""
-        s = self.session
         self.progress.check_finite(self.step)
-        evaluate = evaluate and bool(self.options.eval_input_path)
         with self.progress.paused():
-            path = checkpoints.save(s.model_dir, self.step, self.epoch, s.model, s.dense,
-                                    self.options.keep_checkpoint_max, self.epoch_step,
-                                    self.readers, evaluates=evaluate,
-                                    keep_best=self.options.keep_best,
-                                    train_metrics=self.train_metrics.state_dict()
-                                    if self.train_metrics else None)
-            self.last_saved = self.step
-            return self._evaluate(path) if evaluate else None
-
-    def _evaluate(self, path: str) -> dict | None:
-        """Evaluates the model (the checkpoint ``path`` of this step) and records the
-        result; None when a stop signal cut it short."""
-        s = self.session
-        result = evaluate_model(s, self.options.eval_input_path, self.step,
-                                self.options.eval_num_steps, self._signals)
-        if result is None:  # a stop signal cut it short: ``stopping`` now
-            self._evaluation_cut = True
-            return None
-        try:
-            write_eval_result(s.model_dir, result, s.rank, path)
-        except TrainError as err:  # the checkpoint it evaluated is complete: say so
-            raise TrainError(f"{err}; the checkpoint {path} is saved (--continue_train "
-                             f"resumes from it)") from None
-        self.summaries.scalars(self.step, {k: v for k, v in result.items() if k != "step"},
-                               prefix="eval/")
-        self.summaries.flush()
-        return result
+            return self.checkpointing.save(self.step, self.epoch, self.epoch_step, evaluate)

@@ -17,8 +17,8 @@ from hashrec.checkpoint import latest_checkpoint
 from hashrec.checkpoint.restore import read_complete_meta
 from hashrec.config import load_pipeline_config
 from hashrec.data import create_dataloader
+from hashrec.export.loading import model_inputs
 from hashrec.features import build_feature_set
-from hashrec.predict import model_inputs
 from hashrec.tools.gen_taobao_data import generate
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from hashrec.checkpoint import save_checkpoint
 from hashrec.config import load_pipeline_config
 from hashrec.data import create_dataloader
-from hashrec.predict import model_inputs
+from hashrec.export.loading import model_inputs
 from hashrec.tools.gen_taobao_data import generate
 from hashrec.train.session import build_session
 

@@ -8,9 +8,9 @@ import torch
 from model_kinds import MODELS, SUFFIX, pipeline_text
 
 from hashrec.config import parse_pipeline_config
+from hashrec.export.loading import model_inputs
 from hashrec.export.scripted import build_inference_model
 from hashrec.export.tables import dynamic_table_views
-from hashrec.predict import model_inputs
 from hashrec.tools.gen_taobao_data import generate
 from hashrec.train.session import build_session
 

@@ -352,7 +352,7 @@ def scenario_signal_in_the_last_step(root: str, ctx) -> dict:
             ends[name] = ("finished", loop.step)
         except TrainInterrupted as stop:
             ends[name] = (f"stopped, exit {stop.exit_code}", loop.step)
-        received[name] = loop._signals.received
+        received[name] = loop.stop.signals.received
     return {"ends": ends, "received": received}
 
 

@@ -406,21 +406,21 @@ def test_a_longer_resumed_run_evaluates_the_last_checkpoint_a_crash_left_unevalu
     """The run of 3 steps crashed in its final evaluation; the resumed run trains to 6,
     whose schedule (every 2 steps) never evaluates step 3: the checkpoint's record
     does."""
-    from hashrec.train import loop as loop_module
+    from hashrec.train import checkpoint_schedule
 
     edits = {"train_config.num_steps": 3, "train_config.save_checkpoints_steps": 2,
              "eval_input_path": str(data_dir)}
-    real = loop_module.evaluate_model
+    real = checkpoint_schedule.evaluate_model
 
     def crash_at_3(session, path, step, *args):
         if step == 3:
             raise RuntimeError("killed in the evaluation")
         return real(session, path, step, *args)
 
-    monkeypatch.setattr(loop_module, "evaluate_model", crash_at_3)
+    monkeypatch.setattr(checkpoint_schedule, "evaluate_model", crash_at_3)
     with pytest.raises(RuntimeError, match="killed"):
         small_loop(tmp_path, edits=edits).run(str(data_dir))
-    monkeypatch.setattr(loop_module, "evaluate_model", real)
+    monkeypatch.setattr(checkpoint_schedule, "evaluate_model", real)
     steps = [json.loads(line)["step"]
              for line in (tmp_path / "eval_result.txt").read_text().splitlines()]
     assert steps == [2]

@@ -35,9 +35,10 @@ import torch
 from hashrec.checkpoint.errors import CheckpointError
 from hashrec.data.errors import DataError
 from hashrec.export.errors import ExportError
+from hashrec.export.loading import resolve_device
+from hashrec.export.prediction_files import check_not_an_input, output_file
 from hashrec.features.errors import FeatureError
 from hashrec.models.tdm import TDM
-from hashrec.predict import check_not_an_input, output_file, resolve_device
 from hashrec.tools.tdm.init_tree import read_item_table
 from hashrec.tools.tdm.retrieval import RetrievalError, restored_session
 

@@ -49,15 +49,9 @@ from hashrec.checkpoint.errors import CheckpointError
 from hashrec.data.errors import DataError
 from hashrec.data.sampler import as_input_type
 from hashrec.export.errors import ExportError
+from hashrec.export.loading import input_data_config, load_export, model_inputs, resolve_device
+from hashrec.export.prediction_files import check_not_an_input, output_file
 from hashrec.features.errors import FeatureError
-from hashrec.predict import (
-    check_not_an_input,
-    input_data_config,
-    load_export,
-    model_inputs,
-    output_file,
-    resolve_device,
-)
 from hashrec.tools.tdm.beam_search import (
     Scorer,
     beam_search,

@@ -168,7 +168,7 @@ def test_swapped_configs_are_one_error_before_the_source_is_read(trained, tmp_pa
 def test_zch_model_exports_hash_maps_and_predicts_like_eval(trained, tmp_path):
     from hashrec.data import create_dataloader
     from hashrec.export import export_model
-    from hashrec.predict import model_inputs
+    from hashrec.export.loading import model_inputs
 
     root, config, source = trained
     export_model(load_pipeline_config(config), str(tmp_path / "e"), source)
