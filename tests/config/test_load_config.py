@@ -107,7 +107,7 @@ def test_a_misspelt_name_suggests_the_closest(tmp_path, caplog, line, error):
 
 @pytest.mark.parametrize("model, kind", [
     ("dlrm_hstu { }", "generative ranking model"),
-    ("hstu_match { }", "match model"),
+    ("ultra_hstu { }", "generative ranking model"),
 ])
 def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(model, kind):
     with pytest.raises(ConfigError) as err:
@@ -116,7 +116,8 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
     assert str(err.value) == (
         f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
-        f"models: dat, dbmtl, dc2vr, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, "
+        f"models: dat, dbmtl, dc2vr, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, hstu_match, "
+        f"mask_net, "
         f"match_backbone, mind, mmoe, multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, "
         f"rank_backbone, rocket_launching, simple_multi_task, tdm, wide_and_deep, wukong, "
         f"xdeepfm")

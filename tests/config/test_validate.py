@@ -68,7 +68,8 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
     ("model_config { losses { binary_cross_entropy {} } }",
      "model_config sets no model; supported models: dat, dbmtl, dc2vr, dcn_v1, dcn_v2, deepfm, "
      "dlrm, "
-     "dssm, dssm_v2, mask_net, match_backbone, mind, mmoe, multi_task_backbone, multi_tower, "
+     "dssm, dssm_v2, hstu_match, mask_net, match_backbone, mind, mmoe, multi_task_backbone, "
+     "multi_tower, "
      "multi_tower_din, "
      "pepnet, ple, rank_backbone, rocket_launching, "
      "simple_multi_task, tdm, wide_and_deep, wukong, xdeepfm$"),
