@@ -21,9 +21,10 @@ user features see empty rows.
 
 As in TorchEasyRec, an ``item_id_field`` of a sequence's sub-feature
 (``cand_seq__video_id``, hstu_match's candidates) reads each row's ids from the
-sequence (a list column, or text of integers between separators), and an attr field
-that is no input column (``video_id``) fills that sequence's column of the same
-sub-feature (``cand_seq__video_id``): each sampled row a sequence of its one item.
+sequence (a list column, or text of ids between separators), and an attr field
+(``video_id``) fills that sequence's column of the same sub-feature
+(``cand_seq__video_id``; a column of its own name too, where there is one): each
+sampled row a sequence of its one item.
 """
 
 from __future__ import annotations
@@ -217,16 +218,16 @@ class NegativeSampler:
 
 
 def attr_columns(attr_fields, item_id_field: str, columns) -> dict[str, str]:
-    """Input column -> the attr field it takes: an attr field that is a column fills it;
-    else, with an ``item_id_field`` of a sequence's sub-feature (``<sequence>__<name>``),
-    the column ``<sequence>__<attr field>``, where there is one (TorchEasyRec's rule)."""
+    """Input column -> the attr field it takes: an attr field fills the column of its
+    name and, with an ``item_id_field`` of a sequence's sub-feature
+    (``<sequence>__<name>``), the column ``<sequence>__<attr field>`` (TorchEasyRec's
+    rule), each where there is one."""
     sequence = item_id_field.rpartition("__")[0]
     out = {}
     for attr in attr_fields:
-        if attr in columns:
-            out[attr] = attr
-        elif sequence and f"{sequence}__{attr}" in columns:
-            out[f"{sequence}__{attr}"] = attr
+        for column in (attr, f"{sequence}__{attr}" if sequence else ""):
+            if column in columns:
+                out[column] = attr
     return out
 
 

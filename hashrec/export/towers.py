@@ -43,7 +43,8 @@ def tower_groups(config, tower: str) -> list[str]:
     """Every feature group ``tower`` reads: its ``input``, then a DAT tower's
     ``augment_input`` and MIND's user tower's ``history_input`` (the behaviour sequence);
     a match backbone's tower: the groups its blocks read (config order); HSTU match's user
-    tower: every group but its item tower's (config order)."""
+    tower: its ``input`` (the history), then every other group but its item tower's (config
+    order)."""
     model_config = config.model_config
     kind = model_config.WhichOneof("model")
     model = getattr(model_config, kind)
@@ -52,9 +53,10 @@ def tower_groups(config, tower: str) -> list[str]:
         parts = split_towers(model.backbone, names, "model_config.match_backbone.backbone")
         return list(parts[tower].groups)
     if kind == "hstu_match":  # the user tower reads every group but the candidates'
-        item = model.item_tower.input
-        return [item] if tower == "item" else \
-            [g.group_name for g in model_config.feature_groups if g.group_name != item]
+        item, history = model.item_tower.input, model.user_tower.input
+        return [item] if tower == "item" else [history] + [
+            g.group_name for g in model_config.feature_groups
+            if g.group_name not in (item, history)]
     tower_config = getattr(model, f"{tower}_tower")
     more = [getattr(tower_config, field, "") for field in ("augment_input", "history_input")]
     return [tower_config.input] + [group for group in more if group]

@@ -50,6 +50,7 @@ def test_taobao_config_parses_verbatim(caplog):
                                             ("mind_taobao_dynamicemb.config", 10),
                                             ("dat_taobao_dynamicemb.config", 10),
                                             ("match_backbone_taobao_dynamicemb.config", 10),
+                                            ("hstu_match_taobao_dynamicemb.config", 10),
                                             ("dcn_backbone_taobao_dynamicemb.config", 16)])
 def test_examples_parse(name, features):
     config = load_pipeline_config(EXAMPLES / name)
@@ -62,7 +63,8 @@ def test_every_example_is_tested():
               "wide_and_deep_taobao_dynamicemb.config", "dlrm_criteo_dynamicemb.config",
               "mmoe_taobao_dynamicemb.config", "dssm_taobao_dynamicemb.config",
               "mind_taobao_dynamicemb.config", "dcn_backbone_taobao_dynamicemb.config",
-              "dat_taobao_dynamicemb.config", "match_backbone_taobao_dynamicemb.config"}
+              "dat_taobao_dynamicemb.config", "match_backbone_taobao_dynamicemb.config",
+              "hstu_match_taobao_dynamicemb.config"}
     assert {p.name for p in EXAMPLES.glob("*.config")} == tested
 
 
