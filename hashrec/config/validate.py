@@ -218,10 +218,10 @@ def _model_problems(model_config) -> list[str]:
     if model in MULTI_TASK_MODELS:
         places += [(f"{model}.task_towers[{i}]", tower)
                    for i, tower in enumerate(getattr(model_config, model).task_towers)]
-    if model in MATCH_MODELS:
-        problems += _match_problems(model_config)
     if model == "hstu_match":
         problems += hstu_match_problems(model_config)
+    if model in MATCH_MODELS:
+        problems += _match_problems(model_config)
     else:
         for where, config in places:
             problems += _loss_metric_problems(where, config)
@@ -289,7 +289,7 @@ def _metric_problems(where: str, metric) -> list[str]:
         # TorchEasyRec computes it on the similarities of a match model's user and item
         # towers; its ranking models refuse it too.
         return [f"{where}.recall_at_k is not supported here: it is a metric of match "
-                f"(retrieval) models (dssm, dssm_v2, mind, dat), which rank items by user-item "
+                f"(retrieval) models ({', '.join(MATCH_MODELS)}), which rank items by user-item "
                 f"similarity; for a ranking model use auc, grouped_auc or, for classes, "
                 f"accuracy with top_k"]
     if kind not in SUPPORTED_METRICS:

@@ -366,6 +366,8 @@ def _pipeline(data: str = "negative_sampler { input_path: 'i' num_sample: 2 "
      "model_config.hstu_match.user_tower.hstu.attn_truncation_tail_len is not supported"),
     (("attn_num_layers: 2", "attn_num_layers: 2 name: 'uih_click'"),
      "model_config.hstu_match.user_tower.hstu.name is not supported"),
+    (("metrics { recall_at_k { top_k: 1 } }", "metrics { auc {} }"),
+     "model_config.metrics[0].auc is not supported for a match model; use recall_at_k"),
 ])
 def test_config_errors_name_the_field(change, message):
     config = parse_pipeline_config(_pipeline().replace(*change))
