@@ -17,8 +17,11 @@ import pytest
 import torch
 
 from hashrec.checkpoint import latest_checkpoint, restore_checkpoint
-from hashrec.config import apply_edit_config_json, parse_pipeline_config
-from hashrec.config import validate_pipeline_config
+from hashrec.config import (
+    apply_edit_config_json,
+    parse_pipeline_config,
+    validate_pipeline_config,
+)
 from hashrec.export.exporter import export_model
 from hashrec.predict import predict
 from hashrec.train import evaluate_checkpoint, train_and_evaluate
