@@ -326,6 +326,11 @@ def test_group_errors_name_the_group():
                                          r"'contextual' gives 2"):
         _model((CONFIG % "").replace("output_dropout_ratio: 0",
                                      "output_dropout_ratio: 0 contextual_seq_len: 3"))
+    pooled = CONFIG.replace('feature_names: "click_seq__item_id"',
+                            'feature_names: ["click_seq__item_id", "user_id"]')
+    with pytest.raises(ModelError, match=r"JAGGED_SEQUENCE feature group 'uih' holds features "
+                                         r"that are not sequences \['user_id'\]"):
+        _model(pooled % "")
     both = CONFIG.replace('input: "candidate"', 'input: "uih"').replace(
         'group_name: "candidate" feature_names: "click_seq__cate_id"',
         'group_name: "uih_timestamp" feature_names: "click_seq__ts"')
