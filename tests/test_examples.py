@@ -1,6 +1,6 @@
 """The example configs of the match models and the configurable backbone train a few steps
 on generated Taobao-like data, read from the paths they name (the generator's defaults);
-the DSSM, DAT and match backbone examples' towers export and predict apart."""
+the DSSM, DAT, match backbone and HSTU match examples' towers export and predict apart."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def _train(workdir, monkeypatch, name: str, edits: dict) -> dict:
     return result
 
 
-@pytest.mark.parametrize("name, width", [("dssm", 64), ("dat", 32), ("match_backbone", 64)])
+@pytest.mark.parametrize("name, width", [("dssm", 64), ("dat", 32), ("match_backbone", 64),
+                                         ("hstu_match", 64)])
 def test_the_match_example_trains_and_its_towers_export_and_predict(workdir, monkeypatch,
                                                                      name, width):
     result = _train(workdir, monkeypatch, f"{name}_taobao_dynamicemb.config", SAMPLED)

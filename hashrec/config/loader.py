@@ -133,10 +133,8 @@ def _nested_field(message: str) -> str:
 
 
 # TorchEasyRec's models that HashRec's ModelConfig does not parse: the older form of its
-# configurable backbone, its match models but DSSM, DAT, MIND, TDM and the match backbone,
-# its generative and HSTU models.
+# configurable backbone, its generative models and its HSTU ranking models.
 _UNPARSED_MODELS = {
-    "hstu_match": "match model",
     "dlrm_hstu": "generative ranking model",
     "ultra_hstu": "generative ranking model", "sid_rqvae": "semantic id model",
     "sid_rqkmeans": "semantic id model", "generative_qwen": "generative model",

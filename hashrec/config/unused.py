@@ -58,6 +58,19 @@ _REFUSED = {
         "ema": (lambda v: True, "the dense parameters are evaluated and exported as "
                 "trained, without a moving average"),
     },
+    "STU": {
+        "sla_k1": (lambda v: v > 0, "each position reads every position before it, or "
+                   "max_attn_len of them"),
+        "sla_k2": (lambda v: v > 0, "each position reads every position before it, or "
+                   "max_attn_len of them"),
+    },
+    "HSTU": {
+        "attn_truncation_split_layer": (lambda v: v > 0, "every layer reads the whole "
+                                        "history"),
+        "attn_truncation_tail_len": (lambda v: v > 0, "every layer reads the whole history"),
+        "name": (bool, "hstu_match's user tower is one channel, reading the groups uih_action, "
+                 "uih_watchtime and uih_timestamp"),
+    },
     "GradClipping": {
         "enable_global_grad_clip": (bool, "the clipping norm is the dense gradients' after "
                                     "their all-reduce; sparse rows are updated inside the "
@@ -91,6 +104,8 @@ _IGNORED = {
     # Read by TorchEasyRec's HSTU encoder and applied nowhere there: the attention's
     # dropout, and the time buckets of a relative bias that is given no timestamps.
     "HSTUEncoder": ("attn_dropout_rate", "time_bucket_size"),
+    # How TorchEasyRec's STU kernels save memory and time; the values are the same.
+    "STU": ("recompute_normed_x", "recompute_uvqk", "recompute_y", "sort_by_length"),
     # Feature generation's join key of a sequence; the columns are read as they are.
     "SequenceFeature": ("sequence_pk",),
     # The mode of a weight decay that must be 0 (optimizers.py refuses any other).
@@ -156,6 +171,10 @@ def _messages(config):
         model = model_config.WhichOneof("model")
         if model:
             yield f"model_config.{model}", getattr(model_config, model)
+        if model == "hstu_match":
+            where = "model_config.hstu_match.user_tower.hstu"
+            yield where, model_config.hstu_match.user_tower.hstu
+            yield f"{where}.stu", model_config.hstu_match.user_tower.hstu.stu
         if model and "task_towers" in getattr(model_config, model).DESCRIPTOR.fields_by_name:
             for i, tower in enumerate(getattr(model_config, model).task_towers):
                 where = f"model_config.{model}.task_towers[{i}]"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from hashrec.config.aliases import alias_problems
 from hashrec.config.errors import ConfigError
 from hashrec.config.fg_mode import RAW, fg_input, fg_input_setting
+from hashrec.config.hstu_match import hstu_match_problems
 from hashrec.config.match_params import match_params
 from hashrec.config.normalizer import Normalizer
 from hashrec.config.pipeline_pb2 import EasyRecConfig
@@ -31,7 +32,7 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
 # The models hashrec.models.registry builds (tests/models/test_registry.py keeps the two
 # equal; the config layer must not import the models above it).
 SUPPORTED_MODELS = ("dat", "dbmtl", "dc2vr", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "dssm",
-                    "dssm_v2", "mask_net", "match_backbone", "mind", "mmoe",
+                    "dssm_v2", "hstu_match", "mask_net", "match_backbone", "mind", "mmoe",
                     "multi_task_backbone", "multi_tower", "multi_tower_din", "pepnet", "ple",
                     "rank_backbone", "rocket_launching", "simple_multi_task", "tdm",
                     "wide_and_deep", "wukong", "xdeepfm")
@@ -41,7 +42,7 @@ MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
                      "multi_task_backbone", "dc2vr")
 # The match (retrieval) models (hashrec.models.tasks.MATCH_MODELS; tests/models/
 # test_registry.py keeps the two equal): softmax_cross_entropy and recall_at_k only.
-MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat", "match_backbone")
+MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat", "match_backbone", "hstu_match")
 # The data_config samplers of a match model's negatives.
 MATCH_SAMPLERS = ("negative_sampler", "negative_sampler_v2", "hard_negative_sampler",
                   "hard_negative_sampler_v2")
@@ -171,6 +172,10 @@ def _negative_problems(config: EasyRecConfig) -> list[str]:
                 "data_config.tdm_sampler: set both, or neither" if model == "tdm" else
                 f"data_config.tdm_sampler makes a TDM's rows; model_config.{model} does not "
                 f"read them: remove it, or set model_config.tdm"]
+    if model == "hstu_match" and not sampled:
+        return [f"model_config.hstu_match has no negatives: set data_config.negative_sampler "
+                f"(or another of {', '.join(MATCH_SAMPLERS[1:])}); as in TorchEasyRec, it "
+                f"takes no in-batch negatives"]
     if model in MATCH_MODELS:
         if not sampled and not match_params(config.model_config).in_batch_negative:
             where = "model_params." if model == "match_backbone" else ""
@@ -213,6 +218,8 @@ def _model_problems(model_config) -> list[str]:
     if model in MULTI_TASK_MODELS:
         places += [(f"{model}.task_towers[{i}]", tower)
                    for i, tower in enumerate(getattr(model_config, model).task_towers)]
+    if model == "hstu_match":
+        problems += hstu_match_problems(model_config)
     if model in MATCH_MODELS:
         problems += _match_problems(model_config)
     else:
@@ -282,7 +289,7 @@ def _metric_problems(where: str, metric) -> list[str]:
         # TorchEasyRec computes it on the similarities of a match model's user and item
         # towers; its ranking models refuse it too.
         return [f"{where}.recall_at_k is not supported here: it is a metric of match "
-                f"(retrieval) models (dssm, dssm_v2, mind, dat), which rank items by user-item "
+                f"(retrieval) models ({', '.join(MATCH_MODELS)}), which rank items by user-item "
                 f"similarity; for a ranking model use auc, grouped_auc or, for classes, "
                 f"accuracy with top_k"]
     if kind not in SUPPORTED_METRICS:

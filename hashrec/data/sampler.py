@@ -18,6 +18,13 @@ the same seed gives the same negatives. The sampled rows carry the attr fields a
 columns (text cast to the input column's type; empty text read as missing; list columns
 split on ``\\x1d``), every other column missing, so that item features read them and
 user features see empty rows.
+
+As in TorchEasyRec, an ``item_id_field`` of a sequence's sub-feature
+(``cand_seq__video_id``, hstu_match's candidates) reads each row's ids from the
+sequence (a list column, or text of ids between separators), and an attr field
+(``video_id``) fills that sequence's column of the same sub-feature
+(``cand_seq__video_id``; a column of its own name too, where there is one): each
+sampled row a sequence of its one item.
 """
 
 from __future__ import annotations
@@ -179,13 +186,14 @@ class NegativeSampler:
         gives a row of missing values): the attr fields from the items, the others
         missing."""
         columns = []
+        filled = attr_columns(self.attr_fields, self.item_id_field, batch.column_names)
         for field in batch.schema:
-            if field.name in self.attrs:
-                columns.append(as_input_type(self.attrs[field.name].take(rows), field,
+            if field.name in filled:
+                columns.append(as_input_type(self.attrs[filled[field.name]].take(rows), field,
                                              self.where))
             else:
                 columns.append(pa.nulls(len(rows), field.type))
-        unused = [f for f in self.attr_fields if f not in batch.column_names
+        unused = [f for f in self.attr_fields if f not in filled.values()
                   and f not in self._warned]
         if unused:
             self._warned.update(unused)
@@ -209,7 +217,29 @@ class NegativeSampler:
         return np.minimum(rows, len(self.ids) - 1).astype(np.int64)
 
 
+def attr_columns(attr_fields, item_id_field: str, columns) -> dict[str, str]:
+    """Input column -> the attr field it takes: an attr field fills the column of its
+    name and, with an ``item_id_field`` of a sequence's sub-feature
+    (``<sequence>__<name>``), the column ``<sequence>__<attr field>`` (TorchEasyRec's
+    rule), each where there is one."""
+    sequence = item_id_field.rpartition("__")[0]
+    out = {}
+    for attr in attr_fields:
+        for column in (attr, f"{sequence}__{attr}" if sequence else ""):
+            if column in columns:
+                out[column] = attr
+    return out
+
+
 def _ids_of(column, field: str, name: str) -> np.ndarray:
+    """The integer ids of an id column: a column of ids, of lists of ids, or of text
+    holding ids between separators (a sequence's)."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        column = pc.list_flatten(column)
+    elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        column = pc.list_flatten(pc.split_pattern_regex(column, r"[^0-9A-Za-z_\-]+"))
+        column = column.filter(pc.not_equal(column, ""))
     try:
         ids = pc.cast(column, pa.int64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:

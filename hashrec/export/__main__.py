@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "model-000000-of-000001 on one rank) with JSON meta (dynamic tables "
                     "as is_hashmap key/value pairs), the pipeline config and a TorchScript "
                     "inference model (scripted_model.pt) into --export_dir; of a match "
-                    "model (dssm, dat, mind, match_backbone) also each tower alone in "
+                    "model (dssm, dat, mind, match_backbone, hstu_match) also each tower alone in "
                     "--export_dir/user and "
                     "/item (scripted_model.pt, pipeline.config, tower.json), which predict runs "
                     "on that tower's columns alone.")

@@ -1,12 +1,14 @@
 """A match model's towers exported apart: ``<export_dir>/user/`` and ``<export_dir>/item/``.
 
 As TorchEasyRec exports a match model's towers as separate serving models, ``export``
-of a DSSM, a DAT, a MIND or a match backbone writes, beside the whole model, one
-directory per tower. Each holds the pipeline config, ``scripted_model.pt`` of its tower
-alone (the tables its feature group reads, that group's assembly and the tower's network
-(a DAT tower reads its augment group too; a match backbone's tower the groups its own
-blocks read; MIND's user tower reads its user group and its behaviour sequence and gives
-the user's interests, (B, K, D)); nothing of the other tower, whose id tables may be
+of a DSSM, a DAT, a MIND, a match backbone or an HSTU match writes, beside the whole
+model, one directory per tower. Each holds the pipeline config, ``scripted_model.pt`` of
+its tower alone (the tables its feature group reads, that group's assembly and the
+tower's network (a DAT tower reads its augment group too; a match backbone's tower the
+groups its own blocks read; MIND's user tower reads its user group and its behaviour
+sequence and gives the user's interests, (B, K, D); HSTU match's user tower its history
+and the history's contextual, action and timestamp groups, its item tower a candidate
+sequence's first item a row); nothing of the other tower, whose id tables may be
 huge) and ``tower.json``, which says which tower it is, what it reads and what it gives.
 ``predict`` on such a directory reads the tower's columns only and writes
 ``<tower>_tower_emb``: users embedded from user features alone, an item index (for ANN
@@ -40,7 +42,9 @@ def tower_group(config, tower: str) -> str:
 def tower_groups(config, tower: str) -> list[str]:
     """Every feature group ``tower`` reads: its ``input``, then a DAT tower's
     ``augment_input`` and MIND's user tower's ``history_input`` (the behaviour sequence);
-    a match backbone's tower: the groups its blocks read (config order)."""
+    a match backbone's tower: the groups its blocks read (config order); HSTU match's user
+    tower: its ``input`` (the history), then every other group but its item tower's (config
+    order)."""
     model_config = config.model_config
     kind = model_config.WhichOneof("model")
     model = getattr(model_config, kind)
@@ -48,6 +52,11 @@ def tower_groups(config, tower: str) -> list[str]:
         names = [group.group_name for group in model_config.feature_groups]
         parts = split_towers(model.backbone, names, "model_config.match_backbone.backbone")
         return list(parts[tower].groups)
+    if kind == "hstu_match":  # the user tower reads every group but the candidates'
+        item, history = model.item_tower.input, model.user_tower.input
+        return [item] if tower == "item" else [history] + [
+            g.group_name for g in model_config.feature_groups
+            if g.group_name not in (item, history)]
     tower_config = getattr(model, f"{tower}_tower")
     more = [getattr(tower_config, field, "") for field in ("augment_input", "history_input")]
     return [tower_config.input] + [group for group in more if group]

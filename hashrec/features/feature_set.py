@@ -77,6 +77,8 @@ class FeatureSet:
         column_notes: input column -> why a feature reads it, where the reason is not the
             column its expression names (input a feature generation encoded), for the
             error of a file without it.
+        read_labels: read the label columns (False: a model whose loss reads no label
+            value, hstu_match; the sample weights are still read).
     """
 
     def __init__(self, features: list[Feature], tables: list[EmbeddingTableSpec],
@@ -87,7 +89,8 @@ class FeatureSet:
                  wide: WideEmbeddings | None = None,
                  class_labels: dict[str, int] | None = None,
                  column_notes: Mapping[str, str] | None = None,
-                 domain_label: tuple[str, int] | None = None) -> None:
+                 domain_label: tuple[str, int] | None = None,
+                 read_labels: bool = True) -> None:
         self.features = {f.name: f for f in features}
         self.column_notes = dict(column_notes or {})
         self._tables = list(tables)
@@ -98,8 +101,12 @@ class FeatureSet:
         self.class_labels = dict(class_labels or {})
         self.domain_label = domain_label
         self.sample_weight_fields = tuple(sample_weight_fields)
+        # Whether the label columns are read (a model whose loss reads none, hstu_match,
+        # reads the sample weights alone).
+        self.read_labels = read_labels
         # Columns read only with the labels: the labels and the sample weights.
-        self.target_columns = self.label_fields + list(self.sample_weight_fields)
+        self.target_columns = (self.label_fields if read_labels else []) \
+            + list(self.sample_weight_fields)
         self.left_out = tuple(left_out)
         self.unembedded = frozenset(unembedded)
         self._sparse = [f for f in features if f.is_sparse]
@@ -220,7 +227,7 @@ class FeatureSet:
 
     def _labels(self, table) -> dict[str, torch.Tensor]:
         labels = {name: self._label(_decoded(get_column(table, name, f"label {name}")), name)
-                  for name in self.label_fields}
+                  for name in (self.label_fields if self.read_labels else [])}
         for weight in self.sample_weight_fields:
             column = get_column(table, weight, f"sample weight {weight}")
             labels[weight] = self._weight(_decoded(column), weight)
@@ -397,9 +404,13 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
     wide = build_wide_embeddings(features, tables, model_config)
     # Features only WIDE groups name read their wide table alone.
     embedded = {f.name for f in kept} - set(unembedded) - wide.wide_only
+    # hstu_match's loss reads none of the labels' values (TorchEasyRec's, candidate
+    # sequences such as cand_seq__action_weight, are not read either)
+    read_labels = model_config is None or model_config.WhichOneof("model") != "hstu_match"
     return FeatureSet(kept, tables_read_by(tables, embedded), labels,
                       _binary_labels(labels, model_config), weights, left_out, unembedded,
-                      wide, _class_labels(labels, model_config), notes, domain)
+                      wide, _class_labels(labels, model_config), notes, domain,
+                      read_labels=read_labels)
 
 
 def _sample_weight_fields(data_config, label_fields: list[str]) -> tuple[str, ...]:

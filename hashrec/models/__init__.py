@@ -1,7 +1,8 @@
 """Ranking models built from a pipeline config (MultiTower, MultiTowerDIN, WideAndDeep,
 DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RocketLaunching, RankBackbone,
 TDM), multi-task ones (SimpleMultiTask, MMoE, DBMTL, DC2VR, PLE, PEPNet, MultiTaskBackbone) and
-the match models DSSM, DAT, MIND and MatchBackbone (``MatchModel`` their base)."""
+the match models DSSM, DAT, MIND, MatchBackbone and HSTUMatch (``MatchModel`` their
+base)."""
 
 from hashrec.models.dat import DAT
 from hashrec.models.dbmtl import DBMTL
@@ -11,6 +12,7 @@ from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
 from hashrec.models.dssm import DSSM
 from hashrec.models.errors import ModelError
+from hashrec.models.hstu_match import HSTUMatch
 from hashrec.models.mask_net import MaskNet
 from hashrec.models.match_backbone import MatchBackbone
 from hashrec.models.match_model import MatchModel
@@ -30,7 +32,8 @@ from hashrec.models.wide_and_deep import WideAndDeep
 from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
 
-__all__ = ["DAT", "DBMTL", "DC2VR", "DCNV1", "DCNV2", "DLRM", "DSSM", "DeepFM", "MIND", "MMoE",
+__all__ = ["DAT", "DBMTL", "DC2VR", "DCNV1", "DCNV2", "DLRM", "DSSM", "DeepFM", "HSTUMatch",
+           "MIND", "MMoE",
            "MaskNet",
            "MatchBackbone", "MatchModel", "ModelError",
            "MultiTaskBackbone", "MultiTower", "MultiTowerDIN", "PEPNet", "PLE", "RankBackbone",

@@ -19,6 +19,11 @@ lengths agree: building such a group logs a warning.
 
 A WIDE group concatenates, like a DEEP group, its features' wide embeddings
 (``hashrec.features.wide``: ``<feature>@wide``, (B, wide_embedding_dim) each).
+
+A JAGGED_SEQUENCE group (TorchEasyRec's name for the sequences of its HSTU models, which
+it keeps jagged) holds sequence features alone, padded and concatenated as a SEQUENCE
+group's; it may hold raw sequences alone (a history's timestamps), whose lengths are
+another group's (``sequence_input`` gives None for them).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from hashrec.models.errors import ModelError
 DEEP = "DEEP"
 SEQUENCE = "SEQUENCE"
 WIDE = "WIDE"
+JAGGED = "JAGGED_SEQUENCE"
 
 logger = logging.getLogger(__name__)
 
@@ -183,9 +189,22 @@ def build_group_spec(group_config, infos: Mapping[str, FeatureInfo],
     if group_type == SEQUENCE:
         return _sequence_group(f"SEQUENCE feature group {name!r}", name, resolved,
                                sequence_query)
+    if group_type == JAGGED:
+        return _jagged_group(name, resolved)
     raise ModelError(
         f"feature group {name!r}: group_type {group_type} is not supported; allowed: DEEP, "
-        f"WIDE, SEQUENCE")
+        f"WIDE, SEQUENCE, JAGGED_SEQUENCE")
+
+
+def _jagged_group(name: str, resolved: list[FeatureInfo]) -> GroupSpec:
+    """A JAGGED_SEQUENCE group: sequence features alone, ids not needed."""
+    pooled = [f.name for f in resolved if not f.is_sequence]
+    if pooled:
+        raise ModelError(f"JAGGED_SEQUENCE feature group {name!r} holds features that are not "
+                         f"sequences {pooled}; it holds sequence features alone: put them "
+                         f"in a DEEP group")
+    _warn_mixed_sequences(name, tuple(resolved))
+    return GroupSpec(name, JAGGED, sequence=tuple(resolved))
 
 
 def _sequence_group(label: str, name: str, resolved: list[FeatureInfo],
@@ -305,7 +324,8 @@ def sequence_input(group: GroupSpec, embedded,
     None for a sequence group without query features (one that pooling alone reads).
 
     ``lengths`` is, per row, the largest of the id sequence features' lengths (an
-    elementwise maximum on the device: no host read), clamped to L.
+    elementwise maximum on the device: no host read), clamped to L; None for a
+    JAGGED_SEQUENCE group of raw sequences alone.
     """
     query = query_input(group, embedded, batch)
     parts, lengths = [], None
@@ -320,4 +340,4 @@ def sequence_input(group: GroupSpec, embedded,
     max_length = max(p.shape[1] for p in parts)
     parts = [torch.nn.functional.pad(p, (0, 0, 0, max_length - p.shape[1])) for p in parts]
     sequence = torch.cat(parts, dim=-1)
-    return query, sequence, lengths.clamp(max=max_length)
+    return query, sequence, None if lengths is None else lengths.clamp(max=max_length)

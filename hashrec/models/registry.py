@@ -10,6 +10,7 @@ from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
 from hashrec.models.dssm import DSSM
 from hashrec.models.errors import ModelError
+from hashrec.models.hstu_match import HSTUMatch
 from hashrec.models.mask_net import MaskNet
 from hashrec.models.match_backbone import MatchBackbone
 from hashrec.models.mind import MIND
@@ -37,6 +38,7 @@ MODELS: dict[str, type[RankModel]] = {
     "dlrm": DLRM,
     "dssm": DSSM,
     "dssm_v2": DSSM,
+    "hstu_match": HSTUMatch,
     "mask_net": MaskNet,
     "match_backbone": MatchBackbone,
     "mind": MIND,

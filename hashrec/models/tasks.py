@@ -51,7 +51,7 @@ MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
                      "multi_task_backbone", "dc2vr")
 # The model_config oneof names of the match (retrieval) models: one task whose output is
 # the similarity of each row's user to its positive item and the negatives.
-MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat", "match_backbone")
+MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat", "match_backbone", "hstu_match")
 # Where a match task's positive item sits in a row of its similarities: column i of row i
 # (in-batch negatives: every item of the batch is a column), or column 0 (the row's own
 # item, then the sampled negatives).
@@ -286,18 +286,18 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
             (``pareto_min_loss_weight``) out of [0, 1) or summing to 1 or more.
     """
     labels = list(label_fields)
-    if not labels:
+    kind = model_config.WhichOneof("model")
+    if not labels and kind != "hstu_match":  # its loss reads no label
         raise ModelError("data_config.label_fields is empty; a ranking model needs a label")
     weights = list(sample_weight_fields)
     default_weight = weights[0] if weights else ""
-    kind = model_config.WhichOneof("model")
     if kind not in MULTI_TASK_MODELS and model_config.use_pareto_loss_weight:
         raise ModelError(f"model_config.use_pareto_loss_weight: true is set on the single-task "
                          f"model {kind}; Pareto loss weights balance the losses of a "
                          f"multi-task model's task_towers ({', '.join(MULTI_TASK_MODELS)}): "
                          f"remove it")
     if kind in MATCH_MODELS:
-        return (_match_task(model_config, kind, labels[0], default_weight),)
+        return (_match_task(model_config, kind, labels[0] if labels else "", default_weight),)
     if kind not in MULTI_TASK_MODELS:
         if len(labels) > 1:
             logger.warning("data_config.label_fields %s: the single-task model %s trains on "

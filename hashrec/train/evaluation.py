@@ -224,10 +224,12 @@ def update_metrics(metrics, predictions: dict, batch) -> None:
     """Adds a batch to each (task, metric): the task's prediction against its label (the
     AUCs and XAUCs of one probability a row read a two-class task's ``probs1``)."""
     for task, metric in metrics:
+        if isinstance(metric, RecallAtK):  # reads no label; hstu_match's mask of queries
+            metric.update(predictions[task.prediction], task.match,
+                          predictions.get("query_mask"))
+            continue
         labels = batch.labels[task.label_name]
-        if isinstance(metric, RecallAtK):
-            metric.update(predictions[task.prediction], task.match)
-        elif isinstance(metric, (GroupedAUC, GroupedXAUC)):
+        if isinstance(metric, (GroupedAUC, GroupedXAUC)):
             metric.update(predictions[task.positive_probs], labels, grouping_ids(batch, metric))
         elif isinstance(metric, (BinnedAUC, XAUC)):
             metric.update(predictions[task.positive_probs], labels)

@@ -150,17 +150,20 @@ class RecallAtK(_MeanOf):
         super().__init__(device)
         self.top_k = top_k
 
-    def update(self, similarity: torch.Tensor, positive: str) -> None:
+    def update(self, similarity: torch.Tensor, positive: str,
+               mask: torch.Tensor | None = None) -> None:
         """``similarity`` (B, K); ``positive``: each row's positive at column i of row i
-        ("diagonal") or at column 0 ("first"), as ``hashrec.models.losses.match_loss``."""
+        ("diagonal") or at column 0 ("first"), as ``hashrec.models.losses.match_loss``;
+        ``mask`` (B,) bool: the rows counted (None: every row; hstu_match's queries
+        beyond a row's positives are not)."""
         similarity = similarity.detach().float()
         rows = similarity.shape[0]
         top = torch.topk(similarity, min(self.top_k, similarity.shape[1]), dim=1).indices
         target = torch.arange(rows, device=top.device) if positive == "diagonal" \
             else torch.zeros(rows, dtype=top.dtype, device=top.device)
-        hits = (top == target.unsqueeze(1)).any(dim=1)
-        count = torch.full((), float(rows), dtype=torch.float64, device=top.device)
-        self.total += torch.stack([hits.double().sum(), count]).to(self.total.device)
+        hits = (top == target.unsqueeze(1)).any(dim=1).double()
+        counted = torch.ones_like(hits) if mask is None else mask.to(hits.device).double()
+        self.total += torch.stack([(hits * counted).sum(), counted.sum()]).to(self.total.device)
 
 
 def metric_key(config) -> str:

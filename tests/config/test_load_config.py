@@ -50,6 +50,7 @@ def test_taobao_config_parses_verbatim(caplog):
                                             ("mind_taobao_dynamicemb.config", 10),
                                             ("dat_taobao_dynamicemb.config", 10),
                                             ("match_backbone_taobao_dynamicemb.config", 10),
+                                            ("hstu_match_taobao_dynamicemb.config", 10),
                                             ("dcn_backbone_taobao_dynamicemb.config", 16)])
 def test_examples_parse(name, features):
     config = load_pipeline_config(EXAMPLES / name)
@@ -62,7 +63,8 @@ def test_every_example_is_tested():
               "wide_and_deep_taobao_dynamicemb.config", "dlrm_criteo_dynamicemb.config",
               "mmoe_taobao_dynamicemb.config", "dssm_taobao_dynamicemb.config",
               "mind_taobao_dynamicemb.config", "dcn_backbone_taobao_dynamicemb.config",
-              "dat_taobao_dynamicemb.config", "match_backbone_taobao_dynamicemb.config"}
+              "dat_taobao_dynamicemb.config", "match_backbone_taobao_dynamicemb.config",
+              "hstu_match_taobao_dynamicemb.config"}
     assert {p.name for p in EXAMPLES.glob("*.config")} == tested
 
 
@@ -107,7 +109,7 @@ def test_a_misspelt_name_suggests_the_closest(tmp_path, caplog, line, error):
 
 @pytest.mark.parametrize("model, kind", [
     ("dlrm_hstu { }", "generative ranking model"),
-    ("hstu_match { }", "match model"),
+    ("ultra_hstu { }", "generative ranking model"),
 ])
 def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(model, kind):
     with pytest.raises(ConfigError) as err:
@@ -116,7 +118,8 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
     assert str(err.value) == (
         f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
-        f"models: dat, dbmtl, dc2vr, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, mask_net, "
+        f"models: dat, dbmtl, dc2vr, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, hstu_match, "
+        f"mask_net, "
         f"match_backbone, mind, mmoe, multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, "
         f"rank_backbone, rocket_launching, simple_multi_task, tdm, wide_and_deep, wukong, "
         f"xdeepfm")

@@ -68,7 +68,8 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
     ("model_config { losses { binary_cross_entropy {} } }",
      "model_config sets no model; supported models: dat, dbmtl, dc2vr, dcn_v1, dcn_v2, deepfm, "
      "dlrm, "
-     "dssm, dssm_v2, mask_net, match_backbone, mind, mmoe, multi_task_backbone, multi_tower, "
+     "dssm, dssm_v2, hstu_match, mask_net, match_backbone, mind, mmoe, multi_task_backbone, "
+     "multi_tower, "
      "multi_tower_din, "
      "pepnet, ple, rank_backbone, rocket_launching, "
      "simple_multi_task, tdm, wide_and_deep, wukong, xdeepfm$"),
@@ -86,7 +87,8 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
      r"binary_focal_loss, softmax_cross_entropy, jrc_loss, l2_loss"),
     ("model_config { multi_tower_din {} metrics { auc {} } metrics { recall_at_k {} } }",
      r"model_config.metrics\[1\].recall_at_k is not supported here: it is a metric of "
-     r"match \(retrieval\) models \(dssm, dssm_v2, mind, dat\), .* for a ranking model use auc"),
+     r"match \(retrieval\) models \(dssm, dssm_v2, mind, dat, match_backbone, hstu_match\), "
+     r".* for a ranking model use auc"),
     ("model_config { dssm { user_tower { input: 'u' mlp {} } item_tower { input: 'i' mlp {} } "
      "output_dim: 4 } metrics { auc {} } }",
      r"model_config.metrics\[0\].auc is not supported for a match model; use recall_at_k"),

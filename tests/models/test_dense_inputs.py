@@ -11,6 +11,7 @@ import test_dcn
 import test_deepfm
 import test_dlrm
 import test_group_encoders
+import test_hstu_match
 import test_mask_net
 import test_match_backbone
 import test_mind
@@ -87,10 +88,14 @@ KINDS = {
     "mind-hard": (test_mind.CONFIG % "", ()),
     "dat-hard": (test_dat.CONFIG % "", ()),
     "match_backbone-hard": (test_match_backbone.CONFIG % "", ()),
+    "hstu_match-sampled": (test_hstu_match.CONFIG % "", ()),
+    "hstu_match-deep-candidate": (test_hstu_match.DEEP_CANDIDATE % "", ()),
+    "hstu_match-hard": (test_hstu_match.CONFIG % "", ()),
 }
 # Sampled negatives: the batch's 6 rows, then 3 sampled items' rows.
 NEGATIVES = {"dssm-sampled": 3, "mind-sampled": 3, "dat-sampled": 3,
-             "match_backbone-sampled": 3}
+             "match_backbone-sampled": 3, "hstu_match-sampled": 3,
+             "hstu_match-deep-candidate": 3}
 # Hard negatives: 3 shared negatives, then 2 slots a row (hard_negative_sampler), some
 # empty (the mask differs between the seeds: the shapes do not).
 HARD = {kind: 2 for kind in KINDS if kind.endswith("-hard")}
@@ -145,4 +150,24 @@ def test_dense_network_reads_nothing_on_the_host(kind):
             logits.sum().backward()
         assert dict(reads.counts) == {}
         check_forward_logits(model, batch, logits)
+    assert shapes[0] == shapes[1]
+
+
+def test_hstu_match_with_actions_and_time_reads_nothing_on_the_host():
+    # its history's actions and timestamps (raw sub-features of the fakes' sequence), a
+    # parameterized action MLP, time buckets and the timestamps' period features
+    model = test_hstu_match._model(test_hstu_match.WITH_TIME % "")
+    shapes = []
+    for seed in (1, 2):
+        batch = test_hstu_match._batch(seed=seed)
+        inputs = model.dense_inputs(model.embedding(batch.sparse), batch)
+        shapes.append([tuple(x.shape) for x in inputs])
+        with HostReads() as reads:
+            logits = model.dense_from_inputs(*inputs)
+            logits.sum().backward()
+        assert dict(reads.counts) == {}
+        model.eval()  # without the contextual features' dropout: the forward's logits
+        torch.testing.assert_close(model.dense_from_inputs(*inputs),
+                                   model(batch)["similarity"])
+        model.train()
     assert shapes[0] == shapes[1]

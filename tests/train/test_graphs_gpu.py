@@ -425,6 +425,67 @@ def test_match_model_trains_graphed_like_eager(tmp_path, model, sampled):
     assert eager[-1] != eager[0]
 
 
+# HSTU match: the click sequence through two STU layers after three contextual tokens
+# (user_id, cms_segid, pid), against a candidate sequence of each row's ad group (its
+# column written here), the sampled ad groups filling that sequence's column; no dropout.
+HSTU_MATCH = """
+feature_configs { sequence_feature { sequence_name: "cand_seq" sequence_length: 1
+  sequence_delim: "|"
+  features { id_feature { feature_name: "adgroup_id" expression: "item:adgroup_id"
+    embedding_dim: 8 } } } }
+model_config {
+  feature_groups { group_name: "uih" group_type: JAGGED_SEQUENCE
+    feature_names: ["click_50_seq__adgroup_id", "click_50_seq__cate_id"] }
+  feature_groups { group_name: "contextual" group_type: DEEP
+    feature_names: ["user_id", "cms_segid", "pid"] }
+  feature_groups { group_name: "candidate" group_type: JAGGED_SEQUENCE
+    feature_names: "cand_seq__adgroup_id" }
+  hstu_match {
+    user_tower { input: "uih" max_seq_len: 10
+      hstu { stu { embedding_dim: 16 num_heads: 2 hidden_dim: 8 attention_dim: 8
+                   output_dropout_ratio: 0 use_group_norm: true max_attn_len: 4 }
+             input_dropout_ratio: 0 attn_num_layers: 2
+             positional_encoder { num_position_buckets: 16 }
+             input_preprocessor { uih_preprocessor {} }
+             output_postprocessor { layernorm_postprocessor {} } } }
+    item_tower { input: "candidate" mlp { hidden_units: [16] } }
+    output_dim: 8 similarity: COSINE temperature: 0.2
+  }
+  metrics { recall_at_k { top_k: 5 } }
+  losses { softmax_cross_entropy {} }
+}
+"""
+
+
+@pytest.mark.parametrize("hard", [False, True], ids=["hstu_match-sampled", "hstu_match-hard"])
+def test_hstu_match_trains_graphed_like_eager(tmp_path, hard):
+    data = str(tmp_path / "data")
+    generate(["--output_dir", data, "--num_rows", "2048", "--num_files", "1", "--quiet"])
+    path = glob.glob(os.path.join(data, "*.parquet"))[0]
+    table = pq.read_table(path)
+    rows = table.to_pydict()
+    pq.write_table(table.append_column("cand_seq__adgroup_id",
+                                       pa.array([str(i) for i in rows["adgroup_id"]])), path)
+    fields = ("adgroup_id", "cate_id", "price")
+    items = {row[0]: ":".join(map(str, row)) for row in zip(*(rows[f] for f in fields))}
+    pq.write_table(pa.table({"id": list(items), "weight": [1.0] * len(items),
+                             "attrs": list(items.values())}), tmp_path / "items.parquet")
+    attrs = " ".join(f'attr_fields: "{f}"' for f in fields)
+    sampler = (f'negative_sampler {{ input_path: "{tmp_path}/items.parquet" num_sample: 32 '
+               f'{attrs} item_id_field: "cand_seq__adgroup_id" }}')
+    if hard:  # each batch's (B, 4) hard-negative mask differs, not its shape
+        sampler = _hard_sampler(tmp_path, rows, list(items), attrs).replace(
+            'item_id_field: "adgroup_id"', 'item_id_field: "cand_seq__adgroup_id"')
+    text = f'model_dir: "{tmp_path}/model"\n{FEATURES}{HSTU_MATCH}'.replace(
+        'label_fields: "clk"', f'label_fields: "clk" {sampler}')
+    base = parse_pipeline_config(text)
+    eager, none = _losses(data, tmp_path, False, "", base=base)
+    graphed, captured = _losses(data, tmp_path, True, "", base=base)
+    assert none == 0 and captured == 1
+    assert graphed == pytest.approx(eager, rel=1e-4)
+    assert eager[-1] != eager[0]
+
+
 def _hard_sampler(tmp_path, rows: dict, items: list, attrs: str) -> str:
     """hard_negative_sampler_v2 over the generated rows: their clicks the positive edges,
     0 to 6 random items a user its hard edges."""

@@ -142,8 +142,8 @@ def build_inference_model(model: nn.Module, feature_set,
                 for f in feature_set.embedding_features()]
     match = isinstance(model, MatchModel)
     if tower and not match:
-        raise ExportError(f"only a match model (dssm, dat, mind, match_backbone) exports a "
-                          f"{tower} tower alone")
+        raise ExportError(f"only a match model (dssm, dat, mind, match_backbone, hstu_match) "
+                          f"exports a {tower} tower alone")
     head = match_head(model, tower) if match else dense_head(model)
     head = copy.deepcopy(head).cpu().eval()
     # the outputs' tasks: a PEPNet's towers per domain give each task once per domain

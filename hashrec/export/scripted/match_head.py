@@ -1,4 +1,5 @@
-"""The scripted dense network of a match model (DSSM, DAT, MIND, the match backbone): both
+"""The scripted dense network of a match model (DSSM, DAT, MIND, the match backbone; HSTU
+match's in ``hstu_head``): both
 towers over a row's user and item groups (a DAT tower's augment group after its group; a
 match backbone's tower over its groups as its backbone reads them), whose output the
 inference model splits into ``user_tower_emb``,
@@ -10,7 +11,8 @@ import torch
 from torch import nn
 
 from hashrec.export.scripted.heads import BackboneHead, DeepGroup, SequenceGroup, Tensors
-from hashrec.models import MIND, MatchBackbone
+from hashrec.export.scripted.hstu_head import hstu_head
+from hashrec.models import MIND, HSTUMatch, MatchBackbone
 from hashrec.models.match import label_aware_attention, pair_similarity
 
 
@@ -142,6 +144,8 @@ class MultiInterestHead(nn.Module):
 def match_head(model, tower: str) -> nn.Module:
     """The scriptable network of a match model, or of its ``tower`` ("user", "item")
     alone."""
+    if isinstance(model, HSTUMatch):
+        return hstu_head(model, tower)
     if isinstance(model, MIND):
         if tower == "user":
             return InterestsHead(model)
