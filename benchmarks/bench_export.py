@@ -99,7 +99,8 @@ def fill_tables(session, batches) -> dict[str, int]:
     for view in dynamic_table_views(session.model.embedding):
         keys = torch.unique(torch.cat(ids[view.name]))
         tags = None if view.tag is None else torch.full_like(keys, view.tag, dtype=torch.int32)
-        view.table.insert_or_assign(keys, torch.randn(keys.numel(), view.dim) * 0.05, tags=tags)
+        view.table.insert_or_assign(keys, torch.randn(keys.numel(), view.dim, device=keys.device)
+                                    * 0.05, tags=tags)
         sizes[view.name] = int(keys.numel())
     return sizes
 
