@@ -147,6 +147,11 @@ class FeatureSet:
                 if f.name not in self.unembedded and f.name not in self._wide.wide_only] \
             + list(self._wide.features)
 
+    def sparse_keys(self) -> list[str]:
+        """The keys of a parsed Batch's ``sparse``, in order: every sparse feature in
+        feature order, then the item sizes of multi-value sequences (``items_key``)."""
+        return list(self._sparse_keys)
+
     def id_features(self) -> list[str]:
         """The non-sequence sparse features parsed into the batch, embedded or not."""
         return [f.name for f in self._sparse if not f.is_sequence]

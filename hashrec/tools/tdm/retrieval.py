@@ -22,13 +22,16 @@ Each block of ``--batch_size`` input rows (users) is searched as
 ``hashrec.tools.tdm.beam_search`` describes (``--beam_size`` default ``2 *
 recall_num``, TorchEasyRec's beam): a (user, node) pair is the user's row with the node's
 ``attr_fields`` values in those columns, as the training sampler makes them, parsed by the
-config's features and ranked by the model's probability of class 1 (``probs1``; ``probs``
-of a one-class model), computed as its logit margin, which orders them alike without the
-probability's rounding to 1.0 (``positive_scores``). The output (parquet: a ``.parquet`` path, or ``part-00000.parquet``
-in a directory) holds, per input row in input order, the ``--reserved_columns`` and
-``recall_ids``: the retrieved item ids, best first (fewer than ``recall_num`` only where
-the kept nodes hold fewer items). The recall printed is the share of rows whose
-``item_id_field`` is among their retrieved ids (TorchEasyRec's retrieval recall).
+config's features (the block's rows and the tree's nodes are parsed once and each level's
+pairs gathered from them on the model's device: ``hashrec.tools.tdm.pair_batch``) and
+ranked by the model's probability of class 1 (``probs1``; ``probs`` of a one-class model),
+computed as its logit margin, which orders them alike without the probability's rounding
+to 1.0 (``positive_scores``). The output (parquet: a ``.parquet`` path, or
+``part-00000.parquet`` in a directory) holds, per input row in input order, the
+``--reserved_columns`` and ``recall_ids``: the retrieved item ids, best first (fewer than
+``recall_num`` only where the kept nodes hold fewer items). The recall printed is the
+share of rows whose ``item_id_field`` is among their retrieved ids (TorchEasyRec's
+retrieval recall).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from hashrec.data.sampler import as_input_type
 from hashrec.export.errors import ExportError
 from hashrec.export.loading import input_data_config, load_export, model_inputs, resolve_device
 from hashrec.export.prediction_files import check_not_an_input, output_file
+from hashrec.features.batch import Batch
 from hashrec.features.errors import FeatureError
 from hashrec.tools.tdm.beam_search import (
     Scorer,
@@ -58,6 +62,7 @@ from hashrec.tools.tdm.beam_search import (
     first_search_level,
     recall_hits,
 )
+from hashrec.tools.tdm.pair_batch import PairBatches, feature_sides, parse_side
 from hashrec.tools.tdm.search_tree import SearchTree, read_search_tree
 
 logger = logging.getLogger("hashrec.tools.tdm.retrieval")
@@ -69,6 +74,10 @@ class RetrievalError(Exception):
 
 class PairScorer:
     """Scores (user, node) pairs with a model (see the module docstring).
+
+    The pairs of a level are gathered from the block's user rows and the tree's nodes,
+    each parsed once (``hashrec.tools.tdm.pair_batch``); where a feature reads both user
+    and node columns, the pairs' table is parsed instead (``pairs_table``).
 
     Args:
         feature_set: parses the pairs' rows into a Batch.
@@ -83,6 +92,7 @@ class PairScorer:
         self.tree = tree
         self.device = device
         self._typed: dict[str, pa.Array] = {}
+        self._nodes: dict[tuple, Batch] = {}
 
     def for_users(self, users: pa.Table) -> Scorer:
         """The scorer of the pairs of the rows of ``users`` (the feature columns)."""
@@ -90,17 +100,32 @@ class PairScorer:
             if field.name in self.tree.attrs and field.name not in self._typed:
                 self._typed[field.name] = as_input_type(
                     self.tree.attrs[field.name], field, "data_config.tdm_sampler")
+        node_columns = [f for f in users.schema if f.name in self.tree.attrs]
+        sides = feature_sides(self.feature_set, {f.name for f in node_columns})
+        if sides is None:
+            return lambda user_index, node_rows: self.forward(self.feature_set.parse(
+                self.pairs_table(users, user_index, node_rows),
+                with_labels=False).to(self.device))
+        key = tuple((f.name, str(f.type)) for f in node_columns)
+        if key not in self._nodes:  # the nodes of the tree, parsed once
+            nodes = pa.Table.from_arrays([self._typed[f.name] for f in node_columns],
+                                         schema=pa.schema(node_columns))
+            self._nodes[key] = parse_side(self.feature_set, sides[1], nodes).to(self.device)
+        pairs = PairBatches(self.feature_set, parse_side(self.feature_set, sides[0], users),
+                            self._nodes[key], self.device)
+        return lambda user_index, node_rows: self.forward(pairs.batch(
+            user_index.to(self.device), node_rows.to(self.device)))
 
-        def score(user_index: torch.Tensor, node_rows: torch.Tensor) -> torch.Tensor:
-            take_users = pa.array(user_index.cpu().numpy())
-            take_nodes = pa.array(node_rows.cpu().numpy())
-            columns = [self._typed[f.name].take(take_nodes) if f.name in self._typed
-                       else users.column(f.name).take(take_users) for f in users.schema]
-            batch = self.feature_set.parse(pa.Table.from_arrays(columns, schema=users.schema),
-                                           with_labels=False)
-            return self.forward(batch.to(self.device))
-
-        return score
+    def pairs_table(self, users: pa.Table, user_index: torch.Tensor,
+                    node_rows: torch.Tensor) -> pa.Table:
+        """The rows of the pairs (``users``' row ``user_index[i]`` with node
+        ``node_rows[i]``'s attrs in its columns), as the training sampler makes them;
+        ``for_users`` has typed the node columns."""
+        take_users = pa.array(user_index.cpu().numpy())
+        take_nodes = pa.array(node_rows.cpu().numpy())
+        columns = [self._typed[f.name].take(take_nodes) if f.name in self._typed
+                   else users.column(f.name).take(take_users) for f in users.schema]
+        return pa.Table.from_arrays(columns, schema=users.schema)
 
 
 def positive_scores(outputs: dict[str, torch.Tensor]) -> torch.Tensor:
