@@ -16,7 +16,9 @@ distance (the first of equal ones). The balanced assignment sends every item to 
 nearest centroid with room; a cluster with more candidates than room keeps the nearest
 ones and the others try again among the clusters left with room. The parts are ordered by
 their first item in input order. A node's random draws come from ``(seed, code)`` alone:
-the same embeddings and seed give the same tree.
+the same embeddings and seed give the same tree, whether the nodes of a level are split
+together (``cluster_codes``, ``level_kmeans``) or one by one (``cluster_codes_by_node``,
+``balanced_split``).
 
 Example::
 
@@ -28,8 +30,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from hashrec.tools.tdm.level_kmeans import split_nodes
+
 ITERATIONS = 20
 RESTARTS = 3
+# Nodes of more items are split one at a time: stacked, a few large nodes ran no faster.
+ONE_BY_ONE = 256
 
 
 def cluster_codes(embeddings: np.ndarray, n_cluster: int, seed: int = 0,
@@ -37,16 +43,51 @@ def cluster_codes(embeddings: np.ndarray, n_cluster: int, seed: int = 0,
     """(n,) leaf codes of the items whose embeddings are ``embeddings`` (n, d), before
     ``tree_builder.pull_to_last_level`` (see the module docstring).
 
+    A level's nodes of one item count (up to ``ONE_BY_ONE``) are split at once
+    (``level_kmeans.split_nodes``), to the same codes as ``cluster_codes_by_node``.
+
     Raises:
         ValueError: ``n_cluster`` below 2, a negative ``seed``, ``iterations`` or
             ``restarts`` below 1.
     """
-    if n_cluster < 2:
-        raise ValueError(f"n_cluster={n_cluster}; allowed: 2 or more children a node")
-    if seed < 0 or iterations < 1 or restarts < 1:
-        raise ValueError(f"seed={seed}, iterations={iterations}, restarts={restarts}; "
-                         f"allowed: a seed of 0 or more, 1 or more of the others")
-    points = np.asarray(embeddings, dtype=np.float64)
+    points = _checked(embeddings, n_cluster, seed, iterations, restarts)
+    codes = np.zeros(len(points), dtype=np.int64)
+    level = [(0, np.arange(len(points)))]
+    while level:
+        by_size: dict[int, list[tuple[int, np.ndarray]]] = {}
+        for code, index in level:
+            if len(index) == 1:
+                codes[index] = code
+            elif len(index) <= n_cluster:
+                codes[index] = n_cluster * code + 1 + np.arange(len(index))
+            else:
+                by_size.setdefault(len(index), []).append((code, index))
+        level = []
+        for size, nodes in by_size.items():
+            step = 1 if size > ONE_BY_ONE else len(nodes)
+            for begin in range(0, len(nodes), step):
+                level += _split_stack(points, nodes[begin:begin + step], n_cluster, seed,
+                                      iterations, restarts)
+    return codes
+
+
+def _split_stack(points: np.ndarray, nodes: list[tuple[int, np.ndarray]], k: int,
+                 seed: int, iterations: int, restarts: int
+                 ) -> list[tuple[int, np.ndarray]]:
+    """The children (code, item rows) of the ``nodes`` (code, item rows) of one size."""
+    rngs = [np.random.default_rng([seed, code]) for code, _ in nodes]
+    labels = split_nodes(points[np.stack([index for _, index in nodes])], k, rngs,
+                         iterations, restarts)
+    return [(k * code + i + 1, index[part]) for (code, index), node_labels in
+            zip(nodes, labels) for i, part in enumerate(_parts(node_labels, k))]
+
+
+def cluster_codes_by_node(embeddings: np.ndarray, n_cluster: int, seed: int = 0,
+                          iterations: int = ITERATIONS, restarts: int = RESTARTS
+                          ) -> np.ndarray:
+    """``cluster_codes`` splitting one node at a time (``balanced_split``): the
+    reference it is tested against."""
+    points = _checked(embeddings, n_cluster, seed, iterations, restarts)
     codes = np.zeros(len(points), dtype=np.int64)
     stack = [(0, np.arange(len(points)))]
     while stack:
@@ -64,6 +105,23 @@ def cluster_codes(embeddings: np.ndarray, n_cluster: int, seed: int = 0,
     return codes
 
 
+def _checked(embeddings: np.ndarray, n_cluster: int, seed: int, iterations: int,
+             restarts: int) -> np.ndarray:
+    """The embeddings as float64 (ValueError for the arguments ``cluster_codes`` refuses)."""
+    if n_cluster < 2:
+        raise ValueError(f"n_cluster={n_cluster}; allowed: 2 or more children a node")
+    if seed < 0 or iterations < 1 or restarts < 1:
+        raise ValueError(f"seed={seed}, iterations={iterations}, restarts={restarts}; "
+                         f"allowed: a seed of 0 or more, 1 or more of the others")
+    return np.asarray(embeddings, dtype=np.float64)
+
+
+def _parts(labels: np.ndarray, k: int) -> list[np.ndarray]:
+    """The sorted rows of each of the k clusters of ``labels``, ordered by their first."""
+    parts = [np.flatnonzero(labels == c) for c in range(k)]
+    return sorted(parts, key=lambda part: int(part[0]))
+
+
 def balanced_split(points: np.ndarray, k: int, rng: np.random.Generator,
                    iterations: int = ITERATIONS, restarts: int = RESTARTS
                    ) -> list[np.ndarray]:
@@ -74,8 +132,7 @@ def balanced_split(points: np.ndarray, k: int, rng: np.random.Generator,
         labels, cost = _balanced_kmeans(points, k, rng, iterations)
         if cost < best_cost:
             best_labels, best_cost = labels, cost
-    parts = [np.flatnonzero(best_labels == c) for c in range(k)]
-    return sorted(parts, key=lambda part: int(part[0]))
+    return _parts(best_labels, k)
 
 
 def _balanced_kmeans(points: np.ndarray, k: int, rng: np.random.Generator,
