@@ -407,15 +407,7 @@ def test_match_model_trains_graphed_like_eager(tmp_path, model, sampled):
         "" if sampled else "in_batch_negative: true")
     if sampled:
         rows = pq.read_table(glob.glob(os.path.join(data, "*.parquet"))[0]).to_pydict()
-        fields = ("adgroup_id", "cate_id", "price")
-        items = {row[0]: ":".join(map(str, row)) for row in zip(*(rows[f] for f in fields))}
-        pq.write_table(pa.table({"id": list(items), "weight": [1.0] * len(items),
-                                 "attrs": list(items.values())}), tmp_path / "items.parquet")
-        attrs = " ".join(f'attr_fields: "{f}"' for f in fields)
-        sampler = (f'negative_sampler {{ input_path: "{tmp_path}/items.parquet" '
-                   f'num_sample: 32 {attrs} item_id_field: "adgroup_id" }}')
-        if sampled == "hard":  # each batch's (B, 4) hard-negative mask differs, not its shape
-            sampler = _hard_sampler(tmp_path, rows, list(items), attrs)
+        sampler = _sampler(tmp_path, rows, sampled == "hard")
         text = text.replace('label_fields: "clk"', f'label_fields: "clk" {sampler}')
     base = parse_pipeline_config(text)
     eager, none = _losses(data, tmp_path, False, "", base=base)
@@ -466,16 +458,8 @@ def test_hstu_match_trains_graphed_like_eager(tmp_path, hard):
     rows = table.to_pydict()
     pq.write_table(table.append_column("cand_seq__adgroup_id",
                                        pa.array([str(i) for i in rows["adgroup_id"]])), path)
-    fields = ("adgroup_id", "cate_id", "price")
-    items = {row[0]: ":".join(map(str, row)) for row in zip(*(rows[f] for f in fields))}
-    pq.write_table(pa.table({"id": list(items), "weight": [1.0] * len(items),
-                             "attrs": list(items.values())}), tmp_path / "items.parquet")
-    attrs = " ".join(f'attr_fields: "{f}"' for f in fields)
-    sampler = (f'negative_sampler {{ input_path: "{tmp_path}/items.parquet" num_sample: 32 '
-               f'{attrs} item_id_field: "cand_seq__adgroup_id" }}')
-    if hard:  # each batch's (B, 4) hard-negative mask differs, not its shape
-        sampler = _hard_sampler(tmp_path, rows, list(items), attrs).replace(
-            'item_id_field: "adgroup_id"', 'item_id_field: "cand_seq__adgroup_id"')
+    sampler = _sampler(tmp_path, rows, hard).replace(
+        'item_id_field: "adgroup_id"', 'item_id_field: "cand_seq__adgroup_id"')
     text = f'model_dir: "{tmp_path}/model"\n{FEATURES}{HSTU_MATCH}'.replace(
         'label_fields: "clk"', f'label_fields: "clk" {sampler}')
     base = parse_pipeline_config(text)
@@ -484,6 +468,21 @@ def test_hstu_match_trains_graphed_like_eager(tmp_path, hard):
     assert none == 0 and captured == 1
     assert graphed == pytest.approx(eager, rel=1e-4)
     assert eager[-1] != eager[0]
+
+
+def _sampler(tmp_path, rows: dict, hard: bool) -> str:
+    """A negative sampler over the generated rows' ad groups (their item table written),
+    or with ``hard`` ``_hard_sampler``: each batch's (B, 4) hard-negative mask differs,
+    not its shape."""
+    fields = ("adgroup_id", "cate_id", "price")
+    items = {row[0]: ":".join(map(str, row)) for row in zip(*(rows[f] for f in fields))}
+    pq.write_table(pa.table({"id": list(items), "weight": [1.0] * len(items),
+                             "attrs": list(items.values())}), tmp_path / "items.parquet")
+    attrs = " ".join(f'attr_fields: "{f}"' for f in fields)
+    if hard:
+        return _hard_sampler(tmp_path, rows, list(items), attrs)
+    return (f'negative_sampler {{ input_path: "{tmp_path}/items.parquet" num_sample: 32 '
+            f'{attrs} item_id_field: "adgroup_id" }}')
 
 
 def _hard_sampler(tmp_path, rows: dict, items: list, attrs: str) -> str:

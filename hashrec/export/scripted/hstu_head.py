@@ -9,7 +9,6 @@ from torch import nn
 
 from hashrec.export.scripted.heads import DeepGroup, SequenceGroup, Tensors
 from hashrec.models.hstu_match import AUX_GROUPS
-from hashrec.models.match import pair_similarity
 
 
 class HistoryValues(nn.Module):
@@ -86,30 +85,11 @@ class HSTUItemHead(nn.Module):
         return self.tower(items)
 
 
-class HSTUMatchHead(nn.Module):
-    """Both towers -> (B, 2 D + 1): the user, the item, their similarity over the
-    temperature."""
-
-    temperature: float
-
-    def __init__(self, model) -> None:
-        super().__init__()
-        self.user = HSTUUserHead(model)
-        self.item = HSTUItemHead(model)
-        self.temperature = float(model.temperature)
-
-    def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
-                dense: Tensors, sequence_dense: Tensors) -> torch.Tensor:
-        user = self.user(pooled, sequences, sequence_lengths, dense, sequence_dense)
-        item = self.item(pooled, sequences, sequence_lengths, dense, sequence_dense)
-        similarity = pair_similarity(user, item) / self.temperature
-        return torch.cat([user, item, similarity.unsqueeze(-1)], dim=-1)
-
-
 def hstu_head(model, tower: str) -> nn.Module:
     """The HSTU match model's network, or its ``tower`` ("user", "item") alone."""
     if tower == "user":
         return HSTUUserHead(model)
     if tower == "item":
         return HSTUItemHead(model)
-    return HSTUMatchHead(model)
+    from hashrec.export.scripted.match_head import MatchHead  # it dispatches to this module
+    return MatchHead(model, HSTUUserHead(model), HSTUItemHead(model))

@@ -35,14 +35,16 @@ class TowerInput(nn.Module):
 
 class MatchHead(nn.Module):
     """Inputs as every head -> (B, 2 D + 1): the user embedding, the item embedding, then
-    their similarity over the temperature."""
+    their similarity over the temperature. The towers' heads are ``tower_head``'s unless
+    given (``user``, ``item``: heads of the same inputs)."""
 
     temperature: float
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, user: nn.Module | None = None,
+                 item: nn.Module | None = None) -> None:
         super().__init__()
-        self.user = tower_head(model, "user")
-        self.item = tower_head(model, "item")
+        self.user = user if user is not None else tower_head(model, "user")
+        self.item = item if item is not None else tower_head(model, "item")
         self.temperature = float(model.temperature)
 
     def forward(self, pooled: Tensors, sequences: Tensors, sequence_lengths: Tensors,
