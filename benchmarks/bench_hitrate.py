@@ -6,8 +6,6 @@ of ``--items`` items of ``--dim`` floats, by inner product, timed three ways in 
 - ``chunked``: the tool as it runs, ``--item_chunk_size`` items a matmul (its default);
 - ``one_chunk``: the same over the whole index in one matmul (what chunking saves memory
   against: a (batch x interests x items) score block);
-- ``plain_topk``: the chunked search with one ``topk`` over each chunk's scores, where the
-  tool on CUDA selects in two steps (``hitrate.block_top_k``);
 - ``matmul_only``: the scores' matmuls alone, no interest max and no top k: the floor
   of any exact search over this index, so the ratio to it is what the selection costs.
 
@@ -39,17 +37,6 @@ def _matmuls(users: torch.Tensor, items: torch.Tensor, chunk: int) -> None:
         torch.matmul(users, items[start:start + chunk].T)
 
 
-def _plain(users: torch.Tensor, items: torch.Tensor, k: int, chunk: int) -> torch.Tensor:
-    """The chunked search with one ``topk`` over each chunk's scores (no runs' step)."""
-    best = users.new_full((users.shape[0], 0), float("-inf"))
-    for start in range(0, items.shape[0], chunk):
-        scores = torch.matmul(users, items[start:start + chunk].T).amax(dim=1)
-        best = torch.cat([best, scores.topk(min(k, scores.shape[1]), dim=1).values], dim=1)
-        if best.shape[1] > k:
-            best = best.topk(k, dim=1).values
-    return best
-
-
 def measure(args: argparse.Namespace, device: torch.device) -> dict:
     """Median ms of each way (see the module docstring) and users per second."""
     generator = torch.Generator(device=device).manual_seed(0)
@@ -59,12 +46,11 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict:
     ways = {
         "chunked": lambda: top_k_items(users, items, args.top_k, args.item_chunk_size),
         "one_chunk": lambda: top_k_items(users, items, args.top_k, args.items),
-        "plain_topk": lambda: _plain(users, items, args.top_k, args.item_chunk_size),
         "matmul_only": lambda: _matmuls(users, items, args.item_chunk_size),
     }
     chunked, whole = ways["chunked"](), ways["one_chunk"]()
-    if not (torch.equal(chunked[0], whole[0]) and torch.equal(chunked[0], ways["plain_topk"]())):
-        raise SystemExit("the searches found different scores")
+    if not torch.equal(chunked[0], whole[0]):
+        raise SystemExit("chunked and one-chunk searches found different scores")
     times = {name: time_ms(fn, args.reps) for name, fn in ways.items()}
     return {name: {"ms": ms, "users_per_s": args.batch / ms * 1e3,
                    "x_matmul_only": ms / times["matmul_only"]}

@@ -111,36 +111,13 @@ def top_k_items(users: torch.Tensor, items: torch.Tensor, k: int,
     for start in range(0, items.shape[0], chunk_size):
         chunk = items[start:start + chunk_size]
         scores = torch.matmul(users, chunk.T).masked_fill(absent, float("-inf")).amax(dim=1)
-        values, indices = (block_top_k(scores, min(kept, chunk.shape[0])) if users.is_cuda
-                           else scores.topk(min(kept, chunk.shape[0]), dim=1))
-        best = torch.cat([best, values], dim=1)
-        rows = torch.cat([rows, indices + start], dim=1)
+        found = scores.topk(min(kept, chunk.shape[0]), dim=1)
+        best = torch.cat([best, found.values], dim=1)
+        rows = torch.cat([rows, found.indices + start], dim=1)
         if best.shape[1] > kept:
             best, order = best.topk(kept, dim=1)
             rows = rows.gather(1, order)
     return best, rows
-
-
-def block_top_k(scores: torch.Tensor, k: int, block: int = 32) -> tuple[torch.Tensor,
-                                                                        torch.Tensor]:
-    """The k largest of each row of ``scores`` (B, N) and their columns, best first, as
-    ``scores.topk(k, dim=1)`` gives them (equal scores in any order), selected in two
-    narrower steps: each run of ``block`` columns is represented by its largest score,
-    the k runs of the largest are kept, and the top k is taken over their k * block
-    scores. Exact: a score among the row's k largest lies in a run whose largest is at
-    least as large, and were that run not kept, k kept runs' largest scores would all
-    rank above it."""
-    width = scores.shape[1]
-    runs = -(-width // block)
-    if runs <= 2 * k:  # nothing to gain: the runs kept would be most of the row
-        return scores.topk(k, dim=1)
-    padded = torch.nn.functional.pad(scores, [0, runs * block - width], value=float("-inf"))
-    by_run = padded.reshape(scores.shape[0], runs, block)
-    kept = by_run.amax(dim=2).topk(k, dim=1).indices  # (B, k)
-    columns = (kept.unsqueeze(2) * block + torch.arange(block, device=scores.device))
-    values, at = by_run.gather(1, kept.unsqueeze(2).expand(-1, -1, block)).reshape(
-        scores.shape[0], k * block).topk(k, dim=1)
-    return values, columns.reshape(scores.shape[0], k * block).gather(1, at)
 
 
 def _read(path: str, flag: str, columns: list[str]) -> pads.Dataset:

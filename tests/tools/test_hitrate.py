@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hashrec.tools.hitrate import block_top_k, main, top_k_items
+from hashrec.tools.hitrate import main, top_k_items
 
 # Five items on the axes of a plane and between them; scores have no ties for the users.
 ITEMS = {"item_id": [10, 11, 12, 13, 14],
@@ -171,17 +171,3 @@ def test_cuda_retrieves_what_the_cpu_does(tmp_path):
     assert cuda_total.to_pylist() == cpu_total.to_pylist()
     torch.testing.assert_close(torch.tensor(cuda["topk_dists"].to_pylist()),
                                torch.tensor(cpu["topk_dists"].to_pylist()))
-
-
-@pytest.mark.parametrize("rows, width, k, block", [(5, 10000, 200, 32), (3, 70001, 50, 32),
-                                                   (4, 1000, 10, 16), (2, 100, 5, 32)])
-def test_block_top_k_selects_the_k_largest_scores(rows, width, k, block):
-    generator = torch.Generator().manual_seed(width)
-    for scores in (torch.randn(rows, width, generator=generator),
-                   torch.randint(0, 7, (rows, width), generator=generator).float()):
-        # the k largest clustered in a few runs, as a user's best items may be
-        scores[0, 64:64 + k] = 100.0 + torch.arange(k, dtype=torch.float32)
-        values, columns = block_top_k(scores, k, block)
-        assert torch.equal(values, scores.topk(k, dim=1).values)
-        assert torch.equal(scores.gather(1, columns), values)
-        assert all(len(set(row)) == k for row in columns.tolist())
