@@ -76,7 +76,7 @@ def test_fused_insert_bound_holds_its_checks(tmp_path):
 
 def test_hitrate_benchmark_times_each_way(tmp_path):
     out = _smoke("bench_hitrate.py", "--out", str(tmp_path / "hitrate"))
-    for way in ("| chunked |", "| one_chunk |", "| matmul_only |"):
+    for way in ("| chunked |", "| one_chunk |", "| masked_amax |", "| matmul_only |"):
         assert way in out, way
     assert set(json.loads((tmp_path / "hitrate.json").read_text())["ways"]) == {
-        "chunked", "one_chunk", "matmul_only"}
+        "chunked", "one_chunk", "masked_amax", "matmul_only"}

@@ -108,15 +108,22 @@ def top_k_items(users: torch.Tensor, items: torch.Tensor, k: int,
     best = users.new_full((batch, 0), float("-inf"))
     rows = torch.empty((batch, 0), dtype=torch.long, device=users.device)
     absent = (users == 0).all(dim=-1, keepdim=True)  # (B, K, 1)
+    single = users.shape[1] == 1
     for start in range(0, items.shape[0], chunk_size):
         chunk = items[start:start + chunk_size]
-        scores = torch.matmul(users, chunk.T).masked_fill(absent, float("-inf")).amax(dim=1)
+        scores = torch.matmul(users, chunk.T)
+        # one interest: its scores as they are (a user without one is masked once, below:
+        # two passes over the (B, chunk) scores fewer); several: the best present one
+        scores = scores[:, 0] if single else scores.masked_fill(
+            absent, float("-inf")).amax(dim=1)
         found = scores.topk(min(kept, chunk.shape[0]), dim=1)
         best = torch.cat([best, found.values], dim=1)
         rows = torch.cat([rows, found.indices + start], dim=1)
         if best.shape[1] > kept:
             best, order = best.topk(kept, dim=1)
             rows = rows.gather(1, order)
+    if single:
+        best = best.masked_fill(absent[:, 0], float("-inf"))
     return best, rows
 
 

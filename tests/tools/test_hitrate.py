@@ -171,3 +171,11 @@ def test_cuda_retrieves_what_the_cpu_does(tmp_path):
     assert cuda_total.to_pylist() == cpu_total.to_pylist()
     torch.testing.assert_close(torch.tensor(cuda["topk_dists"].to_pylist()),
                                torch.tensor(cpu["topk_dists"].to_pylist()))
+
+
+def test_a_single_embedding_of_zeros_retrieves_nothing(tmp_path):
+    users = {"user_tower_emb": [[0.0, 0.0], [1.0, 0.6]], "gt_items": [[10], [12]]}
+    code, details = _run(tmp_path, users, "--top_k", "2")
+    assert code == 0
+    assert details["topk_ids"].to_pylist() == [[], [12, 10]]
+    assert details["hit_ids"].to_pylist() == [[], [12]]
