@@ -8,7 +8,8 @@ output that is one of the input files always is. The rows go to a hidden staging
 next to the output (``staging_file``), in parts, one per loader worker
 (:class:`PartFiles`), joined into it once every row is written; the caller then moves
 it into place, or on a failure removes it and the folders made for it
-(``discard_staging``). A failed write names the file, with a hint when the disk looks
+(``discard_staging``); ``staged`` does both for a writer of one file (the tools). A
+failed write names the file, with a hint when the disk looks
 full (``write_error``).
 """
 
@@ -79,12 +80,13 @@ def check_not_an_input(output: str, input_path: str) -> None:
                               f"replace their input: choose another output path")
 
 
-def staging_file(output: str) -> tuple[str, str | None]:
+def staging_file(output: str, flag: str = "--predict_output_path"
+                 ) -> tuple[str, str | None]:
     """A hidden sibling of ``output`` for the rows until all are written, and the
     outermost folder created for it (None: the output's directory existed).
 
     Raises:
-        ExportError: the directory cannot be created.
+        ExportError: the directory cannot be created (naming ``flag``).
     """
     directory = os.path.abspath(os.path.dirname(output) or ".")
     created = None
@@ -94,7 +96,7 @@ def staging_file(output: str) -> tuple[str, str | None]:
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as err:
-        raise ExportError(f"--predict_output_path: cannot create {directory}: "
+        raise ExportError(f"{flag}: cannot create {directory}: "
                           f"{err.strerror}") from None
     return os.path.join(os.path.dirname(output), f".{os.path.basename(output)}.tmp"), created
 
@@ -112,6 +114,20 @@ def discard_staging(staging: str, created: str | None) -> None:
         if folder == created:
             return
         folder = os.path.dirname(folder)
+
+
+@contextlib.contextmanager
+def staged(output: str, flag: str = "--predict_output_path"):
+    """Yields the staging file (``staging_file``) to write ``output`` through: moved into
+    place when the block completes; removed, with the folders made for it, when the block
+    raises (Ctrl-C included), so that no partial output is left."""
+    staging, created = staging_file(output, flag)
+    try:
+        yield staging
+        os.replace(staging, output)
+    except BaseException:
+        discard_staging(staging, created)
+        raise
 
 
 def write_error(path: str, err: OSError) -> ExportError:

@@ -51,6 +51,7 @@ import torch
 
 from hashrec.export.errors import ExportError
 from hashrec.export.loading import resolve_device
+from hashrec.export.prediction_files import staged
 
 logger = logging.getLogger("hashrec.tools.hitrate")
 
@@ -246,9 +247,9 @@ def hitrate(args: argparse.Namespace) -> dict:
                                         hit_rows, rates, item_ids))
     total["hitrate"] = total["hits"] / total["gt_items"] if total["gt_items"] else 0.0
     if args.hitrate_details_output:
-        _write(args.hitrate_details_output, pa.concat_tables(details) if details else None)
+        _write(args.hitrate_details_output, "--hitrate_details_output", pa.concat_tables(details) if details else None)
     if args.total_hitrate_output:
-        _write(args.total_hitrate_output, pa.table({"hitrate": [total["hitrate"]]}))
+        _write(args.total_hitrate_output, "--total_hitrate_output", pa.table({"hitrate": [total["hitrate"]]}))
     return total
 
 
@@ -269,19 +270,13 @@ def _details(batch: pa.RecordBatch, request_id: str | None, rows: torch.Tensor,
     return pa.table(columns)
 
 
-def _write(path: str, table: pa.Table | None) -> None:
-    """Writes ``table`` to ``path`` through a hidden sibling file renamed when complete."""
+def _write(path: str, flag: str, table: pa.Table | None) -> None:
+    """Writes ``table`` to ``path`` (``flag``'s) through a hidden sibling file moved into
+    place when complete."""
     if table is None:
         return
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    staging = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
+    with staged(path, flag) as staging:
         pq.write_table(table, staging)
-        os.replace(staging, path)
-    finally:
-        if os.path.exists(staging):
-            os.remove(staging)
 
 
 def _parser() -> argparse.ArgumentParser:

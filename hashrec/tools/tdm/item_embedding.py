@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 import numpy as np
@@ -36,7 +35,7 @@ from hashrec.checkpoint.errors import CheckpointError
 from hashrec.data.errors import DataError
 from hashrec.export.errors import ExportError
 from hashrec.export.loading import resolve_device
-from hashrec.export.prediction_files import check_not_an_input, output_file
+from hashrec.export.prediction_files import check_not_an_input, output_file, staged
 from hashrec.features.errors import FeatureError
 from hashrec.models.tdm import TDM
 from hashrec.tools.tdm.init_tree import read_item_table
@@ -97,25 +96,16 @@ def _write(output: str, table: pa.Table, kept: list[str], field: str, embed,
            batch_size: int) -> None:
     """``output`` of ``kept`` columns and ``field`` (the embeddings of each block of
     ``batch_size`` rows), written through a hidden sibling file renamed once complete."""
-    folder = os.path.dirname(os.path.abspath(output))
-    os.makedirs(folder, exist_ok=True)
-    staging = os.path.join(folder, f".{os.path.basename(output)}.{os.getpid()}.tmp")
     schema = pa.schema([*(table.schema.field(c) for c in kept),
                         pa.field(field, pa.list_(pa.float32()))])
-    try:
-        with pq.ParquetWriter(staging, schema) as out:
-            for start in range(0, table.num_rows, batch_size):
-                block = table.slice(start, batch_size)
-                vectors = embed(block)
-                offsets = np.arange(0, vectors.size + 1, vectors.shape[1], dtype=np.int32)
-                lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(vectors.ravel()))
-                out.write_table(pa.Table.from_arrays(
-                    [*(block.column(c) for c in kept), lists], schema=schema))
-        os.replace(staging, output)
-    except BaseException:  # Ctrl-C included: no partial output is left
-        if os.path.exists(staging):
-            os.remove(staging)
-        raise
+    with staged(output) as staging, pq.ParquetWriter(staging, schema) as out:
+        for start in range(0, table.num_rows, batch_size):
+            block = table.slice(start, batch_size)
+            vectors = embed(block)
+            offsets = np.arange(0, vectors.size + 1, vectors.shape[1], dtype=np.int32)
+            lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(vectors.ravel()))
+            out.write_table(pa.Table.from_arrays(
+                [*(block.column(c) for c in kept), lists], schema=schema))
 
 
 def _parser() -> argparse.ArgumentParser:

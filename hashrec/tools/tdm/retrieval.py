@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import os
 import sys
 import time
 
@@ -53,7 +52,7 @@ from hashrec.data.errors import DataError
 from hashrec.data.sampler import as_input_type
 from hashrec.export.errors import ExportError
 from hashrec.export.loading import input_data_config, load_export, model_inputs, resolve_device
-from hashrec.export.prediction_files import check_not_an_input, output_file
+from hashrec.export.prediction_files import check_not_an_input, output_file, staged
 from hashrec.features.batch import Batch
 from hashrec.features.errors import FeatureError
 from hashrec.tools.tdm.beam_search import (
@@ -258,27 +257,19 @@ def _write_retrieved(loader, search, scorer: PairScorer, tree: SearchTree, item_
                      reserved: tuple[str, ...], output: str) -> tuple[int, int]:
     """Searches for every batch of ``loader`` and writes ``output`` (through a hidden
     sibling file, renamed once every row is written); returns (rows, hits)."""
-    folder = os.path.dirname(os.path.abspath(output))
-    os.makedirs(folder, exist_ok=True)
-    staging = os.path.join(folder, f".{os.path.basename(output)}.{os.getpid()}.tmp")
     rows = hits = 0
     feature_columns = scorer.feature_set.feature_columns
-    try:
-        with pq.ParquetWriter(staging, _output_schema(loader.dataset.schema, reserved)) as out, \
-                torch.inference_mode():
-            for batch in loader:
-                users = pa.table({c: batch.reserved[c] for c in feature_columns})
-                found = search(users=batch.batch_size,
-                               scorer=scorer.for_users(users)).cpu().numpy()
-                ids = np.where(found >= 0, tree.ids[found.clip(min=0)], -1)
-                hits += int(recall_hits(ids, batch.reserved[item_id].to_numpy()).sum())
-                rows += batch.batch_size
-                out.write_table(_output_table(ids, batch.reserved, reserved, out.schema))
-        os.replace(staging, output)
-    except BaseException:  # Ctrl-C included: no partial output is left
-        if os.path.exists(staging):
-            os.remove(staging)
-        raise
+    schema = _output_schema(loader.dataset.schema, reserved)
+    with staged(output) as staging, pq.ParquetWriter(staging, schema) as out, \
+            torch.inference_mode():
+        for batch in loader:
+            users = pa.table({c: batch.reserved[c] for c in feature_columns})
+            found = search(users=batch.batch_size,
+                           scorer=scorer.for_users(users)).cpu().numpy()
+            ids = np.where(found >= 0, tree.ids[found.clip(min=0)], -1)
+            hits += int(recall_hits(ids, batch.reserved[item_id].to_numpy()).sum())
+            rows += batch.batch_size
+            out.write_table(_output_table(ids, batch.reserved, reserved, out.schema))
     return rows, hits
 
 
