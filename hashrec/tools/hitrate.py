@@ -6,6 +6,7 @@ Usage::
     python -m hashrec.tools.hitrate --user_gt_input user.parquet \\
         --item_embedding_input item.parquet [--gt_items_field gt_items] \\
         [--item_id_field item_id] [--request_id_field request_id] [--top_k 200] \\
+        [--gt_items_delimiter ,] \\
         [--hitrate_details_output details.parquet] [--total_hitrate_output total.parquet] \\
         [--batch_size 1024] [--item_chunk_size 65536] [--device auto|cpu|cuda[:i]] \\
         [--overwrite]
@@ -14,7 +15,9 @@ Usage::
 ``--user_embedding_field`` (default ``user_tower_emb``, as ``predict`` on
 ``<export_dir>/user`` writes it: a list of D floats, or a list of K lists of D floats for
 a multi-interest model such as MIND) and ``--gt_items_field``: the user's ground-truth item
-id, or a list of them (a text of ids joined by ``,`` is split). ``--item_embedding_input``
+id, or a list of them (a text of ids is split at ``--gt_items_delimiter``, default ``,`` as
+TorchEasyRec splits it; a sequence column such as HSTU match's candidates, ``58|61``, takes
+``|``). ``--item_embedding_input``
 holds per item ``--item_id_field`` and ``--item_embedding_field`` (default
 ``item_tower_emb``, as ``predict`` on ``<export_dir>/item`` writes it).
 
@@ -144,12 +147,15 @@ def _read(path: str, flag: str, columns: list[str]) -> pads.Dataset:
     return dataset
 
 
-def _ground_truth(column: pa.Array, id_type: pa.DataType, name: str) -> pa.ListArray:
-    """A ground-truth column (an id, a list of ids, or ids joined by ",") as lists of ids
-    of the item index's id type; a null row is an empty list."""
+def _ground_truth(column: pa.Array, id_type: pa.DataType, name: str,
+                  delimiter: str) -> pa.ListArray:
+    """A ground-truth column (an id, a list of ids, or ids joined by ``delimiter``) as lists
+    of ids of the item index's id type; a null row is an empty list."""
     given = column.type
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        column = pc.split_pattern(pc.utf8_trim_whitespace(column), ",")
+        split = pc.split_pattern(column, delimiter)
+        column = pa.ListArray.from_arrays(split.offsets, pc.utf8_trim_whitespace(split.values),
+                                          mask=split.is_null())
     if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
         column = pa.ListArray.from_arrays(pa.array(range(len(column) + 1), pa.int32()),
                                           column)
@@ -207,6 +213,9 @@ def hitrate(args: argparse.Namespace) -> dict:
     for flag in ("top_k", "batch_size", "item_chunk_size"):
         if getattr(args, flag) < 1:
             raise HitrateError(f"--{flag} {getattr(args, flag)} must be 1 or more")
+    if not args.gt_items_delimiter:
+        raise HitrateError("--gt_items_delimiter is empty; give the text that joins a "
+                           "user's ground-truth ids (default ',')")
     outputs = [p for p in (args.hitrate_details_output, args.total_hitrate_output) if p]
     for path in outputs:
         if os.path.exists(path) and not args.overwrite:
@@ -237,7 +246,7 @@ def hitrate(args: argparse.Namespace) -> dict:
             scores, rows = scores.cpu(), rows.cpu()
             found = torch.isfinite(scores)
             truth = _ground_truth(batch[args.gt_items_field], item_ids.type,
-                                  args.gt_items_field)
+                                  args.gt_items_field, args.gt_items_delimiter)
             counts, hit_rows, rates = _hits(rows, found, truth, index_of)
             total["users"] += batch.num_rows
             total["hits"] += sum(len(h) for h in hit_rows)
@@ -247,9 +256,11 @@ def hitrate(args: argparse.Namespace) -> dict:
                                         hit_rows, rates, item_ids))
     total["hitrate"] = total["hits"] / total["gt_items"] if total["gt_items"] else 0.0
     if args.hitrate_details_output:
-        _write(args.hitrate_details_output, "--hitrate_details_output", pa.concat_tables(details) if details else None)
+        _write(args.hitrate_details_output, "--hitrate_details_output",
+               pa.concat_tables(details) if details else None)
     if args.total_hitrate_output:
-        _write(args.total_hitrate_output, "--total_hitrate_output", pa.table({"hitrate": [total["hitrate"]]}))
+        _write(args.total_hitrate_output, "--total_hitrate_output",
+               pa.table({"hitrate": [total["hitrate"]]}))
     return total
 
 
@@ -301,6 +312,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="user id column copied to the details (default: none)")
     parser.add_argument("--gt_items_field", default="gt_items",
                         help="ground-truth item id, or list of ids, a user")
+    parser.add_argument("--gt_items_delimiter", default=",",
+                        help="what joins the ids of a text ground-truth column")
     parser.add_argument("--user_embedding_field", default="user_tower_emb")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<index>")
     parser.add_argument("--overwrite", action="store_true", help="replace existing outputs")

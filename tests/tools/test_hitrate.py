@@ -85,6 +85,15 @@ def test_a_single_id_column_and_text_ids_are_ground_truth_too(tmp_path, capsys):
     assert "hitrate@1: 0.5000 (1 of 2" in capsys.readouterr().out
 
 
+def test_text_ids_split_at_the_delimiter_given(tmp_path):
+    # a sequence column's text, as HSTU match's candidates hold it
+    users = {"user_tower_emb": [[1.0, 0.6], [-0.1, 1.0]], "clicked": ["12|11", "13| 11"]}
+    code, details = _run(tmp_path, users, "--top_k", "1", "--gt_items_field", "clicked",
+                         "--gt_items_delimiter", "|")
+    assert code == 0 and details["hitrate"].to_pylist() == [0.5, 0.5]
+    assert details["hit_ids"].to_pylist() == [[12], [11]]
+
+
 @pytest.mark.parametrize("interests", [1, 3], ids=["single", "interests3"])
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1000], ids=lambda c: f"chunk{c}")
 def test_chunked_search_equals_one_matmul_over_all_items(interests, chunk):
@@ -117,8 +126,10 @@ def test_an_index_smaller_than_k_returns_every_item_ranked():
     ({"gt_text": True}, r"--gt_items_field 'gt_items' \(list<.*string>\) does not "
                         r"convert to the item ids' type int64"),
     ({"flag": ["--top_k", "0"]}, r"--top_k 0 must be 1 or more"),
+    ({"flag": ["--gt_items_delimiter", ""]}, r"--gt_items_delimiter is empty"),
     ({"flag": ["--device", "tpu"]}, r"--device 'tpu' is not supported"),
-], ids=["gt-column", "item-id-column", "ragged", "dimension", "gt-type", "top-k", "device"])
+], ids=["gt-column", "item-id-column", "ragged", "dimension", "gt-type", "top-k", "delimiter",
+                 "device"])
 def test_bad_inputs_are_errors_naming_the_flag_or_column(tmp_path, capsys, change, message):
     users = {"user_tower_emb": [[1.0, 0.0], [0.0, 1.0]], "gt_items": [[10], [11]]}
     items = dict(ITEMS)

@@ -56,9 +56,21 @@ def _rows(count: int, seed: int) -> pa.Table:
     return pa.table(columns)
 
 
-def _config(tmp_path) -> str:
+def write_data(tmp_path) -> None:
+    """train.parquet (2000 users), eval.parquet (400) and the sampler's items.parquet (every
+    item, its id the attr ``video_id``) under ``tmp_path``."""
+    pq.write_table(_rows(2000, 1), tmp_path / "train.parquet")
+    pq.write_table(_rows(400, 2), tmp_path / "eval.parquet")
+    ids = np.arange(ITEMS)
+    pq.write_table(pa.table({"id": ids, "weight": np.ones(ITEMS),
+                             "attrs": [str(i) for i in ids]}), tmp_path / "items.parquet")
+
+
+def _config(tmp_path, item_table: str = f"num_buckets: {ITEMS}") -> str:
+    """The pipeline config over :func:`write_data`'s files; ``item_table``: how the item id
+    table (shared by the history and the candidates) is held."""
     item = ('id_feature { feature_name: "video_id" expression: "item:video_id" '
-            f'embedding_name: "video_id_emb" embedding_dim: 16 num_buckets: {ITEMS} }}')
+            f'embedding_name: "video_id_emb" embedding_dim: 16 {item_table} }}')
     raw = " ".join(f'features {{ raw_feature {{ feature_name: "{name}" expression: '
                    f'"user:{name}" }} }}' for name in ("action_timestamp", "action_weight",
                                                         "watch_time"))
@@ -119,11 +131,7 @@ model_config {{
 def trained(tmp_path_factory):
     """(tmp dir, config, the last evaluation) of the model trained 6 epochs on 2000 users."""
     tmp_path = tmp_path_factory.mktemp("hstu_match")
-    pq.write_table(_rows(2000, 1), tmp_path / "train.parquet")
-    pq.write_table(_rows(400, 2), tmp_path / "eval.parquet")
-    ids = np.arange(ITEMS)
-    pq.write_table(pa.table({"id": ids, "weight": np.ones(ITEMS),
-                             "attrs": [str(i) for i in ids]}), tmp_path / "items.parquet")
+    write_data(tmp_path)
     config = parse_pipeline_config(_config(tmp_path))
     validate_pipeline_config(config)
     return tmp_path, config, train_and_evaluate(config)
