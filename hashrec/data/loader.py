@@ -22,7 +22,7 @@ from hashrec.data.dataset import (
 from hashrec.data.errors import DataError
 from hashrec.data.paths import expand_input_path
 from hashrec.data.sampler import negative_sampler
-from hashrec.data.sources import CsvFormat
+from hashrec.data.sources import CsvFormat, CsvSource, ParquetSource
 
 MODES = ("train", "eval", "predict")
 DATASET_TYPES = ("ParquetDataset", "CsvDataset")
@@ -91,15 +91,39 @@ def build_dataset(data_config, feature_set, input_path: str, options: ReadOption
     """The dataset ``data_config.dataset_type`` names, over the files of ``input_path``
     (``pin_memory``: the loader pins its batches; ``sampler``: a NegativeSampler whose
     negatives follow each batch's rows)."""
-    kind = _enum_name(data_config, "dataset_type")
-    if kind not in DATASET_TYPES:
-        raise DataError(f"data_config.dataset_type {kind} is not supported; use one of "
-                        f"{DATASET_TYPES}")
+    kind = _dataset_type(data_config)
     files = expand_input_path(input_path)
     if kind == "CsvDataset":
         return CsvDataset(files, feature_set, options, csv_format(data_config), pin_memory,
                           sampler)
     return ParquetDataset(files, feature_set, options, pin_memory, sampler)
+
+
+def _dataset_type(data_config) -> str:
+    kind = _enum_name(data_config, "dataset_type")
+    if kind not in DATASET_TYPES:
+        raise DataError(f"data_config.dataset_type {kind} is not supported; use one of "
+                        f"{DATASET_TYPES}")
+    return kind
+
+
+def input_column_names(data_config, input_path: str) -> list[str]:
+    """The columns the files of ``input_path`` hold, each once, in file order: their
+    parquet schemas', or as ``data_config`` lays CSV out (header lines, or input_fields).
+    The rows are not read.
+
+    Raises:
+        DataError: as :func:`build_dataset`, for a missing or unreadable file or an
+            unsupported dataset type.
+    """
+    if _dataset_type(data_config) == "CsvDataset":
+        source = CsvSource([], csv_format(data_config))
+    else:
+        source = ParquetSource([])
+    names: dict[str, None] = {}
+    for path in expand_input_path(input_path):
+        names.update(dict.fromkeys(source.column_names(path)))
+    return list(names)
 
 
 def check_input(data_config, feature_set, input_path: str, mode: str,

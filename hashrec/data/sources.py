@@ -67,21 +67,19 @@ class ParquetSource:
         has no pieces and an empty schema, as a CSV file without rows."""
         if _size(path) == 0:
             return [], pa.schema([])
-        try:
-            meta = pq.read_metadata(path)
-            schema = meta.schema.to_arrow_schema()
-        except (OSError, pa.ArrowException) as e:
-            hint = ("; it looks like text: for CSV input set data_config.dataset_type: "
-                    "CsvDataset (with input_fields or with_header)"
-                    if _looks_like_text(path) else "")
-            raise DataError(f"{path}: not a readable parquet file: {e}{hint}") from e
+        meta = _metadata(path)
         if meta.num_rows == 0:
             return [], pa.schema([])
-        schema = check_columns(path, schema, self.columns, self.notes)
+        schema = check_columns(path, meta.schema.to_arrow_schema(), self.columns, self.notes)
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         starts = itertools.accumulate(sizes, initial=0)
         return [Piece(path, i, n, first) for i, (n, first) in enumerate(zip(sizes, starts))
                 if n], schema
+
+    @staticmethod
+    def column_names(path: str) -> list[str]:
+        """The columns ``path`` holds (none in a file of zero bytes)."""
+        return [] if _size(path) == 0 else _metadata(path).schema.to_arrow_schema().names
 
     def read_spans(self, piece: Piece, spans: Sequence[tuple[int, int]], use_threads: bool
                    ) -> Iterator[tuple[int, pa.Table]]:
@@ -112,6 +110,17 @@ class ParquetSource:
 
 # Rows a parquet row group read in part is decoded in at a time (``read_spans``).
 PARQUET_BLOCK_ROWS = 1 << 16
+
+
+def _metadata(path: str) -> pq.FileMetaData:
+    """The parquet footer of ``path``; DataError for a file that is not parquet."""
+    try:
+        return pq.read_metadata(path)
+    except (OSError, pa.ArrowException) as e:
+        hint = ("; it looks like text: for CSV input set data_config.dataset_type: "
+                "CsvDataset (with input_fields or with_header)"
+                if _looks_like_text(path) else "")
+        raise DataError(f"{path}: not a readable parquet file: {e}{hint}") from e
 
 
 def _cut_spans(blocks: Iterable[pa.Table | pa.RecordBatch], spans: Sequence[tuple[int, int]]
@@ -310,6 +319,16 @@ class CsvSource:
         if position >= len(names):
             return str(error)
         return f"{error} (column {names[position]!r})"
+
+    def column_names(self, path: str) -> list[str]:
+        """The columns ``path`` holds: those its header line names, or input_fields' for
+        a file without one (none in a file without a line)."""
+        try:
+            return self._open(path, []).schema.names
+        except DataError:
+            if _blank(path):  # pyarrow refuses a file without a line
+                return []
+            raise
 
     def pieces(self, path: str) -> tuple[list[Piece], pa.Schema]:
         """The file as one piece (rows counted by parsing its first needed column); no

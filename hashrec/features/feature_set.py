@@ -11,6 +11,7 @@ sequence sub-feature sharing a top-level feature's table, or a shared
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterable, Mapping
 
@@ -91,7 +92,6 @@ class FeatureSet:
                  column_notes: Mapping[str, str] | None = None,
                  domain_label: tuple[str, int] | None = None,
                  read_labels: bool = True) -> None:
-        self.features = {f.name: f for f in features}
         self.column_notes = dict(column_notes or {})
         self._tables = list(tables)
         self._wide = wide or WideEmbeddings()
@@ -109,6 +109,12 @@ class FeatureSet:
             + list(self.sample_weight_fields)
         self.left_out = tuple(left_out)
         self.unembedded = frozenset(unembedded)
+        self._index(features)
+
+    def _index(self, features: list[Feature]) -> None:
+        """What the set derives from its ``features``: their lookup by name, the sparse
+        keys, the sequences parsed together and the columns read."""
+        self.features = {f.name: f for f in features}
         self._sparse = [f for f in features if f.is_sparse]
         # multi-value sequences' item sizes follow every feature's ids (``items_key``)
         self._multi = [f.name for f in self._sparse if getattr(f, "multi_value", False)]
@@ -127,6 +133,27 @@ class FeatureSet:
         columns = [c for f in features for c in f.columns]
         self.feature_columns = list(dict.fromkeys(columns))
         self.input_columns = list(dict.fromkeys(self.feature_columns + self.target_columns))
+
+    def reading(self, columns: Mapping[str, str]) -> FeatureSet:
+        """This set with each feature that ``columns`` names (feature name -> input column)
+        reading that column instead of its own, parsed as before; all else alike.
+
+        Raises:
+            ValueError: a name that is no feature of the set.
+        """
+        unknown = [name for name in columns if name not in self.features]
+        if unknown:
+            raise ValueError(f"features {unknown} are not in the set ({list(self.features)})")
+        features = []
+        for feature in self.features.values():
+            if feature.name in columns:
+                feature = copy.copy(feature)
+                feature.columns = (columns[feature.name],)
+            features.append(feature)
+        moved = copy.copy(self)
+        moved.column_notes = dict(self.column_notes)
+        moved._index(features)
+        return moved
 
     @property
     def binary_labels(self) -> frozenset[str]:

@@ -144,3 +144,30 @@ def test_workers_outlast_a_first_sigint_and_sigterm():
     worker.join(timeout=60)
     assert receive.recv() == "alive" and not receive.poll()
     assert worker.exitcode == -signal.SIGTERM
+
+
+def test_input_column_names_are_every_files_columns_unread(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hashrec.config import data_pb2
+    from hashrec.data.loader import input_column_names
+
+    pq.write_table(pa.table({"a": [1], "b": [2]}), tmp_path / "one.parquet")
+    pq.write_table(pa.table({"b": [3], "c": [4]}), tmp_path / "two.parquet")
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    config = data_pb2.DataConfig(dataset_type=data_pb2.ParquetDataset)
+    assert input_column_names(config, str(tmp_path / "*.parquet")) == ["a", "b", "c"]
+    (tmp_path / "head.csv").write_text("x;y\n1;2\n")
+    (tmp_path / "blank.csv").write_text("")
+    config = data_pb2.DataConfig(dataset_type=data_pb2.CsvDataset, delimiter=";",
+                                 with_header=True)
+    assert input_column_names(config, str(tmp_path / "*.csv")) == ["x", "y"]
+    (tmp_path / "rows.csv").write_text("1;2\n")
+    config.with_header = False
+    config.input_fields.add(input_name="p")
+    config.input_fields.add(input_name="q")
+    assert input_column_names(config, str(tmp_path / "rows.csv")) == ["p", "q"]
+    with pytest.raises(DataError, match="not a readable parquet file"):
+        input_column_names(data_pb2.DataConfig(dataset_type=data_pb2.ParquetDataset),
+                           str(tmp_path / "head.csv"))

@@ -331,3 +331,22 @@ def test_a_domain_index_out_of_range_names_its_row(occupation, row):
                                            rf"domain") as raised:
         features.parse(table)
     assert raised.value.row == row
+
+
+def test_a_set_reading_other_columns_parses_them_as_its_own(taobao_set):
+    table = taobao_table(8)
+    moved = taobao_set.reading({"click_50_seq__brand": "brand_seq", "price": "cost"})
+    renamed = table.rename_columns([{"click_50_seq__brand": "brand_seq", "price": "cost"}
+                                    .get(c, c) for c in table.column_names])
+    assert moved.feature_columns == [{"click_50_seq__brand": "brand_seq", "price": "cost"}
+                                     .get(c, c) for c in taobao_set.feature_columns]
+    before, after = taobao_set.parse(table), moved.parse(renamed)
+    assert after.sparse.keys() == before.sparse.keys()
+    assert after.sparse.values().equal(before.sparse.values())
+    assert after.sparse.lengths().equal(before.sparse.lengths())
+    # the sequence's sub-features are still parsed together; the set itself is unchanged
+    assert taobao_set.features["click_50_seq__brand"].columns == ("click_50_seq__brand",)
+    with pytest.raises(FeatureError, match="brand_seq"):
+        moved.parse(table)
+    with pytest.raises(ValueError, match="no_such_feature"):
+        taobao_set.reading({"no_such_feature": "x"})
