@@ -22,8 +22,9 @@ model of C > 1 classes (softmax_cross_entropy, jrc_loss) writes its ``logits`` a
 them), and with two classes also ``probs1`` (probs[:, 1], one float32); a match model
 (DSSM, DAT, MIND) writes ``user_tower_emb``, ``item_tower_emb`` and ``similarity``, and one
 tower's export (``<export_dir>/user`` or ``/item``) reads that tower's columns only and
-writes its ``<tower>_tower_emb``; MIND's ``user_tower_emb`` is a list of K interests, each
-a list of D float32 (those beyond a user's count zero).
+writes its ``<tower>_tower_emb`` (HSTU match's item tower reads an item catalog, one item
+a row, as ``hashrec.export.item_catalog`` says); MIND's ``user_tower_emb`` is a list of K
+interests, each a list of D float32 (those beyond a user's count zero).
 ``--predict_output_path`` ending in ``.parquet`` names the file; any other path is a
 directory that receives ``part-00000.parquet`` (a new path ending in ``.csv``, ``.txt``
 or another text format is refused: the output is parquet). The rows go to hidden temporary
@@ -47,6 +48,7 @@ import pyarrow as pa
 import torch
 
 from hashrec.export.errors import ExportError
+from hashrec.export.item_catalog import item_tower_input
 from hashrec.export.loading import (
     DEVICES,
     device_arg,
@@ -136,6 +138,9 @@ def predict(export_dir: str, input_path: str, output_path: str,
     check_not_an_input(output, input_path)
     run_on = resolve_device(device)
     config, feature_set, model, tower = load_export(export_dir, run_on)
+    data_config = input_data_config(config.data_config, input_path)
+    if tower is not None and tower["tower"] == "item":  # hstu_match's reads an item catalog
+        feature_set = item_tower_input(feature_set, config, data_config, input_path)
     note_tower_columns(feature_set, config, export_dir, tower)
     if tower is not None:
         check_tower_outputs(output_columns, tower, export_dir)
@@ -147,9 +152,8 @@ def predict(export_dir: str, input_path: str, output_path: str,
                               else _prediction_columns(config))
     _check_reserved(reserved_columns, columns)
     weighted = {f.input_key for f in feature_set.embedding_features() if f.weighted}
-    loader = create_dataloader(input_data_config(config.data_config, input_path), feature_set,
-                               input_path, "predict", batch_size=batch_size,
-                               reserved_columns=reserved_columns)
+    loader = create_dataloader(data_config, feature_set, input_path, "predict",
+                               batch_size=batch_size, reserved_columns=reserved_columns)
     staging, created = staging_file(output)
     lock = OutputLock(output)  # before anything is written or discarded
     parts = PartFiles(staging, max(loader.num_workers, 1))

@@ -7,9 +7,14 @@ its tower alone (the tables its feature group reads, that group's assembly and t
 tower's network (a DAT tower reads its augment group too; a match backbone's tower the
 groups its own blocks read; MIND's user tower reads its user group and its behaviour
 sequence and gives the user's interests, (B, K, D); HSTU match's user tower its history
-and the history's contextual, action and timestamp groups, its item tower a candidate
-sequence's first item a row); nothing of the other tower, whose id tables may be
-huge) and ``tower.json``, which says which tower it is, what it reads and what it gives.
+and the history's contextual, action and timestamp groups, its item tower the candidate
+group); nothing of the other tower, whose id tables may be huge) and ``tower.json``,
+which says which tower it is, what it reads and what it gives. HSTU match's item tower
+reads an item catalog, one item a row, its candidate sequence's sub-features under their
+bare names (``video_id`` for ``cand_seq__video_id``, as TorchEasyRec's item export reads
+them; ``hashrec.export.item_catalog``), or the candidate columns (each row's first item):
+``tower.json`` lists the catalog's as ``input_columns``, the others as
+``candidate_columns``.
 ``predict`` on such a directory reads the tower's columns only and writes
 ``<tower>_tower_emb``: users embedded from user features alone, an item index (for ANN
 retrieval) from item features alone. The tables' rows stay in the whole model's
@@ -24,6 +29,7 @@ from hashrec.config import save_pipeline_config
 from hashrec.config.validate import MATCH_MODELS
 from hashrec.export import meta
 from hashrec.export.errors import ExportError
+from hashrec.export.item_catalog import catalog_input_columns
 from hashrec.models.backbone.towers import split_towers
 
 TOWERS = ("user", "item")
@@ -101,6 +107,8 @@ def write_tower_exports(model, config, export_dir: str, hashmaps: dict,
         directory = os.path.join(export_dir, tower)
         feature_set = tower_feature_set(config, tower)
         tables = [spec.name for spec in feature_set.embedding_tables()]
+        columns = catalog_input_columns(config, feature_set) if tower == "item" \
+            else feature_set.feature_columns
         module = build_inference_model(model, feature_set, hashmaps, missing, tower)
         try:
             os.mkdir(directory)
@@ -114,12 +122,14 @@ def write_tower_exports(model, config, export_dir: str, hashmaps: dict,
                  "feature_group": tower_group(config, tower),
                  "feature_groups": tower_groups(config, tower),
                  "features": list(feature_set.features),
-                 "input_columns": list(feature_set.feature_columns), "tables": tables,
+                 "input_columns": list(columns), "tables": tables,
                  "output": f"{tower}_tower_emb", "dimension": int(model.user_tower.dim),
                  "interests": interests if tower == "user" else 0,
                  "similarity": "COSINE" if model.cosine else "INNER_PRODUCT",
                  "temperature": float(model.temperature),
                  "other_tower": os.path.join("..", _other(tower)), "whole_model": ".."}
+        if columns != feature_set.feature_columns:  # the item catalog's, hstu_match's
+            entry["candidate_columns"] = list(feature_set.feature_columns)
         meta_path = os.path.join(directory, meta.TOWER_META_FILE)
         try:
             with open(meta_path, "w", encoding="utf-8") as f:
@@ -185,7 +195,7 @@ def note_tower_columns(feature_set, config, export_dir: str, entry: dict | None)
     model's reads both towers' (the error names the tower export that reads fewer)."""
     if entry is not None:
         note = (f"{export_dir} embeds the {entry['tower']} tower alone, which reads the "
-                f"columns {entry['input_columns']} of its feature groups "
+                f"columns {feature_set.feature_columns} of its feature groups "
                 f"{entry.get('feature_groups', [entry['feature_group']])}")
         _add_notes(feature_set, feature_set.feature_columns, note)
         return

@@ -191,10 +191,22 @@ def test_the_export_predicts_as_the_eager_model_and_each_tower_alone_as_the_whol
     rows = pq.read_table(eval_path)
     for tower, columns in (("user", USER_COLUMNS), ("item", ["cand_seq__video_id"])):
         meta = json.loads((export / tower / "tower.json").read_text())
-        assert meta["input_columns"] == columns and meta["dimension"] == 16
+        # the item tower reads an item catalog (video_id), or the candidate column
+        read = meta["candidate_columns"] if tower == "item" else meta["input_columns"]
+        assert read == columns and meta["dimension"] == 16
         pq.write_table(rows.select(columns), tmp_path / f"{tower}s.parquet")
         predict(str(export / tower), str(tmp_path / f"{tower}s.parquet"),
                 str(tmp_path / f"{tower}.parquet"))
         alone = torch.tensor(pq.read_table(tmp_path / f"{tower}.parquet")
                              [f"{tower}_tower_emb"].to_pylist())
         torch.testing.assert_close(alone, user if tower == "user" else item, rtol=0, atol=0)
+    # an item catalog of those first candidates, one a row under the bare name, as
+    # TorchEasyRec's item export reads it
+    assert meta["input_columns"] == ["video_id"]
+    first = [int(c.split("|")[0]) for c in rows["cand_seq__video_id"].to_pylist()]
+    pq.write_table(pa.table({"video_id": first}), tmp_path / "catalog.parquet")
+    predict(str(export / "item"), str(tmp_path / "catalog.parquet"),
+            str(tmp_path / "catalog_out.parquet"))
+    catalog = torch.tensor(pq.read_table(tmp_path / "catalog_out.parquet")
+                           ["item_tower_emb"].to_pylist())
+    torch.testing.assert_close(catalog, item, rtol=0, atol=0)
