@@ -184,8 +184,11 @@ class TrainLoop:
             if lowest != highest:
                 raise TrainError(f"{PREPARE_AHEAD_ENV} differs between ranks ({lowest} to "
                                  f"{highest}); set it alike on every rank")
-        # Several ranks with row weights: each loss scaled to its global weighted mean.
-        weighted = getattr(session.model, "weighted", False)
+        # Several ranks with row weights: each loss scaled to its global weighted mean
+        # (unless the model asks for each rank's own mean: dlrm_hstu's
+        # enable_global_average_loss false).
+        weighted = getattr(session.model, "weighted", False) and \
+            not getattr(session.model, "local_loss_mean", False)
         self.weighted_loss = WeightedLossScale(self.ctx) \
             if weighted and self.ctx.is_distributed else None
         # Several ranks: the dense gradients live in one buffer that one all-reduce averages.
