@@ -11,15 +11,16 @@ videos shown in the window (the candidates, ``cand_seq__*``) with what the user 
 
 Columns: user_id (int64, a new user each row), user_active_degree (0-7),
 follow_user_num_range, fans_user_num_range (0-8), friend_user_num_range,
-register_days_range (0-7) (int64); uih_seq__video_id, uih_seq__action_timestamp
-(seconds), uih_seq__action_weight (action bits: 1 click, 2 like, 4 follow),
-uih_seq__watch_time (seconds), oldest first, 1 to ``MAX_HISTORY`` a row;
-cand_seq__video_id, cand_seq__query_time, cand_seq__action_weight,
-cand_seq__watch_time, 1 to ``MAX_CANDIDATES`` a row; every sequence a string of values
-joined by ``|``.
+register_days_range (0-7) (int64); uih_seq__video_id, uih_seq__video_cat,
+uih_seq__action_timestamp (seconds), uih_seq__action_weight (action bits: 1 click, 2
+like, 4 follow), uih_seq__watch_time (seconds), oldest first, 1 to ``MAX_HISTORY`` a
+row; cand_seq__video_id, cand_seq__video_cat, cand_seq__query_time,
+cand_seq__action_weight, cand_seq__watch_time, 1 to ``MAX_CANDIDATES`` a row; every
+sequence a string of values joined by ``|``.
 
-The planted behaviour: videos fall into ``GROUPS`` groups (video_id modulo the count);
-each user favours one, which most of the history's videos come from. A candidate is
+The planted behaviour: videos fall into ``GROUPS`` categories (video_cat, the video_id
+modulo the count); each user favours one, which most of the history's videos come from.
+A candidate is
 clicked when it is of the user's group (a share ``FLIP`` of the candidates the other way):
 the history alone tells the clicks. A clicked candidate is liked when its video_id is a
 multiple of 3 (the item alone tells it), followed when both hold. Watch time is long for
@@ -90,6 +91,7 @@ def rows_table(rng: np.random.Generator, first_user: int, n: int, videos: int) -
     ago = np.concatenate([np.sort(rng.uniform(60, 86400 * 7, k))[::-1] for k in history])
     actions = rng.integers(0, 8, rows.size)
     cols["uih_seq__video_id"] = _joined(_videos(rng, groups, videos), history, "%d")
+    cols["uih_seq__video_cat"] = _joined(groups, history, "%d")
     cols["uih_seq__action_timestamp"] = _joined(np.round(now[rows] - ago), history, "%.0f")
     cols["uih_seq__action_weight"] = _joined(actions, history, "%d")
     cols["uih_seq__watch_time"] = _joined(rng.uniform(0, 60, rows.size), history, "%.1f")
@@ -102,6 +104,7 @@ def rows_table(rng: np.random.Generator, first_user: int, n: int, videos: int) -
     like = click & (video % 3 == 0)
     weight = click.astype(np.int64) + 2 * like + 4 * (like & (video % 2 == 0))
     cols["cand_seq__video_id"] = _joined(video, count, "%d")
+    cols["cand_seq__video_cat"] = _joined(groups, count, "%d")
     cols["cand_seq__query_time"] = _joined(np.round(now[rows] + rng.uniform(0, 600, rows.size)),
                                            count, "%.0f")
     cols["cand_seq__action_weight"] = _joined(weight, count, "%d")
