@@ -89,7 +89,8 @@ def test_the_dlrm_hstu_example_trains_exports_and_predicts_each_candidate(workdi
                       eval_rows=64, quiet=True)
     result = _train(workdir, monkeypatch, "dlrm_hstu_kuairand_dynamicemb.config", {})
     assert 0 <= result["auc_is_click"] <= 1 and 0 <= result["grouped_auc_is_like"] <= 1
-    assert result["binary_cross_entropy_is_follow"] > 0 and result["l2_loss_watchtime"] > 0
+    assert result["binary_cross_entropy_is_follow"] > 0 and result["jrc_loss_is_like"] > 0
+    assert result["l2_loss_watchtime"] > 0
     model_dir = workdir / "dlrm_hstu_kuairand_dynamicemb"
     assert export_main(["--pipeline_config_path", str(model_dir / "pipeline.config"),
                        "--export_dir", "export_dlrm_hstu"]) == 0
@@ -101,3 +102,4 @@ def test_the_dlrm_hstu_example_trains_exports_and_predicts_each_candidate(workdi
     assert predicted.num_rows == 64 and "probs_is_click" in predicted.column_names
     # a list a row: cand_seq's 8 candidate slots
     assert {len(p) for p in predicted.column("probs_is_click").to_pylist()} == {8}
+    assert {len(p) for p in predicted.column("probs1_is_like").to_pylist()} == {8}

@@ -114,9 +114,4 @@ def _task_problems(tower, where: str) -> list[str]:
     for i, task in enumerate(tower.task_configs):
         if task.num_class < 1:
             problems.append(f"{where}.task_configs[{i}].num_class is 0; it must be 1 or more")
-        for j, loss in enumerate(task.losses):
-            if loss.WhichOneof("loss") == "jrc_loss":
-                problems.append(f"{where}.task_configs[{i}].losses[{j}].jrc_loss is not "
-                                f"supported by dlrm_hstu (its sessions would be a row's "
-                                f"candidates); use binary_cross_entropy")
     return problems

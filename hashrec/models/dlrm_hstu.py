@@ -20,7 +20,8 @@ Tasks (``fusion_mtl_tower.task_configs``) predict each candidate: a task's label
 (one of ``data_config.label_fields``) holds a list a row, one value per candidate
 (TorchEasyRec's ``cand_seq__action_weight``); with ``task_bitmask`` the label is 1 where
 the value has one of the bits, else 0. Losses and metrics are over the candidates: each
-loss is the mean over the batch's candidates (over every rank's with
+loss is the mean over the batch's candidates (jrc_loss's sessions: the candidates of
+rows of one session id) (over every rank's with
 ``enable_global_average_loss``, as TorchEasyRec), times the task's weight, the losses
 summed; predictions are ``probs_<task_name>`` (``y_`` with l2_loss) and
 ``logits_<task_name>``, one per candidate.
@@ -49,6 +50,7 @@ from hashrec.models.feature_groups import (
     deep_input,
     sequence_input,
 )
+from hashrec.models.losses import session_index
 from hashrec.models.mlp_config import mlp_options, optional_mlp
 from hashrec.models.rank_model import RankModel
 from hashrec.modules.hstu_inputs import ActionEncoder, contextualized_mlp
@@ -271,11 +273,36 @@ class DlrmHSTU(RankModel):
             columns.append(values.reshape(-1))
         return torch.stack(columns, dim=-1)
 
+    def session_ids(self, batch) -> torch.Tensor | None:
+        """Each candidate slot's session of each jrc_loss session feature
+        (B * K, sessions) int64: its row's (its first id, as ``RankModel``'s), numbered
+        by ``session_index`` so that a row's padding slots get numbers of their own (no
+        candidate competes with them); None without a jrc_loss task."""
+        rows = super().session_ids(batch)
+        if rows is None:
+            return None
+        mask = self.candidate_mask(batch)
+        columns = []
+        for i in range(rows.shape[1]):
+            ids = rows[:batch.batch_size, i].repeat_interleave(self.candidates)
+            columns.append(_candidate_sessions(session_index(ids), mask))
+        return torch.stack(columns, dim=-1)
+
     def sample_weights(self, batch) -> torch.Tensor:
         """Each candidate slot's loss weight of each task (B * K, T): 1 for a candidate,
         0 for a row's padding."""
         mask = self.candidate_mask(batch).float()
         return mask.unsqueeze(1).expand(-1, len(self.tasks)).contiguous()
+
+
+def _candidate_sessions(numbers: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Session numbers (N,) in [0, N) of every slot -> the candidates' renumbered to
+    [0, D) (D their sessions), each padding slot (``mask`` false) a number of its own
+    after them; no host reads."""
+    used = torch.zeros_like(numbers).scatter_reduce(0, numbers, mask.long(), "amax")
+    compact = torch.cumsum(used, 0) - 1
+    padding = used.sum() + torch.cumsum(torch.logical_not(mask).long(), 0) - 1
+    return torch.where(mask, compact[numbers], padding)
 
 
 def build_net(config, history: GroupSpec, candidate: GroupSpec, contextual: GroupSpec | None,

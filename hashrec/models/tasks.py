@@ -396,8 +396,7 @@ def _fusion_tasks(model_config, kind: str, labels: list[str]) -> tuple[Task, ...
     Raises:
         ModelError: model-level losses, metrics, train_metrics or num_class; no task; a
             task without a name, of a name twice, with a label that is not a label field,
-            a negative weight, jrc_loss (its sessions are a row's, the tasks' rows are
-            candidates), or a loss that does not fit its num_class.
+            a negative weight, or a loss that does not fit its num_class.
     """
     for what in ("losses", "metrics", "train_metrics"):
         if len(getattr(model_config, what)):
@@ -426,10 +425,6 @@ def _fusion_tasks(model_config, kind: str, labels: list[str]) -> tuple[Task, ...
             raise ModelError(f"{where}.weight={weight}; the task loss's weight must be a "
                              f"finite number >= 0")
         first, *more = loss_specs(config.losses, where, int(config.num_class))
-        if any(spec.name == "jrc_loss" for spec in (first, *more)):
-            raise ModelError(f"{where}.losses: jrc_loss is not supported by {kind} (its "
-                             f"sessions would be a row's candidates); use "
-                             f"binary_cross_entropy or softmax_cross_entropy")
         tasks.append(Task(config.task_name, config.label_name, first, weight,
                           tuple(config.metrics), where, num_class=int(config.num_class),
                           more_losses=tuple(more)))

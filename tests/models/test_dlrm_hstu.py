@@ -1,5 +1,6 @@
 """dlrm_hstu on the model fakes: each candidate slot's labels (task bitmasks, padding),
-the losses as masked means worked by hand, the metrics over a row's candidates alone,
+the losses as masked means worked by hand (jrc_loss's sessions a row's candidates), the
+metrics over a row's candidates alone,
 the invariance of every candidate's output to padding, to the row's other candidates
 (without contextual tokens, which read the whole row as in TorchEasyRec) and to a
 history stored newest first, no host reads, and the config errors."""
@@ -20,6 +21,7 @@ from hashrec.config.errors import ConfigError
 from hashrec.features.batch import Batch
 from hashrec.models import ModelError, create_model
 from hashrec.models.hstu_towers import reverse_prefixes
+from hashrec.models.losses import jrc_rows
 from hashrec.train.evaluation import update_metrics
 from hashrec.train.metrics import build_metrics
 
@@ -169,6 +171,26 @@ def test_losses_are_each_tasks_mean_over_the_candidates_times_its_weight():
         torch.testing.assert_close(losses[name], value)
 
 
+def test_jrc_loss_sessions_are_the_rows_candidates_and_padding_competes_with_none():
+    text = _config().replace('task_bitmask: 2 weight: 0.5',
+                             'task_bitmask: 2 weight: 0.5 num_class: 2 '
+                             'losses { jrc_loss { session_name: "user_id" } }')
+    model, batch = _model(text), _batch()
+    out = model(batch)
+    assert out["logits_is_like"].shape == (ROWS * SEQ_LEN, 2)
+    labels, _, sessions = model.targets(batch)
+    valid = _valid()
+    users = batch.sparse["user_id"].values.repeat_interleave(SEQ_LEN)
+    expected = 0.5 * jrc_rows(out["logits_is_like"][valid], labels[valid, 1], users[valid],
+                              0.5).mean()
+    torch.testing.assert_close(model.loss(out, batch)["jrc_loss_is_like"], expected)
+    # the padding slots' sessions are their own, the candidates' those of their row's user
+    assert sessions[~valid, 0].unique().numel() == int((~valid).sum())
+    same = users[valid].unsqueeze(0) == users[valid].unsqueeze(1)
+    numbers = sessions[valid, 0]
+    assert torch.equal(numbers.unsqueeze(0) == numbers.unsqueeze(1), same)
+
+
 def _pairwise_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     positive, negative = scores[labels > 0.5], scores[labels < 0.5]
     greater = (positive.unsqueeze(1) > negative.unsqueeze(0)).float()
@@ -285,9 +307,6 @@ def test_the_dense_network_reads_nothing_on_the_host(preprocessor):
      r"feature groups \['extra'\] are not read by dlrm_hstu"),
     (lambda t: t.replace('label_name: "wt"', 'label_name: "nope"'),
      "label_name 'nope' is not one of data_config.label_fields"),
-    (lambda t: t.replace("losses { l2_loss {} }",
-                         'num_class: 2 losses { jrc_loss { session_name: "user_id" } }'),
-     "jrc_loss is not supported by dlrm_hstu"),
     (lambda t: t.replace('feature_groups { group_name: "uih_timestamp" feature_names: '
                          '"click_seq__ts"\n                 group_type: JAGGED_SEQUENCE }', ''),
      "reads the feature group 'uih_timestamp', which is not defined"),
@@ -342,8 +361,6 @@ def _pipeline(model_text: str) -> str:
         "                                                      action_weights: [1, 2] } }",
         ""),
      "enable_interleaving makes each position's actions a token"),
-    (lambda t: t.replace("losses { l2_loss {} }", "losses { jrc_loss { session_name: 'u' } }"),
-     "jrc_loss is not supported by dlrm_hstu"),
 ])
 def test_config_errors_name_the_field(change, match):
     with pytest.raises(ConfigError, match=match):
