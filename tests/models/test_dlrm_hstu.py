@@ -20,6 +20,7 @@ from hashrec.config import parse_pipeline_config, validate_pipeline_config
 from hashrec.config.errors import ConfigError
 from hashrec.features.batch import Batch
 from hashrec.models import ModelError, create_model
+from hashrec.models.dlrm_hstu_net import FusionTower, item_mlp
 from hashrec.models.hstu_towers import reverse_prefixes
 from hashrec.models.losses import jrc_rows
 from hashrec.train.evaluation import update_metrics
@@ -189,6 +190,23 @@ def test_jrc_loss_sessions_are_the_rows_candidates_and_padding_competes_with_non
     same = users[valid].unsqueeze(0) == users[valid].unsqueeze(1)
     numbers = sessions[valid, 0]
     assert torch.equal(numbers.unsqueeze(0) == numbers.unsqueeze(1), same)
+
+
+def test_the_item_mlp_and_fusion_tower_by_hand():
+    torch.manual_seed(0)
+    items = item_mlp(3, 5, 4)
+    candidates = torch.randn(2, 6, 3)
+    first, swish, second, norm = items
+    hidden = first(candidates)
+    hidden = hidden * torch.sigmoid(swish.norm(hidden))
+    expected = functional.layer_norm(second(hidden), [4], norm.weight, norm.bias, 1e-5)
+    torch.testing.assert_close(items(candidates), expected)
+    assert torch.all(first.bias == 0) and torch.all(second.bias == 0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 7), torch.nn.ReLU())
+    tower = FusionTower(mlp, 7, 3)
+    user, item = torch.randn(2, 6, 4), torch.randn(2, 6, 4)
+    torch.testing.assert_close(tower(user, item), tower.linear(mlp(user * item)))
+    assert tower(user, item).shape == (2, 6, 3) and torch.all(tower.linear.bias == 0)
 
 
 def _pairwise_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
