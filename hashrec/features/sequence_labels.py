@@ -35,6 +35,14 @@ class SequenceLabel:
     # The delimiter of a text cell's values (the candidate sequence's sequence_delim).
     delimiter: str = ";"
 
+    def __post_init__(self) -> None:
+        if self.length < 1:
+            raise ValueError(f"SequenceLabel.length={self.length}; allowed: 1 or more (the "
+                             f"candidate slots a row)")
+        if not self.delimiter:
+            raise ValueError("SequenceLabel.delimiter is empty; allowed: the sequence's "
+                             "sequence_delim")
+
 
 def sequence_labels(model_config, features, label_fields) -> dict[str, SequenceLabel]:
     """Label column -> how to read it, for a model whose labels are a list a row (every

@@ -75,3 +75,10 @@ def test_a_dlrm_hstu_without_a_candidate_group_is_refused():
     text = CONFIG.replace('group_name: "candidate"', 'group_name: "cand"')
     with pytest.raises(ConfigError, match="feature group 'candidate', which is missing"):
         build_feature_set(parse_pipeline_config(text))
+
+
+def test_the_shape_options_are_checked():
+    with pytest.raises(ValueError, match="SequenceLabel.length=0"):
+        SequenceLabel(0, "|")
+    with pytest.raises(ValueError, match="SequenceLabel.delimiter is empty"):
+        SequenceLabel(3, "")
