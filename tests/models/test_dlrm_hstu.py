@@ -24,6 +24,7 @@ from hashrec.models.dlrm_hstu_net import FusionTower, item_mlp
 from hashrec.models.hstu_towers import reverse_prefixes
 from hashrec.models.losses import jrc_rows
 from hashrec.train.evaluation import update_metrics
+from hashrec.train.loop import scales_to_global_mean
 from hashrec.train.metrics import build_metrics
 
 # The click sequence's items are the history, its categories each row's candidates (up to
@@ -343,6 +344,15 @@ def test_concatenated_contextual_features_are_one_token_of_any_widths():
     model = _model(text)
     assert model.net.contextual == 1
     assert model(_batch())["probs_is_click"].shape == (ROWS * SEQ_LEN,)
+
+
+@pytest.mark.parametrize("setting, scaled", [("", True),
+                                             ("enable_global_average_loss: true", True),
+                                             ("enable_global_average_loss: false", False)])
+def test_the_global_average_loss_scales_the_ranks_losses(setting, scaled):
+    model = _model(_config(more=setting))
+    assert scales_to_global_mean(model, SimpleNamespace(is_distributed=True)) == scaled
+    assert not scales_to_global_mean(model, SimpleNamespace(is_distributed=False))
 
 
 def test_labels_of_one_value_a_row_are_refused():
