@@ -1,6 +1,8 @@
 """The example configs of the match models and the configurable backbone train a few steps
 on generated Taobao-like data, read from the paths they name (the generator's defaults);
-the DSSM, DAT, match backbone and HSTU match examples' towers export and predict apart."""
+the DSSM, DAT, match backbone and HSTU match examples' towers export and predict apart.
+The dlrm_hstu example trains on generated KuaiRand-like data, exports and predicts each
+row's candidates."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 
 from hashrec import predict, train_eval
 from hashrec.export.__main__ import main as export_main
+from hashrec.tools.gen_kuairand_data import generate as generate_kuairand
 from hashrec.tools.gen_taobao_data import generate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,3 +81,25 @@ def test_the_mind_example_trains_on_the_click_sequence(workdir, monkeypatch):
 def test_the_dcn_backbone_example_trains(workdir, monkeypatch):
     result = _train(workdir, monkeypatch, "dcn_backbone_taobao_dynamicemb.config", {})
     assert 0 <= result["auc"] <= 1 and result["binary_cross_entropy"] > 0
+
+
+def test_the_dlrm_hstu_example_trains_exports_and_predicts_each_candidate(workdir,
+                                                                          monkeypatch):
+    generate_kuairand(str(workdir / "data" / "kuairand"), 256, seed=4, scale=0.001,
+                      eval_rows=64, quiet=True)
+    result = _train(workdir, monkeypatch, "dlrm_hstu_kuairand_dynamicemb.config", {})
+    assert 0 <= result["auc_is_click"] <= 1 and 0 <= result["grouped_auc_is_like"] <= 1
+    assert result["binary_cross_entropy_is_follow"] > 0 and result["jrc_loss_is_like"] > 0
+    assert result["l2_loss_watchtime"] > 0
+    model_dir = workdir / "dlrm_hstu_kuairand_dynamicemb"
+    assert export_main(["--pipeline_config_path", str(model_dir / "pipeline.config"),
+                       "--export_dir", "export_dlrm_hstu"]) == 0
+    assert predict.main(["--scripted_model_path", "export_dlrm_hstu",
+                         "--predict_input_path", "data/kuairand/eval",
+                         "--predict_output_path", "dlrm_hstu.parquet",
+                         "--reserved_columns", "user_id"]) == 0
+    predicted = pq.read_table("dlrm_hstu.parquet")
+    assert predicted.num_rows == 64 and "probs_is_click" in predicted.column_names
+    # a list a row: cand_seq's 8 candidate slots
+    assert {len(p) for p in predicted.column("probs_is_click").to_pylist()} == {8}
+    assert {len(p) for p in predicted.column("probs1_is_like").to_pylist()} == {8}

@@ -3,7 +3,8 @@
 TorchEasyRec's HSTU match model reads its user tower's HSTU settings (its module.proto's
 ``HSTU``, shared with its ranking model dlrm_hstu); HashRec builds the part of them that
 a match user tower uses: the UIH preprocessor, the positional encoder, the STU layers and
-the output postprocessor. Each message here names the field and what it may hold.
+the output postprocessor. Each message here names the field and what it may hold; the
+checks of the HSTU modules serve dlrm_hstu's (``hashrec.config.dlrm_hstu``) too.
 (Semi-local attention, attention truncation and MoT channel names are refused by
 ``hashrec.config.unused``.)
 """
@@ -32,24 +33,24 @@ def hstu_match_problems(model_config) -> list[str]:
         problems.append(f"{where}.max_seq_len is {tower.max_seq_len}; set it to the longest "
                         f"history, 1 or more (the attention divides by it)")
     hstu = tower.hstu
-    problems += _stu_problems(hstu.stu, f"{where}.hstu.stu")
+    problems += stu_problems(hstu.stu, f"{where}.hstu.stu")
     if hstu.attn_num_layers < 1:
         problems.append(f"{where}.hstu.attn_num_layers is 0; it must be 1 or more")
-    problems += _ratio(hstu.input_dropout_ratio, f"{where}.hstu.input_dropout_ratio")
-    problems += _positional_problems(hstu.positional_encoder,
+    problems += ratio_problems(hstu.input_dropout_ratio, f"{where}.hstu.input_dropout_ratio")
+    problems += positional_problems(hstu.positional_encoder,
                                      f"{where}.hstu.positional_encoder")
     problems += _preprocessor_problems(hstu.input_preprocessor,
                                        f"{where}.hstu.input_preprocessor")
-    problems += _postprocessor_problems(hstu.output_postprocessor,
+    problems += postprocessor_problems(hstu.output_postprocessor,
                                         f"{where}.hstu.output_postprocessor")
     return problems
 
 
-def _stu_problems(stu, where: str) -> list[str]:
+def stu_problems(stu, where: str) -> list[str]:
     problems = [f"{where}.{name} is {getattr(stu, name)}; it must be 1 or more"
                 for name in ("embedding_dim", "num_heads", "hidden_dim", "attention_dim")
                 if getattr(stu, name) < 1]
-    problems += _ratio(stu.output_dropout_ratio, f"{where}.output_dropout_ratio")
+    problems += ratio_problems(stu.output_dropout_ratio, f"{where}.output_dropout_ratio")
     if stu.HasField("attn_alpha"):
         alpha = proto_float(stu.attn_alpha)
         if not (math.isfinite(alpha) and alpha > 0):
@@ -61,14 +62,15 @@ def _stu_problems(stu, where: str) -> list[str]:
     return problems
 
 
-def _ratio(value: float, where: str) -> list[str]:
+def ratio_problems(value: float, where: str) -> list[str]:
+    """A dropout ratio outside [0, 1), named by ``where``."""
     value = proto_float(value)
     if 0 <= value < 1:
         return []
     return [f"{where} is {value}; it must be in [0, 1)"]
 
 
-def _positional_problems(encoder, where: str) -> list[str]:
+def positional_problems(encoder, where: str) -> list[str]:
     problems = []
     if encoder.num_position_buckets < 1:
         problems.append(f"{where}.num_position_buckets is {encoder.num_position_buckets}; "
@@ -107,7 +109,7 @@ def _preprocessor_problems(preprocessor, where: str) -> list[str]:
         problems.append(f"{where}.action_encoder sets no encoder; use "
                         f"simple_action_encoder {{ ... }}")
     else:
-        problems += _action_problems(uih.action_encoder.simple_action_encoder,
+        problems += action_problems(uih.action_encoder.simple_action_encoder,
                                      f"{where}.action_encoder.simple_action_encoder")
     mlp_kind = uih.action_mlp.WhichOneof("contextualized_mlp")
     if mlp_kind is None:
@@ -119,12 +121,12 @@ def _preprocessor_problems(preprocessor, where: str) -> list[str]:
             problems.append(f"{where}.action_mlp.{mlp_kind}.hidden_dim is {mlp.hidden_dim}; "
                             f"it must be 1 or more")
         if mlp_kind == "parameterized_mlp":
-            problems += _ratio(mlp.contextual_dropout_ratio,
+            problems += ratio_problems(mlp.contextual_dropout_ratio,
                                f"{where}.action_mlp.{mlp_kind}.contextual_dropout_ratio")
     return problems
 
 
-def _action_problems(encoder, where: str) -> list[str]:
+def action_problems(encoder, where: str) -> list[str]:
     problems = []
     if encoder.action_embedding_dim < 1:
         problems.append(f"{where}.action_embedding_dim is {encoder.action_embedding_dim}; "
@@ -143,7 +145,7 @@ def _action_problems(encoder, where: str) -> list[str]:
     return problems
 
 
-def _postprocessor_problems(postprocessor, where: str) -> list[str]:
+def postprocessor_problems(postprocessor, where: str) -> list[str]:
     kind = postprocessor.WhichOneof("output_postprocessor")
     if kind is None:
         return [f"{where} sets no postprocessor; use l2norm_postprocessor {{}}, "

@@ -133,9 +133,8 @@ def _nested_field(message: str) -> str:
 
 
 # TorchEasyRec's models that HashRec's ModelConfig does not parse: the older form of its
-# configurable backbone, its generative models and its HSTU ranking models.
+# configurable backbone, its generative models and its multi-channel HSTU ranking model.
 _UNPARSED_MODELS = {
-    "dlrm_hstu": "generative ranking model",
     "ultra_hstu": "generative ranking model", "sid_rqvae": "semantic id model",
     "sid_rqkmeans": "semantic id model", "generative_qwen": "generative model",
     "prompt_generative_qwen": "generative model",

@@ -68,8 +68,8 @@ _REFUSED = {
         "attn_truncation_split_layer": (lambda v: v > 0, "every layer reads the whole "
                                         "history"),
         "attn_truncation_tail_len": (lambda v: v > 0, "every layer reads the whole history"),
-        "name": (bool, "hstu_match's user tower is one channel, reading the groups uih_action, "
-                 "uih_watchtime and uih_timestamp"),
+        "name": (bool, "hstu_match's user tower and dlrm_hstu are one channel, reading the "
+                 "groups uih_action, uih_watchtime and uih_timestamp"),
     },
     "GradClipping": {
         "enable_global_grad_clip": (bool, "the clipping norm is the dense gradients' after "
@@ -175,6 +175,13 @@ def _messages(config):
             where = "model_config.hstu_match.user_tower.hstu"
             yield where, model_config.hstu_match.user_tower.hstu
             yield f"{where}.stu", model_config.hstu_match.user_tower.hstu.stu
+        if model == "dlrm_hstu":
+            where = "model_config.dlrm_hstu.hstu"
+            yield where, model_config.dlrm_hstu.hstu
+            yield f"{where}.stu", model_config.dlrm_hstu.hstu.stu
+            for i, task in enumerate(model_config.dlrm_hstu.fusion_mtl_tower.task_configs):
+                yield from _metric_messages(
+                    f"model_config.dlrm_hstu.fusion_mtl_tower.task_configs[{i}]", task)
         if model and "task_towers" in getattr(model_config, model).DESCRIPTOR.fields_by_name:
             for i, tower in enumerate(getattr(model_config, model).task_towers):
                 where = f"model_config.{model}.task_towers[{i}]"

@@ -9,6 +9,7 @@ naming every offending feature or field.
 from __future__ import annotations
 
 from hashrec.config.aliases import alias_problems
+from hashrec.config.dlrm_hstu import dlrm_hstu_problems
 from hashrec.config.errors import ConfigError
 from hashrec.config.fg_mode import RAW, fg_input, fg_input_setting
 from hashrec.config.hstu_match import hstu_match_problems
@@ -31,9 +32,9 @@ SUPPORTED_SPARSE_OPTIMIZERS = ("sgd_optimizer", "adagrad_optimizer", "adam_optim
                                "rowwise_adagrad_optimizer")
 # The models hashrec.models.registry builds (tests/models/test_registry.py keeps the two
 # equal; the config layer must not import the models above it).
-SUPPORTED_MODELS = ("dat", "dbmtl", "dc2vr", "dcn_v1", "dcn_v2", "deepfm", "dlrm", "dssm",
-                    "dssm_v2", "hstu_match", "mask_net", "match_backbone", "mind", "mmoe",
-                    "multi_task_backbone", "multi_tower", "multi_tower_din", "pepnet", "ple",
+SUPPORTED_MODELS = ("dat", "dbmtl", "dc2vr", "dcn_v1", "dcn_v2", "deepfm", "dlrm",
+                    "dlrm_hstu", "dssm", "dssm_v2", "hstu_match", "mask_net", "match_backbone",
+                    "mind", "mmoe", "multi_task_backbone", "multi_tower", "multi_tower_din", "pepnet", "ple",
                     "rank_backbone", "rocket_launching", "simple_multi_task", "tdm",
                     "wide_and_deep", "wukong", "xdeepfm")
 # The models whose config lists task_towers (hashrec.models.tasks.MULTI_TASK_MODELS;
@@ -220,6 +221,10 @@ def _model_problems(model_config) -> list[str]:
                    for i, tower in enumerate(getattr(model_config, model).task_towers)]
     if model == "hstu_match":
         problems += hstu_match_problems(model_config)
+    if model == "dlrm_hstu":
+        problems += dlrm_hstu_problems(model_config)
+        places += [(f"dlrm_hstu.fusion_mtl_tower.task_configs[{i}]", task) for i, task
+                   in enumerate(model_config.dlrm_hstu.fusion_mtl_tower.task_configs)]
     if model in MATCH_MODELS:
         problems += _match_problems(model_config)
     else:

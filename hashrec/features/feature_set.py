@@ -40,6 +40,12 @@ from hashrec.features.sequence_feature import (
     note_sequence_defaults,
     parse_sequence,
 )
+from hashrec.features.sequence_labels import (
+    SEQUENCE_LABEL_MODELS,
+    SequenceLabel,
+    read_sequence_label,
+    sequence_labels,
+)
 from hashrec.features.tables import alias_emb_names, build_tables, tables_read_by
 from hashrec.features.tokens import empty_as_null, first_not_converting, get_column
 from hashrec.features.wide import WideEmbeddings, build_wide_embeddings
@@ -91,7 +97,8 @@ class FeatureSet:
                  class_labels: dict[str, int] | None = None,
                  column_notes: Mapping[str, str] | None = None,
                  domain_label: tuple[str, int] | None = None,
-                 read_labels: bool = True) -> None:
+                 read_labels: bool = True,
+                 sequence_labels: Mapping[str, SequenceLabel] | None = None) -> None:
         self.column_notes = dict(column_notes or {})
         self._tables = list(tables)
         self._wide = wide or WideEmbeddings()
@@ -104,6 +111,9 @@ class FeatureSet:
         # Whether the label columns are read (a model whose loss reads none, hstu_match,
         # reads the sample weights alone).
         self.read_labels = read_labels
+        # Label columns of a list a row (dlrm_hstu's, one value per candidate): how each
+        # is read (hashrec.features.sequence_labels).
+        self.sequence_labels = dict(sequence_labels or {})
         # Columns read only with the labels: the labels and the sample weights.
         self.target_columns = (self.label_fields if read_labels else []) \
             + list(self.sample_weight_fields)
@@ -286,8 +296,11 @@ class FeatureSet:
         return torch.from_numpy(values)
 
     def _label(self, array: pa.Array, name: str) -> torch.Tensor:
-        """One label column (numbers, booleans, or their texts) as (B,) float32;
-        FeatureError naming the first bad row."""
+        """One label column (numbers, booleans, or their texts) as (B,) float32, or one of
+        a list a row (``sequence_labels``) as (B, K); FeatureError naming the first bad
+        row."""
+        if name in self.sequence_labels:
+            return read_sequence_label(array, name, self.sequence_labels[name])
         numbers = array
         if _is_text(array.type):
             numbers = _text_numbers(array, f"label column {name!r}", booleans=True)
@@ -442,7 +455,8 @@ def build_feature_set(pipeline_config, keep: Iterable[str] = (),
     return FeatureSet(kept, tables_read_by(tables, embedded), labels,
                       _binary_labels(labels, model_config), weights, left_out, unembedded,
                       wide, _class_labels(labels, model_config), notes, domain,
-                      read_labels=read_labels)
+                      read_labels=read_labels,
+                      sequence_labels=sequence_labels(model_config, features, labels))
 
 
 def _sample_weight_fields(data_config, label_fields: list[str]) -> tuple[str, ...]:
@@ -486,6 +500,8 @@ def _task_towers(model_config):
     model = getattr(model_config, kind) if kind else None
     if model is not None and "task_towers" in model.DESCRIPTOR.fields_by_name:
         return model.task_towers
+    if model is not None and "fusion_mtl_tower" in model.DESCRIPTOR.fields_by_name:
+        return model.fusion_mtl_tower.task_configs
     return None
 
 
@@ -496,6 +512,9 @@ def _binary_labels(label_fields: list[str], model_config) -> dict[str, str]:
     task without ``losses`` uses binary_cross_entropy."""
     if not label_fields or model_config is None \
             or model_config.WhichOneof("model") in MATCH_MODELS:  # their loss reads no label
+        return {}
+    if model_config.WhichOneof("model") in SEQUENCE_LABEL_MODELS:
+        # a list a row, each value an action bitmask or a number (the model reads them)
         return {}
     towers = _task_towers(model_config)
     pairs = [(label_fields[0], _binary_loss(model_config.losses))] if towers is None else \
@@ -511,7 +530,8 @@ def _binary_labels(label_fields: list[str], model_config) -> dict[str, str]:
 def _class_labels(label_fields: list[str], model_config) -> dict[str, int]:
     """The label columns of the tasks of C > 1 classes -> C (the fewest where tasks of
     several counts read one column)."""
-    if not label_fields or model_config is None:
+    if not label_fields or model_config is None \
+            or model_config.WhichOneof("model") in SEQUENCE_LABEL_MODELS:
         return {}
     towers = _task_towers(model_config)
     if towers is None:

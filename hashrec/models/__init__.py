@@ -2,7 +2,7 @@
 DeepFM, DLRM, DCN v1 and v2, MaskNet, xDeepFM, WuKong, RocketLaunching, RankBackbone,
 TDM), multi-task ones (SimpleMultiTask, MMoE, DBMTL, DC2VR, PLE, PEPNet, MultiTaskBackbone) and
 the match models DSSM, DAT, MIND, MatchBackbone and HSTUMatch (``MatchModel`` their
-base)."""
+base), and the generative ranking model DlrmHSTU."""
 
 from hashrec.models.dat import DAT
 from hashrec.models.dbmtl import DBMTL
@@ -10,6 +10,7 @@ from hashrec.models.dc2vr import DC2VR
 from hashrec.models.dcn import DCNV1, DCNV2
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
+from hashrec.models.dlrm_hstu import DlrmHSTU
 from hashrec.models.dssm import DSSM
 from hashrec.models.errors import ModelError
 from hashrec.models.hstu_match import HSTUMatch
@@ -32,7 +33,8 @@ from hashrec.models.wide_and_deep import WideAndDeep
 from hashrec.models.wukong import WuKong
 from hashrec.models.xdeepfm import XDeepFM
 
-__all__ = ["DAT", "DBMTL", "DC2VR", "DCNV1", "DCNV2", "DLRM", "DSSM", "DeepFM", "HSTUMatch",
+__all__ = ["DAT", "DBMTL", "DC2VR", "DCNV1", "DCNV2", "DLRM", "DSSM", "DeepFM", "DlrmHSTU",
+           "HSTUMatch",
            "MIND", "MMoE",
            "MaskNet",
            "MatchBackbone", "MatchModel", "ModelError",

@@ -24,7 +24,12 @@ from hashrec.models.group_encoders import (
 )
 from hashrec.models.losses import task_loss
 from hashrec.models.outputs import split_task_logits, task_outputs
-from hashrec.models.tasks import MULTI_TASK_MODELS, model_tasks, pareto_min_weights
+from hashrec.models.tasks import (
+    FUSION_MODELS,
+    MULTI_TASK_MODELS,
+    model_tasks,
+    pareto_min_weights,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +62,7 @@ class RankModel(nn.Module):
         # The tasks of the outputs, in logit order (a PEPNet's towers per domain have
         # each task once per domain): what the forward and the export give.
         self.output_tasks = self.tasks
-        self.multi_task = model_config.WhichOneof("model") in MULTI_TASK_MODELS
+        self.multi_task = model_config.WhichOneof("model") in MULTI_TASK_MODELS + FUSION_MODELS
         self.label_name = self.tasks[0].label_name
         # Whether the losses are weighted means over the rows (``sample_weights``).
         self.weighted = any(task.row_weighted for task in self.tasks)

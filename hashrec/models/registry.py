@@ -8,6 +8,7 @@ from hashrec.models.dc2vr import DC2VR
 from hashrec.models.dcn import DCNV1, DCNV2
 from hashrec.models.deepfm import DeepFM
 from hashrec.models.dlrm import DLRM
+from hashrec.models.dlrm_hstu import DlrmHSTU
 from hashrec.models.dssm import DSSM
 from hashrec.models.errors import ModelError
 from hashrec.models.hstu_match import HSTUMatch
@@ -36,6 +37,7 @@ MODELS: dict[str, type[RankModel]] = {
     "dcn_v2": DCNV2,
     "deepfm": DeepFM,
     "dlrm": DLRM,
+    "dlrm_hstu": DlrmHSTU,
     "dssm": DSSM,
     "dssm_v2": DSSM,
     "hstu_match": HSTUMatch,

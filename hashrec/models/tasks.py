@@ -49,6 +49,9 @@ SUPPORTED_LOSSES = LOSSES
 # The model_config oneof names of the models whose config lists task_towers.
 MULTI_TASK_MODELS = ("simple_multi_task", "mmoe", "dbmtl", "ple", "pepnet",
                      "multi_task_backbone", "dc2vr")
+# The model_config oneof names of the models whose tasks are fusion_mtl_tower.task_configs,
+# each predicting every candidate of a row (dlrm_hstu).
+FUSION_MODELS = ("dlrm_hstu",)
 # The model_config oneof names of the match (retrieval) models: one task whose output is
 # the similarity of each row's user to its positive item and the negatives.
 MATCH_MODELS = ("dssm", "dssm_v2", "mind", "dat", "match_backbone", "hstu_match")
@@ -298,6 +301,8 @@ def model_tasks(model_config, label_fields, sample_weight_fields=()) -> tuple[Ta
                          f"remove it")
     if kind in MATCH_MODELS:
         return (_match_task(model_config, kind, labels[0] if labels else "", default_weight),)
+    if kind in FUSION_MODELS:
+        return _fusion_tasks(model_config, kind, labels)
     if kind not in MULTI_TASK_MODELS:
         if len(labels) > 1:
             logger.warning("data_config.label_fields %s: the single-task model %s trains on "
@@ -381,6 +386,49 @@ def _match_task(model_config, kind: str, label: str, weight: str) -> Task:
     return Task("", label, spec, 1.0, tuple(model_config.metrics),
                 sample_weight_name=weight,
                 match=MATCH_DIAGONAL if in_batch else MATCH_FIRST)
+
+
+def _fusion_tasks(model_config, kind: str, labels: list[str]) -> tuple[Task, ...]:
+    """The tasks of ``kind``'s ``fusion_mtl_tower.task_configs``, one a config, each with
+    its label column, losses, metrics, num_class and weight (TorchEasyRec's
+    FusionSubTaskConfig; its task_bitmask is the model's).
+
+    Raises:
+        ModelError: model-level losses, metrics, train_metrics or num_class; no task; a
+            task without a name, of a name twice, with a label that is not a label field,
+            a negative weight, or a loss that does not fit its num_class.
+    """
+    for what in ("losses", "metrics", "train_metrics"):
+        if len(getattr(model_config, what)):
+            raise ModelError(f"model_config.{what} is set on {kind}; set {what} on each of "
+                             f"{kind}.fusion_mtl_tower.task_configs instead")
+    if model_config.num_class != 1:
+        raise ModelError(f"model_config.num_class={model_config.num_class} is set on {kind}; "
+                         f"set num_class on each of {kind}.fusion_mtl_tower.task_configs")
+    configs = getattr(model_config, kind).fusion_mtl_tower.task_configs
+    if not configs:
+        raise ModelError(f"{kind}.fusion_mtl_tower has no task_configs; add one per task "
+                         f"(task_name, label_name)")
+    tasks: list[Task] = []
+    for config in configs:
+        where = f"{kind}.fusion_mtl_tower.task_configs[{config.task_name!r}]"
+        if not config.task_name:
+            raise ModelError(f"{kind}.fusion_mtl_tower.task_configs: a task has an empty "
+                             f"task_name")
+        if any(task.name == config.task_name for task in tasks):
+            raise ModelError(f"{where} is defined twice; task names must be unique")
+        if config.label_name not in labels:
+            raise ModelError(f"{where}.label_name {config.label_name!r} is not one of "
+                             f"data_config.label_fields ({', '.join(labels)}); add it there")
+        weight = proto_float(float(config.weight))
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ModelError(f"{where}.weight={weight}; the task loss's weight must be a "
+                             f"finite number >= 0")
+        first, *more = loss_specs(config.losses, where, int(config.num_class))
+        tasks.append(Task(config.task_name, config.label_name, first, weight,
+                          tuple(config.metrics), where, num_class=int(config.num_class),
+                          more_losses=tuple(more)))
+    return tuple(tasks)
 
 
 def _tower_task(tower, i: int, where: str, labels: list[str], weights: list[str]) -> Task:

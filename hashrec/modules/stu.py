@@ -19,7 +19,10 @@ user tower's ``max_seq_len``), so that padding a row further changes nothing. Wh
 positions n reads (``stu_mask``): itself and every position before it; with
 ``max_attn_len`` M, those at most M history positions back; the C contextual tokens
 count as one position before the history (they read every position of the row, history
-included, and every history position reads them, within M).
+included, and every history position reads them, within M). With ``num_targets`` T (B,)
+(dlrm_hstu's candidates, the last T positions of a row), the targets all count as the
+position after the history: each reads the history and itself, never another target,
+and no history position reads a target (TorchEasyRec's ``num_targets``).
 """
 
 import math
@@ -36,20 +39,28 @@ TIME_BUCKET_FNS = ("sqrt", "log")
 
 
 def stu_mask(lengths: torch.Tensor, length: int, contextual: int = 0,
-             max_attn_len: int = 0) -> torch.Tensor:
-    """Which positions each position reads (see the module docstring): lengths (B,) ->
-    (B, L, L) bool, [b, n, m] True where position n of row b reads position m (both
-    within the row's length)."""
+             max_attn_len: int = 0,
+             num_targets: torch.Tensor | None = None) -> torch.Tensor:
+    """Which positions each position reads (see the module docstring): lengths (B,)
+    (targets included), num_targets (B,) or None -> (B, L, L) bool, [b, n, m] True where
+    position n of row b reads position m (both within the row's length)."""
     steps = torch.arange(length, device=lengths.device)
     ids = (steps - contextual + 1).clamp(min=0) if contextual > 0 else steps
-    distance = ids.unsqueeze(1) - ids.unsqueeze(0)
-    allowed = (distance > 0) | torch.eye(length, dtype=torch.bool, device=lengths.device)
+    ids = ids.unsqueeze(0)
+    if num_targets is not None:
+        # every target takes the id after the history's last: they read the history and
+        # themselves (the diagonal) alone
+        top = lengths - num_targets - (contextual - 1 if contextual > 0 else 0)
+        ids = torch.minimum(ids, top.unsqueeze(1).to(ids.dtype))
+    distance = ids.unsqueeze(2) - ids.unsqueeze(1)
+    eye = torch.eye(length, dtype=torch.bool, device=lengths.device).unsqueeze(0)
+    allowed = (distance > 0) | eye
     if max_attn_len > 0:
         allowed = allowed & (distance <= max_attn_len)
     if contextual > 0:
-        allowed = allowed | (ids == 0).unsqueeze(1)
+        allowed = allowed | (ids == 0).unsqueeze(2)
     valid = sequence_mask(lengths, length)
-    return allowed.unsqueeze(0) & valid.unsqueeze(2) & valid.unsqueeze(1)
+    return allowed & valid.unsqueeze(2) & valid.unsqueeze(1)
 
 
 class STULayer(nn.Module):
@@ -137,12 +148,15 @@ class PositionalEncoder(nn.Module):
 
     Positions: without time encoding, position i reads row min(i, P - 1) of the P
     ``num_position_buckets``; with it, a history position i reads min(length - i + C,
-    P - 1) (counting back from the row's end) and contextual token i row i. Times: the
+    P - 1) (counting back from the row's end) and contextual token i row i. With
+    ``num_targets`` T, ``length`` is the history's end (the row's length less T): the T
+    targets read the row of the position after the history. Times: the
     gap g = max(last timestamp - timestamp, 1e-6) / ``time_bucket_increments`` reads
     row min(int(max(f(g), 0)), T) of the T + 1, f sqrt or log (``time_bucket_fn``).
 
-    Shapes: x (B, L, D), lengths (B,) (contextual tokens included), timestamps (B, L)
-    (0 for the contextual tokens; read only with time encoding) -> (B, L, D).
+    Shapes: x (B, L, D), lengths (B,) (contextual tokens and targets included),
+    timestamps (B, L) (0 for the contextual tokens; read only with time encoding),
+    num_targets (B,) or None -> (B, L, D).
     """
 
     use_time_encoding: bool
@@ -174,16 +188,18 @@ class PositionalEncoder(nn.Module):
         bound = math.sqrt(1.0 / max(num_time_buckets, 1))
         self.time = nn.Parameter(torch.empty(time_rows, embedding_dim).uniform_(-bound, bound))
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor,
-                timestamps: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, timestamps: torch.Tensor,
+                num_targets: torch.Tensor | None = None) -> torch.Tensor:
         length = x.shape[1]
         buckets = self.position.shape[0]
         steps = torch.arange(length, device=x.device).unsqueeze(0)
         lengths = lengths.unsqueeze(1).to(steps.dtype)
+        ends = lengths if num_targets is None else \
+            lengths - num_targets.unsqueeze(1).to(steps.dtype)
         if not self.use_time_encoding:
-            index = torch.minimum(steps, lengths).clamp(max=buckets - 1)
+            index = torch.minimum(steps, ends).clamp(max=buckets - 1)
             return x * self.scale + self.position[index].to(x.dtype)
-        index = lengths - torch.minimum(steps, lengths) + self.contextual
+        index = ends - torch.minimum(steps, ends) + self.contextual
         index = index.clamp(max=buckets - 1)
         if self.contextual > 0:
             index[:, :self.contextual] = steps[:, :self.contextual]

@@ -114,7 +114,7 @@ def _evaluate(session, input_path: str, step: int, max_steps: int,
                     predictions = model(batch)
                 update_metrics(metrics.values(), predictions, batch)
                 for task, (counter, _) in soft_labels.items():
-                    counter.update(batch.labels[task.label_name])
+                    counter.update(task_labels(task, predictions, batch))
                 # Each loss term (a task's) is averaged over the rows with its weights.
                 targets = model.targets(batch)  # labels, then row weights if any, ...
                 losses = torch.stack(list(model.loss(predictions, batch, targets).values()))
@@ -220,21 +220,39 @@ def _log_ids_found(session, step: int, before: dict[str, float]) -> None:
                     "the others read the eval initializer): %s", step, ", ".join(shares))
 
 
+def task_labels(task, predictions: dict, batch) -> torch.Tensor:
+    """The labels ``task``'s metrics read: the batch's label column, or a model whose
+    predictions are a row's candidates' (dlrm_hstu: ``candidate_mask``) each candidate's
+    ``candidate_label_<task>``."""
+    mask = predictions.get("candidate_mask")
+    if mask is None:
+        return batch.labels[task.label_name]
+    return predictions["candidate_label" + task.suffix][mask]
+
+
 def update_metrics(metrics, predictions: dict, batch) -> None:
     """Adds a batch to each (task, metric): the task's prediction against its label (the
-    AUCs and XAUCs of one probability a row read a two-class task's ``probs1``)."""
+    AUCs and XAUCs of one probability a row read a two-class task's ``probs1``). Where
+    the predictions are a row's candidates' (``candidate_mask``, dlrm_hstu's), each
+    candidate counts, its row's grouping id its own; a row's padding does not."""
+    mask = predictions.get("candidate_mask")
+    pick = (lambda t: t) if mask is None else (lambda t: t[mask])  # noqa: E731
     for task, metric in metrics:
         if isinstance(metric, RecallAtK):  # reads no label; hstu_match's mask of queries
             metric.update(predictions[task.prediction], task.match,
                           predictions.get("query_mask"))
             continue
-        labels = batch.labels[task.label_name]
+        labels = task_labels(task, predictions, batch)
         if isinstance(metric, (GroupedAUC, GroupedXAUC)):
-            metric.update(predictions[task.positive_probs], labels, grouping_ids(batch, metric))
+            groups = grouping_ids(batch, metric)
+            if mask is not None:
+                groups = groups[:batch.batch_size].repeat_interleave(
+                    mask.numel() // batch.batch_size)
+            metric.update(pick(predictions[task.positive_probs]), labels, pick(groups))
         elif isinstance(metric, (BinnedAUC, XAUC)):
-            metric.update(predictions[task.positive_probs], labels)
+            metric.update(pick(predictions[task.positive_probs]), labels)
         else:
-            metric.update(predictions[task.prediction], labels)
+            metric.update(pick(predictions[task.prediction]), labels)
 
 
 def write_eval_result(model_dir: str, result: dict, rank: int = 0,

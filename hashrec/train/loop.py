@@ -185,9 +185,8 @@ class TrainLoop:
                 raise TrainError(f"{PREPARE_AHEAD_ENV} differs between ranks ({lowest} to "
                                  f"{highest}); set it alike on every rank")
         # Several ranks with row weights: each loss scaled to its global weighted mean.
-        weighted = getattr(session.model, "weighted", False)
         self.weighted_loss = WeightedLossScale(self.ctx) \
-            if weighted and self.ctx.is_distributed else None
+            if scales_to_global_mean(session.model, self.ctx) else None
         # Several ranks: the dense gradients live in one buffer that one all-reduce averages.
         self.gradients = FlatGradients(self.parameters, self.ctx) \
             if self.ctx.is_distributed else None
@@ -502,3 +501,12 @@ class TrainLoop:
         self.progress.check_finite(self.step)
         with self.progress.paused():
             return self.checkpointing.save(self.step, self.epoch, self.epoch_step, evaluate)
+
+
+def scales_to_global_mean(model, ctx) -> bool:
+    """Whether ``model``'s losses are scaled to their weighted mean over every rank's rows
+    (``WeightedLossScale``): under several ranks, for a model whose losses weigh rows,
+    unless it asks for each rank's own mean (dlrm_hstu's enable_global_average_loss
+    false, ``local_loss_mean``)."""
+    return bool(ctx.is_distributed and getattr(model, "weighted", False)
+                and not getattr(model, "local_loss_mean", False))

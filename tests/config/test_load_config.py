@@ -51,6 +51,7 @@ def test_taobao_config_parses_verbatim(caplog):
                                             ("dat_taobao_dynamicemb.config", 10),
                                             ("match_backbone_taobao_dynamicemb.config", 10),
                                             ("hstu_match_taobao_dynamicemb.config", 10),
+                                            ("dlrm_hstu_kuairand_dynamicemb.config", 6),
                                             ("dcn_backbone_taobao_dynamicemb.config", 16)])
 def test_examples_parse(name, features):
     config = load_pipeline_config(EXAMPLES / name)
@@ -64,7 +65,7 @@ def test_every_example_is_tested():
               "mmoe_taobao_dynamicemb.config", "dssm_taobao_dynamicemb.config",
               "mind_taobao_dynamicemb.config", "dcn_backbone_taobao_dynamicemb.config",
               "dat_taobao_dynamicemb.config", "match_backbone_taobao_dynamicemb.config",
-              "hstu_match_taobao_dynamicemb.config"}
+              "hstu_match_taobao_dynamicemb.config", "dlrm_hstu_kuairand_dynamicemb.config"}
     assert {p.name for p in EXAMPLES.glob("*.config")} == tested
 
 
@@ -108,7 +109,6 @@ def test_a_misspelt_name_suggests_the_closest(tmp_path, caplog, line, error):
 
 
 @pytest.mark.parametrize("model, kind", [
-    ("dlrm_hstu { }", "generative ranking model"),
     ("ultra_hstu { }", "generative ranking model"),
 ])
 def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(model, kind):
@@ -118,7 +118,8 @@ def test_a_torcheasyrec_model_that_does_not_parse_says_it_is_not_implemented(mod
     assert str(err.value) == (
         f'<string>:3: Message type "hashrec.protos.ModelConfig" has no field named "{name}". '
         f"It is TorchEasyRec's {kind} {name}, which HashRec does not implement; HashRec's "
-        f"models: dat, dbmtl, dc2vr, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, hstu_match, "
+        f"models: dat, dbmtl, dc2vr, dcn_v1, dcn_v2, deepfm, dlrm, dlrm_hstu, dssm, dssm_v2, "
+        f"hstu_match, "
         f"mask_net, "
         f"match_backbone, mind, mmoe, multi_task_backbone, multi_tower, multi_tower_din, pepnet, ple, "
         f"rank_backbone, rocket_launching, simple_multi_task, tdm, wide_and_deep, wukong, "

@@ -67,7 +67,7 @@ def test_generated_kinds_are_accepted_for_encoded_input_only():
 @pytest.mark.parametrize("text, message", [
     ("model_config { losses { binary_cross_entropy {} } }",
      "model_config sets no model; supported models: dat, dbmtl, dc2vr, dcn_v1, dcn_v2, deepfm, "
-     "dlrm, "
+     "dlrm, dlrm_hstu, "
      "dssm, dssm_v2, hstu_match, mask_net, match_backbone, mind, mmoe, multi_task_backbone, "
      "multi_tower, "
      "multi_tower_din, "

@@ -90,8 +90,8 @@ def test_config_errors_name_the_problem(text, match):
 def test_no_model_kind():
     text = MODEL_CONFIG.split("multi_tower_din")[0]
     with pytest.raises(ModelError, match="model_config sets no model; allowed: dat, dbmtl, "
-                                         "dc2vr, dcn_v1, dcn_v2, deepfm, dlrm, dssm, dssm_v2, "
-                                         "hstu_match, mask_net, "):
+                                         "dc2vr, dcn_v1, dcn_v2, deepfm, dlrm, dlrm_hstu, dssm, "
+                                         "dssm_v2, hstu_match, mask_net, "):
         _model(text)
 
 

@@ -13,8 +13,10 @@ import pytest
 import torch
 from model_kinds import FEATURES, MODELS, PEPNET_GROUPS, pipeline_text
 from tdm_world import write_world
+from test_dlrm_hstu_learns import _config as dlrm_hstu_config
 
 from hashrec.config import apply_edit_config_json, load_pipeline_config, parse_pipeline_config
+from hashrec.tools.gen_kuairand_data import generate as generate_kuairand
 from hashrec.tools.gen_taobao_data import main as generate
 from hashrec.train import checkpoints
 from hashrec.train.loop import LoopOptions, TrainLoop
@@ -462,6 +464,23 @@ def test_hstu_match_trains_graphed_like_eager(tmp_path, hard):
         'item_id_field: "adgroup_id"', 'item_id_field: "cand_seq__adgroup_id"')
     text = f'model_dir: "{tmp_path}/model"\n{FEATURES}{HSTU_MATCH}'.replace(
         'label_fields: "clk"', f'label_fields: "clk" {sampler}')
+    base = parse_pipeline_config(text)
+    eager, none = _losses(data, tmp_path, False, "", base=base)
+    graphed, captured = _losses(data, tmp_path, True, "", base=base)
+    assert none == 0 and captured == 1
+    assert graphed == pytest.approx(eager, rel=1e-4)
+    assert eager[-1] != eager[0]
+
+
+@pytest.mark.parametrize("preprocessor", ["contextual_preprocessor",
+                                          "contextual_interleave_preprocessor"])
+def test_dlrm_hstu_trains_graphed_like_eager(tmp_path, preprocessor):
+    # KuaiRand-like rows: each row's history and candidates through the target-aware STU
+    # layers, a loss per task over the candidates (their padding weighs 0)
+    data = str(tmp_path / "kuairand")
+    generate_kuairand(data, 2048, seed=1, scale=0.0001, quiet=True)
+    text = dlrm_hstu_config(tmp_path, data).replace("contextual_preprocessor {",
+                                                    f"{preprocessor} {{")
     base = parse_pipeline_config(text)
     eager, none = _losses(data, tmp_path, False, "", base=base)
     graphed, captured = _losses(data, tmp_path, True, "", base=base)

@@ -19,10 +19,11 @@ from torch import nn
 from hashrec.checkpoint.errors import disk_full_hint
 from hashrec.export import meta
 from hashrec.export.errors import ExportError
+from hashrec.export.scripted.dlrm_hstu_head import DlrmHSTUHead
 from hashrec.export.scripted.heads import dense_head
 from hashrec.export.scripted.lookup import EmbeddingLookup, FeatureLayout, TableLookup
 from hashrec.export.scripted.match_head import match_head, match_outputs
-from hashrec.models import MIND, MatchModel
+from hashrec.models import MIND, DlrmHSTU, MatchModel
 from hashrec.models.outputs import split_task_logits, task_outputs
 
 
@@ -38,6 +39,8 @@ class InferenceModel(nn.Module):
     user and item embedded and their similarity over the temperature; one tower's export
     (``tower`` "user" or "item") -> {"<tower>_tower_emb": (B, D)}. MIND's (``interests``
     K) user_tower_emb is (B, K, D), its interests (zero beyond a user's count).
+    dlrm_hstu's (``candidates`` K) outputs are each task's, one a candidate slot: (B, K)
+    (a row's slots past its candidates hold padding's values).
 
     Inputs (name -> tensor): ``values`` (n,) int64 ids and ``lengths`` (B,) bag
     sizes of every sparse feature; ``weights`` (n,) of weighted features;
@@ -52,12 +55,15 @@ class InferenceModel(nn.Module):
     match_dim: int
     interests: int
     tower: str
+    candidates: int
 
     def __init__(self, embedding: EmbeddingLookup, head: nn.Module,
                  regression: bool = False, tasks=None, num_class: int = 1,
                  suffix: str = "", match_dim: int = 0, tower: str = "",
-                 interests: int = 0) -> None:
+                 interests: int = 0, candidates: int = 0) -> None:
         super().__init__()
+        # dlrm_hstu's candidate slots a row (0: the head gives a row's outputs)
+        self.candidates = candidates
         self.match_dim = match_dim
         # MIND's interests a user (0: one embedding, DSSM).
         self.interests = interests
@@ -79,8 +85,13 @@ class InferenceModel(nn.Module):
         logits = self.head(pooled, sequences, sequence_lengths, dense, sequence_dense).float()
         if self.match_dim > 0:
             return match_outputs(logits, self.match_dim, self.tower, self.interests)
-        return task_outputs(split_task_logits(logits, self.num_classes, self.multi_task),
-                            self.suffixes, self.regression)
+        out = task_outputs(split_task_logits(logits, self.num_classes, self.multi_task),
+                           self.suffixes, self.regression)
+        if self.candidates > 0:
+            for name in list(out.keys()):
+                value = out[name]
+                out[name] = value.reshape([-1, self.candidates] + value.shape[1:])
+        return out
 
 
 def load_hashmaps(export_dir: str, world_size: int, tables: list[str]
@@ -144,7 +155,10 @@ def build_inference_model(model: nn.Module, feature_set,
     if tower and not match:
         raise ExportError(f"only a match model (dssm, dat, mind, match_backbone, hstu_match) "
                           f"exports a {tower} tower alone")
-    head = match_head(model, tower) if match else dense_head(model)
+    if isinstance(model, DlrmHSTU):
+        head: nn.Module = DlrmHSTUHead(model)
+    else:
+        head = match_head(model, tower) if match else dense_head(model)
     head = copy.deepcopy(head).cpu().eval()
     # the outputs' tasks: a PEPNet's towers per domain give each task once per domain
     tasks = getattr(model, "output_tasks", model.tasks) \
@@ -154,8 +168,8 @@ def build_inference_model(model: nn.Module, feature_set,
                           bool(getattr(model, "regression", False)), tasks,
                           int(getattr(model, "num_class", 1)), suffix,
                           model.user_tower.dim if match else 0, tower,
-                          model.user_tower.capsule.max_k if isinstance(model, MIND) else 0
-                          ).eval()
+                          model.user_tower.capsule.max_k if isinstance(model, MIND) else 0,
+                          model.candidates if isinstance(model, DlrmHSTU) else 0).eval()
 
 
 # Models up to this size are serialized in memory and written by Python; larger ones
