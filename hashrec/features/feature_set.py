@@ -34,6 +34,7 @@ from hashrec.features.errors import FeatureError
 from hashrec.features.generated import GENERATED_KINDS, build_generated_feature
 from hashrec.features.id_feature import IdFeature, build_id_feature
 from hashrec.features.raw_feature import build_raw_feature
+from hashrec.features.sampled_rows import parse_with_negatives
 from hashrec.features.sequence_feature import (
     build_sequence_group,
     build_top_level_sequence,
@@ -236,7 +237,8 @@ class FeatureSet:
             outputs.update(parse_sequence(group, table))
         items = []
         for feature in self.features.values():
-            out = outputs[feature.name] if feature.name in outputs else feature.parse(table)
+            out = outputs[feature.name] if feature.name in outputs else \
+                parse_with_negatives(feature, table, batch_size, negatives)
             if isinstance(out, SparseIds):
                 values.append(out.values)
                 lengths.append(out.lengths)

@@ -1,7 +1,8 @@
 """DAT end to end: a planted user-item affinity learned through in-batch negatives
 (recall@5 far above chance) with the AMM losses beside the softmax loss; the sampler's
 negatives through train_eval, export and predict, each tower exported apart with its
-augment group and embedding as the whole model does."""
+augment group and embedding as the whole model does; TorchEasyRec's DAT test config
+trains, exports and predicts on local mock rows."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from match_examples import local_dat_mock, mock_items
 from test_dssm_learns import _write_data
 
 from hashrec.checkpoint import latest_checkpoint
@@ -107,3 +109,44 @@ def test_dat_with_sampled_negatives_exports_its_towers_with_their_augment_groups
         alone = pq.read_table(tmp_path / f"{tower}_emb.parquet")[f"{tower}_tower_emb"]
         torch.testing.assert_close(torch.tensor(alone.to_pylist()),
                                    user if tower == "user" else item, rtol=0, atol=0)
+
+
+def test_torcheasyrecs_dat_test_config_trains_and_its_towers_export_and_predict(tmp_path):
+    """TorchEasyRec's DAT test config (its mock features read from their own columns, a
+    shared ``embedding_name``, bucketized and raw values, a list of 4) on generated rows:
+    each tower alone embeds from its own columns as the whole model does, the item tower
+    every item of the sampler's table."""
+    config = local_dat_mock(tmp_path)
+    validate_pipeline_config(config)
+    result = train_and_evaluate(config)
+    assert result["step"] == 2 and result["num_examples"] == 64
+    assert 0 <= result["recall@1"] <= result["recall@5"] <= 1
+    export = tmp_path / "export"
+    export_model(config, str(export), latest_checkpoint(str(tmp_path / "m")))
+    predict(str(export), str(tmp_path / "eval.parquet"), str(tmp_path / "whole.parquet"))
+    whole = pq.read_table(tmp_path / "whole.parquet")
+    eval_rows = pq.read_table(tmp_path / "eval.parquet")
+    items = mock_items()
+    for tower, rows in (("user", eval_rows), ("item", items)):
+        meta = json.loads((export / tower / "tower.json").read_text())
+        assert meta["feature_groups"] == [tower, f"{tower}_augment"]
+        assert meta["dimension"] == 16
+        columns = meta["input_columns"]
+        assert columns == [c for c in eval_rows.column_names if c.startswith(tower)]
+        pq.write_table(rows.select(columns), tmp_path / f"{tower}s.parquet")
+        predict(str(export / tower), str(tmp_path / f"{tower}s.parquet"),
+                str(tmp_path / f"{tower}_emb.parquet"))
+        alone = torch.tensor(pq.read_table(tmp_path / f"{tower}_emb.parquet")
+                             [f"{tower}_tower_emb"].to_pylist())
+        assert alone.shape == (rows.num_rows, 16)
+        torch.testing.assert_close(alone.norm(dim=1), torch.ones(rows.num_rows))  # COSINE
+        if tower == "user":
+            torch.testing.assert_close(alone, torch.tensor(whole["user_tower_emb"]
+                                                           .to_pylist()), rtol=0, atol=0)
+    # the whole model's item rows are items of the table: the item tower embeds them alike
+    item = torch.tensor(pq.read_table(tmp_path / "item_emb.parquet")["item_tower_emb"]
+                        .to_pylist())
+    row_of = {item_id: row for row, item_id in enumerate(items["item_id"].to_pylist())}
+    picked = [row_of[i] for i in eval_rows["item_id"].to_pylist()]
+    torch.testing.assert_close(item[picked], torch.tensor(whole["item_tower_emb"]
+                                                          .to_pylist()), rtol=0, atol=0)
