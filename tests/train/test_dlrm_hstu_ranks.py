@@ -1,14 +1,15 @@
 """dlrm_hstu on two CPU ranks (gloo) over ``test_dlrm_hstu_learns``' KuaiRand-like rows,
 every id table dynamic and so sharded between the ranks (the histories' and the
 candidates' video ids and categories and the contextual ids travel to their owners and
-back), with ``enable_global_average_loss`` (each loss the mean over both ranks'
-candidates): ``train_eval`` under torchrun learns the clicks from the history (the same
-training with every row's history another row's learns nothing) and saves a shard of every
-table a rank. The checkpoint restores on two ranks into the model that evaluates as
-training's last evaluation did, and into one process, which evaluates and predicts every
-candidate as that two-rank model does and exports a model predicting the same. The
-evaluation's metrics count each real candidate of the eval rows once over both ranks:
-they are the metrics of every candidate, by hand."""
+back), with ``enable_global_average_loss``: ``train_eval`` under torchrun learns the clicks
+from the history (the same training with every row's history another row's learns nothing)
+and saves a shard of every table a rank. The checkpoint restores on two ranks into the
+model that evaluates as training's last evaluation did, and into one process, which
+evaluates and predicts every candidate as that two-rank model does and exports a model
+predicting the same. The evaluation's metrics count each real candidate of the eval rows
+once over both ranks: they are the metrics of every candidate, by hand. Two ranks' steps of
+the training loop train each loss on its mean over both ranks' candidates: as one process
+on the global batches, and not so without ``enable_global_average_loss``."""
 
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ from hashrec.config import parse_pipeline_config
 from hashrec.export.exporter import export_model
 from hashrec.predict import predict
 from hashrec.train import evaluate_checkpoint
+from hashrec.train.checkpoints import Resume
+from hashrec.train.loop import LoopOptions, TrainLoop
 from hashrec.train.metrics import BinnedAUC
+from hashrec.train.session import build_session
 
 pytestmark = pytest.mark.slow
 
@@ -84,6 +88,61 @@ def test_without_the_history_signal_two_ranks_learn_nothing(tmp_path):
     # every row another row's history: this run gave 0.48
     _, result = _train_on_two_ranks(tmp_path, shuffled=True)
     assert abs(result["auc_is_click"] - 0.5) < 0.08, result
+
+
+# Every new row alike (the ranks insert their rows in another order than one process) and
+# plain SGD (Adam's and Adagrad's first steps follow the gradients' signs alone), so that
+# two ranks training on the global mean of the losses are one process on the global batches.
+SAME_ROWS = 'dynamicemb { max_capacity: 1024 initializer_args { mode: "CONSTANT" value: 0.05 } }'
+SGD = (("adagrad_optimizer { lr: 0.05 }", "sgd_optimizer { lr: 0.5 }"),
+       ("adam_optimizer { lr: 0.003 }", "sgd_optimizer { lr: 0.5 }"))
+STEPS, SHARE = 3, 32  # steps, each rank's rows a step
+
+
+def _sgd_config(tmp_path, global_average: bool):
+    text = dlrm_hstu_config(tmp_path, str(tmp_path / "data"), SAME_ROWS).replace(
+        "max_seq_len: 40", f"max_seq_len: 40 enable_global_average_loss: "
+                           f"{str(global_average).lower()}")
+    for old, new in SGD:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return parse_pipeline_config(text)
+
+
+def _trained_dense(tmp_path, global_average: bool, ctx=None) -> dict[str, torch.Tensor]:
+    """The dense parameters after STEPS steps of the training loop on the first rows: on
+    ``ctx``'s rank of two its share of each step's 2 * SHARE rows, alone all of them."""
+    config = _sgd_config(tmp_path, global_average)
+    torch.manual_seed(0)
+    session = build_session(config, device=torch.device("cpu"), ctx=ctx)
+    loop = TrainLoop(session, LoopOptions.from_config(config), Resume())
+    session.model.train()
+    rows = pq.read_table(tmp_path / "data" / "train")
+    for step in range(STEPS):
+        start, count = 2 * SHARE * step, 2 * SHARE
+        if ctx is not None:
+            start, count = start + SHARE * ctx.rank, SHARE
+        loop.train_step(session.feature_set.parse(rows.slice(start, count)))
+    return {name: value.detach().clone() for name, value in session.model.named_parameters()}
+
+
+def test_two_ranks_train_on_the_global_mean_of_the_candidates_losses(two_ranks, tmp_path):
+    # the ranks' rows hold different numbers of candidates: each rank's own mean, averaged
+    # over the ranks, is not the mean over both ranks' candidates
+    root, _, _ = two_ranks
+    (tmp_path / "data").symlink_to(root / "data")
+    worlds = run_world({f"{average}": functools.partial(_trained_dense, tmp_path, average)
+                        for average in (True, False)}, 2, tmp_path)
+    for ranks in worlds.values():
+        for rank in ranks:
+            assert not isinstance(rank, Exception), rank
+    alone = _trained_dense(tmp_path, True)
+    assert alone
+    for rank in worlds["True"]:  # this run: within 3e-7
+        torch.testing.assert_close(rank, alone, rtol=1e-4, atol=1e-5)
+    for rank in worlds["False"]:  # each rank's own mean: this run 0.012 apart
+        assert rank.keys() == alone.keys()
+        assert max(float((rank[n] - alone[n]).abs().max()) for n in alone) > 1e-3
 
 
 # Per-candidate metrics more than training's, with the candidates grouped by their row's
