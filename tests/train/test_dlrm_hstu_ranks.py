@@ -232,10 +232,10 @@ def _candidates(eval_path: str) -> tuple[torch.Tensor, dict[str, torch.Tensor], 
     mask = torch.zeros(len(rows), CANDIDATES, dtype=torch.bool)
     actions, watched, groups = [], [], []
     for i, row in enumerate(rows):
-        weights = [int(v) for v in row["cand_seq__action_weight"].split("|")]
+        weights = [int(v) for v in row["cand_seq__action_weight"].split("|")][:CANDIDATES]
         mask[i, :len(weights)] = True
         actions += weights
-        watched += [float(v) for v in row["cand_seq__watch_time"].split("|")]
+        watched += [float(v) for v in row["cand_seq__watch_time"].split("|")][:CANDIDATES]
         groups += [row["user_active_degree"]] * len(weights)
     actions = torch.tensor(actions)
     labels = {"is_click": (actions & 1 > 0).double(), "is_like": (actions & 2 > 0).double(),
@@ -275,6 +275,7 @@ def test_the_evaluation_counts_each_candidate_once_over_the_ranks(two_ranks, res
     root, _, _ = two_ranks
     _, _, ranks = restored
     result, outputs = ranks[0]["result"], ranks[0]["outputs"]
+    assert ranks[1]["result"] == result  # every rank's metrics over both ranks' candidates
     mask, labels, groups = _candidates(str(root / "data" / "eval"))
     assert int(mask.sum()) == labels["is_click"].numel()
     # every real candidate of every row once, its slot's output
