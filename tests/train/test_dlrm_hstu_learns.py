@@ -27,18 +27,25 @@ from hashrec.train.session import build_session
 HISTORY_COLUMNS = ["uih_seq__video_id", "uih_seq__video_cat", "uih_seq__action_timestamp",
                    "uih_seq__action_weight", "uih_seq__watch_time"]
 CANDIDATES = 8
+EVAL_ROWS = 400
 
 
-def _config(tmp_path, data: str) -> str:
+def _config(tmp_path, data: str, dynamic: str = "") -> str:
+    """The pipeline over ``data`` (``write_data``'s directory); with ``dynamic`` (a
+    ``dynamicemb { ... }`` clause) every id table is that dynamic table instead of its
+    ``num_buckets``."""
+    def table(buckets: int) -> str:
+        return dynamic or f"num_buckets: {buckets}"
+
     video = ('id_feature { feature_name: "video_id" expression: "item:video_id" '
-             'embedding_name: "video_id_emb" embedding_dim: 16 num_buckets: 1000 } } '
+             f'embedding_name: "video_id_emb" embedding_dim: 16 {table(1000)} }} }} '
              'features { id_feature { feature_name: "video_cat" expression: "item:video_cat" '
-             'embedding_name: "video_cat_emb" embedding_dim: 8 num_buckets: 8 }')
+             f'embedding_name: "video_cat_emb" embedding_dim: 8 {table(8)} }}')
     raw = ''.join(f'features {{ raw_feature {{ feature_name: "{name}" '
                   f'expression: "user:{name}" }} }} '
                   for name in ("action_timestamp", "action_weight", "watch_time"))
     users = ''.join(f'feature_configs {{ id_feature {{ feature_name: "{name}" '
-                    f'expression: "user:{name}" embedding_dim: 16 num_buckets: 10 }} }}\n'
+                    f'expression: "user:{name}" embedding_dim: 16 {table(10)} }} }}\n'
                     for name in ("user_active_degree", "register_days_range"))
     groups = ''.join(f'feature_groups {{ group_name: "{group}" feature_names: {names} '
                      f'group_type: JAGGED_SEQUENCE }}\n'
@@ -112,12 +119,18 @@ def _shuffle_histories(directory) -> None:
                                  else rows[name] for name in rows.column_names}), path)
 
 
-def _train(tmp_path, shuffled: bool):
-    data = tmp_path / "data"
-    generate(str(data), 2000, seed=3, scale=0.0001, eval_rows=400, quiet=True)
+def write_data(data, shuffled: bool = False) -> None:
+    """2000 training rows under ``data``/train and 400 under ``data``/eval; ``shuffled``:
+    every row another row's history."""
+    generate(str(data), 2000, seed=3, scale=0.0001, eval_rows=EVAL_ROWS, quiet=True)
     if shuffled:
         _shuffle_histories(data / "train")
         _shuffle_histories(data / "eval")
+
+
+def _train(tmp_path, shuffled: bool):
+    data = tmp_path / "data"
+    write_data(data, shuffled)
     config = parse_pipeline_config(_config(tmp_path, str(data)))
     validate_pipeline_config(config)
     return config, train_and_evaluate(config)
@@ -147,21 +160,21 @@ def test_without_the_history_signal_nothing_is_learned(tmp_path):
     assert abs(result["auc_is_click"] - 0.5) < 0.08, result
 
 
-def _eager(config, checkpoint: str, path: str) -> dict[str, torch.Tensor]:
-    """The restored model's outputs of every candidate slot (B, K), eagerly."""
-    session = build_session(config, device=torch.device("cpu"))
+def eager_outputs(config, checkpoint: str, path: str, ctx=None) -> dict[str, torch.Tensor]:
+    """The model of ``config`` restored from ``checkpoint`` (on ``ctx``'s rank of a process
+    group, or alone): its outputs of every candidate slot (B, K) of every row of ``path``,
+    eagerly."""
+    session = build_session(config, device=torch.device("cpu"), ctx=ctx, purpose="evaluation")
     model = session.model
     restore_checkpoint(checkpoint, model, None, model.embedding.dynamic_tables(),
                        restore_optimizer=False)
     model.eval()
-    parts: dict[str, list[torch.Tensor]] = {}
     with torch.no_grad():
-        for batch in session.loader(path, "predict"):
-            logits = model.dense_from_inputs(*model.dense_inputs(model.embedding(batch.sparse),
-                                                                 batch))
-            for name, value in model.predictions(logits).items():
-                parts.setdefault(name, []).append(value.reshape(-1, CANDIDATES))
-    return {name: torch.cat(values) for name, values in parts.items()}
+        batch = session.feature_set.parse(pq.read_table(path), with_labels=False)
+        logits = model.dense_from_inputs(*model.dense_inputs(model.embedding(batch.sparse),
+                                                             batch))
+        return {name: value.reshape(-1, CANDIDATES)
+                for name, value in model.predictions(logits).items()}
 
 
 def test_the_export_predicts_every_candidate_as_the_eager_model(trained):
@@ -172,11 +185,11 @@ def test_the_export_predicts_every_candidate_as_the_eager_model(trained):
     eval_path = str(tmp_path / "data" / "eval")
     predict(str(export), eval_path, str(tmp_path / "predicted.parquet"))
     predicted = pq.read_table(tmp_path / "predicted.parquet")
-    eager = _eager(config, checkpoint, eval_path)
+    eager = eager_outputs(config, checkpoint, eval_path)
     assert sorted(predicted.column_names) == sorted(eager)
     for name, values in eager.items():
         exported = torch.tensor(predicted[name].to_pylist())
-        assert exported.shape == (400, CANDIDATES)
+        assert exported.shape == (EVAL_ROWS, CANDIDATES)
         torch.testing.assert_close(exported, values, rtol=1e-5, atol=1e-5)
     # the clicks' probabilities of a row's candidates rank its clicks first, as trained
     labels = pq.read_table(eval_path, columns=["cand_seq__action_weight"]).column(0)

@@ -9,17 +9,13 @@ does, evaluates far above chance, and exports towers that predict the same."""
 from __future__ import annotations
 
 import functools
-import json
-import os
-import socket
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 import pytest
 import torch
 from test_hstu_match_learns import USER_COLUMNS, write_data
 from test_hstu_match_learns import _config as hstu_config
+from two_ranks import eval_results, run_world, torchrun_train_eval
 
 from hashrec.checkpoint import latest_checkpoint, restore_checkpoint
 from hashrec.checkpoint.restore import read_complete_meta
@@ -29,19 +25,9 @@ from hashrec.predict import predict
 from hashrec.train import evaluate_checkpoint
 from hashrec.train.session import build_session
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                "distributed"))
-from dist_workers import run_world  # noqa: E402
-
 pytestmark = pytest.mark.slow
 
 DYNAMIC = 'dynamicemb { max_capacity: 1024 initializer_args { mode: "NORMAL" std_dev: 0.1 } }'
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def embed_restored(config_text: str, checkpoint: str, rows_path: str,
@@ -68,16 +54,8 @@ def two_ranks(tmp_path_factory):
     write_data(tmp_path)
     text = hstu_config(tmp_path, DYNAMIC)
     (tmp_path / "pipeline.config").write_text(text, encoding="utf-8")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-           "-m", "hashrec.train_eval", "--pipeline_config_path",
-           str(tmp_path / "pipeline.config")]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert run.returncode == 0, run.stderr[-4000:]
-    assert "storage plan for 2 rank(s)" in run.stderr
-    with open(tmp_path / "model" / "eval_result.txt", encoding="utf-8") as f:
-        (result,) = [json.loads(line) for line in f if line.strip()]
+    torchrun_train_eval(tmp_path / "pipeline.config")
+    (result,) = eval_results(tmp_path / "model")
     return tmp_path, text, result
 
 

@@ -4,16 +4,13 @@ on two CPU ranks (gloo), where the dynamic table's rows are sharded."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from two_ranks import eval_results, torchrun_train_eval
 
 from hashrec.checkpoint import latest_checkpoint, restore_checkpoint
 from hashrec.config import ConfigError, parse_pipeline_config, validate_pipeline_config
@@ -96,18 +93,8 @@ def test_two_ranks_learn_items_of_several_tags(tmp_path):
     pq.write_table(_rows(512, 1), tmp_path / "eval.parquet")
     path = tmp_path / "pipeline.config"
     path.write_text(CONFIG.format(tmp=tmp_path, pooling="sum", value_dim=0), encoding="utf-8")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(port),
-           "-m", "hashrec.train_eval", "--pipeline_config_path", str(path),
-           "--edit_config_json", json.dumps({"data_config.batch_size": 32})]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert run.returncode == 0, run.stderr[-4000:]
-    with open(tmp_path / "sum0" / "eval_result.txt", encoding="utf-8") as f:
-        result = [json.loads(line) for line in f if line.strip()][-1]
+    torchrun_train_eval(path, "--edit_config_json", json.dumps({"data_config.batch_size": 32}))
+    result = eval_results(tmp_path / "sum0")[-1]
     assert result["auc"] > 0.9, result  # this run: 0.999
 
 
