@@ -3,16 +3,18 @@
 Generates Taobao-like parquet at scale 1 (``hashrec.tools.gen_taobao_data``;
 reused when present), then trains the MultiTowerDIN dynamicemb example config and
 the num_buckets example config (``--configs`` adds the MMoE and WideAndDeep
-examples, ``mmoe`` and ``wide_and_deep``, and the DLRM example ``dlrm`` on Criteo-like
-data, generated the same way at the example's scale) in the same run through the real
-trainer
+examples, ``mmoe`` and ``wide_and_deep``, the DLRM example ``dlrm`` on Criteo-like
+data, generated the same way at the example's scale, and the DLRM HSTU example
+``dlrm_hstu`` on KuaiRand-like data, with its baseline ``dlrm_hstu_num_buckets``: the same
+config with every dynamicemb table a num_buckets table of the same dim sized to the data's
+id range) in the same run through the real trainer
 (``hashrec.train_eval``) with step timing on (``HASHREC_STEP_TIMING``). Each run
 reports samples/s after warm-up (the first ``--warmup_steps`` steps are left
 out), the per-phase milliseconds per step (data wait, embedding forward,
 dense forward, dense and embedding backward, optimizer, logging), and under
 several GPUs the all-to-all time per step from the progress log. Writes
 ``train_<device>.json`` and ``.md`` to ``--out_dir`` with the command, date, GPU
-and versions, and the dynamicemb / num_buckets throughput ratio.
+and versions, and the dynamicemb / num_buckets throughput ratio (of dlrm_hstu too).
 
 Usage::
 
@@ -20,6 +22,7 @@ Usage::
     python benchmarks/bench_train.py --nproc 2          # launches torchrun per config
     torchrun --nproc_per_node 2 benchmarks/bench_train.py   # same, already launched
     python benchmarks/bench_train.py --smoke            # tiny CPU run (a minute or less)
+    python benchmarks/bench_train.py --configs dlrm_hstu  # the DLRM HSTU pair alone
 """
 
 from __future__ import annotations
@@ -44,9 +47,14 @@ CONFIGS = {
     "mmoe": os.path.join(ROOT, "examples", "mmoe_taobao_dynamicemb.config"),
     "wide_and_deep": os.path.join(ROOT, "examples", "wide_and_deep_taobao_dynamicemb.config"),
     "dlrm": os.path.join(ROOT, "examples", "dlrm_criteo_dynamicemb.config"),
+    "dlrm_hstu": os.path.join(ROOT, "examples", "dlrm_hstu_kuairand_dynamicemb.config"),
 }
 # The data each config trains on (Taobao-like unless named here).
 CRITEO = ("dlrm",)
+KUAIRAND = ("dlrm_hstu",)
+# A config's num_buckets baseline, trained after it in the same run (its config built from
+# the config's, see ``num_buckets_config``).
+BASELINES = {"dlrm_hstu": "dlrm_hstu_num_buckets"}
 TIMING_FILE = "step_timing.json"
 A2A_PATTERN = re.compile(r"step (\d+) \|.*\| a2a ([0-9.]+) ms/step")
 PHASE_ORDER = ("data_wait", "embedding_forward", "dense_forward", "dense_backward",
@@ -60,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="parquet folder (default: data/bench_train_<rows> in the repository)")
     p.add_argument("--num_rows", type=int, default=2_000_000, help="generated training rows")
     p.add_argument("--num_files", type=int, default=16)
+    p.add_argument("--kuairand_rows", type=int, default=300_000,
+                   help="generated KuaiRand-like rows for dlrm_hstu (its --num_rows samples "
+                        "loop over them)")
     p.add_argument("--batch_size", type=int, default=8192, help="per GPU (per rank)")
     p.add_argument("--num_steps", type=int, default=0,
                    help="steps per config (default: one pass over the rows)")
@@ -82,6 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.num_rows, args.batch_size = min(args.num_rows, 20_000), min(args.batch_size, 256)
+        args.kuairand_rows = min(args.kuairand_rows, args.num_rows)
         args.num_steps = args.num_steps or 8
         args.warmup_steps, args.log_every, args.num_files = 3, 4, 2
         args.num_workers = 0 if args.num_workers is None else args.num_workers
@@ -114,17 +126,20 @@ def default_workers(nproc: int) -> int:
     return max(0, min(8, cpus // max(nproc, 1) - 2))
 
 
-def ensure_data(args, criteo: bool = False) -> str:
+def ensure_data(args, kind: str = "taobao") -> str:
     """Training parquet folder, generated unless it already holds parquet files: Taobao-like
-    (``--data_dir``, else generated at scale 1), or with ``criteo`` Criteo-like (generated at
-    the generator's default scale, which the DLRM example's capacities fit)."""
-    if criteo:
-        folder = os.path.join(ROOT, "data", f"bench_train_criteo_{args.num_rows}")
+    (``--data_dir``, else generated at scale 1), Criteo-like (``criteo``: generated at
+    the generator's default scale, which the DLRM example's capacities fit) or KuaiRand-like
+    (``kuairand``: ``--kuairand_rows`` rows at the generator's default scale)."""
+    rows = args.kuairand_rows if kind == "kuairand" else args.num_rows
+    if kind == "taobao":
+        folder = args.data_dir or os.path.join(ROOT, "data", f"bench_train_{rows}")
     else:
-        folder = args.data_dir or os.path.join(ROOT, "data", f"bench_train_{args.num_rows}")
+        folder = os.path.join(ROOT, "data", f"bench_train_{kind}_{rows}")
     done = os.path.join(folder, "_COMPLETE")
     rank, _ = world()
-    present = os.path.exists(done) or bool(args.data_dir and not criteo and _has_parquet(folder))
+    present = os.path.exists(done) or bool(args.data_dir and kind == "taobao"
+                                           and _has_parquet(folder))
     if rank != 0:
         while not present and not os.path.exists(done):
             time.sleep(1.0)
@@ -132,16 +147,18 @@ def ensure_data(args, criteo: bool = False) -> str:
     if present:
         log(f"reusing data in {folder}")
         return folder
-    log(f"generating {args.num_rows} {'Criteo' if criteo else 'Taobao'}-like rows into {folder}")
+    names = {"taobao": "Taobao", "criteo": "Criteo", "kuairand": "KuaiRand"}
+    log(f"generating {rows} {names[kind]}-like rows into {folder}")
     start = time.perf_counter()
-    generator = ["hashrec.tools.gen_criteo_data", "--overwrite"] if criteo else [
-        "hashrec.tools.gen_taobao_data", "--scale", "1", "--sequence_format",
-        args.sequence_format]
+    generator = {"taobao": ["hashrec.tools.gen_taobao_data", "--scale", "1",
+                            "--sequence_format", args.sequence_format],
+                 "criteo": ["hashrec.tools.gen_criteo_data", "--overwrite"],
+                 "kuairand": ["hashrec.tools.gen_kuairand_data", "--overwrite"]}[kind]
     subprocess.run([sys.executable, "-m", *generator, "--output_dir", folder, "--num_rows",
-                    str(args.num_rows), "--num_files", str(args.num_files)],
+                    str(rows), "--num_files", str(args.num_files)],
                    check=True, cwd=ROOT)
     with open(done, "w", encoding="utf-8") as f:
-        f.write(f"{args.num_rows}\n")
+        f.write(f"{rows}\n")
     log(f"data generated in {time.perf_counter() - start:.1f}s")
     return folder
 
@@ -174,8 +191,41 @@ def edits(args, nproc: int) -> dict:
     return out
 
 
-def train_argv(args, name: str, data: str, model_dir: str, nproc: int) -> list[str]:
-    return ["--pipeline_config_path", CONFIGS[name], "--model_dir", model_dir,
+def num_buckets_config(args, name: str, out_dir: str) -> str:
+    """``name``'s config with every dynamicemb table a num_buckets table of the same dim,
+    sized to the generated data's id range (KuaiRand-like: a new user a row, the
+    generator's video catalog), written to ``out_dir``; returns its path."""
+    from hashrec.config.loader import load_pipeline_config, save_pipeline_config
+    from hashrec.tools.gen_kuairand_data import num_videos
+
+    if name not in KUAIRAND:
+        raise ValueError(f"no num_buckets baseline for {name!r}; one of {list(KUAIRAND)}")
+    # The generator's ids: users 0 .. rows - 1, videos below its default scale's catalog.
+    sizes = {"user_id": args.kuairand_rows, "video_id": num_videos(0.01)}
+    config = load_pipeline_config(CONFIGS[name])
+    for feature in config.feature_configs:
+        kind = feature.WhichOneof("feature")
+        inner = getattr(feature, kind)
+        members = [getattr(f, f.WhichOneof("feature")) for f in inner.features] \
+            if kind == "sequence_feature" else [inner]
+        for member in members:
+            if "dynamicemb" not in member.DESCRIPTOR.fields_by_name \
+                    or not member.HasField("dynamicemb"):
+                continue
+            source = member.expression.split(":")[-1]
+            if source not in sizes:
+                raise ValueError(f"{name}: no id range known for {member.feature_name} "
+                                 f"({member.expression}); known: {sorted(sizes)}")
+            member.ClearField("dynamicemb")
+            member.num_buckets = sizes[source]
+    path = os.path.join(out_dir, f"{BASELINES[name]}.config")
+    save_pipeline_config(config, path)
+    return path
+
+
+def train_argv(args, name: str, data: str, model_dir: str, nproc: int,
+               config: str | None = None) -> list[str]:
+    return ["--pipeline_config_path", config or CONFIGS[name], "--model_dir", model_dir,
             "--train_input_path", data, "--edit_config_json", json.dumps(edits(args, nproc))]
 
 
@@ -184,8 +234,9 @@ def _timing_mode() -> str:
     return "host" if os.environ.get("HASHREC_STEP_TIMING") == "host" else "1"
 
 
-def run_config(args, name: str, data: str, nproc: int) -> dict:
-    """Train one config; returns the step timing summary plus a2a and wall time."""
+def run_config(args, name: str, data: str, nproc: int, config: str | None = None) -> dict:
+    """Train one config (``CONFIGS[name]`` unless ``config`` names another file); returns
+    the step timing summary plus a2a and wall time."""
     model_dir = tempfile.mkdtemp(prefix=f"bench_train_{name}_")
     env = {**os.environ, "HASHREC_STEP_TIMING": _timing_mode(),
            "HASHREC_STEP_TIMING_WARMUP": str(args.warmup_steps), "PYTHONUNBUFFERED": "1"}
@@ -201,7 +252,7 @@ def run_config(args, name: str, data: str, nproc: int) -> dict:
         lines = _LogLines()
         logging.getLogger("hashrec.train").addHandler(lines)
         try:
-            code = train_main(train_argv(args, name, data, model_dir, world_size))
+            code = train_main(train_argv(args, name, data, model_dir, world_size, config))
         finally:
             logging.getLogger("hashrec.train").removeHandler(lines)
         if code:
@@ -212,7 +263,7 @@ def run_config(args, name: str, data: str, nproc: int) -> dict:
         if nproc > 1:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc_per_node", str(nproc), "-m", "hashrec.train_eval"]
-        cmd += train_argv(args, name, data, model_dir, nproc)
+        cmd += train_argv(args, name, data, model_dir, nproc, config)
         a2a = _run_logged(cmd, env, os.path.join(model_dir, TIMING_FILE))
     wall = time.perf_counter() - start
     if rank != 0:
@@ -375,7 +426,18 @@ def _data_text(report: dict) -> list[str]:
     if any(name in CRITEO for name in report["runs"]):
         texts.append("Criteo-like data at scale 0.01 for " + ", ".join(
             name for name in report["runs"] if name in CRITEO))
+    hstu = [name for name in report["runs"]
+            if name in KUAIRAND or name in BASELINES.values()]
+    if hstu:
+        texts.append(f"KuaiRand-like data at scale 0.01 ({report.get('kuairand_rows')} rows) "
+                     f"for " + ", ".join(hstu))
     return texts
+
+
+def _sequence_text(runs: dict) -> str:
+    """The Taobao-like sequences' length, unless every run is on KuaiRand-like data."""
+    kuairand = set(KUAIRAND) | set(BASELINES.values())
+    return "" if runs and set(runs) <= kuairand else ", sequence length 100"
 
 
 def markdown(report: dict) -> str:
@@ -388,7 +450,7 @@ def markdown(report: dict) -> str:
              f"batch; the data loops when it holds fewer rows), "
              + ", ".join(_data_text(report)) + ", per-GPU batch "
              f"{report['batch_size']}, {report['mixed_precision']}, "
-             f"{report['num_workers']} loader workers per rank, sequence length 100; "
+             f"{report['num_workers']} loader workers per rank{_sequence_text(runs)}; "
              f"the first {report['warmup_steps']} steps are left out.", "",
              "| config | steps | global samples/s | windows min / median / max | step ms | "
              + " | ".join(p for p in PHASE_ORDER[:-1]) + " | a2a ms |",
@@ -404,6 +466,12 @@ def markdown(report: dict) -> str:
     if "ratio_dynamicemb_over_num_buckets" in report:
         lines += ["", f"dynamicemb / num_buckets throughput: "
                       f"{report['ratio_dynamicemb_over_num_buckets']:.3f}"]
+    for name, baseline in BASELINES.items():
+        key = f"ratio_{name}_dynamicemb_over_num_buckets"
+        if key in report:
+            lines += ["", f"{name} dynamicemb / num_buckets throughput ({name} over {baseline}, "
+                          f"every dynamicemb table a num_buckets table of the same dim): "
+                          f"{report[key]:.3f}"]
     lines += ["", "Windows: global samples/s of each progress-log window after warm-up "
               "(host clock), as min / median / max."]
     threads = [f"{name} {_threads_text(r['host_threads'])}" for name, r in runs.items()
@@ -421,6 +489,19 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _train(args, name: str, data: str, nproc: int, config: str | None = None) -> dict:
+    """``run_config``, logged on rank 0."""
+    rank, _ = world()
+    if rank == 0:
+        log(f"training {name} ({nproc} process(es), batch {args.batch_size} per rank)")
+    r = run_config(args, name, data, nproc, config)
+    if rank == 0:
+        log(f"{name}: {r.get('global_samples_per_second', 0.0):,.0f} samples/s over "
+            f"{r.get('steps', 0)} steps after warm-up, phases ms/step "
+            f"{json.dumps({k: round(v, 2) for k, v in r.get('phases_ms', {}).items()})}")
+    return r
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     rank, world_size = world()
@@ -428,18 +509,17 @@ def main(argv=None) -> int:
     if args.num_workers is None:
         args.num_workers = default_workers(nproc)
     names = args.configs.split(",")
-    data = ensure_data(args) if any(n not in CRITEO for n in names) else None
-    criteo = ensure_data(args, criteo=True) if any(n in CRITEO for n in names) else None
+    kinds = {name: "criteo" if name in CRITEO else "kuairand" if name in KUAIRAND
+             else "taobao" for name in names}
+    folders = {kind: ensure_data(args, kind) for kind in dict.fromkeys(kinds.values())}
+    data = folders.get("taobao")
     runs = {}
     for name in names:
-        if rank == 0:
-            log(f"training {name} ({nproc} process(es), batch {args.batch_size} per rank)")
-        runs[name] = run_config(args, name, criteo if name in CRITEO else data, nproc)
-        if rank == 0:
-            r = runs[name]
-            log(f"{name}: {r.get('global_samples_per_second', 0.0):,.0f} samples/s over "
-                f"{r.get('steps', 0)} steps after warm-up, phases ms/step "
-                f"{json.dumps({k: round(v, 2) for k, v in r.get('phases_ms', {}).items()})}")
+        runs[name] = _train(args, name, folders[kinds[name]], nproc)
+        if name in BASELINES:
+            with tempfile.TemporaryDirectory(prefix="bench_train_config_") as tmp:
+                runs[BASELINES[name]] = _train(args, BASELINES[name], folders[kinds[name]],
+                                               nproc, num_buckets_config(args, name, tmp))
     if rank != 0:
         return 0
     report = {"command": "python " + " ".join([os.path.relpath(__file__, ROOT),
@@ -451,6 +531,11 @@ def main(argv=None) -> int:
     rates = {k: v.get("global_samples_per_second") for k, v in runs.items()}
     if rates.get("dynamicemb") and rates.get("num_buckets"):
         report["ratio_dynamicemb_over_num_buckets"] = rates["dynamicemb"] / rates["num_buckets"]
+    for name, baseline in BASELINES.items():
+        if rates.get(name) and rates.get(baseline):
+            report[f"ratio_{name}_dynamicemb_over_num_buckets"] = rates[name] / rates[baseline]
+    if any(kind == "kuairand" for kind in kinds.values()):
+        report["kuairand_rows"] = args.kuairand_rows
     tag = ("smoke_" if args.smoke else "") + ("gpu" if _cuda() else "cpu") + \
         (f"_x{nproc}" if nproc > 1 else "")
     os.makedirs(args.out_dir, exist_ok=True)

@@ -43,3 +43,41 @@ def test_markdown_lists_each_ranks_phases_and_worst_window():
     assert "| 2.10 |" in rows[0] and "| 3.30 |" in rows[0] and rows[0].endswith("73% |")
     assert "| 1.70 |" in rows[1] and "| 2.50 |" in rows[1] and rows[1].endswith("81% |")
     assert bench_train._rank_lines({"dynamicemb": rank0}) == []
+
+
+def test_the_dlrm_hstu_baseline_has_num_buckets_tables_where_the_example_has_dynamicemb(
+        tmp_path):
+    from hashrec.config.loader import load_pipeline_config
+    from hashrec.tools.gen_kuairand_data import num_videos
+
+    args = bench_train.parse_args(["--configs", "dlrm_hstu", "--kuairand_rows", "5000"])
+    path = bench_train.num_buckets_config(args, "dlrm_hstu", str(tmp_path))
+
+    def id_features(config):
+        for feature in config.feature_configs:
+            inner = getattr(feature, feature.WhichOneof("feature"))
+            members = [getattr(f, f.WhichOneof("feature")) for f in inner.features] \
+                if feature.HasField("sequence_feature") else [inner]
+            yield from (m for m in members if "num_buckets" in m.DESCRIPTOR.fields_by_name)
+
+    example = list(id_features(load_pipeline_config(bench_train.CONFIGS["dlrm_hstu"])))
+    baseline = list(id_features(load_pipeline_config(path)))
+    assert any(f.HasField("dynamicemb") for f in example)
+    assert [f.feature_name for f in baseline] == [f.feature_name for f in example]
+    expected = {"user:user_id": 5000, "item:video_id": num_videos(0.01)}
+    for old, new in zip(example, baseline):
+        assert not new.HasField("dynamicemb") and new.embedding_dim == old.embedding_dim
+        if old.HasField("dynamicemb"):
+            assert new.num_buckets == expected[old.expression]
+        else:
+            assert new.num_buckets == old.num_buckets
+    text = bench_train.markdown({
+        "environment": {"date": "d", "gpu": "g", "cpus": 2, "torch": "t", "triton": "t",
+                        "python": "p"},
+        "nproc": 1, "command": "c", "num_rows": 10, "batch_size": 2, "mixed_precision": "FP32",
+        "num_workers": 0, "warmup_steps": 1, "sequence_format": None, "kuairand_rows": 5000,
+        "runs": {"dlrm_hstu": {}, "dlrm_hstu_num_buckets": {}},
+        "ratio_dlrm_hstu_dynamicemb_over_num_buckets": 0.75})
+    assert "KuaiRand-like data at scale 0.01 (5000 rows)" in text
+    assert "sequence length 100" not in text
+    assert "dlrm_hstu dynamicemb / num_buckets throughput" in text and "0.750" in text
