@@ -34,8 +34,6 @@ every batch of B rows has one shape (the dense step CUDA-graphed).
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
 
@@ -48,6 +46,7 @@ from hashrec.models.feature_groups import (
     SEQUENCE,
     GroupSpec,
     deep_input,
+    raw_sequence_groups,
     sequence_input,
 )
 from hashrec.models.losses import session_index
@@ -57,8 +56,6 @@ from hashrec.modules.hstu_inputs import ActionEncoder, contextualized_mlp
 from hashrec.modules.hstu_ranking import ContentEncoder, TargetPreprocessor
 from hashrec.modules.mlp import MLP
 from hashrec.modules.stu import OutputPostprocessor, PositionalEncoder, STULayer
-
-logger = logging.getLogger(__name__)
 
 WHERE = "dlrm_hstu"
 HISTORY, CANDIDATE, CONTEXTUAL = "uih", "candidate", "contextual"
@@ -157,27 +154,7 @@ class DlrmHSTU(RankModel):
             CANDIDATE_TIMESTAMP: (timed, "positional_encoder.use_time_encoding (or the "
                                          "timestamp_layernorm_postprocessor)"),
         }
-        read = {}
-        for name, (needed, why) in needs.items():
-            group = self.groups.get(name)
-            if group is None:
-                if needed:
-                    raise ModelError(f"{WHERE}.hstu: {why} reads the feature group {name!r}, "
-                                     f"which is not defined; add it (a JAGGED_SEQUENCE group "
-                                     f"of one raw sequence sub-feature)")
-                continue
-            if not needed:
-                logger.warning("%s: feature group %r is not read (nothing of the config "
-                               "reads it: %s)", WHERE, name, why)
-                continue
-            features = group.sequence if group.group_type in (SEQUENCE, JAGGED) else ()
-            if group.query or len(features) != 1 or features[0].embedded \
-                    or features[0].dim != 1:
-                raise ModelError(f"{WHERE}: feature group {name!r} must hold one raw sequence "
-                                 f"feature of one value a position (a raw_feature sub-feature "
-                                 f"of a sequence_feature), as JAGGED_SEQUENCE")
-            read[name] = group
-        return read
+        return raw_sequence_groups(self.groups, needs, f"{WHERE}.hstu", "config")
 
     def _check_groups(self) -> None:
         known = (HISTORY, CANDIDATE, CONTEXTUAL, *VALUE_GROUPS)

@@ -341,3 +341,36 @@ def sequence_input(group: GroupSpec, embedded,
     parts = [torch.nn.functional.pad(p, (0, 0, 0, max_length - p.shape[1])) for p in parts]
     sequence = torch.cat(parts, dim=-1)
     return query, sequence, None if lengths is None else lengths.clamp(max=max_length)
+
+
+def raw_sequence_groups(groups: Mapping[str, GroupSpec],
+                        needs: Mapping[str, tuple[bool, str]], where: str,
+                        reader: str) -> dict[str, GroupSpec]:
+    """The groups of one raw value a sequence position (an HSTU model's actions, watch times
+    and timestamps) that the model reads, by name. ``needs`` maps a group's name to (whether
+    the config reads it, the config field that does); ``where`` names the model in errors,
+    ``reader`` the part of its config that reads the groups.
+
+    Raises:
+        ModelError: a group read but not defined, or not one raw sequence sub-feature.
+    """
+    read = {}
+    for name, (needed, why) in needs.items():
+        group = groups.get(name)
+        if group is None:
+            if needed:
+                raise ModelError(f"{where}: {why} reads the feature group {name!r}, which is "
+                                 f"not defined; add it (a JAGGED_SEQUENCE group of one raw "
+                                 f"sequence sub-feature)")
+            continue
+        if not needed:
+            logger.warning("%s: feature group %r is not read (nothing of the %s reads it: %s)",
+                           where, name, reader, why)
+            continue
+        features = group.sequence if group.group_type in (SEQUENCE, JAGGED) else ()
+        if group.query or len(features) != 1 or features[0].embedded or features[0].dim != 1:
+            raise ModelError(f"{where}: feature group {name!r} must hold one raw sequence "
+                             f"feature of one value a position (a raw_feature sub-feature of "
+                             f"a sequence_feature), as JAGGED_SEQUENCE")
+        read[name] = group
+    return read

@@ -35,8 +35,6 @@ and the metrics (``query_mask``), so that every batch of B rows has the same sha
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
 
@@ -48,6 +46,7 @@ from hashrec.models.feature_groups import (
     SEQUENCE,
     GroupSpec,
     deep_input,
+    raw_sequence_groups,
     sequence_input,
 )
 from hashrec.models.group_encoders import input_count
@@ -57,8 +56,6 @@ from hashrec.models.match_model import MatchModel
 from hashrec.models.mlp_config import optional_mlp
 from hashrec.modules.hstu_inputs import ActionEncoder, UIHPreprocessor, contextualized_mlp
 from hashrec.modules.stu import OutputPostprocessor, PositionalEncoder, STULayer
-
-logger = logging.getLogger(__name__)
 
 WHERE = "hstu_match"
 CONTEXTUAL = "contextual"
@@ -147,27 +144,8 @@ class HSTUMatch(MatchModel):
                 "positional_encoder.use_time_encoding (or the "
                 "timestamp_layernorm_postprocessor)"),
         }
-        read = {}
-        for name, (needed, why) in needs.items():
-            group = self.groups.get(name)
-            if group is None:
-                if needed:
-                    raise ModelError(f"{WHERE}.user_tower.hstu.{why} reads the feature group "
-                                     f"{name!r}, which is not defined; add it (a "
-                                     f"JAGGED_SEQUENCE group of the history's raw sub-feature)")
-                continue
-            if not needed:
-                logger.warning("%s: feature group %r is not read (nothing of the user tower's "
-                               "config reads it: %s)", WHERE, name, why)
-                continue
-            features = group.sequence if group.group_type in (SEQUENCE, JAGGED) else ()
-            if group.query or len(features) != 1 or features[0].embedded \
-                    or features[0].dim != 1:
-                raise ModelError(f"{WHERE}: feature group {name!r} must hold one raw sequence "
-                                 f"feature of one value a position (a raw_feature sub-feature "
-                                 f"of the history's sequence_feature), as JAGGED_SEQUENCE")
-            read[name] = group
-        return read
+        return raw_sequence_groups(self.groups, needs, f"{WHERE}.user_tower.hstu",
+                                   "user tower's config")
 
     def _item_group(self, name: str) -> GroupSpec:
         field = "item_tower.input"
