@@ -42,10 +42,9 @@ from hashrec.models.dlrm_hstu_net import DlrmHSTUNet, FusionTower, item_mlp
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import (
     DEEP,
-    JAGGED,
-    SEQUENCE,
     GroupSpec,
     deep_input,
+    id_sequence_group,
     raw_sequence_groups,
     sequence_input,
 )
@@ -102,18 +101,7 @@ class DlrmHSTU(RankModel):
                              f"the history from the group {HISTORY!r} and the candidates from "
                              f"{CANDIDATE!r} (TorchEasyRec's names), each a JAGGED_SEQUENCE "
                              f"group (groups: {', '.join(self.groups)})")
-        group = self.groups[name]
-        if group.group_type not in (SEQUENCE, JAGGED):
-            raise ModelError(f"{WHERE}: feature group {name!r} is {group.group_type}, "
-                             f"expected JAGGED_SEQUENCE (or SEQUENCE)")
-        if group.query:
-            raise ModelError(f"{WHERE}: feature group {name!r} holds features that are not "
-                             f"sequences {[f.name for f in group.query]}; it holds sequence "
-                             f"features alone")
-        if not any(f.embedded for f in group.sequence):
-            raise ModelError(f"{WHERE}: feature group {name!r} holds no id sequence feature, "
-                             f"which gives the rows' lengths")
-        return group
+        return id_sequence_group(self.groups[name], WHERE)
 
     def _contextual_group(self, concat: bool) -> GroupSpec | None:
         """The DEEP group "contextual": a token a feature (all of one width), or one token

@@ -374,3 +374,25 @@ def raw_sequence_groups(groups: Mapping[str, GroupSpec],
                              f"a sequence_feature), as JAGGED_SEQUENCE")
         read[name] = group
     return read
+
+
+def id_sequence_group(group: GroupSpec, where: str) -> GroupSpec:
+    """``group`` checked as an HSTU model's history or candidate group: SEQUENCE or
+    JAGGED_SEQUENCE, of sequence features alone, one of them ids (which give its lengths);
+    ``where`` names the model (or its field) in errors.
+
+    Raises:
+        ModelError: a group of another kind.
+    """
+    name = group.name
+    if group.group_type not in (SEQUENCE, JAGGED):
+        raise ModelError(f"{where}: feature group {name!r} is {group.group_type}, expected "
+                         f"JAGGED_SEQUENCE (or SEQUENCE)")
+    if group.query:
+        raise ModelError(f"{where}: feature group {name!r} holds features that are not "
+                         f"sequences {[f.name for f in group.query]}; it holds sequence "
+                         f"features alone")
+    if not any(f.embedded for f in group.sequence):
+        raise ModelError(f"{where}: feature group {name!r} holds no id sequence feature, "
+                         f"which gives the rows' lengths")
+    return group

@@ -42,10 +42,9 @@ from hashrec.config.floats import proto_float
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import (
     DEEP,
-    JAGGED,
-    SEQUENCE,
     GroupSpec,
     deep_input,
+    id_sequence_group,
     raw_sequence_groups,
     sequence_input,
 )
@@ -100,18 +99,7 @@ class HSTUMatch(MatchModel):
         if name not in self.groups:
             raise ModelError(f"{WHERE}.{field}: input {name!r} is not a feature group "
                              f"(groups: {', '.join(self.groups)})")
-        group = self.groups[name]
-        if group.group_type not in (SEQUENCE, JAGGED):
-            raise ModelError(f"{WHERE}.{field}: feature group {name!r} is "
-                             f"{group.group_type}, expected JAGGED_SEQUENCE (or SEQUENCE)")
-        if group.query:
-            raise ModelError(f"{WHERE}.{field}: feature group {name!r} holds features that "
-                             f"are not sequences {[f.name for f in group.query]}; it holds "
-                             f"sequence features alone")
-        if not any(f.embedded for f in group.sequence):
-            raise ModelError(f"{WHERE}.{field}: feature group {name!r} holds no id sequence "
-                             f"feature, which gives the rows' lengths")
-        return group
+        return id_sequence_group(self.groups[name], f"{WHERE}.{field}")
 
     def _contextual_group(self) -> GroupSpec | None:
         """The DEEP group "contextual": one token a feature, all of one width."""
