@@ -48,13 +48,17 @@ from hashrec.models.feature_groups import (
     raw_sequence_groups,
     sequence_input,
 )
+from hashrec.models.hstu_build import (
+    action_encoder,
+    check_contextual_count,
+    contextualized,
+    stu_stack,
+)
 from hashrec.models.losses import session_index
 from hashrec.models.mlp_config import mlp_options, optional_mlp
 from hashrec.models.rank_model import RankModel
-from hashrec.modules.hstu_inputs import ActionEncoder, contextualized_mlp
 from hashrec.modules.hstu_ranking import ContentEncoder, TargetPreprocessor
 from hashrec.modules.mlp import MLP
-from hashrec.modules.stu import OutputPostprocessor, PositionalEncoder, STULayer
 
 WHERE = "dlrm_hstu"
 HISTORY, CANDIDATE, CONTEXTUAL = "uih", "candidate", "contextual"
@@ -279,31 +283,12 @@ def build_net(config, history: GroupSpec, candidate: GroupSpec, contextual: Grou
     stu = hstu.stu
     dim = int(stu.embedding_dim)
     count, width = _contextual_shape(contextual, config.concat_contextual_features)
-    if stu.contextual_seq_len >= 0 and stu.contextual_seq_len != count:
-        raise ModelError(f"{where}.stu.contextual_seq_len is {stu.contextual_seq_len}, but the "
-                         f"feature group {CONTEXTUAL!r} gives {count} contextual tokens; leave "
-                         f"it unset")
+    check_contextual_count(stu, count, where, CONTEXTUAL)
     scaling = stu.scaling_seqlen if stu.scaling_seqlen > 0 else config.max_seq_len
     try:
         preprocessor = _preprocessor(hstu, history.sequence_dim, candidate.sequence_dim, dim,
                                      count, width)
-        positional = PositionalEncoder(
-            dim, hstu.positional_encoder.num_position_buckets,
-            hstu.positional_encoder.num_time_buckets,
-            hstu.positional_encoder.use_time_encoding, count,
-            hstu.positional_encoder.time_bucket_fn,
-            proto_float(hstu.positional_encoder.time_bucket_increments))
-        layers = nn.ModuleList([
-            STULayer(dim, stu.num_heads, stu.hidden_dim, stu.attention_dim,
-                     proto_float(stu.output_dropout_ratio),
-                     proto_float(stu.attn_alpha) if stu.HasField("attn_alpha") else 0.0,
-                     stu.use_group_norm, int(scaling))
-            for _ in range(hstu.attn_num_layers)])
-        post = hstu.output_postprocessor
-        periods = post.timestamp_layernorm_postprocessor
-        postprocessor = OutputPostprocessor(post.WhichOneof("output_postprocessor") or "", dim,
-                                            list(periods.time_duration_period_units),
-                                            list(periods.time_duration_units_per_period))
+        positional, layers, postprocessor = stu_stack(hstu, dim, count, int(scaling))
     except ValueError as err:
         raise ModelError(f"{where}: {err}") from err
     items = item_mlp(candidate.sequence_dim, int(config.item_embedding_hidden_dim), dim)
@@ -337,11 +322,7 @@ def _preprocessor(hstu, history_dim: int, candidate_dim: int, dim: int, count: i
     content_mlp = _contextualized(options.content_mlp, content.output_dim, dim, count * width)
     actions = action_mlp = None
     if options.HasField("action_encoder"):
-        encoder = options.action_encoder.simple_action_encoder
-        actions = ActionEncoder(encoder.action_embedding_dim, list(encoder.action_weights),
-                                list(encoder.watchtime_to_action_thresholds),
-                                list(encoder.watchtime_to_action_weights),
-                                proto_float(encoder.embedding_init_std))
+        actions = action_encoder(options.action_encoder)
         action_mlp = _contextualized(options.action_mlp, actions.output_dim, dim,
                                      count * width)
     interleave = kind == "contextual_interleave_preprocessor" and options.enable_interleaving
@@ -370,8 +351,4 @@ def _contextualized(config, input_dim: int, output_dim: int, contextual_dim: int
     if not kind:
         raise ValueError("a contextualized MLP sets no MLP; use simple_mlp { hidden_dim } or "
                          "parameterized_mlp { hidden_dim }")
-    options = getattr(config, kind)
-    dropout = proto_float(options.contextual_dropout_ratio) \
-        if kind == "parameterized_mlp" else 0.0
-    return contextualized_mlp(kind, input_dim, output_dim, options.hidden_dim, contextual_dim,
-                              dropout)
+    return contextualized(config, kind, input_dim, output_dim, contextual_dim)

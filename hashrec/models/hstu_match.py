@@ -49,12 +49,17 @@ from hashrec.models.feature_groups import (
     sequence_input,
 )
 from hashrec.models.group_encoders import input_count
+from hashrec.models.hstu_build import (
+    action_encoder,
+    check_contextual_count,
+    contextualized,
+    stu_stack,
+)
 from hashrec.models.hstu_towers import HSTUItemTower, HSTUUserTower, candidate_similarity
 from hashrec.models.match import batch_similarity, hard_negative_input, split_hard_negatives
 from hashrec.models.match_model import MatchModel
 from hashrec.models.mlp_config import optional_mlp
-from hashrec.modules.hstu_inputs import ActionEncoder, UIHPreprocessor, contextualized_mlp
-from hashrec.modules.stu import OutputPostprocessor, PositionalEncoder, STULayer
+from hashrec.modules.hstu_inputs import UIHPreprocessor
 
 WHERE = "hstu_match"
 CONTEXTUAL = "contextual"
@@ -270,32 +275,13 @@ def _user_tower(config, history: GroupSpec, contextual: GroupSpec | None, output
     stu = hstu.stu
     count = len(contextual.features) if contextual is not None else 0
     width = contextual.features[0].dim if count else 0
-    if stu.contextual_seq_len >= 0 and stu.contextual_seq_len != count:
-        raise ModelError(f"{where}.stu.contextual_seq_len is {stu.contextual_seq_len}, but "
-                         f"the feature group {CONTEXTUAL!r} gives {count} contextual tokens; "
-                         f"leave it unset")
+    check_contextual_count(stu, count, where, CONTEXTUAL)
     dim = int(stu.embedding_dim)
     scaling = stu.scaling_seqlen if stu.scaling_seqlen > 0 else config.user_tower.max_seq_len
     try:
         preprocessor = UIHPreprocessor(history.sequence_dim, dim, count, width,
                                        *_actions(hstu, dim, count * width, where))
-        positional = PositionalEncoder(
-            dim, hstu.positional_encoder.num_position_buckets,
-            hstu.positional_encoder.num_time_buckets,
-            hstu.positional_encoder.use_time_encoding, count,
-            hstu.positional_encoder.time_bucket_fn,
-            proto_float(hstu.positional_encoder.time_bucket_increments))
-        layers = nn.ModuleList([
-            STULayer(dim, stu.num_heads, stu.hidden_dim, stu.attention_dim,
-                     proto_float(stu.output_dropout_ratio),
-                     proto_float(stu.attn_alpha) if stu.HasField("attn_alpha") else 0.0,
-                     stu.use_group_norm, int(scaling))
-            for _ in range(hstu.attn_num_layers)])
-        post = hstu.output_postprocessor
-        kind = post.WhichOneof("output_postprocessor") or ""
-        periods = post.timestamp_layernorm_postprocessor
-        postprocessor = OutputPostprocessor(kind, dim, list(periods.time_duration_period_units),
-                                            list(periods.time_duration_units_per_period))
+        positional, layers, postprocessor = stu_stack(hstu, dim, count, int(scaling))
     except ValueError as err:
         raise ModelError(f"{where}: {err}") from err
     output: nn.Module = nn.Linear(dim, output_dim) if output_dim > 0 else nn.Identity()
@@ -311,15 +297,9 @@ def _actions(hstu, dim: int, contextual_dim: int, where: str
     uih = hstu.input_preprocessor.uih_preprocessor
     if not uih.HasField("action_encoder"):
         return None, None
-    options = uih.action_encoder.simple_action_encoder
-    encoder = ActionEncoder(options.action_embedding_dim, list(options.action_weights),
-                            list(options.watchtime_to_action_thresholds),
-                            list(options.watchtime_to_action_weights),
-                            proto_float(options.embedding_init_std))
+    encoder = action_encoder(uih.action_encoder)
     kind = uih.action_mlp.WhichOneof("contextualized_mlp")
     if kind is None:
         raise ModelError(f"{where}.input_preprocessor.uih_preprocessor.action_mlp sets no MLP")
-    mlp = getattr(uih.action_mlp, kind)
-    dropout = proto_float(mlp.contextual_dropout_ratio) if kind == "parameterized_mlp" else 0.0
-    return encoder, contextualized_mlp(kind, encoder.output_dim, dim, mlp.hidden_dim,
-                                       contextual_dim, dropout)
+    return encoder, contextualized(uih.action_mlp, kind, encoder.output_dim, dim,
+                                   contextual_dim)

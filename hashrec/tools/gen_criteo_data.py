@@ -24,20 +24,17 @@ a directory holding other files is refused unless ``--overwrite``).
 
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from hashrec.tools.gen_output import (
     Progress,
     generator_parser,
     output_dirs,
-    prepare_dir,
     run_generator,
-    write_marker,
+    write_splits,
 )
 
 MARKER = "_gen_criteo_data.json"
@@ -126,28 +123,14 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
     world_seed, rows_seed = np.random.SeedSequence(seed).spawn(2)
     world = _World(np.random.default_rng(world_seed), vocab_sizes(scale))
     rng = np.random.default_rng(rows_seed)
-    eval_files = max(1, min(num_files, round(num_files * eval_rows / num_rows)))
-    sizes = {"data": (num_rows, num_files), "train": (num_rows, num_files),
-             "eval": (eval_rows, eval_files)}
-    written = {}
-    for split, out_dir in dirs.items():
-        rows, files = sizes[split]
-        prepare_dir(out_dir, stale[split], log)
-        names = [f"part-{i:05d}.parquet" for i in range(files)]
-        # The marker goes first: a run killed halfway leaves a directory a rerun recognises.
-        write_marker(out_dir, MARKER, names, rows, complete=False)
-        bounds = np.linspace(0, rows, files + 1).round().astype(np.int64)
-        written[split] = []
-        for i, name in enumerate(names):
-            path = os.path.join(out_dir, name)
-            log(f"generating {path} ({int(bounds[i + 1] - bounds[i])} rows)")
-            table = rows_table(world, rng, int(bounds[i + 1] - bounds[i]))
-            pq.write_table(table, path, row_group_size=row_group_size)
-            written[split].append(path)
-            ctr = float(np.mean(table.column("label").to_numpy())) if table.num_rows else 0.0
-            log(f"wrote {path} ({table.num_rows} rows, click rate {ctr:.3f})")
-        write_marker(out_dir, MARKER, names, rows, complete=True)
-    return written
+
+    def click_rate(table: pa.Table) -> str:
+        ctr = float(np.mean(table.column("label").to_numpy())) if table.num_rows else 0.0
+        return f", click rate {ctr:.3f}"
+
+    return write_splits(dirs, stale, num_rows, num_files, eval_rows, MARKER, row_group_size,
+                        log, lambda size: rows_table(world, rng, size), click_rate,
+                        announce=True)
 
 
 def _parser():

@@ -33,20 +33,17 @@ a directory holding other files is refused unless ``--overwrite``).
 
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from hashrec.tools.gen_output import (
     Progress,
     generator_parser,
     output_dirs,
-    prepare_dir,
     run_generator,
-    write_marker,
+    write_splits,
 )
 
 MARKER = "_gen_kuairand_data.json"
@@ -126,28 +123,16 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, seed: int = 0,
     log = Progress("gen_kuairand_data", quiet)
     rng = np.random.default_rng(seed)
     videos = num_videos(scale)
-    eval_files = max(1, min(num_files, round(num_files * eval_rows / num_rows)))
-    sizes = {"data": (num_rows, num_files), "train": (num_rows, num_files),
-             "eval": (eval_rows, eval_files)}
-    written, users = {}, 0
-    for split, out_dir in dirs.items():
-        rows, files = sizes[split]
-        prepare_dir(out_dir, stale[split], log)
-        names = [f"part-{i:05d}.parquet" for i in range(files)]
-        # The marker goes first: a run killed halfway leaves a directory a rerun recognises.
-        write_marker(out_dir, MARKER, names, rows, complete=False)
-        bounds = np.linspace(0, rows, files + 1).round().astype(np.int64)
-        written[split] = []
-        for i, name in enumerate(names):
-            path = os.path.join(out_dir, name)
-            size = int(bounds[i + 1] - bounds[i])
-            table = rows_table(rng, users, size, videos)
-            users += size
-            pq.write_table(table, path, row_group_size=row_group_size)
-            written[split].append(path)
-            log(f"wrote {path} ({table.num_rows} rows)")
-        write_marker(out_dir, MARKER, names, rows, complete=True)
-    return written
+    users = 0
+
+    def table_of(size: int) -> pa.Table:
+        nonlocal users
+        table = rows_table(rng, users, size, videos)
+        users += size
+        return table
+
+    return write_splits(dirs, stale, num_rows, num_files, eval_rows, MARKER, row_group_size,
+                        log, table_of)
 
 
 def _parser():

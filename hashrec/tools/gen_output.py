@@ -15,6 +15,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow.parquet as pq
 
 
 class GeneratorError(ValueError):
@@ -109,6 +113,40 @@ def write_marker(out_dir: str, marker: str, names: list[str], rows: int,
                  complete: bool) -> None:
     with open(os.path.join(out_dir, marker), "w", encoding="utf-8") as f:
         json.dump({"files": names, "rows": rows, "complete": complete}, f)
+
+
+def write_splits(dirs: dict[str, str], stale: dict[str, tuple[str, ...]], num_rows: int,
+                 num_files: int, eval_rows: int, marker: str, row_group_size: int, log,
+                 table_of: Callable, detail: Callable | None = None,
+                 announce: bool = False) -> dict[str, list[str]]:
+    """Write each split of ``output_dirs``' ``dirs``: ``num_rows`` rows in ``num_files``
+    parts (``eval_rows`` in proportionally fewer for "eval"), each part ``table_of(rows)``
+    (a pyarrow table of the next ``rows`` rows), the marker first and marked complete
+    last; ``announce`` logs each part before it is made, ``detail(table)`` adds to the
+    line logged after. Returns {split: [paths]}."""
+    eval_files = max(1, min(num_files, round(num_files * eval_rows / num_rows)))
+    sizes = {"data": (num_rows, num_files), "train": (num_rows, num_files),
+             "eval": (eval_rows, eval_files)}
+    written = {}
+    for split, out_dir in dirs.items():
+        rows, files = sizes[split]
+        prepare_dir(out_dir, stale[split], log)
+        names = [f"part-{i:05d}.parquet" for i in range(files)]
+        # The marker goes first: a run killed halfway leaves a directory a rerun recognises.
+        write_marker(out_dir, marker, names, rows, complete=False)
+        bounds = np.linspace(0, rows, files + 1).round().astype(np.int64)
+        written[split] = []
+        for i, name in enumerate(names):
+            path = os.path.join(out_dir, name)
+            size = int(bounds[i + 1] - bounds[i])
+            if announce:
+                log(f"generating {path} ({size} rows)")
+            table = table_of(size)
+            pq.write_table(table, path, row_group_size=row_group_size)
+            written[split].append(path)
+            log(f"wrote {path} ({table.num_rows} rows{detail(table) if detail else ''})")
+        write_marker(out_dir, marker, names, rows, complete=True)
+    return written
 
 
 def _whole_number(text: str) -> int:
