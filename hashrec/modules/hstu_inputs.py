@@ -31,10 +31,29 @@ from torch.nn import functional
 CONTEXTUALIZED_MLPS = ("simple_mlp", "parameterized_mlp")
 
 
-def _xavier(linear: nn.Linear) -> nn.Linear:
+def xavier(linear: nn.Linear) -> nn.Linear:
     nn.init.xavier_uniform_(linear.weight)
     nn.init.zeros_(linear.bias)
     return linear
+
+
+def contextual_parameters(count: int, width: int, embedding_dim: int
+                          ) -> tuple[nn.Parameter, nn.Parameter]:
+    """The contextual tokens' linear layers, one a token: (C, Dx, D) weights drawn as
+    TorchEasyRec draws them and (C, D) zero biases (one unused row without tokens)."""
+    rows = max(count, 1)
+    std = math.sqrt(2.0 / float(max(width, 1) + embedding_dim))
+    weights = nn.Parameter(torch.empty(rows, max(width, 1), embedding_dim).normal_(0.0, std))
+    return weights, nn.Parameter(torch.zeros(rows, embedding_dim))
+
+
+def contextual_tokens(contextual: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """Contextual token i: feature i of (B, C * Dx) through its own linear layer ->
+    (B, C, D)."""
+    features = contextual.reshape(contextual.shape[0], weights.shape[0], weights.shape[1])
+    return torch.einsum("bci,cio->bco", features.to(dtype), weights.to(dtype)) \
+        + bias.to(dtype)
 
 
 class SwishLayerNorm(nn.Module):
@@ -54,9 +73,9 @@ class SimpleContextualizedMLP(nn.Module):
 
     def __init__(self, input_dim: int, output_dim: int, hidden_dim: int) -> None:
         super().__init__()
-        self.mlp = nn.Sequential(_xavier(nn.Linear(input_dim, hidden_dim)),
+        self.mlp = nn.Sequential(xavier(nn.Linear(input_dim, hidden_dim)),
                                  SwishLayerNorm(hidden_dim),
-                                 _xavier(nn.Linear(hidden_dim, output_dim)),
+                                 xavier(nn.Linear(hidden_dim, output_dim)),
                                  nn.LayerNorm(output_dim, eps=1e-5))
 
     def forward(self, sequence: torch.Tensor, contextual: torch.Tensor) -> torch.Tensor:
@@ -75,12 +94,12 @@ class ParameterizedContextualizedMLP(nn.Module):
                              "DEEP feature group 'contextual'")
         self.input_dim, self.output_dim = input_dim, output_dim
         self.dropout_ratio = contextual_dropout_ratio
-        self.compress = _xavier(nn.Linear(contextual_dim, hidden_dim))
-        self.raw_weights = _xavier(nn.Linear(hidden_dim, input_dim * output_dim))
+        self.compress = xavier(nn.Linear(contextual_dim, hidden_dim))
+        self.raw_weights = xavier(nn.Linear(hidden_dim, input_dim * output_dim))
         self.weights_norm = nn.LayerNorm([input_dim, output_dim])
-        self.bias = nn.Sequential(_xavier(nn.Linear(hidden_dim, hidden_dim)),
+        self.bias = nn.Sequential(xavier(nn.Linear(hidden_dim, hidden_dim)),
                                   SwishLayerNorm(hidden_dim),
-                                  _xavier(nn.Linear(hidden_dim, output_dim)))
+                                  xavier(nn.Linear(hidden_dim, output_dim)))
 
     def forward(self, sequence: torch.Tensor, contextual: torch.Tensor) -> torch.Tensor:
         context = functional.dropout(contextual, p=self.dropout_ratio, training=self.training)
@@ -161,14 +180,11 @@ class UIHPreprocessor(nn.Module):
                  contextual_dim: int = 0, actions: nn.Module | None = None,
                  action_mlp: nn.Module | None = None) -> None:
         super().__init__()
-        self.content = _xavier(nn.Linear(history_dim, embedding_dim))
+        self.content = xavier(nn.Linear(history_dim, embedding_dim))
         self.contextual_count = contextual_count
         self.contextual_dim = contextual_dim
-        rows = max(contextual_count, 1)
-        std = math.sqrt(2.0 / float(max(contextual_dim, 1) + embedding_dim))
-        self.contextual_weights = nn.Parameter(
-            torch.empty(rows, max(contextual_dim, 1), embedding_dim).normal_(0.0, std))
-        self.contextual_bias = nn.Parameter(torch.zeros(rows, embedding_dim))
+        self.contextual_weights, self.contextual_bias = contextual_parameters(
+            contextual_count, contextual_dim, embedding_dim)
         if (actions is None) != (action_mlp is None):
             raise ValueError("actions and action_mlp go together: give both, or neither")
         self.actions = actions
@@ -182,10 +198,8 @@ class UIHPreprocessor(nn.Module):
             tokens = tokens + self.action_mlp(self.actions(actions, watchtimes), contextual)
         if self.contextual_count == 0:
             return tokens, lengths, timestamps
-        features = contextual.reshape(-1, self.contextual_count, self.contextual_dim)
-        context = torch.einsum("bci,cio->bco", features.to(tokens.dtype),
-                               self.contextual_weights.to(tokens.dtype))
-        context = context + self.contextual_bias.to(tokens.dtype)
+        context = contextual_tokens(contextual, self.contextual_weights, self.contextual_bias,
+                                    tokens.dtype)
         zeros = torch.zeros(timestamps.shape[0], self.contextual_count,
                             dtype=timestamps.dtype, device=timestamps.device)
         return (torch.cat([context, tokens], dim=1), lengths + self.contextual_count,

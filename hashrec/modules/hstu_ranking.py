@@ -25,10 +25,10 @@ feature i through a linear layer of its own (or, concatenated, one token of all 
 them), timestamps 0.
 """
 
-import math
-
 import torch
 from torch import nn
+
+from hashrec.modules.hstu_inputs import contextual_parameters, contextual_tokens
 
 CONTENT_ENCODERS = ("slice_content_encoder", "pad_content_encoder", "mlp_content_encoder")
 
@@ -47,12 +47,6 @@ def pack(history: torch.Tensor, lengths: torch.Tensor, targets: torch.Tensor,
     if both.dim() == 3:
         index = index.unsqueeze(-1).expand(-1, -1, both.shape[2])
     return both.gather(1, index)
-
-
-def _xavier(linear: nn.Linear) -> nn.Linear:
-    nn.init.xavier_uniform_(linear.weight)
-    nn.init.zeros_(linear.bias)
-    return linear
 
 
 class ContentEncoder(nn.Module):
@@ -149,11 +143,8 @@ class TargetPreprocessor(nn.Module):
         self.interleave = interleave
         self.contextual_count = contextual_count
         self.contextual_dim = contextual_dim
-        rows = max(contextual_count, 1)
-        std = math.sqrt(2.0 / float(max(contextual_dim, 1) + embedding_dim))
-        self.contextual_weights = nn.Parameter(
-            torch.empty(rows, max(contextual_dim, 1), embedding_dim).normal_(0.0, std))
-        self.contextual_bias = nn.Parameter(torch.zeros(rows, embedding_dim))
+        self.contextual_weights, self.contextual_bias = contextual_parameters(
+            contextual_count, contextual_dim, embedding_dim)
 
     def forward(self, history: torch.Tensor, lengths: torch.Tensor, targets: torch.Tensor,
                 counts: torch.Tensor, contextual: torch.Tensor, actions: torch.Tensor,
@@ -216,7 +207,5 @@ class TargetPreprocessor(nn.Module):
     def _contextual_tokens(self, contextual: torch.Tensor, dtype: torch.dtype
                            ) -> torch.Tensor:
         """Contextual token i: feature i (B, Dx) through its own linear layer -> (B, C, D)."""
-        features = contextual.reshape(-1, self.contextual_count, self.contextual_dim)
-        tokens = torch.einsum("bci,cio->bco", features.to(dtype),
-                              self.contextual_weights.to(dtype))
-        return tokens + self.contextual_bias.to(dtype)
+        return contextual_tokens(contextual, self.contextual_weights, self.contextual_bias,
+                                 dtype)

@@ -8,28 +8,8 @@ import torch
 from torch import nn
 
 from hashrec.export.scripted.heads import DeepGroup, SequenceGroup, Tensors
+from hashrec.export.scripted.hstu_head import SequenceValues
 from hashrec.models.dlrm_hstu import CANDIDATE_TIMESTAMP, HISTORY_VALUES
-
-
-class SequenceValues(nn.Module):
-    """One value group's (B, length) values: its one raw sequence's first value a position,
-    padded or cut to ``length``; zeros without the group."""
-
-    def __init__(self, group) -> None:
-        super().__init__()
-        self.group = SequenceGroup(group) if group is not None else None
-
-    def forward(self, rows: int, length: int, like: torch.Tensor, pooled: Tensors,
-                sequences: Tensors, sequence_lengths: Tensors, dense: Tensors,
-                sequence_dense: Tensors) -> torch.Tensor:
-        out = torch.zeros(rows, length, dtype=like.dtype, device=like.device)
-        # a None submodule's branch is left out when TorchScript compiles the module
-        if self.group is not None:
-            _, values, _ = self.group(pooled, sequences, sequence_lengths, dense,
-                                      sequence_dense)
-            values = values[:, :length, 0]
-            out = nn.functional.pad(values, [0, length - values.shape[1]])
-        return out
 
 
 class DlrmHSTUHead(nn.Module):

@@ -11,20 +11,18 @@ from hashrec.export.scripted.heads import DeepGroup, SequenceGroup, Tensors
 from hashrec.models.hstu_match import AUX_GROUPS
 
 
-class HistoryValues(nn.Module):
-    """A history's actions, watch times or timestamps (B, L): the group's one raw
-    sequence, its first value a position, padded or cut to L; zeros without the
-    group."""
+class SequenceValues(nn.Module):
+    """One value group's (B, length) values: its one raw sequence's first value a position,
+    padded or cut to ``length``; zeros without the group."""
 
     def __init__(self, group) -> None:
         super().__init__()
         self.group = SequenceGroup(group) if group is not None else None
 
-    def forward(self, history: torch.Tensor, pooled: Tensors, sequences: Tensors,
-                sequence_lengths: Tensors, dense: Tensors, sequence_dense: Tensors
-                ) -> torch.Tensor:
-        rows, length = history.shape[0], history.shape[1]
-        out = torch.zeros(rows, length, dtype=history.dtype, device=history.device)
+    def forward(self, rows: int, length: int, like: torch.Tensor, pooled: Tensors,
+                sequences: Tensors, sequence_lengths: Tensors, dense: Tensors,
+                sequence_dense: Tensors) -> torch.Tensor:
+        out = torch.zeros(rows, length, dtype=like.dtype, device=like.device)
         # a None submodule's branch is left out when TorchScript compiles the module
         if self.group is not None:
             _, values, _ = self.group(pooled, sequences, sequence_lengths, dense,
@@ -42,7 +40,7 @@ class HSTUUserHead(nn.Module):
         self.history = SequenceGroup(model.user_group)
         self.contextual = DeepGroup(model.contextual_group, model) \
             if model.contextual_group is not None else None
-        self.values = nn.ModuleList([HistoryValues(model.aux_groups.get(name))
+        self.values = nn.ModuleList([SequenceValues(model.aux_groups.get(name))
                                      for name in AUX_GROUPS])
         self.tower = model.user_tower
 
@@ -56,8 +54,8 @@ class HSTUUserHead(nn.Module):
                                          sequence_dense)
         values: list[torch.Tensor] = []
         for part in self.values:
-            values.append(part(history, pooled, sequences, sequence_lengths, dense,
-                               sequence_dense))
+            values.append(part(history.shape[0], history.shape[1], history, pooled, sequences,
+                               sequence_lengths, dense, sequence_dense))
         return self.tower(history, lengths, contextual, values[0], values[1], values[2])
 
 
