@@ -10,7 +10,8 @@ attention truncation and MoT channel names are refused by ``hashrec.config.unuse
 from __future__ import annotations
 
 from hashrec.config.hstu_match import (
-    action_problems,
+    actions_problems,
+    contextualized_mlp_problems,
     positional_problems,
     postprocessor_problems,
     ratio_problems,
@@ -53,26 +54,14 @@ def _preprocessor_problems(preprocessor, where: str) -> list[str]:
     options = getattr(preprocessor, kind)
     where = f"{where}.{kind}"
     problems = _content_problems(options.content_encoder, f"{where}.content_encoder")
-    problems += _mlp_problems(options.content_mlp, f"{where}.content_mlp")
+    problems += contextualized_mlp_problems(options.content_mlp, f"{where}.content_mlp")
     interleave = kind == PREPROCESSORS[1] and options.enable_interleaving
-    if options.HasField("action_encoder") != options.HasField("action_mlp"):
-        has, lacks = ("action_encoder", "action_mlp") if options.HasField("action_encoder") \
-            else ("action_mlp", "action_encoder")
-        return problems + [f"{where} sets {has} without {lacks}; the actions are embedded "
-                           f"by action_encoder and projected by action_mlp: set both, or "
-                           f"neither"]
-    if not options.HasField("action_encoder"):
-        if interleave:
-            problems.append(f"{where}.enable_interleaving makes each position's actions a "
-                            f"token of its own: set action_encoder and action_mlp")
-        return problems
-    if options.action_encoder.WhichOneof("action_encoder") is None:
-        problems.append(f"{where}.action_encoder sets no encoder; use "
-                        f"simple_action_encoder {{ ... }}")
-    else:
-        problems += action_problems(options.action_encoder.simple_action_encoder,
-                                    f"{where}.action_encoder.simple_action_encoder")
-    return problems + _mlp_problems(options.action_mlp, f"{where}.action_mlp")
+    problems += actions_problems(options, where)
+    if interleave and not options.HasField("action_encoder") \
+            and not options.HasField("action_mlp"):
+        problems.append(f"{where}.enable_interleaving makes each position's actions a "
+                        f"token of its own: set action_encoder and action_mlp")
+    return problems
 
 
 def _content_problems(encoder, where: str) -> list[str]:
@@ -88,21 +77,6 @@ def _content_problems(encoder, where: str) -> list[str]:
         if not mlp.hidden_units:
             problems.append(f"{where}.mlp_content_encoder.{name} has no hidden_units; list "
                             f"its layers' widths (the last is the content's width)")
-    return problems
-
-
-def _mlp_problems(config, where: str) -> list[str]:
-    kind = config.WhichOneof("contextualized_mlp")
-    if kind is None:
-        return [f"{where} sets no MLP; use simple_mlp {{ hidden_dim }} or "
-                f"parameterized_mlp {{ hidden_dim }}"]
-    mlp = getattr(config, kind)
-    problems = []
-    if mlp.hidden_dim < 1:
-        problems.append(f"{where}.{kind}.hidden_dim is {mlp.hidden_dim}; it must be 1 or more")
-    if kind == "parameterized_mlp":
-        problems += ratio_problems(mlp.contextual_dropout_ratio,
-                                   f"{where}.{kind}.contextual_dropout_ratio")
     return problems
 
 

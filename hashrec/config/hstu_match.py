@@ -96,33 +96,42 @@ def _preprocessor_problems(preprocessor, where: str) -> list[str]:
                 f"and action_mlp for the actions)"]
     uih = preprocessor.uih_preprocessor
     where = f"{where}.uih_preprocessor"
-    if uih.HasField("action_encoder") != uih.HasField("action_mlp"):
-        has, lacks = ("action_encoder", "action_mlp") if uih.HasField("action_encoder") \
+    return actions_problems(uih, where)
+
+
+def actions_problems(options, where: str) -> list[str]:
+    """The problems of a preprocessor's ``action_encoder`` and ``action_mlp`` (both or
+    neither)."""
+    if options.HasField("action_encoder") != options.HasField("action_mlp"):
+        has, lacks = ("action_encoder", "action_mlp") if options.HasField("action_encoder") \
             else ("action_mlp", "action_encoder")
         return [f"{where} sets {has} without {lacks}; the actions are embedded by "
                 f"action_encoder and projected by action_mlp: set both, or neither"]
-    if not uih.HasField("action_encoder"):
+    if not options.HasField("action_encoder"):
         return []
     problems = []
-    kind = uih.action_encoder.WhichOneof("action_encoder")
-    if kind is None:
+    if options.action_encoder.WhichOneof("action_encoder") is None:
         problems.append(f"{where}.action_encoder sets no encoder; use "
                         f"simple_action_encoder {{ ... }}")
     else:
-        problems += action_problems(uih.action_encoder.simple_action_encoder,
-                                     f"{where}.action_encoder.simple_action_encoder")
-    mlp_kind = uih.action_mlp.WhichOneof("contextualized_mlp")
-    if mlp_kind is None:
-        problems.append(f"{where}.action_mlp sets no MLP; use simple_mlp {{ hidden_dim }} or "
-                        f"parameterized_mlp {{ hidden_dim }}")
-    else:
-        mlp = getattr(uih.action_mlp, mlp_kind)
-        if mlp.hidden_dim < 1:
-            problems.append(f"{where}.action_mlp.{mlp_kind}.hidden_dim is {mlp.hidden_dim}; "
-                            f"it must be 1 or more")
-        if mlp_kind == "parameterized_mlp":
-            problems += ratio_problems(mlp.contextual_dropout_ratio,
-                               f"{where}.action_mlp.{mlp_kind}.contextual_dropout_ratio")
+        problems += action_problems(options.action_encoder.simple_action_encoder,
+                                    f"{where}.action_encoder.simple_action_encoder")
+    return problems + contextualized_mlp_problems(options.action_mlp, f"{where}.action_mlp")
+
+
+def contextualized_mlp_problems(config, where: str) -> list[str]:
+    """A contextualized MLP's (``simple_mlp`` or ``parameterized_mlp``) problems."""
+    kind = config.WhichOneof("contextualized_mlp")
+    if kind is None:
+        return [f"{where} sets no MLP; use simple_mlp {{ hidden_dim }} or "
+                f"parameterized_mlp {{ hidden_dim }}"]
+    mlp = getattr(config, kind)
+    problems = []
+    if mlp.hidden_dim < 1:
+        problems.append(f"{where}.{kind}.hidden_dim is {mlp.hidden_dim}; it must be 1 or more")
+    if kind == "parameterized_mlp":
+        problems += ratio_problems(mlp.contextual_dropout_ratio,
+                                   f"{where}.{kind}.contextual_dropout_ratio")
     return problems
 
 
