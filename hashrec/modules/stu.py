@@ -129,10 +129,14 @@ class STULayer(nn.Module):
                                 v.reshape(batch, length, heads, hidden))
         attended = attended.reshape(batch, length, heads * hidden)
         if self.use_group_norm:
-            normed_attended = functional.group_norm(
-                attended.reshape(batch * length, heads, hidden), heads,
-                self.output_norm_weight, self.output_norm_bias, 1e-6,
-            ).reshape(batch, length, heads * hidden)
+            # A GroupNorm of a group a head, as a LayerNorm of each head's values and the
+            # head's scale and shift: the same values (benchmarks/bench_stu_ops.py times
+            # the two ways).
+            normed_attended = functional.layer_norm(
+                attended.reshape(batch, length, heads, hidden), [hidden], None, None, 1e-6)
+            normed_attended = (normed_attended * self.output_norm_weight.unsqueeze(-1)
+                               + self.output_norm_bias.unsqueeze(-1)
+                               ).reshape(batch, length, heads * hidden)
         else:
             normed_attended = functional.layer_norm(
                 attended, [heads * hidden], self.output_norm_weight, self.output_norm_bias,
@@ -198,7 +202,7 @@ class PositionalEncoder(nn.Module):
             lengths - num_targets.unsqueeze(1).to(steps.dtype)
         if not self.use_time_encoding:
             index = torch.minimum(steps, ends).clamp(max=buckets - 1)
-            return x * self.scale + self.position[index].to(x.dtype)
+            return x * self.scale + functional.embedding(index, self.position).to(x.dtype)
         index = ends - torch.minimum(steps, ends) + self.contextual
         index = index.clamp(max=buckets - 1)
         if self.contextual > 0:
@@ -207,7 +211,8 @@ class PositionalEncoder(nn.Module):
         gap = (last - timestamps).clamp(min=1e-6) / self.increments
         gap = torch.log(gap) if self.log_buckets else torch.sqrt(gap)
         times = gap.clamp(min=0).to(torch.int32).clamp(max=self.time.shape[0] - 1)
-        return x * self.scale + (self.position[index] + self.time[times.long()]).to(x.dtype)
+        return x * self.scale + (functional.embedding(index, self.position)
+                                 + functional.embedding(times.long(), self.time)).to(x.dtype)
 
 
 class OutputPostprocessor(nn.Module):
