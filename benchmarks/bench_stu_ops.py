@@ -79,13 +79,19 @@ def norm_ways(args, device) -> dict:
 
 
 def read_ways(args, device) -> dict:
-    """A (rows, D) table read at (B, L) indices: indexing against functional.embedding."""
+    """A (rows, D) table read at (B, L) indices: indexing against functional.embedding,
+    with the indices spread over 128 rows (as positions are) and with every index on one
+    row (time buckets: gaps past the last bucket all read it)."""
     b, n = args.batch, args.length
     table = torch.randn(2049, args.dim, device=device, requires_grad=True)
-    index = torch.randint(0, 2049, (b, n), device=device) // 16
-    return {"index_ms": time_ms(_step(lambda: table[index], [table]), args.reps),
-            "embedding_ms": time_ms(_step(lambda: functional.embedding(index, table), [table]),
-                                    args.reps)}
+    out = {}
+    for name, index in (("spread", torch.randint(0, 2049, (b, n), device=device) // 16),
+                        ("one_row", torch.full((b, n), 2048, device=device))):
+        out[f"index_{name}_ms"] = time_ms(
+            _step(lambda index=index: table[index], [table]), args.reps)
+        out[f"embedding_{name}_ms"] = time_ms(
+            _step(lambda index=index: functional.embedding(index, table), [table]), args.reps)
+    return out
 
 
 def modules(args, device) -> dict:
@@ -125,7 +131,8 @@ def markdown(r: dict) -> str:
              f"Date {r['env']['date']}, GPU {r['env']['gpu']}, torch {r['env']['torch']}, "
              f"triton {r['env']['triton']}. Medians of {a['reps']} steps.", "",
              "| part | ms |", "| --- | --- |"]
-    for key in ("group_norm_ms", "layer_norm_affine_ms", "index_ms", "embedding_ms",
+    for key in ("group_norm_ms", "layer_norm_affine_ms", "index_spread_ms",
+                "embedding_spread_ms", "index_one_row_ms", "embedding_one_row_ms",
                 "stu_layer_ms", "positional_encoder_ms"):
         lines.append(f"| {key[:-3]} | {r[key]:.3f} |")
     lines.append("")

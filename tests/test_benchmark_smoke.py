@@ -80,3 +80,14 @@ def test_hitrate_benchmark_times_each_way(tmp_path):
         assert way in out, way
     assert set(json.loads((tmp_path / "hitrate.json").read_text())["ways"]) == {
         "chunked", "one_chunk", "masked_amax", "matmul_only"}
+
+
+def test_stu_ops_benchmark_times_each_part(tmp_path):
+    out = _smoke("bench_stu_ops.py", "--out", str(tmp_path / "stu"))
+    result = json.loads((tmp_path / "stu.json").read_text())
+    for part in ("group_norm", "layer_norm_affine", "index_one_row", "embedding_one_row",
+                 "stu_layer", "positional_encoder"):
+        assert f"| {part} |" in out, part
+        assert result[f"{part}_ms"] > 0, part
+    # the two norms are one computation
+    assert result["max_abs_difference"] < 1e-4
