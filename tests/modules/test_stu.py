@@ -164,6 +164,39 @@ def test_positions_count_forward_without_time_and_back_from_the_end_with_it():
     assert min(int(math.sqrt(4000 / 60)), 5) == 5
 
 
+def _backward_nodes(out: torch.Tensor) -> set[str]:
+    """The names of the autograd nodes ``out`` was computed through."""
+    seen, todo, names = set(), [out.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+def test_table_reads_and_head_norms_avoid_the_slow_backwards():
+    """The positional encoder's rows go through an embedding's backward, not indexing's
+    (whose accumulation of many reads of one row, as every slot of timestamp 0 makes, took
+    60x as long on a GPU), and the group norm a head is a LayerNorm, not group_norm (3.5x;
+    benchmarks/results/stu_ops_gpu_h100.md)."""
+    encoder = PositionalEncoder(4, num_position_buckets=8, num_time_buckets=5,
+                                use_time_encoding=True, contextual_seq_len=2)
+    stamps = torch.tensor([[0.0, 0.0, 1000.0, 3400.0, 0.0]])
+    names = _backward_nodes(encoder(torch.randn(1, 5, 4), torch.tensor([4]), stamps))
+    assert "EmbeddingBackward0" in names and "IndexBackward0" not in names, names
+    plain = PositionalEncoder(4, num_position_buckets=4)
+    names = _backward_nodes(plain(torch.randn(1, 5, 4), torch.tensor([4]), stamps))
+    assert "EmbeddingBackward0" in names and "IndexBackward0" not in names, names
+    layer = _layer(group_norm=True)
+    x, lengths = _inputs()
+    names = _backward_nodes(layer(x, stu_mask(lengths, x.shape[1])))
+    assert "NativeLayerNormBackward0" in names, names
+    assert not any("GroupNorm" in name for name in names), names
+
+
 def test_log_time_buckets():
     torch.manual_seed(0)
     timed = PositionalEncoder(2, 4, num_time_buckets=9, use_time_encoding=True,
