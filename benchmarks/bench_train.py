@@ -7,7 +7,9 @@ examples, ``mmoe`` and ``wide_and_deep``, the DLRM example ``dlrm`` on Criteo-li
 data, generated the same way at the example's scale, and the DLRM HSTU example
 ``dlrm_hstu`` on KuaiRand-like data, with its baseline ``dlrm_hstu_num_buckets``: the same
 config with every dynamicemb table a num_buckets table of the same dim sized to the data's
-id range) in the same run through the real trainer
+id range, and the HSTU match example ``hstu_match`` on Taobao-like data with the generator's
+item table for its negative sampler, with ``hstu_match_num_buckets`` sized as the num_buckets
+example's tables) in the same run through the real trainer
 (``hashrec.train_eval``) with step timing on (``HASHREC_STEP_TIMING``). Each run
 reports samples/s after warm-up (the first ``--warmup_steps`` steps are left
 out), the per-phase milliseconds per step (data wait, embedding forward,
@@ -23,6 +25,7 @@ Usage::
     torchrun --nproc_per_node 2 benchmarks/bench_train.py   # same, already launched
     python benchmarks/bench_train.py --smoke            # tiny CPU run (a minute or less)
     python benchmarks/bench_train.py --configs dlrm_hstu  # the DLRM HSTU pair alone
+    python benchmarks/bench_train.py --configs hstu_match  # HSTU match and its twin
 """
 
 from __future__ import annotations
@@ -48,13 +51,16 @@ CONFIGS = {
     "wide_and_deep": os.path.join(ROOT, "examples", "wide_and_deep_taobao_dynamicemb.config"),
     "dlrm": os.path.join(ROOT, "examples", "dlrm_criteo_dynamicemb.config"),
     "dlrm_hstu": os.path.join(ROOT, "examples", "dlrm_hstu_kuairand_dynamicemb.config"),
+    "hstu_match": os.path.join(ROOT, "examples", "hstu_match_taobao_dynamicemb.config"),
 }
 # The data each config trains on (Taobao-like unless named here).
 CRITEO = ("dlrm",)
 KUAIRAND = ("dlrm_hstu",)
+# Taobao-like data with the generator's item table, which their negative samplers read.
+ITEMS = ("hstu_match",)
 # A config's num_buckets baseline, trained after it in the same run (its config built from
 # the config's, see ``num_buckets_config``).
-BASELINES = {"dlrm_hstu": "dlrm_hstu_num_buckets"}
+BASELINES = {"dlrm_hstu": "dlrm_hstu_num_buckets", "hstu_match": "hstu_match_num_buckets"}
 TIMING_FILE = "step_timing.json"
 A2A_PATTERN = re.compile(r"step (\d+) \|.*\| a2a ([0-9.]+) ms/step")
 PHASE_ORDER = ("data_wait", "embedding_forward", "dense_forward", "dense_backward",
@@ -130,12 +136,15 @@ def ensure_data(args, kind: str = "taobao") -> str:
     """Training parquet folder, generated unless it already holds parquet files: Taobao-like
     (``--data_dir``, else generated at scale 1), Criteo-like (``criteo``: generated at
     the generator's default scale, which the DLRM example's capacities fit) or KuaiRand-like
-    (``kuairand``: ``--kuairand_rows`` rows at the generator's default scale)."""
+    (``kuairand``: ``--kuairand_rows`` rows at the generator's default scale) or
+    Taobao-like with an item table (``taobao_items``: ``train`` and ``items`` below the
+    folder)."""
     rows = args.kuairand_rows if kind == "kuairand" else args.num_rows
     if kind == "taobao":
         folder = args.data_dir or os.path.join(ROOT, "data", f"bench_train_{rows}")
     else:
         folder = os.path.join(ROOT, "data", f"bench_train_{kind}_{rows}")
+    train = os.path.join(folder, "train") if kind == "taobao_items" else folder
     done = os.path.join(folder, "_COMPLETE")
     rank, _ = world()
     present = os.path.exists(done) or bool(args.data_dir and kind == "taobao"
@@ -143,24 +152,29 @@ def ensure_data(args, kind: str = "taobao") -> str:
     if rank != 0:
         while not present and not os.path.exists(done):
             time.sleep(1.0)
-        return folder
+        return train
     if present:
         log(f"reusing data in {folder}")
-        return folder
-    names = {"taobao": "Taobao", "criteo": "Criteo", "kuairand": "KuaiRand"}
+        return train
+    names = {"taobao": "Taobao", "criteo": "Criteo", "kuairand": "KuaiRand",
+             "taobao_items": "Taobao"}
     log(f"generating {rows} {names[kind]}-like rows into {folder}")
     start = time.perf_counter()
     generator = {"taobao": ["hashrec.tools.gen_taobao_data", "--scale", "1",
                             "--sequence_format", args.sequence_format],
                  "criteo": ["hashrec.tools.gen_criteo_data", "--overwrite"],
-                 "kuairand": ["hashrec.tools.gen_kuairand_data", "--overwrite"]}[kind]
+                 "kuairand": ["hashrec.tools.gen_kuairand_data", "--overwrite"],
+                 "taobao_items": ["hashrec.tools.gen_taobao_data", "--scale", "1",
+                                  "--sequence_format", args.sequence_format, "--overwrite",
+                                  "--item_table", "--eval_rows", str(max(1000, rows // 100))],
+                 }[kind]
     subprocess.run([sys.executable, "-m", *generator, "--output_dir", folder, "--num_rows",
                     str(rows), "--num_files", str(args.num_files)],
                    check=True, cwd=ROOT)
     with open(done, "w", encoding="utf-8") as f:
         f.write(f"{rows}\n")
     log(f"data generated in {time.perf_counter() - start:.1f}s")
-    return folder
+    return train
 
 
 def _has_parquet(folder: str) -> bool:
@@ -191,33 +205,43 @@ def edits(args, nproc: int) -> dict:
     return out
 
 
-def num_buckets_config(args, name: str, out_dir: str) -> str:
-    """``name``'s config with every dynamicemb table a num_buckets table of the same dim,
-    sized to the generated data's id range (KuaiRand-like: a new user a row, the
-    generator's video catalog), written to ``out_dir``; returns its path."""
-    from hashrec.config.loader import load_pipeline_config, save_pipeline_config
-    from hashrec.tools.gen_kuairand_data import num_videos
-
-    if name not in KUAIRAND:
-        raise ValueError(f"no num_buckets baseline for {name!r}; one of {list(KUAIRAND)}")
-    # The generator's ids: users 0 .. rows - 1, videos below its default scale's catalog.
-    sizes = {"user_id": args.kuairand_rows, "video_id": num_videos(0.01)}
-    config = load_pipeline_config(CONFIGS[name])
+def _id_members(config):
+    """Every id feature of ``config``'s feature configs, sequences' sub-features included."""
     for feature in config.feature_configs:
         kind = feature.WhichOneof("feature")
         inner = getattr(feature, kind)
         members = [getattr(f, f.WhichOneof("feature")) for f in inner.features] \
             if kind == "sequence_feature" else [inner]
-        for member in members:
-            if "dynamicemb" not in member.DESCRIPTOR.fields_by_name \
-                    or not member.HasField("dynamicemb"):
-                continue
-            source = member.expression.split(":")[-1]
-            if source not in sizes:
-                raise ValueError(f"{name}: no id range known for {member.feature_name} "
-                                 f"({member.expression}); known: {sorted(sizes)}")
-            member.ClearField("dynamicemb")
-            member.num_buckets = sizes[source]
+        yield from (m for m in members if "dynamicemb" in m.DESCRIPTOR.fields_by_name)
+
+
+def num_buckets_config(args, name: str, out_dir: str) -> str:
+    """``name``'s config with every dynamicemb table a num_buckets table of the same dim,
+    sized to the generated data's id range (KuaiRand-like: a new user a row, the
+    generator's video catalog; Taobao-like: the num_buckets example's sizes, the
+    generator's at scale 1), written to ``out_dir``; returns its path."""
+    from hashrec.config.loader import load_pipeline_config, save_pipeline_config
+    from hashrec.tools.gen_kuairand_data import num_videos
+
+    if name not in BASELINES:
+        raise ValueError(f"no num_buckets baseline for {name!r}; one of {list(BASELINES)}")
+    if name in KUAIRAND:
+        # The generator's ids: users 0 .. rows - 1, videos below its default scale's catalog.
+        sizes = {"user_id": args.kuairand_rows, "video_id": num_videos(0.01)}
+    else:
+        sizes = {m.expression.split(":")[-1]: m.num_buckets
+                 for m in _id_members(load_pipeline_config(CONFIGS["num_buckets"]))
+                 if m.num_buckets}
+    config = load_pipeline_config(CONFIGS[name])
+    for member in _id_members(config):
+        if not member.HasField("dynamicemb"):
+            continue
+        source = member.expression.split(":")[-1]
+        if source not in sizes:
+            raise ValueError(f"{name}: no id range known for {member.feature_name} "
+                             f"({member.expression}); known: {sorted(sizes)}")
+        member.ClearField("dynamicemb")
+        member.num_buckets = sizes[source]
     path = os.path.join(out_dir, f"{BASELINES[name]}.config")
     save_pipeline_config(config, path)
     return path
@@ -225,8 +249,13 @@ def num_buckets_config(args, name: str, out_dir: str) -> str:
 
 def train_argv(args, name: str, data: str, model_dir: str, nproc: int,
                config: str | None = None) -> list[str]:
+    changes = edits(args, nproc)
+    if name in ITEMS or name in (BASELINES[n] for n in ITEMS):
+        # ``taobao_items`` data: the item table beside the training rows
+        changes["data_config.negative_sampler.input_path"] = os.path.join(
+            os.path.dirname(data), "items")
     return ["--pipeline_config_path", config or CONFIGS[name], "--model_dir", model_dir,
-            "--train_input_path", data, "--edit_config_json", json.dumps(edits(args, nproc))]
+            "--train_input_path", data, "--edit_config_json", json.dumps(changes)]
 
 
 def _timing_mode() -> str:
@@ -426,18 +455,24 @@ def _data_text(report: dict) -> list[str]:
     if any(name in CRITEO for name in report["runs"]):
         texts.append("Criteo-like data at scale 0.01 for " + ", ".join(
             name for name in report["runs"] if name in CRITEO))
-    hstu = [name for name in report["runs"]
-            if name in KUAIRAND or name in BASELINES.values()]
-    if hstu:
+    kuairand = [name for name in report["runs"] if name in _kuairand_runs()]
+    if kuairand:
         texts.append(f"KuaiRand-like data at scale 0.01 ({report.get('kuairand_rows')} rows) "
-                     f"for " + ", ".join(hstu))
+                     f"for " + ", ".join(kuairand))
+    items = [name for name in report["runs"]
+             if name in ITEMS or name in (BASELINES[n] for n in ITEMS)]
+    if items:
+        texts.append("negatives from the generator's item table for " + ", ".join(items))
     return texts
+
+
+def _kuairand_runs() -> set[str]:
+    return set(KUAIRAND) | {BASELINES[name] for name in KUAIRAND}
 
 
 def _sequence_text(runs: dict) -> str:
     """The Taobao-like sequences' length, unless every run is on KuaiRand-like data."""
-    kuairand = set(KUAIRAND) | set(BASELINES.values())
-    return "" if runs and set(runs) <= kuairand else ", sequence length 100"
+    return "" if runs and set(runs) <= _kuairand_runs() else ", sequence length 100"
 
 
 def markdown(report: dict) -> str:
@@ -510,9 +545,9 @@ def main(argv=None) -> int:
         args.num_workers = default_workers(nproc)
     names = args.configs.split(",")
     kinds = {name: "criteo" if name in CRITEO else "kuairand" if name in KUAIRAND
-             else "taobao" for name in names}
+             else "taobao_items" if name in ITEMS else "taobao" for name in names}
     folders = {kind: ensure_data(args, kind) for kind in dict.fromkeys(kinds.values())}
-    data = folders.get("taobao")
+    data = folders.get("taobao") or folders.get("taobao_items")
     runs = {}
     for name in names:
         runs[name] = _train(args, name, folders[kinds[name]], nproc)

@@ -3,6 +3,7 @@ ended after a grace period, its results kept; a trainer that fails still fails."
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -81,3 +82,38 @@ def test_the_dlrm_hstu_baseline_has_num_buckets_tables_where_the_example_has_dyn
     assert "KuaiRand-like data at scale 0.01 (5000 rows)" in text
     assert "sequence length 100" not in text
     assert "dlrm_hstu dynamicemb / num_buckets throughput" in text and "0.750" in text
+
+
+def test_the_hstu_match_baseline_takes_the_num_buckets_examples_sizes_and_its_item_table(
+        tmp_path):
+    from hashrec.config.loader import load_pipeline_config
+
+    args = bench_train.parse_args(["--configs", "hstu_match"])
+    baseline = load_pipeline_config(bench_train.num_buckets_config(args, "hstu_match",
+                                                                   str(tmp_path)))
+    example = load_pipeline_config(bench_train.CONFIGS["hstu_match"])
+    sizes = {m.expression: m.num_buckets for m in
+             bench_train._id_members(load_pipeline_config(bench_train.CONFIGS["num_buckets"]))
+             if m.num_buckets}
+    pairs = list(zip(bench_train._id_members(example), bench_train._id_members(baseline),
+                     strict=True))
+    assert sum(old.HasField("dynamicemb") for old, _ in pairs) >= 5
+    for old, new in pairs:
+        assert new.feature_name == old.feature_name and not new.HasField("dynamicemb")
+        if old.HasField("dynamicemb"):
+            assert new.num_buckets == sizes[old.expression], old.feature_name
+        elif old.num_buckets or old.hash_bucket_size:
+            assert (new.num_buckets, new.hash_bucket_size) == (old.num_buckets,
+                                                               old.hash_bucket_size)
+        else:  # a sequence's sub-feature sharing a top-level table: that table's size
+            assert new.num_buckets in (0, sizes[old.expression]), old.feature_name
+    # its negatives come from the item table generated beside the training rows, for the
+    # baseline as for the example; the other configs' samplers are left alone
+    data = os.path.join("data", "bench_train_taobao_items_10", "train")
+    for name in ("hstu_match", "hstu_match_num_buckets"):
+        argv = bench_train.train_argv(args, name, data, "m", 1, "c.config")
+        changes = json.loads(argv[argv.index("--edit_config_json") + 1])
+        assert changes["data_config.negative_sampler.input_path"] == os.path.join(
+            "data", "bench_train_taobao_items_10", "items")
+    argv = bench_train.train_argv(args, "dynamicemb", "d", "m", 1)
+    assert "negative_sampler" not in argv[argv.index("--edit_config_json") + 1]
