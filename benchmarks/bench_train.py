@@ -250,7 +250,7 @@ def num_buckets_config(args, name: str, out_dir: str) -> str:
 def train_argv(args, name: str, data: str, model_dir: str, nproc: int,
                config: str | None = None) -> list[str]:
     changes = edits(args, nproc)
-    if name in ITEMS or name in (BASELINES[n] for n in ITEMS):
+    if name in _with_baselines(ITEMS):
         # ``taobao_items`` data: the item table beside the training rows
         changes["data_config.negative_sampler.input_path"] = os.path.join(
             os.path.dirname(data), "items")
@@ -455,24 +455,24 @@ def _data_text(report: dict) -> list[str]:
     if any(name in CRITEO for name in report["runs"]):
         texts.append("Criteo-like data at scale 0.01 for " + ", ".join(
             name for name in report["runs"] if name in CRITEO))
-    kuairand = [name for name in report["runs"] if name in _kuairand_runs()]
+    kuairand = [name for name in report["runs"] if name in _with_baselines(KUAIRAND)]
     if kuairand:
         texts.append(f"KuaiRand-like data at scale 0.01 ({report.get('kuairand_rows')} rows) "
                      f"for " + ", ".join(kuairand))
-    items = [name for name in report["runs"]
-             if name in ITEMS or name in (BASELINES[n] for n in ITEMS)]
+    items = [name for name in report["runs"] if name in _with_baselines(ITEMS)]
     if items:
         texts.append("negatives from the generator's item table for " + ", ".join(items))
     return texts
 
 
-def _kuairand_runs() -> set[str]:
-    return set(KUAIRAND) | {BASELINES[name] for name in KUAIRAND}
+def _with_baselines(names: tuple[str, ...]) -> set[str]:
+    """``names`` and their num_buckets baselines' runs (which train on the same data)."""
+    return set(names) | {BASELINES[name] for name in names if name in BASELINES}
 
 
 def _sequence_text(runs: dict) -> str:
     """The Taobao-like sequences' length, unless every run is on KuaiRand-like data."""
-    return "" if runs and set(runs) <= _kuairand_runs() else ", sequence length 100"
+    return "" if runs and set(runs) <= _with_baselines(KUAIRAND) else ", sequence length 100"
 
 
 def markdown(report: dict) -> str:

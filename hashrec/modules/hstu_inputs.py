@@ -182,7 +182,6 @@ class UIHPreprocessor(nn.Module):
         super().__init__()
         self.content = xavier(nn.Linear(history_dim, embedding_dim))
         self.contextual_count = contextual_count
-        self.contextual_dim = contextual_dim
         self.contextual_weights, self.contextual_bias = contextual_parameters(
             contextual_count, contextual_dim, embedding_dim)
         if (actions is None) != (action_mlp is None):

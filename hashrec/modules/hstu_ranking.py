@@ -142,7 +142,6 @@ class TargetPreprocessor(nn.Module):
         self.target_action = nn.Parameter(torch.empty(1, 1, width).normal_(0.0, 0.1))
         self.interleave = interleave
         self.contextual_count = contextual_count
-        self.contextual_dim = contextual_dim
         self.contextual_weights, self.contextual_bias = contextual_parameters(
             contextual_count, contextual_dim, embedding_dim)
 
@@ -174,7 +173,8 @@ class TargetPreprocessor(nn.Module):
                 x = content + acted
         if self.contextual_count == 0:
             return x, total, times, num_targets, position
-        tokens = self._contextual_tokens(contextual, x.dtype)
+        tokens = contextual_tokens(contextual, self.contextual_weights, self.contextual_bias,
+                                   x.dtype)
         zeros = torch.zeros(times.shape[0], self.contextual_count, dtype=times.dtype,
                             device=times.device)
         return (torch.cat([tokens, x], dim=1), total + self.contextual_count,
@@ -203,9 +203,3 @@ class TargetPreprocessor(nn.Module):
         first = 2 * lengths.unsqueeze(1)
         return x, times, 2 * lengths + counts, counts, \
             first + (position - lengths.unsqueeze(1))
-
-    def _contextual_tokens(self, contextual: torch.Tensor, dtype: torch.dtype
-                           ) -> torch.Tensor:
-        """Contextual token i: feature i (B, Dx) through its own linear layer -> (B, C, D)."""
-        return contextual_tokens(contextual, self.contextual_weights, self.contextual_bias,
-                                 dtype)
