@@ -209,8 +209,10 @@ PEPNET_GROUPS = """
 """
 
 
-def pipeline_text(model: str, data_dir, model_dir) -> str:
-    """The pipeline config of model kind ``model`` (a key of ``MODELS``)."""
+def pipeline_text(model: str, data_dir, model_dir, body: str | None = None) -> str:
+    """The pipeline config of model kind ``model`` (a key of ``MODELS``), or of the model
+    config text ``body`` (groups and model) over the same features."""
+    body = MODELS[model] if body is None else body
     return (f'train_input_path: "{data_dir}/train"\neval_input_path: "{data_dir}/eval"\n'
-            f'model_dir: "{model_dir}"\n{FEATURES}\nmodel_config {{{MODELS[model]}\n'
+            f'model_dir: "{model_dir}"\n{FEATURES}\nmodel_config {{{body}\n'
             f'  metrics {{ auc {{}} }}\n  losses {{ binary_cross_entropy {{}} }}\n}}\n')
