@@ -10,6 +10,7 @@ from torch import nn
 
 from hashrec.models.hstu_towers import reverse_prefixes
 from hashrec.modules.din import sequence_mask
+from hashrec.modules.dropout import dropout
 from hashrec.modules.hstu_inputs import SwishLayerNorm
 from hashrec.modules.stu import stu_mask
 
@@ -97,7 +98,7 @@ class DlrmHSTUNet(nn.Module):
             history, lengths, candidates, counts, contextual, actions.long(), watchtimes,
             timestamps, candidate_timestamps)
         x = self.positional(x, total, times, num_targets)
-        x = nn.functional.dropout(x, p=self.input_dropout, training=self.training)
+        x = dropout(x, self.input_dropout, self.training)
         length = x.shape[1]
         invalid = torch.logical_not(sequence_mask(total, length)).unsqueeze(-1)
         # padding reads as zeros, whatever it holds (a NaN would survive a product)

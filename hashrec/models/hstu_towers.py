@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from hashrec.modules.din import sequence_mask
+from hashrec.modules.dropout import dropout
 from hashrec.modules.stu import stu_mask
 
 
@@ -73,7 +74,7 @@ class HSTUUserTower(nn.Module):
         x, lengths, timestamps = self.preprocessor(history, lengths, contextual,
                                                    actions.long(), watchtimes, timestamps)
         x = self.positional(x, lengths, timestamps)
-        x = nn.functional.dropout(x, p=self.input_dropout, training=self.training)
+        x = dropout(x, self.input_dropout, self.training)
         length = x.shape[1]
         invalid = torch.logical_not(sequence_mask(lengths, length)).unsqueeze(-1)
         # padding reads as zeros, whatever it holds (a NaN would survive a product)

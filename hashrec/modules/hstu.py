@@ -32,6 +32,7 @@ from torch import nn
 from torch.nn import functional
 
 from hashrec.modules.din import sequence_mask
+from hashrec.modules.dropout import dropout
 
 LINEAR_ACTIVATIONS = ("silu", "none")
 
@@ -85,7 +86,7 @@ class HSTUBlock(nn.Module):
         attended = torch.einsum("bhnm,bmhd->bnhd", weights,
                                 v.reshape(batch, length, heads, self.linear_dim))
         gated = u * _normalize(attended.reshape(batch, length, values), values)
-        gated = functional.dropout(gated, p=self.dropout_rate, training=self.training)
+        gated = dropout(gated, self.dropout_rate, self.training)
         return x + self.output(gated)
 
 
@@ -145,7 +146,7 @@ class HSTUEncoder(nn.Module):
                              f"max_output_len + 1)")
         valid = sequence_mask(lengths, length).unsqueeze(2)
         x = sequence * self.scale + self.position.weight[:length].to(sequence.dtype)
-        x = functional.dropout(x, p=self.pos_dropout_rate, training=self.training)
+        x = dropout(x, self.pos_dropout_rate, self.training)
         # padding reads as zeros, whatever it holds (a NaN would survive a product)
         x = x.masked_fill(~valid, 0.0)
         steps = torch.arange(length, device=sequence.device)

@@ -26,7 +26,8 @@ import math
 
 import torch
 from torch import nn
-from torch.nn import functional
+
+from hashrec.modules.dropout import dropout
 
 CONTEXTUALIZED_MLPS = ("simple_mlp", "parameterized_mlp")
 
@@ -102,7 +103,7 @@ class ParameterizedContextualizedMLP(nn.Module):
                                   xavier(nn.Linear(hidden_dim, output_dim)))
 
     def forward(self, sequence: torch.Tensor, contextual: torch.Tensor) -> torch.Tensor:
-        context = functional.dropout(contextual, p=self.dropout_ratio, training=self.training)
+        context = dropout(contextual, self.dropout_ratio, self.training)
         shared = self.compress(context.to(sequence.dtype))
         weights = self.weights_norm(self.raw_weights(shared).reshape(
             -1, self.input_dim, self.output_dim))

@@ -19,6 +19,7 @@ from hashrec.modules.activation import (
     create_activation,
     single_row_batch_norm,
 )
+from hashrec.modules.dropout import Dropout
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class Perceptron(nn.Module):
         parts.append(create_activation(options.activation, out_features))
         ratio = options.dropout_of(layer)
         if ratio > 0:
-            parts.append(nn.Dropout(ratio))
+            parts.append(Dropout(ratio))
         self.layers = nn.Sequential(*parts)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:

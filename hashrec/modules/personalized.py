@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from hashrec.modules.activation import create_activation
+from hashrec.modules.dropout import Dropout
 
 
 class GateNU(nn.Module):
@@ -83,7 +84,7 @@ class PPNetLayer(nn.Module):
         self.linear = nn.Linear(in_dim, units)
         self.activation = create_activation(activation, units)
         self.gate = GateNU(prior_dim, units, units, gamma)
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.dropout = Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.activation(self.linear(x)) * self.gate(prior))

@@ -32,6 +32,7 @@ from torch import nn
 from torch.nn import functional
 
 from hashrec.modules.din import sequence_mask
+from hashrec.modules.dropout import dropout
 
 POSTPROCESSORS = ("l2norm_postprocessor", "layernorm_postprocessor",
                   "timestamp_layernorm_postprocessor")
@@ -142,7 +143,7 @@ class STULayer(nn.Module):
                 attended, [heads * hidden], self.output_norm_weight, self.output_norm_bias,
                 1e-6)
         y = torch.cat([u, attended, u * normed_attended], dim=-1)
-        y = functional.dropout(y, p=self.dropout_ratio, training=self.training)
+        y = dropout(y, self.dropout_ratio, self.training)
         return x + torch.matmul(y, self.output_weight)
 
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from hashrec.models.errors import ModelError
 from hashrec.models.feature_groups import SEQUENCE, GroupSpec
+from hashrec.modules.dropout import dropout
 
 
 class NoInputLayer(nn.Module):
@@ -65,7 +66,7 @@ class InputLayerNode(nn.Module):
         if self.training:
             rate = self.dropout[variant]
             if rate > 0.0:
-                x = nn.functional.dropout(x, rate, True)
+                x = dropout(x, rate, True)
             rate = self.feature_dropout[variant]
             if rate > 0.0:
                 keep = 1.0 - rate

@@ -31,6 +31,7 @@ from hashrec.models.mlp_config import mlp_options, optional_mlp
 from hashrec.models.mmoe import gate_mix
 from hashrec.modules import MLP, CrossV2, DINAttention, FactorizationMachine
 from hashrec.modules.cross import Cross
+from hashrec.modules.dropout import Dropout
 from hashrec.modules.masknet import MaskBlock, MaskBlockOptions
 
 # A SEQUENCE group's value: [query (B, Dq), sequence (B, L, Ds), lengths (B,)].
@@ -115,7 +116,7 @@ class AddAll(nn.Module):
 
 _TORCH_LAYERS = {
     "Linear": (nn.Linear, ("in_features", "out_features", "bias")),
-    "Dropout": (nn.Dropout, ("p",)),
+    "Dropout": (Dropout, ("p",)),
     "LayerNorm": (nn.LayerNorm, ("normalized_shape", "eps")),
     "BatchNorm1d": (nn.BatchNorm1d, ("num_features", "eps", "momentum")),
     "ReLU": (nn.ReLU, ()), "Sigmoid": (nn.Sigmoid, ()), "Tanh": (nn.Tanh, ()),
