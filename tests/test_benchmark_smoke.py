@@ -82,6 +82,15 @@ def test_hitrate_benchmark_times_each_way(tmp_path):
         "chunked", "one_chunk", "masked_amax", "matmul_only"}
 
 
+def test_dropout_benchmark_times_both_ways_alone_and_in_a_layer(tmp_path):
+    out = _smoke("bench_dropout.py", "--out", str(tmp_path / "dropout"))
+    result = json.loads((tmp_path / "dropout.json").read_text())
+    assert set(result["median_ms"]) == {"op_torch", "op_hashrec", "stu_layer_torch",
+                                        "stu_layer_hashrec"}
+    assert all(ms > 0 for ms in result["median_ms"].values())
+    assert "| STU layer" in out and "| dropout of" in out
+
+
 def test_stu_ops_benchmark_times_each_part(tmp_path):
     out = _smoke("bench_stu_ops.py", "--out", str(tmp_path / "stu"))
     result = json.loads((tmp_path / "stu.json").read_text())
