@@ -48,6 +48,16 @@ def _train(data: str, tmp_path, graphs: bool, precision: str, weighted: bool = F
              "model_dir": str(tmp_path / f"model_{graphs}_{precision}")}
     config = apply_edit_config_json(base or load_pipeline_config(CONFIG), edits)
     torch.manual_seed(0)
+    session, loop, losses = _recording_loop(config)
+    for step, batch in enumerate(session.loader(data, "train")):
+        if step == STEPS:
+            break
+        loop.train_step(batch.to(session.device))
+    return losses, loop
+
+
+def _recording_loop(config):
+    """(session, training loop, the list its steps' losses are appended to) of ``config``."""
     session = build_session(config)
     loop = TrainLoop(session, LoopOptions.from_config(config), checkpoints.Resume())
     session.model.train()
@@ -55,11 +65,7 @@ def _train(data: str, tmp_path, graphs: bool, precision: str, weighted: bool = F
     record = loop.progress.record
     loop.progress.record = lambda n, loss, parts=None: (losses.append(float(loss)),
                                                         record(n, loss, parts))
-    for step, batch in enumerate(session.loader(data, "train")):
-        if step == STEPS:
-            break
-        loop.train_step(batch.to(session.device))
-    return losses, loop
+    return session, loop, losses
 
 
 def test_graphed_dense_network_gives_the_train_metrics_of_eager(tmp_path):
@@ -167,13 +173,7 @@ def _losses_of_one_batch(config, data: str, tmp_path, steps: int = 5) -> tuple[l
         "train_config.dense_optimizer.adam_optimizer.lr": 0.0,
         "train_config.sparse_optimizer.adagrad_optimizer.lr": 0.0,
         "train_config.dense_cuda_graph": True, "model_dir": str(tmp_path / "one_batch")})
-    session = build_session(config)
-    loop = TrainLoop(session, LoopOptions.from_config(config), checkpoints.Resume())
-    session.model.train()
-    losses = []
-    record = loop.progress.record
-    loop.progress.record = lambda n, loss, parts=None: (losses.append(float(loss)),
-                                                        record(n, loss, parts))
+    session, loop, losses = _recording_loop(config)
     batch = next(iter(session.loader(data, "train"))).to(session.device)
     for _ in range(steps):
         loop.train_step(batch)
