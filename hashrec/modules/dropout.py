@@ -7,7 +7,7 @@ is slow (2 cores, 7.7M values: 46 ms, ``rand`` 25 ms). Here one 64-bit draw give
 scaled by 1 / (1 - p) as torch's are. The draws come from torch's CPU generator (one seed,
 one mask). A scripted module draws ``rand`` instead (TorchScript has no dtype views); the
 exported models run in eval, without dropout. On CUDA torch's fused kernel stays (a
-captured graph draws new masks there at every replay).
+captured graph draws new masks there at every replay), as on any device but the CPU.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     1 / (1 - p) in training; ``x`` itself otherwise. Shapes: any -> the same."""
     if not training or p == 0.0:
         return x
-    if x.is_cuda or p >= 1.0:
+    if x.device.type != "cpu" or p >= 1.0:
         return functional.dropout(x, p, True)
     if torch.jit.is_scripting():
         kept = torch.rand_like(x) >= p  # TorchScript has no dtype views

@@ -49,6 +49,11 @@ def test_cpu_dropout_keeps_dtype_and_shape_and_is_off_in_eval(dtype):
     assert torch.equal(dropout(x, 1.0, True), torch.zeros_like(x))
 
 
+def test_other_devices_than_the_cpu_take_torchs_dropout():
+    x = torch.ones(3, 4, device="meta")
+    assert dropout(x, 0.5, True).device.type == "meta"
+
+
 def test_the_layer_is_an_nn_dropout_that_scripts():
     layer = Dropout(0.25)
     assert isinstance(layer, torch.nn.Dropout)
