@@ -100,3 +100,13 @@ def test_stu_ops_benchmark_times_each_part(tmp_path):
         assert result[f"{part}_ms"] > 0, part
     # the two norms are one computation
     assert result["max_abs_difference"] < 1e-4
+
+
+def test_hstu_attention_benchmark_times_both_ways(tmp_path):
+    out = _smoke("bench_hstu_attention.py", "--out", str(tmp_path / "attention"))
+    result = json.loads((tmp_path / "attention.json").read_text())
+    for part in ("attention", "stu_layer", "hstu_block"):
+        assert f"| {part} |" in out, part
+        assert result[f"{part}_reference_ms"] > 0 and result[f"{part}_triton_ms"] > 0, part
+    # the interpreted kernels under BF16 autocast stay within half precision of the reference
+    assert all(result[f"{name}_relative_difference"] < 3e-2 for name in ("out", "dq", "dk", "dv"))

@@ -33,6 +33,7 @@ from torch.nn import functional
 
 from hashrec.modules.din import sequence_mask
 from hashrec.modules.dropout import dropout
+from hashrec.modules.hstu_attention import hstu_attention
 
 LINEAR_ACTIVATIONS = ("silu", "none")
 
@@ -79,12 +80,10 @@ class HSTUBlock(nn.Module):
             projected = functional.silu(projected)
         u, v, q, k = torch.split(
             projected, [values, values, heads * self.attn_dim, heads * self.attn_dim], dim=-1)
-        scores = torch.einsum("bnhd,bmhd->bhnm",
-                              q.reshape(batch, length, heads, self.attn_dim),
-                              k.reshape(batch, length, heads, self.attn_dim))
-        weights = functional.silu(scores) / positions * allowed.to(scores.dtype)
-        attended = torch.einsum("bhnm,bmhd->bnhd", weights,
-                                v.reshape(batch, length, heads, self.linear_dim))
+        attended = hstu_attention(q.reshape(batch, length, heads, self.attn_dim),
+                                  k.reshape(batch, length, heads, self.attn_dim),
+                                  v.reshape(batch, length, heads, self.linear_dim), allowed,
+                                  1.0, positions)
         gated = u * _normalize(attended.reshape(batch, length, values), values)
         gated = dropout(gated, self.dropout_rate, self.training)
         return x + self.output(gated)

@@ -33,6 +33,7 @@ from torch.nn import functional
 
 from hashrec.modules.din import sequence_mask
 from hashrec.modules.dropout import dropout
+from hashrec.modules.hstu_attention import hstu_attention
 
 POSTPROCESSORS = ("l2norm_postprocessor", "layernorm_postprocessor",
                   "timestamp_layernorm_postprocessor")
@@ -123,11 +124,10 @@ class STULayer(nn.Module):
         u, v, q, k = torch.split(uvqk, [heads * hidden, heads * hidden, heads * attention,
                                         heads * attention], dim=-1)
         u = functional.silu(u)
-        scores = torch.einsum("bnha,bmha->bhnm", q.reshape(batch, length, heads, attention),
-                              k.reshape(batch, length, heads, attention)) * self.alpha
-        weights = functional.silu(scores) / self.scaling * allowed.unsqueeze(1).to(x.dtype)
-        attended = torch.einsum("bhnm,bmhd->bnhd", weights,
-                                v.reshape(batch, length, heads, hidden))
+        attended = hstu_attention(q.reshape(batch, length, heads, attention),
+                                  k.reshape(batch, length, heads, attention),
+                                  v.reshape(batch, length, heads, hidden), allowed,
+                                  self.alpha, self.scaling)
         attended = attended.reshape(batch, length, heads * hidden)
         if self.use_group_norm:
             # A GroupNorm of a group a head, as a LayerNorm of each head's values and the

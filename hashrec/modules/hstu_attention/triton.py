@@ -1,0 +1,259 @@
+"""Triton HSTU attention with the reference's signature (see ``reference.py``).
+
+The reference builds the (B, H, L, L) scores and weights in memory, and autograd keeps
+several such tensors for the backward: at dlrm_hstu's training shapes (8,192 rows of 78
+positions, 4 heads) each is 200M values, written and read about a dozen times a layer
+and step. Here one program takes a (row, head) and a tile of BLOCK positions: the
+forward computes its scores tile by tile against the row's keys, applies SiLU, the
+divisor and the mask in registers and accumulates the weighted values; the backward
+recomputes the tiles (keys and values one kernel, queries another, so that no two
+programs add into one gradient and the result does not depend on their timing). Only the
+(B, L, L) mask is read besides q, k, v and the output gradient.
+
+q, k and v may be strided views (the split of one projection); their last dimension
+must be contiguous. Scores and weights are float32 in registers; the tile products run
+in the inputs' dtype (float32 inputs in IEEE float32, not TF32).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hashrec.table.ops.launch import cdiv, fast_launch
+
+_BLOCK = 64  # positions a tile, queries and keys alike (fewer for short rows)
+_WARPS = 4
+
+
+@triton.jit
+def _tile_weights(q, k, mask_ptr, mask_row, n, m, length, alpha, inv_divisor,
+                  IEEE: tl.constexpr):
+    """Scores s = alpha q k^T of a (BLOCK, BLOCK) tile and its mask (float32, 0/1)."""
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * alpha
+    else:
+        s = tl.dot(q, tl.trans(k)) * alpha
+    inside = (n[:, None] < length) & (m[None, :] < length)
+    allowed = tl.load(mask_ptr + mask_row + n[:, None] * length + m[None, :], mask=inside,
+                      other=0)
+    keep = tl.where(allowed != 0, inv_divisor, 0.0)
+    return s, keep
+
+
+@fast_launch
+@triton.jit
+def _forward_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, length, heads,
+                    q_b, q_l, q_h, k_b, k_l, k_h, v_b, v_l, v_h, mask_b, o_b, o_l, o_h,
+                    alpha, inv_divisor, A: tl.constexpr, DV: tl.constexpr,
+                    BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr,
+                    IEEE: tl.constexpr):
+    """out[n] = sum_m silu(s[n, m]) / divisor * allowed[n, m] * v[m] for BLOCK queries n."""
+    row_head = tl.program_id(1)
+    b = (row_head // heads).to(tl.int64)
+    h = row_head % heads
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    a = tl.arange(0, BLOCK_A)
+    d = tl.arange(0, BLOCK_DV)
+    q = tl.load(q_ptr + b * q_b + h * q_h + n[:, None] * q_l + a[None, :],
+                mask=(n[:, None] < length) & (a[None, :] < A), other=0.0)
+    acc = tl.zeros((BLOCK, BLOCK_DV), dtype=tl.float32)
+    start = 0
+    while start < length:  # range() over a runtime bound fails interpreted
+        m = start + tl.arange(0, BLOCK)
+        k = tl.load(k_ptr + b * k_b + h * k_h + m[:, None] * k_l + a[None, :],
+                    mask=(m[:, None] < length) & (a[None, :] < A), other=0.0)
+        v = tl.load(v_ptr + b * v_b + h * v_h + m[:, None] * v_l + d[None, :],
+                    mask=(m[:, None] < length) & (d[None, :] < DV), other=0.0)
+        s, keep = _tile_weights(q, k, mask_ptr, b * mask_b, n, m, length, alpha,
+                                inv_divisor, IEEE)
+        w = s * tl.sigmoid(s) * keep
+        if IEEE:
+            acc += tl.dot(w.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc += tl.dot(w.to(v.dtype), v)
+        start += BLOCK
+    tl.store(out_ptr + b * o_b + h * o_h + n[:, None] * o_l + d[None, :],
+             acc.to(out_ptr.dtype.element_ty),
+             mask=(n[:, None] < length) & (d[None, :] < DV))
+
+
+@fast_launch
+@triton.jit
+def _keys_values_kernel(q_ptr, k_ptr, v_ptr, do_ptr, mask_ptr, dk_ptr, dv_ptr, length,
+                        heads, q_b, q_l, q_h, k_b, k_l, k_h, v_b, v_l, v_h, do_b, do_l,
+                        do_h, mask_b, alpha, inv_divisor, A: tl.constexpr,
+                        DV: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr,
+                        BLOCK: tl.constexpr, IEEE: tl.constexpr):
+    """dk and dv of BLOCK keys m, over every query n (dk, dv (B, L, H, .) contiguous)."""
+    row_head = tl.program_id(1)
+    b = (row_head // heads).to(tl.int64)
+    h = row_head % heads
+    m = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    a = tl.arange(0, BLOCK_A)
+    d = tl.arange(0, BLOCK_DV)
+    k_in = (m[:, None] < length) & (a[None, :] < A)
+    v_in = (m[:, None] < length) & (d[None, :] < DV)
+    k = tl.load(k_ptr + b * k_b + h * k_h + m[:, None] * k_l + a[None, :], mask=k_in,
+                other=0.0)
+    v = tl.load(v_ptr + b * v_b + h * v_h + m[:, None] * v_l + d[None, :], mask=v_in,
+                other=0.0)
+    dk = tl.zeros((BLOCK, BLOCK_A), dtype=tl.float32)
+    dv = tl.zeros((BLOCK, BLOCK_DV), dtype=tl.float32)
+    start = 0
+    while start < length:  # range() over a runtime bound fails interpreted
+        n = start + tl.arange(0, BLOCK)
+        q = tl.load(q_ptr + b * q_b + h * q_h + n[:, None] * q_l + a[None, :],
+                    mask=(n[:, None] < length) & (a[None, :] < A), other=0.0)
+        do = tl.load(do_ptr + b * do_b + h * do_h + n[:, None] * do_l + d[None, :],
+                     mask=(n[:, None] < length) & (d[None, :] < DV), other=0.0)
+        s, keep = _tile_weights(q, k, mask_ptr, b * mask_b, n, m, length, alpha,
+                                inv_divisor, IEEE)
+        sig = tl.sigmoid(s)
+        w = s * sig * keep
+        if IEEE:
+            dv += tl.dot(tl.trans(w.to(do.dtype)), do, input_precision="ieee")
+            dw = tl.dot(do, tl.trans(v), input_precision="ieee")
+        else:
+            dv += tl.dot(tl.trans(w.to(do.dtype)), do)
+            dw = tl.dot(do, tl.trans(v))
+        ds = dw * keep * sig * (1.0 + s * (1.0 - sig)) * alpha
+        if IEEE:
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision="ieee")
+        else:
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+        start += BLOCK
+    out = b * length * heads + m[:, None] * heads + h
+    tl.store(dk_ptr + out * A + a[None, :], dk.to(dk_ptr.dtype.element_ty), mask=k_in)
+    tl.store(dv_ptr + out * DV + d[None, :], dv.to(dv_ptr.dtype.element_ty), mask=v_in)
+
+
+@fast_launch
+@triton.jit
+def _queries_kernel(q_ptr, k_ptr, v_ptr, do_ptr, mask_ptr, dq_ptr, length, heads,
+                    q_b, q_l, q_h, k_b, k_l, k_h, v_b, v_l, v_h, do_b, do_l, do_h, mask_b,
+                    alpha, inv_divisor, A: tl.constexpr, DV: tl.constexpr,
+                    BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr,
+                    IEEE: tl.constexpr):
+    """dq of BLOCK queries n, over every key m (dq (B, L, H, A) contiguous)."""
+    row_head = tl.program_id(1)
+    b = (row_head // heads).to(tl.int64)
+    h = row_head % heads
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    a = tl.arange(0, BLOCK_A)
+    d = tl.arange(0, BLOCK_DV)
+    q_in = (n[:, None] < length) & (a[None, :] < A)
+    q = tl.load(q_ptr + b * q_b + h * q_h + n[:, None] * q_l + a[None, :], mask=q_in,
+                other=0.0)
+    do = tl.load(do_ptr + b * do_b + h * do_h + n[:, None] * do_l + d[None, :],
+                 mask=(n[:, None] < length) & (d[None, :] < DV), other=0.0)
+    dq = tl.zeros((BLOCK, BLOCK_A), dtype=tl.float32)
+    start = 0
+    while start < length:  # range() over a runtime bound fails interpreted
+        m = start + tl.arange(0, BLOCK)
+        k = tl.load(k_ptr + b * k_b + h * k_h + m[:, None] * k_l + a[None, :],
+                    mask=(m[:, None] < length) & (a[None, :] < A), other=0.0)
+        v = tl.load(v_ptr + b * v_b + h * v_h + m[:, None] * v_l + d[None, :],
+                    mask=(m[:, None] < length) & (d[None, :] < DV), other=0.0)
+        s, keep = _tile_weights(q, k, mask_ptr, b * mask_b, n, m, length, alpha,
+                                inv_divisor, IEEE)
+        sig = tl.sigmoid(s)
+        if IEEE:
+            dw = tl.dot(do, tl.trans(v), input_precision="ieee")
+        else:
+            dw = tl.dot(do, tl.trans(v))
+        ds = dw * keep * sig * (1.0 + s * (1.0 - sig)) * alpha
+        if IEEE:
+            dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
+        else:
+            dq += tl.dot(ds.to(k.dtype), k)
+        start += BLOCK
+    out = b * length * heads + n[:, None] * heads + h
+    tl.store(dq_ptr + out * A + a[None, :], dq.to(dq_ptr.dtype.element_ty), mask=q_in)
+
+
+def _block(size: int) -> int:
+    """A tile side for ``size`` values: a power of two, 16 at least (``tl.dot``)."""
+    return max(16, triton.next_power_of_2(size))
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _mask_bytes(allowed: torch.Tensor, batch: int, length: int
+                ) -> tuple[torch.Tensor, int]:
+    """(the mask as contiguous uint8, its row stride: 0 where one (L, L) mask serves all)."""
+    if allowed.dtype != torch.bool:
+        raise ValueError(f"allowed must be bool, got {allowed.dtype}")
+    shape = (length, length) if allowed.dim() == 2 else (batch, length, length)
+    if tuple(allowed.shape) != shape:
+        raise ValueError(f"allowed must be (L, L) or (B, L, L) = {(batch, length, length)}, "
+                         f"got {tuple(allowed.shape)}")
+    mask = allowed.contiguous().view(torch.uint8)
+    return mask, 0 if allowed.dim() == 2 else length * length
+
+
+def _launch_shape(q: torch.Tensor, v: torch.Tensor) -> dict:
+    length, a, dv = q.shape[1], q.shape[3], v.shape[3]
+    return {"A": a, "DV": dv, "BLOCK_A": _block(a), "BLOCK_DV": _block(dv),
+            "BLOCK": min(_BLOCK, _block(length)), "IEEE": q.dtype == torch.float32}
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"q, k must be (B, L, H, A) and v (B, L, H, Dv) alike, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    return q
+
+
+def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(3) == 1 else t.contiguous()
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, allowed, alpha, divisor):
+        batch, length, heads = q.shape[0], q.shape[1], q.shape[2]
+        q, k, v = (_last_contiguous(t) for t in (q, k, v))
+        mask, mask_b = _mask_bytes(allowed, batch, length)
+        shape = _launch_shape(q, v)
+        out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        if out.numel():
+            grid = (cdiv(length, shape["BLOCK"]), batch * heads)
+            _forward_kernel[grid](q, k, v, mask, out, length, heads, *_strides(q),
+                                  *_strides(k), *_strides(v), mask_b, *_strides(out),
+                                  float(alpha), 1.0 / float(divisor), **shape,
+                                  num_warps=_WARPS)
+        ctx.save_for_backward(q, k, v, mask)
+        ctx.mask_b, ctx.alpha, ctx.divisor = mask_b, float(alpha), float(divisor)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, mask = ctx.saved_tensors
+        grad = _last_contiguous(grad.to(v.dtype))
+        batch, length, heads = q.shape[0], q.shape[1], q.shape[2]
+        shape = _launch_shape(q, v)
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        if q.numel() or v.numel():
+            grid = (cdiv(length, shape["BLOCK"]), batch * heads)
+            common = (length, heads, *_strides(q), *_strides(k), *_strides(v),
+                      *_strides(grad), ctx.mask_b, ctx.alpha, 1.0 / ctx.divisor)
+            _keys_values_kernel[grid](q, k, v, grad, mask, dk, dv, *common, **shape,
+                                      num_warps=_WARPS)
+            _queries_kernel[grid](q, k, v, grad, mask, dq, *common, **shape,
+                                  num_warps=_WARPS)
+        return dq, dk, dv, None, None, None
+
+
+def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   allowed: torch.Tensor, alpha: float, divisor: float) -> torch.Tensor:
+    """See ``reference.hstu_attention``; the output in v's dtype."""
+    _check(q, k, v)
+    return _Attention.apply(q, k, v, allowed, alpha, divisor)

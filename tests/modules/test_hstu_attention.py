@@ -1,0 +1,129 @@
+"""hstu_attention: the Triton kernels against the PyTorch reference, forward and backward
+(the interpreter on CPU; CUDA where present)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="triton is not installed")
+
+from hashrec.modules.hstu_attention import reference  # noqa: E402
+from hashrec.modules.hstu_attention import triton as kernel  # noqa: E402
+from hashrec.modules.stu import stu_mask  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _inputs(batch, length, heads, a, dv, seed, strided=True):
+    """q, k, v as views of one projection (B, L, H * (2A + Dv)), as the layers split them."""
+    g = torch.Generator().manual_seed(seed)
+    width = heads * (2 * a + dv)
+    projected = torch.randn(batch, length, width, generator=g).to(DEVICE)
+    if not strided:
+        projected = projected[..., :width]
+    q, k, v = torch.split(projected, [heads * a, heads * a, heads * dv], dim=-1)
+    return (q.reshape(batch, length, heads, a), k.reshape(batch, length, heads, a),
+            v.reshape(batch, length, heads, dv))
+
+
+def _leaves(*tensors):
+    return [t.detach().clone().requires_grad_(True) for t in tensors]
+
+
+def _compare(q, k, v, allowed, alpha, divisor, seed=0, atol=1e-4):
+    g = torch.Generator().manual_seed(seed + 100)
+    grad = torch.randn(v.shape, generator=g).to(DEVICE)
+    ref = _leaves(q, k, v)
+    got = _leaves(q, k, v)
+    want = reference.hstu_attention(*ref, allowed, alpha, divisor)
+    out = kernel.hstu_attention(*got, allowed, alpha, divisor)
+    torch.testing.assert_close(out, want, atol=atol, rtol=1e-4)
+    (want * grad).sum().backward()
+    (out * grad).sum().backward()
+    for name, r, t in zip("qkv", ref, got):
+        torch.testing.assert_close(t.grad, r.grad, atol=atol, rtol=1e-4, msg=f"d{name}")
+
+
+@pytest.mark.parametrize("case", [
+    # (batch, length, heads, A, Dv, contextual, targets, window)
+    (2, 13, 2, 8, 8, 0, False, 0),       # sizes below a tile, padded dims
+    (3, 21, 2, 16, 32, 2, True, 0),      # contextual tokens and targets
+    (2, 19, 1, 8, 4, 1, False, 5),       # a window
+    (1, 70, 2, 8, 8, 0, True, 0),        # two tiles of 64 positions
+], ids=["small", "contextual-targets", "window", "two-tiles"])
+def test_kernels_match_reference(case):
+    batch, length, heads, a, dv, contextual, targets, window = case
+    g = torch.Generator().manual_seed(length)
+    lengths = torch.randint(contextual + 2, length + 1, (batch,), generator=g)
+    lengths[0] = length  # one full row
+    num_targets = torch.minimum(torch.full((batch,), 3), lengths - contextual - 1) \
+        if targets else None
+    allowed = stu_mask(lengths, length, contextual, window, num_targets).to(DEVICE)
+    q, k, v = _inputs(batch, length, heads, a, dv, seed=length)
+    _compare(q, k, v, allowed, alpha=0.35, divisor=float(length))
+
+
+def test_one_mask_for_every_row_and_contiguous_inputs():
+    length = 17
+    steps = torch.arange(length)
+    allowed = (steps.unsqueeze(1) >= steps.unsqueeze(0)).to(DEVICE)  # (L, L), HSTU encoder's
+    q, k, v = _inputs(3, length, 2, 16, 16, seed=5, strided=False)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    _compare(q, k, v, allowed, alpha=1.0, divisor=7.0)
+
+
+def test_masked_positions_read_nothing():
+    """Noise at positions no one reads changes no output of the rest."""
+    batch, length, heads = 2, 12, 2
+    lengths = torch.tensor([12, 7])
+    allowed = stu_mask(lengths, length).to(DEVICE)
+    q, k, v = _inputs(batch, length, heads, 8, 8, seed=3)
+    noisy = [t.clone() for t in (q, k, v)]
+    for t in noisy:
+        t[1, 7:] = 5 * torch.randn(t[1, 7:].shape, device=DEVICE)
+    clean = kernel.hstu_attention(q, k, v, allowed, 0.5, 12.0)
+    dirty = kernel.hstu_attention(*noisy, allowed, 0.5, 12.0)
+    torch.testing.assert_close(dirty[1, :7], clean[1, :7])
+    torch.testing.assert_close(dirty[0], clean[0])
+
+
+def test_errors_name_the_shapes():
+    q, k, v = _inputs(2, 5, 1, 8, 8, seed=0)
+    with pytest.raises(ValueError, match="bool"):
+        kernel.hstu_attention(q, k, v, torch.ones(2, 5, 5, device=DEVICE), 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"\(L, L\) or \(B, L, L\)"):
+        kernel.hstu_attention(q, k, v, torch.ones(2, 4, 4, dtype=torch.bool, device=DEVICE),
+                              1.0, 1.0)
+    with pytest.raises(ValueError, match="share a dtype"):
+        kernel.hstu_attention(q, k, v.double(), torch.ones(5, 5, dtype=torch.bool,
+                                                           device=DEVICE), 1.0, 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_match_reference_in_float32(dtype):
+    """Half-precision q, k, v (an autocast step's): within half precision's error of the
+    float32 reference at dlrm_hstu's layer shapes."""
+    batch, length, heads = 64, 78, 4
+    lengths = torch.randint(20, length + 1, (batch,))
+    allowed = stu_mask(lengths, length, 2, 0, torch.full((batch,), 8)).cuda()
+    q, k, v = _inputs(batch, length, heads, 32, 32, seed=1)
+    grad = torch.randn(v.shape, device=DEVICE)
+    ref = _leaves(q, k, v)
+    want = reference.hstu_attention(*ref, allowed, 1 / 32 ** 0.5, float(length))
+    (want * grad).sum().backward()
+    got = _leaves(*(t.to(dtype) for t in (q, k, v)))
+    out = kernel.hstu_attention(*got, allowed, 1 / 32 ** 0.5, float(length))
+    (out.float() * grad).sum().backward()
+    assert out.dtype == dtype
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    scale = want.abs().max()
+    assert (out.float() - want).abs().max() <= tol * scale
+    for r, t in zip(ref, got):
+        assert (t.grad.float() - r.grad).abs().max() <= tol * r.grad.abs().max()
