@@ -127,3 +127,13 @@ def test_half_inputs_match_reference_in_float32(dtype):
     assert (out.float() - want).abs().max() <= tol * scale
     for r, t in zip(ref, got):
         assert (t.grad.float() - r.grad).abs().max() <= tol * r.grad.abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_more_rows_and_heads_than_a_grid_axis_of_65535():
+    batch, length, heads = 20_000, 9, 4
+    lengths = torch.randint(1, length + 1, (batch,))
+    allowed = stu_mask(lengths, length).cuda()
+    q, k, v = _inputs(batch, length, heads, 16, 16, seed=2)
+    _compare(q, k, v, allowed, alpha=0.25, divisor=9.0)

@@ -50,10 +50,10 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, length, heads,
                     BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr,
                     IEEE: tl.constexpr):
     """out[n] = sum_m silu(s[n, m]) / divisor * allowed[n, m] * v[m] for BLOCK queries n."""
-    row_head = tl.program_id(1)
+    row_head = tl.program_id(0)  # on axis 0: B * H may pass axis 1's 65,535
     b = (row_head // heads).to(tl.int64)
     h = row_head % heads
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     a = tl.arange(0, BLOCK_A)
     d = tl.arange(0, BLOCK_DV)
     q = tl.load(q_ptr + b * q_b + h * q_h + n[:, None] * q_l + a[None, :],
@@ -87,10 +87,10 @@ def _keys_values_kernel(q_ptr, k_ptr, v_ptr, do_ptr, mask_ptr, dk_ptr, dv_ptr, l
                         DV: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr,
                         BLOCK: tl.constexpr, IEEE: tl.constexpr):
     """dk and dv of BLOCK keys m, over every query n (dk, dv (B, L, H, .) contiguous)."""
-    row_head = tl.program_id(1)
+    row_head = tl.program_id(0)  # on axis 0: B * H may pass axis 1's 65,535
     b = (row_head // heads).to(tl.int64)
     h = row_head % heads
-    m = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     a = tl.arange(0, BLOCK_A)
     d = tl.arange(0, BLOCK_DV)
     k_in = (m[:, None] < length) & (a[None, :] < A)
@@ -137,10 +137,10 @@ def _queries_kernel(q_ptr, k_ptr, v_ptr, do_ptr, mask_ptr, dq_ptr, length, heads
                     BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr,
                     IEEE: tl.constexpr):
     """dq of BLOCK queries n, over every key m (dq (B, L, H, A) contiguous)."""
-    row_head = tl.program_id(1)
+    row_head = tl.program_id(0)  # on axis 0: B * H may pass axis 1's 65,535
     b = (row_head // heads).to(tl.int64)
     h = row_head % heads
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     a = tl.arange(0, BLOCK_A)
     d = tl.arange(0, BLOCK_DV)
     q_in = (n[:, None] < length) & (a[None, :] < A)
@@ -223,7 +223,7 @@ class _Attention(torch.autograd.Function):
         shape = _launch_shape(q, v)
         out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         if out.numel():
-            grid = (cdiv(length, shape["BLOCK"]), batch * heads)
+            grid = (batch * heads, cdiv(length, shape["BLOCK"]))
             _forward_kernel[grid](q, k, v, mask, out, length, heads, *_strides(q),
                                   *_strides(k), *_strides(v), mask_b, *_strides(out),
                                   float(alpha), 1.0 / float(divisor), **shape,
@@ -242,7 +242,7 @@ class _Attention(torch.autograd.Function):
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         if q.numel() or v.numel():
-            grid = (cdiv(length, shape["BLOCK"]), batch * heads)
+            grid = (batch * heads, cdiv(length, shape["BLOCK"]))
             common = (length, heads, *_strides(q), *_strides(k), *_strides(v),
                       *_strides(grad), ctx.mask_b, ctx.alpha, 1.0 / ctx.divisor)
             _keys_values_kernel[grid](q, k, v, grad, mask, dk, dv, *common, **shape,
