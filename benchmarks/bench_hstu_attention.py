@@ -47,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--head_dim", type=int, default=32)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--sweep", action="store_true",
+                   help="also time the kernels at other tile sides and warp counts")
     p.add_argument("--out", default=None, help="path prefix for .json and .md")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
     args = p.parse_args(argv)
@@ -101,6 +103,18 @@ def op(args, device, allowed) -> dict:
         with torch.autocast(device.type, dtype=torch.bfloat16):
             out = fn(*leaves, allowed, d ** -0.5, float(n)).float()
         outs[way] = [out] + [leaf.grad.float().clone() for leaf in leaves]
+    if args.sweep:
+        block, warps = kernels._BLOCK, kernels._WARPS
+        try:
+            for kernels._BLOCK in (16, 32, 64, 128):
+                for kernels._WARPS in (2, 4, 8):
+                    run = _step(lambda: kernels.hstu_attention(*leaves, allowed, d ** -0.5,
+                                                               float(n)), leaves, grad)
+                    result.setdefault("sweep", []).append(
+                        {"block": kernels._BLOCK, "warps": kernels._WARPS,
+                         "ms": time_ms(run, args.reps)})
+        finally:
+            kernels._BLOCK, kernels._WARPS = block, warps
     for name, r, t in zip(("out", "dq", "dk", "dv"), outs["reference"], outs["triton"]):
         result[f"{name}_relative_difference"] = float((t - r).abs().max()
                                                       / r.abs().max().clamp(min=1e-30))
@@ -151,13 +165,19 @@ def markdown(r: dict) -> str:
               "(largest difference over the largest value): " + ", ".join(
                   f"{name} {r[f'{name}_relative_difference']:.1e}"
                   for name in ("out", "dq", "dk", "dv")) + "."]
+    if "sweep" in r:
+        lines += ["", f"The kernels alone at other tile sides and warp counts (the library's: "
+                  f"{r['block']} positions, {r['warps']} warps):", "",
+                  "| tile side | warps | ms |", "| --- | --- | --- |"]
+        lines += [f"| {e['block']} | {e['warps']} | {e['ms']:.3f} |" for e in r["sweep"]]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    r = {"command": command_line(), "env": environment(), "args": vars(args)}
+    r = {"command": command_line(), "env": environment(), "args": vars(args),
+         "block": kernels._BLOCK, "warps": kernels._WARPS}
     allowed = _mask(args, device)
     r.update(op(args, device, allowed))
     r.update(layers(args, device, allowed))
