@@ -106,8 +106,8 @@ def op(args, device, allowed) -> dict:
     if args.sweep:
         block, warps = kernels._BLOCK, kernels._WARPS
         try:
-            for kernels._BLOCK in (16, 32, 64, 128):
-                for kernels._WARPS in (2, 4, 8):
+            for kernels._BLOCK in (32, 64, 128):
+                for kernels._WARPS in (4, 8):
                     run = _step(lambda: kernels.hstu_attention(*leaves, allowed, d ** -0.5,
                                                                float(n)), leaves, grad)
                     result.setdefault("sweep", []).append(
