@@ -137,3 +137,17 @@ def test_more_rows_and_heads_than_a_grid_axis_of_65535():
     allowed = stu_mask(lengths, length).cuda()
     q, k, v = _inputs(batch, length, heads, 16, 16, seed=2)
     _compare(q, k, v, allowed, alpha=0.25, divisor=9.0)
+
+
+def test_setting_chooses_the_cuda_path_and_refuses_other_values(monkeypatch):
+    from hashrec.modules import hstu_attention
+    for raw, on in (("1", True), ("0", False)):
+        monkeypatch.setenv("HASHREC_HSTU_KERNELS", raw)
+        hstu_attention.kernels_on.cache_clear()
+        assert hstu_attention.kernels_on() is on
+    monkeypatch.setenv("HASHREC_HSTU_KERNELS", "2")
+    hstu_attention.kernels_on.cache_clear()
+    with pytest.raises(ValueError, match="HASHREC_HSTU_KERNELS must be 0 or 1"):
+        hstu_attention.kernels_on()
+    monkeypatch.delenv("HASHREC_HSTU_KERNELS")
+    hstu_attention.kernels_on.cache_clear()

@@ -4,16 +4,21 @@
                    * allowed[b, n, m] * v[b, m, h]
 
 ``reference.py`` is the CPU path and the kernels' oracle: it builds the (B, H, L, L)
-weights in memory. ``triton.py`` (CUDA) computes them tile by tile in registers, forward
-and backward, and stores none of them. Shapes and arguments: ``reference.hstu_attention``.
+weights in memory. ``triton.py`` computes them tile by tile in registers, forward and
+backward, and stores none of them; CUDA tensors take it where ``HASHREC_HSTU_KERNELS=1``
+(``HASHREC_FORCE_TRITON=1`` runs it on any device, interpreted on the CPU). Shapes and
+arguments: ``reference.hstu_attention``.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from hashrec.modules.hstu_attention import reference
 from hashrec.table.ops.dispatch import backend
+from hashrec.table.ops.launch import env_int
 
 
 def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -25,9 +30,25 @@ def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return _dispatched(q, k, v, allowed, alpha, divisor)
 
 
+# On CUDA the kernels run where HASHREC_HSTU_KERNELS=1; the default keeps the reference
+# until the kernels have been measured on a GPU against it.
+KERNELS_DEFAULT = 0
+
+
+@functools.cache
+def kernels_on() -> bool:
+    """Whether CUDA tensors take the Triton kernels (``HASHREC_HSTU_KERNELS``, 0 or 1)."""
+    value = env_int("HASHREC_HSTU_KERNELS", KERNELS_DEFAULT)
+    if value not in (0, 1):
+        raise ValueError(f"HASHREC_HSTU_KERNELS must be 0 or 1, got {value}")
+    return value == 1
+
+
 @torch.jit.unused
 def _dispatched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
                 alpha: float, divisor: float) -> torch.Tensor:
+    if q.device.type == "cuda" and not kernels_on():
+        return reference.hstu_attention(q, k, v, allowed, alpha, divisor)
     impl = backend(__name__, reference, q.device)
     return impl.hstu_attention(q, k, v, allowed, alpha, divisor)
 
