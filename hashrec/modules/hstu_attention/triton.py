@@ -28,18 +28,36 @@ _WARPS = 4
 
 
 @triton.jit
-def _tile_weights(q, k, mask_ptr, mask_row, n, m, length, alpha, inv_divisor,
-                  IEEE: tl.constexpr):
-    """Scores s = alpha q k^T of a (BLOCK, BLOCK) tile and its mask (float32, 0/1)."""
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b accumulated in float32; float32 tiles in IEEE float32 (IEEE), not TF32."""
     if IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * alpha
-    else:
-        s = tl.dot(q, tl.trans(k)) * alpha
-    inside = (n[:, None] < length) & (m[None, :] < length)
-    allowed = tl.load(mask_ptr + mask_row + n[:, None] * length + m[None, :], mask=inside,
-                      other=0)
-    keep = tl.where(allowed != 0, inv_divisor, 0.0)
-    return s, keep
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _tile(ptr, base, rows, row_stride, cols, length, width):
+    """The (rows, cols) tile at ptr + base + row * row_stride + col, 0 at rows past
+    ``length`` and columns past ``width``."""
+    return tl.load(ptr + base + rows[:, None] * row_stride + cols[None, :],
+                   mask=(rows[:, None] < length) & (cols[None, :] < width), other=0.0)
+
+
+@triton.jit
+def _scores(q, k, mask_ptr, mask_row, n, m, length, alpha, inv_divisor,
+            IEEE: tl.constexpr):
+    """A (BLOCK, BLOCK) tile of queries n and keys m: the scores s = alpha q k^T and each
+    weight's factor past SiLU (1 / divisor where n reads m, else 0), both float32."""
+    s = _dot(q, tl.trans(k), IEEE) * alpha
+    allowed = _tile(mask_ptr, mask_row, n, length, m, length, length)
+    return s, tl.where(allowed != 0, inv_divisor, 0.0)
+
+
+@triton.jit
+def _score_gradient(dw, s, keep, alpha):
+    """d loss / d (q k^T) from d loss / d weight: the weight is silu(s) * keep, s = alpha q k^T."""
+    sig = tl.sigmoid(s)
+    return dw * keep * sig * (1.0 + s * (1.0 - sig)) * alpha
 
 
 @fast_launch
@@ -56,23 +74,15 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, length, heads,
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     a = tl.arange(0, BLOCK_A)
     d = tl.arange(0, BLOCK_DV)
-    q = tl.load(q_ptr + b * q_b + h * q_h + n[:, None] * q_l + a[None, :],
-                mask=(n[:, None] < length) & (a[None, :] < A), other=0.0)
+    q = _tile(q_ptr, b * q_b + h * q_h, n, q_l, a, length, A)
     acc = tl.zeros((BLOCK, BLOCK_DV), dtype=tl.float32)
     start = 0
     while start < length:  # range() over a runtime bound fails interpreted
         m = start + tl.arange(0, BLOCK)
-        k = tl.load(k_ptr + b * k_b + h * k_h + m[:, None] * k_l + a[None, :],
-                    mask=(m[:, None] < length) & (a[None, :] < A), other=0.0)
-        v = tl.load(v_ptr + b * v_b + h * v_h + m[:, None] * v_l + d[None, :],
-                    mask=(m[:, None] < length) & (d[None, :] < DV), other=0.0)
-        s, keep = _tile_weights(q, k, mask_ptr, b * mask_b, n, m, length, alpha,
-                                inv_divisor, IEEE)
-        w = s * tl.sigmoid(s) * keep
-        if IEEE:
-            acc += tl.dot(w.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc += tl.dot(w.to(v.dtype), v)
+        k = _tile(k_ptr, b * k_b + h * k_h, m, k_l, a, length, A)
+        v = _tile(v_ptr, b * v_b + h * v_h, m, v_l, d, length, DV)
+        s, keep = _scores(q, k, mask_ptr, b * mask_b, n, m, length, alpha, inv_divisor, IEEE)
+        acc += _dot((s * tl.sigmoid(s) * keep).to(v.dtype), v, IEEE)
         start += BLOCK
     tl.store(out_ptr + b * o_b + h * o_h + n[:, None] * o_l + d[None, :],
              acc.to(out_ptr.dtype.element_ty),
@@ -87,46 +97,32 @@ def _keys_values_kernel(q_ptr, k_ptr, v_ptr, do_ptr, mask_ptr, dk_ptr, dv_ptr, l
                         DV: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr,
                         BLOCK: tl.constexpr, IEEE: tl.constexpr):
     """dk and dv of BLOCK keys m, over every query n (dk, dv (B, L, H, .) contiguous)."""
-    row_head = tl.program_id(0)  # on axis 0: B * H may pass axis 1's 65,535
+    row_head = tl.program_id(0)
     b = (row_head // heads).to(tl.int64)
     h = row_head % heads
     m = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     a = tl.arange(0, BLOCK_A)
     d = tl.arange(0, BLOCK_DV)
-    k_in = (m[:, None] < length) & (a[None, :] < A)
-    v_in = (m[:, None] < length) & (d[None, :] < DV)
-    k = tl.load(k_ptr + b * k_b + h * k_h + m[:, None] * k_l + a[None, :], mask=k_in,
-                other=0.0)
-    v = tl.load(v_ptr + b * v_b + h * v_h + m[:, None] * v_l + d[None, :], mask=v_in,
-                other=0.0)
+    k = _tile(k_ptr, b * k_b + h * k_h, m, k_l, a, length, A)
+    v = _tile(v_ptr, b * v_b + h * v_h, m, v_l, d, length, DV)
     dk = tl.zeros((BLOCK, BLOCK_A), dtype=tl.float32)
     dv = tl.zeros((BLOCK, BLOCK_DV), dtype=tl.float32)
     start = 0
-    while start < length:  # range() over a runtime bound fails interpreted
+    while start < length:
         n = start + tl.arange(0, BLOCK)
-        q = tl.load(q_ptr + b * q_b + h * q_h + n[:, None] * q_l + a[None, :],
-                    mask=(n[:, None] < length) & (a[None, :] < A), other=0.0)
-        do = tl.load(do_ptr + b * do_b + h * do_h + n[:, None] * do_l + d[None, :],
-                     mask=(n[:, None] < length) & (d[None, :] < DV), other=0.0)
-        s, keep = _tile_weights(q, k, mask_ptr, b * mask_b, n, m, length, alpha,
-                                inv_divisor, IEEE)
-        sig = tl.sigmoid(s)
-        w = s * sig * keep
-        if IEEE:
-            dv += tl.dot(tl.trans(w.to(do.dtype)), do, input_precision="ieee")
-            dw = tl.dot(do, tl.trans(v), input_precision="ieee")
-        else:
-            dv += tl.dot(tl.trans(w.to(do.dtype)), do)
-            dw = tl.dot(do, tl.trans(v))
-        ds = dw * keep * sig * (1.0 + s * (1.0 - sig)) * alpha
-        if IEEE:
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision="ieee")
-        else:
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+        q = _tile(q_ptr, b * q_b + h * q_h, n, q_l, a, length, A)
+        do = _tile(do_ptr, b * do_b + h * do_h, n, do_l, d, length, DV)
+        s, keep = _scores(q, k, mask_ptr, b * mask_b, n, m, length, alpha, inv_divisor, IEEE)
+        w = s * tl.sigmoid(s) * keep
+        dv += _dot(tl.trans(w.to(do.dtype)), do, IEEE)
+        ds = _score_gradient(_dot(do, tl.trans(v), IEEE), s, keep, alpha)
+        dk += _dot(tl.trans(ds.to(q.dtype)), q, IEEE)
         start += BLOCK
     out = b * length * heads + m[:, None] * heads + h
-    tl.store(dk_ptr + out * A + a[None, :], dk.to(dk_ptr.dtype.element_ty), mask=k_in)
-    tl.store(dv_ptr + out * DV + d[None, :], dv.to(dv_ptr.dtype.element_ty), mask=v_in)
+    tl.store(dk_ptr + out * A + a[None, :], dk.to(dk_ptr.dtype.element_ty),
+             mask=(m[:, None] < length) & (a[None, :] < A))
+    tl.store(dv_ptr + out * DV + d[None, :], dv.to(dv_ptr.dtype.element_ty),
+             mask=(m[:, None] < length) & (d[None, :] < DV))
 
 
 @fast_launch
@@ -137,40 +133,27 @@ def _queries_kernel(q_ptr, k_ptr, v_ptr, do_ptr, mask_ptr, dq_ptr, length, heads
                     BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr,
                     IEEE: tl.constexpr):
     """dq of BLOCK queries n, over every key m (dq (B, L, H, A) contiguous)."""
-    row_head = tl.program_id(0)  # on axis 0: B * H may pass axis 1's 65,535
+    row_head = tl.program_id(0)
     b = (row_head // heads).to(tl.int64)
     h = row_head % heads
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     a = tl.arange(0, BLOCK_A)
     d = tl.arange(0, BLOCK_DV)
-    q_in = (n[:, None] < length) & (a[None, :] < A)
-    q = tl.load(q_ptr + b * q_b + h * q_h + n[:, None] * q_l + a[None, :], mask=q_in,
-                other=0.0)
-    do = tl.load(do_ptr + b * do_b + h * do_h + n[:, None] * do_l + d[None, :],
-                 mask=(n[:, None] < length) & (d[None, :] < DV), other=0.0)
+    q = _tile(q_ptr, b * q_b + h * q_h, n, q_l, a, length, A)
+    do = _tile(do_ptr, b * do_b + h * do_h, n, do_l, d, length, DV)
     dq = tl.zeros((BLOCK, BLOCK_A), dtype=tl.float32)
     start = 0
-    while start < length:  # range() over a runtime bound fails interpreted
+    while start < length:
         m = start + tl.arange(0, BLOCK)
-        k = tl.load(k_ptr + b * k_b + h * k_h + m[:, None] * k_l + a[None, :],
-                    mask=(m[:, None] < length) & (a[None, :] < A), other=0.0)
-        v = tl.load(v_ptr + b * v_b + h * v_h + m[:, None] * v_l + d[None, :],
-                    mask=(m[:, None] < length) & (d[None, :] < DV), other=0.0)
-        s, keep = _tile_weights(q, k, mask_ptr, b * mask_b, n, m, length, alpha,
-                                inv_divisor, IEEE)
-        sig = tl.sigmoid(s)
-        if IEEE:
-            dw = tl.dot(do, tl.trans(v), input_precision="ieee")
-        else:
-            dw = tl.dot(do, tl.trans(v))
-        ds = dw * keep * sig * (1.0 + s * (1.0 - sig)) * alpha
-        if IEEE:
-            dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
-        else:
-            dq += tl.dot(ds.to(k.dtype), k)
+        k = _tile(k_ptr, b * k_b + h * k_h, m, k_l, a, length, A)
+        v = _tile(v_ptr, b * v_b + h * v_h, m, v_l, d, length, DV)
+        s, keep = _scores(q, k, mask_ptr, b * mask_b, n, m, length, alpha, inv_divisor, IEEE)
+        ds = _score_gradient(_dot(do, tl.trans(v), IEEE), s, keep, alpha)
+        dq += _dot(ds.to(k.dtype), k, IEEE)
         start += BLOCK
     out = b * length * heads + n[:, None] * heads + h
-    tl.store(dq_ptr + out * A + a[None, :], dq.to(dq_ptr.dtype.element_ty), mask=q_in)
+    tl.store(dq_ptr + out * A + a[None, :], dq.to(dq_ptr.dtype.element_ty),
+             mask=(n[:, None] < length) & (a[None, :] < A))
 
 
 def _block(size: int) -> int:
