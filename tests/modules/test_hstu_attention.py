@@ -259,3 +259,15 @@ def test_kernels_replay_from_a_cuda_graph_as_eager():
     torch.testing.assert_close(captured, eager)
     for t, want in zip((q, k, v), eager_grads):
         torch.testing.assert_close(t.grad, want)
+
+
+def test_importing_the_hstu_models_leaves_triton_unimported():
+    """Triton reads TRITON_INTERPRET when first imported: a model module importing it would
+    fix the kernels' mode for every test module collected after it."""
+    import subprocess
+    import sys
+    code = ("import sys; import hashrec.models.dlrm_hstu, hashrec.models.hstu_match, "
+            "hashrec.modules.hstu; print('triton' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "False"

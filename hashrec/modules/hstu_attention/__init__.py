@@ -13,12 +13,12 @@ arguments: ``reference.hstu_attention``.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 from hashrec.modules.hstu_attention import reference
 from hashrec.table.ops.dispatch import backend
-from hashrec.table.ops.launch import env_int
 
 
 def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -38,10 +38,12 @@ KERNELS_DEFAULT = 0
 @functools.cache
 def kernels_on() -> bool:
     """Whether CUDA tensors take the Triton kernels (``HASHREC_HSTU_KERNELS``, 0 or 1)."""
-    value = env_int("HASHREC_HSTU_KERNELS", KERNELS_DEFAULT)
-    if value not in (0, 1):
-        raise ValueError(f"HASHREC_HSTU_KERNELS must be 0 or 1, got {value}")
-    return value == 1
+    # read here, not through the kernel settings' helper: importing this package (every
+    # HSTU model does) must not import triton, which reads TRITON_INTERPRET once
+    value = os.environ.get("HASHREC_HSTU_KERNELS", str(KERNELS_DEFAULT))
+    if value not in ("0", "1"):
+        raise ValueError(f"HASHREC_HSTU_KERNELS must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 @torch.jit.unused
