@@ -271,3 +271,12 @@ def test_importing_the_hstu_models_leaves_triton_unimported():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_float64_takes_the_reference():
+    lengths = torch.tensor([6, 3])
+    allowed = stu_mask(lengths, 6).to(DEVICE)
+    q, k, v = (t.double() for t in _inputs(2, 6, 1, 8, 8, seed=7))
+    torch.testing.assert_close(kernel.hstu_attention(q, k, v, allowed, 0.5, 6.0),
+                               reference.hstu_attention(q, k, v, allowed, 0.5, 6.0),
+                               rtol=0, atol=0)

@@ -21,8 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
+from hashrec.modules.hstu_attention import reference
 from hashrec.table.ops.launch import cdiv, fast_launch
 
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _BLOCK = 64  # positions a tile, queries and keys alike (fewer for short rows)
 _WARPS = 4
 
@@ -237,6 +239,9 @@ class _Attention(torch.autograd.Function):
 
 def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    allowed: torch.Tensor, alpha: float, divisor: float) -> torch.Tensor:
-    """See ``reference.hstu_attention``; the output in v's dtype."""
+    """See ``reference.hstu_attention``; the output in v's dtype. Other dtypes than
+    float32, float16 and bfloat16 (float64, say) take the reference."""
     _check(q, k, v)
+    if q.dtype not in _KERNEL_DTYPES:
+        return reference.hstu_attention(q, k, v, allowed, alpha, divisor)
     return _Attention.apply(q, k, v, allowed, alpha, divisor)
