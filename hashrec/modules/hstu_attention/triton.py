@@ -186,13 +186,15 @@ def _launch_shape(q: torch.Tensor, v: torch.Tensor) -> dict:
             "BLOCK": min(_BLOCK, _block(length)), "IEEE": q.dtype == torch.float32}
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> None:
     if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
         raise ValueError(f"q, k must be (B, L, H, A) and v (B, L, H, Dv) alike, got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    return q
+    if not q.device == k.device == v.device == allowed.device:
+        raise ValueError(f"q, k, v and allowed must be on one device, got {q.device}, "
+                         f"{k.device}, {v.device}, {allowed.device}")
 
 
 def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -241,7 +243,7 @@ def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    allowed: torch.Tensor, alpha: float, divisor: float) -> torch.Tensor:
     """See ``reference.hstu_attention``; the output in v's dtype. Other dtypes than
     float32, float16 and bfloat16 (float64, say) take the reference."""
-    _check(q, k, v)
+    _check(q, k, v, allowed)
     if q.dtype not in _KERNEL_DTYPES:
         return reference.hstu_attention(q, k, v, allowed, alpha, divisor)
     return _Attention.apply(q, k, v, allowed, alpha, divisor)
