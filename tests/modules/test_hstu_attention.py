@@ -166,18 +166,26 @@ def test_more_rows_and_heads_than_a_grid_axis_of_65535():
     _compare(q, k, v, allowed, alpha=0.25, divisor=9.0)
 
 
-def test_setting_chooses_the_cuda_path_and_refuses_other_values(monkeypatch):
+@pytest.fixture
+def kernels_setting(monkeypatch):
+    """Sets HASHREC_HSTU_KERNELS and returns ``kernels_on`` read afresh; the cached value
+    is dropped after the test (monkeypatch then restores the variable)."""
     from hashrec.modules import hstu_attention
-    for raw, on in (("1", True), ("0", False)):
+
+    def setting(raw: str):
         monkeypatch.setenv("HASHREC_HSTU_KERNELS", raw)
         hstu_attention.kernels_on.cache_clear()
-        assert hstu_attention.kernels_on() is on
-    monkeypatch.setenv("HASHREC_HSTU_KERNELS", "2")
+        return hstu_attention.kernels_on
+
+    yield setting
     hstu_attention.kernels_on.cache_clear()
+
+
+def test_setting_chooses_the_cuda_path_and_refuses_other_values(kernels_setting):
+    for raw, on in (("1", True), ("0", False)):
+        assert kernels_setting(raw)() is on
     with pytest.raises(ValueError, match="HASHREC_HSTU_KERNELS must be 0 or 1"):
-        hstu_attention.kernels_on()
-    monkeypatch.delenv("HASHREC_HSTU_KERNELS")
-    hstu_attention.kernels_on.cache_clear()
+        kernels_setting("2")()
 
 
 def test_kernels_path_reads_nothing_on_the_host():
@@ -191,15 +199,9 @@ def test_kernels_path_reads_nothing_on_the_host():
     assert not reads.counts, dict(reads.counts)
 
 
-def _switch(monkeypatch, on: bool):
-    from hashrec.modules import hstu_attention
-    monkeypatch.setenv("HASHREC_HSTU_KERNELS", "1" if on else "0")
-    hstu_attention.kernels_on.cache_clear()
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_stu_layer_with_kernels_matches_without_under_autocast(monkeypatch):
+def test_stu_layer_with_kernels_matches_without_under_autocast(kernels_setting):
     """dlrm_hstu's STU layer, forward and backward under BF16 autocast, kernels on and off."""
     from hashrec.modules.stu import STULayer
     batch, length = 256, 78
@@ -209,19 +211,14 @@ def test_stu_layer_with_kernels_matches_without_under_autocast(monkeypatch):
     allowed = stu_mask(lengths, length, 6, 0, torch.full((batch,), 8)).cuda()
     x = torch.randn(batch, length, 128, device=DEVICE)
     results = {}
-    try:
-        for on in (False, True):
-            _switch(monkeypatch, on)
-            leaf = x.clone().requires_grad_(True)
-            layer.zero_grad()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                out = layer(leaf, allowed)
-            out.float().square().mean().backward()
-            results[on] = [out.float(), leaf.grad, layer.uvqk_weight.grad.float()]
-    finally:
-        monkeypatch.delenv("HASHREC_HSTU_KERNELS", raising=False)
-        from hashrec.modules import hstu_attention
-        hstu_attention.kernels_on.cache_clear()
+    for on in (False, True):
+        kernels_setting("1" if on else "0")
+        leaf = x.clone().requires_grad_(True)
+        layer.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = layer(leaf, allowed)
+        out.float().square().mean().backward()
+        results[on] = [out.float(), leaf.grad, layer.uvqk_weight.grad.float()]
     for off, on in zip(results[False], results[True]):
         assert (on - off).abs().max() <= 2e-2 * off.abs().max()
 

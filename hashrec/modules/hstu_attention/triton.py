@@ -216,7 +216,7 @@ class _Attention(torch.autograd.Function):
                                   float(alpha), 1.0 / float(divisor), **shape,
                                   num_warps=_WARPS)
         ctx.save_for_backward(q, k, v, mask)
-        ctx.mask_b, ctx.alpha, ctx.divisor = mask_b, float(alpha), float(divisor)
+        ctx.mask_b, ctx.alpha, ctx.inv_divisor = mask_b, float(alpha), 1.0 / float(divisor)
         return out
 
     @staticmethod
@@ -231,7 +231,7 @@ class _Attention(torch.autograd.Function):
         if q.numel() or v.numel():
             grid = (batch * heads, cdiv(length, shape["BLOCK"]))
             common = (length, heads, *_strides(q), *_strides(k), *_strides(v),
-                      *_strides(grad), ctx.mask_b, ctx.alpha, 1.0 / ctx.divisor)
+                      *_strides(grad), ctx.mask_b, ctx.alpha, ctx.inv_divisor)
             _keys_values_kernel[grid](q, k, v, grad, mask, dk, dv, *common, **shape,
                                       num_warps=_WARPS)
             _queries_kernel[grid](q, k, v, grad, mask, dq, *common, **shape,
