@@ -95,6 +95,27 @@ def test_half_inputs_within_half_precision_of_float32(dtype):
         assert (t.grad.float() - r.grad).abs().max() <= tol * r.grad.abs().max()
 
 
+def test_float32_inputs_take_autocasts_dtype_as_the_reference():
+    """Under autocast, float32 q, k, v (the STU layer's projection past its bias) run the
+    tiles in autocast's dtype, as the reference's products do, not in IEEE float32; the
+    gradients come back to the float32 leaves."""
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float16
+    length = 21
+    allowed = stu_mask(torch.tensor([21, 9]), length, 2, 0, torch.tensor([3, 2])).to(DEVICE)
+    q, k, v = _inputs(2, length, 2, 16, 16, seed=10)
+    grad = torch.randn(v.shape, generator=torch.Generator().manual_seed(11)).to(DEVICE)
+    results = []
+    for fn in (reference.hstu_attention, kernel.hstu_attention):
+        leaves = _leaves(q, k, v)
+        with torch.autocast(DEVICE.type, dtype=dtype):
+            out = fn(*leaves, allowed, 0.25, float(length))
+        (out.float() * grad).sum().backward()
+        assert out.dtype == dtype and all(t.grad.dtype == torch.float32 for t in leaves)
+        results.append([out.float()] + [t.grad for t in leaves])
+    for want, got in zip(*results):
+        assert (got - want).abs().max() <= 2e-2 * want.abs().max()
+
+
 def test_one_mask_for_every_row_and_contiguous_inputs():
     length = 17
     steps = torch.arange(length)

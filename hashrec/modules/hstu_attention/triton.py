@@ -241,9 +241,24 @@ class _Attention(torch.autograd.Function):
 
 def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    allowed: torch.Tensor, alpha: float, divisor: float) -> torch.Tensor:
-    """See ``reference.hstu_attention``; the output in v's dtype. Other dtypes than
-    float32, float16 and bfloat16 (float64, say) take the reference."""
+    """See ``reference.hstu_attention``; the output in v's dtype, or autocast's where it
+    is on (as the reference's). Other dtypes than float32, float16 and bfloat16 (float64,
+    say) take the reference."""
     _check(q, k, v, allowed)
     if q.dtype not in _KERNEL_DTYPES:
         return reference.hstu_attention(q, k, v, allowed, alpha, divisor)
+    q, k, v = _autocast(q, k, v)
     return _Attention.apply(q, k, v, allowed, alpha, divisor)
+
+
+def _autocast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v in autocast's dtype where it is on, as the reference's products take them
+    (an autograd Function is not cast by autocast itself): the STU layer's projection,
+    float32 past its bias, would otherwise run the tiles in IEEE float32, 4x slower than
+    the reference in bfloat16 on an H100 (``benchmarks/results/hstu_attention_gpu_fp32.md``)."""
+    kind = q.device.type
+    if not torch.is_autocast_enabled(kind):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(kind)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
