@@ -106,7 +106,7 @@ def op(args, device, allowed) -> dict:
     if args.sweep:
         block, warps = kernels._BLOCK, kernels._WARPS
         try:
-            for kernels._BLOCK in (32, 64, 128):
+            for kernels._BLOCK in (16, 32, 64):
                 for kernels._WARPS in (4, 8):
                     run = _step(lambda: kernels.hstu_attention(*leaves, allowed, d ** -0.5,
                                                                float(n)), leaves, grad)

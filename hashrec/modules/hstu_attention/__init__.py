@@ -31,7 +31,8 @@ def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 # On CUDA the kernels run where HASHREC_HSTU_KERNELS=1; the default keeps the reference
-# until the kernels have been measured on a GPU against it.
+# until the kernels have been timed against it in bfloat16 on a GPU (the first GPU run fed
+# them float32: benchmarks/results/hstu_attention_gpu_fp32.md).
 KERNELS_DEFAULT = 0
 
 
