@@ -37,6 +37,9 @@ from hashrec.modules.hstu_attention import triton as kernels  # noqa: E402
 from hashrec.modules.stu import STULayer, stu_mask  # noqa: E402
 
 WAYS = {"reference": reference.hstu_attention, "triton": kernels.hstu_attention}
+# The training's BF16 autocast; float16 on the CPU, where Triton 3.6's interpreter
+# multiplies bfloat16 tiles wrongly in tl.dot.
+AUTOCAST = torch.bfloat16 if torch.cuda.is_available() else torch.float16
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -48,7 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--head_dim", type=int, default=32)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--sweep", action="store_true",
-                   help="also time the kernels at other tile sides and warp counts")
+                   help="also time each kernel's other tile sides and warp counts")
+    p.add_argument("--sweep_sides", default="16,32,64",
+                   help="the tile sides (positions) the sweep tries, comma-separated")
     p.add_argument("--out", default=None, help="path prefix for .json and .md")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
     args = p.parse_args(argv)
@@ -58,11 +63,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _step(fn, leaves, grad):
-    """fn's forward under BF16 autocast and its backward of ``grad`` into ``leaves``."""
+    """fn's forward under autocast (``AUTOCAST``) and its backward of ``grad`` into ``leaves``."""
     def run():
         for leaf in leaves:
             leaf.grad = None
-        with torch.autocast(leaves[0].device.type, dtype=torch.bfloat16):
+        with torch.autocast(leaves[0].device.type, dtype=AUTOCAST):
             out = fn()
         out.float().backward(grad)
     return run
@@ -100,25 +105,46 @@ def op(args, device, allowed) -> dict:
         result[f"attention_{way}_ms"] = time_ms(run, args.reps)
         result[f"attention_{way}_peak_mb"] = _peak_mb(run, device)
         run()
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            out = fn(*leaves, allowed, d ** -0.5, float(n)).float()
+        with torch.autocast(device.type, dtype=AUTOCAST):
+            out = fn(*leaves, allowed, d ** -0.5, float(n)).float().detach()
         outs[way] = [out] + [leaf.grad.float().clone() for leaf in leaves]
     if args.sweep:
-        block, warps = kernels._BLOCK, kernels._WARPS
-        try:
-            for kernels._BLOCK in (16, 32, 64):
-                for kernels._WARPS in (4, 8):
-                    run = _step(lambda: kernels.hstu_attention(*leaves, allowed, d ** -0.5,
-                                                               float(n)), leaves, grad)
-                    result.setdefault("sweep", []).append(
-                        {"block": kernels._BLOCK, "warps": kernels._WARPS,
-                         "ms": time_ms(run, args.reps)})
-        finally:
-            kernels._BLOCK, kernels._WARPS = block, warps
+        sides = [int(side) for side in args.sweep_sides.split(",")]
+        result.update(sweep(leaves, allowed, grad, d ** -0.5, float(n), args.reps, sides))
     for name, r, t in zip(("out", "dq", "dk", "dv"), outs["reference"], outs["triton"]):
         result[f"{name}_relative_difference"] = float((t - r).abs().max()
                                                       / r.abs().max().clamp(min=1e-30))
     return result
+
+
+def sweep(leaves, allowed, grad, alpha, divisor, reps, sides) -> dict:
+    """Each kernel's (query tile, key tile, warps) varied alone, the others at the
+    library's, timed forward + backward; then all three at their fastest together."""
+    library = dict(kernels.LAUNCH)
+    timed, best = {}, {}
+
+    def timing(launch):
+        kernels.LAUNCH = launch
+        run = _step(lambda: kernels.hstu_attention(*leaves, allowed, alpha, divisor),
+                    leaves, grad)
+        return time_ms(run, reps)
+    try:
+        mine = timing(library)
+        for name in library:
+            rows = []
+            for side_n in sides:
+                for side_m in sides:
+                    for warps in (4, 8):
+                        setting = (side_n, side_m, warps)
+                        rows.append({"setting": list(setting),
+                                     "ms": timing({**library, name: setting})})
+            timed[name] = rows
+            best[name] = min(rows, key=lambda row: row["ms"])["setting"]
+        fastest = timing({name: tuple(setting) for name, setting in best.items()})
+    finally:
+        kernels.LAUNCH = library
+    return {"sweep": timed, "sweep_library_ms": mine, "sweep_best": best,
+            "sweep_best_ms": fastest}
 
 
 def layers(args, device, allowed) -> dict:
@@ -149,7 +175,7 @@ def layers(args, device, allowed) -> dict:
 def markdown(r: dict) -> str:
     a = r["args"]
     lines = [f"# HSTU attention, forward + backward ({a['batch']} x {a['length']}, "
-             f"{a['heads']} heads of {a['head_dim']}, BF16 autocast)", "",
+             f"{a['heads']} heads of {a['head_dim']}, {r['autocast']} autocast)", "",
              f"Command: `{r['command']}`", "",
              f"Date {r['env']['date']}, GPU {r['env']['gpu']}, torch {r['env']['torch']}, "
              f"triton {r['env']['triton']}. Medians of {a['reps']} steps; peak: the "
@@ -161,15 +187,24 @@ def markdown(r: dict) -> str:
         lines.append(f"| {part} | {ref:.3f} | {tri:.3f} | {ref / tri:.2f}x | "
                      f"{r[f'{part}_reference_peak_mb']:.0f} | "
                      f"{r[f'{part}_triton_peak_mb']:.0f} |")
-    lines += ["", "The kernels' results against the reference's, both under BF16 autocast "
+    lines += ["", f"The kernels' results against the reference's, both under {r['autocast']} "
+              "autocast "
               "(largest difference over the largest value): " + ", ".join(
                   f"{name} {r[f'{name}_relative_difference']:.1e}"
                   for name in ("out", "dq", "dk", "dv")) + "."]
     if "sweep" in r:
-        lines += ["", f"The kernels alone at other tile sides and warp counts (the library's: "
-                  f"{r['block']} positions, {r['warps']} warps):", "",
-                  "| tile side | warps | ms |", "| --- | --- | --- |"]
-        lines += [f"| {e['block']} | {e['warps']} | {e['ms']:.3f} |" for e in r["sweep"]]
+        lines += ["", "The kernels alone, forward + backward: the library's (query tile, key "
+                  f"tile, warps) of each kernel ({r['launch']}) {r['sweep_library_ms']:.3f} ms; "
+                  "each kernel's setting varied alone, the others at the library's:", "",
+                  "| kernel | fastest setting | ms | slowest setting | ms |",
+                  "| --- | --- | --- | --- | --- |"]
+        for name, rows in r["sweep"].items():
+            fast = min(rows, key=lambda row: row["ms"])
+            slow = max(rows, key=lambda row: row["ms"])
+            lines.append(f"| {name} | {tuple(fast['setting'])} | {fast['ms']:.3f} | "
+                         f"{tuple(slow['setting'])} | {slow['ms']:.3f} |")
+        lines += ["", f"All three at their fastest: {r['sweep_best_ms']:.3f} ms "
+                  f"({r['sweep_best']}); every setting's time is in the JSON."]
     return "\n".join(lines) + "\n"
 
 
@@ -177,7 +212,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     r = {"command": command_line(), "env": environment(), "args": vars(args),
-         "block": kernels._BLOCK, "warps": kernels._WARPS}
+         "launch": dict(kernels.LAUNCH), "autocast": str(AUTOCAST).removeprefix("torch.")}
     allowed = _mask(args, device)
     r.update(op(args, device, allowed))
     r.update(layers(args, device, allowed))

@@ -103,10 +103,30 @@ def test_stu_ops_benchmark_times_each_part(tmp_path):
 
 
 def test_hstu_attention_benchmark_times_both_ways(tmp_path):
-    out = _smoke("bench_hstu_attention.py", "--out", str(tmp_path / "attention"))
+    out = _smoke("bench_hstu_attention.py", "--sweep", "--sweep_sides", "16",
+                 "--out", str(tmp_path / "attention"))
     result = json.loads((tmp_path / "attention.json").read_text())
     for part in ("attention", "stu_layer", "hstu_block"):
         assert f"| {part} |" in out, part
         assert result[f"{part}_reference_ms"] > 0 and result[f"{part}_triton_ms"] > 0, part
-    # the interpreted kernels under BF16 autocast stay within half precision of the reference
+    for name in ("forward", "keys_values", "queries"):  # two warp counts at tile side 16
+        assert len(result["sweep"][name]) == 2 and f"| {name} |" in out, name
+    assert result["sweep_best_ms"] > 0
+    # the interpreted kernels under FP16 autocast stay within half precision of the reference
     assert all(result[f"{name}_relative_difference"] < 3e-2 for name in ("out", "dq", "dk", "dv"))
+
+
+def test_hstu_kernel_registers_reports_each_kernel(tmp_path):
+    """Compiled for sm_90 ahead of time (not interpreted): ptxas's registers a thread."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "benchmarks/hstu_kernel_registers.py",
+                           "--settings", "16/32/4", "--out", str(tmp_path / "registers")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "registers.json").read_text())
+    (row,) = result["rows"]
+    assert row["setting"] == [16, 32, 4] and "| 16 | 32 | 4 |" in done.stdout
+    for kernel in ("forward", "keys_values", "queries"):
+        assert 0 < row[kernel]["registers"] <= 255, kernel
+        assert row[kernel]["spill_stores"] >= 0 and row[kernel]["spill_loads"] >= 0

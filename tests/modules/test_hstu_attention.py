@@ -55,7 +55,8 @@ def _compare(q, k, v, allowed, alpha, divisor, seed=0, atol=1e-4):
     (3, 21, 2, 16, 32, 2, True, 0),      # contextual tokens and targets
     (2, 19, 1, 8, 4, 1, False, 5),       # a window
     (1, 70, 2, 8, 8, 0, True, 0),        # two tiles of 64 positions
-], ids=["small", "contextual-targets", "window", "two-tiles"])
+    (2, 32, 2, 8, 8, 1, True, 0),        # the mask's rows unpadded (32 bytes)
+], ids=["small", "contextual-targets", "window", "two-tiles", "unpadded-mask"])
 def test_kernels_match_reference(case):
     batch, length, heads, a, dv, contextual, targets, window = case
     g = torch.Generator().manual_seed(length)
@@ -66,6 +67,19 @@ def test_kernels_match_reference(case):
     allowed = stu_mask(lengths, length, contextual, window, num_targets).to(DEVICE)
     q, k, v = _inputs(batch, length, heads, a, dv, seed=length)
     _compare(q, k, v, allowed, alpha=0.35, divisor=float(length))
+
+
+@pytest.mark.parametrize("launch", [
+    {"forward": (16, 32, 4), "keys_values": (32, 16, 4), "queries": (16, 64, 8)},
+    {"forward": (64, 16, 8), "keys_values": (16, 64, 4), "queries": (32, 16, 4)},
+], ids=["narrow-queries", "narrow-keys"])
+def test_kernels_match_reference_with_unequal_tiles(launch, monkeypatch):
+    """Query and key tiles of different sides in each kernel (rows of 2 to 5 tiles)."""
+    monkeypatch.setattr(kernel, "LAUNCH", launch)
+    lengths = torch.tensor([70, 37, 9])
+    allowed = stu_mask(lengths, 70, 2, 0, torch.tensor([4, 3, 1])).to(DEVICE)
+    q, k, v = _inputs(3, 70, 2, 16, 8, seed=12)
+    _compare(q, k, v, allowed, alpha=0.3, divisor=70.0)
 
 
 # Triton 3.6's interpreter multiplies bfloat16 tiles wrongly in tl.dot (a plain

@@ -3,7 +3,7 @@
 The reference builds the (B, H, L, L) scores and weights in memory, and autograd keeps
 several such tensors for the backward: at dlrm_hstu's training shapes (8,192 rows of 78
 positions, 4 heads) each is 200M values, written and read about a dozen times a layer
-and step. Here one program takes a (row, head) and a tile of BLOCK positions: the
+and step. Here one program takes a (row, head) and a tile of positions: the
 forward computes its scores tile by tile against the row's keys, applies SiLU, the
 divisor and the mask in registers and accumulates the weighted values; the backward
 recomputes the tiles (keys and values one kernel, queries another, so that no two
@@ -25,8 +25,14 @@ from hashrec.modules.hstu_attention import reference
 from hashrec.table.ops.launch import cdiv, fast_launch
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_BLOCK = 64  # positions a tile, queries and keys alike (fewer for short rows)
-_WARPS = 4
+# Each kernel's (queries a tile, keys a tile, warps): the forward's and the queries'
+# gradient's programs hold a tile of queries and loop over the keys' tiles, the keys' and
+# values' gradient's the other way round; tiles of fewer positions for short rows. Picked
+# for few registers a thread, not yet by timing (``benchmarks/hstu_kernel_registers.py``:
+# 64, 93 and 96 on sm_90 at dlrm_hstu's shapes in bfloat16, against 96, 255 and 139 with
+# 64 x 64 tiles and 4 warps everywhere); ``benchmarks/bench_hstu_attention.py --sweep``
+# times every setting on a GPU.
+LAUNCH = {"forward": (64, 32, 4), "keys_values": (32, 64, 8), "queries": (64, 32, 4)}
 
 
 @triton.jit
@@ -46,48 +52,49 @@ def _tile(ptr, base, rows, row_stride, cols, length, width):
 
 
 @triton.jit
-def _scores(q, k, mask_ptr, mask_row, n, m, length, alpha, inv_divisor,
-            IEEE: tl.constexpr):
-    """A (BLOCK, BLOCK) tile of queries n and keys m: the scores s = alpha q k^T and each
-    weight's factor past SiLU (1 / divisor where n reads m, else 0), both float32."""
+def _scores(q, k, mask_ptr, mask_row, mask_l, n, m, length, alpha, IEEE: tl.constexpr):
+    """A (BLOCK_N, BLOCK_M) tile of queries n and keys m: the scores s = alpha q k^T
+    (float32), their sigmoid and whether n reads m. The weights are silu(s) / divisor where
+    n reads m, else 0; the kernels apply the divisor (and alpha) to their sums at the end,
+    which keeps one float32 tile fewer in registers."""
     s = _dot(q, tl.trans(k), IEEE) * alpha
-    allowed = _tile(mask_ptr, mask_row, n, length, m, length, length)
-    return s, tl.where(allowed != 0, inv_divisor, 0.0)
+    allowed = _tile(mask_ptr, mask_row, n, mask_l, m, length, length) != 0
+    return s, tl.sigmoid(s), allowed
 
 
 @triton.jit
-def _score_gradient(dw, s, keep, alpha):
-    """d loss / d (q k^T) from d loss / d weight: the weight is silu(s) * keep, s = alpha q k^T."""
-    sig = tl.sigmoid(s)
-    return dw * keep * sig * (1.0 + s * (1.0 - sig)) * alpha
+def _score_gradient(dw, s, sig, allowed):
+    """d loss / d (q k^T) from d loss / d weight, short of the factor alpha / divisor."""
+    return tl.where(allowed, dw * sig * (1.0 + s * (1.0 - sig)), 0.0)
 
 
 @fast_launch
 @triton.jit
 def _forward_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, length, heads,
-                    q_b, q_l, q_h, k_b, k_l, k_h, v_b, v_l, v_h, mask_b, o_b, o_l, o_h,
+                    q_b, q_l, q_h, k_b, k_l, k_h, v_b, v_l, v_h, mask_b, mask_l, o_b, o_l,
+                    o_h,
                     alpha, inv_divisor, A: tl.constexpr, DV: tl.constexpr,
-                    BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr,
-                    IEEE: tl.constexpr):
-    """out[n] = sum_m silu(s[n, m]) / divisor * allowed[n, m] * v[m] for BLOCK queries n."""
+                    BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_M: tl.constexpr, IEEE: tl.constexpr):
+    """out[n] = sum_m silu(s[n, m]) / divisor * allowed[n, m] * v[m] for BLOCK_N queries n."""
     row_head = tl.program_id(0)  # on axis 0: B * H may pass axis 1's 65,535
     b = (row_head // heads).to(tl.int64)
     h = row_head % heads
-    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     a = tl.arange(0, BLOCK_A)
     d = tl.arange(0, BLOCK_DV)
     q = _tile(q_ptr, b * q_b + h * q_h, n, q_l, a, length, A)
-    acc = tl.zeros((BLOCK, BLOCK_DV), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_DV), dtype=tl.float32)
     start = 0
     while start < length:  # range() over a runtime bound fails interpreted
-        m = start + tl.arange(0, BLOCK)
+        m = start + tl.arange(0, BLOCK_M)
         k = _tile(k_ptr, b * k_b + h * k_h, m, k_l, a, length, A)
         v = _tile(v_ptr, b * v_b + h * v_h, m, v_l, d, length, DV)
-        s, keep = _scores(q, k, mask_ptr, b * mask_b, n, m, length, alpha, inv_divisor, IEEE)
-        acc += _dot((s * tl.sigmoid(s) * keep).to(v.dtype), v, IEEE)
-        start += BLOCK
+        s, sig, allowed = _scores(q, k, mask_ptr, b * mask_b, mask_l, n, m, length, alpha, IEEE)
+        acc += _dot(tl.where(allowed, s * sig, 0.0).to(v.dtype), v, IEEE)
+        start += BLOCK_M
     tl.store(out_ptr + b * o_b + h * o_h + n[:, None] * o_l + d[None, :],
-             acc.to(out_ptr.dtype.element_ty),
+             (acc * inv_divisor).to(out_ptr.dtype.element_ty),
              mask=(n[:, None] < length) & (d[None, :] < DV))
 
 
@@ -95,35 +102,36 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, length, heads,
 @triton.jit
 def _keys_values_kernel(q_ptr, k_ptr, v_ptr, do_ptr, mask_ptr, dk_ptr, dv_ptr, length,
                         heads, q_b, q_l, q_h, k_b, k_l, k_h, v_b, v_l, v_h, do_b, do_l,
-                        do_h, mask_b, alpha, inv_divisor, A: tl.constexpr,
+                        do_h, mask_b, mask_l, alpha, inv_divisor, A: tl.constexpr,
                         DV: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr,
-                        BLOCK: tl.constexpr, IEEE: tl.constexpr):
-    """dk and dv of BLOCK keys m, over every query n (dk, dv (B, L, H, .) contiguous)."""
+                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr):
+    """dk and dv of BLOCK_M keys m, over every query n (dk, dv (B, L, H, .) contiguous)."""
     row_head = tl.program_id(0)
     b = (row_head // heads).to(tl.int64)
     h = row_head % heads
-    m = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     a = tl.arange(0, BLOCK_A)
     d = tl.arange(0, BLOCK_DV)
     k = _tile(k_ptr, b * k_b + h * k_h, m, k_l, a, length, A)
     v = _tile(v_ptr, b * v_b + h * v_h, m, v_l, d, length, DV)
-    dk = tl.zeros((BLOCK, BLOCK_A), dtype=tl.float32)
-    dv = tl.zeros((BLOCK, BLOCK_DV), dtype=tl.float32)
+    dk = tl.zeros((BLOCK_M, BLOCK_A), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
     start = 0
     while start < length:
-        n = start + tl.arange(0, BLOCK)
+        n = start + tl.arange(0, BLOCK_N)
         q = _tile(q_ptr, b * q_b + h * q_h, n, q_l, a, length, A)
         do = _tile(do_ptr, b * do_b + h * do_h, n, do_l, d, length, DV)
-        s, keep = _scores(q, k, mask_ptr, b * mask_b, n, m, length, alpha, inv_divisor, IEEE)
-        w = s * tl.sigmoid(s) * keep
+        s, sig, allowed = _scores(q, k, mask_ptr, b * mask_b, mask_l, n, m, length, alpha, IEEE)
+        w = tl.where(allowed, s * sig, 0.0)
         dv += _dot(tl.trans(w.to(do.dtype)), do, IEEE)
-        ds = _score_gradient(_dot(do, tl.trans(v), IEEE), s, keep, alpha)
+        ds = _score_gradient(_dot(do, tl.trans(v), IEEE), s, sig, allowed)
         dk += _dot(tl.trans(ds.to(q.dtype)), q, IEEE)
-        start += BLOCK
+        start += BLOCK_N
     out = b * length * heads + m[:, None] * heads + h
-    tl.store(dk_ptr + out * A + a[None, :], dk.to(dk_ptr.dtype.element_ty),
+    tl.store(dk_ptr + out * A + a[None, :],
+             (dk * (alpha * inv_divisor)).to(dk_ptr.dtype.element_ty),
              mask=(m[:, None] < length) & (a[None, :] < A))
-    tl.store(dv_ptr + out * DV + d[None, :], dv.to(dv_ptr.dtype.element_ty),
+    tl.store(dv_ptr + out * DV + d[None, :], (dv * inv_divisor).to(dv_ptr.dtype.element_ty),
              mask=(m[:, None] < length) & (d[None, :] < DV))
 
 
@@ -131,30 +139,32 @@ def _keys_values_kernel(q_ptr, k_ptr, v_ptr, do_ptr, mask_ptr, dk_ptr, dv_ptr, l
 @triton.jit
 def _queries_kernel(q_ptr, k_ptr, v_ptr, do_ptr, mask_ptr, dq_ptr, length, heads,
                     q_b, q_l, q_h, k_b, k_l, k_h, v_b, v_l, v_h, do_b, do_l, do_h, mask_b,
+                    mask_l,
                     alpha, inv_divisor, A: tl.constexpr, DV: tl.constexpr,
-                    BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr,
-                    IEEE: tl.constexpr):
-    """dq of BLOCK queries n, over every key m (dq (B, L, H, A) contiguous)."""
+                    BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_M: tl.constexpr, IEEE: tl.constexpr):
+    """dq of BLOCK_N queries n, over every key m (dq (B, L, H, A) contiguous)."""
     row_head = tl.program_id(0)
     b = (row_head // heads).to(tl.int64)
     h = row_head % heads
-    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     a = tl.arange(0, BLOCK_A)
     d = tl.arange(0, BLOCK_DV)
     q = _tile(q_ptr, b * q_b + h * q_h, n, q_l, a, length, A)
     do = _tile(do_ptr, b * do_b + h * do_h, n, do_l, d, length, DV)
-    dq = tl.zeros((BLOCK, BLOCK_A), dtype=tl.float32)
+    dq = tl.zeros((BLOCK_N, BLOCK_A), dtype=tl.float32)
     start = 0
     while start < length:
-        m = start + tl.arange(0, BLOCK)
+        m = start + tl.arange(0, BLOCK_M)
         k = _tile(k_ptr, b * k_b + h * k_h, m, k_l, a, length, A)
         v = _tile(v_ptr, b * v_b + h * v_h, m, v_l, d, length, DV)
-        s, keep = _scores(q, k, mask_ptr, b * mask_b, n, m, length, alpha, inv_divisor, IEEE)
-        ds = _score_gradient(_dot(do, tl.trans(v), IEEE), s, keep, alpha)
+        s, sig, allowed = _scores(q, k, mask_ptr, b * mask_b, mask_l, n, m, length, alpha, IEEE)
+        ds = _score_gradient(_dot(do, tl.trans(v), IEEE), s, sig, allowed)
         dq += _dot(ds.to(k.dtype), k, IEEE)
-        start += BLOCK
+        start += BLOCK_M
     out = b * length * heads + n[:, None] * heads + h
-    tl.store(dq_ptr + out * A + a[None, :], dq.to(dq_ptr.dtype.element_ty),
+    tl.store(dq_ptr + out * A + a[None, :],
+             (dq * (alpha * inv_divisor)).to(dq_ptr.dtype.element_ty),
              mask=(n[:, None] < length) & (a[None, :] < A))
 
 
@@ -168,22 +178,35 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 def _mask_bytes(allowed: torch.Tensor, batch: int, length: int
-                ) -> tuple[torch.Tensor, int]:
-    """(the mask as contiguous uint8, its row stride: 0 where one (L, L) mask serves all)."""
+                ) -> tuple[torch.Tensor, int, int]:
+    """(the mask as uint8, its strides between rows of the batch (0 where one (L, L) mask
+    serves all) and between positions). Positions are padded to 16 bytes, so that the
+    kernels read a tile's mask in 16-byte loads: at 78 positions a byte a load held a
+    64-bit address a byte in registers."""
     if allowed.dtype != torch.bool:
         raise ValueError(f"allowed must be bool, got {allowed.dtype}")
     shape = (length, length) if allowed.dim() == 2 else (batch, length, length)
     if tuple(allowed.shape) != shape:
         raise ValueError(f"allowed must be (L, L) or (B, L, L) = {(batch, length, length)}, "
                          f"got {tuple(allowed.shape)}")
-    mask = allowed.contiguous().view(torch.uint8)
-    return mask, 0 if allowed.dim() == 2 else length * length
+    padded = cdiv(length, 16) * 16
+    if padded == length:
+        mask = allowed.contiguous().view(torch.uint8)
+    else:
+        mask = allowed.new_zeros((*shape[:-1], padded), dtype=torch.uint8)
+        mask[..., :length] = allowed
+    return mask, 0 if allowed.dim() == 2 else length * padded, padded
 
 
-def _launch_shape(q: torch.Tensor, v: torch.Tensor) -> dict:
+def _launch(kernel: str, q: torch.Tensor, v: torch.Tensor) -> tuple[int, dict]:
+    """(the grid's axis 1, the constexprs and warps) of one kernel's launch."""
     length, a, dv = q.shape[1], q.shape[3], v.shape[3]
-    return {"A": a, "DV": dv, "BLOCK_A": _block(a), "BLOCK_DV": _block(dv),
-            "BLOCK": min(_BLOCK, _block(length)), "IEEE": q.dtype == torch.float32}
+    block_n, block_m, warps = LAUNCH[kernel]
+    block_n, block_m = min(block_n, _block(length)), min(block_m, _block(length))
+    tiles = cdiv(length, block_m if kernel == "keys_values" else block_n)
+    return tiles, {"A": a, "DV": dv, "BLOCK_A": _block(a), "BLOCK_DV": _block(dv),
+                   "BLOCK_N": block_n, "BLOCK_M": block_m, "IEEE": q.dtype == torch.float32,
+                   "num_warps": warps}
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> None:
@@ -206,17 +229,16 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, q, k, v, allowed, alpha, divisor):
         batch, length, heads = q.shape[0], q.shape[1], q.shape[2]
         q, k, v = (_last_contiguous(t) for t in (q, k, v))
-        mask, mask_b = _mask_bytes(allowed, batch, length)
-        shape = _launch_shape(q, v)
+        mask, mask_b, mask_l = _mask_bytes(allowed, batch, length)
         out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         if out.numel():
-            grid = (batch * heads, cdiv(length, shape["BLOCK"]))
-            _forward_kernel[grid](q, k, v, mask, out, length, heads, *_strides(q),
-                                  *_strides(k), *_strides(v), mask_b, *_strides(out),
-                                  float(alpha), 1.0 / float(divisor), **shape,
-                                  num_warps=_WARPS)
+            tiles, shape = _launch("forward", q, v)
+            _forward_kernel[(batch * heads, tiles)](
+                q, k, v, mask, out, length, heads, *_strides(q), *_strides(k), *_strides(v),
+                mask_b, mask_l, *_strides(out), float(alpha), 1.0 / float(divisor), **shape)
         ctx.save_for_backward(q, k, v, mask)
-        ctx.mask_b, ctx.alpha, ctx.inv_divisor = mask_b, float(alpha), 1.0 / float(divisor)
+        ctx.mask_strides = mask_b, mask_l
+        ctx.alpha, ctx.inv_divisor = float(alpha), 1.0 / float(divisor)
         return out
 
     @staticmethod
@@ -224,18 +246,17 @@ class _Attention(torch.autograd.Function):
         q, k, v, mask = ctx.saved_tensors
         grad = _last_contiguous(grad.to(v.dtype))
         batch, length, heads = q.shape[0], q.shape[1], q.shape[2]
-        shape = _launch_shape(q, v)
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         if q.numel() or v.numel():
-            grid = (batch * heads, cdiv(length, shape["BLOCK"]))
             common = (length, heads, *_strides(q), *_strides(k), *_strides(v),
-                      *_strides(grad), ctx.mask_b, ctx.alpha, ctx.inv_divisor)
-            _keys_values_kernel[grid](q, k, v, grad, mask, dk, dv, *common, **shape,
-                                      num_warps=_WARPS)
-            _queries_kernel[grid](q, k, v, grad, mask, dq, *common, **shape,
-                                  num_warps=_WARPS)
+                      *_strides(grad), *ctx.mask_strides, ctx.alpha, ctx.inv_divisor)
+            tiles, shape = _launch("keys_values", q, v)
+            _keys_values_kernel[(batch * heads, tiles)](q, k, v, grad, mask, dk, dv, *common,
+                                                        **shape)
+            tiles, shape = _launch("queries", q, v)
+            _queries_kernel[(batch * heads, tiles)](q, k, v, grad, mask, dq, *common, **shape)
         return dq, dk, dv, None, None, None
 
 
