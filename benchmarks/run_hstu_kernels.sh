@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs the checks and measurements of the HSTU attention kernels on one GPU, each step
-# under its own time limit (ONLY="name ..." / SKIP="name ..." pick steps). About six
-# minutes on a fresh host, most of it the two trainings' A/B.
+# under its own time limit (ONLY="name ..." / SKIP="name ..." pick steps). About eleven
+# minutes on a fresh H100 host (op_tests 40 s, model_tests 80 s, bench with the sweep's
+# compiles a few minutes, ab_dlrm_hstu 270 s, ab_hstu_match about as long): more than one
+# device call of ten minutes takes, so run it as two (SKIP="ab_hstu_match", then
+# ONLY="ab_hstu_match").
 # Usage: benchmarks/run_hstu_kernels.sh OUT_DIR
 # Steps:
 #   op_tests     the kernels against the reference on CUDA (float32, float16, bfloat16,
@@ -28,7 +31,7 @@ write_env "$out"
       tests/modules/test_hstu_attention.py
   HASHREC_HSTU_KERNELS=1 step model_tests 180 python3 -m pytest -q -p no:cacheprovider -m gpu \
       -k "hstu or stu or dlrm" tests -n 6 --dist loadfile
-  step bench 120 python3 benchmarks/bench_hstu_attention.py --sweep \
+  step bench 240 python3 benchmarks/bench_hstu_attention.py --sweep \
       --out "$out/hstu_attention_gpu"
   step ab_dlrm_hstu 300 python3 benchmarks/ab_train.py --trees "$trees" --configs dlrm_hstu \
       --rounds 1 --num_steps 200 --warmup_steps 60 --data_dir "$data" \
