@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the checks and measurements of the HSTU attention kernels on one GPU, each step
-# under its own time limit (ONLY="name ..." / SKIP="name ..." pick steps). About eleven
+# under its own time limit (ONLY="name ..." / SKIP="name ..." pick steps). About 13
 # minutes on a fresh H100 host (op_tests 40 s, model_tests 80 s, bench with the sweep's
-# compiles a few minutes, ab_dlrm_hstu 270 s, ab_hstu_match about as long): more than one
+# compiles about two minutes, ab_dlrm_hstu 270 s, ab_hstu_match about 300 s): more than one
 # device call of ten minutes takes, so run it as two (SKIP="ab_hstu_match", then
 # ONLY="ab_hstu_match").
 # Usage: benchmarks/run_hstu_kernels.sh OUT_DIR
