@@ -8,7 +8,8 @@ forward computes its scores tile by tile against the row's keys, applies SiLU, t
 divisor and the mask in registers and accumulates the weighted values; the backward
 recomputes the tiles (keys and values one kernel, queries another, so that no two
 programs add into one gradient and the result does not depend on their timing). Only the
-(B, L, L) mask is read besides q, k, v and the output gradient.
+(B, L, L) mask is read besides q, k, v and the output gradient, as bytes in rows padded
+to 16 of them.
 
 q, k and v may be strided views (the split of one projection); their last dimension
 must be contiguous. Scores and weights are float32 in registers; the tile products run
@@ -71,9 +72,8 @@ def _score_gradient(dw, s, sig, allowed):
 @fast_launch
 @triton.jit
 def _forward_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, length, heads,
-                    q_b, q_l, q_h, k_b, k_l, k_h, v_b, v_l, v_h, mask_b, mask_l, o_b, o_l,
-                    o_h,
-                    alpha, inv_divisor, A: tl.constexpr, DV: tl.constexpr,
+                    q_b, q_l, q_h, k_b, k_l, k_h, v_b, v_l, v_h, mask_b, mask_l,
+                    o_b, o_l, o_h, alpha, inv_divisor, A: tl.constexpr, DV: tl.constexpr,
                     BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_M: tl.constexpr, IEEE: tl.constexpr):
     """out[n] = sum_m silu(s[n, m]) / divisor * allowed[n, m] * v[m] for BLOCK_N queries n."""
