@@ -3,8 +3,9 @@
 No GPU needed: each kernel is compiled ahead of time for the H100/H200 with the
 specializations its launch would get at the given shapes (the STU layer's q, k, v as
 strided views of one projection, the mask padded to 16-byte rows), and ``ptxas -v``
-reports what it allocates. Registers bound how many programs an SM holds at once, which
-is most of what these short programs' speed turns on; this is a proxy, not a timing
+reports what it allocates. Registers (and shared memory) bound how many programs an SM
+holds at once, which is most of what these short programs' speed turns on; this is a
+proxy, not a timing
 (``bench_hstu_attention.py --sweep`` times the settings on a GPU).
 
 Usage::
@@ -94,8 +95,19 @@ def registers(kernel: str, setting: tuple[int, int, int], args) -> dict:
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     if used is None or spills is None:
         raise RuntimeError(f"unexpected ptxas report: {report}")
+    shared = int(compiled.metadata.shared)
     return {"registers": int(used.group(1)), "spill_stores": int(spills.group(1)),
-            "spill_loads": int(spills.group(2))}
+            "spill_loads": int(spills.group(2)), "shared_bytes": shared,
+            "resident_warps": resident_warps(int(used.group(1)), shared, warps)}
+
+
+def resident_warps(registers: int, shared: int, warps: int) -> int:
+    """Warps an H100/H200 SM holds at once of programs of ``warps`` warps: 64K registers
+    (allocated 8 a thread at a time), 228 KB of shared memory (1 KB reserved a program),
+    at most 64 warps and 32 programs."""
+    by_registers = 65536 // (-(-registers // 8) * 8 * 32 * warps)
+    by_shared = 233472 // (shared + 1024)
+    return min(by_registers, by_shared, 32, 64 // warps) * warps
 
 
 def _settings(text: str) -> list[tuple[int, int, int]]:
@@ -114,15 +126,29 @@ def markdown(r: dict) -> str:
              f"Date {r['env']['date']}, torch {r['env']['torch']}, triton "
              f"{r['env']['triton']}; `ptxas -v` of each kernel compiled ahead of time (no "
              f"GPU). The library's settings: {r['launch']}.", "",
+             "Each cell: registers a thread / warps an SM holds at once (of 64; by "
+             "registers and shared memory), and spilled bytes where any.", "",
              "| query tile | key tile | warps | forward | keys_values | queries |",
              "| --- | --- | --- | --- | --- | --- |"]
     for row in r["rows"]:
-        cells = [f"{row[k]['registers']}" + (f" (spills {row[k]['spill_stores']} B)"
-                                             if row[k]["spill_stores"] else "")
+        cells = [f"{row[k]['registers']} / {row[k]['resident_warps']}"
+                 + (f" (spills {row[k]['spill_stores']} B)" if row[k]["spill_stores"] else "")
                  for k in KERNELS]
         lines.append(f"| {row['setting'][0]} | {row['setting'][1]} | {row['setting'][2]} | "
                      + " | ".join(cells) + " |")
+    lines += ["", "Most warps an SM holds, then most positions a program, then fewest warps "
+              "a program: " + ", ".join(f"{k} {tuple(v)}" for k, v in r["picks"].items())
+              + "."]
     return "\n".join(lines) + "\n"
+
+
+def picks(rows: list[dict]) -> dict:
+    """Each kernel's setting of the most resident warps, then the most positions a
+    program (query tile x key tile), then the fewest warps a program."""
+    return {k: max(rows, key=lambda row: (row[k]["resident_warps"],
+                                          row["setting"][0] * row["setting"][1],
+                                          -row["setting"][2]))["setting"]
+            for k in KERNELS}
 
 
 def main(argv=None) -> dict:
@@ -136,6 +162,7 @@ def main(argv=None) -> dict:
         print(f"[hstu_kernel_registers] {setting}: " + ", ".join(
             f"{k} {row[k]['registers']}" for k in KERNELS), flush=True)
         r["rows"].append(row)
+    r["picks"] = picks(r["rows"])
     text = markdown(r)
     print(text)
     if args.out:

@@ -130,3 +130,5 @@ def test_hstu_kernel_registers_reports_each_kernel(tmp_path):
     for kernel in ("forward", "keys_values", "queries"):
         assert 0 < row[kernel]["registers"] <= 255, kernel
         assert row[kernel]["spill_stores"] >= 0 and row[kernel]["spill_loads"] >= 0
+        assert 0 < row[kernel]["resident_warps"] <= 64, kernel
+    assert result["picks"] == {k: [16, 32, 4] for k in ("forward", "keys_values", "queries")}

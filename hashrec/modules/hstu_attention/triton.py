@@ -29,11 +29,11 @@ _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Each kernel's (queries a tile, keys a tile, warps): the forward's and the queries'
 # gradient's programs hold a tile of queries and loop over the keys' tiles, the keys' and
 # values' gradient's the other way round; tiles of fewer positions for short rows. Picked
-# for few registers a thread, not yet by timing (``benchmarks/hstu_kernel_registers.py``:
-# 64, 93 and 96 on sm_90 at dlrm_hstu's shapes in bfloat16, against 96, 255 and 139 with
-# 64 x 64 tiles and 4 warps everywhere); ``benchmarks/bench_hstu_attention.py --sweep``
-# times every setting on a GPU.
-LAUNCH = {"forward": (64, 32, 4), "keys_values": (32, 64, 8), "queries": (64, 32, 4)}
+# without timing, for the most warps an SM holds at once by registers and shared memory
+# (``benchmarks/hstu_kernel_registers.py`` at dlrm_hstu's shapes in bfloat16: 40, 32 and
+# 32 of 64, against 20, 8 and 12 with 64 x 64 tiles and 4 warps everywhere);
+# ``benchmarks/bench_hstu_attention.py --sweep`` times every setting on a GPU.
+LAUNCH = {"forward": (64, 16, 8), "keys_values": (16, 16, 4), "queries": (64, 16, 8)}
 
 
 @triton.jit
