@@ -5,8 +5,7 @@ specializations its launch would get at the given shapes (the STU layer's q, k, 
 strided views of one projection, the mask padded to 16-byte rows), and ``ptxas -v``
 reports what it allocates. Registers (and shared memory) bound how many programs an SM
 holds at once, which is most of what these short programs' speed turns on; this is a
-proxy, not a timing
-(``bench_hstu_attention.py --sweep`` times the settings on a GPU).
+proxy, not a timing (``bench_hstu_attention.py --sweep`` times the settings on a GPU).
 
 Usage::
 
@@ -70,7 +69,8 @@ def _arguments(kernel: str, args) -> list:
 
 
 def registers(kernel: str, setting: tuple[int, int, int], args) -> dict:
-    """{"registers", "spill_stores", "spill_loads"} of one kernel at one setting."""
+    """{"registers", "spill_stores", "spill_loads", "shared_bytes", "resident_warps"} of
+    one kernel at one setting."""
     import triton
     from triton.backends.compiler import GPUTarget
     block_n, block_m, warps = setting

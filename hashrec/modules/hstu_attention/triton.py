@@ -139,8 +139,7 @@ def _keys_values_kernel(q_ptr, k_ptr, v_ptr, do_ptr, mask_ptr, dk_ptr, dv_ptr, l
 @triton.jit
 def _queries_kernel(q_ptr, k_ptr, v_ptr, do_ptr, mask_ptr, dq_ptr, length, heads,
                     q_b, q_l, q_h, k_b, k_l, k_h, v_b, v_l, v_h, do_b, do_l, do_h, mask_b,
-                    mask_l,
-                    alpha, inv_divisor, A: tl.constexpr, DV: tl.constexpr,
+                    mask_l, alpha, inv_divisor, A: tl.constexpr, DV: tl.constexpr,
                     BLOCK_A: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_M: tl.constexpr, IEEE: tl.constexpr):
     """dq of BLOCK_N queries n, over every key m (dq (B, L, H, A) contiguous)."""
@@ -193,7 +192,8 @@ def _mask_bytes(allowed: torch.Tensor, batch: int, length: int
     if padded == length:
         mask = allowed.contiguous().view(torch.uint8)
     else:
-        mask = allowed.new_zeros((*shape[:-1], padded), dtype=torch.uint8)
+        # the pad bytes are never read (the tiles' loads stop at ``length``): left unset
+        mask = allowed.new_empty((*shape[:-1], padded), dtype=torch.uint8)
         mask[..., :length] = allowed
     return mask, 0 if allowed.dim() == 2 else length * padded, padded
 
